@@ -1,0 +1,32 @@
+# One environment for everything: .venv with the pinned CPU build of torch, then the package and extras.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+TORCH  := torch==2.13.0
+
+.PHONY: venv demo test bench lint clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m rotary demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2 --doctest-modules src tests
+
+bench: $(STAMP)
+	$(PY) -m rotary bench
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache

@@ -1,0 +1,29 @@
+"""rotary: rotary position embeddings (RoPE) for PyTorch: exact, complete, fast, inspectable."""
+
+from . import reference
+from .apply import (
+    apply_rotary,
+    apply_rotary_,
+    check_tables,
+    permute_qk_weight,
+    to_half,
+    to_interleaved,
+)
+from .frequencies import ROPE_INIT_FUNCTIONS, Frequencies, frequencies
+from .module import RoPE
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ROPE_INIT_FUNCTIONS",
+    "Frequencies",
+    "RoPE",
+    "apply_rotary",
+    "apply_rotary_",
+    "check_tables",
+    "frequencies",
+    "permute_qk_weight",
+    "reference",
+    "to_half",
+    "to_interleaved",
+]

@@ -1,0 +1,88 @@
+"""Slow, obviously correct forms of RoPE: test oracles and teaching code.
+
+All three take ``x`` with positions along dim -2 (``[..., S, D]``), ``position_ids`` ``[S]`` and
+``inv_freq`` ``[r/2]``; the first ``r = 2 * len(inv_freq)`` channels rotate, the rest pass through.
+They compute in float64 and share no code with the fast path.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+__all__ = ["rotation_matrix", "rotate_matrix", "rotate_complex", "rotate_numpy"]
+
+
+def _pairs(r: int, interleaved: bool) -> list[tuple[int, int]]:
+    """Channel indices (a, b) of each pair i, in the order of inv_freq."""
+    if interleaved:
+        return [(2 * i, 2 * i + 1) for i in range(r // 2)]
+    return [(i, i + r // 2) for i in range(r // 2)]
+
+
+def rotation_matrix(
+    position: float, inv_freq: torch.Tensor, head_dim: int, *, interleaved: bool = False
+) -> torch.Tensor:
+    """The paper's block-diagonal matrix R_m (float64 ``[D, D]``), so that ``f(x, m) = R_m @ x``.
+
+    Pair i of channels (a, b) gets the 2x2 block [[cos mθ_i, -sin mθ_i], [sin mθ_i, cos mθ_i]];
+    pass-through channels get 1. With the half pairing the "blocks" interlock, (i, i + r/2).
+
+    Example:
+        >>> R = rotation_matrix(1, torch.tensor([1.0]), 2)
+        >>> torch.allclose(R @ R.T, torch.eye(2, dtype=torch.float64))
+        True
+    """
+    r = 2 * inv_freq.numel()
+    R = torch.eye(head_dim, dtype=torch.float64)
+    for i, (a, b) in enumerate(_pairs(r, interleaved)):
+        theta = float(position) * float(inv_freq[i])
+        c, s = np.cos(theta), np.sin(theta)
+        R[a, a], R[a, b], R[b, a], R[b, b] = c, -s, s, c
+    return R
+
+
+def rotate_matrix(
+    x: torch.Tensor, position_ids: torch.Tensor, inv_freq: torch.Tensor, *, interleaved: bool = False
+) -> torch.Tensor:
+    """Apply R_m to each position's vector by explicit matrix products; float64 ``[..., S, D]``."""
+    x = x.double()
+    out = torch.empty_like(x)
+    for s, m in enumerate(position_ids.tolist()):
+        out[..., s, :] = x[..., s, :] @ rotation_matrix(m, inv_freq, x.shape[-1], interleaved=interleaved).T
+    return out
+
+
+def rotate_complex(
+    x: torch.Tensor, position_ids: torch.Tensor, inv_freq: torch.Tensor, *, interleaved: bool = False
+) -> torch.Tensor:
+    """Meta LLaMA's form: pairs as complex numbers times ``e^{i m θ}``; float64 ``[..., S, D]``."""
+    x = x.double()
+    r = 2 * inv_freq.numel()
+    rot, rest = x[..., :r], x[..., r:]
+    if not interleaved:  # gather pairs (i, i + r/2) next to each other for view_as_complex
+        rot = torch.stack((rot[..., : r // 2], rot[..., r // 2 :]), dim=-1).flatten(-2)
+    angles = position_ids.double()[:, None] * inv_freq.double()[None, :]
+    freqs_cis = torch.polar(torch.ones_like(angles), angles)  # [S, r/2]
+    z = torch.view_as_complex(rot.reshape(*rot.shape[:-1], r // 2, 2).contiguous())
+    out = torch.view_as_real(z * freqs_cis).flatten(-2)
+    if not interleaved:
+        out = torch.cat((out[..., 0::2], out[..., 1::2]), dim=-1)
+    return torch.cat((out, rest), dim=-1)
+
+
+def rotate_numpy(
+    x: np.ndarray, position_ids: np.ndarray, inv_freq: np.ndarray, *, interleaved: bool = False
+) -> np.ndarray:
+    """Pure NumPy, pair by pair: (a, b) -> (a cos mθ - b sin mθ, a sin mθ + b cos mθ); float64."""
+    x = np.asarray(x, dtype=np.float64)
+    inv_freq = np.asarray(inv_freq, dtype=np.float64)
+    positions = np.asarray(position_ids, dtype=np.float64)
+    out = x.copy()
+    for i, (a, b) in enumerate(_pairs(2 * inv_freq.size, interleaved)):
+        theta = positions * inv_freq[i]  # [S]
+        c, s = np.cos(theta)[:, None], np.sin(theta)[:, None]
+        xa, xb = x[..., a : a + 1], x[..., b : b + 1]
+        out[..., a : a + 1] = xa * c - xb * s
+        out[..., b : b + 1] = xa * s + xb * c
+    return out

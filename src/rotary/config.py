@@ -184,7 +184,10 @@ def _check_values(p: dict[str, Any], rope_type: str, rotary_dim: int, strict: bo
             )
     for key in ("original_max_position_embeddings", "max_position_embeddings"):
         if key in p and not _is_positive_int(p[key]):
-            _complain(f"{key} must be a positive int (a length in tokens), got {p[key]!r}", strict)
+            message = f"{key} must be a positive int (a length in tokens), got {p[key]!r}"
+            if not (_is_number(p[key]) and p[key] > 0):
+                raise ConfigError(message)  # no length to compute with, even leniently
+            _complain(message, strict)
     if rope_type == "yarn":
         for key in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
             if p.get(key) is not None and not _is_number(p[key]):
@@ -214,11 +217,10 @@ def _check_values(p: dict[str, Any], rope_type: str, rotary_dim: int, strict: bo
             value = p[key]
             if not (isinstance(value, (list, tuple)) and all(_is_number(x) for x in value)):
                 raise ConfigError(f"{key} must be a list of {expected} numbers, got {value!r}")
-            if len(value) != expected:
-                _complain(
+            if len(value) != expected:  # not computable: an error even with strict=False
+                raise ConfigError(
                     f"{key} has {len(value)} entries but rotary_dim={rotary_dim} needs {expected} (one per pair); "
-                    "give one factor per rotated pair",
-                    strict,
+                    "give one factor per rotated pair"
                 )
     if rope_type == "llama3":
         low, high = p["low_freq_factor"], p["high_freq_factor"]

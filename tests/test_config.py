@@ -288,3 +288,33 @@ def test_other_input_errors():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a valid block warns about nothing
         frequencies(64, scaling=dict(YARN, beta_fast=32, beta_slow=1, truncate=False, mscale=1.0, mscale_all_dim=1.0))
+
+
+def test_a_4x_config_object_is_read_through_to_dict_and_left_alone():
+    class Legacy:  # what a transformers 4.x PretrainedConfig offers: attributes and a to_dict() copy
+        def __init__(self, d):
+            self.__dict__.update(d)
+
+        def to_dict(self):
+            return copy.deepcopy(self.__dict__)
+
+    d = load("llama3_1")
+    legacy = Legacy(d)
+    rope = RoPE.from_hf_config(legacy)
+    assert torch.equal(rope.inv_freq, RoPE.from_hf_config(d).inv_freq)
+    assert legacy.to_dict() == d
+
+
+def test_length_dependent_recompute_keeps_an_odd_partial_width_like_transformers():
+    block = {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 8, "partial_rotary_factor": 0.3}
+    with pytest.warns(UserWarning, match="odd rotary dimension 19"):
+        rope = RoPE(64, scaling=block, strict=False)
+    rope.cos_sin(torch.arange(40))
+    with pytest.warns(UserWarning):
+        expected = frequencies(64, scaling=block, seq_len=torch.tensor(40), strict=False)
+    assert torch.equal(rope.inv_freq, expected.inv_freq) and rope.rotary_dim == 20
+
+
+def test_missing_key_message_says_what_the_key_is():
+    with pytest.raises(ConfigError, match=r"\['max_position_embeddings'\].*the model's context length"):
+        RoPE(64, scaling={"rope_type": "dynamic", "factor": 2.0})

@@ -64,6 +64,18 @@ ROPE_PARAMETER_KEYS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
 }
 
 
+#: what a required key means, for the error naming it
+KEY_MEANINGS = {
+    "factor": "the context extension ratio (new length / trained length), >= 1",
+    "max_position_embeddings": "the model's context length (config.max_position_embeddings)",
+    "original_max_position_embeddings": "the context length the model was pretrained with",
+    "low_freq_factor": "Llama 3.1 uses 1.0",
+    "high_freq_factor": "Llama 3.1 uses 4.0",
+    "short_factor": "one rescale factor per rotated pair, for sequences within the trained length",
+    "long_factor": "one rescale factor per rotated pair, for longer sequences",
+}
+
+
 def _complain(message: str, strict: bool) -> None:
     if strict:
         raise ConfigError(message)
@@ -154,7 +166,8 @@ def validate_rope_parameters(
     # yarn's factor may be an explicit null: transformers then takes the ratio of the two lengths
     missing = sorted(k for k in required if out.get(k) is None and not (k == "factor" and rope_type == "yarn" and k in out))
     if missing:
-        raise ConfigError(f"rope_type {rope_type!r} needs the key(s) {missing}; add them to the scaling block")
+        hints = "".join(f"; {k}: {KEY_MEANINGS[k]}" for k in missing if k in KEY_MEANINGS)
+        raise ConfigError(f"rope_type {rope_type!r} needs the key(s) {missing}; add them to the scaling block{hints}")
     for key in sorted(set(out) - required - optional - COMMON_KEYS):
         owners = _owners(key)
         if owners:

@@ -163,6 +163,18 @@ def test_published_snapshots_from_transformers_tests():
                      3.1623e-05, 2.7384e-05, 2.3714e-05, 2.0535e-05, 1.7783e-05, 1.5399e-05, 1.3335e-05, 1.1548e-05]
     torch.testing.assert_close(yarn.inv_freq, torch.tensor(expected_yarn), rtol=6e-5, atol=0)
     assert yarn.attention_scaling == 0.1 * math.log(10.0) + 1.0
+    dynamic = frequencies(128, scaling={"rope_type": "dynamic", "factor": 10.0, "max_position_embeddings": 2048},
+                          seq_len=16384)
+    expected_dynamic = [
+        1.0, 8.0931e-01, 6.5498e-01, 5.3008e-01, 4.2900e-01, 3.4720e-01, 2.8099e-01, 2.2741e-01, 1.8404e-01,
+        1.4895e-01, 1.2055e-01, 9.7558e-02, 7.8955e-02, 6.3899e-02, 5.1714e-02, 4.1853e-02, 3.3872e-02, 2.7413e-02,
+        2.2185e-02, 1.7955e-02, 1.4531e-02, 1.1760e-02, 9.5176e-03, 7.7027e-03, 6.2339e-03, 5.0451e-03, 4.0831e-03,
+        3.3045e-03, 2.6744e-03, 2.1644e-03, 1.7517e-03, 1.4176e-03, 1.1473e-03, 9.2852e-04, 7.5146e-04, 6.0817e-04,
+        4.9220e-04, 3.9834e-04, 3.2238e-04, 2.6091e-04, 2.1115e-04, 1.7089e-04, 1.3830e-04, 1.1193e-04, 9.0585e-05,
+        7.3312e-05, 5.9332e-05, 4.8018e-05, 3.8861e-05, 3.1451e-05, 2.5453e-05, 2.0600e-05, 1.6672e-05, 1.3492e-05,
+        1.0920e-05, 8.8374e-06, 7.1522e-06, 5.7883e-06, 4.6845e-06, 3.7912e-06, 3.0683e-06, 2.4832e-06, 2.0097e-06,
+        1.6265e-06]
+    torch.testing.assert_close(dynamic.inv_freq, torch.tensor(expected_dynamic), rtol=6e-5, atol=0)
     llama3 = frequencies(128, scaling={"rope_type": "llama3", "factor": 10.0, "low_freq_factor": 1,
                                        "high_freq_factor": 4, "original_max_position_embeddings": 2048})
     expected_llama3 = expected_yarn[:17] + [

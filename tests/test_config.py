@@ -318,3 +318,10 @@ def test_length_dependent_recompute_keeps_an_odd_partial_width_like_transformers
 def test_missing_key_message_says_what_the_key_is():
     with pytest.raises(ConfigError, match=r"\['max_position_embeddings'\].*the model's context length"):
         RoPE(64, scaling={"rope_type": "dynamic", "factor": 2.0})
+
+
+def test_gptj_null_rotary_dim_rotates_the_whole_head():
+    d = dict(load("gptj"), rotary_dim=None)
+    assert RoPE.from_hf_config(d).rotary_dim == 256
+    with pytest.raises(ConfigError, match="rotary_dim must be a positive int, got 0"):
+        RoPE.from_hf_config(dict(d, rotary_dim=0))

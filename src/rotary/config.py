@@ -415,8 +415,9 @@ def read_hf_config(config: Any, *, layer_type: str | None = None, strict: bool =
         elif model_type == "gpt_neox" or "rotary_pct" in d:
             block["partial_rotary_factor"] = d.get("rotary_pct", 0.25)  # GPT-NeoX's default
         elif model_type == "gptj" or d.get("rotary_dim") is not None:
-            rotary_dim = d.get("rotary_dim", 64)  # GPT-J states the width, default 64
-            if not _is_positive_int(rotary_dim):
+            # GPT-J states the width (default 64; null rotates the whole head)
+            rotary_dim = d.get("rotary_dim", 64)
+            if rotary_dim is not None and not _is_positive_int(rotary_dim):
                 raise ConfigError(f"config rotary_dim must be a positive int, got {rotary_dim!r}")
 
     rt = block["rope_type"]

@@ -103,6 +103,7 @@ class RoPE(nn.Module):
             self.original_max_seq_len: int = self.freqs.scaling["max_position_embeddings"]
             self.max_seq_len_cached: int = self.original_max_seq_len
         self._long_freqs: Frequencies | None = None
+        self._stateless_len: int | None = None
 
     @classmethod
     def from_hf_config(
@@ -216,7 +217,7 @@ class RoPE(nn.Module):
         if self.dynamic == "stateless":
             if int(length) <= self.original_max_seq_len:
                 self._set_freqs(self.original_freqs)
-            elif int(length) != getattr(self, "_stateless_len", None):
+            elif int(length) != self._stateless_len:
                 self._set_freqs(self._recompute(length))
             self._stateless_len = int(length) if int(length) > self.original_max_seq_len else None
             return

@@ -316,6 +316,36 @@ def test_tables_match_transformers_and_are_closer_to_float64(params):
         assert ours_err.max() <= hf_err.max()
 
 
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_tables_on_drawn_configurations(data):
+    rope_type = data.draw(st.sampled_from(["default", "linear", "yarn", "llama3", "proportional"]))
+    if rope_type == "default":
+        head_dim, params, max_position_embeddings = data.draw(configurations("linear"))
+        params = {k: v for k, v in params.items() if k != "factor"} | {"rope_type": "default"}
+    else:
+        head_dim, params, max_position_embeddings = data.draw(configurations(rope_type))
+    if rope_type == "default":  # Llama's default ignores partial_rotary_factor; Phi-3's reads it
+        cfg = Phi3Config(hidden_size=2 * head_dim, num_attention_heads=2, num_key_value_heads=2, num_hidden_layers=1,
+                         intermediate_size=8, vocab_size=8, pad_token_id=0, rope_parameters=params)
+        hf = Phi3RotaryEmbedding(cfg)
+    else:
+        cfg = hf_config(head_dim, params, max_position_embeddings)
+        hf = LlamaRotaryEmbedding(cfg)
+    rope = RoPE.from_hf_config(cfg)
+    assert torch.equal(rope.inv_freq, hf.inv_freq) and rope.attention_scaling == hf.attention_scaling
+    positions = torch.tensor(sorted(data.draw(st.sets(st.integers(0, 8191), min_size=1, max_size=48))))
+    hf_cos, hf_sin = hf(torch.zeros(1), positions[None])
+    cos, sin = rope.cos_sin(positions)
+    ref_cos, ref_sin, theta = _reference(positions, rope.inv_freq, rope.attention_scaling)
+    tol = rope.attention_scaling * (theta.abs() * EPS32 + 4 * EPS32)
+    for ours_t, hf_t, ref in ((cos, hf_cos[0], ref_cos), (sin, hf_sin[0], ref_sin)):
+        assert bool(((ours_t.double() - hf_t.double()).abs() <= tol).all())
+        ours_err, hf_err = (ours_t.double() - ref).abs(), (hf_t.double() - ref).abs()
+        assert bool((ours_err <= EPS32 * ref.abs() + 1e-30).all())  # one rounding of the float64 value
+        assert ours_err.max() <= hf_err.max()
+
+
 # ---- dynamic / longrope: the same tables over a replayed call sequence ---------------------------
 REPLAY = [6, 32, 16, 8, 7, 40, 33, 9, 3]
 

@@ -325,3 +325,10 @@ def test_gptj_null_rotary_dim_rotates_the_whole_head():
     assert RoPE.from_hf_config(d).rotary_dim == 256
     with pytest.raises(ConfigError, match="rotary_dim must be a positive int, got 0"):
         RoPE.from_hf_config(dict(d, rotary_dim=0))
+
+
+def test_phi3_early_longrope_names():
+    for name in ("su", "yarn"):
+        d = load("phi3_longrope")
+        d["rope_scaling"]["type"] = name
+        assert RoPE.from_hf_config(d).freqs.rope_type == "longrope"

@@ -258,8 +258,8 @@ def _check_values(p: dict[str, Any], rope_type: str, rotary_dim: int, strict: bo
 
 #: model_types whose attention pairs channels (2i, 2i+1); every other architecture pairs (i, i + r/2)
 INTERLEAVED_MODEL_TYPES = frozenset({"gptj", "roformer", "cohere", "cohere2", "glm", "glm4", "chatglm"})
-#: model types that store their context-extension length outside the block (transformers' Phi-3 exception)
-_LENGTH_DEFAULT_TYPES = ("llama3", "yarn", "longrope")
+#: rope_types that need the pretraining length original_max_position_embeddings (which transformers fills in)
+_TRAINED_LENGTH_TYPES = ("llama3", "yarn", "longrope")
 
 
 @dataclass(frozen=True)
@@ -421,7 +421,7 @@ def read_hf_config(config: Any, *, layer_type: str | None = None, strict: bool =
                 raise ConfigError(f"config rotary_dim must be a positive int, got {rotary_dim!r}")
 
     rt = block["rope_type"]
-    if rt in _LENGTH_DEFAULT_TYPES:
+    if rt in _TRAINED_LENGTH_TYPES:
         if d.get("original_max_position_embeddings") is not None:
             # transformers lets a top-level original_max_position_embeddings (Phi-3) win over the block's
             block["original_max_position_embeddings"] = d["original_max_position_embeddings"]

@@ -184,6 +184,12 @@ def test_config_folder_and_bad_sources(tmp_path):
     assert RoPE.from_hf_config(tmp_path).freqs.base == 1e6
     with pytest.raises(FileNotFoundError, match="no config file"):
         RoPE.from_hf_config(tmp_path / "missing.json")
+    (tmp_path / "broken.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="broken.json is not valid JSON"):
+        RoPE.from_hf_config(tmp_path / "broken.json")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="list.json does not hold a JSON object"):
+        RoPE.from_hf_config(tmp_path / "list.json")
     with pytest.raises(TypeError, match="PretrainedConfig, a dict or a path"):
         RoPE.from_hf_config(42)
     with pytest.raises(ConfigError, match="head_dim"):

@@ -294,9 +294,12 @@ def _as_dict(config: Any) -> dict[str, Any]:
         if not os.path.isfile(path):
             raise FileNotFoundError(f"no config file at {path!r}; pass a config.json path, a dict or a PretrainedConfig")
         with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+            try:
+                data = json.load(fh)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{path} is not valid JSON ({exc}); pass a Hugging Face config.json") from None
         if not isinstance(data, dict):
-            raise ConfigError(f"{path} does not hold a JSON object")
+            raise ConfigError(f"{path} does not hold a JSON object; pass a Hugging Face config.json")
         return data
     if isinstance(config, Mapping):
         return copy.deepcopy(dict(config))

@@ -359,3 +359,18 @@ def test_interleaved_architectures_match_transformers_attention_inputs(model_typ
     q_rot, k_rot = rope(q, k)
     torch.testing.assert_close(q_rot, hf_q, rtol=0, atol=1e-5)
     torch.testing.assert_close(k_rot, hf_k, rtol=0, atol=1e-5)
+
+
+def test_config_value_errors():
+    d = load("llama2")
+    with pytest.raises(ConfigError, match="rope_theta must be a number > 0, got -1"):
+        RoPE.from_hf_config(dict(d, rope_theta=-1))
+    with pytest.raises(ConfigError, match="rope_parameters / rope_scaling must be a dict, got 'linear'"):
+        RoPE.from_hf_config(dict(d, rope_scaling="linear"))
+    with pytest.raises(ConfigError, match="config head_dim must be a positive int, got 0"):
+        RoPE.from_hf_config(dict(d, head_dim=0))
+    with pytest.raises(ConfigError, match="layer_type 'chunked' is not in the config's layer_types"):
+        RoPE.from_hf_config(dict(d, layer_types=["full_attention"]), layer_type="chunked")
+    # a flat block with layer_types declared: every layer type shares it
+    rope = RoPE.from_hf_config(dict(d, layer_types=["full_attention"]), layer_type="full_attention")
+    assert torch.equal(rope.inv_freq, RoPE.from_hf_config(d).inv_freq)

@@ -213,6 +213,18 @@ class RoPE(nn.Module):
 
         A no-op for static types. Called by :meth:`cos_sin`, :meth:`forward` and :meth:`rotate`; with
         ``dynamic="hf"`` it is transformers' ``dynamic_rope_update``, step for step.
+
+        Args:
+            seq_len: ``max(position_ids) + 1`` of the call (an int or a 0-dim integer tensor).
+
+        Example:
+            >>> rope = RoPE(64, scaling={"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 8})
+            >>> rope.update_length(32)
+            >>> bool(rope.inv_freq[-1] < rope.original_freqs.inv_freq[-1])
+            True
+            >>> rope.reset_length()
+            >>> torch.equal(rope.inv_freq, rope.original_freqs.inv_freq)
+            True
         """
         rope_type = self.original_freqs.rope_type
         if rope_type not in LENGTH_DEPENDENT_TYPES:

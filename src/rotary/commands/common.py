@@ -1,0 +1,107 @@
+"""What the analysis subcommands share: the configuration arguments, building a RoPE from them,
+and printing JSON / rich tables."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any
+
+import rotary
+from rotary.module import RoPE
+
+__all__ = ["add_config_arguments", "rope_from_args", "positive_int", "print_json", "console"]
+
+#: flags that describe a configuration without a config.json
+_FLAG_DEFAULTS = {"head_dim": 128, "base": 10000.0, "rotary_dim": None, "scaling": None, "max_position": 4096}
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an int > 0 (argparse turns the ValueError into a one-line usage error)."""
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def _scaling_json(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc.msg}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f'must be a JSON object such as \'{{"rope_type": "linear", "factor": 4}}\', got {text!r}')
+    return value
+
+
+def add_config_arguments(p: argparse.ArgumentParser, *, config: bool = True) -> None:
+    """CONFIG (a Hugging Face config.json) or the flags that describe one."""
+    if config:
+        p.add_argument("config", nargs="?", metavar="CONFIG", help="Hugging Face config.json (or a directory holding one)")
+        p.add_argument("--layer-type", help="per-layer rope parameters to use (e.g. 'sliding_attention')")
+    g = p.add_argument_group("configuration without a config.json")
+    g.add_argument("--head-dim", type=positive_int, help=f"channels per head (default {_FLAG_DEFAULTS['head_dim']})")
+    g.add_argument("--base", type=_positive_float, help=f"rope_theta (default {_FLAG_DEFAULTS['base']:g})")
+    g.add_argument("--rotary-dim", type=positive_int, help="channels rotated (default: head_dim)")
+    g.add_argument("--scaling", type=_scaling_json, metavar="JSON", help='e.g. \'{"rope_type": "yarn", "factor": 4, ...}\'')
+    g.add_argument("--max-position", type=positive_int, help=f"context length (default {_FLAG_DEFAULTS['max_position']})")
+    p.add_argument("--interleaved", action="store_true", help="pairs (2i, 2i+1) instead of Hugging Face's (i, i+d/2)")
+
+
+def rope_from_args(args: argparse.Namespace) -> RoPE:
+    """Build the RoPE that CONFIG or the configuration flags describe."""
+    flags = {k: getattr(args, k, None) for k in _FLAG_DEFAULTS}
+    path = getattr(args, "config", None)
+    if path is not None:
+        given = [f"--{k.replace('_', '-')}" for k, v in flags.items() if v is not None and k != "max_position"]
+        if given:
+            raise ValueError(f"give either CONFIG or {', '.join(given)}, not both")
+        from_hf_config = getattr(RoPE, "from_hf_config", None)
+        if from_hf_config is None:  # the config reader lands with the scaling work
+            raise ValueError("reading config.json needs RoPE.from_hf_config, which this build lacks; use the flags")
+        config_error = getattr(rotary, "ConfigError", ValueError)
+        try:
+            rope = from_hf_config(path, layer_type=getattr(args, "layer_type", None))
+        except config_error as exc:
+            raise ValueError(str(exc)) from None
+        if args.interleaved:
+            rope = RoPE(
+                rope.head_dim, base=rope.freqs.base, rotary_dim=rope.rotary_dim, scaling=dict(rope.freqs.scaling),
+                interleaved=True, max_position=rope.max_position,
+            )
+        if flags["max_position"] is not None:
+            rope.max_position = flags["max_position"]
+        return rope
+    if getattr(args, "layer_type", None):
+        raise ValueError("--layer-type needs a CONFIG")
+    values = {k: (v if v is not None else _FLAG_DEFAULTS[k]) for k, v in flags.items()}
+    return RoPE(
+        values["head_dim"], base=values["base"], rotary_dim=values["rotary_dim"], scaling=values["scaling"],
+        interleaved=args.interleaved, max_position=values["max_position"],
+    )
+
+
+def print_json(obj: Any) -> None:
+    """JSON on stdout; inf/nan (not JSON) become null."""
+    from rotary.analysis import _jsonable
+
+    json.dump(_jsonable(obj), sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def console():
+    """A rich console on stdout, at least 100 columns wide so tables don't wrap when piped."""
+    import shutil
+
+    from rich.console import Console
+
+    return Console(width=max(shutil.get_terminal_size((120, 24)).columns, 100), highlight=False)

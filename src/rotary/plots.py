@@ -127,7 +127,7 @@ def plot_scaling(profile: PairProfile, *, rope_type: str, context: int | None = 
     return fig
 
 
-def plot_scores(scores: torch.Tensor, *, title: str = "Attention logits ⟨R_m q, R_n k⟩") -> Figure:
+def plot_scores(scores: torch.Tensor, *, title: str = "Attention logits ⟨R_m q, R_n k⟩ of rotated q, k") -> Figure:
     """Heatmap of logits over (query m, key n) and the logit against relative distance m − n."""
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4.2), gridspec_kw={"width_ratios": [1, 1.2]})
     s = scores.double()
@@ -135,7 +135,8 @@ def plot_scores(scores: torch.Tensor, *, title: str = "Attention logits ⟨R_m q
     im = ax.imshow(s.numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim, origin="upper", interpolation="nearest")
     ax.set_xlabel("key position n")
     ax.set_ylabel("query position m")
-    ax.set_title(title)
+    ax.set_title("logit by query and key position")
+    fig.suptitle(title)
     ax.grid(False)
     fig.colorbar(im, ax=ax, label="logit")
     # every (m, n) with the same m − n has the same logit; the first column gives m − n = 0 .. S-1

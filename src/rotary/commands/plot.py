@@ -126,7 +126,7 @@ def make_scores(out: Path, rope: RoPE, seq_len: int, q: str | None = None, k: st
     kv = _load_vector(k, d) if k else torch.randn(d, generator=g, dtype=torch.float64)
     scores = analysis.score_matrix(rope, qv, kv, seq_len)
     source = "given" if q or k else f"random (seed {seed})"
-    fig = plots.plot_scores(scores, title=f"Logits ⟨R_m q, R_n k⟩, {source} q, k")
+    fig = plots.plot_scores(scores, title=f"Attention logits ⟨R_m q, R_n k⟩ of rotated q, k ({source})")
     return plots.save(fig, out), {"seq_len": seq_len, "logit_by_distance": scores[:, 0].tolist()}
 
 

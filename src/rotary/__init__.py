@@ -9,12 +9,14 @@ from .apply import (
     to_half,
     to_interleaved,
 )
+from .config import ConfigError
 from .frequencies import ROPE_INIT_FUNCTIONS, Frequencies, frequencies
 from .module import RoPE
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ConfigError",
     "ROPE_INIT_FUNCTIONS",
     "Frequencies",
     "RoPE",

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from .apply import Layout, _check_x, apply_rotary, check_layout
+from .config import read_hf_config
 from .frequencies import Frequencies, frequencies
 from .tables import TableCache, cos_sin_table
 
-__all__ = ["RoPE", "check_position_ids"]
+__all__ = ["RoPE", "check_position_ids", "LENGTH_DEPENDENT_TYPES"]
+
+#: rope_types whose frequencies depend on the current sequence length
+LENGTH_DEPENDENT_TYPES = frozenset({"dynamic", "longrope"})
 
 
 def check_position_ids(position_ids: torch.Tensor) -> torch.Tensor:
@@ -46,6 +50,14 @@ class RoPE(nn.Module):
         interleaved: ``False``: pairs (i, i + r/2) (Hugging Face, GPT-NeoX); ``True``: pairs
             (2i, 2i + 1) (the paper, RoFormer, GPT-J, Meta LLaMA).
         max_position: initial cache length.
+        dynamic: how length-dependent types (``dynamic``, ``longrope``) follow the sequence length.
+            ``"hf"`` (default) replays transformers' state machine call for call: dynamic NTK
+            recomputes when ``max(position_ids) + 1`` exceeds the longest length seen so far and resets
+            to the trained frequencies when a call is shorter than ``max_position_embeddings``;
+            LongRoPE uses the long factors while the length exceeds
+            ``original_max_position_embeddings``. ``"stateless"`` computes the frequencies from the
+            current call's length only (see docs/scaling.md on huggingface/transformers#25104).
+        strict: ``False`` turns value errors in ``scaling`` into warnings.
 
     Example:
         >>> rope = RoPE(64)
@@ -61,20 +73,88 @@ class RoPE(nn.Module):
         self,
         head_dim: int,
         *,
-        base: float = 10000.0,
+        base: float | None = None,
         rotary_dim: int | None = None,
         scaling: Mapping[str, Any] | None = None,
         interleaved: bool = False,
         max_position: int = 2048,
+        dynamic: Literal["hf", "stateless"] = "hf",
+        strict: bool = True,
     ) -> None:
         super().__init__()
         if isinstance(max_position, bool) or not isinstance(max_position, int) or max_position <= 0:
             raise ValueError(f"max_position must be a positive int, got {max_position!r}")
-        self.freqs: Frequencies = frequencies(head_dim, base=base, rotary_dim=rotary_dim, scaling=scaling)
+        if dynamic not in ("hf", "stateless"):
+            raise ValueError(f"dynamic must be 'hf' (transformers' state machine) or 'stateless', got {dynamic!r}")
+        self.freqs: Frequencies = frequencies(
+            head_dim, base=base, rotary_dim=rotary_dim, scaling=scaling, strict=strict
+        )
         self.interleaved = bool(interleaved)
         self.max_position = max_position
+        self.dynamic = dynamic
         self.register_buffer("inv_freq", self.freqs.inv_freq.clone(), persistent=False)
         self._cache = TableCache(self.freqs.inv_freq, self.freqs.attention_scaling, self.interleaved, max_position)
+        # the frequencies at the trained length, and the state of transformers' dynamic NTK update
+        self.original_freqs: Frequencies = self.freqs
+        if self.freqs.rope_type == "dynamic":
+            self.original_max_seq_len: int = self.freqs.scaling["max_position_embeddings"]
+            self.max_seq_len_cached: int = self.original_max_seq_len
+        self._long_freqs: Frequencies | None = None
+
+    @classmethod
+    def from_hf_config(
+        cls,
+        config: Any,
+        *,
+        layer_type: str | None = None,
+        strict: bool = True,
+        dynamic: Literal["hf", "stateless"] = "hf",
+        max_position: int = 2048,
+    ) -> RoPE:
+        """Build the RoPE a Hugging Face model uses, from its config (the config is never modified).
+
+        Reads ``head_dim`` (or ``hidden_size // num_attention_heads``; DeepSeek's ``qk_rope_head_dim``),
+        ``rope_theta`` (GPT-NeoX: ``rotary_emb_base``), ``partial_rotary_factor`` (GPT-NeoX:
+        ``rotary_pct``; GPT-J: ``rotary_dim``), ``max_position_embeddings`` and the scaling block
+        (5.x ``rope_parameters`` or 4.x ``rope_scaling``), and picks the architecture's pairing:
+        interleaved for GPT-J, RoFormer, Cohere, GLM and DeepSeek-V2/V3 (``rope_interleave``), half
+        otherwise.
+
+        Args:
+            config: a transformers ``PretrainedConfig`` (4.x or 5.x), a path to a config.json (or its
+                folder), or a dict of one.
+            layer_type: for configs with one block per layer type (Gemma-3: ``"sliding_attention"``,
+                ``"full_attention"``), which layer's RoPE to build.
+            strict: ``False`` turns configuration mistakes into warnings (odd real checkpoints).
+            dynamic: see :class:`RoPE`.
+            max_position: initial cache length.
+
+        Returns:
+            :class:`RoPE`.
+
+        Raises:
+            ConfigError: (a ``ValueError``) for an invalid or ambiguous config; the message says what to change.
+
+        Example:
+            >>> cfg = {"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
+            ...        "max_position_embeddings": 131072, "rope_theta": 500000.0,
+            ...        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            ...                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}
+            >>> rope = RoPE.from_hf_config(cfg)
+            >>> rope.freqs.rope_type, rope.head_dim, rope.interleaved
+            ('llama3', 128, False)
+        """
+        settings = read_hf_config(config, layer_type=layer_type, strict=strict)
+        return cls(
+            settings.head_dim,
+            base=settings.base,
+            rotary_dim=settings.rotary_dim,
+            scaling=settings.scaling,
+            interleaved=settings.interleaved,
+            max_position=max_position,
+            dynamic=dynamic,
+            strict=strict,
+        )
 
     @property
     def head_dim(self) -> int:
@@ -94,6 +174,64 @@ class RoPE(nn.Module):
         super()._apply(fn, recurse)
         self.inv_freq = self.freqs.inv_freq.to(self.inv_freq.device)
         return self
+
+    # length-dependent frequencies ----------------------------------------------------------------
+    def _set_freqs(self, freqs: Frequencies) -> None:
+        """Switch to new frequencies: buffer, and a fresh table cache (the old tables are stale)."""
+        if freqs is self.freqs:
+            return
+        self.freqs = freqs
+        self.inv_freq = freqs.inv_freq.to(self.inv_freq.device)
+        self._cache = TableCache(freqs.inv_freq, freqs.attention_scaling, self.interleaved, self.max_position)
+
+    def _recompute(self, seq_len: int | torch.Tensor) -> Frequencies:
+        f = self.original_freqs
+        scaling = dict(f.scaling, rope_theta=f.base)
+        scaling.pop("partial_rotary_factor", None)  # already folded into f.rotary_dim
+        return frequencies(f.head_dim, rotary_dim=f.rotary_dim, scaling=scaling, seq_len=seq_len, strict=False)
+
+    def update_length(self, seq_len: int | torch.Tensor) -> None:
+        """Adapt length-dependent frequencies to a call covering positions ``0 .. seq_len - 1``.
+
+        A no-op for static types. Called by :meth:`cos_sin`, :meth:`forward` and :meth:`rotate`; with
+        ``dynamic="hf"`` it is transformers' ``dynamic_rope_update``, step for step.
+        """
+        rope_type = self.original_freqs.rope_type
+        if rope_type not in LENGTH_DEPENDENT_TYPES:
+            return
+        # transformers passes max(position_ids) + 1 as a 0-dim int64 tensor; dynamic NTK's base is then
+        # computed in fp32, so the tensor is kept to stay bit-identical
+        length = torch.as_tensor(seq_len, dtype=torch.int64).cpu()
+        if rope_type == "longrope":
+            trained = self.original_freqs.scaling["original_max_position_embeddings"]
+            if int(length) > trained:
+                if self._long_freqs is None:
+                    self._long_freqs = self._recompute(trained + 1)
+                self._set_freqs(self._long_freqs)
+            else:
+                self._set_freqs(self.original_freqs)
+            return
+        if self.dynamic == "stateless":
+            if int(length) <= self.original_max_seq_len:
+                self._set_freqs(self.original_freqs)
+            elif int(length) != getattr(self, "_stateless_len", None):
+                self._set_freqs(self._recompute(length))
+            self._stateless_len = int(length) if int(length) > self.original_max_seq_len else None
+            return
+        cached = self.max_seq_len_cached
+        if int(length) > cached:  # growth: a longer sequence than any before
+            self._set_freqs(self._recompute(length))
+            self.max_seq_len_cached = int(length)
+        if int(length) < self.original_max_seq_len and cached > self.original_max_seq_len:  # back to short
+            self._set_freqs(self.original_freqs)
+            self.max_seq_len_cached = self.original_max_seq_len
+
+    def reset_length(self) -> None:
+        """Forget the lengths seen (dynamic state) and return to the trained frequencies."""
+        self._set_freqs(self.original_freqs)
+        if self.original_freqs.rope_type == "dynamic":
+            self.max_seq_len_cached = self.original_max_seq_len
+        self._stateless_len = None
 
     def extra_repr(self) -> str:
         f = self.freqs
@@ -119,6 +257,8 @@ class RoPE(nn.Module):
             (torch.Size([3, 8]), torch.float32)
         """
         position_ids = check_position_ids(position_ids)
+        if self.original_freqs.rope_type in LENGTH_DEPENDENT_TYPES and position_ids.numel():
+            self.update_length(position_ids.max() + 1)
         if torch.compiler.is_compiling():
             return cos_sin_table(
                 position_ids, self.inv_freq, attention_scaling=self.attention_scaling, interleaved=self.interleaved
@@ -140,6 +280,8 @@ class RoPE(nn.Module):
             raise ValueError(f"offset must be an int >= 0, got {offset!r}")
         if torch.compiler.is_compiling():
             return self.cos_sin(torch.arange(offset, offset + seq_len, device=device))
+        if seq_len:
+            self.update_length(offset + seq_len)
         cos, sin = self._cache.get(device, offset + seq_len)
         return cos[offset : offset + seq_len], sin[offset : offset + seq_len]
 

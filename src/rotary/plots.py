@@ -25,7 +25,9 @@ __all__ = ["PALETTE", "save", "plot_decay", "plot_frequencies", "plot_scaling", 
 #: Okabe & Ito (2008), colour-blind-safe qualitative palette
 PALETTE = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
 #: background shading for each pair kind in the scaling figure
-KIND_COLOURS = {"extrapolated": "#56B4E9", "blended": "#F0E442", "interpolated": "#E69F00", "raised": "#CC79A7"}
+KIND_COLOURS = {
+    "extrapolated": "#56B4E9", "blended": "#F0E442", "interpolated": "#E69F00", "raised": "#CC79A7", "not rotated": "#999999",
+}
 
 plt.rcParams.update({"font.size": 11, "axes.titlesize": 12, "axes.grid": True, "grid.alpha": 0.3, "svg.hashsalt": "rotary"})
 
@@ -122,7 +124,7 @@ def plot_scaling(profile: PairProfile, *, rope_type: str, context: int | None = 
     patches = [Patch(color=KIND_COLOURS[k], alpha=0.4, label=k) for k in kinds]
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
-    ax.legend(h1 + h2 + patches, l1 + l2 + kinds, loc="upper left", fontsize=8)
+    ax.legend(h1 + h2 + patches, l1 + l2 + kinds, loc="lower right", fontsize=8, framealpha=0.9)
     fig.tight_layout()
     return fig
 

@@ -9,7 +9,7 @@ import math
 import sys
 from typing import Any
 
-import rotary
+from rotary.config import ConfigError, read_hf_config
 from rotary.module import RoPE
 
 __all__ = ["add_config_arguments", "rope_from_args", "positive_int", "print_json", "console"]
@@ -57,37 +57,40 @@ def add_config_arguments(p: argparse.ArgumentParser, *, config: bool = True) -> 
     p.add_argument("--interleaved", action="store_true", help="pairs (2i, 2i+1) instead of Hugging Face's (i, i+d/2)")
 
 
-def rope_from_args(args: argparse.Namespace) -> RoPE:
-    """Build the RoPE that CONFIG or the configuration flags describe."""
+#: RoPE's initial table length here: the context can be 131072 positions, and nothing the commands
+#: compute needs tables that long (verify forms its shifted tables directly)
+_CACHE_LENGTH = 4096
+
+
+def rope_from_args(args: argparse.Namespace) -> tuple[RoPE, int]:
+    """Build the RoPE that CONFIG or the configuration flags describe, and its context length.
+
+    The context is ``--max-position``, else the config's ``max_position_embeddings``, else 4096.
+    """
     flags = {k: getattr(args, k, None) for k in _FLAG_DEFAULTS}
     path = getattr(args, "config", None)
     if path is not None:
         given = [f"--{k.replace('_', '-')}" for k, v in flags.items() if v is not None and k != "max_position"]
         if given:
             raise ValueError(f"give either CONFIG or {', '.join(given)}, not both")
-        from_hf_config = getattr(RoPE, "from_hf_config", None)
-        if from_hf_config is None:  # the config reader lands with the scaling work
-            raise ValueError("reading config.json needs RoPE.from_hf_config, which this build lacks; use the flags")
-        config_error = getattr(rotary, "ConfigError", ValueError)
         try:
-            rope = from_hf_config(path, layer_type=getattr(args, "layer_type", None))
-        except config_error as exc:
+            settings = read_hf_config(path, layer_type=getattr(args, "layer_type", None))
+        except ConfigError as exc:
             raise ValueError(str(exc)) from None
-        if args.interleaved:
-            rope = RoPE(
-                rope.head_dim, base=rope.freqs.base, rotary_dim=rope.rotary_dim, scaling=dict(rope.freqs.scaling),
-                interleaved=True, max_position=rope.max_position,
-            )
-        if flags["max_position"] is not None:
-            rope.max_position = flags["max_position"]
-        return rope
+        context = flags["max_position"] or settings.max_position_embeddings or _FLAG_DEFAULTS["max_position"]
+        rope = RoPE(
+            settings.head_dim, base=settings.base, rotary_dim=settings.rotary_dim, scaling=settings.scaling,
+            interleaved=settings.interleaved or args.interleaved, max_position=min(context, _CACHE_LENGTH),
+        )
+        return rope, context
     if getattr(args, "layer_type", None):
         raise ValueError("--layer-type needs a CONFIG")
     values = {k: (v if v is not None else _FLAG_DEFAULTS[k]) for k, v in flags.items()}
-    return RoPE(
+    rope = RoPE(
         values["head_dim"], base=values["base"], rotary_dim=values["rotary_dim"], scaling=values["scaling"],
-        interleaved=args.interleaved, max_position=values["max_position"],
+        interleaved=args.interleaved, max_position=min(values["max_position"], _CACHE_LENGTH),
     )
+    return rope, values["max_position"]
 
 
 def print_json(obj: Any) -> None:

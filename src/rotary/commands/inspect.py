@@ -14,12 +14,12 @@ __all__ = ["register", "inspection_from_args", "render"]
 
 
 def inspection_from_args(args: argparse.Namespace) -> Inspection:
-    rope = rope_from_args(args)
+    rope, context = rope_from_args(args)
     freqs = None
     if getattr(args, "seq_len", None) is not None:  # length-dependent types (dynamic, longrope)
         f = rope.freqs
         freqs = frequencies(f.head_dim, base=f.base, rotary_dim=f.rotary_dim, scaling=dict(f.scaling), seq_len=args.seq_len)
-    return inspect_rope(rope, freqs=freqs)
+    return inspect_rope(rope, freqs=freqs, context=context)
 
 
 def _fmt(x: float, digits: int = 4) -> str:
@@ -37,12 +37,12 @@ def render(info: Inspection) -> None:
     params = ", ".join(f"{k}={v}" for k, v in info.scaling.items() if k not in ("rope_type", "type") and not isinstance(v, list))
     out.print(
         f"[bold]rope_type[/] {info.rope_type}  [bold]head_dim[/] {info.head_dim}  [bold]rotary_dim[/] {info.rotary_dim}  "
-        f"[bold]base[/] {info.base:g}  [bold]context[/] {info.max_position}  [bold]pairing[/] "
+        f"[bold]base[/] {info.base:g}  [bold]context[/] {info.context}  [bold]pairing[/] "
         f"{'interleaved (2i, 2i+1)' if info.interleaved else 'half (i, i+d/2)'}"
     )
     out.print(f"[bold]attention_scaling[/] {info.attention_scaling:.6g}" + (f"   [bold]scaling[/] {params}" if params else ""))
     table = Table(title=f"pairs of {info.rope_type} RoPE", title_justify="left")
-    for col in ["pair", "inv_freq θ", "wavelength (tokens)", f"turns in {info.max_position}"]:
+    for col in ["pair", "inv_freq θ", "wavelength (tokens)", f"turns in {info.context}"]:
         table.add_column(col, justify="right")
     if scaled:
         for col in ["original wavelength", "factor", "pair is"]:

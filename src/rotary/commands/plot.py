@@ -20,7 +20,7 @@ __all__ = ["register", "SCALING_EXAMPLES", "make_decay", "make_frequencies", "ma
 #: (scaling block, base, max_position, seq_len for length-dependent types)
 SCALING_EXAMPLES: dict[str, tuple[dict[str, Any], float, int, int | None]] = {
     "linear": ({"rope_type": "linear", "factor": 4.0}, 10000.0, 4096, None),
-    "dynamic": ({"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 4096}, 10000.0, 4096, 16384),
+    "dynamic": ({"rope_type": "dynamic", "factor": 4.0, "max_position_embeddings": 4096}, 10000.0, 4096, 16384),
     "ntk": ({"rope_type": "ntk", "factor": 4.0}, 10000.0, 4096, None),
     "yarn": (
         {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0},
@@ -31,7 +31,7 @@ SCALING_EXAMPLES: dict[str, tuple[dict[str, Any], float, int, int | None]] = {
          "original_max_position_embeddings": 8192},
         500000.0, 131072, None,
     ),
-    "proportional": ({"rope_type": "proportional", "factor": 4.0}, 10000.0, 4096, None),
+    "proportional": ({"rope_type": "proportional", "factor": 4.0, "partial_rotary_factor": 0.25}, 10000.0, 4096, None),
 }
 
 
@@ -51,6 +51,12 @@ def _announce(args: argparse.Namespace, files: list[Path], numbers: dict[str, An
         for f in files:
             print(f"wrote {f}")
     return 0
+
+
+def _label(path: str) -> str:
+    """A config's name for legends: its folder for .../config.json, else the file name."""
+    p = Path(path)
+    return p.parent.name if p.name == "config.json" and p.parent.name else p.stem
 
 
 # the five figures: each returns (files, numbers) -------------------------------------------------
@@ -80,15 +86,15 @@ def make_frequencies(out: Path, ropes: dict[str, RoPE], context: int | None):
     return plots.save(fig, out), {"wavelengths": series}
 
 
-def make_scaling(out: Path, rope: RoPE, seq_len: int | None = None, note: str = ""):
+def make_scaling(out: Path, rope: RoPE, context: int, seq_len: int | None = None, note: str = ""):
     from rotary import plots
 
     f = rope.freqs
     if seq_len is not None:
         f = frequencies(f.head_dim, base=f.base, rotary_dim=f.rotary_dim, scaling=dict(f.scaling), seq_len=seq_len)
     profile = analysis.scaling_profile(f)
-    original = f.scaling.get("original_max_position_embeddings")
-    fig = plots.plot_scaling(profile, rope_type=f.rope_type, context=original or rope.max_position, note=note)
+    trained = f.scaling.get("original_max_position_embeddings") or f.scaling.get("max_position_embeddings") or context
+    fig = plots.plot_scaling(profile, rope_type=f.rope_type, context=trained, note=note)
     numbers = {
         "rope_type": f.rope_type, "scaling": dict(f.scaling), "attention_scaling": f.attention_scaling,
         "seq_len": seq_len, "full_factor": profile.full_factor, "kind": profile.kind, "factor": profile.factor,
@@ -148,7 +154,7 @@ def _frequencies(args: argparse.Namespace) -> int:
     ropes: dict[str, RoPE] = {}
     for path in args.configs:
         ns = argparse.Namespace(config=path, layer_type=None, interleaved=False, **dict.fromkeys(_FLAG_DEFAULTS))
-        ropes[Path(path).parent.name or path if Path(path).name == "config.json" else path] = rope_from_args(ns)
+        ropes[_label(path)] = rope_from_args(ns)[0]
     head_dim = args.head_dim or _FLAG_DEFAULTS["head_dim"]
     for base in args.base or ([] if args.configs else [10000.0, 500000.0]):
         ropes[f"d={head_dim}, base {base:g}"] = RoPE(head_dim, base=base)
@@ -161,8 +167,8 @@ def _scaling(args: argparse.Namespace) -> int:
     if args.config or args.scaling:
         if args.rope_type:
             raise ValueError("give --rope-type only without CONFIG / --scaling")
-        rope = rope_from_args(args)
-        files, numbers = make_scaling(out_dir / f"scaling_{rope.freqs.rope_type}", rope, args.seq_len)
+        rope, context = rope_from_args(args)
+        files, numbers = make_scaling(out_dir / f"scaling_{rope.freqs.rope_type}", rope, context, args.seq_len)
         return _announce(args, files, {"methods": {rope.freqs.rope_type: numbers}})
     available = [t for t in ROPE_INIT_FUNCTIONS if t != "default"]
     wanted = args.rope_type or available
@@ -188,19 +194,19 @@ def _scaling(args: argparse.Namespace) -> int:
         rope = RoPE(head_dim, base=base, scaling=block, max_position=max_position)
         if seq_len is not None:
             note += f", at {seq_len} tokens"
-        files, numbers = make_scaling(out_dir / f"scaling_{t}", rope, seq_len, note=f"d={head_dim}, base {base:g}; {note}")
+        files, numbers = make_scaling(out_dir / f"scaling_{t}", rope, max_position, seq_len, note=f"d={head_dim}, base {base:g}; {note}")
         all_files += files
         methods[t] = numbers
     return _announce(args, all_files, {"methods": methods})
 
 
 def _scores(args: argparse.Namespace) -> int:
-    files, numbers = make_scores(Path(args.output), rope_from_args(args), args.seq_len, args.q, args.k, args.seed)
+    files, numbers = make_scores(Path(args.output), rope_from_args(args)[0], args.seq_len, args.q, args.k, args.seed)
     return _announce(args, files, numbers)
 
 
 def _positions(args: argparse.Namespace) -> int:
-    files, numbers = make_positions(Path(args.output), rope_from_args(args), args.seq_len)
+    files, numbers = make_positions(Path(args.output), rope_from_args(args)[0], args.seq_len)
     return _announce(args, files, numbers)
 
 

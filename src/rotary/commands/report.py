@@ -38,20 +38,20 @@ _CSS = (
 )
 
 
-def write_report(rope: RoPE, out_dir: Path, *, title: str, seq_len: int = 64) -> tuple[list[Path], dict[str, Any]]:
+def write_report(rope: RoPE, out_dir: Path, *, title: str, context: int, seq_len: int = 64) -> tuple[list[Path], dict[str, Any]]:
     """Write figures, ``report.json`` and ``report.html`` into ``out_dir``; return (files, numbers)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    info = inspect_rope(rope)
-    checks = verify(rope, seq_len=seq_len)
+    info = inspect_rope(rope, context=context)
+    checks = verify(rope, seq_len=seq_len, offset=context)
     figures: dict[str, tuple[list[Path], dict[str, Any]]] = {}
     figures["decay"] = plot.make_decay(out_dir / "decay", rope.head_dim, rope.freqs.base, 256, measured=True, samples=64)
-    context = rope.freqs.scaling.get("original_max_position_embeddings") or rope.max_position
+    trained = rope.freqs.scaling.get("original_max_position_embeddings") or context
     figures["frequencies"] = plot.make_frequencies(
         out_dir / "frequencies",
         {title: rope, f"default, base {rope.freqs.base:g}": RoPE(rope.head_dim, base=rope.freqs.base, rotary_dim=rope.rotary_dim)},
-        context,
+        trained,
     )
-    figures["scaling"] = plot.make_scaling(out_dir / f"scaling_{rope.freqs.rope_type}", rope)
+    figures["scaling"] = plot.make_scaling(out_dir / f"scaling_{rope.freqs.rope_type}", rope, context)
     figures["scores"] = plot.make_scores(out_dir / "scores", rope, min(seq_len, 128))
     figures["positions"] = plot.make_positions(out_dir / "positions", rope, 256)
     numbers = {
@@ -68,7 +68,7 @@ def write_report(rope: RoPE, out_dir: Path, *, title: str, seq_len: int = 64) ->
     d = info.to_dict()
     parts.append(_table(
         ["rope_type", "head_dim", "rotary_dim", "base", "context", "pairing", "attention_scaling"],
-        [[d["rope_type"], d["head_dim"], d["rotary_dim"], _num(d["base"]), d["max_position"],
+        [[d["rope_type"], d["head_dim"], d["rotary_dim"], _num(d["base"]), d["context"],
           "interleaved" if d["interleaved"] else "half", _num(d["attention_scaling"])]],
     ))
     if info.scaling:
@@ -90,7 +90,7 @@ def write_report(rope: RoPE, out_dir: Path, *, title: str, seq_len: int = 64) ->
         parts.append(f"<h2>{captions[name]}</h2><img alt='{name}' src='data:image/png;base64,{png}'>")
     parts.append("<h2>pairs</h2>")
     parts.append(_table(
-        ["pair", "inv_freq", "wavelength", f"turns in {info.max_position}", "original wavelength", "factor", "pair is"],
+        ["pair", "inv_freq", "wavelength", f"turns in {info.context}", "original wavelength", "factor", "pair is"],
         [[r["pair"], f"{r['inv_freq']:.6g}", _num(r["wavelength"]), _num(r["turns"]), _num(r["original_wavelength"]),
           _num(r["factor"]), r["kind"]] for r in info.pairs()],
     ))
@@ -102,9 +102,9 @@ def write_report(rope: RoPE, out_dir: Path, *, title: str, seq_len: int = 64) ->
 
 
 def _report(args: argparse.Namespace) -> int:
-    rope = rope_from_args(args)
-    title = Path(args.config).parent.name if args.config and Path(args.config).name == "config.json" else (args.config or repr(rope))
-    files, numbers = write_report(rope, Path(args.output), title=title, seq_len=args.seq_len)
+    rope, context = rope_from_args(args)
+    title = plot._label(args.config) if args.config else repr(rope)
+    files, numbers = write_report(rope, Path(args.output), title=title, context=context, seq_len=args.seq_len)
     if args.json:
         print_json({"files": [str(f) for f in files], "verify_passed": numbers["verify"]["passed"]})
     else:

@@ -26,8 +26,8 @@ def render(checks: list[Check], title: str) -> None:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    rope = rope_from_args(args)
-    checks = verify(rope, seq_len=args.seq_len, seed=args.seed)
+    rope, context = rope_from_args(args)
+    checks = verify(rope, seq_len=args.seq_len, offset=context, seed=args.seed)
     ok = all(c.passed for c in checks)
     if args.json:
         print_json({"rope": repr(rope), "passed": ok, "checks": [c.to_dict() for c in checks]})

@@ -261,6 +261,8 @@ class Inspection:
     turns: list[float]
     precision: list[PrecisionLimit]
     warnings: list[str] = field(default_factory=list)
+    #: the sequence length the frequencies were computed for (length-dependent types), else None
+    seq_len: int | None = None
 
     def pairs(self) -> list[dict[str, Any]]:
         p = self.profile
@@ -287,6 +289,7 @@ class Inspection:
             "scaling": _jsonable(self.scaling),
             "interleaved": self.interleaved,
             "context": self.context,
+            "seq_len": self.seq_len,
             "attention_scaling": self.attention_scaling,
             "full_factor": p.full_factor,
             "pairs": _jsonable(self.pairs()),
@@ -358,8 +361,8 @@ def inspect_rope(rope: RoPE, *, freqs: Frequencies | None = None, context: int |
     if slow:
         info.warnings.append(
             f"pairs {_ranges(slow)} never complete a turn within the {length}-token context "
-            f"(wavelength up to {max(profile.wavelength[i] for i in slow):.0f} tokens): their angles are "
-            "never seen wrapping around in training"
+            f"(wavelength up to {max(profile.wavelength[i] for i in slow):.0f} tokens): within it they "
+            "cover only part of the circle"
         )
     for p in info.precision:
         if p.position_error >= 0.5:

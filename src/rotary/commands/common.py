@@ -75,8 +75,8 @@ def rope_from_args(args: argparse.Namespace) -> tuple[RoPE, int]:
             raise ValueError(f"give either CONFIG or {', '.join(given)}, not both")
         try:
             settings = read_hf_config(path, layer_type=getattr(args, "layer_type", None))
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
+        except ConfigError as exc:  # the library's message names the keyword; here it is the flag
+            raise ValueError(str(exc).replace("layer_type=", "--layer-type")) from None
         context = flags["max_position"] or settings.max_position_embeddings or _FLAG_DEFAULTS["max_position"]
         rope = RoPE(
             settings.head_dim, base=settings.base, rotary_dim=settings.rotary_dim, scaling=settings.scaling,

@@ -7,6 +7,7 @@ import math
 
 from rotary.analysis import Inspection, inspect_rope
 from rotary.frequencies import frequencies
+from rotary.module import LENGTH_DEPENDENT_TYPES
 
 from .common import add_config_arguments, console, positive_int, print_json, rope_from_args
 
@@ -15,11 +16,16 @@ __all__ = ["register", "inspection_from_args", "render"]
 
 def inspection_from_args(args: argparse.Namespace) -> Inspection:
     rope, context = rope_from_args(args)
-    freqs = None
-    if getattr(args, "seq_len", None) is not None:  # length-dependent types (dynamic, longrope)
-        f = rope.freqs
-        freqs = frequencies(f.head_dim, base=f.base, rotary_dim=f.rotary_dim, scaling=dict(f.scaling), seq_len=args.seq_len)
-    return inspect_rope(rope, freqs=freqs, context=context)
+    f = rope.freqs
+    seq_len = getattr(args, "seq_len", None)
+    if seq_len is None and f.rope_type in LENGTH_DEPENDENT_TYPES:
+        seq_len = context  # what the model uses at its full context (LongRoPE: the long factors)
+    if seq_len is None:
+        return inspect_rope(rope, context=context)
+    freqs = frequencies(f.head_dim, base=f.base, rotary_dim=f.rotary_dim, scaling=dict(f.scaling), seq_len=seq_len)
+    info = inspect_rope(rope, freqs=freqs, context=context)
+    info.seq_len = seq_len
+    return info
 
 
 def _fmt(x: float, digits: int = 4) -> str:
@@ -40,7 +46,11 @@ def render(info: Inspection) -> None:
         f"[bold]base[/] {info.base:g}  [bold]context[/] {info.context}  [bold]pairing[/] "
         f"{'interleaved (2i, 2i+1)' if info.interleaved else 'half (i, i+d/2)'}"
     )
-    out.print(f"[bold]attention_scaling[/] {info.attention_scaling:.6g}" + (f"   [bold]scaling[/] {params}" if params else ""))
+    out.print(
+        f"[bold]attention_scaling[/] {info.attention_scaling:.6g}"
+        + (f"   [bold]frequencies at sequence length[/] {info.seq_len}" if info.seq_len else "")
+        + (f"   [bold]scaling[/] {params}" if params else "")
+    )
     table = Table(title=f"pairs of {info.rope_type} RoPE", title_justify="left")
     for col in ["pair", "inv_freq θ", "wavelength (tokens)", f"turns in {info.context}"]:
         table.add_column(col, justify="right")

@@ -116,6 +116,7 @@ def test_plot_scaling_yarn_blended_range(tmp_path):
     assert yarn["ramp"] == pytest.approx([min(max((i - low) / (high - low), 0), 1) for i in range(64)], abs=1e-5)
 
 
+@pytest.mark.slow
 def test_plot_frequencies_scores_positions(tmp_path):
     out = json.loads(run("plot", "frequencies", str(FIXTURES / "llama3_1.json"), "--base", "10000", "--context", "4096", "--json", cwd=tmp_path).stdout)
     assert_figures(out["files"], tmp_path)
@@ -154,6 +155,7 @@ class _Images(HTMLParser):
             self.srcs.append(dict(attrs)["src"])
 
 
+@pytest.mark.slow
 def test_report_writes_html_json_and_figures(tmp_path):
     proc = run("report", str(FIXTURES / "llama3_1.json"), "-o", "rep", "--seq-len", "16", cwd=tmp_path)
     files = [line.removeprefix("wrote ") for line in proc.stdout.splitlines()]

@@ -240,7 +240,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_config_arguments(q)
     q.add_argument("--rope-type", action="append", help="scaling methods to draw with example parameters (default: all registered)")
     q.add_argument("--seq-len", type=positive_int, help="sequence length for length-dependent types")
-    q.add_argument("--out-dir", default=".", help="directory for scaling_<rope_type>.png/.svg (default .)")
+    q.add_argument("--out-dir", default="docs/figures", help="directory for scaling_<rope_type>.png/.svg (default docs/figures)")
     common(q, None)
     q.set_defaults(func=_scaling)
 

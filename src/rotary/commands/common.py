@@ -12,7 +12,7 @@ from typing import Any
 from rotary.config import ConfigError, read_hf_config
 from rotary.module import RoPE
 
-__all__ = ["add_config_arguments", "rope_from_args", "positive_int", "print_json", "console"]
+__all__ = ["add_config_arguments", "rope_from_args", "positive_int", "positive_float", "print_json", "console"]
 
 #: flags that describe a configuration without a config.json
 _FLAG_DEFAULTS = {"head_dim": 128, "base": 10000.0, "rotary_dim": None, "scaling": None, "max_position": 4096}
@@ -26,7 +26,7 @@ def positive_int(text: str) -> int:
     return value
 
 
-def _positive_float(text: str) -> float:
+def positive_float(text: str) -> float:
     value = float(text)
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
@@ -50,7 +50,7 @@ def add_config_arguments(p: argparse.ArgumentParser, *, config: bool = True) -> 
         p.add_argument("--layer-type", help="per-layer rope parameters to use (e.g. 'sliding_attention')")
     g = p.add_argument_group("configuration without a config.json")
     g.add_argument("--head-dim", type=positive_int, help=f"channels per head (default {_FLAG_DEFAULTS['head_dim']})")
-    g.add_argument("--base", type=_positive_float, help=f"rope_theta (default {_FLAG_DEFAULTS['base']:g})")
+    g.add_argument("--base", type=positive_float, help=f"rope_theta (default {_FLAG_DEFAULTS['base']:g})")
     g.add_argument("--rotary-dim", type=positive_int, help="channels rotated (default: head_dim)")
     g.add_argument("--scaling", type=_scaling_json, metavar="JSON", help='e.g. \'{"rope_type": "yarn", "factor": 4, ...}\'')
     g.add_argument("--max-position", type=positive_int, help=f"context length (default {_FLAG_DEFAULTS['max_position']})")

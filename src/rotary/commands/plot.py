@@ -12,7 +12,7 @@ from rotary import analysis
 from rotary.frequencies import ROPE_INIT_FUNCTIONS, frequencies
 from rotary.module import RoPE
 
-from .common import _FLAG_DEFAULTS, add_config_arguments, positive_int, print_json, rope_from_args
+from .common import _FLAG_DEFAULTS, add_config_arguments, positive_float, positive_int, print_json, rope_from_args
 
 __all__ = ["register", "SCALING_EXAMPLES", "make_decay", "make_frequencies", "make_scaling", "make_scores", "make_positions"]
 
@@ -221,7 +221,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     q = figs.add_parser("decay", help="seed 001's long-range decay bound against relative distance")
     q.add_argument("--head-dim", type=positive_int, default=128)
-    q.add_argument("--base", type=float, default=10000.0)
+    q.add_argument("--base", type=positive_float, default=10000.0)
     q.add_argument("--max-distance", type=positive_int, default=256)
     q.add_argument("--measured", action="store_true", help="overlay measured mean |⟨R_m q, R_n k⟩| (random q, k and all ones)")
     q.add_argument("--samples", type=positive_int, default=256, help="random (q, k) pairs for --measured")
@@ -230,7 +230,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     q = figs.add_parser("frequencies", help="wavelength per pair, several configurations overlaid")
     q.add_argument("configs", nargs="*", metavar="CONFIG", help="config.json files to overlay")
-    q.add_argument("--base", type=float, action="append", help="add a default configuration with this base (repeatable)")
+    q.add_argument("--base", type=positive_float, action="append", help="add a default configuration with this base (repeatable)")
     q.add_argument("--head-dim", type=positive_int, help="head_dim of the --base configurations (default 128)")
     q.add_argument("--context", type=positive_int, help="draw a line at this context length")
     common(q, "frequencies")

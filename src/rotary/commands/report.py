@@ -15,7 +15,7 @@ from rotary.analysis import _jsonable, inspect_rope, verify
 from rotary.module import RoPE
 
 from . import plot
-from .common import add_config_arguments, print_json, rope_from_args
+from .common import add_config_arguments, positive_int, print_json, rope_from_args
 
 __all__ = ["register", "write_report"]
 
@@ -117,6 +117,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="inspect, verify and all figures as one self-contained HTML page")
     add_config_arguments(p)
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="directory for report.html, report.json and figures")
-    p.add_argument("--seq-len", type=int, default=64, help="positions for verify and the scores figure")
+    p.add_argument("--seq-len", type=positive_int, default=64, help="positions for verify and the scores figure")
     p.add_argument("--json", action="store_true", help="print the files written as JSON")
     p.set_defaults(func=_report)

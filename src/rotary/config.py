@@ -64,6 +64,18 @@ ROPE_PARAMETER_KEYS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
 }
 
 
+#: what a required key means, for the error naming it
+KEY_MEANINGS = {
+    "factor": "the context extension ratio (new length / trained length), >= 1",
+    "max_position_embeddings": "the model's context length (config.max_position_embeddings)",
+    "original_max_position_embeddings": "the context length the model was pretrained with",
+    "low_freq_factor": "Llama 3.1 uses 1.0",
+    "high_freq_factor": "Llama 3.1 uses 4.0",
+    "short_factor": "one rescale factor per rotated pair, for sequences within the trained length",
+    "long_factor": "one rescale factor per rotated pair, for longer sequences",
+}
+
+
 def _complain(message: str, strict: bool) -> None:
     if strict:
         raise ConfigError(message)
@@ -154,7 +166,8 @@ def validate_rope_parameters(
     # yarn's factor may be an explicit null: transformers then takes the ratio of the two lengths
     missing = sorted(k for k in required if out.get(k) is None and not (k == "factor" and rope_type == "yarn" and k in out))
     if missing:
-        raise ConfigError(f"rope_type {rope_type!r} needs the key(s) {missing}; add them to the scaling block")
+        hints = "".join(f"; {k}: {KEY_MEANINGS[k]}" for k in missing if k in KEY_MEANINGS)
+        raise ConfigError(f"rope_type {rope_type!r} needs the key(s) {missing}; add them to the scaling block{hints}")
     for key in sorted(set(out) - required - optional - COMMON_KEYS):
         owners = _owners(key)
         if owners:
@@ -184,7 +197,10 @@ def _check_values(p: dict[str, Any], rope_type: str, rotary_dim: int, strict: bo
             )
     for key in ("original_max_position_embeddings", "max_position_embeddings"):
         if key in p and not _is_positive_int(p[key]):
-            _complain(f"{key} must be a positive int (a length in tokens), got {p[key]!r}", strict)
+            message = f"{key} must be a positive int (a length in tokens), got {p[key]!r}"
+            if not (_is_number(p[key]) and p[key] > 0):
+                raise ConfigError(message)  # no length to compute with, even leniently
+            _complain(message, strict)
     if rope_type == "yarn":
         for key in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
             if p.get(key) is not None and not _is_number(p[key]):
@@ -214,11 +230,10 @@ def _check_values(p: dict[str, Any], rope_type: str, rotary_dim: int, strict: bo
             value = p[key]
             if not (isinstance(value, (list, tuple)) and all(_is_number(x) for x in value)):
                 raise ConfigError(f"{key} must be a list of {expected} numbers, got {value!r}")
-            if len(value) != expected:
-                _complain(
+            if len(value) != expected:  # not computable: an error even with strict=False
+                raise ConfigError(
                     f"{key} has {len(value)} entries but rotary_dim={rotary_dim} needs {expected} (one per pair); "
-                    "give one factor per rotated pair",
-                    strict,
+                    "give one factor per rotated pair"
                 )
     if rope_type == "llama3":
         low, high = p["low_freq_factor"], p["high_freq_factor"]
@@ -400,8 +415,9 @@ def read_hf_config(config: Any, *, layer_type: str | None = None, strict: bool =
         elif model_type == "gpt_neox" or "rotary_pct" in d:
             block["partial_rotary_factor"] = d.get("rotary_pct", 0.25)  # GPT-NeoX's default
         elif model_type == "gptj" or d.get("rotary_dim") is not None:
-            rotary_dim = d.get("rotary_dim", 64)  # GPT-J states the width, default 64
-            if not _is_positive_int(rotary_dim):
+            # GPT-J states the width (default 64; null rotates the whole head)
+            rotary_dim = d.get("rotary_dim", 64)
+            if rotary_dim is not None and not _is_positive_int(rotary_dim):
                 raise ConfigError(f"config rotary_dim must be a positive int, got {rotary_dim!r}")
 
     rt = block["rope_type"]

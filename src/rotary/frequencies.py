@@ -282,6 +282,10 @@ def frequencies(
         (1.1386, True)
     """
     _check_dims(head_dim, rotary_dim)
+    if scaling is not None and not isinstance(scaling, Mapping):
+        raise ConfigError(
+            f"the scaling block must be a dict such as {{'rope_type': 'linear', 'factor': 2.0}}, got {scaling!r}"
+        )
     params: dict[str, Any] = dict(scaling or {})
     block_base = params.get("rope_theta")
     if base is None:

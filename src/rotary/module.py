@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -86,9 +87,11 @@ class RoPE(nn.Module):
             raise ValueError(f"max_position must be a positive int, got {max_position!r}")
         if dynamic not in ("hf", "stateless"):
             raise ValueError(f"dynamic must be 'hf' (transformers' state machine) or 'stateless', got {dynamic!r}")
-        self.freqs: Frequencies = frequencies(
-            head_dim, base=base, rotary_dim=rotary_dim, scaling=scaling, strict=strict
+        # kept to recompute length-dependent frequencies exactly as they were first computed
+        self._frequency_args: dict[str, Any] = dict(
+            head_dim=head_dim, base=base, rotary_dim=rotary_dim, scaling=dict(scaling or {}), strict=strict
         )
+        self.freqs: Frequencies = frequencies(**self._frequency_args)
         self.interleaved = bool(interleaved)
         self.max_position = max_position
         self.dynamic = dynamic
@@ -100,6 +103,7 @@ class RoPE(nn.Module):
             self.original_max_seq_len: int = self.freqs.scaling["max_position_embeddings"]
             self.max_seq_len_cached: int = self.original_max_seq_len
         self._long_freqs: Frequencies | None = None
+        self._stateless_len: int | None = None
 
     @classmethod
     def from_hf_config(
@@ -185,10 +189,9 @@ class RoPE(nn.Module):
         self._cache = TableCache(freqs.inv_freq, freqs.attention_scaling, self.interleaved, self.max_position)
 
     def _recompute(self, seq_len: int | torch.Tensor) -> Frequencies:
-        f = self.original_freqs
-        scaling = dict(f.scaling, rope_theta=f.base)
-        scaling.pop("partial_rotary_factor", None)  # already folded into f.rotary_dim
-        return frequencies(f.head_dim, rotary_dim=f.rotary_dim, scaling=scaling, seq_len=seq_len, strict=False)
+        with warnings.catch_warnings():  # the lenient-mode warnings were given once, at construction
+            warnings.simplefilter("ignore")
+            return frequencies(**self._frequency_args, seq_len=seq_len)
 
     def update_length(self, seq_len: int | torch.Tensor) -> None:
         """Adapt length-dependent frequencies to a call covering positions ``0 .. seq_len - 1``.
@@ -214,7 +217,7 @@ class RoPE(nn.Module):
         if self.dynamic == "stateless":
             if int(length) <= self.original_max_seq_len:
                 self._set_freqs(self.original_freqs)
-            elif int(length) != getattr(self, "_stateless_len", None):
+            elif int(length) != self._stateless_len:
                 self._set_freqs(self._recompute(length))
             self._stateless_len = int(length) if int(length) > self.original_max_seq_len else None
             return

@@ -207,3 +207,27 @@ def test_bad_arguments_in_a_subprocess(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "rotary", "plot", "scaling", "--rope-type", "bogus"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_inspect_length_dependent_types(capsys):
+    # dynamic NTK at 16384 tokens with factor 4 over 4096: base grows by (4·16384/4096 − 3)^(d/(d−2)),
+    # so the slowest pair is slowed by exactly 13 and the fastest not at all
+    scaling = '{"rope_type": "dynamic", "factor": 4, "max_position_embeddings": 4096}'
+    assert main(["inspect", "--head-dim", "64", "--scaling", scaling, "--seq-len", "16384", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["seq_len"] == 16384 and out["full_factor"] == pytest.approx(13.0, rel=1e-5)
+    assert out["interpolated_pairs"] == [31] and out["extrapolated_pairs"] == [0]
+    # LongRoPE is shown at the full context by default: the long factors apply
+    assert main(["inspect", str(FIXTURES / "phi3_longrope.json"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    long_factor = json.loads((FIXTURES / "phi3_longrope.json").read_text())["rope_scaling"]["long_factor"]
+    assert out["seq_len"] == out["context"] == 131072
+    assert [p["factor"] for p in out["pairs"]] == pytest.approx(long_factor, rel=1e-5)
+
+
+@pytest.mark.parametrize("argv", [["inspect"], ["verify"], ["report"], ["plot"], *[["plot", f] for f in ("decay", "frequencies", "scaling", "scores", "positions")]])
+def test_help_exits_0(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--help"])
+    assert exc.value.code == 0
+    assert "usage: rotary" in capsys.readouterr().out

@@ -34,6 +34,7 @@ __all__ = [
     "position_pca",
     "Check",
     "verify",
+    "jsonable",
 ]
 
 
@@ -286,13 +287,13 @@ class Inspection:
             "rotary_dim": self.rotary_dim,
             "base": self.base,
             "rope_type": self.rope_type,
-            "scaling": _jsonable(self.scaling),
+            "scaling": jsonable(self.scaling),
             "interleaved": self.interleaved,
             "context": self.context,
             "seq_len": self.seq_len,
             "attention_scaling": self.attention_scaling,
             "full_factor": p.full_factor,
-            "pairs": _jsonable(self.pairs()),
+            "pairs": jsonable(self.pairs()),
             "interpolated_pairs": p.pairs_of("interpolated"),
             "extrapolated_pairs": p.pairs_of("extrapolated"),
             "blended_pairs": p.pairs_of("blended"),
@@ -301,14 +302,14 @@ class Inspection:
         }
 
 
-def _jsonable(obj: Any) -> Any:
+def jsonable(obj: Any) -> Any:
     """Replace inf/nan (invalid JSON) by None, recursively."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     if isinstance(obj, dict):
-        return {k: _jsonable(v) for k, v in obj.items()}
+        return {k: jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
+        return [jsonable(v) for v in obj]
     return obj
 
 

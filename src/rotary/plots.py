@@ -17,6 +17,7 @@ matplotlib.use("Agg")  # headless: figures are written to files, never shown
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 
 from .analysis import PairProfile  # noqa: E402
 
@@ -118,8 +119,6 @@ def plot_scaling(profile: PairProfile, *, rope_type: str, context: int | None = 
     ax2.plot(range(n), ramp, color=PALETTE[2], lw=1.2, label="interpolation ramp (0 = original, 1 = ÷ factor)")
     ax2.set_ylim(-0.05, 1.05)
     ax2.set_ylabel("ramp")
-    from matplotlib.patches import Patch
-
     kinds = [k for k in KIND_COLOURS if k in profile.kind]
     patches = [Patch(color=KIND_COLOURS[k], alpha=0.4, label=k) for k in kinds]
     h1, l1 = ax.get_legend_handles_labels()

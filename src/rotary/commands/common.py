@@ -7,12 +7,14 @@ import argparse
 import json
 import math
 import sys
+from pathlib import Path
 from typing import Any
 
+from rotary.analysis import jsonable
 from rotary.config import ConfigError, read_hf_config
 from rotary.module import RoPE
 
-__all__ = ["add_config_arguments", "rope_from_args", "positive_int", "positive_float", "print_json", "console"]
+__all__ = ["add_config_arguments", "rope_from_args", "positive_int", "positive_float", "print_json", "console", "config_label"]
 
 #: flags that describe a configuration without a config.json
 _FLAG_DEFAULTS = {"head_dim": 128, "base": 10000.0, "rotary_dim": None, "scaling": None, "max_position": 4096}
@@ -93,11 +95,15 @@ def rope_from_args(args: argparse.Namespace) -> tuple[RoPE, int]:
     return rope, values["max_position"]
 
 
+def config_label(path: str) -> str:
+    """A config's name for legends and titles: its folder for .../config.json, else the file name."""
+    p = Path(path)
+    return p.parent.name if p.name == "config.json" and p.parent.name else p.stem
+
+
 def print_json(obj: Any) -> None:
     """JSON on stdout; inf/nan (not JSON) become null."""
-    from rotary.analysis import _jsonable
-
-    json.dump(_jsonable(obj), sys.stdout, indent=2)
+    json.dump(jsonable(obj), sys.stdout, indent=2)
     sys.stdout.write("\n")
 
 

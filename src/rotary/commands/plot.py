@@ -12,7 +12,15 @@ from rotary import analysis
 from rotary.frequencies import ROPE_INIT_FUNCTIONS, frequencies
 from rotary.module import RoPE
 
-from .common import _FLAG_DEFAULTS, add_config_arguments, positive_float, positive_int, print_json, rope_from_args
+from .common import (
+    _FLAG_DEFAULTS,
+    add_config_arguments,
+    config_label,
+    positive_float,
+    positive_int,
+    print_json,
+    rope_from_args,
+)
 
 __all__ = ["register", "SCALING_EXAMPLES", "make_decay", "make_frequencies", "make_scaling", "make_scores", "make_positions"]
 
@@ -51,12 +59,6 @@ def _announce(args: argparse.Namespace, files: list[Path], numbers: dict[str, An
         for f in files:
             print(f"wrote {f}")
     return 0
-
-
-def _label(path: str) -> str:
-    """A config's name for legends: its folder for .../config.json, else the file name."""
-    p = Path(path)
-    return p.parent.name if p.name == "config.json" and p.parent.name else p.stem
 
 
 # the five figures: each returns (files, numbers) -------------------------------------------------
@@ -154,7 +156,7 @@ def _frequencies(args: argparse.Namespace) -> int:
     ropes: dict[str, RoPE] = {}
     for path in args.configs:
         ns = argparse.Namespace(config=path, layer_type=None, interleaved=False, **dict.fromkeys(_FLAG_DEFAULTS))
-        ropes[_label(path)] = rope_from_args(ns)[0]
+        ropes[config_label(path)] = rope_from_args(ns)[0]
     head_dim = args.head_dim or _FLAG_DEFAULTS["head_dim"]
     for base in args.base or ([] if args.configs else [10000.0, 500000.0]):
         ropes[f"d={head_dim}, base {base:g}"] = RoPE(head_dim, base=base)

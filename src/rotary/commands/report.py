@@ -11,11 +11,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from rotary.analysis import _jsonable, inspect_rope, verify
+from rotary.analysis import inspect_rope, jsonable, verify
 from rotary.module import RoPE
 
 from . import plot
-from .common import add_config_arguments, positive_int, print_json, rope_from_args
+from .common import add_config_arguments, config_label, positive_int, print_json, rope_from_args
 
 __all__ = ["register", "write_report"]
 
@@ -61,7 +61,7 @@ def write_report(rope: RoPE, out_dir: Path, *, title: str, context: int, seq_len
         "figures": {name: {"files": [str(p) for p in files], **nums} for name, (files, nums) in figures.items()},
     }
     json_path = out_dir / "report.json"
-    json_path.write_text(json.dumps(_jsonable(numbers), indent=1))
+    json_path.write_text(json.dumps(jsonable(numbers), indent=1))
 
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
              f"<style>{_CSS}</style></head><body><h1>RoPE report: {html.escape(title)}</h1>"]
@@ -72,7 +72,7 @@ def write_report(rope: RoPE, out_dir: Path, *, title: str, context: int, seq_len
           "interleaved" if d["interleaved"] else "half", _num(d["attention_scaling"])]],
     ))
     if info.scaling:
-        parts.append(f"<p>scaling: <code>{html.escape(json.dumps(_jsonable(info.scaling)))}</code></p>")
+        parts.append(f"<p>scaling: <code>{html.escape(json.dumps(jsonable(info.scaling)))}</code></p>")
     parts += [f"<p class='warn'>warning: {html.escape(w)}</p>" for w in info.warnings]
     verdict = "<span class='pass'>all checks passed</span>" if numbers["verify"]["passed"] else "<span class='fail'>FAILED</span>"
     parts.append(f"<h2>verify: {verdict}</h2>")
@@ -103,7 +103,7 @@ def write_report(rope: RoPE, out_dir: Path, *, title: str, context: int, seq_len
 
 def _report(args: argparse.Namespace) -> int:
     rope, context = rope_from_args(args)
-    title = plot._label(args.config) if args.config else repr(rope)
+    title = config_label(args.config) if args.config else repr(rope)
     files, numbers = write_report(rope, Path(args.output), title=title, context=context, seq_len=args.seq_len)
     if args.json:
         print_json({"files": [str(f) for f in files], "verify_passed": numbers["verify"]["passed"]})

@@ -182,8 +182,8 @@ def test_position_pca_is_the_top_two_principal_components():
     rope = RoPE(16)
     coords, explained = analysis.position_pca(rope, 50)
     assert coords.shape == (50, 2)
-    cos, sin = rope.cos_sin(torch.arange(50))
-    x = torch.cat((cos[:, :8], sin[:, :8]), -1).double()
+    theta = torch.arange(50, dtype=torch.float64)[:, None] * rope.inv_freq.double()[None, :]
+    x = torch.cat((theta.cos(), theta.sin()), -1)
     x = x - x.mean(0)
     eig = torch.linalg.eigvalsh(x.T @ x).flip(0)
     assert (coords**2).sum(0).tolist() == pytest.approx(eig[:2].tolist(), rel=1e-6)

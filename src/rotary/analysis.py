@@ -19,7 +19,7 @@ from . import reference
 from .apply import apply_rotary, check_tables
 from .frequencies import Frequencies, frequencies
 from .module import RoPE
-from .tables import cos_sin_table
+from .tables import angles, cos_sin_table
 
 __all__ = [
     "decay_bound",
@@ -84,6 +84,10 @@ def measured_decay(rope: RoPE, distances: Sequence[int], *, kind: str = "random"
 
     Returns:
         float64 ``[len(distances)]``.
+
+    Example:
+        >>> measured_decay(RoPE(8), [0], kind="ones").tolist()  # ⟨1, 1⟩ = 8 at distance 0
+        [8.0]
     """
     if kind not in ("random", "ones"):
         raise ValueError(f"kind must be 'random' or 'ones', got {kind!r}")
@@ -410,16 +414,21 @@ def score_matrix(rope: RoPE, q: torch.Tensor, k: torch.Tensor, seq_len: int) -> 
 def position_pca(rope: RoPE, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A 2-D PCA of the position tables (each position's ``[cos θ_i m, sin θ_i m]`` over all pairs).
 
-    PCA (a linear projection) keeps distances meaningful, unlike the t-SNE of the seeds.
+    PCA (a linear projection) keeps distances meaningful, unlike the t-SNE of the seeds. The
+    features are float64 ``cos``/``sin`` of the angles, one of each per pair (no attention scaling).
 
     Returns:
         ``(coords [seq_len, 2], explained_variance_ratio [2])``, float64.
+
+    Example:
+        >>> coords, explained = position_pca(RoPE(16), 32)
+        >>> coords.shape, bool(explained.sum() <= 1)
+        (torch.Size([32, 2]), True)
     """
     if seq_len < 3:
         raise ValueError(f"seq_len must be >= 3 for a 2-D PCA, got {seq_len}")
-    cos, sin = cos_sin_table(torch.arange(seq_len), rope.freqs.inv_freq)  # [S, r] each, half layout
-    r2 = rope.rotary_dim // 2
-    x = torch.cat((cos[:, :r2], sin[:, :r2]), dim=-1).double()
+    theta = angles(torch.arange(seq_len), rope.freqs.inv_freq)  # float64 [S, r/2]
+    x = torch.cat((theta.cos(), theta.sin()), dim=-1)
     x = x - x.mean(dim=0)
     u, s, _ = torch.linalg.svd(x, full_matrices=False)
     var = s**2

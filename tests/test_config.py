@@ -325,3 +325,31 @@ def test_gptj_null_rotary_dim_rotates_the_whole_head():
     assert RoPE.from_hf_config(d).rotary_dim == 256
     with pytest.raises(ConfigError, match="rotary_dim must be a positive int, got 0"):
         RoPE.from_hf_config(dict(d, rotary_dim=0))
+
+
+def test_phi3_early_longrope_names():
+    for name in ("su", "yarn"):
+        d = load("phi3_longrope")
+        d["rope_scaling"]["type"] = name
+        assert RoPE.from_hf_config(d).freqs.rope_type == "longrope"
+
+
+@pytest.mark.parametrize(
+    "model_type, extra",
+    [("cohere", {}), ("glm", {"partial_rotary_factor": 0.5, "head_dim": 64})],
+)
+def test_interleaved_architectures_match_transformers_attention_inputs(model_type, extra):
+    module = __import__(f"transformers.models.{model_type}.modeling_{model_type}", fromlist=["x"])
+    d = {"model_type": model_type, "hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 2,
+         "num_hidden_layers": 1, "intermediate_size": 8, "vocab_size": 8, "max_position_embeddings": 512,
+         "rope_theta": 10000.0, "pad_token_id": 0, **extra}
+    cfg = hf_config(d)
+    hf = getattr(module, f"{type(cfg).__name__.removesuffix('Config')}RotaryEmbedding")(cfg)
+    rope = RoPE.from_hf_config(d)
+    assert rope.interleaved
+    q, k = torch.randn(1, 2, 16, 64), torch.randn(1, 2, 16, 64)
+    cos, sin = hf(q, torch.arange(16)[None])
+    hf_q, hf_k = module.apply_rotary_pos_emb(q, k, cos, sin)
+    q_rot, k_rot = rope(q, k)
+    torch.testing.assert_close(q_rot, hf_q, rtol=0, atol=1e-5)
+    torch.testing.assert_close(k_rot, hf_k, rtol=0, atol=1e-5)

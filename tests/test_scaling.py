@@ -453,3 +453,12 @@ def test_static_types_compile_without_graph_breaks():
     eager = rope(q, q, offset=3)
     torch.testing.assert_close(got[0], eager[0], rtol=0, atol=1e-6)
     assert not torch.equal(got[0], expected[0])
+
+
+def test_yarn_null_factor_is_the_ratio_of_the_lengths():
+    params = {"rope_type": "yarn", "factor": None, "original_max_position_embeddings": 4096, "rope_theta": 1e4}
+    f = assert_same_as_hf(64, params, 65536)
+    explicit = frequencies(64, scaling=dict(params, factor=16.0))
+    assert torch.equal(f.inv_freq, explicit.inv_freq) and f.attention_scaling == explicit.attention_scaling
+    with pytest.raises(rotary.ConfigError, match="needs 'factor' or 'max_position_embeddings'"):
+        frequencies(64, scaling=params)

@@ -373,7 +373,7 @@ def read_hf_config(config: Any, *, layer_type: str | None = None, strict: bool =
     """
     d = _as_dict(config)
     if d.get("text_config") and not any(k in d for k in ("rope_parameters", "rope_scaling", "rope_theta", "head_dim")):
-        d = dict(d["text_config"])
+        d = {"model_type": d.get("model_type"), **d["text_config"]}
     model_type = str(d.get("model_type") or "")
     head_dim = _head_dim(d)
     mpe = d.get("max_position_embeddings", d.get("n_positions"))

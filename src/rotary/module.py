@@ -96,7 +96,12 @@ class RoPE(nn.Module):
         self.max_position = max_position
         self.dynamic = dynamic
         self.register_buffer("inv_freq", self.freqs.inv_freq.clone(), persistent=False)
-        self._cache = TableCache(self.freqs.inv_freq, self.freqs.attention_scaling, self.interleaved, max_position)
+        # one cache per fixed frequency set (trained; LongRoPE's long set); None while dynamic NTK has
+        # grown the base, which changes with every longer call, so tables are computed per call then
+        self._cache: TableCache | None = TableCache(
+            self.freqs.inv_freq, self.freqs.attention_scaling, self.interleaved, max_position
+        )
+        self._fixed_caches: dict[str, TableCache] = {"original": self._cache}
         # the frequencies at the trained length, and the state of transformers' dynamic NTK update
         self.original_freqs: Frequencies = self.freqs
         if self.freqs.rope_type == "dynamic":
@@ -180,13 +185,23 @@ class RoPE(nn.Module):
         return self
 
     # length-dependent frequencies ----------------------------------------------------------------
-    def _set_freqs(self, freqs: Frequencies) -> None:
-        """Switch to new frequencies: buffer, and a fresh table cache (the old tables are stale)."""
+    def _set_freqs(self, freqs: Frequencies, fixed: str | None = None) -> None:
+        """Switch frequencies: the buffer and the table cache follow (stale tables are never used).
+
+        ``fixed`` names a frequency set that recurs ("original", "long") and keeps its own cache.
+        """
         if freqs is self.freqs:
             return
         self.freqs = freqs
         self.inv_freq = freqs.inv_freq.to(self.inv_freq.device)
-        self._cache = TableCache(freqs.inv_freq, freqs.attention_scaling, self.interleaved, self.max_position)
+        if fixed is None:
+            self._cache = None
+        else:
+            if fixed not in self._fixed_caches:
+                self._fixed_caches[fixed] = TableCache(
+                    freqs.inv_freq, freqs.attention_scaling, self.interleaved, self.max_position
+                )
+            self._cache = self._fixed_caches[fixed]
 
     def _recompute(self, seq_len: int | torch.Tensor) -> Frequencies:
         with warnings.catch_warnings():  # the lenient-mode warnings were given once, at construction
@@ -210,13 +225,13 @@ class RoPE(nn.Module):
             if int(length) > trained:
                 if self._long_freqs is None:
                     self._long_freqs = self._recompute(trained + 1)
-                self._set_freqs(self._long_freqs)
+                self._set_freqs(self._long_freqs, "long")
             else:
-                self._set_freqs(self.original_freqs)
+                self._set_freqs(self.original_freqs, "original")
             return
         if self.dynamic == "stateless":
             if int(length) <= self.original_max_seq_len:
-                self._set_freqs(self.original_freqs)
+                self._set_freqs(self.original_freqs, "original")
             elif int(length) != self._stateless_len:
                 self._set_freqs(self._recompute(length))
             self._stateless_len = int(length) if int(length) > self.original_max_seq_len else None
@@ -226,12 +241,12 @@ class RoPE(nn.Module):
             self._set_freqs(self._recompute(length))
             self.max_seq_len_cached = int(length)
         if int(length) < self.original_max_seq_len and cached > self.original_max_seq_len:  # back to short
-            self._set_freqs(self.original_freqs)
+            self._set_freqs(self.original_freqs, "original")
             self.max_seq_len_cached = self.original_max_seq_len
 
     def reset_length(self) -> None:
         """Forget the lengths seen (dynamic state) and return to the trained frequencies."""
-        self._set_freqs(self.original_freqs)
+        self._set_freqs(self.original_freqs, "original")
         if self.original_freqs.rope_type == "dynamic":
             self.max_seq_len_cached = self.original_max_seq_len
         self._stateless_len = None
@@ -262,7 +277,7 @@ class RoPE(nn.Module):
         position_ids = check_position_ids(position_ids)
         if self.original_freqs.rope_type in LENGTH_DEPENDENT_TYPES and position_ids.numel():
             self.update_length(position_ids.max() + 1)
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or self._cache is None:
             return cos_sin_table(
                 position_ids, self.inv_freq, attention_scaling=self.attention_scaling, interleaved=self.interleaved
             )
@@ -285,6 +300,8 @@ class RoPE(nn.Module):
             return self.cos_sin(torch.arange(offset, offset + seq_len, device=device))
         if seq_len:
             self.update_length(offset + seq_len)
+        if self._cache is None:
+            return self.cos_sin(torch.arange(offset, offset + seq_len, device=device))
         cos, sin = self._cache.get(device, offset + seq_len)
         return cos[offset : offset + seq_len], sin[offset : offset + seq_len]
 

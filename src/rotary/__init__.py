@@ -1,6 +1,6 @@
 """rotary: rotary position embeddings (RoPE) for PyTorch: exact, complete, fast, inspectable."""
 
-from . import reference
+from . import analysis, reference
 from .apply import (
     apply_rotary,
     apply_rotary_,
@@ -20,6 +20,7 @@ __all__ = [
     "ROPE_INIT_FUNCTIONS",
     "Frequencies",
     "RoPE",
+    "analysis",
     "apply_rotary",
     "apply_rotary_",
     "check_tables",

@@ -14,10 +14,10 @@ The other scheme of seed 001 uses ``sim = 1 + cos(R_i q_i, R_j k_j)``, which is 
 numerator and denominator share it. It factorises as ``[R_i q̂_i, 1]ᵀ[R_j k̂_j, 1]`` (hats: unit
 vectors), i.e. a feature map with one extra constant channel.
 
-Causal attention sums over ``j <= i`` only. It is computed chunk by chunk: a running state
-``Σ_{j < chunk start} k_j v_jᵀ`` plus an in-chunk prefix sum of outer products, so memory is
-O(chunk · d²) whatever N is. The N × N score matrix is never formed outside
-:func:`linear_attention_reference`.
+Causal attention sums over ``j <= i`` only. It is computed chunk by chunk: a prefix sum over chunks
+of the state ``Σ_{j < chunk start} k_j v_jᵀ``, plus a lower-triangular ``chunk × chunk`` block for the
+terms inside the chunk, so memory is O(chunk² + d²) per head whatever N is. The N × N score matrix is
+never formed outside :func:`linear_attention_reference`.
 """
 
 from __future__ import annotations
@@ -72,16 +72,22 @@ def _global_sum(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tens
 
 
 def _causal_sum(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int) -> torch.Tensor:
-    """``out_i = Σ_{j<=i} (q_i·k_j) v_j`` by chunked prefix sums; memory O(chunk · D · Dv)."""
-    batch, heads, seq_len, dim = q.shape
-    state = q.new_zeros(batch, heads, dim, v.shape[-1])
+    """``out_i = Σ_{j<=i} (q_i·k_j) v_j`` chunk by chunk.
+
+    Before a chunk, ``state = Σ_{j < start} k_j v_jᵀ`` (``[D, Dv]``) covers every earlier chunk; inside
+    the chunk the few remaining terms go through a lower-triangular ``[chunk, chunk]`` block. Memory
+    is O(chunk² + chunk·D + D·Dv) per head and time O(N·(chunk·D + D·Dv)): linear in N.
+    """
+    seq_len = q.shape[2]
+    state = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1])
+    inside = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).tril()
     outputs = []
     for start in range(0, seq_len, chunk_size):
         q_c, k_c, v_c = (t[:, :, start : start + chunk_size] for t in (q, k, v))
-        # inclusive prefix sum of k_j v_jᵀ inside the chunk, on top of everything before it
-        prefix = state[:, :, None] + torch.einsum("bhcd,bhce->bhcde", k_c, v_c).cumsum(dim=2)
-        outputs.append(torch.einsum("bhcd,bhcde->bhce", q_c, prefix))
-        state = prefix[:, :, -1]
+        n = q_c.shape[2]
+        block = (q_c @ k_c.transpose(-1, -2)).masked_fill(~inside[:n, :n], 0.0)
+        outputs.append(q_c @ state + block @ v_c)
+        state = state + k_c.transpose(-1, -2) @ v_c
     return torch.cat(outputs, dim=2)
 
 
@@ -118,7 +124,7 @@ def rotary_linear_attention(
         feature_map: ``"elu"`` (elu+1), ``"relu"``, or ``"cosine"`` (sim = 1 + cosine similarity).
         causal: sum over ``j <= i`` only.
         key_padding_mask: ``[B, S]`` bool/0-1, 0 = padding key (excluded from both sums).
-        chunk_size: causal chunk length; memory O(chunk_size · D · Dv) per head.
+        chunk_size: causal chunk length; memory O(chunk_size² + D · Dv) per head.
         eps: added to the denominator (relu features can all be 0).
 
     Returns:
@@ -202,7 +208,7 @@ class RotaryLinearAttention(nn.Module):
         num_heads: heads ``H`` (``head_dim = E // H``, even).
         feature_map: ``"elu"`` (default), ``"relu"`` or ``"cosine"``.
         causal: each token attends to itself and earlier tokens only.
-        chunk_size: causal chunk length (memory O(chunk_size · D²) per head).
+        chunk_size: causal chunk length (memory O(chunk_size² + D²) per head).
         base, rotary_dim, scaling, interleaved, max_position: passed to :class:`rotary.RoPE`.
         bias: biases on the projections.
 

@@ -253,10 +253,11 @@ class RotaryAttention(nn.Module):
             keys_ok = mask[:, None, None, :]
             allowed = keys_ok if allowed is None else allowed & keys_ok
         if allowed is not None:
-            # a padded query may see no key at all; let it see itself so softmax stays finite
-            # (its output is garbage either way and is ignored downstream)
+            # a padded query may see no key at all (causal + left padding); let only such a row see
+            # itself, so softmax stays finite. Its output is ignored downstream; rows that do see
+            # keys are left exactly as specified (Hugging Face's encoders compute them too).
             diagonal = torch.arange(total, device=device)[None, :] == torch.arange(past, past + seq_len, device=device)[:, None]
-            allowed = allowed | diagonal[None, None]
+            allowed = allowed | (diagonal[None, None] & ~allowed.any(dim=-1, keepdim=True))
         bias = None if self.position_bias is None else self.position_bias(query_positions, key_positions)
         if allowed is None:
             return bias

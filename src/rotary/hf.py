@@ -125,6 +125,21 @@ def patch(model: nn.Module) -> nn.Module:
     Raises:
         ValueError: unsupported ``model_type`` (the message lists the supported ones).
         RuntimeError: no attention module calls the expected function (an incompatible transformers).
+
+    An instance ``forward`` set by someone else (e.g. an accelerate hook) is put aside while
+    patched and restored by :func:`unpatch`.
+
+    Example:
+        >>> import transformers
+        >>> config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+        ...                                   num_hidden_layers=1, num_attention_heads=4)
+        >>> model = transformers.LlamaForCausalLM(config).eval()
+        >>> ids = torch.randint(64, (1, 8))
+        >>> before = model(ids).logits
+        >>> torch.allclose(rotary.hf.patch(model)(ids).logits, before, atol=1e-6)
+        True
+        >>> rotary.hf.unpatch(model)(ids).logits.equal(before)
+        True
     """
     family = _family(model)
     hf_module = importlib.import_module(family.module)

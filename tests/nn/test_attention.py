@@ -218,12 +218,20 @@ def test_dropout_only_in_training():
 @pytest.mark.slow
 def test_torch_compile_without_graph_breaks():
     torch.manual_seed(13)
-    attn = RotaryAttention(32, 4, num_kv_heads=2, causal=True).eval()
+    attn = RotaryAttention(32, 4, num_kv_heads=2, causal=True, position_bias="alibi").eval()
     x = torch.randn(2, 8, 32)
-    compiled = torch.compile(attn, fullgraph=True, backend="aot_eager")
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[0, :2] = 0
+    # fullgraph=True raises on any graph break: full forward, padded forward, prefill + cached decoding
+    compiled = torch.compile(attn, fullgraph=True, backend="aot_eager", dynamic=True)
     torch.testing.assert_close(compiled(x), attn(x), rtol=1e-5, atol=1e-5)
-    explanation = torch._dynamo.explain(attn)(x)
-    assert explanation.graph_break_count == 0, explanation.break_reasons
+    torch.testing.assert_close(compiled(x, attention_mask=mask), attn(x, attention_mask=mask), rtol=1e-5, atol=1e-5)
+    cache = KVCache()
+    steps = [compiled(x[:, :4], cache=cache)] + [compiled(x[:, i : i + 1], cache=cache) for i in range(4, 8)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), attn(x), rtol=1e-5, atol=1e-5)
+    for args in ((x,), (x[:, :3],)):
+        explanation = torch._dynamo.explain(attn)(*args, attention_mask=mask[:, : args[0].shape[1]])
+        assert explanation.graph_break_count == 0, explanation.break_reasons
 
 
 @pytest.mark.parametrize(
@@ -258,6 +266,8 @@ def test_forward_errors():
         attn(x, attention_mask=torch.ones(2, 4, dtype=torch.long))
     with pytest.raises(ValueError, match="only 0 and 1"):
         attn(x, attention_mask=torch.full((2, 5), 2))
+    with pytest.raises(ValueError, match="additive float masks are not accepted"):
+        attn(x, attention_mask=torch.zeros(2, 5))
     with pytest.raises(ValueError, match="S=3 positions but the input has S=5"):
         attn(x, position_ids=torch.arange(3))
     with pytest.raises(TypeError, match="integer dtype"):

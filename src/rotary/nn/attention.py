@@ -90,8 +90,14 @@ def _check_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:
             f"{getattr(attention_mask, 'shape', type(attention_mask).__name__)}"
         )
     if attention_mask.dtype != torch.bool:
-        if attention_mask.is_floating_point() or not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
-            raise ValueError("attention_mask must hold only 0 and 1 (or be bool); additive float masks are not accepted")
+        if attention_mask.is_floating_point():
+            raise ValueError(
+                f"attention_mask must be bool or integer 0/1, got dtype {attention_mask.dtype}; "
+                "additive float masks are not accepted"
+            )
+        # a value check reads the data: skipped under torch.compile, where it would break the graph
+        if not torch.compiler.is_compiling() and not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+            raise ValueError("attention_mask must hold only 0 and 1 (or be bool)")
         attention_mask = attention_mask.bool()
     return attention_mask
 

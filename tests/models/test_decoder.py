@@ -93,6 +93,27 @@ def test_rope_scaling_and_interleaving_are_passed_on():
     assert rope.interleaved and rope.freqs.base == 500.0 and rope.freqs.rope_type == "default"
 
 
+def test_any_registered_rope_scaling_reaches_the_tables():
+    """Scaling methods plug in through rotary's rope_type registry; a stand-in type proves the wiring."""
+    from rotary.frequencies import ROPE_INIT_FUNCTIONS, default_inv_freq, register_rope_type
+
+    @register_rope_type("test-halved")
+    def _halved(head_dim, base, rotary_dim, params, seq_len):
+        return default_inv_freq(base, rotary_dim) / params["factor"], 1.5
+
+    try:
+        model = small("rope", rope_scaling={"rope_type": "test-halved", "factor": 2.0})
+        rope = model.layers[0].attn.rope
+        torch.testing.assert_close(rope.inv_freq, rotary.frequencies(8).inv_freq / 2)
+        assert rope.attention_scaling == 1.5
+        ids = torch.randint(50, (1, 6))
+        assert model.generate(ids, 4).equal(model.generate(ids, 4, use_cache=False))
+    finally:
+        del ROPE_INIT_FUNCTIONS["test-halved"]
+    with pytest.raises(ValueError, match="unknown rope_type 'nope'"):
+        small("rope", rope_scaling={"rope_type": "nope"})
+
+
 def test_tied_embeddings():
     model = small(tie_word_embeddings=True)
     assert model.lm_head.weight is model.embed_tokens.weight

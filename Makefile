@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH  := torch==2.13.0
 
-.PHONY: venv demo test bench lint clean
+.PHONY: venv demo test bench lint clean figures
 
 venv: $(STAMP)
 
@@ -24,6 +24,12 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m rotary bench
+
+# the figures docs/ embeds (PNG; the SVG twins are not committed)
+figures: $(STAMP)
+	$(PY) -m rotary plot scaling --out-dir docs/figures
+	$(PY) -m rotary plot decay --measured -o docs/figures/decay
+	rm -f docs/figures/*.svg
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

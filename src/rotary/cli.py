@@ -9,7 +9,13 @@ import sys
 from collections.abc import Sequence
 
 #: modules that add subcommands, in the order ``--help`` lists them
-COMMAND_MODULES = ["rotary.demo"]
+COMMAND_MODULES = [
+    "rotary.demo",
+    "rotary.commands.inspect",
+    "rotary.commands.plot",
+    "rotary.commands.verify",
+    "rotary.commands.report",
+]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from .apply import Layout, _check_x, apply_rotary, check_layout
+from .config import read_hf_config
 from .frequencies import Frequencies, frequencies
 from .tables import TableCache, cos_sin_table
 
-__all__ = ["RoPE", "check_position_ids"]
+__all__ = ["RoPE", "check_position_ids", "LENGTH_DEPENDENT_TYPES"]
+
+#: rope_types whose frequencies depend on the current sequence length
+LENGTH_DEPENDENT_TYPES = frozenset({"dynamic", "longrope"})
 
 
 def check_position_ids(position_ids: torch.Tensor) -> torch.Tensor:
@@ -46,6 +51,14 @@ class RoPE(nn.Module):
         interleaved: ``False``: pairs (i, i + r/2) (Hugging Face, GPT-NeoX); ``True``: pairs
             (2i, 2i + 1) (the paper, RoFormer, GPT-J, Meta LLaMA).
         max_position: initial cache length.
+        dynamic: how length-dependent types (``dynamic``, ``longrope``) follow the sequence length.
+            ``"hf"`` (default) replays transformers' state machine call for call: dynamic NTK
+            recomputes when ``max(position_ids) + 1`` exceeds the longest length seen so far and resets
+            to the trained frequencies when a call is shorter than ``max_position_embeddings``;
+            LongRoPE uses the long factors while the length exceeds
+            ``original_max_position_embeddings``. ``"stateless"`` computes the frequencies from the
+            current call's length only (see docs/scaling.md on huggingface/transformers#25104).
+        strict: ``False`` turns value errors in ``scaling`` into warnings.
 
     Example:
         >>> rope = RoPE(64)
@@ -61,20 +74,96 @@ class RoPE(nn.Module):
         self,
         head_dim: int,
         *,
-        base: float = 10000.0,
+        base: float | None = None,
         rotary_dim: int | None = None,
         scaling: Mapping[str, Any] | None = None,
         interleaved: bool = False,
         max_position: int = 2048,
+        dynamic: Literal["hf", "stateless"] = "hf",
+        strict: bool = True,
     ) -> None:
         super().__init__()
         if isinstance(max_position, bool) or not isinstance(max_position, int) or max_position <= 0:
             raise ValueError(f"max_position must be a positive int, got {max_position!r}")
-        self.freqs: Frequencies = frequencies(head_dim, base=base, rotary_dim=rotary_dim, scaling=scaling)
+        if dynamic not in ("hf", "stateless"):
+            raise ValueError(f"dynamic must be 'hf' (transformers' state machine) or 'stateless', got {dynamic!r}")
+        # kept to recompute length-dependent frequencies exactly as they were first computed
+        self._frequency_args: dict[str, Any] = dict(
+            head_dim=head_dim, base=base, rotary_dim=rotary_dim, scaling=dict(scaling or {}), strict=strict
+        )
+        self.freqs: Frequencies = frequencies(**self._frequency_args)
         self.interleaved = bool(interleaved)
         self.max_position = max_position
+        self.dynamic = dynamic
         self.register_buffer("inv_freq", self.freqs.inv_freq.clone(), persistent=False)
-        self._cache = TableCache(self.freqs.inv_freq, self.freqs.attention_scaling, self.interleaved, max_position)
+        # one cache per fixed frequency set (trained; LongRoPE's long set); None while dynamic NTK has
+        # grown the base, which changes with every longer call, so tables are computed per call then
+        self._cache: TableCache | None = TableCache(
+            self.freqs.inv_freq, self.freqs.attention_scaling, self.interleaved, max_position
+        )
+        self._fixed_caches: dict[str, TableCache] = {"original": self._cache}
+        # the frequencies at the trained length, and the state of transformers' dynamic NTK update
+        self.original_freqs: Frequencies = self.freqs
+        if self.freqs.rope_type == "dynamic":
+            self.original_max_seq_len: int = self.freqs.scaling["max_position_embeddings"]
+            self.max_seq_len_cached: int = self.original_max_seq_len
+        self._long_freqs: Frequencies | None = None
+        self._stateless_len: int | None = None
+
+    @classmethod
+    def from_hf_config(
+        cls,
+        config: Any,
+        *,
+        layer_type: str | None = None,
+        strict: bool = True,
+        dynamic: Literal["hf", "stateless"] = "hf",
+        max_position: int = 2048,
+    ) -> RoPE:
+        """Build the RoPE a Hugging Face model uses, from its config (the config is never modified).
+
+        Reads ``head_dim`` (or ``hidden_size // num_attention_heads``; DeepSeek's ``qk_rope_head_dim``),
+        ``rope_theta`` (GPT-NeoX: ``rotary_emb_base``), ``partial_rotary_factor`` (GPT-NeoX:
+        ``rotary_pct``; GPT-J: ``rotary_dim``), ``max_position_embeddings`` and the scaling block
+        (5.x ``rope_parameters`` or 4.x ``rope_scaling``), and picks the architecture's pairing:
+        interleaved for GPT-J, RoFormer, Cohere, GLM and DeepSeek-V2/V3 (``rope_interleave``), half
+        otherwise.
+
+        Args:
+            config: a transformers ``PretrainedConfig`` (4.x or 5.x), a path to a config.json (or its
+                folder), or a dict of one.
+            layer_type: for configs with one block per layer type (Gemma-3: ``"sliding_attention"``,
+                ``"full_attention"``), which layer's RoPE to build.
+            strict: ``False`` turns configuration mistakes into warnings (odd real checkpoints).
+            dynamic: see :class:`RoPE`.
+            max_position: initial cache length.
+
+        Returns:
+            :class:`RoPE`.
+
+        Raises:
+            ConfigError: (a ``ValueError``) for an invalid or ambiguous config; the message says what to change.
+
+        Example:
+            >>> cfg = {"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
+            ...        "max_position_embeddings": 131072, "rope_theta": 500000.0,
+            ...        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            ...                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}
+            >>> rope = RoPE.from_hf_config(cfg)
+            >>> rope.freqs.rope_type, rope.head_dim, rope.interleaved
+            ('llama3', 128, False)
+        """
+        settings = read_hf_config(config, layer_type=layer_type, strict=strict)
+        return cls(
+            settings.head_dim,
+            base=settings.base,
+            rotary_dim=settings.rotary_dim,
+            scaling=settings.scaling,
+            interleaved=settings.interleaved,
+            max_position=max_position,
+            dynamic=dynamic,
+            strict=strict,
+        )
 
     @property
     def head_dim(self) -> int:
@@ -94,6 +183,85 @@ class RoPE(nn.Module):
         super()._apply(fn, recurse)
         self.inv_freq = self.freqs.inv_freq.to(self.inv_freq.device)
         return self
+
+    # length-dependent frequencies ----------------------------------------------------------------
+    def _set_freqs(self, freqs: Frequencies, fixed: str | None = None) -> None:
+        """Switch frequencies: the buffer and the table cache follow (stale tables are never used).
+
+        ``fixed`` names a frequency set that recurs ("original", "long") and keeps its own cache.
+        """
+        if freqs is self.freqs:
+            return
+        self.freqs = freqs
+        self.inv_freq = freqs.inv_freq.to(self.inv_freq.device)
+        if fixed is None:
+            self._cache = None
+        else:
+            if fixed not in self._fixed_caches:
+                self._fixed_caches[fixed] = TableCache(
+                    freqs.inv_freq, freqs.attention_scaling, self.interleaved, self.max_position
+                )
+            self._cache = self._fixed_caches[fixed]
+
+    def _recompute(self, seq_len: int | torch.Tensor) -> Frequencies:
+        with warnings.catch_warnings():  # the lenient-mode warnings were given once, at construction
+            warnings.simplefilter("ignore")
+            return frequencies(**self._frequency_args, seq_len=seq_len)
+
+    def update_length(self, seq_len: int | torch.Tensor) -> None:
+        """Adapt length-dependent frequencies to a call covering positions ``0 .. seq_len - 1``.
+
+        A no-op for static types. Called by :meth:`cos_sin`, :meth:`forward` and :meth:`rotate`; with
+        ``dynamic="hf"`` it is transformers' ``dynamic_rope_update``, step for step.
+
+        Args:
+            seq_len: ``max(position_ids) + 1`` of the call (an int or a 0-dim integer tensor).
+
+        Example:
+            >>> rope = RoPE(64, scaling={"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 8})
+            >>> rope.update_length(32)
+            >>> bool(rope.inv_freq[-1] < rope.original_freqs.inv_freq[-1])
+            True
+            >>> rope.reset_length()
+            >>> torch.equal(rope.inv_freq, rope.original_freqs.inv_freq)
+            True
+        """
+        rope_type = self.original_freqs.rope_type
+        if rope_type not in LENGTH_DEPENDENT_TYPES:
+            return
+        # transformers passes max(position_ids) + 1 as a 0-dim int64 tensor; dynamic NTK's base is then
+        # computed in fp32, so the tensor is kept to stay bit-identical
+        length = torch.as_tensor(seq_len, dtype=torch.int64).cpu()
+        if rope_type == "longrope":
+            trained = self.original_freqs.scaling["original_max_position_embeddings"]
+            if int(length) > trained:
+                if self._long_freqs is None:
+                    self._long_freqs = self._recompute(trained + 1)
+                self._set_freqs(self._long_freqs, "long")
+            else:
+                self._set_freqs(self.original_freqs, "original")
+            return
+        if self.dynamic == "stateless":
+            if int(length) <= self.original_max_seq_len:
+                self._set_freqs(self.original_freqs, "original")
+            elif int(length) != self._stateless_len:
+                self._set_freqs(self._recompute(length))
+            self._stateless_len = int(length) if int(length) > self.original_max_seq_len else None
+            return
+        cached = self.max_seq_len_cached
+        if int(length) > cached:  # growth: a longer sequence than any before
+            self._set_freqs(self._recompute(length))
+            self.max_seq_len_cached = int(length)
+        if int(length) < self.original_max_seq_len and cached > self.original_max_seq_len:  # back to short
+            self._set_freqs(self.original_freqs, "original")
+            self.max_seq_len_cached = self.original_max_seq_len
+
+    def reset_length(self) -> None:
+        """Forget the lengths seen (dynamic state) and return to the trained frequencies."""
+        self._set_freqs(self.original_freqs, "original")
+        if self.original_freqs.rope_type == "dynamic":
+            self.max_seq_len_cached = self.original_max_seq_len
+        self._stateless_len = None
 
     def extra_repr(self) -> str:
         f = self.freqs
@@ -119,7 +287,9 @@ class RoPE(nn.Module):
             (torch.Size([3, 8]), torch.float32)
         """
         position_ids = check_position_ids(position_ids)
-        if torch.compiler.is_compiling():
+        if self.original_freqs.rope_type in LENGTH_DEPENDENT_TYPES and position_ids.numel():
+            self.update_length(position_ids.max() + 1)
+        if torch.compiler.is_compiling() or self._cache is None:
             return cos_sin_table(
                 position_ids, self.inv_freq, attention_scaling=self.attention_scaling, interleaved=self.interleaved
             )
@@ -139,6 +309,10 @@ class RoPE(nn.Module):
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise ValueError(f"offset must be an int >= 0, got {offset!r}")
         if torch.compiler.is_compiling():
+            return self.cos_sin(torch.arange(offset, offset + seq_len, device=device))
+        if seq_len:
+            self.update_length(offset + seq_len)
+        if self._cache is None:
             return self.cos_sin(torch.arange(offset, offset + seq_len, device=device))
         cos, sin = self._cache.get(device, offset + seq_len)
         return cos[offset : offset + seq_len], sin[offset : offset + seq_len]

@@ -1,0 +1,262 @@
+"""``rotary plot {decay,frequencies,scaling,scores,positions}``: figures as PNG + SVG."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rotary import analysis
+from rotary.frequencies import ROPE_INIT_FUNCTIONS, frequencies
+from rotary.module import RoPE
+
+from .common import (
+    _FLAG_DEFAULTS,
+    add_config_arguments,
+    config_label,
+    positive_float,
+    positive_int,
+    print_json,
+    rope_from_args,
+)
+
+__all__ = ["register", "SCALING_EXAMPLES", "make_decay", "make_frequencies", "make_scaling", "make_scores", "make_positions"]
+
+#: illustrative parameters per rope_type for ``rotary plot scaling`` without a CONFIG:
+#: (scaling block, base, max_position, seq_len for length-dependent types)
+SCALING_EXAMPLES: dict[str, tuple[dict[str, Any], float, int, int | None]] = {
+    "linear": ({"rope_type": "linear", "factor": 4.0}, 10000.0, 4096, None),
+    "dynamic": ({"rope_type": "dynamic", "factor": 4.0, "max_position_embeddings": 4096}, 10000.0, 4096, 16384),
+    "ntk": ({"rope_type": "ntk", "factor": 4.0}, 10000.0, 4096, None),
+    "yarn": (
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0},
+        10000.0, 16384, None,
+    ),
+    "llama3": (  # Llama 3.1's published values
+        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+         "original_max_position_embeddings": 8192},
+        500000.0, 131072, None,
+    ),
+    "proportional": ({"rope_type": "proportional", "factor": 4.0, "partial_rotary_factor": 0.25}, 10000.0, 4096, None),
+}
+
+
+def _longrope_example(head_dim: int) -> tuple[dict[str, Any], float, int, int | None]:
+    # illustrative long_factor: 1 for the fast pairs rising to 4 for the slow ones (shape of Phi-3's)
+    n = head_dim // 2
+    long_factor = [1.0 + 3.0 * (i / (n - 1)) ** 2 for i in range(n)]
+    block = {"rope_type": "longrope", "factor": 4.0, "original_max_position_embeddings": 4096,
+             "short_factor": [1.0] * n, "long_factor": long_factor}
+    return block, 10000.0, 16384, 16384
+
+
+def _announce(args: argparse.Namespace, files: list[Path], numbers: dict[str, Any]) -> int:
+    if args.json:
+        print_json({"files": [str(f) for f in files], **numbers})
+    else:
+        for f in files:
+            print(f"wrote {f}")
+    return 0
+
+
+# the five figures: each returns (files, numbers) -------------------------------------------------
+def make_decay(out: Path, head_dim: int, base: float, max_distance: int, measured: bool, samples: int = 256):
+    from rotary import plots
+
+    distances = list(range(max_distance + 1))
+    bound = analysis.decay_bound(head_dim, base, distances)
+    numbers: dict[str, Any] = {"head_dim": head_dim, "base": base, "distances": distances, "bound": bound.tolist()}
+    extra = None
+    if measured:
+        rope = RoPE(head_dim, base=base, max_position=max_distance + 1)
+        rand = analysis.measured_decay(rope, distances, kind="random", samples=samples)
+        ones = analysis.measured_decay(rope, distances, kind="ones")
+        extra = {f"random q, k (mean of {samples})": rand, "q = k = all ones": ones}
+        numbers["measured_random"] = rand.tolist()
+        numbers["measured_ones"] = ones.tolist()
+    fig = plots.plot_decay(distances, bound, extra, title=f"Long-range decay of RoPE (d = {head_dim}, base {base:g})")
+    return plots.save(fig, out), numbers
+
+
+def make_frequencies(out: Path, ropes: dict[str, RoPE], context: int | None):
+    from rotary import plots
+
+    series = {label: analysis.scaling_profile(r.freqs).wavelength for label, r in ropes.items()}
+    fig = plots.plot_frequencies(series, context=context)
+    return plots.save(fig, out), {"wavelengths": series}
+
+
+def make_scaling(out: Path, rope: RoPE, context: int, seq_len: int | None = None, note: str = ""):
+    from rotary import plots
+
+    f = rope.freqs
+    if seq_len is not None:
+        f = frequencies(f.head_dim, base=f.base, rotary_dim=f.rotary_dim, scaling=dict(f.scaling), seq_len=seq_len)
+    profile = analysis.scaling_profile(f)
+    trained = f.scaling.get("original_max_position_embeddings") or f.scaling.get("max_position_embeddings") or context
+    fig = plots.plot_scaling(profile, rope_type=f.rope_type, context=trained, note=note)
+    numbers = {
+        "rope_type": f.rope_type, "scaling": dict(f.scaling), "attention_scaling": f.attention_scaling,
+        "seq_len": seq_len, "full_factor": profile.full_factor, "kind": profile.kind, "factor": profile.factor,
+        "ramp": profile.ramp, "wavelength": profile.wavelength, "original_wavelength": profile.original_wavelength,
+        "interpolated_pairs": profile.pairs_of("interpolated"), "blended_pairs": profile.pairs_of("blended"),
+        "extrapolated_pairs": profile.pairs_of("extrapolated"),
+    }
+    return plots.save(fig, out), numbers
+
+
+def _load_vector(path: str, head_dim: int) -> torch.Tensor:
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"no such file: {path}")
+    if p.suffix == ".npy":
+        import numpy as np
+
+        v = torch.from_numpy(np.load(p))
+    elif p.suffix == ".pt":
+        v = torch.load(p, weights_only=True)
+    else:
+        raise ValueError(f"{path}: q/k files must be .npy or .pt holding a [{head_dim}] vector")
+    if not isinstance(v, torch.Tensor) or v.shape != (head_dim,):
+        shape = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+        raise ValueError(f"{path} holds shape {shape}; expected a [{head_dim}] vector (head_dim)")
+    return v.double()
+
+
+def make_scores(out: Path, rope: RoPE, seq_len: int, q: str | None = None, k: str | None = None, seed: int = 0):
+    from rotary import plots
+
+    d = rope.head_dim
+    g = torch.Generator().manual_seed(seed)
+    qv = _load_vector(q, d) if q else torch.randn(d, generator=g, dtype=torch.float64)
+    kv = _load_vector(k, d) if k else torch.randn(d, generator=g, dtype=torch.float64)
+    scores = analysis.score_matrix(rope, qv, kv, seq_len)
+    source = "given" if q or k else f"random (seed {seed})"
+    fig = plots.plot_scores(scores, title=f"Attention logits ⟨R_m q, R_n k⟩ of rotated q, k ({source})")
+    return plots.save(fig, out), {"seq_len": seq_len, "logit_by_distance": scores[:, 0].tolist()}
+
+
+def make_positions(out: Path, rope: RoPE, seq_len: int):
+    from rotary import plots
+
+    coords, explained = analysis.position_pca(rope, seq_len)
+    fig = plots.plot_positions(coords, explained)
+    return plots.save(fig, out), {"seq_len": seq_len, "explained_variance_ratio": explained.tolist()}
+
+
+# subcommands -------------------------------------------------------------------------------
+def _decay(args: argparse.Namespace) -> int:
+    files, numbers = make_decay(Path(args.output), args.head_dim, args.base, args.max_distance, args.measured, args.samples)
+    return _announce(args, files, numbers)
+
+
+def _frequencies(args: argparse.Namespace) -> int:
+    ropes: dict[str, RoPE] = {}
+    for path in args.configs:
+        ns = argparse.Namespace(config=path, layer_type=None, interleaved=False, **dict.fromkeys(_FLAG_DEFAULTS))
+        ropes[config_label(path)] = rope_from_args(ns)[0]
+    head_dim = args.head_dim or _FLAG_DEFAULTS["head_dim"]
+    for base in args.base or ([] if args.configs else [10000.0, 500000.0]):
+        ropes[f"d={head_dim}, base {base:g}"] = RoPE(head_dim, base=base)
+    files, numbers = make_frequencies(Path(args.output), ropes, args.context)
+    return _announce(args, files, numbers)
+
+
+def _scaling(args: argparse.Namespace) -> int:
+    out_dir = Path(args.out_dir)
+    if args.config or args.scaling:
+        if args.rope_type:
+            raise ValueError("give --rope-type only without CONFIG / --scaling")
+        rope, context = rope_from_args(args)
+        files, numbers = make_scaling(out_dir / f"scaling_{rope.freqs.rope_type}", rope, context, args.seq_len)
+        return _announce(args, files, {"methods": {rope.freqs.rope_type: numbers}})
+    available = [t for t in ROPE_INIT_FUNCTIONS if t != "default"]
+    wanted = args.rope_type or available
+    unknown = [t for t in wanted if t not in ROPE_INIT_FUNCTIONS or t == "default"]
+    if unknown:
+        raise ValueError(f"unknown scaling rope_type {unknown[0]!r}; registered: {', '.join(available) or 'none'}")
+    head_dim = args.head_dim or _FLAG_DEFAULTS["head_dim"]
+    all_files: list[Path] = []
+    methods: dict[str, Any] = {}
+    for t in wanted:
+        if t == "longrope":
+            block, base, max_position, seq_len = _longrope_example(head_dim)
+            note = "illustrative long_factor"
+        elif t in SCALING_EXAMPLES:
+            block, base, max_position, seq_len = SCALING_EXAMPLES[t]
+            note = ", ".join(f"{k}={v:g}" for k, v in block.items() if isinstance(v, float))
+        else:
+            raise ValueError(f"no example parameters for rope_type {t!r}; pass --scaling '{{\"rope_type\": \"{t}\", ...}}'")
+        if args.base:
+            base = args.base
+        if args.seq_len:
+            seq_len = args.seq_len
+        rope = RoPE(head_dim, base=base, scaling=block, max_position=max_position)
+        if seq_len is not None:
+            note += f", at {seq_len} tokens"
+        files, numbers = make_scaling(out_dir / f"scaling_{t}", rope, max_position, seq_len, note=f"d={head_dim}, base {base:g}; {note}")
+        all_files += files
+        methods[t] = numbers
+    return _announce(args, all_files, {"methods": methods})
+
+
+def _scores(args: argparse.Namespace) -> int:
+    files, numbers = make_scores(Path(args.output), rope_from_args(args)[0], args.seq_len, args.q, args.k, args.seed)
+    return _announce(args, files, numbers)
+
+
+def _positions(args: argparse.Namespace) -> int:
+    files, numbers = make_positions(Path(args.output), rope_from_args(args)[0], args.seq_len)
+    return _announce(args, files, numbers)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plot", help="figures: decay, frequencies, scaling, scores, positions (PNG + SVG)")
+    figs = p.add_subparsers(dest="figure", metavar="FIGURE", parser_class=type(p), required=True)
+
+    def common(q: argparse.ArgumentParser, default_out: str | None) -> None:
+        if default_out:
+            q.add_argument("-o", "--output", default=default_out, help=f"output path without suffix (default {default_out})")
+        q.add_argument("--json", action="store_true", help="print the files written and the numbers plotted as JSON")
+
+    q = figs.add_parser("decay", help="seed 001's long-range decay bound against relative distance")
+    q.add_argument("--head-dim", type=positive_int, default=128)
+    q.add_argument("--base", type=positive_float, default=10000.0)
+    q.add_argument("--max-distance", type=positive_int, default=256)
+    q.add_argument("--measured", action="store_true", help="overlay measured mean |⟨R_m q, R_n k⟩| (random q, k and all ones)")
+    q.add_argument("--samples", type=positive_int, default=256, help="random (q, k) pairs for --measured")
+    common(q, "decay")
+    q.set_defaults(func=_decay)
+
+    q = figs.add_parser("frequencies", help="wavelength per pair, several configurations overlaid")
+    q.add_argument("configs", nargs="*", metavar="CONFIG", help="config.json files to overlay")
+    q.add_argument("--base", type=positive_float, action="append", help="add a default configuration with this base (repeatable)")
+    q.add_argument("--head-dim", type=positive_int, help="head_dim of the --base configurations (default 128)")
+    q.add_argument("--context", type=positive_int, help="draw a line at this context length")
+    common(q, "frequencies")
+    q.set_defaults(func=_frequencies)
+
+    q = figs.add_parser("scaling", help="original vs scaled wavelength per pair for each scaling method")
+    add_config_arguments(q)
+    q.add_argument("--rope-type", action="append", help="scaling methods to draw with example parameters (default: all registered)")
+    q.add_argument("--seq-len", type=positive_int, help="sequence length for length-dependent types")
+    q.add_argument("--out-dir", default="docs/figures", help="directory for scaling_<rope_type>.png/.svg (default docs/figures)")
+    common(q, None)
+    q.set_defaults(func=_scaling)
+
+    q = figs.add_parser("scores", help="attention logits of rotated q, k as a heatmap over positions")
+    add_config_arguments(q)
+    q.add_argument("--seq-len", type=positive_int, default=64)
+    q.add_argument("--q", help="query content vector [head_dim] (.npy or .pt); default random")
+    q.add_argument("--k", help="key content vector [head_dim] (.npy or .pt); default random")
+    q.add_argument("--seed", type=int, default=0)
+    common(q, "scores")
+    q.set_defaults(func=_scores)
+
+    q = figs.add_parser("positions", help="2-D PCA of the position tables")
+    add_config_arguments(q)
+    q.add_argument("--seq-len", type=positive_int, default=256)
+    common(q, "positions")
+    q.set_defaults(func=_positions)

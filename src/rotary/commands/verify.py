@@ -1,0 +1,50 @@
+"""``rotary verify``: check RoPE's defining properties for a configuration; exit 1 on failure."""
+
+from __future__ import annotations
+
+import argparse
+
+from rotary.analysis import Check, verify
+
+from .common import add_config_arguments, console, positive_int, print_json, rope_from_args
+
+__all__ = ["register", "render"]
+
+
+def render(checks: list[Check], title: str) -> None:
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for col in ["", "check", "worst error", "tolerance"]:
+        table.add_column(col, justify="left" if col in ("", "check") else "right")
+    for c in checks:
+        table.add_row("[green]PASS[/]" if c.passed else "[bold red]FAIL[/]", c.name, f"{c.worst_error:.2e}", f"{c.tolerance:.1e}")
+    out = console()
+    out.print(table)
+    failed = sum(not c.passed for c in checks)
+    out.print("all checks passed" if not failed else f"[bold red]{failed} check(s) FAILED[/]")
+
+
+def _verify(args: argparse.Namespace) -> int:
+    rope, context = rope_from_args(args)
+    checks = verify(rope, seq_len=args.seq_len, offset=context, seed=args.seed)
+    ok = all(c.passed for c in checks)
+    if args.json:
+        print_json({"rope": repr(rope), "passed": ok, "checks": [c.to_dict() for c in checks]})
+    else:
+        render(checks, f"verify {rope}")
+    return 0 if ok else 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "verify",
+        help="check norms, the relative property, matrix/complex/fast forms and table pairing",
+        description="Runs the configuration through the fast path and compares it with the block-diagonal matrix "
+        "and complex references; exit status 1 when any check fails.",
+    )
+    add_config_arguments(p)
+    p.add_argument("--seq-len", type=positive_int, default=64, help="positions to check (default 64)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=_verify)

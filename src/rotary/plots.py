@@ -1,0 +1,164 @@
+"""Matplotlib figures drawn from :mod:`rotary.analysis` results (Agg backend: headless).
+
+Each ``plot_*`` function returns a Figure; :func:`save` writes it as PNG and SVG. Colours are the
+Okabe-Ito palette, which stays distinguishable under the common colour-vision deficiencies.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: figures are written to files, never shown
+
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
+from .analysis import PairProfile  # noqa: E402
+
+__all__ = ["PALETTE", "save", "plot_decay", "plot_frequencies", "plot_scaling", "plot_scores", "plot_positions"]
+
+#: Okabe & Ito (2008), colour-blind-safe qualitative palette
+PALETTE = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
+#: background shading for each pair kind in the scaling figure
+KIND_COLOURS = {
+    "extrapolated": "#56B4E9", "blended": "#F0E442", "interpolated": "#E69F00", "raised": "#CC79A7", "not rotated": "#999999",
+}
+
+plt.rcParams.update({"font.size": 11, "axes.titlesize": 12, "axes.grid": True, "grid.alpha": 0.3, "svg.hashsalt": "rotary"})
+
+
+def save(fig: Figure, path: str | Path) -> list[Path]:
+    """Write ``fig`` as ``<path>.png`` (150 dpi) and ``<path>.svg``; a given suffix is replaced.
+
+    Returns:
+        the two paths written.
+    """
+    stem = Path(path)
+    if stem.suffix.lower() in (".png", ".svg"):
+        stem = stem.with_suffix("")
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    out = [stem.with_name(stem.name + ".png"), stem.with_name(stem.name + ".svg")]
+    fig.savefig(out[0], dpi=150, bbox_inches="tight")
+    fig.savefig(out[1], bbox_inches="tight", metadata={"Date": None})
+    plt.close(fig)
+    return out
+
+
+def plot_decay(
+    distances: Sequence[int],
+    bound: torch.Tensor,
+    measured: Mapping[str, torch.Tensor] | None = None,
+    *,
+    title: str = "Long-range decay of RoPE (d = 128, base 10000)",
+) -> Figure:
+    """Seed 001's bound ``mean_j |S_j|`` against relative distance; measured mean |scores| on a second axis."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    x = list(distances)
+    ax.plot(x, bound.tolist(), color=PALETTE[0], lw=2, label=r"bound: $\frac{1}{d/2}\sum_j |S_j|$")
+    ax.set_xlabel("relative distance m − n (tokens)")
+    ax.set_ylabel(r"mean $|S_j|$", color=PALETTE[0])
+    ax.set_title(title)
+    handles, labels = ax.get_legend_handles_labels()
+    if measured:
+        ax2 = ax.twinx()
+        ax2.grid(False)
+        for colour, (label, values) in zip(PALETTE[1:], measured.items()):
+            ax2.plot(x, values.tolist(), color=colour, lw=1.2, ls="--", label=label)
+        ax2.set_ylabel(r"measured mean $|\langle R_m q, R_n k\rangle|$")
+        h2, l2 = ax2.get_legend_handles_labels()
+        handles, labels = handles + h2, labels + l2
+    ax.legend(handles, labels, loc="upper right", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_frequencies(series: Mapping[str, Sequence[float]], *, context: int | None = None) -> Figure:
+    """Wavelength ``2π/θ_i`` per pair for several configurations (log scale)."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    markers = "os^vD<>p"
+    for j, (label, wavelengths) in enumerate(series.items()):
+        ys = [w if math.isfinite(w) else float("nan") for w in wavelengths]
+        ax.plot(range(len(ys)), ys, color=PALETTE[j % len(PALETTE)], marker=markers[j % len(markers)], ms=3, lw=1.2, label=label)
+    if context:
+        ax.axhline(context, color="grey", ls=":", lw=1, label=f"context {context} tokens")
+    ax.set_yscale("log")
+    ax.set_xlabel("pair index i")
+    ax.set_ylabel("wavelength 2π/θ_i (tokens)")
+    ax.set_title("Wavelength per rotation pair")
+    ax.legend(fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_scaling(profile: PairProfile, *, rope_type: str, context: int | None = None, note: str = "") -> Figure:
+    """Original vs scaled wavelength per pair, shaded by kind, with the interpolation ramp."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.4))
+    n = len(profile.wavelength)
+    for i, kind in enumerate(profile.kind):
+        if kind in KIND_COLOURS:
+            ax.axvspan(i - 0.5, i + 0.5, color=KIND_COLOURS[kind], alpha=0.25, lw=0)
+    nan = float("nan")
+    scaled = [w if math.isfinite(w) else nan for w in profile.wavelength]
+    ax.plot(range(n), profile.original_wavelength, color=PALETTE[0], lw=2, label="original (rope_type default)")
+    ax.plot(range(n), scaled, color=PALETTE[3], lw=2, ls="--", label=f"scaled ({rope_type})")
+    if context:
+        ax.axhline(context, color="grey", ls=":", lw=1, label=f"original context {context}")
+    ax.set_yscale("log")
+    ax.set_xlabel("pair index i")
+    ax.set_ylabel("wavelength 2π/θ_i (tokens)")
+    ax.set_title(f"{rope_type}: wavelength per pair{' — ' + note if note else ''}")
+    ax2 = ax.twinx()
+    ax2.grid(False)
+    ramp = [r if math.isfinite(r) else nan for r in profile.ramp]
+    ax2.plot(range(n), ramp, color=PALETTE[2], lw=1.2, label="interpolation ramp (0 = original, 1 = ÷ factor)")
+    ax2.set_ylim(-0.05, 1.05)
+    ax2.set_ylabel("ramp")
+    kinds = [k for k in KIND_COLOURS if k in profile.kind]
+    patches = [Patch(color=KIND_COLOURS[k], alpha=0.4, label=k) for k in kinds]
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax.legend(h1 + h2 + patches, l1 + l2 + kinds, loc="lower right", fontsize=8, framealpha=0.9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_scores(scores: torch.Tensor, *, title: str = "Attention logits ⟨R_m q, R_n k⟩ of rotated q, k") -> Figure:
+    """Heatmap of logits over (query m, key n) and the logit against relative distance m − n."""
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4.2), gridspec_kw={"width_ratios": [1, 1.2]})
+    s = scores.double()
+    lim = float(s.abs().max()) or 1.0
+    im = ax.imshow(s.numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim, origin="upper", interpolation="nearest")
+    ax.set_xlabel("key position n")
+    ax.set_ylabel("query position m")
+    ax.set_title("logit by query and key position")
+    fig.suptitle(title)
+    ax.grid(False)
+    fig.colorbar(im, ax=ax, label="logit")
+    # every (m, n) with the same m − n has the same logit; the first column gives m − n = 0 .. S-1
+    ax2.plot(range(s.shape[0]), s[:, 0].tolist(), color=PALETTE[0], lw=1.5)
+    ax2.set_xlabel("relative distance m − n (tokens)")
+    ax2.set_ylabel("logit")
+    ax2.set_title("logit against relative distance")
+    fig.tight_layout()
+    return fig
+
+
+def plot_positions(coords: torch.Tensor, explained: torch.Tensor) -> Figure:
+    """2-D PCA of the position tables, coloured by position."""
+    fig, ax = plt.subplots(figsize=(6, 5))
+    c = coords.double()
+    sc = ax.scatter(c[:, 0].tolist(), c[:, 1].tolist(), c=list(range(c.shape[0])), cmap="viridis", s=14)
+    ax.plot(c[:, 0].tolist(), c[:, 1].tolist(), color="grey", lw=0.4, alpha=0.6)
+    fig.colorbar(sc, ax=ax, label="position")
+    ev = [f"{100 * float(v):.1f}%" for v in explained]
+    ax.set_xlabel(f"PC 1 ({ev[0]} of variance)")
+    ax.set_ylabel(f"PC 2 ({ev[1]} of variance)")
+    ax.set_title("Position tables [cos, sin] projected by PCA")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,209 @@
+"""The numbers behind the figures and reports (rotary.analysis)."""
+
+from __future__ import annotations
+
+import cmath
+import math
+
+import pytest
+import torch
+
+from rotary import RoPE, analysis, frequencies, reference
+from rotary.frequencies import Frequencies, default_inv_freq
+from rotary.tables import TableCache
+
+
+# decay ---------------------------------------------------------------------------------------
+def test_decay_bound_is_32_5_at_distance_0_for_d_128():
+    assert float(analysis.decay_bound(128, 10000.0, [0])[0]) == pytest.approx(32.5, abs=1e-12)
+    assert float(analysis.decay_bound(64, 10000.0, [0])[0]) == pytest.approx(16.5, abs=1e-12)  # (d/2 + 1) / 2
+
+
+def test_decay_bound_matches_a_direct_sum():
+    d, base = 128, 10000.0
+    for m in (1, 7, 100, 256):
+        theta = [base ** (-2 * i / d) for i in range(d // 2)]
+        partial, total = 0j, 0.0
+        for t in theta:
+            partial += cmath.exp(1j * m * t)
+            total += abs(partial)
+        assert float(analysis.decay_bound(d, base, [m])[0]) == pytest.approx(total / (d // 2), rel=1e-12)
+
+
+def test_decay_bound_envelope_decreases_to_256():
+    bound = analysis.decay_bound(128)  # distances 0..256
+    assert bound.shape == (257,)
+    # it oscillates, so compare windows: the peaks of 64-token windows and the means of 32-token ones fall
+    window_max = [float(bound[i : i + 64].max()) for i in range(0, 256, 64)]
+    assert all(a > b for a, b in zip(window_max, window_max[1:])), window_max
+    window_mean = [float(bound[i : i + 32].mean()) for i in range(0, 256, 32)]
+    assert all(a > b for a, b in zip(window_mean, window_mean[1:])), window_mean
+    assert float(bound[256]) < 32.5 / 3
+
+
+def test_measured_decay_all_ones_is_sum_of_cosines():
+    rope = RoPE(32)
+    dist = [0, 1, 5, 40]
+    got = analysis.measured_decay(rope, dist, kind="ones")
+    inv = rope.inv_freq.double()
+    want = [abs(float(2 * torch.cos(m * inv).sum())) for m in dist]  # each pair of ones gives 2 cos(mθ)
+    assert got.tolist() == pytest.approx(want, rel=1e-6)
+    assert float(got[0]) == pytest.approx(32.0)
+
+
+def test_measured_decay_random_uses_rotated_vectors():
+    rope = RoPE(16)
+    got = analysis.measured_decay(rope, [0, 3], kind="random", samples=5, seed=1)
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(5, 1, 1, 16, generator=g, dtype=torch.float64)
+    k = torch.randn(5, 1, 1, 16, generator=g, dtype=torch.float64)
+    for j, m in enumerate((0, 3)):
+        qm = reference.rotate_matrix(q, torch.tensor([m]), rope.inv_freq)
+        assert float(got[j]) == pytest.approx(float((qm * k).sum(-1).abs().mean()), rel=1e-6)
+
+
+def test_measured_decay_rejects_bad_kind():
+    with pytest.raises(ValueError, match="kind"):
+        analysis.measured_decay(RoPE(8), [0], kind="zeros")
+    with pytest.raises(ValueError, match="distances"):
+        analysis.measured_decay(RoPE(8), [-1])
+
+
+def test_decay_bound_rejects_odd_head_dim():
+    with pytest.raises(ValueError, match="head_dim"):
+        analysis.decay_bound(127)
+
+
+# per-pair profile ----------------------------------------------------------------------------
+def test_pair_0_wavelength_is_2pi_and_unscaled_pairs_unchanged():
+    p = analysis.scaling_profile(frequencies(128))
+    assert p.wavelength[0] == pytest.approx(2 * math.pi, rel=1e-12)
+    assert p.wavelength[63] == pytest.approx(2 * math.pi * 10000 ** (126 / 128), rel=1e-6)
+    assert set(p.kind) == {"unchanged"} and p.full_factor == 1.0
+
+
+def _fake(inv_freq: torch.Tensor, d: int, rope_type: str = "fake") -> Frequencies:
+    return Frequencies(inv_freq=inv_freq.float(), attention_scaling=1.0, head_dim=d, rotary_dim=d, base=10000.0, rope_type=rope_type)
+
+
+def test_profile_classifies_a_hand_made_ramp():
+    d, factor = 16, 4.0
+    base_inv = default_inv_freq(10000.0, d).double()
+    ramp = torch.tensor([0, 0, 0.25, 0.5, 0.75, 1, 1, 1], dtype=torch.float64)
+    inv = base_inv * (1 - ramp) + base_inv / factor * ramp
+    p = analysis.scaling_profile(_fake(inv, d))
+    assert p.kind == ["extrapolated"] * 2 + ["blended"] * 3 + ["interpolated"] * 3
+    assert p.full_factor == pytest.approx(factor, rel=1e-6)
+    assert p.ramp == pytest.approx(ramp.tolist(), abs=1e-6)
+
+
+def test_profile_marks_zero_frequencies_not_rotated_and_raised_pairs():
+    d = 8
+    inv = default_inv_freq(10000.0, d).clone()
+    inv[0] *= 2
+    inv[3] = 0
+    p = analysis.scaling_profile(_fake(inv, d))
+    assert p.kind[0] == "raised" and p.kind[3] == "not rotated" and math.isinf(p.wavelength[3])
+
+
+def test_profile_rejects_mismatched_pairs():
+    with pytest.raises(ValueError, match="pairs"):
+        analysis.scaling_profile(_fake(torch.ones(3), 8))
+
+
+# the scaling methods (from the `scaling` work) -----------------------------------------------
+def test_yarn_blended_range_matches_its_formula():
+    d, base, orig, beta_fast, beta_slow, factor = 128, 10000.0, 4096, 32.0, 1.0, 4.0
+    f = frequencies(d, base=base, scaling={"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": orig,
+                                           "beta_fast": beta_fast, "beta_slow": beta_slow})
+    p = analysis.scaling_profile(f)
+
+    def correction_dim(rotations: float) -> float:  # YaRN paper / transformers: pair index turning `rotations` times
+        return d * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = max(math.floor(correction_dim(beta_fast)), 0), min(math.ceil(correction_dim(beta_slow)), d - 1)
+    assert p.pairs_of("extrapolated") == list(range(0, low + 1))
+    assert p.pairs_of("blended") == list(range(low + 1, high))
+    assert p.pairs_of("interpolated") == list(range(high, d // 2))
+    want_ramp = [min(max((i - low) / (high - low), 0.0), 1.0) for i in range(d // 2)]
+    assert p.ramp == pytest.approx(want_ramp, abs=1e-5)
+    assert f.attention_scaling == pytest.approx(0.1 * math.log(factor) + 1)
+
+
+def test_linear_interpolates_every_pair():
+    p = analysis.scaling_profile(frequencies(64, scaling={"rope_type": "linear", "factor": 4.0}))
+    assert set(p.kind) == {"interpolated"} and p.full_factor == pytest.approx(4.0)
+
+
+# precision and inspect -----------------------------------------------------------------------
+def test_precision_limits():
+    lim = {p.dtype: p for p in analysis.precision_limits(4096)}
+    assert [lim[k].exact_positions for k in ("bfloat16", "float16", "float32")] == [256, 2048, 2**24]
+    # 4095 lies in [2048, 4096): bf16 spacing 2^(11-7) = 16, fp16 spacing 2; half of each
+    assert lim["bfloat16"].position_error == 8 and lim["float16"].position_error == 1
+    assert lim["float32"].position_error == 0 and lim["float32"].angle_error == 2.0 ** (11 - 23) / 2
+    # bf16 actually rounds 4095 by that much
+    assert abs(float(torch.tensor(4095.0).to(torch.bfloat16)) - 4095) <= lim["bfloat16"].position_error
+
+
+def test_inspect_warns_about_pairs_that_never_turn_and_precision():
+    info = analysis.inspect_rope(RoPE(16, max_position=4096))
+    slow = [i for i, t in enumerate(info.turns) if t < 1]
+    assert slow == [6, 7]  # wavelengths 6283 and 19869 tokens > 4096
+    assert any("pairs 6-7 never complete a turn" in w for w in info.warnings)
+    assert any(w.startswith("bfloat16") for w in info.warnings)
+    assert not any(w.startswith("float32") for w in info.warnings)
+    long = analysis.inspect_rope(RoPE(16, max_position=131072))
+    assert any(w.startswith("float32 angles") for w in long.warnings)
+    d = info.to_dict()
+    assert d["pairs"][0]["turns"] == pytest.approx(4096 / (2 * math.pi))
+
+
+def test_inspect_rejects_bad_context():
+    with pytest.raises(ValueError, match="context"):
+        analysis.inspect_rope(RoPE(8), context=0)
+
+
+# scores, positions ---------------------------------------------------------------------------
+def test_score_matrix_depends_on_relative_distance_only():
+    rope = RoPE(32)
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(32, generator=g), torch.randn(32, generator=g)
+    s = analysis.score_matrix(rope, q, k, 24)
+    assert torch.allclose(s[1:, 1:], s[:-1, :-1], atol=1e-5)  # Toeplitz
+    qm = reference.rotate_matrix(q.double().expand(1, 5, 32), torch.arange(5), rope.inv_freq)
+    kn = reference.rotate_matrix(k.double().expand(1, 5, 32), torch.arange(5), rope.inv_freq)
+    assert torch.allclose(s[:5, :5], qm[0] @ kn[0].T, atol=1e-5)
+    with pytest.raises(ValueError, match=r"shape \[32\]"):
+        analysis.score_matrix(rope, torch.ones(16), k, 4)
+
+
+def test_position_pca_is_the_top_two_principal_components():
+    rope = RoPE(16)
+    coords, explained = analysis.position_pca(rope, 50)
+    assert coords.shape == (50, 2)
+    theta = torch.arange(50, dtype=torch.float64)[:, None] * rope.inv_freq.double()[None, :]
+    x = torch.cat((theta.cos(), theta.sin()), -1)
+    x = x - x.mean(0)
+    eig = torch.linalg.eigvalsh(x.T @ x).flip(0)
+    assert (coords**2).sum(0).tolist() == pytest.approx(eig[:2].tolist(), rel=1e-6)
+    assert explained.tolist() == pytest.approx((eig[:2] / eig.sum()).tolist(), rel=1e-6)
+    with pytest.raises(ValueError, match="seq_len"):
+        analysis.position_pca(rope, 2)
+
+
+# verify --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs", [dict(head_dim=32), dict(head_dim=32, interleaved=True), dict(head_dim=48, rotary_dim=16)])
+def test_verify_passes_for_correct_configurations(kwargs):
+    checks = analysis.verify(RoPE(**kwargs), seq_len=16)
+    assert all(c.passed for c in checks), [c for c in checks if not c.passed]
+    assert len(checks) == 8
+
+
+def test_verify_catches_tables_built_for_the_other_pairing():
+    rope = RoPE(32)
+    rope._cache = TableCache(rope.inv_freq, 1.0, True, 64)  # seed 002's mistake: interleaved tables, half pairing
+    failed = {c.name for c in analysis.verify(rope, seq_len=16) if not c.passed}
+    assert "tables match the half pairing" in failed
+    assert "fast == block-diagonal matrix" in failed
+    assert "norm preserved (× attention_scaling)" in failed

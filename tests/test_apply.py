@@ -1,0 +1,272 @@
+"""apply_rotary and RoPE: RoPE's defining properties, the reference forms, dtypes, layouts, errors."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import rotary
+from rotary import reference
+
+
+@st.composite
+def configs(draw):
+    head_dim = 2 * draw(st.integers(1, 24))
+    rotary_dim = 2 * draw(st.integers(1, head_dim // 2))
+    return dict(
+        head_dim=head_dim,
+        rotary_dim=rotary_dim,
+        base=draw(st.sampled_from([100.0, 10000.0, 500000.0])),
+        interleaved=draw(st.booleans()),
+        dtype=draw(st.sampled_from([torch.float32, torch.float64])),
+        seq_len=draw(st.integers(1, 12)),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+def make(cfg, heads=2, batch=2):
+    g = torch.Generator().manual_seed(cfg["seed"])
+    rope = rotary.RoPE(cfg["head_dim"], base=cfg["base"], rotary_dim=cfg["rotary_dim"], interleaved=cfg["interleaved"])
+    shape = (batch, heads, cfg["seq_len"], cfg["head_dim"])
+    q = torch.randn(shape, generator=g, dtype=cfg["dtype"])
+    k = torch.randn(shape, generator=g, dtype=cfg["dtype"])
+    return rope, q, k
+
+
+def tol(dtype):
+    return 2e-5 if dtype == torch.float32 else 1e-6  # tables are fp32 (1.2e-7) times norms of ~5
+
+
+@given(configs())
+def test_norm_preserved(cfg):
+    rope, q, k = make(cfg)
+    qr, kr = rope(q, k, offset=37)
+    assert torch.allclose(qr.norm(dim=-1), q.norm(dim=-1), atol=tol(cfg["dtype"]), rtol=0)
+    assert qr.dtype == q.dtype
+
+
+@given(configs())
+def test_position_zero_is_identity(cfg):
+    rope, q, _ = make(cfg)
+    out = rope.rotate(q, position_ids=torch.zeros(cfg["seq_len"], dtype=torch.long))
+    assert torch.equal(out, q)
+
+
+@given(configs(), st.integers(0, 5000), st.integers(0, 5000))
+def test_relative_property(cfg, m, t):
+    """<f(q, m), f(k, n)> == <q, R(n-m) k> == <f(q, m+t), f(k, n+t)>."""
+    rope, q, k = make(cfg)
+    n = m + 3
+    q1, k1 = q[:, :, :1], k[:, :, :1]
+    fq, fk = rope.rotate(q1, offset=m), rope.rotate(k1, offset=n)
+    lhs = (fq.double() * fk.double()).sum(-1)
+    rel = rope.rotate(k1, offset=n - m).double()  # R(n-m) k
+    mid = (q1.double() * rel).sum(-1)
+    fq_t, fk_t = rope.rotate(q1, offset=m + t), rope.rotate(k1, offset=n + t)
+    shifted = (fq_t.double() * fk_t.double()).sum(-1)
+    bound = 4 * tol(cfg["dtype"]) * q1.norm(dim=-1).double() * k1.norm(dim=-1).double()
+    assert ((lhs - mid).abs() <= bound).all()
+    assert ((lhs - shifted).abs() <= bound).all()
+
+
+@given(configs())
+def test_fast_path_equals_all_three_references(cfg):
+    rope, q, _ = make(cfg)
+    pos = torch.arange(cfg["seq_len"]) * 7 + 3
+    fast = rope.rotate(q, position_ids=pos).double()
+    inv, inter = rope.inv_freq, cfg["interleaved"]
+    # the fast path rounds cos/sin to fp32 once; the references stay in float64
+    bound = 4e-7 * q.abs().max().item() * 2 + (1e-6 if cfg["dtype"] == torch.float32 else 0)
+    for ref in (
+        reference.rotate_matrix(q, pos, inv, interleaved=inter),
+        reference.rotate_complex(q, pos, inv, interleaved=inter),
+        torch.from_numpy(reference.rotate_numpy(q.numpy(), pos.numpy(), inv.numpy(), interleaved=inter)),
+    ):
+        assert float((fast - ref).abs().max()) <= bound
+    # pass-through channels are untouched, bit for bit
+    r = cfg["rotary_dim"]
+    assert torch.equal(rope.rotate(q, position_ids=pos)[..., r:], q[..., r:])
+
+
+@given(configs())
+def test_half_and_interleaved_related_by_converters(cfg):
+    cfg = dict(cfg, interleaved=False)
+    half, q, _ = make(cfg)
+    inter = rotary.RoPE(cfg["head_dim"], base=cfg["base"], rotary_dim=cfg["rotary_dim"], interleaved=True)
+    r = cfg["rotary_dim"]
+    out_half = half.rotate(q, offset=11)
+    out_inter = inter.rotate(rotary.to_interleaved(q, r), offset=11)
+    assert torch.equal(rotary.to_interleaved(out_half, r), out_inter)
+    assert torch.equal(rotary.to_half(rotary.to_interleaved(q, r), r), q)
+
+
+def test_permute_qk_weight_reproduces_interleaved_attention(gen):
+    head_dim, heads, seq, width = 16, 3, 9, 24
+    x = torch.randn(2, seq, width, generator=gen, dtype=torch.float64)
+    wq, wk = (torch.randn(heads * head_dim, width, generator=gen, dtype=torch.float64) for _ in range(2))
+    bq = torch.randn(heads * head_dim, generator=gen, dtype=torch.float64)
+
+    def attention_scores(wq, wk, bq, interleaved):
+        rope = rotary.RoPE(head_dim, interleaved=interleaved)
+        q = (x @ wq.T + bq).view(2, seq, heads, head_dim)
+        k = (x @ wk.T).view(2, seq, heads, head_dim)
+        q, k = rope(q, k, layout="bshd")
+        return torch.einsum("bmhd,bnhd->bhmn", q, k)
+
+    want = attention_scores(wq, wk, bq, interleaved=True)
+    got = attention_scores(*(rotary.permute_qk_weight(w, head_dim, "half") for w in (wq, wk, bq)), interleaved=False)
+    assert torch.allclose(got, want, atol=1e-10)
+    back = rotary.permute_qk_weight(rotary.permute_qk_weight(wq, head_dim, "half"), head_dim, "interleaved")
+    assert torch.equal(back, wq)
+
+
+def test_permute_qk_weight_matches_hf_llama_conversion_rule(gen):
+    # Hugging Face's convert_llama_weights_to_hf: view(h, D/2, 2, in).transpose(1, 2).reshape(...)
+    heads, head_dim, width = 4, 8, 5
+    w = torch.randn(heads * head_dim, width, generator=gen)
+    hf = w.view(heads, head_dim // 2, 2, width).transpose(1, 2).reshape(heads * head_dim, width)
+    assert torch.equal(rotary.permute_qk_weight(w, head_dim, "half"), hf)
+
+
+def test_permute_qk_weight_errors():
+    with pytest.raises(ValueError, match="n_heads \\* head_dim.*shape \\(30, 4\\).*head_dim=8"):
+        rotary.permute_qk_weight(torch.zeros(30, 4), 8)
+    with pytest.raises(ValueError, match="to must be 'half' or 'interleaved', got 'complex'"):
+        rotary.permute_qk_weight(torch.zeros(16, 4), 8, "complex")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_low_precision_inputs_rotated_in_fp32_and_cast_once(dtype, interleaved, gen):
+    rope = rotary.RoPE(64, interleaved=interleaved)
+    q = torch.randn(2, 4, 33, 64, generator=gen).to(dtype)
+    out = rope.rotate(q, offset=1000)
+    assert out.dtype == dtype
+    want = rope.rotate(q.float(), offset=1000).to(dtype)  # fp32 arithmetic, one rounding
+    assert torch.equal(out, want)
+
+
+def test_gqa_and_both_layouts(gen):
+    rope = rotary.RoPE(32, rotary_dim=16)
+    q = torch.randn(2, 8, 10, 32, generator=gen)
+    k = torch.randn(2, 2, 10, 32, generator=gen)
+    qr, kr = rope(q, k, offset=5)
+    assert qr.shape == q.shape and kr.shape == k.shape
+    q2, k2 = rope(q.transpose(1, 2), k.transpose(1, 2), offset=5, layout="bshd")
+    assert torch.equal(q2.transpose(1, 2), qr) and torch.equal(k2.transpose(1, 2), kr)
+    # MQA: one kv head
+    _, k1 = rope(q, k[:, :1], offset=5)
+    assert torch.equal(k1, kr[:, :1])
+
+
+def test_batched_position_ids_with_left_padding(gen):
+    rope = rotary.RoPE(16)
+    q = torch.randn(2, 3, 6, 16, generator=gen)
+    k = torch.randn(2, 3, 6, 16, generator=gen)
+    # sequence 0 has 2 pad tokens on the left; its real tokens start at position 0
+    position_ids = torch.tensor([[0, 0, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5]])
+    qr, kr = rope(q, k, position_ids=position_ids)
+    assert torch.equal(qr[0, :, 2:], rope.rotate(q[:1, :, 2:])[0])
+    assert torch.equal(qr[1], rope.rotate(q[1:])[0])
+    cos, sin = rope.cos_sin(position_ids)
+    assert torch.equal(rotary.apply_rotary(k, cos, sin), kr)
+
+
+def test_inplace_rotates_only_the_rotary_channels(gen):
+    rope = rotary.RoPE(16, rotary_dim=8)
+    x = torch.randn(1, 2, 5, 16, generator=gen)
+    want = rope.rotate(x, offset=3)
+    y = x.clone()
+    tail = y[..., 8:].clone()
+    cos, sin = rope.cos_sin(torch.arange(3, 8))
+    out = rotary.apply_rotary_(y, cos, sin)
+    assert out is y and torch.equal(y, want) and torch.equal(y[..., 8:], tail)
+    z = x.clone()
+    q2, _ = rope(z, z.clone(), offset=3, inplace=True)
+    assert q2 is z and torch.equal(z, want)
+
+
+def test_check_tables_catches_seed_002_pairing_mistake():
+    # seed 002 built tables for adjacent pairs and applied them with rotate_half
+    cos, sin = rotary.RoPE(8, interleaved=True).cos_sin(torch.arange(6))
+    with pytest.raises(ValueError, match="laid out for the interleaved .*interleaved=False"):
+        rotary.check_tables(cos, sin, interleaved=False)
+    x = torch.randn(1, 1, 6, 8)
+    with pytest.raises(ValueError, match="interleaved"):
+        rotary.apply_rotary(x, cos, sin, interleaved=False, validate=True)
+    rotary.check_tables(cos, sin, interleaved=True)
+    # and what goes wrong if nobody checks: norms change (seed 002 printed up to 0.487)
+    wrong = rotary.apply_rotary(x, cos, sin, interleaved=False)
+    assert float((wrong.norm(dim=-1) - x.norm(dim=-1)).abs().max()) > 1e-3
+    half = rotary.RoPE(8).cos_sin(torch.arange(6))
+    with pytest.raises(ValueError, match="laid out for the half"):
+        rotary.check_tables(*half, interleaved=True)
+
+
+def test_check_tables_rejects_non_rotation_tables():
+    cos, sin = rotary.RoPE(8).cos_sin(torch.arange(4))
+    with pytest.raises(ValueError, match="cos²\\+sin² is not constant"):
+        rotary.check_tables(cos * torch.linspace(1, 2, 4)[:, None], sin, interleaved=False)
+    noise = torch.rand(4, 8)
+    with pytest.raises(ValueError, match="fit neither pairing"):
+        rotary.check_tables(noise, noise, interleaved=False)
+
+
+# --- bad input --------------------------------------------------------------------------------
+def _qk(**over):
+    d = dict(q=torch.randn(1, 2, 4, 8), k=torch.randn(1, 2, 4, 8))
+    d.update(over)
+    return d
+
+
+@pytest.mark.parametrize(
+    "inputs, kwargs, exc, match",
+    [
+        (_qk(q=torch.ones(1, 2, 4, 8, dtype=torch.long)), {}, TypeError, "q must be a floating-point tensor.*int64"),
+        (_qk(k=torch.ones(1, 2, 4, 8, dtype=torch.int32)), {}, TypeError, "k must be a floating-point.*int32"),
+        (_qk(k=torch.randn(1, 2, 4, 6)), {}, ValueError, "k has head_dim 6 but this RoPE was built for head_dim=8"),
+        (_qk(q=torch.randn(1, 2, 4, 16)), {}, ValueError, "q has head_dim 16"),
+        (_qk(k=torch.randn(1, 2, 5, 8)), {}, ValueError, "q and k must share S: got S=4 for q and S=5 for k"),
+        (_qk(q=torch.randn(2, 4, 8)), {}, ValueError, "q must be 4-D.*\\(2, 4, 8\\)"),
+        (_qk(), {"layout": "sbhd"}, ValueError, "unknown layout 'sbhd'"),
+        (_qk(), {"position_ids": torch.tensor([0, 1, -2, 3])}, ValueError, "position_ids must be >= 0, got a minimum of -2"),
+        (_qk(), {"position_ids": torch.arange(4.0)}, TypeError, "integer dtype.*torch.float32"),
+        (_qk(), {"position_ids": torch.ones(4, dtype=torch.bool)}, TypeError, "integer dtype.*torch.bool"),
+        (_qk(), {"position_ids": torch.arange(5)}, ValueError, "position_ids cover S=5 positions but the input has S=4"),
+        (_qk(), {"position_ids": torch.zeros(1, 1, 4, dtype=torch.long)}, ValueError, "\\[S\\] or \\[B, S\\].*\\(1, 1, 4\\)"),
+        (_qk(), {"offset": -1}, ValueError, "offset must be an int >= 0, got -1"),
+        (_qk(), {"offset": 1.5}, ValueError, "offset must be an int >= 0, got 1.5"),
+    ],
+)
+def test_bad_inputs_to_rope(inputs, kwargs, exc, match):
+    rope = rotary.RoPE(8)
+    with pytest.raises(exc, match=match):
+        rope(inputs["q"], inputs["k"], **kwargs)
+
+
+@pytest.mark.parametrize(
+    "cos_shape, x_shape, layout, match",
+    [
+        ((4, 10), (1, 2, 4, 8), "bhsd", "r=10 channels but x has head_dim=8"),
+        ((4, 3), (1, 2, 4, 8), "bhsd", "r=3 channels"),
+        ((5, 8), (1, 2, 4, 8), "bhsd", "cover S=5 positions but x .* has S=4"),
+        ((4, 8), (1, 4, 2, 8), "bhsd", "cover S=4 positions but x .* has S=2"),
+        ((3, 4, 8), (2, 2, 4, 8), "bhsd", "cos/sin have batch 3 but x has batch 2"),
+        ((4,), (1, 2, 4, 8), "bhsd", "must be \\[S, r\\] or \\[B, S, r\\]"),
+    ],
+)
+def test_bad_tables_to_apply_rotary(cos_shape, x_shape, layout, match):
+    cos = torch.ones(cos_shape)
+    with pytest.raises(ValueError, match=match):
+        rotary.apply_rotary(torch.randn(x_shape), cos, torch.zeros(cos_shape), layout=layout)
+
+
+def test_apply_rotary_table_type_errors():
+    x = torch.randn(1, 1, 2, 4)
+    with pytest.raises(ValueError, match="same shape"):
+        rotary.apply_rotary(x, torch.ones(2, 4), torch.ones(2, 2))
+    with pytest.raises(TypeError, match="floating point.*int64"):
+        rotary.apply_rotary(x, torch.ones(2, 4, dtype=torch.long), torch.ones(2, 4, dtype=torch.long))
+    with pytest.raises(TypeError, match="x must be a torch.Tensor, got ndarray"):
+        rotary.apply_rotary(np.zeros((1, 1, 2, 4)), torch.ones(2, 4), torch.ones(2, 4))

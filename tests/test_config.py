@@ -1,0 +1,376 @@
+"""RoPE.from_hf_config on real architectures' configs (tests/fixtures) and strict validation."""
+
+from __future__ import annotations
+
+import copy
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from transformers import AutoConfig
+
+import rotary
+from rotary import ConfigError, RoPE, frequencies
+
+transformers.logging.set_verbosity_error()
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+# fixture -> (RotaryEmbedding class in transformers, head_dim, rotary_dim, interleaved, rope_type)
+ARCHITECTURES = {
+    "llama2": ("llama.modeling_llama.LlamaRotaryEmbedding", 128, 128, False, "default"),
+    "llama3_1": ("llama.modeling_llama.LlamaRotaryEmbedding", 128, 128, False, "llama3"),
+    "mistral": ("mistral.modeling_mistral.MistralRotaryEmbedding", 128, 128, False, "default"),
+    "qwen2": ("qwen2.modeling_qwen2.Qwen2RotaryEmbedding", 128, 128, False, "yarn"),
+    "gpt_neox": ("gpt_neox.modeling_gpt_neox.GPTNeoXRotaryEmbedding", 256, 64, False, "default"),
+    "phi3_longrope": ("phi3.modeling_phi3.Phi3RotaryEmbedding", 96, 96, False, "longrope"),
+    "gpt_oss": ("gpt_oss.modeling_gpt_oss.GptOssRotaryEmbedding", 64, 64, False, "yarn"),
+    "deepseek_v3": ("deepseek_v3.modeling_deepseek_v3.DeepseekV3RotaryEmbedding", 64, 64, True, "yarn"),
+}
+
+
+def load(name: str) -> dict:
+    return json.loads((FIXTURES / f"{name}.json").read_text())
+
+
+def hf_class(dotted: str):
+    module, cls = dotted.rsplit(".", 1)
+    return getattr(__import__(f"transformers.models.{module}", fromlist=[cls]), cls)
+
+
+def hf_config(d: dict):
+    return AutoConfig.for_model(**copy.deepcopy(d))
+
+
+def assert_tables_match(hf_module, rope: RoPE, positions: torch.Tensor, **kwargs) -> None:
+    hf_cos, hf_sin = hf_module(torch.zeros(1), positions[None], **kwargs)
+    cos, sin = rope.cos_sin(positions)
+    r = rope.rotary_dim
+    if rope.interleaved:  # transformers keeps cat(freqs, freqs); compare per pair
+        cos, sin = cos[:, 0::2], sin[:, 0::2]
+        hf_cos, hf_sin = hf_cos[..., : r // 2], hf_sin[..., : r // 2]
+    elif hf_cos.shape[-1] == r // 2:  # gpt-oss returns one entry per pair
+        cos, sin = cos[:, : r // 2], sin[:, : r // 2]
+    # transformers rounds each angle to fp32 once (<= |angle| * 2**-24), then a few half-ulps more
+    theta = positions.double()[:, None] * rope.inv_freq.double()
+    tol = rope.attention_scaling * (theta.abs() + 4) * 2.0**-24
+    if cos.shape[-1] == 2 * tol.shape[-1]:
+        tol = torch.cat((tol, tol), dim=-1)
+    if tol.shape[-1] < cos.shape[-1]:
+        tol = torch.cat((tol, tol[:, -1:].expand(-1, cos.shape[-1] - tol.shape[-1])), dim=-1)
+    assert bool(((cos.double() - hf_cos[0].double()).abs() <= tol).all())
+    assert bool(((sin.double() - hf_sin[0].double()).abs() <= tol).all())
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_fixture_matches_transformers_module(name):
+    dotted, head_dim, rotary_dim, interleaved, rope_type = ARCHITECTURES[name]
+    d = load(name)
+    cfg = hf_config(d)
+    hf = hf_class(dotted)(cfg)
+    before = copy.deepcopy(d)
+    cfg_before = cfg.to_dict()
+    for source in (FIXTURES / f"{name}.json", str(FIXTURES / f"{name}.json"), d, cfg):
+        rope = RoPE.from_hf_config(source)
+        assert (rope.head_dim, rope.rotary_dim, rope.interleaved, rope.freqs.rope_type) == (
+            head_dim, rotary_dim, interleaved, rope_type)
+        assert torch.equal(rope.inv_freq, hf.inv_freq)
+        assert rope.attention_scaling == hf.attention_scaling
+    assert d == before, "from_hf_config modified the dict it was given"
+    assert cfg.to_dict() == cfg_before, "from_hf_config modified the PretrainedConfig it was given"
+    assert_tables_match(hf, rope, torch.arange(0, 300))
+
+
+def test_llama_outputs_equal_transformers_attention_inputs():
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    cfg = hf_config(load("llama3_1"))
+    hf = LlamaRotaryEmbedding(cfg)
+    rope = RoPE.from_hf_config(cfg)
+    q, k = torch.randn(2, 4, 24, 128), torch.randn(2, 2, 24, 128)
+    cos, sin = hf(q, torch.arange(100, 124)[None])
+    hf_q, hf_k = apply_rotary_pos_emb(q, k, cos, sin)
+    q_rot, k_rot = rope(q, k, offset=100)
+    # transformers' fp32 angles at positions <= 123 are off by up to 123 * 2**-24 rad, times |q| <= ~5
+    torch.testing.assert_close(q_rot, hf_q, rtol=0, atol=5e-5)
+    torch.testing.assert_close(k_rot, hf_k, rtol=0, atol=5e-5)
+
+
+def test_deepseek_v3_pairs_interleaved_like_transformers():
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
+        DeepseekV3RotaryEmbedding,
+        apply_rotary_pos_emb_interleave,
+    )
+
+    cfg = hf_config(load("deepseek_v3"))
+    hf = DeepseekV3RotaryEmbedding(cfg)
+    rope = RoPE.from_hf_config(load("deepseek_v3"))
+    q, k = torch.randn(1, 3, 20, 64), torch.randn(1, 1, 20, 64)
+    cos, sin = hf(q, torch.arange(20)[None])
+    hf_q, hf_k = apply_rotary_pos_emb_interleave(q, k, cos, sin)
+    q_rot, k_rot = rope(q, k)
+    # transformers writes the rotated pairs de-interleaved (the same permutation of q and k, so the same
+    # scores); undo it to compare
+    torch.testing.assert_close(rotary.to_half(q_rot), hf_q, rtol=0, atol=1e-5)
+    torch.testing.assert_close(rotary.to_half(k_rot), hf_k, rtol=0, atol=1e-5)
+    assert torch.allclose(q_rot @ k_rot.transpose(-1, -2), hf_q @ hf_k.transpose(-1, -2), atol=1e-4)
+
+
+def test_gptj_rotary_dim_and_interleaved_pairs():
+    from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb, create_sinusoidal_positions
+
+    d = load("gptj")
+    rope = RoPE.from_hf_config(d)
+    assert (rope.head_dim, rope.rotary_dim, rope.interleaved, rope.freqs.base) == (256, 64, True, 10000.0)
+    table = create_sinusoidal_positions(2048, 64)
+    positions = torch.arange(37, 61)
+    sin, cos = torch.split(table[positions][None], 32, dim=-1)
+    q = torch.randn(1, 24, 2, 256)  # GPT-J rotates [B, S, H, D]
+    hf_rot = apply_rotary_pos_emb(q[..., :64], sin, cos)
+    ours = rope.rotate(q, position_ids=positions, layout="bshd")
+    torch.testing.assert_close(ours[..., :64], hf_rot, rtol=0, atol=1e-5)
+    assert torch.equal(ours[..., 64:], q[..., 64:])
+
+
+def test_gemma3_nested_blocks_one_rope_per_layer_type():
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
+
+    d = load("gemma3_nested")
+    cfg = hf_config(d)
+    hf = Gemma3RotaryEmbedding(cfg)
+    local = RoPE.from_hf_config(d, layer_type="sliding_attention")
+    global_ = RoPE.from_hf_config(cfg, layer_type="full_attention")
+    assert (local.freqs.rope_type, local.freqs.base) == ("default", 10000.0)
+    assert (global_.freqs.rope_type, global_.freqs.base, global_.freqs.scaling["factor"]) == ("linear", 1e6, 8.0)
+    for layer_type, rope in (("sliding_attention", local), ("full_attention", global_)):
+        assert torch.equal(rope.inv_freq, getattr(hf, f"{layer_type}_inv_freq"))
+        assert_tables_match(hf, rope, torch.arange(50), layer_type=layer_type)
+    with pytest.raises(ConfigError, match=r"one RoPE block per layer type \(full_attention, sliding_attention\); pass layer_type="):
+        RoPE.from_hf_config(d)
+    with pytest.raises(ConfigError, match="'chunked_attention' has no RoPE block"):
+        RoPE.from_hf_config(d, layer_type="chunked_attention")
+
+
+def test_gemma3_4x_layout_reads_like_the_nested_one():
+    d = load("gemma3_nested")
+    del d["rope_parameters"]
+    d.update(rope_theta=1e6, rope_local_base_freq=10000.0, rope_scaling={"rope_type": "linear", "factor": 8.0})
+    wrapped = {"model_type": "gemma3", "text_config": d}  # multimodal checkpoints nest the text model
+    nested = load("gemma3_nested")
+    for layer_type in ("sliding_attention", "full_attention"):
+        a = RoPE.from_hf_config(wrapped, layer_type=layer_type)
+        b = RoPE.from_hf_config(nested, layer_type=layer_type)
+        assert torch.equal(a.inv_freq, b.inv_freq) and a.freqs.rope_type == b.freqs.rope_type
+
+
+def test_dynamic_from_4x_config_gets_the_context_length():
+    d = load("llama2")
+    d["rope_scaling"] = {"type": "dynamic", "factor": 2.0}
+    rope = RoPE.from_hf_config(d)
+    assert rope.freqs.scaling["max_position_embeddings"] == 4096
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    hf = LlamaRotaryEmbedding(hf_config(d))
+    for length in (10, 5000, 4097, 100):
+        assert_tables_match(hf, rope, torch.arange(length))
+        assert torch.equal(rope.inv_freq, hf.inv_freq)
+
+
+def test_config_folder_and_bad_sources(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(load("mistral")))
+    assert RoPE.from_hf_config(tmp_path).freqs.base == 1e6
+    with pytest.raises(FileNotFoundError, match="no config file"):
+        RoPE.from_hf_config(tmp_path / "missing.json")
+    (tmp_path / "broken.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="broken.json is not valid JSON"):
+        RoPE.from_hf_config(tmp_path / "broken.json")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="list.json does not hold a JSON object"):
+        RoPE.from_hf_config(tmp_path / "list.json")
+    with pytest.raises(TypeError, match="PretrainedConfig, a dict or a path"):
+        RoPE.from_hf_config(42)
+    with pytest.raises(ConfigError, match="head_dim"):
+        RoPE.from_hf_config({"model_type": "llama", "rope_theta": 1e4})
+
+
+# ---- strict validation: every error, its message, and the strict=False path ---------------------
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 8192}
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}
+
+BAD = [
+    # (block, head_dim, message pattern, value error that strict=False only warns about)
+    ({"rope_type": "yarnn"}, 64, r"unknown rope_type 'yarnn'; valid rope_types: default, dynamic, linear, llama3, "
+     r"longrope, ntk, proportional, yarn", False),
+    ({"rope_type": "linear"}, 64, r"rope_type 'linear' needs the key\(s\) \['factor'\]", False),
+    ({k: v for k, v in LLAMA3.items() if k != "low_freq_factor"}, 64, r"needs the key\(s\) \['low_freq_factor'\]",
+     False),
+    ({"rope_type": "linear", "factor": 2.0, "beta_fast": 32}, 64,
+     r"key 'beta_fast' belongs to rope_type yarn, not 'linear'; remove it or set rope_type to 'yarn'", True),
+    ({"rope_type": "linear", "factor": 2.0, "facter": 2}, 64, r"unknown key 'facter' for rope_type 'linear'", True),
+    ({"rope_type": "linear", "factor": 0.5}, 64, r"factor=0.5 < 1 for rope_type 'linear'.*use factor >= 1", True),
+    ({**YARN, "factor": 0.9}, 64, r"factor=0.9 < 1 for rope_type 'yarn'", True),
+    ({"rope_type": "dynamic", "factor": 0.5, "max_position_embeddings": 64}, 64, r"factor=0.5 < 1", True),
+    ({**YARN, "beta_fast": 1, "beta_slow": 32}, 64, r"beta_fast=1 must be greater than beta_slow=32", True),
+    ({**YARN, "beta_fast": 2, "beta_slow": 2}, 64, r"beta_fast=2 must be greater than beta_slow=2", True),
+    ({"rope_type": "longrope", "short_factor": [1.0] * 31, "long_factor": [2.0] * 32, "factor": 4.0,
+      "original_max_position_embeddings": 4096}, 64, r"short_factor has 31 entries but rotary_dim=64 needs 32", False),
+    ({"rope_type": "longrope", "short_factor": [1.0] * 32, "long_factor": [2.0] * 16, "factor": 4.0,
+      "original_max_position_embeddings": 4096}, 64, r"long_factor has 16 entries but rotary_dim=64 needs 32", False),
+    ({**LLAMA3, "low_freq_factor": 4.0, "high_freq_factor": 1.0}, 64,
+     r"low_freq_factor=4.0 must be smaller than high_freq_factor=1.0", True),
+    ({**LLAMA3, "low_freq_factor": 2.0, "high_freq_factor": 2.0}, 64, r"low_freq_factor=2.0 must be smaller", True),
+    ({**LLAMA3, "original_max_position_embeddings": 8192.5}, 64,
+     r"original_max_position_embeddings must be a positive int .*got 8192.5", True),
+    ({**YARN, "original_max_position_embeddings": -4}, 64, r"original_max_position_embeddings must be a positive int",
+     False),
+    ({"rope_type": "default", "partial_rotary_factor": 0.3}, 64,
+     r"head_dim=64 \* partial_rotary_factor=0.3 gives an odd rotary dimension 19", True),
+]
+
+
+@pytest.mark.parametrize("block, head_dim, message, warns", BAD, ids=[str(i) for i in range(len(BAD))])
+def test_each_mistake_is_a_config_error_naming_the_fix(block, head_dim, message, warns):
+    assert issubclass(ConfigError, ValueError)
+    with pytest.raises(ConfigError, match=message):
+        frequencies(head_dim, scaling=block)
+    with pytest.raises(ValueError, match=message):  # the module checks the same way
+        RoPE(head_dim, scaling=block)
+    if warns:
+        with pytest.warns(UserWarning, match=message):
+            f = frequencies(head_dim, scaling=block, strict=False)
+        assert f.inv_freq.dtype == torch.float32 and bool(torch.isfinite(f.inv_freq).all())
+    else:  # without these the frequencies cannot be computed at all
+        with pytest.raises(ConfigError, match=message):
+            frequencies(head_dim, scaling=block, strict=False)
+
+
+def test_strict_false_follows_transformers_on_an_odd_rotary_dim():
+    # transformers rotates ceil(19 / 2) = 10 pairs with exponents over 19; accepted with a warning
+    with pytest.warns(UserWarning, match="odd rotary dimension 19"):
+        f = frequencies(64, scaling={"rope_type": "default", "partial_rotary_factor": 0.3}, strict=False)
+    assert f.rotary_dim == 20
+    expected = 1.0 / (10000.0 ** (torch.arange(0, 19, 2, dtype=torch.int64).float() / 19))
+    assert torch.equal(f.inv_freq, expected)
+
+
+def test_from_hf_config_strict_and_lenient():
+    d = load("llama3_1")
+    d["rope_scaling"]["high_freq_factor"] = 0.5
+    with pytest.raises(ConfigError, match="low_freq_factor=1.0 must be smaller than high_freq_factor=0.5"):
+        RoPE.from_hf_config(d)
+    with pytest.warns(UserWarning, match="must be smaller"):
+        RoPE.from_hf_config(d, strict=False)
+    # a block that omits its trained length: transformers silently uses max_position_embeddings
+    d = load("qwen2")
+    del d["rope_scaling"]["original_max_position_embeddings"]
+    with pytest.raises(ConfigError, match="no original_max_position_embeddings .* add it"):
+        RoPE.from_hf_config(d)
+    with pytest.warns(UserWarning, match="transformers would use max_position_embeddings=131072"):
+        rope = RoPE.from_hf_config(d, strict=False)
+    assert rope.freqs.scaling["original_max_position_embeddings"] == 131072
+
+
+def test_other_input_errors():
+    with pytest.raises(ConfigError, match="partial_rotary_factor must be a number in \\(0, 1\\]"):
+        frequencies(64, scaling={"partial_rotary_factor": 1.5})
+    with pytest.raises(ConfigError, match="rotary_dim=2; use rotary_dim >= 4"):
+        frequencies(64, rotary_dim=2, scaling={"rope_type": "ntk", "factor": 2.0})
+    with pytest.raises(ConfigError, match="short_factor must be a list of 32 numbers"):
+        frequencies(64, scaling={"rope_type": "longrope", "short_factor": "1.0", "long_factor": [1.0] * 32,
+                                 "factor": 2.0, "original_max_position_embeddings": 64})
+    with pytest.raises(ConfigError, match="needs 'factor' or 'max_position_embeddings'"):
+        frequencies(64, scaling={"rope_type": "longrope", "short_factor": [1.0] * 32, "long_factor": [1.0] * 32,
+                                 "original_max_position_embeddings": 64})
+    with pytest.raises(ConfigError, match="attention_factor must be a number > 0"):
+        frequencies(64, scaling={**YARN, "attention_factor": -1.0})
+    with pytest.raises(ConfigError, match="truncate must be true or false"):
+        frequencies(64, scaling={**YARN, "truncate": "no"})
+    with pytest.raises(ConfigError, match="scaling block must be a dict"):
+        frequencies(64, scaling=[("rope_type", "linear")])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a valid block warns about nothing
+        frequencies(64, scaling=dict(YARN, beta_fast=32, beta_slow=1, truncate=False, mscale=1.0, mscale_all_dim=1.0))
+
+
+def test_a_4x_config_object_is_read_through_to_dict_and_left_alone():
+    class Legacy:  # what a transformers 4.x PretrainedConfig offers: attributes and a to_dict() copy
+        def __init__(self, d):
+            self.__dict__.update(d)
+
+        def to_dict(self):
+            return copy.deepcopy(self.__dict__)
+
+    d = load("llama3_1")
+    legacy = Legacy(d)
+    rope = RoPE.from_hf_config(legacy)
+    assert torch.equal(rope.inv_freq, RoPE.from_hf_config(d).inv_freq)
+    assert legacy.to_dict() == d
+
+
+def test_length_dependent_recompute_keeps_an_odd_partial_width_like_transformers():
+    block = {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 8, "partial_rotary_factor": 0.3}
+    with pytest.warns(UserWarning, match="odd rotary dimension 19"):
+        rope = RoPE(64, scaling=block, strict=False)
+    rope.cos_sin(torch.arange(40))
+    with pytest.warns(UserWarning):
+        expected = frequencies(64, scaling=block, seq_len=torch.tensor(40), strict=False)
+    assert torch.equal(rope.inv_freq, expected.inv_freq) and rope.rotary_dim == 20
+
+
+def test_missing_key_message_says_what_the_key_is():
+    with pytest.raises(ConfigError, match=r"\['max_position_embeddings'\].*the model's context length"):
+        RoPE(64, scaling={"rope_type": "dynamic", "factor": 2.0})
+
+
+def test_gptj_null_rotary_dim_rotates_the_whole_head():
+    d = dict(load("gptj"), rotary_dim=None)
+    assert RoPE.from_hf_config(d).rotary_dim == 256
+    with pytest.raises(ConfigError, match="rotary_dim must be a positive int, got 0"):
+        RoPE.from_hf_config(dict(d, rotary_dim=0))
+
+
+def test_phi3_early_longrope_names():
+    for name in ("su", "yarn"):
+        d = load("phi3_longrope")
+        d["rope_scaling"]["type"] = name
+        assert RoPE.from_hf_config(d).freqs.rope_type == "longrope"
+
+
+@pytest.mark.parametrize(
+    "model_type, extra",
+    [("cohere", {}), ("glm", {"partial_rotary_factor": 0.5, "head_dim": 64})],
+)
+def test_interleaved_architectures_match_transformers_attention_inputs(model_type, extra):
+    module = __import__(f"transformers.models.{model_type}.modeling_{model_type}", fromlist=["x"])
+    d = {"model_type": model_type, "hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 2,
+         "num_hidden_layers": 1, "intermediate_size": 8, "vocab_size": 8, "max_position_embeddings": 512,
+         "rope_theta": 10000.0, "pad_token_id": 0, **extra}
+    cfg = hf_config(d)
+    hf = getattr(module, f"{type(cfg).__name__.removesuffix('Config')}RotaryEmbedding")(cfg)
+    rope = RoPE.from_hf_config(d)
+    assert rope.interleaved
+    q, k = torch.randn(1, 2, 16, 64), torch.randn(1, 2, 16, 64)
+    cos, sin = hf(q, torch.arange(16)[None])
+    hf_q, hf_k = module.apply_rotary_pos_emb(q, k, cos, sin)
+    q_rot, k_rot = rope(q, k)
+    torch.testing.assert_close(q_rot, hf_q, rtol=0, atol=1e-5)
+    torch.testing.assert_close(k_rot, hf_k, rtol=0, atol=1e-5)
+
+
+def test_config_value_errors():
+    d = load("llama2")
+    with pytest.raises(ConfigError, match="rope_theta must be a number > 0, got -1"):
+        RoPE.from_hf_config(dict(d, rope_theta=-1))
+    with pytest.raises(ConfigError, match="rope_parameters / rope_scaling must be a dict, got 'linear'"):
+        RoPE.from_hf_config(dict(d, rope_scaling="linear"))
+    with pytest.raises(ConfigError, match="config head_dim must be a positive int, got 0"):
+        RoPE.from_hf_config(dict(d, head_dim=0))
+    with pytest.raises(ConfigError, match="layer_type 'chunked' is not in the config's layer_types"):
+        RoPE.from_hf_config(dict(d, layer_types=["full_attention"]), layer_type="chunked")
+    # a flat block with layer_types declared: every layer type shares it
+    rope = RoPE.from_hf_config(dict(d, layer_types=["full_attention"]), layer_type="full_attention")
+    assert torch.equal(rope.inv_freq, RoPE.from_hf_config(d).inv_freq)

@@ -1,0 +1,30 @@
+"""`rotary demo` end to end."""
+
+import subprocess
+import sys
+
+from rotary.cli import main
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "rotary", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_demo_runs_and_passes():
+    out = run("demo")
+    assert out.returncode == 0, out.stderr
+    assert "all checks passed" in out.stdout and "FAIL" not in out.stdout
+
+
+def test_bad_argument_is_one_line_and_status_2():
+    out = run("demo", "--head-dim", "7")
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and "head_dim must be even" in out.stderr
+    assert "Traceback" not in out.stderr
+    out = run("nosuchcommand")
+    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0
+
+
+def test_main_returns_2_for_bad_values(capsys):
+    assert main(["demo", "--head-dim", "0"]) == 2
+    assert "head_dim must be a positive int, got 0" in capsys.readouterr().err

@@ -1,0 +1,89 @@
+"""RoPE as an nn.Module: dtype safety, autograd, torch.compile."""
+
+import pytest
+import torch
+
+import rotary
+
+
+def test_to_bfloat16_keeps_inv_freq_and_tables_fp32(gen):
+    rope = rotary.RoPE(128, base=500000.0)
+    want_inv = rope.inv_freq.clone()
+    want_cos, _ = rope.cos_sin(torch.arange(8192))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), rope).to(torch.bfloat16)
+    assert model[0].weight.dtype == torch.bfloat16  # the rest of the model did move
+    assert rope.inv_freq.dtype == torch.float32 and torch.equal(rope.inv_freq, want_inv)
+    cos, _ = rope.cos_sin(torch.arange(8192))
+    assert cos.dtype == torch.float32 and torch.equal(cos, want_cos)
+    rope.half().double()
+    assert torch.equal(rope.inv_freq, want_inv)
+    q = torch.randn(1, 2, 8, 128, generator=gen).to(torch.bfloat16)
+    assert rope.rotate(q).dtype == torch.bfloat16
+
+
+def test_state_dict_has_no_tables():
+    # inv_freq is derived from the config; checkpoints must not pin (or override) it
+    assert rotary.RoPE(16).state_dict() == {}
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_gradcheck_float64(interleaved, gen):
+    rope = rotary.RoPE(8, rotary_dim=6, interleaved=interleaved)
+    q = torch.randn(1, 2, 5, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 1, 5, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda q, k: rope(q, k, offset=3), (q, k))
+    cos, sin = rope.cos_sin(torch.tensor([[1, 2, 3, 4, 9]]))
+    assert torch.autograd.gradcheck(
+        lambda x: rotary.apply_rotary(x, cos, sin, interleaved=interleaved, layout="bshd"), (q.transpose(1, 2),)
+    )
+
+
+def test_backward_is_rotation_by_minus_theta(gen):
+    rope = rotary.RoPE(16)
+    q = torch.randn(1, 2, 7, 16, generator=gen, dtype=torch.float64, requires_grad=True)
+    upstream = torch.randn(1, 2, 7, 16, generator=gen, dtype=torch.float64)
+    rope.rotate(q, offset=4).backward(upstream)
+    # R(θ)ᵀ = R(-θ): rotating the upstream gradient back to position 0 from position p
+    cos, sin = rope.cos_sin(torch.arange(4, 11))
+    want = rotary.apply_rotary(upstream, cos, -sin)
+    assert torch.allclose(q.grad, want, atol=1e-12)
+
+
+def test_torch_compile_fullgraph(gen):
+    rope = rotary.RoPE(32, rotary_dim=16)
+
+    def step(q, k):
+        q, k = rope(q, k, offset=5)
+        return (q @ k.transpose(-1, -2)).softmax(-1)
+
+    q = torch.randn(1, 4, 12, 32, generator=gen)
+    k = torch.randn(1, 4, 12, 32, generator=gen)
+    compiled = torch.compile(step, fullgraph=True, backend="eager")
+    assert torch.allclose(compiled(q, k), step(q, k), atol=1e-6)
+
+    def with_positions(q, k, position_ids):
+        return rope(q, k, position_ids=position_ids)
+
+    pos = torch.arange(12).view(1, 12) + 100
+    compiled = torch.compile(with_positions, fullgraph=True, backend="eager")
+    for got, want in zip(compiled(q, k, pos), with_positions(q, k, pos)):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.slow
+def test_torch_compile_inductor_matches_eager(gen):
+    rope = rotary.RoPE(32)
+    q, k = torch.randn(2, 4, 16, 32, generator=gen), torch.randn(2, 4, 16, 32, generator=gen)
+    compiled = torch.compile(lambda q, k: rope(q, k, offset=7), fullgraph=True)
+    for got, want in zip(compiled(q, k), rope(q, k, offset=7)):
+        assert torch.allclose(got, want, atol=1e-6)
+
+
+def test_max_position_validation():
+    with pytest.raises(ValueError, match="max_position must be a positive int, got 0"):
+        rotary.RoPE(8, max_position=0)
+
+
+def test_repr_names_configuration():
+    text = repr(rotary.RoPE(64, rotary_dim=32, base=500000.0, interleaved=True))
+    assert "rotary_dim=32" in text and "base=500000" in text and "interleaved=True" in text

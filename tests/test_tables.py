@@ -1,0 +1,83 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import rotary
+from rotary.tables import TableCache, cos_sin_table
+
+
+def float64_truth(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin of position * inv_freq evaluated in float64 by NumPy (independent of torch)."""
+    theta = positions.numpy().astype(np.float64)[:, None] * inv_freq.numpy().astype(np.float64)[None, :]
+    return np.cos(theta), np.sin(theta)
+
+
+@pytest.mark.parametrize("position", [2**16, 2**20, 2**20 + 12345])
+def test_precision_at_long_positions(position):
+    rope = rotary.RoPE(128)
+    pos = torch.arange(position - 64, position + 1)
+    cos, sin = rope.cos_sin(pos)
+    c64, s64 = float64_truth(pos, rope.inv_freq)
+    half = rope.rotary_dim // 2
+    err = max(np.abs(cos[:, :half].numpy() - c64).max(), np.abs(sin[:, :half].numpy() - s64).max())
+    assert err < 1e-6
+    # Hugging Face's fp32 angles are far off there (that is the point of float64 angles)
+    hf_theta = pos[:, None].float() * rope.inv_freq[None, :]
+    hf_err = np.abs(hf_theta.cos().numpy() - c64).max()
+    assert hf_err > 100 * err
+
+
+def test_cos2_plus_sin2_within_fp32_rounding():
+    cos, sin = rotary.RoPE(128).cos_sin(torch.arange(4096))
+    assert float((cos.double() ** 2 + sin.double() ** 2 - 1).abs().max()) < 1.2e-7
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_layout_of_tables(interleaved):
+    rope = rotary.RoPE(8, interleaved=interleaved)
+    cos, _ = rope.cos_sin(torch.tensor([3]))
+    theta = (3 * rope.inv_freq.double()).cos().float()
+    expected = theta.repeat_interleave(2) if interleaved else torch.cat((theta, theta))
+    assert torch.equal(cos[0], expected)
+
+
+def test_tables_are_fp32_and_scaled_shapes():
+    rope = rotary.RoPE(64, rotary_dim=32)
+    cos, sin = rope.cos_sin(torch.arange(5))
+    assert cos.dtype == sin.dtype == torch.float32 and cos.shape == (5, 32)
+    cos, sin = rope.cos_sin(torch.arange(10).view(2, 5))
+    assert cos.shape == (2, 5, 32)
+
+
+def test_cache_grows_and_matches_direct_computation():
+    rope = rotary.RoPE(32, max_position=16)
+    assert rope._cache.length == 16
+    pos = torch.tensor([[0, 5, 15], [100, 3000, 7]])
+    cos, sin = rope.cos_sin(pos)
+    assert rope._cache.length >= 3001
+    direct = cos_sin_table(pos, rope.inv_freq)
+    assert torch.equal(cos, direct[0]) and torch.equal(sin, direct[1])
+    # offsets past the cache also grow it (no error, no stale slice)
+    q = torch.randn(1, 1, 4, 32)
+    out = rope.rotate(q, offset=10_000)
+    ref = rope.rotate(q, position_ids=torch.arange(10_000, 10_004))
+    assert torch.equal(out, ref)
+
+
+def test_cache_rebuild_gives_identical_values():
+    small, big = TableCache(rotary.frequencies(16).inv_freq, 1.0, False, 4), TableCache(
+        rotary.frequencies(16).inv_freq, 1.0, False, 1024
+    )
+    a = small.get(torch.device("cpu"), 700)[0][:700]
+    b = big.get(torch.device("cpu"), 700)[0][:700]
+    assert torch.equal(a, b)
+
+
+def test_attention_scaling_multiplies_tables():
+    inv = torch.tensor([1.0, 0.1])
+    cos, sin = cos_sin_table(torch.arange(3), inv, attention_scaling=2.0)
+    c1, s1 = cos_sin_table(torch.arange(3), inv)
+    assert torch.allclose(cos, 2 * c1) and torch.allclose(sin, 2 * s1)
+    assert float(cos[0, 0]) == 2.0 and math.isclose(float(sin[1, 0]), 2 * math.sin(1.0), rel_tol=1e-7)

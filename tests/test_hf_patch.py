@@ -94,6 +94,24 @@ def test_generation_with_kv_cache_unchanged(model_type):
     assert model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0).equal(expected)
 
 
+@pytest.mark.parametrize(
+    "rope_parameters",
+    [
+        {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+         "high_freq_factor": 4.0, "original_max_position_embeddings": 8},
+        {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 8},
+    ],
+)
+def test_scaled_rope_models(rope_parameters):
+    """The model's own (scaled) tables are applied by rotary: any rope_type works."""
+    model = make_model("llama", rope_parameters=rope_parameters)
+    assert model.model.rotary_emb.rope_type == rope_parameters["rope_type"]
+    ids = torch.randint(64, (1, 20))
+    with torch.no_grad():
+        expected = model(ids).logits
+        torch.testing.assert_close(hf.patch(model)(ids).logits, expected, rtol=1e-5, atol=1e-6)
+
+
 def test_mqa_with_one_kv_head():
     model = make_model("llama", num_key_value_heads=1)
     ids = torch.randint(64, (1, 9))

@@ -114,6 +114,25 @@ def test_any_registered_rope_scaling_reaches_the_tables():
         small("rope", rope_scaling={"rope_type": "nope"})
 
 
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        {"rope_type": "linear", "factor": 4.0},
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
+        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+         "original_max_position_embeddings": 16},
+    ],
+)
+def test_scaled_rope_decoding(scaling):
+    model = small("rope", rope_scaling=scaling)
+    rope = model.layers[0].attn.rope
+    expected = rotary.frequencies(8, scaling=scaling)
+    torch.testing.assert_close(rope.inv_freq, expected.inv_freq)
+    assert rope.attention_scaling == expected.attention_scaling
+    ids = torch.randint(50, (2, 5))
+    assert model.generate(ids, 30).equal(model.generate(ids, 30, use_cache=False))
+
+
 def test_tied_embeddings():
     model = small(tie_word_embeddings=True)
     assert model.lm_head.weight is model.embed_tokens.weight

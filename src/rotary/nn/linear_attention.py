@@ -154,13 +154,14 @@ def rotary_linear_attention(
             )
         keep = key_padding_mask.to(device=q.device, dtype=compute)[:, None, :, None]
         k_num, k_den = k_num * keep, k_den * keep
-    ones = torch.ones_like(v[..., :1])
+    # the denominator needs only Σ_j φ(k_j), a [D] vector per query: a prefix sum (all terms >= 0,
+    # so accumulating in one pass loses nothing to cancellation)
     if causal:
         numerator = _causal_sum(q_num, k_num, v, chunk_size)
-        denominator = _causal_sum(q_den, k_den, ones, chunk_size)
+        denominator = (q_den * k_den.cumsum(dim=2)).sum(-1, keepdim=True)
     else:
         numerator = _global_sum(q_num, k_num, v)
-        denominator = _global_sum(q_den, k_den, ones)
+        denominator = q_den @ k_den.sum(dim=2, keepdim=True).transpose(-1, -2)
     return (numerator / (denominator + eps)).to(out_dtype)
 
 

@@ -27,15 +27,18 @@ def build_llama(hidden: int, layers: int, heads: int, kv_heads: int):
     return transformers.LlamaForCausalLM(config).eval()
 
 
-def measure(args: argparse.Namespace) -> dict[str, float]:
-    """``{"unpatched": seconds, "patched": seconds, "ratio": patched / unpatched}`` for one forward."""
+def measure(
+    *, seq: int = 512, batch: int = 4, hidden: int = 256, layers: int = 4, heads: int = 8, kv_heads: int = 2,
+    repeats: int = 10,
+) -> dict[str, float]:
+    """``{"unpatched": s, "patched": s, "ratio": patched / unpatched}``: best-of-``repeats`` forward times."""
     torch.set_grad_enabled(False)
-    unpatched = build_llama(args.hidden, args.layers, args.heads, args.kv_heads)
-    patched = hf.patch(build_llama(args.hidden, args.layers, args.heads, args.kv_heads))
-    ids = torch.randint(1000, (args.batch, args.seq))
+    unpatched = build_llama(hidden, layers, heads, kv_heads)
+    patched = hf.patch(build_llama(hidden, layers, heads, kv_heads))
+    ids = torch.randint(1000, (batch, seq))
     torch.testing.assert_close(patched(ids).logits, unpatched(ids).logits, rtol=1e-4, atol=1e-5)  # same model
     best = {"unpatched": float("inf"), "patched": float("inf")}
-    for _ in range(args.repeats):
+    for _ in range(repeats):
         for name, model in (("unpatched", unpatched), ("patched", patched)):
             start = time.perf_counter()
             model(ids)
@@ -56,7 +59,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is steadier on a shared machine)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    result = measure(args)
+    result = measure(
+        seq=args.seq, batch=args.batch, hidden=args.hidden, layers=args.layers, heads=args.heads,
+        kv_heads=args.kv_heads, repeats=args.repeats,
+    )
     print(
         f"Llama hidden={args.hidden} layers={args.layers} heads={args.heads}/{args.kv_heads} "
         f"batch={args.batch} seq={args.seq} threads={torch.get_num_threads()}"

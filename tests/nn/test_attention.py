@@ -6,6 +6,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import rotary
 from rotary.nn import KVCache, RotaryAttention, alibi_slopes, padding_position_ids
@@ -276,3 +278,23 @@ def test_forward_errors():
         cache = KVCache()
         attn(x, cache=cache)
         attn(x[:1], cache=cache)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    seq_len=st.integers(1, 12),
+    prefill=st.integers(0, 12),
+    kv_heads=st.sampled_from([1, 2, 4]),
+    interleaved=st.booleans(),
+    bias=st.sampled_from([None, "alibi"]),
+    seed=st.integers(0, 2**16),
+)
+def test_property_cached_decoding_equals_full(seq_len, prefill, kv_heads, interleaved, bias, seed):
+    torch.manual_seed(seed)
+    attn = RotaryAttention(16, 4, num_kv_heads=kv_heads, causal=True, interleaved=interleaved, position_bias=bias)
+    x = torch.randn(2, seq_len, 16)
+    prefill = min(prefill, seq_len)
+    cache = KVCache()
+    parts = [attn(x[:, :prefill], cache=cache)] if prefill else []
+    parts += [attn(x[:, i : i + 1], cache=cache) for i in range(prefill, seq_len)]
+    torch.testing.assert_close(torch.cat(parts, dim=1), attn(x), rtol=1e-5, atol=1e-5)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import rotary
@@ -161,3 +163,23 @@ def test_errors():
         RotaryLinearAttention(32, 3)
     with pytest.raises(ValueError, match="S=3 positions but the input has S=4"):
         RotaryLinearAttention(32, 2)(torch.randn(1, 4, 32), position_ids=torch.arange(3))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seq_len=st.integers(1, 40),
+    half_dim=st.integers(1, 6),
+    chunk_size=st.integers(1, 17),
+    feature_map=st.sampled_from(["elu", "relu", "cosine"]),
+    causal=st.booleans(),
+    offset=st.integers(0, 10_000),
+    seed=st.integers(0, 2**16),
+)
+def test_property_fast_equals_reference(seq_len, half_dim, chunk_size, feature_map, causal, offset, seed):
+    g = torch.Generator().manual_seed(seed)
+    dim = 2 * half_dim
+    q, k, v = (torch.randn(1, 2, seq_len, dim, generator=g, dtype=torch.float64) for _ in range(3))
+    cos, sin = rotary.RoPE(dim).cos_sin(torch.arange(offset, offset + seq_len))
+    opts = dict(feature_map=feature_map, causal=causal)
+    fast = rotary_linear_attention(q, k, v, cos, sin, chunk_size=chunk_size, **opts)
+    torch.testing.assert_close(fast, linear_attention_reference(q, k, v, cos, sin, **opts), rtol=1e-9, atol=1e-9)

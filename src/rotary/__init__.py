@@ -1,6 +1,7 @@
 """rotary: rotary position embeddings (RoPE) for PyTorch: exact, complete, fast, inspectable."""
 
-from . import analysis, reference
+# hf, models, nn: layers and models built on RoPE (rotary.hf imports transformers only inside patch())
+from . import analysis, hf, models, nn, reference
 from .apply import (
     apply_rotary,
     apply_rotary_,
@@ -25,6 +26,9 @@ __all__ = [
     "apply_rotary_",
     "check_tables",
     "frequencies",
+    "hf",
+    "models",
+    "nn",
     "permute_qk_weight",
     "reference",
     "to_half",

@@ -1,0 +1,347 @@
+"""A small LLaMA-style causal language model, readable top to bottom.
+
+    token ids -> embedding (+ absolute position embedding, if any)
+              -> num_layers x [ RMSNorm -> RotaryAttention (GQA, KV cache) -> residual
+                               RMSNorm -> SwiGLU MLP                       -> residual ]
+              -> RMSNorm -> lm_head (optionally tied to the embedding) -> logits
+
+The position encoding is one switch, ``DecoderConfig.position_encoding``, looked up in
+:data:`POSITION_ENCODINGS`. Each entry builds a :class:`PositionEncoding` saying where it acts: on the
+token embeddings (learned, sinusoidal), on q and k in every layer (RoPE; xPos when it exists), or on
+the attention scores (ALiBi). A new variant is one registration, e.g.::
+
+    POSITION_ENCODINGS["xpos"] = lambda c: PositionEncoding(rope=XPos(c.head_dim, base=c.rope_base))
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..module import RoPE
+from ..nn.attention import KVCache, RotaryAttention, padding_position_ids
+from ..nn.position import ALiBi, LearnedPositionEmbedding, SinusoidalPositionEmbedding
+
+__all__ = [
+    "POSITION_ENCODINGS",
+    "Decoder",
+    "DecoderConfig",
+    "PositionEncoding",
+    "RMSNorm",
+    "SwiGLU",
+    "register_position_encoding",
+]
+
+
+# ------------------------------------------------------------------------------------------------
+# configuration
+
+
+@dataclass
+class DecoderConfig:
+    """Hyper-parameters of :class:`Decoder`.
+
+    Attributes:
+        vocab_size: number of token ids ``V``.
+        hidden_size: model width ``E``.
+        num_layers: transformer blocks.
+        num_heads: query heads ``H``.
+        num_kv_heads: key/value heads (GQA; 1 = MQA); default ``num_heads``.
+        intermediate_size: SwiGLU width; default ``8/3 * E`` rounded up to a multiple of 8.
+        max_position: initial RoPE table length, and the size of a learned position table.
+        position_encoding: a key of :data:`POSITION_ENCODINGS` (``rope``, ``none``, ``learned``,
+            ``sinusoidal``, ``alibi``, ...).
+        rope_base: RoPE base ``theta``.
+        rope_scaling: Hugging Face-style scaling block for RoPE (any ``rope_type`` of
+            :data:`rotary.ROPE_INIT_FUNCTIONS`).
+        rope_interleaved: RoPE pairing (``False``: Hugging Face halves).
+        rms_norm_eps: RMSNorm epsilon.
+        tie_word_embeddings: share the embedding matrix with the output head.
+        dropout: dropout on attention probabilities and residual branches (training only).
+    """
+
+    vocab_size: int = 256
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int | None = None
+    intermediate_size: int | None = None
+    max_position: int = 2048
+    position_encoding: str = "rope"
+    rope_base: float = 10000.0
+    rope_scaling: dict[str, Any] | None = field(default=None)
+    rope_interleaved: bool = False
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "max_position"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}")
+        if self.num_kv_heads is None:
+            self.num_kv_heads = self.num_heads
+        if self.intermediate_size is None:
+            self.intermediate_size = 8 * math.ceil(8 * self.hidden_size / 3 / 8)
+        if self.position_encoding not in POSITION_ENCODINGS:
+            raise ValueError(
+                f"unknown position_encoding {self.position_encoding!r}; "
+                f"registered: {', '.join(sorted(POSITION_ENCODINGS))}"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+# ------------------------------------------------------------------------------------------------
+# position encodings: one registry, three places to act
+
+
+@dataclass
+class PositionEncoding:
+    """Where a position encoding acts. Any field may be None; the modules are shared by all layers.
+
+    Attributes:
+        embedding: ``position_ids [B, S] -> [B, S, E]``, added to the token embeddings.
+        rope: rotates q and k in every layer; RoPE's interface ``rope(q, k, position_ids=) -> (q, k)``.
+        bias: attention-score bias ``(query_positions [B, S], key_positions [B, T]) -> [B, H, S, T]``.
+    """
+
+    embedding: nn.Module | None = None
+    rope: nn.Module | None = None
+    bias: nn.Module | None = None
+
+
+#: ``position_encoding`` name -> builder ``(DecoderConfig) -> PositionEncoding``
+POSITION_ENCODINGS: dict[str, Callable[[DecoderConfig], PositionEncoding]] = {}
+
+
+def register_position_encoding(name: str) -> Callable:
+    """Decorator adding a builder ``(DecoderConfig) -> PositionEncoding`` to :data:`POSITION_ENCODINGS`."""
+
+    def deco(build: Callable[[DecoderConfig], PositionEncoding]) -> Callable[[DecoderConfig], PositionEncoding]:
+        POSITION_ENCODINGS[name] = build
+        return build
+
+    return deco
+
+
+@register_position_encoding("rope")
+def _rope(c: DecoderConfig) -> PositionEncoding:
+    rope = RoPE(
+        c.head_dim, base=c.rope_base, scaling=c.rope_scaling, interleaved=c.rope_interleaved, max_position=c.max_position
+    )
+    return PositionEncoding(rope=rope)
+
+
+@register_position_encoding("none")
+def _nope(c: DecoderConfig) -> PositionEncoding:
+    return PositionEncoding()  # NoPE: the causal mask alone tells tokens apart
+
+
+@register_position_encoding("learned")
+def _learned(c: DecoderConfig) -> PositionEncoding:
+    return PositionEncoding(embedding=LearnedPositionEmbedding(c.max_position, c.hidden_size))
+
+
+@register_position_encoding("sinusoidal")
+def _sinusoidal(c: DecoderConfig) -> PositionEncoding:
+    return PositionEncoding(embedding=SinusoidalPositionEmbedding(c.hidden_size))
+
+
+@register_position_encoding("alibi")
+def _alibi(c: DecoderConfig) -> PositionEncoding:
+    return PositionEncoding(bias=ALiBi(c.num_heads))
+
+
+# ------------------------------------------------------------------------------------------------
+# building blocks
+
+
+class RMSNorm(nn.Module):
+    """``x / rms(x) * weight``, computed in fp32 (squares of bf16 activations lose too much)."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+class SwiGLU(nn.Module):
+    """``down(silu(gate(x)) * up(x))`` (Shazeer 2020), as in LLaMA."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: attention then MLP, each added to the residual stream."""
+
+    def __init__(self, c: DecoderConfig, position: PositionEncoding) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.attn = RotaryAttention(
+            c.hidden_size, c.num_heads, num_kv_heads=c.num_kv_heads, causal=True, dropout=c.dropout,
+            rope=position.rope if position.rope is not None else False, position_bias=position.bias,
+        )
+        self.mlp_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = SwiGLU(c.hidden_size, c.intermediate_size)  # type: ignore[arg-type]
+        self.dropout = nn.Dropout(c.dropout)
+
+    def forward(self, x, *, attention_mask, position_ids, cache):
+        x = x + self.dropout(
+            self.attn(self.attn_norm(x), attention_mask=attention_mask, position_ids=position_ids, cache=cache)
+        )
+        return x + self.dropout(self.mlp(self.mlp_norm(x)))
+
+
+# ------------------------------------------------------------------------------------------------
+# the model
+
+
+class Decoder(nn.Module):
+    """A LLaMA-style causal language model with a pluggable position encoding.
+
+    Example:
+        >>> from rotary.models import Decoder, DecoderConfig
+        >>> model = Decoder(DecoderConfig(vocab_size=100, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2))
+        >>> ids = torch.randint(100, (2, 5))
+        >>> model(ids).shape
+        torch.Size([2, 5, 100])
+        >>> model.generate(ids, max_new_tokens=3).shape
+        torch.Size([2, 8])
+    """
+
+    def __init__(self, config: DecoderConfig) -> None:
+        super().__init__()
+        self.config = config
+        position = POSITION_ENCODINGS[config.position_encoding](config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_positions = position.embedding
+        self.layers = nn.ModuleList(Block(config, position) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.apply(self._init_weights)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+    def new_cache(self) -> list[KVCache]:
+        """One empty :class:`rotary.nn.KVCache` per layer, for :meth:`forward` ``(cache=...)``."""
+        return [KVCache() for _ in self.layers]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: list[KVCache] | None = None,
+    ) -> torch.Tensor:
+        """Next-token logits.
+
+        Args:
+            input_ids: int64 ``[B, S]``.
+            attention_mask: ``[B, T]`` 1 = token / 0 = padding over cached + new tokens (``T = past + S``).
+            position_ids: ``[B, S]``; default: ``cumsum(attention_mask) - 1`` (left padding starts real
+                tokens at 0), else continuing the cache, else ``0..S-1``.
+            cache: from :meth:`new_cache`; extended in place.
+
+        Returns:
+            fp32-or-model-dtype logits ``[B, S, V]``.
+        """
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
+            raise ValueError(f"input_ids must be an integer tensor [B, S], got {getattr(input_ids, 'shape', input_ids)}")
+        batch, seq_len = input_ids.shape
+        if cache is not None and len(cache) != len(self.layers):
+            raise ValueError(f"cache has {len(cache)} entries but the model has {len(self.layers)} layers; use new_cache()")
+        past = 0 if cache is None else cache[0].length
+        if position_ids is None:
+            if attention_mask is not None:
+                position_ids = padding_position_ids(attention_mask)[:, -seq_len:]
+            else:
+                position_ids = torch.arange(past, past + seq_len, device=input_ids.device).expand(batch, seq_len)
+        x = self.embed_tokens(input_ids)
+        if self.embed_positions is not None:
+            x = x + self.embed_positions(position_ids).to(x.dtype)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, attention_mask=attention_mask, position_ids=position_ids, cache=None if cache is None else cache[i])
+        return self.lm_head(self.norm(x))
+
+    def loss(self, input_ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Mean next-token cross-entropy of ``input_ids`` ``[B, S]`` (padding targets ignored)."""
+        logits = self(input_ids, attention_mask=attention_mask)[:, :-1]
+        targets = input_ids[:, 1:]
+        if attention_mask is not None:
+            targets = targets.masked_fill(attention_mask[:, 1:] == 0, -100)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+        use_cache: bool = True,
+    ) -> torch.Tensor:
+        """Continue ``input_ids`` ``[B, S]`` by ``max_new_tokens`` tokens; returns ``[B, S + max_new_tokens]``.
+
+        The prompt is run once and every new token is one cached step. ``temperature=0`` is greedy;
+        otherwise tokens are sampled from ``softmax(logits / temperature)``, restricted to the
+        ``top_k`` most likely when given. ``attention_mask`` marks left padding in the prompt.
+        ``use_cache=False`` recomputes the whole sequence every step (slow; a check of the cache).
+        """
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature!r}")
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0):
+            raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(input_ids.device).long()
+        cache = self.new_cache() if use_cache else None
+        tokens, step_input = input_ids, input_ids
+        for _ in range(max_new_tokens):
+            logits = self(step_input, attention_mask=mask, cache=cache)[:, -1].float()
+            if temperature == 0:
+                next_token = logits.argmax(-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                next_token = torch.multinomial(logits.softmax(-1), 1, generator=generator)
+            tokens = torch.cat((tokens, next_token), dim=1)
+            mask = torch.cat((mask, torch.ones_like(next_token)), dim=1)
+            step_input = next_token if use_cache else tokens
+        return tokens

@@ -1,0 +1,330 @@
+"""Multi-head self-attention with RoPE on q and k, a KV cache, GQA/MQA and optional score biases.
+
+Data flow of one call::
+
+    hidden_states -> q, k, v projections -> RoPE(q, k) [and v] at the tokens' positions
+                  -> append k, v to the cache (keys stored already rotated)
+                  -> scaled_dot_product_attention(q, all keys, all values, mask + bias) -> o projection
+
+Keys are rotated once, when they enter the cache, at their own position: a cached key never needs
+re-rotation because RoPE scores depend only on the positions of the two tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..module import RoPE, check_position_ids
+from .position import ALiBi, RelativePositionBias
+
+__all__ = ["KVCache", "RotaryAttention", "padding_position_ids"]
+
+
+@dataclass
+class KVCache:
+    """Keys (rotated), values and key positions of one attention layer, grown by :meth:`update`.
+
+    Attributes:
+        keys: ``[B, Hk, T, D]`` rotated keys, or None before the first call.
+        values: ``[B, Hk, T, Dv]``.
+        positions: int64 ``[B, T]`` position of every cached key (needed by ALiBi / relative biases
+            and to continue positions after a left-padded prompt).
+    """
+
+    keys: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    positions: torch.Tensor | None = field(default=None)
+
+    @property
+    def length(self) -> int:
+        """Number of cached tokens ``T``."""
+        return 0 if self.keys is None else self.keys.shape[2]
+
+    def update(
+        self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Append ``keys`` ``[B, Hk, S, D]``, ``values`` and ``positions`` ``[B, S]``; return all cached."""
+        if self.keys is None:
+            self.keys, self.values, self.positions = keys, values, positions
+        else:
+            assert self.values is not None and self.positions is not None
+            if keys.shape[0] != self.keys.shape[0] or keys.shape[1] != self.keys.shape[1]:
+                raise ValueError(
+                    f"new keys {tuple(keys.shape)} do not match the cache {tuple(self.keys.shape)} in batch or heads"
+                )
+            self.keys = torch.cat((self.keys, keys), dim=2)
+            self.values = torch.cat((self.values, values), dim=2)
+            self.positions = torch.cat((self.positions, positions), dim=1)
+        return self.keys, self.values, self.positions
+
+    def next_positions(self, seq_len: int) -> torch.Tensor:
+        """Positions ``[B, S]`` that continue each row after its last cached position."""
+        assert self.positions is not None
+        last = self.positions[:, -1:]
+        return last + torch.arange(1, seq_len + 1, device=last.device)
+
+
+def padding_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip padding: ``cumsum(mask) - 1``, clamped at 0 (int64 ``[B, T]``).
+
+    With left padding, the first real token of every row gets position 0, as if unpadded.
+
+    Example:
+        >>> from rotary.nn import padding_position_ids
+        >>> padding_position_ids(torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]]))
+        tensor([[0, 0, 0, 1],
+                [0, 1, 2, 3]])
+    """
+    mask = _check_attention_mask(attention_mask)
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def _check_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
+        raise ValueError(
+            f"attention_mask must be a [B, T] tensor of 1 (attend) / 0 (padding), got "
+            f"{getattr(attention_mask, 'shape', type(attention_mask).__name__)}"
+        )
+    if attention_mask.dtype != torch.bool:
+        if attention_mask.is_floating_point():
+            raise ValueError(
+                f"attention_mask must be bool or integer 0/1, got dtype {attention_mask.dtype}; "
+                "additive float masks are not accepted"
+            )
+        # a value check reads the data: skipped under torch.compile, where it would break the graph
+        if not torch.compiler.is_compiling() and not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+            raise ValueError("attention_mask must hold only 0 and 1 (or be bool)")
+        attention_mask = attention_mask.bool()
+    return attention_mask
+
+
+def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """``[B, Hk, T, D]`` -> ``[B, Hk * groups, T, D]``: each KV head serves ``groups`` query heads."""
+    if groups == 1:
+        return x
+    b, h, t, d = x.shape
+    return x[:, :, None].expand(b, h, groups, t, d).reshape(b, h * groups, t, d)
+
+
+class RotaryAttention(nn.Module):
+    """Multi-head self-attention with rotary position embeddings and a KV cache.
+
+    Args:
+        hidden_size: model width ``E``.
+        num_heads: query heads ``H``.
+        num_kv_heads: key/value heads ``Hk`` (divides ``H``; 1 = MQA, ``H`` = MHA). Default ``H``.
+        head_dim: channels per head ``D``; default ``E // H``.
+        rope: ``True``: build ``RoPE(head_dim, base=, rotary_dim=, scaling=, interleaved=, max_position=)``;
+            ``False``: no rotation (NoPE); a module with RoPE's ``forward(q, k, position_ids=)``
+            interface (e.g. one :class:`rotary.RoPE` shared by every layer, or an xPos module).
+        base, rotary_dim, scaling, interleaved, max_position: passed to :class:`rotary.RoPE`.
+        rotary_value: also rotate v at the key's position (RoFormer's ``rotary_value``).
+        position_bias: score bias added to the RoPE scores: ``None``, ``"alibi"``,
+            ``"relative"`` (learned ``b(i-j)``), or a module ``(query_positions [B,S], key_positions [B,T])
+            -> [B, H, S, T]``.
+        max_relative_distance: clipping distance of ``"relative"``.
+        causal: mask future keys.
+        dropout: attention-probability dropout (training only).
+        bias: biases on the q/k/v/o projections.
+
+    Example:
+        >>> from rotary.nn import RotaryAttention, KVCache
+        >>> attn = RotaryAttention(64, 8, num_kv_heads=2, causal=True).eval()
+        >>> x = torch.randn(2, 10, 64)
+        >>> full = attn(x)
+        >>> cache = KVCache()
+        >>> steps = torch.cat([attn(x[:, i : i + 1], cache=cache) for i in range(10)], dim=1)
+        >>> torch.allclose(full, steps, atol=1e-5)
+        True
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        *,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        rope: bool | nn.Module = True,
+        base: float = 10000.0,
+        rotary_dim: int | None = None,
+        scaling: dict | None = None,
+        interleaved: bool = False,
+        max_position: int = 2048,
+        rotary_value: bool = False,
+        position_bias: str | nn.Module | None = None,
+        max_relative_distance: int = 128,
+        causal: bool = False,
+        dropout: float = 0.0,
+        bias: bool = False,
+    ) -> None:
+        super().__init__()
+        for name, value in (("hidden_size", hidden_size), ("num_heads", num_heads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if isinstance(num_kv_heads, bool) or not isinstance(num_kv_heads, int) or num_kv_heads <= 0:
+            raise ValueError(f"num_kv_heads must be a positive int, got {num_kv_heads!r}")
+        if num_heads % num_kv_heads:
+            raise ValueError(
+                f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}; "
+                "every KV head must serve the same number of query heads"
+            )
+        if head_dim is None:
+            if hidden_size % num_heads:
+                raise ValueError(
+                    f"hidden_size={hidden_size} is not divisible by num_heads={num_heads}; pass head_dim explicitly"
+                )
+            head_dim = hidden_size // num_heads
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim = hidden_size, num_heads, num_kv_heads, head_dim
+        self.causal, self.dropout, self.rotary_value = bool(causal), float(dropout), bool(rotary_value)
+
+        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=bias)
+
+        if rope is True:
+            rope = RoPE(
+                head_dim, base=base, rotary_dim=rotary_dim, scaling=scaling, interleaved=interleaved,
+                max_position=max_position,
+            )
+        elif rope is False:
+            rope = None
+        elif not isinstance(rope, nn.Module):
+            raise TypeError(f"rope must be True, False or an nn.Module like rotary.RoPE, got {type(rope).__name__}")
+        self.rope = rope
+        if self.rotary_value and self.rope is None:
+            raise ValueError("rotary_value=True needs a rope; pass rope=True or a RoPE module")
+
+        if position_bias == "alibi":
+            position_bias = ALiBi(num_heads)
+        elif position_bias == "relative":
+            position_bias = RelativePositionBias(num_heads, max_relative_distance)
+        elif position_bias is not None and not isinstance(position_bias, nn.Module):
+            raise ValueError(
+                f"position_bias must be None, 'alibi', 'relative' or an nn.Module, got {position_bias!r}"
+            )
+        self.position_bias = position_bias
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
+            f"causal={self.causal}, rotary_value={self.rotary_value}"
+        )
+
+    def _positions(
+        self, position_ids: torch.Tensor | None, cache: KVCache | None, batch: int, seq_len: int, device: torch.device
+    ) -> torch.Tensor:
+        """Positions ``[B, S]`` of the new tokens: given, continuing the cache, or ``0..S-1``."""
+        if position_ids is not None:
+            position_ids = check_position_ids(position_ids).to(device)
+            if position_ids.shape[-1] != seq_len:
+                raise ValueError(f"position_ids cover S={position_ids.shape[-1]} positions but the input has S={seq_len}")
+            if position_ids.dim() == 2 and position_ids.shape[0] not in (1, batch):
+                raise ValueError(f"position_ids have batch {position_ids.shape[0]} but the input has batch {batch}")
+            return position_ids.expand(batch, seq_len)
+        if cache is not None and cache.length:
+            return cache.next_positions(seq_len)
+        return torch.arange(seq_len, device=device).expand(batch, seq_len)
+
+    def _mask(
+        self,
+        attention_mask: torch.Tensor | None,
+        query_positions: torch.Tensor,
+        key_positions: torch.Tensor,
+        past: int,
+        device: torch.device,
+    ) -> torch.Tensor | None:
+        """Additive fp32 mask ``[B, H or 1, S, T]`` combining causality, padding and the score bias."""
+        batch, seq_len = query_positions.shape
+        total = key_positions.shape[1]
+        allowed = None
+        if self.causal:
+            # by index, not by position: with left padding positions repeat, indices do not
+            query_index = torch.arange(past, past + seq_len, device=device)
+            allowed = (torch.arange(total, device=device)[None, :] <= query_index[:, None])[None, None]
+        if attention_mask is not None:
+            mask = _check_attention_mask(attention_mask).to(device)
+            if mask.shape != (batch, total):
+                raise ValueError(
+                    f"attention_mask must be [B, T] = [{batch}, {total}] (past + new tokens), got {tuple(mask.shape)}"
+                )
+            keys_ok = mask[:, None, None, :]
+            allowed = keys_ok if allowed is None else allowed & keys_ok
+        if allowed is not None:
+            # a padded query may see no key at all (causal + left padding); let only such a row see
+            # itself, so softmax stays finite. Its output is ignored downstream; rows that do see
+            # keys are left exactly as specified (Hugging Face's encoders compute them too).
+            diagonal = torch.arange(total, device=device)[None, :] == torch.arange(past, past + seq_len, device=device)[:, None]
+            allowed = allowed | (diagonal[None, None] & ~allowed.any(dim=-1, keepdim=True))
+        bias = None if self.position_bias is None else self.position_bias(query_positions, key_positions)
+        if allowed is None:
+            return bias
+        blocked = torch.zeros(allowed.shape, device=device).masked_fill(~allowed, float("-inf"))
+        return blocked if bias is None else bias + blocked
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """Attend.
+
+        Args:
+            hidden_states: ``[B, S, E]``.
+            attention_mask: ``[B, T]`` of 1 (token) / 0 (padding) over the cached and new tokens
+                (``T = cache.length + S``), as in Hugging Face.
+            position_ids: integer ``[S]`` or ``[B, S]``; default: continue the cache, else ``0..S-1``.
+                With left padding pass :func:`padding_position_ids` so real tokens start at 0.
+            cache: a :class:`KVCache` to read and extend (incremental decoding).
+
+        Returns:
+            ``[B, S, E]`` in the dtype of ``hidden_states``.
+        """
+        if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 3:
+            raise ValueError(f"hidden_states must be [B, S, E], got {getattr(hidden_states, 'shape', hidden_states)}")
+        if hidden_states.shape[-1] != self.hidden_size:
+            raise ValueError(f"hidden_states has width {hidden_states.shape[-1]}, this layer expects {self.hidden_size}")
+        batch, seq_len, _ = hidden_states.shape
+        device = hidden_states.device
+        if cache is not None and cache.length and cache.keys.shape[0] != batch:  # type: ignore[union-attr]
+            raise ValueError(
+                f"the cache holds a batch of {cache.keys.shape[0]} but hidden_states has batch {batch}; "  # type: ignore[union-attr]
+                "use a fresh KVCache for a new batch"
+            )
+        q = self.q_proj(hidden_states).view(batch, seq_len, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(hidden_states).view(batch, seq_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(hidden_states).view(batch, seq_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
+
+        positions = self._positions(position_ids, cache, batch, seq_len, device)
+        if self.rope is not None:
+            q, k = self.rope(q, k, position_ids=positions)
+            if self.rotary_value:
+                v = self.rope.rotate(v, position_ids=positions)
+
+        past = 0 if cache is None else cache.length
+        key_positions = positions
+        if cache is not None:
+            k, v, key_positions = cache.update(k, v, positions)
+
+        groups = self.num_heads // self.num_kv_heads
+        k, v = repeat_kv(k, groups), repeat_kv(v, groups)
+        mask = self._mask(attention_mask, positions, key_positions, past, device)
+        dropout = self.dropout if self.training else 0.0
+        if mask is None and self.causal and past == 0:
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=None if mask is None else mask.to(q.dtype), dropout_p=dropout
+            )
+        return self.o_proj(out.transpose(1, 2).reshape(batch, seq_len, self.num_heads * self.head_dim))

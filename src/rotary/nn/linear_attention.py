@@ -1,0 +1,291 @@
+"""Linear attention with RoPE in true O(N) (Su's scheme, seed 001), and its O(N²) reference.
+
+Softmax-free attention writes the score as a product of feature maps, ``sim(q_i, k_j) = φ(q_i)ᵀφ(k_j)``,
+so ``Σ_j sim(q_i, k_j) v_j = φ(q_i)ᵀ [Σ_j φ(k_j) v_jᵀ]``: the bracket is a ``d × d`` state summed
+once, and the cost is O(N·d²) instead of O(N²·d).
+
+RoPE enters the numerator only (Su, "Transformer upgrade road 2"): rotating φ(q_i) and φ(k_j) makes
+the numerator a function of ``i - j``, but rotated features can have negative inner products, so the
+denominator stays ``Σ_j φ(q_i)ᵀφ(k_j)`` with unrotated, non-negative features::
+
+    out_i = Σ_j [R_i φ(q_i)]ᵀ[R_j φ(k_j)] v_j  /  Σ_j φ(q_i)ᵀ φ(k_j)
+
+The other scheme of seed 001 uses ``sim = 1 + cos(R_i q_i, R_j k_j)``, which is >= 0 by itself, so
+numerator and denominator share it. It factorises as ``[R_i q̂_i, 1]ᵀ[R_j k̂_j, 1]`` (hats: unit
+vectors), i.e. a feature map with one extra constant channel.
+
+Causal attention sums over ``j <= i`` only. It is computed chunk by chunk: a prefix sum over chunks
+of the state ``Σ_{j < chunk start} k_j v_jᵀ``, plus a lower-triangular ``chunk × chunk`` block for the
+terms inside the chunk, so memory is O(chunk² + d²) per head whatever N is. The N × N score matrix is
+never formed outside :func:`linear_attention_reference`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..apply import apply_rotary
+from ..module import RoPE
+
+__all__ = ["FEATURE_MAPS", "RotaryLinearAttention", "linear_attention_reference", "rotary_linear_attention"]
+
+FeatureMap = Literal["elu", "relu", "cosine"]
+#: feature maps φ for Su's scheme; "cosine" selects the 1 + cosine-similarity scheme instead
+FEATURE_MAPS = ("elu", "relu", "cosine")
+
+
+def _phi(x: torch.Tensor, feature_map: str) -> torch.Tensor:
+    if feature_map == "elu":
+        return F.elu(x) + 1.0
+    if feature_map == "relu":
+        return F.relu(x)
+    raise ValueError(f"unknown feature_map {feature_map!r}; choose one of {', '.join(FEATURE_MAPS)}")
+
+
+def _with_one(x: torch.Tensor) -> torch.Tensor:
+    return torch.cat((x, torch.ones_like(x[..., :1])), dim=-1)
+
+
+def _features(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, feature_map: str, interleaved: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(numerator q, numerator k, denominator q, denominator k) features, ``[B, H, S, D or D+1]``."""
+    if feature_map == "cosine":
+        q_hat, k_hat = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        q_num = _with_one(apply_rotary(q_hat, cos, sin, interleaved=interleaved))
+        k_num = _with_one(apply_rotary(k_hat, cos, sin, interleaved=interleaved))
+        return q_num, k_num, q_num, k_num
+    phi_q, phi_k = _phi(q, feature_map), _phi(k, feature_map)
+    q_num = apply_rotary(phi_q, cos, sin, interleaved=interleaved)
+    k_num = apply_rotary(phi_k, cos, sin, interleaved=interleaved)
+    return q_num, k_num, phi_q, phi_k
+
+
+def _global_sum(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``out_i = Σ_j (q_i·k_j) v_j`` over all j: one ``[D, Dv]`` state. ``[B,H,S,D]``, ``[B,H,S,Dv]``."""
+    state = torch.einsum("bhsd,bhse->bhde", k, v)
+    return torch.einsum("bhsd,bhde->bhse", q, state)
+
+
+def _causal_sum(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """``out_i = Σ_{j<=i} (q_i·k_j) v_j`` chunk by chunk.
+
+    Before a chunk, ``state = Σ_{j < start} k_j v_jᵀ`` (``[D, Dv]``) covers every earlier chunk; inside
+    the chunk the few remaining terms go through a lower-triangular ``[chunk, chunk]`` block. Memory
+    is O(chunk² + chunk·D + D·Dv) per head and time O(N·(chunk·D + D·Dv)): linear in N.
+    """
+    seq_len = q.shape[2]
+    state = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1])
+    inside = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).tril()
+    outputs = []
+    for start in range(0, seq_len, chunk_size):
+        q_c, k_c, v_c = (t[:, :, start : start + chunk_size] for t in (q, k, v))
+        n = q_c.shape[2]
+        block = (q_c @ k_c.transpose(-1, -2)).masked_fill(~inside[:n, :n], 0.0)
+        outputs.append(q_c @ state + block @ v_c)
+        state = state + k_c.transpose(-1, -2) @ v_c
+    return torch.cat(outputs, dim=2)
+
+
+def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4 or not t.is_floating_point():
+            raise ValueError(f"{name} must be a floating [B, H, S, D] tensor, got {getattr(t, 'shape', type(t).__name__)}")
+    if q.shape != k.shape:
+        raise ValueError(f"q and k must have the same shape [B, H, S, D], got {tuple(q.shape)} and {tuple(k.shape)}")
+    if v.shape[:3] != q.shape[:3]:
+        raise ValueError(f"v must be [B, H, S, Dv] with q's B, H, S = {tuple(q.shape[:3])}, got {tuple(v.shape)}")
+
+
+def rotary_linear_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    feature_map: FeatureMap = "elu",
+    causal: bool = False,
+    interleaved: bool = False,
+    key_padding_mask: torch.Tensor | None = None,
+    chunk_size: int = 64,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Linear attention with RoPE in O(N·d²) time (see the module docstring for the formula).
+
+    Args:
+        q, k: ``[B, H, S, D]`` (unrotated; φ is applied here, then the rotation).
+        v: ``[B, H, S, Dv]``.
+        cos, sin: ``[S, r]`` or ``[B, S, r]`` from :meth:`rotary.RoPE.cos_sin` for the pairing ``interleaved``.
+        feature_map: ``"elu"`` (elu+1), ``"relu"``, or ``"cosine"`` (sim = 1 + cosine similarity).
+        causal: sum over ``j <= i`` only.
+        key_padding_mask: ``[B, S]`` bool/0-1, 0 = padding key (excluded from both sums).
+        chunk_size: causal chunk length; memory O(chunk_size² + D · Dv) per head.
+        eps: added to the denominator (relu features can all be 0).
+
+    Returns:
+        ``[B, H, S, Dv]`` in ``v``'s dtype; computed in fp32 (float64 for float64 inputs).
+
+    Example:
+        >>> from rotary.nn import rotary_linear_attention, linear_attention_reference
+        >>> q, k, v = torch.randn(3, 1, 2, 50, 16).double()
+        >>> cos, sin = RoPE(16).cos_sin(torch.arange(50))
+        >>> fast = rotary_linear_attention(q, k, v, cos, sin, causal=True, chunk_size=8)
+        >>> torch.allclose(fast, linear_attention_reference(q, k, v, cos, sin, causal=True))
+        True
+    """
+    _check_qkv(q, k, v)
+    if feature_map not in FEATURE_MAPS:
+        raise ValueError(f"unknown feature_map {feature_map!r}; choose one of {', '.join(FEATURE_MAPS)}")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    out_dtype = v.dtype
+    compute = torch.promote_types(v.dtype, torch.float32)
+    q, k, v = q.to(compute), k.to(compute), v.to(compute)
+    q_num, k_num, q_den, k_den = _features(q, k, cos, sin, feature_map, interleaved)
+    if key_padding_mask is not None:
+        if key_padding_mask.shape != (q.shape[0], q.shape[2]):
+            raise ValueError(
+                f"key_padding_mask must be [B, S] = {(q.shape[0], q.shape[2])}, got {tuple(key_padding_mask.shape)}"
+            )
+        keep = key_padding_mask.to(device=q.device, dtype=compute)[:, None, :, None]
+        k_num, k_den = k_num * keep, k_den * keep
+    # the denominator needs only Σ_j φ(k_j), a [D] vector per query: a prefix sum (all terms >= 0,
+    # so accumulating in one pass loses nothing to cancellation)
+    if causal:
+        numerator = _causal_sum(q_num, k_num, v, chunk_size)
+        denominator = (q_den * k_den.cumsum(dim=2)).sum(-1, keepdim=True)
+    else:
+        numerator = _global_sum(q_num, k_num, v)
+        denominator = q_den @ k_den.sum(dim=2, keepdim=True).transpose(-1, -2)
+    return (numerator / (denominator + eps)).to(out_dtype)
+
+
+def linear_attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    feature_map: FeatureMap = "elu",
+    causal: bool = False,
+    interleaved: bool = False,
+    key_padding_mask: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """The same attention through the explicit ``[S, S]`` similarity matrix: O(N²), a test oracle.
+
+    Shares the feature maps with :func:`rotary_linear_attention` but none of the summation code.
+    """
+    _check_qkv(q, k, v)
+    out_dtype = v.dtype
+    compute = torch.promote_types(v.dtype, torch.float32)
+    q, k, v = q.to(compute), k.to(compute), v.to(compute)
+    q_num, k_num, q_den, k_den = _features(q, k, cos, sin, feature_map, interleaved)
+    numerator_scores = q_num @ k_num.transpose(-1, -2)
+    denominator_scores = q_den @ k_den.transpose(-1, -2)
+    seq_len = q.shape[2]
+    keep = torch.ones(seq_len, seq_len, dtype=torch.bool, device=q.device)
+    if causal:
+        keep = keep.tril()
+    keep = keep[None, None]
+    if key_padding_mask is not None:
+        keep = keep & key_padding_mask.bool().to(q.device)[:, None, None, :]
+    numerator_scores = numerator_scores * keep
+    denominator_scores = denominator_scores * keep
+    return ((numerator_scores @ v) / (denominator_scores.sum(-1, keepdim=True) + eps)).to(out_dtype)
+
+
+class RotaryLinearAttention(nn.Module):
+    """Multi-head linear attention with RoPE in the numerator, O(N) in sequence length.
+
+    Args:
+        hidden_size: model width ``E``.
+        num_heads: heads ``H`` (``head_dim = E // H``, even).
+        feature_map: ``"elu"`` (default), ``"relu"`` or ``"cosine"``.
+        causal: each token attends to itself and earlier tokens only.
+        chunk_size: causal chunk length (memory O(chunk_size² + D²) per head).
+        base, rotary_dim, scaling, interleaved, max_position: passed to :class:`rotary.RoPE`.
+        bias: biases on the projections.
+
+    Example:
+        >>> from rotary.nn import RotaryLinearAttention
+        >>> attn = RotaryLinearAttention(64, 4, causal=True)
+        >>> attn(torch.randn(2, 100, 64)).shape
+        torch.Size([2, 100, 64])
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        *,
+        feature_map: FeatureMap = "elu",
+        causal: bool = False,
+        chunk_size: int = 64,
+        base: float = 10000.0,
+        rotary_dim: int | None = None,
+        scaling: dict | None = None,
+        interleaved: bool = False,
+        max_position: int = 2048,
+        bias: bool = False,
+        eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        for name, value in (("hidden_size", hidden_size), ("num_heads", num_heads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if hidden_size % num_heads:
+            raise ValueError(f"hidden_size={hidden_size} is not divisible by num_heads={num_heads}")
+        if feature_map not in FEATURE_MAPS:
+            raise ValueError(f"unknown feature_map {feature_map!r}; choose one of {', '.join(FEATURE_MAPS)}")
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
+            raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+        self.hidden_size, self.num_heads, self.head_dim = hidden_size, num_heads, hidden_size // num_heads
+        self.feature_map, self.causal, self.chunk_size, self.eps = feature_map, bool(causal), chunk_size, eps
+        self.q_proj = nn.Linear(hidden_size, hidden_size, bias=bias)
+        self.k_proj = nn.Linear(hidden_size, hidden_size, bias=bias)
+        self.v_proj = nn.Linear(hidden_size, hidden_size, bias=bias)
+        self.o_proj = nn.Linear(hidden_size, hidden_size, bias=bias)
+        self.rope = RoPE(
+            self.head_dim, base=base, rotary_dim=rotary_dim, scaling=scaling, interleaved=interleaved,
+            max_position=max_position,
+        )
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        *,
+        position_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``hidden_states: [B, S, E]`` -> ``[B, S, E]``.
+
+        Args:
+            position_ids: integer ``[S]`` or ``[B, S]``; default ``0..S-1``.
+            attention_mask: ``[B, S]`` 1 = token, 0 = padding (padding keys are ignored).
+        """
+        if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 3:
+            raise ValueError(f"hidden_states must be [B, S, E], got {getattr(hidden_states, 'shape', hidden_states)}")
+        if hidden_states.shape[-1] != self.hidden_size:
+            raise ValueError(f"hidden_states has width {hidden_states.shape[-1]}, this layer expects {self.hidden_size}")
+        batch, seq_len, _ = hidden_states.shape
+        shape = (batch, seq_len, self.num_heads, self.head_dim)
+        q = self.q_proj(hidden_states).view(shape).transpose(1, 2)
+        k = self.k_proj(hidden_states).view(shape).transpose(1, 2)
+        v = self.v_proj(hidden_states).view(shape).transpose(1, 2)
+        if position_ids is None:
+            position_ids = torch.arange(seq_len, device=hidden_states.device)
+        if position_ids.shape[-1] != seq_len:
+            raise ValueError(f"position_ids cover S={position_ids.shape[-1]} positions but the input has S={seq_len}")
+        cos, sin = self.rope.cos_sin(position_ids.to(hidden_states.device))
+        out = rotary_linear_attention(
+            q, k, v, cos, sin, feature_map=self.feature_map, causal=self.causal, interleaved=self.rope.interleaved,
+            key_padding_mask=attention_mask, chunk_size=self.chunk_size, eps=self.eps,
+        )
+        return self.o_proj(out.transpose(1, 2).reshape(batch, seq_len, self.hidden_size))

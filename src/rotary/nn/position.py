@@ -1,0 +1,187 @@
+"""Position encodings other than RoPE, for comparison and for the ``Decoder``'s switch.
+
+Two kinds exist:
+
+- absolute encodings added to the token embeddings: :class:`LearnedPositionEmbedding`,
+  :class:`SinusoidalPositionEmbedding` (and NoPE, which adds nothing);
+- additive biases on the attention scores, functions of the query and key positions:
+  :class:`ALiBi` (a fixed linear penalty per head) and :class:`RelativePositionBias` (a learned
+  ``b(i - j)``, the option of seed 001 §5.5.2 for combining with RoPE).
+
+A score bias takes ``query_positions`` ``[B, S]`` and ``key_positions`` ``[B, T]`` and returns
+``[B, H, S, T]`` in fp32, so it stays correct with left padding and a KV cache (positions are not
+the same as indices there).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+__all__ = [
+    "ALiBi",
+    "LearnedPositionEmbedding",
+    "RelativePositionBias",
+    "SinusoidalPositionEmbedding",
+    "alibi_slopes",
+]
+
+
+def _check_positive_int(value: int, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def _check_pair(query_positions: torch.Tensor, key_positions: torch.Tensor) -> None:
+    for name, t in (("query_positions", query_positions), ("key_positions", key_positions)):
+        if not isinstance(t, torch.Tensor) or t.is_floating_point() or t.dim() != 2:
+            raise ValueError(f"{name} must be an integer tensor [B, L], got {getattr(t, 'shape', type(t).__name__)}")
+    if query_positions.shape[0] != key_positions.shape[0]:
+        raise ValueError(
+            f"query_positions and key_positions must share the batch size, got {query_positions.shape[0]} "
+            f"and {key_positions.shape[0]}"
+        )
+
+
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    """ALiBi head slopes (Press et al. 2022), fp32 ``[num_heads]``.
+
+    For a power of two ``n`` the slopes are ``2^(-8/n), 2^(-16/n), ...``; otherwise the slopes of
+    the next lower power of two are followed by every other slope of the next higher one (the
+    paper's recipe, so checkpoints agree).
+
+    Example:
+        >>> from rotary.nn import alibi_slopes
+        >>> alibi_slopes(4)
+        tensor([0.2500, 0.0625, 0.0156, 0.0039])
+    """
+    _check_positive_int(num_heads, "num_heads")
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
+        return [start ** (i + 1) for i in range(n)]
+
+    if math.log2(num_heads).is_integer():
+        slopes = power_of_two(num_heads)
+    else:
+        lower = 2 ** math.floor(math.log2(num_heads))
+        slopes = power_of_two(lower) + power_of_two(2 * lower)[0::2][: num_heads - lower]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+class ALiBi(nn.Module):
+    """Attention with Linear Biases: score bias ``-slope_h * |i - j|`` (no parameters).
+
+    The distance is symmetric so the same module serves encoders; in a causal model only ``j <= i``
+    is visible and the bias is the paper's ``-slope_h * (i - j)``.
+
+    Args:
+        num_heads: number of query heads ``H``.
+
+    Example:
+        >>> from rotary.nn import ALiBi
+        >>> bias = ALiBi(2)(torch.arange(3)[None], torch.arange(3)[None])
+        >>> bias.shape
+        torch.Size([1, 2, 3, 3])
+    """
+
+    slopes: torch.Tensor
+
+    def __init__(self, num_heads: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
+
+    def _apply(self, fn, recurse=True):  # type: ignore[override]
+        # keep the slopes fp32 under model.to(bfloat16): bf16 slopes round 2^-8/3 etc.
+        super()._apply(fn, recurse)
+        self.slopes = alibi_slopes(self.num_heads).to(self.slopes.device)
+        return self
+
+    def forward(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+        """``query_positions: [B, S]``, ``key_positions: [B, T]`` -> fp32 ``[B, H, S, T]``."""
+        _check_pair(query_positions, key_positions)
+        distance = (query_positions[:, :, None] - key_positions[:, None, :]).abs().to(torch.float32)
+        return -self.slopes[None, :, None, None] * distance[:, None]
+
+
+class RelativePositionBias(nn.Module):
+    """A learned score bias ``b_h(i - j)`` per head, for distances clipped to ``±max_distance``.
+
+    Args:
+        num_heads: number of query heads ``H``.
+        max_distance: distances beyond this share the bias of ``±max_distance``.
+
+    Example:
+        >>> from rotary.nn import RelativePositionBias
+        >>> RelativePositionBias(4, 16)(torch.arange(5)[None], torch.arange(5)[None]).shape
+        torch.Size([1, 4, 5, 5])
+    """
+
+    def __init__(self, num_heads: int, max_distance: int = 128) -> None:
+        super().__init__()
+        _check_positive_int(num_heads, "num_heads")
+        self.max_distance = _check_positive_int(max_distance, "max_distance")
+        # zero init: the model starts as plain RoPE attention and learns the bias it needs
+        self.bias = nn.Parameter(torch.zeros(2 * max_distance + 1, num_heads))
+
+    def forward(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+        """``query_positions: [B, S]``, ``key_positions: [B, T]`` -> fp32 ``[B, H, S, T]``."""
+        _check_pair(query_positions, key_positions)
+        distance = query_positions[:, :, None] - key_positions[:, None, :]
+        index = distance.clamp(-self.max_distance, self.max_distance) + self.max_distance
+        return self.bias[index].permute(0, 3, 1, 2).to(torch.float32)
+
+
+class LearnedPositionEmbedding(nn.Module):
+    """Absolute learned position embedding (BERT, GPT-2): ``position_ids -> [..., hidden_size]``.
+
+    Positions at or beyond ``max_position`` raise an error: a learned table cannot extrapolate.
+
+    Example:
+        >>> from rotary.nn import LearnedPositionEmbedding
+        >>> LearnedPositionEmbedding(16, 8)(torch.arange(4)[None]).shape
+        torch.Size([1, 4, 8])
+    """
+
+    def __init__(self, max_position: int, hidden_size: int) -> None:
+        super().__init__()
+        self.max_position = _check_positive_int(max_position, "max_position")
+        self.embedding = nn.Embedding(max_position, _check_positive_int(hidden_size, "hidden_size"))
+        nn.init.normal_(self.embedding.weight, std=0.02)
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        if position_ids.numel() and int(position_ids.max()) >= self.max_position:
+            raise ValueError(
+                f"position {int(position_ids.max())} is beyond the learned table of max_position={self.max_position}; "
+                "build the model with a larger max_position"
+            )
+        return self.embedding(position_ids)
+
+
+class SinusoidalPositionEmbedding(nn.Module):
+    """The fixed sinusoidal encoding of "Attention is all you need", computed for any position.
+
+    Channel ``2i`` holds ``sin(p / base^(2i/E))`` and ``2i + 1`` holds ``cos(...)``; angles are
+    formed in float64 and rounded once to fp32 (like the RoPE tables).
+
+    Example:
+        >>> from rotary.nn import SinusoidalPositionEmbedding
+        >>> SinusoidalPositionEmbedding(4)(torch.tensor([[0]]))
+        tensor([[[0., 1., 0., 1.]]])
+    """
+
+    def __init__(self, hidden_size: int, base: float = 10000.0) -> None:
+        super().__init__()
+        self.hidden_size = _check_positive_int(hidden_size, "hidden_size")
+        if hidden_size % 2:
+            raise ValueError(f"hidden_size must be even for sin/cos pairs, got {hidden_size}")
+        self.base = float(base)
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        exponent = torch.arange(0, self.hidden_size, 2, dtype=torch.float64, device=position_ids.device) / self.hidden_size
+        angle = position_ids.to(torch.float64)[..., None] / self.base**exponent
+        return torch.stack((angle.sin(), angle.cos()), dim=-1).flatten(-2).to(torch.float32)

@@ -1,0 +1,185 @@
+"""RotaryLinearAttention: equals the O(N²) reference, is shift-invariant, never needs N×N."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import rotary
+from rotary.nn import RotaryLinearAttention, linear_attention_reference, rotary_linear_attention
+
+
+def _qkv(seq_len=37, dim=16, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(2, 3, seq_len, dim, generator=g, dtype=dtype) for _ in range(3)]
+
+
+@pytest.mark.parametrize("feature_map", ["elu", "relu", "cosine"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("chunk_size", [1, 8, 64])
+def test_equals_quadratic_reference(feature_map, causal, interleaved, chunk_size):
+    q, k, v = _qkv()
+    cos, sin = rotary.RoPE(16, interleaved=interleaved).cos_sin(torch.arange(37))
+    opts = dict(feature_map=feature_map, causal=causal, interleaved=interleaved)
+    fast = rotary_linear_attention(q, k, v, cos, sin, chunk_size=chunk_size, **opts)
+    torch.testing.assert_close(fast, linear_attention_reference(q, k, v, cos, sin, **opts), rtol=1e-10, atol=1e-10)
+
+
+def test_reference_is_su_formula_written_out():
+    """Check the reference itself, pair by pair, against the formula of seed 001 for one query."""
+    q, k, v = (t[:1, :1, :5] for t in _qkv(seq_len=5, dim=4))
+    inv_freq = rotary.frequencies(4).inv_freq
+    rot = lambda x: rotary.reference.rotate_matrix(x, torch.arange(5), inv_freq)  # noqa: E731
+    phi_q, phi_k = torch.nn.functional.elu(q) + 1, torch.nn.functional.elu(k) + 1
+    rq, rk = rot(phi_q)[0, 0], rot(phi_k)[0, 0]
+    i = 3  # causal: j <= 3
+    numerator = sum((rq[i] @ rk[j]) * v[0, 0, j] for j in range(i + 1))
+    denominator = sum(phi_q[0, 0, i] @ phi_k[0, 0, j] for j in range(i + 1))
+    cos, sin = rotary.RoPE(4).cos_sin(torch.arange(5))
+    out = rotary_linear_attention(q, k, v, cos, sin, causal=True, eps=0.0)
+    torch.testing.assert_close(out[0, 0, i], numerator / denominator, rtol=1e-6, atol=1e-6)
+
+
+def test_cosine_scheme_formula():
+    q, k, v = (t[:1, :1, :6] for t in _qkv(seq_len=6, dim=8))
+    rope = rotary.RoPE(8)
+    cos, sin = rope.cos_sin(torch.arange(6))
+    rq, rk = rope.rotate(q), rope.rotate(k)
+    sim = 1 + torch.nn.functional.normalize(rq, dim=-1) @ torch.nn.functional.normalize(rk, dim=-1).transpose(-1, -2)
+    expected = (sim @ v) / sim.sum(-1, keepdim=True)
+    out = rotary_linear_attention(q, k, v, cos, sin, feature_map="cosine", eps=0.0)
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("feature_map", ["elu", "cosine"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_output_unchanged_when_positions_shift(feature_map, causal):
+    torch.manual_seed(0)
+    attn = RotaryLinearAttention(32, 2, feature_map=feature_map, causal=causal, chunk_size=5).double()
+    x = torch.randn(2, 23, 32, dtype=torch.float64)
+    shifted = attn(x, position_ids=torch.arange(1000, 1023))
+    torch.testing.assert_close(shifted, attn(x), rtol=1e-6, atol=1e-6)  # fp32 tables: 1e-6, not 1e-12
+
+
+def test_positions_matter():
+    torch.manual_seed(1)
+    attn = RotaryLinearAttention(32, 2)
+    x = torch.randn(1, 10, 32)
+    reversed_positions = attn(x, position_ids=torch.arange(9, -1, -1))
+    assert not torch.allclose(reversed_positions, attn(x), atol=1e-4)
+
+
+def test_causal_output_ignores_the_future():
+    torch.manual_seed(2)
+    attn = RotaryLinearAttention(32, 4, causal=True, chunk_size=4)
+    x = torch.randn(1, 20, 32)
+    y = x.clone()
+    y[:, 13:] = torch.randn(1, 7, 32)
+    torch.testing.assert_close(attn(x)[:, :13], attn(y)[:, :13])
+
+
+def test_key_padding_mask_equals_dropping_the_keys():
+    q, k, v = _qkv(seq_len=10)
+    cos, sin = rotary.RoPE(16).cos_sin(torch.arange(10))
+    mask = torch.ones(2, 10, dtype=torch.bool)
+    mask[:, 7:] = False
+    out = rotary_linear_attention(q, k, v, cos, sin, key_padding_mask=mask)
+    reference = linear_attention_reference(q, k, v, cos, sin, key_padding_mask=mask)
+    torch.testing.assert_close(out, reference, rtol=1e-10, atol=1e-10)
+    # queries 0..6 with keys 0..6 only: the same as a 7-token sequence
+    short = rotary_linear_attention(q[:, :, :7], k[:, :, :7], v[:, :, :7], cos[:7], sin[:7])
+    torch.testing.assert_close(out[:, :, :7], short, rtol=1e-10, atol=1e-10)
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the element count of the largest tensor any aten op produces."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_no_n_by_n_intermediate(causal):
+    """No op of the fast path produces anything larger than the [B, H, N, D] inputs (N² would be 64x larger)."""
+    batch, heads, seq_len, dim, chunk = 2, 3, 512, 8, 16
+    q, k, v = (torch.randn(batch, heads, seq_len, dim) for _ in range(3))
+    cos, sin = rotary.RoPE(dim).cos_sin(torch.arange(seq_len))
+    with LargestTensor() as spy:
+        rotary_linear_attention(q, k, v, cos, sin, causal=causal, chunk_size=chunk)
+    assert spy.largest <= batch * heads * seq_len * dim
+    with LargestTensor() as spy_reference:
+        linear_attention_reference(q, k, v, cos, sin, causal=causal)
+    assert spy_reference.largest >= batch * heads * seq_len * seq_len  # the spy does see N×N when it exists
+
+
+def test_bf16_and_gradients():
+    torch.manual_seed(3)
+    attn = RotaryLinearAttention(32, 2, causal=True, chunk_size=8)
+    x = torch.randn(2, 20, 32, requires_grad=True)
+    attn(x).sum().backward()
+    for name, p in attn.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    expected = attn(x.detach())
+    out = attn.to(torch.bfloat16)(x.detach().bfloat16())
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), expected, rtol=0.05, atol=0.05)
+
+
+def test_gradcheck():
+    q, k, v = (t[:1, :1, :6, :4].requires_grad_() for t in _qkv())
+    cos, sin = rotary.RoPE(4).cos_sin(torch.arange(6))
+    fn = lambda a, b, c: rotary_linear_attention(a, b, c, cos, sin, causal=True, chunk_size=4)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (q, k, v))
+
+
+def test_errors():
+    q, k, v = _qkv(seq_len=4)
+    cos, sin = rotary.RoPE(16).cos_sin(torch.arange(4))
+    with pytest.raises(ValueError, match="unknown feature_map 'gelu'"):
+        rotary_linear_attention(q, k, v, cos, sin, feature_map="gelu")
+    with pytest.raises(ValueError, match="chunk_size must be a positive int, got 0"):
+        rotary_linear_attention(q, k, v, cos, sin, chunk_size=0)
+    with pytest.raises(ValueError, match="q and k must have the same shape"):
+        rotary_linear_attention(q, k[:, :2], v, cos, sin)
+    with pytest.raises(ValueError, match="v must be"):
+        rotary_linear_attention(q, k, v[:, :, :3], cos, sin)
+    with pytest.raises(ValueError, match="key_padding_mask must be"):
+        rotary_linear_attention(q, k, v, cos, sin, key_padding_mask=torch.ones(2, 5))
+    with pytest.raises(ValueError, match="unknown feature_map"):
+        RotaryLinearAttention(32, 2, feature_map="softmax")
+    with pytest.raises(ValueError, match="not divisible by num_heads=3"):
+        RotaryLinearAttention(32, 3)
+    with pytest.raises(ValueError, match="S=3 positions but the input has S=4"):
+        RotaryLinearAttention(32, 2)(torch.randn(1, 4, 32), position_ids=torch.arange(3))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seq_len=st.integers(1, 40),
+    half_dim=st.integers(1, 6),
+    chunk_size=st.integers(1, 17),
+    feature_map=st.sampled_from(["elu", "relu", "cosine"]),
+    causal=st.booleans(),
+    offset=st.integers(0, 10_000),
+    seed=st.integers(0, 2**16),
+)
+def test_property_fast_equals_reference(seq_len, half_dim, chunk_size, feature_map, causal, offset, seed):
+    g = torch.Generator().manual_seed(seed)
+    dim = 2 * half_dim
+    q, k, v = (torch.randn(1, 2, seq_len, dim, generator=g, dtype=torch.float64) for _ in range(3))
+    cos, sin = rotary.RoPE(dim).cos_sin(torch.arange(offset, offset + seq_len))
+    opts = dict(feature_map=feature_map, causal=causal)
+    fast = rotary_linear_attention(q, k, v, cos, sin, chunk_size=chunk_size, **opts)
+    torch.testing.assert_close(fast, linear_attention_reference(q, k, v, cos, sin, **opts), rtol=1e-9, atol=1e-9)

@@ -1,0 +1,72 @@
+"""Non-RoPE position encodings: ALiBi slopes and bias, learned relative bias, learned and sinusoidal."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rotary.nn import ALiBi, LearnedPositionEmbedding, RelativePositionBias, SinusoidalPositionEmbedding, alibi_slopes
+
+
+def test_alibi_slopes_power_of_two():
+    # the paper: for 8 heads the slopes are 1/2, 1/4, ..., 1/256
+    torch.testing.assert_close(alibi_slopes(8), torch.tensor([2.0**-i for i in range(1, 9)]))
+
+
+def test_alibi_slopes_other_counts():
+    # 12 heads: the 8 slopes of n=8, then every other slope of n=16: 2^-0.5, 2^-1.5, 2^-2.5, 2^-3.5
+    expected = [2.0**-i for i in range(1, 9)] + [2.0 ** -(i + 0.5) for i in range(4)]
+    torch.testing.assert_close(alibi_slopes(12), torch.tensor(expected))
+
+
+def test_alibi_bias_values_and_fp32():
+    alibi = ALiBi(2).to(torch.bfloat16)
+    assert alibi.slopes.dtype == torch.float32
+    bias = alibi(torch.tensor([[5, 6]]), torch.tensor([[3, 4, 5, 6]]))
+    assert bias.shape == (1, 2, 2, 4) and bias.dtype == torch.float32
+    # query at position 6, keys at 3..6; head 0 of 2 has slope 2^(-8/2) = 1/16
+    torch.testing.assert_close(bias[0, 0, 1], -0.0625 * torch.tensor([3.0, 2.0, 1.0, 0.0]))
+
+
+def test_relative_bias_is_a_function_of_distance_clipped():
+    rel = RelativePositionBias(3, max_distance=2)
+    torch.nn.init.normal_(rel.bias)
+    pos = torch.arange(6)[None]
+    bias = rel(pos, pos)
+    for i in range(6):
+        for j in range(6):
+            d = max(-2, min(2, i - j))
+            torch.testing.assert_close(bias[0, :, i, j], rel.bias[d + 2])
+
+
+def test_learned_embedding_refuses_positions_beyond_table():
+    emb = LearnedPositionEmbedding(8, 4)
+    assert emb(torch.arange(8)[None]).shape == (1, 8, 4)
+    with pytest.raises(ValueError, match="position 8 is beyond the learned table of max_position=8"):
+        emb(torch.arange(9)[None])
+
+
+def test_sinusoidal_matches_vaswani():
+    emb = SinusoidalPositionEmbedding(6)(torch.tensor([[7]]))[0, 0]
+    for i in range(3):
+        angle = 7 / 10000 ** (2 * i / 6)
+        assert math.isclose(float(emb[2 * i]), math.sin(angle), rel_tol=1e-6, abs_tol=1e-7)
+        assert math.isclose(float(emb[2 * i + 1]), math.cos(angle), rel_tol=1e-6, abs_tol=1e-7)
+
+
+@pytest.mark.parametrize(
+    ("build", "match"),
+    [
+        (lambda: alibi_slopes(0), "num_heads must be a positive int, got 0"),
+        (lambda: RelativePositionBias(2, max_distance=-1), "max_distance must be a positive int"),
+        (lambda: SinusoidalPositionEmbedding(5), "hidden_size must be even"),
+        (lambda: LearnedPositionEmbedding(0, 4), "max_position must be a positive int"),
+        (lambda: ALiBi(2)(torch.arange(3), torch.arange(3)[None]), r"query_positions must be an integer tensor \[B, L\]"),
+        (lambda: ALiBi(2)(torch.arange(3)[None], torch.arange(6).view(2, 3)), "share the batch size"),
+    ],
+)
+def test_errors(build, match):
+    with pytest.raises(ValueError, match=match):
+        build()

@@ -1,0 +1,158 @@
+// Fused rotary position embedding for CPU tensors: one pass over q and k, in place or out of place.
+//
+// Every tensor arrives as a [B, S, H, D] view with arbitrary strides except a unit stride over D
+// (so q/k views into a fused qkv projection need no copy). The rotation of pair (a, b) by theta is
+// (a cos - b sin, b cos + a sin); the backward pass is the same kernel with sin negated (conjugate).
+// Arithmetic is fp32 (fp64 for fp64 inputs) whatever the storage dtype; results are rounded once.
+//
+// Loops over one head's channels are written with __restrict pointers and no branches so the
+// compiler vectorises them (-O3 and the build machine's instruction set); rows (b, s) are spread
+// over threads with at::parallel_for.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cstring>
+#include <vector>
+
+namespace {
+
+template <typename T> struct Acc { using type = float; };
+template <> struct Acc<double> { using type = double; };
+
+// Half pairing, (i, i + h): x0 = first half, x1 = second half. In place.
+template <typename T, typename A>
+inline void rotate_half_inplace(T* __restrict x0, T* __restrict x1, const float* __restrict c,
+                                const float* __restrict s, A sign, int64_t h) {
+  for (int64_t i = 0; i < h; ++i) {
+    const A a = static_cast<A>(x0[i]), b = static_cast<A>(x1[i]);
+    const A ci = static_cast<A>(c[i]), si = sign * static_cast<A>(s[i]);
+    x0[i] = static_cast<T>(a * ci - b * si);
+    x1[i] = static_cast<T>(b * ci + a * si);
+  }
+}
+
+template <typename T, typename A>
+inline void rotate_half_out(const T* __restrict x0, const T* __restrict x1, T* __restrict o0, T* __restrict o1,
+                            const float* __restrict c, const float* __restrict s, A sign, int64_t h) {
+  for (int64_t i = 0; i < h; ++i) {
+    const A a = static_cast<A>(x0[i]), b = static_cast<A>(x1[i]);
+    const A ci = static_cast<A>(c[i]), si = sign * static_cast<A>(s[i]);
+    o0[i] = static_cast<T>(a * ci - b * si);
+    o1[i] = static_cast<T>(b * ci + a * si);
+  }
+}
+
+// Interleaved pairing, (2i, 2i + 1). Tables are laid out per channel, c[2i] == c[2i + 1].
+template <typename T, typename A>
+inline void rotate_interleaved_inplace(T* __restrict x, const float* __restrict c, const float* __restrict s,
+                                       A sign, int64_t h) {
+  for (int64_t i = 0; i < h; ++i) {
+    const A a = static_cast<A>(x[2 * i]), b = static_cast<A>(x[2 * i + 1]);
+    const A ci = static_cast<A>(c[2 * i]), si = sign * static_cast<A>(s[2 * i]);
+    x[2 * i] = static_cast<T>(a * ci - b * si);
+    x[2 * i + 1] = static_cast<T>(b * ci + a * si);
+  }
+}
+
+template <typename T, typename A>
+inline void rotate_interleaved_out(const T* __restrict x, T* __restrict o, const float* __restrict c,
+                                   const float* __restrict s, A sign, int64_t h) {
+  for (int64_t i = 0; i < h; ++i) {
+    const A a = static_cast<A>(x[2 * i]), b = static_cast<A>(x[2 * i + 1]);
+    const A ci = static_cast<A>(c[2 * i]), si = sign * static_cast<A>(s[2 * i]);
+    o[2 * i] = static_cast<T>(a * ci - b * si);
+    o[2 * i + 1] = static_cast<T>(b * ci + a * si);
+  }
+}
+
+struct View {  // a [B, S, H, D] view, D contiguous
+  char* in;
+  char* out;
+  int64_t heads, sb, ss, sh, ob, os, oh;  // strides in elements
+};
+
+template <typename T>
+void run(const std::vector<View>& views, int64_t B, int64_t S, int64_t D, int64_t r, const float* cos,
+         const float* sin, int64_t table_rows, int64_t table_stride, const int64_t* positions, int64_t pb,
+         int64_t ps, int64_t batch_rows, bool interleaved, bool conjugate) {
+  using A = typename Acc<T>::type;
+  const A sign = conjugate ? A(-1) : A(1);
+  const int64_t h = r / 2;
+  int64_t work_per_row = 0;
+  for (const auto& v : views) work_per_row += v.heads * D;
+  // ~32k elements per task: enough to amortise a thread wake-up, small enough to split prefill.
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, work_per_row));
+  at::parallel_for(0, B * S, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t b = row / S, s = row % S;
+      const int64_t t = positions ? positions[b * pb + s * ps] : b * batch_rows + s;
+      TORCH_CHECK(t >= 0 && t < table_rows, "rotary: position ", t, " is outside the cos/sin table of ",
+                  table_rows, " rows");
+      const float* c = cos + t * table_stride;
+      const float* sn = sin + t * table_stride;
+      for (const auto& v : views) {
+        T* xrow = reinterpret_cast<T*>(v.in) + b * v.sb + s * v.ss;
+        T* orow = reinterpret_cast<T*>(v.out) + b * v.ob + s * v.os;
+        const bool inplace = xrow == orow && v.sh == v.oh;
+        for (int64_t head = 0; head < v.heads; ++head) {
+          T* x = xrow + head * v.sh;
+          if (inplace) {
+            if (interleaved) rotate_interleaved_inplace<T, A>(x, c, sn, sign, h);
+            else rotate_half_inplace<T, A>(x, x + h, c, sn, sign, h);
+          } else {
+            T* o = orow + head * v.oh;
+            if (interleaved) rotate_interleaved_out<T, A>(x, o, c, sn, sign, h);
+            else rotate_half_out<T, A>(x, x + h, o, o + h, c, sn, sign, h);
+            if (D > r) std::memcpy(o + r, x + r, (D - r) * sizeof(T));
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+// xs[i], outs[i]: [B, S, H_i, D] (outs[i] may be xs[i] itself: in place). cos/sin: fp32 [T, >= r]
+// rows with unit column stride. positions: int64 [B, S] (any strides) selecting the table row of
+// (b, s), or an undefined tensor: row = b * batch_rows + s.
+void rope_cpu(const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& outs, const at::Tensor& cos,
+              const at::Tensor& sin, const std::optional<at::Tensor>& positions, int64_t batch_rows, int64_t r,
+              bool interleaved, bool conjugate) {
+  TORCH_CHECK(!xs.empty() && xs.size() == outs.size(), "rotary: need as many outputs as inputs");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "rotary: tables must be fp32");
+  TORCH_CHECK(cos.dim() == 2 && cos.sizes() == sin.sizes() && cos.strides() == sin.strides() && cos.stride(1) == 1,
+              "rotary: cos/sin must be [T, r] with unit column stride and equal strides");
+  const auto& x0 = xs[0];
+  const int64_t B = x0.size(0), S = x0.size(1), D = x0.size(3);
+  TORCH_CHECK(r > 0 && r % 2 == 0 && r <= D && r <= cos.size(1), "rotary: bad rotary dim ", r);
+  std::vector<View> views;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const auto &x = xs[i], &o = outs[i];
+    TORCH_CHECK(x.dim() == 4 && x.size(0) == B && x.size(1) == S && x.size(3) == D, "rotary: inputs disagree on B, S, D");
+    TORCH_CHECK(o.sizes() == x.sizes() && o.scalar_type() == x.scalar_type() && x.scalar_type() == x0.scalar_type(),
+                "rotary: output shape/dtype mismatch");
+    TORCH_CHECK(x.stride(3) == 1 && o.stride(3) == 1, "rotary: the channel dim must have unit stride");
+    views.push_back({static_cast<char*>(x.data_ptr()), static_cast<char*>(o.data_ptr()), x.size(2), x.stride(0),
+                     x.stride(1), x.stride(2), o.stride(0), o.stride(1), o.stride(2)});
+  }
+  const int64_t* pos = nullptr;
+  int64_t pb = 0, ps = 0;
+  if (positions.has_value() && positions->defined()) {
+    TORCH_CHECK(positions->scalar_type() == at::kLong && positions->dim() == 2 && positions->size(0) == B &&
+                    positions->size(1) == S,
+                "rotary: positions must be int64 [B, S]");
+    pos = positions->data_ptr<int64_t>();
+    pb = positions->stride(0);
+    ps = positions->stride(1);
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x0.scalar_type(), "rope_cpu", [&] {
+    run<scalar_t>(views, B, S, D, r, cos.data_ptr<float>(), sin.data_ptr<float>(), cos.size(0), cos.stride(0), pos,
+                  pb, ps, batch_rows, interleaved, conjugate);
+  });
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rope", &rope_cpu, "fused rotary embedding over a list of [B, S, H, D] views");
+}

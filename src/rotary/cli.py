@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 
 #: modules that add subcommands, in the order ``--help`` lists them
-COMMAND_MODULES = ["rotary.demo"]
+COMMAND_MODULES = ["rotary.demo", "rotary.bench"]
 
 
 class _Parser(argparse.ArgumentParser):

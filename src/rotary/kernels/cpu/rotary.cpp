@@ -12,6 +12,11 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -75,40 +80,136 @@ struct View {  // a [B, S, H, D] view, D contiguous
   int64_t heads, sb, ss, sh, ob, os, oh;  // strides in elements
 };
 
+// One (b, s, head) vector: rotate its first r channels; out of place, copy the rest.
+template <typename T, typename A>
+inline void rotate_vector(T* x, T* o, bool inplace, const float* c, const float* sn, A sign, int64_t h, int64_t r,
+                          int64_t D, bool interleaved) {
+  if (inplace) {
+    if (interleaved) rotate_interleaved_inplace<T, A>(x, c, sn, sign, h);
+    else rotate_half_inplace<T, A>(x, x + h, c, sn, sign, h);
+  } else {
+    if (interleaved) rotate_interleaved_out<T, A>(x, o, c, sn, sign, h);
+    else rotate_half_out<T, A>(x, x + h, o, o + h, c, sn, sign, h);
+    if (D > r) std::memcpy(o + r, x + r, (D - r) * sizeof(T));
+  }
+}
+
+#if defined(__F16C__)
+// fp16: c10::Half converts one value at a time, which the compiler cannot vectorise. Convert a
+// chunk to fp32 with F16C (8 values per instruction, round to nearest even like c10::Half),
+// rotate it with the fp32 loops above, convert back.
+inline void half_to_float(const at::Half* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+inline void float_to_half(const float* src, at::Half* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; i < n; ++i) dst[i] = static_cast<at::Half>(src[i]);
+}
+
+template <>
+inline void rotate_vector<at::Half, float>(at::Half* x, at::Half* o, bool inplace, const float* c, const float* sn,
+                                           float sign, int64_t h, int64_t r, int64_t D, bool interleaved) {
+  constexpr int64_t kChunk = 128;
+  float a[2 * kChunk], b[kChunk];
+  if (interleaved) {
+    for (int64_t p0 = 0; p0 < h; p0 += kChunk) {
+      const int64_t n = std::min(kChunk, h - p0);
+      half_to_float(x + 2 * p0, a, 2 * n);
+      rotate_interleaved_inplace<float, float>(a, c + 2 * p0, sn + 2 * p0, sign, n);
+      float_to_half(a, o + 2 * p0, 2 * n);
+    }
+  } else {
+    for (int64_t p0 = 0; p0 < h; p0 += kChunk) {
+      const int64_t n = std::min(kChunk, h - p0);
+      half_to_float(x + p0, a, n);
+      half_to_float(x + h + p0, b, n);
+      rotate_half_inplace<float, float>(a, b, c + p0, sn + p0, sign, n);
+      float_to_half(a, o + p0, n);
+      float_to_half(b, o + h + p0, n);
+    }
+  }
+  if (!inplace && D > r) std::memcpy(o + r, x + r, (D - r) * sizeof(at::Half));
+}
+#endif
+
+// Tokens are processed in blocks of kBlock positions. Within a block, the loop order follows the
+// memory: for [B, H, S, D] storage (head stride > position stride) heads are the outer loop, so
+// each head reads one contiguous run of kBlock * D elements; iterating token by token instead
+// would touch H streams a head-stride apart and defeat the prefetchers (2.3x slower measured).
+// The block's table rows (kBlock * r * 8 bytes) stay in L1 across heads.
+constexpr int64_t kBlock = 16;
+
+template <typename T, int64_t kHalf>
+void run_fixed(const std::vector<View>& views, int64_t B, int64_t S, int64_t D, int64_t r, const float* cos,
+               const float* sin, int64_t table_rows, int64_t table_stride, const int64_t* positions, int64_t pb,
+               int64_t ps, int64_t batch_rows, bool interleaved, bool conjugate);
+
 template <typename T>
 void run(const std::vector<View>& views, int64_t B, int64_t S, int64_t D, int64_t r, const float* cos,
          const float* sin, int64_t table_rows, int64_t table_stride, const int64_t* positions, int64_t pb,
          int64_t ps, int64_t batch_rows, bool interleaved, bool conjugate) {
+  // A pair count known at compile time lets the compiler unroll a head's loop completely (no
+  // remainder loop, no peeling): rotary dims 64 and 128 cover most models.
+  switch (r / 2) {
+    case 32:
+      return run_fixed<T, 32>(views, B, S, D, r, cos, sin, table_rows, table_stride, positions, pb, ps, batch_rows,
+                              interleaved, conjugate);
+    case 64:
+      return run_fixed<T, 64>(views, B, S, D, r, cos, sin, table_rows, table_stride, positions, pb, ps, batch_rows,
+                              interleaved, conjugate);
+    default:
+      return run_fixed<T, 0>(views, B, S, D, r, cos, sin, table_rows, table_stride, positions, pb, ps, batch_rows,
+                             interleaved, conjugate);
+  }
+}
+
+template <typename T, int64_t kHalf>
+void run_fixed(const std::vector<View>& views, int64_t B, int64_t S, int64_t D, int64_t r, const float* cos,
+         const float* sin, int64_t table_rows, int64_t table_stride, const int64_t* positions, int64_t pb,
+         int64_t ps, int64_t batch_rows, bool interleaved, bool conjugate) {
   using A = typename Acc<T>::type;
   const A sign = conjugate ? A(-1) : A(1);
-  const int64_t h = r / 2;
-  int64_t work_per_row = 0;
-  for (const auto& v : views) work_per_row += v.heads * D;
-  // ~32k elements per task: enough to amortise a thread wake-up, small enough to split prefill.
-  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, work_per_row));
-  at::parallel_for(0, B * S, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      const int64_t b = row / S, s = row % S;
-      const int64_t t = positions ? positions[b * pb + s * ps] : b * batch_rows + s;
-      TORCH_CHECK(t >= 0 && t < table_rows, "rotary: position ", t, " is outside the cos/sin table of ",
-                  table_rows, " rows");
-      const float* c = cos + t * table_stride;
-      const float* sn = sin + t * table_stride;
+  const int64_t h = kHalf ? kHalf : r / 2;
+  const int64_t blocks_per_batch = (S + kBlock - 1) / kBlock;
+  int64_t work_per_block = 0;
+  for (const auto& v : views) work_per_block += v.heads * D * std::min(S, kBlock);
+  // ~64k elements per task: enough to amortise a thread wake-up, small enough to split prefill.
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, work_per_block));
+  at::parallel_for(0, B * blocks_per_batch, grain, [&](int64_t begin, int64_t end) {
+    const float* crow[kBlock];
+    const float* srow[kBlock];
+    for (int64_t block = begin; block < end; ++block) {
+      const int64_t b = block / blocks_per_batch, s0 = (block % blocks_per_batch) * kBlock;
+      const int64_t n = std::min(kBlock, S - s0);
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t s = s0 + j;
+        const int64_t t = positions ? positions[b * pb + s * ps] : b * batch_rows + s;
+        TORCH_CHECK(t >= 0 && t < table_rows, "rotary: position ", t, " is outside the cos/sin table of ",
+                    table_rows, " rows");
+        crow[j] = cos + t * table_stride;
+        srow[j] = sin + t * table_stride;
+      }
       for (const auto& v : views) {
-        T* xrow = reinterpret_cast<T*>(v.in) + b * v.sb + s * v.ss;
-        T* orow = reinterpret_cast<T*>(v.out) + b * v.ob + s * v.os;
-        const bool inplace = xrow == orow && v.sh == v.oh;
-        for (int64_t head = 0; head < v.heads; ++head) {
-          T* x = xrow + head * v.sh;
-          if (inplace) {
-            if (interleaved) rotate_interleaved_inplace<T, A>(x, c, sn, sign, h);
-            else rotate_half_inplace<T, A>(x, x + h, c, sn, sign, h);
-          } else {
-            T* o = orow + head * v.oh;
-            if (interleaved) rotate_interleaved_out<T, A>(x, o, c, sn, sign, h);
-            else rotate_half_out<T, A>(x, x + h, o, o + h, c, sn, sign, h);
-            if (D > r) std::memcpy(o + r, x + r, (D - r) * sizeof(T));
-          }
+        T* xb = reinterpret_cast<T*>(v.in) + b * v.sb + s0 * v.ss;
+        T* ob = reinterpret_cast<T*>(v.out) + b * v.ob + s0 * v.os;
+        const bool inplace = xb == ob && v.sh == v.oh && v.ss == v.os;
+        if (std::abs(v.sh) >= std::abs(v.ss)) {
+          for (int64_t head = 0; head < v.heads; ++head)
+            for (int64_t j = 0; j < n; ++j)
+              rotate_vector<T, A>(xb + head * v.sh + j * v.ss, ob + head * v.oh + j * v.os, inplace, crow[j], srow[j],
+                                  sign, h, r, D, interleaved);
+        } else {
+          for (int64_t j = 0; j < n; ++j)
+            for (int64_t head = 0; head < v.heads; ++head)
+              rotate_vector<T, A>(xb + head * v.sh + j * v.ss, ob + head * v.oh + j * v.os, inplace, crow[j], srow[j],
+                                  sign, h, r, D, interleaved);
         }
       }
     }

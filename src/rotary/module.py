@@ -218,8 +218,9 @@ class RoPE(nn.Module):
             raise ValueError(f"q and k must share the batch size, got {q.shape[batch_dim]} and {k.shape[batch_dim]}")
         cos, sin = self._tables(position_ids, offset, q.shape[seq_dim], q.device)
         q, k = _rotate_tensors(
-            [q, k], ["q", "k"], cos, sin, interleaved=self.interleaved, layout=layout, inplace=inplace, validate=False
-        )
+            [q, k], ["q", "k"], cos, sin, interleaved=self.interleaved, layout=layout, inplace=inplace, validate=False,
+            checked=True,
+        )  # fmt: skip
         return q, k
 
     def rotate(
@@ -247,5 +248,6 @@ class RoPE(nn.Module):
         _, seq_dim = check_layout(layout)
         cos, sin = self._tables(position_ids, offset, x.shape[seq_dim], x.device)
         return _rotate_tensors(
-            [x], ["x"], cos, sin, interleaved=self.interleaved, layout=layout, inplace=inplace, validate=False
-        )[0]
+            [x], ["x"], cos, sin, interleaved=self.interleaved, layout=layout, inplace=inplace, validate=False,
+            checked=True,
+        )[0]  # fmt: skip

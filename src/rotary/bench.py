@@ -68,7 +68,7 @@ SHAPES = [
     Shape("gqa", 1, 32, 8, 4096, 128),
     Shape("decode", 16, 32, 32, 1, 128),
 ]
-QUICK_SHAPES = [Shape("prefill-small", 1, 4, 4, 128, 64), Shape("decode", 2, 4, 4, 1, 64)]
+QUICK_SHAPES = [Shape("prefill-small", 1, 4, 4, 128, 64), Shape("decode-small", 2, 4, 4, 1, 64)]
 
 
 @dataclass

@@ -148,7 +148,13 @@ def _hf():
 def _hf_compiled():
     global _HF_COMPILED
     if _HF_COMPILED is None:
-        _HF_COMPILED = torch.compile(_hf())
+        import torch._dynamo
+
+        # every shape x dtype x grad mode is one more specialisation of the same function: without
+        # a higher limit dynamo would stop compiling after 8 and silently run the rest eagerly
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
+        torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4096)
+        _HF_COMPILED = torch.compile(_hf(), dynamic=False)
     return _HF_COMPILED
 
 

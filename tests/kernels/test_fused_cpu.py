@@ -159,3 +159,17 @@ def test_large_shape_uses_threads_and_matches():
     expected = oracle(q, cos.unsqueeze(0), sin.unsqueeze(0), "bhsd", False)
     assert torch.equal(rotary.apply_rotary(q, cos, sin), expected)
     assert torch.equal(rotary.apply_rotary_(q, cos, sin), expected)
+
+
+def test_inplace_allocates_nothing_of_the_inputs_size():
+    from rotary.bench import extra_peak_bytes
+
+    rope = rotary.RoPE(128, rotary_dim=64)
+    q, k = torch.randn(1, 16, 1024, 128), torch.randn(1, 4, 1024, 128)  # 8 MiB + 2 MiB
+    rope(q, k, inplace=True)  # warm the table cache
+    inplace = extra_peak_bytes(lambda: rope(q, k, inplace=True))
+    if inplace is None:
+        pytest.skip("peak resident memory needs Linux /proc")
+    assert inplace < 2**20, f"in-place rotation added {inplace} bytes"
+    # the measurement is not blind: a fresh 64 MiB tensor shows up
+    assert extra_peak_bytes(lambda: torch.ones(2**24)) >= 60 * 2**20

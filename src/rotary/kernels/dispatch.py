@@ -9,9 +9,10 @@ The kernel contract (shared by the CPU extension, the Triton kernel and the pure
   token (b, s); or ``None``, when the row is ``b * batch_rows + s`` (``batch_rows`` is 0 for one
   table shared by the batch, S for per-batch tables stacked as ``[B * S, r]``).
 
-Without autograd (inference, or ``torch.no_grad()``) the kernel is called directly: a custom op's
-Python dispatch costs microseconds, and at decode shapes that is the whole budget. With autograd,
-or while ``torch.compile`` traces, the calls go through the registered ops in :mod:`.ops`.
+Without autograd (inference, or ``torch.no_grad()``) the kernel is called directly; with eager
+autograd through plain ``autograd.Function`` s (:class:`.ops.Rotate`, :class:`.ops.RotateInplace`);
+while ``torch.compile`` traces, through the registered custom ops, which it can see through. A
+custom op's Python dispatch costs tens of microseconds, more than the kernel at decode shapes.
 """
 
 from __future__ import annotations
@@ -51,4 +52,6 @@ def rotate(
         # autograd accepts an in-place Function on a view (q sliced from qkv) only if it returns a
         # single tensor: one call per tensor here, fused q/k everywhere else
         return [ops.RotateInplace.apply(x, cos, sin, positions, batch_rows, interleaved, False)[0] for x in xs]
-    return list(ops.rope(xs, cos, sin, positions, batch_rows, interleaved, False))
+    if compiling:
+        return list(ops.rope(xs, cos, sin, positions, batch_rows, interleaved, False))
+    return list(ops.Rotate.apply(cos, sin, positions, batch_rows, interleaved, False, *xs))

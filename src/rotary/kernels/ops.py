@@ -19,7 +19,7 @@ from . import triton as triton_kernel
 from .eager import rotate_rows_torch
 from .extension import load_cpu_extension
 
-__all__ = ["run", "RotateInplace"]
+__all__ = ["run", "Rotate", "RotateInplace"]
 
 _CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -110,7 +110,10 @@ class RotateInplace(torch.autograd.Function):
         # the dirty tensors come first: for a view (q as a slice of qkv) autograd rebases the view's
         # history onto its base with CopySlices, which expects the view to be input 0
         *xs, cos, sin, positions, batch_rows, interleaved, conjugate = args
-        rope_(list(xs), cos, sin, positions, batch_rows, interleaved, conjugate)
+        if torch.compiler.is_compiling():
+            rope_(list(xs), cos, sin, positions, batch_rows, interleaved, conjugate)
+        else:  # eager: the kernel directly, without the custom op's Python dispatch
+            run(list(xs), list(xs), cos, sin, positions, batch_rows, interleaved, conjugate)
         ctx.mark_dirty(*xs)
         ctx.save_for_backward(cos, sin, positions)
         ctx.batch_rows, ctx.interleaved, ctx.conjugate = batch_rows, interleaved, conjugate
@@ -119,5 +122,41 @@ class RotateInplace(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):  # type: ignore[override]
         cos, sin, positions = ctx.saved_tensors
-        grad_xs = rope(list(grads), cos, sin, positions, ctx.batch_rows, ctx.interleaved, not ctx.conjugate)
+        grad_xs = _differentiable_rotation(list(grads), cos, sin, positions, ctx.batch_rows, ctx.interleaved, not ctx.conjugate)
         return (*grad_xs, None, None, None, None, None, None)
+
+
+class Rotate(torch.autograd.Function):
+    """Out-of-place rotation under eager autograd.
+
+    Same kernel and same backward as the registered op ``rotary::rope`` (which ``torch.compile``
+    uses), minus the custom op's Python dispatch: at decode shapes that dispatch costs more than
+    the kernel.
+    """
+
+    @staticmethod
+    def forward(ctx, cos, sin, positions, batch_rows, interleaved, conjugate, *xs):  # type: ignore[override]
+        ctx.save_for_backward(cos, sin, positions)
+        ctx.batch_rows, ctx.interleaved, ctx.conjugate = batch_rows, interleaved, conjugate
+        return tuple(_rotated_copies(list(xs), cos, sin, positions, batch_rows, interleaved, conjugate))
+
+    @staticmethod
+    def backward(ctx, *grads):  # type: ignore[override]
+        cos, sin, positions = ctx.saved_tensors
+        grad_xs = _differentiable_rotation(list(grads), cos, sin, positions, ctx.batch_rows, ctx.interleaved, not ctx.conjugate)
+        return (None, None, None, None, None, None, *grad_xs)
+
+
+def _differentiable_rotation(xs, cos, sin, positions, batch_rows, interleaved, conjugate):
+    """The backward's rotation, itself differentiable (double backward, gradgradcheck)."""
+    if torch.compiler.is_compiling():
+        return rope(xs, cos, sin, positions, batch_rows, interleaved, conjugate)
+    return Rotate.apply(cos, sin, positions, batch_rows, interleaved, conjugate, *xs)
+
+
+def _rotated_copies(xs, cos, sin, positions, batch_rows, interleaved, conjugate):
+    if torch.compiler.is_compiling():
+        return rope(xs, cos, sin, positions, batch_rows, interleaved, conjugate)
+    outs = [torch.empty_like(x) for x in xs]
+    run(xs, outs, cos, sin, positions, batch_rows, interleaved, conjugate)
+    return outs

@@ -153,8 +153,11 @@ class RoPE(nn.Module):
         if cu_seqlens is not None:
             if position_ids is not None:
                 raise ValueError("pass either cu_seqlens (positions restart per sequence) or position_ids, not both")
-            position_ids, _ = _packed_positions(cu_seqlens.to(x.device), x.shape[0], max_seqlen)
-        elif position_ids is None:
+            position_ids, longest = _packed_positions(cu_seqlens.to(x.device), x.shape[0], max_seqlen)
+            if longest is not None:  # known without reading positions back from the device
+                cos, sin = self._cache.get(x.device, longest)
+                return cos, sin, position_ids
+        if position_ids is None:
             raise ValueError("packed [total_tokens, H, D] inputs need cu_seqlens or per-token position_ids [total_tokens]")
         position_ids = check_position_ids(position_ids).to(x.device)
         cos, sin = self._cache.get(x.device, int(position_ids.max()) + 1 if position_ids.numel() else 0)

@@ -18,6 +18,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -182,7 +183,7 @@ void run_fixed(const std::vector<View>& views, int64_t B, int64_t S, int64_t D, 
   for (const auto& v : views) work_per_block += v.heads * D * std::min(S, kBlock);
   // ~64k elements per task: enough to amortise a thread wake-up, small enough to split prefill.
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, work_per_block));
-  at::parallel_for(0, B * blocks_per_batch, grain, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, B * blocks_per_batch, grain, [=, &views](int64_t begin, int64_t end) {
     const float* crow[kBlock];
     const float* srow[kBlock];
     for (int64_t block = begin; block < end; ++block) {
@@ -200,17 +201,26 @@ void run_fixed(const std::vector<View>& views, int64_t B, int64_t S, int64_t D, 
         T* xb = reinterpret_cast<T*>(v.in) + b * v.sb + s0 * v.ss;
         T* ob = reinterpret_cast<T*>(v.out) + b * v.ob + s0 * v.os;
         const bool inplace = xb == ob && v.sh == v.oh && v.ss == v.os;
-        if (std::abs(v.sh) >= std::abs(v.ss)) {
-          for (int64_t head = 0; head < v.heads; ++head)
-            for (int64_t j = 0; j < n; ++j)
-              rotate_vector<T, A>(xb + head * v.sh + j * v.ss, ob + head * v.oh + j * v.os, inplace, crow[j], srow[j],
-                                  sign, h, r, D, interleaved);
-        } else {
-          for (int64_t j = 0; j < n; ++j)
+        const bool heads_outer = std::abs(v.sh) >= std::abs(v.ss);
+        // the pairing and in-place choices are made once per block, outside the loops
+        auto loops = [&](auto inplace_c, auto interleaved_c) {
+          constexpr bool kInplace = decltype(inplace_c)::value, kInterleaved = decltype(interleaved_c)::value;
+          auto one = [&](int64_t head, int64_t j) {
+            rotate_vector<T, A>(xb + head * v.sh + j * v.ss, ob + head * v.oh + j * v.os, kInplace, crow[j], srow[j],
+                                sign, h, r, D, kInterleaved);
+          };
+          if (heads_outer) {
             for (int64_t head = 0; head < v.heads; ++head)
-              rotate_vector<T, A>(xb + head * v.sh + j * v.ss, ob + head * v.oh + j * v.os, inplace, crow[j], srow[j],
-                                  sign, h, r, D, interleaved);
-        }
+              for (int64_t j = 0; j < n; ++j) one(head, j);
+          } else {
+            for (int64_t j = 0; j < n; ++j)
+              for (int64_t head = 0; head < v.heads; ++head) one(head, j);
+          }
+        };
+        using Yes = std::true_type;
+        using No = std::false_type;
+        if (inplace) interleaved ? loops(Yes{}, Yes{}) : loops(Yes{}, No{});
+        else interleaved ? loops(No{}, Yes{}) : loops(No{}, No{});
       }
     }
   });

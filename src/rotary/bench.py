@@ -154,6 +154,11 @@ def _hf_compiled():
         # a higher limit dynamo would stop compiling after 8 and silently run the rest eagerly
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
         torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4096)
+        # compile in this process: a pool of compile workers starting up in the background would
+        # take CPU from whatever group is being timed at that moment
+        import torch._inductor.config
+
+        torch._inductor.config.compile_threads = 1
         _HF_COMPILED = torch.compile(_hf(), dynamic=False)
     return _HF_COMPILED
 

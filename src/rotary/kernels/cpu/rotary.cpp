@@ -202,7 +202,9 @@ void run_fixed(const std::vector<View>& views, int64_t B, int64_t S, int64_t D, 
         T* ob = reinterpret_cast<T*>(v.out) + b * v.ob + s0 * v.os;
         const bool inplace = xb == ob && v.sh == v.oh && v.ss == v.os;
         const bool heads_outer = std::abs(v.sh) >= std::abs(v.ss);
-        // the pairing and in-place choices are made once per block, outside the loops
+        // The pairing and in-place choices are made once per block, outside the loops: with the two
+        // branches inside them, the fp32 in-place kernel ran at half the speed (1.8 ms vs 0.9 ms
+        // for a 32 MiB tensor on one thread, where a plain loop and mul_ take 0.85 ms).
         auto loops = [&](auto inplace_c, auto interleaved_c) {
           constexpr bool kInplace = decltype(inplace_c)::value, kInterleaved = decltype(interleaved_c)::value;
           auto one = [&](int64_t head, int64_t j) {

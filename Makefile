@@ -23,7 +23,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --doctest-modules src tests
 
 bench: $(STAMP)
-	$(PY) -m rotary bench
+	$(PY) -m rotary bench $(addprefix --cases ,$(wildcard benchmarks/cases/*.py))
 
 # the figures docs/ embeds (PNG; the SVG twins are not committed)
 figures: $(STAMP)

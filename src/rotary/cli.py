@@ -15,6 +15,7 @@ COMMAND_MODULES = [
     "rotary.commands.plot",
     "rotary.commands.verify",
     "rotary.commands.report",
+    "rotary.bench",
 ]
 
 

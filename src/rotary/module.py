@@ -9,7 +9,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from .apply import Layout, _check_x, apply_rotary, check_layout
+from .apply import Layout, _check_x, _packed_positions, _rotate_tensors, check_layout
 from .config import read_hf_config
 from .frequencies import Frequencies, frequencies
 from .tables import TableCache, cos_sin_table
@@ -310,12 +310,39 @@ class RoPE(nn.Module):
             raise ValueError(f"offset must be an int >= 0, got {offset!r}")
         if torch.compiler.is_compiling():
             return self.cos_sin(torch.arange(offset, offset + seq_len, device=device))
-        if seq_len:
-            self.update_length(offset + seq_len)
-        if self._cache is None:
-            return self.cos_sin(torch.arange(offset, offset + seq_len, device=device))
-        cos, sin = self._cache.get(device, offset + seq_len)
+        cos, sin = self._table_rows(device, offset + seq_len if seq_len else 0)
         return cos[offset : offset + seq_len], sin[offset : offset + seq_len]
+
+    def _table_rows(self, device: torch.device, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tables ``[>= needed, r]`` indexed by position, after adapting length-dependent frequencies."""
+        if needed:
+            self.update_length(needed)
+        if self._cache is None:  # dynamic NTK past the trained length: the base changes with the length
+            return cos_sin_table(
+                torch.arange(needed, device=device), self.inv_freq,
+                attention_scaling=self.attention_scaling, interleaved=self.interleaved,
+            )  # fmt: skip
+        return self._cache.get(device, needed)
+
+    def _packed_tables(
+        self, x: torch.Tensor, position_ids: torch.Tensor | None, cu_seqlens: torch.Tensor | None, max_seqlen: int | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Cached tables covering every position of packed ``x`` ``[total_tokens, H, D]``, and those positions."""
+        if not isinstance(x, torch.Tensor) or x.dim() != 3:
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"packed inputs (cu_seqlens) must be [total_tokens, H, D], got {shape}")
+        if cu_seqlens is not None:
+            if position_ids is not None:
+                raise ValueError("pass either cu_seqlens (positions restart per sequence) or position_ids, not both")
+            position_ids, longest = _packed_positions(cu_seqlens.to(x.device), x.shape[0], max_seqlen)
+            if longest is not None:  # known without reading positions back from the device
+                cos, sin = self._table_rows(x.device, longest)
+                return cos, sin, position_ids
+        if position_ids is None:
+            raise ValueError("packed [total_tokens, H, D] inputs need cu_seqlens or per-token position_ids [total_tokens]")
+        position_ids = check_position_ids(position_ids).to(x.device)
+        cos, sin = self._table_rows(x.device, int(position_ids.max()) + 1 if position_ids.numel() else 0)
+        return cos, sin, position_ids
 
     # application -----------------------------------------------------------------------------
     def _check_input(self, x: torch.Tensor, name: str) -> None:
@@ -332,8 +359,14 @@ class RoPE(nn.Module):
         offset: int = 0,
         layout: Layout = "bhsd",
         inplace: bool = False,
+        cu_seqlens: torch.Tensor | None = None,
+        max_seqlen: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate queries and keys.
+        """Rotate queries and keys, both in one fused kernel call.
+
+        Packed variable-length batches (as in flash-attn's varlen API): q ``[total_tokens, Hq, D]``
+        and k ``[total_tokens, Hk, D]`` with ``cu_seqlens`` (int ``[N + 1]`` sequence boundaries;
+        positions restart at 0 in each sequence) or per-token ``position_ids`` ``[total_tokens]``.
 
         Args:
             q: ``[B, Hq, S, D]`` (``layout="bhsd"``) or ``[B, S, Hq, D]`` (``"bshd"``).
@@ -342,10 +375,22 @@ class RoPE(nn.Module):
             offset: first position when ``position_ids`` is None (decoding with a KV cache).
             layout: ``"bhsd"`` or ``"bshd"``.
             inplace: rotate q and k in place and return them.
+            cu_seqlens: boundaries of packed sequences (see above).
+            max_seqlen: the longest packed sequence (optional, spares reading ``cu_seqlens``).
 
         Returns:
             ``(q_rotated, k_rotated)`` with the shapes and dtypes of ``q`` and ``k``.
         """
+        if cu_seqlens is not None or (isinstance(q, torch.Tensor) and q.dim() == 3):
+            cos, sin, position_ids = self._packed_tables(q, position_ids, cu_seqlens, max_seqlen)
+            for x, name in ((q, "q"), (k, "k")):
+                if isinstance(x, torch.Tensor) and x.shape[-1] != self.head_dim:
+                    raise ValueError(f"{name} has head_dim {x.shape[-1]} but this RoPE was built for head_dim={self.head_dim}")
+            q, k = _rotate_tensors(
+                [q, k], ["q", "k"], cos, sin, interleaved=self.interleaved, layout=layout, inplace=inplace,
+                validate=False, position_ids=position_ids,
+            )  # fmt: skip
+            return q, k
         self._check_input(q, "q")
         self._check_input(k, "k")
         batch_dim, seq_dim = check_layout(layout)
@@ -356,8 +401,11 @@ class RoPE(nn.Module):
         if q.shape[batch_dim] != k.shape[batch_dim]:
             raise ValueError(f"q and k must share the batch size, got {q.shape[batch_dim]} and {k.shape[batch_dim]}")
         cos, sin = self._tables(position_ids, offset, q.shape[seq_dim], q.device)
-        opts = dict(interleaved=self.interleaved, layout=layout, inplace=inplace)
-        return apply_rotary(q, cos, sin, **opts), apply_rotary(k, cos, sin, **opts)
+        q, k = _rotate_tensors(
+            [q, k], ["q", "k"], cos, sin, interleaved=self.interleaved, layout=layout, inplace=inplace, validate=False,
+            checked=True,
+        )  # fmt: skip
+        return q, k
 
     def rotate(
         self,
@@ -367,9 +415,23 @@ class RoPE(nn.Module):
         offset: int = 0,
         layout: Layout = "bhsd",
         inplace: bool = False,
+        cu_seqlens: torch.Tensor | None = None,
+        max_seqlen: int | None = None,
     ) -> torch.Tensor:
-        """Rotate one tensor ``x`` (``[B, H, S, D]`` or ``[B, S, H, D]``); arguments as in :meth:`forward`."""
+        """Rotate one tensor ``x`` (``[B, H, S, D]``, ``[B, S, H, D]`` or packed ``[total_tokens, H, D]``);
+        arguments as in :meth:`forward`."""
+        if cu_seqlens is not None or (isinstance(x, torch.Tensor) and x.dim() == 3):
+            cos, sin, position_ids = self._packed_tables(x, position_ids, cu_seqlens, max_seqlen)
+            if x.shape[-1] != self.head_dim:
+                raise ValueError(f"x has head_dim {x.shape[-1]} but this RoPE was built for head_dim={self.head_dim}")
+            return _rotate_tensors(
+                [x], ["x"], cos, sin, interleaved=self.interleaved, layout=layout, inplace=inplace, validate=False,
+                position_ids=position_ids,
+            )[0]  # fmt: skip
         self._check_input(x, "x")
         _, seq_dim = check_layout(layout)
         cos, sin = self._tables(position_ids, offset, x.shape[seq_dim], x.device)
-        return apply_rotary(x, cos, sin, interleaved=self.interleaved, layout=layout, inplace=inplace)
+        return _rotate_tensors(
+            [x], ["x"], cos, sin, interleaved=self.interleaved, layout=layout, inplace=inplace, validate=False,
+            checked=True,
+        )[0]  # fmt: skip

@@ -31,3 +31,34 @@ def rotate_torch(
     if r == x.shape[-1]:
         return rotated
     return torch.cat((rotated, x[..., r:]), dim=-1)
+
+
+def table_rows(
+    cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor | None, batch_rows: int, batch: int, seq_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cos/sin rows of every (b, s), ``[B or 1, S, 1, r]``, from a ``[T, r]`` table (see ``dispatch.rotate``)."""
+    if positions is not None:
+        return cos[positions].unsqueeze(2), sin[positions].unsqueeze(2)
+    rows = batch if batch_rows else 1
+    return (cos[: rows * seq_len].view(rows, seq_len, 1, -1), sin[: rows * seq_len].view(rows, seq_len, 1, -1))
+
+
+def rotate_rows_torch(
+    xs: list[torch.Tensor],
+    outs: list[torch.Tensor],
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions: torch.Tensor | None,
+    batch_rows: int,
+    interleaved: bool,
+    conjugate: bool,
+) -> None:
+    """The kernel contract of ``dispatch.rotate`` in pure torch: write the rotation of each ``[B, S, H, D]`` x into out."""
+    c, s = table_rows(cos, sin, positions, batch_rows, xs[0].shape[0], xs[0].shape[1])
+    if conjugate:
+        s = -s
+    for x, out in zip(xs, outs):
+        if out is x:
+            rotate_torch(x, c, s, interleaved=interleaved, inplace=True)
+        else:
+            out.copy_(rotate_torch(x, c, s, interleaved=interleaved, inplace=False))

@@ -1,0 +1,106 @@
+"""Build (once, on first use) and load the fused CPU kernel in ``cpu/rotary.cpp``.
+
+The source is compiled with ``torch.utils.cpp_extension.load`` (ninja, from the ``dev`` extra or
+any install) into a cache directory: ``$ROTARY_CACHE_DIR``, else ``~/.cache/rotary``. It is
+compiled for the instruction set of the machine that builds it (``-march=native``), so the build
+name carries a fingerprint of the CPU, the compiler flags, torch and the source: a home directory
+shared by machines with different CPUs gets one build per CPU model, never a binary that would hit
+an illegal instruction. When the build is impossible (no compiler, no ninja, ``ROTARY_NO_EXTENSION=1``)
+the library warns once and every call takes the pure-torch path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+__all__ = ["load_cpu_extension", "cpu_extension_error", "SOURCE"]
+
+SOURCE = Path(__file__).with_name("cpu") / "rotary.cpp"
+# -ffp-contract=off: no fused multiply-add, so results are bit-identical to the pure-torch path
+# (separate fp32 multiplies and adds), which the tests assert.
+CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-DNDEBUG"]
+LDFLAGS = ["-fopenmp"]
+
+_module: ModuleType | None = None
+_error: str | None = None
+_tried = False
+
+
+def _cpu_fingerprint() -> str:
+    """Model name and flags of this CPU: what ``-march=native`` compiles for."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        keep = [ln for ln in lines if ln.split(":")[0].strip() in ("model name", "flags", "Features", "CPU part")]
+        return "\n".join(sorted(set(keep)))
+    except OSError:
+        return platform.processor() + platform.machine()
+
+
+def _build_name() -> str:
+    h = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), " ".join(CFLAGS).encode(), torch.__version__.encode(),
+                 platform.python_version().encode(), _cpu_fingerprint().encode()):
+        h.update(part)
+    return f"rotary_cpu_{h.hexdigest()[:16]}"
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("ROTARY_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "rotary")
+    return Path(root)
+
+
+def _build() -> ModuleType:
+    import shutil
+    import sys
+
+    from torch.utils import cpp_extension
+
+    # ninja installed in a virtualenv sits beside its python, which may not be on PATH (make test).
+    if shutil.which("ninja") is None:
+        os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+    name = _build_name()
+    directory = _cache_dir() / name
+    directory.mkdir(parents=True, exist_ok=True)
+    return cpp_extension.load(
+        name=name,
+        sources=[str(SOURCE)],
+        extra_cflags=CFLAGS,
+        extra_ldflags=LDFLAGS,
+        build_directory=str(directory),
+        verbose=False,
+    )
+
+
+def load_cpu_extension() -> ModuleType | None:
+    """The compiled kernel module, building it on the first call; ``None`` (after one warning) if unavailable."""
+    global _module, _error, _tried
+    if _tried:
+        return _module
+    _tried = True
+    if os.environ.get("ROTARY_NO_EXTENSION", "") not in ("", "0"):
+        _error = "disabled by ROTARY_NO_EXTENSION"
+    else:
+        try:
+            _module = _build()
+        except Exception as exc:  # any build failure means: fall back, do not crash the caller
+            _error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+    if _module is None:
+        warnings.warn(
+            f"rotary: the fused CPU kernel is unavailable ({_error}); using the slower pure-torch path. "
+            "It needs a C++ compiler and ninja (pip install ninja).",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return _module
+
+
+def cpu_extension_error() -> str | None:
+    """Why the extension is unavailable (``None`` if it loaded or was never tried)."""
+    return _error

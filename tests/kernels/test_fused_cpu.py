@@ -1,0 +1,175 @@
+"""The fused CPU kernel against the pure-torch oracle: bit-identical results over drawn shapes,
+strides, dtypes, pairings, partial rotation, GQA, layouts and position forms."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import rotary
+from rotary.kernels import extension
+from rotary.kernels.eager import rotate_pairs, rotate_torch
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _extension_built():
+    # the fused path must really run here: a failed build is a failed test, not a silent fallback
+    assert extension.load_cpu_extension() is not None, extension.cpu_extension_error()
+
+
+def oracle(x: torch.Tensor, cos_rows: torch.Tensor, sin_rows: torch.Tensor, layout: str, interleaved: bool):
+    """Pure-torch rotation of a contiguous copy; cos_rows/sin_rows ``[B or 1, S, r]``."""
+    head_axis = 1 if layout == "bhsd" else 2
+    c, s = cos_rows.unsqueeze(head_axis), sin_rows.unsqueeze(head_axis)
+    return rotate_torch(x.contiguous(), c, s, interleaved=interleaved, inplace=False)
+
+
+def assert_matches(got, expected, x, cos_rows, sin_rows, layout, interleaved):
+    """Half pairing: bit-identical. Interleaved: GCC contracts the pair's complex multiply into
+    fmaddsub, so allow one rounding of the products (and one flip of the final rounding)."""
+    if not interleaved:
+        assert torch.equal(got, expected), f"max error {(got.double() - expected.double()).abs().max()}"
+        return
+    head_axis = 1 if layout == "bhsd" else 2
+    c, s = cos_rows.unsqueeze(head_axis).double(), sin_rows.unsqueeze(head_axis).double()
+    r = c.shape[-1]
+    part = x[..., :r].double()
+    magnitude = part.abs() * c.abs() + rotate_pairs(part, True).abs() * s.abs()
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    bound = torch.finfo(compute).eps * magnitude + torch.finfo(x.dtype).eps * expected[..., :r].double().abs()
+    err = (got[..., :r].double() - expected[..., :r].double()).abs()
+    assert bool((err <= bound).all()), f"max error {err.max()} beyond the rounding bound"
+    assert torch.equal(got[..., r:], expected[..., r:])  # pass-through channels are exact
+
+
+def make_qk(draw_shape, dtype, layout, strided, gen):
+    """q and k as requested; ``strided`` makes them views into one fused qkv projection."""
+    B, S, Hq, Hk, D = draw_shape
+    if strided:
+        qkv = torch.randn(B, S, Hq + 2 * Hk, D, generator=gen).to(dtype)  # [B, S, heads, D] as a Linear gives
+        q, k = qkv[:, :, :Hq], qkv[:, :, Hq : Hq + Hk]
+        if layout == "bhsd":
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
+        return q, k, qkv
+    shape = (lambda h: (B, h, S, D)) if layout == "bhsd" else (lambda h: (B, S, h, D))
+    return torch.randn(shape(Hq), generator=gen).to(dtype), torch.randn(shape(Hk), generator=gen).to(dtype), None
+
+
+@st.composite
+def cases(draw):
+    B, S = draw(st.integers(1, 3)), draw(st.integers(1, 9))
+    Hk = draw(st.integers(1, 3))
+    Hq = Hk * draw(st.integers(1, 3))  # GQA
+    D = 2 * draw(st.integers(1, 12))
+    r = 2 * draw(st.integers(1, D // 2))
+    return dict(
+        shape=(B, S, Hq, Hk, D),
+        r=r,
+        dtype=draw(st.sampled_from(DTYPES)),
+        layout=draw(st.sampled_from(["bhsd", "bshd"])),
+        interleaved=draw(st.booleans()),
+        strided=draw(st.booleans()),
+        inplace=draw(st.booleans()),
+        tables=draw(st.sampled_from(["shared", "per_batch", "position_ids_1d", "position_ids_2d"])),
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(cases())
+def test_fused_matches_pure_torch(case):
+    gen = torch.Generator().manual_seed(case["seed"])
+    B, S, Hq, Hk, D = case["shape"]
+    rope = rotary.RoPE(D, rotary_dim=case["r"], interleaved=case["interleaved"])
+    q, k, qkv = make_qk(case["shape"], case["dtype"], case["layout"], case["strided"], gen)
+    positions = torch.randint(0, 40, (B, S), generator=gen)
+    table_cos, table_sin = rope.cos_sin(torch.arange(40))
+    kind = case["tables"]
+    if kind == "shared":
+        cos, sin, kwargs, rows = table_cos[:S], table_sin[:S], {}, torch.arange(S).expand(1, S)
+    elif kind == "per_batch":
+        cos, sin, kwargs, rows = table_cos[positions], table_sin[positions], {}, positions
+    elif kind == "position_ids_1d":
+        rows = positions[:1]
+        cos, sin, kwargs = table_cos, table_sin, {"position_ids": rows[0]}
+    else:
+        rows = positions
+        cos, sin, kwargs = table_cos, table_sin, {"position_ids": rows}
+    expected = [oracle(t, table_cos[rows], table_sin[rows], case["layout"], case["interleaved"]) for t in (q, k)]
+    before = [t.clone() for t in (q, k)]
+    opts = dict(interleaved=case["interleaved"], layout=case["layout"], inplace=case["inplace"], **kwargs)
+    got = [rotary.apply_rotary(t, cos, sin, **opts) for t in (q, k)]
+    for g, e, t, b in zip(got, expected, (q, k), before):
+        assert g.dtype == t.dtype and g.shape == t.shape
+        assert_matches(g, e, b, table_cos[rows], table_sin[rows], case["layout"], case["interleaved"])
+        if case["inplace"]:
+            assert g is t
+        else:
+            assert torch.equal(t, b), "out-of-place call modified its input"
+    if qkv is not None and case["inplace"]:  # v (the heads after q and k) is never touched
+        v_after = qkv[:, :, Hq + Hk :].clone()
+        _, _, fresh = make_qk(case["shape"], case["dtype"], case["layout"], True, torch.Generator().manual_seed(case["seed"]))
+        assert torch.equal(v_after, fresh[:, :, Hq + Hk :])
+
+
+def test_module_fuses_q_and_k_and_matches_separate_calls():
+    rope = rotary.RoPE(64, rotary_dim=32)
+    q, k = torch.randn(2, 8, 16, 64), torch.randn(2, 2, 16, 64)
+    pos = torch.tensor([[3, 4, 5, 6] * 4, list(range(16))])
+    qr, kr = rope(q, k, position_ids=pos)
+    cos, sin = rope.cos_sin(pos)
+    assert torch.equal(qr, rotary.apply_rotary(q, cos, sin))
+    assert torch.equal(kr, rotary.apply_rotary(k, cos, sin))
+    assert torch.equal(qr[..., 32:], q[..., 32:])  # pass-through channels
+
+
+def test_inplace_on_qkv_views_leaves_everything_else_alone():
+    B, S, H, D = 2, 7, 4, 16
+    qkv = torch.randn(B, S, 3 * H * D)
+    view = qkv.view(B, S, 3, H, D)
+    q, k, v = view[:, :, 0], view[:, :, 1], view[:, :, 2]
+    expected_q = rotary.apply_rotary(q.contiguous(), *rotary.RoPE(D, rotary_dim=8).cos_sin(torch.arange(S)), layout="bshd")
+    v_before = v.clone()
+    ptr = qkv.data_ptr()
+    rope = rotary.RoPE(D, rotary_dim=8)
+    qr, kr = rope(q, k, layout="bshd", inplace=True)
+    assert qr is q and kr is k and qkv.data_ptr() == ptr
+    assert torch.equal(view[:, :, 0], expected_q)
+    assert torch.equal(v, v_before)
+
+
+def test_against_float64_block_diagonal_reference():
+    # an independent oracle (matrix form, float64) at fp32 rounding
+    rope = rotary.RoPE(32, interleaved=True)
+    x = torch.randn(1, 2, 50, 32)
+    got = rope.rotate(x, offset=1000)
+    ref = rotary.reference.rotate_matrix(x.double(), torch.arange(1000, 1050), rope.inv_freq, interleaved=True)
+    assert (got.double() - ref).abs().max() < 1e-5
+
+
+def test_large_shape_uses_threads_and_matches():
+    # big enough to be split across threads (grain 32k elements)
+    rope = rotary.RoPE(128)
+    q = torch.randn(1, 32, 300, 128, dtype=torch.bfloat16)
+    cos, sin = rope.cos_sin(torch.arange(300))
+    expected = oracle(q, cos.unsqueeze(0), sin.unsqueeze(0), "bhsd", False)
+    assert torch.equal(rotary.apply_rotary(q, cos, sin), expected)
+    assert torch.equal(rotary.apply_rotary_(q, cos, sin), expected)
+
+
+def test_inplace_allocates_nothing_of_the_inputs_size():
+    from rotary.bench import extra_peak_bytes
+
+    rope = rotary.RoPE(128, rotary_dim=64)
+    q, k = torch.randn(1, 16, 1024, 128), torch.randn(1, 4, 1024, 128)  # 8 MiB + 2 MiB
+    rope(q, k, inplace=True)  # warm the table cache
+    inplace = extra_peak_bytes(lambda: rope(q, k, inplace=True))
+    if inplace is None:
+        pytest.skip("peak resident memory needs Linux /proc")
+    assert inplace < 2**20, f"in-place rotation added {inplace} bytes"
+    # the measurement is not blind: a fresh 64 MiB tensor shows up
+    assert extra_peak_bytes(lambda: torch.ones(2**24)) >= 60 * 2**20

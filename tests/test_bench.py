@@ -1,0 +1,95 @@
+"""``rotary bench``: the quick run prints a table, --json is machine-readable, extra cases load from a file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from rotary import bench
+from rotary.cli import main
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rotary", "bench", *args], capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_quick_bench_prints_a_table():
+    done = run_cli("--quick", "--repeats", "1", "--dtypes", "fp32")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "logical CPUs" in out and "threads" in out and "fused CPU kernel loaded" in out
+    for method in (
+        "limit: in-place pass (mul_)",
+        "limit: copy (clone)",
+        "rotary fused, in place",
+        "rotary fused, out of place",
+        "rotary pure-torch path",
+        "HF eager apply_rotary_pos_emb",
+        "rotary-embedding-torch 0.9.1",
+        "complex form (Meta LLaMA)",
+    ):
+        assert method in out
+    assert "prefill-small 1x4x128x64 fp32" in out and "decode-small 2x4x1x64 fp32" in out
+    assert "fwd+bwd" in out and "extra peak MiB" in out
+
+
+@pytest.mark.slow
+def test_json_output_and_extra_cases(tmp_path):
+    cases = tmp_path / "my_cases.py"
+    cases.write_text(
+        textwrap.dedent(
+            """
+            from rotary import bench
+
+            bench.register_method(bench.Method("extra: q.add_(0)", lambda i: lambda: i.q.add_(0.0)))
+
+            def suite(options):
+                t = bench.time_interleaved({"noop": lambda: None}, options.repeats)
+                return [bench.Result("my suite", "noop", False, t["noop"], options.repeats)]
+
+            bench.register_suite("mine", suite)
+            """
+        )
+    )
+    done = run_cli("--quick", "--repeats", "1", "--dtypes", "bf16", "--shapes", "decode", "--json", "--cases", str(cases))
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["machine"]["torch_threads"] >= 1
+    rows = data["results"]
+    groups = {r["group"] for r in rows}
+    assert groups == {"decode 16x32x1x128 bf16", "my suite"}
+    by_method = {(r["method"], r["backward"]): r for r in rows if r["group"].startswith("decode")}
+    assert ("extra: q.add_(0)", False) in by_method
+    inplace = by_method[("rotary fused, in place", False)]
+    assert inplace["median_s"] > 0 and inplace["ratios"]["x in-place pass"] > 0
+    assert by_method[("HF eager apply_rotary_pos_emb", False)]["ratios"]["HF eager speedup"] == pytest.approx(1.0)
+
+
+def test_extra_peak_bytes_sees_a_large_temporary():
+    import torch
+
+    x = torch.randn(2**22)  # 16 MiB
+    extra = bench.extra_peak_bytes(lambda: x * 2)
+    if extra is None:
+        pytest.skip("peak resident memory needs Linux /proc")
+    assert 15 * 2**20 <= extra <= 40 * 2**20
+    assert bench.extra_peak_bytes(lambda: x.mul_(1.0)) < 2**20
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--dtypes", "fp8"], "unknown dtype 'fp8'"),
+        (["--shapes", "nope"], "names no shape"),
+        (["--repeats", "0"], "--repeats must be >= 1"),
+        (["--cases", "/nonexistent/cases.py"], "no such file"),
+    ],
+)
+def test_bad_arguments(args, message, capsys):
+    assert main(["bench", "--quick", "--no-memory", *args]) == 2
+    assert message in capsys.readouterr().err

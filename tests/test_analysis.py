@@ -206,4 +206,4 @@ def test_verify_catches_tables_built_for_the_other_pairing():
     failed = {c.name for c in analysis.verify(rope, seq_len=16) if not c.passed}
     assert "tables match the half pairing" in failed
     assert "fast == block-diagonal matrix" in failed
-    assert "norm preserved (× attention_scaling)" in failed
+    # (norms may survive: the fused kernel reads one angle per pair, so it still rotates, by wrong angles)

@@ -50,9 +50,9 @@ def rotate_calls(monkeypatch):
     calls = []
     real = dispatch.rotate
 
-    def counting(*args, **kwargs):
-        calls.append(args[0].shape)
-        return real(*args, **kwargs)
+    def counting(xs, *args, **kwargs):
+        calls.extend(x.shape for x in xs)
+        return real(xs, *args, **kwargs)
 
     monkeypatch.setattr(dispatch, "rotate", counting)
     return calls

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from .apply import apply_rotary
+from .apply import _rotate_tensors, apply_rotary
 
 __all__ = ["SUPPORTED", "is_patched", "patch", "unpatch"]
 
@@ -41,17 +41,22 @@ def _layout(unsqueeze_dim: int) -> str:
         raise ValueError(f"unsqueeze_dim must be 1 ([B, H, S, D]) or 2 ([B, S, H, D]), got {unsqueeze_dim!r}") from None
 
 
+def _apply_pair(q, k, cos, sin, *, interleaved: bool, layout: str):
+    """q and k rotated in one kernel call (transformers passes [B, S, r] or [S, r] tables)."""
+    q, k = _rotate_tensors(
+        [q, k], ["q", "k"], cos, sin, interleaved=interleaved, layout=layout, inplace=False, validate=False
+    )
+    return q, k
+
+
 def _apply_half(q, k, cos, sin, unsqueeze_dim=1):
     """Llama family: pairs (i, i + r/2); ``r = cos.shape[-1]`` may be < head_dim (GPT-NeoX, Phi-3)."""
-    layout = _layout(unsqueeze_dim)
-    return apply_rotary(q, cos, sin, layout=layout), apply_rotary(k, cos, sin, layout=layout)
+    return _apply_pair(q, k, cos, sin, interleaved=False, layout=_layout(unsqueeze_dim))
 
 
 def _apply_interleaved(q, k, cos, sin, unsqueeze_dim=1):
     """Cohere: pairs (2i, 2i+1); its tables already repeat each angle twice in a row."""
-    layout = _layout(unsqueeze_dim)
-    opts = dict(interleaved=True, layout=layout)
-    return apply_rotary(q, cos, sin, **opts), apply_rotary(k, cos, sin, **opts)
+    return _apply_pair(q, k, cos, sin, interleaved=True, layout=_layout(unsqueeze_dim))
 
 
 def _apply_glm(q, k, cos, sin, unsqueeze_dim=1):

@@ -93,3 +93,18 @@ def test_extra_peak_bytes_sees_a_large_temporary():
 def test_bad_arguments(args, message, capsys):
     assert main(["bench", "--quick", "--no-memory", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_hf_llama_patch_case_adds_a_patched_vs_unpatched_group():
+    import argparse
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "cases" / "hf_llama_patch.py"
+    spec = importlib.util.spec_from_file_location("hf_llama_patch_case", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = module.suite(argparse.Namespace(quick=True, repeats=1))
+    assert [r.method for r in rows] == ["HF Llama, unpatched", "HF Llama, rotary.hf.patch"]
+    assert all(r.median_s > 0 for r in rows)
+    assert rows[0].ratios["HF eager speedup"] == 1.0

@@ -1,0 +1,47 @@
+"""Extra `rotary bench` suite: forward of a small random-weight Llama, rotary.hf.patch vs unpatched.
+
+Loaded by `make bench` (every file in benchmarks/cases/ is passed as `--cases`). The whole model
+runs, so RoPE is a small part of the time: the ratio shows what patching buys end to end.
+Skipped (no rows) when transformers is not installed. `--quick` uses a shorter sequence.
+"""
+
+import importlib.util
+from pathlib import Path
+
+import torch
+
+from rotary import bench, hf
+
+_spec = importlib.util.spec_from_file_location("bench_hf_patch", Path(__file__).resolve().parents[1] / "bench_hf_patch.py")
+_models = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_models)
+
+
+def suite(options) -> list[bench.Result]:
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return []
+    batch, seq = (1, 64) if options.quick else (4, 512)
+    unpatched = _models.build_llama(256, 4, 8, 2)
+    patched = hf.patch(_models.build_llama(256, 4, 8, 2))
+    ids = torch.randint(1000, (batch, seq))
+    with torch.no_grad():
+        torch.testing.assert_close(patched(ids).logits, unpatched(ids).logits, rtol=1e-4, atol=1e-5)
+
+        def forward(model):
+            return lambda: model(ids)
+
+        medians = bench.time_interleaved(
+            {"unpatched": forward(unpatched), "patched": forward(patched)}, options.repeats or 3
+        )
+    group = f"small Llama forward (hidden 256, 4 layers, 8/2 heads) {batch}x{seq} fp32"
+    results = []
+    for name, label in (("unpatched", "HF Llama, unpatched"), ("patched", "HF Llama, rotary.hf.patch")):
+        r = bench.Result(group, label, False, medians[name], options.repeats or 3)
+        r.ratios["HF eager speedup"] = medians["unpatched"] / medians[name]
+        results.append(r)
+    return results
+
+
+bench.register_suite("hf_llama_patch", suite)

@@ -28,3 +28,13 @@ def test_bad_argument_is_one_line_and_status_2():
 def test_main_returns_2_for_bad_values(capsys):
     assert main(["demo", "--head-dim", "0"]) == 2
     assert "head_dim must be a positive int, got 0" in capsys.readouterr().err
+
+
+def test_missing_optional_package_is_one_line_not_a_traceback(monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "rich", None)  # as if rotary were installed without [plot]
+    monkeypatch.setitem(sys.modules, "rich.table", None)
+    assert main(["inspect", "--head-dim", "16"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "needs the optional package 'rich'" in err and "rotary[plot]" in err

@@ -19,6 +19,15 @@ COMMAND_MODULES = [
 ]
 
 
+#: optional packages some commands need -> how to install them
+OPTIONAL_PACKAGES = {
+    "rich": "'rotary[plot]'",
+    "matplotlib": "'rotary[plot]'",
+    "transformers": "transformers",
+    "rotary_embedding_torch": "rotary-embedding-torch",
+}
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit status 2, no usage dump
         self.exit(2, f"{self.prog}: error: {message}\n")
@@ -43,6 +52,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, TypeError, FileNotFoundError) as exc:  # bad input: one line, status 2
         print(f"rotary {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except ImportError as exc:  # an optional dependency of this command is missing
+        missing = (exc.name or "").split(".")[0]
+        if missing not in OPTIONAL_PACKAGES:
+            raise
+        print(
+            f"rotary {args.command}: error: needs the optional package {missing!r}; "
+            f"install it with: pip install {OPTIONAL_PACKAGES[missing]}",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

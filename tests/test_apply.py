@@ -278,3 +278,40 @@ def test_apply_rotary_table_type_errors():
         rotary.apply_rotary(x, torch.ones(2, 4, dtype=torch.long), torch.ones(2, 4, dtype=torch.long))
     with pytest.raises(TypeError, match="x must be a torch.Tensor, got ndarray"):
         rotary.apply_rotary(np.zeros((1, 1, 2, 4)), torch.ones(2, 4), torch.ones(2, 4))
+
+
+# --- found in review: inputs that used to give silently wrong tensors or unclear errors ----------
+def test_position_ids_with_another_batch_size_are_rejected():
+    rope = rotary.RoPE(16)
+    q = torch.randn(1, 2, 4, 16)
+    three_rows = torch.arange(12).view(3, 4)
+    for call in (lambda: rope(q, q.clone(), position_ids=three_rows), lambda: rope.rotate(q, position_ids=three_rows)):
+        with pytest.raises(ValueError, match="position_ids have batch 3 but the input has batch 1"):
+            call()
+    q2 = torch.randn(2, 2, 4, 16)
+    with pytest.raises(ValueError, match="batch 3 but the input has batch 2"):
+        rope.rotate(q2, position_ids=three_rows)
+    assert rope.rotate(q2, position_ids=three_rows[:1]).shape == q2.shape  # [1, S] broadcasts
+
+
+def test_inplace_refuses_memory_it_would_rotate_twice():
+    rope = rotary.RoPE(16)
+    k = torch.randn(1, 1, 4, 16).expand(1, 3, 4, 16)  # MQA keys broadcast over heads
+    with pytest.raises(ValueError, match="k .*overlapping memory"):
+        rope(torch.randn(1, 3, 4, 16), k, inplace=True)
+    a = torch.randn(1, 3, 4, 16)
+    with pytest.raises(ValueError, match="q and k are the same memory"):
+        rope(a, a, inplace=True)
+    q_out, k_out = rope(torch.randn(1, 3, 4, 16), k)  # out of place the expanded view is fine
+    assert torch.equal(k_out[:, 0], k_out[:, 2])
+
+
+def test_uint8_position_ids_are_rejected_not_used_as_a_mask():
+    with pytest.raises(TypeError, match="uint8.*boolean mask"):
+        rotary.RoPE(16).cos_sin(torch.tensor([3, 2, 1, 0], dtype=torch.uint8))
+
+
+def test_q_and_k_of_different_dtypes_name_both():
+    rope = rotary.RoPE(16)
+    with pytest.raises(TypeError, match="q and k must share a dtype, got torch.bfloat16 for q and torch.float32 for k"):
+        rope(torch.randn(1, 2, 4, 16).bfloat16(), torch.randn(1, 2, 4, 16))

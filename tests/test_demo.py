@@ -26,8 +26,8 @@ def test_bad_argument_is_one_line_and_status_2():
 
 
 def test_main_returns_2_for_bad_values(capsys):
-    assert main(["demo", "--head-dim", "0"]) == 2
-    assert "head_dim must be a positive int, got 0" in capsys.readouterr().err
+    assert main(["demo", "--head-dim", "7"]) == 2
+    assert "head_dim must be even (channels rotate in pairs), got head_dim=7" in capsys.readouterr().err
 
 
 def test_missing_optional_package_is_one_line_not_a_traceback(monkeypatch, capsys):
@@ -38,3 +38,21 @@ def test_missing_optional_package_is_one_line_not_a_traceback(monkeypatch, capsy
     assert main(["inspect", "--head-dim", "16"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "needs the optional package 'rich'" in err and "rotary[plot]" in err
+
+
+def test_bad_counts_are_usage_errors():
+    for args in (("demo", "--seq-len", "0"), ("demo", "--seq-len", "-3"), ("bench", "--quick", "--threads", "-1")):
+        out = run(*args)
+        assert out.returncode == 2, (args, out.stderr)
+        assert out.stderr.strip().count("\n") == 0 and "must be a positive integer" in out.stderr
+
+
+def test_closed_pipe_is_not_a_traceback():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rotary", "inspect", "--head-dim", "4096", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    proc.stdout.read(100)  # the reader goes away long before the ~1 MB of JSON is written
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 0 and "Traceback" not in err, err

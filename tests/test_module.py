@@ -87,3 +87,15 @@ def test_max_position_validation():
 def test_repr_names_configuration():
     text = repr(rotary.RoPE(64, rotary_dim=32, base=500000.0, interleaved=True))
     assert "rotary_dim=32" in text and "base=500000" in text and "interleaved=True" in text
+
+
+def test_editing_the_inv_freq_buffer_cannot_make_paths_disagree(gen):
+    # inv_freq mirrors the frozen frequencies; every path (cached, compiled) computes from those
+    rope = rotary.RoPE(16)
+    q = torch.randn(1, 2, 5, 16, generator=gen)
+    before = rope.rotate(q, offset=3)
+    with torch.no_grad():
+        rope.inv_freq.mul_(0.5)
+    compiled = torch.compile(lambda x: rope.rotate(x, offset=3), fullgraph=True, backend="eager")
+    assert torch.equal(rope.rotate(q, offset=3), before)
+    assert torch.allclose(compiled(q), before, atol=1e-6)

@@ -81,3 +81,25 @@ def test_attention_scaling_multiplies_tables():
     c1, s1 = cos_sin_table(torch.arange(3), inv)
     assert torch.allclose(cos, 2 * c1) and torch.allclose(sin, 2 * s1)
     assert float(cos[0, 0]) == 2.0 and math.isclose(float(sin[1, 0]), 2 * math.sin(1.0), rel_tol=1e-7)
+
+
+def test_failed_growth_leaves_a_working_cache(monkeypatch):
+    import rotary.tables as tables
+
+    cache = TableCache(rotary.frequencies(16).inv_freq, 1.0, False, 8)
+    small = cache.get(torch.device("cpu"), 8)[0].clone()
+    real = tables.cos_sin_table
+
+    def out_of_memory(positions, *args, **kwargs):
+        if positions.numel() > 8:
+            raise RuntimeError("can't allocate")
+        return real(positions, *args, **kwargs)
+
+    monkeypatch.setattr(tables, "cos_sin_table", out_of_memory)
+    with pytest.raises(RuntimeError, match="allocate"):
+        cache.get(torch.device("cpu"), 2**20)
+    assert cache.length == 8 and torch.equal(cache.get(torch.device("cpu"), 8)[0], small)
+    monkeypatch.setattr(tables, "cos_sin_table", real)
+    grown = cache.get(torch.device("cpu"), 100)[0]
+    assert cache.length >= 100 and torch.equal(grown[:8], small)
+    assert torch.equal(grown[:100], real(torch.arange(100), cache.inv_freq)[0])

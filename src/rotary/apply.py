@@ -152,6 +152,8 @@ def _rotate_tensors(
     from .module import check_position_ids  # module.py imports this file
 
     x0 = xs[0]
+    if inplace and not torch.compiler.is_compiling():
+        _check_inplace_targets(xs, names)
     packed = cu_seqlens is not None or (isinstance(x0, torch.Tensor) and x0.dim() == 3)
     if checked and not packed and position_ids is None:
         views = [x.transpose(1, 2) if layout == "bhsd" else x for x in xs]
@@ -164,6 +166,8 @@ def _rotate_tensors(
             _check_packed_x(x, name)
         else:
             _check_x(x, name)
+        if x.dtype != x0.dtype:
+            raise TypeError(f"{name} has dtype {x.dtype} but {names[0]} has {x0.dtype}; cast them to one dtype")
     if packed:
         total, head_dim = x0.shape[0], x0.shape[-1]
         for x, name in zip(xs, names):
@@ -221,6 +225,25 @@ def _rotate_tensors(
     if validate:
         check_tables(cos, sin, interleaved=interleaved)
     return _finish(xs, views, *tables, positions, batch_rows, interleaved, inplace, layout, packed)
+
+
+def _check_inplace_targets(xs: list[torch.Tensor], names: list[str]) -> None:
+    """In place, every element must be written once: no expanded (stride-0) views, no tensor given twice."""
+    for x, name in zip(xs, names):
+        if isinstance(x, torch.Tensor) and torch._debug_has_internal_overlap(x) == 1:
+            raise ValueError(
+                f"{name} (shape {tuple(x.shape)}, strides {x.stride()}) has overlapping memory, e.g. keys expanded over "
+                "heads: rotating it in place would turn shared elements several times; pass a tensor that owns its "
+                "memory or rotate out of place"
+            )
+    for i in range(len(xs)):
+        for j in range(i + 1, len(xs)):
+            a, b = xs[i], xs[j]
+            if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.numel() and a.data_ptr() == b.data_ptr():
+                raise ValueError(
+                    f"{names[i]} and {names[j]} are the same memory: rotating both in place would turn it twice; "
+                    "pass separate tensors or rotate out of place"
+                )
 
 
 def _finish(

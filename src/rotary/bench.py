@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from .cli import positive_int
+
 __all__ = [
     "Inputs",
     "Method",
@@ -512,7 +514,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtypes", default="fp32,bf16", help="comma-separated: fp32, bf16, fp16 (default fp32,bf16)")
     p.add_argument("--shapes", default=None, help="comma-separated shape names (default: all)")
     p.add_argument("--repeats", type=int, default=None, help="interleaved samples per method (default 9; quick 3)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's current setting)")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's current setting)")
     p.add_argument("--compile", action="store_true", help="with --quick: keep the torch.compile baseline")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")

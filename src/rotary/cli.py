@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
+import os
 import sys
 from collections.abc import Sequence
 
@@ -28,6 +30,28 @@ OPTIONAL_PACKAGES = {
 }
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an int > 0 (argparse turns the error into a one-line usage message, status 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite float > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit status 2, no usage dump
         self.exit(2, f"{self.prog}: error: {message}\n")
@@ -49,6 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:  # e.g. `rotary inspect ... --json | head`: the reader left, that's fine
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (ValueError, TypeError, FileNotFoundError) as exc:  # bad input: one line, status 2
         print(f"rotary {args.command}: error: {exc}", file=sys.stderr)
         return 2

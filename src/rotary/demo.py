@@ -9,6 +9,7 @@ import torch
 
 from . import reference
 from .apply import permute_qk_weight
+from .cli import positive_int
 from .module import RoPE
 
 __all__ = ["run_checks", "register"]
@@ -76,6 +77,6 @@ def _demo(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="rotate a small batch and check RoPE's properties")
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--seq-len", type=int, default=32)
+    p.add_argument("--head-dim", type=positive_int, default=64)
+    p.add_argument("--seq-len", type=positive_int, default=32)
     p.set_defaults(func=_demo)

@@ -29,6 +29,8 @@ def check_position_ids(position_ids: torch.Tensor) -> torch.Tensor:
             f"position_ids must have an integer dtype (int64 or int32), got {position_ids.dtype}; "
             "float positions round (bf16 turns 257 into 256)"
         )
+    if position_ids.dtype == torch.uint8:
+        raise TypeError("position_ids must be int64 or int32, got torch.uint8 (torch indexes with uint8 as a boolean mask)")
     if position_ids.dim() not in (1, 2):
         raise ValueError(f"position_ids must be [S] or [B, S], got shape {tuple(position_ids.shape)}")
     if not torch.compiler.is_compiling() and position_ids.numel() and int(position_ids.min()) < 0:
@@ -263,6 +265,11 @@ class RoPE(nn.Module):
             self.max_seq_len_cached = self.original_max_seq_len
         self._stateless_len = None
 
+    def _inv_freq_on(self, device: torch.device) -> torch.Tensor:
+        # the frozen fp32 frequencies, not the buffer: every path (cached, per-call, compiled) computes
+        # from the same values, and an edit to ``rope.inv_freq`` cannot make them disagree
+        return self.freqs.inv_freq.to(device)
+
     def extra_repr(self) -> str:
         f = self.freqs
         return (
@@ -291,19 +298,25 @@ class RoPE(nn.Module):
             self.update_length(position_ids.max() + 1)
         if torch.compiler.is_compiling() or self._cache is None:
             return cos_sin_table(
-                position_ids, self.inv_freq, attention_scaling=self.attention_scaling, interleaved=self.interleaved
+                position_ids, self._inv_freq_on(position_ids.device), attention_scaling=self.attention_scaling,
+                interleaved=self.interleaved,
             )
         needed = int(position_ids.max()) + 1 if position_ids.numel() else 0
         cos, sin = self._cache.get(position_ids.device, needed)
         return cos[position_ids], sin[position_ids]
 
     def _tables(
-        self, position_ids: torch.Tensor | None, offset: int, seq_len: int, device: torch.device
+        self, position_ids: torch.Tensor | None, offset: int, seq_len: int, batch: int, device: torch.device
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if position_ids is not None:
             if position_ids.shape[-1] != seq_len:
                 raise ValueError(
                     f"position_ids cover S={position_ids.shape[-1]} positions but the input has S={seq_len}"
+                )
+            if position_ids.dim() == 2 and position_ids.shape[0] not in (1, batch):
+                raise ValueError(
+                    f"position_ids have batch {position_ids.shape[0]} but the input has batch {batch}; "
+                    "pass [S], [1, S] or [B, S]"
                 )
             return self.cos_sin(position_ids.to(device))
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
@@ -319,7 +332,7 @@ class RoPE(nn.Module):
             self.update_length(needed)
         if self._cache is None:  # dynamic NTK past the trained length: the base changes with the length
             return cos_sin_table(
-                torch.arange(needed, device=device), self.inv_freq,
+                torch.arange(needed, device=device), self._inv_freq_on(device),
                 attention_scaling=self.attention_scaling, interleaved=self.interleaved,
             )  # fmt: skip
         return self._cache.get(device, needed)
@@ -400,7 +413,9 @@ class RoPE(nn.Module):
             )
         if q.shape[batch_dim] != k.shape[batch_dim]:
             raise ValueError(f"q and k must share the batch size, got {q.shape[batch_dim]} and {k.shape[batch_dim]}")
-        cos, sin = self._tables(position_ids, offset, q.shape[seq_dim], q.device)
+        if q.dtype != k.dtype:
+            raise TypeError(f"q and k must share a dtype, got {q.dtype} for q and {k.dtype} for k; cast one of them")
+        cos, sin = self._tables(position_ids, offset, q.shape[seq_dim], q.shape[batch_dim], q.device)
         q, k = _rotate_tensors(
             [q, k], ["q", "k"], cos, sin, interleaved=self.interleaved, layout=layout, inplace=inplace, validate=False,
             checked=True,
@@ -429,8 +444,8 @@ class RoPE(nn.Module):
                 position_ids=position_ids,
             )[0]  # fmt: skip
         self._check_input(x, "x")
-        _, seq_dim = check_layout(layout)
-        cos, sin = self._tables(position_ids, offset, x.shape[seq_dim], x.device)
+        batch_dim, seq_dim = check_layout(layout)
+        cos, sin = self._tables(position_ids, offset, x.shape[seq_dim], x.shape[batch_dim], x.device)
         return _rotate_tensors(
             [x], ["x"], cos, sin, interleaved=self.interleaved, layout=layout, inplace=inplace, validate=False,
             checked=True,

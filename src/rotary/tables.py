@@ -76,18 +76,20 @@ class TableCache:
         self._cpu: tuple[torch.Tensor, torch.Tensor] | None = None
         self._by_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def _build(self) -> None:
-        self._cpu = cos_sin_table(
-            torch.arange(self.length), self.inv_freq, attention_scaling=self.attention_scaling, interleaved=self.interleaved
+    def _build(self, length: int) -> None:
+        tables = cos_sin_table(
+            torch.arange(length), self.inv_freq, attention_scaling=self.attention_scaling, interleaved=self.interleaved
         )
-        self._by_device = {torch.device("cpu"): self._cpu}
+        self._cpu, self.length = tables, length
+        self._by_device = {torch.device("cpu"): tables}
 
     def ensure(self, needed_length: int) -> None:
         """Make the tables cover positions ``0 .. needed_length-1``."""
         if self._cpu is None or needed_length > self.length:
-            while self.length < needed_length:
-                self.length *= 2
-            self._build()
+            length = self.length
+            while length < needed_length:
+                length *= 2
+            self._build(length)  # self.length changes only once the tables exist (a failed build leaves the old ones)
 
     def get(self, device: torch.device, needed_length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Tables ``[length, r]`` on ``device`` covering at least ``needed_length`` positions."""

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
 
 from rotary.analysis import jsonable
+from rotary.cli import positive_float, positive_int
 from rotary.config import ConfigError, read_hf_config
 from rotary.module import RoPE
 
@@ -18,21 +18,6 @@ __all__ = ["add_config_arguments", "rope_from_args", "positive_int", "positive_f
 
 #: flags that describe a configuration without a config.json
 _FLAG_DEFAULTS = {"head_dim": 128, "base": 10000.0, "rotary_dim": None, "scaling": None, "max_position": 4096}
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an int > 0 (argparse turns the ValueError into a one-line usage error)."""
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    value = float(text)
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
 
 
 def _scaling_json(text: str) -> dict[str, Any]:

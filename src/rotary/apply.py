@@ -47,35 +47,18 @@ def _check_x(x: torch.Tensor, name: str = "x") -> None:
         raise ValueError(f"{name} must be 4-D ([B, H, S, D] or [B, S, H, D]), got shape {tuple(x.shape)}")
 
 
-def _broadcast_tables(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate cos/sin against x and view them so they broadcast over x's rotated channels."""
+def _check_table_shape(x: torch.Tensor, cos: torch.Tensor, layout: str) -> None:
+    """cos/sin ``[S, r]`` or ``[B, S, r]`` must fit x's S and B (the pair checks are :func:`_check_table_pair`)."""
     batch_dim, seq_dim = check_layout(layout)
-    if not (isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor)):
-        raise TypeError("cos and sin must be tensors (use RoPE.cos_sin(position_ids) to make them)")
-    if cos.shape != sin.shape:
-        raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
-    if not cos.is_floating_point():
-        raise TypeError(f"cos/sin must be floating point, got dtype {cos.dtype}")
     if cos.dim() not in (2, 3):
         raise ValueError(f"cos/sin must be [S, r] or [B, S, r], got shape {tuple(cos.shape)}")
-    r, seq_len, head_dim = cos.shape[-1], x.shape[seq_dim], x.shape[-1]
-    if r % 2 or r == 0 or r > head_dim:
+    if cos.shape[-2] != x.shape[seq_dim]:
         raise ValueError(
-            f"cos/sin rotate r={r} channels but x has head_dim={head_dim}; r must be even and 0 < r <= head_dim"
-        )
-    if cos.shape[-2] != seq_len:
-        raise ValueError(
-            f"cos/sin cover S={cos.shape[-2]} positions but x (layout {layout!r}, shape {tuple(x.shape)}) has S={seq_len}"
+            f"cos/sin cover S={cos.shape[-2]} positions but x (layout {layout!r}, shape {tuple(x.shape)}) "
+            f"has S={x.shape[seq_dim]}"
         )
     if cos.dim() == 3 and cos.shape[0] not in (1, x.shape[batch_dim]):
         raise ValueError(f"cos/sin have batch {cos.shape[0]} but x has batch {x.shape[batch_dim]} (layout {layout!r})")
-    if cos.dim() == 2:
-        cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)
-    # [B, S, r] -> broadcastable over the head dimension
-    head_axis = 1 if layout == "bhsd" else 2
-    return cos.unsqueeze(head_axis), sin.unsqueeze(head_axis)
 
 
 def _check_table_pair(cos: torch.Tensor, sin: torch.Tensor, head_dim: int, device: torch.device) -> None:
@@ -203,8 +186,8 @@ def _rotate_tensors(
         views = [x.transpose(1, 2) if layout == "bhsd" else x for x in xs]
         batch, seq_len = x0.shape[batch_dim], x0.shape[seq_dim]
         if position_ids is None:
-            _broadcast_tables(x0, cos, sin, layout)  # validation only
             _check_table_pair(cos, sin, x0.shape[-1], x0.device)
+            _check_table_shape(x0, cos, layout)
             per_batch = cos.dim() == 3 and cos.shape[0] > 1
             tables = (cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1]))
             positions, batch_rows = None, seq_len if per_batch else 0

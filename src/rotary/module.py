@@ -358,9 +358,11 @@ class RoPE(nn.Module):
         return cos, sin, position_ids
 
     # application -----------------------------------------------------------------------------
-    def _check_input(self, x: torch.Tensor, name: str) -> None:
-        _check_x(x, name)
-        if x.shape[-1] != self.head_dim:
+    def _check_input(self, x: torch.Tensor, name: str, *, packed: bool = False) -> None:
+        """4-D inputs are checked whole here; packed ones by ``_rotate_tensors``, the head_dim here."""
+        if not packed:
+            _check_x(x, name)
+        if isinstance(x, torch.Tensor) and x.shape[-1] != self.head_dim:
             raise ValueError(f"{name} has head_dim {x.shape[-1]} but this RoPE was built for head_dim={self.head_dim}")
 
     def forward(
@@ -396,9 +398,8 @@ class RoPE(nn.Module):
         """
         if cu_seqlens is not None or (isinstance(q, torch.Tensor) and q.dim() == 3):
             cos, sin, position_ids = self._packed_tables(q, position_ids, cu_seqlens, max_seqlen)
-            for x, name in ((q, "q"), (k, "k")):
-                if isinstance(x, torch.Tensor) and x.shape[-1] != self.head_dim:
-                    raise ValueError(f"{name} has head_dim {x.shape[-1]} but this RoPE was built for head_dim={self.head_dim}")
+            self._check_input(q, "q", packed=True)
+            self._check_input(k, "k", packed=True)
             q, k = _rotate_tensors(
                 [q, k], ["q", "k"], cos, sin, interleaved=self.interleaved, layout=layout, inplace=inplace,
                 validate=False, position_ids=position_ids,
@@ -437,8 +438,7 @@ class RoPE(nn.Module):
         arguments as in :meth:`forward`."""
         if cu_seqlens is not None or (isinstance(x, torch.Tensor) and x.dim() == 3):
             cos, sin, position_ids = self._packed_tables(x, position_ids, cu_seqlens, max_seqlen)
-            if x.shape[-1] != self.head_dim:
-                raise ValueError(f"x has head_dim {x.shape[-1]} but this RoPE was built for head_dim={self.head_dim}")
+            self._check_input(x, "x", packed=True)
             return _rotate_tensors(
                 [x], ["x"], cos, sin, interleaved=self.interleaved, layout=layout, inplace=inplace, validate=False,
                 position_ids=position_ids,

@@ -9,15 +9,15 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from ._checks import check_positive_int
 from .apply import Layout, _check_x, _packed_positions, _rotate_tensors, check_layout
 from .config import read_hf_config
 from .frequencies import Frequencies, frequencies
+from .rope_types import ROPE_TYPES
 from .tables import TableCache, cos_sin_table
 
-__all__ = ["RoPE", "check_position_ids", "LENGTH_DEPENDENT_TYPES"]
+__all__ = ["RoPE", "check_position_ids"]
 
-#: rope_types whose frequencies depend on the current sequence length
-LENGTH_DEPENDENT_TYPES = frozenset({"dynamic", "longrope"})
 
 
 def check_position_ids(position_ids: torch.Tensor) -> torch.Tensor:
@@ -85,8 +85,7 @@ class RoPE(nn.Module):
         strict: bool = True,
     ) -> None:
         super().__init__()
-        if isinstance(max_position, bool) or not isinstance(max_position, int) or max_position <= 0:
-            raise ValueError(f"max_position must be a positive int, got {max_position!r}")
+        check_positive_int(max_position, "max_position")
         if dynamic not in ("hf", "stateless"):
             raise ValueError(f"dynamic must be 'hf' (transformers' state machine) or 'stateless', got {dynamic!r}")
         # kept to recompute length-dependent frequencies exactly as they were first computed
@@ -229,7 +228,7 @@ class RoPE(nn.Module):
             True
         """
         rope_type = self.original_freqs.rope_type
-        if rope_type not in LENGTH_DEPENDENT_TYPES:
+        if not ROPE_TYPES[rope_type].length_dependent:
             return
         # transformers passes max(position_ids) + 1 as a 0-dim int64 tensor; dynamic NTK's base is then
         # computed in fp32, so the tensor is kept to stay bit-identical
@@ -294,7 +293,7 @@ class RoPE(nn.Module):
             (torch.Size([3, 8]), torch.float32)
         """
         position_ids = check_position_ids(position_ids)
-        if self.original_freqs.rope_type in LENGTH_DEPENDENT_TYPES and position_ids.numel():
+        if ROPE_TYPES[self.original_freqs.rope_type].length_dependent and position_ids.numel():
             self.update_length(position_ids.max() + 1)
         if torch.compiler.is_compiling() or self._cache is None:
             return cos_sin_table(

@@ -5,16 +5,38 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
 from rotary.analysis import jsonable
-from rotary.cli import positive_float, positive_int
 from rotary.config import ConfigError, read_hf_config
 from rotary.module import RoPE
 
 __all__ = ["add_config_arguments", "rope_from_args", "positive_int", "positive_float", "print_json", "console", "config_label"]
+
+def positive_int(text: str) -> int:
+    """argparse type: an int > 0 (argparse turns the error into a one-line usage message, status 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite float > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
 
 #: flags that describe a configuration without a config.json
 _FLAG_DEFAULTS = {"head_dim": 128, "base": 10000.0, "rotary_dim": None, "scaling": None, "max_position": 4096}

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._checks import check_positive_int
 from ..module import RoPE
 from ..nn.attention import KVCache, RotaryAttention, padding_position_ids
 from ..nn.position import ALiBi, LearnedPositionEmbedding, SinusoidalPositionEmbedding
@@ -84,8 +85,7 @@ class DecoderConfig:
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "max_position"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            check_positive_int(value, name)
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}")
         if self.num_kv_heads is None:

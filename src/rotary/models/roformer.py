@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._checks import check_positive_int
 from ..module import RoPE
 from ..nn.attention import RotaryAttention
 
@@ -71,8 +72,7 @@ class RoFormerConfig:
             self.embedding_size = self.hidden_size
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            check_positive_int(value, name)
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size={self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}"

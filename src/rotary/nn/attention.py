@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._checks import check_positive_int
 from ..module import RoPE, check_position_ids
 from .position import ALiBi, RelativePositionBias
 
@@ -164,11 +165,9 @@ class RotaryAttention(nn.Module):
     ) -> None:
         super().__init__()
         for name, value in (("hidden_size", hidden_size), ("num_heads", num_heads)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            check_positive_int(value, name)
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if isinstance(num_kv_heads, bool) or not isinstance(num_kv_heads, int) or num_kv_heads <= 0:
-            raise ValueError(f"num_kv_heads must be a positive int, got {num_kv_heads!r}")
+        check_positive_int(num_kv_heads, "num_kv_heads")
         if num_heads % num_kv_heads:
             raise ValueError(
                 f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}; "

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._checks import check_positive_int
 from ..apply import apply_rotary
 from ..module import RoPE
 
@@ -141,8 +142,7 @@ def rotary_linear_attention(
     _check_qkv(q, k, v)
     if feature_map not in FEATURE_MAPS:
         raise ValueError(f"unknown feature_map {feature_map!r}; choose one of {', '.join(FEATURE_MAPS)}")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    check_positive_int(chunk_size, "chunk_size")
     out_dtype = v.dtype
     compute = torch.promote_types(v.dtype, torch.float32)
     q, k, v = q.to(compute), k.to(compute), v.to(compute)
@@ -238,14 +238,12 @@ class RotaryLinearAttention(nn.Module):
     ) -> None:
         super().__init__()
         for name, value in (("hidden_size", hidden_size), ("num_heads", num_heads)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            check_positive_int(value, name)
         if hidden_size % num_heads:
             raise ValueError(f"hidden_size={hidden_size} is not divisible by num_heads={num_heads}")
         if feature_map not in FEATURE_MAPS:
             raise ValueError(f"unknown feature_map {feature_map!r}; choose one of {', '.join(FEATURE_MAPS)}")
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
-            raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+        check_positive_int(chunk_size, "chunk_size")
         self.hidden_size, self.num_heads, self.head_dim = hidden_size, num_heads, hidden_size // num_heads
         self.feature_map, self.causal, self.chunk_size, self.eps = feature_map, bool(causal), chunk_size, eps
         self.q_proj = nn.Linear(hidden_size, hidden_size, bias=bias)

@@ -7,10 +7,11 @@ import math
 
 import torch
 
-from . import reference
-from .apply import permute_qk_weight
-from .cli import positive_int
-from .module import RoPE
+from rotary import reference
+from rotary.apply import permute_qk_weight
+from rotary.module import RoPE
+
+from .common import positive_int
 
 __all__ = ["run_checks", "register"]
 

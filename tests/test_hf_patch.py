@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
 
+import rotary
 from rotary import hf
 
 transformers = pytest.importorskip("transformers")
@@ -14,15 +16,37 @@ transformers = pytest.importorskip("transformers")
 COMMON = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
 
 
+#: Gemma-3: a sliding layer (default RoPE, base 10000) and a full layer (linear factor 8, base 1e6)
+GEMMA3_LAYERS = dict(
+    layer_types=["sliding_attention", "full_attention"], sliding_window=4,
+    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                     "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}},
+)
+MOE = dict(num_experts_per_tok=2)
+DEEPSEEK = dict(num_key_value_heads=4, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, kv_lora_rank=16, q_lora_rank=16,
+                n_routed_experts=4, moe_intermediate_size=32, first_k_dense_replace=1, n_group=1, topk_group=1, **MOE)
+
+
 def make_config(model_type: str, **kw):
     builders = {
         "llama": lambda: transformers.LlamaConfig(num_key_value_heads=2, **COMMON),
         "mistral": lambda: transformers.MistralConfig(num_key_value_heads=2, **COMMON),
+        "mixtral": lambda: transformers.MixtralConfig(num_key_value_heads=2, num_local_experts=4, **MOE, **COMMON),
         "qwen2": lambda: transformers.Qwen2Config(num_key_value_heads=2, **COMMON),
         "qwen3": lambda: transformers.Qwen3Config(num_key_value_heads=2, head_dim=8, **COMMON),
+        "qwen3_moe": lambda: transformers.Qwen3MoeConfig(num_key_value_heads=2, head_dim=8, num_experts=4, moe_intermediate_size=32, **MOE, **COMMON),
         # partial rotation: half of Phi-3's head, a quarter of GPT-NeoX's, 4 of 8 channels for GPT-J
         "phi3": lambda: transformers.Phi3Config(num_key_value_heads=2, partial_rotary_factor=0.5, pad_token_id=0, **COMMON),
+        "gemma3_text": lambda: transformers.Gemma3TextConfig(num_key_value_heads=2, head_dim=8, **GEMMA3_LAYERS, **COMMON),
+        "gemma3": lambda: transformers.Gemma3Config(
+            text_config=dict(num_key_value_heads=2, head_dim=8, **GEMMA3_LAYERS, **{**COMMON, "vocab_size": 300}),
+            vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14),
+            mm_tokens_per_image=4, boi_token_index=297, eoi_token_index=298, image_token_index=299,
+        ),
         "gpt_neox": lambda: transformers.GPTNeoXConfig(rotary_pct=0.25, **COMMON),
+        # gpt-oss's defaults: yarn (factor 32 over 4096, truncate false), sliding and full layers
+        "gpt_oss": lambda: transformers.GptOssConfig(num_key_value_heads=2, head_dim=8, num_local_experts=4, sliding_window=4, **MOE, **COMMON),
+        "deepseek_v3": lambda: transformers.DeepseekV3Config(rope_interleave=True, **DEEPSEEK, **COMMON),
         "gptj": lambda: transformers.GPTJConfig(vocab_size=64, n_embd=32, n_layer=2, n_head=4, rotary_dim=4),
         "cohere": lambda: transformers.CohereConfig(num_key_value_heads=2, **COMMON),
         "glm": lambda: transformers.GlmConfig(num_key_value_heads=2, head_dim=8, pad_token_id=0, eos_token_id=1, **COMMON),
@@ -35,6 +59,8 @@ def make_config(model_type: str, **kw):
 
 def make_model(model_type: str, seed: int = 0, **kw):
     torch.manual_seed(seed)
+    if model_type == "gemma3":  # the multimodal model; called with text only here
+        return transformers.Gemma3ForConditionalGeneration(make_config(model_type, **kw)).eval()
     return transformers.AutoModelForCausalLM.from_config(make_config(model_type, **kw)).eval()
 
 
@@ -59,7 +85,10 @@ def rotate_calls(monkeypatch):
 
 
 def test_supported_list_is_the_issue_list():
-    assert set(hf.SUPPORTED) == {"llama", "mistral", "qwen2", "qwen3", "phi3", "gpt_neox", "gptj", "cohere", "glm"}
+    assert set(hf.SUPPORTED) == {
+        "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma3", "gemma3_text", "gpt_neox",
+        "gpt_oss", "deepseek_v3", "gptj", "cohere", "glm",
+    }
 
 
 @pytest.mark.parametrize("model_type", sorted(hf.SUPPORTED))
@@ -85,13 +114,113 @@ def test_patched_logits_equal_unpatched_and_unpatch_restores(model_type, rotate_
         assert "forward" not in m.__dict__  # the class method is back, nothing left on instances
 
 
-@pytest.mark.parametrize("model_type", ["llama", "gpt_neox", "gptj", "glm"])
+@pytest.mark.parametrize("model_type", ["llama", "gpt_neox", "gptj", "glm", "gemma3_text", "gpt_oss", "deepseek_v3"])
 def test_generation_with_kv_cache_unchanged(model_type):
     model = make_model(model_type, seed=1)
     ids = torch.randint(64, (2, 6))
     expected = model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0)
     hf.patch(model)
     assert model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0).equal(expected)
+
+
+def test_deepseek_v3_without_rope_interleave_takes_the_half_path(rotate_calls):
+    model = make_model("deepseek_v3", rope_interleave=False)
+    ids = torch.randint(64, (2, 9))
+    with torch.no_grad():
+        expected = model(ids).logits
+        torch.testing.assert_close(hf.patch(model)(ids).logits, expected, rtol=1e-5, atol=1e-6)
+    assert len(rotate_calls) == 4
+
+
+def deepseek_tables(seq_len: int, rotary_dim: int = 8):
+    """cos/sin ``[1, S, r]`` as DeepSeek-V3's rotary embedding returns them: ``[θ, θ]`` per row."""
+    model = make_model("deepseek_v3")
+    x = torch.zeros(1, seq_len, 32)
+    return model.model.rotary_emb(x, torch.arange(seq_len)[None])
+
+
+def test_deepseek_interleave_equals_transformers_channel_for_channel(gen):
+    """The replacement returns what transformers returns, channel for channel (not only equal scores)."""
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as ds
+
+    cos, sin = deepseek_tables(7)
+    q, k = torch.randn(2, 4, 7, 8, generator=gen), torch.randn(2, 1, 7, 8, generator=gen)
+    expected_q, expected_k = ds.apply_rotary_pos_emb_interleave(q, k, cos, sin)
+    got_q, got_k = hf.SUPPORTED["deepseek_v3"].replacements["apply_rotary_pos_emb_interleave"](q, k, cos, sin)
+    torch.testing.assert_close(got_q, expected_q, rtol=0, atol=1e-6)
+    torch.testing.assert_close(got_k, expected_k, rtol=0, atol=1e-6)
+    # what docs/attention.md states: rotary's interleaved RoPE rotates the same pairs (2i, 2i+1) but
+    # leaves every channel in place, so it equals transformers' output re-interleaved, not the output
+    rope = rotary.RoPE(8, interleaved=True)
+    in_place_q, in_place_k = rope(q, k)
+    torch.testing.assert_close(rotary.to_interleaved(expected_q), in_place_q, rtol=0, atol=1e-6)
+    assert (in_place_q - expected_q).abs().max() > 0.1
+    scores = torch.einsum("bhsd,bgtd->bhst", in_place_q, in_place_k)
+    torch.testing.assert_close(torch.einsum("bhsd,bgtd->bhst", expected_q, expected_k), scores, rtol=1e-5, atol=1e-5)
+
+
+def test_rotating_in_place_gives_equal_logits_but_a_different_cache(monkeypatch):
+    """Why the cache test below matters: DeepSeek's attention uses q_rot and k_rot only through their
+    dot product, so rotating pairs (2i, 2i+1) in place, without transformers' de-interleave, leaves
+    the logits unchanged. The cached keys are another channel order, though: wrong for an unpatched
+    reader. The cache comparison catches what the logits cannot."""
+    model = make_model("deepseek_v3")
+    ids = torch.randint(64, (2, 9))
+    with torch.no_grad():
+        expected = model(ids, use_cache=True)
+
+    def interleaved_in_place(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+        half = cos.shape[-1] // 2
+        cos, sin = cos[..., :half].repeat_interleave(2, -1), sin[..., :half].repeat_interleave(2, -1)
+        return rotary.apply_rotary(q, cos, sin, interleaved=True), rotary.apply_rotary(k, cos, sin, interleaved=True)
+
+    family = hf.SUPPORTED["deepseek_v3"]
+    wrong = dataclasses.replace(family, replacements={**family.replacements, "apply_rotary_pos_emb_interleave": interleaved_in_place})
+    monkeypatch.setitem(hf.SUPPORTED, "deepseek_v3", wrong)
+    with torch.no_grad():
+        got = hf.patch(model)(ids, use_cache=True)
+    torch.testing.assert_close(got.logits, expected.logits, rtol=1e-5, atol=1e-6)
+    # DeepSeek's cache holds the compressed latent as "keys" and the rotated k_rot [B, 1, S, r] as "values"
+    k_rot, expected_k_rot = got.past_key_values.layers[0].values, expected.past_key_values.layers[0].values
+    assert (k_rot - expected_k_rot).abs().max() > 0.1
+    torch.testing.assert_close(rotary.to_half(k_rot), expected_k_rot, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v3", "gemma3_text", "gpt_oss"])
+def test_kv_caches_are_interchangeable(model_type):
+    """A cache filled by the patched model holds what the unpatched model would have stored, and an
+    unpatched model continues from it exactly as from its own."""
+    unpatched = make_model(model_type, seed=2)
+    patched = hf.patch(copy.deepcopy(unpatched))
+    prompt, step = torch.randint(64, (2, 6)), torch.randint(64, (2, 1))
+    with torch.no_grad():
+        own = unpatched(prompt, use_cache=True).past_key_values
+        filled = patched(prompt, use_cache=True).past_key_values
+        for mine, theirs in zip(own.layers, filled.layers):
+            torch.testing.assert_close(theirs.keys, mine.keys, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(theirs.values, mine.values, rtol=1e-5, atol=1e-6)
+        expected = unpatched(step, past_key_values=own).logits
+        torch.testing.assert_close(unpatched(step, past_key_values=filled).logits, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_gemma3_both_layer_types_go_through_rotary_with_their_own_tables(monkeypatch):
+    seen = []
+    real = hf._rotate_q_and_k
+
+    def spy(q, k, cos, sin, **kw):
+        seen.append(cos.clone())
+        return real(q, k, cos, sin, **kw)
+
+    monkeypatch.setattr(hf, "_rotate_q_and_k", spy)
+    model = make_model("gemma3_text")
+    ids = torch.randint(64, (1, 10))
+    with torch.no_grad():
+        expected = model(ids).logits
+        torch.testing.assert_close(hf.patch(model)(ids).logits, expected, rtol=1e-5, atol=1e-6)
+    assert len(seen) == 2  # the sliding layer and the full layer
+    # the sliding layer's pair 1 turns at 10000^(-2/8) = 0.1 rad per token; the full layer's at 1e6^(-2/8) / 8
+    torch.testing.assert_close(seen[0][0, :, 1].double(), torch.cos(torch.arange(10) * 10000 ** -0.25).double(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(seen[1][0, :, 1].double(), torch.cos(torch.arange(10) * 1e6 ** -0.25 / 8).double(), rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -183,7 +312,7 @@ def test_existing_instance_forward_is_restored():
 
 def test_unsupported_architecture_lists_supported():
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=64))
-    with pytest.raises(ValueError, match="does not support model_type 'gpt2'; supported: cohere, glm, gpt_neox, gptj, llama"):
+    with pytest.raises(ValueError, match="does not support model_type 'gpt2'; supported: cohere, deepseek_v3, gemma3, gemma3_text, glm, gpt_neox, gpt_oss, gptj, llama"):
         hf.patch(model)
 
 

@@ -1,17 +1,19 @@
 """Run a loaded Hugging Face transformers model's rotary application through ``rotary.apply_rotary``.
 
 ``patch(model)`` changes *that model only*. Each supported transformers family rotates q and k by
-calling a module-level function (``apply_rotary_pos_emb``) from its attention module's ``forward``.
-For every attention module of the model, ``patch`` gives the module its own copy of the class's
-``forward``: the same code object, run with a copy of the modeling module's globals in which that
-one name is bound to rotary's implementation. Nothing in transformers (files, classes, module
-globals) is modified, so other models in the process, even of the same class, are unaffected;
-``unpatch(model)`` removes the per-instance ``forward`` and the class method is used again, exactly
-as before.
+calling a module-level function (``apply_rotary_pos_emb``; DeepSeek-V3 also
+``apply_rotary_pos_emb_interleave``) from its attention module's ``forward``. For every attention
+module of the model, ``patch`` gives the module its own copy of the class's ``forward``: the same
+code object, run with a copy of the modeling module's globals in which those names are bound to
+rotary's implementation. Nothing in transformers (files, classes, module globals) is modified, so
+other models in the process, even of the same class, are unaffected; ``unpatch(model)`` removes the
+per-instance ``forward`` and the class method is used again, exactly as before.
 
 Tables are left to the model: the cos/sin its rotary-embedding module produces are applied by
 rotary (which computes in fp32 and dispatches to the fused kernel when one is available), so the
-logits equal the unpatched model's up to fp32 rounding.
+logits equal the unpatched model's up to fp32 rounding. Each replacement produces transformers'
+output channel for channel, including DeepSeek-V3's de-interleaving, so a KV cache filled by a
+patched model can be read by an unpatched one and the other way round.
 
 Caveat: the patched ``forward`` sees the modeling module's globals as they were when ``patch`` ran
 (anything monkey-patched into transformers later is not seen until ``unpatch``/``patch`` again).
@@ -21,12 +23,13 @@ from __future__ import annotations
 
 import importlib
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
-from .apply import _rotate_tensors, apply_rotary
+from .apply import apply_rotary, to_half
 
 __all__ = ["SUPPORTED", "is_patched", "patch", "unpatch"]
 
@@ -41,22 +44,26 @@ def _layout(unsqueeze_dim: int) -> str:
         raise ValueError(f"unsqueeze_dim must be 1 ([B, H, S, D]) or 2 ([B, S, H, D]), got {unsqueeze_dim!r}") from None
 
 
-def _apply_pair(q, k, cos, sin, *, interleaved: bool, layout: str):
-    """q and k rotated in one kernel call (transformers passes [B, S, r] or [S, r] tables)."""
-    q, k = _rotate_tensors(
-        [q, k], ["q", "k"], cos, sin, interleaved=interleaved, layout=layout, inplace=False, validate=False
-    )
+def _rotate_q_and_k(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool, layout: str):
+    """q and k rotated in one kernel call (transformers passes ``[B, S, r]`` or ``[S, r]`` tables).
+
+    The one place this module reaches below the public API (one call for both tensors, without
+    re-checking the model's tables); the public equivalent is two :func:`rotary.apply_rotary` calls.
+    """
+    from .apply import _rotate_tensors
+
+    q, k = _rotate_tensors([q, k], ["q", "k"], cos, sin, interleaved=interleaved, layout=layout, inplace=False, validate=False)
     return q, k
 
 
 def _apply_half(q, k, cos, sin, unsqueeze_dim=1):
     """Llama family: pairs (i, i + r/2); ``r = cos.shape[-1]`` may be < head_dim (GPT-NeoX, Phi-3)."""
-    return _apply_pair(q, k, cos, sin, interleaved=False, layout=_layout(unsqueeze_dim))
+    return _rotate_q_and_k(q, k, cos, sin, interleaved=False, layout=_layout(unsqueeze_dim))
 
 
 def _apply_interleaved(q, k, cos, sin, unsqueeze_dim=1):
     """Cohere: pairs (2i, 2i+1); its tables already repeat each angle twice in a row."""
-    return _apply_pair(q, k, cos, sin, interleaved=True, layout=_layout(unsqueeze_dim))
+    return _rotate_q_and_k(q, k, cos, sin, interleaved=True, layout=_layout(unsqueeze_dim))
 
 
 def _apply_glm(q, k, cos, sin, unsqueeze_dim=1):
@@ -64,6 +71,20 @@ def _apply_glm(q, k, cos, sin, unsqueeze_dim=1):
     half = cos.shape[-1] // 2
     cos, sin = cos[..., :half].repeat_interleave(2, dim=-1), sin[..., :half].repeat_interleave(2, dim=-1)
     return _apply_interleaved(q, k, cos, sin, unsqueeze_dim)
+
+
+def _apply_gpt_oss(q, k, cos, sin, unsqueeze_dim=1):
+    """gpt-oss: one angle per pair, ``cos/sin [B, S, D/2]``; pairs (i, i + D/2) of the whole head."""
+    return _apply_half(q, k, torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1), unsqueeze_dim)
+
+
+def _apply_deepseek_interleave(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+    """DeepSeek-V3 with ``rope_interleave`` (the default): the checkpoint's rope channels hold pairs
+    (2i, 2i+1); transformers returns them *de-interleaved* (even channels, then odd ones) and rotated
+    with the half pairing. The same here: :func:`rotary.to_half`, then the half rotation of the
+    ``[θ, θ]`` tables, so the output (and a KV cache of it) equals transformers' channel for channel.
+    ``position_ids`` is accepted and unused, as in transformers."""
+    return _apply_half(to_half(q), to_half(k), cos, sin, unsqueeze_dim)
 
 
 def _apply_gptj(tensor, sin, cos):
@@ -75,22 +96,36 @@ def _apply_gptj(tensor, sin, cos):
 @dataclass(frozen=True)
 class _Family:
     module: str  # transformers modeling module
-    function: str  # the global name its attention forward calls
-    replacement: Callable
+    replacements: Mapping[str, Callable]  # the global names its attention forward calls -> rotary's versions
 
 
-_HALF = "apply_rotary_pos_emb"
+_HALF = {"apply_rotary_pos_emb": _apply_half}
+
+
+def _half(module: str) -> _Family:
+    return _Family(f"transformers.models.{module}.modeling_{module}", _HALF)
+
+
 #: transformers ``model_type`` -> where its rotary application lives and what replaces it
 SUPPORTED: dict[str, _Family] = {
-    "llama": _Family("transformers.models.llama.modeling_llama", _HALF, _apply_half),
-    "mistral": _Family("transformers.models.mistral.modeling_mistral", _HALF, _apply_half),
-    "qwen2": _Family("transformers.models.qwen2.modeling_qwen2", _HALF, _apply_half),
-    "qwen3": _Family("transformers.models.qwen3.modeling_qwen3", _HALF, _apply_half),
-    "phi3": _Family("transformers.models.phi3.modeling_phi3", _HALF, _apply_half),
-    "gpt_neox": _Family("transformers.models.gpt_neox.modeling_gpt_neox", _HALF, _apply_half),
-    "gptj": _Family("transformers.models.gptj.modeling_gptj", _HALF, _apply_gptj),
-    "cohere": _Family("transformers.models.cohere.modeling_cohere", _HALF, _apply_interleaved),
-    "glm": _Family("transformers.models.glm.modeling_glm", _HALF, _apply_glm),
+    "llama": _half("llama"),
+    "mistral": _half("mistral"),
+    "mixtral": _half("mixtral"),
+    "qwen2": _half("qwen2"),
+    "qwen3": _half("qwen3"),
+    "qwen3_moe": _half("qwen3_moe"),
+    "phi3": _half("phi3"),
+    "gemma3": _half("gemma3"),  # Gemma3ForConditionalGeneration: its language model
+    "gemma3_text": _half("gemma3"),  # both layer types: each layer gets the tables of its type from the model
+    "gpt_neox": _half("gpt_neox"),
+    "gpt_oss": _Family("transformers.models.gpt_oss.modeling_gpt_oss", {"apply_rotary_pos_emb": _apply_gpt_oss}),
+    "deepseek_v3": _Family(
+        "transformers.models.deepseek_v3.modeling_deepseek_v3",
+        {"apply_rotary_pos_emb": _apply_half, "apply_rotary_pos_emb_interleave": _apply_deepseek_interleave},
+    ),
+    "gptj": _Family("transformers.models.gptj.modeling_gptj", {"apply_rotary_pos_emb": _apply_gptj}),
+    "cohere": _Family("transformers.models.cohere.modeling_cohere", {"apply_rotary_pos_emb": _apply_interleaved}),
+    "glm": _Family("transformers.models.glm.modeling_glm", {"apply_rotary_pos_emb": _apply_glm}),
 }
 
 _MARK = "_rotary_hf_patch"  # on a patched submodule: the instance ``forward`` it had before (or None)
@@ -121,8 +156,9 @@ def patch(model: nn.Module) -> nn.Module:
     Only this model changes (see the module docstring); calling ``patch`` twice is harmless.
 
     Args:
-        model: a transformers Llama, Mistral, Qwen2, Qwen3, Phi-3, GPT-NeoX, GPT-J, Cohere or GLM
-            model (any head).
+        model: a transformers model of a type in :data:`SUPPORTED` (any head): Llama, Mistral, Mixtral,
+            Qwen2, Qwen3, Qwen3-MoE, Phi-3, Gemma-3 (both layer types), GPT-NeoX, gpt-oss, DeepSeek-V3,
+            GPT-J, Cohere or GLM.
 
     Returns:
         ``model`` itself.
@@ -148,19 +184,21 @@ def patch(model: nn.Module) -> nn.Module:
     """
     family = _family(model)
     hf_module = importlib.import_module(family.module)
-    original = getattr(hf_module, family.function)
+    originals = {name: getattr(hf_module, name) for name in family.replacements}
     if is_patched(model):
         return model
     patched = 0
     for sub in model.modules():
         forward = getattr(type(sub), "forward", None)
         code = getattr(forward, "__code__", None)
-        if code is None or family.function not in code.co_names:
+        if code is None:
             continue
-        if forward.__globals__.get(family.function) is not original:
-            continue  # a forward of another family, or calling a different function of that name
+        # the names this forward calls and that are the family's functions (not a namesake of another family)
+        names = [n for n in family.replacements if n in code.co_names and forward.__globals__.get(n) is originals[n]]
+        if not names:
+            continue
         namespace = dict(forward.__globals__)
-        namespace[family.function] = family.replacement
+        namespace.update({n: family.replacements[n] for n in names})
         replacement = types.FunctionType(code, namespace, forward.__name__, forward.__defaults__, forward.__closure__)
         replacement.__kwdefaults__ = forward.__kwdefaults__
         replacement.__qualname__, replacement.__doc__ = forward.__qualname__, forward.__doc__
@@ -169,8 +207,9 @@ def patch(model: nn.Module) -> nn.Module:
         patched += 1
     if not patched:
         raise RuntimeError(
-            f"found no module in this {type(model).__name__} whose forward calls {family.module}.{family.function}; "
-            f"this transformers version ({_transformers_version()}) is not compatible with rotary.hf.patch"
+            f"found no module in this {type(model).__name__} whose forward calls {family.module}."
+            f"{' or '.join(family.replacements)}; this transformers version ({_transformers_version()}) is not "
+            "compatible with rotary.hf.patch"
         )
     return model
 

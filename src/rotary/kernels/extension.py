@@ -3,10 +3,14 @@
 The source is compiled with ``torch.utils.cpp_extension.load`` (ninja, from the ``dev`` extra or
 any install) into a cache directory: ``$ROTARY_CACHE_DIR``, else ``~/.cache/rotary``. It is
 compiled for the instruction set of the machine that builds it (``-march=native``), so the build
-name carries a fingerprint of the CPU, the compiler flags, torch and the source: a home directory
-shared by machines with different CPUs gets one build per CPU model, never a binary that would hit
-an illegal instruction. When the build is impossible (no compiler, no ninja, ``ROTARY_NO_EXTENSION=1``)
+name carries a fingerprint of the CPU, the compiler flags, torch (version and install directory) and
+the source: a home directory shared by machines with different CPUs gets one build per CPU model,
+never a binary that would hit an illegal instruction, and two environments never rebuild over each
+other's build. When the build is impossible (no compiler, no ninja, ``ROTARY_NO_EXTENSION=1``)
 the library warns once and every call takes the pure-torch path.
+
+A build that is not cached yet prints a one-line notice on stderr first (it takes about a minute);
+``rotary build`` (:func:`build_cpu_extension`) compiles ahead of time, e.g. in a Docker image or CI cache.
 """
 
 from __future__ import annotations
@@ -14,13 +18,14 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import sys
 import warnings
 from pathlib import Path
 from types import ModuleType
 
 import torch
 
-__all__ = ["load_cpu_extension", "cpu_extension_error", "SOURCE"]
+__all__ = ["build_cpu_extension", "cpu_extension_error", "cpu_extension_path", "load_cpu_extension", "SOURCE"]
 
 SOURCE = Path(__file__).with_name("cpu") / "rotary.cpp"
 # -ffp-contract=off: no fused multiply-add, so results are bit-identical to the pure-torch path
@@ -45,7 +50,9 @@ def _cpu_fingerprint() -> str:
 
 def _build_name() -> str:
     h = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(CFLAGS).encode(), torch.__version__.encode(),
+    # torch's install directory too: the build links against that torch, and two environments sharing
+    # the cache (two virtualenvs, two worktrees) would otherwise rebuild over each other's build
+    for part in (SOURCE.read_bytes(), " ".join(CFLAGS).encode(), torch.__version__.encode(), os.path.dirname(torch.__file__).encode(),
                  platform.python_version().encode(), _cpu_fingerprint().encode()):
         h.update(part)
     return f"rotary_cpu_{h.hexdigest()[:16]}"
@@ -56,26 +63,69 @@ def _cache_dir() -> Path:
     return Path(root)
 
 
+def cpu_extension_path() -> Path:
+    """Where the compiled kernel for this machine, torch and source lives (whether built yet or not)."""
+    name = _build_name()
+    return _cache_dir() / name / (name + (".pyd" if sys.platform == "win32" else ".so"))
+
+
 def _build() -> ModuleType:
     import shutil
-    import sys
 
     from torch.utils import cpp_extension
 
     # ninja installed in a virtualenv sits beside its python, which may not be on PATH (make test).
     if shutil.which("ninja") is None:
         os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
-    name = _build_name()
-    directory = _cache_dir() / name
-    directory.mkdir(parents=True, exist_ok=True)
+    target = cpu_extension_path()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if not target.is_file():  # a cached build loads in well under a second: no notice then
+        print(
+            f"rotary: building the fused CPU kernel once, about a minute (into {target.parent}); "
+            "set ROTARY_NO_EXTENSION=1 to skip it and use the pure-torch path",
+            file=sys.stderr,
+            flush=True,
+        )
     return cpp_extension.load(
-        name=name,
+        name=target.parent.name,
         sources=[str(SOURCE)],
         extra_cflags=CFLAGS,
         extra_ldflags=LDFLAGS,
-        build_directory=str(directory),
+        build_directory=str(target.parent),
         verbose=False,
     )
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[-1] if text else ''}"
+
+
+def build_cpu_extension() -> Path:
+    """Compile the fused CPU kernel now (or load the cached build) and return the compiled file's path.
+
+    What ``rotary build`` runs. It builds even when ``ROTARY_NO_EXTENSION`` is set (the variable only
+    stops the library from loading the kernel).
+
+    Returns:
+        the path of the compiled extension (``cpu_extension_path()``).
+
+    Raises:
+        RuntimeError: the kernel cannot be built; the message says why (no compiler, no ninja, ...).
+
+    Example:
+        >>> path = build_cpu_extension()  # a minute the first time on this machine, then cached
+        >>> path == cpu_extension_path() and path.is_file()
+        True
+    """
+    global _module, _error, _tried
+    try:
+        module = _build()
+    except Exception as exc:  # a compiler error, a missing ninja, an unwritable cache directory...
+        raise RuntimeError(_reason(exc)) from exc
+    if os.environ.get("ROTARY_NO_EXTENSION", "") in ("", "0"):
+        _module, _error, _tried = module, None, True
+    return Path(module.__file__) if getattr(module, "__file__", None) else cpu_extension_path()
 
 
 def load_cpu_extension() -> ModuleType | None:
@@ -90,7 +140,7 @@ def load_cpu_extension() -> ModuleType | None:
         try:
             _module = _build()
         except Exception as exc:  # any build failure means: fall back, do not crash the caller
-            _error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+            _error = _reason(exc)
     if _module is None:
         warnings.warn(
             f"rotary: the fused CPU kernel is unavailable ({_error}); using the slower pure-torch path. "

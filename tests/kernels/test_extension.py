@@ -1,0 +1,98 @@
+"""Building the fused CPU kernel: the notice before a build, ``rotary build``, one build per environment."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from rotary.cli import main
+from rotary.kernels import extension
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def fake_compiler(monkeypatch, tmp_path):
+    """``cpp_extension.load`` replaced by a fake that 'compiles' by writing the .so file; the cache moved
+    to ``tmp_path`` and the loader's state restored afterwards (the real kernel stays loaded elsewhere)."""
+    from torch.utils import cpp_extension
+
+    monkeypatch.setenv("ROTARY_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("ROTARY_NO_EXTENSION", raising=False)
+    for name in ("_module", "_tried", "_error"):
+        monkeypatch.setattr(extension, name, getattr(extension, name))
+    builds = []
+
+    def load(name, build_directory, **kwargs):
+        builds.append(name)
+        target = Path(build_directory) / f"{name}.so"
+        target.write_bytes(b"")
+        return types.SimpleNamespace(__file__=str(target))
+
+    monkeypatch.setattr(cpp_extension, "load", load)
+    return builds
+
+
+def test_a_build_prints_one_notice_and_a_cached_build_none(fake_compiler, capsys):
+    path = extension.build_cpu_extension()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "building the fused CPU kernel once, about a minute" in err and "ROTARY_NO_EXTENSION=1" in err
+    assert path == extension.cpu_extension_path() and path.is_file()
+    assert extension.build_cpu_extension() == path  # cached now
+    assert capsys.readouterr().err == ""
+    assert len(fake_compiler) == 2  # ninja still runs (and finds nothing to do); only the notice is skipped
+
+
+def test_first_use_prints_the_notice_too(fake_compiler, capsys):
+    extension._tried = False
+    assert extension.load_cpu_extension() is not None
+    assert "building the fused CPU kernel once" in capsys.readouterr().err
+
+
+def test_rotary_build_reports_where_the_kernel_lives(fake_compiler, capsys):
+    assert main(["build", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["path"] == str(extension.cpu_extension_path()) and out["cached"] is False
+    assert main(["build"]) == 0
+    captured = capsys.readouterr()
+    assert f"fused CPU kernel already built: {extension.cpu_extension_path()}" in captured.out
+    assert captured.err == ""
+
+
+def test_rotary_build_exits_1_with_the_reason(monkeypatch, capsys, tmp_path):
+    from torch.utils import cpp_extension
+
+    monkeypatch.setenv("ROTARY_CACHE_DIR", str(tmp_path))
+
+    def no_compiler(**kwargs):
+        raise RuntimeError("Error building extension 'rotary_cpu'\nc++: command not found")
+
+    monkeypatch.setattr(cpp_extension, "load", no_compiler)
+    assert main(["build"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("rotary build: error: the fused CPU kernel cannot be built (RuntimeError: c++: command not found)")
+    assert "Traceback" not in "\n".join(err)
+
+
+def test_build_in_a_subprocess_with_python_m(tmp_path):
+    """``python -m rotary build`` against the real cache: the kernel the test suite already uses."""
+    extension.build_cpu_extension()  # cached by the suite's first kernel call (a minute otherwise)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run([sys.executable, "-m", "rotary", "build"], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("fused CPU kernel already built: ") and done.stderr == ""
+    assert Path(done.stdout.splitlines()[0].split(": ", 1)[1]).is_file()
+
+
+def test_build_name_differs_per_torch_installation(monkeypatch):
+    name = extension._build_name()
+    monkeypatch.setattr(torch, "__file__", "/another/env/site-packages/torch/__init__.py")
+    assert extension._build_name() != name

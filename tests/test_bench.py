@@ -108,3 +108,36 @@ def test_hf_llama_patch_case_adds_a_patched_vs_unpatched_group():
     assert [r.method for r in rows] == ["HF Llama, unpatched", "HF Llama, rotary.hf.patch"]
     assert all(r.median_s > 0 for r in rows)
     assert rows[0].ratios["HF eager speedup"] == 1.0
+
+
+def test_slower_methods_are_called_slower():
+    rows = [
+        bench.Result("g", "HF eager apply_rotary_pos_emb", False, 1e-5, 3, ratios={"HF eager speedup": 1.0}),
+        bench.Result("g", "fast", False, 5e-6, 3, ratios={"HF eager speedup": 2.0}),
+        bench.Result("g", "slow", False, 5.1e-5, 3, ratios={"HF eager speedup": 1e-5 / 5.1e-5}),
+    ]
+    lines = {line.split()[0]: line for line in bench.format_table({"cpu": "x", "logical_cpus": 1, "torch": "t", "torch_threads": 1}, rows).splitlines()[3:]}
+    assert "2.0x faster" in lines["fast"]
+    assert "5.1x slower" in lines["slow"] and "faster" not in lines["slow"]
+    assert "1.0x (same)" in lines["HF"]
+
+
+def test_unknown_suite_is_an_error_listing_the_registered_ones(monkeypatch, tmp_path, capsys):
+    from rotary.bench import harness
+
+    monkeypatch.setattr(harness, "SUITES", {})
+    cases = tmp_path / "cases.py"
+    cases.write_text("from rotary import bench\nbench.register_suite('mine', lambda options: [])\n")
+    assert main(["bench", "--quick", "--no-memory", "--cases", str(cases), "--suites", "nosuch"]) == 2
+    err = capsys.readouterr().err
+    assert err == "rotary bench: error: --suites: unknown suite 'nosuch'; registered suites: mine\n"
+    assert main(["bench", "--quick", "--suites", "nosuch"]) == 2
+    assert "registered suites: mine" in capsys.readouterr().err
+
+
+def test_a_cases_file_that_raises_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.py"
+    bad.write_text("raise RuntimeError('boom')\n")
+    assert main(["bench", "--quick", "--cases", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"rotary bench: error: --cases {bad}: importing it raised RuntimeError: boom\n"

@@ -8,6 +8,7 @@ import importlib.util
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -227,6 +228,11 @@ def run(options: argparse.Namespace) -> tuple[dict[str, Any], list[Result]]:
         torch.set_num_threads(options.threads)
     for path in options.cases or []:
         _load_cases(path)
+    if options.suites is not None:
+        unknown = [name for name in options.suites.split(",") if name not in SUITES]
+        if unknown:
+            registered = ", ".join(sorted(SUITES)) or "none (add one with --cases FILE.py)"
+            raise ValueError(f"--suites: unknown suite {unknown[0]!r}; registered suites: {registered}")
     machine = _machine()
     machine["fused_cpu_kernel"] = "loaded" if load_cpu_extension() is not None else f"unavailable: {cpu_extension_error()}"
     shapes = QUICK_SHAPES if options.quick else SHAPES
@@ -262,7 +268,7 @@ def run(options: argparse.Namespace) -> tuple[dict[str, Any], list[Result]]:
             _group_ratios(group_results)
             results.extend(group_results)
             if options.progress:
-                print(f"  timed {group}", flush=True)
+                print(f"  timed {group}", file=sys.stderr, flush=True)
     for name, suite in SUITES.items():
         if options.suites is None or name in options.suites.split(","):
             results.extend(suite(options))
@@ -280,7 +286,10 @@ def _load_cases(path: str) -> None:
     spec = importlib.util.spec_from_file_location(f"rotary_bench_cases_{file.stem}", file)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # the user's file: say which one and what it raised, no traceback
+        raise ValueError(f"--cases {path}: importing it raised {type(exc).__name__}: {exc}") from None
 
 
 def _machine() -> dict[str, Any]:
@@ -308,6 +317,13 @@ def _fmt_time(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms"
 
 
+def _versus_hf(speedup: float) -> str:
+    """``speedup`` = HF eager time / this time, as words: "2.0x faster", "5.1x slower", "same"."""
+    if f"{speedup:.1f}" == "1.0":
+        return "1.0x (same)"
+    return f"{speedup:.1f}x faster" if speedup > 1 else f"{1 / speedup:.1f}x slower"
+
+
 def format_table(machine: dict[str, Any], results: list[Result], markdown: bool = False) -> str:
     """The results as text (or a markdown table), one block per group."""
     lines = [
@@ -329,7 +345,7 @@ def format_table(machine: dict[str, Any], results: list[Result], markdown: bool 
                     _fmt_time(r.median_s),
                     f"{r.ratios['x in-place pass']:.2f}" if "x in-place pass" in r.ratios else "",
                     f"{r.ratios['x copy']:.2f}" if "x copy" in r.ratios else "",
-                    f"{r.ratios['HF eager speedup']:.1f}x faster" if "HF eager speedup" in r.ratios else "",
+                    _versus_hf(r.ratios["HF eager speedup"]) if "HF eager speedup" in r.ratios else "",
                     mem,
                 ]
             )

@@ -101,7 +101,7 @@ def test_plot_decay_numbers_and_files(tmp_path):
 
 
 def test_plot_scaling_yarn_blended_range(tmp_path):
-    out = json.loads(run("plot", "scaling", "--rope-type", "yarn", "--rope-type", "llama3", "--out-dir", "docs", "--json", cwd=tmp_path).stdout)
+    out = json.loads(run("plot", "scaling", "--rope-type", "yarn", "--rope-type", "llama3", "-o", "docs", "--json", cwd=tmp_path).stdout)
     assert_figures(out["files"], tmp_path)
     assert {Path(f).name for f in out["files"]} == {"scaling_yarn.png", "scaling_yarn.svg", "scaling_llama3.png", "scaling_llama3.svg"}
     yarn = out["methods"]["yarn"]
@@ -181,25 +181,41 @@ BAD = [
     (["inspect", "--scaling", '{"rope_type": "nope"}'], "nope"),
     (["inspect", "--scaling", '{"rope_type": "yarn"}'], "yarn"),
     (["inspect", "no/such/config.json"], "config"),
-    (["inspect", str(FIXTURES / "llama3_1.json"), "--head-dim", "64"], "not both"),
     (["inspect", "--layer-type", "x"], "--layer-type"),
-    (["plot"], "FIGURE"),
-    (["plot", "decay", "--max-distance", "0"], "--max-distance"),
+    (["inspect", str(FIXTURES / "gemma3_nested.json"), "--layer-type", "local"], "sliding_attention"),
+    (["verify", str(FIXTURES / "gemma3_nested.json")], "--layer-type"),
+    (["plot"], "rotary plot: error: the following arguments are required: FIGURE"),
+    (["plot", "decay", "--max-distance", "0"], "rotary plot decay: error: argument --max-distance"),
+    (["plot", "decay", "--out-dir", "x"], "rotary plot decay: error: unrecognized arguments: --out-dir x"),
     (["plot", "scaling", "--rope-type", "bogus"], "bogus"),
+    (["plot", "scaling", "--max-position", "8"], "give CONFIG or --scaling"),
     (["plot", "scores", "--q", "missing.npy"], "missing.npy"),
-    (["verify", "--seq-len", "0"], "--seq-len"),
-    (["report", "--head-dim", "8"], "-o"),
+    (["verify", "--seq-len", "0"], "rotary verify: error: argument --seq-len"),
+    (["demo", "--head-dim", "7"], "rotary demo: error: head_dim must be even"),
+    (["bench", "--dtypes", "fp32", "--nosuch"], "rotary bench: error: unrecognized arguments: --nosuch"),
+    (["build", "extra"], "rotary build: error: unrecognized arguments: extra"),
+    # issue 11, item 20: each was a traceback
+    (["inspect", "--base", "1e-300"], "base 1e-300"),
+    (["inspect", "--scaling", '{"rope_type": "proportional", "partial_rotary_factor": 2}'], "proportional"),
+    (["report", "--head-dim", "8", "-o", "/dev/null/x"], "-o /dev/null/x: cannot create the directory"),
+    (["plot", "decay", "-o", "/dev/null/decay"], "-o /dev/null/decay: /dev/null exists and is not a directory"),
+    (["plot", "decay", "-o", "/proc/rotary-test/decay"], "-o /proc/rotary-test/decay: cannot create the directory"),
+    (["inspect", "-o", "/proc/rotary-test.txt"], "-o /proc/rotary-test.txt: cannot write"),
 ]
 
 
 @pytest.mark.parametrize("argv, needle", BAD, ids=[" ".join(a) for a, _ in BAD])
-def test_bad_arguments_give_one_line_and_exit_2(argv, needle, capsys):
+def test_bad_arguments_give_one_line_and_exit_2(argv, needle, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exc:
         sys.exit(main(argv))
     assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1, err
-    assert needle in err, err
+    captured = capsys.readouterr()
+    assert len(captured.err.strip().splitlines()) == 1, captured.err
+    assert needle in captured.err, captured.err
+    assert captured.err.startswith(f"rotary {argv[0]}"), captured.err
+    assert captured.out == ""
+    assert not any(tmp_path.iterdir())  # nothing written on the way to the error
 
 
 def test_bad_arguments_in_a_subprocess(tmp_path):
@@ -225,9 +241,213 @@ def test_inspect_length_dependent_types(capsys):
     assert [p["factor"] for p in out["pairs"]] == pytest.approx(long_factor, rel=1e-5)
 
 
-@pytest.mark.parametrize("argv", [["inspect"], ["verify"], ["report"], ["plot"], *[["plot", f] for f in ("decay", "frequencies", "scaling", "scores", "positions")]])
+@pytest.mark.parametrize("argv", [["inspect"], ["verify"], ["report"], ["plot"], ["demo"], ["bench"], ["build"], *[["plot", f] for f in ("decay", "frequencies", "scaling", "scores", "positions")]])
 def test_help_exits_0(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         main([*argv, "--help"])
     assert exc.value.code == 0
     assert "usage: rotary" in capsys.readouterr().out
+
+
+# the context a scaling block enables (issue 13, item 2) ------------------------------------------
+
+#: Qwen2.5-7B-Instruct's published config.json (the RoPE-relevant values) with the yarn block its model
+#: card says to add for texts longer than 32768 tokens
+QWEN2_5_7B_INSTRUCT = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584, "num_attention_heads": 28,
+    "num_key_value_heads": 4, "num_hidden_layers": 28, "max_position_embeddings": 32768, "rope_theta": 1000000.0,
+    "sliding_window": 131072, "use_sliding_window": False, "vocab_size": 152064,
+    "rope_scaling": {"factor": 4.0, "original_max_position_embeddings": 32768, "type": "yarn"},
+}
+
+
+def inspect_json(capsys, *argv: str) -> dict:
+    assert main(["inspect", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_inspect_qwen2_5_yarn_reports_the_context_the_block_enables(tmp_path, capsys):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(QWEN2_5_7B_INSTRUCT))
+    out = inspect_json(capsys, str(config))
+    assert out["context"] == 4 * 32768 == 131072
+    assert out["context_source"] == "factor 4 × original_max_position_embeddings 32768; max_position_embeddings is 32768"
+    assert out["rope_type"] == "yarn" and out["head_dim"] == 128
+    assert main(["inspect", str(config)]) == 0
+    text = capsys.readouterr().out
+    assert "context 131072 (from factor 4 × original_max_position_embeddings 32768" in text
+    assert "turns in 131072" in text
+
+
+def test_inspect_context_is_max_position_embeddings_when_larger(capsys):
+    out = inspect_json(capsys, str(FIXTURES / "llama3_1.json"))  # factor 8 × 8192 = 65536 < 131072
+    assert out["context"] == 131072
+    assert out["context_source"] == "max_position_embeddings; factor 8 × original_max_position_embeddings 8192 = 65536 is not larger"
+    out = inspect_json(capsys, str(FIXTURES / "llama3_1.json"), "--max-position", "1000")
+    assert (out["context"], out["context_source"]) == (1000, "--max-position")
+
+
+def test_inspect_context_from_flags(capsys):
+    yarn = '{"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 1024}'
+    out = inspect_json(capsys, "--head-dim", "16", "--scaling", yarn)
+    assert out["context"] == 4096 and out["context_source"].startswith("factor 4 × original_max_position_embeddings 1024")
+    out = inspect_json(capsys, "--head-dim", "16")
+    assert out["context"] == 4096 and out["context_source"].startswith("default")
+
+
+# one table per layer type ---------------------------------------------------------------------
+
+
+def test_inspect_gemma3_shows_every_layer_type(capsys):
+    out = inspect_json(capsys, str(FIXTURES / "gemma3_nested.json"))
+    assert list(out["layer_types"]) == ["sliding_attention", "full_attention"]
+    sliding, full = out["layer_types"]["sliding_attention"], out["layer_types"]["full_attention"]
+    assert (sliding["rope_type"], sliding["base"], sliding["layer_type"]) == ("default", 10000.0, "sliding_attention")
+    assert (full["rope_type"], full["base"], full["scaling"]["factor"]) == ("linear", 1000000.0, 8.0)
+    assert full["pairs"][0]["factor"] == pytest.approx(8.0)  # linear: every pair slowed by 8
+    assert main(["inspect", str(FIXTURES / "gemma3_nested.json")]) == 0
+    text = capsys.readouterr().out
+    assert text.index("layer type sliding_attention") < text.index("layer type full_attention")
+    assert "pairs of default RoPE (sliding_attention layers)" in text and "pairs of linear RoPE (full_attention layers)" in text
+
+
+def test_inspect_layer_type_picks_one(capsys):
+    out = inspect_json(capsys, str(FIXTURES / "gemma3_nested.json"), "--layer-type", "full_attention")
+    assert out["layer_type"] == "full_attention" and out["rope_type"] == "linear"
+
+
+def test_inspect_gemma3_4x_config_without_layer_types(tmp_path, capsys):
+    """Gemma-3's 4.x files state rope_local_base_freq and a rope_scaling block for the global layers
+    and name no layer types: transformers' names are used."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({
+        "model_type": "gemma3_text", "head_dim": 256, "hidden_size": 2560, "num_attention_heads": 8,
+        "max_position_embeddings": 131072, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024,
+    }))
+    out = inspect_json(capsys, str(config))
+    assert {k: (v["rope_type"], v["base"]) for k, v in out["layer_types"].items()} == {
+        "sliding_attention": ("default", 10000.0), "full_attention": ("linear", 1000000.0),
+    }
+
+
+# CONFIG and flags combine: the flags override the file -----------------------------------------
+
+
+def test_flags_override_the_config(capsys):
+    llama = str(FIXTURES / "llama3_1.json")
+    out = inspect_json(capsys, llama, "--head-dim", "64")
+    assert (out["head_dim"], out["base"], out["rope_type"]) == (64, 500000.0, "llama3")
+    assert out["pairs"][1]["original_wavelength"] == pytest.approx(2 * math.pi * 500000.0 ** (2 / 64), rel=1e-6)
+    out = inspect_json(capsys, llama, "--base", "10000", "--scaling", '{"rope_type": "linear", "factor": 2}')
+    assert (out["base"], out["rope_type"], out["scaling"]["factor"]) == (10000.0, "linear", 2)
+    out = inspect_json(capsys, llama, "--interleaved")
+    assert out["interleaved"] is True
+    gptj = str(FIXTURES / "gptj.json")
+    assert inspect_json(capsys, gptj)["interleaved"] is True
+    assert inspect_json(capsys, gptj, "--no-interleaved")["interleaved"] is False
+    neox = str(FIXTURES / "gpt_neox.json")
+    assert inspect_json(capsys, neox)["rotary_dim"] != 32
+    assert inspect_json(capsys, neox, "--rotary-dim", "32")["rotary_dim"] == 32  # the file's rotary_pct gives way
+
+
+# -o/--out: one convention ---------------------------------------------------------------------
+
+
+def test_out_is_a_file_stem_a_directory_or_a_file(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    small = ["--max-distance", "8", "--head-dim", "16"]
+    assert main(["plot", "decay", *small]) == 0  # default: ./decay.png, ./decay.svg
+    assert {p.name for p in tmp_path.iterdir()} == {"decay.png", "decay.svg"}
+    (tmp_path / "figs").mkdir()
+    assert main(["plot", "decay", *small, "-o", "figs"]) == 0  # an existing directory: the default name inside
+    assert main(["plot", "decay", *small, "--out", "new/dir/"]) == 0  # a trailing slash: a directory, created
+    assert main(["plot", "decay", *small, "-o", "new/other.png"]) == 0  # a suffix: both files anyway
+    for stem in ("figs/decay", "new/dir/decay", "new/other"):
+        assert_figures([f"{stem}.png", f"{stem}.svg"], tmp_path)
+    assert main(["plot", "scaling", "--rope-type", "linear", "--head-dim", "16"]) == 0  # several: ./scaling/
+    assert_figures(["scaling/scaling_linear.png", "scaling/scaling_linear.svg"], tmp_path)
+    assert main(["inspect", "--head-dim", "8", "--json", "-o", "out/inspect.json"]) == 0  # a printing command
+    assert json.loads((tmp_path / "out" / "inspect.json").read_text())["head_dim"] == 8
+    capsys.readouterr()
+    assert main(["verify", "--head-dim", "8", "-o", "verify.txt"]) == 0
+    assert capsys.readouterr().out == "" and "all checks passed" in (tmp_path / "verify.txt").read_text()
+
+
+def test_defaults_never_write_into_the_projects_docs(tmp_path, monkeypatch):
+    """Run from a directory that has docs/figures (as the repository does): the defaults stay out of it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "docs" / "figures").mkdir(parents=True)
+    assert main(["plot", "scaling", "--rope-type", "ntk", "--head-dim", "16"]) == 0
+    assert main(["plot", "decay", "--head-dim", "16", "--max-distance", "8"]) == 0
+    assert not any((tmp_path / "docs" / "figures").iterdir())
+    assert (tmp_path / "scaling" / "scaling_ntk.png").is_file() and (tmp_path / "decay.png").is_file()
+
+
+def test_the_makefile_passes_the_docs_paths_explicitly():
+    recipe = (ROOT / "Makefile").read_text().split("\nfigures:", 1)[1].split("\n\n", 1)[0]
+    plots = [line.strip() for line in recipe.splitlines() if "rotary plot" in line]
+    assert plots and all(" -o docs/figures" in line for line in plots)
+
+
+def test_report_into_an_existing_file_is_an_error(tmp_path, capsys):
+    existing = tmp_path / "existing"
+    existing.write_text("keep me")
+    assert main(["report", "--head-dim", "8", "-o", str(existing)]) == 2
+    assert capsys.readouterr().err == f"rotary report: error: -o {existing}: {existing} exists and is not a directory; choose another -o\n"
+    assert existing.read_text() == "keep me"
+
+
+def test_plot_into_a_read_only_directory(tmp_path, capsys, monkeypatch):
+    """The permission check itself (root may write anywhere, so the permission answer is simulated;
+    the /proc cases in BAD are real failures)."""
+    import rotary.commands.common as common
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(common.os, "access", lambda p, mode: False if Path(p) == locked else real_access(p, mode))
+    assert main(["plot", "decay", "-o", str(locked / "decay")]) == 2
+    assert capsys.readouterr().err == (
+        f"rotary plot decay: error: -o {locked / 'decay'}: the directory {locked} is not writable; choose another -o\n"
+    )
+    assert not any(locked.iterdir())
+
+
+def leaf_parsers():
+    """Every runnable subcommand's parser: ``(name, parser)``."""
+    import argparse
+
+    from rotary.cli import build_parser
+
+    def walk(parser, name):
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            yield name, parser
+        for action in subs:
+            for sub_name, sub in action.choices.items():
+                yield from walk(sub, f"{name} {sub_name}".strip())
+
+    return list(walk(build_parser(), ""))
+
+
+def test_every_command_has_out_and_json():
+    leaves = leaf_parsers()
+    assert {name for name, _ in leaves} >= {"demo", "inspect", "verify", "report", "bench", "build", "plot decay", "plot scaling"}
+    for name, parser in leaves:
+        options = {s for a in parser._actions for s in a.option_strings}
+        assert {"-o", "--out", "--json"} <= options, name
+
+
+# the published configs end to end -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fixture", sorted(p.name for p in FIXTURES.glob("*.json")))
+def test_every_fixture_config_inspects_and_verifies(fixture, capsys):
+    path = str(FIXTURES / fixture)
+    out = inspect_json(capsys, path)
+    for info in out["layer_types"].values() if "layer_types" in out else [out]:
+        assert info["context"] > 0 and len(info["pairs"]) == info["rotary_dim"] // 2
+        extra = ["--layer-type", info["layer_type"]] if info["layer_type"] else []
+        assert main(["verify", path, *extra, "--seq-len", "8", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["passed"] is True

@@ -1,9 +1,12 @@
 """The ``rotary`` command. Each subcommand lives in its own module exposing ``register(subparsers)``;
-the module's parser sets ``func(args) -> int`` as its default."""
+the module's parser sets ``func(args) -> int`` as its default. The conventions every subcommand
+follows (``-o/--out``, CONFIG + flags, ``--json``, exit status) are in :mod:`rotary.commands.common`.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -17,6 +20,7 @@ COMMAND_MODULES = [
     "rotary.commands.verify",
     "rotary.commands.report",
     "rotary.commands.bench",
+    "rotary.commands.build",
 ]
 
 
@@ -30,7 +34,13 @@ OPTIONAL_PACKAGES = {
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit status 2, no usage dump
+    """One-line errors naming the (sub)command, exit status 2, no usage dump."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.set_defaults(_parser=self)  # the innermost parser that matched, for errors found later
+
+    def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
@@ -43,26 +53,44 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``rotary`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status.
+
+    Example:
+        >>> main(["demo", "--head-dim", "8", "--seq-len", "4", "--json"])  # doctest: +ELLIPSIS
+        {...}
+        0
+    """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # reported by the subcommand that was given them, not by "rotary"
+        args._parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    name = args._parser.prog
     try:
-        return int(args.func(args) or 0)
+        with contextlib.ExitStack() as stack:
+            if getattr(args, "out_kind", None) == "file" and args.out is not None:
+                from .commands.common import open_output_file
+
+                stack.enter_context(contextlib.redirect_stdout(stack.enter_context(open_output_file(args.out))))
+            return int(args.func(args) or 0)
     except BrokenPipeError:  # e.g. `rotary inspect ... --json | head`: the reader left, that's fine
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (ValueError, TypeError, FileNotFoundError) as exc:  # bad input: one line, status 2
-        print(f"rotary {args.command}: error: {exc}", file=sys.stderr)
+    except (ValueError, TypeError) as exc:  # bad input (ConfigError is a ValueError): one line, status 2
+        print(f"{name}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a file that cannot be read or written
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"{name}: error: {where}{exc.strerror or exc}", file=sys.stderr)
         return 2
     except ImportError as exc:  # an optional dependency of this command is missing
         missing = (exc.name or "").split(".")[0]
         if missing not in OPTIONAL_PACKAGES:
             raise
         print(
-            f"rotary {args.command}: error: needs the optional package {missing!r}; "
-            f"install it with: pip install {OPTIONAL_PACKAGES[missing]}",
+            f"{name}: error: needs the optional package {missing!r}; install it with: pip install {OPTIONAL_PACKAGES[missing]}",
             file=sys.stderr,
         )
         return 1

@@ -38,15 +38,22 @@ def save(fig: Figure, path: str | Path) -> list[Path]:
 
     Returns:
         the two paths written.
+
+    Raises:
+        OSError: a file cannot be written (the message names it).
     """
     stem = Path(path)
     if stem.suffix.lower() in (".png", ".svg"):
         stem = stem.with_suffix("")
     stem.parent.mkdir(parents=True, exist_ok=True)
     out = [stem.with_name(stem.name + ".png"), stem.with_name(stem.name + ".svg")]
-    fig.savefig(out[0], dpi=150, bbox_inches="tight")
-    fig.savefig(out[1], bbox_inches="tight", metadata={"Date": None})
-    plt.close(fig)
+    try:
+        fig.savefig(out[0], dpi=150, bbox_inches="tight")
+        fig.savefig(out[1], bbox_inches="tight", metadata={"Date": None})
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot write the figure ({exc.strerror})", exc.filename) from None
+    finally:
+        plt.close(fig)
     return out
 
 
@@ -57,7 +64,21 @@ def plot_decay(
     *,
     title: str = "Long-range decay of RoPE (d = 128, base 10000)",
 ) -> Figure:
-    """Seed 001's bound ``mean_j |S_j|`` against relative distance; measured mean |scores| on a second axis."""
+    """The long-term decay bound ``mean_j |S_j|`` of the RoFormer paper ("RoFormer: Enhanced Transformer with
+    Rotary Position Embedding") against relative distance; measured mean |scores| on a second axis.
+
+    Args:
+        distances: relative distances ``[N]``.
+        bound: the bound at each distance, ``[N]`` (:func:`rotary.analysis.decay_bound`).
+        measured: optional curves ``label -> [N]`` (:func:`rotary.analysis.measured_decay`).
+        title: the figure's title.
+
+    Example:
+        >>> from rotary.analysis import decay_bound
+        >>> fig = plot_decay(range(65), decay_bound(128, distances=range(65)))
+        >>> float(fig.axes[0].get_lines()[0].get_ydata()[0])  # d = 128 at distance 0: (d/2 + 1) / 2
+        32.5
+    """
     fig, ax = plt.subplots(figsize=(7, 4.2))
     x = list(distances)
     ax.plot(x, bound.tolist(), color=PALETTE[0], lw=2, label=r"bound: $\frac{1}{d/2}\sum_j |S_j|$")

@@ -8,7 +8,7 @@ from dataclasses import asdict
 
 from rotary.bench import format_table, run
 
-from .common import positive_int
+from .common import add_output_argument, positive_int
 
 __all__ = ["register"]
 
@@ -41,4 +41,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cases", action="append", help="a .py file registering extra methods or suites (repeatable)")
     p.add_argument("--suites", default=None, help="comma-separated registered suites to run (default: all)")
     p.add_argument("--progress", action="store_true", help="print a line as each group finishes")
+    add_output_argument(p, "file", None, "write the table (or JSON) to this file")
     p.set_defaults(func=_bench)

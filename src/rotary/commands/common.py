@@ -1,20 +1,52 @@
-"""What the analysis subcommands share: the configuration arguments, building a RoPE from them,
-and printing JSON / rich tables."""
+"""What the subcommands share: the argparse value types, the configuration arguments (CONFIG and the
+flags that override it), the ``-o/--out`` convention, and printing JSON / rich tables.
+
+The command-line conventions, the same for every subcommand:
+
+- ``-o/--out PATH``: where the command writes. A file stem for a command that draws one figure
+  (``rotary plot decay -o figs/decay`` writes ``figs/decay.png`` and ``figs/decay.svg``; an existing
+  directory or a path ending in ``/`` gets the default name inside it), a directory for a command
+  that writes several files (``plot scaling``, ``report``), and for a command that prints (``inspect``,
+  ``verify``, ``demo``, ``bench``, ``build``) a file to write the printed text or JSON to instead of
+  stdout. Missing directories are created. Defaults are names under the current directory.
+- ``CONFIG`` (a Hugging Face config.json) and the configuration flags combine: the flags override
+  the file (``rotary inspect config.json --base 1e6``).
+- ``--json`` on every command.
+- Exit status 0 on success, 1 when a check fails (``verify``, ``demo``) or something could not be
+  done (``build``), 2 for bad input; errors are one line naming the subcommand.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rotary.analysis import jsonable
-from rotary.config import ConfigError, read_hf_config
+from rotary.config import ConfigError, RopeSettings, read_hf_config
 from rotary.module import RoPE
+from rotary.rope_types import ROPE_TYPES
 
-__all__ = ["add_config_arguments", "rope_from_args", "positive_int", "positive_float", "print_json", "console", "config_label"]
+__all__ = [
+    "Configuration",
+    "add_config_arguments",
+    "add_output_argument",
+    "config_label",
+    "configurations",
+    "console",
+    "output_directory",
+    "output_stem",
+    "positive_float",
+    "positive_int",
+    "print_json",
+    "rope_from_args",
+]
+
 
 def positive_int(text: str) -> int:
     """argparse type: an int > 0 (argparse turns the error into a one-line usage message, status 2)."""
@@ -38,8 +70,74 @@ def positive_float(text: str) -> float:
     return value
 
 
-#: flags that describe a configuration without a config.json
+# -o/--out ------------------------------------------------------------------------------------------
+
+
+def add_output_argument(p: argparse.ArgumentParser, kind: str, default: str | None, what: str) -> None:
+    """Add ``-o/--out PATH``. ``kind``: ``"stem"`` (one figure), ``"dir"`` (several files) or
+    ``"file"`` (the printed output; default stdout)."""
+    metavar = {"stem": "PATH", "dir": "DIR", "file": "FILE"}[kind]
+    where = f"default {default}" if default else "default: stdout"
+    p.add_argument("-o", "--out", metavar=metavar, default=default, help=f"{what} ({where}; directories are created)")
+    p.set_defaults(out_kind=kind)
+
+
+def _make_directory(directory: Path, given: str) -> None:
+    if directory.exists() and not directory.is_dir():
+        raise ValueError(f"-o {given}: {directory} exists and is not a directory; choose another -o")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"-o {given}: cannot create the directory {directory} ({exc.strerror}); choose another -o") from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ValueError(f"-o {given}: the directory {directory} is not writable; choose another -o")
+
+
+def output_stem(given: str, default_name: str) -> Path:
+    """The file stem ``-o`` names for one figure; an existing directory (or ``dir/``) gets ``default_name``.
+
+    A ``.png`` / ``.svg`` suffix is dropped (both files are written). The parent directory is created.
+    """
+    stem = Path(given)
+    if given.endswith(("/", os.sep)) or stem.is_dir():
+        stem = stem / default_name
+    if stem.suffix.lower() in (".png", ".svg"):
+        stem = stem.with_suffix("")
+    _make_directory(stem.parent, given)
+    for suffix in (".png", ".svg"):
+        target = stem.with_name(stem.name + suffix)
+        if target.is_dir():
+            raise ValueError(f"-o {given}: {target} is a directory; give a file stem such as {stem.parent / default_name}")
+    return stem
+
+
+def output_directory(given: str) -> Path:
+    """The directory ``-o`` names for several files, created if missing."""
+    directory = Path(given)
+    _make_directory(directory, given)
+    return directory
+
+
+def open_output_file(given: str):
+    """The file ``-o`` names for a printing command, opened for writing (its directory created)."""
+    path = Path(given)
+    if path.is_dir():
+        raise ValueError(f"-o {given}: is a directory; give a file name for the output")
+    _make_directory(path.parent, given)
+    try:
+        return open(path, "w", encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"-o {given}: cannot write ({exc.strerror}); choose another -o") from None
+
+
+# CONFIG and the configuration flags --------------------------------------------------------------
+
+#: the configuration when neither CONFIG nor a flag says otherwise
 _FLAG_DEFAULTS = {"head_dim": 128, "base": 10000.0, "rotary_dim": None, "scaling": None, "max_position": 4096}
+
+#: the layer type names transformers uses in ``layer_types`` (tried when a config has one RoPE block
+#: per layer type but does not list them, as Gemma-3's 4.x config.json files)
+STANDARD_LAYER_TYPES = ("sliding_attention", "full_attention", "chunked_attention", "linear_attention")
 
 
 def _scaling_json(text: str) -> dict[str, Any]:
@@ -53,17 +151,23 @@ def _scaling_json(text: str) -> dict[str, Any]:
 
 
 def add_config_arguments(p: argparse.ArgumentParser, *, config: bool = True) -> None:
-    """CONFIG (a Hugging Face config.json) or the flags that describe one."""
+    """CONFIG (a Hugging Face config.json) and the flags that describe or override one."""
     if config:
         p.add_argument("config", nargs="?", metavar="CONFIG", help="Hugging Face config.json (or a directory holding one)")
         p.add_argument("--layer-type", help="per-layer rope parameters to use (e.g. 'sliding_attention')")
-    g = p.add_argument_group("configuration without a config.json")
+    g = p.add_argument_group("configuration (without CONFIG, or overriding it)")
     g.add_argument("--head-dim", type=positive_int, help=f"channels per head (default {_FLAG_DEFAULTS['head_dim']})")
     g.add_argument("--base", type=positive_float, help=f"rope_theta (default {_FLAG_DEFAULTS['base']:g})")
     g.add_argument("--rotary-dim", type=positive_int, help="channels rotated (default: head_dim)")
-    g.add_argument("--scaling", type=_scaling_json, metavar="JSON", help='e.g. \'{"rope_type": "yarn", "factor": 4, ...}\'')
-    g.add_argument("--max-position", type=positive_int, help=f"context length (default {_FLAG_DEFAULTS['max_position']})")
-    p.add_argument("--interleaved", action="store_true", help="pairs (2i, 2i+1) instead of Hugging Face's (i, i+d/2)")
+    g.add_argument("--scaling", type=_scaling_json, metavar="JSON", help='replaces the scaling block, e.g. \'{"rope_type": "yarn", "factor": 4, ...}\'')
+    g.add_argument(
+        "--max-position", type=positive_int,
+        help="context length (default: what the scaling block enables, else max_position_embeddings, else 4096)",
+    )
+    g.add_argument(
+        "--interleaved", action=argparse.BooleanOptionalAction, default=None,
+        help="pairs (2i, 2i+1) instead of Hugging Face's (i, i+d/2) (default: the architecture's, else half)",
+    )
 
 
 #: RoPE's initial table length here: the context can be 131072 positions, and nothing the commands
@@ -71,35 +175,152 @@ def add_config_arguments(p: argparse.ArgumentParser, *, config: bool = True) -> 
 _CACHE_LENGTH = 4096
 
 
-def rope_from_args(args: argparse.Namespace) -> tuple[RoPE, int]:
-    """Build the RoPE that CONFIG or the configuration flags describe, and its context length.
+@dataclass
+class Configuration:
+    """One RoPE described by CONFIG and the flags, with its context length and where that came from."""
 
-    The context is ``--max-position``, else the config's ``max_position_embeddings``, else 4096.
+    rope: RoPE
+    context: int
+    #: how ``context`` was chosen, e.g. "factor 4 × original_max_position_embeddings 32768"
+    context_source: str
+    #: the config's layer type this RoPE belongs to (configs with one block per layer type), else None
+    layer_type: str | None = None
+
+
+def _read(path: str, layer_type: str | None) -> RopeSettings:
+    try:
+        return read_hf_config(path, layer_type=layer_type)
+    except ConfigError as exc:  # the library's message names the keyword; here it is the flag
+        raise ConfigError(str(exc).replace("layer_type=", "--layer-type")) from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path} is not UTF-8 text ({exc.reason}); pass a Hugging Face config.json") from None
+    except IsADirectoryError:
+        raise ValueError(f"{path} is a directory without a config.json; pass a config.json") from None
+    except OSError as exc:
+        raise ValueError(f"cannot read {path} ({exc.strerror}); pass a readable config.json") from None
+
+
+def _declared_layer_types(path: str) -> list[str]:
+    """The layer types a config names (``layer_types``, keys of a per-layer-type block), in its order."""
+    try:
+        with open(os.path.join(path, "config.json") if os.path.isdir(path) else path, encoding="utf-8") as fh:
+            raw = json.load(fh)
+    except (OSError, ValueError):
+        return []
+    names: list[str] = []
+    for d in (raw, raw.get("text_config")) if isinstance(raw, dict) else ():
+        if not isinstance(d, dict):
+            continue
+        if isinstance(d.get("layer_types"), list):
+            names += [t for t in d["layer_types"] if isinstance(t, str)]
+        for key in ("rope_parameters", "rope_scaling"):
+            block = d.get(key)
+            if isinstance(block, dict):
+                names += [k for k, v in block.items() if isinstance(v, dict)]
+    return list(dict.fromkeys(names))
+
+
+def _settings_per_layer_type(args: argparse.Namespace) -> list[tuple[str | None, RopeSettings]]:
+    """The file's settings: one entry, or one per layer type when the file has a block per layer type,
+    ``--layer-type`` picks none and ``args.all_layer_types`` is set (otherwise that is an error)."""
+    path, layer_type = args.config, getattr(args, "layer_type", None)
+    try:
+        return [(layer_type, _read(path, layer_type))]
+    except ConfigError as first:
+        if layer_type is not None or not getattr(args, "all_layer_types", False):
+            raise
+        declared = _declared_layer_types(path)
+        found = [(t, _read(path, t)) for t in declared]  # a broken block of a named layer type is an error
+        if not found:  # a config relying on transformers' names (Gemma-3 4.x): try them
+            for guess in STANDARD_LAYER_TYPES:
+                try:
+                    found.append((guess, _read(path, guess)))
+                except ConfigError:
+                    continue
+        if not found:
+            raise first from None
+        return found
+
+
+def _context(scaling: dict[str, Any], max_position_embeddings: int | None, flag: int | None) -> tuple[int, str]:
+    """The context length to report, and a phrase saying where it came from.
+
+    A scaling block with a trained length enables ``factor × original_max_position_embeddings`` tokens
+    (Qwen2.5's yarn block: 4 × 32768 = 131072); the config's ``max_position_embeddings`` is used when it
+    is larger (Llama 3.1: 131072 > 8 × 8192).
     """
-    flags = {k: getattr(args, k, None) for k in _FLAG_DEFAULTS}
-    path = getattr(args, "config", None)
-    if path is not None:
-        given = [f"--{k.replace('_', '-')}" for k, v in flags.items() if v is not None and k != "max_position"]
-        if given:
-            raise ValueError(f"give either CONFIG or {', '.join(given)}, not both")
-        try:
-            settings = read_hf_config(path, layer_type=getattr(args, "layer_type", None))
-        except ConfigError as exc:  # the library's message names the keyword; here it is the flag
-            raise ValueError(str(exc).replace("layer_type=", "--layer-type")) from None
-        context = flags["max_position"] or settings.max_position_embeddings or _FLAG_DEFAULTS["max_position"]
+    if flag is not None:
+        return flag, "--max-position"
+    rope_type = ROPE_TYPES.get(scaling.get("rope_type", "default"))
+    factor, original = scaling.get("factor"), scaling.get("original_max_position_embeddings")
+    enabled = None
+    if rope_type is not None and rope_type.trained_length and factor and original:
+        enabled = int(round(float(factor) * int(original)))
+    by_block = f"factor {float(factor):g} × original_max_position_embeddings {original}" if enabled else ""
+    if enabled and (max_position_embeddings is None or enabled > max_position_embeddings):
+        also = f"; max_position_embeddings is {max_position_embeddings}" if max_position_embeddings else ""
+        return enabled, f"{by_block}{also}"
+    if max_position_embeddings:
+        also = f"; {by_block} = {enabled} is not larger" if enabled else ""
+        return max_position_embeddings, f"max_position_embeddings{also}"
+    return _FLAG_DEFAULTS["max_position"], "default; the configuration states no length, set --max-position"
+
+
+def _build(settings: RopeSettings, args: argparse.Namespace, layer_type: str | None) -> Configuration:
+    """Apply the flags over ``settings`` and build the RoPE."""
+    head_dim = args.head_dim or settings.head_dim
+    base = args.base or settings.base
+    scaling = dict(settings.scaling)
+    rotary_dim = settings.rotary_dim
+    if args.scaling is not None:  # the flag's block replaces the file's; the rotated width stays
+        given = dict(args.scaling)
+        if "partial_rotary_factor" in scaling and "partial_rotary_factor" not in given:
+            given["partial_rotary_factor"] = scaling["partial_rotary_factor"]
+        rope_type = ROPE_TYPES.get(given.get("rope_type", given.get("type")))
+        if settings.max_position_embeddings and rope_type is not None and "max_position_embeddings" in rope_type.required | rope_type.optional:
+            given.setdefault("max_position_embeddings", settings.max_position_embeddings)
+        scaling = given
+    if args.rotary_dim is not None:  # the flag replaces the file's rotated width, however it was given
+        rotary_dim = args.rotary_dim
+        scaling.pop("partial_rotary_factor", None)
+    interleaved = settings.interleaved if args.interleaved is None else args.interleaved
+    try:
         rope = RoPE(
-            settings.head_dim, base=settings.base, rotary_dim=settings.rotary_dim, scaling=settings.scaling,
-            interleaved=settings.interleaved or args.interleaved, max_position=min(context, _CACHE_LENGTH),
+            head_dim, base=base, rotary_dim=rotary_dim, scaling=scaling or None, interleaved=interleaved,
+            max_position=_CACHE_LENGTH,
         )
-        return rope, context
-    if getattr(args, "layer_type", None):
-        raise ValueError("--layer-type needs a CONFIG")
-    values = {k: (v if v is not None else _FLAG_DEFAULTS[k]) for k, v in flags.items()}
-    rope = RoPE(
-        values["head_dim"], base=values["base"], rotary_dim=values["rotary_dim"], scaling=values["scaling"],
-        interleaved=args.interleaved, max_position=min(values["max_position"], _CACHE_LENGTH),
-    )
-    return rope, values["max_position"]
+    except (RuntimeError, ArithmeticError) as exc:  # the settings passed the checks but cannot be computed
+        raise ValueError(f"these settings give no valid RoPE ({exc}); check --base, --head-dim and --scaling") from None
+    f = rope.freqs
+    if not (bool(f.inv_freq.isfinite().all()) and math.isfinite(f.attention_scaling)):
+        raise ValueError(
+            f"base {base:g} with head_dim {head_dim} and scaling {f.scaling} gives non-finite frequencies or "
+            "attention scaling; use a base > 1 (Llama uses 10000 or 500000)"
+        )
+    context, source = _context(dict(f.scaling), settings.max_position_embeddings, args.max_position)
+    return Configuration(rope, context, source, layer_type)
+
+
+_NO_FILE = RopeSettings(head_dim=_FLAG_DEFAULTS["head_dim"], base=_FLAG_DEFAULTS["base"])
+
+
+def configurations(args: argparse.Namespace) -> list[Configuration]:
+    """Every RoPE that CONFIG and the configuration flags describe.
+
+    One, unless CONFIG has one RoPE block per layer type (Gemma-3), ``--layer-type`` picks none and
+    ``args.all_layer_types`` is set: then one per layer type, in the config's order.
+    """
+    if getattr(args, "config", None) is None:
+        if getattr(args, "layer_type", None):
+            raise ValueError("--layer-type needs a CONFIG")
+        return [_build(_NO_FILE, args, None)]
+    return [_build(settings, args, layer_type) for layer_type, settings in _settings_per_layer_type(args)]
+
+
+def rope_from_args(args: argparse.Namespace) -> tuple[RoPE, int]:
+    """The RoPE that CONFIG and the configuration flags describe, and its context length."""
+    (configuration,) = configurations(argparse.Namespace(**{**vars(args), "all_layer_types": False}))
+    return configuration.rope, configuration.context
 
 
 def config_label(path: str) -> str:
@@ -120,4 +341,4 @@ def console():
 
     from rich.console import Console
 
-    return Console(width=max(shutil.get_terminal_size((120, 24)).columns, 100), highlight=False)
+    return Console(file=sys.stdout, width=max(shutil.get_terminal_size((120, 24)).columns, 100), highlight=False)

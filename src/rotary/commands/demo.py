@@ -11,7 +11,7 @@ from rotary import reference
 from rotary.apply import permute_qk_weight
 from rotary.module import RoPE
 
-from .common import positive_int
+from .common import add_output_argument, positive_int, print_json
 
 __all__ = ["run_checks", "register"]
 
@@ -58,26 +58,33 @@ def run_checks(head_dim: int = 64, seq_len: int = 32, seed: int = 0) -> list[tup
 
 def _demo(args: argparse.Namespace) -> int:
     rope = RoPE(args.head_dim)
-    print(f"rotary demo: {rope}")
     inv = rope.inv_freq
+    rows = run_checks(args.head_dim, args.seq_len)
+    failed = sum(err > tol for _, err, tol in rows)
+    if args.json:
+        print_json({
+            "rope": repr(rope),
+            "passed": not failed,
+            "checks": [{"name": name, "worst_error": err, "tolerance": tol, "passed": err <= tol} for name, err, tol in rows],
+        })
+        return 1 if failed else 0
+    print(f"rotary demo: {rope}")
     print(
         f"inv_freq: {inv.numel()} values, min {float(inv.min()):.6f}, max {float(inv.max()):.1f}, "
         f"mean {float(inv.mean()):.6f}; shortest wavelength {2 * math.pi:.3f} tokens, "
         f"longest {2 * math.pi / float(inv.min()):.0f} tokens"
     )
-    rows = run_checks(args.head_dim, args.seq_len)
     width = max(len(r[0]) for r in rows)
-    failed = 0
     for name, err, tol in rows:
-        ok = err <= tol
-        failed += not ok
-        print(f"  {'PASS' if ok else 'FAIL'}  {name:<{width}}  worst error {err:.2e} (tolerance {tol:.0e})")
+        print(f"  {'PASS' if err <= tol else 'FAIL'}  {name:<{width}}  worst error {err:.2e} (tolerance {tol:.0e})")
     print("all checks passed" if not failed else f"{failed} check(s) FAILED")
     return 1 if failed else 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="rotate a small batch and check RoPE's properties")
-    p.add_argument("--head-dim", type=positive_int, default=64)
-    p.add_argument("--seq-len", type=positive_int, default=32)
+    p = sub.add_parser("demo", help="rotate a small batch and check RoPE's properties", description=__doc__)
+    p.add_argument("--head-dim", type=positive_int, default=64, help="channels per head (default 64)")
+    p.add_argument("--seq-len", type=positive_int, default=32, help="positions (default 32)")
+    p.add_argument("--json", action="store_true", help="print the checks as JSON")
+    add_output_argument(p, "file", None, "write the output to this file")
     p.set_defaults(func=_demo)

@@ -4,20 +4,29 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import Any
 
 from rotary.analysis import Inspection, inspect_rope
 from rotary.frequencies import frequencies
 from rotary.rope_types import ROPE_TYPES
 
-from .common import add_config_arguments, console, positive_int, print_json, rope_from_args
+from .common import (
+    Configuration,
+    add_config_arguments,
+    add_output_argument,
+    configurations,
+    console,
+    positive_int,
+    print_json,
+)
 
-__all__ = ["register", "inspection_from_args", "render"]
+__all__ = ["register", "inspect_configuration", "render"]
 
 
-def inspection_from_args(args: argparse.Namespace) -> Inspection:
-    rope, context = rope_from_args(args)
+def inspect_configuration(configuration: Configuration, seq_len: int | None = None) -> Inspection:
+    """The inspection of one configuration; length-dependent types at ``seq_len`` (default: the context)."""
+    rope, context = configuration.rope, configuration.context
     f = rope.freqs
-    seq_len = getattr(args, "seq_len", None)
     if seq_len is None and ROPE_TYPES[f.rope_type].length_dependent:
         seq_len = context  # what the model uses at its full context (LongRoPE: the long factors)
     if seq_len is None:
@@ -34,24 +43,27 @@ def _fmt(x: float, digits: int = 4) -> str:
     return f"{x:.{digits}g}" if abs(x) < 1e5 else f"{x:.3e}"
 
 
-def render(info: Inspection) -> None:
-    """Print ``info`` as rich tables."""
+def render(info: Inspection, context_source: str = "", layer_type: str | None = None) -> None:
+    """Print ``info`` as rich tables (``context_source``: how the context length was chosen)."""
     from rich.table import Table
 
     out = console()
+    if layer_type is not None:
+        out.print(f"[bold]layer type {layer_type}[/]")
     scaled = any(k not in ("unchanged",) for k in info.profile.kind)
     params = ", ".join(f"{k}={v}" for k, v in info.scaling.items() if k not in ("rope_type", "type") and not isinstance(v, list))
     out.print(
         f"[bold]rope_type[/] {info.rope_type}  [bold]head_dim[/] {info.head_dim}  [bold]rotary_dim[/] {info.rotary_dim}  "
-        f"[bold]base[/] {info.base:g}  [bold]context[/] {info.context}  [bold]pairing[/] "
-        f"{'interleaved (2i, 2i+1)' if info.interleaved else 'half (i, i+d/2)'}"
+        f"[bold]base[/] {info.base:g}  [bold]pairing[/] {'interleaved (2i, 2i+1)' if info.interleaved else 'half (i, i+d/2)'}"
     )
+    out.print(f"[bold]context[/] {info.context}" + (f" (from {context_source})" if context_source else ""))
     out.print(
         f"[bold]attention_scaling[/] {info.attention_scaling:.6g}"
         + (f"   [bold]frequencies at sequence length[/] {info.seq_len}" if info.seq_len else "")
         + (f"   [bold]scaling[/] {params}" if params else "")
     )
-    table = Table(title=f"pairs of {info.rope_type} RoPE", title_justify="left")
+    what = f"{info.rope_type} RoPE" + (f" ({layer_type} layers)" if layer_type else "")
+    table = Table(title=f"pairs of {what}", title_justify="left")
     for col in ["pair", "inv_freq θ", "wavelength (tokens)", f"turns in {info.context}"]:
         table.add_column(col, justify="right")
     if scaled:
@@ -73,12 +85,23 @@ def render(info: Inspection) -> None:
         out.print(f"[bold yellow]warning:[/] {w}")
 
 
+def _as_dict(info: Inspection, configuration: Configuration) -> dict[str, Any]:
+    return {"layer_type": configuration.layer_type, **info.to_dict(), "context_source": configuration.context_source}
+
+
 def _inspect(args: argparse.Namespace) -> int:
-    info = inspection_from_args(args)
+    found = configurations(argparse.Namespace(**vars(args), all_layer_types=True))
+    infos = [(c, inspect_configuration(c, args.seq_len)) for c in found]
     if args.json:
-        print_json(info.to_dict())
-    else:
-        render(info)
+        if len(infos) == 1:
+            print_json(_as_dict(infos[0][1], infos[0][0]))
+        else:
+            print_json({"layer_types": {c.layer_type: _as_dict(info, c) for c, info in infos}})
+        return 0
+    for j, (c, info) in enumerate(infos):
+        if j:
+            print()
+        render(info, c.context_source, c.layer_type if len(infos) > 1 or args.layer_type else None)
     return 0
 
 
@@ -88,9 +111,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="per-pair frequencies, wavelengths and scaling of a configuration",
         description="For each pair: inv_freq, wavelength 2π/θ in tokens, full turns within the context, and for "
         "scaling methods the factor applied and whether the pair is interpolated, extrapolated or blended; "
-        "the attention scaling; warnings for pairs that never turn and for position precision.",
+        "the attention scaling; warnings for pairs that never turn and for position precision. The context is "
+        "--max-position, else what the scaling block enables (factor × original_max_position_embeddings) or the "
+        "config's max_position_embeddings, whichever is larger. A config with one RoPE block per layer type (Gemma-3) "
+        "gives one table per layer type unless --layer-type picks one.",
     )
     add_config_arguments(p)
     p.add_argument("--seq-len", type=positive_int, help="sequence length for length-dependent rope_types (dynamic, longrope)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    add_output_argument(p, "file", None, "write the output to this file")
     p.set_defaults(func=_inspect)

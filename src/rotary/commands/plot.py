@@ -16,7 +16,11 @@ from rotary.rope_types import ROPE_TYPES
 from .common import (
     _FLAG_DEFAULTS,
     add_config_arguments,
+    add_output_argument,
     config_label,
+    configurations,
+    output_directory,
+    output_stem,
     positive_float,
     positive_int,
     print_json,
@@ -121,39 +125,61 @@ def make_positions(out: Path, rope: RoPE, seq_len: int):
 
 # subcommands -------------------------------------------------------------------------------
 def _decay(args: argparse.Namespace) -> int:
-    files, numbers = make_decay(Path(args.output), args.head_dim, args.base, args.max_distance, args.measured, args.samples)
+    out = output_stem(args.out, "decay")
+    files, numbers = make_decay(out, args.head_dim, args.base, args.max_distance, args.measured, args.samples)
     return _announce(args, files, numbers)
+
+
+def _config_file(path: str) -> argparse.Namespace:
+    """The arguments that describe one config file as it is (no flag overrides), every layer type."""
+    return argparse.Namespace(config=path, layer_type=None, all_layer_types=True, **dict.fromkeys(_FLAG_DEFAULTS), interleaved=None)
 
 
 def _frequencies(args: argparse.Namespace) -> int:
     ropes: dict[str, RoPE] = {}
     for path in args.configs:
-        ns = argparse.Namespace(config=path, layer_type=None, interleaved=False, **dict.fromkeys(_FLAG_DEFAULTS))
-        ropes[config_label(path)] = rope_from_args(ns)[0]
+        found = configurations(_config_file(path))
+        for c in found:
+            label = config_label(path) + (f" ({c.layer_type})" if len(found) > 1 else "")
+            ropes[label] = c.rope
     head_dim = args.head_dim or _FLAG_DEFAULTS["head_dim"]
     for base in args.base or ([] if args.configs else [10000.0, 500000.0]):
         ropes[f"d={head_dim}, base {base:g}"] = RoPE(head_dim, base=base)
-    files, numbers = make_frequencies(Path(args.output), ropes, args.context)
+    files, numbers = make_frequencies(output_stem(args.out, "frequencies"), ropes, args.context)
     return _announce(args, files, numbers)
 
 
+#: configuration flags that only make sense with CONFIG or --scaling in ``plot scaling``
+_NEED_A_CONFIGURATION = {"rotary_dim": "--rotary-dim", "max_position": "--max-position", "interleaved": "--interleaved", "layer_type": "--layer-type"}
+
+
 def _scaling(args: argparse.Namespace) -> int:
-    out_dir = Path(args.out_dir)
     if args.config or args.scaling:
         if args.rope_type:
             raise ValueError("give --rope-type only without CONFIG / --scaling")
-        rope, context = rope_from_args(args)
-        files, numbers = make_scaling(out_dir / f"scaling_{rope.freqs.rope_type}", rope, context, args.seq_len)
-        return _announce(args, files, {"methods": {rope.freqs.rope_type: numbers}})
+        found = configurations(argparse.Namespace(**vars(args), all_layer_types=True))
+        out_dir = output_directory(args.out)
+        all_files: list[Path] = []
+        methods: dict[str, Any] = {}
+        for c in found:
+            name = c.rope.freqs.rope_type + (f"_{c.layer_type}" if len(found) > 1 else "")
+            files, numbers = make_scaling(out_dir / f"scaling_{name}", c.rope, c.context, args.seq_len)
+            all_files += files
+            methods[name] = numbers
+        return _announce(args, all_files, {"methods": methods})
+    given = [flag for key, flag in _NEED_A_CONFIGURATION.items() if getattr(args, key, None) is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)} describe a configuration: give CONFIG or --scaling with them, or drop them")
     available = [t for t in ROPE_TYPES if t != "default"]
     wanted = args.rope_type or [t for t in available if ROPE_TYPES[t].example is not None]
     unknown = [t for t in wanted if t not in ROPE_TYPES or t == "default"]
     if unknown:
         raise ValueError(f"unknown scaling rope_type {unknown[0]!r}; registered: {', '.join(available) or 'none'}")
     head_dim = args.head_dim or _FLAG_DEFAULTS["head_dim"]
-    all_files: list[Path] = []
-    methods: dict[str, Any] = {}
-    for t in wanted:
+    out_dir = output_directory(args.out)
+    all_files = []
+    methods = {}
+    for t in dict.fromkeys(wanted):
         make_example = ROPE_TYPES[t].example
         if make_example is None:
             raise ValueError(f"no example parameters for rope_type {t!r}; pass --scaling '{{\"rope_type\": \"{t}\", ...}}'")
@@ -174,60 +200,75 @@ def _scaling(args: argparse.Namespace) -> int:
 
 
 def _scores(args: argparse.Namespace) -> int:
-    files, numbers = make_scores(Path(args.output), rope_from_args(args)[0], args.seq_len, args.q, args.k, args.seed)
+    out = output_stem(args.out, "scores")
+    files, numbers = make_scores(out, rope_from_args(args)[0], args.seq_len, args.q, args.k, args.seed)
     return _announce(args, files, numbers)
 
 
 def _positions(args: argparse.Namespace) -> int:
-    files, numbers = make_positions(Path(args.output), rope_from_args(args)[0], args.seq_len)
+    out = output_stem(args.out, "positions")
+    files, numbers = make_positions(out, rope_from_args(args)[0], args.seq_len)
     return _announce(args, files, numbers)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("plot", help="figures: decay, frequencies, scaling, scores, positions (PNG + SVG)")
+    p = sub.add_parser(
+        "plot", help="figures: decay, frequencies, scaling, scores, positions (PNG + SVG)",
+        description="Each figure is written as PNG and SVG. -o/--out is a file stem for one figure (an existing "
+        "directory gets the default name inside it) and a directory for plot scaling; directories are created.",
+    )
     figs = p.add_subparsers(dest="figure", metavar="FIGURE", parser_class=type(p), required=True)
 
-    def common(q: argparse.ArgumentParser, default_out: str | None) -> None:
-        if default_out:
-            q.add_argument("-o", "--output", default=default_out, help=f"output path without suffix (default {default_out})")
+    def common(q: argparse.ArgumentParser, default_out: str, kind: str = "stem") -> None:
+        what = "directory for the figures" if kind == "dir" else "output file stem (.png and .svg are written)"
+        add_output_argument(q, kind, default_out, what)
         q.add_argument("--json", action="store_true", help="print the files written and the numbers plotted as JSON")
 
-    q = figs.add_parser("decay", help="seed 001's long-range decay bound against relative distance")
-    q.add_argument("--head-dim", type=positive_int, default=128)
-    q.add_argument("--base", type=positive_float, default=10000.0)
-    q.add_argument("--max-distance", type=positive_int, default=256)
+    q = figs.add_parser(
+        "decay", help="long-range decay bound of RoPE (RoFormer paper) against relative distance",
+        description="The long-term decay bound (1/(d/2)) Σ_j |S_j| of the paper \"RoFormer: Enhanced Transformer with "
+        "Rotary Position Embedding\" and of Su Jianlin's blog post \"Transformer upgrade road: 2. Rotary position "
+        "embedding\", against the relative distance; --measured adds the mean |<R_m q, R_n k>| of rotated vectors.",
+    )
+    q.add_argument("--head-dim", type=positive_int, default=128, help="channels per head d (default 128)")
+    q.add_argument("--base", type=positive_float, default=10000.0, help="rope_theta (default 10000)")
+    q.add_argument("--max-distance", type=positive_int, default=256, help="largest relative distance (default 256)")
     q.add_argument("--measured", action="store_true", help="overlay measured mean |⟨R_m q, R_n k⟩| (random q, k and all ones)")
     q.add_argument("--samples", type=positive_int, default=256, help="random (q, k) pairs for --measured")
     common(q, "decay")
     q.set_defaults(func=_decay)
 
     q = figs.add_parser("frequencies", help="wavelength per pair, several configurations overlaid")
-    q.add_argument("configs", nargs="*", metavar="CONFIG", help="config.json files to overlay")
+    q.add_argument("configs", nargs="*", metavar="CONFIG", help="config.json files to overlay (every layer type of each)")
     q.add_argument("--base", type=positive_float, action="append", help="add a default configuration with this base (repeatable)")
     q.add_argument("--head-dim", type=positive_int, help="head_dim of the --base configurations (default 128)")
     q.add_argument("--context", type=positive_int, help="draw a line at this context length")
     common(q, "frequencies")
     q.set_defaults(func=_frequencies)
 
-    q = figs.add_parser("scaling", help="original vs scaled wavelength per pair for each scaling method")
+    q = figs.add_parser(
+        "scaling", help="original vs scaled wavelength per pair for each scaling method",
+        description="Without CONFIG or --scaling: one figure per registered scaling method with example parameters "
+        "(--head-dim, --base and --seq-len apply to the examples). With them: the figure of that configuration "
+        "(one per layer type for a config with one RoPE block per layer type).",
+    )
     add_config_arguments(q)
     q.add_argument("--rope-type", action="append", help="scaling methods to draw with example parameters (default: all registered)")
     q.add_argument("--seq-len", type=positive_int, help="sequence length for length-dependent types")
-    q.add_argument("--out-dir", default="docs/figures", help="directory for scaling_<rope_type>.png/.svg (default docs/figures)")
-    common(q, None)
+    common(q, "scaling", kind="dir")
     q.set_defaults(func=_scaling)
 
     q = figs.add_parser("scores", help="attention logits of rotated q, k as a heatmap over positions")
     add_config_arguments(q)
-    q.add_argument("--seq-len", type=positive_int, default=64)
+    q.add_argument("--seq-len", type=positive_int, default=64, help="positions (default 64)")
     q.add_argument("--q", help="query content vector [head_dim] (.npy or .pt); default random")
     q.add_argument("--k", help="key content vector [head_dim] (.npy or .pt); default random")
-    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--seed", type=int, default=0, help="seed of the random q, k (default 0)")
     common(q, "scores")
     q.set_defaults(func=_scores)
 
     q = figs.add_parser("positions", help="2-D PCA of the position tables")
     add_config_arguments(q)
-    q.add_argument("--seq-len", type=positive_int, default=256)
+    q.add_argument("--seq-len", type=positive_int, default=256, help="positions (default 256)")
     common(q, "positions")
     q.set_defaults(func=_positions)

@@ -15,7 +15,15 @@ from rotary.analysis import inspect_rope, jsonable, verify
 from rotary.module import RoPE
 
 from . import plot
-from .common import add_config_arguments, config_label, positive_int, print_json, rope_from_args
+from .common import (
+    add_config_arguments,
+    add_output_argument,
+    config_label,
+    output_directory,
+    positive_int,
+    print_json,
+    rope_from_args,
+)
 
 __all__ = ["register", "write_report"]
 
@@ -39,7 +47,7 @@ _CSS = (
 
 
 def write_report(rope: RoPE, out_dir: Path, *, title: str, context: int, seq_len: int = 64) -> tuple[list[Path], dict[str, Any]]:
-    """Write figures, ``report.json`` and ``report.html`` into ``out_dir``; return (files, numbers)."""
+    """Write figures, ``report.json`` and ``report.html`` into ``out_dir`` (created if missing); return (files, numbers)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     info = inspect_rope(rope, context=context)
     checks = verify(rope, seq_len=seq_len, offset=context)
@@ -79,7 +87,7 @@ def write_report(rope: RoPE, out_dir: Path, *, title: str, context: int, seq_len
     parts.append(_table(["", "check", "worst error", "tolerance"], [
         ["PASS" if c.passed else "FAIL", c.name, f"{c.worst_error:.2e}", f"{c.tolerance:.1e}"] for c in checks]))
     captions = {
-        "decay": "Long-range decay bound (seed 001) with measured mean |⟨R_m q, R_n k⟩|",
+        "decay": "Long-term decay bound (RoFormer paper) with measured mean |⟨R_m q, R_n k⟩|",
         "frequencies": "Wavelength per pair",
         "scaling": "Original vs configured wavelength per pair",
         "scores": "Attention logits of rotated q, k",
@@ -104,7 +112,10 @@ def write_report(rope: RoPE, out_dir: Path, *, title: str, context: int, seq_len
 def _report(args: argparse.Namespace) -> int:
     rope, context = rope_from_args(args)
     title = config_label(args.config) if args.config else repr(rope)
-    files, numbers = write_report(rope, Path(args.output), title=title, context=context, seq_len=args.seq_len)
+    if args.config and args.layer_type:
+        title += f" ({args.layer_type})"
+    out_dir = output_directory(args.out)
+    files, numbers = write_report(rope, out_dir, title=title, context=context, seq_len=args.seq_len)
     if args.json:
         print_json({"files": [str(f) for f in files], "verify_passed": numbers["verify"]["passed"]})
     else:
@@ -116,7 +127,7 @@ def _report(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="inspect, verify and all figures as one self-contained HTML page")
     add_config_arguments(p)
-    p.add_argument("-o", "--output", required=True, metavar="DIR", help="directory for report.html, report.json and figures")
+    add_output_argument(p, "dir", "report", "directory for report.html, report.json and the figures")
     p.add_argument("--seq-len", type=positive_int, default=64, help="positions for verify and the scores figure")
     p.add_argument("--json", action="store_true", help="print the files written as JSON")
     p.set_defaults(func=_report)

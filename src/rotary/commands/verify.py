@@ -6,7 +6,7 @@ import argparse
 
 from rotary.analysis import Check, verify
 
-from .common import add_config_arguments, console, positive_int, print_json, rope_from_args
+from .common import add_config_arguments, add_output_argument, console, positive_int, print_json, rope_from_args
 
 __all__ = ["register", "render"]
 
@@ -47,4 +47,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seq-len", type=positive_int, default=64, help="positions to check (default 64)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_output_argument(p, "file", None, "write the output to this file")
     p.set_defaults(func=_verify)

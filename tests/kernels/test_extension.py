@@ -51,6 +51,28 @@ def test_a_build_prints_one_notice_and_a_cached_build_none(fake_compiler, capsys
     assert len(fake_compiler) == 2  # ninja still runs (and finds nothing to do); only the notice is skipped
 
 
+def test_torch_gets_copies_of_the_compiler_flags(fake_compiler, monkeypatch):
+    """torch.utils.cpp_extension.load appends its libraries to extra_ldflags; on the module's own list
+    a second build in one process saw other flags, and torch's versioner compiled the kernel again
+    (about 25 s) under a new name."""
+    from torch.utils import cpp_extension
+
+    fake = cpp_extension.load
+    seen = []
+
+    def load(**kwargs):
+        seen.append((list(kwargs["extra_cflags"]), list(kwargs["extra_ldflags"])))
+        kwargs["extra_ldflags"].append("-ltorch")  # what torch does
+        return fake(**kwargs)
+
+    monkeypatch.setattr(cpp_extension, "load", load)
+    cflags, ldflags = list(extension.CFLAGS), list(extension.LDFLAGS)
+    first = extension.build_cpu_extension()
+    assert extension.build_cpu_extension() == first
+    assert seen[0] == seen[1] == (cflags, ldflags)
+    assert (extension.CFLAGS, extension.LDFLAGS) == (cflags, ldflags)
+
+
 def test_first_use_prints_the_notice_too(fake_compiler, capsys):
     extension._tried = False
     assert extension.load_cpu_extension() is not None

@@ -89,8 +89,10 @@ def _build() -> ModuleType:
     return cpp_extension.load(
         name=target.parent.name,
         sources=[str(SOURCE)],
-        extra_cflags=CFLAGS,
-        extra_ldflags=LDFLAGS,
+        # copies: torch appends its libraries to extra_ldflags in place, and a changed argument list
+        # makes its versioner build the kernel again under a new name (_v1, _v2, ...) on the next load
+        extra_cflags=list(CFLAGS),
+        extra_ldflags=list(LDFLAGS),
         build_directory=str(target.parent),
         verbose=False,
     )

@@ -86,13 +86,40 @@ def test_extra_peak_bytes_sees_a_large_temporary():
     [
         (["--dtypes", "fp8"], "unknown dtype 'fp8'"),
         (["--shapes", "nope"], "names no shape"),
-        (["--repeats", "0"], "--repeats must be >= 1"),
+        (["--repeats", "0"], "argument --repeats: must be a positive integer, got 0"),
+        (["--repeats", "101"], "argument --repeats: must be at most 100"),
         (["--cases", "/nonexistent/cases.py"], "no such file"),
     ],
 )
 def test_bad_arguments(args, message, capsys):
-    assert main(["bench", "--quick", "--no-memory", *args]) == 2
+    try:
+        status = main(["bench", "--quick", "--no-memory", *args])
+    except SystemExit as exc:  # argparse's own checks exit
+        status = exc.code
+    assert status == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("import sys\nsys.exit(3)\n", "called sys.exit(3)"),
+        ("raise RuntimeError('boom')\n", "raised RuntimeError: boom"),
+    ],
+)
+def test_a_cases_file_that_exits_or_raises_is_a_one_line_error(text, message, tmp_path, capsys):
+    cases = tmp_path / "cases.py"
+    cases.write_text(text)
+    assert main(["bench", "--quick", "--no-memory", "--cases", str(cases)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rotary bench: error: --cases ") and message in err and err.count("\n") == 1
+
+
+def test_a_cases_file_that_is_not_python_is_a_one_line_error(tmp_path, capsys):
+    cases = tmp_path / "cases.txt"
+    cases.write_text("x = 1\n")
+    assert main(["bench", "--quick", "--no-memory", "--cases", str(cases)]) == 2
+    assert "not a Python file" in capsys.readouterr().err
 
 
 def test_hf_llama_patch_case_adds_a_patched_vs_unpatched_group():

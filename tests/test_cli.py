@@ -201,6 +201,21 @@ BAD = [
     (["plot", "decay", "-o", "/dev/null/decay"], "-o /dev/null/decay: /dev/null exists and is not a directory"),
     (["plot", "decay", "-o", "/proc/rotary-test/decay"], "-o /proc/rotary-test/decay: cannot create the directory"),
     (["inspect", "-o", "/proc/rotary-test.txt"], "-o /proc/rotary-test.txt: cannot write"),
+    # found by tests/test_cli_properties.py
+    (["inspect", "-o", ""], "argument -o/--out: must name a file or directory, got ''"),
+    (["inspect", ""], "CONFIG '' names no file"),
+    (["inspect", "no_such.json"], "no_such.json: no such file"),
+    (["inspect", "."], ". is a directory without a config.json"),
+    (["inspect", "--head-dim", "-1e16"], "must be written --head-dim=VALUE"),
+    (["inspect", str(FIXTURES / "llama3_1.json"), "--layer-type", "sliding_attention"], "has one RoPE block for every layer"),
+    (["inspect", str(FIXTURES / "llama3_1.json"), "--scaling", '{"rope_type": "longrope", "factor": 4, '
+      '"original_max_position_embeddings": 4096, "short_factor": [1, 1], "long_factor": [1, 1]}'],
+     "(settings from " + str(FIXTURES / "llama3_1.json") + " with --scaling)"),
+    (["plot", "decay", "--head-dim", "2048"], "argument --head-dim: must be at most 1024"),
+    (["plot", "decay", "--measured", "--samples", "65536", "--max-distance", "65536"], "GiB of vectors at once"),
+    (["verify", "--seed", "-1"], "argument --seed: must be an integer seed in 0 .. 2**63 - 1, got -1"),
+    (["verify", "--seq-len", "4096"], "argument --seq-len: must be at most 2048"),
+    (["bench", "--threads", "100000"], "argument --threads: must be at most"),
 ]
 
 

@@ -9,6 +9,7 @@ import argparse
 import contextlib
 import importlib
 import os
+import re
 import sys
 from collections.abc import Sequence
 
@@ -41,6 +42,9 @@ class _Parser(argparse.ArgumentParser):
         self.set_defaults(_parser=self)  # the innermost parser that matched, for errors found later
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        flag = re.fullmatch(r"argument (?:\S+/)?(\S+): expected one argument", message)
+        if flag:  # argparse reads a value such as -1e16 as an option; say how to pass it
+            message += f" (give one; a value that starts with '-' must be written {flag.group(1)}=VALUE)"
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 

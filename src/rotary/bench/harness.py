@@ -284,10 +284,13 @@ def _load_cases(path: str) -> None:
     if not file.is_file():
         raise FileNotFoundError(f"--cases {path}: no such file")
     spec = importlib.util.spec_from_file_location(f"rotary_bench_cases_{file.stem}", file)
-    assert spec is not None and spec.loader is not None
+    if spec is None or spec.loader is None:
+        raise ValueError(f"--cases {path}: not a Python file; give a .py file that registers methods or suites")
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
+    except SystemExit as exc:  # sys.exit() in the user's file must not end the benchmark with its status
+        raise ValueError(f"--cases {path}: importing it called sys.exit({exc.code!r}); a cases file only registers") from None
     except Exception as exc:  # the user's file: say which one and what it raised, no traceback
         raise ValueError(f"--cases {path}: importing it raised {type(exc).__name__}: {exc}") from None
 

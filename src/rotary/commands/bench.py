@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from dataclasses import asdict
 
 from rotary.bench import format_table, run
 
-from .common import add_output_argument, positive_int
+from .common import add_output_argument, count
 
 __all__ = ["register"]
 
@@ -16,8 +17,6 @@ __all__ = ["register"]
 def _bench(args: argparse.Namespace) -> int:
     if args.repeats is None:
         args.repeats = 3 if args.quick else 9
-    if args.repeats < 1:
-        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     machine, results = run(args)
     if args.json:
         print(json.dumps({"machine": machine, "results": [asdict(r) for r in results]}, indent=1))
@@ -33,8 +32,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--markdown", action="store_true", help="print markdown tables (docs/benchmarks.md)")
     p.add_argument("--dtypes", default="fp32,bf16", help="comma-separated: fp32, bf16, fp16 (default fp32,bf16)")
     p.add_argument("--shapes", default=None, help="comma-separated shape names (default: all)")
-    p.add_argument("--repeats", type=int, default=None, help="interleaved samples per method (default 9; quick 3)")
-    p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's current setting)")
+    p.add_argument(
+        "--repeats", type=count(100, "each sample of each method lasts about 2 ms; the median settles long before"),
+        default=None, help="interleaved samples per method, at most 100 (default 9; quick 3)",
+    )
+    threads = max(64, 4 * (os.cpu_count() or 1))  # torch crashes on absurd counts (10**6 segfaults)
+    p.add_argument(
+        "--threads", type=count(threads, f"4 x the {os.cpu_count()} logical CPUs, at least 64"), default=None,
+        help="torch threads (default: torch's current setting)",
+    )
     p.add_argument("--compile", action="store_true", help="with --quick: keep the torch.compile baseline")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")

@@ -33,11 +33,15 @@ from rotary.module import RoPE
 from rotary.rope_types import ROPE_TYPES
 
 __all__ = [
+    "MAX_HEAD_DIM",
+    "MAX_LENGTH",
+    "MAX_SEQ_LEN",
     "Configuration",
     "add_config_arguments",
     "add_output_argument",
     "config_label",
     "configurations",
+    "count",
     "console",
     "output_directory",
     "output_stem",
@@ -45,6 +49,7 @@ __all__ = [
     "positive_int",
     "print_json",
     "rope_from_args",
+    "seed",
 ]
 
 
@@ -70,7 +75,49 @@ def positive_float(text: str) -> float:
     return value
 
 
+#: the largest sizes the commands accept; beyond them a command needs gigabytes of memory or minutes
+MAX_HEAD_DIM = 1024  # published models use 64 to 256 channels per head (DeepSeek's MLA: 192 with 64 rotated)
+MAX_SEQ_LEN = 2048  # verify's block-diagonal reference and the [S, S] score matrices grow with seq_len and seq_len²
+MAX_LENGTH = 2**40  # context lengths and positions: far beyond any model, still exact in float64 angles
+
+
+def count(maximum: int, why: str):
+    """argparse type: an int in ``1 .. maximum`` (``why`` explains the maximum in the error)."""
+
+    def parse(text: str) -> int:
+        value = positive_int(text)
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum} ({why}), got {text}")
+        return value
+
+    parse.__name__ = "count"
+    return parse
+
+
+def seed(text: str) -> int:
+    """argparse type: a random seed, an int in ``0 .. 2**63 - 1``."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer seed, got {text!r}") from None
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"must be an integer seed in 0 .. 2**63 - 1, got {text}")
+    return value
+
+
+head_dim_count = count(MAX_HEAD_DIM, "published models use 64 to 256 channels per head")
+seq_len_count = count(MAX_SEQ_LEN, "the reference forms and the [S, S] score matrices grow with it")
+length_count = count(MAX_LENGTH, "2**40 positions")
+
+
 # -o/--out ------------------------------------------------------------------------------------------
+
+
+def _path(text: str) -> str:
+    """argparse type of ``-o``: a non-empty path (an empty one would silently mean the current directory)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"must name a file or directory, got {text!r}")
+    return text
 
 
 def add_output_argument(p: argparse.ArgumentParser, kind: str, default: str | None, what: str) -> None:
@@ -78,7 +125,9 @@ def add_output_argument(p: argparse.ArgumentParser, kind: str, default: str | No
     ``"file"`` (the printed output; default stdout)."""
     metavar = {"stem": "PATH", "dir": "DIR", "file": "FILE"}[kind]
     where = f"default {default}" if default else "default: stdout"
-    p.add_argument("-o", "--out", metavar=metavar, default=default, help=f"{what} ({where}; directories are created)")
+    p.add_argument(
+        "-o", "--out", type=_path, metavar=metavar, default=default, help=f"{what} ({where}; directories are created)"
+    )
     p.set_defaults(out_kind=kind)
 
 
@@ -156,12 +205,12 @@ def add_config_arguments(p: argparse.ArgumentParser, *, config: bool = True) -> 
         p.add_argument("config", nargs="?", metavar="CONFIG", help="Hugging Face config.json (or a directory holding one)")
         p.add_argument("--layer-type", help="per-layer rope parameters to use (e.g. 'sliding_attention')")
     g = p.add_argument_group("configuration (without CONFIG, or overriding it)")
-    g.add_argument("--head-dim", type=positive_int, help=f"channels per head (default {_FLAG_DEFAULTS['head_dim']})")
+    g.add_argument("--head-dim", type=head_dim_count, help=f"channels per head (default {_FLAG_DEFAULTS['head_dim']})")
     g.add_argument("--base", type=positive_float, help=f"rope_theta (default {_FLAG_DEFAULTS['base']:g})")
-    g.add_argument("--rotary-dim", type=positive_int, help="channels rotated (default: head_dim)")
+    g.add_argument("--rotary-dim", type=head_dim_count, help="channels rotated (default: head_dim)")
     g.add_argument("--scaling", type=_scaling_json, metavar="JSON", help='replaces the scaling block, e.g. \'{"rope_type": "yarn", "factor": 4, ...}\'')
     g.add_argument(
-        "--max-position", type=positive_int,
+        "--max-position", type=length_count,
         help="context length (default: what the scaling block enables, else max_position_embeddings, else 4096)",
     )
     g.add_argument(
@@ -188,16 +237,23 @@ class Configuration:
 
 
 def _read(path: str, layer_type: str | None) -> RopeSettings:
+    if not path.strip():
+        raise ValueError(f"CONFIG {path!r} names no file; pass a Hugging Face config.json or the folder holding one")
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
+        raise ValueError(f"{path} is a directory without a config.json; pass a config.json")
     try:
         return read_hf_config(path, layer_type=layer_type)
     except ConfigError as exc:  # the library's message names the keyword; here it is the flag
-        raise ConfigError(str(exc).replace("layer_type=", "--layer-type")) from None
+        message = str(exc).replace("layer_type=", "--layer-type")
+        raise ConfigError(message if path in message else f"{path}: {message}") from None
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path} is not UTF-8 text ({exc.reason}); pass a Hugging Face config.json") from None
     except IsADirectoryError:
         raise ValueError(f"{path} is a directory without a config.json; pass a config.json") from None
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file; pass a Hugging Face config.json or the folder holding one") from None
     except OSError as exc:
-        raise ValueError(f"cannot read {path} ({exc.strerror}); pass a readable config.json") from None
+        raise ValueError(f"cannot read {path} ({exc.strerror or exc}); pass a readable config.json") from None
 
 
 def _declared_layer_types(path: str) -> list[str]:
@@ -225,7 +281,15 @@ def _settings_per_layer_type(args: argparse.Namespace) -> list[tuple[str | None,
     ``--layer-type`` picks none and ``args.all_layer_types`` is set (otherwise that is an error)."""
     path, layer_type = args.config, getattr(args, "layer_type", None)
     try:
-        return [(layer_type, _read(path, layer_type))]
+        settings = _read(path, layer_type)
+        if layer_type is not None and layer_type not in _declared_layer_types(path):
+            try:
+                same = _read(path, None) == settings
+            except ConfigError:
+                same = False
+            if same:  # the library ignores a layer type a one-block config does not know; here it was asked for
+                raise ValueError(f"--layer-type {layer_type}: {path} has one RoPE block for every layer; drop --layer-type")
+        return [(layer_type, settings)]
     except ConfigError as first:
         if layer_type is not None or not getattr(args, "all_layer_types", False):
             raise
@@ -266,6 +330,24 @@ def _context(scaling: dict[str, Any], max_position_embeddings: int | None, flag:
     return _FLAG_DEFAULTS["max_position"], "default; the configuration states no length, set --max-position"
 
 
+#: the configuration flags, by their argparse dest
+_CONFIG_FLAGS = {"head_dim": "--head-dim", "base": "--base", "rotary_dim": "--rotary-dim", "scaling": "--scaling",
+                 "max_position": "--max-position", "interleaved": "--interleaved", "pairing": "--pairing"}
+
+
+def _origin(args: argparse.Namespace) -> str:
+    """Where a configuration came from, for error messages: ``"cfg.json with --scaling, --head-dim 64"``."""
+    flags = []
+    for dest, flag in _CONFIG_FLAGS.items():
+        value = getattr(args, dest, None)
+        if value is not None:
+            flags.append(flag if isinstance(value, (dict, bool)) else f"{flag} {value}")
+    config = getattr(args, "config", None)
+    if config and flags:
+        return f"{config} with {', '.join(flags)}"
+    return config or ", ".join(flags)
+
+
 def _build(settings: RopeSettings, args: argparse.Namespace, layer_type: str | None) -> Configuration:
     """Apply the flags over ``settings`` and build the RoPE."""
     head_dim = args.head_dim or settings.head_dim
@@ -284,11 +366,16 @@ def _build(settings: RopeSettings, args: argparse.Namespace, layer_type: str | N
         rotary_dim = args.rotary_dim
         scaling.pop("partial_rotary_factor", None)
     interleaved = settings.interleaved if args.interleaved is None else args.interleaved
+    if head_dim > MAX_HEAD_DIM:
+        raise ValueError(f"head_dim {head_dim} of {args.config} is more than the {MAX_HEAD_DIM} channels these commands handle")
     try:
         rope = RoPE(
             head_dim, base=base, rotary_dim=rotary_dim, scaling=scaling or None, interleaved=interleaved,
             max_position=_CACHE_LENGTH,
         )
+    except (ValueError, TypeError) as exc:  # say which of CONFIG and the flags gave the settings refused
+        origin = _origin(args)
+        raise type(exc)(f"{exc} (settings from {origin})" if origin else str(exc)) from None
     except (RuntimeError, ArithmeticError) as exc:  # the settings passed the checks but cannot be computed
         raise ValueError(f"these settings give no valid RoPE ({exc}); check --base, --head-dim and --scaling") from None
     f = rope.freqs
@@ -298,6 +385,8 @@ def _build(settings: RopeSettings, args: argparse.Namespace, layer_type: str | N
             "attention scaling; use a base > 1 (Llama uses 10000 or 500000)"
         )
     context, source = _context(dict(f.scaling), settings.max_position_embeddings, args.max_position)
+    if context > MAX_LENGTH:
+        raise ValueError(f"context {context} ({source}) is more than 2**40 positions; give a smaller --max-position")
     return Configuration(rope, context, source, layer_type)
 
 

@@ -11,7 +11,7 @@ from rotary import reference
 from rotary.apply import permute_qk_weight
 from rotary.module import RoPE
 
-from .common import add_output_argument, positive_int, print_json
+from .common import add_output_argument, head_dim_count, print_json, seq_len_count
 
 __all__ = ["run_checks", "register"]
 
@@ -83,8 +83,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="rotate a small batch and check RoPE's properties", description=__doc__)
-    p.add_argument("--head-dim", type=positive_int, default=64, help="channels per head (default 64)")
-    p.add_argument("--seq-len", type=positive_int, default=32, help="positions (default 32)")
+    p.add_argument("--head-dim", type=head_dim_count, default=64, help="channels per head (default 64)")
+    p.add_argument("--seq-len", type=seq_len_count, default=32, help="positions (default 32)")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     add_output_argument(p, "file", None, "write the output to this file")
     p.set_defaults(func=_demo)

@@ -16,7 +16,7 @@ from .common import (
     add_output_argument,
     configurations,
     console,
-    positive_int,
+    length_count,
     print_json,
 )
 
@@ -117,7 +117,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "gives one table per layer type unless --layer-type picks one.",
     )
     add_config_arguments(p)
-    p.add_argument("--seq-len", type=positive_int, help="sequence length for length-dependent rope_types (dynamic, longrope)")
+    p.add_argument("--seq-len", type=length_count, help="sequence length for length-dependent rope_types (dynamic, longrope)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     add_output_argument(p, "file", None, "write the output to this file")
     p.set_defaults(func=_inspect)

@@ -19,12 +19,16 @@ from .common import (
     add_output_argument,
     config_label,
     configurations,
+    count,
+    head_dim_count,
+    length_count,
     output_directory,
     output_stem,
     positive_float,
-    positive_int,
     print_json,
     rope_from_args,
+    seed,
+    seq_len_count,
 )
 
 __all__ = ["register", "make_decay", "make_frequencies", "make_scaling", "make_scores", "make_positions"]
@@ -124,7 +128,19 @@ def make_positions(out: Path, rope: RoPE, seq_len: int):
 
 
 # subcommands -------------------------------------------------------------------------------
+#: --measured rotates samples × distances vectors of head_dim channels at once (float64)
+_MEASURED_ELEMENTS = 2**25
+
+
 def _decay(args: argparse.Namespace) -> int:
+    if args.head_dim % 2:
+        raise ValueError(f"--head-dim must be even (channels rotate in pairs), got {args.head_dim}")
+    elements = args.samples * (args.max_distance + 1) * args.head_dim
+    if args.measured and elements > _MEASURED_ELEMENTS:
+        raise ValueError(
+            f"--measured with --samples {args.samples}, --max-distance {args.max_distance} and --head-dim {args.head_dim} "
+            f"rotates {elements * 8 / 2**30:.1f} GiB of vectors at once; lower one of them"
+        )
     out = output_stem(args.out, "decay")
     files, numbers = make_decay(out, args.head_dim, args.base, args.max_distance, args.measured, args.samples)
     return _announce(args, files, numbers)
@@ -230,19 +246,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         "Rotary Position Embedding\" and of Su Jianlin's blog post \"Transformer upgrade road: 2. Rotary position "
         "embedding\", against the relative distance; --measured adds the mean |<R_m q, R_n k>| of rotated vectors.",
     )
-    q.add_argument("--head-dim", type=positive_int, default=128, help="channels per head d (default 128)")
+    q.add_argument("--head-dim", type=head_dim_count, default=128, help="channels per head d (default 128)")
     q.add_argument("--base", type=positive_float, default=10000.0, help="rope_theta (default 10000)")
-    q.add_argument("--max-distance", type=positive_int, default=256, help="largest relative distance (default 256)")
+    q.add_argument("--max-distance", type=count(65536, "2**16 distances"), default=256, help="largest relative distance (default 256)")
     q.add_argument("--measured", action="store_true", help="overlay measured mean |⟨R_m q, R_n k⟩| (random q, k and all ones)")
-    q.add_argument("--samples", type=positive_int, default=256, help="random (q, k) pairs for --measured")
+    q.add_argument("--samples", type=count(65536, "2**16 pairs"), default=256, help="random (q, k) pairs for --measured")
     common(q, "decay")
     q.set_defaults(func=_decay)
 
     q = figs.add_parser("frequencies", help="wavelength per pair, several configurations overlaid")
     q.add_argument("configs", nargs="*", metavar="CONFIG", help="config.json files to overlay (every layer type of each)")
     q.add_argument("--base", type=positive_float, action="append", help="add a default configuration with this base (repeatable)")
-    q.add_argument("--head-dim", type=positive_int, help="head_dim of the --base configurations (default 128)")
-    q.add_argument("--context", type=positive_int, help="draw a line at this context length")
+    q.add_argument("--head-dim", type=head_dim_count, help="head_dim of the --base configurations (default 128)")
+    q.add_argument("--context", type=length_count, help="draw a line at this context length")
     common(q, "frequencies")
     q.set_defaults(func=_frequencies)
 
@@ -254,21 +270,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_config_arguments(q)
     q.add_argument("--rope-type", action="append", help="scaling methods to draw with example parameters (default: all registered)")
-    q.add_argument("--seq-len", type=positive_int, help="sequence length for length-dependent types")
+    q.add_argument("--seq-len", type=length_count, help="sequence length for length-dependent types")
     common(q, "scaling", kind="dir")
     q.set_defaults(func=_scaling)
 
     q = figs.add_parser("scores", help="attention logits of rotated q, k as a heatmap over positions")
     add_config_arguments(q)
-    q.add_argument("--seq-len", type=positive_int, default=64, help="positions (default 64)")
+    q.add_argument("--seq-len", type=seq_len_count, default=64, help="positions (default 64)")
     q.add_argument("--q", help="query content vector [head_dim] (.npy or .pt); default random")
     q.add_argument("--k", help="key content vector [head_dim] (.npy or .pt); default random")
-    q.add_argument("--seed", type=int, default=0, help="seed of the random q, k (default 0)")
+    q.add_argument("--seed", type=seed, default=0, help="seed of the random q, k (default 0)")
     common(q, "scores")
     q.set_defaults(func=_scores)
 
     q = figs.add_parser("positions", help="2-D PCA of the position tables")
     add_config_arguments(q)
-    q.add_argument("--seq-len", type=positive_int, default=256, help="positions (default 256)")
+    q.add_argument("--seq-len", type=seq_len_count, default=256, help="positions (default 256)")
     common(q, "positions")
     q.set_defaults(func=_positions)

@@ -20,9 +20,9 @@ from .common import (
     add_output_argument,
     config_label,
     output_directory,
-    positive_int,
     print_json,
     rope_from_args,
+    seq_len_count,
 )
 
 __all__ = ["register", "write_report"]
@@ -128,6 +128,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="inspect, verify and all figures as one self-contained HTML page")
     add_config_arguments(p)
     add_output_argument(p, "dir", "report", "directory for report.html, report.json and the figures")
-    p.add_argument("--seq-len", type=positive_int, default=64, help="positions for verify and the scores figure")
+    p.add_argument("--seq-len", type=seq_len_count, default=64, help="positions for verify and the scores figure")
     p.add_argument("--json", action="store_true", help="print the files written as JSON")
     p.set_defaults(func=_report)

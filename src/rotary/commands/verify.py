@@ -6,7 +6,7 @@ import argparse
 
 from rotary.analysis import Check, verify
 
-from .common import add_config_arguments, add_output_argument, console, positive_int, print_json, rope_from_args
+from .common import add_config_arguments, add_output_argument, console, print_json, rope_from_args, seed, seq_len_count
 
 __all__ = ["register", "render"]
 
@@ -44,8 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "and complex references; exit status 1 when any check fails.",
     )
     add_config_arguments(p)
-    p.add_argument("--seq-len", type=positive_int, default=64, help="positions to check (default 64)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seq-len", type=seq_len_count, default=64, help="positions to check (default 64)")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the random q, k (default 0)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_output_argument(p, "file", None, "write the output to this file")
     p.set_defaults(func=_verify)

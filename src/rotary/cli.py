@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "rotary.commands.plot",
     "rotary.commands.verify",
     "rotary.commands.report",
+    "rotary.commands.experiment",
     "rotary.bench",
 ]
 

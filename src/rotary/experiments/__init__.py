@@ -1,0 +1,1 @@
+"""Train short, test long: position encodings and RoPE scalings compared past the training length."""

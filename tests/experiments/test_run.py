@@ -118,7 +118,10 @@ def test_resume_after_a_kill_ends_with_the_numbers_of_an_uninterrupted_run(tiny_
 
 
 def bad(capsys, out: Path, *flags: str, preset: str = "tiny") -> str:
-    code = main(["experiment", "--preset", preset, "--device", "cpu", "--out", str(out), *flags])
+    try:
+        code = main(["experiment", "--preset", preset, "--device", "cpu", "--out", str(out), *flags])
+    except SystemExit as exc:  # argparse's own checks (types, choices) exit from parse_args
+        code = exc.code
     captured = capsys.readouterr()
     assert code == 2, captured
     lines = captured.err.strip().splitlines()

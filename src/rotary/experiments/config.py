@@ -185,12 +185,10 @@ class ExperimentConfig:
             raise ExperimentError(f"--scalings must include 'none' (the trained model as it is), got {','.join(self.scalings)}")
         if len(set(self.scalings)) != len(self.scalings):
             raise ExperimentError(f"--scalings names a scaling twice: {','.join(self.scalings)}")
-        for name, value, low, high in (
-            ("--passkey-fraction", self.passkey_fraction, 0.0, 1.0),
-            ("--held-out-fraction", self.held_out_fraction, 0.0, 1.0),
-        ):
-            if not (isinstance(value, (int, float)) and low <= value < high) or (name == "--held-out-fraction" and value <= 0):
-                raise ExperimentError(f"{name} must be in {'(' if name.startswith('--held') else '['}{low}, {high}), got {value!r}")
+        if not (isinstance(self.passkey_fraction, (int, float)) and 0.0 <= self.passkey_fraction <= 1.0):
+            raise ExperimentError(f"--passkey-fraction must be in [0, 1], got {self.passkey_fraction!r}")
+        if not (isinstance(self.held_out_fraction, (int, float)) and 0.0 < self.held_out_fraction < 1.0):
+            raise ExperimentError(f"--held-out-fraction must be in (0, 1), got {self.held_out_fraction!r}")
         for name in ("learning_rate", "min_learning_rate", "grad_clip"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):

@@ -358,7 +358,7 @@ def comparisons(rows: Sequence[dict], config: ExperimentConfig) -> list[Comparis
         observed = (f"at {e / L:g}L NoPE ranks {place} of {len(ranking)} by perplexity ("
                     + ", ".join(f"{label} {_fmt(v)}" for v, label in ranking)
                     + f"); passkey at {e / L:g}L: NoPE {pk['none']:.0%}, best {pk_best:.0%}")
-        verdict = "agrees" if place == 1 else ("partly" if place <= 2 or pk["none"] == pk_best else "does not agree")
+        verdict = "agrees" if place == 1 else ("partly" if place <= 2 or (pk["none"] == pk_best > 0) else "does not agree")
         out.append(Comparison(PAPERS["nope"], claim, observed, verdict))
     else:
         out.append(missing("nope", claim, "NoPE model beside other encodings evaluated past L"))

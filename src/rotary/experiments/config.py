@@ -97,13 +97,13 @@ class ExperimentConfig:
     num_heads: int = 4
     rope_base: float = 10000.0
     batch_size: int = 16
-    steps: int = 1000
+    steps: int = 1200
     learning_rate: float = 3e-3
     min_learning_rate: float = 3e-4
     warmup_steps: int = 50
     weight_decay: float = 0.1
     grad_clip: float = 1.0
-    passkey_fraction: float = 0.25
+    passkey_fraction: float = 0.5
     passkey_trials: int = 50
     passkey_depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
     eval_tokens: int | None = 32768

@@ -88,5 +88,5 @@ def permute_qk_weight(
             f"with head_dim={head_dim}"
         )
     perm = pair_permutation(head_dim, to=to, rotary_dim=rotary_dim).to(w.device)
-    heads = w.reshape(w.shape[0] // head_dim, head_dim, -1)
+    heads = w.reshape(w.shape[0] // head_dim, head_dim, *w.shape[1:])
     return heads.index_select(1, perm).reshape(w.shape)

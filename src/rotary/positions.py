@@ -92,8 +92,13 @@ def _integer_ids(position_ids: object, name: str) -> torch.Tensor:
 
 
 def _read_range(ids: torch.Tensor, name: str) -> int | None:
-    """Check ids >= 0 and return max + 1, with one device read; ``None`` under torch.compile."""
+    """Check ids >= 0 and return max + 1, with one device read; ``None`` under torch.compile.
+
+    Under torch.compile the sign is checked in the graph, without a graph break (the error then comes
+    from the compiled function when it runs, as a RuntimeError).
+    """
     if torch.compiler.is_compiling():
+        torch._assert_async((ids >= 0).all(), f"{name} must be >= 0")
         return None
     if not ids.numel():
         return 0

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import positions as P
-from .._checks import check_positive_int
+from .._checks import check_bool, check_positive_float, check_positive_int, check_probability
 from ..module import RoPE
 from ..nn.attention import KVCache, RotaryAttention
 from ..nn.position import ALiBi, LearnedPositionEmbedding, SinusoidalPositionEmbedding
@@ -93,9 +93,19 @@ class DecoderConfig:
             raise ValueError(f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}")
         if self.num_kv_heads is None:
             self.num_kv_heads = self.num_heads
+        check_positive_int(self.num_kv_heads, "num_kv_heads")
         if self.intermediate_size is None:
             self.intermediate_size = 8 * math.ceil(8 * self.hidden_size / 3 / 8)
-        if self.position_encoding not in POSITION_ENCODINGS:
+        check_positive_int(self.intermediate_size, "intermediate_size")
+        # values from YAML/JSON configs arrive as strings more often than as wrong numbers
+        check_positive_float(self.rope_base, "rope_base")
+        check_positive_float(self.rms_norm_eps, "rms_norm_eps")
+        check_probability(self.dropout, "dropout")
+        for name in ("rope_interleaved", "tie_word_embeddings"):
+            check_bool(getattr(self, name), name)
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, dict):
+            raise ValueError(f"rope_scaling must be a dict such as {{'rope_type': 'linear', 'factor': 2.0}}, got {self.rope_scaling!r}")
+        if not isinstance(self.position_encoding, str) or self.position_encoding not in POSITION_ENCODINGS:
             raise ValueError(
                 f"unknown position_encoding {self.position_encoding!r}; "
                 f"registered: {', '.join(sorted(POSITION_ENCODINGS))}"

@@ -5,20 +5,19 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import math
 import os
 import sys
 from collections.abc import Sequence
 
 #: modules that add subcommands, in the order ``--help`` lists them
 COMMAND_MODULES = [
-    "rotary.demo",
+    "rotary.commands.demo",
     "rotary.commands.inspect",
     "rotary.commands.plot",
     "rotary.commands.verify",
     "rotary.commands.report",
     "rotary.commands.experiment",
-    "rotary.bench",
+    "rotary.commands.bench",
 ]
 
 
@@ -29,28 +28,6 @@ OPTIONAL_PACKAGES = {
     "transformers": "transformers",
     "rotary_embedding_torch": "rotary-embedding-torch",
 }
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an int > 0 (argparse turns the error into a one-line usage message, status 2)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a finite float > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
 
 
 class _Parser(argparse.ArgumentParser):

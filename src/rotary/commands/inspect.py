@@ -7,7 +7,7 @@ import math
 
 from rotary.analysis import Inspection, inspect_rope
 from rotary.frequencies import frequencies
-from rotary.module import LENGTH_DEPENDENT_TYPES
+from rotary.rope_types import ROPE_TYPES
 
 from .common import add_config_arguments, console, positive_int, print_json, rope_from_args
 
@@ -18,7 +18,7 @@ def inspection_from_args(args: argparse.Namespace) -> Inspection:
     rope, context = rope_from_args(args)
     f = rope.freqs
     seq_len = getattr(args, "seq_len", None)
-    if seq_len is None and f.rope_type in LENGTH_DEPENDENT_TYPES:
+    if seq_len is None and ROPE_TYPES[f.rope_type].length_dependent:
         seq_len = context  # what the model uses at its full context (LongRoPE: the long factors)
     if seq_len is None:
         return inspect_rope(rope, context=context)

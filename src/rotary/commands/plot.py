@@ -9,11 +9,12 @@ from typing import Any
 import torch
 
 from rotary import analysis
-from rotary.frequencies import ROPE_INIT_FUNCTIONS, frequencies
+from rotary.frequencies import frequencies
 from rotary.module import RoPE
+from rotary.rope_types import ROPE_TYPES
 
 from .common import (
-    _FLAG_DEFAULTS,
+    FLAG_DEFAULTS,
     add_config_arguments,
     config_label,
     positive_float,
@@ -22,35 +23,7 @@ from .common import (
     rope_from_args,
 )
 
-__all__ = ["register", "SCALING_EXAMPLES", "make_decay", "make_frequencies", "make_scaling", "make_scores", "make_positions"]
-
-#: illustrative parameters per rope_type for ``rotary plot scaling`` without a CONFIG:
-#: (scaling block, base, max_position, seq_len for length-dependent types)
-SCALING_EXAMPLES: dict[str, tuple[dict[str, Any], float, int, int | None]] = {
-    "linear": ({"rope_type": "linear", "factor": 4.0}, 10000.0, 4096, None),
-    "dynamic": ({"rope_type": "dynamic", "factor": 4.0, "max_position_embeddings": 4096}, 10000.0, 4096, 16384),
-    "ntk": ({"rope_type": "ntk", "factor": 4.0}, 10000.0, 4096, None),
-    "yarn": (
-        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0},
-        10000.0, 16384, None,
-    ),
-    "llama3": (  # Llama 3.1's published values
-        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-         "original_max_position_embeddings": 8192},
-        500000.0, 131072, None,
-    ),
-    "proportional": ({"rope_type": "proportional", "factor": 4.0, "partial_rotary_factor": 0.25}, 10000.0, 4096, None),
-}
-
-
-def _longrope_example(head_dim: int) -> tuple[dict[str, Any], float, int, int | None]:
-    # illustrative long_factor: 1 for the fast pairs rising to 4 for the slow ones (shape of Phi-3's)
-    n = head_dim // 2
-    long_factor = [1.0 + 3.0 * (i / (n - 1)) ** 2 for i in range(n)]
-    block = {"rope_type": "longrope", "factor": 4.0, "original_max_position_embeddings": 4096,
-             "short_factor": [1.0] * n, "long_factor": long_factor}
-    return block, 10000.0, 16384, 16384
-
+__all__ = ["register", "make_decay", "make_frequencies", "make_scaling", "make_scores", "make_positions"]
 
 def _announce(args: argparse.Namespace, files: list[Path], numbers: dict[str, Any]) -> int:
     if args.json:
@@ -155,9 +128,9 @@ def _decay(args: argparse.Namespace) -> int:
 def _frequencies(args: argparse.Namespace) -> int:
     ropes: dict[str, RoPE] = {}
     for path in args.configs:
-        ns = argparse.Namespace(config=path, layer_type=None, interleaved=False, **dict.fromkeys(_FLAG_DEFAULTS))
+        ns = argparse.Namespace(config=path, layer_type=None, interleaved=False, **dict.fromkeys(FLAG_DEFAULTS))
         ropes[config_label(path)] = rope_from_args(ns)[0]
-    head_dim = args.head_dim or _FLAG_DEFAULTS["head_dim"]
+    head_dim = args.head_dim or FLAG_DEFAULTS["head_dim"]
     for base in args.base or ([] if args.configs else [10000.0, 500000.0]):
         ropes[f"d={head_dim}, base {base:g}"] = RoPE(head_dim, base=base)
     files, numbers = make_frequencies(Path(args.output), ropes, args.context)
@@ -172,23 +145,21 @@ def _scaling(args: argparse.Namespace) -> int:
         rope, context = rope_from_args(args)
         files, numbers = make_scaling(out_dir / f"scaling_{rope.freqs.rope_type}", rope, context, args.seq_len)
         return _announce(args, files, {"methods": {rope.freqs.rope_type: numbers}})
-    available = [t for t in ROPE_INIT_FUNCTIONS if t != "default"]
-    wanted = args.rope_type or available
-    unknown = [t for t in wanted if t not in ROPE_INIT_FUNCTIONS or t == "default"]
+    available = [t for t in ROPE_TYPES if t != "default"]
+    wanted = args.rope_type or [t for t in available if ROPE_TYPES[t].example is not None]
+    unknown = [t for t in wanted if t not in ROPE_TYPES or t == "default"]
     if unknown:
         raise ValueError(f"unknown scaling rope_type {unknown[0]!r}; registered: {', '.join(available) or 'none'}")
-    head_dim = args.head_dim or _FLAG_DEFAULTS["head_dim"]
+    head_dim = args.head_dim or FLAG_DEFAULTS["head_dim"]
     all_files: list[Path] = []
     methods: dict[str, Any] = {}
     for t in wanted:
-        if t == "longrope":
-            block, base, max_position, seq_len = _longrope_example(head_dim)
-            note = "illustrative long_factor"
-        elif t in SCALING_EXAMPLES:
-            block, base, max_position, seq_len = SCALING_EXAMPLES[t]
-            note = ", ".join(f"{k}={v:g}" for k, v in block.items() if isinstance(v, float))
-        else:
+        make_example = ROPE_TYPES[t].example
+        if make_example is None:
             raise ValueError(f"no example parameters for rope_type {t!r}; pass --scaling '{{\"rope_type\": \"{t}\", ...}}'")
+        example = make_example(head_dim)
+        block, base, max_position, seq_len = example.block, example.base, example.max_position, example.seq_len
+        note = example.note or ", ".join(f"{k}={v:g}" for k, v in block.items() if isinstance(v, float))
         if args.base:
             base = args.base
         if args.seq_len:

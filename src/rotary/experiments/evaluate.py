@@ -17,8 +17,8 @@ frequencies are not part of the state dict). :func:`scaled_copy` is the one plac
 
 from __future__ import annotations
 
-import dataclasses
 import math
+from copy import deepcopy
 from collections.abc import Sequence
 
 import torch
@@ -83,9 +83,10 @@ def uses_rope(model: Decoder) -> bool:
 def scaled_copy(model: Decoder, scaling: dict | None) -> Decoder:
     """A copy of ``model`` with the same weights and RoPE scaled by ``scaling``, in eval mode.
 
-    The only place where a trained model's RoPE scaling changes (a model rebuilt from its config with
-    another ``rope_scaling``, the state dict loaded unchanged), and a fresh RoPE state every call (dynamic
-    NTK remembers the longest length it has seen).
+    The only place where a trained model's RoPE scaling changes: a deep copy (the trained model is
+    never touched) given the new scaling through ``Decoder.set_rope_scaling``, which also gives it a
+    fresh RoPE state (dynamic NTK remembers the longest length it has seen). Models without RoPE are
+    copied as they are (``scaling`` must then be None).
 
     Args:
         model: a trained :class:`rotary.models.Decoder`.
@@ -95,15 +96,15 @@ def scaled_copy(model: Decoder, scaling: dict | None) -> Decoder:
         >>> from rotary.models import DecoderConfig
         >>> m = Decoder(DecoderConfig(hidden_size=32, num_layers=1, num_heads=2))
         >>> s = scaled_copy(m, scaling_block("linear", 2.0, 64))
-        >>> torch.equal(s.lm_head.weight, m.lm_head.weight), s.config.rope_scaling["factor"]
-        (True, 2.0)
+        >>> torch.equal(s.lm_head.weight, m.lm_head.weight), s.config.rope_scaling["factor"], m.config.rope_scaling
+        (True, 2.0, None)
     """
-    config = dataclasses.replace(model.config, rope_scaling=None if scaling is None else dict(scaling))
-    with torch.random.fork_rng(devices=[]):  # building initialises weights: keep the caller's RNG untouched
-        copy = Decoder(config)
-    copy.load_state_dict(model.state_dict())
-    device = next(model.parameters()).device
-    return copy.to(device).eval()
+    copy = deepcopy(model)
+    if uses_rope(copy):
+        copy.set_rope_scaling(None if scaling is None else dict(scaling))
+    elif scaling is not None:
+        raise ValueError(f"position_encoding={model.config.position_encoding!r} has no RoPE to scale with {scaling}")
+    return copy.eval()
 
 
 def rows_per_batch(length: int, num_heads: int, *, max_tokens: int = 16384, max_scores: int = 2**24) -> int:

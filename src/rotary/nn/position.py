@@ -20,6 +20,8 @@ import math
 import torch
 from torch import nn
 
+from .._checks import check_positive_int
+
 __all__ = [
     "ALiBi",
     "LearnedPositionEmbedding",
@@ -27,12 +29,6 @@ __all__ = [
     "SinusoidalPositionEmbedding",
     "alibi_slopes",
 ]
-
-
-def _check_positive_int(value: int, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 def _check_pair(query_positions: torch.Tensor, key_positions: torch.Tensor) -> None:
@@ -58,7 +54,7 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
         >>> alibi_slopes(4)
         tensor([0.2500, 0.0625, 0.0156, 0.0039])
     """
-    _check_positive_int(num_heads, "num_heads")
+    check_positive_int(num_heads, "num_heads")
 
     def power_of_two(n: int) -> list[float]:
         start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
@@ -123,8 +119,8 @@ class RelativePositionBias(nn.Module):
 
     def __init__(self, num_heads: int, max_distance: int = 128) -> None:
         super().__init__()
-        _check_positive_int(num_heads, "num_heads")
-        self.max_distance = _check_positive_int(max_distance, "max_distance")
+        check_positive_int(num_heads, "num_heads")
+        self.max_distance = check_positive_int(max_distance, "max_distance")
         # zero init: the model starts as plain RoPE attention and learns the bias it needs
         self.bias = nn.Parameter(torch.zeros(2 * max_distance + 1, num_heads))
 
@@ -149,8 +145,8 @@ class LearnedPositionEmbedding(nn.Module):
 
     def __init__(self, max_position: int, hidden_size: int) -> None:
         super().__init__()
-        self.max_position = _check_positive_int(max_position, "max_position")
-        self.embedding = nn.Embedding(max_position, _check_positive_int(hidden_size, "hidden_size"))
+        self.max_position = check_positive_int(max_position, "max_position")
+        self.embedding = nn.Embedding(max_position, check_positive_int(hidden_size, "hidden_size"))
         nn.init.normal_(self.embedding.weight, std=0.02)
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
@@ -176,7 +172,7 @@ class SinusoidalPositionEmbedding(nn.Module):
 
     def __init__(self, hidden_size: int, base: float = 10000.0) -> None:
         super().__init__()
-        self.hidden_size = _check_positive_int(hidden_size, "hidden_size")
+        self.hidden_size = check_positive_int(hidden_size, "hidden_size")
         if hidden_size % 2:
             raise ValueError(f"hidden_size must be even for sin/cos pairs, got {hidden_size}")
         self.base = float(base)

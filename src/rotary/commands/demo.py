@@ -7,10 +7,11 @@ import math
 
 import torch
 
-from . import reference
-from .apply import permute_qk_weight
-from .cli import positive_int
-from .module import RoPE
+from rotary import reference
+from rotary.module import RoPE
+from rotary.pairing import permute_qk_weight
+
+from .common import positive_int
 
 __all__ = ["run_checks", "register"]
 

@@ -1,50 +1,38 @@
-"""``rotary bench``: how fast RoPE is applied, against Hugging Face and the memory-traffic limit.
-
-Applying RoPE reads q and k and writes them back; nothing else is needed. Two proxies bound what any
-implementation can reach on the machine at hand: one in-place pass over q and k (``mul_(1.0)``) and
-one out-of-place copy (``clone``). Every method is timed in one process, with the methods of a
-group (one shape, one dtype) interleaved repeat after repeat, so that a neighbour's load on a shared
-machine hits all of them alike; the median is reported. Ratios are taken within a group.
-
-Adding a case: a *method* is a function ``make(inputs) -> call`` returning the zero-argument
-callable to time (see :class:`Inputs`); register it with :func:`register_method`. A whole
-different kind of measurement (e.g. a patched vs unpatched model forward) is a *suite*: a function
-``suite(options) -> list[Result]`` registered with :func:`register_suite`; it can use
-:func:`time_interleaved` and :func:`extra_peak_bytes`. Files defining either are loaded with
-``rotary bench --cases FILE.py`` (see ``benchmarks/``).
-"""
+"""The harness of ``rotary bench``: shapes, inputs, the method and suite registries, interleaved timing, peak memory."""
 
 from __future__ import annotations
 
 import argparse
 import ctypes
 import importlib.util
-import json
 import os
 import platform
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .cli import positive_int
-
 __all__ = [
+    "DTYPE_NAMES",
     "Inputs",
     "Method",
     "Result",
     "SHAPES",
+    "QUICK_SHAPES",
+    "Shape",
     "METHODS",
+    "SUITES",
     "register_method",
     "register_suite",
     "time_interleaved",
     "extra_peak_bytes",
+    "make_inputs",
     "run",
-    "register",
+    "format_table",
 ]
 
 
@@ -127,138 +115,6 @@ def register_suite(name: str, suite: Callable[[argparse.Namespace], list[Result]
     SUITES[name] = suite
 
 
-# methods ---------------------------------------------------------------------------------------
-
-
-def _fwd_bwd(forward: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]], inp: Inputs):
-    q, k = inp.q.detach().clone().requires_grad_(), inp.k.detach().clone().requires_grad_()
-
-    def call() -> None:
-        q.grad = k.grad = None
-        qo, ko = forward(q, k)
-        torch.autograd.backward((qo, ko), (inp.grad_q, inp.grad_k))
-
-    return call
-
-
-def _hf():
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-    return apply_rotary_pos_emb
-
-
-def _hf_compiled():
-    global _HF_COMPILED
-    if _HF_COMPILED is None:
-        import torch._dynamo
-
-        # every shape x dtype x grad mode is one more specialisation of the same function: without
-        # a higher limit dynamo would stop compiling after 8 and silently run the rest eagerly
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
-        torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4096)
-        # compile in this process: a pool of compile workers starting up in the background would
-        # take CPU from whatever group is being timed at that moment
-        import torch._inductor.config
-
-        torch._inductor.config.compile_threads = 1
-        _HF_COMPILED = torch.compile(_hf(), dynamic=False)
-    return _HF_COMPILED
-
-
-_HF_COMPILED = None
-
-
-def _complex_form(inp: Inputs) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-    """Meta LLaMA's form: pairs (2i, 2i+1) as complex numbers times a precomputed ``freqs_cis``."""
-    S = inp.shape.seq_len
-    freqs_cis = torch.polar(torch.ones(S, inp.shape.head_dim // 2), torch.outer(torch.arange(S).float(), inp.rope.inv_freq))
-
-    def forward(q, k):
-        out = []
-        for x in (q, k):
-            xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
-            out.append(torch.view_as_real(xc * freqs_cis).flatten(-2).type_as(x))
-        return out[0], out[1]
-
-    return forward
-
-
-def _ret(inp: Inputs):
-    from rotary_embedding_torch import RotaryEmbedding
-
-    emb = RotaryEmbedding(dim=inp.shape.head_dim)
-
-    def forward(q, k):
-        return emb.rotate_queries_or_keys(q), emb.rotate_queries_or_keys(k)
-
-    return forward
-
-
-def _torch_path(inp: Inputs):
-    from .kernels.eager import rotate_torch
-
-    c, s = inp.cos.view(1, 1, *inp.cos.shape), inp.sin.view(1, 1, *inp.sin.shape)
-
-    def forward(q, k):
-        return (
-            rotate_torch(q, c, s, interleaved=False, inplace=False),
-            rotate_torch(k, c, s, interleaved=False, inplace=False),
-        )
-
-    return forward
-
-
-def _inplace_forward_backward(inp: Inputs):
-    # In-place rotation needs a non-leaf input (as q straight out of a projection is): one cheap
-    # q * 1 per call makes it, and is part of what is timed.
-    q_leaf, k_leaf = inp.q.detach().clone().requires_grad_(), inp.k.detach().clone().requires_grad_()
-
-    def call() -> None:
-        q_leaf.grad = k_leaf.grad = None
-        q, k = q_leaf * 1, k_leaf * 1
-        inp.rope(q, k, inplace=True)
-        torch.autograd.backward((q, k), (inp.grad_q, inp.grad_k))
-
-    return call
-
-
-def _builtin_methods() -> list[Method]:
-    return [
-        Method("limit: in-place pass (mul_)", lambda i: lambda: (i.q.mul_(1.0), i.k.mul_(1.0))),
-        Method("limit: copy (clone)", lambda i: lambda: (i.q.clone(), i.k.clone())),
-        Method("rotary fused, in place", lambda i: lambda: i.rope(i.q, i.k, inplace=True)),
-        Method("rotary fused, out of place", lambda i: lambda: i.rope(i.q, i.k)),
-        Method("rotary pure-torch path", lambda i: (lambda f: lambda: f(i.q, i.k))(_torch_path(i))),
-        Method("HF eager apply_rotary_pos_emb", lambda i: lambda: _hf()(i.q, i.k, i.hf_cos, i.hf_sin)),
-        Method("HF under torch.compile", lambda i: lambda: _hf_compiled()(i.q, i.k, i.hf_cos, i.hf_sin)),
-        Method("rotary-embedding-torch 0.9.1", lambda i: (lambda f: lambda: f(i.q, i.k))(_ret(i))),
-        Method("complex form (Meta LLaMA)", lambda i: (lambda f: lambda: f(i.q, i.k))(_complex_form(i))),
-        # forward + backward
-        Method("rotary fused, out of place", lambda i: _fwd_bwd(lambda q, k: i.rope(q, k), i), backward=True),
-        Method(
-            "rotary fused, in place",
-            _inplace_forward_backward,
-            backward=True,
-            note="includes one q*1, k*1 to make non-leaf inputs",
-        ),
-        Method("rotary pure-torch path", lambda i: _fwd_bwd(_torch_path(i), i), backward=True),
-        Method(
-            "HF eager apply_rotary_pos_emb",
-            lambda i: _fwd_bwd(lambda q, k: _hf()(q, k, i.hf_cos, i.hf_sin), i),
-            backward=True,
-        ),
-        Method(
-            "HF under torch.compile",
-            lambda i: _fwd_bwd(lambda q, k: _hf_compiled()(q, k, i.hf_cos, i.hf_sin), i),
-            backward=True,
-        ),
-        Method("rotary-embedding-torch 0.9.1", lambda i: _fwd_bwd(_ret(i), i), backward=True),
-        Method("complex form (Meta LLaMA)", lambda i: _fwd_bwd(_complex_form(i), i), backward=True),
-    ]
-
-
-METHODS.extend(_builtin_methods())
-
 # measurement -----------------------------------------------------------------------------------
 
 
@@ -324,8 +180,8 @@ def extra_peak_bytes(call: Callable[[], object]) -> int | None:
         return None
 
 
-def _make_inputs(shape: Shape, dtype: torch.dtype, seed: int = 0) -> Inputs:
-    from .module import RoPE
+def make_inputs(shape: Shape, dtype: torch.dtype, seed: int = 0) -> Inputs:
+    from ..module import RoPE
 
     g = torch.Generator().manual_seed(seed)
     B, Hq, Hk, S, D = shape.batch, shape.q_heads, shape.k_heads, shape.seq_len, shape.head_dim
@@ -365,7 +221,7 @@ def _group_ratios(results: list[Result]) -> None:
 
 def run(options: argparse.Namespace) -> tuple[dict[str, Any], list[Result]]:
     """Run the benchmark as the command line describes; returns (machine info, results)."""
-    from .kernels.extension import cpu_extension_error, load_cpu_extension
+    from ..kernels.extension import cpu_extension_error, load_cpu_extension
 
     if options.threads:
         torch.set_num_threads(options.threads)
@@ -392,7 +248,7 @@ def run(options: argparse.Namespace) -> tuple[dict[str, Any], list[Result]]:
             if dtype_name not in DTYPE_NAMES:
                 raise ValueError(f"unknown dtype {dtype_name!r} in --dtypes; use fp32, bf16 or fp16")
             group = f"{shape.describe()} {dtype_name}"
-            inp = _make_inputs(shape, DTYPE_NAMES[dtype_name])
+            inp = make_inputs(shape, DTYPE_NAMES[dtype_name])
             calls = {}
             for m in methods:
                 calls[(m.name, m.backward)] = m.make(inp)
@@ -491,34 +347,3 @@ def format_table(machine: dict[str, Any], results: list[Result], markdown: bool 
                 cells = [str(c).ljust(w) if j < 2 else str(c).rjust(w) for j, (c, w) in enumerate(zip(row, widths))]
                 lines.append("  " + "  ".join(cells))
     return "\n".join(lines)
-
-
-def _bench(args: argparse.Namespace) -> int:
-    if args.repeats is None:
-        args.repeats = 3 if args.quick else 9
-    if args.repeats < 1:
-        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
-    machine, results = run(args)
-    if args.json:
-        print(json.dumps({"machine": machine, "results": [asdict(r) for r in results]}, indent=1))
-    else:
-        print(format_table(machine, results, markdown=args.markdown))
-    return 0
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="time RoPE application against Hugging Face and the memory-traffic limit")
-    p.add_argument("--quick", action="store_true", help="two small shapes, 3 repeats, no torch.compile baseline")
-    p.add_argument("--json", action="store_true", help="print machine-readable results")
-    p.add_argument("--markdown", action="store_true", help="print markdown tables (docs/benchmarks.md)")
-    p.add_argument("--dtypes", default="fp32,bf16", help="comma-separated: fp32, bf16, fp16 (default fp32,bf16)")
-    p.add_argument("--shapes", default=None, help="comma-separated shape names (default: all)")
-    p.add_argument("--repeats", type=int, default=None, help="interleaved samples per method (default 9; quick 3)")
-    p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's current setting)")
-    p.add_argument("--compile", action="store_true", help="with --quick: keep the torch.compile baseline")
-    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
-    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
-    p.add_argument("--cases", action="append", help="a .py file registering extra methods or suites (repeatable)")
-    p.add_argument("--suites", default=None, help="comma-separated registered suites to run (default: all)")
-    p.add_argument("--progress", action="store_true", help="print a line as each group finishes")
-    p.set_defaults(func=_bench)

@@ -1,0 +1,122 @@
+"""Argument validators shared by the whole package, and their wording.
+
+Each returns the checked value (so ``self.x = positive_int(x, "x")`` reads as one step) and raises
+an error that names the argument, the value received and what is allowed. Values from YAML, JSON or
+command lines arrive as the wrong Python type more often than as the wrong number (``"false"`` for a
+flag, ``2.0`` for a count): types are checked exactly, ``bool`` is never an int here, and a string is
+never a bool.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection
+from typing import Any, TypeVar
+
+__all__ = [
+    "check_bool",
+    "check_choice",
+    "check_finite",
+    "check_int",
+    "check_positive_float",
+    "check_positive_int",
+    "check_probability",
+    "is_int",
+    "is_number",
+]
+
+T = TypeVar("T")
+
+
+def is_int(value: Any) -> bool:
+    """``True`` for Python ints and integer NumPy/torch scalars, never for ``bool``."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    return type(value).__name__ in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64") and hasattr(
+        value, "__index__"
+    )
+
+
+def is_number(value: Any) -> bool:
+    """A finite real number (int or float, not ``bool``)."""
+    return (is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+def check_int(value: Any, name: str, *, minimum: int | None = None) -> int:
+    """An int (not a bool, not a float) ``>= minimum``; returned as a Python int."""
+    if not is_int(value):
+        bound = "" if minimum is None else f" >= {minimum}"
+        raise ValueError(f"{name} must be an int{bound}, got {value!r} ({type(value).__name__})")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
+    return value
+
+
+def check_positive_int(value: Any, name: str) -> int:
+    """An int > 0.
+
+    Example:
+        >>> check_positive_int(3, "num_heads")
+        3
+        >>> check_positive_int(True, "num_heads")
+        Traceback (most recent call last):
+        ...
+        ValueError: num_heads must be a positive int, got True (bool)
+    """
+    if not is_int(value) or int(value) <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r} ({type(value).__name__})")
+    return int(value)
+
+
+def check_positive_float(value: Any, name: str) -> float:
+    """A finite number > 0, returned as a float."""
+    if not is_number(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def check_finite(value: Any, name: str) -> float:
+    """A finite number, returned as a float."""
+    if not is_number(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def check_probability(value: Any, name: str) -> float:
+    """A number in ``[0, 1)`` (dropout rates)."""
+    if not is_number(value) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {value!r}")
+    return float(value)
+
+
+def check_bool(value: Any, name: str) -> bool:
+    """``True`` or ``False`` (also NumPy/torch booleans), never a string or a number.
+
+    ``bool("false")`` is ``True``: a flag read from a config file as a string must be an error here,
+    not a silent ``True``.
+
+    Example:
+        >>> check_bool(False, "interleaved")
+        False
+        >>> check_bool("false", "interleaved")
+        Traceback (most recent call last):
+        ...
+        TypeError: interleaved must be True or False, got 'false' (str)
+    """
+    if isinstance(value, bool) or type(value).__name__ in ("bool_", "bool"):
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+
+
+def check_choice(value: T, name: str, choices: Collection[T]) -> T:
+    """One of ``choices``."""
+    try:
+        ok = value in choices
+    except TypeError:  # unhashable
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}")
+    return value

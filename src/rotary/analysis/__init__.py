@@ -1,0 +1,36 @@
+"""The numbers behind every figure and report: decay bound, wavelengths, per-pair scaling profile,
+position-precision limits, attention scores, a PCA of the position tables, and verification checks.
+
+Everything here returns plain tensors, dataclasses or dicts (JSON-ready through ``to_dict``); the
+figures in :mod:`rotary.plots` only draw what these functions compute, so tests can assert the
+numbers without looking at pixels.
+"""
+
+from .decay import decay_bound, measured_decay
+from .profile import (
+    Inspection,
+    PairProfile,
+    PrecisionLimit,
+    inspect_rope,
+    jsonable,
+    precision_limits,
+    scaling_profile,
+)
+from .scores import position_pca, score_matrix
+from .verify import Check, verify
+
+__all__ = [
+    "decay_bound",
+    "measured_decay",
+    "PairProfile",
+    "scaling_profile",
+    "PrecisionLimit",
+    "precision_limits",
+    "Inspection",
+    "inspect_rope",
+    "score_matrix",
+    "position_pca",
+    "Check",
+    "verify",
+    "jsonable",
+]

@@ -1,0 +1,63 @@
+"""Attention scores of rotated vectors and a PCA of the position tables."""
+
+from __future__ import annotations
+
+import torch
+
+from ..module import RoPE
+from ..tables import angles
+
+__all__ = ["score_matrix", "position_pca"]
+
+
+def score_matrix(rope: RoPE, q: torch.Tensor, k: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """Attention logits ``⟨R_m q, R_n k⟩`` for query positions ``m`` and key positions ``n``.
+
+    The same content vectors ``q``, ``k`` (``[D]``) are placed at every position and rotated by
+    ``rope``; the logits therefore depend on ``m - n`` only (the relative property).
+
+    Returns:
+        float64 ``[seq_len, seq_len]`` (rows: query position, columns: key position).
+
+    Example:
+        >>> s = score_matrix(RoPE(8), torch.ones(8), torch.ones(8), 4)
+        >>> bool(torch.allclose(s[1, 0], s[3, 2]))
+        True
+    """
+    d = rope.head_dim
+    for name, v in (("q", q), ("k", k)):
+        if not isinstance(v, torch.Tensor) or v.shape != (d,):
+            shape = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+            raise ValueError(f"{name} must be a vector of shape [{d}] (head_dim), got {shape}")
+    if seq_len <= 0:
+        raise ValueError(f"seq_len must be > 0, got {seq_len}")
+    qq = q.double().expand(1, 1, seq_len, d).contiguous()
+    kk = k.double().expand(1, 1, seq_len, d).contiguous()
+    qr, kr = rope(qq, kk)
+    return (qr[0, 0] @ kr[0, 0].T).double()
+
+
+def position_pca(rope: RoPE, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A 2-D PCA of the position tables (each position's ``[cos θ_i m, sin θ_i m]`` over all pairs).
+
+    PCA (a linear projection) keeps distances meaningful, unlike the t-SNE of the seeds. The
+    features are float64 ``cos``/``sin`` of the angles, one of each per pair (no attention scaling).
+
+    Returns:
+        ``(coords [seq_len, 2], explained_variance_ratio [2])``, float64.
+
+    Example:
+        >>> coords, explained = position_pca(RoPE(16), 32)
+        >>> coords.shape, bool(explained.sum() <= 1)
+        (torch.Size([32, 2]), True)
+    """
+    if seq_len < 3:
+        raise ValueError(f"seq_len must be >= 3 for a 2-D PCA, got {seq_len}")
+    theta = angles(torch.arange(seq_len), rope.freqs.inv_freq)  # float64 [S, r/2]
+    x = torch.cat((theta.cos(), theta.sin()), dim=-1)
+    x = x - x.mean(dim=0)
+    u, s, _ = torch.linalg.svd(x, full_matrices=False)
+    var = s**2
+    return u[:, :2] * s[:2], var[:2] / var.sum()
+
+

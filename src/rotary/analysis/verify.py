@@ -1,0 +1,91 @@
+"""Numerical checks of RoPE's defining properties through the fast path."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .. import reference
+from ..apply import apply_rotary, check_tables
+from ..module import RoPE
+from ..tables import cos_sin_table
+
+__all__ = ["Check", "verify"]
+
+
+@dataclass
+class Check:
+    """One verification check: ``passed`` is ``worst_error <= tolerance``."""
+
+    name: str
+    worst_error: float
+    tolerance: float
+
+    @property
+    def passed(self) -> bool:
+        return self.worst_error <= self.tolerance
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "worst_error": self.worst_error, "tolerance": self.tolerance, "passed": self.passed}
+
+
+def verify(rope: RoPE, *, seq_len: int = 64, offset: int | None = None, seed: int = 0) -> list[Check]:
+    """Check RoPE's defining properties for one configuration, through its fast path.
+
+    Checks: norms scaled exactly by ``attention_scaling``; scores depend on ``m - n`` only (the
+    same vectors at positions ``offset ..``, default 4096, e.g. the end of the context); fast == block-diagonal matrix ==
+    complex form (the references, times ``attention_scaling``); the cos/sin tables match the
+    module's pairing and are rotations; the fp32 tables agree with float64 angles.
+
+    Example:
+        >>> all(c.passed for c in verify(RoPE(16), seq_len=8))
+        True
+    """
+    if seq_len <= 0:
+        raise ValueError(f"seq_len must be > 0, got {seq_len}")
+    shift = 4096 if offset is None else int(offset)
+    if shift < 0:
+        raise ValueError(f"offset must be >= 0, got {offset}")
+    g = torch.Generator().manual_seed(seed)
+    d, s = rope.head_dim, rope.attention_scaling
+    q = torch.randn(2, 3, seq_len, d, generator=g, dtype=torch.float64)
+    k = torch.randn(2, 3, seq_len, d, generator=g, dtype=torch.float64)
+    pos = torch.arange(seq_len)
+    qr, kr = rope(q, k)
+    # tolerances: fp32 tables carry a relative rounding of at most 2^-24 per entry, so a rotated
+    # entry is off by <= 2 · 2^-24 · max|x| and a logit by a few 2^-24 · |q| |k|
+    scale = max(1.0, float(q.abs().max())) * max(s, 1.0)
+    norm = float(q.norm(dim=-1).max()) * max(s, 1.0)
+    checks = [Check("norm preserved (× attention_scaling)", float((qr.norm(dim=-1) - s * q.norm(dim=-1)).abs().max()), 1e-6 * norm)]
+    # shifted tables straight from the table function: RoPE's cache would hold every position below
+    # the shift (131072 of them for Llama 3.1) to check 64
+    inv = rope.freqs.inv_freq
+    cos_s, sin_s = cos_sin_table(torch.arange(shift, shift + seq_len), inv, attention_scaling=s, interleaved=rope.interleaved)
+    qs = apply_rotary(q, cos_s, sin_s, interleaved=rope.interleaved)
+    ks = apply_rotary(k, cos_s, sin_s, interleaved=rope.interleaved)
+    s0 = qr @ kr.transpose(-1, -2)
+    s1 = qs @ ks.transpose(-1, -2)
+    checks.append(Check(f"scores depend on m - n only (shift {shift})", float((s0 - s1).abs().max()), 1e-6 * norm**2))
+    ref_m = s * reference.rotate_matrix(q, pos, inv, interleaved=rope.interleaved)
+    ref_c = s * reference.rotate_complex(q, pos, inv, interleaved=rope.interleaved)
+    checks.append(Check("fast == block-diagonal matrix", float((qr - ref_m).abs().max()), 5e-7 * scale))
+    checks.append(Check("fast == complex form", float((qr - ref_c).abs().max()), 5e-7 * scale))
+    checks.append(Check("matrix == complex form", float((ref_m - ref_c).abs().max()), 1e-12 * scale))
+    cos, sin = rope.cos_sin(pos)
+    try:
+        check_tables(cos, sin, interleaved=rope.interleaved)
+        pairing_err = 0.0
+    except ValueError:
+        pairing_err = math.inf
+    checks.append(Check(f"tables match the {'interleaved' if rope.interleaved else 'half'} pairing", pairing_err, 0.0))
+    theta = pos.double()[:, None] * inv.double()[None, :]
+    exact_cos = s * theta.cos()
+    half = cos[:, 0::2] if rope.interleaved else cos[:, : rope.rotary_dim // 2]
+    checks.append(Check("fp32 cos table == float64 angles", float((half.double() - exact_cos).abs().max()), 2**-24 * max(s, 1.0)))
+    x = torch.randn(1, 1, seq_len, d, generator=g)  # fp32: the same fp32 tables on both paths
+    fn = apply_rotary(x, cos, sin, interleaved=rope.interleaved, validate=False)
+    checks.append(Check("apply_rotary(x, cos, sin) == RoPE.rotate", float((fn - rope.rotate(x)).abs().max()), 0.0))
+    return checks

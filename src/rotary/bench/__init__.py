@@ -1,0 +1,54 @@
+"""``rotary bench``: how fast RoPE is applied, against Hugging Face and the memory-traffic limit.
+
+Applying RoPE reads q and k and writes them back; nothing else is needed. Two proxies bound what any
+implementation can reach on the machine at hand: one in-place pass over q and k (``mul_(1.0)``) and
+one out-of-place copy (``clone``). Every method is timed in one process, with the methods of a
+group (one shape, one dtype) interleaved repeat after repeat, so that a neighbour's load on a shared
+machine hits all of them alike; the median is reported. Ratios are taken within a group.
+
+Adding a case: a *method* is a function ``make(inputs) -> call`` returning the zero-argument
+callable to time (see :class:`Inputs`); register it with :func:`register_method`. A whole
+different kind of measurement (e.g. a patched vs unpatched model forward) is a *suite*: a function
+``suite(options) -> list[Result]`` registered with :func:`register_suite`; it can use
+:func:`time_interleaved` and :func:`extra_peak_bytes`. Files defining either are loaded with
+``rotary bench --cases FILE.py`` (see ``benchmarks/``).
+"""
+
+from . import methods as _methods  # noqa: F401  (registers the built-in methods)
+from .harness import (
+    DTYPE_NAMES,
+    METHODS,
+    QUICK_SHAPES,
+    SHAPES,
+    SUITES,
+    Inputs,
+    Method,
+    Result,
+    Shape,
+    extra_peak_bytes,
+    format_table,
+    make_inputs,
+    register_method,
+    register_suite,
+    run,
+    time_interleaved,
+)
+
+__all__ = [
+    "DTYPE_NAMES",
+    "Inputs",
+    "Method",
+    "Result",
+    "SHAPES",
+    "QUICK_SHAPES",
+    "Shape",
+    "METHODS",
+    "SUITES",
+    "register_method",
+    "register_suite",
+    "time_interleaved",
+    "extra_peak_bytes",
+    "make_inputs",
+    "run",
+    "format_table",
+]

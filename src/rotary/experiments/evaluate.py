@@ -17,8 +17,8 @@ frequencies are not part of the state dict). :func:`scaled_copy` is the one plac
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from copy import deepcopy
 from collections.abc import Sequence
 
 import torch
@@ -83,10 +83,11 @@ def uses_rope(model: Decoder) -> bool:
 def scaled_copy(model: Decoder, scaling: dict | None) -> Decoder:
     """A copy of ``model`` with the same weights and RoPE scaled by ``scaling``, in eval mode.
 
-    The only place where a trained model's RoPE scaling changes: a deep copy (the trained model is
-    never touched) given the new scaling through ``Decoder.set_rope_scaling``, which also gives it a
-    fresh RoPE state (dynamic NTK remembers the longest length it has seen). Models without RoPE are
-    copied as they are (``scaling`` must then be None).
+    The only place where a trained model's RoPE scaling changes: a new ``Decoder`` built from the
+    model's config, loaded with its state dict (RoPE has no parameters, so the weights are exactly the
+    trained ones) and given the scaling with ``Decoder.set_rope_scaling``; its RoPE state is fresh
+    (dynamic NTK remembers the longest length it has seen). The trained model is never touched.
+    Models without RoPE are copied as they are (``scaling`` must then be None).
 
     Args:
         model: a trained :class:`rotary.models.Decoder`.
@@ -99,12 +100,14 @@ def scaled_copy(model: Decoder, scaling: dict | None) -> Decoder:
         >>> torch.equal(s.lm_head.weight, m.lm_head.weight), s.config.rope_scaling["factor"], m.config.rope_scaling
         (True, 2.0, None)
     """
-    copy = deepcopy(model)
+    with torch.random.fork_rng(devices=[]):  # building initialises weights: keep the caller's RNG untouched
+        copy = Decoder(dataclasses.replace(model.config))
+    copy.load_state_dict(model.state_dict())
     if uses_rope(copy):
         copy.set_rope_scaling(None if scaling is None else dict(scaling))
     elif scaling is not None:
         raise ValueError(f"position_encoding={model.config.position_encoding!r} has no RoPE to scale with {scaling}")
-    return copy.eval()
+    return copy.to(next(model.parameters()).device).eval()
 
 
 def rows_per_batch(length: int, num_heads: int, *, max_tokens: int = 16384, max_scores: int = 2**24) -> int:

@@ -179,18 +179,29 @@ def run_experiment(
     t = time.perf_counter()
     corpus = load_corpus(config)
     tokens = evaluation_tokens(corpus, config)
-    directory, resumed = prepare_run_dir(config, corpus, out=out, resume=resume, dist=dist)
     command = command_line(config)
-    if dist.is_main and not resumed:
-        write_atomic(directory / "config.json", json.dumps({
-            "format": RUN_FORMAT, "command": command, "config": config.to_dict(),
-            "data": {"source": corpus.source, "sha256": corpus.sha256, "bytes": corpus.num_bytes},
-        }, indent=1) + "\n")
+    # the run directory is rank 0's to check and create; the ranks then agree, so that bad input stops
+    # every process (none is left waiting for the others) and only rank 0 names it
+    dist.start(config.device)
+    failure: ExperimentError | None = None
+    directory, resumed = Path(resume or out or "."), resume is not None
+    if dist.is_main:
+        try:
+            directory, resumed = prepare_run_dir(config, corpus, out=out, resume=resume, dist=dist)
+            if not resumed:
+                write_atomic(directory / "config.json", json.dumps({
+                    "format": RUN_FORMAT, "command": command, "config": config.to_dict(),
+                    "data": {"source": corpus.source, "sha256": corpus.sha256, "bytes": corpus.num_bytes},
+                }, indent=1) + "\n")
+        except ExperimentError as exc:
+            failure = exc
+    if not dist.agree(failure is None):
+        dist.stop()
+        raise failure or ExperimentError("rank 0 stopped on bad input")
     timings["load data"] = time.perf_counter() - t
     reporter.log(f"rotary experiment: {len(config.encodings)} encodings, L = {config.train_length}, "
                  f"evaluated at {', '.join(map(str, sorted(config.eval_lengths)))}; writing {directory}")
 
-    dist.start(config.device)
     try:
         specs = model_specs(config)
         trained = {}

@@ -84,6 +84,14 @@ class Distributed:
                 torch.cuda.set_device(self.local_rank)
             torch.distributed.init_process_group("nccl" if device == "cuda" else "gloo")
 
+    def agree(self, ok: bool) -> bool:
+        """True when ``ok`` holds on every rank (one all-reduce; the flag itself alone)."""
+        if self.world_size == 1 or not torch.distributed.is_initialized():
+            return ok
+        flag = torch.tensor([int(ok)])
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+        return bool(flag.item())
+
     def stop(self) -> None:
         if self.world_size > 1 and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()

@@ -3,7 +3,15 @@
 import math
 
 from rotary.experiments.config import ExperimentConfig
-from rotary.experiments.report import comparisons, csv_text, method_label, observations, separation, spread, summary_table
+from rotary.experiments.report import (
+    comparisons,
+    csv_text,
+    method_label,
+    observations,
+    separation,
+    spread,
+    summary_table,
+)
 
 L = 128
 CFG = ExperimentConfig(train_length=L, device="cpu", encodings=("none", "learned", "sinusoidal", "alibi", "rope"))

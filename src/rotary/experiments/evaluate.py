@@ -24,8 +24,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from ..models import Decoder
 from .. import RoPE
+from ..models import Decoder
 from .config import SCALINGS, ExperimentConfig
 from .data import derived_seed, windows
 from .passkey import KEY_DIGITS, make_trials, passkey_accuracy

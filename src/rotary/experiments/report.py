@@ -676,8 +676,8 @@ def report_markdown(results: dict[str, Any], config: ExperimentConfig, figures: 
         "",
         "## Notes",
         "",
-        f"- Dynamic NTK is transformers' `dynamic` rope_type with factor E / L: at n tokens it raises RoPE's base as static "
-        f"NTK with alpha = factor·n/L − (factor − 1) would, i.e. alpha = factor² − factor + 1 at n = E (static NTK uses alpha = factor). "
+        "- Dynamic NTK is transformers' `dynamic` rope_type with factor E / L: at n tokens it raises RoPE's base as static "
+        "NTK with alpha = factor·n/L − (factor − 1) would, i.e. alpha = factor² − factor + 1 at n = E (static NTK uses alpha = factor). "
         "Keys cached during decoding keep the frequencies they were rotated with.",
         "- YaRN uses beta_fast = 32, beta_slow = 1 and the attention temperature 0.1·ln(factor) + 1.",
         f"- Wall time: {', '.join(f'{k} {v:.0f} s' for k, v in results['timings'].items())}.",

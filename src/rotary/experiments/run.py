@@ -107,7 +107,6 @@ def prepare_run_dir(
         ExperimentError: ``--resume`` on a directory of another configuration (names every setting that
             differs), not a run, or corrupted; ``--out`` holding files or not writable.
     """
-    data = {"source": corpus.source, "sha256": corpus.sha256, "bytes": corpus.num_bytes}
     if resume is not None:
         directory = Path(resume)
         if out is not None and Path(out).resolve() != directory.resolve():

@@ -573,6 +573,7 @@ def report_markdown(results: dict[str, Any], config: ExperimentConfig, figures: 
     longest = edges[-1]
     env = results["environment"]
     data = results["data"]
+    sizes = ", ".join(f"{m['name']} {m['parameters']:,}" for m in results["models"] if not m["name"].endswith("-2"))
     lines = [
         f"# Train short, test long: {len(config.encodings)} position encodings, {len(config.scalings)} RoPE scalings",
         "",
@@ -586,7 +587,7 @@ def report_markdown(results: dict[str, Any], config: ExperimentConfig, figures: 
         f"(vocabulary 256). The first {1 - config.held_out_fraction:.0%} trains; the last {config.held_out_fraction:.0%} "
         f"is held out, and {data['eval_tokens']:,} of its bytes are evaluated at every length.",
         f"- **Models**: one `rotary.models.Decoder` per encoding: {config.num_layers} layers, width {config.hidden_size}, "
-        f"{config.num_heads} heads, SwiGLU, RMSNorm ({', '.join(f'{m["name"]} {m["parameters"]:,}' for m in results['models'] if not m['name'].endswith('-2'))} parameters).",
+        f"{config.num_heads} heads, SwiGLU, RMSNorm; parameters: {sizes}.",
         f"- **Training**: L = {L} tokens, {config.steps} AdamW steps of {config.batch_size} rows "
         f"({config.steps * config.batch_size * L:,} tokens per model), learning rate {config.learning_rate:g} → "
         f"{config.min_learning_rate:g} (cosine, {config.warmup_steps} warm-up steps). {config.passkey_fraction:.0%} of the rows end "

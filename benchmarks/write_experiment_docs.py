@@ -3,7 +3,8 @@
     python benchmarks/write_experiment_docs.py runs/experiment-<UTC time>
 
 Writes the block between `<!-- experiment:start -->` and `<!-- experiment:end -->` in README.md (the
-perplexity figure and the main table), docs/experiment_report.md (the run's report.md) and the
+perplexity figure and the main table), docs/experiment_report.md (the run's report, rendered from its
+results.json) and the
 figures they show, as docs/figures/experiment_*.png. The numbers come from the run's results.json;
 nothing is typed by hand.
 """
@@ -16,7 +17,7 @@ import sys
 from pathlib import Path
 
 from rotary.experiments.config import ExperimentConfig
-from rotary.experiments.report import markdown_table, summary_table
+from rotary.experiments.report import markdown_table, report_markdown, summary_table
 
 ROOT = Path(__file__).resolve().parent.parent
 START, END = "<!-- experiment:start -->", "<!-- experiment:end -->"
@@ -36,9 +37,9 @@ def main(argv: list[str]) -> int:
     config = ExperimentConfig.from_dict(results["config"])
     for source, target in FIGURES.items():
         shutil.copyfile(run / "figures" / f"{source}.png", ROOT / "docs" / "figures" / f"{target}.png")
-    report = (run / "report.md").read_text()
-    for source, target in FIGURES.items():
-        report = report.replace(f"figures/{source}.png", f"figures/{target}.png")
+    # the report is rendered again from the run's numbers, by this code, with the figures' new names
+    figures = {source.replace("position_", ""): [Path("figures") / f"{target}.png"] for source, target in FIGURES.items()}
+    report = report_markdown(results, config, figures, ROOT / "docs")
     (ROOT / "docs" / "experiment_report.md").write_text(report)
 
     env = results["environment"]

@@ -643,11 +643,12 @@ def report_markdown(results: dict[str, Any], config: ExperimentConfig, figures: 
     ]
     best_at_L = max((t.get(m.model, m.scaling, L, "passkey_accuracy") or 0.0, m.label) for m in ms if not m.repeat) if L in t.lengths else None
     if best_at_L is not None:
-        reached = "most keys" if best_at_L[0] > 0.5 else "not most keys"
-        lines += [
-            f"At L the best method, {best_at_L[1]}, retrieves {best_at_L[0]:.0%} of the keys ({reached}).",
-            "",
-        ]
+        if best_at_L[0] > 0.5:
+            verdict = "most keys."
+        else:
+            verdict = ("not most keys: with this budget no model learned to retrieve most passkeys even at the "
+                       "training length, so the passkey columns cannot rank the methods.")
+        lines += [f"At L the best method, {best_at_L[1]}, retrieves {best_at_L[0]:.0%} of the keys: {verdict}", ""]
     lines += ["## Run-to-run spread", ""]
     sp = results["spread"]
     if sp:

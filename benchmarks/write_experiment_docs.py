@@ -55,7 +55,8 @@ def main(argv: list[str]) -> int:
         "",
         f"Perplexity per byte on held-out text (lower is better) and passkey retrieval accuracy, for small "
         f"decoders trained at L = {config.train_length} bytes and evaluated at up to {max(config.eval_lengths)}. Made by "
-        f"`make demo`, i.e. `{results['command']}`, on {env['cpu']} with {env['threads']} threads in "
+        + ("`make demo`, i.e. " if config.preset == "default" else "")
+        + f"`{results['command']}`, on {env['cpu']} with {env['threads']} torch threads in "
         f"{results['wall_seconds'] / 60:.1f} min ({results['finished']}). At L the best passkey accuracy is "
         f"{best_L[0]:.0%}. The whole report, with the loss by position, the run-to-run spread and the comparison "
         "with the published findings: [docs/experiment_report.md](docs/experiment_report.md); what is measured and "

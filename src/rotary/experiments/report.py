@@ -217,6 +217,11 @@ def separation(rows: Sequence[dict], config: ExperimentConfig) -> dict:
     return {"spread_loss_at_L": limit, "by_length": by_length}
 
 
+def _lower(a: float | None, b: float | None) -> bool:
+    """``a`` is lower than ``b`` by more than :data:`FLAT` (a tie is no win)."""
+    return a is not None and b is not None and a < b * (1 - FLAT)
+
+
 def _ratio(t: _Table, model: str, scaling: str, e: int, base: int) -> float | None:
     a, b = t.get(model, scaling, e, "perplexity"), t.get(model, scaling, base, "perplexity")
     return None if a is None or b is None else a / b
@@ -241,7 +246,7 @@ def observations(rows: Sequence[dict], config: ExperimentConfig) -> list[str]:
     for m in untouched:
         r = _ratio(t, m.model, "none", longest, L)
         if r is not None:
-            lines.append(f"{m.label}: perplexity at {longest / L:g}L is {r:.3g}x its value at L.")
+            lines.append(f"{m.label}: perplexity at {longest / L:g}L is {r:.3f}x its value at L.")
     edges = [0, *sorted(config.eval_lengths)]
     if len(edges) > 2:
         first_bucket, last_bucket = f"{edges[0]}-{edges[1]}", f"{edges[-2]}-{edges[-1]}"
@@ -309,7 +314,7 @@ def comparisons(rows: Sequence[dict], config: ExperimentConfig) -> list[Comparis
              "rises as the evaluation length grows past L.")
     if t.has("sinusoidal") and t.has("rope") and longer:
         rises = {m: _ratio(t, m, "none", longer[0], L) for m in ("sinusoidal", "rope")}
-        observed = (f"at {longer[0] / L:g}L, sinusoidal is {rises['sinusoidal']:.3g}x and RoPE {rises['rope']:.3g}x their "
+        observed = (f"at {longer[0] / L:g}L, sinusoidal is {rises['sinusoidal']:.3f}x and RoPE {rises['rope']:.3f}x their "
                     f"perplexity at L (sinusoidal: {series('sinusoidal')}; RoPE: {series('rope')})")
         n_rise = sum(r > 1 + FLAT for r in rises.values())
         out.append(Comparison(PAPERS["alibi"], claim, observed, {2: "agrees", 1: "partly"}.get(n_rise, "does not agree")))
@@ -319,7 +324,7 @@ def comparisons(rows: Sequence[dict], config: ExperimentConfig) -> list[Comparis
     claim = "ALiBi's perplexity does not degrade past L: it stays flat or improves slightly up to many times L."
     if t.has("alibi") and longer:
         worst = max(_ratio(t, "alibi", "none", e, L) for e in longer)
-        observed = f"ALiBi: {series('alibi')}; its worst length past L is {worst:.3g}x its perplexity at L"
+        observed = f"ALiBi: {series('alibi')}; its worst length past L is {worst:.3f}x its perplexity at L"
         out.append(Comparison(PAPERS["alibi"], claim, observed, "agrees" if worst <= 1 + FLAT else "does not agree"))
     else:
         out.append(missing("alibi", claim, "ALiBi model evaluated past L"))
@@ -329,7 +334,7 @@ def comparisons(rows: Sequence[dict], config: ExperimentConfig) -> list[Comparis
         e = longer[0]
         r, s, a = ppl("rope", "none", e), ppl("sinusoidal", "none", e), ppl("alibi", "none", e)
         observed = f"at {e / L:g}L: RoPE {_fmt(r)}, sinusoidal {_fmt(s)}, ALiBi {_fmt(a)}"
-        verdict = "agrees" if a < r < s else ("partly" if (r < s or a < r) else "does not agree")
+        verdict = "agrees" if _lower(a, r) and _lower(r, s) else ("partly" if (_lower(r, s) or _lower(a, r)) else "does not agree")
         out.append(Comparison(PAPERS["alibi"], claim, observed, verdict))
     else:
         out.append(missing("alibi", claim, "sinusoidal, RoPE and ALiBi models"))
@@ -352,10 +357,11 @@ def comparisons(rows: Sequence[dict], config: ExperimentConfig) -> list[Comparis
     if t.has("none") and rivals and longer:
         e = longer[0]
         ranking = sorted((ppl(m, "none", e), ENCODING_LABELS.get(m, m)) for m in ["none", *rivals])
-        place = [label for _, label in ranking].index("NoPE") + 1
+        # ties within FLAT share a place: NoPE's place is one plus the rivals clearly below it
+        place = 1 + sum(_lower(ppl(m, "none", e), ppl("none", "none", e)) for m in rivals)
         pk = {m: t.get(m, "none", e, "passkey_accuracy") for m in ["none", *rivals]}
         pk_best = max(pk.values())
-        observed = (f"at {e / L:g}L NoPE ranks {place} of {len(ranking)} by perplexity ("
+        observed = (f"at {e / L:g}L NoPE ranks {place} of {len(ranking)} by perplexity, ties within {FLAT:.0%} sharing a place ("
                     + ", ".join(f"{label} {_fmt(v)}" for v, label in ranking)
                     + f"); passkey at {e / L:g}L: NoPE {pk['none']:.0%}, best {pk_best:.0%}")
         verdict = "agrees" if place == 1 else ("partly" if place <= 2 or (pk["none"] == pk_best > 0) else "does not agree")
@@ -368,7 +374,7 @@ def comparisons(rows: Sequence[dict], config: ExperimentConfig) -> list[Comparis
     if t.has("none") and len(firsts) > 1:
         best = min((ppl(e, "none", L), ENCODING_LABELS.get(e, e)) for e in firsts if e != "none")
         n = ppl("none", "none", L)
-        observed = f"at L NoPE reaches {_fmt(n)}, the best encoding ({best[1]}) {_fmt(best[0])}: {n / best[0]:.3g}x"
+        observed = f"at L NoPE reaches {_fmt(n)}, the best encoding ({best[1]}) {_fmt(best[0])}: {n / best[0]:.3f}x"
         out.append(Comparison(PAPERS["nope"], claim, observed, "agrees" if n <= 1.10 * best[0] else "does not agree"))
     else:
         out.append(missing("nope", claim, "NoPE model beside another encoding"))
@@ -377,9 +383,9 @@ def comparisons(rows: Sequence[dict], config: ExperimentConfig) -> list[Comparis
     claim = ("Extrapolating RoPE past the trained length fails badly, while interpolating the positions (PI) is far more "
              "stable (their bound on the attention scores is about 600x smaller).")
     if t.has("rope", "linear") and longer:
-        wins = [e for e in longer if ppl("rope", "linear", e) < ppl("rope", "none", e)]
-        observed = (f"RoPE as trained: {series('rope')}; with PI: {series('rope', 'linear')}; PI is lower at "
-                    f"{len(wins)} of {len(longer)} lengths past L")
+        wins = [e for e in longer if _lower(ppl("rope", "linear", e), ppl("rope", "none", e))]
+        observed = (f"RoPE as trained: {series('rope')}; with PI: {series('rope', 'linear')}; PI is lower (by more than "
+                    f"{FLAT:.0%}) at {len(wins)} of {len(longer)} lengths past L")
         verdict = "agrees" if len(wins) == len(longer) else ("partly" if wins else "does not agree")
         out.append(Comparison(PAPERS["pi"], claim, observed, verdict))
     else:
@@ -412,7 +418,7 @@ def comparisons(rows: Sequence[dict], config: ExperimentConfig) -> list[Comparis
     claim = ("NTK-aware scaling, which keeps the high frequencies and stretches the low ones, degrades less than PI "
              "without fine-tuning.")
     if t.has("rope", "ntk") and t.has("rope", "linear") and longer:
-        wins = [e for e in longer if ppl("rope", "ntk", e) < ppl("rope", "linear", e)]
+        wins = [e for e in longer if _lower(ppl("rope", "ntk", e), ppl("rope", "linear", e))]
         observed = f"NTK: {series('rope', 'ntk')}; PI: {series('rope', 'linear')}; NTK lower at {len(wins)} of {len(longer)} lengths past L"
         out.append(Comparison(PAPERS["yarn"], claim, observed, "agrees" if len(wins) == len(longer) else ("partly" if wins else "does not agree")))
     else:
@@ -420,7 +426,7 @@ def comparisons(rows: Sequence[dict], config: ExperimentConfig) -> list[Comparis
 
     claim = "Dynamic scaling lets a model run past its trained length without fine-tuning, degrading gracefully instead of failing."
     if t.has("rope", "dynamic") and longer:
-        wins = [e for e in longer if ppl("rope", "dynamic", e) < ppl("rope", "none", e)]
+        wins = [e for e in longer if _lower(ppl("rope", "dynamic", e), ppl("rope", "none", e))]
         observed = f"dynamic NTK: {series('rope', 'dynamic')}; as trained: {series('rope')}; lower at {len(wins)} of {len(longer)} lengths past L"
         out.append(Comparison(PAPERS["yarn"], claim, observed, "agrees" if len(wins) == len(longer) else ("partly" if wins else "does not agree")))
     else:
@@ -429,7 +435,7 @@ def comparisons(rows: Sequence[dict], config: ExperimentConfig) -> list[Comparis
     claim = "YaRN (NTK-by-parts plus an attention temperature) reaches lower perplexity than PI and NTK-aware scaling at the same factor."
     others = [s for s in ("linear", "ntk") if t.has("rope", s)]
     if t.has("rope", "yarn") and others and longer:
-        wins = [e for e in longer if all(ppl("rope", "yarn", e) < ppl("rope", s, e) for s in others)]
+        wins = [e for e in longer if all(_lower(ppl("rope", "yarn", e), ppl("rope", s, e)) for s in others)]
         observed = f"YaRN: {series('rope', 'yarn')}; lowest of YaRN, {', '.join(SCALING_LABELS[s] for s in others)} at {len(wins)} of {len(longer)} lengths past L"
         out.append(Comparison(PAPERS["yarn"], claim, observed, "agrees" if len(wins) == len(longer) else ("partly" if wins else "does not agree")))
     else:

@@ -57,7 +57,10 @@ def main(argv: list[str]) -> int:
         f"decoders trained at L = {config.train_length} bytes and evaluated at up to {max(config.eval_lengths)}. Made by "
         + ("`make demo`, i.e. " if config.preset == "default" else "")
         + f"`{results['command']}`, on {env['cpu']} with {env['threads']} torch threads in "
-        f"{results['wall_seconds'] / 60:.1f} min ({results['finished']}). At L the best passkey accuracy is "
+        f"{results['wall_seconds'] / 60:.1f} min ({results['finished']}"
+        + (f"; load average {env['load_average_at_start'][0]:g} at the start, {env['load_average_at_end'][0]:g} at the end"
+           if env.get("load_average_at_start") else "")
+        + "). At L the best passkey accuracy is "
         f"{best_L[0]:.0%}. The whole report, with the loss by position, the run-to-run spread and the comparison "
         "with the published findings: [docs/experiment_report.md](docs/experiment_report.md); what is measured and "
         "how: [docs/experiment.md](docs/experiment.md).",

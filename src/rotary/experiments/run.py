@@ -70,6 +70,14 @@ def environment(config: ExperimentConfig, dist: Distributed) -> dict[str, Any]:
     }
 
 
+def _load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages (None where the OS has none): other jobs slow a run."""
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        return None
+
+
 def _stored_run(directory: Path) -> dict[str, Any]:
     path = directory / "config.json"
     if not directory.is_dir():
@@ -158,6 +166,7 @@ def run_experiment(
         ExperimentError: any bad input, before anything is written.
     """
     started, wall = _utc_now(), time.perf_counter()
+    load_at_start = _load_average()
     dist = Distributed.from_env()
     if config.device is None:
         config.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -224,7 +233,8 @@ def run_experiment(
                 "source": corpus.source, "sha256": corpus.sha256, "bytes": corpus.num_bytes,
                 "train_bytes": corpus.train.numel(), "held_out_bytes": corpus.held_out.numel(), "eval_tokens": tokens.numel(),
             },
-            "environment": environment(config, dist), "models": models, "results": rows,
+            "environment": {**environment(config, dist), "load_average_at_start": load_at_start, "load_average_at_end": _load_average()},
+            "models": models, "results": rows,
             "spread": spread(rows, config), "separation": separation(rows, config),
             "started": started.isoformat(timespec="seconds"), "timings": timings,
         }

@@ -14,7 +14,6 @@ different kind of measurement (e.g. a patched vs unpatched model forward) is a *
 ``rotary bench --cases FILE.py`` (see ``benchmarks/``).
 """
 
-from . import harness
 from . import methods as _methods  # noqa: F401  (registers the built-in methods)
 from .harness import (
     DTYPE_NAMES,
@@ -35,4 +34,21 @@ from .harness import (
     time_interleaved,
 )
 
-__all__ = list(harness.__all__)
+__all__ = [
+    "DTYPE_NAMES",
+    "Inputs",
+    "Method",
+    "Result",
+    "SHAPES",
+    "QUICK_SHAPES",
+    "Shape",
+    "METHODS",
+    "SUITES",
+    "register_method",
+    "register_suite",
+    "time_interleaved",
+    "extra_peak_bytes",
+    "make_inputs",
+    "run",
+    "format_table",
+]

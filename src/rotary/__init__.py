@@ -2,7 +2,7 @@
 
 # hf, models, nn: layers and models built on RoPE (rotary.hf imports transformers only inside patch())
 from . import analysis, hf, models, nn, positions, reference
-from .apply import apply_rotary, apply_rotary_, check_tables, rotate
+from .apply import apply_rotary, apply_rotary_, apply_rotary_kv_, apply_rotary_qkv_, check_tables, rotate
 from .frequencies import Frequencies, frequencies
 from .module import RoPE
 from .pairing import permute_qk_weight, to_half, to_interleaved
@@ -23,6 +23,8 @@ __all__ = [
     "analysis",
     "apply_rotary",
     "apply_rotary_",
+    "apply_rotary_kv_",
+    "apply_rotary_qkv_",
     "check_tables",
     "frequencies",
     "hf",

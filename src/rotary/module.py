@@ -372,6 +372,8 @@ class RoPE(nn.Module):
         Packed variable-length batches (as in flash-attn's varlen API): q ``[total_tokens, Hq, D]``
         and k ``[total_tokens, Hk, D]`` with ``cu_seqlens`` (int ``[N + 1]`` sequence boundaries;
         positions restart at 0 in each sequence) or per-token ``position_ids`` ``[total_tokens]``.
+        vLLM's flat layout, q ``[total_tokens, Hq * D]`` and k ``[total_tokens, Hk * D]`` with
+        per-token ``position_ids``, is split into heads of this RoPE's ``head_dim``.
 
         Args:
             q: ``[B, Hq, S, D]`` (``layout="bhsd"``) or ``[B, S, Hq, D]`` (``"bshd"``).
@@ -388,11 +390,26 @@ class RoPE(nn.Module):
         Returns:
             ``(q_rotated, k_rotated)`` with the shapes and dtypes of ``q`` and ``k``.
         """
+        flat = (q, k)
+        q, k = self._split_flat(q, "q"), self._split_flat(k, "k")
         self._check_head_dim((q, k), ("q", "k"))
         positions = self._positions(q, position_ids, offset, layout, cu_seqlens, max_seqlen, "q")
         tables = self.tables(positions, dtype=table_dtype(q.dtype))
         q, k = rotate([q, k], tables, layout=layout, inplace=inplace, kinds=("q", "k"), names=("q", "k"))
+        if flat[0] is not q and flat[0].dim() == 2:  # back to [total_tokens, H * D]
+            return (flat[0], flat[1]) if inplace else (q.reshape(flat[0].shape), k.reshape(flat[1].shape))
         return q, k
+
+    def _split_flat(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """vLLM's ``[total_tokens, H * D]`` as packed ``[total_tokens, H, D]`` (other inputs unchanged)."""
+        if not isinstance(x, torch.Tensor) or x.dim() != 2:
+            return x
+        if x.shape[-1] % self.head_dim:
+            raise ValueError(
+                f"{name} must be 4-D ([B, H, S, D] or [B, S, H, D]), packed [total_tokens, H, D], or flat "
+                f"[total_tokens, H * D] with H * D a multiple of head_dim={self.head_dim}; got shape {tuple(x.shape)}"
+            )
+        return x.view(x.shape[0], x.shape[-1] // self.head_dim, self.head_dim)
 
     def rotate(
         self,
@@ -414,7 +431,12 @@ class RoPE(nn.Module):
             >>> torch.equal(rope.rotate(x), rope(x, x)[0])
             True
         """
+        original = x
+        x = self._split_flat(x, "x")
         self._check_head_dim((x,), ("x",))
         positions = self._positions(x, position_ids, offset, layout, cu_seqlens, max_seqlen, "x")
         tables = self.tables(positions, dtype=table_dtype(x.dtype) if isinstance(x, torch.Tensor) else torch.float32)
-        return rotate([x], tables, layout=layout, inplace=inplace, names=("x",))[0]
+        out = rotate([x], tables, layout=layout, inplace=inplace, names=("x",))[0]
+        if original is not x:
+            return original if inplace else out.reshape(original.shape)
+        return out

@@ -545,6 +545,18 @@ def test_config_values_are_type_checked(change, message):
         RoPE.from_hf_config(d, strict=False)
 
 
+def test_absurd_widths_are_config_errors_not_allocation_failures():
+    # found by tests/test_config_properties.py: torch failed allocating the tables
+    with pytest.raises(ConfigError, match=r"hidden_size=2361183241434822606848 / num_attention_heads=2 gives heads wider"):
+        read_hf_config({"model_type": "llama", "hidden_size": 2**71, "num_attention_heads": 2})
+    with pytest.raises(ConfigError, match=r"head_dim=131072 is wider than any attention head"):
+        read_hf_config({"model_type": "llama", "head_dim": 2**17})
+    d = {"model_type": "mistral4", "head_dim": 128, "qk_rope_head_dim": 64,
+         "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 1e300}}
+    with pytest.raises(ConfigError, match=r"qk_rope_head_dim=64 but head_dim=128 \* partial_rotary_factor=1e\+300"):
+        read_hf_config(d)
+
+
 def test_read_hf_config_argument_types():
     d = load("llama2")
     with pytest.raises(TypeError, match="strict must be True or False, got 'no'"):
@@ -596,3 +608,16 @@ def test_architectures_transformers_rotates_in_adjacent_pairs(model_type):
             RoPE.from_hf_config(cfg)
         return
     assert RoPE.from_hf_config(cfg, strict=False).interleaved
+
+
+# ---- item 15 of issue 11: a YaRN factor that disagrees with the config's two lengths ----------------
+def test_yarn_factor_disagreeing_with_the_config_lengths():
+    d = json.loads((PUBLISHED / "qwen2.5-7b-instruct-yarn.json").read_text())
+    d["max_position_embeddings"] = 65536  # factor 4 over 32768 says 131072
+    with pytest.raises(ConfigError, match=r"factor=4.0 disagrees with max_position_embeddings / "
+                                          r"original_max_position_embeddings = 65536 / 32768 = 2; set factor to 2"):
+        RoPE.from_hf_config(d)
+    with pytest.warns(UserWarning, match="disagrees with"):
+        rope = RoPE.from_hf_config(d, strict=False)
+    hf = hf_class("qwen2.modeling_qwen2.Qwen2RotaryEmbedding")(hf_config(d))  # transformers: warns, uses factor
+    assert torch.equal(rope.inv_freq, hf.inv_freq) and rope.attention_scaling == hf.attention_scaling

@@ -58,6 +58,7 @@ def test_frequencies_is_frozen_and_has_wavelengths():
         (dict(head_dim=64, base=0.0), r"base must be a finite number > 0, got base=0.0"),
         (dict(head_dim=64, base=-10000.0), r"got base=-10000.0"),
         (dict(head_dim=64, base=float("nan")), r"got base=nan"),
+        (dict(head_dim=2**40), r"head_dim=1099511627776 is wider than any attention head"),
     ],
 )
 def test_bad_dimensions_and_base(kwargs, match):

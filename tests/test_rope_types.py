@@ -48,6 +48,11 @@ NEVER = [
     ({"rope_type": "default"}, 1e300, r"gives frequency 0 \(in float32\) to pairs \[.*would not rotate"),
     # finite at the trained length, not at the length the factor aims for (factor x 4096 tokens)
     ({**DYNAMIC, "factor": 2.0**24}, 1e37, r"'dynamic' .* at sequence length 68719476736 gives frequency 0"),
+    # found by tests/test_config_properties.py
+    ({**YARN, "mscale": 1e300, "mscale_all_dim": 1.0}, None, r"mscale=1e\+300.* gives attention scaling .*float32 tables"),
+    ({**LONGROPE, "original_max_position_embeddings": 1e-300}, None, r"original_max_position_embeddings must be a positive int .*1e-300"),
+    ({**LONGROPE, "short_factor": [1e-188] * 32}, None, r"non-finite frequencies for pairs \[0, .*short_factor\[0\]=1e-188"),
+    ({**LONGROPE, "long_factor": [3.4e38] * 32}, None, r"at sequence length 4097 gives frequency 0 .*long_factor\[1\]=3.4e\+38"),
     # item 7: a number written as a string (YAML, CLI) is not a number
     ({"rope_type": "linear", "factor": "2.0"}, None, r"factor of rope_type 'linear' must be a finite number .*got '2.0' \(str\)"),
     ({"rope_type": "linear", "factor": True}, None, r"got True \(bool\)"),

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ._checks import check_bool, is_int, is_number
+from ._checks import MAX_HEAD_DIM, check_bool, is_int, is_number
 from .rope_types import ROPE_TYPES, ConfigError, complain
 
 __all__ = [
@@ -441,18 +441,28 @@ def _head_dim(d: Mapping[str, Any], label: str) -> int:
             value = d[key]
             if not _positive_int(value):
                 raise ConfigError(f"{label}: config {key} must be a positive int, got {value!r}")
+            if value > MAX_HEAD_DIM:
+                raise ConfigError(f"{label}: config {key}={value} is wider than any attention head (at most "
+                                  f"{MAX_HEAD_DIM} channels); check the config")  # fmt: skip
             return value
     hidden = d.get("hidden_size", d.get("n_embd"))
     heads = d.get("num_attention_heads", d.get("n_head"))
     if not (_positive_int(hidden) and _positive_int(heads)):
+        model_type = d.get("model_type")
         raise ConfigError(
             f"{label}: the config states neither head_dim nor hidden_size and num_attention_heads "
-            f"(got hidden_size={hidden!r}, num_attention_heads={heads!r}); add head_dim"
+            f"(got hidden_size={hidden!r}, num_attention_heads={heads!r}, and model_type {model_type!r} has no "
+            "defaults for them here); add head_dim"
         )
     if hidden % heads:
         raise ConfigError(
             f"{label}: hidden_size={hidden} is not a multiple of num_attention_heads={heads}; add head_dim "
             "(channels per head)"
+        )
+    if hidden // heads > MAX_HEAD_DIM:
+        raise ConfigError(
+            f"{label}: hidden_size={hidden} / num_attention_heads={heads} gives heads wider than any attention head "
+            f"(at most {MAX_HEAD_DIM} channels); check the config or add head_dim"
         )
     return hidden // heads
 
@@ -617,7 +627,7 @@ def read_hf_config(
     if d.get("qk_rope_head_dim") is not None and block.get("partial_rotary_factor") not in (None, 1, 1.0):
         # MLA models (Mistral-4) state the rope slice twice: head_dim * partial_rotary_factor == qk_rope_head_dim
         partial, full = block.pop("partial_rotary_factor"), d.get("head_dim")
-        if not (is_number(partial) and _positive_int(full) and int(full * partial) == head_dim):
+        if not (is_number(partial) and 0 < partial <= 1 and _positive_int(full) and int(full * partial) == head_dim):
             raise ConfigError(
                 f"{label}: qk_rope_head_dim={head_dim} but head_dim={full!r} * partial_rotary_factor={partial!r} "
                 "rotates a different width; make them agree"

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ._checks import check_bool, check_positive_int, is_int
+from ._checks import MAX_HEAD_DIM, check_bool, check_positive_int, is_int
 from .rope_types import (
     ROPE_INIT_FUNCTIONS,
     ROPE_TYPES,
@@ -123,6 +123,8 @@ class Frequencies:
 
 def _check_dims(head_dim: int, rotary_dim: int | None) -> int:
     check_positive_int(head_dim, "head_dim")
+    if head_dim > MAX_HEAD_DIM:
+        raise ValueError(f"head_dim={head_dim} is wider than any attention head (at most {MAX_HEAD_DIM} channels here)")
     if head_dim % 2:
         raise ValueError(f"head_dim must be even (channels rotate in pairs), got head_dim={head_dim}")
     if rotary_dim is None:
@@ -166,9 +168,10 @@ def _compute(rope_type: str, head_dim: int, base: float, rotary_dim: int, params
     except ConfigError:
         raise
     except (ArithmeticError, ValueError) as exc:  # ZeroDivisionError, OverflowError, "math domain error"
+        block = ", ".join(f"{k}={v}" for k, v in params.items() if k != "rope_type" and not isinstance(v, (list, tuple)))
         raise ConfigError(
-            f"rope_type {rope_type!r} cannot compute frequencies for base={base:g}, rotary_dim={rotary_dim} and "
-            f"{dict(params)} ({type(exc).__name__}: {exc}); a parameter is out of range"
+            f"rope_type {rope_type!r} cannot compute frequencies for base={base:g}, rotary_dim={rotary_dim}"
+            f"{', ' + block if block else ''} ({type(exc).__name__}: {exc}); a parameter is out of range"
         ) from None
     if not isinstance(inv_freq, torch.Tensor):
         raise TypeError(f"rope_type {rope_type!r} returned inv_freq of type {type(inv_freq).__name__}, not a tensor")
@@ -188,18 +191,30 @@ def _check_result(
     block = ", ".join(f"{k}={v}" for k, v in params.items() if k != "rope_type" and not isinstance(v, (list, tuple)))
     at = "" if seq_len is None else f" at sequence length {seq_len}"
     where = f"rope_type {rope_type!r} (base={base:g}{', ' + block if block else ''}){at}"
+    def per_pair(pairs: list[int]) -> str:  # the entries of per-pair lists (LongRoPE's factors) at those pairs
+        lists = [(k, v) for k, v in params.items() if isinstance(v, (list, tuple)) and len(v) == len(inv_freq)]
+        return "".join(f"; {k}[{i}]={v[i]}" for k, v in lists for i in pairs[:2])
+
     bad = (~torch.isfinite(inv_freq)).nonzero().flatten().tolist()
     if bad:
-        raise ConfigError(f"{where} gives non-finite frequencies for pairs {bad[:8]}; a parameter is out of range")
+        raise ConfigError(
+            f"{where} gives non-finite frequencies for pairs {bad[:8]}{per_pair(bad)}; a parameter is out of range"
+        )
     still = (inv_freq[:turning] <= 0).nonzero().flatten().tolist()
     if still:
         raise ConfigError(
             f"{where} gives frequency {float(inv_freq[still[0]]):g} (in float32) to pairs {still[:8]}"
-            f"{' ...' if len(still) > 8 else ''}: they would not rotate; a parameter is out of range (a base above "
-            "~1e38 or a factor large enough to underflow)"
+            f"{' ...' if len(still) > 8 else ''}{per_pair(still)}: they would not rotate; a parameter is out of range "
+            "(a base above ~1e38 or a factor large enough to underflow)"
         )
-    if not (isinstance(attention_scaling, (int, float)) and math.isfinite(attention_scaling) and attention_scaling > 0):
-        raise ConfigError(f"{where} gives attention scaling {attention_scaling!r}; it must be a finite number > 0")
+    if not (
+        isinstance(attention_scaling, (int, float))
+        and 0 < attention_scaling <= torch.finfo(torch.float32).max  # it multiplies the float32 tables
+    ):
+        raise ConfigError(
+            f"{where} gives attention scaling {attention_scaling!r}; it must be a number > 0 that float32 tables can "
+            "hold"
+        )
 
 
 def frequencies(

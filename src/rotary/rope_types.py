@@ -297,8 +297,8 @@ def validate_rope_parameters(
     for key in ("original_max_position_embeddings", "max_position_embeddings"):
         if key in out and not (is_int(out[key]) and out[key] > 0):
             message = f"{key} must be a positive int (a length in tokens), got {out[key]!r}"
-            if not (is_number(out[key]) and out[key] > 0):
-                raise ConfigError(message)  # no length to compute with, even leniently
+            if not (is_number(out[key]) and out[key] >= 1):
+                raise ConfigError(message)  # no length to compute with (less than one token), even leniently
             complain(message, strict)
     if spec.check is not None:
         spec.check(out, rotary_dim, lambda message: complain(message, strict))

@@ -50,9 +50,9 @@ def rotate_calls(monkeypatch):
     calls = []
     real = dispatch.rotate
 
-    def counting(xs, *args, **kwargs):
-        calls.extend(x.shape for x in xs)
-        return real(xs, *args, **kwargs)
+    def counting(rotation, *args, **kwargs):
+        calls.extend(x.shape for x in rotation.xs)
+        return real(rotation, *args, **kwargs)
 
     monkeypatch.setattr(dispatch, "rotate", counting)
     return calls

@@ -93,7 +93,7 @@ def check_finite(value: Any, name: str) -> float:
 def check_probability(value: Any, name: str) -> float:
     """A number in ``[0, 1)`` (dropout rates)."""
     if not is_number(value) or not 0.0 <= value < 1.0:
-        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
+        raise ValueError(f"{name} must be in [0, 1), got {value!r}")
     return float(value)
 
 

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from .apply import _rotate_tensors, apply_rotary
+from .apply import rotate
+from .tables import RotaryTables
 
 __all__ = ["SUPPORTED", "is_patched", "patch", "unpatch"]
 
@@ -43,9 +44,9 @@ def _layout(unsqueeze_dim: int) -> str:
 
 def _apply_pair(q, k, cos, sin, *, interleaved: bool, layout: str):
     """q and k rotated in one kernel call (transformers passes [B, S, r] or [S, r] tables)."""
-    q, k = _rotate_tensors(
-        [q, k], ["q", "k"], cos, sin, interleaved=interleaved, layout=layout, inplace=False, validate=False
-    )
+    # the model's own tables, trusted as they are (no check on every layer of every step)
+    tables = RotaryTables.from_tensors(cos, sin, interleaved=interleaved, validate=False)
+    q, k = rotate([q, k], tables, layout=layout, kinds=("q", "k"), names=("q", "k"))
     return q, k
 
 
@@ -69,7 +70,8 @@ def _apply_glm(q, k, cos, sin, unsqueeze_dim=1):
 def _apply_gptj(tensor, sin, cos):
     """GPT-J: ``tensor [B, S, H, r]``, one angle per pair ``sin/cos [B, S, r/2]``, pairs (2i, 2i+1)."""
     cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
-    return apply_rotary(tensor, cos, sin, interleaved=True, layout="bshd")
+    tables = RotaryTables.from_tensors(cos, sin, interleaved=True, validate=False)
+    return rotate([tensor], tables, layout="bshd", names=("tensor",))[0]
 
 
 @dataclass(frozen=True)

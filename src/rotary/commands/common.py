@@ -39,7 +39,7 @@ def positive_float(text: str) -> float:
 
 
 #: flags that describe a configuration without a config.json
-_FLAG_DEFAULTS = {"head_dim": 128, "base": 10000.0, "rotary_dim": None, "scaling": None, "max_position": 4096}
+FLAG_DEFAULTS = {"head_dim": 128, "base": 10000.0, "rotary_dim": None, "scaling": None, "max_position": 4096}
 
 
 def _scaling_json(text: str) -> dict[str, Any]:
@@ -58,11 +58,11 @@ def add_config_arguments(p: argparse.ArgumentParser, *, config: bool = True) -> 
         p.add_argument("config", nargs="?", metavar="CONFIG", help="Hugging Face config.json (or a directory holding one)")
         p.add_argument("--layer-type", help="per-layer rope parameters to use (e.g. 'sliding_attention')")
     g = p.add_argument_group("configuration without a config.json")
-    g.add_argument("--head-dim", type=positive_int, help=f"channels per head (default {_FLAG_DEFAULTS['head_dim']})")
-    g.add_argument("--base", type=positive_float, help=f"rope_theta (default {_FLAG_DEFAULTS['base']:g})")
+    g.add_argument("--head-dim", type=positive_int, help=f"channels per head (default {FLAG_DEFAULTS['head_dim']})")
+    g.add_argument("--base", type=positive_float, help=f"rope_theta (default {FLAG_DEFAULTS['base']:g})")
     g.add_argument("--rotary-dim", type=positive_int, help="channels rotated (default: head_dim)")
     g.add_argument("--scaling", type=_scaling_json, metavar="JSON", help='e.g. \'{"rope_type": "yarn", "factor": 4, ...}\'')
-    g.add_argument("--max-position", type=positive_int, help=f"context length (default {_FLAG_DEFAULTS['max_position']})")
+    g.add_argument("--max-position", type=positive_int, help=f"context length (default {FLAG_DEFAULTS['max_position']})")
     p.add_argument("--interleaved", action="store_true", help="pairs (2i, 2i+1) instead of Hugging Face's (i, i+d/2)")
 
 
@@ -76,7 +76,7 @@ def rope_from_args(args: argparse.Namespace) -> tuple[RoPE, int]:
 
     The context is ``--max-position``, else the config's ``max_position_embeddings``, else 4096.
     """
-    flags = {k: getattr(args, k, None) for k in _FLAG_DEFAULTS}
+    flags = {k: getattr(args, k, None) for k in FLAG_DEFAULTS}
     path = getattr(args, "config", None)
     if path is not None:
         given = [f"--{k.replace('_', '-')}" for k, v in flags.items() if v is not None and k != "max_position"]
@@ -86,7 +86,7 @@ def rope_from_args(args: argparse.Namespace) -> tuple[RoPE, int]:
             settings = read_hf_config(path, layer_type=getattr(args, "layer_type", None))
         except ConfigError as exc:  # the library's message names the keyword; here it is the flag
             raise ValueError(str(exc).replace("layer_type=", "--layer-type")) from None
-        context = flags["max_position"] or settings.max_position_embeddings or _FLAG_DEFAULTS["max_position"]
+        context = flags["max_position"] or settings.max_position_embeddings or FLAG_DEFAULTS["max_position"]
         rope = RoPE(
             settings.head_dim, base=settings.base, rotary_dim=settings.rotary_dim, scaling=settings.scaling,
             interleaved=settings.interleaved or args.interleaved, max_position=min(context, _CACHE_LENGTH),
@@ -94,7 +94,7 @@ def rope_from_args(args: argparse.Namespace) -> tuple[RoPE, int]:
         return rope, context
     if getattr(args, "layer_type", None):
         raise ValueError("--layer-type needs a CONFIG")
-    values = {k: (v if v is not None else _FLAG_DEFAULTS[k]) for k, v in flags.items()}
+    values = {k: (v if v is not None else FLAG_DEFAULTS[k]) for k, v in flags.items()}
     rope = RoPE(
         values["head_dim"], base=values["base"], rotary_dim=values["rotary_dim"], scaling=values["scaling"],
         interleaved=args.interleaved, max_position=min(values["max_position"], _CACHE_LENGTH),

@@ -14,7 +14,7 @@ from rotary.module import RoPE
 from rotary.rope_types import ROPE_TYPES
 
 from .common import (
-    _FLAG_DEFAULTS,
+    FLAG_DEFAULTS,
     add_config_arguments,
     config_label,
     positive_float,
@@ -128,9 +128,9 @@ def _decay(args: argparse.Namespace) -> int:
 def _frequencies(args: argparse.Namespace) -> int:
     ropes: dict[str, RoPE] = {}
     for path in args.configs:
-        ns = argparse.Namespace(config=path, layer_type=None, interleaved=False, **dict.fromkeys(_FLAG_DEFAULTS))
+        ns = argparse.Namespace(config=path, layer_type=None, interleaved=False, **dict.fromkeys(FLAG_DEFAULTS))
         ropes[config_label(path)] = rope_from_args(ns)[0]
-    head_dim = args.head_dim or _FLAG_DEFAULTS["head_dim"]
+    head_dim = args.head_dim or FLAG_DEFAULTS["head_dim"]
     for base in args.base or ([] if args.configs else [10000.0, 500000.0]):
         ropes[f"d={head_dim}, base {base:g}"] = RoPE(head_dim, base=base)
     files, numbers = make_frequencies(Path(args.output), ropes, args.context)
@@ -150,7 +150,7 @@ def _scaling(args: argparse.Namespace) -> int:
     unknown = [t for t in wanted if t not in ROPE_TYPES or t == "default"]
     if unknown:
         raise ValueError(f"unknown scaling rope_type {unknown[0]!r}; registered: {', '.join(available) or 'none'}")
-    head_dim = args.head_dim or _FLAG_DEFAULTS["head_dim"]
+    head_dim = args.head_dim or FLAG_DEFAULTS["head_dim"]
     all_files: list[Path] = []
     methods: dict[str, Any] = {}
     for t in wanted:

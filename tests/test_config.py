@@ -392,6 +392,7 @@ PUBLISHED_FILES = {
     "gemma-3-4b-it": ("gemma3.modeling_gemma3.Gemma3RotaryEmbedding", ["sliding_attention", "full_attention"], 256, 256,
                       False, ["default", "linear"]),
     "gpt-oss-20b": ("gpt_oss.modeling_gpt_oss.GptOssRotaryEmbedding", [None], 64, 64, False, ["yarn"]),
+    "pythia-160m": ("gpt_neox.modeling_gpt_neox.GPTNeoXRotaryEmbedding", [None], 64, 16, False, ["default"]),
 }  # fmt: skip
 
 
@@ -412,6 +413,11 @@ def test_published_configs_read_as_transformers_reads_them(name):
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # a published file reads without a complaint
             rope = RoPE.from_hf_config(path, **kwargs)
+            # the same from the dict and from transformers' config object built from the file
+            for source in (copy.deepcopy(d), AutoConfig.for_model(**copy.deepcopy(d))):
+                again = RoPE.from_hf_config(source, **kwargs)
+                assert torch.equal(again.freqs.inv_freq, rope.freqs.inv_freq), type(source).__name__
+                assert again.attention_scaling == rope.attention_scaling and again.interleaved == rope.interleaved
         assert (rope.head_dim, rope.rotary_dim, rope.interleaved, rope.freqs.rope_type) == (
             head_dim, rotary_dim, interleaved, rope_type)  # fmt: skip
         assert torch.equal(rope.freqs.inv_freq, getattr(hf, f"{layer_type or ''}{'_' if layer_type else ''}inv_freq"))
@@ -621,3 +627,16 @@ def test_yarn_factor_disagreeing_with_the_config_lengths():
         rope = RoPE.from_hf_config(d, strict=False)
     hf = hf_class("qwen2.modeling_qwen2.Qwen2RotaryEmbedding")(hf_config(d))  # transformers: warns, uses factor
     assert torch.equal(rope.inv_freq, hf.inv_freq) and rope.attention_scaling == hf.attention_scaling
+
+
+def test_defaults_of_every_transformers_model_type_read_without_an_error():
+    # read_hf_config asks transformers for the defaults of whatever model_type a file names
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    from rotary.config import DEFAULTED_KEYS, model_defaults
+
+    allowed = set(DEFAULTED_KEYS) | {"rope_theta", "partial_rotary_factor", "layer_rope_theta", "rope_parameters",
+                                     "rope_ignore_keys"}  # fmt: skip
+    for model_type in CONFIG_MAPPING_NAMES:
+        defaults = model_defaults(model_type, source="transformers")
+        assert set(defaults) <= allowed, (model_type, set(defaults) - allowed)

@@ -286,7 +286,10 @@ def _transformers_defaults(model_type: str) -> dict[str, Any] | None:
     out = {k: fields[k] for k in DEFAULTED_KEYS if fields.get(k, dataclasses.MISSING) not in (None, dataclasses.MISSING)}
     # the RoPE defaults are set in the class's __post_init__ (default_theta, Phi-2's partial factor, Gemma-3's
     # per-layer bases): build the default config object (numbers only, no weights) and read them off it
-    instance = cls()
+    try:
+        instance = cls()
+    except Exception:  # a few config classes cannot build their own defaults (nougat, gemma4_assistant)
+        return out
     # keys the model keeps in its RoPE block for its attention, not for the rotary tables (Mistral-4's
     # llama_4_scaling_beta scales queries by position); transformers' own validation skips them
     ignored = set(getattr(instance, "ignore_keys_at_rope_validation", None) or ())
@@ -413,13 +416,17 @@ def _text_part(d: dict[str, Any], label: str) -> dict[str, Any]:
     return inner
 
 
+@functools.cache
 def _text_model_type(outer: str) -> str | None:
     if outer and _transformers_installed():
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING, CONFIG_MAPPING_NAMES
 
         if outer in CONFIG_MAPPING_NAMES and "text_config" in (getattr(CONFIG_MAPPING[outer], "sub_configs", None) or {}):
             # the wrapper's default text config (some name it only when built: Mistral-3's is an AutoConfig)
-            name = getattr(getattr(CONFIG_MAPPING[outer](), "text_config", None), "model_type", None)
+            try:
+                name = getattr(getattr(CONFIG_MAPPING[outer](), "text_config", None), "model_type", None)
+            except Exception:  # a wrapper that cannot build its own defaults: fall back to the table
+                name = None
             if isinstance(name, str) and name:
                 return name
     return TEXT_MODEL_TYPES.get(outer)

@@ -1,0 +1,9 @@
+"""Variants of RoPE: producers of :class:`~rotary.tables.RotaryTables` on the one rotate path.
+
+- :class:`AxialRoPE` (:mod:`.axial`): N-D axial RoPE for images and video, with the published
+  models' conventions as presets (:data:`PRESETS`).
+"""
+
+from .axial import PRESETS, AxialRoPE, CoordinateRoPE, Coordinates, relative_scores
+
+__all__ = ["PRESETS", "AxialRoPE", "CoordinateRoPE", "Coordinates", "relative_scores"]

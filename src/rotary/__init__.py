@@ -9,7 +9,7 @@ from .pairing import permute_qk_weight, to_half, to_interleaved
 from .positions import Positions
 from .rope_types import ROPE_INIT_FUNCTIONS, ROPE_TYPES, ConfigError, register_rope_type
 from .tables import RotaryTables
-from .variants import AxialRoPE
+from .variants import AxialRoPE, RoPEMixed
 
 __version__ = "0.1.0"
 
@@ -21,6 +21,7 @@ __all__ = [
     "Frequencies",
     "Positions",
     "RoPE",
+    "RoPEMixed",
     "RotaryTables",
     "analysis",
     "apply_rotary",

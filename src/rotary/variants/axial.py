@@ -535,7 +535,7 @@ class AxialRoPE(CoordinateRoPE):
         **kwargs: Any,
     ) -> None:
         super().__init__(head_dim, axes, rotary_dim=rotary_dim, interleaved=interleaved, coordinates=coordinates, **kwargs)
-        r, a = self.rotary_dim, self.axes
+        a = self.axes
         self.split = self._check_split(split)
         self.base = check_positive_float(base, "base")
         self.max_freq = None if max_freq is None else check_positive_float(max_freq, "max_freq")
@@ -556,7 +556,6 @@ class AxialRoPE(CoordinateRoPE):
         # the exact frequencies on the host; the buffer mirrors them on the module's device
         self._exact_inv_freq = self._build_inv_freq()
         self.register_buffer("inv_freq", self._exact_inv_freq.clone(), persistent=False)
-        assert self.inv_freq.shape == (a, r // 2)
 
     def _check_split(self, split: Sequence[int] | None) -> tuple[int, ...]:
         r, a = self.rotary_dim, self.axes

@@ -85,7 +85,6 @@ class RoPEMixed(CoordinateRoPE):
         """
         if self.inv_freq.is_meta:
             return
-        quarter = self.rotary_dim // 4
         # 1 / θ^(4k/r) for k < r/4: bit-identical to the axial frequencies of a block of r/2 channels
         magnitude = default_inv_freq(self.base, self.rotary_dim // 2).double()  # [r/4]
         g = self.generator if generator is None else generator
@@ -96,7 +95,6 @@ class RoPEMixed(CoordinateRoPE):
         # the two blocks point along (cos φ, sin φ) and (cos(φ + π/2), sin(φ + π/2)) = (-sin φ, cos φ) in (x, y)
         fx = torch.cat((magnitude * phi.cos(), magnitude * -phi.sin()), dim=-1)  # [H, r/2]
         fy = torch.cat((magnitude * phi.sin(), magnitude * phi.cos()), dim=-1)
-        assert fx.shape[-1] == 2 * quarter
         with torch.no_grad():
             self.inv_freq.copy_(torch.stack((fy, fx), dim=1).to(self.inv_freq.device))  # rows (y, x), like grid(h, w)
 

@@ -351,11 +351,12 @@ class RotaryAttention(nn.Module):
 
         groups = self.num_heads // self.num_kv_heads
         k, v = repeat_kv(k, groups), repeat_kv(v, groups)
-        mask = self._mask(attention_mask, query_positions, key_positions, past, device)
         dropout = self.dropout if self.training else 0.0
-        if mask is None and self.causal and past == 0:
+        if self.causal and past == 0 and attention_mask is None and self.position_bias is None:
+            # plain causal attention: SDPA's own causal path, no [S, T] mask built
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
         else:
+            mask = self._mask(attention_mask, query_positions, key_positions, past, device)
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=None if mask is None else mask.to(q.dtype), dropout_p=dropout
             )

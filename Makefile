@@ -30,6 +30,9 @@ bench: $(STAMP)
 figures: $(STAMP)
 	$(PY) -m rotary plot scaling --out-dir docs/figures
 	$(PY) -m rotary plot decay --measured -o docs/figures/decay
+	$(PY) -m rotary plot axial -o docs/figures/axial
+	$(PY) -m rotary plot axial --mixed -o docs/figures/rope_mixed
+	$(PY) -m rotary plot learnable -o docs/figures/learnable_frequencies
 	rm -f docs/figures/*.svg
 
 lint: $(STAMP)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -24,10 +24,36 @@ from .positions import Positions
 from .schedule import FrequencySchedule
 from .tables import RotaryTables, TableCache, cos_sin_table, table_dtype
 
-__all__ = ["RoPE"]
+__all__ = ["RoPE", "keep_float32"]
 
 #: rows a table cache grows to at most; positions beyond get their rows computed per call
 CACHE_ROWS = 1 << 16
+
+
+def keep_float32(parameters: Sequence[nn.Parameter], apply: Callable[[], Any]) -> None:
+    """Run ``apply`` (a module's ``nn.Module._apply``) and keep ``parameters`` fp32 with their values.
+
+    ``model.to(torch.bfloat16)`` casts every floating parameter; learned frequencies rounded to bf16
+    (8 bits of mantissa) move every angle by up to 0.4%. The parameters keep their fp32 values and
+    follow the device change; device moves, ``to_empty()`` (meta-device models) and dtype-free calls
+    are left as ``apply`` made them. The ``Parameter`` objects stay the same (optimizers keep them).
+
+    Example:
+        >>> m = torch.nn.Linear(2, 2)
+        >>> keep_float32([m.weight], lambda: torch.nn.Module._apply(m, lambda t: t.to(torch.bfloat16)))
+        >>> m.weight.dtype, m.bias.dtype
+        (torch.float32, torch.bfloat16)
+    """
+    # detached aliases: _apply swaps the storage of the parameter and of its grad, not of these
+    saved = [(p, p.detach(), None if p.grad is None else p.grad.detach()) for p in parameters]
+    apply()
+    for p, data, grad in saved:
+        if p.dtype == torch.float32:
+            continue  # a device move or to_empty(): nothing to undo
+        p.grad = None  # a grad of the cast dtype could not be assigned back beside fp32 data
+        p.data = data.to(p.device)
+        if grad is not None:
+            p.grad = grad.to(p.device, torch.float32)
 
 
 class RoPE(nn.Module):
@@ -56,6 +82,11 @@ class RoPE(nn.Module):
             ``original_max_position_embeddings``. ``"stateless"`` computes the frequencies from the
             current call's length only (see docs/scaling.md on huggingface/transformers#25104).
         strict: ``False`` turns value errors in ``scaling`` into warnings.
+        learnable_frequencies: train the frequencies: pair ``i`` turns with ``θ_i · exp(α_i)``, ``α``
+            (``log_frequency_scale``, ``[rotary_dim // 2]``) an fp32 ``Parameter`` initialised to 0, in
+            the state dict, kept fp32 by ``.to(bfloat16)``. Tables are computed per call with
+            gradients (never cached) and run through the fused kernels' table-gradient path. Not
+            with length-dependent scaling types (``dynamic``, ``longrope``).
 
     Example:
         >>> rope = RoPE(64)
@@ -78,6 +109,7 @@ class RoPE(nn.Module):
         max_position: int = 2048,
         dynamic: Literal["hf", "stateless"] = "hf",
         strict: bool = True,
+        learnable_frequencies: bool = False,
     ) -> None:
         super().__init__()
         check_positive_int(max_position, "max_position")
@@ -98,6 +130,43 @@ class RoPE(nn.Module):
         self.register_buffer("inv_freq", original.inv_freq.clone(), persistent=False)
         self._caches: dict[str, TableCache] = {}
         self._caches_lock = threading.Lock()
+        self.learnable_frequencies = check_bool(learnable_frequencies, "learnable_frequencies")
+        self.log_frequency_scale: nn.Parameter | None = None
+        if learnable_frequencies:
+            if self.schedule.length_dependent:
+                raise ValueError(
+                    f"learnable_frequencies=True cannot be combined with rope_type {original.rope_type!r}: its "
+                    "frequencies are recomputed for each sequence length, so a learned factor per pair would "
+                    "multiply different frequencies from call to call. Use a static type (default, linear, yarn, "
+                    "llama3, ntk, proportional) or learnable_frequencies=False"
+                )
+            # α of θ_i · exp(α_i); fp32 whatever the model's dtype (see _apply)
+            self.log_frequency_scale = nn.Parameter(torch.zeros(original.rotary_dim // 2))  # meta under torch.device("meta")
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Learnable frequencies back to the configured ones (``α = 0``); nothing else has parameters.
+
+        Call it after ``to_empty()`` on a model built on the meta device (or load a state dict).
+        """
+        if self.log_frequency_scale is not None:
+            with torch.no_grad():
+                self.log_frequency_scale.zero_()
+
+    @property
+    def learned_inv_freq(self) -> torch.Tensor:
+        """The frequencies in use, fp32 ``[rotary_dim // 2]`` on the module's device, detached:
+        ``θ_i · exp(α_i)`` with learnable frequencies, else ``inv_freq``.
+
+        Example:
+            >>> rope = RoPE(8, learnable_frequencies=True)
+            >>> torch.equal(rope.learned_inv_freq, rope.inv_freq)  # α starts at 0
+            True
+        """
+        if self.log_frequency_scale is None:
+            return self.inv_freq
+        with torch.no_grad():
+            return (self.freqs.inv_freq.to(self.inv_freq.device).double() * self.log_frequency_scale.double().exp()).float()
 
     @classmethod
     def from_hf_config(
@@ -169,11 +238,15 @@ class RoPE(nn.Module):
         """
         block = dict(scaling or {})
         block.pop("rope_theta", None)
-        return type(self)(
+        rope = type(self)(
             self.head_dim, base=self.original_freqs.base, rotary_dim=self._frequency_args["rotary_dim"], scaling=block,
             interleaved=self.interleaved, max_position=self.max_position, dynamic=self.dynamic,
-            strict=self._frequency_args["strict"],
+            strict=self._frequency_args["strict"], learnable_frequencies=self.learnable_frequencies,
         )  # fmt: skip
+        if self.log_frequency_scale is not None and rope.log_frequency_scale is not None:
+            with torch.no_grad():  # the learned factors carry over to the rescaled frequencies
+                rope.log_frequency_scale.copy_(self.log_frequency_scale)
+        return rope
 
     @property
     def head_dim(self) -> int:
@@ -190,8 +263,9 @@ class RoPE(nn.Module):
     def _apply(self, fn, recurse=True):  # type: ignore[override]
         # nn.Module.to(dtype) casts every floating buffer; frequencies must stay fp32 (a bf16
         # inv_freq is off by up to 0.4% and every angle with it). Restore the exact values, also
-        # after to_empty() (models built on the meta device).
-        super()._apply(fn, recurse)
+        # after to_empty() (models built on the meta device); learned ones keep their learned values.
+        learned = [] if self.log_frequency_scale is None else [self.log_frequency_scale]
+        keep_float32(learned, lambda: super(RoPE, self)._apply(fn, recurse))
         self.inv_freq = self.freqs.inv_freq.to(self.inv_freq.device)
         return self
 
@@ -200,6 +274,7 @@ class RoPE(nn.Module):
         return (
             f"head_dim={f.head_dim}, rotary_dim={f.rotary_dim}, base={f.base:g}, rope_type={f.rope_type!r}, "
             f"interleaved={self.interleaved}, attention_scaling={f.attention_scaling:g}"
+            + (", learnable_frequencies=True" if self.learnable_frequencies else "")
         )
 
     # length-dependent frequencies ----------------------------------------------------------------
@@ -284,11 +359,15 @@ class RoPE(nn.Module):
             length = positions.bound if positions.bound is not None and positions.exact else positions.ids.max() + 1
             freqs, key = self._freqs_for(length)
         ids = positions.ids
-        cache = None if compiling or key is None or positions.bound is None else self._cache(key, freqs)
+        inv_freq, learned = freqs.inv_freq, self.log_frequency_scale
+        if learned is not None:  # θ_i · exp(α_i), differentiable in α: computed per call, never cached
+            inv_freq = inv_freq.to(learned.device, torch.float64) * learned.double().exp()
+        uncached = compiling or key is None or positions.bound is None or learned is not None
+        cache = None if uncached else self._cache(key, freqs)  # type: ignore[arg-type]
         cached = None if cache is None else cache.get(ids.device, positions.bound, dtype)  # type: ignore[arg-type]
         if cached is None:  # rows for exactly these tokens
             cos, sin = cos_sin_table(
-                ids, freqs.inv_freq, attention_scaling=freqs.attention_scaling, interleaved=self.interleaved, dtype=dtype
+                ids, inv_freq, attention_scaling=freqs.attention_scaling, interleaved=self.interleaved, dtype=dtype
             )
             if positions.packed:  # packed x addresses rows; here row t is token t
                 return RotaryTables(cos, sin, self.interleaved, rows=torch.arange(ids.shape[0], device=ids.device))

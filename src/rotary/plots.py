@@ -21,7 +21,10 @@ from matplotlib.patches import Patch  # noqa: E402
 
 from .analysis import PairProfile  # noqa: E402
 
-__all__ = ["PALETTE", "save", "plot_decay", "plot_frequencies", "plot_scaling", "plot_scores", "plot_positions"]
+__all__ = [
+    "PALETTE", "save", "plot_decay", "plot_frequencies", "plot_scaling", "plot_scores", "plot_positions",
+    "plot_axial_scores", "plot_learned_frequencies",
+]
 
 #: Okabe & Ito (2008), colour-blind-safe qualitative palette
 PALETTE = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
@@ -48,6 +51,66 @@ def save(fig: Figure, path: str | Path) -> list[Path]:
     fig.savefig(out[1], bbox_inches="tight", metadata={"Date": None})
     plt.close(fig)
     return out
+
+
+# ------------------------------------------------------------------------------------------------
+# vision variants and learnable frequencies (docs/variants.md)
+
+
+def plot_axial_scores(maps: Mapping[str, torch.Tensor], *, extent: int, title: str) -> Figure:
+    """Attention score against the offset (Δh, Δw) between query and key, one heatmap per panel.
+
+    Args:
+        maps: panel title -> scores ``[2 extent + 1, 2 extent + 1]`` (row: Δh, column: Δw), as
+            :func:`rotary.variants.relative_scores` computes them; each is drawn relative to its
+            score at no offset.
+        extent: the largest offset, in grid cells.
+        title: the figure's title.
+    """
+    n = len(maps)
+    cols = min(n, 4)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.8 * cols + 1.0, 3.6 * rows + 0.6), squeeze=False, layout="constrained")
+    im = None
+    for ax, (label, scores) in zip(axes.flat, maps.items()):
+        s = scores.double()
+        s = s / s[extent, extent]
+        im = ax.imshow(
+            s.numpy(), cmap="RdBu_r", vmin=-1, vmax=1, origin="lower", interpolation="nearest",
+            extent=(-extent - 0.5, extent + 0.5, -extent - 0.5, extent + 0.5),
+        )  # fmt: skip
+        ax.set_title(label, fontsize=10)
+        ax.set_xlabel("Δw (patches)")
+        ax.set_ylabel("Δh (patches)")
+        ax.grid(False)
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    fig.suptitle(title)
+    if im is not None:
+        fig.colorbar(im, ax=axes.ravel().tolist(), label="score / score at Δ = 0", shrink=0.8)
+    return fig
+
+
+def plot_learned_frequencies(wavelengths: Mapping[str, Sequence[float]], losses: Sequence[float], *, title: str) -> Figure:
+    """Wavelength per pair of several frequency sets (left) and the training loss (right)."""
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    markers = "os^vD"
+    for j, (label, series) in enumerate(wavelengths.items()):
+        ax.plot(range(len(series)), list(series), color=PALETTE[j % len(PALETTE)], marker=markers[j % len(markers)],
+                ms=5 - j, lw=1.2, label=label)  # fmt: skip
+    ax.set_yscale("log")
+    ax.set_xlabel("pair index i")
+    ax.set_ylabel("wavelength 2π/θ_i (tokens)")
+    ax.set_title("frequencies per pair")
+    ax.legend(fontsize=8)
+    ax2.plot(range(1, len(losses) + 1), list(losses), color=PALETTE[3], lw=1.4)
+    ax2.set_yscale("log")
+    ax2.set_xlabel("step")
+    ax2.set_ylabel("mean squared score error")
+    ax2.set_title("training loss")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
 
 
 def plot_decay(

@@ -17,7 +17,7 @@ from .profile import (
     scaling_profile,
 )
 from .scores import position_pca, score_matrix
-from .verify import Check, verify
+from .verify import Check, verify, verify_axial
 
 __all__ = [
     "decay_bound",
@@ -32,5 +32,6 @@ __all__ = [
     "position_pca",
     "Check",
     "verify",
+    "verify_axial",
     "jsonable",
 ]

@@ -1,4 +1,4 @@
-"""``rotary plot {decay,frequencies,scaling,scores,positions}``: figures as PNG + SVG."""
+"""``rotary plot {decay,frequencies,scaling,scores,positions,axial,learnable}``: figures as PNG + SVG."""
 
 from __future__ import annotations
 
@@ -23,7 +23,10 @@ from .common import (
     rope_from_args,
 )
 
-__all__ = ["register", "make_decay", "make_frequencies", "make_scaling", "make_scores", "make_positions"]
+__all__ = [
+    "register", "make_decay", "make_frequencies", "make_scaling", "make_scores", "make_positions", "make_axial",
+    "make_learnable",
+]
 
 def _announce(args: argparse.Namespace, files: list[Path], numbers: dict[str, Any]) -> int:
     if args.json:
@@ -119,6 +122,77 @@ def make_positions(out: Path, rope: RoPE, seq_len: int):
     return plots.save(fig, out), {"seq_len": seq_len, "explained_variance_ratio": explained.tolist()}
 
 
+# vision variants and learnable frequencies (docs/variants.md) -------------------------------------
+#: the axial presets drawn when none is named: one per distinct convention of 2-D and 3-D models
+AXIAL_FIGURE_PRESETS = ("pixtral", "torchtune", "dinov3", "flux")
+
+
+def make_axial(
+    out: Path, presets: list[str], head_dim: int | None, mixed: bool, heads: int, extent: int, random: bool, seed: int
+):
+    """Score against (Δh, Δw) for axial presets and/or the heads of a RoPE-Mixed."""
+    import math
+
+    from rotary import plots
+    from rotary.variants import AxialRoPE, RoPEMixed, relative_scores
+
+    g = torch.Generator().manual_seed(seed)
+    content = f"random q, k (seed {seed})" if random else "q = k = all ones"
+
+    def vectors(shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        if random:
+            return torch.randn(shape, generator=g, dtype=torch.float64), torch.randn(shape, generator=g, dtype=torch.float64)
+        return torch.ones(shape, dtype=torch.float64), torch.ones(shape, dtype=torch.float64)
+
+    maps: dict[str, torch.Tensor] = {}
+    for name in presets:
+        rope = AxialRoPE.preset(name, head_dim)
+        q, k = vectors((rope.head_dim,))
+        maps[f"{name} (d = {rope.head_dim})"] = relative_scores(rope, q, k, extent)
+    if mixed:
+        rope = RoPEMixed(head_dim or 64, heads, generator=g)
+        q, k = vectors((heads, rope.head_dim))
+        per_head = relative_scores(rope, q, k, extent)
+        freq = rope.inv_freq.detach()
+        for h in range(heads):
+            phi = math.degrees(math.atan2(float(freq[h, 0, 0]), float(freq[h, 1, 0]))) % 360
+            maps[f"RoPE-Mixed head {h} (φ = {phi:.0f}°)"] = per_head[h]
+    what = " and ".join(filter(None, ["axial presets" if presets else "", "RoPE-Mixed heads" if mixed else ""]))
+    fig = plots.plot_axial_scores(maps, extent=extent, title=f"Score against the offset (Δh, Δw): {what}, {content}")
+    return plots.save(fig, out), {"extent": extent, "content": content, "scores": {k: v.tolist() for k, v in maps.items()}}
+
+
+def make_learnable(out: Path, steps: int, seed: int = 0):
+    """Learnable frequencies recover a teacher's: a RoPE(16, base 100) student fits the attention scores
+    of a teacher whose frequencies are 0.8 times its own (linear scaling by 1.25)."""
+    from rotary import plots
+
+    g = torch.Generator().manual_seed(seed)
+    teacher = RoPE(16, base=100.0, scaling={"rope_type": "linear", "factor": 1.25})
+    student = RoPE(16, base=100.0, learnable_frequencies=True)
+    opt = torch.optim.Adam(student.parameters(), lr=0.02)
+    losses = []
+    for _ in range(steps):
+        q, k = torch.randn(4, 2, 16, 16, generator=g), torch.randn(4, 2, 16, 16, generator=g)
+        with torch.no_grad():
+            tq, tk = teacher(q, k)
+        sq, sk = student(q, k)
+        loss = ((sq @ sk.transpose(-1, -2) - tq @ tk.transpose(-1, -2)) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    series = {
+        "configured θ_i (base 100)": analysis.scaling_profile(student.original_freqs).wavelength,
+        "teacher: θ_i / 1.25": analysis.scaling_profile(teacher.freqs).wavelength,
+        f"learned θ_i·exp(α_i), {steps} steps": (2 * torch.pi / student.learned_inv_freq.double()).tolist(),
+    }
+    title = "Learnable frequencies fit a teacher's attention scores (d = 16, Adam, lr 0.02)"
+    fig = plots.plot_learned_frequencies(series, losses, title=title)
+    numbers = {"steps": steps, "losses": losses, "wavelengths": series, "learned_factor": student.log_frequency_scale.exp().tolist()}
+    return plots.save(fig, out), numbers
+
+
 # subcommands -------------------------------------------------------------------------------
 def _decay(args: argparse.Namespace) -> int:
     files, numbers = make_decay(Path(args.output), args.head_dim, args.base, args.max_distance, args.measured, args.samples)
@@ -183,6 +257,19 @@ def _positions(args: argparse.Namespace) -> int:
     return _announce(args, files, numbers)
 
 
+def _axial(args: argparse.Namespace) -> int:
+    presets = list(args.preset or ([] if args.mixed else AXIAL_FIGURE_PRESETS))
+    files, numbers = make_axial(
+        Path(args.output), presets, args.head_dim, args.mixed, args.heads, args.extent, args.random, args.seed
+    )
+    return _announce(args, files, numbers)
+
+
+def _learnable(args: argparse.Namespace) -> int:
+    files, numbers = make_learnable(Path(args.output), args.steps, args.seed)
+    return _announce(args, files, numbers)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plot", help="figures: decay, frequencies, scaling, scores, positions (PNG + SVG)")
     figs = p.add_subparsers(dest="figure", metavar="FIGURE", parser_class=type(p), required=True)
@@ -231,3 +318,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--seq-len", type=positive_int, default=256)
     common(q, "positions")
     q.set_defaults(func=_positions)
+
+    from rotary.variants import PRESETS
+
+    q = figs.add_parser(
+        "axial", help="2-D RoPE: attention score against the offset (Δh, Δw) for axial presets and RoPE-Mixed heads",
+        description="One heatmap per axial preset (default: " + ", ".join(AXIAL_FIGURE_PRESETS) + ") or, with --mixed, "
+        "per head of a RoPE-Mixed (\"Rotary Position Embedding for Vision Transformer\"); scores relative to no offset.",
+    )
+    q.add_argument("--preset", action="append", choices=list(PRESETS), help="axial preset to draw (repeatable)")
+    q.add_argument("--mixed", action="store_true", help="draw the heads of a RoPE-Mixed with random per-head angles")
+    q.add_argument("--heads", type=positive_int, default=4, help="RoPE-Mixed heads to draw (default 4)")
+    q.add_argument("--head-dim", type=positive_int, help="channels per head (default: each preset's; 64 for --mixed)")
+    q.add_argument("--extent", type=positive_int, default=16, help="largest offset per axis, in patches (default 16)")
+    q.add_argument("--random", action="store_true", help="random q, k instead of all ones")
+    q.add_argument("--seed", type=int, default=0, help="seed of the RoPE-Mixed angles and the random q, k (default 0)")
+    common(q, "axial")
+    q.set_defaults(func=_axial)
+
+    q = figs.add_parser("learnable", help="learnable frequencies fitting a teacher's attention scores (a short training run)")
+    q.add_argument("--steps", type=positive_int, default=150, help="training steps (default 150)")
+    q.add_argument("--seed", type=int, default=0, help="seed of the training data (default 0)")
+    common(q, "learnable")
+    q.set_defaults(func=_learnable)

@@ -1,7 +1,7 @@
 """rotary: rotary position embeddings (RoPE) for PyTorch: exact, complete, fast, inspectable."""
 
 # hf, models, nn: layers and models built on RoPE (rotary.hf imports transformers only inside patch())
-from . import analysis, hf, models, nn, positions, reference
+from . import analysis, hf, models, nn, positions, reference, variants
 from .apply import apply_rotary, apply_rotary_, apply_rotary_kv_, apply_rotary_qkv_, check_tables, rotate
 from .frequencies import Frequencies, frequencies
 from .module import RoPE
@@ -9,6 +9,7 @@ from .pairing import permute_qk_weight, to_half, to_interleaved
 from .positions import Positions
 from .rope_types import ROPE_INIT_FUNCTIONS, ROPE_TYPES, ConfigError, register_rope_type
 from .tables import RotaryTables
+from .variants import XPos
 
 __version__ = "0.1.0"
 
@@ -20,6 +21,7 @@ __all__ = [
     "Positions",
     "RoPE",
     "RotaryTables",
+    "XPos",
     "analysis",
     "apply_rotary",
     "apply_rotary_",
@@ -37,4 +39,5 @@ __all__ = [
     "rotate",
     "to_half",
     "to_interleaved",
+    "variants",
 ]

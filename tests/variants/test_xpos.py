@@ -1,5 +1,5 @@
 """xPos: the paper's scales, parity with rotary-embedding-torch's ``use_xpos``, relative scores,
-KV-cache decoding equal to the full pass, the range guard, causal use only."""
+KV-cache decoding equal to the full pass, the range guard, causal use only, and the Decoder entry."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import rotary
 from rotary import reference
 from rotary.kernels import extension
 from rotary.kernels.eager import rotate_torch
+from rotary.models import POSITION_ENCODINGS, Decoder, DecoderConfig
 from rotary.nn import KVCache, RotaryAttention
 from rotary.variants import XPos, xpos_zeta
 
@@ -148,3 +149,22 @@ def test_bad_arguments_name_the_value():
         XPos(64, scale_base=0)
     with pytest.raises(ValueError, match="coordinate axes but xPos is 1-D"):
         XPos(8).tables(rotary.positions.grid(2, 2))
+
+
+def test_decoder_entry_trains_and_generates():
+    assert "xpos" in POSITION_ENCODINGS
+    torch.manual_seed(0)
+    config = DecoderConfig(vocab_size=40, hidden_size=32, num_layers=2, num_heads=4, position_encoding="xpos", xpos_scale_base=64)
+    model = Decoder(config)
+    assert isinstance(model.rope, XPos) and all(layer.attn.rope is model.rope for layer in model.layers)
+    ids = torch.randint(40, (2, 10))
+    loss = model.loss(ids)
+    loss.backward()
+    assert bool(torch.isfinite(loss)) and model.layers[0].attn.q_proj.weight.grad.abs().sum() > 0
+    model.eval()
+    cached = model.generate(ids[:, :4], max_new_tokens=6)
+    uncached = model.generate(ids[:, :4], max_new_tokens=6, use_cache=False)
+    assert torch.equal(cached, uncached)
+    with pytest.raises(ValueError, match="xpos' takes no rope_scaling"):
+        Decoder(DecoderConfig(vocab_size=40, hidden_size=32, num_layers=1, position_encoding="xpos",
+                              rope_scaling={"rope_type": "linear", "factor": 2.0}))  # fmt: skip

@@ -4,6 +4,14 @@ A variant changes what the tables hold (per-axis positions, per-position scales,
 positions, tables, :func:`rotary.rotate` and the fused kernels unchanged.
 """
 
+from .nope import NoPETemperature, default_no_rope_layers, nope_temperature, rope_layer_flags
 from .xpos import XPos, xpos_zeta
 
-__all__ = ["XPos", "xpos_zeta"]
+__all__ = [
+    "NoPETemperature",
+    "XPos",
+    "default_no_rope_layers",
+    "nope_temperature",
+    "rope_layer_flags",
+    "xpos_zeta",
+]

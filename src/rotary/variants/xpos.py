@@ -82,8 +82,8 @@ class XPos(nn.Module):
         interleaved: pairing, as in :class:`rotary.RoPE` (the reference implementations pair
             ``(2i, 2i+1)``: ``True``).
         max_position: the trained context length; sets the default centre.
-        center: the position ``c`` where both scales are 1 (default ``max_position // 2``); must be
-            ``<= max_distance`` so that position 0 stays in range.
+        center: the position ``c`` where both scales are 1 (default ``max_position // 2``, at most
+            :attr:`max_distance`); must be ``<= max_distance`` so that position 0 stays in range.
 
     Example:
         >>> xpos = XPos(64)
@@ -122,7 +122,10 @@ class XPos(nn.Module):
         self.inv_freq = freqs.inv_freq
         self.zeta = xpos_zeta(self.rotary_dim)
         self.max_distance = math.floor(self.scale_base * _LOG_FP32_TINY / -math.log(float(self.zeta[0])))
-        self.center = max_position // 2 if center is None else check_int(center, "center", minimum=0)
+        if center is None:  # the middle of the trained context, kept where position 0 stays in range
+            self.center = min(self.max_position // 2, self.max_distance)
+        else:
+            self.center = check_int(center, "center", minimum=0)
         if self.center > self.max_distance:
             raise ValueError(
                 f"center={self.center} is further than max_distance={self.max_distance} from position 0: the scales "

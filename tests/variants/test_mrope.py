@@ -364,3 +364,16 @@ def test_grids_that_do_not_match_the_tokens():
         multimodal_positions(torch.tensor([[2, 0]]), video_grid_thw=torch.tensor([[1, 2, 2], [1, 2, 2]]))
     with pytest.raises(ValueError, match=r"token_types must hold 0 \(text\), 1 \(image\) or 2 \(video\)"):
         multimodal_positions(torch.tensor([[0, 3]]))
+
+
+def test_layout_numbers_behind_the_figure():
+    from rotary.analysis import mrope_layout
+
+    chunked = mrope_layout(MRoPE(128, mrope_section=[16, 24, 24], base=1e6))
+    # chunked: each axis owns one band of the spectrum, t the fastest and w the slowest
+    assert chunked.span["T"][1] < chunked.span["H"][0] and chunked.span["H"][1] < chunked.span["W"][0]
+    interleaved = mrope_layout(MRoPE(128, mrope_section=[24, 20, 20], mrope_interleaved=True, base=1e6))
+    # interleaved: every axis reaches from within 2x of the fastest wavelength to within 3x of the slowest
+    fastest, slowest = min(interleaved.wavelength), max(interleaved.wavelength)
+    for low, high in interleaved.span.values():
+        assert low < 2 * fastest and high > slowest / 3

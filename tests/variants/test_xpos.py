@@ -168,3 +168,16 @@ def test_decoder_entry_trains_and_generates():
     with pytest.raises(ValueError, match="xpos' takes no rope_scaling"):
         Decoder(DecoderConfig(vocab_size=40, hidden_size=32, num_layers=1, position_encoding="xpos",
                               rope_scaling={"rope_type": "linear", "factor": 2.0}))  # fmt: skip
+
+
+def test_score_decay_behind_the_figure():
+    from rotary.analysis import measured_decay, xpos_scores
+
+    distances = list(range(0, 4097, 4))
+    xpos = xpos_scores(XPos(64), distances)
+    rope = measured_decay(rotary.RoPE(64), distances, kind="ones")
+    assert xpos[0] == 64.0 and rope[0] == 64.0
+    # xPos's envelope keeps falling where RoPE's all-ones score keeps oscillating
+    far = slice(len(distances) // 2, None)
+    assert float(xpos[far].abs().max()) < float(rope[far].max()) / 2
+    assert float(xpos[-256:].abs().max()) < float(xpos[256:512].abs().min())

@@ -94,14 +94,20 @@ def test_rope_rotate_is_right_or_a_named_error(case, interleaved, layout, inplac
         assert str(exc), "an error must say what is wrong"
         return
     # it ran: then every input was valid, and the result must be the rotation
-    assert x.dim() == 4 and x.is_floating_point() and layout in ("bhsd", "bshd")
+    assert x.is_floating_point() and out.shape == x.shape and out.dtype == x.dtype
+    if x.dim() == 4:
+        assert layout in ("bhsd", "bshd")
+        view, view_layout = before, layout
+    else:  # packed [T, H, D] or vLLM's flat [T, H * D]: one sequence of T tokens, per-token positions
+        assert x.dim() in (2, 3) and positions is not None and offset in (0, False)
+        view, view_layout = before.reshape(1, x.shape[0], -1, head_dim), "bshd"
     if positions is not None:
         assert offset == 0 or offset is False
-    ref = _expected(rope, before, positions if positions is None else positions, layout)
-    if positions is None and offset:
-        seq_dim = 2 if layout == "bhsd" else 1
-        ref = _expected(rope, before, torch.arange(offset, offset + x.shape[seq_dim]), layout)
-    assert out.shape == x.shape and out.dtype == x.dtype
+        ref = _expected(rope, view, positions, view_layout)
+    else:
+        seq_dim = 2 if view_layout == "bhsd" else 1
+        ref = _expected(rope, view, torch.arange(offset, offset + view.shape[seq_dim]), view_layout)
+    ref = ref.reshape(x.shape)
     scale = max(1.0, float(before.double().abs().max())) if before.numel() else 1.0
     big = positions is not None and positions.numel() and int(positions.max()) > 2**20 or offset == 2**40
     tol = TOL[x.dtype] * scale * (1e4 if big else 1)  # fp32 of angles ~1e12 rad: the reference differs too

@@ -84,7 +84,8 @@ class RoPE(nn.Module):
         check_choice(dynamic, "dynamic", ("hf", "stateless"))
         # deep copies: a scaling dict edited by the caller afterwards must not change this RoPE
         self._frequency_args: dict[str, Any] = dict(
-            head_dim=head_dim, base=base, rotary_dim=rotary_dim, scaling=copy.deepcopy(dict(scaling or {})),
+            # the block as given (a string is frequencies()' ConfigError, not a dict-conversion error)
+            head_dim=head_dim, base=base, rotary_dim=rotary_dim, scaling=copy.deepcopy(scaling),
             strict=check_bool(strict, "strict"),
         )  # fmt: skip
         original = frequencies(**self._frequency_args)
@@ -107,15 +108,16 @@ class RoPE(nn.Module):
         strict: bool = True,
         dynamic: Literal["hf", "stateless"] = "hf",
         max_position: int = 2048,
+        interleaved: bool | None = None,
     ) -> RoPE:
         """Build the RoPE a Hugging Face model uses, from its config (the config is never modified).
 
         Reads ``head_dim`` (or ``hidden_size // num_attention_heads``; DeepSeek's ``qk_rope_head_dim``),
         ``rope_theta`` (GPT-NeoX: ``rotary_emb_base``), ``partial_rotary_factor`` (GPT-NeoX:
         ``rotary_pct``; GPT-J: ``rotary_dim``), ``max_position_embeddings`` and the scaling block
-        (5.x ``rope_parameters`` or 4.x ``rope_scaling``), and picks the architecture's pairing:
-        interleaved for GPT-J, RoFormer, Cohere, GLM and DeepSeek-V2/V3 (``rope_interleave``), half
-        otherwise.
+        (5.x ``rope_parameters`` or 4.x ``rope_scaling``); values the file omits are filled as
+        transformers fills them. The pairing comes from ``rotary.config.PAIRING`` (checked against
+        transformers for every architecture it lists); any other ``model_type`` needs ``interleaved=``.
 
         Args:
             config: a transformers ``PretrainedConfig`` (4.x or 5.x), a path to a config.json (or its
@@ -125,12 +127,15 @@ class RoPE(nn.Module):
             strict: ``False`` turns configuration mistakes into warnings (odd real checkpoints).
             dynamic: see :class:`RoPE`.
             max_position: initial cache length.
+            interleaved: the pairing of a ``model_type`` the table does not list (a custom
+                architecture): ``True`` for pairs (2i, 2i+1), ``False`` for (i, i + r/2).
 
         Returns:
             :class:`RoPE`.
 
         Raises:
-            ConfigError: (a ``ValueError``) for an invalid or ambiguous config; the message says what to change.
+            ConfigError: (a ``ValueError``) for an invalid, ambiguous or unsupported config; the message says what
+                to change.
 
         Example:
             >>> cfg = {"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
@@ -141,7 +146,7 @@ class RoPE(nn.Module):
             >>> rope.freqs.rope_type, rope.head_dim, rope.interleaved
             ('llama3', 128, False)
         """
-        settings = read_hf_config(config, layer_type=layer_type, strict=strict)
+        settings = read_hf_config(config, layer_type=layer_type, strict=strict, interleaved=interleaved)
         return cls(
             settings.head_dim,
             base=settings.base,

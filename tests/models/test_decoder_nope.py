@@ -134,3 +134,28 @@ def test_p_rope_is_the_proportional_rope_type():
         DecoderConfig(**SMALL, position_encoding="p_rope", p_rope_fraction=0)
     with pytest.raises(ValueError, match="'p_rope' is the 'proportional' rope_type; rope_scaling has rope_type 'linear'"):
         Decoder(DecoderConfig(**SMALL, position_encoding="p_rope", rope_scaling={"rope_type": "linear", "factor": 2.0}))
+
+
+def test_configs_with_nope_layers_are_read():
+    import transformers
+
+    from rotary.config import read_hf_config
+
+    llama4 = transformers.Llama4TextConfig(num_hidden_layers=8, hidden_size=64, num_attention_heads=4, head_dim=16)
+    s = read_hf_config(llama4)
+    assert s.rope_layers == tuple(bool(v) for v in llama4.no_rope_layers) == (True, True, True, False) * 2
+    assert s.nope_temperature == {"floor_scale": llama4.floor_scale, "attn_scale": llama4.attn_scale}
+    assert s.interleaved  # Llama 4 rotates pairs (2i, 2i+1)
+    # a config.json may leave no_rope_layers empty (Llama 4 then fills it) or give its own
+    d = dict(llama4.to_dict(), no_rope_layers=[], no_rope_layer_interval=2, attn_temperature_tuning=False)
+    s = read_hf_config(d)
+    assert s.rope_layers == (True, False) * 4 and s.nope_temperature is None
+    assert read_hf_config(dict(d, no_rope_layers=[1] * 8)).rope_layers == (True,) * 8
+    smollm3 = transformers.SmolLM3Config(num_hidden_layers=4, hidden_size=64, num_attention_heads=4)
+    s = read_hf_config(smollm3)
+    assert s.rope_layers == (True, True, True, False) and s.nope_temperature is None
+    assert read_hf_config({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4}).rope_layers is None
+    with pytest.raises(rotary.ConfigError, match=r"no_rope_layers must be a list of 0/1 flags \(1 = the layer uses RoPE\)"):
+        read_hf_config(dict(d, no_rope_layers=[1, 2] * 4))
+    with pytest.raises(rotary.ConfigError, match="no_rope_layers has 3 flags but the model has 8 layers"):
+        read_hf_config(dict(d, no_rope_layers=[1, 1, 0]))

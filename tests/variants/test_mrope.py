@@ -377,3 +377,55 @@ def test_layout_numbers_behind_the_figure():
     fastest, slowest = min(interleaved.wavelength), max(interleaved.wavelength)
     for low, high in interleaved.span.values():
         assert low < 2 * fastest and high > slowest / 3
+
+
+# ------------------------------------------------------------------------------------------------
+# from Hugging Face configs
+
+
+@pytest.mark.parametrize(
+    "name,build,kw",
+    [
+        ("qwen2_vl", lambda: qwen2_vl(), {}),
+        ("qwen2_5_vl", lambda: qwen2_5_vl(), {}),
+        ("qwen3_vl", lambda: qwen3_vl(), {}),
+    ],
+)
+def test_from_hf_config_matches_transformers(name, build, kw):
+    model = build()
+    mrope = MRoPE.from_hf_config(model.config)
+    assert mrope.mrope_interleaved is (name == "qwen3_vl") and list(mrope.mrope_section) == model.language_model.rotary_emb.mrope_section
+    ids = torch.randint(0, 300, (3, 2, 17), generator=torch.Generator().manual_seed(1))
+    cos, sin = model.language_model.rotary_emb(torch.zeros(1), ids)
+    got_cos, got_sin = mrope.tables(ids).gather()
+    atol = (int(ids.max()) + 1) * 2.0**-23  # transformers' fp32 angles
+    torch.testing.assert_close(got_cos, cos, rtol=0, atol=atol)
+    torch.testing.assert_close(got_sin, sin, rtol=0, atol=atol)
+    # a 1-D RoPE of the config is right for text positions only: RoPE.from_hf_config says where to go
+    with pytest.raises(rotary.ConfigError, match=r"uses multimodal RoPE .*rotary.MRoPE.from_hf_config\(config\)"):
+        rotary.RoPE.from_hf_config(model.config)
+
+
+def test_from_a_flat_4x_config_with_type_mrope():
+    flat = {"model_type": "qwen2_5_vl", "hidden_size": 2048, "num_attention_heads": 16, "rope_theta": 1e6,
+            "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}, "vision_config": {"depth": 32}}  # fmt: skip
+    mrope = MRoPE.from_hf_config(flat)
+    assert (mrope.head_dim, mrope.freqs.base, mrope.mrope_section, mrope.mrope_interleaved) == (128, 1e6, (16, 24, 24), False)
+    assert mrope.freqs.rope_type == "default"
+
+
+def test_from_hf_config_errors():
+    bad = {"model_type": "qwen2_vl", "hidden_size": 2048, "num_attention_heads": 16,
+           "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 20]}}  # fmt: skip
+    with pytest.raises(rotary.ConfigError, match=r"qwen2_vl_text.*mrope_section \[16, 24, 20\] sums to 60 but rotary_dim=128"):
+        MRoPE.from_hf_config(bad)
+    with pytest.raises(rotary.ConfigError, match="has no multimodal RoPE .*rotary.RoPE.from_hf_config"):
+        MRoPE.from_hf_config({"model_type": "llama", "hidden_size": 256, "num_attention_heads": 4})
+    with pytest.raises(rotary.ConfigError, match="does not use multimodal RoPE"):
+        rotary.RoPE.from_hf_config({"model_type": "llama", "head_dim": 64, "rope_parameters": {"mrope_section": [16, 8, 8]}})
+    qwen3 = {"model_type": "qwen3_vl_text", "head_dim": 128, "hidden_size": 512, "num_attention_heads": 4,
+             "rope_parameters": {"rope_type": "default", "mrope_section": [24, 20, 20], "mrope_interleaved": False}}  # fmt: skip
+    with pytest.raises(rotary.ConfigError, match="lays its frequency slots out interleaved whatever the flag says"):
+        MRoPE.from_hf_config(qwen3)
+    with pytest.warns(UserWarning, match="interleaved whatever the flag"):
+        assert MRoPE.from_hf_config(qwen3, strict=False).mrope_interleaved

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -171,6 +171,50 @@ class MRoPE(nn.Module):
         self.inv_freq = self.freqs.inv_freq
         #: ``[3, r/2]``: slot i's frequency in row axes[i], zero in the two others
         self.inv_freq_axes = inv_freq_axes
+
+    @classmethod
+    def from_hf_config(cls, config: Any, *, strict: bool = True) -> MRoPE:
+        """The M-RoPE of a Qwen2-VL, Qwen2.5-VL or Qwen3-VL text model, from its config (never modified).
+
+        Reads what :meth:`rotary.RoPE.from_hf_config` reads (head width, ``rope_theta``, the scaling
+        block, 4.x ``rope_scaling`` with ``"type": "mrope"`` or 5.x ``rope_parameters``) and the
+        ``mrope_section``; the layout is the model's (Qwen3-VL interleaved, the others chunked).
+        ``RoPE.from_hf_config`` of the same config gives the 1-D RoPE that these tables equal on text.
+
+        Args:
+            config: a transformers config (the multimodal one or its ``text_config``), a path to a
+                config.json, or a dict.
+            strict: ``False`` turns configuration mistakes into warnings where possible.
+
+        Raises:
+            ConfigError: a config of a model without multimodal RoPE, or an invalid one; an
+                ``mrope_section`` that does not sum to ``rotary_dim / 2`` names both.
+
+        Example:
+            >>> cfg = {"model_type": "qwen2_5_vl", "hidden_size": 2048, "num_attention_heads": 16,
+            ...        "rope_theta": 1e6, "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}}
+            >>> MRoPE.from_hf_config(cfg).slot_axes()[14:18]
+            'TTHH'
+        """
+        from ..config import read_hf_config
+        from ..rope_types import ConfigError
+
+        settings = read_hf_config(config, strict=strict)
+        if settings.mrope_section is None:
+            raise ConfigError(
+                f"model_type {settings.model_type!r} has no multimodal RoPE (no mrope_section); build its RoPE with "
+                "rotary.RoPE.from_hf_config"
+            )
+        try:
+            return cls(
+                settings.head_dim, mrope_section=settings.mrope_section, mrope_interleaved=settings.mrope_interleaved,
+                base=settings.base, rotary_dim=settings.rotary_dim, scaling=settings.scaling,
+                interleaved=settings.interleaved, strict=strict,
+            )  # fmt: skip
+        except ConfigError:
+            raise
+        except ValueError as exc:
+            raise ConfigError(f"model_type {settings.model_type!r}: {exc}") from None
 
     @property
     def head_dim(self) -> int:

@@ -16,8 +16,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 
+# the main job: train short, test long (default preset, <= 10 minutes on 2 CPU cores), into runs/
 demo: $(STAMP)
-	$(PY) -m rotary demo
+	$(PY) -m rotary experiment --preset default
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --doctest-modules src tests

@@ -16,6 +16,7 @@ COMMAND_MODULES = [
     "rotary.commands.plot",
     "rotary.commands.verify",
     "rotary.commands.report",
+    "rotary.commands.experiment",
     "rotary.commands.bench",
 ]
 

@@ -31,7 +31,7 @@ from .. import positions as P
 from .._checks import check_bool, check_positive_float, check_positive_int, check_probability, is_number
 from ..module import RoPE
 from ..nn.attention import KVCache, RotaryAttention
-from ..nn.position import ALiBi, LearnedPositionEmbedding, SinusoidalPositionEmbedding
+from ..nn.position import ALiBi, LearnedPositionEmbedding, RelativePositionBias, SinusoidalPositionEmbedding
 from ..positions import Positions
 from ..tables import RotaryTables, table_dtype
 from ..variants.nope import NoPETemperature, default_no_rope_layers, rope_layer_flags
@@ -238,6 +238,17 @@ def _sinusoidal(c: DecoderConfig) -> PositionEncoding:
 @register_position_encoding("alibi")
 def _alibi(c: DecoderConfig) -> PositionEncoding:
     return PositionEncoding(bias=ALiBi(c.num_heads))
+
+
+# hybrids: RoPE on q and k plus a score bias (ALiBi's fixed recency penalty, or a learned b(i - j))
+@register_position_encoding("rope_alibi")
+def _rope_alibi(c: DecoderConfig) -> PositionEncoding:
+    return PositionEncoding(rope=_rope(c).rope, bias=ALiBi(c.num_heads))
+
+
+@register_position_encoding("rope_relative")
+def _rope_relative(c: DecoderConfig) -> PositionEncoding:
+    return PositionEncoding(rope=_rope(c).rope, bias=RelativePositionBias(c.num_heads))
 
 
 # ------------------------------------------------------------------------------------------------

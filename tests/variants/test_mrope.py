@@ -429,3 +429,56 @@ def test_from_hf_config_errors():
         MRoPE.from_hf_config(qwen3)
     with pytest.warns(UserWarning, match="interleaved whatever the flag"):
         assert MRoPE.from_hf_config(qwen3, strict=False).mrope_interleaved
+
+
+# ------------------------------------------------------------------------------------------------
+# rotary.hf.patch on the Qwen-VL models
+
+
+def vl_for_generation(name: str):
+    tokens = dict(image_token_id=60, video_token_id=61, vision_start_token_id=62)
+    if name == "qwen2_vl":
+        vision = dict(depth=1, embed_dim=16, hidden_size=64, num_heads=2, patch_size=2)
+        config = transformers.Qwen2VLConfig(text_config=text_config((4, 6, 6)), vision_config=vision, **tokens)
+        return transformers.Qwen2VLForConditionalGeneration(config).eval()
+    if name == "qwen2_5_vl":
+        vision = dict(depth=1, hidden_size=16, out_hidden_size=64, intermediate_size=16, num_heads=2, patch_size=2,
+                      fullatt_block_indexes=[0], window_size=8)  # fmt: skip
+        config = transformers.Qwen2_5_VLConfig(text_config=text_config((4, 6, 6)), vision_config=vision, **tokens)
+        return transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
+    vision = dict(depth=1, hidden_size=16, out_hidden_size=64, intermediate_size=16, num_heads=2, patch_size=2,
+                  num_position_embeddings=16, deepstack_visual_indexes=[0])  # fmt: skip
+    config = transformers.Qwen3VLConfig(text_config=text_config((8, 4, 4), interleaved=True), vision_config=vision, **tokens)
+    return transformers.Qwen3VLForConditionalGeneration(config).eval()
+
+
+@pytest.mark.parametrize("name", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_hf_patch_gives_the_same_logits_with_an_image(name, monkeypatch):
+    torch.manual_seed(0)
+    model = vl_for_generation(name)
+    ids = torch.tensor([[1, 2, 62] + [60] * 4 + [3, 4, 5], [1, 62] + [60] * 4 + [6, 7, 8, 9]])
+    inputs = dict(input_ids=ids, pixel_values=torch.randn(32, 24), image_grid_thw=torch.tensor([[1, 4, 4], [1, 4, 4]]),
+                  mm_token_type_ids=(ids == 60).long())  # fmt: skip
+    with torch.no_grad():
+        before = model(**inputs).logits
+        calls = []
+        rotate = rotary.hf.rotate
+        monkeypatch.setattr(rotary.hf, "rotate", lambda *a, **k: calls.append(1) or rotate(*a, **k))
+        rotary.hf.patch(model)
+        patched = model(**inputs).logits
+        assert len(calls) == model.config.text_config.num_hidden_layers  # every text layer, through rotary
+        torch.testing.assert_close(patched, before, rtol=1e-5, atol=1e-5)
+        rotary.hf.unpatch(model)
+        assert torch.equal(model(**inputs).logits, before)
+
+
+def test_hf_patch_generates_the_same_tokens():
+    torch.manual_seed(0)
+    model = vl_for_generation("qwen2_5_vl")
+    ids = torch.tensor([[1, 2, 62] + [60] * 4 + [3, 4, 5]])
+    inputs = dict(input_ids=ids, pixel_values=torch.randn(16, 24), image_grid_thw=torch.tensor([[1, 4, 4]]),
+                  mm_token_type_ids=(ids == 60).long(), attention_mask=torch.ones_like(ids))  # fmt: skip
+    settings = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+    before = model.generate(**inputs, **settings)
+    rotary.hf.patch(model)
+    assert torch.equal(model.generate(**inputs, **settings), before)

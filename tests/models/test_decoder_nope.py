@@ -159,3 +159,20 @@ def test_configs_with_nope_layers_are_read():
         read_hf_config(dict(d, no_rope_layers=[1, 2] * 4))
     with pytest.raises(rotary.ConfigError, match="no_rope_layers has 3 flags but the model has 8 layers"):
         read_hf_config(dict(d, no_rope_layers=[1, 1, 0]))
+
+
+def test_rotary_inspect_names_the_nope_layers_and_the_temperature(tmp_path, capsys):
+    import json
+
+    import transformers
+
+    from rotary.cli import main
+
+    transformers.Llama4TextConfig(num_hidden_layers=8).save_pretrained(tmp_path)
+    assert main(["inspect", str(tmp_path / "config.json"), "--max-position", "8192", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["nope_layers"] == [3, 7] and out["num_layers"] == 8
+    assert out["nope_temperature"]["floor_scale"] == 8192 and round(out["nope_temperature"]["at_context"], 4) == 1.0693
+    assert main(["inspect", str(tmp_path / "config.json"), "--max-position", "8191"]) == 0
+    text = " ".join(capsys.readouterr().out.split())  # rich wraps long lines at the terminal's width
+    assert "NoPE layers (no rotation) 3, 7 of 8" in text and "1 at position 8190" in text

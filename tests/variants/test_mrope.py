@@ -482,3 +482,20 @@ def test_hf_patch_generates_the_same_tokens():
     before = model.generate(**inputs, **settings)
     rotary.hf.patch(model)
     assert torch.equal(model.generate(**inputs, **settings), before)
+
+
+def test_rotary_inspect_shows_the_axis_of_every_pair(tmp_path, capsys):
+    import json
+
+    from rotary.cli import main
+
+    transformers.Qwen2VLConfig().save_pretrained(tmp_path / "qwen2_vl")
+    transformers.Qwen3VLConfig().save_pretrained(tmp_path / "qwen3_vl")
+    assert main(["inspect", str(tmp_path / "qwen2_vl" / "config.json"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["mrope"] == {"mrope_section": [16, 24, 24], "layout": "chunked", "axes": "T" * 16 + "H" * 24 + "W" * 24}
+    assert main(["inspect", str(tmp_path / "qwen3_vl" / "config.json"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["mrope"]["axes"] == "THW" * 20 + "TTTT"
+    assert main(["inspect", str(tmp_path / "qwen2_vl" / "config.json")]) == 0
+    text = " ".join(capsys.readouterr().out.split())  # rich wraps long lines at the terminal's width
+    assert "mrope_section [16, 24, 24] (chunked)" in text and "T 0-15, H 16-39, W 40-63" in text

@@ -41,3 +41,18 @@ def test_quoted_numbers():
     spans = mrope_layout(MRoPE(128, mrope_section=[16, 24, 24], base=1e6)).span
     quoted = f"{spans['T'][0]:.1f}–{spans['T'][1]:.0f}, {spans['H'][0]:.0f}–{spans['H'][1]:,.0f} and {spans['W'][0]:,.0f}–{spans['W'][1]:,.0f}"
     assert quoted in " ".join(section(SECTIONS[0]).split()), quoted
+
+
+def test_rotary_plot_variants_writes_the_figures(tmp_path, capsys):
+    import json
+
+    from rotary.cli import main
+
+    assert main(["plot", "variants", "--out-dir", str(tmp_path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    names = sorted(pathlib.Path(f).name for f in out["files"])
+    assert names == ["mrope.png", "mrope.svg", "nope_layers.png", "nope_layers.svg", "xpos.png", "xpos.svg"]
+    assert all((tmp_path / n).stat().st_size > 0 for n in names)
+    assert round(out["nope_temperature_at_8191"], 4) == 1.0693 and out["xpos_max_distance"] == 35694
+    for name in ("mrope", "xpos", "nope_layers"):  # the docs embed these
+        assert f"figures/{name}.png" in DOC.read_text()

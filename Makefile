@@ -29,6 +29,7 @@ bench: $(STAMP)
 # the figures docs/ embeds (PNG; the SVG twins are not committed)
 figures: $(STAMP)
 	$(PY) -m rotary plot scaling --out-dir docs/figures
+	$(PY) -m rotary plot variants --out-dir docs/figures
 	$(PY) -m rotary plot decay --measured -o docs/figures/decay
 	$(PY) -m rotary plot axial -o docs/figures/axial
 	$(PY) -m rotary plot axial --mixed -o docs/figures/rope_mixed

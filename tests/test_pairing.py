@@ -57,6 +57,11 @@ OVERRIDES: dict[str, dict] = {
     "mimo_v2_flash": {"num_key_value_heads": 2},
     "recurrent_gemma": {"num_hidden_layers": 3},  # blocks recurrent, recurrent, attention
     "hrm_text": {"H_cycles": 1, "L_cycles": 1, "L_bp_cycles": [1]},
+    # multimodal RoPE: sections that fit head_dim 16 (8 frequency slots)
+    "qwen2_vl_text": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
+    "qwen2_5_vl_text": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
+    "qwen3_vl_text": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2],
+                                          "mrope_interleaved": True}},  # fmt: skip
 }
 #: per model_type: the text model class to build when the base model is not the one to build
 MODEL_CLASSES: dict[str, str] = {}

@@ -9,7 +9,7 @@ from .pairing import permute_qk_weight, to_half, to_interleaved
 from .positions import Positions
 from .rope_types import ROPE_INIT_FUNCTIONS, ROPE_TYPES, ConfigError, register_rope_type
 from .tables import RotaryTables
-from .variants import AxialRoPE, RoPEMixed
+from .variants import AxialRoPE, MRoPE, MultimodalPositions, RoPEMixed, XPos, multimodal_positions
 
 __version__ = "0.1.0"
 
@@ -19,10 +19,13 @@ __all__ = [
     "ROPE_INIT_FUNCTIONS",
     "ROPE_TYPES",
     "Frequencies",
+    "MRoPE",
+    "MultimodalPositions",
     "Positions",
     "RoPE",
     "RoPEMixed",
     "RotaryTables",
+    "XPos",
     "analysis",
     "apply_rotary",
     "apply_rotary_",
@@ -32,6 +35,7 @@ __all__ = [
     "frequencies",
     "hf",
     "models",
+    "multimodal_positions",
     "nn",
     "permute_qk_weight",
     "positions",

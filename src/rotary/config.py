@@ -42,6 +42,7 @@ from .rope_types import ROPE_TYPES, ConfigError, complain
 __all__ = [
     "ConfigError",
     "MODEL_DEFAULTS",
+    "MROPE_MODELS",
     "PAIRING",
     "RopeSettings",
     "TEXT_MODEL_TYPES",
@@ -63,6 +64,13 @@ class RopeSettings:
         interleaved: the architecture's pairing (from :data:`PAIRING`, or as the caller stated it).
         max_position_embeddings: the model's context length, if the config states one.
         model_type: the config's ``model_type`` (``""`` when absent).
+        mrope_section: for multimodal RoPE (:data:`MROPE_MODELS`), the frequency slots per axis
+            (t, h, w); ``None`` otherwise. :meth:`rotary.MRoPE.from_hf_config` builds it.
+        mrope_interleaved: the slot layout of that multimodal RoPE (Qwen3-VL's interleaved one).
+        rope_layers: one flag per layer, ``False`` for layers without RoPE (NoPE layers: Llama 4's
+            and SmolLM3's ``no_rope_layers``); ``None`` when every layer rotates.
+        nope_temperature: Llama 4's query temperature in its NoPE layers, ``{"floor_scale": ...,
+            "attn_scale": ...}`` (see :func:`rotary.variants.nope_temperature`), or ``None``.
     """
 
     head_dim: int
@@ -72,6 +80,10 @@ class RopeSettings:
     interleaved: bool = False
     max_position_embeddings: int | None = None
     model_type: str = ""
+    mrope_section: tuple[int, ...] | None = None
+    mrope_interleaved: bool = False
+    rope_layers: tuple[bool, ...] | None = None
+    nope_temperature: dict[str, float] | None = None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -96,7 +108,8 @@ PAIRING: dict[str, str] = {
             "mimo_v2_flash minicpm3 minimax minimax_m2 minimax_m3_vl_text ministral ministral3 mistral mixtral "
             "mllama_text_model modernbert modernbert-decoder molmo2_text moshi muse_glimmer_text muse_spark_text "
             "nemotron neomme nomic_bert olmo olmo2 olmo3 olmo_hybrid olmoe persimmon phi phi3 phimoe qwen2 qwen2_moe "
-            "qwen3 qwen3_moe qwen3_next recurrent_gemma seed_oss smollm3 solar_open "
+            "qwen2_5_vl_text qwen2_vl_text qwen3 qwen3_moe qwen3_next qwen3_vl_text recurrent_gemma seed_oss smollm3 "
+            "solar_open "
             "stablelm starcoder2 ultrabert unlimited_ocr_text vaultgemma"
         ).split(),
         HALF,
@@ -119,8 +132,8 @@ _NOT_TEXT = (
     "builds the RoPE of text attention"
 )
 _MROPE = (
-    "uses multimodal RoPE (mrope_section: separate temporal, height and width positions), which "
-    "from_hf_config does not build yet"
+    "uses multimodal RoPE (mrope_section: separate temporal, height and width positions), which rotary "
+    "reads for Qwen2-VL, Qwen2.5-VL and Qwen3-VL (checked against transformers) but not for this model yet"
 )
 _NO_ROPE = (
     "applies no rotary embedding in its attention with transformers' default settings, and rotary has not "
@@ -170,8 +183,8 @@ UNSUPPORTED: dict[str, str] = {
     **dict.fromkeys(
         (
             "cosmos3_edge_text ernie4_5_vl_moe_text glm4v_moe_text glm4v_text glm_image_text glm_ocr_text "
-            "hunyuan_vl_text paddleocr_vl_text qwen2_5_omni_talker qwen2_5_omni_text qwen2_5_vl_text qwen2_vl_text "
-            "qwen3_5_moe_text qwen3_5_text qwen3_omni_moe_text qwen3_vl_moe_text qwen3_vl_text"
+            "hunyuan_vl_text paddleocr_vl_text qwen2_5_omni_talker qwen2_5_omni_text qwen3_5_moe_text qwen3_5_text "
+            "qwen3_omni_moe_text qwen3_vl_moe_text"
         ).split(),
         _MROPE,
     ),
@@ -190,6 +203,20 @@ UNSUPPORTED: dict[str, str] = {
     ),
 }
 
+#: model_type -> (default ``mrope_section``, interleaved layout) of the multimodal RoPE its text attention
+#: uses; the layout is the model's code's, whatever a ``mrope_interleaved`` key says (transformers ignores
+#: it). Checked against transformers' rotary embeddings by tests/variants/test_mrope.py.
+MROPE_MODELS: dict[str, tuple[tuple[int, ...], bool]] = {
+    "qwen2_vl_text": ((16, 24, 24), False),
+    "qwen2_5_vl_text": ((16, 24, 24), False),
+    "qwen3_vl_text": ((24, 20, 20), True),
+}
+
+#: model_type -> how its config class fills a missing or empty ``no_rope_layers`` (NoPE layers): from
+#: ``no_rope_layer_interval`` when the list is ``None`` ("none") or also when it is empty ("falsy"), as
+#: transformers' Llama 4 and SmolLM3 configs do
+NO_ROPE_DEFAULTS = {"llama4_text": "falsy", "smollm3": "none"}
+
 #: multimodal wrapper model_type -> the model_type of its ``text_config``, for configs whose
 #: ``text_config`` does not state one (transformers' default sub-config; checked by the tests)
 TEXT_MODEL_TYPES: dict[str, str] = {
@@ -197,6 +224,7 @@ TEXT_MODEL_TYPES: dict[str, str] = {
     "llama4": "llama4_text",
     "qwen2_vl": "qwen2_vl_text",
     "qwen2_5_vl": "qwen2_5_vl_text",
+    "qwen3_vl": "qwen3_vl_text",
     "mistral3": "mistral",
     "aria": "aria_text",
 }
@@ -566,6 +594,8 @@ def read_hf_config(
     d, label = _load(config)
     d = _text_part(d, label)
     model_type = _model_type(d, label)
+    if TEXT_MODEL_TYPES.get(model_type) in MROPE_MODELS:
+        model_type = TEXT_MODEL_TYPES[model_type]  # a flat 4.x Qwen-VL config.json: the text settings at the top
     defaults = model_defaults(model_type)
     for key in DEFAULTED_KEYS:
         if key not in d and key in defaults:
@@ -603,8 +633,7 @@ def read_hf_config(
     elif layer_type is not None and layer_types and layer_type not in layer_types:
         raise ConfigError(f"{label}: layer_type {layer_type!r} is not in the config's layer_types {sorted(set(layer_types))}")
     block = _normalised(block)
-    if "mrope_section" in block:
-        raise ConfigError(f"{label}: model_type {model_type!r} {_MROPE}")
+    mrope_section, mrope_interleaved = _mrope(block, model_type, label, strict)
     spec = ROPE_TYPES.get(block["rope_type"]) if isinstance(block["rope_type"], str) else None
     for key in defaults.get("rope_ignore_keys", ()):
         if spec is None or key not in spec.required | spec.optional:
@@ -656,6 +685,11 @@ def read_hf_config(
     if mpe is not None and rope_type is not None:
         if "max_position_embeddings" in rope_type.required | rope_type.optional:
             block.setdefault("max_position_embeddings", mpe)
+    rope_layers = _rope_layers(d, model_type, label)
+    nope_temperature = None
+    if model_type == "llama4_text" and rope_layers is not None and not all(rope_layers):
+        if d.get("attn_temperature_tuning", True):  # the defaults of transformers' Llama4TextConfig
+            nope_temperature = {"floor_scale": d.get("floor_scale", 8192), "attn_scale": d.get("attn_scale", 0.1)}
     return RopeSettings(
         head_dim=head_dim,
         base=float(base),
@@ -664,4 +698,59 @@ def read_hf_config(
         interleaved=pairing,
         max_position_embeddings=mpe,
         model_type=model_type,
+        mrope_section=mrope_section,
+        mrope_interleaved=mrope_interleaved,
+        rope_layers=rope_layers,
+        nope_temperature=nope_temperature,
     )
+
+
+def _mrope(block: dict[str, Any], model_type: str, label: str, strict: bool) -> tuple[tuple[int, ...] | None, bool]:
+    """Take the multimodal-RoPE keys out of ``block``: ``(mrope_section, interleaved)`` or ``(None, False)``."""
+    if model_type not in MROPE_MODELS:
+        if "mrope_section" in block:
+            raise ConfigError(
+                f"{label}: the block has mrope_section, but model_type {model_type!r} does not use multimodal RoPE "
+                f"(rotary reads it for {', '.join(sorted(MROPE_MODELS))}); remove the key or fix the model_type"
+            )
+        return None, False
+    default, interleaved = MROPE_MODELS[model_type]
+    if block["rope_type"] == "mrope":
+        block["rope_type"] = "default"  # 4.x configs name M-RoPE's (default) frequencies "mrope"
+    section = block.pop("mrope_section", None)
+    section = default if section is None else section
+    if not isinstance(section, (list, tuple)) or not all(is_int(v) and v > 0 for v in section):
+        raise ConfigError(f"{label}: mrope_section must be a list of positive ints (t, h, w), got {section!r}")
+    flag = block.pop("mrope_interleaved", None)
+    if flag is not None and flag is not interleaved:
+        layout = "interleaved" if interleaved else "in chunks"
+        complain(
+            f"{label}: mrope_interleaved={flag!r}, but {model_type} lays its frequency slots out {layout} whatever "
+            "the flag says (transformers ignores it); remove the key",
+            strict,
+        )
+    return tuple(int(v) for v in section), interleaved
+
+
+def _rope_layers(d: Mapping[str, Any], model_type: str, label: str) -> tuple[bool, ...] | None:
+    """One flag per layer from ``no_rope_layers`` (1 = RoPE, 0 = NoPE), filled as the model's config class does."""
+    flags = d.get("no_rope_layers")
+    layers = d.get("num_hidden_layers")
+    rule = NO_ROPE_DEFAULTS.get(model_type)
+    if (rule == "none" and flags is None) or (rule == "falsy" and not flags):
+        interval = d.get("no_rope_layer_interval", 4)
+        if not (_positive_int(layers) and _positive_int(interval)):
+            raise ConfigError(
+                f"{label}: {model_type} drops RoPE in every no_rope_layer_interval-th layer, but num_hidden_layers="
+                f"{layers!r} / no_rope_layer_interval={interval!r} are not positive ints"
+            )
+        flags = [int((i + 1) % interval != 0) for i in range(layers)]  # as rotary.variants.default_no_rope_layers
+    if flags is None:
+        return None
+    if not isinstance(flags, (list, tuple)) or any(isinstance(v, bool) or v not in (0, 1) for v in flags):
+        raise ConfigError(f"{label}: no_rope_layers must be a list of 0/1 flags (1 = the layer uses RoPE), got {flags!r}")
+    if _positive_int(layers):
+        if len(flags) < layers:
+            raise ConfigError(f"{label}: no_rope_layers has {len(flags)} flags but the model has {layers} layers")
+        flags = flags[:layers]  # transformers reads the first num_hidden_layers
+    return tuple(v == 1 for v in flags)

@@ -93,6 +93,13 @@ SUPPORTED: dict[str, _Family] = {
     "gptj": _Family("transformers.models.gptj.modeling_gptj", _HALF, _apply_gptj),
     "cohere": _Family("transformers.models.cohere.modeling_cohere", _HALF, _apply_interleaved),
     "glm": _Family("transformers.models.glm.modeling_glm", _HALF, _apply_glm),
+    # multimodal RoPE: the text attention gets M-RoPE tables already laid out per slot, pairs (i, i + r/2);
+    # the vision towers rotate through another function (apply_rotary_pos_emb_vision), left as they are
+    **{
+        model_type: _Family(f"transformers.models.{name}.modeling_{name}", _HALF, _apply_half)
+        for name in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+        for model_type in (name, f"{name}_text")
+    },
 }
 
 _MARK = "_rotary_hf_patch"  # on a patched submodule: the instance ``forward`` it had before (or None)
@@ -124,7 +131,7 @@ def patch(model: nn.Module) -> nn.Module:
 
     Args:
         model: a transformers Llama, Mistral, Qwen2, Qwen3, Phi-3, GPT-NeoX, GPT-J, Cohere or GLM
-            model (any head).
+            model (any head), or a Qwen2-VL, Qwen2.5-VL or Qwen3-VL model (its text attention).
 
     Returns:
         ``model`` itself.

@@ -21,6 +21,7 @@ from .apply import Layout, check_layout, rotate
 from .config import read_hf_config
 from .frequencies import Frequencies, frequencies
 from .positions import Positions
+from .rope_types import ConfigError
 from .schedule import FrequencySchedule
 from .tables import RotaryTables, TableCache, cos_sin_table, table_dtype
 
@@ -187,6 +188,8 @@ class RoPE(nn.Module):
         (5.x ``rope_parameters`` or 4.x ``rope_scaling``); values the file omits are filled as
         transformers fills them. The pairing comes from ``rotary.config.PAIRING`` (checked against
         transformers for every architecture it lists); any other ``model_type`` needs ``interleaved=``.
+        Multimodal-RoPE configs (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) are refused with a pointer to
+        :meth:`rotary.MRoPE.from_hf_config`: a 1-D RoPE is right for their text positions only.
 
         Args:
             config: a transformers ``PretrainedConfig`` (4.x or 5.x), a path to a config.json (or its
@@ -216,6 +219,12 @@ class RoPE(nn.Module):
             ('llama3', 128, False)
         """
         settings = read_hf_config(config, layer_type=layer_type, strict=strict, interleaved=interleaved)
+        if settings.mrope_section is not None:
+            raise ConfigError(
+                f"model_type {settings.model_type!r} uses multimodal RoPE (mrope_section {list(settings.mrope_section)}: "
+                "temporal, height and width positions); build it with rotary.MRoPE.from_hf_config(config), whose tables "
+                "equal a 1-D RoPE's on text positions"
+            )
         return cls(
             settings.head_dim,
             base=settings.base,

@@ -163,7 +163,13 @@ def from_ids(
             want = "[T]" if packed else "[S] or [B, S]"
             if axes > 1:
                 want = want.replace("]", f", {axes}]")
-            raise ValueError(f"{name} must be {want}, got shape {tuple(ids.shape)}")
+            hint = ""
+            if axes == 1 and ids.dim() == 3 and ids.shape[0] == 3:
+                hint = (
+                    "; these look like M-RoPE ids [3, B, S] (temporal, height, width), which a 1-D RoPE cannot "
+                    "rotate: use rotary.MRoPE, or pass one row (ids[0]) for text"
+                )
+            raise ValueError(f"{name} must be {want}, got shape {tuple(ids.shape)}{hint}")
         positions = Positions(ids.long(), _read_range(ids, name), axes, None, packed)
     if positions.axes != axes:
         raise ValueError(f"{name} have {positions.axes} coordinate axes but {axes} are needed")

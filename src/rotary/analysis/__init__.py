@@ -17,6 +17,7 @@ from .profile import (
     scaling_profile,
 )
 from .scores import position_pca, score_matrix
+from .variants import MRoPELayout, mrope_layout, nope_temperature_curve, p_rope_wavelengths, xpos_scores
 from .verify import Check, verify, verify_axial
 
 __all__ = [
@@ -34,4 +35,9 @@ __all__ = [
     "verify",
     "verify_axial",
     "jsonable",
+    "MRoPELayout",
+    "mrope_layout",
+    "xpos_scores",
+    "p_rope_wavelengths",
+    "nope_temperature_curve",
 ]

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import Any
+
+import torch
 
 from rotary.analysis import Inspection, inspect_rope
+from rotary.config import read_hf_config
 from rotary.frequencies import frequencies
 from rotary.rope_types import ROPE_TYPES
+from rotary.variants import MRoPE, nope_temperature
 
 from .common import add_config_arguments, console, positive_int, print_json, rope_from_args
 
-__all__ = ["register", "inspection_from_args", "render"]
+__all__ = ["register", "inspection_from_args", "layer_details", "render"]
 
 
 def inspection_from_args(args: argparse.Namespace) -> Inspection:
@@ -28,16 +33,53 @@ def inspection_from_args(args: argparse.Namespace) -> Inspection:
     return info
 
 
+def layer_details(args: argparse.Namespace, context: int) -> dict[str, Any]:
+    """What CONFIG says beyond one RoPE: the axis of each frequency slot of multimodal RoPE (Qwen2-VL,
+    Qwen2.5-VL, Qwen3-VL) and the layers without RoPE (Llama 4, SmolLM3) with Llama 4's NoPE query
+    temperature. Empty without a CONFIG or for other configs."""
+    path = getattr(args, "config", None)
+    if path is None:
+        return {}
+    s = read_hf_config(path, layer_type=getattr(args, "layer_type", None))
+    out: dict[str, Any] = {}
+    if s.mrope_section is not None:
+        mrope = MRoPE(s.head_dim, mrope_section=s.mrope_section, mrope_interleaved=s.mrope_interleaved, base=s.base,
+                      rotary_dim=s.rotary_dim, scaling=s.scaling, interleaved=s.interleaved)  # fmt: skip
+        out["mrope"] = {
+            "mrope_section": list(s.mrope_section), "layout": "interleaved" if s.mrope_interleaved else "chunked",
+            "axes": mrope.slot_axes(),
+        }  # fmt: skip
+    if s.rope_layers is not None:
+        out["nope_layers"] = [i for i, uses_rope in enumerate(s.rope_layers) if not uses_rope]
+        out["num_layers"] = len(s.rope_layers)
+        if s.nope_temperature is not None:
+            last = nope_temperature(torch.tensor([context - 1]), **s.nope_temperature)
+            out["nope_temperature"] = {**s.nope_temperature, "at_context": float(last)}
+    return out
+
+
+def _runs(axes: str) -> str:
+    """``"TTHHHWWW"`` -> ``"T 0-1, H 2-4, W 5-7"``; an interleaved layout is shown as it is."""
+    runs, start = [], 0
+    for i in range(1, len(axes) + 1):
+        if i == len(axes) or axes[i] != axes[start]:
+            runs.append(f"{axes[start]} {start}" + (f"-{i - 1}" if i - 1 > start else ""))
+            start = i
+    return ", ".join(runs) if len(runs) <= 6 else axes
+
+
 def _fmt(x: float, digits: int = 4) -> str:
     if not math.isfinite(x):
         return "∞"
     return f"{x:.{digits}g}" if abs(x) < 1e5 else f"{x:.3e}"
 
 
-def render(info: Inspection) -> None:
-    """Print ``info`` as rich tables."""
+def render(info: Inspection, details: dict[str, Any] | None = None) -> None:
+    """Print ``info`` (and :func:`layer_details`) as rich tables."""
     from rich.table import Table
 
+    details = details or {}
+    axes = details.get("mrope", {}).get("axes")
     out = console()
     scaled = any(k not in ("unchanged",) for k in info.profile.kind)
     params = ", ".join(f"{k}={v}" for k, v in info.scaling.items() if k not in ("rope_type", "type") and not isinstance(v, list))
@@ -51,14 +93,27 @@ def render(info: Inspection) -> None:
         + (f"   [bold]frequencies at sequence length[/] {info.seq_len}" if info.seq_len else "")
         + (f"   [bold]scaling[/] {params}" if params else "")
     )
+    if axes:
+        m = details["mrope"]
+        out.print(f"[bold]multimodal RoPE[/] mrope_section {m['mrope_section']} ({m['layout']}): pairs by axis "
+                  f"(T temporal, H height, W width) {_runs(axes)}")  # fmt: skip
+    if "nope_layers" in details:
+        layers = details["nope_layers"]
+        shown = ", ".join(map(str, layers)) if layers else "none"
+        out.print(f"[bold]NoPE layers[/] (no rotation) {shown} of {details['num_layers']}")
+        if "nope_temperature" in details:
+            t = details["nope_temperature"]
+            out.print(f"[bold]NoPE query temperature[/] 1 + {t['attn_scale']:g}·log(1 + ⌊(n+1)/{t['floor_scale']}⌋): "
+                      f"{t['at_context']:.5g} at position {info.context - 1}")  # fmt: skip
     table = Table(title=f"pairs of {info.rope_type} RoPE", title_justify="left")
-    for col in ["pair", "inv_freq θ", "wavelength (tokens)", f"turns in {info.context}"]:
+    for col in ["pair", *(["axis"] if axes else []), "inv_freq θ", "wavelength (tokens)", f"turns in {info.context}"]:
         table.add_column(col, justify="right")
     if scaled:
         for col in ["original wavelength", "factor", "pair is"]:
             table.add_column(col, justify="right" if col != "pair is" else "left")
     for row in info.pairs():
-        cells = [str(row["pair"]), f"{row['inv_freq']:.6g}", _fmt(row["wavelength"], 5), _fmt(row["turns"], 4)]
+        axis = [axes[row["pair"]]] if axes else []
+        cells = [str(row["pair"]), *axis, f"{row['inv_freq']:.6g}", _fmt(row["wavelength"], 5), _fmt(row["turns"], 4)]
         if scaled:
             cells += [_fmt(row["original_wavelength"], 5), _fmt(row["factor"], 4), row["kind"]]
         table.add_row(*cells, style="yellow" if row["turns"] < 1 else None)
@@ -75,10 +130,11 @@ def render(info: Inspection) -> None:
 
 def _inspect(args: argparse.Namespace) -> int:
     info = inspection_from_args(args)
+    details = layer_details(args, info.context)
     if args.json:
-        print_json(info.to_dict())
+        print_json({**info.to_dict(), **details})
     else:
-        render(info)
+        render(info, details)
     return 0
 
 

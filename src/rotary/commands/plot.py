@@ -25,7 +25,7 @@ from .common import (
 
 __all__ = [
     "register", "make_decay", "make_frequencies", "make_scaling", "make_scores", "make_positions", "make_axial",
-    "make_learnable",
+    "make_learnable", "make_variants",
 ]
 
 def _announce(args: argparse.Namespace, files: list[Path], numbers: dict[str, Any]) -> int:
@@ -193,6 +193,45 @@ def make_learnable(out: Path, steps: int, seed: int = 0):
     return plots.save(fig, out), numbers
 
 
+def make_variants(out_dir: Path):
+    """The figures of docs/variants.md: M-RoPE's slots, xPos's decay, p-RoPE and Llama 4's NoPE temperature."""
+    from rotary import plots
+    from rotary.variants import MRoPE, XPos
+
+    files: list[Path] = []
+    layouts, spans = {}, {}
+    for title, section, interleaved in (
+        ("Qwen2-VL / Qwen2.5-VL: chunked, mrope_section [16, 24, 24]", [16, 24, 24], False),
+        ("Qwen3-VL: interleaved, mrope_section [24, 20, 20]", [24, 20, 20], True),
+    ):
+        layout = analysis.mrope_layout(MRoPE(128, mrope_section=section, mrope_interleaved=interleaved, base=1e6))
+        layouts[title] = (layout.axes, layout.wavelength)
+        spans[title] = layout.span
+    files += plots.save(plots.plot_mrope(layouts), out_dir / "mrope")
+
+    xpos = XPos(64)
+    distances = list(range(4097))
+    exponent = torch.tensor(distances, dtype=torch.float64) / xpos.scale_base
+    factors = {f"pair {i}: ζ = {float(xpos.zeta[i]):.4f}": (xpos.zeta[i] ** exponent).tolist() for i in (0, 8, 16, 31)}
+    scores = {
+        f"xPos (γ = {xpos.scale_base:g})": analysis.xpos_scores(xpos, distances).tolist(),
+        "RoPE": analysis.measured_decay(RoPE(64), distances, kind="ones").tolist(),
+    }
+    files += plots.save(plots.plot_xpos(distances, factors, scores, scale_base=xpos.scale_base), out_dir / "xpos")
+
+    wavelengths = {
+        "RoPE (p = 1)": analysis.p_rope_wavelengths(128, 1.0),
+        "p-RoPE p = 0.5": analysis.p_rope_wavelengths(128, 0.5),
+        "p-RoPE p = 0.25 (Gemma 4)": analysis.p_rope_wavelengths(128, 0.25),
+    }
+    positions = sorted(set(range(0, 65537, 64)) | {8190, 8191})
+    temperature = analysis.nope_temperature_curve(positions).tolist()
+    fig = plots.plot_nope_layers(wavelengths, positions, temperature, floor_scale=8192, attn_scale=0.1)
+    files += plots.save(fig, out_dir / "nope_layers")
+    numbers = {"mrope_spans": spans, "xpos_max_distance": xpos.max_distance, "nope_temperature_at_8191": temperature[positions.index(8191)]}
+    return files, numbers
+
+
 # subcommands -------------------------------------------------------------------------------
 def _decay(args: argparse.Namespace) -> int:
     files, numbers = make_decay(Path(args.output), args.head_dim, args.base, args.max_distance, args.measured, args.samples)
@@ -270,8 +309,13 @@ def _learnable(args: argparse.Namespace) -> int:
     return _announce(args, files, numbers)
 
 
+def _variants(args: argparse.Namespace) -> int:
+    files, numbers = make_variants(Path(args.out_dir))
+    return _announce(args, files, numbers)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("plot", help="figures: decay, frequencies, scaling, scores, positions (PNG + SVG)")
+    p = sub.add_parser("plot", help="figures: decay, frequencies, scaling, scores, positions, variants (PNG + SVG)")
     figs = p.add_subparsers(dest="figure", metavar="FIGURE", parser_class=type(p), required=True)
 
     def common(q: argparse.ArgumentParser, default_out: str | None) -> None:
@@ -341,3 +385,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--seed", type=int, default=0, help="seed of the training data (default 0)")
     common(q, "learnable")
     q.set_defaults(func=_learnable)
+
+    q = figs.add_parser("variants", help="the figures of docs/variants.md: M-RoPE slots, xPos decay, p-RoPE and NoPE layers")
+    q.add_argument("--out-dir", default="docs/figures", help="directory for mrope, xpos, nope_layers .png/.svg (default docs/figures)")
+    common(q, None)
+    q.set_defaults(func=_variants)

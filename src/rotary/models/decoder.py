@@ -7,10 +7,13 @@
 
 The position encoding is one switch, ``DecoderConfig.position_encoding``, looked up in
 :data:`POSITION_ENCODINGS`. Each entry builds a :class:`PositionEncoding` saying where it acts: on the
-token embeddings (learned, sinusoidal), on q and k in every layer (RoPE; xPos when it exists), or on
-the attention scores (ALiBi). A new variant is one registration, e.g.::
+token embeddings (learned, sinusoidal), on q and k in every layer (RoPE, p-RoPE, xPos), or on the
+attention scores (ALiBi). A new variant is one registration, e.g.::
 
     POSITION_ENCODINGS["scaled"] = lambda c: PositionEncoding(rope=RoPE(c.head_dim, scaling={...}))
+
+``DecoderConfig.no_rope_layers`` turns the rotation off in some layers (NoPE layers, as in Llama 4),
+whose queries Llama 4 scales by a temperature at long range (:mod:`rotary.variants.nope`).
 """
 
 from __future__ import annotations
@@ -25,12 +28,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import positions as P
-from .._checks import check_bool, check_positive_float, check_positive_int, check_probability
+from .._checks import check_bool, check_positive_float, check_positive_int, check_probability, is_number
 from ..module import RoPE
 from ..nn.attention import KVCache, RotaryAttention
 from ..nn.position import ALiBi, LearnedPositionEmbedding, RelativePositionBias, SinusoidalPositionEmbedding
 from ..positions import Positions
 from ..tables import RotaryTables, table_dtype
+from ..variants.nope import NoPETemperature, default_no_rope_layers, rope_layer_flags
+from ..variants.xpos import XPos
 
 __all__ = [
     "POSITION_ENCODINGS",
@@ -59,12 +64,24 @@ class DecoderConfig:
         num_kv_heads: key/value heads (GQA; 1 = MQA); default ``num_heads``.
         intermediate_size: SwiGLU width; default ``8/3 * E`` rounded up to a multiple of 8.
         max_position: initial RoPE table length, and the size of a learned position table.
-        position_encoding: a key of :data:`POSITION_ENCODINGS` (``rope``, ``none``, ``learned``,
-            ``sinusoidal``, ``alibi``, ...).
+        position_encoding: a key of :data:`POSITION_ENCODINGS` (``rope``, ``p_rope``, ``xpos``, ``none``,
+            ``learned``, ``sinusoidal``, ``alibi``, ...).
         rope_base: RoPE base ``theta``.
         rope_scaling: Hugging Face-style scaling block for RoPE (any ``rope_type`` of
             :data:`rotary.ROPE_INIT_FUNCTIONS`).
         rope_interleaved: RoPE pairing (``False``: Hugging Face halves).
+        p_rope_fraction: p-RoPE's ``p`` (``position_encoding="p_rope"``): the fraction of pairs, the
+            fastest, that rotate; the others carry no position.
+        xpos_scale_base: xPos's ``γ`` (``position_encoding="xpos"``).
+        no_rope_layers: NoPE layers, Llama 4's convention: one flag per layer, 1 = the layer rotates,
+            0 = it uses no position encoding; ``True`` for Llama 4's default (every
+            ``no_rope_layer_interval``-th layer is NoPE: layers 3, 7, ... for 4); ``None``/``False``:
+            every layer rotates. Stored as the list.
+        no_rope_layer_interval: see ``no_rope_layers=True``.
+        attn_temperature_tuning: Llama 4's query temperature in NoPE layers,
+            ``1 + attn_scale · log1p(floor((n + 1) / floor_scale))``.
+        floor_scale: its step length in tokens.
+        attn_scale: its strength.
         rms_norm_eps: RMSNorm epsilon.
         tie_word_embeddings: share the embedding matrix with the output head.
         dropout: dropout on attention probabilities and residual branches (training only).
@@ -81,6 +98,13 @@ class DecoderConfig:
     rope_base: float = 10000.0
     rope_scaling: dict[str, Any] | None = field(default=None)
     rope_interleaved: bool = False
+    p_rope_fraction: float = 0.25
+    xpos_scale_base: float = 512.0
+    no_rope_layers: list[int] | bool | None = None
+    no_rope_layer_interval: int = 4
+    attn_temperature_tuning: bool = True
+    floor_scale: int = 8192
+    attn_scale: float = 0.1
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
     dropout: float = 0.0
@@ -110,6 +134,19 @@ class DecoderConfig:
                 f"unknown position_encoding {self.position_encoding!r}; "
                 f"registered: {', '.join(sorted(POSITION_ENCODINGS))}"
             )
+        if not is_number(self.p_rope_fraction) or not 0 < self.p_rope_fraction <= 1:
+            raise ValueError(f"p_rope_fraction must be in (0, 1], got {self.p_rope_fraction!r}")
+        check_positive_float(self.xpos_scale_base, "xpos_scale_base")
+        check_bool(self.attn_temperature_tuning, "attn_temperature_tuning")
+        check_positive_int(self.no_rope_layer_interval, "no_rope_layer_interval")
+        check_positive_int(self.floor_scale, "floor_scale")
+        if not is_number(self.attn_scale) or self.attn_scale < 0:
+            raise ValueError(f"attn_scale must be a finite number >= 0, got {self.attn_scale!r}")
+        if self.no_rope_layers is True:
+            self.no_rope_layers = default_no_rope_layers(self.num_layers, self.no_rope_layer_interval)
+        elif self.no_rope_layers is False:
+            self.no_rope_layers = None
+        rope_layer_flags(self.no_rope_layers, self.num_layers)  # checks the list
 
     @property
     def head_dim(self) -> int:
@@ -157,6 +194,30 @@ def _rope(c: DecoderConfig) -> PositionEncoding:
         c.head_dim, base=c.rope_base, scaling=c.rope_scaling, interleaved=c.rope_interleaved, max_position=c.max_position
     )
     return PositionEncoding(rope=rope)
+
+
+@register_position_encoding("p_rope")
+def _p_rope(c: DecoderConfig) -> PositionEncoding:
+    # p-RoPE (Barbero et al., 2025): only the fastest p of the pairs rotate, the rest carry no position;
+    # it is transformers' "proportional" rope_type
+    scaling = {"rope_type": "proportional", "partial_rotary_factor": c.p_rope_fraction, **(c.rope_scaling or {})}
+    if scaling["rope_type"] != "proportional":
+        raise ValueError(
+            f"position_encoding='p_rope' is the 'proportional' rope_type; rope_scaling has rope_type {scaling['rope_type']!r} "
+            "(use position_encoding='rope' for other scaling types)"
+        )
+    rope = RoPE(c.head_dim, base=c.rope_base, scaling=scaling, interleaved=c.rope_interleaved, max_position=c.max_position)
+    return PositionEncoding(rope=rope)
+
+
+@register_position_encoding("xpos")
+def _xpos(c: DecoderConfig) -> PositionEncoding:
+    if c.rope_scaling:
+        raise ValueError(f"position_encoding='xpos' takes no rope_scaling (got {c.rope_scaling!r}); set xpos_scale_base")
+    xpos = XPos(
+        c.head_dim, scale_base=c.xpos_scale_base, base=c.rope_base, interleaved=c.rope_interleaved, max_position=c.max_position
+    )
+    return PositionEncoding(rope=xpos)
 
 
 @register_position_encoding("none")
@@ -224,12 +285,12 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block: attention then MLP, each added to the residual stream."""
 
-    def __init__(self, c: DecoderConfig, position: PositionEncoding) -> None:
+    def __init__(self, c: DecoderConfig, position: PositionEncoding, rope: nn.Module | None) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.attn = RotaryAttention(
             c.hidden_size, c.num_heads, num_kv_heads=c.num_kv_heads, causal=True, dropout=c.dropout,
-            rope=position.rope if position.rope is not None else False, position_bias=position.bias,
+            rope=rope if rope is not None else False, position_bias=position.bias,
         )
         self.mlp_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = SwiGLU(c.hidden_size, c.intermediate_size)  # type: ignore[arg-type]
@@ -267,7 +328,20 @@ class Decoder(nn.Module):
         self.embed_positions = position.embedding
         #: the rotary producer shared by every layer (None without one); tables once per forward
         self.rope = position.rope
-        self.layers = nn.ModuleList(Block(config, position) for _ in range(config.num_layers))
+        #: which layers rotate; the others are NoPE layers (config.no_rope_layers)
+        self.rope_layers = rope_layer_flags(config.no_rope_layers, config.num_layers)
+        if self.rope is None and not all(self.rope_layers):
+            raise ValueError(
+                f"no_rope_layers turns the rotation off in some layers, but position_encoding="
+                f"{config.position_encoding!r} rotates none; use it with a rotary encoding (rope, p_rope, xpos)"
+            )
+        #: the NoPE layers' producer: Llama 4's query temperature, or None (no rotation, no scaling)
+        self.nope = None
+        if not all(self.rope_layers) and config.attn_temperature_tuning:
+            self.nope = NoPETemperature(config.head_dim, floor_scale=config.floor_scale, attn_scale=config.attn_scale)
+        self.layers = nn.ModuleList(
+            Block(config, position, self.rope if uses_rope else self.nope) for uses_rope in self.rope_layers
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.apply(self._init_weights)
@@ -312,8 +386,9 @@ class Decoder(nn.Module):
             )
         rope = self.rope.with_scaling(scaling).to(self.rope.inv_freq.device)
         self.rope = rope
-        for layer in self.layers:
-            layer.attn.rope = rope
+        for layer, uses_rope in zip(self.layers, self.rope_layers):
+            if uses_rope:
+                layer.attn.rope = rope
         self.config.rope_scaling = None if scaling is None else dict(scaling)
 
     def _positions(
@@ -379,9 +454,10 @@ class Decoder(nn.Module):
         tables: RotaryTables | None = None
         if self.rope is not None:
             tables = self.rope.tables(positions, dtype=table_dtype(x.dtype))
+        nope_tables = None if self.nope is None else self.nope.tables(positions, dtype=table_dtype(x.dtype))
         for i, layer in enumerate(self.layers):
             x = layer(
-                x, attention_mask=attention_mask, positions=positions, tables=tables,
+                x, attention_mask=attention_mask, positions=positions, tables=tables if self.rope_layers[i] else nope_tables,
                 cache=None if cache is None else cache[i],
             )  # fmt: skip
         return self.lm_head(self.norm(x))

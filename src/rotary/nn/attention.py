@@ -220,6 +220,9 @@ class RotaryAttention(nn.Module):
                 f"rope must be True, False or an nn.Module with tables(positions) like rotary.RoPE, got {type(rope).__name__}"
             )
         self.rope = rope
+        reason = getattr(rope, "requires_causal", None)  # a producer valid only under a causal mask (xPos)
+        if reason and not self.causal:
+            raise ValueError(f"{type(rope).__name__} needs causal=True: {reason}")
         if self.rotary_value and self.rope is None:
             raise ValueError("rotary_value=True needs a rope; pass rope=True or a RoPE module")
 

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from rotary.experiments.config import ExperimentConfig
-from rotary.experiments.report import markdown_table, report_markdown, summary_table
+from rotary.experiments.report import ENCODING_LABELS, markdown_table, report_markdown, spread, summary_table
 
 ROOT = Path(__file__).resolve().parent.parent
 START, END = "<!-- experiment:start -->", "<!-- experiment:end -->"
@@ -35,6 +35,7 @@ def main(argv: list[str]) -> int:
         return 2
     results = json.loads(results_path.read_text())
     config = ExperimentConfig.from_dict(results["config"])
+    results["spread"] = spread(results["results"], config)  # recomputed: older runs lack the passkey columns
     for source, target in FIGURES.items():
         shutil.copyfile(run / "figures" / f"{source}.png", ROOT / "docs" / "figures" / f"{target}.png")
     # the report is rendered again from the run's numbers, by this code, with the figures' new names
@@ -61,7 +62,15 @@ def main(argv: list[str]) -> int:
         + (f"; load average {env['load_average_at_start'][0]:g} at the start, {env['load_average_at_end'][0]:g} at the end"
            if env.get("load_average_at_start") else "")
         + "). At L the best passkey accuracy is "
-        f"{best_L[0]:.0%}. The whole report, with the loss by position, the run-to-run spread and the comparison "
+        f"{best_L[0]:.0%}."
+        + "".join(
+            f" {ENCODING_LABELS.get(s['encoding'], s['encoding'])} trained a second time (seed {config.seed + 1}) retrieves {s['passkey_b']:.0%} at L "
+            f"against {s['passkey_a']:.0%}: passkey retrieval is learned abruptly at this budget, so read it as one draw."
+            for s in results["spread"]
+            if s["eval_length"] == config.train_length and s["passkey_a"] is not None and s["passkey_b"] is not None
+            and abs(s["passkey_a"] - s["passkey_b"]) >= 0.25
+        )
+        + " The whole report, with the loss by position, the run-to-run spread and the comparison "
         "with the published findings: [docs/experiment_report.md](docs/experiment_report.md); what is measured and "
         "how: [docs/experiment.md](docs/experiment.md).",
         END,

@@ -14,6 +14,7 @@ import transformers
 from transformers import AutoConfig
 
 import rotary
+from helpers import hf_config, text_config
 from rotary import ConfigError, RoPE, frequencies
 from rotary.config import read_hf_config
 
@@ -43,8 +44,6 @@ def hf_class(dotted: str):
     return getattr(__import__(f"transformers.models.{module}", fromlist=[cls]), cls)
 
 
-def hf_config(d: dict):
-    return AutoConfig.for_model(**copy.deepcopy(d))
 
 
 def assert_tables_match(hf_module, rope: RoPE, positions: torch.Tensor, **kwargs) -> None:
@@ -396,9 +395,6 @@ PUBLISHED_FILES = {
 }  # fmt: skip
 
 
-def transformers_text_config(d: dict):
-    cfg = AutoConfig.for_model(**copy.deepcopy(d))
-    return getattr(cfg, "text_config", None) or cfg
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_FILES))
@@ -407,7 +403,7 @@ def test_published_configs_read_as_transformers_reads_them(name):
     dotted, layer_types, head_dim, rotary_dim, interleaved, rope_types = PUBLISHED_FILES[name]
     path = PUBLISHED / f"{name}.json"
     d = json.loads(path.read_text())
-    hf = hf_class(dotted)(transformers_text_config(d))
+    hf = hf_class(dotted)(text_config(d))
     for layer_type, rope_type in zip(layer_types, rope_types):
         kwargs = {} if layer_type is None else {"layer_type": layer_type}
         with warnings.catch_warnings():

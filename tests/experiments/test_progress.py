@@ -1,9 +1,8 @@
 """Progress: rich bars on a terminal, plain lines otherwise, nothing off rank 0."""
 
 import io
-import subprocess
-import sys
 
+from helpers import run_cli
 from rotary.experiments.progress import Reporter
 
 
@@ -54,7 +53,6 @@ def test_silent_off_rank_zero():
 
 
 def test_experiment_is_a_subcommand_of_python_m_rotary():
-    proc = subprocess.run([sys.executable, "-m", "rotary", "experiment", "--help"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0
+    proc = run_cli("experiment", "--help", timeout=120)
     for flag in ("--preset", "--encodings", "--scalings", "--resume", "--data", "--device", "--out", "--eval-lengths"):
         assert flag in proc.stdout

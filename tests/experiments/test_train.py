@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from helpers import cli_env
 from rotary.cli import main
 from rotary.experiments.config import PRESETS, ExperimentConfig
 from rotary.experiments.data import load_corpus
 from rotary.experiments.progress import Reporter
 from rotary.experiments.train import ModelSpec, build_model, learning_rate, load_checkpoint, param_groups, train_model
 
-ROOT = Path(__file__).resolve().parents[2]
 CFG = ExperimentConfig(**{**PRESETS["tiny"], "device": "cpu"})
 
 
@@ -51,7 +49,7 @@ def test_learned_rows_past_L_stay_as_initialised():
 def test_two_torchrun_processes_reach_the_parameters_of_one_process(tmp_path):
     flags = ["--preset", "tiny", "--device", "cpu", "--encodings", "rope,alibi", "--spread-encodings", "", "--scalings", "none",
              "--steps", "6", "--checkpoint-every", "6", "--eval-lengths", "112,224"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+    env = cli_env(OMP_NUM_THREADS="1")
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
          "-m", "rotary", "experiment", *flags, "--out", str(tmp_path / "two")],

@@ -96,7 +96,7 @@ class ExperimentConfig:
     num_layers: int = 2
     num_heads: int = 4
     rope_base: float = 10000.0
-    batch_size: int = 16
+    batch_size: int = 12
     steps: int = 1200
     learning_rate: float = 3e-3
     min_learning_rate: float = 3e-4

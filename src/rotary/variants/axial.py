@@ -591,6 +591,8 @@ class AxialRoPE(CoordinateRoPE):
                     f"pass split=(...) with {a} even numbers summing to {r}"
                 )
             return (r // a,) * a
+        if isinstance(split, (str, bytes)) or not isinstance(split, Sequence):
+            raise ValueError(f"split must be {a} even channel counts (one per axis) summing to rotary_dim={r}, got {split!r:.80}")
         split = tuple(split)
         if len(split) != a:
             raise ValueError(f"split gives {len(split)} blocks but axes={a}: give one channel count per axis")

@@ -27,7 +27,15 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from .._checks import check_bool, check_choice, check_finite, check_int, check_positive_float, check_positive_int, is_int
+from .._checks import (
+    check_bool,
+    check_choice,
+    check_finite,
+    check_int,
+    check_positive_float,
+    check_positive_int,
+    is_int,
+)
 from ..apply import Layout, check_layout, rotate
 from ..positions import Positions
 from ..rope_types import default_inv_freq

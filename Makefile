@@ -16,8 +16,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 
+# the main job: train short, test long (default preset, <= 10 minutes on 2 CPU cores), into runs/
 demo: $(STAMP)
-	$(PY) -m rotary demo
+	$(PY) -m rotary experiment --preset default
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --doctest-modules src tests
@@ -28,7 +29,11 @@ bench: $(STAMP)
 # the figures docs/ embeds (PNG; the SVG twins are not committed)
 figures: $(STAMP)
 	$(PY) -m rotary plot scaling -o docs/figures
+	$(PY) -m rotary plot variants -o docs/figures
 	$(PY) -m rotary plot decay --measured -o docs/figures/decay
+	$(PY) -m rotary plot axial -o docs/figures/axial
+	$(PY) -m rotary plot axial --mixed -o docs/figures/rope_mixed
+	$(PY) -m rotary plot learnable -o docs/figures/learnable_frequencies
 	rm -f docs/figures/*.svg
 
 lint: $(STAMP)

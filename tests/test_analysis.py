@@ -202,7 +202,7 @@ def test_verify_passes_for_correct_configurations(kwargs):
 
 def test_verify_catches_tables_built_for_the_other_pairing():
     rope = RoPE(32)
-    rope._cache = TableCache(rope.inv_freq, 1.0, True, 64)  # seed 002's mistake: interleaved tables, half pairing
+    rope._caches["original"] = TableCache(rope.inv_freq, 1.0, True, 64)  # interleaved tables, half pairing
     failed = {c.name for c in analysis.verify(rope, seq_len=16) if not c.passed}
     assert "tables match the half pairing" in failed
     assert "fast == block-diagonal matrix" in failed

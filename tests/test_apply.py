@@ -196,10 +196,13 @@ def test_check_tables_catches_seed_002_pairing_mistake():
     with pytest.raises(ValueError, match="interleaved"):
         rotary.apply_rotary(x, cos, sin, interleaved=False, validate=True)
     rotary.check_tables(cos, sin, interleaved=True)
+    # the default check samples a few rows: the mistake cannot pass silently
+    with pytest.raises(ValueError, match="laid out for the interleaved"):
+        rotary.apply_rotary(x, cos, sin)
     # and what goes wrong if nobody checks: the result is not the rotation (the pure-torch path
     # also changes norms, as seed 002 printed; the fused kernel reads one angle per pair, so it
     # rotates, but by the wrong angles)
-    wrong = rotary.apply_rotary(x, cos, sin, interleaved=False)
+    wrong = rotary.apply_rotary(x, cos, sin, interleaved=False, validate=False)
     right = rotary.RoPE(8, interleaved=False).rotate(x)
     assert float((wrong - right).abs().max()) > 1e-2
     from rotary.kernels.eager import rotate_torch

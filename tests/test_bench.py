@@ -4,22 +4,22 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import textwrap
 
 import pytest
 
+from helpers import run_cli
 from rotary import bench
 from rotary.cli import main
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rotary", "bench", *args], capture_output=True, text=True, timeout=600)
+def run_bench(*args: str) -> subprocess.CompletedProcess:
+    return run_cli("bench", *args, ok=None)
 
 
 @pytest.mark.slow
 def test_quick_bench_prints_a_table():
-    done = run_cli("--quick", "--repeats", "1", "--dtypes", "fp32")
+    done = run_bench("--quick", "--repeats", "1", "--dtypes", "fp32")
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "logical CPUs" in out and "threads" in out and "fused CPU kernel loaded" in out
@@ -56,7 +56,7 @@ def test_json_output_and_extra_cases(tmp_path):
             """
         )
     )
-    done = run_cli("--quick", "--repeats", "1", "--dtypes", "bf16", "--shapes", "decode", "--json", "--cases", str(cases))
+    done = run_bench("--quick", "--repeats", "1", "--dtypes", "bf16", "--shapes", "decode", "--json", "--cases", str(cases))
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["machine"]["torch_threads"] >= 1

@@ -19,6 +19,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -116,6 +117,32 @@ PLAUSIBLE = {
     "dtypes": ["fp32", "bf16", "fp32,bf16"],
     "pairing": ["half", "interleaved"],
     "suites": ["hf_llama_patch"],
+    # rotary plot axial / learnable
+    "heads": ["1", "2", "4"],
+    "extent": ["1", "3", "8"],
+    "steps": ["1", "5", "20"],
+    # rotary experiment
+    "train_length": ["16", "64", "112"],
+    "eval_lengths": ["112,224", "64", "16,32,64"],
+    "encodings": ["rope", "rope,alibi", "none,learned", "xpos"],
+    "scalings": ["none", "linear,yarn", "dynamic"],
+    "spread_encodings": ["", "rope"],
+    "hidden_size": ["16", "32"],
+    "num_layers": ["1", "2"],
+    "num_heads": ["1", "2", "4"],
+    "rope_base": ["10000", "500"],
+    "batch_size": ["3", "8"],
+    "learning_rate": ["0.001", "0.01"],
+    "min_learning_rate": ["0.0001"],
+    "warmup_steps": ["0", "2"],
+    "weight_decay": ["0", "0.1"],
+    "grad_clip": ["1.0"],
+    "passkey_fraction": ["0", "0.5"],
+    "passkey_trials": ["50", "64"],
+    "passkey_depths": ["0,0.5,1", "0.25"],
+    "eval_tokens": ["896", "4096"],
+    "held_out_fraction": ["0.1", "0.5"],
+    "checkpoint_every": ["4", "100"],
 }
 #: every registered rope_type's example block, as --scaling takes it
 SCALING_EXAMPLES = [json.dumps(spec.example(64).block) for spec in ROPE_TYPES.values() if spec.example]
@@ -130,10 +157,12 @@ def value_for(action: argparse.Action, pool: dict, wild: bool) -> st.SearchStrat
         return st.sampled_from(pool["plausible outputs"] if not wild else pool["outputs"])
     if name == "scaling":
         return st.sampled_from(SCALING_EXAMPLES) if not wild else SCALING
-    if name in ("config", "configs"):
+    if name in ("config", "configs", "data"):
         return st.sampled_from(pool["fixtures"] if not wild else pool["inputs"])
     if name in ("q", "k"):
         return st.sampled_from(pool["vectors"] if not wild else pool["inputs"])
+    if name == "resume":
+        return st.sampled_from(pool["outputs"] + pool["inputs"])
     if name == "cases":
         return st.sampled_from(pool["cases"][:1] if not wild else pool["cases"])
     if not wild and name in PLAUSIBLE:
@@ -147,6 +176,13 @@ def value_for(action: argparse.Action, pool: dict, wild: bool) -> st.SearchStrat
 SKIP = {("bench", "--compile")}
 #: always given to bench (the fuzzed options still override them): keeps a valid run at about a second
 BENCH_BASE = ["--quick", "--no-memory", "--no-compile", "--repeats", "1", "--shapes", "decode-small", "--dtypes", "fp32"]
+#: always given to experiment (overridable); its training is replaced by ReachedTraining below
+EXPERIMENT_BASE = ["--preset", "tiny", "--device", "cpu"]
+
+
+class ReachedTraining(Exception):
+    """``rotary experiment`` got past every check of its arguments, data and run directory. Training and
+    evaluation take seconds to minutes and are tested in tests/experiments; here they are not run."""
 
 
 def leaf_commands() -> dict[str, argparse.ArgumentParser]:
@@ -165,8 +201,7 @@ def leaf_commands() -> dict[str, argparse.ArgumentParser]:
 def argv_for(draw, command: str, pool: dict) -> list[str]:
     parser = leaf_commands()[command]
     argv = command.split()
-    if command == "bench":
-        argv += BENCH_BASE
+    argv += {"bench": BENCH_BASE, "experiment": EXPERIMENT_BASE}.get(command, [])
     positionals = [a for a in parser._actions if not a.option_strings and not isinstance(a, argparse._SubParsersAction)]
     options = [a for a in parser._actions if a.option_strings and not isinstance(a, argparse._HelpAction)
                and (command, a.option_strings[-1]) not in SKIP]
@@ -196,11 +231,14 @@ def run_in_process(argv: list[str]) -> tuple[int, str]:
     with tempfile.TemporaryDirectory() as work:
         os.chdir(work)
         try:
-            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err), \
+                    mock.patch("rotary.experiments.run.train_model", side_effect=ReachedTraining):
                 try:
                     status = main(argv)
                 except SystemExit as exc:  # argparse: --help (0) and usage errors (2)
                     status = exc.code if isinstance(exc.code, int) else 1
+                except ReachedTraining:
+                    status = 0
         except Exception as exc:  # noqa: BLE001  the property: nothing escapes main
             pytest.fail(f"rotary {' '.join(argv)!s} raised {type(exc).__name__}: {exc}")
         finally:
@@ -242,7 +280,8 @@ def check(argv: list[str], command: str) -> int:
 
 #: examples per subcommand: the fast ones get many, the ones that draw five figures a few
 BUDGET = {"inspect": 80, "verify": 50, "demo": 25, "plot decay": 25, "plot frequencies": 20, "plot scaling": 12,
-          "plot scores": 20, "plot positions": 20, "report": 6, "bench": 8, "build": 4}
+          "plot scores": 20, "plot positions": 20, "report": 6, "bench": 8, "build": 4, "plot axial": 10,
+          "plot learnable": 8, "plot variants": 4, "experiment": 40}
 
 
 @pytest.mark.slow

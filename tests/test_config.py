@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -13,7 +14,9 @@ import transformers
 from transformers import AutoConfig
 
 import rotary
+from helpers import hf_config, text_config
 from rotary import ConfigError, RoPE, frequencies
+from rotary.config import read_hf_config
 
 transformers.logging.set_verbosity_error()
 
@@ -41,8 +44,6 @@ def hf_class(dotted: str):
     return getattr(__import__(f"transformers.models.{module}", fromlist=[cls]), cls)
 
 
-def hf_config(d: dict):
-    return AutoConfig.for_model(**copy.deepcopy(d))
 
 
 def assert_tables_match(hf_module, rope: RoPE, positions: torch.Tensor, **kwargs) -> None:
@@ -192,8 +193,10 @@ def test_config_folder_and_bad_sources(tmp_path):
         RoPE.from_hf_config(tmp_path / "list.json")
     with pytest.raises(TypeError, match="PretrainedConfig, a dict or a path"):
         RoPE.from_hf_config(42)
+    # a config of an architecture without defaults must state its head width (transformers' Llama
+    # defaults fill it for model_type "llama": see test_published_configs_fill_defaults_like_transformers)
     with pytest.raises(ConfigError, match="head_dim"):
-        RoPE.from_hf_config({"model_type": "llama", "rope_theta": 1e4})
+        read_hf_config({"model_type": "my_custom_model", "rope_theta": 1e4}, interleaved=False)
 
 
 # ---- strict validation: every error, its message, and the strict=False path ---------------------
@@ -285,9 +288,9 @@ def test_other_input_errors():
     with pytest.raises(ConfigError, match="needs 'factor' or 'max_position_embeddings'"):
         frequencies(64, scaling={"rope_type": "longrope", "short_factor": [1.0] * 32, "long_factor": [1.0] * 32,
                                  "original_max_position_embeddings": 64})
-    with pytest.raises(ConfigError, match="attention_factor must be a number > 0"):
+    with pytest.raises(ConfigError, match="attention_factor=-1.0 for rope_type .yarn. must be > 0"):
         frequencies(64, scaling={**YARN, "attention_factor": -1.0})
-    with pytest.raises(ConfigError, match="truncate must be true or false"):
+    with pytest.raises(ConfigError, match="truncate of rope_type .yarn. must be true or false, got .no."):
         frequencies(64, scaling={**YARN, "truncate": "no"})
     with pytest.raises(ConfigError, match="scaling block must be a dict"):
         frequencies(64, scaling=[("rope_type", "linear")])
@@ -363,9 +366,9 @@ def test_interleaved_architectures_match_transformers_attention_inputs(model_typ
 
 def test_config_value_errors():
     d = load("llama2")
-    with pytest.raises(ConfigError, match="rope_theta must be a number > 0, got -1"):
+    with pytest.raises(ConfigError, match="rope_theta must be a finite number > 0, got -1"):
         RoPE.from_hf_config(dict(d, rope_theta=-1))
-    with pytest.raises(ConfigError, match="rope_parameters / rope_scaling must be a dict, got 'linear'"):
+    with pytest.raises(ConfigError, match="rope_scaling must be a dict, got 'linear'"):
         RoPE.from_hf_config(dict(d, rope_scaling="linear"))
     with pytest.raises(ConfigError, match="config head_dim must be a positive int, got 0"):
         RoPE.from_hf_config(dict(d, head_dim=0))
@@ -374,3 +377,262 @@ def test_config_value_errors():
     # a flat block with layer_types declared: every layer type shares it
     rope = RoPE.from_hf_config(dict(d, layer_types=["full_attention"]), layer_type="full_attention")
     assert torch.equal(rope.inv_freq, RoPE.from_hf_config(d).inv_freq)
+
+
+# ---- published config.json files, as published (tests/fixtures/published) ------------------------
+PUBLISHED = FIXTURES / "published"
+# file -> (RotaryEmbedding class in transformers, layer types, head_dim, rotary_dim, interleaved, rope_type per layer type)
+PUBLISHED_FILES = {
+    "llama-3.1-8b-instruct": ("llama.modeling_llama.LlamaRotaryEmbedding", [None], 128, 128, False, ["llama3"]),
+    "qwen2.5-7b-instruct-yarn": ("qwen2.modeling_qwen2.Qwen2RotaryEmbedding", [None], 128, 128, False, ["yarn"]),
+    "mistral-7b-instruct-v0.3": ("mistral.modeling_mistral.MistralRotaryEmbedding", [None], 128, 128, False, ["default"]),
+    "phi-3.5-mini-instruct": ("phi3.modeling_phi3.Phi3RotaryEmbedding", [None], 96, 96, False, ["longrope"]),
+    "deepseek-v3": ("deepseek_v3.modeling_deepseek_v3.DeepseekV3RotaryEmbedding", [None], 64, 64, True, ["yarn"]),
+    "gemma-3-4b-it": ("gemma3.modeling_gemma3.Gemma3RotaryEmbedding", ["sliding_attention", "full_attention"], 256, 256,
+                      False, ["default", "linear"]),
+    "gpt-oss-20b": ("gpt_oss.modeling_gpt_oss.GptOssRotaryEmbedding", [None], 64, 64, False, ["yarn"]),
+    "pythia-160m": ("gpt_neox.modeling_gpt_neox.GPTNeoXRotaryEmbedding", [None], 64, 16, False, ["default"]),
+}  # fmt: skip
+
+
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_FILES))
+def test_published_configs_read_as_transformers_reads_them(name):
+    # issue 13 item 1: each file as published, against transformers' own rotary class built from the same file
+    dotted, layer_types, head_dim, rotary_dim, interleaved, rope_types = PUBLISHED_FILES[name]
+    path = PUBLISHED / f"{name}.json"
+    d = json.loads(path.read_text())
+    hf = hf_class(dotted)(text_config(d))
+    for layer_type, rope_type in zip(layer_types, rope_types):
+        kwargs = {} if layer_type is None else {"layer_type": layer_type}
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a published file reads without a complaint
+            rope = RoPE.from_hf_config(path, **kwargs)
+            # the same from the dict and from transformers' config object built from the file
+            for source in (copy.deepcopy(d), AutoConfig.for_model(**copy.deepcopy(d))):
+                again = RoPE.from_hf_config(source, **kwargs)
+                assert torch.equal(again.freqs.inv_freq, rope.freqs.inv_freq), type(source).__name__
+                assert again.attention_scaling == rope.attention_scaling and again.interleaved == rope.interleaved
+        assert (rope.head_dim, rope.rotary_dim, rope.interleaved, rope.freqs.rope_type) == (
+            head_dim, rotary_dim, interleaved, rope_type)  # fmt: skip
+        assert torch.equal(rope.freqs.inv_freq, getattr(hf, f"{layer_type or ''}{'_' if layer_type else ''}inv_freq"))
+        hf_scaling = hf.attention_scaling if layer_type is None else getattr(hf, f"{layer_type}_attention_scaling")
+        assert rope.attention_scaling == hf_scaling
+        long = 4200 if rope_type == "longrope" else 0  # the long factors as well
+        for positions in (torch.arange(0, 300), torch.arange(long, long + 50)):
+            assert_tables_match(hf, rope, positions, **kwargs)
+    assert json.loads(path.read_text()) == d
+
+
+def test_gemma3_4b_it_is_filled_from_transformers_defaults_and_from_the_table_alike(monkeypatch):
+    # the file states neither head_dim, num_attention_heads nor either base: transformers' Gemma-3 defaults
+    path = PUBLISHED / "gemma-3-4b-it.json"
+    with_transformers = {lt: read_hf_config(path, layer_type=lt) for lt in ("sliding_attention", "full_attention")}
+    assert with_transformers["sliding_attention"].base == 10000.0 and with_transformers["full_attention"].base == 1e6
+    assert with_transformers["full_attention"].scaling == {"rope_type": "linear", "factor": 8.0}
+    assert {s.head_dim for s in with_transformers.values()} == {256}
+    monkeypatch.setattr(rotary.config, "_transformers_installed", lambda: False)  # the table instead
+    for layer_type, settings in with_transformers.items():
+        assert read_hf_config(path, layer_type=layer_type) == settings
+
+
+def test_every_published_family_reads_the_same_without_transformers(monkeypatch):
+    settings = {}
+    for name, (_, layer_types, *_rest) in PUBLISHED_FILES.items():
+        for layer_type in layer_types:
+            settings[name, layer_type] = read_hf_config(PUBLISHED / f"{name}.json", layer_type=layer_type)
+    monkeypatch.setattr(rotary.config, "_transformers_installed", lambda: False)
+    for (name, layer_type), expected in settings.items():
+        assert read_hf_config(PUBLISHED / f"{name}.json", layer_type=layer_type) == expected, name
+
+
+@pytest.mark.parametrize("model_type", sorted(rotary.config.MODEL_DEFAULTS))
+def test_defaults_table_equals_transformers_config_classes(model_type):
+    from rotary.config import model_defaults
+
+    assert model_defaults(model_type, source="table") == model_defaults(model_type, source="transformers")
+
+
+def test_text_model_types_of_multimodal_wrappers_equal_transformers():
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    for outer, inner in rotary.config.TEXT_MODEL_TYPES.items():
+        assert CONFIG_MAPPING[outer]().text_config.model_type == inner, outer
+
+
+def test_missing_values_are_filled_like_transformers():
+    # each omitted value, from the model's config class: Phi-2's partial factor, gpt-oss's YaRN block,
+    # GPT-NeoX's rotary_pct and base, DeepSeek-V3's rope_interleave and rope head width
+    cases = [
+        ({"model_type": "phi", "hidden_size": 2560, "num_attention_heads": 32}, (80, 40, False, "default", 10000.0)),
+        ({"model_type": "gpt_oss"}, (64, 64, False, "yarn", 150000.0)),
+        ({"model_type": "gpt_neox", "hidden_size": 2048, "num_attention_heads": 16}, (128, 32, False, "default", 10000.0)),
+        ({"model_type": "deepseek_v3", "max_position_embeddings": 4096}, (64, 64, True, "default", 10000.0)),
+        ({"model_type": "llama"}, (128, 128, False, "default", 10000.0)),
+    ]
+    for d, expected in cases:
+        rope = RoPE.from_hf_config(d)
+        assert (rope.head_dim, rope.rotary_dim, rope.interleaved, rope.freqs.rope_type, rope.freqs.base) == expected, d
+        hf = AutoConfig.for_model(**copy.deepcopy(d))
+        assert torch.equal(rope.inv_freq, RoPE.from_hf_config(hf).inv_freq), d  # the config object, fully filled
+
+
+# ---- item 2 of issue 11: rope_parameters and a legacy rope_scaling in one config ---------------------
+def test_both_blocks_that_disagree_are_an_error_and_leniently_what_transformers_does():
+    d = load("mistral")  # rope_parameters {"rope_type": "default", "rope_theta": 1e6}
+    d["rope_scaling"] = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192}
+    with pytest.raises(ConfigError, match=r"both rope_parameters=.* and a legacy rope_scaling=.*transformers 5.23 reads "
+                                          r"rope_scaling instead of rope_parameters.*'rope_theta': 10000.0.*merge"):
+        RoPE.from_hf_config(d)
+    with pytest.warns(UserWarning, match="both rope_parameters"):
+        rope = RoPE.from_hf_config(d, strict=False)
+    # transformers drops rope_parameters, its rope_theta included, and falls back to the default base
+    hf = hf_config(d)
+    assert hf.rope_parameters["rope_theta"] == 10000.0 and rope.freqs.base == 10000.0
+    assert rope.freqs.rope_type == "yarn"
+    assert torch.equal(rope.inv_freq, hf_class("mistral.modeling_mistral.MistralRotaryEmbedding")(hf).inv_freq)
+
+
+def test_both_blocks_that_agree_are_read_without_a_word():
+    d = load("mistral")
+    d["rope_parameters"] = {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}
+    d["rope_theta"] = 1e6
+    d["rope_scaling"] = {"type": "linear", "factor": 2.0}  # what transformers reads gives the same block
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rope = RoPE.from_hf_config(d)
+    hf = hf_config(d)
+    assert torch.equal(rope.inv_freq, hf_class("mistral.modeling_mistral.MistralRotaryEmbedding")(hf).inv_freq)
+    for empty in (None, {}):  # a null or empty rope_scaling is ignored, as in transformers
+        assert RoPE.from_hf_config(dict(load("mistral"), rope_scaling=empty)).freqs.base == 1e6
+
+
+def test_gemma3_merges_rope_scaling_into_the_full_attention_block_like_transformers():
+    d = load("gemma3_nested")
+    d["rope_scaling"] = {"rope_type": "linear", "factor": 4.0}  # disagrees with full_attention's factor 8
+    with pytest.raises(ConfigError, match="both rope_parameters"):
+        RoPE.from_hf_config(d, layer_type="full_attention")
+    with pytest.warns(UserWarning, match="both rope_parameters"):
+        rope = RoPE.from_hf_config(d, layer_type="full_attention", strict=False)
+    hf = hf_class("gemma3.modeling_gemma3.Gemma3RotaryEmbedding")(hf_config(d))
+    assert rope.freqs.scaling["factor"] == 4.0 and torch.equal(rope.inv_freq, hf.full_attention_inv_freq)
+
+
+# ---- item 7 of issue 11: values read from configs are checked for type ------------------------------
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"rope_interleave": "true"}, r"rope_interleave must be true or false, got 'true' \(str\)"),
+        ({"rope_interleave": 1}, r"rope_interleave must be true or false, got 1 \(int\)"),
+        ({"rope_theta": "10000"}, r"rope_theta must be a finite number > 0, got '10000'"),
+        ({"rope_theta": True}, r"rope_theta must be a finite number > 0, got True"),
+        ({"qk_rope_head_dim": 64.0}, r"qk_rope_head_dim must be a positive int, got 64.0"),
+        ({"max_position_embeddings": "163840"}, r"max_position_embeddings must be a positive int .*got '163840'"),
+        ({"model_type": ["deepseek_v3"]}, r"model_type must be a string, got \['deepseek_v3'\]"),
+        ({"layer_types": "full_attention"}, r"layer_types must be a list of strings, got 'full_attention'"),
+        ({"text_config": "x", "rope_theta": None, "rope_scaling": None, "head_dim": None}, None),
+    ],
+)
+def test_config_values_are_type_checked(change, message):
+    d = {k: v for k, v in load("deepseek_v3").items() if k not in change or change[k] is not None}
+    d.update({k: v for k, v in change.items() if v is not None})
+    if message is None:  # a text_config next to the RoPE keys is not where they are read
+        d = {k: v for k, v in load("deepseek_v3").items() if k not in ("rope_theta", "rope_scaling")}
+        d["text_config"] = "x"
+        message = r"text_config must be a dict, got 'x'"
+    with pytest.raises(ConfigError, match=message):
+        RoPE.from_hf_config(d)
+    with pytest.raises(ConfigError, match=message):
+        RoPE.from_hf_config(d, strict=False)
+
+
+def test_absurd_widths_are_config_errors_not_allocation_failures():
+    # found by tests/test_config_properties.py: torch failed allocating the tables
+    with pytest.raises(ConfigError, match=r"hidden_size=2361183241434822606848 / num_attention_heads=2 gives heads wider"):
+        read_hf_config({"model_type": "llama", "hidden_size": 2**71, "num_attention_heads": 2})
+    with pytest.raises(ConfigError, match=r"head_dim=131072 is wider than any attention head"):
+        read_hf_config({"model_type": "llama", "head_dim": 2**17})
+    d = {"model_type": "mistral4", "head_dim": 128, "qk_rope_head_dim": 64,
+         "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 1e300}}
+    with pytest.raises(ConfigError, match=r"qk_rope_head_dim=64 but head_dim=128 \* partial_rotary_factor=1e\+300"):
+        read_hf_config(d)
+
+
+def test_read_hf_config_argument_types():
+    d = load("llama2")
+    with pytest.raises(TypeError, match="strict must be True or False, got 'no'"):
+        read_hf_config(d, strict="no")
+    with pytest.raises(TypeError, match="layer_type must be a string or None, got 0"):
+        read_hf_config(d, layer_type=0)
+    with pytest.raises(TypeError, match="interleaved must be True or False, got 'false'"):
+        read_hf_config(dict(d, model_type="my_model"), interleaved="false")
+
+
+# ---- item 21 of issue 11: a file that is not UTF-8 ---------------------------------------------------
+def test_a_config_that_is_not_utf8_names_the_file(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_bytes(json.dumps({"model_type": "llama", "note": "caf\u00e9"}).replace("\\u00e9", "\u00e9").encode("latin-1"))
+    with pytest.raises(ConfigError, match=rf"{path} is not UTF-8 text \(byte 0xe9 at offset \d+\).*re-save it as UTF-8"):
+        RoPE.from_hf_config(tmp_path)
+
+
+# ---- item 14 of issue 11: the pairing comes from a checked table, or from the caller -----------------
+def test_unknown_model_types_need_the_pairing_stated():
+    d = {"model_type": "my_custom_model", "hidden_size": 256, "num_attention_heads": 4, "rope_theta": 10000.0}
+    with pytest.raises(ConfigError, match=r"model_type 'my_custom_model' is not in rotary's pairing table.*pass "
+                                          r"interleaved=True .*\(2i, 2i\+1\) or interleaved=False"):
+        read_hf_config(d)
+    with pytest.raises(ConfigError, match="it has no model_type"):
+        read_hf_config({k: v for k, v in d.items() if k != "model_type"})
+    for interleaved in (True, False):
+        assert read_hf_config(d, interleaved=interleaved).interleaved is interleaved
+    assert RoPE.from_hf_config(d, interleaved=True).interleaved
+
+
+def test_refused_architectures_say_why():
+    from rotary.config import UNSUPPORTED
+
+    model_type, reason = next(iter(sorted(UNSUPPORTED.items())))
+    with pytest.raises(ConfigError, match=re.escape(f"model_type {model_type!r} {reason}")):
+        read_hf_config({"model_type": model_type, "head_dim": 64}, interleaved=False)
+    with pytest.raises(ConfigError, match="multimodal RoPE"):
+        read_hf_config({"model_type": "llama", "head_dim": 64, "rope_parameters": {"rope_type": "default",
+                                                                                    "mrope_section": [16, 8, 8]}})
+
+
+@pytest.mark.parametrize("model_type", ["llama4_text", "codegen", "helium", "ernie4_5", "glm4_moe_lite", "mistral4"])
+def test_architectures_transformers_rotates_in_adjacent_pairs(model_type):
+    # the reproduction of item 14: Llama4TextConfig() read as half pairs before
+    cfg = AutoConfig.for_model(model_type)
+    if model_type in rotary.config.UNSUPPORTED:
+        with pytest.raises(ConfigError, match=model_type):
+            RoPE.from_hf_config(cfg)
+        return
+    assert RoPE.from_hf_config(cfg, strict=False).interleaved
+
+
+# ---- item 15 of issue 11: a YaRN factor that disagrees with the config's two lengths ----------------
+def test_yarn_factor_disagreeing_with_the_config_lengths():
+    d = json.loads((PUBLISHED / "qwen2.5-7b-instruct-yarn.json").read_text())
+    d["max_position_embeddings"] = 65536  # factor 4 over 32768 says 131072
+    with pytest.raises(ConfigError, match=r"factor=4.0 disagrees with max_position_embeddings / "
+                                          r"original_max_position_embeddings = 65536 / 32768 = 2; set factor to 2"):
+        RoPE.from_hf_config(d)
+    with pytest.warns(UserWarning, match="disagrees with"):
+        rope = RoPE.from_hf_config(d, strict=False)
+    hf = hf_class("qwen2.modeling_qwen2.Qwen2RotaryEmbedding")(hf_config(d))  # transformers: warns, uses factor
+    assert torch.equal(rope.inv_freq, hf.inv_freq) and rope.attention_scaling == hf.attention_scaling
+
+
+def test_defaults_of_every_transformers_model_type_read_without_an_error():
+    # read_hf_config asks transformers for the defaults of whatever model_type a file names
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    from rotary.config import DEFAULTED_KEYS, model_defaults
+
+    allowed = set(DEFAULTED_KEYS) | {"rope_theta", "partial_rotary_factor", "layer_rope_theta", "rope_parameters",
+                                     "rope_ignore_keys"}  # fmt: skip
+    for model_type in CONFIG_MAPPING_NAMES:
+        defaults = model_defaults(model_type, source="transformers")
+        assert set(defaults) <= allowed, (model_type, set(defaults) - allowed)

@@ -3,11 +3,12 @@
 import subprocess
 import sys
 
+from helpers import cli_env, run_cli
 from rotary.cli import main
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "rotary", *args], capture_output=True, text=True, timeout=300)
+    return run_cli(*args, ok=None, timeout=300)
 
 
 def test_demo_runs_and_passes():
@@ -50,7 +51,7 @@ def test_bad_counts_are_usage_errors():
 def test_closed_pipe_is_not_a_traceback():
     proc = subprocess.Popen(
         [sys.executable, "-m", "rotary", "inspect", "--head-dim", "1024", "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env(),
     )
     proc.stdout.read(100)  # the reader goes away long before the ~120 kB of JSON (twice a pipe buffer) is written
     proc.stdout.close()

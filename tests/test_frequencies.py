@@ -1,3 +1,4 @@
+import copy
 import math
 
 import pytest
@@ -57,6 +58,7 @@ def test_frequencies_is_frozen_and_has_wavelengths():
         (dict(head_dim=64, base=0.0), r"base must be a finite number > 0, got base=0.0"),
         (dict(head_dim=64, base=-10000.0), r"got base=-10000.0"),
         (dict(head_dim=64, base=float("nan")), r"got base=nan"),
+        (dict(head_dim=2**40), r"head_dim=1099511627776 is wider than any attention head"),
     ],
 )
 def test_bad_dimensions_and_base(kwargs, match):
@@ -70,3 +72,59 @@ def test_bad_dimensions_and_base(kwargs, match):
 def test_unknown_rope_type_lists_valid_ones():
     with pytest.raises(ValueError, match=r"unknown rope_type 'nope'.*default"):
         rotary.frequencies(64, scaling={"rope_type": "nope"})
+
+
+def test_editing_the_block_afterwards_changes_nothing():
+    # item 11 of issue 11: a longrope block's lists were kept by reference
+    block = {"rope_type": "longrope", "short_factor": [1.0] * 32, "long_factor": [4.0] * 32, "factor": 4.0,
+             "original_max_position_embeddings": 64, "nested": {"a": [1]}}
+    with pytest.warns(UserWarning, match="unknown key 'nested'"):
+        f = rotary.frequencies(64, scaling=block, strict=False)
+    with pytest.warns(UserWarning):
+        rope = rotary.RoPE(64, scaling=block, strict=False)
+    with pytest.warns(UserWarning):
+        expected = rotary.RoPE(64, scaling=copy.deepcopy(block), strict=False).cos_sin(torch.arange(100))
+    inv_freq, short = f.inv_freq.clone(), rope.inv_freq.clone()
+    block["short_factor"][:] = [2.0] * 32
+    block["long_factor"][0] = 1000.0
+    block["nested"]["a"].append(2)
+    block["factor"] = 8.0
+    assert f.scaling["short_factor"] == (1.0,) * 32 and f.scaling["long_factor"][0] == 4.0
+    assert f.scaling["nested"] == {"a": (1,)} and f.scaling["factor"] == 4.0
+    assert torch.equal(f.inv_freq, inv_freq)
+    assert torch.equal(rope.inv_freq, short)
+    # the long factors are computed at the first long call, after the edit
+    cos, sin = rope.cos_sin(torch.arange(100))
+    assert torch.equal(cos, expected[0]) and torch.equal(sin, expected[1])
+
+
+def test_frequencies_scaling_is_a_read_only_deep_copy_that_serialises():
+    import copy
+    import json
+    import pickle
+
+    from rotary.frequencies import FrozenBlock
+
+    block = {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4, "factor": 2.0,
+             "original_max_position_embeddings": 64}
+    f = rotary.frequencies(8, scaling=block)
+    assert isinstance(f.scaling, FrozenBlock) and isinstance(f.scaling, dict)
+    for edit in (lambda s: s.__setitem__("factor", 3.0), lambda s: s.pop("factor"), lambda s: s.update(factor=3),
+                 lambda s: s.setdefault("x", 1), lambda s: s.clear(), lambda s: s.__delitem__("factor")):
+        with pytest.raises(TypeError, match="FrozenBlock is read-only"):
+            edit(f.scaling)
+    with pytest.raises(AttributeError):
+        f.scaling["short_factor"].append(3.0)  # a tuple
+    assert f.scaling == {**block, "short_factor": (1.0,) * 4, "long_factor": (2.0,) * 4}
+    assert json.loads(json.dumps(f.scaling)) == block
+    for clone in (pickle.loads(pickle.dumps(f.scaling)), copy.deepcopy(f.scaling), copy.copy(f.scaling)):
+        assert clone == f.scaling and isinstance(clone, FrozenBlock)
+    editable = dict(f.scaling)
+    editable["factor"] = 4.0
+    assert f.scaling["factor"] == 2.0
+    # the frozen block computes the same frequencies again
+    assert torch.equal(rotary.frequencies(8, scaling=f.scaling).inv_freq, f.inv_freq)
+    # a Frequencies built by hand freezes its block too
+    g = rotary.Frequencies(inv_freq=f.inv_freq, attention_scaling=1.0, head_dim=8, rotary_dim=8, base=1e4,
+                           scaling={"factor": [1, 2]})
+    assert g.scaling == {"factor": (1, 2)} and isinstance(g.scaling, FrozenBlock)

@@ -5,22 +5,15 @@ import pytest
 import torch
 
 import rotary
+from helpers import llama_config
 
 transformers = pytest.importorskip("transformers", minversion="5.0")  # pinned in the dev extra
-from transformers import LlamaConfig  # noqa: E402
 from transformers.models.gptj import modeling_gptj  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb  # noqa: E402
 from transformers.models.roformer.modeling_roformer import (  # noqa: E402
     RoFormerSelfAttention,
     RoFormerSinusoidalPositionalEmbedding,
 )
-
-
-def llama_config(head_dim=64, theta=10000.0, max_pos=2048):
-    return LlamaConfig(
-        hidden_size=head_dim * 4, num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
-        max_position_embeddings=max_pos, rope_parameters={"rope_type": "default", "rope_theta": theta},
-    )
 
 
 @pytest.mark.parametrize("head_dim, theta", [(64, 10000.0), (128, 500000.0), (96, 1e6), (256, 10000.0)])

@@ -76,22 +76,27 @@ def rotate_calls(monkeypatch):
     calls = []
     real = dispatch.rotate
 
-    def counting(xs, *args, **kwargs):
-        calls.extend(x.shape for x in xs)
-        return real(xs, *args, **kwargs)
+    def counting(rotation, *args, **kwargs):
+        calls.extend(x.shape for x in rotation.xs)
+        return real(rotation, *args, **kwargs)
 
     monkeypatch.setattr(dispatch, "rotate", counting)
     return calls
 
 
+#: the Qwen-VL families (multimodal RoPE): tested with images in tests/variants/test_mrope.py
+MULTIMODAL = {f"{name}{suffix}" for name in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl") for suffix in ("", "_text")}
+
+
 def test_supported_list_is_the_issue_list():
-    assert set(hf.SUPPORTED) == {
+    text = {
         "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma3", "gemma3_text", "gpt_neox",
         "gpt_oss", "deepseek_v3", "gptj", "cohere", "glm",
     }
+    assert set(hf.SUPPORTED) == text | MULTIMODAL
 
 
-@pytest.mark.parametrize("model_type", sorted(hf.SUPPORTED))
+@pytest.mark.parametrize("model_type", sorted(set(hf.SUPPORTED) - MULTIMODAL))
 def test_patched_logits_equal_unpatched_and_unpatch_restores(model_type, rotate_calls):
     model = make_model(model_type)
     ids = torch.randint(64, (2, 11))
@@ -205,13 +210,13 @@ def test_kv_caches_are_interchangeable(model_type):
 
 def test_gemma3_both_layer_types_go_through_rotary_with_their_own_tables(monkeypatch):
     seen = []
-    real = hf._rotate_q_and_k
+    real = hf._apply_pair
 
     def spy(q, k, cos, sin, **kw):
         seen.append(cos.clone())
         return real(q, k, cos, sin, **kw)
 
-    monkeypatch.setattr(hf, "_rotate_q_and_k", spy)
+    monkeypatch.setattr(hf, "_apply_pair", spy)
     model = make_model("gemma3_text")
     ids = torch.randint(64, (1, 10))
     with torch.no_grad():

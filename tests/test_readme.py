@@ -13,6 +13,14 @@ def test_readme_python_blocks_run():
         exec(compile(block, str(README), "exec"), {})
 
 
+def test_experiment_doc_python_blocks_run():
+    doc = README.parent / "docs" / "experiment.md"
+    blocks = re.findall(r"```python\n(.*?)```", doc.read_text(), flags=re.S)
+    assert blocks, "docs/experiment.md has no python example"
+    for block in blocks:
+        exec(compile(block, str(doc), "exec"), {})
+
+
 def test_readme_quick_start_is_two_make_commands():
     text = README.read_text()
     assert "make demo" in text and "make test" in text

@@ -69,6 +69,10 @@ def configurations(draw, rope_type: str):
             params["beta_slow"] = beta_slow
         if beta_fast is not None:
             params["beta_fast"] = beta_fast
+        # the context length agrees with the factor (or is left at the trained one), as in published configs;
+        # a disagreement is an error here (transformers warns): test_yarn_factor_disagreeing_with_the_lengths
+        consistent = [original] + [original * int(params["factor"])] * float(params["factor"]).is_integer()
+        max_position_embeddings = draw(st.sampled_from(consistent))
         extra = draw(st.sampled_from(["none", "attention_factor", "mscale", "truncate"]))
         if extra == "attention_factor":
             params["attention_factor"] = draw(st.floats(0.5, 2.0))
@@ -357,7 +361,7 @@ def _check_call(hf_module, rope, length, how):
         cos, sin = rope.cos_sin(positions)
         cos, sin = cos[0], sin[0]
     else:  # forward without position_ids: the offset path must update the frequencies too
-        q = torch.randn(1, 1, length, rope.head_dim, dtype=torch.float64)
+        q = torch.randn(1, 1, length, rope.head_dim)  # fp32: both sides use the fp32 tables
         q_rot = rope.rotate(q)
         cos, sin = rope.cos_sin(torch.arange(length))
         expected = rotary.apply_rotary(q, cos, sin)

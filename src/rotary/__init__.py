@@ -1,36 +1,48 @@
 """rotary: rotary position embeddings (RoPE) for PyTorch: exact, complete, fast, inspectable."""
 
 # hf, models, nn: layers and models built on RoPE (rotary.hf imports transformers only inside patch())
-from . import analysis, hf, models, nn, reference
-from .apply import (
-    apply_rotary,
-    apply_rotary_,
-    check_tables,
-    permute_qk_weight,
-    to_half,
-    to_interleaved,
-)
-from .config import ConfigError
-from .frequencies import ROPE_INIT_FUNCTIONS, Frequencies, frequencies
+from . import analysis, hf, models, nn, positions, reference, variants
+from .apply import apply_rotary, apply_rotary_, apply_rotary_kv_, apply_rotary_qkv_, check_tables, rotate
+from .frequencies import Frequencies, frequencies
 from .module import RoPE
+from .pairing import permute_qk_weight, to_half, to_interleaved
+from .positions import Positions
+from .rope_types import ROPE_INIT_FUNCTIONS, ROPE_TYPES, ConfigError, register_rope_type
+from .tables import RotaryTables
+from .variants import AxialRoPE, MRoPE, MultimodalPositions, RoPEMixed, XPos, multimodal_positions
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AxialRoPE",
     "ConfigError",
     "ROPE_INIT_FUNCTIONS",
+    "ROPE_TYPES",
     "Frequencies",
+    "MRoPE",
+    "MultimodalPositions",
+    "Positions",
     "RoPE",
+    "RoPEMixed",
+    "RotaryTables",
+    "XPos",
     "analysis",
     "apply_rotary",
     "apply_rotary_",
+    "apply_rotary_kv_",
+    "apply_rotary_qkv_",
     "check_tables",
     "frequencies",
     "hf",
     "models",
+    "multimodal_positions",
     "nn",
     "permute_qk_weight",
+    "positions",
     "reference",
+    "register_rope_type",
+    "rotate",
     "to_half",
     "to_interleaved",
+    "variants",
 ]

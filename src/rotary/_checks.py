@@ -14,6 +14,7 @@ from collections.abc import Collection
 from typing import Any, TypeVar
 
 __all__ = [
+    "MAX_HEAD_DIM",
     "check_bool",
     "check_choice",
     "check_finite",
@@ -26,6 +27,10 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+#: the widest attention head accepted (real models use 64 to 512 channels): a wider one is a mistake in
+#: a config (hidden_size where head_dim was meant), and its frequency tables could not be allocated
+MAX_HEAD_DIM = 2**16
 
 
 def is_int(value: Any) -> bool:
@@ -88,7 +93,7 @@ def check_finite(value: Any, name: str) -> float:
 def check_probability(value: Any, name: str) -> float:
     """A number in ``[0, 1)`` (dropout rates)."""
     if not is_number(value) or not 0.0 <= value < 1.0:
-        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
+        raise ValueError(f"{name} must be in [0, 1), got {value!r}")
     return float(value)
 
 

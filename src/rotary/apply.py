@@ -1,28 +1,36 @@
-"""Applying the rotation: ``apply_rotary`` (the functional form), table checks, pairing converters.
+"""Applying the rotation: :func:`rotate` (any tensors, one :class:`~rotary.tables.RotaryTables`) and
+:func:`apply_rotary`, the functional form for callers who bring their own cos/sin tensors.
 
-The pure-torch code here is the fallback of every backend and the oracle the fused kernels are
-tested against. Arithmetic is done in fp32 (or float64 for float64 inputs), whatever ``x.dtype``;
-the result is cast back to ``x.dtype`` once.
+This is the one rotate path: :class:`rotary.RoPE`, the attention layers and ``rotary.hf.patch`` all
+end here. It checks the inputs, brings every tensor to the kernels' ``[B, S, H, D]`` view, turns the
+tables' addressing into a :class:`~rotary.kernels.contract.Rotation` and hands it to the dispatcher.
+Arithmetic is fp32 (or float64 for float64 inputs), whatever ``x.dtype``; the result is cast back to
+``x.dtype`` once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
 
+from . import positions as P
+from ._checks import check_int, check_positive_int
 from .kernels import dispatch
+from .kernels.contract import Rotation
+from .tables import RotaryTables
 
 __all__ = [
     "LAYOUTS",
+    "Layout",
     "apply_rotary",
     "apply_rotary_",
-    "check_tables",
+    "apply_rotary_kv_",
+    "apply_rotary_qkv_",
     "check_layout",
-    "to_interleaved",
-    "to_half",
-    "pair_permutation",
-    "permute_qk_weight",
+    "check_tables",
+    "rotate",
 ]
 
 Layout = Literal["bhsd", "bshd"]
@@ -38,182 +46,31 @@ def check_layout(layout: str) -> tuple[int, int]:
         raise ValueError(f"unknown layout {layout!r}; use 'bhsd' ([B, H, S, D]) or 'bshd' ([B, S, H, D])") from None
 
 
-def _check_x(x: torch.Tensor, name: str = "x") -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor (fp32/bf16/fp16/fp64), got dtype {x.dtype}")
-    if x.dim() != 4:
-        raise ValueError(f"{name} must be 4-D ([B, H, S, D] or [B, S, H, D]), got shape {tuple(x.shape)}")
-
-
-def _check_table_shape(x: torch.Tensor, cos: torch.Tensor, layout: str) -> None:
-    """cos/sin ``[S, r]`` or ``[B, S, r]`` must fit x's S and B (the pair checks are :func:`_check_table_pair`)."""
-    batch_dim, seq_dim = check_layout(layout)
-    if cos.dim() not in (2, 3):
-        raise ValueError(f"cos/sin must be [S, r] or [B, S, r], got shape {tuple(cos.shape)}")
-    if cos.shape[-2] != x.shape[seq_dim]:
-        raise ValueError(
-            f"cos/sin cover S={cos.shape[-2]} positions but x (layout {layout!r}, shape {tuple(x.shape)}) "
-            f"has S={x.shape[seq_dim]}"
-        )
-    if cos.dim() == 3 and cos.shape[0] not in (1, x.shape[batch_dim]):
-        raise ValueError(f"cos/sin have batch {cos.shape[0]} but x has batch {x.shape[batch_dim]} (layout {layout!r})")
-
-
-def _check_table_pair(cos: torch.Tensor, sin: torch.Tensor, head_dim: int, device: torch.device) -> None:
-    """Checks shared by every table form: tensors, same shape, floating, r even and <= head_dim, on x's device."""
-    if not (isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor)):
-        raise TypeError("cos and sin must be tensors (use RoPE.cos_sin(position_ids) to make them)")
-    if cos.shape != sin.shape:
-        raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
-    if not cos.is_floating_point():
-        raise TypeError(f"cos/sin must be floating point, got dtype {cos.dtype}")
-    r = cos.shape[-1] if cos.dim() else 0
-    if r % 2 or r == 0 or r > head_dim:
-        raise ValueError(
-            f"cos/sin rotate r={r} channels but x has head_dim={head_dim}; r must be even and 0 < r <= head_dim"
-        )
-    if cos.device != device:
-        raise ValueError(f"cos/sin are on {cos.device} but x is on {device}; move them with .to(x.device)")
-
-
-def _check_positions_in_table(positions: torch.Tensor, rows: int, what: str) -> None:
-    if torch.compiler.is_compiling() or not positions.numel():
-        return
-    top = int(positions.max())
-    if top >= rows:
-        raise ValueError(
-            f"{what} reach position {top} but the cos/sin tables have only {rows} rows; "
-            f"build tables for at least {top + 1} positions (RoPE.cos_sin(torch.arange({top + 1})))"
-        )
-
-
-def _packed_positions(cu_seqlens: torch.Tensor, total: int, max_seqlen: int | None) -> tuple[torch.Tensor, int | None]:
-    """Per-token positions ``[total]`` restarting at 0 at every ``cu_seqlens`` boundary, and the longest sequence."""
-    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.is_floating_point() or cu_seqlens.dtype == torch.bool:
-        raise TypeError(f"cu_seqlens must be an integer tensor [N + 1], got {cu_seqlens!r:.80}")
-    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
-        raise ValueError(f"cu_seqlens must be 1-D [N + 1] with N >= 1 sequences, got shape {tuple(cu_seqlens.shape)}")
-    cu = cu_seqlens.to(torch.int64)
-    if not torch.compiler.is_compiling():
-        lengths = cu.diff()
-        if int(cu[0]) != 0 or int(cu[-1]) != total or bool((lengths < 0).any()):
-            raise ValueError(
-                f"cu_seqlens must start at 0, never decrease and end at the {total} packed tokens of x; "
-                f"got {cu_seqlens.tolist() if cu.numel() <= 16 else cu_seqlens}"
-            )
-        longest = int(lengths.max())
-        if max_seqlen is not None and max_seqlen < longest:
-            raise ValueError(f"max_seqlen={max_seqlen} but cu_seqlens holds a sequence of {longest} tokens")
-        max_seqlen = longest if max_seqlen is None else max_seqlen
-    token = torch.arange(total, device=cu.device)
-    sequence = torch.searchsorted(cu[1:], token, right=True)
-    return token - cu[sequence], max_seqlen
-
-
-def _rotate_tensors(
-    xs: list[torch.Tensor],
-    names: list[str],
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    *,
-    interleaved: bool,
-    layout: str,
-    inplace: bool,
-    validate: bool,
-    position_ids: torch.Tensor | None = None,
-    cu_seqlens: torch.Tensor | None = None,
-    max_seqlen: int | None = None,
-    checked: bool = False,
-) -> list[torch.Tensor]:
-    """Validate, bring every x to the kernels' ``[B, S, H, D]`` view, rotate all of them in one call.
-
-    ``checked``: the caller (``RoPE``) has validated the 4-D inputs and made the tables itself;
-    skipping the checks here matters at decode shapes, where the Python around a ~5 µs kernel is the cost.
-    """
-    from .module import check_position_ids  # module.py imports this file
-
+def _check_inputs(xs: Sequence[torch.Tensor], names: Sequence[str], packed: bool) -> None:
     x0 = xs[0]
-    if inplace and not torch.compiler.is_compiling():
-        _check_inplace_targets(xs, names)
-    packed = cu_seqlens is not None or (isinstance(x0, torch.Tensor) and x0.dim() == 3)
-    if checked and not packed and position_ids is None:
-        views = [x.transpose(1, 2) if layout == "bhsd" else x for x in xs]
-        per_batch = cos.dim() == 3 and cos.shape[0] > 1
-        cos2, sin2 = cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1])
-        batch_rows = x0.shape[LAYOUTS[layout][1]] if per_batch else 0
-        return _finish(xs, views, cos2, sin2, None, batch_rows, interleaved, inplace, layout, packed=False)
     for x, name in zip(xs, names):
-        if packed:
-            _check_packed_x(x, name)
-        else:
-            _check_x(x, name)
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if not x.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor (fp32/bf16/fp16/fp64), got dtype {x.dtype}")
+        if packed and x.dim() != 3:
+            raise ValueError(f"packed {name} (with cu_seqlens) must be 3-D [total_tokens, H, D], got shape {tuple(x.shape)}")
+        if not packed and x.dim() != 4:
+            raise ValueError(f"{name} must be 4-D ([B, H, S, D] or [B, S, H, D]), got shape {tuple(x.shape)}")
+    for x, name in zip(xs[1:], names[1:]):
         if x.dtype != x0.dtype:
-            raise TypeError(f"{name} has dtype {x.dtype} but {names[0]} has {x0.dtype}; cast them to one dtype")
-    if packed:
-        total, head_dim = x0.shape[0], x0.shape[-1]
-        for x, name in zip(xs, names):
-            if x.shape[0] != total or x.shape[-1] != head_dim:
-                raise ValueError(f"{name} has shape {tuple(x.shape)} but {names[0]} has {tuple(x0.shape)}: need the same tokens and D")
-        _check_table_pair(cos, sin, head_dim, x0.device)
-        if cos.dim() != 2:
-            raise ValueError(f"with packed x, cos/sin must be tables [T, r] indexed by position, got shape {tuple(cos.shape)}")
-        if cu_seqlens is not None:
-            if position_ids is not None:
-                raise ValueError("pass either cu_seqlens (positions restart per sequence) or position_ids, not both")
-            positions, longest = _packed_positions(cu_seqlens.to(x0.device), total, max_seqlen)
-            if longest is not None and longest > cos.shape[0]:
-                raise ValueError(f"a packed sequence has {longest} tokens but the cos/sin tables have only {cos.shape[0]} rows")
-        elif position_ids is not None:
-            positions = check_position_ids(position_ids)
-            if positions.dim() != 1 or positions.shape[0] != total:
-                raise ValueError(f"with packed x [{total}, H, D], position_ids must be [{total}], got shape {tuple(positions.shape)}")
-            _check_positions_in_table(positions, cos.shape[0], "position_ids")
-        else:
-            raise ValueError(
-                "x is 3-D, i.e. packed [total_tokens, H, D]: pass cu_seqlens (positions restart per sequence) "
-                "or per-token position_ids; for [B, H, S, D] / [B, S, H, D] pass a 4-D x"
+            raise TypeError(
+                f"{names[0]} and {name} must share a dtype, got {x0.dtype} for {names[0]} and {x.dtype} for {name}; "
+                "cast one of them"
             )
-        views = [x.unsqueeze(0) for x in xs]
-        positions, batch_rows = positions.to(device=x0.device, dtype=torch.int64).unsqueeze(0), 0
-        tables = (cos, sin)
-    else:
-        batch_dim, seq_dim = check_layout(layout)
-        for x, name in zip(xs, names):
-            if x.shape[batch_dim] != x0.shape[batch_dim] or x.shape[seq_dim] != x0.shape[seq_dim] or x.shape[-1] != x0.shape[-1]:
-                raise ValueError(f"{name} has shape {tuple(x.shape)} but {names[0]} has {tuple(x0.shape)}: need the same B, S and D")
-        views = [x.transpose(1, 2) if layout == "bhsd" else x for x in xs]
-        batch, seq_len = x0.shape[batch_dim], x0.shape[seq_dim]
-        if position_ids is None:
-            _check_table_pair(cos, sin, x0.shape[-1], x0.device)
-            _check_table_shape(x0, cos, layout)
-            per_batch = cos.dim() == 3 and cos.shape[0] > 1
-            tables = (cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1]))
-            positions, batch_rows = None, seq_len if per_batch else 0
-        else:
-            _check_table_pair(cos, sin, x0.shape[-1], x0.device)
-            if cos.dim() != 2:
-                raise ValueError(f"with position_ids, cos/sin must be tables [T, r] indexed by position, got shape {tuple(cos.shape)}")
-            positions = check_position_ids(position_ids)
-            if positions.shape[-1] != seq_len or (positions.dim() == 2 and positions.shape[0] not in (1, batch)):
-                raise ValueError(
-                    f"position_ids of shape {tuple(positions.shape)} do not fit x (layout {layout!r}, B={batch}, S={seq_len}); "
-                    f"use [S] or [B, S]"
-                )
-            _check_positions_in_table(positions, cos.shape[0], "position_ids")
-            positions = positions.to(device=x0.device, dtype=torch.int64).expand(batch, seq_len)
-            batch_rows = 0
-            tables = (cos, sin)
-    if validate:
-        check_tables(cos, sin, interleaved=interleaved)
-    return _finish(xs, views, *tables, positions, batch_rows, interleaved, inplace, layout, packed)
+        if x.device != x0.device:
+            raise ValueError(f"{names[0]} is on {x0.device} but {name} on {x.device}; move them to one device")
 
 
-def _check_inplace_targets(xs: list[torch.Tensor], names: list[str]) -> None:
-    """In place, every element must be written once: no expanded (stride-0) views, no tensor given twice."""
+def _check_inplace_targets(xs: Sequence[torch.Tensor], names: Sequence[str]) -> None:
+    """In place, every element must be written once: no expanded views, no memory shared by two inputs."""
     for x, name in zip(xs, names):
-        if isinstance(x, torch.Tensor) and torch._debug_has_internal_overlap(x) == 1:
+        if torch._debug_has_internal_overlap(x) == 1:
             raise ValueError(
                 f"{name} (shape {tuple(x.shape)}, strides {x.stride()}) has overlapping memory, e.g. keys expanded over "
                 "heads: rotating it in place would turn shared elements several times; pass a tensor that owns its "
@@ -221,46 +78,300 @@ def _check_inplace_targets(xs: list[torch.Tensor], names: list[str]) -> None:
             )
     for i in range(len(xs)):
         for j in range(i + 1, len(xs)):
-            a, b = xs[i], xs[j]
-            if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.numel() and a.data_ptr() == b.data_ptr():
+            if shares_elements(xs[i], xs[j]):
+                same = xs[i].data_ptr() == xs[j].data_ptr() and xs[i].shape == xs[j].shape
+                what = "are the same memory" if same else "share memory (overlapping views)"
                 raise ValueError(
-                    f"{names[i]} and {names[j]} are the same memory: rotating both in place would turn it twice; "
+                    f"{names[i]} and {names[j]} {what}: rotating both in place would turn the shared elements twice; "
                     "pass separate tensors or rotate out of place"
                 )
 
 
-def _finish(
-    xs: list[torch.Tensor],
-    views: list[torch.Tensor],
-    cos2: torch.Tensor,
-    sin2: torch.Tensor,
-    positions: torch.Tensor | None,
-    batch_rows: int,
-    interleaved: bool,
-    inplace: bool,
-    layout: str,
-    packed: bool,
+def shares_elements(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two strided tensors have at least one element in common (exact, not an extent test).
+
+    Views of one buffer that interleave without sharing elements (q and k sliced from a fused qkv
+    projection) do not count.
+    """
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    size = a.element_size()
+    if size != b.element_size():
+        return True  # views of one buffer in two dtypes: assume the worst
+    a_lo, b_lo = a.storage_offset(), b.storage_offset()
+    a_hi = a_lo + sum((n - 1) * abs(s) for n, s in zip(a.shape, a.stride()))
+    b_hi = b_lo + sum((n - 1) * abs(s) for n, s in zip(b.shape, b.stride()))
+    if a_hi < b_lo or b_hi < a_lo:
+        return False
+    if a.stride() == b.stride() and all(s > 0 or n == 1 for n, s in zip((*a.shape, *b.shape), (*a.stride(), *b.stride()))):
+        found = _same_stride_overlap(a.shape, b.shape, a.stride(), b_lo - a_lo)
+        if found is not None:
+            return found
+    return _element_overlap(a, b)
+
+
+def _same_stride_overlap(sa, sb, strides, delta) -> bool | None:
+    """Exact answer for views with equal positive strides when each stride exceeds what the smaller
+    strides can reach (as for views of one contiguous buffer); ``None`` when that does not hold."""
+    dims = sorted(range(len(strides)), key=lambda d: -strides[d])
+    reach = 0  # the largest |sum of k_e s_e| over the dims with smaller strides, |k_e| < max(sa_e, sb_e)
+    for d in reversed(dims):
+        if strides[d] <= reach:
+            return None
+        reach += (max(sa[d], sb[d]) - 1) * strides[d]
+
+    def search(i: int, rest: int) -> bool:
+        if i == len(dims):
+            return rest == 0
+        d = dims[i]
+        low = rest // strides[d]
+        for k in (low, low + 1):  # a's index minus b's index along d
+            if -sb[d] < k < sa[d] and search(i + 1, rest - k * strides[d]):
+                return True
+        return False
+
+    return search(0, delta)
+
+
+def _element_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Exact, by listing element offsets (the general case; rare)."""
+
+    def offsets(t: torch.Tensor) -> torch.Tensor:
+        out = torch.full((), t.storage_offset(), dtype=torch.int64)
+        for n, s in zip(t.shape, t.stride()):
+            out = (out.unsqueeze(-1) + torch.arange(n) * s).reshape(-1)
+        return out
+
+    return bool(torch.isin(offsets(a), offsets(b)).any())
+
+
+def _kernel_view(x: torch.Tensor, layout: str, packed: bool) -> torch.Tensor:
+    if packed:
+        return x.unsqueeze(0)
+    return x.transpose(1, 2) if layout == "bhsd" else x
+
+
+def rotate(
+    xs: Sequence[torch.Tensor],
+    tables: RotaryTables,
+    *,
+    layout: Layout = "bhsd",
+    inplace: bool = False,
+    kinds: Sequence[Literal["q", "k"]] | None = None,
+    names: Sequence[str] | None = None,
 ) -> list[torch.Tensor]:
-    """Call the backend on the ``[B, S, H, D]`` views and give results back in the callers' layout."""
-    if cos2.stride(-1) != 1 or sin2.stride() != cos2.stride():
-        cos2, sin2 = cos2.contiguous(), sin2.contiguous()
-    outs = dispatch.rotate(
-        views, cos2, sin2, positions=positions, batch_rows=batch_rows, interleaved=interleaved, inplace=inplace
+    """Rotate several tensors by one set of tables, all in one kernel call.
+
+    Args:
+        xs: tensors ``[B, H_i, S, D]`` (``layout="bhsd"``), ``[B, S, H_i, D]`` (``"bshd"``), or packed
+            ``[T, H_i, D]`` (when the tables address packed rows); the same B, S, D and dtype, any head
+            counts (GQA), any strides.
+        tables: from a table producer such as :meth:`rotary.RoPE.tables`.
+        layout: ``"bhsd"`` or ``"bshd"`` (ignored for packed inputs).
+        inplace: write the results into ``xs`` and return them.
+        kinds: ``"q"`` or ``"k"`` per tensor: keys use the tables' key tables (xPos); default all ``"q"``.
+        names: names for error messages; default ``x0, x1, ...``.
+
+    Returns:
+        The rotated tensors, shapes and dtypes of ``xs``.
+
+    Example:
+        >>> import rotary
+        >>> rope = rotary.RoPE(64)
+        >>> q, k = torch.randn(1, 8, 5, 64), torch.randn(1, 2, 5, 64)
+        >>> tables = rope.tables(torch.arange(5))
+        >>> q_rot, k_rot = rotary.rotate([q, k], tables, kinds=("q", "k"))
+        >>> torch.equal(q_rot, rope.rotate(q))
+        True
+    """
+    xs = list(xs)
+    if not xs:
+        return []
+    names = list(names) if names is not None else [f"x{i}" for i in range(len(xs))]
+    if not isinstance(tables, RotaryTables):
+        raise TypeError(f"tables must be RotaryTables (from RoPE.tables(positions)), got {type(tables).__name__}")
+    x0 = xs[0]
+    packed = isinstance(x0, torch.Tensor) and x0.dim() == 3
+    _check_inputs(xs, names, packed)
+    if not packed:
+        batch_dim, seq_dim = check_layout(layout)
+        for x, name in zip(xs[1:], names[1:]):
+            if x.shape[seq_dim] != x0.shape[seq_dim]:
+                raise ValueError(
+                    f"{names[0]} and {name} must share S: got S={x0.shape[seq_dim]} for {names[0]} and "
+                    f"S={x.shape[seq_dim]} for {name} (layout {layout!r})"
+                )
+            if x.shape[batch_dim] != x0.shape[batch_dim] or x.shape[-1] != x0.shape[-1]:
+                raise ValueError(f"{name} has shape {tuple(x.shape)} but {names[0]} has {tuple(x0.shape)}: need the same B, S and D")
+        batch, seq_len = x0.shape[batch_dim], x0.shape[seq_dim]
+    else:
+        for x, name in zip(xs[1:], names[1:]):
+            if x.shape[0] != x0.shape[0] or x.shape[-1] != x0.shape[-1]:
+                raise ValueError(f"{name} has shape {tuple(x.shape)} but {names[0]} has {tuple(x0.shape)}: need the same tokens and D")
+        batch, seq_len = 1, x0.shape[0]
+    head_dim = x0.shape[-1]
+    r = tables.rotary_dim
+    if r > head_dim:
+        raise ValueError(f"cos/sin rotate r={r} channels but x has head_dim={head_dim}; r must be even and 0 < r <= head_dim")
+    if tables.cos.device != x0.device:
+        raise ValueError(f"cos/sin are on {tables.cos.device} but x is on {x0.device}; move them with .to(x.device)")
+    if tables.heads is not None:
+        for x, name in zip(xs, names):
+            heads = x.shape[-2] if packed or layout == "bshd" else x.shape[1]
+            if heads != tables.heads:
+                raise ValueError(f"{name} has {heads} heads but the per-head tables were built for {tables.heads}")
+    wanted = torch.float64 if x0.dtype == torch.float64 else torch.float32
+    if tables.cos.dtype != wanted and not (wanted == torch.float64 and tables.cos.dtype == torch.float32):
+        tables = tables.to(wanted)
+    positions, batch_rows, flat = _addressing(tables, batch, seq_len, packed, layout, x0.shape)
+    kinds = ["q"] * len(xs) if kinds is None else list(kinds)
+    if len(kinds) != len(xs) or any(k not in ("q", "k") for k in kinds):
+        raise ValueError(f"kinds must give 'q' or 'k' for each of the {len(xs)} tensors, got {kinds!r}")
+    if inplace and not torch.compiler.is_compiling():
+        _check_inplace_targets(xs, names)
+    views = tuple(_kernel_view(x, layout, packed) for x in xs)
+    key_flat = flat if tables.k_cos is None else _flatten(tables.key_tables(), tables, batch)
+    chosen = [key_flat if kind == "k" else flat for kind in kinds]
+    rotation = Rotation(
+        views, views, tuple(c[0] for c in chosen), tuple(c[1] for c in chosen), positions, batch_rows, tables.interleaved
     )
+    outs = dispatch.rotate(rotation, inplace=inplace)
     if inplace:
-        return list(xs)
+        return xs
     if packed:
         return [o.squeeze(0) for o in outs]
     return [o.transpose(1, 2) if layout == "bhsd" else o for o in outs]
 
 
-def _check_packed_x(x: torch.Tensor, name: str) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor (fp32/bf16/fp16/fp64), got dtype {x.dtype}")
-    if x.dim() != 3:
-        raise ValueError(f"packed {name} (with cu_seqlens) must be 3-D [total_tokens, H, D], got shape {tuple(x.shape)}")
+def _flatten(pair: tuple[torch.Tensor, torch.Tensor], tables: RotaryTables, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's ``[N, r]`` (``[N, H, r]``) form of a pair of tables in ``tables``' addressing."""
+    cos, sin = pair
+    if tables.addressing == "per_token":
+        if cos.shape[0] == 1:
+            cos, sin = cos[0], sin[0]
+        else:
+            cos, sin = cos.flatten(0, 1), sin.flatten(0, 1)
+    if cos.stride(-1) != 1 or sin.stride() != cos.stride():
+        cos, sin = cos.contiguous(), sin.contiguous()
+    return cos, sin
+
+
+def _addressing(
+    tables: RotaryTables, batch: int, seq_len: int, packed: bool, layout: str, shape: torch.Size
+) -> tuple[torch.Tensor | None, int, tuple[torch.Tensor, torch.Tensor]]:
+    """Check that the tables fit the inputs; return the kernel's ``(positions, batch_rows, (cos, sin))``."""
+    cos = tables.cos
+    mode = tables.addressing
+    where = f"x (layout {layout!r}, shape {tuple(shape)})" if not packed else f"packed x {tuple(shape)}"
+    if mode == "indexed":
+        rows = tables.rows
+        assert rows is not None
+        if packed:
+            if rows.dim() != 1 or rows.shape[0] != seq_len:
+                raise ValueError(f"with packed x [{seq_len}, H, D], position_ids must be [{seq_len}], got shape {tuple(rows.shape)}")
+            positions = rows.unsqueeze(0)
+        else:
+            if rows.shape[-1] != seq_len or (rows.dim() == 2 and rows.shape[0] not in (1, batch)):
+                raise ValueError(
+                    f"position_ids of shape {tuple(rows.shape)} do not fit {where} with B={batch}, S={seq_len}; use [S] or [B, S]"
+                )
+            positions = rows.expand(batch, seq_len)
+        return positions, 0, _flatten((tables.cos, tables.sin), tables, batch)
+    if packed:
+        raise ValueError(
+            "x is 3-D, i.e. packed [total_tokens, H, D]: pass cu_seqlens (positions restart per sequence) "
+            "or per-token position_ids; for [B, H, S, D] / [B, S, H, D] pass a 4-D x"
+        )
+    seq_axis = cos.dim() - (2 if tables.heads is None else 3)
+    if cos.shape[seq_axis] != seq_len:
+        raise ValueError(f"cos/sin cover S={cos.shape[seq_axis]} positions but {where} has S={seq_len}")
+    if mode == "per_token":
+        if cos.shape[0] not in (1, batch):
+            raise ValueError(f"cos/sin have batch {cos.shape[0]} but x has batch {batch} (layout {layout!r})")
+        batch_rows = seq_len if cos.shape[0] > 1 else 0
+        return None, batch_rows, _flatten((tables.cos, tables.sin), tables, batch)
+    return None, 0, _flatten((tables.cos, tables.sin), tables, batch)
+
+
+def _raw_tables(
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    interleaved: bool,
+    validate: bool | str,
+    device: torch.device,
+    tokens: int,
+    batch: int,
+    seq_len: int,
+    packed: bool,
+    position_ids: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    max_seqlen: int | None,
+    seqlen_offsets: int | torch.Tensor | None,
+    k_tables: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> RotaryTables:
+    """:class:`RotaryTables` from caller-made cos/sin and one way of naming positions (see :func:`apply_rotary`)."""
+    given = [n for n, v in (("position_ids", position_ids), ("seqlen_offsets", seqlen_offsets)) if v is not None]
+    if cu_seqlens is not None and "position_ids" in given:
+        raise ValueError("pass either cu_seqlens (positions restart per sequence) or position_ids, not both")
+    if len(given) == 2:
+        raise ValueError("pass either position_ids or seqlen_offsets (positions offset + arange(S)), not both")
+    found = None
+    if cu_seqlens is not None:
+        if not packed:
+            raise ValueError(f"packed x (with cu_seqlens) must be 3-D [total_tokens, H, D], got {seq_len} tokens in a batch of {batch}")
+        found = P.from_cu_seqlens(cu_seqlens.to(device), tokens, max_seqlen=max_seqlen)
+        if seqlen_offsets is not None:
+            sequence = torch.searchsorted(cu_seqlens.to(device=device, dtype=torch.int64)[1:], torch.arange(tokens, device=device), right=True)
+            offsets = _offsets(seqlen_offsets, cu_seqlens.numel() - 1, device)
+            found = P.from_ids(found.ids + offsets[sequence], packed=True)
+    elif position_ids is not None:
+        found = P.from_ids(position_ids, packed=packed and position_ids.dim() == 1, device=device)
+    elif seqlen_offsets is not None:
+        if packed:
+            raise ValueError("seqlen_offsets with packed x needs cu_seqlens (one offset per sequence)")
+        offsets = _offsets(seqlen_offsets, batch, device)
+        found = P.from_ids(offsets[:, None] + torch.arange(seq_len, device=device))
+    rows = None if found is None else found.ids
+    if found is not None and isinstance(cos, torch.Tensor):
+        what = "with packed x" if packed else "with position_ids or seqlen_offsets"
+        if cos.dim() != 2:
+            raise ValueError(f"{what}, cos/sin must be tables [T, r] indexed by position, got shape {tuple(cos.shape)}")
+        if validate and found.bound is not None and found.bound > cos.shape[0]:
+            if cu_seqlens is not None and seqlen_offsets is None:
+                raise ValueError(f"a packed sequence has {found.bound} tokens but the cos/sin tables have only {cos.shape[0]} rows")
+            raise ValueError(
+                f"position_ids reach position {found.bound - 1} but the cos/sin tables have only {cos.shape[0]} rows; "
+                f"build tables for at least {found.bound} positions (RoPE.cos_sin(torch.arange({found.bound})))"
+            )
+    tables = RotaryTables.from_tensors(cos, sin, interleaved=interleaved, rows=rows, validate=validate)
+    if k_tables is not None:
+        keys = RotaryTables.from_tensors(*k_tables, interleaved=interleaved, rows=rows, validate=validate)
+        tables = RotaryTables(tables.cos, tables.sin, interleaved, rows, keys.cos, keys.sin)
+    return tables
+
+
+def _offsets(seqlen_offsets: int | torch.Tensor, count: int, device: torch.device) -> torch.Tensor:
+    """``seqlen_offsets`` as int64 ``[count]`` (an int for all sequences, or one per sequence), >= 0."""
+    if isinstance(seqlen_offsets, torch.Tensor):
+        if seqlen_offsets.dim() != 1 or seqlen_offsets.shape[0] != count:
+            raise ValueError(f"seqlen_offsets must be an int or an integer tensor [{count}] (one per sequence), got shape {tuple(seqlen_offsets.shape)}")
+        offsets = P.from_ids(seqlen_offsets, name="seqlen_offsets").ids.to(device)
+    else:
+        offsets = torch.full((count,), check_int(seqlen_offsets, "seqlen_offsets", minimum=0), dtype=torch.int64, device=device)
+    return offsets
+
+
+def _flat(x: torch.Tensor, head_dim: int | None, name: str) -> torch.Tensor:
+    """vLLM's layout: ``[tokens, H * D]`` viewed as packed ``[tokens, H, D]``."""
+    if head_dim is None:
+        raise ValueError(f"{name} is 2-D [tokens, H * D] (vLLM's layout): pass head_dim so it can be split into heads")
+    check_positive_int(head_dim, "head_dim")
+    if x.shape[-1] % head_dim:
+        raise ValueError(f"{name} has {x.shape[-1]} channels, not a multiple of head_dim={head_dim}")
+    return x.view(x.shape[0], x.shape[-1] // head_dim, head_dim)
 
 
 def apply_rotary(
@@ -271,43 +382,60 @@ def apply_rotary(
     interleaved: bool = False,
     layout: Layout = "bhsd",
     inplace: bool = False,
-    validate: bool = False,
+    validate: bool | Literal["full"] = True,
     position_ids: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
     max_seqlen: int | None = None,
+    seqlen_offsets: int | torch.Tensor | None = None,
+    head_dim: int | None = None,
 ) -> torch.Tensor:
     """Rotate the first ``r = cos.shape[-1]`` channels of ``x``; the rest pass through unchanged.
 
-    Three ways to say which position each token has:
+    Ways to say which position each token has:
 
     - default: ``cos``/``sin`` are the rows of ``x``'s tokens, ``[S, r]`` or ``[B, S, r]``, as made
       by :meth:`rotary.RoPE.cos_sin`;
     - ``position_ids`` (``[S]`` or ``[B, S]``): ``cos``/``sin`` are tables ``[T, r]`` indexed by
       position (e.g. ``RoPE.cos_sin(torch.arange(T))``); the kernel reads the rows it needs, so no
       ``[B, S, r]`` table is gathered;
+    - ``seqlen_offsets`` (an int, or int ``[B]``), as in flash-attn: sequence b's tokens sit at
+      ``offset_b + 0 .. S - 1`` of tables ``[T, r]`` (decoding with a KV cache of a different
+      length per sequence);
     - packed variable-length sequences, as in flash-attn's ``apply_rotary_emb``: ``x`` is
       ``[total_tokens, H, D]`` (sequences concatenated, no padding) and ``cu_seqlens`` (int ``[N + 1]``,
       ``0, len_0, len_0 + len_1, ..., total_tokens``) marks where each sequence starts; positions
-      restart at 0 in every sequence and index tables ``[T, r]``. ``max_seqlen`` (the longest
-      sequence) is optional: given, it spares a device-to-host read of ``cu_seqlens``. Instead of
-      ``cu_seqlens``, explicit per-token ``position_ids`` ``[total_tokens]`` may be passed.
+      restart at 0 in every sequence (plus ``seqlen_offsets[n]`` when given) and index tables
+      ``[T, r]``. ``max_seqlen`` (the longest sequence) is optional: given, it spares a device-to-host
+      read of ``cu_seqlens``. Instead of ``cu_seqlens``, per-token ``position_ids`` ``[total_tokens]``;
+    - vLLM's flat layout: ``x`` ``[total_tokens, H * D]`` with ``head_dim=D`` and per-token
+      ``position_ids``.
+
+    Unlike flash-attn, whose tables hold one value per pair (``r / 2`` columns), tables here hold one
+    value per channel (``r`` columns), laid out for the pairing, as :meth:`rotary.RoPE.cos_sin` makes
+    them. Tables made by :class:`rotary.RoPE` are better passed whole: :func:`rotate` with
+    :meth:`rotary.RoPE.tables` carries their pairing and needs no check.
 
     A fused kernel runs when one is available (C++ on CPU, Triton on CUDA); otherwise the pure-torch
     path, which gives bit-identical fp32 results on CPU. Autograd and ``torch.compile`` work with every path.
 
     Args:
-        x: ``[B, H, S, D]`` (``layout="bhsd"``), ``[B, S, H, D]`` (``"bshd"``), or packed
-            ``[total_tokens, H, D]``; any float dtype; any strides (e.g. a view into a fused qkv tensor).
-        cos, sin: see above; fp32 for the fused kernels (other dtypes take the pure-torch path).
+        x: ``[B, H, S, D]`` (``layout="bhsd"``), ``[B, S, H, D]`` (``"bshd"``), packed
+            ``[total_tokens, H, D]``, or flat ``[total_tokens, H * D]``; any float dtype; any strides
+            (e.g. a view into a fused qkv tensor).
+        cos, sin: see above; fp32 (float64 for float64 ``x``; other float dtypes are converted to fp32).
         interleaved: pairing; ``False`` pairs channels (i, i + r/2) (Hugging Face / GPT-NeoX),
             ``True`` pairs (2i, 2i + 1) (the paper, RoFormer, GPT-J, Meta LLaMA).
         layout: ``"bhsd"`` or ``"bshd"`` (ignored for packed x).
         inplace: write the result into ``x`` and return ``x``; pass-through channels are neither
             read nor written, and nothing of ``x``'s size is allocated.
-        validate: also run :func:`check_tables` on cos/sin (one pass over the tables).
+        validate: ``True`` (default): check a few rows of the tables — finite, rotations, laid out
+            for ``interleaved`` — and that positions stay inside them; ``"full"``: every row;
+            ``False``: no check (only for tables known to be right).
         position_ids: integer ``[S]`` / ``[B, S]`` (or ``[total_tokens]`` for packed x) rows of cos/sin.
         cu_seqlens: integer ``[N + 1]`` sequence boundaries of packed x.
         max_seqlen: the longest packed sequence (optional).
+        seqlen_offsets: the first position of each sequence (int or int ``[B]`` / ``[N]``).
+        head_dim: ``D`` for flat ``[total_tokens, H * D]`` inputs.
 
     Returns:
         Tensor of ``x``'s shape and dtype; arithmetic in fp32 (float64 for float64 ``x``).
@@ -323,11 +451,32 @@ def apply_rotary(
         >>> out = apply_rotary(packed, cos, sin, cu_seqlens=cu_seqlens)
         >>> torch.equal(out[5:], apply_rotary(packed[5:].unsqueeze(0), cos[:3], sin[:3], layout="bshd")[0])
         True
+        >>> step = torch.randn(2, 8, 1, 64)  # one new token for two sequences with 3 and 9 cached
+        >>> out = apply_rotary(step, cos, sin, seqlen_offsets=torch.tensor([3, 9]))
+        >>> torch.equal(out[1:], apply_rotary(step[1:], cos[9:10], sin[9:10]))
+        True
     """
-    return _rotate_tensors(
-        [x], ["x"], cos, sin, interleaved=interleaved, layout=layout, inplace=inplace, validate=validate,
-        position_ids=position_ids, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
-    )[0]  # fmt: skip
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    flat = x.dim() == 2
+    view = _flat(x, head_dim, "x") if flat else x
+    packed = cu_seqlens is not None or view.dim() == 3
+    if cu_seqlens is not None and view.dim() != 3:
+        raise ValueError(f"packed x (with cu_seqlens) must be 3-D [total_tokens, H, D], got shape {tuple(x.shape)}")
+    if packed:
+        batch, seq_len = 1, view.shape[0]
+    elif view.dim() == 4:
+        batch_dim, seq_dim = check_layout(layout)
+        batch, seq_len = view.shape[batch_dim], view.shape[seq_dim]
+    else:
+        batch, seq_len = 0, 0  # rotate() names the wrong rank
+    tables = _raw_tables(
+        cos, sin, interleaved=interleaved, validate=validate, device=x.device, tokens=view.shape[0] if packed else 0,
+        batch=batch, seq_len=seq_len, packed=packed, position_ids=position_ids, cu_seqlens=cu_seqlens,
+        max_seqlen=max_seqlen, seqlen_offsets=seqlen_offsets,
+    )  # fmt: skip
+    out = rotate([view], tables, layout=layout, inplace=inplace, names=["x"])[0]
+    return x if inplace else (out.reshape(x.shape) if flat else out)
 
 
 def apply_rotary_(
@@ -337,10 +486,12 @@ def apply_rotary_(
     *,
     interleaved: bool = False,
     layout: Layout = "bhsd",
-    validate: bool = False,
+    validate: bool | Literal["full"] = True,
     position_ids: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
     max_seqlen: int | None = None,
+    seqlen_offsets: int | torch.Tensor | None = None,
+    head_dim: int | None = None,
 ) -> torch.Tensor:
     """In-place :func:`apply_rotary` (``inplace=True``); returns ``x``.
 
@@ -352,104 +503,131 @@ def apply_rotary_(
     """
     return apply_rotary(
         x, cos, sin, interleaved=interleaved, layout=layout, inplace=True, validate=validate,
-        position_ids=position_ids, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+        position_ids=position_ids, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, seqlen_offsets=seqlen_offsets,
+        head_dim=head_dim,
     )  # fmt: skip
 
 
+def apply_rotary_qkv_(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    cos_k: torch.Tensor | None = None,
+    sin_k: torch.Tensor | None = None,
+    interleaved: bool = False,
+    num_heads_q: int | None = None,
+    validate: bool | Literal["full"] = True,
+    seqlen_offsets: int | torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    max_seqlen: int | None = None,
+) -> torch.Tensor:
+    """Rotate q and k in place inside a packed projection output; v is left alone (flash-attn's interface).
+
+    Args:
+        qkv: ``[B, S, 3, H, D]``; or ``[B, S, Hq + 2 * Hk, D]`` with ``num_heads_q=Hq`` (GQA: q heads,
+            then k heads, then v heads); packed sequences: ``[T, 3, H, D]`` / ``[T, Hq + 2 * Hk, D]``
+            with ``cu_seqlens``.
+        cos, sin: tables as in :func:`apply_rotary` (the tokens' rows, or indexed by position with
+            ``seqlen_offsets`` / ``cu_seqlens``).
+        cos_k, sin_k: separate tables for k (e.g. xPos); default ``cos``/``sin``.
+        interleaved, validate, seqlen_offsets, cu_seqlens, max_seqlen: as in :func:`apply_rotary`.
+        num_heads_q: the q heads of a ``[..., Hq + 2 * Hk, D]`` layout.
+
+    Returns:
+        ``qkv``, rotated in place.
+
+    Example:
+        >>> qkv = torch.randn(2, 5, 3, 4, 16)
+        >>> cos, sin = RoPE(16).cos_sin(torch.arange(5))
+        >>> want = apply_rotary(qkv[:, :, 0], cos, sin, layout="bshd")
+        >>> torch.equal(apply_rotary_qkv_(qkv, cos, sin)[:, :, 0], want)
+        True
+    """
+    if not isinstance(qkv, torch.Tensor):
+        raise TypeError(f"qkv must be a torch.Tensor, got {type(qkv).__name__}")
+    packed = cu_seqlens is not None
+    lead = 1 if packed else 2  # [T, ...] or [B, S, ...]
+    if num_heads_q is None:
+        if qkv.dim() != lead + 3 or qkv.shape[lead] != 3:
+            want = "[T, 3, H, D]" if packed else "[B, S, 3, H, D]"
+            raise ValueError(f"qkv must be {want} (or pass num_heads_q for [..., Hq + 2 * Hk, D]), got shape {tuple(qkv.shape)}")
+        q, k = qkv.select(lead, 0), qkv.select(lead, 1)
+    else:
+        check_positive_int(num_heads_q, "num_heads_q")
+        if qkv.dim() != lead + 2 or (qkv.shape[lead] - num_heads_q) <= 0 or (qkv.shape[lead] - num_heads_q) % 2:
+            raise ValueError(
+                f"with num_heads_q={num_heads_q}, qkv must be [..., Hq + 2 * Hk, D] with Hk >= 1, got shape {tuple(qkv.shape)}"
+            )
+        hk = (qkv.shape[lead] - num_heads_q) // 2
+        q, k = qkv.narrow(lead, 0, num_heads_q), qkv.narrow(lead, num_heads_q, hk)
+    _rotate_packed_pair([q, k], cos, sin, cos_k, sin_k, interleaved, validate, seqlen_offsets, cu_seqlens, max_seqlen)
+    return qkv
+
+
+def apply_rotary_kv_(
+    kv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    interleaved: bool = False,
+    validate: bool | Literal["full"] = True,
+    seqlen_offsets: int | torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    max_seqlen: int | None = None,
+) -> torch.Tensor:
+    """Rotate k in place inside a packed ``kv`` ``[B, S, 2, H, D]`` (or ``[T, 2, H, D]`` with ``cu_seqlens``); v is left alone.
+
+    Example:
+        >>> kv = torch.randn(1, 4, 2, 2, 8)
+        >>> cos, sin = RoPE(8).cos_sin(torch.arange(4))
+        >>> want = apply_rotary(kv[:, :, 0], cos, sin, layout="bshd")
+        >>> torch.equal(apply_rotary_kv_(kv, cos, sin)[:, :, 0], want)
+        True
+    """
+    if not isinstance(kv, torch.Tensor):
+        raise TypeError(f"kv must be a torch.Tensor, got {type(kv).__name__}")
+    lead = 1 if cu_seqlens is not None else 2
+    if kv.dim() != lead + 3 or kv.shape[lead] != 2:
+        want = "[T, 2, H, D]" if cu_seqlens is not None else "[B, S, 2, H, D]"
+        raise ValueError(f"kv must be {want}, got shape {tuple(kv.shape)}")
+    _rotate_packed_pair([kv.select(lead, 0)], cos, sin, None, None, interleaved, validate, seqlen_offsets, cu_seqlens, max_seqlen)
+    return kv
+
+
+def _rotate_packed_pair(xs, cos, sin, cos_k, sin_k, interleaved, validate, seqlen_offsets, cu_seqlens, max_seqlen) -> None:
+    """Rotate q (and k) views ``[B, S, H, D]`` / ``[T, H, D]`` in place; the last view uses the key tables."""
+    x0 = xs[0]
+    packed = cu_seqlens is not None
+    if (cos_k is None) != (sin_k is None):
+        raise ValueError("give both cos_k and sin_k, or neither")
+    tables = _raw_tables(
+        cos, sin, interleaved=interleaved, validate=validate, device=x0.device, tokens=x0.shape[0] if packed else 0,
+        batch=1 if packed else x0.shape[0], seq_len=x0.shape[0] if packed else x0.shape[1], packed=packed,
+        position_ids=None, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, seqlen_offsets=seqlen_offsets,
+        k_tables=None if cos_k is None else (cos_k, sin_k),
+    )  # fmt: skip
+    kinds = ["q"] * (len(xs) - 1) + ["k"] if len(xs) > 1 else ["k"]
+    names = ["q", "k"] if len(xs) == 2 else ["k"]
+    rotate(xs, tables, layout="bshd", inplace=True, kinds=kinds, names=names)
+
+
 def check_tables(cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool, rtol: float = 1e-5) -> None:
-    """Check that cos/sin tables are laid out for ``interleaved`` and describe rotations.
+    """Check every row of cos/sin tables: finite, rotations, laid out for ``interleaved``.
 
     A table built for one pairing and applied with the other mixes channels of different pairs: the
-    "rotation" is then not orthogonal and changes vector norms (the mistake in seed 002's test).
+    "rotation" is then not orthogonal and changes vector norms (the mistake in the PyTorch tutorial
+    this library's tests reproduce).
 
     Raises:
-        ValueError: naming the pairing the tables were built for, or the worst cos²+sin² mismatch.
+        ValueError: naming the pairing the tables were built for, NaN/inf, all-zero tables, or the
+            worst cos²+sin² mismatch.
 
     Example:
         >>> cos, sin = RoPE(8, interleaved=True).cos_sin(torch.arange(4))
         >>> check_tables(cos, sin, interleaved=True)  # passes
     """
-    if cos.shape != sin.shape or cos.shape[-1] % 2:
-        raise ValueError(f"cos/sin must share a shape [..., r] with r even, got {tuple(cos.shape)}, {tuple(sin.shape)}")
-    c, s = cos.detach().double(), sin.detach().double()
-
-    def mismatch(t: torch.Tensor, inter: bool) -> float:
-        a, b = (t[..., 0::2], t[..., 1::2]) if inter else t.chunk(2, dim=-1)
-        return float((a - b).abs().max()) if t.numel() else 0.0
-
-    tol = rtol * max(float(c.abs().max()) if c.numel() else 1.0, 1e-30)
-    wanted = max(mismatch(c, interleaved), mismatch(s, interleaved))
-    if wanted > tol:
-        other = max(mismatch(c, not interleaved), mismatch(s, not interleaved))
-        names = {True: "interleaved (pairs 2i, 2i+1)", False: "half (pairs i, i + r/2)"}
-        if other <= tol:
-            raise ValueError(
-                f"cos/sin are laid out for the {names[not interleaved]} pairing but interleaved={interleaved} "
-                f"was requested; build them with RoPE(..., interleaved={interleaved}).cos_sin(...)"
-            )
-        raise ValueError(
-            f"cos/sin fit neither pairing: the two channels of a pair differ by up to {wanted:.3g} "
-            f"for the {names[interleaved]} pairing"
-        )
-    norm = c * c + s * s
-    if norm.numel():
-        spread = float((norm - norm.flatten()[0]).abs().max())
-        if spread > 10 * rtol * float(norm.flatten()[0].abs().clamp_min(1e-30)):
-            raise ValueError(
-                f"cos²+sin² is not constant over the table (spread {spread:.3g}): these are not rotation tables"
-            )
-
-
-def pair_permutation(head_dim: int, *, to: Literal["half", "interleaved"], rotary_dim: int | None = None) -> torch.Tensor:
-    """Channel order (int64 ``[head_dim]``) that converts one pairing's layout into the other.
-
-    ``x[..., pair_permutation(D, to="half")]`` takes interleaved channels (2i, 2i+1) to half
-    channels (i, i + r/2); pass-through channels ``r..D-1`` keep their place.
-    """
-    r = head_dim if rotary_dim is None else rotary_dim
-    if head_dim % 2 or r % 2 or not 0 < r <= head_dim:
-        raise ValueError(f"need even head_dim and rotary_dim with 0 < rotary_dim <= head_dim, got {head_dim}, {r}")
-    rot = torch.arange(r)
-    if to == "half":
-        rot = torch.cat((rot[0::2], rot[1::2]))
-    elif to == "interleaved":
-        rot = torch.stack((rot[: r // 2], rot[r // 2 :]), dim=-1).flatten()
-    else:
-        raise ValueError(f"to must be 'half' or 'interleaved', got {to!r}")
-    return torch.cat((rot, torch.arange(r, head_dim)))
-
-
-def to_interleaved(x: torch.Tensor, rotary_dim: int | None = None) -> torch.Tensor:
-    """Reorder the last dim of ``x`` ``[..., D]`` from the half layout to the interleaved layout."""
-    return x.index_select(-1, pair_permutation(x.shape[-1], to="interleaved", rotary_dim=rotary_dim).to(x.device))
-
-
-def to_half(x: torch.Tensor, rotary_dim: int | None = None) -> torch.Tensor:
-    """Reorder the last dim of ``x`` ``[..., D]`` from the interleaved layout to the half layout."""
-    return x.index_select(-1, pair_permutation(x.shape[-1], to="half", rotary_dim=rotary_dim).to(x.device))
-
-
-def permute_qk_weight(
-    w: torch.Tensor, head_dim: int, to: Literal["half", "interleaved"] = "half", *, rotary_dim: int | None = None
-) -> torch.Tensor:
-    """Permute the output rows of a q or k projection so a checkpoint runs with the other pairing.
-
-    Args:
-        w: weight ``[n_heads * head_dim, in_features]`` or bias ``[n_heads * head_dim]``.
-        head_dim: channels per head.
-        to: ``"half"`` (interleaved checkpoint -> half-pairing model: the Meta LLaMA -> Hugging Face
-            conversion) or ``"interleaved"`` (the inverse).
-        rotary_dim: rotated channels per head (default ``head_dim``).
-
-    Example:
-        >>> w = torch.randn(4 * 64, 256)  # 4 heads of 64
-        >>> permute_qk_weight(permute_qk_weight(w, 64, "half"), 64, "interleaved").equal(w)
-        True
-    """
-    if w.dim() not in (1, 2) or w.shape[0] % head_dim:
-        raise ValueError(
-            f"w must be [n_heads * head_dim, in] or [n_heads * head_dim]; got shape {tuple(w.shape)} with head_dim={head_dim}"
-        )
-    perm = pair_permutation(head_dim, to=to, rotary_dim=rotary_dim).to(w.device)
-    heads = w.reshape(w.shape[0] // head_dim, head_dim, -1)
-    return heads.index_select(1, perm).reshape(w.shape)
+    if not (isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor)) or cos.shape != sin.shape or cos.shape[-1:] == (0,) or (cos.dim() and cos.shape[-1] % 2):
+        shapes = tuple(getattr(cos, "shape", ())), tuple(getattr(sin, "shape", ()))
+        raise ValueError(f"cos/sin must share a shape [..., r] with r even, got {shapes[0]}, {shapes[1]}")
+    RotaryTables(cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1]), bool(interleaved)).check(sample=None, rtol=rtol)

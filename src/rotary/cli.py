@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     "rotary.commands.plot",
     "rotary.commands.verify",
     "rotary.commands.report",
+    "rotary.commands.experiment",
     "rotary.commands.bench",
     "rotary.commands.build",
 ]

@@ -7,6 +7,18 @@ whose type key is ``type`` (later ``rope_type``); 5.x writes ``rope_parameters``
 :class:`RopeSettings`, without touching the object given (transformers' own standardisation
 mutates the config in place).
 
+Three tables make the reading explicit rather than guessed:
+
+- :data:`PAIRING`: how each architecture's attention pairs the rotated channels, checked against
+  transformers' own modeling code for every ``model_type`` of the pinned release that applies RoPE
+  (``tests/test_pairing.py``); :data:`UNSUPPORTED` names the architectures whose RoPE
+  :func:`read_hf_config` does not build, and why. Any other ``model_type`` is an error unless the
+  caller states the pairing (``interleaved=``).
+- :func:`model_defaults`: values a published config.json may leave out because transformers fills
+  them from the model's config class (Gemma-3's ``head_dim`` and per-layer-type bases, Phi-2's
+  ``partial_rotary_factor``, ...); read from transformers when it is installed, else from
+  :data:`MODEL_DEFAULTS` (which the tests compare with transformers).
+
 transformers only logs most mistakes in these blocks; here each one is a :class:`ConfigError`
 whose message says what to change, unless ``strict=False`` turns it into a warning (the checks of
 each ``rope_type`` are in :mod:`rotary.rope_types`).
@@ -15,23 +27,29 @@ each ``rope_type`` are in :mod:`rotary.rope_types`).
 from __future__ import annotations
 
 import copy
+import dataclasses
+import functools
+import importlib.util
 import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from ._checks import is_int, is_number
+from ._checks import MAX_HEAD_DIM, check_bool, is_int, is_number
 from .rope_types import ROPE_TYPES, ConfigError, complain
 
-__all__ = ["ConfigError", "RopeSettings", "read_hf_config"]
-
-
-# ------------------------------------------------------------------------------------------------
-# reading Hugging Face configs
-
-#: model_types whose attention pairs channels (2i, 2i+1); every other architecture pairs (i, i + r/2)
-INTERLEAVED_MODEL_TYPES = frozenset({"gptj", "roformer", "cohere", "cohere2", "glm", "glm4", "chatglm"})
+__all__ = [
+    "ConfigError",
+    "MODEL_DEFAULTS",
+    "MROPE_MODELS",
+    "PAIRING",
+    "RopeSettings",
+    "TEXT_MODEL_TYPES",
+    "UNSUPPORTED",
+    "model_defaults",
+    "read_hf_config",
+]
 
 
 @dataclass(frozen=True)
@@ -43,9 +61,16 @@ class RopeSettings:
         base: ``rope_theta``.
         scaling: the validated-to-be block (``rope_type`` and its keys, ``partial_rotary_factor``).
         rotary_dim: an explicit rotated width (GPT-J's ``rotary_dim``), else ``None``.
-        interleaved: the architecture's pairing.
+        interleaved: the architecture's pairing (from :data:`PAIRING`, or as the caller stated it).
         max_position_embeddings: the model's context length, if the config states one.
         model_type: the config's ``model_type`` (``""`` when absent).
+        mrope_section: for multimodal RoPE (:data:`MROPE_MODELS`), the frequency slots per axis
+            (t, h, w); ``None`` otherwise. :meth:`rotary.MRoPE.from_hf_config` builds it.
+        mrope_interleaved: the slot layout of that multimodal RoPE (Qwen3-VL's interleaved one).
+        rope_layers: one flag per layer, ``False`` for layers without RoPE (NoPE layers: Llama 4's
+            and SmolLM3's ``no_rope_layers``); ``None`` when every layer rotates.
+        nope_temperature: Llama 4's query temperature in its NoPE layers, ``{"floor_scale": ...,
+            "attn_scale": ...}`` (see :func:`rotary.variants.nope_temperature`), or ``None``.
     """
 
     head_dim: int
@@ -55,37 +80,384 @@ class RopeSettings:
     interleaved: bool = False
     max_position_embeddings: int | None = None
     model_type: str = ""
+    mrope_section: tuple[int, ...] | None = None
+    mrope_interleaved: bool = False
+    rope_layers: tuple[bool, ...] | None = None
+    nope_temperature: dict[str, float] | None = None
+
+
+# ------------------------------------------------------------------------------------------------
+# pairing of the rotated channels, per architecture
+
+HALF, INTERLEAVED, FLAG = "half", "interleaved", "rope_interleave"
+
+#: model_type -> how its attention pairs the rotated channels of q and k as they come out of the
+#: projections: ``"half"`` (i, i + r/2), ``"interleaved"`` (2i, 2i + 1), or ``"rope_interleave"``
+#: (the config's ``rope_interleave`` flag decides; true by default, as in transformers: MLA
+#: checkpoints store their rope channels interleaved and transformers de-interleaves them before
+#: rotating, which gives the same attention scores as rotating pairs (2i, 2i + 1)). Every entry is
+#: checked against the model's own code in transformers by tests/test_pairing.py.
+PAIRING: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "afmoe apertus arcee aria_text beam bitnet csm_depth_decoder_model cwm diffllama doge dots1 "
+            "emu3_text_model esmc eurobert exaone4 exaone_moe falcon falcon_h1 flex_olmo flint gemma gemma2 "
+            "gemma3_text glm4_moe gpt_neox gpt_neox_japanese gpt_oss granite granite4_vision_text granite_docling_text "
+            "granite_swa granitemoe granitemoe_swa granitemoeshared gte higgs_audio_v2 hrm_text hunyuan_v1_dense "
+            "hunyuan_v1_moe hy_v3 hy_v4 hyperclovax jais2 jina_embeddings_v3 kolibri1 laguna lfm2 lfm3 llama mellum "
+            "mimo_v2_flash minicpm3 minimax minimax_m2 minimax_m3_vl_text ministral ministral3 mistral mixtral "
+            "mllama_text_model modernbert modernbert-decoder molmo2_text moshi muse_glimmer_text muse_spark_text "
+            "nemotron neomme nomic_bert olmo olmo2 olmo3 olmo_hybrid olmoe persimmon phi phi3 phimoe qwen2 qwen2_moe "
+            "qwen2_5_vl_text qwen2_vl_text qwen3 qwen3_moe qwen3_next qwen3_vl_text recurrent_gemma seed_oss smollm3 "
+            "solar_open "
+            "stablelm starcoder2 ultrabert unlimited_ocr_text vaultgemma"
+        ).split(),
+        HALF,
+    ),
+    **dict.fromkeys(
+        (
+            "axk2 blt_patcher codegen cohere cohere2 cohere2_moe deepseek_v32 dots3_note_text ernie4_5 ernie4_5_moe "
+            "glm glm4 gptj helium llama4_text openai_privacy_filter roformer"
+        ).split(),
+        INTERLEAVED,
+    ),
+    **dict.fromkeys(
+        "axk1 bailing_hybrid deepseek_v2 deepseek_v3 glm4_moe_lite glm_moe_dsa mistral4 mistral_large4_text youtu".split(),
+        FLAG,
+    ),
+}
+
+_NOT_TEXT = (
+    "is not a decoder of text tokens (its RoPE rotates image, audio or other positions); from_hf_config "
+    "builds the RoPE of text attention"
+)
+_MROPE = (
+    "uses multimodal RoPE (mrope_section: separate temporal, height and width positions), which rotary "
+    "reads for Qwen2-VL, Qwen2.5-VL and Qwen3-VL (checked against transformers) but not for this model yet"
+)
+_NO_ROPE = (
+    "applies no rotary embedding in its attention with transformers' default settings, and rotary has not "
+    "checked the settings that turn one on"
+)
+_NEGATIVE = (
+    "rotates by -theta (its rotate_half has the opposite sign), the inverse of the rotation rotary applies; "
+    "from_hf_config cannot build it"
+)
+_UNVERIFIED = (
+    "has a RoPE that rotary does not read correctly yet, or cannot yet check against transformers (its own "
+    "head widths or keys, or no small model of it that the tests can build and run)"
+)
+
+#: model_type -> why from_hf_config does not build its RoPE. Checked by tests/test_pairing.py: every
+#: RoPE-applying model_type of transformers is in PAIRING or here (or is a wrapper whose text part is).
+UNSUPPORTED: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "blt_global_transformer chameleon_vqgan cohere_compass_vision cosmos3_edge_vision deepseek_ocr2_encoder "
+            "deepseek_ocr2_sam_vision_model deepseek_ocr2_vision dinov3_vit dots3_note_audio_encoder "
+            "dots3_note_vision_encoder edgetam_video edgetam_video_mask_decoder edgetam_video_prompt_encoder "
+            "efficientloftr emu3_vqgan eomt_dinov3 ernie4_5_vl_moe_vision exaone4_5_vision gemma3n_audio gemma3n_vision "
+            "gemma4_audio gemma4_unified_audio gemma4_unified_vision gemma4_vision glm4v_moe_vision glm4v_vision "
+            "glm5_next_vision glm_image_vision glm_image_vqmodel glm_ocr_vision glmasr_encoder granite_docling_vision "
+            "hunyuan_vl_vision idefics_perciever idefics_vision inkling2_vision kimi_k25_vision lasr_ctc lasr_encoder "
+            "lfm3_vl_vision lightglue llama4_vision_model mimi mimi_decoder mimi_encoder minimax_m3_vl_vision mlcd "
+            "mlcd_vision_model mllama_vision_model molmo2_adapter molmo2_vision moonshine_streaming_encoder "
+            "muse_glimmer_assistant muse_glimmer_vision muse_spark_audio muse_spark_vision "
+            "nemotron3_5_transcribe_asr_audio nemotron3_5_transcribe_audio nemotron3_5_transcribe_word_timestamp "
+            "nemotron3_diarization nemotron3_diarization_audio nemotron_asr_streaming nemotron_asr_streaming_encoder "
+            "neucodec paddleocr_vl_vision parakeet_ctc parakeet_encoder parakeet_rnnt parakeet_tdt pe_audio_encoder "
+            "pe_audio_video_encoder pe_video_encoder phi4_multimodal_audio phi4_multimodal_vision pixtral "
+            "pocket_tts_audio_tokenizer pocket_tts_audio_tokenizer_decoder pocket_tts_audio_tokenizer_encoder "
+            "qwen2_5_omni qwen2_5_omni_audio_encoder qwen2_5_omni_bigvgan qwen2_5_omni_dit qwen2_5_omni_token2wav "
+            "qwen2_5_omni_vision_encoder qwen2_5_vl_vision qwen2_vl_vision qwen3_5_moe_vision qwen3_5_vision "
+            "qwen3_omni_moe qwen3_omni_moe_audio_encoder qwen3_omni_moe_vision_encoder qwen3_vl_moe_vision "
+            "qwen3_vl_vision qwen4_exp_vision sam2_video sam2_video_mask_decoder sam2_video_prompt_encoder sam3 "
+            "sam3_detr_decoder sam3_detr_encoder sam3_geometry_encoder sam3_mask_decoder sam3_tracker_video "
+            "sam3_tracker_video_mask_decoder sam3_tracker_video_prompt_encoder sam3_vision_model sam3_vit_model sapiens2 "
+            "sapiens2_head step3p5_vision t5_gemma_module timesfm2_5 unlimited_ocr_sam_vision_model unlimited_ocr_vision "
+            "unlimited_ocr_vision_encoder video_llama_3_vision vjepa2 voxtral_realtime_encoder wav2vec2-bert "
+            "wav2vec2-conformer xcodec2"
+        ).split(),
+        _NOT_TEXT,
+    ),
+    **dict.fromkeys(
+        (
+            "cosmos3_edge_text ernie4_5_vl_moe_text glm4v_moe_text glm4v_text glm_image_text glm_ocr_text "
+            "hunyuan_vl_text paddleocr_vl_text qwen2_5_omni_talker qwen2_5_omni_text qwen3_5_moe_text qwen3_5_text "
+            "qwen3_omni_moe_text qwen3_vl_moe_text"
+        ).split(),
+        _MROPE,
+    ),
+    **dict.fromkeys("bamba clvp_decoder esm granitemoehybrid inkling2_text jamba nemotron_h".split(), _NO_ROPE),
+    "nanochat": _NEGATIVE,
+    **dict.fromkeys(
+        (
+            "blt blt_local_decoder blt_local_encoder chameleon clvp_encoder csm cohere_compass_text dbrx deepseek_ocr2_text "
+            "deepseek_v4 dia dia_decoder dia_encoder diffusion_gemma_text embedding_gemma2_text esmfold2 evolla "
+            "EvollaModel gemma3n_text gemma4_text gemma4_unified_text glm5_next_text gradium_phonon_tts idefics jetmoe "
+            "kyutai_speech_to_text lfm2_moe longcat_flash moonshine moonshine_streaming moshi_depth phi4_multimodal "
+            "pocket_tts qwen3_omni_moe_talker_code_predictor qwen3_omni_moe_talker_text qwen4_exp_text seamless_m4t "
+            "step3p5 t5gemma t5gemma2 t5gemma2_decoder t5gemma2_text voxtral_realtime_text zamba2 zaya"
+        ).split(),
+        _UNVERIFIED,
+    ),
+}
+
+#: model_type -> (default ``mrope_section``, interleaved layout) of the multimodal RoPE its text attention
+#: uses; the layout is the model's code's, whatever a ``mrope_interleaved`` key says (transformers ignores
+#: it). Checked against transformers' rotary embeddings by tests/variants/test_mrope.py.
+MROPE_MODELS: dict[str, tuple[tuple[int, ...], bool]] = {
+    "qwen2_vl_text": ((16, 24, 24), False),
+    "qwen2_5_vl_text": ((16, 24, 24), False),
+    "qwen3_vl_text": ((24, 20, 20), True),
+}
+
+#: model_type -> how its config class fills a missing or empty ``no_rope_layers`` (NoPE layers): from
+#: ``no_rope_layer_interval`` when the list is ``None`` ("none") or also when it is empty ("falsy"), as
+#: transformers' Llama 4 and SmolLM3 configs do
+NO_ROPE_DEFAULTS = {"llama4_text": "falsy", "smollm3": "none"}
+
+#: multimodal wrapper model_type -> the model_type of its ``text_config``, for configs whose
+#: ``text_config`` does not state one (transformers' default sub-config; checked by the tests)
+TEXT_MODEL_TYPES: dict[str, str] = {
+    "gemma3": "gemma3_text",
+    "llama4": "llama4_text",
+    "qwen2_vl": "qwen2_vl_text",
+    "qwen2_5_vl": "qwen2_5_vl_text",
+    "qwen3_vl": "qwen3_vl_text",
+    "mistral3": "mistral",
+    "aria": "aria_text",
+}
+
+
+def _pairing(d: Mapping[str, Any], model_type: str, interleaved: bool | None, label: str) -> bool:
+    """The pairing of ``model_type`` (or the one stated), or a ConfigError naming what to pass."""
+    if model_type in UNSUPPORTED:
+        raise ConfigError(f"{label}: model_type {model_type!r} {UNSUPPORTED[model_type]}")
+    if interleaved is not None:
+        return check_bool(interleaved, "interleaved")
+    rule = PAIRING.get(model_type)
+    if rule is None:
+        what = f"model_type {model_type!r} is not in rotary's pairing table" if model_type else "it has no model_type"
+        raise ConfigError(
+            f"{label}: {what}, so the pairing of its rotated channels is unknown (rotary.config.PAIRING lists the "
+            "architectures checked against transformers); pass interleaved=True if its attention rotates pairs "
+            "(2i, 2i+1) or interleaved=False for pairs (i, i + rotary_dim/2)"
+        )
+    if rule == FLAG:
+        flag = d.get("rope_interleave", True)
+        if not isinstance(flag, bool):
+            raise ConfigError(f"{label}: rope_interleave must be true or false, got {flag!r} ({type(flag).__name__})")
+        return flag
+    return rule == INTERLEAVED
+
+
+# ------------------------------------------------------------------------------------------------
+# values a config.json may omit: transformers fills them from the model's config class
+
+#: top-level keys read_hf_config falls back to the model's defaults for (field defaults of the config class)
+DEFAULTED_KEYS = (
+    "head_dim", "hidden_size", "num_attention_heads", "max_position_embeddings", "qk_rope_head_dim",
+    "rope_interleave", "rotary_dim", "n_embd", "n_head", "n_positions",
+)  # fmt: skip
+
+#: model_type -> defaults, for when transformers is not installed (tests compare them with transformers).
+#: Keys: those of :data:`DEFAULTED_KEYS`, ``rope_theta`` (the default base), ``partial_rotary_factor``,
+#: ``layer_rope_theta`` (per layer type, for models with one block per layer type),
+#: ``rope_parameters`` (a default scaling block, used when the file has none) and ``rope_ignore_keys``
+#: (keys the model keeps in its RoPE block for its attention, which the rotary tables do not use).
+MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {"hidden_size": 4096, "num_attention_heads": 32, "max_position_embeddings": 2048, "rope_theta": 10000.0},
+    "mistral": {"hidden_size": 4096, "num_attention_heads": 32, "max_position_embeddings": 131072, "rope_theta": 10000.0},
+    "mixtral": {"hidden_size": 4096, "num_attention_heads": 32, "max_position_embeddings": 131072, "rope_theta": 1000000.0},
+    "qwen2": {"hidden_size": 4096, "num_attention_heads": 32, "max_position_embeddings": 32768, "rope_theta": 10000.0},
+    "qwen3": {"head_dim": 128, "hidden_size": 4096, "num_attention_heads": 32, "max_position_embeddings": 32768,
+              "rope_theta": 10000.0},
+    "phi3": {"hidden_size": 3072, "num_attention_heads": 32, "max_position_embeddings": 4096, "rope_theta": 10000.0,
+             "partial_rotary_factor": 1.0},
+    "phi": {"hidden_size": 2048, "num_attention_heads": 32, "max_position_embeddings": 2048, "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.5},
+    "gpt_neox": {"hidden_size": 6144, "num_attention_heads": 64, "max_position_embeddings": 2048, "rope_theta": 10000.0,
+                 "partial_rotary_factor": 0.25},
+    "gptj": {"rotary_dim": 64, "n_embd": 4096, "n_head": 16, "n_positions": 2048},
+    "gemma3_text": {"head_dim": 256, "hidden_size": 2304, "num_attention_heads": 8, "max_position_embeddings": 131072,
+                    "layer_rope_theta": {"sliding_attention": 10000.0, "full_attention": 1000000.0}},
+    "gpt_oss": {"head_dim": 64, "hidden_size": 2880, "num_attention_heads": 64, "max_position_embeddings": 131072,
+                "rope_theta": 150000.0,
+                "rope_parameters": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                    "truncate": False, "original_max_position_embeddings": 4096}},
+    "deepseek_v3": {"hidden_size": 7168, "num_attention_heads": 128, "max_position_embeddings": 4096,
+                    "qk_rope_head_dim": 64, "rope_interleave": True, "rope_theta": 10000.0},
+    "deepseek_v2": {"hidden_size": 4096, "num_attention_heads": 32, "max_position_embeddings": 2048,
+                    "qk_rope_head_dim": 64, "rope_theta": 10000.0},
+    "cohere": {"hidden_size": 8192, "num_attention_heads": 64, "max_position_embeddings": 8192, "rope_theta": 500000.0},
+    "glm": {"head_dim": 128, "hidden_size": 4096, "num_attention_heads": 32, "max_position_embeddings": 131072,
+            "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+}  # fmt: skip
+
+
+def _transformers_installed() -> bool:
+    return importlib.util.find_spec("transformers") is not None
+
+
+@functools.cache
+def _transformers_defaults(model_type: str) -> dict[str, Any] | None:
+    """The defaults of ``model_type``'s config class in the installed transformers (``None`` if unknown)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if model_type not in CONFIG_MAPPING_NAMES:
+        return None
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    cls = CONFIG_MAPPING[model_type]
+    fields = {f.name: f.default for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+    out = {k: fields[k] for k in DEFAULTED_KEYS if fields.get(k, dataclasses.MISSING) not in (None, dataclasses.MISSING)}
+    # the RoPE defaults are set in the class's __post_init__ (default_theta, Phi-2's partial factor, Gemma-3's
+    # per-layer bases): build the default config object (numbers only, no weights) and read them off it
+    try:
+        instance = cls()
+    except Exception:  # a few config classes cannot build their own defaults (nougat, gemma4_assistant)
+        return out
+    # keys the model keeps in its RoPE block for its attention, not for the rotary tables (Mistral-4's
+    # llama_4_scaling_beta scales queries by position); transformers' own validation skips them
+    ignored = set(getattr(instance, "ignore_keys_at_rope_validation", None) or ())
+    ignored = sorted(ignored - {"mrope_section", "partial_rotary_factor", "rope_theta", "rope_type", "type"})
+    if ignored:
+        out["rope_ignore_keys"] = ignored
+    block = getattr(instance, "rope_parameters", None)
+    if not isinstance(block, Mapping) or not block:
+        return out
+    nested = {k: v for k, v in block.items() if isinstance(v, Mapping)}
+    if nested:
+        out["layer_rope_theta"] = {k: v["rope_theta"] for k, v in nested.items() if "rope_theta" in v}
+        return out
+    block = dict(block)
+    out["rope_theta"] = block.pop("rope_theta")
+    partial = block.pop("partial_rotary_factor", None)
+    if partial is not None:
+        out["partial_rotary_factor"] = partial
+    block.pop("type", None)
+    if block.get("rope_type", "default") != "default":
+        out["rope_parameters"] = block
+    return out
+
+
+def model_defaults(model_type: str, *, source: Literal["auto", "transformers", "table"] = "auto") -> dict[str, Any]:
+    """The values transformers fills in when a config.json of ``model_type`` omits them.
+
+    Args:
+        model_type: e.g. ``"gemma3_text"``.
+        source: ``"transformers"`` reads the model's config class in the installed transformers
+            (nothing is downloaded); ``"table"`` uses :data:`MODEL_DEFAULTS`; ``"auto"`` the first
+            when transformers is installed, else the second.
+
+    Returns:
+        A new dict: keys of :data:`DEFAULTED_KEYS`, and ``rope_theta``, ``partial_rotary_factor``,
+        ``layer_rope_theta``, ``rope_parameters``, ``rope_ignore_keys`` where the model has them (empty
+        when unknown).
+
+    Example:
+        >>> d = model_defaults("gemma3_text", source="table")
+        >>> d["head_dim"], d["layer_rope_theta"]["sliding_attention"]
+        (256, 10000.0)
+    """
+    if source not in ("auto", "transformers", "table"):
+        raise ValueError(f"source must be 'auto', 'transformers' or 'table', got {source!r}")
+    if not isinstance(model_type, str) or not model_type:
+        return {}
+    if source == "transformers" or (source == "auto" and _transformers_installed()):
+        found = _transformers_defaults(model_type)
+        return copy.deepcopy(found) if found is not None else {}
+    return copy.deepcopy(MODEL_DEFAULTS.get(model_type, {}))
+
+
+# ------------------------------------------------------------------------------------------------
+# reading
 
 
 def _positive_int(x: Any) -> bool:
     return is_int(x) and x > 0
 
 
-def _as_dict(config: Any) -> dict[str, Any]:
-    """A deep copy of ``config`` as a plain dict: a path to config.json, a dict, or a PretrainedConfig."""
+def _load(config: Any) -> tuple[dict[str, Any], str]:
+    """A deep copy of ``config`` as a plain dict, and a label for messages (the file's path)."""
     if isinstance(config, (str, os.PathLike)):
         path = os.fspath(config)
         if os.path.isdir(path):
             path = os.path.join(path, "config.json")
         if not os.path.isfile(path):
             raise FileNotFoundError(f"no config file at {path!r}; pass a config.json path, a dict or a PretrainedConfig")
-        with open(path, encoding="utf-8") as fh:
-            try:
-                data = json.load(fh)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"{path} is not valid JSON ({exc}); pass a Hugging Face config.json") from None
+        with open(path, "rb") as fh:
+            raw = fh.read()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"{path} is not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start}); a Hugging Face "
+                "config.json is UTF-8 JSON: re-save it as UTF-8"
+            ) from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path} is not valid JSON ({exc}); pass a Hugging Face config.json") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path} does not hold a JSON object; pass a Hugging Face config.json")
-        return data
+        return data, path
     if isinstance(config, Mapping):
-        return copy.deepcopy(dict(config))
+        return copy.deepcopy(dict(config)), "the config"
     to_dict = getattr(config, "to_dict", None)
     if callable(to_dict):
+        data = to_dict()
+        if not isinstance(data, Mapping):
+            raise TypeError(f"config.to_dict() must return a dict, got {type(data).__name__}")
         # to_dict() returns a deep copy in transformers 4.x and 5.x; copy again to be safe
-        return copy.deepcopy(to_dict())
+        return copy.deepcopy(dict(data)), f"the {type(config).__name__}"
     raise TypeError(
         f"config must be a transformers PretrainedConfig, a dict or a path to config.json, got {type(config).__name__}"
     )
+
+
+def _model_type(d: Mapping[str, Any], label: str) -> str:
+    value = d.get("model_type")
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ConfigError(f"{label}: model_type must be a string, got {value!r}")
+    return value
+
+
+#: keys whose presence at the top level says the RoPE is described there, not in text_config
+_ROPE_KEYS = ("rope_parameters", "rope_scaling", "rope_theta", "head_dim")
+
+
+def _text_part(d: dict[str, Any], label: str) -> dict[str, Any]:
+    """The text model's config of a multimodal one (``text_config``), else ``d`` itself."""
+    text = d.get("text_config")
+    if text is None or any(k in d for k in _ROPE_KEYS):
+        return d
+    if not isinstance(text, Mapping):
+        raise ConfigError(f"{label}: text_config must be a dict, got {text!r}")
+    inner = dict(text)
+    if inner.get("model_type") is None:
+        outer = _model_type(d, label)
+        inner["model_type"] = _text_model_type(outer) or outer
+    return inner
+
+
+@functools.cache
+def _text_model_type(outer: str) -> str | None:
+    if outer and _transformers_installed():
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING, CONFIG_MAPPING_NAMES
+
+        if outer in CONFIG_MAPPING_NAMES and "text_config" in (getattr(CONFIG_MAPPING[outer], "sub_configs", None) or {}):
+            # the wrapper's default text config (some name it only when built: Mistral-3's is an AutoConfig)
+            try:
+                name = getattr(getattr(CONFIG_MAPPING[outer](), "text_config", None), "model_type", None)
+            except Exception:  # a wrapper that cannot build its own defaults: fall back to the table
+                name = None
+            if isinstance(name, str) and name:
+                return name
+    return TEXT_MODEL_TYPES.get(outer)
 
 
 def _is_nested(block: Mapping[str, Any], layer_types: Iterable[str] | None) -> bool:
@@ -97,107 +469,205 @@ def _is_nested(block: Mapping[str, Any], layer_types: Iterable[str] | None) -> b
     )
 
 
-def _head_dim(d: Mapping[str, Any]) -> int:
+def _head_dim(d: Mapping[str, Any], label: str) -> int:
     # DeepSeek-V2/V3 (MLA) rotate only a qk_rope_head_dim-wide slice of each head
     for key in ("qk_rope_head_dim", "head_dim"):
         if d.get(key) is not None:
             value = d[key]
             if not _positive_int(value):
-                raise ConfigError(f"config {key} must be a positive int, got {value!r}")
+                raise ConfigError(f"{label}: config {key} must be a positive int, got {value!r}")
+            if value > MAX_HEAD_DIM:
+                raise ConfigError(f"{label}: config {key}={value} is wider than any attention head (at most "
+                                  f"{MAX_HEAD_DIM} channels); check the config")  # fmt: skip
             return value
     hidden = d.get("hidden_size", d.get("n_embd"))
     heads = d.get("num_attention_heads", d.get("n_head"))
     if not (_positive_int(hidden) and _positive_int(heads)):
+        model_type = d.get("model_type")
         raise ConfigError(
-            "the config states neither head_dim nor hidden_size and num_attention_heads "
-            f"(got hidden_size={hidden!r}, num_attention_heads={heads!r}); add head_dim"
+            f"{label}: the config states neither head_dim nor hidden_size and num_attention_heads "
+            f"(got hidden_size={hidden!r}, num_attention_heads={heads!r}, and model_type {model_type!r} has no "
+            "defaults for them here); add head_dim"
+        )
+    if hidden % heads:
+        raise ConfigError(
+            f"{label}: hidden_size={hidden} is not a multiple of num_attention_heads={heads}; add head_dim "
+            "(channels per head)"
+        )
+    if hidden // heads > MAX_HEAD_DIM:
+        raise ConfigError(
+            f"{label}: hidden_size={hidden} / num_attention_heads={heads} gives heads wider than any attention head "
+            f"(at most {MAX_HEAD_DIM} channels); check the config or add head_dim"
         )
     return hidden // heads
 
 
-def _interleaved(d: Mapping[str, Any], model_type: str) -> bool:
-    if model_type in ("deepseek_v2", "deepseek_v3"):
-        # MLA checkpoints store q/k rope channels interleaved unless rope_interleave is false
-        return bool(d.get("rope_interleave", True))
-    return model_type in INTERLEAVED_MODEL_TYPES
+def _normalised(block: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(block)
+    legacy = out.pop("type", None)
+    out.setdefault("rope_type", legacy if legacy is not None else "default")
+    return out
 
 
-def _gemma3_blocks(d: dict[str, Any]) -> dict[str, Any]:
+def _one_block(d: dict[str, Any], model_type: str, defaults: Mapping[str, Any], label: str, strict: bool) -> Any:
+    """The RoPE block of the config: ``rope_parameters`` (5.x), ``rope_scaling`` (4.x), or both reconciled.
+
+    transformers 5.23 reads a truthy ``rope_scaling`` *instead of* ``rope_parameters`` (Gemma-3: merged
+    into the ``full_attention`` block), so the ``rope_parameters`` block, its ``rope_theta`` included,
+    is dropped without a word. Here that is an error when the two disagree; ``strict=False`` warns and
+    does what transformers does.
+    """
+    params, legacy = d.get("rope_parameters"), d.get("rope_scaling")
+    for key, value in (("rope_parameters", params), ("rope_scaling", legacy)):
+        if value is not None and not isinstance(value, Mapping):
+            raise ConfigError(f"{label}: {key} must be a dict, got {value!r}")
+    if not legacy:
+        return copy.deepcopy(params) if params else {}
+    if not params:
+        return copy.deepcopy(legacy)
+    params, legacy = copy.deepcopy(dict(params)), copy.deepcopy(dict(legacy))
+    if model_type.startswith("gemma3") and _is_nested(params, d.get("layer_types")):
+        # Gemma-3's config class updates the full-attention block with rope_scaling
+        transformers_block = copy.deepcopy(params)
+        transformers_block["full_attention"] = {**(params.get("full_attention") or {"rope_type": "default"}), **legacy}
+        same = _normalised(transformers_block["full_attention"]) == _normalised(params.get("full_attention") or {})
+    else:
+        # the values both blocks would get from the rest of the config, so that only real differences count
+        fallback = {"rope_theta": d.get("rope_theta", defaults.get("rope_theta", 10000.0)),
+                    "partial_rotary_factor": d.get("partial_rotary_factor", defaults.get("partial_rotary_factor"))}
+        transformers_block = {**{k: v for k, v in fallback.items() if v is not None}, **legacy}
+        same = _normalised({**fallback, **params}) == _normalised({**fallback, **legacy})
+    if not same:
+        complain(
+            f"{label} has both rope_parameters={params} (transformers 5.x) and a legacy rope_scaling={legacy}; "
+            "transformers 5.23 reads rope_scaling instead of rope_parameters, which would give "
+            f"{transformers_block}; merge the keys you mean into rope_parameters and delete rope_scaling",
+            strict,
+        )
+    return transformers_block
+
+
+def _gemma3_blocks(d: dict[str, Any], block: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
     """Gemma-3's 4.x layout (rope_theta global, rope_local_base_freq local, rope_scaling on full layers)."""
-    full = dict(d.get("rope_scaling") or {})
-    full.setdefault("rope_theta", d.get("rope_theta", 1_000_000.0))
-    sliding = {"rope_type": "default", "rope_theta": d.get("rope_local_base_freq", 10_000.0)}
-    full.setdefault("rope_type", full.pop("type", "default"))
+    thetas = defaults.get("layer_rope_theta") or {}
+    full = _normalised(block)
+    full.setdefault("rope_theta", d.get("rope_theta", thetas.get("full_attention", 1_000_000.0)))
+    sliding = {"rope_type": "default", "rope_theta": d.get("rope_local_base_freq", thetas.get("sliding_attention", 10_000.0))}
     return {"sliding_attention": sliding, "full_attention": full}
 
 
-def read_hf_config(config: Any, *, layer_type: str | None = None, strict: bool = True) -> RopeSettings:
+def read_hf_config(
+    config: Any, *, layer_type: str | None = None, strict: bool = True, interleaved: bool | None = None
+) -> RopeSettings:
     """Read the RoPE settings of a Hugging Face config without modifying it.
+
+    Values the file leaves out are filled as transformers fills them, from the model's config class
+    (:func:`model_defaults`): the published gemma-3-4b-it config.json, for one, states neither
+    ``head_dim`` nor the bases of its two layer types.
 
     Args:
         config: a transformers ``PretrainedConfig`` (4.x or 5.x), a path to a config.json (or to its
             folder), or a dict of its contents. Multimodal configs are read from ``text_config``.
         layer_type: for configs with one block per attention layer type (Gemma-3), which one.
-        strict: ``False`` fills a missing ``original_max_position_embeddings`` from
-            ``max_position_embeddings`` with a warning, as transformers does silently.
+        strict: ``False`` turns value mistakes into warnings where the frequencies stay computable
+            (e.g. it fills a missing ``original_max_position_embeddings`` from
+            ``max_position_embeddings``, as transformers does silently).
+        interleaved: the pairing, for a ``model_type`` that :data:`PAIRING` does not list (a custom
+            architecture): ``True`` for pairs (2i, 2i+1), ``False`` for (i, i + r/2). ``None`` (the
+            default) takes it from :data:`PAIRING` and raises for an unknown ``model_type``.
 
     Returns:
         :class:`RopeSettings`.
 
+    Raises:
+        ConfigError: for an invalid, ambiguous or unsupported config; the message says what to change.
+
     Example:
         >>> s = read_hf_config({"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
         ...                     "rope_theta": 500000.0, "max_position_embeddings": 8192})
-        >>> s.head_dim, s.base, s.scaling
-        (128, 500000.0, {'rope_type': 'default'})
+        >>> s.head_dim, s.base, s.scaling, s.interleaved
+        (128, 500000.0, {'rope_type': 'default'}, False)
     """
-    d = _as_dict(config)
-    if d.get("text_config") and not any(k in d for k in ("rope_parameters", "rope_scaling", "rope_theta", "head_dim")):
-        d = {"model_type": d.get("model_type"), **d["text_config"]}
-    model_type = str(d.get("model_type") or "")
-    head_dim = _head_dim(d)
-    mpe = d.get("max_position_embeddings", d.get("n_positions"))
+    check_bool(strict, "strict")
+    if layer_type is not None and not isinstance(layer_type, str):
+        raise TypeError(f"layer_type must be a string or None, got {layer_type!r} ({type(layer_type).__name__})")
+    d, label = _load(config)
+    d = _text_part(d, label)
+    model_type = _model_type(d, label)
+    if TEXT_MODEL_TYPES.get(model_type) in MROPE_MODELS:
+        model_type = TEXT_MODEL_TYPES[model_type]  # a flat 4.x Qwen-VL config.json: the text settings at the top
+    defaults = model_defaults(model_type)
+    for key in DEFAULTED_KEYS:
+        if key not in d and key in defaults:
+            d[key] = defaults[key]
+    pairing = _pairing(d, model_type, interleaved, label)
 
-    block = d.get("rope_parameters") or d.get("rope_scaling") or {}
-    if not isinstance(block, Mapping):
-        raise ConfigError(f"rope_parameters / rope_scaling must be a dict, got {block!r}")
-    block = dict(block)
+    head_dim = _head_dim(d, label)
+    mpe = d.get("max_position_embeddings", d.get("n_positions"))
+    if mpe is not None and not _positive_int(mpe):
+        raise ConfigError(f"{label}: max_position_embeddings must be a positive int (a length in tokens), got {mpe!r}")
+
+    block = _one_block(d, model_type, defaults, label, strict)
     layer_types = d.get("layer_types")
+    if layer_types is not None and not (
+        isinstance(layer_types, (list, tuple)) and all(isinstance(t, str) for t in layer_types)
+    ):
+        raise ConfigError(f"{label}: layer_types must be a list of strings, got {layer_types!r}")
+    if not block and not any(k in d for k in ("rope_theta", "rotary_emb_base")) and defaults.get("rope_parameters"):
+        block = dict(defaults["rope_parameters"])  # the class's default block (gpt-oss: its YaRN)
     if model_type.startswith("gemma3") and not _is_nested(block, layer_types):
-        block = _gemma3_blocks(d)
+        block = _gemma3_blocks(d, block, defaults)
     if _is_nested(block, layer_types):
         available = sorted(k for k, v in block.items() if v is not None)
         if layer_type is None:
             raise ConfigError(
-                f"this config has one RoPE block per layer type ({', '.join(available)}); pass layer_type= one of them"
+                f"{label}: this config has one RoPE block per layer type ({', '.join(available)}); pass "
+                "layer_type= one of them"
             )
         if block.get(layer_type) is None:
-            raise ConfigError(f"layer_type {layer_type!r} has no RoPE block; choose one of {', '.join(available)}")
+            raise ConfigError(f"{label}: layer_type {layer_type!r} has no RoPE block; choose one of {', '.join(available)}")
+        layer_theta = (defaults.get("layer_rope_theta") or {}).get(layer_type)
         block = dict(block[layer_type])
+        if layer_theta is not None:
+            block.setdefault("rope_theta", layer_theta)
     elif layer_type is not None and layer_types and layer_type not in layer_types:
-        raise ConfigError(f"layer_type {layer_type!r} is not in the config's layer_types {sorted(set(layer_types))}")
-
-    legacy = block.pop("type", None)  # the 4.x name of rope_type
-    block.setdefault("rope_type", legacy or "default")
+        raise ConfigError(f"{label}: layer_type {layer_type!r} is not in the config's layer_types {sorted(set(layer_types))}")
+    block = _normalised(block)
+    mrope_section, mrope_interleaved = _mrope(block, model_type, label, strict)
+    spec = ROPE_TYPES.get(block["rope_type"]) if isinstance(block["rope_type"], str) else None
+    for key in defaults.get("rope_ignore_keys", ()):
+        if spec is None or key not in spec.required | spec.optional:
+            block.pop(key, None)
     if model_type == "phi3" and block["rope_type"] in ("su", "yarn"):
         block["rope_type"] = "longrope"  # Phi-3's early names for LongRoPE, as transformers renames them
 
     base = block.pop("rope_theta", None)
     if base is None:
-        base = d.get("rope_theta", d.get("rotary_emb_base", 10_000.0))
+        base = d.get("rope_theta", d.get("rotary_emb_base", defaults.get("rope_theta", 10_000.0)))
     if not is_number(base) or base <= 0:
-        raise ConfigError(f"rope_theta must be a number > 0, got {base!r}")
+        raise ConfigError(f"{label}: rope_theta must be a finite number > 0, got {base!r}")
 
     rotary_dim = None
     if "partial_rotary_factor" not in block:
         if d.get("partial_rotary_factor") is not None:
             block["partial_rotary_factor"] = d["partial_rotary_factor"]
-        elif model_type == "gpt_neox" or "rotary_pct" in d:
-            block["partial_rotary_factor"] = d.get("rotary_pct", 0.25)  # GPT-NeoX's default
-        elif model_type == "gptj" or d.get("rotary_dim") is not None:
-            # GPT-J states the width (default 64; null rotates the whole head)
+        elif "rotary_pct" in d:
+            block["partial_rotary_factor"] = d["rotary_pct"]  # GPT-NeoX's name
+        elif model_type in ("gptj", "codegen"):
+            # GPT-J and CodeGen state the width (default 64; null rotates the whole head)
             rotary_dim = d.get("rotary_dim", 64)
             if rotary_dim is not None and not _positive_int(rotary_dim):
-                raise ConfigError(f"config rotary_dim must be a positive int, got {rotary_dim!r}")
+                raise ConfigError(f"{label}: config rotary_dim must be a positive int, got {rotary_dim!r}")
+        elif defaults.get("partial_rotary_factor") is not None:
+            block["partial_rotary_factor"] = defaults["partial_rotary_factor"]
+    if d.get("qk_rope_head_dim") is not None and block.get("partial_rotary_factor") not in (None, 1, 1.0):
+        # MLA models (Mistral-4) state the rope slice twice: head_dim * partial_rotary_factor == qk_rope_head_dim
+        partial, full = block.pop("partial_rotary_factor"), d.get("head_dim")
+        if not (is_number(partial) and 0 < partial <= 1 and _positive_int(full) and int(full * partial) == head_dim):
+            raise ConfigError(
+                f"{label}: qk_rope_head_dim={head_dim} but head_dim={full!r} * partial_rotary_factor={partial!r} "
+                "rotates a different width; make them agree"
+            )
 
     rope_type = ROPE_TYPES.get(block["rope_type"]) if isinstance(block["rope_type"], str) else None
     rt = block["rope_type"]
@@ -207,20 +677,80 @@ def read_hf_config(config: Any, *, layer_type: str | None = None, strict: bool =
             block["original_max_position_embeddings"] = d["original_max_position_embeddings"]
         elif block.get("original_max_position_embeddings") is None and mpe is not None:
             complain(
-                f"rope_type {rt!r} block has no original_max_position_embeddings (the trained context length); "
-                f"add it (transformers would use max_position_embeddings={mpe})",
+                f"{label}: rope_type {rt!r} block has no original_max_position_embeddings (the trained context "
+                f"length); add it (transformers would use max_position_embeddings={mpe})",
                 strict,
             )
             block["original_max_position_embeddings"] = mpe
     if mpe is not None and rope_type is not None:
         if "max_position_embeddings" in rope_type.required | rope_type.optional:
             block.setdefault("max_position_embeddings", mpe)
+    rope_layers = _rope_layers(d, model_type, label)
+    nope_temperature = None
+    if model_type == "llama4_text" and rope_layers is not None and not all(rope_layers):
+        if d.get("attn_temperature_tuning", True):  # the defaults of transformers' Llama4TextConfig
+            nope_temperature = {"floor_scale": d.get("floor_scale", 8192), "attn_scale": d.get("attn_scale", 0.1)}
     return RopeSettings(
         head_dim=head_dim,
         base=float(base),
         scaling=block,
         rotary_dim=rotary_dim,
-        interleaved=_interleaved(d, model_type),
+        interleaved=pairing,
         max_position_embeddings=mpe,
         model_type=model_type,
+        mrope_section=mrope_section,
+        mrope_interleaved=mrope_interleaved,
+        rope_layers=rope_layers,
+        nope_temperature=nope_temperature,
     )
+
+
+def _mrope(block: dict[str, Any], model_type: str, label: str, strict: bool) -> tuple[tuple[int, ...] | None, bool]:
+    """Take the multimodal-RoPE keys out of ``block``: ``(mrope_section, interleaved)`` or ``(None, False)``."""
+    if model_type not in MROPE_MODELS:
+        if "mrope_section" in block:
+            raise ConfigError(
+                f"{label}: the block has mrope_section, but model_type {model_type!r} does not use multimodal RoPE "
+                f"(rotary reads it for {', '.join(sorted(MROPE_MODELS))}); remove the key or fix the model_type"
+            )
+        return None, False
+    default, interleaved = MROPE_MODELS[model_type]
+    if block["rope_type"] == "mrope":
+        block["rope_type"] = "default"  # 4.x configs name M-RoPE's (default) frequencies "mrope"
+    section = block.pop("mrope_section", None)
+    section = default if section is None else section
+    if not isinstance(section, (list, tuple)) or not all(is_int(v) and v > 0 for v in section):
+        raise ConfigError(f"{label}: mrope_section must be a list of positive ints (t, h, w), got {section!r}")
+    flag = block.pop("mrope_interleaved", None)
+    if flag is not None and flag is not interleaved:
+        layout = "interleaved" if interleaved else "in chunks"
+        complain(
+            f"{label}: mrope_interleaved={flag!r}, but {model_type} lays its frequency slots out {layout} whatever "
+            "the flag says (transformers ignores it); remove the key",
+            strict,
+        )
+    return tuple(int(v) for v in section), interleaved
+
+
+def _rope_layers(d: Mapping[str, Any], model_type: str, label: str) -> tuple[bool, ...] | None:
+    """One flag per layer from ``no_rope_layers`` (1 = RoPE, 0 = NoPE), filled as the model's config class does."""
+    flags = d.get("no_rope_layers")
+    layers = d.get("num_hidden_layers")
+    rule = NO_ROPE_DEFAULTS.get(model_type)
+    if (rule == "none" and flags is None) or (rule == "falsy" and not flags):
+        interval = d.get("no_rope_layer_interval", 4)
+        if not (_positive_int(layers) and _positive_int(interval)):
+            raise ConfigError(
+                f"{label}: {model_type} drops RoPE in every no_rope_layer_interval-th layer, but num_hidden_layers="
+                f"{layers!r} / no_rope_layer_interval={interval!r} are not positive ints"
+            )
+        flags = [int((i + 1) % interval != 0) for i in range(layers)]  # as rotary.variants.default_no_rope_layers
+    if flags is None:
+        return None
+    if not isinstance(flags, (list, tuple)) or any(isinstance(v, bool) or v not in (0, 1) for v in flags):
+        raise ConfigError(f"{label}: no_rope_layers must be a list of 0/1 flags (1 = the layer uses RoPE), got {flags!r}")
+    if _positive_int(layers):
+        if len(flags) < layers:
+            raise ConfigError(f"{label}: no_rope_layers has {len(flags)} flags but the model has {layers} layers")
+        flags = flags[:layers]  # transformers reads the first num_hidden_layers
+    return tuple(v == 1 for v in flags)

@@ -6,6 +6,7 @@ a configuration (head_dim, base, rotary width, scaling block) into the frequenci
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -13,18 +14,77 @@ from typing import Any
 
 import torch
 
-from ._checks import check_positive_int
+from ._checks import MAX_HEAD_DIM, check_bool, check_positive_int, is_int
 from .rope_types import (
     ROPE_INIT_FUNCTIONS,
     ROPE_TYPES,
     ConfigError,
     default_inv_freq,
+    proportional_pairs,
     register_rope_type,
     rotary_dim_from,
     validate_rope_parameters,
 )
 
-__all__ = ["Frequencies", "frequencies", "default_inv_freq", "ROPE_INIT_FUNCTIONS", "ROPE_TYPES", "register_rope_type"]
+__all__ = [
+    "Frequencies",
+    "FrozenBlock",
+    "frequencies",
+    "default_inv_freq",
+    "ROPE_INIT_FUNCTIONS",
+    "ROPE_TYPES",
+    "register_rope_type",
+]
+
+
+class FrozenBlock(dict):
+    """A read-only dict: the scaling block a :class:`Frequencies` was computed from.
+
+    It is a deep copy made when the frequencies are computed (lists become tuples, nested dicts
+    become read-only too), so editing the block given to :func:`frequencies` afterwards changes
+    nothing. It compares equal to a dict with the same items (lists compare as tuples) and
+    serialises to JSON as the dict it holds; ``dict(block)`` gives an editable copy.
+
+    Example:
+        >>> b = FrozenBlock.of({"rope_type": "longrope", "short_factor": [1.0, 1.5]})
+        >>> b["short_factor"]
+        (1.0, 1.5)
+        >>> b["rope_type"] = "yarn"
+        Traceback (most recent call last):
+        ...
+        TypeError: FrozenBlock is read-only; edit a copy (dict(block)) and compute new frequencies
+    """
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, block: Mapping[str, Any]) -> FrozenBlock:
+        """A frozen deep copy of ``block``."""
+        return cls({key: _frozen(value) for key, value in block.items()})
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"{type(self).__name__} is read-only; edit a copy (dict(block)) and compute new frequencies")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _read_only  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickle / copy rebuild from a plain dict, not item by item
+        return (type(self), (dict(self),))
+
+    def __copy__(self) -> FrozenBlock:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FrozenBlock:
+        return self
+
+
+def _frozen(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return FrozenBlock.of(value)
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    if isinstance(value, (str, int, float, bool, type(None))):
+        return value
+    return copy.deepcopy(value)
 
 
 @dataclass(frozen=True)
@@ -38,7 +98,9 @@ class Frequencies:
         rotary_dim: channels rotated ``r`` (``r <= D``, even); the rest pass through.
         base: the base ``theta`` the frequencies were derived from.
         rope_type: name of the init function in :data:`ROPE_INIT_FUNCTIONS`.
-        scaling: the scaling parameters used (read-only copy).
+        scaling: the scaling parameters used: a :class:`FrozenBlock`, a read-only deep copy (lists
+            become tuples), so the block given to :func:`frequencies` can be edited afterwards
+            without changing these frequencies.
     """
 
     inv_freq: torch.Tensor
@@ -49,6 +111,10 @@ class Frequencies:
     rope_type: str = "default"
     scaling: Mapping[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.scaling, FrozenBlock):
+            object.__setattr__(self, "scaling", FrozenBlock.of(self.scaling))
+
     @property
     def wavelengths(self) -> torch.Tensor:
         """``2π / inv_freq`` in tokens, float64 ``[rotary_dim // 2]`` (``inf`` for frequency 0)."""
@@ -57,6 +123,8 @@ class Frequencies:
 
 def _check_dims(head_dim: int, rotary_dim: int | None) -> int:
     check_positive_int(head_dim, "head_dim")
+    if head_dim > MAX_HEAD_DIM:
+        raise ValueError(f"head_dim={head_dim} is wider than any attention head (at most {MAX_HEAD_DIM} channels here)")
     if head_dim % 2:
         raise ValueError(f"head_dim must be even (channels rotate in pairs), got head_dim={head_dim}")
     if rotary_dim is None:
@@ -72,7 +140,81 @@ def _check_dims(head_dim: int, rotary_dim: int | None) -> int:
 def _check_base(base: float) -> float:
     if isinstance(base, bool) or not isinstance(base, (int, float)) or not math.isfinite(base) or base <= 0:
         raise ValueError(f"base must be a finite number > 0, got base={base!r}")
+    if base <= 1:
+        # pair 0 always turns at 1 rad/token; base ** (-2i/d) must fall from there (YaRN also divides by ln(base))
+        raise ConfigError(
+            f"base={base!r} must be > 1: the frequencies base ** (-2i/d) fall from 1 rad/token only for a base above 1 "
+            "(models use 10000 to 1e7)"
+        )
     return float(base)
+
+
+def _check_seq_len(seq_len: Any) -> None:
+    if seq_len is None or (is_int(seq_len) and seq_len >= 0):
+        return
+    if (
+        isinstance(seq_len, torch.Tensor)
+        and seq_len.numel() == 1
+        and not (seq_len.is_floating_point() or seq_len.is_complex() or seq_len.dtype == torch.bool)
+    ):
+        return
+    raise TypeError(f"seq_len must be None, an int >= 0 or a one-element integer tensor, got {seq_len!r}")
+
+
+def _compute(rope_type: str, head_dim: int, base: float, rotary_dim: int, params: dict[str, Any], seq_len: Any):
+    """Run the init function; arithmetic failures inside it are reported as the block's fault."""
+    try:
+        inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](head_dim, base, rotary_dim, params, seq_len)
+    except ConfigError:
+        raise
+    except (ArithmeticError, ValueError) as exc:  # ZeroDivisionError, OverflowError, "math domain error"
+        block = ", ".join(f"{k}={v}" for k, v in params.items() if k != "rope_type" and not isinstance(v, (list, tuple)))
+        raise ConfigError(
+            f"rope_type {rope_type!r} cannot compute frequencies for base={base:g}, rotary_dim={rotary_dim}"
+            f"{', ' + block if block else ''} ({type(exc).__name__}: {exc}); a parameter is out of range"
+        ) from None
+    if not isinstance(inv_freq, torch.Tensor):
+        raise TypeError(f"rope_type {rope_type!r} returned inv_freq of type {type(inv_freq).__name__}, not a tensor")
+    return inv_freq.to(torch.float32), attention_scaling
+
+
+def _check_result(
+    rope_type: str,
+    inv_freq: torch.Tensor,
+    attention_scaling: Any,
+    turning: int,
+    base: float,
+    params: Mapping[str, Any],
+    seq_len: Any = None,
+) -> None:
+    """Frequencies must be finite, the first ``turning`` pairs must turn, and the scaling must be finite and > 0."""
+    block = ", ".join(f"{k}={v}" for k, v in params.items() if k != "rope_type" and not isinstance(v, (list, tuple)))
+    at = "" if seq_len is None else f" at sequence length {seq_len}"
+    where = f"rope_type {rope_type!r} (base={base:g}{', ' + block if block else ''}){at}"
+    def per_pair(pairs: list[int]) -> str:  # the entries of per-pair lists (LongRoPE's factors) at those pairs
+        lists = [(k, v) for k, v in params.items() if isinstance(v, (list, tuple)) and len(v) == len(inv_freq)]
+        return "".join(f"; {k}[{i}]={v[i]}" for k, v in lists for i in pairs[:2])
+
+    bad = (~torch.isfinite(inv_freq)).nonzero().flatten().tolist()
+    if bad:
+        raise ConfigError(
+            f"{where} gives non-finite frequencies for pairs {bad[:8]}{per_pair(bad)}; a parameter is out of range"
+        )
+    still = (inv_freq[:turning] <= 0).nonzero().flatten().tolist()
+    if still:
+        raise ConfigError(
+            f"{where} gives frequency {float(inv_freq[still[0]]):g} (in float32) to pairs {still[:8]}"
+            f"{' ...' if len(still) > 8 else ''}{per_pair(still)}: they would not rotate; a parameter is out of range "
+            "(a base above ~1e38 or a factor large enough to underflow)"
+        )
+    if not (
+        isinstance(attention_scaling, (int, float))
+        and 0 < attention_scaling <= torch.finfo(torch.float32).max  # it multiplies the float32 tables
+    ):
+        raise ConfigError(
+            f"{where} gives attention scaling {attention_scaling!r}; it must be a number > 0 that float32 tables can "
+            "hold"
+        )
 
 
 def frequencies(
@@ -123,11 +265,13 @@ def frequencies(
         (1.1386, True)
     """
     _check_dims(head_dim, rotary_dim)
+    check_bool(strict, "strict")
+    _check_seq_len(seq_len)
     if scaling is not None and not isinstance(scaling, Mapping):
         raise ConfigError(
             f"the scaling block must be a dict such as {{'rope_type': 'linear', 'factor': 2.0}}, got {scaling!r}"
         )
-    params: dict[str, Any] = dict(scaling or {})
+    params: dict[str, Any] = copy.deepcopy(dict(scaling or {}))  # nothing the caller edits later reaches us
     block_base = params.get("rope_theta")
     if base is None:
         base = 10000.0 if block_base is None else block_base
@@ -148,14 +292,23 @@ def frequencies(
         )
     params = validate_rope_parameters(params, rotary_dim=rotary_dim, strict=strict)
     params.pop("rope_theta", None)
-    inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](head_dim, base, rotary_dim, params, seq_len)
-    inv_freq = inv_freq.to(torch.float32)
+    rope_type = params["rope_type"]
+    spec = ROPE_TYPES[rope_type]
+    inv_freq, attention_scaling = _compute(rope_type, head_dim, base, rotary_dim, params, seq_len)
     # an odd width (accepted with strict=False) rotates one channel more, as in transformers
     expected = head_dim // 2 if every_pair else (rotary_dim + 1) // 2
     if inv_freq.shape != (expected,):
         raise RuntimeError(
             f"rope_type {rope_type!r} returned inv_freq of shape {tuple(inv_freq.shape)}, expected ({expected},)"
         )
+    turning = proportional_pairs(head_dim, params) if every_pair else expected
+    _check_result(rope_type, inv_freq, attention_scaling, turning, base, params)
+    if spec.length_dependent and spec.target_length is not None and seq_len is None:
+        # frequencies that only overflow at long lengths (dynamic NTK's growing base, LongRoPE's long
+        # factors) are refused now, not at the first long call
+        longest = spec.target_length(params)
+        at_target, scaling_at_target = _compute(rope_type, head_dim, base, rotary_dim, params, longest)
+        _check_result(rope_type, at_target, scaling_at_target, turning, base, params, longest)
     return Frequencies(
         inv_freq=inv_freq,
         attention_scaling=float(attention_scaling),
@@ -163,5 +316,5 @@ def frequencies(
         rotary_dim=2 * expected,
         base=base,
         rope_type=rope_type,
-        scaling=params,
+        scaling=FrozenBlock.of(params),
     )

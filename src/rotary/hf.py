@@ -29,7 +29,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .apply import apply_rotary, to_half
+from .apply import rotate
+from .pairing import to_half
+from .tables import RotaryTables
 
 __all__ = ["SUPPORTED", "is_patched", "patch", "unpatch"]
 
@@ -44,26 +46,22 @@ def _layout(unsqueeze_dim: int) -> str:
         raise ValueError(f"unsqueeze_dim must be 1 ([B, H, S, D]) or 2 ([B, S, H, D]), got {unsqueeze_dim!r}") from None
 
 
-def _rotate_q_and_k(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool, layout: str):
-    """q and k rotated in one kernel call (transformers passes ``[B, S, r]`` or ``[S, r]`` tables).
-
-    The one place this module reaches below the public API (one call for both tensors, without
-    re-checking the model's tables); the public equivalent is two :func:`rotary.apply_rotary` calls.
-    """
-    from .apply import _rotate_tensors
-
-    q, k = _rotate_tensors([q, k], ["q", "k"], cos, sin, interleaved=interleaved, layout=layout, inplace=False, validate=False)
+def _apply_pair(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool, layout: str):
+    """q and k rotated in one kernel call (transformers passes ``[B, S, r]`` or ``[S, r]`` tables)."""
+    # the model's own tables, trusted as they are (no check on every layer of every step)
+    tables = RotaryTables.from_tensors(cos, sin, interleaved=interleaved, validate=False)
+    q, k = rotate([q, k], tables, layout=layout, kinds=("q", "k"), names=("q", "k"))
     return q, k
 
 
 def _apply_half(q, k, cos, sin, unsqueeze_dim=1):
     """Llama family: pairs (i, i + r/2); ``r = cos.shape[-1]`` may be < head_dim (GPT-NeoX, Phi-3)."""
-    return _rotate_q_and_k(q, k, cos, sin, interleaved=False, layout=_layout(unsqueeze_dim))
+    return _apply_pair(q, k, cos, sin, interleaved=False, layout=_layout(unsqueeze_dim))
 
 
 def _apply_interleaved(q, k, cos, sin, unsqueeze_dim=1):
     """Cohere: pairs (2i, 2i+1); its tables already repeat each angle twice in a row."""
-    return _rotate_q_and_k(q, k, cos, sin, interleaved=True, layout=_layout(unsqueeze_dim))
+    return _apply_pair(q, k, cos, sin, interleaved=True, layout=_layout(unsqueeze_dim))
 
 
 def _apply_glm(q, k, cos, sin, unsqueeze_dim=1):
@@ -90,7 +88,8 @@ def _apply_deepseek_interleave(q, k, cos, sin, position_ids=None, unsqueeze_dim=
 def _apply_gptj(tensor, sin, cos):
     """GPT-J: ``tensor [B, S, H, r]``, one angle per pair ``sin/cos [B, S, r/2]``, pairs (2i, 2i+1)."""
     cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
-    return apply_rotary(tensor, cos, sin, interleaved=True, layout="bshd")
+    tables = RotaryTables.from_tensors(cos, sin, interleaved=True, validate=False)
+    return rotate([tensor], tables, layout="bshd", names=("tensor",))[0]
 
 
 @dataclass(frozen=True)
@@ -126,6 +125,9 @@ SUPPORTED: dict[str, _Family] = {
     "gptj": _Family("transformers.models.gptj.modeling_gptj", {"apply_rotary_pos_emb": _apply_gptj}),
     "cohere": _Family("transformers.models.cohere.modeling_cohere", {"apply_rotary_pos_emb": _apply_interleaved}),
     "glm": _Family("transformers.models.glm.modeling_glm", {"apply_rotary_pos_emb": _apply_glm}),
+    # multimodal RoPE: the text attention gets M-RoPE tables already laid out per slot, pairs (i, i + r/2);
+    # the vision towers rotate through another function (apply_rotary_pos_emb_vision), left as they are
+    **{model_type: _half(name) for name in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl") for model_type in (name, f"{name}_text")},
 }
 
 _MARK = "_rotary_hf_patch"  # on a patched submodule: the instance ``forward`` it had before (or None)
@@ -158,7 +160,7 @@ def patch(model: nn.Module) -> nn.Module:
     Args:
         model: a transformers model of a type in :data:`SUPPORTED` (any head): Llama, Mistral, Mixtral,
             Qwen2, Qwen3, Qwen3-MoE, Phi-3, Gemma-3 (both layer types), GPT-NeoX, gpt-oss, DeepSeek-V3,
-            GPT-J, Cohere or GLM.
+            GPT-J, Cohere or GLM, or a Qwen2-VL, Qwen2.5-VL or Qwen3-VL model (its text attention).
 
     Returns:
         ``model`` itself.

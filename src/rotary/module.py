@@ -1,55 +1,77 @@
-"""``RoPE``: frequencies + cached tables + application, as one ``nn.Module``."""
+"""``RoPE``: frequencies + schedule + table cache -> ``tables(positions)``; ``forward`` rotates q and k.
+
+    positions ──► RoPE.tables(positions) ──► RotaryTables ──► rotary.rotate(xs, tables) ──► kernels
+                  (frequencies of the call,                   (one call for q and k)
+                   cached rows or computed rows)
+"""
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Mapping
+import copy
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from ._checks import check_positive_int
-from .apply import Layout, _check_x, _packed_positions, _rotate_tensors, check_layout
+from . import positions as P
+from ._checks import check_bool, check_choice, check_int, check_positive_int
+from .apply import Layout, check_layout, rotate
 from .config import read_hf_config
 from .frequencies import Frequencies, frequencies
-from .rope_types import ROPE_TYPES
-from .tables import TableCache, cos_sin_table
+from .positions import Positions
+from .rope_types import ConfigError
+from .schedule import FrequencySchedule
+from .tables import RotaryTables, TableCache, cos_sin_table, table_dtype
 
-__all__ = ["RoPE", "check_position_ids"]
+__all__ = ["RoPE", "keep_float32"]
+
+#: rows a table cache grows to at most; positions beyond get their rows computed per call
+CACHE_ROWS = 1 << 16
 
 
+def keep_float32(parameters: Sequence[nn.Parameter], apply: Callable[[], Any]) -> None:
+    """Run ``apply`` (a module's ``nn.Module._apply``) and keep ``parameters`` fp32 with their values.
 
-def check_position_ids(position_ids: torch.Tensor) -> torch.Tensor:
-    """Validate ``position_ids`` (integer, ``[S]`` or ``[B, S]``, non-negative) and return it."""
-    if not isinstance(position_ids, torch.Tensor):
-        raise TypeError(f"position_ids must be an integer tensor, got {type(position_ids).__name__}")
-    if position_ids.is_floating_point() or position_ids.is_complex() or position_ids.dtype == torch.bool:
-        raise TypeError(
-            f"position_ids must have an integer dtype (int64 or int32), got {position_ids.dtype}; "
-            "float positions round (bf16 turns 257 into 256)"
-        )
-    if position_ids.dtype == torch.uint8:
-        raise TypeError("position_ids must be int64 or int32, got torch.uint8 (torch indexes with uint8 as a boolean mask)")
-    if position_ids.dim() not in (1, 2):
-        raise ValueError(f"position_ids must be [S] or [B, S], got shape {tuple(position_ids.shape)}")
-    if not torch.compiler.is_compiling() and position_ids.numel() and int(position_ids.min()) < 0:
-        raise ValueError(f"position_ids must be >= 0, got a minimum of {int(position_ids.min())}")
-    return position_ids
+    ``model.to(torch.bfloat16)`` casts every floating parameter; learned frequencies rounded to bf16
+    (8 bits of mantissa) move every angle by up to 0.4%. The parameters keep their fp32 values and
+    follow the device change; device moves, ``to_empty()`` (meta-device models) and dtype-free calls
+    are left as ``apply`` made them. The ``Parameter`` objects stay the same (optimizers keep them).
+
+    Example:
+        >>> m = torch.nn.Linear(2, 2)
+        >>> keep_float32([m.weight], lambda: torch.nn.Module._apply(m, lambda t: t.to(torch.bfloat16)))
+        >>> m.weight.dtype, m.bias.dtype
+        (torch.float32, torch.bfloat16)
+    """
+    # detached aliases: _apply swaps the storage of the parameter and of its grad, not of these
+    saved = [(p, p.detach(), None if p.grad is None else p.grad.detach()) for p in parameters]
+    apply()
+    for p, data, grad in saved:
+        if p.dtype == torch.float32:
+            continue  # a device move or to_empty(): nothing to undo
+        p.grad = None  # a grad of the cast dtype could not be assigned back beside fp32 data
+        p.data = data.to(p.device)
+        if grad is not None:
+            p.grad = grad.to(p.device, torch.float32)
 
 
 class RoPE(nn.Module):
     """Rotary position embedding for the q and k of attention.
 
-    Tables are fp32 and built from float64 angles; they are cached per device for positions below
-    ``max_position`` and grown (never an error) when a longer position arrives. ``.to(bfloat16)``
-    on a model leaves ``inv_freq`` and the tables in fp32.
+    Tables are fp32 (float64 for float64 inputs) and built from float64 angles. Rows for positions
+    below ``max(max_position, 65536)`` are cached per device, the cache growing by doubling as
+    longer positions arrive; rows of positions beyond are computed per call for the tokens at hand
+    (one decoding step at position 2**40 costs microseconds, not a table of 2**40 rows).
+    ``.to(bfloat16)`` on a model leaves ``inv_freq`` and the tables in fp32. One ``RoPE`` may be
+    shared by layers and by threads.
 
     Args:
         head_dim: channels per head ``D`` (even).
-        base: RoPE base ``theta`` (> 0).
+        base: RoPE base ``theta`` (> 0); default the scaling block's ``rope_theta``, else 10000.
         rotary_dim: channels rotated ``r`` (even, ``<= D``); the other ``D - r`` pass through.
-        scaling: Hugging Face-style scaling block, e.g. ``{"rope_type": "default"}``.
+        scaling: Hugging Face-style scaling block, e.g. ``{"rope_type": "yarn", "factor": 4.0, ...}``.
         interleaved: ``False``: pairs (i, i + r/2) (Hugging Face, GPT-NeoX); ``True``: pairs
             (2i, 2i + 1) (the paper, RoFormer, GPT-J, Meta LLaMA).
         max_position: initial cache length.
@@ -61,6 +83,11 @@ class RoPE(nn.Module):
             ``original_max_position_embeddings``. ``"stateless"`` computes the frequencies from the
             current call's length only (see docs/scaling.md on huggingface/transformers#25104).
         strict: ``False`` turns value errors in ``scaling`` into warnings.
+        learnable_frequencies: train the frequencies: pair ``i`` turns with ``θ_i · exp(α_i)``, ``α``
+            (``log_frequency_scale``, ``[rotary_dim // 2]``) an fp32 ``Parameter`` initialised to 0, in
+            the state dict, kept fp32 by ``.to(bfloat16)``. Tables are computed per call with
+            gradients (never cached) and run through the fused kernels' table-gradient path. Not
+            with length-dependent scaling types (``dynamic``, ``longrope``).
 
     Example:
         >>> rope = RoPE(64)
@@ -83,33 +110,64 @@ class RoPE(nn.Module):
         max_position: int = 2048,
         dynamic: Literal["hf", "stateless"] = "hf",
         strict: bool = True,
+        learnable_frequencies: bool = False,
     ) -> None:
         super().__init__()
         check_positive_int(max_position, "max_position")
-        if dynamic not in ("hf", "stateless"):
-            raise ValueError(f"dynamic must be 'hf' (transformers' state machine) or 'stateless', got {dynamic!r}")
-        # kept to recompute length-dependent frequencies exactly as they were first computed
+        check_choice(dynamic, "dynamic", ("hf", "stateless"))
+        # deep copies: a scaling dict edited by the caller afterwards must not change this RoPE
         self._frequency_args: dict[str, Any] = dict(
-            head_dim=head_dim, base=base, rotary_dim=rotary_dim, scaling=dict(scaling or {}), strict=strict
-        )
-        self.freqs: Frequencies = frequencies(**self._frequency_args)
-        self.interleaved = bool(interleaved)
+            # the block as given (a string is frequencies()' ConfigError, not a dict-conversion error)
+            head_dim=head_dim, base=base, rotary_dim=rotary_dim, scaling=copy.deepcopy(scaling),
+            strict=check_bool(strict, "strict"),
+        )  # fmt: skip
+        original = frequencies(**self._frequency_args)
+        self.original_freqs: Frequencies = original
+        self.freqs: Frequencies = original  # the frequencies of the latest call (length-dependent types)
+        self.interleaved = check_bool(interleaved, "interleaved")
         self.max_position = max_position
         self.dynamic = dynamic
-        self.register_buffer("inv_freq", self.freqs.inv_freq.clone(), persistent=False)
-        # one cache per fixed frequency set (trained; LongRoPE's long set); None while dynamic NTK has
-        # grown the base, which changes with every longer call, so tables are computed per call then
-        self._cache: TableCache | None = TableCache(
-            self.freqs.inv_freq, self.freqs.attention_scaling, self.interleaved, max_position
-        )
-        self._fixed_caches: dict[str, TableCache] = {"original": self._cache}
-        # the frequencies at the trained length, and the state of transformers' dynamic NTK update
-        self.original_freqs: Frequencies = self.freqs
-        if self.freqs.rope_type == "dynamic":
-            self.original_max_seq_len: int = self.freqs.scaling["max_position_embeddings"]
-            self.max_seq_len_cached: int = self.original_max_seq_len
-        self._long_freqs: Frequencies | None = None
-        self._stateless_len: int | None = None
+        self.schedule = FrequencySchedule(self._frequency_args, original, dynamic)
+        self.register_buffer("inv_freq", original.inv_freq.clone(), persistent=False)
+        self._caches: dict[str, TableCache] = {}
+        self._caches_lock = threading.Lock()
+        self.learnable_frequencies = check_bool(learnable_frequencies, "learnable_frequencies")
+        self.log_frequency_scale: nn.Parameter | None = None
+        if learnable_frequencies:
+            if self.schedule.length_dependent:
+                raise ValueError(
+                    f"learnable_frequencies=True cannot be combined with rope_type {original.rope_type!r}: its "
+                    "frequencies are recomputed for each sequence length, so a learned factor per pair would "
+                    "multiply different frequencies from call to call. Use a static type (default, linear, yarn, "
+                    "llama3, ntk, proportional) or learnable_frequencies=False"
+                )
+            # α of θ_i · exp(α_i); fp32 whatever the model's dtype (see _apply)
+            self.log_frequency_scale = nn.Parameter(torch.zeros(original.rotary_dim // 2))  # meta under torch.device("meta")
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Learnable frequencies back to the configured ones (``α = 0``); nothing else has parameters.
+
+        Call it after ``to_empty()`` on a model built on the meta device (or load a state dict).
+        """
+        if self.log_frequency_scale is not None:
+            with torch.no_grad():
+                self.log_frequency_scale.zero_()
+
+    @property
+    def learned_inv_freq(self) -> torch.Tensor:
+        """The frequencies in use, fp32 ``[rotary_dim // 2]`` on the module's device, detached:
+        ``θ_i · exp(α_i)`` with learnable frequencies, else ``inv_freq``.
+
+        Example:
+            >>> rope = RoPE(8, learnable_frequencies=True)
+            >>> torch.equal(rope.learned_inv_freq, rope.inv_freq)  # α starts at 0
+            True
+        """
+        if self.log_frequency_scale is None:
+            return self.inv_freq
+        with torch.no_grad():
+            return (self.freqs.inv_freq.to(self.inv_freq.device).double() * self.log_frequency_scale.double().exp()).float()
 
     @classmethod
     def from_hf_config(
@@ -120,15 +178,18 @@ class RoPE(nn.Module):
         strict: bool = True,
         dynamic: Literal["hf", "stateless"] = "hf",
         max_position: int = 2048,
+        interleaved: bool | None = None,
     ) -> RoPE:
         """Build the RoPE a Hugging Face model uses, from its config (the config is never modified).
 
         Reads ``head_dim`` (or ``hidden_size // num_attention_heads``; DeepSeek's ``qk_rope_head_dim``),
         ``rope_theta`` (GPT-NeoX: ``rotary_emb_base``), ``partial_rotary_factor`` (GPT-NeoX:
         ``rotary_pct``; GPT-J: ``rotary_dim``), ``max_position_embeddings`` and the scaling block
-        (5.x ``rope_parameters`` or 4.x ``rope_scaling``), and picks the architecture's pairing:
-        interleaved for GPT-J, RoFormer, Cohere, GLM and DeepSeek-V2/V3 (``rope_interleave``), half
-        otherwise.
+        (5.x ``rope_parameters`` or 4.x ``rope_scaling``); values the file omits are filled as
+        transformers fills them. The pairing comes from ``rotary.config.PAIRING`` (checked against
+        transformers for every architecture it lists); any other ``model_type`` needs ``interleaved=``.
+        Multimodal-RoPE configs (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) are refused with a pointer to
+        :meth:`rotary.MRoPE.from_hf_config`: a 1-D RoPE is right for their text positions only.
 
         Args:
             config: a transformers ``PretrainedConfig`` (4.x or 5.x), a path to a config.json (or its
@@ -138,12 +199,15 @@ class RoPE(nn.Module):
             strict: ``False`` turns configuration mistakes into warnings (odd real checkpoints).
             dynamic: see :class:`RoPE`.
             max_position: initial cache length.
+            interleaved: the pairing of a ``model_type`` the table does not list (a custom
+                architecture): ``True`` for pairs (2i, 2i+1), ``False`` for (i, i + r/2).
 
         Returns:
             :class:`RoPE`.
 
         Raises:
-            ConfigError: (a ``ValueError``) for an invalid or ambiguous config; the message says what to change.
+            ConfigError: (a ``ValueError``) for an invalid, ambiguous or unsupported config; the message says what
+                to change.
 
         Example:
             >>> cfg = {"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
@@ -154,7 +218,13 @@ class RoPE(nn.Module):
             >>> rope.freqs.rope_type, rope.head_dim, rope.interleaved
             ('llama3', 128, False)
         """
-        settings = read_hf_config(config, layer_type=layer_type, strict=strict)
+        settings = read_hf_config(config, layer_type=layer_type, strict=strict, interleaved=interleaved)
+        if settings.mrope_section is not None:
+            raise ConfigError(
+                f"model_type {settings.model_type!r} uses multimodal RoPE (mrope_section {list(settings.mrope_section)}: "
+                "temporal, height and width positions); build it with rotary.MRoPE.from_hf_config(config), whose tables "
+                "equal a 1-D RoPE's on text positions"
+            )
         return cls(
             settings.head_dim,
             base=settings.base,
@@ -166,13 +236,34 @@ class RoPE(nn.Module):
             strict=strict,
         )
 
+    def with_scaling(self, scaling: Mapping[str, Any] | None) -> RoPE:
+        """A new :class:`RoPE` with this one's head_dim, base, rotary_dim, pairing and options, and another scaling block.
+
+        Example:
+            >>> trained = RoPE(64, max_position=512)
+            >>> stretched = trained.with_scaling({"rope_type": "linear", "factor": 4.0})
+            >>> torch.equal(stretched.inv_freq, trained.inv_freq / 4)
+            True
+        """
+        block = dict(scaling or {})
+        block.pop("rope_theta", None)
+        rope = type(self)(
+            self.head_dim, base=self.original_freqs.base, rotary_dim=self._frequency_args["rotary_dim"], scaling=block,
+            interleaved=self.interleaved, max_position=self.max_position, dynamic=self.dynamic,
+            strict=self._frequency_args["strict"], learnable_frequencies=self.learnable_frequencies,
+        )  # fmt: skip
+        if self.log_frequency_scale is not None and rope.log_frequency_scale is not None:
+            with torch.no_grad():  # the learned factors carry over to the rescaled frequencies
+                rope.log_frequency_scale.copy_(self.log_frequency_scale)
+        return rope
+
     @property
     def head_dim(self) -> int:
-        return self.freqs.head_dim
+        return self.original_freqs.head_dim
 
     @property
     def rotary_dim(self) -> int:
-        return self.freqs.rotary_dim
+        return self.original_freqs.rotary_dim
 
     @property
     def attention_scaling(self) -> float:
@@ -180,103 +271,122 @@ class RoPE(nn.Module):
 
     def _apply(self, fn, recurse=True):  # type: ignore[override]
         # nn.Module.to(dtype) casts every floating buffer; frequencies must stay fp32 (a bf16
-        # inv_freq is off by up to 0.4% and every angle with it). Restore the exact values.
-        super()._apply(fn, recurse)
+        # inv_freq is off by up to 0.4% and every angle with it). Restore the exact values, also
+        # after to_empty() (models built on the meta device); learned ones keep their learned values.
+        learned = [] if self.log_frequency_scale is None else [self.log_frequency_scale]
+        keep_float32(learned, lambda: super(RoPE, self)._apply(fn, recurse))
         self.inv_freq = self.freqs.inv_freq.to(self.inv_freq.device)
         return self
 
+    def extra_repr(self) -> str:
+        f = self.original_freqs
+        return (
+            f"head_dim={f.head_dim}, rotary_dim={f.rotary_dim}, base={f.base:g}, rope_type={f.rope_type!r}, "
+            f"interleaved={self.interleaved}, attention_scaling={f.attention_scaling:g}"
+            + (", learnable_frequencies=True" if self.learnable_frequencies else "")
+        )
+
     # length-dependent frequencies ----------------------------------------------------------------
-    def _set_freqs(self, freqs: Frequencies, fixed: str | None = None) -> None:
-        """Switch frequencies: the buffer and the table cache follow (stale tables are never used).
-
-        ``fixed`` names a frequency set that recurs ("original", "long") and keeps its own cache.
-        """
-        if freqs is self.freqs:
-            return
-        self.freqs = freqs
-        self.inv_freq = freqs.inv_freq.to(self.inv_freq.device)
-        if fixed is None:
-            self._cache = None
-        else:
-            if fixed not in self._fixed_caches:
-                self._fixed_caches[fixed] = TableCache(
-                    freqs.inv_freq, freqs.attention_scaling, self.interleaved, self.max_position
-                )
-            self._cache = self._fixed_caches[fixed]
-
-    def _recompute(self, seq_len: int | torch.Tensor) -> Frequencies:
-        with warnings.catch_warnings():  # the lenient-mode warnings were given once, at construction
-            warnings.simplefilter("ignore")
-            return frequencies(**self._frequency_args, seq_len=seq_len)
-
-    def update_length(self, seq_len: int | torch.Tensor) -> None:
+    def update_length(self, seq_len: int | torch.Tensor) -> Frequencies:
         """Adapt length-dependent frequencies to a call covering positions ``0 .. seq_len - 1``.
 
-        A no-op for static types. Called by :meth:`cos_sin`, :meth:`forward` and :meth:`rotate`; with
-        ``dynamic="hf"`` it is transformers' ``dynamic_rope_update``, step for step.
+        A no-op for static types. Called by :meth:`tables`; with ``dynamic="hf"`` it is transformers'
+        ``dynamic_rope_update``, step for step (see :class:`rotary.schedule.FrequencySchedule`).
 
-        Args:
-            seq_len: ``max(position_ids) + 1`` of the call (an int or a 0-dim integer tensor).
+        Returns:
+            The frequencies of that call (also left in ``rope.freqs`` / ``rope.inv_freq``).
 
         Example:
             >>> rope = RoPE(64, scaling={"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 8})
-            >>> rope.update_length(32)
+            >>> _ = rope.update_length(32)
             >>> bool(rope.inv_freq[-1] < rope.original_freqs.inv_freq[-1])
             True
             >>> rope.reset_length()
             >>> torch.equal(rope.inv_freq, rope.original_freqs.inv_freq)
             True
         """
-        rope_type = self.original_freqs.rope_type
-        if not ROPE_TYPES[rope_type].length_dependent:
-            return
-        # transformers passes max(position_ids) + 1 as a 0-dim int64 tensor; dynamic NTK's base is then
-        # computed in fp32, so the tensor is kept to stay bit-identical
-        length = torch.as_tensor(seq_len, dtype=torch.int64).cpu()
-        if rope_type == "longrope":
-            trained = self.original_freqs.scaling["original_max_position_embeddings"]
-            if int(length) > trained:
-                if self._long_freqs is None:
-                    self._long_freqs = self._recompute(trained + 1)
-                self._set_freqs(self._long_freqs, "long")
-            else:
-                self._set_freqs(self.original_freqs, "original")
-            return
-        if self.dynamic == "stateless":
-            if int(length) <= self.original_max_seq_len:
-                self._set_freqs(self.original_freqs, "original")
-            elif int(length) != self._stateless_len:
-                self._set_freqs(self._recompute(length))
-            self._stateless_len = int(length) if int(length) > self.original_max_seq_len else None
-            return
-        cached = self.max_seq_len_cached
-        if int(length) > cached:  # growth: a longer sequence than any before
-            self._set_freqs(self._recompute(length))
-            self.max_seq_len_cached = int(length)
-        if int(length) < self.original_max_seq_len and cached > self.original_max_seq_len:  # back to short
-            self._set_freqs(self.original_freqs, "original")
-            self.max_seq_len_cached = self.original_max_seq_len
+        return self._freqs_for(seq_len)[0]
+
+    def _freqs_for(self, seq_len: int | torch.Tensor) -> tuple[Frequencies, str | None]:
+        freqs, key = self.schedule.freqs_for(seq_len)
+        if freqs is not self.freqs:
+            self.freqs = freqs
+            self.inv_freq = freqs.inv_freq.to(self.inv_freq.device)
+        return freqs, key
 
     def reset_length(self) -> None:
         """Forget the lengths seen (dynamic state) and return to the trained frequencies."""
-        self._set_freqs(self.original_freqs, "original")
-        if self.original_freqs.rope_type == "dynamic":
-            self.max_seq_len_cached = self.original_max_seq_len
-        self._stateless_len = None
+        self.schedule.reset()
+        self._freqs_for(0)
 
-    def _inv_freq_on(self, device: torch.device) -> torch.Tensor:
-        # the frozen fp32 frequencies, not the buffer: every path (cached, per-call, compiled) computes
-        # from the same values, and an edit to ``rope.inv_freq`` cannot make them disagree
-        return self.freqs.inv_freq.to(device)
-
-    def extra_repr(self) -> str:
-        f = self.freqs
-        return (
-            f"head_dim={f.head_dim}, rotary_dim={f.rotary_dim}, base={f.base:g}, rope_type={f.rope_type!r}, "
-            f"interleaved={self.interleaved}, attention_scaling={f.attention_scaling:g}"
-        )
+    def _cache(self, key: str, freqs: Frequencies) -> TableCache:
+        cache = self._caches.get(key)
+        if cache is None:
+            with self._caches_lock:
+                cache = self._caches.get(key)
+                if cache is None:
+                    cache = TableCache(
+                        freqs.inv_freq, freqs.attention_scaling, self.interleaved, self.max_position,
+                        limit=max(CACHE_ROWS, self.max_position),
+                    )  # fmt: skip
+                    self._caches[key] = cache
+        return cache
 
     # tables ----------------------------------------------------------------------------------
+    def tables(self, positions: torch.Tensor | Positions, *, dtype: torch.dtype = torch.float32) -> RotaryTables:
+        """The tables that rotate tokens at ``positions``.
+
+        Args:
+            positions: integer ``position_ids`` ``[S]`` or ``[B, S]`` (validated here), or a
+                :class:`rotary.positions.Positions` (trusted: validated where it was made; packed
+                positions from ``cu_seqlens`` included).
+            dtype: fp32, or float64 for float64 inputs (see :func:`rotary.tables.table_dtype`).
+
+        Returns:
+            :class:`~rotary.tables.RotaryTables` on the positions' device: a slice of the cache for
+            consecutive positions, the cache with per-token rows otherwise, or rows computed for these
+            positions (beyond the cache, dynamic NTK past the trained length, ``torch.compile``).
+
+        Example:
+            >>> rope = RoPE(8)
+            >>> rope.tables(torch.tensor([[0, 0, 1, 2]])).addressing  # left padding: rows into the cache
+            'indexed'
+        """
+        if not isinstance(positions, Positions):
+            positions = P.from_ids(positions)
+        if positions.axes != 1:
+            raise ValueError(
+                f"positions have {positions.axes} coordinate axes but this RoPE is 1-D; use rotary.AxialRoPE "
+                "(or the M-RoPE variant) for N-D positions"
+            )
+        if dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"table dtype must be torch.float32 or torch.float64, got {dtype}")
+        compiling = torch.compiler.is_compiling()
+        freqs, key = self.original_freqs, "original"
+        if self.schedule.length_dependent and positions.ids.numel():
+            # transformers passes max(position_ids) + 1, exact; an upper bound (padding) is not enough
+            length = positions.bound if positions.bound is not None and positions.exact else positions.ids.max() + 1
+            freqs, key = self._freqs_for(length)
+        ids = positions.ids
+        inv_freq, learned = freqs.inv_freq, self.log_frequency_scale
+        if learned is not None:  # θ_i · exp(α_i), differentiable in α: computed per call, never cached
+            inv_freq = inv_freq.to(learned.device, torch.float64) * learned.double().exp()
+        uncached = compiling or key is None or positions.bound is None or learned is not None
+        cache = None if uncached else self._cache(key, freqs)  # type: ignore[arg-type]
+        cached = None if cache is None else cache.get(ids.device, positions.bound, dtype)  # type: ignore[arg-type]
+        if cached is None:  # rows for exactly these tokens
+            cos, sin = cos_sin_table(
+                ids, inv_freq, attention_scaling=freqs.attention_scaling, interleaved=self.interleaved, dtype=dtype
+            )
+            if positions.packed:  # packed x addresses rows; here row t is token t
+                return RotaryTables(cos, sin, self.interleaved, rows=torch.arange(ids.shape[0], device=ids.device))
+            return RotaryTables(cos, sin, self.interleaved)
+        cos, sin = cached
+        if positions.start is not None:  # consecutive positions: a slice of the cache, nothing gathered
+            end = positions.start + ids.shape[0]
+            return RotaryTables(cos[positions.start : end], sin[positions.start : end], self.interleaved)
+        return RotaryTables(cos, sin, self.interleaved, rows=ids)
+
     def cos_sin(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin tables for ``position_ids``, laid out for this module's pairing.
 
@@ -292,84 +402,58 @@ class RoPE(nn.Module):
             >>> cos.shape, cos.dtype
             (torch.Size([3, 8]), torch.float32)
         """
-        position_ids = check_position_ids(position_ids)
-        if ROPE_TYPES[self.original_freqs.rope_type].length_dependent and position_ids.numel():
-            self.update_length(position_ids.max() + 1)
-        if torch.compiler.is_compiling() or self._cache is None:
-            return cos_sin_table(
-                position_ids, self._inv_freq_on(position_ids.device), attention_scaling=self.attention_scaling,
-                interleaved=self.interleaved,
-            )
-        needed = int(position_ids.max()) + 1 if position_ids.numel() else 0
-        cos, sin = self._cache.get(position_ids.device, needed)
-        return cos[position_ids], sin[position_ids]
-
-    def _tables(
-        self, position_ids: torch.Tensor | None, offset: int, seq_len: int, batch: int, device: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if position_ids is not None:
-            if position_ids.shape[-1] != seq_len:
-                raise ValueError(
-                    f"position_ids cover S={position_ids.shape[-1]} positions but the input has S={seq_len}"
-                )
-            if position_ids.dim() == 2 and position_ids.shape[0] not in (1, batch):
-                raise ValueError(
-                    f"position_ids have batch {position_ids.shape[0]} but the input has batch {batch}; "
-                    "pass [S], [1, S] or [B, S]"
-                )
-            return self.cos_sin(position_ids.to(device))
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise ValueError(f"offset must be an int >= 0, got {offset!r}")
-        if torch.compiler.is_compiling():
-            return self.cos_sin(torch.arange(offset, offset + seq_len, device=device))
-        cos, sin = self._table_rows(device, offset + seq_len if seq_len else 0)
-        return cos[offset : offset + seq_len], sin[offset : offset + seq_len]
-
-    def _table_rows(self, device: torch.device, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tables ``[>= needed, r]`` indexed by position, after adapting length-dependent frequencies."""
-        if needed:
-            self.update_length(needed)
-        if self._cache is None:  # dynamic NTK past the trained length: the base changes with the length
-            return cos_sin_table(
-                torch.arange(needed, device=device), self._inv_freq_on(device),
-                attention_scaling=self.attention_scaling, interleaved=self.interleaved,
-            )  # fmt: skip
-        return self._cache.get(device, needed)
-
-    def _packed_tables(
-        self, x: torch.Tensor, position_ids: torch.Tensor | None, cu_seqlens: torch.Tensor | None, max_seqlen: int | None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Cached tables covering every position of packed ``x`` ``[total_tokens, H, D]``, and those positions."""
-        if not isinstance(x, torch.Tensor) or x.dim() != 3:
-            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"packed inputs (cu_seqlens) must be [total_tokens, H, D], got {shape}")
-        if cu_seqlens is not None:
-            if position_ids is not None:
-                raise ValueError("pass either cu_seqlens (positions restart per sequence) or position_ids, not both")
-            position_ids, longest = _packed_positions(cu_seqlens.to(x.device), x.shape[0], max_seqlen)
-            if longest is not None:  # known without reading positions back from the device
-                cos, sin = self._table_rows(x.device, longest)
-                return cos, sin, position_ids
-        if position_ids is None:
-            raise ValueError("packed [total_tokens, H, D] inputs need cu_seqlens or per-token position_ids [total_tokens]")
-        position_ids = check_position_ids(position_ids).to(x.device)
-        cos, sin = self._table_rows(x.device, int(position_ids.max()) + 1 if position_ids.numel() else 0)
-        return cos, sin, position_ids
+        return self.tables(position_ids).gather()
 
     # application -----------------------------------------------------------------------------
-    def _check_input(self, x: torch.Tensor, name: str, *, packed: bool = False) -> None:
-        """4-D inputs are checked whole here; packed ones by ``_rotate_tensors``, the head_dim here."""
-        if not packed:
-            _check_x(x, name)
-        if isinstance(x, torch.Tensor) and x.shape[-1] != self.head_dim:
-            raise ValueError(f"{name} has head_dim {x.shape[-1]} but this RoPE was built for head_dim={self.head_dim}")
+    def _positions(
+        self,
+        x: torch.Tensor,
+        position_ids: torch.Tensor | Positions | None,
+        offset: int,
+        layout: str,
+        cu_seqlens: torch.Tensor | None,
+        max_seqlen: int | None,
+        name: str,
+    ) -> Positions:
+        """The positions of ``x``'s tokens, from whichever argument gives them (exactly one may)."""
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if offset != 0 and (position_ids is not None or cu_seqlens is not None):
+            raise ValueError(
+                f"offset={offset!r} and {'position_ids' if position_ids is not None else 'cu_seqlens'} both give positions; "
+                "pass one (position_ids = offset + arange(S) for a shifted start)"
+            )
+        if cu_seqlens is not None or x.dim() == 3:
+            if x.dim() != 3:
+                raise ValueError(f"packed inputs (cu_seqlens) must be [total_tokens, H, D], got {tuple(x.shape)}")
+            if cu_seqlens is not None:
+                if position_ids is not None:
+                    raise ValueError("pass either cu_seqlens (positions restart per sequence) or position_ids, not both")
+                return P.from_cu_seqlens(cu_seqlens.to(x.device), x.shape[0], max_seqlen=max_seqlen)
+            if position_ids is None:
+                raise ValueError(
+                    "packed [total_tokens, H, D] inputs need cu_seqlens or per-token position_ids [total_tokens]"
+                )
+            return P.from_ids(position_ids, packed=True, seq_len=x.shape[0], device=x.device)
+        if x.dim() != 4:
+            raise ValueError(f"{name} must be 4-D ([B, H, S, D] or [B, S, H, D]), got shape {tuple(x.shape)}")
+        batch_dim, seq_dim = check_layout(layout)
+        if position_ids is not None:
+            return P.from_ids(position_ids, batch=x.shape[batch_dim], seq_len=x.shape[seq_dim], device=x.device)
+        check_int(offset, "offset", minimum=0)
+        return P.arange(x.shape[seq_dim], offset=offset, device=x.device)
+
+    def _check_head_dim(self, xs: tuple[torch.Tensor, ...], names: tuple[str, ...]) -> None:
+        for x, name in zip(xs, names):
+            if isinstance(x, torch.Tensor) and x.dim() in (3, 4) and x.shape[-1] != self.head_dim:
+                raise ValueError(f"{name} has head_dim {x.shape[-1]} but this RoPE was built for head_dim={self.head_dim}")
 
     def forward(
         self,
         q: torch.Tensor,
         k: torch.Tensor,
         *,
-        position_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | Positions | None = None,
         offset: int = 0,
         layout: Layout = "bhsd",
         inplace: bool = False,
@@ -381,12 +465,16 @@ class RoPE(nn.Module):
         Packed variable-length batches (as in flash-attn's varlen API): q ``[total_tokens, Hq, D]``
         and k ``[total_tokens, Hk, D]`` with ``cu_seqlens`` (int ``[N + 1]`` sequence boundaries;
         positions restart at 0 in each sequence) or per-token ``position_ids`` ``[total_tokens]``.
+        vLLM's flat layout, q ``[total_tokens, Hq * D]`` and k ``[total_tokens, Hk * D]`` with
+        per-token ``position_ids``, is split into heads of this RoPE's ``head_dim``.
 
         Args:
             q: ``[B, Hq, S, D]`` (``layout="bhsd"``) or ``[B, S, Hq, D]`` (``"bshd"``).
             k: same layout, ``Hk`` heads (``Hk`` may be smaller than ``Hq``: GQA/MQA), same S and D.
-            position_ids: integer ``[S]`` or ``[B, S]`` (e.g. left padding); default ``offset + arange(S)``.
-            offset: first position when ``position_ids`` is None (decoding with a KV cache).
+            position_ids: integer ``[S]`` or ``[B, S]`` (e.g. left padding), or a
+                :class:`~rotary.positions.Positions`; default ``offset + arange(S)``.
+            offset: first position when ``position_ids`` is None (decoding with a KV cache); giving
+                both is an error.
             layout: ``"bhsd"`` or ``"bshd"``.
             inplace: rotate q and k in place and return them.
             cu_seqlens: boundaries of packed sequences (see above).
@@ -395,38 +483,32 @@ class RoPE(nn.Module):
         Returns:
             ``(q_rotated, k_rotated)`` with the shapes and dtypes of ``q`` and ``k``.
         """
-        if cu_seqlens is not None or (isinstance(q, torch.Tensor) and q.dim() == 3):
-            cos, sin, position_ids = self._packed_tables(q, position_ids, cu_seqlens, max_seqlen)
-            self._check_input(q, "q", packed=True)
-            self._check_input(k, "k", packed=True)
-            q, k = _rotate_tensors(
-                [q, k], ["q", "k"], cos, sin, interleaved=self.interleaved, layout=layout, inplace=inplace,
-                validate=False, position_ids=position_ids,
-            )  # fmt: skip
-            return q, k
-        self._check_input(q, "q")
-        self._check_input(k, "k")
-        batch_dim, seq_dim = check_layout(layout)
-        if q.shape[seq_dim] != k.shape[seq_dim]:
-            raise ValueError(
-                f"q and k must share S: got S={q.shape[seq_dim]} for q and S={k.shape[seq_dim]} for k (layout {layout!r})"
-            )
-        if q.shape[batch_dim] != k.shape[batch_dim]:
-            raise ValueError(f"q and k must share the batch size, got {q.shape[batch_dim]} and {k.shape[batch_dim]}")
-        if q.dtype != k.dtype:
-            raise TypeError(f"q and k must share a dtype, got {q.dtype} for q and {k.dtype} for k; cast one of them")
-        cos, sin = self._tables(position_ids, offset, q.shape[seq_dim], q.shape[batch_dim], q.device)
-        q, k = _rotate_tensors(
-            [q, k], ["q", "k"], cos, sin, interleaved=self.interleaved, layout=layout, inplace=inplace, validate=False,
-            checked=True,
-        )  # fmt: skip
+        flat = (q, k)
+        q, k = self._split_flat(q, "q"), self._split_flat(k, "k")
+        self._check_head_dim((q, k), ("q", "k"))
+        positions = self._positions(q, position_ids, offset, layout, cu_seqlens, max_seqlen, "q")
+        tables = self.tables(positions, dtype=table_dtype(q.dtype))
+        q, k = rotate([q, k], tables, layout=layout, inplace=inplace, kinds=("q", "k"), names=("q", "k"))
+        if flat[0] is not q and flat[0].dim() == 2:  # back to [total_tokens, H * D]
+            return (flat[0], flat[1]) if inplace else (q.reshape(flat[0].shape), k.reshape(flat[1].shape))
         return q, k
+
+    def _split_flat(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """vLLM's ``[total_tokens, H * D]`` as packed ``[total_tokens, H, D]`` (other inputs unchanged)."""
+        if not isinstance(x, torch.Tensor) or x.dim() != 2:
+            return x
+        if x.shape[-1] % self.head_dim:
+            raise ValueError(
+                f"{name} must be 4-D ([B, H, S, D] or [B, S, H, D]), packed [total_tokens, H, D], or flat "
+                f"[total_tokens, H * D] with H * D a multiple of head_dim={self.head_dim}; got shape {tuple(x.shape)}"
+            )
+        return x.view(x.shape[0], x.shape[-1] // self.head_dim, self.head_dim)
 
     def rotate(
         self,
         x: torch.Tensor,
         *,
-        position_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | Positions | None = None,
         offset: int = 0,
         layout: Layout = "bhsd",
         inplace: bool = False,
@@ -434,18 +516,20 @@ class RoPE(nn.Module):
         max_seqlen: int | None = None,
     ) -> torch.Tensor:
         """Rotate one tensor ``x`` (``[B, H, S, D]``, ``[B, S, H, D]`` or packed ``[total_tokens, H, D]``);
-        arguments as in :meth:`forward`."""
-        if cu_seqlens is not None or (isinstance(x, torch.Tensor) and x.dim() == 3):
-            cos, sin, position_ids = self._packed_tables(x, position_ids, cu_seqlens, max_seqlen)
-            self._check_input(x, "x", packed=True)
-            return _rotate_tensors(
-                [x], ["x"], cos, sin, interleaved=self.interleaved, layout=layout, inplace=inplace, validate=False,
-                position_ids=position_ids,
-            )[0]  # fmt: skip
-        self._check_input(x, "x")
-        batch_dim, seq_dim = check_layout(layout)
-        cos, sin = self._tables(position_ids, offset, x.shape[seq_dim], x.shape[batch_dim], x.device)
-        return _rotate_tensors(
-            [x], ["x"], cos, sin, interleaved=self.interleaved, layout=layout, inplace=inplace, validate=False,
-            checked=True,
-        )[0]  # fmt: skip
+        arguments as in :meth:`forward`.
+
+        Example:
+            >>> rope = RoPE(8)
+            >>> x = torch.randn(1, 2, 3, 8)
+            >>> torch.equal(rope.rotate(x), rope(x, x)[0])
+            True
+        """
+        original = x
+        x = self._split_flat(x, "x")
+        self._check_head_dim((x,), ("x",))
+        positions = self._positions(x, position_ids, offset, layout, cu_seqlens, max_seqlen, "x")
+        tables = self.tables(positions, dtype=table_dtype(x.dtype) if isinstance(x, torch.Tensor) else torch.float32)
+        out = rotate([x], tables, layout=layout, inplace=inplace, names=("x",))[0]
+        if original is not x:
+            return original if inplace else out.reshape(original.shape)
+        return out

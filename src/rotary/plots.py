@@ -21,7 +21,11 @@ from matplotlib.patches import Patch  # noqa: E402
 
 from .analysis import PairProfile  # noqa: E402
 
-__all__ = ["PALETTE", "save", "plot_decay", "plot_frequencies", "plot_scaling", "plot_scores", "plot_positions"]
+__all__ = [
+    "PALETTE", "save", "plot_decay", "plot_frequencies", "plot_scaling", "plot_scores", "plot_positions",
+    "plot_axial_scores", "plot_learned_frequencies",
+    "plot_mrope", "plot_xpos", "plot_nope_layers",
+]
 
 #: Okabe & Ito (2008), colour-blind-safe qualitative palette
 PALETTE = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
@@ -55,6 +59,66 @@ def save(fig: Figure, path: str | Path) -> list[Path]:
     finally:
         plt.close(fig)
     return out
+
+
+# ------------------------------------------------------------------------------------------------
+# vision variants and learnable frequencies (docs/variants.md)
+
+
+def plot_axial_scores(maps: Mapping[str, torch.Tensor], *, extent: int, title: str) -> Figure:
+    """Attention score against the offset (Δh, Δw) between query and key, one heatmap per panel.
+
+    Args:
+        maps: panel title -> scores ``[2 extent + 1, 2 extent + 1]`` (row: Δh, column: Δw), as
+            :func:`rotary.variants.relative_scores` computes them; each is drawn relative to its
+            score at no offset.
+        extent: the largest offset, in grid cells.
+        title: the figure's title.
+    """
+    n = len(maps)
+    cols = min(n, 4)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.8 * cols + 1.0, 3.6 * rows + 0.6), squeeze=False, layout="constrained")
+    im = None
+    for ax, (label, scores) in zip(axes.flat, maps.items()):
+        s = scores.double()
+        s = s / s[extent, extent]
+        im = ax.imshow(
+            s.numpy(), cmap="RdBu_r", vmin=-1, vmax=1, origin="lower", interpolation="nearest",
+            extent=(-extent - 0.5, extent + 0.5, -extent - 0.5, extent + 0.5),
+        )  # fmt: skip
+        ax.set_title(label, fontsize=10)
+        ax.set_xlabel("Δw (patches)")
+        ax.set_ylabel("Δh (patches)")
+        ax.grid(False)
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    fig.suptitle(title)
+    if im is not None:
+        fig.colorbar(im, ax=axes.ravel().tolist(), label="score / score at Δ = 0", shrink=0.8)
+    return fig
+
+
+def plot_learned_frequencies(wavelengths: Mapping[str, Sequence[float]], losses: Sequence[float], *, title: str) -> Figure:
+    """Wavelength per pair of several frequency sets (left) and the training loss (right)."""
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    markers = "os^vD"
+    for j, (label, series) in enumerate(wavelengths.items()):
+        ax.plot(range(len(series)), list(series), color=PALETTE[j % len(PALETTE)], marker=markers[j % len(markers)],
+                ms=5 - j, lw=1.2, label=label)  # fmt: skip
+    ax.set_yscale("log")
+    ax.set_xlabel("pair index i")
+    ax.set_ylabel("wavelength 2π/θ_i (tokens)")
+    ax.set_title("frequencies per pair")
+    ax.legend(fontsize=8)
+    ax2.plot(range(1, len(losses) + 1), list(losses), color=PALETTE[3], lw=1.4)
+    ax2.set_yscale("log")
+    ax2.set_xlabel("step")
+    ax2.set_ylabel("mean squared score error")
+    ax2.set_title("training loss")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
 
 
 def plot_decay(
@@ -181,5 +245,91 @@ def plot_positions(coords: torch.Tensor, explained: torch.Tensor) -> Figure:
     ax.set_xlabel(f"PC 1 ({ev[0]} of variance)")
     ax.set_ylabel(f"PC 2 ({ev[1]} of variance)")
     ax.set_title("Position tables [cos, sin] projected by PCA")
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------------------------------------------
+# text variants (docs/variants.md)
+
+#: one colour per M-RoPE axis
+AXIS_COLOURS = {"T": PALETTE[0], "H": PALETTE[1], "W": PALETTE[2]}
+AXIS_NAMES = {"T": "temporal", "H": "height", "W": "width"}
+
+
+def plot_mrope(layouts: Mapping[str, tuple[str, Sequence[float]]]) -> Figure:
+    """Wavelength of each frequency slot, coloured by the axis it reads; one panel per layout.
+
+    Args:
+        layouts: title -> (axes string such as ``"TTHHWW"``, wavelength per slot).
+    """
+    fig, axes = plt.subplots(len(layouts), 1, figsize=(8, 2.6 * len(layouts)), sharex=True, squeeze=False)
+    for ax, (title, (letters, wavelength)) in zip(axes[:, 0], layouts.items()):
+        for axis, colour in AXIS_COLOURS.items():
+            slots = [i for i, a in enumerate(letters) if a == axis]
+            ax.scatter(slots, [wavelength[i] for i in slots], color=colour, s=14, label=f"{AXIS_NAMES[axis]} ({len(slots)} slots)")
+        ax.set_yscale("log")
+        ax.set_ylabel("wavelength (steps)")
+        ax.set_title(title)
+        ax.legend(fontsize=8, loc="upper left")
+    axes[-1, 0].set_xlabel("frequency slot i (θ_i = base^(−2i/r))")
+    fig.tight_layout()
+    return fig
+
+
+def plot_xpos(
+    distances: Sequence[int], factors: Mapping[str, Sequence[float]], scores: Mapping[str, Sequence[float]], *, scale_base: float
+) -> Figure:
+    """xPos: the per-pair factor ζ_i^(Δ/γ) (left) and ``|⟨q, k⟩|`` of all-ones q, k (right) against distance."""
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    x = list(distances)
+    for j, (label, values) in enumerate(factors.items()):
+        ax.plot(x, list(values), color=PALETTE[j % len(PALETTE)], lw=1.6, label=label)
+    ax.set_yscale("log")
+    ax.set_xlabel("distance Δ = n − m (tokens)")
+    ax.set_ylabel("factor ζ_i^(Δ/γ)")
+    ax.set_title(f"xPos factor per pair (γ = {scale_base:g})")
+    ax.legend(fontsize=8)
+    for j, (label, values) in enumerate(scores.items()):
+        ax2.plot(x, [abs(v) for v in values], color=PALETTE[(j + 3) % len(PALETTE)], lw=1.0 if j else 1.8, label=label,
+                 zorder=3 - j)  # fmt: skip
+    ax2.set_yscale("log")
+    ax2.set_xlabel("distance Δ = n − m (tokens)")
+    ax2.set_ylabel("|⟨q, k⟩| after rotation")
+    ax2.set_title("score of q = k = all ones")
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_nope_layers(
+    wavelengths: Mapping[str, Sequence[float]],
+    positions: Sequence[int],
+    temperature: Sequence[float],
+    *,
+    floor_scale: int,
+    attn_scale: float,
+) -> Figure:
+    """p-RoPE's wavelength per pair (left; pairs that never turn drawn at the top) and Llama 4's NoPE
+    query temperature against position (right)."""
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    finite = [w for series in wavelengths.values() for w in series if math.isfinite(w)]
+    top = max(finite) * 8
+    for j, (label, series) in enumerate(wavelengths.items()):
+        ys = [w if math.isfinite(w) else top for w in series]
+        ax.plot(range(len(ys)), ys, color=PALETTE[j % len(PALETTE)], marker="os^v"[j % 4], ms=3, lw=1.2, label=label)
+    ax.axhline(top, color="grey", ls=":", lw=1)
+    ax.text(len(ys) - 1, top / 2.2, "never turns (no position)", fontsize=8, color="grey", ha="right")
+    ax.set_yscale("log")
+    ax.set_xlabel("pair index i")
+    ax.set_ylabel("wavelength 2π/θ_i (tokens)")
+    ax.set_title("p-RoPE: only the fastest pairs rotate")
+    ax.legend(fontsize=8, loc="lower right")
+    ax2.step(list(positions), list(temperature), where="post", color=PALETTE[3], lw=1.6)
+    for k in range(1, int(max(positions)) // floor_scale + 1):
+        ax2.axvline(k * floor_scale - 1, color="grey", lw=0.5, ls=":")
+    ax2.set_xlabel("query position n")
+    ax2.set_ylabel("query scale τ(n)")
+    ax2.set_title(f"Llama 4 NoPE layers: τ = 1 + {attn_scale:g}·log(1 + ⌊(n+1)/{floor_scale}⌋)")
     fig.tight_layout()
     return fig

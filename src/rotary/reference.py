@@ -1,8 +1,11 @@
 """Slow, obviously correct forms of RoPE: test oracles and teaching code.
 
-All three take ``x`` with positions along dim -2 (``[..., S, D]``), ``position_ids`` ``[S]`` and
+The 1-D forms take ``x`` with positions along dim -2 (``[..., S, D]``), ``position_ids`` ``[S]`` and
 ``inv_freq`` ``[r/2]``; the first ``r = 2 * len(inv_freq)`` channels rotate, the rest pass through.
-They compute in float64 and share no code with the fast path.
+The N-D forms (:func:`rotation_matrix_nd`, :func:`rotate_matrix_nd`) take coordinates ``[S, A]`` and
+one frequency row per axis ``[A, r/2]`` (axial RoPE, RoPE-Mixed; per head ``[H, A, r/2]``), and
+build the rotation as the product of one block-diagonal matrix per axis. They compute in float64
+and share no code with the fast path.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["rotation_matrix", "rotate_matrix", "rotate_complex", "rotate_numpy"]
+__all__ = ["rotation_matrix", "rotate_matrix", "rotate_complex", "rotate_numpy", "rotation_matrix_nd", "rotate_matrix_nd"]
 
 
 def _pairs(r: int, interleaved: bool) -> list[tuple[int, int]]:
@@ -85,4 +88,62 @@ def rotate_numpy(
         xa, xb = x[..., a : a + 1], x[..., b : b + 1]
         out[..., a : a + 1] = xa * c - xb * s
         out[..., b : b + 1] = xa * s + xb * c
+    return out
+
+
+def rotation_matrix_nd(
+    coordinates: torch.Tensor, inv_freq: torch.Tensor, head_dim: int, *, interleaved: bool = False
+) -> torch.Tensor:
+    """The N-D rotation ``R(c) = R_0(c_0) R_1(c_1) … R_{A-1}(c_{A-1})`` (float64 ``[D, D]``).
+
+    ``R_a(c_a)`` is the 1-D block-diagonal matrix (:func:`rotation_matrix`) of axis ``a``'s frequency
+    row ``inv_freq[a]``; the blocks of all axes share their planes, so the product turns pair ``i`` by
+    ``Σ_a c_a · inv_freq[a, i]``. Axial RoPE (one axis per pair) is R_h ⊕ R_w; RoPE-Mixed fills
+    every row.
+
+    Args:
+        coordinates: ``[A]``, one token's coordinates (any real numbers).
+        inv_freq: ``[A, r/2]``.
+        head_dim: ``D``.
+
+    Example:
+        >>> f = torch.tensor([[1.0, 0.0], [0.0, 0.5]])  # pair 0 turns with axis 0, pair 1 with axis 1
+        >>> R = rotation_matrix_nd(torch.tensor([2.0, 3.0]), f, 4, interleaved=True)
+        >>> torch.allclose(R, rotation_matrix(2.0, torch.tensor([1.0, 0.0]), 4, interleaved=True)
+        ...                   @ rotation_matrix(3.0, torch.tensor([0.0, 0.5]), 4, interleaved=True))
+        True
+    """
+    coords = [float(c) for c in torch.as_tensor(coordinates).reshape(-1).tolist()]
+    if len(coords) != inv_freq.shape[0]:
+        raise ValueError(f"{len(coords)} coordinates for {inv_freq.shape[0]} frequency rows")
+    R = torch.eye(head_dim, dtype=torch.float64)
+    for c, row in zip(coords, inv_freq):
+        R = R @ rotation_matrix(c, row, head_dim, interleaved=interleaved)
+    return R
+
+
+def rotate_matrix_nd(
+    x: torch.Tensor, coordinates: torch.Tensor, inv_freq: torch.Tensor, *, interleaved: bool = False
+) -> torch.Tensor:
+    """Apply ``R(c)`` to each token's vector by explicit matrix products; float64.
+
+    Args:
+        x: ``[..., S, D]``; with per-head frequencies ``[..., H, S, D]``.
+        coordinates: ``[S, A]``.
+        inv_freq: ``[A, r/2]``, or per head ``[H, A, r/2]``.
+        interleaved: the pairing.
+
+    Returns:
+        float64, the shape of ``x``.
+    """
+    x = x.double()
+    out = torch.empty_like(x)
+    per_head = inv_freq.dim() == 3
+    for s, c in enumerate(coordinates):
+        if per_head:
+            for h in range(inv_freq.shape[0]):
+                R = rotation_matrix_nd(c, inv_freq[h], x.shape[-1], interleaved=interleaved)
+                out[..., h, s, :] = x[..., h, s, :] @ R.T
+        else:
+            out[..., s, :] = x[..., s, :] @ rotation_matrix_nd(c, inv_freq, x.shape[-1], interleaved=interleaved).T
     return out

@@ -19,6 +19,7 @@ built-ins. Types with ``length_dependent=True`` are recomputed for the current s
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
@@ -27,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ._checks import is_int, is_number
+from ._checks import check_bool, check_positive_int, is_int, is_number
 
 __all__ = [
     "ConfigError",
@@ -39,6 +40,7 @@ __all__ = [
     "default_inv_freq",
     "rotary_dim_from",
     "validate_rope_parameters",
+    "proportional_pairs",
 ]
 
 
@@ -82,6 +84,9 @@ class RopeType:
         rotates_every_pair: ``partial_rotary_factor`` is a parameter of the frequencies (pairs past
             it get frequency 0), not the rotated width (Gemma's ``proportional``).
         example: ``head_dim -> RopeExample`` for plots, or ``None``.
+        target_length: for length-dependent types, ``params -> the longest sequence length the block
+            is meant for``; :func:`rotary.frequencies` checks the frequencies there too, so a block
+            whose frequencies overflow only at long lengths is refused when it is read.
     """
 
     name: str
@@ -93,6 +98,7 @@ class RopeType:
     trained_length: bool = False
     rotates_every_pair: bool = False
     example: Callable[[int], RopeExample] | None = None
+    target_length: Callable[[Mapping[str, Any]], int] | None = None
 
 
 #: ``rope_type`` -> :class:`RopeType`. Extended by :func:`register_rope_type`.
@@ -112,6 +118,7 @@ def register_rope_type(
     trained_length: bool = False,
     rotates_every_pair: bool = False,
     example: Callable[[int], RopeExample] | None = None,
+    target_length: Callable[[Mapping[str, Any]], int] | None = None,
 ) -> Callable[[RopeInitFn], RopeInitFn]:
     """Decorator registering an init function as ``rope_type`` ``name`` (replacing any previous one).
 
@@ -129,7 +136,7 @@ def register_rope_type(
     def deco(fn: RopeInitFn) -> RopeInitFn:
         ROPE_TYPES[name] = RopeType(
             name, fn, frozenset(required), frozenset(optional), check, bool(length_dependent), bool(trained_length),
-            bool(rotates_every_pair), example,
+            bool(rotates_every_pair), example, target_length,
         )  # fmt: skip
         return fn
 
@@ -255,7 +262,9 @@ def validate_rope_parameters(
     """
     if not isinstance(params, Mapping):
         raise ConfigError(f"the scaling block must be a dict such as {{'rope_type': 'linear', 'factor': 2.0}}, got {params!r}")
-    out = dict(params)
+    check_bool(strict, "strict")
+    check_positive_int(rotary_dim, "rotary_dim")
+    out = copy.deepcopy(dict(params))
     legacy = out.pop("type", None)
     rope_type = out.get("rope_type", legacy if legacy is not None else "default")
     if legacy is not None and rope_type != legacy:
@@ -288,8 +297,8 @@ def validate_rope_parameters(
     for key in ("original_max_position_embeddings", "max_position_embeddings"):
         if key in out and not (is_int(out[key]) and out[key] > 0):
             message = f"{key} must be a positive int (a length in tokens), got {out[key]!r}"
-            if not (is_number(out[key]) and out[key] > 0):
-                raise ConfigError(message)  # no length to compute with, even leniently
+            if not (is_number(out[key]) and out[key] >= 1):
+                raise ConfigError(message)  # no length to compute with (less than one token), even leniently
             complain(message, strict)
     if spec.check is not None:
         spec.check(out, rotary_dim, lambda message: complain(message, strict))
@@ -300,13 +309,34 @@ def validate_rope_parameters(
 # shared checks
 
 
+def _number(p: Mapping[str, Any], key: str, rope_type: str, *, allowed: str) -> float | None:
+    """``p[key]`` if it is set, after checking it is a finite real number (``None`` when absent or null).
+
+    A string, a bool, a list, NaN or an infinity leaves nothing to compute with, so it is an error
+    even with ``strict=False``.
+    """
+    value = p.get(key)
+    if value is None:
+        return None
+    if not is_number(value):
+        raise ConfigError(
+            f"{key} of rope_type {rope_type!r} must be a finite number ({allowed}), got {value!r} ({type(value).__name__})"
+        )
+    return value
+
+
 def _check_factor(p: dict[str, Any], rope_type: str, complain: Callable[[str], None], *, nullable: bool = False) -> None:
     if "factor" not in p or (nullable and p["factor"] is None):
         return
-    factor = p["factor"]
-    if not is_number(factor):
-        complain(f"factor must be a number >= 1 for rope_type {rope_type!r}, got {factor!r}")
-    elif factor < 1:
+    if p["factor"] is None:
+        raise ConfigError(f"factor of rope_type {rope_type!r} must be a number >= 1, got None")
+    factor = _number(p, "factor", rope_type, allowed=">= 1, the ratio of the new context length to the trained one")
+    if factor <= 0:
+        raise ConfigError(
+            f"factor={factor} for rope_type {rope_type!r} must be > 0 (the frequencies are divided by it); use "
+            "factor >= 1, the ratio of the new context length to the trained one"
+        )
+    if factor < 1:
         complain(
             f"factor={factor} < 1 for rope_type {rope_type!r} would shrink the context; use factor >= 1 "
             "(the ratio of the new context length to the trained one)"
@@ -321,10 +351,21 @@ def _check_factor_or_length(p: dict[str, Any], rope_type: str) -> None:
         )
 
 
-def _check_attention_factor(p: dict[str, Any], complain: Callable[[str], None]) -> None:
-    att = p.get("attention_factor")
-    if att is not None and (not is_number(att) or att <= 0):
-        complain(f"attention_factor must be a number > 0, got {att!r}")
+def _implicit_factor(p: Mapping[str, Any]) -> float | None:
+    """``max_position_embeddings / original_max_position_embeddings`` when both are usable lengths."""
+    mpe, trained = p.get("max_position_embeddings"), p.get("original_max_position_embeddings")
+    if is_number(mpe) and is_number(trained) and mpe > 0 and trained > 0:
+        return mpe / trained
+    return None
+
+
+def _check_attention_factor(p: dict[str, Any], rope_type: str) -> None:
+    att = _number(p, "attention_factor", rope_type, allowed="> 0, multiplied into cos and sin")
+    if att is not None and att <= 0:
+        raise ConfigError(
+            f"attention_factor={att} for rope_type {rope_type!r} must be > 0 (it multiplies cos and sin; 0 erases "
+            "q and k, a negative value flips them); remove it to use the default"
+        )
 
 
 def _check_ntk_width(rope_type: str, rotary_dim: int) -> None:
@@ -333,6 +374,12 @@ def _check_ntk_width(rope_type: str, rotary_dim: int) -> None:
             f"rope_type {rope_type!r} scales the base by factor ** (d / (d - 2)), undefined for rotary_dim={rotary_dim}; "
             "use rotary_dim >= 4"
         )
+
+
+def _check_bool_key(p: Mapping[str, Any], key: str, rope_type: str) -> None:
+    # a string "false" is truthy: nothing but a real bool can be read safely, even leniently
+    if key in p and not isinstance(p[key], bool):
+        raise ConfigError(f"{key} of rope_type {rope_type!r} must be true or false, got {p[key]!r} ({type(p[key]).__name__})")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -366,6 +413,15 @@ def _ntk_base(base: Any, alpha: Any, rotary_dim: int) -> Any:
 def _check_ntk(p: dict[str, Any], rotary_dim: int, complain: Callable[[str], None]) -> None:
     _check_factor(p, "ntk", complain)
     _check_ntk_width("ntk", rotary_dim)
+    try:
+        grown = p["factor"] ** (rotary_dim / (rotary_dim - 2))
+    except OverflowError:
+        grown = math.inf
+    if not math.isfinite(grown):
+        raise ConfigError(
+            f"factor={p['factor']} for rope_type 'ntk' overflows the base (base * factor ** (d / (d - 2))): the "
+            "frequencies become 0 and nothing rotates; use a factor below 1e100 (real models use 2 to 64)"
+        )
 
 
 @register_rope_type(
@@ -378,6 +434,14 @@ def _ntk(head_dim: int, base: float, rotary_dim: int, params: Mapping[str, Any],
 def _check_dynamic(p: dict[str, Any], rotary_dim: int, complain: Callable[[str], None]) -> None:
     _check_factor(p, "dynamic", complain)
     _check_ntk_width("dynamic", rotary_dim)
+    # alpha = factor * length / trained - (factor - 1) is 1 at the trained length only while factor - 1 is
+    # exact; transformers' module computes it in float32 (a tensor length), where that holds up to 2**24
+    if p["factor"] > 2**24:
+        raise ConfigError(
+            f"factor={p['factor']} for rope_type 'dynamic' is too large: factor * length / max_position_embeddings "
+            "- (factor - 1) loses its + 1 to float32 rounding (the base collapses to 0 or inf); use a factor "
+            "<= 2**24 (real models use 2 to 64)"
+        )
 
 
 @register_rope_type(
@@ -388,6 +452,7 @@ def _check_dynamic(p: dict[str, Any], rotary_dim: int, complain: Callable[[str],
     example=lambda d: RopeExample(
         {"rope_type": "dynamic", "factor": 4.0, "max_position_embeddings": 4096}, seq_len=16384
     ),
+    target_length=lambda p: max(math.ceil(p["factor"] * p["max_position_embeddings"]), p["max_position_embeddings"]),
 )
 def _dynamic(head_dim: int, base: float, rotary_dim: int, params: Mapping[str, Any], seq_len: Any):
     # Dynamic NTK: alpha grows with the current length, factor * L / L_train - (factor - 1), and is 1 up to
@@ -407,7 +472,10 @@ def _dynamic(head_dim: int, base: float, rotary_dim: int, params: Mapping[str, A
 
 def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     # YaRN's attention temperature sqrt(1/t) = 0.1 ln(s) + 1 (Peng et al. 2023, eq. 22)
-    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+    if scale <= 1:
+        return 1.0
+    value = 0.1 * mscale * math.log(scale) + 1.0
+    return math.inf if value == 0 else value  # a zero denominator in the DeepSeek ratio: reported by the check
 
 
 def _yarn_pair_index(rotations: float, rotary_dim: int, base: float, trained: int) -> float:
@@ -417,20 +485,59 @@ def _yarn_pair_index(rotations: float, rotary_dim: int, base: float, trained: in
 
 def _check_yarn(p: dict[str, Any], rotary_dim: int, complain: Callable[[str], None]) -> None:
     _check_factor(p, "yarn", complain, nullable=True)
-    for key in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
-        if p.get(key) is not None and not is_number(p[key]):
-            complain(f"{key} must be a number, got {p[key]!r}")
+    _check_attention_factor(p, "yarn")
+    _check_factor_or_length(p, "yarn")
+    _check_bool_key(p, "truncate", "yarn")
+    for key, default in (("beta_fast", 32), ("beta_slow", 1)):
+        value = _number(p, key, "yarn", allowed=f"> 0, a number of turns over the trained context; default {default}")
+        if value is not None and value < 0:
+            raise ConfigError(
+                f"{key}={value} for rope_type 'yarn' must be > 0 (a number of turns over the trained context; YaRN's "
+                f"default is {default}); a negative count has no ramp position"
+            )
+        if value == 0:
+            complain(f"{key}=0 for rope_type 'yarn' is read as unset (the default {default}, as transformers does); "
+                     f"remove it or give a positive number")  # fmt: skip
     # transformers reads a missing (or falsy) beta as its default: 32 / 1
     beta_fast, beta_slow = p.get("beta_fast") or 32, p.get("beta_slow") or 1
-    if is_number(beta_fast) and is_number(beta_slow) and beta_fast <= beta_slow:
+    if beta_fast <= beta_slow:
         complain(
             f"beta_fast={beta_fast} must be greater than beta_slow={beta_slow} (YaRN's defaults are 32 and 1); "
             "swap or fix them"
         )
-    if "truncate" in p and not isinstance(p["truncate"], bool):
-        complain(f"truncate must be true or false, got {p['truncate']!r}")
-    _check_attention_factor(p, complain)
-    _check_factor_or_length(p, "yarn")
+    factor = p.get("factor")
+    implicit = _implicit_factor(p)
+    if factor is None:
+        factor = implicit
+    elif implicit is not None and implicit != 1 and implicit != factor:
+        # transformers 5.23 logs the same mismatch once and uses the explicit factor; it skips a ratio of 1
+        # (max_position_embeddings left at the trained length, as in Qwen2.5's documented block)
+        complain(
+            f"rope_type 'yarn' factor={factor} disagrees with max_position_embeddings / "
+            f"original_max_position_embeddings = {p['max_position_embeddings']} / "
+            f"{p['original_max_position_embeddings']} = {implicit:g}; set factor to {implicit:g} or fix the "
+            "lengths (transformers uses factor and warns)"
+        )
+    if factor is not None and factor <= 0:
+        raise ConfigError(f"rope_type 'yarn' factor (max_position_embeddings / original_max_position_embeddings) must be "
+                          f"> 0, got {factor}")  # fmt: skip
+    mscale, mscale_all_dim = (
+        _number(p, key, "yarn", allowed="> 0, DeepSeek uses 1.0 or 0.707") for key in ("mscale", "mscale_all_dim")
+    )
+    if p.get("attention_factor") is None and mscale and mscale_all_dim and factor is not None:
+        attention = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+        if not (math.isfinite(attention) and attention > 0):
+            raise ConfigError(
+                f"mscale={mscale} and mscale_all_dim={mscale_all_dim} with factor={factor} give the attention factor "
+                f"(0.1 mscale ln(factor) + 1) / (0.1 mscale_all_dim ln(factor) + 1) = {attention}, which must be a "
+                "finite number > 0; use positive mscale values (DeepSeek uses 1.0 or 0.707)"
+            )
+    for key, value in (("mscale", mscale), ("mscale_all_dim", mscale_all_dim)):
+        if value is not None and value <= 0:
+            complain(
+                f"{key}={value} for rope_type 'yarn' must be > 0 (DeepSeek uses 1.0 or 0.707); transformers reads 0 as "
+                "unset (the attention factor then falls back to 0.1 ln(factor) + 1)"
+            )
 
 
 @register_rope_type(
@@ -481,7 +588,7 @@ def _yarn(head_dim: int, base: float, rotary_dim: int, params: Mapping[str, Any]
 
 def _check_longrope(p: dict[str, Any], rotary_dim: int, complain: Callable[[str], None]) -> None:
     _check_factor(p, "longrope", complain, nullable=True)
-    _check_attention_factor(p, complain)
+    _check_attention_factor(p, "longrope")
     _check_factor_or_length(p, "longrope")
     expected = (rotary_dim + 1) // 2
     for key in ("short_factor", "long_factor"):
@@ -493,6 +600,25 @@ def _check_longrope(p: dict[str, Any], rotary_dim: int, complain: Callable[[str]
                 f"{key} has {len(value)} entries but rotary_dim={rotary_dim} needs {expected} (one per pair); "
                 "give one factor per rotated pair"
             )
+        bad = [(i, x) for i, x in enumerate(value) if x <= 0]
+        if bad:
+            raise ConfigError(
+                f"{key} entries divide the frequencies and must be > 0, got {', '.join(f'{key}[{i}]={x}' for i, x in bad[:4])}"
+                f"{' ...' if len(bad) > 4 else ''}; fix the list (Phi-3's lie between 1 and about 64)"
+            )
+    factor = p.get("factor")
+    if factor is None:
+        factor = _implicit_factor(p)
+    if factor is not None and factor <= 0:
+        raise ConfigError(f"rope_type 'longrope' factor (max_position_embeddings / original_max_position_embeddings) must "
+                          f"be > 0, got {factor}")  # fmt: skip
+    trained = p.get("original_max_position_embeddings")
+    if p.get("attention_factor") is None and factor is not None and factor > 1 and trained == 1:
+        raise ConfigError(
+            "rope_type 'longrope' with original_max_position_embeddings=1 has no attention factor: "
+            "sqrt(1 + ln(factor) / ln(original_max_position_embeddings)) divides by ln(1) = 0; give the trained "
+            "context length (e.g. 4096) or an attention_factor"
+        )
 
 
 def _longrope_example(head_dim: int) -> RopeExample:
@@ -512,6 +638,7 @@ def _longrope_example(head_dim: int) -> RopeExample:
     length_dependent=True,
     trained_length=True,
     example=_longrope_example,
+    target_length=lambda p: p["original_max_position_embeddings"] + 1,  # the long factors
 )
 def _longrope(head_dim: int, base: float, rotary_dim: int, params: Mapping[str, Any], seq_len: Any):
     trained = params["original_max_position_embeddings"]
@@ -530,11 +657,17 @@ def _longrope(head_dim: int, base: float, rotary_dim: int, params: Mapping[str, 
 
 def _check_llama3(p: dict[str, Any], rotary_dim: int, complain: Callable[[str], None]) -> None:
     _check_factor(p, "llama3", complain)
-    low, high = p["low_freq_factor"], p["high_freq_factor"]
+    low, high = (
+        _number(p, key, "llama3", allowed=f"> 0; Llama 3.1 uses {example}")
+        for key, example in (("low_freq_factor", 1), ("high_freq_factor", 4))
+    )
     for key, value in (("low_freq_factor", low), ("high_freq_factor", high)):
-        if not is_number(value):
-            complain(f"{key} must be a number, got {value!r}")
-    if is_number(low) and is_number(high) and low >= high:
+        if value <= 0:
+            raise ConfigError(
+                f"{key}={value} for rope_type 'llama3' must be > 0 (the band edges are original_max_position_embeddings"
+                f" / {key}); Llama 3.1 uses low_freq_factor=1 and high_freq_factor=4"
+            )
+    if low >= high:
         complain(
             f"low_freq_factor={low} must be smaller than high_freq_factor={high} (Llama 3.1 uses 1 and 4); "
             "swap or fix them"
@@ -571,6 +704,21 @@ def _llama3(head_dim: int, base: float, rotary_dim: int, params: Mapping[str, An
 
 def _check_proportional(p: dict[str, Any], rotary_dim: int, complain: Callable[[str], None]) -> None:
     _check_factor(p, "proportional", complain, nullable=True)
+    fraction = p.get("partial_rotary_factor")
+    if fraction is not None and (not is_number(fraction) or not 0 < fraction <= 1):
+        raise ConfigError(f"partial_rotary_factor of rope_type 'proportional' must be a number in (0, 1], got {fraction!r}")
+    # rotary_dim is the head width here (every pair is kept; the ones past the fraction get frequency 0)
+    if proportional_pairs(rotary_dim, p) < 1:
+        raise ConfigError(
+            f"partial_rotary_factor={fraction} with head_dim={rotary_dim} leaves no pair rotating for rope_type "
+            f"'proportional' (int({fraction} * {rotary_dim} // 2) = 0); raise it to at least {2 / rotary_dim:g}"
+        )
+
+
+def proportional_pairs(head_dim: int, params: Mapping[str, Any]) -> int:
+    """Pairs that turn under ``proportional``: ``int(partial_rotary_factor * head_dim // 2)`` (transformers' rounding)."""
+    fraction = params.get("partial_rotary_factor")
+    return int((1.0 if fraction is None else fraction) * head_dim // 2)
 
 
 @register_rope_type(
@@ -583,9 +731,7 @@ def _check_proportional(p: dict[str, Any], rotary_dim: int, complain: Callable[[
 def _proportional(head_dim: int, base: float, rotary_dim: int, params: Mapping[str, Any], seq_len: Any):
     # Gemma-style: the first partial_rotary_factor of the pairs rotate with exponents over the whole
     # head_dim (not over the rotated width), the remaining pairs get frequency 0 (they never turn).
-    fraction = params.get("partial_rotary_factor", 1.0)
-    fraction = 1.0 if fraction is None else fraction
-    rotating = int(fraction * head_dim // 2)
+    rotating = proportional_pairs(head_dim, params)
     exponent = torch.arange(0, 2 * rotating, 2, dtype=torch.int64, device="cpu").to(dtype=torch.float) / head_dim
     inv_freq = 1.0 / (base**exponent)
     still = head_dim // 2 - rotating

@@ -1,28 +1,59 @@
-"""Positions -> cos/sin tables in fp32, with angles formed in float64.
+"""Positions x frequencies -> cos/sin tables: :class:`RotaryTables`, and the cache they are cut from.
 
 Hugging Face forms ``position * inv_freq`` in fp32: at position 2**20 an fp32 angle is only
 resolved to 2**20 * 2**-24 = 0.06 rad. Here the product is taken in float64 (exact to ~1e-10 rad at
-any position a model will see), cos/sin are evaluated in float64 and rounded once to fp32.
+any position a model will see), cos/sin are evaluated in float64 and rounded once to the table
+dtype: fp32, or float64 for float64 inputs.
+
+Angles are ``positions x frequencies`` for any number of axes: 1-D text positions ``[...]`` with
+``inv_freq [r/2]``; N-D coordinates ``[..., A]`` with one frequency row per axis ``[A, r/2]`` (axial
+RoPE puts each pair on one axis, so its rows are zero elsewhere; RoPE-Mixed mixes them); and per
+head ``[H, A, r/2]``, which gives per-head tables.
 """
 
 from __future__ import annotations
 
+import threading
+from dataclasses import dataclass
+
 import torch
 
-__all__ = ["angles", "cos_sin_table", "expand_pairs", "TableCache"]
+__all__ = ["RotaryTables", "TableCache", "angles", "cos_sin_table", "expand_pairs", "table_dtype"]
+
+
+def table_dtype(x_dtype: torch.dtype) -> torch.dtype:
+    """The table dtype for inputs of ``x_dtype``: float64 for float64, fp32 for everything else."""
+    return torch.float64 if x_dtype == torch.float64 else torch.float32
 
 
 def angles(position_ids: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """Rotation angles ``position * inv_freq`` in float64.
+    """Rotation angles ``positions x frequencies`` in float64.
 
     Args:
-        position_ids: integer tensor ``[...]``.
-        inv_freq: ``[r/2]``.
+        position_ids: integer (or float, for coordinates) ``[...]``, or ``[..., A]`` with A axes.
+        inv_freq: ``[r/2]`` (1-D positions), ``[A, r/2]`` (one row per axis), or ``[H, A, r/2]``
+            (per head).
 
     Returns:
-        float64 ``[..., r/2]``.
+        float64 ``[..., r/2]``, or ``[..., H, r/2]`` for per-head frequencies. Differentiable with
+        respect to ``inv_freq`` (learnable frequencies).
+
+    Example:
+        >>> angles(torch.tensor([[1, 2]]), torch.tensor([[1.0, 0.0], [0.0, 0.5]]))  # y on pair 0, x on pair 1
+        tensor([[1., 1.]], dtype=torch.float64)
     """
-    return position_ids.to(torch.float64).unsqueeze(-1) * inv_freq.to(device=position_ids.device, dtype=torch.float64)
+    pos = position_ids.to(torch.float64)
+    freq = inv_freq.to(device=position_ids.device, dtype=torch.float64)
+    if freq.dim() == 1:
+        return pos.unsqueeze(-1) * freq
+    axes = freq.shape[-2]
+    if pos.shape[-1:] != (axes,):
+        raise ValueError(f"positions {tuple(position_ids.shape)} need a last axis of {axes} coordinates for frequencies {tuple(inv_freq.shape)}")
+    if freq.dim() == 2:  # [..., A, 1] * [A, r/2], summed over A
+        return (pos.unsqueeze(-1) * freq).sum(-2)
+    if freq.dim() == 3:  # [..., 1, A, 1] * [H, A, r/2] -> [..., H, r/2]
+        return (pos[..., None, :, None] * freq).sum(-2)
+    raise ValueError(f"inv_freq must be [r/2], [A, r/2] or [H, A, r/2], got {tuple(inv_freq.shape)}")
 
 
 def expand_pairs(half_table: torch.Tensor, interleaved: bool) -> torch.Tensor:
@@ -37,18 +68,25 @@ def expand_pairs(half_table: torch.Tensor, interleaved: bool) -> torch.Tensor:
 
 
 def cos_sin_table(
-    position_ids: torch.Tensor, inv_freq: torch.Tensor, *, attention_scaling: float = 1.0, interleaved: bool = False
+    position_ids: torch.Tensor,
+    inv_freq: torch.Tensor,
+    *,
+    attention_scaling: float | torch.Tensor = 1.0,
+    interleaved: bool = False,
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of ``position * inv_freq``, times ``attention_scaling``, in fp32.
+    """cos and sin of ``positions x frequencies``, times ``attention_scaling``, in ``dtype``.
 
     Args:
-        position_ids: integer tensor ``[S]`` or ``[B, S]``.
-        inv_freq: ``[r/2]``.
-        attention_scaling: multiplied into both tables.
+        position_ids: ``[...]`` or ``[..., A]`` (see :func:`angles`).
+        inv_freq: ``[r/2]``, ``[A, r/2]`` or ``[H, A, r/2]``.
+        attention_scaling: multiplied into both tables (a float, or a tensor broadcasting against
+            ``[..., r/2]``, e.g. xPos's per-position scales).
         interleaved: channel layout (see :func:`expand_pairs`).
+        dtype: fp32 (default) or float64.
 
     Returns:
-        ``(cos, sin)``, fp32, ``[..., r]`` on ``position_ids.device``.
+        ``(cos, sin)``, ``[..., r]`` (``[..., H, r]`` per head) on ``position_ids.device``.
 
     Example:
         >>> cos, sin = cos_sin_table(torch.arange(4), torch.tensor([1.0, 0.01]))
@@ -56,50 +94,271 @@ def cos_sin_table(
         torch.Size([4, 4])
     """
     theta = angles(position_ids, inv_freq)
-    cos = (theta.cos() * attention_scaling).to(torch.float32)
-    sin = (theta.sin() * attention_scaling).to(torch.float32)
+    cos = (theta.cos() * attention_scaling).to(dtype)
+    sin = (theta.sin() * attention_scaling).to(dtype)
     return expand_pairs(cos, interleaved), expand_pairs(sin, interleaved)
 
 
-class TableCache:
-    """cos/sin tables for positions ``0 .. length-1``, one per device, grown on demand.
+# ------------------------------------------------------------------------------------------------
+# the value handed from the tables stage to the apply stage
 
-    Tables are always built on the CPU in float64 and moved, so devices without float64 (MPS) get
-    the same values. Growth doubles the length, so a long generation rebuilds O(log S) times.
+
+_PAIRING = {True: "interleaved (pairs 2i, 2i+1)", False: "half (pairs i, i + r/2)"}
+
+
+@dataclass(frozen=True)
+class RotaryTables:
+    """cos/sin tables and how the tokens of a call find their rows: what :func:`rotary.rotate` applies.
+
+    Made by a table producer (:meth:`rotary.RoPE.tables`, the variants) from :class:`~rotary.positions.Positions`,
+    or from raw tensors by :meth:`from_tensors`. The tables carry the pairing they were built for, so
+    a table of one pairing cannot be applied with the other.
+
+    Addressing (``rows`` decides):
+
+    - ``rows is None``: ``cos`` holds the tokens' own rows, shared by the batch ``[S, r]`` or per
+      batch row ``[B, S, r]``;
+    - ``rows`` int64 ``[S]``, ``[B, S]`` (or packed ``[T]``): ``cos`` is a table ``[N, r]`` and token
+      (b, s) reads row ``rows[b, s]``; the kernel reads the rows it needs, nothing is gathered.
+
+    Per-head tables (``heads`` set) have a head axis before ``r``: ``[S, H, r]``, ``[B, S, H, r]``,
+    ``[N, H, r]``.
+
+    Attributes:
+        cos: fp32 (float64 for float64 inputs), see above.
+        sin: same shape, dtype and device.
+        interleaved: the pairing the tables were built for.
+        rows: the row of each token, or ``None``.
+        k_cos: separate tables for keys (xPos scales q and k differently), or ``None`` (keys use ``cos``).
+        k_sin: with ``k_cos``.
+        heads: the head count of per-head tables, else ``None``.
+
+    Example:
+        >>> import rotary
+        >>> t = rotary.RoPE(8).tables(rotary.positions.arange(4))  # positions 0..3: a slice of the cache
+        >>> t.cos.shape, t.interleaved, t.rotary_dim, t.addressing
+        (torch.Size([4, 8]), False, 8, 'shared')
     """
 
-    def __init__(self, inv_freq: torch.Tensor, attention_scaling: float, interleaved: bool, length: int) -> None:
+    cos: torch.Tensor
+    sin: torch.Tensor
+    interleaved: bool
+    rows: torch.Tensor | None = None
+    k_cos: torch.Tensor | None = None
+    k_sin: torch.Tensor | None = None
+    heads: int | None = None
+
+    def __post_init__(self) -> None:
+        cos, sin = self.cos, self.sin
+        if not (isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor)):
+            raise TypeError("cos and sin must be tensors (use RoPE.tables(positions) to make them)")
+        if cos.shape != sin.shape or cos.dtype != sin.dtype or cos.device != sin.device:
+            raise ValueError(
+                f"cos and sin must have the same shape, dtype and device; got {tuple(cos.shape)} {cos.dtype} {cos.device} and "
+                f"{tuple(sin.shape)} {sin.dtype} {sin.device}"
+            )
+        if not cos.is_floating_point():
+            raise TypeError(f"cos/sin must be floating point, got dtype {cos.dtype}")
+        if not isinstance(self.interleaved, bool):
+            raise TypeError(f"interleaved must be True or False, got {self.interleaved!r}")
+        r = cos.shape[-1] if cos.dim() else 0
+        if r == 0 or r % 2:
+            raise ValueError(f"cos/sin rotate r={r} channels (shape {tuple(cos.shape)}); r must be even and > 0")
+        head_axis = 0 if self.heads is None else 1
+        if self.heads is not None and (cos.dim() < 3 or cos.shape[-2] != self.heads):
+            raise ValueError(f"per-head tables need a head axis of {self.heads} before r, got shape {tuple(cos.shape)}")
+        if self.rows is None:
+            if cos.dim() - head_axis not in (2, 3):
+                raise ValueError(f"cos/sin must be [S, r] or [B, S, r] (tokens' rows), got shape {tuple(cos.shape)}")
+        else:
+            rows = self.rows
+            if not isinstance(rows, torch.Tensor) or rows.dtype != torch.int64 or rows.dim() not in (1, 2):
+                raise TypeError(f"rows must be an int64 tensor [S] or [B, S], got {rows!r:.80}")
+            if rows.device != cos.device:
+                raise ValueError(f"rows are on {rows.device} but the tables on {cos.device}")
+            if cos.dim() - head_axis != 2:
+                raise ValueError(f"with rows, cos/sin must be a table [N, r] indexed by row, got shape {tuple(cos.shape)}")
+        if (self.k_cos is None) != (self.k_sin is None):
+            raise ValueError("give both k_cos and k_sin, or neither")
+        if self.k_cos is not None:
+            for name, t in (("k_cos", self.k_cos), ("k_sin", self.k_sin)):
+                if not isinstance(t, torch.Tensor) or t.shape != cos.shape or t.dtype != cos.dtype or t.device != cos.device:
+                    raise ValueError(f"{name} must have cos's shape {tuple(cos.shape)}, dtype and device")
+
+    @property
+    def rotary_dim(self) -> int:
+        """Channels rotated ``r``."""
+        return self.cos.shape[-1]
+
+    @property
+    def addressing(self) -> str:
+        """``"shared"`` (``[S, r]``), ``"per_token"`` (``[B, S, r]``) or ``"indexed"`` (``rows`` into ``[N, r]``)."""
+        if self.rows is not None:
+            return "indexed"
+        return "shared" if self.cos.dim() - (self.heads is not None) == 2 else "per_token"
+
+    def key_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys' ``(cos, sin)``: ``k_cos``/``k_sin`` when set, else the queries'."""
+        if self.k_cos is None:
+            return self.cos, self.sin
+        return self.k_cos, self.k_sin  # type: ignore[return-value]
+
+    def gather(self, *, keys: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tokens' own rows: ``[S, r]`` or ``[B, S, r]`` (``[..., H, r]`` per head)."""
+        cos, sin = self.key_tables() if keys else (self.cos, self.sin)
+        if self.rows is None:
+            return cos, sin
+        return cos[self.rows], sin[self.rows]
+
+    def to(self, dtype: torch.dtype) -> RotaryTables:
+        """The same tables in another dtype (fp32 or float64)."""
+        if dtype == self.cos.dtype:
+            return self
+        k_cos = None if self.k_cos is None else self.k_cos.to(dtype)
+        k_sin = None if self.k_sin is None else self.k_sin.to(dtype)  # type: ignore[union-attr]
+        return RotaryTables(self.cos.to(dtype), self.sin.to(dtype), self.interleaved, self.rows, k_cos, k_sin, self.heads)
+
+    def check(self, *, sample: int | None = 4, rtol: float = 1e-5) -> None:
+        """Check that the tables are finite rotation tables laid out for their pairing.
+
+        Args:
+            sample: check this many rows spread over the table (a cheap check, the default of
+                :func:`rotary.apply_rotary`), or ``None`` for every row.
+            rtol: relative tolerance between the two channels of a pair.
+
+        Raises:
+            ValueError: naming the pairing the tables were built for, a non-finite value, a table
+                of zeros, or the worst cos²+sin² mismatch.
+        """
+        for cos, sin in {id(t[0]): t for t in ((self.cos, self.sin), self.key_tables())}.values():
+            _check_rows(cos, sin, self.interleaved, sample, rtol)
+
+    @classmethod
+    def from_tensors(
+        cls,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        *,
+        interleaved: bool,
+        rows: torch.Tensor | None = None,
+        validate: bool | str = True,
+    ) -> RotaryTables:
+        """Tables from raw cos/sin tensors (e.g. Hugging Face's ``position_embeddings``).
+
+        ``validate``: ``True`` checks a few rows (cheap), ``"full"`` every row, ``False`` nothing.
+        Tables in another float dtype than fp32/float64 are converted to fp32.
+        """
+        if isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor) and cos.dtype not in (torch.float32, torch.float64):
+            if cos.is_floating_point():
+                cos, sin = cos.float(), sin.float()
+        tables = cls(cos, sin, interleaved, rows)
+        if validate not in (True, False, "full"):
+            raise ValueError(f"validate must be True (a few rows), 'full' (every row) or False, got {validate!r}")
+        if validate:
+            tables.check(sample=None if validate == "full" else 4)
+        return tables
+
+
+def _sample_rows(t: torch.Tensor, sample: int | None) -> torch.Tensor:
+    """``t`` as ``[rows, r]`` (per-head tables fold heads into rows), ``sample`` rows spread over it."""
+    flat = t.reshape(-1, t.shape[-1])
+    if sample is None or flat.shape[0] <= sample:
+        return flat
+    # evenly spaced, always including the last row (the largest position of a cached table)
+    idx = torch.linspace(0, flat.shape[0] - 1, sample, device=flat.device).round().long()
+    return flat[idx]
+
+
+def _check_rows(cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, sample: int | None, rtol: float) -> None:
+    if torch.compiler.is_compiling() or not cos.numel():
+        return
+    c, s = _sample_rows(cos.detach(), sample).double(), _sample_rows(sin.detach(), sample).double()
+    if not (bool(torch.isfinite(c).all()) and bool(torch.isfinite(s).all())):
+        raise ValueError("cos/sin hold NaN or inf values: these are not rotation tables")
+    norm = c * c + s * s
+    top = float(norm.max())
+    if top == 0.0:
+        raise ValueError("cos/sin are all zeros: cos²+sin² must be the (constant) attention scaling squared, not 0")
+
+    def mismatch(t: torch.Tensor, inter: bool) -> float:
+        a, b = (t[..., 0::2], t[..., 1::2]) if inter else t.chunk(2, dim=-1)
+        return float((a - b).abs().max())
+
+    tol = rtol * max(float(c.abs().max()), float(s.abs().max()), 1e-30)
+    wanted = max(mismatch(c, interleaved), mismatch(s, interleaved))
+    if wanted > tol:
+        other = max(mismatch(c, not interleaved), mismatch(s, not interleaved))
+        if other <= tol:
+            raise ValueError(
+                f"cos/sin are laid out for the {_PAIRING[not interleaved]} pairing but interleaved={interleaved} "
+                f"was requested; build them with RoPE(..., interleaved={interleaved}) or pass interleaved={not interleaved}"
+            )
+        raise ValueError(
+            f"cos/sin fit neither pairing: the two channels of a pair differ by up to {wanted:.3g} for the "
+            f"{_PAIRING[interleaved]} pairing (half-width tables such as cos[:, 0::2] rotate the wrong channels)"
+        )
+    spread = float((norm - norm.flatten()[0]).abs().max())
+    if spread > 10 * rtol * top:
+        raise ValueError(f"cos²+sin² is not constant over the table (spread {spread:.3g}): these are not rotation tables")
+
+
+# ------------------------------------------------------------------------------------------------
+# the cache
+
+
+class TableCache:
+    """cos/sin tables for positions ``0 .. length-1`` of one frequency set, per device and dtype.
+
+    Tables are built on the CPU in float64 and moved, so devices without float64 (MPS) get the same
+    values; growth doubles the length (a long generation rebuilds O(log S) times) up to ``limit``
+    rows, beyond which :meth:`get` returns ``None`` and callers compute the rows a call needs.
+
+    Safe to share between threads: lookups read an immutable snapshot; growth happens under a lock
+    and never replaces a longer table by a shorter one. Tables are built outside inference mode, so
+    a cache filled under ``torch.inference_mode()`` still serves training.
+    """
+
+    def __init__(
+        self, inv_freq: torch.Tensor, attention_scaling: float, interleaved: bool, length: int, *, limit: int = 1 << 16
+    ) -> None:
         self.inv_freq = inv_freq.detach().to("cpu", torch.float32)
         self.attention_scaling = float(attention_scaling)
         self.interleaved = interleaved
-        self.length = max(int(length), 1)
-        self._cpu: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._by_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.limit = max(int(limit), int(length), 1)
+        self.length = min(max(int(length), 1), self.limit)
+        self._lock = threading.Lock()
+        # (device, dtype) -> (cos, sin) [rows, r]; replaced whole, never mutated
+        self._tables: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def _build(self, length: int) -> None:
-        tables = cos_sin_table(
-            torch.arange(length), self.inv_freq, attention_scaling=self.attention_scaling, interleaved=self.interleaved
-        )
-        self._cpu, self.length = tables, length
-        self._by_device = {torch.device("cpu"): tables}
-
-    def ensure(self, needed_length: int) -> None:
-        """Make the tables cover positions ``0 .. needed_length-1``."""
-        if self._cpu is None or needed_length > self.length:
+    def get(
+        self, device: torch.device | str, needed_length: int, dtype: torch.dtype = torch.float32
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Tables ``[>= needed_length, r]`` on ``device``, or ``None`` past ``limit`` rows."""
+        if needed_length > self.limit:
+            return None
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        key = (device, dtype)
+        tables = self._tables.get(key)
+        if tables is not None and tables[0].shape[0] >= needed_length:
+            return tables
+        with self._lock, torch.inference_mode(False):
+            tables = self._tables.get(key)
+            if tables is not None and tables[0].shape[0] >= needed_length:
+                return tables  # another thread grew it meanwhile
             length = self.length
             while length < needed_length:
                 length *= 2
-            self._build(length)  # self.length changes only once the tables exist (a failed build leaves the old ones)
-
-    def get(self, device: torch.device, needed_length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tables ``[length, r]`` on ``device`` covering at least ``needed_length`` positions."""
-        self.ensure(needed_length)
-        device = torch.device(device)
-        if device.type != "cpu" and device.index is None and device.type == "cuda":
-            device = torch.device("cuda", torch.cuda.current_device())
-        tables = self._by_device.get(device)
-        if tables is None:
-            assert self._cpu is not None
-            tables = (self._cpu[0].to(device), self._cpu[1].to(device))
-            self._by_device[device] = tables
-        return tables
+            length = min(length, self.limit)
+            cpu = self._tables.get((torch.device("cpu"), dtype))
+            if cpu is None or cpu[0].shape[0] < length:
+                cpu = cos_sin_table(
+                    torch.arange(length), self.inv_freq, attention_scaling=self.attention_scaling,
+                    interleaved=self.interleaved, dtype=dtype,
+                )  # fmt: skip
+                self._tables[(torch.device("cpu"), dtype)] = cpu
+            tables = cpu if device.type == "cpu" else (cpu[0].to(device), cpu[1].to(device))
+            self._tables[key] = tables
+            self.length = max(self.length, length)
+            return tables

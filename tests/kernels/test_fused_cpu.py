@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rotary
+from helpers import make_qk
 from rotary.kernels import extension
 from rotary.kernels.eager import rotate_torch
 
@@ -33,17 +34,6 @@ def assert_matches(got, expected, x, cos_rows, sin_rows, layout, interleaved):
     assert torch.equal(got, expected), f"max error {(got.double() - expected.double()).abs().max()}"
 
 
-def make_qk(draw_shape, dtype, layout, strided, gen):
-    """q and k as requested; ``strided`` makes them views into one fused qkv projection."""
-    B, S, Hq, Hk, D = draw_shape
-    if strided:
-        qkv = torch.randn(B, S, Hq + 2 * Hk, D, generator=gen).to(dtype)  # [B, S, heads, D] as a Linear gives
-        q, k = qkv[:, :, :Hq], qkv[:, :, Hq : Hq + Hk]
-        if layout == "bhsd":
-            q, k = q.transpose(1, 2), k.transpose(1, 2)
-        return q, k, qkv
-    shape = (lambda h: (B, h, S, D)) if layout == "bhsd" else (lambda h: (B, S, h, D))
-    return torch.randn(shape(Hq), generator=gen).to(dtype), torch.randn(shape(Hk), generator=gen).to(dtype), None
 
 
 @st.composite
@@ -72,7 +62,7 @@ def test_fused_matches_pure_torch(case):
     gen = torch.Generator().manual_seed(case["seed"])
     B, S, Hq, Hk, D = case["shape"]
     rope = rotary.RoPE(D, rotary_dim=case["r"], interleaved=case["interleaved"])
-    q, k, qkv = make_qk(case["shape"], case["dtype"], case["layout"], case["strided"], gen)
+    q, k, qkv = make_qk(case["shape"], dtype=case["dtype"], layout=case["layout"], strided=case["strided"], gen=gen)
     positions = torch.randint(0, 40, (B, S), generator=gen)
     table_cos, table_sin = rope.cos_sin(torch.arange(40))
     kind = case["tables"]
@@ -99,7 +89,9 @@ def test_fused_matches_pure_torch(case):
             assert torch.equal(t, b), "out-of-place call modified its input"
     if qkv is not None and case["inplace"]:  # v (the heads after q and k) is never touched
         v_after = qkv[:, :, Hq + Hk :].clone()
-        _, _, fresh = make_qk(case["shape"], case["dtype"], case["layout"], True, torch.Generator().manual_seed(case["seed"]))
+        _, _, fresh = make_qk(
+            case["shape"], dtype=case["dtype"], layout=case["layout"], strided=True, gen=torch.Generator().manual_seed(case["seed"])
+        )
         assert torch.equal(v_after, fresh[:, :, Hq + Hk :])
 
 

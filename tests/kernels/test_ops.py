@@ -23,9 +23,10 @@ def test_opcheck(interleaved):
     xs = [torch.randn(2, 5, 3, 8, requires_grad=True), torch.randn(2, 5, 1, 8, requires_grad=True)]
     positions = torch.tensor([[0, 1, 2, 3, 4], [4, 3, 2, 1, 0]])
     for pos in (None, positions):
-        torch.library.opcheck(torch.ops.rotary.rope.default, (xs, cos, sin, pos, 0, interleaved, False))
+        lists = ([cos] * len(xs), [sin] * len(xs))
+        torch.library.opcheck(torch.ops.rotary.rope.default, (xs, *lists, pos, 0, interleaved, False))
         torch.library.opcheck(
-            torch.ops.rotary.rope_.default, ([x.detach().clone() for x in xs], cos, sin, pos, 0, interleaved, True)
+            torch.ops.rotary.rope_.default, ([x.detach().clone() for x in xs], *lists, pos, 0, interleaved, True)
         )
 
 

@@ -1,8 +1,10 @@
-"""The Triton kernel, run on CPU tensors by Triton's interpreter (``TRITON_INTERPRET=1``).
+"""The Triton kernels, run on CPU tensors by Triton's interpreter (``TRITON_INTERPRET=1``).
 
 The interpreter must be switched on before Triton is imported, and other tests import it first,
 so the check runs in a fresh Python process. Shapes are tiny: the interpreter runs every program
-instance in NumPy.
+instance in NumPy. Both kernels take the same :class:`~rotary.kernels.contract.Rotation` as the
+pure-torch path they are compared with: separate q and k tables, per-head tables, positions,
+stacked per-batch tables, conjugation, in place, and the table gradients.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ pytest.importorskip("triton")  # a dev dependency; without it CUDA tensors take 
 SCRIPT = textwrap.dedent(
     """
     import itertools, torch
-    from rotary.kernels.triton import rotate_triton
-    from rotary.kernels.eager import rotate_rows_torch
+    from rotary.kernels.contract import Rotation
+    from rotary.kernels.eager import run_torch, table_grad_torch
+    from rotary.kernels.triton import run_triton, table_grad_triton
     from rotary.tables import cos_sin_table
 
     def bf16_truncated(t):
@@ -29,33 +32,55 @@ SCRIPT = textwrap.dedent(
 
     gen = torch.Generator().manual_seed(0)
     checked = 0
-    for dtype, interleaved, r, positions_kind, conjugate in itertools.product(
-        (torch.float32, torch.bfloat16, torch.float64), (False, True), (8, 6), ("none", "per_batch", "stacked"), (False, True)
+    for dtype, interleaved, r, positions_kind, conjugate, tables_kind in itertools.product(
+        (torch.float32, torch.bfloat16, torch.float64), (False, True), (8, 6), ("none", "per_batch", "stacked"),
+        (False, True), ("shared", "separate_k", "per_head"),
     ):
-        B, S, D = 2, 3, 8
-        base = torch.randn(B, S, 5 + 2 + 2, D, generator=gen).to(dtype)  # a fused qkv: 5 q heads, 2 k, 2 v
-        q, k = base[:, :, :5], base[:, :, 5:7]  # strided views (GQA)
-        cos, sin = cos_sin_table(torch.arange(9), torch.rand(r // 2, generator=gen) + 0.1, interleaved=interleaved)
+        B, S, D, Hq = 2, 3, 8, 2
+        Hk = Hq if tables_kind == "per_head" else 1
+        base = torch.randn(B, S, Hq + Hk + 2, D, generator=gen).to(dtype)  # a fused qkv: q heads, k heads, 2 v
+        q, k = base[:, :, :Hq], base[:, :, Hq : Hq + Hk]  # strided views (GQA unless per head)
+        table_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        if tables_kind == "per_head":
+            inv = torch.rand(Hq, 1, r // 2, generator=gen) + 0.1
+            cos, sin = cos_sin_table(torch.arange(9)[:, None], inv, interleaved=interleaved, dtype=table_dtype)
+            k_cos, k_sin = cos, sin
+        else:
+            inv = torch.rand(r // 2, generator=gen) + 0.1
+            cos, sin = cos_sin_table(torch.arange(9), inv, interleaved=interleaved, dtype=table_dtype)
+            k_cos, k_sin = (cos * 0.5, sin * 0.5) if tables_kind == "separate_k" else (cos, sin)
         if positions_kind == "none":
             positions, batch_rows = None, 0
         elif positions_kind == "per_batch":
             positions, batch_rows = torch.randint(0, 9, (B, S), generator=gen), 0
         else:  # stacked per-batch tables [B * S, r], row b * S + s
             positions, batch_rows = None, S
-        xs = [q, k]
-        expected = [torch.empty(x.shape, dtype=torch.float32 if dtype == torch.bfloat16 else dtype) for x in xs]
-        rotate_rows_torch([x.to(e.dtype) for x, e in zip(xs, expected)], expected, cos, sin, positions, batch_rows, interleaved, conjugate)
+        xs = (q, k)
+        wide = [x.float() if dtype == torch.bfloat16 else x for x in xs]
+        expected = tuple(torch.empty_like(w) for w in wide)
+        spec = dict(cos=(cos, k_cos), sin=(sin, k_sin), positions=positions, batch_rows=batch_rows,
+                    interleaved=interleaved, conjugate=conjugate)
+        run_torch(Rotation(tuple(wide), expected, **spec))
         if dtype == torch.bfloat16:
-            expected = [bf16_truncated(e) for e in expected]
-        outs = [torch.empty_like(x) for x in xs]
-        rotate_triton(xs, outs, cos, sin, positions, batch_rows, interleaved, conjugate)
+            expected = tuple(bf16_truncated(e) for e in expected)
+        outs = tuple(torch.empty_like(x) for x in xs)
+        run_triton(Rotation(xs, outs, **spec))
         for o, e in zip(outs, expected):
-            assert torch.equal(o, e), (dtype, interleaved, r, positions_kind, (o.double() - e.double()).abs().max())
-        v_before = base[:, :, 7:].clone()
-        rotate_triton(xs, xs, cos, sin, positions, batch_rows, interleaved, conjugate)  # in place
+            assert torch.equal(o, e), (dtype, interleaved, r, positions_kind, tables_kind, (o.double() - e.double()).abs().max())
+        # table gradients, per token: against the pure-torch sums (fp32 sums in another order: close, not equal)
+        grads = tuple(torch.randn(x.shape, generator=gen).to(dtype) for x in xs)
+        want = table_grad_torch(Rotation(xs, xs, **spec), grads)
+        buffers = [(torch.empty_like(w[0]), torch.empty_like(w[1])) for w in want]
+        table_grad_triton(Rotation(xs, xs, **spec), grads, buffers)
+        for (gc, gs), (wc, ws) in zip(buffers, want):
+            tol = 1e-12 if dtype == torch.float64 else 1e-5
+            assert torch.allclose(gc, wc, atol=tol, rtol=tol) and torch.allclose(gs, ws, atol=tol, rtol=tol), (
+                "table grad", dtype, interleaved, r, tables_kind)
+        v_before = base[:, :, Hq + Hk :].clone()
+        run_triton(Rotation(xs, xs, **spec))  # in place
         for x, e in zip(xs, expected):
-            assert torch.equal(x, e), ("in place", dtype, interleaved, r, positions_kind)
-        assert torch.equal(base[:, :, 7:], v_before)  # v untouched
+            assert torch.equal(x, e), ("in place", dtype, interleaved, r, positions_kind, tables_kind)
+        assert torch.equal(base[:, :, Hq + Hk :], v_before)  # v untouched
         checked += 1
     print("checked", checked)
     """
@@ -63,8 +88,8 @@ SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.slow
-def test_triton_kernel_under_interpreter():
+def test_triton_kernels_under_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "checked 72" in done.stdout
+    assert "checked 216" in done.stdout

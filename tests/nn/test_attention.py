@@ -57,16 +57,18 @@ def reference_attention(attn: RotaryAttention, x: torch.Tensor, *, causal: bool,
     "kwargs",
     [
         dict(num_kv_heads=4),
-        dict(num_kv_heads=2, interleaved=True, bias=True),
+        dict(num_kv_heads=2, rope=dict(interleaved=True), bias=True),
         dict(num_kv_heads=1),
-        dict(num_kv_heads=2, rotary_dim=8),
+        dict(num_kv_heads=2, rope=dict(rotary_dim=8)),
         dict(position_bias="alibi"),
-        dict(rotary_value=True, interleaved=True),
+        dict(rotary_value=True, rope=dict(interleaved=True)),
     ],
 )
 @pytest.mark.parametrize("causal", [False, True])
 def test_matches_float64_reference(kwargs, causal):
     torch.manual_seed(0)
+    if isinstance(kwargs.get("rope"), dict):  # a configured RoPE (head_dim 32 / 4 heads = 8)
+        kwargs = dict(kwargs, rope=rotary.RoPE(8, **kwargs["rope"]))
     attn = RotaryAttention(32, 4, causal=causal, **kwargs).double()
     x = torch.randn(2, 7, 32, dtype=torch.float64)
     # the RoPE tables are fp32 by design (cos/sin rounded once from float64), hence 1e-6, not 1e-12
@@ -112,8 +114,8 @@ def test_prefill_then_chunks_equals_full_forward():
 
 def test_decoding_past_max_position_grows_tables():
     torch.manual_seed(4)
-    small = RotaryAttention(16, 2, causal=True, max_position=4).eval()
-    big = RotaryAttention(16, 2, causal=True, max_position=64).eval()
+    small = RotaryAttention(16, 2, causal=True, rope=rotary.RoPE(8, max_position=4)).eval()
+    big = RotaryAttention(16, 2, causal=True, rope=rotary.RoPE(8, max_position=64)).eval()
     big.load_state_dict(small.state_dict())
     x = torch.randn(1, 20, 16)
     cache = KVCache()
@@ -291,7 +293,9 @@ def test_forward_errors():
 )
 def test_property_cached_decoding_equals_full(seq_len, prefill, kv_heads, interleaved, bias, seed):
     torch.manual_seed(seed)
-    attn = RotaryAttention(16, 4, num_kv_heads=kv_heads, causal=True, interleaved=interleaved, position_bias=bias)
+    attn = RotaryAttention(
+        16, 4, num_kv_heads=kv_heads, causal=True, rope=rotary.RoPE(4, interleaved=interleaved), position_bias=bias
+    )
     x = torch.randn(2, seq_len, 16)
     prefill = min(prefill, seq_len)
     cache = KVCache()

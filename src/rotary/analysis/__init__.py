@@ -17,7 +17,8 @@ from .profile import (
     scaling_profile,
 )
 from .scores import position_pca, score_matrix
-from .verify import Check, verify
+from .variants import MRoPELayout, mrope_layout, nope_temperature_curve, p_rope_wavelengths, xpos_scores
+from .verify import Check, verify, verify_axial
 
 __all__ = [
     "decay_bound",
@@ -32,5 +33,11 @@ __all__ = [
     "position_pca",
     "Check",
     "verify",
+    "verify_axial",
     "jsonable",
+    "MRoPELayout",
+    "mrope_layout",
+    "xpos_scores",
+    "p_rope_wavelengths",
+    "nope_temperature_curve",
 ]

@@ -13,7 +13,7 @@ from ..apply import apply_rotary, check_tables
 from ..module import RoPE
 from ..tables import cos_sin_table
 
-__all__ = ["Check", "verify"]
+__all__ = ["Check", "verify", "verify_axial"]
 
 
 @dataclass
@@ -85,7 +85,77 @@ def verify(rope: RoPE, *, seq_len: int = 64, offset: int | None = None, seed: in
     exact_cos = s * theta.cos()
     half = cos[:, 0::2] if rope.interleaved else cos[:, : rope.rotary_dim // 2]
     checks.append(Check("fp32 cos table == float64 angles", float((half.double() - exact_cos).abs().max()), 2**-24 * max(s, 1.0)))
-    x = torch.randn(1, 1, seq_len, d, generator=g, dtype=torch.float64)
-    fn = apply_rotary(x, cos, sin, interleaved=rope.interleaved)
+    x = torch.randn(1, 1, seq_len, d, generator=g)  # fp32: the same fp32 tables on both paths
+    fn = apply_rotary(x, cos, sin, interleaved=rope.interleaved, validate=False)
     checks.append(Check("apply_rotary(x, cos, sin) == RoPE.rotate", float((fn - rope.rotate(x)).abs().max()), 0.0))
+    return checks
+
+
+def verify_axial(rope: Any, *, sizes: tuple[int, ...] | None = None, shift: float = 1000.0, seed: int = 0) -> list[Check]:
+    """Check an N-D RoPE (:class:`rotary.AxialRoPE`, :class:`rotary.RoPEMixed`) through its fast path.
+
+    Checks, on a small grid plus one identity token: norms preserved; the N-D relative property per
+    axis (every token moved by ``shift`` coordinate units along one axis, then along all axes at
+    once, keeps every score: scores depend only on the offsets (Δt, Δh, Δw)); fast == the
+    block-diagonal N-D matrix (:func:`rotary.reference.rotate_matrix_nd`); identity tokens
+    unchanged; the tables are rotations laid out for the module's pairing.
+
+    Args:
+        rope: the module (evaluated in eval mode: no coordinate augmentation).
+        sizes: the grid, one size per axis (default 3 x 4 for images, 2 x 3 x 4 for video).
+        shift: how far the tokens are moved.
+        seed: of the random q, k.
+
+    Example:
+        >>> from rotary import AxialRoPE
+        >>> all(c.passed for c in verify_axial(AxialRoPE.preset("dinov3", 16)))
+        True
+    """
+    sizes = sizes if sizes is not None else (2, 3, 4, 5)[-rope.axes :] if rope.axes <= 4 else (2,) * rope.axes
+    training = rope.training
+    rope.eval()
+    try:
+        return _verify_axial(rope, sizes, float(shift), seed)
+    finally:
+        rope.train(training)
+
+
+def _verify_axial(rope: Any, sizes: tuple[int, ...], shift: float, seed: int) -> list[Check]:
+    g = torch.Generator().manual_seed(seed)
+    grid = rope.grid(*sizes, prefix=1, suffix=0)  # one identity token (CLS) first
+    values, identity = grid.values, grid.identity
+    heads = rope.heads or 3
+    d = rope.head_dim
+    q = torch.randn(2, heads, values.shape[0], d, generator=g, dtype=torch.float64)
+    k = torch.randn(2, heads, values.shape[0], d, generator=g, dtype=torch.float64)
+    with torch.no_grad():
+        qr, kr = rope(q, k, grid)
+        scores = qr @ kr.transpose(-1, -2)
+        norm = float(q.norm(dim=-1).max())
+        tol = 1e-12 * norm * norm * max(1.0, shift)  # float64 tables: angles of up to ~shift rad, rounded once
+        checks = [Check("norm preserved", float((qr.norm(dim=-1) - q.norm(dim=-1)).abs().max()), 1e-12 * norm)]
+        names = ["t", "h", "w"][-rope.axes :] if rope.axes <= 3 else [f"axis {a}" for a in range(rope.axes)]
+        moves = [torch.zeros(rope.axes, dtype=torch.float64) for _ in range(rope.axes)]
+        for a, move in enumerate(moves):
+            move[a] = shift
+        moves.append(torch.full((rope.axes,), shift, dtype=torch.float64))
+        for a, move in enumerate(moves):
+            where = f"along {names[a]}" if a < rope.axes else "along every axis"
+            moved = rope.coordinates(values + move, identity=identity)
+            qs, ks = rope(q, k, moved)
+            # among the tokens on the grid (the identity token stays put, unrotated)
+            diff = (qs @ ks.transpose(-1, -2) - scores)[:, :, ~identity][:, :, :, ~identity]
+            err = float(diff.abs().max())
+            checks.append(Check(f"scores depend on the offsets only (tokens moved {shift:g} {where})", err, tol))
+        freq = rope.frequencies().detach()
+        ref = reference.rotate_matrix_nd(q, values.masked_fill(identity[:, None], 0.0), freq, interleaved=rope.interleaved)
+        checks.append(Check("fast == block-diagonal N-D matrix", float((qr - ref).abs().max()), 1e-12 * max(1.0, float(q.abs().max()))))
+        checks.append(Check("identity tokens not rotated", float((qr[:, :, identity] - q[:, :, identity]).abs().max()), 0.0))
+        tables = rope.tables(grid)
+        try:
+            tables.check(sample=None)
+            pairing_err = 0.0
+        except ValueError:
+            pairing_err = math.inf
+        checks.append(Check(f"tables match the {'interleaved' if rope.interleaved else 'half'} pairing", pairing_err, 0.0))
     return checks

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import ctypes
+import contextlib
 import importlib.util
 import os
 import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,41 +144,72 @@ def time_interleaved(calls: dict[str, Callable[[], object]], repeats: int) -> di
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def _status_bytes(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key):
-                return int(line.split()[1]) * 1024
-    raise KeyError(key)
-
-
-_MALLOC_PINNED = False
+def _allocation_events(nodes: list) -> list[tuple[int, int]]:
+    found: list[tuple[int, int]] = []
+    stack = list(nodes)
+    while stack:
+        node = stack.pop()
+        size = getattr(getattr(node, "extra_fields", None), "alloc_size", None)
+        if isinstance(size, int):
+            found.append((node.start_time_ns, size))
+        stack.extend(node.children)
+    return found
 
 
 def extra_peak_bytes(call: Callable[[], object]) -> int | None:
-    """Peak resident memory added while ``call`` runs (Linux only; ``None`` elsewhere).
+    """Peak of the bytes PyTorch's allocator holds for ``call`` beyond what it held before, or ``None``.
 
-    glibc serves large blocks with mmap and returns them on free; pinning the mmap threshold at
-    128 KiB (glibc otherwise raises it after the first free and reuses resident heap memory) makes
-    every temporary the size of q or k show up in the peak. ``/proc/self/clear_refs`` resets the peak.
-    The pin lasts for the rest of the process (glibc cannot undo it), so call this after all timing.
+    Every allocation and free made while ``call`` runs (on any thread, forward and backward) is recorded
+    by the PyTorch profiler's memory tracking; the result is the largest running total, so a temporary
+    freed before ``call`` returns still counts, and the returned tensors count as well. It is exact and
+    independent of the operating system and of how the C library hands memory back, unlike the peak
+    resident size, which a reused page hides. ``None`` if this PyTorch build records no allocations.
+
+    Example::
+
+        >>> x = torch.randn(2**20)
+        >>> extra_peak_bytes(lambda: x * 2) >= 4 * 2**20
+        True
+        >>> extra_peak_bytes(lambda: x.mul_(1.0)) < 1024
+        True
     """
-    global _MALLOC_PINNED
     try:
-        if not _MALLOC_PINNED:
-            ctypes.CDLL("libc.so.6").mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
-            _MALLOC_PINNED = True
-        best = None
-        for _ in range(2):  # the smaller of two: the first may still fault in lazily mapped pages
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-            before = _status_bytes("VmRSS:")
-            call()
-            extra = max(0, _status_bytes("VmHWM:") - before)
-            best = extra if best is None else min(best, extra)
-        return best
-    except (OSError, KeyError, AttributeError):
+        tree = _recorded(call)
+    except (RuntimeError, AttributeError):
         return None
+    events = sorted(_allocation_events(tree))
+    if not events:
+        return None if not _allocation_events(_recorded(lambda: torch.empty(1024))) else 0
+    total = peak = 0
+    for _, size in events:
+        total += size
+        peak = max(peak, total)
+    return peak
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Silence file descriptor 2 (the profiler's C++ side prints a line at every start and stop)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _recorded(call: Callable[[], object]) -> list:
+    """The profiler's event tree of ``call`` with allocations recorded (the result is dropped afterwards)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with _quiet_stderr():
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            result = call()
+    del result
+    return prof.profiler.kineto_results.experimental_event_tree()
 
 
 def make_inputs(shape: Shape, dtype: torch.dtype, seed: int = 0) -> Inputs:
@@ -245,9 +276,7 @@ def run(options: argparse.Namespace) -> tuple[dict[str, Any], list[Result]]:
     if options.no_compile:
         methods = [m for m in methods if "torch.compile" not in m.name]
     results: list[Result] = []
-    # memory is measured after all timing: extra_peak_bytes pins glibc's mmap threshold for the rest of
-    # the process, which makes every large allocation fault its pages in again and would slow every
-    # out-of-place method timed after it (measured: fwd+bwd 43 ms pinned vs 17 ms unpinned at prefill)
+    # memory is measured after all timing, so the profiler that records allocations never overlaps a timed call
     memory_work: list[tuple[list[Result], list[Method], dict]] = []
     for shape in shapes:
         for dtype_name in options.dtypes.split(","):

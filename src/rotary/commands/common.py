@@ -37,6 +37,7 @@ __all__ = [
     "MAX_LENGTH",
     "MAX_SEQ_LEN",
     "Configuration",
+    "FLAG_DEFAULTS",
     "add_config_arguments",
     "add_output_argument",
     "config_label",
@@ -44,6 +45,7 @@ __all__ = [
     "count",
     "console",
     "output_directory",
+    "output_path",
     "output_stem",
     "positive_float",
     "positive_int",
@@ -113,7 +115,7 @@ length_count = count(MAX_LENGTH, "2**40 positions")
 # -o/--out ------------------------------------------------------------------------------------------
 
 
-def _path(text: str) -> str:
+def output_path(text: str) -> str:
     """argparse type of ``-o``: a non-empty path (an empty one would silently mean the current directory)."""
     if not text.strip():
         raise argparse.ArgumentTypeError(f"must name a file or directory, got {text!r}")
@@ -126,7 +128,7 @@ def add_output_argument(p: argparse.ArgumentParser, kind: str, default: str | No
     metavar = {"stem": "PATH", "dir": "DIR", "file": "FILE"}[kind]
     where = f"default {default}" if default else "default: stdout"
     p.add_argument(
-        "-o", "--out", type=_path, metavar=metavar, default=default, help=f"{what} ({where}; directories are created)"
+        "-o", "--out", type=output_path, metavar=metavar, default=default, help=f"{what} ({where}; directories are created)"
     )
     p.set_defaults(out_kind=kind)
 
@@ -181,8 +183,8 @@ def open_output_file(given: str):
 
 # CONFIG and the configuration flags --------------------------------------------------------------
 
-#: the configuration when neither CONFIG nor a flag says otherwise
-_FLAG_DEFAULTS = {"head_dim": 128, "base": 10000.0, "rotary_dim": None, "scaling": None, "max_position": 4096}
+#: the configuration when neither CONFIG nor a flag says otherwise (public: ``plot`` and variants use it)
+FLAG_DEFAULTS = {"head_dim": 128, "base": 10000.0, "rotary_dim": None, "scaling": None, "max_position": 4096}
 
 #: the layer type names transformers uses in ``layer_types`` (tried when a config has one RoPE block
 #: per layer type but does not list them, as Gemma-3's 4.x config.json files)
@@ -205,8 +207,8 @@ def add_config_arguments(p: argparse.ArgumentParser, *, config: bool = True) -> 
         p.add_argument("config", nargs="?", metavar="CONFIG", help="Hugging Face config.json (or a directory holding one)")
         p.add_argument("--layer-type", help="per-layer rope parameters to use (e.g. 'sliding_attention')")
     g = p.add_argument_group("configuration (without CONFIG, or overriding it)")
-    g.add_argument("--head-dim", type=head_dim_count, help=f"channels per head (default {_FLAG_DEFAULTS['head_dim']})")
-    g.add_argument("--base", type=positive_float, help=f"rope_theta (default {_FLAG_DEFAULTS['base']:g})")
+    g.add_argument("--head-dim", type=head_dim_count, help=f"channels per head (default {FLAG_DEFAULTS['head_dim']})")
+    g.add_argument("--base", type=positive_float, help=f"rope_theta (default {FLAG_DEFAULTS['base']:g})")
     g.add_argument("--rotary-dim", type=head_dim_count, help="channels rotated (default: head_dim)")
     g.add_argument("--scaling", type=_scaling_json, metavar="JSON", help='replaces the scaling block, e.g. \'{"rope_type": "yarn", "factor": 4, ...}\'')
     g.add_argument(
@@ -327,7 +329,7 @@ def _context(scaling: dict[str, Any], max_position_embeddings: int | None, flag:
     if max_position_embeddings:
         also = f"; {by_block} = {enabled} is not larger" if enabled else ""
         return max_position_embeddings, f"max_position_embeddings{also}"
-    return _FLAG_DEFAULTS["max_position"], "default; the configuration states no length, set --max-position"
+    return FLAG_DEFAULTS["max_position"], "default; the configuration states no length, set --max-position"
 
 
 #: the configuration flags, by their argparse dest
@@ -390,7 +392,7 @@ def _build(settings: RopeSettings, args: argparse.Namespace, layer_type: str | N
     return Configuration(rope, context, source, layer_type)
 
 
-_NO_FILE = RopeSettings(head_dim=_FLAG_DEFAULTS["head_dim"], base=_FLAG_DEFAULTS["base"])
+_NO_FILE = RopeSettings(head_dim=FLAG_DEFAULTS["head_dim"], base=FLAG_DEFAULTS["base"])
 
 
 def configurations(args: argparse.Namespace) -> list[Configuration]:

@@ -6,9 +6,13 @@ import argparse
 import math
 from typing import Any
 
+import torch
+
 from rotary.analysis import Inspection, inspect_rope
+from rotary.config import read_hf_config
 from rotary.frequencies import frequencies
 from rotary.rope_types import ROPE_TYPES
+from rotary.variants import MRoPE, nope_temperature
 
 from .common import (
     Configuration,
@@ -20,7 +24,7 @@ from .common import (
     print_json,
 )
 
-__all__ = ["register", "inspect_configuration", "render"]
+__all__ = ["register", "inspect_configuration", "layer_details", "render"]
 
 
 def inspect_configuration(configuration: Configuration, seq_len: int | None = None) -> Inspection:
@@ -37,21 +41,78 @@ def inspect_configuration(configuration: Configuration, seq_len: int | None = No
     return info
 
 
+def layer_details(path: str | None, layer_type: str | None, context: int) -> dict[str, Any]:
+    """What the config at ``path`` says beyond one RoPE: the axis of each frequency slot of multimodal
+    RoPE (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) and the layers without RoPE (Llama 4, SmolLM3) with Llama 4's
+    NoPE query temperature at position ``context - 1``. Empty without a config or for other configs.
+
+    Example:
+        >>> layer_details(None, None, 4096)
+        {}
+    """
+    if path is None:
+        return {}
+    s = read_hf_config(path, layer_type=layer_type)
+    out: dict[str, Any] = {}
+    if s.mrope_section is not None:
+        mrope = MRoPE(s.head_dim, mrope_section=s.mrope_section, mrope_interleaved=s.mrope_interleaved, base=s.base,
+                      rotary_dim=s.rotary_dim, scaling=s.scaling, interleaved=s.interleaved)  # fmt: skip
+        out["mrope"] = {
+            "mrope_section": list(s.mrope_section), "layout": "interleaved" if s.mrope_interleaved else "chunked",
+            "axes": mrope.slot_axes(),
+        }  # fmt: skip
+    if s.rope_layers is not None:
+        out["nope_layers"] = [i for i, uses_rope in enumerate(s.rope_layers) if not uses_rope]
+        out["num_layers"] = len(s.rope_layers)
+        if s.nope_temperature is not None:
+            last = nope_temperature(torch.tensor([context - 1]), **s.nope_temperature)
+            out["nope_temperature"] = {**s.nope_temperature, "at_context": float(last)}
+    return out
+
+
+def _runs(axes: str) -> str:
+    """``"TTHHHWWW"`` -> ``"T 0-1, H 2-4, W 5-7"``; an interleaved layout is shown as it is."""
+    runs, start = [], 0
+    for i in range(1, len(axes) + 1):
+        if i == len(axes) or axes[i] != axes[start]:
+            runs.append(f"{axes[start]} {start}" + (f"-{i - 1}" if i - 1 > start else ""))
+            start = i
+    return ", ".join(runs) if len(runs) <= 6 else axes
+
+
+def _param(value: Any) -> str:
+    """A scaling parameter for the header: short sequences (lists or tuples alike) as a list, long ones
+    (LongRoPE's per-pair factors) by their length.
+
+    Example:
+        >>> _param((16, 24, 24)), _param([1.0] * 48), _param(8.0)
+        ('[16, 24, 24]', '[48 values]', '8.0')
+    """
+    if isinstance(value, (list, tuple)):
+        return f"[{', '.join(map(str, value))}]" if len(value) <= 4 else f"[{len(value)} values]"
+    return str(value)
+
+
 def _fmt(x: float, digits: int = 4) -> str:
     if not math.isfinite(x):
         return "∞"
     return f"{x:.{digits}g}" if abs(x) < 1e5 else f"{x:.3e}"
 
 
-def render(info: Inspection, context_source: str = "", layer_type: str | None = None) -> None:
-    """Print ``info`` as rich tables (``context_source``: how the context length was chosen)."""
+def render(
+    info: Inspection, context_source: str = "", layer_type: str | None = None, details: dict[str, Any] | None = None
+) -> None:
+    """Print ``info`` as rich tables (``context_source``: how the context length was chosen; ``layer_type``:
+    the config's layer type it belongs to; ``details``: :func:`layer_details`)."""
     from rich.table import Table
 
+    details = details or {}
+    axes = details.get("mrope", {}).get("axes")
     out = console()
     if layer_type is not None:
         out.print(f"[bold]layer type {layer_type}[/]")
     scaled = any(k not in ("unchanged",) for k in info.profile.kind)
-    params = ", ".join(f"{k}={v}" for k, v in info.scaling.items() if k not in ("rope_type", "type") and not isinstance(v, list))
+    params = ", ".join(f"{k}={_param(v)}" for k, v in info.scaling.items() if k not in ("rope_type", "type"))
     out.print(
         f"[bold]rope_type[/] {info.rope_type}  [bold]head_dim[/] {info.head_dim}  [bold]rotary_dim[/] {info.rotary_dim}  "
         f"[bold]base[/] {info.base:g}  [bold]pairing[/] {'interleaved (2i, 2i+1)' if info.interleaved else 'half (i, i+d/2)'}"
@@ -62,15 +123,28 @@ def render(info: Inspection, context_source: str = "", layer_type: str | None = 
         + (f"   [bold]frequencies at sequence length[/] {info.seq_len}" if info.seq_len else "")
         + (f"   [bold]scaling[/] {params}" if params else "")
     )
+    if axes:
+        m = details["mrope"]
+        out.print(f"[bold]multimodal RoPE[/] mrope_section {m['mrope_section']} ({m['layout']}): pairs by axis "
+                  f"(T temporal, H height, W width) {_runs(axes)}")  # fmt: skip
+    if "nope_layers" in details:
+        layers = details["nope_layers"]
+        shown = ", ".join(map(str, layers)) if layers else "none"
+        out.print(f"[bold]NoPE layers[/] (no rotation) {shown} of {details['num_layers']}")
+        if "nope_temperature" in details:
+            t = details["nope_temperature"]
+            out.print(f"[bold]NoPE query temperature[/] 1 + {t['attn_scale']:g}·log(1 + ⌊(n+1)/{t['floor_scale']}⌋): "
+                      f"{t['at_context']:.5g} at position {info.context - 1}")  # fmt: skip
     what = f"{info.rope_type} RoPE" + (f" ({layer_type} layers)" if layer_type else "")
     table = Table(title=f"pairs of {what}", title_justify="left")
-    for col in ["pair", "inv_freq θ", "wavelength (tokens)", f"turns in {info.context}"]:
+    for col in ["pair", *(["axis"] if axes else []), "inv_freq θ", "wavelength (tokens)", f"turns in {info.context}"]:
         table.add_column(col, justify="right")
     if scaled:
         for col in ["original wavelength", "factor", "pair is"]:
             table.add_column(col, justify="right" if col != "pair is" else "left")
     for row in info.pairs():
-        cells = [str(row["pair"]), f"{row['inv_freq']:.6g}", _fmt(row["wavelength"], 5), _fmt(row["turns"], 4)]
+        axis = [axes[row["pair"]]] if axes else []
+        cells = [str(row["pair"]), *axis, f"{row['inv_freq']:.6g}", _fmt(row["wavelength"], 5), _fmt(row["turns"], 4)]
         if scaled:
             cells += [_fmt(row["original_wavelength"], 5), _fmt(row["factor"], 4), row["kind"]]
         table.add_row(*cells, style="yellow" if row["turns"] < 1 else None)
@@ -85,23 +159,26 @@ def render(info: Inspection, context_source: str = "", layer_type: str | None = 
         out.print(f"[bold yellow]warning:[/] {w}")
 
 
-def _as_dict(info: Inspection, configuration: Configuration) -> dict[str, Any]:
-    return {"layer_type": configuration.layer_type, **info.to_dict(), "context_source": configuration.context_source}
+def _as_dict(configuration: Configuration, info: Inspection, details: dict[str, Any]) -> dict[str, Any]:
+    return {"layer_type": configuration.layer_type, **info.to_dict(), "context_source": configuration.context_source, **details}
 
 
 def _inspect(args: argparse.Namespace) -> int:
     found = configurations(argparse.Namespace(**vars(args), all_layer_types=True))
-    infos = [(c, inspect_configuration(c, args.seq_len)) for c in found]
+    results = []
+    for c in found:
+        info = inspect_configuration(c, args.seq_len)
+        results.append((c, info, layer_details(args.config, c.layer_type, info.context)))
     if args.json:
-        if len(infos) == 1:
-            print_json(_as_dict(infos[0][1], infos[0][0]))
+        if len(results) == 1:
+            print_json(_as_dict(*results[0]))
         else:
-            print_json({"layer_types": {c.layer_type: _as_dict(info, c) for c, info in infos}})
+            print_json({"layer_types": {c.layer_type: _as_dict(c, info, details) for c, info, details in results}})
         return 0
-    for j, (c, info) in enumerate(infos):
+    for j, (c, info, details) in enumerate(results):
         if j:
             print()
-        render(info, c.context_source, c.layer_type if len(infos) > 1 or args.layer_type else None)
+        render(info, c.context_source, c.layer_type if len(results) > 1 or args.layer_type else None, details)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""``rotary plot {decay,frequencies,scaling,scores,positions}``: figures as PNG + SVG."""
+"""``rotary plot {decay,frequencies,scaling,scores,positions,axial,learnable}``: figures as PNG + SVG."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from rotary.module import RoPE
 from rotary.rope_types import ROPE_TYPES
 
 from .common import (
-    _FLAG_DEFAULTS,
+    FLAG_DEFAULTS,
     add_config_arguments,
     add_output_argument,
     config_label,
@@ -31,7 +31,10 @@ from .common import (
     seq_len_count,
 )
 
-__all__ = ["register", "make_decay", "make_frequencies", "make_scaling", "make_scores", "make_positions"]
+__all__ = [
+    "register", "make_decay", "make_frequencies", "make_scaling", "make_scores", "make_positions", "make_axial",
+    "make_learnable", "make_variants",
+]
 
 def _announce(args: argparse.Namespace, files: list[Path], numbers: dict[str, Any]) -> int:
     if args.json:
@@ -127,6 +130,116 @@ def make_positions(out: Path, rope: RoPE, seq_len: int):
     return plots.save(fig, out), {"seq_len": seq_len, "explained_variance_ratio": explained.tolist()}
 
 
+# vision variants and learnable frequencies (docs/variants.md) -------------------------------------
+#: the axial presets drawn when none is named: one per distinct convention of 2-D and 3-D models
+AXIAL_FIGURE_PRESETS = ("pixtral", "torchtune", "dinov3", "flux")
+
+
+def make_axial(
+    out: Path, presets: list[str], head_dim: int | None, mixed: bool, heads: int, extent: int, random: bool, seed: int
+):
+    """Score against (Δh, Δw) for axial presets and/or the heads of a RoPE-Mixed."""
+    import math
+
+    from rotary import plots
+    from rotary.variants import AxialRoPE, RoPEMixed, relative_scores
+
+    g = torch.Generator().manual_seed(seed)
+    content = f"random q, k (seed {seed})" if random else "q = k = all ones"
+
+    def vectors(shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        if random:
+            return torch.randn(shape, generator=g, dtype=torch.float64), torch.randn(shape, generator=g, dtype=torch.float64)
+        return torch.ones(shape, dtype=torch.float64), torch.ones(shape, dtype=torch.float64)
+
+    maps: dict[str, torch.Tensor] = {}
+    for name in presets:
+        rope = AxialRoPE.preset(name, head_dim)
+        q, k = vectors((rope.head_dim,))
+        maps[f"{name} (d = {rope.head_dim})"] = relative_scores(rope, q, k, extent)
+    if mixed:
+        rope = RoPEMixed(head_dim or 64, heads, generator=g)
+        q, k = vectors((heads, rope.head_dim))
+        per_head = relative_scores(rope, q, k, extent)
+        freq = rope.inv_freq.detach()
+        for h in range(heads):
+            phi = math.degrees(math.atan2(float(freq[h, 0, 0]), float(freq[h, 1, 0]))) % 360
+            maps[f"RoPE-Mixed head {h} (φ = {phi:.0f}°)"] = per_head[h]
+    what = " and ".join(filter(None, ["axial presets" if presets else "", "RoPE-Mixed heads" if mixed else ""]))
+    fig = plots.plot_axial_scores(maps, extent=extent, title=f"Score against the offset (Δh, Δw): {what}, {content}")
+    return plots.save(fig, out), {"extent": extent, "content": content, "scores": {k: v.tolist() for k, v in maps.items()}}
+
+
+def make_learnable(out: Path, steps: int, seed: int = 0):
+    """Learnable frequencies recover a teacher's: a RoPE(16, base 100) student fits the attention scores
+    of a teacher whose frequencies are 0.8 times its own (linear scaling by 1.25)."""
+    from rotary import plots
+
+    g = torch.Generator().manual_seed(seed)
+    teacher = RoPE(16, base=100.0, scaling={"rope_type": "linear", "factor": 1.25})
+    student = RoPE(16, base=100.0, learnable_frequencies=True)
+    opt = torch.optim.Adam(student.parameters(), lr=0.02)
+    losses = []
+    for _ in range(steps):
+        q, k = torch.randn(4, 2, 16, 16, generator=g), torch.randn(4, 2, 16, 16, generator=g)
+        with torch.no_grad():
+            tq, tk = teacher(q, k)
+        sq, sk = student(q, k)
+        loss = ((sq @ sk.transpose(-1, -2) - tq @ tk.transpose(-1, -2)) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    series = {
+        "configured θ_i (base 100)": analysis.scaling_profile(student.original_freqs).wavelength,
+        "teacher: θ_i / 1.25": analysis.scaling_profile(teacher.freqs).wavelength,
+        f"learned θ_i·exp(α_i), {steps} steps": (2 * torch.pi / student.learned_inv_freq.double()).tolist(),
+    }
+    title = "Learnable frequencies fit a teacher's attention scores (d = 16, Adam, lr 0.02)"
+    fig = plots.plot_learned_frequencies(series, losses, title=title)
+    numbers = {"steps": steps, "losses": losses, "wavelengths": series, "learned_factor": student.log_frequency_scale.exp().tolist()}
+    return plots.save(fig, out), numbers
+
+
+def make_variants(out_dir: Path):
+    """The figures of docs/variants.md: M-RoPE's slots, xPos's decay, p-RoPE and Llama 4's NoPE temperature."""
+    from rotary import plots
+    from rotary.variants import MRoPE, XPos
+
+    files: list[Path] = []
+    layouts, spans = {}, {}
+    for title, section, interleaved in (
+        ("Qwen2-VL / Qwen2.5-VL: chunked, mrope_section [16, 24, 24]", [16, 24, 24], False),
+        ("Qwen3-VL: interleaved, mrope_section [24, 20, 20]", [24, 20, 20], True),
+    ):
+        layout = analysis.mrope_layout(MRoPE(128, mrope_section=section, mrope_interleaved=interleaved, base=1e6))
+        layouts[title] = (layout.axes, layout.wavelength)
+        spans[title] = layout.span
+    files += plots.save(plots.plot_mrope(layouts), out_dir / "mrope")
+
+    xpos = XPos(64)
+    distances = list(range(4097))
+    exponent = torch.tensor(distances, dtype=torch.float64) / xpos.scale_base
+    factors = {f"pair {i}: ζ = {float(xpos.zeta[i]):.4f}": (xpos.zeta[i] ** exponent).tolist() for i in (0, 8, 16, 31)}
+    scores = {
+        f"xPos (γ = {xpos.scale_base:g})": analysis.xpos_scores(xpos, distances).tolist(),
+        "RoPE": analysis.measured_decay(RoPE(64), distances, kind="ones").tolist(),
+    }
+    files += plots.save(plots.plot_xpos(distances, factors, scores, scale_base=xpos.scale_base), out_dir / "xpos")
+
+    wavelengths = {
+        "RoPE (p = 1)": analysis.p_rope_wavelengths(128, 1.0),
+        "p-RoPE p = 0.5": analysis.p_rope_wavelengths(128, 0.5),
+        "p-RoPE p = 0.25 (Gemma 4)": analysis.p_rope_wavelengths(128, 0.25),
+    }
+    positions = sorted(set(range(0, 65537, 64)) | {8190, 8191})
+    temperature = analysis.nope_temperature_curve(positions).tolist()
+    fig = plots.plot_nope_layers(wavelengths, positions, temperature, floor_scale=8192, attn_scale=0.1)
+    files += plots.save(fig, out_dir / "nope_layers")
+    numbers = {"mrope_spans": spans, "xpos_max_distance": xpos.max_distance, "nope_temperature_at_8191": temperature[positions.index(8191)]}
+    return files, numbers
+
+
 # subcommands -------------------------------------------------------------------------------
 #: --measured rotates samples × distances vectors of head_dim channels at once (float64)
 _MEASURED_ELEMENTS = 2**25
@@ -148,7 +261,7 @@ def _decay(args: argparse.Namespace) -> int:
 
 def _config_file(path: str) -> argparse.Namespace:
     """The arguments that describe one config file as it is (no flag overrides), every layer type."""
-    return argparse.Namespace(config=path, layer_type=None, all_layer_types=True, **dict.fromkeys(_FLAG_DEFAULTS), interleaved=None)
+    return argparse.Namespace(config=path, layer_type=None, all_layer_types=True, **dict.fromkeys(FLAG_DEFAULTS), interleaved=None)
 
 
 def _frequencies(args: argparse.Namespace) -> int:
@@ -158,7 +271,7 @@ def _frequencies(args: argparse.Namespace) -> int:
         for c in found:
             label = config_label(path) + (f" ({c.layer_type})" if len(found) > 1 else "")
             ropes[label] = c.rope
-    head_dim = args.head_dim or _FLAG_DEFAULTS["head_dim"]
+    head_dim = args.head_dim or FLAG_DEFAULTS["head_dim"]
     for base in args.base or ([] if args.configs else [10000.0, 500000.0]):
         ropes[f"d={head_dim}, base {base:g}"] = RoPE(head_dim, base=base)
     files, numbers = make_frequencies(output_stem(args.out, "frequencies"), ropes, args.context)
@@ -191,7 +304,7 @@ def _scaling(args: argparse.Namespace) -> int:
     unknown = [t for t in wanted if t not in ROPE_TYPES or t == "default"]
     if unknown:
         raise ValueError(f"unknown scaling rope_type {unknown[0]!r}; registered: {', '.join(available) or 'none'}")
-    head_dim = args.head_dim or _FLAG_DEFAULTS["head_dim"]
+    head_dim = args.head_dim or FLAG_DEFAULTS["head_dim"]
     out_dir = output_directory(args.out)
     all_files = []
     methods = {}
@@ -227,11 +340,39 @@ def _positions(args: argparse.Namespace) -> int:
     return _announce(args, files, numbers)
 
 
+def _axial(args: argparse.Namespace) -> int:
+    presets = list(args.preset or ([] if args.mixed else AXIAL_FIGURE_PRESETS))
+    if args.head_dim is not None and args.head_dim % 2:
+        raise ValueError(f"--head-dim must be even (channels rotate in pairs), got {args.head_dim}")
+    cells = (2 * args.extent + 1) ** 2
+    elements = cells * (args.head_dim or 64) * (args.heads if args.mixed else 1)
+    if elements > _MEASURED_ELEMENTS:
+        raise ValueError(
+            f"--extent {args.extent} ({cells} offsets) with --head-dim {args.head_dim or 64}"
+            + (f" and --heads {args.heads}" if args.mixed else "")
+            + f" rotates {elements * 8 / 2**30:.1f} GiB of vectors at once; lower one of them"
+        )
+    out = output_stem(args.out, "axial")
+    files, numbers = make_axial(out, presets, args.head_dim, args.mixed, args.heads, args.extent, args.random, args.seed)
+    return _announce(args, files, numbers)
+
+
+def _learnable(args: argparse.Namespace) -> int:
+    files, numbers = make_learnable(output_stem(args.out, "learnable"), args.steps, args.seed)
+    return _announce(args, files, numbers)
+
+
+def _variants(args: argparse.Namespace) -> int:
+    files, numbers = make_variants(output_directory(args.out))
+    return _announce(args, files, numbers)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "plot", help="figures: decay, frequencies, scaling, scores, positions (PNG + SVG)",
+        "plot", help="figures: decay, frequencies, scaling, scores, positions, axial, learnable, variants (PNG + SVG)",
         description="Each figure is written as PNG and SVG. -o/--out is a file stem for one figure (an existing "
-        "directory gets the default name inside it) and a directory for plot scaling; directories are created.",
+        "directory gets the default name inside it) and a directory for plot scaling and plot variants; "
+        "directories are created.",
     )
     figs = p.add_subparsers(dest="figure", metavar="FIGURE", parser_class=type(p), required=True)
 
@@ -288,3 +429,36 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--seq-len", type=seq_len_count, default=256, help="positions (default 256)")
     common(q, "positions")
     q.set_defaults(func=_positions)
+
+    from rotary.variants import PRESETS
+
+    q = figs.add_parser(
+        "axial", help="2-D RoPE: attention score against the offset (Δh, Δw) for axial presets and RoPE-Mixed heads",
+        description="One heatmap per axial preset (default: " + ", ".join(AXIAL_FIGURE_PRESETS) + ") or, with --mixed, "
+        "per head of a RoPE-Mixed (\"Rotary Position Embedding for Vision Transformer\"); scores relative to no offset.",
+    )
+    q.add_argument("--preset", action="append", choices=list(PRESETS), help="axial preset to draw (repeatable)")
+    q.add_argument("--mixed", action="store_true", help="draw the heads of a RoPE-Mixed with random per-head angles")
+    q.add_argument("--heads", type=count(16, "one panel per head"), default=4, help="RoPE-Mixed heads to draw (default 4)")
+    q.add_argument("--head-dim", type=head_dim_count, help="channels per head (default: each preset's; 64 for --mixed)")
+    q.add_argument(
+        "--extent", type=count(256, "a heatmap of 513 x 513 offsets"), default=16,
+        help="largest offset per axis, in patches (default 16)",
+    )
+    q.add_argument("--random", action="store_true", help="random q, k instead of all ones")
+    q.add_argument("--seed", type=seed, default=0, help="seed of the RoPE-Mixed angles and the random q, k (default 0)")
+    common(q, "axial")
+    q.set_defaults(func=_axial)
+
+    q = figs.add_parser("learnable", help="learnable frequencies fitting a teacher's attention scores (a short training run)")
+    q.add_argument(
+        "--steps", type=count(10000, "each step is a forward and backward pass; 150 already fit"), default=150,
+        help="training steps (default 150)",
+    )
+    q.add_argument("--seed", type=seed, default=0, help="seed of the training data (default 0)")
+    common(q, "learnable")
+    q.set_defaults(func=_learnable)
+
+    q = figs.add_parser("variants", help="the figures of docs/variants.md: M-RoPE slots, xPos decay, p-RoPE and NoPE layers")
+    common(q, "figures", kind="dir")
+    q.set_defaults(func=_variants)

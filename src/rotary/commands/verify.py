@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rotary.analysis import Check, verify
+from rotary.analysis import Check, verify, verify_axial
 
 from .common import add_config_arguments, add_output_argument, console, print_json, rope_from_args, seed, seq_len_count
 
@@ -26,14 +26,28 @@ def render(checks: list[Check], title: str) -> None:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    rope, context = rope_from_args(args)
-    checks = verify(rope, seq_len=args.seq_len, offset=context, seed=args.seed)
+    if args.axial:
+        rope, checks = _verify_axial(args)
+    else:
+        rope, context = rope_from_args(args)
+        checks = verify(rope, seq_len=args.seq_len, offset=context, seed=args.seed)
     ok = all(c.passed for c in checks)
     if args.json:
         print_json({"rope": repr(rope), "passed": ok, "checks": [c.to_dict() for c in checks]})
     else:
         render(checks, f"verify {rope}")
     return 0 if ok else 1
+
+
+def _verify_axial(args: argparse.Namespace):
+    """``--axial PRESET``: the N-D checks of an axial preset (``--head-dim`` overrides the model's)."""
+    from rotary.variants import AxialRoPE
+
+    given = [f"--{k.replace('_', '-')}" for k in ("base", "rotary_dim", "scaling", "max_position") if getattr(args, k, None) is not None]
+    if getattr(args, "config", None) is not None or given:
+        raise ValueError(f"--axial {args.axial} takes the preset's configuration; drop {', '.join(given) or 'CONFIG'} (--head-dim may change)")
+    rope = AxialRoPE.preset(args.axial, args.head_dim)
+    return rope, verify_axial(rope, seed=args.seed)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -45,6 +59,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_config_arguments(p)
     p.add_argument("--seq-len", type=seq_len_count, default=64, help="positions to check (default 64)")
+    from rotary.variants import PRESETS
+
+    p.add_argument(
+        "--axial", metavar="PRESET", choices=list(PRESETS),
+        help=f"check an axial RoPE preset instead ({', '.join(PRESETS)}): the N-D relative property per axis, "
+        "fast == block-diagonal N-D matrix, identity tokens",
+    )
     p.add_argument("--seed", type=seed, default=0, help="seed of the random q, k (default 0)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_output_argument(p, "file", None, "write the output to this file")

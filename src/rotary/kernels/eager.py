@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["rotate_pairs", "rotate_torch"]
+from .contract import Rotation
+
+__all__ = ["rotate_pairs", "rotate_torch", "token_tables", "run_torch", "table_grad_torch"]
 
 
 def rotate_pairs(x: torch.Tensor, interleaved: bool) -> torch.Tensor:
@@ -33,32 +35,45 @@ def rotate_torch(
     return torch.cat((rotated, x[..., r:]), dim=-1)
 
 
-def table_rows(
-    cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor | None, batch_rows: int, batch: int, seq_len: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The cos/sin rows of every (b, s), ``[B or 1, S, 1, r]``, from a ``[T, r]`` table (see ``dispatch.rotate``)."""
-    if positions is not None:
-        return cos[positions].unsqueeze(2), sin[positions].unsqueeze(2)
-    rows = batch if batch_rows else 1
-    return (cos[: rows * seq_len].view(rows, seq_len, 1, -1), sin[: rows * seq_len].view(rows, seq_len, 1, -1))
+def token_tables(rotation: Rotation, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cos/sin rows of every token of ``xs[i]``, ``[B or 1, S, H or 1, r]``."""
+    cos, sin = rotation.cos_sin(i)
+    batch, seq_len = rotation.xs[i].shape[:2]
+    if rotation.positions is not None:
+        c, s = cos[rotation.positions], sin[rotation.positions]  # [B, S, (H,) r]
+    else:
+        rows = batch if rotation.batch_rows else 1
+        c = cos[: rows * seq_len].unflatten(0, (rows, seq_len))
+        s = sin[: rows * seq_len].unflatten(0, (rows, seq_len))
+    if cos.dim() == 2:  # shared by every head
+        c, s = c.unsqueeze(2), s.unsqueeze(2)
+    return c, s
 
 
-def rotate_rows_torch(
-    xs: list[torch.Tensor],
-    outs: list[torch.Tensor],
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    positions: torch.Tensor | None,
-    batch_rows: int,
-    interleaved: bool,
-    conjugate: bool,
-) -> None:
-    """The kernel contract of ``dispatch.rotate`` in pure torch: write the rotation of each ``[B, S, H, D]`` x into out."""
-    c, s = table_rows(cos, sin, positions, batch_rows, xs[0].shape[0], xs[0].shape[1])
-    if conjugate:
-        s = -s
-    for x, out in zip(xs, outs):
+def run_torch(rotation: Rotation) -> None:
+    """The kernel contract in pure torch: write the rotation of each ``[B, S, H, D]`` x into its out."""
+    for i, (x, out) in enumerate(zip(rotation.xs, rotation.outs)):
+        c, s = token_tables(rotation, i)
+        if rotation.conjugate:
+            s = -s
         if out is x:
-            rotate_torch(x, c, s, interleaved=interleaved, inplace=True)
+            rotate_torch(x, c, s, interleaved=rotation.interleaved, inplace=True)
         else:
-            out.copy_(rotate_torch(x, c, s, interleaved=interleaved, inplace=False))
+            out.copy_(rotate_torch(x, c, s, interleaved=rotation.interleaved, inplace=False))
+
+
+def table_grad_torch(rotation: Rotation, grads: tuple[torch.Tensor, ...]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per-token table gradients of each x (see :mod:`.contract`): ``[B, S, r]``, or ``[B, S, H, r]`` per head."""
+    out = []
+    for i, (x, g) in enumerate(zip(rotation.xs, grads)):
+        cos = rotation.cos_sin(i)[0]
+        r = cos.shape[-1]
+        compute = torch.promote_types(x.dtype, torch.float32)
+        part, g = x[..., :r].to(compute), g[..., :r].to(compute)
+        gc, gs = g * part, g * rotate_pairs(part, rotation.interleaved)
+        if rotation.conjugate:
+            gs = -gs
+        if cos.dim() == 2:
+            gc, gs = gc.sum(2), gs.sum(2)
+        out.append((gc.to(cos.dtype), gs.to(cos.dtype)))
+    return out

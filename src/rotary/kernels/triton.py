@@ -1,15 +1,18 @@
-"""The GPU kernel: the rotation in Triton, same contract as the CPU kernel (``dispatch.rotate``).
+"""The GPU kernel: the rotation in Triton, taking the same :class:`~.contract.Rotation` as the CPU kernel.
 
-One program rotates ``BLOCK_H`` heads of one token (b, s): it reads that token's cos/sin row once
-(through ``positions`` when given, so per-batch ids and packed sequences cost no gathered table) and
-keeps the arithmetic in fp32 (fp64 for fp64 inputs). The backward pass is the same kernel with sin
-negated. The kernel is tested on CPU under Triton's interpreter (``TRITON_INTERPRET=1``); its speed
-on a GPU has not been measured yet.
+One program rotates ``BLOCK_H`` heads of one token (b, s): it reads that token's cos/sin row (through
+``positions`` when given, so per-batch ids and packed sequences cost no gathered table; per head for
+per-head tables) and keeps the arithmetic in fp32 (fp64 for fp64 inputs). The backward pass is the
+same kernel with sin negated; the table gradients are a second kernel, one program per token summing
+over heads. Both are tested on CPU under Triton's interpreter (``TRITON_INTERPRET=1``); their speed on
+a GPU has not been measured yet.
 """
 
 from __future__ import annotations
 
 import torch
+
+from .contract import Rotation
 
 try:
     import triton
@@ -18,7 +21,7 @@ except ImportError:  # Triton is optional: without it CUDA tensors take the pure
     triton = None
     tl = None
 
-__all__ = ["available", "rotate_triton"]
+__all__ = ["available", "run_triton", "table_grad_triton"]
 
 
 def available() -> bool:
@@ -31,7 +34,7 @@ if triton is not None:
     @triton.jit
     def _rotary_kernel(
         X, OUT, COS, SIN, POS,
-        S, H, table_rows, table_stride, batch_rows,
+        S, H, table_rows, table_stride, head_stride, batch_rows,
         sxb, sxs, sxh, sob, sos, soh, spb, sps,
         HALF: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_REST: tl.constexpr,
         INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, HAS_POSITIONS: tl.constexpr, INPLACE: tl.constexpr,
@@ -55,52 +58,116 @@ if triton is not None:
             second = pair + HALF
         pair_ok = pair < HALF
         compute = tl.float64 if FP64 else tl.float32
-        c = tl.load(COS + t * table_stride + first, mask=pair_ok, other=0.0).to(compute)
-        sn = tl.load(SIN + t * table_stride + first, mask=pair_ok, other=0.0).to(compute)
+        mask = (heads < H)[:, None] & pair_ok[None, :]
+        table = t * table_stride + heads[:, None] * head_stride + first[None, :]
+        c = tl.load(COS + table, mask=mask, other=0.0).to(compute)
+        sn = tl.load(SIN + table, mask=mask, other=0.0).to(compute)
         if CONJUGATE:
             sn = -sn
-        mask = (heads < H)[:, None] & pair_ok[None, :]
         x = X + b * sxb + s * sxs + heads[:, None] * sxh
         o = OUT + b * sob + s * sos + heads[:, None] * soh
         a = tl.load(x + first[None, :], mask=mask, other=0.0).to(compute)
         z = tl.load(x + second[None, :], mask=mask, other=0.0).to(compute)
-        tl.store(o + first[None, :], (a * c[None, :] - z * sn[None, :]).to(OUT.dtype.element_ty), mask=mask)
-        tl.store(o + second[None, :], (z * c[None, :] + a * sn[None, :]).to(OUT.dtype.element_ty), mask=mask)
+        tl.store(o + first[None, :], (a * c - z * sn).to(OUT.dtype.element_ty), mask=mask)
+        tl.store(o + second[None, :], (z * c + a * sn).to(OUT.dtype.element_ty), mask=mask)
         if not INPLACE:
             if D > 2 * HALF:  # pass-through channels are copied only out of place
                 rest = 2 * HALF + tl.arange(0, BLOCK_REST)
                 rest_mask = (heads < H)[:, None] & (rest < D)[None, :]
                 tl.store(o + rest[None, :], tl.load(x + rest[None, :], mask=rest_mask), mask=rest_mask)
 
+    @triton.jit
+    def _table_grad_kernel(
+        X, G, GC, GS,
+        S, H, sxb, sxs, sxh, sgb, sgs, sgh, scb, scs, sch,
+        HALF: tl.constexpr, BLOCK_P: tl.constexpr, INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr,
+        PER_HEAD: tl.constexpr, FP64: tl.constexpr,
+    ):  # fmt: skip
+        row = tl.program_id(0)
+        b = row // S
+        s = row % S
+        pair = tl.arange(0, BLOCK_P)
+        if INTERLEAVED:
+            first = 2 * pair
+            second = 2 * pair + 1
+        else:
+            first = pair
+            second = pair + HALF
+        ok = pair < HALF
+        compute = tl.float64 if FP64 else tl.float32
+        sign = -1.0 if CONJUGATE else 1.0
+        acc_c0 = tl.zeros((BLOCK_P,), dtype=compute)
+        acc_c1 = tl.zeros((BLOCK_P,), dtype=compute)
+        acc_s0 = tl.zeros((BLOCK_P,), dtype=compute)
+        acc_s1 = tl.zeros((BLOCK_P,), dtype=compute)
+        out = b * scb + s * scs
+        for head in range(0, H):
+            x = X + b * sxb + s * sxs + head * sxh
+            g = G + b * sgb + s * sgs + head * sgh
+            a = tl.load(x + first, mask=ok, other=0.0).to(compute)
+            z = tl.load(x + second, mask=ok, other=0.0).to(compute)
+            g0 = tl.load(g + first, mask=ok, other=0.0).to(compute)
+            g1 = tl.load(g + second, mask=ok, other=0.0).to(compute)
+            if PER_HEAD:
+                at = out + head * sch
+                tl.store(GC + at + first, (g0 * a).to(GC.dtype.element_ty), mask=ok)
+                tl.store(GC + at + second, (g1 * z).to(GC.dtype.element_ty), mask=ok)
+                tl.store(GS + at + first, (sign * (-g0 * z)).to(GS.dtype.element_ty), mask=ok)
+                tl.store(GS + at + second, (sign * (g1 * a)).to(GS.dtype.element_ty), mask=ok)
+            else:
+                acc_c0 += g0 * a
+                acc_c1 += g1 * z
+                acc_s0 -= g0 * z
+                acc_s1 += g1 * a
+        if not PER_HEAD:
+            tl.store(GC + out + first, acc_c0.to(GC.dtype.element_ty), mask=ok)
+            tl.store(GC + out + second, acc_c1.to(GC.dtype.element_ty), mask=ok)
+            tl.store(GS + out + first, (sign * acc_s0).to(GS.dtype.element_ty), mask=ok)
+            tl.store(GS + out + second, (sign * acc_s1).to(GS.dtype.element_ty), mask=ok)
 
-def rotate_triton(
-    xs: list[torch.Tensor],
-    outs: list[torch.Tensor],
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    positions: torch.Tensor | None,
-    batch_rows: int,
-    interleaved: bool,
-    conjugate: bool,
-) -> None:
-    """Rotate each ``[B, S, H, D]`` x (unit stride over D) into out (may be x itself); one launch per tensor."""
+
+def run_triton(rotation: Rotation) -> None:
+    """Rotate each ``[B, S, H, D]`` x (unit stride over D) into its out (may be x itself); one launch per tensor."""
     if triton is None:
         raise RuntimeError("rotary: Triton is not installed")
-    r = cos.shape[-1]
-    for x, out in zip(xs, outs):
+    r = rotation.rotary_dim
+    positions = rotation.positions
+    for i, (x, out) in enumerate(zip(rotation.xs, rotation.outs)):
         B, S, H, D = x.shape
         if B * S == 0 or H == 0:
             continue
+        cos, sin = rotation.cos_sin(i)
         block_h = min(triton.next_power_of_2(H), 4)
         pos = positions if positions is not None else cos  # placeholder pointer, unused without positions
         spb, sps = (positions.stride(0), positions.stride(1)) if positions is not None else (0, 0)
         grid = (B * S, triton.cdiv(H, block_h))
         _rotary_kernel[grid](
             x, out, cos, sin, pos,
-            S, H, cos.shape[0], cos.stride(0), batch_rows,
+            S, H, cos.shape[0], cos.stride(0), cos.stride(1) if cos.dim() == 3 else 0, rotation.batch_rows,
             x.stride(0), x.stride(1), x.stride(2), out.stride(0), out.stride(1), out.stride(2), spb, sps,
             HALF=r // 2, D=D, BLOCK_H=block_h, BLOCK_P=triton.next_power_of_2(r // 2),
             BLOCK_REST=triton.next_power_of_2(max(D - r, 1)),
-            INTERLEAVED=interleaved, CONJUGATE=conjugate, HAS_POSITIONS=positions is not None,
+            INTERLEAVED=rotation.interleaved, CONJUGATE=rotation.conjugate, HAS_POSITIONS=positions is not None,
             INPLACE=out.data_ptr() == x.data_ptr(), FP64=x.dtype == torch.float64,
+        )  # fmt: skip
+
+
+def table_grad_triton(
+    rotation: Rotation, grads: tuple[torch.Tensor, ...], buffers: list[tuple[torch.Tensor, torch.Tensor]]
+) -> None:
+    """Per-token table gradients of each x into ``buffers[i]`` (``[B, S, r]`` or ``[B, S, H, r]``)."""
+    if triton is None:
+        raise RuntimeError("rotary: Triton is not installed")
+    r = rotation.rotary_dim
+    for x, g, (gc, gs) in zip(rotation.xs, grads, buffers):
+        B, S, H, _ = x.shape
+        if B * S == 0:
+            continue
+        per_head = gc.dim() == 4
+        _table_grad_kernel[(B * S,)](
+            x, g, gc, gs,
+            S, H, x.stride(0), x.stride(1), x.stride(2), g.stride(0), g.stride(1), g.stride(2),
+            gc.stride(0), gc.stride(1), gc.stride(2) if per_head else 0,
+            HALF=r // 2, BLOCK_P=triton.next_power_of_2(r // 2), INTERLEAVED=rotation.interleaved,
+            CONJUGATE=rotation.conjugate, PER_HEAD=per_head, FP64=x.dtype == torch.float64,
         )  # fmt: skip

@@ -7,10 +7,13 @@
 
 The position encoding is one switch, ``DecoderConfig.position_encoding``, looked up in
 :data:`POSITION_ENCODINGS`. Each entry builds a :class:`PositionEncoding` saying where it acts: on the
-token embeddings (learned, sinusoidal), on q and k in every layer (RoPE; xPos when it exists), or on
-the attention scores (ALiBi). A new variant is one registration, e.g.::
+token embeddings (learned, sinusoidal), on q and k in every layer (RoPE, p-RoPE, xPos), or on the
+attention scores (ALiBi). A new variant is one registration, e.g.::
 
-    POSITION_ENCODINGS["xpos"] = lambda c: PositionEncoding(rope=XPos(c.head_dim, base=c.rope_base))
+    POSITION_ENCODINGS["scaled"] = lambda c: PositionEncoding(rope=RoPE(c.head_dim, scaling={...}))
+
+``DecoderConfig.no_rope_layers`` turns the rotation off in some layers (NoPE layers, as in Llama 4),
+whose queries Llama 4 scales by a temperature at long range (:mod:`rotary.variants.nope`).
 """
 
 from __future__ import annotations
@@ -24,10 +27,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_positive_int
+from .. import positions as P
+from .._checks import check_bool, check_positive_float, check_positive_int, check_probability, is_number
 from ..module import RoPE
-from ..nn.attention import KVCache, RotaryAttention, padding_position_ids
-from ..nn.position import ALiBi, LearnedPositionEmbedding, SinusoidalPositionEmbedding
+from ..nn.attention import KVCache, RotaryAttention
+from ..nn.position import ALiBi, LearnedPositionEmbedding, RelativePositionBias, SinusoidalPositionEmbedding
+from ..positions import Positions
+from ..tables import RotaryTables, table_dtype
+from ..variants.nope import NoPETemperature, default_no_rope_layers, rope_layer_flags
+from ..variants.xpos import XPos
 
 __all__ = [
     "POSITION_ENCODINGS",
@@ -56,12 +64,24 @@ class DecoderConfig:
         num_kv_heads: key/value heads (GQA; 1 = MQA); default ``num_heads``.
         intermediate_size: SwiGLU width; default ``8/3 * E`` rounded up to a multiple of 8.
         max_position: initial RoPE table length, and the size of a learned position table.
-        position_encoding: a key of :data:`POSITION_ENCODINGS` (``rope``, ``none``, ``learned``,
-            ``sinusoidal``, ``alibi``, ...).
+        position_encoding: a key of :data:`POSITION_ENCODINGS` (``rope``, ``p_rope``, ``xpos``, ``none``,
+            ``learned``, ``sinusoidal``, ``alibi``, ...).
         rope_base: RoPE base ``theta``.
         rope_scaling: Hugging Face-style scaling block for RoPE (any ``rope_type`` of
             :data:`rotary.ROPE_INIT_FUNCTIONS`).
         rope_interleaved: RoPE pairing (``False``: Hugging Face halves).
+        p_rope_fraction: p-RoPE's ``p`` (``position_encoding="p_rope"``): the fraction of pairs, the
+            fastest, that rotate; the others carry no position.
+        xpos_scale_base: xPos's ``γ`` (``position_encoding="xpos"``).
+        no_rope_layers: NoPE layers, Llama 4's convention: one flag per layer, 1 = the layer rotates,
+            0 = it uses no position encoding; ``True`` for Llama 4's default (every
+            ``no_rope_layer_interval``-th layer is NoPE: layers 3, 7, ... for 4); ``None``/``False``:
+            every layer rotates. Stored as the list.
+        no_rope_layer_interval: see ``no_rope_layers=True``.
+        attn_temperature_tuning: Llama 4's query temperature in NoPE layers,
+            ``1 + attn_scale · log1p(floor((n + 1) / floor_scale))``.
+        floor_scale: its step length in tokens.
+        attn_scale: its strength.
         rms_norm_eps: RMSNorm epsilon.
         tie_word_embeddings: share the embedding matrix with the output head.
         dropout: dropout on attention probabilities and residual branches (training only).
@@ -78,6 +98,13 @@ class DecoderConfig:
     rope_base: float = 10000.0
     rope_scaling: dict[str, Any] | None = field(default=None)
     rope_interleaved: bool = False
+    p_rope_fraction: float = 0.25
+    xpos_scale_base: float = 512.0
+    no_rope_layers: list[int] | bool | None = None
+    no_rope_layer_interval: int = 4
+    attn_temperature_tuning: bool = True
+    floor_scale: int = 8192
+    attn_scale: float = 0.1
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
     dropout: float = 0.0
@@ -90,13 +117,36 @@ class DecoderConfig:
             raise ValueError(f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}")
         if self.num_kv_heads is None:
             self.num_kv_heads = self.num_heads
+        check_positive_int(self.num_kv_heads, "num_kv_heads")
         if self.intermediate_size is None:
             self.intermediate_size = 8 * math.ceil(8 * self.hidden_size / 3 / 8)
-        if self.position_encoding not in POSITION_ENCODINGS:
+        check_positive_int(self.intermediate_size, "intermediate_size")
+        # values from YAML/JSON configs arrive as strings more often than as wrong numbers
+        check_positive_float(self.rope_base, "rope_base")
+        check_positive_float(self.rms_norm_eps, "rms_norm_eps")
+        check_probability(self.dropout, "dropout")
+        for name in ("rope_interleaved", "tie_word_embeddings"):
+            check_bool(getattr(self, name), name)
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, dict):
+            raise ValueError(f"rope_scaling must be a dict such as {{'rope_type': 'linear', 'factor': 2.0}}, got {self.rope_scaling!r}")
+        if not isinstance(self.position_encoding, str) or self.position_encoding not in POSITION_ENCODINGS:
             raise ValueError(
                 f"unknown position_encoding {self.position_encoding!r}; "
                 f"registered: {', '.join(sorted(POSITION_ENCODINGS))}"
             )
+        if not is_number(self.p_rope_fraction) or not 0 < self.p_rope_fraction <= 1:
+            raise ValueError(f"p_rope_fraction must be in (0, 1], got {self.p_rope_fraction!r}")
+        check_positive_float(self.xpos_scale_base, "xpos_scale_base")
+        check_bool(self.attn_temperature_tuning, "attn_temperature_tuning")
+        check_positive_int(self.no_rope_layer_interval, "no_rope_layer_interval")
+        check_positive_int(self.floor_scale, "floor_scale")
+        if not is_number(self.attn_scale) or self.attn_scale < 0:
+            raise ValueError(f"attn_scale must be a finite number >= 0, got {self.attn_scale!r}")
+        if self.no_rope_layers is True:
+            self.no_rope_layers = default_no_rope_layers(self.num_layers, self.no_rope_layer_interval)
+        elif self.no_rope_layers is False:
+            self.no_rope_layers = None
+        rope_layer_flags(self.no_rope_layers, self.num_layers)  # checks the list
 
     @property
     def head_dim(self) -> int:
@@ -113,7 +163,9 @@ class PositionEncoding:
 
     Attributes:
         embedding: ``position_ids [B, S] -> [B, S, E]``, added to the token embeddings.
-        rope: rotates q and k in every layer; RoPE's interface ``rope(q, k, position_ids=) -> (q, k)``.
+        rope: rotates q and k in every layer: a producer of tables, ``rope.tables(positions, dtype=)
+            -> RotaryTables`` (:class:`rotary.RoPE`, or a variant such as xPos); the model calls it
+            once per forward and hands the tables to every layer.
         bias: attention-score bias ``(query_positions [B, S], key_positions [B, T]) -> [B, H, S, T]``.
     """
 
@@ -144,6 +196,30 @@ def _rope(c: DecoderConfig) -> PositionEncoding:
     return PositionEncoding(rope=rope)
 
 
+@register_position_encoding("p_rope")
+def _p_rope(c: DecoderConfig) -> PositionEncoding:
+    # p-RoPE (Barbero et al., 2025): only the fastest p of the pairs rotate, the rest carry no position;
+    # it is transformers' "proportional" rope_type
+    scaling = {"rope_type": "proportional", "partial_rotary_factor": c.p_rope_fraction, **(c.rope_scaling or {})}
+    if scaling["rope_type"] != "proportional":
+        raise ValueError(
+            f"position_encoding='p_rope' is the 'proportional' rope_type; rope_scaling has rope_type {scaling['rope_type']!r} "
+            "(use position_encoding='rope' for other scaling types)"
+        )
+    rope = RoPE(c.head_dim, base=c.rope_base, scaling=scaling, interleaved=c.rope_interleaved, max_position=c.max_position)
+    return PositionEncoding(rope=rope)
+
+
+@register_position_encoding("xpos")
+def _xpos(c: DecoderConfig) -> PositionEncoding:
+    if c.rope_scaling:
+        raise ValueError(f"position_encoding='xpos' takes no rope_scaling (got {c.rope_scaling!r}); set xpos_scale_base")
+    xpos = XPos(
+        c.head_dim, scale_base=c.xpos_scale_base, base=c.rope_base, interleaved=c.rope_interleaved, max_position=c.max_position
+    )
+    return PositionEncoding(rope=xpos)
+
+
 @register_position_encoding("none")
 def _nope(c: DecoderConfig) -> PositionEncoding:
     return PositionEncoding()  # NoPE: the causal mask alone tells tokens apart
@@ -162,6 +238,17 @@ def _sinusoidal(c: DecoderConfig) -> PositionEncoding:
 @register_position_encoding("alibi")
 def _alibi(c: DecoderConfig) -> PositionEncoding:
     return PositionEncoding(bias=ALiBi(c.num_heads))
+
+
+# hybrids: RoPE on q and k plus a score bias (ALiBi's fixed recency penalty, or a learned b(i - j))
+@register_position_encoding("rope_alibi")
+def _rope_alibi(c: DecoderConfig) -> PositionEncoding:
+    return PositionEncoding(rope=_rope(c).rope, bias=ALiBi(c.num_heads))
+
+
+@register_position_encoding("rope_relative")
+def _rope_relative(c: DecoderConfig) -> PositionEncoding:
+    return PositionEncoding(rope=_rope(c).rope, bias=RelativePositionBias(c.num_heads))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -198,20 +285,20 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block: attention then MLP, each added to the residual stream."""
 
-    def __init__(self, c: DecoderConfig, position: PositionEncoding) -> None:
+    def __init__(self, c: DecoderConfig, position: PositionEncoding, rope: nn.Module | None) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.attn = RotaryAttention(
             c.hidden_size, c.num_heads, num_kv_heads=c.num_kv_heads, causal=True, dropout=c.dropout,
-            rope=position.rope if position.rope is not None else False, position_bias=position.bias,
+            rope=rope if rope is not None else False, position_bias=position.bias,
         )
         self.mlp_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = SwiGLU(c.hidden_size, c.intermediate_size)  # type: ignore[arg-type]
         self.dropout = nn.Dropout(c.dropout)
 
-    def forward(self, x, *, attention_mask, position_ids, cache):
+    def forward(self, x, *, attention_mask, positions, tables, cache):
         x = x + self.dropout(
-            self.attn(self.attn_norm(x), attention_mask=attention_mask, position_ids=position_ids, cache=cache)
+            self.attn(self.attn_norm(x), attention_mask=attention_mask, position_ids=positions, tables=tables, cache=cache)
         )
         return x + self.dropout(self.mlp(self.mlp_norm(x)))
 
@@ -239,7 +326,22 @@ class Decoder(nn.Module):
         position = POSITION_ENCODINGS[config.position_encoding](config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.embed_positions = position.embedding
-        self.layers = nn.ModuleList(Block(config, position) for _ in range(config.num_layers))
+        #: the rotary producer shared by every layer (None without one); tables once per forward
+        self.rope = position.rope
+        #: which layers rotate; the others are NoPE layers (config.no_rope_layers)
+        self.rope_layers = rope_layer_flags(config.no_rope_layers, config.num_layers)
+        if self.rope is None and not all(self.rope_layers):
+            raise ValueError(
+                f"no_rope_layers turns the rotation off in some layers, but position_encoding="
+                f"{config.position_encoding!r} rotates none; use it with a rotary encoding (rope, p_rope, xpos)"
+            )
+        #: the NoPE layers' producer: Llama 4's query temperature, or None (no rotation, no scaling)
+        self.nope = None
+        if not all(self.rope_layers) and config.attn_temperature_tuning:
+            self.nope = NoPETemperature(config.head_dim, floor_scale=config.floor_scale, attn_scale=config.attn_scale)
+        self.layers = nn.ModuleList(
+            Block(config, position, self.rope if uses_rope else self.nope) for uses_rope in self.rope_layers
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.apply(self._init_weights)
@@ -257,15 +359,71 @@ class Decoder(nn.Module):
         """One empty :class:`rotary.nn.KVCache` per layer, for :meth:`forward` ``(cache=...)``."""
         return [KVCache() for _ in self.layers]
 
+    def set_rope_scaling(self, scaling: dict[str, Any] | None) -> None:
+        """Change the RoPE scaling of this (trained) model, e.g. for evaluation past the trained length.
+
+        The weights are untouched (RoPE has no parameters); every layer gets the new RoPE, exactly as
+        if the model had been built with ``DecoderConfig(rope_scaling=scaling)`` and this state dict.
+
+        Args:
+            scaling: a Hugging Face-style block (``{"rope_type": "yarn", "factor": 4.0,
+                "original_max_position_embeddings": 512}``), or ``None`` for plain RoPE.
+
+        Raises:
+            ValueError: the model's position encoding has no RoPE, or the block is invalid.
+
+        Example:
+            >>> from rotary.models import Decoder, DecoderConfig
+            >>> model = Decoder(DecoderConfig(vocab_size=50, hidden_size=32, num_layers=1, num_heads=4))
+            >>> model.set_rope_scaling({"rope_type": "linear", "factor": 4.0})
+            >>> model.layers[0].attn.rope.freqs.rope_type
+            'linear'
+        """
+        if not isinstance(self.rope, RoPE):
+            raise ValueError(
+                f"position_encoding={self.config.position_encoding!r} has no rotary.RoPE to rescale; "
+                "set_rope_scaling needs a RoPE-based encoding (e.g. 'rope')"
+            )
+        rope = self.rope.with_scaling(scaling).to(self.rope.inv_freq.device)
+        self.rope = rope
+        for layer, uses_rope in zip(self.layers, self.rope_layers):
+            if uses_rope:
+                layer.attn.rope = rope
+        self.config.rope_scaling = None if scaling is None else dict(scaling)
+
+    def _positions(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.Tensor | Positions | None,
+        cache: list[KVCache] | None,
+    ) -> Positions:
+        batch, seq_len = input_ids.shape
+        if position_ids is not None:
+            return P.from_ids(position_ids, batch=batch, seq_len=seq_len, device=input_ids.device)
+        if attention_mask is not None:
+            found = P.from_attention_mask(attention_mask.to(input_ids.device))
+            if found.ids.shape[-1] < seq_len:
+                raise ValueError(
+                    f"attention_mask covers {found.ids.shape[-1]} tokens but input_ids has S={seq_len}; "
+                    "it must cover the cached and the new tokens"
+                )
+            return Positions(found.ids[:, -seq_len:], found.bound, exact=False)
+        if cache is not None and cache[0].length:
+            return cache[0].next_positions(seq_len)
+        return P.arange(seq_len, device=input_ids.device)
+
     def forward(
         self,
         input_ids: torch.Tensor,
         *,
         attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | Positions | None = None,
         cache: list[KVCache] | None = None,
     ) -> torch.Tensor:
         """Next-token logits.
+
+        Positions are computed (and validated) once, and the rotary tables once, for all layers.
 
         Args:
             input_ids: int64 ``[B, S]``.
@@ -279,20 +437,29 @@ class Decoder(nn.Module):
         """
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
             raise ValueError(f"input_ids must be an integer tensor [B, S], got {getattr(input_ids, 'shape', input_ids)}")
-        batch, seq_len = input_ids.shape
-        if cache is not None and len(cache) != len(self.layers):
-            raise ValueError(f"cache has {len(cache)} entries but the model has {len(self.layers)} layers; use new_cache()")
-        past = 0 if cache is None else cache[0].length
-        if position_ids is None:
-            if attention_mask is not None:
-                position_ids = padding_position_ids(attention_mask)[:, -seq_len:]
-            else:
-                position_ids = torch.arange(past, past + seq_len, device=input_ids.device).expand(batch, seq_len)
+        if cache is not None:
+            if not isinstance(cache, (list, tuple)):
+                raise TypeError(f"cache must be a list of KVCache, one per layer, got {type(cache).__name__}; use new_cache()")
+            if len(cache) != len(self.layers):
+                raise ValueError(f"cache has {len(cache)} entries but the model has {len(self.layers)} layers; use new_cache()")
+            if len({id(c) for c in cache}) != len(cache):
+                raise ValueError(
+                    "the same KVCache object appears for several layers ([KVCache()] * n); every layer needs its own: "
+                    "use model.new_cache()"
+                )
+        positions = self._positions(input_ids, attention_mask, position_ids, cache)
         x = self.embed_tokens(input_ids)
         if self.embed_positions is not None:
-            x = x + self.embed_positions(position_ids).to(x.dtype)
+            x = x + self.embed_positions(positions.ids.expand(input_ids.shape)).to(x.dtype)
+        tables: RotaryTables | None = None
+        if self.rope is not None:
+            tables = self.rope.tables(positions, dtype=table_dtype(x.dtype))
+        nope_tables = None if self.nope is None else self.nope.tables(positions, dtype=table_dtype(x.dtype))
         for i, layer in enumerate(self.layers):
-            x = layer(x, attention_mask=attention_mask, position_ids=position_ids, cache=None if cache is None else cache[i])
+            x = layer(
+                x, attention_mask=attention_mask, positions=positions, tables=tables if self.rope_layers[i] else nope_tables,
+                cache=None if cache is None else cache[i],
+            )  # fmt: skip
         return self.lm_head(self.norm(x))
 
     def loss(self, input_ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -328,7 +495,23 @@ class Decoder(nn.Module):
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature!r}")
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0):
             raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[1] == 0:
+            raise ValueError(
+                f"generate needs a prompt of at least one token, input_ids [B, S] with S >= 1, got "
+                f"{getattr(input_ids, 'shape', input_ids)}"
+            )
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(input_ids.device).long()
+        if attention_mask is not None:
+            if mask.shape != input_ids.shape:
+                raise ValueError(f"attention_mask must be [B, S] = {tuple(input_ids.shape)}, got {tuple(mask.shape)}")
+            # new tokens are appended on the right: padding after a row's tokens would sit between its
+            # prompt and its continuation, so the row would continue differently from its unpadded prompt
+            if bool((mask[:, 1:] < mask[:, :-1]).any()):
+                rows = (mask[:, 1:] < mask[:, :-1]).any(dim=1).nonzero().flatten().tolist()
+                raise ValueError(
+                    f"generate needs left padding, but row(s) {rows[:8]} have padding after their tokens (right "
+                    "padding); pad prompts on the left (tokenizer.padding_side = 'left')"
+                )
         cache = self.new_cache() if use_cache else None
         tokens, step_input = input_ids, input_ids
         for _ in range(max_new_tokens):

@@ -22,9 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import positions as P
 from .._checks import check_positive_int
 from ..module import RoPE
 from ..nn.attention import RotaryAttention
+from ..positions import Positions
+from ..tables import RotaryTables, table_dtype
 
 __all__ = ["RoFormer", "RoFormerConfig", "load_state_dict"]
 
@@ -131,8 +134,10 @@ class RoFormerLayer(nn.Module):
         self.dropout = nn.Dropout(c.hidden_dropout_prob)
         self.act = ACTIVATIONS[c.hidden_act]
 
-    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor) -> torch.Tensor:
-        attended = self.attention(x, attention_mask=attention_mask, position_ids=position_ids)
+    def forward(
+        self, x: torch.Tensor, attention_mask: torch.Tensor | None, positions: Positions, tables: RotaryTables
+    ) -> torch.Tensor:
+        attended = self.attention(x, attention_mask=attention_mask, position_ids=positions, tables=tables)
         x = self.attention_norm(x + self.dropout(attended))
         return self.output_norm(x + self.dropout(self.output(self.act(self.intermediate(x)))))
 
@@ -234,13 +239,17 @@ class RoFormer(nn.Module):
             raise ValueError(f"input_ids must be an integer tensor [B, S], got {getattr(input_ids, 'shape', input_ids)}")
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
+        batch, seq_len = input_ids.shape
         if position_ids is None:
-            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)
+            positions = P.arange(seq_len, device=input_ids.device)
+        else:
+            positions = P.from_ids(position_ids, batch=batch, seq_len=seq_len, device=input_ids.device)
         x = self.embeddings(input_ids, token_type_ids)
         if self.embeddings_project is not None:
             x = self.embeddings_project(x)
+        tables = self.rope.tables(positions, dtype=table_dtype(x.dtype))  # once, for every layer
         for layer in self.layers:
-            x = layer(x, attention_mask, position_ids)
+            x = layer(x, attention_mask, positions, tables)
         if self.mlm_head is not None:
             return self.mlm_head(x)
         if self.classifier is not None:
@@ -316,6 +325,12 @@ class RoFormer(nn.Module):
         if table is None:
             return
         n, dim = table.shape
+        if dim != self.rope.head_dim:
+            raise ValueError(
+                f"the checkpoint's encoder.embed_positions.weight has width {dim}, its head size, but this config has "
+                f"head size {self.rope.head_dim} (hidden_size / num_attention_heads); the config does not match the "
+                "checkpoint: check hidden_size and num_attention_heads"
+            )
         cos, sin = self.rope.cos_sin(torch.arange(n))
         # HF layout: [sin(θ_0..θ_{d/2-1}) | cos(...)]; ours is interleaved, so take every other channel
         expected = torch.cat((sin[:, 0::2], cos[:, 0::2]), dim=-1)

@@ -2,12 +2,14 @@
 
 Data flow of one call::
 
-    hidden_states -> q, k, v projections -> RoPE(q, k) [and v] at the tokens' positions
+    hidden_states -> q, k, v projections -> rotate(q, k [and v]) by the tables of the tokens' positions
                   -> append k, v to the cache (keys stored already rotated)
                   -> scaled_dot_product_attention(q, all keys, all values, mask + bias) -> o projection
 
 Keys are rotated once, when they enter the cache, at their own position: a cached key never needs
-re-rotation because RoPE scores depend only on the positions of the two tokens.
+re-rotation because RoPE scores depend only on the positions of the two tokens. A model computes
+the positions and tables once per forward and hands them to every layer (``positions=``,
+``tables=``); a layer used alone computes them itself.
 """
 
 from __future__ import annotations
@@ -18,8 +20,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_positive_int
-from ..module import RoPE, check_position_ids
+from .. import positions as P
+from .._checks import check_bool, check_positive_int, check_probability
+from ..apply import rotate
+from ..module import RoPE
+from ..positions import Positions, check_attention_mask
+from ..tables import RotaryTables, table_dtype
 from .position import ALiBi, RelativePositionBias
 
 __all__ = ["KVCache", "RotaryAttention", "padding_position_ids"]
@@ -29,44 +35,84 @@ __all__ = ["KVCache", "RotaryAttention", "padding_position_ids"]
 class KVCache:
     """Keys (rotated), values and key positions of one attention layer, grown by :meth:`update`.
 
+    A cache belongs to the first layer that fills it: handing the same cache to a second layer
+    (``[KVCache()] * n_layers``) is an error, not a silently mixed history.
+
     Attributes:
         keys: ``[B, Hk, T, D]`` rotated keys, or None before the first call.
         values: ``[B, Hk, T, Dv]``.
         positions: int64 ``[B, T]`` position of every cached key (needed by ALiBi / relative biases
             and to continue positions after a left-padded prompt).
+        bound: every cached position is ``< bound`` (a host int; spares reading positions back).
+        exact: ``bound`` is exactly the largest position + 1.
     """
 
     keys: torch.Tensor | None = None
     values: torch.Tensor | None = None
     positions: torch.Tensor | None = field(default=None)
+    bound: int | None = None
+    exact: bool = True
+    owner: int | None = field(default=None, repr=False)
 
     @property
     def length(self) -> int:
         """Number of cached tokens ``T``."""
         return 0 if self.keys is None else self.keys.shape[2]
 
+    def _check_state(self) -> None:
+        parts = (self.keys, self.values, self.positions)
+        if any(p is None for p in parts) and any(p is not None for p in parts):
+            raise ValueError(
+                "this KVCache has some of keys / values / positions but not all; start from KVCache() "
+                "(or Decoder.new_cache()) and let the attention layer fill it"
+            )
+
+    def claim(self, owner: object) -> None:
+        """Mark the cache as ``owner``'s; raise if another layer filled it."""
+        if self.owner is None:
+            self.owner = id(owner)
+        elif self.owner != id(owner):
+            raise ValueError(
+                "this KVCache already holds another layer's keys: every attention layer needs its own cache "
+                "(use Decoder.new_cache() or [KVCache() for _ in layers], not [KVCache()] * n)"
+            )
+
     def update(
-        self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor
+        self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor | Positions
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Append ``keys`` ``[B, Hk, S, D]``, ``values`` and ``positions`` ``[B, S]``; return all cached."""
+        self._check_state()
+        bound, exact = None, True
+        if isinstance(positions, Positions):
+            bound, exact = positions.bound, positions.exact
+            positions = positions.ids.expand(keys.shape[0], keys.shape[2])
         if self.keys is None:
-            self.keys, self.values, self.positions = keys, values, positions
+            self.keys, self.values, self.positions, self.bound, self.exact = keys, values, positions, bound, exact
         else:
-            assert self.values is not None and self.positions is not None
-            if keys.shape[0] != self.keys.shape[0] or keys.shape[1] != self.keys.shape[1]:
+            assert self.values is not None and self.positions is not None  # _check_state
+            if keys.shape[0] != self.keys.shape[0] or keys.shape[1] != self.keys.shape[1] or keys.shape[3] != self.keys.shape[3]:
                 raise ValueError(
-                    f"new keys {tuple(keys.shape)} do not match the cache {tuple(self.keys.shape)} in batch or heads"
+                    f"new keys {tuple(keys.shape)} do not match the cache {tuple(self.keys.shape)} in batch, heads or "
+                    "head_dim; use a fresh KVCache for another batch or layer"
+                )
+            if keys.dtype != self.keys.dtype or keys.device != self.keys.device or values.shape[-1] != self.values.shape[-1]:
+                raise ValueError(
+                    f"new keys/values ({keys.dtype}, {keys.device}, value dim {values.shape[-1]}) do not match the cache "
+                    f"({self.keys.dtype}, {self.keys.device}, value dim {self.values.shape[-1]}); use a fresh KVCache"
                 )
             self.keys = torch.cat((self.keys, keys), dim=2)
             self.values = torch.cat((self.values, values), dim=2)
             self.positions = torch.cat((self.positions, positions), dim=1)
+            self.bound = None if self.bound is None or bound is None else max(self.bound, bound)
+            self.exact = self.exact and exact
         return self.keys, self.values, self.positions
 
-    def next_positions(self, seq_len: int) -> torch.Tensor:
+    def next_positions(self, seq_len: int) -> Positions:
         """Positions ``[B, S]`` that continue each row after its last cached position."""
-        assert self.positions is not None
-        last = self.positions[:, -1:]
-        return last + torch.arange(1, seq_len + 1, device=last.device)
+        self._check_state()
+        if self.positions is None or self.positions.shape[-1] == 0:
+            raise ValueError("the KVCache is empty: there is no position to continue from; pass position_ids")
+        return P.continuation(Positions(self.positions, self.bound, exact=self.exact), seq_len)
 
 
 def padding_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -80,27 +126,7 @@ def padding_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
         tensor([[0, 0, 0, 1],
                 [0, 1, 2, 3]])
     """
-    mask = _check_attention_mask(attention_mask)
-    return (mask.long().cumsum(-1) - 1).clamp(min=0)
-
-
-def _check_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
-        raise ValueError(
-            f"attention_mask must be a [B, T] tensor of 1 (attend) / 0 (padding), got "
-            f"{getattr(attention_mask, 'shape', type(attention_mask).__name__)}"
-        )
-    if attention_mask.dtype != torch.bool:
-        if attention_mask.is_floating_point():
-            raise ValueError(
-                f"attention_mask must be bool or integer 0/1, got dtype {attention_mask.dtype}; "
-                "additive float masks are not accepted"
-            )
-        # a value check reads the data: skipped under torch.compile, where it would break the graph
-        if not torch.compiler.is_compiling() and not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
-            raise ValueError("attention_mask must hold only 0 and 1 (or be bool)")
-        attention_mask = attention_mask.bool()
-    return attention_mask
+    return P.from_attention_mask(attention_mask).ids
 
 
 def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
@@ -119,10 +145,10 @@ class RotaryAttention(nn.Module):
         num_heads: query heads ``H``.
         num_kv_heads: key/value heads ``Hk`` (divides ``H``; 1 = MQA, ``H`` = MHA). Default ``H``.
         head_dim: channels per head ``D``; default ``E // H``.
-        rope: ``True``: build ``RoPE(head_dim, base=, rotary_dim=, scaling=, interleaved=, max_position=)``;
-            ``False``: no rotation (NoPE); a module with RoPE's ``forward(q, k, position_ids=)``
-            interface (e.g. one :class:`rotary.RoPE` shared by every layer, or an xPos module).
-        base, rotary_dim, scaling, interleaved, max_position: passed to :class:`rotary.RoPE`.
+        rope: the position encoding of q and k: ``True`` (a default ``RoPE(head_dim)``), ``False``
+            (none: NoPE), or a module producing tables, ``rope.tables(positions, dtype=) ->
+            RotaryTables`` — a :class:`rotary.RoPE` with any scaling and pairing (e.g. one shared by
+            every layer) or a variant such as xPos.
         rotary_value: also rotate v at the key's position (RoFormer's ``rotary_value``).
         position_bias: score bias added to the RoPE scores: ``None``, ``"alibi"``,
             ``"relative"`` (learned ``b(i-j)``), or a module ``(query_positions [B,S], key_positions [B,T])
@@ -151,11 +177,6 @@ class RotaryAttention(nn.Module):
         num_kv_heads: int | None = None,
         head_dim: int | None = None,
         rope: bool | nn.Module = True,
-        base: float = 10000.0,
-        rotary_dim: int | None = None,
-        scaling: dict | None = None,
-        interleaved: bool = False,
-        max_position: int = 2048,
         rotary_value: bool = False,
         position_bias: str | nn.Module | None = None,
         max_relative_distance: int = 128,
@@ -179,26 +200,29 @@ class RotaryAttention(nn.Module):
                     f"hidden_size={hidden_size} is not divisible by num_heads={num_heads}; pass head_dim explicitly"
                 )
             head_dim = hidden_size // num_heads
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        check_positive_int(head_dim, "head_dim")
         self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim = hidden_size, num_heads, num_kv_heads, head_dim
-        self.causal, self.dropout, self.rotary_value = bool(causal), float(dropout), bool(rotary_value)
+        self.causal = check_bool(causal, "causal")
+        self.dropout = check_probability(dropout, "dropout")
+        self.rotary_value = check_bool(rotary_value, "rotary_value")
 
-        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=bias)
+        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=check_bool(bias, "bias"))
         self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=bias)
 
         if rope is True:
-            rope = RoPE(
-                head_dim, base=base, rotary_dim=rotary_dim, scaling=scaling, interleaved=interleaved,
-                max_position=max_position,
-            )
-        elif rope is False:
+            rope = RoPE(head_dim)
+        elif rope is False or rope is None:
             rope = None
-        elif not isinstance(rope, nn.Module):
-            raise TypeError(f"rope must be True, False or an nn.Module like rotary.RoPE, got {type(rope).__name__}")
+        elif not (isinstance(rope, nn.Module) and callable(getattr(rope, "tables", None))):
+            raise TypeError(
+                f"rope must be True, False or an nn.Module with tables(positions) like rotary.RoPE, got {type(rope).__name__}"
+            )
         self.rope = rope
+        reason = getattr(rope, "requires_causal", None)  # a producer valid only under a causal mask (xPos)
+        if reason and not self.causal:
+            raise ValueError(f"{type(rope).__name__} needs causal=True: {reason}")
         if self.rotary_value and self.rope is None:
             raise ValueError("rotary_value=True needs a rope; pass rope=True or a RoPE module")
 
@@ -218,20 +242,20 @@ class RotaryAttention(nn.Module):
             f"causal={self.causal}, rotary_value={self.rotary_value}"
         )
 
-    def _positions(
-        self, position_ids: torch.Tensor | None, cache: KVCache | None, batch: int, seq_len: int, device: torch.device
-    ) -> torch.Tensor:
-        """Positions ``[B, S]`` of the new tokens: given, continuing the cache, or ``0..S-1``."""
+    def positions(
+        self,
+        position_ids: torch.Tensor | Positions | None,
+        cache: KVCache | None,
+        batch: int,
+        seq_len: int,
+        device: torch.device,
+    ) -> Positions:
+        """Positions of the new tokens: given, continuing the cache, or ``0..S-1``."""
         if position_ids is not None:
-            position_ids = check_position_ids(position_ids).to(device)
-            if position_ids.shape[-1] != seq_len:
-                raise ValueError(f"position_ids cover S={position_ids.shape[-1]} positions but the input has S={seq_len}")
-            if position_ids.dim() == 2 and position_ids.shape[0] not in (1, batch):
-                raise ValueError(f"position_ids have batch {position_ids.shape[0]} but the input has batch {batch}")
-            return position_ids.expand(batch, seq_len)
+            return P.from_ids(position_ids, batch=batch, seq_len=seq_len, device=device)
         if cache is not None and cache.length:
             return cache.next_positions(seq_len)
-        return torch.arange(seq_len, device=device).expand(batch, seq_len)
+        return P.arange(seq_len, device=device)
 
     def _mask(
         self,
@@ -250,7 +274,7 @@ class RotaryAttention(nn.Module):
             query_index = torch.arange(past, past + seq_len, device=device)
             allowed = (torch.arange(total, device=device)[None, :] <= query_index[:, None])[None, None]
         if attention_mask is not None:
-            mask = _check_attention_mask(attention_mask).to(device)
+            mask = check_attention_mask(attention_mask).to(device)
             if mask.shape != (batch, total):
                 raise ValueError(
                     f"attention_mask must be [B, T] = [{batch}, {total}] (past + new tokens), got {tuple(mask.shape)}"
@@ -274,8 +298,9 @@ class RotaryAttention(nn.Module):
         hidden_states: torch.Tensor,
         *,
         attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | Positions | None = None,
         cache: KVCache | None = None,
+        tables: RotaryTables | None = None,
     ) -> torch.Tensor:
         """Attend.
 
@@ -283,9 +308,12 @@ class RotaryAttention(nn.Module):
             hidden_states: ``[B, S, E]``.
             attention_mask: ``[B, T]`` of 1 (token) / 0 (padding) over the cached and new tokens
                 (``T = cache.length + S``), as in Hugging Face.
-            position_ids: integer ``[S]`` or ``[B, S]``; default: continue the cache, else ``0..S-1``.
-                With left padding pass :func:`padding_position_ids` so real tokens start at 0.
+            position_ids: integer ``[S]`` or ``[B, S]``, or :class:`~rotary.positions.Positions`;
+                default: continue the cache, else ``0..S-1``. With left padding pass
+                :func:`padding_position_ids` so real tokens start at 0.
             cache: a :class:`KVCache` to read and extend (incremental decoding).
+            tables: the rotary tables of these positions, computed once per model forward (see
+                :class:`rotary.models.Decoder`); default: ``self.rope.tables(positions)``.
 
         Returns:
             ``[B, S, E]`` in the dtype of ``hidden_states``.
@@ -296,33 +324,42 @@ class RotaryAttention(nn.Module):
             raise ValueError(f"hidden_states has width {hidden_states.shape[-1]}, this layer expects {self.hidden_size}")
         batch, seq_len, _ = hidden_states.shape
         device = hidden_states.device
-        if cache is not None and cache.length and cache.keys.shape[0] != batch:  # type: ignore[union-attr]
-            raise ValueError(
-                f"the cache holds a batch of {cache.keys.shape[0]} but hidden_states has batch {batch}; "  # type: ignore[union-attr]
-                "use a fresh KVCache for a new batch"
-            )
+        if cache is not None:
+            if not isinstance(cache, KVCache):
+                raise TypeError(f"cache must be a rotary.nn.KVCache, got {type(cache).__name__}")
+            cache.claim(self)
+            if cache.length and cache.keys.shape[0] != batch:  # type: ignore[union-attr]
+                raise ValueError(
+                    f"the cache holds a batch of {cache.keys.shape[0]} but hidden_states has batch {batch}; "  # type: ignore[union-attr]
+                    "use a fresh KVCache for a new batch"
+                )
         q = self.q_proj(hidden_states).view(batch, seq_len, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(hidden_states).view(batch, seq_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(hidden_states).view(batch, seq_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
 
-        positions = self._positions(position_ids, cache, batch, seq_len, device)
+        positions = self.positions(position_ids, cache, batch, seq_len, device)
         if self.rope is not None:
-            q, k = self.rope(q, k, position_ids=positions)
+            if tables is None:
+                tables = self.rope.tables(positions, dtype=table_dtype(q.dtype))
             if self.rotary_value:
-                v = self.rope.rotate(v, position_ids=positions)
+                q, k, v = rotate([q, k, v], tables, kinds=("q", "k", "q"), names=("q", "k", "v"))
+            else:
+                q, k = rotate([q, k], tables, kinds=("q", "k"), names=("q", "k"))
 
         past = 0 if cache is None else cache.length
-        key_positions = positions
+        query_positions = positions.ids.expand(batch, seq_len)
+        key_positions = query_positions
         if cache is not None:
             k, v, key_positions = cache.update(k, v, positions)
 
         groups = self.num_heads // self.num_kv_heads
         k, v = repeat_kv(k, groups), repeat_kv(v, groups)
-        mask = self._mask(attention_mask, positions, key_positions, past, device)
         dropout = self.dropout if self.training else 0.0
-        if mask is None and self.causal and past == 0:
+        if self.causal and past == 0 and attention_mask is None and self.position_bias is None:
+            # plain causal attention: SDPA's own causal path, no [S, T] mask built
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
         else:
+            mask = self._mask(attention_mask, query_positions, key_positions, past, device)
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=None if mask is None else mask.to(q.dtype), dropout_p=dropout
             )

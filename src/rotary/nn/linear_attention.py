@@ -1,4 +1,4 @@
-"""Linear attention with RoPE in true O(N) (Su's scheme, seed 001), and its O(N²) reference.
+"""Linear attention with RoPE in true O(N) (Su's scheme), and its O(N²) reference.
 
 Softmax-free attention writes the score as a product of feature maps, ``sim(q_i, k_j) = φ(q_i)ᵀφ(k_j)``,
 so ``Σ_j sim(q_i, k_j) v_j = φ(q_i)ᵀ [Σ_j φ(k_j) v_jᵀ]``: the bracket is a ``d × d`` state summed
@@ -10,7 +10,7 @@ denominator stays ``Σ_j φ(q_i)ᵀφ(k_j)`` with unrotated, non-negative featur
 
     out_i = Σ_j [R_i φ(q_i)]ᵀ[R_j φ(k_j)] v_j  /  Σ_j φ(q_i)ᵀ φ(k_j)
 
-The other scheme of seed 001 uses ``sim = 1 + cos(R_i q_i, R_j k_j)``, which is >= 0 by itself, so
+The other scheme of the same article uses ``sim = 1 + cos(R_i q_i, R_j k_j)``, which is >= 0 by itself, so
 numerator and denominator share it. It factorises as ``[R_i q̂_i, 1]ᵀ[R_j k̂_j, 1]`` (hats: unit
 vectors), i.e. a feature map with one extra constant channel.
 
@@ -28,9 +28,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_positive_int
-from ..apply import apply_rotary
+from .. import positions as P
+from .._checks import check_bool, check_positive_int
+from ..apply import rotate
 from ..module import RoPE
+from ..positions import Positions, check_attention_mask
+from ..tables import RotaryTables, table_dtype
 
 __all__ = ["FEATURE_MAPS", "RotaryLinearAttention", "linear_attention_reference", "rotary_linear_attention"]
 
@@ -52,18 +55,27 @@ def _with_one(x: torch.Tensor) -> torch.Tensor:
 
 
 def _features(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, feature_map: str, interleaved: bool
+    q: torch.Tensor, k: torch.Tensor, tables: RotaryTables, feature_map: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(numerator q, numerator k, denominator q, denominator k) features, ``[B, H, S, D or D+1]``."""
     if feature_map == "cosine":
         q_hat, k_hat = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
-        q_num = _with_one(apply_rotary(q_hat, cos, sin, interleaved=interleaved))
-        k_num = _with_one(apply_rotary(k_hat, cos, sin, interleaved=interleaved))
+        q_rot, k_rot = rotate([q_hat, k_hat], tables, kinds=("q", "k"), names=("q", "k"))
+        q_num, k_num = _with_one(q_rot), _with_one(k_rot)
         return q_num, k_num, q_num, k_num
     phi_q, phi_k = _phi(q, feature_map), _phi(k, feature_map)
-    q_num = apply_rotary(phi_q, cos, sin, interleaved=interleaved)
-    k_num = apply_rotary(phi_k, cos, sin, interleaved=interleaved)
+    q_num, k_num = rotate([phi_q, phi_k], tables, kinds=("q", "k"), names=("q", "k"))
     return q_num, k_num, phi_q, phi_k
+
+
+def _key_mask(key_padding_mask: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor | None:
+    """A ``[B, S]`` bool mask of the keys to keep (1/0 or bool, like RotaryAttention's attention_mask)."""
+    if key_padding_mask is None:
+        return None
+    mask = check_attention_mask(key_padding_mask, name="key_padding_mask")
+    if mask.shape != (q.shape[0], q.shape[2]):
+        raise ValueError(f"key_padding_mask must be [B, S] = {(q.shape[0], q.shape[2])}, got {tuple(mask.shape)}")
+    return mask.to(q.device)
 
 
 def _global_sum(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -139,20 +151,39 @@ def rotary_linear_attention(
         >>> torch.allclose(fast, linear_attention_reference(q, k, v, cos, sin, causal=True))
         True
     """
+    tables = RotaryTables.from_tensors(cos, sin, interleaved=interleaved)
+    return _linear_attention(
+        q, k, v, tables, feature_map=feature_map, causal=causal, key_padding_mask=key_padding_mask,
+        chunk_size=chunk_size, eps=eps,
+    )  # fmt: skip
+
+
+def _linear_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    tables: RotaryTables,
+    *,
+    feature_map: str,
+    causal: bool,
+    key_padding_mask: torch.Tensor | None,
+    chunk_size: int,
+    eps: float,
+) -> torch.Tensor:
     _check_qkv(q, k, v)
     if feature_map not in FEATURE_MAPS:
         raise ValueError(f"unknown feature_map {feature_map!r}; choose one of {', '.join(FEATURE_MAPS)}")
     check_positive_int(chunk_size, "chunk_size")
+    check_bool(causal, "causal")
+    keep_keys = _key_mask(key_padding_mask, q)
     out_dtype = v.dtype
+    if q.shape[2] == 0:  # no tokens: nothing to attend
+        return v.new_zeros(v.shape)
     compute = torch.promote_types(v.dtype, torch.float32)
     q, k, v = q.to(compute), k.to(compute), v.to(compute)
-    q_num, k_num, q_den, k_den = _features(q, k, cos, sin, feature_map, interleaved)
-    if key_padding_mask is not None:
-        if key_padding_mask.shape != (q.shape[0], q.shape[2]):
-            raise ValueError(
-                f"key_padding_mask must be [B, S] = {(q.shape[0], q.shape[2])}, got {tuple(key_padding_mask.shape)}"
-            )
-        keep = key_padding_mask.to(device=q.device, dtype=compute)[:, None, :, None]
+    q_num, k_num, q_den, k_den = _features(q, k, tables, feature_map)
+    if keep_keys is not None:
+        keep = keep_keys.to(compute)[:, None, :, None]
         k_num, k_den = k_num * keep, k_den * keep
     # the denominator needs only Σ_j φ(k_j), a [D] vector per query: a prefix sum (all terms >= 0,
     # so accumulating in one pass loses nothing to cancellation)
@@ -183,10 +214,11 @@ def linear_attention_reference(
     Shares the feature maps with :func:`rotary_linear_attention` but none of the summation code.
     """
     _check_qkv(q, k, v)
+    keep_keys = _key_mask(key_padding_mask, q)
     out_dtype = v.dtype
     compute = torch.promote_types(v.dtype, torch.float32)
     q, k, v = q.to(compute), k.to(compute), v.to(compute)
-    q_num, k_num, q_den, k_den = _features(q, k, cos, sin, feature_map, interleaved)
+    q_num, k_num, q_den, k_den = _features(q, k, RotaryTables.from_tensors(cos, sin, interleaved=interleaved), feature_map)
     numerator_scores = q_num @ k_num.transpose(-1, -2)
     denominator_scores = q_den @ k_den.transpose(-1, -2)
     seq_len = q.shape[2]
@@ -194,8 +226,8 @@ def linear_attention_reference(
     if causal:
         keep = keep.tril()
     keep = keep[None, None]
-    if key_padding_mask is not None:
-        keep = keep & key_padding_mask.bool().to(q.device)[:, None, None, :]
+    if keep_keys is not None:
+        keep = keep & keep_keys[:, None, None, :]
     numerator_scores = numerator_scores * keep
     denominator_scores = denominator_scores * keep
     return ((numerator_scores @ v) / (denominator_scores.sum(-1, keepdim=True) + eps)).to(out_dtype)
@@ -210,7 +242,8 @@ class RotaryLinearAttention(nn.Module):
         feature_map: ``"elu"`` (default), ``"relu"`` or ``"cosine"``.
         causal: each token attends to itself and earlier tokens only.
         chunk_size: causal chunk length (memory O(chunk_size² + D²) per head).
-        base, rotary_dim, scaling, interleaved, max_position: passed to :class:`rotary.RoPE`.
+        rope: ``True`` (a default ``RoPE(head_dim)``) or a table producer such as a configured
+            :class:`rotary.RoPE`.
         bias: biases on the projections.
 
     Example:
@@ -228,11 +261,7 @@ class RotaryLinearAttention(nn.Module):
         feature_map: FeatureMap = "elu",
         causal: bool = False,
         chunk_size: int = 64,
-        base: float = 10000.0,
-        rotary_dim: int | None = None,
-        scaling: dict | None = None,
-        interleaved: bool = False,
-        max_position: int = 2048,
+        rope: bool | nn.Module = True,
         bias: bool = False,
         eps: float = 1e-6,
     ) -> None:
@@ -245,45 +274,52 @@ class RotaryLinearAttention(nn.Module):
             raise ValueError(f"unknown feature_map {feature_map!r}; choose one of {', '.join(FEATURE_MAPS)}")
         check_positive_int(chunk_size, "chunk_size")
         self.hidden_size, self.num_heads, self.head_dim = hidden_size, num_heads, hidden_size // num_heads
-        self.feature_map, self.causal, self.chunk_size, self.eps = feature_map, bool(causal), chunk_size, eps
+        self.feature_map, self.causal, self.chunk_size, self.eps = feature_map, check_bool(causal, "causal"), chunk_size, eps
         self.q_proj = nn.Linear(hidden_size, hidden_size, bias=bias)
         self.k_proj = nn.Linear(hidden_size, hidden_size, bias=bias)
         self.v_proj = nn.Linear(hidden_size, hidden_size, bias=bias)
         self.o_proj = nn.Linear(hidden_size, hidden_size, bias=bias)
-        self.rope = RoPE(
-            self.head_dim, base=base, rotary_dim=rotary_dim, scaling=scaling, interleaved=interleaved,
-            max_position=max_position,
-        )
+        if rope is True:
+            rope = RoPE(self.head_dim)
+        elif not (isinstance(rope, nn.Module) and callable(getattr(rope, "tables", None))):
+            raise TypeError(f"rope must be True or an nn.Module with tables(positions) like rotary.RoPE, got {type(rope).__name__}")
+        self.rope = rope
 
     def forward(
         self,
         hidden_states: torch.Tensor,
         *,
-        position_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | Positions | None = None,
         attention_mask: torch.Tensor | None = None,
+        tables: RotaryTables | None = None,
     ) -> torch.Tensor:
         """``hidden_states: [B, S, E]`` -> ``[B, S, E]``.
 
         Args:
-            position_ids: integer ``[S]`` or ``[B, S]``; default ``0..S-1``.
+            position_ids: integer ``[S]`` or ``[B, S]`` (or :class:`~rotary.positions.Positions`);
+                default ``0..S-1``.
             attention_mask: ``[B, S]`` 1 = token, 0 = padding (padding keys are ignored).
+            tables: tables of these positions computed by the caller (once per model forward);
+                default ``self.rope.tables(positions)``.
         """
         if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 3:
             raise ValueError(f"hidden_states must be [B, S, E], got {getattr(hidden_states, 'shape', hidden_states)}")
         if hidden_states.shape[-1] != self.hidden_size:
             raise ValueError(f"hidden_states has width {hidden_states.shape[-1]}, this layer expects {self.hidden_size}")
         batch, seq_len, _ = hidden_states.shape
+        device = hidden_states.device
         shape = (batch, seq_len, self.num_heads, self.head_dim)
         q = self.q_proj(hidden_states).view(shape).transpose(1, 2)
         k = self.k_proj(hidden_states).view(shape).transpose(1, 2)
         v = self.v_proj(hidden_states).view(shape).transpose(1, 2)
-        if position_ids is None:
-            position_ids = torch.arange(seq_len, device=hidden_states.device)
-        if position_ids.shape[-1] != seq_len:
-            raise ValueError(f"position_ids cover S={position_ids.shape[-1]} positions but the input has S={seq_len}")
-        cos, sin = self.rope.cos_sin(position_ids.to(hidden_states.device))
-        out = rotary_linear_attention(
-            q, k, v, cos, sin, feature_map=self.feature_map, causal=self.causal, interleaved=self.rope.interleaved,
-            key_padding_mask=attention_mask, chunk_size=self.chunk_size, eps=self.eps,
-        )
+        if tables is None:
+            if position_ids is None:
+                positions = P.arange(seq_len, device=device)
+            else:
+                positions = P.from_ids(position_ids, batch=batch, seq_len=seq_len, device=device)
+            tables = self.rope.tables(positions, dtype=table_dtype(q.dtype))
+        out = _linear_attention(
+            q, k, v, tables, feature_map=self.feature_map, causal=self.causal, key_padding_mask=attention_mask,
+            chunk_size=self.chunk_size, eps=self.eps,
+        )  # fmt: skip
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq_len, self.hidden_size))

@@ -28,9 +28,9 @@ template <typename T> struct Acc { using type = float; };
 template <> struct Acc<double> { using type = double; };
 
 // Half pairing, (i, i + h): x0 = first half, x1 = second half. In place.
-template <typename T, typename A>
-inline void rotate_half_inplace(T* __restrict x0, T* __restrict x1, const float* __restrict c,
-                                const float* __restrict s, A sign, int64_t h) {
+template <typename T, typename A, typename TT>
+inline void rotate_half_inplace(T* __restrict x0, T* __restrict x1, const TT* __restrict c,
+                                const TT* __restrict s, A sign, int64_t h) {
   for (int64_t i = 0; i < h; ++i) {
     const A a = static_cast<A>(x0[i]), b = static_cast<A>(x1[i]);
     const A ci = static_cast<A>(c[i]), si = sign * static_cast<A>(s[i]);
@@ -39,9 +39,9 @@ inline void rotate_half_inplace(T* __restrict x0, T* __restrict x1, const float*
   }
 }
 
-template <typename T, typename A>
+template <typename T, typename A, typename TT>
 inline void rotate_half_out(const T* __restrict x0, const T* __restrict x1, T* __restrict o0, T* __restrict o1,
-                            const float* __restrict c, const float* __restrict s, A sign, int64_t h) {
+                            const TT* __restrict c, const TT* __restrict s, A sign, int64_t h) {
   for (int64_t i = 0; i < h; ++i) {
     const A a = static_cast<A>(x0[i]), b = static_cast<A>(x1[i]);
     const A ci = static_cast<A>(c[i]), si = sign * static_cast<A>(s[i]);
@@ -55,8 +55,8 @@ inline void rotate_half_out(const T* __restrict x0, const T* __restrict x1, T* _
 // directly, GCC 12 recognises the complex multiply and emits fmaddsub even under
 // -ffp-contract=off, which made this pairing differ from the pure-torch path by one rounding.
 // x and o may be the same memory (in place): each chunk is read completely before it is written.
-template <typename T, typename A>
-inline void rotate_interleaved_out(const T* x, T* o, const float* __restrict c, const float* __restrict s, A sign,
+template <typename T, typename A, typename TT>
+inline void rotate_interleaved_out(const T* x, T* o, const TT* __restrict c, const TT* __restrict s, A sign,
                                    int64_t h) {
   constexpr int64_t kChunk = 64;
   A ea[kChunk], eb[kChunk], ec[kChunk], es[kChunk];
@@ -82,27 +82,30 @@ inline void rotate_interleaved_out(const T* x, T* o, const float* __restrict c, 
   }
 }
 
-template <typename T, typename A>
-inline void rotate_interleaved_inplace(T* x, const float* __restrict c, const float* __restrict s, A sign, int64_t h) {
-  rotate_interleaved_out<T, A>(x, x, c, s, sign, h);
+template <typename T, typename A, typename TT>
+inline void rotate_interleaved_inplace(T* x, const TT* __restrict c, const TT* __restrict s, A sign, int64_t h) {
+  rotate_interleaved_out<T, A, TT>(x, x, c, s, sign, h);
 }
 
-struct View {  // a [B, S, H, D] view, D contiguous
+struct View {  // a [B, S, H, D] view (D contiguous) and the table that rotates it
   char* in;
   char* out;
   int64_t heads, sb, ss, sh, ob, os, oh;  // strides in elements
+  const void* cos;
+  const void* sin;
+  int64_t rs, hs;  // table strides in elements: per row, per head (0: one table row serves every head)
 };
 
 // One (b, s, head) vector: rotate its first r channels; out of place, copy the rest.
-template <typename T, typename A>
-inline void rotate_vector(T* x, T* o, bool inplace, const float* c, const float* sn, A sign, int64_t h, int64_t r,
+template <typename T, typename A, typename TT>
+inline void rotate_vector(T* x, T* o, bool inplace, const TT* c, const TT* sn, A sign, int64_t h, int64_t r,
                           int64_t D, bool interleaved) {
   if (inplace) {
-    if (interleaved) rotate_interleaved_inplace<T, A>(x, c, sn, sign, h);
-    else rotate_half_inplace<T, A>(x, x + h, c, sn, sign, h);
+    if (interleaved) rotate_interleaved_inplace<T, A, TT>(x, c, sn, sign, h);
+    else rotate_half_inplace<T, A, TT>(x, x + h, c, sn, sign, h);
   } else {
-    if (interleaved) rotate_interleaved_out<T, A>(x, o, c, sn, sign, h);
-    else rotate_half_out<T, A>(x, x + h, o, o + h, c, sn, sign, h);
+    if (interleaved) rotate_interleaved_out<T, A, TT>(x, o, c, sn, sign, h);
+    else rotate_half_out<T, A, TT>(x, x + h, o, o + h, c, sn, sign, h);
     if (D > r) std::memcpy(o + r, x + r, (D - r) * sizeof(T));
   }
 }
@@ -127,15 +130,16 @@ inline void float_to_half(const float* src, at::Half* dst, int64_t n) {
 }
 
 template <>
-inline void rotate_vector<at::Half, float>(at::Half* x, at::Half* o, bool inplace, const float* c, const float* sn,
-                                           float sign, int64_t h, int64_t r, int64_t D, bool interleaved) {
+inline void rotate_vector<at::Half, float, float>(at::Half* x, at::Half* o, bool inplace, const float* c,
+                                                  const float* sn, float sign, int64_t h, int64_t r, int64_t D,
+                                                  bool interleaved) {
   constexpr int64_t kChunk = 128;
   float a[2 * kChunk], b[kChunk];
   if (interleaved) {
     for (int64_t p0 = 0; p0 < h; p0 += kChunk) {
       const int64_t n = std::min(kChunk, h - p0);
       half_to_float(x + 2 * p0, a, 2 * n);
-      rotate_interleaved_inplace<float, float>(a, c + 2 * p0, sn + 2 * p0, sign, n);
+      rotate_interleaved_inplace<float, float, float>(a, c + 2 * p0, sn + 2 * p0, sign, n);
       float_to_half(a, o + 2 * p0, 2 * n);
     }
   } else {
@@ -143,7 +147,7 @@ inline void rotate_vector<at::Half, float>(at::Half* x, at::Half* o, bool inplac
       const int64_t n = std::min(kChunk, h - p0);
       half_to_float(x + p0, a, n);
       half_to_float(x + h + p0, b, n);
-      rotate_half_inplace<float, float>(a, b, c + p0, sn + p0, sign, n);
+      rotate_half_inplace<float, float, float>(a, b, c + p0, sn + p0, sign, n);
       float_to_half(a, o + p0, n);
       float_to_half(b, o + h + p0, n);
     }
@@ -159,34 +163,21 @@ inline void rotate_vector<at::Half, float>(at::Half* x, at::Half* o, bool inplac
 // The block's table rows (kBlock * r * 8 bytes) stay in L1 across heads.
 constexpr int64_t kBlock = 16;
 
-template <typename T, int64_t kHalf>
-void run_fixed(const std::vector<View>& views, int64_t B, int64_t S, int64_t D, int64_t r, const float* cos,
-               const float* sin, int64_t table_rows, int64_t table_stride, const int64_t* positions, int64_t pb,
-               int64_t ps, int64_t batch_rows, bool interleaved, bool conjugate);
+struct Rows {  // which table row each token reads
+  const int64_t* positions;  // [B, S] with strides pb, ps; or null: row = b * batch_rows + s
+  int64_t pb, ps, batch_rows, table_rows;
 
-template <typename T>
-void run(const std::vector<View>& views, int64_t B, int64_t S, int64_t D, int64_t r, const float* cos,
-         const float* sin, int64_t table_rows, int64_t table_stride, const int64_t* positions, int64_t pb,
-         int64_t ps, int64_t batch_rows, bool interleaved, bool conjugate) {
-  // A pair count known at compile time lets the compiler unroll a head's loop completely (no
-  // remainder loop, no peeling): rotary dims 64 and 128 cover most models.
-  switch (r / 2) {
-    case 32:
-      return run_fixed<T, 32>(views, B, S, D, r, cos, sin, table_rows, table_stride, positions, pb, ps, batch_rows,
-                              interleaved, conjugate);
-    case 64:
-      return run_fixed<T, 64>(views, B, S, D, r, cos, sin, table_rows, table_stride, positions, pb, ps, batch_rows,
-                              interleaved, conjugate);
-    default:
-      return run_fixed<T, 0>(views, B, S, D, r, cos, sin, table_rows, table_stride, positions, pb, ps, batch_rows,
-                             interleaved, conjugate);
+  inline int64_t operator()(int64_t b, int64_t s) const {
+    const int64_t t = positions ? positions[b * pb + s * ps] : b * batch_rows + s;
+    TORCH_CHECK(t >= 0 && t < table_rows, "rotary: position ", t, " is outside the cos/sin table of ", table_rows,
+                " rows");
+    return t;
   }
-}
+};
 
-template <typename T, int64_t kHalf>
-void run_fixed(const std::vector<View>& views, int64_t B, int64_t S, int64_t D, int64_t r, const float* cos,
-         const float* sin, int64_t table_rows, int64_t table_stride, const int64_t* positions, int64_t pb,
-         int64_t ps, int64_t batch_rows, bool interleaved, bool conjugate) {
+template <typename T, typename TT, int64_t kHalf>
+void run_fixed(const std::vector<View>& views, int64_t B, int64_t S, int64_t D, int64_t r, const Rows& rows,
+               bool interleaved, bool conjugate) {
   using A = typename Acc<T>::type;
   const A sign = conjugate ? A(-1) : A(1);
   const int64_t h = kHalf ? kHalf : r / 2;
@@ -195,23 +186,17 @@ void run_fixed(const std::vector<View>& views, int64_t B, int64_t S, int64_t D, 
   for (const auto& v : views) work_per_block += v.heads * D * std::min(S, kBlock);
   // ~64k elements per task: enough to amortise a thread wake-up, small enough to split prefill.
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, work_per_block));
-  at::parallel_for(0, B * blocks_per_batch, grain, [=, &views](int64_t begin, int64_t end) {
-    const float* crow[kBlock];
-    const float* srow[kBlock];
+  at::parallel_for(0, B * blocks_per_batch, grain, [=, &views, &rows](int64_t begin, int64_t end) {
+    int64_t row[kBlock];
     for (int64_t block = begin; block < end; ++block) {
       const int64_t b = block / blocks_per_batch, s0 = (block % blocks_per_batch) * kBlock;
       const int64_t n = std::min(kBlock, S - s0);
-      for (int64_t j = 0; j < n; ++j) {
-        const int64_t s = s0 + j;
-        const int64_t t = positions ? positions[b * pb + s * ps] : b * batch_rows + s;
-        TORCH_CHECK(t >= 0 && t < table_rows, "rotary: position ", t, " is outside the cos/sin table of ",
-                    table_rows, " rows");
-        crow[j] = cos + t * table_stride;
-        srow[j] = sin + t * table_stride;
-      }
+      for (int64_t j = 0; j < n; ++j) row[j] = rows(b, s0 + j);
       for (const auto& v : views) {
         T* xb = reinterpret_cast<T*>(v.in) + b * v.sb + s0 * v.ss;
         T* ob = reinterpret_cast<T*>(v.out) + b * v.ob + s0 * v.os;
+        const TT* cos = static_cast<const TT*>(v.cos);
+        const TT* sin = static_cast<const TT*>(v.sin);
         const bool inplace = xb == ob && v.sh == v.oh && v.ss == v.os;
         const bool heads_outer = std::abs(v.sh) >= std::abs(v.ss);
         // The pairing and in-place choices are made once per block, outside the loops: with the two
@@ -220,8 +205,9 @@ void run_fixed(const std::vector<View>& views, int64_t B, int64_t S, int64_t D, 
         auto loops = [&](auto inplace_c, auto interleaved_c) {
           constexpr bool kInplace = decltype(inplace_c)::value, kInterleaved = decltype(interleaved_c)::value;
           auto one = [&](int64_t head, int64_t j) {
-            rotate_vector<T, A>(xb + head * v.sh + j * v.ss, ob + head * v.oh + j * v.os, kInplace, crow[j], srow[j],
-                                sign, h, r, D, kInterleaved);
+            const int64_t t = row[j] * v.rs + head * v.hs;
+            rotate_vector<T, A, TT>(xb + head * v.sh + j * v.ss, ob + head * v.oh + j * v.os, kInplace, cos + t,
+                                    sin + t, sign, h, r, D, kInterleaved);
           };
           if (heads_outer) {
             for (int64_t head = 0; head < v.heads; ++head)
@@ -240,47 +226,164 @@ void run_fixed(const std::vector<View>& views, int64_t B, int64_t S, int64_t D, 
   });
 }
 
-}  // namespace
+template <typename T, typename TT>
+void run(const std::vector<View>& views, int64_t B, int64_t S, int64_t D, int64_t r, const Rows& rows,
+         bool interleaved, bool conjugate) {
+  // A pair count known at compile time lets the compiler unroll a head's loop completely (no
+  // remainder loop, no peeling): rotary dims 64 and 128 cover most models.
+  switch (r / 2) {
+    case 32: return run_fixed<T, TT, 32>(views, B, S, D, r, rows, interleaved, conjugate);
+    case 64: return run_fixed<T, TT, 64>(views, B, S, D, r, rows, interleaved, conjugate);
+    default: return run_fixed<T, TT, 0>(views, B, S, D, r, rows, interleaved, conjugate);
+  }
+}
 
-// xs[i], outs[i]: [B, S, H_i, D] (outs[i] may be xs[i] itself: in place). cos/sin: fp32 [T, >= r]
-// rows with unit column stride. positions: int64 [B, S] (any strides) selecting the table row of
-// (b, s), or an undefined tensor: row = b * batch_rows + s.
-void rope_cpu(const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& outs, const at::Tensor& cos,
-              const at::Tensor& sin, const std::optional<at::Tensor>& positions, int64_t batch_rows, int64_t r,
-              bool interleaved, bool conjugate) {
-  TORCH_CHECK(!xs.empty() && xs.size() == outs.size(), "rotary: need as many outputs as inputs");
-  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "rotary: tables must be fp32");
-  TORCH_CHECK(cos.dim() == 2 && cos.sizes() == sin.sizes() && cos.strides() == sin.strides() && cos.stride(1) == 1,
-              "rotary: cos/sin must be [T, r] with unit column stride and equal strides");
-  const auto& x0 = xs[0];
-  const int64_t B = x0.size(0), S = x0.size(1), D = x0.size(3);
-  TORCH_CHECK(r > 0 && r % 2 == 0 && r <= D && r <= cos.size(1), "rotary: bad rotary dim ", r);
+// Gradients with respect to the tables, per token: for each x and its output gradient g,
+// gcos[b, s, (head,) c] = Σ_heads g[c] x[c] and gsin[...] = sign Σ_heads g[c] turn(x)[c], where
+// turn(x) is the 90-degree turn of each pair, (a, b) -> (-b, a). Each task owns whole tokens, so
+// no two threads write the same row.
+template <typename T, typename TT>
+void table_grad(const std::vector<View>& views, const std::vector<at::Tensor>& gcos, const std::vector<at::Tensor>& gsin,
+                int64_t B, int64_t S, int64_t r, bool interleaved, bool conjugate) {
+  using A = typename Acc<T>::type;
+  const A sign = conjugate ? A(-1) : A(1);
+  const int64_t h = r / 2;
+  at::parallel_for(0, B * S, 64, [&](int64_t begin, int64_t end) {
+    std::vector<A> ac(r), as(r);
+    for (int64_t token = begin; token < end; ++token) {
+      const int64_t b = token / S, s = token % S;
+      for (size_t i = 0; i < views.size(); ++i) {
+        const View& v = views[i];
+        const bool per_head = gcos[i].dim() == 4;
+        TT* gc = gcos[i].data_ptr<TT>() + b * gcos[i].stride(0) + s * gcos[i].stride(1);
+        TT* gs = gsin[i].data_ptr<TT>() + b * gsin[i].stride(0) + s * gsin[i].stride(1);
+        const T* xb = reinterpret_cast<const T*>(v.in) + b * v.sb + s * v.ss;  // the input x
+        const T* gb = reinterpret_cast<const T*>(v.out) + b * v.ob + s * v.os;  // the output gradient
+        std::fill(ac.begin(), ac.end(), A(0));
+        std::fill(as.begin(), as.end(), A(0));
+        for (int64_t head = 0; head < v.heads; ++head) {
+          const T* x = xb + head * v.sh;
+          const T* g = gb + head * v.oh;
+          for (int64_t p = 0; p < h; ++p) {
+            const int64_t i0 = interleaved ? 2 * p : p, i1 = interleaved ? 2 * p + 1 : p + h;
+            const A a = static_cast<A>(x[i0]), z = static_cast<A>(x[i1]);
+            const A g0 = static_cast<A>(g[i0]), g1 = static_cast<A>(g[i1]);
+            ac[i0] += g0 * a;
+            ac[i1] += g1 * z;
+            as[i0] -= g0 * z;
+            as[i1] += g1 * a;
+          }
+          if (per_head) {
+            TT* hc = gc + head * gcos[i].stride(2);
+            TT* hs = gs + head * gsin[i].stride(2);
+            for (int64_t c = 0; c < r; ++c) {
+              hc[c] = static_cast<TT>(ac[c]);
+              hs[c] = static_cast<TT>(sign * as[c]);
+            }
+            std::fill(ac.begin(), ac.end(), A(0));
+            std::fill(as.begin(), as.end(), A(0));
+          }
+        }
+        if (!per_head) {
+          for (int64_t c = 0; c < r; ++c) {
+            gc[c] = static_cast<TT>(ac[c]);
+            gs[c] = static_cast<TT>(sign * as[c]);
+          }
+        }
+      }
+    }
+  });
+}
+
+struct Call {
   std::vector<View> views;
+  int64_t B, S, D, r;
+  Rows rows;
+  bool double_tables;
+};
+
+// The checks shared by both entry points; xs[i] with outs[i] (or the gradients) and tables cos[i], sin[i].
+Call prepare(const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& cos,
+             const std::vector<at::Tensor>& sin, const std::optional<at::Tensor>& positions, int64_t batch_rows) {
+  TORCH_CHECK(!xs.empty() && xs.size() == outs.size() && xs.size() == cos.size() && xs.size() == sin.size(),
+              "rotary: need one output and one table per input");
+  const auto& x0 = xs[0];
+  const auto table_type = cos[0].scalar_type();
+  TORCH_CHECK(table_type == at::kFloat || (table_type == at::kDouble && x0.scalar_type() == at::kDouble),
+              "rotary: tables must be fp32 (or float64 for float64 inputs)");
+  Call call{{}, x0.size(0), x0.size(1), x0.size(3), cos[0].size(-1), Rows{nullptr, 0, 0, batch_rows, cos[0].size(0)},
+            table_type == at::kDouble};
+  TORCH_CHECK(call.r > 0 && call.r % 2 == 0 && call.r <= call.D, "rotary: bad rotary dim ", call.r);
   for (size_t i = 0; i < xs.size(); ++i) {
-    const auto &x = xs[i], &o = outs[i];
-    TORCH_CHECK(x.dim() == 4 && x.size(0) == B && x.size(1) == S && x.size(3) == D, "rotary: inputs disagree on B, S, D");
+    const auto &x = xs[i], &o = outs[i], &c = cos[i], &s = sin[i];
+    TORCH_CHECK(x.dim() == 4 && x.size(0) == call.B && x.size(1) == call.S && x.size(3) == call.D,
+                "rotary: inputs disagree on B, S, D");
     TORCH_CHECK(o.sizes() == x.sizes() && o.scalar_type() == x.scalar_type() && x.scalar_type() == x0.scalar_type(),
                 "rotary: output shape/dtype mismatch");
     TORCH_CHECK(x.stride(3) == 1 && o.stride(3) == 1, "rotary: the channel dim must have unit stride");
-    views.push_back({static_cast<char*>(x.data_ptr()), static_cast<char*>(o.data_ptr()), x.size(2), x.stride(0),
-                     x.stride(1), x.stride(2), o.stride(0), o.stride(1), o.stride(2)});
+    TORCH_CHECK(c.scalar_type() == table_type && s.scalar_type() == table_type && c.sizes() == s.sizes() &&
+                    c.strides() == s.strides() && c.stride(-1) == 1 && c.size(-1) == call.r &&
+                    c.size(0) == call.rows.table_rows,
+                "rotary: cos/sin must be [N, r] or [N, H, r] of one dtype with unit column stride and equal strides");
+    const bool per_head = c.dim() == 3;
+    TORCH_CHECK(c.dim() == 2 || (per_head && c.size(1) == x.size(2)), "rotary: per-head tables must have the input's heads");
+    call.views.push_back({static_cast<char*>(x.data_ptr()), static_cast<char*>(o.data_ptr()), x.size(2), x.stride(0),
+                          x.stride(1), x.stride(2), o.stride(0), o.stride(1), o.stride(2), c.data_ptr(), s.data_ptr(),
+                          c.stride(0), per_head ? c.stride(1) : 0});
   }
-  const int64_t* pos = nullptr;
-  int64_t pb = 0, ps = 0;
   if (positions.has_value() && positions->defined()) {
-    TORCH_CHECK(positions->scalar_type() == at::kLong && positions->dim() == 2 && positions->size(0) == B &&
-                    positions->size(1) == S,
+    TORCH_CHECK(positions->scalar_type() == at::kLong && positions->dim() == 2 && positions->size(0) == call.B &&
+                    positions->size(1) == call.S,
                 "rotary: positions must be int64 [B, S]");
-    pos = positions->data_ptr<int64_t>();
-    pb = positions->stride(0);
-    ps = positions->stride(1);
+    call.rows.positions = positions->data_ptr<int64_t>();
+    call.rows.pb = positions->stride(0);
+    call.rows.ps = positions->stride(1);
   }
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x0.scalar_type(), "rope_cpu", [&] {
-    run<scalar_t>(views, B, S, D, r, cos.data_ptr<float>(), sin.data_ptr<float>(), cos.size(0), cos.stride(0), pos,
-                  pb, ps, batch_rows, interleaved, conjugate);
+  return call;
+}
+
+}  // namespace
+
+// xs[i], outs[i]: [B, S, H_i, D] (outs[i] may be xs[i] itself: in place). cos[i]/sin[i]: the table of
+// xs[i], fp32 (or fp64 for fp64 inputs) [N, r] or per-head [N, H_i, r], unit column stride.
+// positions: int64 [B, S] (any strides) selecting the table row of (b, s), or undefined: row = b * batch_rows + s.
+void rope_cpu(const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& cos,
+              const std::vector<at::Tensor>& sin, const std::optional<at::Tensor>& positions, int64_t batch_rows,
+              bool interleaved, bool conjugate) {
+  const Call call = prepare(xs, outs, cos, sin, positions, batch_rows);
+  if (call.double_tables) {
+    run<double, double>(call.views, call.B, call.S, call.D, call.r, call.rows, interleaved, conjugate);
+    return;
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xs[0].scalar_type(), "rope_cpu", [&] {
+    run<scalar_t, float>(call.views, call.B, call.S, call.D, call.r, call.rows, interleaved, conjugate);
+  });
+}
+
+// Per-token table gradients (see table_grad): gcos[i]/gsin[i] are [B, S, r] (summed over heads) or
+// [B, S, H_i, r] for per-head tables, in the tables' dtype; every element is written.
+void rope_table_grad_cpu(const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& grads,
+                         const std::vector<at::Tensor>& cos, const std::vector<at::Tensor>& sin,
+                         const std::vector<at::Tensor>& gcos, const std::vector<at::Tensor>& gsin, bool interleaved,
+                         bool conjugate) {
+  const Call call = prepare(xs, grads, cos, sin, std::nullopt, 0);
+  TORCH_CHECK(gcos.size() == xs.size() && gsin.size() == xs.size(), "rotary: one gradient buffer per input");
+  for (size_t i = 0; i < xs.size(); ++i) {
+    TORCH_CHECK(gcos[i].scalar_type() == cos[i].scalar_type() && gcos[i].sizes() == gsin[i].sizes() &&
+                    gcos[i].size(0) == call.B && gcos[i].size(1) == call.S && gcos[i].size(-1) == call.r &&
+                    gcos[i].stride(-1) == 1 && gsin[i].stride(-1) == 1,
+                "rotary: table gradient buffers must be [B, S, (H,) r] in the tables' dtype");
+  }
+  if (call.double_tables) {
+    table_grad<double, double>(call.views, gcos, gsin, call.B, call.S, call.r, interleaved, conjugate);
+    return;
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xs[0].scalar_type(), "rope_table_grad_cpu", [&] {
+    table_grad<scalar_t, float>(call.views, gcos, gsin, call.B, call.S, call.r, interleaved, conjugate);
   });
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("rope", &rope_cpu, "fused rotary embedding over a list of [B, S, H, D] views");
+  m.def("rope", &rope_cpu, "fused rotary embedding over a list of [B, S, H, D] views, one table per view");
+  m.def("rope_table_grad", &rope_table_grad_cpu, "per-token gradients of the cos/sin tables");
 }

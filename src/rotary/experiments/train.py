@@ -1,0 +1,303 @@
+"""Training one ``Decoder`` per position encoding, in the manner of nanoGPT's ``train.py``: the same
+script on one process or under torchrun with DistributedDataParallel.
+
+    torchrun --standalone --nproc_per_node=2 -m rotary experiment --preset tiny
+
+Under torchrun every rank builds the same model (same seed), wraps it in
+``torch.nn.parallel.DistributedDataParallel`` (gloo on CPU, nccl on GPU) and takes its own
+contiguous rows of every global batch; DDP averages the gradients, so each update is the one a single
+process would make on the whole batch. Rank 0 alone writes checkpoints.
+
+A checkpoint (model, optimizer, step, losses so far) is written every ``checkpoint_every`` steps and
+at the end. Batches depend only on ``(seed, step)`` and the learning rate only on the step, so a run
+resumed from step ``k`` continues exactly as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..models import Decoder, DecoderConfig
+from .config import ExperimentConfig, ExperimentError
+from .data import derived_seed, training_batch
+from .progress import Reporter
+
+__all__ = [
+    "CHECKPOINT",
+    "Distributed",
+    "ModelSpec",
+    "TrainOutcome",
+    "build_model",
+    "decoder_config",
+    "learning_rate",
+    "load_checkpoint",
+    "model_specs",
+    "param_groups",
+    "train_model",
+]
+
+CHECKPOINT = "checkpoint.pt"
+CHECKPOINT_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Distributed:
+    """This process's place under torchrun (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``); 0 / 1 / 0 alone."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def from_env(cls) -> Distributed:
+        """Read torchrun's environment variables.
+
+        Example:
+            >>> Distributed.from_env().world_size >= 1
+            True
+        """
+        try:
+            return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0)))
+        except ValueError:
+            raise ExperimentError(
+                f"RANK / WORLD_SIZE / LOCAL_RANK must be integers (torchrun sets them), got "
+                f"{os.environ.get('RANK')!r} / {os.environ.get('WORLD_SIZE')!r} / {os.environ.get('LOCAL_RANK')!r}"
+            ) from None
+
+    def start(self, device: str) -> None:
+        """Join the process group (gloo on CPU, nccl on CUDA); nothing to do for one process."""
+        if self.world_size > 1 and not torch.distributed.is_initialized():
+            if device == "cuda":
+                torch.cuda.set_device(self.local_rank)
+            torch.distributed.init_process_group("nccl" if device == "cuda" else "gloo")
+
+    def agree(self, ok: bool) -> bool:
+        """True when ``ok`` holds on every rank (one all-reduce; the flag itself alone)."""
+        if self.world_size == 1 or not torch.distributed.is_initialized():
+            return ok
+        flag = torch.tensor([int(ok)])
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+        return bool(flag.item())
+
+    def stop(self) -> None:
+        if self.world_size > 1 and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model to train: its name in the results, its position encoding and its seed."""
+
+    name: str
+    encoding: str
+    seed: int
+
+    @property
+    def repeat(self) -> bool:
+        """True for the second training of an encoding (the run-to-run spread)."""
+        return self.name != self.encoding
+
+
+def model_specs(config: ExperimentConfig) -> list[ModelSpec]:
+    """Every model of a run: one per encoding (``seed``), then the repeats (``seed + 1``, named ``<enc>-2``).
+
+    Example:
+        >>> [s.name for s in model_specs(ExperimentConfig(encodings=("none", "rope"), spread_encodings=("rope",)))]
+        ['none', 'rope', 'rope-2']
+    """
+    specs = [ModelSpec(e, e, config.seed) for e in config.encodings]
+    return specs + [ModelSpec(f"{e}-2", e, config.seed + 1) for e in config.spread_encodings]
+
+
+def decoder_config(encoding: str, config: ExperimentConfig, rope_scaling: dict | None = None) -> DecoderConfig:
+    """The ``DecoderConfig`` of a model of this run. ``max_position`` is the longest evaluation length:
+    a learned table gets rows up to ``8L`` (those past ``L`` are never trained) instead of an index
+    error, and RoPE's tables are built that long up front."""
+    return DecoderConfig(
+        vocab_size=256, hidden_size=config.hidden_size, num_layers=config.num_layers, num_heads=config.num_heads,
+        max_position=config.longest, position_encoding=encoding, rope_base=config.rope_base, rope_scaling=rope_scaling,
+    )
+
+
+def build_model(spec: ModelSpec, config: ExperimentConfig) -> Decoder:
+    """The model of ``spec`` with its initial weights (a function of the seed and the encoding only).
+
+    Example:
+        >>> cfg = ExperimentConfig(preset="tiny", train_length=112, hidden_size=32, num_layers=1, num_heads=2)
+        >>> a, b = build_model(ModelSpec("rope", "rope", 0), cfg), build_model(ModelSpec("rope", "rope", 0), cfg)
+        >>> all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+        True
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derived_seed(spec.seed, "init", spec.encoding))
+        return Decoder(decoder_config(spec.encoding, config))
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW groups: weight decay on the weights of linear layers only.
+
+    Embeddings (tokens, learned positions), norms and learned biases are not decayed: a row that gets
+    no gradient (a learned position past ``L``) then keeps its initial value exactly.
+    """
+    decay = {id(m.weight): m.weight for m in model.modules() if isinstance(m, nn.Linear)}
+    rest = [p for p in model.parameters() if id(p) not in decay]
+    return [{"params": list(decay.values()), "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+
+
+def learning_rate(step: int, config: ExperimentConfig) -> float:
+    """Linear warm-up to ``learning_rate``, then cosine decay to ``min_learning_rate`` at the last step.
+
+    Example:
+        >>> cfg = ExperimentConfig(steps=100, warmup_steps=10, learning_rate=1.0, min_learning_rate=0.1)
+        >>> learning_rate(0, cfg), learning_rate(10, cfg), round(learning_rate(99, cfg), 3)
+        (0.1, 1.0, 0.1)
+    """
+    if step < config.warmup_steps:
+        return config.learning_rate * (step + 1) / config.warmup_steps
+    span = max(config.steps - 1 - config.warmup_steps, 1)
+    progress = min((step - config.warmup_steps) / span, 1.0)
+    return config.min_learning_rate + 0.5 * (1 + math.cos(math.pi * progress)) * (config.learning_rate - config.min_learning_rate)
+
+
+@dataclass
+class TrainOutcome:
+    """A trained model and how its training went (wall time summed over resumed segments)."""
+
+    model: Decoder
+    losses: list[float]
+    seconds: float
+    tokens_per_second: float
+    resumed_at: int = 0
+
+
+def load_checkpoint(path: Path, spec: ModelSpec, config: ExperimentConfig) -> dict:
+    """Read a checkpoint and check it belongs to this model of this configuration.
+
+    Raises:
+        ExperimentError: unreadable, truncated or foreign checkpoints (names the file and the fix).
+    """
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # a truncated zip, a garbage file, a pickle error: all one message
+        raise ExperimentError(
+            f"checkpoint {path} is corrupted ({type(exc).__name__}); delete it to train {spec.name} again from the start"
+        ) from None
+    expected = {"format": CHECKPOINT_FORMAT, "name": spec.name, "encoding": spec.encoding, "seed": spec.seed}
+    if not isinstance(state, dict) or any(state.get(k) != v for k, v in expected.items()):
+        raise ExperimentError(f"checkpoint {path} is not a checkpoint of model {spec.name} of this run; delete it")
+    if state.get("config") != config.to_dict():
+        raise ExperimentError(f"checkpoint {path} was written with other settings than this run's config.json; delete it")
+    missing = {"step", "model", "optimizer", "losses", "seconds"} - set(state)
+    if missing or not 0 < state["step"] <= config.steps or len(state["losses"]) != state["step"]:
+        raise ExperimentError(f"checkpoint {path} is corrupted (missing or inconsistent {sorted(missing) or 'step'}); delete it")
+    return state
+
+
+def _save_checkpoint(path: Path, payload: dict) -> None:
+    # written beside and renamed: a kill while writing leaves the previous checkpoint intact
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+
+
+def train_model(
+    spec: ModelSpec,
+    config: ExperimentConfig,
+    train_tokens: torch.Tensor,
+    *,
+    run_dir: Path | None,
+    resume: bool,
+    reporter: Reporter,
+    dist: Distributed = Distributed(),
+) -> TrainOutcome:
+    """Train (or continue training) the model of ``spec`` for ``config.steps`` steps.
+
+    Args:
+        spec: which model.
+        config: the run's settings (device, batch, schedule, ...).
+        train_tokens: int64 ``[N]`` training text.
+        run_dir: where ``models/<name>/checkpoint.pt`` lives (rank 0 writes it); None: no checkpoints.
+        resume: continue from an existing checkpoint.
+        reporter: progress output.
+        dist: this process's rank and the world size.
+
+    Returns:
+        :class:`TrainOutcome` with the unwrapped model in eval mode.
+    """
+    device = torch.device(config.device, dist.local_rank) if config.device == "cuda" else torch.device("cpu")
+    model = build_model(spec, config).to(device)
+    optimizer = torch.optim.AdamW(param_groups(model, config.weight_decay), lr=config.learning_rate, betas=(0.9, 0.95), eps=1e-8)
+    path = None if run_dir is None else run_dir / "models" / spec.name / CHECKPOINT
+    start, losses, seconds_before = 0, [], 0.0
+    if resume and path is not None and path.exists():
+        state = load_checkpoint(path, spec, config)
+        try:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as exc:
+            raise ExperimentError(f"checkpoint {path} does not fit model {spec.name} ({str(exc).splitlines()[0]}); delete it") from None
+        start, losses, seconds_before = state["step"], list(state["losses"]), float(state["seconds"])
+
+    if dist.world_size > 1:
+        wrapped: nn.Module = nn.parallel.DistributedDataParallel(model, device_ids=[dist.local_rank] if device.type == "cuda" else None)
+    else:
+        wrapped = model
+    rows = config.batch_size // dist.world_size
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+
+    def save(step: int, seconds: float) -> None:
+        if path is None or not dist.is_main:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _save_checkpoint(path, {
+            "format": CHECKPOINT_FORMAT, "name": spec.name, "encoding": spec.encoding, "seed": spec.seed,
+            "config": config.to_dict(), "step": step, "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(), "losses": losses, "seconds": seconds,
+        })
+
+    model.train()
+    started = time.perf_counter()
+    with reporter.task(f"train {spec.name:<14}", total=config.steps, completed=start) as task:
+        for step in range(start, config.steps):
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(step, config)
+            batch = training_batch(train_tokens, step, config, spec.seed)
+            batch = batch[dist.rank * rows : (dist.rank + 1) * rows].to(device)  # this rank's shard
+            inputs, targets = batch[:, :-1], batch[:, 1:]
+            with autocast:
+                logits = wrapped(inputs)
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+            logged = loss.detach()
+            if dist.world_size > 1:  # the loss of the global batch, for the log only
+                torch.distributed.all_reduce(logged)
+                logged = logged / dist.world_size
+            losses.append(float(logged))
+            recent = losses[-20:]
+            task.advance(loss=sum(recent) / len(recent))
+            if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
+                save(step + 1, seconds_before + time.perf_counter() - started)
+    if start == config.steps:  # finished before: its time is the checkpoint's
+        seconds = seconds_before
+    else:
+        seconds = seconds_before + time.perf_counter() - started
+    tokens_per_second = config.steps * config.batch_size * config.train_length / max(seconds, 1e-9)
+    model.eval()
+    return TrainOutcome(model, losses, seconds, tokens_per_second, resumed_at=start)

@@ -1,0 +1,92 @@
+"""The two pairings and conversions between them.
+
+The paper, RoFormer, GPT-J and Meta's LLaMA pair channels (2i, 2i + 1) ("interleaved"); Hugging Face
+and GPT-NeoX pair (i, i + r/2) ("half"). A checkpoint trained with one runs with the other after its
+q and k projection rows are permuted (:func:`permute_qk_weight`; this is Hugging Face's Meta-to-HF
+conversion), and activations convert with :func:`to_half` / :func:`to_interleaved`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from ._checks import check_positive_int
+
+__all__ = ["pair_permutation", "permute_qk_weight", "to_half", "to_interleaved"]
+
+
+def pair_permutation(head_dim: int, *, to: Literal["half", "interleaved"], rotary_dim: int | None = None) -> torch.Tensor:
+    """Channel order (int64 ``[head_dim]``) that converts one pairing's layout into the other.
+
+    ``x[..., pair_permutation(D, to="half")]`` takes interleaved channels (2i, 2i+1) to half
+    channels (i, i + r/2); pass-through channels ``r..D-1`` keep their place.
+    """
+    check_positive_int(head_dim, "head_dim")
+    r = head_dim if rotary_dim is None else check_positive_int(rotary_dim, "rotary_dim")
+    if head_dim % 2 or r % 2 or not 0 < r <= head_dim:
+        raise ValueError(f"need even head_dim and rotary_dim with 0 < rotary_dim <= head_dim, got {head_dim}, {r}")
+    rot = torch.arange(r)
+    if to == "half":
+        rot = torch.cat((rot[0::2], rot[1::2]))
+    elif to == "interleaved":
+        rot = torch.stack((rot[: r // 2], rot[r // 2 :]), dim=-1).flatten()
+    else:
+        raise ValueError(f"to must be 'half' or 'interleaved', got {to!r}")
+    return torch.cat((rot, torch.arange(r, head_dim)))
+
+
+def _check_x(x: torch.Tensor) -> None:
+    if not isinstance(x, torch.Tensor) or x.dim() == 0:
+        raise ValueError(f"x must be a tensor [..., D] with a channel axis, got {getattr(x, 'shape', type(x).__name__)}")
+
+
+def to_interleaved(x: torch.Tensor, rotary_dim: int | None = None) -> torch.Tensor:
+    """Reorder the last dim of ``x`` ``[..., D]`` from the half layout to the interleaved layout.
+
+    Example:
+        >>> to_interleaved(torch.tensor([0, 1, 2, 3]))  # pairs (0, 2), (1, 3) become adjacent
+        tensor([0, 2, 1, 3])
+    """
+    _check_x(x)
+    return x.index_select(-1, pair_permutation(x.shape[-1], to="interleaved", rotary_dim=rotary_dim).to(x.device))
+
+
+def to_half(x: torch.Tensor, rotary_dim: int | None = None) -> torch.Tensor:
+    """Reorder the last dim of ``x`` ``[..., D]`` from the interleaved layout to the half layout.
+
+    Example:
+        >>> to_half(torch.tensor([0, 2, 1, 3]))
+        tensor([0, 1, 2, 3])
+    """
+    _check_x(x)
+    return x.index_select(-1, pair_permutation(x.shape[-1], to="half", rotary_dim=rotary_dim).to(x.device))
+
+
+def permute_qk_weight(
+    w: torch.Tensor, head_dim: int, to: Literal["half", "interleaved"] = "half", *, rotary_dim: int | None = None
+) -> torch.Tensor:
+    """Permute the output rows of a q or k projection so a checkpoint runs with the other pairing.
+
+    Args:
+        w: weight ``[n_heads * head_dim, in_features]`` or bias ``[n_heads * head_dim]``.
+        head_dim: channels per head.
+        to: ``"half"`` (interleaved checkpoint -> half-pairing model: the Meta LLaMA -> Hugging Face
+            conversion) or ``"interleaved"`` (the inverse).
+        rotary_dim: rotated channels per head (default ``head_dim``).
+
+    Example:
+        >>> w = torch.randn(4 * 64, 256)  # 4 heads of 64
+        >>> permute_qk_weight(permute_qk_weight(w, 64, "half"), 64, "interleaved").equal(w)
+        True
+    """
+    check_positive_int(head_dim, "head_dim")
+    if not isinstance(w, torch.Tensor) or w.dim() not in (1, 2) or w.shape[0] % head_dim:
+        raise ValueError(
+            f"w must be [n_heads * head_dim, in] or [n_heads * head_dim]; got shape {tuple(getattr(w, 'shape', ()))} "
+            f"with head_dim={head_dim}"
+        )
+    perm = pair_permutation(head_dim, to=to, rotary_dim=rotary_dim).to(w.device)
+    heads = w.reshape(w.shape[0] // head_dim, head_dim, *w.shape[1:])
+    return heads.index_select(1, perm).reshape(w.shape)

@@ -1,0 +1,312 @@
+"""Positions: where each token sits, validated once where they enter and passed on as :class:`Positions`.
+
+Every way a model says where its tokens are ends up here:
+
+- explicit ``position_ids`` (``[S]``, ``[B, S]``, packed ``[T]``), checked for dtype, rank, batch
+  agreement and sign (:func:`from_ids`);
+- the default ``offset + arange(S)`` (:func:`arange`), no device read at all;
+- left padding from an attention mask (:func:`from_attention_mask`);
+- packed variable-length sequences from ``cu_seqlens`` (:func:`from_cu_seqlens`), positions
+  restarting at 0 in every sequence, as in flash-attn's varlen API;
+- continuation after a KV cache (:func:`continuation`);
+- N-D coordinates ``[..., A]`` for A axes, and grids of images and video (:func:`grid`).
+
+A :class:`Positions` carries ``bound``, a host-side integer with every id ``< bound``. Tables are sized
+from it, so downstream code never reads positions back from the device (each ``int(t.max())`` is a
+device-to-host synchronisation on a GPU). Whatever holds a :class:`Positions` may trust it: nothing
+downstream validates positions again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ._checks import check_int, check_positive_int
+
+__all__ = ["Positions", "arange", "check_position_ids", "continuation", "from_attention_mask", "from_cu_seqlens", "from_ids", "grid"]
+
+
+@dataclass(frozen=True)
+class Positions:
+    """Validated positions of the tokens of one call.
+
+    Attributes:
+        ids: int64 positions: ``[S]`` (shared by the batch), ``[B, S]``, or packed ``[T]``; with
+            ``axes > 1``, a trailing axis of coordinates: ``[S, A]``, ``[B, S, A]``, ``[T, A]``.
+        bound: every id is ``< bound`` (a host int, exact or an upper bound); ``None`` when not known
+            without a device read (under ``torch.compile``).
+        axes: the number of coordinates per token ``A`` (1 for text).
+        start: for positions made by :func:`arange`, the first position (the ids are
+            ``start .. start + S - 1``); tables for them are a slice, no gather. ``None`` otherwise.
+        packed: the ids belong to packed sequences ``[T]`` (tokens of several sequences concatenated).
+        exact: ``bound`` is exactly ``max(ids) + 1`` (length-dependent scaling needs that), not just
+            an upper bound (e.g. the mask length for left-padded rows).
+
+    Example:
+        >>> p = arange(4, offset=10)
+        >>> p.ids.tolist(), p.bound, p.start
+        ([10, 11, 12, 13], 14, 10)
+    """
+
+    ids: torch.Tensor
+    bound: int | None
+    axes: int = 1
+    start: int | None = None
+    packed: bool = False
+    exact: bool = True
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens per sequence ``S`` (packed: all tokens ``T``)."""
+        return self.ids.shape[-2] if self.axes > 1 else self.ids.shape[-1]
+
+    @property
+    def batch(self) -> int | None:
+        """The batch size the ids are given for, or ``None`` when shared by every batch row."""
+        per_token = self.ids.dim() - (1 if self.axes > 1 else 0)
+        return self.ids.shape[0] if per_token == 2 else None
+
+    def to(self, device: torch.device | str) -> Positions:
+        """The same positions on ``device``."""
+        if self.ids.device == torch.device(device):
+            return self
+        return Positions(self.ids.to(device), self.bound, self.axes, self.start, self.packed, self.exact)
+
+
+def _integer_ids(position_ids: object, name: str) -> torch.Tensor:
+    if not isinstance(position_ids, torch.Tensor):
+        raise TypeError(f"{name} must be an integer tensor, got {type(position_ids).__name__}")
+    dtype = position_ids.dtype
+    if position_ids.is_floating_point() or position_ids.is_complex() or dtype == torch.bool:
+        raise TypeError(
+            f"{name} must have an integer dtype (int64 or int32), got {dtype}; float positions round "
+            "(bf16 turns 257 into 256)"
+        )
+    if dtype == torch.uint8:
+        raise TypeError(f"{name} must be int64 or int32, got torch.uint8 (torch indexes with uint8 as a boolean mask)")
+    if dtype not in (torch.int64, torch.int32):  # int16 / int8 overflow at small positions
+        raise TypeError(f"{name} must be int64 or int32, got {dtype}; convert with .long()")
+    return position_ids
+
+
+def _read_range(ids: torch.Tensor, name: str) -> int | None:
+    """Check ids >= 0 and return max + 1, with one device read; ``None`` under torch.compile.
+
+    Under torch.compile the sign is checked in the graph, without a graph break (the error then comes
+    from the compiled function when it runs, as a RuntimeError).
+    """
+    if torch.compiler.is_compiling():
+        torch._assert_async((ids >= 0).all(), f"{name} must be >= 0")
+        return None
+    if not ids.numel():
+        return 0
+    low, high = (int(v) for v in torch.aminmax(ids))
+    if low < 0:
+        raise ValueError(f"{name} must be >= 0, got a minimum of {low}")
+    return high + 1
+
+
+def check_position_ids(position_ids: torch.Tensor, *, name: str = "position_ids") -> torch.Tensor:
+    """Validate integer positions ``[S]`` or ``[B, S]`` (int64/int32, >= 0) and return them.
+
+    Example:
+        >>> check_position_ids(torch.tensor([0, 1, 2])).tolist()
+        [0, 1, 2]
+    """
+    return from_ids(position_ids, name=name).ids
+
+
+def from_ids(
+    position_ids: torch.Tensor | Positions,
+    *,
+    batch: int | None = None,
+    seq_len: int | None = None,
+    axes: int = 1,
+    packed: bool = False,
+    device: torch.device | None = None,
+    name: str = "position_ids",
+) -> Positions:
+    """Validate explicit positions.
+
+    Args:
+        position_ids: int64/int32 ``[S]`` or ``[B, S]`` (``[T]`` when ``packed``), with a trailing
+            axis ``[..., A]`` when ``axes > 1``; all ``>= 0``. A :class:`Positions` is checked
+            against ``batch``/``seq_len`` only (it was validated when it was made).
+        batch: the batch size ``B`` of the inputs they belong to (``[B, S]`` ids must match it, or be 1).
+        seq_len: the inputs' ``S`` (or packed ``T``).
+        axes: coordinates per token ``A``.
+        packed: ids are per packed token ``[T]``.
+        device: move the ids there.
+        name: the argument's name, for messages.
+
+    Returns:
+        :class:`Positions` with int64 ids and the exact ``bound`` (one device read of min and max).
+
+    Raises:
+        TypeError: not an integer tensor, or a dtype positions cannot be held in.
+        ValueError: a wrong rank, a batch or length that does not fit, or a negative position.
+
+    Example:
+        >>> from_ids(torch.tensor([[0, 0, 1, 2]]), batch=1, seq_len=4).bound
+        3
+    """
+    if isinstance(position_ids, Positions):
+        positions = position_ids
+    else:
+        check_positive_int(axes, "axes")
+        ids = _integer_ids(position_ids, name)
+        coordinate = 1 if axes > 1 else 0
+        ranks = (1,) if packed else (1, 2)
+        if ids.dim() - coordinate not in ranks or (axes > 1 and ids.shape[-1] != axes):
+            want = "[T]" if packed else "[S] or [B, S]"
+            if axes > 1:
+                want = want.replace("]", f", {axes}]")
+            hint = ""
+            if axes == 1 and ids.dim() == 3 and ids.shape[0] == 3:
+                hint = (
+                    "; these look like M-RoPE ids [3, B, S] (temporal, height, width), which a 1-D RoPE cannot "
+                    "rotate: use rotary.MRoPE, or pass one row (ids[0]) for text"
+                )
+            raise ValueError(f"{name} must be {want}, got shape {tuple(ids.shape)}{hint}")
+        positions = Positions(ids.long(), _read_range(ids, name), axes, None, packed)
+    if positions.axes != axes:
+        raise ValueError(f"{name} have {positions.axes} coordinate axes but {axes} are needed")
+    if seq_len is not None and positions.seq_len != seq_len:
+        raise ValueError(f"{name} cover S={positions.seq_len} positions but the input has S={seq_len}")
+    got = positions.batch
+    if batch is not None and got is not None and got not in (1, batch):
+        raise ValueError(f"{name} have batch {got} but the input has batch {batch}; pass [S], [1, S] or [B, S]")
+    return positions if device is None else positions.to(device)
+
+
+def arange(seq_len: int, *, offset: int = 0, device: torch.device | str | None = None) -> Positions:
+    """The default positions ``offset .. offset + seq_len - 1`` (no device read).
+
+    Example:
+        >>> arange(3, offset=2).ids.tolist()
+        [2, 3, 4]
+    """
+    check_int(seq_len, "seq_len", minimum=0)
+    check_int(offset, "offset", minimum=0)
+    ids = torch.arange(offset, offset + seq_len, device=device)
+    return Positions(ids, offset + seq_len, 1, offset)
+
+
+def from_attention_mask(attention_mask: torch.Tensor) -> Positions:
+    """Positions that skip padding: ``cumsum(mask) - 1`` clamped at 0, int64 ``[B, T]``.
+
+    With left padding the first real token of every row gets position 0, as if unpadded.
+
+    Args:
+        attention_mask: ``[B, T]``, bool or integer 1 (token) / 0 (padding).
+
+    Example:
+        >>> from_attention_mask(torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])).ids
+        tensor([[0, 0, 0, 1],
+                [0, 1, 2, 3]])
+    """
+    mask = check_attention_mask(attention_mask)
+    return Positions((mask.long().cumsum(-1) - 1).clamp(min=0), max(mask.shape[-1], 1), exact=False)
+
+
+def check_attention_mask(attention_mask: torch.Tensor, *, name: str = "attention_mask") -> torch.Tensor:
+    """A ``[B, T]`` mask of 1 (attend) / 0 (padding), bool or integer; returned as bool.
+
+    Additive float masks (0 / -inf) are rejected: mixing the two conventions is how a mask value
+    of 2 quietly double-weights a key.
+    """
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
+        raise ValueError(
+            f"{name} must be a [B, T] tensor of 1 (attend) / 0 (padding), got "
+            f"{getattr(attention_mask, 'shape', type(attention_mask).__name__)}"
+        )
+    if attention_mask.dtype != torch.bool:
+        if attention_mask.is_floating_point() or attention_mask.is_complex():
+            raise ValueError(
+                f"{name} must be bool or integer 0/1, got dtype {attention_mask.dtype}; "
+                "additive float masks are not accepted (for a 0 / -inf mask pass mask == 0 as a bool tensor)"
+            )
+        # a value check reads the data: skipped under torch.compile, where it would break the graph
+        if not torch.compiler.is_compiling() and not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+            raise ValueError(f"{name} must hold only 0 and 1 (or be bool)")
+        attention_mask = attention_mask.bool()
+    return attention_mask
+
+
+def from_cu_seqlens(cu_seqlens: torch.Tensor, total: int, *, max_seqlen: int | None = None) -> Positions:
+    """Per-token positions ``[total]`` of packed sequences, restarting at 0 at every boundary.
+
+    Args:
+        cu_seqlens: integer ``[N + 1]``: ``0, len_0, len_0 + len_1, ..., total``.
+        total: the number of packed tokens ``T``.
+        max_seqlen: the longest sequence, if known (spares a device read under torch.compile).
+
+    Example:
+        >>> p = from_cu_seqlens(torch.tensor([0, 3, 5]), 5)
+        >>> p.ids.tolist(), p.bound
+        ([0, 1, 2, 0, 1], 3)
+    """
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.is_floating_point() or cu_seqlens.dtype == torch.bool:
+        raise TypeError(f"cu_seqlens must be an integer tensor [N + 1], got {cu_seqlens!r:.80}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(f"cu_seqlens must be 1-D [N + 1] with N >= 1 sequences, got shape {tuple(cu_seqlens.shape)}")
+    given = max_seqlen is not None
+    if given:
+        check_int(max_seqlen, "max_seqlen", minimum=0)
+    cu = cu_seqlens.to(torch.int64)
+    if not torch.compiler.is_compiling():
+        lengths = cu.diff()
+        if int(cu[0]) != 0 or int(cu[-1]) != total or bool((lengths < 0).any()):
+            raise ValueError(
+                f"cu_seqlens must start at 0, never decrease and end at the {total} packed tokens; "
+                f"got {cu_seqlens.tolist() if cu.numel() <= 16 else cu_seqlens}"
+            )
+        longest = int(lengths.max())
+        if max_seqlen is not None and max_seqlen < longest:
+            raise ValueError(f"max_seqlen={max_seqlen} but cu_seqlens holds a sequence of {longest} tokens")
+        given = given and max_seqlen != longest
+        max_seqlen = longest if max_seqlen is None else max_seqlen
+    token = torch.arange(total, device=cu.device)
+    sequence = torch.searchsorted(cu[1:], token, right=True)
+    # a max_seqlen given by the caller may exceed the longest sequence (then it is only a bound)
+    return Positions(token - cu[sequence], max_seqlen, 1, None, True, exact=not given)
+
+
+def continuation(previous: Positions, seq_len: int) -> Positions:
+    """Positions ``[B, S]`` continuing each row after its last position in ``previous`` (a KV cache).
+
+    Args:
+        previous: the cached tokens' positions, ids ``[B, T]`` (``T >= 1``) or ``[T]``.
+        seq_len: new tokens ``S``.
+
+    Example:
+        >>> continuation(from_ids(torch.tensor([[0, 0, 1]])), 2).ids
+        tensor([[2, 3]])
+    """
+    check_int(seq_len, "seq_len", minimum=0)
+    if previous.axes != 1 or previous.ids.shape[-1] == 0:
+        raise ValueError("continuation needs the 1-D positions of at least one cached token")
+    last = previous.ids[..., -1:]
+    ids = last + torch.arange(1, seq_len + 1, device=last.device)
+    bound = None if previous.bound is None else previous.bound + seq_len
+    return Positions(ids, bound, exact=previous.exact)
+
+
+def grid(*sizes: int, device: torch.device | str | None = None) -> Positions:
+    """Integer coordinates of a grid, row-major: ``grid(h, w)`` gives ``[h * w, 2]`` (y, x) pairs.
+
+    ``grid(t, h, w)`` gives ``[t * h * w, 3]`` (video). One axis gives ``[n, 1]``.
+
+    Example:
+        >>> grid(2, 3).ids.tolist()
+        [[0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [1, 2]]
+    """
+    if not sizes:
+        raise ValueError("grid needs at least one size, e.g. grid(h, w)")
+    for i, size in enumerate(sizes):
+        check_positive_int(size, f"grid size {i}")
+    axes = [torch.arange(n, device=device) for n in sizes]
+    coords = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, len(sizes))
+    return Positions(coords, max(sizes), len(sizes))

@@ -1,0 +1,121 @@
+"""Length-dependent frequencies: the frequencies a call uses, for types that depend on its length.
+
+Dynamic NTK and LongRoPE change their frequencies with the sequence length. transformers keeps that
+as state in the rotary module (``dynamic_rope_update``): dynamic NTK recomputes when a call is longer
+than any before and returns to the trained frequencies when a call is shorter than the trained
+context; LongRoPE switches between its short and long factors at the trained context. A
+:class:`FrequencySchedule` replays that state machine call for call (``mode="hf"``), or computes from
+the current call's length alone (``mode="stateless"``; see docs/scaling.md on
+huggingface/transformers#25104).
+
+:meth:`FrequencySchedule.freqs_for` returns the frequencies *of this call*, so two threads sharing
+one schedule each rotate with the frequencies of their own call; the shared state changes under a lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import torch
+
+from .frequencies import Frequencies, frequencies
+from .rope_types import ROPE_TYPES
+
+__all__ = ["FrequencySchedule"]
+
+
+class FrequencySchedule:
+    """The frequencies of each call of one RoPE configuration.
+
+    Args:
+        frequency_args: the keyword arguments of :func:`rotary.frequencies` that built ``original``.
+        original: the frequencies at the trained length.
+        mode: ``"hf"`` (transformers' state machine) or ``"stateless"``.
+
+    Example:
+        >>> args = dict(head_dim=64, scaling={"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 8})
+        >>> schedule = FrequencySchedule(args, frequencies(**args))
+        >>> freqs, key = schedule.freqs_for(32)
+        >>> key is None, bool(freqs.inv_freq[-1] < schedule.original.inv_freq[-1])
+        (True, True)
+    """
+
+    def __init__(
+        self, frequency_args: Mapping[str, Any], original: Frequencies, mode: Literal["hf", "stateless"] = "hf"
+    ) -> None:
+        if mode not in ("hf", "stateless"):
+            raise ValueError(f"dynamic must be 'hf' (transformers' state machine) or 'stateless', got {mode!r}")
+        self._args = dict(frequency_args)
+        self.original = original
+        self.mode = mode
+        self.length_dependent = ROPE_TYPES[original.rope_type].length_dependent
+        self._lock = threading.Lock()
+        self._long: Frequencies | None = None
+        self._current: tuple[Frequencies, str | None] = (original, "original")
+        self._stateless: tuple[int, Frequencies] | None = None
+        if original.rope_type == "dynamic":
+            self._trained: int = original.scaling["max_position_embeddings"]
+            #: the longest length seen so far (transformers' ``max_seq_len_cached``)
+            self.max_seq_len_cached: int = self._trained
+
+    @property
+    def current(self) -> Frequencies:
+        """The frequencies of the most recent call (what transformers' module would hold now)."""
+        return self._current[0]
+
+    def _recompute(self, seq_len: int | torch.Tensor) -> Frequencies:
+        with warnings.catch_warnings():  # the lenient-mode warnings were given once, at construction
+            warnings.simplefilter("ignore")
+            return frequencies(**self._args, seq_len=seq_len)
+
+    def freqs_for(self, seq_len: int | torch.Tensor) -> tuple[Frequencies, str | None]:
+        """The frequencies of a call covering positions ``0 .. seq_len - 1``, and their cache key.
+
+        The key names a frequency set that recurs (``"original"``, ``"long"``) and may keep a table
+        cache; ``None`` marks frequencies of this length only (dynamic NTK past the trained length).
+
+        Args:
+            seq_len: ``max(position_ids) + 1`` (an int, or a 0-dim integer tensor as transformers
+                passes; dynamic NTK then computes its base in fp32, which is reproduced bit for bit).
+        """
+        if not self.length_dependent:
+            return self.original, "original"
+        length = torch.as_tensor(seq_len, dtype=torch.int64).cpu() if isinstance(seq_len, torch.Tensor) else int(seq_len)
+        n = int(length)
+        rope_type = self.original.rope_type
+        with self._lock:
+            if rope_type == "longrope":
+                trained = self.original.scaling["original_max_position_embeddings"]
+                if n > trained:
+                    if self._long is None:
+                        self._long = self._recompute(trained + 1)
+                    self._current = (self._long, "long")
+                else:
+                    self._current = (self.original, "original")
+            elif self.mode == "stateless":
+                if n <= self._trained:
+                    self._current = (self.original, "original")
+                else:
+                    if self._stateless is None or self._stateless[0] != n:
+                        self._stateless = (n, self._recompute(torch.as_tensor(n)))
+                    self._current = (self._stateless[1], None)
+            else:
+                cached = self.max_seq_len_cached
+                if n > cached:  # growth: a longer sequence than any before
+                    self._current = (self._recompute(torch.as_tensor(length)), None)
+                    self.max_seq_len_cached = n
+                if n < self._trained and cached > self._trained:  # back to short
+                    self._current = (self.original, "original")
+                    self.max_seq_len_cached = self._trained
+            return self._current
+
+    def reset(self) -> None:
+        """Forget the lengths seen and return to the trained frequencies."""
+        with self._lock:
+            self._current = (self.original, "original")
+            self._stateless = None
+            if self.original.rope_type == "dynamic":
+                self.max_seq_len_cached = self._trained

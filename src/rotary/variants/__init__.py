@@ -1,0 +1,38 @@
+"""Variants of RoPE, each a producer of :class:`~rotary.tables.RotaryTables` on the one pipeline.
+
+A variant changes what the tables hold (per-axis positions, per-position scales, per-head
+frequencies, ...) and reuses positions, tables, :func:`rotary.rotate` and the fused kernels unchanged.
+
+- :class:`AxialRoPE` (:mod:`.axial`): N-D axial RoPE for images and video, with the published
+  models' conventions as presets (:data:`PRESETS`);
+- :class:`RoPEMixed` (:mod:`.mixed`): learnable per-head 2-D frequencies (RoPE-Mixed);
+- :class:`MRoPE` (:mod:`.mrope`): multimodal RoPE of Qwen2-VL, Qwen2.5-VL and Qwen3-VL;
+- :class:`XPos` (:mod:`.xpos`): xPos, separate query and key tables with an exponential decay;
+- :mod:`.nope`: NoPE layers and Llama 4's NoPE query temperature.
+"""
+
+from .axial import PRESETS, AxialRoPE, CoordinateRoPE, Coordinates, relative_scores
+from .mixed import RoPEMixed
+from .mrope import MRoPE, MultimodalPositions, check_mrope_section, mrope_axes, multimodal_positions
+from .nope import NoPETemperature, default_no_rope_layers, nope_temperature, rope_layer_flags
+from .xpos import XPos, xpos_zeta
+
+__all__ = [
+    "PRESETS",
+    "AxialRoPE",
+    "CoordinateRoPE",
+    "Coordinates",
+    "MRoPE",
+    "MultimodalPositions",
+    "NoPETemperature",
+    "RoPEMixed",
+    "XPos",
+    "check_mrope_section",
+    "default_no_rope_layers",
+    "mrope_axes",
+    "multimodal_positions",
+    "nope_temperature",
+    "relative_scores",
+    "rope_layer_flags",
+    "xpos_zeta",
+]

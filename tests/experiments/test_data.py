@@ -1,0 +1,104 @@
+"""The text: pydoc_data.topics or a user's file as bytes, split by position; batches by step."""
+
+import pytest
+import torch
+
+from rotary.experiments.config import PRESETS, ExperimentConfig, ExperimentError
+from rotary.experiments.data import (
+    evaluation_tokens,
+    load_corpus,
+    read_text,
+    required_bytes,
+    split,
+    training_batch,
+    windows,
+)
+from rotary.experiments.passkey import QUESTION
+
+
+def tiny(**overrides) -> ExperimentConfig:
+    return ExperimentConfig(**{**PRESETS["tiny"], **overrides})
+
+
+def test_default_text_is_pydoc_topics_split_by_position():
+    corpus = load_corpus(tiny())
+    data, _ = read_text(None)
+    assert corpus.source == "pydoc_data.topics" and corpus.num_bytes == len(data)
+    assert bytes(corpus.train.tolist()) + bytes(corpus.held_out.tolist()) == data
+    assert corpus.held_out.numel() == int(len(data) * 0.1)
+
+
+def test_user_file_round_trips(tmp_path):
+    text = ("Grüße aus dem Text. " * 2000).encode("utf-8")
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(text)
+    corpus = load_corpus(tiny(data=str(path)))
+    assert corpus.source == str(path)
+    assert bytes(torch.cat([corpus.train, corpus.held_out]).tolist()) == text
+
+
+def _file(directory, name: str, data: bytes):
+    path = directory / name
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda d: d / "missing.txt", "no such file"),
+        (lambda d: d, "is a directory"),
+        (lambda d: _file(d, "empty.txt", b""), "is empty"),
+        (lambda d: _file(d, "latin1.txt", "caf\xe9 ".encode("latin-1") * 5000), r"not UTF-8 text \(byte 0xe9 at offset 3\)"),
+    ],
+)
+def test_bad_files_are_named(tmp_path, make, message):
+    path = make(tmp_path)
+    with pytest.raises(ExperimentError, match=message):
+        load_corpus(tiny(data=str(path)))
+
+
+def test_too_short_text_says_how_many_bytes(tmp_path):
+    cfg = tiny()
+    needed = required_bytes(cfg)
+    path = tmp_path / "short.txt"
+    path.write_bytes(b"x" * (needed - 1))
+    with pytest.raises(ExperimentError, match=f"has {needed - 1} bytes, too short.*at least {needed} bytes"):
+        load_corpus(tiny(data=str(path)))
+    path.write_bytes(b"x" * needed)  # exactly enough is enough
+    corpus = load_corpus(tiny(data=str(path)))
+    assert corpus.held_out.numel() >= cfg.longest
+    assert evaluation_tokens(corpus, cfg).numel() == cfg.longest
+
+
+def test_evaluation_tokens_are_whole_windows_of_the_longest_length():
+    cfg = tiny(eval_tokens=3 * 896 + 100)
+    tokens = evaluation_tokens(load_corpus(cfg), cfg)
+    assert tokens.numel() == 3 * 896
+    assert windows(tokens, 112).shape == (24, 112)
+
+
+def test_split_is_by_position_not_shuffled():
+    corpus = split(bytes(range(100)), "x", 0.25)
+    assert corpus.train.tolist() == list(range(75)) and corpus.held_out.tolist() == list(range(75, 100))
+
+
+def test_batches_depend_on_seed_and_step_only():
+    cfg = tiny(batch_size=8, passkey_fraction=0.5)
+    train = load_corpus(cfg).train
+    a = training_batch(train, 5, cfg, seed=0)
+    assert torch.equal(a, training_batch(train, 5, cfg, seed=0))
+    assert not torch.equal(a, training_batch(train, 6, cfg, seed=0))
+    assert not torch.equal(a, training_batch(train, 5, cfg, seed=1))
+    assert a.shape == (8, cfg.train_length + 1) and a.dtype == torch.int64
+    # half the rows end with a passkey question and its 5-digit answer, fitting inside L tokens
+    texts = [bytes(row.tolist()).decode("utf-8", errors="replace") for row in a]
+    with_key = [t for t in texts if QUESTION in t[-(cfg.train_length):]]
+    assert len(with_key) == 4
+    assert all(t[-5:].isdigit() for t in with_key)
+
+
+def test_no_passkey_rows_when_the_fraction_is_zero():
+    cfg = tiny(batch_size=16, passkey_fraction=0.0)
+    batch = training_batch(load_corpus(cfg).train, 0, cfg, seed=0)
+    assert not any(QUESTION.encode() in bytes(row.tolist()) for row in batch)

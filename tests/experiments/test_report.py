@@ -1,0 +1,113 @@
+"""The report's statements come from the numbers: verdicts flip when the numbers do."""
+
+import math
+
+from rotary.experiments.config import ExperimentConfig
+from rotary.experiments.report import (
+    comparisons,
+    csv_text,
+    method_label,
+    observations,
+    separation,
+    spread,
+    summary_table,
+)
+
+L = 128
+CFG = ExperimentConfig(train_length=L, device="cpu", encodings=("none", "learned", "sinusoidal", "alibi", "rope"))
+LENGTHS = [L, 2 * L, 4 * L, 8 * L]
+
+
+def rows(ppl: dict[tuple[str, str], list[float]], passkey: float = 0.0) -> list[dict]:
+    out = []
+    for (model, scaling), values in ppl.items():
+        encoding = model.removesuffix("-2")
+        for e, p in zip(LENGTHS, values):
+            loss = math.log(p)
+            buckets = {f"{a}-{b}": (loss if a < e - 1 else None) for a, b in zip([0, *LENGTHS[:-1]], LENGTHS)}
+            out.append(dict(model=model, encoding=encoding, seed=0, scaling=scaling, eval_length=e, factor=max(e / L, 1.0),
+                            loss=loss, perplexity=p, bits_per_byte=loss / math.log(2), windows=1, predictions=e - 1,
+                            buckets=buckets, passkey_accuracy=passkey, passkey_correct=0, passkey_trials=50, passkey_by_depth={}))
+    return out
+
+
+def verdicts(table, passkey: float = 0.0) -> dict[str, str]:
+    return {c.claim[:40]: c.verdict for c in comparisons(rows(table, passkey), CFG)}
+
+
+AS_PUBLISHED = {  # every paper's claim holds (NoPE best at 2L, ALiBi flat, ...)
+    ("none", "none"): [4.0, 3.9, 4.3, 4.5],
+    ("learned", "none"): [4.2, 30.0, 60.0, 90.0],
+    ("sinusoidal", "none"): [4.3, 40.0, 80.0, 120.0],
+    ("alibi", "none"): [4.0, 3.95, 3.95, 3.96],
+    ("rope", "none"): [4.1, 9.0, 20.0, 40.0],
+    ("rope", "linear"): [4.1, 6.0, 8.0, 12.0],
+    ("rope", "ntk"): [4.1, 5.0, 6.0, 7.0],
+    ("rope", "dynamic"): [4.1, 5.5, 7.0, 9.0],
+    ("rope", "yarn"): [4.1, 4.6, 5.0, 5.5],
+    ("rope-2", "none"): [4.12, 9.5, 21.0, 38.0],
+}
+
+
+def test_numbers_like_the_papers_agree():
+    v = verdicts(AS_PUBLISHED, passkey=0.9)
+    assert set(v.values()) == {"agrees"}, v
+    assert verdicts(AS_PUBLISHED, passkey=0.0)["PI-extended models retrieve passkeys at "] == "does not agree"
+
+
+def test_numbers_against_the_papers_do_not_agree():
+    table = dict(AS_PUBLISHED)
+    table[("alibi", "none")] = [4.0, 6.0, 9.0, 12.0]  # ALiBi breaks past L
+    table[("rope", "linear")] = [4.1, 10.0, 25.0, 50.0]  # PI worse than extrapolation
+    table[("rope", "yarn")] = [4.1, 20.0, 30.0, 60.0]
+    table[("none", "none")] = [5.0, 80.0, 90.0, 95.0]
+    v = verdicts(table)
+    assert v["ALiBi's perplexity does not degrade past"] == "does not agree"
+    assert v["Extrapolating RoPE past the trained leng"] == "does not agree"
+    assert v["YaRN (NTK-by-parts plus an attention tem"] == "does not agree"
+    assert v["Without any position encoding a causal d"] == "does not agree"
+
+
+def test_differences_within_two_percent_are_ties_not_wins():
+    table = dict(AS_PUBLISHED)
+    table[("rope", "linear")] = [v * 0.99 for v in table[("rope", "none")]]  # 1% lower: not a win
+    table[("rope", "yarn")] = [4.1, 4.9, 5.9, 6.9]  # within 2% of NTK
+    v = verdicts(table, passkey=0.9)
+    assert v["Extrapolating RoPE past the trained leng"] == "does not agree"
+    assert v["YaRN (NTK-by-parts plus an attention tem"] == "does not agree"
+    table[("none", "none")] = [4.0, 3.95, 4.3, 4.5]  # ties with ALiBi at 2L: shares first place
+    assert verdicts(table, passkey=0.9)["Without any position encoding a causal d"] == "agrees"
+
+
+def test_missing_methods_are_not_measured():
+    only_rope = {k: v for k, v in AS_PUBLISHED.items() if k[0] == "rope"}
+    v = verdicts(only_rope)
+    assert v["ALiBi's perplexity does not degrade past"] == "not measured"
+    assert v["Extrapolating RoPE past the trained leng"] == "agrees"
+
+
+def test_spread_and_separation():
+    r = rows(AS_PUBLISHED)
+    s = spread(r, CFG)
+    assert [x["eval_length"] for x in s] == LENGTHS
+    assert math.isclose(s[0]["loss_gap"], abs(math.log(4.1) - math.log(4.12)))
+    sep = separation(r, CFG)
+    assert sep["spread_loss_at_L"] == s[0]["loss_gap"]
+    # at 8L every pair of the five encodings differs by more than the spread at L
+    assert sep["by_length"][8 * L]["pairs"] == 10 and sep["by_length"][8 * L]["separated"] == 10
+
+
+def test_observations_state_the_measured_numbers():
+    lines = observations(rows(AS_PUBLISHED), CFG)
+    assert any("At 1024 tokens (8L) the lowest perplexity is ALiBi's, 3.96" in line for line in lines)
+    assert any(line.startswith("learned absolute: perplexity at 8L is 21.429x its value at L") for line in lines)
+
+
+def test_tables_and_labels():
+    header, body = summary_table(rows(AS_PUBLISHED), CFG)
+    assert header == ["method", "ppl 1L", "ppl 2L", "ppl 4L", "ppl 8L", "passkey 1L", "passkey 2L", "passkey 4L", "passkey 8L"]
+    assert [b[0] for b in body][:6] == ["NoPE", "learned absolute", "sinusoidal", "ALiBi", "RoPE", "RoPE + PI (linear)"]
+    assert method_label("rope-2", "rope", "yarn") == "RoPE + YaRN (2nd run)"
+    text = csv_text(rows(AS_PUBLISHED), [0, *LENGTHS])
+    assert len(text.splitlines()) == 1 + 10 * 4
+    assert text.splitlines()[0].endswith("loss_0_128,loss_128_256,loss_256_512,loss_512_1024")

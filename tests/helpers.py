@@ -1,0 +1,106 @@
+"""Helpers shared by the test files (importable as ``helpers``: pytest's ``pythonpath`` holds ``tests/``).
+
+- :func:`run_cli`: the real command line, ``python -m rotary ...`` in a subprocess, with this
+  checkout's ``src`` first on the path;
+- :func:`hf_config`, :func:`text_config`, :func:`llama_config`: transformers configs built from
+  dicts or a few numbers (models are built from configs with random weights, never downloaded);
+- :func:`make_qk` and :func:`tables_for`: q and k in either layout (optionally views into one fused
+  qkv projection), and the tables of a ``RoPE`` for given positions.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures"
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """The environment of a subprocess that must import this checkout's ``rotary``."""
+    path = str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
+def run_cli(
+    *argv: str, cwd: Path | str | None = None, ok: bool | None = True, timeout: float = 600, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """Run ``python -m rotary *argv``; with ``ok=True`` assert success and no traceback on stderr.
+
+    ``ok=False`` asserts a failure that is a one-line error (status 2, no traceback); ``ok=None``
+    asserts nothing and returns the completed process.
+    """
+    proc = subprocess.run(
+        [sys.executable, "-m", "rotary", *argv], cwd=cwd, env=env or cli_env(), capture_output=True, text=True,
+        timeout=timeout,
+    )
+    if ok is True:
+        assert proc.returncode == 0, proc.stderr
+        assert "Traceback" not in proc.stderr
+    elif ok is False:
+        assert proc.returncode == 2, (proc.returncode, proc.stderr)
+        assert "Traceback" not in proc.stderr, proc.stderr
+    return proc
+
+
+def hf_config(d: dict[str, Any]):
+    """``transformers.AutoConfig.for_model(**d)`` on a deep copy (``d`` holds ``model_type``)."""
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(**copy.deepcopy(d))
+
+
+def text_config(d: dict[str, Any]):
+    """The text part of :func:`hf_config` (multimodal configs nest it as ``text_config``)."""
+    cfg = hf_config(d)
+    return getattr(cfg, "text_config", None) or cfg
+
+
+def llama_config(head_dim: int = 64, theta: float = 10000.0, max_pos: int = 2048, **overrides: Any):
+    """A small ``LlamaConfig``: 4 query heads, 2 key/value heads, default RoPE with base ``theta``."""
+    from transformers import LlamaConfig
+
+    kwargs: dict[str, Any] = dict(
+        hidden_size=head_dim * 4, num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
+        max_position_embeddings=max_pos, rope_parameters={"rope_type": "default", "rope_theta": theta},
+    )
+    kwargs.update(overrides)
+    return LlamaConfig(**kwargs)
+
+
+def make_qk(
+    shape: tuple[int, int, int, int, int],
+    *,
+    dtype: torch.dtype = torch.float32,
+    layout: str = "bhsd",
+    strided: bool = False,
+    gen: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """q, k for ``shape = (B, S, Hq, Hk, D)`` in ``layout``, and the fused projection they view (or None).
+
+    ``strided=True`` makes q and k views into one ``[B, S, Hq + 2 Hk, D]`` qkv projection, as a fused
+    ``Linear`` gives them.
+    """
+    B, S, Hq, Hk, D = shape
+    if strided:
+        qkv = torch.randn(B, S, Hq + 2 * Hk, D, generator=gen).to(dtype)
+        q, k = qkv[:, :, :Hq], qkv[:, :, Hq : Hq + Hk]
+        if layout == "bhsd":
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
+        return q, k, qkv
+    dims = (lambda h: (B, h, S, D)) if layout == "bhsd" else (lambda h: (B, S, h, D))
+    return torch.randn(dims(Hq), generator=gen).to(dtype), torch.randn(dims(Hk), generator=gen).to(dtype), None
+
+
+def tables_for(rope, positions: torch.Tensor | int, dtype: torch.dtype = torch.float32):
+    """``rope.tables`` for explicit positions, or for ``arange(positions)`` given an int."""
+    if isinstance(positions, int):
+        positions = torch.arange(positions)
+    return rope.tables(positions, dtype=dtype)

@@ -1,0 +1,118 @@
+"""The interfaces users of other kernels already write, each equal to the 4-D path:
+flash-attn's ``seqlen_offsets`` and packed ``qkv`` / ``kv`` in-place calls, and vLLM's flat
+``[tokens, H * D]`` layout with per-token positions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import rotary
+
+D = 16
+
+
+@pytest.fixture
+def tables():
+    rope = rotary.RoPE(D, rotary_dim=12)
+    return rope, *rope.cos_sin(torch.arange(40))
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_seqlen_offsets_shift_each_sequence(interleaved, gen):
+    rope = rotary.RoPE(D, interleaved=interleaved)
+    cos, sin = rope.cos_sin(torch.arange(40))
+    x = torch.randn(3, 2, 5, D, generator=gen)  # bhsd
+    offsets = torch.tensor([0, 7, 30])
+    got = rotary.apply_rotary(x, cos, sin, interleaved=interleaved, seqlen_offsets=offsets)
+    for b, o in enumerate(offsets.tolist()):  # flash-attn's meaning: rows o .. o + S - 1 of the tables
+        assert torch.equal(got[b], rotary.apply_rotary(x[b : b + 1], cos[o : o + 5], sin[o : o + 5], interleaved=interleaved)[0])
+    same = rotary.apply_rotary(x, cos, sin, interleaved=interleaved, seqlen_offsets=7)
+    assert torch.equal(same, rope.rotate(x, offset=7))
+
+
+def test_seqlen_offsets_with_cu_seqlens(tables, gen):
+    rope, cos, sin = tables
+    packed = torch.randn(4 + 6, 3, D, generator=gen)
+    cu = torch.tensor([0, 4, 10])
+    got = rotary.apply_rotary(packed, cos, sin, cu_seqlens=cu, seqlen_offsets=torch.tensor([2, 11]))
+    assert torch.equal(got[:4], rope.rotate(packed[:4].unsqueeze(0), offset=2, layout="bshd")[0])
+    assert torch.equal(got[4:], rope.rotate(packed[4:].unsqueeze(0), offset=11, layout="bshd")[0])
+
+
+@pytest.mark.parametrize("layout_kind", ["stacked", "gqa"])
+def test_qkv_in_place_equals_the_4d_path(layout_kind, tables, gen):
+    rope, cos, sin = tables
+    B, S, H = 2, 5, 4
+    if layout_kind == "stacked":
+        qkv = torch.randn(B, S, 3, H, D, generator=gen)
+        q, k, v = qkv[:, :, 0].clone(), qkv[:, :, 1].clone(), qkv[:, :, 2].clone()
+        kwargs = {}
+    else:  # GQA: 4 q heads, 2 k heads, 2 v heads side by side
+        qkv = torch.randn(B, S, H + 4, D, generator=gen)
+        q, k, v = qkv[:, :, :H].clone(), qkv[:, :, H : H + 2].clone(), qkv[:, :, H + 2 :].clone()
+        kwargs = {"num_heads_q": H}
+    want_q, want_k = rope(q, k, layout="bshd", offset=3)
+    out = rotary.apply_rotary_qkv_(qkv, cos, sin, seqlen_offsets=3, **kwargs)
+    assert out is qkv
+    got_q = qkv[:, :, 0] if layout_kind == "stacked" else qkv[:, :, :H]
+    got_k = qkv[:, :, 1] if layout_kind == "stacked" else qkv[:, :, H : H + 2]
+    got_v = qkv[:, :, 2] if layout_kind == "stacked" else qkv[:, :, H + 2 :]
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k) and torch.equal(got_v, v)
+
+
+def test_qkv_with_key_tables_and_packed_sequences(tables, gen):
+    rope, cos, sin = tables
+    qkv = torch.randn(7, 3, 2, D, generator=gen)
+    before = qkv.clone()
+    cu = torch.tensor([0, 3, 7])
+    rotary.apply_rotary_qkv_(qkv, cos, sin, cos_k=cos * 0.5, sin_k=sin * 0.5, cu_seqlens=cu, validate=False)
+    assert torch.equal(qkv[:, 0], rope.rotate(before[:, 0], cu_seqlens=cu))
+    want_k = rotary.apply_rotary(before[:, 1], cos * 0.5, sin * 0.5, cu_seqlens=cu, validate=False)
+    assert torch.equal(qkv[:, 1], want_k) and torch.equal(qkv[:, 2], before[:, 2])
+
+
+def test_kv_rotates_keys_only(tables, gen):
+    rope, cos, sin = tables
+    kv = torch.randn(2, 4, 2, 3, D, generator=gen)
+    before = kv.clone()
+    rotary.apply_rotary_kv_(kv, cos, sin, seqlen_offsets=torch.tensor([0, 9]))
+    assert torch.equal(kv[1, :, 0], rope.rotate(before[1:, :, 0], offset=9, layout="bshd")[0])
+    assert torch.equal(kv[:, :, 1], before[:, :, 1])
+
+
+def test_vllm_flat_layout(tables, gen):
+    rope, cos, sin = tables
+    T, Hq, Hk = 6, 4, 2
+    positions = torch.tensor([0, 1, 2, 9, 10, 33])
+    query, key = torch.randn(T, Hq * D, generator=gen), torch.randn(T, Hk * D, generator=gen)
+    q_out, k_out = rope(query, key, position_ids=positions)
+    assert q_out.shape == query.shape and k_out.shape == key.shape
+    want_q = rope.rotate(query.view(1, T, Hq, D), position_ids=positions, layout="bshd")[0].reshape(T, Hq * D)
+    assert torch.equal(q_out, want_q)
+    assert torch.equal(rotary.apply_rotary(key, cos, sin, position_ids=positions, head_dim=D), k_out)
+    rope(query, key, position_ids=positions, inplace=True)
+    assert torch.equal(query, q_out) and torch.equal(key, k_out)
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda c, s: rotary.apply_rotary(torch.randn(2, 1, 3, D), c, s, seqlen_offsets=torch.tensor([1, 2, 3])), r"seqlen_offsets must be .*\[2\]"),
+        (lambda c, s: rotary.apply_rotary(torch.randn(2, 1, 3, D), c, s, seqlen_offsets=-1), "seqlen_offsets must be an int >= 0"),
+        (lambda c, s: rotary.apply_rotary(torch.randn(2, 1, 3, D), c, s, seqlen_offsets=torch.tensor([0, -4])), "seqlen_offsets must be >= 0"),
+        (lambda c, s: rotary.apply_rotary(torch.randn(2, 1, 3, D), c, s, seqlen_offsets=38), "reach position 40 but the cos/sin tables have only 40 rows"),
+        (lambda c, s: rotary.apply_rotary(torch.randn(2, 1, 3, D), c, s, seqlen_offsets=1, position_ids=torch.arange(3)), "either position_ids or seqlen_offsets"),
+        (lambda c, s: rotary.apply_rotary(torch.randn(5, 3 * D), c, s, position_ids=torch.arange(5)), "pass head_dim"),
+        (lambda c, s: rotary.apply_rotary(torch.randn(5, 30), c, s, position_ids=torch.arange(5), head_dim=D), "not a multiple of head_dim=16"),
+        (lambda c, s: rotary.apply_rotary_qkv_(torch.randn(2, 3, 4, 2, D), c, s), r"\[B, S, 3, H, D\]"),
+        (lambda c, s: rotary.apply_rotary_qkv_(torch.randn(2, 3, 5, D), c, s, num_heads_q=2), "Hq \\+ 2 \\* Hk"),
+        (lambda c, s: rotary.apply_rotary_qkv_(torch.randn(2, 3, 3, 2, D), c, s, cos_k=c), "both cos_k and sin_k"),
+        (lambda c, s: rotary.apply_rotary_kv_(torch.randn(2, 3, 3, 2, D), c, s), r"\[B, S, 2, H, D\]"),
+        (lambda c, s: rotary.RoPE(D)(torch.randn(5, 30), torch.randn(5, 32), position_ids=torch.arange(5)), "multiple of head_dim=16; got shape \\(5, 30\\)"),
+    ],
+)
+def test_interface_errors(call, match, tables):
+    _, cos, sin = tables
+    with pytest.raises((ValueError, TypeError), match=match):
+        call(cos, sin)

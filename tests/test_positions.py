@@ -1,0 +1,89 @@
+"""rotary.positions: every way positions enter, validated once, with the bound tables are sized from."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rotary import positions as P
+
+
+def test_arange_needs_no_device_read_and_knows_its_slice():
+    p = P.arange(5, offset=7)
+    assert p.ids.tolist() == [7, 8, 9, 10, 11] and p.bound == 12 and p.start == 7 and p.exact
+    assert p.batch is None and p.seq_len == 5
+
+
+def test_from_ids_bound_is_exact_and_batch_is_checked():
+    p = P.from_ids(torch.tensor([[3, 9, 1], [0, 0, 2]]), batch=2, seq_len=3)
+    assert p.bound == 10 and p.exact and p.batch == 2 and p.ids.dtype == torch.int64
+    assert P.from_ids(torch.tensor([[0, 1, 2]], dtype=torch.int32), batch=4).ids.dtype == torch.int64  # [1, S] broadcasts
+
+
+def test_left_padding_from_mask_is_an_upper_bound():
+    p = P.from_attention_mask(torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]]))
+    assert p.ids.tolist() == [[0, 0, 0, 1], [0, 1, 2, 3]]
+    assert p.bound == 4 and not p.exact
+
+
+def test_cu_seqlens_restart_at_zero():
+    p = P.from_cu_seqlens(torch.tensor([0, 3, 3, 7]), 7)
+    assert p.ids.tolist() == [0, 1, 2, 0, 1, 2, 3] and p.bound == 4 and p.packed and p.exact
+    generous = P.from_cu_seqlens(torch.tensor([0, 3, 7]), 7, max_seqlen=10)
+    assert generous.bound == 10 and not generous.exact
+
+
+def test_continuation_after_a_left_padded_cache():
+    cached = P.from_ids(torch.tensor([[0, 0, 1], [0, 1, 2]]))
+    nxt = P.continuation(cached, 2)
+    assert nxt.ids.tolist() == [[2, 3], [3, 4]] and nxt.bound == 5
+
+
+def test_grid_is_row_major():
+    g = P.grid(2, 3, 4)
+    assert g.ids.shape == (24, 3) and g.axes == 3 and g.bound == 4
+    assert g.ids[5].tolist() == [0, 1, 1] and g.ids[-1].tolist() == [1, 2, 3]
+    assert P.from_ids(g.ids, axes=3).axes == 3
+
+
+@pytest.mark.parametrize(
+    "ids, kwargs, exc, match",
+    [
+        (torch.arange(4.0), {}, TypeError, "integer dtype.*float32"),
+        (torch.ones(4, dtype=torch.bool), {}, TypeError, "integer dtype.*bool"),
+        (torch.arange(4, dtype=torch.uint8), {}, TypeError, "uint8.*boolean mask"),
+        (torch.arange(4, dtype=torch.int16), {}, TypeError, "int64 or int32, got torch.int16"),
+        ([0, 1, 2], {}, TypeError, "must be an integer tensor, got list"),
+        (torch.tensor([0, -3, 1]), {}, ValueError, "must be >= 0, got a minimum of -3"),
+        (torch.zeros(1, 1, 4, dtype=torch.long), {}, ValueError, r"\[S\] or \[B, S\].*\(1, 1, 4\)"),
+        (torch.zeros(2, 4, dtype=torch.long), {"packed": True}, ValueError, r"must be \[T\]"),
+        (torch.zeros(4, 2, dtype=torch.long), {"axes": 3}, ValueError, r"\[S, 3\] or \[B, S, 3\]"),
+        (torch.arange(5), {"seq_len": 4}, ValueError, "cover S=5 positions but the input has S=4"),
+        (torch.zeros(3, 4, dtype=torch.long), {"batch": 2}, ValueError, "have batch 3 but the input has batch 2"),
+    ],
+)
+def test_bad_position_ids(ids, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        P.from_ids(ids, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "call, exc, match",
+    [
+        (lambda: P.arange(-1), ValueError, "seq_len must be an int >= 0"),
+        (lambda: P.arange(3, offset=1.5), ValueError, "offset must be an int >= 0, got 1.5"),
+        (lambda: P.arange(3, offset=True), ValueError, "offset must be an int"),
+        (lambda: P.from_cu_seqlens(torch.tensor([0.0, 3.0]), 3), TypeError, "integer tensor"),
+        (lambda: P.from_cu_seqlens(torch.tensor([1, 3]), 3), ValueError, "start at 0"),
+        (lambda: P.from_cu_seqlens(torch.tensor([0, 4]), 3), ValueError, "end at the 3 packed tokens"),
+        (lambda: P.from_cu_seqlens(torch.tensor([0, 3]), 3, max_seqlen=2), ValueError, "max_seqlen=2"),
+        (lambda: P.from_attention_mask(torch.zeros(2, 3)), ValueError, "additive float masks are not accepted"),
+        (lambda: P.from_attention_mask(torch.full((1, 3), 2)), ValueError, "only 0 and 1"),
+        (lambda: P.grid(), ValueError, "at least one size"),
+        (lambda: P.grid(2, 0), ValueError, "grid size 1 must be a positive int"),
+        (lambda: P.continuation(P.from_ids(torch.zeros(1, 0, dtype=torch.long)), 2), ValueError, "at least one cached"),
+    ],
+)
+def test_bad_position_sources(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()

@@ -1,0 +1,254 @@
+"""Silent wrong results and tracebacks found by an adversarial review: each reproduction now gives the
+right result or a named error (q is [1, 4, 8, 64] float32, p is arange(8), as in the review)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+import rotary
+from rotary.models import Decoder, DecoderConfig
+from rotary.nn import KVCache, RotaryAttention, RotaryLinearAttention
+
+
+@pytest.fixture
+def q(gen):
+    return torch.randn(1, 4, 8, 64, generator=gen)
+
+
+def small_lm(**over):
+    return Decoder(DecoderConfig(**dict(dict(vocab_size=50, hidden_size=32, num_layers=2, num_heads=4), **over))).eval()
+
+
+def test_offset_and_position_ids_together_is_an_error(q):
+    with pytest.raises(ValueError, match="offset=100 and position_ids both give positions"):
+        rotary.RoPE(64)(q, q.clone(), position_ids=torch.arange(8), offset=100)
+
+
+def test_one_cache_shared_by_layers_is_refused(gen):
+    lm = small_lm()
+    ids = torch.randint(50, (1, 5), generator=gen)
+    with pytest.raises(ValueError, match="same KVCache object appears for several layers"):
+        lm(ids, cache=[KVCache()] * 2)
+    caches = lm.new_cache()
+    lm(ids, cache=caches)
+    with pytest.raises(ValueError, match="already holds another layer's keys"):
+        lm(ids[:, :1], cache=caches[::-1])  # swapped between layers
+
+
+def test_generate_with_right_padding_is_refused(gen):
+    lm = small_lm()
+    ids = torch.randint(50, (2, 5), generator=gen)
+    right = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    with pytest.raises(ValueError, match=r"left padding.*row\(s\) \[0\]"):
+        lm.generate(ids, 3, attention_mask=right)
+    left = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    out = lm.generate(ids, 3, attention_mask=left)
+    alone = lm.generate(ids[:1, 2:], 3)
+    assert torch.equal(out[0, 2:], alone[0])  # a left-padded row continues like its unpadded prompt
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(interleaved="false"), "interleaved must be True or False, got 'false'"),
+        (dict(interleaved=1), "interleaved must be True or False, got 1"),
+        (dict(strict="no"), "strict must be True or False"),
+        (dict(dynamic="sometimes"), "'hf'.*'stateless'"),
+        (dict(max_position=2.0), "max_position must be a positive int"),
+    ],
+)
+def test_config_values_of_the_wrong_type(kwargs, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        rotary.RoPE(64, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "over, match",
+    [
+        (dict(rope_interleaved="true"), "rope_interleaved must be True or False"),
+        (dict(tie_word_embeddings="yes"), "tie_word_embeddings must be True or False"),
+        (dict(rope_base="10000"), "rope_base must be a finite number > 0"),
+        (dict(rms_norm_eps=-1e-6), "rms_norm_eps must be a finite number > 0"),
+        (dict(dropout=1.0), "dropout must be in"),
+        (dict(rope_scaling="linear"), "rope_scaling must be a dict"),
+    ],
+)
+def test_decoder_config_values_of_the_wrong_type(over, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        small_lm(**over)
+
+
+def test_inplace_on_overlapping_views_is_refused_but_disjoint_views_work(gen):
+    rope = rotary.RoPE(64)
+    qkv = torch.randn(1, 8, 8, 64, generator=gen)
+    with pytest.raises(ValueError, match="q and k share memory"):
+        rope(qkv[:, 0:4], qkv[:, 2:6], inplace=True)
+    fused = torch.randn(1, 8, 3, 4, 64, generator=gen)  # [B, S, 3, H, D]: q, k, v interleave in memory
+    q, k = fused[:, :, 0], fused[:, :, 1]
+    want = rope(q, k, layout="bshd")
+    rope(q, k, layout="bshd", inplace=True)  # disjoint, although their extents overlap
+    assert torch.equal(q, want[0]) and torch.equal(k, want[1])
+
+
+def test_linear_attention_agrees_with_softmax_attention_on_masks(gen):
+    x = torch.randn(2, 6, 32, generator=gen)
+    for attn in (RotaryAttention(32, 2, causal=True), RotaryLinearAttention(32, 2, causal=True)):
+        with pytest.raises(ValueError, match="additive float masks are not accepted"):
+            attn(x, attention_mask=torch.zeros(2, 6))
+        with pytest.raises(ValueError, match="only 0 and 1"):
+            attn(x, attention_mask=torch.full((2, 6), 2))
+    out = RotaryLinearAttention(32, 2, causal=True)(x[:, :0])
+    assert out.shape == (2, 0, 32)
+
+
+def test_negative_positions_fail_under_compile_too():
+    rope = rotary.RoPE(16)
+    f = torch.compile(lambda q, p: rope(q, q, position_ids=p), backend="eager", fullgraph=True)
+    q = torch.randn(1, 2, 4, 16)
+    assert f(q, torch.arange(4))[0].shape == q.shape
+    with pytest.raises(RuntimeError, match="position_ids must be >= 0"):
+        f(q, torch.tensor([0, -1, 2, 3]))
+
+
+def test_huge_positions_take_microseconds_and_no_table():
+    rope = rotary.RoPE(128)
+    start = time.perf_counter()
+    cos, _ = rope.cos_sin(torch.tensor([2**31 - 1], dtype=torch.int32))
+    q, k = torch.randn(1, 32, 1, 128), torch.randn(1, 8, 1, 128)
+    for offset in (2**20, 2**22, 2**40):
+        out = rope(q, k, offset=offset)[0]
+        ref = rotary.reference.rotate_complex(q.double(), torch.tensor([offset]), rope.inv_freq)
+        assert float((out.double() - ref).abs().max()) < 1e-5
+    elapsed = time.perf_counter() - start
+    assert cos.shape == (1, 128) and all(c.length <= 1 << 16 for c in rope._caches.values())
+    assert elapsed < 30  # generous: a table per position would take minutes and gigabytes
+
+
+def test_tables_cached_under_inference_mode_still_train():
+    rope = rotary.RoPE(16)
+    with torch.inference_mode():
+        rope.rotate(torch.randn(1, 1, 4, 16))
+    x = torch.randn(1, 1, 4, 16, requires_grad=True)
+    rope.rotate(x).sum().backward()
+    assert x.grad is not None
+
+
+def test_models_build_on_the_meta_device():
+    scaling = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+    with torch.device("meta"):
+        rope = rotary.RoPE(64, scaling=scaling)
+        lm = small_lm(rope_scaling=scaling)
+    rope.to_empty(device="cpu")
+    lm.to_empty(device="cpu")
+    ref = rotary.RoPE(64, scaling=scaling)
+    q = torch.randn(1, 2, 5, 64)
+    assert torch.equal(rope(q, q)[0], ref(q, q)[0])
+    lm.load_state_dict(small_lm(rope_scaling=scaling).state_dict())
+    assert torch.isfinite(lm(torch.randint(50, (1, 40)))).all()
+
+
+@pytest.mark.parametrize(
+    "call, exc, match",
+    [
+        (lambda: KVCache().next_positions(3), ValueError, "KVCache is empty"),
+        (lambda: KVCache(keys=torch.zeros(1, 1, 1, 4)).update(torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, dtype=torch.long)), ValueError, "keys / values / positions but not all"),
+        (lambda: RotaryAttention(16, 2)(torch.randn(1, 3, 16), cache=[KVCache()]), TypeError, "cache must be a rotary.nn.KVCache, got list"),
+        (lambda: small_lm().generate(torch.zeros(1, 0, dtype=torch.long), 3), ValueError, "at least one token"),
+        (lambda: rotary.RoPE(16).cos_sin(torch.arange(4, dtype=torch.int16)), TypeError, "int64 or int32, got torch.int16"),
+        (lambda: rotary.to_half(torch.tensor(1.0)), ValueError, "with a channel axis"),
+        (lambda: rotary.permute_qk_weight(torch.randn(8, 4), 0), ValueError, "head_dim must be a positive int, got 0"),
+    ],
+)
+def test_internal_exceptions_became_named_errors(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_a_cache_from_another_layer_shape_is_named():
+    cache = KVCache()
+    RotaryAttention(32, 4)(torch.randn(1, 3, 32), cache=cache)  # head_dim 8
+    other = RotaryAttention(32, 2)  # head_dim 16
+    cache.owner = None  # even handed over on purpose, the shapes must agree
+    with pytest.raises(ValueError, match="do not match the cache"):
+        other(torch.randn(1, 1, 32), cache=cache)
+
+
+# ---- shared by threads ---------------------------------------------------------------------------
+@pytest.fixture
+def one_intraop_thread():
+    """The Python threads, not intra-op parallelism, are what is tested; restore the setting after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _run_threads(work, n_threads=4):
+    errors: list[BaseException] = []
+
+    def target(i):
+        try:
+            work(i)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+@pytest.mark.parametrize(
+    "scaling, dynamic",
+    [
+        (None, "hf"),  # the cache grows concurrently to different lengths
+        ({"rope_type": "dynamic", "factor": 4.0, "max_position_embeddings": 16}, "stateless"),
+        ({"rope_type": "longrope", "original_max_position_embeddings": 16, "factor": 4.0,
+          "short_factor": [1.0 + i / 32 for i in range(8)], "long_factor": [1.0 + i for i in range(8)]}, "hf"),
+    ],
+)
+def test_one_rope_shared_by_threads_gives_single_threaded_results(scaling, dynamic, gen, one_intraop_thread):
+    lengths = [3, 40, 9, 70, 17, 5, 33, 100, 12, 64]
+    inputs = [torch.randn(1, 2, n, 16, generator=gen) for n in lengths]
+    offsets = [0, 7, 300, 1, 5000, 2, 90, 0, 65, 16]
+    single = rotary.RoPE(16, scaling=scaling, dynamic=dynamic, max_position=4)
+    want = [single(x, x, offset=o)[0] for x, o in zip(inputs, offsets)]
+    shared = rotary.RoPE(16, scaling=scaling, dynamic=dynamic, max_position=4)
+    got: dict[tuple[int, int], torch.Tensor] = {}
+
+    def work(t):
+        for rep in range(6):
+            for i in (range(len(lengths)) if (t + rep) % 2 else reversed(range(len(lengths)))):
+                got[(t, rep, i)] = shared(inputs[i], inputs[i], offset=offsets[i])[0]
+
+    _run_threads(work)
+    for (t, rep, i), out in got.items():
+        assert torch.equal(out, want[i]), (t, rep, i)
+
+
+def test_one_decoder_shared_by_threads(gen, one_intraop_thread):
+    # length-dependent (long factors past 16 tokens) but not history-dependent: any interleaving of the
+    # threads' calls must give the single-threaded logits
+    scaling = {"rope_type": "longrope", "original_max_position_embeddings": 16, "factor": 4.0,
+               "short_factor": [1.0 + i / 32 for i in range(4)], "long_factor": [1.0 + i for i in range(4)]}
+    lm = small_lm(rope_scaling=scaling)
+    prompts = [torch.randint(50, (1, n), generator=gen) for n in (4, 30, 9, 50)]
+    with torch.no_grad():
+        want = [lm(p) for p in prompts]
+    got = {}
+
+    def work(t):
+        with torch.no_grad():
+            for rep in range(3):
+                for i, p in enumerate(prompts):
+                    got[(t, rep, i)] = lm(p)
+
+    _run_threads(work)
+    for (_, _, i), out in got.items():
+        assert torch.equal(out, want[i])

@@ -1,0 +1,168 @@
+"""Range and type checks of every rope_type's parameters (rotary.rope_types): what is allowed, what the
+error says, and where strict=False may only warn (the frequencies must stay finite and computable)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+from rotary import ConfigError, RoPE, frequencies
+
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 8192}  # fmt: skip
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}
+LONGROPE = {"rope_type": "longrope", "short_factor": [1.0] * 32, "long_factor": [4.0] * 32, "factor": 4.0,
+            "original_max_position_embeddings": 4096}  # fmt: skip
+DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 4096}
+
+# (block, base, message): refused with and without strict, because nothing finite (or nothing that
+# rotates) could be computed from them
+NEVER = [
+    # item 18 of issue 11: each of these was a ZeroDivisionError / "math domain error"
+    ({**LLAMA3, "low_freq_factor": 0}, None, r"low_freq_factor=0 for rope_type 'llama3' must be > 0"),
+    ({**LLAMA3, "high_freq_factor": -4.0}, None, r"high_freq_factor=-4.0 for rope_type 'llama3' must be > 0"),
+    ({**YARN, "beta_slow": -5}, None, r"beta_slow=-5 for rope_type 'yarn' must be > 0"),
+    ({**YARN, "beta_fast": -1.0}, None, r"beta_fast=-1.0 for rope_type 'yarn' must be > 0"),
+    # item 10: out-of-range values that gave NaN, inf or no rotation
+    ({**LONGROPE, "long_factor": [4.0] * 31 + [0.0]}, None, r"long_factor entries .* must be > 0, got long_factor\[31\]=0.0"),
+    ({**LONGROPE, "short_factor": [-1.0] * 32}, None, r"short_factor\[0\]=-1.0"),
+    ({"rope_type": "proportional", "partial_rotary_factor": 0}, None, r"partial_rotary_factor of rope_type 'proportional' must be a number in \(0, 1\], got 0"),
+    ({"rope_type": "proportional", "partial_rotary_factor": 0.01}, None, r"leaves no pair rotating .*raise it to at least 0.03125"),
+    ({**DYNAMIC, "factor": 1e300}, None, r"factor=1e\+300 for rope_type 'dynamic' is too large: .*<= 2\*\*24"),
+    ({"rope_type": "ntk", "factor": 1e300}, None, r"factor=1e\+300 for rope_type 'ntk' overflows the base"),
+    ({"rope_type": "linear", "factor": 1e300}, None, r"gives frequency 0 \(in float32\) to pairs \[0, 1, .*would not rotate"),
+    ({"rope_type": "linear", "factor": 0.0}, None, r"factor=0.0 for rope_type 'linear' must be > 0"),
+    ({"rope_type": "linear", "factor": -2.0}, None, r"factor=-2.0 for rope_type 'linear' must be > 0"),
+    ({**YARN, "factor": -4.0}, None, r"factor=-4.0 for rope_type 'yarn' must be > 0"),
+    ({**YARN, "attention_factor": 0.0}, None, r"attention_factor=0.0 for rope_type 'yarn' must be > 0"),
+    ({**LONGROPE, "attention_factor": -1}, None, r"attention_factor=-1 for rope_type 'longrope' must be > 0"),
+    ({**YARN, "mscale": 1.0, "mscale_all_dim": -10 / math.log(4.0)}, None, r"give the attention factor .* must be a finite number > 0"),
+    ({**YARN, "mscale": -20.0, "mscale_all_dim": 1.0}, None, r"attention factor .* = -[0-9.]+, which must be a finite number > 0"),
+    ({**LONGROPE, "factor": 4.0, "original_max_position_embeddings": 1}, None, r"divides by ln\(1\) = 0"),
+    ({"rope_type": "default"}, 1e-300, r"base=1e-300 must be > 1"),
+    ({"rope_type": "default"}, 1.0, r"base=1.0 must be > 1"),
+    ({"rope_type": "yarn", **YARN}, 0.5, r"base=0.5 must be > 1"),
+    ({"rope_type": "default"}, 1e300, r"gives frequency 0 \(in float32\) to pairs \[.*would not rotate"),
+    # finite at the trained length, not at the length the factor aims for (factor x 4096 tokens)
+    ({**DYNAMIC, "factor": 2.0**24}, 1e37, r"'dynamic' .* at sequence length 68719476736 gives frequency 0"),
+    # found by tests/test_config_properties.py
+    ({**YARN, "mscale": 1e300, "mscale_all_dim": 1.0}, None, r"mscale=1e\+300.* gives attention scaling .*float32 tables"),
+    ({**LONGROPE, "original_max_position_embeddings": 1e-300}, None, r"original_max_position_embeddings must be a positive int .*1e-300"),
+    ({**LONGROPE, "short_factor": [1e-188] * 32}, None, r"non-finite frequencies for pairs \[0, .*short_factor\[0\]=1e-188"),
+    ({**LONGROPE, "long_factor": [3.4e38] * 32}, None, r"at sequence length 4097 gives frequency 0 .*long_factor\[1\]=3.4e\+38"),
+    # item 7: a number written as a string (YAML, CLI) is not a number
+    ({"rope_type": "linear", "factor": "2.0"}, None, r"factor of rope_type 'linear' must be a finite number .*got '2.0' \(str\)"),
+    ({"rope_type": "linear", "factor": True}, None, r"got True \(bool\)"),
+    ({"rope_type": "linear", "factor": float("nan")}, None, r"got nan \(float\)"),
+    ({"rope_type": "linear", "factor": float("inf")}, None, r"got inf \(float\)"),
+    ({**LLAMA3, "high_freq_factor": "4"}, None, r"high_freq_factor of rope_type 'llama3' must be a finite number"),
+    ({**YARN, "beta_fast": [32]}, None, r"beta_fast of rope_type 'yarn' must be a finite number .*got \[32\] \(list\)"),
+    ({**YARN, "mscale": "1.0", "mscale_all_dim": 1.0}, None, r"mscale of rope_type 'yarn' must be a finite number"),
+    ({**YARN, "truncate": "false"}, None, r"truncate of rope_type 'yarn' must be true or false, got 'false' \(str\)"),
+    ({**YARN, "truncate": 0}, None, r"truncate of rope_type 'yarn' must be true or false, got 0 \(int\)"),
+    ({**YARN, "original_max_position_embeddings": "4096"}, None, r"original_max_position_embeddings must be a positive int .*'4096'"),
+    ({**DYNAMIC, "max_position_embeddings": True}, None, r"max_position_embeddings must be a positive int .*True"),
+    ({**LONGROPE, "short_factor": ["1.0"] * 32}, None, r"short_factor must be a list of 32 numbers"),
+]
+
+
+@pytest.mark.parametrize("block, base, message", NEVER, ids=[str(i) for i in range(len(NEVER))])
+def test_values_with_nothing_to_compute_are_errors_even_leniently(block, base, message):
+    for strict in (True, False):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # lenient mode may warn about other keys first
+            with pytest.raises(ConfigError, match=message):
+                frequencies(64, base=base, scaling=block, strict=strict)
+
+
+# (block, message): value mistakes that still give finite, rotating frequencies: an error in strict
+# mode, a warning with strict=False
+WARN = [
+    ({**YARN, "beta_fast": 0}, r"beta_fast=0 for rope_type 'yarn' is read as unset \(the default 32"),
+    ({**YARN, "mscale": 0.0, "mscale_all_dim": 1.0}, r"mscale=0.0 for rope_type 'yarn' must be > 0"),
+    ({**YARN, "mscale": -0.5, "mscale_all_dim": 1.0}, r"mscale=-0.5 for rope_type 'yarn' must be > 0"),
+    ({"rope_type": "linear", "factor": 0.5}, r"factor=0.5 < 1"),
+    ({**DYNAMIC, "factor": 0.5}, r"factor=0.5 < 1"),
+    ({**LONGROPE, "factor": 0.5}, r"factor=0.5 < 1"),
+    ({"rope_type": "proportional", "partial_rotary_factor": 0.5, "factor": 0.5}, r"factor=0.5 < 1"),
+    ({**LLAMA3, "low_freq_factor": 4.0, "high_freq_factor": 4.0}, r"low_freq_factor=4.0 must be smaller"),
+    # item 15 of issue 11: transformers warns about this one (and uses factor)
+    ({**YARN, "max_position_embeddings": 65536},
+     r"rope_type 'yarn' factor=4.0 disagrees with max_position_embeddings / original_max_position_embeddings = "
+     r"65536 / 4096 = 16; set factor to 16 or fix the lengths"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("block, message", WARN, ids=[str(i) for i in range(len(WARN))])
+def test_value_mistakes_are_errors_strictly_and_warnings_leniently(block, message):
+    with pytest.raises(ConfigError, match=message):
+        frequencies(64, scaling=block)
+    with pytest.warns(UserWarning, match=message):
+        f = frequencies(64, scaling=block, strict=False)
+    turning = f.inv_freq[: 16] if block["rope_type"] == "proportional" else f.inv_freq  # the others never turn
+    assert bool(torch.isfinite(f.inv_freq).all()) and bool((turning > 0).all())
+    assert math.isfinite(f.attention_scaling) and f.attention_scaling > 0
+
+
+def test_yarn_factor_disagreeing_with_the_lengths_uses_factor_like_transformers():
+    import transformers
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    transformers.logging.set_verbosity_error()
+    block = {**YARN, "rope_theta": 10000.0}
+    cfg = LlamaConfig(hidden_size=128, num_attention_heads=2, head_dim=64, max_position_embeddings=65536,
+                      num_hidden_layers=1, intermediate_size=8, vocab_size=8, rope_parameters=dict(block))  # fmt: skip
+    hf_inv_freq, hf_scaling = ROPE_INIT_FUNCTIONS["yarn"](cfg, "cpu")
+    with pytest.warns(UserWarning, match="disagrees with"):
+        f = frequencies(64, scaling={**block, "max_position_embeddings": 65536}, strict=False)
+    assert torch.equal(f.inv_freq, hf_inv_freq) and f.attention_scaling == hf_scaling
+    # a context length left at the trained one (Qwen2.5's documented block) is not a disagreement
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        frequencies(64, scaling={**YARN, "max_position_embeddings": 4096})
+        frequencies(64, scaling={**YARN, "max_position_embeddings": 16384})
+
+
+def test_a_string_scaling_is_a_config_error():
+    # item 18 of issue 11: RoPE(64, scaling="linear") failed converting the string to a dict
+    with pytest.raises(ConfigError, match="scaling block must be a dict .*got 'linear'"):
+        frequencies(64, scaling="linear")
+    with pytest.raises(ConfigError, match="scaling block must be a dict .*got 'linear'"):
+        RoPE(64, scaling="linear")
+
+
+def test_argument_types_are_checked():
+    with pytest.raises(TypeError, match="strict must be True or False, got 'false'"):
+        frequencies(64, strict="false")
+    with pytest.raises(TypeError, match="seq_len must be None, an int >= 0 or a one-element integer tensor, got 2.5"):
+        frequencies(64, scaling=DYNAMIC, seq_len=2.5)
+    with pytest.raises(TypeError, match="seq_len must be .* got True"):
+        frequencies(64, scaling=DYNAMIC, seq_len=True)
+    with pytest.raises(ValueError, match="base must be a finite number > 0, got base='10000'"):
+        frequencies(64, base="10000")
+
+
+def test_a_registered_type_returning_nan_is_refused():
+    from rotary.rope_types import ROPE_TYPES, default_inv_freq, register_rope_type
+
+    @register_rope_type("test-nan")
+    def _nan(head_dim, base, rotary_dim, params, seq_len):
+        inv_freq = default_inv_freq(base, rotary_dim)
+        inv_freq[3] = float("nan")
+        return inv_freq, 1.0
+
+    @register_rope_type("test-zero-division")
+    def _zero(head_dim, base, rotary_dim, params, seq_len):
+        return default_inv_freq(base, rotary_dim), 1 / 0
+
+    try:
+        with pytest.raises(ConfigError, match=r"rope_type 'test-nan' .*non-finite frequencies for pairs \[3\]"):
+            frequencies(64, scaling={"rope_type": "test-nan"})
+        with pytest.raises(ConfigError, match=r"rope_type 'test-zero-division' cannot compute .*ZeroDivisionError"):
+            frequencies(64, scaling={"rope_type": "test-zero-division"})
+    finally:
+        del ROPE_TYPES["test-nan"], ROPE_TYPES["test-zero-division"]

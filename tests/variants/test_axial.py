@@ -1,0 +1,446 @@
+"""AxialRoPE: the N-D relative property, the block-diagonal N-D oracle, the presets against the models
+they reproduce (transformers' Pixtral and Llama 4 vision modules, rotary-embedding-torch, and the
+torchtune / DINOv3 / EVA-02 / FLUX / CogVideoX formulas written out here from their code's
+conventions), coordinate augmentation, identity rows, the fused kernel, and bad input."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import rotary
+from rotary import AxialRoPE
+from rotary import positions as P
+from rotary.kernels import eager, ops
+from rotary.kernels.extension import load_cpu_extension
+from rotary.variants import PRESETS, Coordinates, relative_scores
+
+needs_kernel = pytest.mark.skipif(load_cpu_extension() is None, reason="the fused CPU kernel is not built here")
+
+
+def fp32_angle_bound(max_angle: float) -> float:
+    """Largest cos/sin difference from angles formed in fp32 (the references') instead of float64:
+    the angle's rounding plus the rounding of the fp32 frequency and of the fp32 result."""
+    return 4 * max_angle * 2**-24 + 2**-23
+
+
+def tables64(rope, coords):
+    t = rope.tables(coords)
+    return t.cos.double(), t.sin.double()
+
+
+def half_to_pairs(t: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """Per-pair values ``[..., r/2]`` of a channel table."""
+    return t[..., 0::2] if interleaved else t[..., : t.shape[-1] // 2]
+
+
+# ---- the N-D oracle and the relative property (hypothesis) --------------------------------------
+@st.composite
+def axial_configs(draw):
+    axes = draw(st.integers(1, 3))
+    pairs = [draw(st.integers(1, 4)) for _ in range(axes)]
+    split = tuple(2 * p for p in pairs)
+    rotary_dim = sum(split)
+    head_dim = rotary_dim + 2 * draw(st.integers(0, 2))
+    kwargs = dict(
+        split=split,
+        rotary_dim=rotary_dim,
+        base=draw(st.sampled_from([10.0, 100.0, 10000.0])),
+        interleaved=draw(st.booleans()),
+        block_order=tuple(draw(st.permutations(range(axes)))),
+        max_freq=draw(st.sampled_from([None, None, 8.0])),
+    )
+    return head_dim, axes, kwargs
+
+
+@settings(max_examples=25)
+@given(config=axial_configs(), seed=st.integers(0, 2**16))
+def test_axial_equals_the_block_diagonal_nd_reference(config, seed):
+    head_dim, axes, kwargs = config
+    rope = AxialRoPE(head_dim, axes, **kwargs)
+    g = torch.Generator().manual_seed(seed)
+    S = 5
+    coords = (torch.rand(S, axes, generator=g, dtype=torch.float64) - 0.5) * 60  # any real coordinates
+    identity = torch.rand(S, generator=g) < 0.3
+    x = torch.randn(2, 3, S, head_dim, generator=g, dtype=torch.float64)
+    got = rope.rotate(x, coords, identity=identity)
+    # identity tokens are not rotated: the reference at coordinates 0
+    want = rotary.reference.rotate_matrix_nd(x, coords.masked_fill(identity[:, None], 0.0), rope.inv_freq, interleaved=rope.interleaved)
+    assert float((got - want).abs().max()) < 1e-12
+    assert torch.equal(got[:, :, identity], x[:, :, identity])
+    # norm preservation, here in float64
+    torch.testing.assert_close(got.norm(dim=-1), x.norm(dim=-1), rtol=1e-13, atol=0)
+
+
+@settings(max_examples=25)
+@given(
+    preset=st.sampled_from(["torchtune", "pixtral", "dinov3", "eva02", "flux", "cogvideox"]),
+    shift=st.lists(st.integers(-1000, 1000), min_size=3, max_size=3),
+    seed=st.integers(0, 2**16),
+)
+def test_scores_depend_only_on_the_offset_per_axis(preset, shift, seed):
+    """N-D relative property: moving every token by the same (Δt, Δh, Δw) keeps every score."""
+    rope = AxialRoPE.preset(preset, suffix_tokens=0, prefix_tokens=0)
+    g = torch.Generator().manual_seed(seed)
+    sizes = (2, 3, 4)[3 - rope.axes :]
+    coords = rope.grid(*sizes).values
+    moved = coords + torch.tensor(shift[: rope.axes], dtype=torch.float64)
+    q = torch.randn(1, 2, coords.shape[0], rope.head_dim, generator=g)
+    k = torch.randn(1, 2, coords.shape[0], rope.head_dim, generator=g)
+    q0, k0 = rope(q, k, coords)
+    q1, k1 = rope(q, k, moved)
+    scale = float(q.norm(dim=-1).max() * k.norm(dim=-1).max())
+    # fp32 tables at coordinates up to ~1000: entries within 2^-24, angles exact in float64
+    torch.testing.assert_close(q0 @ k0.transpose(-1, -2), q1 @ k1.transpose(-1, -2), rtol=0, atol=8 * 2**-24 * scale)
+    torch.testing.assert_close(q1.norm(dim=-1), q.norm(dim=-1), rtol=4e-7, atol=0)
+
+
+def test_relative_scores_are_symmetric_in_each_axis_for_equal_content():
+    """⟨R(c) q, R(c + Δ) q⟩ = ⟨R(c) q, R(c - Δ) q⟩ (a rotation by Δ and its inverse): the score map is
+    point-symmetric about the centre, and its centre is the plain dot product."""
+    rope = AxialRoPE.preset("pixtral", 32)
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(32, generator=g, dtype=torch.float64)
+    s = relative_scores(rope, v, v, 3)
+    torch.testing.assert_close(s, s.flip(0).flip(1), rtol=0, atol=1e-12)
+    assert abs(float(s[3, 3]) - float(v @ v)) < 1e-12
+
+
+# ---- the fused kernel ---------------------------------------------------------------------------
+@needs_kernel
+def test_axial_runs_on_the_fused_kernel(monkeypatch, gen):
+    monkeypatch.setattr(eager, "run_torch", lambda *a: pytest.fail("took the pure-torch path"))
+    monkeypatch.setattr(ops, "run_torch", lambda *a: pytest.fail("took the pure-torch path"))
+    for name in PRESETS:
+        rope = AxialRoPE.preset(name)
+        coords = rope.grid(*(2, 3, 2)[3 - rope.axes :])
+        q = torch.randn(2, 4, coords.seq_len, rope.head_dim, generator=gen, dtype=torch.float64)
+        q_rot, k_rot = rope(q, q.clone(), coords)
+        want = rotary.reference.rotate_matrix_nd(
+            q, coords.values.masked_fill(coords.identity[:, None], 0.0) if coords.identity is not None else coords.values,
+            rope.inv_freq, interleaved=rope.interleaved,
+        )  # fmt: skip
+        assert float((q_rot - want).abs().max()) < 1e-12, name
+        assert torch.equal(q_rot, k_rot)
+        # bf16 and the bshd layout, in place
+        x = torch.randn(2, coords.seq_len, 4, rope.head_dim, generator=gen).bfloat16()
+        out = rope.rotate(x.clone(), coords, layout="bshd")
+        y = x.clone()
+        assert rope.rotate(y, coords, layout="bshd", inplace=True) is y and torch.equal(y, out)
+
+
+# ---- parity: rotary-embedding-torch 0.9.1 -------------------------------------------------------
+@pytest.mark.parametrize("sizes", [(4, 5), (3, 4, 5)])
+@pytest.mark.parametrize("freqs_for", ["lang", "pixel"])
+def test_rotary_embedding_torch_axial_frequencies(sizes, freqs_for):
+    from rotary_embedding_torch import RotaryEmbedding, apply_rotary_emb
+
+    A = len(sizes)
+    theirs = RotaryEmbedding(dim=16, freqs_for=freqs_for, max_freq=10)
+    freqs = theirs.get_axial_freqs(*sizes)  # [*sizes, 16 A]: per axis, pairs (2i, 2i+1)
+    ours = AxialRoPE(16 * A, axes=A, interleaved=True, max_freq=10.0 if freqs_for == "pixel" else None)
+    if freqs_for == "pixel":  # rotary-embedding-torch spaces pixel coordinates linspace(-1, 1, n)
+        axes = [torch.linspace(-1, 1, n, dtype=torch.float64) for n in sizes]
+        coords = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, A)
+    else:
+        coords = ours.grid(*sizes)
+    cos, sin = tables64(ours, coords)
+    flat = freqs.reshape(-1, 16 * A)
+    bound = fp32_angle_bound(float(flat.abs().max()))
+    assert float((cos - flat.cos()).abs().max()) <= bound
+    assert float((sin - flat.sin()).abs().max()) <= bound
+    t = torch.randn(2, 3, *sizes, 16 * A)  # their layout: [B, H, *grid, D]
+    want = apply_rotary_emb(freqs, t).reshape(2, 3, -1, 16 * A)
+    got = ours.rotate(t.reshape(2, 3, -1, 16 * A), coords)
+    assert float((got - want).abs().max()) <= 2 * bound * float(t.abs().max()) + 1e-6
+
+
+# ---- parity: transformers 5.23 vision rotary embeddings (configs, random weights) -----------------
+def test_pixtral_vision_rotary_embedding(gen):
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.pixtral import modeling_pixtral as mp
+
+    config = transformers.PixtralVisionConfig(hidden_size=128, num_attention_heads=2, image_size=112, patch_size=16)
+    hf = mp.PixtralVisionRotaryEmbedding(config)
+    ours = AxialRoPE.preset("pixtral", config.head_dim)
+    h, w = 5, 7
+    coords = ours.grid(h, w)
+    position_ids = P.grid(h, w).ids  # the (h, w) pairs PixtralVisionModel builds with meshgrid
+    hf_cos, hf_sin = hf(torch.zeros(1), position_ids)
+    cos, sin = tables64(ours, coords)
+    bound = fp32_angle_bound(max(h, w))
+    assert float((cos - hf_cos).abs().max()) <= bound and float((sin - hf_sin).abs().max()) <= bound
+    q = torch.randn(1, 2, h * w, 64, generator=gen)
+    k = torch.randn(1, 2, h * w, 64, generator=gen)
+    want_q, want_k = mp.apply_rotary_pos_emb(q, k, hf_cos, hf_sin, unsqueeze_dim=0)
+    got_q, got_k = ours(q, k, coords)
+    tol = 2 * bound * float(torch.cat((q, k)).abs().max()) + 1e-6
+    assert float((got_q - want_q).abs().max()) <= tol and float((got_k - want_k).abs().max()) <= tol
+
+
+def test_llama4_vision_rotary_embedding(gen):
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama4 import modeling_llama4 as ml
+
+    config = transformers.Llama4VisionConfig(hidden_size=176, num_attention_heads=2, image_size=84, patch_size=14)
+    freqs_ci = ml.Llama4VisionRotaryEmbedding(config).freqs_ci  # [idx² + 1, 1, D/2], CLS last
+    head_dim = config.hidden_size // config.num_attention_heads
+    ours = AxialRoPE.preset("llama4_vision", head_dim)
+    idx = config.image_size // config.patch_size
+    coords = ours.grid(idx, idx)  # CLS appended: suffix_tokens=1
+    cos, sin = tables64(ours, coords)
+    bound = fp32_angle_bound(idx + 1)
+    assert float((cos[:, 0::2] - freqs_ci[:, 0].real).abs().max()) <= bound
+    assert float((sin[:, 0::2] - freqs_ci[:, 0].imag).abs().max()) <= bound
+    assert torch.equal(cos[-1], torch.ones(head_dim)) and torch.equal(sin[-1], torch.zeros(head_dim))
+    q = torch.randn(2, idx * idx + 1, 2, head_dim, generator=gen)  # Llama 4 vision attention: [B, S, H, D]
+    k = torch.randn(2, idx * idx + 1, 2, head_dim, generator=gen)
+    want_q, want_k = ml.vision_apply_rotary_emb(q, k, freqs_ci)
+    got_q, got_k = ours(q, k, coords, layout="bshd")
+    tol = 2 * bound * float(torch.cat((q, k)).abs().max()) + 1e-6
+    assert float((got_q - want_q).abs().max()) <= tol and float((got_k - want_k).abs().max()) <= tol
+
+
+# ---- parity: formulas written out from each model's code conventions ------------------------------
+def torchtune_vision_angles(grid: int, head_dim: int, base: float) -> torch.Tensor:
+    """torchtune's VisionRotaryPositionalEmbeddings: dim = head_dim // 2 per axis, frequencies
+    base^(-2k/dim) (k < dim/2), angles (x+1)θ then (y+1)θ, CLS appended with angle 0; fp32."""
+    dim = head_dim // 2
+    theta = 1.0 / (base ** (torch.arange(0, dim, 2)[: dim // 2].float() / dim))
+    patch = torch.arange(grid * grid).float()
+    x, y = patch % grid, torch.div(patch, grid, rounding_mode="floor")
+    angles = torch.cat(((x + 1)[:, None] * theta, (y + 1)[:, None] * theta), dim=-1)
+    return torch.cat((angles, torch.zeros(1, angles.shape[-1])))  # [grid² + 1, head_dim / 2], pairs (2i, 2i+1)
+
+
+@pytest.mark.parametrize("head_dim", [32, 64])
+def test_torchtune_vision_formula(head_dim, gen):
+    grid = 6
+    angles = torchtune_vision_angles(grid, head_dim, 10000.0)
+    ours = AxialRoPE.preset("torchtune", head_dim)
+    cos, sin = tables64(ours, ours.grid(grid, grid))
+    bound = fp32_angle_bound(grid)
+    assert float((cos[:, 0::2] - angles.cos()).abs().max()) <= bound
+    assert float((sin[:, 0::2] - angles.sin()).abs().max()) <= bound
+    # and as a rotation of the paper's interleaved pairs, CLS untouched
+    x = torch.randn(1, grid * grid + 1, 3, head_dim, generator=gen)  # torchtune: [b, s, n_h, h_d]
+    pairs = x.reshape(*x.shape[:-1], -1, 2)
+    c, s = angles.cos()[None, :, None], angles.sin()[None, :, None]
+    want = torch.stack((pairs[..., 0] * c - pairs[..., 1] * s, pairs[..., 1] * c + pairs[..., 0] * s), -1).flatten(3)
+    got = ours.rotate(x, ours.grid(grid, grid), layout="bshd")
+    assert float((got - want).abs().max()) <= 2 * bound * float(x.abs().max()) + 1e-6
+    assert torch.equal(got[:, -1], x[:, -1])
+
+
+class Dinov3Rope:
+    """DINOv3's RopePositionEmbedding conventions: periods base^(2k/(D/2)) (k < D/4), coordinates
+    (i + 0.5) / n mapped to [-1, 1] ("separate"), training shift / jitter / rescale, angles
+    2π c / period with h's block then w's, tiled twice (pairs (i, i + D/2)); fp32. The augmentation
+    draws the same generator in the order AxialRoPE.augment documents (shift, jitter, rescale)."""
+
+    def __init__(self, head_dim, base=100.0, shift=None, jitter=None, rescale=None):
+        self.periods = base ** (2 * torch.arange(head_dim // 4, dtype=torch.float32) / (head_dim // 2))
+        self.shift, self.jitter, self.rescale = shift, jitter, rescale
+
+    def __call__(self, H, W, generator=None):
+        coords_h = torch.arange(0.5, H, dtype=torch.float32) / H
+        coords_w = torch.arange(0.5, W, dtype=torch.float32) / W
+        coords = torch.stack(torch.meshgrid(coords_h, coords_w, indexing="ij"), dim=-1).flatten(0, 1)
+        coords = 2.0 * coords - 1.0
+        if self.shift is not None:
+            coords = coords + torch.empty(2, dtype=torch.float64).uniform_(-self.shift, self.shift, generator=generator).float()
+        if self.jitter is not None:
+            top = math.log(self.jitter)
+            coords = coords * torch.empty(2, dtype=torch.float64).uniform_(-top, top, generator=generator).exp().float()
+        if self.rescale is not None:
+            top = math.log(self.rescale)
+            coords = coords * torch.empty(1, dtype=torch.float64).uniform_(-top, top, generator=generator).exp().float()
+        angles = 2 * math.pi * coords[:, :, None] / self.periods[None, None, :]
+        angles = angles.flatten(1, 2).tile(2)
+        return angles.cos(), angles.sin()
+
+
+def test_dinov3_formula_and_periods():
+    ours = AxialRoPE.preset("dinov3", 64)
+    # the figure: base 100, head_dim 64 has periods 1.0, 1.3335, 1.7783, ... (100^(k/16))
+    assert [round(p, 4) for p in ours.wavelengths[:4].tolist()] == [1.0, 1.3335, 1.7783, 2.3714]
+    assert ours.wavelengths[:16].tolist() == ours.wavelengths[16:].tolist()  # h's and w's pairs alike
+    ref = Dinov3Rope(64)
+    for H, W in ((4, 6), (7, 3)):
+        want_cos, want_sin = ref(H, W)
+        cos, sin = tables64(ours, ours.grid(H, W, prefix=0))
+        bound = fp32_angle_bound(2 * math.pi)
+        assert float((cos - want_cos).abs().max()) <= bound and float((sin - want_sin).abs().max()) <= bound
+    # CLS and 4 registers first, untouched (the attention rotates only the last H·W tokens)
+    with_registers = ours.grid(4, 6, prefix=5)
+    cos, sin = tables64(ours, with_registers)
+    assert torch.equal(cos[:5], torch.ones(5, 64)) and torch.equal(sin[:5], torch.zeros(5, 64))
+    torch.testing.assert_close(cos[5:], tables64(ours, ours.grid(4, 6, prefix=0))[0], rtol=0, atol=0)
+
+
+def test_dinov3_coordinate_augmentation_in_training_only():
+    kw = dict(shift=0.5, jitter=1.5, rescale=2.0)
+    ours = AxialRoPE.preset("dinov3", 64, shift_coords=kw["shift"], jitter_coords=kw["jitter"], rescale_coords=kw["rescale"])
+    ref = Dinov3Rope(64, **kw)
+    coords = ours.grid(4, 5, prefix=1)
+    assert ours.training  # modules start in training mode
+    got = ours.tables(coords, generator=torch.Generator().manual_seed(7))
+    want_cos, want_sin = ref(4, 5, generator=torch.Generator().manual_seed(7))
+    bound = fp32_angle_bound(2 * math.pi * 2 * 1.5 * 2.5)
+    assert float((got.cos[1:].double() - want_cos).abs().max()) <= bound
+    assert float((got.sin[1:].double() - want_sin).abs().max()) <= bound
+    assert torch.equal(got.cos[0], torch.ones(64))  # CLS is never augmented into a rotation
+    # seeded: reproducible; another seed: other coordinates
+    again = ours.tables(coords, generator=torch.Generator().manual_seed(7))
+    other = ours.tables(coords, generator=torch.Generator().manual_seed(8))
+    assert torch.equal(again.cos, got.cos) and not torch.equal(other.cos, got.cos)
+    # the module's own generator and the global one
+    seeded = AxialRoPE.preset("dinov3", 64, shift_coords=0.5, generator=torch.Generator().manual_seed(3))
+    twin = AxialRoPE.preset("dinov3", 64, shift_coords=0.5, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(seeded.tables(coords).cos, twin.tables(coords).cos)
+    torch.manual_seed(11)
+    first = AxialRoPE.preset("dinov3", 64, shift_coords=0.5).tables(coords).cos
+    torch.manual_seed(11)
+    assert torch.equal(AxialRoPE.preset("dinov3", 64, shift_coords=0.5).tables(coords).cos, first)
+    # eval: off, the plain convention, every call alike
+    ours.eval()
+    plain = AxialRoPE.preset("dinov3", 64).tables(coords)
+    assert torch.equal(ours.tables(coords).cos, plain.cos) and torch.equal(ours.tables(coords).sin, plain.sin)
+
+
+def test_eva02_interpolates_the_finetune_grid_into_the_pretraining_range(gen):
+    """EVA-02's VisionRotaryEmbeddingFast: dim = head_dim // 2 per axis (base^(-2k/dim)), coordinates
+    t = arange(ft) / ft * pt, h's block then w's, pairs (2i, 2i+1); CLS first, not rotated."""
+    head_dim, pt, ft = 64, 16, 24
+    dim = head_dim // 2
+    freqs = 1.0 / (10000 ** (torch.arange(0, dim, 2)[: dim // 2].float() / dim))
+    t = torch.arange(ft) / ft * pt
+    f = (t[:, None] * freqs).repeat_interleave(2, dim=-1)  # [ft, dim]
+    angles = torch.cat((f[:, None, :].expand(ft, ft, dim), f[None, :, :].expand(ft, ft, dim)), dim=-1).reshape(ft * ft, head_dim)
+    ours = AxialRoPE.preset("eva02", head_dim, reference_grid=pt)
+    coords = ours.grid(ft, ft)
+    assert float(coords.values[1:, 0].max()) < pt  # the largest coordinate stays inside the pre-training grid
+    cos, sin = tables64(ours, coords)
+    bound = fp32_angle_bound(pt)
+    assert torch.equal(cos[0], torch.ones(head_dim))
+    assert float((cos[1:] - angles.cos()).abs().max()) <= bound and float((sin[1:] - angles.sin()).abs().max()) <= bound
+    # without reference_grid: the fine-tuning grid's own integer coordinates
+    assert AxialRoPE.preset("eva02", head_dim).grid(ft, ft).values[-1].tolist() == [ft - 1, ft - 1]
+
+
+def test_flux_embed_nd_formula():
+    """FLUX's EmbedND: axes (16, 56, 56), each its own base^(-2k/c) formed in float64, pairs
+    (2i, 2i+1), image ids (0, h, w); text tokens have ids (0, 0, 0): no rotation."""
+    ours = AxialRoPE.preset("flux")
+    h, w = 3, 5
+    ids = torch.zeros(h, w, 3, dtype=torch.float64)
+    ids[..., 1] += torch.arange(h)[:, None]
+    ids[..., 2] += torch.arange(w)[None, :]
+    ids = ids.reshape(-1, 3)
+    per_axis = []
+    for a, dim in enumerate((16, 56, 56)):
+        omega = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+        per_axis.append(ids[:, a : a + 1] * omega)
+    angles = torch.cat(per_axis, dim=-1)  # float64 [S, 64]
+    cos, sin = tables64(ours, ids)
+    assert float((cos[:, 0::2] - angles.cos()).abs().max()) <= 2**-24  # float64 angles: fp32 rounding only
+    assert float((sin[:, 0::2] - angles.sin()).abs().max()) <= 2**-24
+    assert torch.equal(ours.grid(1, h, w).values, ids)
+    text = tables64(ours, torch.zeros(4, 3))
+    assert torch.equal(text[0], torch.ones(4, 128)) and torch.equal(text[1], torch.zeros(4, 128))
+
+
+def test_cogvideox_3d_formula():
+    """CogVideoX's get_3d_rotary_pos_embed: t gets D/4 channels, h and w 3D/8 each, each axis
+    base^(-2k/c) in fp32, grids arange(t), arange(h), arange(w) (the default crop), pairs (2i, 2i+1)."""
+    head_dim, T, H, W = 64, 3, 4, 5
+    dims = (head_dim // 4, head_dim // 8 * 3, head_dim // 8 * 3)
+    grids = (torch.arange(T).float(), torch.arange(H).float(), torch.arange(W).float())
+    per_axis = [g[:, None] * (1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))) for g, d in zip(grids, dims)]
+    angles = torch.cat(
+        (per_axis[0][:, None, None].expand(T, H, W, -1), per_axis[1][None, :, None].expand(T, H, W, -1),
+         per_axis[2][None, None, :].expand(T, H, W, -1)), dim=-1,
+    ).reshape(T * H * W, head_dim // 2)  # fmt: skip
+    ours = AxialRoPE.preset("cogvideox", head_dim)
+    assert ours.split == (16, 24, 24)
+    cos, sin = tables64(ours, ours.grid(T, H, W))
+    bound = fp32_angle_bound(W)
+    assert float((cos[:, 0::2] - angles.cos()).abs().max()) <= bound and float((sin[:, 0::2] - angles.sin()).abs().max()) <= bound
+
+
+# ---- identity rows, batches, devices, dtypes ------------------------------------------------------
+def test_identity_rows_and_per_batch_coordinates(gen):
+    rope = AxialRoPE(16, axes=2)
+    coords = torch.randint(0, 9, (3, 7, 2))  # [B, S, A]: a different crop per image
+    identity = torch.zeros(3, 7, dtype=torch.bool)
+    identity[1, 0] = True
+    x = torch.randn(3, 2, 7, 16, generator=gen, dtype=torch.float64)
+    out = rope.rotate(x, coords, identity=identity)
+    assert torch.equal(out[1, :, 0], x[1, :, 0])
+    for b in range(3):
+        want = rotary.reference.rotate_matrix_nd(x[b], coords[b].double().masked_fill(identity[b, :, None], 0.0), rope.inv_freq)
+        assert float((out[b] - want).abs().max()) < 1e-12
+    # integer N-D Positions are accepted as they are
+    assert torch.equal(rope.rotate(x[:1], P.from_ids(coords[0], axes=2)), rope.rotate(x[:1], coords[0]))
+
+
+def test_frequencies_stay_exact_through_dtype_moves_and_the_meta_device():
+    rope = AxialRoPE.preset("flux")
+    exact = rope.inv_freq.clone()
+    rope.to(torch.bfloat16)
+    assert rope.inv_freq.dtype == torch.float64 and torch.equal(rope.inv_freq, exact)
+    with torch.device("meta"):
+        meta = AxialRoPE.preset("flux")
+    meta.to_empty(device="cpu")
+    assert torch.equal(meta.inv_freq, exact)
+    assert rope.state_dict() == {}  # nothing learned, nothing saved
+
+
+def test_slot_axes_and_presets_table():
+    assert AxialRoPE.preset("torchtune", 16).slot_axes == [1, 1, 1, 1, 0, 0, 0, 0]  # x's block first
+    assert AxialRoPE.preset("cogvideox", 64).slot_axes == [0] * 8 + [1] * 12 + [2] * 12
+    pixtral = AxialRoPE.preset("pixtral", 16)
+    full = rotary.frequencies(16).inv_freq
+    assert torch.equal(pixtral.inv_freq[0, :4].float(), full[0::2]) and torch.equal(pixtral.inv_freq[1, 4:].float(), full[1::2])
+    assert set(PRESETS) == {"torchtune", "llama4_vision", "pixtral", "dinov3", "eva02", "flux", "cogvideox"}
+    assert all(AxialRoPE.preset(name).rotary_dim == PRESETS[name].head_dim for name in PRESETS)
+
+
+# ---- bad input: each message says what to change --------------------------------------------------
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: AxialRoPE(64, 2, split=(24, 24)), r"split=\(24, 24\) adds up to 48 channels but rotary_dim=64; make the blocks sum to 64"),
+        (lambda: AxialRoPE(64, 2, split=(33, 31)), r"split\[0\]=33: each axis needs a positive even number of channels"),
+        (lambda: AxialRoPE(64, 3), r"rotary_dim=64 does not split into 3 equal blocks.*pass split=\(\.\.\.\) with 3 even numbers summing to 64"),
+        (lambda: AxialRoPE(64, 2, split=(32, 16, 16)), r"split gives 3 blocks but axes=2"),
+        (lambda: AxialRoPE(64, 2, block_order=(0, 0)), r"block_order must be a permutation"),
+        (lambda: AxialRoPE(64, coordinates="normalized", grid_offset=1.0), r"normalized coordinates are cell centres"),
+        (lambda: AxialRoPE(64, jitter_coords=0.5), r"jitter_coords must be a number >= 1"),
+        (lambda: AxialRoPE.preset("flux", 64), r"head_dim must be 128"),
+        (lambda: AxialRoPE.preset("sd3"), r"unknown axial preset 'sd3'; presets: torchtune, llama4_vision"),
+        (lambda: AxialRoPE(64).tables(torch.zeros(10, 3)), r"must be \[S, 2\] or \[B, S, 2\].*got shape \(10, 3\); give 2 coordinates per token or build the module with axes=3"),
+        (lambda: AxialRoPE(64, 3, split=(16, 24, 24)).tables(P.grid(3, 4)), r"have 2 coordinate axes but this AxialRoPE has axes=3"),
+        (lambda: AxialRoPE(64).tables(torch.tensor([[0.0, float("nan")]])), r"NaN or inf.*identity="),
+        (lambda: AxialRoPE(64).grid(3), r"grid needs 2 sizes \(one per axis\)"),
+        (lambda: AxialRoPE(8).rotate(torch.randn(1, 1, 7, 8), AxialRoPE(8).grid(2, 3)), r"cover S=6 tokens but x has S=7.*grid\(\.\.\., prefix=, suffix=\)"),
+        (lambda: AxialRoPE(8).tables(torch.zeros(4, 2), identity=torch.zeros(5, dtype=torch.bool)), r"identity has shape \(5,\)"),
+    ],
+)
+def test_bad_input_says_what_to_change(make, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        make()
+
+
+def test_nd_positions_given_to_a_1d_rope_are_an_error():
+    with pytest.raises(ValueError, match="positions have 2 coordinate axes but this RoPE is 1-D; use rotary.AxialRoPE"):
+        rotary.RoPE(64).tables(P.grid(3, 4))
+
+
+def test_coordinates_value_is_what_grid_returns():
+    c = AxialRoPE(8, axes=3, split=(2, 2, 4)).grid(2, 1, 2, suffix=2)
+    assert isinstance(c, Coordinates) and c.values.shape == (6, 3) and c.identity.tolist() == [False] * 4 + [True] * 2

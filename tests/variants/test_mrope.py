@@ -1,0 +1,501 @@
+"""M-RoPE: slot layouts, parity with transformers 5.23's Qwen2-VL / Qwen2.5-VL / Qwen3-VL text rotary
+embeddings and position-index functions (modules built from configs with random weights), decoding
+continued from the positions value, exact reduction to 1-D RoPE, and errors for bad input."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import rotary
+from rotary.kernels import extension
+from rotary.kernels.eager import rotate_torch
+from rotary.variants import MRoPE, MultimodalPositions, check_mrope_section, mrope_axes, multimodal_positions
+
+transformers = pytest.importorskip("transformers")
+
+
+# ------------------------------------------------------------------------------------------------
+# tiny transformers models (random weights, nothing downloaded)
+
+
+def text_config(section, *, interleaved=None, head_dim=32, rope_type="default", **extra):
+    block = {"rope_type": rope_type, "rope_theta": 10000.0, "mrope_section": list(section), **extra}
+    if interleaved is not None:
+        block["mrope_interleaved"] = interleaved
+    return dict(
+        vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=head_dim, rope_parameters=block,
+    )  # fmt: skip
+
+
+def qwen2_vl(section=(4, 6, 6), **kw):
+    vision = dict(depth=1, embed_dim=16, hidden_size=64, num_heads=2, patch_size=2)
+    return transformers.Qwen2VLModel(transformers.Qwen2VLConfig(text_config=text_config(section, **kw), vision_config=vision)).eval()
+
+
+def qwen2_5_vl(section=(4, 6, 6), tokens_per_second=3):
+    vision = dict(depth=1, hidden_size=16, out_hidden_size=64, intermediate_size=16, num_heads=2, patch_size=2,
+                  tokens_per_second=tokens_per_second, fullatt_block_indexes=[0])  # fmt: skip
+    config = transformers.Qwen2_5_VLConfig(text_config=text_config(section), vision_config=vision)
+    return transformers.Qwen2_5_VLModel(config).eval()
+
+
+def qwen3_vl(section=(8, 4, 4)):
+    vision = dict(depth=1, hidden_size=16, out_hidden_size=64, intermediate_size=16, num_heads=2, patch_size=2,
+                  num_position_embeddings=16, deepstack_visual_indexes=[0])  # fmt: skip
+    config = transformers.Qwen3VLConfig(text_config=text_config(section, interleaved=True), vision_config=vision)
+    return transformers.Qwen3VLModel(config).eval()
+
+
+def random_batch(rng: random.Random, batch: int, *, frames_apart: bool = False):
+    """Token types of text, images (1, h, w) and videos (t, h, w) with merge size 2, left padded; grids in order."""
+    rows, images, videos, seconds = [], [], [], []
+    for _ in range(batch):
+        types: list[int] = []
+        for _ in range(rng.randint(1, 4)):
+            types += [0] * rng.randint(1, 3)
+            kind = rng.choice([0, 1, 2])
+            if kind == 1:
+                h, w = 2 * rng.randint(1, 3), 2 * rng.randint(1, 3)
+                images.append([1, h, w])
+                types += [1] * (h * w // 4)
+            elif kind == 2:
+                t, h, w = rng.randint(1, 4), 2 * rng.randint(1, 2), 2 * rng.randint(1, 3)
+                videos.append([t, h, w])
+                seconds.append(rng.choice([0.5, 1 / 3, 1.0, 2.0, 0.7]))
+                if frames_apart:  # Qwen3-VL: a timestamp (text) before every frame
+                    types += ([0] + [2] * (h * w // 4)) * t
+                else:
+                    types += [2] * (t * h * w // 4)
+        rows.append(types + [0] * rng.randint(0, 2))
+    longest = max(len(r) for r in rows)
+    token_types = torch.tensor([[0] * (longest - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (longest - len(r)) + [1] * len(r) for r in rows])
+    grid = lambda g: torch.tensor(g, dtype=torch.int64) if g else None  # noqa: E731
+    return token_types, mask, grid(images), grid(videos), torch.tensor(seconds, dtype=torch.float32) if seconds else None
+
+
+# ------------------------------------------------------------------------------------------------
+# slot layouts
+
+
+def test_qwen3_vl_interleaves_thw_20_times_then_tttt():
+    assert "".join("THW"[a] for a in mrope_axes([24, 20, 20], mrope_interleaved=True)) == "THW" * 20 + "TTTT"
+    assert MRoPE(128, mrope_section=[24, 20, 20], mrope_interleaved=True).slot_axes() == "THW" * 20 + "TTTT"
+
+
+def test_qwen2_vl_chunks_slots_0_15_t_16_39_h_40_63_w():
+    axes = mrope_axes([16, 24, 24]).tolist()
+    assert axes[0:16] == [0] * 16 and axes[16:40] == [1] * 24 and axes[40:64] == [2] * 24
+
+
+def rotary_embedding(model: str, section, *, interleaved=None):
+    """transformers' text rotary embedding of ``model`` for ``mrope_section``, head_dim 2 * sum(section)."""
+    head_dim = 2 * sum(section)
+    if model == "qwen2_vl":
+        config = transformers.Qwen2VLTextConfig(**text_config(section, head_dim=head_dim))
+        return transformers.models.qwen2_vl.modeling_qwen2_vl.Qwen2VLRotaryEmbedding(config)
+    if model == "qwen2_5_vl":
+        config = transformers.Qwen2_5_VLTextConfig(**text_config(section, head_dim=head_dim))
+        return transformers.models.qwen2_5_vl.modeling_qwen2_5_vl.Qwen2_5_VLRotaryEmbedding(config)
+    config = transformers.Qwen3VLTextConfig(**text_config(section, head_dim=head_dim, interleaved=interleaved))
+    return transformers.models.qwen3_vl.modeling_qwen3_vl.Qwen3VLTextRotaryEmbedding(config)
+
+
+@pytest.mark.parametrize(
+    "model,section",
+    [
+        ("qwen2_vl", (16, 24, 24)),
+        ("qwen2_vl", (2, 10, 4)),
+        ("qwen2_5_vl", (16, 24, 24)),
+        ("qwen3_vl", (24, 20, 20)),
+        ("qwen3_vl", (8, 4, 4)),
+        ("qwen3_vl", (11, 11, 10)),  # h takes slot 31, one past 3 * 10 (Qwen3.5's sections)
+    ],
+)
+def test_slot_axes_match_transformers_recomposition(model, section):
+    interleaved = model == "qwen3_vl"
+    embedding = rotary_embedding(model, section, interleaved=True if interleaved else None)
+    slots = sum(section)
+    # feed transformers' recomposition the axis number itself as the "frequency" of every slot
+    labels = torch.arange(3, dtype=torch.float32)[:, None, None, None].expand(3, 1, 1, slots).clone()
+    theirs = embedding.recomposition_frequencies(labels)[0, 0, :slots].long()
+    assert torch.equal(theirs, mrope_axes(section, mrope_interleaved=interleaved))
+
+
+# ------------------------------------------------------------------------------------------------
+# tables against transformers' rotary embeddings
+
+
+@pytest.mark.parametrize(
+    "name,build,kw",
+    [
+        ("qwen2_vl", lambda: qwen2_vl(), {}),
+        ("qwen2_vl linear", lambda: qwen2_vl(rope_type="linear", factor=2.0), {"scaling": {"rope_type": "linear", "factor": 2.0}}),
+        ("qwen2_5_vl", lambda: qwen2_5_vl(), {}),
+        ("qwen3_vl", lambda: qwen3_vl(), {"mrope_interleaved": True}),
+    ],
+)
+def test_tables_match_transformers_rotary_embedding(name, build, kw):
+    model = build()
+    rotary_emb = model.language_model.rotary_emb
+    section = rotary_emb.mrope_section
+    ids = torch.randint(0, 300, (3, 2, 17), generator=torch.Generator().manual_seed(0))
+    cos, sin = rotary_emb(torch.zeros(1), ids)  # [B, S, D] fp32
+    mrope = MRoPE(32, mrope_section=section, base=10000.0, **kw)
+    got_cos, got_sin = mrope.tables(ids).gather()
+    # transformers forms the angles in fp32: off by up to (angle) * 2^-24 rad; ours in float64
+    atol = (int(ids.max()) + 1) * 2.0**-23
+    torch.testing.assert_close(got_cos, cos, rtol=0, atol=atol)
+    torch.testing.assert_close(got_sin, sin, rtol=0, atol=atol)
+
+
+# ------------------------------------------------------------------------------------------------
+# position ids against transformers' get_rope_index
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_positions_match_qwen2_vl_get_rope_index(seed):
+    model = qwen2_vl()
+    types, mask, images, videos, _ = random_batch(random.Random(seed), 3)
+    ids = torch.randint(0, 64, types.shape)
+    want_ids, want_deltas = model.get_rope_index(ids, types, image_grid_thw=images, video_grid_thw=videos, attention_mask=mask)
+    got = multimodal_positions(types, image_grid_thw=images, video_grid_thw=videos, attention_mask=mask, spatial_merge_size=2)
+    assert torch.equal(got.position_ids, want_ids) and torch.equal(got.rope_deltas, want_deltas)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_positions_match_qwen2_5_vl_get_rope_index_with_time_alignment(seed):
+    model = qwen2_5_vl(tokens_per_second=3)
+    types, mask, images, videos, seconds = random_batch(random.Random(100 + seed), 3)
+    ids = torch.randint(0, 64, types.shape)
+    for given_seconds in (seconds, None):  # without seconds, transformers steps tokens_per_second per frame
+        want_ids, want_deltas = model.get_rope_index(
+            ids, types, image_grid_thw=images, video_grid_thw=videos, second_per_grid_ts=given_seconds, attention_mask=mask
+        )
+        got = multimodal_positions(
+            types, image_grid_thw=images, video_grid_thw=videos, attention_mask=mask, tokens_per_second=3,
+            second_per_grid_ts=given_seconds,
+        )  # fmt: skip
+        assert torch.equal(got.position_ids, want_ids) and torch.equal(got.rope_deltas, want_deltas)
+
+
+def test_qwen2_5_vl_time_alignment_spaces_frames_by_tokens_per_second_times_seconds():
+    types = torch.tensor([[0] + [2] * 3])  # a video of three frames of one merged token each
+    got = multimodal_positions(types, video_grid_thw=torch.tensor([[3, 2, 2]]), tokens_per_second=4, second_per_grid_ts=[0.5])
+    assert got.position_ids[0, 0].tolist() == [0, 1, 3, 5]  # t = 1 + int(j * 4 * 0.5)
+    assert got.position_ids[1, 0].tolist() == [0, 1, 1, 1] and got.next_position.tolist() == [6]
+
+
+def test_text_after_a_time_aligned_video_as_in_qwen_release_code():
+    # the example of the Qwen2.5-VL pull request to transformers (#35569): 25 tokens per second, 2 frames
+    # per temporal patch at 1 fps (2 s per grid step), a video of 3 x 2 x 2 merged tokens, then 5 text tokens
+    types = torch.tensor([[2] * 12 + [0] * 5])
+    kw = dict(video_grid_thw=torch.tensor([[3, 4, 4]]), tokens_per_second=25, second_per_grid_ts=[2.0])
+    released = multimodal_positions(types, text_after_vision="max", **kw)
+    assert released.position_ids[0, 0, :12].tolist() == [0] * 4 + [50] * 4 + [100] * 4
+    assert released.position_ids[1, 0, :12].tolist() == [0, 0, 1, 1] * 3
+    assert released.position_ids[2, 0, :12].tolist() == [0, 1, 0, 1] * 3
+    assert released.position_ids[:, 0, 12:].tolist() == [[101, 102, 103, 104, 105]] * 3
+    # transformers 5.23 starts that text at max(h, w) / m = 2 instead; the next token goes to 101 in both
+    grid = multimodal_positions(types, **kw)
+    assert grid.position_ids[:, 0, 12:].tolist() == [[2, 3, 4, 5, 6]] * 3
+    assert grid.next_position.tolist() == [101] and released.next_position.tolist() == [106]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_positions_match_qwen3_vl_get_rope_index(seed):
+    model = qwen3_vl()
+    types, mask, images, videos, _ = random_batch(random.Random(200 + seed), 3, frames_apart=True)
+    ids = torch.randint(0, 64, types.shape)
+    want_ids, want_deltas = model.get_rope_index(
+        ids, types, image_grid_thw=images, video_grid_thw=None if videos is None else videos.clone(), attention_mask=mask
+    )
+    got = multimodal_positions(types, image_grid_thw=images, video_grid_thw=videos, attention_mask=mask, split_video_frames=True)
+    assert torch.equal(got.position_ids, want_ids) and torch.equal(got.rope_deltas, want_deltas)
+
+
+# ------------------------------------------------------------------------------------------------
+# decoding
+
+
+def test_continuation_equals_transformers_decode_positions():
+    model = qwen2_vl()
+    types, _, images, videos, _ = random_batch(random.Random(7), 1)
+    ids = torch.randint(0, 64, types.shape)
+    embeds = model.get_input_embeddings()(ids)
+    model.compute_3d_position_ids(ids, embeds, image_grid_thw=images, video_grid_thw=videos, mm_token_type_ids=types)
+
+    class Past:
+        def get_seq_length(self, layer_idx=0):
+            return types.shape[1]
+
+    step = model.compute_3d_position_ids(None, embeds[:, :3], past_key_values=Past())  # three new tokens
+    ours = multimodal_positions(types, image_grid_thw=images, video_grid_thw=videos).continuation(3)
+    assert torch.equal(ours.position_ids, step)
+
+
+def test_kv_cache_decoding_equals_the_full_pass():
+    model = qwen2_vl()
+    types, _, images, videos, _ = random_batch(random.Random(3), 2)
+    prompt = multimodal_positions(types, image_grid_thw=images, video_grid_thw=videos)
+    steps, generated = [], prompt
+    for _ in range(4):
+        generated = generated.continuation(1)
+        steps.append(generated)
+    full_positions = torch.cat([prompt.position_ids] + [s.position_ids for s in steps], dim=-1)
+    ids = torch.randint(0, 64, (2, types.shape[1] + 4))
+    text_model = model.language_model
+    with torch.no_grad():
+        full = text_model(input_ids=ids, position_ids=full_positions).last_hidden_state
+        cache = transformers.DynamicCache(config=text_model.config)
+        out = [text_model(input_ids=ids[:, : types.shape[1]], position_ids=prompt.position_ids, past_key_values=cache,
+                          use_cache=True).last_hidden_state]  # fmt: skip
+        for i, s in enumerate(steps):
+            col = types.shape[1] + i
+            out.append(text_model(input_ids=ids[:, col : col + 1], position_ids=s.position_ids, past_key_values=cache,
+                                  use_cache=True).last_hidden_state)  # fmt: skip
+    torch.testing.assert_close(torch.cat(out, dim=1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_each_prompt_continues_from_its_own_positions():
+    with_image = multimodal_positions(torch.tensor([[0, 1, 1, 1, 1, 0]]), image_grid_thw=torch.tensor([[1, 4, 4]]))
+    text_only = multimodal_positions(torch.zeros(1, 3, dtype=torch.int64))
+    assert with_image.next_position.tolist() == [4] and with_image.rope_deltas.tolist() == [[-2]]
+    # computing another prompt's positions in between changes nothing: no module keeps rope_deltas
+    assert text_only.continuation(2).position_ids[0].tolist() == [[3, 4]]
+    assert with_image.continuation(2).position_ids[0].tolist() == [[4, 5]]
+    padded = multimodal_positions(torch.tensor([[0, 0, 0, 1, 1, 1, 1]]), image_grid_thw=torch.tensor([[1, 4, 4]]),
+                                  attention_mask=torch.tensor([[0, 1, 1, 1, 1, 1, 1]]))  # fmt: skip
+    assert padded.position_ids[:, 0, 0].tolist() == [0, 0, 0] and padded.next_position.tolist() == [4]
+
+
+# ------------------------------------------------------------------------------------------------
+# the tables themselves
+
+
+@pytest.mark.parametrize("interleaved_layout", [False, True])
+@pytest.mark.parametrize("pairing", [False, True])
+def test_reduces_exactly_to_1d_rope_when_t_h_w_are_equal(interleaved_layout, pairing, gen):
+    section = [8, 4, 4] if interleaved_layout else [4, 6, 6]
+    mrope = MRoPE(32, mrope_section=section, mrope_interleaved=interleaved_layout, base=1e6, interleaved=pairing)
+    rope = rotary.RoPE(32, base=1e6, interleaved=pairing)
+    ids = torch.randint(0, 5000, (2, 9), generator=gen)
+    m_cos, m_sin = mrope.tables(ids.expand(3, 2, 9)).gather()
+    r_cos, r_sin = rope.tables(ids).gather()
+    assert torch.equal(m_cos, r_cos) and torch.equal(m_sin, r_sin)
+    q, k = torch.randn(2, 4, 9, 32, generator=gen), torch.randn(2, 2, 9, 32, generator=gen)
+    for a, b in zip(mrope(q, k, position_ids=ids.expand(3, 2, 9)), rope(q, k, position_ids=ids)):
+        assert torch.equal(a, b)
+
+
+def test_each_slot_turns_with_its_own_axis(gen):
+    mrope = MRoPE(16, mrope_section=[2, 3, 3])
+    t, h, w = 5, 11, 17
+    theta = torch.atan2(*reversed(mrope.tables(torch.tensor([t, h, w]).view(3, 1, 1)).gather()))[0, 0, :8].double()
+    want = torch.tensor([[t, h, w][a] for a in mrope.axes.tolist()]) * mrope.inv_freq.double()
+    torch.testing.assert_close(torch.remainder(theta - want + torch.pi, 2 * torch.pi) - torch.pi, torch.zeros(8, dtype=torch.float64),
+                               atol=1e-6, rtol=0)  # fmt: skip
+
+
+def test_runs_on_the_fused_cpu_kernel(gen):
+    assert extension.load_cpu_extension() is not None, extension.cpu_extension_error()
+    mrope = MRoPE(32, mrope_section=[8, 4, 4], mrope_interleaved=True)
+    ids = torch.randint(0, 50, (3, 2, 7), generator=gen)
+    tables = mrope.tables(ids)
+    q, k = torch.randn(2, 7, 4, 32, generator=gen), torch.randn(2, 7, 2, 32, generator=gen)
+    q_rot, k_rot = rotary.rotate([q, k], tables, layout="bshd", kinds=("q", "k"))
+    cos, sin = tables.gather()
+    assert torch.equal(q_rot, rotate_torch(q, cos[:, :, None], sin[:, :, None], interleaved=False, inplace=False))
+    assert torch.equal(k_rot, rotate_torch(k, cos[:, :, None], sin[:, :, None], interleaved=False, inplace=False))
+
+
+def test_positions_value_feeds_the_tables():
+    mp = multimodal_positions(torch.tensor([[0, 1, 1, 1, 1]]), image_grid_thw=torch.tensor([[1, 4, 4]]))
+    assert isinstance(mp, MultimodalPositions) and mp.bound == 3 and mp.positions.axes == 3
+    mrope = MRoPE(16, mrope_section=[2, 3, 3])
+    assert torch.equal(mrope.tables(mp).cos, mrope.tables(mp.position_ids).cos)
+
+
+# ------------------------------------------------------------------------------------------------
+# bad input
+
+
+def test_3d_positions_given_to_1d_rope_say_to_use_mrope():
+    with pytest.raises(ValueError, match=r"M-RoPE ids \[3, B, S\].*use rotary.MRoPE"):
+        rotary.RoPE(32).tables(torch.zeros(3, 1, 4, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"M-RoPE"):
+        rotary.RoPE(32)(torch.randn(1, 2, 4, 32), torch.randn(1, 2, 4, 32), position_ids=torch.zeros(3, 1, 4, dtype=torch.int64))
+
+
+def test_1d_positions_given_to_mrope_say_how_to_expand():
+    mrope = MRoPE(32, mrope_section=[4, 6, 6])
+    for ids in (torch.arange(4), torch.arange(4)[None]):
+        with pytest.raises(ValueError, match=r"needs positions \[3, B, S\].*got 1-D positions.*expand\(3, B, S\)"):
+            mrope.tables(ids)
+    with pytest.raises(ValueError, match=r"got 1-D positions \(Positions with 1 axis"):
+        mrope.tables(rotary.positions.arange(4))
+    with pytest.raises(ValueError, match=r"must be \[3, B, S\].*got shape \(2, 1, 4\)"):
+        mrope.tables(torch.zeros(2, 1, 4, dtype=torch.int64))
+
+
+def test_sections_that_do_not_sum_to_half_the_rotary_dim():
+    with pytest.raises(ValueError, match=r"mrope_section \[16, 24, 20\] sums to 60 but rotary_dim=128 has 64 .* sum to 64"):
+        MRoPE(128, mrope_section=[16, 24, 20])
+    with pytest.raises(ValueError, match="sums to 64 but rotary_dim=64 has 32"):
+        check_mrope_section([16, 24, 24], 64)
+    with pytest.raises(ValueError, match=r"\[4, 30, 30\] cannot be interleaved over 64 slots: .* \[22, 21, 21\]"):
+        MRoPE(128, mrope_section=[4, 30, 30], mrope_interleaved=True)
+    with pytest.raises(ValueError, match="positive ints"):
+        mrope_axes([16, 0, 48])
+    with pytest.raises(ValueError, match="rope_type 'dynamic' changes the frequencies with the sequence length"):
+        MRoPE(32, mrope_section=[4, 6, 6], scaling={"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 64})
+
+
+def test_grids_that_do_not_match_the_tokens():
+    with pytest.raises(ValueError, match=r"run of 3 image tokens at index 1 does not match .*\[1, 4, 4\].* = 4 tokens"):
+        multimodal_positions(torch.tensor([[0, 1, 1, 1]]), image_grid_thw=torch.tensor([[1, 4, 4]]))
+    with pytest.raises(ValueError, match="no image_grid_thw entry is left"):
+        multimodal_positions(torch.tensor([[0, 1, 0, 1]]), image_grid_thw=torch.tensor([[1, 2, 2]]))
+    with pytest.raises(ValueError, match="video_grid_thw holds 2 entries but the token types hold only 1 video runs"):
+        multimodal_positions(torch.tensor([[2, 0]]), video_grid_thw=torch.tensor([[1, 2, 2], [1, 2, 2]]))
+    with pytest.raises(ValueError, match=r"token_types must hold 0 \(text\), 1 \(image\) or 2 \(video\)"):
+        multimodal_positions(torch.tensor([[0, 3]]))
+
+
+def test_layout_numbers_behind_the_figure():
+    from rotary.analysis import mrope_layout
+
+    chunked = mrope_layout(MRoPE(128, mrope_section=[16, 24, 24], base=1e6))
+    # chunked: each axis owns one band of the spectrum, t the fastest and w the slowest
+    assert chunked.span["T"][1] < chunked.span["H"][0] and chunked.span["H"][1] < chunked.span["W"][0]
+    interleaved = mrope_layout(MRoPE(128, mrope_section=[24, 20, 20], mrope_interleaved=True, base=1e6))
+    # interleaved: every axis reaches from within 2x of the fastest wavelength to within 3x of the slowest
+    fastest, slowest = min(interleaved.wavelength), max(interleaved.wavelength)
+    for low, high in interleaved.span.values():
+        assert low < 2 * fastest and high > slowest / 3
+
+
+# ------------------------------------------------------------------------------------------------
+# from Hugging Face configs
+
+
+@pytest.mark.parametrize(
+    "name,build,kw",
+    [
+        ("qwen2_vl", lambda: qwen2_vl(), {}),
+        ("qwen2_5_vl", lambda: qwen2_5_vl(), {}),
+        ("qwen3_vl", lambda: qwen3_vl(), {}),
+    ],
+)
+def test_from_hf_config_matches_transformers(name, build, kw):
+    model = build()
+    mrope = MRoPE.from_hf_config(model.config)
+    assert mrope.mrope_interleaved is (name == "qwen3_vl") and list(mrope.mrope_section) == model.language_model.rotary_emb.mrope_section
+    ids = torch.randint(0, 300, (3, 2, 17), generator=torch.Generator().manual_seed(1))
+    cos, sin = model.language_model.rotary_emb(torch.zeros(1), ids)
+    got_cos, got_sin = mrope.tables(ids).gather()
+    atol = (int(ids.max()) + 1) * 2.0**-23  # transformers' fp32 angles
+    torch.testing.assert_close(got_cos, cos, rtol=0, atol=atol)
+    torch.testing.assert_close(got_sin, sin, rtol=0, atol=atol)
+    # a 1-D RoPE of the config is right for text positions only: RoPE.from_hf_config says where to go
+    with pytest.raises(rotary.ConfigError, match=r"uses multimodal RoPE .*rotary.MRoPE.from_hf_config\(config\)"):
+        rotary.RoPE.from_hf_config(model.config)
+
+
+def test_from_a_flat_4x_config_with_type_mrope():
+    flat = {"model_type": "qwen2_5_vl", "hidden_size": 2048, "num_attention_heads": 16, "rope_theta": 1e6,
+            "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}, "vision_config": {"depth": 32}}  # fmt: skip
+    mrope = MRoPE.from_hf_config(flat)
+    assert (mrope.head_dim, mrope.freqs.base, mrope.mrope_section, mrope.mrope_interleaved) == (128, 1e6, (16, 24, 24), False)
+    assert mrope.freqs.rope_type == "default"
+
+
+def test_from_hf_config_errors():
+    bad = {"model_type": "qwen2_vl", "hidden_size": 2048, "num_attention_heads": 16,
+           "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 20]}}  # fmt: skip
+    with pytest.raises(rotary.ConfigError, match=r"qwen2_vl_text.*mrope_section \[16, 24, 20\] sums to 60 but rotary_dim=128"):
+        MRoPE.from_hf_config(bad)
+    with pytest.raises(rotary.ConfigError, match="has no multimodal RoPE .*rotary.RoPE.from_hf_config"):
+        MRoPE.from_hf_config({"model_type": "llama", "hidden_size": 256, "num_attention_heads": 4})
+    with pytest.raises(rotary.ConfigError, match="does not use multimodal RoPE"):
+        rotary.RoPE.from_hf_config({"model_type": "llama", "head_dim": 64, "rope_parameters": {"mrope_section": [16, 8, 8]}})
+    qwen3 = {"model_type": "qwen3_vl_text", "head_dim": 128, "hidden_size": 512, "num_attention_heads": 4,
+             "rope_parameters": {"rope_type": "default", "mrope_section": [24, 20, 20], "mrope_interleaved": False}}  # fmt: skip
+    with pytest.raises(rotary.ConfigError, match="lays its frequency slots out interleaved whatever the flag says"):
+        MRoPE.from_hf_config(qwen3)
+    with pytest.warns(UserWarning, match="interleaved whatever the flag"):
+        assert MRoPE.from_hf_config(qwen3, strict=False).mrope_interleaved
+
+
+# ------------------------------------------------------------------------------------------------
+# rotary.hf.patch on the Qwen-VL models
+
+
+def vl_for_generation(name: str):
+    tokens = dict(image_token_id=60, video_token_id=61, vision_start_token_id=62)
+    if name == "qwen2_vl":
+        vision = dict(depth=1, embed_dim=16, hidden_size=64, num_heads=2, patch_size=2)
+        config = transformers.Qwen2VLConfig(text_config=text_config((4, 6, 6)), vision_config=vision, **tokens)
+        return transformers.Qwen2VLForConditionalGeneration(config).eval()
+    if name == "qwen2_5_vl":
+        vision = dict(depth=1, hidden_size=16, out_hidden_size=64, intermediate_size=16, num_heads=2, patch_size=2,
+                      fullatt_block_indexes=[0], window_size=8)  # fmt: skip
+        config = transformers.Qwen2_5_VLConfig(text_config=text_config((4, 6, 6)), vision_config=vision, **tokens)
+        return transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
+    vision = dict(depth=1, hidden_size=16, out_hidden_size=64, intermediate_size=16, num_heads=2, patch_size=2,
+                  num_position_embeddings=16, deepstack_visual_indexes=[0])  # fmt: skip
+    config = transformers.Qwen3VLConfig(text_config=text_config((8, 4, 4), interleaved=True), vision_config=vision, **tokens)
+    return transformers.Qwen3VLForConditionalGeneration(config).eval()
+
+
+@pytest.mark.parametrize("name", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_hf_patch_gives_the_same_logits_with_an_image(name, monkeypatch):
+    torch.manual_seed(0)
+    model = vl_for_generation(name)
+    ids = torch.tensor([[1, 2, 62] + [60] * 4 + [3, 4, 5], [1, 62] + [60] * 4 + [6, 7, 8, 9]])
+    inputs = dict(input_ids=ids, pixel_values=torch.randn(32, 24), image_grid_thw=torch.tensor([[1, 4, 4], [1, 4, 4]]),
+                  mm_token_type_ids=(ids == 60).long())  # fmt: skip
+    with torch.no_grad():
+        before = model(**inputs).logits
+        calls = []
+        rotate = rotary.hf.rotate
+        monkeypatch.setattr(rotary.hf, "rotate", lambda *a, **k: calls.append(1) or rotate(*a, **k))
+        rotary.hf.patch(model)
+        patched = model(**inputs).logits
+        assert len(calls) == model.config.text_config.num_hidden_layers  # every text layer, through rotary
+        torch.testing.assert_close(patched, before, rtol=1e-5, atol=1e-5)
+        rotary.hf.unpatch(model)
+        assert torch.equal(model(**inputs).logits, before)
+
+
+def test_hf_patch_generates_the_same_tokens():
+    torch.manual_seed(0)
+    model = vl_for_generation("qwen2_5_vl")
+    ids = torch.tensor([[1, 2, 62] + [60] * 4 + [3, 4, 5]])
+    inputs = dict(input_ids=ids, pixel_values=torch.randn(16, 24), image_grid_thw=torch.tensor([[1, 4, 4]]),
+                  mm_token_type_ids=(ids == 60).long(), attention_mask=torch.ones_like(ids))  # fmt: skip
+    settings = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+    before = model.generate(**inputs, **settings)
+    rotary.hf.patch(model)
+    assert torch.equal(model.generate(**inputs, **settings), before)
+
+
+def test_rotary_inspect_shows_the_axis_of_every_pair(tmp_path, capsys):
+    import json
+
+    from rotary.cli import main
+
+    transformers.Qwen2VLConfig().save_pretrained(tmp_path / "qwen2_vl")
+    transformers.Qwen3VLConfig().save_pretrained(tmp_path / "qwen3_vl")
+    assert main(["inspect", str(tmp_path / "qwen2_vl" / "config.json"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["mrope"] == {"mrope_section": [16, 24, 24], "layout": "chunked", "axes": "T" * 16 + "H" * 24 + "W" * 24}
+    assert main(["inspect", str(tmp_path / "qwen3_vl" / "config.json"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["mrope"]["axes"] == "THW" * 20 + "TTTT"
+    assert main(["inspect", str(tmp_path / "qwen2_vl" / "config.json")]) == 0
+    text = " ".join(capsys.readouterr().out.split())  # rich wraps long lines at the terminal's width
+    assert "mrope_section [16, 24, 24] (chunked)" in text and "T 0-15, H 16-39, W 40-63" in text

@@ -1,0 +1,183 @@
+"""xPos: the paper's scales, parity with rotary-embedding-torch's ``use_xpos``, relative scores,
+KV-cache decoding equal to the full pass, the range guard, causal use only, and the Decoder entry."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import rotary
+from rotary import reference
+from rotary.kernels import extension
+from rotary.kernels.eager import rotate_torch
+from rotary.models import POSITION_ENCODINGS, Decoder, DecoderConfig
+from rotary.nn import KVCache, RotaryAttention
+from rotary.variants import XPos, xpos_zeta
+
+
+def xpos_oracle(x: torch.Tensor, positions: list[int], *, scale_base: float, center: int, interleaved: bool, key: bool):
+    """The paper's formula in float64: R_n x (the block-diagonal oracle), then pair i times ζ_i^(±(n-c)/γ)."""
+    d = x.shape[-1]
+    inv_freq = rotary.frequencies(d).inv_freq  # the frequencies are their own stage, tested against transformers
+    rotated = reference.rotate_matrix(x, torch.tensor(positions), inv_freq, interleaved=interleaved)
+    zeta = np.array([(2 * i + 0.4 * d) / (1.4 * d) for i in range(d // 2)])
+    sign = -1.0 if key else 1.0
+    scale = np.stack([zeta ** (sign * (n - center) / scale_base) for n in positions])  # [S, d/2]
+    per_channel = np.repeat(scale, 2, axis=-1) if interleaved else np.concatenate([scale, scale], axis=-1)
+    return rotated * torch.from_numpy(per_channel)
+
+
+def test_zeta_runs_from_0_285714_to_0_977679_for_d64():
+    zeta = xpos_zeta(64)
+    assert round(float(zeta[0]), 6) == 0.285714 and round(float(zeta[-1]), 6) == 0.977679
+    assert zeta.dtype == torch.float64 and bool((zeta.diff() > 0).all())
+    assert torch.equal(XPos(64).zeta, zeta)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_matches_the_float64_formula(interleaved, gen):
+    xpos = XPos(16, scale_base=32, center=5, interleaved=interleaved)
+    positions = [0, 3, 5, 17, 40]
+    q, k = torch.randn(2, 1, 5, 16, generator=gen, dtype=torch.float64), torch.randn(2, 1, 5, 16, generator=gen, dtype=torch.float64)
+    q_rot, k_rot = xpos(q, k, position_ids=torch.tensor(positions))
+    for got, x, key in ((q_rot, q, False), (k_rot, k, True)):
+        want = xpos_oracle(x, positions, scale_base=32, center=5, interleaved=interleaved, key=key)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("seq_len,head_dim,scale_base", [(16, 64, 512), (37, 32, 8), (128, 64, 64)])
+def test_parity_with_rotary_embedding_torch(seq_len, head_dim, scale_base, gen):
+    from rotary_embedding_torch import RotaryEmbedding
+
+    q, k = torch.randn(2, 3, seq_len, head_dim, generator=gen), torch.randn(2, 3, seq_len, head_dim, generator=gen)
+    theirs = RotaryEmbedding(head_dim, use_xpos=True, xpos_scale_base=scale_base)
+    want_q, want_k = theirs.rotate_queries_and_keys(q, k)
+    # rotary-embedding-torch centres a call of S tokens at S // 2 and pairs channels (2i, 2i+1)
+    xpos = XPos(head_dim, scale_base=scale_base, interleaved=True, center=seq_len // 2)
+    got_q, got_k = xpos(q, k)
+    # theirs forms the angles n·θ in fp32 (off by up to n·2^-24 rad) and the scales in fp32; ours in
+    # float64, rounded once: equal up to those fp32 errors
+    def close(got, want):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=float(want.abs().max()) * seq_len * 2.0**-23)
+
+    close(got_q, want_q)
+    close(got_k, want_k)
+    # and decoding the last tokens against all keys equals their full pass
+    last_q = rotary.rotate([q[:, :, -3:]], xpos.tables(torch.arange(seq_len - 3, seq_len)))[0]
+    close(last_q, want_q[:, :, -3:])
+
+
+def test_separate_key_tables_run_on_the_fused_cpu_kernel(gen):
+    assert extension.load_cpu_extension() is not None, extension.cpu_extension_error()
+    xpos = XPos(32, scale_base=16, center=4)
+    tables = xpos.tables(torch.tensor([[0, 1, 2, 9], [3, 4, 5, 30]]))
+    q, k = torch.randn(2, 4, 4, 32, generator=gen), torch.randn(2, 2, 4, 32, generator=gen)
+    q_rot, k_rot = rotary.rotate([q, k], tables, kinds=("q", "k"))
+    expected_q = rotate_torch(q, tables.cos[:, None], tables.sin[:, None], interleaved=False, inplace=False)
+    expected_k = rotate_torch(k, tables.k_cos[:, None], tables.k_sin[:, None], interleaved=False, inplace=False)
+    assert torch.equal(q_rot, expected_q) and torch.equal(k_rot, expected_k)
+    assert not torch.equal(tables.cos, tables.k_cos)
+
+
+@settings(max_examples=25)
+@given(
+    n=st.integers(0, 3000), m=st.integers(0, 3000), shift=st.integers(0, 20000), interleaved=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_scores_are_invariant_to_shifting_both_positions(n, m, shift, interleaved, seed):
+    g = torch.Generator().manual_seed(seed)
+    xpos = XPos(32, scale_base=512, interleaved=interleaved)
+    q, k = torch.randn(1, 1, 1, 32, generator=g, dtype=torch.float64), torch.randn(1, 1, 1, 32, generator=g, dtype=torch.float64)
+
+    def score(a: int, b: int) -> float:
+        q_rot = rotary.rotate([q], xpos.tables(torch.tensor([a]), dtype=torch.float64))[0]
+        k_rot = rotary.rotate([k], xpos.tables(torch.tensor([b]), dtype=torch.float64), kinds=("k",))[0]
+        return float((q_rot * k_rot).sum())
+
+    base = score(n, m)
+    assert math.isclose(score(n + shift, m + shift), base, rel_tol=1e-9, abs_tol=1e-9 * float(q.norm() * k.norm()))
+
+
+@settings(max_examples=8)
+@given(prefill=st.integers(1, 11), start=st.integers(0, 6000), seed=st.integers(0, 2**16))
+def test_kv_cache_decoding_equals_the_full_pass_at_any_offset(prefill, start, seed):
+    torch.manual_seed(seed)
+    xpos = XPos(8, scale_base=64, center=2000)  # γ = 64: scales from 3.5^(31) down to 3.5^(-70) over these positions
+    attn = RotaryAttention(32, 4, num_kv_heads=2, causal=True, rope=xpos).eval()
+    x = torch.randn(2, 12, 32)
+    ids = torch.arange(start, start + 12).expand(2, 12)
+    full = attn(x, position_ids=ids)
+    cache = KVCache()
+    parts = [attn(x[:, :prefill], position_ids=ids[:, :prefill], cache=cache)]
+    parts += [attn(x[:, i : i + 1], cache=cache) for i in range(prefill, 12)]  # positions continue the cache
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_range_guard_and_what_happens_at_2_to_the_20():
+    xpos = XPos(64)  # γ = 512, centre 1024
+    # the largest distance at which every scale is a normal fp32 number: the tables there are finite
+    edge = xpos.center + xpos.max_distance
+    tables = xpos.tables(torch.tensor([edge]))
+    for t in (tables.cos, tables.sin, tables.k_cos, tables.k_sin):
+        assert bool(torch.isfinite(t).all())
+    assert float(xpos.scales(torch.tensor([edge])).min()) >= 2.0**-126
+    with pytest.raises(ValueError, match=r"position .* beyond max_distance=.*larger scale_base"):
+        xpos.tables(torch.tensor([edge + 1]))
+    with pytest.raises(ValueError, match="beyond max_distance"):
+        xpos.tables(torch.tensor([2**20]))
+    # uncentred, position 2**20: the query scales underflow to 0 even in float64, the key scales overflow
+    scales = XPos(64, center=0).scales(torch.tensor([2**20]))[0]
+    assert int((scales == 0).sum()) == 19 and int((scales < 2.0**-126).sum()) == 31
+    assert bool(torch.isinf(1 / scales[:19]).all())
+    with pytest.raises(ValueError, match="center=40000 is further than max_distance"):
+        XPos(64, center=40000)
+
+
+def test_bidirectional_attention_is_refused_with_the_reason():
+    with pytest.raises(ValueError, match=r"XPos needs causal=True: .*grows exponentially.*keys ahead"):
+        RotaryAttention(32, 4, causal=False, rope=XPos(8))
+    RotaryAttention(32, 4, causal=True, rope=XPos(8))
+
+
+def test_bad_arguments_name_the_value():
+    with pytest.raises(ValueError, match="scale_base must be a finite number > 0, got 0"):
+        XPos(64, scale_base=0)
+    with pytest.raises(ValueError, match="coordinate axes but xPos is 1-D"):
+        XPos(8).tables(rotary.positions.grid(2, 2))
+
+
+def test_decoder_entry_trains_and_generates():
+    assert "xpos" in POSITION_ENCODINGS
+    torch.manual_seed(0)
+    config = DecoderConfig(vocab_size=40, hidden_size=32, num_layers=2, num_heads=4, position_encoding="xpos", xpos_scale_base=64)
+    model = Decoder(config)
+    assert isinstance(model.rope, XPos) and all(layer.attn.rope is model.rope for layer in model.layers)
+    ids = torch.randint(40, (2, 10))
+    loss = model.loss(ids)
+    loss.backward()
+    assert bool(torch.isfinite(loss)) and model.layers[0].attn.q_proj.weight.grad.abs().sum() > 0
+    model.eval()
+    cached = model.generate(ids[:, :4], max_new_tokens=6)
+    uncached = model.generate(ids[:, :4], max_new_tokens=6, use_cache=False)
+    assert torch.equal(cached, uncached)
+    with pytest.raises(ValueError, match="xpos' takes no rope_scaling"):
+        Decoder(DecoderConfig(vocab_size=40, hidden_size=32, num_layers=1, position_encoding="xpos",
+                              rope_scaling={"rope_type": "linear", "factor": 2.0}))  # fmt: skip
+
+
+def test_score_decay_behind_the_figure():
+    from rotary.analysis import measured_decay, xpos_scores
+
+    distances = list(range(0, 4097, 4))
+    xpos = xpos_scores(XPos(64), distances)
+    rope = measured_decay(rotary.RoPE(64), distances, kind="ones")
+    assert xpos[0] == 64.0 and rope[0] == 64.0
+    # xPos's envelope keeps falling where RoPE's all-ones score keeps oscillating
+    far = slice(len(distances) // 2, None)
+    assert float(xpos[far].abs().max()) < float(rope[far].max()) / 2
+    assert float(xpos[-256:].abs().max()) < float(xpos[256:512].abs().min())

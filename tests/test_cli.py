@@ -201,6 +201,10 @@ BAD = [
     (["plot", "decay", "-o", "/dev/null/decay"], "-o /dev/null/decay: /dev/null exists and is not a directory"),
     (["plot", "decay", "-o", "/proc/rotary-test/decay"], "-o /proc/rotary-test/decay: cannot create the directory"),
     (["inspect", "-o", "/proc/rotary-test.txt"], "-o /proc/rotary-test.txt: cannot write"),
+    (["inspect", "--pairing", "interleaved", "--no-interleaved"], "argument --interleaved/--no-interleaved: not allowed with argument --pairing"),
+    (["inspect", "--pairing", "pairs"], "argument --pairing: invalid choice: 'pairs'"),
+    (["verify", "--axial", "flux", "--pairing", "half"], "drop --pairing"),
+    (["plot", "scaling", "--pairing", "half"], "--pairing describe a configuration"),
     # found by tests/test_cli_properties.py
     (["inspect", "-o", ""], "argument -o/--out: must name a file or directory, got ''"),
     (["inspect", ""], "CONFIG '' names no file"),
@@ -361,6 +365,9 @@ def test_flags_override_the_config(capsys):
     gptj = str(FIXTURES / "gptj.json")
     assert inspect_json(capsys, gptj)["interleaved"] is True
     assert inspect_json(capsys, gptj, "--no-interleaved")["interleaved"] is False
+    assert inspect_json(capsys, gptj, "--pairing", "half")["interleaved"] is False
+    assert inspect_json(capsys, llama, "--pairing", "interleaved")["interleaved"] is True
+    assert inspect_json(capsys, llama, "--pairing", "half")["interleaved"] is False
     neox = str(FIXTURES / "gpt_neox.json")
     assert inspect_json(capsys, neox)["rotary_dim"] != 32
     assert inspect_json(capsys, neox, "--rotary-dim", "32")["rotary_dim"] == 32  # the file's rotary_pct gives way
@@ -466,3 +473,12 @@ def test_every_fixture_config_inspects_and_verifies(fixture, capsys):
         extra = ["--layer-type", info["layer_type"]] if info["layer_type"] else []
         assert main(["verify", path, *extra, "--seq-len", "8", "--json"]) == 0
         assert json.loads(capsys.readouterr().out)["passed"] is True
+
+
+def test_inspect_header_shows_sequence_parameters_by_length(capsys):
+    """RoPE keeps LongRoPE's factors as tuples (a copy the caller cannot edit); the header printed
+    them in full, 48 numbers each, on one line."""
+    assert main(["inspect", str(FIXTURES / "phi3_longrope.json")]) == 0
+    header = " ".join(capsys.readouterr().out.split("pairs of")[0].split())  # rich wraps long lines
+    assert "short_factor=[48 values]" in header and "long_factor=[48 values]" in header
+    assert "(1.0" not in header and "1.0, 1.0" not in header

@@ -36,6 +36,7 @@ __all__ = [
     "MAX_HEAD_DIM",
     "MAX_LENGTH",
     "MAX_SEQ_LEN",
+    "PAIRINGS",
     "Configuration",
     "FLAG_DEFAULTS",
     "add_config_arguments",
@@ -44,6 +45,7 @@ __all__ = [
     "configurations",
     "count",
     "console",
+    "interleaved_from_args",
     "output_directory",
     "output_path",
     "output_stem",
@@ -201,6 +203,25 @@ def _scaling_json(text: str) -> dict[str, Any]:
     return value
 
 
+#: the values of --pairing, and the ``interleaved`` flag of :class:`rotary.RoPE` each stands for
+PAIRINGS = ("half", "interleaved")
+
+
+def interleaved_from_args(args: argparse.Namespace) -> bool | None:
+    """What ``--pairing`` / ``--interleaved`` / ``--no-interleaved`` asked for: ``None`` when neither was given.
+
+    Example:
+        >>> interleaved_from_args(argparse.Namespace(pairing="interleaved", interleaved=None))
+        True
+        >>> interleaved_from_args(argparse.Namespace(pairing=None, interleaved=None)) is None
+        True
+    """
+    pairing = getattr(args, "pairing", None)
+    if pairing is not None:
+        return pairing == "interleaved"
+    return getattr(args, "interleaved", None)
+
+
 def add_config_arguments(p: argparse.ArgumentParser, *, config: bool = True) -> None:
     """CONFIG (a Hugging Face config.json) and the flags that describe or override one."""
     if config:
@@ -215,9 +236,15 @@ def add_config_arguments(p: argparse.ArgumentParser, *, config: bool = True) -> 
         "--max-position", type=length_count,
         help="context length (default: what the scaling block enables, else max_position_embeddings, else 4096)",
     )
-    g.add_argument(
+    pairing = g.add_mutually_exclusive_group()
+    pairing.add_argument(
+        "--pairing", choices=PAIRINGS,
+        help="which channels rotate together: half = (i, i+d/2) as Hugging Face's Llama, interleaved = (2i, 2i+1) "
+        "as the RoFormer paper and GPT-J (default: the architecture's, else half)",
+    )
+    pairing.add_argument(
         "--interleaved", action=argparse.BooleanOptionalAction, default=None,
-        help="pairs (2i, 2i+1) instead of Hugging Face's (i, i+d/2) (default: the architecture's, else half)",
+        help="the same as --pairing interleaved (--no-interleaved: --pairing half)",
     )
 
 
@@ -367,7 +394,8 @@ def _build(settings: RopeSettings, args: argparse.Namespace, layer_type: str | N
     if args.rotary_dim is not None:  # the flag replaces the file's rotated width, however it was given
         rotary_dim = args.rotary_dim
         scaling.pop("partial_rotary_factor", None)
-    interleaved = settings.interleaved if args.interleaved is None else args.interleaved
+    asked = interleaved_from_args(args)
+    interleaved = settings.interleaved if asked is None else asked
     if head_dim > MAX_HEAD_DIM:
         raise ValueError(f"head_dim {head_dim} of {args.config} is more than the {MAX_HEAD_DIM} channels these commands handle")
     try:

@@ -279,7 +279,7 @@ def _frequencies(args: argparse.Namespace) -> int:
 
 
 #: configuration flags that only make sense with CONFIG or --scaling in ``plot scaling``
-_NEED_A_CONFIGURATION = {"rotary_dim": "--rotary-dim", "max_position": "--max-position", "interleaved": "--interleaved", "layer_type": "--layer-type"}
+_NEED_A_CONFIGURATION = {"rotary_dim": "--rotary-dim", "max_position": "--max-position", "interleaved": "--interleaved", "pairing": "--pairing", "layer_type": "--layer-type"}
 
 
 def _scaling(args: argparse.Namespace) -> int:

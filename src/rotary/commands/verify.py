@@ -43,7 +43,8 @@ def _verify_axial(args: argparse.Namespace):
     """``--axial PRESET``: the N-D checks of an axial preset (``--head-dim`` overrides the model's)."""
     from rotary.variants import AxialRoPE
 
-    given = [f"--{k.replace('_', '-')}" for k in ("base", "rotary_dim", "scaling", "max_position") if getattr(args, k, None) is not None]
+    keys = ("base", "rotary_dim", "scaling", "max_position", "pairing", "interleaved", "layer_type")
+    given = [f"--{k.replace('_', '-')}" for k in keys if getattr(args, k, None) is not None]
     if getattr(args, "config", None) is not None or given:
         raise ValueError(f"--axial {args.axial} takes the preset's configuration; drop {', '.join(given) or 'CONFIG'} (--head-dim may change)")
     rope = AxialRoPE.preset(args.axial, args.head_dim)

@@ -40,8 +40,9 @@ def score_matrix(rope: RoPE, q: torch.Tensor, k: torch.Tensor, seq_len: int) -> 
 def position_pca(rope: RoPE, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A 2-D PCA of the position tables (each position's ``[cos θ_i m, sin θ_i m]`` over all pairs).
 
-    PCA (a linear projection) keeps distances meaningful, unlike the t-SNE of the seeds. The
-    features are float64 ``cos``/``sin`` of the angles, one of each per pair (no attention scaling).
+    PCA (a linear projection) keeps distances meaningful, unlike t-SNE (whose distances mean something
+    only locally). The features are float64 ``cos``/``sin`` of the angles, one of each per pair (no
+    attention scaling).
 
     Returns:
         ``(coords [seq_len, 2], explained_variance_ratio [2])``, float64.

@@ -5,8 +5,9 @@ Two kinds exist:
 - absolute encodings added to the token embeddings: :class:`LearnedPositionEmbedding`,
   :class:`SinusoidalPositionEmbedding` (and NoPE, which adds nothing);
 - additive biases on the attention scores, functions of the query and key positions:
-  :class:`ALiBi` (a fixed linear penalty per head) and :class:`RelativePositionBias` (a learned
-  ``b(i - j)``, the option of seed 001 §5.5.2 for combining with RoPE).
+  :class:`ALiBi` (a fixed linear penalty per head, from "Train Short, Test Long: Attention with
+  Linear Biases Enables Input Length Extrapolation") and :class:`RelativePositionBias` (a learned
+  ``b(i - j)`` like T5's, clipped rather than bucketed); either can be added to RoPE.
 
 A score bias takes ``query_positions`` ``[B, S]`` and ``key_positions`` ``[B, T]`` and returns
 ``[B, H, S, T]`` in fp32, so it stays correct with left padding and a KV cache (positions are not

@@ -1,0 +1,254 @@
+"""Every code block of README.md and docs/*.md runs as written, and the output shown is the output
+printed (issue 13, item 6).
+
+Only fenced blocks with a language are allowed (an indented code block, or a fence without a
+language, says nothing about what it holds). By language:
+
+- ``python``: executed on its own, in a fresh namespace, in an empty working directory; a value the
+  text shows is stated as an ``assert`` in the block;
+- ``console``: each ``$ `` line is a command (a trailing ``\\`` continues it, ``# ...`` is a comment),
+  and the lines up to the next ``$ `` are its output. ``rotary ...`` runs in process and must exit 0;
+  the output shown, if any, must equal what it prints (or begin it, when the last line shown is
+  ``...``). Commands that cannot run inside the test suite
+  (minutes of training or timing, installing packages, make) are in :data:`NOT_RUN` with the reason,
+  and are checked without running: their arguments parse, the make target exists, the pinned torch and
+  the extras are those of the Makefile and pyproject.toml;
+- ``text``: diagrams, formulas, tables of numbers; not code, not run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from rotary.cli import build_parser, main
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+LANGUAGES = {"python", "console", "text"}
+
+#: commands shown in the docs that the test suite does not run -> why; each is checked another way
+NOT_RUN = {
+    "make demo": "trains the default experiment, about 7 minutes",
+    "make test": "runs this test suite",
+    "rotary experiment --preset large --device cuda": "needs a GPU",
+    "rotary experiment --data my_text.txt --encodings rope,alibi,rope_alibi --scalings none,yarn": "trains on a file of the reader's",
+    "torchrun --standalone --nproc_per_node=2 -m rotary experiment --preset default": "two processes, minutes",
+}
+
+
+@dataclass(frozen=True)
+class Block:
+    path: Path
+    line: int
+    language: str
+    body: str
+
+    @property
+    def where(self) -> str:
+        path = self.path.relative_to(ROOT) if self.path.is_relative_to(ROOT) else self.path
+        return f"{path}:{self.line}"
+
+
+def blocks(path: Path) -> list[Block]:
+    """The fenced blocks of ``path``; an indented code block is reported as language ``"indented"``."""
+    found: list[Block] = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    fence: tuple[int, str, str] | None = None  # (line, language, indentation)
+    body: list[str] = []
+    previous_blank = True
+    item_indent: int | None = None  # where the text of the current list item starts
+    for number, line in enumerate(lines, 1):
+        stripped = line.strip()
+        indent = len(line) - len(line.lstrip())
+        if fence is None and stripped.startswith("```"):
+            fence, body = (number, stripped[3:].strip(), line[:indent]), []
+        elif fence is not None and stripped == "```":
+            found.append(Block(path, fence[0], fence[1], "\n".join(body) + "\n"))
+            fence = None
+        elif fence is not None:
+            body.append(line[len(fence[2]) :] if line.startswith(fence[2]) else line)
+        elif stripped:
+            item = re.match(r" *(?:[-*+]|\d+\.) +", line)
+            if item:
+                item_indent = len(item.group(0))
+            else:
+                if item_indent is not None and previous_blank and indent < item_indent:
+                    item_indent = None  # the list has ended
+                if previous_blank and indent >= (item_indent or 0) + 4:  # Markdown's indented code block
+                    found.append(Block(path, number, "indented", stripped + "\n"))
+        previous_blank = fence is None and not stripped
+    assert fence is None, f"{path.name}:{fence[0]}: a fence that is never closed"
+    return found
+
+
+ALL = [b for path in DOCS for b in blocks(path)]
+PYTHON = [b for b in ALL if b.language == "python"]
+CONSOLE = [b for b in ALL if b.language == "console"]
+
+
+def test_every_block_says_what_it_holds():
+    bad = [f"{b.where} ({b.language or 'no language'})" for b in ALL if b.language not in LANGUAGES]
+    assert not bad, f"give these a fenced block with one of {sorted(LANGUAGES)}: {', '.join(bad)}"
+
+
+def test_the_docs_have_code_to_check():
+    assert len(PYTHON) >= 10 and len(CONSOLE) >= 4
+    assert {b.path.name for b in PYTHON} >= {"README.md", "core.md", "scaling.md", "experiment.md", "variants.md", "attention.md"}
+
+
+@contextlib.contextmanager
+def registries_restored():
+    """A block may register a rope_type, a position encoding or a benchmark; the rest of the suite must not see it."""
+    from rotary import rope_types
+    from rotary.bench import harness
+    from rotary.models import decoder
+
+    # (ROPE_INIT_FUNCTIONS is a view of ROPE_TYPES)
+    saved = [(d, copy.copy(d)) for d in (rope_types.ROPE_TYPES, decoder.POSITION_ENCODINGS, harness.SUITES)]
+    methods = list(harness.METHODS)
+    try:
+        yield
+    finally:
+        for d, before in saved:
+            d.clear()
+            d.update(before)
+        harness.METHODS[:] = methods
+
+
+@pytest.mark.parametrize("block", PYTHON, ids=[b.where for b in PYTHON])
+def test_python_block_runs(block, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with registries_restored(), contextlib.redirect_stdout(io.StringIO()):
+        exec(compile(block.body, block.where, "exec"), {"__name__": "__docs__"})
+
+
+@dataclass
+class Command:
+    argv: list[str]  # continuation lines joined, the comment dropped
+    output: list[str]  # the lines shown under it
+
+
+def commands(block: Block) -> list[Command]:
+    found: list[Command] = []
+    lines = block.body.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        assert line.startswith("$ "), f"{block.where}: output shown before any command: {line!r}"
+        text = line[2:]
+        while text.rstrip().endswith("\\"):
+            i += 1
+            text = text.rstrip()[:-1].rstrip() + " " + lines[i].strip()
+        argv = shlex.split(text, comments=True)
+        assert argv, f"{block.where}: an empty command"
+        i += 1
+        output = []
+        while i < len(lines) and not lines[i].startswith("$ "):
+            output.append(lines[i].rstrip())
+            i += 1
+        while output and not output[-1]:
+            output.pop()
+        found.append(Command(argv, output))
+    return found
+
+
+def _shown(command: Command) -> str:
+    """The command as NOT_RUN spells it: the words, quoted only where the shell needs it."""
+    return " ".join(a if re.fullmatch(r"[\w./=,:@%+-]+", a) else shlex.quote(a) for a in command.argv)
+
+
+def _rotary_argv(argv: list[str]) -> list[str] | None:
+    """The arguments of ``rotary``, ``python -m rotary`` or ``torchrun ... -m rotary``; None for other programs."""
+    if argv[:1] == ["rotary"]:
+        return argv[1:]
+    if "-m" in argv and argv[0] in ("python", "python3", "torchrun"):
+        i = argv.index("-m")
+        if argv[i + 1 : i + 2] == ["rotary"]:
+            return argv[i + 2 :]
+    return None
+
+
+def check_without_running(command: Command) -> None:
+    argv, shown = command.argv, _shown(command)
+    assert not command.output, f"{shown!r} is not run by the tests, so the output shown under it cannot be checked"
+    rotary_args = _rotary_argv(argv)
+    if rotary_args is not None:
+        with contextlib.redirect_stderr(io.StringIO()) as err:
+            try:
+                build_parser().parse_args(rotary_args)
+            except SystemExit as exc:
+                pytest.fail(f"{shown!r} does not parse: {err.getvalue().strip()} (status {exc.code})")
+    elif argv[0] == "make":
+        targets = re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), flags=re.M)
+        assert argv[1] in targets, f"{shown!r}: the Makefile has no target {argv[1]!r}"
+    elif argv[:2] == ["pip", "install"]:
+        pinned = re.search(r"^TORCH\s*:=\s*(\S+)", (ROOT / "Makefile").read_text(), flags=re.M).group(1)
+        pyproject = (ROOT / "pyproject.toml").read_text()
+        extras_table = pyproject.split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
+        extras = dict(re.findall(r"^(\w+) = \[(.*?)\]$", extras_table, flags=re.M | re.S))  # (tomllib is 3.11+)
+        for requirement in argv[2:]:
+            if requirement.startswith("torch"):
+                assert requirement == pinned, f"{shown!r}: the Makefile pins {pinned}"
+            elif requirement.startswith("."):
+                wanted = re.fullmatch(r"\.(?:\[([\w,]+)\])?", requirement)
+                assert wanted, f"{shown!r}: {requirement!r} is not the project with extras"
+                for extra in filter(None, (wanted.group(1) or "").split(",")):
+                    assert extra in extras, f"{shown!r}: pyproject.toml has no extra {extra!r}"
+            elif requirement == "ninja":
+                assert '"ninja' in extras["dev"], f"{shown!r}: ninja is not in the dev extra"
+            else:
+                assert requirement == "-e", f"{shown!r}: nothing checks {requirement!r}; add a check here"
+
+
+@pytest.mark.parametrize("block", CONSOLE, ids=[b.where for b in CONSOLE])
+def test_console_block_runs_and_prints_what_it_shows(block, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "120")  # rich tables are as wide as the terminal, at least 100 columns
+    for command in commands(block):
+        shown = _shown(command)
+        if shown in NOT_RUN:
+            check_without_running(command)
+            continue
+        rotary_args = _rotary_argv(command.argv)
+        assert rotary_args is not None, f"{block.where}: {shown!r} is neither a rotary command nor in NOT_RUN"
+        out, err = io.StringIO(), io.StringIO()
+        with registries_restored(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            status = main(rotary_args)
+        assert status == 0, f"{block.where}: {shown!r} exited {status}: {err.getvalue()}"
+        if command.output:
+            printed = [line.rstrip() for line in out.getvalue().rstrip().splitlines()]
+            expected = command.output
+            if expected[-1] == "...":  # the output shown is the beginning of what is printed
+                expected, printed = expected[:-1], printed[: len(expected) - 1]
+            assert printed == expected, f"{block.where}: {shown!r} printed\n" + "\n".join(printed)
+
+
+def test_not_run_lists_only_commands_the_docs_show():
+    shown = {_shown(c) for b in CONSOLE for c in commands(b)}
+    assert set(NOT_RUN) <= shown, f"no longer in the docs: {sorted(set(NOT_RUN) - shown)}"
+
+
+def test_the_block_reader_finds_indented_code_and_output(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        "text\n\n    indented code\n\n- item\n\n    continued item\n\n```console\n$ rotary demo \\\n"
+        "    --json  # a comment\nout\n\n```\n\n  ```python\n  x = 1\n  ```\n"
+    )
+    found = [(b.language, b.line, b.body) for b in blocks(doc)]
+    assert found == [  # "continued item" is a paragraph of the list item, not code
+        ("indented", 3, "indented code\n"),
+        ("console", 9, "$ rotary demo \\\n    --json  # a comment\nout\n\n"), ("python", 16, "x = 1\n"),
+    ]
+    block = Block(doc, 9, "console", found[1][2])
+    (command,) = commands(block)
+    assert command.argv == ["rotary", "demo", "--json"] and command.output == ["out"]
+    assert _shown(command) == "rotary demo --json"
+    assert _shown(Command(["pip", "install", "-e", ".[plot]"], [])) == "pip install -e '.[plot]'"

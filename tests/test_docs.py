@@ -41,6 +41,10 @@ NOT_RUN = {
     "rotary experiment --preset large --device cuda": "needs a GPU",
     "rotary experiment --data my_text.txt --encodings rope,alibi,rope_alibi --scalings none,yarn": "trains on a file of the reader's",
     "torchrun --standalone --nproc_per_node=2 -m rotary experiment --preset default": "two processes, minutes",
+    "python -m venv .venv": "creates an environment",
+    ". .venv/bin/activate": "changes the shell's environment",
+    "pip install torch==2.13.0": "installs packages",
+    "pip install -e '.[plot]'": "installs packages",
 }
 
 

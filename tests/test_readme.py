@@ -18,3 +18,19 @@ def test_every_image_and_doc_link_resolves():
             if "://" in target:
                 continue
             assert (doc.parent / target).exists(), f"{doc.name} links to missing {target}"
+
+
+def test_installation_states_the_versions_pyproject_and_the_makefile_use():
+    text = README.read_text()
+    install = text[text.index("## Installation\n") : text.index("\n## ", text.index("## Installation\n") + 1)]
+    pyproject = (README.parent / "pyproject.toml").read_text()
+    python = re.search(r'requires-python = ">=(\d+\.\d+)"', pyproject).group(1)
+    torch_floor = re.search(r'"torch>=(\d+\.\d+)"', pyproject).group(1)
+    pinned = re.search(r"^TORCH\s*:=\s*torch==(\S+)", (README.parent / "Makefile").read_text(), flags=re.M).group(1)
+    transformers = re.search(r'"transformers==(\S+)"', pyproject).group(1)
+    assert f"Python {python} or newer" in install
+    assert f"torch {torch_floor} and later" in install and f"torch {pinned}" in install
+    assert f"transformers {transformers}" in install
+    for extra in re.findall(r"^(\w+) = \[", pyproject.split("[project.optional-dependencies]")[1].split("\n[")[0], flags=re.M):
+        assert f"`[{extra}]`" in install, f"the Installation section does not describe the [{extra}] extra"
+    assert "rotary build" in install and "C++ compiler" in install and "pure-torch path" in install

@@ -86,7 +86,16 @@ MAX_LENGTH = 2**40  # context lengths and positions: far beyond any model, still
 
 
 def count(maximum: int, why: str):
-    """argparse type: an int in ``1 .. maximum`` (``why`` explains the maximum in the error)."""
+    """argparse type: an int in ``1 .. maximum`` (``why`` explains the maximum in the error).
+
+    Example:
+        >>> steps = count(100, "a hundred is plenty")
+        >>> steps("7")
+        7
+        >>> steps("101")
+        Traceback (most recent call last):
+        argparse.ArgumentTypeError: must be at most 100 (a hundred is plenty), got 101
+    """
 
     def parse(text: str) -> int:
         value = positive_int(text)
@@ -99,7 +108,12 @@ def count(maximum: int, why: str):
 
 
 def seed(text: str) -> int:
-    """argparse type: a random seed, an int in ``0 .. 2**63 - 1``."""
+    """argparse type: a random seed, an int in ``0 .. 2**63 - 1`` (what ``torch.manual_seed`` takes).
+
+    Example:
+        >>> seed("0"), seed("1234")
+        (0, 1234)
+    """
     try:
         value = int(text)
     except ValueError:
@@ -118,7 +132,12 @@ length_count = count(MAX_LENGTH, "2**40 positions")
 
 
 def output_path(text: str) -> str:
-    """argparse type of ``-o``: a non-empty path (an empty one would silently mean the current directory)."""
+    """argparse type of ``-o``: a non-empty path (an empty one would silently mean the current directory).
+
+    Example:
+        >>> output_path("figs/decay")
+        'figs/decay'
+    """
     if not text.strip():
         raise argparse.ArgumentTypeError(f"must name a file or directory, got {text!r}")
     return text

@@ -28,7 +28,14 @@ __all__ = ["register", "inspect_configuration", "layer_details", "render"]
 
 
 def inspect_configuration(configuration: Configuration, seq_len: int | None = None) -> Inspection:
-    """The inspection of one configuration; length-dependent types at ``seq_len`` (default: the context)."""
+    """The inspection of one configuration; length-dependent types at ``seq_len`` (default: the context).
+
+    Example:
+        >>> from rotary.commands.common import Configuration
+        >>> info = inspect_configuration(Configuration(rotary.RoPE(64), 4096, "--max-position"))
+        >>> info.context, len(info.pairs())
+        (4096, 32)
+    """
     rope, context = configuration.rope, configuration.context
     f = rope.freqs
     if seq_len is None and ROPE_TYPES[f.rope_type].length_dependent:

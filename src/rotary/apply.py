@@ -10,7 +10,7 @@ Arithmetic is fp32 (or float64 for float64 inputs), whatever ``x.dtype``; the re
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
@@ -237,12 +237,65 @@ def rotate(
     rotation = Rotation(
         views, views, tuple(c[0] for c in chosen), tuple(c[1] for c in chosen), positions, batch_rows, tables.interleaved
     )
-    outs = dispatch.rotate(rotation, inplace=inplace)
-    if inplace:
+    targets = None
+    if inplace and torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        targets = [_inplace_target(x, view, layout, packed) for x, view in zip(xs, views)]
+    outs = dispatch.rotate(rotation, inplace=inplace, targets=targets)
+    if inplace and targets is None:
         return xs
-    if packed:
-        return [o.squeeze(0) for o in outs]
-    return [o.transpose(1, 2) if layout == "bhsd" else o for o in outs]
+    results = []
+    for i, (x, out) in enumerate(zip(xs, outs)):
+        if inplace and (targets is None or targets[i] is None or targets[i][0] is x):  # type: ignore[index]
+            results.append(x)
+        elif packed:
+            results.append(out.squeeze(0))
+        else:
+            results.append(out.transpose(1, 2) if layout == "bhsd" else out)
+    return results
+
+
+def _inplace_target(
+    x: torch.Tensor, view: torch.Tensor, layout: str, packed: bool
+) -> tuple[torch.Tensor, tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]] | None:
+    """Where autograd should record an in-place rotation of ``x`` (kernel view ``view``), or ``None``.
+
+    ``x`` itself when it is no view; the base of ``x`` when ``x`` is that whole base reshaped (q as
+    ``proj(h).view(B, S, H, D)``, possibly transposed to ``[B, H, S, D]``): a Function marking a view
+    dirty makes autograd copy the base and clone the gradient in every backward (CopySlices), and
+    the base, rotated in place, is viewed again instead. ``None`` for other views (slices of a
+    fused qkv): CopySlices it is.
+    """
+    base = x._base
+    if base is None:
+        if packed:
+            return x, (_unsqueeze0, _squeeze0)
+        return x, (_transpose12, _transpose12) if layout == "bhsd" else (_same, _same)
+    if (
+        base.is_contiguous()
+        and view.is_contiguous()
+        and base.numel() == view.numel()
+        and base.data_ptr() == view.data_ptr()
+        and base.dtype == view.dtype
+    ):
+        shape, base_shape = view.shape, base.shape
+        return base, (lambda t: t.reshape(shape), lambda t: t.reshape(base_shape))
+    return None
+
+
+def _same(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def _transpose12(t: torch.Tensor) -> torch.Tensor:
+    return t.transpose(1, 2)
+
+
+def _unsqueeze0(t: torch.Tensor) -> torch.Tensor:
+    return t.unsqueeze(0)
+
+
+def _squeeze0(t: torch.Tensor) -> torch.Tensor:
+    return t.squeeze(0)
 
 
 def _flatten(pair: tuple[torch.Tensor, torch.Tensor], tables: RotaryTables, batch: int) -> tuple[torch.Tensor, torch.Tensor]:

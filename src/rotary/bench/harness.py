@@ -31,6 +31,7 @@ __all__ = [
     "register_suite",
     "time_interleaved",
     "extra_peak_bytes",
+    "allocations",
     "make_inputs",
     "run",
     "format_table",
@@ -185,6 +186,29 @@ def extra_peak_bytes(call: Callable[[], object]) -> int | None:
         total += size
         peak = max(peak, total)
     return peak
+
+
+def allocations(call: Callable[[], object]) -> list[int] | None:
+    """The sizes in bytes of every allocation PyTorch's allocator makes while ``call`` runs, in order.
+
+    From the same profiler records as :func:`extra_peak_bytes` (any thread, forward and backward);
+    frees are left out. Counts and sizes are deterministic, so tests may assert on them. ``None`` if
+    this PyTorch build records no allocations.
+
+    Example::
+
+        >>> x = torch.randn(1024)
+        >>> allocations(lambda: (x.exp(), x.clone()))
+        [4096, 4096]
+    """
+    try:
+        tree = _recorded(call)
+    except (RuntimeError, AttributeError):
+        return None
+    events = sorted(_allocation_events(tree))
+    if not events and not _allocation_events(_recorded(lambda: torch.empty(1024))):
+        return None
+    return [size for _, size in events if size > 0]
 
 
 @contextlib.contextmanager

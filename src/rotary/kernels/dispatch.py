@@ -9,7 +9,6 @@ custom op's Python dispatch costs tens of microseconds, more than the kernel at 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 import torch
 
@@ -37,7 +36,7 @@ def rotate(
     compiling = torch.compiler.is_compiling()
     if not (grad or compiling):
         outs = xs if inplace else tuple(torch.empty_like(x) for x in xs)
-        ops.run(replace(rotation, outs=outs))
+        ops.run(rotation.replace(outs=outs))
         return list(outs)
     tables_need_grad = grad and any(t.requires_grad for t in (*rotation.cos, *rotation.sin))
     args = (rotation.positions, rotation.batch_rows, rotation.interleaved, rotation.conjugate)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import replace
 
 import torch
 
@@ -115,7 +114,7 @@ def table_grads(rotation: Rotation, grads: tuple[torch.Tensor, ...]) -> list[tup
 def _split(rotation: Rotation, tensors: tuple[torch.Tensor, ...]) -> Rotation:
     n = len(rotation.xs)
     xs, cos, sin = tensors[:n], tensors[n : 2 * n], tensors[2 * n :]
-    return replace(rotation, xs=tuple(xs), outs=tuple(xs), cos=tuple(cos), sin=tuple(sin))
+    return rotation.replace(xs=tuple(xs), outs=tuple(xs), cos=tuple(cos), sin=tuple(sin))
 
 
 class Rotate(torch.autograd.Function):
@@ -138,9 +137,9 @@ class Rotate(torch.autograd.Function):
             outs = tuple(rotation_op(list(rot.xs), list(rot.cos), list(rot.sin), *args))
         else:
             outs = tuple(torch.empty_like(x) for x in rot.xs)
-            run(replace(rot, outs=outs))
+            run(rot.replace(outs=outs))
         tables_need_grad = any(ctx.needs_input_grad[1 + len(rot.xs) :])
-        ctx.rotation = rot if tables_need_grad else replace(rot, xs=(), outs=())
+        ctx.rotation = rot if tables_need_grad else rot.replace(xs=(), outs=())
         ctx.tables_need_grad = tables_need_grad
         ctx.strides = tuple(o.stride() for o in outs)  # the inputs' layout (empty_like keeps a dense one)
         ctx.save_for_backward(*(rot.xs if tables_need_grad else ()), *rot.cos, *rot.sin)
@@ -153,17 +152,17 @@ class Rotate(torch.autograd.Function):
         n = len(grads)
         xs = saved[:n] if ctx.tables_need_grad else ()
         cos, sin = saved[-2 * n : -n], saved[-n:]
-        conj = replace(rot, xs=grads, outs=grads, cos=cos, sin=sin, conjugate=not rot.conjugate)
+        conj = rot.replace(xs=grads, outs=grads, cos=cos, sin=sin, conjugate=not rot.conjugate)
         if torch.is_grad_enabled() or torch.compiler.is_compiling():  # create_graph: differentiable
             grad_xs = Rotate.apply(conj, *grads, *cos, *sin)
         else:
             grad_xs = tuple(
                 torch.empty_strided(g.shape, stride, dtype=g.dtype, device=g.device) for g, stride in zip(grads, ctx.strides)
             )
-            run(replace(conj, outs=grad_xs))
+            run(conj.replace(outs=grad_xs))
         if not ctx.tables_need_grad:
             return (None, *grad_xs, *([None] * (2 * n)))
-        pairs = table_grads(replace(rot, xs=xs, outs=xs, cos=cos, sin=sin), grads)
+        pairs = table_grads(rot.replace(xs=xs, outs=xs, cos=cos, sin=sin), grads)
         return (None, *grad_xs, *(p[0] for p in pairs), *(p[1] for p in pairs))
 
 
@@ -254,13 +253,13 @@ class RotateInplace(torch.autograd.Function):
     def forward(ctx, rotation: Rotation, x, cos, sin, views: Views | None = None):  # type: ignore[override]
         views = views or (_identity, _identity)
         view = views[0](x)
-        rot = replace(rotation, xs=(view,), outs=(view,), cos=(cos,), sin=(sin,))
+        rot = rotation.replace(xs=(view,), outs=(view,), cos=(cos,), sin=(sin,))
         if torch.compiler.is_compiling():
             rotation_op_([view], [cos], [sin], rot.positions, rot.batch_rows, rot.interleaved, rot.conjugate)
         else:
             run(rot)
         ctx.mark_dirty(x)
-        ctx.rotation = replace(rot, xs=(), outs=())
+        ctx.rotation = rot.replace(xs=(), outs=())
         ctx.views = views
         ctx.save_for_backward(cos, sin)
         return x
@@ -269,13 +268,13 @@ class RotateInplace(torch.autograd.Function):
     def backward(ctx, grad):  # type: ignore[override]
         cos, sin = ctx.saved_tensors
         to_kernel, from_kernel = ctx.views
-        conj = replace(ctx.rotation, cos=(cos,), sin=(sin,), conjugate=not ctx.rotation.conjugate)
+        conj = ctx.rotation.replace(cos=(cos,), sin=(sin,), conjugate=not ctx.rotation.conjugate)
         owned = not (torch.is_grad_enabled() or torch.compiler.is_compiling()) and owned_gradient(grad)
         g = to_kernel(grad)  # a view of grad: asked after owned_gradient, which counts grad's users
         if owned:
-            run(replace(conj, xs=(g,), outs=(g,)))
+            run(conj.replace(xs=(g,), outs=(g,)))
             return None, from_kernel(g), None, None, None
-        out = Rotate.apply(replace(conj, xs=(g,), outs=(g,)), g, cos, sin)[0]
+        out = Rotate.apply(conj.replace(xs=(g,), outs=(g,)), g, cos, sin)[0]
         return None, from_kernel(out), None, None, None
 
 

@@ -262,14 +262,23 @@ DTYPE_NAMES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.floa
 
 
 def _group_ratios(results: list[Result]) -> None:
+    """Ratios within a group: to the in-place pass, to the copy limit (fwd: one copy; fwd+bwd: two
+    copies), and HF eager's time over the row's. The in-place training row is measured inside a
+    harness (see ``methods._inplace_training``); its "x in-place pass" is taken without it."""
+    from .methods import INPLACE_HARNESS, INPLACE_TRAINING, TWO_COPIES
+
     by_key = {(r.method, r.backward): r.median_s for r in results}
     mul = by_key.get(("limit: in-place pass (mul_)", False))
     clone = by_key.get(("limit: copy (clone)", False))
+    two = by_key.get((TWO_COPIES, True))
+    harness = by_key.get((INPLACE_HARNESS, True))
     for r in results:
         if mul:
-            r.ratios["x in-place pass"] = r.median_s / mul
-        if clone:
-            r.ratios["x copy"] = r.median_s / clone
+            own = r.median_s - harness if (r.method == INPLACE_TRAINING and harness) else r.median_s
+            r.ratios["x in-place pass"] = own / mul
+        limit = two if r.backward else clone
+        if limit:
+            r.ratios["x copy"] = r.median_s / limit
         hf = by_key.get(("HF eager apply_rotary_pos_emb", r.backward))
         if hf:
             r.ratios["HF eager speedup"] = hf / r.median_s
@@ -371,7 +380,7 @@ def format_table(machine: dict[str, Any], results: list[Result], markdown: bool 
     groups: dict[str, list[Result]] = {}
     for r in results:
         groups.setdefault(r.group, []).append(r)
-    header = ["method", "pass", "median", "x in-place pass", "x copy", "vs HF eager", "extra peak MiB"]
+    header = ["method", "pass", "median", "x in-place pass", "x copy (fwd+bwd: two)", "vs HF eager", "extra peak MiB"]
     for group, rows in groups.items():
         table = []
         for r in rows:

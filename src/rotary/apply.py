@@ -19,6 +19,7 @@ from . import positions as P
 from ._checks import check_int, check_positive_int
 from .kernels import dispatch
 from .kernels.contract import Rotation
+from .kernels.extension import load_cpu_extension
 from .tables import RotaryTables
 
 __all__ = [
@@ -186,6 +187,10 @@ def rotate(
         >>> torch.equal(q_rot, rope.rotate(q))
         True
     """
+    if len(xs) == 2 and type(tables) is RotaryTables and (kinds is None or len(kinds) == 2 and all(k in ("q", "k") for k in kinds)):
+        fast = _fast_pair(xs[0], xs[1], tables, layout, inplace)
+        if fast is not None:
+            return fast
     xs = list(xs)
     if not xs:
         return []
@@ -252,6 +257,39 @@ def rotate(
         else:
             results.append(out.transpose(1, 2) if layout == "bhsd" else out)
     return results
+
+
+def _fast_pair(
+    q: torch.Tensor, k: torch.Tensor, tables: RotaryTables, layout: str, inplace: bool
+) -> list[torch.Tensor] | None:
+    """The decoding fast path of :func:`rotate` for q and k with tables computed upstream, or ``None``.
+
+    Taken for plain tensors without autograd or ``torch.compile`` and fp32 tables shared by q and k
+    (no key or per-head tables), ``[S, r]`` for these tokens or a table with per-token ``rows``; the
+    kernel's ``rope_decode`` checks the rest in C++ (see :meth:`rotary.RoPE.forward`'s fast path)
+    and does nothing when a check fails: ``None``, and the general path runs with its messages.
+    """
+    cos, rows = tables.cos, tables.rows
+    if (
+        type(q) is not torch.Tensor
+        or type(k) is not torch.Tensor
+        or tables.k_cos is not None
+        or tables.heads is not None
+        or q.dim() != 4
+        or cos.dim() != 2
+        or cos.dtype is not torch.float32
+        or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or cos.requires_grad or tables.sin.requires_grad))
+        or torch.compiler.is_compiling()
+    ):
+        return None
+    seq_axis = 2 if layout == "bhsd" else 1 if layout == "bshd" else 0
+    if not seq_axis or (rows is None and cos.shape[0] != q.shape[seq_axis]):
+        return None
+    ext = load_cpu_extension()
+    if ext is None:
+        return None
+    out = ext.rope_decode(q, k, cos, tables.sin, 0, rows, seq_axis, q.shape[-1], tables.interleaved, inplace)
+    return list(out) if out else None
 
 
 def _inplace_target(

@@ -121,3 +121,39 @@ def test_general_path_for_what_the_fast_path_does_not_take():
         rope(q, q, inplace=True)
     with pytest.raises(ValueError, match="S=3"):
         rope(q, k, position_ids=torch.tensor([0, 1, 2]))
+
+
+@pytest.mark.parametrize("form", ["shared", "indexed_1d", "indexed_2d"])
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("inplace", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotate_with_upstream_tables_takes_the_fast_path_bit_identically(form, layout, inplace, dtype, monkeypatch):
+    from rotary import apply
+
+    rope = rotary.RoPE(64, rotary_dim=48, max_position=8192)
+    g = torch.Generator().manual_seed(0)
+    shape = (lambda h: (2, h, 3, 64)) if layout == "bhsd" else (lambda h: (2, 3, h, 64))
+    q, k = torch.randn(shape(8), generator=g).to(dtype), torch.randn(shape(2), generator=g).to(dtype)
+    ids = torch.randint(0, 5000, (2, 3), generator=g)
+    positions = {"shared": P.arange(3, offset=4000), "indexed_1d": ids[0], "indexed_2d": ids}[form]
+    tables = rope.tables(positions)
+    calls = []
+    real = apply._fast_pair
+    monkeypatch.setattr(apply, "_fast_pair", lambda *a: calls.append(real(*a)) or calls[-1])
+    got = rotary.rotate([q.clone(), k.clone()], tables, layout=layout, inplace=inplace, kinds=("q", "k"))
+    assert calls and calls[-1] is not None
+    monkeypatch.setattr(apply, "_fast_pair", lambda *a: None)
+    expected = rotary.rotate([q.clone(), k.clone()], tables, layout=layout, inplace=inplace, kinds=("q", "k"))
+    for e, o in zip(expected, got):
+        assert torch.equal(e, o) and o.stride() == e.stride()
+
+
+def test_rotate_fast_path_leaves_mismatches_to_the_general_path():
+    rope = rotary.RoPE(64)
+    q, k = torch.randn(1, 4, 3, 64), torch.randn(1, 2, 3, 64)
+    with pytest.raises(ValueError, match="cover S=2 positions but"):
+        rotary.rotate([q, k], rope.tables(P.arange(2)))  # a shared [S, r] table for 2 tokens, not 3
+    with pytest.raises(ValueError, match="position_ids of shape"):
+        rotary.rotate([q, k], rope.tables(torch.arange(4)))  # rows for 4 tokens
+    with pytest.raises(ValueError, match="kinds must give"):
+        rotary.rotate([q, k], rope.tables(P.arange(3)), kinds=("q", "v"))

@@ -477,7 +477,12 @@ class RoPE(nn.Module):
             offset: first position when ``position_ids`` is None (decoding with a KV cache); giving
                 both is an error.
             layout: ``"bhsd"`` or ``"bshd"``.
-            inplace: rotate q and k in place and return them.
+            inplace: rotate q and k in place and return them. Under autograd (non-leaf q and k,
+                e.g. projection outputs) the backward rotates the incoming gradient in place too
+                when autograd holds it nowhere else: no q/k-sized allocation, results bit-identical
+                to rotating out of place. Not for q or k needed unrotated elsewhere (autograd
+                raises if another operation saved them for its backward; other readers would see
+                them rotated); leaf tensors that require grad cannot be modified in place.
             cu_seqlens: boundaries of packed sequences (see above).
             max_seqlen: the longest packed sequence (optional, spares reading ``cu_seqlens``).
 

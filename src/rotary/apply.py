@@ -129,7 +129,7 @@ def _same_stride_overlap(sa, sb, strides, delta) -> bool | None:
         d = dims[i]
         low = rest // strides[d]
         for k in (low, low + 1):  # a's index minus b's index along d
-            if -sa[d] < k < sb[d] and search(i + 1, rest - k * strides[d]):
+            if -sb[d] < k < sa[d] and search(i + 1, rest - k * strides[d]):
                 return True
         return False
 

@@ -36,8 +36,9 @@ def test_quoted_numbers():
 
     text = " ".join(section("## xPos").split())
     assert f"{XPos(64).max_distance:,}" in text and "(35,694 for `γ = 512`)" in text
-    # fp16's smallest normal number is 2^-14: (2/7)^(x/γ) stays above it up to x = γ · 14 ln 2 / ln 3.5
-    assert f"({math.floor(512 * 14 * math.log(2) / math.log(3.5)):,})" in text
+    # the scales reach 2**14 (fp16's limit, with room for |x| up to ~4) at x = γ · 14 ln 2 / ln 3.5
+    assert XPos(64).fp16_max_distance == math.floor(512 * 14 * math.log(2) / math.log(3.5))
+    assert f"{XPos(64).fp16_max_distance:,} for `γ = 512`" in text
     spans = mrope_layout(MRoPE(128, mrope_section=[16, 24, 24], base=1e6)).span
     quoted = f"{spans['T'][0]:.1f}–{spans['T'][1]:.0f}, {spans['H'][0]:.0f}–{spans['H'][1]:,.0f} and {spans['W'][0]:,.0f}–{spans['W'][1]:,.0f}"
     assert quoted in " ".join(section(SECTIONS[0]).split()), quoted

@@ -27,7 +27,15 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from .._checks import check_bool, check_choice, check_finite, check_int, check_positive_float, check_positive_int
+from .._checks import (
+    check_bool,
+    check_choice,
+    check_finite,
+    check_int,
+    check_positive_float,
+    check_positive_int,
+    is_int,
+)
 from ..apply import Layout, check_layout, rotate
 from ..positions import Positions
 from ..rope_types import default_inv_freq
@@ -191,7 +199,11 @@ class CoordinateRoPE(nn.Module):
         return float(value)
 
     def _sizes(self, sizes: int | Sequence[int], name: str) -> tuple[int, ...]:
-        sizes = (sizes,) * self.axes if isinstance(sizes, int) and not isinstance(sizes, bool) else tuple(sizes)  # type: ignore[arg-type]
+        if is_int(sizes):
+            sizes = (sizes,) * self.axes  # type: ignore[assignment]
+        elif isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence):
+            raise ValueError(f"{name} must be an int or {self.axes} ints (one size per axis), got {sizes!r:.80}")
+        sizes = tuple(sizes)  # type: ignore[arg-type]
         if len(sizes) != self.axes:
             raise ValueError(f"{name} needs {self.axes} sizes (one per axis), got {sizes}")
         return tuple(check_positive_int(n, f"{name}[{i}]") for i, n in enumerate(sizes))
@@ -387,8 +399,26 @@ class CoordinateRoPE(nn.Module):
         if mask is not None:  # angle 0: cos 1, sin 0 (also a zero gradient into learnable frequencies)
             values = values.masked_fill(mask.unsqueeze(-1), 0.0)
         freq = self.frequencies()
+        if not torch.compiler.is_compiling() and values.numel():
+            self._check_angles(values, freq)
         cos, sin = cos_sin_table(values, freq, interleaved=self.interleaved, dtype=dtype)
         return RotaryTables(cos, sin, self.interleaved, heads=freq.shape[0] if freq.dim() == 3 else None)
+
+    def _check_angles(self, values: torch.Tensor, freq: torch.Tensor) -> None:
+        """Angles ``Σ_a c_a · f_a`` must be finite: an inf angle makes cos/sin NaN (one host read)."""
+        top = float(values.detach().abs().amax())
+        rate = float(freq.detach().abs().sum(-2).amax())
+        if not math.isfinite(top * rate):
+            augment = (
+                f" after augmentation (shift_coords={self.shift_coords}, jitter_coords={self.jitter_coords}, "
+                f"rescale_coords={self.rescale_coords})"
+                if self.training and self.augments
+                else ""
+            )
+            raise ValueError(
+                f"coordinates up to {top:g}{augment} times frequencies up to {rate:g} rad per unit give rotation angles "
+                "beyond float64's range (cos/sin would be NaN); use smaller coordinates, augmentation ranges or frequencies"
+            )
 
     # application ----------------------------------------------------------------------------
     def _check_inputs(self, xs: Sequence[torch.Tensor], names: Sequence[str], coords: Coordinates, layout: str) -> None:
@@ -545,16 +575,19 @@ class AxialRoPE(CoordinateRoPE):
                 f"frequencies='alternating' deals one geometric set to equal blocks; got split={self.split}"
                 + (f" and max_freq={max_freq}" if max_freq is not None else "")
             )
+        if block_order is not None and (isinstance(block_order, (str, bytes)) or not isinstance(block_order, Sequence)):
+            raise ValueError(f"block_order must be a permutation of the axes {tuple(range(a))}, got {block_order!r:.80}")
         order = tuple(range(a)) if block_order is None else tuple(block_order)
-        if sorted(order) != list(range(a)) or not all(isinstance(i, int) for i in order):
+        if not all(is_int(i) for i in order) or sorted(int(i) for i in order) != list(range(a)):
             raise ValueError(f"block_order must be a permutation of the axes {tuple(range(a))}, got {block_order!r}")
-        self.block_order = order
+        self.block_order = tuple(int(i) for i in order)
         self.frequency_scale = check_positive_float(frequency_scale, "frequency_scale")
         if frequency_dtype not in (torch.float32, torch.float64):
             raise TypeError(f"frequency_dtype must be torch.float32 or torch.float64, got {frequency_dtype}")
         self.frequency_dtype = frequency_dtype
         # the exact frequencies on the host; the buffer mirrors them on the module's device
         self._exact_inv_freq = self._build_inv_freq()
+        self._check_frequencies()
         self.register_buffer("inv_freq", self._exact_inv_freq.clone(), persistent=False)
 
     def _check_split(self, split: Sequence[int] | None) -> tuple[int, ...]:
@@ -566,6 +599,8 @@ class AxialRoPE(CoordinateRoPE):
                     f"pass split=(...) with {a} even numbers summing to {r}"
                 )
             return (r // a,) * a
+        if isinstance(split, (str, bytes)) or not isinstance(split, Sequence):
+            raise ValueError(f"split must be {a} even channel counts (one per axis) summing to rotary_dim={r}, got {split!r:.80}")
         split = tuple(split)
         if len(split) != a:
             raise ValueError(f"split gives {len(split)} blocks but axes={a}: give one channel count per axis")
@@ -594,6 +629,19 @@ class AxialRoPE(CoordinateRoPE):
             inv_freq[axis, start : start + n] = per_axis[axis]
             start += n
         return inv_freq
+
+    def _check_frequencies(self) -> None:
+        """Every pair must turn at a finite, nonzero rate: an fp32 frequency underflows to 0 for a huge
+        base (that pair would silently never rotate) and overflows to inf for a huge max_freq."""
+        per_pair = self._exact_inv_freq.sum(0)
+        bad = ~(torch.isfinite(per_pair) & (per_pair > 0))
+        if bool(bad.any()):
+            j = int(bad.nonzero()[0])
+            raise ValueError(
+                f"pair {j}'s frequency is {float(per_pair[j])!r} (base={self.base:g}, max_freq={self.max_freq}, "
+                f"frequency_scale={self.frequency_scale:g}, frequency_dtype={self.frequency_dtype}): the frequencies must "
+                "be finite and > 0; use a smaller base, max_freq or frequency_scale (or frequency_dtype=torch.float64)"
+            )
 
     def frequencies(self) -> torch.Tensor:
         """``inv_freq`` ``[A, r/2]`` (float64): row ``a`` holds the frequencies of axis ``a``'s pairs, 0 elsewhere."""
@@ -643,7 +691,7 @@ class AxialRoPE(CoordinateRoPE):
             >>> rope.interleaved, rope.slot_axes[15], rope.slot_axes[16]
             (False, 0, 1)
         """
-        if name not in PRESETS:
+        if not isinstance(name, str) or name not in PRESETS:
             raise ValueError(f"unknown axial preset {name!r}; presets: {', '.join(PRESETS)}")
         preset = PRESETS[name]
         head_dim = preset.head_dim if head_dim is None else head_dim

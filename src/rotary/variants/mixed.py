@@ -73,6 +73,12 @@ class RoPEMixed(CoordinateRoPE):
         self.num_heads = check_positive_int(num_heads, "num_heads")
         self.base = check_positive_float(base, "base")
         self.random_rotation = check_bool(rotate, "rotate")
+        magnitude = default_inv_freq(self.base, self.rotary_dim // 2)
+        if not bool((torch.isfinite(magnitude) & (magnitude > 0)).all()):
+            raise ValueError(
+                f"base={base!r} gives frequency magnitudes 1 / base^(4k/r) of {magnitude.tolist()} in fp32: they must be "
+                "finite and > 0 (a pair with 0 never rotates, inf makes the tables NaN); use a base nearer the paper's 10"
+            )
         # meta under torch.device("meta"); filled by reset_parameters()
         self.inv_freq = nn.Parameter(torch.empty(num_heads, 2, self.rotary_dim // 2))
         self.reset_parameters()

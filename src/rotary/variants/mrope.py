@@ -31,6 +31,7 @@ module keeps ``rope_deltas`` between calls, so a second prompt can never inherit
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -392,8 +393,8 @@ def _grids(grid_thw: torch.Tensor | None, name: str) -> torch.Tensor:
         return torch.zeros(0, 3, dtype=torch.int64)
     if not isinstance(grid_thw, torch.Tensor) or grid_thw.dim() != 2 or grid_thw.shape[-1] != 3:
         raise ValueError(f"{name} must be an integer tensor [N, 3] of (t, h, w) per item, got {grid_thw!r:.80}")
-    if grid_thw.is_floating_point() or bool((grid_thw <= 0).any()):
-        raise ValueError(f"{name} must hold positive integer (t, h, w) sizes, got {grid_thw.tolist()}")
+    if grid_thw.is_floating_point() or grid_thw.is_complex() or grid_thw.dtype == torch.bool or bool((grid_thw <= 0).any()):
+        raise ValueError(f"{name} must hold positive integer (t, h, w) sizes, got {grid_thw.tolist()} ({grid_thw.dtype})")
     return grid_thw.detach().to("cpu", torch.int64)
 
 
@@ -448,7 +449,13 @@ def multimodal_positions(
         ValueError: token types other than 0/1/2; a run of vision tokens whose length is not its
             grid's token count, or with no grid left; grids left over; a bad mask.
     """
-    if not isinstance(token_types, torch.Tensor) or token_types.dim() != 2 or token_types.is_floating_point():
+    if (
+        not isinstance(token_types, torch.Tensor)
+        or token_types.dim() != 2
+        or token_types.is_floating_point()
+        or token_types.is_complex()
+        or token_types.dtype == torch.bool
+    ):
         raise ValueError(f"token_types must be an integer tensor [B, S] (0 text, 1 image, 2 video), got {token_types!r:.80}")
     if bool(((token_types < 0) | (token_types > 2)).any()):
         raise ValueError(f"token_types must hold 0 (text), 1 (image) or 2 (video), got values {token_types.unique().tolist()}")
@@ -470,6 +477,14 @@ def multimodal_positions(
         seconds = list(torch.as_tensor(second_per_grid_ts).reshape(-1).unbind())
         if len(seconds) != grids[2].shape[0]:
             raise ValueError(f"second_per_grid_ts has {len(seconds)} entries but video_grid_thw {grids[2].shape[0]} videos")
+        if tokens_per_second is None:
+            raise ValueError(
+                "second_per_grid_ts is given but tokens_per_second is None, so the seconds would be ignored; pass "
+                "tokens_per_second (Qwen2.5-VL: vision_config.tokens_per_second) or drop second_per_grid_ts"
+            )
+        for v, second in enumerate(seconds):
+            if second.dtype == torch.bool or second.is_complex() or not (math.isfinite(float(second)) and float(second) > 0):
+                raise ValueError(f"second_per_grid_ts[{v}] must be a finite number of seconds > 0, got {second.item()!r}")
     if split_video_frames:  # Qwen3-VL: frame j of a video is a grid (1, h, w) of its own
         grids[2] = torch.repeat_interleave(grids[2], grids[2][:, 0], dim=0)
         grids[2][:, 0] = 1
@@ -493,6 +508,12 @@ def multimodal_positions(
                     f"{names[kind]}_grid_thw entry is left ({grids[kind].shape[0]} given)"
                 )
             t, h, w = grids[kind][used[kind]].tolist()
+            if h % spatial_merge_size or w % spatial_merge_size:
+                raise ValueError(
+                    f"{names[kind]}_grid_thw entry {used[kind]} is {[t, h, w]}: its height and width must be multiples of "
+                    f"spatial_merge_size={spatial_merge_size} (the vision tower merges {spatial_merge_size} x "
+                    f"{spatial_merge_size} patches into one token)"
+                )
             h, w = h // spatial_merge_size, w // spatial_merge_size
             if t * h * w != length:
                 raise ValueError(
@@ -503,6 +524,11 @@ def multimodal_positions(
             steps = torch.arange(t)
             if kind == 2 and tokens_per_second is not None:  # Qwen2.5-VL: temporal ids follow time
                 second = seconds[used[kind]] if seconds else 1
+                if not (t - 1) * tokens_per_second * float(second) < 2**53:
+                    raise ValueError(
+                        f"video {used[kind]}: {t} temporal steps at tokens_per_second={tokens_per_second!r} x "
+                        f"second_per_grid_ts={float(second)!r} give temporal ids beyond 2**53, which positions cannot hold"
+                    )
                 steps = (steps * (tokens_per_second * second)).long()
             used[kind] += 1
             grid = torch.stack(torch.meshgrid(steps, torch.arange(h), torch.arange(w), indexing="ij")).reshape(3, -1)

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from .. import positions as P
-from .._checks import check_int, check_positive_int, is_number
+from .._checks import check_int, check_positive_int, is_int, is_number
 from ..positions import Positions
 from ..tables import RotaryTables
 
@@ -50,18 +50,19 @@ def rope_layer_flags(no_rope_layers: Sequence[int] | None, num_layers: int) -> l
     """Which layers rotate, from Llama 4's ``no_rope_layers`` (1 = RoPE, 0 = NoPE; ``None``: all rotate).
 
     Raises:
-        ValueError: a list of another length than ``num_layers``, or values other than 0 and 1.
+        ValueError: a ``num_layers`` that is not an int >= 0, a list of another length, or values other than the ints 0 and 1.
 
     Example:
         >>> rope_layer_flags([1, 1, 1, 0], 4)
         [True, True, True, False]
     """
+    num_layers = check_int(num_layers, "num_layers", minimum=0)
     if no_rope_layers is None:
         return [True] * num_layers
     if isinstance(no_rope_layers, (str, bytes)) or not isinstance(no_rope_layers, Sequence):
         raise ValueError(f"no_rope_layers must be a list of 0/1 flags, one per layer, got {no_rope_layers!r}")
     flags = list(no_rope_layers)
-    if len(flags) != num_layers or any(isinstance(v, bool) or v not in (0, 1) for v in flags):
+    if len(flags) != num_layers or any(not is_int(v) or v not in (0, 1) for v in flags):
         raise ValueError(
             f"no_rope_layers must hold one flag per layer ({num_layers}), 1 = the layer uses RoPE, 0 = NoPE "
             f"(Llama 4's convention), got {flags!r}"
@@ -75,7 +76,7 @@ def nope_temperature(
     """Llama 4's query scale in NoPE layers, ``1 + attn_scale · log1p(floor((n + 1) / floor_scale))``, float64.
 
     Args:
-        position_ids: integer positions ``[...]``.
+        position_ids: integer positions ``[...]`` (int64 or int32, >= 0).
         floor_scale: the length (in tokens) of each temperature step.
         attn_scale: the strength.
 
@@ -90,8 +91,14 @@ def nope_temperature(
     check_positive_int(floor_scale, "floor_scale")
     if not is_number(attn_scale) or attn_scale < 0:
         raise ValueError(f"attn_scale must be a finite number >= 0, got {attn_scale!r}")
-    steps = torch.div(position_ids.to(torch.int64) + 1, floor_scale, rounding_mode="floor")
-    return torch.log1p(steps.to(torch.float64)) * attn_scale + 1.0
+    ids = P._integer_ids(position_ids, "position_ids").to(torch.int64)
+    if not torch.compiler.is_compiling() and ids.numel() and int(ids.min()) < 0:
+        raise ValueError(f"position_ids must be >= 0, got a minimum of {int(ids.min())}")
+    # floor((n + 1) / f) = floor(n / f) + floor((n mod f + 1) / f), summed in float64: no int64 overflow at n = 2**63 - 1
+    whole = torch.div(ids, floor_scale, rounding_mode="floor")
+    carry = torch.div(ids - whole * floor_scale + 1, floor_scale, rounding_mode="floor")
+    steps = whole.to(torch.float64) + carry.to(torch.float64)
+    return torch.log1p(steps) * attn_scale + 1.0
 
 
 class NoPETemperature(nn.Module):

@@ -23,8 +23,9 @@ of ``r = 64`` underflow to 0, 31 leave fp32's normal range), the key scale is ``
 become ``inf * 0 = NaN``. :attr:`XPos.max_distance` is the largest ``|n - c|`` at which every scale
 is a normal fp32 number (``floor(γ · 126 ln 2 / ln 3.5)``: 35694 positions for ``γ = 512``);
 :meth:`XPos.tables` refuses positions beyond it with an error instead of returning NaN. For fp16
-inputs the rotated q/k are rounded to fp16, whose range is far smaller: keep ``|n - c|`` below about
-``7.7 γ`` (3966 for ``γ = 512``) there, or use bf16.
+inputs the rotated q/k are rounded to fp16, whose range is far smaller: :meth:`XPos.forward` refuses
+fp16 inputs at ``|n - c|`` beyond :attr:`XPos.fp16_max_distance` (``7.7 γ``, 3966 for ``γ = 512``,
+where the scales reach ``2**14``); use bf16 there.
 
 Bidirectional attention is refused (:attr:`XPos.requires_causal`): a key *ahead* of the query would
 meet it with ``ζ^((n - m)/γ) > 1``, growing exponentially with distance.
@@ -49,6 +50,8 @@ __all__ = ["XPos", "xpos_zeta"]
 
 #: log(2**-126): below this an fp32 number is subnormal (precision lost) and soon 0
 _LOG_FP32_TINY = 126 * math.log(2.0)
+#: log(2**14): the largest xPos scale fp16 inputs may meet (fp16 tops out at 65504 ~ 2**16: room for |x| up to ~4)
+_LOG_FP16_SCALE = 14 * math.log(2.0)
 
 
 def xpos_zeta(rotary_dim: int) -> torch.Tensor:
@@ -122,6 +125,8 @@ class XPos(nn.Module):
         self.inv_freq = freqs.inv_freq
         self.zeta = xpos_zeta(self.rotary_dim)
         self.max_distance = math.floor(self.scale_base * _LOG_FP32_TINY / -math.log(float(self.zeta[0])))
+        #: the largest ``|n - c|`` for fp16 inputs, whose rotated q/k are rounded to fp16 (about 7.7 γ)
+        self.fp16_max_distance = math.floor(self.scale_base * _LOG_FP16_SCALE / -math.log(float(self.zeta[0])))
         if center is None:  # the middle of the trained context, kept where position 0 stays in range
             self.center = min(self.max_position // 2, self.max_distance)
         else:
@@ -218,6 +223,17 @@ class XPos(nn.Module):
             positions = P.from_ids(position_ids, batch=q.shape[batch_dim], seq_len=q.shape[seq_dim], device=q.device)
         else:
             positions = P.arange(q.shape[seq_dim], offset=offset, device=q.device)
+        if torch.float16 in (q.dtype, getattr(k, "dtype", None)) and not torch.compiler.is_compiling() and positions.ids.numel():
+            low, high = (int(v) for v in torch.aminmax(positions.ids))
+            far = max(high - self.center, self.center - low)
+            if far > self.fp16_max_distance:
+                n = high if high - self.center >= self.center - low else low
+                raise ValueError(
+                    f"position {n} is {abs(n - self.center)} from the xPos centre {self.center}, beyond fp16_max_distance="
+                    f"{self.fp16_max_distance} for float16 inputs: the scales ζ^(±(n - c)/γ) (γ={self.scale_base:g}) reach "
+                    "2**14 there and the rotated q/k overflow fp16 to inf; use bfloat16 or float32 inputs, a larger "
+                    "scale_base or a center nearer these positions"
+                )
         tables = self.tables(positions, dtype=table_dtype(q.dtype))
         q, k = rotate([q, k], tables, layout=layout, kinds=("q", "k"), names=("q", "k"))
         return q, k

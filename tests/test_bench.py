@@ -168,3 +168,28 @@ def test_a_cases_file_that_raises_is_one_line(tmp_path, capsys):
     assert main(["bench", "--quick", "--cases", str(bad)]) == 2
     err = capsys.readouterr().err
     assert err == f"rotary bench: error: --cases {bad}: importing it raised RuntimeError: boom\n"
+
+
+def test_decode_suite_and_the_training_rows():
+    import argparse
+
+    from rotary.bench import harness, methods
+
+    rows = methods.decode_suite(argparse.Namespace(quick=False, repeats=1, dtypes="fp32", suites=None))
+    assert [r.method for r in rows][-1] == "HF eager apply_rotary_pos_emb" and len(rows) == 5
+    assert all(r.median_s > 0 and r.ratios["HF eager speedup"] > 0 for r in rows)
+    assert methods.decode_suite(argparse.Namespace(quick=True, repeats=1, dtypes="fp32", suites=None)) == []
+    names = {(m.name, m.backward) for m in bench.METHODS}
+    for name in (methods.TWO_COPIES, methods.INPLACE_HARNESS, methods.INPLACE_TRAINING):
+        assert (name, True) in names
+    # the in-place row's ratio to one pass leaves the harness out; fwd+bwd rows divide by two copies
+    results = [
+        bench.Result("g", "limit: in-place pass (mul_)", False, 1.0, 1),
+        bench.Result("g", "limit: copy (clone)", False, 2.0, 1),
+        bench.Result("g", methods.TWO_COPIES, True, 4.0, 1),
+        bench.Result("g", methods.INPLACE_HARNESS, True, 5.0, 1),
+        bench.Result("g", methods.INPLACE_TRAINING, True, 7.5, 1),
+    ]
+    harness._group_ratios(results)
+    assert results[-1].ratios["x in-place pass"] == 2.5 and results[-1].ratios["x copy"] == 7.5 / 4.0
+    assert results[1].ratios["x copy"] == 1.0

@@ -10,7 +10,7 @@ Arithmetic is fp32 (or float64 for float64 inputs), whatever ``x.dtype``; the re
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
@@ -19,6 +19,7 @@ from . import positions as P
 from ._checks import check_int, check_positive_int
 from .kernels import dispatch
 from .kernels.contract import Rotation
+from .kernels.extension import load_cpu_extension
 from .tables import RotaryTables
 
 __all__ = [
@@ -186,6 +187,10 @@ def rotate(
         >>> torch.equal(q_rot, rope.rotate(q))
         True
     """
+    if len(xs) == 2 and type(tables) is RotaryTables and (kinds is None or len(kinds) == 2 and all(k in ("q", "k") for k in kinds)):
+        fast = _fast_pair(xs[0], xs[1], tables, layout, inplace)
+        if fast is not None:
+            return fast
     xs = list(xs)
     if not xs:
         return []
@@ -237,12 +242,98 @@ def rotate(
     rotation = Rotation(
         views, views, tuple(c[0] for c in chosen), tuple(c[1] for c in chosen), positions, batch_rows, tables.interleaved
     )
-    outs = dispatch.rotate(rotation, inplace=inplace)
-    if inplace:
+    targets = None
+    if inplace and torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        targets = [_inplace_target(x, view, layout, packed) for x, view in zip(xs, views)]
+    outs = dispatch.rotate(rotation, inplace=inplace, targets=targets)
+    if inplace and targets is None:
         return xs
-    if packed:
-        return [o.squeeze(0) for o in outs]
-    return [o.transpose(1, 2) if layout == "bhsd" else o for o in outs]
+    results = []
+    for i, (x, out) in enumerate(zip(xs, outs)):
+        if inplace and (targets is None or targets[i] is None or targets[i][0] is x):  # type: ignore[index]
+            results.append(x)
+        elif packed:
+            results.append(out.squeeze(0))
+        else:
+            results.append(out.transpose(1, 2) if layout == "bhsd" else out)
+    return results
+
+
+def _fast_pair(
+    q: torch.Tensor, k: torch.Tensor, tables: RotaryTables, layout: str, inplace: bool
+) -> list[torch.Tensor] | None:
+    """The decoding fast path of :func:`rotate` for q and k with tables computed upstream, or ``None``.
+
+    Taken for plain tensors without autograd or ``torch.compile`` and fp32 tables shared by q and k
+    (no key or per-head tables), ``[S, r]`` for these tokens or a table with per-token ``rows``; the
+    kernel's ``rope_decode`` checks the rest in C++ (see :meth:`rotary.RoPE.forward`'s fast path)
+    and does nothing when a check fails: ``None``, and the general path runs with its messages.
+    """
+    cos, rows = tables.cos, tables.rows
+    if (
+        type(q) is not torch.Tensor
+        or type(k) is not torch.Tensor
+        or tables.k_cos is not None
+        or tables.heads is not None
+        or q.dim() != 4
+        or cos.dim() != 2
+        or cos.dtype is not torch.float32
+        or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or cos.requires_grad or tables.sin.requires_grad))
+        or torch.compiler.is_compiling()
+    ):
+        return None
+    seq_axis = 2 if layout == "bhsd" else 1 if layout == "bshd" else 0
+    if not seq_axis or (rows is None and cos.shape[0] != q.shape[seq_axis]):
+        return None
+    ext = load_cpu_extension()
+    if ext is None:
+        return None
+    out = ext.rope_decode(q, k, cos, tables.sin, 0, rows, seq_axis, q.shape[-1], tables.interleaved, inplace)
+    return list(out) if out else None
+
+
+def _inplace_target(
+    x: torch.Tensor, view: torch.Tensor, layout: str, packed: bool
+) -> tuple[torch.Tensor, tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]] | None:
+    """Where autograd should record an in-place rotation of ``x`` (kernel view ``view``), or ``None``.
+
+    ``x`` itself when it is no view; the base of ``x`` when ``x`` is that whole base reshaped (q as
+    ``proj(h).view(B, S, H, D)``, possibly transposed to ``[B, H, S, D]``): a Function marking a view
+    dirty makes autograd copy the base and clone the gradient in every backward (CopySlices), and
+    the base, rotated in place, is viewed again instead. ``None`` for other views (slices of a
+    fused qkv): CopySlices it is.
+    """
+    base = x._base
+    if base is None:
+        if packed:
+            return x, (_unsqueeze0, _squeeze0)
+        return x, (_transpose12, _transpose12) if layout == "bhsd" else (_same, _same)
+    if (
+        base.is_contiguous()
+        and view.is_contiguous()
+        and base.numel() == view.numel()
+        and base.data_ptr() == view.data_ptr()
+        and base.dtype == view.dtype
+    ):
+        shape, base_shape = view.shape, base.shape
+        return base, (lambda t: t.reshape(shape), lambda t: t.reshape(base_shape))
+    return None
+
+
+def _same(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def _transpose12(t: torch.Tensor) -> torch.Tensor:
+    return t.transpose(1, 2)
+
+
+def _unsqueeze0(t: torch.Tensor) -> torch.Tensor:
+    return t.unsqueeze(0)
+
+
+def _squeeze0(t: torch.Tensor) -> torch.Tensor:
+    return t.squeeze(0)
 
 
 def _flatten(pair: tuple[torch.Tensor, torch.Tensor], tables: RotaryTables, batch: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,6 +23,7 @@ from .frequencies import Frequencies, frequencies
 from .positions import Positions
 from .rope_types import ConfigError
 from .schedule import FrequencySchedule
+from .kernels.extension import load_cpu_extension
 from .tables import RotaryTables, TableCache, cos_sin_table, table_dtype
 
 __all__ = ["RoPE", "keep_float32"]
@@ -476,13 +477,22 @@ class RoPE(nn.Module):
             offset: first position when ``position_ids`` is None (decoding with a KV cache); giving
                 both is an error.
             layout: ``"bhsd"`` or ``"bshd"``.
-            inplace: rotate q and k in place and return them.
+            inplace: rotate q and k in place and return them. Under autograd (non-leaf q and k,
+                e.g. projection outputs) the backward rotates the incoming gradient in place too
+                when autograd holds it nowhere else: no q/k-sized allocation, results bit-identical
+                to rotating out of place. Not for q or k needed unrotated elsewhere (autograd
+                raises if another operation saved them for its backward; other readers would see
+                them rotated); leaf tensors that require grad cannot be modified in place.
             cu_seqlens: boundaries of packed sequences (see above).
             max_seqlen: the longest packed sequence (optional, spares reading ``cu_seqlens``).
 
         Returns:
             ``(q_rotated, k_rotated)`` with the shapes and dtypes of ``q`` and ``k``.
         """
+        if cu_seqlens is None and (position_ids is None or offset == 0):
+            fast = self._fast(q, k, position_ids, offset, layout, inplace)
+            if fast is not None:
+                return fast
         flat = (q, k)
         q, k = self._split_flat(q, "q"), self._split_flat(k, "k")
         self._check_head_dim((q, k), ("q", "k"))
@@ -492,6 +502,67 @@ class RoPE(nn.Module):
         if flat[0] is not q and flat[0].dim() == 2:  # back to [total_tokens, H * D]
             return (flat[0], flat[1]) if inplace else (q.reshape(flat[0].shape), k.reshape(flat[1].shape))
         return q, k
+
+    def _fast(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        position_ids: torch.Tensor | Positions | None,
+        offset: int,
+        layout: str,
+        inplace: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The decoding fast path: straight to the CPU kernel's ``rope_decode``, or ``None``.
+
+        Taken for plain tensors without autograd or ``torch.compile``, static frequencies and a filled
+        table cache; ``rope_decode`` then checks, in C++, everything else the general path would (4-D
+        CPU tensors of one dtype, fp32/bf16/fp16, unit channel stride, matching B/S/D, int64
+        position ids of a fitting shape, all inside the cached table, no overlap in place) and does
+        nothing when a check fails: ``None`` here, and the general path runs, with its messages
+        (and grows the table). No position tensor is built and nothing is gathered: the kernel reads
+        rows ``offset .. offset + S - 1`` of a slice of the cached table, or the rows ``position_ids``
+        give (a :class:`~rotary.positions.Positions` made by ``arange`` is an offset: validated
+        upstream, not read again). Same kernel, same tables: same results.
+        """
+        if (
+            type(q) is not torch.Tensor
+            or type(k) is not torch.Tensor
+            or type(offset) is not int
+            or q.dim() != 4
+            or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
+            or torch.compiler.is_compiling()
+            or not self._fast_ok
+        ):
+            return None
+        seq_axis = 2 if layout == "bhsd" else 1 if layout == "bshd" else 0
+        cache = self._caches.get("original")
+        ext = load_cpu_extension()
+        if not seq_axis or cache is None or ext is None or offset < 0:
+            return None
+        ids = None
+        if position_ids is not None:
+            if type(position_ids) is Positions:
+                if position_ids.axes != 1 or position_ids.packed or position_ids.seq_len != q.shape[seq_axis]:
+                    return None
+                if position_ids.start is not None:
+                    offset = position_ids.start
+                else:
+                    ids = position_ids.ids
+            elif type(position_ids) is torch.Tensor:
+                ids = position_ids
+            else:
+                return None
+        cached = cache.cpu(0 if ids is not None else offset + q.shape[seq_axis])
+        if cached is None:
+            return None
+        head_dim = self.original_freqs.head_dim
+        out = ext.rope_decode(q, k, cached[0], cached[1], offset, ids, seq_axis, head_dim, self.interleaved, inplace)
+        return (out[0], out[1]) if out else None
+
+    @property
+    def _fast_ok(self) -> bool:
+        """Static frequencies and this class's own tables: the cached table is the whole story."""
+        return self.log_frequency_scale is None and not self.schedule.length_dependent and type(self).tables is RoPE.tables
 
     def _split_flat(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """vLLM's ``[total_tokens, H * D]`` as packed ``[total_tokens, H, D]`` (other inputs unchanged)."""

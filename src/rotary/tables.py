@@ -103,6 +103,9 @@ def cos_sin_table(
 # the value handed from the tables stage to the apply stage
 
 
+_CPU = torch.device("cpu")
+_CPU_FP32 = (_CPU, torch.float32)  # the key of the tables decoding on the CPU reads
+
 _PAIRING = {True: "interleaved (pairs 2i, 2i+1)", False: "half (pairs i, i + r/2)"}
 
 
@@ -329,6 +332,13 @@ class TableCache:
         self._lock = threading.Lock()
         # (device, dtype) -> (cos, sin) [rows, r]; replaced whole, never mutated
         self._tables: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def cpu(self, needed_length: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """fp32 tables on the CPU, as :meth:`get` (a dictionary lookup when they already cover ``needed_length``)."""
+        tables = self._tables.get(_CPU_FP32)
+        if tables is not None and tables[0].shape[0] >= needed_length:
+            return tables
+        return self.get(_CPU, needed_length)
 
     def get(
         self, device: torch.device | str, needed_length: int, dtype: torch.dtype = torch.float32

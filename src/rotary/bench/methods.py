@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from .harness import METHODS, Inputs, Method
+from .harness import METHODS, Inputs, Method, Result, register_suite, time_interleaved
 
 __all__: list[str] = []
 
@@ -88,18 +88,36 @@ def _torch_path(inp: Inputs):
     return forward
 
 
-def _inplace_forward_backward(inp: Inputs):
-    # In-place rotation needs a non-leaf input (as q straight out of a projection is): one cheap
-    # q * 1 per call makes it, and is part of what is timed.
+#: the fwd+bwd row that an in-place row is measured inside of (see _inplace_training)
+INPLACE_HARNESS = "in-place harness alone: q*1 ... *1, no RoPE"
+INPLACE_TRAINING = "rotary fused, in place (inside the harness)"
+TWO_COPIES = "limit: two copies (fwd+bwd)"
+
+
+def _inplace_training(inp: Inputs, rotate: bool):
+    """What a training step runs around an in-place rotation, with (``rotate``) or without it.
+
+    In place needs a non-leaf input (as q straight out of a projection is): ``q_leaf * 1`` makes it.
+    Attention's backward hands RoPE a fresh gradient that nothing else holds, which the in-place
+    backward rotates in place; a given output gradient is held by the caller and would be copied,
+    so the harness passes it through ``* 1`` after the rotation. The harness row (``rotate=False``)
+    times the same step without RoPE: the in-place row minus it is what RoPE adds.
+    """
     q_leaf, k_leaf = inp.q.detach().clone().requires_grad_(), inp.k.detach().clone().requires_grad_()
 
     def call() -> None:
         q_leaf.grad = k_leaf.grad = None
         q, k = q_leaf * 1, k_leaf * 1
-        inp.rope(q, k, inplace=True)
-        torch.autograd.backward((q, k), (inp.grad_q, inp.grad_k))
+        if rotate:
+            inp.rope(q, k, inplace=True)
+        torch.autograd.backward((q * 1, k * 1), (inp.grad_q, inp.grad_k))
 
     return call
+
+
+def _two_copies(inp: Inputs):
+    """The fwd+bwd limit: forward reads q, k and writes new tensors; backward does the same with the gradients."""
+    return lambda: (inp.q.clone(), inp.k.clone(), inp.grad_q.clone(), inp.grad_k.clone())
 
 
 def _builtin_methods() -> list[Method]:
@@ -114,12 +132,14 @@ def _builtin_methods() -> list[Method]:
         Method("rotary-embedding-torch 0.9.1", lambda i: (lambda f: lambda: f(i.q, i.k))(_ret(i))),
         Method("complex form (Meta LLaMA)", lambda i: (lambda f: lambda: f(i.q, i.k))(_complex_form(i))),
         # forward + backward
+        Method(TWO_COPIES, _two_copies, backward=True),
         Method("rotary fused, out of place", lambda i: _fwd_bwd(lambda q, k: i.rope(q, k), i), backward=True),
+        Method(INPLACE_HARNESS, lambda i: _inplace_training(i, rotate=False), backward=True),
         Method(
-            "rotary fused, in place",
-            _inplace_forward_backward,
+            INPLACE_TRAINING,
+            lambda i: _inplace_training(i, rotate=True),
             backward=True,
-            note="includes one q*1, k*1 to make non-leaf inputs",
+            note="x in-place pass: minus the harness row",
         ),
         Method("rotary pure-torch path", lambda i: _fwd_bwd(_torch_path(i), i), backward=True),
         Method(
@@ -138,3 +158,53 @@ def _builtin_methods() -> list[Method]:
 
 
 METHODS.extend(_builtin_methods())
+
+
+# decoding: one rope(q, k) call per layer and step --------------------------------------------------
+
+DECODE_POSITION = 4096
+
+
+def decode_suite(options) -> list[Result]:
+    """One decoding step's rotation at Llama-3-8B's shape: q ``[1, 32, 1, 128]``, k ``[1, 8, 1, 128]``, position 4096.
+
+    Rows: ``rope(q, k)`` with an offset, with ``position_ids``, in place, and through
+    :func:`rotary.rotate` with tables computed once per model forward (the path of
+    :class:`rotary.models.Decoder`'s layers), against transformers' ``apply_rotary_pos_emb`` with
+    cos/sin precomputed once per forward (what Llama runs per layer). Results are identical (tested
+    in ``tests/kernels/test_decode_fast_path.py``); the ratio is HF's time over the row's. Skipped
+    by ``--quick`` unless named in ``--suites``.
+    """
+    from ..apply import rotate
+    from ..module import RoPE
+
+    if getattr(options, "quick", False) and "decode" not in (getattr(options, "suites", None) or "").split(","):
+        return []  # the quick run has its own small decode shape; --suites decode asks for this one
+    dtypes = [d for d in options.dtypes.split(",")] if getattr(options, "dtypes", None) else ["fp32"]
+    results: list[Result] = []
+    for name in dtypes:
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+        g = torch.Generator().manual_seed(0)
+        q, k = torch.randn(1, 32, 1, 128, generator=g).to(dtype), torch.randn(1, 8, 1, 128, generator=g).to(dtype)
+        rope = RoPE(128, max_position=2 * DECODE_POSITION)
+        ids = torch.tensor([[DECODE_POSITION]])
+        tables = rope.tables(ids)
+        cos, sin = rope.cos_sin(ids)
+        hf_cos, hf_sin = cos.to(dtype), sin.to(dtype)
+        apply = _hf()
+        calls = {
+            "rope(q, k, offset=4096)": lambda: rope(q, k, offset=DECODE_POSITION),
+            "rope(q, k, position_ids=[[4096]])": lambda: rope(q, k, position_ids=ids),
+            "rope(q, k, offset=4096, inplace=True)": lambda: rope(q, k, offset=DECODE_POSITION, inplace=True),
+            "rotary.rotate([q, k], tables once per forward)": lambda: rotate([q, k], tables, kinds=("q", "k")),
+            "HF eager apply_rotary_pos_emb": lambda: apply(q, k, hf_cos, hf_sin),
+        }
+        medians = time_interleaved(calls, options.repeats)
+        hf = medians["HF eager apply_rotary_pos_emb"]
+        group = f"decode step 1x32/8x1x128 at position {DECODE_POSITION} {name}"
+        for method, median in medians.items():
+            results.append(Result(group, method, False, median, options.repeats, ratios={"HF eager speedup": hf / median}))
+    return results
+
+
+register_suite("decode", decode_suite)

@@ -26,7 +26,8 @@ compute it per token; :func:`rotary.kernels.ops.table_grads` sums tokens into ta
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import dataclasses
+from dataclasses import dataclass
 
 import torch
 
@@ -54,7 +55,20 @@ class Rotation:
         """The ``(cos, sin)`` table of ``xs[i]``."""
         return self.cos[i], self.sin[i]
 
+    def replace(self, **changes: object) -> Rotation:
+        """A copy with ``changes`` (as :func:`dataclasses.replace`, without re-running ``__init__``:
+        a rotation is copied several times per call, and at decode shapes that cost shows)."""
+        if torch.compiler.is_compiling():  # what dynamo traces: the plain dataclass way
+            return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+        new = object.__new__(Rotation)
+        new.__dict__.update(self.__dict__)
+        for name in changes:
+            if name not in self.__dict__:
+                raise TypeError(f"Rotation has no field {name!r}")
+        new.__dict__.update(changes)
+        return new
+
     def with_tensors(self, xs: tuple[torch.Tensor, ...], outs: tuple[torch.Tensor, ...], *, conjugate: bool | None = None) -> Rotation:
         """The same rotation of other tensors (``conjugate=True`` flips the direction: a backward pass)."""
         flip = self.conjugate if conjugate is None else conjugate
-        return replace(self, xs=tuple(xs), outs=tuple(outs), conjugate=flip)
+        return self.replace(xs=tuple(xs), outs=tuple(outs), conjugate=flip)

@@ -8,7 +8,7 @@ custom op's Python dispatch costs tens of microseconds, more than the kernel at 
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Sequence
 
 import torch
 
@@ -18,24 +18,40 @@ from .contract import Rotation
 __all__ = ["rotate"]
 
 
-def rotate(rotation: Rotation, *, inplace: bool) -> list[torch.Tensor]:
+def rotate(
+    rotation: Rotation, *, inplace: bool, targets: Sequence[tuple[torch.Tensor, ops.Views] | None] | None = None
+) -> list[torch.Tensor]:
     """Rotate every ``[B, S, H, D]`` tensor of ``rotation.xs`` (its ``outs`` are ignored).
 
     Returns the results: new tensors, or the inputs themselves when ``inplace``.
+
+    ``targets`` (in place under eager autograd): per tensor, ``(target, (to_kernel, from_kernel))``
+    when the in-place rotation should be recorded on ``target`` (the tensor the caller holds, or the
+    base it is a reshaped view of) rather than on the kernel view, which autograd would rebase with
+    CopySlices (a copy of the base and a clone of the gradient in every backward). The result for
+    such a tensor is then ``to_kernel(target)``, a view of the rotated target.
     """
     xs = rotation.xs
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (*xs, *rotation.cos, *rotation.sin))
     compiling = torch.compiler.is_compiling()
     if not (grad or compiling):
         outs = xs if inplace else tuple(torch.empty_like(x) for x in xs)
-        ops.run(replace(rotation, outs=outs))
+        ops.run(rotation.replace(outs=outs))
         return list(outs)
     tables_need_grad = grad and any(t.requires_grad for t in (*rotation.cos, *rotation.sin))
     args = (rotation.positions, rotation.batch_rows, rotation.interleaved, rotation.conjugate)
     if inplace and not tables_need_grad:
         # one call per tensor: autograd takes an in-place Function on a view (q sliced from qkv)
         # only if it returns a single tensor
-        return [ops.RotateInplace.apply(rotation, x, c, s) for x, c, s in zip(xs, rotation.cos, rotation.sin)]
+        results = []
+        for i, (x, c, s) in enumerate(zip(xs, rotation.cos, rotation.sin)):
+            target = None if targets is None or compiling else targets[i]
+            if target is None:
+                results.append(ops.RotateInplace.apply(rotation, x, c, s))
+            else:
+                tensor, views = target
+                results.append(views[0](ops.RotateInplace.apply(rotation, tensor, c, s, views)))
+        return results
     if compiling:
         outs = list(ops.rotation_op(list(xs), list(rotation.cos), list(rotation.sin), *args))
     else:

@@ -14,7 +14,8 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+import sys
+from collections.abc import Callable
 
 import torch
 
@@ -23,7 +24,7 @@ from .contract import Rotation
 from .eager import run_torch, table_grad_torch
 from .extension import load_cpu_extension
 
-__all__ = ["run", "table_grads", "Rotate", "RotateInplace", "rotation_op", "rotation_op_"]
+__all__ = ["run", "table_grads", "Rotate", "RotateInplace", "owned_gradient", "rotation_op", "rotation_op_"]
 
 _CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -113,7 +114,7 @@ def table_grads(rotation: Rotation, grads: tuple[torch.Tensor, ...]) -> list[tup
 def _split(rotation: Rotation, tensors: tuple[torch.Tensor, ...]) -> Rotation:
     n = len(rotation.xs)
     xs, cos, sin = tensors[:n], tensors[n : 2 * n], tensors[2 * n :]
-    return replace(rotation, xs=tuple(xs), outs=tuple(xs), cos=tuple(cos), sin=tuple(sin))
+    return rotation.replace(xs=tuple(xs), outs=tuple(xs), cos=tuple(cos), sin=tuple(sin))
 
 
 class Rotate(torch.autograd.Function):
@@ -122,6 +123,10 @@ class Rotate(torch.autograd.Function):
     Same kernel and same backward as the registered op ``rotary::rope`` (which ``torch.compile``
     uses), minus the custom op's Python dispatch: at decode shapes that dispatch costs more than
     the kernel. Gradients flow to the tables when they require them (learnable frequencies).
+
+    Memory: the forward allocates one output per input, the backward one gradient per input,
+    rotated straight from the incoming gradient (any strides) into memory laid out like the input
+    (so autograd accumulates it into ``x.grad`` without a copy); nothing else of q/k's size.
     """
 
     @staticmethod
@@ -132,10 +137,11 @@ class Rotate(torch.autograd.Function):
             outs = tuple(rotation_op(list(rot.xs), list(rot.cos), list(rot.sin), *args))
         else:
             outs = tuple(torch.empty_like(x) for x in rot.xs)
-            run(replace(rot, outs=outs))
+            run(rot.replace(outs=outs))
         tables_need_grad = any(ctx.needs_input_grad[1 + len(rot.xs) :])
-        ctx.rotation = rot if tables_need_grad else replace(rot, xs=(), outs=())
+        ctx.rotation = rot if tables_need_grad else rot.replace(xs=(), outs=())
         ctx.tables_need_grad = tables_need_grad
+        ctx.strides = tuple(o.stride() for o in outs)  # the inputs' layout (empty_like keeps a dense one)
         ctx.save_for_backward(*(rot.xs if tables_need_grad else ()), *rot.cos, *rot.sin)
         return outs
 
@@ -146,16 +152,97 @@ class Rotate(torch.autograd.Function):
         n = len(grads)
         xs = saved[:n] if ctx.tables_need_grad else ()
         cos, sin = saved[-2 * n : -n], saved[-n:]
-        conj = replace(rot, xs=grads, outs=grads, cos=cos, sin=sin, conjugate=not rot.conjugate)
-        grad_xs = Rotate.apply(conj, *grads, *cos, *sin)
+        conj = rot.replace(xs=grads, outs=grads, cos=cos, sin=sin, conjugate=not rot.conjugate)
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():  # create_graph: differentiable
+            grad_xs = Rotate.apply(conj, *grads, *cos, *sin)
+        else:
+            grad_xs = tuple(
+                torch.empty_strided(g.shape, stride, dtype=g.dtype, device=g.device) for g, stride in zip(grads, ctx.strides)
+            )
+            run(conj.replace(outs=grad_xs))
         if not ctx.tables_need_grad:
             return (None, *grad_xs, *([None] * (2 * n)))
-        pairs = table_grads(replace(rot, xs=xs, outs=xs, cos=cos, sin=sin), grads)
+        pairs = table_grads(rot.replace(xs=xs, outs=xs, cos=cos, sin=sin), grads)
         return (None, *grad_xs, *(p[0] for p in pairs), *(p[1] for p in pairs))
 
 
+def _identity(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+_EXCLUSIVE: set[tuple[int, ...]] | None = None  # signatures of gradients nobody else holds
+
+
+def _signature(grad: torch.Tensor) -> tuple[int, ...] | None:
+    """Who holds ``grad`` (and its base, for a view): C++ use counts, storage users, Python references."""
+    base = grad._base
+    own = (grad._use_count(), torch._C._storage_Use_Count(grad.untyped_storage()._cdata), sys.getrefcount(grad))
+    if base is None:
+        return own
+    if base._base is not None:
+        return None
+    return (*own, base._use_count(), sys.getrefcount(base))
+
+
+class _Probe(torch.autograd.Function):
+    """Calibration of :func:`owned_gradient`: gradients nobody else holds, seen from a backward."""
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[override]
+        return x * 1
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        _calibrate(grad)  # called as RotateInplace.backward calls owned_gradient: the same references
+        return grad
+
+
+def _calibrate(grad: torch.Tensor) -> None:
+    signature = _signature(grad)
+    if _EXCLUSIVE is not None and signature is not None:
+        _EXCLUSIVE.add(signature)
+
+
+def owned_gradient(grad: torch.Tensor) -> bool:
+    """Whether a backward may overwrite the incoming ``grad``: nothing else holds it.
+
+    Autograd hands one gradient tensor to several consumers (the two inputs of an addition), keeps
+    the user's ``grad_tensors``, stores what tensor hooks keep, and passes views (a reshaped
+    gradient) whose base others may hold. Overwriting is safe only when the tensor, its memory and,
+    for a view, its base have no user but the engine's one reference: the C++ use counts and the
+    Python reference counts must equal those of gradients known to be exclusive, measured once by
+    two probe backwards (a fresh gradient and a view of one) that ask in the same way. Call this
+    first thing in a backward, before making views of ``grad``. When the private counters are
+    unavailable the answer is ``False``: the caller allocates, which is always safe.
+    """
+    global _EXCLUSIVE
+    try:
+        if _EXCLUSIVE is None:
+            _EXCLUSIVE = set()
+            with torch.enable_grad():
+                probe = torch.zeros(2, requires_grad=True)
+                torch.autograd.backward(_Probe.apply(probe) * 2, torch.ones(2))  # a fresh gradient
+                torch.autograd.backward((_Probe.apply(probe).view(1, 2) * 2).sum())  # a view of one
+        return _signature(grad) in _EXCLUSIVE and torch._debug_has_internal_overlap(grad) == 0
+    except (AttributeError, RuntimeError, TypeError):  # pragma: no cover - a PyTorch without these counters
+        return False
+
+
+#: how an in-place target maps to the kernel's ``[B, S, H, D]`` view and back, by view operations only
+Views = tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]
+
+
 class RotateInplace(torch.autograd.Function):
-    """In-place rotation of one tensor under autograd: ``RotateInplace.apply(rotation, x, cos, sin)``.
+    """In-place rotation of one tensor under autograd: ``RotateInplace.apply(rotation, x, cos, sin, views)``.
+
+    ``views``: ``(to_kernel, from_kernel)``, functions mapping ``x`` (and a gradient shaped like it) to
+    the kernel's ``[B, S, H, D]`` view and back by view operations only, e.g. ``transpose(1, 2)`` for
+    ``[B, H, S, D]`` storage, or splitting the last dim of a projection output ``[B, S, H * D]`` into
+    heads; ``None``: ``x`` already is that view.
+
+    The backward rotates the incoming gradient in place when nothing else holds it (see
+    :func:`owned_gradient`; attention's backward produces such gradients), so a training step
+    allocates nothing of q/k's size here; otherwise it rotates into one new tensor.
 
     The rotated tensor comes first among the tensor inputs: for a view (q as a slice of qkv) autograd
     rebases the view's history onto its base with CopySlices, which expects the dirty view to be the
@@ -163,22 +250,32 @@ class RotateInplace(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, rotation: Rotation, x, cos, sin):  # type: ignore[override]
-        rot = replace(rotation, xs=(x,), outs=(x,), cos=(cos,), sin=(sin,))
+    def forward(ctx, rotation: Rotation, x, cos, sin, views: Views | None = None):  # type: ignore[override]
+        views = views or (_identity, _identity)
+        view = views[0](x)
+        rot = rotation.replace(xs=(view,), outs=(view,), cos=(cos,), sin=(sin,))
         if torch.compiler.is_compiling():
-            rotation_op_([x], [cos], [sin], rot.positions, rot.batch_rows, rot.interleaved, rot.conjugate)
+            rotation_op_([view], [cos], [sin], rot.positions, rot.batch_rows, rot.interleaved, rot.conjugate)
         else:
             run(rot)
         ctx.mark_dirty(x)
-        ctx.rotation = replace(rot, xs=(), outs=())
+        ctx.rotation = rot.replace(xs=(), outs=())
+        ctx.views = views
         ctx.save_for_backward(cos, sin)
         return x
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
         cos, sin = ctx.saved_tensors
-        conj = replace(ctx.rotation, xs=(grad,), outs=(grad,), cos=(cos,), sin=(sin,), conjugate=not ctx.rotation.conjugate)
-        return None, Rotate.apply(conj, grad, cos, sin)[0], None, None
+        to_kernel, from_kernel = ctx.views
+        conj = ctx.rotation.replace(cos=(cos,), sin=(sin,), conjugate=not ctx.rotation.conjugate)
+        owned = not (torch.is_grad_enabled() or torch.compiler.is_compiling()) and owned_gradient(grad)
+        g = to_kernel(grad)  # a view of grad: asked after owned_gradient, which counts grad's users
+        if owned:
+            run(conj.replace(xs=(g,), outs=(g,)))
+            return None, from_kernel(g), None, None, None
+        out = Rotate.apply(conj.replace(xs=(g,), outs=(g,)), g, cos, sin)[0]
+        return None, from_kernel(out), None, None, None
 
 
 # custom ops (torch.compile) ---------------------------------------------------------------------

@@ -310,6 +310,13 @@ class Block(nn.Module):
 class Decoder(nn.Module):
     """A LLaMA-style causal language model with a pluggable position encoding.
 
+    Every layer rotates its fresh q/k projections in place, and their gradients in place in the
+    backward (:class:`~rotary.nn.RotaryAttention`'s ``inplace_rope``): bit-identical to rotating out
+    of place, with no q/k-sized allocation for RoPE. A forward hook on a layer's ``q_proj`` or
+    ``k_proj`` turns it off for that layer (the hook would otherwise see its output rotated later);
+    so does ``torch.compile``. To keep q and k unrotated for other uses, set
+    ``layer.attn.inplace_rope = False``.
+
     Example:
         >>> from rotary.models import Decoder, DecoderConfig
         >>> model = Decoder(DecoderConfig(vocab_size=100, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2))

@@ -157,6 +157,13 @@ class RotaryAttention(nn.Module):
         causal: mask future keys.
         dropout: attention-probability dropout (training only).
         bias: biases on the q/k/v/o projections.
+        inplace_rope: rotate the projection outputs in place (forward) and their gradients in place
+            (backward, when autograd holds them nowhere else): no q/k-sized allocation for RoPE in
+            a training step, results bit-identical to rotating out of place. Used only when it is
+            safe: the projections are plain ``nn.Linear`` modules without forward hooks (a hook, or
+            a projection that keeps its output, would see q or k rotated afterwards: set it
+            ``False`` when q or k is needed unrotated elsewhere), and not while ``torch.compile``
+            traces (the compiled graph rotates out of place and lets the compiler reuse memory).
 
     Example:
         >>> from rotary.nn import RotaryAttention, KVCache
@@ -183,6 +190,7 @@ class RotaryAttention(nn.Module):
         causal: bool = False,
         dropout: float = 0.0,
         bias: bool = False,
+        inplace_rope: bool = True,
     ) -> None:
         super().__init__()
         for name, value in (("hidden_size", hidden_size), ("num_heads", num_heads)):
@@ -205,6 +213,7 @@ class RotaryAttention(nn.Module):
         self.causal = check_bool(causal, "causal")
         self.dropout = check_probability(dropout, "dropout")
         self.rotary_value = check_bool(rotary_value, "rotary_value")
+        self.inplace_rope = check_bool(inplace_rope, "inplace_rope")
 
         self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=check_bool(bias, "bias"))
         self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=bias)
@@ -241,6 +250,13 @@ class RotaryAttention(nn.Module):
             f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
             f"causal={self.causal}, rotary_value={self.rotary_value}"
         )
+
+    def _rotate_in_place(self) -> bool:
+        """Whether q and k (and v) may be rotated in place: see ``inplace_rope``."""
+        if not self.inplace_rope or torch.compiler.is_compiling():
+            return False
+        projections = (self.q_proj, self.k_proj, self.v_proj) if self.rotary_value else (self.q_proj, self.k_proj)
+        return all(type(p) is nn.Linear and not p._forward_hooks for p in projections)
 
     def positions(
         self,
@@ -341,10 +357,11 @@ class RotaryAttention(nn.Module):
         if self.rope is not None:
             if tables is None:
                 tables = self.rope.tables(positions, dtype=table_dtype(q.dtype))
+            inplace = self._rotate_in_place()
             if self.rotary_value:
-                q, k, v = rotate([q, k, v], tables, kinds=("q", "k", "q"), names=("q", "k", "v"))
+                q, k, v = rotate([q, k, v], tables, kinds=("q", "k", "q"), names=("q", "k", "v"), inplace=inplace)
             else:
-                q, k = rotate([q, k], tables, kinds=("q", "k"), names=("q", "k"))
+                q, k = rotate([q, k], tables, kinds=("q", "k"), names=("q", "k"), inplace=inplace)
 
         past = 0 if cache is None else cache.length
         query_positions = positions.ids.expand(batch, seq_len)

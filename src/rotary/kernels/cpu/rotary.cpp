@@ -383,7 +383,66 @@ void rope_table_grad_cpu(const std::vector<at::Tensor>& xs, const std::vector<at
   });
 }
 
+// The decoding fast path of RoPE.forward: q [B, Hq, S, D] / k [B, Hk, S, D] (seq_axis 2) or [B, S, H, D]
+// (seq_axis 1), rotated by rows of the full fp32 tables cos/sin [N, r]: rows offset .. offset + S - 1, or
+// the rows positions gives (int64 [S] or [1 or B, S], read here: no device sync on the CPU). The
+// transposes, the table slices and the outputs are made here, where each costs a tenth of what it
+// costs from Python. Returns {} (nothing done) when any check of the general path would not pass
+// (including a position outside the table: the general path grows it): the caller then takes that
+// path, with its checks and messages. Results are the general path's: the same kernel on the same rows.
+std::vector<at::Tensor> rope_decode_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                                        const at::Tensor& sin, int64_t offset, const std::optional<at::Tensor>& positions,
+                                        int64_t seq_axis, int64_t head_dim, bool interleaved, bool inplace) {
+  if (q.dim() != 4 || k.dim() != 4 || !q.device().is_cpu() || !k.device().is_cpu() || (seq_axis != 1 && seq_axis != 2))
+    return {};
+  const auto dtype = q.scalar_type();
+  if (k.scalar_type() != dtype || !(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf)) return {};
+  if (q.stride(3) != 1 || k.stride(3) != 1 || q.numel() == 0 || k.numel() == 0) return {};
+  if (cos.scalar_type() != at::kFloat || sin.scalar_type() != at::kFloat || cos.dim() != 2 || !cos.device().is_cpu() ||
+      cos.sizes() != sin.sizes() || cos.strides() != sin.strides() || cos.stride(1) != 1)
+    return {};
+  const int64_t B = q.size(0), S = q.size(seq_axis), r = cos.size(1), rows = cos.size(0);
+  if (q.size(3) != head_dim || k.size(3) != head_dim || k.size(0) != B || k.size(seq_axis) != S || r <= 0 || r % 2 ||
+      r > head_dim)
+    return {};
+  std::optional<at::Tensor> ids;
+  at::Tensor c = cos, s = sin;
+  if (positions.has_value() && positions->defined()) {
+    const at::Tensor& p = *positions;
+    if (p.scalar_type() != at::kLong || !p.device().is_cpu() || p.dim() < 1 || p.dim() > 2 || p.size(-1) != S ||
+        (p.dim() == 2 && p.size(0) != 1 && p.size(0) != B))
+      return {};
+    const at::Tensor expanded = p.expand({B, S});
+    const int64_t* data = expanded.data_ptr<int64_t>();
+    for (int64_t b = 0; b < (p.dim() == 2 ? p.size(0) : 1); ++b)
+      for (int64_t j = 0; j < S; ++j) {
+        const int64_t t = data[b * expanded.stride(0) + j * expanded.stride(1)];
+        if (t < 0 || t >= rows) return {};
+      }
+    ids = expanded;
+  } else {
+    if (offset < 0 || offset + S > rows) return {};
+    c = cos.narrow(0, offset, S);
+    s = sin.narrow(0, offset, S);
+  }
+  const at::Tensor qv = seq_axis == 2 ? q.transpose(1, 2) : q;
+  const at::Tensor kv = seq_axis == 2 ? k.transpose(1, 2) : k;
+  if (inplace) {
+    if (at::has_internal_overlap(q) == at::MemOverlap::Yes || at::has_internal_overlap(k) == at::MemOverlap::Yes ||
+        q.storage().is_alias_of(k.storage()))
+      return {};  // the general path checks exactly which elements are shared
+    rope_cpu({qv, kv}, {qv, kv}, {c, c}, {s, s}, ids, 0, interleaved, false);
+    return {q, k};
+  }
+  const at::Tensor qo = at::empty_like(qv), ko = at::empty_like(kv);
+  rope_cpu({qv, kv}, {qo, ko}, {c, c}, {s, s}, ids, 0, interleaved, false);
+  if (seq_axis == 2) return {qo.transpose(1, 2), ko.transpose(1, 2)};
+  return {qo, ko};
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rope_decode", &rope_decode_cpu,
+        "decoding fast path: q, k at positions offset.. or given; [] when the general path is needed");
   m.def("rope", &rope_cpu, "fused rotary embedding over a list of [B, S, H, D] views, one table per view");
   m.def("rope_table_grad", &rope_table_grad_cpu, "per-token gradients of the cos/sin tables");
 }

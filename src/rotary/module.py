@@ -20,10 +20,10 @@ from ._checks import check_bool, check_choice, check_int, check_positive_int
 from .apply import Layout, check_layout, rotate
 from .config import read_hf_config
 from .frequencies import Frequencies, frequencies
+from .kernels.extension import load_cpu_extension
 from .positions import Positions
 from .rope_types import ConfigError
 from .schedule import FrequencySchedule
-from .kernels.extension import load_cpu_extension
 from .tables import RotaryTables, TableCache, cos_sin_table, table_dtype
 
 __all__ = ["RoPE", "keep_float32"]

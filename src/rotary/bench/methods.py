@@ -175,7 +175,6 @@ def decode_suite(options) -> list[Result]:
     in ``tests/kernels/test_decode_fast_path.py``); the ratio is HF's time over the row's. Skipped
     by ``--quick`` unless named in ``--suites``.
     """
-    from ..apply import rotate
     from ..module import RoPE
 
     if getattr(options, "quick", False) and "decode" not in (getattr(options, "suites", None) or "").split(","):
@@ -192,19 +191,25 @@ def decode_suite(options) -> list[Result]:
         cos, sin = rope.cos_sin(ids)
         hf_cos, hf_sin = cos.to(dtype), sin.to(dtype)
         apply = _hf()
-        calls = {
-            "rope(q, k, offset=4096)": lambda: rope(q, k, offset=DECODE_POSITION),
-            "rope(q, k, position_ids=[[4096]])": lambda: rope(q, k, position_ids=ids),
-            "rope(q, k, offset=4096, inplace=True)": lambda: rope(q, k, offset=DECODE_POSITION, inplace=True),
-            "rotary.rotate([q, k], tables once per forward)": lambda: rotate([q, k], tables, kinds=("q", "k")),
-            "HF eager apply_rotary_pos_emb": lambda: apply(q, k, hf_cos, hf_sin),
-        }
+        calls = _decode_calls(rope, q, k, ids, tables, apply, hf_cos, hf_sin)
         medians = time_interleaved(calls, options.repeats)
         hf = medians["HF eager apply_rotary_pos_emb"]
         group = f"decode step 1x32/8x1x128 at position {DECODE_POSITION} {name}"
         for method, median in medians.items():
             results.append(Result(group, method, False, median, options.repeats, ratios={"HF eager speedup": hf / median}))
     return results
+
+
+def _decode_calls(rope, q, k, ids, tables, apply, hf_cos, hf_sin) -> dict[str, Callable[[], object]]:
+    from ..apply import rotate
+
+    return {
+        "rope(q, k, offset=4096)": lambda: rope(q, k, offset=DECODE_POSITION),
+        "rope(q, k, position_ids=[[4096]])": lambda: rope(q, k, position_ids=ids),
+        "rope(q, k, offset=4096, inplace=True)": lambda: rope(q, k, offset=DECODE_POSITION, inplace=True),
+        "rotary.rotate([q, k], tables once per forward)": lambda: rotate([q, k], tables, kinds=("q", "k")),
+        "HF eager apply_rotary_pos_emb": lambda: apply(q, k, hf_cos, hf_sin),
+    }
 
 
 register_suite("decode", decode_suite)

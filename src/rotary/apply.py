@@ -243,7 +243,7 @@ def rotate(
         views, views, tuple(c[0] for c in chosen), tuple(c[1] for c in chosen), positions, batch_rows, tables.interleaved
     )
     targets = None
-    if inplace and torch.is_grad_enabled() and not torch.compiler.is_compiling():
+    if inplace and torch.is_grad_enabled() and not torch.compiler.is_compiling() and _needs_grad(xs, tables):
         targets = [_inplace_target(x, view, layout, packed) for x, view in zip(xs, views)]
     outs = dispatch.rotate(rotation, inplace=inplace, targets=targets)
     if inplace and targets is None:
@@ -257,6 +257,11 @@ def rotate(
         else:
             results.append(out.transpose(1, 2) if layout == "bhsd" else out)
     return results
+
+
+def _needs_grad(xs: Sequence[torch.Tensor], tables: RotaryTables) -> bool:
+    """Whether autograd records this rotation (otherwise in-place results are the inputs themselves)."""
+    return any(x.requires_grad for x in xs) or tables.cos.requires_grad or tables.sin.requires_grad
 
 
 def _fast_pair(

@@ -221,3 +221,14 @@ def test_decoder_training_step_in_place_equals_out_of_place():
     for (name, a), (_, b) in zip(model.named_parameters(), reference.named_parameters()):
         assert torch.equal(a, b), name
     assert all(block.attn._rotate_in_place() for block in model.layers)
+
+
+def test_in_place_without_autograd_returns_the_inputs_themselves():
+    # a reshaped view of a projection output that needs no gradient: the inputs come back, not new views
+    rope = rotary.RoPE(8)
+    for S in (0, 3):
+        q = torch.randn(1, S, 16).view(1, S, 2, 8).transpose(1, 2)
+        k = torch.randn(1, S, 8).view(1, S, 1, 8).transpose(1, 2)
+        tables = rope.tables(torch.arange(S))
+        out = rotary.rotate([q, k], tables, inplace=True, kinds=("q", "k"))
+        assert out[0] is q and out[1] is k

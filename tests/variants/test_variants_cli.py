@@ -64,3 +64,24 @@ def test_plot_learnable_recovers_the_teacher(capsys, tmp_path):
     status, numbers = run_json(capsys, "plot", "learnable", "--steps", "150", "-o", str(tmp_path / "learnable"))
     assert status == 0 and numbers["losses"][-1] < 1e-4 * numbers["losses"][0]
     assert all(abs(f - 0.8) < 1e-3 for f in numbers["learned_factor"])
+
+
+def test_inspect_axial_preset_names_the_axis_of_every_pair(capsys):
+    import json
+
+    from rotary.cli import main
+    from rotary.variants import AxialRoPE
+
+    for name in ("pixtral", "cogvideox", "flux"):
+        assert main(["inspect", "--axial", name, "--json"]) == 0
+        d = json.loads(capsys.readouterr().out)
+        rope = AxialRoPE.preset(name)
+        assert [p["axis"] for p in d["pairs"]] == list(rope.slot_axes)
+        # each axis gets as many pairs as its split gives it channels / 2
+        assert [sum(p["axis"] == a for p in d["pairs"]) for a in range(d["axes"])] == [c // 2 for c in d["split"]]
+        assert [p["wavelength"] for p in d["pairs"]] == rope.wavelengths.tolist()
+    assert main(["inspect", "--axial", "pixtral"]) == 0
+    assert "axis" in capsys.readouterr().out
+    assert main(["inspect", "--axial", "flux", "--head-dim", "6"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "head_dim must be 128, got 6" in err

@@ -170,7 +170,53 @@ def _as_dict(configuration: Configuration, info: Inspection, details: dict[str, 
     return {"layer_type": configuration.layer_type, **info.to_dict(), "context_source": configuration.context_source, **details}
 
 
+def axial_details(preset: str, head_dim: int | None = None) -> dict[str, Any]:
+    """The pairs of an axial RoPE preset: the axis each pair rotates by, its frequency and its
+    wavelength in coordinate units (patches, or the normalised range for ``coordinates='normalized'``).
+
+    Example:
+        >>> d = axial_details("pixtral")
+        >>> d["axes"], d["head_dim"], d["split"], d["pairs"][0]["axis"], d["pairs"][16]["axis"]
+        (2, 64, [32, 32], 0, 1)
+    """
+    from rotary.variants import AxialRoPE
+
+    rope = AxialRoPE.preset(preset, head_dim)
+    slots = rope.slot_axes
+    wavelengths = rope.wavelengths.tolist()
+    pairs = [{"pair": i, "axis": int(a), "wavelength": w, "inv_freq": 2 * math.pi / w if w else math.inf}
+             for i, (a, w) in enumerate(zip(slots, wavelengths))]  # fmt: skip
+    return {
+        "preset": preset, "head_dim": rope.head_dim, "rotary_dim": rope.rotary_dim, "axes": rope.axes,
+        "split": list(rope.split), "coordinates": rope.coordinate_kind, "interleaved": rope.interleaved, "pairs": pairs,
+    }  # fmt: skip
+
+
+def _inspect_axial(args: argparse.Namespace) -> int:
+    if args.config is not None:
+        raise ValueError(f"--axial {args.axial!r} describes a preset, not CONFIG {args.config!r}; give one of them")
+    d = axial_details(args.axial, args.head_dim)
+    if args.json:
+        print_json(d)
+        return 0
+    from rich.table import Table
+
+    out = console()
+    out.print(f"[bold]axial RoPE preset[/] {d['preset']}  [bold]head_dim[/] {d['head_dim']}  [bold]rotary_dim[/] "
+              f"{d['rotary_dim']}  [bold]axes[/] {d['axes']} (split {d['split']})  [bold]coordinates[/] {d['coordinates']}  "
+              f"[bold]pairing[/] {'interleaved (2i, 2i+1)' if d['interleaved'] else 'half (i, i+d/2)'}")  # fmt: skip
+    table = Table(title=f"pairs of axial preset {d['preset']}: the axis each pair reads", title_justify="left")
+    for col in ("pair", "axis", "frequency", "wavelength (coordinate units)"):
+        table.add_column(col, justify="right")
+    for p in d["pairs"]:
+        table.add_row(str(p["pair"]), str(p["axis"]), f"{p['inv_freq']:.6g}", _fmt(p["wavelength"], 5))
+    out.print(table)
+    return 0
+
+
 def _inspect(args: argparse.Namespace) -> int:
+    if getattr(args, "axial", None) is not None:
+        return _inspect_axial(args)
     found = configurations(argparse.Namespace(**vars(args), all_layer_types=True))
     results = []
     for c in found:
@@ -203,5 +249,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_config_arguments(p)
     p.add_argument("--seq-len", type=length_count, help="sequence length for length-dependent rope_types (dynamic, longrope)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    from rotary.variants import PRESETS
+
+    p.add_argument("--axial", choices=sorted(PRESETS), metavar="PRESET",
+                   help="an axial RoPE preset instead of a config: the axis, frequency and wavelength of each pair "
+                   f"(--head-dim overrides its width; one of {', '.join(sorted(PRESETS))})")  # fmt: skip
     add_output_argument(p, "file", None, "write the output to this file")
     p.set_defaults(func=_inspect)

@@ -4,12 +4,14 @@
   checkout's ``src`` first on the path;
 - :func:`hf_config`, :func:`text_config`, :func:`llama_config`: transformers configs built from
   dicts or a few numbers (models are built from configs with random weights, never downloaded);
+- :func:`leaf_parsers`: every runnable subcommand of ``rotary`` with its argparse parser;
 - :func:`make_qk` and :func:`tables_for`: q and k in either layout (optionally views into one fused
   qkv projection), and the tables of a ``RoPE`` for given positions.
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 import os
 import subprocess
@@ -48,6 +50,21 @@ def run_cli(
         assert proc.returncode == 2, (proc.returncode, proc.stderr)
         assert "Traceback" not in proc.stderr, proc.stderr
     return proc
+
+
+def leaf_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Every runnable subcommand's parser, by its name (``"inspect"``, ``"plot decay"``, ...)."""
+    from rotary.cli import build_parser
+
+    def walk(parser: argparse.ArgumentParser, name: str):
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            yield name, parser
+        for action in subs:
+            for sub_name, sub in action.choices.items():
+                yield from walk(sub, f"{name} {sub_name}".strip())
+
+    return dict(walk(build_parser(), ""))
 
 
 def hf_config(d: dict[str, Any]):

@@ -19,19 +19,13 @@ from pathlib import Path
 
 import pytest
 
+from helpers import FIXTURES, ROOT, leaf_parsers, run_cli
 from rotary import analysis
 from rotary.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = ROOT / "tests" / "fixtures"
-
 
 def run(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run([sys.executable, "-m", "rotary", *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    assert "Traceback" not in proc.stderr
-    return proc
+    return run_cli(*argv, cwd=cwd, timeout=300)
 
 
 def assert_png(path: Path) -> None:
@@ -238,10 +232,8 @@ def test_bad_arguments_give_one_line_and_exit_2(argv, needle, capsys, tmp_path, 
 
 
 def test_bad_arguments_in_a_subprocess(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    proc = subprocess.run([sys.executable, "-m", "rotary", "plot", "scaling", "--rope-type", "bogus"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    proc = run_cli("plot", "scaling", "--rope-type", "bogus", cwd=tmp_path, ok=False, timeout=300)
+    assert len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_inspect_length_dependent_types(capsys):
@@ -436,25 +428,8 @@ def test_plot_into_a_read_only_directory(tmp_path, capsys, monkeypatch):
     assert not any(locked.iterdir())
 
 
-def leaf_parsers():
-    """Every runnable subcommand's parser: ``(name, parser)``."""
-    import argparse
-
-    from rotary.cli import build_parser
-
-    def walk(parser, name):
-        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-        if not subs:
-            yield name, parser
-        for action in subs:
-            for sub_name, sub in action.choices.items():
-                yield from walk(sub, f"{name} {sub_name}".strip())
-
-    return list(walk(build_parser(), ""))
-
-
 def test_every_command_has_out_and_json():
-    leaves = leaf_parsers()
+    leaves = list(leaf_parsers().items())
     assert {name for name, _ in leaves} >= {"demo", "inspect", "verify", "report", "bench", "build", "plot decay", "plot scaling"}
     for name, parser in leaves:
         options = {s for a in parser._actions for s in a.option_strings}

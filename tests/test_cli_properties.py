@@ -26,8 +26,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers import leaf_parsers
 from rotary.bench import harness
-from rotary.cli import build_parser, main
+from rotary.cli import main
 from rotary.rope_types import ROPE_TYPES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -185,21 +186,9 @@ class ReachedTraining(Exception):
     evaluation take seconds to minutes and are tested in tests/experiments; here they are not run."""
 
 
-def leaf_commands() -> dict[str, argparse.ArgumentParser]:
-    def walk(parser, name):
-        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-        if not subs:
-            yield name, parser
-        for action in subs:
-            for sub_name, sub in action.choices.items():
-                yield from walk(sub, f"{name} {sub_name}".strip())
-
-    return dict(walk(build_parser(), ""))
-
-
 @st.composite
 def argv_for(draw, command: str, pool: dict) -> list[str]:
-    parser = leaf_commands()[command]
+    parser = leaf_parsers()[command]
     argv = command.split()
     argv += {"bench": BENCH_BASE, "experiment": EXPERIMENT_BASE}.get(command, [])
     positionals = [a for a in parser._actions if not a.option_strings and not isinstance(a, argparse._SubParsersAction)]
@@ -285,7 +274,7 @@ BUDGET = {"inspect": 80, "verify": 50, "demo": 25, "plot decay": 25, "plot frequ
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", sorted(leaf_commands()))
+@pytest.mark.parametrize("command", sorted(leaf_parsers()))
 def test_every_subcommand_exits_cleanly_on_generated_arguments(command, pool):
     statuses: list[int] = []
 
@@ -303,4 +292,4 @@ def test_every_subcommand_exits_cleanly_on_generated_arguments(command, pool):
 
 def test_the_budget_names_every_subcommand():
     """A new subcommand gets a budget chosen for its cost, not the default, once it is listed here."""
-    assert set(BUDGET) == set(leaf_commands())
+    assert set(BUDGET) == set(leaf_parsers())

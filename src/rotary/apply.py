@@ -264,6 +264,27 @@ def _needs_grad(xs: Sequence[torch.Tensor], tables: RotaryTables) -> bool:
     return any(x.requires_grad for x in xs) or tables.cos.requires_grad or tables.sin.requires_grad
 
 
+def decode_seq_axis(q: torch.Tensor, k: torch.Tensor, layout: str) -> int | None:
+    """The sequence axis of 4-D ``q``/``k`` when the decoding fast path may take them, else ``None``.
+
+    The path is for plain tensors (no subclass) without autograd or ``torch.compile``, in ``"bhsd"`` or
+    ``"bshd"``; the kernel's ``rope_decode`` checks everything else in C++.
+
+    Example:
+        >>> decode_seq_axis(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4), "bhsd")
+        2
+    """
+    if (
+        type(q) is not torch.Tensor
+        or type(k) is not torch.Tensor
+        or q.dim() != 4
+        or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
+        or torch.compiler.is_compiling()
+    ):
+        return None
+    return 2 if layout == "bhsd" else 1 if layout == "bshd" else None
+
+
 def _fast_pair(
     q: torch.Tensor, k: torch.Tensor, tables: RotaryTables, layout: str, inplace: bool
 ) -> list[torch.Tensor] | None:
@@ -276,19 +297,15 @@ def _fast_pair(
     """
     cos, rows = tables.cos, tables.rows
     if (
-        type(q) is not torch.Tensor
-        or type(k) is not torch.Tensor
-        or tables.k_cos is not None
+        tables.k_cos is not None
         or tables.heads is not None
-        or q.dim() != 4
         or cos.dim() != 2
         or cos.dtype is not torch.float32
-        or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or cos.requires_grad or tables.sin.requires_grad))
-        or torch.compiler.is_compiling()
+        or (torch.is_grad_enabled() and (cos.requires_grad or tables.sin.requires_grad))
     ):
         return None
-    seq_axis = 2 if layout == "bhsd" else 1 if layout == "bshd" else 0
-    if not seq_axis or (rows is None and cos.shape[0] != q.shape[seq_axis]):
+    seq_axis = decode_seq_axis(q, k, layout)
+    if seq_axis is None or (rows is None and cos.shape[0] != q.shape[seq_axis]):
         return None
     ext = load_cpu_extension()
     if ext is None:

@@ -17,7 +17,7 @@ from torch import nn
 
 from . import positions as P
 from ._checks import check_bool, check_choice, check_int, check_positive_int
-from .apply import Layout, check_layout, rotate
+from .apply import Layout, check_layout, decode_seq_axis, rotate
 from .config import read_hf_config
 from .frequencies import Frequencies, frequencies
 from .kernels.extension import load_cpu_extension
@@ -524,20 +524,14 @@ class RoPE(nn.Module):
         give (a :class:`~rotary.positions.Positions` made by ``arange`` is an offset: validated
         upstream, not read again). Same kernel, same tables: same results.
         """
-        if (
-            type(q) is not torch.Tensor
-            or type(k) is not torch.Tensor
-            or type(offset) is not int
-            or q.dim() != 4
-            or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
-            or torch.compiler.is_compiling()
-            or not self._fast_ok
-        ):
+        if type(offset) is not int or offset < 0 or not self._fast_ok:
             return None
-        seq_axis = 2 if layout == "bhsd" else 1 if layout == "bshd" else 0
+        seq_axis = decode_seq_axis(q, k, layout)
         cache = self._caches.get("original")
+        if seq_axis is None or cache is None:
+            return None
         ext = load_cpu_extension()
-        if not seq_axis or cache is None or ext is None or offset < 0:
+        if ext is None:
             return None
         ids = None
         if position_ids is not None:

@@ -174,13 +174,9 @@ def extra_peak_bytes(call: Callable[[], object]) -> int | None:
         >>> extra_peak_bytes(lambda: x.mul_(1.0)) < 1024
         True
     """
-    try:
-        tree = _recorded(call)
-    except (RuntimeError, AttributeError):
+    events = _allocation_log(call)
+    if events is None:
         return None
-    events = sorted(_allocation_events(tree))
-    if not events:
-        return None if not _allocation_events(_recorded(lambda: torch.empty(1024))) else 0
     total = peak = 0
     for _, size in events:
         total += size
@@ -201,14 +197,20 @@ def allocations(call: Callable[[], object]) -> list[int] | None:
         >>> allocations(lambda: (x.exp(), x.clone()))
         [4096, 4096]
     """
+    events = _allocation_log(call)
+    return None if events is None else [size for _, size in events if size > 0]
+
+
+def _allocation_log(call: Callable[[], object]) -> list[tuple[int, int]] | None:
+    """``(time, bytes)`` of every allocation (positive) and free (negative) made while ``call`` runs, in
+    time order; ``None`` when the profiler records none, not even for a plain ``torch.empty``."""
     try:
-        tree = _recorded(call)
+        events = sorted(_allocation_events(_recorded(call)))
     except (RuntimeError, AttributeError):
         return None
-    events = sorted(_allocation_events(tree))
     if not events and not _allocation_events(_recorded(lambda: torch.empty(1024))):
         return None
-    return [size for _, size in events if size > 0]
+    return events
 
 
 @contextlib.contextmanager

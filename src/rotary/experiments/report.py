@@ -463,7 +463,7 @@ def summary_table(rows: Sequence[dict], config: ExperimentConfig) -> tuple[list[
     for m in methods(rows):
         cells = [m.label]
         cells += [_fmt(t.get(m.model, m.scaling, e, "perplexity")) for e in t.lengths]
-        cells += ["–" if t.get(m.model, m.scaling, e, "passkey_accuracy") is None else f"{t.get(m.model, m.scaling, e, 'passkey_accuracy'):.0%}" for e in t.lengths]
+        cells += [_percent(t.get(m.model, m.scaling, e, "passkey_accuracy")) for e in t.lengths]
         body.append(cells)
     return header, body
 

@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH  := torch==2.13.0
 
-.PHONY: venv demo test bench lint clean figures
+.PHONY: venv demo test fuzz bench lint clean figures
 
 venv: $(STAMP)
 
@@ -22,6 +22,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --doctest-modules src tests
+
+# the property tests with new random examples every run (make test draws the same ones each time)
+fuzz: $(STAMP)
+	ROTARY_HYPOTHESIS_PROFILE=explore $(PY) -m pytest -q -n 2 -p no:cacheprovider $$(grep -rl "from hypothesis" tests)
 
 bench: $(STAMP)
 	$(PY) -m rotary bench $(addprefix --cases ,$(wildcard benchmarks/cases/*.py))

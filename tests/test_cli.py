@@ -214,6 +214,8 @@ BAD = [
     (["verify", "--seed", "-1"], "argument --seed: must be an integer seed in 0 .. 2**63 - 1, got -1"),
     (["verify", "--seq-len", "4096"], "argument --seq-len: must be at most 2048"),
     (["bench", "--threads", "100000"], "argument --threads: must be at most"),
+    (["plot", "scaling", "--no-interleaved"], "--no-interleaved describe a configuration"),
+    (["inspect", "--no-interleaved", "--scaling", '{"rope_type": "yarn"}'], "(settings from --scaling, --no-interleaved)"),
 ]
 
 

@@ -82,6 +82,22 @@ def test_decoder_config_values_of_the_wrong_type(over, match):
         small_lm(**over)
 
 
+@pytest.mark.parametrize("inplace", ["yes", 1, None])
+def test_inplace_must_be_a_bool_on_every_path(inplace, q):
+    """The decoding fast paths (found by tests/variants/test_variants_robustness.py) check it too."""
+    rope = rotary.RoPE(64)
+    tables = rope.tables(torch.arange(8))
+    calls = [
+        lambda: rope(q, q.clone(), inplace=inplace),
+        lambda: rope.rotate(q, inplace=inplace),
+        lambda: rotary.rotate([q, q.clone()], tables, inplace=inplace),
+        lambda: rotary.rotate([q], tables, inplace=inplace),
+    ]
+    for call in calls:
+        with pytest.raises(TypeError, match=f"inplace must be True or False, got {inplace!r}"):
+            call()
+
+
 def test_inplace_on_overlapping_views_is_refused_but_disjoint_views_work(gen):
     rope = rotary.RoPE(64)
     qkv = torch.randn(1, 8, 8, 64, generator=gen)

@@ -16,7 +16,7 @@ from typing import Literal
 import torch
 
 from . import positions as P
-from ._checks import check_int, check_positive_int
+from ._checks import check_bool, check_int, check_positive_int
 from .kernels import dispatch
 from .kernels.contract import Rotation
 from .kernels.extension import load_cpu_extension
@@ -187,10 +187,11 @@ def rotate(
         >>> torch.equal(q_rot, rope.rotate(q))
         True
     """
-    if len(xs) == 2 and type(tables) is RotaryTables and (kinds is None or len(kinds) == 2 and all(k in ("q", "k") for k in kinds)):
+    if len(xs) == 2 and type(inplace) is bool and type(tables) is RotaryTables and (kinds is None or len(kinds) == 2 and all(k in ("q", "k") for k in kinds)):
         fast = _fast_pair(xs[0], xs[1], tables, layout, inplace)
         if fast is not None:
             return fast
+    inplace = check_bool(inplace, "inplace")
     xs = list(xs)
     if not xs:
         return []

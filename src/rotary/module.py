@@ -524,7 +524,7 @@ class RoPE(nn.Module):
         give (a :class:`~rotary.positions.Positions` made by ``arange`` is an offset: validated
         upstream, not read again). Same kernel, same tables: same results.
         """
-        if type(offset) is not int or offset < 0 or not self._fast_ok:
+        if type(offset) is not int or offset < 0 or type(inplace) is not bool or not self._fast_ok:
             return None
         seq_axis = decode_seq_axis(q, k, layout)
         cache = self._caches.get("original")

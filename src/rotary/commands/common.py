@@ -383,13 +383,23 @@ _CONFIG_FLAGS = {"head_dim": "--head-dim", "base": "--base", "rotary_dim": "--ro
                  "max_position": "--max-position", "interleaved": "--interleaved", "pairing": "--pairing"}
 
 
+def flag_as_given(flag: str, value: Any) -> str:
+    """The spelling of a configuration flag the user typed: ``--no-interleaved`` for ``interleaved=False``.
+
+    Example:
+        >>> flag_as_given("--interleaved", False), flag_as_given("--interleaved", True)
+        ('--no-interleaved', '--interleaved')
+    """
+    return "--no-interleaved" if flag == "--interleaved" and value is False else flag
+
+
 def _origin(args: argparse.Namespace) -> str:
     """Where a configuration came from, for error messages: ``"cfg.json with --scaling, --head-dim 64"``."""
     flags = []
     for dest, flag in _CONFIG_FLAGS.items():
         value = getattr(args, dest, None)
         if value is not None:
-            flags.append(flag if isinstance(value, (dict, bool)) else f"{flag} {value}")
+            flags.append(flag_as_given(flag, value) if isinstance(value, (dict, bool)) else f"{flag} {value}")
     config = getattr(args, "config", None)
     if config and flags:
         return f"{config} with {', '.join(flags)}"

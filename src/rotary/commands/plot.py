@@ -20,6 +20,7 @@ from .common import (
     config_label,
     configurations,
     count,
+    flag_as_given,
     head_dim_count,
     length_count,
     output_directory,
@@ -296,7 +297,7 @@ def _scaling(args: argparse.Namespace) -> int:
             all_files += files
             methods[name] = numbers
         return _announce(args, all_files, {"methods": methods})
-    given = [flag for key, flag in _NEED_A_CONFIGURATION.items() if getattr(args, key, None) is not None]
+    given = [flag_as_given(flag, getattr(args, key)) for key, flag in _NEED_A_CONFIGURATION.items() if getattr(args, key, None) is not None]
     if given:
         raise ValueError(f"{', '.join(given)} describe a configuration: give CONFIG or --scaling with them, or drop them")
     available = [t for t in ROPE_TYPES if t != "default"]

@@ -182,17 +182,19 @@ def test_decoder_computes_its_tables_once_per_forward(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "scaling",
+    "encoding, scaling",
     [
-        {"rope_type": "linear", "factor": 4.0},
-        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
-        {"rope_type": "dynamic", "factor": 4.0, "max_position_embeddings": 16},
-        None,
+        ("rope", {"rope_type": "linear", "factor": 4.0}),
+        ("rope", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}),
+        ("rope", {"rope_type": "dynamic", "factor": 4.0, "max_position_embeddings": 16}),
+        ("rope", None),
+        ("p_rope", {"rope_type": "proportional", "factor": 4.0, "partial_rotary_factor": 0.5}),
+        ("p_rope", None),
     ],
 )
-def test_set_rope_scaling_equals_a_model_built_with_it(scaling):
+def test_set_rope_scaling_equals_a_model_built_with_it(encoding, scaling):
     torch.manual_seed(0)
-    config = dict(vocab_size=50, hidden_size=32, num_layers=2, num_heads=4, rope_base=500.0)
+    config = dict(vocab_size=50, hidden_size=32, num_layers=2, num_heads=4, rope_base=500.0, position_encoding=encoding)
     trained = Decoder(DecoderConfig(**config)).eval()
     built = Decoder(DecoderConfig(**config, rope_scaling=scaling)).eval()
     built.load_state_dict(trained.state_dict())
@@ -200,6 +202,24 @@ def test_set_rope_scaling_equals_a_model_built_with_it(scaling):
     ids = torch.randint(50, (2, 40))
     assert torch.equal(trained(ids), built(ids))
     assert all(layer.attn.rope is trained.rope for layer in trained.layers)
+
+
+def test_set_rope_scaling_refuses_what_the_constructor_refuses():
+    """p-RoPE stays p-RoPE; a block the constructor refuses is refused here too, and the model is unchanged."""
+    config = dict(vocab_size=50, hidden_size=32, num_layers=1, num_heads=4, rope_base=500.0)
+    p_rope = Decoder(DecoderConfig(**config, position_encoding="p_rope"))
+    p_rope.set_rope_scaling(None)
+    assert p_rope.rope.freqs.rope_type == "proportional" and int((p_rope.rope.inv_freq == 0).sum()) == 3
+    for encoding, block, match in [
+        ("rope", {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}, "rope_theta"),
+        ("p_rope", {"rope_type": "linear", "factor": 2.0}, "is the 'proportional' rope_type"),
+        ("rope", "linear", "must be a dict"),
+    ]:
+        model = Decoder(DecoderConfig(**config, position_encoding=encoding))
+        before = model.rope
+        with pytest.raises((ValueError, TypeError), match=match):
+            model.set_rope_scaling(block)
+        assert model.rope is before and model.config.rope_scaling is None
 
 
 def test_set_rope_scaling_needs_a_rope():
@@ -255,11 +275,20 @@ def _module_name(path: Path) -> str:
 
 
 def _imports(path: Path) -> list[tuple[str, list[str]]]:
-    """(module imported, names) for the top-level imports of one file, relative ones resolved."""
+    """(module imported, names) for every import of one file (deferred ones inside functions included),
+    relative ones resolved, and ``(module, [name])`` for every ``alias._name`` read through a module alias."""
     tree = ast.parse(path.read_text())
     package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
     out = []
-    for node in tree.body:
+    aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            for a in node.names:  # `from .. import positions as P`: P is a module
+                aliases[a.asname or a.name] = ""
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                aliases[a.asname or a.name.split(".")[0]] = a.name
+    for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")[: len(package.split(".")) - node.level + 1]
@@ -267,8 +296,16 @@ def _imports(path: Path) -> list[tuple[str, list[str]]]:
             else:
                 module = node.module or ""
             out.append((module, [a.name for a in node.names]))
+            for a in node.names:
+                if aliases.get(a.asname or a.name) == "":
+                    aliases[a.asname or a.name] = f"{module}.{a.name}"
         elif isinstance(node, ast.Import):
             out.extend((a.name, []) for a in node.names)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            module = aliases.get(node.value.id)
+            if module and module.startswith("rotary"):
+                out.append((module, [node.attr]))
     return out
 
 

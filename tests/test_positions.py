@@ -87,3 +87,50 @@ def test_bad_position_ids(ids, kwargs, exc, match):
 def test_bad_position_sources(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+def test_grid_of_one_axis_is_plain_1d_positions():
+    p = P.grid(5)
+    assert p.ids.tolist() == [0, 1, 2, 3, 4] and p.axes == 1 and p.seq_len == 5 and p.batch is None
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        # the positions-beside-an-offset mistake: start says 0 .. 2, the ids say 5 .. 7
+        (dict(ids=torch.tensor([5, 6, 7]), bound=8, start=0), ValueError, "start=0 says the ids are 0 .. 2"),
+        # a bound that is too small: tables sized from it would not reach the last id
+        (dict(ids=torch.tensor([0, 9]), bound=4), ValueError, "an id is 9 but bound=4"),
+        # an exact bound that is only an upper bound: length-dependent scaling would use the wrong length
+        (dict(ids=torch.tensor([0, 1, 2]), bound=100), ValueError, r"exact=True says bound is max\(ids\) \+ 1 = 3"),
+        (dict(ids=torch.tensor([-1, 0]), bound=1), ValueError, "must be >= 0, got a minimum of -1"),
+        (dict(ids=torch.tensor([0.0, 1.0]), bound=2), TypeError, "integer dtype"),
+        (dict(ids=torch.zeros(2, 3, 4, dtype=torch.long), bound=1), ValueError, r"must be \[S\] or \[B, S\]"),
+        (dict(ids=torch.zeros(4, 2, dtype=torch.long), bound=1, axes=3), ValueError, r"\[S, 3\] or \[B, S, 3\]"),
+        (dict(ids=torch.arange(3), bound=3, packed="yes"), TypeError, "Positions.packed must be True or False"),
+        (dict(ids=torch.arange(3), bound=-1), ValueError, "Positions.bound"),
+        (dict(ids=torch.arange(6).view(2, 3), bound=6, start=0), ValueError, "start is for shared 1-D ids"),
+    ],
+)
+def test_positions_made_by_hand_are_checked_against_their_claims(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        P.Positions(**kwargs)
+
+
+def test_positions_made_by_hand_that_hold_their_claims_rotate_like_the_factories():
+    import rotary
+
+    rope = rotary.RoPE(16, scaling={"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 4})
+    q = torch.randn(1, 2, 3, 16, generator=torch.Generator().manual_seed(0))
+    by_hand = P.Positions(torch.tensor([5, 6, 7]), 8, start=5)
+    upper = P.Positions(torch.tensor([5, 6, 7]), 100, exact=False)
+    expected = rope(q, q, position_ids=torch.tensor([5, 6, 7]))[0]
+    assert torch.equal(rope(q, q, position_ids=by_hand)[0], expected)
+    assert torch.equal(by_hand.ids, P.arange(3, offset=5).ids) and by_hand != P.arange(3, offset=5)  # identity
+    assert upper.bound == 100 and not upper.exact
+
+
+def test_unchecked_positions_skip_the_checks_and_the_device_read(monkeypatch):
+    monkeypatch.setattr(torch, "aminmax", lambda *a, **k: pytest.fail("unchecked positions read the device"))
+    p = P.Positions.unchecked(torch.tensor([3, 4]), 5, exact=True)
+    assert p.ids.tolist() == [3, 4] and p.bound == 5

@@ -166,3 +166,49 @@ def test_a_registered_type_returning_nan_is_refused():
             frequencies(64, scaling={"rope_type": "test-zero-division"})
     finally:
         del ROPE_TYPES["test-nan"], ROPE_TYPES["test-zero-division"]
+
+
+@pytest.mark.parametrize("mode", ["hf", "stateless"])
+@pytest.mark.parametrize(
+    "builtin, update, block",
+    [
+        ("dynamic", "grow", {"factor": 4.0, "max_position_embeddings": 8}),
+        ("longrope", "switch", {"original_max_position_embeddings": 8, "factor": 4.0,
+                                "short_factor": [1.0] * 8, "long_factor": [1.0 + i for i in range(8)]}),
+    ],
+)
+def test_a_registered_length_dependent_type_follows_the_length_like_the_builtin(builtin, update, block, mode):
+    """A user's length-dependent type gets transformers' update rule from the registry, not from its name."""
+    from rotary.rope_types import ROPE_TYPES, register_rope_type
+
+    spec = ROPE_TYPES[builtin]
+    register_rope_type(
+        "test-mine", required=spec.required, optional=spec.optional, length_dependent=True, update=update,
+        trained_length=spec.trained_length,
+    )(spec.init)
+    try:
+        mine = RoPE(16, scaling={"rope_type": "test-mine", **block}, dynamic=mode)
+        theirs = RoPE(16, scaling={"rope_type": builtin, **block}, dynamic=mode)
+        g = torch.Generator().manual_seed(0)
+        for length in [4, 12, 20, 6, 9, 3, 30, 8]:  # grows past, comes back under, crosses the trained length
+            q = torch.randn(1, 2, length, 16, generator=g)
+            assert torch.equal(mine(q, q)[0], theirs(q, q)[0]), length
+            assert torch.equal(mine.schedule.current.inv_freq, theirs.schedule.current.inv_freq), length
+    finally:
+        del ROPE_TYPES["test-mine"]
+
+
+def test_a_length_dependent_type_must_name_its_trained_length():
+    from rotary.rope_types import default_inv_freq, register_rope_type
+
+    def init(head_dim, base, rotary_dim, params, seq_len):
+        return default_inv_freq(base, rotary_dim), 1.0
+
+    with pytest.raises(ValueError, match="add 'max_position_embeddings' to required="):
+        register_rope_type("test-no-length", required={"factor"}, length_dependent=True)(init)
+    with pytest.raises(ValueError, match="add 'original_max_position_embeddings' to required="):
+        register_rope_type("test-no-length", length_dependent=True, update="switch")(init)
+    with pytest.raises(ValueError, match="update must be 'grow' .* or 'switch' .*, got 'sometimes'"):
+        register_rope_type("test-no-length", length_dependent=True, update="sometimes")(init)
+    with pytest.raises(TypeError, match="length_dependent must be True or False, got 'yes'"):
+        register_rope_type("test-no-length", length_dependent="yes")(init)

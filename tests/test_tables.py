@@ -104,3 +104,16 @@ def test_failed_growth_leaves_a_working_cache(monkeypatch):
     grown = cache.get(torch.device("cpu"), 100)[0]
     assert cache.length >= 100 and torch.equal(grown[:8], small)
     assert torch.equal(grown[:100], real(torch.arange(100), cache.inv_freq)[0])
+
+
+@pytest.mark.parametrize("rows, match", [([-1, 0], "got rows from -1 to 0"), ([0, 8], "got rows from 0 to 8")])
+def test_rows_outside_the_table_are_refused_on_every_backend(rows, match):
+    """Indexing wraps -1 to the last row on the pure-torch path while the fused kernel refuses it:
+    the tables value refuses it before any backend sees it."""
+    from rotary.tables import RotaryTables
+
+    cos, sin = rotary.RoPE(8).cos_sin(torch.arange(8))
+    with pytest.raises(ValueError, match=match):
+        RotaryTables(cos, sin, False, rows=torch.tensor(rows))
+    inside = RotaryTables(cos, sin, False, rows=torch.tensor([7, 0]))
+    assert torch.equal(inside.gather()[0], cos[[7, 0]])

@@ -14,7 +14,11 @@ Every way a model says where its tokens are ends up here:
 A :class:`Positions` carries ``bound``, a host-side integer with every id ``< bound``. Tables are sized
 from it, so downstream code never reads positions back from the device (each ``int(t.max())`` is a
 device-to-host synchronisation on a GPU). Whatever holds a :class:`Positions` may trust it: nothing
-downstream validates positions again.
+downstream validates positions again. That trust is earned where a value is made: the factories
+here validate what they are given, ``Positions(...)`` written by hand is checked against its own
+claims (ids >= 0, below ``bound``, equal to ``start + arange(S)`` when ``start`` is set) with one device
+read, and :meth:`Positions.unchecked` is the one door without checks, for producers deriving
+positions from positions already validated (a KV cache's, a slice of a model's).
 """
 
 from __future__ import annotations
@@ -23,12 +27,15 @@ from dataclasses import dataclass
 
 import torch
 
-from ._checks import check_int, check_positive_int
+from ._checks import check_bool, check_int, check_positive_int
 
-__all__ = ["Positions", "arange", "check_position_ids", "continuation", "from_attention_mask", "from_cu_seqlens", "from_ids", "grid"]
+__all__ = [
+    "Positions", "arange", "check_position_ids", "continuation", "from_attention_mask", "from_cu_seqlens", "from_ids", "grid",
+    "integer_positions",
+]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # tensors inside: equality is identity, not an ambiguous tensor comparison
 class Positions:
     """Validated positions of the tokens of one call.
 
@@ -44,10 +51,23 @@ class Positions:
         exact: ``bound`` is exactly ``max(ids) + 1`` (length-dependent scaling needs that), not just
             an upper bound (e.g. the mask length for left-padded rows).
 
+    Made by the factories of this module (:func:`from_ids`, :func:`arange`, ...). Made by hand, the
+    value is checked against its own claims (one device read; nothing under ``torch.compile``).
+
+    Raises:
+        TypeError: ids that are not an int64/int32 tensor; a flag that is not a bool.
+        ValueError: a shape that does not fit ``axes``/``packed``, a negative id, an id at or past
+            ``bound``, an ``exact`` bound that is not ``max(ids) + 1``, ids that are not
+            ``start .. start + S - 1``.
+
     Example:
         >>> p = arange(4, offset=10)
         >>> p.ids.tolist(), p.bound, p.start
         ([10, 11, 12, 13], 14, 10)
+        >>> Positions(torch.tensor([5, 6, 7]), 8, start=0)
+        Traceback (most recent call last):
+        ...
+        ValueError: Positions: start=0 says the ids are 0 .. 2, but they are not (first id 5); pass start=None or start=5
     """
 
     ids: torch.Tensor
@@ -56,6 +76,66 @@ class Positions:
     start: int | None = None
     packed: bool = False
     exact: bool = True
+
+    def __post_init__(self) -> None:
+        ids = _integer_ids(self.ids, "Positions.ids")
+        check_positive_int(self.axes, "Positions.axes")
+        packed, exact = check_bool(self.packed, "Positions.packed"), check_bool(self.exact, "Positions.exact")
+        per_token = ids.dim() - (1 if self.axes > 1 else 0)
+        if per_token not in ((1,) if packed else (1, 2)) or (self.axes > 1 and ids.shape[-1] != self.axes):
+            want = "[T]" if packed else "[S] or [B, S]"
+            want = want.replace("]", f", {self.axes}]") if self.axes > 1 else want
+            raise ValueError(f"Positions.ids must be {want} (axes={self.axes}, packed={packed}), got shape {tuple(ids.shape)}")
+        if self.bound is not None:
+            check_int(self.bound, "Positions.bound", minimum=0)
+        if self.start is not None:
+            check_int(self.start, "Positions.start", minimum=0)
+            if self.axes != 1 or ids.dim() != 1:
+                raise ValueError(f"Positions.start is for shared 1-D ids [S] made by arange, got ids of shape {tuple(ids.shape)}")
+        object.__setattr__(self, "ids", ids.long())
+        if torch.compiler.is_compiling() or not ids.numel():
+            return
+        low, high = (int(v) for v in torch.aminmax(ids))
+        if low < 0:
+            raise ValueError(f"Positions.ids must be >= 0, got a minimum of {low}")
+        if self.bound is not None and high >= self.bound:
+            raise ValueError(f"Positions: an id is {high} but bound={self.bound} says every id is below it; pass bound >= {high + 1}")
+        if self.bound is not None and exact and self.bound != high + 1:
+            raise ValueError(
+                f"Positions: exact=True says bound is max(ids) + 1 = {high + 1}, got bound={self.bound}; "
+                "pass the exact bound, or exact=False for an upper bound"
+            )
+        if self.start is not None and not torch.equal(ids, torch.arange(self.start, self.start + ids.numel(), device=ids.device)):
+            raise ValueError(
+                f"Positions: start={self.start} says the ids are {self.start} .. {self.start + ids.numel() - 1}, but they "
+                f"are not (first id {int(ids[0])}); pass start=None or start={int(ids[0])}"
+            )
+
+    @classmethod
+    def unchecked(
+        cls,
+        ids: torch.Tensor,
+        bound: int | None,
+        axes: int = 1,
+        start: int | None = None,
+        packed: bool = False,
+        exact: bool = True,
+    ) -> Positions:
+        """Positions made without any check, for producers deriving them from validated positions.
+
+        The caller vouches for every claim the constructor would check (int64 ids of a fitting shape,
+        ``0 <= ids < bound``, ...): a KV cache continuing its own positions, a model slicing the
+        positions it validated. Anything from a user goes through the factories or the constructor.
+
+        Example:
+            >>> p = arange(3)
+            >>> Positions.unchecked(p.ids[1:], p.bound, exact=False).ids.tolist()
+            [1, 2]
+        """
+        positions = object.__new__(cls)
+        for name, value in (("ids", ids), ("bound", bound), ("axes", axes), ("start", start), ("packed", packed), ("exact", exact)):
+            object.__setattr__(positions, name, value)
+        return positions
 
     @property
     def seq_len(self) -> int:
@@ -72,7 +152,7 @@ class Positions:
         """The same positions on ``device``."""
         if self.ids.device == torch.device(device):
             return self
-        return Positions(self.ids.to(device), self.bound, self.axes, self.start, self.packed, self.exact)
+        return Positions.unchecked(self.ids.to(device), self.bound, self.axes, self.start, self.packed, self.exact)
 
 
 def _integer_ids(position_ids: object, name: str) -> torch.Tensor:
@@ -106,6 +186,21 @@ def _read_range(ids: torch.Tensor, name: str) -> int | None:
     if low < 0:
         raise ValueError(f"{name} must be >= 0, got a minimum of {low}")
     return high + 1
+
+
+def integer_positions(position_ids: torch.Tensor, *, name: str = "position_ids") -> torch.Tensor:
+    """Validate integer positions of any shape (int64/int32, >= 0) and return them as int64.
+
+    For position-dependent values that are not rotations (e.g. Llama 4's NoPE temperature ``[...]``);
+    rotations take :func:`from_ids`. One device read (none under ``torch.compile``).
+
+    Example:
+        >>> integer_positions(torch.tensor([[3], [4]], dtype=torch.int32)).dtype
+        torch.int64
+    """
+    ids = _integer_ids(position_ids, name).long()
+    _read_range(ids, name)
+    return ids
 
 
 def check_position_ids(position_ids: torch.Tensor, *, name: str = "position_ids") -> torch.Tensor:
@@ -170,7 +265,7 @@ def from_ids(
                     "rotate: use rotary.MRoPE, or pass one row (ids[0]) for text"
                 )
             raise ValueError(f"{name} must be {want}, got shape {tuple(ids.shape)}{hint}")
-        positions = Positions(ids.long(), _read_range(ids, name), axes, None, packed)
+        positions = Positions.unchecked(ids.long(), _read_range(ids, name), axes, None, packed)
     if positions.axes != axes:
         raise ValueError(f"{name} have {positions.axes} coordinate axes but {axes} are needed")
     if seq_len is not None and positions.seq_len != seq_len:
@@ -191,7 +286,7 @@ def arange(seq_len: int, *, offset: int = 0, device: torch.device | str | None =
     check_int(seq_len, "seq_len", minimum=0)
     check_int(offset, "offset", minimum=0)
     ids = torch.arange(offset, offset + seq_len, device=device)
-    return Positions(ids, offset + seq_len, 1, offset)
+    return Positions.unchecked(ids, offset + seq_len, 1, offset)
 
 
 def from_attention_mask(attention_mask: torch.Tensor) -> Positions:
@@ -208,7 +303,7 @@ def from_attention_mask(attention_mask: torch.Tensor) -> Positions:
                 [0, 1, 2, 3]])
     """
     mask = check_attention_mask(attention_mask)
-    return Positions((mask.long().cumsum(-1) - 1).clamp(min=0), max(mask.shape[-1], 1), exact=False)
+    return Positions.unchecked((mask.long().cumsum(-1) - 1).clamp(min=0), max(mask.shape[-1], 1), exact=False)
 
 
 def check_attention_mask(attention_mask: torch.Tensor, *, name: str = "attention_mask") -> torch.Tensor:
@@ -271,7 +366,7 @@ def from_cu_seqlens(cu_seqlens: torch.Tensor, total: int, *, max_seqlen: int | N
     token = torch.arange(total, device=cu.device)
     sequence = torch.searchsorted(cu[1:], token, right=True)
     # a max_seqlen given by the caller may exceed the longest sequence (then it is only a bound)
-    return Positions(token - cu[sequence], max_seqlen, 1, None, True, exact=not given)
+    return Positions.unchecked(token - cu[sequence], max_seqlen, 1, None, True, exact=not given)
 
 
 def continuation(previous: Positions, seq_len: int) -> Positions:
@@ -291,13 +386,13 @@ def continuation(previous: Positions, seq_len: int) -> Positions:
     last = previous.ids[..., -1:]
     ids = last + torch.arange(1, seq_len + 1, device=last.device)
     bound = None if previous.bound is None else previous.bound + seq_len
-    return Positions(ids, bound, exact=previous.exact)
+    return Positions.unchecked(ids, bound, exact=previous.exact)
 
 
 def grid(*sizes: int, device: torch.device | str | None = None) -> Positions:
     """Integer coordinates of a grid, row-major: ``grid(h, w)`` gives ``[h * w, 2]`` (y, x) pairs.
 
-    ``grid(t, h, w)`` gives ``[t * h * w, 3]`` (video). One axis gives ``[n, 1]``.
+    ``grid(t, h, w)`` gives ``[t * h * w, 3]`` (video). One axis gives the 1-D positions ``[n]``.
 
     Example:
         >>> grid(2, 3).ids.tolist()
@@ -308,5 +403,7 @@ def grid(*sizes: int, device: torch.device | str | None = None) -> Positions:
     for i, size in enumerate(sizes):
         check_positive_int(size, f"grid size {i}")
     axes = [torch.arange(n, device=device) for n in sizes]
+    if len(sizes) == 1:  # text: A = 1 has no coordinate axis
+        return Positions.unchecked(axes[0], sizes[0], 1, 0)
     coords = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, len(sizes))
-    return Positions(coords, max(sizes), len(sizes))
+    return Positions.unchecked(coords, max(sizes), len(sizes))

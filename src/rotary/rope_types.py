@@ -24,7 +24,7 @@ import math
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -87,6 +87,14 @@ class RopeType:
         target_length: for length-dependent types, ``params -> the longest sequence length the block
             is meant for``; :func:`rotary.frequencies` checks the frequencies there too, so a block
             whose frequencies overflow only at long lengths is refused when it is read.
+        update: for length-dependent types, how the frequencies follow the length (one of
+            transformers' two rules, replayed by :class:`rotary.schedule.FrequencySchedule`):
+            ``"grow"`` (dynamic NTK: recomputed when a call is longer than any before and past the
+            trained length, back to the trained frequencies when a call is shorter than it) or
+            ``"switch"`` (LongRoPE: one set up to the trained length, another past it).
+        trained_key: the key of the block holding the trained length the rule compares with (default
+            ``"max_position_embeddings"`` for ``"grow"``, ``"original_max_position_embeddings"`` for
+            ``"switch"``); it must be one of the type's ``required`` keys.
     """
 
     name: str
@@ -99,7 +107,12 @@ class RopeType:
     rotates_every_pair: bool = False
     example: Callable[[int], RopeExample] | None = None
     target_length: Callable[[Mapping[str, Any]], int] | None = None
+    update: Literal["grow", "switch"] = "grow"
+    trained_key: str = "max_position_embeddings"
 
+
+#: the update rules of length-dependent types, and the block key each reads the trained length from by default
+UPDATE_RULES = {"grow": "max_position_embeddings", "switch": "original_max_position_embeddings"}
 
 #: ``rope_type`` -> :class:`RopeType`. Extended by :func:`register_rope_type`.
 ROPE_TYPES: dict[str, RopeType] = {}
@@ -119,8 +132,14 @@ def register_rope_type(
     rotates_every_pair: bool = False,
     example: Callable[[int], RopeExample] | None = None,
     target_length: Callable[[Mapping[str, Any]], int] | None = None,
+    update: Literal["grow", "switch"] = "grow",
+    trained_key: str | None = None,
 ) -> Callable[[RopeInitFn], RopeInitFn]:
     """Decorator registering an init function as ``rope_type`` ``name`` (replacing any previous one).
+
+    The arguments are the fields of :class:`RopeType`. A length-dependent type (``length_dependent=True``)
+    follows the length by one of transformers' rules (``update``), comparing with the trained length
+    its block holds under ``trained_key``; its init function receives the current ``seq_len``.
 
     Example:
         >>> @register_rope_type("doc-halved", required={"factor"})
@@ -132,11 +151,20 @@ def register_rope_type(
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"a rope_type name must be a non-empty string, got {name!r}")
+    length_dependent = check_bool(length_dependent, "length_dependent")
+    if update not in UPDATE_RULES:
+        raise ValueError(f"update must be 'grow' (dynamic NTK's rule) or 'switch' (LongRoPE's), got {update!r}")
+    trained_key = UPDATE_RULES[update] if trained_key is None else trained_key
+    if length_dependent and trained_key not in frozenset(required):
+        raise ValueError(
+            f"rope_type {name!r} is length-dependent: its block must hold the trained length the {update!r} rule "
+            f"compares with; add {trained_key!r} to required= (or name the key that holds it with trained_key=)"
+        )
 
     def deco(fn: RopeInitFn) -> RopeInitFn:
         ROPE_TYPES[name] = RopeType(
-            name, fn, frozenset(required), frozenset(optional), check, bool(length_dependent), bool(trained_length),
-            bool(rotates_every_pair), example, target_length,
+            name, fn, frozenset(required), frozenset(optional), check, length_dependent, bool(trained_length),
+            bool(rotates_every_pair), example, target_length, update, trained_key,
         )  # fmt: skip
         return fn
 
@@ -636,6 +664,7 @@ def _longrope_example(head_dim: int) -> RopeExample:
     optional={"factor", "attention_factor", "max_position_embeddings"},
     check=_check_longrope,
     length_dependent=True,
+    update="switch",
     trained_length=True,
     example=_longrope_example,
     target_length=lambda p: p["original_max_position_embeddings"] + 1,  # the long factors

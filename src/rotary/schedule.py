@@ -21,8 +21,9 @@ from typing import Any, Literal
 
 import torch
 
+from ._checks import is_int
 from .frequencies import Frequencies, frequencies
-from .rope_types import ROPE_TYPES
+from .rope_types import ROPE_TYPES, ConfigError
 
 __all__ = ["FrequencySchedule"]
 
@@ -51,14 +52,23 @@ class FrequencySchedule:
         self._args = dict(frequency_args)
         self.original = original
         self.mode = mode
-        self.length_dependent = ROPE_TYPES[original.rope_type].length_dependent
+        spec = ROPE_TYPES[original.rope_type]
+        self.length_dependent = spec.length_dependent
+        #: the type's update rule (see :class:`rotary.rope_types.RopeType`), ``None`` when static
+        self.update = spec.update if spec.length_dependent else None
         self._lock = threading.Lock()
         self._long: Frequencies | None = None
         self._current: tuple[Frequencies, str | None] = (original, "original")
         self._stateless: tuple[int, Frequencies] | None = None
-        if original.rope_type == "dynamic":
-            self._trained: int = original.scaling["max_position_embeddings"]
-            #: the longest length seen so far (transformers' ``max_seq_len_cached``)
+        if self.length_dependent:
+            trained = original.scaling.get(spec.trained_key)
+            if not is_int(trained) or trained < 1:
+                raise ConfigError(
+                    f"rope_type {original.rope_type!r} is length-dependent and needs its trained length as a positive "
+                    f"int under {spec.trained_key!r}, got {trained!r}"
+                )
+            self._trained: int = int(trained)
+            #: the longest length seen so far (transformers' ``max_seq_len_cached``; the "grow" rule)
             self.max_seq_len_cached: int = self._trained
 
     @property
@@ -85,13 +95,11 @@ class FrequencySchedule:
             return self.original, "original"
         length = torch.as_tensor(seq_len, dtype=torch.int64).cpu() if isinstance(seq_len, torch.Tensor) else int(seq_len)
         n = int(length)
-        rope_type = self.original.rope_type
         with self._lock:
-            if rope_type == "longrope":
-                trained = self.original.scaling["original_max_position_embeddings"]
-                if n > trained:
+            if self.update == "switch":
+                if n > self._trained:
                     if self._long is None:
-                        self._long = self._recompute(trained + 1)
+                        self._long = self._recompute(self._trained + 1)
                     self._current = (self._long, "long")
                 else:
                     self._current = (self.original, "original")
@@ -117,5 +125,5 @@ class FrequencySchedule:
         with self._lock:
             self._current = (self.original, "original")
             self._stateless = None
-            if self.original.rope_type == "dynamic":
+            if self.length_dependent:
                 self.max_seq_len_cached = self._trained

@@ -109,7 +109,7 @@ _CPU_FP32 = (_CPU, torch.float32)  # the key of the tables decoding on the CPU r
 _PAIRING = {True: "interleaved (pairs 2i, 2i+1)", False: "half (pairs i, i + r/2)"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # tensors inside: equality is identity, not an ambiguous tensor comparison
 class RotaryTables:
     """cos/sin tables and how the tokens of a call find their rows: what :func:`rotary.rotate` applies.
 
@@ -181,6 +181,7 @@ class RotaryTables:
                 raise ValueError(f"rows are on {rows.device} but the tables on {cos.device}")
             if cos.dim() - head_axis != 2:
                 raise ValueError(f"with rows, cos/sin must be a table [N, r] indexed by row, got shape {tuple(cos.shape)}")
+            _check_row_range(rows, cos.shape[0])
         if (self.k_cos is None) != (self.k_sin is None):
             raise ValueError("give both k_cos and k_sin, or neither")
         if self.k_cos is not None:
@@ -260,6 +261,24 @@ class RotaryTables:
         if validate:
             tables.check(sample=None if validate == "full" else 4)
         return tables
+
+
+def _check_row_range(rows: torch.Tensor, table_rows: int) -> None:
+    """Every row inside the table: every backend then reads the same rows (indexing would wrap a
+    negative row to the end of the table on the pure-torch path). On the CPU a check of ``[B, S]``
+    integers; on an accelerator an asynchronous assertion (no device-to-host read); nothing under
+    ``torch.compile``, whose positions were checked in the graph where they entered."""
+    if torch.compiler.is_compiling() or not rows.numel():
+        return
+    if rows.device.type != "cpu":
+        torch._assert_async(((rows >= 0) & (rows < table_rows)).all(), "rotary: a row outside the cos/sin table")
+        return
+    low, high = (int(v) for v in torch.aminmax(rows))
+    if low < 0 or high >= table_rows:
+        raise ValueError(
+            f"rows must index the cos/sin table of {table_rows} rows (0 .. {table_rows - 1}), got rows from {low} to "
+            f"{high}; build the tables for the positions you rotate"
+        )
 
 
 def _sample_rows(t: torch.Tensor, sample: int | None) -> torch.Tensor:

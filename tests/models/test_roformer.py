@@ -158,3 +158,27 @@ def test_from_hf_errors(tmp_path):
     state["encoder.embed_positions.weight"] = state["encoder.embed_positions.weight"] * 0.5
     with pytest.raises(ValueError, match="not the standard RoFormer sinusoidal table"):
         RoFormer.from_hf(state, hf.config)
+
+
+def test_set_rope_scaling_equals_layers_built_with_that_rope():
+    import rotary
+
+    torch.manual_seed(0)
+    config = RoFormerConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                            intermediate_size=64, max_position_embeddings=16)
+    model = RoFormer(config).eval()
+    ids = torch.randint(100, (2, 40))  # longer than trained: what the scaling is for
+    before = model(ids)
+    block = {"rope_type": "linear", "factor": 4.0}
+    model.set_rope_scaling(block)
+    built = RoFormer(config).eval()
+    built.load_state_dict(model.state_dict())
+    built.rope = rotary.RoPE(8, interleaved=True, scaling=block, max_position=16)
+    for layer in built.layers:
+        layer.attention.rope = built.rope
+    assert torch.equal(model(ids), built(ids)) and not torch.equal(model(ids), before)
+    assert all(layer.attention.rope is model.rope for layer in model.layers)
+    model.set_rope_scaling(None)
+    assert torch.equal(model(ids), before)
+    with pytest.raises(TypeError, match="scaling must be a dict"):
+        model.set_rope_scaling("linear")

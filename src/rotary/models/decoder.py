@@ -18,8 +18,9 @@ whose queries Llama 4 scales by a temperature at long range (:mod:`rotary.varian
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -376,8 +377,13 @@ class Decoder(nn.Module):
             scaling: a Hugging Face-style block (``{"rope_type": "yarn", "factor": 4.0,
                 "original_max_position_embeddings": 512}``), or ``None`` for plain RoPE.
 
+        The new RoPE comes from the same builder as at construction (:data:`POSITION_ENCODINGS`), so
+        everything the constructor would do or refuse happens here too: ``p_rope`` stays p-RoPE (the
+        block is merged into its ``proportional`` one), a ``rope_theta`` that contradicts
+        ``rope_base`` is an error, ``xpos`` takes no block. Learned frequency factors carry over.
+
         Raises:
-            ValueError: the model's position encoding has no RoPE, or the block is invalid.
+            ValueError: the model's position encoding has no RoPE, or the block is invalid for it.
 
         Example:
             >>> from rotary.models import Decoder, DecoderConfig
@@ -391,12 +397,26 @@ class Decoder(nn.Module):
                 f"position_encoding={self.config.position_encoding!r} has no rotary.RoPE to rescale; "
                 "set_rope_scaling needs a RoPE-based encoding (e.g. 'rope')"
             )
-        rope = self.rope.with_scaling(scaling).to(self.rope.inv_freq.device)
+        if scaling is not None and not isinstance(scaling, Mapping):
+            raise TypeError(f"scaling must be a dict (a rope_scaling block) or None, got {type(scaling).__name__}")
+        config = dataclasses.replace(self.config, rope_scaling=None if scaling is None else dict(scaling))
+        rope = POSITION_ENCODINGS[config.position_encoding](config).rope
+        if not isinstance(rope, RoPE):  # a registered encoding whose builder drops RoPE for this block
+            raise ValueError(f"position_encoding={config.position_encoding!r} builds no rotary.RoPE for rope_scaling={scaling!r}")
+        if self.rope.log_frequency_scale is not None:
+            if rope.log_frequency_scale is None:
+                raise ValueError(
+                    "this model's RoPE learns its frequencies but its config builds fixed ones: rescale the RoPE "
+                    "itself (model.rope.with_scaling(block)) and hand it to the layers"
+                )
+            with torch.no_grad():  # the learned factors carry over to the rescaled frequencies
+                rope.log_frequency_scale.copy_(self.rope.log_frequency_scale)
+        rope = rope.to(self.rope.inv_freq.device)
         self.rope = rope
         for layer, uses_rope in zip(self.layers, self.rope_layers):
             if uses_rope:
                 layer.attn.rope = rope
-        self.config.rope_scaling = None if scaling is None else dict(scaling)
+        self.config = config
 
     def _positions(
         self,
@@ -415,7 +435,7 @@ class Decoder(nn.Module):
                     f"attention_mask covers {found.ids.shape[-1]} tokens but input_ids has S={seq_len}; "
                     "it must cover the cached and the new tokens"
                 )
-            return Positions(found.ids[:, -seq_len:], found.bound, exact=False)
+            return Positions.unchecked(found.ids[:, -seq_len:], found.bound, exact=False)
         if cache is not None and cache[0].length:
             return cache[0].next_positions(seq_len)
         return P.arange(seq_len, device=input_ids.device)
@@ -500,8 +520,8 @@ class Decoder(nn.Module):
             raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature!r}")
-        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0):
-            raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
+        if top_k is not None:
+            check_positive_int(top_k, "top_k")
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[1] == 0:
             raise ValueError(
                 f"generate needs a prompt of at least one token, input_ids [B, S] with S >= 1, got "

@@ -14,6 +14,7 @@ Positions are ``0..S-1`` per row, padding included, as in Hugging Face's impleme
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -207,6 +208,30 @@ class RoFormer(nn.Module):
         self.apply(self._init_weights)
         if self.mlm_head is not None and config.tie_word_embeddings:
             self.mlm_head.decoder.weight = self.embeddings.word_embeddings.weight
+
+    def set_rope_scaling(self, scaling: Mapping[str, Any] | None) -> None:
+        """Change the RoPE scaling of this (trained) encoder, e.g. for inputs longer than it was trained on.
+
+        The weights are untouched (RoPE has no parameters); every layer gets the new RoPE, built by
+        :meth:`rotary.RoPE.with_scaling` (same head size, base, pairing), which checks the block.
+
+        Args:
+            scaling: a Hugging Face-style block (``{"rope_type": "linear", "factor": 2.0}``), or ``None``.
+
+        Example:
+            >>> from rotary.models import RoFormer, RoFormerConfig
+            >>> model = RoFormer(RoFormerConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
+            ...                                 num_attention_heads=4, intermediate_size=64))
+            >>> model.set_rope_scaling({"rope_type": "linear", "factor": 2.0})
+            >>> model.layers[0].attention.rope.freqs.rope_type
+            'linear'
+        """
+        if scaling is not None and not isinstance(scaling, Mapping):
+            raise TypeError(f"scaling must be a dict (a rope_scaling block) or None, got {type(scaling).__name__}")
+        rope = self.rope.with_scaling(scaling).to(self.rope.inv_freq.device)
+        self.rope = rope
+        for layer in self.layers:
+            layer.attention.rope = rope
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:

@@ -112,7 +112,7 @@ class KVCache:
         self._check_state()
         if self.positions is None or self.positions.shape[-1] == 0:
             raise ValueError("the KVCache is empty: there is no position to continue from; pass position_ids")
-        return P.continuation(Positions(self.positions, self.bound, exact=self.exact), seq_len)
+        return P.continuation(Positions.unchecked(self.positions, self.bound, exact=self.exact), seq_len)
 
 
 def padding_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:

@@ -366,7 +366,7 @@ class MultimodalPositions:
     @property
     def positions(self) -> Positions:
         """The ids as 3-axis :class:`~rotary.positions.Positions` (``[B, S, 3]``), for :meth:`MRoPE.tables`."""
-        return Positions(self.position_ids.permute(1, 2, 0), self.bound, axes=3)
+        return Positions.unchecked(self.position_ids.permute(1, 2, 0), self.bound, axes=3)
 
     def continuation(self, seq_len: int) -> MultimodalPositions:
         """Positions of ``seq_len`` further tokens of every row (text: three equal ids), e.g. decoding steps.

@@ -91,9 +91,7 @@ def nope_temperature(
     check_positive_int(floor_scale, "floor_scale")
     if not is_number(attn_scale) or attn_scale < 0:
         raise ValueError(f"attn_scale must be a finite number >= 0, got {attn_scale!r}")
-    ids = P._integer_ids(position_ids, "position_ids").to(torch.int64)
-    if not torch.compiler.is_compiling() and ids.numel() and int(ids.min()) < 0:
-        raise ValueError(f"position_ids must be >= 0, got a minimum of {int(ids.min())}")
+    ids = P.integer_positions(position_ids)
     # floor((n + 1) / f) = floor(n / f) + floor((n mod f + 1) / f), summed in float64: no int64 overflow at n = 2**63 - 1
     whole = torch.div(ids, floor_scale, rounding_mode="floor")
     carry = torch.div(ids - whole * floor_scale + 1, floor_scale, rounding_mode="floor")

@@ -70,3 +70,32 @@ def test_sinusoidal_matches_vaswani():
 def test_errors(build, match):
     with pytest.raises(ValueError, match=match):
         build()
+
+
+@pytest.mark.parametrize(
+    "ids, exc, match",
+    [
+        (torch.tensor([[-1, 0]]), ValueError, "must be >= 0, got a minimum of -1"),  # was a bare IndexError
+        (torch.tensor([[0.0, 1.0]]), TypeError, "integer dtype"),  # was a raw embedding RuntimeError
+        (torch.tensor([[0, 1]], dtype=torch.int16), TypeError, "int64 or int32"),
+    ],
+)
+def test_absolute_embeddings_name_bad_positions(ids, exc, match):
+
+
+    for module in (LearnedPositionEmbedding(8, 4), SinusoidalPositionEmbedding(4)):
+        with pytest.raises(exc, match=match):
+            module(ids)
+
+
+def test_absolute_embeddings_take_positions_without_reading_them_back(monkeypatch):
+    from rotary import positions as P
+
+
+    learned, sinusoidal = LearnedPositionEmbedding(8, 4), SinusoidalPositionEmbedding(4)
+    expected = learned(torch.arange(3, 6)), sinusoidal(torch.arange(3, 6))
+    positions = P.arange(3, offset=3)
+    monkeypatch.setattr(torch.Tensor, "max", lambda *a, **k: pytest.fail("read back"))
+    assert torch.equal(learned(positions), expected[0]) and torch.equal(sinusoidal(positions), expected[1])
+    with pytest.raises(ValueError, match="position 8 is beyond the learned table of max_position=8"):
+        learned(P.arange(2, offset=7))

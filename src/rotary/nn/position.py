@@ -21,7 +21,9 @@ import math
 import torch
 from torch import nn
 
+from .. import positions as P
 from .._checks import check_positive_int
+from ..positions import Positions
 
 __all__ = [
     "ALiBi",
@@ -150,13 +152,20 @@ class LearnedPositionEmbedding(nn.Module):
         self.embedding = nn.Embedding(max_position, check_positive_int(hidden_size, "hidden_size"))
         nn.init.normal_(self.embedding.weight, std=0.02)
 
-    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
-        if position_ids.numel() and int(position_ids.max()) >= self.max_position:
+    def forward(self, position_ids: torch.Tensor | Positions) -> torch.Tensor:
+        """``position_ids``: integer ``[...]`` (>= 0), or :class:`~rotary.positions.Positions` (whose
+        bound spares reading the ids back) -> ``[..., hidden_size]``."""
+        if isinstance(position_ids, Positions):
+            ids, bound = position_ids.ids, position_ids.bound
+        else:
+            ids = P.integer_positions(position_ids)
+            bound = int(ids.max()) + 1 if ids.numel() and not torch.compiler.is_compiling() else None
+        if bound is not None and bound > self.max_position:
             raise ValueError(
-                f"position {int(position_ids.max())} is beyond the learned table of max_position={self.max_position}; "
+                f"position {bound - 1} is beyond the learned table of max_position={self.max_position}; "
                 "build the model with a larger max_position"
             )
-        return self.embedding(position_ids)
+        return self.embedding(ids)
 
 
 class SinusoidalPositionEmbedding(nn.Module):
@@ -178,7 +187,9 @@ class SinusoidalPositionEmbedding(nn.Module):
             raise ValueError(f"hidden_size must be even for sin/cos pairs, got {hidden_size}")
         self.base = float(base)
 
-    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
-        exponent = torch.arange(0, self.hidden_size, 2, dtype=torch.float64, device=position_ids.device) / self.hidden_size
-        angle = position_ids.to(torch.float64)[..., None] / self.base**exponent
+    def forward(self, position_ids: torch.Tensor | Positions) -> torch.Tensor:
+        """``position_ids``: integer ``[...]`` (>= 0) or :class:`~rotary.positions.Positions` -> fp32 ``[..., hidden_size]``."""
+        ids = position_ids.ids if isinstance(position_ids, Positions) else P.integer_positions(position_ids)
+        exponent = torch.arange(0, self.hidden_size, 2, dtype=torch.float64, device=ids.device) / self.hidden_size
+        angle = ids.to(torch.float64)[..., None] / self.base**exponent
         return torch.stack((angle.sin(), angle.cos()), dim=-1).flatten(-2).to(torch.float32)

@@ -47,13 +47,19 @@ def check_layout(layout: str) -> tuple[int, int]:
         raise ValueError(f"unknown layout {layout!r}; use 'bhsd' ([B, H, S, D]) or 'bshd' ([B, S, H, D])") from None
 
 
+_INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
 def _check_inputs(xs: Sequence[torch.Tensor], names: Sequence[str], packed: bool) -> None:
     x0 = xs[0]
     for x, name in zip(xs, names):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if not x.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor (fp32/bf16/fp16/fp64), got dtype {x.dtype}")
+        if x.dtype not in _INPUT_DTYPES:
+            raise TypeError(
+                f"{name} must be fp32, bf16, fp16 or fp64, got dtype {x.dtype}; cast it (e.g. x.float()) and cast "
+                "the result back"
+            )
         if packed and x.dim() != 3:
             raise ValueError(f"packed {name} (with cu_seqlens) must be 3-D [total_tokens, H, D], got shape {tuple(x.shape)}")
         if not packed and x.dim() != 4:
@@ -69,9 +75,16 @@ def _check_inputs(xs: Sequence[torch.Tensor], names: Sequence[str], packed: bool
 
 
 def _check_inplace_targets(xs: Sequence[torch.Tensor], names: Sequence[str]) -> None:
-    """In place, every element must be written once: no expanded views, no memory shared by two inputs."""
+    """In place, every element must be written once: no expanded views, no memory shared by two inputs;
+    and autograd must be able to record the change (no leaf that requires grad)."""
     for x, name in zip(xs, names):
-        if torch._debug_has_internal_overlap(x) == 1:
+        if x.is_leaf and x.requires_grad and torch.is_grad_enabled():
+            raise ValueError(
+                f"{name} is a leaf tensor that requires grad: autograd cannot record an in-place change of it; "
+                "rotate out of place (inplace=False), rotate a non-leaf (e.g. a projection's output), or run "
+                "under torch.no_grad()"
+            )
+        if overlaps_itself(x):
             raise ValueError(
                 f"{name} (shape {tuple(x.shape)}, strides {x.stride()}) has overlapping memory, e.g. keys expanded over "
                 "heads: rotating it in place would turn shared elements several times; pass a tensor that owns its "
@@ -136,16 +149,42 @@ def _same_stride_overlap(sa, sb, strides, delta) -> bool | None:
     return search(0, delta)
 
 
+def _element_offsets(t: torch.Tensor) -> torch.Tensor:
+    """The storage offset of every element of ``t``, int64 ``[numel]``."""
+    out = torch.full((), t.storage_offset(), dtype=torch.int64)
+    for n, s in zip(t.shape, t.stride()):
+        out = (out.unsqueeze(-1) + torch.arange(n) * s).reshape(-1)
+    return out
+
+
 def _element_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Exact, by listing element offsets (the general case; rare)."""
+    return bool(torch.isin(_element_offsets(a), _element_offsets(b)).any())
 
-    def offsets(t: torch.Tensor) -> torch.Tensor:
-        out = torch.full((), t.storage_offset(), dtype=torch.int64)
-        for n, s in zip(t.shape, t.stride()):
-            out = (out.unsqueeze(-1) + torch.arange(n) * s).reshape(-1)
-        return out
 
-    return bool(torch.isin(offsets(a), offsets(b)).any())
+def overlaps_itself(x: torch.Tensor) -> bool:
+    """Whether two elements of ``x`` are one element of memory (an expanded or ``as_strided`` view).
+
+    Exact: torch's quick test first; where it cannot tell (views such as ``unfold`` windows or
+    ``as_strided`` rows that run into each other), a stride test that holds for every view of a
+    contiguous buffer, and element offsets listed as the last resort.
+
+    Example:
+        >>> overlaps_itself(torch.zeros(4, 8)), overlaps_itself(torch.zeros(8)[None].expand(4, 8))
+        (False, True)
+        >>> overlaps_itself(torch.zeros(64).as_strided((4, 16), (8, 1)))  # rows 16 long, 8 apart
+        True
+    """
+    status = torch._debug_has_internal_overlap(x)  # 0: no, 1: yes, 2: too hard for it
+    if status != 2:
+        return status == 1
+    reach = 0  # how far the dims with smaller strides reach: a larger stride cannot land inside it
+    for stride, size in sorted((abs(s), n) for n, s in zip(x.shape, x.stride()) if n > 1):
+        if stride <= reach:
+            offsets = _element_offsets(x)
+            return offsets.unique().numel() != offsets.numel()
+        reach += (size - 1) * stride
+    return False
 
 
 def _kernel_view(x: torch.Tensor, layout: str, packed: bool) -> torch.Tensor:
@@ -187,6 +226,8 @@ def rotate(
         >>> torch.equal(q_rot, rope.rotate(q))
         True
     """
+    if type(xs) not in (list, tuple):
+        xs = _as_tensor_list(xs)
     if len(xs) == 2 and type(inplace) is bool and type(tables) is RotaryTables and (kinds is None or len(kinds) == 2 and all(k in ("q", "k") for k in kinds)):
         fast = _fast_pair(xs[0], xs[1], tables, layout, inplace)
         if fast is not None:
@@ -229,7 +270,10 @@ def rotate(
             if heads != tables.heads:
                 raise ValueError(f"{name} has {heads} heads but the per-head tables were built for {tables.heads}")
     wanted = torch.float64 if x0.dtype == torch.float64 else torch.float32
-    if tables.cos.dtype != wanted and not (wanted == torch.float64 and tables.cos.dtype == torch.float32):
+    # float64 inputs with fp32 tables are rotated with the tables given, i.e. to fp32's accuracy (about
+    # 1e-7): rotary's own producers build float64 tables for float64 inputs; tables passed in are the
+    # caller's choice (rope.tables(positions, dtype=torch.float64) for float64 accuracy)
+    if tables.cos.dtype != wanted:
         tables = tables.to(wanted)
     positions, batch_rows, flat = _addressing(tables, batch, seq_len, packed, layout, x0.shape)
     kinds = ["q"] * len(xs) if kinds is None else list(kinds)
@@ -258,6 +302,20 @@ def rotate(
         else:
             results.append(out.transpose(1, 2) if layout == "bhsd" else out)
     return results
+
+
+def _as_tensor_list(xs: object) -> list[torch.Tensor]:
+    """``xs`` given as another iterable than a list or tuple; a lone tensor is refused (it would be
+    read as a sequence of its first dimension)."""
+    if isinstance(xs, torch.Tensor):
+        raise TypeError(
+            f"xs must be a list of tensors, got one tensor of shape {tuple(xs.shape)}; pass [x] to rotate one "
+            "tensor (or use RoPE.rotate(x))"
+        )
+    try:
+        return list(xs)  # type: ignore[call-overload]
+    except TypeError:
+        raise TypeError(f"xs must be a list of tensors, got {type(xs).__name__}") from None
 
 
 def _needs_grad(xs: Sequence[torch.Tensor], tables: RotaryTables) -> bool:
@@ -463,7 +521,7 @@ def _raw_tables(
     tables = RotaryTables.from_tensors(cos, sin, interleaved=interleaved, rows=rows, validate=validate)
     if k_tables is not None:
         keys = RotaryTables.from_tensors(*k_tables, interleaved=interleaved, rows=rows, validate=validate)
-        tables = RotaryTables(tables.cos, tables.sin, interleaved, rows, keys.cos, keys.sin)
+        tables = RotaryTables.unchecked(tables.cos, tables.sin, interleaved, rows, keys.cos, keys.sin)
     return tables
 
 
@@ -534,9 +592,10 @@ def apply_rotary(
 
     Args:
         x: ``[B, H, S, D]`` (``layout="bhsd"``), ``[B, S, H, D]`` (``"bshd"``), packed
-            ``[total_tokens, H, D]``, or flat ``[total_tokens, H * D]``; any float dtype; any strides
-            (e.g. a view into a fused qkv tensor).
-        cos, sin: see above; fp32 (float64 for float64 ``x``; other float dtypes are converted to fp32).
+            ``[total_tokens, H, D]``, or flat ``[total_tokens, H * D]``; fp32, bf16, fp16 or fp64; any
+            strides (e.g. a view into a fused qkv tensor).
+        cos, sin: see above; fp32, or float64 for float64 accuracy with float64 ``x`` (fp32 tables
+            give fp32's, about 1e-7); bf16/fp16 tables are converted to fp32.
         interleaved: pairing; ``False`` pairs channels (i, i + r/2) (Hugging Face / GPT-NeoX),
             ``True`` pairs (2i, 2i + 1) (the paper, RoFormer, GPT-J, Meta LLaMA).
         layout: ``"bhsd"`` or ``"bshd"`` (ignored for packed x).
@@ -744,4 +803,4 @@ def check_tables(cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool, rto
     if not (isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor)) or cos.shape != sin.shape or cos.shape[-1:] == (0,) or (cos.dim() and cos.shape[-1] % 2):
         shapes = tuple(getattr(cos, "shape", ())), tuple(getattr(sin, "shape", ()))
         raise ValueError(f"cos/sin must share a shape [..., r] with r even, got {shapes[0]}, {shapes[1]}")
-    RotaryTables(cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1]), bool(interleaved)).check(sample=None, rtol=rtol)
+    RotaryTables.unchecked(cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1]), bool(interleaved)).check(sample=None, rtol=rtol)

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import copy
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -17,6 +16,7 @@ from torch import nn
 
 from . import positions as P
 from ._checks import check_bool, check_choice, check_int, check_positive_int
+from ._sync import CopyableLock
 from .apply import Layout, check_layout, decode_seq_axis, rotate
 from .config import read_hf_config
 from .frequencies import Frequencies, frequencies
@@ -131,7 +131,7 @@ class RoPE(nn.Module):
         self.schedule = FrequencySchedule(self._frequency_args, original, dynamic)
         self.register_buffer("inv_freq", original.inv_freq.clone(), persistent=False)
         self._caches: dict[str, TableCache] = {}
-        self._caches_lock = threading.Lock()
+        self._caches_lock = CopyableLock()
         self.learnable_frequencies = check_bool(learnable_frequencies, "learnable_frequencies")
         self.log_frequency_scale: nn.Parameter | None = None
         if learnable_frequencies:
@@ -246,8 +246,15 @@ class RoPE(nn.Module):
             >>> torch.equal(stretched.inv_freq, trained.inv_freq / 4)
             True
         """
+        if scaling is not None and not isinstance(scaling, Mapping):
+            raise TypeError(f"scaling must be a dict (a rope_scaling block) or None, got {type(scaling).__name__} {scaling!r:.40}")
         block = dict(scaling or {})
-        block.pop("rope_theta", None)
+        theta = block.pop("rope_theta", None)
+        if theta is not None and theta != self.original_freqs.base:
+            raise ConfigError(
+                f"the block's rope_theta={theta!r} differs from this RoPE's base={self.original_freqs.base!r}; "
+                "with_scaling keeps the base: drop rope_theta, or build a new RoPE with that base"
+            )
         rope = type(self)(
             self.head_dim, base=self.original_freqs.base, rotary_dim=self._frequency_args["rotary_dim"], scaling=block,
             interleaved=self.interleaved, max_position=self.max_position, dynamic=self.dynamic,
@@ -380,22 +387,25 @@ class RoPE(nn.Module):
                 ids, inv_freq, attention_scaling=freqs.attention_scaling, interleaved=self.interleaved, dtype=dtype
             )
             if positions.packed:  # packed x addresses rows; here row t is token t
-                return RotaryTables(cos, sin, self.interleaved, rows=torch.arange(ids.shape[0], device=ids.device))
-            return RotaryTables(cos, sin, self.interleaved)
+                return RotaryTables.unchecked(cos, sin, self.interleaved, rows=torch.arange(ids.shape[0], device=ids.device))
+            return RotaryTables.unchecked(cos, sin, self.interleaved)
         cos, sin = cached
         if positions.start is not None:  # consecutive positions: a slice of the cache, nothing gathered
             end = positions.start + ids.shape[0]
-            return RotaryTables(cos[positions.start : end], sin[positions.start : end], self.interleaved)
-        return RotaryTables(cos, sin, self.interleaved, rows=ids)
+            return RotaryTables.unchecked(cos[positions.start : end], sin[positions.start : end], self.interleaved)
+        return RotaryTables.unchecked(cos, sin, self.interleaved, rows=ids)
 
-    def cos_sin(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def cos_sin(
+        self, position_ids: torch.Tensor, *, dtype: torch.dtype = torch.float32
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin tables for ``position_ids``, laid out for this module's pairing.
 
         Args:
             position_ids: integer ``[S]`` or ``[B, S]``, >= 0.
+            dtype: fp32, or float64 for float64 inputs.
 
         Returns:
-            ``(cos, sin)``, fp32, ``[S, rotary_dim]`` or ``[B, S, rotary_dim]``, multiplied by
+            ``(cos, sin)`` in ``dtype``, ``[S, rotary_dim]`` or ``[B, S, rotary_dim]``, multiplied by
             ``attention_scaling``, on ``position_ids.device``.
 
         Example:
@@ -403,7 +413,7 @@ class RoPE(nn.Module):
             >>> cos.shape, cos.dtype
             (torch.Size([3, 8]), torch.float32)
         """
-        return self.tables(position_ids).gather()
+        return self.tables(position_ids, dtype=dtype).gather()
 
     # application -----------------------------------------------------------------------------
     def _positions(

@@ -29,9 +29,12 @@ import torch
 
 from ._checks import check_bool, check_int, check_positive_int
 
+#: the largest position: positions are multiplied by frequencies in float64, exact for integers up to 2**53
+MAX_POSITION = 2**53
+
 __all__ = [
     "Positions", "arange", "check_position_ids", "continuation", "from_attention_mask", "from_cu_seqlens", "from_ids", "grid",
-    "integer_positions",
+    "integer_positions", "MAX_POSITION",
 ]
 
 
@@ -93,11 +96,13 @@ class Positions:
             if self.axes != 1 or ids.dim() != 1:
                 raise ValueError(f"Positions.start is for shared 1-D ids [S] made by arange, got ids of shape {tuple(ids.shape)}")
         object.__setattr__(self, "ids", ids.long())
-        if torch.compiler.is_compiling() or not ids.numel():
+        if torch.compiler.is_compiling() or not ids.numel() or ids.device.type == "meta":
             return
         low, high = (int(v) for v in torch.aminmax(ids))
         if low < 0:
             raise ValueError(f"Positions.ids must be >= 0, got a minimum of {low}")
+        if high > MAX_POSITION:
+            raise ValueError(f"Positions.ids reach {high}, past the largest position rotary represents, 2**53")
         if self.bound is not None and high >= self.bound:
             raise ValueError(f"Positions: an id is {high} but bound={self.bound} says every id is below it; pass bound >= {high + 1}")
         if self.bound is not None and exact and self.bound != high + 1:
@@ -179,6 +184,8 @@ def _read_range(ids: torch.Tensor, name: str) -> int | None:
     """
     if torch.compiler.is_compiling():
         torch._assert_async((ids >= 0).all(), f"{name} must be >= 0")
+        return None
+    if ids.device.type == "meta":  # no values (shapes only): the bound is unknown, as under torch.compile
         return None
     if not ids.numel():
         return 0
@@ -265,7 +272,13 @@ def from_ids(
                     "rotate: use rotary.MRoPE, or pass one row (ids[0]) for text"
                 )
             raise ValueError(f"{name} must be {want}, got shape {tuple(ids.shape)}{hint}")
-        positions = Positions.unchecked(ids.long(), _read_range(ids, name), axes, None, packed)
+        bound = _read_range(ids, name)
+        if bound is not None and bound - 1 > MAX_POSITION:
+            raise ValueError(
+                f"{name} reach {bound - 1}, past the largest position rotary represents, 2**53 (float64 angles are "
+                "exact only up to there)"
+            )
+        positions = Positions.unchecked(ids.long(), bound, axes, None, packed)
     if positions.axes != axes:
         raise ValueError(f"{name} have {positions.axes} coordinate axes but {axes} are needed")
     if seq_len is not None and positions.seq_len != seq_len:
@@ -285,6 +298,11 @@ def arange(seq_len: int, *, offset: int = 0, device: torch.device | str | None =
     """
     check_int(seq_len, "seq_len", minimum=0)
     check_int(offset, "offset", minimum=0)
+    if offset + seq_len > MAX_POSITION + 1:
+        raise ValueError(
+            f"offset={offset} with {seq_len} tokens reaches position {offset + seq_len - 1}, past the largest position "
+            f"rotary represents, 2**53 (float64 angles are exact only up to there)"
+        )
     ids = torch.arange(offset, offset + seq_len, device=device)
     return Positions.unchecked(ids, offset + seq_len, 1, offset)
 
@@ -381,6 +399,8 @@ def continuation(previous: Positions, seq_len: int) -> Positions:
         tensor([[2, 3]])
     """
     check_int(seq_len, "seq_len", minimum=0)
+    if not isinstance(previous, Positions):
+        raise TypeError(f"previous must be Positions (e.g. from_ids(position_ids)), got {type(previous).__name__}")
     if previous.axes != 1 or previous.ids.shape[-1] == 0:
         raise ValueError("continuation needs the 1-D positions of at least one cached token")
     last = previous.ids[..., -1:]

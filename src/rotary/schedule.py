@@ -14,7 +14,6 @@ one schedule each rotate with the frequencies of their own call; the shared stat
 
 from __future__ import annotations
 
-import threading
 import warnings
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -22,6 +21,7 @@ from typing import Any, Literal
 import torch
 
 from ._checks import is_int
+from ._sync import CopyableLock
 from .frequencies import Frequencies, frequencies
 from .rope_types import ROPE_TYPES, ConfigError
 
@@ -56,7 +56,7 @@ class FrequencySchedule:
         self.length_dependent = spec.length_dependent
         #: the type's update rule (see :class:`rotary.rope_types.RopeType`), ``None`` when static
         self.update = spec.update if spec.length_dependent else None
-        self._lock = threading.Lock()
+        self._lock = CopyableLock()
         self._long: Frequencies | None = None
         self._current: tuple[Frequencies, str | None] = (original, "original")
         self._stateless: tuple[int, Frequencies] | None = None

@@ -13,10 +13,12 @@ head ``[H, A, r/2]``, which gives per-head tables.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import torch
+
+from ._checks import check_positive_int, is_number
+from ._sync import CopyableLock
 
 __all__ = ["RotaryTables", "TableCache", "angles", "cos_sin_table", "expand_pairs", "table_dtype"]
 
@@ -152,6 +154,41 @@ class RotaryTables:
     heads: int | None = None
 
     def __post_init__(self) -> None:
+        self._check_structure()
+        self.check()  # a few rows: made by hand, the values are checked too (producers use unchecked)
+
+    @classmethod
+    def unchecked(
+        cls,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        interleaved: bool,
+        rows: torch.Tensor | None = None,
+        k_cos: torch.Tensor | None = None,
+        k_sin: torch.Tensor | None = None,
+        heads: int | None = None,
+    ) -> RotaryTables:
+        """Tables whose values are not checked, for table producers (shapes, dtypes and rows still are).
+
+        A producer that computes its tables from frequencies vouches for their values; checking a few
+        rows costs more than a decoding step's rotation. xPos-like tables, whose cos²+sin² varies with
+        the position, can only be made this way. Tables from anywhere else: the constructor or
+        :meth:`from_tensors`.
+
+        Example:
+            >>> cos, sin = torch.ones(3, 8), torch.zeros(3, 8)
+            >>> RotaryTables.unchecked(cos, sin, False).addressing
+            'shared'
+        """
+        tables = object.__new__(cls)
+        for name, value in (("cos", cos), ("sin", sin), ("interleaved", interleaved), ("rows", rows), ("k_cos", k_cos),
+                            ("k_sin", k_sin), ("heads", heads)):  # fmt: skip
+            object.__setattr__(tables, name, value)
+        tables._check_structure()
+        return tables
+
+    def _check_structure(self) -> None:
+        """Shapes, dtypes, devices, pairing flag and row range: host-side checks (rows: see below)."""
         cos, sin = self.cos, self.sin
         if not (isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor)):
             raise TypeError("cos and sin must be tensors (use RoPE.tables(positions) to make them)")
@@ -220,7 +257,7 @@ class RotaryTables:
             return self
         k_cos = None if self.k_cos is None else self.k_cos.to(dtype)
         k_sin = None if self.k_sin is None else self.k_sin.to(dtype)  # type: ignore[union-attr]
-        return RotaryTables(self.cos.to(dtype), self.sin.to(dtype), self.interleaved, self.rows, k_cos, k_sin, self.heads)
+        return RotaryTables.unchecked(self.cos.to(dtype), self.sin.to(dtype), self.interleaved, self.rows, k_cos, k_sin, self.heads)
 
     def check(self, *, sample: int | None = 4, rtol: float = 1e-5) -> None:
         """Check that the tables are finite rotation tables laid out for their pairing.
@@ -234,7 +271,22 @@ class RotaryTables:
             ValueError: naming the pairing the tables were built for, a non-finite value, a table
                 of zeros, or the worst cos²+sin² mismatch.
         """
+        if self.cos.device.type == "meta":  # no values to check (a model built on the meta device)
+            return
+        if not is_number(rtol) or not 0 < rtol < 1:
+            raise ValueError(f"rtol must be a number in (0, 1), got {rtol!r}")
+        if sample is not None:
+            check_positive_int(sample, "sample")
+        rows = None
+        if self.rows is not None and sample is not None and not torch.compiler.is_compiling():
+            # the rows the tokens read, not rows spread over a table most of which no token reads
+            used = self.rows.reshape(-1)
+            if used.numel() > sample:
+                used = used[torch.linspace(0, used.numel() - 1, sample, device=used.device).round().long()]
+            rows = used
         for cos, sin in {id(t[0]): t for t in ((self.cos, self.sin), self.key_tables())}.values():
+            if rows is not None:
+                cos, sin = cos[rows], sin[rows]
             _check_rows(cos, sin, self.interleaved, sample, rtol)
 
     @classmethod
@@ -252,14 +304,20 @@ class RotaryTables:
         ``validate``: ``True`` checks a few rows (cheap), ``"full"`` every row, ``False`` nothing.
         Tables in another float dtype than fp32/float64 are converted to fp32.
         """
-        if isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor) and cos.dtype not in (torch.float32, torch.float64):
-            if cos.is_floating_point():
-                cos, sin = cos.float(), sin.float()
-        tables = cls(cos, sin, interleaved, rows)
         if validate not in (True, False, "full"):
             raise ValueError(f"validate must be True (a few rows), 'full' (every row) or False, got {validate!r}")
+        rtol = 1e-5
+        if isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor) and cos.dtype not in (torch.float32, torch.float64):
+            if cos.is_floating_point() and cos.dtype.itemsize >= 2:  # bf16/fp16 (Hugging Face's tables of a bf16 model)
+                # each value is within half an ulp, so cos²+sin² varies by about eps: loose enough for that,
+                # tight enough that a table scaled by 1.1 is still refused
+                rtol = max(rtol, torch.finfo(cos.dtype).eps / 2)
+                cos, sin = cos.float(), sin.float()
+            elif cos.is_floating_point():
+                raise TypeError(f"cos/sin of dtype {cos.dtype} cannot hold rotation tables; give fp32, float64, bf16 or fp16")
+        tables = cls.unchecked(cos, sin, interleaved, rows)
         if validate:
-            tables.check(sample=None if validate == "full" else 4)
+            tables.check(sample=None if validate == "full" else 4, rtol=rtol)
         return tables
 
 
@@ -348,7 +406,7 @@ class TableCache:
         self.interleaved = interleaved
         self.limit = max(int(limit), int(length), 1)
         self.length = min(max(int(length), 1), self.limit)
-        self._lock = threading.Lock()
+        self._lock = CopyableLock()
         # (device, dtype) -> (cos, sin) [rows, r]; replaced whole, never mutated
         self._tables: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
 

@@ -56,10 +56,10 @@ def test_gradcheck_inplace_on_qkv_views():
     assert torch.autograd.gradcheck(f, (w,))
 
 
-def test_inplace_on_leaf_is_refused_by_autograd():
+def test_inplace_on_leaf_is_refused_with_a_named_error():
     cos, sin = tables()
     x = torch.randn(1, 2, 5, 8, requires_grad=True)
-    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+    with pytest.raises(ValueError, match="x is a leaf tensor that requires grad.*inplace=False"):
         rotary.apply_rotary_(x, cos, sin)
 
 

@@ -402,7 +402,7 @@ class CoordinateRoPE(nn.Module):
         if not torch.compiler.is_compiling() and values.numel():
             self._check_angles(values, freq)
         cos, sin = cos_sin_table(values, freq, interleaved=self.interleaved, dtype=dtype)
-        return RotaryTables(cos, sin, self.interleaved, heads=freq.shape[0] if freq.dim() == 3 else None)
+        return RotaryTables.unchecked(cos, sin, self.interleaved, heads=freq.shape[0] if freq.dim() == 3 else None)
 
     def _check_angles(self, values: torch.Tensor, freq: torch.Tensor) -> None:
         """Angles ``Σ_a c_a · f_a`` must be finite: an inf angle makes cos/sin NaN (one host read)."""

@@ -292,7 +292,7 @@ class MRoPE(nn.Module):
             ids, self.inv_freq_axes, attention_scaling=self.attention_scaling, interleaved=self.interleaved, dtype=dtype
         )
         rows = torch.arange(ids.shape[0], device=ids.device) if positions.packed else None
-        return RotaryTables(cos, sin, self.interleaved, rows=rows)
+        return RotaryTables.unchecked(cos, sin, self.interleaved, rows=rows)
 
     def forward(
         self,

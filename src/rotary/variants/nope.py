@@ -118,7 +118,7 @@ class NoPETemperature(nn.Module):
         self.head_dim = check_positive_int(head_dim, "head_dim")
         if head_dim % 2:
             raise ValueError(f"head_dim must be even, got {head_dim}")
-        nope_temperature(torch.zeros(1, dtype=torch.int64), floor_scale=floor_scale, attn_scale=attn_scale)  # checks
+        nope_temperature(torch.zeros(1, dtype=torch.int64, device="cpu"), floor_scale=floor_scale, attn_scale=attn_scale)  # checks
         self.floor_scale, self.attn_scale = int(floor_scale), float(attn_scale)
 
     def extra_repr(self) -> str:
@@ -135,5 +135,5 @@ class NoPETemperature(nn.Module):
         cos = tau.unsqueeze(-1).expand(*ids.shape, self.head_dim).contiguous()
         sin = torch.zeros_like(cos)
         rows = torch.arange(ids.shape[0], device=ids.device) if positions.packed else None
-        return RotaryTables(cos, sin, False, rows=rows, k_cos=torch.ones_like(cos), k_sin=sin)
+        return RotaryTables.unchecked(cos, sin, False, rows=rows, k_cos=torch.ones_like(cos), k_sin=sin)
 

@@ -65,7 +65,7 @@ def xpos_zeta(rotary_dim: int) -> torch.Tensor:
     check_positive_int(rotary_dim, "rotary_dim")
     if rotary_dim % 2:
         raise ValueError(f"rotary_dim must be even (channels rotate in pairs), got {rotary_dim}")
-    i = torch.arange(rotary_dim // 2, dtype=torch.float64)
+    i = torch.arange(rotary_dim // 2, dtype=torch.float64, device="cpu")  # also under torch.device("meta")
     return (2 * i + 0.4 * rotary_dim) / (1.4 * rotary_dim)
 
 
@@ -191,7 +191,7 @@ class XPos(nn.Module):
         q_cos, q_sin = (expand_pairs((t * scale).to(dtype), self.interleaved) for t in (cos, sin))
         k_cos, k_sin = (expand_pairs((t / scale).to(dtype), self.interleaved) for t in (cos, sin))
         rows = torch.arange(ids.shape[0], device=ids.device) if positions.packed else None
-        return RotaryTables(q_cos, q_sin, self.interleaved, rows=rows, k_cos=k_cos, k_sin=k_sin)
+        return RotaryTables.unchecked(q_cos, q_sin, self.interleaved, rows=rows, k_cos=k_cos, k_sin=k_sin)
 
     def forward(
         self,

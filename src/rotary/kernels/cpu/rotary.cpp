@@ -428,7 +428,7 @@ std::vector<at::Tensor> rope_decode_cpu(const at::Tensor& q, const at::Tensor& k
   const at::Tensor qv = seq_axis == 2 ? q.transpose(1, 2) : q;
   const at::Tensor kv = seq_axis == 2 ? k.transpose(1, 2) : k;
   if (inplace) {
-    if (at::has_internal_overlap(q) == at::MemOverlap::Yes || at::has_internal_overlap(k) == at::MemOverlap::Yes ||
+    if (at::has_internal_overlap(q) != at::MemOverlap::No || at::has_internal_overlap(k) != at::MemOverlap::No ||
         q.storage().is_alias_of(k.storage()))
       return {};  // the general path checks exactly which elements are shared
     rope_cpu({qv, kv}, {qv, kv}, {c, c}, {s, s}, ids, 0, interleaved, false);

@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rotary
+from helpers import forbid_torch_path
 from rotary import AxialRoPE
 from rotary import positions as P
-from rotary.kernels import eager, ops
 from rotary.kernels.extension import load_cpu_extension
 from rotary.variants import PRESETS, Coordinates, relative_scores
 
@@ -113,8 +113,7 @@ def test_relative_scores_are_symmetric_in_each_axis_for_equal_content():
 # ---- the fused kernel ---------------------------------------------------------------------------
 @needs_kernel
 def test_axial_runs_on_the_fused_kernel(monkeypatch, gen):
-    monkeypatch.setattr(eager, "run_torch", lambda *a: pytest.fail("took the pure-torch path"))
-    monkeypatch.setattr(ops, "run_torch", lambda *a: pytest.fail("took the pure-torch path"))
+    forbid_torch_path(monkeypatch)
     for name in PRESETS:
         rope = AxialRoPE.preset(name)
         coords = rope.grid(*(2, 3, 2)[3 - rope.axes :])

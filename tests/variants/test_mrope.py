@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import rotary
+from helpers import forbid_torch_path
 from rotary.kernels import extension
 from rotary.kernels.eager import rotate_torch
 from rotary.variants import MRoPE, MultimodalPositions, check_mrope_section, mrope_axes, multimodal_positions
@@ -301,16 +302,28 @@ def test_each_slot_turns_with_its_own_axis(gen):
                                atol=1e-6, rtol=0)  # fmt: skip
 
 
-def test_runs_on_the_fused_cpu_kernel(gen):
+@pytest.mark.parametrize("interleaved_layout", [False, True])
+def test_runs_on_the_fused_cpu_kernel(interleaved_layout, monkeypatch, gen):
     assert extension.load_cpu_extension() is not None, extension.cpu_extension_error()
-    mrope = MRoPE(32, mrope_section=[8, 4, 4], mrope_interleaved=True)
+    forbid_torch_path(monkeypatch)  # equal to the torch oracle, and not by falling back to it
+    section = [8, 4, 4] if interleaved_layout else [4, 6, 6]
+    mrope = MRoPE(32, mrope_section=section, mrope_interleaved=interleaved_layout)
     ids = torch.randint(0, 50, (3, 2, 7), generator=gen)
     tables = mrope.tables(ids)
     q, k = torch.randn(2, 7, 4, 32, generator=gen), torch.randn(2, 7, 2, 32, generator=gen)
     q_rot, k_rot = rotary.rotate([q, k], tables, layout="bshd", kinds=("q", "k"))
     cos, sin = tables.gather()
-    assert torch.equal(q_rot, rotate_torch(q, cos[:, :, None], sin[:, :, None], interleaved=False, inplace=False))
-    assert torch.equal(k_rot, rotate_torch(k, cos[:, :, None], sin[:, :, None], interleaved=False, inplace=False))
+    want_q = rotate_torch(q, cos[:, :, None], sin[:, :, None], interleaved=False, inplace=False)
+    want_k = rotate_torch(k, cos[:, :, None], sin[:, :, None], interleaved=False, inplace=False)
+    assert torch.equal(q_rot, want_q) and torch.equal(k_rot, want_k)
+    # the module's own call (bshd), with autograd: forward and backward on the kernel
+    q_leaf = q.clone().requires_grad_()
+    got_q, got_k = mrope(q_leaf, k, position_ids=ids, layout="bshd")
+    assert torch.equal(got_q.detach(), want_q) and torch.equal(got_k, want_k)
+    g = torch.randn(q.shape, generator=gen)  # a dense gradient (an expanded one, from .sum(), has no unit stride)
+    got_q.backward(g)
+    want_grad = rotate_torch(g, cos[:, :, None], -sin[:, :, None], interleaved=False, inplace=False)
+    torch.testing.assert_close(q_leaf.grad, want_grad, rtol=1e-6, atol=1e-6)
 
 
 def test_positions_value_feeds_the_tables():

@@ -414,9 +414,19 @@ def test_from_hf_config_matches_transformers(name, build, kw):
     atol = (int(ids.max()) + 1) * 2.0**-23  # transformers' fp32 angles
     torch.testing.assert_close(got_cos, cos, rtol=0, atol=atol)
     torch.testing.assert_close(got_sin, sin, rtol=0, atol=atol)
-    # a 1-D RoPE of the config is right for text positions only: RoPE.from_hf_config says where to go
-    with pytest.raises(rotary.ConfigError, match=r"uses multimodal RoPE .*rotary.MRoPE.from_hf_config\(config\)"):
-        rotary.RoPE.from_hf_config(model.config)
+    # a 1-D RoPE of the config is right for text positions only: RoPE.from_hf_config refuses it and says
+    # where to go, and which 1-D RoPE equals it on text; that RoPE, built as the message writes it, does
+    section = list(model.language_model.rotary_emb.mrope_section)
+    for config in (model.config, model.config.text_config):
+        with pytest.raises(rotary.ConfigError, match=r"uses multimodal RoPE") as info:
+            rotary.RoPE.from_hf_config(config)
+        message = str(info.value)
+        assert f"model_type '{name}_text' uses multimodal RoPE (M-RoPE): mrope_section {section}" in message
+        assert "load it with rotary.MRoPE.from_hf_config(config) and pass positions [3, B, S]" in message
+        call = message.split("tables equal those of ")[1].split(", if a 1-D RoPE")[0]
+        rope = eval(call, {"rotary": rotary})  # noqa: S307 - the message's own expression
+        text = ids[0]
+        assert torch.equal(rope.tables(text).gather()[0], mrope.tables(text.expand(3, -1, -1)).gather()[0])
 
 
 def test_from_a_flat_4x_config_with_type_mrope():

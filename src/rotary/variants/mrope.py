@@ -180,7 +180,9 @@ class MRoPE(nn.Module):
         Reads what :meth:`rotary.RoPE.from_hf_config` reads (head width, ``rope_theta``, the scaling
         block, 4.x ``rope_scaling`` with ``"type": "mrope"`` or 5.x ``rope_parameters``) and the
         ``mrope_section``; the layout is the model's (Qwen3-VL interleaved, the others chunked).
-        ``RoPE.from_hf_config`` of the same config gives the 1-D RoPE that these tables equal on text.
+        :meth:`rotary.RoPE.from_hf_config` refuses these configs (a 1-D RoPE cannot represent M-RoPE);
+        its error names this call and the ``rotary.RoPE(...)`` whose tables these equal on text
+        positions (t = h = w).
 
         Args:
             config: a transformers config (the multimodal one or its ``text_config``), a path to a

@@ -17,7 +17,7 @@ from rotary import reference
 from rotary.kernels import extension
 from rotary.kernels.eager import rotate_torch
 from rotary.models import POSITION_ENCODINGS, Decoder, DecoderConfig
-from rotary.nn import KVCache, RotaryAttention
+from rotary.nn import KVCache, RotaryAttention, RotaryLinearAttention
 from rotary.variants import XPos, xpos_zeta
 
 
@@ -154,10 +154,24 @@ def test_range_guard_and_what_happens_at_2_to_the_20():
         XPos(64, center=40000)
 
 
-def test_bidirectional_attention_is_refused_with_the_reason():
-    with pytest.raises(ValueError, match=r"XPos needs causal=True: .*grows exponentially.*keys ahead"):
-        RotaryAttention(32, 4, causal=False, rope=XPos(8))
-    RotaryAttention(32, 4, causal=True, rope=XPos(8))
+@pytest.mark.parametrize("layer", [RotaryAttention, RotaryLinearAttention])
+def test_bidirectional_attention_is_refused_with_the_reason(layer):
+    refused = r"XPos needs causal=True: .*grows exponentially.*keys ahead.*This {} has causal=False: set causal=True"
+    refused = refused.format(layer.__name__)
+    with pytest.raises(ValueError, match=refused):
+        layer(32, 4, causal=False, rope=XPos(8))
+    x = torch.randn(1, 5, 32)
+    attn = layer(32, 4, causal=True, rope=XPos(8))
+    assert attn(x).shape == (1, 5, 32)
+    # at forward too: causal and rope are plain attributes a caller can change after construction
+    attn.causal = False
+    with pytest.raises(ValueError, match=refused):
+        attn(x)
+    bidirectional = layer(32, 4, causal=False, rope=rotary.RoPE(8))
+    assert bidirectional(x).shape == (1, 5, 32)
+    bidirectional.rope = XPos(8)
+    with pytest.raises(ValueError, match=refused):
+        bidirectional(x)
 
 
 def test_bad_arguments_name_the_value():

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import positions as P
-from .._checks import check_bool, check_positive_int, check_probability
+from .._checks import check_bool, check_causal_rope, check_positive_int, check_probability
 from ..apply import rotate
 from ..module import RoPE
 from ..positions import Positions, check_attention_mask
@@ -233,9 +233,7 @@ class RotaryAttention(nn.Module):
                 f"rope must be True, False or an nn.Module with tables(positions) like rotary.RoPE, got {type(rope).__name__}"
             )
         self.rope = rope
-        reason = getattr(rope, "requires_causal", None)  # a producer valid only under a causal mask (xPos)
-        if reason and not self.causal:
-            raise ValueError(f"{type(rope).__name__} needs causal=True: {reason}")
+        check_causal_rope(rope, self.causal, type(self).__name__)  # a producer valid only under a causal mask (xPos)
         per_head = getattr(rope, "heads", None) if self._nd_positions() else None  # RoPE-Mixed's per-head tables
         if per_head is not None and (num_heads != per_head or num_kv_heads != per_head):
             raise ValueError(
@@ -361,6 +359,7 @@ class RotaryAttention(nn.Module):
             raise ValueError(f"hidden_states must be [B, S, E], got {getattr(hidden_states, 'shape', hidden_states)}")
         if hidden_states.shape[-1] != self.hidden_size:
             raise ValueError(f"hidden_states has width {hidden_states.shape[-1]}, this layer expects {self.hidden_size}")
+        check_causal_rope(self.rope, self.causal, type(self).__name__)  # causal or rope may have been reassigned
         batch, seq_len, _ = hidden_states.shape
         device = hidden_states.device
         if cache is not None:

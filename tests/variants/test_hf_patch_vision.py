@@ -128,3 +128,32 @@ def test_replacements_equal_transformers_functions(gen):
     for a, b in zip(got, ml.vision_apply_rotary_emb(q, k, freqs_ci)):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
     assert not torch.allclose(got[0], q, atol=1e-3)  # rotated, not handed back
+
+
+def test_llama4_with_an_image_patches_both_towers(rotary_calls):
+    """Llama4ForConditionalGeneration (model_type llama4): the vision attention and the text attention."""
+    torch.manual_seed(0)
+    vision = dict(
+        hidden_size=64, intermediate_size=256, num_hidden_layers=1, num_attention_heads=4, image_size=56, patch_size=14,
+        vision_output_dim=32, projector_input_dim=32, projector_output_dim=32,
+    )  # fmt: skip
+    text = dict(
+        vocab_size=64, hidden_size=32, intermediate_size=64, intermediate_size_mlp=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=2,
+    )  # fmt: skip
+    config = transformers.Llama4Config(
+        vision_config=vision, text_config=text, image_token_index=63, boi_token_index=61, eoi_token_index=62
+    )
+    model = transformers.Llama4ForConditionalGeneration(config).eval()
+    assert model.config.model_type == "llama4"
+    ids = torch.randint(60, (1, 9), generator=torch.Generator().manual_seed(3))
+    ids[0, 2:6] = 63  # the image's 4 tokens (16 patches after the pixel shuffle)
+    pixels = torch.randn(1, 3, 56, 56, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        before = model(input_ids=ids, pixel_values=pixels).logits
+        hf.patch(model)
+        assert len([m for m in model.modules() if hf._MARK in m.__dict__]) == 3  # 1 vision layer, 2 text layers
+        patched = model(input_ids=ids, pixel_values=pixels).logits
+    # the vision tower's q and k (16 patches and the class token), then each text layer's
+    assert rotary_calls == [[(1, 17, 4, 16)] * 2] + [[(1, 9, 4, 8), (1, 9, 2, 8)]] * 2
+    torch.testing.assert_close(patched, before, rtol=1e-5, atol=1e-6)

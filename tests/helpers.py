@@ -6,7 +6,9 @@
   dicts or a few numbers (models are built from configs with random weights, never downloaded);
 - :func:`leaf_parsers`: every runnable subcommand of ``rotary`` with its argparse parser;
 - :func:`make_qk` and :func:`tables_for`: q and k in either layout (optionally views into one fused
-  qkv projection), and the tables of a ``RoPE`` for given positions.
+  qkv projection), and the tables of a ``RoPE`` for given positions;
+- :func:`forbid_torch_path`: make the pure-torch rotation fail the test, so a test that compares the
+  fused kernel with the torch path cannot pass by silently falling back to it.
 """
 
 from __future__ import annotations
@@ -121,3 +123,23 @@ def tables_for(rope, positions: torch.Tensor | int, dtype: torch.dtype = torch.f
     if isinstance(positions, int):
         positions = torch.arange(positions)
     return rope.tables(positions, dtype=dtype)
+
+
+def forbid_torch_path(monkeypatch) -> None:
+    """Fail the test if a rotation or a table gradient takes the pure-torch path.
+
+    The dispatcher falls back to pure torch (bit-identical on CPU for fp32) when no fused kernel
+    takes the tensors; a test meant to exercise the fused kernel would then still pass. With this
+    in place such a fallback fails the test instead. Oracles computed with
+    ``rotary.kernels.eager.rotate_torch`` are still allowed.
+    """
+    import pytest
+
+    from rotary.kernels import eager, ops
+
+    def fail(*args, **kwargs):
+        pytest.fail("took the pure-torch path instead of the fused kernel")
+
+    monkeypatch.setattr(eager, "run_torch", fail)
+    monkeypatch.setattr(ops, "run_torch", fail)
+    monkeypatch.setattr(ops, "table_grad_torch", fail)

@@ -86,6 +86,8 @@ def rotate_calls(monkeypatch):
 
 #: the Qwen-VL families (multimodal RoPE): tested with images in tests/variants/test_mrope.py
 MULTIMODAL = {f"{name}{suffix}" for name in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl") for suffix in ("", "_text")}
+#: vision towers with 2-D RoPE and Llama 4 (text and vision): tested in tests/variants/test_hf_patch_vision.py
+VISION = {"pixtral", "llama4", "llama4_text", "llama4_vision_model"}
 
 
 def test_supported_list_is_the_issue_list():
@@ -93,10 +95,10 @@ def test_supported_list_is_the_issue_list():
         "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma3", "gemma3_text", "gpt_neox",
         "gpt_oss", "deepseek_v3", "gptj", "cohere", "glm",
     }
-    assert set(hf.SUPPORTED) == text | MULTIMODAL
+    assert set(hf.SUPPORTED) == text | MULTIMODAL | VISION
 
 
-@pytest.mark.parametrize("model_type", sorted(set(hf.SUPPORTED) - MULTIMODAL))
+@pytest.mark.parametrize("model_type", sorted(set(hf.SUPPORTED) - MULTIMODAL - VISION))
 def test_patched_logits_equal_unpatched_and_unpatch_restores(model_type, rotate_calls):
     model = make_model(model_type)
     ids = torch.randint(64, (2, 11))

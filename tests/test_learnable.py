@@ -11,19 +11,10 @@ import torch
 from torch.func import functional_call
 
 import rotary
-from rotary.kernels import eager, ops
+from helpers import forbid_torch_path
 from rotary.kernels.extension import load_cpu_extension
 
 needs_kernel = pytest.mark.skipif(load_cpu_extension() is None, reason="the fused CPU kernel is not built here")
-
-
-def forbid_torch_path(monkeypatch):
-    def fail(*args):
-        pytest.fail("took the pure-torch path")
-
-    monkeypatch.setattr(eager, "run_torch", fail)
-    monkeypatch.setattr(ops, "run_torch", fail)
-    monkeypatch.setattr(ops, "table_grad_torch", fail)
 
 
 @pytest.mark.parametrize("scaling", [None, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}])

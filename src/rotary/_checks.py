@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 __all__ = [
     "MAX_HEAD_DIM",
     "check_bool",
+    "check_causal_rope",
     "check_choice",
     "check_finite",
     "check_int",
@@ -125,3 +126,18 @@ def check_choice(value: T, name: str, choices: Collection[T]) -> T:
     if not ok:
         raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}")
     return value
+
+
+def check_causal_rope(rope: Any, causal: bool, layer: str) -> None:
+    """Refuse a table producer that is valid only under a causal mask (its ``requires_causal`` says
+    why, e.g. :class:`rotary.XPos`) in a layer whose ``causal`` is ``False``.
+
+    Called when an attention layer is built and again on every forward (``causal`` and ``rope`` are
+    plain attributes and may be changed after construction).
+    """
+    reason = getattr(rope, "requires_causal", None)
+    if reason and not causal:
+        raise ValueError(
+            f"{type(rope).__name__} needs causal=True: {reason}. This {layer} has causal=False: set causal=True, "
+            "or use a rope without this limit (e.g. rotary.RoPE) for bidirectional attention"
+        )

@@ -85,6 +85,35 @@ def _apply_deepseek_interleave(q, k, cos, sin, position_ids=None, unsqueeze_dim=
     return _apply_half(to_half(q), to_half(k), cos, sin, unsqueeze_dim)
 
 
+def _apply_pixtral(q, k, cos, sin, unsqueeze_dim=1):
+    """Pixtral's vision attention: q, k ``[B, H, S, D]`` and one image grid's tables ``[S, D]`` (its 2-D
+    angles already laid out in the half layout, pairs (i, i + D/2)), broadcast with ``unsqueeze_dim=0``."""
+    if unsqueeze_dim == 0 and cos.dim() == 2:
+        return _apply_pair(q, k, cos, sin, interleaved=False, layout="bhsd")
+    return _apply_half(q, k, cos, sin, unsqueeze_dim)
+
+
+def _complex_tables(freqs: torch.Tensor) -> RotaryTables:
+    """Tables of pairs (2i, 2i+1) from transformers' complex ``e^{iθ}`` (times any attention scaling)."""
+    cos, sin = freqs.real.repeat_interleave(2, dim=-1), freqs.imag.repeat_interleave(2, dim=-1)
+    return RotaryTables.from_tensors(cos, sin, interleaved=True, validate=False)
+
+
+def _apply_llama4_text(xq, xk, freqs_cis):
+    """Llama 4's text attention: ``xq, xk [B, S, H, D]``, complex ``freqs_cis [B, S, D/2]``, pairs (2i, 2i+1)."""
+    q, k = rotate([xq, xk], _complex_tables(freqs_cis), layout="bshd", kinds=("q", "k"), names=("xq", "xk"))
+    return q, k
+
+
+def _apply_llama4_vision(query, key, freqs_ci):
+    """Llama 4's vision attention: ``query, key [B, S, H, D]`` and complex ``freqs_ci [S, 1, D/2]``
+    (the 2-D angles of the patches, then the class token's 0), pairs (2i, 2i+1)."""
+    freqs = freqs_ci.to(query.device).reshape(query.shape[1], -1)
+    tables = _complex_tables(freqs)
+    q, k = rotate([query, key], tables, layout="bshd", kinds=("q", "k"), names=("query", "key"))
+    return q, k
+
+
 def _apply_gptj(tensor, sin, cos):
     """GPT-J: ``tensor [B, S, H, r]``, one angle per pair ``sin/cos [B, S, r/2]``, pairs (2i, 2i+1)."""
     cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
@@ -128,6 +157,15 @@ SUPPORTED: dict[str, _Family] = {
     # multimodal RoPE: the text attention gets M-RoPE tables already laid out per slot, pairs (i, i + r/2);
     # the vision towers rotate through another function (apply_rotary_pos_emb_vision), left as they are
     **{model_type: _half(name) for name in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl") for model_type in (name, f"{name}_text")},
+    # vision towers with 2-D RoPE: Pixtral's PixtralVisionModel, and Llama 4 (text, vision tower, or both)
+    "pixtral": _Family("transformers.models.pixtral.modeling_pixtral", {"apply_rotary_pos_emb": _apply_pixtral}),
+    **{
+        model_type: _Family(
+            "transformers.models.llama4.modeling_llama4",
+            {"apply_rotary_emb": _apply_llama4_text, "vision_apply_rotary_emb": _apply_llama4_vision},
+        )
+        for model_type in ("llama4", "llama4_text", "llama4_vision_model")
+    },
 }
 
 _MARK = "_rotary_hf_patch"  # on a patched submodule: the instance ``forward`` it had before (or None)
@@ -160,7 +198,8 @@ def patch(model: nn.Module) -> nn.Module:
     Args:
         model: a transformers model of a type in :data:`SUPPORTED` (any head): Llama, Mistral, Mixtral,
             Qwen2, Qwen3, Qwen3-MoE, Phi-3, Gemma-3 (both layer types), GPT-NeoX, gpt-oss, DeepSeek-V3,
-            GPT-J, Cohere or GLM, or a Qwen2-VL, Qwen2.5-VL or Qwen3-VL model (its text attention).
+            GPT-J, Cohere or GLM, a Qwen2-VL, Qwen2.5-VL or Qwen3-VL model (its text attention), a
+            Pixtral vision tower (``PixtralVisionModel``), or a Llama 4 model (text, vision tower, or both).
 
     Returns:
         ``model`` itself.

@@ -58,6 +58,26 @@ def keep_float32(parameters: Sequence[nn.Parameter], apply: Callable[[], Any]) -
             p.grad = grad.to(p.device, torch.float32)
 
 
+def _mrope_message(settings: Any) -> str:
+    """Why :meth:`RoPE.from_hf_config` refuses a multimodal-RoPE config, and the exact calls to use instead."""
+    section = list(settings.mrope_section)
+    layout = "interleaved as in Qwen3-VL" if settings.mrope_interleaved else "in chunks as in Qwen2-VL and Qwen2.5-VL"
+    args = [str(settings.head_dim), f"base={settings.base!r}"]
+    if settings.rotary_dim is not None:
+        args.append(f"rotary_dim={settings.rotary_dim}")
+    if dict(settings.scaling) != {"rope_type": "default"}:
+        args.append(f"scaling={dict(settings.scaling)!r}")
+    if settings.interleaved:
+        args.append("interleaved=True")
+    return (
+        f"model_type {settings.model_type!r} uses multimodal RoPE (M-RoPE): mrope_section {section} (laid out {layout}) "
+        "gives each frequency slot the temporal, height or width position of a token, which a 1-D RoPE cannot "
+        "represent; load it with rotary.MRoPE.from_hf_config(config) and pass positions [3, B, S] "
+        "(rotary.multimodal_positions(...) builds them for text, images and videos). On text alone (t = h = w) its "
+        f"tables equal those of rotary.RoPE({', '.join(args)}), if a 1-D RoPE of the text positions is what you want"
+    )
+
+
 class RoPE(nn.Module):
     """Rotary position embedding for the q and k of attention.
 
@@ -189,8 +209,10 @@ class RoPE(nn.Module):
         (5.x ``rope_parameters`` or 4.x ``rope_scaling``); values the file omits are filled as
         transformers fills them. The pairing comes from ``rotary.config.PAIRING`` (checked against
         transformers for every architecture it lists); any other ``model_type`` needs ``interleaved=``.
-        Multimodal-RoPE configs (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) are refused with a pointer to
-        :meth:`rotary.MRoPE.from_hf_config`: a 1-D RoPE is right for their text positions only.
+        Multimodal-RoPE configs (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) are refused: each of their
+        frequency slots reads a temporal, height or width position (``mrope_section``), which a 1-D
+        RoPE cannot represent. Load them with :meth:`rotary.MRoPE.from_hf_config`; the error names
+        the call, and the 1-D ``RoPE(...)`` its tables equal on text positions (t = h = w).
 
         Args:
             config: a transformers ``PretrainedConfig`` (4.x or 5.x), a path to a config.json (or its
@@ -207,8 +229,8 @@ class RoPE(nn.Module):
             :class:`RoPE`.
 
         Raises:
-            ConfigError: (a ``ValueError``) for an invalid, ambiguous or unsupported config; the message says what
-                to change.
+            ConfigError: (a ``ValueError``) for an invalid, ambiguous or unsupported config, or a multimodal-RoPE
+                config; the message says what to change.
 
         Example:
             >>> cfg = {"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
@@ -221,11 +243,7 @@ class RoPE(nn.Module):
         """
         settings = read_hf_config(config, layer_type=layer_type, strict=strict, interleaved=interleaved)
         if settings.mrope_section is not None:
-            raise ConfigError(
-                f"model_type {settings.model_type!r} uses multimodal RoPE (mrope_section {list(settings.mrope_section)}: "
-                "temporal, height and width positions); build it with rotary.MRoPE.from_hf_config(config), whose tables "
-                "equal a 1-D RoPE's on text positions"
-            )
+            raise ConfigError(_mrope_message(settings))
         return cls(
             settings.head_dim,
             base=settings.base,

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import rotary
+from helpers import forbid_torch_path
 from rotary.models import POSITION_ENCODINGS, Decoder, DecoderConfig
 from rotary.variants import NoPETemperature, default_no_rope_layers, nope_temperature, rope_layer_flags
 
@@ -98,6 +99,25 @@ def test_decoder_layers_switch_rope_off_and_decode_like_the_full_pass():
     assert isinstance(model.layers[1].attn.rope, NoPETemperature) and model.layers[2].attn.rope is model.rope
     plain = Decoder(DecoderConfig(**SMALL, num_layers=4, no_rope_layers=True, attn_temperature_tuning=False))
     assert plain.nope is None and plain.layers[3].attn.rope is None
+
+
+def test_temperature_tables_run_on_the_fused_cpu_kernel(monkeypatch, gen):
+    from rotary.kernels import extension
+
+    assert extension.load_cpu_extension() is not None, extension.cpu_extension_error()
+    forbid_torch_path(monkeypatch)
+    producer = NoPETemperature(16, floor_scale=4)
+    ids = torch.tensor([[0, 2, 3, 7, 11], [1, 4, 8, 12, 40]])
+    tables = producer.tables(ids)
+    q, k = torch.randn(2, 4, 5, 16, generator=gen), torch.randn(2, 2, 5, 16, generator=gen)
+    q_out, k_out = rotary.rotate([q, k], tables, kinds=("q", "k"))
+    tau = nope_temperature(ids, floor_scale=4).float()  # [B, S]
+    assert torch.equal(q_out, q * tau[:, None, :, None]) and torch.equal(k_out, k)  # x·τ + rot(x)·0, keys x·1
+    assert float(tau.max()) > 1.0  # the check would see a missing temperature
+    # and a whole decoder with NoPE layers (forward and backward) never takes the torch path
+    torch.manual_seed(0)
+    model = Decoder(DecoderConfig(**SMALL, num_layers=2, no_rope_layers=[1, 0]))
+    model.loss(torch.randint(40, (2, 6))).backward()
 
 
 def test_nope_layers_see_positions_only_through_the_temperature():

@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rotary
+from helpers import forbid_torch_path
 from rotary import AxialRoPE
 from rotary import positions as P
-from rotary.kernels import eager, ops
 from rotary.kernels.extension import load_cpu_extension
 from rotary.variants import PRESETS, Coordinates, relative_scores
 
@@ -113,8 +113,7 @@ def test_relative_scores_are_symmetric_in_each_axis_for_equal_content():
 # ---- the fused kernel ---------------------------------------------------------------------------
 @needs_kernel
 def test_axial_runs_on_the_fused_kernel(monkeypatch, gen):
-    monkeypatch.setattr(eager, "run_torch", lambda *a: pytest.fail("took the pure-torch path"))
-    monkeypatch.setattr(ops, "run_torch", lambda *a: pytest.fail("took the pure-torch path"))
+    forbid_torch_path(monkeypatch)
     for name in PRESETS:
         rope = AxialRoPE.preset(name)
         coords = rope.grid(*(2, 3, 2)[3 - rope.axes :])
@@ -203,6 +202,55 @@ def test_llama4_vision_rotary_embedding(gen):
     got_q, got_k = ours(q, k, coords, layout="bshd")
     tol = 2 * bound * float(torch.cat((q, k)).abs().max()) + 1e-6
     assert float((got_q - want_q).abs().max()) <= tol and float((got_k - want_k).abs().max()) <= tol
+
+@pytest.mark.parametrize("hidden_size, heads", [(384, 6), (128, 4)])  # head_dim 64 (ViT-S/16) and 32
+def test_dinov3_vit_rope_position_embedding(hidden_size, heads, gen):
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.dinov3_vit import modeling_dinov3_vit as md
+
+    from rotary.nn import RotaryAttention
+
+    config = transformers.DINOv3ViTConfig(
+        hidden_size=hidden_size, num_attention_heads=heads, patch_size=16, image_size=64, num_register_tokens=4,
+        query_bias=True, key_bias=True, value_bias=True, proj_bias=True,
+    )  # fmt: skip
+    config._attn_implementation = "sdpa"
+    head_dim, prefix = hidden_size // heads, 1 + config.num_register_tokens  # CLS and the registers come first
+    hf = md.DINOv3ViTRopePositionEmbedding(config).eval()  # eval: no coordinate augmentation (random in training)
+    ours = AxialRoPE.preset("dinov3", head_dim, base=config.rope_theta, prefix_tokens=prefix)
+    # |coordinate| <= 1 and every frequency <= 1 cycle per unit, so |angle| <= 2π: transformers forms the
+    # angles in fp32 (ours in float64), which moves cos and sin by at most fp32_angle_bound(2π) ≈ 1.6e-6
+    bound = fp32_angle_bound(2 * math.pi)
+    for h, w in ((4, 4), (3, 7), (14, 9)):  # the grid follows the image: transformers reads it off pixel_values
+        hf_cos, hf_sin = hf(torch.zeros(1, 3, 16 * h, 16 * w))
+        coords = ours.grid(h, w)
+        cos, sin = tables64(ours, coords)
+        assert float((cos[prefix:] - hf_cos).abs().max()) <= bound and float((sin[prefix:] - hf_sin).abs().max()) <= bound
+        q = torch.randn(2, heads, prefix + h * w, head_dim, generator=gen)
+        k = torch.randn(2, heads, prefix + h * w, head_dim, generator=gen)
+        want_q, want_k = md.apply_rotary_pos_emb(q, k, hf_cos, hf_sin)
+        got_q, got_k = ours(q, k, coords)
+        # each output is x_i cos - x_j sin: the tables' difference times |x_i| + |x_j|, plus the rounding of
+        # two products and a sum in each implementation (6 roundings of 2^-24 each, relative to |x_i| + |x_j|)
+        tol = 2 * float(torch.cat((q, k)).abs().max()) * (bound + 2**-21)
+        assert float((got_q - want_q).abs().max()) <= tol and float((got_k - want_k).abs().max()) <= tol
+        assert torch.equal(got_q[:, :, :prefix], q[:, :, :prefix]) and torch.equal(want_q[:, :, :prefix], q[:, :, :prefix])
+
+    # the attention layer: DINOv3's weights in RotaryAttention, the preset as its rope, coordinates as position_ids
+    hf_attn = md.DINOv3ViTAttention(config).eval()
+    attn = RotaryAttention(hidden_size, heads, rope=ours, bias=True, causal=False).eval()
+    attn.load_state_dict(hf_attn.state_dict())
+    h, w = 5, 6
+    x = torch.randn(2, prefix + h * w, hidden_size, generator=gen)
+    with torch.no_grad():
+        want, _ = hf_attn(x, position_embeddings=hf(torch.zeros(1, 3, 16 * h, 16 * w)))
+        got = attn(x, position_ids=ours.grid(h, w))
+        # the outputs are below 0.5, where an fp32 ulp is 6e-8: 16 ulps cover the two attention kernels'
+        # different summation orders and the ≤ 1.6e-6 relative table differences averaged over the keys
+        assert float(want.abs().max()) < 0.5
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+        # and the grid matters: the transposed grid gives another output
+        assert not torch.allclose(attn(x, position_ids=ours.grid(w, h)), want, atol=1e-4)
 
 
 # ---- parity: formulas written out from each model's code conventions ------------------------------

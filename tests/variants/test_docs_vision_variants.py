@@ -67,3 +67,34 @@ def test_quoted_numbers():
     want = ml.vision_apply_rotary_emb(q, k, freqs_ci)
     got = llama(q, k, llama.grid(6, 6), layout="bshd")
     assert max(float((a - b).abs().max()) for a, b in zip(got, want)) <= 5e-7
+
+
+def test_quoted_dinov3_numbers():
+    # "agrees with the dinov3 preset's tables within 4.2e-7" and "give its output within 1e-7"
+    import transformers
+    from transformers.models.dinov3_vit import modeling_dinov3_vit as md
+
+    from rotary.nn import RotaryAttention
+
+    text = " ".join(section(SECTIONS[0]).split())
+    assert "agrees with the `dinov3` preset's tables within 4.2e-7" in text and "give its output within 1e-7" in text
+    gen = torch.Generator().manual_seed(1234)
+    for hidden_size, heads in ((384, 6), (128, 4)):
+        config = transformers.DINOv3ViTConfig(
+            hidden_size=hidden_size, num_attention_heads=heads, patch_size=16, num_register_tokens=4,
+            query_bias=True, key_bias=True, value_bias=True, proj_bias=True,
+        )  # fmt: skip
+        config._attn_implementation = "sdpa"
+        hf = md.DINOv3ViTRopePositionEmbedding(config).eval()
+        rope = AxialRoPE.preset("dinov3", hidden_size // heads, prefix_tokens=5)
+        for h, w in ((4, 4), (3, 7), (14, 9), (32, 32)):
+            hf_cos, hf_sin = hf(torch.zeros(1, 3, 16 * h, 16 * w))
+            tables = rope.tables(rope.grid(h, w))
+            assert max(float((tables.cos[5:] - hf_cos).abs().max()), float((tables.sin[5:] - hf_sin).abs().max())) <= 4.2e-7
+        hf_attn = md.DINOv3ViTAttention(config).eval()
+        attn = RotaryAttention(hidden_size, heads, rope=rope, bias=True, causal=False).eval()
+        attn.load_state_dict(hf_attn.state_dict())
+        x = torch.randn(2, 5 + 6 * 5, hidden_size, generator=gen)
+        with torch.no_grad():
+            want, _ = hf_attn(x, position_embeddings=hf(torch.zeros(1, 3, 16 * 6, 16 * 5)))
+            assert float((attn(x, position_ids=rope.grid(6, 5)) - want).abs().max()) <= 1e-7

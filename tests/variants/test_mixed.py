@@ -14,21 +14,12 @@ from hypothesis import strategies as st
 from torch.func import functional_call
 
 import rotary
+from helpers import forbid_torch_path
 from rotary import AxialRoPE, RoPEMixed
-from rotary.kernels import eager, ops
 from rotary.kernels.extension import load_cpu_extension
 from rotary.variants import relative_scores
 
 needs_kernel = pytest.mark.skipif(load_cpu_extension() is None, reason="the fused CPU kernel is not built here")
-
-
-def forbid_torch_path(monkeypatch):
-    def fail(*args):
-        pytest.fail("took the pure-torch path")
-
-    monkeypatch.setattr(eager, "run_torch", fail)
-    monkeypatch.setattr(ops, "run_torch", fail)
-    monkeypatch.setattr(ops, "table_grad_torch", fail)
 
 
 def test_initialisation_follows_the_paper():

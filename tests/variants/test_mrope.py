@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import rotary
+from helpers import forbid_torch_path
 from rotary.kernels import extension
 from rotary.kernels.eager import rotate_torch
 from rotary.variants import MRoPE, MultimodalPositions, check_mrope_section, mrope_axes, multimodal_positions
@@ -301,16 +302,28 @@ def test_each_slot_turns_with_its_own_axis(gen):
                                atol=1e-6, rtol=0)  # fmt: skip
 
 
-def test_runs_on_the_fused_cpu_kernel(gen):
+@pytest.mark.parametrize("interleaved_layout", [False, True])
+def test_runs_on_the_fused_cpu_kernel(interleaved_layout, monkeypatch, gen):
     assert extension.load_cpu_extension() is not None, extension.cpu_extension_error()
-    mrope = MRoPE(32, mrope_section=[8, 4, 4], mrope_interleaved=True)
+    forbid_torch_path(monkeypatch)  # equal to the torch oracle, and not by falling back to it
+    section = [8, 4, 4] if interleaved_layout else [4, 6, 6]
+    mrope = MRoPE(32, mrope_section=section, mrope_interleaved=interleaved_layout)
     ids = torch.randint(0, 50, (3, 2, 7), generator=gen)
     tables = mrope.tables(ids)
     q, k = torch.randn(2, 7, 4, 32, generator=gen), torch.randn(2, 7, 2, 32, generator=gen)
     q_rot, k_rot = rotary.rotate([q, k], tables, layout="bshd", kinds=("q", "k"))
     cos, sin = tables.gather()
-    assert torch.equal(q_rot, rotate_torch(q, cos[:, :, None], sin[:, :, None], interleaved=False, inplace=False))
-    assert torch.equal(k_rot, rotate_torch(k, cos[:, :, None], sin[:, :, None], interleaved=False, inplace=False))
+    want_q = rotate_torch(q, cos[:, :, None], sin[:, :, None], interleaved=False, inplace=False)
+    want_k = rotate_torch(k, cos[:, :, None], sin[:, :, None], interleaved=False, inplace=False)
+    assert torch.equal(q_rot, want_q) and torch.equal(k_rot, want_k)
+    # the module's own call (bshd), with autograd: forward and backward on the kernel
+    q_leaf = q.clone().requires_grad_()
+    got_q, got_k = mrope(q_leaf, k, position_ids=ids, layout="bshd")
+    assert torch.equal(got_q.detach(), want_q) and torch.equal(got_k, want_k)
+    g = torch.randn(q.shape, generator=gen)  # a dense gradient (an expanded one, from .sum(), has no unit stride)
+    got_q.backward(g)
+    want_grad = rotate_torch(g, cos[:, :, None], -sin[:, :, None], interleaved=False, inplace=False)
+    torch.testing.assert_close(q_leaf.grad, want_grad, rtol=1e-6, atol=1e-6)
 
 
 def test_positions_value_feeds_the_tables():
@@ -401,9 +414,19 @@ def test_from_hf_config_matches_transformers(name, build, kw):
     atol = (int(ids.max()) + 1) * 2.0**-23  # transformers' fp32 angles
     torch.testing.assert_close(got_cos, cos, rtol=0, atol=atol)
     torch.testing.assert_close(got_sin, sin, rtol=0, atol=atol)
-    # a 1-D RoPE of the config is right for text positions only: RoPE.from_hf_config says where to go
-    with pytest.raises(rotary.ConfigError, match=r"uses multimodal RoPE .*rotary.MRoPE.from_hf_config\(config\)"):
-        rotary.RoPE.from_hf_config(model.config)
+    # a 1-D RoPE of the config is right for text positions only: RoPE.from_hf_config refuses it and says
+    # where to go, and which 1-D RoPE equals it on text; that RoPE, built as the message writes it, does
+    section = list(model.language_model.rotary_emb.mrope_section)
+    for config in (model.config, model.config.text_config):
+        with pytest.raises(rotary.ConfigError, match=r"uses multimodal RoPE") as info:
+            rotary.RoPE.from_hf_config(config)
+        message = str(info.value)
+        assert f"model_type '{name}_text' uses multimodal RoPE (M-RoPE): mrope_section {section}" in message
+        assert "load it with rotary.MRoPE.from_hf_config(config) and pass positions [3, B, S]" in message
+        call = message.split("tables equal those of ")[1].split(", if a 1-D RoPE")[0]
+        rope = eval(call, {"rotary": rotary})  # noqa: S307 - the message's own expression
+        text = ids[0]
+        assert torch.equal(rope.tables(text).gather()[0], mrope.tables(text.expand(3, -1, -1)).gather()[0])
 
 
 def test_from_a_flat_4x_config_with_type_mrope():

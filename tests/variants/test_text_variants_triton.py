@@ -1,6 +1,7 @@
 """xPos, M-RoPE and NoPE-temperature tables through ``rotary.rotate`` on the Triton kernel, run on CPU
 tensors by Triton's interpreter, against the pure-torch path: the variants are producers of tables
-and need nothing of the kernel but what every table already uses (separate key tables, per-token rows)."""
+and need nothing of the kernel but what every table already uses (separate key tables, per-token rows).
+Every case counts the calls of each backend: one Triton call and one torch call, or the test fails."""
 
 from __future__ import annotations
 
@@ -17,9 +18,23 @@ SCRIPT = textwrap.dedent(
     """
     import torch
     import rotary
+    import rotary.apply
     from rotary.kernels import ops, triton as triton_kernel
     from rotary.kernels.eager import run_torch
     from rotary.variants import MRoPE, NoPETemperature, XPos
+
+    # rotary.rotate hands fp32 q, k with shared [S, r] tables to the C++ decode kernel (rope_decode)
+    # before the dispatcher is reached; on CUDA that path is never taken. Turned off here, so every
+    # case reaches ops.run, pinned below to one backend whose calls are counted.
+    rotary.apply._fast_pair = lambda *args: None
+    calls = {"triton": 0, "torch": 0}
+
+    def counted(name, backend):
+        def run(rotation):
+            calls[name] += 1
+            return backend(rotation)
+
+        return run
 
     gen = torch.Generator().manual_seed(0)
     producers = [
@@ -36,12 +51,16 @@ SCRIPT = textwrap.dedent(
             q, k = torch.randn(2, 5, 4, 16, generator=gen).to(dtype), torch.randn(2, 5, 2, 16, generator=gen).to(dtype)
             results = {}
             for name, backend in (("triton", triton_kernel.run_triton), ("torch", run_torch)):
-                ops.run = backend  # the dispatcher's kernel call, pinned to one backend
+                ops.run = counted(name, backend)  # the dispatcher's kernel call, pinned to one backend
+                before = dict(calls)
                 results[name] = rotary.rotate([q, k], tables, layout="bshd", kinds=("q", "k"))
+                other = "torch" if name == "triton" else "triton"
+                # one kernel call for q and k, on this backend and no other
+                assert calls[name] == before[name] + 1 and calls[other] == before[other], (name, calls, before)
             for a, b in zip(results["triton"], results["torch"]):
                 assert torch.equal(a, b), (type(producer).__name__, dtype, (a - b).abs().max())
             checked += 1
-    print("checked", checked)
+    print("checked", checked, "triton calls", calls["triton"], "torch calls", calls["torch"])
     """
 )
 
@@ -51,4 +70,4 @@ def test_text_variants_on_the_triton_kernel_under_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
     done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "checked 10" in done.stdout
+    assert "checked 10 triton calls 10 torch calls 10" in done.stdout, done.stdout

@@ -1,6 +1,8 @@
 """AxialRoPE (every preset) and RoPE-Mixed tables through ``rotary.rotate`` on the Triton kernel, run on
 CPU tensors by Triton's interpreter, against the pure-torch path; and RoPE-Mixed's per-head table
-gradients from the Triton kernel. The variants are producers of tables: they need nothing of the
+gradients from the Triton kernel. Every case counts the calls of each backend: one Triton call and
+one torch call, or the test fails (the C++ decode fast path, which fp32 axial tables would otherwise
+take before the dispatcher, is turned off in the script). The variants are producers of tables: they need nothing of the
 kernel but what every table uses (shared rows, per-head tables, table gradients)."""
 
 from __future__ import annotations
@@ -18,10 +20,24 @@ SCRIPT = textwrap.dedent(
     """
     import torch
     import rotary
+    import rotary.apply
     from rotary.kernels import ops, triton as triton_kernel
     from rotary.kernels.contract import Rotation
     from rotary.kernels.eager import run_torch, table_grad_torch
     from rotary.variants import PRESETS, AxialRoPE, RoPEMixed
+
+    # rotary.rotate hands fp32 q, k with shared [S, r] tables to the C++ decode kernel (rope_decode)
+    # before the dispatcher is reached; on CUDA that path is never taken. Turned off here, so every
+    # case reaches ops.run, pinned below to one backend whose calls are counted.
+    rotary.apply._fast_pair = lambda *args: None
+    calls = {"triton": 0, "torch": 0}
+
+    def counted(name, backend):
+        def run(rotation):
+            calls[name] += 1
+            return backend(rotation)
+
+        return run
 
     gen = torch.Generator().manual_seed(0)
     producers = [AxialRoPE.preset(name, 16 if name != "flux" else 128) for name in PRESETS if name != "llama4_vision"]
@@ -35,9 +51,13 @@ SCRIPT = textwrap.dedent(
             q, k = torch.randn(2, S, 4, D, generator=gen).to(dtype), torch.randn(2, S, 4, D, generator=gen).to(dtype)
             results = {}
             for name, backend in (("triton", triton_kernel.run_triton), ("torch", run_torch)):
-                ops.run = backend  # the dispatcher's kernel call, pinned to one backend
+                ops.run = counted(name, backend)  # the dispatcher's kernel call, pinned to one backend
+                before = dict(calls)
                 with torch.no_grad():
                     results[name] = rotary.rotate([q, k], tables, layout="bshd", kinds=("q", "k"))
+                other = "torch" if name == "triton" else "triton"
+                # one kernel call for q and k, on this backend and no other
+                assert calls[name] == before[name] + 1 and calls[other] == before[other], (name, calls, before)
             for a, b in zip(results["triton"], results["torch"]):
                 assert torch.equal(a, b), (rope, dtype, (a - b).abs().max())
             checked += 1
@@ -51,7 +71,7 @@ SCRIPT = textwrap.dedent(
     want = table_grad_torch(rotation, (g,))
     for a, b in zip(buffers[0], want[0]):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
-    print("checked", checked)
+    print("checked", checked, "triton calls", calls["triton"], "torch calls", calls["torch"])
     """
 )
 
@@ -61,4 +81,4 @@ def test_vision_variants_on_the_triton_kernel_under_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
     done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "checked 16" in done.stdout
+    assert "checked 16 triton calls 16 torch calls 16" in done.stdout, done.stdout

@@ -12,11 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rotary
+from helpers import forbid_torch_path
 from rotary import reference
 from rotary.kernels import extension
 from rotary.kernels.eager import rotate_torch
 from rotary.models import POSITION_ENCODINGS, Decoder, DecoderConfig
-from rotary.nn import KVCache, RotaryAttention
+from rotary.nn import KVCache, RotaryAttention, RotaryLinearAttention
 from rotary.variants import XPos, xpos_zeta
 
 
@@ -72,16 +73,31 @@ def test_parity_with_rotary_embedding_torch(seq_len, head_dim, scale_base, gen):
     close(last_q, want_q[:, :, -3:])
 
 
-def test_separate_key_tables_run_on_the_fused_cpu_kernel(gen):
+def test_separate_key_tables_run_on_the_fused_cpu_kernel(monkeypatch, gen):
     assert extension.load_cpu_extension() is not None, extension.cpu_extension_error()
+    forbid_torch_path(monkeypatch)  # equal to the torch oracle, and not by falling back to it
     xpos = XPos(32, scale_base=16, center=4)
-    tables = xpos.tables(torch.tensor([[0, 1, 2, 9], [3, 4, 5, 30]]))
+    ids = torch.tensor([[0, 1, 2, 9], [3, 4, 5, 30]])
+    tables = xpos.tables(ids)
     q, k = torch.randn(2, 4, 4, 32, generator=gen), torch.randn(2, 2, 4, 32, generator=gen)
     q_rot, k_rot = rotary.rotate([q, k], tables, kinds=("q", "k"))
     expected_q = rotate_torch(q, tables.cos[:, None], tables.sin[:, None], interleaved=False, inplace=False)
     expected_k = rotate_torch(k, tables.k_cos[:, None], tables.k_sin[:, None], interleaved=False, inplace=False)
     assert torch.equal(q_rot, expected_q) and torch.equal(k_rot, expected_k)
     assert not torch.equal(tables.cos, tables.k_cos)
+    # the module's own call, with autograd (forward and backward on the kernel), and in bf16
+    q_leaf = q.clone().requires_grad_()
+    got_q, got_k = xpos(q_leaf, k, position_ids=ids)
+    assert torch.equal(got_q.detach(), expected_q) and torch.equal(got_k, expected_k)
+    g = torch.randn(q.shape, generator=gen)  # a dense gradient (an expanded one, from .sum(), has no unit stride)
+    got_q.backward(g)
+    want_grad = rotate_torch(g, tables.cos[:, None], -tables.sin[:, None], interleaved=False, inplace=False)
+    torch.testing.assert_close(q_leaf.grad, want_grad, rtol=1e-6, atol=1e-6)
+    low_q, low_k = xpos(q.bfloat16(), k.bfloat16(), position_ids=ids)
+    assert low_q.dtype == low_k.dtype == torch.bfloat16
+    for got, x, cos, sin in ((low_q, q, tables.cos, tables.sin), (low_k, k, tables.k_cos, tables.k_sin)):
+        want = rotate_torch(x.bfloat16(), cos[:, None], sin[:, None], interleaved=False, inplace=False)
+        assert torch.equal(got, want)
 
 
 @settings(max_examples=25)
@@ -138,10 +154,24 @@ def test_range_guard_and_what_happens_at_2_to_the_20():
         XPos(64, center=40000)
 
 
-def test_bidirectional_attention_is_refused_with_the_reason():
-    with pytest.raises(ValueError, match=r"XPos needs causal=True: .*grows exponentially.*keys ahead"):
-        RotaryAttention(32, 4, causal=False, rope=XPos(8))
-    RotaryAttention(32, 4, causal=True, rope=XPos(8))
+@pytest.mark.parametrize("layer", [RotaryAttention, RotaryLinearAttention])
+def test_bidirectional_attention_is_refused_with_the_reason(layer):
+    refused = r"XPos needs causal=True: .*grows exponentially.*keys ahead.*This {} has causal=False: set causal=True"
+    refused = refused.format(layer.__name__)
+    with pytest.raises(ValueError, match=refused):
+        layer(32, 4, causal=False, rope=XPos(8))
+    x = torch.randn(1, 5, 32)
+    attn = layer(32, 4, causal=True, rope=XPos(8))
+    assert attn(x).shape == (1, 5, 32)
+    # at forward too: causal and rope are plain attributes a caller can change after construction
+    attn.causal = False
+    with pytest.raises(ValueError, match=refused):
+        attn(x)
+    bidirectional = layer(32, 4, causal=False, rope=rotary.RoPE(8))
+    assert bidirectional(x).shape == (1, 5, 32)
+    bidirectional.rope = XPos(8)
+    with pytest.raises(ValueError, match=refused):
+        bidirectional(x)
 
 
 def test_bad_arguments_name_the_value():

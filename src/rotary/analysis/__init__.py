@@ -18,7 +18,7 @@ from .profile import (
 )
 from .scores import position_pca, score_matrix
 from .variants import MRoPELayout, mrope_layout, nope_temperature_curve, p_rope_wavelengths, xpos_scores
-from .verify import Check, verify, verify_axial
+from .verify import Check, verify, verify_axial, verify_mrope
 
 __all__ = [
     "decay_bound",
@@ -34,6 +34,7 @@ __all__ = [
     "Check",
     "verify",
     "verify_axial",
+    "verify_mrope",
     "jsonable",
     "MRoPELayout",
     "mrope_layout",

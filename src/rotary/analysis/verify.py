@@ -13,7 +13,7 @@ from ..apply import apply_rotary, check_tables
 from ..module import RoPE
 from ..tables import cos_sin_table
 
-__all__ = ["Check", "verify", "verify_axial"]
+__all__ = ["Check", "verify", "verify_axial", "verify_mrope"]
 
 
 @dataclass
@@ -97,7 +97,8 @@ def verify_axial(rope: Any, *, sizes: tuple[int, ...] | None = None, shift: floa
     Checks, on a small grid plus one identity token: norms preserved; the N-D relative property per
     axis (every token moved by ``shift`` coordinate units along one axis, then along all axes at
     once, keeps every score: scores depend only on the offsets (Δt, Δh, Δw)); fast == the
-    block-diagonal N-D matrix (:func:`rotary.reference.rotate_matrix_nd`); identity tokens
+    block-diagonal N-D matrix (:func:`rotary.reference.rotate_matrix_nd`; per-head frequencies on four
+    heads spread over all of them); identity tokens
     unchanged; the tables are rotations laid out for the module's pairing.
 
     Args:
@@ -148,8 +149,16 @@ def _verify_axial(rope: Any, sizes: tuple[int, ...], shift: float, seed: int) ->
             err = float(diff.abs().max())
             checks.append(Check(f"scores depend on the offsets only (tokens moved {shift:g} {where})", err, tol))
         freq = rope.frequencies().detach()
-        ref = reference.rotate_matrix_nd(q, values.masked_fill(identity[:, None], 0.0), freq, interleaved=rope.interleaved)
-        checks.append(Check("fast == block-diagonal N-D matrix", float((qr - ref).abs().max()), 1e-12 * max(1.0, float(q.abs().max()))))
+        # the explicit matrices cost D² per token, axis and head: per-head frequencies (RoPE-Mixed) are
+        # compared on four heads spread over the H, the relative property above covers every head
+        heads_checked = torch.linspace(0, heads - 1, min(heads, 4)).round().long().unique() if rope.heads else None
+        coords = values.masked_fill(identity[:, None], 0.0)
+        if heads_checked is None:
+            ref, fast = reference.rotate_matrix_nd(q, coords, freq, interleaved=rope.interleaved), qr
+        else:
+            ref = reference.rotate_matrix_nd(q[:, heads_checked], coords, freq[heads_checked], interleaved=rope.interleaved)
+            fast = qr[:, heads_checked]
+        checks.append(Check("fast == block-diagonal N-D matrix", float((fast - ref).abs().max()), 1e-12 * max(1.0, float(q.abs().max()))))
         checks.append(Check("identity tokens not rotated", float((qr[:, :, identity] - q[:, :, identity]).abs().max()), 0.0))
         tables = rope.tables(grid)
         try:
@@ -158,4 +167,94 @@ def _verify_axial(rope: Any, sizes: tuple[int, ...], shift: float, seed: int) ->
         except ValueError:
             pairing_err = math.inf
         checks.append(Check(f"tables match the {'interleaved' if rope.interleaved else 'half'} pairing", pairing_err, 0.0))
+    return checks
+
+
+def verify_mrope(mrope: Any, *, seq_len: int = 64, shift: int = 4096, seed: int = 0) -> list[Check]:
+    """Check a multimodal RoPE (:class:`rotary.MRoPE`: Qwen2-VL, Qwen2.5-VL, Qwen3-VL) through its fast path.
+
+    Tokens get random temporal, height and width ids (``[3, 2, seq_len]``, each in ``0 .. seq_len - 1``,
+    independent per axis, as image and video tokens have them). Checks: norms scaled exactly by
+    ``attention_scaling``; the N-D relative property, per axis and jointly (every token moved by
+    ``shift`` along t, along h, along w, then along all three keeps every score: scores depend only on
+    (Δt, Δh, Δw)); fast == the block-diagonal N-D matrix (:func:`rotary.reference.rotate_matrix_nd` with
+    the ``[3, r/2]`` slot frequencies, times ``attention_scaling``; the first 16 tokens of each row); one
+    step along an axis turns exactly the slots ``mrope_section`` gives it (:attr:`rotary.MRoPE.axes`), each
+    by its frequency; text ids (t = h = w) give the 1-D
+    RoPE's tables bit for bit; the fp32 tables agree with float64 angles and are rotations laid out
+    for the module's pairing.
+
+    Args:
+        mrope: the module.
+        seq_len: tokens per row.
+        shift: how far the tokens are moved (e.g. the model's context length).
+        seed: of the ids and the random q, k.
+
+    Example:
+        >>> from rotary import MRoPE
+        >>> all(c.passed for c in verify_mrope(MRoPE(16, mrope_section=[2, 3, 3]), seq_len=8))
+        True
+    """
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0:
+        raise ValueError(f"seq_len must be an int > 0, got {seq_len!r}")
+    if isinstance(shift, bool) or not isinstance(shift, int) or shift < 0:
+        raise ValueError(f"shift must be an int >= 0, got {shift!r}")
+    g = torch.Generator().manual_seed(seed)
+    d, s, interleaved = mrope.head_dim, mrope.attention_scaling, mrope.interleaved
+    ids = torch.randint(0, seq_len, (3, 2, seq_len), generator=g)
+    q = torch.randn(2, 3, seq_len, d, generator=g, dtype=torch.float64)
+    k = torch.randn(2, 3, seq_len, d, generator=g, dtype=torch.float64)
+    with torch.no_grad():
+        qr, kr = mrope(q, k, position_ids=ids)  # float64 tables for float64 inputs
+        scores = qr @ kr.transpose(-1, -2)
+        norm = float(q.norm(dim=-1).max()) * max(s, 1.0)
+        checks = [Check("norm preserved (× attention_scaling)", float((qr.norm(dim=-1) - s * q.norm(dim=-1)).abs().max()), 1e-12 * norm)]
+        # float64 angles p · f of up to (shift + seq_len) · max f rad, each rounded once (relative 2^-53), and
+        # float64 sums over D channels: a score moves by at most a few 2^-53 · (angle + D) · |q| |k|
+        largest = (shift + seq_len) * float(mrope.inv_freq.max())
+        tol = norm * norm * 2.0**-53 * (8 * largest + 4 * d)
+        moves = [("t", (0,)), ("h", (1,)), ("w", (2,)), ("t, h and w at once", (0, 1, 2))]
+        for where, axes in moves:
+            moved = ids.clone()
+            moved[list(axes)] += shift
+            qs, ks = mrope(q, k, position_ids=moved)
+            err = float((qs @ ks.transpose(-1, -2) - scores).abs().max())
+            checks.append(Check(f"scores depend on (Δt, Δh, Δw) only (tokens moved {shift} along {where})", err, tol))
+        freq = mrope.inv_freq_axes.double()  # [3, r/2]: slot i's frequency in the row of the axis it reads
+        n = min(seq_len, 16)  # the explicit matrices cost D² per token and axis: the first 16 tokens of each row
+        ref = torch.stack([
+            s * reference.rotate_matrix_nd(q[b, :, :n], ids[:, b, :n].T.double(), freq, interleaved=interleaved)
+            for b in range(2)
+        ])  # fmt: skip
+        scale = max(1.0, float(q.abs().max())) * max(s, 1.0)
+        checks.append(Check("fast == block-diagonal N-D matrix", float((qr[:, :, :n] - ref).abs().max()), 1e-12 * scale))
+        # the layout: moving one axis by 1 turns exactly the slots mrope_section gives that axis, each by its frequency
+        start = mrope.tables(torch.zeros(3, 1, 1, dtype=torch.int64), dtype=torch.float64)
+        err = 0.0
+        for axis in range(3):
+            step = torch.zeros(3, 1, 1, dtype=torch.int64)
+            step[axis] = 1
+            turned = mrope.tables(step, dtype=torch.float64)
+            theta = torch.atan2(turned.sin, turned.cos) - torch.atan2(start.sin, start.cos)  # [1, 1, r]
+            per_slot = theta[0, 0, 0::2] if interleaved else theta[0, 0, : mrope.rotary_dim // 2]
+            want = torch.where(mrope.axes == axis, mrope.inv_freq.double(), 0.0)
+            err = max(err, float((per_slot - want).abs().max()))
+        layout = f"{'interleaved' if mrope.mrope_interleaved else 'chunked'} mrope_section {list(mrope.mrope_section)}"
+        checks.append(Check(f"each slot turns with its own axis only ({layout})", err, 1e-12))
+        text = ids[0]  # [B, S]: text tokens have t = h = w
+        m_cos, m_sin = mrope.tables(text.expand(3, -1, -1)).gather()
+        r_cos, r_sin = cos_sin_table(text, mrope.inv_freq, attention_scaling=s, interleaved=interleaved)
+        err = max(float((m_cos - r_cos).abs().max()), float((m_sin - r_sin).abs().max()))
+        checks.append(Check("text ids (t = h = w) give the 1-D RoPE's tables", err, 0.0))
+        tables = mrope.tables(ids)  # fp32
+        cos, sin = tables.gather()
+        theta = torch.einsum("bsa,aj->bsj", ids.permute(1, 2, 0).double(), freq)
+        half = cos[..., 0::2] if interleaved else cos[..., : mrope.rotary_dim // 2]
+        checks.append(Check("fp32 cos table == float64 angles", float((half.double() - s * theta.cos()).abs().max()), 2**-24 * max(s, 1.0)))
+        try:
+            check_tables(cos, sin, interleaved=interleaved)
+            pairing_err = 0.0
+        except ValueError:
+            pairing_err = math.inf
+        checks.append(Check(f"tables match the {'interleaved' if interleaved else 'half'} pairing", pairing_err, 0.0))
     return checks

@@ -282,6 +282,9 @@ class Configuration:
     context_source: str
     #: the config's layer type this RoPE belongs to (configs with one block per layer type), else None
     layer_type: str | None = None
+    #: the multimodal RoPE of a Qwen2-VL / Qwen2.5-VL / Qwen3-VL config (``rope`` is then its 1-D
+    #: form, exact for text positions only), with the flags applied; else None
+    mrope: Any = None
 
 
 def _read(path: str, layer_type: str | None) -> RopeSettings:
@@ -446,7 +449,19 @@ def _build(settings: RopeSettings, args: argparse.Namespace, layer_type: str | N
     context, source = _context(dict(f.scaling), settings.max_position_embeddings, args.max_position)
     if context > MAX_LENGTH:
         raise ValueError(f"context {context} ({source}) is more than 2**40 positions; give a smaller --max-position")
-    return Configuration(rope, context, source, layer_type)
+    mrope = None
+    if settings.mrope_section is not None:
+        from rotary.variants import MRoPE
+
+        try:
+            mrope = MRoPE(
+                head_dim, mrope_section=settings.mrope_section, mrope_interleaved=settings.mrope_interleaved, base=base,
+                rotary_dim=rotary_dim, scaling=scaling or None, interleaved=interleaved,
+            )  # fmt: skip
+        except (ValueError, TypeError) as exc:  # e.g. --head-dim that the config's mrope_section does not fit
+            origin = _origin(args)
+            raise type(exc)(f"{exc} (settings from {origin})" if origin else str(exc)) from None
+    return Configuration(rope, context, source, layer_type, mrope)
 
 
 _NO_FILE = RopeSettings(head_dim=FLAG_DEFAULTS["head_dim"], base=FLAG_DEFAULTS["base"])

@@ -1,12 +1,28 @@
-"""``rotary verify``: check RoPE's defining properties for a configuration; exit 1 on failure."""
+"""``rotary verify``: check RoPE's defining properties for a configuration; exit 1 on failure.
+
+A Hugging Face config of a model with multimodal RoPE (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) is checked as
+M-RoPE (:func:`rotary.analysis.verify_mrope`), never as the 1-D RoPE of its text positions;
+``--axial PRESET`` and ``--mixed`` check axial RoPE and RoPE-Mixed (:func:`rotary.analysis.verify_axial`).
+"""
 
 from __future__ import annotations
 
 import argparse
 
-from rotary.analysis import Check, verify, verify_axial
+import torch
 
-from .common import add_config_arguments, add_output_argument, console, print_json, rope_from_args, seed, seq_len_count
+from rotary.analysis import Check, verify, verify_axial, verify_mrope
+
+from .common import (
+    add_config_arguments,
+    add_output_argument,
+    configurations,
+    console,
+    count,
+    print_json,
+    seed,
+    seq_len_count,
+)
 
 __all__ = ["register", "render"]
 
@@ -26,29 +42,54 @@ def render(checks: list[Check], title: str) -> None:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    if args.axial:
-        rope, checks = _verify_axial(args)
+    if args.heads is not None and not args.mixed:
+        raise ValueError(f"--heads {args.heads} sets the heads of a RoPE-Mixed: add --mixed, or drop --heads")
+    if args.axial or args.mixed:
+        label, checks = _verify_vision(args)
     else:
-        rope, context = rope_from_args(args)
-        checks = verify(rope, seq_len=args.seq_len, offset=context, seed=args.seed)
+        (configuration,) = configurations(argparse.Namespace(**{**vars(args), "all_layer_types": False}))
+        if configuration.mrope is not None:  # Qwen-VL: the 1-D RoPE is right for text positions only
+            rope = configuration.mrope
+            checks = verify_mrope(rope, seq_len=args.seq_len, shift=configuration.context, seed=args.seed)
+        else:
+            rope = configuration.rope
+            checks = verify(rope, seq_len=args.seq_len, offset=configuration.context, seed=args.seed)
+        label = repr(rope)
     ok = all(c.passed for c in checks)
     if args.json:
-        print_json({"rope": repr(rope), "passed": ok, "checks": [c.to_dict() for c in checks]})
+        print_json({"rope": label, "passed": ok, "checks": [c.to_dict() for c in checks]})
     else:
-        render(checks, f"verify {rope}")
+        render(checks, f"verify {label}")
     return 0 if ok else 1
 
 
-def _verify_axial(args: argparse.Namespace):
-    """``--axial PRESET``: the N-D checks of an axial preset (``--head-dim`` overrides the model's)."""
-    from rotary.variants import AxialRoPE
+def _verify_vision(args: argparse.Namespace) -> tuple[str, list[Check]]:
+    """``--axial PRESET`` and/or ``--mixed``: the N-D checks of an axial preset and of a RoPE-Mixed
+    (``--head-dim`` overrides the preset's, default 64 for RoPE-Mixed); with both, each check's name
+    says which module it is about."""
+    from rotary.variants import AxialRoPE, RoPEMixed
 
     keys = ("base", "rotary_dim", "scaling", "max_position", "pairing", "interleaved", "layer_type")
     given = [f"--{k.replace('_', '-')}" for k in keys if getattr(args, k, None) is not None]
     if getattr(args, "config", None) is not None or given:
-        raise ValueError(f"--axial {args.axial} takes the preset's configuration; drop {', '.join(given) or 'CONFIG'} (--head-dim may change)")
-    rope = AxialRoPE.preset(args.axial, args.head_dim)
-    return rope, verify_axial(rope, seed=args.seed)
+        what = " and ".join(filter(None, (f"--axial {args.axial}" if args.axial else "", "--mixed" if args.mixed else "")))
+        whose = {(True, False): "the preset's", (False, True): "RoPE-Mixed's", (True, True): "the preset's and RoPE-Mixed's"}
+        raise ValueError(
+            f"{what} takes {whose[bool(args.axial), args.mixed]} configuration; drop {', '.join(given) or 'CONFIG'} "
+            "(--head-dim may change)"
+        )
+    modules = []
+    if args.axial:
+        modules.append((f"axial {args.axial}", AxialRoPE.preset(args.axial, args.head_dim)))
+    if args.mixed:
+        heads = 4 if args.heads is None else args.heads
+        generator = torch.Generator().manual_seed(args.seed)  # the per-head angles, as `rotary plot axial --mixed`
+        modules.append(("RoPE-Mixed", RoPEMixed(args.head_dim or 64, heads, generator=generator)))
+    checks = []
+    for name, module in modules:
+        for check in verify_axial(module, seed=args.seed):
+            checks.append(Check(f"{name}: {check.name}", check.worst_error, check.tolerance) if len(modules) > 1 else check)
+    return " and ".join(repr(m) for _, m in modules), checks
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -56,7 +97,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "verify",
         help="check norms, the relative property, matrix/complex/fast forms and table pairing",
         description="Runs the configuration through the fast path and compares it with the block-diagonal matrix "
-        "and complex references; exit status 1 when any check fails.",
+        "and complex references; exit status 1 when any check fails. A Qwen2-VL / Qwen2.5-VL / Qwen3-VL config "
+        "is checked as multimodal RoPE (M-RoPE): the relative property along t, h and w and jointly, fast == "
+        "the block-diagonal N-D matrix, text ids == 1-D RoPE.",
     )
     add_config_arguments(p)
     p.add_argument("--seq-len", type=seq_len_count, default=64, help="positions to check (default 64)")
@@ -67,7 +110,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=f"check an axial RoPE preset instead ({', '.join(PRESETS)}): the N-D relative property per axis, "
         "fast == block-diagonal N-D matrix, identity tokens",
     )
-    p.add_argument("--seed", type=seed, default=0, help="seed of the random q, k (default 0)")
+    p.add_argument(
+        "--mixed", action="store_true",
+        help="check a RoPE-Mixed (\"Rotary Position Embedding for Vision Transformer\") with random per-head angles "
+        "(seeded by --seed): the same N-D checks, per head",
+    )
+    p.add_argument("--heads", type=count(16, "each head is checked"), help="heads of the RoPE-Mixed (default 4; needs --mixed)")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the random q, k and of RoPE-Mixed's angles (default 0)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_output_argument(p, "file", None, "write the output to this file")
     p.set_defaults(func=_verify)

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import positions as P
-from .._checks import check_bool, check_positive_int, check_probability
+from .._checks import check_bool, check_causal_rope, check_positive_int, check_probability
 from ..apply import rotate
 from ..module import RoPE
 from ..positions import Positions, check_attention_mask
@@ -148,7 +148,11 @@ class RotaryAttention(nn.Module):
         rope: the position encoding of q and k: ``True`` (a default ``RoPE(head_dim)``), ``False``
             (none: NoPE), or a module producing tables, ``rope.tables(positions, dtype=) ->
             RotaryTables`` — a :class:`rotary.RoPE` with any scaling and pairing (e.g. one shared by
-            every layer) or a variant such as xPos.
+            every layer) or a variant such as xPos. A producer whose positions are not 1-D token
+            positions (:class:`rotary.AxialRoPE` and :class:`rotary.RoPEMixed`: coordinates
+            ``[S, A]`` / ``[B, S, A]``; :class:`rotary.MRoPE`: ids ``[3, B, S]``) has
+            ``input_tables(position_ids, batch=, seq_len=, device=, dtype=)``; ``position_ids`` are
+            then its positions, handed to it unread, and must be given (or ``tables=``).
         rotary_value: also rotate v at the key's position (RoFormer's ``rotary_value``).
         position_bias: score bias added to the RoPE scores: ``None``, ``"alibi"``,
             ``"relative"`` (learned ``b(i-j)``), or a module ``(query_positions [B,S], key_positions [B,T])
@@ -229,9 +233,14 @@ class RotaryAttention(nn.Module):
                 f"rope must be True, False or an nn.Module with tables(positions) like rotary.RoPE, got {type(rope).__name__}"
             )
         self.rope = rope
-        reason = getattr(rope, "requires_causal", None)  # a producer valid only under a causal mask (xPos)
-        if reason and not self.causal:
-            raise ValueError(f"{type(rope).__name__} needs causal=True: {reason}")
+        check_causal_rope(rope, self.causal, type(self).__name__)  # a producer valid only under a causal mask (xPos)
+        per_head = getattr(rope, "heads", None) if self._nd_positions() else None  # RoPE-Mixed's per-head tables
+        if per_head is not None and (num_heads != per_head or num_kv_heads != per_head):
+            raise ValueError(
+                f"{type(rope).__name__} has per-head frequencies for {per_head} heads, but this layer has num_heads="
+                f"{num_heads} and num_kv_heads={num_kv_heads}: q and k both need {per_head} heads (build the layer with "
+                f"num_heads={per_head} and num_kv_heads={per_head}, or the producer with num_heads={num_heads} and no GQA)"
+            )
         if self.rotary_value and self.rope is None:
             raise ValueError("rotary_value=True needs a rope; pass rope=True or a RoPE module")
 
@@ -244,6 +253,15 @@ class RotaryAttention(nn.Module):
                 f"position_bias must be None, 'alibi', 'relative' or an nn.Module, got {position_bias!r}"
             )
         self.position_bias = position_bias
+        if self.position_bias is not None and self._nd_positions():
+            raise ValueError(
+                f"position_bias={type(self.position_bias).__name__} scores 1-D distances between token positions, but "
+                f"{type(rope).__name__}'s positions are N-D; use one or the other"
+            )
+
+    def _nd_positions(self) -> bool:
+        """Whether the producer reads position_ids itself (N-D positions: axial RoPE, RoPE-Mixed, M-RoPE)."""
+        return callable(getattr(self.rope, "input_tables", None))
 
     def extra_repr(self) -> str:
         return (
@@ -326,7 +344,10 @@ class RotaryAttention(nn.Module):
                 (``T = cache.length + S``), as in Hugging Face.
             position_ids: integer ``[S]`` or ``[B, S]``, or :class:`~rotary.positions.Positions`;
                 default: continue the cache, else ``0..S-1``. With left padding pass
-                :func:`padding_position_ids` so real tokens start at 0.
+                :func:`padding_position_ids` so real tokens start at 0. For a producer with N-D
+                positions (see ``rope``), its positions (required unless ``tables`` is given): the
+                coordinates of :class:`rotary.AxialRoPE` / :class:`rotary.RoPEMixed` (e.g.
+                ``rope.grid(h, w, prefix=1)``), the ``[3, B, S]`` ids of :class:`rotary.MRoPE`.
             cache: a :class:`KVCache` to read and extend (incremental decoding).
             tables: the rotary tables of these positions, computed once per model forward (see
                 :class:`rotary.models.Decoder`); default: ``self.rope.tables(positions)``.
@@ -338,6 +359,7 @@ class RotaryAttention(nn.Module):
             raise ValueError(f"hidden_states must be [B, S, E], got {getattr(hidden_states, 'shape', hidden_states)}")
         if hidden_states.shape[-1] != self.hidden_size:
             raise ValueError(f"hidden_states has width {hidden_states.shape[-1]}, this layer expects {self.hidden_size}")
+        check_causal_rope(self.rope, self.causal, type(self).__name__)  # causal or rope may have been reassigned
         batch, seq_len, _ = hidden_states.shape
         device = hidden_states.device
         if cache is not None:
@@ -353,7 +375,16 @@ class RotaryAttention(nn.Module):
         k = self.k_proj(hidden_states).view(batch, seq_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(hidden_states).view(batch, seq_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
 
-        positions = self.positions(position_ids, cache, batch, seq_len, device)
+        if self._nd_positions():
+            # position_ids are the producer's own (coordinates, [3, B, S] ids): it reads and checks them; the
+            # cache and the mask use token indices, continuing the cache
+            positions = P.arange(seq_len, offset=0 if cache is None else cache.length, device=device)
+            if tables is None:
+                tables = self.rope.input_tables(  # type: ignore[union-attr]
+                    position_ids, batch=batch, seq_len=seq_len, device=device, dtype=table_dtype(q.dtype)
+                )
+        else:
+            positions = self.positions(position_ids, cache, batch, seq_len, device)
         if self.rope is not None:
             if tables is None:
                 tables = self.rope.tables(positions, dtype=table_dtype(q.dtype))

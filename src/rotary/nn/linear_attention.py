@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import positions as P
-from .._checks import check_bool, check_positive_int
+from .._checks import check_bool, check_causal_rope, check_positive_int
 from ..apply import rotate
 from ..module import RoPE
 from ..positions import Positions, check_attention_mask
@@ -243,7 +243,7 @@ class RotaryLinearAttention(nn.Module):
         causal: each token attends to itself and earlier tokens only.
         chunk_size: causal chunk length (memory O(chunk_size² + D²) per head).
         rope: ``True`` (a default ``RoPE(head_dim)``) or a table producer such as a configured
-            :class:`rotary.RoPE`.
+            :class:`rotary.RoPE`; :class:`rotary.XPos` only with ``causal=True``.
         bias: biases on the projections.
 
     Example:
@@ -284,6 +284,7 @@ class RotaryLinearAttention(nn.Module):
         elif not (isinstance(rope, nn.Module) and callable(getattr(rope, "tables", None))):
             raise TypeError(f"rope must be True or an nn.Module with tables(positions) like rotary.RoPE, got {type(rope).__name__}")
         self.rope = rope
+        check_causal_rope(rope, self.causal, type(self).__name__)  # xPos: causal only
 
     def forward(
         self,
@@ -306,6 +307,7 @@ class RotaryLinearAttention(nn.Module):
             raise ValueError(f"hidden_states must be [B, S, E], got {getattr(hidden_states, 'shape', hidden_states)}")
         if hidden_states.shape[-1] != self.hidden_size:
             raise ValueError(f"hidden_states has width {hidden_states.shape[-1]}, this layer expects {self.hidden_size}")
+        check_causal_rope(self.rope, self.causal, type(self).__name__)  # causal or rope may have been reassigned
         batch, seq_len, _ = hidden_states.shape
         device = hidden_states.device
         shape = (batch, seq_len, self.num_heads, self.head_dim)

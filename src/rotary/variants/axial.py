@@ -420,7 +420,55 @@ class CoordinateRoPE(nn.Module):
                 "beyond float64's range (cos/sin would be NaN); use smaller coordinates, augmentation ranges or frequencies"
             )
 
+    def input_tables(
+        self,
+        position_ids: Coordinates | Positions | torch.Tensor | None,
+        *,
+        batch: int,
+        seq_len: int,
+        device: torch.device | str,
+        dtype: torch.dtype = torch.float32,
+    ) -> RotaryTables:
+        """The tables for a batch of ``batch`` x ``seq_len`` tokens at ``position_ids``, checked against them.
+
+        What :class:`rotary.nn.RotaryAttention` calls with its ``position_ids``: the coordinates are
+        this module's, so the layer passes them through unread.
+
+        Args:
+            position_ids: :class:`Coordinates` (e.g. ``grid(h, w, prefix=1)``) or coordinates ``[S, A]`` /
+                ``[B, S, A]``; there is no default.
+            batch: ``B`` of the input.
+            seq_len: ``S`` of the input (identity tokens included).
+            device: where the tables go (the input's device).
+            dtype: fp32, or float64 for float64 inputs.
+
+        Returns:
+            :class:`~rotary.tables.RotaryTables` (augmented in training mode, if configured).
+
+        Example:
+            >>> rope = AxialRoPE(8)
+            >>> rope.input_tables(rope.grid(2, 3, prefix=1), batch=2, seq_len=7, device="cpu").cos.shape
+            torch.Size([7, 8])
+        """
+        if position_ids is None:
+            raise ValueError(
+                f"{type(self).__name__} rotates tokens by their {self.axes} coordinates: pass position_ids=rope.grid(...) "
+                f"(identity tokens with prefix=/suffix=) or coordinates [S, {self.axes}] / [B, S, {self.axes}]"
+            )
+        coords = self.coordinates(position_ids, name="position_ids")
+        self._check_tokens(coords, batch, seq_len, "the input")
+        return self.tables(coords.to(device), dtype=dtype)
+
     # application ----------------------------------------------------------------------------
+    def _check_tokens(self, coords: Coordinates, batch: int, seq_len: int, what: str, detail: str = "") -> None:
+        if coords.seq_len != seq_len:
+            raise ValueError(
+                f"the coordinates cover S={coords.seq_len} tokens but {what} has S={seq_len}{detail}; tokens without a place "
+                "on the grid (CLS, registers) need an identity row: grid(..., prefix=, suffix=)"
+            )
+        if coords.batch is not None and coords.batch not in (1, batch):
+            raise ValueError(f"the coordinates have batch {coords.batch} but {what} has batch {batch}")
+
     def _check_inputs(self, xs: Sequence[torch.Tensor], names: Sequence[str], coords: Coordinates, layout: str) -> None:
         batch_dim, seq_dim = check_layout(layout)
         for x, name in zip(xs, names):
@@ -429,13 +477,7 @@ class CoordinateRoPE(nn.Module):
                 raise ValueError(f"{name} must be 4-D ([B, H, S, D] or [B, S, H, D]), got {shape}")
             if x.shape[-1] != self.head_dim:
                 raise ValueError(f"{name} has head_dim {x.shape[-1]} but this {type(self).__name__} was built for head_dim={self.head_dim}")
-            if x.shape[seq_dim] != coords.seq_len:
-                raise ValueError(
-                    f"the coordinates cover S={coords.seq_len} tokens but {name} has S={x.shape[seq_dim]} (layout {layout!r}); "
-                    "tokens without a place on the grid (CLS, registers) need an identity row: grid(..., prefix=, suffix=)"
-                )
-            if coords.batch is not None and coords.batch not in (1, x.shape[batch_dim]):
-                raise ValueError(f"the coordinates have batch {coords.batch} but {name} has batch {x.shape[batch_dim]}")
+            self._check_tokens(coords, x.shape[batch_dim], x.shape[seq_dim], name, f" (layout {layout!r})")
 
     def forward(
         self,

@@ -180,7 +180,9 @@ class MRoPE(nn.Module):
         Reads what :meth:`rotary.RoPE.from_hf_config` reads (head width, ``rope_theta``, the scaling
         block, 4.x ``rope_scaling`` with ``"type": "mrope"`` or 5.x ``rope_parameters``) and the
         ``mrope_section``; the layout is the model's (Qwen3-VL interleaved, the others chunked).
-        ``RoPE.from_hf_config`` of the same config gives the 1-D RoPE that these tables equal on text.
+        :meth:`rotary.RoPE.from_hf_config` refuses these configs (a 1-D RoPE cannot represent M-RoPE);
+        its error names this call and the ``rotary.RoPE(...)`` whose tables these equal on text
+        positions (t = h = w).
 
         Args:
             config: a transformers config (the multimodal one or its ``text_config``), a path to a
@@ -294,6 +296,44 @@ class MRoPE(nn.Module):
         rows = torch.arange(ids.shape[0], device=ids.device) if positions.packed else None
         return RotaryTables.unchecked(cos, sin, self.interleaved, rows=rows)
 
+    def input_tables(
+        self,
+        position_ids: torch.Tensor | Positions | MultimodalPositions | None,
+        *,
+        batch: int,
+        seq_len: int,
+        device: torch.device | str,
+        dtype: torch.dtype = torch.float32,
+    ) -> RotaryTables:
+        """The tables for a batch of ``batch`` x ``seq_len`` tokens at ``position_ids``, checked against them.
+
+        What :class:`rotary.nn.RotaryAttention` calls with its ``position_ids``: M-RoPE's ids are
+        ``[3, B, S]``, so the layer passes them through unread.
+
+        Args:
+            position_ids: ids ``[3, B, S]`` (or ``[3, 1, S]``), a :class:`MultimodalPositions` or a 3-axis
+                :class:`~rotary.positions.Positions`; there is no default.
+            batch: ``B`` of the input.
+            seq_len: ``S`` of the input.
+            device: where the tables go (the input's device).
+            dtype: fp32, or float64 for float64 inputs.
+
+        Example:
+            >>> mrope = MRoPE(16, mrope_section=[2, 3, 3])
+            >>> ids = torch.arange(5).expand(3, 1, 5)
+            >>> mrope.input_tables(ids, batch=2, seq_len=5, device="cpu").cos.shape
+            torch.Size([1, 5, 16])
+        """
+        if position_ids is None:
+            raise ValueError(
+                "M-RoPE rotates tokens by three ids (temporal, height, width): pass position_ids [3, B, S], from "
+                "rotary.multimodal_positions(...) for a prompt and its .continuation(n) for the next tokens, or "
+                "ids.expand(3, B, S) for text"
+            )
+        positions = self.positions(position_ids)
+        P.from_ids(positions, batch=batch, seq_len=seq_len, axes=3, name="M-RoPE position_ids")
+        return self.tables(positions.to(device), dtype=dtype)
+
     def forward(
         self,
         q: torch.Tensor,
@@ -314,11 +354,11 @@ class MRoPE(nn.Module):
             ``(q_rotated, k_rotated)``.
         """
         batch_dim, seq_dim = check_layout(layout)
-        positions = self.positions(position_ids)
         if not isinstance(q, torch.Tensor) or q.dim() != 4:
             raise ValueError(f"q must be 4-D ([B, H, S, D] or [B, S, H, D]), got {getattr(q, 'shape', type(q).__name__)}")
-        P.from_ids(positions, batch=q.shape[batch_dim], seq_len=q.shape[seq_dim], axes=3)
-        tables = self.tables(positions.to(q.device), dtype=table_dtype(q.dtype))
+        tables = self.input_tables(
+            position_ids, batch=q.shape[batch_dim], seq_len=q.shape[seq_dim], device=q.device, dtype=table_dtype(q.dtype)
+        )
         q, k = rotate([q, k], tables, layout=layout, kinds=("q", "k"), names=("q", "k"))
         return q, k
 

@@ -13,7 +13,15 @@ from rotary.cli import main
 from rotary.experiments.config import PRESETS, ExperimentConfig
 from rotary.experiments.data import load_corpus
 from rotary.experiments.progress import Reporter
-from rotary.experiments.train import ModelSpec, build_model, learning_rate, load_checkpoint, param_groups, train_model
+from rotary.experiments.train import (
+    Distributed,
+    ModelSpec,
+    build_model,
+    learning_rate,
+    load_checkpoint,
+    param_groups,
+    train_model,
+)
 
 CFG = ExperimentConfig(**{**PRESETS["tiny"], "device": "cpu"})
 
@@ -70,3 +78,74 @@ def test_two_torchrun_processes_reach_the_parameters_of_one_process(tmp_path):
         moved = [k for k, v in one["model"].items() if not torch.equal(v, build_model(spec, cfg).state_dict()[k])]
         assert moved, "training changed nothing: the comparison would be empty"
     assert (tmp_path / "two" / "results.json").is_file()
+
+
+# ------------------------------------------------------------------------------------------------
+# collectives: NCCL reduces CUDA tensors only, so every tensor a collective touches must be on the
+# training device. No GPU here: a fake process group records where the tensors live.
+
+
+class _Stop(Exception):
+    """Raised by the fake all_reduce once it has seen its tensor (a meta tensor has no value to read)."""
+
+
+@pytest.fixture
+def fake_group(monkeypatch):
+    seen: list[torch.device] = []
+
+    def all_reduce(tensor, op=None):
+        seen.append(tensor.device)
+        raise _Stop
+
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
+    return seen
+
+
+def test_agree_reduces_a_flag_on_the_training_device(fake_group):
+    # "meta" stands for cuda:1: any device but the CPU shows where the flag is created
+    with pytest.raises(_Stop):
+        Distributed(rank=1, world_size=2, local_rank=1).agree(True, torch.device("meta"))
+    assert fake_group == [torch.device("meta")]
+    assert Distributed(rank=1, world_size=2, local_rank=1).device("cuda") == torch.device("cuda", 1)
+
+
+def test_the_logged_loss_is_reduced_where_it_was_computed(fake_group):
+    with pytest.raises(_Stop):
+        Distributed(rank=0, world_size=2).mean(torch.ones((), device="meta"))
+    assert fake_group == [torch.device("meta")]
+
+
+def test_cuda_joins_a_group_with_nccl_for_cuda_tensors_and_gloo_for_cpu_ones(monkeypatch):
+    backends: list[str] = []
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda backend: backends.append(backend))
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: None)
+    Distributed(rank=0, world_size=2).start("cuda")
+    Distributed(rank=0, world_size=2).start("cpu")
+    assert backends == ["cpu:gloo,cuda:nccl", "gloo"]
+
+
+def test_every_collective_of_the_experiment_goes_through_distributed():
+    """A collective called anywhere else could be handed a CPU tensor under nccl: only the methods of
+    ``Distributed`` (which take the training device) may call ``torch.distributed``'s collectives."""
+    import ast
+    from pathlib import Path
+
+    import rotary.experiments as package
+
+    collectives = {"all_reduce", "all_gather", "all_gather_object", "broadcast", "broadcast_object_list", "reduce",
+                   "gather", "scatter", "barrier", "all_to_all", "reduce_scatter", "send", "recv"}
+    outside, inside = [], []
+    for path in sorted(Path(package.__file__).parent.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        owner = {}
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            for node in ast.walk(cls):
+                owner[id(node)] = cls.name
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in collectives:
+                where = f"{path.name}:{node.lineno} {node.attr}"
+                (inside if owner.get(id(node)) == "Distributed" else outside).append(where)
+    assert not outside, outside
+    assert len(inside) == 2, inside  # agree() and mean(): the scan does see them

@@ -203,7 +203,7 @@ def run_experiment(
                 }, indent=1) + "\n")
         except ExperimentError as exc:
             failure = exc
-    if not dist.agree(failure is None):
+    if not dist.agree(failure is None, dist.device(config.device)):
         dist.stop()
         raise failure or ExperimentError("rank 0 stopped on bad input")
     timings["load data"] = time.perf_counter() - t

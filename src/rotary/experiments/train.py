@@ -77,20 +77,42 @@ class Distributed:
                 f"{os.environ.get('RANK')!r} / {os.environ.get('WORLD_SIZE')!r} / {os.environ.get('LOCAL_RANK')!r}"
             ) from None
 
+    def device(self, kind: str) -> torch.device:
+        """The training device of this process: ``cuda:LOCAL_RANK`` for ``kind == "cuda"``, else the CPU.
+
+        Every tensor a collective touches lives here: NCCL reduces CUDA tensors only.
+
+        Example:
+            >>> Distributed(rank=1, world_size=2, local_rank=1).device("cuda"), Distributed().device("cpu")
+            (device(type='cuda', index=1), device(type='cpu'))
+        """
+        return torch.device("cuda", self.local_rank) if kind == "cuda" else torch.device("cpu")
+
     def start(self, device: str) -> None:
-        """Join the process group (gloo on CPU, nccl on CUDA); nothing to do for one process."""
+        """Join the process group (gloo on CPU; on CUDA nccl for CUDA tensors and gloo for any CPU
+        tensor); nothing to do for one process."""
         if self.world_size > 1 and not torch.distributed.is_initialized():
             if device == "cuda":
                 torch.cuda.set_device(self.local_rank)
-            torch.distributed.init_process_group("nccl" if device == "cuda" else "gloo")
+            torch.distributed.init_process_group("cpu:gloo,cuda:nccl" if device == "cuda" else "gloo")
 
-    def agree(self, ok: bool) -> bool:
-        """True when ``ok`` holds on every rank (one all-reduce; the flag itself alone)."""
+    def agree(self, ok: bool, device: torch.device) -> bool:
+        """True when ``ok`` holds on every rank: one all-reduce (MIN) of a ``[1]`` flag on ``device``,
+        the training device (:meth:`device`)."""
         if self.world_size == 1 or not torch.distributed.is_initialized():
             return ok
-        flag = torch.tensor([int(ok)])
+        flag = torch.tensor([int(ok)], device=device)
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
         return bool(flag.item())
+
+    def mean(self, value: torch.Tensor) -> torch.Tensor:
+        """The mean of ``value`` (any shape, on the training device) over the ranks; ``value`` itself
+        for one process. Used for the logged loss only: DDP averages the gradients itself."""
+        if self.world_size == 1 or not torch.distributed.is_initialized():
+            return value
+        total = value.detach().clone()
+        torch.distributed.all_reduce(total)
+        return total / self.world_size
 
     def stop(self) -> None:
         if self.world_size > 1 and torch.distributed.is_initialized():
@@ -237,7 +259,7 @@ def train_model(
     Returns:
         :class:`TrainOutcome` with the unwrapped model in eval mode.
     """
-    device = torch.device(config.device, dist.local_rank) if config.device == "cuda" else torch.device("cpu")
+    device = dist.device(config.device)
     model = build_model(spec, config).to(device)
     optimizer = torch.optim.AdamW(param_groups(model, config.weight_decay), lr=config.learning_rate, betas=(0.9, 0.95), eps=1e-8)
     path = None if run_dir is None else run_dir / "models" / spec.name / CHECKPOINT
@@ -285,10 +307,7 @@ def train_model(
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-            logged = loss.detach()
-            if dist.world_size > 1:  # the loss of the global batch, for the log only
-                torch.distributed.all_reduce(logged)
-                logged = logged / dist.world_size
+            logged = dist.mean(loss.detach())  # the loss of the global batch (on the training device)
             losses.append(float(logged))
             recent = losses[-20:]
             task.advance(loss=sum(recent) / len(recent))

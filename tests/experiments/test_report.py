@@ -2,10 +2,13 @@
 
 import math
 
+import pytest
+
 from rotary.experiments.config import ExperimentConfig
 from rotary.experiments.report import (
     comparisons,
     csv_text,
+    draw_figures,
     method_label,
     observations,
     separation,
@@ -111,3 +114,17 @@ def test_tables_and_labels():
     text = csv_text(rows(AS_PUBLISHED), [0, *LENGTHS])
     assert len(text.splitlines()) == 1 + 10 * 4
     assert text.splitlines()[0].endswith("loss_0_128,loss_128_256,loss_256_512,loss_512_1024")
+
+
+@pytest.mark.parametrize("broken", [("learned", "sinusoidal"), tuple(k[0] for k in AS_PUBLISHED)])
+def test_figures_skip_perplexities_that_are_not_finite(tmp_path, broken):
+    """Once, a run whose perplexities were all NaN failed in matplotlib ("Data cannot be log-scaled")."""
+    table = {k: ([math.nan, math.inf, math.nan, math.inf] if k[0] in broken else v) for k, v in AS_PUBLISHED.items()}
+    r = rows(table)
+    for row in r:
+        if not math.isfinite(row["perplexity"]):
+            row["loss"] = row["perplexity"]
+            row["buckets"] = {k: (None if v is None else row["perplexity"]) for k, v in row["buckets"].items()}
+    paths = draw_figures(r, CFG, tmp_path)
+    for name in ("perplexity", "buckets", "passkey"):
+        assert [p.suffix for p in paths[name]] == [".png", ".svg"] and all(p.stat().st_size > 0 for p in paths[name])

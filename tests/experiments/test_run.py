@@ -187,6 +187,23 @@ def test_world_size_that_does_not_divide_the_batch(capsys, tmp_path, monkeypatch
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--learning-rate", "1e9"], "Start a new run with a lower --learning-rate (this run: 1e+09)"),
+        (["--weight-decay", "1e30"], "or a lower --weight-decay (this run: 1e+30"),
+    ],
+)
+def test_diverged_training_stops_with_one_line_and_leaves_no_results(capsys, tmp_path, flags, needle):
+    out = tmp_path / "diverged"
+    code = experiment(out, *flags, "--steps", "3", "--encodings", "rope", "--spread-encodings=", "--scalings", "none")
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "training rope (encoding rope, seed 0) diverged at step " in err and needle in err
+    assert f"{out} has no results.json (not a finished run)" in err
+    assert sorted(p.name for p in out.iterdir()) == ["config.json"], "nothing past the settings: no figures, report or results"
+
+
 def test_resume_refuses_another_configuration_and_corrupted_checkpoints(capsys, tiny_run, tmp_path):
     code = main(["experiment", "--preset", "tiny", "--device", "cpu", "--steps", "13", "--resume", str(tiny_run)])
     err = capsys.readouterr().err

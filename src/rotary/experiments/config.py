@@ -189,12 +189,12 @@ class ExperimentConfig:
             raise ExperimentError(f"--passkey-fraction must be in [0, 1], got {self.passkey_fraction!r}")
         if not (isinstance(self.held_out_fraction, (int, float)) and 0.0 < self.held_out_fraction < 1.0):
             raise ExperimentError(f"--held-out-fraction must be in (0, 1), got {self.held_out_fraction!r}")
-        for name in ("learning_rate", "min_learning_rate", "grad_clip"):
+        for name in ("learning_rate", "min_learning_rate", "grad_clip", "rope_base"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ExperimentError(f"--{name.replace('_', '-')} must be a finite number > 0, got {value!r}")
-        if not (isinstance(self.weight_decay, (int, float)) and self.weight_decay >= 0):
-            raise ExperimentError(f"--weight-decay must be >= 0, got {self.weight_decay!r}")
+        if not (isinstance(self.weight_decay, (int, float)) and math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ExperimentError(f"--weight-decay must be a finite number >= 0, got {self.weight_decay!r}")
         if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
             raise ExperimentError(f"--warmup-steps must be an integer >= 0, got {self.warmup_steps!r}")
         if not self.passkey_depths or any(not (0.0 <= d <= 1.0) for d in self.passkey_depths):

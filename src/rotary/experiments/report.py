@@ -523,14 +523,22 @@ def draw_figures(rows: Sequence[dict], config: ExperimentConfig, directory: Path
     paths: dict[str, list[Path]] = {}
     directory.mkdir(parents=True, exist_ok=True)
 
+    def plottable(value: float | None) -> bool:  # log axes: finite and > 0 (an overflowed perplexity is inf)
+        return value is not None and math.isfinite(value) and value > 0
+
     fig, ax = plt.subplots(figsize=(8.5, 5.2))
+    drawn = 0
     for m in ms:
-        xs = [e for e in t.lengths if t.get(m.model, m.scaling, e, "perplexity") is not None]
+        xs = [e for e in t.lengths if plottable(t.get(m.model, m.scaling, e, "perplexity"))]
         ax.plot(xs, [t.get(m.model, m.scaling, e, "perplexity") for e in xs], label=m.label, **style(m))
+        drawn += len(xs)
     ax.axvline(L, color="#444444", linewidth=1, linestyle="--")
     ax.text(L, 0.98, " L (training length)", transform=ax.get_xaxis_transform(), va="top", ha="left", fontsize=9)
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+    if drawn:
+        ax.set_yscale("log")
+    else:
+        ax.text(0.5, 0.5, "no finite perplexity to draw", transform=ax.transAxes, ha="center", va="center")
     ax.set_xticks(t.lengths, [f"{e}\n({e / L:g}L)" for e in t.lengths])
     ax.set_xlabel("evaluation length E (tokens = bytes)")
     ax.set_ylabel("perplexity per byte (log scale)")
@@ -547,7 +555,7 @@ def draw_figures(rows: Sequence[dict], config: ExperimentConfig, directory: Path
         if row is None:
             continue
         values = [row["buckets"].get(f"{a}-{b}") for a, b in zip(edges[:-1], edges[1:])]
-        ax.plot(range(len(labels)), [math.nan if v is None else v for v in values], label=m.label, **style(m))
+        ax.plot(range(len(labels)), [v if v is not None and math.isfinite(v) else math.nan for v in values], label=m.label, **style(m))
     ax.set_xticks(range(len(labels)), labels)
     ax.set_xlabel(f"query position inside windows of {longest} tokens")
     ax.set_ylabel("mean next-byte loss (nats)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import signal
 import subprocess
@@ -86,6 +87,22 @@ def test_writes_every_file_with_the_expected_shapes(tiny_run):
     assert config["command"].startswith("rotary experiment --preset tiny --device cpu")
 
 
+def test_the_hybrid_encodings_run_through_the_experiment(tmp_path):
+    out = tmp_path / "hybrids"
+    assert experiment(out, "--encodings", "rope_alibi,rope_relative", "--spread-encodings", "rope_alibi", "--scalings",
+                      "none,yarn", "--eval-lengths", f"{L},{2 * L}", "--steps", "4", "--passkey-trials", "5") == 0
+    results = json.loads((out / "results.json").read_text())
+    assert [m["name"] for m in results["models"]] == ["rope_alibi", "rope_relative", "rope_alibi-2"]
+    # both rotate q and k, so both are also evaluated under the scalings; the repeat only as trained
+    keys = sorted((r["model"], r["scaling"], r["eval_length"]) for r in results["results"])
+    assert keys == sorted([(m, s, e) for m in ("rope_alibi", "rope_relative") for s in ("none", "yarn") for e in (L, 2 * L)]
+                          + [("rope_alibi-2", "none", e) for e in (L, 2 * L)])
+    assert all(math.isfinite(r["perplexity"]) and r["perplexity"] > 1 for r in results["results"])
+    assert [s["eval_length"] for s in results["spread"]] == [L, 2 * L]
+    report = (out / "report.md").read_text()
+    assert "RoPE + ALiBi + YaRN" in report and "RoPE + learned bias" in report
+
+
 def test_same_command_same_numbers(tiny_run, tmp_path):
     assert experiment(tmp_path / "again") == 0
     assert numbers(tmp_path / "again") == numbers(tiny_run)
@@ -143,6 +160,23 @@ def test_bad_data_files(capsys, tmp_path):
     assert "has 500 bytes, too short" in message and "at least 8960 bytes" in message
 
 
+def test_empty_encodings_are_an_error_not_the_defaults(capsys, tmp_path):
+    message = bad(capsys, tmp_path / "o", "--encodings", "")
+    assert "--encodings is empty; choose from" in message and "rope_alibi" in message
+    assert "--encodings is empty" in bad(capsys, tmp_path / "o", "--encodings", " , ")
+
+
+@pytest.mark.parametrize("package", ["matplotlib", "rich"])
+def test_missing_report_packages_stop_the_run_before_training(capsys, tmp_path, monkeypatch, package):
+    monkeypatch.setitem(sys.modules, package, None)  # `import matplotlib` now raises ImportError
+    out = tmp_path / "o"
+    code = experiment(out)
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert f"needs the optional package '{package}'" in err and "pip install 'rotary[plot]'" in err
+    assert not out.exists(), "nothing trained, nothing written"
+
+
 def test_unknown_names_list_the_known_ones(capsys, tmp_path):
     message = bad(capsys, tmp_path / "o", "--encodings", "rope,xpoz")
     assert "unknown --encodings 'xpoz'" in message and "alibi" in message and "rope_relative" in message
@@ -159,6 +193,8 @@ def test_unknown_names_list_the_known_ones(capsys, tmp_path):
         (["--train-length", "8192"], "longest evaluation length is 65536 tokens, but models are built for at most 32768"),
         (["--eval-lengths", "112,40000"], "longest evaluation length is 40000 tokens"),
         (["--train-length", "64"], "too short for a passkey sample, which needs at least 110 tokens"),
+        (["--eval-lengths", "224,448"], "--eval-lengths must include the training length L = 112 and nothing shorter"),
+        (["--eval-lengths", "56,112,224"], "(every length is measured against L), got 56,112,224; e.g. --eval-lengths 112,224,448,896"),
         (["--device", "cuda"], "--device cuda: CUDA is not available"),
     ],
 )

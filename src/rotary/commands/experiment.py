@@ -123,6 +123,10 @@ def _experiment(args: argparse.Namespace) -> int:
         if os.environ.get("RANK", "0") != "0":  # under torchrun every rank finds the same error; rank 0 alone says it
             return 2
         raise
+    except ImportError:  # matplotlib or rich missing: rotary's one line (status 1) from rank 0 alone
+        if os.environ.get("RANK", "0") != "0":
+            return 1
+        raise
     if args.json and os.environ.get("RANK", "0") == "0":
         print_json({
             "directory": str(directory),

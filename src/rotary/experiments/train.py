@@ -291,7 +291,7 @@ def train_model(
     Args:
         spec: which model.
         config: the run's settings (device, batch, schedule, ...).
-        train_tokens: int64 ``[N]`` training text.
+        train_tokens: uint8 ``[N]`` training text (:attr:`Corpus.train`; int64 works too).
         run_dir: where ``models/<name>/checkpoint.pt`` lives (rank 0 writes it); None: no checkpoints.
         resume: continue from an existing checkpoint.
         reporter: progress output.

@@ -256,3 +256,28 @@ def test_resume_refuses_another_configuration_and_corrupted_checkpoints(capsys, 
     code = main(["experiment", "--preset", "tiny", "--device", "cpu", "--resume", str(copy)])
     err = capsys.readouterr().err
     assert code == 2 and "checkpoint" in err and "alibi" in err and "is corrupted" in err and "Traceback" not in err
+
+
+def test_write_experiment_docs_renders_the_readme_block_and_report_from_a_run(tiny_run, tmp_path, capsys):
+    """benchmarks/write_experiment_docs.py, pointed at a copy of the docs: the block, the report, the figures."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("write_experiment_docs", ROOT / "benchmarks" / "write_experiment_docs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    (tmp_path / "docs" / "figures").mkdir(parents=True)
+    (tmp_path / "README.md").write_text("# rotary\n\n<!-- experiment:start -->\nold block\n<!-- experiment:end -->\n\n## Quick start\n")
+    module.ROOT = tmp_path
+    assert module.main([str(tiny_run)]) == 0
+    readme = (tmp_path / "README.md").read_text()
+    assert "old block" not in readme and readme.startswith("# rotary\n\n<!-- experiment:start -->\n![perplexity")
+    assert readme.endswith("<!-- experiment:end -->\n\n## Quick start\n")
+    assert "`rotary experiment --preset tiny --device cpu`" in readme
+    spread = json.loads((tiny_run / "results.json").read_text())["spread"]
+    assert f"differs from the first run by {spread[0]['loss_gap']:.3f} nats at 1L" in readme
+    report = (tmp_path / "docs" / "experiment_report.md").read_text()
+    assert "(figures/experiment_perplexity.png)" in report and "Each length is held to its own spread" in report
+    for name in ("perplexity", "position_buckets", "passkey"):
+        assert (tmp_path / "docs" / "figures" / f"experiment_{name}.png").read_bytes()[:4] == b"\x89PNG"
+    capsys.readouterr()
+    assert module.main([str(tmp_path)]) == 2 and "not a finished run" in capsys.readouterr().err

@@ -281,3 +281,31 @@ def test_write_experiment_docs_renders_the_readme_block_and_report_from_a_run(ti
         assert (tmp_path / "docs" / "figures" / f"experiment_{name}.png").read_bytes()[:4] == b"\x89PNG"
     capsys.readouterr()
     assert module.main([str(tmp_path)]) == 2 and "not a finished run" in capsys.readouterr().err
+
+
+def test_the_library_never_imports_the_command_line():
+    """rotary.cli and rotary.commands build on the library, never the other way round: no module
+    outside them imports them, not even lazily inside a function."""
+    import ast
+
+    package = ROOT / "src" / "rotary"
+    command_line = ("rotary.cli", "rotary.commands")
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package.parent).with_suffix("").parts  # ("rotary", "experiments", "run")
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        if module.startswith(command_line) or module == "rotary.__main__":
+            continue
+        package_parts = parts[:-1]  # the package a relative import starts from
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join(package_parts[: len(package_parts) - node.level + 1]) if node.level else ""
+                target = ".".join(p for p in (base, node.module or "") if p)
+                names = [target] + [f"{target}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            if any(name == prefix or name.startswith(prefix + ".") for name in names for prefix in command_line):
+                found.append(f"{module}:{node.lineno}")
+    assert not found, f"library modules import the command line: {found}"

@@ -28,7 +28,7 @@ import torch
 from .config import ExperimentConfig, ExperimentError, command_line, differences
 from .data import Corpus, evaluation_tokens, load_corpus
 from .evaluate import bucket_edges, evaluate_model
-from .progress import Reporter
+from .progress import Reporter, table_console
 from .report import (
     csv_text,
     draw_figures,
@@ -272,9 +272,7 @@ def run_experiment(
         write_atomic(directory / "report.md", report_markdown(results, config, figures, directory))
         write_atomic(directory / "results.json", results_json(results))  # last: marks the run finished
         if console is None:
-            from ..commands.common import console as make_console
-
-            console = make_console()
+            console = table_console()
         render_table(rows, config, console)
         console.print(f"wrote {directory}/report.md, results.json, results.csv and figures/ in {results['wall_seconds']:.0f} s")
         return directory

@@ -240,6 +240,23 @@ def test_diverged_training_stops_with_one_line_and_leaves_no_results(capsys, tmp
     assert sorted(p.name for p in out.iterdir()) == ["config.json"], "nothing past the settings: no figures, report or results"
 
 
+def test_the_divergence_shown_in_the_docs_is_what_the_command_prints(capsys, tmp_path, monkeypatch):
+    """docs/experiment.md shows the message of ``rotary experiment --preset tiny --learning-rate 1e9
+    --steps 3`` (stderr, status 2): the same line, up to the run directory's time stamp."""
+    import re
+
+    doc = (ROOT / "docs" / "experiment.md").read_text()
+    (shown,) = [line for line in doc.splitlines() if line.startswith("rotary experiment: error: training none")]
+    assert "rotary experiment --preset tiny --learning-rate 1e9 --steps 3` prints this on stderr" in doc
+    monkeypatch.chdir(tmp_path)
+    assert main(["experiment", "--preset", "tiny", "--learning-rate", "1e9", "--steps", "3"]) == 2
+    printed = capsys.readouterr().err.strip()
+    stamp = re.compile(r"runs/experiment-\d{8}T\d{6}Z")
+    (directory,) = (tmp_path / "runs").iterdir()
+    assert stamp.search(printed).group(0) == f"runs/{directory.name}"
+    assert stamp.sub("runs/experiment-<time>", printed) == stamp.sub("runs/experiment-<time>", shown)
+
+
 def test_resume_refuses_another_configuration_and_corrupted_checkpoints(capsys, tiny_run, tmp_path):
     code = main(["experiment", "--preset", "tiny", "--device", "cpu", "--steps", "13", "--resume", str(tiny_run)])
     err = capsys.readouterr().err

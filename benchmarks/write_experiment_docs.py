@@ -17,11 +17,33 @@ import sys
 from pathlib import Path
 
 from rotary.experiments.config import ExperimentConfig
-from rotary.experiments.report import ENCODING_LABELS, markdown_table, report_markdown, spread, summary_table
+from rotary.experiments.report import (
+    ENCODING_LABELS,
+    markdown_table,
+    report_markdown,
+    separation,
+    spread,
+    spread_by_length,
+    summary_table,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 START, END = "<!-- experiment:start -->", "<!-- experiment:end -->"
 FIGURES = {"perplexity": "experiment_perplexity", "position_buckets": "experiment_position_buckets", "passkey": "experiment_passkey"}
+
+
+def spread_sentence(results: dict, config: ExperimentConfig) -> str:
+    """One sentence of the README: the run-to-run spread at every length and what it means for the table."""
+    limits = spread_by_length(results["results"], config)
+    if not limits:
+        return " Nothing was trained twice, so the run-to-run spread is unknown."
+    L = config.train_length
+    names = " and ".join(ENCODING_LABELS.get(e, e) for e in config.spread_encodings)
+    return (
+        f" {names} trained a second time (seed {config.seed + 1}) differs from the first run by "
+        + ", ".join(f"{v:.3f} nats at {e / L:g}L" for e, v in sorted(limits.items()))
+        + " (log-perplexity): differences between methods smaller than the spread at their length are within run-to-run spread."
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -35,7 +57,9 @@ def main(argv: list[str]) -> int:
         return 2
     results = json.loads(results_path.read_text())
     config = ExperimentConfig.from_dict(results["config"])
-    results["spread"] = spread(results["results"], config)  # recomputed: older runs lack the passkey columns
+    # recomputed by this code: older runs lack the passkey columns and held every length to the spread at L
+    results["spread"] = spread(results["results"], config)
+    results["separation"] = separation(results["results"], config)
     for source, target in FIGURES.items():
         shutil.copyfile(run / "figures" / f"{source}.png", ROOT / "docs" / "figures" / f"{target}.png")
     # the report is rendered again from the run's numbers, by this code, with the figures' new names
@@ -70,6 +94,7 @@ def main(argv: list[str]) -> int:
             if s["eval_length"] == config.train_length and s["passkey_a"] is not None and s["passkey_b"] is not None
             and abs(s["passkey_a"] - s["passkey_b"]) >= 0.25
         )
+        + spread_sentence(results, config)
         + " The whole report, with the loss by position, the run-to-run spread and the comparison "
         "with the published findings: [docs/experiment_report.md](docs/experiment_report.md); what is measured and "
         "how: [docs/experiment.md](docs/experiment.md).",

@@ -38,6 +38,9 @@ LANGUAGES = {"python", "console", "text"}
 NOT_RUN = {
     "make demo": "trains the default experiment, about 7 minutes",
     "make test": "runs this test suite",
+    ".venv/bin/python benchmarks/write_experiment_docs.py runs/experiment-20261122T130426Z": (
+        "needs a finished default run; tests/experiments/test_run.py runs it on a tiny run, into a copy of the docs"
+    ),
     "rotary experiment --preset large --device cuda": "needs a GPU",
     "rotary experiment --data my_text.txt --encodings rope,alibi,rope_alibi --scalings none,yarn": "trains on a file of the reader's",
     "torchrun --standalone --nproc_per_node=2 -m rotary experiment --preset default": "two processes, minutes",
@@ -193,6 +196,8 @@ def check_without_running(command: Command) -> None:
     elif argv[0] == "make":
         targets = re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), flags=re.M)
         assert argv[1] in targets, f"{shown!r}: the Makefile has no target {argv[1]!r}"
+    elif argv[0] == ".venv/bin/python":
+        assert (ROOT / argv[1]).is_file(), f"{shown!r}: no script {argv[1]} in the repository"
     elif argv[:2] == ["pip", "install"]:
         pinned = re.search(r"^TORCH\s*:=\s*(\S+)", (ROOT / "Makefile").read_text(), flags=re.M).group(1)
         pyproject = (ROOT / "pyproject.toml").read_text()

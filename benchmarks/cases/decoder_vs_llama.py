@@ -18,7 +18,9 @@ import torch.nn.functional as F
 from rotary import bench
 from rotary.models import Decoder, DecoderConfig
 
-#: the experiment's `large` preset shape, a size where both implementations are compute-bound
+#: not a preset's shape: between the experiment's `default` preset (width 128, 2 layers, 4 heads) and its `large`
+#: preset (width 512, 8 layers, 8 heads), with the byte vocabulary they share; big enough that both implementations
+#: are compute-bound, small enough to time on 2 CPU cores
 SHAPE = dict(vocab_size=256, hidden_size=256, num_layers=4, num_heads=8)
 
 

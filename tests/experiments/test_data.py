@@ -6,6 +6,7 @@ import torch
 from rotary.experiments.config import PRESETS, ExperimentConfig, ExperimentError
 from rotary.experiments.data import (
     evaluation_tokens,
+    first_invalid_utf8,
     load_corpus,
     read_text,
     required_bytes,
@@ -102,3 +103,44 @@ def test_no_passkey_rows_when_the_fraction_is_zero():
     cfg = tiny(batch_size=16, passkey_fraction=0.0)
     batch = training_batch(load_corpus(cfg).train, 0, cfg, seed=0)
     assert not any(QUESTION.encode() in bytes(row.tolist()) for row in batch)
+
+
+def test_text_is_held_as_one_byte_per_token_and_widened_per_batch():
+    cfg = tiny(batch_size=8, passkey_fraction=0.5)
+    corpus = load_corpus(cfg)
+    assert corpus.train.dtype == corpus.held_out.dtype == torch.uint8
+    assert corpus.train.element_size() * corpus.train.numel() + corpus.held_out.numel() == corpus.num_bytes
+    narrow = training_batch(corpus.train, 3, cfg, seed=0)
+    wide = training_batch(corpus.train.to(torch.int64), 3, cfg, seed=0)
+    assert narrow.dtype == torch.int64 and torch.equal(narrow, wide)
+    tokens = evaluation_tokens(corpus, cfg)
+    assert tokens.dtype == torch.int64 and torch.equal(tokens, corpus.held_out[: tokens.numel()].to(torch.int64))
+
+
+def test_a_device_or_pipe_is_not_read(tmp_path):
+    import os
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for path in ("/dev/zero", str(fifo)):  # /dev/zero never ends; a pipe with no writer would block
+        with pytest.raises(ExperimentError, match="is not a regular file"):
+            load_corpus(tiny(data=path))
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 5, 64])
+def test_the_chunked_utf8_check_finds_the_byte_a_whole_decode_finds(chunk):
+    gen = torch.Generator().manual_seed(chunk)
+    pieces = ["a", "é", "€", "𝄞", "\n"]
+    for trial in range(200):
+        text = "".join(pieces[int(i)] for i in torch.randint(len(pieces), (20,), generator=gen)).encode()
+        data = bytearray(text)
+        if trial % 4:  # corrupt one byte (three times in four): a stray continuation, a lead byte, 0xff
+            data[int(torch.randint(len(data), (1,), generator=gen))] = [0x80, 0xC3, 0xFF][trial % 3]
+        if trial % 5 == 0:
+            data = data[:-1]  # perhaps a character cut at the end
+        try:
+            bytes(data).decode("utf-8")
+            expected = None
+        except UnicodeDecodeError as exc:
+            expected = exc.start
+        assert first_invalid_utf8(bytes(data), chunk=chunk) == expected, (bytes(data), chunk)

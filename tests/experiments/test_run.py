@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import signal
 import subprocess
@@ -86,6 +87,22 @@ def test_writes_every_file_with_the_expected_shapes(tiny_run):
     assert config["command"].startswith("rotary experiment --preset tiny --device cpu")
 
 
+def test_the_hybrid_encodings_run_through_the_experiment(tmp_path):
+    out = tmp_path / "hybrids"
+    assert experiment(out, "--encodings", "rope_alibi,rope_relative", "--spread-encodings", "rope_alibi", "--scalings",
+                      "none,yarn", "--eval-lengths", f"{L},{2 * L}", "--steps", "4", "--passkey-trials", "5") == 0
+    results = json.loads((out / "results.json").read_text())
+    assert [m["name"] for m in results["models"]] == ["rope_alibi", "rope_relative", "rope_alibi-2"]
+    # both rotate q and k, so both are also evaluated under the scalings; the repeat only as trained
+    keys = sorted((r["model"], r["scaling"], r["eval_length"]) for r in results["results"])
+    assert keys == sorted([(m, s, e) for m in ("rope_alibi", "rope_relative") for s in ("none", "yarn") for e in (L, 2 * L)]
+                          + [("rope_alibi-2", "none", e) for e in (L, 2 * L)])
+    assert all(math.isfinite(r["perplexity"]) and r["perplexity"] > 1 for r in results["results"])
+    assert [s["eval_length"] for s in results["spread"]] == [L, 2 * L]
+    report = (out / "report.md").read_text()
+    assert "RoPE + ALiBi + YaRN" in report and "RoPE + learned bias" in report
+
+
 def test_same_command_same_numbers(tiny_run, tmp_path):
     assert experiment(tmp_path / "again") == 0
     assert numbers(tmp_path / "again") == numbers(tiny_run)
@@ -143,6 +160,23 @@ def test_bad_data_files(capsys, tmp_path):
     assert "has 500 bytes, too short" in message and "at least 8960 bytes" in message
 
 
+def test_empty_encodings_are_an_error_not_the_defaults(capsys, tmp_path):
+    message = bad(capsys, tmp_path / "o", "--encodings", "")
+    assert "--encodings is empty; choose from" in message and "rope_alibi" in message
+    assert "--encodings is empty" in bad(capsys, tmp_path / "o", "--encodings", " , ")
+
+
+@pytest.mark.parametrize("package", ["matplotlib", "rich"])
+def test_missing_report_packages_stop_the_run_before_training(capsys, tmp_path, monkeypatch, package):
+    monkeypatch.setitem(sys.modules, package, None)  # `import matplotlib` now raises ImportError
+    out = tmp_path / "o"
+    code = experiment(out)
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert f"needs the optional package '{package}'" in err and "pip install 'rotary[plot]'" in err
+    assert not out.exists(), "nothing trained, nothing written"
+
+
 def test_unknown_names_list_the_known_ones(capsys, tmp_path):
     message = bad(capsys, tmp_path / "o", "--encodings", "rope,xpoz")
     assert "unknown --encodings 'xpoz'" in message and "alibi" in message and "rope_relative" in message
@@ -159,6 +193,8 @@ def test_unknown_names_list_the_known_ones(capsys, tmp_path):
         (["--train-length", "8192"], "longest evaluation length is 65536 tokens, but models are built for at most 32768"),
         (["--eval-lengths", "112,40000"], "longest evaluation length is 40000 tokens"),
         (["--train-length", "64"], "too short for a passkey sample, which needs at least 110 tokens"),
+        (["--eval-lengths", "224,448"], "--eval-lengths must include the training length L = 112 and nothing shorter"),
+        (["--eval-lengths", "56,112,224"], "(every length is measured against L), got 56,112,224; e.g. --eval-lengths 112,224,448,896"),
         (["--device", "cuda"], "--device cuda: CUDA is not available"),
     ],
 )
@@ -187,6 +223,40 @@ def test_world_size_that_does_not_divide_the_batch(capsys, tmp_path, monkeypatch
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--learning-rate", "1e9"], "Start a new run with a lower --learning-rate (this run: 1e+09)"),
+        (["--weight-decay", "1e30"], "or a lower --weight-decay (this run: 1e+30"),
+    ],
+)
+def test_diverged_training_stops_with_one_line_and_leaves_no_results(capsys, tmp_path, flags, needle):
+    out = tmp_path / "diverged"
+    code = experiment(out, *flags, "--steps", "3", "--encodings", "rope", "--spread-encodings=", "--scalings", "none")
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "training rope (encoding rope, seed 0) diverged at step " in err and needle in err
+    assert f"{out} has no results.json (not a finished run)" in err
+    assert sorted(p.name for p in out.iterdir()) == ["config.json"], "nothing past the settings: no figures, report or results"
+
+
+def test_the_divergence_shown_in_the_docs_is_what_the_command_prints(capsys, tmp_path, monkeypatch):
+    """docs/experiment.md shows the message of ``rotary experiment --preset tiny --learning-rate 1e9
+    --steps 3`` (stderr, status 2): the same line, up to the run directory's time stamp."""
+    import re
+
+    doc = (ROOT / "docs" / "experiment.md").read_text()
+    (shown,) = [line for line in doc.splitlines() if line.startswith("rotary experiment: error: training none")]
+    assert "rotary experiment --preset tiny --learning-rate 1e9 --steps 3` prints this on stderr" in doc
+    monkeypatch.chdir(tmp_path)
+    assert main(["experiment", "--preset", "tiny", "--learning-rate", "1e9", "--steps", "3"]) == 2
+    printed = capsys.readouterr().err.strip()
+    stamp = re.compile(r"runs/experiment-\d{8}T\d{6}Z")
+    (directory,) = (tmp_path / "runs").iterdir()
+    assert stamp.search(printed).group(0) == f"runs/{directory.name}"
+    assert stamp.sub("runs/experiment-<time>", printed) == stamp.sub("runs/experiment-<time>", shown)
+
+
 def test_resume_refuses_another_configuration_and_corrupted_checkpoints(capsys, tiny_run, tmp_path):
     code = main(["experiment", "--preset", "tiny", "--device", "cpu", "--steps", "13", "--resume", str(tiny_run)])
     err = capsys.readouterr().err
@@ -203,3 +273,56 @@ def test_resume_refuses_another_configuration_and_corrupted_checkpoints(capsys, 
     code = main(["experiment", "--preset", "tiny", "--device", "cpu", "--resume", str(copy)])
     err = capsys.readouterr().err
     assert code == 2 and "checkpoint" in err and "alibi" in err and "is corrupted" in err and "Traceback" not in err
+
+
+def test_write_experiment_docs_renders_the_readme_block_and_report_from_a_run(tiny_run, tmp_path, capsys):
+    """benchmarks/write_experiment_docs.py, pointed at a copy of the docs: the block, the report, the figures."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("write_experiment_docs", ROOT / "benchmarks" / "write_experiment_docs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    (tmp_path / "docs" / "figures").mkdir(parents=True)
+    (tmp_path / "README.md").write_text("# rotary\n\n<!-- experiment:start -->\nold block\n<!-- experiment:end -->\n\n## Quick start\n")
+    module.ROOT = tmp_path
+    assert module.main([str(tiny_run)]) == 0
+    readme = (tmp_path / "README.md").read_text()
+    assert "old block" not in readme and readme.startswith("# rotary\n\n<!-- experiment:start -->\n![perplexity")
+    assert readme.endswith("<!-- experiment:end -->\n\n## Quick start\n")
+    assert "`rotary experiment --preset tiny --device cpu`" in readme
+    spread = json.loads((tiny_run / "results.json").read_text())["spread"]
+    assert f"differs from the first run by {spread[0]['loss_gap']:.3f} nats at 1L" in readme
+    report = (tmp_path / "docs" / "experiment_report.md").read_text()
+    assert "(figures/experiment_perplexity.png)" in report and "Each length is held to its own spread" in report
+    for name in ("perplexity", "position_buckets", "passkey"):
+        assert (tmp_path / "docs" / "figures" / f"experiment_{name}.png").read_bytes()[:4] == b"\x89PNG"
+    capsys.readouterr()
+    assert module.main([str(tmp_path)]) == 2 and "not a finished run" in capsys.readouterr().err
+
+
+def test_the_library_never_imports_the_command_line():
+    """rotary.cli and rotary.commands build on the library, never the other way round: no module
+    outside them imports them, not even lazily inside a function."""
+    import ast
+
+    package = ROOT / "src" / "rotary"
+    command_line = ("rotary.cli", "rotary.commands")
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package.parent).with_suffix("").parts  # ("rotary", "experiments", "run")
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        if module.startswith(command_line) or module == "rotary.__main__":
+            continue
+        package_parts = parts[:-1]  # the package a relative import starts from
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join(package_parts[: len(package_parts) - node.level + 1]) if node.level else ""
+                target = ".".join(p for p in (base, node.module or "") if p)
+                names = [target] + [f"{target}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            if any(name == prefix or name.startswith(prefix + ".") for name in names for prefix in command_line):
+                found.append(f"{module}:{node.lineno}")
+    assert not found, f"library modules import the command line: {found}"

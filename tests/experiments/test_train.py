@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from hashlib import sha256
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,9 +14,17 @@ import torch
 from helpers import cli_env
 from rotary.cli import main
 from rotary.experiments.config import PRESETS, ExperimentConfig
-from rotary.experiments.data import load_corpus
+from rotary.experiments.data import load_corpus, training_batch
 from rotary.experiments.progress import Reporter
-from rotary.experiments.train import ModelSpec, build_model, learning_rate, load_checkpoint, param_groups, train_model
+from rotary.experiments.train import (
+    Distributed,
+    ModelSpec,
+    build_model,
+    learning_rate,
+    load_checkpoint,
+    param_groups,
+    train_model,
+)
 
 CFG = ExperimentConfig(**{**PRESETS["tiny"], "device": "cpu"})
 
@@ -46,27 +57,127 @@ def test_learned_rows_past_L_stay_as_initialised():
     assert not torch.equal(table[: cfg.train_length], initial[: cfg.train_length])
 
 
-def test_two_torchrun_processes_reach_the_parameters_of_one_process(tmp_path):
-    flags = ["--preset", "tiny", "--device", "cpu", "--encodings", "rope,alibi", "--spread-encodings", "", "--scalings", "none",
-             "--steps", "6", "--checkpoint-every", "6", "--eval-lengths", "112,224"]
-    env = cli_env(OMP_NUM_THREADS="1")
+PROBE = Path(__file__).with_name("torchrun_probe.py")
+
+
+def test_two_torchrun_processes_train_on_their_shards_average_like_one_process_and_rank_1_writes_nothing(tmp_path):
+    """A real ``torchrun --standalone --nproc_per_node=2`` (gloo, CPU) under :mod:`torchrun_probe`:
+
+    - each rank trains on its own half of every global batch, rank 0 on the first rows;
+    - DDP's averaged gradients are those of the whole batch: after k steps the parameters and the
+      logged losses are those of one process on the same global batches, to fp32 rounding;
+    - rank 1 writes nothing: no file or directory under the test's directory (the probe watches
+      Python's audit events), and its working directory, where the default ``runs/`` would go,
+      stays empty; rank 0 writes the whole run there.
+    """
+    flags = ["--preset", "tiny", "--device", "cpu", "--threads", "1", "--encodings", "rope,alibi", "--spread-encodings", "",
+             "--scalings", "none", "--steps", "6", "--checkpoint-every", "3", "--eval-lengths", "112,224", "--passkey-trials", "5"]
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         "-m", "rotary", "experiment", *flags, "--out", str(tmp_path / "two")],
-        env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(PROBE), "experiment", *flags],
+        env=cli_env(OMP_NUM_THREADS="1", PROBE_ROOT=str(tmp_path)), capture_output=True, text=True, timeout=300, cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
+    probes = {p["rank"]: p for p in (json.loads(line[len("PROBE "):]) for line in proc.stdout.splitlines() if line.startswith("PROBE "))}
+    assert sorted(probes) == [0, 1] and probes[0]["status"] == probes[1]["status"] == 0
+
+    cfg = ExperimentConfig(**{**PRESETS["tiny"], "device": "cpu", "threads": 1, "encodings": ("rope", "alibi"), "spread_encodings": (),
+                              "scalings": ("none",), "steps": 6, "checkpoint_every": 3, "eval_lengths": (112, 224), "passkey_trials": 5})
+    specs = [ModelSpec(name, name, cfg.seed) for name in cfg.encodings]
+    train_tokens = load_corpus(cfg).train
+    half = cfg.batch_size // 2
+    for rank in (0, 1):  # rank r trained on rows r * B/2 .. (r + 1) * B/2 - 1 of every global batch, model after model
+        expected = [sha256(training_batch(train_tokens, step, cfg, spec.seed)[rank * half : (rank + 1) * half].numpy().tobytes()).hexdigest()
+                    for spec in specs for step in range(cfg.steps)]
+        assert probes[rank]["shards"] == expected, f"rank {rank} did not train on its own rows of each global batch"
+    assert all(a != b for a, b in zip(probes[0]["shards"], probes[1]["shards"])), "the two ranks trained on the same rows"
+
+    assert probes[1]["writes"] == [], f"rank 1 wrote {probes[1]['writes']}"
+    assert list((tmp_path / "rank1").iterdir()) == []
+    assert any("results.json" in w for w in probes[0]["writes"]), "the probe saw none of rank 0's writes: its watch is blind"
+    (two,) = (tmp_path / "rank0" / "runs").iterdir()  # the default run directory, written by rank 0 alone
+    assert {"config.json", "results.json", "results.csv", "report.md"} <= {f.name for f in two.iterdir()}
+    assert json.loads((two / "results.json").read_text())["environment"]["world_size"] == 2
+
     assert main(["experiment", *flags, "--out", str(tmp_path / "one")]) == 0
-    cfg = ExperimentConfig(**{**PRESETS["tiny"], "device": "cpu", "encodings": ("rope", "alibi"), "spread_encodings": (), "eval_lengths": (112, 224),
-                              "scalings": ("none",), "steps": 6, "checkpoint_every": 6, "threads": 1})
-    for name in ("rope", "alibi"):
-        spec = ModelSpec(name, name, 0)
-        one = load_checkpoint(tmp_path / "one" / "models" / name / "checkpoint.pt", spec, cfg)
-        two = load_checkpoint(tmp_path / "two" / "models" / name / "checkpoint.pt", spec, cfg)
-        assert one["step"] == two["step"] == 6
+    for spec in specs:
+        one = load_checkpoint(tmp_path / "one" / "models" / spec.name / "checkpoint.pt", spec, cfg)
+        both = load_checkpoint(two / "models" / spec.name / "checkpoint.pt", spec, cfg)
+        assert one["step"] == both["step"] == cfg.steps
+        # the logged loss of two processes is the mean of the two half-batch losses: the global batch's
+        assert both["losses"] == pytest.approx(one["losses"], rel=1e-5)
+        initial = build_model(spec, cfg).state_dict()
         for key, value in one["model"].items():
-            torch.testing.assert_close(two["model"][key], value, rtol=1e-5, atol=2e-6, msg=f"{name} {key}")
-        moved = [k for k, v in one["model"].items() if not torch.equal(v, build_model(spec, cfg).state_dict()[k])]
-        assert moved, "training changed nothing: the comparison would be empty"
-    assert (tmp_path / "two" / "results.json").is_file()
+            torch.testing.assert_close(both["model"][key], value, rtol=1e-5, atol=2e-6, msg=f"{spec.name} {key}")
+        assert any(not torch.equal(v, initial[k]) for k, v in one["model"].items()), "training changed nothing"
+
+
+# ------------------------------------------------------------------------------------------------
+# collectives: NCCL reduces CUDA tensors only, so every tensor a collective touches must be on the
+# training device. No GPU here: a fake process group records where the tensors live.
+
+
+class _Stop(Exception):
+    """Raised by the fake all_reduce once it has seen its tensor (a meta tensor has no value to read)."""
+
+
+@pytest.fixture
+def fake_group(monkeypatch):
+    seen: list[torch.device] = []
+
+    def all_reduce(tensor, op=None):
+        seen.append(tensor.device)
+        raise _Stop
+
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
+    return seen
+
+
+def test_agree_reduces_a_flag_on_the_training_device(fake_group):
+    # "meta" stands for cuda:1: any device but the CPU shows where the flag is created
+    with pytest.raises(_Stop):
+        Distributed(rank=1, world_size=2, local_rank=1).agree(True, torch.device("meta"))
+    assert fake_group == [torch.device("meta")]
+    assert Distributed(rank=1, world_size=2, local_rank=1).device("cuda") == torch.device("cuda", 1)
+
+
+def test_the_logged_loss_is_reduced_where_it_was_computed(fake_group):
+    with pytest.raises(_Stop):
+        Distributed(rank=0, world_size=2).mean(torch.ones((), device="meta"))
+    assert fake_group == [torch.device("meta")]
+
+
+def test_cuda_joins_a_group_with_nccl_for_cuda_tensors_and_gloo_for_cpu_ones(monkeypatch):
+    backends: list[str] = []
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda backend: backends.append(backend))
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: None)
+    Distributed(rank=0, world_size=2).start("cuda")
+    Distributed(rank=0, world_size=2).start("cpu")
+    assert backends == ["cpu:gloo,cuda:nccl", "gloo"]
+
+
+def test_every_collective_of_the_experiment_goes_through_distributed():
+    """A collective called anywhere else could be handed a CPU tensor under nccl: only the methods of
+    ``Distributed`` (which take the training device) may call ``torch.distributed``'s collectives."""
+    import ast
+    from pathlib import Path
+
+    import rotary.experiments as package
+
+    collectives = {"all_reduce", "all_gather", "all_gather_object", "broadcast", "broadcast_object_list", "reduce",
+                   "gather", "scatter", "barrier", "all_to_all", "reduce_scatter", "send", "recv"}
+    outside, inside = [], []
+    for path in sorted(Path(package.__file__).parent.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        owner = {}
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            for node in ast.walk(cls):
+                owner[id(node)] = cls.name
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in collectives:
+                where = f"{path.name}:{node.lineno} {node.attr}"
+                (inside if owner.get(id(node)) == "Distributed" else outside).append(where)
+    assert not outside, outside
+    assert len(inside) == 2, inside  # agree() and mean(): the scan does see them

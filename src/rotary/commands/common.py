@@ -499,9 +499,8 @@ def print_json(obj: Any) -> None:
 
 
 def console():
-    """A rich console on stdout, at least 100 columns wide so tables don't wrap when piped."""
-    import shutil
+    """A rich console on stdout, at least 100 columns wide so tables don't wrap when piped
+    (:func:`rotary.experiments.progress.table_console`: the library's, shared with the experiment)."""
+    from rotary.experiments.progress import table_console
 
-    from rich.console import Console
-
-    return Console(file=sys.stdout, width=max(shutil.get_terminal_size((120, 24)).columns, 100), highlight=False)
+    return table_console(sys.stdout)

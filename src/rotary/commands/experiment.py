@@ -4,6 +4,7 @@ the training length (also ``python -m rotary experiment`` and ``torchrun ... -m 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
 from rotary.experiments.config import PRESETS, SCALINGS, ExperimentConfig, ExperimentError, default_encodings
@@ -26,9 +27,13 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 def _float_list(text: str) -> tuple[float, ...]:
     try:
-        return tuple(float(v) for v in text.split(","))
+        values = tuple(float(v) for v in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be comma-separated numbers such as 0,0.5,1, got {text!r}") from None
+    bad = [v for v in values if not math.isfinite(v)]
+    if bad:
+        raise argparse.ArgumentTypeError(f"must be finite numbers, got {', '.join(map(str, bad))}")
+    return values
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -47,9 +52,12 @@ def _non_negative_int(text: str) -> int:
 
 def _float(text: str) -> float:
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
 
 
 #: ExperimentConfig field -> (argparse type, help); every setting is a flag, so every run has a command
@@ -114,6 +122,10 @@ def _experiment(args: argparse.Namespace) -> int:
     except ExperimentError:
         if os.environ.get("RANK", "0") != "0":  # under torchrun every rank finds the same error; rank 0 alone says it
             return 2
+        raise
+    except ImportError:  # matplotlib or rich missing: rotary's one line (status 1) from rank 0 alone
+        if os.environ.get("RANK", "0") != "0":
+            return 1
         raise
     if args.json and os.environ.get("RANK", "0") == "0":
         print_json({

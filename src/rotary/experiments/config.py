@@ -60,8 +60,10 @@ class ExperimentConfig:
     Attributes:
         preset: the preset the settings started from (``tiny``, ``default``, ``large``).
         train_length: ``L``, the length of every training window.
-        eval_lengths: evaluation lengths ``E``; default ``L, 2L, 4L, 8L``.
-        encodings: position encodings to train (keys of ``rotary.models.POSITION_ENCODINGS``).
+        eval_lengths: evaluation lengths ``E``, ``L`` among them and none below it; None (the default):
+            ``L, 2L, 4L, 8L``.
+        encodings: position encodings to train (keys of ``rotary.models.POSITION_ENCODINGS``); None
+            (the default): :func:`default_encodings`. An empty tuple is an error, not the default.
         scalings: inference-time scalings applied to the RoPE-based models (:data:`SCALINGS`).
         spread_encodings: encodings trained a second time with ``seed + 1`` to measure the
             run-to-run spread.
@@ -88,8 +90,8 @@ class ExperimentConfig:
 
     preset: str = "default"
     train_length: int = 128
-    eval_lengths: tuple[int, ...] = ()
-    encodings: tuple[str, ...] = ()
+    eval_lengths: tuple[int, ...] | None = None
+    encodings: tuple[str, ...] | None = None
     scalings: tuple[str, ...] = SCALINGS
     spread_encodings: tuple[str, ...] = ("rope",)
     hidden_size: int = 128
@@ -115,9 +117,10 @@ class ExperimentConfig:
     data: str | None = None
 
     def __post_init__(self) -> None:
-        if not self.eval_lengths:
+        # None means "the default"; an empty list stays empty, for validate() to refuse
+        if self.eval_lengths is None:
             self.eval_lengths = tuple(self.train_length * k for k in (1, 2, 4, 8))
-        if not self.encodings:
+        if self.encodings is None:
             self.encodings = default_encodings()
         for name in ("eval_lengths", "encodings", "scalings", "spread_encodings", "passkey_depths"):
             setattr(self, name, tuple(getattr(self, name)))
@@ -142,6 +145,13 @@ class ExperimentConfig:
                 raise ExperimentError(f"--eval-lengths must be positive integers, got {e!r}")
         if len(set(self.eval_lengths)) != len(self.eval_lengths):
             raise ExperimentError(f"--eval-lengths has a repeated length: {list(self.eval_lengths)}")
+        listed = ",".join(map(str, self.eval_lengths)) or "nothing"
+        if self.train_length not in self.eval_lengths or min(self.eval_lengths) < self.train_length:
+            raise ExperimentError(
+                f"--eval-lengths must include the training length L = {self.train_length} and nothing shorter (every "
+                f"length is measured against L), got {listed}; e.g. --eval-lengths "
+                f"{','.join(str(self.train_length * k) for k in (1, 2, 4, 8))}"
+            )
         if self.longest > MAX_EVAL_LENGTH:
             raise ExperimentError(
                 f"the longest evaluation length is {self.longest} tokens, but models are built for at most "
@@ -189,12 +199,12 @@ class ExperimentConfig:
             raise ExperimentError(f"--passkey-fraction must be in [0, 1], got {self.passkey_fraction!r}")
         if not (isinstance(self.held_out_fraction, (int, float)) and 0.0 < self.held_out_fraction < 1.0):
             raise ExperimentError(f"--held-out-fraction must be in (0, 1), got {self.held_out_fraction!r}")
-        for name in ("learning_rate", "min_learning_rate", "grad_clip"):
+        for name in ("learning_rate", "min_learning_rate", "grad_clip", "rope_base"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ExperimentError(f"--{name.replace('_', '-')} must be a finite number > 0, got {value!r}")
-        if not (isinstance(self.weight_decay, (int, float)) and self.weight_decay >= 0):
-            raise ExperimentError(f"--weight-decay must be >= 0, got {self.weight_decay!r}")
+        if not (isinstance(self.weight_decay, (int, float)) and math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ExperimentError(f"--weight-decay must be a finite number >= 0, got {self.weight_decay!r}")
         if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
             raise ExperimentError(f"--warmup-steps must be an integer >= 0, got {self.warmup_steps!r}")
         if not self.passkey_depths or any(not (0.0 <= d <= 1.0) for d in self.passkey_depths):

@@ -27,6 +27,7 @@ __all__ = [
     "Corpus",
     "derived_seed",
     "evaluation_tokens",
+    "first_invalid_utf8",
     "load_corpus",
     "read_text",
     "required_bytes",
@@ -45,8 +46,9 @@ class Corpus:
     Attributes:
         source: ``"pydoc_data.topics"`` or the path given with ``--data``.
         sha256: hex digest of the whole text (identifies it in results and on ``--resume``).
-        train: int64 ``[N_train]`` byte values, the first part of the text.
-        held_out: int64 ``[N_held_out]``, the rest.
+        train: uint8 ``[N_train]`` byte values, the first part of the text (one byte per token in
+            memory; :func:`training_batch` widens each batch to int64).
+        held_out: uint8 ``[N_held_out]``, the rest (:func:`evaluation_tokens` widens what is evaluated).
     """
 
     source: str
@@ -83,20 +85,46 @@ def read_text(path: str | None) -> tuple[bytes, str]:
         raise ExperimentError(f"--data {path}: no such file")
     if file.is_dir():
         raise ExperimentError(f"--data {path} is a directory; give a UTF-8 text file")
+    if not file.is_file():  # /dev/zero, a pipe, a socket: reading could never end
+        raise ExperimentError(f"--data {path} is not a regular file (a device, pipe or socket); give a UTF-8 text file")
     try:
         data = file.read_bytes()
     except OSError as exc:
         raise ExperimentError(f"--data {path} cannot be read ({exc.strerror}); check its permissions") from None
     if not data:
         raise ExperimentError(f"--data {path} is empty; give a UTF-8 text file")
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError as exc:
+    bad = first_invalid_utf8(data)
+    if bad is not None:
         raise ExperimentError(
-            f"--data {path} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
-            "convert it, e.g. with iconv -t UTF-8"
-        ) from None
+            f"--data {path} is not UTF-8 text (byte 0x{data[bad]:02x} at offset {bad}); convert it, e.g. with iconv -t UTF-8"
+        )
     return data, str(path)
+
+
+#: bytes decoded at a time when checking a text: the check never holds the whole text as a str
+UTF8_CHUNK = 1 << 20
+
+
+def first_invalid_utf8(data: bytes, chunk: int | None = None) -> int | None:
+    r"""The offset of the first byte that is not valid UTF-8, or None; decodes ``chunk`` bytes at a
+    time (default :data:`UTF8_CHUNK`), so a large text is never held twice (once as a str).
+
+    Example:
+        >>> first_invalid_utf8("Grüße".encode()), first_invalid_utf8(b"caf\xe9 au lait"), first_invalid_utf8(b"ab\xc3", chunk=2)
+        (None, 3, 2)
+    """
+    import codecs
+
+    size = chunk or UTF8_CHUNK
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    view = memoryview(data)
+    for start in range(0, len(data), size):
+        pending = len(decoder.getstate()[0])  # bytes of a character cut by the previous chunk
+        try:
+            decoder.decode(view[start : start + size], final=start + size >= len(data))
+        except UnicodeDecodeError as exc:
+            return start - pending + exc.start
+    return None
 
 
 def _split_sizes(num_bytes: int, held_out_fraction: float) -> tuple[int, int]:
@@ -128,9 +156,9 @@ def split(data: bytes, source: str, held_out_fraction: float) -> Corpus:
         >>> bytes(c.train.tolist()), bytes(c.held_out.tolist())
         (b'abcdefgh', b'ij')
     """
-    tokens = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(torch.int64)
+    tokens = torch.frombuffer(bytearray(data), dtype=torch.uint8)  # one copy of the text, one byte per token
     n_train, _ = _split_sizes(len(data), held_out_fraction)
-    return Corpus(source, hashlib.sha256(data).hexdigest(), tokens[:n_train].clone(), tokens[n_train:].clone())
+    return Corpus(source, hashlib.sha256(data).hexdigest(), tokens[:n_train], tokens[n_train:])
 
 
 def load_corpus(config: ExperimentConfig) -> Corpus:
@@ -158,7 +186,7 @@ def evaluation_tokens(corpus: Corpus, config: ExperimentConfig) -> torch.Tensor:
     sees the same text. int64 ``[T]``."""
     available = corpus.held_out.numel() if config.eval_tokens is None else min(config.eval_tokens, corpus.held_out.numel())
     usable = available // config.longest * config.longest
-    return corpus.held_out[:usable]
+    return corpus.held_out[:usable].to(torch.int64)
 
 
 def windows(tokens: torch.Tensor, length: int) -> torch.Tensor:
@@ -185,7 +213,8 @@ def derived_seed(*parts: object) -> int:
 
 
 def training_batch(train: torch.Tensor, step: int, config: ExperimentConfig, seed: int) -> torch.Tensor:
-    """The global training batch of ``step``: int64 ``[batch_size, L + 1]`` (inputs and shifted targets).
+    """The global training batch of ``step``: int64 ``[batch_size, L + 1]`` (inputs and shifted targets)
+    from the uint8 (or int64) text ``train [N]``; only the batch is widened to int64.
 
     Every row is a random window of the training text; a ``passkey_fraction`` of the rows (chosen at
     random) end with a passkey sample of random length in ``[min_sample_length(), L]``, random depth
@@ -200,7 +229,7 @@ def training_batch(train: torch.Tensor, step: int, config: ExperimentConfig, see
     g = torch.Generator().manual_seed(derived_seed(seed, "batch", step))
     rows, length = config.batch_size, config.train_length + 1
     starts = torch.randint(train.numel() - length + 1, (rows,), generator=g)
-    batch = torch.stack([train[s : s + length] for s in starts.tolist()])
+    batch = torch.stack([train[s : s + length] for s in starts.tolist()]).to(torch.int64)
     with_passkey = torch.randperm(rows, generator=g)[: round(rows * config.passkey_fraction)]
     for row in sorted(with_passkey.tolist()):
         size = int(torch.randint(min_sample_length(), config.train_length + 1, (1,), generator=g))

@@ -177,7 +177,7 @@ def perplexity_at(model: Decoder, tokens: torch.Tensor, length: int, edges: Sequ
     loss = float(losses.mean())
     return {
         "loss": loss,
-        "perplexity": math.exp(loss),
+        "perplexity": math.inf if loss > 700 else math.exp(loss),  # exp overflows past ~709
         "bits_per_byte": loss / math.log(2),
         "windows": losses.shape[0],
         "predictions": losses.numel(),

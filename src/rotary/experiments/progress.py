@@ -12,7 +12,37 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
-__all__ = ["Reporter", "Task"]
+__all__ = ["Reporter", "Task", "table_console"]
+
+
+def table_console(stream: TextIO | None = None) -> Any:
+    """A rich console on ``stream`` (default stdout), at least 100 columns wide so that tables do not
+    wrap when the output is piped or logged.
+
+    The results table of :func:`~rotary.experiments.run.run_experiment` is printed through it, and so
+    are the tables of the ``rotary`` commands: the library owns it, the command line imports it.
+
+    Args:
+        stream: where the console writes (default ``sys.stdout`` at the time of the call).
+
+    Returns:
+        A ``rich.console.Console`` (rich is imported here, not when this module is imported).
+
+    Example:
+        >>> import io
+        >>> out = io.StringIO()
+        >>> c = table_console(out)
+        >>> c.width >= 100
+        True
+        >>> c.print("perplexity 3.2"); out.getvalue()
+        'perplexity 3.2\\n'
+    """
+    import shutil
+
+    from rich.console import Console
+
+    columns = shutil.get_terminal_size((120, 24)).columns
+    return Console(file=stream if stream is not None else sys.stdout, width=max(columns, 100), highlight=False)
 
 
 class Task:

@@ -34,7 +34,9 @@ __all__ = [
     "render_table",
     "report_markdown",
     "results_json",
+    "separation",
     "spread",
+    "spread_by_length",
     "summary_table",
     "write_atomic",
 ]
@@ -164,6 +166,10 @@ def csv_text(rows: Sequence[dict], edges: Sequence[int]) -> str:
 # the numbers the report states
 
 
+def _perplexity(loss: float) -> float:
+    return math.inf if loss > 700 else math.exp(loss)  # exp() overflows past ~709 nats
+
+
 def spread(rows: Sequence[dict], config: ExperimentConfig) -> list[dict]:
     """Run-to-run spread: for each encoding trained twice, the two losses and perplexities per length.
 
@@ -181,10 +187,29 @@ def spread(rows: Sequence[dict], config: ExperimentConfig) -> list[dict]:
                 continue
             out.append({
                 "encoding": enc, "eval_length": e, "loss_a": a, "loss_b": b, "loss_gap": abs(a - b),
-                "perplexity_a": math.exp(a), "perplexity_b": math.exp(b), "perplexity_gap": abs(math.exp(a) - math.exp(b)),
+                "perplexity_a": _perplexity(a), "perplexity_b": _perplexity(b),
+                "perplexity_gap": abs(_perplexity(a) - _perplexity(b)),
                 "passkey_a": t.get(enc, "none", e, "passkey_accuracy"),
                 "passkey_b": t.get(f"{enc}-2", "none", e, "passkey_accuracy"),
             })
+    return out
+
+
+def spread_by_length(rows: Sequence[dict], config: ExperimentConfig) -> dict[int, float]:
+    """The run-to-run spread at each evaluation length: the largest loss gap (nats) between the two
+    runs of any encoding trained twice. Lengths where nothing was trained twice are absent.
+
+    Example:
+        >>> cfg = ExperimentConfig(train_length=128, eval_lengths=(128, 256), encodings=("rope",))
+        >>> row = lambda m, e, loss: dict(model=m, encoding="rope", scaling="none", eval_length=e, loss=loss, passkey_accuracy=None)
+        >>> rows = [row("rope", 128, 1.50), row("rope-2", 128, 1.52), row("rope", 256, 1.90), row("rope-2", 256, 2.02)]
+        >>> {e: round(s, 3) for e, s in spread_by_length(rows, cfg).items()}
+        {128: 0.02, 256: 0.12}
+    """
+    out: dict[int, float] = {}
+    for s in spread(rows, config):
+        if math.isfinite(s["loss_gap"]):
+            out[s["eval_length"]] = max(out.get(s["eval_length"], 0.0), s["loss_gap"])
     return out
 
 
@@ -193,61 +218,154 @@ def _percent(value: float | None) -> str:
 
 
 def separation(rows: Sequence[dict], config: ExperimentConfig) -> dict:
-    """Do the encodings separate by more than the run-to-run spread at ``L``?
+    """Do the encodings separate by more than the run-to-run spread, length by length?
 
     Returns:
-        ``{"spread_loss_at_L", "by_length": {E: {"pairs", "separated", "smallest_gap", "largest_gap"}}}``
-        where a pair of encodings (untouched, first run) is "separated" at ``E`` when their losses
-        differ by more than the largest spread at ``L``. Empty when nothing was trained twice.
+        ``{"spread_by_length": {E: nats}, "by_length": {E: {"spread", "pairs", "separated",
+        "smallest_gap", "largest_gap", "within_spread": [[a, b, gap], ...]}}}``: a pair of encodings
+        (as trained, first run) is "separated" at ``E`` when their losses differ by more than the
+        spread *at E* (:func:`spread_by_length`); the pairs that do not are listed. Empty when nothing
+        was trained twice.
     """
     t = _Table(rows)
-    gaps = [s["loss_gap"] for s in spread(rows, config) if s["eval_length"] == config.train_length]
-    if not gaps:
+    limits = spread_by_length(rows, config)
+    if not limits:
         return {}
-    limit = max(gaps)
     encodings = [e for e in config.encodings if t.has(e)]
     by_length = {}
     for e in t.lengths:
-        if e <= config.train_length:
+        if e not in limits:
             continue
         pair_gaps = []
         for i, a in enumerate(encodings):
             for b in encodings[i + 1 :]:
                 la, lb = t.get(a, "none", e, "loss"), t.get(b, "none", e, "loss")
                 if la is not None and lb is not None and math.isfinite(la) and math.isfinite(lb):
-                    pair_gaps.append(abs(la - lb))
+                    pair_gaps.append((a, b, abs(la - lb)))
         if pair_gaps:
+            gaps = [g for _, _, g in pair_gaps]
             by_length[e] = {
-                "pairs": len(pair_gaps), "separated": sum(g > limit for g in pair_gaps),
-                "smallest_gap": min(pair_gaps), "largest_gap": max(pair_gaps),
+                "spread": limits[e], "pairs": len(gaps), "separated": sum(g > limits[e] for g in gaps),
+                "smallest_gap": min(gaps), "largest_gap": max(gaps),
+                "within_spread": [[a, b, g] for a, b, g in pair_gaps if g <= limits[e]],
             }
-    return {"spread_loss_at_L": limit, "by_length": by_length}
+    return {"spread_by_length": limits, "by_length": by_length}
 
 
-def _lower(a: float | None, b: float | None) -> bool:
-    """``a`` is lower than ``b`` by more than :data:`FLAT` (a tie is no win)."""
-    return a is not None and b is not None and a < b * (1 - FLAT)
+class _Noise:
+    """The run-to-run spread the comparisons are held to: at a length (two methods at ``E``), and of a
+    change between two lengths (one method at ``E`` against ``L``), in nats; 0 where not measured.
+    Passkey: the two runs' accuracies apart, per length."""
+
+    def __init__(self, rows: Sequence[dict], config: ExperimentConfig) -> None:
+        self.rows = spread(rows, config)
+        self.lengths = spread_by_length(rows, config)
+
+    @property
+    def measured(self) -> bool:
+        return bool(self.lengths)
+
+    def at(self, e: int) -> float:
+        return self.lengths.get(e, 0.0)
+
+    def change(self, e: int, base: int) -> float:
+        """Largest |(loss_a(E) - loss_a(base)) - (loss_b(E) - loss_b(base))| over the encodings trained twice."""
+        by = {(s["encoding"], s["eval_length"]): s for s in self.rows}
+        gaps = [
+            abs((by[enc, e]["loss_a"] - by[enc, base]["loss_a"]) - (by[enc, e]["loss_b"] - by[enc, base]["loss_b"]))
+            for enc, length in by if length == e and (enc, base) in by
+        ]
+        gaps = [g for g in gaps if math.isfinite(g)]
+        return max(gaps, default=0.0)
+
+    def passkey(self, e: int) -> float:
+        gaps = [abs(s["passkey_a"] - s["passkey_b"]) for s in self.rows
+                if s["eval_length"] == e and s.get("passkey_a") is not None and s.get("passkey_b") is not None]
+        return max(gaps, default=0.0)
+
+
+# the outcome of one item of a claim
+AGREE, DISAGREE, WITHIN = "agrees", "does not agree", "within run-to-run spread"
+
+
+def _claim_lower(x: float | None, y: float | None, noise: float) -> str | None:
+    """Claim "perplexity ``x`` is lower than ``y``": within the spread when ``|ln x - ln y| <= noise``;
+    otherwise it holds when ``x`` is lower by more than :data:`FLAT` (a smaller lead is a tie, no win).
+    None when either is missing or not finite."""
+    if x is None or y is None or not (math.isfinite(x) and math.isfinite(y)) or x <= 0 or y <= 0:
+        return None
+    if noise > 0 and abs(math.log(x) - math.log(y)) <= noise:
+        return WITHIN
+    return AGREE if x < y * (1 - FLAT) else DISAGREE
+
+
+def _claim_at_most(d: float | None, bound: float, noise: float) -> str | None:
+    """Claim "``d`` (nats) is at most ``bound``": within the spread when ``|d - bound| <= noise`` (the
+    verdict would flip if ``d`` moved by the spread), else whether it holds."""
+    if d is None or not math.isfinite(d):
+        return None
+    if noise > 0 and abs(d - bound) <= noise:
+        return WITHIN
+    return AGREE if d <= bound else DISAGREE
+
+
+def _combine(outcomes: Sequence[str | None]) -> str:
+    """One verdict from the items of a claim: ``agrees`` / ``does not agree`` when every item that exceeds
+    the spread points one way (and none is within it, for ``agrees``), ``partly`` when they point both
+    ways or the claim holds only where the spread lets one tell, and ``within run-to-run spread`` when
+    no item exceeds it.
+
+    Example:
+        >>> _combine([AGREE, AGREE]), _combine([AGREE, WITHIN]), _combine([DISAGREE, WITHIN]), _combine([WITHIN])
+        ('agrees', 'partly', 'does not agree', 'within run-to-run spread')
+    """
+    told = [o for o in outcomes if o is not None]
+    if not told:
+        return "not measured"
+    if all(o == WITHIN for o in told):
+        return WITHIN
+    agree, disagree = told.count(AGREE), told.count(DISAGREE)
+    if agree and not disagree and agree == len(told):
+        return AGREE
+    if agree:
+        return "partly"
+    return DISAGREE
+
+
+def _within_note(items: Sequence[tuple[str, str | None, float]]) -> str:
+    """``"; within the run-to-run spread: at 2L (0.201 nats)"`` for the items that are, else ``""``."""
+    within = [f"{label} ({noise:.3f} nats)" for label, outcome, noise in items if outcome == WITHIN]
+    return f"; within the run-to-run spread: {', '.join(within)}" if within else ""
 
 
 def _ratio(t: _Table, model: str, scaling: str, e: int, base: int) -> float | None:
     a, b = t.get(model, scaling, e, "perplexity"), t.get(model, scaling, base, "perplexity")
-    return None if a is None or b is None else a / b
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def _log(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) or value <= 0 else math.log(value)
 
 
 def observations(rows: Sequence[dict], config: ExperimentConfig) -> list[str]:
     """Plain statements of what this run measured (no expectations), one per line of the report."""
     t = _Table(rows)
+    noise = _Noise(rows, config)
     L = config.train_length
     first = [m for m in methods(rows) if not m.repeat]
     lines = []
     for e in t.lengths:
         ranked = sorted(
-            ((t.get(m.model, m.scaling, e, "perplexity"), m.label) for m in first if t.get(m.model, m.scaling, e, "perplexity") is not None),
+            (p, m.label) for m in first if (p := t.get(m.model, m.scaling, e, "perplexity")) is not None and math.isfinite(p)
         )
         if ranked:
             best, label = ranked[0]
-            lines.append(f"At {e} tokens ({e / L:g}L) the lowest perplexity is {label}'s, {_fmt(best)}; the highest is "
-                         f"{ranked[-1][1]}'s, {_fmt(ranked[-1][0])}.")
+            line = (f"At {e} tokens ({e / L:g}L) the lowest perplexity is {label}'s, {_fmt(best)}; the highest is "
+                    f"{ranked[-1][1]}'s, {_fmt(ranked[-1][0])}.")
+            close = [other for p, other in ranked[1:] if noise.at(e) > 0 and math.log(p) - math.log(best) <= noise.at(e)]
+            if close:
+                line += f" Within the run-to-run spread at this length ({noise.at(e):.3f} nats) of the lowest: {', '.join(close)}."
+            lines.append(line)
     longest = t.lengths[-1]
     untouched = [m for m in first if m.scaling == "none"]
     for m in untouched:
@@ -288,7 +406,7 @@ class Comparison:
     paper: str
     claim: str
     observed: str
-    verdict: str  # "agrees", "does not agree", "partly", "not measured"
+    verdict: str  # "agrees", "does not agree", "partly", "within run-to-run spread", "not measured"
 
 
 PAPERS = {
@@ -298,11 +416,21 @@ PAPERS = {
     "yarn": 'Peng et al. 2023, "YaRN: Efficient Context Window Extension of Large Language Models"',
 }
 
+#: the tolerance of the claims "on par" and "keeps its quality": 2%, in nats
+FLAT_NATS = math.log(1 + FLAT)
+
 
 def comparisons(rows: Sequence[dict], config: ExperimentConfig) -> list[Comparison]:
-    """Each paper's claim, what this run measured, and whether they agree (threshold: a change of more
-    than :data:`FLAT` = 2% counts as a rise or a fall)."""
+    """Each paper's claim, what this run measured, and whether they agree.
+
+    Every verdict is held to the run-to-run spread (:func:`spread_by_length`): a difference between
+    two methods at ``E`` counts only when it exceeds the spread at ``E``, and a change of one method
+    from ``L`` to ``E`` only when it exceeds the spread of that change between the two runs; smaller
+    ones are "within run-to-run spread", never agreement or disagreement. Beyond the spread, a lead
+    of at most :data:`FLAT` (2%) is a tie, as it is everywhere when nothing was trained twice.
+    """
     t = _Table(rows)
+    noise = _Noise(rows, config)
     L = config.train_length
     longer = [e for e in t.lengths if e > L]
     out: list[Comparison] = []
@@ -316,23 +444,30 @@ def comparisons(rows: Sequence[dict], config: ExperimentConfig) -> list[Comparis
     def series(model: str, scaling: str = "none") -> str:
         return ", ".join(f"{_fmt(ppl(model, scaling, e))} at {e / L:g}L" for e in t.lengths if ppl(model, scaling, e) is not None)
 
+    def at(e: int) -> str:
+        return f"{e / L:g}L"
+
     # --- ALiBi paper ------------------------------------------------------------------------
     claim = ("On WikiText-103 (their Figure 1, L = 512 and 1024) the perplexity of sinusoidal and rotary models "
              "rises as the evaluation length grows past L.")
     if t.has("sinusoidal") and t.has("rope") and longer:
-        rises = {m: _ratio(t, m, "none", longer[0], L) for m in ("sinusoidal", "rope")}
-        observed = (f"at {longer[0] / L:g}L, sinusoidal is {rises['sinusoidal']:.3f}x and RoPE {rises['rope']:.3f}x their "
-                    f"perplexity at L (sinusoidal: {series('sinusoidal')}; RoPE: {series('rope')})")
-        n_rise = sum(r > 1 + FLAT for r in rises.values())
-        out.append(Comparison(PAPERS["alibi"], claim, observed, {2: "agrees", 1: "partly"}.get(n_rise, "does not agree")))
+        e = longer[0]
+        rises = {m: _ratio(t, m, "none", e, L) for m in ("sinusoidal", "rope")}
+        items = [(name, _claim_lower(ppl(m, "none", L), ppl(m, "none", e), noise.change(e, L)), noise.change(e, L))
+                 for m, name in (("sinusoidal", "sinusoidal"), ("rope", "RoPE"))]
+        observed = (f"at {at(e)}, sinusoidal is {_fmt(rises['sinusoidal'])}x and RoPE {_fmt(rises['rope'])}x their "
+                    f"perplexity at L (sinusoidal: {series('sinusoidal')}; RoPE: {series('rope')})" + _within_note(items))
+        out.append(Comparison(PAPERS["alibi"], claim, observed, _combine([o for _, o, _ in items])))
     else:
         out.append(missing("alibi", claim, "sinusoidal and RoPE models evaluated past L"))
 
     claim = "ALiBi's perplexity does not degrade past L: it stays flat or improves slightly up to many times L."
     if t.has("alibi") and longer:
-        worst = max(_ratio(t, "alibi", "none", e, L) for e in longer)
-        observed = f"ALiBi: {series('alibi')}; its worst length past L is {worst:.3f}x its perplexity at L"
-        out.append(Comparison(PAPERS["alibi"], claim, observed, "agrees" if worst <= 1 + FLAT else "does not agree"))
+        items = [(at(e), _claim_at_most(_log(_ratio(t, "alibi", "none", e, L)), FLAT_NATS, noise.change(e, L)), noise.change(e, L))
+                 for e in longer]
+        worst = max((r for e in longer if (r := _ratio(t, "alibi", "none", e, L)) is not None), default=None)
+        observed = f"ALiBi: {series('alibi')}; its worst length past L is {_fmt(worst)}x its perplexity at L" + _within_note(items)
+        out.append(Comparison(PAPERS["alibi"], claim, observed, _combine([o for _, o, _ in items])))
     else:
         out.append(missing("alibi", claim, "ALiBi model evaluated past L"))
 
@@ -340,9 +475,10 @@ def comparisons(rows: Sequence[dict], config: ExperimentConfig) -> list[Comparis
     if t.has("sinusoidal") and t.has("rope") and t.has("alibi") and longer:
         e = longer[0]
         r, s, a = ppl("rope", "none", e), ppl("sinusoidal", "none", e), ppl("alibi", "none", e)
-        observed = f"at {e / L:g}L: RoPE {_fmt(r)}, sinusoidal {_fmt(s)}, ALiBi {_fmt(a)}"
-        verdict = "agrees" if _lower(a, r) and _lower(r, s) else ("partly" if (_lower(r, s) or _lower(a, r)) else "does not agree")
-        out.append(Comparison(PAPERS["alibi"], claim, observed, verdict))
+        items = [("ALiBi against RoPE", _claim_lower(a, r, noise.at(e)), noise.at(e)),
+                 ("RoPE against sinusoidal", _claim_lower(r, s, noise.at(e)), noise.at(e))]
+        observed = f"at {at(e)}: RoPE {_fmt(r)}, sinusoidal {_fmt(s)}, ALiBi {_fmt(a)}" + _within_note(items)
+        out.append(Comparison(PAPERS["alibi"], claim, observed, _combine([o for _, o, _ in items])))
     else:
         out.append(missing("alibi", claim, "sinusoidal, RoPE and ALiBi models"))
 
@@ -352,8 +488,10 @@ def comparisons(rows: Sequence[dict], config: ExperimentConfig) -> list[Comparis
         if None in (a, s, r):
             out.append(missing("alibi", claim, f"evaluation at L = {L}"))
         else:
-            observed = f"at L: ALiBi {_fmt(a)}, sinusoidal {_fmt(s)}, RoPE {_fmt(r)}"
-            out.append(Comparison(PAPERS["alibi"], claim, observed, "agrees" if a <= (1 + FLAT) * min(s, r) else "does not agree"))
+            d = None if _log(a) is None or _log(min(s, r)) is None else _log(a) - _log(min(s, r))
+            items = [("at L", _claim_at_most(d, FLAT_NATS, noise.at(L)), noise.at(L))]
+            observed = f"at L: ALiBi {_fmt(a)}, sinusoidal {_fmt(s)}, RoPE {_fmt(r)}" + _within_note(items)
+            out.append(Comparison(PAPERS["alibi"], claim, observed, _combine([o for _, o, _ in items])))
     else:
         out.append(missing("alibi", claim, "ALiBi, sinusoidal and RoPE models"))
 
@@ -363,26 +501,33 @@ def comparisons(rows: Sequence[dict], config: ExperimentConfig) -> list[Comparis
     rivals = [e for e in ("alibi", "rope", "learned", "sinusoidal") if t.has(e)]
     if t.has("none") and rivals and longer:
         e = longer[0]
-        ranking = sorted((ppl(m, "none", e), ENCODING_LABELS.get(m, m)) for m in ["none", *rivals])
-        # ties within FLAT share a place: NoPE's place is one plus the rivals clearly below it
-        place = 1 + sum(_lower(ppl(m, "none", e), ppl("none", "none", e)) for m in rivals)
+        ranking = sorted(((ppl(m, "none", e), ENCODING_LABELS.get(m, m)) for m in ["none", *rivals]),
+                         key=lambda v: math.inf if v[0] is None or not math.isfinite(v[0]) else v[0])
+        # no rival clearly below NoPE: a rival lower by at most 2% ties with it (shares its place)
+        tie = -math.log(1 - FLAT)
+        nope = _log(ppl("none", "none", e))
+        items = [(f"NoPE against {ENCODING_LABELS.get(m, m)}",
+                  None if nope is None or _log(ppl(m, "none", e)) is None else _claim_at_most(nope - _log(ppl(m, "none", e)), tie, noise.at(e)),
+                  noise.at(e)) for m in rivals]
+        place = 1 + sum(o == DISAGREE for _, o, _ in items)
         pk = {m: t.get(m, "none", e, "passkey_accuracy") for m in ["none", *rivals]}
-        pk_best = max(pk.values())
-        observed = (f"at {e / L:g}L NoPE ranks {place} of {len(ranking)} by perplexity, ties within {FLAT:.0%} sharing a place ("
-                    + ", ".join(f"{label} {_fmt(v)}" for v, label in ranking)
-                    + f"); passkey at {e / L:g}L: NoPE {pk['none']:.0%}, best {pk_best:.0%}")
-        verdict = "agrees" if place == 1 else ("partly" if place <= 2 or (pk["none"] == pk_best > 0) else "does not agree")
-        out.append(Comparison(PAPERS["nope"], claim, observed, verdict))
+        observed = (f"at {at(e)} NoPE ranks {place} of {len(ranking)} by perplexity, counting only rivals lower by more than "
+                    f"{FLAT:.0%} and the spread (" + ", ".join(f"{label} {_fmt(v)}" for v, label in ranking)
+                    + f"); passkey at {at(e)}: NoPE {_percent(pk['none'])}, best {_percent(max((v for v in pk.values() if v is not None), default=None))}"
+                    + _within_note(items))
+        out.append(Comparison(PAPERS["nope"], claim, observed, _combine([o for _, o, _ in items])))
     else:
         out.append(missing("nope", claim, "NoPE model beside other encodings evaluated past L"))
 
     claim = "A decoder without position encoding still learns where tokens are (the causal mask lets it represent absolute and relative positions)."
-    firsts = [e for e in config.encodings if t.has(e)]
-    if t.has("none") and len(firsts) > 1:
-        best = min((ppl(e, "none", L), ENCODING_LABELS.get(e, e)) for e in firsts if e != "none")
+    firsts = [e for e in config.encodings if t.has(e) and e != "none" and ppl(e, "none", L) is not None]
+    if t.has("none") and firsts and ppl("none", "none", L) is not None:
+        best = min((ppl(e, "none", L), ENCODING_LABELS.get(e, e)) for e in firsts)
         n = ppl("none", "none", L)
-        observed = f"at L NoPE reaches {_fmt(n)}, the best encoding ({best[1]}) {_fmt(best[0])}: {n / best[0]:.3f}x"
-        out.append(Comparison(PAPERS["nope"], claim, observed, "agrees" if n <= 1.10 * best[0] else "does not agree"))
+        d = None if _log(n) is None or _log(best[0]) is None else _log(n) - _log(best[0])
+        items = [("at L, against 10% above the best", _claim_at_most(d, math.log(1.10), noise.at(L)), noise.at(L))]
+        observed = f"at L NoPE reaches {_fmt(n)}, the best encoding ({best[1]}) {_fmt(best[0])}: {_fmt(n / best[0])}x (within 10% counts)" + _within_note(items)
+        out.append(Comparison(PAPERS["nope"], claim, observed, _combine([o for _, o, _ in items])))
     else:
         out.append(missing("nope", claim, "NoPE model beside another encoding"))
 
@@ -390,11 +535,11 @@ def comparisons(rows: Sequence[dict], config: ExperimentConfig) -> list[Comparis
     claim = ("Extrapolating RoPE past the trained length fails badly, while interpolating the positions (PI) is far more "
              "stable (their bound on the attention scores is about 600x smaller).")
     if t.has("rope", "linear") and longer:
-        wins = [e for e in longer if _lower(ppl("rope", "linear", e), ppl("rope", "none", e))]
+        items = [(at(e), _claim_lower(ppl("rope", "linear", e), ppl("rope", "none", e), noise.at(e)), noise.at(e)) for e in longer]
+        wins = sum(o == AGREE for _, o, _ in items)
         observed = (f"RoPE as trained: {series('rope')}; with PI: {series('rope', 'linear')}; PI is lower (by more than "
-                    f"{FLAT:.0%}) at {len(wins)} of {len(longer)} lengths past L")
-        verdict = "agrees" if len(wins) == len(longer) else ("partly" if wins else "does not agree")
-        out.append(Comparison(PAPERS["pi"], claim, observed, verdict))
+                    f"{FLAT:.0%} and the spread) at {wins} of {len(longer)} lengths past L" + _within_note(items))
+        out.append(Comparison(PAPERS["pi"], claim, observed, _combine([o for _, o, _ in items])))
     else:
         out.append(missing("pi", claim, "RoPE model with the linear scaling"))
 
@@ -402,12 +547,14 @@ def comparisons(rows: Sequence[dict], config: ExperimentConfig) -> list[Comparis
              "(after the paper's fine-tuning of at most 1000 steps; this run does not fine-tune).")
     first_bucket = f"0-{sorted(config.eval_lengths)[0]}" if sorted(config.eval_lengths)[0] == L else None
     longest = t.lengths[-1]
-    if t.has("rope", "linear") and first_bucket and longest > L:
+    if t.has("rope", "linear") and first_bucket and longest > L and ("rope", "none", longest) in t.rows and ("rope", "linear", longest) in t.rows:
         a = t.rows[("rope", "none", longest)]["buckets"][first_bucket]
         b = t.rows[("rope", "linear", longest)]["buckets"][first_bucket]
-        observed = (f"loss at positions [0, L) of {longest}-token windows: {a:.3f} nats as trained, {b:.3f} with PI "
-                    f"(factor {longest / L:g}), {b - a:+.3f}")
-        out.append(Comparison(PAPERS["pi"], claim, observed, "agrees" if b - a <= math.log(1 + FLAT) else "does not agree"))
+        d = None if a is None or b is None else b - a
+        items = [(f"{at(longest)} windows", _claim_at_most(d, FLAT_NATS, noise.at(longest)), noise.at(longest))]
+        observed = (f"loss at positions [0, L) of {longest}-token windows: {_fmt(a)} nats as trained, {_fmt(b)} with PI "
+                    f"(factor {longest / L:g}), {'–' if d is None else f'{d:+.3f}'}" + _within_note(items))
+        out.append(Comparison(PAPERS["pi"], claim, observed, _combine([o for _, o, _ in items])))
     else:
         out.append(missing("pi", claim, "RoPE model with PI evaluated on windows past L"))
 
@@ -415,9 +562,13 @@ def comparisons(rows: Sequence[dict], config: ExperimentConfig) -> list[Comparis
     if t.has("rope", "linear") and longer:
         accs = {e: t.get("rope", "linear", e, "passkey_accuracy") for e in longer}
         base = {e: t.get("rope", "none", e, "passkey_accuracy") for e in longer}
-        observed = "passkey with PI: " + ", ".join(f"{accs[e]:.0%} at {e / L:g}L (as trained {base[e]:.0%})" for e in longer)
-        good = sum(accs[e] >= 0.5 for e in longer)
-        out.append(Comparison(PAPERS["pi"], claim, observed, "agrees" if good == len(longer) else ("partly" if good else "does not agree")))
+        # at least half the keys; held to the two runs' passkey accuracies apart at that length
+        items = [(at(e), None if accs[e] is None else _claim_at_most(0.5 - accs[e], 0.0, noise.passkey(e)), noise.passkey(e))
+                 for e in longer]
+        observed = "passkey with PI: " + ", ".join(f"{_percent(accs[e])} at {at(e)} (as trained {_percent(base[e])})" for e in longer)
+        within = [f"{label} (the runs differ by {n:.0%})" for label, o, n in items if o == WITHIN]
+        observed += f"; within the run-to-run spread: {', '.join(within)}" if within else ""
+        out.append(Comparison(PAPERS["pi"], claim, observed, _combine([o for _, o, _ in items])))
     else:
         out.append(missing("pi", claim, "RoPE model with PI"))
 
@@ -425,26 +576,38 @@ def comparisons(rows: Sequence[dict], config: ExperimentConfig) -> list[Comparis
     claim = ("NTK-aware scaling, which keeps the high frequencies and stretches the low ones, degrades less than PI "
              "without fine-tuning.")
     if t.has("rope", "ntk") and t.has("rope", "linear") and longer:
-        wins = [e for e in longer if _lower(ppl("rope", "ntk", e), ppl("rope", "linear", e))]
-        observed = f"NTK: {series('rope', 'ntk')}; PI: {series('rope', 'linear')}; NTK lower at {len(wins)} of {len(longer)} lengths past L"
-        out.append(Comparison(PAPERS["yarn"], claim, observed, "agrees" if len(wins) == len(longer) else ("partly" if wins else "does not agree")))
+        items = [(at(e), _claim_lower(ppl("rope", "ntk", e), ppl("rope", "linear", e), noise.at(e)), noise.at(e)) for e in longer]
+        wins = sum(o == AGREE for _, o, _ in items)
+        observed = (f"NTK: {series('rope', 'ntk')}; PI: {series('rope', 'linear')}; NTK lower at {wins} of {len(longer)} "
+                    "lengths past L" + _within_note(items))
+        out.append(Comparison(PAPERS["yarn"], claim, observed, _combine([o for _, o, _ in items])))
     else:
         out.append(missing("yarn", claim, "RoPE model with NTK and PI"))
 
     claim = "Dynamic scaling lets a model run past its trained length without fine-tuning, degrading gracefully instead of failing."
     if t.has("rope", "dynamic") and longer:
-        wins = [e for e in longer if _lower(ppl("rope", "dynamic", e), ppl("rope", "none", e))]
-        observed = f"dynamic NTK: {series('rope', 'dynamic')}; as trained: {series('rope')}; lower at {len(wins)} of {len(longer)} lengths past L"
-        out.append(Comparison(PAPERS["yarn"], claim, observed, "agrees" if len(wins) == len(longer) else ("partly" if wins else "does not agree")))
+        items = [(at(e), _claim_lower(ppl("rope", "dynamic", e), ppl("rope", "none", e), noise.at(e)), noise.at(e)) for e in longer]
+        wins = sum(o == AGREE for _, o, _ in items)
+        observed = (f"dynamic NTK: {series('rope', 'dynamic')}; as trained: {series('rope')}; lower at {wins} of {len(longer)} "
+                    "lengths past L" + _within_note(items))
+        out.append(Comparison(PAPERS["yarn"], claim, observed, _combine([o for _, o, _ in items])))
     else:
         out.append(missing("yarn", claim, "RoPE model with dynamic NTK"))
 
     claim = "YaRN (NTK-by-parts plus an attention temperature) reaches lower perplexity than PI and NTK-aware scaling at the same factor."
     others = [s for s in ("linear", "ntk") if t.has("rope", s)]
     if t.has("rope", "yarn") and others and longer:
-        wins = [e for e in longer if all(_lower(ppl("rope", "yarn", e), ppl("rope", s, e)) for s in others)]
-        observed = f"YaRN: {series('rope', 'yarn')}; lowest of YaRN, {', '.join(SCALING_LABELS[s] for s in others)} at {len(wins)} of {len(longer)} lengths past L"
-        out.append(Comparison(PAPERS["yarn"], claim, observed, "agrees" if len(wins) == len(longer) else ("partly" if wins else "does not agree")))
+        items = [(f"{SCALING_LABELS[s]} at {at(e)}", _claim_lower(ppl("rope", "yarn", e), ppl("rope", s, e), noise.at(e)), noise.at(e))
+                 for e in longer for s in others]
+        # per length, YaRN must be below every other: one clear loss decides it, else one within the spread does
+        per_length = []
+        for e in longer:
+            here = [o for label, o, _ in items if label.endswith(f" at {at(e)}")]
+            per_length.append(None if None in here else DISAGREE if DISAGREE in here else WITHIN if WITHIN in here else AGREE)
+        wins = per_length.count(AGREE)
+        observed = (f"YaRN: {series('rope', 'yarn')}; lowest of YaRN, {', '.join(SCALING_LABELS[s] for s in others)} at {wins} of "
+                    f"{len(longer)} lengths past L" + _within_note(items))
+        out.append(Comparison(PAPERS["yarn"], claim, observed, _combine(per_length)))
     else:
         out.append(missing("yarn", claim, "RoPE model with YaRN and PI or NTK"))
     return out
@@ -523,14 +686,22 @@ def draw_figures(rows: Sequence[dict], config: ExperimentConfig, directory: Path
     paths: dict[str, list[Path]] = {}
     directory.mkdir(parents=True, exist_ok=True)
 
+    def plottable(value: float | None) -> bool:  # log axes: finite and > 0 (an overflowed perplexity is inf)
+        return value is not None and math.isfinite(value) and value > 0
+
     fig, ax = plt.subplots(figsize=(8.5, 5.2))
+    drawn = 0
     for m in ms:
-        xs = [e for e in t.lengths if t.get(m.model, m.scaling, e, "perplexity") is not None]
+        xs = [e for e in t.lengths if plottable(t.get(m.model, m.scaling, e, "perplexity"))]
         ax.plot(xs, [t.get(m.model, m.scaling, e, "perplexity") for e in xs], label=m.label, **style(m))
+        drawn += len(xs)
     ax.axvline(L, color="#444444", linewidth=1, linestyle="--")
     ax.text(L, 0.98, " L (training length)", transform=ax.get_xaxis_transform(), va="top", ha="left", fontsize=9)
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+    if drawn:
+        ax.set_yscale("log")
+    else:
+        ax.text(0.5, 0.5, "no finite perplexity to draw", transform=ax.transAxes, ha="center", va="center")
     ax.set_xticks(t.lengths, [f"{e}\n({e / L:g}L)" for e in t.lengths])
     ax.set_xlabel("evaluation length E (tokens = bytes)")
     ax.set_ylabel("perplexity per byte (log scale)")
@@ -547,7 +718,7 @@ def draw_figures(rows: Sequence[dict], config: ExperimentConfig, directory: Path
         if row is None:
             continue
         values = [row["buckets"].get(f"{a}-{b}") for a, b in zip(edges[:-1], edges[1:])]
-        ax.plot(range(len(labels)), [math.nan if v is None else v for v in values], label=m.label, **style(m))
+        ax.plot(range(len(labels)), [v if v is not None and math.isfinite(v) else math.nan for v in values], label=m.label, **style(m))
     ax.set_xticks(range(len(labels)), labels)
     ax.set_xlabel(f"query position inside windows of {longest} tokens")
     ax.set_ylabel("mean next-byte loss (nats)")
@@ -681,15 +852,34 @@ def report_markdown(results: dict[str, Any], config: ExperimentConfig, figures: 
         sep = results["separation"]
         lines += ["", f"The second run changes the initialisation and the batch order (seed {config.seed + 1} instead of {config.seed})."]
         if sep:
-            lines.append(f"Largest gap at L: {sep['spread_loss_at_L']:.4f} nats. Pairs of encodings whose losses differ by more than that:")
+            limits = {int(e): v for e, v in sep["spread_by_length"].items()}
+            lines.append(
+                "The spread at each length, the largest loss gap between the two runs: "
+                + ", ".join(f"{v:.4f} nats at {e / L:g}L" for e, v in sorted(limits.items()))
+                + ". Each length is held to its own spread, not to the spread at L: a pair of encodings (as trained) "
+                "counts as separated at a length only when their losses differ by more than the spread at that length:"
+            )
             lines.append("")
             for e, s in sep["by_length"].items():
-                lines.append(f"- at {int(e) / L:g}L: {s['separated']} of {s['pairs']} pairs (gaps from {s['smallest_gap']:.3f} to {s['largest_gap']:.3f} nats)")
+                line = (f"- at {int(e) / L:g}L (spread {s['spread']:.4f} nats): {s['separated']} of {s['pairs']} pairs separated "
+                        f"(gaps from {s['smallest_gap']:.3f} to {s['largest_gap']:.3f} nats)")
+                if s["within_spread"]:
+                    line += "; within the spread: " + ", ".join(
+                        f"{ENCODING_LABELS.get(a, a)} vs {ENCODING_LABELS.get(b, b)} ({g:.3f})" for a, b, g in s["within_spread"])
+                lines.append(line)
+            lines += ["", "The comparisons with the published findings below are held to the same spreads: a difference "
+                      "smaller than the spread at its length is reported as within run-to-run spread, not as agreement "
+                      "or disagreement. The spread is measured on "
+                      + ", ".join(ENCODING_LABELS.get(e, e) for e in config.spread_encodings)
+                      + " as trained and applied to every method, the scaled ones included."]
     else:
         lines.append("No encoding was trained twice (`--spread-encodings` empty): the spread was not measured.")
     lines += ["", "## What this run shows", ""]
     lines += [f"- {o}" for o in observations(rows, config)]
     lines += ["", "## Compared with the published findings", ""]
+    if not results["spread"]:
+        lines += ["Nothing was trained twice, so the run-to-run spread is unknown: these verdicts use the 2% threshold "
+                  "alone and may rest on differences no larger than the noise between two runs.", ""]
     for c in comparisons(rows, config):
         lines += [f"- **{c.verdict}** — {c.paper}: {c.claim}  ", f"  This run: {c.observed}."]
     lines += [

@@ -28,7 +28,7 @@ import torch
 from .config import ExperimentConfig, ExperimentError, command_line, differences
 from .data import Corpus, evaluation_tokens, load_corpus
 from .evaluate import bucket_edges, evaluate_model
-from .progress import Reporter
+from .progress import Reporter, table_console
 from .report import (
     csv_text,
     draw_figures,
@@ -41,7 +41,7 @@ from .report import (
 )
 from .train import Distributed, ModelSpec, build_model, model_specs, train_model
 
-__all__ = ["RUN_FORMAT", "prepare_run_dir", "run_experiment", "environment"]
+__all__ = ["RUN_FORMAT", "environment", "prepare_run_dir", "require_report_packages", "run_experiment"]
 
 RUN_FORMAT = 1
 
@@ -68,6 +68,29 @@ def environment(config: ExperimentConfig, dist: Distributed) -> dict[str, Any]:
         "threads": torch.get_num_threads(), "device": config.device, "world_size": dist.world_size,
         "cuda": torch.cuda.get_device_name(0) if config.device == "cuda" else None,
     }
+
+
+def require_report_packages() -> None:
+    """Import matplotlib (the figures) and rich (the table, the progress bars) now, not after training.
+
+    Raises:
+        ImportError: one of them is missing or broken; ``name`` is the package, and the message names
+            the extra that installs both, ``rotary[plot]``.
+
+    Example:
+        >>> require_report_packages()  # both are installed here
+    """
+    import importlib
+
+    for package in ("matplotlib", "rich"):
+        try:
+            importlib.import_module(package)
+        except ImportError as exc:
+            raise ImportError(
+                f"rotary experiment draws its figures with matplotlib and prints its table with rich, but {package} "
+                f"cannot be imported ({exc}); install both with: pip install 'rotary[plot]'",
+                name=package,
+            ) from None
 
 
 def _load_average() -> list[float] | None:
@@ -163,7 +186,9 @@ def run_experiment(
         console: a rich console for the final table (default: one on stdout).
 
     Raises:
-        ExperimentError: any bad input, before anything is written.
+        ExperimentError: any bad input, before anything is written; a training that diverges
+            (:class:`~rotary.experiments.train.TrainingDiverged`).
+        ImportError: matplotlib or rich missing (:func:`require_report_packages`), before anything is written.
     """
     started, wall = _utc_now(), time.perf_counter()
     load_at_start = _load_average()
@@ -176,6 +201,7 @@ def run_experiment(
     if config.device == "cuda" and not torch.cuda.is_available():
         build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
         raise ExperimentError(f"--device cuda: CUDA is not available (torch {torch.__version__}, {build}); use --device cpu")
+    require_report_packages()  # before anything is trained or written: the figures and the table need them
     if config.batch_size % dist.world_size:
         raise ExperimentError(
             f"torchrun runs {dist.world_size} processes but --batch-size {config.batch_size} does not split into "
@@ -203,7 +229,7 @@ def run_experiment(
                 }, indent=1) + "\n")
         except ExperimentError as exc:
             failure = exc
-    if not dist.agree(failure is None):
+    if not dist.agree(failure is None, dist.device(config.device)):
         dist.stop()
         raise failure or ExperimentError("rank 0 stopped on bad input")
     timings["load data"] = time.perf_counter() - t
@@ -246,9 +272,7 @@ def run_experiment(
         write_atomic(directory / "report.md", report_markdown(results, config, figures, directory))
         write_atomic(directory / "results.json", results_json(results))  # last: marks the run finished
         if console is None:
-            from ..commands.common import console as make_console
-
-            console = make_console()
+            console = table_console()
         render_table(rows, config, console)
         console.print(f"wrote {directory}/report.md, results.json, results.csv and figures/ in {results['wall_seconds']:.0f} s")
         return directory

@@ -36,12 +36,15 @@ __all__ = [
     "Distributed",
     "ModelSpec",
     "TrainOutcome",
+    "TrainingDiverged",
     "build_model",
     "decoder_config",
+    "diverged_message",
     "learning_rate",
     "load_checkpoint",
     "model_specs",
     "param_groups",
+    "shard",
     "train_model",
 ]
 
@@ -77,20 +80,42 @@ class Distributed:
                 f"{os.environ.get('RANK')!r} / {os.environ.get('WORLD_SIZE')!r} / {os.environ.get('LOCAL_RANK')!r}"
             ) from None
 
+    def device(self, kind: str) -> torch.device:
+        """The training device of this process: ``cuda:LOCAL_RANK`` for ``kind == "cuda"``, else the CPU.
+
+        Every tensor a collective touches lives here: NCCL reduces CUDA tensors only.
+
+        Example:
+            >>> Distributed(rank=1, world_size=2, local_rank=1).device("cuda"), Distributed().device("cpu")
+            (device(type='cuda', index=1), device(type='cpu'))
+        """
+        return torch.device("cuda", self.local_rank) if kind == "cuda" else torch.device("cpu")
+
     def start(self, device: str) -> None:
-        """Join the process group (gloo on CPU, nccl on CUDA); nothing to do for one process."""
+        """Join the process group (gloo on CPU; on CUDA nccl for CUDA tensors and gloo for any CPU
+        tensor); nothing to do for one process."""
         if self.world_size > 1 and not torch.distributed.is_initialized():
             if device == "cuda":
                 torch.cuda.set_device(self.local_rank)
-            torch.distributed.init_process_group("nccl" if device == "cuda" else "gloo")
+            torch.distributed.init_process_group("cpu:gloo,cuda:nccl" if device == "cuda" else "gloo")
 
-    def agree(self, ok: bool) -> bool:
-        """True when ``ok`` holds on every rank (one all-reduce; the flag itself alone)."""
+    def agree(self, ok: bool, device: torch.device) -> bool:
+        """True when ``ok`` holds on every rank: one all-reduce (MIN) of a ``[1]`` flag on ``device``,
+        the training device (:meth:`device`)."""
         if self.world_size == 1 or not torch.distributed.is_initialized():
             return ok
-        flag = torch.tensor([int(ok)])
+        flag = torch.tensor([int(ok)], device=device)
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
         return bool(flag.item())
+
+    def mean(self, value: torch.Tensor) -> torch.Tensor:
+        """The mean of ``value`` (any shape, on the training device) over the ranks; ``value`` itself
+        for one process. Used for the logged loss only: DDP averages the gradients itself."""
+        if self.world_size == 1 or not torch.distributed.is_initialized():
+            return value
+        total = value.detach().clone()
+        torch.distributed.all_reduce(total)
+        return total / self.world_size
 
     def stop(self) -> None:
         if self.world_size > 1 and torch.distributed.is_initialized():
@@ -213,6 +238,44 @@ def _save_checkpoint(path: Path, payload: dict) -> None:
     os.replace(tmp, path)
 
 
+class TrainingDiverged(ExperimentError):
+    """The training loss or gradient norm stopped being finite: the run stops (exit status 2)."""
+
+
+def diverged_message(
+    spec: ModelSpec, config: ExperimentConfig, step: int, loss: float, norm: float, run_dir: Path | None = None
+) -> str:
+    """One line: which model diverged at which step, and which setting to lower.
+
+    Example:
+        >>> cfg = ExperimentConfig(learning_rate=1e9, steps=3, warmup_steps=0)
+        >>> diverged_message(ModelSpec("rope", "rope", 0), cfg, 1, float("nan"), float("inf"))
+        'training rope (encoding rope, seed 0) diverged at step 2 of 3: loss nan, gradient norm inf at learning rate 5e+08; nothing was evaluated. Start a new run with a lower --learning-rate (this run: 1e+09)'
+    """
+    text = (
+        f"training {spec.name} (encoding {spec.encoding}, seed {spec.seed}) diverged at step {step + 1} of {config.steps}: "
+        f"loss {loss:.4g}, gradient norm {norm:.4g} at learning rate {learning_rate(step, config):.3g}; nothing was "
+        f"evaluated{'' if run_dir is None else f' and {run_dir} has no results.json (not a finished run)'}. "
+        f"Start a new run with a lower --learning-rate (this run: {config.learning_rate:g})"
+    )
+    if config.weight_decay > 1 and config.learning_rate * config.weight_decay >= 0.5:
+        text += (f" or a lower --weight-decay (this run: {config.weight_decay:g}; every step multiplies the weights by "
+                 f"1 - learning rate x weight decay)")
+    return text
+
+
+def shard(batch: torch.Tensor, dist: Distributed) -> torch.Tensor:
+    """This rank's rows of a global batch: ``[B, T] -> [B / world_size, T]``, contiguous, rank 0 first.
+
+    Example:
+        >>> batch = torch.arange(8).view(4, 2)
+        >>> shard(batch, Distributed(rank=1, world_size=2)).tolist()
+        [[4, 5], [6, 7]]
+    """
+    rows = batch.shape[0] // dist.world_size
+    return batch[dist.rank * rows : (dist.rank + 1) * rows]
+
+
 def train_model(
     spec: ModelSpec,
     config: ExperimentConfig,
@@ -228,7 +291,7 @@ def train_model(
     Args:
         spec: which model.
         config: the run's settings (device, batch, schedule, ...).
-        train_tokens: int64 ``[N]`` training text.
+        train_tokens: uint8 ``[N]`` training text (:attr:`Corpus.train`; int64 works too).
         run_dir: where ``models/<name>/checkpoint.pt`` lives (rank 0 writes it); None: no checkpoints.
         resume: continue from an existing checkpoint.
         reporter: progress output.
@@ -236,8 +299,13 @@ def train_model(
 
     Returns:
         :class:`TrainOutcome` with the unwrapped model in eval mode.
+
+    Raises:
+        TrainingDiverged: the loss or the gradient norm of a step is not finite (checked before the
+            optimizer step; the last checkpoint is the last finite one).
+        ExperimentError: a checkpoint that does not belong to this run or does not fit the model.
     """
-    device = torch.device(config.device, dist.local_rank) if config.device == "cuda" else torch.device("cpu")
+    device = dist.device(config.device)
     model = build_model(spec, config).to(device)
     optimizer = torch.optim.AdamW(param_groups(model, config.weight_decay), lr=config.learning_rate, betas=(0.9, 0.95), eps=1e-8)
     path = None if run_dir is None else run_dir / "models" / spec.name / CHECKPOINT
@@ -255,7 +323,6 @@ def train_model(
         wrapped: nn.Module = nn.parallel.DistributedDataParallel(model, device_ids=[dist.local_rank] if device.type == "cuda" else None)
     else:
         wrapped = model
-    rows = config.batch_size // dist.world_size
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
 
     def save(step: int, seconds: float) -> None:
@@ -274,22 +341,22 @@ def train_model(
         for step in range(start, config.steps):
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, config)
-            batch = training_batch(train_tokens, step, config, spec.seed)
-            batch = batch[dist.rank * rows : (dist.rank + 1) * rows].to(device)  # this rank's shard
+            batch = shard(training_batch(train_tokens, step, config, spec.seed), dist).to(device)
             inputs, targets = batch[:, :-1], batch[:, 1:]
             with autocast:
                 logits = wrapped(inputs)
             loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
+            # the loss of the global batch; it and the norm (of the averaged gradients) are the same on
+            # every rank, so every rank stops at the same step
+            logged = float(dist.mean(loss.detach()))
+            if not (math.isfinite(logged) and math.isfinite(norm)):
+                raise TrainingDiverged(diverged_message(spec, config, step, logged, norm, run_dir))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-            logged = loss.detach()
-            if dist.world_size > 1:  # the loss of the global batch, for the log only
-                torch.distributed.all_reduce(logged)
-                logged = logged / dist.world_size
-            losses.append(float(logged))
+            losses.append(logged)
             recent = losses[-20:]
             task.advance(loss=sum(recent) / len(recent))
             if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:

@@ -1,0 +1,42 @@
+"""Settings: every numeric flag refuses NaN and infinity, on the command line and in ExperimentConfig."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from rotary.cli import main
+from rotary.commands.common import positive_float
+from rotary.commands.experiment import SETTINGS, _float, _float_list
+from rotary.experiments.config import PRESETS, ExperimentConfig, ExperimentError
+
+FLOAT_FLAGS = [name for name, (kind, _) in SETTINGS.items() if kind in (_float, positive_float, _float_list)]
+FLOAT_FIELDS = [f.name for f in dataclasses.fields(ExperimentConfig) if f.type in ("float", "tuple[float, ...]")]
+
+
+def test_the_float_flags_are_the_float_settings():
+    assert sorted(FLOAT_FLAGS) == sorted(FLOAT_FIELDS) and len(FLOAT_FLAGS) >= 8
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+@pytest.mark.parametrize("name", FLOAT_FLAGS)
+def test_non_finite_flags_are_one_line_and_status_2(capsys, tmp_path, name, value):
+    flag = "--" + name.replace("_", "-")
+    with pytest.raises(SystemExit) as exc:
+        main(["experiment", "--preset", "tiny", "--device", "cpu", "--out", str(tmp_path / "o"), f"{flag}={value}"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"argument {flag}: must be" in err and "finite" in err and value.lstrip("-") in err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+@pytest.mark.parametrize("name", FLOAT_FIELDS)
+def test_non_finite_settings_are_refused_by_validate(name, value):
+    default = getattr(ExperimentConfig(), name)
+    bad = (value,) * len(default) if isinstance(default, tuple) else value
+    config = ExperimentConfig(**{**PRESETS["tiny"], "device": "cpu", name: bad})
+    with pytest.raises(ExperimentError, match=name.replace("_", "-").replace("passkey-depths", "passkey depths")):
+        config.validate()

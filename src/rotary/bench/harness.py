@@ -17,6 +17,11 @@ from typing import Any
 
 import torch
 
+# method names the summary refers to (rows registered in methods.py)
+INPLACE_HARNESS = "in-place harness alone: q*1 ... *1, no RoPE"
+INPLACE_TRAINING = "rotary fused, in place (inside the harness)"
+TWO_COPIES = "limit: two copies (fwd+bwd)"
+
 __all__ = [
     "DTYPE_NAMES",
     "Inputs",
@@ -267,7 +272,6 @@ def _group_ratios(results: list[Result]) -> None:
     """Ratios within a group: to the in-place pass, to the copy limit (fwd: one copy; fwd+bwd: two
     copies), and HF eager's time over the row's. The in-place training row is measured inside a
     harness (see ``methods._inplace_training``); its "x in-place pass" is taken without it."""
-    from .methods import INPLACE_HARNESS, INPLACE_TRAINING, TWO_COPIES
 
     by_key = {(r.method, r.backward): r.median_s for r in results}
     mul = by_key.get(("limit: in-place pass (mul_)", False))

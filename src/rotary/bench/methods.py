@@ -6,7 +6,17 @@ from collections.abc import Callable
 
 import torch
 
-from .harness import METHODS, Inputs, Method, Result, register_suite, time_interleaved
+from .harness import (
+    INPLACE_HARNESS,
+    INPLACE_TRAINING,
+    METHODS,
+    TWO_COPIES,
+    Inputs,
+    Method,
+    Result,
+    register_suite,
+    time_interleaved,
+)
 
 __all__: list[str] = []
 
@@ -89,9 +99,6 @@ def _torch_path(inp: Inputs):
 
 
 #: the fwd+bwd row that an in-place row is measured inside of (see _inplace_training)
-INPLACE_HARNESS = "in-place harness alone: q*1 ... *1, no RoPE"
-INPLACE_TRAINING = "rotary fused, in place (inside the harness)"
-TWO_COPIES = "limit: two copies (fwd+bwd)"
 
 
 def _inplace_training(inp: Inputs, rotate: bool):

@@ -268,3 +268,124 @@ def test_one_decoder_shared_by_threads(gen, one_intraop_thread):
     _run_threads(work)
     for (_, _, i), out in got.items():
         assert torch.equal(out, want[i])
+
+
+# ---- inputs of nn/ and models/ named before torch sees them ----------------------------------------
+@pytest.mark.parametrize(
+    "ids, exc, match",
+    [
+        (torch.tensor([[1, 50]]), ValueError, "input_ids hold id 50, but vocab_size is 50"),
+        (torch.tensor([[1, -100]]), ValueError, "input_ids hold id -100"),
+        (torch.tensor([[1, 2]], dtype=torch.int16), TypeError, "input_ids must be int64 or int32, got torch.int16"),
+    ],
+)
+def test_token_ids_outside_the_vocabulary_are_named(ids, exc, match):
+    """Were ``IndexError: index out of range in self`` from inside nn.Embedding."""
+    lm = small_lm()
+    with pytest.raises(exc, match=match):
+        lm(ids)
+    with pytest.raises(exc, match=match):
+        lm.generate(ids, 2)
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        (dict(generator=3), TypeError, "generator must be a torch.Generator or None, got 3"),
+        (dict(use_cache="no"), TypeError, "use_cache must be True or False, got 'no'"),
+        (dict(temperature=float("nan")), ValueError, "temperature must be a finite number >= 0"),
+        (dict(temperature="1"), ValueError, "temperature must be a finite number >= 0"),
+        (dict(attention_mask=torch.tensor([[1, 1], [0, 0]])), ValueError, r"attention_mask row\(s\) \[1\] mark no token"),
+    ],
+)
+def test_generate_arguments_are_checked(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        small_lm().generate(torch.tensor([[1, 2], [3, 4]]), 2, **kwargs)
+
+
+def test_a_tiny_temperature_samples_the_greedy_token(gen):
+    """logits / 1e-40 overflowed to inf, and softmax(inf - inf) = NaN made sampling fail."""
+    lm = small_lm()
+    ids = torch.randint(50, (2, 4), generator=gen)
+    greedy = lm.generate(ids, 3)
+    tiny = lm.generate(ids, 3, temperature=1e-40, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(tiny, greedy)
+
+
+@pytest.mark.parametrize(
+    "cache, new, match",
+    [
+        # filled by hand with values of another length than the keys
+        (dict(keys=torch.zeros(1, 1, 2, 4), values=torch.zeros(1, 1, 3, 4), positions=torch.zeros(1, 2, dtype=torch.long)),
+         None, "KVCache is inconsistent: cached values"),
+        (dict(keys=torch.zeros(1, 1, 2, 4), values=torch.zeros(1, 1, 2, 4), positions=torch.zeros(1, 2, dtype=torch.int16)),
+         None, "KVCache is inconsistent: cached positions must be an int64 tensor"),
+        ({}, (torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 3, 4), torch.arange(2)), "new values .* must match new keys"),
+        ({}, (torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4, dtype=torch.float64), torch.arange(2)), "share dtype and device"),
+        ({}, (torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4), torch.arange(3)), "S=3 positions but the input has S=2"),
+        ({}, (torch.zeros(1, 2, 4), torch.zeros(1, 2, 4), torch.arange(2)), r"new keys must be a floating \[B, Hk, T, D\]"),
+    ],
+)
+def test_kv_cache_entries_must_describe_the_same_tokens(cache, new, match):
+    """Were silently concatenated (a wrong attention later) or failed inside torch.cat."""
+    k = torch.zeros(1, 1, 2, 4)
+    with pytest.raises(ValueError, match=match):
+        KVCache(**cache).update(*(new or (k, k, torch.arange(2, 4))))
+
+
+def test_repeat_kv_is_public_and_checked():
+    from rotary.nn import repeat_kv
+
+    x = torch.arange(2.0).reshape(1, 2, 1, 1)
+    assert repeat_kv(x, 3).flatten().tolist() == [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]  # head h is KV head h // groups
+    with pytest.raises(ValueError, match="groups must be a positive int, got 0"):
+        repeat_kv(x, 0)
+    with pytest.raises(ValueError, match=r"x must be a \[B, Hk, T, D\] tensor"):
+        repeat_kv(x[0], 2)
+    with pytest.raises(ValueError, match="groups=100000 would give 200000 heads"):
+        repeat_kv(x, 100_000)
+
+
+@pytest.mark.parametrize("layer", [RotaryAttention, RotaryLinearAttention])
+@pytest.mark.parametrize(
+    "x, match",
+    [
+        (torch.randn(1, 3, 16, dtype=torch.bfloat16), "hidden_states is torch.bfloat16 but this layer's weights are torch.float32"),
+        (torch.randn(1, 3, 16, dtype=torch.float64), "hidden_states is torch.float64 but this layer's weights are torch.float32"),
+        (torch.randint(5, (1, 3, 16)), "hidden_states must be a floating-point tensor, got torch.int64"),
+    ],
+)
+def test_attention_input_dtype_is_named(layer, x, match):
+    """Were 'mat1 and mat2 must have the same dtype' from inside F.linear."""
+    with pytest.raises(TypeError, match=match):
+        layer(16, 2)(x)
+
+
+def test_attention_under_autocast_takes_mixed_dtypes(gen):
+    x = torch.randn(1, 3, 16, generator=gen).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert RotaryAttention(16, 2)(x).shape == (1, 3, 16)
+
+
+@pytest.mark.parametrize(
+    "build, match",
+    [
+        (lambda: RotaryLinearAttention(16, 2, eps=-1e-6), "eps must be a finite number >= 0, got -1e-06"),
+        (lambda: RotaryLinearAttention(16, 2, eps=float("nan")), "eps must be a finite number >= 0, got nan"),
+        (lambda: RotaryLinearAttention(12, 4), "head_dim = hidden_size // num_heads = 3 must be even"),
+        (lambda: RotaryLinearAttention(16, 2, bias="no"), "bias must be True or False"),
+        (lambda: rotary.nn.linear_attention_reference(*[torch.randn(1, 1, 2, 4)] * 3, torch.ones(2, 4), torch.zeros(2, 4), feature_map="tanh"), "unknown feature_map 'tanh'"),
+        (lambda: rotary.nn.alibi_slopes(10**9), "num_heads=1000000000 is more than 65536 heads"),
+        (lambda: rotary.nn.RelativePositionBias(4, 10**9), r"max_distance=1000000000\) would learn a table of 29.8 GiB"),
+        (lambda: rotary.nn.LearnedPositionEmbedding(10**9, 1024), r"would need 3.7 TiB for its table"),
+        (lambda: rotary.nn.SinusoidalPositionEmbedding(8, base=1.0), "base must be a finite number > 1, got 1.0"),
+        (lambda: rotary.nn.SinusoidalPositionEmbedding(8, base=float("inf")), "base must be a finite number > 1, got inf"),
+        (lambda: rotary.models.decoder.RMSNorm(8, eps=-1.0), "eps must be a finite number > 0, got -1.0"),
+        (lambda: rotary.models.decoder.SwiGLU(8, 0), "intermediate_size must be a positive int, got 0"),
+    ],
+)
+def test_layer_parameters_out_of_range_are_named(build, match):
+    """Were accepted (NaN outputs, a table with no rotation), a ZeroDivisionError, or an allocation
+    the operating system killed the process for."""
+    with pytest.raises((TypeError, ValueError), match=match):
+        build()

@@ -389,3 +389,84 @@ def test_layer_parameters_out_of_range_are_named(build, match):
     the operating system killed the process for."""
     with pytest.raises((TypeError, ValueError), match=match):
         build()
+
+
+DYNAMIC = {"rope_type": "dynamic", "factor": 4.0, "max_position_embeddings": 16}
+
+
+def test_one_hf_dynamic_ntk_rope_shared_by_threads_after_warm_up(gen, one_intraop_thread):
+    """transformers' state machine (dynamic="hf") keeps the frequencies of the longest call seen; once a
+    call of the longest length has run, every call between the trained length and it uses those same
+    frequencies in any order, so each thread's output must equal the single-threaded one."""
+    lengths = [17, 100, 40, 64, 23, 99, 16, 70]
+    inputs = [torch.randn(1, 2, n, 16, generator=gen) for n in lengths]
+    single = rotary.RoPE(16, scaling=DYNAMIC, max_position=4)
+    single(inputs[1], inputs[1])  # warm up at the longest length
+    want = [single(x, x)[0] for x in inputs]
+    assert not torch.equal(want[0], rotary.RoPE(16, scaling=DYNAMIC)(inputs[0], inputs[0])[0])  # not the fresh state
+    shared = rotary.RoPE(16, scaling=DYNAMIC, max_position=4)
+    shared(inputs[1], inputs[1])
+    got = {}
+
+    def work(t):
+        for rep in range(6):
+            for i in range(len(lengths)) if (t + rep) % 2 else reversed(range(len(lengths))):
+                got[(t, rep, i)] = shared(inputs[i], inputs[i])[0]
+
+    _run_threads(work)
+    assert len(got) == 4 * 6 * len(lengths)
+    for (t, rep, i), out in got.items():
+        assert torch.equal(out, want[i]), (t, rep, i)
+
+
+def test_one_hf_dynamic_ntk_rope_shared_by_threads_with_resets(gen, one_intraop_thread):
+    """Short calls reset the state and long calls grow it, concurrently: a short call must use the
+    trained frequencies, and a long call of length n the frequencies of some length m >= n that a call
+    asked for (what some serial order of the same calls gives), never a torn or foreign state."""
+    lengths = [5, 30, 9, 60, 12, 45, 3, 80]
+    inputs = [torch.randn(1, 2, n, 16, generator=gen) for n in lengths]
+    trained = rotary.RoPE(16)  # dynamic NTK below its trained length is plain RoPE
+    # the single-threaded result of a length-n input under the frequencies grown to length m
+    candidates = {}
+    for i, n in enumerate(lengths):
+        for m in lengths:
+            if n > 16 and m >= n:
+                rope = rotary.RoPE(16, scaling=DYNAMIC)
+                rope(torch.zeros(1, 1, m, 16), torch.zeros(1, 1, m, 16))
+                candidates.setdefault(i, []).append(rope(inputs[i], inputs[i])[0])
+    shared = rotary.RoPE(16, scaling=DYNAMIC, max_position=4)
+    got = {}
+
+    def work(t):
+        for rep in range(6):
+            for i in range(len(lengths)) if (t + rep) % 2 else reversed(range(len(lengths))):
+                got[(t, rep, i)] = shared(inputs[i], inputs[i])[0]
+
+    _run_threads(work)
+    for (t, rep, i), out in got.items():
+        if lengths[i] <= 16:
+            assert torch.equal(out, trained(inputs[i], inputs[i])[0]), (t, rep, i)
+        else:
+            assert any(torch.equal(out, c) for c in candidates[i]), (t, rep, i)
+
+
+def test_one_dynamic_ntk_decoder_shared_by_threads(gen, one_intraop_thread):
+    """A Decoder computes its tables once per forward, so after a warm-up at the longest prompt every
+    forward between the trained length and it uses one set of frequencies, in any thread."""
+    lm = small_lm(rope_scaling=dict(DYNAMIC))
+    prompts = [torch.randint(50, (1, n), generator=gen) for n in (60, 17, 33, 48, 20)]
+    with torch.no_grad():
+        lm(prompts[0])
+        want = [lm(p) for p in prompts]
+    got = {}
+
+    def work(t):
+        with torch.no_grad():
+            for rep in range(3):
+                for i, p in enumerate(prompts):
+                    got[(t, rep, i)] = lm(p)
+
+    _run_threads(work)
+    assert len(got) == 4 * 3 * len(prompts)
+    for (_, _, i), out in got.items():
+        assert torch.equal(out, want[i])

@@ -235,3 +235,27 @@ def test_hf_entry_points_name_what_is_not_a_transformers_model(model):
             _named(exc, "transformers model", "not patched")
         else:  # only is_patched answers, and only for a module
             assert call is hf.is_patched and isinstance(model, torch.nn.Module) and result is False
+
+
+@FAST
+@given(
+    rope=st.sampled_from([None, "rope", 64, torch.nn.Linear(2, 2)]),
+    seq_len=st.sampled_from([4, 0, 2.5, 10**7]),
+)
+def test_analysis_names_a_rope_that_is_not_one(rope, seq_len):
+    q = torch.ones(8)
+    calls = {
+        "score_matrix": lambda: analysis.score_matrix(rope, q, q, 4),
+        "position_pca": lambda: analysis.position_pca(rope, 4),
+        "measured_decay": lambda: analysis.measured_decay(rope, [0, 1]),
+        "verify": lambda: analysis.verify(rope, seq_len=4),
+    }
+    for name, call in calls.items():
+        with pytest.raises(TypeError, match=f"{name} measures a rotary.RoPE, got rope={type(rope).__name__}"):
+            call()
+    try:
+        checks = analysis.verify(rotary.RoPE(8), seq_len=seq_len)
+    except NAMED as exc:
+        _named(exc, "seq_len")
+    else:
+        assert seq_len == 4 and all(c.passed for c in checks)

@@ -9,6 +9,7 @@ import torch
 from .._checks import check_int, check_positive_int, is_int, is_number
 from .._limits import check_bytes
 from ..module import RoPE
+from ._args import check_rope
 
 __all__ = ["decay_bound", "measured_decay"]
 
@@ -81,6 +82,7 @@ def measured_decay(rope: RoPE, distances: Sequence[int], *, kind: str = "random"
     """
     if kind not in ("random", "ones"):
         raise ValueError(f"kind must be 'random' or 'ones', got {kind!r}")
+    check_rope(rope, "measured_decay")
     check_positive_int(samples, "samples")
     check_int(seed, "seed")
     dist = _distances(distances, allow_negative=False).long()

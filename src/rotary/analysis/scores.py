@@ -8,6 +8,7 @@ from .._checks import check_int
 from .._limits import check_bytes
 from ..module import RoPE
 from ..tables import angles
+from ._args import check_rope
 
 __all__ = ["score_matrix", "position_pca"]
 
@@ -26,7 +27,7 @@ def score_matrix(rope: RoPE, q: torch.Tensor, k: torch.Tensor, seq_len: int) -> 
         >>> bool(torch.allclose(s[1, 0], s[3, 2]))
         True
     """
-    d = rope.head_dim
+    d = check_rope(rope, "score_matrix").head_dim
     for name, v in (("q", q), ("k", k)):
         if not isinstance(v, torch.Tensor) or v.shape != (d,):
             shape = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
@@ -54,6 +55,7 @@ def position_pca(rope: RoPE, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         >>> coords.shape, bool(explained.sum() <= 1)
         (torch.Size([32, 2]), True)
     """
+    check_rope(rope, "position_pca")
     check_int(seq_len, "seq_len", minimum=3)  # a 2-D PCA needs 3 points
     check_bytes(8.0 * seq_len * (3 * rope.freqs.inv_freq.numel() + seq_len), f"position_pca(seq_len={seq_len})", "use a smaller seq_len")
     theta = angles(torch.arange(seq_len), rope.freqs.inv_freq)  # float64 [S, r/2]

@@ -470,3 +470,32 @@ def test_one_dynamic_ntk_decoder_shared_by_threads(gen, one_intraop_thread):
     assert len(got) == 4 * 3 * len(prompts)
     for (_, _, i), out in got.items():
         assert torch.equal(out, want[i])
+
+
+@pytest.mark.parametrize(
+    "ids, types, exc, match",
+    [
+        (torch.tensor([[1, 97]]), None, ValueError, "input_ids hold id 97, but vocab_size is 97"),
+        (torch.tensor([[1, 2]]), torch.tensor([[0, 2]]), ValueError, "token_type_ids hold id 2, but type_vocab_size is 2"),
+        (torch.tensor([[1, 2]]), torch.tensor([[0, 1, 0]]), ValueError, r"token_type_ids must have the shape of input_ids \(1, 2\)"),
+        (torch.tensor([[1, 2]]), torch.tensor([[0, 1]]).float(), ValueError, "token_type_ids must be an integer tensor"),
+    ],
+)
+def test_roformer_ids_outside_their_tables_are_named(ids, types, exc, match):
+    """Were ``IndexError: index out of range in self`` from inside the embeddings."""
+    from rotary.models import RoFormer, RoFormerConfig
+
+    model = RoFormer(RoFormerConfig(vocab_size=97, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=48))
+    with pytest.raises(exc, match=match):
+        model(ids, token_type_ids=types)
+
+
+def test_a_longrope_block_edited_after_construction_changes_nothing(gen):
+    scaling = {"rope_type": "longrope", "original_max_position_embeddings": 16, "factor": 4.0,
+               "short_factor": [1.0] * 8, "long_factor": [1.0 + i for i in range(8)]}
+    rope = rotary.RoPE(16, scaling=scaling)
+    q = torch.randn(1, 1, 40, 16, generator=gen)  # past 16 tokens: the long factors, computed lazily
+    scaling["long_factor"][0] = 100.0  # edited in place after construction, before first use
+    scaling["factor"] = 8.0
+    fresh = rotary.RoPE(16, scaling={**scaling, "factor": 4.0, "long_factor": [1.0 + i for i in range(8)]})
+    assert torch.equal(rope(q, q)[0], fresh(q, q)[0])

@@ -268,3 +268,234 @@ def test_one_decoder_shared_by_threads(gen, one_intraop_thread):
     _run_threads(work)
     for (_, _, i), out in got.items():
         assert torch.equal(out, want[i])
+
+
+# ---- inputs of nn/ and models/ named before torch sees them ----------------------------------------
+@pytest.mark.parametrize(
+    "ids, exc, match",
+    [
+        (torch.tensor([[1, 50]]), ValueError, "input_ids hold id 50, but vocab_size is 50"),
+        (torch.tensor([[1, -100]]), ValueError, "input_ids hold id -100"),
+        (torch.tensor([[1, 2]], dtype=torch.int16), TypeError, "input_ids must be int64 or int32, got torch.int16"),
+    ],
+)
+def test_token_ids_outside_the_vocabulary_are_named(ids, exc, match):
+    """Were ``IndexError: index out of range in self`` from inside nn.Embedding."""
+    lm = small_lm()
+    with pytest.raises(exc, match=match):
+        lm(ids)
+    with pytest.raises(exc, match=match):
+        lm.generate(ids, 2)
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        (dict(generator=3), TypeError, "generator must be a torch.Generator or None, got 3"),
+        (dict(use_cache="no"), TypeError, "use_cache must be True or False, got 'no'"),
+        (dict(temperature=float("nan")), ValueError, "temperature must be a finite number >= 0"),
+        (dict(temperature="1"), ValueError, "temperature must be a finite number >= 0"),
+        (dict(attention_mask=torch.tensor([[1, 1], [0, 0]])), ValueError, r"attention_mask row\(s\) \[1\] mark no token"),
+    ],
+)
+def test_generate_arguments_are_checked(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        small_lm().generate(torch.tensor([[1, 2], [3, 4]]), 2, **kwargs)
+
+
+def test_a_tiny_temperature_samples_the_greedy_token(gen):
+    """logits / 1e-40 overflowed to inf, and softmax(inf - inf) = NaN made sampling fail."""
+    lm = small_lm()
+    ids = torch.randint(50, (2, 4), generator=gen)
+    greedy = lm.generate(ids, 3)
+    tiny = lm.generate(ids, 3, temperature=1e-40, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(tiny, greedy)
+
+
+@pytest.mark.parametrize(
+    "cache, new, match",
+    [
+        # filled by hand with values of another length than the keys
+        (dict(keys=torch.zeros(1, 1, 2, 4), values=torch.zeros(1, 1, 3, 4), positions=torch.zeros(1, 2, dtype=torch.long)),
+         None, "KVCache is inconsistent: cached values"),
+        (dict(keys=torch.zeros(1, 1, 2, 4), values=torch.zeros(1, 1, 2, 4), positions=torch.zeros(1, 2, dtype=torch.int16)),
+         None, "KVCache is inconsistent: cached positions must be an int64 tensor"),
+        ({}, (torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 3, 4), torch.arange(2)), "new values .* must match new keys"),
+        ({}, (torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4, dtype=torch.float64), torch.arange(2)), "share dtype and device"),
+        ({}, (torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4), torch.arange(3)), "S=3 positions but the input has S=2"),
+        ({}, (torch.zeros(1, 2, 4), torch.zeros(1, 2, 4), torch.arange(2)), r"new keys must be a floating \[B, Hk, T, D\]"),
+    ],
+)
+def test_kv_cache_entries_must_describe_the_same_tokens(cache, new, match):
+    """Were silently concatenated (a wrong attention later) or failed inside torch.cat."""
+    k = torch.zeros(1, 1, 2, 4)
+    with pytest.raises(ValueError, match=match):
+        KVCache(**cache).update(*(new or (k, k, torch.arange(2, 4))))
+
+
+def test_repeat_kv_is_public_and_checked():
+    from rotary.nn import repeat_kv
+
+    x = torch.arange(2.0).reshape(1, 2, 1, 1)
+    assert repeat_kv(x, 3).flatten().tolist() == [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]  # head h is KV head h // groups
+    with pytest.raises(ValueError, match="groups must be a positive int, got 0"):
+        repeat_kv(x, 0)
+    with pytest.raises(ValueError, match=r"x must be a \[B, Hk, T, D\] tensor"):
+        repeat_kv(x[0], 2)
+    with pytest.raises(ValueError, match="groups=100000 would give 200000 heads"):
+        repeat_kv(x, 100_000)
+
+
+@pytest.mark.parametrize("layer", [RotaryAttention, RotaryLinearAttention])
+@pytest.mark.parametrize(
+    "x, match",
+    [
+        (torch.randn(1, 3, 16, dtype=torch.bfloat16), "hidden_states is torch.bfloat16 but this layer's weights are torch.float32"),
+        (torch.randn(1, 3, 16, dtype=torch.float64), "hidden_states is torch.float64 but this layer's weights are torch.float32"),
+        (torch.randint(5, (1, 3, 16)), "hidden_states must be a floating-point tensor, got torch.int64"),
+    ],
+)
+def test_attention_input_dtype_is_named(layer, x, match):
+    """Were 'mat1 and mat2 must have the same dtype' from inside F.linear."""
+    with pytest.raises(TypeError, match=match):
+        layer(16, 2)(x)
+
+
+def test_attention_under_autocast_takes_mixed_dtypes(gen):
+    x = torch.randn(1, 3, 16, generator=gen).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert RotaryAttention(16, 2)(x).shape == (1, 3, 16)
+
+
+@pytest.mark.parametrize(
+    "build, match",
+    [
+        (lambda: RotaryLinearAttention(16, 2, eps=-1e-6), "eps must be a finite number >= 0, got -1e-06"),
+        (lambda: RotaryLinearAttention(16, 2, eps=float("nan")), "eps must be a finite number >= 0, got nan"),
+        (lambda: RotaryLinearAttention(12, 4), "head_dim = hidden_size // num_heads = 3 must be even"),
+        (lambda: RotaryLinearAttention(16, 2, bias="no"), "bias must be True or False"),
+        (lambda: rotary.nn.linear_attention_reference(*[torch.randn(1, 1, 2, 4)] * 3, torch.ones(2, 4), torch.zeros(2, 4), feature_map="tanh"), "unknown feature_map 'tanh'"),
+        (lambda: rotary.nn.alibi_slopes(10**9), "num_heads=1000000000 is more than 65536 heads"),
+        (lambda: rotary.nn.RelativePositionBias(4, 10**9), r"max_distance=1000000000\) would learn a table of 29.8 GiB"),
+        (lambda: rotary.nn.LearnedPositionEmbedding(10**9, 1024), r"would need 3.7 TiB for its table"),
+        (lambda: rotary.nn.SinusoidalPositionEmbedding(8, base=1.0), "base must be a finite number > 1, got 1.0"),
+        (lambda: rotary.nn.SinusoidalPositionEmbedding(8, base=float("inf")), "base must be a finite number > 1, got inf"),
+        (lambda: rotary.models.decoder.RMSNorm(8, eps=-1.0), "eps must be a finite number > 0, got -1.0"),
+        (lambda: rotary.models.decoder.SwiGLU(8, 0), "intermediate_size must be a positive int, got 0"),
+    ],
+)
+def test_layer_parameters_out_of_range_are_named(build, match):
+    """Were accepted (NaN outputs, a table with no rotation), a ZeroDivisionError, or an allocation
+    the operating system killed the process for."""
+    with pytest.raises((TypeError, ValueError), match=match):
+        build()
+
+
+DYNAMIC = {"rope_type": "dynamic", "factor": 4.0, "max_position_embeddings": 16}
+
+
+def test_one_hf_dynamic_ntk_rope_shared_by_threads_after_warm_up(gen, one_intraop_thread):
+    """transformers' state machine (dynamic="hf") keeps the frequencies of the longest call seen; once a
+    call of the longest length has run, every call between the trained length and it uses those same
+    frequencies in any order, so each thread's output must equal the single-threaded one."""
+    lengths = [17, 100, 40, 64, 23, 99, 16, 70]
+    inputs = [torch.randn(1, 2, n, 16, generator=gen) for n in lengths]
+    single = rotary.RoPE(16, scaling=DYNAMIC, max_position=4)
+    single(inputs[1], inputs[1])  # warm up at the longest length
+    want = [single(x, x)[0] for x in inputs]
+    assert not torch.equal(want[0], rotary.RoPE(16, scaling=DYNAMIC)(inputs[0], inputs[0])[0])  # not the fresh state
+    shared = rotary.RoPE(16, scaling=DYNAMIC, max_position=4)
+    shared(inputs[1], inputs[1])
+    got = {}
+
+    def work(t):
+        for rep in range(6):
+            for i in range(len(lengths)) if (t + rep) % 2 else reversed(range(len(lengths))):
+                got[(t, rep, i)] = shared(inputs[i], inputs[i])[0]
+
+    _run_threads(work)
+    assert len(got) == 4 * 6 * len(lengths)
+    for (t, rep, i), out in got.items():
+        assert torch.equal(out, want[i]), (t, rep, i)
+
+
+def test_one_hf_dynamic_ntk_rope_shared_by_threads_with_resets(gen, one_intraop_thread):
+    """Short calls reset the state and long calls grow it, concurrently: a short call must use the
+    trained frequencies, and a long call of length n the frequencies of some length m >= n that a call
+    asked for (what some serial order of the same calls gives), never a torn or foreign state."""
+    lengths = [5, 30, 9, 60, 12, 45, 3, 80]
+    inputs = [torch.randn(1, 2, n, 16, generator=gen) for n in lengths]
+    trained = rotary.RoPE(16)  # dynamic NTK below its trained length is plain RoPE
+    # the single-threaded result of a length-n input under the frequencies grown to length m
+    candidates = {}
+    for i, n in enumerate(lengths):
+        for m in lengths:
+            if n > 16 and m >= n:
+                rope = rotary.RoPE(16, scaling=DYNAMIC)
+                rope(torch.zeros(1, 1, m, 16), torch.zeros(1, 1, m, 16))
+                candidates.setdefault(i, []).append(rope(inputs[i], inputs[i])[0])
+    shared = rotary.RoPE(16, scaling=DYNAMIC, max_position=4)
+    got = {}
+
+    def work(t):
+        for rep in range(6):
+            for i in range(len(lengths)) if (t + rep) % 2 else reversed(range(len(lengths))):
+                got[(t, rep, i)] = shared(inputs[i], inputs[i])[0]
+
+    _run_threads(work)
+    for (t, rep, i), out in got.items():
+        if lengths[i] <= 16:
+            assert torch.equal(out, trained(inputs[i], inputs[i])[0]), (t, rep, i)
+        else:
+            assert any(torch.equal(out, c) for c in candidates[i]), (t, rep, i)
+
+
+def test_one_dynamic_ntk_decoder_shared_by_threads(gen, one_intraop_thread):
+    """A Decoder computes its tables once per forward, so after a warm-up at the longest prompt every
+    forward between the trained length and it uses one set of frequencies, in any thread."""
+    lm = small_lm(rope_scaling=dict(DYNAMIC))
+    prompts = [torch.randint(50, (1, n), generator=gen) for n in (60, 17, 33, 48, 20)]
+    with torch.no_grad():
+        lm(prompts[0])
+        want = [lm(p) for p in prompts]
+    got = {}
+
+    def work(t):
+        with torch.no_grad():
+            for rep in range(3):
+                for i, p in enumerate(prompts):
+                    got[(t, rep, i)] = lm(p)
+
+    _run_threads(work)
+    assert len(got) == 4 * 3 * len(prompts)
+    for (_, _, i), out in got.items():
+        assert torch.equal(out, want[i])
+
+
+@pytest.mark.parametrize(
+    "ids, types, exc, match",
+    [
+        (torch.tensor([[1, 97]]), None, ValueError, "input_ids hold id 97, but vocab_size is 97"),
+        (torch.tensor([[1, 2]]), torch.tensor([[0, 2]]), ValueError, "token_type_ids hold id 2, but type_vocab_size is 2"),
+        (torch.tensor([[1, 2]]), torch.tensor([[0, 1, 0]]), ValueError, r"token_type_ids must have the shape of input_ids \(1, 2\)"),
+        (torch.tensor([[1, 2]]), torch.tensor([[0, 1]]).float(), ValueError, "token_type_ids must be an integer tensor"),
+    ],
+)
+def test_roformer_ids_outside_their_tables_are_named(ids, types, exc, match):
+    """Were ``IndexError: index out of range in self`` from inside the embeddings."""
+    from rotary.models import RoFormer, RoFormerConfig
+
+    model = RoFormer(RoFormerConfig(vocab_size=97, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=48))
+    with pytest.raises(exc, match=match):
+        model(ids, token_type_ids=types)
+
+
+def test_a_longrope_block_edited_after_construction_changes_nothing(gen):
+    scaling = {"rope_type": "longrope", "original_max_position_embeddings": 16, "factor": 4.0,
+               "short_factor": [1.0] * 8, "long_factor": [1.0 + i for i in range(8)]}
+    rope = rotary.RoPE(16, scaling=scaling)
+    q = torch.randn(1, 1, 40, 16, generator=gen)  # past 16 tokens: the long factors, computed lazily
+    scaling["long_factor"][0] = 100.0  # edited in place after construction, before first use
+    scaling["factor"] = 8.0
+    fresh = rotary.RoPE(16, scaling={**scaling, "factor": 4.0, "long_factor": [1.0 + i for i in range(8)]})
+    assert torch.equal(rope(q, q)[0], fresh(q, q)[0])

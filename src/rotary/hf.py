@@ -185,8 +185,18 @@ def _family(model: nn.Module) -> _Family:
     return SUPPORTED[model_type]
 
 
+def _check_module(model: object, call: str) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"{call} expects a transformers model (an nn.Module), got {type(model).__name__}")
+
+
 def is_patched(model: nn.Module) -> bool:
-    """True if :func:`patch` has been applied to ``model`` (and not undone)."""
+    """True if :func:`patch` has been applied to ``model`` (and not undone).
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``.
+    """
+    _check_module(model, "is_patched")
     return any(hasattr(m, _MARK) for m in model.modules())
 
 
@@ -260,7 +270,9 @@ def unpatch(model: nn.Module) -> nn.Module:
 
     Raises:
         ValueError: if ``model`` is not patched.
+        TypeError: ``model`` is not an ``nn.Module``.
     """
+    _check_module(model, "unpatch")
     subs = [m for m in model.modules() if hasattr(m, _MARK)]
     if not subs:
         raise ValueError(f"this {type(model).__name__} is not patched; nothing to undo")

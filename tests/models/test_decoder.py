@@ -216,7 +216,7 @@ def test_forward_and_generate_errors():
         model(torch.randint(50, (1, 4)), cache=[rotary.nn.KVCache()])
     with pytest.raises(ValueError, match="max_new_tokens must be an int >= 0, got -1"):
         model.generate(torch.randint(50, (1, 4)), -1)
-    with pytest.raises(ValueError, match="temperature must be >= 0"):
+    with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
         model.generate(torch.randint(50, (1, 4)), 2, temperature=-1.0)
     with pytest.raises(ValueError, match="top_k must be a positive int"):
         model.generate(torch.randint(50, (1, 4)), 2, temperature=1.0, top_k=0)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from .._checks import check_int
+from .._limits import check_bytes
 from ..module import RoPE
 from ..tables import angles
+from ._args import check_rope
 
 __all__ = ["score_matrix", "position_pca"]
 
@@ -24,13 +27,13 @@ def score_matrix(rope: RoPE, q: torch.Tensor, k: torch.Tensor, seq_len: int) -> 
         >>> bool(torch.allclose(s[1, 0], s[3, 2]))
         True
     """
-    d = rope.head_dim
+    d = check_rope(rope, "score_matrix").head_dim
     for name, v in (("q", q), ("k", k)):
         if not isinstance(v, torch.Tensor) or v.shape != (d,):
             shape = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
             raise ValueError(f"{name} must be a vector of shape [{d}] (head_dim), got {shape}")
-    if seq_len <= 0:
-        raise ValueError(f"seq_len must be > 0, got {seq_len}")
+    check_int(seq_len, "seq_len", minimum=1)
+    check_bytes(8.0 * seq_len * max(seq_len, 2 * d), f"score_matrix(seq_len={seq_len})", "use a smaller seq_len")
     qq = q.double().expand(1, 1, seq_len, d).contiguous()
     kk = k.double().expand(1, 1, seq_len, d).contiguous()
     qr, kr = rope(qq, kk)
@@ -52,8 +55,9 @@ def position_pca(rope: RoPE, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         >>> coords.shape, bool(explained.sum() <= 1)
         (torch.Size([32, 2]), True)
     """
-    if seq_len < 3:
-        raise ValueError(f"seq_len must be >= 3 for a 2-D PCA, got {seq_len}")
+    check_rope(rope, "position_pca")
+    check_int(seq_len, "seq_len", minimum=3)  # a 2-D PCA needs 3 points
+    check_bytes(8.0 * seq_len * (3 * rope.freqs.inv_freq.numel() + seq_len), f"position_pca(seq_len={seq_len})", "use a smaller seq_len")
     theta = angles(torch.arange(seq_len), rope.freqs.inv_freq)  # float64 [S, r/2]
     x = torch.cat((theta.cos(), theta.sin()), dim=-1)
     x = x - x.mean(dim=0)

@@ -9,9 +9,12 @@ from typing import Any
 import torch
 
 from .. import reference
+from .._checks import check_int
+from .._limits import check_bytes
 from ..apply import apply_rotary, check_tables
 from ..module import RoPE
 from ..tables import cos_sin_table
+from ._args import check_rope
 
 __all__ = ["Check", "verify", "verify_axial", "verify_mrope"]
 
@@ -44,11 +47,12 @@ def verify(rope: RoPE, *, seq_len: int = 64, offset: int | None = None, seed: in
         >>> all(c.passed for c in verify(RoPE(16), seq_len=8))
         True
     """
-    if seq_len <= 0:
-        raise ValueError(f"seq_len must be > 0, got {seq_len}")
-    shift = 4096 if offset is None else int(offset)
-    if shift < 0:
-        raise ValueError(f"offset must be >= 0, got {offset}")
+    check_rope(rope, "verify")
+    check_int(seq_len, "seq_len", minimum=1)
+    # float64 [2, 3, S, S] scores twice, and a dozen [2, 3, S, D] rotations
+    check_bytes(48.0 * seq_len * (2 * seq_len + 12 * rope.head_dim), f"verify(seq_len={seq_len})", "use a smaller seq_len")
+    shift = 4096 if offset is None else check_int(offset, "offset", minimum=0)
+    check_int(seed, "seed")
     g = torch.Generator().manual_seed(seed)
     d, s = rope.head_dim, rope.attention_scaling
     q = torch.randn(2, 3, seq_len, d, generator=g, dtype=torch.float64)

@@ -29,14 +29,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import positions as P
-from .._checks import check_bool, check_positive_float, check_positive_int, check_probability, is_number
+from .._checks import check_bool, check_int, check_positive_float, check_positive_int, check_probability, is_number
 from ..module import RoPE
 from ..nn.attention import KVCache, RotaryAttention
 from ..nn.position import ALiBi, LearnedPositionEmbedding, RelativePositionBias, SinusoidalPositionEmbedding
-from ..positions import Positions
+from ..positions import Positions, check_attention_mask
 from ..tables import RotaryTables, table_dtype
 from ..variants.nope import NoPETemperature, default_no_rope_layers, rope_layer_flags
 from ..variants.xpos import XPos
+from ._inputs import check_token_ids
 
 __all__ = [
     "POSITION_ENCODINGS",
@@ -261,8 +262,8 @@ class RMSNorm(nn.Module):
 
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(check_positive_int(hidden_size, "hidden_size")))
+        self.eps = check_positive_float(eps, "eps")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
@@ -275,6 +276,8 @@ class SwiGLU(nn.Module):
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
+        check_positive_int(hidden_size, "hidden_size")
+        check_positive_int(intermediate_size, "intermediate_size")
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
@@ -462,8 +465,18 @@ class Decoder(nn.Module):
         Returns:
             fp32-or-model-dtype logits ``[B, S, V]``.
         """
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
-            raise ValueError(f"input_ids must be an integer tensor [B, S], got {getattr(input_ids, 'shape', input_ids)}")
+        check_token_ids(input_ids, self.config.vocab_size)
+        return self._logits(input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache)
+
+    def _logits(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.Tensor | Positions | None,
+        cache: list[KVCache] | None,
+    ) -> torch.Tensor:
+        """:meth:`forward` for ids already checked (``generate``'s own tokens come from the vocabulary)."""
         if cache is not None:
             if not isinstance(cache, (list, tuple)):
                 raise TypeError(f"cache must be a list of KVCache, one per layer, got {type(cache).__name__}; use new_cache()")
@@ -516,21 +529,34 @@ class Decoder(nn.Module):
         ``top_k`` most likely when given. ``attention_mask`` marks left padding in the prompt.
         ``use_cache=False`` recomputes the whole sequence every step (slow; a check of the cache).
         """
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature!r}")
+        check_int(max_new_tokens, "max_new_tokens", minimum=0)
+        if not is_number(temperature) or temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}")
         if top_k is not None:
             check_positive_int(top_k, "top_k")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator or None, got {generator!r} ({type(generator).__name__})")
+        use_cache = check_bool(use_cache, "use_cache")
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[1] == 0:
             raise ValueError(
                 f"generate needs a prompt of at least one token, input_ids [B, S] with S >= 1, got "
                 f"{getattr(input_ids, 'shape', input_ids)}"
             )
-        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(input_ids.device).long()
-        if attention_mask is not None:
+        check_token_ids(input_ids, self.config.vocab_size)
+        if attention_mask is None:
+            mask = torch.ones_like(input_ids)
+        else:
+            mask = check_attention_mask(attention_mask).to(input_ids.device).long()
             if mask.shape != input_ids.shape:
                 raise ValueError(f"attention_mask must be [B, S] = {tuple(input_ids.shape)}, got {tuple(mask.shape)}")
+            # a row of padding only is an empty prompt, which is refused above: there is no token to continue
+            empty = mask.sum(dim=1) == 0
+            if bool(empty.any()):
+                rows = empty.nonzero().flatten().tolist()
+                raise ValueError(
+                    f"attention_mask row(s) {rows[:8]} mark no token: generate needs a prompt of at least one token in "
+                    "every row; drop those rows or give each a token"
+                )
             # new tokens are appended on the right: padding after a row's tokens would sit between its
             # prompt and its continuation, so the row would continue differently from its unpadded prompt
             if bool((mask[:, 1:] < mask[:, :-1]).any()):
@@ -542,11 +568,12 @@ class Decoder(nn.Module):
         cache = self.new_cache() if use_cache else None
         tokens, step_input = input_ids, input_ids
         for _ in range(max_new_tokens):
-            logits = self(step_input, attention_mask=mask, cache=cache)[:, -1].float()
+            logits = self._logits(step_input, attention_mask=mask, position_ids=None, cache=cache)[:, -1].float()
             if temperature == 0:
                 next_token = logits.argmax(-1, keepdim=True)
             else:
-                logits = logits / temperature
+                # shifted first, so that a tiny temperature gives -inf and 0, never inf - inf = NaN
+                logits = (logits - logits.max(-1, keepdim=True).values) / temperature
                 if top_k is not None:
                     kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
                     logits = logits.masked_fill(logits < kth, float("-inf"))

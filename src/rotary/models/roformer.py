@@ -29,6 +29,7 @@ from ..module import RoPE
 from ..nn.attention import RotaryAttention
 from ..positions import Positions
 from ..tables import RotaryTables, table_dtype
+from ._inputs import check_token_ids
 
 __all__ = ["RoFormer", "RoFormerConfig", "load_state_dict"]
 
@@ -260,10 +261,14 @@ class RoFormer(nn.Module):
             hidden states ``[B, S, hidden_size]``; with ``head="masked_lm"`` logits ``[B, S, vocab_size]``;
             with ``head="sequence_classification"`` logits ``[B, num_labels]``.
         """
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
-            raise ValueError(f"input_ids must be an integer tensor [B, S], got {getattr(input_ids, 'shape', input_ids)}")
+        check_token_ids(input_ids, self.config.vocab_size)
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
+        else:
+            check_token_ids(
+                token_type_ids, self.config.type_vocab_size, name="token_type_ids", table="type_vocab_size",
+                shape=tuple(input_ids.shape),
+            )
         batch, seq_len = input_ids.shape
         if position_ids is None:
             positions = P.arange(seq_len, device=input_ids.device)

@@ -22,13 +22,14 @@ from torch import nn
 
 from .. import positions as P
 from .._checks import check_bool, check_causal_rope, check_positive_int, check_probability
+from .._limits import MAX_NUM_HEADS
 from ..apply import rotate
 from ..module import RoPE
 from ..positions import Positions, check_attention_mask
 from ..tables import RotaryTables, table_dtype
 from .position import ALiBi, RelativePositionBias
 
-__all__ = ["KVCache", "RotaryAttention", "padding_position_ids"]
+__all__ = ["KVCache", "RotaryAttention", "padding_position_ids", "repeat_kv"]
 
 
 @dataclass
@@ -66,6 +67,11 @@ class KVCache:
                 "this KVCache has some of keys / values / positions but not all; start from KVCache() "
                 "(or Decoder.new_cache()) and let the attention layer fill it"
             )
+        if self.keys is not None:  # filled by hand: the three must describe the same tokens
+            try:
+                _check_entries(self.keys, self.values, self.positions, "cached ")  # type: ignore[arg-type]
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"this KVCache is inconsistent: {exc}; start from KVCache() and let the attention layer fill it") from None
 
     def claim(self, owner: object) -> None:
         """Mark the cache as ``owner``'s; raise if another layer filled it."""
@@ -82,10 +88,17 @@ class KVCache:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Append ``keys`` ``[B, Hk, S, D]``, ``values`` and ``positions`` ``[B, S]``; return all cached."""
         self._check_state()
-        bound, exact = None, True
-        if isinstance(positions, Positions):
-            bound, exact = positions.bound, positions.exact
-            positions = positions.ids.expand(keys.shape[0], keys.shape[2])
+        _check_entries(keys, values, None, "new ")
+        batch, seq_len = keys.shape[0], keys.shape[2]
+        if not isinstance(positions, Positions):
+            positions = P.from_ids(positions, batch=batch, seq_len=seq_len, device=keys.device)
+        elif positions.axes != 1 or positions.packed or positions.seq_len != seq_len or positions.batch not in (None, 1, batch):
+            raise ValueError(
+                f"positions must be 1-D positions [S] or [B, S] of the {seq_len} new keys (batch {batch}), got ids of "
+                f"shape {tuple(positions.ids.shape)}"
+            )
+        bound, exact = positions.bound, positions.exact
+        positions = positions.ids.to(keys.device).expand(batch, seq_len)
         if self.keys is None:
             self.keys, self.values, self.positions, self.bound, self.exact = keys, values, positions, bound, exact
         else:
@@ -115,6 +128,30 @@ class KVCache:
         return P.continuation(Positions.unchecked(self.positions, self.bound, exact=self.exact), seq_len)
 
 
+def _check_entries(keys: object, values: object, positions: object, which: str) -> None:
+    """keys ``[B, Hk, T, D]``, values ``[B, Hk, T, Dv]`` (floating, same dtype and device) and, when
+    given, positions ``[B, T]`` of an integer dtype."""
+    for name, t in (("keys", keys), ("values", values)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4 or not t.is_floating_point():
+            raise ValueError(f"{which}{name} must be a floating [B, Hk, T, D] tensor, got {getattr(t, 'shape', type(t).__name__)}")
+    if values.shape[:3] != keys.shape[:3]:
+        raise ValueError(
+            f"{which}values {tuple(values.shape)} must match {which}keys {tuple(keys.shape)} in batch, heads and length"
+        )
+    if values.dtype != keys.dtype or values.device != keys.device:
+        raise ValueError(
+            f"{which}keys and values must share dtype and device, got {keys.dtype} on {keys.device} and "
+            f"{values.dtype} on {values.device}"
+        )
+    if positions is not None:
+        want = (keys.shape[0], keys.shape[2])
+        if not isinstance(positions, torch.Tensor) or positions.dtype != torch.int64 or tuple(positions.shape) != want:
+            raise ValueError(
+                f"{which}positions must be an int64 tensor [B, T] = {list(want)}, got "
+                f"{getattr(positions, 'dtype', type(positions).__name__)} {tuple(getattr(positions, 'shape', ()))}"
+            )
+
+
 def padding_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions that skip padding: ``cumsum(mask) - 1``, clamped at 0 (int64 ``[B, T]``).
 
@@ -130,11 +167,69 @@ def padding_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
-    """``[B, Hk, T, D]`` -> ``[B, Hk * groups, T, D]``: each KV head serves ``groups`` query heads."""
+    """``[B, Hk, T, D]`` -> ``[B, Hk * groups, T, D]``: each KV head serves ``groups`` query heads.
+
+    Head ``h`` of the result is KV head ``h // groups`` (the layout of grouped-query attention, as
+    in transformers' ``repeat_kv``).
+
+    Args:
+        x: keys or values ``[B, Hk, T, D]``.
+        groups: query heads per KV head (``num_heads // num_kv_heads``), a positive int.
+
+    Example:
+        >>> from rotary.nn import repeat_kv
+        >>> x = torch.arange(2.0).reshape(1, 2, 1, 1)
+        >>> repeat_kv(x, 3).flatten().tolist()
+        [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+    """
+    if not isinstance(x, torch.Tensor) or x.dim() != 4:
+        raise ValueError(f"x must be a [B, Hk, T, D] tensor, got {getattr(x, 'shape', type(x).__name__)}")
+    check_positive_int(groups, "groups")
+    if groups * x.shape[1] > MAX_NUM_HEADS:
+        raise ValueError(
+            f"groups={groups} would give {groups * x.shape[1]} heads, more than {MAX_NUM_HEADS}; groups is "
+            "num_heads // num_kv_heads (real models use 1 to 16)"
+        )
     if groups == 1:
         return x
     b, h, t, d = x.shape
     return x[:, :, None].expand(b, h, groups, t, d).reshape(b, h * groups, t, d)
+
+
+def check_hidden_states(hidden_states: torch.Tensor, hidden_size: int, projection: nn.Module) -> None:
+    """Check an attention layer's input ``[B, S, E]`` against the layer: width, dtype and device.
+
+    A dtype that differs from the projection's weights (bf16 activations into an fp32 layer, token ids
+    where embeddings belong) would otherwise fail inside the matrix multiply with a message naming
+    none of this; under ``torch.autocast`` mixed dtypes are the point, and are let through.
+
+    Raises:
+        ValueError: not a 3-D tensor, another width, another device than the weights.
+        TypeError: not floating point, or another dtype than the weights (outside autocast).
+    """
+    if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 3:
+        raise ValueError(f"hidden_states must be [B, S, E], got {getattr(hidden_states, 'shape', type(hidden_states).__name__)}")
+    if hidden_states.shape[-1] != hidden_size:
+        raise ValueError(f"hidden_states has width {hidden_states.shape[-1]}, this layer expects {hidden_size}")
+    dtype = hidden_states.dtype
+    if not dtype.is_floating_point:
+        raise TypeError(
+            f"hidden_states must be a floating-point tensor, got {dtype}; embed token ids first, or convert "
+            "with hidden_states.float()"
+        )
+    weight = getattr(projection, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.device.type == "meta":
+        return
+    if weight.device != hidden_states.device:
+        raise ValueError(
+            f"hidden_states is on {hidden_states.device} but this layer's weights are on {weight.device}; move one "
+            f"(layer.to('{hidden_states.device}') or hidden_states.to('{weight.device}'))"
+        )
+    if dtype != weight.dtype and weight.dtype.is_floating_point and not torch.is_autocast_enabled(hidden_states.device.type):
+        raise TypeError(
+            f"hidden_states is {dtype} but this layer's weights are {weight.dtype}; cast the module "
+            f"(layer.to({dtype})) or the input (hidden_states.to({weight.dtype})), or run under torch.autocast"
+        )
 
 
 class RotaryAttention(nn.Module):
@@ -355,10 +450,7 @@ class RotaryAttention(nn.Module):
         Returns:
             ``[B, S, E]`` in the dtype of ``hidden_states``.
         """
-        if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 3:
-            raise ValueError(f"hidden_states must be [B, S, E], got {getattr(hidden_states, 'shape', hidden_states)}")
-        if hidden_states.shape[-1] != self.hidden_size:
-            raise ValueError(f"hidden_states has width {hidden_states.shape[-1]}, this layer expects {self.hidden_size}")
+        check_hidden_states(hidden_states, self.hidden_size, self.q_proj)
         check_causal_rope(self.rope, self.causal, type(self).__name__)  # causal or rope may have been reassigned
         batch, seq_len, _ = hidden_states.shape
         device = hidden_states.device

@@ -22,6 +22,7 @@ never formed outside :func:`linear_attention_reference`.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -34,6 +35,7 @@ from ..apply import rotate
 from ..module import RoPE
 from ..positions import Positions, check_attention_mask
 from ..tables import RotaryTables, table_dtype
+from .attention import check_hidden_states
 
 __all__ = ["FEATURE_MAPS", "RotaryLinearAttention", "linear_attention_reference", "rotary_linear_attention"]
 
@@ -102,6 +104,17 @@ def _causal_sum(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: i
         outputs.append(q_c @ state + block @ v_c)
         state = state + k_c.transpose(-1, -2) @ v_c
     return torch.cat(outputs, dim=2)
+
+
+def _check_eps(eps: float) -> float:
+    """The denominator's ``eps``: a finite number >= 0 (0 is exact for elu features, whose sums are > 0;
+    relu features or masked keys can sum to 0 and need eps > 0)."""
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+        raise ValueError(
+            f"eps must be a finite number >= 0, got {eps!r}: it keeps the denominator away from 0 (relu features "
+            "or masked keys can sum to 0); the default is 1e-6"
+        )
+    return float(eps)
 
 
 def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -175,6 +188,7 @@ def _linear_attention(
         raise ValueError(f"unknown feature_map {feature_map!r}; choose one of {', '.join(FEATURE_MAPS)}")
     check_positive_int(chunk_size, "chunk_size")
     check_bool(causal, "causal")
+    _check_eps(eps)
     keep_keys = _key_mask(key_padding_mask, q)
     out_dtype = v.dtype
     if q.shape[2] == 0:  # no tokens: nothing to attend
@@ -214,6 +228,10 @@ def linear_attention_reference(
     Shares the feature maps with :func:`rotary_linear_attention` but none of the summation code.
     """
     _check_qkv(q, k, v)
+    if feature_map not in FEATURE_MAPS:
+        raise ValueError(f"unknown feature_map {feature_map!r}; choose one of {', '.join(FEATURE_MAPS)}")
+    check_bool(causal, "causal")
+    _check_eps(eps)
     keep_keys = _key_mask(key_padding_mask, q)
     out_dtype = v.dtype
     compute = torch.promote_types(v.dtype, torch.float32)
@@ -273,8 +291,15 @@ class RotaryLinearAttention(nn.Module):
         if feature_map not in FEATURE_MAPS:
             raise ValueError(f"unknown feature_map {feature_map!r}; choose one of {', '.join(FEATURE_MAPS)}")
         check_positive_int(chunk_size, "chunk_size")
+        check_bool(bias, "bias")
         self.hidden_size, self.num_heads, self.head_dim = hidden_size, num_heads, hidden_size // num_heads
-        self.feature_map, self.causal, self.chunk_size, self.eps = feature_map, check_bool(causal, "causal"), chunk_size, eps
+        if self.head_dim % 2:
+            raise ValueError(
+                f"head_dim = hidden_size // num_heads = {self.head_dim} must be even (RoPE rotates channel pairs); "
+                "change hidden_size or num_heads"
+            )
+        self.feature_map, self.causal, self.chunk_size = feature_map, check_bool(causal, "causal"), chunk_size
+        self.eps = _check_eps(eps)
         self.q_proj = nn.Linear(hidden_size, hidden_size, bias=bias)
         self.k_proj = nn.Linear(hidden_size, hidden_size, bias=bias)
         self.v_proj = nn.Linear(hidden_size, hidden_size, bias=bias)
@@ -303,10 +328,7 @@ class RotaryLinearAttention(nn.Module):
             tables: tables of these positions computed by the caller (once per model forward);
                 default ``self.rope.tables(positions)``.
         """
-        if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 3:
-            raise ValueError(f"hidden_states must be [B, S, E], got {getattr(hidden_states, 'shape', hidden_states)}")
-        if hidden_states.shape[-1] != self.hidden_size:
-            raise ValueError(f"hidden_states has width {hidden_states.shape[-1]}, this layer expects {self.hidden_size}")
+        check_hidden_states(hidden_states, self.hidden_size, self.q_proj)
         check_causal_rope(self.rope, self.causal, type(self).__name__)  # causal or rope may have been reassigned
         batch, seq_len, _ = hidden_states.shape
         device = hidden_states.device

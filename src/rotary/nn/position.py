@@ -22,7 +22,8 @@ import torch
 from torch import nn
 
 from .. import positions as P
-from .._checks import check_positive_int
+from .._checks import check_positive_int, is_number
+from .._limits import MAX_NUM_HEADS, format_bytes
 from ..positions import Positions
 
 __all__ = [
@@ -32,6 +33,12 @@ __all__ = [
     "SinusoidalPositionEmbedding",
     "alibi_slopes",
 ]
+
+
+#: the largest clipping distance of :class:`RelativePositionBias` (its table has ``2 d + 1`` rows per head)
+MAX_RELATIVE_DISTANCE = 2**20
+#: the largest learned absolute position table (fp32 bytes), 1 GiB: 2**28 parameters
+MAX_POSITION_TABLE_BYTES = 2**30
 
 
 def _check_pair(query_positions: torch.Tensor, key_positions: torch.Tensor) -> None:
@@ -58,6 +65,12 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
         tensor([0.2500, 0.0625, 0.0156, 0.0039])
     """
     check_positive_int(num_heads, "num_heads")
+    if num_heads > MAX_NUM_HEADS:
+        # the slopes are built as Python floats (~32 bytes each) before the fp32 tensor
+        raise ValueError(
+            f"num_heads={num_heads} is more than {MAX_NUM_HEADS} heads (real models use 1 to 128); its slopes alone "
+            f"would need about {format_bytes(36 * num_heads)}, and a score bias [B, H, S, T] far more: check num_heads"
+        )
 
     def power_of_two(n: int) -> list[float]:
         start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
@@ -124,6 +137,12 @@ class RelativePositionBias(nn.Module):
         super().__init__()
         check_positive_int(num_heads, "num_heads")
         self.max_distance = check_positive_int(max_distance, "max_distance")
+        if num_heads > MAX_NUM_HEADS or max_distance > MAX_RELATIVE_DISTANCE:
+            raise ValueError(
+                f"RelativePositionBias(num_heads={num_heads}, max_distance={max_distance}) would learn a table of "
+                f"{format_bytes(4 * (2 * max_distance + 1) * num_heads)}; at most {MAX_NUM_HEADS} heads and "
+                f"max_distance <= {MAX_RELATIVE_DISTANCE} (T5 clips at 128): distances beyond max_distance share one bias"
+            )
         # zero init: the model starts as plain RoPE attention and learns the bias it needs
         self.bias = nn.Parameter(torch.zeros(2 * max_distance + 1, num_heads))
 
@@ -149,7 +168,14 @@ class LearnedPositionEmbedding(nn.Module):
     def __init__(self, max_position: int, hidden_size: int) -> None:
         super().__init__()
         self.max_position = check_positive_int(max_position, "max_position")
-        self.embedding = nn.Embedding(max_position, check_positive_int(hidden_size, "hidden_size"))
+        check_positive_int(hidden_size, "hidden_size")
+        if 4 * max_position * hidden_size > MAX_POSITION_TABLE_BYTES:
+            raise ValueError(
+                f"LearnedPositionEmbedding(max_position={max_position}, hidden_size={hidden_size}) would need "
+                f"{format_bytes(4 * max_position * hidden_size)} for its table, more than "
+                f"{format_bytes(MAX_POSITION_TABLE_BYTES)}; check both (GPT-2 uses 1024 x 768), or use RoPE, which has no table to learn"
+            )
+        self.embedding = nn.Embedding(max_position, hidden_size)
         nn.init.normal_(self.embedding.weight, std=0.02)
 
     def forward(self, position_ids: torch.Tensor | Positions) -> torch.Tensor:
@@ -185,6 +211,11 @@ class SinusoidalPositionEmbedding(nn.Module):
         self.hidden_size = check_positive_int(hidden_size, "hidden_size")
         if hidden_size % 2:
             raise ValueError(f"hidden_size must be even for sin/cos pairs, got {hidden_size}")
+        if not is_number(base) or base <= 1:
+            raise ValueError(
+                f"base must be a finite number > 1, got {base!r}: the wavelengths 2π · base^(2i/E) must grow with the "
+                "channel (10000 in 'Attention is all you need')"
+            )
         self.base = float(base)
 
     def forward(self, position_ids: torch.Tensor | Positions) -> torch.Tensor:

@@ -1,0 +1,54 @@
+"""Size limits for what rotary allocates because an argument asked for it, and their wording.
+
+A size argument (``seq_len``, ``num_heads``, a number of samples) multiplies into an allocation; a
+value off by a few powers of ten is a typo, and the process is killed by the operating system (or
+torch fails deep inside its allocator) before any message can be printed. Functions whose memory
+grows with an argument check the bytes they are about to need here, first, and name the argument,
+the memory it would take and the largest value that fits.
+"""
+
+from __future__ import annotations
+
+__all__ = ["MAX_ANALYSIS_BYTES", "MAX_NUM_HEADS", "check_bytes", "format_bytes"]
+
+#: the most memory one analysis call (score matrices, samples of rotated vectors, PCA features)
+#: may ask for: far more than any figure or report needs, far less than a machine has
+MAX_ANALYSIS_BYTES = 2**32
+
+#: the most attention heads accepted where heads are counted (real models use 1 to 128)
+MAX_NUM_HEADS = 2**16
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes in the largest binary unit that keeps it >= 1.
+
+    Example:
+        >>> format_bytes(3 * 2**30), format_bytes(8 * 10**12), format_bytes(100)
+        ('3.0 GiB', '7.3 TiB', '100 B')
+    """
+    if n < 1024:
+        return f"{int(n)} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        n /= 1024
+        if n < 1024 or unit == "PiB":
+            break
+    return f"{n:.1f} {unit}"
+
+
+def check_bytes(nbytes: float, what: str, fix: str, *, limit: int = MAX_ANALYSIS_BYTES) -> None:
+    """Raise a ValueError when ``what`` would need more than ``limit`` bytes.
+
+    Args:
+        nbytes: the memory about to be allocated (a float is fine: products of sizes may be huge).
+        what: the call and argument that asked for it, e.g. ``"score_matrix(seq_len=1000000)"``.
+        fix: what to change, e.g. ``"use seq_len <= 16384"``.
+        limit: the largest allowed.
+
+    Example:
+        >>> check_bytes(2**40, "score_matrix(seq_len=370727)", "use seq_len <= 16384")
+        Traceback (most recent call last):
+        ...
+        ValueError: score_matrix(seq_len=370727) would need 1.0 TiB, more than the limit of 4.0 GiB; use seq_len <= 16384
+    """
+    if nbytes > limit:
+        raise ValueError(f"{what} would need {format_bytes(nbytes)}, more than the limit of {format_bytes(limit)}; {fix}")

@@ -1,0 +1,61 @@
+"""Checks of what a model is fed: token ids against the embedding tables they index.
+
+An id outside an embedding table fails inside ``nn.Embedding`` as ``IndexError: index out of range
+in self``, which names neither the id, the table nor the fix (on a GPU it is a device-side assert
+that poisons the process). One ``aminmax`` per call names all three; nothing is read under
+``torch.compile``, where a device read would break the graph.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["check_token_ids"]
+
+
+def check_token_ids(ids: object, size: int, *, name: str = "input_ids", table: str = "vocab_size", shape: tuple | None = None) -> torch.Tensor:
+    """Integer ids ``[B, S]`` with every id in ``0 .. size - 1``; returned unchanged.
+
+    Args:
+        ids: the ids.
+        size: the number of rows of the embedding they index.
+        name: the argument's name, for messages.
+        table: the config field that sets ``size``, for messages.
+        shape: the shape the ids must have (e.g. ``input_ids``' for ``token_type_ids``).
+
+    Raises:
+        ValueError: not a 2-D tensor (or not of ``shape``), or an id out of range.
+        TypeError: a dtype that is not int64 / int32.
+
+    Example:
+        >>> check_token_ids(torch.tensor([[3, 7]]), 8).tolist()
+        [[3, 7]]
+        >>> check_token_ids(torch.tensor([[3, 8]]), 8)
+        Traceback (most recent call last):
+        ...
+        ValueError: input_ids hold id 8, but vocab_size is 8 (ids must be in 0 .. 7); the tokenizer does not match this model, or build it with vocab_size >= 9
+    """
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point() or ids.is_complex():
+        raise ValueError(f"{name} must be an integer tensor [B, S], got {getattr(ids, 'shape', type(ids).__name__)}")
+    if ids.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{name} must be int64 or int32, got {ids.dtype}; convert with .long()")
+    if shape is not None and tuple(ids.shape) != tuple(shape):
+        raise ValueError(f"{name} must have the shape of input_ids {tuple(shape)}, got {tuple(ids.shape)}")
+    if torch.compiler.is_compiling() or not ids.numel():
+        return ids
+    low, high = (int(v) for v in torch.aminmax(ids))
+    if low < 0:
+        raise ValueError(
+            f"{name} hold id {low}, but ids must be in 0 .. {size - 1} ({table}={size}); negative ids such as -100 "
+            "mark ignored labels, not inputs: give padding a real id and mask it with attention_mask"
+        )
+    if high >= size:
+        raise ValueError(
+            f"{name} hold id {high}, but {table} is {size} (ids must be in 0 .. {size - 1}); "
+            + (
+                f"the tokenizer does not match this model, or build it with {table} >= {high + 1}"
+                if table == "vocab_size"
+                else f"build the model with {table} >= {high + 1}"
+            )
+        )
+    return ids

@@ -177,7 +177,8 @@ BAD = [
     (["inspect", "no/such/config.json"], "config"),
     (["inspect", "--layer-type", "x"], "--layer-type"),
     (["inspect", str(FIXTURES / "gemma3_nested.json"), "--layer-type", "local"], "sliding_attention"),
-    (["verify", str(FIXTURES / "gemma3_nested.json")], "--layer-type"),
+    (["verify", str(FIXTURES / "gemma3_nested.json"), "--layer-type", "local"], "sliding_attention"),
+    (["plot", "scores", str(FIXTURES / "gemma3_nested.json"), "--layer-type", "local"], "sliding_attention"),
     (["plot"], "rotary plot: error: the following arguments are required: FIGURE"),
     (["plot", "decay", "--max-distance", "0"], "rotary plot decay: error: argument --max-distance"),
     (["plot", "decay", "--out-dir", "x"], "rotary plot decay: error: unrecognized arguments: --out-dir x"),
@@ -342,6 +343,73 @@ def test_inspect_gemma3_4x_config_without_layer_types(tmp_path, capsys):
     assert {k: (v["rope_type"], v["base"]) for k, v in out["layer_types"].items()} == {
         "sliding_attention": ("default", 10000.0), "full_attention": ("linear", 1000000.0),
     }
+
+
+GEMMA3 = [FIXTURES / "gemma3_nested.json", FIXTURES / "published" / "gemma-3-4b-it.json"]
+GEMMA3_TYPES = {"sliding_attention": ("default", 10000.0), "full_attention": ("linear", 1000000.0)}
+
+
+@pytest.mark.parametrize("config", GEMMA3, ids=lambda p: p.name)
+def test_verify_checks_every_layer_type(config, capsys, monkeypatch):
+    assert main(["verify", str(config), "--seq-len", "8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["passed"] is True and list(out["layer_types"]) == list(GEMMA3_TYPES)
+    for name, (rope_type, base) in GEMMA3_TYPES.items():
+        checks = out["layer_types"][name]
+        assert checks["layer_type"] == name and checks["passed"] is True and len(checks["checks"]) == 8
+        assert f"rope_type='{rope_type}'" in checks["rope"] and f"base={base:g}" in checks["rope"]
+    assert main(["verify", str(config), "--seq-len", "8"]) == 0
+    text = capsys.readouterr().out
+    assert text.index("layer type sliding_attention: verify") < text.index("layer type full_attention: verify")
+    # --layer-type picks one: the JSON of one configuration
+    assert main(["verify", str(config), "--layer-type", "full_attention", "--seq-len", "8", "--json"]) == 0
+    one = json.loads(capsys.readouterr().out)
+    assert one["layer_type"] == "full_attention" and "rope_type='linear'" in one["rope"]
+    # one failing layer type fails the command
+    from rotary.commands import verify as verify_cmd
+
+    real = verify_cmd.verify
+    monkeypatch.setattr(verify_cmd, "verify", lambda rope, **k: real(rope, **k) if rope.freqs.rope_type == "default"
+                        else [analysis.Check("broken", 1.0, 0.0)])
+    assert main(["verify", str(config), "--seq-len", "8", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert (out["passed"], out["layer_types"]["sliding_attention"]["passed"], out["layer_types"]["full_attention"]["passed"]) == (False, True, False)
+
+
+@pytest.mark.parametrize("figure", ["scores", "positions"])
+def test_plot_scores_and_positions_draw_every_layer_type(figure, tmp_path, capsys):
+    config = str(GEMMA3[1])
+    assert main(["plot", figure, config, "--seq-len", "8", "-o", str(tmp_path / figure), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [Path(f).name for f in out["files"]] == [
+        f"{figure}_{t}.{ext}" for t in GEMMA3_TYPES for ext in ("png", "svg")
+    ]
+    assert_figures(out["files"], tmp_path)
+    assert list(out["layer_types"]) == list(GEMMA3_TYPES)
+    if figure == "scores":  # the two layer types rotate differently: their logits differ
+        logits = [out["layer_types"][t]["logit_by_distance"] for t in GEMMA3_TYPES]
+        assert logits[0][0] == pytest.approx(logits[1][0]) and logits[0][5] != pytest.approx(logits[1][5])
+    assert main(["plot", figure, config, "--layer-type", "sliding_attention", "--seq-len", "8", "-o", str(tmp_path / "one"), "--json"]) == 0
+    assert [Path(f).name for f in json.loads(capsys.readouterr().out)["files"]] == ["one.png", "one.svg"]
+
+
+@pytest.mark.slow
+def test_report_has_one_section_per_layer_type(tmp_path, capsys):
+    assert main(["report", str(GEMMA3[1]), "-o", str(tmp_path / "rep"), "--seq-len", "8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    names = {Path(f).name for f in out["files"]}
+    for t, (rope_type, _) in GEMMA3_TYPES.items():
+        assert {f"decay_{t}.png", f"scores_{t}.svg", f"positions_{t}.png", f"scaling_{rope_type}_{t}.png"} <= names
+    assert out["verify_passed"] is True
+    numbers = json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert list(numbers["layer_types"]) == list(GEMMA3_TYPES) and numbers["verify"]["passed"] is True
+    for t, (rope_type, base) in GEMMA3_TYPES.items():
+        assert (numbers["layer_types"][t]["inspect"]["rope_type"], numbers["layer_types"][t]["inspect"]["base"]) == (rope_type, base)
+    page_text = (tmp_path / "rep" / "report.html").read_text(encoding="utf-8")
+    page = _Images()
+    page.feed(page_text)
+    assert len(page.srcs) == 10  # five figures per layer type, all embedded
+    assert page_text.index("layer type sliding_attention") < page_text.index("layer type full_attention")
 
 
 # CONFIG and flags combine: the flags override the file -----------------------------------------

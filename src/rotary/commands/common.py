@@ -45,7 +45,9 @@ __all__ = [
     "configurations",
     "count",
     "console",
+    "every_layer_type",
     "interleaved_from_args",
+    "layer_type_suffix",
     "output_directory",
     "output_path",
     "output_stem",
@@ -463,6 +465,24 @@ def configurations(args: argparse.Namespace) -> list[Configuration]:
             raise ValueError("--layer-type needs a CONFIG")
         return [_build(_NO_FILE, args, None)]
     return [_build(settings, args, layer_type) for layer_type, settings in _settings_per_layer_type(args)]
+
+
+def every_layer_type(args: argparse.Namespace) -> list[Configuration]:
+    """:func:`configurations` with every layer type of a config that has one RoPE block per layer type
+    (Gemma-3's sliding and full attention), in the config's order; ``--layer-type`` picks one."""
+    return configurations(argparse.Namespace(**{**vars(args), "all_layer_types": True}))
+
+
+def layer_type_suffix(configuration: Configuration, count: int) -> str:
+    """``"_sliding_attention"`` for one of several layer types' outputs (file names), else ``""``.
+
+    Example:
+        >>> layer_type_suffix(Configuration(RoPE(8), 64, "", "full_attention"), 2)
+        '_full_attention'
+        >>> layer_type_suffix(Configuration(RoPE(8), 64, "", "full_attention"), 1)
+        ''
+    """
+    return f"_{configuration.layer_type}" if count > 1 and configuration.layer_type else ""
 
 
 def rope_from_args(args: argparse.Namespace) -> tuple[RoPE, int]:

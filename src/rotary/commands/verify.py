@@ -6,7 +6,15 @@ import argparse
 
 from rotary.analysis import Check, verify, verify_axial
 
-from .common import add_config_arguments, add_output_argument, console, print_json, rope_from_args, seed, seq_len_count
+from .common import (
+    add_config_arguments,
+    add_output_argument,
+    console,
+    every_layer_type,
+    print_json,
+    seed,
+    seq_len_count,
+)
 
 __all__ = ["register", "render"]
 
@@ -28,14 +36,24 @@ def render(checks: list[Check], title: str) -> None:
 def _verify(args: argparse.Namespace) -> int:
     if args.axial:
         rope, checks = _verify_axial(args)
-    else:
-        rope, context = rope_from_args(args)
-        checks = verify(rope, seq_len=args.seq_len, offset=context, seed=args.seed)
-    ok = all(c.passed for c in checks)
+        results = [(None, rope, checks)]
+    else:  # a config with one RoPE block per layer type (Gemma-3): every layer type, unless --layer-type picks one
+        results = [
+            (c.layer_type, c.rope, verify(c.rope, seq_len=args.seq_len, offset=c.context, seed=args.seed))
+            for c in every_layer_type(args)
+        ]
+    ok = all(c.passed for _, _, checks in results for c in checks)
+    as_dict = [
+        {"layer_type": layer_type, "rope": repr(rope), "passed": all(c.passed for c in checks), "checks": [c.to_dict() for c in checks]}
+        for layer_type, rope, checks in results
+    ]
     if args.json:
-        print_json({"rope": repr(rope), "passed": ok, "checks": [c.to_dict() for c in checks]})
+        print_json(as_dict[0] if len(results) == 1 else {"passed": ok, "layer_types": {d["layer_type"]: d for d in as_dict}})
     else:
-        render(checks, f"verify {rope}")
+        for j, (layer_type, rope, checks) in enumerate(results):
+            if j:
+                print()
+            render(checks, (f"layer type {layer_type}: " if layer_type else "") + f"verify {rope}")
     return 0 if ok else 1
 
 
@@ -56,7 +74,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "verify",
         help="check norms, the relative property, matrix/complex/fast forms and table pairing",
         description="Runs the configuration through the fast path and compares it with the block-diagonal matrix "
-        "and complex references; exit status 1 when any check fails.",
+        "and complex references; exit status 1 when any check fails. A config with one RoPE block per layer type "
+        "(Gemma-3) is checked for every layer type, one table each, unless --layer-type picks one.",
     )
     add_config_arguments(p)
     p.add_argument("--seq-len", type=seq_len_count, default=64, help="positions to check (default 64)")

@@ -45,6 +45,7 @@ NOT_RUN = {
     ". .venv/bin/activate": "changes the shell's environment",
     "pip install torch==2.13.0": "installs packages",
     "pip install -e '.[plot]'": "installs packages",
+    "pip install ninja": "installs packages",
 }
 
 

@@ -106,7 +106,14 @@ def test_every_block_says_what_it_holds():
 
 def test_the_docs_have_code_to_check():
     assert len(PYTHON) >= 10 and len(CONSOLE) >= 4
-    assert {b.path.name for b in PYTHON} >= {"README.md", "core.md", "scaling.md", "experiment.md", "variants.md", "attention.md"}
+    assert {b.path.name for b in PYTHON} >= {
+        "README.md",
+        "core.md",
+        "scaling.md",
+        "experiment.md",
+        "variants.md",
+        "attention.md",
+    }
 
 
 @contextlib.contextmanager
@@ -250,7 +257,8 @@ def test_the_block_reader_finds_indented_code_and_output(tmp_path):
     found = [(b.language, b.line, b.body) for b in blocks(doc)]
     assert found == [  # "continued item" is a paragraph of the list item, not code
         ("indented", 3, "indented code\n"),
-        ("console", 9, "$ rotary demo \\\n    --json  # a comment\nout\n\n"), ("python", 16, "x = 1\n"),
+        ("console", 9, "$ rotary demo \\\n    --json  # a comment\nout\n\n"),
+        ("python", 16, "x = 1\n"),
     ]
     block = Block(doc, 9, "console", found[1][2])
     (command,) = commands(block)

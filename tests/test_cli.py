@@ -700,3 +700,23 @@ def test_inspect_header_shows_sequence_parameters_by_length(capsys):
     header = " ".join(capsys.readouterr().out.split("pairs of")[0].split())  # rich wraps long lines
     assert "short_factor=[48 values]" in header and "long_factor=[48 values]" in header
     assert "(1.0" not in header and "1.0, 1.0" not in header
+
+
+def test_every_subcommand_help_has_a_one_line_summary_and_an_example_that_parses():
+    import shlex
+
+    from helpers import leaf_parsers
+    from rotary.cli import EXAMPLES, build_parser
+
+    leaves = leaf_parsers()
+    assert set(EXAMPLES) == set(leaves)
+    for name, parser in leaves.items():
+        text = parser.format_help()
+        description = text.split("\n\n")[1]  # after the usage
+        assert description.startswith(f"rotary {name}: ") and description.endswith("."), (name, description)
+        assert ". " not in " ".join(description.split()), (name, description)  # one sentence
+        assert text.rstrip().endswith(f"example:\n  {EXAMPLES[name]}"), name
+        argv = shlex.split(EXAMPLES[name])
+        assert argv[0] == "rotary" and " ".join(argv[1 : 1 + len(name.split())]) == name, name
+        args = build_parser().parse_args(argv[1:])
+        assert args._parser is parser or args._parser.prog == parser.prog, name

@@ -241,11 +241,26 @@ def _qk(**over):
         (_qk(q=torch.randn(2, 4, 8)), {}, ValueError, "packed \\[total_tokens, H, D\\] inputs need cu_seqlens"),
         (_qk(q=torch.randn(2, 4)), {}, ValueError, "q must be 4-D.*\\(2, 4\\)"),
         (_qk(), {"layout": "sbhd"}, ValueError, "unknown layout 'sbhd'"),
-        (_qk(), {"position_ids": torch.tensor([0, 1, -2, 3])}, ValueError, "position_ids must be >= 0, got a minimum of -2"),
+        (
+            _qk(),
+            {"position_ids": torch.tensor([0, 1, -2, 3])},
+            ValueError,
+            "position_ids must be >= 0, got a minimum of -2",
+        ),
         (_qk(), {"position_ids": torch.arange(4.0)}, TypeError, "integer dtype.*torch.float32"),
         (_qk(), {"position_ids": torch.ones(4, dtype=torch.bool)}, TypeError, "integer dtype.*torch.bool"),
-        (_qk(), {"position_ids": torch.arange(5)}, ValueError, "position_ids cover S=5 positions but the input has S=4"),
-        (_qk(), {"position_ids": torch.zeros(1, 1, 4, dtype=torch.long)}, ValueError, "\\[S\\] or \\[B, S\\].*\\(1, 1, 4\\)"),
+        (
+            _qk(),
+            {"position_ids": torch.arange(5)},
+            ValueError,
+            "position_ids cover S=5 positions but the input has S=4",
+        ),
+        (
+            _qk(),
+            {"position_ids": torch.zeros(1, 1, 4, dtype=torch.long)},
+            ValueError,
+            "\\[S\\] or \\[B, S\\].*\\(1, 1, 4\\)",
+        ),
         (_qk(), {"offset": -1}, ValueError, "offset must be an int >= 0, got -1"),
         (_qk(), {"offset": 1.5}, ValueError, "offset must be an int >= 0, got 1.5"),
     ],
@@ -318,3 +333,24 @@ def test_q_and_k_of_different_dtypes_name_both():
     rope = rotary.RoPE(16)
     with pytest.raises(TypeError, match="q and k must share a dtype, got torch.bfloat16 for q and torch.float32 for k"):
         rope(torch.randn(1, 2, 4, 16).bfloat16(), torch.randn(1, 2, 4, 16))
+
+
+def test_a_wrong_layout_names_the_layout_that_fits(gen):
+    """A [B, S, H, D] tensor passed as the default [B, H, S, D] (and the reverse): the error says which
+    layout to pass whenever the tables' positions fit the other sequence axis."""
+    cos, sin = rotary.RoPE(32).cos_sin(torch.arange(12))
+    bshd = torch.randn(2, 12, 4, 32, generator=gen)
+    with pytest.raises(ValueError, match=r"has S=4; if x is \[B, S, H, D\], pass layout='bshd'"):
+        rotary.apply_rotary(bshd, cos, sin)
+    with pytest.raises(ValueError, match=r"if x is \[B, H, S, D\], pass layout='bhsd'"):
+        rotary.apply_rotary(bshd.transpose(1, 2), cos, sin, layout="bshd")
+    table_cos, table_sin = rotary.RoPE(32).cos_sin(torch.arange(64))
+    with pytest.raises(ValueError, match=r"use \[S\] or \[B, S\]; if x is \[B, S, H, D\], pass layout='bshd'"):
+        rotary.apply_rotary(bshd, table_cos, table_sin, position_ids=torch.arange(12))
+    with pytest.raises(ValueError) as other:  # fits neither layout: no hint that would mislead
+        rotary.apply_rotary(bshd, cos[:5], sin[:5])
+    assert "layout=" not in str(other.value)
+    assert torch.equal(
+        rotary.apply_rotary(bshd, cos, sin, layout="bshd"),
+        rotary.apply_rotary(bshd.transpose(1, 2), cos, sin).transpose(1, 2),
+    )

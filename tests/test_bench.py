@@ -56,7 +56,9 @@ def test_json_output_and_extra_cases(tmp_path):
             """
         )
     )
-    done = run_bench("--quick", "--repeats", "1", "--dtypes", "bf16", "--shapes", "decode", "--json", "--cases", str(cases))
+    done = run_bench(
+        "--quick", "--repeats", "1", "--dtypes", "bf16", "--shapes", "decode", "--json", "--cases", str(cases)
+    )
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["machine"]["torch_threads"] >= 1
@@ -143,7 +145,12 @@ def test_slower_methods_are_called_slower():
         bench.Result("g", "fast", False, 5e-6, 3, ratios={"HF eager speedup": 2.0}),
         bench.Result("g", "slow", False, 5.1e-5, 3, ratios={"HF eager speedup": 1e-5 / 5.1e-5}),
     ]
-    lines = {line.split()[0]: line for line in bench.format_table({"cpu": "x", "logical_cpus": 1, "torch": "t", "torch_threads": 1}, rows).splitlines()[3:]}
+    lines = {
+        line.split()[0]: line
+        for line in bench.format_table(
+            {"cpu": "x", "logical_cpus": 1, "torch": "t", "torch_threads": 1}, rows
+        ).splitlines()[3:]
+    }
     assert "2.0x faster" in lines["fast"]
     assert "5.1x slower" in lines["slow"] and "faster" not in lines["slow"]
     assert "1.0x (same)" in lines["HF"]
@@ -193,3 +200,26 @@ def test_decode_suite_and_the_training_rows():
     harness._group_ratios(results)
     assert results[-1].ratios["x in-place pass"] == 2.5 and results[-1].ratios["x copy"] == 7.5 / 4.0
     assert results[1].ratios["x copy"] == 1.0
+
+
+def test_without_the_baselines_packages_their_rows_are_skipped_with_one_line(monkeypatch, capsys):
+    """As installed without [dev]: transformers and rotary-embedding-torch cannot be imported."""
+    import argparse
+    import sys
+
+    from rotary.bench import methods
+
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    monkeypatch.setitem(sys.modules, "rotary_embedding_torch", None)
+    argv = ["bench", "--quick", "--no-memory", "--repeats", "1", "--dtypes", "fp32", "--shapes", "decode-small"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "HF eager apply_rotary_pos_emb (needs transformers)" in err  # --quick times no torch.compile row
+    assert "rotary-embedding-torch 0.9.1 (needs rotary_embedding_torch)" in err
+    assert err.rstrip().endswith("pip install transformers rotary-embedding-torch")
+    assert "rotary fused, out of place" in out and "complex form (Meta LLaMA)" in out
+    assert "HF eager" not in out and "rotary-embedding-torch" not in out and "faster" not in out
+    rows = methods.decode_suite(argparse.Namespace(quick=False, repeats=1, dtypes="fp32", suites=None))
+    assert len(rows) == 4 and "HF eager apply_rotary_pos_emb" not in {r.method for r in rows}
+    assert all(r.median_s > 0 and not r.ratios for r in rows)

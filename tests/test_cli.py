@@ -73,7 +73,9 @@ def test_inspect_llama_3_1_names_the_interpolated_pairs(tmp_path):
 
 
 def test_verify_reports_every_check(tmp_path):
-    out = json.loads(run("verify", "--head-dim", "32", "--interleaved", "--seq-len", "16", "--json", cwd=tmp_path).stdout)
+    out = json.loads(
+        run("verify", "--head-dim", "32", "--interleaved", "--seq-len", "16", "--json", cwd=tmp_path).stdout
+    )
     assert out["passed"] is True and len(out["checks"]) == 8
     assert all(c["worst_error"] <= c["tolerance"] for c in out["checks"])
 
@@ -87,7 +89,21 @@ def test_verify_exits_1_when_a_check_fails(monkeypatch, capsys):
 
 
 def test_plot_decay_numbers_and_files(tmp_path):
-    out = json.loads(run("plot", "decay", "--measured", "--max-distance", "64", "--samples", "8", "-o", "figs/decay", "--json", cwd=tmp_path).stdout)
+    out = json.loads(
+        run(
+            "plot",
+            "decay",
+            "--measured",
+            "--max-distance",
+            "64",
+            "--samples",
+            "8",
+            "-o",
+            "figs/decay",
+            "--json",
+            cwd=tmp_path,
+        ).stdout
+    )
     assert out["files"] == ["figs/decay.png", "figs/decay.svg"]
     assert_figures(out["files"], tmp_path)
     assert out["bound"][0] == pytest.approx(32.5) and len(out["bound"]) == 65
@@ -95,9 +111,18 @@ def test_plot_decay_numbers_and_files(tmp_path):
 
 
 def test_plot_scaling_yarn_blended_range(tmp_path):
-    out = json.loads(run("plot", "scaling", "--rope-type", "yarn", "--rope-type", "llama3", "-o", "docs", "--json", cwd=tmp_path).stdout)
+    out = json.loads(
+        run(
+            "plot", "scaling", "--rope-type", "yarn", "--rope-type", "llama3", "-o", "docs", "--json", cwd=tmp_path
+        ).stdout
+    )
     assert_figures(out["files"], tmp_path)
-    assert {Path(f).name for f in out["files"]} == {"scaling_yarn.png", "scaling_yarn.svg", "scaling_llama3.png", "scaling_llama3.svg"}
+    assert {Path(f).name for f in out["files"]} == {
+        "scaling_yarn.png",
+        "scaling_yarn.svg",
+        "scaling_llama3.png",
+        "scaling_llama3.svg",
+    }
     yarn = out["methods"]["yarn"]
     d, base, orig = 128, 10000.0, yarn["scaling"]["original_max_position_embeddings"]
 
@@ -112,7 +137,19 @@ def test_plot_scaling_yarn_blended_range(tmp_path):
 
 @pytest.mark.slow
 def test_plot_frequencies_scores_positions(tmp_path):
-    out = json.loads(run("plot", "frequencies", str(FIXTURES / "llama3_1.json"), "--base", "10000", "--context", "4096", "--json", cwd=tmp_path).stdout)
+    out = json.loads(
+        run(
+            "plot",
+            "frequencies",
+            str(FIXTURES / "llama3_1.json"),
+            "--base",
+            "10000",
+            "--context",
+            "4096",
+            "--json",
+            cwd=tmp_path,
+        ).stdout
+    )
     assert_figures(out["files"], tmp_path)
     assert set(out["wavelengths"]) == {"llama3_1", "d=128, base 10000"}
     assert out["wavelengths"]["d=128, base 10000"][0] == pytest.approx(2 * math.pi)
@@ -131,10 +168,31 @@ def test_plot_scores_with_given_vectors(tmp_path, capsys):
     np.save(tmp_path / "q.npy", np.ones(8))
     np.save(tmp_path / "k.npy", np.ones(8))
     out = tmp_path / "s"
-    assert main(["plot", "scores", "--head-dim", "8", "--seq-len", "6", "--q", str(tmp_path / "q.npy"), "--k", str(tmp_path / "k.npy"), "-o", str(out), "--json"]) == 0
+    assert (
+        main(
+            [
+                "plot",
+                "scores",
+                "--head-dim",
+                "8",
+                "--seq-len",
+                "6",
+                "--q",
+                str(tmp_path / "q.npy"),
+                "--k",
+                str(tmp_path / "k.npy"),
+                "-o",
+                str(out),
+                "--json",
+            ]
+        )
+        == 0
+    )
     numbers = json.loads(capsys.readouterr().out)
     inv = [10000 ** (-2 * i / 8) for i in range(4)]
-    assert numbers["logit_by_distance"] == pytest.approx([sum(2 * math.cos(m * t) for t in inv) for m in range(6)], rel=1e-5)
+    assert numbers["logit_by_distance"] == pytest.approx(
+        [sum(2 * math.cos(m * t) for t in inv) for m in range(6)], rel=1e-5
+    )
 
 
 class _Images(HTMLParser):
@@ -153,7 +211,13 @@ class _Images(HTMLParser):
 def test_report_writes_html_json_and_figures(tmp_path):
     proc = run("report", str(FIXTURES / "llama3_1.json"), "-o", "rep", "--seq-len", "16", cwd=tmp_path)
     files = [line.removeprefix("wrote ") for line in proc.stdout.splitlines()]
-    assert {Path(f).name for f in files} >= {"report.html", "report.json", "decay.png", "scaling_llama3.svg", "positions.png"}
+    assert {Path(f).name for f in files} >= {
+        "report.html",
+        "report.json",
+        "decay.png",
+        "scaling_llama3.svg",
+        "positions.png",
+    }
     assert_figures([f for f in files if f.endswith((".png", ".svg"))], tmp_path)
     page = _Images()
     page.feed((tmp_path / "rep" / "report.html").read_text(encoding="utf-8"))
@@ -177,7 +241,8 @@ BAD = [
     (["inspect", "no/such/config.json"], "config"),
     (["inspect", "--layer-type", "x"], "--layer-type"),
     (["inspect", str(FIXTURES / "gemma3_nested.json"), "--layer-type", "local"], "sliding_attention"),
-    (["verify", str(FIXTURES / "gemma3_nested.json")], "--layer-type"),
+    (["verify", str(FIXTURES / "gemma3_nested.json"), "--layer-type", "local"], "sliding_attention"),
+    (["plot", "scores", str(FIXTURES / "gemma3_nested.json"), "--layer-type", "local"], "sliding_attention"),
     (["plot"], "rotary plot: error: the following arguments are required: FIGURE"),
     (["plot", "decay", "--max-distance", "0"], "rotary plot decay: error: argument --max-distance"),
     (["plot", "decay", "--out-dir", "x"], "rotary plot decay: error: unrecognized arguments: --out-dir x"),
@@ -195,7 +260,10 @@ BAD = [
     (["plot", "decay", "-o", "/dev/null/decay"], "-o /dev/null/decay: /dev/null exists and is not a directory"),
     (["plot", "decay", "-o", "/proc/rotary-test/decay"], "-o /proc/rotary-test/decay: cannot create the directory"),
     (["inspect", "-o", "/proc/rotary-test.txt"], "-o /proc/rotary-test.txt: cannot write"),
-    (["inspect", "--pairing", "interleaved", "--no-interleaved"], "argument --interleaved/--no-interleaved: not allowed with argument --pairing"),
+    (
+        ["inspect", "--pairing", "interleaved", "--no-interleaved"],
+        "argument --interleaved/--no-interleaved: not allowed with argument --pairing",
+    ),
     (["inspect", "--pairing", "pairs"], "argument --pairing: invalid choice: 'pairs'"),
     (["verify", "--axial", "flux", "--pairing", "half"], "drop --pairing"),
     (["plot", "scaling", "--pairing", "half"], "--pairing describe a configuration"),
@@ -203,19 +271,44 @@ BAD = [
     (["inspect", "-o", ""], "argument -o/--out: must name a file or directory, got ''"),
     (["inspect", ""], "CONFIG '' names no file"),
     (["inspect", "no_such.json"], "no_such.json: no such file"),
+    # a Hub id: no network, so say where its config.json is and what to pass
+    (
+        ["inspect", "meta-llama/Llama-3.1-8B-Instruct"],
+        "meta-llama/Llama-3.1-8B-Instruct is not a file here; if it is a "
+        "Hugging Face Hub id, rotary reads no network: download "
+        "https://huggingface.co/meta-llama/Llama-3.1-8B-Instruct/resolve/main/config.json and pass that config.json",
+    ),
+    (
+        ["verify", "Qwen/Qwen2.5-7B-Instruct"],
+        "https://huggingface.co/Qwen/Qwen2.5-7B-Instruct/resolve/main/config.json",
+    ),
+    (["inspect", "models/missing.json"], "models/missing.json: no such file"),
     (["inspect", "."], ". is a directory without a config.json"),
     (["inspect", "--head-dim", "-1e16"], "must be written --head-dim=VALUE"),
-    (["inspect", str(FIXTURES / "llama3_1.json"), "--layer-type", "sliding_attention"], "has one RoPE block for every layer"),
-    (["inspect", str(FIXTURES / "llama3_1.json"), "--scaling", '{"rope_type": "longrope", "factor": 4, '
-      '"original_max_position_embeddings": 4096, "short_factor": [1, 1], "long_factor": [1, 1]}'],
-     "(settings from " + str(FIXTURES / "llama3_1.json") + " with --scaling)"),
+    (
+        ["inspect", str(FIXTURES / "llama3_1.json"), "--layer-type", "sliding_attention"],
+        "has one RoPE block for every layer",
+    ),
+    (
+        [
+            "inspect",
+            str(FIXTURES / "llama3_1.json"),
+            "--scaling",
+            '{"rope_type": "longrope", "factor": 4, '
+            '"original_max_position_embeddings": 4096, "short_factor": [1, 1], "long_factor": [1, 1]}',
+        ],
+        "(settings from " + str(FIXTURES / "llama3_1.json") + " with --scaling)",
+    ),
     (["plot", "decay", "--head-dim", "2048"], "argument --head-dim: must be at most 1024"),
     (["plot", "decay", "--measured", "--samples", "65536", "--max-distance", "65536"], "GiB of vectors at once"),
     (["verify", "--seed", "-1"], "argument --seed: must be an integer seed in 0 .. 2**63 - 1, got -1"),
     (["verify", "--seq-len", "4096"], "argument --seq-len: must be at most 2048"),
     (["bench", "--threads", "100000"], "argument --threads: must be at most"),
     (["plot", "scaling", "--no-interleaved"], "--no-interleaved describe a configuration"),
-    (["inspect", "--no-interleaved", "--scaling", '{"rope_type": "yarn"}'], "(settings from --scaling, --no-interleaved)"),
+    (
+        ["inspect", "--no-interleaved", "--scaling", '{"rope_type": "yarn"}'],
+        "(settings from --scaling, --no-interleaved)",
+    ),
 ]
 
 
@@ -254,7 +347,19 @@ def test_inspect_length_dependent_types(capsys):
     assert [p["factor"] for p in out["pairs"]] == pytest.approx(long_factor, rel=1e-5)
 
 
-@pytest.mark.parametrize("argv", [["inspect"], ["verify"], ["report"], ["plot"], ["demo"], ["bench"], ["build"], *[["plot", f] for f in ("decay", "frequencies", "scaling", "scores", "positions")]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["inspect"],
+        ["verify"],
+        ["report"],
+        ["plot"],
+        ["demo"],
+        ["bench"],
+        ["build"],
+        *[["plot", f] for f in ("decay", "frequencies", "scaling", "scores", "positions")],
+    ],
+)
 def test_help_exits_0(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         main([*argv, "--help"])
@@ -267,9 +372,17 @@ def test_help_exits_0(argv, capsys):
 #: Qwen2.5-7B-Instruct's published config.json (the RoPE-relevant values) with the yarn block its model
 #: card says to add for texts longer than 32768 tokens
 QWEN2_5_7B_INSTRUCT = {
-    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584, "num_attention_heads": 28,
-    "num_key_value_heads": 4, "num_hidden_layers": 28, "max_position_embeddings": 32768, "rope_theta": 1000000.0,
-    "sliding_window": 131072, "use_sliding_window": False, "vocab_size": 152064,
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 3584,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 28,
+    "max_position_embeddings": 32768,
+    "rope_theta": 1000000.0,
+    "sliding_window": 131072,
+    "use_sliding_window": False,
+    "vocab_size": 152064,
     "rope_scaling": {"factor": 4.0, "original_max_position_embeddings": 32768, "type": "yarn"},
 }
 
@@ -284,7 +397,9 @@ def test_inspect_qwen2_5_yarn_reports_the_context_the_block_enables(tmp_path, ca
     config.write_text(json.dumps(QWEN2_5_7B_INSTRUCT))
     out = inspect_json(capsys, str(config))
     assert out["context"] == 4 * 32768 == 131072
-    assert out["context_source"] == "factor 4 × original_max_position_embeddings 32768; max_position_embeddings is 32768"
+    assert (
+        out["context_source"] == "factor 4 × original_max_position_embeddings 32768; max_position_embeddings is 32768"
+    )
     assert out["rope_type"] == "yarn" and out["head_dim"] == 128
     assert main(["inspect", str(config)]) == 0
     text = capsys.readouterr().out
@@ -295,7 +410,10 @@ def test_inspect_qwen2_5_yarn_reports_the_context_the_block_enables(tmp_path, ca
 def test_inspect_context_is_max_position_embeddings_when_larger(capsys):
     out = inspect_json(capsys, str(FIXTURES / "llama3_1.json"))  # factor 8 × 8192 = 65536 < 131072
     assert out["context"] == 131072
-    assert out["context_source"] == "max_position_embeddings; factor 8 × original_max_position_embeddings 8192 = 65536 is not larger"
+    assert (
+        out["context_source"]
+        == "max_position_embeddings; factor 8 × original_max_position_embeddings 8192 = 65536 is not larger"
+    )
     out = inspect_json(capsys, str(FIXTURES / "llama3_1.json"), "--max-position", "1000")
     assert (out["context"], out["context_source"]) == (1000, "--max-position")
 
@@ -303,7 +421,9 @@ def test_inspect_context_is_max_position_embeddings_when_larger(capsys):
 def test_inspect_context_from_flags(capsys):
     yarn = '{"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 1024}'
     out = inspect_json(capsys, "--head-dim", "16", "--scaling", yarn)
-    assert out["context"] == 4096 and out["context_source"].startswith("factor 4 × original_max_position_embeddings 1024")
+    assert out["context"] == 4096 and out["context_source"].startswith(
+        "factor 4 × original_max_position_embeddings 1024"
+    )
     out = inspect_json(capsys, "--head-dim", "16")
     assert out["context"] == 4096 and out["context_source"].startswith("default")
 
@@ -321,7 +441,10 @@ def test_inspect_gemma3_shows_every_layer_type(capsys):
     assert main(["inspect", str(FIXTURES / "gemma3_nested.json")]) == 0
     text = capsys.readouterr().out
     assert text.index("layer type sliding_attention") < text.index("layer type full_attention")
-    assert "pairs of default RoPE (sliding_attention layers)" in text and "pairs of linear RoPE (full_attention layers)" in text
+    assert (
+        "pairs of default RoPE (sliding_attention layers)" in text
+        and "pairs of linear RoPE (full_attention layers)" in text
+    )
 
 
 def test_inspect_layer_type_picks_one(capsys):
@@ -333,15 +456,121 @@ def test_inspect_gemma3_4x_config_without_layer_types(tmp_path, capsys):
     """Gemma-3's 4.x files state rope_local_base_freq and a rope_scaling block for the global layers
     and name no layer types: transformers' names are used."""
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({
-        "model_type": "gemma3_text", "head_dim": 256, "hidden_size": 2560, "num_attention_heads": 8,
-        "max_position_embeddings": 131072, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
-        "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024,
-    }))
+    config.write_text(
+        json.dumps(
+            {
+                "model_type": "gemma3_text",
+                "head_dim": 256,
+                "hidden_size": 2560,
+                "num_attention_heads": 8,
+                "max_position_embeddings": 131072,
+                "rope_theta": 1000000.0,
+                "rope_local_base_freq": 10000.0,
+                "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                "sliding_window": 1024,
+            }
+        )
+    )
     out = inspect_json(capsys, str(config))
     assert {k: (v["rope_type"], v["base"]) for k, v in out["layer_types"].items()} == {
-        "sliding_attention": ("default", 10000.0), "full_attention": ("linear", 1000000.0),
+        "sliding_attention": ("default", 10000.0),
+        "full_attention": ("linear", 1000000.0),
     }
+
+
+GEMMA3 = [FIXTURES / "gemma3_nested.json", FIXTURES / "published" / "gemma-3-4b-it.json"]
+GEMMA3_TYPES = {"sliding_attention": ("default", 10000.0), "full_attention": ("linear", 1000000.0)}
+
+
+@pytest.mark.parametrize("config", GEMMA3, ids=lambda p: p.name)
+def test_verify_checks_every_layer_type(config, capsys, monkeypatch):
+    assert main(["verify", str(config), "--seq-len", "8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["passed"] is True and list(out["layer_types"]) == list(GEMMA3_TYPES)
+    for name, (rope_type, base) in GEMMA3_TYPES.items():
+        checks = out["layer_types"][name]
+        assert checks["layer_type"] == name and checks["passed"] is True and len(checks["checks"]) == 8
+        assert f"rope_type='{rope_type}'" in checks["rope"] and f"base={base:g}" in checks["rope"]
+    assert main(["verify", str(config), "--seq-len", "8"]) == 0
+    text = capsys.readouterr().out
+    assert text.index("layer type sliding_attention: verify") < text.index("layer type full_attention: verify")
+    # --layer-type picks one: the JSON of one configuration
+    assert main(["verify", str(config), "--layer-type", "full_attention", "--seq-len", "8", "--json"]) == 0
+    one = json.loads(capsys.readouterr().out)
+    assert one["layer_type"] == "full_attention" and "rope_type='linear'" in one["rope"]
+    # one failing layer type fails the command
+    from rotary.commands import verify as verify_cmd
+
+    real = verify_cmd.verify
+    monkeypatch.setattr(
+        verify_cmd,
+        "verify",
+        lambda rope, **k: (
+            real(rope, **k) if rope.freqs.rope_type == "default" else [analysis.Check("broken", 1.0, 0.0)]
+        ),
+    )
+    assert main(["verify", str(config), "--seq-len", "8", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert (
+        out["passed"],
+        out["layer_types"]["sliding_attention"]["passed"],
+        out["layer_types"]["full_attention"]["passed"],
+    ) == (False, True, False)
+
+
+@pytest.mark.parametrize("figure", ["scores", "positions"])
+def test_plot_scores_and_positions_draw_every_layer_type(figure, tmp_path, capsys):
+    config = str(GEMMA3[1])
+    assert main(["plot", figure, config, "--seq-len", "8", "-o", str(tmp_path / figure), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [Path(f).name for f in out["files"]] == [
+        f"{figure}_{t}.{ext}" for t in GEMMA3_TYPES for ext in ("png", "svg")
+    ]
+    assert_figures(out["files"], tmp_path)
+    assert list(out["layer_types"]) == list(GEMMA3_TYPES)
+    if figure == "scores":  # the two layer types rotate differently: their logits differ
+        logits = [out["layer_types"][t]["logit_by_distance"] for t in GEMMA3_TYPES]
+        assert logits[0][0] == pytest.approx(logits[1][0]) and logits[0][5] != pytest.approx(logits[1][5])
+    assert (
+        main(
+            [
+                "plot",
+                figure,
+                config,
+                "--layer-type",
+                "sliding_attention",
+                "--seq-len",
+                "8",
+                "-o",
+                str(tmp_path / "one"),
+                "--json",
+            ]
+        )
+        == 0
+    )
+    assert [Path(f).name for f in json.loads(capsys.readouterr().out)["files"]] == ["one.png", "one.svg"]
+
+
+@pytest.mark.slow
+def test_report_has_one_section_per_layer_type(tmp_path, capsys):
+    assert main(["report", str(GEMMA3[1]), "-o", str(tmp_path / "rep"), "--seq-len", "8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    names = {Path(f).name for f in out["files"]}
+    for t, (rope_type, _) in GEMMA3_TYPES.items():
+        assert {f"decay_{t}.png", f"scores_{t}.svg", f"positions_{t}.png", f"scaling_{rope_type}_{t}.png"} <= names
+    assert out["verify_passed"] is True
+    numbers = json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert list(numbers["layer_types"]) == list(GEMMA3_TYPES) and numbers["verify"]["passed"] is True
+    for t, (rope_type, base) in GEMMA3_TYPES.items():
+        assert (numbers["layer_types"][t]["inspect"]["rope_type"], numbers["layer_types"][t]["inspect"]["base"]) == (
+            rope_type,
+            base,
+        )
+    page_text = (tmp_path / "rep" / "report.html").read_text(encoding="utf-8")
+    page = _Images()
+    page.feed(page_text)
+    assert len(page.srcs) == 10  # five figures per layer type, all embedded
+    assert page_text.index("layer type sliding_attention") < page_text.index("layer type full_attention")
 
 
 # CONFIG and flags combine: the flags override the file -----------------------------------------
@@ -410,7 +639,10 @@ def test_report_into_an_existing_file_is_an_error(tmp_path, capsys):
     existing = tmp_path / "existing"
     existing.write_text("keep me")
     assert main(["report", "--head-dim", "8", "-o", str(existing)]) == 2
-    assert capsys.readouterr().err == f"rotary report: error: -o {existing}: {existing} exists and is not a directory; choose another -o\n"
+    assert (
+        capsys.readouterr().err
+        == f"rotary report: error: -o {existing}: {existing} exists and is not a directory; choose another -o\n"
+    )
     assert existing.read_text() == "keep me"
 
 
@@ -432,7 +664,16 @@ def test_plot_into_a_read_only_directory(tmp_path, capsys, monkeypatch):
 
 def test_every_command_has_out_and_json():
     leaves = list(leaf_parsers().items())
-    assert {name for name, _ in leaves} >= {"demo", "inspect", "verify", "report", "bench", "build", "plot decay", "plot scaling"}
+    assert {name for name, _ in leaves} >= {
+        "demo",
+        "inspect",
+        "verify",
+        "report",
+        "bench",
+        "build",
+        "plot decay",
+        "plot scaling",
+    }
     for name, parser in leaves:
         options = {s for a in parser._actions for s in a.option_strings}
         assert {"-o", "--out", "--json"} <= options, name
@@ -459,3 +700,23 @@ def test_inspect_header_shows_sequence_parameters_by_length(capsys):
     header = " ".join(capsys.readouterr().out.split("pairs of")[0].split())  # rich wraps long lines
     assert "short_factor=[48 values]" in header and "long_factor=[48 values]" in header
     assert "(1.0" not in header and "1.0, 1.0" not in header
+
+
+def test_every_subcommand_help_has_a_one_line_summary_and_an_example_that_parses():
+    import shlex
+
+    from helpers import leaf_parsers
+    from rotary.cli import EXAMPLES, build_parser
+
+    leaves = leaf_parsers()
+    assert set(EXAMPLES) == set(leaves)
+    for name, parser in leaves.items():
+        text = parser.format_help()
+        description = text.split("\n\n")[1]  # after the usage
+        assert description.startswith(f"rotary {name}: ") and description.endswith("."), (name, description)
+        assert ". " not in " ".join(description.split()), (name, description)  # one sentence
+        assert text.rstrip().endswith(f"example:\n  {EXAMPLES[name]}"), name
+        argv = shlex.split(EXAMPLES[name])
+        assert argv[0] == "rotary" and " ".join(argv[1 : 1 + len(name.split())]) == name, name
+        args = build_parser().parse_args(argv[1:])
+        assert args._parser is parser or args._parser.prog == parser.prog, name

@@ -31,6 +31,29 @@ def test_main_returns_2_for_bad_values(capsys):
     assert "head_dim must be even (channels rotate in pairs), got head_dim=7" in capsys.readouterr().err
 
 
+def test_an_error_rotary_did_not_raise_keeps_its_traceback(monkeypatch, capsys):
+    """Only rotary's own checks of the user's input become one-line errors; a ValueError or TypeError
+    from elsewhere (torch, the standard library) is a bug and must reach the user with its traceback."""
+    import pytest
+    import torch
+
+    from rotary.commands import demo
+
+    def torch_bug(args):
+        return torch.ones(2) + "a"  # TypeError raised inside torch
+
+    def stdlib_bug(args):
+        return int("seven")  # ValueError raised by the standard library
+
+    for bug, kind in ((torch_bug, TypeError), (stdlib_bug, ValueError)):
+        monkeypatch.setattr(demo, "_demo", bug)
+        with pytest.raises(kind):
+            main(["demo"])
+        assert "error:" not in capsys.readouterr().err
+    monkeypatch.undo()
+    assert main(["demo", "--head-dim", "7"]) == 2  # rotary's own check is still one line
+
+
 def test_missing_optional_package_is_one_line_not_a_traceback(monkeypatch, capsys):
     import sys
 
@@ -38,7 +61,12 @@ def test_missing_optional_package_is_one_line_not_a_traceback(monkeypatch, capsy
     monkeypatch.setitem(sys.modules, "rich.table", None)
     assert main(["inspect", "--head-dim", "16"]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "needs the optional package 'rich'" in err and "rotary[plot]" in err
+    assert (
+        err.count("\n") == 1
+        and "needs the optional package 'rich'" in err
+        and "pip install -e '.[plot]'" in err
+        and "rotary[plot]" not in err
+    )
 
 
 def test_bad_counts_are_usage_errors():
@@ -51,7 +79,9 @@ def test_bad_counts_are_usage_errors():
 def test_closed_pipe_is_not_a_traceback():
     proc = subprocess.Popen(
         [sys.executable, "-m", "rotary", "inspect", "--head-dim", "1024", "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=cli_env(),
     )
     proc.stdout.read(100)  # the reader goes away long before the ~120 kB of JSON (twice a pipe buffer) is written
     proc.stdout.close()

@@ -48,6 +48,7 @@ NOT_RUN = {
     ". .venv/bin/activate": "changes the shell's environment",
     "pip install torch==2.13.0": "installs packages",
     "pip install -e '.[plot]'": "installs packages",
+    "pip install ninja": "installs packages",
 }
 
 
@@ -108,7 +109,14 @@ def test_every_block_says_what_it_holds():
 
 def test_the_docs_have_code_to_check():
     assert len(PYTHON) >= 10 and len(CONSOLE) >= 4
-    assert {b.path.name for b in PYTHON} >= {"README.md", "core.md", "scaling.md", "experiment.md", "variants.md", "attention.md"}
+    assert {b.path.name for b in PYTHON} >= {
+        "README.md",
+        "core.md",
+        "scaling.md",
+        "experiment.md",
+        "variants.md",
+        "attention.md",
+    }
 
 
 @contextlib.contextmanager
@@ -254,7 +262,8 @@ def test_the_block_reader_finds_indented_code_and_output(tmp_path):
     found = [(b.language, b.line, b.body) for b in blocks(doc)]
     assert found == [  # "continued item" is a paragraph of the list item, not code
         ("indented", 3, "indented code\n"),
-        ("console", 9, "$ rotary demo \\\n    --json  # a comment\nout\n\n"), ("python", 16, "x = 1\n"),
+        ("console", 9, "$ rotary demo \\\n    --json  # a comment\nout\n\n"),
+        ("python", 16, "x = 1\n"),
     ]
     block = Block(doc, 9, "console", found[1][2])
     (command,) = commands(block)

@@ -31,6 +31,18 @@ def test_installation_states_the_versions_pyproject_and_the_makefile_use():
     assert f"Python {python} or newer" in install
     assert f"torch {torch_floor} and later" in install and f"torch {pinned}" in install
     assert f"transformers {transformers}" in install
-    for extra in re.findall(r"^(\w+) = \[", pyproject.split("[project.optional-dependencies]")[1].split("\n[")[0], flags=re.M):
+    for extra in re.findall(
+        r"^(\w+) = \[", pyproject.split("[project.optional-dependencies]")[1].split("\n[")[0], flags=re.M
+    ):
         assert f"`[{extra}]`" in install, f"the Installation section does not describe the [{extra}] extra"
     assert "rotary build" in install and "C++ compiler" in install and "pure-torch path" in install
+
+
+def test_the_docs_speak_to_users_not_to_the_project_tracker():
+    """Readers of the README and docs/ never saw the project's issues or seed notes: the docs cite
+    papers and articles by title and state requirements as what the code does."""
+    root = README.parent
+    for doc in [README, *sorted((root / "docs").glob("*.md"))]:
+        for number, line in enumerate(doc.read_text().splitlines(), 1):
+            found = re.search(r"\bthe issue\b|\bissue \d+\b|\bseed 0\d\d\b", line, flags=re.I)
+            assert not found, f"{doc.name}:{number} says {found.group(0)!r}; rephrase it for a user"

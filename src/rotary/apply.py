@@ -61,7 +61,9 @@ def _check_inputs(xs: Sequence[torch.Tensor], names: Sequence[str], packed: bool
                 "the result back"
             )
         if packed and x.dim() != 3:
-            raise ValueError(f"packed {name} (with cu_seqlens) must be 3-D [total_tokens, H, D], got shape {tuple(x.shape)}")
+            raise ValueError(
+                f"packed {name} (with cu_seqlens) must be 3-D [total_tokens, H, D], got shape {tuple(x.shape)}"
+            )
         if not packed and x.dim() != 4:
             raise ValueError(f"{name} must be 4-D ([B, H, S, D] or [B, S, H, D]), got shape {tuple(x.shape)}")
     for x, name in zip(xs[1:], names[1:]):
@@ -119,7 +121,9 @@ def shares_elements(a: torch.Tensor, b: torch.Tensor) -> bool:
     b_hi = b_lo + sum((n - 1) * abs(s) for n, s in zip(b.shape, b.stride()))
     if a_hi < b_lo or b_hi < a_lo:
         return False
-    if a.stride() == b.stride() and all(s > 0 or n == 1 for n, s in zip((*a.shape, *b.shape), (*a.stride(), *b.stride()))):
+    if a.stride() == b.stride() and all(
+        s > 0 or n == 1 for n, s in zip((*a.shape, *b.shape), (*a.stride(), *b.stride()))
+    ):
         found = _same_stride_overlap(a.shape, b.shape, a.stride(), b_lo - a_lo)
         if found is not None:
             return found
@@ -228,7 +232,12 @@ def rotate(
     """
     if type(xs) not in (list, tuple):
         xs = _as_tensor_list(xs)
-    if len(xs) == 2 and type(inplace) is bool and type(tables) is RotaryTables and (kinds is None or len(kinds) == 2 and all(k in ("q", "k") for k in kinds)):
+    if (
+        len(xs) == 2
+        and type(inplace) is bool
+        and type(tables) is RotaryTables
+        and (kinds is None or len(kinds) == 2 and all(k in ("q", "k") for k in kinds))
+    ):
         fast = _fast_pair(xs[0], xs[1], tables, layout, inplace)
         if fast is not None:
             return fast
@@ -251,17 +260,23 @@ def rotate(
                     f"S={x.shape[seq_dim]} for {name} (layout {layout!r})"
                 )
             if x.shape[batch_dim] != x0.shape[batch_dim] or x.shape[-1] != x0.shape[-1]:
-                raise ValueError(f"{name} has shape {tuple(x.shape)} but {names[0]} has {tuple(x0.shape)}: need the same B, S and D")
+                raise ValueError(
+                    f"{name} has shape {tuple(x.shape)} but {names[0]} has {tuple(x0.shape)}: need the same B, S and D"
+                )
         batch, seq_len = x0.shape[batch_dim], x0.shape[seq_dim]
     else:
         for x, name in zip(xs[1:], names[1:]):
             if x.shape[0] != x0.shape[0] or x.shape[-1] != x0.shape[-1]:
-                raise ValueError(f"{name} has shape {tuple(x.shape)} but {names[0]} has {tuple(x0.shape)}: need the same tokens and D")
+                raise ValueError(
+                    f"{name} has shape {tuple(x.shape)} but {names[0]} has {tuple(x0.shape)}: need the same tokens and D"
+                )
         batch, seq_len = 1, x0.shape[0]
     head_dim = x0.shape[-1]
     r = tables.rotary_dim
     if r > head_dim:
-        raise ValueError(f"cos/sin rotate r={r} channels but x has head_dim={head_dim}; r must be even and 0 < r <= head_dim")
+        raise ValueError(
+            f"cos/sin rotate r={r} channels but x has head_dim={head_dim}; r must be even and 0 < r <= head_dim"
+        )
     if tables.cos.device != x0.device:
         raise ValueError(f"cos/sin are on {tables.cos.device} but x is on {x0.device}; move them with .to(x.device)")
     if tables.heads is not None:
@@ -285,7 +300,13 @@ def rotate(
     key_flat = flat if tables.k_cos is None else _flatten(tables.key_tables(), tables, batch)
     chosen = [key_flat if kind == "k" else flat for kind in kinds]
     rotation = Rotation(
-        views, views, tuple(c[0] for c in chosen), tuple(c[1] for c in chosen), positions, batch_rows, tables.interleaved
+        views,
+        views,
+        tuple(c[0] for c in chosen),
+        tuple(c[1] for c in chosen),
+        positions,
+        batch_rows,
+        tables.interleaved,
     )
     targets = None
     if inplace and torch.is_grad_enabled() and not torch.compiler.is_compiling() and _needs_grad(xs, tables):
@@ -417,7 +438,9 @@ def _squeeze0(t: torch.Tensor) -> torch.Tensor:
     return t.squeeze(0)
 
 
-def _flatten(pair: tuple[torch.Tensor, torch.Tensor], tables: RotaryTables, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _flatten(
+    pair: tuple[torch.Tensor, torch.Tensor], tables: RotaryTables, batch: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's ``[N, r]`` (``[N, H, r]``) form of a pair of tables in ``tables``' addressing."""
     cos, sin = pair
     if tables.addressing == "per_token":
@@ -428,6 +451,15 @@ def _flatten(pair: tuple[torch.Tensor, torch.Tensor], tables: RotaryTables, batc
     if cos.stride(-1) != 1 or sin.stride() != cos.stride():
         cos, sin = cos.contiguous(), sin.contiguous()
     return cos, sin
+
+
+def _layout_hint(layout: str, shape: torch.Size, positions: int) -> str:
+    """The fix to add to a "positions do not fit" error when ``x`` fits the other 4-D layout."""
+    other = "bshd" if layout == "bhsd" else "bhsd"
+    if len(shape) != 4 or layout not in LAYOUTS or shape[LAYOUTS[other][1]] != positions:
+        return ""
+    dims = "[B, S, H, D]" if other == "bshd" else "[B, H, S, D]"
+    return f"; if x is {dims}, pass layout={other!r}"
 
 
 def _addressing(
@@ -442,12 +474,16 @@ def _addressing(
         assert rows is not None
         if packed:
             if rows.dim() != 1 or rows.shape[0] != seq_len:
-                raise ValueError(f"with packed x [{seq_len}, H, D], position_ids must be [{seq_len}], got shape {tuple(rows.shape)}")
+                raise ValueError(
+                    f"with packed x [{seq_len}, H, D], position_ids must be [{seq_len}], got shape {tuple(rows.shape)}"
+                )
             positions = rows.unsqueeze(0)
         else:
             if rows.shape[-1] != seq_len or (rows.dim() == 2 and rows.shape[0] not in (1, batch)):
+                hint = _layout_hint(layout, shape, rows.shape[-1])
                 raise ValueError(
-                    f"position_ids of shape {tuple(rows.shape)} do not fit {where} with B={batch}, S={seq_len}; use [S] or [B, S]"
+                    f"position_ids of shape {tuple(rows.shape)} do not fit {where} with B={batch}, S={seq_len}; "
+                    f"use [S] or [B, S]{hint}"
                 )
             positions = rows.expand(batch, seq_len)
         return positions, 0, _flatten((tables.cos, tables.sin), tables, batch)
@@ -458,7 +494,8 @@ def _addressing(
         )
     seq_axis = cos.dim() - (2 if tables.heads is None else 3)
     if cos.shape[seq_axis] != seq_len:
-        raise ValueError(f"cos/sin cover S={cos.shape[seq_axis]} positions but {where} has S={seq_len}")
+        hint = _layout_hint(layout, shape, cos.shape[seq_axis])
+        raise ValueError(f"cos/sin cover S={cos.shape[seq_axis]} positions but {where} has S={seq_len}{hint}")
     if mode == "per_token":
         if cos.shape[0] not in (1, batch):
             raise ValueError(f"cos/sin have batch {cos.shape[0]} but x has batch {batch} (layout {layout!r})")
@@ -493,10 +530,14 @@ def _raw_tables(
     found = None
     if cu_seqlens is not None:
         if not packed:
-            raise ValueError(f"packed x (with cu_seqlens) must be 3-D [total_tokens, H, D], got {seq_len} tokens in a batch of {batch}")
+            raise ValueError(
+                f"packed x (with cu_seqlens) must be 3-D [total_tokens, H, D], got {seq_len} tokens in a batch of {batch}"
+            )
         found = P.from_cu_seqlens(cu_seqlens.to(device), tokens, max_seqlen=max_seqlen)
         if seqlen_offsets is not None:
-            sequence = torch.searchsorted(cu_seqlens.to(device=device, dtype=torch.int64)[1:], torch.arange(tokens, device=device), right=True)
+            sequence = torch.searchsorted(
+                cu_seqlens.to(device=device, dtype=torch.int64)[1:], torch.arange(tokens, device=device), right=True
+            )
             offsets = _offsets(seqlen_offsets, cu_seqlens.numel() - 1, device)
             found = P.from_ids(found.ids + offsets[sequence], packed=True)
     elif position_ids is not None:
@@ -513,7 +554,9 @@ def _raw_tables(
             raise ValueError(f"{what}, cos/sin must be tables [T, r] indexed by position, got shape {tuple(cos.shape)}")
         if validate and found.bound is not None and found.bound > cos.shape[0]:
             if cu_seqlens is not None and seqlen_offsets is None:
-                raise ValueError(f"a packed sequence has {found.bound} tokens but the cos/sin tables have only {cos.shape[0]} rows")
+                raise ValueError(
+                    f"a packed sequence has {found.bound} tokens but the cos/sin tables have only {cos.shape[0]} rows"
+                )
             raise ValueError(
                 f"position_ids reach position {found.bound - 1} but the cos/sin tables have only {cos.shape[0]} rows; "
                 f"build tables for at least {found.bound} positions (RoPE.cos_sin(torch.arange({found.bound})))"
@@ -529,10 +572,14 @@ def _offsets(seqlen_offsets: int | torch.Tensor, count: int, device: torch.devic
     """``seqlen_offsets`` as int64 ``[count]`` (an int for all sequences, or one per sequence), >= 0."""
     if isinstance(seqlen_offsets, torch.Tensor):
         if seqlen_offsets.dim() != 1 or seqlen_offsets.shape[0] != count:
-            raise ValueError(f"seqlen_offsets must be an int or an integer tensor [{count}] (one per sequence), got shape {tuple(seqlen_offsets.shape)}")
+            raise ValueError(
+                f"seqlen_offsets must be an int or an integer tensor [{count}] (one per sequence), got shape {tuple(seqlen_offsets.shape)}"
+            )
         offsets = P.from_ids(seqlen_offsets, name="seqlen_offsets").ids.to(device)
     else:
-        offsets = torch.full((count,), check_int(seqlen_offsets, "seqlen_offsets", minimum=0), dtype=torch.int64, device=device)
+        offsets = torch.full(
+            (count,), check_int(seqlen_offsets, "seqlen_offsets", minimum=0), dtype=torch.int64, device=device
+        )
     return offsets
 
 
@@ -562,6 +609,12 @@ def apply_rotary(
     head_dim: int | None = None,
 ) -> torch.Tensor:
     """Rotate the first ``r = cos.shape[-1]`` channels of ``x``; the rest pass through unchanged.
+
+    Mind the layout: a 4-D ``x`` is read as ``[B, H, S, D]`` (``layout="bhsd"``, Hugging Face's) unless
+    ``layout="bshd"`` says ``[B, S, H, D]`` (flash-attn's). When the tables' positions do not match the
+    sequence axis, the error names the layout that would fit; when ``S == H`` no check can tell the
+    two apart and a wrong layout rotates the heads axis instead, so pass ``layout`` whenever ``x`` is
+    not ``[B, H, S, D]``.
 
     Ways to say which position each token has:
 
@@ -619,6 +672,9 @@ def apply_rotary(
         >>> cos, sin = rope.cos_sin(torch.arange(16))
         >>> apply_rotary(q, cos, sin).shape
         torch.Size([1, 8, 16, 64])
+        >>> q_bshd = q.transpose(1, 2)  # [B, S, H, D], flash-attn's layout
+        >>> torch.equal(apply_rotary(q_bshd, cos, sin, layout="bshd"), apply_rotary(q, cos, sin).transpose(1, 2))
+        True
         >>> packed = torch.randn(5 + 3, 8, 64)  # two sequences of 5 and 3 tokens
         >>> cu_seqlens = torch.tensor([0, 5, 8])
         >>> out = apply_rotary(packed, cos, sin, cu_seqlens=cu_seqlens)
@@ -724,7 +780,9 @@ def apply_rotary_qkv_(
     if num_heads_q is None:
         if qkv.dim() != lead + 3 or qkv.shape[lead] != 3:
             want = "[T, 3, H, D]" if packed else "[B, S, 3, H, D]"
-            raise ValueError(f"qkv must be {want} (or pass num_heads_q for [..., Hq + 2 * Hk, D]), got shape {tuple(qkv.shape)}")
+            raise ValueError(
+                f"qkv must be {want} (or pass num_heads_q for [..., Hq + 2 * Hk, D]), got shape {tuple(qkv.shape)}"
+            )
         q, k = qkv.select(lead, 0), qkv.select(lead, 1)
     else:
         check_positive_int(num_heads_q, "num_heads_q")
@@ -764,11 +822,15 @@ def apply_rotary_kv_(
     if kv.dim() != lead + 3 or kv.shape[lead] != 2:
         want = "[T, 2, H, D]" if cu_seqlens is not None else "[B, S, 2, H, D]"
         raise ValueError(f"kv must be {want}, got shape {tuple(kv.shape)}")
-    _rotate_packed_pair([kv.select(lead, 0)], cos, sin, None, None, interleaved, validate, seqlen_offsets, cu_seqlens, max_seqlen)
+    _rotate_packed_pair(
+        [kv.select(lead, 0)], cos, sin, None, None, interleaved, validate, seqlen_offsets, cu_seqlens, max_seqlen
+    )
     return kv
 
 
-def _rotate_packed_pair(xs, cos, sin, cos_k, sin_k, interleaved, validate, seqlen_offsets, cu_seqlens, max_seqlen) -> None:
+def _rotate_packed_pair(
+    xs, cos, sin, cos_k, sin_k, interleaved, validate, seqlen_offsets, cu_seqlens, max_seqlen
+) -> None:
     """Rotate q (and k) views ``[B, S, H, D]`` / ``[T, H, D]`` in place; the last view uses the key tables."""
     x0 = xs[0]
     packed = cu_seqlens is not None
@@ -800,7 +862,14 @@ def check_tables(cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool, rto
         >>> cos, sin = RoPE(8, interleaved=True).cos_sin(torch.arange(4))
         >>> check_tables(cos, sin, interleaved=True)  # passes
     """
-    if not (isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor)) or cos.shape != sin.shape or cos.shape[-1:] == (0,) or (cos.dim() and cos.shape[-1] % 2):
+    if (
+        not (isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor))
+        or cos.shape != sin.shape
+        or cos.shape[-1:] == (0,)
+        or (cos.dim() and cos.shape[-1] % 2)
+    ):
         shapes = tuple(getattr(cos, "shape", ())), tuple(getattr(sin, "shape", ()))
         raise ValueError(f"cos/sin must share a shape [..., r] with r even, got {shapes[0]}, {shapes[1]}")
-    RotaryTables.unchecked(cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1]), bool(interleaved)).check(sample=None, rtol=rtol)
+    RotaryTables.unchecked(cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1]), bool(interleaved)).check(
+        sample=None, rtol=rtol
+    )

@@ -100,7 +100,9 @@ def test_rotary_build_exits_1_with_the_reason(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(cpp_extension, "load", no_compiler)
     assert main(["build"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("rotary build: error: the fused CPU kernel cannot be built (RuntimeError: c++: command not found)")
+    assert err[-1].startswith(
+        "rotary build: error: the fused CPU kernel cannot be built (RuntimeError: c++: command not found)"
+    )
     assert "Traceback" not in "\n".join(err)
 
 
@@ -108,7 +110,9 @@ def test_build_in_a_subprocess_with_python_m(tmp_path):
     """``python -m rotary build`` against the real cache: the kernel the test suite already uses."""
     extension.build_cpu_extension()  # cached by the suite's first kernel call (a minute otherwise)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    done = subprocess.run([sys.executable, "-m", "rotary", "build"], capture_output=True, text=True, env=env, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "rotary", "build"], capture_output=True, text=True, env=env, timeout=600
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("fused CPU kernel already built: ") and done.stderr == ""
     assert Path(done.stdout.splitlines()[0].split(": ", 1)[1]).is_file()
@@ -118,3 +122,31 @@ def test_build_name_differs_per_torch_installation(monkeypatch):
     name = extension._build_name()
     monkeypatch.setattr(torch, "__file__", "/another/env/site-packages/torch/__init__.py")
     assert extension._build_name() != name
+
+
+QUICK_ROPE = "import torch, rotary; q = torch.randn(1, 2, 4, 8); rotary.RoPE(8)(q, q); print('rotated')"
+
+
+def _stderr_of_first_use(tmp_path, **env: str) -> str:
+    """stderr of a fresh process's first rope(q, k), with an empty kernel cache."""
+    from helpers import cli_env
+
+    environment = {**cli_env(), "ROTARY_CACHE_DIR": str(tmp_path / "cache")}
+    environment.pop("ROTARY_NO_EXTENSION", None)
+    environment.update(env)
+    done = subprocess.run(
+        [sys.executable, "-c", QUICK_ROPE], env=environment, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and done.stdout == "rotated\n", done.stderr
+    return done.stderr
+
+
+def test_without_a_compiler_the_fallback_says_so_in_one_line(tmp_path):
+    err = _stderr_of_first_use(tmp_path, CXX=str(tmp_path / "no-such-compiler"))
+    assert len(err.splitlines()) == 1, err
+    assert "fused CPU kernel is unavailable" in err and "no C++ compiler" in err and "no-such-compiler" in err
+    assert "ROTARY_NO_EXTENSION=1" in err and "building" not in err
+
+
+def test_rotary_no_extension_is_silent(tmp_path):
+    assert _stderr_of_first_use(tmp_path, ROTARY_NO_EXTENSION="1") == ""

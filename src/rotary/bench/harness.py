@@ -40,6 +40,7 @@ __all__ = [
     "make_inputs",
     "run",
     "format_table",
+    "installed",
 ]
 
 
@@ -87,12 +88,22 @@ class Inputs:
 
 @dataclass(frozen=True)
 class Method:
-    """One timed way of rotating q and k. ``backward``: the call runs forward and backward."""
+    """One timed way of rotating q and k. ``backward``: the call runs forward and backward.
+
+    ``requires``: the module an optional package installs that the method imports (e.g.
+    ``"transformers"``); when it cannot be imported, ``rotary bench`` leaves the method out and says so
+    in one line on stderr.
+
+    Example:
+        >>> Method("clone q and k", lambda inputs: lambda: (inputs.q.clone(), inputs.k.clone())).requires
+        ''
+    """
 
     name: str
     make: Callable[[Inputs], Callable[[], object]]
     backward: bool = False
     note: str = ""
+    requires: str = ""
 
 
 @dataclass
@@ -304,16 +315,21 @@ def run(options: argparse.Namespace) -> tuple[dict[str, Any], list[Result]]:
             registered = ", ".join(sorted(SUITES)) or "none (add one with --cases FILE.py)"
             raise ValueError(f"--suites: unknown suite {unknown[0]!r}; registered suites: {registered}")
     machine = _machine()
-    machine["fused_cpu_kernel"] = "loaded" if load_cpu_extension() is not None else f"unavailable: {cpu_extension_error()}"
+    machine["fused_cpu_kernel"] = (
+        "loaded" if load_cpu_extension() is not None else f"unavailable: {cpu_extension_error()}"
+    )
     shapes = QUICK_SHAPES if options.quick else SHAPES
     if options.shapes:
         wanted = set(options.shapes.split(","))
         shapes = [s for s in SHAPES + QUICK_SHAPES if s.name in wanted]
         if not shapes:
-            raise ValueError(f"--shapes {options.shapes!r} names no shape; choose from {[s.name for s in SHAPES + QUICK_SHAPES]}")
+            raise ValueError(
+                f"--shapes {options.shapes!r} names no shape; choose from {[s.name for s in SHAPES + QUICK_SHAPES]}"
+            )
     methods = [m for m in METHODS if not (options.quick and "torch.compile" in m.name and not options.compile)]
     if options.no_compile:
         methods = [m for m in methods if "torch.compile" not in m.name]
+    methods = _without_missing_packages(methods)
     results: list[Result] = []
     # memory is measured after all timing, so the profiler that records allocations never overlaps a timed call
     memory_work: list[tuple[list[Result], list[Method], dict]] = []
@@ -347,6 +363,35 @@ def run(options: argparse.Namespace) -> tuple[dict[str, Any], list[Result]]:
     return machine, results
 
 
+def installed(module: str) -> bool:
+    """Whether ``module`` (an optional package, e.g. ``"transformers"``) can be imported.
+
+    Example:
+        >>> installed("torch"), installed("no_such_package_for_rotary")
+        (True, False)
+    """
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
+def _without_missing_packages(methods: list[Method]) -> list[Method]:
+    """``methods`` less those whose package is not installed, named in one line on stderr."""
+    missing: dict[str, list[str]] = {}
+    for m in methods:
+        if m.requires and (m.requires in missing or not installed(m.requires)):
+            names = missing.setdefault(m.requires, [])
+            if m.name not in names:
+                names.append(m.name)
+    if missing:
+        skipped = "; ".join(f"{', '.join(names)} (needs {module})" for module, names in missing.items())
+        install = " ".join(module.replace("_", "-") for module in missing)
+        print(f"rotary bench: skipped, not installed: {skipped}; add them with: pip install {install}", file=sys.stderr)
+    return [m for m in methods if m.requires not in missing]
+
+
 def _load_cases(path: str) -> None:
     file = Path(path)
     if not file.is_file():
@@ -358,7 +403,9 @@ def _load_cases(path: str) -> None:
     try:
         spec.loader.exec_module(module)
     except SystemExit as exc:  # sys.exit() in the user's file must not end the benchmark with its status
-        raise ValueError(f"--cases {path}: importing it called sys.exit({exc.code!r}); a cases file only registers") from None
+        raise ValueError(
+            f"--cases {path}: importing it called sys.exit({exc.code!r}); a cases file only registers"
+        ) from None
     except Exception as exc:  # the user's file: say which one and what it raised, no traceback
         raise ValueError(f"--cases {path}: importing it raised {type(exc).__name__}: {exc}") from None
 
@@ -404,28 +451,29 @@ def format_table(machine: dict[str, Any], results: list[Result], markdown: bool 
     groups: dict[str, list[Result]] = {}
     for r in results:
         groups.setdefault(r.group, []).append(r)
-    header = ["method", "pass", "median", "x in-place pass", "x copy (fwd+bwd: two)", "vs HF eager", "extra peak MiB"]
     for group, rows in groups.items():
+        versus_hf = any("HF eager speedup" in r.ratios for r in rows)  # not without transformers
+        header = ["method", "pass", "median", "x in-place pass", "x copy (fwd+bwd: two)"]
+        header += ["vs HF eager"] * versus_hf + ["extra peak MiB"]
         table = []
         for r in rows:
             mem = "" if r.extra_peak_bytes is None else f"{r.extra_peak_bytes / 2**20:.1f}"
-            table.append(
-                [
-                    r.method + (f" ({r.note})" if r.note else ""),
-                    "fwd+bwd" if r.backward else "fwd",
-                    _fmt_time(r.median_s),
-                    f"{r.ratios['x in-place pass']:.2f}" if "x in-place pass" in r.ratios else "",
-                    f"{r.ratios['x copy']:.2f}" if "x copy" in r.ratios else "",
-                    _versus_hf(r.ratios["HF eager speedup"]) if "HF eager speedup" in r.ratios else "",
-                    mem,
-                ]
-            )
+            row = [
+                r.method + (f" ({r.note})" if r.note else ""),
+                "fwd+bwd" if r.backward else "fwd",
+                _fmt_time(r.median_s),
+                f"{r.ratios['x in-place pass']:.2f}" if "x in-place pass" in r.ratios else "",
+                f"{r.ratios['x copy']:.2f}" if "x copy" in r.ratios else "",
+            ]
+            if versus_hf:
+                row.append(_versus_hf(r.ratios["HF eager speedup"]) if "HF eager speedup" in r.ratios else "")
+            table.append([*row, mem])
         lines.append("")
         if markdown:
             lines.append(f"### {group}")
             lines.append("")
             lines.append("| " + " | ".join(header) + " |")
-            lines.append("|" + "|".join(["---"] + ["---"] + ["---:"] * 5) + "|")
+            lines.append("|" + "|".join(["---"] + ["---"] + ["---:"] * (len(header) - 2)) + "|")
             lines.extend("| " + " | ".join(row) + " |" for row in table)
         else:
             lines.append(group)

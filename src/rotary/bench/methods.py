@@ -14,11 +14,13 @@ from .harness import (
     Inputs,
     Method,
     Result,
+    installed,
     register_suite,
     time_interleaved,
 )
 
 __all__: list[str] = []
+
 
 def _fwd_bwd(forward: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]], inp: Inputs):
     q, k = inp.q.detach().clone().requires_grad_(), inp.k.detach().clone().requires_grad_()
@@ -61,7 +63,9 @@ _HF_COMPILED = None
 def _complex_form(inp: Inputs) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     """Meta LLaMA's form: pairs (2i, 2i+1) as complex numbers times a precomputed ``freqs_cis``."""
     S = inp.shape.seq_len
-    freqs_cis = torch.polar(torch.ones(S, inp.shape.head_dim // 2), torch.outer(torch.arange(S).float(), inp.rope.inv_freq))
+    freqs_cis = torch.polar(
+        torch.ones(S, inp.shape.head_dim // 2), torch.outer(torch.arange(S).float(), inp.rope.inv_freq)
+    )
 
     def forward(q, k):
         out = []
@@ -127,6 +131,10 @@ def _two_copies(inp: Inputs):
     return lambda: (inp.q.clone(), inp.k.clone(), inp.grad_q.clone(), inp.grad_k.clone())
 
 
+#: the optional packages of the baselines (in the [dev] extra); a method needing one is skipped without it
+HF, RET = "transformers", "rotary_embedding_torch"
+
+
 def _builtin_methods() -> list[Method]:
     return [
         Method("limit: in-place pass (mul_)", lambda i: lambda: (i.q.mul_(1.0), i.k.mul_(1.0))),
@@ -134,9 +142,9 @@ def _builtin_methods() -> list[Method]:
         Method("rotary fused, in place", lambda i: lambda: i.rope(i.q, i.k, inplace=True)),
         Method("rotary fused, out of place", lambda i: lambda: i.rope(i.q, i.k)),
         Method("rotary pure-torch path", lambda i: (lambda f: lambda: f(i.q, i.k))(_torch_path(i))),
-        Method("HF eager apply_rotary_pos_emb", lambda i: lambda: _hf()(i.q, i.k, i.hf_cos, i.hf_sin)),
-        Method("HF under torch.compile", lambda i: lambda: _hf_compiled()(i.q, i.k, i.hf_cos, i.hf_sin)),
-        Method("rotary-embedding-torch 0.9.1", lambda i: (lambda f: lambda: f(i.q, i.k))(_ret(i))),
+        Method("HF eager apply_rotary_pos_emb", lambda i: lambda: _hf()(i.q, i.k, i.hf_cos, i.hf_sin), requires=HF),
+        Method("HF under torch.compile", lambda i: lambda: _hf_compiled()(i.q, i.k, i.hf_cos, i.hf_sin), requires=HF),
+        Method("rotary-embedding-torch 0.9.1", lambda i: (lambda f: lambda: f(i.q, i.k))(_ret(i)), requires=RET),
         Method("complex form (Meta LLaMA)", lambda i: (lambda f: lambda: f(i.q, i.k))(_complex_form(i))),
         # forward + backward
         Method(TWO_COPIES, _two_copies, backward=True),
@@ -153,13 +161,15 @@ def _builtin_methods() -> list[Method]:
             "HF eager apply_rotary_pos_emb",
             lambda i: _fwd_bwd(lambda q, k: _hf()(q, k, i.hf_cos, i.hf_sin), i),
             backward=True,
+            requires=HF,
         ),
         Method(
             "HF under torch.compile",
             lambda i: _fwd_bwd(lambda q, k: _hf_compiled()(q, k, i.hf_cos, i.hf_sin), i),
             backward=True,
+            requires=HF,
         ),
-        Method("rotary-embedding-torch 0.9.1", lambda i: _fwd_bwd(_ret(i), i), backward=True),
+        Method("rotary-embedding-torch 0.9.1", lambda i: _fwd_bwd(_ret(i), i), backward=True, requires=RET),
         Method("complex form (Meta LLaMA)", lambda i: _fwd_bwd(_complex_form(i), i), backward=True),
     ]
 
@@ -197,26 +207,29 @@ def decode_suite(options) -> list[Result]:
         tables = rope.tables(ids)
         cos, sin = rope.cos_sin(ids)
         hf_cos, hf_sin = cos.to(dtype), sin.to(dtype)
-        apply = _hf()
+        apply = _hf() if installed(HF) else None  # without transformers: rotary's rows, no ratio
         calls = _decode_calls(rope, q, k, ids, tables, apply, hf_cos, hf_sin)
         medians = time_interleaved(calls, options.repeats)
-        hf = medians["HF eager apply_rotary_pos_emb"]
+        hf = medians.get("HF eager apply_rotary_pos_emb")
         group = f"decode step 1x32/8x1x128 at position {DECODE_POSITION} {name}"
         for method, median in medians.items():
-            results.append(Result(group, method, False, median, options.repeats, ratios={"HF eager speedup": hf / median}))
+            ratios = {"HF eager speedup": hf / median} if hf else {}
+            results.append(Result(group, method, False, median, options.repeats, ratios=ratios))
     return results
 
 
 def _decode_calls(rope, q, k, ids, tables, apply, hf_cos, hf_sin) -> dict[str, Callable[[], object]]:
     from ..apply import rotate
 
-    return {
+    calls = {
         "rope(q, k, offset=4096)": lambda: rope(q, k, offset=DECODE_POSITION),
         "rope(q, k, position_ids=[[4096]])": lambda: rope(q, k, position_ids=ids),
         "rope(q, k, offset=4096, inplace=True)": lambda: rope(q, k, offset=DECODE_POSITION, inplace=True),
         "rotary.rotate([q, k], tables once per forward)": lambda: rotate([q, k], tables, kinds=("q", "k")),
-        "HF eager apply_rotary_pos_emb": lambda: apply(q, k, hf_cos, hf_sin),
     }
+    if apply is not None:
+        calls["HF eager apply_rotary_pos_emb"] = lambda: apply(q, k, hf_cos, hf_sin)
+    return calls
 
 
 register_suite("decode", decode_suite)

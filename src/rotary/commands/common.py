@@ -22,6 +22,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +46,9 @@ __all__ = [
     "configurations",
     "count",
     "console",
+    "every_layer_type",
     "interleaved_from_args",
+    "layer_type_suffix",
     "output_directory",
     "output_path",
     "output_stem",
@@ -149,7 +152,12 @@ def add_output_argument(p: argparse.ArgumentParser, kind: str, default: str | No
     metavar = {"stem": "PATH", "dir": "DIR", "file": "FILE"}[kind]
     where = f"default {default}" if default else "default: stdout"
     p.add_argument(
-        "-o", "--out", type=output_path, metavar=metavar, default=default, help=f"{what} ({where}; directories are created)"
+        "-o",
+        "--out",
+        type=output_path,
+        metavar=metavar,
+        default=default,
+        help=f"{what} ({where}; directories are created)",
     )
     p.set_defaults(out_kind=kind)
 
@@ -160,7 +168,9 @@ def _make_directory(directory: Path, given: str) -> None:
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ValueError(f"-o {given}: cannot create the directory {directory} ({exc.strerror}); choose another -o") from None
+        raise ValueError(
+            f"-o {given}: cannot create the directory {directory} ({exc.strerror}); choose another -o"
+        ) from None
     if not os.access(directory, os.W_OK | os.X_OK):
         raise ValueError(f"-o {given}: the directory {directory} is not writable; choose another -o")
 
@@ -179,7 +189,9 @@ def output_stem(given: str, default_name: str) -> Path:
     for suffix in (".png", ".svg"):
         target = stem.with_name(stem.name + suffix)
         if target.is_dir():
-            raise ValueError(f"-o {given}: {target} is a directory; give a file stem such as {stem.parent / default_name}")
+            raise ValueError(
+                f"-o {given}: {target} is a directory; give a file stem such as {stem.parent / default_name}"
+            )
     return stem
 
 
@@ -218,7 +230,9 @@ def _scaling_json(text: str) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise argparse.ArgumentTypeError(f"not valid JSON ({exc.msg}): {text!r}") from None
     if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f'must be a JSON object such as \'{{"rope_type": "linear", "factor": 4}}\', got {text!r}')
+        raise argparse.ArgumentTypeError(
+            f'must be a JSON object such as \'{{"rope_type": "linear", "factor": 4}}\', got {text!r}'
+        )
     return value
 
 
@@ -244,25 +258,36 @@ def interleaved_from_args(args: argparse.Namespace) -> bool | None:
 def add_config_arguments(p: argparse.ArgumentParser, *, config: bool = True) -> None:
     """CONFIG (a Hugging Face config.json) and the flags that describe or override one."""
     if config:
-        p.add_argument("config", nargs="?", metavar="CONFIG", help="Hugging Face config.json (or a directory holding one)")
+        p.add_argument(
+            "config", nargs="?", metavar="CONFIG", help="Hugging Face config.json (or a directory holding one)"
+        )
         p.add_argument("--layer-type", help="per-layer rope parameters to use (e.g. 'sliding_attention')")
     g = p.add_argument_group("configuration (without CONFIG, or overriding it)")
     g.add_argument("--head-dim", type=head_dim_count, help=f"channels per head (default {FLAG_DEFAULTS['head_dim']})")
     g.add_argument("--base", type=positive_float, help=f"rope_theta (default {FLAG_DEFAULTS['base']:g})")
     g.add_argument("--rotary-dim", type=head_dim_count, help="channels rotated (default: head_dim)")
-    g.add_argument("--scaling", type=_scaling_json, metavar="JSON", help='replaces the scaling block, e.g. \'{"rope_type": "yarn", "factor": 4, ...}\'')
     g.add_argument(
-        "--max-position", type=length_count,
+        "--scaling",
+        type=_scaling_json,
+        metavar="JSON",
+        help='replaces the scaling block, e.g. \'{"rope_type": "yarn", "factor": 4, ...}\'',
+    )
+    g.add_argument(
+        "--max-position",
+        type=length_count,
         help="context length (default: what the scaling block enables, else max_position_embeddings, else 4096)",
     )
     pairing = g.add_mutually_exclusive_group()
     pairing.add_argument(
-        "--pairing", choices=PAIRINGS,
+        "--pairing",
+        choices=PAIRINGS,
         help="which channels rotate together: half = (i, i+d/2) as Hugging Face's Llama, interleaved = (2i, 2i+1) "
         "as the RoFormer paper and GPT-J (default: the architecture's, else half)",
     )
     pairing.add_argument(
-        "--interleaved", action=argparse.BooleanOptionalAction, default=None,
+        "--interleaved",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="the same as --pairing interleaved (--no-interleaved: --pairing half)",
     )
 
@@ -302,6 +327,11 @@ def _read(path: str, layer_type: str | None) -> RopeSettings:
     except IsADirectoryError:
         raise ValueError(f"{path} is a directory without a config.json; pass a config.json") from None
     except FileNotFoundError:
+        if re.fullmatch(r"[\w.-]+/[\w.-]+", path) and not path.endswith(".json"):  # e.g. meta-llama/Llama-3.1-8B
+            raise ValueError(
+                f"{path} is not a file here; if it is a Hugging Face Hub id, rotary reads no network: download "
+                f"https://huggingface.co/{path}/resolve/main/config.json and pass that config.json"
+            ) from None
         raise ValueError(f"{path}: no such file; pass a Hugging Face config.json or the folder holding one") from None
     except OSError as exc:
         raise ValueError(f"cannot read {path} ({exc.strerror or exc}); pass a readable config.json") from None
@@ -339,7 +369,9 @@ def _settings_per_layer_type(args: argparse.Namespace) -> list[tuple[str | None,
             except ConfigError:
                 same = False
             if same:  # the library ignores a layer type a one-block config does not know; here it was asked for
-                raise ValueError(f"--layer-type {layer_type}: {path} has one RoPE block for every layer; drop --layer-type")
+                raise ValueError(
+                    f"--layer-type {layer_type}: {path} has one RoPE block for every layer; drop --layer-type"
+                )
         return [(layer_type, settings)]
     except ConfigError as first:
         if layer_type is not None or not getattr(args, "all_layer_types", False):
@@ -382,8 +414,15 @@ def _context(scaling: dict[str, Any], max_position_embeddings: int | None, flag:
 
 
 #: the configuration flags, by their argparse dest
-_CONFIG_FLAGS = {"head_dim": "--head-dim", "base": "--base", "rotary_dim": "--rotary-dim", "scaling": "--scaling",
-                 "max_position": "--max-position", "interleaved": "--interleaved", "pairing": "--pairing"}
+_CONFIG_FLAGS = {
+    "head_dim": "--head-dim",
+    "base": "--base",
+    "rotary_dim": "--rotary-dim",
+    "scaling": "--scaling",
+    "max_position": "--max-position",
+    "interleaved": "--interleaved",
+    "pairing": "--pairing",
+}
 
 
 def flag_as_given(flag: str, value: Any) -> str:
@@ -420,7 +459,11 @@ def _build(settings: RopeSettings, args: argparse.Namespace, layer_type: str | N
         if "partial_rotary_factor" in scaling and "partial_rotary_factor" not in given:
             given["partial_rotary_factor"] = scaling["partial_rotary_factor"]
         rope_type = ROPE_TYPES.get(given.get("rope_type", given.get("type")))
-        if settings.max_position_embeddings and rope_type is not None and "max_position_embeddings" in rope_type.required | rope_type.optional:
+        if (
+            settings.max_position_embeddings
+            and rope_type is not None
+            and "max_position_embeddings" in rope_type.required | rope_type.optional
+        ):
             given.setdefault("max_position_embeddings", settings.max_position_embeddings)
         scaling = given
     if args.rotary_dim is not None:  # the flag replaces the file's rotated width, however it was given
@@ -429,10 +472,16 @@ def _build(settings: RopeSettings, args: argparse.Namespace, layer_type: str | N
     asked = interleaved_from_args(args)
     interleaved = settings.interleaved if asked is None else asked
     if head_dim > MAX_HEAD_DIM:
-        raise ValueError(f"head_dim {head_dim} of {args.config} is more than the {MAX_HEAD_DIM} channels these commands handle")
+        raise ValueError(
+            f"head_dim {head_dim} of {args.config} is more than the {MAX_HEAD_DIM} channels these commands handle"
+        )
     try:
         rope = RoPE(
-            head_dim, base=base, rotary_dim=rotary_dim, scaling=scaling or None, interleaved=interleaved,
+            head_dim,
+            base=base,
+            rotary_dim=rotary_dim,
+            scaling=scaling or None,
+            interleaved=interleaved,
             max_position=_CACHE_LENGTH,
         )
     except (ValueError, TypeError) as exc:  # say which of CONFIG and the flags gave the settings refused
@@ -478,6 +527,24 @@ def configurations(args: argparse.Namespace) -> list[Configuration]:
             raise ValueError("--layer-type needs a CONFIG")
         return [_build(_NO_FILE, args, None)]
     return [_build(settings, args, layer_type) for layer_type, settings in _settings_per_layer_type(args)]
+
+
+def every_layer_type(args: argparse.Namespace) -> list[Configuration]:
+    """:func:`configurations` with every layer type of a config that has one RoPE block per layer type
+    (Gemma-3's sliding and full attention), in the config's order; ``--layer-type`` picks one."""
+    return configurations(argparse.Namespace(**{**vars(args), "all_layer_types": True}))
+
+
+def layer_type_suffix(configuration: Configuration, count: int) -> str:
+    """``"_sliding_attention"`` for one of several layer types' outputs (file names), else ``""``.
+
+    Example:
+        >>> layer_type_suffix(Configuration(RoPE(8), 64, "", "full_attention"), 2)
+        '_full_attention'
+        >>> layer_type_suffix(Configuration(RoPE(8), 64, "", "full_attention"), 1)
+        ''
+    """
+    return f"_{configuration.layer_type}" if count > 1 and configuration.layer_type else ""
 
 
 def rope_from_args(args: argparse.Namespace) -> tuple[RoPE, int]:

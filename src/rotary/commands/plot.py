@@ -20,14 +20,15 @@ from .common import (
     config_label,
     configurations,
     count,
+    every_layer_type,
     flag_as_given,
     head_dim_count,
+    layer_type_suffix,
     length_count,
     output_directory,
     output_stem,
     positive_float,
     print_json,
-    rope_from_args,
     seed,
     seq_len_count,
 )
@@ -329,16 +330,28 @@ def _scaling(args: argparse.Namespace) -> int:
     return _announce(args, all_files, {"methods": methods})
 
 
+def _per_layer_type(args: argparse.Namespace, name: str, make) -> int:
+    """One figure, or one per layer type (``STEM_<layer type>``) for a config with one RoPE block per
+    layer type; ``make(stem, rope)`` draws one and returns (files, numbers)."""
+    found = every_layer_type(args)
+    stem = output_stem(args.out, name)
+    files: list[Path] = []
+    numbers: dict[str, Any] = {}
+    for c in found:
+        made, nums = make(stem.with_name(stem.name + layer_type_suffix(c, len(found))), c.rope)
+        files += made
+        numbers[c.layer_type] = nums
+    if len(found) == 1:
+        return _announce(args, files, next(iter(numbers.values())))
+    return _announce(args, files, {"layer_types": numbers})
+
+
 def _scores(args: argparse.Namespace) -> int:
-    out = output_stem(args.out, "scores")
-    files, numbers = make_scores(out, rope_from_args(args)[0], args.seq_len, args.q, args.k, args.seed)
-    return _announce(args, files, numbers)
+    return _per_layer_type(args, "scores", lambda stem, rope: make_scores(stem, rope, args.seq_len, args.q, args.k, args.seed))
 
 
 def _positions(args: argparse.Namespace) -> int:
-    out = output_stem(args.out, "positions")
-    files, numbers = make_positions(out, rope_from_args(args)[0], args.seq_len)
-    return _announce(args, files, numbers)
+    return _per_layer_type(args, "positions", lambda stem, rope: make_positions(stem, rope, args.seq_len))
 
 
 def _axial(args: argparse.Namespace) -> int:
@@ -416,7 +429,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     common(q, "scaling", kind="dir")
     q.set_defaults(func=_scaling)
 
-    q = figs.add_parser("scores", help="attention logits of rotated q, k as a heatmap over positions")
+    per_layer_type = (
+        "A config with one RoPE block per layer type (Gemma-3) gives one figure per layer type, PATH_<layer type>, "
+        "unless --layer-type picks one."
+    )
+    q = figs.add_parser("scores", help="attention logits of rotated q, k as a heatmap over positions", description=per_layer_type)
     add_config_arguments(q)
     q.add_argument("--seq-len", type=seq_len_count, default=64, help="positions (default 64)")
     q.add_argument("--q", help="query content vector [head_dim] (.npy or .pt); default random")
@@ -425,7 +442,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     common(q, "scores")
     q.set_defaults(func=_scores)
 
-    q = figs.add_parser("positions", help="2-D PCA of the position tables")
+    q = figs.add_parser("positions", help="2-D PCA of the position tables", description=per_layer_type)
     add_config_arguments(q)
     q.add_argument("--seq-len", type=seq_len_count, default=256, help="positions (default 256)")
     common(q, "positions")

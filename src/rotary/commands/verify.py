@@ -16,9 +16,9 @@ from rotary.analysis import Check, verify, verify_axial, verify_mrope
 from .common import (
     add_config_arguments,
     add_output_argument,
-    configurations,
     console,
     count,
+    every_layer_type,
     print_json,
     seed,
     seq_len_count,
@@ -46,20 +46,28 @@ def _verify(args: argparse.Namespace) -> int:
         raise ValueError(f"--heads {args.heads} sets the heads of a RoPE-Mixed: add --mixed, or drop --heads")
     if args.axial or args.mixed:
         label, checks = _verify_vision(args)
-    else:
-        (configuration,) = configurations(argparse.Namespace(**{**vars(args), "all_layer_types": False}))
-        if configuration.mrope is not None:  # Qwen-VL: the 1-D RoPE is right for text positions only
-            rope = configuration.mrope
-            checks = verify_mrope(rope, seq_len=args.seq_len, shift=configuration.context, seed=args.seed)
-        else:
-            rope = configuration.rope
-            checks = verify(rope, seq_len=args.seq_len, offset=configuration.context, seed=args.seed)
-        label = repr(rope)
-    ok = all(c.passed for c in checks)
+        results = [(None, label, checks)]
+    else:  # a config with one RoPE block per layer type (Gemma-3): every layer type, unless --layer-type picks one
+        results = []
+        for c in every_layer_type(args):
+            if c.mrope is not None:  # Qwen-VL: the 1-D RoPE is right for text positions only
+                checks = verify_mrope(c.mrope, seq_len=args.seq_len, shift=c.context, seed=args.seed)
+                results.append((c.layer_type, repr(c.mrope), checks))
+            else:
+                checks = verify(c.rope, seq_len=args.seq_len, offset=c.context, seed=args.seed)
+                results.append((c.layer_type, repr(c.rope), checks))
+    ok = all(c.passed for _, _, checks in results for c in checks)
+    as_dict = [
+        {"layer_type": layer_type, "rope": label, "passed": all(c.passed for c in checks), "checks": [c.to_dict() for c in checks]}
+        for layer_type, label, checks in results
+    ]
     if args.json:
-        print_json({"rope": label, "passed": ok, "checks": [c.to_dict() for c in checks]})
+        print_json(as_dict[0] if len(results) == 1 else {"passed": ok, "layer_types": {d["layer_type"]: d for d in as_dict}})
     else:
-        render(checks, f"verify {label}")
+        for j, (layer_type, label, checks) in enumerate(results):
+            if j:
+                print()
+            render(checks, (f"layer type {layer_type}: " if layer_type else "") + f"verify {label}")
     return 0 if ok else 1
 
 
@@ -99,7 +107,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Runs the configuration through the fast path and compares it with the block-diagonal matrix "
         "and complex references; exit status 1 when any check fails. A Qwen2-VL / Qwen2.5-VL / Qwen3-VL config "
         "is checked as multimodal RoPE (M-RoPE): the relative property along t, h and w and jointly, fast == "
-        "the block-diagonal N-D matrix, text ids == 1-D RoPE.",
+        "the block-diagonal N-D matrix, text ids == 1-D RoPE. A config with one RoPE block per layer type "
+        "(Gemma-3) is checked for every layer type, one table each, unless --layer-type picks one.",
     )
     add_config_arguments(p)
     p.add_argument("--seq-len", type=seq_len_count, default=64, help="positions to check (default 64)")

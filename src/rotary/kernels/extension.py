@@ -6,8 +6,9 @@ compiled for the instruction set of the machine that builds it (``-march=native`
 name carries a fingerprint of the CPU, the compiler flags, torch (version and install directory) and
 the source: a home directory shared by machines with different CPUs gets one build per CPU model,
 never a binary that would hit an illegal instruction, and two environments never rebuild over each
-other's build. When the build is impossible (no compiler, no ninja, ``ROTARY_NO_EXTENSION=1``)
-the library warns once and every call takes the pure-torch path.
+other's build. When the build is impossible (no compiler, no ninja) the library warns once, in one
+line, and every call takes the pure-torch path; with ``ROTARY_NO_EXTENSION=1`` it takes that path
+without a word (the user chose it).
 
 A build that is not cached yet prints a one-line notice on stderr first (it takes about a minute);
 ``rotary build`` (:func:`build_cpu_extension`) compiles ahead of time, e.g. in a Docker image or CI cache.
@@ -52,8 +53,14 @@ def _build_name() -> str:
     h = hashlib.sha256()
     # torch's install directory too: the build links against that torch, and two environments sharing
     # the cache (two virtualenvs, two worktrees) would otherwise rebuild over each other's build
-    for part in (SOURCE.read_bytes(), " ".join(CFLAGS).encode(), torch.__version__.encode(), os.path.dirname(torch.__file__).encode(),
-                 platform.python_version().encode(), _cpu_fingerprint().encode()):
+    for part in (
+        SOURCE.read_bytes(),
+        " ".join(CFLAGS).encode(),
+        torch.__version__.encode(),
+        os.path.dirname(torch.__file__).encode(),
+        platform.python_version().encode(),
+        _cpu_fingerprint().encode(),
+    ):
         h.update(part)
     return f"rotary_cpu_{h.hexdigest()[:16]}"
 
@@ -80,6 +87,13 @@ def _build() -> ModuleType:
     target = cpu_extension_path()
     target.parent.mkdir(parents=True, exist_ok=True)
     if not target.is_file():  # a cached build loads in well under a second: no notice then
+        # found missing before a build starts: no notice of a build that cannot happen, and none of
+        # torch's own multi-line warnings about the compiler
+        compiler = os.environ.get("CXX") or "c++"  # what torch.utils.cpp_extension runs on Linux and macOS
+        if sys.platform != "win32" and shutil.which(compiler) is None:
+            raise RuntimeError(f"no C++ compiler: {compiler!r} is not on PATH (install g++ or clang, or set CXX)")
+        if shutil.which("ninja") is None:
+            raise RuntimeError("ninja is not installed (pip install ninja)")
         print(
             f"rotary: building the fused CPU kernel once, about a minute (into {target.parent}); "
             "set ROTARY_NO_EXTENSION=1 to skip it and use the pure-torch path",
@@ -137,18 +151,20 @@ def load_cpu_extension() -> ModuleType | None:
         return _module
     _tried = True
     if os.environ.get("ROTARY_NO_EXTENSION", "") not in ("", "0"):
-        _error = "disabled by ROTARY_NO_EXTENSION"
-    else:
-        try:
-            _module = _build()
-        except Exception as exc:  # any build failure means: fall back, do not crash the caller
-            _error = _reason(exc)
-    if _module is None:
-        warnings.warn(
-            f"rotary: the fused CPU kernel is unavailable ({_error}); using the slower pure-torch path. "
-            "It needs a C++ compiler and ninja (pip install ninja).",
+        _error = "disabled by ROTARY_NO_EXTENSION"  # asked for: no warning
+        return None
+    try:
+        _module = _build()
+    except Exception as exc:  # any build failure means: fall back, do not crash the caller
+        _error = _reason(exc)
+        # one line on stderr: warn_explicit names no source line to print under the message
+        warnings.warn_explicit(
+            f"the fused CPU kernel is unavailable ({_error}); using the slower pure-torch path "
+            "(set ROTARY_NO_EXTENSION=1 to silence this)",
             RuntimeWarning,
-            stacklevel=3,
+            filename="rotary",
+            lineno=0,
+            module="rotary",
         )
     return _module
 

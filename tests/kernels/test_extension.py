@@ -100,7 +100,9 @@ def test_rotary_build_exits_1_with_the_reason(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(cpp_extension, "load", no_compiler)
     assert main(["build"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("rotary build: error: the fused CPU kernel cannot be built (RuntimeError: c++: command not found)")
+    assert err[-1].startswith(
+        "rotary build: error: the fused CPU kernel cannot be built (RuntimeError: c++: command not found)"
+    )
     assert "Traceback" not in "\n".join(err)
 
 
@@ -108,10 +110,33 @@ def test_build_in_a_subprocess_with_python_m(tmp_path):
     """``python -m rotary build`` against the real cache: the kernel the test suite already uses."""
     extension.build_cpu_extension()  # cached by the suite's first kernel call (a minute otherwise)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    done = subprocess.run([sys.executable, "-m", "rotary", "build"], capture_output=True, text=True, env=env, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "rotary", "build"], capture_output=True, text=True, env=env, timeout=600
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("fused CPU kernel already built: ") and done.stderr == ""
     assert Path(done.stdout.splitlines()[0].split(": ", 1)[1]).is_file()
+
+
+def test_build_name_differs_per_checkout(monkeypatch, tmp_path):
+    """Two checkouts sharing one environment: the same source bytes at two paths, two builds."""
+    name = extension._build_name()
+    copy = tmp_path / "cpu" / "rotary.cpp"
+    copy.parent.mkdir()
+    copy.write_bytes(extension.SOURCE.read_bytes())
+    monkeypatch.setattr(extension, "SOURCE", copy)
+    assert extension._build_name() != name
+
+
+def test_build_name_carries_the_cpu_flags(monkeypatch):
+    """-march=native compiles for this CPU's instruction set: its flags are part of the build name."""
+    fingerprint = extension._cpu_fingerprint()
+    if Path("/proc/cpuinfo").is_file():
+        flags = [ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.split(":")[0].strip() == "flags"]
+        assert flags and flags[0] in fingerprint.splitlines()
+    name = extension._build_name()
+    monkeypatch.setattr(extension, "_cpu_fingerprint", lambda: fingerprint.replace("avx512f", "no-avx512f") + "x")
+    assert extension._build_name() != name
 
 
 def test_build_name_differs_per_torch_installation(monkeypatch):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -56,7 +57,9 @@ def test_json_output_and_extra_cases(tmp_path):
             """
         )
     )
-    done = run_bench("--quick", "--repeats", "1", "--dtypes", "bf16", "--shapes", "decode", "--json", "--cases", str(cases))
+    done = run_bench(
+        "--quick", "--repeats", "1", "--dtypes", "bf16", "--shapes", "decode", "--json", "--cases", str(cases)
+    )
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["machine"]["torch_threads"] >= 1
@@ -143,7 +146,12 @@ def test_slower_methods_are_called_slower():
         bench.Result("g", "fast", False, 5e-6, 3, ratios={"HF eager speedup": 2.0}),
         bench.Result("g", "slow", False, 5.1e-5, 3, ratios={"HF eager speedup": 1e-5 / 5.1e-5}),
     ]
-    lines = {line.split()[0]: line for line in bench.format_table({"cpu": "x", "logical_cpus": 1, "torch": "t", "torch_threads": 1}, rows).splitlines()[3:]}
+    lines = {
+        line.split()[0]: line
+        for line in bench.format_table(
+            {"cpu": "x", "logical_cpus": 1, "torch": "t", "torch_threads": 1}, rows
+        ).splitlines()[3:]
+    }
     assert "2.0x faster" in lines["fast"]
     assert "5.1x slower" in lines["slow"] and "faster" not in lines["slow"]
     assert "1.0x (same)" in lines["HF"]
@@ -193,3 +201,31 @@ def test_decode_suite_and_the_training_rows():
     harness._group_ratios(results)
     assert results[-1].ratios["x in-place pass"] == 2.5 and results[-1].ratios["x copy"] == 7.5 / 4.0
     assert results[1].ratios["x copy"] == 1.0
+
+
+def test_harness_owns_the_shared_row_names_and_does_not_import_methods():
+    """``methods`` imports ``harness``: the row names the ratios use live in ``harness``, which does not
+    import ``methods`` back."""
+    from rotary.bench import harness, methods
+
+    assert (harness.TWO_COPIES, harness.INPLACE_HARNESS, harness.INPLACE_TRAINING) == (
+        methods.TWO_COPIES,
+        methods.INPLACE_HARNESS,
+        methods.INPLACE_TRAINING,
+    )
+    assert "from .methods" not in Path(harness.__file__).read_text()
+
+
+@pytest.mark.slow
+def test_compiled_module_row_runs_the_module_and_matches_it():
+    import torch
+
+    from rotary.bench import harness, methods
+
+    names = {(m.name, m.backward) for m in bench.METHODS}
+    for backward in (False, True):
+        assert ("rotary RoPE module under torch.compile", backward) in names
+    inp = harness.make_inputs(harness.QUICK_SHAPES[0], torch.float32)
+    q, k = methods._compiled_module(inp)(inp.q, inp.k)
+    expected = inp.rope(inp.q, inp.k)
+    assert torch.equal(q, expected[0]) and torch.equal(k, expected[1])

@@ -102,6 +102,13 @@ class Result:
     note: str = ""
 
 
+#: the fwd+bwd row that an in-place row is measured inside of (see ``methods._inplace_training``), the
+#: in-place row itself and the fwd+bwd limit: here, not in ``methods``, because the ratios below use
+#: them and ``methods`` imports this module
+INPLACE_HARNESS = "in-place harness alone: q*1 ... *1, no RoPE"
+INPLACE_TRAINING = "rotary fused, in place (inside the harness)"
+TWO_COPIES = "limit: two copies (fwd+bwd)"
+
 METHODS: list[Method] = []
 SUITES: dict[str, Callable[[argparse.Namespace], list[Result]]] = {}
 
@@ -267,8 +274,6 @@ def _group_ratios(results: list[Result]) -> None:
     """Ratios within a group: to the in-place pass, to the copy limit (fwd: one copy; fwd+bwd: two
     copies), and HF eager's time over the row's. The in-place training row is measured inside a
     harness (see ``methods._inplace_training``); its "x in-place pass" is taken without it."""
-    from .methods import INPLACE_HARNESS, INPLACE_TRAINING, TWO_COPIES
-
     by_key = {(r.method, r.backward): r.median_s for r in results}
     mul = by_key.get(("limit: in-place pass (mul_)", False))
     clone = by_key.get(("limit: copy (clone)", False))
@@ -300,13 +305,17 @@ def run(options: argparse.Namespace) -> tuple[dict[str, Any], list[Result]]:
             registered = ", ".join(sorted(SUITES)) or "none (add one with --cases FILE.py)"
             raise ValueError(f"--suites: unknown suite {unknown[0]!r}; registered suites: {registered}")
     machine = _machine()
-    machine["fused_cpu_kernel"] = "loaded" if load_cpu_extension() is not None else f"unavailable: {cpu_extension_error()}"
+    machine["fused_cpu_kernel"] = (
+        "loaded" if load_cpu_extension() is not None else f"unavailable: {cpu_extension_error()}"
+    )
     shapes = QUICK_SHAPES if options.quick else SHAPES
     if options.shapes:
         wanted = set(options.shapes.split(","))
         shapes = [s for s in SHAPES + QUICK_SHAPES if s.name in wanted]
         if not shapes:
-            raise ValueError(f"--shapes {options.shapes!r} names no shape; choose from {[s.name for s in SHAPES + QUICK_SHAPES]}")
+            raise ValueError(
+                f"--shapes {options.shapes!r} names no shape; choose from {[s.name for s in SHAPES + QUICK_SHAPES]}"
+            )
     methods = [m for m in METHODS if not (options.quick and "torch.compile" in m.name and not options.compile)]
     if options.no_compile:
         methods = [m for m in methods if "torch.compile" not in m.name]
@@ -354,7 +363,9 @@ def _load_cases(path: str) -> None:
     try:
         spec.loader.exec_module(module)
     except SystemExit as exc:  # sys.exit() in the user's file must not end the benchmark with its status
-        raise ValueError(f"--cases {path}: importing it called sys.exit({exc.code!r}); a cases file only registers") from None
+        raise ValueError(
+            f"--cases {path}: importing it called sys.exit({exc.code!r}); a cases file only registers"
+        ) from None
     except Exception as exc:  # the user's file: say which one and what it raised, no traceback
         raise ValueError(f"--cases {path}: importing it raised {type(exc).__name__}: {exc}") from None
 

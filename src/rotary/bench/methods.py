@@ -6,9 +6,20 @@ from collections.abc import Callable
 
 import torch
 
-from .harness import METHODS, Inputs, Method, Result, register_suite, time_interleaved
+from .harness import (
+    INPLACE_HARNESS,
+    INPLACE_TRAINING,
+    METHODS,
+    TWO_COPIES,
+    Inputs,
+    Method,
+    Result,
+    register_suite,
+    time_interleaved,
+)
 
 __all__: list[str] = []
+
 
 def _fwd_bwd(forward: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]], inp: Inputs):
     q, k = inp.q.detach().clone().requires_grad_(), inp.k.detach().clone().requires_grad_()
@@ -48,10 +59,24 @@ def _hf_compiled():
 _HF_COMPILED = None
 
 
+def _compiled_module(inp: Inputs) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """rotary's own ``RoPE`` module under ``torch.compile`` (inductor, ``dynamic=False``): the kernel
+    is a ``torch.library`` op, so the compiled graph calls it instead of falling back to Python."""
+    _hf_compiled()  # the same dynamo limits and in-process compilation as the HF row
+    compiled = torch.compile(inp.rope, dynamic=False)
+
+    def forward(q, k):
+        return compiled(q, k)
+
+    return forward
+
+
 def _complex_form(inp: Inputs) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     """Meta LLaMA's form: pairs (2i, 2i+1) as complex numbers times a precomputed ``freqs_cis``."""
     S = inp.shape.seq_len
-    freqs_cis = torch.polar(torch.ones(S, inp.shape.head_dim // 2), torch.outer(torch.arange(S).float(), inp.rope.inv_freq))
+    freqs_cis = torch.polar(
+        torch.ones(S, inp.shape.head_dim // 2), torch.outer(torch.arange(S).float(), inp.rope.inv_freq)
+    )
 
     def forward(q, k):
         out = []
@@ -86,12 +111,6 @@ def _torch_path(inp: Inputs):
         )
 
     return forward
-
-
-#: the fwd+bwd row that an in-place row is measured inside of (see _inplace_training)
-INPLACE_HARNESS = "in-place harness alone: q*1 ... *1, no RoPE"
-INPLACE_TRAINING = "rotary fused, in place (inside the harness)"
-TWO_COPIES = "limit: two copies (fwd+bwd)"
 
 
 def _inplace_training(inp: Inputs, rotate: bool):
@@ -129,6 +148,9 @@ def _builtin_methods() -> list[Method]:
         Method("rotary pure-torch path", lambda i: (lambda f: lambda: f(i.q, i.k))(_torch_path(i))),
         Method("HF eager apply_rotary_pos_emb", lambda i: lambda: _hf()(i.q, i.k, i.hf_cos, i.hf_sin)),
         Method("HF under torch.compile", lambda i: lambda: _hf_compiled()(i.q, i.k, i.hf_cos, i.hf_sin)),
+        Method(
+            "rotary RoPE module under torch.compile", lambda i: (lambda f: lambda: f(i.q, i.k))(_compiled_module(i))
+        ),
         Method("rotary-embedding-torch 0.9.1", lambda i: (lambda f: lambda: f(i.q, i.k))(_ret(i))),
         Method("complex form (Meta LLaMA)", lambda i: (lambda f: lambda: f(i.q, i.k))(_complex_form(i))),
         # forward + backward
@@ -152,6 +174,7 @@ def _builtin_methods() -> list[Method]:
             lambda i: _fwd_bwd(lambda q, k: _hf_compiled()(q, k, i.hf_cos, i.hf_sin), i),
             backward=True,
         ),
+        Method("rotary RoPE module under torch.compile", lambda i: _fwd_bwd(_compiled_module(i), i), backward=True),
         Method("rotary-embedding-torch 0.9.1", lambda i: _fwd_bwd(_ret(i), i), backward=True),
         Method("complex form (Meta LLaMA)", lambda i: _fwd_bwd(_complex_form(i), i), backward=True),
     ]
@@ -196,7 +219,9 @@ def decode_suite(options) -> list[Result]:
         hf = medians["HF eager apply_rotary_pos_emb"]
         group = f"decode step 1x32/8x1x128 at position {DECODE_POSITION} {name}"
         for method, median in medians.items():
-            results.append(Result(group, method, False, median, options.repeats, ratios={"HF eager speedup": hf / median}))
+            results.append(
+                Result(group, method, False, median, options.repeats, ratios={"HF eager speedup": hf / median})
+            )
     return results
 
 

@@ -135,9 +135,11 @@ def test_hf_llama_patch_case_adds_a_patched_vs_unpatched_group():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     rows = module.suite(argparse.Namespace(quick=True, repeats=1))
-    assert [r.method for r in rows] == ["HF Llama, unpatched", "HF Llama, rotary.hf.patch"]
+    assert [r.method for r in rows] == ["HF Llama, unpatched", "HF Llama, rotary.hf.patch"] * 2
+    assert [r.backward for r in rows] == [False, False, True, True]  # the forward, then a training step
+    assert rows[0].group.startswith("small Llama forward") and rows[2].group.startswith("small Llama training step")
     assert all(r.median_s > 0 for r in rows)
-    assert rows[0].ratios["HF eager speedup"] == 1.0
+    assert rows[0].ratios["HF eager speedup"] == 1.0 and rows[2].ratios["HF eager speedup"] == 1.0
 
 
 def test_slower_methods_are_called_slower():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -134,9 +135,12 @@ def test_hf_llama_patch_case_adds_a_patched_vs_unpatched_group():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     rows = module.suite(argparse.Namespace(quick=True, repeats=1))
-    assert [r.method for r in rows] == ["HF Llama, unpatched", "HF Llama, rotary.hf.patch"]
+    assert [r.method for r in rows] == ["HF Llama, unpatched", "HF Llama, rotary.hf.patch"] * 3
+    assert [r.backward for r in rows] == [False, False, True, True, False, False]
+    prefixes = ["small Llama forward", "small Llama training step", "small Llama decoding step"]
+    assert [r.group.startswith(p) for r, p in zip(rows[::2], prefixes)] == [True] * 3
     assert all(r.median_s > 0 for r in rows)
-    assert rows[0].ratios["HF eager speedup"] == 1.0
+    assert [r.ratios["HF eager speedup"] for r in rows[::2]] == [1.0] * 3
 
 
 def test_slower_methods_are_called_slower():
@@ -223,3 +227,31 @@ def test_without_the_baselines_packages_their_rows_are_skipped_with_one_line(mon
     rows = methods.decode_suite(argparse.Namespace(quick=False, repeats=1, dtypes="fp32", suites=None))
     assert len(rows) == 4 and "HF eager apply_rotary_pos_emb" not in {r.method for r in rows}
     assert all(r.median_s > 0 and not r.ratios for r in rows)
+
+
+def test_harness_owns_the_shared_row_names_and_does_not_import_methods():
+    """``methods`` imports ``harness``: the row names the ratios use live in ``harness``, which does not
+    import ``methods`` back."""
+    from rotary.bench import harness, methods
+
+    assert (harness.TWO_COPIES, harness.INPLACE_HARNESS, harness.INPLACE_TRAINING) == (
+        methods.TWO_COPIES,
+        methods.INPLACE_HARNESS,
+        methods.INPLACE_TRAINING,
+    )
+    assert "from .methods" not in Path(harness.__file__).read_text()
+
+
+@pytest.mark.slow
+def test_compiled_module_row_runs_the_module_and_matches_it():
+    import torch
+
+    from rotary.bench import harness, methods
+
+    names = {(m.name, m.backward) for m in bench.METHODS}
+    for backward in (False, True):
+        assert ("rotary RoPE module under torch.compile", backward) in names
+    inp = harness.make_inputs(harness.QUICK_SHAPES[0], torch.float32)
+    q, k = methods._compiled_module(inp)(inp.q, inp.k)
+    expected = inp.rope(inp.q, inp.k)
+    assert torch.equal(q, expected[0]) and torch.equal(k, expected[1])

@@ -118,6 +118,27 @@ def test_build_in_a_subprocess_with_python_m(tmp_path):
     assert Path(done.stdout.splitlines()[0].split(": ", 1)[1]).is_file()
 
 
+def test_build_name_differs_per_checkout(monkeypatch, tmp_path):
+    """Two checkouts sharing one environment: the same source bytes at two paths, two builds."""
+    name = extension._build_name()
+    copy = tmp_path / "cpu" / "rotary.cpp"
+    copy.parent.mkdir()
+    copy.write_bytes(extension.SOURCE.read_bytes())
+    monkeypatch.setattr(extension, "SOURCE", copy)
+    assert extension._build_name() != name
+
+
+def test_build_name_carries_the_cpu_flags(monkeypatch):
+    """-march=native compiles for this CPU's instruction set: its flags are part of the build name."""
+    fingerprint = extension._cpu_fingerprint()
+    if Path("/proc/cpuinfo").is_file():
+        flags = [ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.split(":")[0].strip() == "flags"]
+        assert flags and flags[0] in fingerprint.splitlines()
+    name = extension._build_name()
+    monkeypatch.setattr(extension, "_cpu_fingerprint", lambda: fingerprint.replace("avx512f", "no-avx512f") + "x")
+    assert extension._build_name() != name
+
+
 def test_build_name_differs_per_torch_installation(monkeypatch):
     name = extension._build_name()
     monkeypatch.setattr(torch, "__file__", "/another/env/site-packages/torch/__init__.py")

@@ -34,8 +34,6 @@ def assert_matches(got, expected, x, cos_rows, sin_rows, layout, interleaved):
     assert torch.equal(got, expected), f"max error {(got.double() - expected.double()).abs().max()}"
 
 
-
-
 @st.composite
 def cases(draw):
     B, S = draw(st.integers(1, 3)), draw(st.integers(1, 9))
@@ -90,7 +88,11 @@ def test_fused_matches_pure_torch(case):
     if qkv is not None and case["inplace"]:  # v (the heads after q and k) is never touched
         v_after = qkv[:, :, Hq + Hk :].clone()
         _, _, fresh = make_qk(
-            case["shape"], dtype=case["dtype"], layout=case["layout"], strided=True, gen=torch.Generator().manual_seed(case["seed"])
+            case["shape"],
+            dtype=case["dtype"],
+            layout=case["layout"],
+            strided=True,
+            gen=torch.Generator().manual_seed(case["seed"]),
         )
         assert torch.equal(v_after, fresh[:, :, Hq + Hk :])
 
@@ -111,7 +113,9 @@ def test_inplace_on_qkv_views_leaves_everything_else_alone():
     qkv = torch.randn(B, S, 3 * H * D)
     view = qkv.view(B, S, 3, H, D)
     q, k, v = view[:, :, 0], view[:, :, 1], view[:, :, 2]
-    expected_q = rotary.apply_rotary(q.contiguous(), *rotary.RoPE(D, rotary_dim=8).cos_sin(torch.arange(S)), layout="bshd")
+    expected_q = rotary.apply_rotary(
+        q.contiguous(), *rotary.RoPE(D, rotary_dim=8).cos_sin(torch.arange(S)), layout="bshd"
+    )
     v_before = v.clone()
     ptr = qkv.data_ptr()
     rope = rotary.RoPE(D, rotary_dim=8)
@@ -152,3 +156,110 @@ def test_inplace_allocates_nothing_of_the_inputs_size():
     assert inplace < 2**20, f"in-place rotation added {inplace} bytes"
     # the measurement is not blind: a fresh 64 MiB tensor shows up
     assert extra_peak_bytes(lambda: torch.ones(2**24)) >= 60 * 2**20
+
+
+# Rotary dims around the vector widths (8 and 16 fp32 lanes): whole vectors, whole vectors plus a
+# partial one, a partial one alone, and the 32/64-pair sizes the kernel specialises; head sizes
+# equal to r, one more (odd: an unrotated tail of one channel) and a few more.
+TAIL_DIMS = [
+    (2, 3),
+    (6, 6),
+    (14, 17),
+    (16, 16),
+    (18, 21),
+    (30, 31),
+    (32, 35),
+    (34, 34),
+    (46, 49),
+    (64, 67),
+    (66, 66),
+    (128, 128),
+    (130, 133),
+]
+
+
+@pytest.mark.parametrize("r,D", TAIL_DIMS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_vector_tails_forward_backward_inplace_and_strided(r, D, dtype, interleaved, monkeypatch):
+    """Every channel count a vector does not fill, forward (in place and out of place, contiguous and
+    views into a wider buffer) and backward, bit-identical to the pure-torch path."""
+    from rotary.kernels import ops
+
+    def no_fallback(rotation):
+        raise AssertionError("the pure-torch path ran: this test is about the fused kernel")
+
+    monkeypatch.setattr(ops, "run_torch", no_fallback)
+    gen = torch.Generator().manual_seed(r * 1000 + D)
+    B, S, H = 2, 5, 3
+    rope = rotary.RoPE(r, interleaved=interleaved)
+    cos, sin = rope.cos_sin(torch.arange(7, 7 + S))
+    # a view into a [B, H, S, D + 5] buffer: rows are D + 5 apart, channels still contiguous
+    wide = torch.randn(B, H, S, D + 5, generator=gen).to(dtype)
+    for x in (wide[..., :D].contiguous(), wide[..., 2 : D + 2]):
+        before = x.clone()
+        expected = oracle(x, cos.unsqueeze(0), sin.unsqueeze(0), "bhsd", interleaved)
+        got = rotary.apply_rotary(x, cos, sin, interleaved=interleaved)
+        assert torch.equal(got, expected), f"max error {(got.double() - expected.double()).abs().max()}"
+        assert torch.equal(x, before)
+        buffer = wide.clone()
+        view = buffer[..., 2 : D + 2] if not x.is_contiguous() else x.clone()
+        assert rotary.apply_rotary_(view, cos, sin, interleaved=interleaved) is view
+        assert torch.equal(view, expected)
+        if not x.is_contiguous():  # the channels around the view are untouched
+            assert torch.equal(buffer[..., :2], wide[..., :2]) and torch.equal(buffer[..., D + 2 :], wide[..., D + 2 :])
+
+    # backward: the kernel rotates the incoming gradient by the conjugate; autograd through the
+    # pure-torch path is the oracle
+    grad = torch.randn(B, H, S, D, generator=gen).to(dtype)
+    x = wide[..., 1 : D + 1].detach().requires_grad_()
+    rotary.apply_rotary(x, cos, sin, interleaved=interleaved).backward(grad)
+    ref = wide[..., 1 : D + 1].detach().clone().requires_grad_()
+    rotate_torch(
+        ref, cos.unsqueeze(0).unsqueeze(0), sin.unsqueeze(0).unsqueeze(0), interleaved=interleaved, inplace=False
+    ).backward(grad)
+    assert x.grad is not None and torch.equal(x.grad, ref.grad)
+
+
+def _fp32_patterns() -> torch.Tensor:
+    """fp32 values whose rounding to 16 bits is delicate: every exponent (denormals, infinities, NaNs)
+    with low bits at and around the bf16 and fp16 rounding ties, both signs, plus random bit patterns."""
+    gen = torch.Generator().manual_seed(14)
+    exponents = torch.arange(256, dtype=torch.int64) << 23
+    low = [0, 1, 0xFFF, 0x1000, 0x1001, 0x1FFF, 0x2000, 0x3000, 0x7FFF, 0x8000, 0x8001, 0xFFFF, 0x10000]
+    low += [0x17FFF, 0x18000, 0x18001, 0x7F8000, 0x7FFFFF]
+    special = (exponents[:, None] | torch.tensor(low)[None, :]).flatten()
+    bits = torch.cat([special, special | (1 << 31), torch.randint(0, 2**32, (1 << 16,), generator=gen)])
+    bits = torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32)
+    return bits.view(torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_16_bit_rounding_matches_pure_torch_for_delicate_values(dtype, interleaved):
+    """The kernel rounds its fp32 results to bf16/fp16 in vector registers: with x = (1, 0) pairs,
+    cos = v and sin = 0 the first output of each pair is v itself, rounded, for every v above. Equal
+    to the pure-torch path bit for bit; NaN stays NaN (its bits may differ: the kernel writes the
+    bf16 NaN of c10::BFloat16, torch's vectorised conversion another one)."""
+    values = _fp32_patterns()
+    n = values.numel() // 16 * 16
+    v = values[:n].reshape(-1, 16)  # 16 pairs per row: whole AVX-512 vectors and masked tails alike
+    N = v.shape[0]
+    ones, zeros = torch.ones(N, 16), torch.zeros(N, 16)
+    if interleaved:
+        x = torch.stack([ones, zeros], -1).flatten(-2)
+        cos = v.repeat_interleave(2, -1)
+    else:
+        x = torch.cat([ones, zeros], -1)
+        cos = torch.cat([v, v], -1)
+    x = x.to(dtype).reshape(1, N, 1, 32)
+    sin = torch.zeros(N, 32)
+    got = rotary.apply_rotary(x, cos, sin, layout="bshd", interleaved=interleaved, validate=False)
+    expected = rotate_torch(x, cos[None, :, None], sin[None, :, None], interleaved=interleaved, inplace=False)
+    nan = expected.isnan()
+    assert torch.equal(got.isnan(), nan)
+    assert torch.equal(got[~nan], expected[~nan])
+    first = got[..., 0::2] if interleaved else got[..., :16]
+    assert torch.equal(first.isnan(), v.isnan()[None, :, None])  # not blind: the values went through
+    finite = v.isfinite()[None, :, None] & (v.to(dtype).float().isfinite()[None, :, None])
+    assert torch.equal(first[finite].float(), v.to(dtype).float()[None, :, None][finite])

@@ -118,6 +118,13 @@ class Result:
     note: str = ""
 
 
+#: the fwd+bwd row that an in-place row is measured inside of (see ``methods._inplace_training``), the
+#: in-place row itself and the fwd+bwd limit: here, not in ``methods``, because the ratios below use
+#: them and ``methods`` imports this module
+INPLACE_HARNESS = "in-place harness alone: q*1 ... *1, no RoPE"
+INPLACE_TRAINING = "rotary fused, in place (inside the harness)"
+TWO_COPIES = "limit: two copies (fwd+bwd)"
+
 METHODS: list[Method] = []
 SUITES: dict[str, Callable[[argparse.Namespace], list[Result]]] = {}
 

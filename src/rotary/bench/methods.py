@@ -60,6 +60,18 @@ def _hf_compiled():
 _HF_COMPILED = None
 
 
+def _compiled_module(inp: Inputs) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """rotary's own ``RoPE`` module under ``torch.compile`` (inductor, ``dynamic=False``): the kernel
+    is a ``torch.library`` op, so the compiled graph calls it instead of falling back to Python."""
+    _hf_compiled()  # the same dynamo limits and in-process compilation as the HF row
+    compiled = torch.compile(inp.rope, dynamic=False)
+
+    def forward(q, k):
+        return compiled(q, k)
+
+    return forward
+
+
 def _complex_form(inp: Inputs) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     """Meta LLaMA's form: pairs (2i, 2i+1) as complex numbers times a precomputed ``freqs_cis``."""
     S = inp.shape.seq_len
@@ -102,9 +114,6 @@ def _torch_path(inp: Inputs):
     return forward
 
 
-#: the fwd+bwd row that an in-place row is measured inside of (see _inplace_training)
-
-
 def _inplace_training(inp: Inputs, rotate: bool):
     """What a training step runs around an in-place rotation, with (``rotate``) or without it.
 
@@ -145,6 +154,9 @@ def _builtin_methods() -> list[Method]:
         Method("HF eager apply_rotary_pos_emb", lambda i: lambda: _hf()(i.q, i.k, i.hf_cos, i.hf_sin), requires=HF),
         Method("HF under torch.compile", lambda i: lambda: _hf_compiled()(i.q, i.k, i.hf_cos, i.hf_sin), requires=HF),
         Method("rotary-embedding-torch 0.9.1", lambda i: (lambda f: lambda: f(i.q, i.k))(_ret(i)), requires=RET),
+        Method(
+            "rotary RoPE module under torch.compile", lambda i: (lambda f: lambda: f(i.q, i.k))(_compiled_module(i))
+        ),
         Method("complex form (Meta LLaMA)", lambda i: (lambda f: lambda: f(i.q, i.k))(_complex_form(i))),
         # forward + backward
         Method(TWO_COPIES, _two_copies, backward=True),
@@ -169,6 +181,7 @@ def _builtin_methods() -> list[Method]:
             backward=True,
             requires=HF,
         ),
+        Method("rotary RoPE module under torch.compile", lambda i: _fwd_bwd(_compiled_module(i), i), backward=True),
         Method("rotary-embedding-torch 0.9.1", lambda i: _fwd_bwd(_ret(i), i), backward=True, requires=RET),
         Method("complex form (Meta LLaMA)", lambda i: _fwd_bwd(_complex_form(i), i), backward=True),
     ]

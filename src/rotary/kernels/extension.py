@@ -3,12 +3,13 @@
 The source is compiled with ``torch.utils.cpp_extension.load`` (ninja, from the ``dev`` extra or
 any install) into a cache directory: ``$ROTARY_CACHE_DIR``, else ``~/.cache/rotary``. It is
 compiled for the instruction set of the machine that builds it (``-march=native``), so the build
-name carries a fingerprint of the CPU, the compiler flags, torch (version and install directory) and
-the source: a home directory shared by machines with different CPUs gets one build per CPU model,
-never a binary that would hit an illegal instruction, and two environments never rebuild over each
-other's build. When the build is impossible (no compiler, no ninja) the library warns once, in one
-line, and every call takes the pure-torch path; with ``ROTARY_NO_EXTENSION=1`` it takes that path
-without a word (the user chose it).
+name carries a fingerprint of the CPU (model and instruction-set flags), the compiler flags, torch
+(version and install directory), the source and its absolute path: a home directory shared by
+machines with different CPUs gets one build per CPU model, never a binary that would hit an
+illegal instruction, and two environments (or two checkouts sharing one environment) never rebuild
+over each other's build. When the build is impossible (no compiler, no ninja) the library warns
+once, in one line, and every call takes the pure-torch path; with ``ROTARY_NO_EXTENSION=1`` it takes
+that path without a word (the user chose it).
 
 A build that is not cached yet prints a one-line notice on stderr first (it takes about a minute);
 ``rotary build`` (:func:`build_cpu_extension`) compiles ahead of time, e.g. in a Docker image or CI cache.
@@ -51,10 +52,12 @@ def _cpu_fingerprint() -> str:
 
 def _build_name() -> str:
     h = hashlib.sha256()
-    # torch's install directory too: the build links against that torch, and two environments sharing
-    # the cache (two virtualenvs, two worktrees) would otherwise rebuild over each other's build
+    # torch's install directory and the source's absolute path too: the build links against that
+    # torch, and two environments sharing the cache (two virtualenvs, or two checkouts sharing one
+    # virtualenv) would otherwise rebuild over each other's build
     for part in (
         SOURCE.read_bytes(),
+        str(SOURCE.resolve()).encode(),
         " ".join(CFLAGS).encode(),
         torch.__version__.encode(),
         os.path.dirname(torch.__file__).encode(),

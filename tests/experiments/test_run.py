@@ -173,7 +173,7 @@ def test_missing_report_packages_stop_the_run_before_training(capsys, tmp_path, 
     code = experiment(out)
     err = capsys.readouterr().err
     assert code == 1 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-    assert f"needs the optional package '{package}'" in err and "pip install 'rotary[plot]'" in err
+    assert f"needs the optional package '{package}'" in err and "pip install -e '.[plot]'" in err
     assert not out.exists(), "nothing trained, nothing written"
 
 

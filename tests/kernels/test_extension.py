@@ -171,3 +171,26 @@ def test_without_a_compiler_the_fallback_says_so_in_one_line(tmp_path):
 
 def test_rotary_no_extension_is_silent(tmp_path):
     assert _stderr_of_first_use(tmp_path, ROTARY_NO_EXTENSION="1") == ""
+
+
+def test_a_lock_left_by_a_killed_build_is_removed_and_the_build_goes_on(fake_compiler, capsys):
+    """torch's loader waits forever for ``<build dir>/lock``: a build killed mid-way hung every later import."""
+    directory = extension.cpu_extension_path().parent
+    directory.mkdir(parents=True)
+    lock = directory / "lock"
+    lock.write_text("")
+    old = lock.stat().st_mtime - extension.STALE_LOCK_SECONDS - 60
+    os.utime(lock, (old, old))
+    path = extension.build_cpu_extension()
+    assert path.is_file() and not lock.exists()
+    err = capsys.readouterr().err
+    assert f"removed {lock}" in err and "did not finish" in err
+
+
+def test_a_fresh_lock_is_left_to_the_build_that_holds_it(fake_compiler, capsys):
+    directory = extension.cpu_extension_path().parent
+    directory.mkdir(parents=True)
+    lock = directory / "lock"
+    lock.write_text("")  # another process is building right now
+    extension._clear_stale_lock(directory)
+    assert lock.exists() and "removed" not in capsys.readouterr().err

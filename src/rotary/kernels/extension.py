@@ -21,6 +21,7 @@ import hashlib
 import os
 import platform
 import sys
+import time
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -34,6 +35,9 @@ SOURCE = Path(__file__).with_name("cpu") / "rotary.cpp"
 # (separate fp32 multiplies and adds), which the tests assert.
 CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-DNDEBUG"]
 LDFLAGS = ["-fopenmp"]
+
+#: a build lock older than this was left by a build that was killed (a build takes about a minute)
+STALE_LOCK_SECONDS = 15 * 60
 
 _module: ModuleType | None = None
 _error: str | None = None
@@ -79,6 +83,27 @@ def cpu_extension_path() -> Path:
     return _cache_dir() / name / (name + (".pyd" if sys.platform == "win32" else ".so"))
 
 
+def _clear_stale_lock(directory: Path) -> None:
+    """Remove the build lock a killed build left behind.
+
+    torch's loader takes ``<build dir>/lock`` around every build and, finding it taken, waits for it
+    to go away, forever: one interrupted build (Ctrl-C, a killed job) would hang every later import
+    of the kernel. A lock older than :data:`STALE_LOCK_SECONDS` cannot belong to a running build.
+    """
+    lock = directory / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return
+    if age > STALE_LOCK_SECONDS:
+        lock.unlink(missing_ok=True)
+        print(
+            f"rotary: removed {lock}, left {age / 60:.0f} min ago by a build that did not finish",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def _build() -> ModuleType:
     import shutil
 
@@ -89,6 +114,7 @@ def _build() -> ModuleType:
         os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
     target = cpu_extension_path()
     target.parent.mkdir(parents=True, exist_ok=True)
+    _clear_stale_lock(target.parent)
     if not target.is_file():  # a cached build loads in well under a second: no notice then
         # found missing before a build starts: no notice of a build that cannot happen, and none of
         # torch's own multi-line warnings about the compiler

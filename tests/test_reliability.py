@@ -220,6 +220,22 @@ def _run_threads(work, n_threads=4):
     assert not errors, errors
 
 
+def _outputs_from_threads(call, count, reps=3, alternate=False):
+    """``call(i)`` for every ``i < count``, ``reps`` times in each of 4 threads (``alternate``: every
+    other pass in reverse order); the outputs as ``{(thread, rep, i): output}``, all of them present."""
+    got = {}
+
+    def work(t):
+        for rep in range(reps):
+            order = range(count)
+            for i in reversed(order) if alternate and not (t + rep) % 2 else order:
+                got[(t, rep, i)] = call(i)
+
+    _run_threads(work)
+    assert len(got) == 4 * reps * count
+    return got
+
+
 @pytest.mark.parametrize(
     "scaling, dynamic",
     [
@@ -236,14 +252,7 @@ def test_one_rope_shared_by_threads_gives_single_threaded_results(scaling, dynam
     single = rotary.RoPE(16, scaling=scaling, dynamic=dynamic, max_position=4)
     want = [single(x, x, offset=o)[0] for x, o in zip(inputs, offsets)]
     shared = rotary.RoPE(16, scaling=scaling, dynamic=dynamic, max_position=4)
-    got: dict[tuple[int, int], torch.Tensor] = {}
-
-    def work(t):
-        for rep in range(6):
-            for i in (range(len(lengths)) if (t + rep) % 2 else reversed(range(len(lengths)))):
-                got[(t, rep, i)] = shared(inputs[i], inputs[i], offset=offsets[i])[0]
-
-    _run_threads(work)
+    got = _outputs_from_threads(lambda i: shared(inputs[i], inputs[i], offset=offsets[i])[0], len(lengths), 6, True)
     for (t, rep, i), out in got.items():
         assert torch.equal(out, want[i]), (t, rep, i)
 
@@ -255,17 +264,9 @@ def test_one_decoder_shared_by_threads(gen, one_intraop_thread):
                "short_factor": [1.0 + i / 32 for i in range(4)], "long_factor": [1.0 + i for i in range(4)]}
     lm = small_lm(rope_scaling=scaling)
     prompts = [torch.randint(50, (1, n), generator=gen) for n in (4, 30, 9, 50)]
-    with torch.no_grad():
-        want = [lm(p) for p in prompts]
-    got = {}
-
-    def work(t):
-        with torch.no_grad():
-            for rep in range(3):
-                for i, p in enumerate(prompts):
-                    got[(t, rep, i)] = lm(p)
-
-    _run_threads(work)
+    infer = torch.no_grad()(lm.__call__)  # no_grad is per thread: it wraps each call
+    want = [infer(p) for p in prompts]
+    got = _outputs_from_threads(lambda i: infer(prompts[i]), len(prompts))
     for (_, _, i), out in got.items():
         assert torch.equal(out, want[i])
 
@@ -406,15 +407,7 @@ def test_one_hf_dynamic_ntk_rope_shared_by_threads_after_warm_up(gen, one_intrao
     assert not torch.equal(want[0], rotary.RoPE(16, scaling=DYNAMIC)(inputs[0], inputs[0])[0])  # not the fresh state
     shared = rotary.RoPE(16, scaling=DYNAMIC, max_position=4)
     shared(inputs[1], inputs[1])
-    got = {}
-
-    def work(t):
-        for rep in range(6):
-            for i in range(len(lengths)) if (t + rep) % 2 else reversed(range(len(lengths))):
-                got[(t, rep, i)] = shared(inputs[i], inputs[i])[0]
-
-    _run_threads(work)
-    assert len(got) == 4 * 6 * len(lengths)
+    got = _outputs_from_threads(lambda i: shared(inputs[i], inputs[i])[0], len(lengths), 6, True)
     for (t, rep, i), out in got.items():
         assert torch.equal(out, want[i]), (t, rep, i)
 
@@ -435,14 +428,7 @@ def test_one_hf_dynamic_ntk_rope_shared_by_threads_with_resets(gen, one_intraop_
                 rope(torch.zeros(1, 1, m, 16), torch.zeros(1, 1, m, 16))
                 candidates.setdefault(i, []).append(rope(inputs[i], inputs[i])[0])
     shared = rotary.RoPE(16, scaling=DYNAMIC, max_position=4)
-    got = {}
-
-    def work(t):
-        for rep in range(6):
-            for i in range(len(lengths)) if (t + rep) % 2 else reversed(range(len(lengths))):
-                got[(t, rep, i)] = shared(inputs[i], inputs[i])[0]
-
-    _run_threads(work)
+    got = _outputs_from_threads(lambda i: shared(inputs[i], inputs[i])[0], len(lengths), 6, True)
     for (t, rep, i), out in got.items():
         if lengths[i] <= 16:
             assert torch.equal(out, trained(inputs[i], inputs[i])[0]), (t, rep, i)
@@ -455,19 +441,10 @@ def test_one_dynamic_ntk_decoder_shared_by_threads(gen, one_intraop_thread):
     forward between the trained length and it uses one set of frequencies, in any thread."""
     lm = small_lm(rope_scaling=dict(DYNAMIC))
     prompts = [torch.randint(50, (1, n), generator=gen) for n in (60, 17, 33, 48, 20)]
-    with torch.no_grad():
-        lm(prompts[0])
-        want = [lm(p) for p in prompts]
-    got = {}
-
-    def work(t):
-        with torch.no_grad():
-            for rep in range(3):
-                for i, p in enumerate(prompts):
-                    got[(t, rep, i)] = lm(p)
-
-    _run_threads(work)
-    assert len(got) == 4 * 3 * len(prompts)
+    infer = torch.no_grad()(lm.__call__)
+    infer(prompts[0])
+    want = [infer(p) for p in prompts]
+    got = _outputs_from_threads(lambda i: infer(prompts[i]), len(prompts))
     for (_, _, i), out in got.items():
         assert torch.equal(out, want[i])
 

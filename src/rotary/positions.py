@@ -32,6 +32,15 @@ from ._checks import check_bool, check_int, check_positive_int
 #: the largest position: positions are multiplied by frequencies in float64, exact for integers up to 2**53
 MAX_POSITION = 2**53
 
+
+def _check_max_position(high: int, what: str) -> None:
+    """Refuse a largest position past :data:`MAX_POSITION`; ``what`` names where it came from."""
+    if high > MAX_POSITION:
+        raise ValueError(
+            f"{what} reach {high}, past the largest position rotary represents, 2**53 (float64 angles are "
+            "exact only up to there)"
+        )
+
 __all__ = [
     "Positions", "arange", "check_position_ids", "continuation", "from_attention_mask", "from_cu_seqlens", "from_ids", "grid",
     "integer_positions", "MAX_POSITION",
@@ -101,8 +110,7 @@ class Positions:
         low, high = (int(v) for v in torch.aminmax(ids))
         if low < 0:
             raise ValueError(f"Positions.ids must be >= 0, got a minimum of {low}")
-        if high > MAX_POSITION:
-            raise ValueError(f"Positions.ids reach {high}, past the largest position rotary represents, 2**53")
+        _check_max_position(high, "Positions.ids")
         if self.bound is not None and high >= self.bound:
             raise ValueError(f"Positions: an id is {high} but bound={self.bound} says every id is below it; pass bound >= {high + 1}")
         if self.bound is not None and exact and self.bound != high + 1:
@@ -273,11 +281,8 @@ def from_ids(
                 )
             raise ValueError(f"{name} must be {want}, got shape {tuple(ids.shape)}{hint}")
         bound = _read_range(ids, name)
-        if bound is not None and bound - 1 > MAX_POSITION:
-            raise ValueError(
-                f"{name} reach {bound - 1}, past the largest position rotary represents, 2**53 (float64 angles are "
-                "exact only up to there)"
-            )
+        if bound is not None:
+            _check_max_position(bound - 1, name)
         positions = Positions.unchecked(ids.long(), bound, axes, None, packed)
     if positions.axes != axes:
         raise ValueError(f"{name} have {positions.axes} coordinate axes but {axes} are needed")
@@ -298,11 +303,7 @@ def arange(seq_len: int, *, offset: int = 0, device: torch.device | str | None =
     """
     check_int(seq_len, "seq_len", minimum=0)
     check_int(offset, "offset", minimum=0)
-    if offset + seq_len > MAX_POSITION + 1:
-        raise ValueError(
-            f"offset={offset} with {seq_len} tokens reaches position {offset + seq_len - 1}, past the largest position "
-            f"rotary represents, 2**53 (float64 angles are exact only up to there)"
-        )
+    _check_max_position(offset + seq_len - 1, f"offset={offset} with {seq_len} tokens")
     ids = torch.arange(offset, offset + seq_len, device=device)
     return Positions.unchecked(ids, offset + seq_len, 1, offset)
 

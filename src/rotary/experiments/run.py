@@ -230,7 +230,7 @@ def run_experiment(
         except ExperimentError as exc:
             failure = exc
     if not dist.agree(failure is None, dist.device(config.device)):
-        dist.stop()
+        dist.stop(sync=dist.device(config.device))
         raise failure or ExperimentError("rank 0 stopped on bad input")
     timings["load data"] = time.perf_counter() - t
     reporter.log(f"rotary experiment: {len(config.encodings)} encodings, L = {config.train_length}, "
@@ -243,6 +243,9 @@ def run_experiment(
             outcome = train_model(spec, config, corpus.train, run_dir=directory, resume=resumed, reporter=reporter, dist=dist)
             trained[spec.name] = outcome
             timings[f"train {spec.name}"] = outcome.seconds
+        # the last collective is behind every rank: they leave the group together, and rank 0
+        # evaluates and writes the report alone
+        dist.stop(sync=dist.device(config.device))
         if not dist.is_main:
             return directory
         rows, models = [], []

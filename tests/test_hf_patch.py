@@ -70,17 +70,26 @@ def attention_modules(model):
 
 @pytest.fixture
 def rotate_calls(monkeypatch):
-    """Counts calls into rotary's backend dispatcher."""
+    """Counts the tensors rotary rotates: through its backend dispatcher, or through the decoding fast
+    path (``rope_decode``, taken for q and k with Hugging Face's fp32 tables when autograd is off)."""
+    import rotary.apply as apply
     import rotary.kernels.dispatch as dispatch
 
     calls = []
-    real = dispatch.rotate
+    real, real_fast = dispatch.rotate, apply._fast_pair
 
     def counting(rotation, *args, **kwargs):
         calls.extend(x.shape for x in rotation.xs)
         return real(rotation, *args, **kwargs)
 
+    def counting_fast(q, k, *args):
+        out = real_fast(q, k, *args)
+        if out is not None:
+            calls.extend((q.shape, k.shape))
+        return out
+
     monkeypatch.setattr(dispatch, "rotate", counting)
+    monkeypatch.setattr(apply, "_fast_pair", counting_fast)
     return calls
 
 

@@ -371,26 +371,38 @@ def _fast_pair(
     """The decoding fast path of :func:`rotate` for q and k with tables computed upstream, or ``None``.
 
     Taken for plain tensors without autograd or ``torch.compile`` and fp32 tables shared by q and k
-    (no key or per-head tables), ``[S, r]`` for these tokens or a table with per-token ``rows``; the
-    kernel's ``rope_decode`` checks the rest in C++ (see :meth:`rotary.RoPE.forward`'s fast path)
-    and does nothing when a check fails: ``None``, and the general path runs with its messages.
+    (no key or per-head tables): ``[S, r]`` for these tokens, per-token ``[B, S, r]`` (what Hugging
+    Face's rotary embeddings hand to every layer, so ``rotary.hf.patch`` decodes through here), or a
+    table with per-token ``rows``. The kernel's ``rope_decode`` checks the rest in C++ (see
+    :meth:`rotary.RoPE.forward`'s fast path) and does nothing when a check fails: ``None``, and the
+    general path runs with its messages.
     """
-    cos, rows = tables.cos, tables.rows
+    cos, sin, rows = tables.cos, tables.sin, tables.rows
     if (
         tables.k_cos is not None
         or tables.heads is not None
-        or cos.dim() != 2
         or cos.dtype is not torch.float32
-        or (torch.is_grad_enabled() and (cos.requires_grad or tables.sin.requires_grad))
+        or (torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad))
     ):
         return None
     seq_axis = decode_seq_axis(q, k, layout)
-    if seq_axis is None or (rows is None and cos.shape[0] != q.shape[seq_axis]):
+    if seq_axis is None:
+        return None
+    batch_rows = 0
+    if cos.dim() == 3 and rows is None:  # per token [B or 1, S, r]
+        if cos.shape[1] != q.shape[seq_axis]:
+            return None
+        if cos.shape[0] == 1:
+            cos, sin = cos[0], sin[0]
+        else:  # row b * S + s of [B * S, r]; rope_decode checks B
+            batch_rows = cos.shape[1]
+            cos, sin = cos.flatten(0, 1), sin.flatten(0, 1)
+    elif cos.dim() != 2 or (rows is None and cos.shape[0] != q.shape[seq_axis]):
         return None
     ext = load_cpu_extension()
     if ext is None:
         return None
-    out = ext.rope_decode(q, k, cos, tables.sin, 0, rows, seq_axis, q.shape[-1], tables.interleaved, inplace)
+    out = ext.rope_decode(q, k, cos, sin, 0, rows, seq_axis, q.shape[-1], tables.interleaved, inplace, batch_rows)
     return list(out) if out else None
 
 

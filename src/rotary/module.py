@@ -578,7 +578,7 @@ class RoPE(nn.Module):
         if cached is None:
             return None
         head_dim = self.original_freqs.head_dim
-        out = ext.rope_decode(q, k, cached[0], cached[1], offset, ids, seq_axis, head_dim, self.interleaved, inplace)
+        out = ext.rope_decode(q, k, cached[0], cached[1], offset, ids, seq_axis, head_dim, self.interleaved, inplace, 0)
         return (out[0], out[1]) if out else None
 
     @property

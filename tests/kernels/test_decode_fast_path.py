@@ -123,7 +123,7 @@ def test_general_path_for_what_the_fast_path_does_not_take():
         rope(q, k, position_ids=torch.tensor([0, 1, 2]))
 
 
-@pytest.mark.parametrize("form", ["shared", "indexed_1d", "indexed_2d"])
+@pytest.mark.parametrize("form", ["shared", "indexed_1d", "indexed_2d", "per_token", "per_token_batch_1"])
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
 @pytest.mark.parametrize("inplace", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -135,8 +135,12 @@ def test_rotate_with_upstream_tables_takes_the_fast_path_bit_identically(form, l
     shape = (lambda h: (2, h, 3, 64)) if layout == "bhsd" else (lambda h: (2, 3, h, 64))
     q, k = torch.randn(shape(8), generator=g).to(dtype), torch.randn(shape(2), generator=g).to(dtype)
     ids = torch.randint(0, 5000, (2, 3), generator=g)
-    positions = {"shared": P.arange(3, offset=4000), "indexed_1d": ids[0], "indexed_2d": ids}[form]
-    tables = rope.tables(positions)
+    if form.startswith("per_token"):  # Hugging Face's [B, S, r] tables (rotary.hf.patch), or [1, S, r]
+        cos, sin = rope.cos_sin(ids[:1] if form == "per_token_batch_1" else ids)
+        tables = rotary.RotaryTables.from_tensors(cos, sin, interleaved=False)
+    else:
+        positions = {"shared": P.arange(3, offset=4000), "indexed_1d": ids[0], "indexed_2d": ids}[form]
+        tables = rope.tables(positions)
     calls = []
     real = apply._fast_pair
     monkeypatch.setattr(apply, "_fast_pair", lambda *a: calls.append(real(*a)) or calls[-1])
@@ -151,6 +155,14 @@ def test_rotate_with_upstream_tables_takes_the_fast_path_bit_identically(form, l
 def test_rotate_fast_path_leaves_mismatches_to_the_general_path():
     rope = rotary.RoPE(64)
     q, k = torch.randn(1, 4, 3, 64), torch.randn(1, 2, 3, 64)
+    per_token = rotary.RotaryTables.from_tensors(*rope.cos_sin(torch.zeros(2, 3, dtype=torch.long)), interleaved=False)
+    with pytest.raises(ValueError, match="cos/sin have batch 2 but x has batch 1"):
+        rotary.rotate([q, k], per_token)  # [B, S, r] tables for another batch size
+    q4, k4 = torch.randn(4, 4, 1, 64), torch.randn(4, 2, 1, 64)
+    for batch in (2, 8):  # S fits, the B * S rows do not: rope_decode declines, the general path names B
+        per_token = rotary.RotaryTables.from_tensors(*rope.cos_sin(torch.zeros(batch, 1, dtype=torch.long)), interleaved=False)
+        with pytest.raises(ValueError, match=f"cos/sin have batch {batch} but x has batch 4"):
+            rotary.rotate([q4, k4], per_token)
     with pytest.raises(ValueError, match="cover S=2 positions but"):
         rotary.rotate([q, k], rope.tables(P.arange(2)))  # a shared [S, r] table for 2 tokens, not 3
     with pytest.raises(ValueError, match="position_ids of shape"):

@@ -541,14 +541,16 @@ void rope_table_grad_cpu(const std::vector<at::Tensor>& xs, const std::vector<at
 
 // The decoding fast path of RoPE.forward: q [B, Hq, S, D] / k [B, Hk, S, D] (seq_axis 2) or [B, S, H, D]
 // (seq_axis 1), rotated by rows of the full fp32 tables cos/sin [N, r]: rows offset .. offset + S - 1, or
-// the rows positions gives (int64 [S] or [1 or B, S], read here: no device sync on the CPU). The
+// the rows positions gives (int64 [S] or [1 or B, S], read here: no device sync on the CPU), or with
+// batch_rows == S > 0 the per-token tables [B * S, r] (Hugging Face's [B, S, r], flattened): row b * S + s. The
 // transposes, the table slices and the outputs are made here, where each costs a tenth of what it
 // costs from Python. Returns {} (nothing done) when any check of the general path would not pass
 // (including a position outside the table: the general path grows it): the caller then takes that
 // path, with its checks and messages. Results are the general path's: the same kernel on the same rows.
 std::vector<at::Tensor> rope_decode_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                                         const at::Tensor& sin, int64_t offset, const std::optional<at::Tensor>& positions,
-                                        int64_t seq_axis, int64_t head_dim, bool interleaved, bool inplace) {
+                                        int64_t seq_axis, int64_t head_dim, bool interleaved, bool inplace,
+                                        int64_t batch_rows) {
   if (q.dim() != 4 || k.dim() != 4 || !q.device().is_cpu() || !k.device().is_cpu() || (seq_axis != 1 && seq_axis != 2))
     return {};
   const auto dtype = q.scalar_type();
@@ -576,6 +578,8 @@ std::vector<at::Tensor> rope_decode_cpu(const at::Tensor& q, const at::Tensor& k
         if (t < 0 || t >= rows) return {};
       }
     ids = expanded;
+  } else if (batch_rows != 0) {
+    if (batch_rows != S || offset != 0 || rows != B * S) return {};
   } else {
     if (offset < 0 || offset + S > rows) return {};
     c = cos.narrow(0, offset, S);
@@ -587,11 +591,11 @@ std::vector<at::Tensor> rope_decode_cpu(const at::Tensor& q, const at::Tensor& k
     if (at::has_internal_overlap(q) != at::MemOverlap::No || at::has_internal_overlap(k) != at::MemOverlap::No ||
         q.storage().is_alias_of(k.storage()))
       return {};  // the general path checks exactly which elements are shared
-    rope_cpu({qv, kv}, {qv, kv}, {c, c}, {s, s}, ids, 0, interleaved, false);
+    rope_cpu({qv, kv}, {qv, kv}, {c, c}, {s, s}, ids, batch_rows, interleaved, false);
     return {q, k};
   }
   const at::Tensor qo = at::empty_like(qv), ko = at::empty_like(kv);
-  rope_cpu({qv, kv}, {qo, ko}, {c, c}, {s, s}, ids, 0, interleaved, false);
+  rope_cpu({qv, kv}, {qo, ko}, {c, c}, {s, s}, ids, batch_rows, interleaved, false);
   if (seq_axis == 2) return {qo.transpose(1, 2), ko.transpose(1, 2)};
   return {qo, ko};
 }

@@ -17,15 +17,11 @@ from typing import Any
 
 import torch
 
-# method names the summary refers to (rows registered in methods.py)
-INPLACE_HARNESS = "in-place harness alone: q*1 ... *1, no RoPE"
-INPLACE_TRAINING = "rotary fused, in place (inside the harness)"
-TWO_COPIES = "limit: two copies (fwd+bwd)"
-
 __all__ = [
     "DTYPE_NAMES",
     "Inputs",
     "Method",
+    "Prepared",
     "Result",
     "SHAPES",
     "QUICK_SHAPES",
@@ -118,11 +114,9 @@ class Result:
     note: str = ""
 
 
-#: the fwd+bwd row that an in-place row is measured inside of (see ``methods._inplace_training``), the
-#: in-place row itself and the fwd+bwd limit: here, not in ``methods``, because the ratios below use
-#: them and ``methods`` imports this module
-INPLACE_HARNESS = "in-place harness alone: q*1 ... *1, no RoPE"
-INPLACE_TRAINING = "rotary fused, in place (inside the harness)"
+#: the in-place training row (see ``methods._inplace_training``) and the fwd+bwd limit: here, not in
+#: ``methods``, because the ratios below use them and ``methods`` imports this module
+INPLACE_TRAINING = "rotary fused, in place (training step)"
 TWO_COPIES = "limit: two copies (fwd+bwd)"
 
 METHODS: list[Method] = []
@@ -143,16 +137,48 @@ def register_suite(name: str, suite: Callable[[argparse.Namespace], list[Result]
 # measurement -----------------------------------------------------------------------------------
 
 
-def _per_call_loops(call: Callable[[], object], budget_s: float = 2e-3) -> int:
-    """Calls per sample so one sample lasts about ``budget_s`` (tiny decode calls are ~10 µs)."""
+class Prepared:
+    """A call whose inputs must be fresh every time, made outside the timed region.
+
+    ``prepare()`` builds them (not timed) and returns the call to time, which is then made once. The
+    timing and the memory measurement time and record that call alone. Calling a ``Prepared`` does
+    both steps (a warm-up).
+
+    Example::
+
+        >>> x = torch.zeros(4)
+        >>> p = Prepared(lambda: (lambda y=x.clone(): y.add_(1)))  # a fresh y for each call
+        >>> p().tolist(), x.tolist()
+        ([1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0])
+    """
+
+    def __init__(self, prepare: Callable[[], Callable[[], object]]) -> None:
+        self.prepare = prepare
+        self.leaves: tuple[torch.Tensor, ...] = ()  # tensors a method exposes for checks
+
+    def __call__(self) -> object:
+        return self.prepare()()
+
+
+def _timed_once(call: Callable[[], object]) -> float:
+    """Seconds of one call; of the prepared call alone for a :class:`Prepared`."""
+    if isinstance(call, Prepared):
+        call = call.prepare()
     start = time.perf_counter()
     call()
-    once = time.perf_counter() - start
-    return max(1, min(1000, int(budget_s / max(once, 1e-7))))
+    return time.perf_counter() - start
+
+
+def _per_call_loops(call: Callable[[], object], budget_s: float = 2e-3) -> int:
+    """Calls per sample so one sample lasts about ``budget_s`` (tiny decode calls are ~10 µs)."""
+    return max(1, min(1000, int(budget_s / max(_timed_once(call), 1e-7))))
 
 
 def time_interleaved(calls: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Median seconds per call of each callable, sampling them in turn ``repeats`` times."""
+    """Median seconds per call of each callable, sampling them in turn ``repeats`` times.
+
+    A :class:`Prepared` call is timed call by call, each one's preparation outside the timed region.
+    """
     for call in calls.values():  # warm up (first-call allocation, compilation, caches)
         call()
         call()
@@ -161,6 +187,9 @@ def time_interleaved(calls: dict[str, Callable[[], object]], repeats: int) -> di
     for _ in range(repeats):
         for name, call in calls.items():
             n = loops[name]
+            if isinstance(call, Prepared):
+                samples[name].append(sum(_timed_once(call) for _ in range(n)) / n)
+                continue
             start = time.perf_counter()
             for _ in range(n):
                 call()
@@ -197,7 +226,7 @@ def extra_peak_bytes(call: Callable[[], object]) -> int | None:
         >>> extra_peak_bytes(lambda: x.mul_(1.0)) < 1024
         True
     """
-    events = _allocation_log(call)
+    events = _allocation_log(call.prepare() if isinstance(call, Prepared) else call)
     if events is None:
         return None
     total = peak = 0
@@ -220,7 +249,7 @@ def allocations(call: Callable[[], object]) -> list[int] | None:
         >>> allocations(lambda: (x.exp(), x.clone()))
         [4096, 4096]
     """
-    events = _allocation_log(call)
+    events = _allocation_log(call.prepare() if isinstance(call, Prepared) else call)
     return None if events is None else [size for _, size in events if size > 0]
 
 
@@ -288,18 +317,15 @@ DTYPE_NAMES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.floa
 
 def _group_ratios(results: list[Result]) -> None:
     """Ratios within a group: to the in-place pass, to the copy limit (fwd: one copy; fwd+bwd: two
-    copies), and HF eager's time over the row's. The in-place training row is measured inside a
-    harness (see ``methods._inplace_training``); its "x in-place pass" is taken without it."""
+    copies), and HF eager's time over the row's."""
 
     by_key = {(r.method, r.backward): r.median_s for r in results}
     mul = by_key.get(("limit: in-place pass (mul_)", False))
     clone = by_key.get(("limit: copy (clone)", False))
     two = by_key.get((TWO_COPIES, True))
-    harness = by_key.get((INPLACE_HARNESS, True))
     for r in results:
         if mul:
-            own = r.median_s - harness if (r.method == INPLACE_TRAINING and harness) else r.median_s
-            r.ratios["x in-place pass"] = own / mul
+            r.ratios["x in-place pass"] = r.median_s / mul
         limit = two if r.backward else clone
         if limit:
             r.ratios["x copy"] = r.median_s / limit

@@ -7,12 +7,12 @@ from collections.abc import Callable
 import torch
 
 from .harness import (
-    INPLACE_HARNESS,
     INPLACE_TRAINING,
     METHODS,
     TWO_COPIES,
     Inputs,
     Method,
+    Prepared,
     Result,
     installed,
     register_suite,
@@ -114,25 +114,57 @@ def _torch_path(inp: Inputs):
     return forward
 
 
-def _inplace_training(inp: Inputs, rotate: bool):
-    """What a training step runs around an in-place rotation, with (``rotate``) or without it.
+class _Source(torch.autograd.Function):
+    """A non-leaf copy of a leaf (as q straight out of a projection is); its backward hands the
+    gradient on unchanged: no pass over it, no allocation."""
 
-    In place needs a non-leaf input (as q straight out of a projection is): ``q_leaf * 1`` makes it.
-    Attention's backward hands RoPE a fresh gradient that nothing else holds, which the in-place
-    backward rotates in place; a given output gradient is held by the caller and would be copied,
-    so the harness passes it through ``* 1`` after the rotation. The harness row (``rotate=False``)
-    times the same step without RoPE: the in-place row minus it is what RoPE adds.
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[override]
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return grad
+
+
+class _Fresh(torch.autograd.Function):
+    """Identity forward; the backward ignores the incoming gradient and hands on one made in advance
+    that nothing else holds, as attention's backward hands RoPE a gradient of its own."""
+
+    @staticmethod
+    def forward(ctx, x, box: list):  # type: ignore[override]
+        ctx.box = box
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return ctx.box.pop(), None
+
+
+def _inplace_training(inp: Inputs) -> Prepared:
+    """``rope(q, k, inplace=True)`` forward and backward as a training step runs it, and nothing else.
+
+    Prepared outside the timed region, for every call: non-leaf q and k (:class:`_Source`) and output
+    gradients that nothing else holds (:class:`_Fresh`), which the in-place backward rotates in place.
+    The timed call is the rotation, the autograd engine's walk and the in-place backward; the nodes
+    around it pass tensors on without touching them.
     """
     q_leaf, k_leaf = inp.q.detach().clone().requires_grad_(), inp.k.detach().clone().requires_grad_()
 
-    def call() -> None:
+    def prepare():
         q_leaf.grad = k_leaf.grad = None
-        q, k = q_leaf * 1, k_leaf * 1
-        if rotate:
-            inp.rope(q, k, inplace=True)
-        torch.autograd.backward((q * 1, k * 1), (inp.grad_q, inp.grad_k))
+        q, k = _Source.apply(q_leaf), _Source.apply(k_leaf)
+        boxes = [inp.grad_q.clone()], [inp.grad_k.clone()]
 
-    return call
+        def step() -> None:
+            qr, kr = inp.rope(q, k, inplace=True)
+            torch.autograd.backward((_Fresh.apply(qr, boxes[0]), _Fresh.apply(kr, boxes[1])), (inp.grad_q, inp.grad_k))
+
+        return step
+
+    prepared = Prepared(prepare)
+    prepared.leaves = (q_leaf, k_leaf)  # whose .grad the last step wrote (for checks)
+    return prepared
 
 
 def _two_copies(inp: Inputs):
@@ -161,13 +193,7 @@ def _builtin_methods() -> list[Method]:
         # forward + backward
         Method(TWO_COPIES, _two_copies, backward=True),
         Method("rotary fused, out of place", lambda i: _fwd_bwd(lambda q, k: i.rope(q, k), i), backward=True),
-        Method(INPLACE_HARNESS, lambda i: _inplace_training(i, rotate=False), backward=True),
-        Method(
-            INPLACE_TRAINING,
-            lambda i: _inplace_training(i, rotate=True),
-            backward=True,
-            note="x in-place pass: minus the harness row",
-        ),
+        Method(INPLACE_TRAINING, _inplace_training, backward=True),
         Method("rotary pure-torch path", lambda i: _fwd_bwd(_torch_path(i), i), backward=True),
         Method(
             "HF eager apply_rotary_pos_emb",

@@ -389,15 +389,12 @@ def _fast_pair(
     if seq_axis is None:
         return None
     batch_rows = 0
-    if cos.dim() == 3 and rows is None:  # per token [B or 1, S, r]
+    if tables.addressing == "per_token":  # [B or 1, S, r]: row b * S + s of [B * S, r]; rope_decode checks B
         if cos.shape[1] != q.shape[seq_axis]:
             return None
-        if cos.shape[0] == 1:
-            cos, sin = cos[0], sin[0]
-        else:  # row b * S + s of [B * S, r]; rope_decode checks B
-            batch_rows = cos.shape[1]
-            cos, sin = cos.flatten(0, 1), sin.flatten(0, 1)
-    elif cos.dim() != 2 or (rows is None and cos.shape[0] != q.shape[seq_axis]):
+        batch_rows = cos.shape[1] if cos.shape[0] > 1 else 0
+        cos, sin = _flatten((cos, sin), tables, q.shape[0])
+    elif rows is None and cos.shape[0] != q.shape[seq_axis]:
         return None
     ext = load_cpu_extension()
     if ext is None:

@@ -5,8 +5,8 @@ exit cleanly although its peer is still at work.
 
 ``TEARDOWN_RAW=1`` keeps the DDP wrapper alive and calls ``destroy_process_group`` directly instead
 (what the experiment did before). Rank 1 then aborts in some runs with "terminate called without an
-active exception" (2 of 8 runs of this probe, 0 of 6 of the next 6, on the 2-core development
-machine): the experiment's own torchrun test failed this way in CI.
+active exception" (2 of 8 runs, then 0 of 6, on the 2-core development machine); the experiment's
+own torchrun test failed this way in CI.
 """
 
 from __future__ import annotations

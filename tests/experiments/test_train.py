@@ -63,7 +63,7 @@ TEARDOWN = Path(__file__).with_name("teardown_probe.py")
 
 def test_a_rank_that_finishes_first_leaves_the_group_cleanly_while_rank_0_is_still_busy():
     """Rank 1 finishes training long before rank 0 has evaluated and written the report. Leaving the
-    group through :meth:`Distributed.stop` (the wrapper dropped, cycles collected, one last agree)
+    group through :meth:`Distributed.stop` (the wrapper dropped, cycles collected, one last barrier)
     must not abort either process; a direct ``destroy_process_group`` with DDP still alive sometimes
     aborted rank 1 (``TEARDOWN_RAW=1`` in :mod:`teardown_probe`). Three runs."""
     for run in range(3):

@@ -226,7 +226,7 @@ def extra_peak_bytes(call: Callable[[], object]) -> int | None:
         >>> extra_peak_bytes(lambda: x.mul_(1.0)) < 1024
         True
     """
-    events = _allocation_log(call.prepare() if isinstance(call, Prepared) else call)
+    events = _allocation_log(call)
     if events is None:
         return None
     total = peak = 0
@@ -249,13 +249,16 @@ def allocations(call: Callable[[], object]) -> list[int] | None:
         >>> allocations(lambda: (x.exp(), x.clone()))
         [4096, 4096]
     """
-    events = _allocation_log(call.prepare() if isinstance(call, Prepared) else call)
+    events = _allocation_log(call)
     return None if events is None else [size for _, size in events if size > 0]
 
 
 def _allocation_log(call: Callable[[], object]) -> list[tuple[int, int]] | None:
     """``(time, bytes)`` of every allocation (positive) and free (negative) made while ``call`` runs, in
-    time order; ``None`` when the profiler records none, not even for a plain ``torch.empty``."""
+    time order; ``None`` when the profiler records none, not even for a plain ``torch.empty``. For a
+    :class:`Prepared`, of the prepared call alone."""
+    if isinstance(call, Prepared):
+        call = call.prepare()
     try:
         events = sorted(_allocation_events(_recorded(call)))
     except (RuntimeError, AttributeError):

@@ -93,7 +93,7 @@ def test_two_torchrun_processes_train_on_their_shards_average_like_one_process_a
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
-    probes = {p["rank"]: p for p in (json.loads(line[len("PROBE "):]) for line in proc.stdout.splitlines() if line.startswith("PROBE "))}
+    probes = {p["rank"]: p for p in (json.loads(f.read_text()) for f in sorted(tmp_path.glob("probe-rank*.json")))}
     assert sorted(probes) == [0, 1] and probes[0]["status"] == probes[1]["status"] == 0
 
     cfg = ExperimentConfig(**{**PRESETS["tiny"], "device": "cpu", "threads": 1, "encodings": ("rope", "alibi"), "spread_encodings": (),

@@ -10,8 +10,10 @@ Launched by ``test_train.py`` as ``torchrun --nproc_per_node=2 torchrun_probe.py
 - records every file or directory it opens for writing, creates, renames or removes under
   ``$PROBE_ROOT`` (Python's audit events, installed after the imports);
 
-and at exit prints one line ``PROBE {"rank": ..., "status": ..., "shards": [...], "writes": [...]}``
-to its stdout with a single ``write`` (atomic on a pipe), whatever the status.
+and at exit, whatever the status, writes ``{"rank": ..., "status": ..., "shards": [...], "writes": [...]}``
+to ``$PROBE_ROOT/probe-rank<RANK>.json`` (after the record is made, so it is not among the writes).
+A file, not a line on the shared stdout: there, under load, rank 1's line once went missing among
+rank 0's output.
 """
 
 from __future__ import annotations
@@ -73,9 +75,9 @@ def probe(argv: list[str]) -> int:
     try:
         status = main(argv)
     finally:
-        line = "PROBE " + json.dumps({"rank": rank, "status": status, "shards": shards, "writes": writes}) + "\n"
-        sys.stdout.flush()
-        os.write(1, line.encode())
+        record = json.dumps({"rank": rank, "status": status, "shards": shards, "writes": writes})
+        with open(os.path.join(root, f"probe-rank{rank}.json"), "w") as out:
+            out.write(record)
     return status
 
 

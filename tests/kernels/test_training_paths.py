@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import rotary
 from rotary.bench import allocations
-from rotary.kernels import extension
+from rotary.kernels import extension, ops
 from rotary.models import Decoder, DecoderConfig
 from rotary.nn import RotaryAttention
 
@@ -69,8 +69,7 @@ def _inplace_vs_identity(make, rotate_in_place):
             leaves_, q, k = make()
             q, k = rot(q, k)
             # the downstream op's backward makes fresh gradients (as attention's does)
-            (q * 2).sum().backward()
-            (k * 3).sum().backward()
+            ((q * 2).sum() + (k * 3).sum()).backward()
             return leaves_
 
         step()
@@ -232,3 +231,98 @@ def test_in_place_without_autograd_returns_the_inputs_themselves():
         tables = rope.tables(torch.arange(S))
         out = rotary.rotate([q, k], tables, inplace=True, kinds=("q", "k"))
         assert out[0] is q and out[1] is k
+
+
+@pytest.mark.parametrize("mode", ["fresh", "user", "user_view", "shared", "hook"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_out_of_place_backward_rotating_owned_gradients_in_place_is_bit_identical(mode, dtype, interleaved, monkeypatch):
+    # the same step with every gradient treated as held elsewhere (a new tensor for each) is the oracle;
+    # gradients others hold (the caller's, a hook's, an addition's other input) must come through untouched
+    rope = rotary.RoPE(D, rotary_dim=48, interleaved=interleaved)
+    STORE.clear()
+    with monkeypatch.context() as m:
+        m.setattr(ops, "owned_gradients", lambda grads: [False] * len(grads))
+        expected = _grads(rope, mode, downstream, dtype)
+    kept_expected = [t.clone() for t in STORE]
+    STORE.clear()
+    got = _grads(rope, mode, downstream, dtype)
+    for e, g in zip(expected, got):
+        assert torch.equal(e, g)
+    assert len(STORE) == len(kept_expected)
+    for e, g in zip(kept_expected, STORE):
+        assert torch.equal(e, g)
+
+
+@pytest.mark.parametrize("form", ["bhsd", "bshd", "projection"])
+def test_out_of_place_training_step_allocates_only_the_outputs(form):
+    # with gradients nothing else holds (attention's backward makes them), the backward rotates them
+    # where they lie: the step allocates one output per input and nothing else of q/k's size
+    rope = rotary.RoPE(D)
+    ql, kl = leaves("bshd" if form == "projection" else form, torch.float32)
+    layout = "bhsd" if form in ("bhsd", "projection") else "bshd"
+
+    def make():
+        ql.grad = kl.grad = None
+        q, k = ql * 1, kl * 1
+        if form == "projection":
+            q = (ql * 1).reshape(B, S, HQ * D).view(B, S, HQ, D).transpose(1, 2)
+            k = (kl * 1).reshape(B, S, HK * D).view(B, S, HK, D).transpose(1, 2)
+        return (ql, kl), q, k
+
+    with_rope, without = _inplace_vs_identity(make, lambda q, k: rope(q, k, layout=layout))
+    assert with_rope == sorted(without + [ql.nbytes, kl.nbytes]), f"{with_rope} vs {without} without RoPE"
+
+
+def test_a_gradient_laid_out_unlike_the_input_gets_a_new_tensor_in_the_inputs_layout():
+    # q is [B, H, S, D] over [B, S, H, D] storage; the downstream product's backward makes a fresh
+    # gradient, but contiguous in [B, H, S, D]. Rotated in place it would reach the leaf in the wrong
+    # layout, and autograd would copy it into x.grad's: the backward rotates it into the input's layout
+    rope = rotary.RoPE(D)
+    leaf_q, leaf_k = leaves("bshd", torch.float32)
+    q, k = leaf_q.transpose(1, 2), leaf_k.transpose(1, 2)
+    seen = []
+    q.register_hook(lambda grad: seen.append(grad.stride()))
+    qr, kr = rope(q, k)
+    w = torch.randn(qr.shape)
+    ((qr * w).sum() + kr.sum()).backward()
+    assert seen == [q.stride()]
+    got, leaf_q.grad = leaf_q.grad, None
+    torch.autograd.backward(rope(q, k)[0], w.clone())  # a gradient the caller holds: never in place
+    assert torch.equal(got, leaf_q.grad)
+
+
+def _kernel_calls(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    real = ops.run
+    monkeypatch.setattr(ops, "run", lambda rotation: (calls.append(len(rotation.xs)), real(rotation))[1])
+    return calls
+
+
+def test_in_place_under_autograd_rotates_q_and_k_in_one_kernel_call(monkeypatch):
+    rope = rotary.RoPE(D)
+    ql, kl = leaves("bhsd", torch.float32)
+    q, k = ql * 1, kl * 1
+    calls = _kernel_calls(monkeypatch)
+    qr, kr = rope(q, k, inplace=True)
+    assert qr is q and kr is k and calls == [2]
+    ((qr * 2).sum() + (kr * 3).sum()).backward()
+    assert calls == [2, 2]  # the backward: both fresh gradients, rotated in place in one call
+
+
+def test_in_place_on_views_of_one_qkv_rotates_each_view_alone(monkeypatch):
+    # autograd accepts an in-place Function on a view only with a single output: one call per view
+    rope = rotary.RoPE(D)
+    leaf = torch.randn(B, S, HQ + 2 * HK, D, requires_grad=True)
+    qkv = leaf * 1
+    q, k = qkv[:, :, :HQ], qkv[:, :, HQ : HQ + HK]
+    calls = _kernel_calls(monkeypatch)
+    qr, kr = rope(q, k, layout="bshd", inplace=True)
+    assert calls == [1, 1]
+    ((qr * 2).sum() + (kr * 3).sum()).backward()
+    got = leaf.grad.clone()
+    leaf.grad = None
+    qkv = leaf * 1
+    qr, kr = rope(qkv[:, :, :HQ], qkv[:, :, HQ : HQ + HK], layout="bshd")  # out of place: the oracle
+    ((qr * 2).sum() + (kr * 3).sum()).backward()
+    assert torch.equal(got, leaf.grad)

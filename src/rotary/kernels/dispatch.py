@@ -41,16 +41,20 @@ def rotate(
     tables_need_grad = grad and any(t.requires_grad for t in (*rotation.cos, *rotation.sin))
     args = (rotation.positions, rotation.batch_rows, rotation.interleaved, rotation.conjugate)
     if inplace and not tables_need_grad:
-        # one call per tensor: autograd takes an in-place Function on a view (q sliced from qkv)
-        # only if it returns a single tensor
-        results = []
-        for i, (x, c, s) in enumerate(zip(xs, rotation.cos, rotation.sin)):
-            target = None if targets is None or compiling else targets[i]
-            if target is None:
-                results.append(ops.RotateInplace.apply(rotation, x, c, s))
-            else:
-                tensor, views = target
-                results.append(views[0](ops.RotateInplace.apply(rotation, tensor, c, s, views)))
+        entries = [(x, None) if targets is None or compiling or targets[i] is None else targets[i] for i, x in enumerate(xs)]
+        if len(entries) == 1 or all(t._base is None for t, _ in entries):  # one call for all
+            groups = [list(range(len(entries)))]
+        else:  # autograd takes an in-place Function on a view (q sliced from qkv) only if it returns one tensor
+            groups = [[i] for i in range(len(entries))]
+        results: list[torch.Tensor] = [xs[0]] * len(entries)
+        for group in groups:
+            rotated = ops.RotateInplace.apply(
+                rotation, tuple(entries[i][1] for i in group), *(entries[i][0] for i in group),
+                *(rotation.cos[i] for i in group), *(rotation.sin[i] for i in group),
+            )  # fmt: skip
+            for i, r in zip(group, (rotated,) if len(group) == 1 else rotated):
+                views = entries[i][1]
+                results[i] = r if views is None else views[0](r)
         return results
     if compiling:
         outs = list(ops.rotation_op(list(xs), list(rotation.cos), list(rotation.sin), *args))

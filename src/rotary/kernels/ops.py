@@ -24,7 +24,7 @@ from .contract import Rotation
 from .eager import run_torch, table_grad_torch
 from .extension import load_cpu_extension
 
-__all__ = ["run", "table_grads", "Rotate", "RotateInplace", "owned_gradient", "rotation_op", "rotation_op_"]
+__all__ = ["run", "table_grads", "Rotate", "RotateInplace", "owned_gradients", "rotation_op", "rotation_op_"]
 
 _CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -124,9 +124,11 @@ class Rotate(torch.autograd.Function):
     uses), minus the custom op's Python dispatch: at decode shapes that dispatch costs more than
     the kernel. Gradients flow to the tables when they require them (learnable frequencies).
 
-    Memory: the forward allocates one output per input, the backward one gradient per input,
-    rotated straight from the incoming gradient (any strides) into memory laid out like the input
-    (so autograd accumulates it into ``x.grad`` without a copy); nothing else of q/k's size.
+    Memory: the forward allocates one output per input; nothing else of q/k's size. The backward
+    rotates an incoming gradient where it lies when nothing else holds it (see
+    :func:`owned_gradients`; attention's backward makes such gradients) and it is laid out like the
+    input; otherwise it rotates it (any strides) into one new tensor laid out like the input, so
+    that autograd keeps it as ``x.grad`` without a copy.
     """
 
     @staticmethod
@@ -147,19 +149,21 @@ class Rotate(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):  # type: ignore[override]
+        differentiable = torch.is_grad_enabled() or torch.compiler.is_compiling()
+        # a gradient nothing else holds, laid out like the input (so that autograd can hand it on or
+        # keep it as x.grad as it is), is rotated where it lies: no allocation in the backward
+        owned = [False] * len(grads) if differentiable or ctx.tables_need_grad else owned_gradients(grads)
         rot: Rotation = ctx.rotation
         saved = ctx.saved_tensors
         n = len(grads)
         xs = saved[:n] if ctx.tables_need_grad else ()
         cos, sin = saved[-2 * n : -n], saved[-n:]
         conj = rot.replace(xs=grads, outs=grads, cos=cos, sin=sin, conjugate=not rot.conjugate)
-        if torch.is_grad_enabled() or torch.compiler.is_compiling():  # create_graph: differentiable
+        if differentiable:  # create_graph: differentiable
             grad_xs = Rotate.apply(conj, *grads, *cos, *sin)
         else:
-            grad_xs = tuple(
-                torch.empty_strided(g.shape, stride, dtype=g.dtype, device=g.device) for g, stride in zip(grads, ctx.strides)
-            )
-            run(conj.replace(outs=grad_xs))
+            in_place = [own and g.stride() == st for own, g, st in zip(owned, grads, ctx.strides)]
+            grad_xs = tuple(_conjugate_into(conj, list(grads), in_place, list(ctx.strides)))
         if not ctx.tables_need_grad:
             return (None, *grad_xs, *([None] * (2 * n)))
         pairs = table_grads(rot.replace(xs=xs, outs=xs, cos=cos, sin=sin), grads)
@@ -184,98 +188,119 @@ def _signature(grad: torch.Tensor) -> tuple[int, ...] | None:
     return (*own, base._use_count(), sys.getrefcount(base))
 
 
+def _signatures(grads: tuple[torch.Tensor, ...]) -> list[tuple[int, ...] | None]:
+    return [_signature(g) for g in grads]
+
+
 class _Probe(torch.autograd.Function):
-    """Calibration of :func:`owned_gradient`: gradients nobody else holds, seen from a backward."""
+    """Calibration of :func:`owned_gradients`: gradients nobody else holds, seen from a backward."""
 
     @staticmethod
-    def forward(ctx, x):  # type: ignore[override]
-        return x * 1
+    def forward(ctx, x, y):  # type: ignore[override]
+        return x * 1, y * 1
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        _calibrate(grad)  # called as RotateInplace.backward calls owned_gradient: the same references
-        return grad
+    def backward(ctx, *grads):  # type: ignore[override]
+        # asked as the rotations' backwards ask owned_gradients: the same references to each gradient
+        assert _EXCLUSIVE is not None
+        _EXCLUSIVE.update(s for s in _signatures(grads) if s is not None)
+        return grads
 
 
-def _calibrate(grad: torch.Tensor) -> None:
-    signature = _signature(grad)
-    if _EXCLUSIVE is not None and signature is not None:
-        _EXCLUSIVE.add(signature)
+def owned_gradients(grads: tuple[torch.Tensor, ...]) -> list[bool]:
+    """Per gradient of a backward's ``*grads``: whether the backward may overwrite it (nothing else holds it).
 
-
-def owned_gradient(grad: torch.Tensor) -> bool:
-    """Whether a backward may overwrite the incoming ``grad``: nothing else holds it.
-
-    Autograd hands one gradient tensor to several consumers (the two inputs of an addition), keeps
-    the user's ``grad_tensors``, stores what tensor hooks keep, and passes views (a reshaped
-    gradient) whose base others may hold. Overwriting is safe only when the tensor, its memory and,
-    for a view, its base have no user but the engine's one reference: the C++ use counts and the
-    Python reference counts must equal those of gradients known to be exclusive, measured once by
-    two probe backwards (a fresh gradient and a view of one) that ask in the same way. Call this
-    first thing in a backward, before making views of ``grad``. When the private counters are
-    unavailable the answer is ``False``: the caller allocates, which is always safe.
+    Autograd hands one gradient tensor to several consumers (the two inputs of an addition, or two
+    outputs of one Function), keeps the user's ``grad_tensors``, stores what tensor hooks keep, and
+    passes views (a reshaped gradient) whose base others may hold. Overwriting is safe only when the
+    tensor, its memory and, for a view, its base have no user but the engine's one reference: the C++
+    use counts and the Python reference counts must equal those of gradients known to be exclusive,
+    measured once by two probe backwards (fresh gradients and views of fresh gradients) that ask in
+    the same way. Call it first thing in a ``backward(ctx, *grads)``, with that tuple, before making
+    views of any gradient. When the private counters are unavailable every answer is ``False``: the
+    caller allocates, which is always safe.
     """
     global _EXCLUSIVE
     try:
         if _EXCLUSIVE is None:
             _EXCLUSIVE = set()
             with torch.enable_grad():
-                probe = torch.zeros(2, requires_grad=True)
-                torch.autograd.backward(_Probe.apply(probe) * 2, torch.ones(2))  # a fresh gradient
-                torch.autograd.backward((_Probe.apply(probe).view(1, 2) * 2).sum())  # a view of one
-        return _signature(grad) in _EXCLUSIVE and torch._debug_has_internal_overlap(grad) == 0
+                x, y = torch.zeros(2, requires_grad=True), torch.zeros(2, requires_grad=True)
+                a, b = _Probe.apply(x, y)
+                torch.autograd.backward((a * 2, b * 3), (torch.ones(2), torch.ones(2)))  # fresh gradients
+                a, b = _Probe.apply(x, y)
+                ((a.view(1, 2) * 2).sum() + (b.view(2, 1) * 3).sum()).backward()  # views of fresh ones
+        return [s in _EXCLUSIVE and torch._debug_has_internal_overlap(g) == 0 for g, s in zip(grads, _signatures(grads))]
     except (AttributeError, RuntimeError, TypeError):  # pragma: no cover - a PyTorch without these counters
-        return False
+        return [False] * len(grads)
 
 
 #: how an in-place target maps to the kernel's ``[B, S, H, D]`` view and back, by view operations only
 Views = tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]
 
 
+def _conjugate_into(
+    conj: Rotation, grads: list[torch.Tensor], owned: list[bool], strides: list[tuple[int, ...] | None]
+) -> list[torch.Tensor]:
+    """Rotate ``grads`` by ``conj`` (a backward) in one kernel call: in place where ``owned``, otherwise
+    into a new tensor with ``strides[i]`` (the input's layout), or laid out like the gradient for ``None``."""
+    outs = [
+        g if own else (torch.empty_like(g) if st is None else torch.empty_strided(g.shape, st, dtype=g.dtype, device=g.device))
+        for g, own, st in zip(grads, owned, strides)
+    ]  # fmt: skip
+    run(conj.replace(xs=tuple(grads), outs=tuple(outs)))
+    return outs
+
+
 class RotateInplace(torch.autograd.Function):
-    """In-place rotation of one tensor under autograd: ``RotateInplace.apply(rotation, x, cos, sin, views)``.
+    """In-place rotation under autograd: ``RotateInplace.apply(rotation, views, *xs, *cos, *sin)``.
 
-    ``views``: ``(to_kernel, from_kernel)``, functions mapping ``x`` (and a gradient shaped like it) to
-    the kernel's ``[B, S, H, D]`` view and back by view operations only, e.g. ``transpose(1, 2)`` for
-    ``[B, H, S, D]`` storage, or splitting the last dim of a projection output ``[B, S, H * D]`` into
-    heads; ``None``: ``x`` already is that view.
+    ``views``: per x, ``(to_kernel, from_kernel)``, functions mapping ``x`` (and a gradient shaped like
+    it) to the kernel's ``[B, S, H, D]`` view and back by view operations only, e.g.
+    ``transpose(1, 2)`` for ``[B, H, S, D]`` storage, or splitting the last dim of a projection output
+    ``[B, S, H * D]`` into heads; ``None``: that x already is the kernel view. Returns the xs (one
+    tensor when there is one). All xs are rotated in one kernel call.
 
-    The backward rotates the incoming gradient in place when nothing else holds it (see
-    :func:`owned_gradient`; attention's backward produces such gradients), so a training step
-    allocates nothing of q/k's size here; otherwise it rotates into one new tensor.
+    The backward rotates each incoming gradient in place when nothing else holds it (see
+    :func:`owned_gradients`; attention's backward produces such gradients), so a training step
+    allocates nothing of q/k's size here; otherwise into one new tensor.
 
-    The rotated tensor comes first among the tensor inputs: for a view (q as a slice of qkv) autograd
-    rebases the view's history onto its base with CopySlices, which expects the dirty view to be the
-    first input, and accepts an in-place Function on a view only if it returns a single tensor.
+    A view (q as a slice of qkv) must be rotated alone: autograd rebases the view's history onto its
+    base with CopySlices, which expects the dirty view to be the first tensor input, and accepts an
+    in-place Function on a view only if it returns a single tensor.
     """
 
     @staticmethod
-    def forward(ctx, rotation: Rotation, x, cos, sin, views: Views | None = None):  # type: ignore[override]
-        views = views or (_identity, _identity)
-        view = views[0](x)
-        rot = rotation.replace(xs=(view,), outs=(view,), cos=(cos,), sin=(sin,))
+    def forward(ctx, rotation: Rotation, views: tuple[Views | None, ...], *tensors):  # type: ignore[override]
+        n = len(views)
+        xs, cos, sin = tensors[:n], tensors[n : 2 * n], tensors[2 * n :]
+        maps = tuple(v or (_identity, _identity) for v in views)
+        kernel_views = tuple(m[0](x) for m, x in zip(maps, xs))
+        rot = rotation.replace(xs=kernel_views, outs=kernel_views, cos=tuple(cos), sin=tuple(sin))
         if torch.compiler.is_compiling():
-            rotation_op_([view], [cos], [sin], rot.positions, rot.batch_rows, rot.interleaved, rot.conjugate)
+            rotation_op_(list(kernel_views), list(cos), list(sin), rot.positions, rot.batch_rows, rot.interleaved, rot.conjugate)
         else:
             run(rot)
-        ctx.mark_dirty(x)
+        ctx.mark_dirty(*xs)
         ctx.rotation = rot.replace(xs=(), outs=())
-        ctx.views = views
-        ctx.save_for_backward(cos, sin)
-        return x
+        ctx.maps = maps
+        ctx.save_for_backward(*cos, *sin)
+        return xs[0] if n == 1 else xs
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        cos, sin = ctx.saved_tensors
-        to_kernel, from_kernel = ctx.views
-        conj = ctx.rotation.replace(cos=(cos,), sin=(sin,), conjugate=not ctx.rotation.conjugate)
-        owned = not (torch.is_grad_enabled() or torch.compiler.is_compiling()) and owned_gradient(grad)
-        g = to_kernel(grad)  # a view of grad: asked after owned_gradient, which counts grad's users
-        if owned:
-            run(conj.replace(xs=(g,), outs=(g,)))
-            return None, from_kernel(g), None, None, None
-        out = Rotate.apply(conj.replace(xs=(g,), outs=(g,)), g, cos, sin)[0]
-        return None, from_kernel(out), None, None, None
+    def backward(ctx, *grads):  # type: ignore[override]
+        differentiable = torch.is_grad_enabled() or torch.compiler.is_compiling()
+        owned = [False] * len(grads) if differentiable else owned_gradients(grads)
+        n = len(grads)
+        saved = ctx.saved_tensors
+        cos, sin = saved[:n], saved[n:]
+        conj = ctx.rotation.replace(cos=cos, sin=sin, conjugate=not ctx.rotation.conjugate)
+        gs = [m[0](g) for m, g in zip(ctx.maps, grads)]  # views of the grads: made after owned_gradients counted their users
+        if differentiable:  # create_graph: a differentiable rotation
+            outs = Rotate.apply(conj.replace(xs=tuple(gs), outs=tuple(gs)), *gs, *cos, *sin)
+        else:
+            outs = _conjugate_into(conj, gs, owned, [None] * n)
+        return (None, None, *(m[1](o) for m, o in zip(ctx.maps, outs)), *([None] * (2 * n)))
 
 
 # custom ops (torch.compile) ---------------------------------------------------------------------

@@ -114,10 +114,15 @@ class Result:
     note: str = ""
 
 
-#: the in-place training row (see ``methods._inplace_training``) and the fwd+bwd limit: here, not in
+#: the training-step rows (see ``methods._training_step``) and the fwd+bwd limits: here, not in
 #: ``methods``, because the ratios below use them and ``methods`` imports this module
 INPLACE_TRAINING = "rotary fused, in place (training step)"
+OUT_OF_PLACE_TRAINING = "rotary fused, out of place (training step)"
 TWO_COPIES = "limit: two copies (fwd+bwd)"
+#: the training-step rows' limit: q, k and the two output gradients prepared as those rows prepare
+#: them, each rotated by nothing (``mul_(1.0)``) once
+TRAINING_PASSES = "limit: in-place passes, fresh inputs (training step)"
+TRAINING_STEPS = (INPLACE_TRAINING, OUT_OF_PLACE_TRAINING, TRAINING_PASSES)
 
 METHODS: list[Method] = []
 SUITES: dict[str, Callable[[argparse.Namespace], list[Result]]] = {}
@@ -320,13 +325,17 @@ DTYPE_NAMES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.floa
 
 def _group_ratios(results: list[Result]) -> None:
     """Ratios within a group: to the in-place pass, to the copy limit (fwd: one copy; fwd+bwd: two
-    copies), and HF eager's time over the row's."""
+    copies), of the training-step rows to their limit (in-place passes over inputs prepared as theirs
+    are), and HF eager's time over the row's."""
 
     by_key = {(r.method, r.backward): r.median_s for r in results}
     mul = by_key.get(("limit: in-place pass (mul_)", False))
     clone = by_key.get(("limit: copy (clone)", False))
     two = by_key.get((TWO_COPIES, True))
+    fresh = by_key.get((TRAINING_PASSES, True))
     for r in results:
+        if fresh and r.backward and r.method in TRAINING_STEPS:
+            r.ratios["x fresh passes"] = r.median_s / fresh
         if mul:
             r.ratios["x in-place pass"] = r.median_s / mul
         limit = two if r.backward else clone
@@ -489,8 +498,9 @@ def format_table(machine: dict[str, Any], results: list[Result], markdown: bool 
         groups.setdefault(r.group, []).append(r)
     for group, rows in groups.items():
         versus_hf = any("HF eager speedup" in r.ratios for r in rows)  # not without transformers
+        steps = any("x fresh passes" in r.ratios for r in rows)
         header = ["method", "pass", "median", "x in-place pass", "x copy (fwd+bwd: two)"]
-        header += ["vs HF eager"] * versus_hf + ["extra peak MiB"]
+        header += ["x fresh passes (training step)"] * steps + ["vs HF eager"] * versus_hf + ["extra peak MiB"]
         table = []
         for r in rows:
             mem = "" if r.extra_peak_bytes is None else f"{r.extra_peak_bytes / 2**20:.1f}"
@@ -501,6 +511,8 @@ def format_table(machine: dict[str, Any], results: list[Result], markdown: bool 
                 f"{r.ratios['x in-place pass']:.2f}" if "x in-place pass" in r.ratios else "",
                 f"{r.ratios['x copy']:.2f}" if "x copy" in r.ratios else "",
             ]
+            if steps:
+                row.append(f"{r.ratios['x fresh passes']:.2f}" if "x fresh passes" in r.ratios else "")
             if versus_hf:
                 row.append(_versus_hf(r.ratios["HF eager speedup"]) if "HF eager speedup" in r.ratios else "")
             table.append([*row, mem])

@@ -9,6 +9,8 @@ import torch
 from .harness import (
     INPLACE_TRAINING,
     METHODS,
+    OUT_OF_PLACE_TRAINING,
+    TRAINING_PASSES,
     TWO_COPIES,
     Inputs,
     Method,
@@ -141,13 +143,14 @@ class _Fresh(torch.autograd.Function):
         return ctx.box.pop(), None
 
 
-def _inplace_training(inp: Inputs) -> Prepared:
-    """``rope(q, k, inplace=True)`` forward and backward as a training step runs it, and nothing else.
+def _training_step(inp: Inputs, *, inplace: bool) -> Prepared:
+    """``rope(q, k)`` (``inplace``: ``rope(q, k, inplace=True)``) forward and backward as a training step
+    runs it, and nothing else.
 
     Prepared outside the timed region, for every call: non-leaf q and k (:class:`_Source`) and output
-    gradients that nothing else holds (:class:`_Fresh`), which the in-place backward rotates in place.
-    The timed call is the rotation, the autograd engine's walk and the in-place backward; the nodes
-    around it pass tensors on without touching them.
+    gradients that nothing else holds (:class:`_Fresh`), which the backward rotates where they lie.
+    The timed call is the rotation, the autograd engine's walk and the backward; the nodes around it
+    pass tensors on without touching them.
     """
     q_leaf, k_leaf = inp.q.detach().clone().requires_grad_(), inp.k.detach().clone().requires_grad_()
 
@@ -157,7 +160,7 @@ def _inplace_training(inp: Inputs) -> Prepared:
         boxes = [inp.grad_q.clone()], [inp.grad_k.clone()]
 
         def step() -> None:
-            qr, kr = inp.rope(q, k, inplace=True)
+            qr, kr = inp.rope(q, k, inplace=inplace)
             torch.autograd.backward((_Fresh.apply(qr, boxes[0]), _Fresh.apply(kr, boxes[1])), (inp.grad_q, inp.grad_k))
 
         return step
@@ -165,6 +168,18 @@ def _inplace_training(inp: Inputs) -> Prepared:
     prepared = Prepared(prepare)
     prepared.leaves = (q_leaf, k_leaf)  # whose .grad the last step wrote (for checks)
     return prepared
+
+
+def _training_passes(inp: Inputs) -> Prepared:
+    """The training-step rows' limit: q, k and both output gradients, cloned before every call as
+    those rows clone them, then each passed over once in place (``mul_(1.0)``): the reads and writes
+    of an in-place forward and an in-place backward, with the inputs in the same state."""
+
+    def prepare():
+        tensors = (inp.q.clone(), inp.k.clone(), inp.grad_q.clone(), inp.grad_k.clone())
+        return lambda: [t.mul_(1.0) for t in tensors]
+
+    return Prepared(prepare)
 
 
 def _two_copies(inp: Inputs):
@@ -193,7 +208,9 @@ def _builtin_methods() -> list[Method]:
         # forward + backward
         Method(TWO_COPIES, _two_copies, backward=True),
         Method("rotary fused, out of place", lambda i: _fwd_bwd(lambda q, k: i.rope(q, k), i), backward=True),
-        Method(INPLACE_TRAINING, _inplace_training, backward=True),
+        Method(TRAINING_PASSES, _training_passes, backward=True),
+        Method(INPLACE_TRAINING, lambda i: _training_step(i, inplace=True), backward=True),
+        Method(OUT_OF_PLACE_TRAINING, lambda i: _training_step(i, inplace=False), backward=True),
         Method("rotary pure-torch path", lambda i: _fwd_bwd(_torch_path(i), i), backward=True),
         Method(
             "HF eager apply_rotary_pos_emb",

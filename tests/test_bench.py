@@ -313,3 +313,17 @@ def test_the_training_limit_row_passes_over_fresh_copies_and_is_their_ratio():
     harness._group_ratios(results)
     assert results[1].ratios["x fresh passes"] == 1.5 and "x fresh passes" not in results[2].ratios
     assert "x fresh passes (training step)" in harness.format_table({"cpu": "c", "logical_cpus": 1, "torch": "t", "torch_threads": 1}, results)
+
+def test_the_training_step_overhead_script_times_its_three_steps(capsys):
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "training_step_overhead.py"
+    spec = importlib.util.spec_from_file_location("training_step_overhead", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--shape", "2,2,8,16", "--repeats", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split("  ")[0] for line in out[:3]] == ["autograd only", "mul_ passes under autograd", "rope(q, k, inplace=True)"]
+    assert out[3].startswith("rope / mul_ passes under autograd: ")
+    with pytest.raises(SystemExit):
+        script.main(["--shape", "2,2,8"])

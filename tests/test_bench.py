@@ -327,3 +327,19 @@ def test_the_training_step_overhead_script_times_its_three_steps(capsys):
     assert out[3].startswith("rope / mul_ passes under autograd: ")
     with pytest.raises(SystemExit):
         script.main(["--shape", "2,2,8"])
+
+
+def test_the_kernel_vs_pass_script_times_the_kernel_and_the_pass(capsys):
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "kernel_vs_pass.py"
+    spec = importlib.util.spec_from_file_location("kernel_vs_pass", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    for layout in ("bhsd", "bshd"):
+        assert script.main(["--shape", "1,2,32,16", "--repeats", "1", "--calls", "1", "--layout", layout]) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert [line[:22].strip() for line in out] == ["mul_ pass", "half, in place", "half, out of place", "interleaved, in place"]
+        assert out[0].endswith("1.00x the pass")
+    with pytest.raises(SystemExit):
+        script.main(["--shape", "1,2,32,15"])

@@ -1,0 +1,95 @@
+"""The fused CPU kernel called directly (no Python dispatch, no autograd) against one pass over q and k.
+
+Times, interleaved in one process, on the same q and k (in cache after the first call when they fit):
+
+- ``mul_ pass``: ``q.mul_(1.0); k.mul_(1.0)``, the one-pass limit of ``rotary bench``;
+- ``half, in place`` / ``half, out of place``: the kernel on q and k in one call, half pairing;
+- ``interleaved, in place``: the same with the interleaved pairing.
+
+Each sample is ``--calls`` calls; the median of ``--repeats`` samples is printed, and its ratio to the
+pass. Needs the compiled extension (it is built on first use).
+
+    PYTHONPATH=src python benchmarks/kernel_vs_pass.py [--shape 1,32,2048,128] [--dtype bf16] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from rotary import RoPE
+from rotary.kernels.extension import cpu_extension_error, load_cpu_extension
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def calls(shape: tuple[int, int, int, int], dtype: torch.dtype, layout: str) -> dict[str, Callable[[], object]]:
+    """The timed calls, keyed by name (see the module docstring)."""
+    ext = load_cpu_extension()
+    if ext is None:
+        raise SystemExit(f"kernel_vs_pass: the fused CPU kernel is not available: {cpu_extension_error()}")
+    B, H, S, D = shape
+    g = torch.Generator().manual_seed(0)
+    if layout == "bhsd":  # the kernel's [B, S, H, D] view of [B, H, S, D] storage
+        q, k = (torch.randn(B, H, S, D, generator=g).to(dtype).transpose(1, 2) for _ in range(2))
+    else:
+        q, k = (torch.randn(B, S, H, D, generator=g).to(dtype) for _ in range(2))
+    cos, sin = RoPE(D).cos_sin(torch.arange(S))  # [S, D]: the half pairing reads the first D/2 columns
+    half = D // 2
+    cos_i = cos[:, :half].repeat_interleave(2, -1).contiguous()  # per channel, for the interleaved pairing
+    sin_i = sin[:, :half].repeat_interleave(2, -1).contiguous()
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    return {
+        "mul_ pass": lambda: (q.mul_(1.0), k.mul_(1.0)),
+        "half, in place": lambda: ext.rope([q, k], [q, k], [cos, cos], [sin, sin], None, 0, False, False),
+        "half, out of place": lambda: ext.rope([q, k], [q_out, k_out], [cos, cos], [sin, sin], None, 0, False, False),
+        "interleaved, in place": lambda: ext.rope([q, k], [q, k], [cos_i, cos_i], [sin_i, sin_i], None, 0, True, False),
+    }
+
+
+def measure(named: dict[str, Callable[[], object]], repeats: int, per_sample: int) -> dict[str, float]:
+    """Median seconds per call of each, sampling them in turn."""
+    for call in named.values():
+        call()
+    samples: dict[str, list[float]] = {name: [] for name in named}
+    for _ in range(repeats):
+        for name, call in named.items():
+            start = time.perf_counter()
+            for _ in range(per_sample):
+                call()
+            samples[name].append((time.perf_counter() - start) / per_sample)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="1,32,2048,128", help="B,H,S,D of q and k (default 1,32,2048,128)")
+    parser.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
+    parser.add_argument("--layout", default="bhsd", choices=["bhsd", "bshd"], help="storage of q and k (default bhsd)")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--calls", type=int, default=20, help="calls per sample (default 20)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's setting)")
+    args = parser.parse_args(argv)
+    try:
+        shape = tuple(int(n) for n in args.shape.split(","))
+    except ValueError:
+        parser.error(f"--shape {args.shape!r}: give four integers B,H,S,D, e.g. 1,32,2048,128")
+    if len(shape) != 4 or min(shape) < 1 or shape[3] % 2:
+        parser.error(f"--shape {args.shape!r}: give four positive integers B,H,S,D with D even")
+    if args.repeats < 1 or args.calls < 1:
+        parser.error("--repeats and --calls: give at least 1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    medians = measure(calls(shape, DTYPES[args.dtype], args.layout), args.repeats, args.calls)  # type: ignore[arg-type]
+    one_pass = medians["mul_ pass"]
+    for name, seconds in medians.items():
+        print(f"{name:22s} {seconds * 1e3:8.3f} ms  {seconds / one_pass:5.2f}x the pass")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

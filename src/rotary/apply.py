@@ -20,6 +20,7 @@ from ._checks import check_bool, check_int, check_positive_int
 from .kernels import dispatch
 from .kernels.contract import Rotation
 from .kernels.extension import load_cpu_extension
+from .kernels.ops import TRANSFORMED, transformed
 from .tables import RotaryTables
 
 __all__ = [
@@ -55,6 +56,8 @@ def _check_inputs(xs: Sequence[torch.Tensor], names: Sequence[str], packed: bool
     for x, name in zip(xs, names):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if transformed(x):
+            raise TypeError(TRANSFORMED.format(name=name))
         if x.dtype not in _INPUT_DTYPES:
             raise TypeError(
                 f"{name} must be fp32, bf16, fp16 or fp64, got dtype {x.dtype}; cast it (e.g. x.float()) and cast "
@@ -317,6 +320,11 @@ def rotate(
     results = []
     for i, (x, out) in enumerate(zip(xs, outs)):
         if inplace and (targets is None or targets[i] is None or targets[i][0] is x):  # type: ignore[index]
+            if x._base is not None and x.requires_grad:
+                # a view whose base was changed in place through another view: its grad_fn is rebuilt
+                # lazily, and registering a hook on it before that crashes PyTorch (2.13, a segfault
+                # in plain torch as well); reading grad_fn rebuilds it now
+                x.grad_fn  # noqa: B018
             results.append(x)
         elif packed:
             results.append(out.squeeze(0))

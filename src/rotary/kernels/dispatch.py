@@ -42,9 +42,13 @@ def rotate(
     args = (rotation.positions, rotation.batch_rows, rotation.interleaved, rotation.conjugate)
     if inplace and not tables_need_grad:
         entries = [(x, None) if targets is None or compiling or targets[i] is None else targets[i] for i, x in enumerate(xs)]
-        if len(entries) == 1 or all(t._base is None for t, _ in entries):  # one call for all
+        # one call for all, when none is a view and all need gradients; otherwise one per tensor:
+        # autograd takes an in-place Function on a view (q sliced from qkv) only if it returns one
+        # tensor, and a Function that marks a tensor needing no gradient dirty together with one that
+        # needs it would tie the first into the graph (it would come back requiring grad)
+        if len(entries) == 1 or all(t._base is None and t.requires_grad for t, _ in entries):
             groups = [list(range(len(entries)))]
-        else:  # autograd takes an in-place Function on a view (q sliced from qkv) only if it returns one tensor
+        else:
             groups = [[i] for i in range(len(entries))]
         results: list[torch.Tensor] = [xs[0]] * len(entries)
         for group in groups:
@@ -56,11 +60,14 @@ def rotate(
                 views = entries[i][1]
                 results[i] = r if views is None else views[0](r)
         return results
+    if inplace:  # gradients into the tables need the unrotated input, which autograd saves: a copy of it
+        xs = tuple(x.clone() for x in xs)
     if compiling:
         outs = list(ops.rotation_op(list(xs), list(rotation.cos), list(rotation.sin), *args))
     else:
         outs = list(ops.Rotate.apply(rotation, *xs, *rotation.cos, *rotation.sin))
-    if inplace:  # gradients into the tables need the unrotated input: rotate out of place, then copy
+    if inplace:  # rotated out of place, then copied back
+        xs = rotation.xs
         for x, out in zip(xs, outs):
             x.copy_(out)
         return list(xs)

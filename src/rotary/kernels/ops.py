@@ -24,9 +24,25 @@ from .contract import Rotation
 from .eager import run_torch, table_grad_torch
 from .extension import load_cpu_extension
 
-__all__ = ["run", "table_grads", "Rotate", "RotateInplace", "owned_gradients", "rotation_op", "rotation_op_"]
+__all__ = ["run", "transformed", "TRANSFORMED", "table_grads", "Rotate", "RotateInplace", "owned_gradients", "rotation_op", "rotation_op_"]
 
 _CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+TRANSFORMED = (
+    "rotary: {name} is a tensor inside a torch.func transform (vmap, grad, vjp, jacrev, ...) or a batched "
+    "gradient (is_grads_batched=True); rotary's rotation does not run under them. Call rotary outside the "
+    "transform, or loop over the batch"
+)
+
+
+def transformed(x: torch.Tensor) -> bool:
+    """Whether ``x`` is a torch.func wrapper: ``grad``'s wrapped tensors, ``vmap``'s batched ones
+    (``False`` while ``torch.compile`` traces: it sees fake tensors, and cannot trace the check)."""
+    if torch.compiler.is_compiling():
+        return False
+    functorch = torch._C._functorch
+    return functorch.is_functorch_wrapped_tensor(x) or functorch.is_batchedtensor(x)
 
 
 def _fused(rotation: Rotation, tensors: tuple[torch.Tensor, ...]) -> str | None:
@@ -45,6 +61,9 @@ def _fused(rotation: Rotation, tensors: tuple[torch.Tensor, ...]) -> str | None:
 
 def run(rotation: Rotation) -> None:
     """Write the rotation of each x into the matching out (which may be x itself) with the best kernel."""
+    if any(transformed(t) or not torch._C._has_storage(t) for t in (*rotation.xs, *rotation.outs)):
+        # e.g. the gradients of autograd.grad(..., is_grads_batched=True), batched below this level
+        raise TypeError(TRANSFORMED.format(name="a tensor that reached the rotation"))
     backend = _fused(rotation, (*rotation.xs, *rotation.outs))
     if backend == "cpu":
         ext = load_cpu_extension()
@@ -145,6 +164,7 @@ class Rotate(torch.autograd.Function):
         ctx.tables_need_grad = tables_need_grad
         ctx.strides = tuple(o.stride() for o in outs)  # the inputs' layout (empty_like keeps a dense one)
         ctx.save_for_backward(*(rot.xs if tables_need_grad else ()), *rot.cos, *rot.sin)
+        ctx.set_materialize_grads(False)  # an output that gets no gradient gives its input none
         return outs
 
     @staticmethod
@@ -153,28 +173,59 @@ class Rotate(torch.autograd.Function):
         # a gradient nothing else holds, laid out like the input (so that autograd can hand it on or
         # keep it as x.grad as it is), is rotated where it lies: no allocation in the backward
         owned = [False] * len(grads) if differentiable or ctx.tables_need_grad else owned_gradients(grads)
-        rot: Rotation = ctx.rotation
-        saved = ctx.saved_tensors
         n = len(grads)
+        saved = ctx.saved_tensors
         xs = saved[:n] if ctx.tables_need_grad else ()
         cos, sin = saved[-2 * n : -n], saved[-n:]
-        conj = rot.replace(xs=grads, outs=grads, cos=cos, sin=sin, conjugate=not rot.conjugate)
-        if differentiable:  # create_graph: differentiable
-            grad_xs = Rotate.apply(conj, *grads, *cos, *sin)
-        else:
-            in_place = [own and g.stride() == st for own, g, st in zip(owned, grads, ctx.strides)]
-            grad_xs = tuple(_conjugate_into(conj, list(grads), in_place, list(ctx.strides)))
-        if not ctx.tables_need_grad:
+        present = [i for i, g in enumerate(grads) if g is not None]
+        in_place = [owned[i] and grads[i].stride() == ctx.strides[i] for i in present]
+        grad_xs = _rotate_back(ctx.rotation, grads, cos, sin, present, in_place, [ctx.strides[i] for i in present])
+        if not ctx.tables_need_grad or not present:
             return (None, *grad_xs, *([None] * (2 * n)))
-        pairs = table_grads(rot.replace(xs=xs, outs=xs, cos=cos, sin=sin), grads)
-        return (None, *grad_xs, *(p[0] for p in pairs), *(p[1] for p in pairs))
+        rot = ctx.rotation
+        pick = lambda seq: tuple(seq[i] for i in present)  # noqa: E731
+        pairs = table_grads(rot.replace(xs=pick(xs), outs=pick(xs), cos=pick(cos), sin=pick(sin)), pick(grads))
+        table_cos: list[torch.Tensor | None] = [None] * n
+        table_sin: list[torch.Tensor | None] = [None] * n
+        for i, (gc, gs) in zip(present, pairs):
+            table_cos[i], table_sin[i] = gc, gs
+        return (None, *grad_xs, *table_cos, *table_sin)
+
+
+def _rotate_back(
+    rotation: Rotation,
+    grads: tuple[torch.Tensor | None, ...],
+    cos: tuple[torch.Tensor, ...],
+    sin: tuple[torch.Tensor, ...],
+    present: list[int],
+    in_place: list[bool],
+    strides: list[tuple[int, ...] | None],
+) -> list[torch.Tensor | None]:
+    """A backward's rotation by -θ of ``grads[i]`` for ``i`` in ``present`` (the others are ``None``,
+    outputs that got no gradient, and stay ``None``), in one kernel call: in place where
+    ``in_place``, otherwise into a new tensor with ``strides`` (or laid out like the gradient for
+    ``None``). Differentiable (:class:`Rotate`) when grad mode is on (``create_graph=True``)."""
+    results: list[torch.Tensor | None] = [None] * len(grads)
+    if not present:
+        return results
+    gs = tuple(grads[i] for i in present)
+    cs, ss = tuple(cos[i] for i in present), tuple(sin[i] for i in present)
+    conj = rotation.replace(xs=gs, outs=gs, cos=cs, sin=ss, conjugate=not rotation.conjugate)
+    if torch.is_grad_enabled() or torch.compiler.is_compiling():
+        outs = Rotate.apply(conj, *gs, *cs, *ss)
+    else:
+        outs = _conjugate_into(conj, list(gs), in_place, strides)  # type: ignore[arg-type]
+    for i, out in zip(present, outs):
+        results[i] = out
+    return results
 
 
 def _identity(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-_EXCLUSIVE: set[tuple[int, ...]] | None = None  # signatures of gradients nobody else holds
+_EXCLUSIVE: frozenset[tuple[int, ...]] | None = None  # signatures of gradients nobody else holds
+_CALIBRATION_ATTEMPTS = 0  # calibrations that did not give a consistent answer (at most 3 are made)
 
 
 def _signature(grad: torch.Tensor) -> tuple[int, ...] | None:
@@ -188,26 +239,62 @@ def _signature(grad: torch.Tensor) -> tuple[int, ...] | None:
     return (*own, base._use_count(), sys.getrefcount(base))
 
 
-def _signatures(grads: tuple[torch.Tensor, ...]) -> list[tuple[int, ...] | None]:
-    return [_signature(g) for g in grads]
+def _signatures(grads: tuple[torch.Tensor | None, ...]) -> list[tuple[int, ...] | None]:
+    return [None if g is None else _signature(g) for g in grads]
 
 
 class _Probe(torch.autograd.Function):
     """Calibration of :func:`owned_gradients`: gradients nobody else holds, seen from a backward."""
 
     @staticmethod
-    def forward(ctx, x, y):  # type: ignore[override]
+    def forward(ctx, x, y, sink: list):  # type: ignore[override]
+        ctx.sink = sink
         return x * 1, y * 1
 
     @staticmethod
     def backward(ctx, *grads):  # type: ignore[override]
         # asked as the rotations' backwards ask owned_gradients: the same references to each gradient
-        assert _EXCLUSIVE is not None
-        _EXCLUSIVE.update(s for s in _signatures(grads) if s is not None)
-        return grads
+        ctx.sink.extend(_signatures(grads))
+        return (*grads, None)
 
 
-def owned_gradients(grads: tuple[torch.Tensor, ...]) -> list[bool]:
+def _calibrate() -> frozenset[tuple[int, ...]] | None:
+    """The signatures of exclusive gradients (fresh ones, and views of fresh ones), or ``None`` when
+    two rounds disagree or a count says something else holds a probe gradient.
+
+    Anything that holds a probe gradient while it is counted would be taken for the engine's own
+    reference from then on, and a gradient with that one extra holder overwritten: a Python tracer
+    or profiler reading frame locals (a debugger), or a ``TorchDispatchMode`` /
+    ``TorchFunctionMode`` that keeps what ops return. They are switched off for the probes.
+    """
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    trace, profile = sys.gettrace(), sys.getprofile()
+    sys.settrace(None)
+    sys.setprofile(None)
+    try:
+        rounds = []
+        with _disable_current_modes(), torch._C.DisableTorchFunction(), torch.inference_mode(False), torch.enable_grad():
+            for _ in range(2):
+                seen: list[tuple[int, ...] | None] = []
+                x, y = torch.zeros(2, requires_grad=True), torch.zeros(2, requires_grad=True)
+                a, b = _Probe.apply(x, y, seen)
+                torch.autograd.backward((a * 2, b * 3), (torch.ones(2), torch.ones(2)))  # fresh gradients
+                a, b = _Probe.apply(x, y, seen)
+                ((a.view(1, 2) * 2).sum() + (b.view(2, 1) * 3).sum()).backward()  # views of fresh ones
+                rounds.append(seen)
+    finally:
+        sys.settrace(trace)
+        sys.setprofile(profile)
+    first = rounds[0]
+    # fresh: (1, storage users, refs); views: (1, ..., 2, refs): the view and the engine hold its base
+    plausible = len(first) == 4 and all(s is not None and s[0] == 1 and (len(s) == 3 or s[3] == 2) for s in first)
+    if rounds[1] != first or not plausible:
+        return None
+    return frozenset(s for s in first if s is not None)
+
+
+def owned_gradients(grads: tuple[torch.Tensor | None, ...]) -> list[bool]:
     """Per gradient of a backward's ``*grads``: whether the backward may overwrite it (nothing else holds it).
 
     Autograd hands one gradient tensor to several consumers (the two inputs of an addition, or two
@@ -215,23 +302,36 @@ def owned_gradients(grads: tuple[torch.Tensor, ...]) -> list[bool]:
     passes views (a reshaped gradient) whose base others may hold. Overwriting is safe only when the
     tensor, its memory and, for a view, its base have no user but the engine's one reference: the C++
     use counts and the Python reference counts must equal those of gradients known to be exclusive,
-    measured once by two probe backwards (fresh gradients and views of fresh gradients) that ask in
-    the same way. Call it first thing in a ``backward(ctx, *grads)``, with that tuple, before making
-    views of any gradient. When the private counters are unavailable every answer is ``False``: the
-    caller allocates, which is always safe.
+    measured once by probe backwards (fresh gradients and views of fresh gradients) that ask in the
+    same way (:func:`_calibrate`). A gradient must also span its whole memory: a slice of a larger
+    gradient (what ``torch.cat``'s backward hands on) is not overwritten, since handing it on would
+    keep the whole buffer alive as ``x.grad``. ``None`` (an output that got no gradient) is ``False``.
+
+    Call it first thing in a ``backward(ctx, *grads)``, with that tuple, before making views of any
+    gradient. When the private counters are unavailable, or calibration keeps failing, every answer is
+    ``False``: the caller allocates, which is always safe.
     """
-    global _EXCLUSIVE
+    global _EXCLUSIVE, _CALIBRATION_ATTEMPTS
     try:
         if _EXCLUSIVE is None:
-            _EXCLUSIVE = set()
-            with torch.enable_grad():
-                x, y = torch.zeros(2, requires_grad=True), torch.zeros(2, requires_grad=True)
-                a, b = _Probe.apply(x, y)
-                torch.autograd.backward((a * 2, b * 3), (torch.ones(2), torch.ones(2)))  # fresh gradients
-                a, b = _Probe.apply(x, y)
-                ((a.view(1, 2) * 2).sum() + (b.view(2, 1) * 3).sum()).backward()  # views of fresh ones
-        return [s in _EXCLUSIVE and torch._debug_has_internal_overlap(g) == 0 for g, s in zip(grads, _signatures(grads))]
-    except (AttributeError, RuntimeError, TypeError):  # pragma: no cover - a PyTorch without these counters
+            if _CALIBRATION_ATTEMPTS >= 3:
+                return [False] * len(grads)
+            _CALIBRATION_ATTEMPTS += 1
+            calibrated = _calibrate()
+            if calibrated is None:
+                if _CALIBRATION_ATTEMPTS >= 3:
+                    _EXCLUSIVE = frozenset()
+                return [False] * len(grads)
+            _EXCLUSIVE = calibrated
+        exclusive = _EXCLUSIVE
+        return [
+            s is not None
+            and s in exclusive
+            and g.untyped_storage().nbytes() == g.numel() * g.element_size()
+            and torch._debug_has_internal_overlap(g) == 0
+            for g, s in zip(grads, _signatures(grads))
+        ]  # fmt: skip
+    except (AttributeError, NotImplementedError, RuntimeError, TypeError):  # e.g. a PyTorch without these counters
         return [False] * len(grads)
 
 
@@ -285,6 +385,7 @@ class RotateInplace(torch.autograd.Function):
         ctx.rotation = rot.replace(xs=(), outs=())
         ctx.maps = maps
         ctx.save_for_backward(*cos, *sin)
+        ctx.set_materialize_grads(False)  # an output that gets no gradient gives its input none
         return xs[0] if n == 1 else xs
 
     @staticmethod
@@ -293,14 +394,12 @@ class RotateInplace(torch.autograd.Function):
         owned = [False] * len(grads) if differentiable else owned_gradients(grads)
         n = len(grads)
         saved = ctx.saved_tensors
-        cos, sin = saved[:n], saved[n:]
-        conj = ctx.rotation.replace(cos=cos, sin=sin, conjugate=not ctx.rotation.conjugate)
-        gs = [m[0](g) for m, g in zip(ctx.maps, grads)]  # views of the grads: made after owned_gradients counted their users
-        if differentiable:  # create_graph: a differentiable rotation
-            outs = Rotate.apply(conj.replace(xs=tuple(gs), outs=tuple(gs)), *gs, *cos, *sin)
-        else:
-            outs = _conjugate_into(conj, gs, owned, [None] * n)
-        return (None, None, *(m[1](o) for m, o in zip(ctx.maps, outs)), *([None] * (2 * n)))
+        # views of the grads: made after owned_gradients counted their users
+        gs = tuple(None if g is None else m[0](g) for m, g in zip(ctx.maps, grads))
+        present = [i for i, g in enumerate(gs) if g is not None]
+        outs = _rotate_back(ctx.rotation, gs, saved[:n], saved[n:], present, [owned[i] for i in present], [None] * len(present))
+        back = (None if o is None else m[1](o) for m, o in zip(ctx.maps, outs))
+        return (None, None, *back, *([None] * (2 * n)))
 
 
 # custom ops (torch.compile) ---------------------------------------------------------------------

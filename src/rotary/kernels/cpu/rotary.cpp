@@ -553,6 +553,7 @@ std::vector<at::Tensor> rope_decode_cpu(const at::Tensor& q, const at::Tensor& k
                                         int64_t batch_rows) {
   if (q.dim() != 4 || k.dim() != 4 || !q.device().is_cpu() || !k.device().is_cpu() || (seq_axis != 1 && seq_axis != 2))
     return {};
+  if (!q.has_storage() || !k.has_storage()) return {};  // e.g. torch.func's batched tensors: the general path says why
   const auto dtype = q.scalar_type();
   if (k.scalar_type() != dtype || !(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf)) return {};
   if (q.stride(3) != 1 || k.stride(3) != 1 || q.numel() == 0 || k.numel() == 0) return {};

@@ -1,0 +1,201 @@
+"""The backward overwrites an incoming gradient only when nothing else holds it (``ops.owned_gradients``):
+cases found by an adversarial review of that rule, each failing before its fix."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import rotary
+from rotary.kernels import extension, ops
+
+
+@pytest.fixture(autouse=True)
+def _extension_built():
+    assert extension.load_cpu_extension() is not None, extension.cpu_extension_error()
+
+
+@pytest.fixture
+def uncalibrated(monkeypatch):
+    """A process in which no backward has asked yet: the next one calibrates."""
+    monkeypatch.setattr(ops, "_EXCLUSIVE", None)
+    monkeypatch.setattr(ops, "_CALIBRATION_ATTEMPTS", 0)
+
+
+class _Recorder(TorchDispatchMode):
+    """Keeps every op's output, as a numerics-debugging recorder does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.seen.append(out)
+        return out
+
+
+def _tracer(frame, event, arg):
+    frame.f_locals  # noqa: B018 - what a debugger does: a snapshot holding every local
+    return _tracer
+
+
+def _step(rope, keep=None, w=None):
+    q = torch.randn(1, 3, 2, 16, requires_grad=True)
+    k = torch.randn(1, 3, 2, 16, requires_grad=True)
+    qr, kr = rope(q * 1, k * 1, layout="bshd")
+    if keep is not None:
+        qr.register_hook(lambda grad: keep.append(grad))
+    w = torch.randn(1, 3, 2, 16) if w is None else w
+    ((qr * w).sum() + kr.sum()).backward()
+
+
+@pytest.mark.parametrize("context", ["dispatch mode", "tracer"])
+def test_calibration_is_not_skewed_by_what_holds_the_probes(uncalibrated, context):
+    # a calibration that counted the recorder's (or the tracer's) reference as the engine's own would
+    # later take a gradient with one extra holder (here a hook's) for exclusive and overwrite it
+    rope = rotary.RoPE(16)
+    if context == "tracer":
+        previous = sys.gettrace()
+        sys.settrace(_tracer)
+        try:
+            _step(rope)
+        finally:
+            sys.settrace(previous)
+    else:
+        with _Recorder():
+            _step(rope)
+    assert ops._EXCLUSIVE == ops._calibrate()
+    w, kept = torch.randn(1, 3, 2, 16), []
+    _step(rope, keep=kept, w=w)
+    assert torch.equal(kept[0], w), "a gradient a hook keeps was rotated under it"
+
+
+def test_a_calibration_that_fails_is_retried(uncalibrated, monkeypatch):
+    calls = []
+    monkeypatch.setattr(ops, "_calibrate", lambda: calls.append(1))  # returns None: inconsistent
+    rope = rotary.RoPE(16)
+    for _ in range(4):
+        _step(rope)
+    assert len(calls) == 3 and ops._EXCLUSIVE == frozenset()  # three attempts, then always allocate
+
+
+def test_a_first_backward_inside_inference_mode_still_calibrates(uncalibrated):
+    rope = rotary.RoPE(16)
+    q = torch.randn(1, 2, 3, 16, requires_grad=True)
+    qr, kr = rope(q * 1, q.detach() * 1)
+    loss = (qr * 2).sum()
+    with torch.inference_mode():
+        loss.backward()  # the probes inside need a graph: built outside inference mode
+    assert ops._EXCLUSIVE and ops._EXCLUSIVE == ops._calibrate()
+
+
+def test_in_place_leaves_a_tensor_that_needs_no_gradient_out_of_the_graph():
+    # q needs a gradient, k does not (a frozen branch): rotating both in one Function would tie k in
+    rope = rotary.RoPE(16)
+    q_leaf = torch.randn(1, 2, 3, 16, requires_grad=True)
+    keys = torch.randn(1, 2, 3, 16)
+    expected = rope(keys.clone(), keys.clone())[1]
+    qr, kr = rope(q_leaf * 1, keys, inplace=True)
+    assert kr is keys and not keys.requires_grad and keys.grad_fn is None and keys.is_leaf
+    assert torch.equal(keys, expected)
+    qr.sum().backward()
+    w = torch.randn(1, 2, 3, 16, requires_grad=True)
+    (keys * w).sum().backward()  # a later step uses the keys: no tie to the first step's graph
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_an_output_without_gradient_gives_its_input_none(inplace):
+    # with a zero gradient instead, AdamW would still move k's projection (weight decay, moments)
+    rope = rotary.RoPE(16)
+    k_proj = torch.nn.Linear(16, 32)
+    q_leaf = torch.randn(1, 3, 2, 16, requires_grad=True)
+    qr, kr = rope(q_leaf * 1, k_proj(torch.randn(1, 3, 16)).view(1, 3, 2, 16), layout="bshd", inplace=inplace)
+    (qr * 2).sum().backward()
+    assert k_proj.weight.grad is None
+    other = q_leaf.detach().clone().requires_grad_()
+    qr, kr = rope(other * 1, torch.randn(1, 3, 2, 16, requires_grad=True) * 1, layout="bshd")
+    ((qr * 2).sum() + (kr * 0).sum()).backward()  # the same q gradient, with k's present
+    assert torch.equal(q_leaf.grad, other.grad)
+
+
+def test_a_slice_of_a_larger_gradient_is_not_kept_as_the_inputs_grad():
+    # torch.cat's backward hands each input a slice of one gradient: rotated in place and kept as
+    # q.grad, it would keep the whole buffer alive
+    rope = rotary.RoPE(16)
+    q = torch.randn(1, 3, 4, 16, requires_grad=True)
+    k = torch.randn(1, 3, 4, 16, requires_grad=True)
+    other = torch.randn(15, 3, 4, 16, requires_grad=True)
+    w = torch.randn(16, 3, 4, 16)
+    qr, kr = rope(q, k, layout="bshd")
+    (torch.cat([qr, other * 2], dim=0) * w).sum().backward()
+    assert q.grad.untyped_storage().nbytes() == q.nbytes
+    got, q.grad = q.grad, None
+    torch.autograd.backward(rope(q, k, layout="bshd")[0], w[:1].clone())  # the caller's: never in place
+    assert torch.equal(got, q.grad)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_in_place_with_learnable_frequencies_trains_as_out_of_place(interleaved):
+    grads = []
+    for inplace in (False, True):
+        torch.manual_seed(0)
+        rope = rotary.RoPE(16, learnable_frequencies=True, interleaved=interleaved)
+        q_leaf = torch.randn(1, 4, 3, 16, requires_grad=True)
+        k_leaf = torch.randn(1, 4, 3, 16, requires_grad=True)
+        qr, kr = rope(q_leaf * 1, k_leaf * 1, inplace=inplace)
+        ((qr * 2).sum() + (kr * kr).sum()).backward()
+        grads.append([q_leaf.grad, k_leaf.grad, *(p.grad for p in rope.parameters())])
+    assert len(grads[0]) == 3
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("transform", ["grad", "vjp", "vmap", "is_grads_batched", "vmap_decode"])
+def test_torch_func_transforms_are_refused_by_name(transform):
+    rope = rotary.RoPE(16)
+    q, k = torch.randn(1, 2, 3, 16), torch.randn(1, 2, 3, 16)
+
+    def loss(a):
+        qr, kr = rope(a * 1, k)
+        return (qr * 2).sum() + kr.sum()
+
+    calls = {
+        "grad": lambda: torch.func.grad(loss)(q),
+        "vjp": lambda: torch.func.vjp(lambda a: rope(a, k)[0], q)[1](torch.ones_like(q)),
+        "vmap": lambda: torch.func.vmap(lambda a: rope(a, a)[0])(q.expand(3, *q.shape).clone()),
+        "vmap_decode": lambda: torch.func.vmap(lambda a: rope(a, a)[0])(torch.randn(3, 1, 2, 1, 16)),
+    }
+    leaf = q.clone().requires_grad_()
+    calls["is_grads_batched"] = lambda: torch.autograd.grad(
+        rope(leaf * 1, k)[0], leaf, torch.randn(3, *q.shape), is_grads_batched=True
+    )
+    with pytest.raises(TypeError, match="torch.func transform"):
+        calls[transform]()
+
+
+def test_a_hook_on_a_strided_view_rotated_in_place_does_not_crash():
+    # plain PyTorch (2.13) segfaults when a hook is registered on a view whose base was changed in
+    # place through another view before its grad_fn was rebuilt; rotary rebuilds it. In a subprocess.
+    script = """
+import torch, rotary
+rope = rotary.RoPE(16)
+ql = torch.randn(1, 2, 6, 16, requires_grad=True)
+kl = torch.randn(1, 1, 6, 16, requires_grad=True)
+q, k = (ql * 1)[:, :, ::2], (kl * 1)[:, :, ::2]
+qr, kr = rope(q, k, inplace=True)
+kept = []
+qr.register_hook(lambda g: kept.append(g))
+((qr * 2).sum() + (kr * 3).sum()).backward()
+assert kept and torch.equal(kept[0], torch.full_like(kept[0], 2.0))
+print("ok")
+"""
+    src = Path(rotary.__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "PYTHONPATH": str(src)})  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "ok", (done.returncode, done.stderr[-2000:])

@@ -7,9 +7,11 @@ Times, interleaved in one process, on the same q and k (in cache after the first
 - ``interleaved, in place``: the same with the interleaved pairing.
 
 Each sample is ``--calls`` calls; the median of ``--repeats`` samples is printed, and its ratio to the
-pass. Needs the compiled extension (it is built on first use).
+pass. With ``--fresh``, every call gets new copies of q and k, made before it and not timed (as a
+training step's q and k arrive fresh from a projection): each sample is then one call. Needs the
+compiled extension (it is built on first use).
 
-    PYTHONPATH=src python benchmarks/kernel_vs_pass.py [--shape 1,32,2048,128] [--dtype bf16] [--threads 2]
+    PYTHONPATH=src python benchmarks/kernel_vs_pass.py [--shape 1,32,2048,128] [--dtype bf16] [--threads 2] [--fresh]
 """
 
 from __future__ import annotations
@@ -27,37 +29,59 @@ from rotary.kernels.extension import cpu_extension_error, load_cpu_extension
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def calls(shape: tuple[int, int, int, int], dtype: torch.dtype, layout: str) -> dict[str, Callable[[], object]]:
-    """The timed calls, keyed by name (see the module docstring)."""
+def calls(
+    shape: tuple[int, int, int, int], dtype: torch.dtype, layout: str, fresh: bool = False
+) -> dict[str, Callable[[], Callable[[], object]]]:
+    """Per timed call, keyed by name (see the module docstring): a preparation (not timed) that returns
+    the call to time."""
     ext = load_cpu_extension()
     if ext is None:
         raise SystemExit(f"kernel_vs_pass: the fused CPU kernel is not available: {cpu_extension_error()}")
     B, H, S, D = shape
     g = torch.Generator().manual_seed(0)
     if layout == "bhsd":  # the kernel's [B, S, H, D] view of [B, H, S, D] storage
-        q, k = (torch.randn(B, H, S, D, generator=g).to(dtype).transpose(1, 2) for _ in range(2))
+        q0, k0 = (torch.randn(B, H, S, D, generator=g).to(dtype).transpose(1, 2) for _ in range(2))
     else:
-        q, k = (torch.randn(B, S, H, D, generator=g).to(dtype) for _ in range(2))
+        q0, k0 = (torch.randn(B, S, H, D, generator=g).to(dtype) for _ in range(2))
     cos, sin = RoPE(D).cos_sin(torch.arange(S))  # [S, D]: the half pairing reads the first D/2 columns
     half = D // 2
     cos_i = cos[:, :half].repeat_interleave(2, -1).contiguous()  # per channel, for the interleaved pairing
     sin_i = sin[:, :half].repeat_interleave(2, -1).contiguous()
-    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    q_out, k_out = torch.empty_like(q0), torch.empty_like(k0)
+
+    def inputs() -> tuple[torch.Tensor, torch.Tensor]:
+        if not fresh:
+            return q0, k0
+        return tuple(torch.empty_strided(t.shape, t.stride(), dtype=t.dtype).copy_(t) for t in (q0, k0))  # type: ignore[return-value]
+
+    def prepared(body: Callable[[torch.Tensor, torch.Tensor], object]) -> Callable[[], Callable[[], object]]:
+        def prepare() -> Callable[[], object]:
+            q, k = inputs()
+            return lambda: body(q, k)
+
+        return prepare
+
     return {
-        "mul_ pass": lambda: (q.mul_(1.0), k.mul_(1.0)),
-        "half, in place": lambda: ext.rope([q, k], [q, k], [cos, cos], [sin, sin], None, 0, False, False),
-        "half, out of place": lambda: ext.rope([q, k], [q_out, k_out], [cos, cos], [sin, sin], None, 0, False, False),
-        "interleaved, in place": lambda: ext.rope([q, k], [q, k], [cos_i, cos_i], [sin_i, sin_i], None, 0, True, False),
+        "mul_ pass": prepared(lambda q, k: (q.mul_(1.0), k.mul_(1.0))),
+        "half, in place": prepared(lambda q, k: ext.rope([q, k], [q, k], [cos, cos], [sin, sin], None, 0, False, False)),
+        "half, out of place": prepared(
+            lambda q, k: ext.rope([q, k], [q_out, k_out], [cos, cos], [sin, sin], None, 0, False, False)
+        ),
+        "interleaved, in place": prepared(
+            lambda q, k: ext.rope([q, k], [q, k], [cos_i, cos_i], [sin_i, sin_i], None, 0, True, False)
+        ),
     }
 
 
-def measure(named: dict[str, Callable[[], object]], repeats: int, per_sample: int) -> dict[str, float]:
-    """Median seconds per call of each, sampling them in turn."""
-    for call in named.values():
-        call()
+def measure(named: dict[str, Callable[[], Callable[[], object]]], repeats: int, per_sample: int) -> dict[str, float]:
+    """Median seconds per call of each, sampling them in turn; ``per_sample`` calls of one prepared
+    call per sample (each call its own preparation and sample when ``per_sample`` is 1)."""
+    for prepare in named.values():
+        prepare()()
     samples: dict[str, list[float]] = {name: [] for name in named}
     for _ in range(repeats):
-        for name, call in named.items():
+        for name, prepare in named.items():
+            call = prepare()
             start = time.perf_counter()
             for _ in range(per_sample):
                 call()
@@ -73,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--calls", type=int, default=20, help="calls per sample (default 20)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's setting)")
+    parser.add_argument("--fresh", action="store_true", help="new copies of q and k before every call (not timed)")
     args = parser.parse_args(argv)
     try:
         shape = tuple(int(n) for n in args.shape.split(","))
@@ -84,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--repeats and --calls: give at least 1")
     if args.threads:
         torch.set_num_threads(args.threads)
-    medians = measure(calls(shape, DTYPES[args.dtype], args.layout), args.repeats, args.calls)  # type: ignore[arg-type]
+    named = calls(shape, DTYPES[args.dtype], args.layout, args.fresh)  # type: ignore[arg-type]
+    medians = measure(named, args.repeats, 1 if args.fresh else args.calls)
     one_pass = medians["mul_ pass"]
     for name, seconds in medians.items():
         print(f"{name:22s} {seconds * 1e3:8.3f} ms  {seconds / one_pass:5.2f}x the pass")

@@ -24,6 +24,7 @@ from collections.abc import Callable
 import torch
 
 from rotary import RoPE
+from rotary.bench import head_shape
 from rotary.kernels.extension import cpu_extension_error, load_cpu_extension
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -91,7 +92,7 @@ def measure(named: dict[str, Callable[[], Callable[[], object]]], repeats: int, 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", default="1,32,2048,128", help="B,H,S,D of q and k (default 1,32,2048,128)")
+    parser.add_argument("--shape", type=head_shape, default="1,32,2048,128", help="B,H,S,D of q and k (default 1,32,2048,128)")
     parser.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
     parser.add_argument("--layout", default="bhsd", choices=["bhsd", "bshd"], help="storage of q and k (default bhsd)")
     parser.add_argument("--repeats", type=int, default=15)
@@ -99,12 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's setting)")
     parser.add_argument("--fresh", action="store_true", help="new copies of q and k before every call (not timed)")
     args = parser.parse_args(argv)
-    try:
-        shape = tuple(int(n) for n in args.shape.split(","))
-    except ValueError:
-        parser.error(f"--shape {args.shape!r}: give four integers B,H,S,D, e.g. 1,32,2048,128")
-    if len(shape) != 4 or min(shape) < 1 or shape[3] % 2:
-        parser.error(f"--shape {args.shape!r}: give four positive integers B,H,S,D with D even")
+    shape = args.shape
     if args.repeats < 1 or args.calls < 1:
         parser.error("--repeats and --calls: give at least 1")
     if args.threads:

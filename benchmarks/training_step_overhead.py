@@ -23,6 +23,7 @@ import time
 import torch
 
 from rotary import RoPE
+from rotary.bench import head_shape
 from rotary.bench.methods import _Fresh, _Source
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -91,17 +92,12 @@ def measure(shape: tuple[int, int, int, int], dtype: torch.dtype, repeats: int) 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", default="8,12,512,64", help="B,H,S,D of q and k (default 8,12,512,64)")
+    parser.add_argument("--shape", type=head_shape, default="8,12,512,64", help="B,H,S,D of q and k (default 8,12,512,64)")
     parser.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
     parser.add_argument("--repeats", type=int, default=40)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's setting)")
     args = parser.parse_args(argv)
-    try:
-        shape = tuple(int(n) for n in args.shape.split(","))
-    except ValueError:
-        parser.error(f"--shape {args.shape!r}: give four integers B,H,S,D, e.g. 8,12,512,64")
-    if len(shape) != 4 or min(shape) < 1 or shape[3] % 2:
-        parser.error(f"--shape {args.shape!r}: give four positive integers B,H,S,D with D even")
+    shape = args.shape
     if args.repeats < 1:
         parser.error(f"--repeats {args.repeats}: give at least 1")
     if args.threads:

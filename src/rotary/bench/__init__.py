@@ -28,6 +28,7 @@ from .harness import (
     allocations,
     extra_peak_bytes,
     format_table,
+    head_shape,
     make_inputs,
     register_method,
     register_suite,
@@ -53,4 +54,5 @@ __all__ = [
     "make_inputs",
     "run",
     "format_table",
+    "head_shape",
 ]

@@ -26,6 +26,7 @@ __all__ = [
     "SHAPES",
     "QUICK_SHAPES",
     "Shape",
+    "head_shape",
     "METHODS",
     "SUITES",
     "register_method",
@@ -63,6 +64,24 @@ SHAPES = [
     Shape("decode", 16, 32, 32, 1, 128),
 ]
 QUICK_SHAPES = [Shape("prefill-small", 1, 4, 4, 128, 64), Shape("decode-small", 2, 4, 4, 1, 64)]
+
+
+def head_shape(text: str) -> tuple[int, int, int, int]:
+    """``"B,H,S,D"`` as four positive ints with D even: an ``argparse`` ``type=`` for the scripts
+    under ``benchmarks/``.
+
+    Example::
+
+        >>> head_shape("8,12,512,64")
+        (8, 12, 512, 64)
+    """
+    try:
+        shape = tuple(int(n) for n in text.split(","))
+    except ValueError:
+        shape = ()
+    if len(shape) != 4 or min(shape) < 1 or shape[3] % 2:
+        raise argparse.ArgumentTypeError(f"{text!r}: give four positive integers B,H,S,D with D even, e.g. 8,12,512,64")
+    return shape  # type: ignore[return-value]
 
 
 @dataclass

@@ -6,10 +6,10 @@ Times, interleaved in one process, on the same q and k (in cache after the first
 - ``half, in place`` / ``half, out of place``: the kernel on q and k in one call, half pairing;
 - ``interleaved, in place``: the same with the interleaved pairing.
 
-Each sample is ``--calls`` calls; the median of ``--repeats`` samples is printed, and its ratio to the
-pass. With ``--fresh``, every call gets new copies of q and k, made before it and not timed (as a
-training step's q and k arrive fresh from a projection): each sample is then one call. Needs the
-compiled extension (it is built on first use).
+Sampled as ``rotary bench`` samples (:func:`rotary.bench.time_interleaved`); the median of ``--repeats``
+samples is printed, and its ratio to the pass. With ``--fresh``, every call gets new copies of q and
+k, made before it and not timed (as a training step's q and k arrive fresh from a projection).
+Needs the compiled extension (it is built on first use).
 
     PYTHONPATH=src python benchmarks/kernel_vs_pass.py [--shape 1,32,2048,128] [--dtype bf16] [--threads 2] [--fresh]
 """
@@ -17,24 +17,20 @@ compiled extension (it is built on first use).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
 
 from rotary import RoPE
-from rotary.bench import head_shape
+from rotary.bench import DTYPE_NAMES, Prepared, head_shape, time_interleaved
 from rotary.kernels.extension import cpu_extension_error, load_cpu_extension
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def calls(
     shape: tuple[int, int, int, int], dtype: torch.dtype, layout: str, fresh: bool = False
-) -> dict[str, Callable[[], Callable[[], object]]]:
-    """Per timed call, keyed by name (see the module docstring): a preparation (not timed) that returns
-    the call to time."""
+) -> dict[str, Callable[[], object]]:
+    """The timed calls, keyed by name (see the module docstring); :class:`~rotary.bench.Prepared`
+    with ``fresh``."""
     ext = load_cpu_extension()
     if ext is None:
         raise SystemExit(f"kernel_vs_pass: the fused CPU kernel is not available: {cpu_extension_error()}")
@@ -50,63 +46,42 @@ def calls(
     sin_i = sin[:, :half].repeat_interleave(2, -1).contiguous()
     q_out, k_out = torch.empty_like(q0), torch.empty_like(k0)
 
-    def inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    def timed(body: Callable[[torch.Tensor, torch.Tensor], object]) -> Callable[[], object]:
         if not fresh:
-            return q0, k0
-        return tuple(torch.empty_strided(t.shape, t.stride(), dtype=t.dtype).copy_(t) for t in (q0, k0))  # type: ignore[return-value]
+            return lambda: body(q0, k0)
 
-    def prepared(body: Callable[[torch.Tensor, torch.Tensor], object]) -> Callable[[], Callable[[], object]]:
         def prepare() -> Callable[[], object]:
-            q, k = inputs()
+            q, k = (torch.empty_strided(t.shape, t.stride(), dtype=t.dtype).copy_(t) for t in (q0, k0))
             return lambda: body(q, k)
 
-        return prepare
+        return Prepared(prepare)
 
     return {
-        "mul_ pass": prepared(lambda q, k: (q.mul_(1.0), k.mul_(1.0))),
-        "half, in place": prepared(lambda q, k: ext.rope([q, k], [q, k], [cos, cos], [sin, sin], None, 0, False, False)),
-        "half, out of place": prepared(
+        "mul_ pass": timed(lambda q, k: (q.mul_(1.0), k.mul_(1.0))),
+        "half, in place": timed(lambda q, k: ext.rope([q, k], [q, k], [cos, cos], [sin, sin], None, 0, False, False)),
+        "half, out of place": timed(
             lambda q, k: ext.rope([q, k], [q_out, k_out], [cos, cos], [sin, sin], None, 0, False, False)
         ),
-        "interleaved, in place": prepared(
+        "interleaved, in place": timed(
             lambda q, k: ext.rope([q, k], [q, k], [cos_i, cos_i], [sin_i, sin_i], None, 0, True, False)
         ),
     }
 
 
-def measure(named: dict[str, Callable[[], Callable[[], object]]], repeats: int, per_sample: int) -> dict[str, float]:
-    """Median seconds per call of each, sampling them in turn; ``per_sample`` calls of one prepared
-    call per sample (each call its own preparation and sample when ``per_sample`` is 1)."""
-    for prepare in named.values():
-        prepare()()
-    samples: dict[str, list[float]] = {name: [] for name in named}
-    for _ in range(repeats):
-        for name, prepare in named.items():
-            call = prepare()
-            start = time.perf_counter()
-            for _ in range(per_sample):
-                call()
-            samples[name].append((time.perf_counter() - start) / per_sample)
-    return {name: statistics.median(values) for name, values in samples.items()}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", type=head_shape, default="1,32,2048,128", help="B,H,S,D of q and k (default 1,32,2048,128)")
-    parser.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
+    parser.add_argument("--dtype", default="fp32", choices=sorted(DTYPE_NAMES))
     parser.add_argument("--layout", default="bhsd", choices=["bhsd", "bshd"], help="storage of q and k (default bhsd)")
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--calls", type=int, default=20, help="calls per sample (default 20)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's setting)")
     parser.add_argument("--fresh", action="store_true", help="new copies of q and k before every call (not timed)")
     args = parser.parse_args(argv)
-    shape = args.shape
-    if args.repeats < 1 or args.calls < 1:
-        parser.error("--repeats and --calls: give at least 1")
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: give at least 1")
     if args.threads:
         torch.set_num_threads(args.threads)
-    named = calls(shape, DTYPES[args.dtype], args.layout, args.fresh)  # type: ignore[arg-type]
-    medians = measure(named, args.repeats, 1 if args.fresh else args.calls)
+    medians = time_interleaved(calls(args.shape, DTYPE_NAMES[args.dtype], args.layout, args.fresh), args.repeats)  # type: ignore[arg-type]
     one_pass = medians["mul_ pass"]
     for name, seconds in medians.items():
         print(f"{name:22s} {seconds * 1e3:8.3f} ms  {seconds / one_pass:5.2f}x the pass")

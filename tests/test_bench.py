@@ -337,7 +337,7 @@ def test_the_kernel_vs_pass_script_times_the_kernel_and_the_pass(capsys):
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     for layout, fresh in (("bhsd", []), ("bshd", []), ("bhsd", ["--fresh"])):
-        assert script.main(["--shape", "1,2,32,16", "--repeats", "1", "--calls", "1", "--layout", layout, *fresh]) == 0
+        assert script.main(["--shape", "1,2,32,16", "--repeats", "1", "--layout", layout, *fresh]) == 0
         out = capsys.readouterr().out.splitlines()
         assert [line[:22].strip() for line in out] == ["mul_ pass", "half, in place", "half, out of place", "interleaved, in place"]
         assert out[0].endswith("1.00x the pass")

@@ -143,8 +143,8 @@ class _Fresh(torch.autograd.Function):
         return ctx.box.pop(), None
 
 
-def _training_step(inp: Inputs, *, inplace: bool) -> Prepared:
-    """``rope(q, k)`` (``inplace``: ``rope(q, k, inplace=True)``) forward and backward as a training step
+def _training_step(inp: Inputs, rotate: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]) -> Prepared:
+    """``rotate(q, k)`` (e.g. ``rope(q, k, inplace=True)``) forward and backward as a training step
     runs it, and nothing else.
 
     Prepared outside the timed region, for every call: non-leaf q and k (:class:`_Source`) and output
@@ -160,7 +160,7 @@ def _training_step(inp: Inputs, *, inplace: bool) -> Prepared:
         boxes = [inp.grad_q.clone()], [inp.grad_k.clone()]
 
         def step() -> None:
-            qr, kr = inp.rope(q, k, inplace=inplace)
+            qr, kr = rotate(q, k)
             torch.autograd.backward((_Fresh.apply(qr, boxes[0]), _Fresh.apply(kr, boxes[1])), (inp.grad_q, inp.grad_k))
 
         return step
@@ -209,8 +209,8 @@ def _builtin_methods() -> list[Method]:
         Method(TWO_COPIES, _two_copies, backward=True),
         Method("rotary fused, out of place", lambda i: _fwd_bwd(lambda q, k: i.rope(q, k), i), backward=True),
         Method(TRAINING_PASSES, _training_passes, backward=True),
-        Method(INPLACE_TRAINING, lambda i: _training_step(i, inplace=True), backward=True),
-        Method(OUT_OF_PLACE_TRAINING, lambda i: _training_step(i, inplace=False), backward=True),
+        Method(INPLACE_TRAINING, lambda i: _training_step(i, lambda q, k: i.rope(q, k, inplace=True)), backward=True),
+        Method(OUT_OF_PLACE_TRAINING, lambda i: _training_step(i, i.rope), backward=True),
         Method("rotary pure-torch path", lambda i: _fwd_bwd(_torch_path(i), i), backward=True),
         Method(
             "HF eager apply_rotary_pos_emb",

@@ -60,14 +60,14 @@ def rotate(
                 views = entries[i][1]
                 results[i] = r if views is None else views[0](r)
         return results
-    if inplace:  # gradients into the tables need the unrotated input, which autograd saves: a copy of it
-        xs = tuple(x.clone() for x in xs)
+    # in place here: gradients into the tables need the unrotated input, which autograd saves, so a
+    # copy of it is rotated out of place and the result copied back
+    sources = tuple(x.clone() for x in xs) if inplace else xs
     if compiling:
-        outs = list(ops.rotation_op(list(xs), list(rotation.cos), list(rotation.sin), *args))
+        outs = list(ops.rotation_op(list(sources), list(rotation.cos), list(rotation.sin), *args))
     else:
-        outs = list(ops.Rotate.apply(rotation, *xs, *rotation.cos, *rotation.sin))
-    if inplace:  # rotated out of place, then copied back
-        xs = rotation.xs
+        outs = list(ops.Rotate.apply(rotation, *sources, *rotation.cos, *rotation.sin))
+    if inplace:
         for x, out in zip(xs, outs):
             x.copy_(out)
         return list(xs)

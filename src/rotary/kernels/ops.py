@@ -61,9 +61,6 @@ def _fused(rotation: Rotation, tensors: tuple[torch.Tensor, ...]) -> str | None:
 
 def run(rotation: Rotation) -> None:
     """Write the rotation of each x into the matching out (which may be x itself) with the best kernel."""
-    if any(transformed(t) or not torch._C._has_storage(t) for t in (*rotation.xs, *rotation.outs)):
-        # e.g. the gradients of autograd.grad(..., is_grads_batched=True), batched below this level
-        raise TypeError(TRANSFORMED.format(name="a tensor that reached the rotation"))
     backend = _fused(rotation, (*rotation.xs, *rotation.outs))
     if backend == "cpu":
         ext = load_cpu_extension()
@@ -177,9 +174,9 @@ class Rotate(torch.autograd.Function):
         saved = ctx.saved_tensors
         xs = saved[:n] if ctx.tables_need_grad else ()
         cos, sin = saved[-2 * n : -n], saved[-n:]
+        in_place = [own and g.stride() == st for own, g, st in zip(owned, grads, ctx.strides)]  # owned: not None
+        grad_xs = _rotate_back(ctx.rotation, grads, cos, sin, in_place, ctx.strides)
         present = [i for i, g in enumerate(grads) if g is not None]
-        in_place = [owned[i] and grads[i].stride() == ctx.strides[i] for i in present]
-        grad_xs = _rotate_back(ctx.rotation, grads, cos, sin, present, in_place, [ctx.strides[i] for i in present])
         if not ctx.tables_need_grad or not present:
             return (None, *grad_xs, *([None] * (2 * n)))
         rot = ctx.rotation
@@ -197,14 +194,14 @@ def _rotate_back(
     grads: tuple[torch.Tensor | None, ...],
     cos: tuple[torch.Tensor, ...],
     sin: tuple[torch.Tensor, ...],
-    present: list[int],
     in_place: list[bool],
-    strides: list[tuple[int, ...] | None],
+    strides: tuple[tuple[int, ...], ...] | None,
 ) -> list[torch.Tensor | None]:
-    """A backward's rotation by -θ of ``grads[i]`` for ``i`` in ``present`` (the others are ``None``,
-    outputs that got no gradient, and stay ``None``), in one kernel call: in place where
-    ``in_place``, otherwise into a new tensor with ``strides`` (or laid out like the gradient for
-    ``None``). Differentiable (:class:`Rotate`) when grad mode is on (``create_graph=True``)."""
+    """A backward's rotation by -θ of each gradient in one kernel call. ``None`` (an output that got no
+    gradient) stays ``None``; the others are rotated in place where ``in_place``, otherwise into a new
+    tensor with ``strides[i]`` (the input's layout), or laid out like the gradient when ``strides`` is
+    ``None``. Differentiable (:class:`Rotate`) when grad mode is on (``create_graph=True``)."""
+    present = [i for i, g in enumerate(grads) if g is not None]
     results: list[torch.Tensor | None] = [None] * len(grads)
     if not present:
         return results
@@ -214,7 +211,13 @@ def _rotate_back(
     if torch.is_grad_enabled() or torch.compiler.is_compiling():
         outs = Rotate.apply(conj, *gs, *cs, *ss)
     else:
-        outs = _conjugate_into(conj, list(gs), in_place, strides)  # type: ignore[arg-type]
+        if not all(torch._C._has_storage(g) for g in gs):  # the gradients of autograd.grad(..., is_grads_batched=True)
+            raise TypeError(TRANSFORMED.format(name="a gradient"))
+        outs = tuple(
+            g if in_place[i] else torch.empty_like(g) if strides is None else g.new_empty_strided(g.shape, strides[i])
+            for i, g in zip(present, gs)
+        )  # fmt: skip
+        run(conj.replace(outs=outs))
     for i, out in zip(present, outs):
         results[i] = out
     return results
@@ -314,15 +317,12 @@ def owned_gradients(grads: tuple[torch.Tensor | None, ...]) -> list[bool]:
     global _EXCLUSIVE, _CALIBRATION_ATTEMPTS
     try:
         if _EXCLUSIVE is None:
-            if _CALIBRATION_ATTEMPTS >= 3:
-                return [False] * len(grads)
             _CALIBRATION_ATTEMPTS += 1
-            calibrated = _calibrate()
-            if calibrated is None:
-                if _CALIBRATION_ATTEMPTS >= 3:
-                    _EXCLUSIVE = frozenset()
+            _EXCLUSIVE = _calibrate()
+            if _EXCLUSIVE is None and _CALIBRATION_ATTEMPTS >= 3:
+                _EXCLUSIVE = frozenset()  # give up: every gradient is allocated
+            if _EXCLUSIVE is None:
                 return [False] * len(grads)
-            _EXCLUSIVE = calibrated
         exclusive = _EXCLUSIVE
         return [
             s is not None
@@ -337,19 +337,6 @@ def owned_gradients(grads: tuple[torch.Tensor | None, ...]) -> list[bool]:
 
 #: how an in-place target maps to the kernel's ``[B, S, H, D]`` view and back, by view operations only
 Views = tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]
-
-
-def _conjugate_into(
-    conj: Rotation, grads: list[torch.Tensor], owned: list[bool], strides: list[tuple[int, ...] | None]
-) -> list[torch.Tensor]:
-    """Rotate ``grads`` by ``conj`` (a backward) in one kernel call: in place where ``owned``, otherwise
-    into a new tensor with ``strides[i]`` (the input's layout), or laid out like the gradient for ``None``."""
-    outs = [
-        g if own else (torch.empty_like(g) if st is None else torch.empty_strided(g.shape, st, dtype=g.dtype, device=g.device))
-        for g, own, st in zip(grads, owned, strides)
-    ]  # fmt: skip
-    run(conj.replace(xs=tuple(grads), outs=tuple(outs)))
-    return outs
 
 
 class RotateInplace(torch.autograd.Function):
@@ -396,8 +383,7 @@ class RotateInplace(torch.autograd.Function):
         saved = ctx.saved_tensors
         # views of the grads: made after owned_gradients counted their users
         gs = tuple(None if g is None else m[0](g) for m, g in zip(ctx.maps, grads))
-        present = [i for i, g in enumerate(gs) if g is not None]
-        outs = _rotate_back(ctx.rotation, gs, saved[:n], saved[n:], present, [owned[i] for i in present], [None] * len(present))
+        outs = _rotate_back(ctx.rotation, gs, saved[:n], saved[n:], owned, None)
         back = (None if o is None else m[1](o) for m, o in zip(ctx.maps, outs))
         return (None, None, *back, *([None] * (2 * n)))
 

@@ -506,9 +506,9 @@ class RoPE(nn.Module):
                 both is an error.
             layout: ``"bhsd"`` or ``"bshd"``.
             inplace: rotate q and k in place and return them. Under autograd (non-leaf q and k,
-                e.g. projection outputs) the backward rotates the incoming gradient in place too
-                when autograd holds it nowhere else: no q/k-sized allocation, results bit-identical
-                to rotating out of place. Not for q or k needed unrotated elsewhere (autograd
+                e.g. projection outputs) the backward writes each gradient into one new tensor;
+                results are bit-identical to rotating out of place. Not for q or k needed unrotated
+                elsewhere (autograd
                 raises if another operation saved them for its backward; other readers would see
                 them rotated); leaf tensors that require grad cannot be modified in place.
             cu_seqlens: boundaries of packed sequences (see above).

@@ -1,8 +1,10 @@
-"""Training paths at the memory limit: q/k-sized allocations of forward + backward, counted from the
-allocator's records (deterministic), and the in-place path (rotated input, rotated gradient) against
-the out-of-place one, bit for bit."""
+"""Training paths: q/k-sized allocations of forward + backward, counted from the allocator's records
+(deterministic), and the in-place path (rotated input, rotated gradient) against the out-of-place one,
+bit for bit."""
 
 from __future__ import annotations
+
+from collections import Counter
 
 import pytest
 import torch
@@ -80,10 +82,10 @@ def _inplace_vs_identity(make, rotate_in_place):
 
 @pytest.mark.parametrize("form", ["bhsd", "bshd", "projection"])
 @pytest.mark.parametrize("inplace", [True, False])
-def test_training_step_allocates_only_the_outputs_and_nothing_in_place(form, inplace):
-    # the downstream backward makes gradients nothing else holds (as attention's does): both paths
-    # rotate them where they lie, so out of place the step allocates one output per input and
-    # nothing else of q/k's size, and in place nothing at all
+def test_training_step_allocates_the_outputs_and_one_gradient_per_input(form, inplace):
+    # the backward never writes into an incoming gradient (autograd may share it), so each path
+    # allocates one gradient per input; out of place also one output per input; nothing else of q/k's
+    # size (no copy of the base of a projection view, no clone of a gradient)
     rope = rotary.RoPE(D)
     ql, kl = leaves("bshd" if form == "projection" else form, torch.float32)
     layout = "bhsd" if form in ("bhsd", "projection") else "bshd"
@@ -97,8 +99,13 @@ def test_training_step_allocates_only_the_outputs_and_nothing_in_place(form, inp
         return (ql, kl), q, k
 
     with_rope, without = _inplace_vs_identity(make, lambda q, k: rope(q, k, layout=layout, inplace=inplace))
-    added = [] if inplace else [ql.nbytes, kl.nbytes]
-    assert with_rope == sorted(without + added), f"{with_rope} vs {without} without RoPE"
+    added = Counter([ql.nbytes, kl.nbytes] * (1 if inplace else 2))
+    extra = Counter(with_rope) - Counter(without)
+    # at most what the rotation itself needs (where the layout of a projection view makes autograd
+    # copy a gradient anyway, the rotated gradient takes that copy's place)
+    assert extra <= added, f"{with_rope} vs {without} without RoPE"
+    if form != "projection":
+        assert extra == added
 
 
 def _grads(rope, mode, make_downstream, dtype=torch.float32, layout="bhsd", inplace=False):
@@ -197,7 +204,10 @@ def test_attention_rotates_in_place_with_identical_training_results(rotary_value
     plain.load_state_dict(inplace.state_dict(), strict=False)
     sizes = (torch.empty(2, 16, 8, 8), torch.empty(2, 16, 2, 8))
     n_in, n_plain = (sized(step(a), *sizes) for a in (inplace, plain))
-    assert n_in == n_plain, "rotating in place should add no q/k-sized allocation to the layer's training step"
+    extra = Counter(n_in) - Counter(n_plain)
+    # one new gradient per rotated tensor at most (the backward never writes into an incoming one)
+    rotated = [*sizes, sizes[1]] if rotary_value else sizes  # q, k (and v)
+    assert extra <= Counter(t.nbytes for t in rotated), f"{n_in} vs {n_plain} without RoPE"
 
 
 def test_attention_keeps_q_unrotated_for_a_forward_hook():
@@ -238,27 +248,6 @@ def test_in_place_without_autograd_returns_the_inputs_themselves():
         assert out[0] is q and out[1] is k
 
 
-@pytest.mark.parametrize("mode", ["fresh", "user", "user_view", "shared", "hook"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
-@pytest.mark.parametrize("interleaved", [False, True])
-def test_out_of_place_backward_rotating_owned_gradients_in_place_is_bit_identical(mode, dtype, interleaved, monkeypatch):
-    # the same step with every gradient treated as held elsewhere (a new tensor for each) is the oracle;
-    # gradients others hold (the caller's, a hook's, an addition's other input) must come through untouched
-    rope = rotary.RoPE(D, rotary_dim=48, interleaved=interleaved)
-    STORE.clear()
-    with monkeypatch.context() as m:
-        m.setattr(ops, "owned_gradients", lambda grads: [False] * len(grads))
-        expected = _grads(rope, mode, downstream, dtype)
-    kept_expected = [t.clone() for t in STORE]
-    STORE.clear()
-    got = _grads(rope, mode, downstream, dtype)
-    for e, g in zip(expected, got):
-        assert torch.equal(e, g)
-    assert len(STORE) == len(kept_expected)
-    for e, g in zip(kept_expected, STORE):
-        assert torch.equal(e, g)
-
-
 def test_a_gradient_laid_out_unlike_the_input_gets_a_new_tensor_in_the_inputs_layout():
     # q is [B, H, S, D] over [B, S, H, D] storage; the downstream product's backward makes a fresh
     # gradient, but contiguous in [B, H, S, D]. Rotated in place it would reach the leaf in the wrong
@@ -292,7 +281,7 @@ def test_in_place_under_autograd_rotates_q_and_k_in_one_kernel_call(monkeypatch)
     qr, kr = rope(q, k, inplace=True)
     assert qr is q and kr is k and calls == [2]
     ((qr * 2).sum() + (kr * 3).sum()).backward()
-    assert calls == [2, 2]  # the backward: both fresh gradients, rotated in place in one call
+    assert calls == [2, 2]  # the backward: both gradients in one call
 
 
 def test_in_place_on_views_of_one_qkv_rotates_each_view_alone(monkeypatch):

@@ -148,7 +148,7 @@ def _training_step(inp: Inputs, rotate: Callable[[torch.Tensor, torch.Tensor], t
     runs it, and nothing else.
 
     Prepared outside the timed region, for every call: non-leaf q and k (:class:`_Source`) and output
-    gradients that nothing else holds (:class:`_Fresh`), which the backward rotates where they lie.
+    gradients that nothing else holds (:class:`_Fresh`), as attention's backward makes them.
     The timed call is the rotation, the autograd engine's walk and the backward; the nodes around it
     pass tensors on without touching them.
     """

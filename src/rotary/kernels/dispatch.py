@@ -15,7 +15,15 @@ import torch
 from . import ops
 from .contract import Rotation
 
-__all__ = ["rotate"]
+__all__ = ["rotate", "INPLACE_LEARNED_TABLES_COMPILED"]
+
+#: the one combination refused under torch.compile (see :func:`rotate`)
+INPLACE_LEARNED_TABLES_COMPILED = (
+    "rotary: in-place rotation with tables that require grad (learnable frequencies, RoPE-Mixed) is not "
+    "supported under torch.compile: the tables' gradient needs the unrotated input, and Inductor (PyTorch "
+    "2.13) drops the copy of it that a compiled in-place rotation must save, which gives wrong gradients. "
+    "Pass inplace=False (RotaryAttention and Decoder already rotate out of place under torch.compile)"
+)
 
 
 def rotate(
@@ -34,14 +42,29 @@ def rotate(
     xs = rotation.xs
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (*xs, *rotation.cos, *rotation.sin))
     compiling = torch.compiler.is_compiling()
-    if not (grad or compiling):
+    args = (rotation.positions, rotation.batch_rows, rotation.interleaved, rotation.conjugate)
+    if compiling:
+        # the custom ops, which torch.compile sees through. In place under autograd is the out-of-place
+        # op and copy_ (AOT autograd differentiates copy_ into a view of a graph input correctly; an
+        # in-place Function on such a view lost its backward there); without autograd, the mutating op
+        if inplace and not grad:
+            ops.rotation_op_(list(xs), list(rotation.cos), list(rotation.sin), *args)
+            return list(xs)
+        if inplace and any(t.requires_grad for t in (*rotation.cos, *rotation.sin)):
+            raise ValueError(INPLACE_LEARNED_TABLES_COMPILED)
+        outs = list(ops.rotation_op(list(xs), list(rotation.cos), list(rotation.sin), *args))
+        if inplace:
+            for x, out in zip(xs, outs):
+                x.copy_(out)
+            return list(xs)
+        return outs
+    if not grad:
         outs = xs if inplace else tuple(torch.empty_like(x) for x in xs)
         ops.run(rotation.replace(outs=outs))
         return list(outs)
-    tables_need_grad = grad and any(t.requires_grad for t in (*rotation.cos, *rotation.sin))
-    args = (rotation.positions, rotation.batch_rows, rotation.interleaved, rotation.conjugate)
+    tables_need_grad = any(t.requires_grad for t in (*rotation.cos, *rotation.sin))
     if inplace and not tables_need_grad:
-        entries = [(x, None) if targets is None or compiling or targets[i] is None else targets[i] for i, x in enumerate(xs)]
+        entries = [(x, None) if targets is None or targets[i] is None else targets[i] for i, x in enumerate(xs)]
         # one call for all, when none is a view and all need gradients; otherwise one per tensor:
         # autograd takes an in-place Function on a view (q sliced from qkv) only if it returns one
         # tensor, and a Function that marks a tensor needing no gradient dirty together with one that
@@ -63,10 +86,7 @@ def rotate(
     # in place here: gradients into the tables need the unrotated input, which autograd saves, so a
     # copy of it is rotated out of place and the result copied back
     sources = tuple(x.clone() for x in xs) if inplace else xs
-    if compiling:
-        outs = list(ops.rotation_op(list(sources), list(rotation.cos), list(rotation.sin), *args))
-    else:
-        outs = list(ops.Rotate.apply(rotation, *sources, *rotation.cos, *rotation.sin))
+    outs = list(ops.Rotate.apply(rotation, *sources, *rotation.cos, *rotation.sin))
     if inplace:
         for x, out in zip(xs, outs):
             x.copy_(out)

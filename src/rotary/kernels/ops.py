@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 
 import torch
@@ -24,7 +23,7 @@ from .contract import Rotation
 from .eager import run_torch, table_grad_torch
 from .extension import load_cpu_extension
 
-__all__ = ["run", "transformed", "TRANSFORMED", "table_grads", "Rotate", "RotateInplace", "owned_gradients", "rotation_op", "rotation_op_"]
+__all__ = ["run", "transformed", "TRANSFORMED", "table_grads", "Rotate", "RotateInplace", "rotation_op", "rotation_op_"]
 
 _CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -141,10 +140,9 @@ class Rotate(torch.autograd.Function):
     the kernel. Gradients flow to the tables when they require them (learnable frequencies).
 
     Memory: the forward allocates one output per input; nothing else of q/k's size. The backward
-    rotates an incoming gradient where it lies when nothing else holds it (see
-    :func:`owned_gradients`; attention's backward makes such gradients) and it is laid out like the
-    input; otherwise it rotates it (any strides) into one new tensor laid out like the input, so
-    that autograd keeps it as ``x.grad`` without a copy.
+    never writes into an incoming gradient (autograd may hand the same tensor to other consumers, a
+    hook or ``retain_grad``): it rotates it (any strides) into one new tensor laid out like the
+    input, so that autograd keeps it as ``x.grad`` without a copy.
     """
 
     @staticmethod
@@ -166,16 +164,11 @@ class Rotate(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):  # type: ignore[override]
-        differentiable = torch.is_grad_enabled() or torch.compiler.is_compiling()
-        # a gradient nothing else holds, laid out like the input (so that autograd can hand it on or
-        # keep it as x.grad as it is), is rotated where it lies: no allocation in the backward
-        owned = [False] * len(grads) if differentiable or ctx.tables_need_grad else owned_gradients(grads)
         n = len(grads)
         saved = ctx.saved_tensors
         xs = saved[:n] if ctx.tables_need_grad else ()
         cos, sin = saved[-2 * n : -n], saved[-n:]
-        in_place = [own and g.stride() == st for own, g, st in zip(owned, grads, ctx.strides)]  # owned: not None
-        grad_xs = _rotate_back(ctx.rotation, grads, cos, sin, in_place, ctx.strides)
+        grad_xs = _rotate_back(ctx.rotation, grads, cos, sin, ctx.strides)
         present = [i for i, g in enumerate(grads) if g is not None]
         if not ctx.tables_need_grad or not present:
             return (None, *grad_xs, *([None] * (2 * n)))
@@ -194,13 +187,14 @@ def _rotate_back(
     grads: tuple[torch.Tensor | None, ...],
     cos: tuple[torch.Tensor, ...],
     sin: tuple[torch.Tensor, ...],
-    in_place: list[bool],
     strides: tuple[tuple[int, ...], ...] | None,
 ) -> list[torch.Tensor | None]:
     """A backward's rotation by -θ of each gradient in one kernel call. ``None`` (an output that got no
-    gradient) stays ``None``; the others are rotated in place where ``in_place``, otherwise into a new
-    tensor with ``strides[i]`` (the input's layout), or laid out like the gradient when ``strides`` is
-    ``None``. Differentiable (:class:`Rotate`) when grad mode is on (``create_graph=True``)."""
+    gradient) stays ``None``; the others are rotated into a new tensor with ``strides[i]`` (the
+    input's layout), or laid out like the gradient when ``strides`` is ``None``. Incoming gradients
+    are never written to: autograd may share one with other consumers (the two inputs of an
+    addition), a hook or ``retain_grad``, and nothing a backward can see says when it does not.
+    Differentiable (:class:`Rotate`) when grad mode is on (``create_graph=True``)."""
     present = [i for i, g in enumerate(grads) if g is not None]
     results: list[torch.Tensor | None] = [None] * len(grads)
     if not present:
@@ -214,7 +208,7 @@ def _rotate_back(
         if not all(torch._C._has_storage(g) for g in gs):  # the gradients of autograd.grad(..., is_grads_batched=True)
             raise TypeError(TRANSFORMED.format(name="a gradient"))
         outs = tuple(
-            g if in_place[i] else torch.empty_like(g) if strides is None else g.new_empty_strided(g.shape, strides[i])
+            torch.empty_like(g) if strides is None else g.new_empty_strided(g.shape, strides[i])
             for i, g in zip(present, gs)
         )  # fmt: skip
         run(conj.replace(outs=outs))
@@ -225,114 +219,6 @@ def _rotate_back(
 
 def _identity(t: torch.Tensor) -> torch.Tensor:
     return t
-
-
-_EXCLUSIVE: frozenset[tuple[int, ...]] | None = None  # signatures of gradients nobody else holds
-_CALIBRATION_ATTEMPTS = 0  # calibrations that did not give a consistent answer (at most 3 are made)
-
-
-def _signature(grad: torch.Tensor) -> tuple[int, ...] | None:
-    """Who holds ``grad`` (and its base, for a view): C++ use counts, storage users, Python references."""
-    base = grad._base
-    own = (grad._use_count(), torch._C._storage_Use_Count(grad.untyped_storage()._cdata), sys.getrefcount(grad))
-    if base is None:
-        return own
-    if base._base is not None:
-        return None
-    return (*own, base._use_count(), sys.getrefcount(base))
-
-
-def _signatures(grads: tuple[torch.Tensor | None, ...]) -> list[tuple[int, ...] | None]:
-    return [None if g is None else _signature(g) for g in grads]
-
-
-class _Probe(torch.autograd.Function):
-    """Calibration of :func:`owned_gradients`: gradients nobody else holds, seen from a backward."""
-
-    @staticmethod
-    def forward(ctx, x, y, sink: list):  # type: ignore[override]
-        ctx.sink = sink
-        return x * 1, y * 1
-
-    @staticmethod
-    def backward(ctx, *grads):  # type: ignore[override]
-        # asked as the rotations' backwards ask owned_gradients: the same references to each gradient
-        ctx.sink.extend(_signatures(grads))
-        return (*grads, None)
-
-
-def _calibrate() -> frozenset[tuple[int, ...]] | None:
-    """The signatures of exclusive gradients (fresh ones, and views of fresh ones), or ``None`` when
-    two rounds disagree or a count says something else holds a probe gradient.
-
-    Anything that holds a probe gradient while it is counted would be taken for the engine's own
-    reference from then on, and a gradient with that one extra holder overwritten: a Python tracer
-    or profiler reading frame locals (a debugger), or a ``TorchDispatchMode`` /
-    ``TorchFunctionMode`` that keeps what ops return. They are switched off for the probes.
-    """
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    trace, profile = sys.gettrace(), sys.getprofile()
-    sys.settrace(None)
-    sys.setprofile(None)
-    try:
-        rounds = []
-        with _disable_current_modes(), torch._C.DisableTorchFunction(), torch.inference_mode(False), torch.enable_grad():
-            for _ in range(2):
-                seen: list[tuple[int, ...] | None] = []
-                x, y = torch.zeros(2, requires_grad=True), torch.zeros(2, requires_grad=True)
-                a, b = _Probe.apply(x, y, seen)
-                torch.autograd.backward((a * 2, b * 3), (torch.ones(2), torch.ones(2)))  # fresh gradients
-                a, b = _Probe.apply(x, y, seen)
-                ((a.view(1, 2) * 2).sum() + (b.view(2, 1) * 3).sum()).backward()  # views of fresh ones
-                rounds.append(seen)
-    finally:
-        sys.settrace(trace)
-        sys.setprofile(profile)
-    first = rounds[0]
-    # fresh: (1, storage users, refs); views: (1, ..., 2, refs): the view and the engine hold its base
-    plausible = len(first) == 4 and all(s is not None and s[0] == 1 and (len(s) == 3 or s[3] == 2) for s in first)
-    if rounds[1] != first or not plausible:
-        return None
-    return frozenset(s for s in first if s is not None)
-
-
-def owned_gradients(grads: tuple[torch.Tensor | None, ...]) -> list[bool]:
-    """Per gradient of a backward's ``*grads``: whether the backward may overwrite it (nothing else holds it).
-
-    Autograd hands one gradient tensor to several consumers (the two inputs of an addition, or two
-    outputs of one Function), keeps the user's ``grad_tensors``, stores what tensor hooks keep, and
-    passes views (a reshaped gradient) whose base others may hold. Overwriting is safe only when the
-    tensor, its memory and, for a view, its base have no user but the engine's one reference: the C++
-    use counts and the Python reference counts must equal those of gradients known to be exclusive,
-    measured once by probe backwards (fresh gradients and views of fresh gradients) that ask in the
-    same way (:func:`_calibrate`). A gradient must also span its whole memory: a slice of a larger
-    gradient (what ``torch.cat``'s backward hands on) is not overwritten, since handing it on would
-    keep the whole buffer alive as ``x.grad``. ``None`` (an output that got no gradient) is ``False``.
-
-    Call it first thing in a ``backward(ctx, *grads)``, with that tuple, before making views of any
-    gradient. When the private counters are unavailable, or calibration keeps failing, every answer is
-    ``False``: the caller allocates, which is always safe.
-    """
-    global _EXCLUSIVE, _CALIBRATION_ATTEMPTS
-    try:
-        if _EXCLUSIVE is None:
-            _CALIBRATION_ATTEMPTS += 1
-            _EXCLUSIVE = _calibrate()
-            if _EXCLUSIVE is None and _CALIBRATION_ATTEMPTS >= 3:
-                _EXCLUSIVE = frozenset()  # give up: every gradient is allocated
-            if _EXCLUSIVE is None:
-                return [False] * len(grads)
-        exclusive = _EXCLUSIVE
-        return [
-            s is not None
-            and s in exclusive
-            and g.untyped_storage().nbytes() == g.numel() * g.element_size()
-            and torch._debug_has_internal_overlap(g) == 0
-            for g, s in zip(grads, _signatures(grads))
-        ]  # fmt: skip
-    except (AttributeError, NotImplementedError, RuntimeError, TypeError):  # e.g. a PyTorch without these counters
-        return [False] * len(grads)
 
 
 #: how an in-place target maps to the kernel's ``[B, S, H, D]`` view and back, by view operations only
@@ -348,9 +234,13 @@ class RotateInplace(torch.autograd.Function):
     ``[B, S, H * D]`` into heads; ``None``: that x already is the kernel view. Returns the xs (one
     tensor when there is one). All xs are rotated in one kernel call.
 
-    The backward rotates each incoming gradient in place when nothing else holds it (see
-    :func:`owned_gradients`; attention's backward produces such gradients), so a training step
-    allocates nothing of q/k's size here; otherwise into one new tensor.
+    The backward rotates each incoming gradient into one new tensor (never in place: see
+    :func:`_rotate_back`).
+
+    Eager autograd only: under ``torch.compile`` an in-place rotation is the out-of-place op
+    ``rotary::rope`` followed by ``copy_`` (see :func:`rotary.kernels.dispatch.rotate`), which AOT
+    autograd differentiates correctly for views of a graph input; a Function that marks such a view
+    dirty lost its backward there.
 
     A view (q as a slice of qkv) must be rotated alone: autograd rebases the view's history onto its
     base with CopySlices, which expects the dirty view to be the first tensor input, and accepts an
@@ -364,10 +254,7 @@ class RotateInplace(torch.autograd.Function):
         maps = tuple(v or (_identity, _identity) for v in views)
         kernel_views = tuple(m[0](x) for m, x in zip(maps, xs))
         rot = rotation.replace(xs=kernel_views, outs=kernel_views, cos=tuple(cos), sin=tuple(sin))
-        if torch.compiler.is_compiling():
-            rotation_op_(list(kernel_views), list(cos), list(sin), rot.positions, rot.batch_rows, rot.interleaved, rot.conjugate)
-        else:
-            run(rot)
+        run(rot)
         ctx.mark_dirty(*xs)
         ctx.rotation = rot.replace(xs=(), outs=())
         ctx.maps = maps
@@ -377,13 +264,10 @@ class RotateInplace(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):  # type: ignore[override]
-        differentiable = torch.is_grad_enabled() or torch.compiler.is_compiling()
-        owned = [False] * len(grads) if differentiable else owned_gradients(grads)
         n = len(grads)
         saved = ctx.saved_tensors
-        # views of the grads: made after owned_gradients counted their users
         gs = tuple(None if g is None else m[0](g) for m, g in zip(ctx.maps, grads))
-        outs = _rotate_back(ctx.rotation, gs, saved[:n], saved[n:], owned, None)
+        outs = _rotate_back(ctx.rotation, gs, saved[:n], saved[n:], None)
         back = (None if o is None else m[1](o) for m, o in zip(ctx.maps, outs))
         return (None, None, *back, *([None] * (2 * n)))
 

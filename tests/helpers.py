@@ -143,3 +143,59 @@ def forbid_torch_path(monkeypatch) -> None:
     monkeypatch.setattr(eager, "run_torch", fail)
     monkeypatch.setattr(ops, "run_torch", fail)
     monkeypatch.setattr(ops, "table_grad_torch", fail)
+
+
+# the no-synchronisation rule, proven on the CPU ------------------------------------------------
+
+#: aten ops that read a tensor's values on the host (a device-to-host synchronisation on a GPU), or
+#: whose output shape depends on values (the same)
+HOST_READS = frozenset({
+    "_local_scalar_dense", "item", "nonzero", "equal", "is_nonzero", "masked_select", "unique", "_unique",
+    "_unique2", "unique_consecutive", "unique_dim", "repeat_interleave", "allclose", "bincount", "histc",
+})  # fmt: skip
+
+
+class HostReadError(AssertionError):
+    """A value of a tensor was read on the host inside :func:`accelerator_rules`."""
+
+
+class _NoHostReads(torch.utils._python_dispatch.TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name.split("::")[-1]
+        if name in HOST_READS:
+            raise HostReadError(f"{func} reads tensor values on the host")
+        return func(*args, **(kwargs or {}))
+
+
+class accelerator_rules:
+    """Run rotary on CPU tensors as if they were on an accelerator, and fail on any host read.
+
+    ``rotary.deferred.host_checks`` is the one place that decides whether a device's checks read
+    values on the host (the CPU) or are deferred to device flags (every other device); inside this
+    context it answers "deferred" for the CPU too, and a dispatch mode raises :class:`HostReadError`
+    on any op that reads values (``.item()``, ``int(t)``, ``bool(t)``, ``nonzero``, ``equal``, ...).
+    ``Tensor.tolist`` and ``Tensor.numpy`` (which read memory without an aten op) raise too. The
+    CPU kernel still computes the results, so they can be compared with the usual path.
+    """
+
+    def __enter__(self):
+        import rotary.deferred as deferred
+
+        self._saved = (deferred.host_checks, torch.Tensor.tolist, torch.Tensor.numpy)
+        deferred.host_checks = lambda device: False
+
+        def refuse(*args, **kwargs):
+            raise HostReadError("tolist()/numpy() read tensor values on the host")
+
+        torch.Tensor.tolist = refuse  # type: ignore[method-assign]
+        torch.Tensor.numpy = refuse  # type: ignore[method-assign]
+        self._mode = _NoHostReads()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        import rotary.deferred as deferred
+
+        self._mode.__exit__(*exc)
+        deferred.host_checks, torch.Tensor.tolist, torch.Tensor.numpy = self._saved
+        return False

@@ -102,7 +102,7 @@ def test_vllm_flat_layout(tables, gen):
         (lambda c, s: rotary.apply_rotary(torch.randn(2, 1, 3, D), c, s, seqlen_offsets=-1), "seqlen_offsets must be an int >= 0"),
         (lambda c, s: rotary.apply_rotary(torch.randn(2, 1, 3, D), c, s, seqlen_offsets=torch.tensor([0, -4])), "seqlen_offsets must be >= 0"),
         (lambda c, s: rotary.apply_rotary(torch.randn(2, 1, 3, D), c, s, seqlen_offsets=38), "reach position 40 but the cos/sin tables have only 40 rows"),
-        (lambda c, s: rotary.apply_rotary(torch.randn(2, 1, 3, D), c, s, seqlen_offsets=1, position_ids=torch.arange(3)), "either position_ids or seqlen_offsets"),
+        (lambda c, s: rotary.apply_rotary(torch.randn(2, 1, 3, D), c, s, seqlen_offsets=1, position_ids=torch.arange(3)), "position_ids and seqlen_offsets each give positions; pass one"),
         (lambda c, s: rotary.apply_rotary(torch.randn(5, 3 * D), c, s, position_ids=torch.arange(5)), "pass head_dim"),
         (lambda c, s: rotary.apply_rotary(torch.randn(5, 30), c, s, position_ids=torch.arange(5), head_dim=D), "not a multiple of head_dim=16"),
         (lambda c, s: rotary.apply_rotary_qkv_(torch.randn(2, 3, 4, 2, D), c, s), r"\[B, S, 3, H, D\]"),

@@ -24,7 +24,7 @@ def small_lm(**over):
 
 
 def test_offset_and_position_ids_together_is_an_error(q):
-    with pytest.raises(ValueError, match="offset=100 and position_ids both give positions"):
+    with pytest.raises(ValueError, match="position_ids and offset=100 each give positions; pass one"):
         rotary.RoPE(64)(q, q.clone(), position_ids=torch.arange(8), offset=100)
 
 

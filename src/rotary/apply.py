@@ -16,7 +16,7 @@ from typing import Literal
 import torch
 
 from . import positions as P
-from ._checks import check_bool, check_int, check_positive_int
+from ._checks import check_bool, check_positive_int
 from .kernels import dispatch
 from .kernels.contract import Rotation
 from .kernels.extension import load_cpu_extension
@@ -539,31 +539,10 @@ def _raw_tables(
     k_tables: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> RotaryTables:
     """:class:`RotaryTables` from caller-made cos/sin and one way of naming positions (see :func:`apply_rotary`)."""
-    given = [n for n, v in (("position_ids", position_ids), ("seqlen_offsets", seqlen_offsets)) if v is not None]
-    if cu_seqlens is not None and "position_ids" in given:
-        raise ValueError("pass either cu_seqlens (positions restart per sequence) or position_ids, not both")
-    if len(given) == 2:
-        raise ValueError("pass either position_ids or seqlen_offsets (positions offset + arange(S)), not both")
-    found = None
-    if cu_seqlens is not None:
-        if not packed:
-            raise ValueError(
-                f"packed x (with cu_seqlens) must be 3-D [total_tokens, H, D], got {seq_len} tokens in a batch of {batch}"
-            )
-        found = P.from_cu_seqlens(cu_seqlens.to(device), tokens, max_seqlen=max_seqlen)
-        if seqlen_offsets is not None:
-            sequence = torch.searchsorted(
-                cu_seqlens.to(device=device, dtype=torch.int64)[1:], torch.arange(tokens, device=device), right=True
-            )
-            offsets = _offsets(seqlen_offsets, cu_seqlens.numel() - 1, device)
-            found = P.from_ids(found.ids + offsets[sequence], packed=True)
-    elif position_ids is not None:
-        found = P.from_ids(position_ids, packed=packed and position_ids.dim() == 1, device=device)
-    elif seqlen_offsets is not None:
-        if packed:
-            raise ValueError("seqlen_offsets with packed x needs cu_seqlens (one offset per sequence)")
-        offsets = _offsets(seqlen_offsets, batch, device)
-        found = P.from_ids(offsets[:, None] + torch.arange(seq_len, device=device))
+    found = P.from_call(
+        batch=batch, seq_len=seq_len, packed=packed, device=device, position_ids=position_ids,
+        seqlen_offsets=seqlen_offsets, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, default=False,
+    )  # fmt: skip
     rows = None if found is None else found.ids
     if found is not None and isinstance(cos, torch.Tensor):
         what = "with packed x" if packed else "with position_ids or seqlen_offsets"
@@ -583,21 +562,6 @@ def _raw_tables(
         keys = RotaryTables.from_tensors(*k_tables, interleaved=interleaved, rows=rows, validate=validate)
         tables = RotaryTables.unchecked(tables.cos, tables.sin, interleaved, rows, keys.cos, keys.sin)
     return tables
-
-
-def _offsets(seqlen_offsets: int | torch.Tensor, count: int, device: torch.device) -> torch.Tensor:
-    """``seqlen_offsets`` as int64 ``[count]`` (an int for all sequences, or one per sequence), >= 0."""
-    if isinstance(seqlen_offsets, torch.Tensor):
-        if seqlen_offsets.dim() != 1 or seqlen_offsets.shape[0] != count:
-            raise ValueError(
-                f"seqlen_offsets must be an int or an integer tensor [{count}] (one per sequence), got shape {tuple(seqlen_offsets.shape)}"
-            )
-        offsets = P.from_ids(seqlen_offsets, name="seqlen_offsets").ids.to(device)
-    else:
-        offsets = torch.full(
-            (count,), check_int(seqlen_offsets, "seqlen_offsets", minimum=0), dtype=torch.int64, device=device
-        )
-    return offsets
 
 
 def _flat(x: torch.Tensor, head_dim: int | None, name: str) -> torch.Tensor:

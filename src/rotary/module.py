@@ -14,8 +14,9 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from . import deferred
 from . import positions as P
-from ._checks import check_bool, check_choice, check_int, check_positive_int
+from ._checks import check_bool, check_choice, check_positive_int
 from ._sync import CopyableLock
 from .apply import Layout, check_layout, decode_seq_axis, rotate
 from .config import read_hf_config
@@ -151,6 +152,7 @@ class RoPE(nn.Module):
         self.schedule = FrequencySchedule(self._frequency_args, original, dynamic)
         self.register_buffer("inv_freq", original.inv_freq.clone(), persistent=False)
         self._caches: dict[str, TableCache] = {}
+        self._device_inv_freq: dict[tuple[int, torch.device], tuple[Frequencies, torch.Tensor]] = {}
         self._caches_lock = CopyableLock()
         self.learnable_frequencies = check_bool(learnable_frequencies, "learnable_frequencies")
         self.log_frequency_scale: nn.Parameter | None = None
@@ -394,12 +396,18 @@ class RoPE(nn.Module):
             length = positions.bound if positions.bound is not None and positions.exact else positions.ids.max() + 1
             freqs, key = self._freqs_for(length)
         ids = positions.ids
-        inv_freq, learned = freqs.inv_freq, self.log_frequency_scale
+        learned = self.log_frequency_scale
+        inv_freq = self._inv_freq_on(freqs, ids.device)
         if learned is not None:  # θ_i · exp(α_i), differentiable in α: computed per call, never cached
-            inv_freq = inv_freq.to(learned.device, torch.float64) * learned.double().exp()
-        uncached = compiling or key is None or positions.bound is None or learned is not None
+            inv_freq = inv_freq.double() * learned.double().exp()
+        bound = positions.bound
+        if bound is None and not deferred.host_checks(ids.device) and not compiling:
+            # ids on an accelerator, not read: the cached table as it is (at least max_position rows,
+            # or what prepare() sized); the kernel checks every token's row against it
+            bound = -1
+        uncached = compiling or key is None or bound is None or learned is not None
         cache = None if uncached else self._cache(key, freqs)  # type: ignore[arg-type]
-        cached = None if cache is None else cache.get(ids.device, positions.bound, dtype)  # type: ignore[arg-type]
+        cached = None if cache is None else cache.get(ids.device, cache.length if bound == -1 else bound, dtype)  # type: ignore[arg-type]
         if cached is None:  # rows for exactly these tokens
             cos, sin = cos_sin_table(
                 ids, inv_freq, attention_scaling=freqs.attention_scaling, interleaved=self.interleaved, dtype=dtype
@@ -412,6 +420,58 @@ class RoPE(nn.Module):
             end = positions.start + ids.shape[0]
             return RotaryTables.unchecked(cos[positions.start : end], sin[positions.start : end], self.interleaved)
         return RotaryTables.unchecked(cos, sin, self.interleaved, rows=ids)
+
+    def _inv_freq_on(self, freqs: Frequencies, device: torch.device) -> torch.Tensor:
+        """``freqs.inv_freq`` (fp32 ``[r/2]``) on ``device``: a copy kept per device (made once, e.g. by
+        :meth:`prepare`), so a call copies nothing host-to-device. Not the ``inv_freq`` buffer, which
+        ``.to()`` and users may change."""
+        key = (id(freqs), device)
+        found = self._device_inv_freq.get(key)
+        if found is None or found[0] is not freqs:
+            found = (freqs, freqs.inv_freq.to(device))
+            self._device_inv_freq[key] = found
+        return found[1]
+
+    def prepare(
+        self, max_position: int, *, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
+    ) -> RoPE:
+        """Build the cached tables for positions ``0 .. max_position - 1`` on ``device`` now.
+
+        On an accelerator, a call whose positions come as a device tensor (``position_ids``) reads the
+        cached table as it is, at least ``RoPE(max_position=...)`` rows, without reading the ids on the
+        host; a token past the table gets NaN and a deferred error (:func:`rotary.check_device_errors`).
+        Prepare the tables for the longest position a run will see before capturing a CUDA graph:
+        growing them allocates and copies, which a capture cannot record.
+
+        Args:
+            max_position: rows to cache (positions ``0 .. max_position - 1``).
+            device: where the tables live (default: the module's device).
+            dtype: fp32 (default) or float64 (for float64 inputs).
+
+        Returns:
+            ``self``.
+
+        Example:
+            >>> rope = RoPE(64).prepare(8192)
+            >>> rope.tables(torch.arange(8192)).cos.shape
+            torch.Size([8192, 64])
+        """
+        check_positive_int(max_position, "max_position")
+        if dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"table dtype must be torch.float32 or torch.float64, got {dtype}")
+        device = self.inv_freq.device if device is None else torch.device(device)
+        if self.schedule.length_dependent or self.log_frequency_scale is not None:
+            return self  # tables of these are computed per call, never cached
+        cache = self._cache("original", self.original_freqs)
+        if max_position > cache.limit:
+            raise ValueError(
+                f"prepare(max_position={max_position}) asks for more rows than the cache holds ({cache.limit}); "
+                f"build the RoPE with max_position >= {max_position}"
+            )
+        cache.get(device, max_position, dtype)
+        self._inv_freq_on(self.original_freqs, device)
+        deferred.flags(device)  # made now, not inside a capture
+        return self
 
     def cos_sin(
         self, position_ids: torch.Tensor, *, dtype: torch.dtype = torch.float32
@@ -444,33 +504,19 @@ class RoPE(nn.Module):
         max_seqlen: int | None,
         name: str,
     ) -> Positions:
-        """The positions of ``x``'s tokens, from whichever argument gives them (exactly one may)."""
+        """The positions of ``x``'s tokens (:func:`rotary.positions.from_call`)."""
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if offset != 0 and (position_ids is not None or cu_seqlens is not None):
-            raise ValueError(
-                f"offset={offset!r} and {'position_ids' if position_ids is not None else 'cu_seqlens'} both give positions; "
-                "pass one (position_ids = offset + arange(S) for a shifted start)"
-            )
-        if cu_seqlens is not None or x.dim() == 3:
-            if x.dim() != 3:
-                raise ValueError(f"packed inputs (cu_seqlens) must be [total_tokens, H, D], got {tuple(x.shape)}")
-            if cu_seqlens is not None:
-                if position_ids is not None:
-                    raise ValueError("pass either cu_seqlens (positions restart per sequence) or position_ids, not both")
-                return P.from_cu_seqlens(cu_seqlens.to(x.device), x.shape[0], max_seqlen=max_seqlen)
-            if position_ids is None:
-                raise ValueError(
-                    "packed [total_tokens, H, D] inputs need cu_seqlens or per-token position_ids [total_tokens]"
-                )
-            return P.from_ids(position_ids, packed=True, seq_len=x.shape[0], device=x.device)
-        if x.dim() != 4:
+        packed = cu_seqlens is not None or x.dim() == 3
+        if packed and x.dim() != 3:
+            raise ValueError(f"packed inputs (cu_seqlens) must be [total_tokens, H, D], got {tuple(x.shape)}")
+        if not packed and x.dim() != 4:
             raise ValueError(f"{name} must be 4-D ([B, H, S, D] or [B, S, H, D]), got shape {tuple(x.shape)}")
-        batch_dim, seq_dim = check_layout(layout)
-        if position_ids is not None:
-            return P.from_ids(position_ids, batch=x.shape[batch_dim], seq_len=x.shape[seq_dim], device=x.device)
-        check_int(offset, "offset", minimum=0)
-        return P.arange(x.shape[seq_dim], offset=offset, device=x.device)
+        batch_dim, seq_dim = (0, 0) if packed else check_layout(layout)
+        return P.from_call(  # type: ignore[return-value]  (default=True: never None)
+            batch=1 if packed else x.shape[batch_dim], seq_len=x.shape[seq_dim], packed=packed, device=x.device,
+            position_ids=position_ids, offset=offset, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+        )  # fmt: skip
 
     def _check_head_dim(self, xs: tuple[torch.Tensor, ...], names: tuple[str, ...]) -> None:
         for x, name in zip(xs, names):

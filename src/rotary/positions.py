@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import deferred
 from ._checks import check_bool, check_int, check_positive_int
 
 #: the largest position: positions are multiplied by frequencies in float64, exact for integers up to 2**53
@@ -42,7 +43,8 @@ def _check_max_position(high: int, what: str) -> None:
         )
 
 __all__ = [
-    "Positions", "arange", "check_position_ids", "continuation", "from_attention_mask", "from_cu_seqlens", "from_ids", "grid",
+    "Positions", "arange", "check_position_ids", "continuation", "from_attention_mask", "from_call", "from_cu_seqlens",
+    "from_ids", "grid",
     "integer_positions", "MAX_POSITION",
 ]
 
@@ -106,6 +108,16 @@ class Positions:
                 raise ValueError(f"Positions.start is for shared 1-D ids [S] made by arange, got ids of shape {tuple(ids.shape)}")
         object.__setattr__(self, "ids", ids.long())
         if torch.compiler.is_compiling() or not ids.numel() or ids.device.type == "meta":
+            return
+        if not deferred.host_checks(ids.device):  # the same claims, checked on the device
+            bad = ids < 0
+            if self.bound is not None:
+                bad = bad | (ids >= self.bound)
+                if exact:
+                    bad = bad | (ids.max() + 1 != self.bound)
+            if self.start is not None:
+                bad = bad | (ids != torch.arange(self.start, self.start + ids.numel(), device=ids.device))
+            deferred.record(deferred.POSITIONS_SLOT, bad)
             return
         low, high = (int(v) for v in torch.aminmax(ids))
         if low < 0:
@@ -185,15 +197,18 @@ def _integer_ids(position_ids: object, name: str) -> torch.Tensor:
 
 
 def _read_range(ids: torch.Tensor, name: str) -> int | None:
-    """Check ids >= 0 and return max + 1, with one device read; ``None`` under torch.compile.
+    """Check ids >= 0 and return max + 1, with one read on the CPU; ``None`` elsewhere.
 
-    Under torch.compile the sign is checked in the graph, without a graph break (the error then comes
-    from the compiled function when it runs, as a RuntimeError).
+    On accelerators the sign is a deferred check (:mod:`rotary.deferred`) and the bound stays unknown:
+    the kernels check every position against the table they read. Under torch.compile the sign is
+    checked in the graph, without a graph break (the error then comes from the compiled function when
+    it runs, as a RuntimeError).
     """
     if torch.compiler.is_compiling():
-        torch._assert_async((ids >= 0).all(), f"{name} must be >= 0")
+        torch._assert_async((ids >= 0).all(), name + " must be >= 0")
         return None
-    if ids.device.type == "meta":  # no values (shapes only): the bound is unknown, as under torch.compile
+    if not deferred.host_checks(ids.device):  # no values read here (meta has none, a GPU would sync)
+        deferred.record(deferred.POSITIONS_SLOT, ids < 0)
         return None
     if not ids.numel():
         return 0
@@ -342,9 +357,14 @@ def check_attention_mask(attention_mask: torch.Tensor, *, name: str = "attention
                 f"{name} must be bool or integer 0/1, got dtype {attention_mask.dtype}; "
                 "additive float masks are not accepted (for a 0 / -inf mask pass mask == 0 as a bool tensor)"
             )
-        # a value check reads the data: skipped under torch.compile, where it would break the graph
-        if not torch.compiler.is_compiling() and not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
-            raise ValueError(f"{name} must hold only 0 and 1 (or be bool)")
+        # a value check reads the data: skipped under torch.compile, where it would break the graph, and
+        # deferred on accelerators
+        if not torch.compiler.is_compiling():
+            bad = (attention_mask != 0) & (attention_mask != 1)
+            if not deferred.host_checks(attention_mask.device):
+                deferred.record(deferred.MASK_SLOT, bad)
+            elif bool(bad.any()):
+                raise ValueError(f"{name} must hold only 0 and 1 (or be bool)")
         attention_mask = attention_mask.bool()
     return attention_mask
 
@@ -352,10 +372,13 @@ def check_attention_mask(attention_mask: torch.Tensor, *, name: str = "attention
 def from_cu_seqlens(cu_seqlens: torch.Tensor, total: int, *, max_seqlen: int | None = None) -> Positions:
     """Per-token positions ``[total]`` of packed sequences, restarting at 0 at every boundary.
 
+    Checked at once on the CPU; on accelerators a deferred check, and no value is read: the bound is
+    ``max_seqlen`` when given, else unknown (the kernels check positions against their table).
+
     Args:
         cu_seqlens: integer ``[N + 1]``: ``0, len_0, len_0 + len_1, ..., total``.
         total: the number of packed tokens ``T``.
-        max_seqlen: the longest sequence, if known (spares a device read under torch.compile).
+        max_seqlen: the longest sequence, if known (an upper bound of the positions).
 
     Example:
         >>> p = from_cu_seqlens(torch.tensor([0, 3, 5]), 5)
@@ -370,7 +393,13 @@ def from_cu_seqlens(cu_seqlens: torch.Tensor, total: int, *, max_seqlen: int | N
     if given:
         check_int(max_seqlen, "max_seqlen", minimum=0)
     cu = cu_seqlens.to(torch.int64)
-    if not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling() and not deferred.host_checks(cu.device):
+        lengths = cu.diff()
+        bad = (cu[0] != 0) | (cu[-1] != total) | (lengths < 0).any()
+        if max_seqlen is not None:
+            bad = bad | (lengths.max() > max_seqlen)
+        deferred.record(deferred.CU_SEQLENS_SLOT, bad)
+    elif not torch.compiler.is_compiling():
         lengths = cu.diff()
         if int(cu[0]) != 0 or int(cu[-1]) != total or bool((lengths < 0).any()):
             raise ValueError(
@@ -386,6 +415,105 @@ def from_cu_seqlens(cu_seqlens: torch.Tensor, total: int, *, max_seqlen: int | N
     sequence = torch.searchsorted(cu[1:], token, right=True)
     # a max_seqlen given by the caller may exceed the longest sequence (then it is only a bound)
     return Positions.unchecked(token - cu[sequence], max_seqlen, 1, None, True, exact=not given)
+
+
+def from_call(
+    *,
+    batch: int,
+    seq_len: int,
+    packed: bool,
+    device: torch.device,
+    position_ids: torch.Tensor | Positions | None = None,
+    offset: int = 0,
+    seqlen_offsets: int | torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    max_seqlen: int | None = None,
+    default: bool = True,
+) -> Positions | None:
+    """The positions of a call's tokens, from whichever argument names them (at most one way).
+
+    The one place where :meth:`rotary.RoPE.forward` and :func:`rotary.apply_rotary` turn their
+    arguments into :class:`Positions`:
+
+    - ``position_ids``: ``[S]`` / ``[B, S]`` (packed: ``[T]``), or a :class:`Positions`;
+    - ``offset`` (an int): ``offset + arange(S)``, shared by the batch (no device read anywhere);
+    - ``seqlen_offsets`` (an int, or int ``[B]`` / ``[N]``): sequence b starts at its offset, as in
+      flash-attn (with ``cu_seqlens``: per packed sequence);
+    - ``cu_seqlens`` (with ``max_seqlen`` when known): packed sequences, positions restarting at 0;
+    - none of them: ``arange(S)`` when ``default``, else ``None`` (the caller's tables hold the
+      tokens' own rows).
+
+    Args:
+        batch, seq_len: the inputs' ``B`` and ``S`` (packed: ``1`` and ``T``).
+        packed: the inputs are packed ``[T, H, D]``.
+        device: where the positions must live (the inputs' device).
+
+    Returns:
+        :class:`Positions` on ``device`` (validated: on the CPU at once, elsewhere by deferred checks),
+        or ``None``.
+
+    Example:
+        >>> from_call(batch=2, seq_len=3, packed=False, device=torch.device("cpu"), offset=4).ids.tolist()
+        [4, 5, 6]
+        >>> p = from_call(batch=1, seq_len=5, packed=True, device=torch.device("cpu"), cu_seqlens=torch.tensor([0, 2, 5]))
+        >>> p.ids.tolist(), p.bound
+        ([0, 1, 0, 1, 2], 3)
+    """
+    named = [n for n, v in (("position_ids", position_ids), ("seqlen_offsets", seqlen_offsets), ("cu_seqlens", cu_seqlens)) if v is not None]
+    if type(offset) is not int or offset != 0:
+        named.append(f"offset={offset!r}")
+    if len(named) > 1 and named != ["seqlen_offsets", "cu_seqlens"]:
+        raise ValueError(
+            f"{' and '.join(named)} each give positions; pass one (position_ids = offset + arange(S) for a shifted "
+            "start; seqlen_offsets may go with cu_seqlens, one offset per packed sequence)"
+        )
+    if cu_seqlens is not None:
+        if not packed:
+            raise ValueError(
+                f"cu_seqlens marks packed sequences: the inputs must be [total_tokens, H, D], got a batch of {batch} x {seq_len}"
+            )
+        if not isinstance(cu_seqlens, torch.Tensor):
+            raise TypeError(f"cu_seqlens must be an integer tensor [N + 1], got {type(cu_seqlens).__name__}")
+        positions = from_cu_seqlens(cu_seqlens.to(device), seq_len, max_seqlen=max_seqlen)
+        if seqlen_offsets is None:
+            return positions
+        cu = cu_seqlens.to(device=device, dtype=torch.int64)
+        sequence = torch.searchsorted(cu[1:], torch.arange(seq_len, device=device), right=True)
+        starts = _offsets(seqlen_offsets, cu.numel() - 1, device)
+        return from_ids(positions.ids + starts[sequence], packed=True)
+    if position_ids is not None:
+        # their fit to [B, S] (or [T]) is checked where the layout is known, to name the layout that fits
+        return from_ids(position_ids, packed=packed and _rank(position_ids) == 1, device=device)
+    if packed and (seqlen_offsets is not None or default):
+        what = "seqlen_offsets with packed inputs needs" if seqlen_offsets is not None else "packed [total_tokens, H, D] inputs need"
+        raise ValueError(f"{what} cu_seqlens or per-token position_ids [total_tokens] (with cu_seqlens, positions restart per sequence)")
+    if seqlen_offsets is not None:
+        starts = _offsets(seqlen_offsets, batch, device)
+        ids = starts[:, None] + torch.arange(seq_len, device=device)
+        if isinstance(seqlen_offsets, int):  # one host-known start: a bound without reading anything
+            return Positions.unchecked(ids, seqlen_offsets + seq_len, exact=True)
+        return from_ids(ids, name="seqlen_offsets")
+    if not default:
+        return None
+    check_int(offset, "offset", minimum=0)
+    return arange(seq_len, offset=offset, device=device)
+
+
+def _rank(ids: torch.Tensor | Positions) -> int:
+    return ids.ids.dim() if isinstance(ids, Positions) else getattr(ids, "ndim", 0)
+
+
+def _offsets(seqlen_offsets: int | torch.Tensor, count: int, device: torch.device) -> torch.Tensor:
+    """``seqlen_offsets`` as int64 ``[count]`` (an int for all sequences, or one per sequence), >= 0."""
+    if isinstance(seqlen_offsets, torch.Tensor):
+        if seqlen_offsets.dim() != 1 or seqlen_offsets.shape[0] != count:
+            raise ValueError(
+                f"seqlen_offsets must be an int or an integer tensor [{count}] (one per sequence), got shape "
+                f"{tuple(seqlen_offsets.shape)}"
+            )
+        return from_ids(seqlen_offsets, name="seqlen_offsets").ids.to(device)
+    check_int(seqlen_offsets, "seqlen_offsets", minimum=0)
+    return torch.full((count,), seqlen_offsets, dtype=torch.int64, device=device)
 
 
 def continuation(previous: Positions, seq_len: int) -> Positions:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import deferred
 from ._checks import check_positive_int, is_number
 from ._sync import CopyableLock
 
@@ -324,13 +325,11 @@ class RotaryTables:
 def _check_row_range(rows: torch.Tensor, table_rows: int) -> None:
     """Every row inside the table: every backend then reads the same rows (indexing would wrap a
     negative row to the end of the table on the pure-torch path). On the CPU a check of ``[B, S]``
-    integers; on an accelerator an asynchronous assertion (no device-to-host read); nothing under
-    ``torch.compile``, whose positions were checked in the graph where they entered."""
-    if torch.compiler.is_compiling() or not rows.numel():
-        return
-    if rows.device.type != "cpu":
-        torch._assert_async(((rows >= 0) & (rows < table_rows)).all(), "rotary: a row outside the cos/sin table")
-        return
+    integers; on an accelerator nothing here: the kernels check every token's row against the table
+    and flag the ones outside (:mod:`rotary.deferred`); nothing under ``torch.compile``, whose
+    positions were checked in the graph where they entered."""
+    if torch.compiler.is_compiling() or not rows.numel() or not deferred.host_checks(rows.device):
+        return  # on accelerators the kernels check each token's row against the table (rotary.deferred)
     low, high = (int(v) for v in torch.aminmax(rows))
     if low < 0 or high >= table_rows:
         raise ValueError(
@@ -430,6 +429,13 @@ class TableCache:
         tables = self._tables.get(key)
         if tables is not None and tables[0].shape[0] >= needed_length:
             return tables
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            have = 0 if tables is None else tables[0].shape[0]
+            raise ValueError(
+                f"rotary: the cos/sin tables on {device} hold {have} rows but this call needs {needed_length}, and they "
+                "cannot grow while a CUDA graph is being captured (growing allocates and copies from the host); "
+                f"call rope.prepare({needed_length}, device={str(device)!r}) (or RoPE(..., max_position=...)) before capturing"
+            )
         with self._lock, torch.inference_mode(False):
             tables = self._tables.get(key)
             if tables is not None and tables[0].shape[0] >= needed_length:

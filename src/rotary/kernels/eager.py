@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import deferred
 from .contract import Rotation
 
 __all__ = ["rotate_pairs", "rotate_torch", "token_tables", "run_torch", "table_grad_torch"]
@@ -40,7 +41,18 @@ def token_tables(rotation: Rotation, i: int) -> tuple[torch.Tensor, torch.Tensor
     cos, sin = rotation.cos_sin(i)
     batch, seq_len = rotation.xs[i].shape[:2]
     if rotation.positions is not None:
-        c, s = cos[rotation.positions], sin[rotation.positions]  # [B, S, (H,) r]
+        positions = rotation.positions
+        if not deferred.host_checks(positions.device) and not torch.compiler.is_compiling():
+            # as the Triton kernel: a token outside the table reads row 0, gets NaN, and is flagged
+            outside = (positions < 0) | (positions >= cos.shape[0])
+            deferred.record_positions(positions, outside)
+            positions = positions.masked_fill(outside, 0)
+            nan = torch.where(outside, float("nan"), 0.0).to(cos.dtype)[..., None]
+            if cos.dim() == 3:
+                nan = nan[..., None]
+            c, s = cos[positions] + nan, sin[positions]
+        else:
+            c, s = cos[positions], sin[positions]  # [B, S, (H,) r]
     else:
         rows = batch if rotation.batch_rows else 1
         c = cos[: rows * seq_len].unflatten(0, (rows, seq_len))

@@ -4,14 +4,16 @@ One program rotates ``BLOCK_H`` heads of one token (b, s): it reads that token's
 ``positions`` when given, so per-batch ids and packed sequences cost no gathered table; per head for
 per-head tables) and keeps the arithmetic in fp32 (fp64 for fp64 inputs). The backward pass is the
 same kernel with sin negated; the table gradients are a second kernel, one program per token summing
-over heads. Both are tested on CPU under Triton's interpreter (``TRITON_INTERPRET=1``); their speed on
-a GPU has not been measured yet.
+over heads. Positions are checked in the kernel, never read on the host (see :func:`run_triton`).
+Both are tested on CPU under Triton's interpreter (``TRITON_INTERPRET=1``) and on an H100
+(docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import torch
 
+from .. import deferred
 from .contract import Rotation
 
 try:
@@ -33,7 +35,7 @@ if triton is not None:
 
     @triton.jit
     def _rotary_kernel(
-        X, OUT, COS, SIN, POS,
+        X, OUT, COS, SIN, POS, FLAGS,
         S, H, table_rows, table_stride, head_stride, batch_rows,
         sxb, sxs, sxh, sob, sos, soh, spb, sps,
         HALF: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_REST: tl.constexpr,
@@ -43,12 +45,21 @@ if triton is not None:
         row = tl.program_id(0)
         b = row // S
         s = row % S
+        heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+        compute = tl.float64 if FP64 else tl.float32
         if HAS_POSITIONS:
             t = tl.load(POS + b * spb + s * sps)
+            # a position outside the table: no read past it, NaN out, and the deferred-error flags
+            # (count and largest position) set once per token, by its first head block
+            outside = (t < 0) | (t >= table_rows)
+            if outside & (tl.program_id(1) == 0):
+                tl.atomic_add(FLAGS, 1)
+                tl.atomic_max(FLAGS + 1, t)
+            t = tl.where(outside, 0, t)
+            poison = tl.where(outside, float("nan"), 0.0).to(compute)
         else:
             t = b * batch_rows + s
-        tl.device_assert((t >= 0) & (t < table_rows), "rotary: position outside the cos/sin table")
-        heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+            poison = 0.0
         pair = tl.arange(0, BLOCK_P)
         if INTERLEAVED:
             first = 2 * pair
@@ -57,11 +68,11 @@ if triton is not None:
             first = pair
             second = pair + HALF
         pair_ok = pair < HALF
-        compute = tl.float64 if FP64 else tl.float32
         mask = (heads < H)[:, None] & pair_ok[None, :]
         table = t * table_stride + heads[:, None] * head_stride + first[None, :]
         c = tl.load(COS + table, mask=mask, other=0.0).to(compute)
         sn = tl.load(SIN + table, mask=mask, other=0.0).to(compute)
+        c = c + poison  # NaN for a token outside the table
         if CONJUGATE:
             sn = -sn
         x = X + b * sxb + s * sxs + heads[:, None] * sxh
@@ -127,7 +138,12 @@ if triton is not None:
 
 
 def run_triton(rotation: Rotation) -> None:
-    """Rotate each ``[B, S, H, D]`` x (unit stride over D) into its out (may be x itself); one launch per tensor."""
+    """Rotate each ``[B, S, H, D]`` x (unit stride over D) into its out (may be x itself); one launch per tensor.
+
+    With ``positions``, each token's row is checked against the table in the kernel: a token outside
+    it gets NaN in its rotated channels and sets the device's deferred-error flags
+    (:func:`rotary.check_device_errors` raises).
+    """
     if triton is None:
         raise RuntimeError("rotary: Triton is not installed")
     r = rotation.rotary_dim
@@ -141,8 +157,9 @@ def run_triton(rotation: Rotation) -> None:
         pos = positions if positions is not None else cos  # placeholder pointer, unused without positions
         spb, sps = (positions.stride(0), positions.stride(1)) if positions is not None else (0, 0)
         grid = (B * S, triton.cdiv(H, block_h))
+        flags = deferred.flags(x.device) if positions is not None else cos  # placeholder without positions
         _rotary_kernel[grid](
-            x, out, cos, sin, pos,
+            x, out, cos, sin, pos, flags,
             S, H, cos.shape[0], cos.stride(0), cos.stride(1) if cos.dim() == 3 else 0, rotation.batch_rows,
             x.stride(0), x.stride(1), x.stride(2), out.stride(0), out.stride(1), out.stride(2), spb, sps,
             HALF=r // 2, D=D, BLOCK_H=block_h, BLOCK_P=triton.next_power_of_2(r // 2),

@@ -1,0 +1,164 @@
+"""Checks that never synchronise: on accelerators, bad input sets a device-side flag instead of raising.
+
+On the CPU, reading a value to check it costs nothing, and every check raises at once, where the
+value entered. On a GPU, the same read is a device-to-host synchronisation: it stalls the host until
+the GPU catches up, and it cannot be captured in a CUDA graph. There, rotary records what a check
+finds in a small int64 tensor per device (the *flags*), with device operations only, and raises
+later, at a point where a synchronisation is wanted anyway:
+
+- :func:`check_device_errors` (public): raises :class:`DeviceInputError` naming every check that
+  failed since the last call, and clears the flags. Call it where your loop reads something back
+  anyway (a logged loss, the end of ``generate``; :meth:`rotary.models.Decoder.generate` calls it);
+- the result is never silently wrong meanwhile: a token whose position is outside the cos/sin table
+  gets NaN in every rotated channel, not another token's rotation.
+
+Where each check lives:
+
+- positions outside the table (negative or too large): in the rotation kernels (Triton, and the
+  pure-torch path on accelerators), per token;
+- tables a caller made (:func:`rotary.apply_rotary`): once per tensor version, a few sampled rows
+  (:func:`check_tables_once`);
+- hand-made :class:`~rotary.positions.Positions`, attention masks, ``cu_seqlens``, token ids:
+  device operations feeding :func:`record`.
+
+``validate="sync"`` (on :func:`rotary.apply_rotary`) keeps the immediate host checks on every device,
+for debugging.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from .errors import DeviceInputError
+
+__all__ = [
+    "CHECKS",
+    "DeviceInputError",
+    "check_device_errors",
+    "flags",
+    "host_checks",
+    "POSITION_SLOT",
+    "LARGEST_SLOT",
+    "TABLES_SLOT",
+    "POSITIONS_SLOT",
+    "CU_SEQLENS_SLOT",
+    "MASK_SLOT",
+    "TOKENS_SLOT",
+    "record",
+    "record_positions",
+]
+
+#: the deferred checks: flag slot -> what failed (the message of :class:`DeviceInputError`)
+CHECKS: dict[int, str] = {
+    0: "a position id outside the cos/sin table (negative, or at or past its last row); the rotated "
+    "channels of those tokens are NaN. Size the tables first: rope.prepare(max_position, device=...) "
+    "or RoPE(..., max_position=...); tables you pass must have a row for every position",
+    2: "cos/sin tables passed to apply_rotary are not rotation tables for the requested pairing (NaN/inf, "
+    "zeros, cos²+sin² not constant, the other pairing's layout, or cos and sin swapped); check them on the "
+    "host with rotary.check_tables(cos, sin, interleaved=...) or apply_rotary(..., validate='sync')",
+    3: "position ids (Positions, position_ids, seqlen_offsets) that are negative or inconsistent with what "
+    "they claim (bound, start)",
+    4: "cu_seqlens that do not start at 0, decrease, or do not end at the number of packed tokens, or a "
+    "sequence longer than the max_seqlen given",
+    5: "an attention mask holding values other than 0 and 1",
+    6: "token ids outside the vocabulary (negative, or >= vocab_size); their embeddings were read as 0",
+}
+SLOTS = 8
+POSITION_SLOT = 0  # counts tokens whose position was outside the table (written by the kernels)
+LARGEST_SLOT = 1  # the largest offending position (atomic max in the kernels)
+TABLES_SLOT, POSITIONS_SLOT, CU_SEQLENS_SLOT, MASK_SLOT, TOKENS_SLOT = 2, 3, 4, 5, 6
+
+_lock = threading.Lock()
+_flags: dict[torch.device, torch.Tensor] = {}
+
+
+def host_checks(device: torch.device) -> bool:
+    """Whether checks on tensors of ``device`` read values on the host (the CPU: free) rather than
+    being deferred to the device flags (any accelerator, and the meta device, which has no values).
+
+    Example:
+        >>> host_checks(torch.device("cpu")), host_checks(torch.device("meta"))
+        (True, False)
+    """
+    return device.type == "cpu"
+
+
+def flags(device: torch.device) -> torch.Tensor:
+    """The int64 ``[SLOTS]`` flag tensor of ``device`` (made on first use; reused ever after, so it
+    may be made before a CUDA graph is captured and written inside it).
+
+    Slot 0 counts failed position checks, slot 1 holds the largest offending position, the others
+    are 0/1 per check of :data:`CHECKS`.
+    """
+    device = _device(device)
+    found = _flags.get(device)
+    if found is None:
+        with _lock, torch.inference_mode(False):
+            found = _flags.get(device)
+            if found is None:
+                found = torch.zeros(SLOTS, dtype=torch.int64, device=device)
+                _flags[device] = found
+    return found
+
+
+def record(slot: int, bad: torch.Tensor) -> None:
+    """Set flag ``slot`` of ``bad``'s device where any element of the boolean ``bad`` is true: device
+    operations only, no synchronisation. Skipped under ``torch.compile`` tracing, which checks what
+    it can in the graph (``torch._assert_async``)."""
+    if torch.compiler.is_compiling() or bad.device.type == "meta" or not bad.numel():
+        return
+    with torch.no_grad():
+        flag = flags(bad.device)
+        flag[slot : slot + 1].bitwise_or_(bad.any().reshape(1).long())
+
+
+def record_positions(positions: torch.Tensor, outside: torch.Tensor) -> None:
+    """Flag the tokens whose ``positions`` are ``outside`` their table (what the Triton kernel does in
+    place): count them in slot 0 and keep the largest such position in slot 1. Device operations only."""
+    if not outside.numel() or outside.device.type == "meta":
+        return
+    with torch.no_grad():
+        flag = flags(outside.device)
+        flag[POSITION_SLOT : POSITION_SLOT + 1].add_(outside.sum().reshape(1))
+        largest = torch.where(outside, positions, torch.zeros_like(positions)).max().reshape(1)
+        torch.maximum(flag[LARGEST_SLOT : LARGEST_SLOT + 1], largest, out=flag[LARGEST_SLOT : LARGEST_SLOT + 1])
+
+
+def _device(device: torch.device | str) -> torch.device:
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def check_device_errors(device: torch.device | str | None = None) -> None:
+    """Raise :class:`DeviceInputError` if a deferred check failed on ``device`` (default: every device
+    with flags) since the last call, and clear the flags. One device-to-host read per device.
+
+    Raises:
+        DeviceInputError: naming each failed check and what to change.
+
+    Example:
+        >>> check_device_errors()  # nothing failed: returns None
+    """
+    devices = list(_flags) if device is None else [_device(device)]
+    problems = []
+    for dev in devices:
+        found = _flags.get(dev)
+        if found is None:
+            continue
+        values = found.tolist()  # the one synchronisation
+        if not any(values):
+            continue
+        found.zero_()
+        for slot, message in CHECKS.items():
+            if values[slot]:
+                if slot == POSITION_SLOT:
+                    largest = values[LARGEST_SLOT]
+                    which = f"the largest was {largest}" if largest > 0 else "negative ids"
+                    message += f" ({values[slot]} token(s) outside; {which})"
+                problems.append(f"on {dev}: {message}")
+    if problems:
+        raise DeviceInputError("rotary: bad input found by deferred checks: " + "; ".join(problems))

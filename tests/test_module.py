@@ -84,6 +84,28 @@ def test_max_position_validation():
         rotary.RoPE(8, max_position=0)
 
 
+def test_a_max_position_whose_tables_do_not_fit_is_refused_before_allocating(gen):
+    """issue 24: RoPE(64, max_position=2**40) then a call was torch's allocator error (8 TiB)."""
+    with pytest.raises(
+        ValueError,
+        match=r"RoPE\(max_position=1099511627776\) with rotary_dim=64: its cos/sin table cache, built on the first "
+        r"call, would need 512.0 TiB, more than the limit of 4.0 GiB; use max_position <= 8388608 \(it is the length "
+        r"of the table cache, not a limit on positions",
+    ):
+        rotary.RoPE(64, max_position=2**40)
+    with pytest.raises(ValueError, match=r"max_position=8388609\) with rotary_dim=64"):
+        rotary.RoPE(64, max_position=8388609)
+    with pytest.raises(ValueError, match=r"rotary_dim=128: .*use max_position <= 4194304 "):
+        rotary.RoPE(256, rotary_dim=128, max_position=4194305)
+    # the largest that fits is accepted (nothing is built before a call)
+    assert rotary.RoPE(64, max_position=8388608).max_position == 8388608
+    # learnable frequencies never cache tables: max_position builds nothing, and positions far out still work
+    rope = rotary.RoPE(64, max_position=2**40, learnable_frequencies=True)
+    q = torch.randn(1, 2, 3, 64, generator=gen)
+    far = torch.tensor([0, 2**39, 2**40 + 5])
+    torch.testing.assert_close(rope.rotate(q, position_ids=far), rotary.RoPE(64).rotate(q, position_ids=far))
+
+
 def test_repr_names_configuration():
     text = repr(rotary.RoPE(64, rotary_dim=32, base=500000.0, interleaved=True))
     assert "rotary_dim=32" in text and "base=500000" in text and "interleaved=True" in text

@@ -16,6 +16,7 @@ from torch import nn
 
 from . import positions as P
 from ._checks import check_bool, check_choice, check_int, check_positive_int
+from ._limits import MAX_TABLE_BYTES, check_bytes
 from ._sync import CopyableLock
 from .apply import Layout, check_layout, decode_seq_axis, rotate
 from .config import read_hf_config
@@ -95,7 +96,9 @@ class RoPE(nn.Module):
         scaling: Hugging Face-style scaling block, e.g. ``{"rope_type": "yarn", "factor": 4.0, ...}``.
         interleaved: ``False``: pairs (i, i + r/2) (Hugging Face, GPT-NeoX); ``True``: pairs
             (2i, 2i + 1) (the paper, RoFormer, GPT-J, Meta LLaMA).
-        max_position: initial cache length.
+        max_position: initial cache length: the first call builds the tables of positions
+            ``0 .. max_position - 1`` (fp32 cos and sin, ``8 * max_position * rotary_dim`` bytes, at
+            most 4 GiB: a larger value is a ``ValueError`` here). Not a limit on positions.
         dynamic: how length-dependent types (``dynamic``, ``longrope``) follow the sequence length.
             ``"hf"`` (default) replays transformers' state machine call for call: dynamic NTK
             recomputes when ``max(position_ids) + 1`` exceeds the longest length seen so far and resets
@@ -143,6 +146,18 @@ class RoPE(nn.Module):
             strict=check_bool(strict, "strict"),
         )  # fmt: skip
         original = frequencies(**self._frequency_args)
+        if not check_bool(learnable_frequencies, "learnable_frequencies"):  # learnable: tables never cached
+            # the first call builds rows 0 .. max_position - 1 (fp32 cos and sin [max_position, r]): refuse a
+            # size that cannot be built here, before torch's allocator fails on the first call
+            fits = MAX_TABLE_BYTES // (8 * original.rotary_dim)
+            check_bytes(
+                8 * max_position * original.rotary_dim,
+                f"RoPE(max_position={max_position}) with rotary_dim={original.rotary_dim}: its cos/sin table cache, "
+                "built on the first call,",
+                f"use max_position <= {fits} (it is the length of the table cache, not a limit on positions: rows "
+                "of positions past the cache are computed per call)",
+                limit=MAX_TABLE_BYTES,
+            )
         self.original_freqs: Frequencies = original
         self.freqs: Frequencies = original  # the frequencies of the latest call (length-dependent types)
         self.interleaved = check_bool(interleaved, "interleaved")

@@ -32,6 +32,12 @@ __all__ = ["RoPE", "keep_float32"]
 #: rows a table cache grows to at most; positions beyond get their rows computed per call
 CACHE_ROWS = 1 << 16
 
+#: what to do instead of editing ``rope.inv_freq``, for the errors saying it is read-only
+_OTHER_FREQUENCIES = (
+    "to rotate with other frequencies build a new RoPE (rotary.RoPE(head_dim, base=..., scaling={...}) or "
+    "rope.with_scaling({...})), or train them with learnable_frequencies=True"
+)
+
 
 def keep_float32(parameters: Sequence[nn.Parameter], apply: Callable[[], Any]) -> None:
     """Run ``apply`` (a module's ``nn.Module._apply``) and keep ``parameters`` fp32 with their values.
@@ -113,6 +119,17 @@ class RoPE(nn.Module):
             gradients (never cached) and run through the fused kernels' table-gradient path. Not
             with length-dependent scaling types (``dynamic``, ``longrope``).
 
+    Attributes:
+        inv_freq: fp32 ``[rotary_dim // 2]``, a non-persistent buffer on the module's device: the
+            frequencies of the latest call, for code that reads Hugging Face's buffer. Read-only:
+            the tables are computed from the frequencies the ``RoPE`` was made with
+            (``rope.freqs``), so an edit could only be ignored. Assigning it
+            (``rope.inv_freq = t``, ``rope.inv_freq /= 4``) raises ``AttributeError``; an in-place
+            edit (``rope.inv_freq.mul_(0.5)``, through a view or ``detach()`` too) raises
+            ``RuntimeError`` at the next eager call. Both restore the buffer. For other frequencies build a
+            new ``RoPE`` (other ``base`` or ``scaling``, :meth:`with_scaling`) or learn them
+            (``learnable_frequencies=True``).
+
     Example:
         >>> rope = RoPE(64)
         >>> q, k = torch.randn(2, 8, 16, 64), torch.randn(2, 2, 16, 64)  # GQA: 8 q heads, 2 kv heads
@@ -164,7 +181,8 @@ class RoPE(nn.Module):
         self.max_position = max_position
         self.dynamic = dynamic
         self.schedule = FrequencySchedule(self._frequency_args, original, dynamic)
-        self.register_buffer("inv_freq", original.inv_freq.clone(), persistent=False)
+        self.register_buffer("inv_freq", None, persistent=False)
+        self._set_inv_freq(original.inv_freq)
         self._caches: dict[str, TableCache] = {}
         self._caches_lock = CopyableLock()
         self.learnable_frequencies = check_bool(learnable_frequencies, "learnable_frequencies")
@@ -316,8 +334,47 @@ class RoPE(nn.Module):
         # after to_empty() (models built on the meta device); learned ones keep their learned values.
         learned = [] if self.log_frequency_scale is None else [self.log_frequency_scale]
         keep_float32(learned, lambda: super(RoPE, self)._apply(fn, recurse))
-        self.inv_freq = self.freqs.inv_freq.to(self.inv_freq.device)
+        self._set_inv_freq(self.freqs.inv_freq)
         return self
+
+    # inv_freq, read-only -------------------------------------------------------------------------
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "inv_freq" and "inv_freq" in self.__dict__.get("_buffers", ()):
+            self._set_inv_freq(self.freqs.inv_freq)  # `rope.inv_freq /= 4` has already divided it in place
+            raise AttributeError(
+                f"rope.inv_freq is read-only: this RoPE computes with the frequencies it was made with (rope.freqs), "
+                f"so a new value would be ignored; {_OTHER_FREQUENCIES}"
+            )
+        super().__setattr__(name, value)
+
+    def _set_inv_freq(self, inv_freq: torch.Tensor) -> None:
+        """Make the buffer a copy of ``inv_freq`` on the buffer's device (never the frozen Frequencies' own
+        tensor, which an edit would corrupt), marked with its version counter for :meth:`_check_inv_freq`."""
+        old = self._buffers.get("inv_freq")
+        copy_ = inv_freq.detach().to(old.device if old is not None else inv_freq.device, copy=True)
+        copy_._rotary_version = copy_._version  # in-place ops bump it, also through views and detach()
+        self._buffers["inv_freq"] = copy_
+
+    def _check_inv_freq(self) -> None:
+        """Raise if ``inv_freq`` was edited in place (its version moved): the tables would ignore the edit.
+        Not under ``torch.compile`` (a graph does not read version counters; the next eager call checks)."""
+        if torch.compiler.is_compiling():
+            return
+        buffer = self._buffers.get("inv_freq")
+        if buffer is not None and getattr(buffer, "_rotary_version", None) == buffer._version:
+            return
+        want = self.freqs.inv_freq
+        if isinstance(buffer, torch.Tensor) and buffer.shape == want.shape:
+            # another tensor with the same values (a deep copy, torch.func.functional_call's buffers): mark it
+            if buffer.is_meta or torch.equal(buffer.detach().to("cpu", torch.float32), want):
+                buffer._rotary_version = buffer._version
+                return
+        self._set_inv_freq(want)
+        raise RuntimeError(
+            "rope.inv_freq was modified in place (e.g. rope.inv_freq.mul_(0.5)), but this RoPE computes with the "
+            f"frequencies it was made with (rope.freqs), so the edit would be ignored; inv_freq is read-only and has "
+            f"been restored. {_OTHER_FREQUENCIES[0].upper()}{_OTHER_FREQUENCIES[1:]}"
+        )
 
     def extra_repr(self) -> str:
         f = self.original_freqs
@@ -352,7 +409,7 @@ class RoPE(nn.Module):
         freqs, key = self.schedule.freqs_for(seq_len)
         if freqs is not self.freqs:
             self.freqs = freqs
-            self.inv_freq = freqs.inv_freq.to(self.inv_freq.device)
+            self._set_inv_freq(freqs.inv_freq)
         return freqs, key
 
     def reset_length(self) -> None:
@@ -402,6 +459,7 @@ class RoPE(nn.Module):
             )
         if dtype not in (torch.float32, torch.float64):
             raise TypeError(f"table dtype must be torch.float32 or torch.float64, got {dtype}")
+        self._check_inv_freq()
         compiling = torch.compiler.is_compiling()
         freqs, key = self.original_freqs, "original"
         if self.schedule.length_dependent and positions.ids.numel():
@@ -569,6 +627,7 @@ class RoPE(nn.Module):
         """
         if type(offset) is not int or offset < 0 or type(inplace) is not bool or not self._fast_ok:
             return None
+        self._check_inv_freq()
         seq_axis = decode_seq_axis(q, k, layout)
         cache = self._caches.get("original")
         if seq_axis is None or cache is None:

@@ -720,3 +720,90 @@ def test_every_subcommand_help_has_a_one_line_summary_and_an_example_that_parses
         assert argv[0] == "rotary" and " ".join(argv[1 : 1 + len(name.split())]) == name, name
         args = build_parser().parse_args(argv[1:])
         assert args._parser is parser or args._parser.prog == parser.prog, name
+
+
+def _bad_vector_files():
+    import numpy as np
+    import torch
+
+    def npy(array, **kwargs):
+        return lambda path: np.save(path, array, **kwargs)
+
+    def pt(value):
+        return lambda path: torch.save(value, path)
+
+    def raw(data: bytes):
+        return lambda path: path.write_bytes(data)
+
+    def truncated(path):
+        np.save(path, np.ones(8))
+        path.write_bytes(path.read_bytes()[:-20])
+
+    def npz(path):
+        with open(path, "wb") as fh:
+            np.savez(fh, q=np.ones(8))
+
+    # (file name, writer, what the one-line error says)
+    return [
+        ("object.npy", npy(np.array([1.0] * 8, dtype=object), allow_pickle=True), "holds an array of Python objects (dtype=object)"),
+        ("ragged.npy", npy(np.array([[1.0], [1.0, 2.0]], dtype=object), allow_pickle=True), "array of Python objects"),
+        ("complex.npy", npy(np.ones(8, dtype=np.complex64)), "holds complex64 values (numpy kind 'c'); q/k must be real"),
+        ("strings.npy", npy(np.array(["a"] * 8)), "holds <U1 values (numpy kind 'U'); q/k must be real numbers"),
+        ("bytes.npy", npy(np.array([b"a"] * 8)), "numpy kind 'S'"),
+        ("bool.npy", npy(np.ones(8, dtype=bool)), "holds bool values"),
+        ("dates.npy", npy(np.array(["2020-01-01"] * 8, dtype="datetime64[D]")), "numpy kind 'M'"),
+        ("record.npy", npy(np.zeros(8, dtype=[("a", "f4"), ("b", "i4")])), "numpy kind 'V'"),
+        ("scalar.npy", npy(np.array(3.0)), "holds shape (); expected a [8] vector (head_dim)"),
+        ("matrix.npy", npy(np.ones((2, 8))), "holds shape (2, 8); expected a [8] vector"),
+        ("nan.npy", npy(np.array([0.0, np.nan] + [1.0] * 6)), "holds 1 non-finite value(s) ([1]=nan); q/k must be finite"),
+        ("truncated.npy", truncated, "is not a readable NumPy .npy file"),
+        ("junk.npy", raw(b"not numpy"), "is not a NumPy .npy file (the magic string is not correct"),
+        ("empty.npy", raw(b""), "is not a NumPy .npy file"),
+        ("archive.npy", npz, "is not a NumPy .npy file"),
+        ("pickled.npy", raw(b"\x80\x04\x95\x05\x00\x00\x00\x00\x00\x00\x00]\x94."), "is not a NumPy .npy file"),
+        ("complex.pt", pt(torch.ones(8, dtype=torch.complex64)), "holds torch.complex64 values; q/k must be real"),
+        ("inf.pt", pt(torch.full((8,), float("inf"))), "holds 8 non-finite value(s) ([0]=inf, [1]=inf, [2]=inf ...)"),
+        ("sparse.pt", pt(torch.ones(8).to_sparse()), "holds a torch.sparse_coo tensor; save a dense one"),
+        ("junk.pt", raw(b"junk"), "cannot be read by torch.load(weights_only=True)"),
+        ("dict.pt", pt({"q": torch.ones(8)}), "holds shape dict; expected a [8] vector"),
+    ]
+
+
+BAD_VECTOR_FILES = _bad_vector_files()
+
+
+@pytest.mark.parametrize("name, write, needle", BAD_VECTOR_FILES, ids=[n for n, _, _ in BAD_VECTOR_FILES])
+def test_plot_scores_names_a_bad_vector_file_in_one_line(name, write, needle, tmp_path, capsys):
+    """issue 24: an object array (and other .npy / .pt files rotary cannot read as a vector) was a traceback."""
+    path = tmp_path / name
+    write(path)
+    assert main(["plot", "scores", "--head-dim", "8", "--seq-len", "4", "--q", str(path), "-o", str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"rotary plot scores: error: {path}") and needle in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]  # nothing written
+
+
+def test_plot_scores_reads_any_real_vector_and_refuses_overflowing_logits(tmp_path, capsys):
+    import numpy as np
+    import torch
+
+    files = {
+        "big_endian.npy": np.ones(8, dtype=">f8"), "half.npy": np.ones(8, dtype=np.float16),
+        "int.npy": np.ones(8, dtype=np.int64), "fortran.npy": np.asfortranarray(np.ones(8)),
+    }  # fmt: skip
+    for name, array in files.items():
+        np.save(tmp_path / name, array)
+    torch.save(torch.nn.Parameter(torch.ones(8)), tmp_path / "param.pt")  # requires grad
+    inv = [10000 ** (-2 * i / 8) for i in range(4)]
+    for name in [*files, "param.pt"]:
+        argv = ["plot", "scores", "--head-dim", "8", "--seq-len", "6", "--q", str(tmp_path / name), "--k",
+                str(tmp_path / name), "-o", str(tmp_path / "s"), "--json"]  # fmt: skip
+        assert main(argv) == 0, name
+        numbers = json.loads(capsys.readouterr().out)
+        assert numbers["logit_by_distance"] == pytest.approx([sum(2 * math.cos(m * t) for t in inv) for m in range(6)])
+    np.save(tmp_path / "huge.npy", np.full(8, 1e300))
+    huge = str(tmp_path / "huge.npy")
+    assert main(["plot", "scores", "--head-dim", "8", "--q", huge, "--k", huge, "-o", str(tmp_path / "h")]) == 2
+    err = capsys.readouterr().err
+    assert "overflow float64 (largest |q| entry 1e+300, |k| entry 1e+300); scale q and k down" in err, err

@@ -232,6 +232,12 @@ BAD = [
      False),
     ({"rope_type": "default", "partial_rotary_factor": 0.3}, 64,
      r"head_dim=64 \* partial_rotary_factor=0.3 gives an odd rotary dimension 19", True),
+    # issue 24: the default type took any key (a factor that scales nothing, a misspelt mrope key)
+    ({"rope_type": "default", "rope_theta": 1e4, "factor": 8.0}, 64,
+     r"key 'factor' belongs to rope_type dynamic / linear / .*, not 'default'; remove it or set rope_type", True),
+    ({"rope_type": "default", "mrope_sections": True}, 64,
+     r"unknown key 'mrope_sections' for rope_type 'default'; valid keys: partial_rotary_factor, rope_theta", True),
+    ({"foo_bar": 1}, 64, r"unknown key 'foo_bar' for rope_type 'default'", True),
 ]
 
 
@@ -249,6 +255,45 @@ def test_each_mistake_is_a_config_error_naming_the_fix(block, head_dim, message,
     else:  # without these the frequencies cannot be computed at all
         with pytest.raises(ConfigError, match=message):
             frequencies(head_dim, scaling=block, strict=False)
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("factor", 8.0, r"key 'factor' belongs to rope_type dynamic / linear / .*, not 'default'; remove it"),
+        ("mrope_sections", True, r"unknown key 'mrope_sections' for rope_type 'default'; valid keys: "),
+        ("foo_bar", 1, r"unknown key 'foo_bar' for rope_type 'default'"),
+    ],
+)
+@pytest.mark.parametrize("where", ["rope_parameters", "rope_scaling"])
+def test_a_default_block_from_a_config_names_its_unknown_keys(key, value, message, where):
+    """issue 24: a config whose default block carries a key of another type (or none) is refused strictly."""
+    config = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 4, "rope_theta": 1e4,
+              where: {"rope_type": "default", key: value}}  # fmt: skip
+    with pytest.raises(ConfigError, match=message):
+        RoPE.from_hf_config(config)
+    with pytest.warns(UserWarning, match=message):
+        rope = RoPE.from_hf_config(config, strict=False)
+    assert torch.equal(rope.inv_freq, frequencies(64, base=1e4).inv_freq)  # the key changes nothing
+
+
+def test_the_keys_real_configs_put_in_a_default_block_are_accepted_strictly():
+    """rope_theta and partial_rotary_factor (any model), mrope_section / mrope_interleaved (Qwen-VL)."""
+    llama = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 4,
+             "rope_parameters": {"rope_type": "default", "rope_theta": 5e5, "partial_rotary_factor": 0.5}}  # fmt: skip
+    rope = RoPE.from_hf_config(llama)
+    assert rope.rotary_dim == 32 and torch.equal(rope.inv_freq, frequencies(32, base=5e5).inv_freq)
+    qwen3_vl = {"model_type": "qwen3_vl", "text_config": {
+        "model_type": "qwen3_vl_text", "head_dim": 128, "hidden_size": 4096, "num_attention_heads": 32,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 5e6, "mrope_section": [24, 20, 20],
+                            "mrope_interleaved": True}}}  # fmt: skip
+    assert read_hf_config(qwen3_vl).scaling == {"rope_type": "default"}  # the mrope keys are read, not passed on
+    mrope = rotary.MRoPE.from_hf_config(qwen3_vl)
+    assert mrope.mrope_section == (24, 20, 20) and mrope.mrope_interleaved and mrope.freqs.base == 5e6
+    qwen2_vl = {"model_type": "qwen2_vl", "hidden_size": 1536, "num_attention_heads": 12, "rope_theta": 1e6,
+                "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}}  # fmt: skip
+    mrope = rotary.MRoPE.from_hf_config(qwen2_vl)
+    assert mrope.mrope_section == (16, 24, 24) and not mrope.mrope_interleaved
 
 
 def test_strict_false_follows_transformers_on_an_odd_rotary_dim():

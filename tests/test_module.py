@@ -84,18 +84,114 @@ def test_max_position_validation():
         rotary.RoPE(8, max_position=0)
 
 
+def test_a_max_position_whose_tables_do_not_fit_is_refused_before_allocating(gen):
+    """issue 24: RoPE(64, max_position=2**40) then a call was torch's allocator error (8 TiB)."""
+    with pytest.raises(
+        ValueError,
+        match=r"RoPE\(max_position=1099511627776\) with rotary_dim=64: its cos/sin table cache, built on the first "
+        r"call, would need 512.0 TiB, more than the limit of 4.0 GiB; use max_position <= 8388608 \(it is the length "
+        r"of the table cache, not a limit on positions",
+    ):
+        rotary.RoPE(64, max_position=2**40)
+    with pytest.raises(ValueError, match=r"max_position=8388609\) with rotary_dim=64"):
+        rotary.RoPE(64, max_position=8388609)
+    with pytest.raises(ValueError, match=r"rotary_dim=128: .*use max_position <= 4194304 "):
+        rotary.RoPE(256, rotary_dim=128, max_position=4194305)
+    # the largest that fits is accepted (nothing is built before a call)
+    assert rotary.RoPE(64, max_position=8388608).max_position == 8388608
+    # learnable frequencies never cache tables: max_position builds nothing, and positions far out still work
+    rope = rotary.RoPE(64, max_position=2**40, learnable_frequencies=True)
+    q = torch.randn(1, 2, 3, 64, generator=gen)
+    far = torch.tensor([0, 2**39, 2**40 + 5])
+    torch.testing.assert_close(rope.rotate(q, position_ids=far), rotary.RoPE(64).rotate(q, position_ids=far))
+
+
 def test_repr_names_configuration():
     text = repr(rotary.RoPE(64, rotary_dim=32, base=500000.0, interleaved=True))
     assert "rotary_dim=32" in text and "base=500000" in text and "interleaved=True" in text
 
 
 def test_editing_the_inv_freq_buffer_cannot_make_paths_disagree(gen):
-    # inv_freq mirrors the frozen frequencies; every path (cached, compiled) computes from those
-    rope = rotary.RoPE(16)
+    # inv_freq mirrors the frozen frequencies; every path (cached, compiled) computes from those. An edit is
+    # refused (issue 24: it used to be ignored), and after .float() it used to corrupt the frozen frequencies
+    # themselves (the buffer was their tensor), so that compiled calls rotated with the edit and cached ones without
+    rope = rotary.RoPE(16).float()
     q = torch.randn(1, 2, 5, 16, generator=gen)
     before = rope.rotate(q, offset=3)
+    want = rope.freqs.inv_freq.clone()
     with torch.no_grad():
         rope.inv_freq.mul_(0.5)
+    with pytest.raises(RuntimeError, match=r"rope.inv_freq was modified in place .*the edit would be ignored; "
+                                           r"inv_freq is read-only and has been restored. To rotate with other "
+                                           r"frequencies build a new RoPE \(rotary.RoPE\(head_dim, base="):  # fmt: skip
+        rope.rotate(q, offset=3)
+    assert torch.equal(rope.inv_freq, want) and torch.equal(rope.freqs.inv_freq, want)
     compiled = torch.compile(lambda x: rope.rotate(x, offset=3), fullgraph=True, backend="eager")
     assert torch.equal(rope.rotate(q, offset=3), before)
     assert torch.allclose(compiled(q), before, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda rope: rope.inv_freq.mul_(0.25),
+        lambda rope: rope.inv_freq[:2].zero_(),  # through a view
+        lambda rope: rope.inv_freq.detach().fill_(1.0),
+        lambda rope: rope.learned_inv_freq.div_(4),
+        lambda rope: torch.mul(rope.inv_freq, 0.5, out=rope.inv_freq),
+        lambda rope: rope.inv_freq.__setitem__(0, 2.0),
+        lambda rope: torch.nn.init.ones_(rope.inv_freq),
+        lambda rope: rope.register_buffer("inv_freq", torch.ones(8), persistent=False),
+    ],
+    ids=["mul_", "view", "detach", "learned_inv_freq", "out=", "setitem", "nn.init", "register_buffer"],
+)
+@pytest.mark.parametrize("call", ["forward", "decode", "cos_sin", "rotate"])
+def test_an_in_place_edit_of_inv_freq_is_an_error_at_the_next_call(edit, call, gen):
+    """issue 24: `rope.inv_freq /= 4` was silently ignored."""
+    rope = rotary.RoPE(16)
+    q = torch.randn(1, 2, 1 if call == "decode" else 5, 16, generator=gen)
+    run = {
+        "forward": lambda: rope(q, q),
+        "decode": lambda: rope(q, q, offset=7),  # the CPU decoding fast path
+        "cos_sin": lambda: rope.cos_sin(torch.arange(5)),
+        "rotate": lambda: (rope.rotate(q),),
+    }[call]
+    want = run()
+    with torch.no_grad():
+        edit(rope)
+    with pytest.raises(RuntimeError, match=r"rope.inv_freq was modified in place"):
+        run()
+    assert torch.equal(rope.inv_freq, rotary.frequencies(16).inv_freq)  # restored
+    for got, expected in zip(run(), want):
+        assert torch.equal(got, expected)
+
+
+def test_assigning_inv_freq_is_an_attribute_error_naming_what_to_do():
+    rope = rotary.RoPE(16)
+    message = r"rope.inv_freq is read-only: .*a new value would be ignored; to rotate with other frequencies build a new RoPE"
+    with pytest.raises(AttributeError, match=message):
+        rope.inv_freq /= 4  # divides the buffer in place, then assigns it
+    assert torch.equal(rope.inv_freq, rotary.frequencies(16).inv_freq)
+    with pytest.raises(AttributeError, match=message):
+        rope.inv_freq = torch.ones(8)
+    assert torch.equal(rope.inv_freq, rotary.frequencies(16).inv_freq)
+    q = torch.randn(1, 1, 3, 16)
+    assert torch.equal(rope.rotate(q), rotary.RoPE(16).rotate(q))
+
+
+def test_copies_of_inv_freq_with_the_same_values_are_not_edits(gen):
+    import copy
+
+    rope = rotary.RoPE(16)
+    q = torch.randn(1, 2, 5, 16, generator=gen)
+    want = rope(q, q)
+    twin = copy.deepcopy(rope)
+    assert torch.equal(twin(q, q)[0], want[0])
+    buffers = {"inv_freq": rope.inv_freq.clone()}  # a functional call with the module's own buffers
+    got = torch.func.functional_call(rope, buffers, (q, q))
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    with torch.no_grad():
+        rope.inv_freq.mul_(1.0)  # an in-place op that changes nothing: nothing to refuse
+    assert torch.equal(rope(q, q)[0], want[0])
+    with pytest.raises(RuntimeError, match="modified in place"):
+        torch.func.functional_call(rope, {"inv_freq": rope.inv_freq * 2}, (q, q))

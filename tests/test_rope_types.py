@@ -212,3 +212,52 @@ def test_a_length_dependent_type_must_name_its_trained_length():
         register_rope_type("test-no-length", length_dependent=True, update="sometimes")(init)
     with pytest.raises(TypeError, match="length_dependent must be True or False, got 'yes'"):
         register_rope_type("test-no-length", length_dependent="yes")(init)
+
+
+BUILT_IN = ["default", "linear", "ntk", "dynamic", "yarn", "longrope", "llama3", "proportional"]
+
+
+@pytest.mark.parametrize("name", BUILT_IN)
+def test_every_built_in_type_names_an_unknown_key(name):
+    """issue 24: the default type (no keys of its own) had been read as 'registered without checks'."""
+    from rotary.rope_types import ROPE_TYPES
+
+    spec = ROPE_TYPES[name]
+    block = dict(spec.example(64).block) if spec.example is not None else {"rope_type": name}
+    frequencies(64, scaling=block)  # the block itself is valid
+    with pytest.raises(ConfigError, match=rf"unknown key 'foo_bar' for rope_type '{name}'; valid keys: "):
+        frequencies(64, scaling={**block, "foo_bar": 1})
+    with pytest.raises(ConfigError, match=rf"unknown key 'foo_bar' for rope_type '{name}'"):
+        RoPE(64, scaling={**block, "foo_bar": 1})
+    with pytest.warns(UserWarning, match=rf"unknown key 'foo_bar' for rope_type '{name}'"):
+        lenient = frequencies(64, scaling={**block, "foo_bar": 1}, strict=False)
+    assert torch.equal(lenient.inv_freq, frequencies(64, scaling=block).inv_freq)
+
+
+def test_which_registered_types_check_their_keys():
+    """A type with key sets or a check, or check_keys=True, refuses other keys; a bare registration
+    (a stand-in whose keys rotary cannot know) and a ROPE_INIT_FUNCTIONS assignment take any key."""
+    from rotary.rope_types import ROPE_INIT_FUNCTIONS, ROPE_TYPES, default_inv_freq, register_rope_type
+
+    def init(head_dim, base, rotary_dim, params, seq_len):
+        return default_inv_freq(base, rotary_dim) / params.get("factor", 1.0), 1.0
+
+    register_rope_type("test-bare")(init)
+    register_rope_type("test-keyless", check_keys=True)(init)
+    register_rope_type("test-keyed", optional={"factor"})(init)
+    ROPE_INIT_FUNCTIONS["test-assigned"] = init
+    try:
+        assert not ROPE_TYPES["test-bare"].check_keys and not ROPE_TYPES["test-assigned"].check_keys
+        assert ROPE_TYPES["test-keyless"].check_keys and ROPE_TYPES["test-keyed"].check_keys
+        for name in ("test-bare", "test-assigned"):
+            halved = frequencies(64, scaling={"rope_type": name, "factor": 2.0})
+            assert torch.equal(halved.inv_freq, frequencies(64).inv_freq / 2)
+        with pytest.raises(ConfigError, match=r"key 'factor' belongs to rope_type .*, not 'test-keyless'"):
+            frequencies(64, scaling={"rope_type": "test-keyless", "factor": 2.0})
+        with pytest.raises(ConfigError, match=r"unknown key 'factr' for rope_type 'test-keyed'; valid keys: factor, "):
+            frequencies(64, scaling={"rope_type": "test-keyed", "factr": 2.0})
+        with pytest.raises(TypeError, match="check_keys must be True or False"):
+            register_rope_type("test-bad", check_keys="yes")
+    finally:
+        for name in ("test-bare", "test-keyless", "test-keyed", "test-assigned", "test-bad"):
+            ROPE_TYPES.pop(name, None)

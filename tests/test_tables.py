@@ -106,6 +106,25 @@ def test_failed_growth_leaves_a_working_cache(monkeypatch):
     assert torch.equal(grown[:100], real(torch.arange(100), cache.inv_freq)[0])
 
 
+def test_a_growth_past_the_memory_budget_computes_rows_per_call(monkeypatch):
+    """The cache never builds more than MAX_TABLE_BYTES of cos and sin; a call past it gets its own rows."""
+    import rotary.tables as tables
+
+    cache = TableCache(rotary.frequencies(16).inv_freq, 1.0, False, 8, limit=1 << 20)
+    monkeypatch.setattr(tables, "MAX_TABLE_BYTES", 2 * 64 * 16 * 4)  # cos and sin of 64 fp32 rows of 16 channels
+    assert cache.get(torch.device("cpu"), 64)[0].shape == (64, 16)
+    assert cache.get(torch.device("cpu"), 65) is None and cache.length == 64
+    wide = TableCache(rotary.frequencies(16).inv_freq, 1.0, False, 8, limit=1 << 20)
+    assert wide.get(torch.device("cpu"), 32, torch.float64)[0].shape == (32, 16)
+    assert wide.get(torch.device("cpu"), 33, torch.float64) is None  # float64 rows take twice the bytes
+    rope = rotary.RoPE(16, max_position=8)
+    positions = torch.arange(100, 200)
+    cos, sin = rope.cos_sin(positions)  # past the budget: computed for these positions, not cached
+    assert rope._caches["original"].length < 100
+    want = cos_sin_table(positions, rope.inv_freq)
+    assert torch.equal(cos, want[0]) and torch.equal(sin, want[1])
+
+
 @pytest.mark.parametrize("rows, match", [([-1, 0], "got rows from -1 to 0"), ([0, 8], "got rows from 0 to 8")])
 def test_rows_outside_the_table_are_refused_on_every_backend(rows, match):
     """Indexing wraps -1 to the last row on the pure-torch path while the fused kernel refuses it:

@@ -9,11 +9,15 @@ the memory it would take and the largest value that fits.
 
 from __future__ import annotations
 
-__all__ = ["MAX_ANALYSIS_BYTES", "MAX_NUM_HEADS", "check_bytes", "format_bytes"]
+__all__ = ["MAX_ANALYSIS_BYTES", "MAX_NUM_HEADS", "MAX_TABLE_BYTES", "check_bytes", "format_bytes"]
 
 #: the most memory one analysis call (score matrices, samples of rotated vectors, PCA features)
 #: may ask for: far more than any figure or report needs, far less than a machine has
 MAX_ANALYSIS_BYTES = 2**32
+
+#: the most memory one cached pair of cos/sin tables (one device and dtype) may take: 4 GiB holds the
+#: fp32 tables of 4M positions at rotary_dim 128; positions past a cache are computed per call
+MAX_TABLE_BYTES = 2**32
 
 #: the most attention heads accepted where heads are counted (real models use 1 to 128)
 MAX_NUM_HEADS = 2**16

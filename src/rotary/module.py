@@ -17,6 +17,7 @@ from torch import nn
 from . import deferred
 from . import positions as P
 from ._checks import check_bool, check_choice, check_positive_int
+from ._limits import MAX_TABLE_BYTES, check_bytes
 from ._sync import CopyableLock
 from .apply import Layout, check_layout, decode_seq_axis, rotate
 from .config import read_hf_config
@@ -31,6 +32,12 @@ __all__ = ["RoPE", "keep_float32"]
 
 #: rows a table cache grows to at most; positions beyond get their rows computed per call
 CACHE_ROWS = 1 << 16
+
+#: what to do instead of editing ``rope.inv_freq``, for the errors saying it is read-only
+_OTHER_FREQUENCIES = (
+    "to rotate with other frequencies build a new RoPE (rotary.RoPE(head_dim, base=..., scaling={...}) or "
+    "rope.with_scaling({...})), or train them with learnable_frequencies=True"
+)
 
 
 def keep_float32(parameters: Sequence[nn.Parameter], apply: Callable[[], Any]) -> None:
@@ -96,7 +103,9 @@ class RoPE(nn.Module):
         scaling: Hugging Face-style scaling block, e.g. ``{"rope_type": "yarn", "factor": 4.0, ...}``.
         interleaved: ``False``: pairs (i, i + r/2) (Hugging Face, GPT-NeoX); ``True``: pairs
             (2i, 2i + 1) (the paper, RoFormer, GPT-J, Meta LLaMA).
-        max_position: initial cache length.
+        max_position: initial cache length: the first call builds the tables of positions
+            ``0 .. max_position - 1`` (fp32 cos and sin, ``8 * max_position * rotary_dim`` bytes, at
+            most 4 GiB: a larger value is a ``ValueError`` here). Not a limit on positions.
         dynamic: how length-dependent types (``dynamic``, ``longrope``) follow the sequence length.
             ``"hf"`` (default) replays transformers' state machine call for call: dynamic NTK
             recomputes when ``max(position_ids) + 1`` exceeds the longest length seen so far and resets
@@ -110,6 +119,17 @@ class RoPE(nn.Module):
             the state dict, kept fp32 by ``.to(bfloat16)``. Tables are computed per call with
             gradients (never cached) and run through the fused kernels' table-gradient path. Not
             with length-dependent scaling types (``dynamic``, ``longrope``).
+
+    Attributes:
+        inv_freq: fp32 ``[rotary_dim // 2]``, a non-persistent buffer on the module's device: the
+            frequencies of the latest call, for code that reads Hugging Face's buffer. Read-only:
+            the tables are computed from the frequencies the ``RoPE`` was made with
+            (``rope.freqs``), so an edit could only be ignored. Assigning it
+            (``rope.inv_freq = t``, ``rope.inv_freq /= 4``) raises ``AttributeError``; an in-place
+            edit (``rope.inv_freq.mul_(0.5)``, through a view or ``detach()`` too) raises
+            ``RuntimeError`` at the next eager call. Both restore the buffer. For other frequencies build a
+            new ``RoPE`` (other ``base`` or ``scaling``, :meth:`with_scaling`) or learn them
+            (``learnable_frequencies=True``).
 
     Example:
         >>> rope = RoPE(64)
@@ -144,13 +164,26 @@ class RoPE(nn.Module):
             strict=check_bool(strict, "strict"),
         )  # fmt: skip
         original = frequencies(**self._frequency_args)
+        if not check_bool(learnable_frequencies, "learnable_frequencies"):  # learnable: tables never cached
+            # the first call builds rows 0 .. max_position - 1 (fp32 cos and sin [max_position, r]): refuse a
+            # size that cannot be built here, before torch's allocator fails on the first call
+            fits = MAX_TABLE_BYTES // (8 * original.rotary_dim)
+            check_bytes(
+                8 * max_position * original.rotary_dim,
+                f"RoPE(max_position={max_position}) with rotary_dim={original.rotary_dim}: its cos/sin table cache, "
+                "built on the first call,",
+                f"use max_position <= {fits} (it is the length of the table cache, not a limit on positions: rows "
+                "of positions past the cache are computed per call)",
+                limit=MAX_TABLE_BYTES,
+            )
         self.original_freqs: Frequencies = original
         self.freqs: Frequencies = original  # the frequencies of the latest call (length-dependent types)
         self.interleaved = check_bool(interleaved, "interleaved")
         self.max_position = max_position
         self.dynamic = dynamic
         self.schedule = FrequencySchedule(self._frequency_args, original, dynamic)
-        self.register_buffer("inv_freq", original.inv_freq.clone(), persistent=False)
+        self.register_buffer("inv_freq", None, persistent=False)
+        self._set_inv_freq(original.inv_freq)
         self._caches: dict[str, TableCache] = {}
         self._device_inv_freq: dict[tuple[int, torch.device], tuple[Frequencies, torch.Tensor]] = {}
         self._caches_lock = CopyableLock()
@@ -303,8 +336,47 @@ class RoPE(nn.Module):
         # after to_empty() (models built on the meta device); learned ones keep their learned values.
         learned = [] if self.log_frequency_scale is None else [self.log_frequency_scale]
         keep_float32(learned, lambda: super(RoPE, self)._apply(fn, recurse))
-        self.inv_freq = self.freqs.inv_freq.to(self.inv_freq.device)
+        self._set_inv_freq(self.freqs.inv_freq)
         return self
+
+    # inv_freq, read-only -------------------------------------------------------------------------
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "inv_freq" and "inv_freq" in self.__dict__.get("_buffers", ()):
+            self._set_inv_freq(self.freqs.inv_freq)  # `rope.inv_freq /= 4` has already divided it in place
+            raise AttributeError(
+                f"rope.inv_freq is read-only: this RoPE computes with the frequencies it was made with (rope.freqs), "
+                f"so a new value would be ignored; {_OTHER_FREQUENCIES}"
+            )
+        super().__setattr__(name, value)
+
+    def _set_inv_freq(self, inv_freq: torch.Tensor) -> None:
+        """Make the buffer a copy of ``inv_freq`` on the buffer's device (never the frozen Frequencies' own
+        tensor, which an edit would corrupt), marked with its version counter for :meth:`_check_inv_freq`."""
+        old = self._buffers.get("inv_freq")
+        copy_ = inv_freq.detach().to(old.device if old is not None else inv_freq.device, copy=True)
+        copy_._rotary_version = copy_._version  # in-place ops bump it, also through views and detach()
+        self._buffers["inv_freq"] = copy_
+
+    def _check_inv_freq(self) -> None:
+        """Raise if ``inv_freq`` was edited in place (its version moved): the tables would ignore the edit.
+        Not under ``torch.compile`` (a graph does not read version counters; the next eager call checks)."""
+        if torch.compiler.is_compiling():
+            return
+        buffer = self._buffers.get("inv_freq")
+        if buffer is not None and getattr(buffer, "_rotary_version", None) == buffer._version:
+            return
+        want = self.freqs.inv_freq
+        if isinstance(buffer, torch.Tensor) and buffer.shape == want.shape:
+            # another tensor with the same values (a deep copy, torch.func.functional_call's buffers): mark it
+            if buffer.is_meta or torch.equal(buffer.detach().to("cpu", torch.float32), want):
+                buffer._rotary_version = buffer._version
+                return
+        self._set_inv_freq(want)
+        raise RuntimeError(
+            "rope.inv_freq was modified in place (e.g. rope.inv_freq.mul_(0.5)), but this RoPE computes with the "
+            f"frequencies it was made with (rope.freqs), so the edit would be ignored; inv_freq is read-only and has "
+            f"been restored. {_OTHER_FREQUENCIES[0].upper()}{_OTHER_FREQUENCIES[1:]}"
+        )
 
     def extra_repr(self) -> str:
         f = self.original_freqs
@@ -339,7 +411,7 @@ class RoPE(nn.Module):
         freqs, key = self.schedule.freqs_for(seq_len)
         if freqs is not self.freqs:
             self.freqs = freqs
-            self.inv_freq = freqs.inv_freq.to(self.inv_freq.device)
+            self._set_inv_freq(freqs.inv_freq)
         return freqs, key
 
     def reset_length(self) -> None:
@@ -389,6 +461,7 @@ class RoPE(nn.Module):
             )
         if dtype not in (torch.float32, torch.float64):
             raise TypeError(f"table dtype must be torch.float32 or torch.float64, got {dtype}")
+        self._check_inv_freq()
         compiling = torch.compiler.is_compiling()
         freqs, key = self.original_freqs, "original"
         if self.schedule.length_dependent and positions.ids.numel():
@@ -600,6 +673,7 @@ class RoPE(nn.Module):
         """
         if type(offset) is not int or offset < 0 or type(inplace) is not bool or not self._fast_ok:
             return None
+        self._check_inv_freq()
         seq_axis = decode_seq_axis(q, k, layout)
         cache = self._caches.get("original")
         if seq_axis is None or cache is None:

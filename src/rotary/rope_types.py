@@ -95,6 +95,9 @@ class RopeType:
         trained_key: the key of the block holding the trained length the rule compares with (default
             ``"max_position_embeddings"`` for ``"grow"``, ``"original_max_position_embeddings"`` for
             ``"switch"``); it must be one of the type's ``required`` keys.
+        check_keys: a key the block carries outside ``required``, ``optional`` and the common keys is
+            an error (a warning with ``strict=False``). ``False`` only for a type registered without
+            any key sets or checks (``ROPE_INIT_FUNCTIONS[name] = fn``), whose keys rotary cannot know.
     """
 
     name: str
@@ -109,6 +112,7 @@ class RopeType:
     target_length: Callable[[Mapping[str, Any]], int] | None = None
     update: Literal["grow", "switch"] = "grow"
     trained_key: str = "max_position_embeddings"
+    check_keys: bool = True
 
 
 #: the update rules of length-dependent types, and the block key each reads the trained length from by default
@@ -134,12 +138,19 @@ def register_rope_type(
     target_length: Callable[[Mapping[str, Any]], int] | None = None,
     update: Literal["grow", "switch"] = "grow",
     trained_key: str | None = None,
+    check_keys: bool | None = None,
 ) -> Callable[[RopeInitFn], RopeInitFn]:
     """Decorator registering an init function as ``rope_type`` ``name`` (replacing any previous one).
 
     The arguments are the fields of :class:`RopeType`. A length-dependent type (``length_dependent=True``)
     follows the length by one of transformers' rules (``update``), comparing with the trained length
     its block holds under ``trained_key``; its init function receives the current ``seq_len``.
+
+    ``check_keys`` says whether a key outside ``required``, ``optional`` and the common keys
+    (``rope_theta``, ``partial_rotary_factor``) is refused. ``None`` (the default) refuses them when
+    the type states any key set or a ``check``, and accepts any key for a bare
+    ``register_rope_type(name)`` (a stand-in whose keys rotary cannot know); pass ``True`` for a type
+    that takes no keys at all (as the built-in ``"default"`` does).
 
     Example:
         >>> @register_rope_type("doc-halved", required={"factor"})
@@ -161,6 +172,9 @@ def register_rope_type(
         if fn is not None and not callable(fn):
             raise TypeError(f"{what} must be a function or None, got {fn!r}")
     length_dependent = check_bool(length_dependent, "length_dependent")
+    if check_keys is None:
+        check_keys = bool(keys["required"] or keys["optional"] or check)
+    check_keys = check_bool(check_keys, "check_keys")
     trained_length, rotates_every_pair = check_bool(trained_length, "trained_length"), check_bool(rotates_every_pair, "rotates_every_pair")
     if update not in UPDATE_RULES:
         raise ValueError(f"update must be 'grow' (dynamic NTK's rule) or 'switch' (LongRoPE's), got {update!r}")
@@ -176,7 +190,7 @@ def register_rope_type(
             raise TypeError(f"register_rope_type({name!r}) decorates an init function, got {fn!r}")
         ROPE_TYPES[name] = RopeType(
             name, fn, keys["required"], keys["optional"], check, length_dependent, trained_length,
-            rotates_every_pair, example, target_length, update, trained_key,
+            rotates_every_pair, example, target_length, update, trained_key, check_keys,
         )  # fmt: skip
         return fn
 
@@ -190,7 +204,7 @@ class _InitFunctions(MutableMapping):
         return ROPE_TYPES[name].init
 
     def __setitem__(self, name: str, fn: RopeInitFn) -> None:
-        register_rope_type(name)(fn)
+        register_rope_type(name, check_keys=False)(fn)
 
     def __delitem__(self, name: str) -> None:
         del ROPE_TYPES[name]
@@ -314,7 +328,7 @@ def validate_rope_parameters(
     if not isinstance(rope_type, str) or rope_type not in valid or rope_type not in ROPE_TYPES:
         raise ConfigError(f"unknown rope_type {rope_type!r}; valid rope_types: {', '.join(valid)}")
     spec = ROPE_TYPES[rope_type]
-    if not (spec.required or spec.optional or spec.check):  # registered without checks (e.g. ROPE_INIT_FUNCTIONS[k] = fn)
+    if not spec.check_keys:  # registered without key sets or checks (e.g. ROPE_INIT_FUNCTIONS[k] = fn)
         return out
 
     # yarn's factor may be an explicit null: transformers then takes the ratio of the two lengths
@@ -426,7 +440,8 @@ def _check_bool_key(p: Mapping[str, Any], key: str, rope_type: str) -> None:
 # the built-in types
 
 
-@register_rope_type("default")
+# no keys of its own: a factor, mrope_sections, ... in a default block is named (the user may believe it scales)
+@register_rope_type("default", check_keys=True)
 def _default(head_dim: int, base: float, rotary_dim: int, params: Mapping[str, Any], seq_len: Any):
     return default_inv_freq(base, rotary_dim), 1.0
 

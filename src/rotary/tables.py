@@ -19,6 +19,7 @@ import torch
 
 from . import deferred
 from ._checks import check_positive_int, is_number
+from ._limits import MAX_TABLE_BYTES
 from ._sync import CopyableLock
 
 __all__ = ["RotaryTables", "TableCache", "angles", "cos_sin_table", "expand_pairs", "table_dtype"]
@@ -390,7 +391,8 @@ class TableCache:
 
     Tables are built on the CPU in float64 and moved, so devices without float64 (MPS) get the same
     values; growth doubles the length (a long generation rebuilds O(log S) times) up to ``limit``
-    rows, beyond which :meth:`get` returns ``None`` and callers compute the rows a call needs.
+    rows and :data:`~rotary._limits.MAX_TABLE_BYTES` of cos and sin, beyond which :meth:`get`
+    returns ``None`` and callers compute the rows a call needs.
 
     Safe to share between threads: lookups read an immutable snapshot; growth happens under a lock
     and never replaces a longer table by a shorter one. Tables are built outside inference mode, so
@@ -419,7 +421,7 @@ class TableCache:
     def get(
         self, device: torch.device | str, needed_length: int, dtype: torch.dtype = torch.float32
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Tables ``[>= needed_length, r]`` on ``device``, or ``None`` past ``limit`` rows."""
+        """Tables ``[>= needed_length, r]`` on ``device``, or ``None`` past ``limit`` rows or the memory budget."""
         if needed_length > self.limit:
             return None
         device = torch.device(device)
@@ -444,6 +446,8 @@ class TableCache:
             while length < needed_length:
                 length *= 2
             length = min(length, self.limit)
+            if 2 * length * 2 * self.inv_freq.numel() * dtype.itemsize > MAX_TABLE_BYTES:
+                return None  # cos and sin [length, r] past the memory budget: callers compute the rows a call needs
             cpu = self._tables.get((torch.device("cpu"), dtype))
             if cpu is None or cpu[0].shape[0] < length:
                 cpu = cos_sin_table(

@@ -261,13 +261,16 @@ class RotaryTables:
         k_sin = None if self.k_sin is None else self.k_sin.to(dtype)  # type: ignore[union-attr]
         return RotaryTables.unchecked(self.cos.to(dtype), self.sin.to(dtype), self.interleaved, self.rows, k_cos, k_sin, self.heads)
 
-    def check(self, *, sample: int | None = 4, rtol: float = 1e-5) -> None:
-        """Check that the tables are finite rotation tables laid out for their pairing.
+    def check(self, *, sample: int | None = 4, rtol: float = 1e-5, position_zero: bool = False) -> None:
+        """Check that the tables are finite rotation tables laid out for their pairing (reads the values
+        on the host: a synchronisation on a GPU).
 
         Args:
             sample: check this many rows spread over the table (a cheap check, the default of
                 :func:`rotary.apply_rotary`), or ``None`` for every row.
             rtol: relative tolerance between the two channels of a pair.
+            position_zero: row 0 of ``cos``/``sin`` is position 0 (tables indexed by position): its
+                sin must be 0 (a swap of cos and sin is named).
 
         Raises:
             ValueError: naming the pairing the tables were built for, a non-finite value, a table
@@ -287,6 +290,8 @@ class RotaryTables:
                 used = used[torch.linspace(0, used.numel() - 1, sample, device=used.device).round().long()]
             rows = used
         for cos, sin in {id(t[0]): t for t in ((self.cos, self.sin), self.key_tables())}.values():
+            if position_zero and not torch.compiler.is_compiling() and cos.numel():
+                _check_position_zero(cos[0].detach().double(), sin[0].detach().double(), rtol)
             if rows is not None:
                 cos, sin = cos[rows], sin[rows]
             _check_rows(cos, sin, self.interleaved, sample, rtol)
@@ -300,14 +305,23 @@ class RotaryTables:
         interleaved: bool,
         rows: torch.Tensor | None = None,
         validate: bool | str = True,
+        indexed_by_position: bool = False,
     ) -> RotaryTables:
         """Tables from raw cos/sin tensors (e.g. Hugging Face's ``position_embeddings``).
 
-        ``validate``: ``True`` checks a few rows (cheap), ``"full"`` every row, ``False`` nothing.
-        Tables in another float dtype than fp32/float64 are converted to fp32.
+        ``validate``: ``True`` checks a few rows: at once on the CPU; on an accelerator once per
+        version of the tensors, on the device, raising at the next
+        :func:`rotary.check_device_errors` (no synchronisation); ``"sync"``: a few rows, at once on
+        every device (a device-to-host read on a GPU, for debugging); ``"full"``: every row, at once;
+        ``False``: nothing. ``indexed_by_position``: row ``p`` of the tables is position ``p`` (tables
+        ``[T, r]`` addressed by position ids), so row 0 must be a rotation by 0 (sin 0), which also
+        catches cos and sin swapped. Tables in another float dtype than fp32/float64 are converted to fp32.
         """
-        if validate not in (True, False, "full"):
-            raise ValueError(f"validate must be True (a few rows), 'full' (every row) or False, got {validate!r}")
+        if validate not in (True, False, "full", "sync"):
+            raise ValueError(
+                f"validate must be True (a few rows), 'sync' (a few rows, read at once on any device), 'full' (every "
+                f"row) or False, got {validate!r}"
+            )
         rtol = 1e-5
         if isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor) and cos.dtype not in (torch.float32, torch.float64):
             if cos.is_floating_point() and cos.dtype.itemsize >= 2:  # bf16/fp16 (Hugging Face's tables of a bf16 model)
@@ -318,8 +332,14 @@ class RotaryTables:
             elif cos.is_floating_point():
                 raise TypeError(f"cos/sin of dtype {cos.dtype} cannot hold rotation tables; give fp32, float64, bf16 or fp16")
         tables = cls.unchecked(cos, sin, interleaved, rows)
-        if validate:
-            tables.check(sample=None if validate == "full" else 4, rtol=rtol)
+        if not validate:
+            return tables
+        if validate is True and not deferred.host_checks(cos.device):
+            if not torch.compiler.is_compiling() and not _checked_before(cos, sin, interleaved, indexed_by_position):
+                bad = _check_rows_on_device(cos, sin, interleaved, rtol, indexed_by_position)
+                deferred.record(deferred.TABLES_SLOT, bad)
+            return tables
+        tables.check(sample=None if validate == "full" else 4, rtol=rtol, position_zero=indexed_by_position)
         return tables
 
 
@@ -347,6 +367,66 @@ def _sample_rows(t: torch.Tensor, sample: int | None) -> torch.Tensor:
     # evenly spaced, always including the last row (the largest position of a cached table)
     idx = torch.linspace(0, flat.shape[0] - 1, sample, device=flat.device).round().long()
     return flat[idx]
+
+
+def _check_position_zero(cos0: torch.Tensor, sin0: torch.Tensor, rtol: float) -> None:
+    """Row 0 of tables indexed by position is the rotation by 0: sin 0, cos the scaling (> 0)."""
+    scale = max(float(cos0.abs().max()), float(sin0.abs().max()), 1e-30)
+    if float(sin0.abs().max()) <= rtol * scale:
+        return
+    if float(cos0.abs().max()) <= rtol * scale:
+        raise ValueError(
+            "cos and sin swapped: at position 0 (row 0 of tables indexed by position) sin must be 0 and cos the "
+            "attention scaling, but here cos is 0 and sin is not; pass cos first (apply_rotary(x, cos, sin, ...))"
+        )
+    raise ValueError(
+        f"row 0 of the cos/sin tables must be position 0 (tables indexed by position ids): sin must be 0 there, got "
+        f"|sin| up to {float(sin0.abs().max()):.3g}; build the tables from position 0 (RoPE.cos_sin(torch.arange(T)))"
+    )
+
+
+def _version(t: torch.Tensor) -> int | None:
+    try:
+        return t._version
+    except RuntimeError:  # inference tensors track no version: check them every time
+        return None
+
+
+def _checked_before(cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, position_zero: bool) -> bool:
+    """Whether these exact tensors, unchanged since, were checked with the same settings; marks them
+    checked otherwise (an attribute on ``cos``: the mark dies with the tensor)."""
+    key = (_version(cos), id(sin), _version(sin), interleaved, position_zero)
+    if key[0] is None or key[2] is None:
+        return False
+    if getattr(cos, "_rotary_checked", None) == key:
+        return True
+    cos._rotary_checked = key  # type: ignore[attr-defined]
+    return False
+
+
+def _check_rows_on_device(
+    cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, rtol: float, position_zero: bool, sample: int = 4
+) -> torch.Tensor:
+    """The checks of :func:`_check_rows` (and :func:`_check_position_zero`) on ``sample`` rows, as
+    device operations: a 0-d bool tensor, true when the tables are bad. No value is read."""
+    flat_c, flat_s = cos.detach().reshape(-1, cos.shape[-1]), sin.detach().reshape(-1, sin.shape[-1])
+    n = flat_c.shape[0]
+    idx = torch.linspace(0, n - 1, min(sample, n), device=cos.device).round().long()  # rows 0 and n - 1 included
+    c, s = flat_c.index_select(0, idx).double(), flat_s.index_select(0, idx).double()
+    norm = c * c + s * s
+    top = norm.max()
+    scale = torch.maximum(torch.maximum(c.abs().max(), s.abs().max()), torch.tensor(1e-30, dtype=torch.float64, device=c.device))
+
+    def mismatch(t: torch.Tensor) -> torch.Tensor:
+        a, b = (t[..., 0::2], t[..., 1::2]) if interleaved else t.chunk(2, dim=-1)
+        return (a - b).abs().max()
+
+    ok = torch.isfinite(c).all() & torch.isfinite(s).all() & (top > 0)
+    ok = ok & (torch.maximum(mismatch(c), mismatch(s)) <= rtol * scale)
+    ok = ok & ((norm - norm.flatten()[0]).abs().max() <= 10 * rtol * top)
+    if position_zero:
+        ok = ok & (s[0].abs().max() <= rtol * scale)
+    return ~ok
 
 
 def _check_rows(cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, sample: int | None, rtol: float) -> None:

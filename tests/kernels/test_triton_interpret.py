@@ -93,3 +93,43 @@ def test_triton_kernels_under_interpreter():
     done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "checked 216" in done.stdout
+
+
+OUTSIDE = textwrap.dedent(
+    """
+    import torch
+    from rotary import deferred
+    from rotary.kernels.contract import Rotation
+    from rotary.kernels.eager import run_torch
+    from rotary.kernels.triton import run_triton
+    from rotary.tables import cos_sin_table
+
+    deferred.host_checks = lambda device: False  # as on a GPU: the torch path checks rows too
+    cos, sin = cos_sin_table(torch.arange(5), torch.tensor([1.0, 0.1]))
+    x = torch.randn(2, 3, 2, 4, generator=torch.Generator().manual_seed(0))
+    positions = torch.tensor([[0, 4, 5], [-1, 2, 100]])  # 5, -1 and 100 are outside the 5-row table
+    outs = {}
+    for name, run in (("triton", run_triton), ("torch", run_torch)):
+        out = torch.empty_like(x)
+        run(Rotation((x,), (out,), (cos,), (sin,), positions, 0, False))
+        flags = deferred.flags(x.device).clone()
+        deferred.flags(x.device).zero_()
+        outside = torch.tensor([[False, False, True], [True, False, True]])
+        assert torch.isnan(out[outside]).all(), name
+        assert not torch.isnan(out[~outside]).any(), name
+        assert flags[0] == 3 and flags[1] == 100, (name, flags)
+        outs[name] = out
+    inside = ~torch.isnan(outs["torch"])
+    assert torch.equal(outs["triton"][inside], outs["torch"][inside])
+    print("outside ok")
+    """
+)
+
+
+@pytest.mark.slow
+def test_positions_outside_the_table_are_nan_and_flagged_by_both_gpu_paths():
+    # what the kernels do on a GPU, where positions are never read on the host
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-c", OUTSIDE], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "outside ok" in done.stdout

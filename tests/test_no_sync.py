@@ -1,0 +1,164 @@
+"""The no-synchronisation rule, on this CPU machine: every hot path, run as on an accelerator
+(``helpers.accelerator_rules``), reads no tensor value on the host and gives the results of the CPU
+path bit for bit; bad input sets a deferred flag that ``rotary.check_device_errors`` raises by name.
+
+On a GPU the same rule is checked for real (``torch.cuda.set_sync_debug_mode("error")`` and CUDA-graph
+capture) in ``tests/test_cuda.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import HostReadError, accelerator_rules
+
+import rotary
+from rotary import deferred
+from rotary.errors import DeviceInputError
+
+B, S, HQ, HK, D = 2, 6, 4, 2, 16
+ROPE = rotary.RoPE(D)
+ROPE_I = rotary.RoPE(D, interleaved=True, rotary_dim=12)
+
+
+def _qk(layout="bhsd", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shape = (lambda h: (B, h, S, D)) if layout == "bhsd" else (lambda h: (B, S, h, D))
+    return torch.randn(shape(HQ), generator=g), torch.randn(shape(HK), generator=g)
+
+
+IDS = torch.tensor([[3, 0, 7, 1, 1, 11], [5, 6, 7, 8, 9, 10]])
+TABLE = ROPE.cos_sin(torch.arange(16))
+TABLE_I = ROPE_I.cos_sin(torch.arange(16))
+
+
+def _calls():
+    """name -> a call of a hot path (fresh inputs each time), returning tensors."""
+    q, k = _qk()
+    qs, ks = _qk("bshd")
+    cos, sin = ROPE.cos_sin(torch.arange(S))
+    packed = torch.randn(9, HQ, D, generator=torch.Generator().manual_seed(3))
+    cu = torch.tensor([0, 4, 9])
+    qkv = torch.randn(B, S, 3, HK, D, generator=torch.Generator().manual_seed(4))
+    gqa = torch.randn(B, S, HQ + 2 * HK, D, generator=torch.Generator().manual_seed(5))
+    return {
+        "rope(q, k)": lambda: ROPE(q, k),
+        "rope(q, k, offset)": lambda: ROPE(q, k, offset=100),
+        "rope(q, k, position_ids)": lambda: ROPE_I(q, k, position_ids=IDS),
+        "rope(q, k, inplace)": lambda: ROPE(q.clone(), k.clone(), inplace=True),
+        "rope bshd views of qkv": lambda: ROPE(qkv.clone()[:, :, 0], qkv.clone()[:, :, 1], layout="bshd"),
+        "rope.rotate": lambda: (ROPE.rotate(q, offset=3),),
+        "rope packed cu_seqlens": lambda: ROPE(packed, packed, cu_seqlens=cu, max_seqlen=5),
+        "rope packed cu_seqlens without max_seqlen": lambda: ROPE(packed, packed, cu_seqlens=cu),
+        "rope flat [T, H * D] position_ids": lambda: ROPE(packed.flatten(1), packed.flatten(1), position_ids=torch.arange(9)),
+        "rope.tables(ids)": lambda: (ROPE.tables(IDS).gather()),
+        "rope.cos_sin(ids)": lambda: ROPE.cos_sin(IDS),
+        "rotate(tables)": lambda: rotary.rotate([q, k], ROPE.tables(rotary.positions.arange(S)), kinds=("q", "k")),
+        "apply_rotary": lambda: (rotary.apply_rotary(q, cos, sin),),
+        "apply_rotary validate=False": lambda: (rotary.apply_rotary(q, cos, sin, validate=False),),
+        "apply_rotary position_ids": lambda: (rotary.apply_rotary(q, *TABLE_I, interleaved=True, position_ids=IDS),),
+        "apply_rotary seqlen_offsets": lambda: (rotary.apply_rotary(qs, *TABLE, layout="bshd", seqlen_offsets=torch.tensor([2, 5])),),
+        "apply_rotary seqlen_offsets int": lambda: (rotary.apply_rotary(qs, *TABLE, layout="bshd", seqlen_offsets=3),),
+        "apply_rotary cu_seqlens": lambda: (rotary.apply_rotary(packed, *TABLE, cu_seqlens=cu, max_seqlen=5),),
+        "apply_rotary_": lambda: (rotary.apply_rotary_(q.clone(), cos, sin),),
+        "apply_rotary_qkv_": lambda: (rotary.apply_rotary_qkv_(qkv.clone(), cos, sin),),
+        "apply_rotary_qkv_ GQA offsets": lambda: (
+            rotary.apply_rotary_qkv_(gqa.clone(), *TABLE, num_heads_q=HQ, seqlen_offsets=torch.tensor([1, 2])),
+        ),
+        "apply_rotary_kv_": lambda: (rotary.apply_rotary_kv_(qkv.clone()[:, :, 1:], cos, sin),),
+    }
+
+
+CALLS = list(_calls())
+
+
+@pytest.mark.parametrize("name", CALLS)
+def test_hot_path_reads_nothing_on_an_accelerator_and_gives_the_cpu_result(name):
+    want = _calls()[name]()
+    with accelerator_rules():
+        got = _calls()[name]()
+        got = _calls()[name]()  # a second call: cached tables, checks done once per tensor version
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    deferred.check_device_errors()  # nothing flagged
+
+
+def test_the_rule_catches_a_host_read():
+    with accelerator_rules(), pytest.raises(HostReadError):
+        int(torch.arange(3).max())
+
+
+@pytest.mark.parametrize(
+    ("call", "flagged"),
+    [
+        (lambda q, k: ROPE(q, k, position_ids=torch.tensor([0, 1, 2, 3, 4, -1])), "outside the cos/sin table"),
+        (lambda q, k: ROPE(q, k, position_ids=torch.tensor([0, 1, 2, 3, 4, 10**6])), "the largest was 1000000"),
+        (lambda q, k: (rotary.apply_rotary(q, *TABLE, position_ids=torch.tensor([0, 1, 2, 3, 4, 16])),), "outside the cos/sin table"),
+        (lambda q, k: (rotary.apply_rotary(q, TABLE[0][:S] * 2, TABLE[1][:S]),), "not rotation tables"),
+        (lambda q, k: (rotary.apply_rotary(q, *TABLE, interleaved=True, position_ids=torch.arange(S)),), "not rotation tables"),
+        (lambda q, k: (rotary.apply_rotary(q, TABLE[1], TABLE[0], position_ids=torch.arange(S)),), "cos and sin swapped"),
+        (
+            lambda q, k: (rotary.apply_rotary(q[0].transpose(0, 1).contiguous(), *TABLE, cu_seqlens=torch.tensor([0, 7, 6])),),
+            "cu_seqlens",
+        ),
+    ],
+)
+def test_bad_input_on_an_accelerator_is_a_deferred_named_error(call, flagged, monkeypatch):
+    monkeypatch.setattr(rotary.kernels.ops, "load_cpu_extension", lambda: None)  # the checking pure-torch path
+    q, k = _qk()
+    with accelerator_rules():
+        outs = call(q, k)
+    with pytest.raises(DeviceInputError, match=flagged):
+        deferred.check_device_errors()
+    deferred.check_device_errors()  # cleared
+    if "outside" in flagged or "largest" in flagged:
+        assert any(torch.isnan(o).any() for o in outs)  # never silently another row's rotation
+
+
+def test_positions_outside_the_table_are_nan_only_for_those_tokens(monkeypatch):
+    monkeypatch.setattr(rotary.kernels.ops, "load_cpu_extension", lambda: None)
+    q, k = _qk()
+    ids = torch.tensor([0, 1, 2, 3, 4, 5000])
+    want = ROPE(q, k, position_ids=torch.tensor([0, 1, 2, 3, 4, 5]))
+    with accelerator_rules():
+        got = ROPE(q, k, position_ids=ids)
+    for g, w in zip(got, want):
+        assert torch.equal(g[:, :, :5], w[:, :, :5])
+        assert torch.isnan(g[:, :, 5]).all()
+    with pytest.raises(DeviceInputError, match=r"4 table lookup\(s\) outside.*the largest was 5000"):  # 2 rows x (q, k)
+        deferred.check_device_errors()
+
+
+def test_caller_tables_are_checked_once_per_tensor_version(monkeypatch):
+    checks = []
+    real = rotary.tables._check_rows_on_device
+    monkeypatch.setattr(rotary.tables, "_check_rows_on_device", lambda *a, **kw: (checks.append(1), real(*a, **kw))[1])
+    q, _ = _qk()
+    cos, sin = (t.clone() for t in ROPE.cos_sin(torch.arange(S)))
+    with accelerator_rules():
+        for _ in range(3):
+            rotary.apply_rotary(q, cos, sin)
+        assert len(checks) == 1
+        with torch.no_grad():
+            cos.mul_(1.0)  # a new version: checked again
+        rotary.apply_rotary(q, cos, sin)
+    assert len(checks) == 2
+    deferred.check_device_errors()
+
+
+def test_validate_sync_checks_on_the_host_at_once():
+    q, _ = _qk()
+    cos, sin = ROPE.cos_sin(torch.arange(S))
+    with pytest.raises(ValueError, match="not constant"):
+        rotary.apply_rotary(q, cos * torch.linspace(1, 2, S)[:, None], sin, validate="sync")
+    with accelerator_rules(), pytest.raises(HostReadError):
+        rotary.apply_rotary(q, cos, sin, validate="sync")  # what "sync" means on a GPU: it reads
+
+
+def test_swapped_cos_and_sin_are_named_on_the_cpu_when_the_table_has_position_0():
+    q, _ = _qk()
+    cos, sin = TABLE
+    with pytest.raises(ValueError, match="cos and sin swapped"):
+        rotary.apply_rotary(q, sin, cos, position_ids=torch.arange(S))
+    with pytest.raises(ValueError, match="cos and sin swapped"):
+        rotary.apply_rotary(q, sin, cos, seqlen_offsets=0)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import HostReadError, accelerator_rules
 
 import rotary
+from helpers import HostReadError, accelerator_rules
 from rotary import deferred
 from rotary.errors import DeviceInputError
 

@@ -1,4 +1,4 @@
-"""``rotary.apply.shares_elements``: the exact overlap test that guards in-place rotation of views.
+"""``rotary.kernels.overlap.shares_elements``: the exact overlap test that guards in-place rotation of views.
 
 A false "overlap" refuses a legitimate call (q and k sliced from one fused qkv projection); a missed
 overlap rotates shared elements twice. Both are checked against listing every element's offset.
@@ -10,7 +10,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rotary.apply import shares_elements
+from rotary.kernels.overlap import shares_elements
 
 
 def brute_force(a: torch.Tensor, b: torch.Tensor) -> bool:

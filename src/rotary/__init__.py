@@ -2,12 +2,13 @@
 
 # hf, models, nn: layers and models built on RoPE (rotary.hf imports transformers only inside patch())
 from . import analysis, hf, models, nn, positions, reference, variants
-from .apply import apply_rotary, apply_rotary_, apply_rotary_kv_, apply_rotary_qkv_, check_tables, rotate
 from .frequencies import Frequencies, frequencies
+from .functional import apply_rotary, apply_rotary_, apply_rotary_kv_, apply_rotary_qkv_, check_tables
 from .module import RoPE
 from .pairing import permute_qk_weight, to_half, to_interleaved
 from .positions import Positions
 from .rope_types import ROPE_INIT_FUNCTIONS, ROPE_TYPES, ConfigError, register_rope_type
+from .rotation import rotate
 from .tables import RotaryTables
 from .variants import AxialRoPE, MRoPE, MultimodalPositions, RoPEMixed, XPos, multimodal_positions
 

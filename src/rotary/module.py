@@ -19,12 +19,11 @@ from . import positions as P
 from ._checks import check_bool, check_choice, check_positive_int
 from ._limits import MAX_TABLE_BYTES, check_bytes
 from ._sync import CopyableLock
-from .apply import Layout, check_layout, decode_seq_axis, rotate
 from .config import read_hf_config
 from .frequencies import Frequencies, frequencies
-from .kernels.extension import load_cpu_extension
 from .positions import Positions
 from .rope_types import ConfigError
+from .rotation import Layout, check_layout, decode_fast, decode_seq_axis, rotate, split_heads
 from .schedule import FrequencySchedule
 from .tables import RotaryTables, TableCache, cos_sin_table, table_dtype
 
@@ -674,17 +673,13 @@ class RoPE(nn.Module):
         if type(offset) is not int or offset < 0 or type(inplace) is not bool or not self._fast_ok:
             return None
         self._check_inv_freq()
-        seq_axis = decode_seq_axis(q, k, layout)
         cache = self._caches.get("original")
-        if seq_axis is None or cache is None:
-            return None
-        ext = load_cpu_extension()
-        if ext is None:
+        if cache is None or decode_seq_axis(q, k, layout) is None:
             return None
         ids = None
         if position_ids is not None:
             if type(position_ids) is Positions:
-                if position_ids.axes != 1 or position_ids.packed or position_ids.seq_len != q.shape[seq_axis]:
+                if position_ids.axes != 1 or position_ids.packed:
                     return None
                 if position_ids.start is not None:
                     offset = position_ids.start
@@ -694,11 +689,16 @@ class RoPE(nn.Module):
                 ids = position_ids
             else:
                 return None
-        cached = cache.cpu(0 if ids is not None else offset + q.shape[seq_axis])
+        seq_len = q.shape[decode_seq_axis(q, k, layout)]  # type: ignore[index]
+        if type(position_ids) is Positions and position_ids.seq_len != seq_len:
+            return None
+        cached = cache.cpu(0 if ids is not None else offset + seq_len)
         if cached is None:
             return None
-        head_dim = self.original_freqs.head_dim
-        out = ext.rope_decode(q, k, cached[0], cached[1], offset, ids, seq_axis, head_dim, self.interleaved, inplace, 0)
+        out = decode_fast(
+            q, k, cached[0], cached[1], layout=layout, interleaved=self.interleaved, inplace=inplace,
+            head_dim=self.original_freqs.head_dim, offset=offset, rows=ids,
+        )  # fmt: skip
         return (out[0], out[1]) if out else None
 
     @property
@@ -710,12 +710,7 @@ class RoPE(nn.Module):
         """vLLM's ``[total_tokens, H * D]`` as packed ``[total_tokens, H, D]`` (other inputs unchanged)."""
         if not isinstance(x, torch.Tensor) or x.dim() != 2:
             return x
-        if x.shape[-1] % self.head_dim:
-            raise ValueError(
-                f"{name} must be 4-D ([B, H, S, D] or [B, S, H, D]), packed [total_tokens, H, D], or flat "
-                f"[total_tokens, H * D] with H * D a multiple of head_dim={self.head_dim}; got shape {tuple(x.shape)}"
-            )
-        return x.view(x.shape[0], x.shape[-1] // self.head_dim, self.head_dim)
+        return split_heads(x, self.head_dim, name)
 
     def rotate(
         self,

@@ -128,7 +128,7 @@ def test_general_path_for_what_the_fast_path_does_not_take():
 @pytest.mark.parametrize("inplace", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rotate_with_upstream_tables_takes_the_fast_path_bit_identically(form, layout, inplace, dtype, monkeypatch):
-    from rotary import apply
+    from rotary import rotation as apply
 
     rope = rotary.RoPE(64, rotary_dim=48, max_position=8192)
     g = torch.Generator().manual_seed(0)

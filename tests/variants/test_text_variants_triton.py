@@ -18,7 +18,7 @@ SCRIPT = textwrap.dedent(
     """
     import torch
     import rotary
-    import rotary.apply
+    import rotary.rotation
     from rotary.kernels import ops, triton as triton_kernel
     from rotary.kernels.eager import run_torch
     from rotary.variants import MRoPE, NoPETemperature, XPos
@@ -26,7 +26,7 @@ SCRIPT = textwrap.dedent(
     # rotary.rotate hands fp32 q, k with shared [S, r] tables to the C++ decode kernel (rope_decode)
     # before the dispatcher is reached; on CUDA that path is never taken. Turned off here, so every
     # case reaches ops.run, pinned below to one backend whose calls are counted.
-    rotary.apply._fast_pair = lambda *args: None
+    rotary.rotation._fast_pair = lambda *args: None
     calls = {"triton": 0, "torch": 0}
 
     def counted(name, backend):

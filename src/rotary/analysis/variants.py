@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..apply import rotate
 from ..module import RoPE
+from ..rotation import rotate
 from ..variants.mrope import MRoPE
 from ..variants.nope import nope_temperature
 from ..variants.xpos import XPos

@@ -275,7 +275,7 @@ def decode_suite(options) -> list[Result]:
 
 
 def _decode_calls(rope, q, k, ids, tables, apply, hf_cos, hf_sin) -> dict[str, Callable[[], object]]:
-    from ..apply import rotate
+    from ..rotation import rotate
 
     calls = {
         "rope(q, k, offset=4096)": lambda: rope(q, k, offset=DECODE_POSITION),

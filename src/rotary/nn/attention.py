@@ -23,9 +23,9 @@ from torch import nn
 from .. import positions as P
 from .._checks import check_bool, check_causal_rope, check_positive_int, check_probability
 from .._limits import MAX_NUM_HEADS
-from ..apply import rotate
 from ..module import RoPE
 from ..positions import Positions, check_attention_mask
+from ..rotation import rotate
 from ..tables import RotaryTables, table_dtype
 from .position import ALiBi, RelativePositionBias
 

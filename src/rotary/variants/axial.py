@@ -36,9 +36,9 @@ from .._checks import (
     check_positive_int,
     is_int,
 )
-from ..apply import Layout, check_layout, rotate
 from ..positions import Positions
 from ..rope_types import default_inv_freq
+from ..rotation import Layout, check_layout, rotate
 from ..tables import RotaryTables, cos_sin_table, table_dtype
 
 __all__ = ["AxialRoPE", "Coordinates", "CoordinateRoPE", "PRESETS", "relative_scores"]

@@ -41,10 +41,10 @@ from torch import nn
 
 from .. import positions as P
 from .._checks import check_bool, check_choice, check_positive_int, is_int, is_number
-from ..apply import Layout, check_layout, rotate
 from ..frequencies import frequencies
 from ..positions import Positions
 from ..rope_types import ROPE_TYPES
+from ..rotation import Layout, check_layout, rotate
 from ..tables import RotaryTables, cos_sin_table, table_dtype
 
 __all__ = ["MRoPE", "MultimodalPositions", "check_mrope_section", "mrope_axes", "multimodal_positions"]

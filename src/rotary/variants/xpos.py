@@ -41,9 +41,9 @@ from torch import nn
 
 from .. import positions as P
 from .._checks import check_bool, check_int, check_positive_float, check_positive_int
-from ..apply import Layout, check_layout, rotate
 from ..frequencies import frequencies
 from ..positions import Positions
+from ..rotation import Layout, check_layout, rotate
 from ..tables import RotaryTables, angles, expand_pairs, table_dtype
 
 __all__ = ["XPos", "xpos_zeta"]

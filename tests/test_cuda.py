@@ -1,0 +1,169 @@
+"""The GPU hot path, where a GPU is present: no host synchronisation (``torch.cuda.set_sync_debug_mode``),
+CUDA-graph capture with replay equal to eager, ``torch.compile(mode="reduce-overhead")``, and bad
+positions as a named deferred error. Skipped without CUDA (CI has none); run on a GPU machine with
+``python -m pytest -q tests/test_cuda.py`` (docs/benchmarks.md says where it was run last).
+
+The same rule is proven on the CPU in ``tests/test_no_sync.py`` (every hot path as on an accelerator,
+failing on any host read).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import rotary
+from rotary import deferred
+from rotary.errors import DeviceInputError
+
+pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"), pytest.mark.cuda]
+
+B, S, HQ, HK, D = 2, 16, 8, 2, 64
+CUDA = torch.device("cuda")
+
+
+def _inputs(dtype=torch.bfloat16, layout="bhsd", seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    shape = (lambda h: (B, h, S, D)) if layout == "bhsd" else (lambda h: (B, S, h, D))
+    return (torch.randn(shape(HQ), generator=g, device="cuda").to(dtype), torch.randn(shape(HK), generator=g, device="cuda").to(dtype))
+
+
+def _calls() -> dict[str, tuple[Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]], str]]:
+    """name -> (call(q, k) -> outputs, layout of q and k)."""
+    rope = rotary.RoPE(D).to(CUDA).prepare(4096, device=CUDA)
+    rope_i = rotary.RoPE(D, interleaved=True, rotary_dim=48).prepare(4096, device=CUDA)
+    ids = torch.arange(S, device=CUDA).expand(B, S) + torch.tensor([[0], [100]], device=CUDA)
+    cos, sin = (t.to(CUDA) for t in rope.cos_sin(torch.arange(4096)))
+    cos_s, sin_s = cos[:S].clone(), sin[:S].clone()
+    offsets = torch.tensor([3, 7], device=CUDA)
+    return {
+        "rope(q, k)": (lambda q, k: rope(q, k), "bhsd"),
+        "rope(q, k, offset)": (lambda q, k: rope(q, k, offset=1234), "bhsd"),
+        "rope(q, k, position_ids)": (lambda q, k: rope(q, k, position_ids=ids), "bhsd"),
+        "rope interleaved partial, bshd, position_ids": (lambda q, k: rope_i(q, k, position_ids=ids, layout="bshd"), "bshd"),
+        "rope(q, k, inplace)": (lambda q, k: rope(q, k, inplace=True), "bhsd"),
+        "apply_rotary, caller tables": (lambda q, k: (rotary.apply_rotary(q, cos_s, sin_s),), "bhsd"),
+        "apply_rotary, position_ids": (lambda q, k: (rotary.apply_rotary(q, cos, sin, position_ids=ids),), "bhsd"),
+        "apply_rotary, seqlen_offsets": (lambda q, k: (rotary.apply_rotary(q, cos, sin, layout="bshd", seqlen_offsets=offsets),), "bshd"),
+    }
+
+
+NAMES = list(_calls())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_hot_path_equals_the_cpu_and_never_synchronises(name):
+    call, layout = _calls()[name]
+    q, k = _inputs(torch.float32, layout)
+    want = call(q.cpu(), k.cpu()) if "inplace" not in name else call(q.cpu().clone(), k.cpu().clone())
+    call(q.clone(), k.clone())  # warm-up: Triton compiles, tables and flags are made
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = call(q.clone(), k.clone())
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for g, w in zip(got, want):
+        # fp32 on both: the GPU rounds the same products, FMA may contract: within 2 ulp of each other
+        torch.testing.assert_close(g.cpu(), w, rtol=3e-7, atol=3e-7)
+    deferred.check_device_errors()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_hot_path_is_captured_in_a_cuda_graph_and_replays_like_eager(name):
+    call, layout = _calls()[name]
+    q, k = _inputs(torch.bfloat16, layout)
+    static_q, static_k = q.clone(), k.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up on a side stream, as capture wants
+        for _ in range(2):
+            call(static_q.clone(), static_k.clone())
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    work_q, work_k = static_q.clone(), static_k.clone()
+    with torch.cuda.graph(graph):
+        outs = call(work_q, work_k)
+    for seed in (1, 2):
+        new_q, new_k = _inputs(torch.bfloat16, layout, seed=seed)
+        work_q.copy_(new_q)
+        work_k.copy_(new_k)
+        graph.replay()
+        want = call(new_q.clone(), new_k.clone())
+        for g, w in zip(outs, want):
+            assert torch.equal(g, w), name
+    deferred.check_device_errors()
+
+
+def test_reduce_overhead_compile_of_rope_with_device_position_ids():
+    rope = rotary.RoPE(D).to(CUDA).prepare(4096, device=CUDA)
+    ids = torch.arange(S, device=CUDA).expand(B, S).contiguous()
+    compiled = torch.compile(lambda q, k, i: rope(q, k, position_ids=i), mode="reduce-overhead", fullgraph=True)
+    for seed in range(4):  # cudagraph trees record after warm-up runs
+        q, k = _inputs(torch.bfloat16, seed=seed)
+        got = compiled(q, k, ids + seed)
+        want = rope(q, k, position_ids=ids + seed)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=0, atol=0)
+    skips = torch._dynamo.utils.counters["inductor"].get("cudagraph_skips", 0)
+    assert skips == 0, dict(torch._dynamo.utils.counters["inductor"])
+
+
+def test_dynamic_fullgraph_compile_on_cuda():
+    rope = rotary.RoPE(D).to(CUDA)
+    compiled = torch.compile(lambda q, k: rope(q, k), dynamic=True, fullgraph=True)
+    for length in (16, 40):
+        q = torch.randn(B, HQ, length, D, device=CUDA)
+        k = torch.randn(B, HK, length, D, device=CUDA)
+        for g, w in zip(compiled(q, k), rope(q, k)):
+            torch.testing.assert_close(g, w)
+
+
+def test_a_position_outside_the_table_is_nan_and_a_named_error():
+    rope = rotary.RoPE(D, max_position=64).to(CUDA).prepare(64, device=CUDA)
+    q, k = _inputs(torch.float32)
+    ids = torch.arange(S, device=CUDA).expand(B, S).clone()
+    ids[1, -1] = 10**6  # past the 64 prepared rows: the GPU never reads the ids on the host
+    qr, kr = rope(q, k, position_ids=ids)
+    assert torch.isnan(qr[1, :, -1]).all() and not torch.isnan(qr[0]).any()
+    with pytest.raises(DeviceInputError, match=r"outside the cos/sin table.*the largest was 1000000"):
+        deferred.check_device_errors()
+    ids[1, -1] = -3
+    rope(q, k, position_ids=ids)
+    with pytest.raises(DeviceInputError, match="negative ids"):
+        deferred.check_device_errors()
+
+
+def test_growing_tables_during_capture_is_a_named_error():
+    rope = rotary.RoPE(D, max_position=64).to(CUDA).prepare(64, device=CUDA)
+    q, k = _inputs(torch.bfloat16)
+    rope(q, k)
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(ValueError, match=r"cannot grow while a CUDA graph is being captured.*prepare\(4016"):
+        with torch.cuda.graph(graph):
+            rope(q, k, offset=4000)
+
+
+def test_bad_caller_tables_are_a_deferred_named_error():
+    q, _ = _inputs(torch.float32)
+    cos, sin = (t.to(CUDA) for t in rotary.RoPE(D).cos_sin(torch.arange(S)))
+    rotary.apply_rotary(q, cos, sin, interleaved=True)  # laid out for the half pairing
+    with pytest.raises(DeviceInputError, match="not rotation tables"):
+        deferred.check_device_errors()
+    with pytest.raises(ValueError, match="laid out for the half"):
+        rotary.apply_rotary(q, cos, sin, interleaved=True, validate="sync")
+
+
+def test_training_step_gradients_equal_the_cpu():
+    rope = rotary.RoPE(D).to(CUDA)
+    q, k = _inputs(torch.float32)
+    grads = []
+    for device in ("cpu", "cuda"):
+        ql, kl = q.to(device).requires_grad_(), k.to(device).requires_grad_()
+        qr, kr = rope.to(device)(ql * 1, kl * 1, inplace=True)
+        (qr.square().sum() + (kr * 2).sum()).backward()
+        grads.append((ql.grad.cpu(), kl.grad.cpu()))
+    for g, w in zip(*grads):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-5)

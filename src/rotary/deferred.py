@@ -158,7 +158,7 @@ def check_device_errors(device: torch.device | str | None = None) -> None:
                 if slot == POSITION_SLOT:
                     largest = values[LARGEST_SLOT]
                     which = f"the largest was {largest}" if largest > 0 else "negative ids"
-                    message += f" ({values[slot]} table lookup(s) outside, one per token of each rotated tensor; {which})"
+                    message += f" ({values[slot]} token(s) outside; {which})"
                 problems.append(f"on {dev}: {message}")
     if problems:
         raise DeviceInputError("rotary: bad input found by deferred checks: " + "; ".join(problems))

@@ -107,20 +107,31 @@ OUTSIDE = textwrap.dedent(
     deferred.host_checks = lambda device: False  # as on a GPU: the torch path checks rows too
     cos, sin = cos_sin_table(torch.arange(5), torch.tensor([1.0, 0.1]))
     x = torch.randn(2, 3, 2, 4, generator=torch.Generator().manual_seed(0))
+    k = torch.randn(2, 3, 1, 4, generator=torch.Generator().manual_seed(1))
     positions = torch.tensor([[0, 4, 5], [-1, 2, 100]])  # 5, -1 and 100 are outside the 5-row table
+    outside = torch.tensor([[False, False, True], [True, False, True]])
     outs = {}
     for name, run in (("triton", run_triton), ("torch", run_torch)):
-        out = torch.empty_like(x)
-        run(Rotation((x,), (out,), (cos,), (sin,), positions, 0, False))
-        flags = deferred.flags(x.device).clone()
-        deferred.flags(x.device).zero_()
-        outside = torch.tensor([[False, False, True], [True, False, True]])
-        assert torch.isnan(out[outside]).all(), name
-        assert not torch.isnan(out[~outside]).any(), name
-        assert flags[0] == 3 and flags[1] == 100, (name, flags)
-        outs[name] = out
-    inside = ~torch.isnan(outs["torch"])
-    assert torch.equal(outs["triton"][inside], outs["torch"][inside])
+        for xs in ((x,), (x, k)):  # q alone, q and k in one launch: flags count tokens once
+            got = tuple(torch.empty_like(t) for t in xs)
+            run(Rotation(xs, got, (cos,) * len(xs), (sin,) * len(xs), positions, 0, False))
+            flags = deferred.flags(x.device).clone()
+            deferred.flags(x.device).zero_()
+            for out in got:
+                assert torch.isnan(out[outside]).all(), name
+                assert not torch.isnan(out[~outside]).any(), name
+            assert flags[0] == 3 and flags[1] == 100, (name, flags)
+            outs[name, len(xs)] = got
+    for n in (1, 2):
+        for a, b in zip(outs["triton", n], outs["torch", n]):
+            inside = ~torch.isnan(b)
+            assert torch.equal(a[inside], b[inside])
+    import rotary.kernels.triton as tk
+    launches, real = [], tk._launch
+    tk._launch = lambda *args: (launches.append(args[1:]), real(*args))[1]
+    v = torch.randn(2, 3, 1, 4)
+    run_triton(Rotation((x, k, v), (x.clone(), k.clone(), v.clone()), (cos,) * 3, (sin,) * 3, None, 0, False))
+    assert launches == [(0, 1), (2, None)], launches  # q and k in one launch, v in another
     print("outside ok")
     """
 )

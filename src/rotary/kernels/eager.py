@@ -45,7 +45,8 @@ def token_tables(rotation: Rotation, i: int) -> tuple[torch.Tensor, torch.Tensor
         if not deferred.host_checks(positions.device) and not torch.compiler.is_compiling():
             # as the Triton kernel: a token outside the table reads row 0, gets NaN, and is flagged
             outside = (positions < 0) | (positions >= cos.shape[0])
-            deferred.record_positions(positions, outside)
+            if i == 0:  # once per token of the call, as the Triton kernel counts
+                deferred.record_positions(positions, outside)
             positions = positions.masked_fill(outside, 0)
             nan = torch.where(outside, float("nan"), 0.0).to(cos.dtype)[..., None]
             if cos.dim() == 3:

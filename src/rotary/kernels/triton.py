@@ -1,8 +1,9 @@
 """The GPU kernel: the rotation in Triton, taking the same :class:`~.contract.Rotation` as the CPU kernel.
 
-One program rotates ``BLOCK_H`` heads of one token (b, s): it reads that token's cos/sin row (through
-``positions`` when given, so per-batch ids and packed sequences cost no gathered table; per head for
-per-head tables) and keeps the arithmetic in fp32 (fp64 for fp64 inputs). The backward pass is the
+q and k are rotated in one launch (as Liger does): one program rotates ``BLOCK_H`` heads of one token
+(b, s) of q or of k; it reads that token's cos/sin row (through ``positions`` when given, so per-batch
+ids and packed sequences cost no gathered table; per head for per-head tables) and keeps the
+arithmetic in fp32 (fp64 for fp64 inputs). The backward pass is the
 same kernel with sin negated; the table gradients are a second kernel, one program per token summing
 over heads. Positions are checked in the kernel, never read on the host (see :func:`run_triton`).
 Both are tested on CPU under Triton's interpreter (``TRITON_INTERPRET=1``) and on an H100
@@ -34,32 +35,14 @@ def available() -> bool:
 if triton is not None:
 
     @triton.jit
-    def _rotary_kernel(
-        X, OUT, COS, SIN, POS, FLAGS,
-        S, H, table_rows, table_stride, head_stride, batch_rows,
-        sxb, sxs, sxh, sob, sos, soh, spb, sps,
-        HALF: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_REST: tl.constexpr,
-        INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, HAS_POSITIONS: tl.constexpr, INPLACE: tl.constexpr,
-        FP64: tl.constexpr,
+    def _rotate_heads(
+        X, OUT, COS, SIN, b, s, t, poison, heads, H, table_stride, head_stride, sxb, sxs, sxh, sob, sos, soh,
+        HALF: tl.constexpr, D: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_REST: tl.constexpr,
+        INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, INPLACE: tl.constexpr, FP64: tl.constexpr,
     ):  # fmt: skip
-        row = tl.program_id(0)
-        b = row // S
-        s = row % S
-        heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+        """Rotate ``heads`` (a block of head indices, masked by ``< H``) of token (b, s) of one tensor
+        with table row ``t``; ``poison`` is 0, or NaN for a token outside the table."""
         compute = tl.float64 if FP64 else tl.float32
-        if HAS_POSITIONS:
-            t = tl.load(POS + b * spb + s * sps)
-            # a position outside the table: no read past it, NaN out, and the deferred-error flags
-            # (count and largest position) set once per token, by its first head block
-            outside = (t < 0) | (t >= table_rows)
-            if outside & (tl.program_id(1) == 0):
-                tl.atomic_add(FLAGS, 1)
-                tl.atomic_max(FLAGS + 1, t)
-            t = tl.where(outside, 0, t)
-            poison = tl.where(outside, float("nan"), 0.0).to(compute)
-        else:
-            t = b * batch_rows + s
-            poison = 0.0
         pair = tl.arange(0, BLOCK_P)
         if INTERLEAVED:
             first = 2 * pair
@@ -67,12 +50,10 @@ if triton is not None:
         else:
             first = pair
             second = pair + HALF
-        pair_ok = pair < HALF
-        mask = (heads < H)[:, None] & pair_ok[None, :]
+        mask = (heads < H)[:, None] & (pair < HALF)[None, :]
         table = t * table_stride + heads[:, None] * head_stride + first[None, :]
-        c = tl.load(COS + table, mask=mask, other=0.0).to(compute)
+        c = tl.load(COS + table, mask=mask, other=0.0).to(compute) + poison
         sn = tl.load(SIN + table, mask=mask, other=0.0).to(compute)
-        c = c + poison  # NaN for a token outside the table
         if CONJUGATE:
             sn = -sn
         x = X + b * sxb + s * sxs + heads[:, None] * sxh
@@ -86,6 +67,49 @@ if triton is not None:
                 rest = 2 * HALF + tl.arange(0, BLOCK_REST)
                 rest_mask = (heads < H)[:, None] & (rest < D)[None, :]
                 tl.store(o + rest[None, :], tl.load(x + rest[None, :], mask=rest_mask), mask=rest_mask)
+
+    @triton.jit
+    def _rotary_kernel(
+        XQ, OUTQ, COSQ, SINQ, XK, OUTK, COSK, SINK, POS, FLAGS,
+        S, HQ, HK, Q_BLOCKS, table_rows, batch_rows, spb, sps,
+        tq_stride, tq_head, sqb, sqs, sqh, soqb, soqs, soqh,
+        tk_stride, tk_head, skb, sks, skh, sokb, soks, sokh,
+        HALF: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_REST: tl.constexpr,
+        INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, HAS_POSITIONS: tl.constexpr, INPLACE: tl.constexpr,
+        FP64: tl.constexpr,
+    ):  # fmt: skip
+        # program (token, head block): blocks 0 .. Q_BLOCKS - 1 rotate q's heads, the rest k's (one
+        # launch for both, GQA head counts may differ; k may have its own tables, e.g. xPos)
+        row = tl.program_id(0)
+        block = tl.program_id(1)
+        b = row // S
+        s = row % S
+        compute = tl.float64 if FP64 else tl.float32
+        if HAS_POSITIONS:
+            t = tl.load(POS + b * spb + s * sps)
+            # a position outside the table: no read past it, NaN out, and the deferred-error flags
+            # (count and largest position) set once per token, by its first head block
+            outside = (t < 0) | (t >= table_rows)
+            if outside & (block == 0):
+                tl.atomic_add(FLAGS, 1)
+                tl.atomic_max(FLAGS + 1, t)
+            t = tl.where(outside, 0, t)
+            poison = tl.where(outside, float("nan"), 0.0).to(compute)
+        else:
+            t = b * batch_rows + s
+            poison = tl.zeros((), dtype=compute)
+        if block < Q_BLOCKS:
+            heads = block * BLOCK_H + tl.arange(0, BLOCK_H)
+            _rotate_heads(
+                XQ, OUTQ, COSQ, SINQ, b, s, t, poison, heads, HQ, tq_stride, tq_head, sqb, sqs, sqh, soqb, soqs, soqh,
+                HALF, D, BLOCK_P, BLOCK_REST, INTERLEAVED, CONJUGATE, INPLACE, FP64,
+            )
+        else:
+            heads = (block - Q_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
+            _rotate_heads(
+                XK, OUTK, COSK, SINK, b, s, t, poison, heads, HK, tk_stride, tk_head, skb, sks, skh, sokb, soks, sokh,
+                HALF, D, BLOCK_P, BLOCK_REST, INTERLEAVED, CONJUGATE, INPLACE, FP64,
+            )
 
     @triton.jit
     def _table_grad_kernel(
@@ -138,7 +162,8 @@ if triton is not None:
 
 
 def run_triton(rotation: Rotation) -> None:
-    """Rotate each ``[B, S, H, D]`` x (unit stride over D) into its out (may be x itself); one launch per tensor.
+    """Rotate each ``[B, S, H, D]`` x (unit stride over D) into its out (may be x itself): two tensors
+    (q and k) per launch, one program per token and block of heads.
 
     With ``positions``, each token's row is checked against the table in the kernel: a token outside
     it gets NaN in its rotated channels and sets the device's deferred-error flags
@@ -146,27 +171,50 @@ def run_triton(rotation: Rotation) -> None:
     """
     if triton is None:
         raise RuntimeError("rotary: Triton is not installed")
+    xs, outs = rotation.xs, rotation.outs
+    pairs = [(i, i + 1) if i + 1 < len(xs) else (i, None) for i in range(0, len(xs), 2)]
+    for first, second in pairs:
+        # tensors rotated in one launch must agree on in place (the kernel takes one INPLACE)
+        if second is not None and (outs[first] is xs[first]) != (outs[second] is xs[second]):
+            _launch(rotation, first, None)
+            _launch(rotation, second, None)
+        else:
+            _launch(rotation, first, second)
+
+
+def _launch(rotation: Rotation, i: int, j: int | None) -> None:
+    """One launch rotating ``xs[i]`` (and ``xs[j]``)."""
     r = rotation.rotary_dim
     positions = rotation.positions
-    for i, (x, out) in enumerate(zip(rotation.xs, rotation.outs)):
-        B, S, H, D = x.shape
-        if B * S == 0 or H == 0:
-            continue
-        cos, sin = rotation.cos_sin(i)
-        block_h = min(triton.next_power_of_2(H), 4)
-        pos = positions if positions is not None else cos  # placeholder pointer, unused without positions
-        spb, sps = (positions.stride(0), positions.stride(1)) if positions is not None else (0, 0)
-        grid = (B * S, triton.cdiv(H, block_h))
-        flags = deferred.flags(x.device) if positions is not None else cos  # placeholder without positions
-        _rotary_kernel[grid](
-            x, out, cos, sin, pos, flags,
-            S, H, cos.shape[0], cos.stride(0), cos.stride(1) if cos.dim() == 3 else 0, rotation.batch_rows,
-            x.stride(0), x.stride(1), x.stride(2), out.stride(0), out.stride(1), out.stride(2), spb, sps,
-            HALF=r // 2, D=D, BLOCK_H=block_h, BLOCK_P=triton.next_power_of_2(r // 2),
-            BLOCK_REST=triton.next_power_of_2(max(D - r, 1)),
-            INTERLEAVED=rotation.interleaved, CONJUGATE=rotation.conjugate, HAS_POSITIONS=positions is not None,
-            INPLACE=out.data_ptr() == x.data_ptr(), FP64=x.dtype == torch.float64,
-        )  # fmt: skip
+    x, out = rotation.xs[i], rotation.outs[i]
+    B, S, HQ, D = x.shape
+    if j is None:
+        xk, outk, HK = x, out, 0
+        cos_k, sin_k = rotation.cos_sin(i)
+    else:
+        xk, outk = rotation.xs[j], rotation.outs[j]
+        HK = xk.shape[2]
+        cos_k, sin_k = rotation.cos_sin(j)
+    if B * S == 0 or HQ + HK == 0:
+        return
+    cos, sin = rotation.cos_sin(i)
+    block_h = min(triton.next_power_of_2(max(HQ, HK, 1)), 4)
+    q_blocks = triton.cdiv(HQ, block_h)
+    pos = positions if positions is not None else cos  # placeholder pointer, unused without positions
+    spb, sps = (positions.stride(0), positions.stride(1)) if positions is not None else (0, 0)
+    flags = deferred.flags(x.device) if positions is not None else cos  # placeholder without positions
+    grid = (B * S, q_blocks + triton.cdiv(HK, block_h))
+    head = lambda t: t.stride(1) if t.dim() == 3 else 0  # noqa: E731  (per-head tables [N, H, r])
+    _rotary_kernel[grid](
+        x, out, cos, sin, xk, outk, cos_k, sin_k, pos, flags,
+        S, HQ, HK, q_blocks, cos.shape[0], rotation.batch_rows, spb, sps,
+        cos.stride(0), head(cos), x.stride(0), x.stride(1), x.stride(2), out.stride(0), out.stride(1), out.stride(2),
+        cos_k.stride(0), head(cos_k), xk.stride(0), xk.stride(1), xk.stride(2), outk.stride(0), outk.stride(1), outk.stride(2),
+        HALF=r // 2, D=D, BLOCK_H=block_h, BLOCK_P=triton.next_power_of_2(r // 2),
+        BLOCK_REST=triton.next_power_of_2(max(D - r, 1)),
+        INTERLEAVED=rotation.interleaved, CONJUGATE=rotation.conjugate, HAS_POSITIONS=positions is not None,
+        INPLACE=out.data_ptr() == x.data_ptr(), FP64=x.dtype == torch.float64,
+    )  # fmt: skip
 
 
 def table_grad_triton(

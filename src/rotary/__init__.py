@@ -1,7 +1,9 @@
 """rotary: rotary position embeddings (RoPE) for PyTorch: exact, complete, fast, inspectable."""
 
 # hf, models, nn: layers and models built on RoPE (rotary.hf imports transformers only inside patch())
-from . import analysis, hf, models, nn, positions, reference, variants
+from . import analysis, deferred, errors, hf, models, nn, positions, reference, variants
+from .deferred import check_device_errors
+from .errors import DeviceInputError, InputError
 from .frequencies import Frequencies, frequencies
 from .functional import apply_rotary, apply_rotary_, apply_rotary_kv_, apply_rotary_qkv_, check_tables
 from .module import RoPE
@@ -17,6 +19,8 @@ __version__ = "0.1.0"
 __all__ = [
     "AxialRoPE",
     "ConfigError",
+    "DeviceInputError",
+    "InputError",
     "ROPE_INIT_FUNCTIONS",
     "ROPE_TYPES",
     "Frequencies",
@@ -32,7 +36,10 @@ __all__ = [
     "apply_rotary_",
     "apply_rotary_kv_",
     "apply_rotary_qkv_",
+    "check_device_errors",
     "check_tables",
+    "deferred",
+    "errors",
     "frequencies",
     "hf",
     "models",

@@ -104,7 +104,7 @@ def test_vllm_flat_layout(tables, gen):
         (lambda c, s: rotary.apply_rotary(torch.randn(2, 1, 3, D), c, s, seqlen_offsets=38), "reach position 40 but the cos/sin tables have only 40 rows"),
         (lambda c, s: rotary.apply_rotary(torch.randn(2, 1, 3, D), c, s, seqlen_offsets=1, position_ids=torch.arange(3)), "position_ids and seqlen_offsets each give positions; pass one"),
         (lambda c, s: rotary.apply_rotary(torch.randn(5, 3 * D), c, s, position_ids=torch.arange(5)), "pass head_dim"),
-        (lambda c, s: rotary.apply_rotary(torch.randn(5, 30), c, s, position_ids=torch.arange(5), head_dim=D), "H * D a multiple of head_dim=16; got shape \\(5, 30\\)"),
+        (lambda c, s: rotary.apply_rotary(torch.randn(5, 30), c, s, position_ids=torch.arange(5), head_dim=D), r"H \* D a multiple of head_dim=16; got shape \(5, 30\)"),
         (lambda c, s: rotary.apply_rotary_qkv_(torch.randn(2, 3, 4, 2, D), c, s), r"\[B, S, 3, H, D\]"),
         (lambda c, s: rotary.apply_rotary_qkv_(torch.randn(2, 3, 5, D), c, s, num_heads_q=2), "Hq \\+ 2 \\* Hk"),
         (lambda c, s: rotary.apply_rotary_qkv_(torch.randn(2, 3, 3, 2, D), c, s, cos_k=c), "both cos_k and sin_k"),

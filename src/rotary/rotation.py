@@ -23,7 +23,7 @@ from .kernels.ops import TRANSFORMED, transformed
 from .kernels.overlap import overlaps_itself, shares_elements
 from .tables import RotaryTables
 
-__all__ = ["LAYOUTS", "Layout", "check_layout", "decode_fast", "decode_seq_axis", "rotate", "split_heads"]
+__all__ = ["LAYOUTS", "Layout", "check_layout", "decode_fast", "decode_seq_axis", "plan", "rotate", "split_heads", "unview"]
 
 Layout = Literal["bhsd", "bshd"]
 #: layout -> (batch dim, sequence dim) of a 4-D q/k tensor
@@ -151,6 +151,46 @@ def rotate(
     if not xs:
         return []
     names = list(names) if names is not None else [f"x{i}" for i in range(len(xs))]
+    rotation, packed = plan(xs, tables, layout=layout, kinds=kinds, names=names)  # checks, addressing
+    if inplace and not torch.compiler.is_compiling():
+        _check_inplace_targets(xs, names)
+    targets = None
+    if inplace and torch.is_grad_enabled() and not torch.compiler.is_compiling() and _needs_grad(xs, tables):
+        targets = [_inplace_target(x, view, layout, packed) for x, view in zip(xs, rotation.xs)]
+    outs = dispatch.rotate(rotation, inplace=inplace, targets=targets)  # the kernels, with autograd
+    if inplace and targets is None:
+        return xs
+    results = []  # back from the kernels' [B, S, H, D] views
+    for i, (x, out) in enumerate(zip(xs, outs)):
+        if inplace and (targets is None or targets[i] is None or targets[i][0] is x):  # type: ignore[index]
+            if x._base is not None and x.requires_grad:
+                # a view whose base was changed in place through another view: its grad_fn is rebuilt
+                # lazily, and registering a hook on it before that crashes PyTorch (2.13, a segfault
+                # in plain torch as well); reading grad_fn rebuilds it now
+                x.grad_fn  # noqa: B018
+            results.append(x)
+        else:
+            results.append(unview(out, layout, packed))
+    return results
+
+
+def unview(out: torch.Tensor, layout: str, packed: bool) -> torch.Tensor:
+    """A kernel-view ``[B, S, H, D]`` result back in the caller's layout (or packed ``[T, H, D]``)."""
+    if packed:
+        return out.squeeze(0)
+    return out.transpose(1, 2) if layout == "bhsd" else out
+
+
+def plan(
+    xs: Sequence[torch.Tensor],
+    tables: RotaryTables,
+    *,
+    layout: str,
+    kinds: Sequence[str] | None,
+    names: Sequence[str],
+) -> tuple[Rotation, bool]:
+    """Check ``xs`` against each other and against ``tables``; return the kernels' :class:`Rotation`
+    (the tensors as ``[B, S, H, D]`` views, their tables and addressing) and whether ``xs`` are packed."""
     if not isinstance(tables, RotaryTables):
         raise TypeError(f"tables must be RotaryTables (from RoPE.tables(positions)), got {type(tables).__name__}")
     x0 = xs[0]
@@ -199,40 +239,11 @@ def rotate(
     kinds = ["q"] * len(xs) if kinds is None else list(kinds)
     if len(kinds) != len(xs) or any(k not in ("q", "k") for k in kinds):
         raise ValueError(f"kinds must give 'q' or 'k' for each of the {len(xs)} tensors, got {kinds!r}")
-    if inplace and not torch.compiler.is_compiling():
-        _check_inplace_targets(xs, names)
     views = tuple(_kernel_view(x, layout, packed) for x in xs)
     key_flat = flat if tables.k_cos is None else _flatten(tables.key_tables(), tables, batch)
     chosen = [key_flat if kind == "k" else flat for kind in kinds]
-    rotation = Rotation(
-        views,
-        views,
-        tuple(c[0] for c in chosen),
-        tuple(c[1] for c in chosen),
-        positions,
-        batch_rows,
-        tables.interleaved,
-    )
-    targets = None
-    if inplace and torch.is_grad_enabled() and not torch.compiler.is_compiling() and _needs_grad(xs, tables):
-        targets = [_inplace_target(x, view, layout, packed) for x, view in zip(xs, views)]
-    outs = dispatch.rotate(rotation, inplace=inplace, targets=targets)
-    if inplace and targets is None:
-        return xs
-    results = []
-    for i, (x, out) in enumerate(zip(xs, outs)):
-        if inplace and (targets is None or targets[i] is None or targets[i][0] is x):  # type: ignore[index]
-            if x._base is not None and x.requires_grad:
-                # a view whose base was changed in place through another view: its grad_fn is rebuilt
-                # lazily, and registering a hook on it before that crashes PyTorch (2.13, a segfault
-                # in plain torch as well); reading grad_fn rebuilds it now
-                x.grad_fn  # noqa: B018
-            results.append(x)
-        elif packed:
-            results.append(out.squeeze(0))
-        else:
-            results.append(out.transpose(1, 2) if layout == "bhsd" else out)
-    return results
+    cos, sin = tuple(c[0] for c in chosen), tuple(c[1] for c in chosen)
+    return Rotation(views, views, cos, sin, positions, batch_rows, tables.interleaved), packed
 
 
 def _as_tensor_list(xs: object) -> list[torch.Tensor]:

@@ -170,3 +170,59 @@ def test_training_step_gradients_equal_the_cpu():
         grads.append((ql.grad.cpu(), kl.grad.cpu()))
     for g, w in zip(*grads):
         torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-5)
+
+
+def _serving_inputs(dtype=torch.bfloat16, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(B, 1, HQ, D, generator=g, device=CUDA).to(dtype)
+    k = torch.randn(B, 1, HK, D, generator=g, device=CUDA).to(dtype)
+    v = torch.randn(B, 1, HK, D, generator=g, device=CUDA).to(dtype)
+    return q, k, v
+
+
+def _composition(q, k, v, k_cache, v_cache, slots, tables):
+    q_rot, k_rot = rotary.rotate([q, k], tables, layout="bshd", kinds=("q", "k"))
+    rows = torch.arange(B, device=CUDA)[:, None]
+    k_cache[rows, slots] = k_rot
+    v_cache[rows, slots] = v
+    return q_rot, k_rot
+
+
+def test_rotate_and_cache_fused_equals_the_composition_eager_compiled_and_captured():
+    rope = rotary.RoPE(D).to(CUDA).prepare(4096, device=CUDA)
+    slots = torch.tensor([[5], [9]], device=CUDA)
+    tables = rope.tables(slots)
+    q, k, v = _serving_inputs()
+    want_caches = [torch.zeros(B, 16, HK, D, device=CUDA, dtype=torch.bfloat16) for _ in range(2)]
+    want = _composition(q, k, v, *want_caches, slots, tables)
+
+    def step(q, k, v, kc, vc, s):
+        return rotary.rotate_and_cache(q, k, v, kc, vc, s, rope.tables(s))
+
+    for name, fn in (("eager", step), ("compiled", torch.compile(step, fullgraph=True))):
+        caches = [torch.zeros_like(c) for c in want_caches]
+        got = fn(q, k, v, *caches, slots)
+        for g, w in zip((*got, *caches), (*want, *want_caches)):
+            assert torch.equal(g, w), name
+    caches = [torch.zeros_like(c) for c in want_caches]
+    step(q, k, v, *caches, slots)  # warm-up
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = step(q, k, v, *caches, slots)
+    for c in caches:
+        c.zero_()
+    graph.replay()
+    for g, w in zip((*outs, *caches), (*want, *want_caches)):
+        assert torch.equal(g, w), "captured"
+    deferred.check_device_errors()
+
+
+def test_rotate_and_cache_skips_and_names_a_slot_outside_the_cache():
+    rope = rotary.RoPE(D).to(CUDA)
+    slots = torch.tensor([[5], [16]], device=CUDA)  # the cache holds 16 rows
+    q, k, v = _serving_inputs(torch.float32)
+    caches = [torch.zeros(B, 16, HK, D, device=CUDA) for _ in range(2)]
+    rotary.rotate_and_cache(q, k, v, *caches, slots, rope.tables(torch.tensor([[5], [7]], device=CUDA)))
+    assert caches[0][0, 5].abs().sum() > 0 and caches[0][1].abs().sum() == 0 and caches[1][1].abs().sum() == 0
+    with pytest.raises(DeviceInputError, match="KV-cache slots outside the cache"):
+        deferred.check_device_errors()

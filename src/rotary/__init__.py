@@ -11,6 +11,7 @@ from .pairing import permute_qk_weight, to_half, to_interleaved
 from .positions import Positions
 from .rope_types import ROPE_INIT_FUNCTIONS, ROPE_TYPES, ConfigError, register_rope_type
 from .rotation import rotate
+from .serving import rotate_and_cache
 from .tables import RotaryTables
 from .variants import AxialRoPE, MRoPE, MultimodalPositions, RoPEMixed, XPos, multimodal_positions
 
@@ -50,6 +51,7 @@ __all__ = [
     "reference",
     "register_rope_type",
     "rotate",
+    "rotate_and_cache",
     "to_half",
     "to_interleaved",
     "variants",

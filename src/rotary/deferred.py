@@ -46,6 +46,7 @@ __all__ = [
     "CU_SEQLENS_SLOT",
     "MASK_SLOT",
     "TOKENS_SLOT",
+    "CACHE_SLOT",
     "record",
     "record_positions",
 ]
@@ -64,11 +65,13 @@ CHECKS: dict[int, str] = {
     "sequence longer than the max_seqlen given",
     5: "an attention mask holding values other than 0 and 1",
     6: "token ids outside the vocabulary (negative, or >= vocab_size); their embeddings were read as 0",
+    7: "KV-cache slots outside the cache (negative, or at or past its length) in rotate_and_cache; the keys and "
+    "values of those tokens were not written. Size the cache for every token you write",
 }
-SLOTS = 8
+SLOTS = 16  # room for checks to come
 POSITION_SLOT = 0  # counts tokens whose position was outside the table (written by the kernels)
 LARGEST_SLOT = 1  # the largest offending position (atomic max in the kernels)
-TABLES_SLOT, POSITIONS_SLOT, CU_SEQLENS_SLOT, MASK_SLOT, TOKENS_SLOT = 2, 3, 4, 5, 6
+TABLES_SLOT, POSITIONS_SLOT, CU_SEQLENS_SLOT, MASK_SLOT, TOKENS_SLOT, CACHE_SLOT = 2, 3, 4, 5, 6, 7
 
 _lock = threading.Lock()
 _flags: dict[torch.device, torch.Tensor] = {}

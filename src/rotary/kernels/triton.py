@@ -24,7 +24,7 @@ except ImportError:  # Triton is optional: without it CUDA tensors take the pure
     triton = None
     tl = None
 
-__all__ = ["available", "run_triton", "table_grad_triton"]
+__all__ = ["available", "rotate_and_cache_triton", "run_triton", "table_grad_triton"]
 
 
 def available() -> bool:
@@ -110,6 +110,63 @@ if triton is not None:
                 XK, OUTK, COSK, SINK, b, s, t, poison, heads, HK, tk_stride, tk_head, skb, sks, skh, sokb, soks, sokh,
                 HALF, D, BLOCK_P, BLOCK_REST, INTERLEAVED, CONJUGATE, INPLACE, FP64,
             )
+
+    @triton.jit
+    def _rotate_cache_kernel(
+        XQ, OUTQ, XK, OUTK, V, KC, VC, COS, SIN, POS, SLOTS, FLAGS, CACHE_FLAG,
+        S, HQ, HK, DV, Q_BLOCKS, table_rows, batch_rows, spb, sps, slb, sls, T, cache_batch,
+        t_stride, sqb, sqs, sqh, soqb, soqs, soqh, skb, sks, skh, sokb, soks, sokh, svb, svs, svh,
+        kcb, kct, kch, vcb, vct, vch,
+        HALF: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_REST: tl.constexpr,
+        BLOCK_DV: tl.constexpr, INTERLEAVED: tl.constexpr, HAS_POSITIONS: tl.constexpr, INPLACE: tl.constexpr,
+        FP64: tl.constexpr,
+    ):  # fmt: skip
+        # program (token, head block): q blocks rotate q; k blocks rotate k into k's output and into the
+        # cache row of the token's slot, and copy v into the value cache row
+        row = tl.program_id(0)
+        block = tl.program_id(1)
+        b = row // S
+        s = row % S
+        compute = tl.float64 if FP64 else tl.float32
+        if HAS_POSITIONS:
+            t = tl.load(POS + b * spb + s * sps)
+            outside = (t < 0) | (t >= table_rows)
+            if outside & (block == 0):
+                tl.atomic_add(FLAGS, 1)
+                tl.atomic_max(FLAGS + 1, t)
+            t = tl.where(outside, 0, t)
+            poison = tl.where(outside, float("nan"), 0.0).to(compute)
+        else:
+            t = b * batch_rows + s
+            poison = tl.zeros((), dtype=compute)
+        if block < Q_BLOCKS:
+            heads = block * BLOCK_H + tl.arange(0, BLOCK_H)
+            _rotate_heads(
+                XQ, OUTQ, COS, SIN, b, s, t, poison, heads, HQ, t_stride, 0, sqb, sqs, sqh, soqb, soqs, soqh,
+                HALF, D, BLOCK_P, BLOCK_REST, INTERLEAVED, False, INPLACE, FP64,
+            )
+        else:
+            heads = (block - Q_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
+            slot = tl.load(SLOTS + b * slb + s * sls)
+            bad = (slot < 0) | (slot >= T)
+            if bad & (block == Q_BLOCKS):
+                tl.atomic_add(CACHE_FLAG, 1)  # the token's k and v are not written
+            heads_ok = tl.where(bad, 0, HK)  # no head of a bad slot is written
+            cb = b * cache_batch  # the cache's batch row: b, or 0 for one shared slot axis
+            kc_row = KC + cb * kcb + slot * kct
+            _rotate_heads(
+                XK, kc_row, COS, SIN, b, s, t, poison, heads, heads_ok, t_stride, 0, skb, sks, skh, 0, 0, kch,
+                HALF, D, BLOCK_P, BLOCK_REST, INTERLEAVED, False, False, FP64,
+            )
+            # then k's own output: in place it overwrites the k the cache row was made from
+            _rotate_heads(
+                XK, OUTK, COS, SIN, b, s, t, poison, heads, HK, t_stride, 0, skb, sks, skh, sokb, soks, sokh,
+                HALF, D, BLOCK_P, BLOCK_REST, INTERLEAVED, False, INPLACE, FP64,
+            )
+            channels = tl.arange(0, BLOCK_DV)
+            vmask = (heads < heads_ok)[:, None] & (channels < DV)[None, :]
+            values = tl.load(V + b * svb + s * svs + heads[:, None] * svh + channels[None, :], mask=vmask)
+            tl.store(VC + cb * vcb + slot * vct + heads[:, None] * vch + channels[None, :], values, mask=vmask)
 
     @triton.jit
     def _table_grad_kernel(
@@ -214,6 +271,47 @@ def _launch(rotation: Rotation, i: int, j: int | None) -> None:
         BLOCK_REST=triton.next_power_of_2(max(D - r, 1)),
         INTERLEAVED=rotation.interleaved, CONJUGATE=rotation.conjugate, HAS_POSITIONS=positions is not None,
         INPLACE=out.data_ptr() == x.data_ptr(), FP64=x.dtype == torch.float64,
+    )  # fmt: skip
+
+
+def rotate_and_cache_triton(
+    rotation: Rotation, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor
+) -> None:
+    """One launch: rotate ``xs[0]`` (q) and ``xs[1]`` (k) into their outs and write the rotated k and ``v``
+    into row ``slots[b, s]`` of the caches.
+
+    Shapes: q ``[B, S, Hq, D]``, k ``[B, S, Hk, D]``, v ``[B, S, Hk, Dv]`` (any strides, unit stride over
+    the last dim), caches ``[B or 1, T, Hk, D or Dv]``, ``slots`` int64 ``[B, S]``. A slot outside
+    ``0 .. T - 1`` writes nothing and sets the deferred-error flag of bad cache slots.
+    """
+    if triton is None:
+        raise RuntimeError("rotary: Triton is not installed")
+    (q, k), (out_q, out_k) = rotation.xs, rotation.outs
+    B, S, HQ, D = q.shape
+    HK, DV = k.shape[2], v.shape[3]
+    if B * S == 0:
+        return
+    r = rotation.rotary_dim
+    cos, sin = rotation.cos_sin(0)
+    positions = rotation.positions
+    block_h = min(triton.next_power_of_2(max(HQ, HK, 1)), 4)
+    q_blocks = triton.cdiv(HQ, block_h)
+    pos = positions if positions is not None else slots  # placeholder pointer, unused without positions
+    spb, sps = (positions.stride(0), positions.stride(1)) if positions is not None else (0, 0)
+    grid = (B * S, q_blocks + triton.cdiv(HK, block_h))
+    flags = deferred.flags(q.device)
+    _rotate_cache_kernel[grid](
+        q, out_q, k, out_k, v, k_cache, v_cache, cos, sin, pos, slots, flags, flags[deferred.CACHE_SLOT :],
+        S, HQ, HK, DV, q_blocks, cos.shape[0], rotation.batch_rows, spb, sps, slots.stride(0), slots.stride(1),
+        k_cache.shape[1], 1 if k_cache.shape[0] > 1 else 0,
+        cos.stride(0), q.stride(0), q.stride(1), q.stride(2), out_q.stride(0), out_q.stride(1), out_q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2), out_k.stride(0), out_k.stride(1), out_k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        HALF=r // 2, D=D, BLOCK_H=block_h, BLOCK_P=triton.next_power_of_2(r // 2),
+        BLOCK_REST=triton.next_power_of_2(max(D - r, 1)), BLOCK_DV=triton.next_power_of_2(DV),
+        INTERLEAVED=rotation.interleaved, HAS_POSITIONS=positions is not None,
+        INPLACE=out_q.data_ptr() == q.data_ptr(), FP64=q.dtype == torch.float64,
     )  # fmt: skip
 
 

@@ -1,0 +1,253 @@
+"""Fused operations for decoding and serving: RoPE together with writing the KV cache.
+
+:func:`rotate_and_cache` rotates q and k at the tokens' positions and writes the rotated keys and the
+values into a preallocated KV cache at given slots: on CUDA one Triton launch (it reads q, k, v once
+and writes q, k and the cache rows), elsewhere the same result from the rotation kernel and one
+indexed write per cache. It takes positions the way vLLM and FlashInfer do (per-token ``positions``
+and a ``cos_sin_cache``) as well as :class:`~rotary.tables.RotaryTables`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from . import deferred
+from .kernels import triton as triton_kernel
+from .kernels.contract import Rotation
+from .rotation import Layout, check_layout, plan, rotate, unview
+from .tables import RotaryTables, expand_pairs
+
+__all__ = ["rotate_and_cache", "tables_from_cos_sin_cache"]
+
+
+def tables_from_cos_sin_cache(
+    cos_sin_cache: torch.Tensor, positions: torch.Tensor, *, interleaved: bool = False
+) -> RotaryTables:
+    """The tokens' tables from vLLM's / FlashInfer's ``cos_sin_cache``.
+
+    Args:
+        cos_sin_cache: ``[max_position, r]``: row ``p`` holds ``cos(p θ_i)`` for the ``r/2`` pairs, then
+            ``sin(p θ_i)`` (one value per pair), fp32 (bf16/fp16 are widened).
+        positions: int64 ``[B, S]`` or ``[T]``: the position of every token (on the cache's device).
+        interleaved: the pairing of the heads the tables will rotate.
+
+    Returns:
+        :class:`RotaryTables` holding the tokens' own rows ``[B, S, r]`` (``[T, r]`` for ``[T]``), laid
+        out for ``interleaved``. Only the rows of these tokens are gathered, never the whole cache.
+
+    Example:
+        >>> import rotary
+        >>> cos, sin = rotary.RoPE(8).cos_sin(torch.arange(16))
+        >>> cache = torch.cat((cos[:, :4], sin[:, :4]), dim=-1)       # vLLM's layout, one value per pair
+        >>> t = tables_from_cos_sin_cache(cache, torch.tensor([[3, 4]]))
+        >>> torch.equal(t.cos[0], cos[3:5])
+        True
+    """
+    if not isinstance(cos_sin_cache, torch.Tensor) or cos_sin_cache.dim() != 2 or cos_sin_cache.shape[-1] % 2:
+        raise ValueError(
+            "cos_sin_cache must be [max_position, r] (cos of the r/2 pairs, then their sin), got "
+            f"{getattr(cos_sin_cache, 'shape', type(cos_sin_cache).__name__)}"
+        )
+    if not cos_sin_cache.is_floating_point():
+        raise TypeError(f"cos_sin_cache must be floating point, got {cos_sin_cache.dtype}")
+    if not isinstance(positions, torch.Tensor) or positions.is_floating_point() or positions.dim() not in (1, 2):
+        raise ValueError(f"positions must be an integer tensor [B, S] or [T], got {getattr(positions, 'shape', positions)!r}")
+    if positions.device != cos_sin_cache.device:
+        raise ValueError(f"positions are on {positions.device} but cos_sin_cache on {cos_sin_cache.device}; move one")
+    rows = cos_sin_cache.shape[0]
+    ids = positions.long()
+    if deferred.host_checks(ids.device) and not torch.compiler.is_compiling():
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= rows):
+            raise ValueError(
+                f"positions must be in 0 .. {rows - 1} (the rows of cos_sin_cache), got {int(ids.min())} .. {int(ids.max())}"
+            )
+        safe = ids
+        nan = None
+    else:  # no read: flagged, read as row 0, and NaN out (as the rotation kernels do)
+        outside = (ids < 0) | (ids >= rows)
+        deferred.record_positions(ids, outside)
+        safe = ids.masked_fill(outside, 0)
+        nan = torch.where(outside, float("nan"), 0.0)[..., None]
+    cos_half, sin_half = cos_sin_cache.float()[safe].chunk(2, dim=-1)  # [..., r/2]
+    if nan is not None:
+        cos_half = cos_half + nan
+    cos, sin = expand_pairs(cos_half, interleaved), expand_pairs(sin_half, interleaved)
+    if ids.dim() == 1:  # packed tokens [T]: the tables address them by row
+        return RotaryTables.unchecked(cos, sin, interleaved, rows=torch.arange(ids.shape[0], device=ids.device))
+    return RotaryTables.unchecked(cos, sin, interleaved)
+
+
+def rotate_and_cache(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    tables: RotaryTables | None = None,
+    *,
+    positions: torch.Tensor | None = None,
+    cos_sin_cache: torch.Tensor | None = None,
+    interleaved: bool = False,
+    layout: Layout = "bshd",
+    cache_layout: Literal["bshd", "bhsd"] = "bshd",
+    inplace: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate q and k, and write the rotated k and v into a preallocated KV cache, in one kernel on CUDA.
+
+    Token (b, s) is written to row ``slots[b, s]`` of cache batch row ``b`` (or of the only batch row,
+    for a cache with one: a flat or paged cache, viewed as ``[1, num_slots, Hk, D]``).
+
+    Args:
+        q: ``[B, S, Hq, D]`` (``layout="bshd"``) or ``[B, Hq, S, D]`` (``"bhsd"``); or packed ``[T, Hq, D]``.
+        k: the same layout with ``Hk`` heads (GQA).
+        v: like k, with any head size ``Dv``.
+        k_cache: ``[Bc, T_max, Hk, D]`` (``cache_layout="bshd"``) or ``[Bc, Hk, T_max, D]`` (``"bhsd"``),
+            ``Bc`` = B or 1; k's dtype.
+        v_cache: the same for values, ``Dv``.
+        slots: int64 ``[B, S]`` (packed: ``[T]``): the cache row each token is written to.
+        tables: from a table producer (``rope.tables(positions)``); or instead:
+        positions: int64 ``[B, S]`` / ``[T]`` with ``cos_sin_cache`` ``[max_position, r]`` (vLLM's and
+            FlashInfer's form: cos of the r/2 pairs, then their sin) and ``interleaved`` (the pairing).
+        layout: of q, k and v.
+        cache_layout: of the caches.
+        inplace: rotate q and k in place (and return them).
+
+    Returns:
+        ``(q_rot, k_rot)`` in q's and k's shapes; the caches are written in place.
+
+    Raises:
+        ValueError: naming what does not fit. A slot outside ``0 .. T_max - 1`` is an error on the CPU; on
+            an accelerator nothing is read: that token's k and v are not written and
+            :func:`rotary.check_device_errors` raises later.
+
+    Example:
+        >>> import rotary
+        >>> rope = rotary.RoPE(16)
+        >>> q, k, v = torch.randn(2, 1, 4, 16), torch.randn(2, 1, 2, 16), torch.randn(2, 1, 2, 16)
+        >>> k_cache, v_cache = torch.zeros(2, 8, 2, 16), torch.zeros(2, 8, 2, 16)
+        >>> lengths = torch.tensor([[3], [5]])                  # one new token per sequence, after 3 and 5 cached
+        >>> q_rot, k_rot = rotary.rotate_and_cache(q, k, v, k_cache, v_cache, lengths, rope.tables(lengths))
+        >>> torch.equal(k_cache[1, 5], k_rot[1, 0]) and torch.equal(v_cache[0, 3], v[0, 0])
+        True
+    """
+    for name, t in (("q", q), ("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache), ("slots", slots)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if (tables is None) == (cos_sin_cache is None):
+        raise ValueError("pass tables (rope.tables(positions)), or positions with cos_sin_cache, not both and not neither")
+    if cos_sin_cache is not None:
+        if positions is None:
+            raise ValueError("cos_sin_cache needs positions: int64 [B, S] (or [T]) giving each token's position")
+        tables = tables_from_cos_sin_cache(cos_sin_cache, positions, interleaved=interleaved)
+    elif positions is not None:
+        raise ValueError("positions go with cos_sin_cache; with tables, build them for the positions (rope.tables(positions))")
+    packed = q.dim() == 3
+    check_layout(layout)
+    check_layout(cache_layout)
+    # everything as [B, S, H, D] (packed: B = 1) and caches as [Bc, T_max, H, D]
+    qv, kv, vv = (t.unsqueeze(0) if packed else (t.transpose(1, 2) if layout == "bhsd" else t) for t in (q, k, v))
+    kc, vc = (c.transpose(1, 2) if cache_layout == "bhsd" and c.dim() == 4 else c for c in (k_cache, v_cache))
+    slot_ids = slots.unsqueeze(0) if packed and slots.dim() == 1 else slots
+    _check_shapes(qv, kv, vv, kc, vc, slot_ids)
+    rotation, _ = plan([q, k], tables, layout=layout, kinds=("q", "k"), names=("q", "k"))  # type: ignore[arg-type]
+    fused = (
+        q.device.type == "cuda"
+        and triton_kernel.available()
+        and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, rotation.cos[0], rotation.sin[0])))
+        and all(t.stride(-1) == 1 for t in (qv, kv, vv, kc, vc, *rotation.cos))
+        and rotation.cos[0].dim() == 2
+        and rotation.cos[0] is rotation.cos[1]
+    )
+    if fused and not inplace:
+        args = (rotation.cos[0], rotation.sin[0], rotation.positions, rotation.batch_rows, rotation.interleaved)
+        out_q, out_k = rotate_and_cache_op(qv, kv, vv, kc, vc, slot_ids, *args)  # one launch; torch.compile sees through
+        return unview(out_q, layout, packed), unview(out_k, layout, packed)
+    if fused and not torch.compiler.is_compiling():
+        triton_kernel.rotate_and_cache_triton(rotation.replace(outs=(qv, kv)), vv, kc, vc, slot_ids)
+        return q, k
+    q_rot, k_rot = rotate([q, k], tables, layout=layout, inplace=inplace, kinds=("q", "k"), names=("q", "k"))
+    k_new = k_rot.unsqueeze(0) if packed else (k_rot.transpose(1, 2) if layout == "bhsd" else k_rot)
+    _write_rows(kc, k_new, slot_ids)
+    _write_rows(vc, vv, slot_ids)
+    return q_rot, k_rot
+
+
+def _check_shapes(q, k, v, k_cache, v_cache, slots) -> None:
+    """q, k, v ``[B, S, H, D]``; caches ``[Bc, T, Hk, D]``; slots ``[B, S]``: do they fit each other?"""
+    batch, seq_len, heads, head_dim = k.shape
+    if k_cache.dim() != 4 or v_cache.dim() != 4:
+        raise ValueError(
+            f"k_cache and v_cache must be 4-D [B or 1, T_max, Hk, D] (cache_layout='bshd') or [B or 1, Hk, T_max, D] "
+            f"('bhsd'), got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
+    if v.shape[:3] != k.shape[:3]:
+        raise ValueError(f"v must have k's batch, length and heads {tuple(k.shape[:3])}, got {tuple(v.shape[:3])} (as [B, S, H])")
+    for name, cache, width in (("k_cache", k_cache, head_dim), ("v_cache", v_cache, v.shape[-1])):
+        if cache.shape[0] not in (1, batch) or cache.shape[2] != heads or cache.shape[3] != width:
+            raise ValueError(
+                f"{name} {tuple(cache.shape)} (as [Bc, T_max, H, D]) does not fit {batch} sequences of {heads} heads of "
+                f"{width} channels; make it [{batch} or 1, T_max, {heads}, {width}]"
+            )
+        if cache.dtype != (k.dtype if name == "k_cache" else v.dtype) or cache.device != k.device:
+            raise ValueError(f"{name} must have the dtype and device of {name[0]} ({k.dtype}, {k.device}), got {cache.dtype}, {cache.device}")
+    if k_cache.shape[:2] != v_cache.shape[:2]:
+        raise ValueError(f"k_cache and v_cache must have the same batch and length, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    if slots.shape != (batch, seq_len) or slots.dtype not in (torch.int64, torch.int32) or slots.device != k.device:
+        raise ValueError(
+            f"slots must be an int64 tensor [{batch}, {seq_len}] on {k.device} (the cache row of every token), got "
+            f"{tuple(slots.shape)} {slots.dtype} on {slots.device}"
+        )
+    if deferred.host_checks(slots.device) and slots.numel() and not torch.compiler.is_compiling():
+        low, high = int(slots.min()), int(slots.max())
+        if low < 0 or high >= k_cache.shape[1]:
+            raise ValueError(
+                f"slots must be in 0 .. {k_cache.shape[1] - 1} (the cache holds {k_cache.shape[1]} rows), got {low} .. "
+                f"{high}; make the cache longer or write fewer tokens"
+            )
+
+
+def _write_rows(cache: torch.Tensor, new: torch.Tensor, slots: torch.Tensor) -> None:
+    """``cache[b or 0, slots[b, s]] = new[b, s]`` for every token; on accelerators a slot outside the
+    cache writes nothing (the row is rewritten with what it held) and is flagged."""
+    slots = slots.long()
+    batch_rows = torch.arange(slots.shape[0], device=slots.device)[:, None].expand_as(slots)
+    if cache.shape[0] == 1:
+        batch_rows = torch.zeros_like(slots)
+    if not deferred.host_checks(slots.device) or torch.compiler.is_compiling():
+        bad = (slots < 0) | (slots >= cache.shape[1])
+        deferred.record(deferred.CACHE_SLOT, bad)
+        # a bad token rewrites the row it is clamped to with what that row holds (a token of the same call
+        # writing that row may then lose its write: flagged either way); the Triton kernel skips it
+        slots = slots.clamp(0, cache.shape[1] - 1)
+        new = torch.where(bad[..., None, None], cache[batch_rows, slots], new)
+    cache[batch_rows, slots] = new.to(cache.dtype)
+
+
+@torch.library.custom_op("rotary::rotate_and_cache", mutates_args=("k_cache", "v_cache"))
+def rotate_and_cache_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions: torch.Tensor | None,
+    batch_rows: int,
+    interleaved: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Triton launch of :func:`rotate_and_cache` as an op ``torch.compile`` can trace (``[B, S, H, D]``
+    views, caches ``[Bc, T, Hk, D]``, kernel tables ``[N, r]``); returns new ``(q_rot, k_rot)``."""
+    out_q, out_k = torch.empty_like(q), torch.empty_like(k)
+    rotation = Rotation((q, k), (out_q, out_k), (cos, cos), (sin, sin), positions, batch_rows, interleaved)
+    triton_kernel.rotate_and_cache_triton(rotation, v, k_cache, v_cache, slots)
+    return out_q, out_k
+
+
+@rotate_and_cache_op.register_fake
+def _(q, k, v, k_cache, v_cache, slots, cos, sin, positions, batch_rows, interleaved):
+    return torch.empty_like(q), torch.empty_like(k)

@@ -1,0 +1,248 @@
+"""``rotary.rotate_and_cache``: RoPE with the KV-cache write, against its unfused composition (rotate,
+then one indexed write per cache), bit for bit; the Triton kernel under the interpreter; bad slots."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from helpers import accelerator_rules
+
+import rotary
+from rotary import deferred
+from rotary.errors import DeviceInputError
+
+B, S, HQ, HK, D, T = 2, 3, 4, 2, 16, 10
+
+
+def _inputs(dtype, layout="bshd", dv=D, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shape = (lambda h, d: (B, S, h, d)) if layout == "bshd" else (lambda h, d: (B, h, S, d))
+    return tuple(torch.randn(shape(h, d), generator=g).to(dtype) for h, d in ((HQ, D), (HK, D), (HK, dv)))
+
+
+def _caches(dtype, cache_layout="bshd", batch=B, dv=D):
+    shape = (lambda d: (batch, T, HK, d)) if cache_layout == "bshd" else (lambda d: (batch, HK, T, d))
+    return torch.full(shape(D), 7.0, dtype=dtype), torch.full(shape(dv), 7.0, dtype=dtype)
+
+
+SLOTS = torch.tensor([[4, 5, 6], [0, 1, 9]])
+
+
+def _composition(q, k, v, k_cache, v_cache, slots, tables, layout, cache_layout):
+    """What a user writes without the fused op: rotate, then index the caches."""
+    q_rot, k_rot = rotary.rotate([q, k], tables, layout=layout, kinds=("q", "k"))
+    as_bshd = (lambda t: t.transpose(1, 2)) if layout == "bhsd" else (lambda t: t)
+    kc = k_cache.transpose(1, 2) if cache_layout == "bhsd" else k_cache
+    vc = v_cache.transpose(1, 2) if cache_layout == "bhsd" else v_cache
+    rows = torch.arange(B)[:, None].expand(B, S) if kc.shape[0] > 1 else torch.zeros_like(slots)
+    kc[rows, slots] = as_bshd(k_rot)
+    vc[rows, slots] = as_bshd(v)
+    return q_rot, k_rot
+
+
+CASES = list(
+    itertools.product(
+        (torch.float32, torch.bfloat16, torch.float16), (False, True), ("bshd", "bhsd"), ("bshd", "bhsd"), (16, 12),
+    )
+)
+
+
+@pytest.mark.parametrize(("dtype", "interleaved", "layout", "cache_layout", "rotary_dim"), CASES)
+def test_rotate_and_cache_equals_rotate_then_write(dtype, interleaved, layout, cache_layout, rotary_dim):
+    rope = rotary.RoPE(D, interleaved=interleaved, rotary_dim=rotary_dim)
+    positions = torch.tensor([[3, 4, 5], [7, 8, 9]])
+    tables = rope.tables(positions)
+    q, k, v = _inputs(dtype, layout)
+    want_caches = _caches(dtype, cache_layout)
+    want = _composition(q, k, v, *want_caches, SLOTS, tables, layout, cache_layout)
+    got_caches = _caches(dtype, cache_layout)
+    got = rotary.rotate_and_cache(q, k, v, *got_caches, SLOTS, tables, layout=layout, cache_layout=cache_layout)
+    for g, w in zip((*got, *got_caches), (*want, *want_caches)):
+        assert torch.equal(g, w)
+
+
+def test_the_vllm_form_equals_the_tables_form():
+    rope = rotary.RoPE(D, rotary_dim=12)
+    cos, sin = rope.cos_sin(torch.arange(32))
+    cos_sin_cache = torch.cat((cos[:, :6], sin[:, :6]), dim=-1)  # one value per pair, cos then sin
+    positions = torch.tensor([[3, 4, 5], [7, 8, 31]])
+    q, k, v = _inputs(torch.bfloat16)
+    a_caches, b_caches = _caches(torch.bfloat16), _caches(torch.bfloat16)
+    a = rotary.rotate_and_cache(q, k, v, *a_caches, SLOTS, rope.tables(positions))
+    b = rotary.rotate_and_cache(q, k, v, *b_caches, SLOTS, positions=positions, cos_sin_cache=cos_sin_cache)
+    for x, y in zip((*a, *a_caches), (*b, *b_caches)):
+        assert torch.equal(x, y)
+
+
+def test_packed_tokens_into_one_flat_cache_with_a_value_head_size_of_its_own():
+    rope = rotary.RoPE(D)
+    q, k = torch.randn(5, HQ, D), torch.randn(5, HK, D)
+    v = torch.randn(5, HK, 8)
+    k_cache, v_cache = torch.zeros(1, 12, HK, D), torch.zeros(1, 12, HK, 8)  # one slot axis (vLLM's flat cache)
+    slots = torch.tensor([11, 0, 3, 4, 7])
+    positions = torch.tensor([0, 1, 0, 1, 2])  # two packed sequences
+    q_rot, k_rot = rotary.rotate_and_cache(q, k, v, k_cache, v_cache, slots, rope.tables(rotary.positions.from_ids(positions, packed=True)))
+    want_q, want_k = (rope.rotate(t.unsqueeze(0), position_ids=positions, layout="bshd")[0] for t in (q, k))
+    assert torch.equal(q_rot, want_q) and torch.equal(k_rot, want_k)
+    assert torch.equal(k_cache[0, slots], want_k) and torch.equal(v_cache[0, slots], v)
+    untouched = torch.ones(12, dtype=torch.bool)
+    untouched[slots] = False
+    assert (k_cache[0, untouched] == 0).all()
+
+
+def test_in_place_and_m_rope_tables():
+    mrope = rotary.MRoPE(D, mrope_section=[2, 3, 3])
+    ids = torch.stack([torch.arange(S).expand(B, S), torch.arange(S).flip(0).expand(B, S), torch.ones(B, S, dtype=torch.long)])
+    tables = mrope.tables(ids)  # per-token [B, S, r]
+    q, k, v = _inputs(torch.float32)
+    want_caches = _caches(torch.float32)
+    want = _composition(q, k, v, *want_caches, SLOTS, tables, "bshd", "bshd")
+    got_caches = _caches(torch.float32)
+    qi, ki = q.clone(), k.clone()
+    got = rotary.rotate_and_cache(qi, ki, v, *got_caches, SLOTS, tables, inplace=True)
+    assert got[0] is qi and got[1] is ki
+    for g, w in zip((*got, *got_caches), (*want, *want_caches)):
+        assert torch.equal(g, w)
+
+
+def test_gradients_flow_to_q_and_k_as_through_rotate():
+    rope = rotary.RoPE(D)
+    tables = rope.tables(torch.arange(S))
+    q, k, v = (t.requires_grad_() for t in _inputs(torch.float32))
+    q_rot, k_rot = rotary.rotate_and_cache(q, k, v, *_caches(torch.float32), SLOTS, tables)
+    (q_rot.square().sum() + k_rot.sum()).backward()
+    q2, k2 = (t.detach().clone().requires_grad_() for t in (q, k))
+    a, b = rotary.rotate([q2, k2], tables, layout="bshd", kinds=("q", "k"))
+    (a.square().sum() + b.sum()).backward()
+    assert torch.equal(q.grad, q2.grad) and torch.equal(k.grad, k2.grad)
+
+
+def test_compiled_equals_eager():
+    rope = rotary.RoPE(D).prepare(64)
+    positions = torch.tensor([[3, 4, 5], [7, 8, 9]])
+
+    def step(q, k, v, kc, vc, slots, pos):
+        return rotary.rotate_and_cache(q, k, v, kc, vc, slots, rope.tables(pos))
+
+    q, k, v = _inputs(torch.float32)
+    want_caches, got_caches = _caches(torch.float32), _caches(torch.float32)
+    want = step(q, k, v, *want_caches, SLOTS, positions)
+    torch._dynamo.reset()
+    got = torch.compile(step, backend="aot_eager", fullgraph=True)(q, k, v, *got_caches, SLOTS, positions)
+    for g, w in zip((*got, *got_caches), (*want, *want_caches)):
+        assert torch.equal(g, w)
+
+
+def test_bad_slots_are_named_on_the_cpu_and_deferred_on_an_accelerator():
+    rope = rotary.RoPE(D)
+    tables = rope.tables(torch.arange(S))
+    q, k, v = _inputs(torch.float32)
+    bad = torch.tensor([[4, 5, 6], [0, 1, T]])
+    with pytest.raises(ValueError, match=rf"slots must be in 0 .. {T - 1}.*got 0 .. {T}"):
+        rotary.rotate_and_cache(q, k, v, *_caches(torch.float32), bad, tables)
+    caches = _caches(torch.float32)
+    with accelerator_rules():
+        rotary.rotate_and_cache(q, k, v, *caches, bad, tables)
+    with pytest.raises(DeviceInputError, match="KV-cache slots outside the cache"):
+        deferred.check_device_errors()
+    want = _caches(torch.float32)
+    _composition(q, k, v, *want, torch.tensor([[4, 5, 6], [0, 1, 9]]), tables, "bshd", "bshd")
+    assert torch.equal(caches[0][:, :9], want[0][:, :9]) and torch.equal(caches[0][1, 9], torch.full((HK, D), 7.0))
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (dict(k_cache=torch.zeros(B, T, HK + 1, D)), r"k_cache \(2, 10, 3, 16\).*does not fit"),
+        (dict(slots=torch.zeros(B, S + 1, dtype=torch.long)), r"slots must be an int64 tensor \[2, 3\]"),
+        (dict(tables=None), "pass tables .* or positions with cos_sin_cache"),
+        (dict(v=torch.zeros(B, S, HK + 1, D)), "v must have k's batch, length and heads"),
+        (dict(k_cache=torch.zeros(B, T, HK, D, dtype=torch.float64)), "k_cache must have the dtype and device of k"),
+    ],
+)
+def test_mismatched_arguments_are_named(change, match):
+    q, k, v = _inputs(torch.float32)
+    kc, vc = _caches(torch.float32)
+    args = dict(q=q, k=k, v=v, k_cache=kc, v_cache=vc, slots=SLOTS, tables=rotary.RoPE(D).tables(torch.arange(S)))
+    args.update(change)
+    with pytest.raises(ValueError, match=match):
+        rotary.rotate_and_cache(**args)
+
+
+def test_no_host_read_on_an_accelerator():
+    rope = rotary.RoPE(D).prepare(64)
+    q, k, v = _inputs(torch.bfloat16)
+    positions = torch.tensor([[3, 4, 5], [7, 8, 9]])
+    want_caches, got_caches = _caches(torch.bfloat16), _caches(torch.bfloat16)
+    want = rotary.rotate_and_cache(q, k, v, *want_caches, SLOTS, rope.tables(positions))
+    with accelerator_rules():
+        got = rotary.rotate_and_cache(q, k, v, *got_caches, SLOTS, rope.tables(positions))
+    for g, w in zip((*got, *got_caches), (*want, *want_caches)):
+        assert torch.equal(g, w)
+    deferred.check_device_errors()
+
+
+TRITON = textwrap.dedent(
+    """
+    import itertools, torch, rotary
+    import rotary.kernels.eager
+    from rotary import deferred
+    from rotary.kernels import triton as tk
+    from rotary.rotation import plan
+
+    def bf16_truncated(t):  # the interpreter casts fp32 -> bf16 by truncation (a GPU rounds to nearest)
+        return (t.float().view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)
+
+    B, S, HQ, HK, D, T = 2, 3, 3, 2, 8, 6
+    checked = 0
+    for dtype, interleaved, r, positions_kind, inplace, shared in itertools.product(
+        (torch.float32, torch.bfloat16), (False, True), (8, 6), ("rows", "tokens"), (False, True), (False, True),
+    ):
+        g = torch.Generator().manual_seed(checked)
+        rope = rotary.RoPE(D, interleaved=interleaved, rotary_dim=r)
+        ids = torch.tensor([[0, 5, 2], [7, 1, 3]])
+        tables = rope.tables(ids) if positions_kind == "rows" else rope.tables(rotary.positions.arange(S, offset=2))
+        base = torch.randn(B, S, HQ + 2 * HK, D, generator=g).to(dtype)
+        q, k, v = base[:, :, :HQ], base[:, :, HQ:HQ + HK], base[:, :, HQ + HK:] * 1
+        v = torch.randn(B, S, HK, 5, generator=g).to(dtype)  # values of another head size
+        slots = torch.tensor([[0, 1, 2], [5, -1, 6]])  # -1 and 6 are outside the cache of 6 rows
+        bc = 1 if shared else B
+        kc, vc = torch.zeros(bc, T, HK, D, dtype=dtype), torch.zeros(bc, T, HK, 5, dtype=dtype)
+        rotation, _ = plan([q, k], tables, layout="bshd", kinds=("q", "k"), names=("q", "k"))
+        wide = tuple(x.float() for x in rotation.xs)
+        expected = tuple(torch.empty_like(x) for x in wide)
+        rotary.kernels.eager.run_torch(rotation.replace(xs=wide, outs=expected))
+        want_q, want_k = (bf16_truncated(t) if dtype == torch.bfloat16 else t for t in expected)
+        outs = (q.clone(), k.clone()) if inplace else (torch.empty_like(q), torch.empty_like(k))
+        if inplace:
+            rotation = rotation.replace(xs=outs)
+        tk.rotate_and_cache_triton(rotation.replace(outs=outs), v, kc, vc, slots)
+        assert torch.equal(outs[0], want_q) and torch.equal(outs[1], want_k), (dtype, interleaved, r, positions_kind, inplace)
+        flags = deferred.flags(q.device).clone()
+        deferred.flags(q.device).zero_()
+        assert flags[deferred.CACHE_SLOT] == 2, flags
+        rows = torch.arange(B)[:, None].expand(B, S) if bc > 1 else torch.zeros(B, S, dtype=torch.long)
+        good = (slots >= 0) & (slots < T)
+        assert torch.equal(kc[rows[good], slots[good]], want_k[good]) and torch.equal(vc[rows[good], slots[good]], v[good])
+        written = torch.zeros(bc, T, dtype=torch.bool)
+        written[rows[good], slots[good]] = True
+        assert (kc[~written] == 0).all() and (vc[~written] == 0).all()
+        checked += 1
+    print("checked", checked)
+    """
+)
+
+
+@pytest.mark.slow
+def test_triton_rotate_and_cache_under_the_interpreter():
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-c", TRITON], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "checked 64" in done.stdout

@@ -30,14 +30,14 @@ def _inputs(dtype=torch.bfloat16, layout="bhsd", seed=0):
     return (torch.randn(shape(HQ), generator=g, device="cuda").to(dtype), torch.randn(shape(HK), generator=g, device="cuda").to(dtype))
 
 
-def _calls() -> dict[str, tuple[Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]], str]]:
-    """name -> (call(q, k) -> outputs, layout of q and k)."""
-    rope = rotary.RoPE(D).to(CUDA).prepare(4096, device=CUDA)
-    rope_i = rotary.RoPE(D, interleaved=True, rotary_dim=48).prepare(4096, device=CUDA)
-    ids = torch.arange(S, device=CUDA).expand(B, S) + torch.tensor([[0], [100]], device=CUDA)
-    cos, sin = (t.to(CUDA) for t in rope.cos_sin(torch.arange(4096)))
+def _calls(device: torch.device) -> dict[str, tuple[Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]], str]]:
+    """name -> (call(q, k) -> outputs, layout of q and k), with every tensor the calls hold on ``device``."""
+    rope = rotary.RoPE(D).to(device).prepare(4096, device=device)
+    rope_i = rotary.RoPE(D, interleaved=True, rotary_dim=48).prepare(4096, device=device)
+    ids = torch.arange(S, device=device).expand(B, S) + torch.tensor([[0], [100]], device=device)
+    cos, sin = (t.to(device) for t in rope.cos_sin(torch.arange(4096)))
     cos_s, sin_s = cos[:S].clone(), sin[:S].clone()
-    offsets = torch.tensor([3, 7], device=CUDA)
+    offsets = torch.tensor([3, 7], device=device)
     return {
         "rope(q, k)": (lambda q, k: rope(q, k), "bhsd"),
         "rope(q, k, offset)": (lambda q, k: rope(q, k, offset=1234), "bhsd"),
@@ -53,14 +53,14 @@ def _calls() -> dict[str, tuple[Callable[[torch.Tensor, torch.Tensor], tuple[tor
 NAMES = [
     "rope(q, k)", "rope(q, k, offset)", "rope(q, k, position_ids)", "rope interleaved partial, bshd, position_ids",
     "rope(q, k, inplace)", "apply_rotary, caller tables", "apply_rotary, position_ids", "apply_rotary, seqlen_offsets",
-]  # the keys of _calls(), which needs a GPU to build
+]  # the keys of _calls(device), which needs a GPU to build for CUDA
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_hot_path_equals_the_cpu_and_never_synchronises(name):
-    call, layout = _calls()[name]
+    call, layout = _calls(CUDA)[name]
     q, k = _inputs(torch.float32, layout)
-    want = call(q.cpu(), k.cpu()) if "inplace" not in name else call(q.cpu().clone(), k.cpu().clone())
+    want = _calls(torch.device("cpu"))[name][0](q.cpu().clone(), k.cpu().clone())
     call(q.clone(), k.clone())  # warm-up: Triton compiles, tables and flags are made
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
@@ -76,7 +76,7 @@ def test_hot_path_equals_the_cpu_and_never_synchronises(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_hot_path_is_captured_in_a_cuda_graph_and_replays_like_eager(name):
-    call, layout = _calls()[name]
+    call, layout = _calls(CUDA)[name]
     q, k = _inputs(torch.bfloat16, layout)
     static_q, static_k = q.clone(), k.clone()
     stream = torch.cuda.Stream()

@@ -356,10 +356,11 @@ class RoPE(nn.Module):
         copy_._rotary_version = copy_._version  # in-place ops bump it, also through views and detach()
         self._buffers["inv_freq"] = copy_
 
-    def _check_inv_freq(self) -> None:
+    def _check_inv_freq(self, eager: bool = False) -> None:
         """Raise if ``inv_freq`` was edited in place (its version moved): the tables would ignore the edit.
-        Not under ``torch.compile`` (a graph does not read version counters; the next eager call checks)."""
-        if torch.compiler.is_compiling():
+        Not under ``torch.compile`` (a graph does not read version counters; the next eager call checks);
+        ``eager=True``: the caller knows it is not compiling."""
+        if not eager and torch.compiler.is_compiling():
             return
         buffer = self._buffers.get("inv_freq")
         if buffer is not None and getattr(buffer, "_rotary_version", None) == buffer._version:
@@ -672,10 +673,11 @@ class RoPE(nn.Module):
         """
         if type(offset) is not int or offset < 0 or type(inplace) is not bool or not self._fast_ok:
             return None
-        self._check_inv_freq()
+        seq_axis = decode_seq_axis(q, k, layout)  # None under torch.compile
         cache = self._caches.get("original")
-        if cache is None or decode_seq_axis(q, k, layout) is None:
+        if cache is None or seq_axis is None:
             return None
+        self._check_inv_freq(eager=True)
         ids = None
         if position_ids is not None:
             if type(position_ids) is Positions:
@@ -689,14 +691,15 @@ class RoPE(nn.Module):
                 ids = position_ids
             else:
                 return None
-        seq_len = q.shape[decode_seq_axis(q, k, layout)]  # type: ignore[index]
+        seq_len = q.shape[seq_axis]
         if type(position_ids) is Positions and position_ids.seq_len != seq_len:
             return None
-        cached = cache.cpu(0 if ids is not None else offset + seq_len)
+        needed = 0 if ids is not None else offset + seq_len
+        cached = cache.cpu(needed) if q.is_cpu else cache.ready(q.device, needed)
         if cached is None:
             return None
         out = decode_fast(
-            q, k, cached[0], cached[1], layout=layout, interleaved=self.interleaved, inplace=inplace,
+            q, k, cached[0], cached[1], seq_axis, interleaved=self.interleaved, inplace=inplace,
             head_dim=self.original_freqs.head_dim, offset=offset, rows=ids,
         )  # fmt: skip
         return (out[0], out[1]) if out else None

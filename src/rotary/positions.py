@@ -252,6 +252,7 @@ def from_ids(
     packed: bool = False,
     device: torch.device | None = None,
     name: str = "position_ids",
+    kernel_checked: bool = False,
 ) -> Positions:
     """Validate explicit positions.
 
@@ -265,6 +266,8 @@ def from_ids(
         packed: ids are per packed token ``[T]``.
         device: move the ids there.
         name: the argument's name, for messages.
+        kernel_checked: the ids only address rotation tables, whose kernels check every id against
+            the table (negative ones included): on accelerators no separate deferred check is made.
 
     Returns:
         :class:`Positions` with int64 ids and the exact ``bound`` (one device read of min and max).
@@ -295,7 +298,7 @@ def from_ids(
                     "rotate: use rotary.MRoPE, or pass one row (ids[0]) for text"
                 )
             raise ValueError(f"{name} must be {want}, got shape {tuple(ids.shape)}{hint}")
-        bound = _read_range(ids, name)
+        bound = None if kernel_checked and not deferred.host_checks(ids.device) else _read_range(ids, name)
         if bound is not None:
             _check_max_position(bound - 1, name)
         positions = Positions.unchecked(ids.long(), bound, axes, None, packed)
@@ -483,7 +486,7 @@ def from_call(
         return from_ids(positions.ids + starts[sequence], packed=True)
     if position_ids is not None:
         # their fit to [B, S] (or [T]) is checked where the layout is known, to name the layout that fits
-        return from_ids(position_ids, packed=packed and _rank(position_ids) == 1, device=device)
+        return from_ids(position_ids, packed=packed and _rank(position_ids) == 1, device=device, kernel_checked=True)
     if packed and (seqlen_offsets is not None or default):
         what = "seqlen_offsets with packed inputs needs" if seqlen_offsets is not None else "packed [total_tokens, H, D] inputs need"
         raise ValueError(f"{what} cu_seqlens or per-token position_ids [total_tokens] (with cu_seqlens, positions restart per sequence)")
@@ -492,7 +495,7 @@ def from_call(
         ids = starts[:, None] + torch.arange(seq_len, device=device)
         if isinstance(seqlen_offsets, int):  # one host-known start: a bound without reading anything
             return Positions.unchecked(ids, seqlen_offsets + seq_len, exact=True)
-        return from_ids(ids, name="seqlen_offsets")
+        return from_ids(ids, name="seqlen_offsets", kernel_checked=True)
     if not default:
         return None
     check_int(offset, "offset", minimum=0)
@@ -511,7 +514,8 @@ def _offsets(seqlen_offsets: int | torch.Tensor, count: int, device: torch.devic
                 f"seqlen_offsets must be an int or an integer tensor [{count}] (one per sequence), got shape "
                 f"{tuple(seqlen_offsets.shape)}"
             )
-        return from_ids(seqlen_offsets, name="seqlen_offsets").ids.to(device)
+        # a negative offset makes negative positions, which the rotation kernels check
+        return from_ids(seqlen_offsets, name="seqlen_offsets", kernel_checked=True).ids.to(device)
     check_int(seqlen_offsets, "seqlen_offsets", minimum=0)
     return torch.full((count,), seqlen_offsets, dtype=torch.int64, device=device)
 

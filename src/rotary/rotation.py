@@ -17,6 +17,7 @@ import torch
 
 from ._checks import check_bool, check_positive_int
 from .kernels import dispatch
+from .kernels import triton as triton_kernel
 from .kernels.contract import Rotation
 from .kernels.extension import load_cpu_extension
 from .kernels.ops import TRANSFORMED, transformed
@@ -268,8 +269,8 @@ def _needs_grad(xs: Sequence[torch.Tensor], tables: RotaryTables) -> bool:
 def decode_seq_axis(q: torch.Tensor, k: torch.Tensor, layout: str) -> int | None:
     """The sequence axis of 4-D ``q``/``k`` when the decoding fast path may take them, else ``None``.
 
-    The path is for plain CPU tensors (no subclass) without autograd or ``torch.compile``, in ``"bhsd"``
-    or ``"bshd"``; the kernel's ``rope_decode`` checks everything else in C++.
+    The path is for plain CPU or CUDA tensors (no subclass) without autograd or ``torch.compile``, in
+    ``"bhsd"`` or ``"bshd"``; :func:`decode_fast` checks everything else.
 
     Example:
         >>> decode_seq_axis(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4), "bhsd")
@@ -278,7 +279,7 @@ def decode_seq_axis(q: torch.Tensor, k: torch.Tensor, layout: str) -> int | None
     if (
         type(q) is not torch.Tensor
         or type(k) is not torch.Tensor
-        or q.device.type != "cpu"
+        or not (q.is_cpu or q.is_cuda)
         or q.dim() != 4
         or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
         or torch.compiler.is_compiling()
@@ -310,8 +311,8 @@ def decode_fast(
     k: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
+    seq_axis: int,
     *,
-    layout: str,
     interleaved: bool,
     inplace: bool,
     head_dim: int | None = None,
@@ -322,21 +323,77 @@ def decode_fast(
     """The decoding fast path, for :meth:`rotary.RoPE.forward` and :func:`rotate` alike: q and k straight
     to the CPU kernel's ``rope_decode``, or ``None``.
 
-    Taken for plain CPU tensors without autograd or ``torch.compile`` (:func:`decode_seq_axis`) and
-    fp32 tables ``[N, r]``: token (b, s) reads row ``offset + s``, ``rows[b, s]`` when ``rows`` is
-    given, or ``b * batch_rows + s``. ``rope_decode`` checks everything else in C++ (4-D tensors of
-    one dtype, unit channel stride, matching B/S/D, rows inside the table, no overlap in place) and
-    does nothing when a check fails: ``None`` here, and the general path runs with its messages.
+    Taken for plain CPU or CUDA tensors without autograd or ``torch.compile`` (``seq_axis`` from
+    :func:`decode_seq_axis`, which says whether the path may be taken) and fp32 tables ``[N, r]``: token (b, s) reads row ``offset + s``, ``rows[b, s]`` when ``rows`` is
+    given, or ``b * batch_rows + s``. On the CPU, ``rope_decode`` checks everything else in C++ (4-D
+    tensors of one dtype, unit channel stride, matching B/S/D, rows inside the table, no overlap in
+    place); on CUDA a few host-side comparisons of shapes do (rows are checked in the Triton kernel, as
+    on the general path). When a check fails: ``None``, and the general path runs with its messages.
+    The point is the host time of a decoding step: no Positions, tables or plan are made.
     """
-    seq_axis = decode_seq_axis(q, k, layout)
-    if seq_axis is None:
-        return None
+    if q.is_cuda:
+        return _decode_triton(q, k, cos, sin, seq_axis, interleaved, inplace, head_dim, offset, rows, batch_rows)
     ext = load_cpu_extension()
     if ext is None:
         return None
     width = q.shape[-1] if head_dim is None else head_dim
     out = ext.rope_decode(q, k, cos, sin, offset, rows, seq_axis, width, interleaved, inplace, batch_rows)
     return list(out) if out else None
+
+
+_FAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _decode_triton(q, k, cos, sin, seq_axis, interleaved, inplace, head_dim, offset, rows, batch_rows) -> list[torch.Tensor] | None:
+    """:func:`decode_fast` on CUDA: the checks ``rope_decode`` makes in C++, then one Triton launch."""
+    if not triton_kernel.available() or k.dim() != 4 or cos.dim() != 2:
+        return None
+    batch, seq_len, width = q.shape[0], q.shape[seq_axis], q.shape[-1]
+    r = cos.shape[-1]
+    if (
+        q.dtype not in _FAST_DTYPES
+        or k.dtype != q.dtype
+        or k.device != q.device
+        or cos.device != q.device
+        or cos.dtype is not torch.float32
+        or sin.shape != cos.shape
+        or sin.stride() != cos.stride()
+        or cos.stride(-1) != 1
+        or q.stride(-1) != 1
+        or k.stride(-1) != 1
+        or k.shape[0] != batch
+        or k.shape[seq_axis] != seq_len
+        or k.shape[-1] != width
+        or (head_dim is not None and width != head_dim)
+        or r % 2
+        or r > width
+        or (cos.requires_grad or sin.requires_grad) and torch.is_grad_enabled()
+    ):
+        return None
+    if rows is None:
+        if batch_rows == 0 and offset + seq_len > cos.shape[0]:
+            return None  # the general path grows the tables (or names the error)
+        positions = None
+        if offset:
+            cos, sin = cos[offset:], sin[offset:]
+    else:
+        if offset or rows.dtype is not torch.int64 or rows.device != q.device or rows.shape[-1] != seq_len:
+            return None
+        if rows.dim() == 2 and rows.shape[0] not in (1, batch) or rows.dim() not in (1, 2):
+            return None
+        positions = rows.expand(batch, seq_len)
+    if inplace and (
+        torch._debug_has_internal_overlap(q) != 0
+        or torch._debug_has_internal_overlap(k) != 0
+        or shares_elements(q, k)
+    ):
+        return None
+    qv, kv = (q.transpose(1, 2), k.transpose(1, 2)) if seq_axis == 2 else (q, k)
+    outs = (qv, kv) if inplace else (torch.empty_like(qv), torch.empty_like(kv))
+    triton_kernel.run_triton(Rotation((qv, kv), outs, (cos, cos), (sin, sin), positions, batch_rows, interleaved))
+    if inplace:
+        return [q, k]
+    return [o.transpose(1, 2) for o in outs] if seq_axis == 2 else list(outs)
 
 
 def _fast_pair(
@@ -370,7 +427,7 @@ def _fast_pair(
         cos, sin = _flatten((cos, sin), tables, q.shape[0])
     elif rows is None and cos.shape[0] != q.shape[seq_axis]:
         return None
-    return decode_fast(q, k, cos, sin, layout=layout, interleaved=tables.interleaved, inplace=inplace, rows=rows, batch_rows=batch_rows)
+    return decode_fast(q, k, cos, sin, seq_axis, interleaved=tables.interleaved, inplace=inplace, rows=rows, batch_rows=batch_rows)
 
 
 def _inplace_target(

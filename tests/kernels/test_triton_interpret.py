@@ -144,3 +144,60 @@ def test_positions_outside_the_table_are_nan_and_flagged_by_both_gpu_paths():
     done = subprocess.run([sys.executable, "-c", OUTSIDE], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "outside ok" in done.stdout
+
+
+FAST = textwrap.dedent(
+    """
+    import itertools, torch, rotary
+    from rotary.rotation import _decode_triton
+
+    # the CUDA branch of the decoding fast path, run on CPU tensors by the interpreter, against the
+    # general path (fp32: the interpreter rounds to bf16 by truncation, a GPU to nearest)
+    checked = 0
+    for interleaved, r, layout, kind, inplace in itertools.product(
+        (False, True), (8, 6), ("bhsd", "bshd"), ("offset", "rows_1d", "rows_2d", "per_token"), (False, True),
+    ):
+        g = torch.Generator().manual_seed(checked)
+        rope = rotary.RoPE(8, interleaved=interleaved, rotary_dim=r)
+        B, S = 2, 3
+        shape = (lambda h: (B, h, S, 8)) if layout == "bhsd" else (lambda h: (B, S, h, 8))
+        q, k = torch.randn(shape(3), generator=g), torch.randn(shape(1), generator=g)
+        seq_axis = 2 if layout == "bhsd" else 1
+        cos, sin = rope.cos_sin(torch.arange(16))
+        offset, rows, batch_rows = 0, None, 0
+        if kind == "offset":
+            offset = 5
+            want = rope(q, k, offset=5, layout=layout)
+        elif kind == "per_token":  # [B, S, r] tables flattened to [B * S, r], row b * S + s
+            ids = torch.tensor([[1, 2, 3], [9, 9, 0]])
+            cos, sin = rope.cos_sin(ids)
+            cos, sin, batch_rows = cos.flatten(0, 1), sin.flatten(0, 1), S
+            want = rope(q, k, position_ids=ids, layout=layout)
+        else:
+            rows = torch.tensor([4, 0, 15]) if kind == "rows_1d" else torch.tensor([[4, 0, 15], [2, 2, 7]])
+            want = rope(q, k, position_ids=rows, layout=layout)
+        qi, ki = (q.clone(), k.clone()) if inplace else (q, k)
+        got = _decode_triton(qi, ki, cos, sin, seq_axis, interleaved, inplace, None, offset, rows, batch_rows)
+        assert got is not None, (interleaved, r, layout, kind)
+        if inplace:
+            assert got[0] is qi and got[1] is ki
+        for a, b in zip(got, want):
+            assert torch.equal(a, b), (interleaved, r, layout, kind, inplace, (a - b).abs().max())
+        checked += 1
+    # what the path leaves to the general path: tables too short for the offset, int32 rows, overlap
+    cos, sin = rotary.RoPE(8).cos_sin(torch.arange(4))
+    q = torch.randn(1, 2, 3, 8)
+    assert _decode_triton(q, q[:, :1], cos, sin, 2, False, False, None, 2, None, 0) is None
+    assert _decode_triton(q, q[:, :1], cos, sin, 2, False, False, None, 0, torch.tensor([0, 1, 2], dtype=torch.int32), 0) is None
+    assert _decode_triton(q, q[:, :1], cos, sin, 2, False, True, None, 0, None, 0) is None  # k is part of q
+    print("fast ok", checked)
+    """
+)
+
+
+@pytest.mark.slow
+def test_the_cuda_decoding_fast_path_equals_the_general_path():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-c", FAST], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "fast ok 64" in done.stdout

@@ -239,6 +239,13 @@ def run_triton(rotation: Rotation) -> None:
             _launch(rotation, first, second)
 
 
+def _heads_per_program(x: torch.Tensor, hq: int, hk: int) -> int:
+    """Heads one program rotates: about 4 KiB of one token's q or k per program (16 bf16 heads of 128
+    channels, 8 in fp32), so that each thread moves 16-byte vectors; never more than the heads there are."""
+    per_head = x.shape[-1] * x.element_size()
+    return max(1, min(triton.next_power_of_2(max(hq, hk, 1)), triton.next_power_of_2(max(4096 // per_head, 1))))
+
+
 def _launch(rotation: Rotation, i: int, j: int | None) -> None:
     """One launch rotating ``xs[i]`` (and ``xs[j]``)."""
     r = rotation.rotary_dim
@@ -255,7 +262,7 @@ def _launch(rotation: Rotation, i: int, j: int | None) -> None:
     if B * S == 0 or HQ + HK == 0:
         return
     cos, sin = rotation.cos_sin(i)
-    block_h = min(triton.next_power_of_2(max(HQ, HK, 1)), 4)
+    block_h = _heads_per_program(x, HQ, HK)
     q_blocks = triton.cdiv(HQ, block_h)
     pos = positions if positions is not None else cos  # placeholder pointer, unused without positions
     spb, sps = (positions.stride(0), positions.stride(1)) if positions is not None else (0, 0)
@@ -294,7 +301,7 @@ def rotate_and_cache_triton(
     r = rotation.rotary_dim
     cos, sin = rotation.cos_sin(0)
     positions = rotation.positions
-    block_h = min(triton.next_power_of_2(max(HQ, HK, 1)), 4)
+    block_h = _heads_per_program(q, HQ, HK)
     q_blocks = triton.cdiv(HQ, block_h)
     pos = positions if positions is not None else slots  # placeholder pointer, unused without positions
     spb, sps = (positions.stride(0), positions.stride(1)) if positions is not None else (0, 0)

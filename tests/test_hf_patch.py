@@ -72,8 +72,8 @@ def attention_modules(model):
 def rotate_calls(monkeypatch):
     """Counts the tensors rotary rotates: through its backend dispatcher, or through the decoding fast
     path (``rope_decode``, taken for q and k with Hugging Face's fp32 tables when autograd is off)."""
-    import rotary.rotation as apply
     import rotary.kernels.dispatch as dispatch
+    import rotary.rotation as apply
 
     calls = []
     real, real_fast = dispatch.rotate, apply._fast_pair

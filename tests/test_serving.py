@@ -11,9 +11,9 @@ import textwrap
 
 import pytest
 import torch
-from helpers import accelerator_rules
 
 import rotary
+from helpers import accelerator_rules
 from rotary import deferred
 from rotary.errors import DeviceInputError
 

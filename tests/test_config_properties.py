@@ -33,7 +33,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS as HF_ROPE_INIT
 
 import rotary
 from rotary import ConfigError, RoPE, frequencies
-from rotary.config import read_hf_config
+from rotary.hf_config import read_hf_config
 from rotary.rope_types import ROPE_TYPES, proportional_pairs, validate_rope_parameters
 
 transformers.logging.set_verbosity_error()

@@ -6,9 +6,9 @@ from .deferred import check_device_errors
 from .errors import DeviceInputError, InputError
 from .frequencies import Frequencies, frequencies
 from .functional import apply_rotary, apply_rotary_, apply_rotary_kv_, apply_rotary_qkv_, check_tables
-from .module import RoPE
 from .pairing import permute_qk_weight, to_half, to_interleaved
 from .positions import Positions
+from .rope import RoPE
 from .rope_types import ROPE_INIT_FUNCTIONS, ROPE_TYPES, ConfigError, register_rope_type
 from .rotation import rotate
 from .serving import rotate_and_cache

@@ -19,8 +19,8 @@ from . import positions as P
 from ._checks import check_bool, check_choice, check_positive_int
 from ._limits import MAX_TABLE_BYTES, check_bytes
 from ._sync import CopyableLock
-from .config import read_hf_config
 from .frequencies import Frequencies, frequencies
+from .hf_config import read_hf_config
 from .positions import Positions
 from .rope_types import ConfigError
 from .rotation import Layout, check_layout, decode_fast, decode_seq_axis, rotate, split_heads

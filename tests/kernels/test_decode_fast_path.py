@@ -106,7 +106,7 @@ def test_general_path_for_what_the_fast_path_does_not_take():
     assert not taken(rope, q, k, position_ids=ids)  # ids past it: the general path grows it
     rope(q, k, position_ids=ids)
     assert taken(rope, q, k, position_ids=ids)
-    beyond = rotary.module.CACHE_ROWS  # past the cache's limit: rows computed for these positions
+    beyond = rotary.rope.CACHE_ROWS  # past the cache's limit: rows computed for these positions
     assert not taken(rope, q, k, offset=beyond)
     assert torch.equal(rope(q, k, offset=beyond)[0], rope(q, k, position_ids=torch.tensor([beyond, beyond + 1]))[0])
     assert not taken(rope, q.double(), k.double())  # float64 tables

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..module import RoPE
+from ..rope import RoPE
 
 __all__ = ["check_rope"]
 

@@ -8,7 +8,7 @@ import torch
 
 from .._checks import check_int, check_positive_int, is_int, is_number
 from .._limits import check_bytes
-from ..module import RoPE
+from ..rope import RoPE
 from ._args import check_rope
 
 __all__ = ["decay_bound", "measured_decay"]

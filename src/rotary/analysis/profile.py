@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..frequencies import Frequencies, frequencies
-from ..module import RoPE
+from ..rope import RoPE
 
 __all__ = ["PairProfile", "scaling_profile", "PrecisionLimit", "precision_limits", "Inspection", "inspect_rope", "jsonable"]
 

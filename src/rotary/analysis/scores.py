@@ -6,7 +6,7 @@ import torch
 
 from .._checks import check_int
 from .._limits import check_bytes
-from ..module import RoPE
+from ..rope import RoPE
 from ..tables import angles
 from ._args import check_rope
 

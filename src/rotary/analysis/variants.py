@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..module import RoPE
+from ..rope import RoPE
 from ..rotation import rotate
 from ..variants.mrope import MRoPE
 from ..variants.nope import nope_temperature

@@ -12,7 +12,7 @@ from .. import reference
 from .._checks import check_int
 from .._limits import check_bytes
 from ..functional import apply_rotary, check_tables
-from ..module import RoPE
+from ..rope import RoPE
 from ..tables import cos_sin_table
 from ._args import check_rope
 

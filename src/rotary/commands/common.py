@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from rotary.analysis import jsonable
-from rotary.config import ConfigError, RopeSettings, read_hf_config
-from rotary.module import RoPE
+from rotary.hf_config import ConfigError, RopeSettings, read_hf_config
+from rotary.rope import RoPE
 from rotary.rope_types import ROPE_TYPES
 
 __all__ = [

@@ -8,8 +8,8 @@ import math
 import torch
 
 from rotary import reference
-from rotary.module import RoPE
 from rotary.pairing import permute_qk_weight
+from rotary.rope import RoPE
 
 from .common import add_output_argument, head_dim_count, print_json, seq_len_count
 

@@ -10,7 +10,7 @@ import torch
 
 from rotary import analysis
 from rotary.frequencies import frequencies
-from rotary.module import RoPE
+from rotary.rope import RoPE
 from rotary.rope_types import ROPE_TYPES
 
 from .common import (

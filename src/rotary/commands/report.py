@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from rotary.analysis import inspect_rope, jsonable, verify
-from rotary.module import RoPE
+from rotary.rope import RoPE
 
 from . import plot
 from .common import (

@@ -25,9 +25,9 @@ from torch import nn
 
 from .. import positions as P
 from .._checks import check_positive_int
-from ..module import RoPE
 from ..nn.attention import RotaryAttention
 from ..positions import Positions
+from ..rope import RoPE
 from ..tables import RotaryTables, table_dtype
 from ._inputs import check_token_ids
 

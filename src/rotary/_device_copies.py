@@ -47,7 +47,8 @@ class DeviceCopies:
         ``(name, device)`` (made now if there is none, or if ``host`` was replaced or edited since).
 
         Under ``torch.compile`` tracing a missing copy is made in the graph and not kept (a traced
-        tensor must not outlive its trace); an existing one is used as it is.
+        tensor must not outlive its trace); an existing one is used if ``host`` is the same object
+        (version counters cannot be traced: an in-place edit is noticed by the next eager call).
 
         Args:
             name: what the constant is (one entry per name and device).
@@ -62,10 +63,10 @@ class DeviceCopies:
             return host
         key = (name, device)
         found = self._copies.get(key)
+        if torch.compiler.is_compiling():  # version counters are not traceable: the object decides
+            return found[2] if found is not None and found[0] is host else host.detach().to(device)
         if found is not None and found[0] is host and found[1] == _version(host):
             return found[2]
-        if torch.compiler.is_compiling():
-            return host.detach().to(device)
         with torch.inference_mode(False), torch.no_grad():  # usable outside inference mode later
             copy = host.detach().to(device)
         self._copies[key] = (host, _version(host), copy)

@@ -408,3 +408,36 @@ def test_coordinates_that_require_grad_are_moved_with_autograd():
     coords = Coordinates(values)
     moved = coords.to("meta")
     assert moved.values.requires_grad and coords.to("meta") is not moved
+
+
+def _host_inputs_of_compiled(call) -> list[tuple[int, ...]]:
+    """Shapes of the CPU tensors (not scalars) that ``torch.compile`` lifts into the graph of ``call``."""
+    torch._dynamo.reset()
+    seen: list[tuple[int, ...]] = []
+
+    def backend(gm, inputs):
+        seen.extend(tuple(t.shape) for t in inputs if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dim())
+        return gm.forward
+
+    torch.compile(call, backend=backend, fullgraph=True)()
+    torch._dynamo.reset()
+    return seen
+
+
+@pytest.mark.parametrize("name", ["xpos", "mrope", "axial"])
+def test_a_compiled_call_after_an_eager_one_takes_the_device_copies(name):
+    """Under torch.compile the copies made by an eager call are used: no host constant enters the graph
+    (a fresh module, compiled cold, shows what would: its host frequencies)."""
+    q, k = _meta(*_qk())
+    ids = IDS[0].to("meta")
+    modules = {"xpos": lambda: XPos(D), "mrope": lambda: MRoPE(D, mrope_section=[2, 3, 3]), "axial": lambda: AxialRoPE(D)}
+    calls = {
+        "xpos": lambda m: lambda: m(q, k, position_ids=ids),
+        "mrope": lambda m: lambda: m(q, k, position_ids=ids.expand(3, B, S)),
+        "axial": lambda m: lambda: m(q, k, m.grid(2, 3)),
+    }
+    cold = calls[name](modules[name]())
+    assert _host_inputs_of_compiled(cold) != []
+    warm = calls[name](modules[name]())
+    warm()
+    assert _host_inputs_of_compiled(warm) == []

@@ -97,15 +97,19 @@ class Coordinates:
         device = torch.device(device)
         if self.values.device == device:
             return self
-        if self.values.requires_grad or torch.compiler.is_compiling():
-            return Coordinates(self.values.to(device), None if self.identity is None else self.identity.to(device))
-        copies: dict = self.__dict__.setdefault("_device_copies", {})
+        copies: dict = self.__dict__.get("_device_copies", {})
         found = copies.get(device)
+        if torch.compiler.is_compiling():  # version counters are not traceable: a copy made eagerly is used
+            if found is not None and not self.values.requires_grad:
+                return found[1]
+            return Coordinates(self.values.to(device), None if self.identity is None else self.identity.to(device))
+        if self.values.requires_grad:
+            return Coordinates(self.values.to(device), None if self.identity is None else self.identity.to(device))
         if found is not None and found[0] == self._version() and found[2] == found[1]._version():
             return found[1]  # neither these nor the copy were edited since
         with torch.inference_mode(False):  # kept: usable outside inference mode later
             moved = Coordinates(self.values.to(device), None if self.identity is None else self.identity.to(device))
-        copies[device] = (self._version(), moved, moved._version())
+        self.__dict__.setdefault("_device_copies", {})[device] = (self._version(), moved, moved._version())
         return moved
 
     def _version(self) -> tuple[int | None, int | None]:
@@ -274,13 +278,13 @@ class CoordinateRoPE(nn.Module):
         sizes_t = self._sizes(sizes, "grid")
         prefix = self.prefix_tokens if prefix is None else check_int(prefix, "prefix", minimum=0)
         suffix = self.suffix_tokens if suffix is None else check_int(suffix, "suffix", minimum=0)
-        if torch.compiler.is_compiling():
-            return self._build_grid(sizes_t, prefix, suffix, device)
         key = (
             sizes_t, prefix, suffix, None if device is None else torch.device(device), self.coordinate_kind,
             self.grid_offset, self.reference_grid, self.normalize_coords,
         )  # fmt: skip
         found = self._grids.get(key)
+        if torch.compiler.is_compiling():  # version counters are not traceable: a grid made eagerly is used
+            return found if found is not None else self._build_grid(sizes_t, prefix, suffix, device)
         if found is not None and found._version() == found.__dict__.get("_built_version"):
             self._grids.move_to_end(key)
             return found  # not edited in place since it was built

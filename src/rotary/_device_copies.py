@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["DeviceCopies"]
+__all__ = ["DeviceCopies", "version_of"]
 
 
-def _version(t: torch.Tensor) -> int | None:
+def version_of(t: torch.Tensor) -> int | None:
+    """``t``'s version counter (in-place edits move it), or ``None`` for an inference tensor, which has none."""
     try:
         return t._version
     except RuntimeError:  # an inference tensor has no version counter (and cannot be edited outside inference mode)
@@ -65,11 +66,11 @@ class DeviceCopies:
         found = self._copies.get(key)
         if torch.compiler.is_compiling():  # version counters are not traceable: the object decides
             return found[2] if found is not None and found[0] is host else host.detach().to(device)
-        if found is not None and found[0] is host and found[1] == _version(host):
+        if found is not None and found[0] is host and found[1] == version_of(host):
             return found[2]
         with torch.inference_mode(False), torch.no_grad():  # usable outside inference mode later
             copy = host.detach().to(device)
-        self._copies[key] = (host, _version(host), copy)
+        self._copies[key] = (host, version_of(host), copy)
         return copy
 
     def __len__(self) -> int:

@@ -38,7 +38,7 @@ from .._checks import (
     check_positive_int,
     is_int,
 )
-from .._device_copies import DeviceCopies, _version
+from .._device_copies import DeviceCopies, version_of
 from ..apply import Layout, check_layout, rotate
 from ..positions import Positions
 from ..rope_types import default_inv_freq
@@ -114,7 +114,7 @@ class Coordinates:
 
     def _version(self) -> tuple[int | None, int | None]:
         """The tensors' version counters (in-place edits move them)."""
-        return _version(self.values), None if self.identity is None else _version(self.identity)
+        return version_of(self.values), None if self.identity is None else version_of(self.identity)
 
 
 def _check_identity(identity: object, values: torch.Tensor, name: str) -> torch.Tensor | None:

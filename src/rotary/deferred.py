@@ -47,6 +47,11 @@ __all__ = [
     "MASK_SLOT",
     "TOKENS_SLOT",
     "CACHE_SLOT",
+    "XPOS_RANGE_SLOT",
+    "XPOS_FP16_SLOT",
+    "COORDINATES_SLOT",
+    "ANGLES_SLOT",
+    "LEARNED_POSITION_SLOT",
     "record",
     "record_positions",
 ]
@@ -67,11 +72,25 @@ CHECKS: dict[int, str] = {
     6: "token ids outside the vocabulary (negative, or >= vocab_size); their embeddings were read as 0",
     7: "KV-cache slots outside the cache (negative, or at or past its length) in rotate_and_cache; the keys and "
     "values of those tokens were not written. Size the cache for every token you write",
+    8: "xPos positions further than XPos.max_distance from XPos.center: the scales ζ^(±(n - c)/γ) leave fp32's "
+    "range there (query tables underflow to 0, key tables overflow to inf); build XPos with a larger scale_base "
+    "or a center nearer these positions",
+    9: "xPos positions further than XPos.fp16_max_distance from XPos.center with float16 inputs: the scales reach "
+    "2**14 there and the rotated q/k overflow fp16 to inf; use bfloat16 or float32 inputs, a larger scale_base "
+    "or a center nearer these positions",
+    10: "coordinates of an AxialRoPE / RoPEMixed holding NaN or inf (their tables are NaN); mark tokens that take "
+    "no rotation with identity= instead",
+    11: "AxialRoPE / RoPEMixed coordinates (after augmentation, in training mode) times frequencies give rotation "
+    "angles beyond float64's range (cos/sin are NaN); use smaller coordinates, augmentation ranges or frequencies",
+    12: "position ids at or past a LearnedPositionEmbedding's max_position (a learned table cannot extrapolate); "
+    "their embeddings are NaN. Build the model with a larger max_position",
 }
 SLOTS = 16  # room for checks to come
 POSITION_SLOT = 0  # counts tokens whose position was outside the table (written by the kernels)
 LARGEST_SLOT = 1  # the largest offending position (atomic max in the kernels)
 TABLES_SLOT, POSITIONS_SLOT, CU_SEQLENS_SLOT, MASK_SLOT, TOKENS_SLOT, CACHE_SLOT = 2, 3, 4, 5, 6, 7
+# the variants' checks (rotary.variants, rotary.nn.position)
+XPOS_RANGE_SLOT, XPOS_FP16_SLOT, COORDINATES_SLOT, ANGLES_SLOT, LEARNED_POSITION_SLOT = 8, 9, 10, 11, 12
 
 _lock = threading.Lock()
 _flags: dict[torch.device, torch.Tensor] = {}

@@ -23,10 +23,7 @@ def pair_permutation(head_dim: int, *, to: Literal["half", "interleaved"], rotar
     ``x[..., pair_permutation(D, to="half")]`` takes interleaved channels (2i, 2i+1) to half
     channels (i, i + r/2); pass-through channels ``r..D-1`` keep their place.
     """
-    check_positive_int(head_dim, "head_dim")
-    r = head_dim if rotary_dim is None else check_positive_int(rotary_dim, "rotary_dim")
-    if head_dim % 2 or r % 2 or not 0 < r <= head_dim:
-        raise ValueError(f"need even head_dim and rotary_dim with 0 < rotary_dim <= head_dim, got {head_dim}, {r}")
+    r = _rotary_dim(head_dim, rotary_dim)
     rot = torch.arange(r)
     if to == "half":
         rot = torch.cat((rot[0::2], rot[1::2]))
@@ -37,31 +34,66 @@ def pair_permutation(head_dim: int, *, to: Literal["half", "interleaved"], rotar
     return torch.cat((rot, torch.arange(r, head_dim)))
 
 
+def _rotary_dim(head_dim: int, rotary_dim: int | None) -> int:
+    """``rotary_dim`` (default ``head_dim``), checked: both even, ``0 < rotary_dim <= head_dim``."""
+    check_positive_int(head_dim, "head_dim")
+    r = head_dim if rotary_dim is None else check_positive_int(rotary_dim, "rotary_dim")
+    if head_dim % 2 or r % 2 or not 0 < r <= head_dim:
+        raise ValueError(f"need even head_dim and rotary_dim with 0 < rotary_dim <= head_dim, got {head_dim}, {r}")
+    return r
+
+
 def _check_x(x: torch.Tensor) -> None:
     if not isinstance(x, torch.Tensor) or x.dim() == 0:
         raise ValueError(f"x must be a tensor [..., D] with a channel axis, got {getattr(x, 'shape', type(x).__name__)}")
 
 
+def _reorder(x: torch.Tensor, rotary_dim: int | None, to: Literal["half", "interleaved"]) -> torch.Tensor:
+    """``x[..., pair_permutation(D, to=to, rotary_dim=r)]`` by reshapes alone: no index tensor is built
+    on the host and copied to ``x``'s device per call. A new contiguous tensor, like ``index_select``."""
+    r = _rotary_dim(x.shape[-1], rotary_dim)
+    rot = x[..., :r]
+    if to == "half":  # [..., r/2, 2] (pairs adjacent) -> [..., 2, r/2]: evens first, then odds
+        rot = rot.unflatten(-1, (r // 2, 2)).transpose(-1, -2)
+    else:  # [..., 2, r/2] (halves) -> [..., r/2, 2]: channel i beside channel i + r/2
+        rot = rot.unflatten(-1, (2, r // 2)).transpose(-1, -2)
+    if r == x.shape[-1]:
+        return rot.flatten(-2).contiguous()
+    return torch.cat((rot.flatten(-2), x[..., r:]), dim=-1)
+
+
 def to_interleaved(x: torch.Tensor, rotary_dim: int | None = None) -> torch.Tensor:
     """Reorder the last dim of ``x`` ``[..., D]`` from the half layout to the interleaved layout.
+
+    The channels ``rotary_dim..D-1`` keep their place. Reshapes and one copy, no index tensor (nothing
+    is copied host-to-device on an accelerator).
+
+    Returns:
+        A new contiguous tensor ``[..., D]``, equal to ``x[..., pair_permutation(D, to="interleaved")]``.
 
     Example:
         >>> to_interleaved(torch.tensor([0, 1, 2, 3]))  # pairs (0, 2), (1, 3) become adjacent
         tensor([0, 2, 1, 3])
     """
     _check_x(x)
-    return x.index_select(-1, pair_permutation(x.shape[-1], to="interleaved", rotary_dim=rotary_dim).to(x.device))
+    return _reorder(x, rotary_dim, "interleaved")
 
 
 def to_half(x: torch.Tensor, rotary_dim: int | None = None) -> torch.Tensor:
     """Reorder the last dim of ``x`` ``[..., D]`` from the interleaved layout to the half layout.
+
+    The channels ``rotary_dim..D-1`` keep their place. Reshapes and one copy, no index tensor (nothing
+    is copied host-to-device on an accelerator).
+
+    Returns:
+        A new contiguous tensor ``[..., D]``, equal to ``x[..., pair_permutation(D, to="half")]``.
 
     Example:
         >>> to_half(torch.tensor([0, 2, 1, 3]))
         tensor([0, 1, 2, 3])
     """
     _check_x(x)
-    return x.index_select(-1, pair_permutation(x.shape[-1], to="half", rotary_dim=rotary_dim).to(x.device))
+    return _reorder(x, rotary_dim, "half")
 
 
 def permute_qk_weight(

@@ -20,6 +20,7 @@ exactly (see ``docs/variants.md``).
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -27,6 +28,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from .. import deferred
 from .._checks import (
     check_bool,
     check_choice,
@@ -36,6 +38,7 @@ from .._checks import (
     check_positive_int,
     is_int,
 )
+from .._device_copies import DeviceCopies, version_of
 from ..positions import Positions
 from ..rope_types import default_inv_freq
 from ..rotation import Layout, check_layout, rotate
@@ -85,11 +88,33 @@ class Coordinates:
         return self.values.shape[0] if self.values.dim() == 3 else None
 
     def to(self, device: torch.device | str) -> Coordinates:
-        """The same coordinates on ``device``."""
-        if self.values.device == torch.device(device):
+        """The same coordinates on ``device``.
+
+        The copy is kept: moving the same coordinates to the same device again (a grid from
+        :meth:`CoordinateRoPE.grid` passed to every call) returns it without copying anything, as long
+        as neither tensor was edited in place since. Coordinates that require grad are moved every time.
+        """
+        device = torch.device(device)
+        if self.values.device == device:
             return self
-        identity = None if self.identity is None else self.identity.to(device)
-        return Coordinates(self.values.to(device), identity)
+        copies: dict = self.__dict__.get("_device_copies", {})
+        found = copies.get(device)
+        if torch.compiler.is_compiling():  # version counters are not traceable: a copy made eagerly is used
+            if found is not None and not self.values.requires_grad:
+                return found[1]
+            return Coordinates(self.values.to(device), None if self.identity is None else self.identity.to(device))
+        if self.values.requires_grad:
+            return Coordinates(self.values.to(device), None if self.identity is None else self.identity.to(device))
+        if found is not None and found[0] == self._version() and found[2] == found[1]._version():
+            return found[1]  # neither these nor the copy were edited since
+        with torch.inference_mode(False):  # kept: usable outside inference mode later
+            moved = Coordinates(self.values.to(device), None if self.identity is None else self.identity.to(device))
+        self.__dict__.setdefault("_device_copies", {})[device] = (self._version(), moved, moved._version())
+        return moved
+
+    def _version(self) -> tuple[int | None, int | None]:
+        """The tensors' version counters (in-place edits move them)."""
+        return version_of(self.values), None if self.identity is None else version_of(self.identity)
 
 
 def _check_identity(identity: object, values: torch.Tensor, name: str) -> torch.Tensor | None:
@@ -110,6 +135,8 @@ def _check_identity(identity: object, values: torch.Tensor, name: str) -> torch.
 # what AxialRoPE and RoPEMixed share: coordinates in, tables out
 
 _NORMALIZE = ("separate", "max", "min")
+#: how many grids :meth:`CoordinateRoPE.grid` keeps (per module) to hand out again
+GRID_CACHE = 16
 
 
 class CoordinateRoPE(nn.Module):
@@ -189,6 +216,8 @@ class CoordinateRoPE(nn.Module):
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
         self.generator = generator
+        self._copies = DeviceCopies()  # frequencies kept on the host, copied once per device
+        self._grids: OrderedDict[tuple, Coordinates] = OrderedDict()  # grid() results, handed out again
 
     @staticmethod
     def _log_range(value: float | None, name: str) -> float | None:
@@ -238,7 +267,9 @@ class CoordinateRoPE(nn.Module):
 
         Returns:
             :class:`Coordinates` ``[prefix + Π sizes + suffix, A]`` in this module's convention
-            (``coordinates``, ``grid_offset``, ``reference_grid``, ``normalize_coords``).
+            (``coordinates``, ``grid_offset``, ``reference_grid``, ``normalize_coords``). The same
+            arguments return the same object (the last :data:`GRID_CACHE` grids are kept), so a grid
+            built per call and moved to an accelerator is copied host-to-device once, not per call.
 
         Example:
             >>> AxialRoPE(8, coordinates="normalized").grid(1, 2).values.tolist()
@@ -247,6 +278,28 @@ class CoordinateRoPE(nn.Module):
         sizes_t = self._sizes(sizes, "grid")
         prefix = self.prefix_tokens if prefix is None else check_int(prefix, "prefix", minimum=0)
         suffix = self.suffix_tokens if suffix is None else check_int(suffix, "suffix", minimum=0)
+        key = (
+            sizes_t, prefix, suffix, None if device is None else torch.device(device), self.coordinate_kind,
+            self.grid_offset, self.reference_grid, self.normalize_coords,
+        )  # fmt: skip
+        found = self._grids.get(key)
+        if torch.compiler.is_compiling():  # version counters are not traceable: a grid made eagerly is used
+            return found if found is not None else self._build_grid(sizes_t, prefix, suffix, device)
+        if found is not None and found._version() == found.__dict__.get("_built_version"):
+            self._grids.move_to_end(key)
+            return found  # not edited in place since it was built
+        with torch.inference_mode(False):  # kept: usable outside inference mode later
+            coords = self._build_grid(sizes_t, prefix, suffix, device)
+        coords.__dict__["_built_version"] = coords._version()
+        self._grids[key] = coords
+        while len(self._grids) > GRID_CACHE:
+            self._grids.popitem(last=False)
+        return coords
+
+    def _build_grid(
+        self, sizes_t: tuple[int, ...], prefix: int, suffix: int, device: torch.device | str | None
+    ) -> Coordinates:
+        """The coordinates :meth:`grid` hands out (built on the host, then moved to ``device``)."""
         per_axis = []
         for a, n in enumerate(sizes_t):
             i = torch.arange(n, dtype=torch.float64)
@@ -320,15 +373,19 @@ class CoordinateRoPE(nn.Module):
                 + (f" or build the module with axes={positions.shape[-1]}" if positions.dim() in (2, 3) else "")
             )
         values = positions.to(torch.float64)
-        if not torch.compiler.is_compiling() and not bool(torch.isfinite(values).all()):
-            raise ValueError(f"{name} hold NaN or inf values; mark tokens that take no rotation with identity= instead")
+        if not torch.compiler.is_compiling() and values.numel():
+            if not deferred.host_checks(values.device):  # not read: NaN tables, and a deferred error
+                deferred.record(deferred.COORDINATES_SLOT, ~torch.isfinite(values.detach()))
+            elif not bool(torch.isfinite(values).all()):
+                raise ValueError(f"{name} hold NaN or inf values; mark tokens that take no rotation with identity= instead")
         return Coordinates(values, _check_identity(identity, values, name))
 
     def augment(self, values: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """DINOv3's coordinate augmentation: shift, per-axis jitter, shared rescale (any that are set).
 
         Draws on the CPU in float64, in this order: shift ``[A]``, jitter ``[A]``, rescale ``[1]``; one
-        draw per call, shared by every token and batch row.
+        draw per call, shared by every token and batch row. The draws reach an accelerator by
+        non-blocking copies (no synchronisation; a CUDA graph would replay the captured draw).
 
         Args:
             values: float64 ``[..., A]``.
@@ -345,15 +402,15 @@ class CoordinateRoPE(nn.Module):
         a = self.axes
         if self.shift_coords is not None:
             shift = torch.empty(a, dtype=torch.float64).uniform_(-self.shift_coords, self.shift_coords, generator=g)
-            values = values + shift.to(values.device)
+            values = values + shift.to(values.device, non_blocking=True)
         if self.jitter_coords is not None:
             top = math.log(self.jitter_coords)
             jitter = torch.empty(a, dtype=torch.float64).uniform_(-top, top, generator=g).exp()
-            values = values * jitter.to(values.device)
+            values = values * jitter.to(values.device, non_blocking=True)
         if self.rescale_coords is not None:
             top = math.log(self.rescale_coords)
             rescale = torch.empty(1, dtype=torch.float64).uniform_(-top, top, generator=g).exp()
-            values = values * rescale.to(values.device)
+            values = values * rescale.to(values.device, non_blocking=True)
         return values
 
     # tables ---------------------------------------------------------------------------------
@@ -399,13 +456,29 @@ class CoordinateRoPE(nn.Module):
         if mask is not None:  # angle 0: cos 1, sin 0 (also a zero gradient into learnable frequencies)
             values = values.masked_fill(mask.unsqueeze(-1), 0.0)
         freq = self.frequencies()
+        if freq.device != values.device and not freq.requires_grad:  # a constant: copied once per device
+            freq = self._copies.on("frequencies", freq, values.device)
         if not torch.compiler.is_compiling() and values.numel():
             self._check_angles(values, freq)
         cos, sin = cos_sin_table(values, freq, interleaved=self.interleaved, dtype=dtype)
         return RotaryTables.unchecked(cos, sin, self.interleaved, heads=freq.shape[0] if freq.dim() == 3 else None)
 
     def _check_angles(self, values: torch.Tensor, freq: torch.Tensor) -> None:
-        """Angles ``Σ_a c_a · f_a`` must be finite: an inf angle makes cos/sin NaN (one host read)."""
+        """Angles ``Σ_a c_a · f_a`` must be finite: an inf angle makes cos/sin NaN.
+
+        One host read on the CPU; elsewhere the same bound ``max |c| · max_j Σ_a |f_a,j|`` is computed
+        on the device and a non-finite one is a deferred error (:data:`rotary.deferred.ANGLES_SLOT`).
+
+        Args:
+            values: float64 coordinates ``[..., A]``.
+            freq: ``[A, r/2]`` or ``[H, A, r/2]`` on the device of ``values``.
+        """
+        if not deferred.host_checks(values.device):
+            with torch.no_grad():
+                top = values.detach().abs().amax()
+                rate = freq.detach().abs().sum(-2).amax().to(torch.float64)
+                deferred.record(deferred.ANGLES_SLOT, ~torch.isfinite(top * rate))
+            return
         top = float(values.detach().abs().amax())
         rate = float(freq.detach().abs().sum(-2).amax())
         if not math.isfinite(top * rate):

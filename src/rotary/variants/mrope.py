@@ -41,6 +41,7 @@ from torch import nn
 
 from .. import positions as P
 from .._checks import check_bool, check_choice, check_positive_int, is_int, is_number
+from .._device_copies import DeviceCopies
 from ..frequencies import frequencies
 from ..positions import Positions
 from ..rope_types import ROPE_TYPES
@@ -168,10 +169,12 @@ class MRoPE(nn.Module):
         slots = torch.arange(self.axes.numel())
         inv_freq_axes = torch.zeros(3, slots.numel(), dtype=torch.float32)
         inv_freq_axes[self.axes, slots] = self.freqs.inv_freq
-        # plain attributes, not buffers: .to(bfloat16) must not round them (angles move them per call)
+        # plain host attributes, not buffers: .to(bfloat16) must not round them; each device gets its copy
+        # once (self._copies), so no call copies them host-to-device
         self.inv_freq = self.freqs.inv_freq
         #: ``[3, r/2]``: slot i's frequency in row axes[i], zero in the two others
         self.inv_freq_axes = inv_freq_axes
+        self._copies = DeviceCopies()
 
     @classmethod
     def from_hf_config(cls, config: Any, *, strict: bool = True) -> MRoPE:
@@ -290,8 +293,9 @@ class MRoPE(nn.Module):
         if dtype not in (torch.float32, torch.float64):
             raise TypeError(f"table dtype must be torch.float32 or torch.float64, got {dtype}")
         ids = positions.ids
+        inv_freq_axes = self._copies.on("inv_freq_axes", self.inv_freq_axes, ids.device)
         cos, sin = cos_sin_table(
-            ids, self.inv_freq_axes, attention_scaling=self.attention_scaling, interleaved=self.interleaved, dtype=dtype
+            ids, inv_freq_axes, attention_scaling=self.attention_scaling, interleaved=self.interleaved, dtype=dtype
         )
         rows = torch.arange(ids.shape[0], device=ids.device) if positions.packed else None
         return RotaryTables.unchecked(cos, sin, self.interleaved, rows=rows)

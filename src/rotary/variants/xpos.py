@@ -39,8 +39,10 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from .. import deferred
 from .. import positions as P
 from .._checks import check_bool, check_int, check_positive_float, check_positive_int
+from .._device_copies import DeviceCopies
 from ..frequencies import frequencies
 from ..positions import Positions
 from ..rotation import Layout, check_layout, rotate
@@ -121,9 +123,11 @@ class XPos(nn.Module):
         self.scale_base = check_positive_float(scale_base, "scale_base")
         self.interleaved = check_bool(interleaved, "interleaved")
         self.max_position = check_positive_int(max_position, "max_position")
-        # plain attributes, not buffers: .to(bfloat16) must not round them (tables are moved per call)
+        # plain host attributes, not buffers: .to(bfloat16) must not round them; each device gets its copy
+        # once (self._copies), so no call copies them host-to-device
         self.inv_freq = freqs.inv_freq
         self.zeta = xpos_zeta(self.rotary_dim)
+        self._copies = DeviceCopies()
         self.max_distance = math.floor(self.scale_base * _LOG_FP32_TINY / -math.log(float(self.zeta[0])))
         #: the largest ``|n - c|`` for fp16 inputs, whose rotated q/k are rounded to fp16 (about 7.7 γ)
         self.fp16_max_distance = math.floor(self.scale_base * _LOG_FP16_SCALE / -math.log(float(self.zeta[0])))
@@ -154,7 +158,7 @@ class XPos(nn.Module):
             (True, 0.285714)
         """
         exponent = (position_ids.to(torch.float64) - self.center) / self.scale_base
-        return self.zeta.to(position_ids.device) ** exponent.unsqueeze(-1)
+        return self._copies.on("zeta", self.zeta, position_ids.device) ** exponent.unsqueeze(-1)
 
     def tables(self, positions: torch.Tensor | Positions, *, dtype: torch.dtype = torch.float32) -> RotaryTables:
         """Tables rotating tokens at ``positions``: ``cos``/``sin`` for queries, ``k_cos``/``k_sin`` for keys.
@@ -168,7 +172,10 @@ class XPos(nn.Module):
             :class:`~rotary.tables.RotaryTables` ``[S, r]`` or ``[B, S, r]`` with key tables.
 
         Raises:
-            ValueError: a position further than :attr:`max_distance` from the centre.
+            ValueError: a position further than :attr:`max_distance` from the centre, found from the
+                positions' host-known ``bound`` (on the CPU, by reading the ids when it is unknown).
+                On accelerators, positions whose bound is unknown are checked on the device instead:
+                a deferred :class:`~rotary.errors.DeviceInputError` (:func:`rotary.check_device_errors`).
         """
         if not isinstance(positions, Positions):
             positions = P.from_ids(positions)
@@ -176,16 +183,22 @@ class XPos(nn.Module):
             raise ValueError(f"positions have {positions.axes} coordinate axes but xPos is 1-D; pass ids [S] or [B, S]")
         if dtype not in (torch.float32, torch.float64):
             raise TypeError(f"table dtype must be torch.float32 or torch.float64, got {dtype}")
-        if positions.bound is not None and positions.bound - 1 - self.center > self.max_distance:
-            n = positions.bound - 1
+        ids = positions.ids
+        bound = positions.bound
+        if bound is None and ids.numel() and not torch.compiler.is_compiling():
+            if not deferred.host_checks(ids.device):  # not read: the same check, on the device
+                deferred.record(deferred.XPOS_RANGE_SLOT, ids - self.center > self.max_distance)
+            else:  # the CPU: reading is free
+                bound = int(ids.max()) + 1
+        if bound is not None and bound - 1 - self.center > self.max_distance:
+            n = bound - 1
             raise ValueError(
                 f"position {n} is {n - self.center} from the xPos centre {self.center}, beyond max_distance="
                 f"{self.max_distance}: the scales ζ^(±(n - c)/γ) (γ={self.scale_base:g}) leave fp32's range there "
                 "(queries underflow to 0, keys overflow to inf); build XPos with a larger scale_base or a center "
                 "nearer these positions"
             )
-        ids = positions.ids
-        theta = angles(ids, self.inv_freq)  # [..., r/2] float64
+        theta = angles(ids, self._copies.on("inv_freq", self.inv_freq, ids.device))  # [..., r/2] float64
         cos, sin = theta.cos(), theta.sin()
         scale = self.scales(ids)
         q_cos, q_sin = (expand_pairs((t * scale).to(dtype), self.interleaved) for t in (cos, sin))
@@ -224,16 +237,32 @@ class XPos(nn.Module):
         else:
             positions = P.arange(q.shape[seq_dim], offset=offset, device=q.device)
         if torch.float16 in (q.dtype, getattr(k, "dtype", None)) and not torch.compiler.is_compiling() and positions.ids.numel():
-            low, high = (int(v) for v in torch.aminmax(positions.ids))
-            far = max(high - self.center, self.center - low)
-            if far > self.fp16_max_distance:
-                n = high if high - self.center >= self.center - low else low
-                raise ValueError(
-                    f"position {n} is {abs(n - self.center)} from the xPos centre {self.center}, beyond fp16_max_distance="
-                    f"{self.fp16_max_distance} for float16 inputs: the scales ζ^(±(n - c)/γ) (γ={self.scale_base:g}) reach "
-                    "2**14 there and the rotated q/k overflow fp16 to inf; use bfloat16 or float32 inputs, a larger "
-                    "scale_base or a center nearer these positions"
-                )
+            self._check_fp16_range(positions)
         tables = self.tables(positions, dtype=table_dtype(q.dtype))
         q, k = rotate([q, k], tables, layout=layout, kinds=("q", "k"), names=("q", "k"))
         return q, k
+
+    def _check_fp16_range(self, positions: Positions) -> None:
+        """Refuse float16 inputs at positions further than :attr:`fp16_max_distance` from the centre.
+
+        On the CPU the ids' range is read (free); elsewhere it is used when the host knows it (positions
+        from ``offset + arange(S)``), else the check runs on the device and is deferred
+        (:data:`rotary.deferred.XPOS_FP16_SLOT`).
+        """
+        ids = positions.ids
+        if deferred.host_checks(ids.device):
+            low, high = (int(v) for v in torch.aminmax(ids))
+        elif positions.start is not None:  # start .. start + S - 1 (1-D ids): known without a read
+            low, high = positions.start, positions.start + ids.shape[-1] - 1
+        else:
+            deferred.record(deferred.XPOS_FP16_SLOT, (ids - self.center).abs() > self.fp16_max_distance)
+            return
+        far = max(high - self.center, self.center - low)
+        if far > self.fp16_max_distance:
+            n = high if high - self.center >= self.center - low else low
+            raise ValueError(
+                f"position {n} is {abs(n - self.center)} from the xPos centre {self.center}, beyond fp16_max_distance="
+                f"{self.fp16_max_distance} for float16 inputs: the scales ζ^(±(n - c)/γ) (γ={self.scale_base:g}) reach "
+                "2**14 there and the rotated q/k overflow fp16 to inf; use bfloat16 or float32 inputs, a larger "
+                "scale_base or a center nearer these positions"
+            )

@@ -51,7 +51,8 @@ def readme_block(run: dict, results) -> str:
         + f"`{run['command']}`, on {env['cpu']} with {env['threads']} torch threads in {run['wall_seconds'] / 60:.1f} min "
         f"({run['finished']}{load}). The whole report, with the loss by position, the retrieval curves, the passkey "
         "intervals, the spread over seeds and the comparison with the published findings: "
-        "[docs/experiment_report.md](docs/experiment_report.md); what is measured and how: [docs/experiment.md](docs/experiment.md).",
+        "[docs/experiment_report.md](docs/experiment_report.md); what is measured and how, and what the default preset trades "
+        "for its 10 minutes: [docs/experiment.md](docs/experiment.md).",
         END,
     ])
 
@@ -80,6 +81,10 @@ def main(argv: list[str]) -> int:
     report = report_markdown(run, results, assess(study_claims(results.config), results), figures)
     page = ROOT / "docs" / ("experiment_report.md" if study is None else f"{prefix}.md")
     page.write_text(report)
+    for name, paths in list(figures.items()):  # a figure the page does not show is not kept
+        if f"]({paths[0]})" not in report:
+            (ROOT / "docs" / paths[0]).unlink()
+            del figures[name]
     written = [str(page.relative_to(ROOT))]
     if study is None:
         readme = ROOT / "README.md"

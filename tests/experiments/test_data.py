@@ -13,7 +13,7 @@ from rotary.experiments.data import (
     first_invalid_utf8,
     load_corpus,
     required_bytes,
-    sliding_text,
+    sliding_starts,
     split,
     training_batch,
     windows,
@@ -110,8 +110,9 @@ def test_too_short_text_says_how_many_bytes(tmp_path):
     path.write_bytes(b"x" * needed)  # exactly enough is enough
     corpus = load_corpus(tiny(data=(str(path),)))
     assert corpus.held_out.numel() >= cfg.longest + cfg.sliding_tokens
-    assert evaluation_tokens(corpus, cfg).numel() == cfg.longest
-    assert sliding_text(corpus, cfg).numel() == cfg.longest + cfg.sliding_tokens
+    tokens = evaluation_tokens(corpus, cfg)
+    assert tokens.numel() == 2 * cfg.longest  # whole windows of the longest length, room for the sliding strides
+    assert len(sliding_starts(cfg, tokens.numel())) * cfg.stride == cfg.sliding_tokens
 
 
 def test_the_training_part_must_hold_one_batch(tmp_path):

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from rotary.experiments.config import PRESETS, SCALINGS, ExperimentConfig
-from rotary.experiments.data import evaluation_tokens, load_corpus, sliding_text, windows
+from rotary.experiments.data import evaluation_tokens, load_corpus, sliding_starts, windows
 from rotary.experiments.evaluate import (
     EvaluationText,
     evaluate_model,
@@ -76,7 +76,7 @@ def test_the_rows_of_a_model_are_its_direct_forwards(rope_model, corpus, tokens)
     import dataclasses
 
     config = dataclasses.replace(CFG, scalings=("none", "yarn"))
-    text = EvaluationText(tokens, sliding_text(corpus, config), corpus.held_out)
+    text = EvaluationText(tokens, sliding_starts(config, tokens.numel()), corpus.held_out)
     rows = evaluate_model(SPECS["rope-0"], rope_model, text, config, Reporter(enabled=False))
     assert {(r.scaling, r.eval_length, r.mode) for r in rows.perplexity} == {
         (s, e, m) for s in ("none", "yarn") for e in config.eval_lengths for m in ("windows", "sliding")}
@@ -86,11 +86,9 @@ def test_the_rows_of_a_model_are_its_direct_forwards(rope_model, corpus, tokens)
         if r.mode == "windows":
             expected = direct_losses(rope_model, block, windows(tokens, r.eval_length)).double()
         else:
-            scored = text.sliding[config.longest :]
             expected = []
-            for k in range(scored.numel() // config.stride):  # each stride predicted by the window that ends with it
-                end = config.longest + (k + 1) * config.stride
-                window = text.sliding[end - r.eval_length : end]
+            for start in text.sliding:  # each stride predicted by the window that ends with it
+                window = tokens[start + config.stride - r.eval_length : start + config.stride]
                 expected.append(direct_losses(rope_model, block, window[None])[0, -config.stride :])
             expected = torch.cat(expected).double()
             assert r.predictions == expected.numel() == config.sliding_tokens // config.stride * config.stride
@@ -106,16 +104,19 @@ def test_the_rows_of_a_model_are_its_direct_forwards(rope_model, corpus, tokens)
     assert sum(r.trials for r in rows.passkey if r.eval_length == L and r.scaling == "none") == config.passkey_trials
 
 
-def test_sliding_windows_give_every_scored_token_at_least_E_minus_stride_of_context(rope_model, corpus):
-    text = sliding_text(corpus, CFG)
+def test_sliding_windows_score_the_same_strides_at_every_length_spread_over_the_text(rope_model, tokens):
     stride = CFG.stride
-    full = sliding_losses(rope_model, text, CFG.longest, stride, CFG.longest)
-    assert full.numel() == CFG.sliding_tokens // stride * stride
+    starts = sliding_starts(CFG, tokens.numel())
+    assert len(starts) == CFG.sliding_tokens // stride and starts[0] == CFG.longest  # room for the longest window
+    gaps = {b - a for a, b in zip(starts, starts[1:])}
+    assert all(g % stride == 0 and g >= stride for g in gaps) and starts[-1] + stride <= tokens.numel()
+    full = sliding_losses(rope_model, tokens, CFG.longest, stride, starts)
+    assert full.numel() == len(starts) * stride
     for length in CFG.eval_lengths:  # the same tokens at every length; a longer window changes the losses
-        assert sliding_losses(rope_model, text, length, stride, CFG.longest).shape == full.shape
-    assert not torch.allclose(sliding_losses(rope_model, text, L, stride, CFG.longest), full)
+        assert sliding_losses(rope_model, tokens, length, stride, starts).shape == full.shape
+    assert not torch.allclose(sliding_losses(rope_model, tokens, L, stride, starts), full)
     with pytest.raises(ValueError, match="needs at least"):
-        sliding_losses(rope_model, text, CFG.longest + 2 * stride, stride, CFG.longest)
+        sliding_losses(rope_model, tokens, CFG.longest + 2 * stride, stride, starts)
 
 
 def test_a_fine_tuned_scaling_keeps_its_own_factor_and_the_others_are_measured_as_trained(rope_model):
@@ -161,7 +162,7 @@ def test_greedy_continuation_is_generate(encoding):
 
 def test_learned_table_reaches_8L_without_index_errors(corpus, tokens):
     model = build_model(SPECS["learned-0"], CFG).eval()
-    rows = evaluate_model(SPECS["learned-0"], model, EvaluationText(tokens, sliding_text(corpus, CFG), corpus.held_out), CFG,
+    rows = evaluate_model(SPECS["learned-0"], model, EvaluationText(tokens, sliding_starts(CFG, tokens.numel()), corpus.held_out), CFG,
                           Reporter(enabled=False))
     assert sorted({r.eval_length for r in rows.perplexity}) == [L, 2 * L, 4 * L, 8 * L]
     assert all(r.scaling == "none" for r in rows.perplexity)  # no RoPE: measured as trained only

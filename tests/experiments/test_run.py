@@ -197,7 +197,7 @@ def test_bad_data_files(capsys, tmp_path):
     assert "not UTF-8" in bad(capsys, out, "--data", str(tmp_path / "binary.bin"))
     assert "unknown built-in corpus" in bad(capsys, out, "--data", "builtin:wiki")
     message = bad(capsys, out, "--data", str(tmp_path / "short.txt"))
-    assert "has 500 bytes, too short: one training batch (8 rows of 113 bytes" in message and "at least 11200 bytes" in message
+    assert "has 500 bytes, too short: one training batch (8 rows of 113 bytes" in message and "at least 17920 bytes" in message
 
 
 def test_a_corpus_smaller_than_one_batch(capsys, tmp_path):

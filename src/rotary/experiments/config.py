@@ -107,7 +107,8 @@ class ExperimentConfig:
             multiple of the longest length); ``None``: all of the held-out text.
         eval_stride: the stride of the sliding-window evaluation: every scored token sees at least
             ``E - eval_stride`` tokens of context. None: ``L // 2``.
-        sliding_tokens: tokens scored by the sliding-window evaluation at every length (0: none).
+        sliding_tokens: tokens scored by the sliding-window evaluation at every length (0: none), whole
+            strides spread over the non-overlapping windows' text past its first window.
         retrieval_trials: random spans per distance of the retrieval probe.
         retrieval_span: length of each span (bytes).
         retrieval_distances: distances between the two copies; None: ``L/4 .. 8L`` (see
@@ -324,6 +325,12 @@ class ExperimentConfig:
                     f"--eval-tokens {self.eval_tokens} is shorter than one window of the longest evaluation length "
                     f"{self.longest}; use at least {self.longest}"
                 )
+            if self.eval_tokens < self.longest + self.sliding_tokens:
+                need = self.longest * math.ceil((self.longest + self.sliding_tokens) / self.longest)
+                raise ExperimentError(
+                    f"--eval-tokens {self.eval_tokens} leaves no room for --sliding-tokens {self.sliding_tokens} past the first window "
+                    f"of {self.longest}; use --eval-tokens {need} or fewer --sliding-tokens"
+                )
         self._validate_sliding_and_retrieval(longest_distance)
         if self.device not in ("cpu", "cuda"):
             raise ExperimentError(f"--device must be cpu or cuda, got {self.device!r}")
@@ -454,7 +461,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # seconds, for tests: a model too small to learn much, every code path exercised
     "tiny": dict(
         preset="tiny", train_length=112, hidden_size=32, num_layers=1, num_heads=2, batch_size=8, steps=12,
-        warmup_steps=2, learning_rate=3e-3, min_learning_rate=3e-4, passkey_trials=10, eval_tokens=896,
+        warmup_steps=2, learning_rate=3e-3, min_learning_rate=3e-4, passkey_trials=10, eval_tokens=1792,
         checkpoint_every=4, threads=1, extend_steps=4, sliding_tokens=224, retrieval_trials=4, bases=(100.0, 10000.0),
         transfer_steps=4,
     ),

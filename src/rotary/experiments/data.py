@@ -30,7 +30,7 @@ __all__ = [
     "first_invalid_utf8",
     "load_corpus",
     "required_bytes",
-    "sliding_text",
+    "sliding_starts",
     "split",
     "training_batch",
     "windows",
@@ -71,18 +71,18 @@ def _split_sizes(num_bytes: int, held_out_fraction: float) -> tuple[int, int]:
 def required_bytes(config: ExperimentConfig) -> int:
     """The fewest bytes a text needs: the training part must hold one batch (``batch_size`` rows of
     ``L + 1`` tokens, and the extension stage's rows of ``E + 1``), the held-out part one window of the
-    longest length plus the text the sliding-window evaluation scores.
+    longest length, and whole windows of it for the text the sliding-window evaluation scores past the first.
 
     Example:
         >>> required_bytes(ExperimentConfig(train_length=128, held_out_fraction=0.1, sliding_tokens=0))
         10240
         >>> required_bytes(ExperimentConfig(train_length=128, held_out_fraction=0.1, sliding_tokens=4096))
-        51200
+        61440
     """
     train_needed = config.batch_size * (config.train_length + 1)
     if config.extends:
         train_needed = max(train_needed, config.extension_rows * (config.extension_length + 1))
-    held_needed = config.longest + config.sliding_tokens
+    held_needed = config.longest * math.ceil((config.longest + config.sliding_tokens) / config.longest)
     n = max(math.ceil(held_needed / config.held_out_fraction), train_needed)
     while True:  # floor() in the split can leave one byte short: step up to the first size that fits
         train, held_out = _split_sizes(n, config.held_out_fraction)
@@ -133,14 +133,19 @@ def evaluation_tokens(corpus: Corpus, config: ExperimentConfig) -> torch.Tensor:
     return corpus.held_out[:usable].to(torch.int64)
 
 
-def sliding_text(corpus: Corpus, config: ExperimentConfig) -> torch.Tensor:
-    """The held-out tokens of the sliding-window evaluation: the longest length of context, then the
-    ``sliding_tokens`` that are scored (whole strides), int64 ``[longest + scored]``; every length
-    scores the same tokens. Empty when ``sliding_tokens`` is 0."""
-    scored = config.sliding_tokens // config.stride * config.stride
-    if not scored:
-        return torch.zeros(0, dtype=torch.int64)
-    return corpus.held_out[: config.longest + scored].to(torch.int64)
+def sliding_starts(config: ExperimentConfig, total: int) -> tuple[int, ...]:
+    """Where the strides the sliding-window evaluation scores begin, in the evaluation tokens (``total``
+    of them): ``sliding_tokens // stride`` strides spread evenly over the tokens past the first
+    ``longest`` (so every length can end a window at each, and every length scores the same tokens,
+    drawn from the same text the non-overlapping windows cover). Empty when ``sliding_tokens`` is 0.
+
+    Example:
+        >>> sliding_starts(ExperimentConfig(train_length=128, eval_stride=64, sliding_tokens=256), 2048)
+        (1024, 1280, 1536, 1792)
+    """
+    candidates = (total - config.longest) // config.stride
+    count = min(config.sliding_tokens // config.stride, candidates)
+    return tuple(config.longest + (i * candidates // count) * config.stride for i in range(count)) if count else ()
 
 
 def windows(tokens: torch.Tensor, length: int) -> torch.Tensor:

@@ -64,13 +64,14 @@ class EvaluationText:
     """The held-out text of each measurement (int64).
 
     Attributes:
-        windows: ``[T]``, cut into non-overlapping windows at every length (:func:`~.data.evaluation_tokens`).
-        sliding: ``[longest + scored]`` for the sliding windows (:func:`~.data.sliding_text`); may be empty.
+        windows: ``[T]``, cut into non-overlapping windows at every length (:func:`~.data.evaluation_tokens`);
+            the sliding windows are cut from it too.
+        sliding: where the strides the sliding windows score begin (:func:`~.data.sliding_starts`); may be empty.
         held_out: ``[N]``, the text the retrieval trials are cut from.
     """
 
     windows: torch.Tensor
-    sliding: torch.Tensor
+    sliding: tuple[int, ...]
     held_out: torch.Tensor
 
 
@@ -146,36 +147,33 @@ def token_losses(model: Decoder, windows: torch.Tensor, *, batch_rows: int | Non
 
 
 @torch.no_grad()
-def sliding_losses(model: Decoder, text: torch.Tensor, length: int, stride: int, context: int) -> torch.Tensor:
-    """Losses of the tokens ``text[context:]`` (whole strides of them), each predicted by a window of
-    ``length`` tokens that ends with its stride, so it sees at least ``length - stride`` tokens before it.
+def sliding_losses(model: Decoder, text: torch.Tensor, length: int, stride: int, starts: tuple[int, ...]) -> torch.Tensor:
+    """Losses of the ``stride`` tokens from each of ``starts``, each stride predicted by the window of
+    ``length`` tokens that ends with it: every scored token sees at least ``length - stride`` before it.
 
     Args:
         model: a ``Decoder`` in eval mode.
-        text: int64 ``[context + scored]``.
-        length: window length ``E`` (at most ``context + stride``).
+        text: int64 ``[T]``.
+        length: window length ``E``.
         stride: tokens scored per window.
-        context: tokens before the first scored one (the longest length of the run, so every length
-            scores the same tokens).
+        starts: first token of each scored stride, each at least ``length - stride``.
 
     Returns:
-        fp32 ``[scored]``, in text order.
+        fp32 ``[len(starts) * stride]``, stride after stride.
 
     Example:
         >>> from rotary.models import DecoderConfig
         >>> m = Decoder(DecoderConfig(hidden_size=32, num_layers=1, num_heads=2, position_encoding="alibi")).eval()
         >>> text = torch.randint(256, (24,))
-        >>> full = token_losses(m, text[None, 8:24])[0]  # one window of 16: the last 8 tokens see 8 or more
-        >>> torch.allclose(sliding_losses(m, text, 16, 8, 16), full[-8:])
+        >>> full = token_losses(m, text[None, 8:24])[0]  # one window of 16: its last 8 tokens see 8 or more
+        >>> torch.allclose(sliding_losses(m, text, 16, 8, (16,)), full[-8:])
         True
     """
-    scored = (text.numel() - context) // stride * stride
-    if length > context + stride:
-        raise ValueError(f"a window of {length} needs at least {length - stride} tokens of context, got {context}")
-    # window k covers text[a_k : a_k + length] and scores its last `stride` targets, which are the text's
-    # tokens context + k * stride .. context + (k + 1) * stride - 1
-    starts = [context + (k + 1) * stride - length for k in range(scored // stride)]
-    wins = torch.stack([text[a : a + length] for a in starts])  # [K, E]
+    if any(p < length - stride or p + stride > text.numel() for p in starts):
+        raise ValueError(f"a window of {length} needs at least {length - stride} tokens before each scored stride, and the "
+                         f"stride inside the {text.numel()} tokens; got strides at {list(starts)[:4]}")
+    # window k covers text[p - (length - stride) : p + stride] and scores its last `stride` targets
+    wins = torch.stack([text[p + stride - length : p + stride] for p in starts])  # [K, E]
     losses = token_losses(model, wins)  # [K, E - 1]
     return losses[:, -stride:].reshape(-1)
 
@@ -286,10 +284,10 @@ def evaluate_model(
                     for a, b in position_bins(config):
                         out.positions.append(PositionRow(**key, factor=factor, eval_length=length, start=a, end=b,
                                                          loss=float(losses[:, a:b].double().mean()), predictions=losses[:, a:b].numel()))
-                if text.sliding.numel():
+                if text.sliding:
                     # a fresh copy for each measurement: dynamic NTK would otherwise start from the state the last one left
                     scaled, _ = copy_at(scaling, fixed, length)
-                    slid = sliding_losses(scaled, text.sliding, length, config.stride, config.longest)
+                    slid = sliding_losses(scaled, text.windows, length, config.stride, text.sliding)
                     out.perplexity.append(PerplexityRow(**key, factor=factor, mode="sliding", eval_length=length,
                                                         stride=config.stride, **summarise(slid)))
                 scaled, _ = copy_at(scaling, fixed, length)

@@ -28,7 +28,7 @@ import torch
 
 from .claims import assess
 from .config import ExperimentConfig, ExperimentError, command_line, differences
-from .data import Corpus, evaluation_tokens, load_corpus, sliding_text
+from .data import Corpus, evaluation_tokens, load_corpus, sliding_starts
 from .evaluate import EvaluationText, evaluate_model
 from .figures import draw_figures, loss_curves
 from .plan import ModelSpec, model_specs
@@ -257,7 +257,7 @@ def run_experiment(
         dist.stop(sync=dist.device(config.device))
         if not dist.is_main:
             return directory
-        text = EvaluationText(tokens, sliding_text(corpus, config), corpus.held_out)
+        text = EvaluationText(tokens, sliding_starts(config, tokens.numel()), corpus.held_out)
         measurements, models = Measurements(), []
         for spec in specs:
             outcome = trained[spec.name]
@@ -273,7 +273,7 @@ def run_experiment(
             "data": {
                 "source": corpus.source, "sha256": corpus.sha256, "bytes": corpus.num_bytes, "files": corpus.files,
                 "skipped": corpus.skipped, "train_bytes": corpus.train.numel(), "held_out_bytes": corpus.held_out.numel(),
-                "eval_tokens": tokens.numel(), "sliding_tokens": max(0, text.sliding.numel() - config.longest),
+                "eval_tokens": tokens.numel(), "sliding_tokens": len(text.sliding) * config.stride,
             },
             "environment": {**environment(config, dist), "load_average_at_start": load_at_start, "load_average_at_end": _load_average()},
             "models": models, "rows": measurements.to_json(),

@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 #: a loss this far (nats) above the level at [L/2, L), in two consecutive position bins, is a rise
-RISE_NATS = 0.2
+RISE_NATS = 0.3
 
 
 def critical_dimension(head_dim: int, base: float, train_length: int) -> int:

@@ -77,7 +77,7 @@ def required_bytes(config: ExperimentConfig) -> int:
         >>> required_bytes(ExperimentConfig(train_length=128, held_out_fraction=0.1, sliding_tokens=0))
         10240
         >>> required_bytes(ExperimentConfig(train_length=128, held_out_fraction=0.1, sliding_tokens=4096))
-        61440
+        51200
     """
     train_needed = config.batch_size * (config.train_length + 1)
     if config.extends:

@@ -8,7 +8,9 @@
 - :func:`make_qk` and :func:`tables_for`: q and k in either layout (optionally views into one fused
   qkv projection), and the tables of a ``RoPE`` for given positions;
 - :func:`forbid_torch_path`: make the pure-torch rotation fail the test, so a test that compares the
-  fused kernel with the torch path cannot pass by silently falling back to it.
+  fused kernel with the torch path cannot pass by silently falling back to it;
+- :func:`experiment_rows`: hand-made rows of ``rotary experiment`` (perplexities per method, seed and
+  mode), for the claims and the report.
 """
 
 from __future__ import annotations
@@ -199,3 +201,31 @@ class accelerator_rules:
         self._mode.__exit__(*exc)
         deferred.host_checks, torch.Tensor.tolist, torch.Tensor.numpy = self._saved
         return False
+
+
+def experiment_rows(table: dict, lengths: list[int], *, second_seed: dict | None = None, passkey: int = 36,
+                    passkey_model: tuple[str, str] = ("rope-ft-linear", "linear")):
+    """``rotary.experiments.rows.Measurements`` for seeds 0 and 1 from perplexities.
+
+    Args:
+        table: ``(model, scaling, mode) -> [perplexity at each of lengths]`` of seed 0.
+        lengths: the evaluation lengths.
+        second_seed: seed 1's perplexities where they are not seed 0's 0.1% higher.
+        passkey: correct answers of 40 per length and seed, for ``passkey_model``.
+    """
+    import math
+
+    from rotary.experiments.rows import Measurements, PasskeyRow, PerplexityRow
+
+    out = Measurements()
+    for (model, scaling, mode), values in table.items():
+        for seed in (0, 1):
+            ppls = (second_seed or {}).get((model, scaling, mode), [v * 1.001 for v in values]) if seed else values
+            for e, p in zip(lengths, ppls):
+                loss = math.log(p) if p > 0 and math.isfinite(p) else p
+                out.perplexity.append(PerplexityRow(model, seed, scaling, 1.0, mode, e, e if mode == "windows" else 64, loss, p,
+                                                    loss / math.log(2), 1000))
+    for seed in (0, 1):
+        for e in lengths:
+            out.passkey.append(PasskeyRow(*passkey_model[:1], seed, passkey_model[1], 4.0, e, 0.5, passkey, 40))
+    return out

@@ -36,14 +36,16 @@ LANGUAGES = {"python", "console", "text"}
 
 #: commands shown in the docs that the test suite does not run -> why; each is checked another way
 NOT_RUN = {
-    "make demo": "trains the default experiment, about 7 minutes",
+    "make demo": "trains the default experiment, up to 10 minutes",
+    "rotary experiment --study base": "trains ten RoPE models at the default preset, minutes",
+    "rotary experiment --study transfer": "trains ten models at the default preset, minutes",
     "make test": "runs this test suite",
     ".venv/bin/python benchmarks/write_experiment_docs.py runs/experiment-20261122T130426Z": (
         "needs a finished default run; tests/experiments/test_run.py runs it on a tiny run, into a copy of the docs"
     ),
     "rotary experiment --preset large --device cuda": "needs a GPU",
-    "rotary experiment --data my_text.txt --encodings rope,alibi,rope_alibi --scalings none,yarn": "trains on a file of the reader's",
-    "torchrun --standalone --nproc_per_node=2 -m rotary experiment --preset default": "two processes, minutes",
+    "rotary experiment --data notes/ 'papers/**/*.txt' --encodings rope,alibi --extend-steps 0": "trains on files of the reader's",
+    "torchrun --standalone --nproc_per_node=2 -m rotary experiment --preset default --extend-batch-size 4": "two processes, minutes",
     "python -m venv .venv": "creates an environment",
     ". .venv/bin/activate": "changes the shell's environment",
     "pip install torch==2.13.0": "installs packages",

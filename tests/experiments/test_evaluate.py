@@ -1,4 +1,6 @@
-"""Evaluation past L: every scaling measured equals a direct Decoder forward with that scaling."""
+"""Evaluation past L: every scaling measured equals a direct Decoder forward with that scaling; the
+sliding windows score the same tokens at every length with at least E - stride of context; a fine-tuned
+scaling keeps its own factor."""
 
 import math
 
@@ -7,33 +9,42 @@ import torch
 import torch.nn.functional as F
 
 from rotary.experiments.config import PRESETS, SCALINGS, ExperimentConfig
-from rotary.experiments.data import evaluation_tokens, load_corpus, windows
+from rotary.experiments.data import evaluation_tokens, load_corpus, sliding_starts, windows
 from rotary.experiments.evaluate import (
-    bucket_edges,
+    EvaluationText,
     evaluate_model,
+    evaluation_scalings,
     greedy_continuation,
-    perplexity_at,
+    position_bins,
     scaled_copy,
     scaling_block,
+    sliding_losses,
     token_losses,
     uses_rope,
 )
+from rotary.experiments.plan import model_specs
 from rotary.experiments.progress import Reporter
-from rotary.experiments.train import ModelSpec, build_model, decoder_config
+from rotary.experiments.train import build_model, decoder_config
 from rotary.models import Decoder
 
 CFG = ExperimentConfig(**{**PRESETS["tiny"], "device": "cpu"})
 L = CFG.train_length
+SPECS = {s.name: s for s in model_specs(CFG)}
 
 
 @pytest.fixture(scope="module")
-def tokens():
-    return evaluation_tokens(load_corpus(CFG), CFG)
+def corpus():
+    return load_corpus(CFG)
+
+
+@pytest.fixture(scope="module")
+def tokens(corpus):
+    return evaluation_tokens(corpus, CFG)
 
 
 @pytest.fixture(scope="module")
 def rope_model():
-    model = build_model(ModelSpec("rope", "rope", 0), CFG)
+    model = build_model(SPECS["rope-0"], CFG)
     with torch.no_grad():  # weights far from the initialisation, so positions matter to the output
         for p in model.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
@@ -54,25 +65,72 @@ def direct_losses(model: Decoder, scaling: dict | None, win: torch.Tensor) -> to
 def test_each_scaling_equals_a_direct_forward_past_L(rope_model, tokens, scaling, factor):
     length = factor * L
     block = scaling_block(scaling, factor, L)
-    measured = perplexity_at(scaled_copy(rope_model, block), tokens, length, bucket_edges(CFG))
-    expected = direct_losses(rope_model, block, windows(tokens, length)).double()
-    assert measured["windows"] == tokens.numel() // length
-    assert measured["loss"] == pytest.approx(float(expected.mean()), rel=1e-6)
-    assert measured["perplexity"] == pytest.approx(math.exp(float(expected.mean())), rel=1e-6)
-    assert measured["bits_per_byte"] == pytest.approx(float(expected.mean()) / math.log(2), rel=1e-6)
-    # buckets: the mean loss of queries at positions [a, b) of the same windows
-    for (a, b), value in zip(zip(bucket_edges(CFG)[:-1], bucket_edges(CFG)[1:]), measured["buckets"].values()):
-        if a < length - 1:
-            assert value == pytest.approx(float(expected[:, a : min(b, length - 1)].mean()), rel=1e-6)
+    measured = token_losses(scaled_copy(rope_model, block), windows(tokens, length))
+    expected = direct_losses(rope_model, block, windows(tokens, length))
+    assert measured.shape == (tokens.numel() // length, length - 1)
+    assert torch.allclose(measured, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_rows_of_a_model_are_its_direct_forwards(rope_model, corpus, tokens):
+    """evaluate_model: the windows rows, the position bins and the sliding rows, for two scalings."""
+    import dataclasses
+
+    config = dataclasses.replace(CFG, scalings=("none", "yarn"))
+    text = EvaluationText(tokens, sliding_starts(config, tokens.numel()), corpus.held_out)
+    rows = evaluate_model(SPECS["rope-0"], rope_model, text, config, Reporter(enabled=False))
+    assert {(r.scaling, r.eval_length, r.mode) for r in rows.perplexity} == {
+        (s, e, m) for s in ("none", "yarn") for e in config.eval_lengths for m in ("windows", "sliding")}
+    for r in rows.perplexity:
+        block = scaling_block(r.scaling, r.eval_length / L, L) if r.scaling != "none" else None
+        assert r.factor == (1.0 if r.scaling == "none" else r.eval_length / L)
+        if r.mode == "windows":
+            expected = direct_losses(rope_model, block, windows(tokens, r.eval_length)).double()
         else:
-            assert value is None
+            expected = []
+            for start in text.sliding:  # each stride predicted by the window that ends with it
+                window = tokens[start + config.stride - r.eval_length : start + config.stride]
+                expected.append(direct_losses(rope_model, block, window[None])[0, -config.stride :])
+            expected = torch.cat(expected).double()
+            assert r.predictions == expected.numel() == config.sliding_tokens // config.stride * config.stride
+        assert r.loss == pytest.approx(float(expected.mean()), rel=1e-5)
+        assert r.perplexity == pytest.approx(math.exp(r.loss), rel=1e-9) and r.bits_per_byte == pytest.approx(r.loss / math.log(2))
+    longest = direct_losses(rope_model, None, windows(tokens, config.longest))
+    bins = [r for r in rows.positions if r.scaling == "none"]
+    assert [(r.start, r.end) for r in bins] == position_bins(config)
+    for r in bins:
+        assert r.loss == pytest.approx(float(longest[:, r.start : r.end].double().mean()), rel=1e-5)
+    assert {r.distance for r in rows.retrieval} == set(config.distances)
+    assert all(r.predictions == config.retrieval_trials * (config.retrieval_span - 1) for r in rows.retrieval)
+    assert sum(r.trials for r in rows.passkey if r.eval_length == L and r.scaling == "none") == config.passkey_trials
+
+
+def test_sliding_windows_score_the_same_strides_at_every_length_spread_over_the_text(rope_model, tokens):
+    stride = CFG.stride
+    starts = sliding_starts(CFG, tokens.numel())
+    assert len(starts) == CFG.sliding_tokens // stride and starts[0] == CFG.longest  # room for the longest window
+    gaps = {b - a for a, b in zip(starts, starts[1:])}
+    assert all(g % stride == 0 and g >= stride for g in gaps) and starts[-1] + stride <= tokens.numel()
+    full = sliding_losses(rope_model, tokens, CFG.longest, stride, starts)
+    assert full.numel() == len(starts) * stride
+    for length in CFG.eval_lengths:  # the same tokens at every length; a longer window changes the losses
+        assert sliding_losses(rope_model, tokens, length, stride, starts).shape == full.shape
+    assert not torch.allclose(sliding_losses(rope_model, tokens, L, stride, starts), full)
+    with pytest.raises(ValueError, match="needs at least"):
+        sliding_losses(rope_model, tokens, CFG.longest + 2 * stride, stride, starts)
+
+
+def test_a_fine_tuned_scaling_keeps_its_own_factor_and_the_others_are_measured_as_trained(rope_model):
+    assert evaluation_scalings(SPECS["rope-ft-yarn-0"], rope_model, CFG) == [("yarn", 4.0)]
+    assert evaluation_scalings(SPECS["rope-0"], rope_model, CFG) == [(s, None) for s in CFG.scalings]
+    assert evaluation_scalings(SPECS["rope-scratch-0"], rope_model, CFG) == [("none", 1.0)]
+    learned = build_model(SPECS["learned-0"], CFG)
+    assert evaluation_scalings(SPECS["learned-0"], learned, CFG) == [("none", 1.0)]
 
 
 def test_scalings_change_the_numbers_past_L_and_not_at_L(rope_model, tokens):
-    edges = bucket_edges(CFG)
-    at_8L = {s: perplexity_at(scaled_copy(rope_model, scaling_block(s, 8, L)), tokens, 8 * L, edges)["loss"] for s in SCALINGS}
+    at_8L = {s: float(token_losses(scaled_copy(rope_model, scaling_block(s, 8, L)), windows(tokens, 8 * L)).mean()) for s in SCALINGS}
     assert len({round(v, 9) for v in at_8L.values()}) == len(SCALINGS)  # five different models past L
-    at_L = {s: perplexity_at(scaled_copy(rope_model, scaling_block(s, 1, L)), tokens, L, edges)["loss"] for s in SCALINGS}
+    at_L = {s: float(token_losses(scaled_copy(rope_model, scaling_block(s, 1, L)), windows(tokens, L)).mean()) for s in SCALINGS}
     assert max(at_L.values()) - min(at_L.values()) < 1e-6  # factor 1 is the trained model (YaRN rounds once)
 
 
@@ -94,7 +152,7 @@ def test_token_losses_do_not_depend_on_the_batching(rope_model, tokens):
 
 @pytest.mark.parametrize("encoding", ["rope", "alibi", "learned"])
 def test_greedy_continuation_is_generate(encoding):
-    model = build_model(ModelSpec(encoding, encoding, 1), CFG).eval()
+    model = build_model(SPECS[f"{encoding}-1"], CFG).eval()
     if encoding == "rope":
         model = scaled_copy(model, scaling_block("dynamic", 4, L))
     prompts = torch.randint(256, (3, 2 * L), generator=torch.Generator().manual_seed(0))
@@ -102,12 +160,13 @@ def test_greedy_continuation_is_generate(encoding):
     assert torch.equal(greedy_continuation(model, prompts, 5), fresh.generate(prompts, 5)[:, -5:])
 
 
-def test_learned_table_reaches_8L_without_index_errors(tokens):
-    model = build_model(ModelSpec("learned", "learned", 0), CFG).eval()
-    rows = evaluate_model(ModelSpec("learned", "learned", 0), model, tokens, CFG, Reporter(enabled=False))
-    assert [r["eval_length"] for r in rows] == [L, 2 * L, 4 * L, 8 * L]
-    assert all(r["scaling"] == "none" for r in rows)  # no RoPE: measured as trained only
-    assert all(math.isfinite(r["perplexity"]) and 0 <= r["passkey_accuracy"] <= 1 for r in rows)
+def test_learned_table_reaches_8L_without_index_errors(corpus, tokens):
+    model = build_model(SPECS["learned-0"], CFG).eval()
+    rows = evaluate_model(SPECS["learned-0"], model, EvaluationText(tokens, sliding_starts(CFG, tokens.numel()), corpus.held_out), CFG,
+                          Reporter(enabled=False))
+    assert sorted({r.eval_length for r in rows.perplexity}) == [L, 2 * L, 4 * L, 8 * L]
+    assert all(r.scaling == "none" for r in rows.perplexity)  # no RoPE: measured as trained only
+    assert all(math.isfinite(r.perplexity) for r in rows.perplexity) and all(0 <= r.correct <= r.trials for r in rows.passkey)
     assert not uses_rope(model)
 
 

@@ -1,196 +1,113 @@
-"""The report's statements come from the numbers: verdicts flip when the numbers do."""
+"""The report is built from typed rows: its tables, observations and sections state the rows' numbers."""
 
+from __future__ import annotations
+
+import io
 import math
 
 import pytest
 
+from helpers import experiment_rows
+from rotary.experiments.claims import CLAIMS, assess
 from rotary.experiments.config import ExperimentConfig
-from rotary.experiments.report import (
-    comparisons,
-    csv_text,
-    draw_figures,
-    method_label,
-    observations,
-    separation,
-    spread,
-    spread_by_length,
-    summary_table,
-)
+from rotary.experiments.figures import draw_figures
+from rotary.experiments.plan import model_specs
+from rotary.experiments.report import observations, render_table, report_markdown, spread_table, summary_table
+from rotary.experiments.results import Results
+from rotary.experiments.rows import Measurements, PositionRow, RetrievalRow, csv_text
 
 L = 128
-CFG = ExperimentConfig(train_length=L, device="cpu", encodings=("none", "learned", "sinusoidal", "alibi", "rope"))
 LENGTHS = [L, 2 * L, 4 * L, 8 * L]
-
-
-def rows(ppl: dict[tuple[str, str], list[float]], passkey: float = 0.0) -> list[dict]:
-    out = []
-    for (model, scaling), values in ppl.items():
-        encoding = model.removesuffix("-2")
-        for e, p in zip(LENGTHS, values):
-            loss = math.log(p)
-            buckets = {f"{a}-{b}": (loss if a < e - 1 else None) for a, b in zip([0, *LENGTHS[:-1]], LENGTHS)}
-            out.append(dict(model=model, encoding=encoding, seed=0, scaling=scaling, eval_length=e, factor=max(e / L, 1.0),
-                            loss=loss, perplexity=p, bits_per_byte=loss / math.log(2), windows=1, predictions=e - 1,
-                            buckets=buckets, passkey_accuracy=passkey, passkey_correct=0, passkey_trials=50, passkey_by_depth={}))
-    return out
-
-
-def verdicts(table, passkey: float = 0.0) -> dict[str, str]:
-    return {c.claim[:40]: c.verdict for c in comparisons(rows(table, passkey), CFG)}
-
-
-AS_PUBLISHED = {  # every paper's claim holds (NoPE best at 2L, ALiBi flat, ...)
-    ("none", "none"): [4.0, 3.9, 4.3, 4.5],
-    ("learned", "none"): [4.2, 30.0, 60.0, 90.0],
-    ("sinusoidal", "none"): [4.3, 40.0, 80.0, 120.0],
-    ("alibi", "none"): [4.0, 3.95, 3.95, 3.96],
-    ("rope", "none"): [4.1, 9.0, 20.0, 40.0],
-    ("rope", "linear"): [4.1, 6.0, 8.0, 12.0],
-    ("rope", "ntk"): [4.1, 5.0, 6.0, 7.0],
-    ("rope", "dynamic"): [4.1, 5.5, 7.0, 9.0],
-    ("rope", "yarn"): [4.1, 4.6, 5.0, 5.5],
-    ("rope-2", "none"): [4.1041, 9.009, 20.02, 40.04],  # a second run 0.1% off: every difference here exceeds it
+CFG = ExperimentConfig(train_length=L, device="cpu", encodings=("none", "alibi", "rope"), seeds=2)
+TABLE = {
+    ("none", "none", "windows"): [4.0, 3.9, 4.3, 4.5],
+    ("alibi", "none", "windows"): [4.0, 3.95, 3.95, 3.96],
+    ("rope", "none", "windows"): [4.1, 9.0, 20.0, 40.0],
+    ("rope", "yarn", "windows"): [4.1, 4.6, 5.0, 5.5],
+    ("rope-ft-yarn", "yarn", "windows"): [4.05, 3.7, 3.6, 4.0],
+    ("alibi", "none", "sliding"): [3.9, 3.89, 3.89, 3.89],
+    ("rope", "none", "sliding"): [4.0, 9.0, 20.0, 40.0],
 }
 
-#: a second run like the default preset's: 1% off at L, 6% at 2L and past it (their gaps: 0.01 and 0.058 nats)
-NOISY_SECOND_RUN = [4.1 * 1.01, 9.0 * 1.06, 20.0 * 1.06, 40.0 * 1.06]
+
+def results(table=TABLE) -> Results:
+    rows = experiment_rows(table, LENGTHS)
+    for seed in (0, 1):  # retrieval: RoPE retrieves inside L only; positions: RoPE breaks past L
+        for d in (64, 128, 256, 512):
+            gain = (2.0 if d <= L else 0.1) + 0.1 * seed
+            rows.retrieval.append(RetrievalRow("rope", seed, "none", 1.0, d, d + 48, 16, 4.0 - gain, 4.0, gain, 0.5, 0.0, 60))
+        for a in range(0, 1023, 16):
+            rows.positions.append(PositionRow("rope", seed, "none", 1.0, 1024, a, min(a + 16, 1023), 1.5 if a < L else 3.0, 256))
+    return Results(rows, model_specs(CFG), CFG)
 
 
-def test_numbers_like_the_papers_agree():
-    v = verdicts(AS_PUBLISHED, passkey=0.9)
-    assert set(v.values()) == {"agrees"}, v
-    assert verdicts(AS_PUBLISHED, passkey=0.0)["PI-extended models retrieve passkeys at "] == "does not agree"
+def test_the_summary_table_gives_mean_and_spread_per_method():
+    header, body = summary_table(results())
+    assert header == ["method", "ppl 1L", "ppl 2L", "ppl 4L", "ppl 8L", "sliding 1L", "sliding 8L", "retrieval ≤ L",
+                      "retrieval > L", "passkey 1L"]
+    labels = [row[0] for row in body]
+    assert labels == ["NoPE", "ALiBi", "RoPE", "RoPE + YaRN", "RoPE + YaRN, fine-tuned at 4L"]
+    rope = body[2]
+    assert rope[1] == "4.102 ± 0.002" and rope[4] == "40.02 ± 0.02"  # mean of 4.1 and 4.1041, half their range
+    assert rope[7] == "2.05 ± 0.05" and rope[8] == "0.15 ± 0.05"  # retrieval gain up to L and past it
+    assert body[0][5] == "–"  # NoPE has no sliding row
 
 
-def test_numbers_against_the_papers_do_not_agree():
-    table = dict(AS_PUBLISHED)
-    table[("alibi", "none")] = [4.0, 6.0, 9.0, 12.0]  # ALiBi breaks past L
-    table[("rope", "linear")] = [4.1, 10.0, 25.0, 50.0]  # PI worse than extrapolation
-    table[("rope", "yarn")] = [4.1, 20.0, 30.0, 60.0]
-    table[("none", "none")] = [5.0, 80.0, 90.0, 95.0]
-    v = verdicts(table)
-    assert v["ALiBi's perplexity does not degrade past"] == "does not agree"
-    assert v["Extrapolating RoPE past the trained leng"] == "does not agree"
-    assert v["YaRN (NTK-by-parts plus an attention tem"] == "does not agree"
-    assert v["Without any position encoding a causal d"] == "does not agree"
+def test_one_seed_has_no_spread():
+    one = Results(Measurements(perplexity=[r for r in results().rows.perplexity if r.seed == 0]), model_specs(CFG), CFG)
+    assert summary_table(one)[1][2][1] == "4.1"
+    assert spread_table(results())[1][2][1:] == ["0.000", "0.000", "0.000", "0.000"]
 
 
-def test_differences_within_two_percent_are_ties_not_wins():
-    table = dict(AS_PUBLISHED)
-    table[("rope", "linear")] = [v * 0.99 for v in table[("rope", "none")]]  # 1% lower: not a win
-    table[("rope", "yarn")] = [4.1, 4.9, 5.9, 6.9]  # within 2% of NTK
-    v = verdicts(table, passkey=0.9)
-    assert v["Extrapolating RoPE past the trained leng"] == "does not agree"
-    assert v["YaRN (NTK-by-parts plus an attention tem"] == "does not agree"
-    table[("none", "none")] = [4.0, 3.95, 4.3, 4.5]  # ties with ALiBi at 2L: shares first place
-    assert verdicts(table, passkey=0.9)["Without any position encoding a causal d"] == "agrees"
+def test_observations_state_the_numbers():
+    lines = observations(results())
+    assert "At 1024 tokens (8L), non-overlapping windows: the lowest perplexity is ALiBi's, 3.962; the highest RoPE's, 40.02." in lines
+    assert any(line.startswith("RoPE: perplexity at 8L is 9.76x with non-overlapping windows and 10.00x with sliding windows") for line in lines)
+    assert any("RoPE +1.500" in line for line in lines)  # the position bins: 3.0 past 4L against 1.5 before L
+    assert any(line.startswith("Retrieval gain (nats per byte), mean over the distances up to L / past L: RoPE 2.05 / 0.15") for line in lines)
 
 
-def test_missing_methods_are_not_measured():
-    only_rope = {k: v for k, v in AS_PUBLISHED.items() if k[0] == "rope"}
-    v = verdicts(only_rope)
-    assert v["ALiBi's perplexity does not degrade past"] == "not measured"
-    assert v["Extrapolating RoPE past the trained leng"] == "agrees"
+def test_the_report_is_built_from_the_rows_and_the_claims(tmp_path):
+    r = results()
+    figures = draw_figures(r, tmp_path)
+    run = {"command": "rotary experiment --preset default", "finished": "2026-01-01T00:00:00+00:00", "wall_seconds": 300.0,
+           "environment": {"cpu": "CPU", "threads": 2, "device": "cpu", "world_size": 1, "torch": "2.x", "rotary": "0.1",
+                           "load_average_at_start": [1.5, 1, 1], "load_average_at_end": [1.7, 1, 1]},
+           "data": {"source": "builtin:pydoc", "bytes": 466273, "files": 1, "skipped": 0, "sha256": "ab" * 32,
+                    "eval_tokens": 16384, "sliding_tokens": 4096},
+           "models": [{"model": m, "seed": 0, "stage": "pretrain", "parameters": 1000} for m in CFG.encodings],
+           "timings": {"train rope-0": 20.0}}
+    assessments = assess(CLAIMS, r)
+    text = report_markdown(run, r, assessments, figures)
+    for needle in ["# Train short, test long: 3 position encodings, 5 RoPE scalings, fine-tuned at 4L",
+                   "Load average (1 min) 1.5 at the start, 1.7 at the end.", "**Extension stage**", "**Seeds**",
+                   "## Perplexity against evaluation length", "Sliding windows (stride 64", "## Retrieval at a distance",
+                   "## Passkey retrieval", "## Run-to-run spread", "## Compared with the published findings",
+                   "| verdict | paper | claim | needs | measured as | this run |", "![retrieval](figures/retrieval.png)"]:
+        assert needle in text, needle
+    for a in assessments:
+        assert f"| **{a.verdict}** | {a.paper} | {a.claim} |" in text
 
 
-def test_spread_and_separation():
-    r = rows(AS_PUBLISHED)
-    s = spread(r, CFG)
-    assert [x["eval_length"] for x in s] == LENGTHS
-    assert math.isclose(s[0]["loss_gap"], abs(math.log(4.1) - math.log(4.1041)))
-    sep = separation(r, CFG)
-    assert sep["spread_by_length"] == {x["eval_length"]: x["loss_gap"] for x in s}
-    # at 8L every pair of the five encodings differs by more than the spread at 8L
-    assert sep["by_length"][8 * L]["pairs"] == 10 and sep["by_length"][8 * L]["separated"] == 10
-    assert sep["by_length"][8 * L]["spread"] == s[3]["loss_gap"] and sep["by_length"][8 * L]["within_spread"] == []
+def test_the_console_table(capsys):
+    from rich.console import Console
+
+    out = io.StringIO()
+    render_table(results(), Console(file=out, width=200))
+    assert "RoPE + YaRN, fine-tuned at 4L" in out.getvalue() and "mean over 2 seed(s)" in out.getvalue()
 
 
-def test_a_pair_is_separated_only_beyond_the_spread_at_its_own_length():
-    table = dict(AS_PUBLISHED)
-    table[("rope-2", "none")] = NOISY_SECOND_RUN
-    table[("sinusoidal", "none")] = [4.3, 40.0, 20.0 * 1.03, 120.0]  # 3% above RoPE at 4L: beyond the spread at L only
-    spreads = spread_by_length(rows(table), CFG)
-    assert math.isclose(spreads[L], math.log(1.01)) and math.isclose(spreads[4 * L], math.log(1.06))
-    sep = separation(rows(table), CFG)
-    at_4L = sep["by_length"][4 * L]
-    assert at_4L["spread"] == spreads[4 * L] and at_4L["separated"] == at_4L["pairs"] - 1 == 9
-    [(a, b, gap)] = at_4L["within_spread"]
-    assert {a, b} == {"sinusoidal", "rope"} and math.isclose(gap, math.log(1.03))
-    assert spreads[L] < gap < spreads[4 * L]  # held to the spread at L, this pair would have counted as separated
+def test_csv_columns_are_the_row_fields():
+    text = csv_text(results().rows.retrieval, RetrievalRow)
+    assert text.splitlines()[0] == ("model,seed,scaling,factor,distance,length,span,copy_loss,control_loss,gain,"
+                                    "copy_accuracy,control_accuracy,predictions")
+    assert len(text.splitlines()) == 1 + 8
 
 
-def test_differences_within_the_spread_at_their_length_get_no_verdict():
-    table = dict(AS_PUBLISHED)
-    table[("rope-2", "none")] = NOISY_SECOND_RUN
-    table[("rope", "linear")] = [4.1, 9.0 * 0.96, 20.0 * 0.96, 40.0 * 0.96]  # PI 4% lower: beyond 2% and the spread at L, not past L
-    table[("rope", "ntk")] = [4.1, 5.0, 6.0, 7.0]
-    table[("rope", "yarn")] = [4.1, 4.9, 5.9, 6.9]  # about 2% below NTK at every length past L
-    cs = {c.claim[:40]: c for c in comparisons(rows(table, passkey=0.9), CFG)}
-    pi = cs["Extrapolating RoPE past the trained leng"]
-    assert pi.verdict == "within run-to-run spread"
-    assert "within the run-to-run spread: 2L (0.058 nats), 4L (0.058 nats), 8L (0.058 nats)" in pi.observed
-    assert cs["YaRN (NTK-by-parts plus an attention tem"].verdict == "within run-to-run spread"
-    # differences far beyond the spread keep their verdicts
-    assert cs["NTK-aware scaling, which keeps the high "].verdict == "agrees"
-    assert cs["Rotary extrapolates better than sinusoid"].verdict == "agrees"
-    # PI lower beyond the spread at 2L only: agrees there, cannot be told at 4L and 8L
-    table[("rope", "linear")] = [4.1, 9.0 * 0.8, 20.0 * 0.96, 40.0 * 0.96]
-    cs = {c.claim[:40]: c for c in comparisons(rows(table, passkey=0.9), CFG)}
-    assert cs["Extrapolating RoPE past the trained leng"].verdict == "partly"
-    # and the same 4% with a second run 0.1% off: a verdict again
-    table[("rope-2", "none")] = AS_PUBLISHED[("rope-2", "none")]
-    table[("rope", "linear")] = [4.1, 9.0 * 0.96, 20.0 * 0.96, 40.0 * 0.96]
-    assert verdicts(table, passkey=0.9)["Extrapolating RoPE past the trained leng"] == "agrees"
-
-
-def test_a_change_from_L_is_held_to_the_spread_of_that_change():
-    table = dict(AS_PUBLISHED)
-    table[("rope-2", "none")] = NOISY_SECOND_RUN
-    table[("alibi", "none")] = [4.0, 4.12, 4.12, 4.12]  # 3% above its value at L: a rise, but within the spread of a change
-    c = next(c for c in comparisons(rows(table), CFG) if c.claim.startswith("ALiBi's perplexity does not degrade"))
-    assert c.verdict == "within run-to-run spread"
-    table[("alibi", "none")] = [4.0, 6.0, 9.0, 12.0]  # far beyond it
-    assert verdicts(table)["ALiBi's perplexity does not degrade past"] == "does not agree"
-
-
-def test_verdict_combination():
-    from rotary.experiments.report import AGREE, DISAGREE, WITHIN, _claim_lower, _combine
-
-    assert _combine([AGREE, AGREE]) == AGREE and _combine([DISAGREE, DISAGREE]) == DISAGREE
-    assert _combine([AGREE, DISAGREE]) == _combine([AGREE, WITHIN]) == "partly"
-    assert _combine([DISAGREE, WITHIN]) == DISAGREE and _combine([WITHIN, WITHIN]) == WITHIN
-    assert _combine([None]) == "not measured"
-    # |ln x - ln y| at or under the spread: no verdict, whichever is lower
-    assert _claim_lower(1.0, 1.05, math.log(1.05)) == _claim_lower(1.05, 1.0, math.log(1.05)) == WITHIN
-    assert _claim_lower(1.0, 1.06, math.log(1.05)) == AGREE and _claim_lower(1.06, 1.0, math.log(1.05)) == DISAGREE
-    assert _claim_lower(1.0, 1.01, 0.0) == DISAGREE  # no spread measured: a 1% lead is a tie, no win
-
-
-def test_observations_state_the_measured_numbers():
-    lines = observations(rows(AS_PUBLISHED), CFG)
-    assert any("At 1024 tokens (8L) the lowest perplexity is ALiBi's, 3.96" in line for line in lines)
-    assert any(line.startswith("learned absolute: perplexity at 8L is 21.429x its value at L") for line in lines)
-
-
-def test_tables_and_labels():
-    header, body = summary_table(rows(AS_PUBLISHED), CFG)
-    assert header == ["method", "ppl 1L", "ppl 2L", "ppl 4L", "ppl 8L", "passkey 1L", "passkey 2L", "passkey 4L", "passkey 8L"]
-    assert [b[0] for b in body][:6] == ["NoPE", "learned absolute", "sinusoidal", "ALiBi", "RoPE", "RoPE + PI (linear)"]
-    assert method_label("rope-2", "rope", "yarn") == "RoPE + YaRN (2nd run)"
-    text = csv_text(rows(AS_PUBLISHED), [0, *LENGTHS])
-    assert len(text.splitlines()) == 1 + 10 * 4
-    assert text.splitlines()[0].endswith("loss_0_128,loss_128_256,loss_256_512,loss_512_1024")
-
-
-@pytest.mark.parametrize("broken", [("learned", "sinusoidal"), tuple(k[0] for k in AS_PUBLISHED)])
+@pytest.mark.parametrize("broken", [("alibi",), ("none", "alibi", "rope", "rope-ft-yarn")])
 def test_figures_skip_perplexities_that_are_not_finite(tmp_path, broken):
     """Once, a run whose perplexities were all NaN failed in matplotlib ("Data cannot be log-scaled")."""
-    table = {k: ([math.nan, math.inf, math.nan, math.inf] if k[0] in broken else v) for k, v in AS_PUBLISHED.items()}
-    r = rows(table)
-    for row in r:
-        if not math.isfinite(row["perplexity"]):
-            row["loss"] = row["perplexity"]
-            row["buckets"] = {k: (None if v is None else row["perplexity"]) for k, v in row["buckets"].items()}
-    paths = draw_figures(r, CFG, tmp_path)
-    for name in ("perplexity", "buckets", "passkey"):
+    table = {k: ([math.nan, math.inf, math.nan, math.inf] if k[0] in broken else v) for k, v in TABLE.items()}
+    paths = draw_figures(results(table), tmp_path)
+    for name in ("perplexity", "buckets", "passkey", "retrieval"):
         assert [p.suffix for p in paths[name]] == [".png", ".svg"] and all(p.stat().st_size > 0 for p in paths[name])

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from rotary.cli import main
-from rotary.experiments.config import PRESETS, SCALINGS, default_encodings
+from rotary.experiments.config import EXTEND_SCALINGS, PRESETS, SCALINGS, default_encodings
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -39,49 +39,58 @@ def tiny_run(tmp_path_factory) -> Path:
 def numbers(run: Path) -> dict:
     """Everything a run measured (not its wall times or dates)."""
     results = json.loads((run / "results.json").read_text())
-    return {"rows": results["results"], "losses": [m["losses"] for m in results["models"]], "spread": results["spread"]}
+    return {"rows": results["rows"], "losses": [m["losses"] for m in results["models"]], "claims": results["claims"]}
 
 
 def test_writes_every_file_with_the_expected_shapes(tiny_run):
-    for name in ["config.json", "results.json", "results.csv", "report.md"]:
+    for name in ["config.json", "results.json", "results.csv", "positions.csv", "passkey.csv", "retrieval.csv", "report.md"]:
         assert (tiny_run / name).is_file(), name
-    for figure in ["perplexity", "position_buckets", "passkey"]:
+    for figure in ["perplexity", "position_buckets", "passkey", "retrieval"]:
         assert (tiny_run / "figures" / f"{figure}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert (tiny_run / "figures" / f"{figure}.svg").read_text().lstrip().startswith("<?xml")
     results = json.loads((tiny_run / "results.json").read_text())
     encodings = list(default_encodings())
-    models = encodings + ["rope-2"]
+    stages = encodings + [f"rope-ft-{s}" for s in EXTEND_SCALINGS] + ["rope-scratch"]
+    models = [f"{m}-{seed}" for seed in (0, 1) for m in stages]
     assert [m["name"] for m in results["models"]] == models
     for name in models:
         assert (tiny_run / "models" / name / "checkpoint.pt").is_file()
-    rows = results["results"]
-    # every encoding as trained at 4 lengths, plus the RoPE model under the 4 other scalings, plus the repeat
-    expected = len(encodings) * 4 + (len(SCALINGS) - 1) * 4 + 4
-    assert len(rows) == expected
-    keys = {(r["model"], r["scaling"], r["eval_length"]) for r in rows}
-    assert len(keys) == expected
-    assert {(r["scaling"]) for r in rows if r["model"] == "rope"} == set(SCALINGS)
+    rows = results["rows"]["perplexity"]
+    # per seed: every encoding as trained, the RoPE model under the 4 other scalings, the 4 fine-tunes and the
+    # model trained at 4L; each at 4 lengths in 2 modes
+    methods = len(encodings) + (len(SCALINGS) - 1) + len(EXTEND_SCALINGS) + 1
+    assert len(rows) == 2 * methods * 4 * 2
+    keys = {(r["model"], r["scaling"], r["eval_length"], r["mode"], r["seed"]) for r in rows}
+    assert len(keys) == len(rows)
+    assert {r["scaling"] for r in rows if r["model"] == "rope"} == set(SCALINGS)
+    fine_tuned = [r for r in rows if r["model"].startswith("rope-ft-")]
+    assert all(r["scaling"] == r["model"].removeprefix("rope-ft-") for r in fine_tuned)
+    assert {r["factor"] for r in fine_tuned if r["scaling"] != "none"} == {4.0}  # the fine-tuned scaling's own factor
     for r in rows:
-        assert r["eval_length"] in LENGTHS and r["factor"] == r["eval_length"] / L
-        assert r["perplexity"] > 1 and r["bits_per_byte"] > 0 and r["passkey_trials"] == 50
-        assert list(r["buckets"]) == [f"{a}-{b}" for a, b in zip([0, *LENGTHS[:-1]], LENGTHS)]
-        filled = [v is not None for v in r["buckets"].values()]
-        assert sum(filled) == LENGTHS.index(r["eval_length"]) + 1
+        assert r["eval_length"] in LENGTHS and r["perplexity"] > 1 and r["bits_per_byte"] > 0
+        assert r["factor"] == (1.0 if r["scaling"] == "none" else 4.0 if r["model"].startswith("rope-ft-") else r["eval_length"] / L)
+        assert r["stride"] == (r["eval_length"] if r["mode"] == "windows" else L // 2)
+    passkey = results["rows"]["passkey"]
+    assert {r["trials"] for r in passkey} == {2} and len(passkey) == 2 * methods * 4 * 5  # 10 prompts at 5 depths
+    retrieval = results["rows"]["retrieval"]
+    assert len(retrieval) == 2 * methods * len(results["config"]["retrieval_distances"] or [56, 84, 112, 168, 224, 336, 448, 672, 848])
+    positions = results["rows"]["positions"]
+    assert {(r["start"], r["end"]) for r in positions} == {(a, min(a + 14, 895)) for a in range(0, 895, 14)}
     with open(tiny_run / "results.csv") as f:
         table = list(csv.DictReader(f))
-    assert len(table) == expected
-    assert set(table[0]) >= {"model", "scaling", "eval_length", "perplexity", "bits_per_byte", "passkey_accuracy", f"loss_{4 * L}_{8 * L}"}
-    for key in ("config", "data", "environment", "timings", "spread", "separation", "wall_seconds"):
+    assert len(table) == len(rows) and list(table[0]) == ["model", "seed", "scaling", "factor", "mode", "eval_length", "stride",
+                                                        "loss", "perplexity", "bits_per_byte", "predictions"]
+    for key in ("config", "data", "environment", "timings", "claims", "wall_seconds"):
         assert key in results
     assert results["environment"]["torch"] == torch.__version__
-    assert results["data"]["source"] == "pydoc_data.topics"
-    assert [s["eval_length"] for s in results["spread"]] == LENGTHS
-    learned = next(m for m in results["models"] if m["name"] == "learned")
+    assert results["data"]["source"] == "builtin:pydoc" and results["data"]["files"] == 1
+    learned = next(m for m in results["models"] if m["name"] == "learned-0")
     assert learned["untrained_rows_unchanged"] is True and learned["trained_rows_changed"] is True
     report = (tiny_run / "report.md").read_text()
-    for needle in ["figures/perplexity.png", "figures/position_buckets.png", "figures/passkey.png", "Train Short, Test Long",
-                   "The Impact of Positional Encoding", "Positional Interpolation", "YaRN", "RoPE + YaRN", "NoPE",
-                   f"rows {L}..{8 * L - 1} never receive a gradient"]:
+    for needle in ["figures/perplexity.png", "figures/position_buckets.png", "figures/passkey.png", "figures/retrieval.png",
+                   "Train Short, Test Long", "The Impact of Positional Encoding", "Positional Interpolation", "YaRN",
+                   "RoPE + YaRN, fine-tuned at 4L", "RoPE trained at 4L", "NoPE", "Sliding windows (stride 56",
+                   "## Retrieval at a distance", "Wilson", f"rows {L}..{8 * L - 1} never receive a gradient"]:
         assert needle in report, needle
     config = json.loads((tiny_run / "config.json").read_text())
     assert config["command"].startswith("rotary experiment --preset tiny --device cpu")
@@ -89,18 +98,44 @@ def test_writes_every_file_with_the_expected_shapes(tiny_run):
 
 def test_the_hybrid_encodings_run_through_the_experiment(tmp_path):
     out = tmp_path / "hybrids"
-    assert experiment(out, "--encodings", "rope_alibi,rope_relative", "--spread-encodings", "rope_alibi", "--scalings",
+    assert experiment(out, "--encodings", "rope_alibi,rope_relative", "--extend-steps", "0", "--scalings",
                       "none,yarn", "--eval-lengths", f"{L},{2 * L}", "--steps", "4", "--passkey-trials", "5") == 0
     results = json.loads((out / "results.json").read_text())
-    assert [m["name"] for m in results["models"]] == ["rope_alibi", "rope_relative", "rope_alibi-2"]
-    # both rotate q and k, so both are also evaluated under the scalings; the repeat only as trained
-    keys = sorted((r["model"], r["scaling"], r["eval_length"]) for r in results["results"])
-    assert keys == sorted([(m, s, e) for m in ("rope_alibi", "rope_relative") for s in ("none", "yarn") for e in (L, 2 * L)]
-                          + [("rope_alibi-2", "none", e) for e in (L, 2 * L)])
-    assert all(math.isfinite(r["perplexity"]) and r["perplexity"] > 1 for r in results["results"])
-    assert [s["eval_length"] for s in results["spread"]] == [L, 2 * L]
+    assert [m["name"] for m in results["models"]] == ["rope_alibi-0", "rope_relative-0", "rope_alibi-1", "rope_relative-1"]
+    # both rotate q and k, so both are also evaluated under the scalings, every seed
+    keys = sorted({(r["model"], r["scaling"], r["eval_length"], r["seed"]) for r in results["rows"]["perplexity"]})
+    assert keys == sorted((m, s, e, seed) for m in ("rope_alibi", "rope_relative") for s in ("none", "yarn") for e in (L, 2 * L)
+                          for seed in (0, 1))
+    assert all(math.isfinite(r["perplexity"]) and r["perplexity"] > 1 for r in results["rows"]["perplexity"])
     report = (out / "report.md").read_text()
     assert "RoPE + ALiBi + YaRN" in report and "RoPE + learned bias" in report
+
+
+@pytest.mark.parametrize("study", ["base", "transfer"])
+def test_the_studies_run_on_the_tiny_preset(tmp_path, study):
+    out = tmp_path / study
+    assert experiment(out, "--study", study) == 0
+    results = json.loads((out / "results.json").read_text())
+    models = {m["model"] for m in results["models"]}
+    report = (out / "report.md").read_text()
+    claims = {c["claim"][:30]: c for c in results["claims"]}
+    if study == "base":
+        assert models == {"rope-base100", "rope-base10000"}
+        assert {r["model"] for r in results["rows"]["positions"]} == models
+        assert "Scaling Laws of RoPE-based Extrapolation" in report and "d_extra" in report and "could not be verified" in report
+        # head width 16: pairs 0, 1, 2 of base 10000 complete a period within L = 112 (periods 6.3, 19.9, 62.8), pair 3
+        # does not (199): d_extra = 6 and T_extra = 199
+        periods = [2 * math.pi * 10000 ** (2 * i / 16) for i in range(8)]
+        d_extra = 2 * sum(p <= L for p in periods)
+        assert f"| 10000 | {d_extra} of 16 | {min(p for p in periods if p > L):.0f} (1.77L) |" in report
+    else:
+        assert models == {"sinusoidal", "rope", "sinusoidal-short", "transfer-0", "transfer"}
+        steps = {m["model"]: len(m["losses"]) for m in results["models"] if m["seed"] == 0}
+        assert steps == {"sinusoidal": 12, "rope": 12, "sinusoidal-short": 8, "transfer-0": 0, "transfer": 4}
+        assert (out / "figures" / "training_loss.png").is_file()
+        assert "transfer_position_encoding" in report and "No paper we cite measures this transfer" in report
+    assert all(c["verdict"] in ("agrees", "does not agree", "partly", "within run-to-run spread", "not measured")
+               for c in claims.values())
 
 
 def test_same_command_same_numbers(tiny_run, tmp_path):
@@ -114,7 +149,7 @@ def test_resume_after_a_kill_ends_with_the_numbers_of_an_uninterrupted_run(tiny_
         [sys.executable, "-m", "rotary", "experiment", "--preset", "tiny", "--device", "cpu", "--out", str(out)],
         env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path,
     )
-    first = out / "models" / "none" / "checkpoint.pt"
+    first = out / "models" / "none-0" / "checkpoint.pt"
     deadline = time.monotonic() + 240
     while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.002)
@@ -123,10 +158,10 @@ def test_resume_after_a_kill_ends_with_the_numbers_of_an_uninterrupted_run(tiny_
     assert first.exists(), proc.stderr.read().decode()
     assert not (out / "results.json").exists()  # killed while training: not a finished run
     steps = {p.parent.name: torch.load(p, weights_only=True)["step"] for p in (out / "models").glob("*/checkpoint.pt")}
-    assert len(steps) < 6 or min(steps.values()) < PRESETS["tiny"]["steps"], steps
+    assert len(steps) < 2 * 11 or min(steps.values()) < PRESETS["tiny"]["steps"], steps
     assert main(["experiment", "--preset", "tiny", "--device", "cpu", "--resume", str(out)]) == 0
     resumed = json.loads((out / "results.json").read_text())
-    assert resumed["models"][0]["resumed_at_step"] > 0
+    assert resumed["models"][0]["resumed_at_step"] > 0 or resumed["models"][1]["resumed_at_step"] > 0
     assert numbers(out) == numbers(tiny_run)
 
 
@@ -151,13 +186,45 @@ def test_bad_data_files(capsys, tmp_path):
     (tmp_path / "empty.txt").write_bytes(b"")
     (tmp_path / "binary.bin").write_bytes(bytes([0xFF, 0xFE, 0x00]) * 10000)
     (tmp_path / "short.txt").write_text("too short " * 50)
+    (tmp_path / "nothing").mkdir()
+    (tmp_path / "nothing" / "image.bin").write_bytes(bytes([0xFF, 0xD8, 0x00]) * 100)
     out = tmp_path / "out"
-    assert "no such file" in bad(capsys, out, "--data", str(tmp_path / "nope.txt"))
-    assert "is a directory" in bad(capsys, out, "--data", str(tmp_path))
+    assert "no such file or directory" in bad(capsys, out, "--data", str(tmp_path / "nope.txt"))
+    message = bad(capsys, out, "--data", str(tmp_path / "nothing"))
+    assert f"--data {tmp_path / 'nothing'}: the directory holds no UTF-8 text" in message and "give files of UTF-8 text" in message
+    assert "matches no file" in bad(capsys, out, "--data", str(tmp_path / "*.csv"))
     assert "is empty" in bad(capsys, out, "--data", str(tmp_path / "empty.txt"))
     assert "not UTF-8" in bad(capsys, out, "--data", str(tmp_path / "binary.bin"))
+    assert "unknown built-in corpus" in bad(capsys, out, "--data", "builtin:wiki")
     message = bad(capsys, out, "--data", str(tmp_path / "short.txt"))
-    assert "has 500 bytes, too short" in message and "at least 8960 bytes" in message
+    assert "has 500 bytes, too short: one training batch (8 rows of 113 bytes" in message and "at least 17920 bytes" in message
+
+
+def test_a_corpus_smaller_than_one_batch(capsys, tmp_path):
+    """Enough held-out text for the evaluation, but a training part shorter than one batch of rows."""
+    path = tmp_path / "corpus.txt"
+    path.write_text("words " * 400)  # 2400 bytes: 1200 held out (enough), 1200 to train from, one batch needs 64 rows x 113
+    message = bad(capsys, tmp_path / "o", "--data", str(path), "--held-out-fraction", "0.5", "--batch-size", "64", "--sliding-tokens", "0")
+    assert "has 2400 bytes, too short: one training batch (64 rows of 113 bytes" in message and "smaller --batch-size" in message
+
+
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--study", "bases"], "argument --study: invalid choice: 'bases' (choose from"),
+        (["--extend-length", "112"], "--extend-length 112 is not longer than the training length L = 112"),
+        (["--extend-length", "56"], "use e.g. --extend-length 448, or --extend-steps 0 to skip the stage"),
+        (["--seeds", "0"], "argument --seeds: must be at least 1 (how many times every method is trained"),
+        (["--seeds", "-2"], "argument --seeds: must be at least 1"),
+        (["--encodings", "alibi"], "the extension stage fine-tunes the RoPE model, but --encodings alibi has no rope"),
+        (["--extend-scalings", "dynamic"], "dynamic NTK changes with the length by itself"),
+        (["--study", "transfer", "--transfer-steps", "12"], "--study transfer fine-tunes 12 of the --steps 12 with RoPE"),
+        (["--bases", "1"], "--bases must be finite numbers > 1"),
+        (["--eval-stride", "200"], "--eval-stride 200 is longer than L = 112"),
+    ],
+)
+def test_bad_settings_of_the_new_stages(capsys, tmp_path, flags, needle):
+    assert needle in bad(capsys, tmp_path / "o", *flags)
 
 
 def test_empty_encodings_are_an_error_not_the_defaults(capsys, tmp_path):
@@ -232,7 +299,7 @@ def test_world_size_that_does_not_divide_the_batch(capsys, tmp_path, monkeypatch
 )
 def test_diverged_training_stops_with_one_line_and_leaves_no_results(capsys, tmp_path, flags, needle):
     out = tmp_path / "diverged"
-    code = experiment(out, *flags, "--steps", "3", "--encodings", "rope", "--spread-encodings=", "--scalings", "none")
+    code = experiment(out, *flags, "--steps", "3", "--encodings", "rope", "--seeds", "1", "--extend-steps", "0", "--scalings", "none")
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert "training rope (encoding rope, seed 0) diverged at step " in err and needle in err
@@ -269,14 +336,13 @@ def test_resume_refuses_another_configuration_and_corrupted_checkpoints(capsys, 
 
     copy = tmp_path / "copy"
     shutil.copytree(tiny_run, copy)
-    (copy / "models" / "alibi" / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    (copy / "models" / "alibi-0" / "checkpoint.pt").write_bytes(b"not a checkpoint")
     code = main(["experiment", "--preset", "tiny", "--device", "cpu", "--resume", str(copy)])
     err = capsys.readouterr().err
-    assert code == 2 and "checkpoint" in err and "alibi" in err and "is corrupted" in err and "Traceback" not in err
+    assert code == 2 and "checkpoint" in err and "alibi-0" in err and "is corrupted" in err and "Traceback" not in err
 
 
-def test_write_experiment_docs_renders_the_readme_block_and_report_from_a_run(tiny_run, tmp_path, capsys):
-    """benchmarks/write_experiment_docs.py, pointed at a copy of the docs: the block, the report, the figures."""
+def _docs_writer(tmp_path):
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("write_experiment_docs", ROOT / "benchmarks" / "write_experiment_docs.py")
@@ -285,19 +351,37 @@ def test_write_experiment_docs_renders_the_readme_block_and_report_from_a_run(ti
     (tmp_path / "docs" / "figures").mkdir(parents=True)
     (tmp_path / "README.md").write_text("# rotary\n\n<!-- experiment:start -->\nold block\n<!-- experiment:end -->\n\n## Quick start\n")
     module.ROOT = tmp_path
+    return module
+
+
+def test_write_experiment_docs_renders_the_readme_block_and_report_from_a_run(tiny_run, tmp_path, capsys):
+    """benchmarks/write_experiment_docs.py, pointed at a copy of the docs: the block, the report, the figures."""
+    module = _docs_writer(tmp_path)
     assert module.main([str(tiny_run)]) == 0
     readme = (tmp_path / "README.md").read_text()
     assert "old block" not in readme and readme.startswith("# rotary\n\n<!-- experiment:start -->\n![perplexity")
     assert readme.endswith("<!-- experiment:end -->\n\n## Quick start\n")
-    assert "`rotary experiment --preset tiny --device cpu`" in readme
-    spread = json.loads((tiny_run / "results.json").read_text())["spread"]
-    assert f"differs from the first run by {spread[0]['loss_gap']:.3f} nats at 1L" in readme
+    assert "`rotary experiment --preset tiny --device cpu`" in readme and "mean ± half the range over 2 seeds" in readme
+    results = json.loads((tiny_run / "results.json").read_text())
+    rope_at_L = [r["perplexity"] for r in results["rows"]["perplexity"]
+                 if (r["model"], r["scaling"], r["eval_length"], r["mode"]) == ("rope", "none", L, "windows")]
+    assert f"| RoPE | {sum(rope_at_L) / 2:.4g} ± " in readme  # the table's numbers are the run's
     report = (tmp_path / "docs" / "experiment_report.md").read_text()
-    assert "(figures/experiment_perplexity.png)" in report and "Each length is held to its own spread" in report
-    for name in ("perplexity", "position_buckets", "passkey"):
+    assert report == (tiny_run / "report.md").read_text().replace("](figures/", "](figures/experiment_")
+    for name in ("perplexity", "position_buckets", "passkey", "retrieval"):
         assert (tmp_path / "docs" / "figures" / f"experiment_{name}.png").read_bytes()[:4] == b"\x89PNG"
     capsys.readouterr()
     assert module.main([str(tmp_path)]) == 2 and "not a finished run" in capsys.readouterr().err
+
+
+def test_write_experiment_docs_writes_a_study_page_and_leaves_the_readme(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert experiment(run, "--study", "base", "--seeds", "1", "--bases", "100") == 0
+    module = _docs_writer(tmp_path / "copy")
+    assert module.main([str(run)]) == 0
+    assert "old block" in (tmp_path / "copy" / "README.md").read_text()
+    page = (tmp_path / "copy" / "docs" / "experiment_base.md").read_text()
+    assert page.startswith("# RoPE's base") and "(figures/experiment_base_position_buckets.png)" in page
 
 
 def test_the_library_never_imports_the_command_line():

@@ -7,7 +7,15 @@ import argparse
 import math
 import os
 
-from rotary.experiments.config import PRESETS, SCALINGS, ExperimentConfig, ExperimentError, default_encodings
+from rotary.experiments.config import (
+    EXTEND_SCALINGS,
+    PRESETS,
+    SCALINGS,
+    STUDIES,
+    ExperimentConfig,
+    ExperimentError,
+    default_encodings,
+)
 
 from .common import count, output_path, positive_float, positive_int, print_json, seed
 
@@ -50,6 +58,17 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _seeds(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, the times every method is trained, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be at least 1 (how many times every method is trained; 2 or more measure the spread), got {text}")
+    return value
+
+
 def _float(text: str) -> float:
     try:
         value = float(text)
@@ -62,11 +81,20 @@ def _float(text: str) -> float:
 
 #: ExperimentConfig field -> (argparse type, help); every setting is a flag, so every run has a command
 SETTINGS: dict[str, tuple] = {
+    "study": (str, "a study beside the main comparison: base (RoPE at each of --bases) or transfer (sinusoidal -> RoPE); "
+              "not part of make demo"),
     "train_length": (positive_int, "L: tokens (bytes) per training window"),
     "eval_lengths": (_int_list, "evaluation lengths E, comma-separated (default L,2L,4L,8L)"),
     "encodings": (_names, "position encodings to train, comma-separated (default: " + ",".join(default_encodings()) + "; also rope_alibi, rope_relative, any registered name)"),
     "scalings": (_names, "scalings of the RoPE models at evaluation, comma-separated (default: " + ",".join(SCALINGS) + ")"),
-    "spread_encodings": (_names, "encodings trained a second time (--seed + 1) to measure the run-to-run spread; '' for none (default rope)"),
+    "seeds": (_seeds, "times every method is trained (seeds --seed, --seed + 1, ...); tables give the mean and spread"),
+    "extend_steps": (_non_negative_int, "fine-tuning steps of the extension stage at --extend-length (0: no stage)"),
+    "extend_length": (positive_int, "length the extension stage fine-tunes at, longer than L (default 4L)"),
+    "extend_scalings": (_names, "scalings fine-tuned at --extend-length, comma-separated (default: " + ",".join(EXTEND_SCALINGS) + "; none = direct fine-tuning)"),
+    "extend_batch_size": (positive_int, "rows per step at --extend-length (default: the pretraining batch's tokens, batch-size x L / extend-length)"),
+    "finetune_learning_rate": (positive_float, "peak learning rate of the fine-tunes (extension, transfer)"),
+    "bases": (_float_list, "RoPE bases of --study base, comma-separated"),
+    "transfer_steps": (positive_int, "RoPE fine-tuning steps after the transfer in --study transfer (default steps / 10)"),
     "hidden_size": (positive_int, "model width"),
     "num_layers": (positive_int, "transformer blocks"),
     "num_heads": (positive_int, "attention heads"),
@@ -79,18 +107,24 @@ SETTINGS: dict[str, tuple] = {
     "weight_decay": (_float, "AdamW weight decay on linear layers"),
     "grad_clip": (positive_float, "gradient-norm clip"),
     "passkey_fraction": (_float, "fraction of training rows ending with a passkey sample"),
-    "passkey_trials": (positive_int, "passkey prompts per evaluation length (at least 50 recommended)"),
+    "passkey_trials": (positive_int, "passkey prompts per evaluation length and seed"),
     "passkey_depths": (_float_list, "key positions in the filler, fractions in [0, 1]"),
-    "eval_tokens": (positive_int, "held-out tokens evaluated at every length"),
+    "eval_tokens": (positive_int, "held-out tokens evaluated at every length in non-overlapping windows"),
+    "eval_stride": (positive_int, "stride of the sliding-window evaluation (default L / 2)"),
+    "sliding_tokens": (_non_negative_int, "held-out tokens scored by the sliding-window evaluation at every length (0: none)"),
+    "retrieval_trials": (positive_int, "random spans per distance of the retrieval probe"),
+    "retrieval_span": (positive_int, "bytes per span of the retrieval probe"),
+    "retrieval_distances": (_int_list, "distances of the retrieval probe, comma-separated (default L/4 .. 8L)"),
     "held_out_fraction": (_float, "last fraction of the text kept for evaluation"),
-    "seed": (seed, "seed of initialisation, batches and passkey prompts"),
+    "seed": (seed, "first seed: initialisation and batches of the first run of every method, and every evaluation prompt"),
     "checkpoint_every": (positive_int, "steps between checkpoints"),
     "device": (str, "cpu or cuda (default: cuda when available; mixed precision there)"),
     "threads": (
         count(max(64, 4 * (os.cpu_count() or 1)), f"4 x the {os.cpu_count()} logical CPUs, at least 64"),
         "torch CPU threads (default: torch's choice; numbers are bit-identical at equal counts)",
     ),
-    "data": (str, "a UTF-8 text file to train and evaluate on (default: CPython's pydoc_data.topics)"),
+    "data": (str, "UTF-8 text: files, directories or glob patterns, or builtin:pydoc (the default, CPython's "
+             "pydoc_data.topics) or builtin:stdlib (the standard library's sources, tens of MB)"),
 }
 
 
@@ -100,7 +134,7 @@ def config_from_args(args: argparse.Namespace) -> ExperimentConfig:
     for name in SETTINGS:
         value = getattr(args, name)
         if value is not None:
-            settings[name] = value
+            settings[name] = tuple(value) if isinstance(value, list) else value
     return ExperimentConfig(**settings)
 
 
@@ -130,7 +164,8 @@ def _experiment(args: argparse.Namespace) -> int:
     if args.json and os.environ.get("RANK", "0") == "0":
         print_json({
             "directory": str(directory),
-            "files": [str(directory / name) for name in ("report.md", "results.json", "results.csv", "config.json")],
+            "files": [str(directory / name) for name in ("report.md", "results.json", "results.csv", "positions.csv", "passkey.csv",
+                                                          "retrieval.csv", "config.json")],
             "figures": sorted(str(f) for f in (directory / "figures").glob("*.png")),
         })  # fmt: skip
     return 0
@@ -140,16 +175,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "experiment",
         help="train short, test long: position encodings and RoPE scalings compared past the training length",
-        description="Trains one small Decoder per position encoding at length L on byte-level text, evaluates each at "
-        "L, 2L, 4L, 8L (perplexity, bits per byte, loss by position, passkey retrieval) with the RoPE model also under "
-        "inference-time scalings, and writes results.json, results.csv, figures and report.md.",
+        description="Trains small Decoders per position encoding at length L on byte-level text, --seeds times each, "
+        "evaluates each at L, 2L, 4L, 8L (perplexity in non-overlapping and sliding windows, loss by position, a "
+        "retrieval probe, passkey retrieval) with the RoPE model also under inference-time scalings, fine-tuned at "
+        "--extend-length with each scaling and trained from scratch there, and writes results.json, CSV files, "
+        "figures and report.md. --study base and --study transfer run the two studies instead.",
     )
     p.add_argument("--preset", choices=sorted(PRESETS), default="default",
-                   help="tiny (seconds, for tests), default (what make demo runs; <= 10 min on 2 CPU cores), large (a GPU)")
+                   help="tiny (seconds, for tests), default (what make demo runs; <= 10 min on 2 CPU cores), large (a GPU, builtin:stdlib)")
     p.add_argument("-o", "--out", type=output_path, metavar="DIR", help="run directory (default runs/experiment-<UTC time>)")
     p.add_argument("--resume", metavar="DIR", help="continue an interrupted run in DIR (same settings)")
     p.add_argument("--json", action="store_true", help="print the run directory and the files written as JSON (progress on stderr)")
+    choices = {"device": ["cpu", "cuda"], "study": list(STUDIES)}
     for name, (kind, text) in SETTINGS.items():  # default None: the preset's value
-        p.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=text,
-                       **({"choices": ["cpu", "cuda"]} if name == "device" else {}))
+        extra = {"nargs": "+", "metavar": "SOURCE"} if name == "data" else {}
+        if name in choices:
+            extra["choices"] = choices[name]
+        p.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=text, **extra)
     p.set_defaults(func=_experiment)

@@ -1,10 +1,17 @@
 """Train short, test long: position encodings and RoPE scalings compared past the training length.
 
-``rotary experiment`` (and :func:`run_experiment`) trains one small :class:`rotary.models.Decoder`
-per position encoding at length L on byte-level text and evaluates each at L, 2L, 4L, 8L: perplexity,
-bits per byte, loss by position bucket and passkey retrieval, with the RoPE model also under the
-inference-time scalings. Modules: :mod:`.config` (settings, presets), :mod:`.data` (text, batches),
-:mod:`.passkey`, :mod:`.train` (DDP, checkpoints), :mod:`.evaluate`, :mod:`.report`, :mod:`.run`.
+``rotary experiment`` (and :func:`run_experiment`) trains small :class:`rotary.models.Decoder` models
+per position encoding at length L on byte-level text, ``--seeds`` times each, and evaluates them at L,
+2L, 4L, 8L: perplexity in non-overlapping and sliding windows, loss by position, a retrieval probe and
+passkey retrieval; the RoPE model also under inference-time scalings, fine-tuned at a longer length
+with each scaling, and trained from scratch there. ``--study base`` and ``--study transfer`` are the
+two studies beside it.
+
+Modules, in the order of the data flow: :mod:`.config` (settings, presets) -> :mod:`.sources` and
+:mod:`.data` (text, batches) -> :mod:`.plan` (which models) -> :mod:`.train` (DDP, checkpoints) ->
+:mod:`.evaluate` (with :mod:`.passkey` and :mod:`.retrieval`) -> :mod:`.rows` (typed rows, CSV) ->
+:mod:`.results` (lookup over seeds, :mod:`.stats`) -> :mod:`.claims` and :mod:`.studies` (paper
+claims, verdicts) -> :mod:`.figures` and :mod:`.report` (prose) -> :mod:`.run` (the command).
 """
 
 from .config import PRESETS, SCALINGS, ExperimentConfig, ExperimentError, default_encodings

@@ -16,12 +16,14 @@ from ..models import POSITION_ENCODINGS
 
 __all__ = [
     "DEFAULT_ENCODINGS",
+    "EXTEND_SCALINGS",
     "command_line",
     "ExperimentConfig",
     "ExperimentError",
     "MAX_EVAL_LENGTH",
     "PRESETS",
     "SCALINGS",
+    "STUDIES",
     "default_encodings",
     "differences",
 ]
@@ -34,6 +36,13 @@ class ExperimentError(ValueError):
 #: inference-time scalings of a trained RoPE model, each evaluated with factor E / L
 SCALINGS = ("none", "linear", "ntk", "dynamic", "yarn")
 
+#: scalings the extension stage fine-tunes with ("none": direct fine-tuning at the longer length);
+#: dynamic NTK is left out: it changes with the length by itself and is published without fine-tuning
+EXTEND_SCALINGS = ("none", "linear", "ntk", "yarn")
+
+#: the studies beside the main comparison (``--study``)
+STUDIES = ("base", "transfer")
+
 #: encodings trained by default, in this order; xpos joins when it is registered
 DEFAULT_ENCODINGS = ("none", "learned", "sinusoidal", "alibi", "rope")
 
@@ -41,6 +50,9 @@ DEFAULT_ENCODINGS = ("none", "learned", "sinusoidal", "alibi", "rope")
 #: [heads, E, E] score matrix (fp32 with ALiBi or a learned bias): at E = 32768 and 4 heads that is
 #: 16 GiB for a single window, which is already past what a 24 GB machine can evaluate.
 MAX_EVAL_LENGTH = 32768
+
+#: retrieval distances as multiples of L, inside and past it (the last is clipped to the longest length)
+RETRIEVAL_FRACTIONS = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
 
 
 def default_encodings() -> tuple[str, ...]:
@@ -59,14 +71,27 @@ class ExperimentConfig:
 
     Attributes:
         preset: the preset the settings started from (``tiny``, ``default``, ``large``).
+        study: None for the main comparison, or one of :data:`STUDIES`: ``base`` (RoPE at each of
+            ``bases``) or ``transfer`` (sinusoidal -> RoPE by copying the other weights).
         train_length: ``L``, the length of every training window.
         eval_lengths: evaluation lengths ``E``, ``L`` among them and none below it; None (the default):
             ``L, 2L, 4L, 8L``.
         encodings: position encodings to train (keys of ``rotary.models.POSITION_ENCODINGS``); None
             (the default): :func:`default_encodings`. An empty tuple is an error, not the default.
         scalings: inference-time scalings applied to the RoPE-based models (:data:`SCALINGS`).
-        spread_encodings: encodings trained a second time with ``seed + 1`` to measure the
-            run-to-run spread.
+        seeds: how many times every method is trained (seeds ``seed .. seed + seeds - 1``); the
+            tables show the mean and half the range over them.
+        extend_steps: fine-tuning steps of the extension stage at ``extend_length`` (0: no stage).
+        extend_length: the length the extension stage fine-tunes at (and the RoPE model trained from
+            scratch is trained at); None: ``4L``. Must be longer than ``L``.
+        extend_scalings: the scalings fine-tuned (:data:`EXTEND_SCALINGS`), factor ``extend_length / L``.
+        extend_batch_size: rows per step at ``extend_length``; None: the pretraining batch's tokens,
+            ``batch_size * L // extend_length`` rows (at least 1).
+        finetune_learning_rate: peak learning rate of every fine-tuning (extension, transfer): warm-up
+            over a tenth of its steps, then cosine decay to ``min_learning_rate``.
+        bases: RoPE bases of ``--study base``.
+        transfer_steps: RoPE fine-tuning steps after the transfer (``--study transfer``); the
+            sinusoidal model it starts from trains ``steps - transfer_steps``. None: ``steps // 10``.
         hidden_size, num_layers, num_heads: the ``Decoder``'s shape (SwiGLU width 8/3 E).
         rope_base: RoPE's base ``theta``.
         batch_size: rows per optimizer step (all ranks together).
@@ -78,43 +103,66 @@ class ExperimentConfig:
         passkey_fraction: fraction of training rows that end with a passkey sample (<= L tokens).
         passkey_trials: passkey prompts per evaluation length (spread evenly over the depths).
         passkey_depths: where the key sits in the filler, 0 = start, 1 = just before the question.
-        eval_tokens: held-out tokens evaluated at every length (a multiple of the longest length);
-            ``None``: all of the held-out text.
+        eval_tokens: held-out tokens evaluated at every length in non-overlapping windows (a
+            multiple of the longest length); ``None``: all of the held-out text.
+        eval_stride: the stride of the sliding-window evaluation: every scored token sees at least
+            ``E - eval_stride`` tokens of context. None: ``L // 2``.
+        sliding_tokens: tokens scored by the sliding-window evaluation at every length (0: none), whole
+            strides spread over the non-overlapping windows' text past its first window.
+        retrieval_trials: random spans per distance of the retrieval probe.
+        retrieval_span: length of each span (bytes).
+        retrieval_distances: distances between the two copies; None: ``L/4 .. 8L`` (see
+            :attr:`distances`).
         held_out_fraction: the last part of the text, by position, kept for evaluation.
-        seed: seed of the model initialisation and of the training batches.
+        seed: the first seed: model initialisation and training batches of the first run of every
+            method, and every evaluation prompt.
         checkpoint_every: steps between checkpoints (and at the end of training).
         device: ``cpu`` or ``cuda``; None: CUDA when available (chosen when the run starts).
         threads: torch CPU threads (results are bit-identical only at the same count); None: torch's default.
-        data: path of the text, or ``None`` for CPython's ``pydoc_data.topics``.
+        data: files, directories or glob patterns of UTF-8 text, or a built-in corpus
+            (``builtin:pydoc``, ``builtin:stdlib``); None: ``builtin:pydoc``.
     """
 
     preset: str = "default"
+    study: str | None = None
     train_length: int = 128
     eval_lengths: tuple[int, ...] | None = None
     encodings: tuple[str, ...] | None = None
     scalings: tuple[str, ...] = SCALINGS
-    spread_encodings: tuple[str, ...] = ("rope",)
+    seeds: int = 2
+    extend_steps: int = 60
+    extend_length: int | None = None
+    extend_scalings: tuple[str, ...] = EXTEND_SCALINGS
+    extend_batch_size: int | None = None
+    finetune_learning_rate: float = 1e-3
+    bases: tuple[float, ...] = (20.0, 100.0, 1000.0, 10000.0, 100000.0)
+    transfer_steps: int | None = None
     hidden_size: int = 128
     num_layers: int = 2
     num_heads: int = 4
     rope_base: float = 10000.0
     batch_size: int = 12
-    steps: int = 1200
+    steps: int = 600
     learning_rate: float = 3e-3
     min_learning_rate: float = 3e-4
-    warmup_steps: int = 50
+    warmup_steps: int = 30
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     passkey_fraction: float = 0.5
-    passkey_trials: int = 50
+    passkey_trials: int = 40
     passkey_depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
-    eval_tokens: int | None = 32768
+    eval_tokens: int | None = 16384
+    eval_stride: int | None = None
+    sliding_tokens: int = 4096
+    retrieval_trials: int = 16
+    retrieval_span: int = 16
+    retrieval_distances: tuple[int, ...] | None = None
     held_out_fraction: float = 0.1
     seed: int = 0
     checkpoint_every: int = 200
     device: str | None = None
     threads: int | None = None
-    data: str | None = None
+    data: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         # None means "the default"; an empty list stays empty, for validate() to refuse
@@ -122,8 +170,12 @@ class ExperimentConfig:
             self.eval_lengths = tuple(self.train_length * k for k in (1, 2, 4, 8))
         if self.encodings is None:
             self.encodings = default_encodings()
-        for name in ("eval_lengths", "encodings", "scalings", "spread_encodings", "passkey_depths"):
-            setattr(self, name, tuple(getattr(self, name)))
+        if isinstance(self.data, str):  # one path, as older configurations stored it
+            self.data = (self.data,)
+        for name in ("eval_lengths", "encodings", "scalings", "passkey_depths", "extend_scalings", "bases",
+                     "retrieval_distances", "data"):
+            if getattr(self, name) is not None:
+                setattr(self, name, tuple(getattr(self, name)))
 
     # ------------------------------------------------------------------------------------------
     @property
@@ -131,14 +183,76 @@ class ExperimentConfig:
         """The longest evaluation length (``8L`` by default): the size of learned tables."""
         return max(self.eval_lengths)
 
+    @property
+    def extension_length(self) -> int:
+        """The length of the extension stage (``extend_length``, default ``4L``).
+
+        Example:
+            >>> ExperimentConfig(train_length=128).extension_length
+            512
+        """
+        return self.extend_length if self.extend_length is not None else 4 * self.train_length
+
+    @property
+    def extension_rows(self) -> int:
+        """Rows per step at the extension length: ``extend_batch_size``, default the pretraining
+        batch's tokens in rows of ``extension_length`` (``batch_size * L // E``, at least 1).
+
+        Example:
+            >>> ExperimentConfig(train_length=128, batch_size=12).extension_rows
+            3
+        """
+        if self.extend_batch_size is not None:
+            return self.extend_batch_size
+        return max(1, self.batch_size * self.train_length // self.extension_length)
+
+    @property
+    def extends(self) -> bool:
+        """Whether this run has an extension stage (the main comparison, steps > 0, RoPE trained)."""
+        return self.study is None and self.extend_steps > 0 and "rope" in self.encodings
+
+    @property
+    def stride(self) -> int:
+        """The sliding-window stride (``eval_stride``, default ``L // 2``)."""
+        return self.eval_stride if self.eval_stride is not None else max(1, self.train_length // 2)
+
+    @property
+    def distances(self) -> tuple[int, ...]:
+        """Retrieval distances: ``retrieval_distances``, or L/4, L/2, 3L/4, L, 1.5L, 2L, 3L, 4L, 6L and
+        the longest that fits a sequence of the longest evaluation length.
+
+        Example:
+            >>> ExperimentConfig(train_length=128).distances
+            (32, 64, 96, 128, 192, 256, 384, 512, 768, 976)
+        """
+        if self.retrieval_distances is not None:
+            return self.retrieval_distances
+        from .retrieval import longest_distance
+
+        most = longest_distance(self.longest, self.retrieval_span)
+        found = sorted({min(round(f * self.train_length), most) for f in RETRIEVAL_FRACTIONS})
+        return tuple(d for d in found if d >= 2 * self.retrieval_span)
+
+    @property
+    def transfer_finetune_steps(self) -> int:
+        """RoPE steps after the transfer (``transfer_steps``, default a tenth of ``steps``, at least 1)."""
+        return self.transfer_steps if self.transfer_steps is not None else max(1, self.steps // 10)
+
     def validate(self) -> ExperimentConfig:
         """Check every setting; raise :class:`ExperimentError` naming the first bad one. Returns self."""
         from .passkey import min_sample_length
+        from .retrieval import longest_distance
 
         def positive(name: str, value: Any, flag: str) -> None:
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ExperimentError(f"{flag} must be a positive integer, got {value!r}")
 
+        def non_negative(value: Any, flag: str) -> None:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ExperimentError(f"{flag} must be an integer >= 0, got {value!r}")
+
+        if self.study is not None and self.study not in STUDIES:
+            raise ExperimentError(f"unknown --study {self.study!r}; known: {', '.join(STUDIES)} (or no --study for the main comparison)")
         positive("train_length", self.train_length, "--train-length")
         for e in self.eval_lengths:
             if isinstance(e, bool) or not isinstance(e, int) or e <= 0:
@@ -168,7 +282,13 @@ class ExperimentConfig:
             positive("threads", self.threads, "--threads")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ExperimentError(f"--seed must be an integer >= 0, got {self.seed!r}")
-        for name in ("hidden_size", "num_layers", "num_heads", "batch_size", "steps", "passkey_trials", "checkpoint_every"):
+        if isinstance(self.seeds, bool) or not isinstance(self.seeds, int) or self.seeds < 1:
+            raise ExperimentError(
+                f"--seeds must be at least 1 (how many times every method is trained), got {self.seeds!r}; "
+                "use --seeds 2 or more to measure the run-to-run spread"
+            )
+        for name in ("hidden_size", "num_layers", "num_heads", "batch_size", "steps", "passkey_trials", "checkpoint_every",
+                     "retrieval_trials", "retrieval_span"):
             positive(name, getattr(self, name), "--" + name.replace("_", "-"))
         if self.hidden_size % self.num_heads or (self.hidden_size // self.num_heads) % 2:
             raise ExperimentError(
@@ -177,36 +297,25 @@ class ExperimentConfig:
         known = sorted(POSITION_ENCODINGS)
         if not self.encodings:
             raise ExperimentError(f"--encodings is empty; choose from {', '.join(known)}")
-        for group, names in (("--encodings", self.encodings), ("--spread-encodings", self.spread_encodings)):
-            unknown = [n for n in names if n not in POSITION_ENCODINGS]
-            if unknown:
-                raise ExperimentError(f"unknown {group} {', '.join(map(repr, unknown))}; known: {', '.join(known)}")
-            if len(set(names)) != len(names):
-                raise ExperimentError(f"{group} names an encoding twice: {','.join(names)}")
-        missing = [n for n in self.spread_encodings if n not in self.encodings]
-        if missing:
-            raise ExperimentError(
-                f"--spread-encodings {','.join(missing)} must also be in --encodings ({','.join(self.encodings)})"
-            )
-        unknown = [s for s in self.scalings if s not in SCALINGS]
+        unknown = [n for n in self.encodings if n not in POSITION_ENCODINGS]
         if unknown:
-            raise ExperimentError(f"unknown --scalings {', '.join(map(repr, unknown))}; known: {', '.join(SCALINGS)}")
-        if not self.scalings or "none" not in self.scalings:
-            raise ExperimentError(f"--scalings must include 'none' (the trained model as it is), got {','.join(self.scalings)}")
-        if len(set(self.scalings)) != len(self.scalings):
-            raise ExperimentError(f"--scalings names a scaling twice: {','.join(self.scalings)}")
+            raise ExperimentError(f"unknown --encodings {', '.join(map(repr, unknown))}; known: {', '.join(known)}")
+        if len(set(self.encodings)) != len(self.encodings):
+            raise ExperimentError(f"--encodings names an encoding twice: {','.join(self.encodings)}")
+        self._validate_scalings()
+        self._validate_extension()
+        self._validate_studies()
         if not (isinstance(self.passkey_fraction, (int, float)) and 0.0 <= self.passkey_fraction <= 1.0):
             raise ExperimentError(f"--passkey-fraction must be in [0, 1], got {self.passkey_fraction!r}")
         if not (isinstance(self.held_out_fraction, (int, float)) and 0.0 < self.held_out_fraction < 1.0):
             raise ExperimentError(f"--held-out-fraction must be in (0, 1), got {self.held_out_fraction!r}")
-        for name in ("learning_rate", "min_learning_rate", "grad_clip", "rope_base"):
+        for name in ("learning_rate", "min_learning_rate", "finetune_learning_rate", "grad_clip", "rope_base"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ExperimentError(f"--{name.replace('_', '-')} must be a finite number > 0, got {value!r}")
         if not (isinstance(self.weight_decay, (int, float)) and math.isfinite(self.weight_decay) and self.weight_decay >= 0):
             raise ExperimentError(f"--weight-decay must be a finite number >= 0, got {self.weight_decay!r}")
-        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise ExperimentError(f"--warmup-steps must be an integer >= 0, got {self.warmup_steps!r}")
+        non_negative(self.warmup_steps, "--warmup-steps")
         if not self.passkey_depths or any(not (0.0 <= d <= 1.0) for d in self.passkey_depths):
             raise ExperimentError(f"passkey depths must lie in [0, 1], got {list(self.passkey_depths)}")
         if self.eval_tokens is not None:
@@ -216,9 +325,106 @@ class ExperimentConfig:
                     f"--eval-tokens {self.eval_tokens} is shorter than one window of the longest evaluation length "
                     f"{self.longest}; use at least {self.longest}"
                 )
+            if self.eval_tokens < self.longest + self.sliding_tokens:
+                need = self.longest * math.ceil((self.longest + self.sliding_tokens) / self.longest)
+                raise ExperimentError(
+                    f"--eval-tokens {self.eval_tokens} leaves no room for --sliding-tokens {self.sliding_tokens} past the first window "
+                    f"of {self.longest}; use --eval-tokens {need} or fewer --sliding-tokens"
+                )
+        self._validate_sliding_and_retrieval(longest_distance)
         if self.device not in ("cpu", "cuda"):
             raise ExperimentError(f"--device must be cpu or cuda, got {self.device!r}")
         return self
+
+    def _validate_scalings(self) -> None:
+        unknown = [s for s in self.scalings if s not in SCALINGS]
+        if unknown:
+            raise ExperimentError(f"unknown --scalings {', '.join(map(repr, unknown))}; known: {', '.join(SCALINGS)}")
+        if not self.scalings or "none" not in self.scalings:
+            raise ExperimentError(f"--scalings must include 'none' (the trained model as it is), got {','.join(self.scalings)}")
+        if len(set(self.scalings)) != len(self.scalings):
+            raise ExperimentError(f"--scalings names a scaling twice: {','.join(self.scalings)}")
+
+    def _validate_extension(self) -> None:
+        if isinstance(self.extend_steps, bool) or not isinstance(self.extend_steps, int) or self.extend_steps < 0:
+            raise ExperimentError(f"--extend-steps must be an integer >= 0 (0: no extension stage), got {self.extend_steps!r}")
+        if self.extend_length is not None:
+            if isinstance(self.extend_length, bool) or not isinstance(self.extend_length, int) or self.extend_length <= 0:
+                raise ExperimentError(f"--extend-length must be a positive integer, got {self.extend_length!r}")
+            if self.extend_length <= self.train_length:
+                raise ExperimentError(
+                    f"--extend-length {self.extend_length} is not longer than the training length L = {self.train_length}: "
+                    f"the extension stage fine-tunes at a longer length; use e.g. --extend-length {4 * self.train_length}, "
+                    "or --extend-steps 0 to skip the stage"
+                )
+            if self.extend_length > MAX_EVAL_LENGTH:
+                raise ExperimentError(f"--extend-length {self.extend_length} is longer than the {MAX_EVAL_LENGTH} tokens models are built for")
+        if self.extend_batch_size is not None and (
+            isinstance(self.extend_batch_size, bool) or not isinstance(self.extend_batch_size, int) or self.extend_batch_size <= 0
+        ):
+            raise ExperimentError(f"--extend-batch-size must be a positive integer, got {self.extend_batch_size!r}")
+        unknown = [s for s in self.extend_scalings if s not in EXTEND_SCALINGS]
+        if unknown:
+            extra = " (dynamic NTK changes with the length by itself; it is evaluated without fine-tuning)" if "dynamic" in unknown else ""
+            raise ExperimentError(
+                f"unknown --extend-scalings {', '.join(map(repr, unknown))}; known: {', '.join(EXTEND_SCALINGS)}{extra}"
+            )
+        if len(set(self.extend_scalings)) != len(self.extend_scalings):
+            raise ExperimentError(f"--extend-scalings names a scaling twice: {','.join(self.extend_scalings)}")
+        if self.study is None and self.extend_steps > 0 and "rope" not in self.encodings:
+            raise ExperimentError(
+                f"the extension stage fine-tunes the RoPE model, but --encodings {','.join(self.encodings)} has no rope; "
+                "add rope or use --extend-steps 0"
+            )
+
+    def _validate_studies(self) -> None:
+        if not self.bases:
+            raise ExperimentError("--bases is empty; give RoPE bases such as 100,10000")
+        for b in self.bases:
+            if not (isinstance(b, (int, float)) and math.isfinite(b) and b > 1):
+                raise ExperimentError(f"--bases must be finite numbers > 1 (RoPE's base theta), got {b!r}")
+        if len(set(self.bases)) != len(self.bases):
+            raise ExperimentError(f"--bases names a base twice: {','.join(f'{b:g}' for b in self.bases)}")
+        if self.transfer_steps is not None and (
+            isinstance(self.transfer_steps, bool) or not isinstance(self.transfer_steps, int) or self.transfer_steps <= 0
+        ):
+            raise ExperimentError(f"--transfer-steps must be a positive integer, got {self.transfer_steps!r}")
+        if self.study == "transfer" and self.transfer_finetune_steps >= self.steps:
+            raise ExperimentError(
+                f"--study transfer fine-tunes {self.transfer_finetune_steps} of the --steps {self.steps} with RoPE (--transfer-steps) "
+                f"and needs at least one sinusoidal step before them; use more --steps or fewer --transfer-steps "
+                f"(e.g. --steps {self.transfer_finetune_steps + 1})"
+            )
+
+    def _validate_sliding_and_retrieval(self, longest_distance) -> None:
+        if isinstance(self.sliding_tokens, bool) or not isinstance(self.sliding_tokens, int) or self.sliding_tokens < 0:
+            raise ExperimentError(f"--sliding-tokens must be an integer >= 0 (0: no sliding-window evaluation), got {self.sliding_tokens!r}")
+        if self.eval_stride is not None:
+            if isinstance(self.eval_stride, bool) or not isinstance(self.eval_stride, int) or self.eval_stride <= 0:
+                raise ExperimentError(f"--eval-stride must be a positive integer, got {self.eval_stride!r}")
+            if self.eval_stride > self.train_length:
+                raise ExperimentError(
+                    f"--eval-stride {self.eval_stride} is longer than L = {self.train_length}: at E = L a window would skip "
+                    f"tokens; use at most {self.train_length} (L // 2 = {self.train_length // 2} by default)"
+                )
+        if self.sliding_tokens and self.sliding_tokens < self.stride:
+            raise ExperimentError(
+                f"--sliding-tokens {self.sliding_tokens} is fewer than one stride ({self.stride}); use at least {self.stride}, or 0 for none"
+            )
+        most = longest_distance(self.longest, self.retrieval_span)
+        if most < 2 * self.retrieval_span:
+            raise ExperimentError(
+                f"--retrieval-span {self.retrieval_span} is too long for sequences of at most {self.longest} tokens; use at most "
+                f"{self.longest // 4}"
+            )
+        if self.retrieval_distances is not None:
+            bad = [d for d in self.retrieval_distances
+                   if isinstance(d, bool) or not isinstance(d, int) or not 2 * self.retrieval_span <= d <= most]
+            if bad or not self.retrieval_distances:
+                raise ExperimentError(
+                    f"--retrieval-distances must lie in {2 * self.retrieval_span}..{most} (twice the span, up to what fits in "
+                    f"{self.longest} tokens), got {', '.join(map(str, bad)) or 'nothing'}"
+                )
 
     # ------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -255,16 +461,18 @@ PRESETS: dict[str, dict[str, Any]] = {
     # seconds, for tests: a model too small to learn much, every code path exercised
     "tiny": dict(
         preset="tiny", train_length=112, hidden_size=32, num_layers=1, num_heads=2, batch_size=8, steps=12,
-        warmup_steps=2, learning_rate=3e-3, min_learning_rate=3e-4, passkey_trials=50, eval_tokens=896,
-        checkpoint_every=4, threads=1,
+        warmup_steps=2, learning_rate=3e-3, min_learning_rate=3e-4, passkey_trials=10, eval_tokens=1792,
+        checkpoint_every=4, threads=1, extend_steps=4, sliding_tokens=224, retrieval_trials=4, bases=(100.0, 10000.0),
+        transfer_steps=4,
     ),
     # what `make demo` runs: within 10 minutes on 2 CPU cores
     "default": dict(preset="default"),
-    # for a GPU: a bigger model at L = 512, evaluated to 8L = 4096
+    # for a GPU: a bigger model at L = 512, evaluated to 8L = 4096, on the standard library's sources
     "large": dict(
         preset="large", train_length=512, hidden_size=512, num_layers=8, num_heads=8, batch_size=32, steps=6000,
-        warmup_steps=200, learning_rate=1e-3, min_learning_rate=1e-4, passkey_trials=100, eval_tokens=None,
-        checkpoint_every=500, spread_encodings=("rope", "alibi"),
+        warmup_steps=200, learning_rate=1e-3, min_learning_rate=1e-4, finetune_learning_rate=3e-4, passkey_trials=100,
+        eval_tokens=262144, sliding_tokens=16384, retrieval_trials=64, checkpoint_every=500, seeds=3, extend_steps=300,
+        data=("builtin:stdlib",),
     ),
 }
 
@@ -296,5 +504,6 @@ def command_line(config: ExperimentConfig) -> str:
             continue
         value = getattr(config, f.name)
         if value != getattr(base, f.name) and value is not None:
-            parts += ["--" + f.name.replace("_", "-"), _format(value)]
+            flag = "--" + f.name.replace("_", "-")
+            parts += [flag, *value] if f.name == "data" else [flag, _format(value)]
     return shlex.join(parts)

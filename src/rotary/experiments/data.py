@@ -1,13 +1,13 @@
 """The text the models learn from and are measured on, as bytes (vocabulary 256, no tokenizer).
 
-The default is the English documentation CPython ships in ``pydoc_data.topics`` (about 0.47 MB, PSF
-licence): it is on every machine with Python, so nothing is downloaded. ``--data FILE`` takes any
-UTF-8 text instead. Either way the text is split by position: the first part trains, the last
-``held_out_fraction`` is only ever evaluated.
+The sources (:mod:`.sources`): CPython's ``pydoc_data.topics`` by default (about 0.47 MB, PSF
+licence), ``--data`` files, directories or glob patterns of UTF-8 text, or the running interpreter's
+standard library sources (``builtin:stdlib``, tens of MB). Nothing is downloaded. The text is split
+by position: the first part trains, the last ``held_out_fraction`` is only ever evaluated.
 
-Training batches are drawn per step from a generator seeded by ``(seed, step)``, so step ``k``'s batch
-is the same whether a run started at 0 or resumed at ``k``, and whatever the number of processes:
-each rank takes its own contiguous rows of the same global batch.
+Training batches are drawn per step from a generator seeded by ``(seed, length, step)``, so step
+``k``'s batch is the same whether a run started at 0 or resumed at ``k``, and whatever the number of
+processes: each rank takes its own contiguous rows of the same global batch.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from .config import ExperimentConfig, ExperimentError
 from .passkey import FILLER, make_sample, min_sample_length, random_key
+from .sources import DEFAULT_SOURCE, first_invalid_utf8, read_sources
 
 __all__ = [
     "DEFAULT_SOURCE",
@@ -29,14 +29,12 @@ __all__ = [
     "evaluation_tokens",
     "first_invalid_utf8",
     "load_corpus",
-    "read_text",
     "required_bytes",
+    "sliding_starts",
     "split",
     "training_batch",
     "windows",
 ]
-
-DEFAULT_SOURCE = "pydoc_data.topics"
 
 
 @dataclass(frozen=True)
@@ -44,87 +42,25 @@ class Corpus:
     """A text as bytes, split by position.
 
     Attributes:
-        source: ``"pydoc_data.topics"`` or the path given with ``--data``.
+        source: the ``--data`` sources as given (``builtin:pydoc`` by default).
         sha256: hex digest of the whole text (identifies it in results and on ``--resume``).
         train: uint8 ``[N_train]`` byte values, the first part of the text (one byte per token in
             memory; :func:`training_batch` widens each batch to int64).
         held_out: uint8 ``[N_held_out]``, the rest (:func:`evaluation_tokens` widens what is evaluated).
+        files: files the text was read from.
+        skipped: files of directories and patterns left out (not UTF-8 text).
     """
 
     source: str
     sha256: str
     train: torch.Tensor
     held_out: torch.Tensor
+    files: int = 1
+    skipped: int = 0
 
     @property
     def num_bytes(self) -> int:
         return self.train.numel() + self.held_out.numel()
-
-
-def read_text(path: str | None) -> tuple[bytes, str]:
-    """The raw bytes of ``path`` (checked to be non-empty UTF-8) or of ``pydoc_data.topics``.
-
-    Returns:
-        ``(data, source)``.
-
-    Raises:
-        ExperimentError: a missing file, a directory, an unreadable, empty or non-UTF-8 file.
-
-    Example:
-        >>> data, source = read_text(None)
-        >>> source, len(data) > 100_000
-        ('pydoc_data.topics', True)
-    """
-    if path is None:
-        from pydoc_data.topics import topics
-
-        # sorted: the order of a dict literal is the file's, but be explicit about it
-        return "\n\n".join(topics[k] for k in sorted(topics)).encode("utf-8"), DEFAULT_SOURCE
-    file = Path(path)
-    if not file.exists():
-        raise ExperimentError(f"--data {path}: no such file")
-    if file.is_dir():
-        raise ExperimentError(f"--data {path} is a directory; give a UTF-8 text file")
-    if not file.is_file():  # /dev/zero, a pipe, a socket: reading could never end
-        raise ExperimentError(f"--data {path} is not a regular file (a device, pipe or socket); give a UTF-8 text file")
-    try:
-        data = file.read_bytes()
-    except OSError as exc:
-        raise ExperimentError(f"--data {path} cannot be read ({exc.strerror}); check its permissions") from None
-    if not data:
-        raise ExperimentError(f"--data {path} is empty; give a UTF-8 text file")
-    bad = first_invalid_utf8(data)
-    if bad is not None:
-        raise ExperimentError(
-            f"--data {path} is not UTF-8 text (byte 0x{data[bad]:02x} at offset {bad}); convert it, e.g. with iconv -t UTF-8"
-        )
-    return data, str(path)
-
-
-#: bytes decoded at a time when checking a text: the check never holds the whole text as a str
-UTF8_CHUNK = 1 << 20
-
-
-def first_invalid_utf8(data: bytes, chunk: int | None = None) -> int | None:
-    r"""The offset of the first byte that is not valid UTF-8, or None; decodes ``chunk`` bytes at a
-    time (default :data:`UTF8_CHUNK`), so a large text is never held twice (once as a str).
-
-    Example:
-        >>> first_invalid_utf8("Grüße".encode()), first_invalid_utf8(b"caf\xe9 au lait"), first_invalid_utf8(b"ab\xc3", chunk=2)
-        (None, 3, 2)
-    """
-    import codecs
-
-    size = chunk or UTF8_CHUNK
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    view = memoryview(data)
-    for start in range(0, len(data), size):
-        pending = len(decoder.getstate()[0])  # bytes of a character cut by the previous chunk
-        try:
-            decoder.decode(view[start : start + size], final=start + size >= len(data))
-        except UnicodeDecodeError as exc:
-            return start - pending + exc.start
-    return None
 
 
 def _split_sizes(num_bytes: int, held_out_fraction: float) -> tuple[int, int]:
@@ -133,22 +69,29 @@ def _split_sizes(num_bytes: int, held_out_fraction: float) -> tuple[int, int]:
 
 
 def required_bytes(config: ExperimentConfig) -> int:
-    """The fewest bytes a text needs: the held-out part must hold one window of the longest length
-    and the training part one row of ``L + 1`` tokens.
+    """The fewest bytes a text needs: the training part must hold one batch (``batch_size`` rows of
+    ``L + 1`` tokens, and the extension stage's rows of ``E + 1``), the held-out part one window of the
+    longest length, and whole windows of it for the text the sliding-window evaluation scores past the first.
 
     Example:
-        >>> required_bytes(ExperimentConfig(train_length=128, held_out_fraction=0.1))
+        >>> required_bytes(ExperimentConfig(train_length=128, held_out_fraction=0.1, sliding_tokens=0))
         10240
+        >>> required_bytes(ExperimentConfig(train_length=128, held_out_fraction=0.1, sliding_tokens=4096))
+        51200
     """
-    n = max(math.ceil(config.longest / config.held_out_fraction), config.train_length + 1)
+    train_needed = config.batch_size * (config.train_length + 1)
+    if config.extends:
+        train_needed = max(train_needed, config.extension_rows * (config.extension_length + 1))
+    held_needed = config.longest * math.ceil((config.longest + config.sliding_tokens) / config.longest)
+    n = max(math.ceil(held_needed / config.held_out_fraction), train_needed)
     while True:  # floor() in the split can leave one byte short: step up to the first size that fits
         train, held_out = _split_sizes(n, config.held_out_fraction)
-        if held_out >= config.longest and train >= config.train_length + 1:
+        if held_out >= held_needed and train >= train_needed:
             return n
         n += 1
 
 
-def split(data: bytes, source: str, held_out_fraction: float) -> Corpus:
+def split(data: bytes, source: str, held_out_fraction: float, files: int = 1, skipped: int = 0) -> Corpus:
     """Split ``data`` by position: the last ``floor(len * held_out_fraction)`` bytes are held out.
 
     Example:
@@ -158,26 +101,27 @@ def split(data: bytes, source: str, held_out_fraction: float) -> Corpus:
     """
     tokens = torch.frombuffer(bytearray(data), dtype=torch.uint8)  # one copy of the text, one byte per token
     n_train, _ = _split_sizes(len(data), held_out_fraction)
-    return Corpus(source, hashlib.sha256(data).hexdigest(), tokens[:n_train], tokens[n_train:])
+    return Corpus(source, hashlib.sha256(data).hexdigest(), tokens[:n_train], tokens[n_train:], files, skipped)
 
 
 def load_corpus(config: ExperimentConfig) -> Corpus:
     """Read, check and split the text ``config.data`` names.
 
     Raises:
-        ExperimentError: as :func:`read_text`, or a text too short for the windows asked for (the
-            message says how many bytes are needed).
+        ExperimentError: as :func:`~rotary.experiments.sources.read_sources`, or a text too short for
+            one training batch and the evaluation (the message says how many bytes are needed).
     """
-    data, source = read_text(config.data)
+    text = read_sources(config.data)
     needed = required_bytes(config)
-    if len(data) < needed:
-        name = f"--data {config.data}" if config.data else DEFAULT_SOURCE
+    if len(text.data) < needed:
+        extension = f" and {config.extension_rows} rows of {config.extension_length + 1}" if config.extends else ""
         raise ExperimentError(
-            f"{name} has {len(data)} bytes, too short: evaluating windows of {config.longest} tokens on the held-out "
-            f"{config.held_out_fraction:g} of the text needs at least {needed} bytes; give a longer text or a "
-            "smaller --train-length / --eval-lengths"
+            f"--data {text.source} has {len(text.data)} bytes, too short: one training batch ({config.batch_size} rows of "
+            f"{config.train_length + 1} bytes{extension}) in the first {1 - config.held_out_fraction:g} of the text, and a window "
+            f"of {config.longest} plus {config.sliding_tokens} sliding-window bytes in the held-out rest, need at least "
+            f"{needed} bytes; give a longer text, or a smaller --batch-size, --train-length, --eval-lengths or --sliding-tokens"
         )
-    return split(data, source, config.held_out_fraction)
+    return split(text.data, text.source, config.held_out_fraction, text.files, text.skipped)
 
 
 def evaluation_tokens(corpus: Corpus, config: ExperimentConfig) -> torch.Tensor:
@@ -187,6 +131,21 @@ def evaluation_tokens(corpus: Corpus, config: ExperimentConfig) -> torch.Tensor:
     available = corpus.held_out.numel() if config.eval_tokens is None else min(config.eval_tokens, corpus.held_out.numel())
     usable = available // config.longest * config.longest
     return corpus.held_out[:usable].to(torch.int64)
+
+
+def sliding_starts(config: ExperimentConfig, total: int) -> tuple[int, ...]:
+    """Where the strides the sliding-window evaluation scores begin, in the evaluation tokens (``total``
+    of them): ``sliding_tokens // stride`` strides spread evenly over the tokens past the first
+    ``longest`` (so every length can end a window at each, and every length scores the same tokens,
+    drawn from the same text the non-overlapping windows cover). Empty when ``sliding_tokens`` is 0.
+
+    Example:
+        >>> sliding_starts(ExperimentConfig(train_length=128, eval_stride=64, sliding_tokens=256), 2048)
+        (1024, 1280, 1536, 1792)
+    """
+    candidates = (total - config.longest) // config.stride
+    count = min(config.sliding_tokens // config.stride, candidates)
+    return tuple(config.longest + (i * candidates // count) * config.stride for i in range(count)) if count else ()
 
 
 def windows(tokens: torch.Tensor, length: int) -> torch.Tensor:
@@ -212,27 +171,38 @@ def derived_seed(*parts: object) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-def training_batch(train: torch.Tensor, step: int, config: ExperimentConfig, seed: int) -> torch.Tensor:
-    """The global training batch of ``step``: int64 ``[batch_size, L + 1]`` (inputs and shifted targets)
+def training_batch(
+    train: torch.Tensor, step: int, config: ExperimentConfig, seed: int, *, rows: int | None = None, length: int | None = None
+) -> torch.Tensor:
+    """The global training batch of ``step``: int64 ``[rows, length + 1]`` (inputs and shifted targets)
     from the uint8 (or int64) text ``train [N]``; only the batch is widened to int64.
 
     Every row is a random window of the training text; a ``passkey_fraction`` of the rows (chosen at
-    random) end with a passkey sample of random length in ``[min_sample_length(), L]``, random depth
-    and random key, so the model can learn to retrieve keys over distances up to ``L``.
+    random) end with a passkey sample of random length in ``[min_sample_length(), length]``, random
+    depth and random key, so the model can learn to retrieve keys over distances up to ``length``.
+
+    Args:
+        rows: rows of the batch (default ``batch_size``).
+        length: tokens per row before the shift (default ``L``). Batches at ``L`` come from the stream
+            ``(seed, step)``, batches at another length from ``(seed, length, step)``.
 
     Example:
         >>> cfg = ExperimentConfig(preset="tiny", train_length=128, batch_size=4, passkey_fraction=0.5)
-        >>> batch = training_batch(torch.randint(256, (1000,)), 0, cfg, seed=0)
-        >>> batch.shape
+        >>> training_batch(torch.randint(256, (1000,)), 0, cfg, seed=0).shape
         torch.Size([4, 129])
+        >>> training_batch(torch.randint(256, (1000,)), 0, cfg, seed=0, rows=1, length=512).shape
+        torch.Size([1, 513])
     """
-    g = torch.Generator().manual_seed(derived_seed(seed, "batch", step))
-    rows, length = config.batch_size, config.train_length + 1
+    rows = config.batch_size if rows is None else rows
+    window = config.train_length if length is None else length
+    stream = (seed, "batch", step) if window == config.train_length else (seed, "batch", window, step)
+    g = torch.Generator().manual_seed(derived_seed(*stream))
+    length = window + 1
     starts = torch.randint(train.numel() - length + 1, (rows,), generator=g)
     batch = torch.stack([train[s : s + length] for s in starts.tolist()]).to(torch.int64)
     with_passkey = torch.randperm(rows, generator=g)[: round(rows * config.passkey_fraction)]
     for row in sorted(with_passkey.tolist()):
-        size = int(torch.randint(min_sample_length(), config.train_length + 1, (1,), generator=g))
+        size = int(torch.randint(min_sample_length(), window + 1, (1,), generator=g))
         depth = float(torch.rand((), generator=g))
         key = random_key(g)
         offset = int(torch.randint(len(FILLER), (1,), generator=g))

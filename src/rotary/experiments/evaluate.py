@@ -2,77 +2,77 @@
 
 For every evaluation length ``E`` (and every scaling, for models with RoPE):
 
-- perplexity and bits per byte on the held-out text cut into non-overlapping windows of ``E`` tokens
-  (each window is predicted from its own tokens only, so a longer ``E`` means more context *and*
-  positions further past ``L``);
-- the loss by position bucket ``[0, L), [L, 2L), [2L, 4L), [4L, 8L)`` inside those windows: on
-  ``8L`` windows this separates "the model breaks at positions past L" (the later buckets get
-  worse) from "short windows give less context" (they get better);
-- passkey retrieval at ``E`` tokens (:mod:`rotary.experiments.passkey`), by greedy decoding.
+- perplexity and bits per byte on the held-out text in two modes: non-overlapping windows of ``E``
+  tokens (each window predicted from its own tokens only, so most tokens see far less than ``E`` of
+  context) and sliding windows (a window every ``stride`` tokens scoring only its last ``stride``
+  tokens, so every scored token sees at least ``E - stride`` tokens of context). "Train Short, Test
+  Long: Attention with Linear Biases Enables Input Length Extrapolation" (its appendix B) shows why
+  both are needed: longer non-overlapping windows give early tokens more context, which can lower
+  the perplexity of a model that uses no context past ``L`` at all;
+- the loss by query position on the non-overlapping windows of the longest length, in bins of
+  ``L / 8``: a model that breaks at positions past ``L`` gets worse to the right, one that only
+  lacked context better;
+- passkey retrieval at ``E`` tokens (:mod:`rotary.experiments.passkey`), by greedy decoding;
+- the retrieval probe (:mod:`rotary.experiments.retrieval`) at distances inside and past ``L``.
 
-Scalings are applied at inference only, with factor ``E / L``: the trained weights are loaded
-unchanged into a ``Decoder`` whose config carries the ``rope_scaling`` block (RoPE's tables and
-frequencies are not part of the state dict). :func:`scaled_copy` is the one place that does this.
+Scalings of a pretrained model are applied at inference only, with factor ``E / L`` (the retrieval
+probe: its sequence length over ``L``); a model fine-tuned with a scaling is evaluated with that
+scaling at its own factor. :func:`scaled_copy` is the one place where a model's scaling changes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from .. import RoPE
 from ..models import Decoder
-from .config import SCALINGS, ExperimentConfig
+from .config import ExperimentConfig
 from .data import derived_seed, windows
 from .passkey import KEY_DIGITS, make_trials, passkey_accuracy
+from .plan import SCALING_LABELS, ModelSpec, scaling_block
 from .progress import Reporter
-from .train import ModelSpec
+from .retrieval import make_trials as make_retrieval_trials
+from .retrieval import retrieval_scores
+from .rows import Measurements, PasskeyRow, PerplexityRow, PositionRow, RetrievalRow
+from .train import trained_scaling
 
 __all__ = [
     "SCALING_LABELS",
-    "bucket_edges",
+    "EvaluationText",
     "evaluate_model",
+    "evaluation_scalings",
     "greedy_continuation",
     "passkey_at",
-    "perplexity_at",
+    "position_bins",
     "rows_per_batch",
     "scaled_copy",
     "scaling_block",
+    "sliding_losses",
+    "summarise",
     "token_losses",
     "uses_rope",
 ]
 
-#: how each scaling is called in tables and figures
-SCALING_LABELS = {"none": "", "linear": "PI (linear)", "ntk": "NTK", "dynamic": "dynamic NTK", "yarn": "YaRN"}
 
+@dataclass(frozen=True)
+class EvaluationText:
+    """The held-out text of each measurement (int64).
 
-def scaling_block(name: str, factor: float, train_length: int) -> dict | None:
-    """The Hugging Face-style ``rope_scaling`` block of scaling ``name`` with ``factor`` (``E / L``).
-
-    ``dynamic`` is transformers' dynamic NTK with the same ``factor``: at a sequence of ``n`` tokens it
-    raises the base as static NTK with ``alpha = factor * n / L - (factor - 1)`` would, i.e. with
-    ``factor ** 2 - factor + 1`` at ``n = E``, more than static NTK's ``factor``.
-
-    Example:
-        >>> scaling_block("yarn", 4.0, 128)
-        {'rope_type': 'yarn', 'factor': 4.0, 'original_max_position_embeddings': 128}
-        >>> scaling_block("none", 4.0, 128) is None
-        True
+    Attributes:
+        windows: ``[T]``, cut into non-overlapping windows at every length (:func:`~.data.evaluation_tokens`);
+            the sliding windows are cut from it too.
+        sliding: where the strides the sliding windows score begin (:func:`~.data.sliding_starts`); may be empty.
+        held_out: ``[N]``, the text the retrieval trials are cut from.
     """
-    if name not in SCALINGS:
-        raise ValueError(f"unknown scaling {name!r}; known: {', '.join(SCALINGS)}")
-    factor = float(factor)
-    if name == "none":
-        return None
-    if name in ("linear", "ntk"):
-        return {"rope_type": name, "factor": factor}
-    if name == "dynamic":
-        return {"rope_type": "dynamic", "factor": factor, "max_position_embeddings": train_length}
-    return {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": train_length}
+
+    windows: torch.Tensor
+    sliding: tuple[int, ...]
+    held_out: torch.Tensor
 
 
 def uses_rope(model: Decoder) -> bool:
@@ -146,42 +146,59 @@ def token_losses(model: Decoder, windows: torch.Tensor, *, batch_rows: int | Non
     return torch.cat(out)
 
 
-def bucket_edges(config: ExperimentConfig) -> list[int]:
-    """Bucket boundaries: 0 and every evaluation length, e.g. ``[0, L, 2L, 4L, 8L]``.
-
-    Example:
-        >>> bucket_edges(ExperimentConfig(train_length=128))
-        [0, 128, 256, 512, 1024]
-    """
-    return [0, *sorted(config.eval_lengths)]
-
-
-def perplexity_at(model: Decoder, tokens: torch.Tensor, length: int, edges: Sequence[int]) -> dict:
-    """Loss, perplexity, bits per byte and loss per position bucket on windows of ``length`` tokens.
+@torch.no_grad()
+def sliding_losses(model: Decoder, text: torch.Tensor, length: int, stride: int, starts: tuple[int, ...]) -> torch.Tensor:
+    """Losses of the ``stride`` tokens from each of ``starts``, each stride predicted by the window of
+    ``length`` tokens that ends with it: every scored token sees at least ``length - stride`` before it.
 
     Args:
         model: a ``Decoder`` in eval mode.
-        tokens: int64 ``[T]`` held-out text (at least one window).
-        length: the window length ``E``.
-        edges: bucket boundaries (positions of the query); a bucket starting at or past ``E - 1`` is None.
+        text: int64 ``[T]``.
+        length: window length ``E``.
+        stride: tokens scored per window.
+        starts: first token of each scored stride, each at least ``length - stride``.
 
     Returns:
-        ``{"loss", "perplexity", "bits_per_byte", "windows", "predictions", "buckets": {"a-b": loss}}``.
-        Tokens are bytes, so bits per byte is the loss in bits.
+        fp32 ``[len(starts) * stride]``, stride after stride.
+
+    Example:
+        >>> from rotary.models import DecoderConfig
+        >>> m = Decoder(DecoderConfig(hidden_size=32, num_layers=1, num_heads=2, position_encoding="alibi")).eval()
+        >>> text = torch.randint(256, (24,))
+        >>> full = token_losses(m, text[None, 8:24])[0]  # one window of 16: its last 8 tokens see 8 or more
+        >>> torch.allclose(sliding_losses(m, text, 16, 8, (16,)), full[-8:])
+        True
     """
-    losses = token_losses(model, windows(tokens, length)).double()  # [N, E - 1]
-    buckets: dict[str, float | None] = {}
-    for a, b in zip(edges[:-1], edges[1:]):
-        stop = min(b, length - 1)
-        buckets[f"{a}-{b}"] = float(losses[:, a:stop].mean()) if a < stop else None
-    loss = float(losses.mean())
+    if any(p < length - stride or p + stride > text.numel() for p in starts):
+        raise ValueError(f"a window of {length} needs at least {length - stride} tokens before each scored stride, and the "
+                         f"stride inside the {text.numel()} tokens; got strides at {list(starts)[:4]}")
+    # window k covers text[p - (length - stride) : p + stride] and scores its last `stride` targets
+    wins = torch.stack([text[p + stride - length : p + stride] for p in starts])  # [K, E]
+    losses = token_losses(model, wins)  # [K, E - 1]
+    return losses[:, -stride:].reshape(-1)
+
+
+def position_bins(config: ExperimentConfig) -> list[tuple[int, int]]:
+    """The ranges of query positions the loss is reported in, on windows of the longest length: bins of
+    ``L / 8`` (at least one token), the last ending at the last query ``longest - 1``.
+
+    Example:
+        >>> position_bins(ExperimentConfig(train_length=128))[:3], position_bins(ExperimentConfig(train_length=128))[-1]
+        ([(0, 16), (16, 32), (32, 48)], (1008, 1023))
+    """
+    width = max(1, config.train_length // 8)
+    last = config.longest - 1
+    return [(a, min(a + width, last)) for a in range(0, last, width)]
+
+
+def summarise(losses: torch.Tensor) -> dict:
+    """Loss, perplexity and bits per byte of a tensor of losses (nats); perplexity is inf past 700 nats."""
+    loss = float(losses.double().mean())
     return {
         "loss": loss,
         "perplexity": math.inf if loss > 700 else math.exp(loss),  # exp overflows past ~709
         "bits_per_byte": loss / math.log(2),
-        "windows": losses.shape[0],
         "predictions": losses.numel(),
-        "buckets": buckets,
     }
 
 
@@ -227,35 +244,67 @@ def greedy_continuation(model: Decoder, prompts: torch.Tensor, new_tokens: int) 
     return torch.cat(tokens, dim=1)
 
 
-def evaluate_model(
-    spec: ModelSpec, model: Decoder, tokens: torch.Tensor, config: ExperimentConfig, reporter: Reporter
-) -> list[dict]:
-    """Every measurement of one trained model: one row per scaling x evaluation length.
+def evaluation_scalings(spec: ModelSpec, model: Decoder, config: ExperimentConfig) -> list[tuple[str, float | None]]:
+    """``(scaling, factor)`` pairs a model is measured with; factor None means ``E / L`` at each length.
 
-    Models without RoPE are measured as they are (scaling ``none``) only.
-
-    Returns:
-        rows with ``model, encoding, seed, scaling, eval_length, factor`` and the numbers of
-        :func:`perplexity_at` and :func:`passkey_at` (``passkey_accuracy``, ``passkey_by_depth`` ...).
+    A pretrained RoPE model of the main comparison: every ``--scalings`` at inference time. A model
+    fine-tuned with a scaling: that scaling at its own factor. Everything else: as it is.
     """
-    # scalings apply to RoPE models; a repeat run only measures the spread, as trained
-    scalings = config.scalings if uses_rope(model) and not spec.repeat else ("none",)
-    edges = bucket_edges(config)
-    rows = []
-    with reporter.task(f"evaluate {spec.name:<11}", total=len(scalings) * len(config.eval_lengths)) as task:
-        for scaling in scalings:
-            for length in sorted(config.eval_lengths):
-                factor = max(length / config.train_length, 1.0)
-                block = scaling_block(scaling, factor, config.train_length)
-                measured = perplexity_at(scaled_copy(model, block), tokens, length, edges)
-                # a fresh copy: dynamic NTK would otherwise start from the state the windows left
-                passkey = passkey_at(scaled_copy(model, block), length, config)
-                rows.append({
-                    "model": spec.name, "encoding": spec.encoding, "seed": spec.seed, "scaling": scaling,
-                    "eval_length": length, "factor": factor, **measured,
-                    "passkey_accuracy": passkey["accuracy"], "passkey_correct": passkey["correct"],
-                    "passkey_trials": passkey["trials"],
-                    "passkey_by_depth": {f"{d:g}": a for d, a in passkey["by_depth"].items()},
-                })
+    if spec.stage == "extend":
+        return [(spec.scaling, spec.length / config.train_length if spec.scaling != "none" else 1.0)]
+    if spec.stage == "pretrain" and config.study is None and uses_rope(model):
+        return [(s, None) for s in config.scalings]
+    return [("none", 1.0)]
+
+
+def evaluate_model(
+    spec: ModelSpec, model: Decoder, text: EvaluationText, config: ExperimentConfig, reporter: Reporter
+) -> Measurements:
+    """Every measurement of one trained model, as rows (:mod:`.rows`)."""
+    L = config.train_length
+    scalings = evaluation_scalings(spec, model, config)
+    lengths = sorted(config.eval_lengths)
+    out = Measurements()
+
+    def copy_at(scaling: str, fixed: float | None, length: int) -> tuple[Decoder, float]:
+        if spec.stage == "extend":
+            return scaled_copy(model, trained_scaling(spec, config)), fixed
+        factor = 1.0 if scaling == "none" else (fixed if fixed is not None else max(length / L, 1.0))
+        return scaled_copy(model, scaling_block(scaling, factor, L)), factor
+
+    with reporter.task(f"evaluate {spec.name:<15}", total=len(scalings) * (len(lengths) + 1)) as task:
+        for scaling, fixed in scalings:
+            key = dict(model=spec.model, seed=spec.seed, scaling=scaling)
+            for length in lengths:
+                scaled, factor = copy_at(scaling, fixed, length)
+                losses = token_losses(scaled, windows(text.windows, length))  # [N, E - 1]
+                out.perplexity.append(PerplexityRow(**key, factor=factor, mode="windows", eval_length=length, stride=length,
+                                                    **summarise(losses)))
+                if length == config.longest:
+                    for a, b in position_bins(config):
+                        out.positions.append(PositionRow(**key, factor=factor, eval_length=length, start=a, end=b,
+                                                         loss=float(losses[:, a:b].double().mean()), predictions=losses[:, a:b].numel()))
+                if text.sliding:
+                    # a fresh copy for each measurement: dynamic NTK would otherwise start from the state the last one left
+                    scaled, _ = copy_at(scaling, fixed, length)
+                    slid = sliding_losses(scaled, text.windows, length, config.stride, text.sliding)
+                    out.perplexity.append(PerplexityRow(**key, factor=factor, mode="sliding", eval_length=length,
+                                                        stride=config.stride, **summarise(slid)))
+                scaled, _ = copy_at(scaling, fixed, length)
+                passkey = passkey_at(scaled, length, config)
+                for depth, (correct, trials) in passkey["counts"].items():
+                    out.passkey.append(PasskeyRow(**key, factor=factor, eval_length=length, depth=depth, correct=correct, trials=trials))
                 task.advance(scaling=scaling, length=length)
-    return rows
+            for distance in config.distances:
+                trials = make_retrieval_trials(
+                    text.held_out, distance, trials=config.retrieval_trials, span=config.retrieval_span,
+                    generator=torch.Generator().manual_seed(derived_seed(config.seed, "retrieval", distance)),
+                )
+                scaled, factor = copy_at(scaling, fixed, trials.length)
+                device = next(scaled.parameters()).device
+                scores = retrieval_scores(lambda x, m=scaled, d=device: m(x.to(d)), trials,
+                                          batch_rows=rows_per_batch(trials.length, scaled.config.num_heads))
+                out.retrieval.append(RetrievalRow(**key, factor=factor, distance=distance, length=trials.length,
+                                                  span=config.retrieval_span, **scores))
+            task.advance(scaling=scaling, retrieval="done")
+    return out

@@ -171,7 +171,7 @@ def passkey_accuracy(
         batch_size: prompts per call.
 
     Returns:
-        ``{"accuracy", "correct", "trials", "by_depth": {depth: accuracy}}``.
+        ``{"accuracy", "correct", "trials", "by_depth": {depth: accuracy}, "counts": {depth: (correct, trials)}}``.
 
     Example:
         >>> trials = make_trials(120, 4, [0.0, 1.0], torch.Generator().manual_seed(0))
@@ -196,4 +196,5 @@ def passkey_accuracy(
         "correct": sum(a == k for a, k in zip(answers, keys)),
         "trials": len(samples),
         "by_depth": {d: sum(v) / len(v) for d, v in sorted(by_depth.items())},
+        "counts": {d: (sum(v), len(v)) for d, v in sorted(by_depth.items())},
     }

@@ -15,6 +15,7 @@ behind.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -25,25 +26,22 @@ from typing import Any
 
 import torch
 
+from .claims import assess
 from .config import ExperimentConfig, ExperimentError, command_line, differences
-from .data import Corpus, evaluation_tokens, load_corpus
-from .evaluate import bucket_edges, evaluate_model
+from .data import Corpus, evaluation_tokens, load_corpus, sliding_starts
+from .evaluate import EvaluationText, evaluate_model
+from .figures import draw_figures, loss_curves
+from .plan import ModelSpec, model_specs
 from .progress import Reporter, table_console
-from .report import (
-    csv_text,
-    draw_figures,
-    render_table,
-    report_markdown,
-    results_json,
-    separation,
-    spread,
-    write_atomic,
-)
-from .train import Distributed, ModelSpec, build_model, model_specs, train_model
+from .report import render_table, report_markdown, results_json, write_atomic
+from .results import Results
+from .rows import Measurements
+from .studies import predicted_limits, study_claims
+from .train import Distributed, build_model, train_model
 
-__all__ = ["RUN_FORMAT", "environment", "prepare_run_dir", "require_report_packages", "run_experiment"]
+__all__ = ["RUN_FORMAT", "environment", "load_run", "prepare_run_dir", "require_report_packages", "run_experiment", "write_figures"]
 
-RUN_FORMAT = 1
+RUN_FORMAT = 2
 
 
 def _utc_now() -> datetime:
@@ -207,6 +205,14 @@ def run_experiment(
             f"torchrun runs {dist.world_size} processes but --batch-size {config.batch_size} does not split into "
             f"{dist.world_size} equal shards; use a batch size divisible by {dist.world_size}"
         )
+    specs = model_specs(config)
+    odd = next((s for s in specs if s.rows % dist.world_size), None)
+    if odd is not None:
+        raise ExperimentError(
+            f"torchrun runs {dist.world_size} processes but {odd.model} trains on {odd.rows} rows of {odd.length} tokens "
+            f"(--batch-size x L / --extend-length), which do not split into {dist.world_size} equal shards; set "
+            f"--extend-batch-size to a multiple of {dist.world_size}, or --extend-steps 0"
+        )
     torch.set_num_threads(config.threads)
     reporter = reporter or Reporter(enabled=dist.is_main)
     timings: dict[str, float] = {}
@@ -233,14 +239,17 @@ def run_experiment(
         dist.stop(sync=dist.device(config.device))
         raise failure or ExperimentError("rank 0 stopped on bad input")
     timings["load data"] = time.perf_counter() - t
-    reporter.log(f"rotary experiment: {len(config.encodings)} encodings, L = {config.train_length}, "
+    what = {None: f"{len(config.encodings)} encodings", "base": f"the base study ({len(config.bases)} bases)",
+            "transfer": "the transfer study"}[config.study]
+    reporter.log(f"rotary experiment: {what}, {config.seeds} seed(s), {len(specs)} models, L = {config.train_length}, "
                  f"evaluated at {', '.join(map(str, sorted(config.eval_lengths)))}; writing {directory}")
 
     try:
-        specs = model_specs(config)
         trained = {}
         for spec in specs:
-            outcome = train_model(spec, config, corpus.train, run_dir=directory, resume=resumed, reporter=reporter, dist=dist)
+            parent = trained[spec.parent_name].model if spec.parent else None
+            outcome = train_model(spec, config, corpus.train, parent=parent, run_dir=directory, resume=resumed,
+                                  reporter=reporter, dist=dist)
             trained[spec.name] = outcome
             timings[f"train {spec.name}"] = outcome.seconds
         # the last collective is behind every rank: they leave the group together, and rank 0
@@ -248,73 +257,113 @@ def run_experiment(
         dist.stop(sync=dist.device(config.device))
         if not dist.is_main:
             return directory
-        rows, models = [], []
+        text = EvaluationText(tokens, sliding_starts(config, tokens.numel()), corpus.held_out)
+        measurements, models = Measurements(), []
         for spec in specs:
             outcome = trained[spec.name]
-            model_rows, seconds = _evaluate_cached(spec, outcome.model, tokens, config, directory, resumed, reporter)
+            rows, seconds = _evaluate_cached(spec, outcome.model, text, config, directory, resumed, reporter)
             timings[f"evaluate {spec.name}"] = seconds
-            rows += model_rows
+            measurements.extend(rows)
             models.append(_model_record(spec, outcome, config))
         t = time.perf_counter()
-        results = {
+        results = Results(measurements, specs, config)
+        assessments = assess(study_claims(config), results)
+        run = {
             "format": RUN_FORMAT, "command": command, "config": config.to_dict(),
             "data": {
-                "source": corpus.source, "sha256": corpus.sha256, "bytes": corpus.num_bytes,
-                "train_bytes": corpus.train.numel(), "held_out_bytes": corpus.held_out.numel(), "eval_tokens": tokens.numel(),
+                "source": corpus.source, "sha256": corpus.sha256, "bytes": corpus.num_bytes, "files": corpus.files,
+                "skipped": corpus.skipped, "train_bytes": corpus.train.numel(), "held_out_bytes": corpus.held_out.numel(),
+                "eval_tokens": tokens.numel(), "sliding_tokens": len(text.sliding) * config.stride,
             },
             "environment": {**environment(config, dist), "load_average_at_start": load_at_start, "load_average_at_end": _load_average()},
-            "models": models, "results": rows,
-            "spread": spread(rows, config), "separation": separation(rows, config),
+            "models": models, "rows": measurements.to_json(),
+            "claims": [dataclasses.asdict(a) for a in assessments],
             "started": started.isoformat(timespec="seconds"), "timings": timings,
         }
-        figures = draw_figures(rows, config, directory / "figures")
+        figures = write_figures(run, results, directory / "figures")
         timings["report"] = time.perf_counter() - t
-        results["finished"] = _utc_now().isoformat(timespec="seconds")
-        results["wall_seconds"] = time.perf_counter() - wall
-        write_atomic(directory / "results.csv", csv_text(rows, bucket_edges(config)))
-        write_atomic(directory / "report.md", report_markdown(results, config, figures, directory))
-        write_atomic(directory / "results.json", results_json(results))  # last: marks the run finished
+        run["finished"] = _utc_now().isoformat(timespec="seconds")
+        run["wall_seconds"] = time.perf_counter() - wall
+        for name, content in measurements.csv_files().items():
+            write_atomic(directory / name, content)
+        write_atomic(directory / "report.md", report_markdown(run, results, assessments, figures))
+        write_atomic(directory / "results.json", results_json(run))  # last: marks the run finished
         if console is None:
             console = table_console()
-        render_table(rows, config, console)
-        console.print(f"wrote {directory}/report.md, results.json, results.csv and figures/ in {results['wall_seconds']:.0f} s")
+        render_table(results, console)
+        console.print(f"wrote {directory}/report.md, results.json, the CSV files and figures/ in {run['wall_seconds']:.0f} s")
         return directory
     finally:
         dist.stop()
 
 
+def write_figures(run: dict[str, Any], results: Results, directory: Path) -> dict[str, list[Path]]:
+    """Every figure of a run: :func:`~rotary.experiments.figures.draw_figures`, with the base study's
+    predicted limits marked and the transfer study's training curves."""
+    config = results.config
+    figures = draw_figures(results, directory, predicted_limits(results) if config.study == "base" else None)
+    if config.study == "transfer":
+        short = config.steps - config.transfer_finetune_steps
+        figures["training"] = loss_curves(run["models"], directory, "training_loss",
+                                          "Training loss: sinusoidal, RoPE, and sinusoidal moved to RoPE", {"transfer": short})
+    return figures
+
+
+def load_run(directory: Path) -> tuple[dict[str, Any], Results]:
+    """A finished run's ``results.json`` and its :class:`Results` (what the docs are rendered from).
+
+    Raises:
+        ExperimentError: no ``results.json`` (not a finished run), or one of another format.
+    """
+    path = directory / "results.json"
+    if not path.is_file():
+        raise ExperimentError(f"{directory} has no results.json: not a finished run")
+    run = json.loads(path.read_text())
+    if run.get("format") != RUN_FORMAT:
+        raise ExperimentError(f"{path} is of format {run.get('format')!r}, not {RUN_FORMAT}: run the experiment again with this version")
+    config = ExperimentConfig.from_dict(run["config"])
+    return run, Results(Measurements.from_json(run["rows"]), _specs(run["models"]), config)
+
+
+def _specs(models: list[dict[str, Any]]) -> list[ModelSpec]:
+    names = {f.name for f in dataclasses.fields(ModelSpec)}
+    return [ModelSpec(**{k: v for k, v in m["spec"].items() if k in names}) for m in models]
+
+
 def _evaluate_cached(
-    spec: ModelSpec, model: torch.nn.Module, tokens: torch.Tensor, config: ExperimentConfig, directory: Path,
+    spec: ModelSpec, model: torch.nn.Module, text: EvaluationText, config: ExperimentConfig, directory: Path,
     resumed: bool, reporter: Reporter,
-) -> tuple[list[dict], float]:
+) -> tuple[Measurements, float]:
     path = directory / "models" / spec.name / "evaluation.json"
     if resumed and path.is_file():
         try:
             cached = json.loads(path.read_text())
             if cached.get("config") == config.to_dict():
                 reporter.log(f"evaluate {spec.name}: already done")
-                return cached["rows"], float(cached["seconds"])
-        except (ValueError, KeyError, OSError):
+                return Measurements.from_json(cached["rows"]), float(cached["seconds"])
+        except (ValueError, KeyError, TypeError, OSError):
             pass  # an unreadable cache is recomputed, never trusted
     t = time.perf_counter()
-    rows = evaluate_model(spec, model, tokens, config, reporter)
+    rows = evaluate_model(spec, model, text, config, reporter)
     seconds = time.perf_counter() - t
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps({"config": config.to_dict(), "seconds": seconds, "rows": rows}) + "\n")
+    write_atomic(path, results_json({"config": config.to_dict(), "seconds": seconds, "rows": rows.to_json()}))
     return rows, seconds
 
 
 def _model_record(spec: ModelSpec, outcome: Any, config: ExperimentConfig) -> dict[str, Any]:
     model = outcome.model
+    recent = outcome.losses[-20:]
     record = {
-        "name": spec.name, "encoding": spec.encoding, "seed": spec.seed,
+        "name": spec.name, "model": spec.model, "label": spec.label, "stage": spec.stage, "encoding": spec.encoding,
+        "seed": spec.seed, "spec": dataclasses.asdict(spec),
         "parameters": sum(p.numel() for p in model.parameters()), "train_seconds": outcome.seconds,
         "tokens_per_second": outcome.tokens_per_second, "resumed_at_step": outcome.resumed_at,
-        "final_loss": sum(outcome.losses[-20:]) / len(outcome.losses[-20:]), "losses": outcome.losses,
+        "final_loss": sum(recent) / len(recent) if recent else None, "losses": outcome.losses,
     }
     # a learned table is sized to the longest evaluation length; its rows past L must be untouched
-    table = [k for k, v in model.state_dict().items() if "embed_positions" in k and v.dim() == 2 and v.shape[0] == config.longest]
-    if table:
+    table = [k for k, v in model.state_dict().items() if "embed_positions" in k and v.dim() == 2 and v.shape[0] > config.train_length]
+    if table and spec.stage == "pretrain":
         initial = build_model(spec, config).state_dict()[table[0]]
         trained = model.state_dict()[table[0]].cpu()
         record["untrained_rows_unchanged"] = bool(torch.equal(trained[config.train_length :], initial[config.train_length :]))

@@ -1,4 +1,4 @@
-"""Training one ``Decoder`` per position encoding, in the manner of nanoGPT's ``train.py``: the same
+"""Training the models of a run (:mod:`.plan`), in the manner of nanoGPT's ``train.py``: the same
 script on one process or under torchrun with DistributedDataParallel.
 
     torchrun --standalone --nproc_per_node=2 -m rotary experiment --preset tiny
@@ -9,13 +9,19 @@ contiguous rows of every global batch; DDP averages the gradients, so each updat
 process would make on the whole batch. Rank 0 alone writes checkpoints.
 
 A checkpoint (model, optimizer, step, losses so far) is written every ``checkpoint_every`` steps and
-at the end. Batches depend only on ``(seed, step)`` and the learning rate only on the step, so a run
-resumed from step ``k`` continues exactly as an uninterrupted one.
+at the end. Batches depend only on ``(seed, length, step)`` and the learning rate only on the step, so
+a run resumed from step ``k`` continues exactly as an uninterrupted one.
+
+A model with a ``parent`` (a fine-tune) starts from the parent's trained weights: all of them for the
+same encoding, every weight outside the position encoding for another
+(:func:`rotary.models.transfer_position_encoding`). It gets a fresh AdamW and its own schedule: warm-up
+over a tenth of its steps to ``finetune_learning_rate``, then cosine decay to ``min_learning_rate``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import math
 import os
@@ -27,9 +33,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..models import Decoder, DecoderConfig
+from ..models import Decoder, DecoderConfig, transfer_position_encoding
 from .config import ExperimentConfig, ExperimentError
 from .data import derived_seed, training_batch
+from .plan import ModelSpec, scaling_block
 from .progress import Reporter
 
 __all__ = [
@@ -42,15 +49,17 @@ __all__ = [
     "decoder_config",
     "diverged_message",
     "learning_rate",
+    "Schedule",
     "load_checkpoint",
-    "model_specs",
+    "start_model",
     "param_groups",
     "shard",
     "train_model",
+    "trained_scaling",
 ]
 
 CHECKPOINT = "checkpoint.pt"
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -141,53 +150,60 @@ class Distributed:
             torch.distributed.destroy_process_group()
 
 
-@dataclass(frozen=True)
-class ModelSpec:
-    """One model to train: its name in the results, its position encoding and its seed."""
-
-    name: str
-    encoding: str
-    seed: int
-
-    @property
-    def repeat(self) -> bool:
-        """True for the second training of an encoding (the run-to-run spread)."""
-        return self.name != self.encoding
-
-
-def model_specs(config: ExperimentConfig) -> list[ModelSpec]:
-    """Every model of a run: one per encoding (``seed``), then the repeats (``seed + 1``, named ``<enc>-2``).
-
-    Example:
-        >>> [s.name for s in model_specs(ExperimentConfig(encodings=("none", "rope"), spread_encodings=("rope",)))]
-        ['none', 'rope', 'rope-2']
-    """
-    specs = [ModelSpec(e, e, config.seed) for e in config.encodings]
-    return specs + [ModelSpec(f"{e}-2", e, config.seed + 1) for e in config.spread_encodings]
-
-
-def decoder_config(encoding: str, config: ExperimentConfig, rope_scaling: dict | None = None) -> DecoderConfig:
+def decoder_config(
+    encoding: str, config: ExperimentConfig, rope_scaling: dict | None = None, rope_base: float | None = None
+) -> DecoderConfig:
     """The ``DecoderConfig`` of a model of this run. ``max_position`` is the longest evaluation length:
     a learned table gets rows up to ``8L`` (those past ``L`` are never trained) instead of an index
     error, and RoPE's tables are built that long up front."""
     return DecoderConfig(
         vocab_size=256, hidden_size=config.hidden_size, num_layers=config.num_layers, num_heads=config.num_heads,
-        max_position=config.longest, position_encoding=encoding, rope_base=config.rope_base, rope_scaling=rope_scaling,
+        max_position=max(config.longest, config.extension_length), position_encoding=encoding,
+        rope_base=config.rope_base if rope_base is None else rope_base, rope_scaling=rope_scaling,
     )
+
+
+def trained_scaling(spec: ModelSpec, config: ExperimentConfig) -> dict | None:
+    """The ``rope_scaling`` block a model is trained and evaluated with: its scaling at factor
+    ``length / L`` (None for ``none``)."""
+    return scaling_block(spec.scaling, spec.length / config.train_length, config.train_length)
 
 
 def build_model(spec: ModelSpec, config: ExperimentConfig) -> Decoder:
     """The model of ``spec`` with its initial weights (a function of the seed and the encoding only).
 
     Example:
-        >>> cfg = ExperimentConfig(preset="tiny", train_length=112, hidden_size=32, num_layers=1, num_heads=2)
-        >>> a, b = build_model(ModelSpec("rope", "rope", 0), cfg), build_model(ModelSpec("rope", "rope", 0), cfg)
+        >>> from rotary.experiments.plan import model_specs
+        >>> cfg = ExperimentConfig(preset="tiny", train_length=112, hidden_size=32, num_layers=1, num_heads=2, seeds=1)
+        >>> spec = model_specs(cfg)[0]
+        >>> a, b = build_model(spec, cfg), build_model(spec, cfg)
         >>> all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
         True
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derived_seed(spec.seed, "init", spec.encoding))
-        return Decoder(decoder_config(spec.encoding, config))
+        return Decoder(decoder_config(spec.encoding, config, trained_scaling(spec, config), spec.rope_base))
+
+
+def start_model(spec: ModelSpec, config: ExperimentConfig, parent: Decoder | None = None) -> Decoder:
+    """The model of ``spec`` before its first step: :func:`build_model`, or for a fine-tune the
+    ``parent``'s trained weights (all of them for the same encoding; for another, every weight outside
+    the position encoding, through :func:`rotary.models.transfer_position_encoding`).
+
+    Raises:
+        ValueError: a fine-tune without its parent, or a parent for a model that has none.
+    """
+    if (spec.parent is None) != (parent is None):
+        raise ValueError(f"model {spec.name} starts from {spec.parent_name or 'nothing'}, got {'a parent' if parent is not None else 'none'}")
+    if parent is None:
+        return build_model(spec, config)
+    if parent.config.position_encoding == spec.encoding:
+        model = build_model(spec, config)
+        model.load_state_dict(parent.state_dict())
+        return model
+    with torch.random.fork_rng(devices=[]):  # the new encoding's own weights, if any, start as build_model's would
+        torch.manual_seed(derived_seed(spec.seed, "init", spec.encoding))
+        return transfer_position_encoding(parent, spec.encoding, rope_base=spec.rope_base, rope_scaling=trained_scaling(spec, config))
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -201,19 +217,44 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": list(decay.values()), "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
 
 
-def learning_rate(step: int, config: ExperimentConfig) -> float:
-    """Linear warm-up to ``learning_rate``, then cosine decay to ``min_learning_rate`` at the last step.
+@dataclass(frozen=True)
+class Schedule:
+    """A learning-rate schedule: linear warm-up to ``peak`` over ``warmup_steps``, then cosine decay to
+    ``floor`` at the last of ``steps``."""
+
+    steps: int
+    warmup_steps: int
+    peak: float
+    floor: float
+
+    @classmethod
+    def of(cls, spec: ModelSpec, config: ExperimentConfig) -> Schedule:
+        """Pretraining's schedule (``--warmup-steps``, ``--learning-rate``), or for a fine-tune a tenth of
+        its steps of warm-up to ``--finetune-learning-rate``; both decay to ``--min-learning-rate``.
+
+        Example:
+            >>> from rotary.experiments.plan import ModelSpec
+            >>> Schedule.of(ModelSpec("rope-ft-yarn", "rope", 0, "", steps=60, parent="rope"), ExperimentConfig())
+            Schedule(steps=60, warmup_steps=6, peak=0.001, floor=0.0003)
+        """
+        if spec.fine_tune:
+            return cls(spec.steps, max(1, spec.steps // 10), config.finetune_learning_rate, config.min_learning_rate)
+        return cls(spec.steps, config.warmup_steps, config.learning_rate, config.min_learning_rate)
+
+
+def learning_rate(step: int, schedule: Schedule) -> float:
+    """The learning rate at ``step`` (0-based) of ``schedule``.
 
     Example:
-        >>> cfg = ExperimentConfig(steps=100, warmup_steps=10, learning_rate=1.0, min_learning_rate=0.1)
-        >>> learning_rate(0, cfg), learning_rate(10, cfg), round(learning_rate(99, cfg), 3)
+        >>> s = Schedule(steps=100, warmup_steps=10, peak=1.0, floor=0.1)
+        >>> learning_rate(0, s), learning_rate(10, s), round(learning_rate(99, s), 3)
         (0.1, 1.0, 0.1)
     """
-    if step < config.warmup_steps:
-        return config.learning_rate * (step + 1) / config.warmup_steps
-    span = max(config.steps - 1 - config.warmup_steps, 1)
-    progress = min((step - config.warmup_steps) / span, 1.0)
-    return config.min_learning_rate + 0.5 * (1 + math.cos(math.pi * progress)) * (config.learning_rate - config.min_learning_rate)
+    if step < schedule.warmup_steps:
+        return schedule.peak * (step + 1) / schedule.warmup_steps
+    span = max(schedule.steps - 1 - schedule.warmup_steps, 1)
+    progress = min((step - schedule.warmup_steps) / span, 1.0)
+    return schedule.floor + 0.5 * (1 + math.cos(math.pi * progress)) * (schedule.peak - schedule.floor)
 
 
 @dataclass
@@ -239,13 +280,12 @@ def load_checkpoint(path: Path, spec: ModelSpec, config: ExperimentConfig) -> di
         raise ExperimentError(
             f"checkpoint {path} is corrupted ({type(exc).__name__}); delete it to train {spec.name} again from the start"
         ) from None
-    expected = {"format": CHECKPOINT_FORMAT, "name": spec.name, "encoding": spec.encoding, "seed": spec.seed}
-    if not isinstance(state, dict) or any(state.get(k) != v for k, v in expected.items()):
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT or state.get("spec") != dataclasses.asdict(spec):
         raise ExperimentError(f"checkpoint {path} is not a checkpoint of model {spec.name} of this run; delete it")
     if state.get("config") != config.to_dict():
         raise ExperimentError(f"checkpoint {path} was written with other settings than this run's config.json; delete it")
     missing = {"step", "model", "optimizer", "losses", "seconds"} - set(state)
-    if missing or not 0 < state["step"] <= config.steps or len(state["losses"]) != state["step"]:
+    if missing or not 0 < state["step"] <= spec.steps or len(state["losses"]) != state["step"]:
         raise ExperimentError(f"checkpoint {path} is corrupted (missing or inconsistent {sorted(missing) or 'step'}); delete it")
     return state
 
@@ -267,17 +307,20 @@ def diverged_message(
     """One line: which model diverged at which step, and which setting to lower.
 
     Example:
+        >>> from rotary.experiments.plan import ModelSpec
         >>> cfg = ExperimentConfig(learning_rate=1e9, steps=3, warmup_steps=0)
-        >>> diverged_message(ModelSpec("rope", "rope", 0), cfg, 1, float("nan"), float("inf"))
+        >>> diverged_message(ModelSpec("rope", "rope", 0, "RoPE", steps=3), cfg, 1, float("nan"), float("inf"))
         'training rope (encoding rope, seed 0) diverged at step 2 of 3: loss nan, gradient norm inf at learning rate 5e+08; nothing was evaluated. Start a new run with a lower --learning-rate (this run: 1e+09)'
     """
+    schedule = Schedule.of(spec, config)
+    flag = "--finetune-learning-rate" if spec.fine_tune else "--learning-rate"
     text = (
-        f"training {spec.name} (encoding {spec.encoding}, seed {spec.seed}) diverged at step {step + 1} of {config.steps}: "
-        f"loss {loss:.4g}, gradient norm {norm:.4g} at learning rate {learning_rate(step, config):.3g}; nothing was "
+        f"training {spec.model} (encoding {spec.encoding}, seed {spec.seed}) diverged at step {step + 1} of {spec.steps}: "
+        f"loss {loss:.4g}, gradient norm {norm:.4g} at learning rate {learning_rate(step, schedule):.3g}; nothing was "
         f"evaluated{'' if run_dir is None else f' and {run_dir} has no results.json (not a finished run)'}. "
-        f"Start a new run with a lower --learning-rate (this run: {config.learning_rate:g})"
+        f"Start a new run with a lower {flag} (this run: {schedule.peak:g})"
     )
-    if config.weight_decay > 1 and config.learning_rate * config.weight_decay >= 0.5:
+    if config.weight_decay > 1 and schedule.peak * config.weight_decay >= 0.5:
         text += (f" or a lower --weight-decay (this run: {config.weight_decay:g}; every step multiplies the weights by "
                  f"1 - learning rate x weight decay)")
     return text
@@ -300,17 +343,19 @@ def train_model(
     config: ExperimentConfig,
     train_tokens: torch.Tensor,
     *,
+    parent: Decoder | None = None,
     run_dir: Path | None,
     resume: bool,
     reporter: Reporter,
     dist: Distributed = Distributed(),
 ) -> TrainOutcome:
-    """Train (or continue training) the model of ``spec`` for ``config.steps`` steps.
+    """Train (or continue training) the model of ``spec`` for ``spec.steps`` steps.
 
     Args:
         spec: which model.
-        config: the run's settings (device, batch, schedule, ...).
+        config: the run's settings (device, schedule, ...).
         train_tokens: uint8 ``[N]`` training text (:attr:`Corpus.train`; int64 works too).
+        parent: the trained model ``spec`` starts from (``spec.parent``), else None.
         run_dir: where ``models/<name>/checkpoint.pt`` lives (rank 0 writes it); None: no checkpoints.
         resume: continue from an existing checkpoint.
         reporter: progress output.
@@ -325,8 +370,11 @@ def train_model(
         ExperimentError: a checkpoint that does not belong to this run or does not fit the model.
     """
     device = dist.device(config.device)
-    model = build_model(spec, config).to(device)
-    optimizer = torch.optim.AdamW(param_groups(model, config.weight_decay), lr=config.learning_rate, betas=(0.9, 0.95), eps=1e-8)
+    model = start_model(spec, config, parent).to(device)
+    if spec.steps == 0:  # a transfer measured as it is
+        return TrainOutcome(model.eval(), [], 0.0, 0.0)
+    schedule = Schedule.of(spec, config)
+    optimizer = torch.optim.AdamW(param_groups(model, config.weight_decay), lr=schedule.peak, betas=(0.9, 0.95), eps=1e-8)
     path = None if run_dir is None else run_dir / "models" / spec.name / CHECKPOINT
     start, losses, seconds_before = 0, [], 0.0
     if resume and path is not None and path.exists():
@@ -349,18 +397,18 @@ def train_model(
             return
         path.parent.mkdir(parents=True, exist_ok=True)
         _save_checkpoint(path, {
-            "format": CHECKPOINT_FORMAT, "name": spec.name, "encoding": spec.encoding, "seed": spec.seed,
-            "config": config.to_dict(), "step": step, "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(), "losses": losses, "seconds": seconds,
+            "format": CHECKPOINT_FORMAT, "spec": dataclasses.asdict(spec), "config": config.to_dict(), "step": step,
+            "model": model.state_dict(), "optimizer": optimizer.state_dict(), "losses": losses, "seconds": seconds,
         })
 
     model.train()
     started = time.perf_counter()
-    with reporter.task(f"train {spec.name:<14}", total=config.steps, completed=start) as task:
-        for step in range(start, config.steps):
+    with reporter.task(f"train {spec.name:<18}", total=spec.steps, completed=start) as task:
+        for step in range(start, spec.steps):
             for group in optimizer.param_groups:
-                group["lr"] = learning_rate(step, config)
-            batch = shard(training_batch(train_tokens, step, config, spec.seed), dist).to(device)
+                group["lr"] = learning_rate(step, schedule)
+            batch = training_batch(train_tokens, spec.first_batch + step, config, spec.seed, rows=spec.rows, length=spec.length)
+            batch = shard(batch, dist).to(device)
             inputs, targets = batch[:, :-1], batch[:, 1:]
             with autocast:
                 logits = wrapped(inputs)
@@ -378,13 +426,13 @@ def train_model(
             losses.append(logged)
             recent = losses[-20:]
             task.advance(loss=sum(recent) / len(recent))
-            if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
+            if (step + 1) % config.checkpoint_every == 0 or step + 1 == spec.steps:
                 save(step + 1, seconds_before + time.perf_counter() - started)
-    if start == config.steps:  # finished before: its time is the checkpoint's
+    if start == spec.steps:  # finished before: its time is the checkpoint's
         seconds = seconds_before
     else:
         seconds = seconds_before + time.perf_counter() - started
-    tokens_per_second = config.steps * config.batch_size * config.train_length / max(seconds, 1e-9)
+    tokens_per_second = spec.steps * spec.rows * spec.length / max(seconds, 1e-9)
     del wrapped  # the DDP wrapper (and its hooks on the process group) ends with training
     model.eval()
     return TrainOutcome(model, losses, seconds, tokens_per_second, resumed_at=start)

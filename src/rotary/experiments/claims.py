@@ -1,0 +1,421 @@
+"""Published claims, each a declarative entry checked against a run's numbers.
+
+A :class:`Claim` says which paper makes it, what it says, which methods it needs, and how this run
+measures it; its ``check`` turns the run's :class:`~rotary.experiments.results.Results` into a
+:class:`Finding` (the numbers, and an outcome per item). :func:`assess` checks a list of claims and
+:func:`claims_table` renders the result. A new claim is one entry in :data:`CLAIMS` (or a study's list).
+
+Verdicts follow :mod:`rotary.experiments.stats`: a comparison is made seed by seed, and it agrees or
+disagrees only when every seed's number lies on one side of the threshold; a lead of 2% or less is a
+tie, never a win. The papers trained far larger models on far more text; a verdict says whether this
+run points the same way at its scale.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from .results import Results, Values
+from .stats import DISAGREE, NOT_MEASURED, WITHIN, at_least, at_most, combine, interval_outcome
+
+__all__ = [
+    "CLAIMS",
+    "FLAT",
+    "PAPERS",
+    "Assessment",
+    "Claim",
+    "Finding",
+    "assess",
+    "claims_table",
+    "fmt",
+    "lower",
+    "series",
+]
+
+#: relative difference under which two perplexities count as the same (a tie, not a win)
+FLAT = 0.02
+FLAT_NATS = math.log(1 + FLAT)
+LOWER_NATS = math.log(1 - FLAT)  # "x lower than y" means ln x - ln y below this
+
+#: key -> (authors, title); papers are cited by title
+PAPERS = {
+    "alibi": ("Press, Smith & Lewis 2022", "Train Short, Test Long: Attention with Linear Biases Enables Input Length Extrapolation"),
+    "nope": ("Kazemnejad et al. 2023", "The Impact of Positional Encoding on Length Generalization in Transformers"),
+    "pi": ("Chen et al. 2023", "Extending Context Window of Large Language Models via Positional Interpolation"),
+    "yarn": ("Peng et al. 2023", "YaRN: Efficient Context Window Extension of Large Language Models"),
+    "liu": ("Liu et al. 2023", "Scaling Laws of RoPE-based Extrapolation"),
+    "roformer": ("Su et al. 2021", "RoFormer: Enhanced Transformer with Rotary Position Embedding"),
+    "question": ("this study", ""),
+}
+
+
+def citation(paper: str) -> str:
+    authors, title = PAPERS[paper]
+    return f'{authors}, "{title}"' if title else authors
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What a run measured for a claim: the numbers, and the outcome of each item of the claim."""
+
+    values: str
+    outcomes: tuple[tuple[str, str | None], ...] = ()
+    verdict: str | None = None
+
+    @property
+    def overall(self) -> str:
+        return self.verdict or combine([o for _, o in self.outcomes])
+
+    @property
+    def within(self) -> list[str]:
+        return [item for item, o in self.outcomes if o == WITHIN]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One published claim.
+
+    Attributes:
+        paper: a key of :data:`PAPERS`.
+        claim: what the paper says.
+        needs: ``(model, scaling)`` pairs the run must have (``("sliding", "")``: the sliding-window mode).
+        needs_text: the same in words.
+        measured: how this run measures it.
+        check: ``Results -> Finding``.
+        past_L: whether it needs evaluation lengths past ``L``.
+    """
+
+    paper: str
+    claim: str
+    needs: tuple[tuple[str, str], ...]
+    needs_text: str
+    measured: str
+    check: Callable[[Results], Finding] = field(repr=False, compare=False)
+    past_L: bool = True
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """A claim checked against a run (what :func:`claims_table` renders)."""
+
+    paper: str
+    claim: str
+    needs: str
+    measured: str
+    values: str
+    verdict: str
+
+
+def _present(results: Results, need: tuple[str, str]) -> bool:
+    model, scaling = need
+    return "sliding" in results.modes if model == "sliding" else results.has(model, scaling)
+
+
+def assess(claims: Sequence[Claim], results: Results) -> list[Assessment]:
+    """Check every claim; a claim whose methods the run lacks is ``not measured``."""
+    out = []
+    for c in claims:
+        missing = [n for n in c.needs if not _present(results, n)]
+        if c.past_L and not _longer(results):
+            finding = Finding("not measured: this run has no evaluation length past L", verdict=NOT_MEASURED)
+        elif missing:
+            finding = Finding("not measured: this run has no " + ", ".join(
+                "sliding-window evaluation" if m == "sliding" else results.label(m, s) for m, s in missing), verdict=NOT_MEASURED)
+        else:
+            finding = c.check(results)
+        values = finding.values
+        if finding.within:
+            values += "; within the run-to-run spread: " + ", ".join(finding.within)
+        out.append(Assessment(citation(c.paper), c.claim, c.needs_text, c.measured, values, finding.overall))
+    return out
+
+
+def claims_table(assessments: Sequence[Assessment]) -> str:
+    """The assessments as a markdown table: verdict, paper, claim, what it needs, how it is measured,
+    what this run measured.
+
+    Example:
+        >>> a = Assessment('A 2020, "Title"', "x is low", "a model", "loss at L", "x 1.0", "agrees")
+        >>> print(claims_table([a]))
+        | verdict | paper | claim | needs | measured as | this run |
+        |:---|:---|:---|:---|:---|:---|
+        | **agrees** | A 2020, "Title" | x is low | a model | loss at L | x 1.0 |
+    """
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| verdict | paper | claim | needs | measured as | this run |", "|" + "|".join([":---"] * 6) + "|"]
+    for a in assessments:
+        lines.append("| " + " | ".join([f"**{a.verdict}**", *(cell(x) for x in (a.paper, a.claim, a.needs, a.measured, a.values))]) + " |")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------
+# the pieces checks are made of
+
+
+def fmt(value: float | None, digits: int = 3) -> str:
+    """A number for a table: 3 significant digits (4 from 1 up), ``–`` for None or not finite.
+
+    Example:
+        >>> fmt(4.28431), fmt(0.0392), fmt(None), fmt(1234.5)
+        ('4.284', '0.0392', '–', '1.23e+03')
+    """
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "–"
+    if abs(value) >= 1000:
+        return f"{value:.3g}"
+    return f"{value:.{digits}g}" if abs(value) < 1 else f"{value:.{digits + 1}g}"
+
+
+def ppl(results: Results, model: str, scaling: str, length: int, mode: str) -> str:
+    """``"4.284"`` or ``"4.284 ± 0.08"`` (mean and half the range over seeds)."""
+    stat = results.perplexity(model, scaling, length, mode)
+    if stat is None:
+        return "–"
+    return fmt(stat.mean) if stat.n < 2 else f"{fmt(stat.mean)} ± {fmt(stat.spread, 2)}"
+
+
+def series(results: Results, model: str, scaling: str, mode: str, lengths: Sequence[int] | None = None) -> str:
+    L = results.config.train_length
+    return ", ".join(f"{ppl(results, model, scaling, e, mode)} at {e / L:g}L" for e in (lengths or results.lengths))
+
+
+def lower(results: Results, a: tuple[str, str], b: tuple[str, str], length: int, mode: str) -> str | None:
+    """Outcome of "a's perplexity is lower than b's by more than 2%" at ``length``, seed by seed."""
+    x, y = results.loss(*a, length, mode), results.loss(*b, length, mode)
+    return None if x is None or y is None else at_most(x.minus(y).stat, LOWER_NATS)
+
+
+def _min(*values: Values | None) -> Values | None:
+    if any(v is None for v in values):
+        return None
+    seeds = set.intersection(*(set(v) for v in values))
+    return Values({s: min(v[s] for v in values) for s in sorted(seeds)})
+
+
+def _at(results: Results, e: int) -> str:
+    return f"{e / results.config.train_length:g}L"
+
+
+def _longer(results: Results) -> list[int]:
+    return [e for e in results.lengths if e > results.config.train_length]
+
+
+def _extension(results: Results) -> tuple[int, list[int], list[int]]:
+    """The extension length, the lengths past L up to it, and the lengths past it."""
+    ext = results.config.extension_length
+    return ext, [e for e in _longer(results) if e <= ext], [e for e in results.lengths if e > ext]
+
+
+# ------------------------------------------------------------------------------------------------
+# Train Short, Test Long (ALiBi)
+
+
+def _alibi_rises(r: Results) -> Finding:
+    L, e = r.config.train_length, _longer(r)[0]
+    items = [(name, at_least(r.change(m, "none", e, L).stat, -LOWER_NATS)) for m, name in (("sinusoidal", "sinusoidal"), ("rope", "RoPE"))]
+    return Finding(f"sinusoidal: {series(r, 'sinusoidal', 'none', 'windows')}; RoPE: {series(r, 'rope', 'none', 'windows')}", tuple(items))
+
+
+def _alibi_flat(r: Results) -> Finding:
+    L = r.config.train_length
+    items = [(_at(r, e), at_most(r.change("alibi", "none", e, L).stat, FLAT_NATS)) for e in _longer(r)]
+    return Finding(f"ALiBi: {series(r, 'alibi', 'none', 'windows')}", tuple(items))
+
+
+def _alibi_order(r: Results) -> Finding:
+    e = _longer(r)[0]
+    items = [("ALiBi against RoPE", lower(r, ("alibi", "none"), ("rope", "none"), e, "windows")),
+             ("RoPE against sinusoidal", lower(r, ("rope", "none"), ("sinusoidal", "none"), e, "windows"))]
+    values = ", ".join(f"{name} {ppl(r, m, 'none', e, 'windows')}" for m, name in (("rope", "RoPE"), ("sinusoidal", "sinusoidal"), ("alibi", "ALiBi")))
+    return Finding(f"at {_at(r, e)}: {values}", tuple(items))
+
+
+def _alibi_at_L(r: Results) -> Finding:
+    L = r.config.train_length
+    best = _min(r.loss("sinusoidal", "none", L), r.loss("rope", "none", L))
+    d = None if best is None else r.loss("alibi", "none", L).minus(best)
+    values = ", ".join(f"{name} {ppl(r, m, 'none', L, 'windows')}" for m, name in (("alibi", "ALiBi"), ("sinusoidal", "sinusoidal"), ("rope", "RoPE")))
+    return Finding(f"at L: {values}", (("at L", None if d is None else at_most(d.stat, FLAT_NATS)),))
+
+
+def _alibi_sliding(r: Results) -> Finding:
+    L = r.config.train_length
+    items = [(_at(r, e), at_most(r.change("alibi", "none", L, e, "sliding").stat, FLAT_NATS)) for e in _longer(r)]
+    longest = r.lengths[-1]
+    gain = {mode: r.change("alibi", "none", L, longest, mode).stat.mean for mode in ("windows", "sliding")}
+    values = (f"ALiBi, sliding windows: {series(r, 'alibi', 'none', 'sliding')}; non-overlapping: {series(r, 'alibi', 'none', 'windows')}; "
+              f"from L to {_at(r, longest)} the loss falls by {gain['windows']:.3f} nats with non-overlapping windows and by "
+              f"{gain['sliding']:.3f} nats with sliding ones")
+    return Finding(values, tuple(items))
+
+
+# ------------------------------------------------------------------------------------------------
+# NoPE
+
+
+def _nope_generalises(r: Results) -> Finding:
+    e = _longer(r)[0]
+    rivals = [m for m in ("alibi", "rope", "learned", "sinusoidal") if r.has(m)]
+    items = []
+    for m in rivals:
+        d = r.loss("none", "none", e).minus(r.loss(m, "none", e))  # NoPE minus the rival: no rival clearly lower
+        items.append((f"NoPE against {r.label(m)}", at_most(d.stat, -LOWER_NATS)))
+    ranking = sorted(((r.perplexity(m, "none", e, "windows").mean, r.label(m)) for m in ["none", *rivals]),
+                     key=lambda v: v[0] if math.isfinite(v[0]) else math.inf)
+    place = 1 + sum(o == DISAGREE for _, o in items)
+    values = (f"at {_at(r, e)} NoPE ranks {place} of {len(ranking)} (counting only rivals lower by more than {FLAT:.0%} in every seed): "
+              + ", ".join(f"{label} {fmt(v)}" for v, label in ranking))
+    return Finding(values, tuple(items))
+
+
+def _nope_positions(r: Results) -> Finding:
+    L = r.config.train_length
+    others = [m for m in r.config.encodings if m != "none" and r.has(m)]
+    best = min(others, key=lambda m: r.perplexity(m, "none", L, "windows").mean)
+    d = r.loss("none", "none", L).minus(r.loss(best, "none", L))
+    return Finding(f"at L NoPE {ppl(r, 'none', 'none', L, 'windows')}, the best encoding ({r.label(best)}) {ppl(r, best, 'none', L, 'windows')}",
+                   (("at L, against 10% above the best", at_most(d.stat, math.log(1.10))),))
+
+
+# ------------------------------------------------------------------------------------------------
+# Position Interpolation: fine-tuned models
+
+
+def _pi_beats_direct(r: Results) -> Finding:
+    _, inside, _ = _extension(r)
+    items = [(_at(r, e), lower(r, ("rope-ft-linear", "linear"), ("rope-ft-none", "none"), e, "sliding")) for e in inside]
+    return Finding(f"fine-tuned with PI: {series(r, 'rope-ft-linear', 'linear', 'sliding')}; fine-tuned without scaling: "
+                   f"{series(r, 'rope-ft-none', 'none', 'sliding')}", tuple(items))
+
+
+def _pi_uses_window(r: Results) -> Finding:
+    L = r.config.train_length
+    ext, _, _ = _extension(r)
+    d = r.change("rope-ft-linear", "linear", ext, L, "sliding")
+    return Finding(f"fine-tuned with PI: {series(r, 'rope-ft-linear', 'linear', 'sliding')}",
+                   ((f"{_at(r, ext)} against L", at_most(d.stat, 0.0)),))
+
+
+def _pi_keeps_quality(r: Results) -> Finding:
+    L = r.config.train_length
+    d = r.loss("rope-ft-linear", "linear", L, "sliding").minus(r.loss("rope", "none", L, "sliding"))
+    return Finding(f"at L: {ppl(r, 'rope-ft-linear', 'linear', L, 'sliding')} fine-tuned with PI, {ppl(r, 'rope', 'none', L, 'sliding')} "
+                   f"as pretrained (mean change {d.stat.mean:+.3f} nats)", (("at L", at_most(d.stat, math.log(1.05))),))
+
+
+def _passkey(r: Results, model: str, scaling: str, lengths: Sequence[int]) -> Finding:
+    items, parts = [], []
+    for e in lengths:
+        found = r.passkey_interval(model, scaling, e)
+        if found is None:
+            items.append((_at(r, e), None))
+            continue
+        acc, low, high = found
+        parts.append(f"{acc:.0%} [{low:.0%}, {high:.0%}] at {_at(r, e)}")
+        items.append((_at(r, e), interval_outcome(low, high, 0.5)))
+    return Finding(f"{r.label(model, scaling)}: " + ", ".join(parts) + " (all seeds pooled, Wilson 95% interval)", tuple(items))
+
+
+def _pi_passkey(r: Results) -> Finding:
+    _, inside, _ = _extension(r)
+    return _passkey(r, "rope-ft-linear", "linear", inside)
+
+
+# ------------------------------------------------------------------------------------------------
+# YaRN
+
+
+def _ntk_beats_pi(r: Results) -> Finding:
+    items = [(_at(r, e), lower(r, ("rope", "ntk"), ("rope", "linear"), e, "sliding")) for e in _longer(r)]
+    return Finding(f"NTK: {series(r, 'rope', 'ntk', 'sliding')}; PI: {series(r, 'rope', 'linear', 'sliding')}", tuple(items))
+
+
+def _dynamic_graceful(r: Results) -> Finding:
+    items = [(_at(r, e), lower(r, ("rope", "dynamic"), ("rope", "none"), e, "sliding")) for e in _longer(r)]
+    return Finding(f"dynamic NTK: {series(r, 'rope', 'dynamic', 'sliding')}; as trained: {series(r, 'rope', 'none', 'sliding')}", tuple(items))
+
+
+def _yarn_beats_finetuned(r: Results) -> Finding:
+    _, inside, _ = _extension(r)
+    others = [(m, s) for m, s in (("rope-ft-linear", "linear"), ("rope-ft-ntk", "ntk")) if r.has(m, s)]
+    items = [(f"{r.label(*o)} at {_at(r, e)}", lower(r, ("rope-ft-yarn", "yarn"), o, e, "sliding")) for e in inside for o in others]
+    values = "; ".join(f"{r.label(m, s)}: {series(r, m, s, 'sliding', inside)}" for m, s in [("rope-ft-yarn", "yarn"), *others])
+    return Finding(values, tuple(items))
+
+
+def _yarn_past_finetuning(r: Results) -> Finding:
+    ext, _, past = _extension(r)
+    items = []
+    for e in past:
+        yarn, pi = r.change("rope-ft-yarn", "yarn", e, ext, "sliding"), r.change("rope-ft-linear", "linear", e, ext, "sliding")
+        items.append((_at(r, e), at_most(yarn.minus(pi).stat, LOWER_NATS)))
+    values = "; ".join(f"{r.label(m, s)}: {series(r, m, s, 'sliding', [ext, *past])}"
+                       for m, s in (("rope-ft-yarn", "yarn"), ("rope-ft-linear", "linear")))
+    return Finding(values, tuple(items))
+
+
+_E = "the extension length E"
+CLAIMS: list[Claim] = [
+    Claim("alibi", "On WikiText-103 (their Figure 1) the perplexity of sinusoidal and rotary models rises as the evaluation "
+          "length grows past L.", (("sinusoidal", "none"), ("rope", "none")), "sinusoidal and RoPE models",
+          "non-overlapping windows, as in their Figure 1: the loss at the first length past L against L, seed by seed; "
+          "a rise of more than 2% agrees", _alibi_rises),
+    Claim("alibi", "ALiBi's perplexity does not degrade past L: it stays flat or improves slightly up to many times L.",
+          (("alibi", "none"),), "an ALiBi model", "non-overlapping windows: at every length past L, the change from L, "
+          "seed by seed; at most +2% agrees", _alibi_flat),
+    Claim("alibi", "Rotary extrapolates better than sinusoidal, though far less well than ALiBi.",
+          (("alibi", "none"), ("rope", "none"), ("sinusoidal", "none")), "ALiBi, RoPE and sinusoidal models",
+          "non-overlapping windows at the first length past L: each pair, seed by seed, a lead of more than 2%", _alibi_order),
+    Claim("alibi", "At the training length ALiBi is on par with or better than sinusoidal and rotary (their Table 2).",
+          (("alibi", "none"), ("rope", "none"), ("sinusoidal", "none")), "ALiBi, RoPE and sinusoidal models",
+          "non-overlapping windows at L: ALiBi against the better of the two, seed by seed; at most 2% above agrees", _alibi_at_L,
+          past_L=False),
+    Claim("alibi", "Appendix B: evaluated with sliding windows, where every token sees a nearly full window, ALiBi gains "
+          "little or nothing from windows longer than L; most of its gain with non-overlapping windows comes from giving "
+          "early tokens more context (the early token curse), not from using context beyond L.",
+          (("alibi", "none"), ("sliding", "")), "an ALiBi model and sliding-window evaluation",
+          "sliding windows: at every length past L, the loss at L minus the loss there, seed by seed; a gain of at most 2% "
+          "agrees", _alibi_sliding),
+    Claim("nope", "Without any position encoding a causal decoder generalises to longer inputs better than with ALiBi, "
+          "rotary or absolute embeddings (synthetic reasoning and arithmetic tasks, up to twice the training length).",
+          (("none", "none"),), "a NoPE model beside other encodings",
+          "non-overlapping windows at the first length past L: NoPE against each rival, seed by seed; no rival lower by "
+          "more than 2% agrees", _nope_generalises),
+    Claim("nope", "A decoder without position encoding still learns where tokens are (the causal mask lets it represent "
+          "absolute and relative positions).", (("none", "none"),), "a NoPE model beside other encodings",
+          "non-overlapping windows at L: NoPE within 10% of the best encoding, seed by seed", _nope_positions, past_L=False),
+    Claim("pi", "Fine-tuned at the target length, a model extended with PI reaches much lower perplexity at the longer "
+          "lengths than one fine-tuned there without interpolation (direct extrapolation), in as many steps.",
+          (("rope-ft-linear", "linear"), ("rope-ft-none", "none"), ("sliding", "")),
+          f"RoPE fine-tuned at {_E} with PI and without scaling",
+          "sliding windows, as the paper evaluates, at the lengths past L up to E: PI lower by more than 2%, seed by seed", _pi_beats_direct),
+    Claim("pi", "Models extended with PI and fine-tuned use the longer window: their perplexity falls as the window grows "
+          "to the target length.", (("rope-ft-linear", "linear"), ("sliding", "")), f"RoPE fine-tuned with PI at {_E}",
+          "sliding windows: the loss at E against L, seed by seed; lower agrees", _pi_uses_window),
+    Claim("pi", "A model extended with PI keeps its quality inside the original window relatively well.",
+          (("rope-ft-linear", "linear"), ("rope", "none"), ("sliding", "")), f"RoPE before and after fine-tuning with PI at {_E}",
+          "sliding windows at L: the fine-tuned model at most 5% above the pretrained one, seed by seed", _pi_keeps_quality,
+          past_L=False),
+    Claim("pi", "PI-extended, fine-tuned models retrieve passkeys at the extended lengths.",
+          (("rope-ft-linear", "linear"),), f"RoPE fine-tuned with PI at {_E}",
+          "passkey accuracy at the lengths past L up to E, every seed's trials pooled: a Wilson 95% interval above 50% "
+          "agrees, below it disagrees", _pi_passkey),
+    Claim("yarn", "Without fine-tuning, NTK-aware scaling (high frequencies kept, low ones stretched) degrades less than PI.",
+          (("rope", "ntk"), ("rope", "linear"), ("sliding", "")), "the pretrained RoPE model with NTK and PI",
+          "sliding windows, as the paper evaluates, at every length past L: NTK lower by more than 2%, seed by seed", _ntk_beats_pi),
+    Claim("yarn", "Dynamic scaling lets a model run past its trained length without fine-tuning, degrading gracefully "
+          "instead of failing.", (("rope", "dynamic"), ("rope", "none"), ("sliding", "")),
+          "the pretrained RoPE model with and without dynamic NTK",
+          "sliding windows at every length past L: dynamic NTK lower than RoPE as trained by more than 2%, seed by seed", _dynamic_graceful),
+    Claim("yarn", "Fine-tuned for the same steps, YaRN reaches lower perplexity than PI and NTK-aware scaling.",
+          (("rope-ft-yarn", "yarn"), ("rope-ft-linear", "linear"), ("sliding", "")), f"RoPE fine-tuned at {_E} with YaRN, PI (and NTK)",
+          "sliding windows at the lengths past L up to E: YaRN lower than each by more than 2%, seed by seed", _yarn_beats_finetuned),
+    Claim("yarn", "A model fine-tuned with YaRN extrapolates past the length it was fine-tuned at, where PI degrades.",
+          (("rope-ft-yarn", "yarn"), ("rope-ft-linear", "linear"), ("sliding", "")), f"RoPE fine-tuned at {_E} with YaRN and PI",
+          "sliding windows past E: YaRN's rise from E smaller than PI's by more than 2%, seed by seed", _yarn_past_finetuning),
+]
+

@@ -1,0 +1,172 @@
+"""Which models a run trains, in which order, and what each is called.
+
+A run is a list of :class:`ModelSpec`, every method once per seed (``seed``, ``seed + 1``, ...):
+
+- the main comparison: one model per position encoding at ``L`` (stage ``pretrain``); then, when the
+  extension stage is on, the RoPE model fine-tuned at ``E = extend_length`` with each of
+  ``extend_scalings`` (stage ``extend``; ``none`` is direct fine-tuning, the scaling of the others is
+  fixed at factor ``E / L``), and a RoPE model trained from scratch at ``E`` with the pretraining
+  budget in tokens (stage ``scratch``), the ceiling a fine-tune can hope to reach;
+- ``--study base``: a RoPE model per base in ``bases``;
+- ``--study transfer``: sinusoidal and RoPE models of ``steps`` steps, a sinusoidal model of
+  ``steps - transfer_steps`` steps, and that model moved to RoPE (every other weight copied by
+  :func:`rotary.models.transfer_position_encoding`), once as it is and once fine-tuned for
+  ``transfer_steps`` steps: as many steps in all as the RoPE model trained from scratch.
+
+A model that starts from another (``parent``) comes after it, with the same seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import SCALINGS, ExperimentConfig
+
+__all__ = ["ENCODING_LABELS", "SCALING_LABELS", "STAGES", "ModelSpec", "model_specs", "scaling_block"]
+
+#: how each position encoding is called in tables and figures
+ENCODING_LABELS = {
+    "none": "NoPE",
+    "learned": "learned absolute",
+    "sinusoidal": "sinusoidal",
+    "alibi": "ALiBi",
+    "rope": "RoPE",
+    "rope_alibi": "RoPE + ALiBi",
+    "rope_relative": "RoPE + learned bias",
+    "xpos": "RoPE + xPos",
+}
+
+#: how each scaling is called in tables and figures
+SCALING_LABELS = {"none": "", "linear": "PI (linear)", "ntk": "NTK", "dynamic": "dynamic NTK", "yarn": "YaRN"}
+
+#: pretrain: from a fresh initialisation at L; extend: fine-tuned at a longer length from a pretrained
+#: model; scratch: from a fresh initialisation at the longer length; transfer: another encoding's weights
+STAGES = ("pretrain", "extend", "scratch", "transfer")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model to train.
+
+    Attributes:
+        model: its name over seeds (``rope``, ``rope-ft-yarn``): what tables group by.
+        encoding: a key of ``rotary.models.POSITION_ENCODINGS``.
+        seed: initialisation and batches.
+        label: how tables and figures call it.
+        stage: one of :data:`STAGES`.
+        length: training window.
+        steps: optimizer steps (0: a transfer evaluated without fine-tuning).
+        rows: rows per step.
+        scaling: the RoPE scaling it is trained and evaluated with, factor ``length / L`` (``none``:
+            as built).
+        parent: the model (same seed) whose trained weights it starts from.
+        rope_base: RoPE's base.
+        first_batch: the index of its first batch in its seed's stream (a fine-tune continues the
+            stream its parent stopped in).
+    """
+
+    model: str
+    encoding: str
+    seed: int
+    label: str
+    stage: str = "pretrain"
+    length: int = 128
+    steps: int = 1
+    rows: int = 1
+    scaling: str = "none"
+    parent: str | None = None
+    rope_base: float = 10000.0
+    first_batch: int = 0
+
+    @property
+    def name(self) -> str:
+        """Unique in a run: ``<model>-<seed>`` (its directory under ``models/``)."""
+        return f"{self.model}-{self.seed}"
+
+    @property
+    def parent_name(self) -> str | None:
+        return None if self.parent is None else f"{self.parent}-{self.seed}"
+
+    @property
+    def fine_tune(self) -> bool:
+        """Whether it continues from another model's weights (and uses the fine-tuning schedule)."""
+        return self.parent is not None
+
+
+def _pretrain(config: ExperimentConfig, encoding: str, seed: int, **changes) -> ModelSpec:
+    fields = dict(
+        model=encoding, encoding=encoding, seed=seed, label=ENCODING_LABELS.get(encoding, encoding), stage="pretrain",
+        length=config.train_length, steps=config.steps, rows=config.batch_size, rope_base=config.rope_base,
+    )
+    return ModelSpec(**{**fields, **changes})
+
+
+def _main(config: ExperimentConfig, seed: int) -> list[ModelSpec]:
+    specs = [_pretrain(config, e, seed) for e in config.encodings]
+    if config.extends:
+        length, at = config.extension_length, f"{config.extension_length / config.train_length:g}L"
+        for s in config.extend_scalings:
+            label = f"RoPE + {SCALING_LABELS[s]}, fine-tuned at {at}" if s != "none" else f"RoPE, fine-tuned at {at}"
+            specs.append(_pretrain(config, "rope", seed, model=f"rope-ft-{s}", label=label, stage="extend", length=length,
+                                   steps=config.extend_steps, rows=config.extension_rows, scaling=s, parent="rope"))
+        specs.append(_pretrain(config, "rope", seed, model="rope-scratch", label=f"RoPE trained at {at}", stage="scratch",
+                               length=length, rows=config.extension_rows))
+    return specs
+
+
+def _base(config: ExperimentConfig, seed: int) -> list[ModelSpec]:
+    return [_pretrain(config, "rope", seed, model=f"rope-base{b:g}", label=f"RoPE, base {b:g}", rope_base=float(b))
+            for b in config.bases]
+
+
+def _transfer(config: ExperimentConfig, seed: int) -> list[ModelSpec]:
+    tune = config.transfer_finetune_steps
+    short = config.steps - tune
+    return [
+        _pretrain(config, "sinusoidal", seed, label=f"sinusoidal, {config.steps} steps"),
+        _pretrain(config, "rope", seed, label=f"RoPE, {config.steps} steps"),
+        _pretrain(config, "sinusoidal", seed, model="sinusoidal-short", label=f"sinusoidal, {short} steps", steps=short),
+        _pretrain(config, "rope", seed, model="transfer-0", label=f"sinusoidal ({short} steps) → RoPE, not fine-tuned",
+                  stage="transfer", steps=0, parent="sinusoidal-short"),
+        _pretrain(config, "rope", seed, model="transfer", label=f"sinusoidal ({short} steps) → RoPE + {tune} steps",
+                  stage="transfer", steps=tune, parent="sinusoidal-short", first_batch=short),
+    ]
+
+
+def model_specs(config: ExperimentConfig) -> list[ModelSpec]:
+    """Every model of a run, seed after seed; a model after the one it starts from.
+
+    Example:
+        >>> cfg = ExperimentConfig(encodings=("none", "rope"), seeds=2, extend_steps=10, extend_scalings=("yarn",))
+        >>> [s.name for s in model_specs(cfg)]
+        ['none-0', 'rope-0', 'rope-ft-yarn-0', 'rope-scratch-0', 'none-1', 'rope-1', 'rope-ft-yarn-1', 'rope-scratch-1']
+        >>> [s.name for s in model_specs(ExperimentConfig(study="base", bases=(100, 10000), seeds=1))]
+        ['rope-base100-0', 'rope-base10000-0']
+    """
+    plan = {None: _main, "base": _base, "transfer": _transfer}[config.study]
+    return [spec for k in range(config.seeds) for spec in plan(config, config.seed + k)]
+
+
+def scaling_block(name: str, factor: float, train_length: int) -> dict | None:
+    """The Hugging Face-style ``rope_scaling`` block of scaling ``name`` with ``factor`` (``E / L``).
+
+    ``dynamic`` is transformers' dynamic NTK with the same ``factor``: at a sequence of ``n`` tokens it
+    raises the base as static NTK with ``alpha = factor * n / L - (factor - 1)`` would, i.e. with
+    ``factor ** 2 - factor + 1`` at ``n = E``, more than static NTK's ``factor``.
+
+    Example:
+        >>> scaling_block("yarn", 4.0, 128)
+        {'rope_type': 'yarn', 'factor': 4.0, 'original_max_position_embeddings': 128}
+        >>> scaling_block("none", 4.0, 128) is None
+        True
+    """
+    if name not in SCALINGS:
+        raise ValueError(f"unknown scaling {name!r}; known: {', '.join(SCALINGS)}")
+    factor = float(factor)
+    if name == "none":
+        return None
+    if name in ("linear", "ntk"):
+        return {"rope_type": name, "factor": factor}
+    if name == "dynamic":
+        return {"rope_type": "dynamic", "factor": factor, "max_position_embeddings": train_length}
+    return {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": train_length}

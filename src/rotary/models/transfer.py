@@ -1,0 +1,92 @@
+"""Moving a trained :class:`~rotary.models.Decoder` to another position encoding.
+
+Everything a ``Decoder`` learns outside its position encoding (token embeddings, q/k/v/o projections,
+MLPs, norms, output head) does not depend on which encoding it was trained with, as far as shapes go.
+:func:`transfer_position_encoding` builds the same model with another encoding and copies every one of
+those weights; the new encoding's own weights (a learned table, a learned bias) are left as
+initialised, and RoPE has none. The copy is a starting point for fine-tuning: the attention was
+trained to read positions one way and must learn the other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from .decoder import Decoder
+
+__all__ = ["position_state_names", "transfer_position_encoding"]
+
+
+def _position_modules(model: Decoder) -> list[nn.Module]:
+    """The modules of the model's position encoding: the embedding added to the tokens, the rotary
+    producers (RoPE and the NoPE layers' temperature) and every layer's score bias."""
+    found = [model.embed_positions, model.rope, model.nope]
+    for layer in model.layers:
+        found += [layer.attn.rope if isinstance(layer.attn.rope, nn.Module) else None, layer.attn.position_bias]
+    return [m for m in found if m is not None]
+
+
+def position_state_names(model: Decoder) -> set[str]:
+    """The ``state_dict`` entries that belong to the model's position encoding.
+
+    Example:
+        >>> from rotary.models import DecoderConfig
+        >>> sorted(position_state_names(Decoder(DecoderConfig(hidden_size=32, num_layers=1, num_heads=2, position_encoding="learned"))))
+        ['embed_positions.embedding.weight']
+        >>> position_state_names(Decoder(DecoderConfig(hidden_size=32, num_layers=1, num_heads=2)))  # RoPE: buffers only
+        set()
+    """
+    owners = {id(m) for m in _position_modules(model)}
+    prefixes = [name + "." for name, module in model.named_modules(remove_duplicate=False) if id(module) in owners]
+    return {key for key in model.state_dict() if any(key.startswith(p) for p in prefixes)}
+
+
+def transfer_position_encoding(source: Decoder, position_encoding: str, **changes) -> Decoder:
+    """A new ``Decoder`` with ``position_encoding`` and every weight of ``source`` that is not part of
+    ``source``'s position encoding.
+
+    Args:
+        source: a trained model (left untouched).
+        position_encoding: the new encoding (a key of :data:`rotary.models.POSITION_ENCODINGS`).
+        **changes: other ``DecoderConfig`` fields of the new model (``rope_base``, ``rope_scaling``,
+            ...); the shapes of the copied weights must not change.
+
+    Returns:
+        The new model, on ``source``'s device and dtype, in ``source``'s train/eval mode. Its position
+        encoding's weights, if any, keep their fresh initialisation (drawn from torch's global RNG).
+
+    Raises:
+        ValueError: the two models' non-position weights differ in names or shapes (``changes`` that
+            alter the width, the layers or the vocabulary).
+
+    Example:
+        >>> from rotary.models import DecoderConfig
+        >>> sinusoidal = Decoder(DecoderConfig(hidden_size=32, num_layers=1, num_heads=2, position_encoding="sinusoidal"))
+        >>> rope = transfer_position_encoding(sinusoidal, "rope")
+        >>> rope.config.position_encoding, torch.equal(rope.lm_head.weight, sinusoidal.lm_head.weight)
+        ('rope', True)
+    """
+    config = dataclasses.replace(source.config, position_encoding=position_encoding, **changes)
+    target = Decoder(config)
+    source_state, target_state = source.state_dict(), target.state_dict()
+    wanted = set(source_state) - position_state_names(source)
+    offered = set(target_state) - position_state_names(target)
+    if wanted != offered:
+        raise ValueError(
+            f"the models differ outside their position encodings: only in the source {sorted(wanted - offered)[:6]}, only in the "
+            f"new model {sorted(offered - wanted)[:6]}; transfer_position_encoding changes the encoding, not the architecture"
+        )
+    shapes = [k for k in wanted if source_state[k].shape != target_state[k].shape]
+    if shapes:
+        k = sorted(shapes)[0]
+        raise ValueError(f"{k} is {tuple(source_state[k].shape)} in the source and {tuple(target_state[k].shape)} in the new model; "
+                         "changes must not alter the shapes of the copied weights")
+    parameter = next(source.parameters())
+    target.to(device=parameter.device, dtype=parameter.dtype)
+    with torch.no_grad():
+        for key in wanted:
+            target_state[key].copy_(source_state[key])
+    return target.train(source.training)

@@ -1,0 +1,112 @@
+"""The paper claims, from hand-made rows: verdicts follow the numbers seed by seed, a claim whose methods
+are missing is not measured, and the claims table renders every assessment."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from helpers import experiment_rows
+from rotary.experiments.claims import CLAIMS, Assessment, assess, claims_table
+from rotary.experiments.config import ExperimentConfig
+from rotary.experiments.plan import model_specs
+from rotary.experiments.results import Results
+from rotary.experiments.rows import Measurements
+
+L = 128
+LENGTHS = [L, 2 * L, 4 * L, 8 * L]
+CFG = ExperimentConfig(train_length=L, device="cpu", encodings=("none", "learned", "sinusoidal", "alibi", "rope"), seeds=2)
+
+#: (model, scaling, mode) -> perplexity at L, 2L, 4L, 8L; every paper's claim holds. The extension length is 4L.
+AS_PUBLISHED = {
+    ("none", "none", "windows"): [4.0, 3.9, 4.3, 4.5],
+    ("learned", "none", "windows"): [4.2, 30.0, 60.0, 90.0],
+    ("sinusoidal", "none", "windows"): [4.3, 40.0, 80.0, 120.0],
+    ("alibi", "none", "windows"): [4.0, 3.95, 3.95, 3.96],
+    ("rope", "none", "windows"): [4.1, 9.0, 20.0, 40.0],
+    ("alibi", "none", "sliding"): [3.9, 3.89, 3.89, 3.89],
+    ("rope", "none", "sliding"): [4.0, 9.0, 20.0, 40.0],
+    ("rope", "linear", "sliding"): [4.0, 6.0, 8.0, 12.0],
+    ("rope", "ntk", "sliding"): [4.0, 5.0, 6.0, 7.0],
+    ("rope", "dynamic", "sliding"): [4.0, 5.5, 7.0, 9.0],
+    ("rope", "yarn", "sliding"): [4.0, 4.6, 5.0, 5.5],
+    ("rope-ft-none", "none", "sliding"): [4.05, 8.0, 15.0, 30.0],
+    ("rope-ft-linear", "linear", "sliding"): [4.1, 3.9, 3.8, 9.0],
+    ("rope-ft-ntk", "ntk", "sliding"): [4.05, 4.2, 4.1, 8.0],
+    ("rope-ft-yarn", "yarn", "sliding"): [4.05, 3.7, 3.6, 4.0],
+    ("rope-scratch", "none", "sliding"): [4.1, 3.8, 3.7, 6.0],
+}
+
+
+def measurements(table: dict, **kw) -> Measurements:
+    return experiment_rows(table, LENGTHS, **kw)
+
+
+def verdicts(m: Measurements) -> dict[str, str]:
+    return {a.claim[:40]: a.verdict for a in assess(CLAIMS, Results(m, model_specs(CFG), CFG))}
+
+
+def test_numbers_like_the_papers_agree_with_every_claim():
+    v = verdicts(measurements(AS_PUBLISHED))
+    assert set(v.values()) == {"agrees"} and len(v) == len(CLAIMS), v
+
+
+def test_numbers_against_the_papers_do_not_agree():
+    table = dict(AS_PUBLISHED)
+    table[("alibi", "none", "windows")] = [4.0, 6.0, 9.0, 12.0]  # ALiBi breaks past L
+    table[("rope-ft-linear", "linear", "sliding")] = [4.1, 9.0, 16.0, 30.0]  # PI fine-tuned worse than direct fine-tuning
+    table[("alibi", "none", "sliding")] = [3.9, 3.5, 3.3, 3.2]  # ALiBi uses the longer sliding windows
+    v = verdicts(measurements(table, passkey=2))
+    assert v["ALiBi's perplexity does not degrade past"] == "does not agree"
+    assert v["Fine-tuned at the target length, a model"] == "does not agree"
+    assert v["Appendix B: evaluated with sliding windo"] == "does not agree"
+    assert v["PI-extended, fine-tuned models retrieve "] == "does not agree"  # 5% of 80: the interval lies below 50%
+    assert v["Models extended with PI and fine-tuned u"] == "does not agree"
+
+
+def test_seeds_on_both_sides_of_a_threshold_are_within_the_spread():
+    second = {("rope-ft-linear", "linear", "sliding"): [4.1, 8.5, 3.8, 9.0]}  # seed 1: PI above direct at 2L, below at 4L
+    assessments = {a.claim[:40]: a for a in assess(CLAIMS, Results(measurements(AS_PUBLISHED, second_seed=second), model_specs(CFG), CFG))}
+    pi = assessments["Fine-tuned at the target length, a model"]
+    assert pi.verdict == "partly" and "within the run-to-run spread: 2L" in pi.values
+    # a passkey interval that straddles 50% cannot be told either way
+    assert verdicts(measurements(AS_PUBLISHED, passkey=20))["PI-extended, fine-tuned models retrieve "] == "within run-to-run spread"
+
+
+def test_one_seed_decides_alone():
+    one = Measurements(perplexity=[r for r in measurements(AS_PUBLISHED).perplexity if r.seed == 0])
+    v = verdicts(one)
+    assert v["ALiBi's perplexity does not degrade past"] == "agrees"
+
+
+def test_claims_whose_methods_are_missing_are_not_measured():
+    table = {k: v for k, v in AS_PUBLISHED.items() if not k[0].startswith("rope-")}
+    assessments = assess(CLAIMS, Results(measurements(table), model_specs(CFG), CFG))
+    by = {a.claim[:40]: a for a in assessments}
+    pi = by["Fine-tuned at the target length, a model"]
+    assert pi.verdict == "not measured" and "RoPE + PI (linear), fine-tuned at 4L" in pi.values
+    assert by["ALiBi's perplexity does not degrade past"].verdict == "agrees"
+    no_sliding = {k: v for k, v in table.items() if k[2] == "windows"}
+    by = {a.claim[:40]: a for a in assess(CLAIMS, Results(measurements(no_sliding), model_specs(CFG), CFG))}
+    assert by["Appendix B: evaluated with sliding windo"].values == "not measured: this run has no sliding-window evaluation"
+
+
+def test_the_claims_table_renders_every_assessment_from_hand_made_rows():
+    assessments = assess(CLAIMS, Results(measurements(AS_PUBLISHED), model_specs(CFG), CFG))
+    text = claims_table(assessments)
+    lines = text.splitlines()
+    assert lines[0] == "| verdict | paper | claim | needs | measured as | this run |" and len(lines) == 2 + len(CLAIMS)
+    for line, a in zip(lines[2:], assessments):
+        assert line.startswith(f"| **{a.verdict}** | {a.paper} | ") and line.count(" | ") == 5
+    assert '"Train Short, Test Long: Attention with Linear Biases Enables Input Length Extrapolation"' in text
+    assert '"YaRN: Efficient Context Window Extension of Large Language Models"' in text
+    assert "fine-tuned with PI: 4.102 ± 0.002" in text  # the mean of 4.1 and 4.1041, half their range
+    piped = claims_table([dataclasses.replace(assessments[0], values="a | b")])
+    assert "a \\| b" in piped  # a pipe in a value does not break the table
+
+
+@pytest.mark.parametrize("claim", CLAIMS, ids=lambda c: c.claim[:30])
+def test_every_claim_says_what_it_needs_and_how_it_is_measured(claim):
+    assert claim.needs_text and claim.measured and claim.claim.endswith(".")
+    assert isinstance(assess([claim], Results(Measurements(), [], CFG))[0], Assessment)

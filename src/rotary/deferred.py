@@ -18,7 +18,9 @@ Where each check lives:
   pure-torch path on accelerators), per token;
 - tables a caller made (:func:`rotary.apply_rotary`): once per tensor version, a few sampled rows
   (:func:`check_tables_once`);
-- hand-made :class:`~rotary.positions.Positions`, attention masks, ``cu_seqlens``, token ids:
+- hand-made :class:`~rotary.positions.Positions`, attention masks, ``cu_seqlens``, token ids
+  (:class:`rotary.models.Decoder`, whose embedding then reads unknown ids as 0), writes past the end
+  of a :class:`rotary.nn.StaticKVCache`, :meth:`~rotary.models.Decoder.generate`'s prompt padding:
   device operations feeding :func:`record`.
 
 ``validate="sync"`` (on :func:`rotary.apply_rotary`) keeps the immediate host checks on every device,
@@ -46,6 +48,9 @@ __all__ = [
     "CU_SEQLENS_SLOT",
     "MASK_SLOT",
     "TOKENS_SLOT",
+    "CACHE_SLOT",
+    "PROMPT_SLOT",
+    "LEARNED_SLOT",
     "record",
     "record_positions",
 ]
@@ -64,11 +69,19 @@ CHECKS: dict[int, str] = {
     "sequence longer than the max_seqlen given",
     5: "an attention mask holding values other than 0 and 1",
     6: "token ids outside the vocabulary (negative, or >= vocab_size); their embeddings were read as 0",
+    7: "more tokens written to a rotary.nn.StaticKVCache than it has slots (max_len); the attention outputs of the "
+    "tokens past the end are NaN and they were not cached. Build the cache with max_len >= prompt + new tokens "
+    "(Decoder.new_cache(batch=..., max_len=...)), or reset() it before reusing it",
+    8: "a generate() prompt whose attention_mask marks no token in a row, or padding after a row's tokens (right "
+    "padding); those rows continued from padding. Pad prompts on the left (tokenizer.padding_side = 'left') and "
+    "give every row at least one token",
+    9: "positions at or past a learned position table (LearnedPositionEmbedding, the Decoder's 'learned' encoding: "
+    "max_position rows); their position embeddings are NaN. Build the model with a larger max_position",
 }
-SLOTS = 8
+SLOTS = 10
 POSITION_SLOT = 0  # counts tokens whose position was outside the table (written by the kernels)
 LARGEST_SLOT = 1  # the largest offending position (atomic max in the kernels)
-TABLES_SLOT, POSITIONS_SLOT, CU_SEQLENS_SLOT, MASK_SLOT, TOKENS_SLOT = 2, 3, 4, 5, 6
+TABLES_SLOT, POSITIONS_SLOT, CU_SEQLENS_SLOT, MASK_SLOT, TOKENS_SLOT, CACHE_SLOT, PROMPT_SLOT, LEARNED_SLOT = 2, 3, 4, 5, 6, 7, 8, 9
 
 _lock = threading.Lock()
 _flags: dict[torch.device, torch.Tensor] = {}

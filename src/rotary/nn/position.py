@@ -21,6 +21,7 @@ import math
 import torch
 from torch import nn
 
+from .. import deferred
 from .. import positions as P
 from .._checks import check_positive_int, is_number
 from .._limits import MAX_NUM_HEADS, format_bytes
@@ -185,12 +186,20 @@ class LearnedPositionEmbedding(nn.Module):
             ids, bound = position_ids.ids, position_ids.bound
         else:
             ids = P.integer_positions(position_ids)
-            bound = int(ids.max()) + 1 if ids.numel() and not torch.compiler.is_compiling() else None
+            bound = None
+            if ids.numel() and not torch.compiler.is_compiling() and deferred.host_checks(ids.device):
+                bound = int(ids.max()) + 1
         if bound is not None and bound > self.max_position:
             raise ValueError(
                 f"position {bound - 1} is beyond the learned table of max_position={self.max_position}; "
                 "build the model with a larger max_position"
             )
+        if bound is None and not torch.compiler.is_compiling() and not deferred.host_checks(ids.device):
+            # an accelerator: nothing read; a position past the table is flagged, read from its last row and NaN
+            outside = ids >= self.max_position
+            deferred.record(deferred.LEARNED_SLOT, outside)
+            nan = torch.where(outside, float("nan"), 0.0)[..., None]
+            return self.embedding(ids.clamp(max=self.max_position - 1)) + nan.to(self.embedding.weight.dtype)
         return self.embedding(ids)
 
 

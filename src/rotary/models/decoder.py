@@ -488,7 +488,14 @@ class Decoder(nn.Module):
     def release_captured(self) -> None:
         """Free the static caches and the captured decoding step that :meth:`generate` keeps between calls
         with ``capture=...`` (the next such call captures again)."""
-        self._captured.clear()
+        self._capture_state().clear()
+
+    def _capture_state(self) -> _Captured:
+        """What :meth:`generate` keeps between captured calls (made here for models unpickled without it)."""
+        held = self.__dict__.get("_captured")
+        if held is None:
+            held = self.__dict__["_captured"] = _Captured()
+        return held
 
     def set_rope_scaling(self, scaling: dict[str, Any] | None) -> None:
         """Change the RoPE scaling of this (trained) model, e.g. for evaluation past the trained length.
@@ -522,7 +529,7 @@ class Decoder(nn.Module):
             )
         if scaling is not None and not isinstance(scaling, Mapping):
             raise TypeError(f"scaling must be a dict (a rope_scaling block) or None, got {type(scaling).__name__}")
-        self._captured.clear()  # a captured step holds the old tables
+        self._capture_state().clear()  # a captured step holds the old tables
         config = dataclasses.replace(self.config, rope_scaling=None if scaling is None else dict(scaling))
         rope = POSITION_ENCODINGS[config.position_encoding](config).rope
         if not isinstance(rope, RoPE):  # a registered encoding whose builder drops RoPE for this block
@@ -907,7 +914,7 @@ class Decoder(nn.Module):
         max_len = -(-length // CAPTURE_LENGTH_STEP) * CAPTURE_LENGTH_STEP
         weights = tuple(p.data_ptr() for p in self.parameters())  # new parameter storage: capture again
         key = (capture, batch, max_len, dtype, device, weights)
-        held = self._captured
+        held = self._capture_state()
         if held.key != key:
             held.clear()
             self._prepare_tables(max_len, device)

@@ -18,7 +18,9 @@ Where each check lives:
   pure-torch path on accelerators), per token;
 - tables a caller made (:func:`rotary.apply_rotary`): once per tensor version, a few sampled rows
   (:func:`check_tables_once`);
-- hand-made :class:`~rotary.positions.Positions`, attention masks, ``cu_seqlens``, token ids:
+- hand-made :class:`~rotary.positions.Positions`, attention masks, ``cu_seqlens``, token ids
+  (:class:`rotary.models.Decoder`, whose embedding then reads unknown ids as 0), writes past the end
+  of a :class:`rotary.nn.StaticKVCache`, :meth:`~rotary.models.Decoder.generate`'s prompt padding:
   device operations feeding :func:`record`.
 
 ``validate="sync"`` (on :func:`rotary.apply_rotary`) keeps the immediate host checks on every device,
@@ -52,6 +54,8 @@ __all__ = [
     "COORDINATES_SLOT",
     "ANGLES_SLOT",
     "LEARNED_POSITION_SLOT",
+    "PROMPT_SLOT",
+    "LEARNED_SLOT",
     "record",
     "record_positions",
 ]
@@ -70,8 +74,11 @@ CHECKS: dict[int, str] = {
     "sequence longer than the max_seqlen given",
     5: "an attention mask holding values other than 0 and 1",
     6: "token ids outside the vocabulary (negative, or >= vocab_size); their embeddings were read as 0",
-    7: "KV-cache slots outside the cache (negative, or at or past its length) in rotate_and_cache; the keys and "
-    "values of those tokens were not written. Size the cache for every token you write",
+    7: "KV-cache writes outside the cache: slots given to rotate_and_cache that are negative or at or past its "
+    "length (those tokens' keys and values were not written), or more tokens written to a rotary.nn.StaticKVCache "
+    "than it has slots (max_len; the attention outputs of the tokens past the end are NaN and they were not "
+    "cached). Size the cache for every token you write (Decoder.new_cache(batch=..., max_len=...)), or reset() a "
+    "static cache before reusing it",
     8: "xPos positions further than XPos.max_distance from XPos.center: the scales ζ^(±(n - c)/γ) leave fp32's "
     "range there (query tables underflow to 0, key tables overflow to inf); build XPos with a larger scale_base "
     "or a center nearer these positions",
@@ -84,6 +91,9 @@ CHECKS: dict[int, str] = {
     "angles beyond float64's range (cos/sin are NaN); use smaller coordinates, augmentation ranges or frequencies",
     12: "position ids at or past a LearnedPositionEmbedding's max_position (a learned table cannot extrapolate); "
     "their embeddings are NaN. Build the model with a larger max_position",
+    13: "a generate() prompt whose attention_mask marks no token in a row, or padding after a row's tokens (right "
+    "padding); those rows continued from padding. Pad prompts on the left (tokenizer.padding_side = 'left') and "
+    "give every row at least one token",
 }
 SLOTS = 16  # room for checks to come
 POSITION_SLOT = 0  # counts tokens whose position was outside the table (written by the kernels)
@@ -91,6 +101,8 @@ LARGEST_SLOT = 1  # the largest offending position (atomic max in the kernels)
 TABLES_SLOT, POSITIONS_SLOT, CU_SEQLENS_SLOT, MASK_SLOT, TOKENS_SLOT, CACHE_SLOT = 2, 3, 4, 5, 6, 7
 # the variants' checks (rotary.variants, rotary.nn.position)
 XPOS_RANGE_SLOT, XPOS_FP16_SLOT, COORDINATES_SLOT, ANGLES_SLOT, LEARNED_POSITION_SLOT = 8, 9, 10, 11, 12
+# the decoder's (rotary.models): generate() prompts; learned positions share the variants' slot
+PROMPT_SLOT, LEARNED_SLOT = 13, LEARNED_POSITION_SLOT
 
 _lock = threading.Lock()
 _flags: dict[torch.device, torch.Tensor] = {}

@@ -318,7 +318,7 @@ def _recorded(call: Callable[[], object]) -> list:
 
 
 def make_inputs(shape: Shape, dtype: torch.dtype, seed: int = 0) -> Inputs:
-    from ..module import RoPE
+    from ..rope import RoPE
 
     g = torch.Generator().manual_seed(seed)
     B, Hq, Hk, S, D = shape.batch, shape.q_heads, shape.k_heads, shape.seq_len, shape.head_dim

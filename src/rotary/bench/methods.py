@@ -248,7 +248,7 @@ def decode_suite(options) -> list[Result]:
     in ``tests/kernels/test_decode_fast_path.py``); the ratio is HF's time over the row's. Skipped
     by ``--quick`` unless named in ``--suites``.
     """
-    from ..module import RoPE
+    from ..rope import RoPE
 
     if getattr(options, "quick", False) and "decode" not in (getattr(options, "suites", None) or "").split(","):
         return []  # the quick run has its own small decode shape; --suites decode asks for this one

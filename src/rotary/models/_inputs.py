@@ -2,7 +2,9 @@
 
 An id outside an embedding table fails inside ``nn.Embedding`` as ``IndexError: index out of range
 in self``, which names neither the id, the table nor the fix (on a GPU it is a device-side assert
-that poisons the process). One ``aminmax`` per call names all three; nothing is read under
+that poisons the process). On the CPU one ``aminmax`` per call names all three (:func:`check_token_ids`);
+on accelerators :func:`embedding_ids` reads nothing: it flags bad ids for
+:func:`rotary.check_device_errors` and clamps them into the table. Nothing is read under
 ``torch.compile``, where a device read would break the graph.
 """
 
@@ -10,7 +12,9 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["check_token_ids"]
+from .. import deferred
+
+__all__ = ["check_token_ids", "embedding_ids"]
 
 
 def check_token_ids(ids: object, size: int, *, name: str = "input_ids", table: str = "vocab_size", shape: tuple | None = None) -> torch.Tensor:
@@ -35,12 +39,8 @@ def check_token_ids(ids: object, size: int, *, name: str = "input_ids", table: s
         ...
         ValueError: input_ids hold id 8, but vocab_size is 8 (ids must be in 0 .. 7); the tokenizer does not match this model, or build it with vocab_size >= 9
     """
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point() or ids.is_complex():
-        raise ValueError(f"{name} must be an integer tensor [B, S], got {getattr(ids, 'shape', type(ids).__name__)}")
-    if ids.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"{name} must be int64 or int32, got {ids.dtype}; convert with .long()")
-    if shape is not None and tuple(ids.shape) != tuple(shape):
-        raise ValueError(f"{name} must have the shape of input_ids {tuple(shape)}, got {tuple(ids.shape)}")
+    _check_form(ids, name, shape)
+    assert isinstance(ids, torch.Tensor)
     if torch.compiler.is_compiling() or not ids.numel():
         return ids
     low, high = (int(v) for v in torch.aminmax(ids))
@@ -59,3 +59,46 @@ def check_token_ids(ids: object, size: int, *, name: str = "input_ids", table: s
             )
         )
     return ids
+
+
+def _check_form(ids: object, name: str, shape: tuple | None) -> None:
+    """An int64/int32 tensor ``[B, S]`` (of ``shape`` when given): metadata only, nothing read."""
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point() or ids.is_complex():
+        raise ValueError(f"{name} must be an integer tensor [B, S], got {getattr(ids, 'shape', type(ids).__name__)}")
+    if ids.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{name} must be int64 or int32, got {ids.dtype}; convert with .long()")
+    if shape is not None and tuple(ids.shape) != tuple(shape):
+        raise ValueError(f"{name} must have the shape of input_ids {tuple(shape)}, got {tuple(ids.shape)}")
+
+
+def embedding_ids(ids: object, size: int, *, name: str = "input_ids", table: str = "vocab_size") -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token ids ready for an embedding lookup, checked without a host read where a read would synchronise.
+
+    On the CPU: :func:`check_token_ids` (an id out of range is a ``ValueError`` at once). Under
+    ``torch.compile``: the ids unchecked, as there. On other devices nothing is read: ids outside
+    ``0 .. size - 1`` set the deferred token flag (:func:`rotary.check_device_errors` raises it later), are
+    clamped into the table so that the lookup never reads past it, and come back as ``unknown``, whose
+    embeddings the caller must zero.
+
+    Args:
+        ids: integer ids ``[B, S]``.
+        size: rows of the embedding they index.
+        name, table: the argument and the config field that sets ``size``, for messages.
+
+    Returns:
+        ``(ids, unknown)``: ids safe to look up, and a bool ``[B, S]`` of the out-of-range ones (``None``
+        where they were checked on the host or not at all).
+
+    Example:
+        >>> embedding_ids(torch.tensor([[3, 7]]), 8)
+        (tensor([[3, 7]]), None)
+    """
+    _check_form(ids, name, None)
+    assert isinstance(ids, torch.Tensor)
+    if torch.compiler.is_compiling() or not ids.numel():
+        return ids, None
+    if deferred.host_checks(ids.device):
+        return check_token_ids(ids, size, name=name, table=table), None
+    unknown = (ids < 0) | (ids >= size)
+    deferred.record(deferred.TOKENS_SLOT, unknown)
+    return ids.clamp(0, size - 1), unknown

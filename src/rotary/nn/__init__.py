@@ -1,6 +1,6 @@
 """Attention layers built on :class:`rotary.RoPE`, and the other position encodings they are compared with."""
 
-from .attention import KVCache, RotaryAttention, padding_position_ids, repeat_kv
+from .attention import KVCache, RotaryAttention, StaticKVCache, padding_position_ids, repeat_kv
 from .linear_attention import (
     FEATURE_MAPS,
     RotaryLinearAttention,
@@ -24,6 +24,7 @@ __all__ = [
     "RotaryAttention",
     "RotaryLinearAttention",
     "SinusoidalPositionEmbedding",
+    "StaticKVCache",
     "alibi_slopes",
     "linear_attention_reference",
     "padding_position_ids",

@@ -31,8 +31,8 @@ from torch import nn
 
 from .. import positions as P
 from .._checks import check_bool, check_causal_rope, check_positive_int
-from ..module import RoPE
 from ..positions import Positions, check_attention_mask
+from ..rope import RoPE
 from ..rotation import rotate
 from ..tables import RotaryTables, table_dtype
 from .attention import check_hidden_states

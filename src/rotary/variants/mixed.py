@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from .._checks import check_bool, check_positive_float, check_positive_int
-from ..module import keep_float32
+from ..rope import keep_float32
 from ..rope_types import default_inv_freq
 from .axial import CoordinateRoPE
 

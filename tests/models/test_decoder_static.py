@@ -1,0 +1,285 @@
+"""Decoder on static caches: the same tokens as today's eager generation, nothing read per token off the CPU.
+
+``helpers.accelerator_rules`` runs the model on CPU tensors as on an accelerator and fails on any host
+read: the proof, on this machine, that ``forward``, ``decode_step`` and ``generate`` do not synchronise.
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+import torch
+
+from helpers import accelerator_rules
+from rotary import deferred
+from rotary.errors import DeviceInputError
+from rotary.models import Decoder, DecoderConfig
+from rotary.models.decoder import next_token
+from rotary.nn import KVCache, StaticKVCache
+
+CPU = torch.device("cpu")
+ENCODINGS = ["rope", "alibi", "rope_relative", "xpos", "learned", "none"]
+
+
+@pytest.fixture(autouse=True)
+def clean_flags():
+    deferred.flags(CPU).zero_()
+    yield
+    deferred.flags(CPU).zero_()
+
+
+def small(position_encoding="rope", **kw) -> Decoder:
+    torch.manual_seed(0)
+    config = DecoderConfig(
+        vocab_size=50, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, max_position=64,
+        position_encoding=position_encoding, **kw,
+    )
+    return Decoder(config).eval()
+
+
+def prompt(batch=3, length=6, seed=0):
+    """ids ``[batch, length]`` (ids 1 .. 49) and a mask that left-pads row 0 by 3 and row 1 by 1."""
+    ids = torch.randint(1, 50, (batch, length), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones(batch, length, dtype=torch.long)
+    mask[0, :3] = 0
+    mask[1, :1] = 0
+    return ids, mask
+
+
+class CountChecks:
+    """Stands in for ``deferred.check_device_errors``: counts the calls (each one synchronisation), reads nothing."""
+
+    def __init__(self) -> None:
+        self.calls: list = []
+
+    def __call__(self, device=None) -> None:
+        self.calls.append(device)
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_static_forward_equals_dynamic_bit_for_bit(encoding):
+    model = small(encoding)
+    ids, mask = prompt()
+    with torch.no_grad():
+        dynamic, static = model.new_cache(), model.new_cache(batch=3, max_len=12)
+        expected = [model(ids, attention_mask=mask, cache=dynamic)]
+        got = [model(ids, attention_mask=mask, cache=static)]
+        token = expected[0][:, -1:].argmax(-1)
+        full = mask
+        for _ in range(5):
+            full = torch.cat((full, torch.ones_like(token)), dim=1)
+            expected.append(model(token, attention_mask=full, cache=dynamic))
+            got.append(model(token, cache=static))  # the static cache remembers the padding
+            token = expected[-1][:, -1:].argmax(-1)
+    assert torch.equal(torch.cat(got, dim=1), torch.cat(expected, dim=1))
+    assert torch.equal(static[1].keys[:, :, :11], dynamic[1].keys)
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_generate_variants_equal_todays_generation(encoding, monkeypatch):
+    model = small(encoding)
+    ids, mask = prompt()
+    expected = model.generate(ids, 8, attention_mask=mask)
+    assert expected.shape == (3, 14) and expected[:, :6].equal(ids)
+    assert model.generate(ids, 8, attention_mask=mask, cache="static").equal(expected)
+    assert model.generate(ids, 8, attention_mask=mask, use_cache=False).equal(expected)
+    monkeypatch.setattr(deferred, "check_device_errors", CountChecks())  # generate's one read at the end
+    with accelerator_rules():  # the every-slot attention, nothing read
+        monitored = model.generate(ids, 8, attention_mask=mask, cache="static")
+    assert monitored.equal(expected)
+
+
+def test_sampling_is_multinomial_and_equal_across_caches():
+    model = small()
+    ids, mask = prompt()
+    kwargs = dict(attention_mask=mask, temperature=0.8, top_k=10)
+    dynamic = model.generate(ids, 8, generator=torch.Generator().manual_seed(3), **kwargs)
+    static = model.generate(ids, 8, cache="static", generator=torch.Generator().manual_seed(3), **kwargs)
+    assert static.equal(dynamic)
+    assert not dynamic.equal(model.generate(ids, 8, generator=torch.Generator().manual_seed(4), **kwargs))
+    # next_token draws what torch.multinomial draws from the same generator, without its host check
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
+    probs = ((logits - logits.max(-1, keepdim=True).values) / 0.7).softmax(-1)
+    for seed in range(10):
+        drawn = torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(seed))
+        assert next_token(logits, temperature=0.7, generator=torch.Generator().manual_seed(seed)).equal(drawn)
+
+
+def test_top_k_keeps_the_k_most_likely():
+    logits = torch.arange(10.0).repeat(64, 1)
+    drawn = next_token(logits, temperature=5.0, top_k=3, generator=torch.Generator().manual_seed(0))
+    assert set(drawn.flatten().tolist()) <= {7, 8, 9} and len(set(drawn.flatten().tolist())) > 1
+
+
+def test_eos_rows_emit_the_pad_id_on_the_device(monkeypatch):
+    model = small()
+    ids, mask = prompt()
+    free = model.generate(ids, 8, attention_mask=mask)
+    eos = int(free[0, 8])  # the third new token of row 0
+    monkeypatch.setattr(deferred, "check_device_errors", CountChecks())  # generate's one read at the end
+    for cache in ("dynamic", "static"):
+        with accelerator_rules():
+            out = model.generate(ids, 8, attention_mask=mask, cache=cache, eos_token_id=eos, pad_token_id=0)
+        for row in range(3):
+            new, reference = out[row, 6:].tolist(), free[row, 6:].tolist()
+            if eos in reference:
+                stop = reference.index(eos)
+                assert new == reference[: stop + 1] + [0] * (7 - stop)
+            else:
+                assert new == reference
+    assert out[0, 8] == eos and (out[0, 9:] == 0).all()
+
+
+def test_no_host_read_per_token_off_the_cpu(monkeypatch):
+    """forward (plain, padded, both caches), decode_step and generate read nothing under accelerator_rules;
+    generate ends with exactly one check_device_errors, its one synchronisation."""
+    model = small()
+    ids, mask = prompt()
+    counter = CountChecks()
+    monkeypatch.setattr(deferred, "check_device_errors", counter)
+    with torch.no_grad(), accelerator_rules():
+        model(ids)
+        model(ids, attention_mask=mask)
+        dynamic = model.new_cache()
+        model(ids, attention_mask=mask, cache=dynamic)
+        model(ids[:, :1], attention_mask=torch.cat((mask, torch.ones(3, 1, dtype=torch.long)), dim=1), cache=dynamic)
+        static = model.new_cache(batch=3, max_len=8)
+        model(ids, attention_mask=mask, cache=static)
+        step = model.decode_step(ids[:, :1], static)
+        for cache in ("dynamic", "static"):
+            model.generate(ids, 6, attention_mask=mask, cache=cache)
+            model.generate(ids, 6, attention_mask=mask, cache=cache, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    assert step.shape == (3, 50) and step.dtype == torch.float32
+    assert counter.calls == [CPU] * 4
+    monkeypatch.undo()
+    deferred.check_device_errors()  # and nothing was flagged
+
+
+def test_out_of_vocabulary_ids_off_the_cpu_are_flagged_and_embedded_as_zero():
+    model = small()
+    ids, _ = prompt()
+    ids = ids.clamp(2, 47)
+    bad = ids.clone()
+    bad[0, 2], bad[2, 4] = 50 + 7, -3  # clamped to 49 and 0
+    with torch.no_grad(), accelerator_rules():
+        got = model(bad)
+    with pytest.raises(DeviceInputError, match=r"token ids outside the vocabulary .* their embeddings were read as 0"):
+        deferred.check_device_errors()
+    # the same as a model whose rows 0 and 49 are zero, fed the clamped ids
+    zeroed = copy.deepcopy(model)
+    with torch.no_grad():
+        zeroed.embed_tokens.weight[[0, 49]] = 0.0
+        expected = zeroed(bad.clamp(0, 49))
+    assert torch.equal(got, expected)
+    assert not torch.equal(got, model(bad.clamp(0, 49)).detach())
+    with pytest.raises(ValueError, match="input_ids hold id -3"):
+        model(bad)  # the CPU: at once
+
+
+def test_generate_prompt_checks_off_the_cpu_are_deferred_to_its_end(monkeypatch):
+    model = small()
+    ids, mask = prompt()
+    right = mask.flip(1)  # padding after the tokens
+    monkeypatch.setattr(deferred, "host_checks", lambda device: False)
+    with pytest.raises(DeviceInputError, match="padding after a row's tokens"):
+        model.generate(ids, 3, attention_mask=right, cache="static")
+    bad = ids.clone()
+    bad[1, 3] = 99
+    with pytest.raises(DeviceInputError, match="token ids outside the vocabulary"):
+        model.generate(bad, 3)
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match=r"generate needs left padding, but row\(s\) \[0, 1\]"):
+        model.generate(ids, 3, attention_mask=right)
+
+
+def test_learned_positions_past_the_table_off_the_cpu_are_nan_and_flagged():
+    model = small("learned")  # max_position 64
+    ids = torch.randint(1, 50, (1, 4))
+    with torch.no_grad(), accelerator_rules():
+        inside = model(ids, position_ids=torch.tensor([[60, 61, 62, 63]]))
+        outside = model(ids, position_ids=torch.tensor([[62, 63, 64, 65]]))
+    assert torch.isfinite(inside).all()
+    assert torch.isnan(outside[:, 2:]).all()  # (and, through attention, every token beside them)
+    with pytest.raises(DeviceInputError, match="positions at or past a learned position table"):
+        deferred.check_device_errors()
+
+
+@pytest.mark.parametrize("encoding", ["rope", "alibi", "learned"])
+def test_forward_and_decoding_step_have_no_graph_breaks(encoding):
+    model = small(encoding)
+    ids, mask = prompt()
+    with torch.no_grad():
+        for kwargs in ({}, dict(attention_mask=mask)):
+            explanation = torch._dynamo.explain(model)(ids, **kwargs)
+            assert explanation.graph_break_count == 0, explanation.break_reasons
+        cache = model.new_cache(batch=3, max_len=10)
+        explanation = torch._dynamo.explain(model)(ids, attention_mask=mask, cache=cache)  # static prefill
+        assert explanation.graph_break_count == 0, explanation.break_reasons
+        explanation = torch._dynamo.explain(model.decode_step)(ids[:, :1], cache)
+        assert explanation.graph_break_count == 0, explanation.break_reasons
+
+
+@pytest.mark.slow
+def test_compiled_generation_equals_eager_and_is_reused():
+    model = small()
+    ids, mask = prompt()
+    expected = model.generate(ids, 10, attention_mask=mask)
+    assert model.generate(ids, 10, attention_mask=mask, capture="compile").equal(expected)
+    held = model._captured
+    step, caches = held.step, held.caches
+    # another length in the same 64-slot bucket: the same caches and compiled step, reset
+    shorter = model.generate(ids, 4, attention_mask=mask, capture="compile")
+    assert shorter.equal(expected[:, :10])
+    assert held.step is step and held.caches is caches
+    sampled = dict(temperature=0.9, top_k=8)
+    assert model.generate(ids, 6, capture="compile", generator=torch.Generator().manual_seed(1), **sampled).equal(
+        model.generate(ids, 6, generator=torch.Generator().manual_seed(1), **sampled)
+    )
+    model.release_captured()
+    assert held.step is None and held.caches == []
+
+
+def test_captured_state_is_not_copied():
+    model = small()
+    model._captured.key, model._captured.step = ("x",), print
+    for twin in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert twin._captured.key is None and twin._captured.step is None
+    assert model._captured.key == ("x",)
+
+
+def test_new_cache():
+    model = small()
+    dynamic = model.new_cache()
+    assert len(dynamic) == 2 and all(type(c) is KVCache for c in dynamic)
+    static = model.new_cache(batch=3, max_len=7, dtype=torch.float64)
+    assert all(isinstance(c, StaticKVCache) for c in static) and len({id(c) for c in static}) == 2
+    assert static[0].keys.shape == (3, 2, 7, 8) and static[0].keys.dtype == torch.float64
+    with pytest.raises(ValueError, match="pass batch=B as well"):
+        model.new_cache(max_len=7)
+    with pytest.raises(ValueError, match="pass max_len too"):
+        model.new_cache(batch=3)
+
+
+def test_generate_errors():
+    model = small()
+    ids, _ = prompt()
+    with pytest.raises(ValueError, match="cache must be 'dynamic' .* or 'static'"):
+        model.generate(ids, 2, cache="paged")
+    with pytest.raises(ValueError, match="capture must be None, 'compile' or 'cuda_graph'"):
+        model.generate(ids, 2, capture="graph")
+    with pytest.raises(ValueError, match="capture='compile' needs static shapes: use cache='static'"):
+        model.generate(ids, 2, cache="dynamic", capture="compile")
+    with pytest.raises(ValueError, match="use_cache=False .* cannot go with a static cache"):
+        model.generate(ids, 2, cache="static", use_cache=False)
+    with pytest.raises(ValueError, match="needs the model and input_ids on a CUDA device, got cpu; use capture='compile'"):
+        model.generate(ids, 2, capture="cuda_graph")
+    with pytest.raises(ValueError, match="eos_token_id=50 is not a token id of this model"):
+        model.generate(ids, 2, eos_token_id=50)
+    with pytest.raises(TypeError, match="decode_step needs static caches"):
+        model.decode_step(ids[:, :1], model.new_cache())
+    with pytest.raises(TypeError, match="cache mixes KVCache and StaticKVCache"):
+        model(ids, cache=[KVCache(), model.new_cache(batch=3, max_len=8)[1]])
+    with pytest.raises(ValueError, match=r"attention_mask covers the new tokens only: \[B, S\] = \[3, 6\]"):
+        model(ids, attention_mask=torch.ones(3, 9, dtype=torch.long), cache=model.new_cache(batch=3, max_len=9))

@@ -1,5 +1,5 @@
 """Old path of :mod:`rotary.rope` (``RoPE``): importing ``rotary.module`` gives that module itself, so
-``from rotary.rope import RoPE`` and patches of its names keep working."""
+``from rotary.module import RoPE`` and patches of its names keep working."""
 
 import sys
 

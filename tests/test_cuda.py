@@ -224,5 +224,5 @@ def test_rotate_and_cache_skips_and_names_a_slot_outside_the_cache():
     caches = [torch.zeros(B, 16, HK, D, device=CUDA) for _ in range(2)]
     rotary.rotate_and_cache(q, k, v, *caches, slots, rope.tables(torch.tensor([[5], [7]], device=CUDA)))
     assert caches[0][0, 5].abs().sum() > 0 and caches[0][1].abs().sum() == 0 and caches[1][1].abs().sum() == 0
-    with pytest.raises(DeviceInputError, match="KV-cache slots outside the cache"):
+    with pytest.raises(DeviceInputError, match="KV-cache writes outside the cache: slots given to rotate_and_cache"):
         deferred.check_device_errors()

@@ -149,7 +149,7 @@ def test_bad_slots_are_named_on_the_cpu_and_deferred_on_an_accelerator():
     caches = _caches(torch.float32)
     with accelerator_rules():
         rotary.rotate_and_cache(q, k, v, *caches, bad, tables)
-    with pytest.raises(DeviceInputError, match="KV-cache slots outside the cache"):
+    with pytest.raises(DeviceInputError, match="KV-cache writes outside the cache: slots given to rotate_and_cache"):
         deferred.check_device_errors()
     want = _caches(torch.float32)
     _composition(q, k, v, *want, torch.tensor([[4, 5, 6], [0, 1, 9]]), tables, "bshd", "bshd")

@@ -202,7 +202,7 @@ def test_learned_positions_past_the_table_off_the_cpu_are_nan_and_flagged():
         outside = model(ids, position_ids=torch.tensor([[62, 63, 64, 65]]))
     assert torch.isfinite(inside).all()
     assert torch.isnan(outside[:, 2:]).all()  # (and, through attention, every token beside them)
-    with pytest.raises(DeviceInputError, match="positions at or past a learned position table"):
+    with pytest.raises(DeviceInputError, match="position ids at or past a LearnedPositionEmbedding.s max_position"):
         deferred.check_device_errors()
 
 

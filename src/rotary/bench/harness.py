@@ -662,7 +662,19 @@ def run_on_device(options: argparse.Namespace, backend: Any) -> tuple[dict[str, 
                 print(f"  timed {name} ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
                 table = [_device_row(r) for r in group_results]
                 print("\n".join(_table(name, DEVICE_HEADER, table, getattr(options, "markdown", False), left=(0, 4))), file=sys.stderr, flush=True)
+    machine["fused_cpu_kernel"] = _cpu_kernel_state()  # rope(q, k) tries the CPU decoding fast path first
     return machine, results
+
+
+def _cpu_kernel_state() -> str:
+    """Whether the fused CPU kernel was loaded during the run ("loaded", why not, or "not loaded"),
+    without building it: on a GPU, ``rope(q, k)`` tries the CPU decoding fast path first, which
+    loads it, so it is part of what the host time of those rows includes."""
+    from ..kernels import extension
+
+    if extension._module is not None:
+        return "loaded"
+    return extension.cpu_extension_error() or "not loaded"
 
 
 def package_version(module: str) -> str:
@@ -815,7 +827,8 @@ def _machine_line(machine: dict[str, Any]) -> list[str]:
     baselines = ", ".join(f"{module} {version}" for module, version in machine.get("baselines", {}).items())
     return [
         f"machine: {gpu} (CUDA {machine.get('cuda', '?')}), torch {machine['torch']}, triton "
-        f"{machine.get('triton', '?')}; host {machine['cpu']}, {machine['logical_cpus']} logical CPUs",
+        f"{machine.get('triton', '?')}; host {machine['cpu']}, {machine['logical_cpus']} logical CPUs"
+        + (f"; fused CPU kernel {machine['fused_cpu_kernel']}" if "fused_cpu_kernel" in machine else ""),
         f"baselines: {baselines or 'none'}",
     ]
 

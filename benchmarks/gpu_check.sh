@@ -16,8 +16,8 @@
 # Environment:
 #   OUT           where the outputs go (default ./out)
 #   PYTHON        the interpreter (default python3)
-#   TEST_BUDGET   seconds for step 2 (default 200)
-#   BENCH_BUDGET  seconds for step 3 (default 330)
+#   TEST_BUDGET   seconds for step 2 (default 150)
+#   BENCH_BUDGET  seconds for step 3 (default 330; the three steps stay under 10 minutes together)
 #   BENCH_ARGS    extra arguments for step 3 (e.g. "--quick", "--no-compile", "--repeats 5")
 set -u
 
@@ -26,7 +26,7 @@ OUT="${OUT:-./out}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 PY="${PYTHON:-python3}"
-TEST_BUDGET="${TEST_BUDGET:-200}"
+TEST_BUDGET="${TEST_BUDGET:-150}"
 BENCH_BUDGET="${BENCH_BUDGET:-330}"
 BENCH_ARGS="${BENCH_ARGS:-}"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"

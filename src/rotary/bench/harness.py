@@ -623,7 +623,13 @@ def run_on_device(options: argparse.Namespace, backend: Any) -> tuple[dict[str, 
         for dtype_name in dtypes:
             name = f"{group.shape.describe()} {dtype_name}"
             started = time.perf_counter()
-            inp = make_inputs(group.shape, DTYPE_NAMES[dtype_name], device=device, interleaved=group.interleaved)
+            try:
+                inp = make_inputs(group.shape, DTYPE_NAMES[dtype_name], device=device, interleaved=group.interleaved)
+            except Exception as exc:  # e.g. out of memory: the group is one row saying so, the next group runs
+                note = f"failed to make the group's inputs: {cuda.short_error(exc)}"
+                results.append(Result(name, "(inputs)", False, math.nan, options.repeats, note=note, host_s=math.nan))
+                backend.release()
+                continue
             calls: dict[tuple[str, bool], Callable[[], object]] = {}
             rows: list[tuple[Method, str]] = []  # (method, setup failure)
             for m in sorted(methods, key=lambda m: m.backward):  # forward rows first

@@ -295,7 +295,9 @@ def _apply_rotary_positions(inp: Inputs) -> Callable[[], tuple[torch.Tensor, tor
 
 def _liger_apply(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     """Liger's rope on q ``[B, Hq, S, D]`` and k ``[B, Hk, S, D]`` with Hugging Face's tables
-    ``[1, S, D]``; returns ``(q, k)`` (newer Liger versions also return cos and sin)."""
+    ``[1, S, D]``; returns ``(q, k)`` (newer Liger versions also return cos and sin). Liger makes
+    ``q.transpose(1, 2)`` contiguous and rotates that in place: a copy for ``[B, H, S, D]`` tensors,
+    except at S = 1, where the transposed view is already contiguous and q itself is rotated."""
     from liger_kernel.ops.rope import LigerRopeFunction
 
     out = LigerRopeFunction.apply(q, k, cos, sin)
@@ -359,7 +361,7 @@ def _flash(
     return forward
 
 
-_LIGER_NOTE = "rotates contiguous [B, S, H, D] copies of q and k in place"
+_LIGER_NOTE = "rotates [B, S, H, D]-contiguous copies of q and k in place (at S = 1: q and k themselves)"
 _FLASH_NOTE = "q and k in two launches, half-width tables [T, D/2], seqlen_offsets on the device"
 
 

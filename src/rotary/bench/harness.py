@@ -673,14 +673,13 @@ def run_on_device(options: argparse.Namespace, backend: Any) -> tuple[dict[str, 
 
 
 def _cpu_kernel_state() -> str:
-    """Whether the fused CPU kernel was loaded during the run ("loaded", why not, or "not loaded"),
-    without building it: on a GPU, ``rope(q, k)`` tries the CPU decoding fast path first, which
-    loads it, so it is part of what the host time of those rows includes."""
-    from ..kernels import extension
+    """Whether the fused CPU kernel is loaded ("loaded" or why not). Asked after the groups: on a GPU,
+    ``rope(q, k)`` tries the CPU decoding fast path first, which loads (or fails to load) the kernel
+    during the warm-up of the rotary rows, so this is a lookup and what those rows' host time included;
+    a run without rotary rows builds it here, as the CPU run does at its start."""
+    from ..kernels.extension import cpu_extension_error, load_cpu_extension
 
-    if extension._module is not None:
-        return "loaded"
-    return extension.cpu_extension_error() or "not loaded"
+    return "loaded" if load_cpu_extension() is not None else f"unavailable: {cpu_extension_error()}"
 
 
 def package_version(module: str) -> str:

@@ -4,24 +4,39 @@ import os
 
 import pytest
 import torch
-from hypothesis import HealthCheck, settings
+
+try:
+    from hypothesis import HealthCheck, settings
+except ImportError:  # a machine without the [dev] extra (benchmarks/gpu_check.sh on a GPU machine): the
+    settings = None  # test files that use hypothesis fail to import there, the others (e.g. -m cuda) run
 
 # `make test` (profile "rotary") draws the same examples on every run: CI and main stay reproducible
 # instead of each run finding, or not, a different rare failure. `make fuzz` (profile "explore")
 # draws new examples every run, more of them, to look for failures nobody has found yet; each one
 # found is fixed and then kept as an explicit test or @example.
-settings.register_profile(
-    "rotary", max_examples=int(os.environ.get("ROTARY_HYPOTHESIS_EXAMPLES", "40")), deadline=None,
-    suppress_health_check=[HealthCheck.too_slow], derandomize=True, database=None,
-)
-settings.register_profile(
-    "explore", max_examples=int(os.environ.get("ROTARY_HYPOTHESIS_EXAMPLES", "200")), deadline=None,
-    suppress_health_check=[HealthCheck.too_slow], derandomize=False, print_blob=True,
-)
-settings.load_profile(os.environ.get("ROTARY_HYPOTHESIS_PROFILE", "rotary"))
+if settings is not None:
+    settings.register_profile(
+        "rotary", max_examples=int(os.environ.get("ROTARY_HYPOTHESIS_EXAMPLES", "40")), deadline=None,
+        suppress_health_check=[HealthCheck.too_slow], derandomize=True, database=None,
+    )
+    settings.register_profile(
+        "explore", max_examples=int(os.environ.get("ROTARY_HYPOTHESIS_EXAMPLES", "200")), deadline=None,
+        suppress_health_check=[HealthCheck.too_slow], derandomize=False, print_blob=True,
+    )
+    settings.load_profile(os.environ.get("ROTARY_HYPOTHESIS_PROFILE", "rotary"))
 
 
 @pytest.fixture
 def gen() -> torch.Generator:
     """A seeded generator: tests draw their tensors from it so failures reproduce."""
     return torch.Generator().manual_seed(1234)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``cuda`` need a CUDA GPU: skipped, with the reason, where torch sees none."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip)

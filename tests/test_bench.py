@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -343,3 +345,499 @@ def test_the_kernel_vs_pass_script_times_the_kernel_and_the_pass(capsys):
         assert out[0].endswith("1.00x the pass")
     with pytest.raises(SystemExit):
         script.main(["--shape", "1,2,32,15"])
+
+
+# --device cuda -----------------------------------------------------------------------------------
+# The GPU path's timers take a backend (rotary.bench.cuda.CudaBackend on a GPU); here a CPU stand-in
+# with the same methods: events read a clock (virtual seconds that the timed calls advance, or
+# perf_counter), a "graph" replays the captured calls, synchronisations are counted.
+
+
+class _VirtualClock:
+    """Seconds that only the calls under test advance: timer arithmetic comes out exact."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+class _WallClock:
+    def now(self) -> float:
+        import time
+
+        return time.perf_counter()
+
+
+class _Event:
+    def __init__(self, clock) -> None:
+        self.clock, self.t = clock, None
+
+    def record(self) -> None:
+        self.t = self.clock.now()
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end: _Event) -> float:  # milliseconds, as torch.cuda.Event
+        return (end.t - self.t) * 1e3
+
+
+class _Graph:
+    def __init__(self, call, calls: int) -> None:
+        self.call, self.calls = call, calls
+
+    def replay(self) -> None:
+        for _ in range(self.calls):
+            self.call()
+
+
+class StandIn:
+    """A CPU stand-in for :class:`rotary.bench.cuda.CudaBackend`. ``refuse``: a predicate on the call;
+    capturing a call it accepts raises what a host read inside a CUDA-graph capture raises."""
+
+    def __init__(self, clock=None, refuse=lambda call: False, sync_sleep: float = 0.0) -> None:
+        self.device = torch.device("cpu")
+        self.clock = clock or _WallClock()
+        self.refuse, self.sync_sleep = refuse, sync_sleep
+        self.syncs = self.releases = 0
+        self.captured: list[int] = []
+
+    def synchronize(self) -> None:
+        import time
+
+        self.syncs += 1
+        if self.sync_sleep:
+            time.sleep(self.sync_sleep)
+
+    def event(self) -> _Event:
+        return _Event(self.clock)
+
+    def capture(self, call, calls: int) -> _Graph:
+        if self.refuse(call):
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore detail")
+        self.captured.append(calls)
+        return _Graph(call, calls)
+
+    def release(self) -> None:
+        self.releases += 1
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    """``--device cuda`` runs on the CPU through the stand-in (inputs stay on the CPU); the timing
+    targets are shortened so a run takes seconds."""
+    from rotary.bench import cuda
+
+    backend = StandIn()
+    monkeypatch.setattr(cuda, "open_backend", lambda device: backend)
+    monkeypatch.setattr(cuda, "TARGET_S", 5e-4)
+    monkeypatch.setattr(cuda, "MIN_GRAPH_CALLS", 2)
+    return backend
+
+
+def test_the_device_option_defaults_to_cpu_and_takes_cpu_or_cuda(capsys):
+    from rotary.cli import build_parser
+
+    args = build_parser().parse_args(["bench"])
+    assert args.device == "cpu" and args.dtypes is None
+    assert build_parser().parse_args(["bench", "--device", "cuda"]).device == "cuda"
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--device", "tpu"])
+    assert exc.value.code == 2 and "argument --device: invalid choice: 'tpu'" in capsys.readouterr().err
+
+
+def test_device_cuda_without_cuda_is_a_one_line_error(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on this machine, also on a GPU one
+    assert main(["bench", "--device", "cuda", "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("rotary bench: error: --device cuda: this torch (")
+    assert "torch.cuda.is_available() is False" in err and "leave out --device" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the subprocess sees the real GPU")
+def test_device_cuda_without_cuda_from_the_command_line():
+    done = run_cli("bench", "--device", "cuda", "--quick", ok=False)
+    assert done.stderr.count("\n") == 1 and "sees no CUDA device" in done.stderr and done.stdout == ""
+
+
+def test_suites_and_cpu_shapes_are_refused_with_device_cuda(stand_in, capsys):
+    assert main(["bench", "--device", "cuda", "--suites", "decode"]) == 2
+    assert "--suites decode: the suites time CPU work only; leave out --suites" in capsys.readouterr().err
+    assert main(["bench", "--device", "cuda", "--shapes", "gqa"]) == 2  # a CPU shape
+    err = capsys.readouterr().err
+    assert "'gqa' names no GPU shape; with --device cuda choose from ['prefill', 'training'," in err
+    assert main(["bench", "--device", "cuda", "--dtypes", "fp8", "--shapes", "decode-small"]) == 2
+    assert "unknown dtype 'fp8'" in capsys.readouterr().err
+
+
+def test_graph_time_is_one_replay_divided_by_the_calls_it_holds():
+    from rotary.bench import cuda
+
+    clock = _VirtualClock()
+    backend = StandIn(clock)
+    calls = []
+
+    def call():  # 2 ms of "GPU time" per call
+        calls.append(1)
+        clock.advance(2e-3)
+
+    graph = cuda.capture(call, 5, backend)
+    assert len(calls) == 5  # the check replay
+    assert cuda.graph_seconds(graph, 5, backend) == pytest.approx(2e-3, rel=1e-12)
+    assert len(calls) == 10
+    assert cuda.eager_event_seconds(call, 4, backend) == pytest.approx(2e-3, rel=1e-12)
+
+
+def test_the_host_loop_synchronises_once_before_and_once_after_inside_the_timed_region():
+    """With a synchronisation that takes 20 ms, 10 calls of nothing take 2 ms each: the final sync
+    is timed once for the loop (per call it would be 20 ms each; never timed, ~0)."""
+    from rotary.bench import cuda
+
+    backend = StandIn(sync_sleep=0.02)
+    per_call = cuda.host_loop_seconds(lambda: None, 10, backend)
+    assert backend.syncs == 2
+    assert 2e-3 <= per_call < 10e-3
+
+
+def test_the_host_loop_times_a_sleeping_call():
+    import time
+
+    from rotary.bench import cuda
+
+    backend = StandIn()
+    per_call = cuda.host_loop_seconds(lambda: time.sleep(2e-3), 5, backend)
+    assert 2e-3 <= per_call < 20e-3 and backend.syncs == 2
+
+
+def test_a_prepared_call_is_timed_on_the_device_without_its_preparation():
+    from rotary.bench import cuda, harness
+
+    clock = _VirtualClock()
+    backend = StandIn(clock)
+
+    def prepare():
+        clock.advance(0.05)  # the preparation: outside the events
+        return lambda: clock.advance(3e-3)
+
+    assert cuda.prepared_event_seconds(harness.Prepared(prepare), 4, backend) == pytest.approx(3e-3, rel=1e-12)
+    host = cuda.prepared_host_seconds(harness.Prepared(lambda: (lambda: None)), 3, backend)
+    assert 0 <= host < 1e-3
+
+
+def test_time_on_device_captures_notes_what_cannot_be_captured_and_goes_on_after_a_failure(monkeypatch):
+    from rotary.bench import cuda, harness
+
+    monkeypatch.setattr(cuda, "TARGET_S", 1.0)  # as many calls per graph as allowed
+    clock = _VirtualClock()
+
+    def capturable():
+        clock.advance(1e-3)
+
+    def reads_the_host():
+        clock.advance(4e-3)
+
+    made = []
+
+    def broken():
+        made.append(1)
+        if len(made) > 1:  # the first warm-up call passes, the second raises
+            raise ValueError("boom\nsecond line")
+
+    backend = StandIn(clock, refuse=lambda call: call is reads_the_host)
+    prepared = harness.Prepared(lambda: (lambda: clock.advance(2e-3)))
+    timings = cuda.time_on_device(
+        {"graph": capturable, "eager": reads_the_host, "broken": broken, "prepared": prepared}, 3, backend,
+        prepared_type=harness.Prepared,
+    )  # fmt: skip
+    graph, eager, failed, per_call = (timings[k] for k in ("graph", "eager", "broken", "prepared"))
+    assert (graph.gpu_timing, graph.note, graph.gpu_s) == ("graph", "", pytest.approx(1e-3, rel=1e-9))
+    assert graph.host_s >= 0 and backend.captured == [cuda.MAX_GRAPH_CALLS]
+    assert eager.gpu_timing == "eager" and eager.gpu_s == pytest.approx(4e-3, rel=1e-9)
+    assert eager.note.startswith("not capturable: RuntimeError: CUDA error: operation not permitted when stream is capturing (")
+    assert eager.note.endswith("; GPU time from CUDA events around an eager loop")
+    assert "(tests/test_bench.py:" in eager.note  # where the capture failed: the stand-in's raise
+    assert failed.note == "failed: ValueError: boom" and math.isnan(failed.gpu_s) and math.isnan(failed.host_s)
+    assert per_call.gpu_timing == "per call" and per_call.gpu_s == pytest.approx(2e-3, rel=1e-9)
+    assert backend.releases == 1
+
+
+def test_a_row_that_fails_while_timed_keeps_its_capture_note():
+    from rotary.bench import cuda
+
+    state = {"calls": 0}
+
+    def flaky():
+        state["calls"] += 1
+        if state["calls"] > 8:
+            raise RuntimeError("device lost")
+
+    backend = StandIn(refuse=lambda call: True)
+    t = cuda.time_on_device({"x": flaky}, 3, backend)["x"]
+    assert t.note.startswith("not capturable: RuntimeError: CUDA error") and t.note.endswith(
+        "; failed while timing: RuntimeError: device lost"
+    )
+    assert math.isnan(t.gpu_s)
+
+
+def _gpu_results() -> list:
+    R = bench.Result
+    g = "decode 64x32/8x1x128 at position 4096 bf16"
+    return [
+        R(g, "limit: copy (clone)", False, 4e-6, 9, host_s=2.05e-5, gpu_timing="graph"),
+        R(g, "rope(q, k, position_ids=device ids)", False, 4.4e-6, 9, host_s=3.1e-5, gpu_timing="graph"),
+        R(g, "apply_rotary", False, 1.2e-3, 9, host_s=1.3e-3, gpu_timing="eager", note="not capturable: A | B"),
+        R(g, "Liger", False, math.nan, 9, host_s=math.nan, note="failed: ImportError: x"),
+        R(g, "rotary fused, in place (training step)", True, 2e-4, 9, host_s=4e-4, gpu_timing="per call"),
+    ]
+
+
+_GPU_MACHINE = {
+    "cpu": "Intel Xeon", "logical_cpus": 16, "torch": "2.11.0+cu130", "torch_threads": 8, "device": "cuda:0",
+    "gpu": "NVIDIA H100 80GB HBM3", "cuda": "13.0", "triton": "3.6.0",
+    "baselines": {"transformers": "5.17.0", "liger_kernel.ops.rope": "not installed"},
+}  # fmt: skip
+
+
+def test_gpu_rows_as_markdown_have_both_times_the_ratio_and_the_note():
+    from rotary.bench import harness
+
+    rows = _gpu_results()
+    harness._device_ratios(rows, inplace=set())
+    text = bench.format_table(_GPU_MACHINE, rows, markdown=True)
+    assert text.splitlines() == [
+        "machine: NVIDIA H100 80GB HBM3 (CUDA 13.0), torch 2.11.0+cu130, triton 3.6.0; host Intel Xeon, 16 logical CPUs",
+        "baselines: transformers 5.17.0, liger_kernel.ops.rope not installed",
+        "",
+        "### decode 64x32/8x1x128 at position 4096 bf16",
+        "",
+        "| method | GPU µs/call (graph) | x copy | host µs/call (eager) | note |",
+        "|---|---:|---:|---:|---|",
+        "| limit: copy (clone) | 4.0 | 1.00 | 20.5 |  |",
+        "| rope(q, k, position_ids=device ids) | 4.4 | 1.10 | 31.0 |  |",
+        "| apply_rotary | 1200.0 (eager) |  | 1300.0 | not capturable: A \\| B |",
+        "| Liger | — |  | — | failed: ImportError: x |",
+        "| rotary fused, in place (training step) (fwd+bwd) | 200.0 (per call) |  | 400.0 |  |",
+    ]
+    plain = bench.format_table(_GPU_MACHINE, rows).splitlines()
+    assert plain[3] == "decode 64x32/8x1x128 at position 4096 bf16"
+    assert plain[4].split() == "method GPU µs/call (graph) x copy host µs/call (eager) note".split()
+    assert plain[7].split()[-8:] == "1200.0 (eager) 1300.0 not capturable: A | B".split()
+
+
+def test_gpu_ratios_divide_by_the_limit_measured_the_same_way():
+    from rotary.bench import harness, methods
+
+    R = bench.Result
+    rows = [
+        R("g", methods.INPLACE_PASS, False, 2.0, 1, gpu_timing="graph"),
+        R("g", methods.COPY, False, 4.0, 1, gpu_timing="graph"),
+        R("g", "in place", False, 3.0, 1, gpu_timing="graph"),
+        R("g", "out of place", False, 6.0, 1, gpu_timing="graph"),
+        R("g", "not captured", False, 8.0, 1, gpu_timing="eager"),
+        R("g", "failed", False, math.nan, 1),
+        R("g", methods.TWO_COPIES, True, 10.0, 1, gpu_timing="graph"),
+        R("g", "fwd+bwd", True, 15.0, 1, gpu_timing="graph"),
+        R("g", methods.TRAINING_PASSES, True, 5.0, 1, gpu_timing="per call"),
+        R("g", methods.INPLACE_TRAINING, True, 6.0, 1, gpu_timing="per call"),
+    ]
+    harness._device_ratios(rows, inplace={("in place", False), (methods.INPLACE_PASS, False)})
+    ratios = {r.method: r.ratios.get("x copy") for r in rows}
+    assert ratios == {
+        methods.INPLACE_PASS: 1.0, methods.COPY: 1.0, "in place": 1.5, "out of place": 1.5, "not captured": None,
+        "failed": None, methods.TWO_COPIES: 1.0, "fwd+bwd": 1.5, methods.TRAINING_PASSES: 1.0,
+        methods.INPLACE_TRAINING: 1.2,
+    }  # fmt: skip
+
+
+def test_the_cpu_run_has_the_cpu_methods_only_and_the_same_inputs():
+    import argparse
+
+    from rotary.bench import harness
+
+    options = argparse.Namespace(quick=False, compile=False, no_compile=False)
+    cpu = {m.name for m in harness._selected_methods(options, "cpu")}
+    gpu = {m.name for m in harness._selected_methods(options, "cuda")}
+    assert "rope(q, k, position_ids=device ids)" not in cpu and "Liger rope (LigerRopeFunction)" not in cpu
+    assert {"rotary pure-torch path", "complex form (Meta LLaMA)", "rotary-embedding-torch 0.9.1"} <= cpu - gpu
+    assert {"rope(q, k, position_ids=device ids)", "flash-attn Triton rotary, out of place"} <= gpu - cpu
+    # the inputs of a CPU group are what they were before --device: seed 0, drawn in order, cast
+    shape = harness.SHAPES[1]
+    inp = harness.make_inputs(shape, torch.bfloat16)
+    g = torch.Generator().manual_seed(0)
+    B, Hq, Hk, S, D = shape.batch, shape.q_heads, shape.k_heads, shape.seq_len, shape.head_dim
+    q, k = torch.randn(B, Hq, S, D, generator=g).to(torch.bfloat16), torch.randn(B, Hk, S, D, generator=g).to(torch.bfloat16)
+    assert torch.equal(inp.q, q) and torch.equal(inp.k, k) and not inp.interleaved
+    cos, sin = harness.make_inputs(shape, torch.float32).rope.cos_sin(torch.arange(S))
+    assert torch.equal(inp.cos, cos) and torch.equal(inp.hf_cos, cos.unsqueeze(0).to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_flash_attn_half_width_tables_are_one_value_per_pair(interleaved):
+    from rotary.bench import harness, methods
+
+    inp = harness.make_inputs(harness.Shape("t", 2, 4, 2, 3, 16, start=5), torch.bfloat16, interleaved=interleaved)
+    cos, sin = methods._half_width(inp)
+    assert cos.shape == (8, 8) and cos.dtype == torch.bfloat16 and cos.is_contiguous()
+    full = (lambda h: h.repeat_interleave(2, dim=1)) if interleaved else (lambda h: torch.cat([h, h], dim=1))
+    assert torch.equal(full(cos), inp.table_cos.to(torch.bfloat16)) and torch.equal(full(sin), inp.table_sin.to(torch.bfloat16))
+
+
+def _check_gpu_rows_rotate_like_rope(device: str, interleaved: bool, compiled: bool = True) -> list[str]:
+    """Every forward row of the GPU groups that can run here rotates q and k as ``rope(q, k)`` at the
+    group's positions (the rows compare like with like); returns the rows checked. ``compiled=False``
+    leaves out the ``torch.compile`` rows (their compilation is most of the time)."""
+    from rotary.bench import harness
+
+    shape = harness.Shape("t", 2, 4, 2, 3, 64, start=7)
+    checked = []
+    for m in bench.METHODS:
+        if "cuda" not in m.devices or m.backward or m.name.startswith("limit") or (m.requires and not harness.installed(m.requires)):
+            continue
+        if not compiled and "torch.compile" in m.name:
+            continue
+        inp = harness.make_inputs(shape, torch.float32, device=device, interleaved=interleaved)
+        q0, k0 = inp.q.clone(), inp.k.clone()
+        expected = inp.rope(q0, k0, offset=shape.start)
+        call = m.make(inp)
+        if call is None:
+            assert interleaved and ("HF" in m.name or "Liger" in m.name)
+            continue
+        out = call()
+        q, k = (inp.q, inp.k) if m.inplace else (out[0], out[1])
+        torch.testing.assert_close(q, expected[0], atol=2e-6, rtol=2e-6, msg=m.name)
+        torch.testing.assert_close(k, expected[1], atol=2e-6, rtol=2e-6, msg=m.name)
+        checked.append(m.name)
+    return checked
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_the_gpu_rows_rotate_like_rope_on_the_cpu(interleaved):
+    checked = _check_gpu_rows_rotate_like_rope("cpu", interleaved)
+    rotary_rows = {"rotary fused, in place", "rotary fused, out of place", "rope(q, k, position_ids=device ids)",
+                   "rotary.apply_rotary, device cos/sin [S, D]", "rotary.apply_rotary, device tables [T, D] + position_ids"}  # fmt: skip
+    assert rotary_rows <= set(checked)
+    assert ("HF eager apply_rotary_pos_emb" in checked) == (not interleaved)
+
+
+@pytest.mark.slow
+def test_device_cuda_runs_every_group_through_the_gpu_path(stand_in, monkeypatch, capsys):
+    """``--device cuda --quick`` end to end on the stand-in: every GPU group, both times per row,
+    the GPU rows, half-pairing baselines only in half-pairing groups, fwd+bwd rows only in the training
+    group, and a baseline that fails (to set up, or to run) is a row with a note, not the end of the run."""
+    from rotary.bench import harness
+
+    def explode():
+        raise RuntimeError("kernel exploded")
+
+    extra = [
+        harness.Method("broken baseline", lambda i: explode, devices=("cuda",)),
+        harness.Method("unbuildable baseline", lambda i: explode(), devices=("cuda",)),
+        harness.Method("cpu only", lambda i: lambda: None),
+    ]
+    monkeypatch.setattr(harness, "METHODS", harness.METHODS + extra)
+    assert main(["bench", "--device", "cuda", "--quick", "--repeats", "1", "--json"]) == 0
+    out, err = capsys.readouterr()
+    data = json.loads(out)
+    assert data["machine"]["device"] == "cpu" and "triton" in data["machine"]  # the stand-in's device
+    rows = data["results"]
+    groups = list(dict.fromkeys(r["group"] for r in rows))
+    assert groups == [f"{g.shape.describe()} {g.dtypes[0]}" for g in harness.QUICK_CUDA_GROUPS]
+    by_group = {g: {(r["method"], r["backward"]): r for r in rows if r["group"] == g} for g in groups}
+    for group, found in by_group.items():
+        names = {name for name, _ in found}
+        assert {"limit: copy (clone)", "rope(q, k, position_ids=device ids)", "rotary.apply_rotary, device cos/sin [S, D]"} <= names
+        assert "cpu only" not in names and "rotary pure-torch path" not in names
+        assert ("HF eager apply_rotary_pos_emb" in names) == ("interleaved" not in group)
+        assert any(backward for _, backward in found) == group.startswith("training")
+        assert found[("limit: copy (clone)", False)]["ratios"]["x copy"] == 1.0
+        assert found[("broken baseline", False)]["note"] == "failed: RuntimeError: kernel exploded"
+        assert found[("broken baseline", False)]["median_s"] is None  # NaN in JSON: null
+        assert found[("unbuildable baseline", False)]["note"] == "failed to set up: RuntimeError: kernel exploded"
+        for key, r in found.items():
+            if "baseline" in key[0]:
+                continue
+            assert r["median_s"] > 0 and r["host_s"] > 0 and r["gpu_timing"] in ("graph", "per call"), (group, key, r)
+    training = by_group[groups[1]]
+    assert training[("rotary fused, in place (training step)", True)]["gpu_timing"] == "per call"
+    assert training[("HF eager apply_rotary_pos_emb", True)]["ratios"]["x copy"] > 0
+    assert err.count("\n") <= 1  # at most the line naming the baselines not installed
+
+
+def test_device_cuda_markdown_has_a_table_per_group(stand_in, capsys):
+    assert main(["bench", "--device", "cuda", "--quick", "--repeats", "1", "--markdown", "--shapes", "decode-small"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "### decode-small 4x8/2x1x64 at position 64 bf16" in out
+    header = out.index("| method | GPU µs/call (graph) | x copy | host µs/call (eager) | note |")
+    assert out[header + 1] == "|---|---:|---:|---:|---|"
+    assert out[header + 2].startswith("| limit: in-place pass (mul_) | ") and "| 1.00 |" in out[header + 2]
+
+
+def test_device_cuda_skips_the_baselines_it_cannot_import_in_one_line(stand_in, monkeypatch, capsys):
+    for module in ("transformers", "liger_kernel", "flash_attn"):
+        monkeypatch.setitem(sys.modules, module, None)
+    assert main(["bench", "--device", "cuda", "--quick", "--repeats", "1", "--shapes", "decode-small", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert len(err.splitlines()) == 1 and err.startswith("rotary bench: skipped, not installed: ")
+    assert "Liger rope (LigerRopeFunction) (needs liger_kernel.ops.rope)" in err
+    assert "flash-attn Triton rotary, out of place, flash-attn Triton rotary, in place (needs flash_attn.ops.triton.rotary)" in err
+    assert "HF eager apply_rotary_pos_emb (needs transformers)" in err
+    assert err.rstrip().endswith("pip install transformers liger-kernel flash-attn")
+    data = json.loads(out)
+    assert {r["method"] for r in data["results"]}.isdisjoint({"HF eager apply_rotary_pos_emb", "Liger rope (LigerRopeFunction)"})
+    assert data["machine"]["baselines"]["flash_attn.ops.triton.rotary"] == "not installed"
+
+
+# on a GPU (`pytest -m cuda`; skipped without CUDA) ------------------------------------------------
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_cuda_the_gpu_rows_rotate_like_rope(interleaved):
+    checked = _check_gpu_rows_rotate_like_rope("cuda", interleaved, compiled=False)
+    assert "rope(q, k, position_ids=device ids)" in checked
+
+
+@pytest.mark.cuda
+def test_cuda_bench_quick_end_to_end():
+    """``rotary bench --device cuda --quick`` on the GPU: every group, the limits captured in CUDA graphs
+    and their own ratio, both times for every rotary row (by graph replay, or by events with a note
+    saying why it could not be captured: whether rotary's hot paths capture is issue 20's own tests'
+    business), and no row without a time that does not say why."""
+    done = run_cli("bench", "--device", "cuda", "--quick", "--json", timeout=300)
+    data = json.loads(done.stdout)
+    assert data["machine"]["gpu"] and data["machine"]["device"].startswith("cuda")
+    rows = data["results"]
+    assert {r["group"].split()[0] for r in rows} == {"prefill-small", "training-small", "decode-small", "interleaved-small"}
+    for r in rows:
+        name = r["method"]
+        if name.startswith("limit"):
+            assert r["median_s"] > 0 and r["host_s"] > 0 and r["ratios"]["x copy"] == 1.0, r
+            assert r["gpu_timing"] == ("per call" if "training step" in name else "graph"), r
+        if name.startswith(("rotary", "rope(")):
+            assert r["median_s"] > 0 and r["host_s"] > 0, r
+            assert r["gpu_timing"] in ("graph", "per call") or r["note"].startswith("not capturable: "), r
+        assert r["median_s"] is not None or r["note"], r  # no time: the note says why
+
+
+def test_a_group_whose_inputs_cannot_be_made_is_one_row_and_the_others_run(stand_in, monkeypatch, capsys):
+    from rotary.bench import harness
+
+    made = harness.make_inputs
+
+    def make_inputs(shape, dtype, *args, **kwargs):
+        if shape.name == "prefill-small":
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return made(shape, dtype, *args, **kwargs)
+
+    monkeypatch.setattr(harness, "make_inputs", make_inputs)
+    argv = ["bench", "--device", "cuda", "--quick", "--repeats", "1", "--shapes", "prefill-small,decode-small", "--json"]
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)["results"]
+    assert rows[0]["group"].startswith("prefill-small") and rows[0]["method"] == "(inputs)"
+    assert rows[0]["note"] == "failed to make the group's inputs: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert {r["group"] for r in rows[1:]} == {"decode-small 4x8/2x1x64 at position 64 bf16"} and len(rows) > 5

@@ -46,6 +46,8 @@ NOT_RUN = {
     "rotary experiment --preset large --device cuda": "needs a GPU",
     "rotary experiment --data notes/ 'papers/**/*.txt' --encodings rope,alibi --extend-steps 0": "trains on files of the reader's",
     "torchrun --standalone --nproc_per_node=2 -m rotary experiment --preset default --extend-batch-size 4": "two processes, minutes",
+    "rotary bench --device cuda --markdown": "needs a GPU (tests/test_bench.py runs the GPU path on a CPU stand-in)",
+    "bash benchmarks/gpu_check.sh": "needs a GPU; minutes",
     "python -m venv .venv": "creates an environment",
     ". .venv/bin/activate": "changes the shell's environment",
     "pip install torch==2.13.0": "installs packages",
@@ -206,7 +208,7 @@ def check_without_running(command: Command) -> None:
     elif argv[0] == "make":
         targets = re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), flags=re.M)
         assert argv[1] in targets, f"{shown!r}: the Makefile has no target {argv[1]!r}"
-    elif argv[0] == ".venv/bin/python":
+    elif argv[0] in (".venv/bin/python", "bash"):
         assert (ROOT / argv[1]).is_file(), f"{shown!r}: no script {argv[1]} in the repository"
     elif argv[:2] == ["pip", "install"]:
         pinned = re.search(r"^TORCH\s*:=\s*(\S+)", (ROOT / "Makefile").read_text(), flags=re.M).group(1)

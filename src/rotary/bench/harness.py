@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import math
 import os
 import platform
 import statistics
@@ -26,6 +27,9 @@ __all__ = [
     "SHAPES",
     "QUICK_SHAPES",
     "Shape",
+    "DeviceGroup",
+    "CUDA_GROUPS",
+    "QUICK_CUDA_GROUPS",
     "head_shape",
     "METHODS",
     "SUITES",
@@ -43,7 +47,13 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Shape:
-    """q ``[B, Hq, S, D]`` and k ``[B, Hk, S, D]``."""
+    """q ``[B, Hq, S, D]`` and k ``[B, Hk, S, D]``; every sequence's tokens sit at positions
+    ``start .. start + S - 1``.
+
+    Example:
+        >>> Shape("decode", 64, 32, 8, 1, 128, start=4096).describe()
+        'decode 64x32/8x1x128 at position 4096'
+    """
 
     name: str
     batch: int
@@ -51,10 +61,12 @@ class Shape:
     k_heads: int
     seq_len: int
     head_dim: int
+    start: int = 0
 
     def describe(self) -> str:
         heads = f"{self.q_heads}" if self.q_heads == self.k_heads else f"{self.q_heads}/{self.k_heads}"
-        return f"{self.name} {self.batch}x{heads}x{self.seq_len}x{self.head_dim}"
+        at = f" at position {self.start}" if self.start else ""
+        return f"{self.name} {self.batch}x{heads}x{self.seq_len}x{self.head_dim}{at}"
 
 
 SHAPES = [
@@ -64,6 +76,33 @@ SHAPES = [
     Shape("decode", 16, 32, 32, 1, 128),
 ]
 QUICK_SHAPES = [Shape("prefill-small", 1, 4, 4, 128, 64), Shape("decode-small", 2, 4, 4, 1, 64)]
+
+
+@dataclass(frozen=True)
+class DeviceGroup:
+    """A group of ``rotary bench --device cuda``: a shape, its default dtypes (``--dtypes`` replaces
+    them), whether the fwd+bwd rows are timed too, and the pairing (``interleaved``: (2i, 2i + 1))."""
+
+    shape: Shape
+    dtypes: tuple[str, ...]
+    backward: bool = False
+    interleaved: bool = False
+
+
+#: the GPU groups: q 32 heads, k 8 heads (Llama-3-8B's GQA), head_dim 128
+CUDA_GROUPS = [
+    DeviceGroup(Shape("prefill", 1, 32, 8, 4096, 128), ("bf16",)),
+    DeviceGroup(Shape("training", 8, 32, 8, 2048, 128), ("bf16", "fp32"), backward=True),
+    DeviceGroup(Shape("decode", 64, 32, 8, 1, 128, start=4096), ("bf16",)),
+    DeviceGroup(Shape("interleaved", 1, 32, 8, 4096, 128), ("bf16",), interleaved=True),
+]
+#: ``--quick --device cuda``: the same groups, small
+QUICK_CUDA_GROUPS = [
+    DeviceGroup(Shape("prefill-small", 1, 8, 2, 256, 64), ("bf16",)),
+    DeviceGroup(Shape("training-small", 2, 8, 2, 128, 64), ("fp32",), backward=True),
+    DeviceGroup(Shape("decode-small", 4, 8, 2, 1, 64, start=64), ("bf16",)),
+    DeviceGroup(Shape("interleaved-small", 1, 8, 2, 256, 64), ("bf16",), interleaved=True),
+]
 
 
 def head_shape(text: str) -> tuple[int, int, int, int]:
@@ -86,19 +125,24 @@ def head_shape(text: str) -> tuple[int, int, int, int]:
 
 @dataclass
 class Inputs:
-    """Everything a method needs, built once per group: q/k (``bhsd``, contiguous), tables in each form."""
+    """Everything a method needs, built once per group on the group's device: q/k (``bhsd``,
+    contiguous), tables in each form. The tokens sit at ``shape.start + arange(S)``."""
 
     shape: Shape
     dtype: torch.dtype
     q: torch.Tensor
     k: torch.Tensor
-    rope: Any  # rotary.RoPE
-    cos: torch.Tensor  # fp32 [S, D], rotary's tables
+    rope: Any  # rotary.RoPE, with the group's pairing, tables built on the device
+    cos: torch.Tensor  # fp32 [S, D], rotary's tables of the tokens' positions
     sin: torch.Tensor
     hf_cos: torch.Tensor  # [1, S, D] in q's dtype, as Hugging Face's rotary embedding returns them
     hf_sin: torch.Tensor
     grad_q: torch.Tensor
     grad_k: torch.Tensor
+    position_ids: torch.Tensor | None = None  # int64 [B, S] on the device: start + arange(S) per sequence
+    table_cos: torch.Tensor | None = None  # fp32 [T, D], T = start + S: whole tables, rows indexed by position
+    table_sin: torch.Tensor | None = None
+    interleaved: bool = False  # the pairing of rope and the tables
 
 
 @dataclass(frozen=True)
@@ -106,12 +150,18 @@ class Method:
     """One timed way of rotating q and k. ``backward``: the call runs forward and backward.
 
     ``requires``: the module an optional package installs that the method imports (e.g.
-    ``"transformers"``); when it cannot be imported, ``rotary bench`` leaves the method out and says so
-    in one line on stderr.
+    ``"transformers"``, ``"flash_attn.ops.triton.rotary"``); when it cannot be imported, ``rotary
+    bench`` leaves the method out and says so in one line on stderr.
+
+    ``devices``: the device types the method runs on (``"cpu"``, ``"cuda"``); methods registered
+    without it run on the CPU only. On a device other than the CPU, ``make`` may return ``None`` for
+    a group it does not apply to (e.g. a half-pairing baseline in the interleaved group).
+    ``inplace``: the method writes q and k in place; on the GPU its "x copy" ratio divides by the
+    in-place pass instead of the copy.
 
     Example:
-        >>> Method("clone q and k", lambda inputs: lambda: (inputs.q.clone(), inputs.k.clone())).requires
-        ''
+        >>> Method("clone q and k", lambda inputs: lambda: (inputs.q.clone(), inputs.k.clone())).devices
+        ('cpu',)
     """
 
     name: str
@@ -119,10 +169,18 @@ class Method:
     backward: bool = False
     note: str = ""
     requires: str = ""
+    devices: tuple[str, ...] = ("cpu",)
+    inplace: bool = False
 
 
 @dataclass
 class Result:
+    """One row. On the CPU ``median_s`` is the median wall time per call. With ``--device cuda``
+    ``median_s`` is the GPU time per call, measured as ``gpu_timing`` says (``"graph"``: CUDA-graph
+    replay; ``"eager"``: CUDA events around an eager loop, for a method that cannot be captured;
+    ``"per call"``: events around each call of a :class:`Prepared`), and ``host_s`` the host wall
+    time per call in an eager loop; both NaN (null in JSON) for a method that failed (see ``note``)."""
+
     group: str  # e.g. "prefill 1x32x2048x128 fp32"
     method: str
     backward: bool
@@ -131,6 +189,8 @@ class Result:
     extra_peak_bytes: int | None = None
     ratios: dict[str, float] = field(default_factory=dict)
     note: str = ""
+    host_s: float | None = None
+    gpu_timing: str = ""
 
 
 #: the training-step rows (see ``methods._training_step``) and the fwd+bwd limits: here, not in
@@ -142,6 +202,9 @@ TWO_COPIES = "limit: two copies (fwd+bwd)"
 #: them, each rotated by nothing (``mul_(1.0)``) once
 TRAINING_PASSES = "limit: in-place passes, fresh inputs (training step)"
 TRAINING_STEPS = (INPLACE_TRAINING, OUT_OF_PLACE_TRAINING, TRAINING_PASSES)
+#: the forward limits
+INPLACE_PASS = "limit: in-place pass (mul_)"
+COPY = "limit: copy (clone)"
 
 METHODS: list[Method] = []
 SUITES: dict[str, Callable[[argparse.Namespace], list[Result]]] = {}
@@ -317,25 +380,57 @@ def _recorded(call: Callable[[], object]) -> list:
     return prof.profiler.kineto_results.experimental_event_tree()
 
 
-def make_inputs(shape: Shape, dtype: torch.dtype, seed: int = 0) -> Inputs:
+def make_inputs(
+    shape: Shape,
+    dtype: torch.dtype,
+    seed: int = 0,
+    *,
+    device: torch.device | str = "cpu",
+    interleaved: bool = False,
+) -> Inputs:
+    """The inputs of one group: q ``[B, Hq, S, D]``, k ``[B, Hk, S, D]`` and the output gradients
+    drawn from a seeded CPU generator (the same values on every device), then moved to ``device``;
+    a ``RoPE`` with the ``interleaved`` pairing whose tables cover positions ``0 .. start + S - 1``
+    (built on ``device`` up front with ``RoPE.prepare``, so nothing grows during a CUDA-graph
+    capture); cos/sin of the tokens' positions ``start + arange(S)`` in each form.
+
+    Example:
+        >>> inp = make_inputs(Shape("t", 2, 4, 2, 3, 8, start=5), torch.float32)
+        >>> inp.position_ids.tolist(), tuple(inp.cos.shape), tuple(inp.table_cos.shape)
+        ([[5, 6, 7], [5, 6, 7]], (3, 8), (8, 8))
+    """
     from ..rope import RoPE
 
+    device = torch.device(device)
     g = torch.Generator().manual_seed(seed)
     B, Hq, Hk, S, D = shape.batch, shape.q_heads, shape.k_heads, shape.seq_len, shape.head_dim
-    rope = RoPE(D, max_position=max(S, 1))
-    cos, sin = rope.cos_sin(torch.arange(S))
+    rows = max(shape.start + S, 1)
+    rope = RoPE(D, max_position=rows, interleaved=interleaved)
+    if device.type != "cpu":
+        rope = rope.to(device).prepare(rows, device=device)
+    positions = torch.arange(shape.start, shape.start + S, device=device)
+    cos, sin = rope.cos_sin(positions)
+    table_cos, table_sin = (cos, sin) if shape.start == 0 else rope.cos_sin(torch.arange(rows, device=device))
+
+    def draw(*size: int) -> torch.Tensor:
+        return torch.randn(*size, generator=g).to(device=device, dtype=dtype)
+
     return Inputs(
         shape=shape,
         dtype=dtype,
-        q=torch.randn(B, Hq, S, D, generator=g).to(dtype),
-        k=torch.randn(B, Hk, S, D, generator=g).to(dtype),
+        q=draw(B, Hq, S, D),
+        k=draw(B, Hk, S, D),
         rope=rope,
         cos=cos,
         sin=sin,
         hf_cos=cos.unsqueeze(0).to(dtype),
         hf_sin=sin.unsqueeze(0).to(dtype),
-        grad_q=torch.randn(B, Hq, S, D, generator=g).to(dtype),
-        grad_k=torch.randn(B, Hk, S, D, generator=g).to(dtype),
+        grad_q=draw(B, Hq, S, D),
+        grad_k=draw(B, Hk, S, D),
+        position_ids=positions.expand(B, S).contiguous(),
+        table_cos=table_cos,
+        table_sin=table_sin,
+        interleaved=interleaved,
     )
 
 
@@ -348,8 +443,8 @@ def _group_ratios(results: list[Result]) -> None:
     are), and HF eager's time over the row's."""
 
     by_key = {(r.method, r.backward): r.median_s for r in results}
-    mul = by_key.get(("limit: in-place pass (mul_)", False))
-    clone = by_key.get(("limit: copy (clone)", False))
+    mul = by_key.get((INPLACE_PASS, False))
+    clone = by_key.get((COPY, False))
     two = by_key.get((TWO_COPIES, True))
     fresh = by_key.get((TRAINING_PASSES, True))
     for r in results:
@@ -365,14 +460,36 @@ def _group_ratios(results: list[Result]) -> None:
             r.ratios["HF eager speedup"] = hf / r.median_s
 
 
+#: ``--dtypes`` on the CPU when not given (on the GPU each group has its own, see :data:`CUDA_GROUPS`)
+CPU_DTYPES = "fp32,bf16"
+
+
 def run(options: argparse.Namespace) -> tuple[dict[str, Any], list[Result]]:
-    """Run the benchmark as the command line describes; returns (machine info, results)."""
+    """Run the benchmark as the command line describes; returns (machine info, results).
+
+    ``options.device`` (default ``"cpu"``): ``"cuda"`` times the GPU groups (:func:`run_on_device`).
+    """
     from ..kernels.extension import cpu_extension_error, load_cpu_extension
 
+    device = getattr(options, "device", None) or "cpu"
+    backend = None
+    if device != "cpu":
+        from . import cuda
+
+        backend = cuda.open_backend(device)  # no CUDA: a one-line error before anything runs
+        if getattr(options, "suites", None) is not None:
+            raise ValueError(
+                f"--suites {options.suites}: the suites time CPU work only; leave out --suites with --device {device}, "
+                "or run them without --device"
+            )
     if options.threads:
         torch.set_num_threads(options.threads)
     for path in options.cases or []:
         _load_cases(path)
+    if backend is not None:
+        return run_on_device(options, backend)
+    if getattr(options, "dtypes", None) is None:
+        options.dtypes = CPU_DTYPES
     if options.suites is not None:
         unknown = [name for name in options.suites.split(",") if name not in SUITES]
         if unknown:
@@ -390,10 +507,7 @@ def run(options: argparse.Namespace) -> tuple[dict[str, Any], list[Result]]:
             raise ValueError(
                 f"--shapes {options.shapes!r} names no shape; choose from {[s.name for s in SHAPES + QUICK_SHAPES]}"
             )
-    methods = [m for m in METHODS if not (options.quick and "torch.compile" in m.name and not options.compile)]
-    if options.no_compile:
-        methods = [m for m in methods if "torch.compile" not in m.name]
-    methods = _without_missing_packages(methods)
+    methods = _without_missing_packages(_selected_methods(options, "cpu"))
     results: list[Result] = []
     # memory is measured after all timing, so the profiler that records allocations never overlaps a timed call
     memory_work: list[tuple[list[Result], list[Method], dict]] = []
@@ -427,6 +541,180 @@ def run(options: argparse.Namespace) -> tuple[dict[str, Any], list[Result]]:
     return machine, results
 
 
+def _selected_methods(options: argparse.Namespace, device_type: str) -> list[Method]:
+    """The registered methods that run on ``device_type``, less the ``torch.compile`` rows that
+    ``--quick`` (without ``--compile``) and ``--no-compile`` leave out."""
+    methods = [m for m in METHODS if device_type in m.devices]
+    methods = [m for m in methods if not (options.quick and "torch.compile" in m.name and not options.compile)]
+    if options.no_compile:
+        methods = [m for m in methods if "torch.compile" not in m.name]
+    return methods
+
+
+def _device_groups(options: argparse.Namespace) -> list[tuple[DeviceGroup, list[str]]]:
+    """The GPU groups ``--quick`` / ``--shapes`` select, each with its dtypes (``--dtypes`` replaces
+    every group's own)."""
+    groups = QUICK_CUDA_GROUPS if options.quick else CUDA_GROUPS
+    if options.shapes:
+        every = CUDA_GROUPS + QUICK_CUDA_GROUPS
+        wanted = set(options.shapes.split(","))
+        groups = [g for g in every if g.shape.name in wanted]
+        if not groups:
+            raise ValueError(
+                f"--shapes {options.shapes!r} names no GPU shape; with --device cuda choose from "
+                f"{[g.shape.name for g in every]}"
+            )
+    given = getattr(options, "dtypes", None)
+    chosen = []
+    for group in groups:
+        dtypes = given.split(",") if given else list(group.dtypes)
+        for name in dtypes:
+            if name not in DTYPE_NAMES:
+                raise ValueError(f"unknown dtype {name!r} in --dtypes; use fp32, bf16 or fp16")
+        chosen.append((group, dtypes))
+    return chosen
+
+
+def _limit_of(method: str, backward: bool, inplace: bool) -> str:
+    """The limit row a GPU row's "x copy" divides by: the fresh in-place passes for the training-step
+    rows, two copies for other fwd+bwd rows, the in-place pass for in-place rows, else the copy.
+
+    Example:
+        >>> _limit_of("rotary fused, in place", False, True), _limit_of("HF eager apply_rotary_pos_emb", True, False)
+        ('limit: in-place pass (mul_)', 'limit: two copies (fwd+bwd)')
+    """
+    if backward:
+        return TRAINING_PASSES if method in TRAINING_STEPS else TWO_COPIES
+    return INPLACE_PASS if inplace else COPY
+
+
+def _device_ratios(results: list[Result], inplace: set[str]) -> None:
+    """"x copy" of each GPU row: its GPU time over its limit row's (:func:`_limit_of`), in the same
+    group, and only where both were measured the same way (both graph replays, or both per call)."""
+    by_key = {(r.method, r.backward): r for r in results}
+    for r in results:
+        limit = by_key.get((_limit_of(r.method, r.backward, (r.method, r.backward) in inplace), r.backward))  # type: ignore[arg-type]
+        if limit is None or limit.gpu_timing != r.gpu_timing:
+            continue
+        if math.isfinite(r.median_s) and math.isfinite(limit.median_s) and limit.median_s > 0:
+            r.ratios["x copy"] = r.median_s / limit.median_s
+
+
+def run_on_device(options: argparse.Namespace, backend: Any) -> tuple[dict[str, Any], list[Result]]:
+    """The GPU groups (:data:`CUDA_GROUPS`) on ``backend``'s device (:mod:`rotary.bench.cuda`).
+
+    Each row: GPU time per call under CUDA-graph replay (or CUDA events, with a note, for a method
+    that cannot be captured) and host wall time per call in an eager loop; "x copy" against the
+    group's limit rows. A method that fails (to set up, to run, to be timed) is a row with a note,
+    and the run goes on. After each group, rotary's deferred device checks are read once; a failed
+    check is added to the notes of that group's rows.
+    """
+    from ..deferred import check_device_errors
+    from . import cuda
+
+    device = backend.device  # where the inputs live (a test's CPU stand-in keeps them on the CPU)
+    kind = torch.device(getattr(options, "device", None) or device).type  # whose methods run
+    groups = _device_groups(options)
+    methods = _without_missing_packages(_selected_methods(options, kind))
+    inplace = {(m.name, m.backward) for m in methods if m.inplace}
+    machine = {**_machine(), **_device_machine(device, _selected_methods(options, kind))}
+    results: list[Result] = []
+    for group, dtypes in groups:
+        for dtype_name in dtypes:
+            name = f"{group.shape.describe()} {dtype_name}"
+            started = time.perf_counter()
+            try:
+                inp = make_inputs(group.shape, DTYPE_NAMES[dtype_name], device=device, interleaved=group.interleaved)
+            except Exception as exc:  # e.g. out of memory: the group is one row saying so, the next group runs
+                note = f"failed to make the group's inputs: {cuda.short_error(exc)}"
+                results.append(Result(name, "(inputs)", False, math.nan, options.repeats, note=note, host_s=math.nan))
+                backend.release()
+                continue
+            calls: dict[tuple[str, bool], Callable[[], object]] = {}
+            rows: list[tuple[Method, str]] = []  # (method, setup failure)
+            for m in sorted(methods, key=lambda m: m.backward):  # forward rows first
+                if m.backward and not group.backward:
+                    continue
+                try:
+                    call = m.make(inp)
+                except Exception as exc:  # a baseline that cannot be set up is a row note
+                    rows.append((m, f"failed to set up: {cuda.short_error(exc)}"))
+                    continue
+                if call is not None:  # None: the method does not apply to this group
+                    calls[(m.name, m.backward)] = call
+                    rows.append((m, ""))
+            timings = cuda.time_on_device(calls, options.repeats, backend, prepared_type=Prepared)  # type: ignore[arg-type]
+            flagged = ""
+            try:
+                check_device_errors(device)
+            except Exception as exc:  # a deferred check that failed during the group: say so on its rows
+                flagged = f"rotary's deferred device checks flagged: {cuda.short_error(exc)}"
+                print(f"rotary bench: {name}: {flagged}", file=sys.stderr)
+            group_results = []
+            for m, failure in rows:
+                t = timings.get((m.name, m.backward), cuda.DeviceTiming(note=failure))
+                note = "; ".join(filter(None, [m.note, t.note, flagged]))
+                group_results.append(
+                    Result(
+                        name, m.name, m.backward, t.gpu_s, options.repeats, note=note, host_s=t.host_s,
+                        gpu_timing=t.gpu_timing,
+                    )  # fmt: skip
+                )
+            _device_ratios(group_results, inplace)
+            results.extend(group_results)
+            del inp, calls
+            backend.release()
+            if options.progress:  # the group's table too: a run stopped later still leaves the groups done
+                print(f"  timed {name} ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
+                table = [_device_row(r) for r in group_results]
+                print("\n".join(_table(name, DEVICE_HEADER, table, getattr(options, "markdown", False), left=(0, 4))), file=sys.stderr, flush=True)
+    machine["fused_cpu_kernel"] = _cpu_kernel_state()  # rope(q, k) tries the CPU decoding fast path first
+    return machine, results
+
+
+def _cpu_kernel_state() -> str:
+    """Whether the fused CPU kernel is loaded ("loaded" or why not). Asked after the groups: on a GPU,
+    ``rope(q, k)`` tries the CPU decoding fast path first, which loads (or fails to load) the kernel
+    during the warm-up of the rotary rows, so this is a lookup and what those rows' host time included;
+    a run without rotary rows builds it here, as the CPU run does at its start."""
+    from ..kernels.extension import cpu_extension_error, load_cpu_extension
+
+    return "loaded" if load_cpu_extension() is not None else f"unavailable: {cpu_extension_error()}"
+
+
+def package_version(module: str) -> str:
+    """The installed version of the package that provides ``module``, ``"not installed"``, or
+    ``"importable"`` for a module without package metadata (e.g. a copied file).
+
+    Example:
+        >>> package_version("torch") == torch.__version__, package_version("no_such_package_for_rotary")
+        (True, 'not installed')
+    """
+    from importlib import metadata
+
+    if not installed(module):
+        return "not installed"
+    top = module.split(".")[0]
+    for dist in (top, top.replace("_", "-")):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    version = getattr(sys.modules.get(top), "__version__", None)
+    return str(version) if version else "importable"
+
+
+def _device_machine(device: torch.device, methods: list[Method]) -> dict[str, Any]:
+    """What a GPU run adds to the machine description: the GPU, CUDA, Triton, the baselines' versions."""
+    info: dict[str, Any] = {"device": str(device)}
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+        info["cuda"] = torch.version.cuda
+    info["triton"] = package_version("triton")
+    info["baselines"] = {m.requires: package_version(m.requires) for m in methods if m.requires}
+    return info
+
+
 def installed(module: str) -> bool:
     """Whether ``module`` (an optional package, e.g. ``"transformers"``) can be imported.
 
@@ -436,7 +724,7 @@ def installed(module: str) -> bool:
     """
     try:
         importlib.import_module(module)
-    except ImportError:
+    except Exception:  # ImportError, or a package that fails while importing (e.g. no GPU it needs)
         return False
     return True
 
@@ -451,7 +739,7 @@ def _without_missing_packages(methods: list[Method]) -> list[Method]:
                 names.append(m.name)
     if missing:
         skipped = "; ".join(f"{', '.join(names)} (needs {module})" for module, names in missing.items())
-        install = " ".join(module.replace("_", "-") for module in missing)
+        install = " ".join(dict.fromkeys(module.split(".")[0].replace("_", "-") for module in missing))
         print(f"rotary bench: skipped, not installed: {skipped}; add them with: pip install {install}", file=sys.stderr)
     return [m for m in methods if m.requires not in missing]
 
@@ -506,16 +794,66 @@ def _versus_hf(speedup: float) -> str:
     return f"{speedup:.1f}x faster" if speedup > 1 else f"{1 / speedup:.1f}x slower"
 
 
-def format_table(machine: dict[str, Any], results: list[Result], markdown: bool = False) -> str:
-    """The results as text (or a markdown table), one block per group."""
-    lines = [
-        f"machine: {machine['cpu']}, {machine['logical_cpus']} logical CPUs, torch {machine['torch']} "
-        f"with {machine['torch_threads']} threads; fused CPU kernel {machine.get('fused_cpu_kernel', '?')}"
+#: the columns of a GPU group (``rotary bench --device cuda``)
+DEVICE_HEADER = ["method", "GPU µs/call (graph)", "x copy", "host µs/call (eager)", "note"]
+
+
+def _micro(seconds: float | None) -> str:
+    """Seconds as µs with one decimal, "—" for a row without a time (NaN or None)."""
+    if seconds is None or not math.isfinite(seconds):
+        return "—"
+    return f"{seconds * 1e6:.1f}"
+
+
+def _device_row(r: Result) -> list[str]:
+    """A GPU row's cells (:data:`DEVICE_HEADER`); a GPU time not from graph replay says how it was taken.
+
+    Example:
+        >>> _device_row(Result("g", "HF", False, 2.5e-5, 9, ratios={"x copy": 2.0}, host_s=1.4e-4, gpu_timing="graph"))
+        ['HF', '25.0', '2.00', '140.0', '']
+        >>> _device_row(Result("g", "x", True, 1e-4, 9, host_s=5e-4, gpu_timing="eager", note="not capturable: E"))
+        ['x (fwd+bwd)', '100.0 (eager)', '', '500.0', 'not capturable: E']
+    """
+    gpu = _micro(r.median_s)
+    if gpu != "—" and r.gpu_timing != "graph":
+        gpu += f" ({r.gpu_timing})"
+    ratio = f"{r.ratios['x copy']:.2f}" if "x copy" in r.ratios else ""
+    method = r.method + (" (fwd+bwd)" if r.backward and "fwd+bwd" not in r.method else "")
+    return [method, gpu, ratio, _micro(r.host_s), r.note]
+
+
+def _machine_line(machine: dict[str, Any]) -> list[str]:
+    if "gpu" not in machine and "device" not in machine:
+        return [
+            f"machine: {machine['cpu']}, {machine['logical_cpus']} logical CPUs, torch {machine['torch']} "
+            f"with {machine['torch_threads']} threads; fused CPU kernel {machine.get('fused_cpu_kernel', '?')}"
+        ]
+    gpu = machine.get("gpu", machine.get("device", "?"))
+    baselines = ", ".join(f"{module} {version}" for module, version in machine.get("baselines", {}).items())
+    return [
+        f"machine: {gpu} (CUDA {machine.get('cuda', '?')}), torch {machine['torch']}, triton "
+        f"{machine.get('triton', '?')}; host {machine['cpu']}, {machine['logical_cpus']} logical CPUs"
+        + (f"; fused CPU kernel {machine['fused_cpu_kernel']}" if "fused_cpu_kernel" in machine else ""),
+        f"baselines: {baselines or 'none'}",
     ]
+
+
+def format_table(machine: dict[str, Any], results: list[Result], markdown: bool = False) -> str:
+    """The results as text (or a markdown table), one block per group.
+
+    GPU groups (rows with ``gpu_timing``) have the columns of :data:`DEVICE_HEADER`: method, GPU µs
+    per call under graph replay (marked "(eager)" or "(per call)" when measured otherwise), "x copy",
+    host µs per call in an eager loop, note; times of a failed row are "—".
+    """
+    lines = _machine_line(machine)
     groups: dict[str, list[Result]] = {}
     for r in results:
         groups.setdefault(r.group, []).append(r)
     for group, rows in groups.items():
+        if any(r.gpu_timing or r.host_s is not None for r in rows):
+            lines.append("")
+            lines.extend(_table(group, DEVICE_HEADER, [_device_row(r) for r in rows], markdown, left=(0, 4)))
+            continue
         versus_hf = any("HF eager speedup" in r.ratios for r in rows)  # not without transformers
         steps = any("x fresh passes" in r.ratios for r in rows)
         header = ["method", "pass", "median", "x in-place pass", "x copy (fwd+bwd: two)"]
@@ -536,16 +874,21 @@ def format_table(machine: dict[str, Any], results: list[Result], markdown: bool 
                 row.append(_versus_hf(r.ratios["HF eager speedup"]) if "HF eager speedup" in r.ratios else "")
             table.append([*row, mem])
         lines.append("")
-        if markdown:
-            lines.append(f"### {group}")
-            lines.append("")
-            lines.append("| " + " | ".join(header) + " |")
-            lines.append("|" + "|".join(["---"] + ["---"] + ["---:"] * (len(header) - 2)) + "|")
-            lines.extend("| " + " | ".join(row) + " |" for row in table)
-        else:
-            lines.append(group)
-            widths = [max(len(str(x)) for x in col) for col in zip(header, *table)]
-            for row in [header, *table]:
-                cells = [str(c).ljust(w) if j < 2 else str(c).rjust(w) for j, (c, w) in enumerate(zip(row, widths))]
-                lines.append("  " + "  ".join(cells))
+        lines.extend(_table(group, header, table, markdown, left=(0, 1)))
     return "\n".join(lines)
+
+
+def _table(group: str, header: list[str], table: list[list[str]], markdown: bool, left: tuple[int, ...]) -> list[str]:
+    """One group as a markdown table (``### group``, then rows; a ``|`` inside a cell is escaped) or
+    as aligned text; the columns in ``left`` are left-aligned, the others right-aligned."""
+    if markdown:
+        lines = [f"### {group}", "", "| " + " | ".join(header) + " |"]
+        lines.append("|" + "|".join("---" if j in left else "---:" for j in range(len(header))) + "|")
+        lines.extend("| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in table)
+        return lines
+    lines = [group]
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *table)]
+    for row in [header, *table]:
+        cells = [str(c).ljust(w) if j in left else str(c).rjust(w) for j, (c, w) in enumerate(zip(row, widths))]
+        lines.append("  " + "  ".join(cells).rstrip())
+    return lines

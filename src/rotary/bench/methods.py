@@ -1,4 +1,6 @@
-"""The built-in methods of ``rotary bench``: the two memory-traffic limits, rotary's paths, Hugging Face (eager and compiled), rotary-embedding-torch and the complex form."""
+"""The built-in methods of ``rotary bench``: the two memory-traffic limits, rotary's paths, Hugging Face
+(eager and compiled), rotary-embedding-torch and the complex form; on the GPU also rotary with device
+positions and caller tables, Liger's rope and flash-attn's Triton rotary."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ from collections.abc import Callable
 import torch
 
 from .harness import (
+    COPY,
+    INPLACE_PASS,
     INPLACE_TRAINING,
     METHODS,
     OUT_OF_PLACE_TRAINING,
@@ -187,42 +191,67 @@ def _two_copies(inp: Inputs):
     return lambda: (inp.q.clone(), inp.k.clone(), inp.grad_q.clone(), inp.grad_k.clone())
 
 
-#: the optional packages of the baselines (in the [dev] extra); a method needing one is skipped without it
+#: the optional packages of the baselines (transformers and rotary-embedding-torch are in the [dev]
+#: extra; Liger and flash-attn are GPU packages); a method needing one is skipped without it
 HF, RET = "transformers", "rotary_embedding_torch"
+LIGER, FLASH = "liger_kernel.ops.rope", "flash_attn.ops.triton.rotary"
+BOTH = ("cpu", "cuda")
+
+
+def _half_pairing(make: Callable[[Inputs], Callable[[], object]]) -> Callable[[Inputs], Callable[[], object] | None]:
+    """``make`` for the groups with the half pairing; ``None`` (no row) in an interleaved GPU group:
+    Hugging Face's and Liger's functions rotate pairs (i, i + D/2) only."""
+    return lambda i: None if i.interleaved else make(i)
 
 
 def _builtin_methods() -> list[Method]:
     return [
-        Method("limit: in-place pass (mul_)", lambda i: lambda: (i.q.mul_(1.0), i.k.mul_(1.0))),
-        Method("limit: copy (clone)", lambda i: lambda: (i.q.clone(), i.k.clone())),
-        Method("rotary fused, in place", lambda i: lambda: i.rope(i.q, i.k, inplace=True)),
-        Method("rotary fused, out of place", lambda i: lambda: i.rope(i.q, i.k)),
+        Method(INPLACE_PASS, lambda i: lambda: (i.q.mul_(1.0), i.k.mul_(1.0)), devices=BOTH, inplace=True),
+        Method(COPY, lambda i: lambda: (i.q.clone(), i.k.clone()), devices=BOTH),
+        Method(
+            "rotary fused, in place", lambda i: lambda: i.rope(i.q, i.k, offset=i.shape.start, inplace=True),
+            devices=BOTH, inplace=True,
+        ),  # fmt: skip
+        Method("rotary fused, out of place", lambda i: lambda: i.rope(i.q, i.k, offset=i.shape.start), devices=BOTH),
         Method("rotary pure-torch path", lambda i: (lambda f: lambda: f(i.q, i.k))(_torch_path(i))),
-        Method("HF eager apply_rotary_pos_emb", lambda i: lambda: _hf()(i.q, i.k, i.hf_cos, i.hf_sin), requires=HF),
-        Method("HF under torch.compile", lambda i: lambda: _hf_compiled()(i.q, i.k, i.hf_cos, i.hf_sin), requires=HF),
+        Method(
+            "HF eager apply_rotary_pos_emb", _half_pairing(lambda i: lambda: _hf()(i.q, i.k, i.hf_cos, i.hf_sin)),
+            requires=HF, devices=BOTH,
+        ),  # fmt: skip
+        Method(
+            "HF under torch.compile", _half_pairing(lambda i: lambda: _hf_compiled()(i.q, i.k, i.hf_cos, i.hf_sin)),
+            requires=HF, devices=BOTH,
+        ),  # fmt: skip
         Method("rotary-embedding-torch 0.9.1", lambda i: (lambda f: lambda: f(i.q, i.k))(_ret(i)), requires=RET),
         Method(
             "rotary RoPE module under torch.compile", lambda i: (lambda f: lambda: f(i.q, i.k))(_compiled_module(i))
         ),
         Method("complex form (Meta LLaMA)", lambda i: (lambda f: lambda: f(i.q, i.k))(_complex_form(i))),
         # forward + backward
-        Method(TWO_COPIES, _two_copies, backward=True),
-        Method("rotary fused, out of place", lambda i: _fwd_bwd(lambda q, k: i.rope(q, k), i), backward=True),
-        Method(TRAINING_PASSES, _training_passes, backward=True),
-        Method(INPLACE_TRAINING, lambda i: _training_step(i, lambda q, k: i.rope(q, k, inplace=True)), backward=True),
-        Method(OUT_OF_PLACE_TRAINING, lambda i: _training_step(i, i.rope), backward=True),
+        Method(TWO_COPIES, _two_copies, backward=True, devices=BOTH),
+        Method(
+            "rotary fused, out of place", lambda i: _fwd_bwd(lambda q, k: i.rope(q, k), i), backward=True, devices=BOTH
+        ),
+        Method(TRAINING_PASSES, _training_passes, backward=True, devices=BOTH),
+        Method(
+            INPLACE_TRAINING, lambda i: _training_step(i, lambda q, k: i.rope(q, k, inplace=True)), backward=True,
+            devices=BOTH, inplace=True,
+        ),  # fmt: skip
+        Method(OUT_OF_PLACE_TRAINING, lambda i: _training_step(i, i.rope), backward=True, devices=BOTH),
         Method("rotary pure-torch path", lambda i: _fwd_bwd(_torch_path(i), i), backward=True),
         Method(
             "HF eager apply_rotary_pos_emb",
-            lambda i: _fwd_bwd(lambda q, k: _hf()(q, k, i.hf_cos, i.hf_sin), i),
+            _half_pairing(lambda i: _fwd_bwd(lambda q, k: _hf()(q, k, i.hf_cos, i.hf_sin), i)),
             backward=True,
             requires=HF,
+            devices=BOTH,
         ),
         Method(
             "HF under torch.compile",
-            lambda i: _fwd_bwd(lambda q, k: _hf_compiled()(q, k, i.hf_cos, i.hf_sin), i),
+            _half_pairing(lambda i: _fwd_bwd(lambda q, k: _hf_compiled()(q, k, i.hf_cos, i.hf_sin), i)),
             backward=True,
             requires=HF,
+            devices=BOTH,
         ),
         Method("rotary RoPE module under torch.compile", lambda i: _fwd_bwd(_compiled_module(i), i), backward=True),
         Method("rotary-embedding-torch 0.9.1", lambda i: _fwd_bwd(_ret(i), i), backward=True, requires=RET),
@@ -231,6 +260,144 @@ def _builtin_methods() -> list[Method]:
 
 
 METHODS.extend(_builtin_methods())
+
+
+# the GPU's own rows ----------------------------------------------------------------------------
+
+
+def _apply_rotary_tables(inp: Inputs) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`rotary.apply_rotary` on q and on k with device tables the caller made
+    (``RoPE.cos_sin`` of the tokens' positions, ``[S, D]`` fp32), default validation."""
+    from ..apply import apply_rotary
+
+    def call():
+        return (
+            apply_rotary(inp.q, inp.cos, inp.sin, interleaved=inp.interleaved),
+            apply_rotary(inp.k, inp.cos, inp.sin, interleaved=inp.interleaved),
+        )
+
+    return call
+
+
+def _apply_rotary_positions(inp: Inputs) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`rotary.apply_rotary` on q and on k with whole device tables ``[T, D]`` and device
+    ``position_ids`` ``[B, S]`` (the kernel reads the rows it needs)."""
+    from ..apply import apply_rotary
+
+    def call():
+        return (
+            apply_rotary(inp.q, inp.table_cos, inp.table_sin, position_ids=inp.position_ids, interleaved=inp.interleaved),
+            apply_rotary(inp.k, inp.table_cos, inp.table_sin, position_ids=inp.position_ids, interleaved=inp.interleaved),
+        )
+
+    return call
+
+
+def _liger_apply(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """Liger's rope on q ``[B, Hq, S, D]`` and k ``[B, Hk, S, D]`` with Hugging Face's tables
+    ``[1, S, D]``; returns ``(q, k)`` (newer Liger versions also return cos and sin). Liger makes
+    ``q.transpose(1, 2)`` contiguous and rotates that in place: a copy for ``[B, H, S, D]`` tensors,
+    except at S = 1, where the transposed view is already contiguous and q itself is rotated."""
+    from liger_kernel.ops.rope import LigerRopeFunction
+
+    out = LigerRopeFunction.apply(q, k, cos, sin)
+    return out[0], out[1]
+
+
+def _half_width(inp: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """The whole tables as flash-attn takes them: one value per pair, ``[T, D/2]``, in q's dtype
+    (flash-attn asserts the dtypes match). rotary's tables repeat each pair's value, side by side
+    for the half pairing (``[c0 .. c_{D/2-1}, c0 .. c_{D/2-1}]``) and in place for the interleaved
+    one (``[c0, c0, c1, c1, ...]``)."""
+    pick = (lambda t: t[:, ::2]) if inp.interleaved else (lambda t: t[:, : t.shape[1] // 2])
+    return (
+        pick(inp.table_cos).to(inp.dtype).contiguous(),  # type: ignore[arg-type]
+        pick(inp.table_sin).to(inp.dtype).contiguous(),  # type: ignore[arg-type]
+    )
+
+
+class _FlashRotary(torch.autograd.Function):
+    """flash-attn's Triton ``apply_rotary`` with a backward, as ``flash_attn.layers.rotary`` wraps it:
+    the backward rotates the gradient by the conjugate rotation."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin, offsets, interleaved):  # type: ignore[override]
+        from flash_attn.ops.triton.rotary import apply_rotary
+
+        ctx.save_for_backward(cos, sin, offsets)
+        ctx.interleaved = interleaved
+        return apply_rotary(x, cos, sin, seqlen_offsets=offsets, interleaved=interleaved)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        from flash_attn.ops.triton.rotary import apply_rotary
+
+        cos, sin, offsets = ctx.saved_tensors
+        dx = apply_rotary(grad, cos, sin, seqlen_offsets=offsets, interleaved=ctx.interleaved, conjugate=True)
+        return dx, None, None, None, None
+
+
+def _flash(
+    inp: Inputs, *, inplace: bool = False, autograd: bool = False
+) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """flash-attn's Triton rotary on q and on k (two launches), ``[B, S, H, D]`` views of the
+    ``[B, H, S, D]`` tensors (its kernel takes any strides: nothing is copied), half-width tables
+    ``[T, D/2]`` and each sequence's first position as a device tensor ``seqlen_offsets`` ``[B]``.
+    ``autograd``: through :class:`_FlashRotary` (for the fwd+bwd row), else the function itself."""
+    from flash_attn.ops.triton.rotary import apply_rotary
+
+    cos, sin = _half_width(inp)
+    offsets = inp.position_ids[:, 0].contiguous()  # type: ignore[index]
+
+    def one(x: torch.Tensor) -> torch.Tensor:
+        if autograd:
+            return _FlashRotary.apply(x.transpose(1, 2), cos, sin, offsets, inp.interleaved).transpose(1, 2)
+        out = apply_rotary(x.transpose(1, 2), cos, sin, seqlen_offsets=offsets, interleaved=inp.interleaved, inplace=inplace)
+        return out.transpose(1, 2)
+
+    def forward(q, k):
+        return one(q), one(k)
+
+    return forward
+
+
+_LIGER_NOTE = "rotates [B, S, H, D]-contiguous copies of q and k in place (at S = 1: q and k themselves)"
+_FLASH_NOTE = "q and k in two launches, half-width tables [T, D/2], seqlen_offsets on the device"
+
+
+def _gpu_methods() -> list[Method]:
+    cuda = ("cuda",)
+    return [
+        Method("rope(q, k, position_ids=device ids)", lambda i: lambda: i.rope(i.q, i.k, position_ids=i.position_ids), devices=cuda),
+        Method("rotary.apply_rotary, device cos/sin [S, D]", _apply_rotary_tables, devices=cuda),
+        Method("rotary.apply_rotary, device tables [T, D] + position_ids", _apply_rotary_positions, devices=cuda),
+        Method(
+            "Liger rope (LigerRopeFunction)", _half_pairing(lambda i: lambda: _liger_apply(i.q, i.k, i.hf_cos, i.hf_sin)),
+            note=_LIGER_NOTE, requires=LIGER, devices=cuda,
+        ),  # fmt: skip
+        Method(
+            "flash-attn Triton rotary, out of place", lambda i: (lambda f: lambda: f(i.q, i.k))(_flash(i)),
+            note=_FLASH_NOTE, requires=FLASH, devices=cuda,
+        ),  # fmt: skip
+        Method(
+            "flash-attn Triton rotary, in place", lambda i: (lambda f: lambda: f(i.q, i.k))(_flash(i, inplace=True)),
+            note=_FLASH_NOTE, requires=FLASH, devices=cuda, inplace=True,
+        ),  # fmt: skip
+        # forward + backward
+        Method(
+            "Liger rope (LigerRopeFunction)",
+            _half_pairing(lambda i: _fwd_bwd(lambda q, k: _liger_apply(q, k, i.hf_cos, i.hf_sin), i)),
+            backward=True, note=_LIGER_NOTE, requires=LIGER, devices=cuda,
+        ),  # fmt: skip
+        Method(
+            "flash-attn Triton rotary, out of place", lambda i: _fwd_bwd(_flash(i, autograd=True), i),
+            backward=True, note=_FLASH_NOTE + "; backward: the conjugate rotation, as flash_attn.layers.rotary",
+            requires=FLASH, devices=cuda,
+        ),  # fmt: skip
+    ]
+
+
+METHODS.extend(_gpu_methods())
 
 
 # decoding: one rope(q, k) call per layer and step --------------------------------------------------

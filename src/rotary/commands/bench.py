@@ -1,11 +1,18 @@
-"""``rotary bench``: time RoPE application against Hugging Face and the memory-traffic limit (see :mod:`rotary.bench`)."""
+"""``rotary bench``: time RoPE application against Hugging Face and the memory-traffic limit (see :mod:`rotary.bench`).
+
+With ``--device cuda`` the GPU groups (prefill, training fwd+bwd, decode, interleaved; q 32 heads,
+k 8 heads, head_dim 128) are timed on the GPU, each row two ways: GPU time per call under CUDA-graph
+replay and host wall time per call in an eager loop (see :mod:`rotary.bench.cuda`).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from dataclasses import asdict
+from typing import Any
 
 from rotary.bench import format_table, run
 
@@ -14,12 +21,21 @@ from .common import add_output_argument, count
 __all__ = ["register"]
 
 
+def _finite(value: Any) -> Any:
+    """NaN (the times of a row that failed) as ``None``: JSON has no NaN."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    return value
+
+
 def _bench(args: argparse.Namespace) -> int:
     if args.repeats is None:
         args.repeats = 3 if args.quick else 9
     machine, results = run(args)
     if args.json:
-        print(json.dumps({"machine": machine, "results": [asdict(r) for r in results]}, indent=1))
+        print(json.dumps({"machine": machine, "results": [_finite(asdict(r)) for r in results]}, indent=1))
     else:
         print(format_table(machine, results, markdown=args.markdown))
     return 0
@@ -27,10 +43,18 @@ def _bench(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="time RoPE application against Hugging Face and the memory-traffic limit")
-    p.add_argument("--quick", action="store_true", help="two small shapes, 3 repeats, no torch.compile baseline")
+    p.add_argument(
+        "--device", choices=["cpu", "cuda"], default="cpu",
+        help="cpu (default), or cuda: the GPU groups, GPU time under CUDA-graph replay and host time per call",
+    )  # fmt: skip
+    p.add_argument("--quick", action="store_true", help="small shapes, 3 repeats, no torch.compile baseline")
     p.add_argument("--json", action="store_true", help="print machine-readable results")
     p.add_argument("--markdown", action="store_true", help="print markdown tables (docs/benchmarks.md)")
-    p.add_argument("--dtypes", default="fp32,bf16", help="comma-separated: fp32, bf16, fp16 (default fp32,bf16)")
+    p.add_argument(
+        "--dtypes", default=None,
+        help="comma-separated: fp32, bf16, fp16 (default fp32,bf16; with --device cuda each group's own: bf16, "
+        "training also fp32)",
+    )  # fmt: skip
     p.add_argument("--shapes", default=None, help="comma-separated shape names (default: all)")
     p.add_argument(
         "--repeats", type=count(100, "each sample of each method lasts about 2 ms; the median settles long before"),

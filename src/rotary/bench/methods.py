@@ -268,7 +268,7 @@ METHODS.extend(_builtin_methods())
 def _apply_rotary_tables(inp: Inputs) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
     """:func:`rotary.apply_rotary` on q and on k with device tables the caller made
     (``RoPE.cos_sin`` of the tokens' positions, ``[S, D]`` fp32), default validation."""
-    from ..apply import apply_rotary
+    from ..functional import apply_rotary
 
     def call():
         return (
@@ -282,7 +282,7 @@ def _apply_rotary_tables(inp: Inputs) -> Callable[[], tuple[torch.Tensor, torch.
 def _apply_rotary_positions(inp: Inputs) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
     """:func:`rotary.apply_rotary` on q and on k with whole device tables ``[T, D]`` and device
     ``position_ids`` ``[B, S]`` (the kernel reads the rows it needs)."""
-    from ..apply import apply_rotary
+    from ..functional import apply_rotary
 
     def call():
         return (

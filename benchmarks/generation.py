@@ -12,7 +12,9 @@ weights shared by copying the Decoder's state into the Llama (no download), gree
   ``torch.cuda.CUDAGraph`` (CUDA only);
 - ``HF dynamic`` / ``HF static``: ``LlamaForCausalLM.generate`` with its default cache and with
   ``cache_implementation="static"`` (which Hugging Face compiles by itself on CUDA, not on the CPU);
-  skipped when transformers is not installed.
+  skipped when transformers is not installed;
+- ``... + rotary.hf.patch``: the same on a copy of the Llama patched by :func:`rotary.hf.patch` (RoPE
+  applied by rotary's kernels): what patching costs or gains a Hugging Face user.
 
 Each row: a first call (its time includes compilation and capture), then ``--repeats`` timed calls,
 interleaved with the other rows; the best is reported as tokens/s (``batch * new / seconds``) and ms
@@ -60,7 +62,10 @@ SHAPES = {
     "small": Shape(layers=2, hidden=256, heads=8, kv_heads=2, intermediate=688, vocab=1024, dtype="fp32", batch=4, prompt=32, new=32),
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-METHODS = ("rotary dynamic", "rotary static", "rotary static + compile", "rotary static + CUDA graph", "HF dynamic", "HF static")
+METHODS = (
+    "rotary dynamic", "rotary static", "rotary static + compile", "rotary static + CUDA graph", "HF dynamic", "HF static",
+    "HF dynamic + rotary.hf.patch", "HF static + rotary.hf.patch",
+)
 
 
 def build_models(shape: Shape, device: torch.device, with_hf: bool) -> tuple[Decoder, torch.nn.Module | None]:
@@ -124,6 +129,14 @@ def generators(
         hf = dict(attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False)
         calls["HF dynamic"] = lambda: llama.generate(ids, **hf)
         calls["HF static"] = lambda: llama.generate(ids, cache_implementation="static", **hf)
+        if any(name.endswith("rotary.hf.patch") for name in methods):
+            import copy
+
+            import rotary
+
+            patched = rotary.hf.patch(copy.deepcopy(llama))
+            calls["HF dynamic + rotary.hf.patch"] = lambda: patched.generate(ids, **hf)
+            calls["HF static + rotary.hf.patch"] = lambda: patched.generate(ids, cache_implementation="static", **hf)
     return {name: calls[name] for name in methods if name in calls}
 
 

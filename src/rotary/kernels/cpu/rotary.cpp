@@ -516,86 +516,81 @@ inline int64_t ceil_log2(int64_t x) {
   return bits;
 }
 
-// ATen's row_sum over n elements of W lanes each (summed lane by lane) into out[0 .. W): the elements as rows
-// of four with four running sums and a cascade of four levels every 2^power rows (multi_row_sum), the elements
-// past the last full row added to sum 0, then sums 1, 2 and 3 added to sum 0.
-template <typename A, int64_t W>
-inline void aten_row_sum(const A* __restrict v, int64_t n, A* __restrict out) {
+// ATen's row_sum over n non-negative elements (scalars, or vectors of lanes summed lane by lane), load(e)
+// giving element e: the elements as rows of four with four running sums and a cascade of four levels every
+// 2^power rows (multi_row_sum), the elements past the last full row added to sum 0, then sums 1, 2 and 3
+// added to sum 0.
+template <typename E, typename Load>
+inline E aten_row_sum(int64_t n, Load load) {
   constexpr int64_t kLevels = 4, kRows = 4;
   const int64_t rows = n / kRows;
   const int64_t power = std::max<int64_t>(4, ceil_log2(rows) / kLevels);
   const int64_t step = int64_t(1) << power, mask = step - 1;
-  A acc[kLevels][kRows][W];
-  for (auto& level : acc)
-    for (auto& row : level)
-      for (auto& lane : row) lane = A(0);
-  auto add_rows = [&](int64_t from, int64_t to) {
-    for (int64_t i = from; i < to; ++i)
-      for (int64_t k = 0; k < kRows; ++k)
-        for (int64_t w = 0; w < W; ++w) acc[0][k][w] += v[(i * kRows + k) * W + w];
-  };
+  E acc[kLevels][kRows] = {};
   int64_t i = 0;
+  auto add_rows = [&](int64_t to) {
+    for (; i < to; ++i)
+      for (int64_t k = 0; k < kRows; ++k) acc[0][k] += load(i * kRows + k);
+  };
   while (i + step <= rows) {
-    add_rows(i, i + step);
-    i += step;
+    add_rows(i + step);
     for (int64_t j = 1; j < kLevels; ++j) {
-      for (int64_t k = 0; k < kRows; ++k)
-        for (int64_t w = 0; w < W; ++w) {
-          acc[j][k][w] += acc[j - 1][k][w];
-          acc[j - 1][k][w] = A(0);
-        }
+      for (int64_t k = 0; k < kRows; ++k) {
+        acc[j][k] += acc[j - 1][k];
+        acc[j - 1][k] = E{};
+      }
       if ((i & (mask << (j * power))) != 0) break;
     }
   }
-  add_rows(i, rows);
-  for (int64_t j = 1; j < kLevels; ++j)
-    for (int64_t k = 0; k < kRows; ++k)
-      for (int64_t w = 0; w < W; ++w) acc[0][k][w] += acc[j][k][w];
-  for (int64_t e = rows * kRows; e < n; ++e)
-    for (int64_t w = 0; w < W; ++w) acc[0][0][w] += v[e * W + w];
-  for (int64_t k = 1; k < kRows; ++k)
-    for (int64_t w = 0; w < W; ++w) acc[0][0][w] += acc[0][k][w];
-  for (int64_t w = 0; w < W; ++w) out[w] = acc[0][0][w];
+  add_rows(rows);
+  if (rows >= step) {  // otherwise levels 1 .. 3 hold +0, which adds nothing to sums of squares (never -0)
+    for (int64_t j = 1; j < kLevels; ++j)
+      for (int64_t k = 0; k < kRows; ++k) acc[0][k] += acc[j][k];
+  }
+  for (int64_t e = rows * kRows; e < n; ++e) acc[0][0] += load(e);
+  for (int64_t k = 1; k < kRows; ++k) acc[0][0] += acc[0][k];
+  return acc[0][0];
 }
 
-// The sum of v[0 .. n) in the order torch.sum takes over a contiguous last dim on the CPU: vectors of 32 bytes
-// (8 floats, 4 doubles) through row_sum, the leftover values one by one, then the lanes in order
-// (vectorized_inner_sum); fewer values than a vector: row_sum over the values (scalar_inner_sum). 32 bytes is
-// the width ATen's reductions run at: AVX2's (its sum kernel is not compiled for AVX-512, which runs the AVX2
-// one) and NEON's pair of 128-bit registers; tests/test_rmsnorm_rotate.py checks the mean against torch's.
+// The sum of the squares v[e]² of v[0 .. n) in the order torch.sum takes over the squares (a contiguous last
+// dim) on the CPU: vectors of 32 bytes (8 floats, 4 doubles) through row_sum, the leftover values one by one,
+// then the lanes in order (vectorized_inner_sum); fewer values than a vector: row_sum over the values
+// (scalar_inner_sum). 32 bytes is the width ATen's reductions run at: AVX2's (its sum kernel is not compiled
+// for AVX-512, which runs the AVX2 one) and NEON's pair of 128-bit registers; tests/test_rmsnorm_rotate.py
+// checks the result against torch's. The lanes are GCC/Clang vector types: each lane's operations are the
+// scalar ones (each square rounded, then added), in one instruction.
 template <typename A>
-inline A aten_sum(const A* v, int64_t n) {
+inline A aten_sum_of_squares(const A* v, int64_t n) {
   constexpr int64_t L = 32 / sizeof(A);
-  A total;
-  if (n < L) {
-    aten_row_sum<A, 1>(v, n, &total);
-    return total;
-  }
+  if (n < L) return aten_row_sum<A>(n, [v](int64_t e) { return v[e] * v[e]; });
+  typedef A Lanes __attribute__((vector_size(32)));
   const int64_t vectors = n / L;
-  A lanes[L];
-  aten_row_sum<A, L>(v, vectors, lanes);
-  total = A(0);
-  for (int64_t k = vectors * L; k < n; ++k) total += v[k];
+  const Lanes lanes = aten_row_sum<Lanes>(vectors, [v](int64_t e) {
+    Lanes x;
+    std::memcpy(&x, v + e * L, sizeof(x));
+    return x * x;
+  });
+  A total = A(0);
+  for (int64_t k = vectors * L; k < n; ++k) total += v[k] * v[k];
   for (int64_t w = 0; w < L; ++w) total += lanes[w];
   return total;
 }
 
-// One (b, s, head) vector: its rstd into *rstd, its normalised, weighted and rotated channels into o (which
-// may be x: x is read completely first). buf holds 2 D values of A, y D values of T: the normalised vector in
-// the storage dtype, which rotate_vector then rotates as rope_cpu would (its vector code included: written
-// out here, the interleaved pairing's complex multiply would be contracted, see rotate_interleaved_out).
+// The rstd of one (b, s, head) vector x: its channels into v (as A), then 1 / sqrt(mean(x²) + eps).
+template <typename T, typename A>
+__attribute__((always_inline)) inline A norm_rstd(const T* __restrict x, A* __restrict v, A eps, int64_t D) {
+  for (int64_t i = 0; i < D; ++i) v[i] = static_cast<A>(x[i]);
+  return A(1) / std::sqrt(aten_sum_of_squares(v, D) / static_cast<A>(D) + eps);
+}
+
+// The normalised, weighted and rotated channels of one vector (v: its channels as A, inv: its rstd) into o.
+// y holds D values of T: the normalised vector in the storage dtype, which rotate_vector then rotates as
+// rope_cpu would (its vector code included: written out here, the interleaved pairing's complex multiply
+// would be contracted, see rotate_interleaved_out).
 template <bool kInterleaved, bool kRoundNormed, typename T, typename A, typename TT>
-__attribute__((always_inline)) inline void norm_rotate_vector(const T* x, T* o, A* __restrict buf, T* __restrict y,
-                                                              const A* __restrict w, const TT* c, const TT* sn, A eps,
-                                                              int64_t D, int64_t r, A* rstd) {
-  A* __restrict v = buf;
-  A* __restrict sq = buf + D;
-  for (int64_t i = 0; i < D; ++i) {
-    v[i] = static_cast<A>(x[i]);
-    sq[i] = v[i] * v[i];
-  }
-  const A inv = A(1) / std::sqrt(aten_sum(sq, D) / static_cast<A>(D) + eps);
-  *rstd = inv;
+__attribute__((always_inline)) inline void norm_rotate_vector(const A* __restrict v, A inv, T* o, T* __restrict y,
+                                                              const A* __restrict w, const TT* c, const TT* sn,
+                                                              int64_t D, int64_t r) {
   for (int64_t i = 0; i < D; ++i) {
     A n = v[i] * inv;
     if constexpr (kRoundNormed) n = static_cast<A>(static_cast<T>(n));
@@ -618,11 +613,13 @@ void norm_run(const std::vector<View>& views, const std::vector<at::Tensor>& wei
     rs.push_back(rstds[i].data_ptr<A>());
     per_token += views[i].heads * D;
   }
+  int64_t heads = 0;
+  for (const auto& v : views) heads = std::max(heads, v.heads);
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, per_token));
   auto loops = [&](auto interleaved_c, auto round_c) {
     constexpr bool kInterleaved = decltype(interleaved_c)::value, kRoundNormed = decltype(round_c)::value;
     at::parallel_for(0, B * S, grain, [&](int64_t begin, int64_t end) {
-      std::vector<A> buf(2 * D);
+      std::vector<A> xs(heads * D), inv(heads);
       std::vector<T> y(D);
       for (int64_t token = begin; token < end; ++token) {
         const int64_t b = token / S, s = token % S, t = rows(b, s);
@@ -633,11 +630,17 @@ void norm_run(const std::vector<View>& views, const std::vector<at::Tensor>& wei
           const TT* cos = static_cast<const TT*>(v.cos);
           const TT* sin = static_cast<const TT*>(v.sin);
           A* rstd = rs[i] + b * rstds[i].stride(0) + s * rstds[i].stride(1);
+          const int64_t rstd_head = rstds[i].stride(2);
+          // every head's rstd first: one vector's sum, square root and divisions are a chain of dependent
+          // instructions, and the heads' chains overlap only when nothing waits for each in turn
+          for (int64_t head = 0; head < v.heads; ++head) {
+            inv[head] = norm_rstd<T, A>(xb + head * v.sh, xs.data() + head * D, eps_a, D);
+            rstd[head * rstd_head] = inv[head];
+          }
           for (int64_t head = 0; head < v.heads; ++head) {
             const int64_t tt = t * v.rs + head * v.hs;
-            norm_rotate_vector<kInterleaved, kRoundNormed, T, A, TT>(
-                xb + head * v.sh, ob + head * v.oh, buf.data(), y.data(), w[i], cos + tt, sin + tt, eps_a, D, r,
-                rstd + head * rstds[i].stride(2));
+            norm_rotate_vector<kInterleaved, kRoundNormed, T, A, TT>(xs.data() + head * D, inv[head], ob + head * v.oh,
+                                                                     y.data(), w[i], cos + tt, sin + tt, D, r);
           }
         }
       }

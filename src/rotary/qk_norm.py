@@ -1,16 +1,18 @@
 """QK-norm then RoPE in one pass: :func:`rmsnorm_rotate`, and :func:`rms_norm`, the norm it fuses.
 
-Qwen3, Qwen3-MoE, Gemma-3 and OLMo-style attention normalise every head of q and k before rotating them
-(QK normalisation, from "Query-Key Normalization for Transformers" and "Scaling Vision Transformers to 22
+Qwen3, Qwen3-MoE and Gemma-3 attention normalise every head of q and k before rotating them (QK
+normalisation, from "Query-Key Normalization for Transformers" and "Scaling Vision Transformers to 22
 Billion Parameters"; the norm is RMSNorm, "Root Mean Square Layer Normalization"). Unfused, that is a
 normalisation of q, one of k, then the rotation ("RoFormer: Enhanced Transformer with Rotary Position
-Embedding"): q and k are read and written three times. :func:`rmsnorm_rotate` reads each once and writes
-each once, and returns what the composition returns:
+Embedding"): the norm writes q and k, the rotation reads them back (and eager torch adds fp32
+intermediates). :func:`rmsnorm_rotate` reads each once and writes each once, and returns what the
+composition returns:
 
 - on the CPU, the compiled kernel gives the composition (Hugging Face's ``Qwen3RMSNorm`` or
   ``Gemma3RMSNorm``, then :func:`rotary.rotate`) bit for bit, for fp32, bf16, fp16 and float64;
 - on CUDA, one Triton launch normalises and rotates q and k; the mean of the squares is summed in another
-  order than torch's, so results may differ from the composition by an ulp;
+  order than torch's, so results may differ from the composition by a few fp32 ulps (in bf16, now and then
+  a rounding by one ulp);
 - without either (no C++ compiler, no Triton), the pure-torch composition runs.
 
 The backward is the composition's gradient, written out (:func:`rotary.kernels.norm.backward`).
@@ -53,7 +55,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, *, eps: float = 1e-6, style:
 
     ``x / sqrt(mean(x²) + eps)`` in fp32 (float64 for float64 inputs), then the weight:
 
-    - ``style="qwen3"`` (``Qwen3RMSNorm``, also Llama's, Qwen3-MoE's and OLMo's): ``weight * n``, with
+    - ``style="qwen3"`` (``Qwen3RMSNorm``, also Qwen3-MoE's and Llama's): ``weight * n``, with
       the normalised ``n`` rounded to ``x.dtype`` first;
     - ``style="gemma3"`` (``Gemma3RMSNorm``): ``n * (1 + weight)`` in fp32, weights stored as offsets
       from 1 (initialised to 0).
@@ -156,8 +158,8 @@ def rmsnorm_rotate(
 
     Equals ``rotary.rotate([rms_norm(q, q_weight), rms_norm(k, k_weight)], tables)``, i.e. what Qwen3's
     and Gemma-3's attention compute with ``q_norm``, ``k_norm`` and ``apply_rotary_pos_emb`` (see
-    :func:`rms_norm` for the two weight conventions): bit for bit on the CPU, within an ulp on CUDA (the
-    mean square is summed in another order). Channels past the rotary dim ``r`` are normalised and not
+    :func:`rms_norm` for the two weight conventions): bit for bit on the CPU, to a few fp32 ulps on CUDA
+    (the mean square is summed in another order). Channels past the rotary dim ``r`` are normalised and not
     rotated. Gradients flow to q, k and both weights; tables that require grad (learnable frequencies)
     take the unfused composition. Nothing is read on the host on a GPU: positions outside the tables give
     NaN and a deferred error (:func:`rotary.check_device_errors`), as in :func:`rotary.rotate`.

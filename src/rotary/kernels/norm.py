@@ -18,7 +18,7 @@ Backends (:func:`run`):
 - the CPU kernel ``rmsnorm_rope`` in ``cpu/rotary.cpp``: one pass, bit for bit the composition (it sums
   the squares in the order of torch's CPU sum kernel);
 - the Triton kernel :func:`run_triton` on CUDA: one launch for q and k, one program per token and block
-  of heads; the sum of squares in Triton's order (not torch's: within an ulp of it);
+  of heads; the sum of squares in Triton's order (not torch's: rstd within a few ulps of the composition's);
 - the pure-torch composition :func:`run_torch` everywhere else (no compiler, no Triton).
 
 Each writes ``rstd`` per vector, which the backward reuses.

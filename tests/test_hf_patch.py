@@ -70,13 +70,19 @@ def attention_modules(model):
 
 @pytest.fixture
 def rotate_calls(monkeypatch):
-    """Counts the tensors rotary rotates: through its backend dispatcher, or through the decoding fast
-    path (``rope_decode``, taken for q and k with Hugging Face's fp32 tables when autograd is off)."""
+    """Counts the tensors rotary rotates: through its backend dispatcher, through the decoding fast
+    path (``rope_decode``, taken for q and k with Hugging Face's fp32 tables when autograd is off), or
+    normalised and rotated by ``rotary.rmsnorm_rotate`` (QK-norm families)."""
     import rotary.kernels.dispatch as dispatch
+    import rotary.kernels.norm as norm
     import rotary.rotation as apply
 
     calls = []
-    real, real_fast = dispatch.rotate, apply._fast_pair
+    real, real_fast, real_norm = dispatch.rotate, apply._fast_pair, norm.apply
+
+    def counting_norm(rotation, *args, **kwargs):
+        calls.extend(x.shape for x in rotation.xs)
+        return real_norm(rotation, *args, **kwargs)
 
     def counting(rotation, *args, **kwargs):
         calls.extend(x.shape for x in rotation.xs)
@@ -90,6 +96,7 @@ def rotate_calls(monkeypatch):
 
     monkeypatch.setattr(dispatch, "rotate", counting)
     monkeypatch.setattr(apply, "_fast_pair", counting_fast)
+    monkeypatch.setattr(norm, "apply", counting_norm)
     return calls
 
 
@@ -130,7 +137,7 @@ def test_patched_logits_equal_unpatched_and_unpatch_restores(model_type, rotate_
         assert "forward" not in m.__dict__  # the class method is back, nothing left on instances
 
 
-@pytest.mark.parametrize("model_type", ["llama", "gpt_neox", "gptj", "glm", "gemma3_text", "gpt_oss", "deepseek_v3"])
+@pytest.mark.parametrize("model_type", ["llama", "gpt_neox", "gptj", "glm", "gemma3_text", "gpt_oss", "deepseek_v3", "qwen3", "qwen3_moe"])
 def test_generation_with_kv_cache_unchanged(model_type):
     model = make_model(model_type, seed=1)
     ids = torch.randint(64, (2, 6))
@@ -221,13 +228,13 @@ def test_kv_caches_are_interchangeable(model_type):
 
 def test_gemma3_both_layer_types_go_through_rotary_with_their_own_tables(monkeypatch):
     seen = []
-    real = hf._apply_pair
+    real = hf.rmsnorm_rotate  # Gemma-3 normalises q and k first: both in one rotary.rmsnorm_rotate call
 
-    def spy(q, k, cos, sin, **kw):
-        seen.append(cos.clone())
-        return real(q, k, cos, sin, **kw)
+    def spy(q, k, q_weight, k_weight, tables, **kw):
+        seen.append(tables.cos.clone())
+        return real(q, k, q_weight, k_weight, tables, **kw)
 
-    monkeypatch.setattr(hf, "_apply_pair", spy)
+    monkeypatch.setattr(hf, "rmsnorm_rotate", spy)
     model = make_model("gemma3_text")
     ids = torch.randint(64, (1, 10))
     with torch.no_grad():
@@ -335,3 +342,132 @@ def test_unsupported_architecture_lists_supported():
 def test_not_a_transformers_model():
     with pytest.raises(TypeError, match="patch expects a transformers model"):
         hf.patch(torch.nn.Linear(2, 2))
+
+
+# QK-norm families: q_norm, k_norm and the rotation in one rotary.rmsnorm_rotate call ---------------------
+
+#: model_type -> the attention module's norm class, whose forward the fused call replaces
+QK_NORM = {"qwen3": "Qwen3RMSNorm", "qwen3_moe": "Qwen3MoeRMSNorm", "gemma3_text": "Gemma3RMSNorm", "gemma3": "Gemma3RMSNorm"}
+
+
+@pytest.fixture
+def fused_calls(monkeypatch):
+    """The calls of rotary.rmsnorm_rotate made by patched attention modules."""
+    calls = []
+    real = hf.rmsnorm_rotate
+
+    def spy(q, k, q_weight, k_weight, tables, **kw):
+        calls.append((q_weight, k_weight, kw["style"]))
+        return real(q, k, q_weight, k_weight, tables, **kw)
+
+    monkeypatch.setattr(hf, "rmsnorm_rotate", spy)
+    return calls
+
+
+def norms(model):
+    return [m for m in model.modules() if type(m).__name__.endswith("RMSNorm") and "forward" in m.__dict__]
+
+
+@pytest.mark.parametrize("model_type", sorted(QK_NORM))
+def test_qk_norm_families_normalise_and_rotate_in_one_call(model_type, fused_calls):
+    model = make_model(model_type)
+    ids = torch.randint(64, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[0, :2] = 0
+    with torch.no_grad():
+        before = model(ids, attention_mask=mask).logits
+        hf.patch(model)
+        patched = model(ids, attention_mask=mask).logits
+    layers = [m for m in attention_modules(model)]
+    assert len(fused_calls) == len(layers) == 2  # one fused call per layer, with that layer's norm weights
+    for (q_weight, k_weight, style), attention in zip(fused_calls, layers):
+        assert q_weight is attention.q_norm.weight and k_weight is attention.k_norm.weight
+        assert style == ("gemma3" if model_type.startswith("gemma3") else "qwen3")
+    assert {type(n).__name__ for n in norms(model)} == {QK_NORM[model_type]} and len(norms(model)) == 4
+    torch.testing.assert_close(patched, before, rtol=1e-5, atol=1e-6)
+    hf.unpatch(model)
+    assert not norms(model) and not hf.is_patched(model)
+    with torch.no_grad():
+        assert model(ids, attention_mask=mask).logits.equal(before)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "gemma3_text"])
+def test_qk_norm_gradients_equal(model_type, fused_calls):
+    """Training through the patched model: every parameter's gradient, the norms' weights included."""
+    model = make_model(model_type)
+    with torch.no_grad():  # norm weights away from their initial 1 (Qwen3) / 0 (Gemma-3)
+        for n in [m for m in model.modules() if type(m).__name__ == QK_NORM[model_type]]:
+            n.weight.uniform_(-0.5, 1.5, generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(64, (2, 7))
+    model(ids, labels=ids).loss.backward()
+    expected = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    hf.patch(model)
+    model(ids, labels=ids).loss.backward()
+    assert len(fused_calls) == 2
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert any("q_norm" in name and expected[name].abs().sum() > 0 for name in expected)
+
+
+def test_qk_norm_bf16_model(fused_calls):
+    model = make_model("qwen3").to(torch.bfloat16)
+    ids = torch.randint(64, (2, 9))
+    with torch.no_grad():
+        expected = model(ids).logits.float()
+        got = hf.patch(model)(ids).logits
+    assert got.dtype == torch.bfloat16 and len(fused_calls) == 2
+    # transformers rotates in bf16, rotary in fp32 then rounds once: a bf16-sized difference at most
+    torch.testing.assert_close(got.float(), expected, rtol=0.02, atol=0.02)
+
+
+def test_qk_norm_weights_of_another_dtype_take_the_norms_own_forward(fused_calls, rotate_calls):
+    """Under autocast q is bf16 and Qwen3's norm weight fp32: Hugging Face's norm returns fp32 then, which
+    the fused call (results in q's dtype) would not; the norms' own forward and rotary's rotation run."""
+    model = make_model("qwen3")
+    ids = torch.randint(64, (2, 9))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = model(ids).logits.float()
+        got = hf.patch(model)(ids).logits.float()
+    assert not fused_calls and len(rotate_calls) == 4
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_qk_norm_patched_deepcopy_uses_its_own_norms():
+    model = hf.patch(make_model("qwen3"))
+    clone = copy.deepcopy(model)
+    ids = torch.randint(64, (1, 8))
+    with torch.no_grad():
+        before = model(ids).logits
+        for m in clone.modules():
+            if type(m).__name__ == "Qwen3RMSNorm" and "forward" in m.__dict__:
+                m.weight.mul_(3.0)
+        changed = clone(ids).logits
+        assert model(ids).logits.equal(before)  # the original's norms untouched, and used
+        reference = hf.unpatch(copy.deepcopy(clone))(ids).logits
+    assert not torch.allclose(changed, before)
+    torch.testing.assert_close(changed, reference, rtol=1e-5, atol=1e-6)  # the clone's own weights
+
+
+def test_qk_norm_existing_instance_forward_of_a_norm_is_restored():
+    model = make_model("gemma3_text")
+    q_norm = model.model.layers[0].self_attn.q_norm
+    hook = q_norm.forward  # e.g. what an accelerate hook leaves on the instance
+    q_norm.forward = hook
+    hf.patch(model)
+    assert q_norm.forward is not hook
+    hf.unpatch(model)
+    assert q_norm.__dict__["forward"] is hook
+
+
+def test_qk_norm_patched_model_under_torch_compile(fused_calls):
+    """The fused attention finds its norms without closures in the patched globals, which dynamo would
+    guard against the modeling module's own globals (and fail to build the guard)."""
+    model = make_model("qwen3")
+    ids = torch.randint(64, (2, 9))
+    with torch.no_grad():
+        expected = hf.patch(model)(ids).logits
+        torch._dynamo.reset()
+        got = torch.compile(model, backend="aot_eager")(ids).logits
+    assert len(fused_calls) == 4  # eager, then traced
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)

@@ -1,13 +1,14 @@
 """rotary: rotary position embeddings (RoPE) for PyTorch: exact, complete, fast, inspectable."""
 
 # hf, models, nn: layers and models built on RoPE (rotary.hf imports transformers only inside patch())
-from . import analysis, deferred, errors, hf, models, nn, positions, reference, variants
+from . import analysis, deferred, errors, hf, models, nn, positions, qk_norm, reference, variants
 from .deferred import check_device_errors
 from .errors import DeviceInputError, InputError
 from .frequencies import Frequencies, frequencies
 from .functional import apply_rotary, apply_rotary_, apply_rotary_kv_, apply_rotary_qkv_, check_tables
 from .pairing import permute_qk_weight, to_half, to_interleaved
 from .positions import Positions
+from .qk_norm import rmsnorm_rotate
 from .rope import RoPE
 from .rope_types import ROPE_INIT_FUNCTIONS, ROPE_TYPES, ConfigError, register_rope_type
 from .rotation import rotate
@@ -48,8 +49,10 @@ __all__ = [
     "nn",
     "permute_qk_weight",
     "positions",
+    "qk_norm",
     "reference",
     "register_rope_type",
+    "rmsnorm_rotate",
     "rotate",
     "rotate_and_cache",
     "to_half",

@@ -15,21 +15,34 @@ logits equal the unpatched model's up to fp32 rounding. Each replacement produce
 output channel for channel, including DeepSeek-V3's de-interleaving, so a KV cache filled by a
 patched model can be read by an unpatched one and the other way round.
 
+QK-norm families (Qwen3, Qwen3-MoE, Gemma-3), whose attention normalises every head of q and k
+(``q_norm``, ``k_norm``) and then calls ``apply_rotary_pos_emb``: both steps become one
+:func:`rotary.rmsnorm_rotate` call, q and k read and written once. The attention module's instance
+``forward`` runs the class's code as above, its ``apply_rotary_pos_emb`` normalising with that module's
+norms (found through a thread-local record of the attention module running); its ``q_norm`` and
+``k_norm`` get an instance ``forward`` that returns its input (the normalisation happens in the fused call). Weights of another dtype than q (an fp32 Qwen3 weight under autocast, where Hugging
+Face's norm returns fp32) or norms with different ``eps`` take the norms' own ``forward`` and rotary's
+rotation instead. ``unpatch`` removes the instance ``forward`` of the norms too.
+
 Caveat: the patched ``forward`` sees the modeling module's globals as they were when ``patch`` ran
-(anything monkey-patched into transformers later is not seen until ``unpatch``/``patch`` again).
+(anything monkey-patched into transformers later is not seen until ``unpatch``/``patch`` again). While
+patched, forward hooks on ``q_norm``/``k_norm`` see the unnormalised input.
 """
 
 from __future__ import annotations
 
 import importlib
+import threading
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from .pairing import to_half
+from .qk_norm import rmsnorm_rotate
 from .rotation import rotate
 from .tables import RotaryTables
 
@@ -122,9 +135,19 @@ def _apply_gptj(tensor, sin, cos):
 
 
 @dataclass(frozen=True)
+class _QKNorm:
+    """The per-head norm a QK-norm family applies to q and k before ``apply_rotary_pos_emb``."""
+
+    norm_class: str  # its RMSNorm class in the modeling module
+    style: str  # rotary.rmsnorm_rotate's weight convention
+    eps: str  # the attribute holding eps
+
+
+@dataclass(frozen=True)
 class _Family:
     module: str  # transformers modeling module
     replacements: Mapping[str, Callable]  # the global names its attention forward calls -> rotary's versions
+    qk_norm: _QKNorm | None = None  # QK-norm then RoPE: fused into rotary.rmsnorm_rotate
 
 
 _HALF = {"apply_rotary_pos_emb": _apply_half}
@@ -140,11 +163,16 @@ SUPPORTED: dict[str, _Family] = {
     "mistral": _half("mistral"),
     "mixtral": _half("mixtral"),
     "qwen2": _half("qwen2"),
-    "qwen3": _half("qwen3"),
-    "qwen3_moe": _half("qwen3_moe"),
+    "qwen3": _Family("transformers.models.qwen3.modeling_qwen3", _HALF, _QKNorm("Qwen3RMSNorm", "qwen3", "variance_epsilon")),
+    "qwen3_moe": _Family(
+        "transformers.models.qwen3_moe.modeling_qwen3_moe", _HALF, _QKNorm("Qwen3MoeRMSNorm", "qwen3", "variance_epsilon")
+    ),
     "phi3": _half("phi3"),
-    "gemma3": _half("gemma3"),  # Gemma3ForConditionalGeneration: its language model
-    "gemma3_text": _half("gemma3"),  # both layer types: each layer gets the tables of its type from the model
+    # Gemma3ForConditionalGeneration: its language model; both layer types: each layer gets the tables of its type
+    **{
+        model_type: _Family("transformers.models.gemma3.modeling_gemma3", _HALF, _QKNorm("Gemma3RMSNorm", "gemma3", "eps"))
+        for model_type in ("gemma3", "gemma3_text")
+    },
     "gpt_neox": _half("gpt_neox"),
     "gpt_oss": _Family("transformers.models.gpt_oss.modeling_gpt_oss", {"apply_rotary_pos_emb": _apply_gpt_oss}),
     "deepseek_v3": _Family(
@@ -169,6 +197,83 @@ SUPPORTED: dict[str, _Family] = {
 }
 
 _MARK = "_rotary_hf_patch"  # on a patched submodule: the instance ``forward`` it had before (or None)
+_NORM_MARK = "_rotary_hf_patch_norm"  # the same, on the q_norm / k_norm of a fused QK-norm attention
+_FUSED = "_rotary_hf_qk_norm"  # on a fused QK-norm attention: (its forward's code with rotary's globals, _QKNorm)
+
+
+def _deferred_norm(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """The ``forward`` of a patched attention's ``q_norm`` / ``k_norm``: the input as it is; the attention's
+    ``apply_rotary_pos_emb`` normalises and rotates it in one call (:func:`_norm_and_rotate`)."""
+    return hidden_states
+
+
+def _own_norm(norm: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The ``forward`` a deferred norm had before :func:`patch` (an instance one, or its class's)."""
+    previous = norm.__dict__.get(_NORM_MARK)
+    return previous if previous is not None else types.MethodType(type(norm).forward, norm)
+
+
+def _norm_and_rotate(q, k, cos, sin, unsqueeze_dim=1):
+    """``apply_rotary_pos_emb`` of a patched QK-norm attention (the one whose ``forward`` runs in this
+    thread: :func:`_fused_attention_forward`), whose norms were deferred: q and k arrive unnormalised;
+    :func:`rotary.rmsnorm_rotate` normalises them with ``attention.q_norm`` / ``attention.k_norm`` and
+    rotates them with the model's tables. Weights of another dtype than the tensor they normalise
+    (Hugging Face's Qwen3 norm would then return the weight's dtype) and norms with different ``eps`` take
+    the norms' own forward and rotary's rotation."""
+    attention, spec = _RUNNING.attention
+    q_norm, k_norm = attention.q_norm, attention.k_norm
+    layout = _layout(unsqueeze_dim)
+    eps = getattr(q_norm, spec.eps)
+    fits = all(
+        w.dtype == x.dtype or (spec.style == "gemma3" and w.dtype == torch.float32)
+        for w, x in ((q_norm.weight, q), (k_norm.weight, k))
+    )
+    if fits and getattr(k_norm, spec.eps) == eps:
+        tables = RotaryTables.from_tensors(cos, sin, interleaved=False, validate=False)
+        return rmsnorm_rotate(q, k, q_norm.weight, k_norm.weight, tables, eps=eps, style=spec.style, layout=layout)  # type: ignore[arg-type]
+    return _apply_pair(_own_norm(q_norm)(q), _own_norm(k_norm)(k), cos, sin, interleaved=False, layout=layout)
+
+
+#: per thread, the patched QK-norm attention module whose forward is running, and its family's norm
+_RUNNING = threading.local()
+
+
+def _fused_attention_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """The instance ``forward`` of a patched QK-norm attention: its class's ``forward`` code, run with the
+    family's replacements and ``apply_rotary_pos_emb`` = :func:`_norm_and_rotate`, which finds this
+    module's norms in :data:`_RUNNING` (a module-level function: a deep copy of the model, sharing the
+    code, uses its own norms; thread-local: models may run in several threads)."""
+    function, spec = self.__dict__[_FUSED]
+    outer = getattr(_RUNNING, "attention", None)
+    _RUNNING.attention = (self, spec)
+    try:
+        return function(self, *args, **kwargs)
+    finally:
+        _RUNNING.attention = outer
+
+
+def _function(forward: Any, namespace: dict[str, Any]) -> types.FunctionType:
+    """``forward``'s code with ``namespace`` as its globals."""
+    replacement = types.FunctionType(forward.__code__, namespace, forward.__name__, forward.__defaults__, forward.__closure__)
+    replacement.__kwdefaults__ = forward.__kwdefaults__
+    replacement.__qualname__, replacement.__doc__ = forward.__qualname__, forward.__doc__
+    return replacement
+
+
+def _fusable_norms(sub: nn.Module, family: _Family, hf_module: types.ModuleType, names: list[str]) -> bool:
+    """Whether ``sub`` normalises q and k with its family's per-head norms before ``apply_rotary_pos_emb``."""
+    spec = family.qk_norm
+    if spec is None or "apply_rotary_pos_emb" not in names:
+        return False
+    code = type(sub).forward.__code__
+    norm_class = getattr(hf_module, spec.norm_class, None)
+    norms = [getattr(sub, name, None) for name in ("q_norm", "k_norm")]
+    return (
+        norm_class is not None
+        and all(name in code.co_names for name in ("q_norm", "k_norm"))
+        and all(isinstance(n, nn.Module) and type(n).forward is norm_class.forward for n in norms)
+        and all(getattr(n, "weight", None) is not None and tuple(n.weight.shape) == (getattr(sub, "head_dim", None),) for n in norms)
+    )
 
 
 def _family(model: nn.Module) -> _Family:
@@ -197,7 +302,7 @@ def is_patched(model: nn.Module) -> bool:
         TypeError: ``model`` is not an ``nn.Module``.
     """
     _check_module(model, "is_patched")
-    return any(hasattr(m, _MARK) for m in model.modules())
+    return any(_MARK in m.__dict__ or _NORM_MARK in m.__dict__ for m in model.modules())
 
 
 def patch(model: nn.Module) -> nn.Module:
@@ -219,7 +324,8 @@ def patch(model: nn.Module) -> nn.Module:
         RuntimeError: no attention module calls the expected function (an incompatible transformers).
 
     An instance ``forward`` set by someone else (e.g. an accelerate hook) is put aside while
-    patched and restored by :func:`unpatch`.
+    patched and restored by :func:`unpatch`. For Qwen3, Qwen3-MoE and Gemma-3, ``q_norm``, ``k_norm``
+    and the rotation become one :func:`rotary.rmsnorm_rotate` call (see the module docstring).
 
     Example:
         >>> import transformers
@@ -250,11 +356,16 @@ def patch(model: nn.Module) -> nn.Module:
             continue
         namespace = dict(forward.__globals__)
         namespace.update({n: family.replacements[n] for n in names})
-        replacement = types.FunctionType(code, namespace, forward.__name__, forward.__defaults__, forward.__closure__)
-        replacement.__kwdefaults__ = forward.__kwdefaults__
-        replacement.__qualname__, replacement.__doc__ = forward.__qualname__, forward.__doc__
         sub.__dict__[_MARK] = sub.__dict__.get("forward")
-        sub.forward = types.MethodType(replacement, sub)
+        if _fusable_norms(sub, family, hf_module, names):
+            namespace["apply_rotary_pos_emb"] = _norm_and_rotate
+            sub.__dict__[_FUSED] = (_function(forward, namespace), family.qk_norm)
+            sub.forward = types.MethodType(_fused_attention_forward, sub)
+            for norm in (sub.q_norm, sub.k_norm):
+                norm.__dict__[_NORM_MARK] = norm.__dict__.get("forward")
+                norm.forward = types.MethodType(_deferred_norm, norm)
+        else:
+            sub.forward = types.MethodType(_function(forward, namespace), sub)
         patched += 1
     if not patched:
         raise RuntimeError(
@@ -273,11 +384,12 @@ def unpatch(model: nn.Module) -> nn.Module:
         TypeError: ``model`` is not an ``nn.Module``.
     """
     _check_module(model, "unpatch")
-    subs = [m for m in model.modules() if hasattr(m, _MARK)]
+    subs = [m for m in model.modules() if _MARK in m.__dict__ or _NORM_MARK in m.__dict__]
     if not subs:
         raise ValueError(f"this {type(model).__name__} is not patched; nothing to undo")
     for sub in subs:
-        previous = sub.__dict__.pop(_MARK)
+        previous = sub.__dict__.pop(_MARK if _MARK in sub.__dict__ else _NORM_MARK)
+        sub.__dict__.pop(_FUSED, None)
         del sub.__dict__["forward"]
         if previous is not None:
             sub.forward = previous

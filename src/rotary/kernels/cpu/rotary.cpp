@@ -498,6 +498,160 @@ Call prepare(const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& o
   return call;
 }
 
+// ---- Per-head RMSNorm, then the rotation (rotary.rmsnorm_rotate) --------------------------------------
+//
+// Each (b, s, head) vector x of D channels: rstd = 1 / sqrt(mean(x²) + eps), n = x rstd, y = w n rounded to
+// the storage dtype; y is then rotated as above (channels past r copied) and rounded once. Qwen3RMSNorm rounds
+// n to the storage dtype before the weight multiplies it (kRoundNormed); Gemma3RMSNorm multiplies in fp32 by
+// (1 + weight), which the caller passes as w, and rounds once. Every step is the operation Hugging Face's
+// module does, in its order and precision, so the result is theirs bit for bit. That includes the mean of the
+// squares: they are summed in the order of ATen's CPU sum kernel (aten/src/ATen/native/cpu/SumKernel.cpp), and
+// divided by D, as torch's mean does on the CPU.
+
+// ceil(log2(x)), and 1 for x <= 2: ATen's utils::CeilLog2.
+inline int64_t ceil_log2(int64_t x) {
+  if (x <= 2) return 1;
+  int64_t bits = 0;
+  for (uint64_t v = static_cast<uint64_t>(x - 1); v; v >>= 1) ++bits;
+  return bits;
+}
+
+// ATen's row_sum over n non-negative elements (scalars, or vectors of lanes summed lane by lane), load(e)
+// giving element e: the elements as rows of four with four running sums and a cascade of four levels every
+// 2^power rows (multi_row_sum), the elements past the last full row added to sum 0, then sums 1, 2 and 3
+// added to sum 0.
+template <typename E, typename Load>
+inline E aten_row_sum(int64_t n, Load load) {
+  constexpr int64_t kLevels = 4, kRows = 4;
+  const int64_t rows = n / kRows;
+  const int64_t power = std::max<int64_t>(4, ceil_log2(rows) / kLevels);
+  const int64_t step = int64_t(1) << power, mask = step - 1;
+  E acc[kLevels][kRows] = {};
+  int64_t i = 0;
+  auto add_rows = [&](int64_t to) {
+    for (; i < to; ++i)
+      for (int64_t k = 0; k < kRows; ++k) acc[0][k] += load(i * kRows + k);
+  };
+  while (i + step <= rows) {
+    add_rows(i + step);
+    for (int64_t j = 1; j < kLevels; ++j) {
+      for (int64_t k = 0; k < kRows; ++k) {
+        acc[j][k] += acc[j - 1][k];
+        acc[j - 1][k] = E{};
+      }
+      if ((i & (mask << (j * power))) != 0) break;
+    }
+  }
+  add_rows(rows);
+  if (rows >= step) {  // otherwise levels 1 .. 3 hold +0, which adds nothing to sums of squares (never -0)
+    for (int64_t j = 1; j < kLevels; ++j)
+      for (int64_t k = 0; k < kRows; ++k) acc[0][k] += acc[j][k];
+  }
+  for (int64_t e = rows * kRows; e < n; ++e) acc[0][0] += load(e);
+  for (int64_t k = 1; k < kRows; ++k) acc[0][0] += acc[0][k];
+  return acc[0][0];
+}
+
+// The sum of the squares v[e]² of v[0 .. n) in the order torch.sum takes over the squares (a contiguous last
+// dim) on the CPU: vectors of 32 bytes (8 floats, 4 doubles) through row_sum, the leftover values one by one,
+// then the lanes in order (vectorized_inner_sum); fewer values than a vector: row_sum over the values
+// (scalar_inner_sum). 32 bytes is the width ATen's reductions run at: AVX2's (its sum kernel is not compiled
+// for AVX-512, which runs the AVX2 one) and NEON's pair of 128-bit registers; tests/test_rmsnorm_rotate.py
+// checks the result against torch's. The lanes are GCC/Clang vector types: each lane's operations are the
+// scalar ones (each square rounded, then added), in one instruction.
+template <typename A>
+inline A aten_sum_of_squares(const A* v, int64_t n) {
+  constexpr int64_t L = 32 / sizeof(A);
+  if (n < L) return aten_row_sum<A>(n, [v](int64_t e) { return v[e] * v[e]; });
+  typedef A Lanes __attribute__((vector_size(32)));
+  const int64_t vectors = n / L;
+  const Lanes lanes = aten_row_sum<Lanes>(vectors, [v](int64_t e) {
+    Lanes x;
+    std::memcpy(&x, v + e * L, sizeof(x));
+    return x * x;
+  });
+  A total = A(0);
+  for (int64_t k = vectors * L; k < n; ++k) total += v[k] * v[k];
+  for (int64_t w = 0; w < L; ++w) total += lanes[w];
+  return total;
+}
+
+// The rstd of one (b, s, head) vector x: its channels into v (as A), then 1 / sqrt(mean(x²) + eps).
+template <typename T, typename A>
+__attribute__((always_inline)) inline A norm_rstd(const T* __restrict x, A* __restrict v, A eps, int64_t D) {
+  for (int64_t i = 0; i < D; ++i) v[i] = static_cast<A>(x[i]);
+  return A(1) / std::sqrt(aten_sum_of_squares(v, D) / static_cast<A>(D) + eps);
+}
+
+// The normalised, weighted and rotated channels of one vector (v: its channels as A, inv: its rstd) into o.
+// y holds D values of T: the normalised vector in the storage dtype, which rotate_vector then rotates as
+// rope_cpu would (its vector code included: written out here, the interleaved pairing's complex multiply
+// would be contracted, see rotate_interleaved_out).
+template <bool kInterleaved, bool kRoundNormed, typename T, typename A, typename TT>
+__attribute__((always_inline)) inline void norm_rotate_vector(const A* __restrict v, A inv, T* o, T* __restrict y,
+                                                              const A* __restrict w, const TT* c, const TT* sn,
+                                                              int64_t D, int64_t r) {
+  for (int64_t i = 0; i < D; ++i) {
+    A n = v[i] * inv;
+    if constexpr (kRoundNormed) n = static_cast<A>(static_cast<T>(n));
+    y[i] = static_cast<T>(w[i] * n);
+  }
+  rotate_vector<false, kInterleaved, T, A, TT>(y, o, c, sn, A(1), r / 2, r, D);
+}
+
+template <typename T, typename TT>
+void norm_run(const std::vector<View>& views, const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& rstds,
+              int64_t B, int64_t S, int64_t D, int64_t r, const Rows& rows, bool interleaved, bool round_normed,
+              double eps) {
+  using A = typename Acc<T>::type;
+  const A eps_a = static_cast<A>(eps);  // torch adds a Python float to an fp32 tensor as fp32
+  std::vector<const A*> w;
+  std::vector<A*> rs;
+  int64_t per_token = 0;
+  for (size_t i = 0; i < views.size(); ++i) {
+    w.push_back(weights[i].data_ptr<A>());
+    rs.push_back(rstds[i].data_ptr<A>());
+    per_token += views[i].heads * D;
+  }
+  int64_t heads = 0;
+  for (const auto& v : views) heads = std::max(heads, v.heads);
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, per_token));
+  auto loops = [&](auto interleaved_c, auto round_c) {
+    constexpr bool kInterleaved = decltype(interleaved_c)::value, kRoundNormed = decltype(round_c)::value;
+    at::parallel_for(0, B * S, grain, [&](int64_t begin, int64_t end) {
+      std::vector<A> xs(heads * D), inv(heads);
+      std::vector<T> y(D);
+      for (int64_t token = begin; token < end; ++token) {
+        const int64_t b = token / S, s = token % S, t = rows(b, s);
+        for (size_t i = 0; i < views.size(); ++i) {
+          const View& v = views[i];
+          const T* xb = reinterpret_cast<const T*>(v.in) + b * v.sb + s * v.ss;
+          T* ob = reinterpret_cast<T*>(v.out) + b * v.ob + s * v.os;
+          const TT* cos = static_cast<const TT*>(v.cos);
+          const TT* sin = static_cast<const TT*>(v.sin);
+          A* rstd = rs[i] + b * rstds[i].stride(0) + s * rstds[i].stride(1);
+          const int64_t rstd_head = rstds[i].stride(2);
+          // every head's rstd first: one vector's sum, square root and divisions are a chain of dependent
+          // instructions, and the heads' chains overlap only when nothing waits for each in turn
+          for (int64_t head = 0; head < v.heads; ++head) {
+            inv[head] = norm_rstd<T, A>(xb + head * v.sh, xs.data() + head * D, eps_a, D);
+            rstd[head * rstd_head] = inv[head];
+          }
+          for (int64_t head = 0; head < v.heads; ++head) {
+            const int64_t tt = t * v.rs + head * v.hs;
+            norm_rotate_vector<kInterleaved, kRoundNormed, T, A, TT>(xs.data() + head * D, inv[head], ob + head * v.oh,
+                                                                     y.data(), w[i], cos + tt, sin + tt, D, r);
+          }
+        }
+      }
+    });
+  };
+  using Yes = std::true_type;
+  using No = std::false_type;
+  if (interleaved) round_normed ? loops(Yes{}, Yes{}) : loops(Yes{}, No{});
+  else round_normed ? loops(No{}, Yes{}) : loops(No{}, No{});
+}
+
 }  // namespace
 
 // xs[i], outs[i]: [B, S, H_i, D] (outs[i] may be xs[i] itself: in place). cos[i]/sin[i]: the table of
@@ -536,6 +690,42 @@ void rope_table_grad_cpu(const std::vector<at::Tensor>& xs, const std::vector<at
   }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xs[0].scalar_type(), "rope_table_grad_cpu", [&] {
     table_grad<scalar_t, float>(call.views, gcos, gsin, call.B, call.S, call.r, interleaved, conjugate);
+  });
+}
+
+// Per-head RMSNorm of each x, then its rotation (see norm_rotate_vector): xs[i], outs[i], cos[i], sin[i],
+// positions and batch_rows as in rope_cpu; weights[i] [D] and rstds[i] [B, S, H_i] (written: 1 / sqrt(mean(x²)
+// + eps) of each vector, for the backward) in the arithmetic dtype, fp32 (fp64 for fp64 inputs). weights[i] is
+// the factor applied: Qwen3RMSNorm's weight (round_normed: the normalised x is rounded to the storage dtype
+// first), or Gemma3RMSNorm's 1 + weight.
+void rmsnorm_rope_cpu(const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& outs,
+                      const std::vector<at::Tensor>& rstds, const std::vector<at::Tensor>& weights,
+                      const std::vector<at::Tensor>& cos, const std::vector<at::Tensor>& sin,
+                      const std::optional<at::Tensor>& positions, int64_t batch_rows, bool interleaved, bool round_normed,
+                      double eps) {
+  const Call call = prepare(xs, outs, cos, sin, positions, batch_rows);
+  const bool fp64 = xs[0].scalar_type() == at::kDouble;
+  TORCH_CHECK(fp64 == call.double_tables, "rotary: float64 inputs need float64 tables, other inputs fp32 tables");
+  const auto acc = fp64 ? at::kDouble : at::kFloat;
+  TORCH_CHECK(weights.size() == xs.size() && rstds.size() == xs.size(), "rotary: need one weight and one rstd per input");
+  for (size_t i = 0; i < xs.size(); ++i) {
+    TORCH_CHECK(weights[i].scalar_type() == acc && weights[i].dim() == 1 && weights[i].size(0) == call.D &&
+                    weights[i].stride(0) == 1,
+                "rotary: norm weights must be contiguous [D] in the arithmetic dtype (fp32, fp64 for fp64 inputs)");
+    TORCH_CHECK(rstds[i].scalar_type() == acc && rstds[i].dim() == 3 && rstds[i].size(0) == call.B &&
+                    rstds[i].size(1) == call.S && rstds[i].size(2) == xs[i].size(2),
+                "rotary: rstd buffers must be [B, S, H] in the arithmetic dtype");
+  }
+  if (fp64) {
+    norm_run<double, double>(call.views, weights, rstds, call.B, call.S, call.D, call.r, call.rows, interleaved,
+                             round_normed, eps);
+    return;
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xs[0].scalar_type(), "rmsnorm_rope_cpu", [&] {
+    if constexpr (!std::is_same_v<scalar_t, double>) {
+      norm_run<scalar_t, float>(call.views, weights, rstds, call.B, call.S, call.D, call.r, call.rows, interleaved,
+                                round_normed, eps);
+    }
   });
 }
 
@@ -606,4 +796,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "decoding fast path: q, k at positions offset.. or given; [] when the general path is needed");
   m.def("rope", &rope_cpu, "fused rotary embedding over a list of [B, S, H, D] views, one table per view");
   m.def("rope_table_grad", &rope_table_grad_cpu, "per-token gradients of the cos/sin tables");
+  m.def("rmsnorm_rope", &rmsnorm_rope_cpu, "per-head RMSNorm of each [B, S, H, D] view, then its rotation");
 }

@@ -1,0 +1,442 @@
+"""Per-head RMSNorm, then the rotation: the kernels of :func:`rotary.rmsnorm_rotate`, with autograd and ``torch.compile``.
+
+The contract is a :class:`~.contract.Rotation` (``xs`` viewed as ``[B, S, H, D]``, their ``outs``, tables,
+positions; never ``conjugate``) and a :class:`Norm`: per x, a weight ``[D]``; ``eps``; the weight
+convention. Every vector ``x`` of D channels (one head of one token) becomes::
+
+    rstd = 1 / sqrt(mean(x²) + eps)                 # fp32 (fp64 for fp64 inputs)
+    n = x * rstd
+    y = w * round(n)         (style "qwen3": Qwen3RMSNorm, weight w)
+    y = (1 + w) * n          (style "gemma3": Gemma3RMSNorm, weight 1 + w, fp32)
+    out = round(rotate(round(y)))                    # the rotation of :mod:`.contract`
+
+``round`` is the cast to x's dtype: the roundings Hugging Face's modules and rotary's rotation make, at
+the same places, so that the result is the unfused composition's.
+
+Backends (:func:`run`):
+
+- the CPU kernel ``rmsnorm_rope`` in ``cpu/rotary.cpp``: one pass, bit for bit the composition (it sums
+  the squares in the order of torch's CPU sum kernel);
+- the Triton kernel :func:`run_triton` on CUDA: one launch for q and k, one program per token and block
+  of heads; the sum of squares in Triton's order (not torch's: rstd within a few ulps of the composition's);
+- the pure-torch composition :func:`run_torch` everywhere else (no compiler, no Triton).
+
+Each writes ``rstd`` per vector, which the backward reuses.
+
+Backward (:func:`backward`): the autograd composition, written out: the gradient is rotated back by -θ
+(the rotation kernel, ``conjugate``), then RMSNorm's backward in fp32 torch operations, one expression per
+tensor; on every device. Eager autograd goes through :class:`NormRotate` (an ``autograd.Function``);
+``torch.compile`` through the custom op ``rotary::rmsnorm_rope``, whose fake implementation traces with
+``fullgraph=True``. Out of place only: no in-place Function on views under ``torch.compile``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .. import deferred
+from . import dispatch, ops
+from . import triton as triton_kernel
+from .contract import Rotation
+from .eager import run_torch as rotate_torch_path
+from .extension import load_cpu_extension
+
+__all__ = ["STYLES", "Norm", "NormRotate", "apply", "backward", "effective_weight", "norm_rotation_op", "run", "run_torch"]
+
+#: the weight conventions: style -> (the factor is 1 + weight, the normalised x is rounded before the weight)
+STYLES: dict[str, tuple[bool, bool]] = {"qwen3": (False, True), "gemma3": (True, False)}
+
+_CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+@dataclass(frozen=True)
+class Norm:
+    """The normalisation of one call: ``weights[i]`` ``[D]`` for ``xs[i]``, ``eps``, and the convention
+    (``gemma``: the factor is ``1 + weight``, multiplied in fp32; otherwise the weight multiplies the
+    normalised x rounded to x's dtype, as Qwen3RMSNorm does)."""
+
+    weights: tuple[torch.Tensor, ...]
+    eps: float
+    gemma: bool
+
+    @property
+    def round_normed(self) -> bool:
+        return not self.gemma
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The arithmetic dtype for inputs of ``x``'s dtype: float64 for float64, fp32 otherwise."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def effective_weight(weight: torch.Tensor, gemma: bool, compute: torch.dtype) -> torch.Tensor:
+    """The factor applied to the normalised x, contiguous ``[D]`` in ``compute``: ``weight`` (exact: a
+    bf16/fp16 weight is exactly representable in fp32), or Gemma's ``1 + weight`` computed as
+    Gemma3RMSNorm does (``1.0 + weight.float()``)."""
+    w = weight.to(compute)
+    return (1.0 + w if gemma else w).contiguous()
+
+
+def _backend(rotation: Rotation) -> str | None:
+    """``"cpu"``, ``"triton"`` or ``None`` (pure torch) for this call."""
+    x0 = rotation.xs[0]
+    if not all(t.stride(-1) == 1 or t.shape[-1] == 1 for t in (*rotation.xs, *rotation.outs)):
+        return None
+    if not all(c.stride(-1) == 1 and c.stride() == s.stride() for c, s in zip(rotation.cos, rotation.sin)):
+        return None
+    if x0.device.type == "cpu" and x0.dtype in _CPU_DTYPES:
+        return "cpu" if load_cpu_extension() is not None else None
+    if x0.device.type == "cuda" and triton_kernel.available():
+        return "triton"
+    return None
+
+
+def run(rotation: Rotation, norm: Norm, rstds: tuple[torch.Tensor, ...]) -> None:
+    """Normalise and rotate each x of ``rotation`` into its out with the best kernel; ``rstds[i]``
+    (``[B, S, H_i]``, the arithmetic dtype) receives each vector's ``1 / sqrt(mean(x²) + eps)``."""
+    backend = _backend(rotation)
+    weights = [effective_weight(w, norm.gemma, compute_dtype(x)) for w, x in zip(norm.weights, rotation.xs)]
+    if backend == "cpu":
+        load_cpu_extension().rmsnorm_rope(  # type: ignore[union-attr]
+            list(rotation.xs), list(rotation.outs), list(rstds), weights, list(rotation.cos), list(rotation.sin),
+            rotation.positions, rotation.batch_rows, rotation.interleaved, norm.round_normed, norm.eps,
+        )  # fmt: skip
+    elif backend == "triton":
+        run_triton(rotation, weights, rstds, norm.round_normed, norm.eps)
+    else:
+        run_torch(rotation, norm, rstds)
+
+
+def normalise_torch(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm of the last dim of ``x`` as Hugging Face writes it (Qwen3RMSNorm, or Gemma3RMSNorm with
+    ``gemma``), in the arithmetic dtype (fp32, fp64 for fp64 inputs); returns ``(y, rstd)``, ``y`` in x's
+    dtype and ``rstd`` without the channel dim. Autograd sees ordinary torch operations."""
+    compute = compute_dtype(x)
+    xf = x.to(compute)
+    rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    n = xf * rstd
+    if gemma:
+        y = (n * (1.0 + weight.to(compute))).to(x.dtype)
+    else:
+        y = (weight.to(compute) * n.to(x.dtype).to(compute)).to(x.dtype)
+    return y, rstd.squeeze(-1)
+
+
+def run_torch(rotation: Rotation, norm: Norm, rstds: tuple[torch.Tensor, ...]) -> None:
+    """The contract in pure torch: the composition, normalisation then :func:`.eager.run_torch`."""
+    ys = []
+    for x, w, rstd in zip(rotation.xs, norm.weights, rstds):
+        y, r = normalise_torch(x, w, norm.eps, norm.gemma)
+        rstd.copy_(r)
+        ys.append(y)
+    rotate_torch_path(rotation.replace(xs=tuple(ys)))
+
+
+# Triton --------------------------------------------------------------------------------------------
+
+triton = triton_kernel.triton
+tl = triton_kernel.tl
+
+if triton is not None:
+
+    @triton.jit
+    def _norm_rotate_heads(
+        X, OUT, RSTD, W, COS, SIN, b, s, t, poison, heads, H, eps, table_stride, head_stride,
+        sxb, sxs, sxh, sob, sos, soh, srb, srs, srh,
+        HALF: tl.constexpr, D: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_REST: tl.constexpr,
+        INTERLEAVED: tl.constexpr, ROUND_NORMED: tl.constexpr, FP64: tl.constexpr,
+    ):  # fmt: skip
+        """Normalise and rotate ``heads`` (a block of head indices, masked by ``< H``) of token (b, s)
+        with table row ``t``; ``poison`` is 0, or NaN for a token outside the table. Each channel is
+        loaded once: the pairs' two halves, and the channels past the rotated ones."""
+        compute = tl.float64 if FP64 else tl.float32
+        dtype = OUT.dtype.element_ty
+        pair = tl.arange(0, BLOCK_P)
+        if INTERLEAVED:
+            first = 2 * pair
+            second = 2 * pair + 1
+        else:
+            first = pair
+            second = pair + HALF
+        live = heads < H
+        mask = live[:, None] & (pair < HALF)[None, :]
+        x = X + b * sxb + s * sxs + heads[:, None] * sxh
+        o = OUT + b * sob + s * sos + heads[:, None] * soh
+        a = tl.load(x + first[None, :], mask=mask, other=0.0).to(compute)
+        z = tl.load(x + second[None, :], mask=mask, other=0.0).to(compute)
+        squares = tl.sum(a * a + z * z, axis=1)
+        if D > 2 * HALF:
+            rest = 2 * HALF + tl.arange(0, BLOCK_REST)
+            rest_mask = live[:, None] & (rest < D)[None, :]
+            e = tl.load(x + rest[None, :], mask=rest_mask, other=0.0).to(compute)
+            squares += tl.sum(e * e, axis=1)
+        rstd = 1.0 / tl.sqrt(squares / D + eps)
+        tl.store(RSTD + b * srb + s * srs + heads * srh, rstd, mask=live)
+        na = a * rstd[:, None]
+        nz = z * rstd[:, None]
+        if ROUND_NORMED:  # Qwen3RMSNorm: the weight multiplies x's dtype
+            na = na.to(dtype).to(compute)
+            nz = nz.to(dtype).to(compute)
+        wa = tl.load(W + first, mask=pair < HALF, other=0.0)
+        wz = tl.load(W + second, mask=pair < HALF, other=0.0)
+        ya = (wa[None, :] * na).to(dtype).to(compute)
+        yz = (wz[None, :] * nz).to(dtype).to(compute)
+        table = t * table_stride + heads[:, None] * head_stride + first[None, :]
+        c = tl.load(COS + table, mask=mask, other=0.0).to(compute) + poison
+        sn = tl.load(SIN + table, mask=mask, other=0.0).to(compute)
+        tl.store(o + first[None, :], (ya * c - yz * sn).to(dtype), mask=mask)
+        tl.store(o + second[None, :], (yz * c + ya * sn).to(dtype), mask=mask)
+        if D > 2 * HALF:  # channels past the rotated ones: normalised, not rotated
+            ne = e * rstd[:, None]
+            if ROUND_NORMED:
+                ne = ne.to(dtype).to(compute)
+            we = tl.load(W + rest, mask=rest < D, other=0.0)
+            tl.store(o + rest[None, :], (we[None, :] * ne).to(dtype), mask=rest_mask)
+
+    @triton.jit
+    def _norm_rotary_kernel(
+        XQ, OUTQ, RSTDQ, WQ, COSQ, SINQ, XK, OUTK, RSTDK, WK, COSK, SINK, POS, FLAGS,
+        S, HQ, HK, Q_BLOCKS, table_rows, batch_rows, spb, sps, eps,
+        tq_stride, tq_head, sqb, sqs, sqh, soqb, soqs, soqh, srqb, srqs, srqh,
+        tk_stride, tk_head, skb, sks, skh, sokb, soks, sokh, srkb, srks, srkh,
+        HALF: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_REST: tl.constexpr,
+        INTERLEAVED: tl.constexpr, ROUND_NORMED: tl.constexpr, HAS_POSITIONS: tl.constexpr, FP64: tl.constexpr,
+    ):  # fmt: skip
+        # program (token, head block): blocks 0 .. Q_BLOCKS - 1 take q's heads, the rest k's (one launch for
+        # both, as the rotation kernel; positions checked as there, flags set once per token)
+        row = tl.program_id(0)
+        block = tl.program_id(1)
+        b = row // S
+        s = row % S
+        compute = tl.float64 if FP64 else tl.float32
+        if HAS_POSITIONS:
+            t = tl.load(POS + b * spb + s * sps)
+            outside = (t < 0) | (t >= table_rows)
+            if outside & (block == 0):
+                tl.atomic_add(FLAGS, 1)
+                tl.atomic_max(FLAGS + 1, t)
+            t = tl.where(outside, 0, t)
+            poison = tl.where(outside, float("nan"), 0.0).to(compute)
+        else:
+            t = b * batch_rows + s
+            poison = tl.zeros((), dtype=compute)
+        if block < Q_BLOCKS:
+            heads = block * BLOCK_H + tl.arange(0, BLOCK_H)
+            _norm_rotate_heads(
+                XQ, OUTQ, RSTDQ, WQ, COSQ, SINQ, b, s, t, poison, heads, HQ, eps, tq_stride, tq_head,
+                sqb, sqs, sqh, soqb, soqs, soqh, srqb, srqs, srqh,
+                HALF, D, BLOCK_P, BLOCK_REST, INTERLEAVED, ROUND_NORMED, FP64,
+            )  # fmt: skip
+        else:
+            heads = (block - Q_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
+            _norm_rotate_heads(
+                XK, OUTK, RSTDK, WK, COSK, SINK, b, s, t, poison, heads, HK, eps, tk_stride, tk_head,
+                skb, sks, skh, sokb, soks, sokh, srkb, srks, srkh,
+                HALF, D, BLOCK_P, BLOCK_REST, INTERLEAVED, ROUND_NORMED, FP64,
+            )  # fmt: skip
+
+
+def run_triton(
+    rotation: Rotation, weights: list[torch.Tensor], rstds: tuple[torch.Tensor, ...], round_normed: bool, eps: float
+) -> None:
+    """Normalise and rotate each ``[B, S, H, D]`` x (unit stride over D) into its out, two tensors (q and
+    k) per launch; ``weights[i]`` is the factor applied, contiguous ``[D]`` in the arithmetic dtype.
+    Positions are checked in the kernel as in :func:`.triton.run_triton` (NaN and deferred flags)."""
+    if triton is None:
+        raise RuntimeError("rotary: Triton is not installed")
+    n = len(rotation.xs)
+    for i in range(0, n, 2):
+        _launch(rotation, weights, rstds, round_normed, eps, i, i + 1 if i + 1 < n else None)
+
+
+def _launch(
+    rotation: Rotation, weights: list[torch.Tensor], rstds: tuple[torch.Tensor, ...], round_normed: bool, eps: float,
+    i: int, j: int | None,
+) -> None:  # fmt: skip
+    r = rotation.rotary_dim
+    positions = rotation.positions
+    x, out, rstd, w = rotation.xs[i], rotation.outs[i], rstds[i], weights[i]
+    cos, sin = rotation.cos_sin(i)
+    B, S, HQ, D = x.shape
+    if j is None:
+        xk, outk, rstdk, wk, HK = x, out, rstd, w, 0
+        cos_k, sin_k = cos, sin
+    else:
+        xk, outk, rstdk, wk = rotation.xs[j], rotation.outs[j], rstds[j], weights[j]
+        HK = xk.shape[2]
+        cos_k, sin_k = rotation.cos_sin(j)
+    if B * S == 0 or HQ + HK == 0:
+        return
+    block_h = min(triton.next_power_of_2(max(HQ, HK, 1)), 4)
+    q_blocks = triton.cdiv(HQ, block_h)
+    pos = positions if positions is not None else cos  # placeholder pointer, unused without positions
+    spb, sps = (positions.stride(0), positions.stride(1)) if positions is not None else (0, 0)
+    flags = deferred.flags(x.device) if positions is not None else cos  # placeholder without positions
+    grid = (B * S, q_blocks + triton.cdiv(HK, block_h))
+    head = lambda t: t.stride(1) if t.dim() == 3 else 0  # noqa: E731  (per-head tables [N, H, r])
+    _norm_rotary_kernel[grid](
+        x, out, rstd, w, cos, sin, xk, outk, rstdk, wk, cos_k, sin_k, pos, flags,
+        S, HQ, HK, q_blocks, cos.shape[0], rotation.batch_rows, spb, sps, eps,
+        cos.stride(0), head(cos), *x.stride()[:3], *out.stride()[:3], *rstd.stride(),
+        cos_k.stride(0), head(cos_k), *xk.stride()[:3], *outk.stride()[:3], *rstdk.stride(),
+        HALF=r // 2, D=D, BLOCK_H=block_h, BLOCK_P=triton.next_power_of_2(r // 2),
+        BLOCK_REST=triton.next_power_of_2(max(D - r, 1)), INTERLEAVED=rotation.interleaved,
+        ROUND_NORMED=round_normed, HAS_POSITIONS=positions is not None, FP64=x.dtype == torch.float64,
+    )  # fmt: skip
+
+
+# forward and backward ----------------------------------------------------------------------------
+
+
+def forward(rotation: Rotation, norm: Norm) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """New outputs (laid out like the xs) and rstds ``[B, S, H_i]`` of one call."""
+    outs = tuple(torch.empty_like(x) for x in rotation.xs)
+    rstds = tuple(x.new_empty(x.shape[:3], dtype=compute_dtype(x)) for x in rotation.xs)
+    run(rotation.replace(outs=outs), norm, rstds)
+    return list(outs), list(rstds)
+
+
+def backward(
+    rotation: Rotation,
+    norm: Norm,
+    rstds: tuple[torch.Tensor, ...],
+    grads: tuple[torch.Tensor | None, ...],
+    *,
+    op: bool = False,
+) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
+    """Gradients ``(d xs, d weights)`` for output gradients ``grads`` (``None``: that output got none).
+
+    The autograd composition, written out in the arithmetic dtype: ``g_y`` is the gradient rotated back
+    by -θ (the rotation kernel, ``conjugate``); with ``n = x * rstd``, the factor ``f`` (weight, or
+    ``1 + weight``) and ``m`` the value it multiplied (``n``, rounded to x's dtype for Qwen3):
+    ``d weight = Σ_tokens,heads g_y * m``, ``g_n = g_y * f`` and
+    ``d x = rstd * (g_n - n * mean(g_n * n))`` (the roundings count as identities, as autograd counts
+    casts). Differentiable when grad mode is on (``create_graph=True``). ``op``: rotate through the
+    custom op ``rotary::rope`` (the backward of ``rotary::rmsnorm_rope``, traced by AOT autograd).
+    """
+    present = [i for i, g in enumerate(grads) if g is not None]
+    grad_xs: list[torch.Tensor | None] = [None] * len(grads)
+    grad_ws: list[torch.Tensor | None] = [None] * len(grads)
+    if not present:
+        return grad_xs, grad_ws
+    xs = [rotation.xs[i] for i in present]
+    gs = tuple(grads[i].to(compute_dtype(x)) for i, x in zip(present, xs))  # type: ignore[union-attr]
+    back = rotation.replace(
+        xs=gs, outs=gs, cos=tuple(rotation.cos[i] for i in present), sin=tuple(rotation.sin[i] for i in present),
+        conjugate=True,
+    )  # fmt: skip
+    if op:
+        g_ys = ops.rotation_op(list(back.xs), list(back.cos), list(back.sin), back.positions, back.batch_rows, back.interleaved, True)
+    else:
+        g_ys = dispatch.rotate(back, inplace=False)
+    for i, x, g_y in zip(present, xs, g_ys):
+        compute = compute_dtype(x)
+        weight = norm.weights[i]
+        xf = x.to(compute)
+        if torch.is_grad_enabled():  # create_graph: rstd as a function of x, for the second derivative
+            rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + norm.eps)
+        else:
+            rstd = rstds[i].unsqueeze(-1)
+        n = xf * rstd
+        if norm.gemma:
+            factor, multiplied = 1.0 + weight.to(compute), n
+        else:
+            factor, multiplied = weight.to(compute), n.to(x.dtype).to(compute)
+        grad_ws[i] = (g_y * multiplied).sum((0, 1, 2)).to(weight.dtype)
+        g_n = g_y * factor
+        grad_xs[i] = (rstd * (g_n - n * (g_n * n).mean(-1, keepdim=True))).to(x.dtype)
+    return grad_xs, grad_ws
+
+
+class NormRotate(torch.autograd.Function):
+    """Eager autograd: ``NormRotate.apply(rotation, norm, *xs, *weights)`` -> the outputs.
+
+    The tables (in ``rotation``) do not require grad here (:func:`rotary.rmsnorm_rotate` takes the
+    unfused composition for tables that do). Saves the inputs and the rstds; the backward is
+    :func:`backward`.
+    """
+
+    @staticmethod
+    def forward(ctx, rotation: Rotation, norm: Norm, *tensors):  # type: ignore[override]
+        n = len(rotation.xs)
+        xs, weights = tensors[:n], tensors[n:]
+        rot = rotation.replace(xs=tuple(xs), outs=tuple(xs))
+        nrm = Norm(tuple(weights), norm.eps, norm.gemma)
+        outs, rstds = forward(rot, nrm)
+        ctx.rotation = rot.replace(xs=(), outs=())
+        ctx.norm = Norm((), norm.eps, norm.gemma)
+        ctx.save_for_backward(*xs, *weights, *rstds)
+        ctx.set_materialize_grads(False)  # an output that gets no gradient gives its input none
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grads):  # type: ignore[override]
+        n = len(grads)
+        saved = ctx.saved_tensors
+        xs, weights, rstds = saved[:n], saved[n : 2 * n], saved[2 * n :]
+        rot = ctx.rotation.replace(xs=tuple(xs), outs=tuple(xs))
+        grad_xs, grad_ws = backward(rot, Norm(tuple(weights), ctx.norm.eps, ctx.norm.gemma), tuple(rstds), grads)
+        return (None, None, *grad_xs, *grad_ws)
+
+
+# custom op (torch.compile) ---------------------------------------------------------------------------
+
+
+@torch.library.custom_op("rotary::rmsnorm_rope", mutates_args=())
+def norm_rotation_op(
+    xs: list[torch.Tensor],
+    weights: list[torch.Tensor],
+    cos: list[torch.Tensor],
+    sin: list[torch.Tensor],
+    positions: torch.Tensor | None,
+    batch_rows: int,
+    interleaved: bool,
+    gemma: bool,
+    eps: float,
+) -> list[torch.Tensor]:
+    """The outputs, then the rstds, of :func:`forward`."""
+    rotation = Rotation(tuple(xs), tuple(xs), tuple(cos), tuple(sin), positions, batch_rows, interleaved)
+    outs, rstds = forward(rotation, Norm(tuple(weights), eps, gemma))
+    return outs + rstds
+
+
+@norm_rotation_op.register_fake
+def _(xs, weights, cos, sin, positions, batch_rows, interleaved, gemma, eps):
+    return [torch.empty_like(x) for x in xs] + [x.new_empty(x.shape[:3], dtype=compute_dtype(x)) for x in xs]
+
+
+def _setup(ctx, inputs, output):
+    xs, weights, cos, sin, positions, batch_rows, interleaved, gemma, eps = inputs
+    n = len(xs)
+    ctx.save_for_backward(*xs, *weights, *cos, *sin, *output[n:], positions)
+    ctx.n, ctx.batch_rows, ctx.interleaved, ctx.gemma, ctx.eps = n, batch_rows, interleaved, gemma, eps
+
+
+def _op_backward(ctx, grads):
+    n = ctx.n
+    *saved, positions = ctx.saved_tensors
+    xs, weights, cos, sin, rstds = (tuple(saved[i * n : (i + 1) * n]) for i in range(5))
+    rotation = Rotation(xs, xs, cos, sin, positions, ctx.batch_rows, ctx.interleaved)
+    grad_xs, grad_ws = backward(rotation, Norm(weights, ctx.eps, ctx.gemma), rstds, tuple(grads[:n]), op=True)
+    return grad_xs, grad_ws, [None] * n, [None] * n, None, None, None, None, None
+
+
+norm_rotation_op.register_autograd(_op_backward, setup_context=_setup)
+
+
+def apply(rotation: Rotation, norm: Norm) -> list[torch.Tensor]:
+    """Normalise and rotate every ``[B, S, H, D]`` x of ``rotation`` (its ``outs`` are ignored): straight
+    to the kernel without autograd, through :class:`NormRotate` under eager autograd, through the custom
+    op while ``torch.compile`` traces. Returns new tensors laid out like the xs."""
+    xs = rotation.xs
+    if torch.compiler.is_compiling():
+        outs = norm_rotation_op(
+            list(xs), list(norm.weights), list(rotation.cos), list(rotation.sin), rotation.positions,
+            rotation.batch_rows, rotation.interleaved, norm.gemma, norm.eps,
+        )  # fmt: skip
+        return list(outs[: len(xs)])
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (*xs, *norm.weights)):
+        return list(NormRotate.apply(rotation, norm, *xs, *norm.weights))
+    return forward(rotation, norm)[0]

@@ -1,0 +1,234 @@
+"""QK-norm then RoPE in one pass: :func:`rmsnorm_rotate`, and :func:`rms_norm`, the norm it fuses.
+
+Qwen3, Qwen3-MoE and Gemma-3 attention normalise every head of q and k before rotating them (QK
+normalisation, from "Query-Key Normalization for Transformers" and "Scaling Vision Transformers to 22
+Billion Parameters"; the norm is RMSNorm, "Root Mean Square Layer Normalization"). Unfused, that is a
+normalisation of q, one of k, then the rotation ("RoFormer: Enhanced Transformer with Rotary Position
+Embedding"): the norm writes q and k, the rotation reads them back (and eager torch adds fp32
+intermediates). :func:`rmsnorm_rotate` reads each once and writes each once, and returns what the
+composition returns:
+
+- on the CPU, the compiled kernel gives the composition (Hugging Face's ``Qwen3RMSNorm`` or
+  ``Gemma3RMSNorm``, then :func:`rotary.rotate`) bit for bit, for fp32, bf16, fp16 and float64;
+- on CUDA, one Triton launch normalises and rotates q and k; the mean of the squares is summed in another
+  order than torch's, so results may differ from the composition by a few fp32 ulps (in bf16, now and then
+  a rounding by one ulp);
+- without either (no C++ compiler, no Triton), the pure-torch composition runs.
+
+The backward is the composition's gradient, written out (:func:`rotary.kernels.norm.backward`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+
+from . import positions as P
+from ._checks import check_choice, check_positive_float
+from .kernels import norm as kernels
+from .kernels.contract import Rotation
+from .positions import Positions
+from .rotation import Layout, _addressing, _check_inputs, _flatten, check_layout, rotate
+from .tables import RotaryTables, table_dtype
+
+__all__ = ["STYLES", "Style", "rms_norm", "rmsnorm_rotate"]
+
+Style = Literal["qwen3", "gemma3"]
+#: the weight conventions :func:`rmsnorm_rotate` and :func:`rms_norm` take (see :func:`rms_norm`)
+STYLES: tuple[str, ...] = tuple(kernels.STYLES)
+
+
+def _check_style(style: Any) -> bool:
+    """``True`` for Gemma's convention (the factor is ``1 + weight``)."""
+    return kernels.STYLES[check_choice(style, "style", STYLES)][0]
+
+
+def _check_eps(eps: Any) -> float:
+    if isinstance(eps, torch.Tensor):
+        raise TypeError(f"eps must be a Python number > 0 (e.g. config.rms_norm_eps), got a tensor of shape {tuple(eps.shape)}")
+    return check_positive_float(eps, "eps")
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, *, eps: float = 1e-6, style: Style = "qwen3") -> torch.Tensor:
+    """RMSNorm over the last dim of ``x``, exactly as Hugging Face's modules compute it.
+
+    ``x / sqrt(mean(x²) + eps)`` in fp32 (float64 for float64 inputs), then the weight:
+
+    - ``style="qwen3"`` (``Qwen3RMSNorm``, also Qwen3-MoE's and Llama's): ``weight * n``, with
+      the normalised ``n`` rounded to ``x.dtype`` first;
+    - ``style="gemma3"`` (``Gemma3RMSNorm``): ``n * (1 + weight)`` in fp32, weights stored as offsets
+      from 1 (initialised to 0).
+
+    The result has ``x``'s dtype. This is the norm :func:`rmsnorm_rotate` fuses, as a plain torch
+    function (differentiable, traceable by ``torch.compile``).
+
+    Args:
+        x: ``[..., D]``, fp32, bf16, fp16 or float64.
+        weight: ``[D]``, of ``x``'s dtype or fp32.
+        eps: added to the mean square, a finite number > 0.
+        style: ``"qwen3"`` or ``"gemma3"``.
+
+    Returns:
+        ``[..., D]`` in ``x.dtype``.
+
+    Example:
+        >>> x = torch.tensor([[3.0, 4.0]])
+        >>> rms_norm(x, torch.ones(2), eps=1e-12)  # the mean square is 12.5
+        tensor([[0.8485, 1.1314]])
+        >>> torch.equal(rms_norm(x, torch.zeros(2), style="gemma3"), rms_norm(x, torch.ones(2)))
+        True
+    """
+    gemma = _check_style(style)
+    eps = _check_eps(eps)
+    if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
+        raise TypeError(f"x and weight must be tensors, got {type(x).__name__} and {type(weight).__name__}")
+    _check_weight(weight, "weight", x, x.shape[-1] if x.dim() else 0)
+    return kernels.normalise_torch(x, weight, eps, gemma)[0]
+
+
+def _check_weight(weight: Any, name: str, x: torch.Tensor, head_dim: int) -> None:
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor [D] (the norm's weight, e.g. attention.q_norm.weight), got {type(weight).__name__}")
+    if weight.shape != (head_dim,):
+        hint = ""
+        if weight.dim() == 1 and head_dim and weight.shape[0] % head_dim == 0:
+            hint = (
+                f" ({weight.shape[0]} = {weight.shape[0] // head_dim} heads x {head_dim}: a norm over all heads at "
+                "once, as OLMo-2's, is not a per-head RMSNorm; normalise the [B, S, H * D] projection with it "
+                "first and rotate with rotary.RoPE)"
+            )
+        raise ValueError(
+            f"{name} must be [D] = [{head_dim}], one weight per channel of a head, as Qwen3RMSNorm(head_dim).weight; "
+            f"got shape {tuple(weight.shape)}{hint}"
+        )
+    if weight.dtype not in (x.dtype, torch.float32):
+        raise TypeError(
+            f"{name} has dtype {weight.dtype} but the tensor it normalises has {x.dtype}: pass a weight of "
+            f"{x.dtype} or fp32 (e.g. {name}.to({x.dtype}))"
+        )
+    if weight.device != x.device:
+        raise ValueError(f"{name} is on {weight.device} but the tensor it normalises is on {x.device}; move it with .to()")
+
+
+def _tables(
+    rope: Any, q: torch.Tensor, position_ids: Any, offset: int, batch: int, seq_len: int, head_dim: int
+) -> RotaryTables:
+    """The tables of the call: given, or made by ``rope`` for these tokens as :meth:`rotary.RoPE.forward` makes them."""
+    dtype = table_dtype(q.dtype)
+    if isinstance(rope, RotaryTables):
+        if position_ids is not None or (type(offset) is not int or offset != 0):
+            raise ValueError(
+                "rope is RotaryTables, which already say where each token is: pass position_ids and offset to "
+                "rope.tables(...) instead, or pass the RoPE module itself"
+            )
+        return rope
+    if not hasattr(rope, "tables"):
+        raise TypeError(
+            "rope must be a table producer (rotary.RoPE, rotary.MRoPE, a variant) or RotaryTables from "
+            f"rope.tables(positions), got {type(rope).__name__}"
+        )
+    width = getattr(rope, "head_dim", head_dim)
+    if width != head_dim:
+        raise ValueError(f"q and k have head_dim {head_dim} but this {type(rope).__name__} was built for head_dim={width}")
+    if hasattr(rope, "input_tables"):  # positions of its own kind (M-RoPE's [3, B, S], coordinates)
+        if type(offset) is not int or offset != 0:
+            raise ValueError(f"offset is for 1-D positions; {type(rope).__name__} takes position_ids of its own kind")
+        return rope.input_tables(position_ids, batch=batch, seq_len=seq_len, device=q.device, dtype=dtype)
+    positions = P.from_call(
+        batch=batch, seq_len=seq_len, packed=False, device=q.device, position_ids=position_ids, offset=offset
+    )
+    return rope.tables(positions, dtype=dtype)
+
+
+def rmsnorm_rotate(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    rope: Any,
+    *,
+    position_ids: torch.Tensor | Positions | None = None,
+    offset: int = 0,
+    eps: float = 1e-6,
+    style: Style = "qwen3",
+    layout: Layout = "bhsd",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-head RMSNorm of q and k (each with its weight), then RoPE: one pass over q and k.
+
+    Equals ``rotary.rotate([rms_norm(q, q_weight), rms_norm(k, k_weight)], tables)``, i.e. what Qwen3's
+    and Gemma-3's attention compute with ``q_norm``, ``k_norm`` and ``apply_rotary_pos_emb`` (see
+    :func:`rms_norm` for the two weight conventions): bit for bit on the CPU, to a few fp32 ulps on CUDA
+    (the mean square is summed in another order). Channels past the rotary dim ``r`` are normalised and not
+    rotated. Gradients flow to q, k and both weights; tables that require grad (learnable frequencies)
+    take the unfused composition. Nothing is read on the host on a GPU: positions outside the tables give
+    NaN and a deferred error (:func:`rotary.check_device_errors`), as in :func:`rotary.rotate`.
+
+    Args:
+        q: ``[B, Hq, S, D]`` (``layout="bhsd"``) or ``[B, S, Hq, D]`` (``"bshd"``), any strides with
+            a unit stride over D (views of a projection output are read in place).
+        k: same layout, ``Hk`` heads (GQA: ``Hk`` may differ from ``Hq``), same B, S, D and dtype.
+        q_weight: ``[D]``, the q norm's weight (e.g. ``attention.q_norm.weight``), q's dtype or fp32.
+        k_weight: ``[D]``, the k norm's weight.
+        rope: where the tables come from, as :meth:`rotary.RoPE.forward` takes positions: a
+            :class:`rotary.RoPE` (or a variant with ``tables(positions)``) with ``position_ids`` /
+            ``offset``; a producer with its own positions, such as :class:`rotary.MRoPE` with ids
+            ``[3, B, S]``; or :class:`~rotary.tables.RotaryTables` made for these tokens
+            (``rope.tables(...)``, per-token M-RoPE tables ``[B, S, r]`` included).
+        position_ids: ``[S]`` or ``[B, S]`` (default ``offset + arange(S)``), or the producer's own ids.
+        offset: first position when ``position_ids`` is None (decoding with a KV cache).
+        eps: added to the mean square (``config.rms_norm_eps``), a finite number > 0.
+        style: ``"qwen3"`` (``Qwen3RMSNorm``: ``weight * round(n)``) or ``"gemma3"``
+            (``Gemma3RMSNorm``: ``(1 + weight) * n`` in fp32).
+        layout: ``"bhsd"`` or ``"bshd"``.
+
+    Returns:
+        ``(q_out, k_out)``, new tensors with the shapes and dtypes of ``q`` and ``k``.
+
+    Example:
+        >>> rope = rotary.RoPE(64)
+        >>> q, k = torch.randn(2, 8, 5, 64), torch.randn(2, 2, 5, 64)  # GQA: 8 q heads, 2 k heads
+        >>> wq, wk = torch.rand(64), torch.rand(64)
+        >>> q_out, k_out = rotary.rmsnorm_rotate(q, k, wq, wk, rope, offset=7)
+        >>> unfused = rope(rotary.qk_norm.rms_norm(q, wq), rotary.qk_norm.rms_norm(k, wk), offset=7)
+        >>> torch.equal(q_out, unfused[0]) and torch.equal(k_out, unfused[1])
+        True
+    """
+    gemma = _check_style(style)
+    eps = _check_eps(eps)
+    _check_inputs((q, k), ("q", "k"), packed=False)
+    batch_dim, seq_dim = check_layout(layout)
+    if q.shape[batch_dim] != k.shape[batch_dim] or q.shape[seq_dim] != k.shape[seq_dim] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"k has shape {tuple(k.shape)} but q has {tuple(q.shape)}: need the same B, S and D (layout {layout!r})")
+    batch, seq_len, head_dim = q.shape[batch_dim], q.shape[seq_dim], q.shape[-1]
+    _check_weight(q_weight, "q_weight", q, head_dim)
+    _check_weight(k_weight, "k_weight", k, head_dim)
+    tables = _tables(rope, q, position_ids, offset, batch, seq_len, head_dim)
+    if not isinstance(tables, RotaryTables):
+        raise TypeError(f"{type(rope).__name__}.tables(...) returned {type(tables).__name__}, not RotaryTables")
+    r = tables.rotary_dim
+    if r > head_dim:
+        raise ValueError(f"the tables rotate r={r} channels but q and k have head_dim={head_dim}; need r <= head_dim")
+    if tables.cos.device != q.device:
+        raise ValueError(f"cos/sin are on {tables.cos.device} but q is on {q.device}; move them with .to(q.device)")
+    if tables.heads is not None:
+        for x, name in ((q, "q"), (k, "k")):
+            heads = x.shape[1] if layout == "bhsd" else x.shape[2]
+            if heads != tables.heads:
+                raise ValueError(f"{name} has {heads} heads but the per-head tables were built for {tables.heads}")
+    if torch.is_grad_enabled() and (tables.cos.requires_grad or tables.sin.requires_grad):
+        # learnable frequencies: rotary.rotate carries the tables' gradient
+        ys = [kernels.normalise_torch(x, w, eps, gemma)[0] for x, w in ((q, q_weight), (k, k_weight))]
+        q_out, k_out = rotate(ys, tables, layout=layout, kinds=("q", "k"), names=("q", "k"))
+        return q_out, k_out
+    wanted = table_dtype(q.dtype)
+    if tables.cos.dtype != wanted:
+        tables = tables.to(wanted)
+    positions, batch_rows, flat = _addressing(tables, batch, seq_len, False, layout, q.shape)
+    key_flat = flat if tables.k_cos is None else _flatten(tables.key_tables(), tables, batch)
+    views = (q.transpose(1, 2), k.transpose(1, 2)) if layout == "bhsd" else (q, k)
+    rotation = Rotation(views, views, (flat[0], key_flat[0]), (flat[1], key_flat[1]), positions, batch_rows, tables.interleaved)
+    q_out, k_out = kernels.apply(rotation, kernels.Norm((q_weight, k_weight), eps, gemma))
+    if layout == "bhsd":
+        return q_out.transpose(1, 2), k_out.transpose(1, 2)
+    return q_out, k_out

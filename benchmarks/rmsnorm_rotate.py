@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = run_shape(args, text, device, bandwidth)
         limit = rows[-1][1]
         for method, seconds in rows:
-            print(f"{text:>8}  {method:<22}{seconds * 1e6:>12.1f}  {seconds / limit:>15.2f}")
+            print(f"{text:>8}  {method:<22}{seconds * 1e6:>12.2f}  {seconds / limit:>15.2f}")
     return 0
 
 

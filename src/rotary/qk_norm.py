@@ -28,9 +28,8 @@ from . import positions as P
 from ._checks import check_choice, check_positive_float
 from .kernels import norm as kernels
 from .kernels.contract import Rotation
-from .kernels.ops import TRANSFORMED, transformed
 from .positions import Positions
-from .rotation import Layout, check_layout, rotate
+from .rotation import Layout, addressing, check_inputs, check_layout, kernel_tables, rotate
 from .tables import RotaryTables, table_dtype
 
 __all__ = ["STYLES", "Style", "rms_norm", "rmsnorm_rotate"]
@@ -47,7 +46,9 @@ def _check_style(style: Any) -> bool:
 
 def _check_eps(eps: Any) -> float:
     if isinstance(eps, torch.Tensor):
-        raise TypeError(f"eps must be a Python number > 0 (e.g. config.rms_norm_eps), got a tensor of shape {tuple(eps.shape)}")
+        raise TypeError(
+            f"eps must be a Python number > 0 (e.g. config.rms_norm_eps), got a tensor of shape {tuple(eps.shape)}"
+        )
     return check_positive_float(eps, "eps")
 
 
@@ -90,7 +91,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, *, eps: float = 1e-6, style:
 
 def _check_weight(weight: Any, name: str, x: torch.Tensor, head_dim: int) -> None:
     if not isinstance(weight, torch.Tensor):
-        raise TypeError(f"{name} must be a tensor [D] (the norm's weight, e.g. attention.q_norm.weight), got {type(weight).__name__}")
+        raise TypeError(
+            f"{name} must be a tensor [D] (the norm's weight, e.g. attention.q_norm.weight), got {type(weight).__name__}"
+        )
     if weight.shape != (head_dim,):
         hint = ""
         if weight.dim() == 1 and head_dim and weight.shape[0] % head_dim == 0:
@@ -109,59 +112,9 @@ def _check_weight(weight: Any, name: str, x: torch.Tensor, head_dim: int) -> Non
             f"{x.dtype} or fp32 (e.g. {name}.to({x.dtype}))"
         )
     if weight.device != x.device:
-        raise ValueError(f"{name} is on {weight.device} but the tensor it normalises is on {x.device}; move it with .to()")
-
-
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-
-
-def _check_qk(q: Any, k: Any) -> None:
-    """q and k: 4-D tensors of one supported dtype, on one device (the checks of :func:`rotary.rotate`)."""
-    for x, name in ((q, "q"), (k, "k")):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if transformed(x):
-            raise TypeError(TRANSFORMED.format(name=name))
-        if x.dtype not in _DTYPES:
-            raise TypeError(f"{name} must be fp32, bf16, fp16 or fp64, got dtype {x.dtype}; cast it and cast the result back")
-        if x.dim() != 4:
-            raise ValueError(f"{name} must be 4-D ([B, H, S, D] or [B, S, H, D]), got shape {tuple(x.shape)}")
-    if q.dtype != k.dtype:
-        raise TypeError(f"q and k must share a dtype, got {q.dtype} for q and {k.dtype} for k; cast one of them")
-    if q.device != k.device:
-        raise ValueError(f"q is on {q.device} but k on {k.device}; move them to one device")
-
-
-def _kernel_tables(pair: tuple[torch.Tensor, torch.Tensor], tables: RotaryTables, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernels' ``[N, r]`` (``[N, H, r]``) form of a pair of tables in ``tables``' addressing."""
-    cos, sin = pair
-    if tables.addressing == "per_token":  # [B or 1, S, (H,) r]: row b * S + s
-        cos, sin = (cos[0], sin[0]) if cos.shape[0] == 1 else (cos.flatten(0, 1), sin.flatten(0, 1))
-    if cos.stride(-1) != 1 or sin.stride() != cos.stride():
-        cos, sin = cos.contiguous(), sin.contiguous()
-    return cos, sin
-
-
-def _addressing(tables: RotaryTables, batch: int, seq_len: int, layout: str) -> tuple[torch.Tensor | None, int]:
-    """Check that the tables fit ``batch`` x ``seq_len`` tokens; the kernels' ``(positions, batch_rows)``."""
-    cos = tables.cos
-    if tables.addressing == "indexed":
-        rows = tables.rows
-        assert rows is not None
-        if rows.dim() not in (1, 2) or rows.shape[-1] != seq_len or (rows.dim() == 2 and rows.shape[0] not in (1, batch)):
-            raise ValueError(
-                f"the tables' position_ids have shape {tuple(rows.shape)} but q and k have B={batch}, S={seq_len} "
-                f"(layout {layout!r}); make them for [S] or [B, S] positions"
-            )
-        return rows.expand(batch, seq_len), 0
-    seq_axis = cos.dim() - (2 if tables.heads is None else 3)
-    if cos.shape[seq_axis] != seq_len:
-        raise ValueError(f"cos/sin cover S={cos.shape[seq_axis]} positions but q and k have S={seq_len} (layout {layout!r})")
-    if tables.addressing == "per_token":
-        if cos.shape[0] not in (1, batch):
-            raise ValueError(f"cos/sin have batch {cos.shape[0]} but q and k have batch {batch} (layout {layout!r})")
-        return None, seq_len if cos.shape[0] > 1 else 0
-    return None, 0
+        raise ValueError(
+            f"{name} is on {weight.device} but the tensor it normalises is on {x.device}; move it with .to()"
+        )
 
 
 def _tables(
@@ -183,7 +136,9 @@ def _tables(
         )
     width = getattr(rope, "head_dim", head_dim)
     if width != head_dim:
-        raise ValueError(f"q and k have head_dim {head_dim} but this {type(rope).__name__} was built for head_dim={width}")
+        raise ValueError(
+            f"q and k have head_dim {head_dim} but this {type(rope).__name__} was built for head_dim={width}"
+        )
     if hasattr(rope, "input_tables"):  # positions of its own kind (M-RoPE's [3, B, S], coordinates)
         if type(offset) is not int or offset != 0:
             raise ValueError(f"offset is for 1-D positions; {type(rope).__name__} takes position_ids of its own kind")
@@ -249,10 +204,12 @@ def rmsnorm_rotate(
     """
     gemma = _check_style(style)
     eps = _check_eps(eps)
-    _check_qk(q, k)
+    check_inputs((q, k), ("q", "k"), packed=False)
     batch_dim, seq_dim = check_layout(layout)
     if q.shape[batch_dim] != k.shape[batch_dim] or q.shape[seq_dim] != k.shape[seq_dim] or q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"k has shape {tuple(k.shape)} but q has {tuple(q.shape)}: need the same B, S and D (layout {layout!r})")
+        raise ValueError(
+            f"k has shape {tuple(k.shape)} but q has {tuple(q.shape)}: need the same B, S and D (layout {layout!r})"
+        )
     batch, seq_len, head_dim = q.shape[batch_dim], q.shape[seq_dim], q.shape[-1]
     _check_weight(q_weight, "q_weight", q, head_dim)
     _check_weight(k_weight, "k_weight", k, head_dim)
@@ -277,11 +234,12 @@ def rmsnorm_rotate(
     wanted = table_dtype(q.dtype)
     if tables.cos.dtype != wanted:
         tables = tables.to(wanted)
-    positions, batch_rows = _addressing(tables, batch, seq_len, layout)
-    flat = _kernel_tables((tables.cos, tables.sin), tables, batch)
-    key_flat = flat if tables.k_cos is None else _kernel_tables(tables.key_tables(), tables, batch)
+    positions, batch_rows, flat = addressing(tables, batch, seq_len, False, layout, q.shape)
+    key_flat = flat if tables.k_cos is None else kernel_tables(tables.key_tables(), tables, batch)
     views = (q.transpose(1, 2), k.transpose(1, 2)) if layout == "bhsd" else (q, k)
-    rotation = Rotation(views, views, (flat[0], key_flat[0]), (flat[1], key_flat[1]), positions, batch_rows, tables.interleaved)
+    rotation = Rotation(
+        views, views, (flat[0], key_flat[0]), (flat[1], key_flat[1]), positions, batch_rows, tables.interleaved
+    )
     q_out, k_out = kernels.apply(rotation, kernels.Norm((q_weight, k_weight), eps, gemma))
     if layout == "bhsd":
         return q_out.transpose(1, 2), k_out.transpose(1, 2)

@@ -24,7 +24,20 @@ from .kernels.ops import TRANSFORMED, transformed
 from .kernels.overlap import overlaps_itself, shares_elements
 from .tables import RotaryTables
 
-__all__ = ["LAYOUTS", "Layout", "check_layout", "decode_fast", "decode_seq_axis", "plan", "rotate", "split_heads", "unview"]
+__all__ = [
+    "LAYOUTS",
+    "Layout",
+    "addressing",
+    "check_inputs",
+    "check_layout",
+    "decode_fast",
+    "decode_seq_axis",
+    "kernel_tables",
+    "plan",
+    "rotate",
+    "split_heads",
+    "unview",
+]
 
 Layout = Literal["bhsd", "bshd"]
 #: layout -> (batch dim, sequence dim) of a 4-D q/k tensor
@@ -42,7 +55,7 @@ def check_layout(layout: str) -> tuple[int, int]:
 _INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
-def _check_inputs(xs: Sequence[torch.Tensor], names: Sequence[str], packed: bool) -> None:
+def check_inputs(xs: Sequence[torch.Tensor], names: Sequence[str], packed: bool) -> None:
     x0 = xs[0]
     for x, name in zip(xs, names):
         if not isinstance(x, torch.Tensor):
@@ -196,7 +209,7 @@ def plan(
         raise TypeError(f"tables must be RotaryTables (from RoPE.tables(positions)), got {type(tables).__name__}")
     x0 = xs[0]
     packed = isinstance(x0, torch.Tensor) and x0.dim() == 3
-    _check_inputs(xs, names, packed)
+    check_inputs(xs, names, packed)
     if not packed:
         batch_dim, seq_dim = check_layout(layout)
         for x, name in zip(xs[1:], names[1:]):
@@ -236,12 +249,12 @@ def plan(
     # caller's choice (rope.tables(positions, dtype=torch.float64) for float64 accuracy)
     if tables.cos.dtype != wanted:
         tables = tables.to(wanted)
-    positions, batch_rows, flat = _addressing(tables, batch, seq_len, packed, layout, x0.shape)
+    positions, batch_rows, flat = addressing(tables, batch, seq_len, packed, layout, x0.shape)
     kinds = ["q"] * len(xs) if kinds is None else list(kinds)
     if len(kinds) != len(xs) or any(k not in ("q", "k") for k in kinds):
         raise ValueError(f"kinds must give 'q' or 'k' for each of the {len(xs)} tensors, got {kinds!r}")
     views = tuple(_kernel_view(x, layout, packed) for x in xs)
-    key_flat = flat if tables.k_cos is None else _flatten(tables.key_tables(), tables, batch)
+    key_flat = flat if tables.k_cos is None else kernel_tables(tables.key_tables(), tables, batch)
     chosen = [key_flat if kind == "k" else flat for kind in kinds]
     cos, sin = tuple(c[0] for c in chosen), tuple(c[1] for c in chosen)
     return Rotation(views, views, cos, sin, positions, batch_rows, tables.interleaved), packed
@@ -344,7 +357,9 @@ def decode_fast(
 _FAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _decode_triton(q, k, cos, sin, seq_axis, interleaved, inplace, head_dim, offset, rows, batch_rows) -> list[torch.Tensor] | None:
+def _decode_triton(
+    q, k, cos, sin, seq_axis, interleaved, inplace, head_dim, offset, rows, batch_rows
+) -> list[torch.Tensor] | None:
     """:func:`decode_fast` on CUDA: the checks ``rope_decode`` makes in C++, then one Triton launch."""
     if not triton_kernel.available() or k.dim() != 4 or cos.dim() != 2:
         return None
@@ -367,7 +382,8 @@ def _decode_triton(q, k, cos, sin, seq_axis, interleaved, inplace, head_dim, off
         or (head_dim is not None and width != head_dim)
         or r % 2
         or r > width
-        or (cos.requires_grad or sin.requires_grad) and torch.is_grad_enabled()
+        or (cos.requires_grad or sin.requires_grad)
+        and torch.is_grad_enabled()
     ):
         return None
     if rows is None:
@@ -383,9 +399,7 @@ def _decode_triton(q, k, cos, sin, seq_axis, interleaved, inplace, head_dim, off
             return None
         positions = rows.expand(batch, seq_len)
     if inplace and (
-        torch._debug_has_internal_overlap(q) != 0
-        or torch._debug_has_internal_overlap(k) != 0
-        or shares_elements(q, k)
+        torch._debug_has_internal_overlap(q) != 0 or torch._debug_has_internal_overlap(k) != 0 or shares_elements(q, k)
     ):
         return None
     qv, kv = (q.transpose(1, 2), k.transpose(1, 2)) if seq_axis == 2 else (q, k)
@@ -424,10 +438,12 @@ def _fast_pair(
         if cos.shape[1] != q.shape[seq_axis]:
             return None
         batch_rows = cos.shape[1] if cos.shape[0] > 1 else 0
-        cos, sin = _flatten((cos, sin), tables, q.shape[0])
+        cos, sin = kernel_tables((cos, sin), tables, q.shape[0])
     elif rows is None and cos.shape[0] != q.shape[seq_axis]:
         return None
-    return decode_fast(q, k, cos, sin, seq_axis, interleaved=tables.interleaved, inplace=inplace, rows=rows, batch_rows=batch_rows)
+    return decode_fast(
+        q, k, cos, sin, seq_axis, interleaved=tables.interleaved, inplace=inplace, rows=rows, batch_rows=batch_rows
+    )
 
 
 def _inplace_target(
@@ -474,7 +490,7 @@ def _squeeze0(t: torch.Tensor) -> torch.Tensor:
     return t.squeeze(0)
 
 
-def _flatten(
+def kernel_tables(
     pair: tuple[torch.Tensor, torch.Tensor], tables: RotaryTables, batch: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's ``[N, r]`` (``[N, H, r]``) form of a pair of tables in ``tables``' addressing."""
@@ -498,7 +514,7 @@ def _layout_hint(layout: str, shape: torch.Size, positions: int) -> str:
     return f"; if x is {dims}, pass layout={other!r}"
 
 
-def _addressing(
+def addressing(
     tables: RotaryTables, batch: int, seq_len: int, packed: bool, layout: str, shape: torch.Size
 ) -> tuple[torch.Tensor | None, int, tuple[torch.Tensor, torch.Tensor]]:
     """Check that the tables fit the inputs; return the kernel's ``(positions, batch_rows, (cos, sin))``."""
@@ -522,7 +538,7 @@ def _addressing(
                     f"use [S] or [B, S]{hint}"
                 )
             positions = rows.expand(batch, seq_len)
-        return positions, 0, _flatten((tables.cos, tables.sin), tables, batch)
+        return positions, 0, kernel_tables((tables.cos, tables.sin), tables, batch)
     if packed:
         raise ValueError(
             "x is 3-D, i.e. packed [total_tokens, H, D]: pass cu_seqlens (positions restart per sequence) "
@@ -536,7 +552,5 @@ def _addressing(
         if cos.shape[0] not in (1, batch):
             raise ValueError(f"cos/sin have batch {cos.shape[0]} but x has batch {batch} (layout {layout!r})")
         batch_rows = seq_len if cos.shape[0] > 1 else 0
-        return None, batch_rows, _flatten((tables.cos, tables.sin), tables, batch)
-    return None, 0, _flatten((tables.cos, tables.sin), tables, batch)
-
-
+        return None, batch_rows, kernel_tables((tables.cos, tables.sin), tables, batch)
+    return None, 0, kernel_tables((tables.cos, tables.sin), tables, batch)

@@ -43,25 +43,37 @@ if triton is not None:
         """Rotate ``heads`` (a block of head indices, masked by ``< H``) of token (b, s) of one tensor
         with table row ``t``; ``poison`` is 0, or NaN for a token outside the table."""
         compute = tl.float64 if FP64 else tl.float32
-        pair = tl.arange(0, BLOCK_P)
-        if INTERLEAVED:
-            first = 2 * pair
-            second = 2 * pair + 1
-        else:
-            first = pair
-            second = pair + HALF
-        mask = (heads < H)[:, None] & (pair < HALF)[None, :]
-        table = t * table_stride + heads[:, None] * head_stride + first[None, :]
-        c = tl.load(COS + table, mask=mask, other=0.0).to(compute) + poison
-        sn = tl.load(SIN + table, mask=mask, other=0.0).to(compute)
-        if CONJUGATE:
-            sn = -sn
         x = X + b * sxb + s * sxs + heads[:, None] * sxh
         o = OUT + b * sob + s * sos + heads[:, None] * soh
-        a = tl.load(x + first[None, :], mask=mask, other=0.0).to(compute)
-        z = tl.load(x + second[None, :], mask=mask, other=0.0).to(compute)
-        tl.store(o + first[None, :], (a * c - z * sn).to(OUT.dtype.element_ty), mask=mask)
-        tl.store(o + second[None, :], (z * c + a * sn).to(OUT.dtype.element_ty), mask=mask)
+        if INTERLEAVED:
+            # pairs (2i, 2i + 1): load the rotated channels contiguously and each channel's partner
+            # (j ^ 1, in the same sector), so loads and stores stay coalesced; channel j takes the
+            # table entry of its pair's first channel and sign -1 (first) or +1 (second) on the partner
+            j = tl.arange(0, 2 * BLOCK_P)
+            mask = (heads < H)[:, None] & (j < 2 * HALF)[None, :]
+            table = t * table_stride + heads[:, None] * head_stride + (j - j % 2)[None, :]
+            c = tl.load(COS + table, mask=mask, other=0.0).to(compute) + poison
+            sn = tl.load(SIN + table, mask=mask, other=0.0).to(compute)
+            if CONJUGATE:
+                sn = -sn
+            a = tl.load(x + j[None, :], mask=mask, other=0.0).to(compute)
+            z = tl.load(x + (j ^ 1)[None, :], mask=mask, other=0.0).to(compute)
+            z = tl.where((j % 2 == 0)[None, :], -z, z)
+            if INPLACE:  # a partner may belong to another warp: every load before any store
+                tl.debug_barrier()
+            tl.store(o + j[None, :], (a * c + z * sn).to(OUT.dtype.element_ty), mask=mask)
+        else:
+            pair = tl.arange(0, BLOCK_P)
+            mask = (heads < H)[:, None] & (pair < HALF)[None, :]
+            table = t * table_stride + heads[:, None] * head_stride + pair[None, :]
+            c = tl.load(COS + table, mask=mask, other=0.0).to(compute) + poison
+            sn = tl.load(SIN + table, mask=mask, other=0.0).to(compute)
+            if CONJUGATE:
+                sn = -sn
+            a = tl.load(x + pair[None, :], mask=mask, other=0.0).to(compute)
+            z = tl.load(x + (pair + HALF)[None, :], mask=mask, other=0.0).to(compute)
+            tl.store(o + pair[None, :], (a * c - z * sn).to(OUT.dtype.element_ty), mask=mask)
+            tl.store(o + (pair + HALF)[None, :], (z * c + a * sn).to(OUT.dtype.element_ty), mask=mask)
         if not INPLACE:
             if D > 2 * HALF:  # pass-through channels are copied only out of place
                 rest = 2 * HALF + tl.arange(0, BLOCK_REST)

@@ -24,7 +24,7 @@ except ImportError:  # Triton is optional: without it CUDA tensors take the pure
     triton = None
     tl = None
 
-__all__ = ["available", "rotate_and_cache_triton", "run_triton", "table_grad_triton"]
+__all__ = ["available", "heads_per_program", "rotate_and_cache_triton", "run_triton", "table_grad_triton"]
 
 
 def available() -> bool:
@@ -251,7 +251,7 @@ def run_triton(rotation: Rotation) -> None:
             _launch(rotation, first, second)
 
 
-def _heads_per_program(x: torch.Tensor, hq: int, hk: int) -> int:
+def heads_per_program(x: torch.Tensor, hq: int, hk: int) -> int:
     """Heads one program rotates: about 4 KiB of one token's q or k per program (16 bf16 heads of 128
     channels, 8 in fp32), so that each thread moves 16-byte vectors; never more than the heads there are."""
     per_head = x.shape[-1] * x.element_size()
@@ -274,7 +274,7 @@ def _launch(rotation: Rotation, i: int, j: int | None) -> None:
     if B * S == 0 or HQ + HK == 0:
         return
     cos, sin = rotation.cos_sin(i)
-    block_h = _heads_per_program(x, HQ, HK)
+    block_h = heads_per_program(x, HQ, HK)
     q_blocks = triton.cdiv(HQ, block_h)
     pos = positions if positions is not None else cos  # placeholder pointer, unused without positions
     spb, sps = (positions.stride(0), positions.stride(1)) if positions is not None else (0, 0)
@@ -313,7 +313,7 @@ def rotate_and_cache_triton(
     r = rotation.rotary_dim
     cos, sin = rotation.cos_sin(0)
     positions = rotation.positions
-    block_h = _heads_per_program(q, HQ, HK)
+    block_h = heads_per_program(q, HQ, HK)
     q_blocks = triton.cdiv(HQ, block_h)
     pos = positions if positions is not None else slots  # placeholder pointer, unused without positions
     spb, sps = (positions.stride(0), positions.stride(1)) if positions is not None else (0, 0)

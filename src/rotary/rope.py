@@ -25,7 +25,7 @@ from .positions import Positions
 from .rope_types import ConfigError
 from .rotation import Layout, check_layout, decode_fast, decode_seq_axis, rotate, split_heads
 from .schedule import FrequencySchedule
-from .tables import RotaryTables, TableCache, cos_sin_table, table_dtype
+from .tables import RotaryTables, TableCache, cos_sin_table, indexed_device, table_dtype
 
 __all__ = ["RoPE", "keep_float32"]
 
@@ -470,9 +470,6 @@ class RoPE(nn.Module):
             freqs, key = self._freqs_for(length)
         ids = positions.ids
         learned = self.log_frequency_scale
-        inv_freq = self._inv_freq_on(freqs, ids.device)
-        if learned is not None:  # θ_i · exp(α_i), differentiable in α: computed per call, never cached
-            inv_freq = inv_freq.double() * learned.double().exp()
         bound = positions.bound
         if bound is None and not deferred.host_checks(ids.device) and not compiling:
             # ids on an accelerator, not read: the cached table as it is (at least max_position rows,
@@ -481,7 +478,10 @@ class RoPE(nn.Module):
         uncached = compiling or key is None or bound is None or learned is not None
         cache = None if uncached else self._cache(key, freqs)  # type: ignore[arg-type]
         cached = None if cache is None else cache.get(ids.device, cache.length if bound == -1 else bound, dtype)  # type: ignore[arg-type]
-        if cached is None:  # rows for exactly these tokens
+        if cached is None:  # rows for exactly these tokens (after the cache, which names a growth in a capture)
+            inv_freq = self._inv_freq_on(freqs, ids.device)
+            if learned is not None:  # θ_i · exp(α_i), differentiable in α: computed per call, never cached
+                inv_freq = inv_freq.double() * learned.double().exp()
             cos, sin = cos_sin_table(
                 ids, inv_freq, attention_scaling=freqs.attention_scaling, interleaved=self.interleaved, dtype=dtype
             )
@@ -498,6 +498,7 @@ class RoPE(nn.Module):
         """``freqs.inv_freq`` (fp32 ``[r/2]``) on ``device``: a copy kept per device (made once, e.g. by
         :meth:`prepare`), so a call copies nothing host-to-device. Not the ``inv_freq`` buffer, which
         ``.to()`` and users may change."""
+        device = indexed_device(device)
         key = (id(freqs), device)
         found = self._device_inv_freq.get(key)
         if found is None or found[0] is not freqs:
@@ -532,7 +533,7 @@ class RoPE(nn.Module):
         check_positive_int(max_position, "max_position")
         if dtype not in (torch.float32, torch.float64):
             raise TypeError(f"table dtype must be torch.float32 or torch.float64, got {dtype}")
-        device = self.inv_freq.device if device is None else torch.device(device)
+        device = indexed_device(self.inv_freq.device if device is None else device)
         if self.schedule.length_dependent or self.log_frequency_scale is not None:
             return self  # tables of these are computed per call, never cached
         cache = self._cache("original", self.original_freqs)

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .kernels.eager import rotate_torch
 from .pairing import to_half
 from .qk_norm import rmsnorm_rotate
 from .rotation import rotate
@@ -59,8 +60,21 @@ def _layout(unsqueeze_dim: int) -> str:
         raise ValueError(f"unsqueeze_dim must be 1 ([B, H, S, D]) or 2 ([B, S, H, D]), got {unsqueeze_dim!r}") from None
 
 
-def _apply_pair(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool, layout: str):
-    """q and k rotated in one kernel call (transformers passes ``[B, S, r]`` or ``[S, r]`` tables)."""
+def _apply_pair(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool, layout: str
+):
+    """q and k rotated in one kernel call (transformers passes ``[B, S, r]`` or ``[S, r]`` tables).
+
+    While ``torch.compile`` traces (Hugging Face's static-cache generation compiles the decoding
+    step), the same arithmetic as plain torch operations instead: fp32, rounded once, as the kernel.
+    Inductor fuses them with the casts and the projections around them, which an opaque kernel call
+    would split into separate launches (measured: docs/benchmarks.md, "Generation")."""
+    if torch.compiler.is_compiling():
+        if cos.dim() == 2:  # [S, r]: one row per position, shared by the batch
+            cos, sin = cos[None], sin[None]
+        axis = 1 if layout == "bhsd" else 2
+        cos, sin = cos.unsqueeze(axis), sin.unsqueeze(axis)
+        return tuple(rotate_torch(x, cos, sin, interleaved=interleaved, inplace=False) for x in (q, k))
     # the model's own tables, trusted as they are (no check on every layer of every step)
     tables = RotaryTables.from_tensors(cos, sin, interleaved=interleaved, validate=False)
     q, k = rotate([q, k], tables, layout=layout, kinds=("q", "k"), names=("q", "k"))
@@ -163,14 +177,20 @@ SUPPORTED: dict[str, _Family] = {
     "mistral": _half("mistral"),
     "mixtral": _half("mixtral"),
     "qwen2": _half("qwen2"),
-    "qwen3": _Family("transformers.models.qwen3.modeling_qwen3", _HALF, _QKNorm("Qwen3RMSNorm", "qwen3", "variance_epsilon")),
+    "qwen3": _Family(
+        "transformers.models.qwen3.modeling_qwen3", _HALF, _QKNorm("Qwen3RMSNorm", "qwen3", "variance_epsilon")
+    ),
     "qwen3_moe": _Family(
-        "transformers.models.qwen3_moe.modeling_qwen3_moe", _HALF, _QKNorm("Qwen3MoeRMSNorm", "qwen3", "variance_epsilon")
+        "transformers.models.qwen3_moe.modeling_qwen3_moe",
+        _HALF,
+        _QKNorm("Qwen3MoeRMSNorm", "qwen3", "variance_epsilon"),
     ),
     "phi3": _half("phi3"),
     # Gemma3ForConditionalGeneration: its language model; both layer types: each layer gets the tables of its type
     **{
-        model_type: _Family("transformers.models.gemma3.modeling_gemma3", _HALF, _QKNorm("Gemma3RMSNorm", "gemma3", "eps"))
+        model_type: _Family(
+            "transformers.models.gemma3.modeling_gemma3", _HALF, _QKNorm("Gemma3RMSNorm", "gemma3", "eps")
+        )
         for model_type in ("gemma3", "gemma3_text")
     },
     "gpt_neox": _half("gpt_neox"),
@@ -184,7 +204,11 @@ SUPPORTED: dict[str, _Family] = {
     "glm": _Family("transformers.models.glm.modeling_glm", {"apply_rotary_pos_emb": _apply_glm}),
     # multimodal RoPE: the text attention gets M-RoPE tables already laid out per slot, pairs (i, i + r/2);
     # the vision towers rotate through another function (apply_rotary_pos_emb_vision), left as they are
-    **{model_type: _half(name) for name in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl") for model_type in (name, f"{name}_text")},
+    **{
+        model_type: _half(name)
+        for name in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+        for model_type in (name, f"{name}_text")
+    },
     # vision towers with 2-D RoPE: Pixtral's PixtralVisionModel, and Llama 4 (text, vision tower, or both)
     "pixtral": _Family("transformers.models.pixtral.modeling_pixtral", {"apply_rotary_pos_emb": _apply_pixtral}),
     **{
@@ -254,7 +278,9 @@ def _fused_attention_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
 
 def _function(forward: Any, namespace: dict[str, Any]) -> types.FunctionType:
     """``forward``'s code with ``namespace`` as its globals."""
-    replacement = types.FunctionType(forward.__code__, namespace, forward.__name__, forward.__defaults__, forward.__closure__)
+    replacement = types.FunctionType(
+        forward.__code__, namespace, forward.__name__, forward.__defaults__, forward.__closure__
+    )
     replacement.__kwdefaults__ = forward.__kwdefaults__
     replacement.__qualname__, replacement.__doc__ = forward.__qualname__, forward.__doc__
     return replacement
@@ -272,7 +298,10 @@ def _fusable_norms(sub: nn.Module, family: _Family, hf_module: types.ModuleType,
         norm_class is not None
         and all(name in code.co_names for name in ("q_norm", "k_norm"))
         and all(isinstance(n, nn.Module) and type(n).forward is norm_class.forward for n in norms)
-        and all(getattr(n, "weight", None) is not None and tuple(n.weight.shape) == (getattr(sub, "head_dim", None),) for n in norms)
+        and all(
+            getattr(n, "weight", None) is not None and tuple(n.weight.shape) == (getattr(sub, "head_dim", None),)
+            for n in norms
+        )
     )
 
 
@@ -403,4 +432,3 @@ def _transformers_version() -> str:
         return transformers.__version__
     except ImportError:  # pragma: no cover
         return "not installed"
-

@@ -27,9 +27,9 @@ from __future__ import annotations
 import argparse
 
 import torch
-from rmsnorm_rotate import DTYPES, SHAPES, copy_bandwidth, time_call
 
 import rotary
+from rmsnorm_rotate import DTYPES, SHAPES, copy_bandwidth, time_call
 
 
 def torch_composition(q, k, v, k_cache, v_cache, slots, positions, cos_sin_cache):

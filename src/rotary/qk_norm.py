@@ -20,12 +20,13 @@ The backward is the composition's gradient, written out (:func:`rotary.kernels.n
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import torch
 
 from . import positions as P
-from ._checks import check_choice, check_positive_float
+from ._checks import check_choice, is_int
 from .kernels import norm as kernels
 from .kernels.contract import Rotation
 from .positions import Positions
@@ -45,11 +46,16 @@ def _check_style(style: Any) -> bool:
 
 
 def _check_eps(eps: Any) -> float:
+    """A finite number > 0, by comparisons only: under ``torch.compile(dynamic=True)`` dynamo passes a
+    float argument as a symbolic float, which comparisons guard and ``math.isfinite`` cannot trace."""
     if isinstance(eps, torch.Tensor):
         raise TypeError(
             f"eps must be a Python number > 0 (e.g. config.rms_norm_eps), got a tensor of shape {tuple(eps.shape)}"
         )
-    return check_positive_float(eps, "eps")
+    number = isinstance(eps, float) or is_int(eps) or type(eps).__name__ in ("float16", "float32", "float64")
+    if not number or not 0 < eps < math.inf:  # NaN fails the first comparison
+        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
+    return eps if isinstance(eps, float) else float(eps)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, *, eps: float = 1e-6, style: Style = "qwen3") -> torch.Tensor:

@@ -60,3 +60,41 @@ def test_eps_of_numpy_types():
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     with pytest.raises(ValueError, match=r"eps must be a finite number > 0, got np.float32\(nan\)"):
         rotary.rmsnorm_rotate(q, k, wq, wk, rope, eps=np.float32("nan"))
+
+
+# hf.patch: the deferred q_norm / k_norm --------------------------------------------------------------
+
+
+def _qk_norm_model(model_type: str):
+    transformers = pytest.importorskip("transformers")
+    common = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+    config = {
+        "qwen3": lambda: transformers.Qwen3Config(num_key_value_heads=2, head_dim=8, **common),
+        "gemma3_text": lambda: transformers.Gemma3TextConfig(num_key_value_heads=2, head_dim=8, **common),
+    }[model_type]()
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # norm weights away from their initial 1 (Qwen3) / 0 (Gemma-3)
+        for name, p in model.named_parameters():
+            if "q_norm" in name or "k_norm" in name:
+                p.normal_(0.5, 0.3)
+    return model
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "gemma3_text"])
+def test_patched_norms_called_outside_their_attention_still_normalise(model_type):
+    """While patched, q_norm / k_norm defer to the fused call only inside their own attention's forward;
+    called anywhere else (an analysis tool, a hook, another module reusing them) they normalise as before,
+    instead of silently returning their input."""
+    model = _qk_norm_model(model_type)
+    attention = model.model.layers[0].self_attn
+    x = torch.randn(2, 3, 4, 8)
+    want = [attention.q_norm(x), attention.k_norm(x)]
+    ids = torch.randint(64, (2, 9))
+    with torch.no_grad():
+        logits = model(ids).logits
+        rotary.hf.patch(model)
+        assert torch.equal(model(ids).logits, logits)
+        assert torch.equal(attention.q_norm(x), want[0]) and torch.equal(attention.k_norm(x), want[1])
+        rotary.hf.unpatch(model)
+    assert not torch.equal(want[0], x)

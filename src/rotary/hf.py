@@ -20,7 +20,8 @@ QK-norm families (Qwen3, Qwen3-MoE, Gemma-3), whose attention normalises every h
 :func:`rotary.rmsnorm_rotate` call, q and k read and written once. The attention module's instance
 ``forward`` runs the class's code as above, its ``apply_rotary_pos_emb`` normalising with that module's
 norms (found through a thread-local record of the attention module running); its ``q_norm`` and
-``k_norm`` get an instance ``forward`` that returns its input (the normalisation happens in the fused call). Weights of another dtype than q (an fp32 Qwen3 weight under autocast, where Hugging
+``k_norm`` get an instance ``forward`` that, inside that attention's forward, returns its input (the
+normalisation happens in the fused call) and elsewhere normalises as before. Weights of another dtype than q (an fp32 Qwen3 weight under autocast, where Hugging
 Face's norm returns fp32) or norms with different ``eps`` take the norms' own ``forward`` and rotary's
 rotation instead. ``unpatch`` removes the instance ``forward`` of the norms too.
 
@@ -226,9 +227,13 @@ _FUSED = "_rotary_hf_qk_norm"  # on a fused QK-norm attention: (its forward's co
 
 
 def _deferred_norm(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    """The ``forward`` of a patched attention's ``q_norm`` / ``k_norm``: the input as it is; the attention's
-    ``apply_rotary_pos_emb`` normalises and rotates it in one call (:func:`_norm_and_rotate`)."""
-    return hidden_states
+    """The ``forward`` of a patched attention's ``q_norm`` / ``k_norm``: inside that attention's forward
+    (in this thread), the input as it is, which the attention's ``apply_rotary_pos_emb`` normalises and
+    rotates in one call (:func:`_norm_and_rotate`); called from anywhere else, the norm's own forward."""
+    running = getattr(_RUNNING, "attention", None)
+    if running is not None and (running[0].q_norm is self or running[0].k_norm is self):
+        return hidden_states
+    return _own_norm(self)(hidden_states)
 
 
 def _own_norm(norm: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:

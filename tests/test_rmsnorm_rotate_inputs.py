@@ -98,3 +98,26 @@ def test_patched_norms_called_outside_their_attention_still_normalise(model_type
         assert torch.equal(attention.q_norm(x), want[0]) and torch.equal(attention.k_norm(x), want[1])
         rotary.hf.unpatch(model)
     assert not torch.equal(want[0], x)
+
+
+# rms_norm: the norm it fuses, public as rotary.qk_norm.rms_norm ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "x,weight",
+    [
+        (torch.tensor([[3, 4]]), torch.tensor([1, 1])),  # returned [[0, 1]]: the normalised x truncated to int
+        (torch.tensor([[True, False]]), torch.tensor([True, True])),
+        (torch.ones(2, 2, dtype=torch.complex64), torch.ones(2, dtype=torch.complex64)),  # imaginary part dropped
+        (torch.ones(2, 2).to(torch.float8_e4m3fn), torch.ones(2).to(torch.float8_e4m3fn)),
+    ],
+    ids=["int64", "bool", "complex64", "float8"],
+)
+def test_rms_norm_refuses_dtypes_it_would_get_wrong(x, weight):
+    with pytest.raises(TypeError, match=rf"x must be fp32, bf16, fp16 or fp64, got dtype {x.dtype}"):
+        rms_norm(x, weight)
+
+
+def test_rms_norm_of_a_zero_dim_tensor_is_a_named_error():
+    with pytest.raises(ValueError, match=r"x must be \[\.\.\., D\] \(at least 1-D\), got a 0-D tensor"):
+        rms_norm(torch.tensor(3.0), torch.ones(1))

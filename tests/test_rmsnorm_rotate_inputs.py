@@ -121,3 +121,28 @@ def test_rms_norm_refuses_dtypes_it_would_get_wrong(x, weight):
 def test_rms_norm_of_a_zero_dim_tensor_is_a_named_error():
     with pytest.raises(ValueError, match=r"x must be \[\.\.\., D\] \(at least 1-D\), got a 0-D tensor"):
         rms_norm(torch.tensor(3.0), torch.ones(1))
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "gemma3_text"])
+def test_forward_hooks_on_patched_norms_see_and_change_the_normalised_output(model_type):
+    """A forward hook on q_norm (an observer, activation steering) saw the unnormalised input while
+    patched, and what it returned was normalised again by the fused call: with a hook, that norm runs
+    its own forward and the attention rotates the result."""
+    model = _qk_norm_model(model_type)
+    q_norm = model.model.layers[0].self_attn.q_norm
+    seen = []
+
+    def hook(module, args, output):
+        seen.append(output.clone())
+        return output * 2.0  # steering: changes what the attention rotates
+
+    ids = torch.randint(64, (2, 9))
+    handle = q_norm.register_forward_hook(hook)
+    with torch.no_grad():
+        want = model(ids).logits
+        rotary.hf.patch(model)
+        got = model(ids).logits
+        rotary.hf.unpatch(model)
+    handle.remove()
+    assert torch.equal(seen[0], seen[1])
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)

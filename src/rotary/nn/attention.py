@@ -3,7 +3,8 @@
 Data flow of one call::
 
     hidden_states -> q, k, v projections -> rotate(q, k [and v]) by the tables of the tokens' positions
-                  -> append k, v to the cache (keys stored already rotated)
+                  -> append k, v to the cache (keys stored already rotated; a StaticKVCache takes
+                     q and k unrotated and rotates them as it writes k: one rotate_and_cache call)
                   -> scaled_dot_product_attention(q, all keys, all values, mask + bias) -> o projection
 
 Keys are rotated once, when they enter the cache, at their own position: a cached key never needs
@@ -392,11 +393,15 @@ class RotaryAttention(nn.Module):
                 )
         else:
             positions = self.positions(position_ids, cache, batch, seq_len, device)
+        inplace = False
         if self.rope is not None:
             if tables is None:
                 tables = self.rope.tables(positions, dtype=table_dtype(q.dtype))
             inplace = self._rotate_in_place()
-            if self.rotary_value:
+            if static:  # q and k are rotated as k is written into the cache (rotate_and_cache); v before
+                if self.rotary_value:
+                    (v,) = rotate([v], tables, kinds=("q",), names=("v",), inplace=inplace)
+            elif self.rotary_value:
                 q, k, v = rotate([q, k, v], tables, kinds=("q", "k", "q"), names=("q", "k", "v"), inplace=inplace)
             else:
                 q, k = rotate([q, k], tables, kinds=("q", "k"), names=("q", "k"), inplace=inplace)
@@ -407,7 +412,8 @@ class RotaryAttention(nn.Module):
         key_positions = query_positions
         entries = None
         if static:
-            entries = self._write_static(k, v, cache, positions, attention_mask)  # type: ignore[arg-type]
+            rotate_with = None if self.rope is None else tables
+            q, entries = self._write_static(q, k, v, cache, positions, attention_mask, rotate_with, inplace)  # type: ignore[arg-type]
             if entries.overflow is None:
                 # the CPU, eager: the filled length is known for free, so attention reads the filled slots
                 # only, through the same code as KVCache (bit-identical to it, no work on empty slots)
@@ -445,13 +451,18 @@ class RotaryAttention(nn.Module):
 
     @staticmethod
     def _write_static(
+        q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
         cache: StaticKVCache,
         positions: Positions,
         attention_mask: torch.Tensor | None,
-    ) -> StaticEntries:
-        """Write the new keys and values into a :class:`StaticKVCache`, with the new tokens' padding."""
+        tables: RotaryTables | None,
+        inplace: bool,
+    ) -> tuple[torch.Tensor, StaticEntries]:
+        """Write the new keys and values into a :class:`StaticKVCache`, with the new tokens' padding; with
+        ``tables``, q and k are rotated (in place with ``inplace``) as k is written, in one
+        :func:`rotary.rotate_and_cache` call. Returns q (rotated) and the cache's entries."""
         batch, _, seq_len, _ = k.shape
         valid = None
         if attention_mask is not None:
@@ -461,4 +472,6 @@ class RotaryAttention(nn.Module):
                     f"with a StaticKVCache, attention_mask covers the new tokens only: [B, S] = [{batch}, {seq_len}] "
                     f"(the cache keeps the padding of earlier tokens), got {tuple(valid.shape)}"
                 )
-        return cache.update(k, v, positions, valid=valid)
+        if tables is None:
+            return q, cache.update(k, v, positions, valid=valid)
+        return cache.rotate_and_update(q, k, v, tables, positions, valid=valid, inplace=inplace)

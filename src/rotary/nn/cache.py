@@ -19,6 +19,8 @@ from .._checks import check_int, check_positive_int
 from .._limits import MAX_NUM_HEADS
 from ..errors import InputError
 from ..positions import Positions, check_attention_mask
+from ..serving import rotate_and_cache
+from ..tables import RotaryTables
 
 __all__ = ["KVCache", "StaticEntries", "StaticKVCache"]
 
@@ -339,6 +341,64 @@ class StaticKVCache:
             InputError: (on the CPU) more tokens than free slots.
             ValueError, TypeError: keys or values that do not fit the cache (shape, dtype, device).
         """
+        ids, valid = self._check_new(keys, values, positions, valid)
+        start, slots, overflow = self._next_slots(keys.shape[2])
+        with torch.no_grad():
+            self._keys.index_copy_(2, slots, keys)
+            self._values.index_copy_(2, slots, values)
+        return self._commit(start, slots, overflow, ids, valid)
+
+    def rotate_and_update(
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        tables: RotaryTables,
+        positions: torch.Tensor | Positions,
+        *,
+        valid: torch.Tensor | None = None,
+        inplace: bool = False,
+    ) -> tuple[torch.Tensor, StaticEntries]:
+        """Rotate the new queries and keys by ``tables`` and write the rotated keys and the values, as
+        :meth:`update` writes them, in one :func:`rotary.rotate_and_cache` call (one launch on CUDA).
+
+        Args:
+            queries: ``[B, H, S, D]``.
+            keys: unrotated keys ``[B, Hk, S, D]`` in the cache's dtype, on its device.
+            values: ``[B, Hk, S, Dv]``.
+            tables: the new tokens' rotary tables (``rope.tables(positions)``).
+            positions: the new keys' positions ``[S]`` or ``[B, S]`` (ids or :class:`Positions`).
+            valid: bool ``[B, S]``, ``False`` for padding (default: all tokens).
+            inplace: rotate ``queries`` and ``keys`` in place.
+
+        Returns:
+            ``(rotated queries [B, H, S, D], StaticEntries)``: the same as rotating, then :meth:`update`.
+
+        Raises:
+            as :meth:`update`; positions outside the tables as :func:`rotary.rotate`.
+
+        Example:
+            >>> import rotary
+            >>> rope, cache = rotary.RoPE(4), StaticKVCache(1, 1, 8, 4)
+            >>> q, kv = torch.randn(1, 2, 3, 4), torch.randn(1, 1, 3, 4)
+            >>> tables = rope.tables(torch.arange(3))
+            >>> q_rot, entries = cache.rotate_and_update(q, kv, kv, tables, torch.arange(3))
+            >>> torch.equal(entries.keys[:, :, :3], rope.rotate(kv)), torch.equal(q_rot, rope.rotate(q))
+            (True, True)
+        """
+        ids, valid = self._check_new(keys, values, positions, valid)
+        start, slots, overflow = self._next_slots(keys.shape[2])
+        # the spill slot (index max_len) is a row of the buffers: rotate_and_cache writes every token
+        queries, _ = rotate_and_cache(
+            queries, keys, values, self._keys, self._values, slots.expand(self.batch, -1), tables,
+            layout="bhsd", cache_layout="bhsd", inplace=inplace,
+        )  # fmt: skip
+        return queries, self._commit(start, slots, overflow, ids, valid)
+
+    def _check_new(
+        self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor | Positions, valid: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Check new keys and values against the cache; the new tokens' ids and valid flags ``[B, S]``."""
         _check_entries(keys, values, None, "new ")
         want = (self.batch, self.num_kv_heads, keys.shape[2], self.head_dim)
         if tuple(keys.shape) != want or values.shape[-1] != self.value_dim:
@@ -365,6 +425,10 @@ class StaticKVCache:
             valid = torch.ones(self.batch, seq_len, dtype=torch.bool, device=self.device)
         elif valid.dtype != torch.bool or tuple(valid.shape) != (self.batch, seq_len):
             raise ValueError(f"valid must be a bool [B, S] = [{self.batch}, {seq_len}] tensor, got {valid.dtype} {tuple(valid.shape)}")
+        return ids, valid
+
+    def _next_slots(self, seq_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The first new slot (0-dim), the slots ``[S]`` of ``seq_len`` new tokens, and which do not fit."""
         start = self.filled.clone()
         slots = start + torch.arange(seq_len, device=self.device)
         overflow = None
@@ -381,12 +445,16 @@ class StaticKVCache:
             if not torch.compiler.is_compiling():
                 deferred.record(deferred.CACHE_SLOT, overflow)
             slots = slots.clamp(max=self.max_len)
+        return start, slots, overflow
+
+    def _commit(
+        self, start: torch.Tensor, slots: torch.Tensor, overflow: torch.Tensor | None, ids: torch.Tensor, valid: torch.Tensor
+    ) -> StaticEntries:
+        """Record the new tokens' positions and padding at ``slots`` and advance :attr:`filled`."""
         with torch.no_grad():
-            self._keys.index_copy_(2, slots, keys)
-            self._values.index_copy_(2, slots, values)
             self._positions.index_copy_(1, slots, ids)
             self._valid.index_copy_(1, slots, valid.to(self.device))
-            self.filled.add_(seq_len)
+            self.filled.add_(slots.shape[0])
         return StaticEntries(self.keys, self.values, self.positions, self.valid, start, overflow)
 
 

@@ -102,7 +102,10 @@ def test_the_rule_catches_a_host_read():
     [
         (lambda q, k: ROPE(q, k, position_ids=torch.tensor([0, 1, 2, 3, 4, -1])), "outside the cos/sin table"),
         (lambda q, k: ROPE(q, k, position_ids=torch.tensor([0, 1, 2, 3, 4, 10**6])), "the largest was 1000000"),
-        (lambda q, k: _static_write(q, k, torch.tensor([0, 1, 2, 3, 4, 10**6]), rope=ROPE)[:2], "the largest was 1000000"),
+        (
+            lambda q, k: _static_write(q, k, torch.tensor([0, 1, 2, 3, 4, 10**6]), rope=ROPE)[:2],
+            "the largest was 1000000",
+        ),
         (lambda q, k: _static_write(q, k, max_len=S - 1), "more tokens written to a rotary.nn.StaticKVCache"),
         (lambda q, k: (rotary.apply_rotary(q, *TABLE, position_ids=torch.tensor([0, 1, 2, 3, 4, 16])),), "outside the cos/sin table"),
         (lambda q, k: (rotary.apply_rotary(q, TABLE[0][:S] * 2, TABLE[1][:S]),), "not rotation tables"),

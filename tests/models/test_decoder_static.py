@@ -105,7 +105,9 @@ def decode_logits_and_tokens(model, ids, mask, steps=5):
 @pytest.mark.parametrize("rotation", ["full", "partial"])
 @pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize("every_slot", [False, True])
-def test_static_decoding_rotates_and_caches_in_one_call_bit_for_bit(dtype, rotation, interleaved, every_slot, monkeypatch):
+def test_static_decoding_rotates_and_caches_in_one_call_bit_for_bit(
+    dtype, rotation, interleaved, every_slot, monkeypatch
+):
     """Every layer hands q, k and v to one rotate_and_cache call, and the logits and tokens are those of
     rotating, then copying k and v into the cache (GQA: 4 query heads, 2 KV heads), on the CPU's
     filled-slot path and on the every-slot path of accelerators."""

@@ -448,7 +448,12 @@ class StaticKVCache:
         return start, slots, overflow
 
     def _commit(
-        self, start: torch.Tensor, slots: torch.Tensor, overflow: torch.Tensor | None, ids: torch.Tensor, valid: torch.Tensor
+        self,
+        start: torch.Tensor,
+        slots: torch.Tensor,
+        overflow: torch.Tensor | None,
+        ids: torch.Tensor,
+        valid: torch.Tensor,
     ) -> StaticEntries:
         """Record the new tokens' positions and padding at ``slots`` and advance :attr:`filled`."""
         with torch.no_grad():

@@ -203,6 +203,35 @@ class accelerator_rules:
         return False
 
 
+def use_static_write(monkeypatch, path: str) -> list[None]:
+    """Make :class:`rotary.nn.StaticKVCache` take new unrotated q and k by ``path``, for the rest of the test:
+    ``"fused"`` (what it does: one ``rotary.rotate_and_cache`` call) or ``"rotate_then_copy"`` (the path
+    before it: rotate q and k, then ``index_copy_`` k and v into the buffers). Returns a list that gets one
+    entry per call.
+    """
+    import rotary
+    import rotary.nn.cache
+    from rotary.serving import rotate_and_cache
+
+    assert path in ("fused", "rotate_then_copy"), path
+    calls: list[None] = []
+
+    def rotate_then_copy(q, k, v, k_cache, v_cache, slots, tables, *, layout, cache_layout, inplace):
+        assert layout == cache_layout == "bhsd"
+        q, k = rotary.rotate([q, k], tables, kinds=("q", "k"), names=("q", "k"), inplace=inplace)
+        with torch.no_grad():
+            k_cache.index_copy_(2, slots[0], k)  # every row writes the same slots
+            v_cache.index_copy_(2, slots[0], v)
+        return q, k
+
+    def counted(*args, **kwargs):
+        calls.append(None)
+        return (rotate_and_cache if path == "fused" else rotate_then_copy)(*args, **kwargs)
+
+    monkeypatch.setattr(rotary.nn.cache, "rotate_and_cache", counted)
+    return calls
+
+
 def experiment_rows(table: dict, lengths: list[int], *, second_seed: dict | None = None, passkey: int = 36,
                     passkey_model: tuple[str, str] = ("rope-ft-linear", "linear")):
     """``rotary.experiments.rows.Measurements`` for seeds 0 and 1 from perplexities.

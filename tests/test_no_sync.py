@@ -32,6 +32,14 @@ TABLE = ROPE.cos_sin(torch.arange(16))
 TABLE_I = ROPE_I.cos_sin(torch.arange(16))
 
 
+def _static_write(q, k, ids=IDS, max_len=S + 2, rope=ROPE_I):
+    """A StaticKVCache taking unrotated q and k (the attention layer's one rotate_and_cache call): the
+    rotated q and the cache's keys, values and positions."""
+    cache = rotary.nn.StaticKVCache(B, HK, max_len, D)
+    q_rot, entries = cache.rotate_and_update(q, k, k * 2, rope.tables(ids), ids)
+    return q_rot, entries.keys, entries.values, entries.positions
+
+
 def _calls():
     """name -> a call of a hot path (fresh inputs each time), returning tensors."""
     q, k = _qk()
@@ -66,6 +74,7 @@ def _calls():
             rotary.apply_rotary_qkv_(gqa.clone(), *TABLE, num_heads_q=HQ, seqlen_offsets=torch.tensor([1, 2])),
         ),
         "apply_rotary_kv_": lambda: (rotary.apply_rotary_kv_(qkv.clone()[:, :, 1:], cos, sin),),
+        "StaticKVCache.rotate_and_update": lambda: _static_write(q, k),
     }
 
 
@@ -93,6 +102,11 @@ def test_the_rule_catches_a_host_read():
     [
         (lambda q, k: ROPE(q, k, position_ids=torch.tensor([0, 1, 2, 3, 4, -1])), "outside the cos/sin table"),
         (lambda q, k: ROPE(q, k, position_ids=torch.tensor([0, 1, 2, 3, 4, 10**6])), "the largest was 1000000"),
+        (
+            lambda q, k: _static_write(q, k, torch.tensor([0, 1, 2, 3, 4, 10**6]), rope=ROPE)[:2],
+            "the largest was 1000000",
+        ),
+        (lambda q, k: _static_write(q, k, max_len=S - 1), "more tokens written to a rotary.nn.StaticKVCache"),
         (lambda q, k: (rotary.apply_rotary(q, *TABLE, position_ids=torch.tensor([0, 1, 2, 3, 4, 16])),), "outside the cos/sin table"),
         (lambda q, k: (rotary.apply_rotary(q, TABLE[0][:S] * 2, TABLE[1][:S]),), "not rotation tables"),
         (lambda q, k: (rotary.apply_rotary(q, *TABLE, interleaved=True, position_ids=torch.arange(S)),), "not rotation tables"),

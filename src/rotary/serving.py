@@ -152,15 +152,15 @@ def rotate_and_cache(
     kc, vc = (c.transpose(1, 2) if cache_layout == "bhsd" and c.dim() == 4 else c for c in (k_cache, v_cache))
     slot_ids = slots.unsqueeze(0) if packed and slots.dim() == 1 else slots
     _check_shapes(qv, kv, vv, kc, vc, slot_ids)
-    rotation, _ = plan([q, k], tables, layout=layout, kinds=("q", "k"), names=("q", "k"))  # type: ignore[arg-type]
-    fused = (
-        q.device.type == "cuda"
-        and triton_kernel.available()
-        and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, rotation.cos[0], rotation.sin[0])))
-        and all(t.stride(-1) == 1 for t in (qv, kv, vv, kc, vc, *rotation.cos))
-        and rotation.cos[0].dim() == 2
-        and rotation.cos[0] is rotation.cos[1]
-    )
+    fused = False
+    if q.device.type == "cuda" and triton_kernel.available():  # elsewhere rotate() plans (and checks) alone
+        rotation, _ = plan([q, k], tables, layout=layout, kinds=("q", "k"), names=("q", "k"))  # type: ignore[arg-type]
+        fused = (
+            not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, rotation.cos[0], rotation.sin[0])))
+            and all(t.stride(-1) == 1 for t in (qv, kv, vv, kc, vc, *rotation.cos))
+            and rotation.cos[0].dim() == 2
+            and rotation.cos[0] is rotation.cos[1]
+        )
     if fused and not inplace:
         args = (rotation.cos[0], rotation.sin[0], rotation.positions, rotation.batch_rows, rotation.interleaved)
         out_q, out_k = rotate_and_cache_op(qv, kv, vv, kc, vc, slot_ids, *args)  # one launch; torch.compile sees through

@@ -12,7 +12,7 @@ import pickle
 import pytest
 import torch
 
-from helpers import accelerator_rules
+from helpers import accelerator_rules, use_static_write
 from rotary import deferred
 from rotary.errors import DeviceInputError
 from rotary.models import Decoder, DecoderConfig
@@ -89,6 +89,47 @@ def test_generate_variants_equal_todays_generation(encoding, monkeypatch):
     with accelerator_rules():  # the every-slot attention, nothing read
         monitored = model.generate(ids, 8, attention_mask=mask, cache="static")
     assert monitored.equal(expected)
+
+
+def decode_logits_and_tokens(model, ids, mask, steps=5):
+    """The logits of a static-cache prefill and ``steps`` decoding steps (greedy), and ``generate``'s tokens."""
+    with torch.no_grad():
+        cache = model.new_cache(batch=ids.shape[0], max_len=ids.shape[1] + steps)
+        logits = [model(ids, attention_mask=mask, cache=cache)[:, -1].float()]
+        for _ in range(steps):
+            logits.append(model.decode_step(logits[-1].argmax(-1, keepdim=True), cache))
+    return logits, model.generate(ids, steps + 1, attention_mask=mask, cache="static")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rotation", ["full", "partial"])
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("every_slot", [False, True])
+def test_static_decoding_rotates_and_caches_in_one_call_bit_for_bit(
+    dtype, rotation, interleaved, every_slot, monkeypatch
+):
+    """Every layer hands q, k and v to one rotate_and_cache call, and the logits and tokens are those of
+    rotating, then copying k and v into the cache (GQA: 4 query heads, 2 KV heads), on the CPU's
+    filled-slot path and on the every-slot path of accelerators."""
+    scaling = {"rope_type": "default", "partial_rotary_factor": 0.5} if rotation == "partial" else None
+    model = small(rope_interleaved=interleaved, rope_scaling=scaling).to(dtype)
+    ids, mask = prompt()
+    monkeypatch.setattr(deferred, "check_device_errors", CountChecks())  # generate's one read at the end
+    results = {}
+    for path in ("rotate_then_copy", "fused"):
+        calls = use_static_write(monkeypatch, path)
+        if every_slot:
+            with accelerator_rules():
+                results[path] = decode_logits_and_tokens(model, ids, mask)
+        else:
+            results[path] = decode_logits_and_tokens(model, ids, mask)
+        assert len(calls) == 2 * (6 + 6)  # 2 layers x (prefill + 5 steps, and generate's prefill + 5 steps)
+    (logits, tokens), (want_logits, want_tokens) = results["fused"], results["rotate_then_copy"]
+    for got, want in zip(logits, want_logits):
+        assert torch.equal(got, want)
+    assert tokens.equal(want_tokens)
+    if not every_slot:  # and the CPU's static path is still the dynamic cache's, bit for bit
+        assert tokens.equal(model.generate(ids, 6, attention_mask=mask))
 
 
 def test_sampling_is_multinomial_and_equal_across_caches():
@@ -219,6 +260,21 @@ def test_forward_and_decoding_step_have_no_graph_breaks(encoding):
         assert explanation.graph_break_count == 0, explanation.break_reasons
         explanation = torch._dynamo.explain(model.decode_step)(ids[:, :1], cache)
         assert explanation.graph_break_count == 0, explanation.break_reasons
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_the_fused_decoding_step_compiles_without_graph_breaks(interleaved, monkeypatch):
+    """torch.compile(fullgraph=True) of a decoding step on static caches, partial rotary, both pairings:
+    one graph, through rotate_and_cache."""
+    model = small(rope_interleaved=interleaved, rope_scaling={"rope_type": "default", "partial_rotary_factor": 0.5})
+    ids, mask = prompt()
+    with torch.no_grad():
+        cache = model.new_cache(batch=3, max_len=10)
+        model(ids, attention_mask=mask, cache=cache)
+        calls = use_static_write(monkeypatch, "fused")
+        explanation = torch._dynamo.explain(model.decode_step)(ids[:, :1], cache)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert calls, "the traced step did not go through rotate_and_cache"
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import rotary
-from helpers import HostReadError, accelerator_rules
+from helpers import HostReadError, accelerator_rules, use_static_write
 from rotary import deferred
 from rotary.errors import DeviceInputError, InputError
 from rotary.nn import KVCache, RotaryAttention, StaticKVCache, padding_position_ids
@@ -74,6 +74,38 @@ def test_static_equals_dynamic_bit_for_bit(position_bias, num_kv_heads, causal):
     assert torch.equal(static.values[:, :, :filled], dynamic.values)
     assert torch.equal(static.positions[:, :filled], dynamic.positions)
     assert static.valid[:, :filled].tolist() == [[False, False] + [True] * 7, [True] * 9]
+
+
+#: the layer's position encoding -> RotaryAttention's keyword arguments
+ROTATIONS = {
+    "rope": lambda: dict(rope=rotary.RoPE(8)),
+    "interleaved partial": lambda: dict(rope=rotary.RoPE(8, interleaved=True, rotary_dim=4)),
+    "rotary_value": lambda: dict(rotary_value=True),
+    "xpos": lambda: dict(rope=rotary.XPos(8)),
+    "none": lambda: dict(rope=False),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_kv_heads", [4, 1])
+@pytest.mark.parametrize("rotation", list(ROTATIONS))
+def test_rotation_and_cache_write_are_one_rotate_and_cache_call(dtype, num_kv_heads, rotation, monkeypatch):
+    """With a rope, a static-cache call rotates q and k and writes k and v in one rotate_and_cache call,
+    with the outputs and cache of rotating, then copying; without one, it copies."""
+    torch.manual_seed(0)
+    kwargs = ROTATIONS[rotation]()
+    attn = RotaryAttention(32, 4, num_kv_heads=num_kv_heads, causal=True, **kwargs).eval().to(dtype)
+    x, mask, positions = padded_batch()
+    x = x.to(dtype)
+    results = {}
+    for path in ("rotate_then_copy", "fused"):
+        calls = use_static_write(monkeypatch, path)
+        with torch.no_grad():
+            cache = StaticKVCache(2, num_kv_heads, 16, 8, dtype=dtype)
+            results[path] = (decode(attn, cache, x, mask, positions, 5), cache.keys, cache.values)
+        assert len(calls) == (0 if rotation == "none" else 5)  # the prefill and 4 steps
+    for got, want in zip(results["fused"], results["rotate_then_copy"]):
+        assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("position_bias", [None, "alibi"])

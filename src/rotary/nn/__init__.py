@@ -1,6 +1,7 @@
 """Attention layers built on :class:`rotary.RoPE`, and the other position encodings they are compared with."""
 
-from .attention import KVCache, RotaryAttention, StaticKVCache, padding_position_ids, repeat_kv
+from .attention import RotaryAttention, padding_position_ids, repeat_kv
+from .cache import KVCache, StaticKVCache
 from .linear_attention import (
     FEATURE_MAPS,
     RotaryLinearAttention,

@@ -1,0 +1,487 @@
+"""KV caches of an attention layer: :class:`KVCache`, grown by concatenation, and :class:`StaticKVCache`,
+preallocated and written in place (the same shapes at every decoding step, for CUDA graphs and
+``torch.compile``).
+
+Both hold keys already rotated: RoPE scores depend only on the positions of the two tokens, so a key is
+rotated once, when it enters the cache, at its own position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+
+from .. import deferred
+from .. import positions as P
+from .._checks import check_int, check_positive_int
+from .._limits import MAX_NUM_HEADS
+from ..errors import InputError
+from ..positions import Positions, check_attention_mask
+from ..serving import rotate_and_cache
+from ..tables import RotaryTables
+
+__all__ = ["KVCache", "StaticEntries", "StaticKVCache"]
+
+
+@dataclass
+class KVCache:
+    """Keys (rotated), values and key positions of one attention layer, grown by :meth:`update`.
+
+    A cache belongs to the first layer that fills it: handing the same cache to a second layer
+    (``[KVCache()] * n_layers``) is an error, not a silently mixed history.
+
+    Attributes:
+        keys: ``[B, Hk, T, D]`` rotated keys, or None before the first call.
+        values: ``[B, Hk, T, Dv]``.
+        positions: int64 ``[B, T]`` position of every cached key (needed by ALiBi / relative biases
+            and to continue positions after a left-padded prompt).
+        bound: every cached position is ``< bound`` (a host int; spares reading positions back).
+        exact: ``bound`` is exactly the largest position + 1.
+    """
+
+    keys: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    positions: torch.Tensor | None = field(default=None)
+    bound: int | None = None
+    exact: bool = True
+    owner: int | None = field(default=None, repr=False)
+
+    @property
+    def length(self) -> int:
+        """Number of cached tokens ``T``."""
+        return 0 if self.keys is None else self.keys.shape[2]
+
+    def _check_state(self) -> None:
+        parts = (self.keys, self.values, self.positions)
+        if any(p is None for p in parts) and any(p is not None for p in parts):
+            raise ValueError(
+                "this KVCache has some of keys / values / positions but not all; start from KVCache() "
+                "(or Decoder.new_cache()) and let the attention layer fill it"
+            )
+        if self.keys is not None:  # filled by hand: the three must describe the same tokens
+            try:
+                _check_entries(self.keys, self.values, self.positions, "cached ")  # type: ignore[arg-type]
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"this KVCache is inconsistent: {exc}; start from KVCache() and let the attention layer fill it") from None
+
+    def claim(self, owner: object) -> None:
+        """Mark the cache as ``owner``'s; raise if another layer filled it."""
+        if self.owner is None:
+            self.owner = id(owner)
+        elif self.owner != id(owner):
+            raise ValueError(
+                "this KVCache already holds another layer's keys: every attention layer needs its own cache "
+                "(use Decoder.new_cache() or [KVCache() for _ in layers], not [KVCache()] * n)"
+            )
+
+    def update(
+        self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor | Positions
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Append ``keys`` ``[B, Hk, S, D]``, ``values`` and ``positions`` ``[B, S]``; return all cached."""
+        self._check_state()
+        _check_entries(keys, values, None, "new ")
+        batch, seq_len = keys.shape[0], keys.shape[2]
+        if not isinstance(positions, Positions):
+            positions = P.from_ids(positions, batch=batch, seq_len=seq_len, device=keys.device)
+        elif positions.axes != 1 or positions.packed or positions.seq_len != seq_len or positions.batch not in (None, 1, batch):
+            raise ValueError(
+                f"positions must be 1-D positions [S] or [B, S] of the {seq_len} new keys (batch {batch}), got ids of "
+                f"shape {tuple(positions.ids.shape)}"
+            )
+        bound, exact = positions.bound, positions.exact
+        positions = positions.ids.to(keys.device).expand(batch, seq_len)
+        if self.keys is None:
+            self.keys, self.values, self.positions, self.bound, self.exact = keys, values, positions, bound, exact
+        else:
+            assert self.values is not None and self.positions is not None  # _check_state
+            if keys.shape[0] != self.keys.shape[0] or keys.shape[1] != self.keys.shape[1] or keys.shape[3] != self.keys.shape[3]:
+                raise ValueError(
+                    f"new keys {tuple(keys.shape)} do not match the cache {tuple(self.keys.shape)} in batch, heads or "
+                    "head_dim; use a fresh KVCache for another batch or layer"
+                )
+            if keys.dtype != self.keys.dtype or keys.device != self.keys.device or values.shape[-1] != self.values.shape[-1]:
+                raise ValueError(
+                    f"new keys/values ({keys.dtype}, {keys.device}, value dim {values.shape[-1]}) do not match the cache "
+                    f"({self.keys.dtype}, {self.keys.device}, value dim {self.values.shape[-1]}); use a fresh KVCache"
+                )
+            self.keys = torch.cat((self.keys, keys), dim=2)
+            self.values = torch.cat((self.values, values), dim=2)
+            self.positions = torch.cat((self.positions, positions), dim=1)
+            self.bound = None if self.bound is None or bound is None else max(self.bound, bound)
+            self.exact = self.exact and exact
+        return self.keys, self.values, self.positions
+
+    def next_positions(self, seq_len: int) -> Positions:
+        """Positions ``[B, S]`` that continue each row after its last cached position."""
+        self._check_state()
+        if self.positions is None or self.positions.shape[-1] == 0:
+            raise ValueError("the KVCache is empty: there is no position to continue from; pass position_ids")
+        return P.continuation(Positions.unchecked(self.positions, self.bound, exact=self.exact), seq_len)
+
+
+class StaticEntries(NamedTuple):
+    """What :meth:`StaticKVCache.update` hands the attention layer: every slot, and where the new tokens went.
+
+    Attributes:
+        keys: ``[B, Hk, L, D]`` rotated keys of all ``L`` slots (the slots at or past ``filled`` hold stale
+            data: the mask hides them).
+        values: ``[B, Hk, L, Dv]``.
+        positions: int64 ``[B, L]``, the position of every slot's key.
+        valid: bool ``[B, L]``: the slot holds a token (not padding, not unfilled).
+        start: int64 0-dim tensor, the slot of the first new token (the number filled before this write).
+        overflow: bool ``[S]``, the new tokens that did not fit (accelerators and ``torch.compile``: their
+            outputs must be NaN); ``None`` on the CPU, where a write past the end is an error at once.
+    """
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    positions: torch.Tensor
+    valid: torch.Tensor
+    start: torch.Tensor
+    overflow: torch.Tensor | None
+
+
+class StaticKVCache:
+    """A preallocated KV cache of one attention layer: the same shapes at every decoding step, so that a
+    step can be captured in a CUDA graph or by ``torch.compile(mode="reduce-overhead")``.
+
+    :class:`KVCache` grows by ``torch.cat`` (new shapes and new memory at every step). This cache holds
+    ``max_len`` slots from the start and writes new tokens into them with ``index_copy_`` at a write index
+    that lives on the device (:attr:`filled`), so nothing is read back on the host. Attention reads all
+    ``max_len`` slots through a mask that hides the unfilled slots and the padding (:attr:`valid`).
+
+    Args:
+        batch: ``B``.
+        num_kv_heads: ``Hk``.
+        max_len: slots ``L``: the most tokens the cache holds (prompt and new tokens, padding included).
+        head_dim: channels ``D`` of a key.
+        value_dim: channels ``Dv`` of a value (default ``D``).
+        dtype: of keys and values: the layer's activations (``torch.bfloat16`` for a bf16 model).
+        device: where the buffers live (default: the CPU).
+
+    Attributes:
+        keys: ``[B, Hk, L, D]`` rotated keys (a view of the buffer).
+        values: ``[B, Hk, L, Dv]``.
+        positions: int64 ``[B, L]``, the position of every slot's key.
+        valid: bool ``[B, L]``: the slot holds a token (``False``: padding, or not written yet).
+        filled: int64 0-dim tensor on ``device``: the slots written so far, the next write index.
+        max_len: ``L``, a host int.
+
+    Writing more than ``max_len`` tokens is an :class:`rotary.errors.InputError` at once on the CPU. On other
+    devices nothing is read to find out: the extra tokens go to a spill slot that attention never reads,
+    their outputs are NaN, and :func:`rotary.check_device_errors` raises :class:`rotary.DeviceInputError`.
+
+    The cache is for inference: its buffers are written in place, so it carries no gradient (keys or
+    values that require one are refused while grad mode is on; use :class:`KVCache` to backpropagate
+    through decoding). :meth:`reset` empties it for the next batch without reallocating (a captured
+    graph keeps working, its buffers stay where they are).
+
+    Example:
+        >>> from rotary.nn import RotaryAttention, StaticKVCache
+        >>> attn = RotaryAttention(64, 8, num_kv_heads=2, causal=True).eval()
+        >>> x = torch.randn(2, 10, 64)
+        >>> cache = StaticKVCache(2, 2, 16, 8)  # batch 2, 2 KV heads, 16 slots, head_dim 8
+        >>> with torch.no_grad():
+        ...     full = attn(x)
+        ...     steps = [attn(x[:, :4], cache=cache)] + [attn(x[:, i : i + 1], cache=cache) for i in range(4, 10)]
+        >>> torch.allclose(full, torch.cat(steps, dim=1), atol=1e-5), int(cache.filled), tuple(cache.keys.shape)
+        (True, 10, (2, 2, 16, 8))
+    """
+
+    def __init__(
+        self,
+        batch: int,
+        num_kv_heads: int,
+        max_len: int,
+        head_dim: int,
+        *,
+        value_dim: int | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        for name, value in (("batch", batch), ("num_kv_heads", num_kv_heads), ("max_len", max_len), ("head_dim", head_dim)):
+            check_positive_int(value, name)
+        value_dim = head_dim if value_dim is None else check_positive_int(value_dim, "value_dim")
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating torch.dtype (the layer's activations), got {dtype!r}")
+        if num_kv_heads > MAX_NUM_HEADS:
+            raise ValueError(f"num_kv_heads={num_kv_heads} is more than {MAX_NUM_HEADS}; pass the number of key/value heads")
+        device = torch.device("cpu") if device is None else torch.device(device)
+        self.batch, self.num_kv_heads, self.max_len = int(batch), int(num_kv_heads), int(max_len)
+        self.head_dim, self.value_dim, self.dtype = int(head_dim), int(value_dim), dtype
+        self.owner: int | None = None
+        # one slot more than max_len: on accelerators tokens past the end are written there (never read)
+        # instead of being checked on the host; made outside inference mode so that any mode may write them
+        with torch.inference_mode(False), torch.no_grad():
+            self._keys = torch.zeros(batch, num_kv_heads, max_len + 1, head_dim, dtype=dtype, device=device)
+            self._values = torch.zeros(batch, num_kv_heads, max_len + 1, value_dim, dtype=dtype, device=device)
+            self._positions = torch.zeros(batch, max_len + 1, dtype=torch.int64, device=device)
+            self._valid = torch.zeros(batch, max_len + 1, dtype=torch.bool, device=device)
+            self.filled = torch.zeros((), dtype=torch.int64, device=device)
+        self.device = self.filled.device
+        for buffer in (self._keys, self._values, self._positions, self._valid, self.filled):
+            # written in place by a compiled step: fixed addresses let CUDA graphs (reduce-overhead) keep them
+            torch._dynamo.mark_static_address(buffer)
+
+    def __repr__(self) -> str:
+        return (
+            f"StaticKVCache(batch={self.batch}, num_kv_heads={self.num_kv_heads}, max_len={self.max_len}, "
+            f"head_dim={self.head_dim}, value_dim={self.value_dim}, dtype={self.dtype}, device={self.device})"
+        )
+
+    @property
+    def keys(self) -> torch.Tensor:
+        """``[B, Hk, L, D]`` rotated keys of every slot."""
+        return self._keys[:, :, : self.max_len]
+
+    @property
+    def values(self) -> torch.Tensor:
+        """``[B, Hk, L, Dv]`` values of every slot."""
+        return self._values[:, :, : self.max_len]
+
+    @property
+    def positions(self) -> torch.Tensor:
+        """int64 ``[B, L]``: the position of every slot's key."""
+        return self._positions[:, : self.max_len]
+
+    @property
+    def valid(self) -> torch.Tensor:
+        """bool ``[B, L]``: the slot holds a token (not padding, written)."""
+        return self._valid[:, : self.max_len]
+
+    def claim(self, owner: object) -> None:
+        """Mark the cache as ``owner``'s; raise if another layer filled it."""
+        if self.owner is None:
+            self.owner = id(owner)
+        elif self.owner != id(owner):
+            raise ValueError(
+                "this StaticKVCache already holds another layer's keys: every attention layer needs its own cache "
+                "(use Decoder.new_cache(batch=..., max_len=...) or one StaticKVCache per layer)"
+            )
+
+    def reset(self) -> None:
+        """Empty the cache (``filled = 0``, no valid slot) without reallocating: the buffers keep their
+        addresses, so a captured decoding step goes on working with the next batch."""
+        with torch.no_grad():
+            self.filled.zero_()
+            self._valid.zero_()
+
+    def _host_mode(self) -> bool:
+        """Whether values may be read on the host here (the CPU, not under ``torch.compile``)."""
+        return not torch.compiler.is_compiling() and deferred.host_checks(self.device)
+
+    def _positions_of(self, ids: torch.Tensor) -> Positions:
+        """:class:`Positions` of ids made here from validated ones: on the CPU with their exact bound (a
+        free read), elsewhere without one (the rotation checks every token against its table)."""
+        if self._host_mode() and ids.numel():
+            return Positions.unchecked(ids, int(ids.max()) + 1)
+        return Positions.unchecked(ids, 0 if not ids.numel() else None)
+
+    def next_positions(self, seq_len: int, attention_mask: torch.Tensor | None = None) -> Positions:
+        """Positions ``[B, S]`` of ``seq_len`` new tokens, computed on the device.
+
+        Without ``attention_mask``: each row continues after its last cached position (``0 .. S - 1`` for an
+        empty cache; on the CPU, which sees that it is empty, the shared ``[S]`` of :func:`rotary.positions.arange`).
+        With the new tokens' 0/1 mask ``[B, S]``: padding-skipping positions, the number of valid cached
+        tokens plus ``cumsum(mask) - 1`` (clamped at 0), as :func:`padding_position_ids` gives over the
+        whole sequence.
+
+        Example:
+            >>> cache = StaticKVCache(1, 1, 8, 4)
+            >>> kv = torch.zeros(1, 1, 3, 4)
+            >>> _ = cache.update(kv, kv, torch.tensor([[5, 6, 7]]))
+            >>> cache.next_positions(2).ids.tolist()
+            [[8, 9]]
+        """
+        seq_len = check_int(seq_len, "seq_len", minimum=0)
+        steps = torch.arange(seq_len, device=self.device)
+        if attention_mask is None:
+            if self._host_mode() and int(self.filled) == 0:
+                return P.arange(seq_len, device=self.device)  # as KVCache: tables are a slice, nothing gathered
+            last = self._positions.index_select(1, (self.filled - 1).clamp(min=0).reshape(1))  # [B, 1]
+            first = torch.where(self.filled > 0, last + 1, torch.zeros_like(last))
+            return self._positions_of(first + steps)
+        mask = check_attention_mask(attention_mask).to(self.device)
+        if tuple(mask.shape) != (self.batch, seq_len):
+            raise ValueError(
+                f"with a StaticKVCache, attention_mask covers the new tokens only: [B, S] = [{self.batch}, {seq_len}] "
+                f"(the cache keeps the padding of earlier tokens), got {tuple(mask.shape)}"
+            )
+        before = self.valid.sum(dim=-1, keepdim=True)
+        return self._positions_of((before + mask.long().cumsum(-1) - 1).clamp(min=0))
+
+    def token_indices(self, seq_len: int) -> Positions:
+        """The slot indices ``filled .. filled + S - 1`` ``[S]`` of ``seq_len`` new tokens (the positions
+        of a layer whose rotation reads its own N-D positions)."""
+        return self._positions_of(self.filled + torch.arange(seq_len, device=self.device))
+
+    def update(
+        self,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        positions: torch.Tensor | Positions,
+        *,
+        valid: torch.Tensor | None = None,
+    ) -> StaticEntries:
+        """Write ``S`` new tokens into slots ``filled .. filled + S - 1`` and return every slot.
+
+        Args:
+            keys: rotated keys ``[B, Hk, S, D]`` in the cache's dtype, on its device.
+            values: ``[B, Hk, S, Dv]``.
+            positions: the new keys' positions ``[S]`` or ``[B, S]`` (ids or :class:`Positions`).
+            valid: bool ``[B, S]``, ``False`` for padding (default: all tokens).
+
+        Returns:
+            :class:`StaticEntries`: all ``L`` slots (keys, values, positions, valid), the first new slot,
+            and which new tokens did not fit (``None`` on the CPU).
+
+        Raises:
+            InputError: (on the CPU) more tokens than free slots.
+            ValueError, TypeError: keys or values that do not fit the cache (shape, dtype, device).
+        """
+        ids, valid = self._check_new(keys, values, positions, valid)
+        start, slots, overflow = self._next_slots(keys.shape[2])
+        with torch.no_grad():
+            self._keys.index_copy_(2, slots, keys)
+            self._values.index_copy_(2, slots, values)
+        return self._commit(start, slots, overflow, ids, valid)
+
+    def rotate_and_update(
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        tables: RotaryTables,
+        positions: torch.Tensor | Positions,
+        *,
+        valid: torch.Tensor | None = None,
+        inplace: bool = False,
+    ) -> tuple[torch.Tensor, StaticEntries]:
+        """Rotate the new queries and keys by ``tables`` and write the rotated keys and the values, as
+        :meth:`update` writes them, in one :func:`rotary.rotate_and_cache` call (one launch on CUDA).
+
+        Args:
+            queries: ``[B, H, S, D]``.
+            keys: unrotated keys ``[B, Hk, S, D]`` in the cache's dtype, on its device.
+            values: ``[B, Hk, S, Dv]``.
+            tables: the new tokens' rotary tables (``rope.tables(positions)``).
+            positions: the new keys' positions ``[S]`` or ``[B, S]`` (ids or :class:`Positions`).
+            valid: bool ``[B, S]``, ``False`` for padding (default: all tokens).
+            inplace: rotate ``queries`` and ``keys`` in place.
+
+        Returns:
+            ``(rotated queries [B, H, S, D], StaticEntries)``: the same as rotating, then :meth:`update`.
+
+        Raises:
+            as :meth:`update`; positions outside the tables as :func:`rotary.rotate`.
+
+        Example:
+            >>> import rotary
+            >>> rope, cache = rotary.RoPE(4), StaticKVCache(1, 1, 8, 4)
+            >>> q, kv = torch.randn(1, 2, 3, 4), torch.randn(1, 1, 3, 4)
+            >>> tables = rope.tables(torch.arange(3))
+            >>> q_rot, entries = cache.rotate_and_update(q, kv, kv, tables, torch.arange(3))
+            >>> torch.equal(entries.keys[:, :, :3], rope.rotate(kv)), torch.equal(q_rot, rope.rotate(q))
+            (True, True)
+        """
+        ids, valid = self._check_new(keys, values, positions, valid)
+        start, slots, overflow = self._next_slots(keys.shape[2])
+        # the spill slot (index max_len) is a row of the buffers: rotate_and_cache writes every token
+        queries, _ = rotate_and_cache(
+            queries, keys, values, self._keys, self._values, slots.expand(self.batch, -1), tables,
+            layout="bhsd", cache_layout="bhsd", inplace=inplace,
+        )  # fmt: skip
+        return queries, self._commit(start, slots, overflow, ids, valid)
+
+    def _check_new(
+        self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor | Positions, valid: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Check new keys and values against the cache; the new tokens' ids and valid flags ``[B, S]``."""
+        _check_entries(keys, values, None, "new ")
+        want = (self.batch, self.num_kv_heads, keys.shape[2], self.head_dim)
+        if tuple(keys.shape) != want or values.shape[-1] != self.value_dim:
+            raise ValueError(
+                f"new keys {tuple(keys.shape)} / values {tuple(values.shape)} do not fit this StaticKVCache (batch "
+                f"{self.batch}, {self.num_kv_heads} KV heads, head_dim {self.head_dim}, value_dim {self.value_dim}); "
+                "build the cache for this layer and batch (Decoder.new_cache(batch=..., max_len=...))"
+            )
+        if keys.dtype != self.dtype or keys.device != self.device:
+            raise ValueError(
+                f"new keys are {keys.dtype} on {keys.device} but this StaticKVCache holds {self.dtype} on {self.device}; "
+                f"build it with dtype={keys.dtype} and device='{keys.device}'"
+            )
+        if torch.is_grad_enabled() and (keys.requires_grad or values.requires_grad):
+            raise RuntimeError(
+                "a StaticKVCache is written in place and carries no gradient, but these keys/values require grad; "
+                "decode under torch.no_grad() (or torch.inference_mode()), or use KVCache to backpropagate"
+            )
+        seq_len = keys.shape[2]
+        if not isinstance(positions, Positions):
+            positions = P.from_ids(positions, batch=self.batch, seq_len=seq_len, device=self.device)
+        ids = positions.ids.to(self.device).expand(self.batch, seq_len)
+        if valid is None:
+            valid = torch.ones(self.batch, seq_len, dtype=torch.bool, device=self.device)
+        elif valid.dtype != torch.bool or tuple(valid.shape) != (self.batch, seq_len):
+            raise ValueError(f"valid must be a bool [B, S] = [{self.batch}, {seq_len}] tensor, got {valid.dtype} {tuple(valid.shape)}")
+        return ids, valid
+
+    def _next_slots(self, seq_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The first new slot (0-dim), the slots ``[S]`` of ``seq_len`` new tokens, and which do not fit."""
+        start = self.filled.clone()
+        slots = start + torch.arange(seq_len, device=self.device)
+        overflow = None
+        if self._host_mode():
+            end = int(start) + seq_len  # the CPU: reading is free, and the error comes where the write is
+            if end > self.max_len:
+                raise InputError(
+                    f"this StaticKVCache has {self.max_len} slots and {int(start)} are filled: {seq_len} more token(s) "
+                    f"do not fit; build it with max_len >= {end} (Decoder.new_cache(batch=..., max_len=...)), or "
+                    "reset() it for a new sequence"
+                )
+        else:  # nothing read: tokens past the end go to the spill slot, and are flagged
+            overflow = slots >= self.max_len
+            if not torch.compiler.is_compiling():
+                deferred.record(deferred.CACHE_SLOT, overflow)
+            slots = slots.clamp(max=self.max_len)
+        return start, slots, overflow
+
+    def _commit(
+        self,
+        start: torch.Tensor,
+        slots: torch.Tensor,
+        overflow: torch.Tensor | None,
+        ids: torch.Tensor,
+        valid: torch.Tensor,
+    ) -> StaticEntries:
+        """Record the new tokens' positions and padding at ``slots`` and advance :attr:`filled`."""
+        with torch.no_grad():
+            self._positions.index_copy_(1, slots, ids)
+            self._valid.index_copy_(1, slots, valid.to(self.device))
+            self.filled.add_(slots.shape[0])
+        return StaticEntries(self.keys, self.values, self.positions, self.valid, start, overflow)
+
+
+def _check_entries(keys: object, values: object, positions: object, which: str) -> None:
+    """keys ``[B, Hk, T, D]``, values ``[B, Hk, T, Dv]`` (floating, same dtype and device) and, when
+    given, positions ``[B, T]`` of an integer dtype."""
+    for name, t in (("keys", keys), ("values", values)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4 or not t.is_floating_point():
+            raise ValueError(f"{which}{name} must be a floating [B, Hk, T, D] tensor, got {getattr(t, 'shape', type(t).__name__)}")
+    if values.shape[:3] != keys.shape[:3]:
+        raise ValueError(
+            f"{which}values {tuple(values.shape)} must match {which}keys {tuple(keys.shape)} in batch, heads and length"
+        )
+    if values.dtype != keys.dtype or values.device != keys.device:
+        raise ValueError(
+            f"{which}keys and values must share dtype and device, got {keys.dtype} on {keys.device} and "
+            f"{values.dtype} on {values.device}"
+        )
+    if positions is not None:
+        want = (keys.shape[0], keys.shape[2])
+        if not isinstance(positions, torch.Tensor) or positions.dtype != torch.int64 or tuple(positions.shape) != want:
+            raise ValueError(
+                f"{which}positions must be an int64 tensor [B, T] = {list(want)}, got "
+                f"{getattr(positions, 'dtype', type(positions).__name__)} {tuple(getattr(positions, 'shape', ()))}"
+            )

@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import torch
 
-from ._checks import check_bool, check_positive_int, is_int, is_number
+from .._checks import check_bool, check_positive_int, is_int, is_number
 
 __all__ = [
     "ConfigError",

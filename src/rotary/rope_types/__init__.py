@@ -1,5 +1,20 @@
-"""The ``rope_type`` registry and the built-in types (:mod:`.registry`)."""
+"""The ``rope_type`` registry and the built-in types, each init function beside its checks.
 
+- :mod:`.registry`: :class:`RopeType`, :func:`register_rope_type`, :data:`ROPE_TYPES`,
+  :func:`validate_rope_parameters`, and the value checks the types share;
+- :mod:`.interpolation`: ``default``, ``linear``, ``ntk``, ``dynamic``;
+- :mod:`.yarn_longrope`: ``yarn``, ``longrope``;
+- :mod:`.llama3_proportional`: ``llama3``, ``proportional``.
+
+Importing the package registers the built-in types, in that order.
+"""
+
+# importing registers the built-in types, in this order (ROPE_TYPES lists them so)
+# isort: off
+from . import interpolation, yarn_longrope, llama3_proportional  # noqa: F401
+# isort: on
+
+from .llama3_proportional import proportional_pairs
 from .registry import (
     COMMON_KEYS,
     KEY_MEANINGS,
@@ -13,7 +28,6 @@ from .registry import (
     RopeType,
     complain,
     default_inv_freq,
-    proportional_pairs,
     register_rope_type,
     rotary_dim_from,
     validate_rope_parameters,
@@ -30,4 +44,10 @@ __all__ = [
     "rotary_dim_from",
     "validate_rope_parameters",
     "proportional_pairs",
+    "complain",
+    "COMMON_KEYS",
+    "KEY_MEANINGS",
+    "UPDATE_RULES",
+    "RopeCheckFn",
+    "RopeInitFn",
 ]

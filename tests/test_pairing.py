@@ -337,7 +337,7 @@ def test_every_rope_model_type_is_in_a_table():
 
 def _category(reason: str) -> str:
     return next(name for name in ("_NOT_TEXT", "_MROPE", "_NO_ROPE", "_NEGATIVE", "_UNVERIFIED")
-                if getattr(rotary.hf_config, name) == reason)  # fmt: skip
+                if getattr(rotary.hf_architectures, name) == reason)  # fmt: skip
 
 
 @pytest.mark.slow

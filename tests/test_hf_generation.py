@@ -60,3 +60,24 @@ def test_patched_generation_equals_unpatched(family, cache_implementation):
     assert torch.equal(outputs[0], outputs[1])
     assert outputs[0].shape == (2, 14)
     assert outputs[0][:, 6:].unique().numel() > 2  # a continuation that could differ, not one repeated token
+
+
+def test_a_compiled_patched_llama_rotates_with_plain_torch_that_inductor_can_fuse():
+    """Under torch.compile the patched half-pairing apply traces as plain torch operations (no rotary
+    custom op in the graph), so Inductor fuses it with its neighbours; the logits equal the eager
+    patched model's (fp32)."""
+    model, _ = _model("llama")
+    rotary.hf.patch(model)
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(3))
+    targets: list[str] = []
+
+    def recording(gm, example_inputs):
+        targets.extend(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        eager = model(ids).logits
+        compiled = torch.compile(model, backend=recording, fullgraph=True)(ids).logits
+    assert targets and not [t for t in targets if "rotary" in t], [t for t in targets if "rotary" in t]
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)

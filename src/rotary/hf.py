@@ -20,13 +20,16 @@ QK-norm families (Qwen3, Qwen3-MoE, Gemma-3), whose attention normalises every h
 :func:`rotary.rmsnorm_rotate` call, q and k read and written once. The attention module's instance
 ``forward`` runs the class's code as above, its ``apply_rotary_pos_emb`` normalising with that module's
 norms (found through a thread-local record of the attention module running); its ``q_norm`` and
-``k_norm`` get an instance ``forward`` that returns its input (the normalisation happens in the fused call). Weights of another dtype than q (an fp32 Qwen3 weight under autocast, where Hugging
+``k_norm`` get an instance ``forward`` that, inside that attention's forward, returns its input (the
+normalisation happens in the fused call) and elsewhere normalises as before. Weights of another dtype than q (an fp32 Qwen3 weight under autocast, where Hugging
 Face's norm returns fp32) or norms with different ``eps`` take the norms' own ``forward`` and rotary's
 rotation instead. ``unpatch`` removes the instance ``forward`` of the norms too.
 
+A ``q_norm``/``k_norm`` with forward hooks runs its own forward (its hooks see, and may change, the
+normalised output) and the attention then only rotates.
+
 Caveat: the patched ``forward`` sees the modeling module's globals as they were when ``patch`` ran
-(anything monkey-patched into transformers later is not seen until ``unpatch``/``patch`` again). While
-patched, forward hooks on ``q_norm``/``k_norm`` see the unnormalised input.
+(anything monkey-patched into transformers later is not seen until ``unpatch``/``patch`` again).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .kernels.eager import rotate_torch
 from .pairing import to_half
 from .qk_norm import rmsnorm_rotate
 from .rotation import rotate
@@ -59,8 +63,21 @@ def _layout(unsqueeze_dim: int) -> str:
         raise ValueError(f"unsqueeze_dim must be 1 ([B, H, S, D]) or 2 ([B, S, H, D]), got {unsqueeze_dim!r}") from None
 
 
-def _apply_pair(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool, layout: str):
-    """q and k rotated in one kernel call (transformers passes ``[B, S, r]`` or ``[S, r]`` tables)."""
+def _apply_pair(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool, layout: str
+):
+    """q and k rotated in one kernel call (transformers passes ``[B, S, r]`` or ``[S, r]`` tables).
+
+    While ``torch.compile`` traces (Hugging Face's static-cache generation compiles the decoding
+    step), the same arithmetic as plain torch operations instead: fp32, rounded once, as the kernel.
+    Inductor fuses them with the casts and the projections around them, which an opaque kernel call
+    would split into separate launches (measured: docs/benchmarks.md, "Generation")."""
+    if torch.compiler.is_compiling():
+        if cos.dim() == 2:  # [S, r]: one row per position, shared by the batch
+            cos, sin = cos[None], sin[None]
+        axis = 1 if layout == "bhsd" else 2
+        cos, sin = cos.unsqueeze(axis), sin.unsqueeze(axis)
+        return tuple(rotate_torch(x, cos, sin, interleaved=interleaved, inplace=False) for x in (q, k))
     # the model's own tables, trusted as they are (no check on every layer of every step)
     tables = RotaryTables.from_tensors(cos, sin, interleaved=interleaved, validate=False)
     q, k = rotate([q, k], tables, layout=layout, kinds=("q", "k"), names=("q", "k"))
@@ -163,14 +180,20 @@ SUPPORTED: dict[str, _Family] = {
     "mistral": _half("mistral"),
     "mixtral": _half("mixtral"),
     "qwen2": _half("qwen2"),
-    "qwen3": _Family("transformers.models.qwen3.modeling_qwen3", _HALF, _QKNorm("Qwen3RMSNorm", "qwen3", "variance_epsilon")),
+    "qwen3": _Family(
+        "transformers.models.qwen3.modeling_qwen3", _HALF, _QKNorm("Qwen3RMSNorm", "qwen3", "variance_epsilon")
+    ),
     "qwen3_moe": _Family(
-        "transformers.models.qwen3_moe.modeling_qwen3_moe", _HALF, _QKNorm("Qwen3MoeRMSNorm", "qwen3", "variance_epsilon")
+        "transformers.models.qwen3_moe.modeling_qwen3_moe",
+        _HALF,
+        _QKNorm("Qwen3MoeRMSNorm", "qwen3", "variance_epsilon"),
     ),
     "phi3": _half("phi3"),
     # Gemma3ForConditionalGeneration: its language model; both layer types: each layer gets the tables of its type
     **{
-        model_type: _Family("transformers.models.gemma3.modeling_gemma3", _HALF, _QKNorm("Gemma3RMSNorm", "gemma3", "eps"))
+        model_type: _Family(
+            "transformers.models.gemma3.modeling_gemma3", _HALF, _QKNorm("Gemma3RMSNorm", "gemma3", "eps")
+        )
         for model_type in ("gemma3", "gemma3_text")
     },
     "gpt_neox": _half("gpt_neox"),
@@ -184,7 +207,11 @@ SUPPORTED: dict[str, _Family] = {
     "glm": _Family("transformers.models.glm.modeling_glm", {"apply_rotary_pos_emb": _apply_glm}),
     # multimodal RoPE: the text attention gets M-RoPE tables already laid out per slot, pairs (i, i + r/2);
     # the vision towers rotate through another function (apply_rotary_pos_emb_vision), left as they are
-    **{model_type: _half(name) for name in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl") for model_type in (name, f"{name}_text")},
+    **{
+        model_type: _half(name)
+        for name in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+        for model_type in (name, f"{name}_text")
+    },
     # vision towers with 2-D RoPE: Pixtral's PixtralVisionModel, and Llama 4 (text, vision tower, or both)
     "pixtral": _Family("transformers.models.pixtral.modeling_pixtral", {"apply_rotary_pos_emb": _apply_pixtral}),
     **{
@@ -202,8 +229,15 @@ _FUSED = "_rotary_hf_qk_norm"  # on a fused QK-norm attention: (its forward's co
 
 
 def _deferred_norm(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    """The ``forward`` of a patched attention's ``q_norm`` / ``k_norm``: the input as it is; the attention's
-    ``apply_rotary_pos_emb`` normalises and rotates it in one call (:func:`_norm_and_rotate`)."""
+    """The ``forward`` of a patched attention's ``q_norm`` / ``k_norm``: inside that attention's forward
+    (in this thread), the input as it is, which the attention's ``apply_rotary_pos_emb`` normalises and
+    rotates in one call (:func:`_norm_and_rotate`); called from anywhere else, the norm's own forward."""
+    running = getattr(_RUNNING, "attention", None)
+    if running is None or not (running[0].q_norm is self or running[0].k_norm is self):
+        return _own_norm(self)(hidden_states)
+    if self._forward_hooks or _GLOBAL_FORWARD_HOOKS:  # a hook must see, and may change, the normalised output
+        running[2].append(self)  # normalised here: the attention's apply_rotary_pos_emb only rotates
+        return _own_norm(self)(hidden_states)
     return hidden_states
 
 
@@ -220,9 +254,13 @@ def _norm_and_rotate(q, k, cos, sin, unsqueeze_dim=1):
     rotates them with the model's tables. Weights of another dtype than the tensor they normalise
     (Hugging Face's Qwen3 norm would then return the weight's dtype) and norms with different ``eps`` take
     the norms' own forward and rotary's rotation."""
-    attention, spec = _RUNNING.attention
+    attention, spec, normalised = _RUNNING.attention
     q_norm, k_norm = attention.q_norm, attention.k_norm
     layout = _layout(unsqueeze_dim)
+    if normalised:  # a norm with forward hooks normalised its input already (_deferred_norm)
+        q = q if any(n is q_norm for n in normalised) else _own_norm(q_norm)(q)
+        k = k if any(n is k_norm for n in normalised) else _own_norm(k_norm)(k)
+        return _apply_pair(q, k, cos, sin, interleaved=False, layout=layout)
     eps = getattr(q_norm, spec.eps)
     fits = all(
         w.dtype == x.dtype or (spec.style == "gemma3" and w.dtype == torch.float32)
@@ -233,6 +271,9 @@ def _norm_and_rotate(q, k, cos, sin, unsqueeze_dim=1):
         return rmsnorm_rotate(q, k, q_norm.weight, k_norm.weight, tables, eps=eps, style=spec.style, layout=layout)  # type: ignore[arg-type]
     return _apply_pair(_own_norm(q_norm)(q), _own_norm(k_norm)(k), cos, sin, interleaved=False, layout=layout)
 
+
+#: forward hooks registered for every module (``torch.nn.modules.module.register_module_forward_hook``)
+_GLOBAL_FORWARD_HOOKS = getattr(torch.nn.modules.module, "_global_forward_hooks", {})
 
 #: per thread, the patched QK-norm attention module whose forward is running, and its family's norm
 _RUNNING = threading.local()
@@ -245,7 +286,7 @@ def _fused_attention_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     code, uses its own norms; thread-local: models may run in several threads)."""
     function, spec = self.__dict__[_FUSED]
     outer = getattr(_RUNNING, "attention", None)
-    _RUNNING.attention = (self, spec)
+    _RUNNING.attention = (self, spec, [])  # the list: norms that ran their own forward (for their hooks)
     try:
         return function(self, *args, **kwargs)
     finally:
@@ -254,7 +295,9 @@ def _fused_attention_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
 
 def _function(forward: Any, namespace: dict[str, Any]) -> types.FunctionType:
     """``forward``'s code with ``namespace`` as its globals."""
-    replacement = types.FunctionType(forward.__code__, namespace, forward.__name__, forward.__defaults__, forward.__closure__)
+    replacement = types.FunctionType(
+        forward.__code__, namespace, forward.__name__, forward.__defaults__, forward.__closure__
+    )
     replacement.__kwdefaults__ = forward.__kwdefaults__
     replacement.__qualname__, replacement.__doc__ = forward.__qualname__, forward.__doc__
     return replacement
@@ -272,7 +315,10 @@ def _fusable_norms(sub: nn.Module, family: _Family, hf_module: types.ModuleType,
         norm_class is not None
         and all(name in code.co_names for name in ("q_norm", "k_norm"))
         and all(isinstance(n, nn.Module) and type(n).forward is norm_class.forward for n in norms)
-        and all(getattr(n, "weight", None) is not None and tuple(n.weight.shape) == (getattr(sub, "head_dim", None),) for n in norms)
+        and all(
+            getattr(n, "weight", None) is not None and tuple(n.weight.shape) == (getattr(sub, "head_dim", None),)
+            for n in norms
+        )
     )
 
 
@@ -403,4 +449,3 @@ def _transformers_version() -> str:
         return transformers.__version__
     except ImportError:  # pragma: no cover
         return "not installed"
-

@@ -26,7 +26,7 @@ from ._sync import CopyableLock
 from .frequencies import Frequencies, frequencies
 from .positions import Positions
 from .schedule import FrequencySchedule
-from .tables import RotaryTables, TableCache, cos_sin_table
+from .tables import RotaryTables, TableCache, cos_sin_table, indexed_device
 
 __all__ = ["CACHE_ROWS", "TableSource", "keep_float32"]
 
@@ -312,9 +312,6 @@ class TableSource(nn.Module):
             freqs, key = self._freqs_for(length)
         ids = positions.ids
         learned = self.log_frequency_scale
-        inv_freq = self._inv_freq_on(freqs, ids.device)
-        if learned is not None:  # θ_i · exp(α_i), differentiable in α: computed per call, never cached
-            inv_freq = inv_freq.double() * learned.double().exp()
         bound = positions.bound
         if bound is None and not deferred.host_checks(ids.device) and not compiling:
             # ids on an accelerator, not read: the cached table as it is (at least max_position rows,
@@ -323,7 +320,10 @@ class TableSource(nn.Module):
         uncached = compiling or key is None or bound is None or learned is not None
         cache = None if uncached else self._cache(key, freqs)  # type: ignore[arg-type]
         cached = None if cache is None else cache.get(ids.device, cache.length if bound == -1 else bound, dtype)  # type: ignore[arg-type]
-        if cached is None:  # rows for exactly these tokens
+        if cached is None:  # rows for exactly these tokens (after the cache, which names a growth in a capture)
+            inv_freq = self._inv_freq_on(freqs, ids.device)
+            if learned is not None:  # θ_i · exp(α_i), differentiable in α: computed per call, never cached
+                inv_freq = inv_freq.double() * learned.double().exp()
             cos, sin = cos_sin_table(
                 ids, inv_freq, attention_scaling=freqs.attention_scaling, interleaved=self.interleaved, dtype=dtype
             )
@@ -340,6 +340,7 @@ class TableSource(nn.Module):
         """``freqs.inv_freq`` (fp32 ``[r/2]``) on ``device``: a copy kept per device (made once, e.g. by
         :meth:`prepare`), so a call copies nothing host-to-device. Not the ``inv_freq`` buffer, which
         ``.to()`` and users may change."""
+        device = indexed_device(device)
         key = (id(freqs), device)
         found = self._device_inv_freq.get(key)
         if found is None or found[0] is not freqs:
@@ -374,7 +375,7 @@ class TableSource(nn.Module):
         check_positive_int(max_position, "max_position")
         if dtype not in (torch.float32, torch.float64):
             raise TypeError(f"table dtype must be torch.float32 or torch.float64, got {dtype}")
-        device = self.inv_freq.device if device is None else torch.device(device)
+        device = indexed_device(self.inv_freq.device if device is None else device)
         if self.schedule.length_dependent or self.log_frequency_scale is not None:
             return self  # tables of these are computed per call, never cached
         cache = self._cache("original", self.original_freqs)

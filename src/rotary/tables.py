@@ -22,7 +22,7 @@ from ._checks import check_positive_int, is_number
 from ._limits import MAX_TABLE_BYTES
 from ._sync import CopyableLock
 
-__all__ = ["RotaryTables", "TableCache", "angles", "cos_sin_table", "expand_pairs", "table_dtype"]
+__all__ = ["RotaryTables", "TableCache", "angles", "cos_sin_table", "indexed_device", "expand_pairs", "table_dtype"]
 
 
 def table_dtype(x_dtype: torch.dtype) -> torch.dtype:
@@ -466,6 +466,15 @@ def _check_rows(cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, sample:
 # the cache
 
 
+def indexed_device(device: torch.device | str) -> torch.device:
+    """``device`` as a tensor's ``.device`` names it: ``"cuda"`` becomes ``cuda:<current device>``, so that
+    what :meth:`rotary.RoPE.prepare` made for ``"cuda"`` is found by calls on tensors of that device."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 class TableCache:
     """cos/sin tables for positions ``0 .. length-1`` of one frequency set, per device and dtype.
 
@@ -510,9 +519,7 @@ class TableCache:
         """Tables ``[>= needed_length, r]`` on ``device``, or ``None`` past ``limit`` rows or the memory budget."""
         if needed_length > self.limit:
             return None
-        device = torch.device(device)
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
+        device = indexed_device(device)
         key = (device, dtype)
         tables = self._tables.get(key)
         if tables is not None and tables[0].shape[0] >= needed_length:

@@ -269,7 +269,7 @@ def _launch(
         cos_k, sin_k = rotation.cos_sin(j)
     if B * S == 0 or HQ + HK == 0:
         return
-    block_h = min(triton.next_power_of_2(max(HQ, HK, 1)), 4)
+    block_h = triton_kernel.heads_per_program(x, HQ, HK)  # about 4 KiB of one token per program
     q_blocks = triton.cdiv(HQ, block_h)
     pos = positions if positions is not None else cos  # placeholder pointer, unused without positions
     spb, sps = (positions.stride(0), positions.stride(1)) if positions is not None else (0, 0)

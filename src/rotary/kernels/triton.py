@@ -24,7 +24,7 @@ except ImportError:  # Triton is optional: without it CUDA tensors take the pure
     triton = None
     tl = None
 
-__all__ = ["available", "rotate_and_cache_triton", "run_triton", "table_grad_triton"]
+__all__ = ["available", "heads_per_program", "rotate_and_cache_triton", "run_triton", "table_grad_triton"]
 
 
 def available() -> bool:
@@ -43,25 +43,37 @@ if triton is not None:
         """Rotate ``heads`` (a block of head indices, masked by ``< H``) of token (b, s) of one tensor
         with table row ``t``; ``poison`` is 0, or NaN for a token outside the table."""
         compute = tl.float64 if FP64 else tl.float32
-        pair = tl.arange(0, BLOCK_P)
-        if INTERLEAVED:
-            first = 2 * pair
-            second = 2 * pair + 1
-        else:
-            first = pair
-            second = pair + HALF
-        mask = (heads < H)[:, None] & (pair < HALF)[None, :]
-        table = t * table_stride + heads[:, None] * head_stride + first[None, :]
-        c = tl.load(COS + table, mask=mask, other=0.0).to(compute) + poison
-        sn = tl.load(SIN + table, mask=mask, other=0.0).to(compute)
-        if CONJUGATE:
-            sn = -sn
         x = X + b * sxb + s * sxs + heads[:, None] * sxh
         o = OUT + b * sob + s * sos + heads[:, None] * soh
-        a = tl.load(x + first[None, :], mask=mask, other=0.0).to(compute)
-        z = tl.load(x + second[None, :], mask=mask, other=0.0).to(compute)
-        tl.store(o + first[None, :], (a * c - z * sn).to(OUT.dtype.element_ty), mask=mask)
-        tl.store(o + second[None, :], (z * c + a * sn).to(OUT.dtype.element_ty), mask=mask)
+        if INTERLEAVED:
+            # pairs (2i, 2i + 1): load the rotated channels contiguously and each channel's partner
+            # (j ^ 1, in the same sector), so loads and stores stay coalesced; channel j takes the
+            # table entry of its pair's first channel and sign -1 (first) or +1 (second) on the partner
+            j = tl.arange(0, 2 * BLOCK_P)
+            mask = (heads < H)[:, None] & (j < 2 * HALF)[None, :]
+            table = t * table_stride + heads[:, None] * head_stride + (j - j % 2)[None, :]
+            c = tl.load(COS + table, mask=mask, other=0.0).to(compute) + poison
+            sn = tl.load(SIN + table, mask=mask, other=0.0).to(compute)
+            if CONJUGATE:
+                sn = -sn
+            a = tl.load(x + j[None, :], mask=mask, other=0.0).to(compute)
+            z = tl.load(x + (j ^ 1)[None, :], mask=mask, other=0.0).to(compute)
+            z = tl.where((j % 2 == 0)[None, :], -z, z)
+            if INPLACE:  # a partner may belong to another warp: every load before any store
+                tl.debug_barrier()
+            tl.store(o + j[None, :], (a * c + z * sn).to(OUT.dtype.element_ty), mask=mask)
+        else:
+            pair = tl.arange(0, BLOCK_P)
+            mask = (heads < H)[:, None] & (pair < HALF)[None, :]
+            table = t * table_stride + heads[:, None] * head_stride + pair[None, :]
+            c = tl.load(COS + table, mask=mask, other=0.0).to(compute) + poison
+            sn = tl.load(SIN + table, mask=mask, other=0.0).to(compute)
+            if CONJUGATE:
+                sn = -sn
+            a = tl.load(x + pair[None, :], mask=mask, other=0.0).to(compute)
+            z = tl.load(x + (pair + HALF)[None, :], mask=mask, other=0.0).to(compute)
+            tl.store(o + pair[None, :], (a * c - z * sn).to(OUT.dtype.element_ty), mask=mask)
+            tl.store(o + (pair + HALF)[None, :], (z * c + a * sn).to(OUT.dtype.element_ty), mask=mask)
         if not INPLACE:
             if D > 2 * HALF:  # pass-through channels are copied only out of place
                 rest = 2 * HALF + tl.arange(0, BLOCK_REST)
@@ -239,7 +251,7 @@ def run_triton(rotation: Rotation) -> None:
             _launch(rotation, first, second)
 
 
-def _heads_per_program(x: torch.Tensor, hq: int, hk: int) -> int:
+def heads_per_program(x: torch.Tensor, hq: int, hk: int) -> int:
     """Heads one program rotates: about 4 KiB of one token's q or k per program (16 bf16 heads of 128
     channels, 8 in fp32), so that each thread moves 16-byte vectors; never more than the heads there are."""
     per_head = x.shape[-1] * x.element_size()
@@ -262,7 +274,7 @@ def _launch(rotation: Rotation, i: int, j: int | None) -> None:
     if B * S == 0 or HQ + HK == 0:
         return
     cos, sin = rotation.cos_sin(i)
-    block_h = _heads_per_program(x, HQ, HK)
+    block_h = heads_per_program(x, HQ, HK)
     q_blocks = triton.cdiv(HQ, block_h)
     pos = positions if positions is not None else cos  # placeholder pointer, unused without positions
     spb, sps = (positions.stride(0), positions.stride(1)) if positions is not None else (0, 0)
@@ -301,7 +313,7 @@ def rotate_and_cache_triton(
     r = rotation.rotary_dim
     cos, sin = rotation.cos_sin(0)
     positions = rotation.positions
-    block_h = _heads_per_program(q, HQ, HK)
+    block_h = heads_per_program(q, HQ, HK)
     q_blocks = triton.cdiv(HQ, block_h)
     pos = positions if positions is not None else slots  # placeholder pointer, unused without positions
     spb, sps = (positions.stride(0), positions.stride(1)) if positions is not None else (0, 0)

@@ -2,7 +2,7 @@
 
 - :data:`PAIRING`: how each architecture's attention pairs the rotated channels, checked against
   transformers' own modeling code for every ``model_type`` of the pinned release that applies RoPE
-  (``tests/test_pairing.py``); :data:`UNSUPPORTED` names the architectures whose RoPE
+  (``tests/test_hf_architectures.py``); :data:`UNSUPPORTED` names the architectures whose RoPE
   :func:`rotary.hf_config.read_hf_config` does not build, and why;
 - :data:`MROPE_MODELS`: the architectures with multimodal RoPE, :data:`NO_ROPE_DEFAULTS`: those with
   NoPE layers, :data:`TEXT_MODEL_TYPES`: the text model of multimodal wrappers.
@@ -38,7 +38,7 @@ HALF, INTERLEAVED, FLAG = "half", "interleaved", "rope_interleave"
 #: (the config's ``rope_interleave`` flag decides; true by default, as in transformers: MLA
 #: checkpoints store their rope channels interleaved and transformers de-interleaves them before
 #: rotating, which gives the same attention scores as rotating pairs (2i, 2i + 1)). Every entry is
-#: checked against the model's own code in transformers by tests/test_pairing.py.
+#: checked against the model's own code in transformers by tests/test_hf_architectures.py.
 PAIRING: dict[str, str] = {
     **dict.fromkeys(
         (
@@ -90,7 +90,7 @@ _UNVERIFIED = (
     "head widths or keys, or no small model of it that the tests can build and run)"
 )
 
-#: model_type -> why from_hf_config does not build its RoPE. Checked by tests/test_pairing.py: every
+#: model_type -> why from_hf_config does not build its RoPE. Checked by tests/test_hf_architectures.py: every
 #: RoPE-applying model_type of transformers is in PAIRING or here (or is a wrapper whose text part is).
 UNSUPPORTED: dict[str, str] = {
     **dict.fromkeys(

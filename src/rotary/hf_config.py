@@ -12,7 +12,7 @@ Three tables make the reading explicit rather than guessed:
 - :data:`PAIRING` (in :mod:`rotary.hf_architectures`, with the other tables per ``model_type``): how
   each architecture's attention pairs the rotated channels, checked against
   transformers' own modeling code for every ``model_type`` of the pinned release that applies RoPE
-  (``tests/test_pairing.py``); :data:`UNSUPPORTED` names the architectures whose RoPE
+  (``tests/test_hf_architectures.py``); :data:`UNSUPPORTED` names the architectures whose RoPE
   :func:`read_hf_config` does not build, and why. Any other ``model_type`` is an error unless the
   caller states the pairing (``interleaved=``).
 - :func:`model_defaults`: values a published config.json may leave out because transformers fills

@@ -11,6 +11,8 @@
   fused kernel with the torch path cannot pass by silently falling back to it;
 - :func:`experiment_rows`: hand-made rows of ``rotary experiment`` (perplexities per method, seed and
   mode), for the claims and the report.
+- :func:`small_lm`: a small :class:`rotary.models.Decoder` in eval mode (vocabulary 50, two layers),
+  any of its config's fields overridden.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from rotary.models import Decoder, DecoderConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -229,3 +233,8 @@ def experiment_rows(table: dict, lengths: list[int], *, second_seed: dict | None
         for e in lengths:
             out.passkey.append(PasskeyRow(*passkey_model[:1], seed, passkey_model[1], 4.0, e, 0.5, passkey, 40))
     return out
+
+
+def small_lm(**over):
+    """A small ``Decoder`` (vocab_size 50, hidden_size 32, 2 layers, 4 heads) in eval mode; ``over``: DecoderConfig fields."""
+    return Decoder(DecoderConfig(**dict(dict(vocab_size=50, hidden_size=32, num_layers=2, num_heads=4), **over))).eval()

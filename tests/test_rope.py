@@ -195,3 +195,13 @@ def test_copies_of_inv_freq_with_the_same_values_are_not_edits(gen):
     assert torch.equal(rope(q, q)[0], want[0])
     with pytest.raises(RuntimeError, match="modified in place"):
         torch.func.functional_call(rope, {"inv_freq": rope.inv_freq * 2}, (q, q))
+
+
+def test_with_scaling_argument_checks():
+    rope = rotary.RoPE(64, base=10000.0)
+    with pytest.raises(TypeError, match="dict"):
+        rope.with_scaling("linear")
+    with pytest.raises(rotary.ConfigError, match="rope_theta"):
+        rope.with_scaling({"rope_type": "linear", "factor": 2.0, "rope_theta": 500000.0})
+    same = rope.with_scaling({"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
+    assert torch.equal(same.inv_freq, rope.inv_freq / 2)

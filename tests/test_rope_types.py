@@ -9,7 +9,9 @@ import warnings
 import pytest
 import torch
 
+import rotary
 from rotary import ConfigError, RoPE, frequencies
+from rotary.rope_types import register_rope_type
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 8192}  # fmt: skip
@@ -261,3 +263,24 @@ def test_which_registered_types_check_their_keys():
     finally:
         for name in ("test-bare", "test-keyless", "test-keyed", "test-assigned", "test-bad"):
             ROPE_TYPES.pop(name, None)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"required": "factor"}, "collection of key names"),
+        ({"optional": 3}, "collection of key names"),
+        ({"check": "yes"}, "check must be a function"),
+        ({"length_dependent": "no"}, "length_dependent"),
+        ({"trained_length": "no"}, "trained_length"),
+    ],
+)
+def test_register_rope_type_checks_its_arguments(kwargs, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        register_rope_type("_guard_test", **kwargs)
+
+
+def test_register_rope_type_refuses_a_non_function():
+    with pytest.raises(TypeError, match="decorates an init function"):
+        register_rope_type("_guard_test2")(42)
+    assert "_guard_test2" not in rotary.rope_types.ROPE_TYPES

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -182,3 +184,10 @@ def test_set_rope_scaling_equals_layers_built_with_that_rope():
     assert torch.equal(model(ids), before)
     with pytest.raises(TypeError, match="scaling must be a dict"):
         model.set_rope_scaling("linear")
+
+
+def test_roformer_copies_after_a_forward():
+    model = RoFormer(RoFormerConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64)).eval()
+    ids = torch.randint(50, (1, 7))
+    out = model(ids)
+    assert torch.equal(copy.deepcopy(model)(ids), out)

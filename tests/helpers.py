@@ -13,6 +13,8 @@
   mode), for the claims and the report.
 - :func:`small_lm`: a small :class:`rotary.models.Decoder` in eval mode (vocabulary 50, two layers),
   any of its config's fields overridden.
+- :func:`run_threads`, :func:`outputs_from_threads`: one object called from several threads at once
+  (with the ``one_intraop_thread`` fixture of conftest.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import copy
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -238,3 +241,37 @@ def experiment_rows(table: dict, lengths: list[int], *, second_seed: dict | None
 def small_lm(**over):
     """A small ``Decoder`` (vocab_size 50, hidden_size 32, 2 layers, 4 heads) in eval mode; ``over``: DecoderConfig fields."""
     return Decoder(DecoderConfig(**dict(dict(vocab_size=50, hidden_size=32, num_layers=2, num_heads=4), **over))).eval()
+
+
+def run_threads(work, n_threads=4):
+    """``work(i)`` in ``n_threads`` threads at once; any exception in one of them fails the test."""
+    errors: list[BaseException] = []
+
+    def target(i):
+        try:
+            work(i)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+def outputs_from_threads(call, count, reps=3, alternate=False):
+    """``call(i)`` for every ``i < count``, ``reps`` times in each of 4 threads (``alternate``: every
+    other pass in reverse order); the outputs as ``{(thread, rep, i): output}``, all of them present."""
+    got = {}
+
+    def work(t):
+        for rep in range(reps):
+            order = range(count)
+            for i in reversed(order) if alternate and not (t + rep) % 2 else order:
+                got[(t, rep, i)] = call(i)
+
+    run_threads(work)
+    assert len(got) == 4 * reps * count
+    return got

@@ -1,9 +1,12 @@
 """RoPE as an nn.Module: dtype safety, autograd, torch.compile."""
 
+import time
+
 import pytest
 import torch
 
 import rotary
+from helpers import outputs_from_threads
 
 
 def test_to_bfloat16_keeps_inv_freq_and_tables_fp32(gen):
@@ -205,3 +208,164 @@ def test_with_scaling_argument_checks():
         rope.with_scaling({"rope_type": "linear", "factor": 2.0, "rope_theta": 500000.0})
     same = rope.with_scaling({"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
     assert torch.equal(same.inv_freq, rope.inv_freq / 2)
+
+
+@pytest.fixture
+def q(gen):
+    return torch.randn(1, 4, 8, 64, generator=gen)
+
+
+def test_offset_and_position_ids_together_is_an_error(q):
+    with pytest.raises(ValueError, match="position_ids and offset=100 each give positions; pass one"):
+        rotary.RoPE(64)(q, q.clone(), position_ids=torch.arange(8), offset=100)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(interleaved="false"), "interleaved must be True or False, got 'false'"),
+        (dict(interleaved=1), "interleaved must be True or False, got 1"),
+        (dict(strict="no"), "strict must be True or False"),
+        (dict(dynamic="sometimes"), "'hf'.*'stateless'"),
+        (dict(max_position=2.0), "max_position must be a positive int"),
+    ],
+)
+def test_config_values_of_the_wrong_type(kwargs, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        rotary.RoPE(64, **kwargs)
+
+
+@pytest.mark.parametrize("inplace", ["yes", 1, None])
+def test_inplace_must_be_a_bool_on_every_path(inplace, q):
+    """The decoding fast paths (found by tests/variants/test_variants_robustness.py) check it too."""
+    rope = rotary.RoPE(64)
+    tables = rope.tables(torch.arange(8))
+    calls = [
+        lambda: rope(q, q.clone(), inplace=inplace),
+        lambda: rope.rotate(q, inplace=inplace),
+        lambda: rotary.rotate([q, q.clone()], tables, inplace=inplace),
+        lambda: rotary.rotate([q], tables, inplace=inplace),
+    ]
+    for call in calls:
+        with pytest.raises(TypeError, match=f"inplace must be True or False, got {inplace!r}"):
+            call()
+
+
+def test_inplace_on_overlapping_views_is_refused_but_disjoint_views_work(gen):
+    rope = rotary.RoPE(64)
+    qkv = torch.randn(1, 8, 8, 64, generator=gen)
+    with pytest.raises(ValueError, match="q and k share memory"):
+        rope(qkv[:, 0:4], qkv[:, 2:6], inplace=True)
+    fused = torch.randn(1, 8, 3, 4, 64, generator=gen)  # [B, S, 3, H, D]: q, k, v interleave in memory
+    q, k = fused[:, :, 0], fused[:, :, 1]
+    want = rope(q, k, layout="bshd")
+    rope(q, k, layout="bshd", inplace=True)  # disjoint, although their extents overlap
+    assert torch.equal(q, want[0]) and torch.equal(k, want[1])
+
+
+def test_negative_positions_fail_under_compile_too():
+    rope = rotary.RoPE(16)
+    f = torch.compile(lambda q, p: rope(q, q, position_ids=p), backend="eager", fullgraph=True)
+    q = torch.randn(1, 2, 4, 16)
+    assert f(q, torch.arange(4))[0].shape == q.shape
+    with pytest.raises(RuntimeError, match="position_ids must be >= 0"):
+        f(q, torch.tensor([0, -1, 2, 3]))
+
+
+def test_huge_positions_take_microseconds_and_no_table():
+    rope = rotary.RoPE(128)
+    start = time.perf_counter()
+    cos, _ = rope.cos_sin(torch.tensor([2**31 - 1], dtype=torch.int32))
+    q, k = torch.randn(1, 32, 1, 128), torch.randn(1, 8, 1, 128)
+    for offset in (2**20, 2**22, 2**40):
+        out = rope(q, k, offset=offset)[0]
+        ref = rotary.reference.rotate_complex(q.double(), torch.tensor([offset]), rope.inv_freq)
+        assert float((out.double() - ref).abs().max()) < 1e-5
+    elapsed = time.perf_counter() - start
+    assert cos.shape == (1, 128) and all(c.length <= 1 << 16 for c in rope._caches.values())
+    assert elapsed < 30  # generous: a table per position would take minutes and gigabytes
+
+
+def test_tables_cached_under_inference_mode_still_train():
+    rope = rotary.RoPE(16)
+    with torch.inference_mode():
+        rope.rotate(torch.randn(1, 1, 4, 16))
+    x = torch.randn(1, 1, 4, 16, requires_grad=True)
+    rope.rotate(x).sum().backward()
+    assert x.grad is not None
+
+
+@pytest.mark.parametrize(
+    "scaling, dynamic",
+    [
+        (None, "hf"),  # the cache grows concurrently to different lengths
+        ({"rope_type": "dynamic", "factor": 4.0, "max_position_embeddings": 16}, "stateless"),
+        ({"rope_type": "longrope", "original_max_position_embeddings": 16, "factor": 4.0,
+          "short_factor": [1.0 + i / 32 for i in range(8)], "long_factor": [1.0 + i for i in range(8)]}, "hf"),
+    ],
+)
+def test_one_rope_shared_by_threads_gives_single_threaded_results(scaling, dynamic, gen, one_intraop_thread):
+    lengths = [3, 40, 9, 70, 17, 5, 33, 100, 12, 64]
+    inputs = [torch.randn(1, 2, n, 16, generator=gen) for n in lengths]
+    offsets = [0, 7, 300, 1, 5000, 2, 90, 0, 65, 16]
+    single = rotary.RoPE(16, scaling=scaling, dynamic=dynamic, max_position=4)
+    want = [single(x, x, offset=o)[0] for x, o in zip(inputs, offsets)]
+    shared = rotary.RoPE(16, scaling=scaling, dynamic=dynamic, max_position=4)
+    got = outputs_from_threads(lambda i: shared(inputs[i], inputs[i], offset=offsets[i])[0], len(lengths), 6, True)
+    for (t, rep, i), out in got.items():
+        assert torch.equal(out, want[i]), (t, rep, i)
+
+
+DYNAMIC = {"rope_type": "dynamic", "factor": 4.0, "max_position_embeddings": 16}
+
+
+def test_one_hf_dynamic_ntk_rope_shared_by_threads_after_warm_up(gen, one_intraop_thread):
+    """transformers' state machine (dynamic="hf") keeps the frequencies of the longest call seen; once a
+    call of the longest length has run, every call between the trained length and it uses those same
+    frequencies in any order, so each thread's output must equal the single-threaded one."""
+    lengths = [17, 100, 40, 64, 23, 99, 16, 70]
+    inputs = [torch.randn(1, 2, n, 16, generator=gen) for n in lengths]
+    single = rotary.RoPE(16, scaling=DYNAMIC, max_position=4)
+    single(inputs[1], inputs[1])  # warm up at the longest length
+    want = [single(x, x)[0] for x in inputs]
+    assert not torch.equal(want[0], rotary.RoPE(16, scaling=DYNAMIC)(inputs[0], inputs[0])[0])  # not the fresh state
+    shared = rotary.RoPE(16, scaling=DYNAMIC, max_position=4)
+    shared(inputs[1], inputs[1])
+    got = outputs_from_threads(lambda i: shared(inputs[i], inputs[i])[0], len(lengths), 6, True)
+    for (t, rep, i), out in got.items():
+        assert torch.equal(out, want[i]), (t, rep, i)
+
+
+def test_one_hf_dynamic_ntk_rope_shared_by_threads_with_resets(gen, one_intraop_thread):
+    """Short calls reset the state and long calls grow it, concurrently: a short call must use the
+    trained frequencies, and a long call of length n the frequencies of some length m >= n that a call
+    asked for (what some serial order of the same calls gives), never a torn or foreign state."""
+    lengths = [5, 30, 9, 60, 12, 45, 3, 80]
+    inputs = [torch.randn(1, 2, n, 16, generator=gen) for n in lengths]
+    trained = rotary.RoPE(16)  # dynamic NTK below its trained length is plain RoPE
+    # the single-threaded result of a length-n input under the frequencies grown to length m
+    candidates = {}
+    for i, n in enumerate(lengths):
+        for m in lengths:
+            if n > 16 and m >= n:
+                rope = rotary.RoPE(16, scaling=DYNAMIC)
+                rope(torch.zeros(1, 1, m, 16), torch.zeros(1, 1, m, 16))
+                candidates.setdefault(i, []).append(rope(inputs[i], inputs[i])[0])
+    shared = rotary.RoPE(16, scaling=DYNAMIC, max_position=4)
+    got = outputs_from_threads(lambda i: shared(inputs[i], inputs[i])[0], len(lengths), 6, True)
+    for (t, rep, i), out in got.items():
+        if lengths[i] <= 16:
+            assert torch.equal(out, trained(inputs[i], inputs[i])[0]), (t, rep, i)
+        else:
+            assert any(torch.equal(out, c) for c in candidates[i]), (t, rep, i)
+
+
+def test_a_longrope_block_edited_after_construction_changes_nothing(gen):
+    scaling = {"rope_type": "longrope", "original_max_position_embeddings": 16, "factor": 4.0,
+               "short_factor": [1.0] * 8, "long_factor": [1.0 + i for i in range(8)]}
+    rope = rotary.RoPE(16, scaling=scaling)
+    q = torch.randn(1, 1, 40, 16, generator=gen)  # past 16 tokens: the long factors, computed lazily
+    scaling["long_factor"][0] = 100.0  # edited in place after construction, before first use
+    scaling["factor"] = 8.0
+    fresh = rotary.RoPE(16, scaling={**scaling, "factor": 4.0, "long_factor": [1.0 + i for i in range(8)]})
+    assert torch.equal(rope(q, q)[0], fresh(q, q)[0])

@@ -15,6 +15,8 @@
   any of its config's fields overridden.
 - :func:`run_threads`, :func:`outputs_from_threads`: one object called from several threads at once
   (with the ``one_intraop_thread`` fixture of conftest.py).
+- :data:`NAMED` and :func:`assert_named`: what a property test accepts as an error for arbitrary input
+  (hypothesis strategies are in ``strategies.py``).
 """
 
 from __future__ import annotations
@@ -275,3 +277,14 @@ def outputs_from_threads(call, count, reps=3, alternate=False):
     run_threads(work)
     assert len(got) == 4 * reps * count
     return got
+
+
+#: the errors a property test accepts from arbitrary input: a ``ValueError`` or ``TypeError`` raised by rotary
+#: with a message naming what is wrong (never a wrong tensor, never a bare internal exception)
+NAMED = (ValueError, TypeError)
+
+
+def assert_named(exc: BaseException, *names: str) -> None:
+    """The message of ``exc`` names one of ``names`` (the argument that was wrong)."""
+    message = str(exc)
+    assert any(name in message for name in names), f"the error names none of {names}: {message}"

@@ -4,9 +4,13 @@ import time
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import rotary
-from helpers import outputs_from_threads
+from helpers import NAMED, outputs_from_threads
+from rotary import reference
+from strategies import DTYPES, positions_strategy, tensors
 
 
 def test_to_bfloat16_keeps_inv_freq_and_tables_fp32(gen):
@@ -369,3 +373,73 @@ def test_a_longrope_block_edited_after_construction_changes_nothing(gen):
     scaling["factor"] = 8.0
     fresh = rotary.RoPE(16, scaling={**scaling, "factor": 4.0, "long_factor": [1.0 + i for i in range(8)]})
     assert torch.equal(rope(q, q)[0], fresh(q, q)[0])
+
+
+TOL = {torch.float32: 2e-5, torch.float64: 1e-9, torch.bfloat16: 8e-2, torch.float16: 8e-3}
+
+
+def _expected(rope, x, pos, layout):
+    """The float64 reference rotation of x (4-D) at its positions, or None when not computable."""
+    seq_dim = 2 if layout == "bhsd" else 1
+    s = x.shape[seq_dim]
+    if pos is None:
+        ids = torch.arange(s).expand(x.shape[0], s)
+    else:
+        ids = pos.long().expand(x.shape[0], s)
+    xb = x.double() if layout == "bhsd" else x.double().transpose(1, 2)
+    out = torch.empty_like(xb)
+    for b in range(xb.shape[0]):
+        out[b] = reference.rotate_complex(xb[b], ids[b], rope.freqs.inv_freq, interleaved=rope.interleaved)
+    return out if layout == "bhsd" else out.transpose(1, 2)
+
+
+@st.composite
+def rope_inputs(draw):
+    """Mostly inputs that fit (so the results are checked), the rest anything."""
+    head_dim = draw(st.sampled_from([2, 4, 6]))
+    fitting = tensors(rank=4, max_size=4, last=head_dim, dtype=draw(st.sampled_from(DTYPES[:4])))
+    return head_dim, draw(st.one_of(fitting, fitting, fitting, tensors()))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    case=rope_inputs(),
+    interleaved=st.booleans(),
+    layout=st.sampled_from(["bhsd", "bhsd", "bshd", "sbhd", None]),
+    inplace=st.sampled_from([False, False, True, "yes"]),
+    positions=st.one_of(st.none(), st.none(), positions_strategy()),
+    offset=st.sampled_from([0, 0, 5, -1, 2**40, 1.5, True]),
+)
+def test_rope_rotate_is_right_or_a_named_error(case, interleaved, layout, inplace, positions, offset):
+    head_dim, x = case
+    rope = rotary.RoPE(head_dim, interleaved=interleaved, max_position=8)
+    before = x.clone() if isinstance(x, torch.Tensor) else x
+    kwargs = dict(layout=layout, inplace=inplace, offset=offset)
+    if positions is not None:
+        kwargs["position_ids"] = positions
+    try:
+        out = rope.rotate(x, **kwargs)
+    except NAMED as exc:
+        assert str(exc), "an error must say what is wrong"
+        return
+    # it ran: then every input was valid, and the result must be the rotation
+    assert x.is_floating_point() and out.shape == x.shape and out.dtype == x.dtype
+    if x.dim() == 4:
+        assert layout in ("bhsd", "bshd")
+        view, view_layout = before, layout
+    else:  # packed [T, H, D] or vLLM's flat [T, H * D]: one sequence of T tokens, per-token positions
+        assert x.dim() in (2, 3) and positions is not None and offset in (0, False)
+        view, view_layout = before.reshape(1, x.shape[0], -1, head_dim), "bshd"
+    if positions is not None:
+        assert offset == 0 or offset is False
+        ref = _expected(rope, view, positions, view_layout)
+    else:
+        seq_dim = 2 if view_layout == "bhsd" else 1
+        ref = _expected(rope, view, torch.arange(offset, offset + view.shape[seq_dim]), view_layout)
+    ref = ref.reshape(x.shape)
+    scale = max(1.0, float(before.double().abs().max())) if before.numel() else 1.0
+    big = positions is not None and positions.numel() and int(positions.max()) > 2**20 or offset == 2**40
+    tol = TOL[x.dtype] * scale * (1e4 if big else 1)  # fp32 of angles ~1e12 rad: the reference differs too
+    assert float((out.double() - ref).abs().max()) <= tol if out.numel() else True
+    if inplace is True:
+        assert out is x

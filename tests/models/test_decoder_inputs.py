@@ -7,10 +7,14 @@ import pickle
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import rotary
-from helpers import outputs_from_threads, small_lm
+from helpers import NAMED, assert_named, outputs_from_threads, small_lm
+from rotary.models import Decoder, DecoderConfig
 from rotary.nn import KVCache
+from strategies import FAST
 
 
 def _roundtrip(obj):
@@ -167,3 +171,37 @@ def test_one_dynamic_ntk_decoder_shared_by_threads(gen, one_intraop_thread):
     got = outputs_from_threads(lambda i: infer(prompts[i]), len(prompts))
     for (_, _, i), out in got.items():
         assert torch.equal(out, want[i])
+
+
+_LM = {}
+
+
+def _lm() -> Decoder:
+    if "lm" not in _LM:
+        torch.manual_seed(0)
+        _LM["lm"] = Decoder(DecoderConfig(vocab_size=20, hidden_size=16, num_layers=1, num_heads=2)).eval()
+    return _LM["lm"]
+
+
+@FAST
+@given(
+    ids=st.lists(st.integers(-3, 23), min_size=0, max_size=5),
+    dtype=st.sampled_from([torch.int64, torch.int64, torch.int32, torch.int16, torch.float32]),
+    max_new_tokens=st.sampled_from([0, 1, 2, -1, 1.5, True]),
+)
+def test_decoder_runs_or_names_its_input(ids, dtype, max_new_tokens):
+    lm = _lm()
+    x = torch.tensor([ids], dtype=dtype)
+    try:
+        with torch.no_grad():
+            logits = lm(x)
+            out = lm.generate(x, max_new_tokens)
+    except NAMED as exc:
+        assert_named(exc, "input_ids", "max_new_tokens", "prompt")
+        return
+    assert dtype in (torch.int64, torch.int32) and all(0 <= i < 20 for i in ids) and len(ids) >= 1
+    assert logits.shape == (1, len(ids), 20) and bool(torch.isfinite(logits).all())
+    assert max_new_tokens in (0, 1, 2) and max_new_tokens is not True
+    assert out.shape == (1, len(ids) + max_new_tokens) and torch.equal(out[:, : len(ids)], x.long())
+    if max_new_tokens:  # greedy: the first new token is the argmax of the prompt's last logits
+        assert int(out[0, len(ids)]) == int(logits[0, -1].argmax())

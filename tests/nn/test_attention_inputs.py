@@ -3,10 +3,13 @@ arbitrary arguments that give the right shape or a named error."""
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import rotary
-from helpers import small_lm
-from rotary.nn import KVCache, RotaryAttention, RotaryLinearAttention
+from helpers import NAMED, assert_named, small_lm
+from rotary.nn import KVCache, RotaryAttention, RotaryLinearAttention, repeat_kv
+from strategies import FAST, odd_values, positions_strategy
 
 
 @pytest.mark.parametrize(
@@ -58,3 +61,74 @@ def test_attention_under_autocast_takes_mixed_dtypes(gen):
     x = torch.randn(1, 3, 16, generator=gen).bfloat16()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert RotaryAttention(16, 2)(x).shape == (1, 3, 16)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    hidden=st.sampled_from([8, 16, 12]),
+    heads=st.sampled_from([1, 2, 3, 0]),
+    kv=st.sampled_from([None, 1, 2, 5]),
+    causal=st.sampled_from([True, False, "true"]),
+    seq=st.integers(0, 6),
+    mask=st.sampled_from(["none", "ones", "float", "twos", "short", "left"]),
+    positions=positions_strategy(),
+)
+def test_attention_is_right_shaped_or_a_named_error(hidden, heads, kv, causal, seq, mask, positions):
+    try:
+        attn = rotary.nn.RotaryAttention(hidden, heads, num_kv_heads=kv, causal=causal)
+    except NAMED as exc:
+        assert str(exc)
+        return
+    x = torch.randn(2, seq, hidden)
+    masks = {
+        "none": None, "ones": torch.ones(2, seq, dtype=torch.long), "float": torch.zeros(2, seq),
+        "twos": torch.full((2, seq), 2), "short": torch.ones(2, max(seq - 1, 0), dtype=torch.long),
+        "left": torch.cat((torch.zeros(2, 1, dtype=torch.long), torch.ones(2, max(seq - 1, 0), dtype=torch.long)), 1)[:, :seq],
+    }
+    try:
+        out = attn(x, attention_mask=masks[mask], position_ids=positions)
+    except NAMED as exc:
+        assert str(exc)
+        return
+    assert out.shape == x.shape and torch.isfinite(out).all()
+
+
+dtypes = st.sampled_from([torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.int32, torch.bool])
+
+
+@FAST
+@given(
+    shape=st.lists(st.integers(0, 4), min_size=1, max_size=5),
+    groups=odd_values,
+    dtype=dtypes,
+)
+def test_repeat_kv_equals_repeat_interleave_or_names_the_argument(shape, groups, dtype):
+    x = torch.zeros(shape, dtype=dtype) if dtype != torch.bool else torch.zeros(shape, dtype=torch.bool)
+    try:
+        out = repeat_kv(x, groups)
+    except NAMED as exc:
+        assert_named(exc, "groups", "x must be")
+        return
+    assert x.dim() == 4 and isinstance(groups, int) and not isinstance(groups, bool) and groups >= 1
+    assert torch.equal(out, x.repeat_interleave(groups, dim=1))
+
+
+@FAST
+@given(
+    batch=st.integers(0, 2),
+    seq_len=st.integers(0, 5),
+    width=st.sampled_from([16, 16, 8, 32]),
+    dtype=dtypes,
+    rank=st.sampled_from([3, 3, 3, 2, 4]),
+)
+def test_rotary_attention_runs_or_names_hidden_states(batch, seq_len, width, dtype, rank):
+    attn = RotaryAttention(16, 2, causal=True)
+    shape = [batch, seq_len, width][:rank] + [2] * max(0, rank - 3)
+    x = torch.ones(shape, dtype=dtype)
+    try:
+        out = attn(x)
+    except NAMED as exc:
+        assert_named(exc, "hidden_states")
+        return
+    assert rank == 3 and width == 16 and dtype == torch.float32
+    assert out.shape == x.shape and bool(torch.isfinite(out).all())

@@ -2,8 +2,12 @@
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
+from helpers import NAMED, assert_named
 from rotary.nn import KVCache, RotaryAttention
+from strategies import FAST
 
 
 def test_a_cache_from_another_layer_shape_is_named():
@@ -34,3 +38,35 @@ def test_kv_cache_entries_must_describe_the_same_tokens(cache, new, match):
     k = torch.zeros(1, 1, 2, 4)
     with pytest.raises(ValueError, match=match):
         KVCache(**cache).update(*(new or (k, k, torch.arange(2, 4))))
+
+
+@FAST
+@given(
+    new_len=st.integers(0, 3),
+    values_len=st.integers(0, 3),
+    heads=st.sampled_from([1, 2]),
+    value_dtype=st.sampled_from([torch.float32, torch.float32, torch.float64, torch.int64]),
+    positions=st.sampled_from(["match", "short", "float", "2d", "negative"]),
+)
+def test_kv_cache_update_appends_or_names_the_mismatch(new_len, values_len, heads, value_dtype, positions):
+    cache = KVCache()
+    first = torch.randn(1, 2, 2, 4)
+    cache.update(first, first, torch.arange(2))
+    keys = torch.randn(1, heads, new_len, 4)
+    values = torch.ones(1, heads, values_len, 4, dtype=value_dtype)
+    ids = {
+        "match": torch.arange(2, 2 + new_len),
+        "short": torch.arange(2, 2 + new_len + 1),
+        "float": torch.arange(2, 2 + new_len).float(),
+        "2d": torch.arange(2, 2 + new_len)[None],
+        "negative": torch.arange(-new_len, 0),
+    }[positions]
+    try:
+        k, v, p = cache.update(keys, values, ids)
+    except NAMED as exc:
+        assert_named(exc, "keys", "values", "positions", "position_ids", "KVCache")
+        return
+    assert heads == 2 and values_len == new_len and value_dtype == torch.float32
+    assert positions in ("match", "2d") or (positions == "negative" and new_len == 0)
+    assert torch.equal(k, torch.cat((first, keys), dim=2)) and torch.equal(v, torch.cat((first, values), dim=2))
+    assert p.tolist() == [[0, 1] + list(range(2, 2 + new_len))]

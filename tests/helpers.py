@@ -17,22 +17,32 @@
   (with the ``one_intraop_thread`` fixture of conftest.py).
 - :data:`NAMED` and :func:`assert_named`: what a property test accepts as an error for arbitrary input
   (hypothesis strategies are in ``strategies.py``).
+- :func:`assert_named_error` and :func:`assert_sound`: the two ways a call of the configuration layer
+  on a perturbed input may end: a ``ConfigError`` / ``ValueError`` / ``TypeError`` raised by rotary
+  itself that names the offending key or value (never a bare ZeroDivisionError, KeyError,
+  OverflowError, ... or "math domain error"), or frequencies that are finite and turn, with a finite
+  attention scaling > 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import math
 import os
 import subprocess
 import sys
 import threading
+import traceback
 from pathlib import Path
 from typing import Any
 
 import torch
 
+import rotary
+from rotary import ConfigError
 from rotary.models import Decoder, DecoderConfig
+from rotary.rope_types import ROPE_TYPES, proportional_pairs
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -288,3 +298,38 @@ def assert_named(exc: BaseException, *names: str) -> None:
     """The message of ``exc`` names one of ``names`` (the argument that was wrong)."""
     message = str(exc)
     assert any(name in message for name in names), f"the error names none of {names}: {message}"
+
+
+ROTARY_SOURCE = os.path.dirname(rotary.__file__)
+
+
+BAD_TYPES = (ZeroDivisionError, KeyError, AttributeError, OverflowError, IndexError, RuntimeError, AssertionError)
+
+
+def _mentions(message: str, key, value) -> bool:
+    """The message names the offending key or value (in any of the ways a message prints one)."""
+    texts = {repr(value), str(value)}
+    if isinstance(value, float) and math.isfinite(value):
+        texts |= {f"{value:g}", repr(float(value))}
+    if isinstance(value, (list, tuple)):
+        texts |= {repr(v) for v in value} | {str(v) for v in value}
+    return any(t and t in message for t in texts) or (key is not None and str(key) in message)
+
+
+def assert_named_error(exc: BaseException, *suspects: tuple) -> None:
+    """``exc`` is a named error raised by rotary, naming one of the ``(key, value)`` suspects (if any given)."""
+    assert not isinstance(exc, BAD_TYPES), f"bare {type(exc).__name__}: {exc}"
+    assert isinstance(exc, (ConfigError, ValueError, TypeError)), f"unexpected {type(exc).__name__}: {exc}"
+    assert "math domain error" not in str(exc)
+    origin = traceback.extract_tb(exc.__traceback__)[-1].filename
+    assert origin.startswith(ROTARY_SOURCE), f"{type(exc).__name__} raised outside rotary ({origin}): {exc}"
+    if suspects:
+        assert any(_mentions(str(exc), key, value) for key, value in suspects), f"the message names none of {suspects}: {exc}"
+
+
+def assert_sound(f: rotary.Frequencies) -> None:
+    inv_freq = f.inv_freq
+    assert inv_freq.dtype == torch.float32 and bool(torch.isfinite(inv_freq).all()), inv_freq
+    turning = proportional_pairs(f.head_dim, f.scaling) if ROPE_TYPES[f.rope_type].rotates_every_pair else len(inv_freq)
+    assert bool((inv_freq[:turning] > 0).all()), inv_freq
+    assert math.isfinite(f.attention_scaling) and f.attention_scaling > 0

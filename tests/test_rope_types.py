@@ -8,10 +8,14 @@ import warnings
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import rotary
+from helpers import assert_named_error
 from rotary import ConfigError, RoPE, frequencies
-from rotary.rope_types import register_rope_type
+from rotary.rope_types import ROPE_TYPES, register_rope_type, validate_rope_parameters
+from strategies import NASTY, PROPERTIES, perturbed_blocks
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 8192}  # fmt: skip
@@ -284,3 +288,18 @@ def test_register_rope_type_refuses_a_non_function():
     with pytest.raises(TypeError, match="decorates an init function"):
         register_rope_type("_guard_test2")(42)
     assert "_guard_test2" not in rotary.rope_types.ROPE_TYPES
+
+
+@PROPERTIES
+@given(perturbed=perturbed_blocks(), rotary_dim=st.one_of(st.sampled_from([64, 2, 4, 62]), NASTY),
+       strict=st.one_of(st.booleans(), NASTY))  # fmt: skip
+def test_validate_rope_parameters_on_perturbed_blocks(perturbed, rotary_dim, strict):
+    block, key, value = perturbed
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            out = validate_rope_parameters(block, rotary_dim=rotary_dim, strict=strict)
+        except Exception as exc:
+            assert_named_error(exc, (key, value), ("rotary_dim", rotary_dim), ("strict", strict))
+            return
+    assert isinstance(out, dict) and out["rope_type"] in ROPE_TYPES and out is not block

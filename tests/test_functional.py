@@ -1,4 +1,5 @@
-"""The interfaces users of other kernels already write, each equal to the 4-D path:
+"""apply_rotary and its in-place forms (functional.py). The interfaces users of other kernels already
+write, each equal to the 4-D path:
 flash-attn's ``seqlen_offsets`` and packed ``qkv`` / ``kv`` in-place calls, and vLLM's flat
 ``[tokens, H * D]`` layout with per-token positions."""
 

@@ -1,4 +1,4 @@
-"""rotary.hf_config.PAIRING against transformers' own modeling code, for every model_type of the pinned
+"""rotary.hf_architectures.PAIRING against transformers' own modeling code, for every model_type of the pinned
 transformers whose modeling code applies RoPE.
 
 For each architecture the table lists, a tiny model (random weights, hidden size 64) is built from

@@ -1,4 +1,5 @@
-"""RoPE as an nn.Module: dtype safety, autograd, torch.compile."""
+"""RoPE (rope.py, rope_tables.py) as an nn.Module: dtype safety, autograd, torch.compile, the read-only
+inv_freq, its argument checks, threads sharing one RoPE, and arbitrary input to RoPE.rotate."""
 
 import time
 

@@ -11,19 +11,38 @@
   fused kernel with the torch path cannot pass by silently falling back to it;
 - :func:`experiment_rows`: hand-made rows of ``rotary experiment`` (perplexities per method, seed and
   mode), for the claims and the report.
+- :func:`small_lm`: a small :class:`rotary.models.Decoder` in eval mode (vocabulary 50, two layers),
+  any of its config's fields overridden.
+- :func:`run_threads`, :func:`outputs_from_threads`: one object called from several threads at once
+  (with the ``one_intraop_thread`` fixture of conftest.py).
+- :data:`NAMED` and :func:`assert_named`: what a property test accepts as an error for arbitrary input
+  (hypothesis strategies are in ``strategies.py``).
+- :func:`assert_named_error` and :func:`assert_sound`: the two ways a call of the configuration layer
+  on a perturbed input may end: a ``ConfigError`` / ``ValueError`` / ``TypeError`` raised by rotary
+  itself that names the offending key or value (never a bare ZeroDivisionError, KeyError,
+  OverflowError, ... or "math domain error"), or frequencies that are finite and turn, with a finite
+  attention scaling > 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import math
 import os
 import subprocess
 import sys
+import threading
+import traceback
 from pathlib import Path
 from typing import Any
 
 import torch
+
+import rotary
+from rotary import ConfigError
+from rotary.models import Decoder, DecoderConfig
+from rotary.rope_types import ROPE_TYPES, proportional_pairs
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -258,3 +277,88 @@ def experiment_rows(table: dict, lengths: list[int], *, second_seed: dict | None
         for e in lengths:
             out.passkey.append(PasskeyRow(*passkey_model[:1], seed, passkey_model[1], 4.0, e, 0.5, passkey, 40))
     return out
+
+
+def small_lm(**over):
+    """A small ``Decoder`` (vocab_size 50, hidden_size 32, 2 layers, 4 heads) in eval mode; ``over``: DecoderConfig fields."""
+    return Decoder(DecoderConfig(**dict(dict(vocab_size=50, hidden_size=32, num_layers=2, num_heads=4), **over))).eval()
+
+
+def run_threads(work, n_threads=4):
+    """``work(i)`` in ``n_threads`` threads at once; any exception in one of them fails the test."""
+    errors: list[BaseException] = []
+
+    def target(i):
+        try:
+            work(i)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+def outputs_from_threads(call, count, reps=3, alternate=False):
+    """``call(i)`` for every ``i < count``, ``reps`` times in each of 4 threads (``alternate``: every
+    other pass in reverse order); the outputs as ``{(thread, rep, i): output}``, all of them present."""
+    got = {}
+
+    def work(t):
+        for rep in range(reps):
+            order = range(count)
+            for i in reversed(order) if alternate and not (t + rep) % 2 else order:
+                got[(t, rep, i)] = call(i)
+
+    run_threads(work)
+    assert len(got) == 4 * reps * count
+    return got
+
+
+#: the errors a property test accepts from arbitrary input: a ``ValueError`` or ``TypeError`` raised by rotary
+#: with a message naming what is wrong (never a wrong tensor, never a bare internal exception)
+NAMED = (ValueError, TypeError)
+
+
+def assert_named(exc: BaseException, *names: str) -> None:
+    """The message of ``exc`` names one of ``names`` (the argument that was wrong)."""
+    message = str(exc)
+    assert any(name in message for name in names), f"the error names none of {names}: {message}"
+
+
+ROTARY_SOURCE = os.path.dirname(rotary.__file__)
+
+
+BAD_TYPES = (ZeroDivisionError, KeyError, AttributeError, OverflowError, IndexError, RuntimeError, AssertionError)
+
+
+def _mentions(message: str, key, value) -> bool:
+    """The message names the offending key or value (in any of the ways a message prints one)."""
+    texts = {repr(value), str(value)}
+    if isinstance(value, float) and math.isfinite(value):
+        texts |= {f"{value:g}", repr(float(value))}
+    if isinstance(value, (list, tuple)):
+        texts |= {repr(v) for v in value} | {str(v) for v in value}
+    return any(t and t in message for t in texts) or (key is not None and str(key) in message)
+
+
+def assert_named_error(exc: BaseException, *suspects: tuple) -> None:
+    """``exc`` is a named error raised by rotary, naming one of the ``(key, value)`` suspects (if any given)."""
+    assert not isinstance(exc, BAD_TYPES), f"bare {type(exc).__name__}: {exc}"
+    assert isinstance(exc, (ConfigError, ValueError, TypeError)), f"unexpected {type(exc).__name__}: {exc}"
+    assert "math domain error" not in str(exc)
+    origin = traceback.extract_tb(exc.__traceback__)[-1].filename
+    assert origin.startswith(ROTARY_SOURCE), f"{type(exc).__name__} raised outside rotary ({origin}): {exc}"
+    if suspects:
+        assert any(_mentions(str(exc), key, value) for key, value in suspects), f"the message names none of {suspects}: {exc}"
+
+
+def assert_sound(f: rotary.Frequencies) -> None:
+    inv_freq = f.inv_freq
+    assert inv_freq.dtype == torch.float32 and bool(torch.isfinite(inv_freq).all()), inv_freq
+    turning = proportional_pairs(f.head_dim, f.scaling) if ROPE_TYPES[f.rope_type].rotates_every_pair else len(inv_freq)
+    assert bool((inv_freq[:turning] > 0).all()), inv_freq
+    assert math.isfinite(f.attention_scaling) and f.attention_scaling > 0

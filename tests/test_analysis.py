@@ -7,10 +7,15 @@ import math
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
+import rotary
+from helpers import NAMED, assert_named
 from rotary import RoPE, analysis, frequencies, reference
 from rotary.frequencies import Frequencies, default_inv_freq
 from rotary.tables import TableCache
+from strategies import FAST, odd_values
 
 
 # decay ---------------------------------------------------------------------------------------
@@ -207,3 +212,79 @@ def test_verify_catches_tables_built_for_the_other_pairing():
     assert "tables match the half pairing" in failed
     assert "fast == block-diagonal matrix" in failed
     # (norms may survive: the fused kernel reads one angle per pair, so it still rotates, by wrong angles)
+
+
+@FAST
+@given(head_dim=odd_values, base=odd_values, distances=st.sampled_from([None, [0, 3], [-2, 5], [1.5], "abc", [], range(4)]))
+def test_decay_bound_matches_its_formula_or_names_the_argument(head_dim, base, distances):
+    try:
+        bound = analysis.decay_bound(head_dim, base, distances)
+    except NAMED as exc:
+        assert_named(exc, "head_dim", "base", "distances")
+        return
+    m = list(range(257)) if distances is None else list(distances)
+    assert bound.shape == (len(m),) and bound.dtype == torch.float64
+    half = head_dim // 2
+    for j, dist in enumerate(m[:3]):  # (1 / (d/2)) Σ_j |Σ_{i<j} e^{i m θ_i}|, written out
+        theta = [base ** (-2.0 * i / head_dim) for i in range(half)]
+        partial, total = 0j, 0.0
+        for t in theta:
+            partial += complex(torch.polar(torch.tensor(1.0, dtype=torch.float64), torch.tensor(dist * t, dtype=torch.float64)))
+            total += abs(partial)
+        assert float(bound[j]) == pytest.approx(total / half, rel=1e-9, abs=1e-12)
+
+
+@FAST
+@given(
+    seq_len=st.sampled_from([1, 2, 3, 5, 0, -1, 2.5, True, "4", 10**6]),
+    samples=st.sampled_from([1, 3, 0, -2, 1.5, 10**9]),
+    distances=st.sampled_from([[0, 2], [0], [-1], [0.5], []]),
+)
+def test_scores_and_decay_measurements_or_a_named_error(seq_len, samples, distances):
+    rope = rotary.RoPE(8)
+    q = torch.randn(8, generator=torch.Generator().manual_seed(0))
+    try:
+        scores = analysis.score_matrix(rope, q, q, seq_len)
+    except NAMED as exc:
+        assert_named(exc, "seq_len")
+    else:
+        assert isinstance(seq_len, int) and not isinstance(seq_len, bool) and 1 <= seq_len <= 4096
+        qr = rope.rotate(q.double().expand(1, 1, seq_len, 8).contiguous())[0, 0]
+        torch.testing.assert_close(scores, qr @ qr.T)
+    try:
+        pca = analysis.position_pca(rope, seq_len)
+    except NAMED as exc:
+        assert_named(exc, "seq_len")
+    else:
+        assert isinstance(seq_len, int) and 3 <= seq_len <= 4096 and pca[0].shape == (seq_len, 2)
+    try:
+        decay = analysis.measured_decay(rope, distances, samples=samples)
+    except NAMED as exc:
+        assert_named(exc, "samples", "distances")
+    else:
+        assert isinstance(samples, int) and 1 <= samples <= 10**6 and distances and min(distances) >= 0
+        assert decay.shape == (len(distances),) and bool((decay >= 0).all())
+
+
+@FAST
+@given(
+    rope=st.sampled_from([None, "rope", 64, torch.nn.Linear(2, 2)]),
+    seq_len=st.sampled_from([4, 0, 2.5, 10**7]),
+)
+def test_analysis_names_a_rope_that_is_not_one(rope, seq_len):
+    q = torch.ones(8)
+    calls = {
+        "score_matrix": lambda: analysis.score_matrix(rope, q, q, 4),
+        "position_pca": lambda: analysis.position_pca(rope, 4),
+        "measured_decay": lambda: analysis.measured_decay(rope, [0, 1]),
+        "verify": lambda: analysis.verify(rope, seq_len=4),
+    }
+    for name, call in calls.items():
+        with pytest.raises(TypeError, match=f"{name} measures a rotary.RoPE, got rope={type(rope).__name__}"):
+            call()
+    try:
+        checks = analysis.verify(rotary.RoPE(8), seq_len=seq_len)
+    except NAMED as exc:
+        assert_named(exc, "seq_len")
+    else:
+        assert seq_len == 4 and all(c.passed for c in checks)

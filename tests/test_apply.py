@@ -101,41 +101,6 @@ def test_half_and_interleaved_related_by_converters(cfg):
     assert torch.equal(rotary.to_half(rotary.to_interleaved(q, r), r), q)
 
 
-def test_permute_qk_weight_reproduces_interleaved_attention(gen):
-    head_dim, heads, seq, width = 16, 3, 9, 24
-    x = torch.randn(2, seq, width, generator=gen, dtype=torch.float64)
-    wq, wk = (torch.randn(heads * head_dim, width, generator=gen, dtype=torch.float64) for _ in range(2))
-    bq = torch.randn(heads * head_dim, generator=gen, dtype=torch.float64)
-
-    def attention_scores(wq, wk, bq, interleaved):
-        rope = rotary.RoPE(head_dim, interleaved=interleaved)
-        q = (x @ wq.T + bq).view(2, seq, heads, head_dim)
-        k = (x @ wk.T).view(2, seq, heads, head_dim)
-        q, k = rope(q, k, layout="bshd")
-        return torch.einsum("bmhd,bnhd->bhmn", q, k)
-
-    want = attention_scores(wq, wk, bq, interleaved=True)
-    got = attention_scores(*(rotary.permute_qk_weight(w, head_dim, "half") for w in (wq, wk, bq)), interleaved=False)
-    assert torch.allclose(got, want, atol=1e-10)
-    back = rotary.permute_qk_weight(rotary.permute_qk_weight(wq, head_dim, "half"), head_dim, "interleaved")
-    assert torch.equal(back, wq)
-
-
-def test_permute_qk_weight_matches_hf_llama_conversion_rule(gen):
-    # Hugging Face's convert_llama_weights_to_hf: view(h, D/2, 2, in).transpose(1, 2).reshape(...)
-    heads, head_dim, width = 4, 8, 5
-    w = torch.randn(heads * head_dim, width, generator=gen)
-    hf = w.view(heads, head_dim // 2, 2, width).transpose(1, 2).reshape(heads * head_dim, width)
-    assert torch.equal(rotary.permute_qk_weight(w, head_dim, "half"), hf)
-
-
-def test_permute_qk_weight_errors():
-    with pytest.raises(ValueError, match="n_heads \\* head_dim.*shape \\(30, 4\\).*head_dim=8"):
-        rotary.permute_qk_weight(torch.zeros(30, 4), 8)
-    with pytest.raises(ValueError, match="to must be 'half' or 'interleaved', got 'complex'"):
-        rotary.permute_qk_weight(torch.zeros(16, 4), 8, "complex")  # type: ignore[arg-type]
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_low_precision_inputs_rotated_in_fp32_and_cast_once(dtype, interleaved, gen):

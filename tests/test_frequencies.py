@@ -1,11 +1,19 @@
 import copy
 import math
+import warnings
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from transformers import LlamaConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS as HF_ROPE_INIT_FUNCTIONS
 
 import rotary
+from helpers import assert_named_error, assert_sound
+from rotary import frequencies
 from rotary.frequencies import default_inv_freq
+from strategies import NASTY, PROPERTIES, VALID, perturbed_blocks
 
 
 def test_seed_002_inv_freq_figures():
@@ -128,3 +136,50 @@ def test_frequencies_scaling_is_a_read_only_deep_copy_that_serialises():
     g = rotary.Frequencies(inv_freq=f.inv_freq, attention_scaling=1.0, head_dim=8, rotary_dim=8, base=1e4,
                            scaling={"factor": [1, 2]})
     assert g.scaling == {"factor": (1, 2)} and isinstance(g.scaling, FrozenBlock)
+
+
+def hf_frequencies(head_dim: int, rotary_dim: int, base: float, block: dict):
+    """transformers' inv_freq and scaling for a block (the init functions read head_dim and the block)."""
+    params = {k: v for k, v in block.items() if k != "max_position_embeddings"}
+    params["rope_theta"] = base
+    cfg = LlamaConfig(hidden_size=2 * head_dim, num_attention_heads=2, head_dim=head_dim, num_hidden_layers=1,
+                      intermediate_size=8, vocab_size=8, rope_parameters=params,
+                      max_position_embeddings=block.get("max_position_embeddings", 4096))  # fmt: skip
+    if block["rope_type"] == "default":  # transformers' default lives in each model's class: its formula
+        return 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim)), 1.0
+    return HF_ROPE_INIT_FUNCTIONS[block["rope_type"]](cfg, "cpu")
+
+
+@PROPERTIES
+@given(perturbed=perturbed_blocks(), base=st.one_of(st.none(), st.sampled_from([10000.0, 500000.0]), NASTY),
+       strict=st.booleans(), seq_len=st.one_of(st.none(), st.integers(1, 100_000)))  # fmt: skip
+def test_frequencies_on_perturbed_blocks(perturbed, base, strict, seq_len):
+    block, key, value = perturbed
+    original = copy.deepcopy(block)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            f = frequencies(64, base=base, scaling=block, strict=strict, seq_len=seq_len)
+        except Exception as exc:
+            suspects = [(key, value)] + ([] if base in (None, 10000.0, 500000.0) else [("base", base)])
+            assert_named_error(exc, *suspects)
+            return
+    assert block == original or math.isnan(value if isinstance(value, float) else 0.0), "frequencies modified its block"
+    assert_sound(f)
+    # where transformers computes the same block, the frequencies are transformers'
+    rope_type = f.rope_type
+    if seq_len is None and rope_type in VALID and rope_type not in ("ntk",) and "type" not in block:
+        try:
+            hf_inv_freq, hf_scaling = hf_frequencies(64, f.rotary_dim, f.base, dict(f.scaling))
+        except Exception:  # noqa: BLE001 - transformers failing on a block rotary accepts is reported below
+            hf_inv_freq = None
+        if hf_inv_freq is None:
+            # rotary reads an explicit null as "not given" (partial_rotary_factor: null is 1, as when absent) where
+            # transformers fails on int(head_dim * None); and with strict=False it accepts a length written as a
+            # float, which transformers' config class refuses. Any other failure is a difference to look at.
+            lengths = [f.scaling.get(k) for k in ("max_position_embeddings", "original_max_position_embeddings")]
+            float_length = not strict and any(isinstance(v, float) for v in lengths)
+            assert None in f.scaling.values() or float_length, f"transformers cannot compute a block rotary accepts: {dict(f.scaling)}"
+            return
+        assert torch.equal(f.inv_freq, hf_inv_freq.float()), (dict(f.scaling), f.inv_freq, hf_inv_freq)
+        assert f.attention_scaling == pytest.approx(float(hf_scaling), rel=1e-12)

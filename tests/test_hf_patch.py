@@ -7,9 +7,13 @@ import dataclasses
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import rotary
+from helpers import NAMED, assert_named
 from rotary import hf
+from strategies import FAST
 
 transformers = pytest.importorskip("transformers")
 
@@ -471,3 +475,17 @@ def test_qk_norm_patched_model_under_torch_compile(fused_calls):
         got = torch.compile(model, backend="aot_eager")(ids).logits
     assert len(fused_calls) == 4  # eager, then traced
     torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+
+
+@FAST
+@given(model=st.sampled_from([None, 3, "model", torch.nn.Linear(2, 2), torch.nn.Sequential(), [torch.nn.Linear(2, 2)]]))
+def test_hf_entry_points_name_what_is_not_a_transformers_model(model):
+    from rotary import hf
+
+    for call in (hf.patch, hf.unpatch, hf.is_patched):
+        try:
+            result = call(model)
+        except NAMED as exc:
+            assert_named(exc, "transformers model", "not patched")
+        else:  # only is_patched answers, and only for a module
+            assert call is hf.is_patched and isinstance(model, torch.nn.Module) and result is False

@@ -8,11 +8,15 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.func import functional_call
 
 import rotary
 from helpers import forbid_torch_path
+from rotary import reference
 from rotary.kernels.extension import load_cpu_extension
+from variant_checks import EPS64, FLOATS, assert_close, call, tensors, to_bhsd
 
 needs_kernel = pytest.mark.skipif(load_cpu_extension() is None, reason="the fused CPU kernel is not built here")
 
@@ -150,3 +154,54 @@ def test_length_dependent_scaling_is_an_error_that_says_why(scaling):
         rotary.RoPE(8, scaling=scaling, max_position=128, learnable_frequencies=True)
     with pytest.raises(TypeError, match="learnable_frequencies must be True or False"):
         rotary.RoPE(8, learnable_frequencies="yes")  # type: ignore[arg-type]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    head_dim=st.sampled_from([4, 8, 8, 6]),
+    learnable=st.sampled_from([True, True, True, "true", 1]),
+    scaling=st.sampled_from([None, None, {"rope_type": "linear", "factor": 2.0}, {"rope_type": "dynamic", "factor": 2.0}]),
+    interleaved=st.booleans(),
+    alpha=st.sampled_from([0.0, 0.5, -3.0, "random"]),
+    data=st.data(),
+)
+def test_learnable_frequencies_are_right_or_a_named_error(head_dim, learnable, scaling, interleaved, alpha, data):
+    rope, err = call(rotary.RoPE, head_dim, base=100.0, scaling=scaling, interleaved=interleaved, learnable_frequencies=learnable)
+    if err is not None:
+        return
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    with torch.no_grad():
+        if alpha == "random":
+            rope.log_frequency_scale.copy_(torch.randn(head_dim // 2, generator=g))
+        else:
+            rope.log_frequency_scale.fill_(alpha)
+    dtype = data.draw(st.sampled_from(FLOATS))
+    seq = data.draw(st.integers(0, 5))
+    layout = data.draw(st.sampled_from(["bhsd", "bshd"]))
+    shape = [2, 2, seq, head_dim] if layout == "bhsd" else [2, seq, 2, head_dim]
+    q = data.draw(tensors(shape=shape, dtype=dtype))
+    k = data.draw(tensors(shape=shape, dtype=dtype))
+    pos = data.draw(st.sampled_from([None, "ids", "big"]))
+    ids = torch.arange(seq) if pos is None else torch.randint(0, 50 if pos == "ids" else 2**20, (seq,), generator=g)
+    out, err = call(rope, q, k, position_ids=None if pos is None else ids, layout=layout)
+    assert err is None, err
+    inv64 = rope.original_freqs.inv_freq.double() * rope.log_frequency_scale.detach().double().exp()
+    angle = float(ids.max()) * float(inv64.max()) if seq else 0.0
+    for got, x in zip(out, (q, k)):
+        xb = to_bhsd(x, layout).double()
+        ref = torch.stack([reference.rotate_complex(xb[b], ids, inv64, interleaved=interleaved) for b in range(2)])
+        # the learned frequency θ·exp(α) may be rounded to fp32 before the float64 angles: angle · 2^-23 more
+        assert_close(got, to_bhsd(ref, layout), x, angle * 2**-23 / EPS64 / 8)
+    # the gradient reaches α and equals the float64 reference's (rotate_complex is differentiable)
+    if dtype in (torch.float32, torch.float64) and seq and pos != "big":
+        qg = q.detach().double() if dtype == torch.float64 else q.detach()
+        w = torch.randn(shape, generator=g, dtype=torch.float64)
+        rope.zero_grad()
+        (rope.rotate(qg, position_ids=ids, layout=layout).double() * w).sum().backward()
+        a64 = rope.log_frequency_scale.detach().double().requires_grad_()
+        f64 = rope.original_freqs.inv_freq.double() * a64.exp()
+        xb = to_bhsd(qg, layout).double()
+        ref = torch.stack([reference.rotate_complex(xb[b], ids, f64, interleaved=interleaved) for b in range(2)])
+        (to_bhsd(ref, layout) * w).sum().backward()
+        got_g, want_g = rope.log_frequency_scale.grad.double(), a64.grad
+        assert float((got_g - want_g).abs().max()) <= 1e-3 * max(1.0, float(want_g.abs().max()))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import rotary
 from rotary import positions as P
 
 
@@ -134,3 +135,21 @@ def test_unchecked_positions_skip_the_checks_and_the_device_read(monkeypatch):
     monkeypatch.setattr(torch, "aminmax", lambda *a, **k: pytest.fail("unchecked positions read the device"))
     p = P.Positions.unchecked(torch.tensor([3, 4]), 5, exact=True)
     assert p.ids.tolist() == [3, 4] and p.bound == 5
+
+
+def test_positions_past_two_to_the_53_are_refused():
+    assert P.MAX_POSITION == 2**53
+    with pytest.raises(ValueError, match="2\\*\\*53"):
+        P.arange(4, offset=2**53)
+    with pytest.raises(ValueError, match="2\\*\\*53"):
+        P.from_ids(torch.tensor([0, 2**60]))
+    with pytest.raises(ValueError, match="2\\*\\*53"):
+        P.Positions(torch.tensor([2**62]), None)
+    with pytest.raises(ValueError, match="2\\*\\*53"):
+        rotary.RoPE(8)(torch.randn(1, 1, 2, 8), torch.randn(1, 1, 2, 8), offset=2**63 - 8)
+    P.arange(1, offset=2**53)  # the largest is fine
+
+
+def test_continuation_needs_positions():
+    with pytest.raises(TypeError, match="previous must be Positions"):
+        P.continuation(torch.arange(3), 2)

@@ -5,9 +5,12 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import rotary
 from rotary import reference
+from strategies import FAST
 
 
 def test_2d_rotation_by_60_degrees_seed_003():
@@ -65,3 +68,27 @@ def test_three_references_agree_in_float64():
         b = reference.rotate_complex(x, pos, inv, interleaved=inter)
         c = reference.rotate_numpy(x.numpy(), pos.numpy(), inv.numpy(), interleaved=inter)
         assert torch.allclose(a, b, atol=1e-12) and np.allclose(a.numpy(), c, atol=1e-12)
+
+
+@FAST
+@given(
+    head_dim=st.sampled_from([2, 4, 8, 6]),
+    positions=st.lists(st.integers(0, 5000), min_size=1, max_size=6),
+    base=st.sampled_from([10.0, 500.0, 10000.0, 1e6]),
+    interleaved=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_reference_forms_agree_with_each_other_and_with_rope(head_dim, positions, base, interleaved, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, len(positions), head_dim, generator=g, dtype=torch.float64)
+    p = torch.tensor(positions)
+    rope = rotary.RoPE(head_dim, base=base, interleaved=interleaved)
+    inv_freq = rope.inv_freq.double()
+    by_matrix = reference.rotate_matrix(x, p, inv_freq, interleaved=interleaved)
+    by_complex = reference.rotate_complex(x, p, inv_freq, interleaved=interleaved)
+    by_numpy = torch.from_numpy(reference.rotate_numpy(x.numpy(), p.numpy(), inv_freq.numpy(), interleaved=interleaved))
+    torch.testing.assert_close(by_complex, by_matrix, rtol=0, atol=1e-10)
+    torch.testing.assert_close(by_numpy, by_matrix, rtol=0, atol=1e-10)
+    torch.testing.assert_close(x.norm(dim=-1), by_matrix.norm(dim=-1), rtol=0, atol=1e-10)  # a rotation
+    out = rope.rotate(x[:, None], position_ids=p)[:, 0]
+    torch.testing.assert_close(out, by_matrix, rtol=0, atol=1e-9)

@@ -8,8 +8,14 @@ import warnings
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
+import rotary
+from helpers import assert_named_error
 from rotary import ConfigError, RoPE, frequencies
+from rotary.rope_types import ROPE_TYPES, register_rope_type, validate_rope_parameters
+from strategies import NASTY, PROPERTIES, perturbed_blocks
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 8192}  # fmt: skip
@@ -261,3 +267,39 @@ def test_which_registered_types_check_their_keys():
     finally:
         for name in ("test-bare", "test-keyless", "test-keyed", "test-assigned", "test-bad"):
             ROPE_TYPES.pop(name, None)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"required": "factor"}, "collection of key names"),
+        ({"optional": 3}, "collection of key names"),
+        ({"check": "yes"}, "check must be a function"),
+        ({"length_dependent": "no"}, "length_dependent"),
+        ({"trained_length": "no"}, "trained_length"),
+    ],
+)
+def test_register_rope_type_checks_its_arguments(kwargs, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        register_rope_type("_guard_test", **kwargs)
+
+
+def test_register_rope_type_refuses_a_non_function():
+    with pytest.raises(TypeError, match="decorates an init function"):
+        register_rope_type("_guard_test2")(42)
+    assert "_guard_test2" not in rotary.rope_types.ROPE_TYPES
+
+
+@PROPERTIES
+@given(perturbed=perturbed_blocks(), rotary_dim=st.one_of(st.sampled_from([64, 2, 4, 62]), NASTY),
+       strict=st.one_of(st.booleans(), NASTY))  # fmt: skip
+def test_validate_rope_parameters_on_perturbed_blocks(perturbed, rotary_dim, strict):
+    block, key, value = perturbed
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            out = validate_rope_parameters(block, rotary_dim=rotary_dim, strict=strict)
+        except Exception as exc:
+            assert_named_error(exc, (key, value), ("rotary_dim", rotary_dim), ("strict", strict))
+            return
+    assert isinstance(out, dict) and out["rope_type"] in ROPE_TYPES and out is not block

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import rotary
-from rotary.tables import TableCache, cos_sin_table
+from rotary.tables import RotaryTables, TableCache, cos_sin_table
 
 
 def float64_truth(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
@@ -136,3 +136,55 @@ def test_rows_outside_the_table_are_refused_on_every_backend(rows, match):
         RotaryTables(cos, sin, False, rows=torch.tensor(rows))
     inside = RotaryTables(cos, sin, False, rows=torch.tensor([7, 0]))
     assert torch.equal(inside.gather()[0], cos[[7, 0]])
+
+
+def test_hand_made_tables_are_value_checked():
+    cos, sin = rotary.RoPE(8).cos_sin(torch.arange(4))
+    RotaryTables(cos, sin, False)  # genuine tables pass
+    with pytest.raises(ValueError):
+        RotaryTables(cos * 2, sin, False)  # cos²+sin² = 4 cos² + sin², not 1
+    with pytest.raises(ValueError):
+        RotaryTables(torch.full_like(cos, float("nan")), sin, False)
+    with pytest.raises(ValueError):  # laid out for the half pairing, claimed interleaved
+        RotaryTables(cos, sin, True)
+
+
+def test_unchecked_tables_still_check_structure():
+    cos, sin = rotary.RoPE(8).cos_sin(torch.arange(4))
+    assert RotaryTables.unchecked(cos * 2, sin, False).cos is not None  # values are the producer's word
+    with pytest.raises((TypeError, ValueError)):
+        RotaryTables.unchecked(cos, sin[:, :4], False)  # shapes are still checked
+    with pytest.raises((TypeError, ValueError)):
+        RotaryTables.unchecked(cos, sin, False, rows=torch.tensor([0, 9]))  # rows past the table
+
+
+def test_check_samples_the_rows_tokens_read():
+    cos, sin = rotary.RoPE(8).cos_sin(torch.arange(100))
+    cos = cos.clone()
+    cos[97] = 3.0  # a broken row that only token 0 reads
+    tables = RotaryTables.unchecked(cos, sin, False, rows=torch.tensor([97, 1, 2]))
+    with pytest.raises(ValueError):
+        tables.check(sample=2)
+    RotaryTables.unchecked(cos, sin, False, rows=torch.tensor([1, 2, 3])).check(sample=2)
+
+
+@pytest.mark.parametrize("kwargs, match", [({"rtol": 0}, "rtol"), ({"rtol": float("nan")}, "rtol"), ({"sample": 0}, "sample")])
+def test_check_arguments_are_checked(kwargs, match):
+    cos, sin = rotary.RoPE(8).cos_sin(torch.arange(4))
+    with pytest.raises(ValueError, match=match):
+        RotaryTables(cos, sin, False).check(**kwargs)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_from_tensors_takes_half_precision_tables(dtype):
+    cos, sin = rotary.RoPE(64).cos_sin(torch.arange(4096))
+    tables = RotaryTables.from_tensors(cos.to(dtype), sin.to(dtype), interleaved=False, validate="full")
+    assert tables.cos.dtype == torch.float32
+    with pytest.raises(ValueError):  # still not any tensor: 1.1 x a bf16 table is no rotation
+        RotaryTables.from_tensors((cos * 1.1).to(dtype), sin.to(dtype), interleaved=False, validate="full")
+
+
+def test_from_tensors_refuses_fp8_tables():
+    cos, sin = rotary.RoPE(8).cos_sin(torch.arange(4))
+    with pytest.raises(TypeError, match="float8"):
+        RotaryTables.from_tensors(cos.to(torch.float8_e4m3fn), sin.to(torch.float8_e4m3fn), interleaved=False)

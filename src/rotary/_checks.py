@@ -25,6 +25,7 @@ __all__ = [
     "check_probability",
     "is_int",
     "is_number",
+    "is_positive_int",
 ]
 
 T = TypeVar("T")
@@ -43,6 +44,11 @@ def is_int(value: Any) -> bool:
     return type(value).__name__ in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64") and hasattr(
         value, "__index__"
     )
+
+
+def is_positive_int(value: Any) -> bool:
+    """An int (as :func:`is_int`) ``> 0``."""
+    return is_int(value) and value > 0
 
 
 def is_number(value: Any) -> bool:

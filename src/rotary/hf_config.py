@@ -9,9 +9,10 @@ mutates the config in place).
 
 Three tables make the reading explicit rather than guessed:
 
-- :data:`PAIRING`: how each architecture's attention pairs the rotated channels, checked against
+- :data:`PAIRING` (in :mod:`rotary.hf_architectures`, with the other tables per ``model_type``): how
+  each architecture's attention pairs the rotated channels, checked against
   transformers' own modeling code for every ``model_type`` of the pinned release that applies RoPE
-  (``tests/test_pairing.py``); :data:`UNSUPPORTED` names the architectures whose RoPE
+  (``tests/test_hf_architectures.py``); :data:`UNSUPPORTED` names the architectures whose RoPE
   :func:`read_hf_config` does not build, and why. Any other ``model_type`` is an error unless the
   caller states the pairing (``interleaved=``).
 - :func:`model_defaults`: values a published config.json may leave out because transformers fills
@@ -36,13 +37,24 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ._checks import MAX_HEAD_DIM, check_bool, is_int, is_number
+from ._checks import MAX_HEAD_DIM, check_bool, is_number, is_positive_int
+from .hf_architectures import (
+    MROPE_MODELS,
+    NO_ROPE_DEFAULTS,
+    PAIRING,
+    TEXT_MODEL_TYPES,
+    UNSUPPORTED,
+    read_mrope,
+    read_pairing,
+    read_rope_layers,
+)
 from .rope_types import ROPE_TYPES, ConfigError, complain
 
 __all__ = [
     "ConfigError",
     "MODEL_DEFAULTS",
     "MROPE_MODELS",
+    "NO_ROPE_DEFAULTS",
     "PAIRING",
     "RopeSettings",
     "TEXT_MODEL_TYPES",
@@ -84,172 +96,6 @@ class RopeSettings:
     mrope_interleaved: bool = False
     rope_layers: tuple[bool, ...] | None = None
     nope_temperature: dict[str, float] | None = None
-
-
-# ------------------------------------------------------------------------------------------------
-# pairing of the rotated channels, per architecture
-
-HALF, INTERLEAVED, FLAG = "half", "interleaved", "rope_interleave"
-
-#: model_type -> how its attention pairs the rotated channels of q and k as they come out of the
-#: projections: ``"half"`` (i, i + r/2), ``"interleaved"`` (2i, 2i + 1), or ``"rope_interleave"``
-#: (the config's ``rope_interleave`` flag decides; true by default, as in transformers: MLA
-#: checkpoints store their rope channels interleaved and transformers de-interleaves them before
-#: rotating, which gives the same attention scores as rotating pairs (2i, 2i + 1)). Every entry is
-#: checked against the model's own code in transformers by tests/test_pairing.py.
-PAIRING: dict[str, str] = {
-    **dict.fromkeys(
-        (
-            "afmoe apertus arcee aria_text beam bitnet csm_depth_decoder_model cwm diffllama doge dots1 "
-            "emu3_text_model esmc eurobert exaone4 exaone_moe falcon falcon_h1 flex_olmo flint gemma gemma2 "
-            "gemma3_text glm4_moe gpt_neox gpt_neox_japanese gpt_oss granite granite4_vision_text granite_docling_text "
-            "granite_swa granitemoe granitemoe_swa granitemoeshared gte higgs_audio_v2 hrm_text hunyuan_v1_dense "
-            "hunyuan_v1_moe hy_v3 hy_v4 hyperclovax jais2 jina_embeddings_v3 kolibri1 laguna lfm2 lfm3 llama mellum "
-            "mimo_v2_flash minicpm3 minimax minimax_m2 minimax_m3_vl_text ministral ministral3 mistral mixtral "
-            "mllama_text_model modernbert modernbert-decoder molmo2_text moshi muse_glimmer_text muse_spark_text "
-            "nemotron neomme nomic_bert olmo olmo2 olmo3 olmo_hybrid olmoe persimmon phi phi3 phimoe qwen2 qwen2_moe "
-            "qwen2_5_vl_text qwen2_vl_text qwen3 qwen3_moe qwen3_next qwen3_vl_text recurrent_gemma seed_oss smollm3 "
-            "solar_open "
-            "stablelm starcoder2 ultrabert unlimited_ocr_text vaultgemma"
-        ).split(),
-        HALF,
-    ),
-    **dict.fromkeys(
-        (
-            "axk2 blt_patcher codegen cohere cohere2 cohere2_moe deepseek_v32 dots3_note_text ernie4_5 ernie4_5_moe "
-            "glm glm4 gptj helium llama4_text openai_privacy_filter roformer"
-        ).split(),
-        INTERLEAVED,
-    ),
-    **dict.fromkeys(
-        "axk1 bailing_hybrid deepseek_v2 deepseek_v3 glm4_moe_lite glm_moe_dsa mistral4 mistral_large4_text youtu".split(),
-        FLAG,
-    ),
-}
-
-_NOT_TEXT = (
-    "is not a decoder of text tokens (its RoPE rotates image, audio or other positions); from_hf_config "
-    "builds the RoPE of text attention"
-)
-_MROPE = (
-    "uses multimodal RoPE (mrope_section: separate temporal, height and width positions), which rotary "
-    "reads for Qwen2-VL, Qwen2.5-VL and Qwen3-VL (checked against transformers) but not for this model yet"
-)
-_NO_ROPE = (
-    "applies no rotary embedding in its attention with transformers' default settings, and rotary has not "
-    "checked the settings that turn one on"
-)
-_NEGATIVE = (
-    "rotates by -theta (its rotate_half has the opposite sign), the inverse of the rotation rotary applies; "
-    "from_hf_config cannot build it"
-)
-_UNVERIFIED = (
-    "has a RoPE that rotary does not read correctly yet, or cannot yet check against transformers (its own "
-    "head widths or keys, or no small model of it that the tests can build and run)"
-)
-
-#: model_type -> why from_hf_config does not build its RoPE. Checked by tests/test_pairing.py: every
-#: RoPE-applying model_type of transformers is in PAIRING or here (or is a wrapper whose text part is).
-UNSUPPORTED: dict[str, str] = {
-    **dict.fromkeys(
-        (
-            "blt_global_transformer chameleon_vqgan cohere_compass_vision cosmos3_edge_vision deepseek_ocr2_encoder "
-            "deepseek_ocr2_sam_vision_model deepseek_ocr2_vision dinov3_vit dots3_note_audio_encoder "
-            "dots3_note_vision_encoder edgetam_video edgetam_video_mask_decoder edgetam_video_prompt_encoder "
-            "efficientloftr emu3_vqgan eomt_dinov3 ernie4_5_vl_moe_vision exaone4_5_vision gemma3n_audio gemma3n_vision "
-            "gemma4_audio gemma4_unified_audio gemma4_unified_vision gemma4_vision glm4v_moe_vision glm4v_vision "
-            "glm5_next_vision glm_image_vision glm_image_vqmodel glm_ocr_vision glmasr_encoder granite_docling_vision "
-            "hunyuan_vl_vision idefics_perciever idefics_vision inkling2_vision kimi_k25_vision lasr_ctc lasr_encoder "
-            "lfm3_vl_vision lightglue llama4_vision_model mimi mimi_decoder mimi_encoder minimax_m3_vl_vision mlcd "
-            "mlcd_vision_model mllama_vision_model molmo2_adapter molmo2_vision moonshine_streaming_encoder "
-            "muse_glimmer_assistant muse_glimmer_vision muse_spark_audio muse_spark_vision "
-            "nemotron3_5_transcribe_asr_audio nemotron3_5_transcribe_audio nemotron3_5_transcribe_word_timestamp "
-            "nemotron3_diarization nemotron3_diarization_audio nemotron_asr_streaming nemotron_asr_streaming_encoder "
-            "neucodec paddleocr_vl_vision parakeet_ctc parakeet_encoder parakeet_rnnt parakeet_tdt pe_audio_encoder "
-            "pe_audio_video_encoder pe_video_encoder phi4_multimodal_audio phi4_multimodal_vision pixtral "
-            "pocket_tts_audio_tokenizer pocket_tts_audio_tokenizer_decoder pocket_tts_audio_tokenizer_encoder "
-            "qwen2_5_omni qwen2_5_omni_audio_encoder qwen2_5_omni_bigvgan qwen2_5_omni_dit qwen2_5_omni_token2wav "
-            "qwen2_5_omni_vision_encoder qwen2_5_vl_vision qwen2_vl_vision qwen3_5_moe_vision qwen3_5_vision "
-            "qwen3_omni_moe qwen3_omni_moe_audio_encoder qwen3_omni_moe_vision_encoder qwen3_vl_moe_vision "
-            "qwen3_vl_vision qwen4_exp_vision sam2_video sam2_video_mask_decoder sam2_video_prompt_encoder sam3 "
-            "sam3_detr_decoder sam3_detr_encoder sam3_geometry_encoder sam3_mask_decoder sam3_tracker_video "
-            "sam3_tracker_video_mask_decoder sam3_tracker_video_prompt_encoder sam3_vision_model sam3_vit_model sapiens2 "
-            "sapiens2_head step3p5_vision t5_gemma_module timesfm2_5 unlimited_ocr_sam_vision_model unlimited_ocr_vision "
-            "unlimited_ocr_vision_encoder video_llama_3_vision vjepa2 voxtral_realtime_encoder wav2vec2-bert "
-            "wav2vec2-conformer xcodec2"
-        ).split(),
-        _NOT_TEXT,
-    ),
-    **dict.fromkeys(
-        (
-            "cosmos3_edge_text ernie4_5_vl_moe_text glm4v_moe_text glm4v_text glm_image_text glm_ocr_text "
-            "hunyuan_vl_text paddleocr_vl_text qwen2_5_omni_talker qwen2_5_omni_text qwen3_5_moe_text qwen3_5_text "
-            "qwen3_omni_moe_text qwen3_vl_moe_text"
-        ).split(),
-        _MROPE,
-    ),
-    **dict.fromkeys("bamba clvp_decoder esm granitemoehybrid inkling2_text jamba nemotron_h".split(), _NO_ROPE),
-    "nanochat": _NEGATIVE,
-    **dict.fromkeys(
-        (
-            "blt blt_local_decoder blt_local_encoder chameleon clvp_encoder csm cohere_compass_text dbrx deepseek_ocr2_text "
-            "deepseek_v4 dia dia_decoder dia_encoder diffusion_gemma_text embedding_gemma2_text esmfold2 evolla "
-            "EvollaModel gemma3n_text gemma4_text gemma4_unified_text glm5_next_text gradium_phonon_tts idefics jetmoe "
-            "kyutai_speech_to_text lfm2_moe longcat_flash moonshine moonshine_streaming moshi_depth phi4_multimodal "
-            "pocket_tts qwen3_omni_moe_talker_code_predictor qwen3_omni_moe_talker_text qwen4_exp_text seamless_m4t "
-            "step3p5 t5gemma t5gemma2 t5gemma2_decoder t5gemma2_text voxtral_realtime_text zamba2 zaya"
-        ).split(),
-        _UNVERIFIED,
-    ),
-}
-
-#: model_type -> (default ``mrope_section``, interleaved layout) of the multimodal RoPE its text attention
-#: uses; the layout is the model's code's, whatever a ``mrope_interleaved`` key says (transformers ignores
-#: it). Checked against transformers' rotary embeddings by tests/variants/test_mrope.py.
-MROPE_MODELS: dict[str, tuple[tuple[int, ...], bool]] = {
-    "qwen2_vl_text": ((16, 24, 24), False),
-    "qwen2_5_vl_text": ((16, 24, 24), False),
-    "qwen3_vl_text": ((24, 20, 20), True),
-}
-
-#: model_type -> how its config class fills a missing or empty ``no_rope_layers`` (NoPE layers): from
-#: ``no_rope_layer_interval`` when the list is ``None`` ("none") or also when it is empty ("falsy"), as
-#: transformers' Llama 4 and SmolLM3 configs do
-NO_ROPE_DEFAULTS = {"llama4_text": "falsy", "smollm3": "none"}
-
-#: multimodal wrapper model_type -> the model_type of its ``text_config``, for configs whose
-#: ``text_config`` does not state one (transformers' default sub-config; checked by the tests)
-TEXT_MODEL_TYPES: dict[str, str] = {
-    "gemma3": "gemma3_text",
-    "llama4": "llama4_text",
-    "qwen2_vl": "qwen2_vl_text",
-    "qwen2_5_vl": "qwen2_5_vl_text",
-    "qwen3_vl": "qwen3_vl_text",
-    "mistral3": "mistral",
-    "aria": "aria_text",
-}
-
-
-def _pairing(d: Mapping[str, Any], model_type: str, interleaved: bool | None, label: str) -> bool:
-    """The pairing of ``model_type`` (or the one stated), or a ConfigError naming what to pass."""
-    if model_type in UNSUPPORTED:
-        raise ConfigError(f"{label}: model_type {model_type!r} {UNSUPPORTED[model_type]}")
-    if interleaved is not None:
-        return check_bool(interleaved, "interleaved")
-    rule = PAIRING.get(model_type)
-    if rule is None:
-        what = f"model_type {model_type!r} is not in rotary's pairing table" if model_type else "it has no model_type"
-        raise ConfigError(
-            f"{label}: {what}, so the pairing of its rotated channels is unknown (rotary.config.PAIRING lists the "
-            "architectures checked against transformers); pass interleaved=True if its attention rotates pairs "
-            "(2i, 2i+1) or interleaved=False for pairs (i, i + rotary_dim/2)"
-        )
-    if rule == FLAG:
-        flag = d.get("rope_interleave", True)
-        if not isinstance(flag, bool):
-            raise ConfigError(f"{label}: rope_interleave must be true or false, got {flag!r} ({type(flag).__name__})")
-        return flag
-    return rule == INTERLEAVED
 
 
 # ------------------------------------------------------------------------------------------------
@@ -375,10 +221,6 @@ def model_defaults(model_type: str, *, source: Literal["auto", "transformers", "
 # reading
 
 
-def _positive_int(x: Any) -> bool:
-    return is_int(x) and x > 0
-
-
 def _load(config: Any) -> tuple[dict[str, Any], str]:
     """A deep copy of ``config`` as a plain dict, and a label for messages (the file's path)."""
     if isinstance(config, (str, os.PathLike)):
@@ -474,7 +316,7 @@ def _head_dim(d: Mapping[str, Any], label: str) -> int:
     for key in ("qk_rope_head_dim", "head_dim"):
         if d.get(key) is not None:
             value = d[key]
-            if not _positive_int(value):
+            if not is_positive_int(value):
                 raise ConfigError(f"{label}: config {key} must be a positive int, got {value!r}")
             if value > MAX_HEAD_DIM:
                 raise ConfigError(f"{label}: config {key}={value} is wider than any attention head (at most "
@@ -482,7 +324,7 @@ def _head_dim(d: Mapping[str, Any], label: str) -> int:
             return value
     hidden = d.get("hidden_size", d.get("n_embd"))
     heads = d.get("num_attention_heads", d.get("n_head"))
-    if not (_positive_int(hidden) and _positive_int(heads)):
+    if not (is_positive_int(hidden) and is_positive_int(heads)):
         model_type = d.get("model_type")
         raise ConfigError(
             f"{label}: the config states neither head_dim nor hidden_size and num_attention_heads "
@@ -600,11 +442,11 @@ def read_hf_config(
     for key in DEFAULTED_KEYS:
         if key not in d and key in defaults:
             d[key] = defaults[key]
-    pairing = _pairing(d, model_type, interleaved, label)
+    pairing = read_pairing(d, model_type, interleaved, label)
 
     head_dim = _head_dim(d, label)
     mpe = d.get("max_position_embeddings", d.get("n_positions"))
-    if mpe is not None and not _positive_int(mpe):
+    if mpe is not None and not is_positive_int(mpe):
         raise ConfigError(f"{label}: max_position_embeddings must be a positive int (a length in tokens), got {mpe!r}")
 
     block = _one_block(d, model_type, defaults, label, strict)
@@ -633,7 +475,7 @@ def read_hf_config(
     elif layer_type is not None and layer_types and layer_type not in layer_types:
         raise ConfigError(f"{label}: layer_type {layer_type!r} is not in the config's layer_types {sorted(set(layer_types))}")
     block = _normalised(block)
-    mrope_section, mrope_interleaved = _mrope(block, model_type, label, strict)
+    mrope_section, mrope_interleaved = read_mrope(block, model_type, label, strict)
     spec = ROPE_TYPES.get(block["rope_type"]) if isinstance(block["rope_type"], str) else None
     for key in defaults.get("rope_ignore_keys", ()):
         if spec is None or key not in spec.required | spec.optional:
@@ -656,14 +498,14 @@ def read_hf_config(
         elif model_type in ("gptj", "codegen"):
             # GPT-J and CodeGen state the width (default 64; null rotates the whole head)
             rotary_dim = d.get("rotary_dim", 64)
-            if rotary_dim is not None and not _positive_int(rotary_dim):
+            if rotary_dim is not None and not is_positive_int(rotary_dim):
                 raise ConfigError(f"{label}: config rotary_dim must be a positive int, got {rotary_dim!r}")
         elif defaults.get("partial_rotary_factor") is not None:
             block["partial_rotary_factor"] = defaults["partial_rotary_factor"]
     if d.get("qk_rope_head_dim") is not None and block.get("partial_rotary_factor") not in (None, 1, 1.0):
         # MLA models (Mistral-4) state the rope slice twice: head_dim * partial_rotary_factor == qk_rope_head_dim
         partial, full = block.pop("partial_rotary_factor"), d.get("head_dim")
-        if not (is_number(partial) and 0 < partial <= 1 and _positive_int(full) and int(full * partial) == head_dim):
+        if not (is_number(partial) and 0 < partial <= 1 and is_positive_int(full) and int(full * partial) == head_dim):
             raise ConfigError(
                 f"{label}: qk_rope_head_dim={head_dim} but head_dim={full!r} * partial_rotary_factor={partial!r} "
                 "rotates a different width; make them agree"
@@ -685,7 +527,7 @@ def read_hf_config(
     if mpe is not None and rope_type is not None:
         if "max_position_embeddings" in rope_type.required | rope_type.optional:
             block.setdefault("max_position_embeddings", mpe)
-    rope_layers = _rope_layers(d, model_type, label)
+    rope_layers = read_rope_layers(d, model_type, label)
     nope_temperature = None
     if model_type == "llama4_text" and rope_layers is not None and not all(rope_layers):
         if d.get("attn_temperature_tuning", True):  # the defaults of transformers' Llama4TextConfig
@@ -703,54 +545,3 @@ def read_hf_config(
         rope_layers=rope_layers,
         nope_temperature=nope_temperature,
     )
-
-
-def _mrope(block: dict[str, Any], model_type: str, label: str, strict: bool) -> tuple[tuple[int, ...] | None, bool]:
-    """Take the multimodal-RoPE keys out of ``block``: ``(mrope_section, interleaved)`` or ``(None, False)``."""
-    if model_type not in MROPE_MODELS:
-        if "mrope_section" in block:
-            raise ConfigError(
-                f"{label}: the block has mrope_section, but model_type {model_type!r} does not use multimodal RoPE "
-                f"(rotary reads it for {', '.join(sorted(MROPE_MODELS))}); remove the key or fix the model_type"
-            )
-        return None, False
-    default, interleaved = MROPE_MODELS[model_type]
-    if block["rope_type"] == "mrope":
-        block["rope_type"] = "default"  # 4.x configs name M-RoPE's (default) frequencies "mrope"
-    section = block.pop("mrope_section", None)
-    section = default if section is None else section
-    if not isinstance(section, (list, tuple)) or not all(is_int(v) and v > 0 for v in section):
-        raise ConfigError(f"{label}: mrope_section must be a list of positive ints (t, h, w), got {section!r}")
-    flag = block.pop("mrope_interleaved", None)
-    if flag is not None and flag is not interleaved:
-        layout = "interleaved" if interleaved else "in chunks"
-        complain(
-            f"{label}: mrope_interleaved={flag!r}, but {model_type} lays its frequency slots out {layout} whatever "
-            "the flag says (transformers ignores it); remove the key",
-            strict,
-        )
-    return tuple(int(v) for v in section), interleaved
-
-
-def _rope_layers(d: Mapping[str, Any], model_type: str, label: str) -> tuple[bool, ...] | None:
-    """One flag per layer from ``no_rope_layers`` (1 = RoPE, 0 = NoPE), filled as the model's config class does."""
-    flags = d.get("no_rope_layers")
-    layers = d.get("num_hidden_layers")
-    rule = NO_ROPE_DEFAULTS.get(model_type)
-    if (rule == "none" and flags is None) or (rule == "falsy" and not flags):
-        interval = d.get("no_rope_layer_interval", 4)
-        if not (_positive_int(layers) and _positive_int(interval)):
-            raise ConfigError(
-                f"{label}: {model_type} drops RoPE in every no_rope_layer_interval-th layer, but num_hidden_layers="
-                f"{layers!r} / no_rope_layer_interval={interval!r} are not positive ints"
-            )
-        flags = [int((i + 1) % interval != 0) for i in range(layers)]  # as rotary.variants.default_no_rope_layers
-    if flags is None:
-        return None
-    if not isinstance(flags, (list, tuple)) or any(isinstance(v, bool) or v not in (0, 1) for v in flags):
-        raise ConfigError(f"{label}: no_rope_layers must be a list of 0/1 flags (1 = the layer uses RoPE), got {flags!r}")
-    if _positive_int(layers):
-        if len(flags) < layers:
-            raise ConfigError(f"{label}: no_rope_layers has {len(flags)} flags but the model has {layers} layers")
-        flags = flags[:layers]  # transformers reads the first num_hidden_layers
-    return tuple(v == 1 for v in flags)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -182,3 +184,28 @@ def test_set_rope_scaling_equals_layers_built_with_that_rope():
     assert torch.equal(model(ids), before)
     with pytest.raises(TypeError, match="scaling must be a dict"):
         model.set_rope_scaling("linear")
+
+
+def test_roformer_copies_after_a_forward():
+    model = RoFormer(RoFormerConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64)).eval()
+    ids = torch.randint(50, (1, 7))
+    out = model(ids)
+    assert torch.equal(copy.deepcopy(model)(ids), out)
+
+
+@pytest.mark.parametrize(
+    "ids, types, exc, match",
+    [
+        (torch.tensor([[1, 97]]), None, ValueError, "input_ids hold id 97, but vocab_size is 97"),
+        (torch.tensor([[1, 2]]), torch.tensor([[0, 2]]), ValueError, "token_type_ids hold id 2, but type_vocab_size is 2"),
+        (torch.tensor([[1, 2]]), torch.tensor([[0, 1, 0]]), ValueError, r"token_type_ids must have the shape of input_ids \(1, 2\)"),
+        (torch.tensor([[1, 2]]), torch.tensor([[0, 1]]).float(), ValueError, "token_type_ids must be an integer tensor"),
+    ],
+)
+def test_roformer_ids_outside_their_tables_are_named(ids, types, exc, match):
+    """Were ``IndexError: index out of range in self`` from inside the embeddings."""
+    from rotary.models import RoFormer, RoFormerConfig
+
+    model = RoFormer(RoFormerConfig(vocab_size=97, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=48))
+    with pytest.raises(exc, match=match):
+        model(ids, token_type_ids=types)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import rotary
-from rotary.nn import RotaryLinearAttention, linear_attention_reference, rotary_linear_attention
+from rotary.nn import RotaryAttention, RotaryLinearAttention, linear_attention_reference, rotary_linear_attention
 
 
 def _qkv(seq_len=37, dim=16, dtype=torch.float64, seed=0):
@@ -183,3 +183,38 @@ def test_property_fast_equals_reference(seq_len, half_dim, chunk_size, feature_m
     opts = dict(feature_map=feature_map, causal=causal)
     fast = rotary_linear_attention(q, k, v, cos, sin, chunk_size=chunk_size, **opts)
     torch.testing.assert_close(fast, linear_attention_reference(q, k, v, cos, sin, **opts), rtol=1e-9, atol=1e-9)
+
+
+def test_linear_attention_agrees_with_softmax_attention_on_masks(gen):
+    x = torch.randn(2, 6, 32, generator=gen)
+    for attn in (RotaryAttention(32, 2, causal=True), RotaryLinearAttention(32, 2, causal=True)):
+        with pytest.raises(ValueError, match="additive float masks are not accepted"):
+            attn(x, attention_mask=torch.zeros(2, 6))
+        with pytest.raises(ValueError, match="only 0 and 1"):
+            attn(x, attention_mask=torch.full((2, 6), 2))
+    out = RotaryLinearAttention(32, 2, causal=True)(x[:, :0])
+    assert out.shape == (2, 0, 32)
+
+
+@pytest.mark.parametrize(
+    "build, match",
+    [
+        (lambda: RotaryLinearAttention(16, 2, eps=-1e-6), "eps must be a finite number >= 0, got -1e-06"),
+        (lambda: RotaryLinearAttention(16, 2, eps=float("nan")), "eps must be a finite number >= 0, got nan"),
+        (lambda: RotaryLinearAttention(12, 4), "head_dim = hidden_size // num_heads = 3 must be even"),
+        (lambda: RotaryLinearAttention(16, 2, bias="no"), "bias must be True or False"),
+        (lambda: rotary.nn.linear_attention_reference(*[torch.randn(1, 1, 2, 4)] * 3, torch.ones(2, 4), torch.zeros(2, 4), feature_map="tanh"), "unknown feature_map 'tanh'"),
+        (lambda: rotary.nn.alibi_slopes(10**9), "num_heads=1000000000 is more than 65536 heads"),
+        (lambda: rotary.nn.RelativePositionBias(4, 10**9), r"max_distance=1000000000\) would learn a table of 29.8 GiB"),
+        (lambda: rotary.nn.LearnedPositionEmbedding(10**9, 1024), r"would need 3.7 TiB for its table"),
+        (lambda: rotary.nn.SinusoidalPositionEmbedding(8, base=1.0), "base must be a finite number > 1, got 1.0"),
+        (lambda: rotary.nn.SinusoidalPositionEmbedding(8, base=float("inf")), "base must be a finite number > 1, got inf"),
+        (lambda: rotary.models.decoder.RMSNorm(8, eps=-1.0), "eps must be a finite number > 0, got -1.0"),
+        (lambda: rotary.models.decoder.SwiGLU(8, 0), "intermediate_size must be a positive int, got 0"),
+    ],
+)
+def test_layer_parameters_out_of_range_are_named(build, match):
+    """Were accepted (NaN outputs, a table with no rotation), a ZeroDivisionError, or an allocation
+    the operating system killed the process for."""
+    with pytest.raises((TypeError, ValueError), match=match):
+        build()

@@ -6,8 +6,11 @@ import math
 
 import pytest
 import torch
+from hypothesis import given
 
+from helpers import NAMED, assert_named
 from rotary.nn import ALiBi, LearnedPositionEmbedding, RelativePositionBias, SinusoidalPositionEmbedding, alibi_slopes
+from strategies import FAST, odd_values
 
 
 def test_alibi_slopes_power_of_two():
@@ -99,3 +102,18 @@ def test_absolute_embeddings_take_positions_without_reading_them_back(monkeypatc
     assert torch.equal(learned(positions), expected[0]) and torch.equal(sinusoidal(positions), expected[1])
     with pytest.raises(ValueError, match="position 8 is beyond the learned table of max_position=8"):
         learned(P.arange(2, offset=7))
+
+
+@FAST
+@given(num_heads=odd_values)
+def test_alibi_slopes_are_a_geometric_sequence_or_a_named_error(num_heads):
+    try:
+        slopes = alibi_slopes(num_heads)
+    except NAMED as exc:
+        assert_named(exc, "num_heads")
+        return
+    assert slopes.shape == (num_heads,) and bool((slopes > 0).all()) and bool((slopes <= 1).all())
+    if num_heads & (num_heads - 1) == 0:  # a power of two: ratio 2^(-8/n), starting at it
+        ratio = 2.0 ** (-8.0 / num_heads)
+        want = torch.tensor([ratio ** (i + 1) for i in range(num_heads)])
+        torch.testing.assert_close(slopes, want)

@@ -18,6 +18,7 @@ from rotary import AxialRoPE
 from rotary import positions as P
 from rotary.kernels.extension import load_cpu_extension
 from rotary.variants import PRESETS, Coordinates, relative_scores
+from variant_checks import FLOATS, WILD, assert_close, call, expected_nd, largest_angle, spoiled, tensors, to_bhsd
 
 needs_kernel = pytest.mark.skipif(load_cpu_extension() is None, reason="the fused CPU kernel is not built here")
 
@@ -492,3 +493,199 @@ def test_nd_positions_given_to_a_1d_rope_are_an_error():
 def test_coordinates_value_is_what_grid_returns():
     c = AxialRoPE(8, axes=3, split=(2, 2, 4)).grid(2, 1, 2, suffix=2)
     assert isinstance(c, Coordinates) and c.values.shape == (6, 3) and c.identity.tolist() == [False] * 4 + [True] * 2
+
+
+def _grid_values(sizes, kind, offset):
+    """Independent grid coordinates: integer indices + offset, or cell centres 2 (i + 0.5) / n - 1."""
+    axes = []
+    for n in sizes:
+        i = torch.arange(n, dtype=torch.float64)
+        axes.append(2 * (i + 0.5) / n - 1 if kind == "normalized" else i + offset)
+    return torch.stack(torch.meshgrid(*axes, indexing="ij"), -1).reshape(-1, len(sizes))
+
+
+AXIAL_BAD = {
+    "head_dim": [0, -4, 7, 2**40, "8", 8.0, True, None],
+    "axes": [0, -1, True, "2", 2.0, 7],
+    "split": [(3, 3), (0, 8), (True, True), "ab", 4, (2.0, 2.0), (2, 2, 2, 2), ()],
+    "base": [1e300, 1.0, 0.5, 1e-300, 0.0, -10.0, math.nan, math.inf, "100", True],
+    "coordinates": ["pixel", None, 0, ["grid"]],
+    "max_freq": [10.0, 1.0, 1e300, 1e-300, 0.0, -1.0, math.nan, "10"],
+    "interleaved": ["false", 1, None, 0.0],
+    "block_order": [(True, False), (0, 0), 5, (1.0, 0.0), "10"],
+    "frequency_scale": [2 * math.pi, 1e300, 1e-300, -1.0, 0.0, math.nan],
+    "frequency_dtype": [torch.float64, torch.float16, "float32", None],
+    "frequencies": ["alternating", "other", None],
+    "grid_offset": [1.0, math.nan, 1e300, -1e300, "1", True],
+    "reference_grid": [4, 2.0, True, (0, 3), "ab", (4, 4, 4), [4, 4]],
+    "prefix_tokens": [1, 2, -1, 1.0, True],
+    "suffix_tokens": [1, 1.0, "1"],
+    "normalize_coords": ["max", "min", "avg"],
+    "shift_coords": [0.5, -0.5, math.nan],
+    "jitter_coords": [0.5, 2.0],
+    "rescale_coords": ["2", 2.0],
+    "generator": [0, "seed"],
+    "nonsense": [1],
+}
+
+
+@st.composite
+def axial_args(draw, wild=True):
+    """Constructor arguments: mostly valid (then the rotation is checked), sometimes anything."""
+    a = draw(st.integers(1, 3))
+    split = [2 * draw(st.integers(1, 3)) for _ in range(a)]
+    valid = dict(
+        head_dim=sum(split) + 2 * draw(st.integers(0, 1)),
+        axes=a,
+        split=draw(st.sampled_from([tuple(split), tuple(split), None])) if len(set(split)) == 1 else tuple(split),
+        rotary_dim=sum(split),
+        base=draw(st.sampled_from([10000.0, 100.0, 10.0])),
+        coordinates=draw(st.sampled_from(["grid", "grid", "normalized"])),
+        max_freq=draw(st.sampled_from([None, None, None, 10.0])),
+        interleaved=draw(st.booleans()),
+        block_order=tuple(draw(st.permutations(range(a)))),
+    )
+    if valid["coordinates"] == "grid" and draw(st.booleans()):
+        valid["grid_offset"] = draw(st.sampled_from([1.0, -0.5]))
+    return spoiled(draw, valid, AXIAL_BAD) if wild else valid
+
+
+@st.composite
+def axial_positions(draw, rope: AxialRoPE, wild=True):
+    """Positions for ``rope``: a grid, explicit coordinates, or (``wild``) something else."""
+    kind = draw(st.sampled_from(["grid"] * 4 + ["explicit"] * 3 + ["explicit_batch"] * 2 + ["arbitrary"] * wild))
+    a = rope.axes
+    if kind == "grid":
+        sizes = draw(st.lists(st.integers(1, 3), min_size=a, max_size=a))
+        bad = None if not wild else draw(st.sampled_from([None] * 5 + [(0,) * a, (2,) * (a + 1), (2.0,) * a, ("2",) * a, (True,) * a]))
+        prefix = draw(st.sampled_from([None, 0, 1, 2] + [-1, 1.0, True] * wild))
+        return "grid", (sizes if bad is None else bad, prefix)
+    if kind in ("explicit", "explicit_batch"):
+        s = draw(st.integers(0, 5))
+        shape = [draw(st.integers(1, 2)), s, a] if kind == "explicit_batch" else [s, a]
+        dtype = draw(st.sampled_from([torch.int64, torch.int32, torch.float64, torch.float32] + [torch.bfloat16, torch.int16] * wild))
+        magnitude = draw(st.sampled_from([10, 10, 1e3, 1e6]))
+        g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+        values = (torch.rand(shape, generator=g, dtype=torch.float64) * 2 - 1) * magnitude
+        special = draw(st.sampled_from([None] * 4 + [math.nan, math.inf, -math.inf, 1e300] * wild))
+        if special is not None and values.numel() and dtype.is_floating_point:
+            values.view(-1)[0] = special  # 1e300 becomes inf in fp32 / bf16
+        values = values.to(dtype)
+        identity = draw(st.sampled_from([None, None, "some", "all"] + ["int", "wrong"] * wild))
+        if identity == "some":
+            identity = torch.arange(s) % 2 == 0
+        elif identity == "all":
+            identity = torch.ones(shape[:-1], dtype=torch.bool)
+        elif identity == "int":
+            identity = torch.ones(s, dtype=torch.int64)
+        elif identity == "wrong":
+            identity = torch.zeros(s + 1, dtype=torch.bool)
+        return "explicit", (values, identity)
+    return "arbitrary", draw(
+        st.one_of(tensors(max_size=3), st.just([[0, 1]]), st.just(None), st.just(rotary.positions.arange(3)), st.just(rotary.positions.grid(2, 2)))
+    )
+
+
+@settings(max_examples=100, deadline=None)
+@given(wild=WILD, data=st.data())
+def test_axial_rope_is_right_or_a_named_error(wild, data):
+    args = data.draw(axial_args(wild))
+    rope, err = call(AxialRoPE, **args)
+    if err is not None:
+        return
+    rope.eval()  # augmentation has its own test
+    assert rope.head_dim == args["head_dim"] and rope.interleaved is args["interleaved"]
+    inv_freq = rope.frequencies()
+    assert inv_freq.dtype == torch.float64 and bool(torch.isfinite(inv_freq).all()) and bool((inv_freq >= 0).all())
+    assert bool((inv_freq.ne(0).sum(0) == 1).all()), "each pair turns with exactly one axis"
+    kind, pos = data.draw(axial_positions(rope, wild))
+    identity = None
+    if kind == "grid":
+        sizes, prefix = pos
+        coords, err = call(rope.grid, *sizes, prefix=prefix)
+        if err is not None:
+            return
+        values = coords.values
+        p = rope.prefix_tokens if prefix is None else prefix
+        if rope.reference_grid is None and rope.normalize_coords == "separate":
+            want = _grid_values(sizes, rope.coordinate_kind, rope.grid_offset)
+            assert torch.equal(values[p : p + want.shape[0]], want)
+        assert values.shape[0] == p + math.prod(sizes) + rope.suffix_tokens
+        positions = coords
+    elif kind == "explicit":
+        positions, identity = pos
+    else:
+        positions = pos
+    seq = data.draw(st.integers(0, 5))
+    if isinstance(positions, rotary.variants.Coordinates):
+        seq = positions.seq_len
+    elif isinstance(positions, torch.Tensor) and positions.dim() >= 2:
+        seq = positions.shape[-2]
+    layout = data.draw(st.sampled_from(["bhsd", "bshd"] + ["sbhd", 3] * wild))
+    heads, batch = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2))
+    if isinstance(positions, torch.Tensor) and positions.dim() == 3:
+        batch = positions.shape[0] if data.draw(st.booleans()) else batch
+    shape = [batch, heads, seq, rope.head_dim] if layout != "bshd" else [batch, seq, heads, rope.head_dim]
+    fitting = tensors(shape=shape, dtype=data.draw(st.sampled_from(FLOATS)))
+    q = data.draw(st.one_of(fitting, tensors(max_size=3)) if wild else fitting)
+    k = data.draw(st.one_of(st.just(q.clone()), fitting, *[tensors(max_size=3)] * wild))
+    inplace = data.draw(st.sampled_from([False, True] + ["yes"] * wild))
+    q0, k0 = q.clone(), k.clone()
+    out, err = call(rope, q, k, positions, identity=identity, layout=layout, inplace=inplace)
+    if err is not None:
+        return
+    # it ran: every input was valid, so the result must be the rotation
+    assert q.is_floating_point() and k.is_floating_point() and layout in ("bhsd", "bshd")
+    coords = rope.coordinates(positions, identity=identity)
+    values = coords.values
+    if coords.identity is not None:
+        values = values.masked_fill(coords.identity.unsqueeze(-1), 0.0)
+    assert bool(torch.isfinite(values).all())
+    angle = largest_angle(values, inv_freq)
+    for got, x in zip(out, (q0, k0)):
+        ref = expected_nd(to_bhsd(x, layout), values, inv_freq, rope.interleaved)
+        assert_close(got, to_bhsd(ref, layout) if layout == "bhsd" else ref.transpose(1, 2), x, angle)
+    if inplace is True:
+        assert out[0] is q
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    name=st.sampled_from(["torchtune", "llama4_vision", "pixtral", "dinov3", "eva02", "flux", "cogvideox", "nope", ["dinov3"], None, 3]),
+    head_dim=st.sampled_from([None, None, 32, 64, 48, 30, 0, -64, 64.0, True, "64", 128]),
+    overrides=st.sampled_from([{}, {}, {"prefix_tokens": 2}, {"interleaved": "no"}, {"base": -1.0}, {"axes": 3}, {"bogus": 1}]),
+)
+def test_axial_presets_are_right_or_a_named_error(name, head_dim, overrides):
+    rope, err = call(AxialRoPE.preset, name, head_dim, **overrides)
+    if err is not None:
+        return
+    rope.eval()
+    a = rope.axes
+    coords = rope.grid(*([2] * a))
+    q = torch.randn(1, 2, coords.seq_len, rope.head_dim)
+    q_rot = rope.rotate(q, coords)
+    values = coords.values.masked_fill(coords.identity.unsqueeze(-1), 0.0) if coords.identity is not None else coords.values
+    assert_close(q_rot, expected_nd(q, values, rope.frequencies(), rope.interleaved), q, largest_angle(values, rope.frequencies()))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    shift=st.sampled_from([None, 0.0, 0.5, 1e300, -0.5, math.nan, "0.5", True]),
+    jitter=st.sampled_from([None, 1.0, 1.5, 1e300, 0.5, math.inf, "2"]),
+    rescale=st.sampled_from([None, 1.0, 2.0, 1e300, 0.0, -2.0]),
+    training=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_axial_augmentation_is_finite_or_a_named_error(shift, jitter, rescale, training, seed):
+    rope, err = call(AxialRoPE, 16, shift_coords=shift, jitter_coords=jitter, rescale_coords=rescale, coordinates="normalized")
+    if err is not None:
+        return
+    rope.train(training)
+    coords = rope.grid(3, 3)
+    tables, err = call(rope.tables, coords, generator=torch.Generator().manual_seed(seed))
+    if err is not None:
+        return
+    assert bool(torch.isfinite(tables.cos).all() and torch.isfinite(tables.sin).all())
+    if not training or not rope.augments:
+        plain = AxialRoPE(16, coordinates="normalized").tables(coords)
+        assert torch.equal(tables.cos, plain.cos) and torch.equal(tables.sin, plain.sin)

@@ -18,6 +18,7 @@ from helpers import forbid_torch_path
 from rotary import AxialRoPE, RoPEMixed
 from rotary.kernels.extension import load_cpu_extension
 from rotary.variants import relative_scores
+from variant_checks import FLOATS, assert_close, call, expected_nd, largest_angle, spoiled, tensors, to_bhsd
 
 needs_kernel = pytest.mark.skipif(load_cpu_extension() is None, reason="the fused CPU kernel is not built here")
 
@@ -189,3 +190,51 @@ def test_meta_device_then_reset_or_load():
 def test_bad_input_says_what_to_change(make, match):
     with pytest.raises((ValueError, TypeError), match=match):
         make()
+
+
+MIXED_BAD = {
+    "head_dim": [12, 6, 0, 7, "8", 8.0],
+    "num_heads": [0, -1, "2", 2.0, True],
+    "base": [1e300, 1.0, 0.5, 1e-300, -1.0, math.nan, "10"],
+    "rotate": ["yes", 1],
+    "interleaved": ["true", None],
+    "rotary_dim": [4, 2, 6, 0, 100],
+    "prefix_tokens": [-1, 1.0],
+    "axes": [3],
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_rope_mixed_is_right_or_a_named_error(data):
+    valid = dict(
+        head_dim=data.draw(st.sampled_from([8, 16])), num_heads=data.draw(st.integers(1, 3)),
+        base=data.draw(st.sampled_from([10.0, 100.0])), rotate=data.draw(st.booleans()), interleaved=data.draw(st.booleans()),
+    )  # fmt: skip
+    args = spoiled(data.draw, valid, MIXED_BAD)
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    head_dim, num_heads = args.pop("head_dim"), args.pop("num_heads")
+    rope, err = call(RoPEMixed, head_dim, num_heads, generator=g, **args)
+    if err is not None:
+        return
+    rope.eval()
+    inv_freq = rope.frequencies()
+    assert inv_freq.shape == (num_heads, 2, rope.rotary_dim // 2) and bool(torch.isfinite(inv_freq).all())
+    h, w = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))
+    coords = rope.grid(h, w, prefix=data.draw(st.sampled_from([0, 1])))
+    layout = data.draw(st.sampled_from(["bhsd", "bshd"]))
+    kv_heads = data.draw(st.sampled_from([num_heads, num_heads, 1, num_heads + 1]))
+    dtype = data.draw(st.sampled_from(FLOATS))
+    s, d = coords.seq_len, rope.head_dim
+    q = data.draw(tensors(shape=[2, num_heads, s, d] if layout == "bhsd" else [2, s, num_heads, d], dtype=dtype))
+    k = data.draw(tensors(shape=[2, kv_heads, s, d] if layout == "bhsd" else [2, s, kv_heads, d], dtype=dtype))
+    out, err = call(rope, q, k, coords, layout=layout)
+    if err is not None:
+        assert kv_heads != num_heads, "fitting q and k were refused"
+        return
+    assert kv_heads == num_heads, "per-head tables need q and k with the heads they were built for"
+    values = coords.values.masked_fill(coords.identity.unsqueeze(-1), 0.0) if coords.identity is not None else coords.values
+    angle = largest_angle(values, inv_freq)
+    for got, x in zip(out, (q, k)):
+        ref = expected_nd(to_bhsd(x, layout), values, inv_freq, rope.interleaved)
+        assert_close(got, ref if layout == "bhsd" else ref.transpose(1, 2), x, angle)

@@ -4,16 +4,32 @@ continued from the positions value, exact reduction to 1-D RoPE, and errors for 
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import rotary
-from helpers import forbid_torch_path
+from helpers import NAMED, forbid_torch_path
 from rotary.kernels import extension
 from rotary.kernels.eager import rotate_torch
+from rotary.rope_types import ConfigError
 from rotary.variants import MRoPE, MultimodalPositions, check_mrope_section, mrope_axes, multimodal_positions
+from variant_checks import (
+    FLOATS,
+    WILD,
+    assert_close,
+    assert_named,
+    call,
+    expected_nd,
+    largest_angle,
+    tensors,
+    to_bhsd,
+    tolerance,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -522,3 +538,243 @@ def test_rotary_inspect_shows_the_axis_of_every_pair(tmp_path, capsys):
     assert main(["inspect", str(tmp_path / "qwen2_vl" / "config.json")]) == 0
     text = " ".join(capsys.readouterr().out.split())  # rich wraps long lines at the terminal's width
     assert "mrope_section [16, 24, 24] (chunked)" in text and "T 0-15, H 16-39, W 40-63" in text
+
+
+def _slot_axes(section, interleaved):
+    """Independent of rotary: the axis of each frequency slot (chunked, or Qwen3-VL's cycle)."""
+    if not interleaved:
+        return [j % 3 for j, n in enumerate(section) for _ in range(n)]
+    left, out = list(section), []
+    for i in range(sum(section)):
+        axis = i % 3
+        if axis and left[axis] and 3 * left[axis] > 0 and i < 3 * section[axis]:
+            out.append(axis)
+            left[axis] -= 1
+        else:
+            out.append(0)
+    return out
+
+
+@st.composite
+def mrope_args(draw, wild=True):
+    head_dim = draw(st.sampled_from([16] * 8 + [24, 12, 8, 8, 0, 7, "16", 16.0]))
+    d = head_dim if isinstance(head_dim, int) and head_dim > 0 else 16
+    r = draw(st.sampled_from([d, d, d - 4 if d > 4 else d]))
+    slots = r // 2
+    interleaved_layout = draw(st.sampled_from([False] * 5 + [True] * 5 + ["true"]))
+    hw = max(1, (slots - 1) // 3) if interleaved_layout is True else max(1, slots // 3)
+    t = slots - 2 * hw
+    section = draw(st.sampled_from([[t, hw, hw]] * 20 + [[slots], [t, hw, hw + 1], [0, slots, 0], [-1, 1, slots], "2,3,3", [], None, [t, hw, float(hw)], [True, hw, hw]]))
+    scaling = draw(st.sampled_from([None] * 10 + [{"rope_type": "linear", "factor": 2.0}, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}, {"rope_type": "dynamic", "factor": 2.0}, {"rope_type": "linear", "factor": -1.0}, "linear"]))
+    args = dict(
+        head_dim=head_dim, mrope_section=section, mrope_interleaved=interleaved_layout,
+        base=draw(st.sampled_from([None] * 5 + [10000.0] * 5 + [1e6] * 5 + [0.5, -1.0, math.nan, "1e6"])), rotary_dim=r if r != d else None,
+        scaling=scaling, interleaved=draw(st.sampled_from([False] * 5 + [True] * 5 + ["false"])),
+    )  # fmt: skip
+    if not wild:  # every argument valid
+        args.update(head_dim=d, mrope_section=[t, hw, hw], mrope_interleaved=interleaved_layout is True, interleaved=args["interleaved"] is True)
+        args.update(base=args["base"] if args["base"] in (None, 10000.0, 1e6) else None, scaling=scaling if scaling in (None, {"rope_type": "linear", "factor": 2.0}) else None)
+    return args
+
+
+@st.composite
+def mrope_positions(draw, batch, seq, wild=True):
+    kind = draw(st.sampled_from(["ids"] * 2 + ["text"] + ["arbitrary"] * wild))
+    if kind == "arbitrary":
+        return draw(st.one_of(tensors(max_size=3), st.just(torch.arange(seq)), st.just(torch.arange(seq).expand(batch, seq)), st.just([0, 1])))
+    b = draw(st.sampled_from([batch, 1] + [batch + 1] * wild))
+    values = draw(st.sampled_from([50, 50, 2**20, 2**40]))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    if kind == "text":
+        ids = torch.randint(0, values, (1, b, seq), generator=g).expand(3, b, seq)
+    else:
+        ids = torch.randint(0, values, (3, b, seq), generator=g)
+    special = draw(st.sampled_from([None, None, "int32"] + [-1, "float", "bool"] * wild))
+    if special == -1 and ids.numel():
+        ids = ids.clone()
+        ids.view(-1)[0] = -1
+    elif special == "float":
+        ids = ids.float()
+    elif special == "int32":
+        ids = ids.int()
+    elif special == "bool":
+        ids = ids > 3
+    return ids
+
+
+@settings(max_examples=80, deadline=None)
+@given(wild=WILD, data=st.data())
+def test_mrope_is_right_or_a_named_error(wild, data):
+    args = data.draw(mrope_args(wild))
+    rope, err = call(MRoPE, strict=True, **args)
+    if err is not None:
+        return
+    section, layout_interleaved = list(args["mrope_section"]), args["mrope_interleaved"]
+    assert rope.axes.tolist() == _slot_axes(section, layout_interleaved)
+    batch, seq, dtype = data.draw(st.integers(1, 2)), data.draw(st.integers(0, 4)), data.draw(st.sampled_from(FLOATS))
+    layout = data.draw(st.sampled_from(["bhsd", "bshd"] + ["thd"] * wild))
+    d = rope.head_dim
+    shape_q = [batch, 2, seq, d] if layout != "bshd" else [batch, seq, 2, d]
+    q = data.draw(st.one_of(tensors(shape=shape_q, dtype=dtype), *[tensors(max_size=3)] * wild))
+    k = data.draw(tensors(shape=[batch, 1, seq, d] if layout != "bshd" else [batch, seq, 1, d], dtype=dtype))
+    ids = data.draw(mrope_positions(batch, seq, wild))
+    out, err = call(rope, q, k, position_ids=ids, layout=layout)
+    if err is not None:
+        return
+    assert isinstance(ids, torch.Tensor) and ids.dtype in (torch.int64, torch.int32) and int(ids.min(), ) >= 0 if ids.numel() else True
+    coords = ids.long().permute(1, 2, 0).double()  # [B, S, 3]
+    slots = torch.arange(rope.rotary_dim // 2)
+    inv = torch.zeros(3, slots.numel(), dtype=torch.float64)
+    inv[torch.tensor(_slot_axes(section, layout_interleaved)), slots] = rope.freqs.inv_freq.double()
+    angle = largest_angle(coords, inv)
+    for got, x in zip(out, (q, k)):
+        ref = expected_nd(to_bhsd(x, layout), coords, inv, rope.interleaved)
+        ref[..., : rope.rotary_dim] *= rope.attention_scaling  # the pass-through channels are not scaled
+        assert_close(got, ref if layout == "bhsd" else ref.transpose(1, 2), x, angle)
+    if ids.numel() and bool((ids == ids[:1]).all()):  # text: M-RoPE is the 1-D RoPE of the same config
+        plain = rotary.RoPE(d, base=args["base"], rotary_dim=args["rotary_dim"], scaling=args["scaling"], interleaved=rope.interleaved)
+        want = plain(q, k, position_ids=ids[0].expand(batch, seq), layout=layout)
+        for got, w, x in zip(out, want, (q, k)):
+            assert float((got.double() - w.double()).abs().max()) <= 2 * tolerance(x, angle)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    model_type=st.sampled_from(["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llama", None, 3]),
+    hidden=st.sampled_from([64, 64, 48, 0, -64, "64", 64.0]),
+    heads=st.sampled_from([4, 4, 3, 0]),
+    theta=st.sampled_from([1e6, 1e4, 0.0, -1.0, math.nan, "1e6", None]),
+    section=st.sampled_from([[2, 3, 3], [2, 3, 3], [4, 2, 2], [3, 3, 3], [2, 3], "233", None, [2.0, 3, 3]]),
+    block=st.sampled_from(["rope_scaling", "rope_scaling", "rope_parameters", "text_config"]),
+)
+def test_mrope_from_hf_config_is_right_or_a_named_error(model_type, hidden, heads, theta, section, block):
+    cfg = {"model_type": model_type, "hidden_size": hidden, "num_attention_heads": heads}
+    inner = {"type": "mrope", "rope_type": "default", "mrope_section": section}
+    if block == "rope_parameters":
+        inner = {"rope_type": "default", "mrope_section": section, "rope_theta": theta}
+    else:
+        cfg["rope_theta"] = theta
+    cfg["rope_scaling" if block != "rope_parameters" else "rope_parameters"] = inner
+    if block == "text_config":
+        cfg = {"model_type": model_type, "text_config": cfg}
+    try:
+        rope = MRoPE.from_hf_config(cfg)
+    except ConfigError as exc:
+        assert str(exc)
+        return
+    except NAMED as exc:
+        assert_named(exc)
+        return
+    assert model_type in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl") and rope.mrope_interleaved is (model_type == "qwen3_vl")
+    if model_type != "qwen3_vl":  # Qwen3-VL has transformers' defaults (head_dim 128, [24, 20, 20]) for what is missing
+        assert rope.head_dim == hidden // heads and list(rope.mrope_section) == section
+    if theta is not None:
+        assert rope.freqs.base == theta
+
+
+@st.composite
+def multimodal_batches(draw):
+    """Token types with images / videos whose grids match, and the expected ids (written out here)."""
+    merge = draw(st.sampled_from([1, 2]))
+    rows, images, videos = [], [], []
+    for _ in range(draw(st.integers(1, 2))):
+        row = []
+        for _ in range(draw(st.integers(0, 3))):
+            kind = draw(st.sampled_from([0, 0, 1, 2]))
+            if kind == 0:
+                row += [0] * draw(st.integers(1, 3))
+                continue
+            t, h, w = draw(st.integers(1, 2)), merge * draw(st.integers(1, 2)), merge * draw(st.integers(1, 2))
+            (images if kind == 1 else videos).append([t, h, w])
+            row += [kind] * (t * (h // merge) * (w // merge))
+            row += [0]  # text after each vision run keeps runs apart
+        rows.append(row)
+    length = max(len(r) for r in rows)
+    types = torch.tensor([r + [0] * (length - len(r)) for r in rows], dtype=torch.int64)
+    mask = torch.tensor([[1] * len(r) + [0] * (length - len(r)) for r in rows], dtype=torch.int64)
+    return types, mask, images, videos, merge
+
+
+def _expected_positions(types, mask, images, videos, merge):
+    """get_rope_index's ids ('grid' rule), written out token by token."""
+    grids = {1: list(images), 2: list(videos)}
+    out = torch.zeros(3, *types.shape, dtype=torch.int64)
+    nxt = []
+    for b in range(types.shape[0]):
+        i, cur, top = 0, 0, -1
+        n = int(mask[b].sum())
+        while i < n:
+            kind = int(types[b, i])
+            if kind == 0:
+                out[:, b, i] = cur
+                top = max(top, cur)
+                cur, i = cur + 1, i + 1
+                continue
+            t, h, w = grids[kind].pop(0)
+            h, w = h // merge, w // merge
+            for tt in range(t):
+                for y in range(h):
+                    for x in range(w):
+                        out[:, b, i] = torch.tensor([cur + tt, cur + y, cur + x])
+                        top = max(top, cur + tt, cur + y, cur + x)
+                        i += 1
+            cur += max(h, w)
+        nxt.append(top + 1)
+    return out, nxt
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=multimodal_batches(), spoil=st.sampled_from([None] * 5 + ["odd_grid", "float_grid", "nan_seconds", "neg_seconds", "huge_tps", "tps_str", "types_3", "types_float", "mask_shape", "merge_0", "extra_grid", "grid_list"]))
+def test_multimodal_positions_are_right_or_a_named_error(case, spoil):
+    types, mask, images, videos, merge = case
+    kwargs = dict(
+        image_grid_thw=torch.tensor(images, dtype=torch.int64).reshape(-1, 3) if images else None,
+        video_grid_thw=torch.tensor(videos, dtype=torch.int64).reshape(-1, 3) if videos else None,
+        spatial_merge_size=merge, attention_mask=mask,
+    )  # fmt: skip
+    if spoil == "odd_grid" and images and merge == 2:
+        kwargs["image_grid_thw"] = kwargs["image_grid_thw"] + torch.tensor([0, 1, 0])  # h not a multiple of the merge
+    elif spoil == "float_grid" and images:
+        kwargs["image_grid_thw"] = kwargs["image_grid_thw"].float()
+    elif spoil == "nan_seconds" and videos:
+        kwargs.update(tokens_per_second=2.0, second_per_grid_ts=[math.nan] * len(videos))
+    elif spoil == "neg_seconds" and videos:
+        kwargs.update(tokens_per_second=2.0, second_per_grid_ts=[-1.0] * len(videos))
+    elif spoil == "huge_tps" and videos:
+        kwargs.update(tokens_per_second=1e300)
+    elif spoil == "tps_str":
+        kwargs.update(tokens_per_second="2")
+    elif spoil == "types_3" and types.numel():
+        types = types.clone()
+        types[0, 0] = 3
+    elif spoil == "types_float":
+        types = types.float()
+    elif spoil == "mask_shape":
+        kwargs["attention_mask"] = mask[:, :-1]
+    elif spoil == "merge_0":
+        kwargs["spatial_merge_size"] = 0
+    elif spoil == "extra_grid":
+        kwargs["image_grid_thw"] = torch.tensor([*images, [1, merge, merge]]).reshape(-1, 3)
+    elif spoil == "grid_list":
+        kwargs["image_grid_thw"] = images
+    mp, err = call(multimodal_positions, types, **kwargs)
+    if err is not None:
+        return
+    spoiled = spoil is not None and (
+        (spoil == "odd_grid" and images and merge == 2) or spoil in ("float_grid", "grid_list") and images
+        or spoil in ("nan_seconds", "neg_seconds") and videos or spoil == "huge_tps" and any(t > 1 for t, _, _ in videos)
+        or spoil == "types_3" and types.numel() or spoil in ("tps_str", "types_float", "mask_shape", "merge_0", "extra_grid")
+        and (spoil != "mask_shape" or types.shape[1] > 0)
+    )  # fmt: skip
+    assert not spoiled, f"spoiled input ({spoil}) was accepted"
+    if kwargs.get("tokens_per_second") is not None:
+        return  # time-aligned videos: checked in test_mrope.py against transformers
+    want, nxt = _expected_positions(types, mask, images, videos, merge)
+    assert torch.equal(mp.position_ids, want)
+    assert mp.next_position.tolist() == nxt and mp.bound == max(nxt)
+    assert mp.rope_deltas[:, 0].tolist() == [n - int(m.sum()) for n, m in zip(nxt, mask)]
+    cont = mp.continuation(2)
+    assert cont.position_ids[:, :, 0].tolist() == [nxt] * 3
+    # the ids drive MRoPE: its tables equal those of the [3, B, S] ids given directly
+    rope = MRoPE(16, mrope_section=[2, 3, 3])
+    assert torch.equal(rope.tables(mp).cos, rope.tables(mp.position_ids).cos)

@@ -19,6 +19,7 @@ from rotary.kernels.eager import rotate_torch
 from rotary.models import POSITION_ENCODINGS, Decoder, DecoderConfig
 from rotary.nn import KVCache, RotaryAttention, RotaryLinearAttention
 from rotary.variants import XPos, xpos_zeta
+from variant_checks import EPS64, FLOATS, TOL, WILD, call, spoiled, tensors, to_bhsd
 
 
 def xpos_oracle(x: torch.Tensor, positions: list[int], *, scale_base: float, center: int, interleaved: bool, key: bool):
@@ -211,3 +212,78 @@ def test_score_decay_behind_the_figure():
     far = slice(len(distances) // 2, None)
     assert float(xpos[far].abs().max()) < float(rope[far].max()) / 2
     assert float(xpos[-256:].abs().max()) < float(xpos[256:512].abs().min())
+
+
+def _xpos_reference(x_bhsd, pos, rope, key):
+    """rotate_complex at ``pos`` times ζ_i^(±(n - c)/γ) on both channels of pair i, float64."""
+    r = rope.rotary_dim
+    i = torch.arange(r // 2, dtype=torch.float64)
+    zeta = (2 * i + 0.4 * r) / (1.4 * r)
+    out = torch.empty(x_bhsd.shape, dtype=torch.float64)
+    for b in range(x_bhsd.shape[0]):
+        p = pos if pos.dim() == 1 else pos[min(b, pos.shape[0] - 1)]
+        rot = reference.rotate_complex(x_bhsd[b], p, rope.inv_freq.double(), interleaved=rope.interleaved)
+        expo = (p.double() - rope.center) / rope.scale_base
+        scale = zeta[None, :] ** (-expo if key else expo)[:, None]  # [S, r/2]
+        scale = scale.repeat_interleave(2, -1) if rope.interleaved else torch.cat((scale, scale), -1)
+        rot[..., :r] = rot[..., :r] * scale
+        out[b] = rot
+    return out
+
+
+XPOS_BAD = {
+    "head_dim": [6, 0, 7, "8", 8.0, 2**40],
+    "scale_base": [1e300, 1e-300, 1e-3, 0.0, -1.0, math.nan, math.inf, "512", True],
+    "rotary_dim": [4, 3, 0, 10, 4.0],
+    "interleaved": ["no", 0],
+    "max_position": [64, 0, -1, 2**40, 64.0],
+    "center": [0, 30, 10**9, -1, 3.5, True, "0"],
+    "base": [1.0, 1e-300, 1e300, math.nan, "10000"],
+}
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_xpos_is_right_or_a_named_error(data):
+    wild = data.draw(WILD)
+    valid = dict(
+        head_dim=data.draw(st.sampled_from([8, 16])), scale_base=data.draw(st.sampled_from([512.0, 8.0])),
+        interleaved=data.draw(st.booleans()), center=data.draw(st.sampled_from([None, None, 0, 20])),
+    )  # fmt: skip
+    args = spoiled(data.draw, valid, XPOS_BAD) if wild else valid
+    head_dim = args.pop("head_dim")
+    rope, err = call(XPos, head_dim, **args)
+    if err is not None:
+        return
+    assert 0 <= rope.center <= rope.max_distance
+    batch, seq = data.draw(st.integers(1, 2)), data.draw(st.integers(0, 4))
+    layout = data.draw(st.sampled_from(["bhsd", "bshd"] + ["bhds"] * wild))
+    dtype = data.draw(st.sampled_from(FLOATS))
+    shape = [batch, 2, seq, head_dim] if layout != "bshd" else [batch, seq, 2, head_dim]
+    q = data.draw(st.one_of(tensors(shape=shape, dtype=dtype), *[tensors(max_size=3)] * wild))
+    k = data.draw(tensors(shape=shape, dtype=dtype))
+    pos = data.draw(
+        st.one_of(
+            st.none(),
+            st.lists(st.integers(0, 60), min_size=seq, max_size=seq).map(torch.tensor),
+            st.just(torch.arange(seq).expand(batch, seq)),
+            *[st.lists(st.integers(-2, 2**41), min_size=seq, max_size=seq).map(torch.tensor)] * wild,
+            *[st.just(torch.arange(seq, dtype=torch.float32))] * wild,
+        )
+    )
+    offset = data.draw(st.sampled_from([0, 7] + [-1, 2**40, 1.5, True] * wild))
+    out, err = call(rope, q, k, position_ids=pos, offset=offset, layout=layout)
+    if err is not None:
+        return
+    assert pos is None or offset == 0
+    if pos is None:
+        pos = torch.arange(offset, offset + seq)
+    for got, x, key in zip(out, (q, k), (False, True)):
+        ref = _xpos_reference(to_bhsd(x, layout), pos, rope, key)
+        ref = ref if layout == "bhsd" else ref.transpose(1, 2)
+        assert bool(torch.isfinite(ref).all())
+        # the scales reach 2^±126: compare relative to the reference's magnitude per pair of channels
+        rel = (got.double() - ref).abs() / ref.abs().amax(dim=-1, keepdim=True).clamp_min(1e-300)
+        angle = float(pos.abs().max()) if pos.numel() else 0.0
+        bound = TOL[x.dtype] * 4 + 8 * EPS64 * angle
+        assert not rel.numel() or float(rel.max()) <= bound * max(1.0, float(x.double().abs().max()))

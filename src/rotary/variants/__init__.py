@@ -11,7 +11,9 @@ frequencies, ...) and reuses positions, tables, :func:`rotary.rotate` and the fu
 - :mod:`.nope`: NoPE layers and Llama 4's NoPE query temperature.
 """
 
-from .axial import PRESETS, AxialRoPE, CoordinateRoPE, Coordinates, relative_scores
+from .axial import PRESETS, AxialRoPE, relative_scores
+from .coordinate_rope import CoordinateRoPE
+from .coordinates import Coordinates
 from .mixed import RoPEMixed
 from .mrope import MRoPE, MultimodalPositions, check_mrope_section, mrope_axes, multimodal_positions
 from .nope import NoPETemperature, default_no_rope_layers, nope_temperature, rope_layer_flags

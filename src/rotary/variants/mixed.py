@@ -21,9 +21,9 @@ import torch
 from torch import nn
 
 from .._checks import check_bool, check_positive_float, check_positive_int
-from ..rope import keep_float32
+from ..rope_tables import keep_float32
 from ..rope_types import default_inv_freq
-from .axial import CoordinateRoPE
+from .coordinate_rope import CoordinateRoPE
 
 __all__ = ["RoPEMixed"]
 

@@ -1,4 +1,5 @@
-"""The interfaces users of other kernels already write, each equal to the 4-D path:
+"""apply_rotary and its in-place forms (functional.py). The interfaces users of other kernels already
+write, each equal to the 4-D path:
 flash-attn's ``seqlen_offsets`` and packed ``qkv`` / ``kv`` in-place calls, and vLLM's flat
 ``[tokens, H * D]`` layout with per-token positions."""
 
@@ -6,8 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import rotary
+from helpers import NAMED
+from strategies import positions_strategy, tensors
 
 D = 16
 
@@ -116,3 +121,25 @@ def test_interface_errors(call, match, tables):
     _, cos, sin = tables
     with pytest.raises((ValueError, TypeError), match=match):
         call(cos, sin)
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    x=tensors(rank=4, max_size=4, dtype=torch.float32),
+    cos=tensors(max_size=6),
+    interleaved=st.booleans(),
+    validate=st.sampled_from([True, False, "full", "maybe"]),
+    positions=positions_strategy(),
+)
+def test_apply_rotary_with_arbitrary_tables_never_crashes_inside(x, cos, interleaved, validate, positions):
+    kwargs = dict(interleaved=interleaved, validate=validate)
+    if positions is not None:
+        kwargs["position_ids"] = positions
+    try:
+        out = rotary.apply_rotary(x, cos, cos, **kwargs)
+    except NAMED as exc:
+        assert str(exc)
+        return
+    assert out.shape == x.shape
+    if validate is not False:  # a checked table of identical cos and sin is a rotation by 45° scaled: finite
+        assert torch.isfinite(out).all() or not torch.isfinite(x).all()

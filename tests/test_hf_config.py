@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import re
 import warnings
 from pathlib import Path
@@ -11,12 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from hypothesis import given
+from hypothesis import strategies as st
 from transformers import AutoConfig
 
 import rotary
-from helpers import hf_config, text_config
+from helpers import assert_named_error, assert_sound, hf_config, text_config
 from rotary import ConfigError, RoPE, frequencies
 from rotary.hf_config import read_hf_config
+from strategies import NASTY, PROPERTIES
 
 transformers.logging.set_verbosity_error()
 
@@ -681,3 +685,82 @@ def test_defaults_of_every_transformers_model_type_read_without_an_error():
     for model_type in CONFIG_MAPPING_NAMES:
         defaults = model_defaults(model_type, source="transformers")
         assert set(defaults) <= allowed, (model_type, set(defaults) - allowed)
+
+
+CONFIGS = {
+    **{p.stem: json.loads(p.read_text()) for p in sorted(FIXTURES.glob("*.json"))},
+    **{p.stem: json.loads(p.read_text()) for p in sorted((FIXTURES / "published").glob("*.json"))},
+}
+
+
+ROPE_CONFIG_KEYS = [
+    "head_dim", "hidden_size", "num_attention_heads", "max_position_embeddings", "rope_theta", "rope_scaling",
+    "rope_parameters", "partial_rotary_factor", "rotary_pct", "rotary_emb_base", "rotary_dim", "qk_rope_head_dim",
+    "rope_interleave", "original_max_position_embeddings", "layer_types", "model_type", "text_config",
+    "rope_local_base_freq", "n_embd", "n_head", "n_positions",
+]  # fmt: skip
+
+
+@st.composite
+def perturbed_configs(draw):
+    name = draw(st.sampled_from(sorted(CONFIGS)))
+    d = copy.deepcopy(CONFIGS[name])
+    target = d["text_config"] if isinstance(d.get("text_config"), dict) else d
+    block_name = next((k for k in ("rope_parameters", "rope_scaling") if isinstance(target.get(k), dict)), None)
+    inside = block_name is not None and draw(st.booleans())
+    where = target[block_name] if inside else target
+    if inside and "full_attention" in where:
+        where = where["full_attention"]
+    key = draw(st.sampled_from(sorted(set(where) | set(ROPE_CONFIG_KEYS if not inside else ["factor", "rope_theta"]))))
+    if draw(st.booleans()) and key in where:
+        del where[key]
+        value = None
+    else:
+        value = draw(NASTY)
+        where[key] = value
+    return d, key, value
+
+
+LAYER_TYPES = st.sampled_from([None, "sliding_attention", "full_attention"])
+
+
+@PROPERTIES
+@given(perturbed=perturbed_configs(), strict=st.booleans(), layer_type=LAYER_TYPES, interleaved=st.sampled_from([None, False]))
+def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, strict, layer_type, interleaved):
+    d, key, value = perturbed
+    original = copy.deepcopy(d)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            settings_ = read_hf_config(d, layer_type=layer_type, strict=strict, interleaved=interleaved)
+            rope = RoPE.from_hf_config(d, layer_type=layer_type, strict=strict, interleaved=interleaved, max_position=16)
+        except Exception as exc:
+            # a layer type the config lacks, or a config the perturbation made ambiguous, names itself;
+            # anything else must name the perturbed key or value
+            message = str(exc)
+            if "layer_type" in message or "layer type" in message:
+                assert_named_error(exc)
+            else:
+                assert_named_error(exc, (key, value))
+            return
+    assert json.dumps(d, sort_keys=True, default=repr) == json.dumps(original, sort_keys=True, default=repr)
+    assert isinstance(settings_.interleaved, bool) and settings_.interleaved == rope.interleaved
+    assert_sound(rope.freqs)
+    cos, sin = rope.cos_sin(torch.arange(0, 40))
+    assert bool(torch.isfinite(cos).all() and torch.isfinite(sin).all())
+
+
+@PROPERTIES
+@given(config=st.one_of(NASTY, st.dictionaries(st.sampled_from(ROPE_CONFIG_KEYS), NASTY, max_size=6)))
+def test_read_hf_config_on_arbitrary_objects(config):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            s = read_hf_config(config, interleaved=False)
+        except FileNotFoundError as exc:  # a string is a path
+            assert repr(str(config)) in str(exc) or str(config) in str(exc)
+            return
+        except Exception as exc:
+            assert_named_error(exc)
+            return
+    assert s.head_dim > 0 and math.isfinite(s.base)

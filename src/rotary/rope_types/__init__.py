@@ -1,0 +1,53 @@
+"""The ``rope_type`` registry and the built-in types, each init function beside its checks.
+
+- :mod:`.registry`: :class:`RopeType`, :func:`register_rope_type`, :data:`ROPE_TYPES`,
+  :func:`validate_rope_parameters`, and the value checks the types share;
+- :mod:`.interpolation`: ``default``, ``linear``, ``ntk``, ``dynamic``;
+- :mod:`.yarn_longrope`: ``yarn``, ``longrope``;
+- :mod:`.llama3_proportional`: ``llama3``, ``proportional``.
+
+Importing the package registers the built-in types, in that order.
+"""
+
+# importing registers the built-in types, in this order (ROPE_TYPES lists them so)
+# isort: off
+from . import interpolation, yarn_longrope, llama3_proportional  # noqa: F401
+# isort: on
+
+from .llama3_proportional import proportional_pairs
+from .registry import (
+    COMMON_KEYS,
+    KEY_MEANINGS,
+    ROPE_INIT_FUNCTIONS,
+    ROPE_TYPES,
+    UPDATE_RULES,
+    ConfigError,
+    RopeCheckFn,
+    RopeExample,
+    RopeInitFn,
+    RopeType,
+    complain,
+    default_inv_freq,
+    register_rope_type,
+    rotary_dim_from,
+    validate_rope_parameters,
+)
+
+__all__ = [
+    "ConfigError",
+    "RopeType",
+    "RopeExample",
+    "ROPE_TYPES",
+    "ROPE_INIT_FUNCTIONS",
+    "register_rope_type",
+    "default_inv_freq",
+    "rotary_dim_from",
+    "validate_rope_parameters",
+    "proportional_pairs",
+    "complain",
+    "COMMON_KEYS",
+    "KEY_MEANINGS",
+    "UPDATE_RULES",
+    "RopeCheckFn",
+    "RopeInitFn",
+]

@@ -1,0 +1,498 @@
+"""What :class:`~rotary.variants.AxialRoPE` and :class:`~rotary.variants.RoPEMixed` share: coordinates in, tables out.
+
+:class:`CoordinateRoPE` builds grids in the published coordinate conventions, validates explicit
+coordinates, augments them in training mode, writes identity rows, and rotates through the one
+fused kernel; a subclass gives the frequencies (:meth:`CoordinateRoPE.frequencies`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+from torch import nn
+
+from .. import deferred
+from .._checks import check_bool, check_choice, check_finite, check_int, check_positive_int, is_int
+from .._device_copies import DeviceCopies
+from ..positions import Positions
+from ..rotation import Layout, check_layout, rotate
+from ..tables import RotaryTables, cos_sin_table, table_dtype
+from .coordinates import Coordinates, check_identity
+
+__all__ = ["CoordinateRoPE", "GRID_CACHE"]
+
+_NORMALIZE = ("separate", "max", "min")
+#: how many grids :meth:`CoordinateRoPE.grid` keeps (per module) to hand out again
+GRID_CACHE = 16
+
+
+class CoordinateRoPE(nn.Module):
+    """RoPE over N-D coordinates: grids, coordinate conventions, augmentation, identity rows, tables.
+
+    Subclasses give the frequencies (:meth:`frequencies`): ``[A, r/2]`` (one row per axis, axial) or
+    ``[H, A, r/2]`` (per head, RoPE-Mixed). The arguments below are keyword arguments of
+    :class:`AxialRoPE` and :class:`~rotary.variants.RoPEMixed`.
+
+    Args:
+        head_dim: channels per head ``D`` (even).
+        axes: coordinates per token ``A``.
+        rotary_dim: channels rotated ``r`` (even, ``<= D``); the rest pass through.
+        interleaved: pairs (2i, 2i+1) (``True``) or (i, i + r/2) (``False``).
+        coordinates: what :meth:`grid` produces: ``"grid"``, integer indices ``i + grid_offset``
+            (scaled by ``reference_grid / size`` when that is set); ``"normalized"``, cell centres in
+            [-1, 1], ``2 (i + 0.5) / n - 1`` (DINOv3).
+        grid_offset: added to ``"grid"`` coordinates (torchtune and Llama 4 count from 1).
+        reference_grid: ``"grid"`` only: the grid size the frequencies were trained on; a grid of
+            ``n`` cells then has coordinates ``i · reference / n``, spanning the trained range (EVA-02).
+        normalize_coords: ``"normalized"`` only: divide by each axis's own size (``"separate"``), by
+            the longest (``"max"``) or the shortest (``"min"``), as DINOv3's ``normalize_coords``.
+        prefix_tokens: tokens before the grid that take no rotation (CLS, registers), by default in :meth:`grid`.
+        suffix_tokens: the same after the grid (torchtune and Llama 4 append CLS).
+        shift_coords: training only: add one uniform draw in ``[-shift, shift]`` per axis to every
+            coordinate (DINOv3's augmentation).
+        jitter_coords: training only: multiply each axis by a log-uniform draw in ``[1/jitter, jitter]``.
+        rescale_coords: training only: multiply all axes by one log-uniform draw in ``[1/rescale, rescale]``.
+        generator: draws the augmentation (a CPU ``torch.Generator``); default the global generator
+            (``torch.manual_seed``). A call may pass its own.
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        axes: int,
+        *,
+        rotary_dim: int | None = None,
+        interleaved: bool = False,
+        coordinates: Literal["grid", "normalized"] = "grid",
+        grid_offset: float = 0.0,
+        reference_grid: int | Sequence[int] | None = None,
+        normalize_coords: Literal["separate", "max", "min"] = "separate",
+        prefix_tokens: int = 0,
+        suffix_tokens: int = 0,
+        shift_coords: float | None = None,
+        jitter_coords: float | None = None,
+        rescale_coords: float | None = None,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        super().__init__()
+        self.head_dim = check_positive_int(head_dim, "head_dim")
+        if head_dim % 2:
+            raise ValueError(f"head_dim must be even (channels rotate in pairs), got head_dim={head_dim}")
+        self.axes = check_positive_int(axes, "axes")
+        r = head_dim if rotary_dim is None else check_positive_int(rotary_dim, "rotary_dim")
+        if r % 2 or r > head_dim:
+            raise ValueError(f"rotary_dim must be even and <= head_dim={head_dim}, got rotary_dim={r}")
+        self.rotary_dim = r
+        self.interleaved = check_bool(interleaved, "interleaved")
+        self.coordinate_kind = check_choice(coordinates, "coordinates", ("grid", "normalized"))
+        self.grid_offset = check_finite(grid_offset, "grid_offset")
+        self.normalize_coords = check_choice(normalize_coords, "normalize_coords", _NORMALIZE)
+        if coordinates == "normalized" and (grid_offset or reference_grid is not None):
+            raise ValueError(
+                "grid_offset and reference_grid shape integer grid coordinates; normalized coordinates are "
+                "cell centres in [-1, 1] already (use coordinates='grid' with them, or drop them)"
+            )
+        self.reference_grid = None if reference_grid is None else self._sizes(reference_grid, "reference_grid")
+        self.prefix_tokens = check_int(prefix_tokens, "prefix_tokens", minimum=0)
+        self.suffix_tokens = check_int(suffix_tokens, "suffix_tokens", minimum=0)
+        self.shift_coords = None if shift_coords is None else check_finite(shift_coords, "shift_coords")
+        if self.shift_coords is not None and self.shift_coords < 0:
+            raise ValueError(f"shift_coords must be >= 0 (a shift drawn from [-shift, shift]), got {shift_coords}")
+        self.jitter_coords = self._log_range(jitter_coords, "jitter_coords")
+        self.rescale_coords = self._log_range(rescale_coords, "rescale_coords")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+        self.generator = generator
+        self._copies = DeviceCopies()  # frequencies kept on the host, copied once per device
+        self._grids: OrderedDict[tuple, Coordinates] = OrderedDict()  # grid() results, handed out again
+
+    @staticmethod
+    def _log_range(value: float | None, name: str) -> float | None:
+        if value is None:
+            return None
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 1):
+            raise ValueError(f"{name} must be a number >= 1 (a factor drawn log-uniformly from [1/{name}, {name}]), got {value!r}")
+        return float(value)
+
+    def _sizes(self, sizes: int | Sequence[int], name: str) -> tuple[int, ...]:
+        if is_int(sizes):
+            sizes = (sizes,) * self.axes  # type: ignore[assignment]
+        elif isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence):
+            raise ValueError(f"{name} must be an int or {self.axes} ints (one size per axis), got {sizes!r:.80}")
+        sizes = tuple(sizes)  # type: ignore[arg-type]
+        if len(sizes) != self.axes:
+            raise ValueError(f"{name} needs {self.axes} sizes (one per axis), got {sizes}")
+        return tuple(check_positive_int(n, f"{name}[{i}]") for i, n in enumerate(sizes))
+
+    # frequencies ------------------------------------------------------------------------------
+    def frequencies(self) -> torch.Tensor:
+        """Frequencies of each pair over the axes: ``[A, r/2]`` or per head ``[H, A, r/2]``."""
+        raise NotImplementedError
+
+    @property
+    def heads(self) -> int | None:
+        """Head count of per-head frequencies, else ``None``."""
+        freq = self.frequencies()
+        return freq.shape[0] if freq.dim() == 3 else None
+
+    @property
+    def augments(self) -> bool:
+        """Whether coordinates are augmented in training mode."""
+        return any(v is not None for v in (self.shift_coords, self.jitter_coords, self.rescale_coords))
+
+    # coordinates ------------------------------------------------------------------------------
+    def grid(
+        self, *sizes: int, prefix: int | None = None, suffix: int | None = None, device: torch.device | str | None = None
+    ) -> Coordinates:
+        """Coordinates of a grid of ``sizes`` (one per axis, e.g. ``grid(h, w)``, ``grid(t, h, w)``), row-major.
+
+        Args:
+            sizes: cells per axis.
+            prefix: identity tokens before the grid (default ``prefix_tokens``).
+            suffix: identity tokens after it (default ``suffix_tokens``).
+            device: where to put them.
+
+        Returns:
+            :class:`Coordinates` ``[prefix + Π sizes + suffix, A]`` in this module's convention
+            (``coordinates``, ``grid_offset``, ``reference_grid``, ``normalize_coords``). The same
+            arguments return the same object (the last :data:`GRID_CACHE` grids are kept), so a grid
+            built per call and moved to an accelerator is copied host-to-device once, not per call.
+
+        Example:
+            >>> AxialRoPE(8, coordinates="normalized").grid(1, 2).values.tolist()
+            [[0.0, -0.5], [0.0, 0.5]]
+        """
+        sizes_t = self._sizes(sizes, "grid")
+        prefix = self.prefix_tokens if prefix is None else check_int(prefix, "prefix", minimum=0)
+        suffix = self.suffix_tokens if suffix is None else check_int(suffix, "suffix", minimum=0)
+        key = (
+            sizes_t, prefix, suffix, None if device is None else torch.device(device), self.coordinate_kind,
+            self.grid_offset, self.reference_grid, self.normalize_coords,
+        )  # fmt: skip
+        found = self._grids.get(key)
+        if torch.compiler.is_compiling():  # version counters are not traceable: a grid made eagerly is used
+            return found if found is not None else self._build_grid(sizes_t, prefix, suffix, device)
+        if found is not None and found._version() == found.__dict__.get("_built_version"):
+            self._grids.move_to_end(key)
+            return found  # not edited in place since it was built
+        with torch.inference_mode(False):  # kept: usable outside inference mode later
+            coords = self._build_grid(sizes_t, prefix, suffix, device)
+        coords.__dict__["_built_version"] = coords._version()
+        self._grids[key] = coords
+        while len(self._grids) > GRID_CACHE:
+            self._grids.popitem(last=False)
+        return coords
+
+    def _build_grid(
+        self, sizes_t: tuple[int, ...], prefix: int, suffix: int, device: torch.device | str | None
+    ) -> Coordinates:
+        """The coordinates :meth:`grid` hands out (built on the host, then moved to ``device``)."""
+        per_axis = []
+        for a, n in enumerate(sizes_t):
+            i = torch.arange(n, dtype=torch.float64)
+            if self.coordinate_kind == "normalized":
+                denom = {"separate": n, "max": max(sizes_t), "min": min(sizes_t)}[self.normalize_coords]
+                c = 2.0 * ((i + 0.5) / denom) - 1.0
+            else:
+                c = i if self.reference_grid is None else i / n * self.reference_grid[a]
+                c = c + self.grid_offset
+            per_axis.append(c)
+        values = torch.stack(torch.meshgrid(*per_axis, indexing="ij"), dim=-1).reshape(-1, self.axes)
+        identity = None
+        if prefix or suffix:
+            values = torch.cat((values.new_zeros(prefix, self.axes), values, values.new_zeros(suffix, self.axes)))
+            identity = torch.zeros(values.shape[0], dtype=torch.bool)
+            identity[:prefix] = True
+            identity[values.shape[0] - suffix :] = True
+        coords = Coordinates(values, identity)
+        return coords if device is None else coords.to(device)
+
+    def coordinates(
+        self,
+        positions: Coordinates | Positions | torch.Tensor,
+        *,
+        identity: torch.Tensor | None = None,
+        name: str = "coordinates",
+    ) -> Coordinates:
+        """Validate explicit coordinates.
+
+        Args:
+            positions: a :class:`Coordinates`, an N-D :class:`~rotary.positions.Positions` with ``A``
+                axes, or a tensor ``[S, A]`` / ``[B, S, A]`` (integer, or float for coordinates
+                between cells: normalized, interpolated, augmented).
+            identity: bool ``[S]`` or ``[B, S]``: tokens that take no rotation.
+            name: the argument's name, for messages.
+
+        Returns:
+            :class:`Coordinates` (float64 values).
+
+        Raises:
+            TypeError: not a tensor of numbers.
+            ValueError: a wrong number of axes or shape, or non-finite coordinates.
+
+        Example:
+            >>> AxialRoPE(8).coordinates(torch.tensor([[0, 1], [2, 3]])).values.dtype
+            torch.float64
+        """
+        if isinstance(positions, Coordinates):
+            if positions.axes != self.axes:
+                raise ValueError(f"{name} have {positions.axes} axes but this {type(self).__name__} has axes={self.axes}")
+            if identity is None:
+                return positions
+            return Coordinates(positions.values, check_identity(identity, positions.values, name))
+        if isinstance(positions, Positions):
+            if positions.axes != self.axes:
+                raise ValueError(
+                    f"{name} have {positions.axes} coordinate axes but this {type(self).__name__} has axes={self.axes}; "
+                    f"give [S, {self.axes}] or [B, S, {self.axes}] coordinates"
+                )
+            if positions.packed:
+                raise ValueError(f"packed {name} are not supported by {type(self).__name__}: give [B, S, {self.axes}] coordinates")
+            positions = positions.ids
+        if not isinstance(positions, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor [S, {self.axes}] or [B, S, {self.axes}], got {type(positions).__name__}")
+        if positions.dtype == torch.bool or positions.is_complex():
+            raise TypeError(f"{name} must hold integer or floating coordinates, got dtype {positions.dtype}")
+        if positions.dim() not in (2, 3) or positions.shape[-1] != self.axes:
+            raise ValueError(
+                f"{name} must be [S, {self.axes}] or [B, S, {self.axes}] ({self.axes} coordinates per token), got shape "
+                f"{tuple(positions.shape)}; give {self.axes} coordinates per token"
+                + (f" or build the module with axes={positions.shape[-1]}" if positions.dim() in (2, 3) else "")
+            )
+        values = positions.to(torch.float64)
+        if not torch.compiler.is_compiling() and values.numel():
+            if not deferred.host_checks(values.device):  # not read: NaN tables, and a deferred error
+                deferred.record(deferred.COORDINATES_SLOT, ~torch.isfinite(values.detach()))
+            elif not bool(torch.isfinite(values).all()):
+                raise ValueError(f"{name} hold NaN or inf values; mark tokens that take no rotation with identity= instead")
+        return Coordinates(values, check_identity(identity, values, name))
+
+    def augment(self, values: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """DINOv3's coordinate augmentation: shift, per-axis jitter, shared rescale (any that are set).
+
+        Draws on the CPU in float64, in this order: shift ``[A]``, jitter ``[A]``, rescale ``[1]``; one
+        draw per call, shared by every token and batch row. The draws reach an accelerator by
+        non-blocking copies (no synchronisation; a CUDA graph would replay the captured draw).
+
+        Args:
+            values: float64 ``[..., A]``.
+            generator: default this module's ``generator``, else the global one.
+
+        Example:
+            >>> rope = AxialRoPE(8, shift_coords=0.5)
+            >>> c = torch.zeros(3, 2, dtype=torch.float64)
+            >>> out = rope.augment(c, torch.Generator().manual_seed(0))
+            >>> bool((out == out[0]).all()), bool(out.abs().max() <= 0.5)
+            (True, True)
+        """
+        g = self.generator if generator is None else generator
+        a = self.axes
+        if self.shift_coords is not None:
+            shift = torch.empty(a, dtype=torch.float64).uniform_(-self.shift_coords, self.shift_coords, generator=g)
+            values = values + shift.to(values.device, non_blocking=True)
+        if self.jitter_coords is not None:
+            top = math.log(self.jitter_coords)
+            jitter = torch.empty(a, dtype=torch.float64).uniform_(-top, top, generator=g).exp()
+            values = values * jitter.to(values.device, non_blocking=True)
+        if self.rescale_coords is not None:
+            top = math.log(self.rescale_coords)
+            rescale = torch.empty(1, dtype=torch.float64).uniform_(-top, top, generator=g).exp()
+            values = values * rescale.to(values.device, non_blocking=True)
+        return values
+
+    # tables ---------------------------------------------------------------------------------
+    def tables(
+        self,
+        positions: Coordinates | Positions | torch.Tensor,
+        *,
+        identity: torch.Tensor | None = None,
+        dtype: torch.dtype = torch.float32,
+        generator: torch.Generator | None = None,
+    ) -> RotaryTables:
+        """The tables that rotate tokens at ``positions`` (augmented in training mode, if configured).
+
+        Compute them once per model forward and hand them to every layer (one augmentation draw for
+        the whole forward, as DINOv3 does).
+
+        Args:
+            positions: :class:`Coordinates` (from :meth:`grid`) or explicit coordinates (see :meth:`coordinates`).
+            identity: bool ``[S]`` or ``[B, S]``, tokens that take no rotation (added to those of ``positions``).
+            dtype: fp32, or float64 for float64 inputs.
+            generator: the augmentation's generator for this call.
+
+        Returns:
+            :class:`~rotary.tables.RotaryTables` ``[S, r]`` or ``[B, S, r]`` (per head: ``[S, H, r]``,
+            ``[B, S, H, r]``) on the coordinates' device; identity rows are cos 1, sin 0.
+
+        Example:
+            >>> rope = AxialRoPE(8)
+            >>> t = rope.tables(rope.grid(2, 3, prefix=1))
+            >>> t.cos.shape, t.cos[0].tolist(), t.sin[0].tolist()
+            (torch.Size([7, 8]), [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+        """
+        coords = self.coordinates(positions)
+        if dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"table dtype must be torch.float32 or torch.float64, got {dtype}")
+        values = coords.values
+        if self.training and self.augments:
+            values = self.augment(values, generator)
+        mask = coords.identity
+        if identity is not None:
+            extra = check_identity(identity, values, "coordinates")
+            mask = extra if mask is None else mask | extra
+        if mask is not None:  # angle 0: cos 1, sin 0 (also a zero gradient into learnable frequencies)
+            values = values.masked_fill(mask.unsqueeze(-1), 0.0)
+        freq = self.frequencies()
+        if freq.device != values.device and not freq.requires_grad:  # a constant: copied once per device
+            freq = self._copies.on("frequencies", freq, values.device)
+        if not torch.compiler.is_compiling() and values.numel():
+            self._check_angles(values, freq)
+        cos, sin = cos_sin_table(values, freq, interleaved=self.interleaved, dtype=dtype)
+        return RotaryTables.unchecked(cos, sin, self.interleaved, heads=freq.shape[0] if freq.dim() == 3 else None)
+
+    def _check_angles(self, values: torch.Tensor, freq: torch.Tensor) -> None:
+        """Angles ``Σ_a c_a · f_a`` must be finite: an inf angle makes cos/sin NaN.
+
+        One host read on the CPU; elsewhere the same bound ``max |c| · max_j Σ_a |f_a,j|`` is computed
+        on the device and a non-finite one is a deferred error (:data:`rotary.deferred.ANGLES_SLOT`).
+
+        Args:
+            values: float64 coordinates ``[..., A]``.
+            freq: ``[A, r/2]`` or ``[H, A, r/2]`` on the device of ``values``.
+        """
+        if not deferred.host_checks(values.device):
+            with torch.no_grad():
+                top = values.detach().abs().amax()
+                rate = freq.detach().abs().sum(-2).amax().to(torch.float64)
+                deferred.record(deferred.ANGLES_SLOT, ~torch.isfinite(top * rate))
+            return
+        top = float(values.detach().abs().amax())
+        rate = float(freq.detach().abs().sum(-2).amax())
+        if not math.isfinite(top * rate):
+            augment = (
+                f" after augmentation (shift_coords={self.shift_coords}, jitter_coords={self.jitter_coords}, "
+                f"rescale_coords={self.rescale_coords})"
+                if self.training and self.augments
+                else ""
+            )
+            raise ValueError(
+                f"coordinates up to {top:g}{augment} times frequencies up to {rate:g} rad per unit give rotation angles "
+                "beyond float64's range (cos/sin would be NaN); use smaller coordinates, augmentation ranges or frequencies"
+            )
+
+    def input_tables(
+        self,
+        position_ids: Coordinates | Positions | torch.Tensor | None,
+        *,
+        batch: int,
+        seq_len: int,
+        device: torch.device | str,
+        dtype: torch.dtype = torch.float32,
+    ) -> RotaryTables:
+        """The tables for a batch of ``batch`` x ``seq_len`` tokens at ``position_ids``, checked against them.
+
+        What :class:`rotary.nn.RotaryAttention` calls with its ``position_ids``: the coordinates are
+        this module's, so the layer passes them through unread.
+
+        Args:
+            position_ids: :class:`Coordinates` (e.g. ``grid(h, w, prefix=1)``) or coordinates ``[S, A]`` /
+                ``[B, S, A]``; there is no default.
+            batch: ``B`` of the input.
+            seq_len: ``S`` of the input (identity tokens included).
+            device: where the tables go (the input's device).
+            dtype: fp32, or float64 for float64 inputs.
+
+        Returns:
+            :class:`~rotary.tables.RotaryTables` (augmented in training mode, if configured).
+
+        Example:
+            >>> rope = AxialRoPE(8)
+            >>> rope.input_tables(rope.grid(2, 3, prefix=1), batch=2, seq_len=7, device="cpu").cos.shape
+            torch.Size([7, 8])
+        """
+        if position_ids is None:
+            raise ValueError(
+                f"{type(self).__name__} rotates tokens by their {self.axes} coordinates: pass position_ids=rope.grid(...) "
+                f"(identity tokens with prefix=/suffix=) or coordinates [S, {self.axes}] / [B, S, {self.axes}]"
+            )
+        coords = self.coordinates(position_ids, name="position_ids")
+        self._check_tokens(coords, batch, seq_len, "the input")
+        return self.tables(coords.to(device), dtype=dtype)
+
+    # application ----------------------------------------------------------------------------
+    def _check_tokens(self, coords: Coordinates, batch: int, seq_len: int, what: str, detail: str = "") -> None:
+        if coords.seq_len != seq_len:
+            raise ValueError(
+                f"the coordinates cover S={coords.seq_len} tokens but {what} has S={seq_len}{detail}; tokens without a place "
+                "on the grid (CLS, registers) need an identity row: grid(..., prefix=, suffix=)"
+            )
+        if coords.batch is not None and coords.batch not in (1, batch):
+            raise ValueError(f"the coordinates have batch {coords.batch} but {what} has batch {batch}")
+
+    def _check_inputs(self, xs: Sequence[torch.Tensor], names: Sequence[str], coords: Coordinates, layout: str) -> None:
+        batch_dim, seq_dim = check_layout(layout)
+        for x, name in zip(xs, names):
+            if not isinstance(x, torch.Tensor) or x.dim() != 4:
+                shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+                raise ValueError(f"{name} must be 4-D ([B, H, S, D] or [B, S, H, D]), got {shape}")
+            if x.shape[-1] != self.head_dim:
+                raise ValueError(f"{name} has head_dim {x.shape[-1]} but this {type(self).__name__} was built for head_dim={self.head_dim}")
+            self._check_tokens(coords, x.shape[batch_dim], x.shape[seq_dim], name, f" (layout {layout!r})")
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        positions: Coordinates | Positions | torch.Tensor,
+        *,
+        identity: torch.Tensor | None = None,
+        layout: Layout = "bhsd",
+        inplace: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate queries and keys at ``positions``, both in one fused kernel call.
+
+        Args:
+            q: ``[B, H, S, D]`` (``layout="bhsd"``) or ``[B, S, H, D]`` (``"bshd"``).
+            k: same layout and S (any head count, except per-head tables: the same H).
+            positions: :class:`Coordinates` or coordinates ``[S, A]`` / ``[B, S, A]``.
+            identity: bool ``[S]`` / ``[B, S]``: tokens that take no rotation.
+            layout: ``"bhsd"`` or ``"bshd"``.
+            inplace: rotate in place.
+            generator: the augmentation's generator for this call (training mode).
+
+        Returns:
+            ``(q_rotated, k_rotated)``, shapes and dtypes of ``q`` and ``k``.
+        """
+        coords = self.coordinates(positions, identity=identity)
+        self._check_inputs((q, k), ("q", "k"), coords, layout)
+        tables = self.tables(coords.to(q.device), dtype=table_dtype(q.dtype), generator=generator)
+        q, k = rotate([q, k], tables, layout=layout, inplace=inplace, kinds=("q", "k"), names=("q", "k"))
+        return q, k
+
+    def rotate(
+        self,
+        x: torch.Tensor,
+        positions: Coordinates | Positions | torch.Tensor,
+        *,
+        identity: torch.Tensor | None = None,
+        layout: Layout = "bhsd",
+        inplace: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Rotate one tensor; arguments as in :meth:`forward`.
+
+        Example:
+            >>> rope = AxialRoPE(16)
+            >>> x = torch.randn(1, 2, 6, 16)
+            >>> torch.equal(rope.rotate(x, rope.grid(2, 3)), rope(x, x, rope.grid(2, 3))[0])
+            True
+        """
+        coords = self.coordinates(positions, identity=identity)
+        self._check_inputs((x,), ("x",), coords, layout)
+        tables = self.tables(coords.to(x.device), dtype=table_dtype(x.dtype), generator=generator)
+        return rotate([x], tables, layout=layout, inplace=inplace, names=("x",))[0]

@@ -1,0 +1,134 @@
+"""RotaryAttention and repeat_kv (nn/attention.py): inputs checked and named before torch sees them, and
+arbitrary arguments that give the right shape or a named error."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import rotary
+from helpers import NAMED, assert_named, small_lm
+from rotary.nn import KVCache, RotaryAttention, RotaryLinearAttention, repeat_kv
+from strategies import FAST, odd_values, positions_strategy
+
+
+@pytest.mark.parametrize(
+    "call, exc, match",
+    [
+        (lambda: KVCache().next_positions(3), ValueError, "KVCache is empty"),
+        (lambda: KVCache(keys=torch.zeros(1, 1, 1, 4)).update(torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, dtype=torch.long)), ValueError, "keys / values / positions but not all"),
+        (lambda: RotaryAttention(16, 2)(torch.randn(1, 3, 16), cache=[KVCache()]), TypeError, "cache must be a rotary.nn.KVCache or StaticKVCache, got list"),
+        (lambda: small_lm().generate(torch.zeros(1, 0, dtype=torch.long), 3), ValueError, "at least one token"),
+        (lambda: rotary.RoPE(16).cos_sin(torch.arange(4, dtype=torch.int16)), TypeError, "int64 or int32, got torch.int16"),
+        (lambda: rotary.to_half(torch.tensor(1.0)), ValueError, "with a channel axis"),
+        (lambda: rotary.permute_qk_weight(torch.randn(8, 4), 0), ValueError, "head_dim must be a positive int, got 0"),
+    ],
+)
+def test_internal_exceptions_became_named_errors(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_repeat_kv_is_public_and_checked():
+    from rotary.nn import repeat_kv
+
+    x = torch.arange(2.0).reshape(1, 2, 1, 1)
+    assert repeat_kv(x, 3).flatten().tolist() == [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]  # head h is KV head h // groups
+    with pytest.raises(ValueError, match="groups must be a positive int, got 0"):
+        repeat_kv(x, 0)
+    with pytest.raises(ValueError, match=r"x must be a \[B, Hk, T, D\] tensor"):
+        repeat_kv(x[0], 2)
+    with pytest.raises(ValueError, match="groups=100000 would give 200000 heads"):
+        repeat_kv(x, 100_000)
+
+
+@pytest.mark.parametrize("layer", [RotaryAttention, RotaryLinearAttention])
+@pytest.mark.parametrize(
+    "x, match",
+    [
+        (torch.randn(1, 3, 16, dtype=torch.bfloat16), "hidden_states is torch.bfloat16 but this layer's weights are torch.float32"),
+        (torch.randn(1, 3, 16, dtype=torch.float64), "hidden_states is torch.float64 but this layer's weights are torch.float32"),
+        (torch.randint(5, (1, 3, 16)), "hidden_states must be a floating-point tensor, got torch.int64"),
+    ],
+)
+def test_attention_input_dtype_is_named(layer, x, match):
+    """Were 'mat1 and mat2 must have the same dtype' from inside F.linear."""
+    with pytest.raises(TypeError, match=match):
+        layer(16, 2)(x)
+
+
+def test_attention_under_autocast_takes_mixed_dtypes(gen):
+    x = torch.randn(1, 3, 16, generator=gen).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert RotaryAttention(16, 2)(x).shape == (1, 3, 16)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    hidden=st.sampled_from([8, 16, 12]),
+    heads=st.sampled_from([1, 2, 3, 0]),
+    kv=st.sampled_from([None, 1, 2, 5]),
+    causal=st.sampled_from([True, False, "true"]),
+    seq=st.integers(0, 6),
+    mask=st.sampled_from(["none", "ones", "float", "twos", "short", "left"]),
+    positions=positions_strategy(),
+)
+def test_attention_is_right_shaped_or_a_named_error(hidden, heads, kv, causal, seq, mask, positions):
+    try:
+        attn = rotary.nn.RotaryAttention(hidden, heads, num_kv_heads=kv, causal=causal)
+    except NAMED as exc:
+        assert str(exc)
+        return
+    x = torch.randn(2, seq, hidden)
+    masks = {
+        "none": None, "ones": torch.ones(2, seq, dtype=torch.long), "float": torch.zeros(2, seq),
+        "twos": torch.full((2, seq), 2), "short": torch.ones(2, max(seq - 1, 0), dtype=torch.long),
+        "left": torch.cat((torch.zeros(2, 1, dtype=torch.long), torch.ones(2, max(seq - 1, 0), dtype=torch.long)), 1)[:, :seq],
+    }
+    try:
+        out = attn(x, attention_mask=masks[mask], position_ids=positions)
+    except NAMED as exc:
+        assert str(exc)
+        return
+    assert out.shape == x.shape and torch.isfinite(out).all()
+
+
+dtypes = st.sampled_from([torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.int32, torch.bool])
+
+
+@FAST
+@given(
+    shape=st.lists(st.integers(0, 4), min_size=1, max_size=5),
+    groups=odd_values,
+    dtype=dtypes,
+)
+def test_repeat_kv_equals_repeat_interleave_or_names_the_argument(shape, groups, dtype):
+    x = torch.zeros(shape, dtype=dtype) if dtype != torch.bool else torch.zeros(shape, dtype=torch.bool)
+    try:
+        out = repeat_kv(x, groups)
+    except NAMED as exc:
+        assert_named(exc, "groups", "x must be")
+        return
+    assert x.dim() == 4 and isinstance(groups, int) and not isinstance(groups, bool) and groups >= 1
+    assert torch.equal(out, x.repeat_interleave(groups, dim=1))
+
+
+@FAST
+@given(
+    batch=st.integers(0, 2),
+    seq_len=st.integers(0, 5),
+    width=st.sampled_from([16, 16, 8, 32]),
+    dtype=dtypes,
+    rank=st.sampled_from([3, 3, 3, 2, 4]),
+)
+def test_rotary_attention_runs_or_names_hidden_states(batch, seq_len, width, dtype, rank):
+    attn = RotaryAttention(16, 2, causal=True)
+    shape = [batch, seq_len, width][:rank] + [2] * max(0, rank - 3)
+    x = torch.ones(shape, dtype=dtype)
+    try:
+        out = attn(x)
+    except NAMED as exc:
+        assert_named(exc, "hidden_states")
+        return
+    assert rank == 3 and width == 16 and dtype == torch.float32
+    assert out.shape == x.shape and bool(torch.isfinite(out).all())

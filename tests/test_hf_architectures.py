@@ -1,0 +1,374 @@
+"""rotary.hf_architectures.PAIRING against transformers' own modeling code, for every model_type of the pinned
+transformers whose modeling code applies RoPE.
+
+For each architecture the table lists, a tiny model (random weights, hidden size 64) is built from
+its config class and run once on 11 tokens. Every call its attention makes to the module's RoPE
+function (``apply_rotary_pos_emb``, ``apply_rotary_emb``, ``apply_rotary_pos_emb_interleave``, ...) is
+recorded with its inputs and outputs. Two things are then read off the model's own code:
+
+- the pairing: the Jacobian of the function's output with respect to one token of its input q
+  shows which input channels are rotated together (2i and 2i+1, or i and i + r/2), whatever
+  permutation the function applies on the way (DeepSeek de-interleaves before rotating);
+- the rotation itself: the Gram matrix of the rotated vectors of each head (their inner products,
+  the attention logits up to the softmax scale) must equal the one rotary's ``RoPE.from_hf_config``
+  of the same config gives for the same input. Inner products ignore a channel permutation applied
+  to every vector alike and an offset added to every position, and nothing else: a wrong pairing, a
+  wrong frequency, a wrong rotated width or a wrong attention scaling all change them.
+
+Architectures the table refuses (rotary.hf_config.UNSUPPORTED) are checked to be refused, and every
+RoPE-applying model_type must be in one of the tables (or be a multimodal wrapper whose text part is).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import inspect
+import os
+import re
+import sys
+import warnings
+
+import pytest
+import torch
+import transformers
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING, CONFIG_MAPPING_NAMES, model_type_to_module_name
+
+import rotary
+from rotary.hf_config import PAIRING, UNSUPPORTED, read_hf_config
+
+transformers.logging.set_verbosity_error()
+
+S = 11  # tokens: a length no head count or width of the tiny models equals, so its axis is unambiguous
+ROPE_SOURCE = re.compile(r"rotate_half|apply_rotary|RotaryEmbedding|rotary_emb|freqs_cis")
+
+#: small sizes for any config class (only the fields a class has are set)
+TINY = dict(
+    hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+    head_dim=16, vocab_size=128, max_position_embeddings=256, moe_intermediate_size=32, num_experts=4,
+    num_local_experts=4, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, n_group=1, topk_group=1,
+    q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, first_k_dense_replace=1,
+    n_embd=64, n_head=4, n_layer=2, n_positions=256, rotary_dim=8, pad_token_id=0,
+)  # fmt: skip
+
+#: per model_type: the defaults of its config class that TINY would break
+OVERRIDES: dict[str, dict] = {
+    "mimo_v2_flash": {"num_key_value_heads": 2},
+    "recurrent_gemma": {"num_hidden_layers": 3},  # blocks recurrent, recurrent, attention
+    "hrm_text": {"H_cycles": 1, "L_cycles": 1, "L_bp_cycles": [1]},
+    # multimodal RoPE: sections that fit head_dim 16 (8 frequency slots)
+    "qwen2_vl_text": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
+    "qwen2_5_vl_text": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
+    "qwen3_vl_text": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2],
+                                          "mrope_interleaved": True}},  # fmt: skip
+}
+#: per model_type: the text model class to build when the base model is not the one to build
+MODEL_CLASSES: dict[str, str] = {}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models: one intra-op thread is ~40x faster than a pool contending with the other test worker."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _modeling_source(model_type: str) -> str:
+    folder = os.path.join(os.path.dirname(transformers.__file__), "models", model_type_to_module_name(model_type))
+    if not os.path.isdir(folder):
+        return ""
+    return "".join(
+        open(os.path.join(folder, f), encoding="utf-8").read()
+        for f in sorted(os.listdir(folder))
+        if f.startswith("modeling_") and f.endswith(".py")
+    )
+
+
+@functools.cache
+def rope_model_types() -> tuple[str, ...]:
+    """Every model_type of the installed transformers whose modeling code applies a rotary embedding."""
+    return tuple(mt for mt in CONFIG_MAPPING_NAMES if ROPE_SOURCE.search(_modeling_source(mt)))
+
+
+def tiny_config(model_type: str, *, every_layer_type: bool = False):
+    cls = CONFIG_MAPPING[model_type]
+    fields = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {k: v for k, v in TINY.items() if k in fields}
+    if "qk_rope_head_dim" in fields:  # MLA: the rope slice is its own width
+        kwargs.pop("head_dim", None)
+    if "layer_types" in fields:
+        kwargs["layer_types"] = None
+        if every_layer_type:  # hybrids whose first layers are recurrent: one layer of each type
+            kinds = sorted(set(cls().layer_types or ()))
+            kwargs.update(layer_types=kinds, num_hidden_layers=len(kinds))
+    kwargs.update(OVERRIDES.get(model_type, {}))
+    config = cls(**kwargs)
+    config._attn_implementation = "eager"
+    return config
+
+
+def _text_model_class(model_type: str, config):
+    """The model class of ``model_type`` that takes ``input_ids`` (its base model, else any class of the module)."""
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    name = MODEL_CLASSES.get(model_type) or MODEL_MAPPING_NAMES.get(model_type)
+    candidates = [getattr(transformers, name)] if name and hasattr(transformers, name) else []
+    module = importlib.import_module(f"transformers.models.{model_type_to_module_name(model_type)}.modeling_"
+                                     f"{model_type_to_module_name(model_type)}")  # fmt: skip
+    candidates += [
+        c for c in vars(module).values()
+        if isinstance(c, type) and issubclass(c, transformers.PreTrainedModel) and c.__dict__.get("config_class") is type(config)
+    ]  # fmt: skip
+    for cls in candidates:
+        if "input_ids" in inspect.signature(cls.forward).parameters:
+            return cls
+    return None
+
+
+@dataclasses.dataclass
+class Call:
+    fn: object
+    args: tuple
+    kwargs: dict
+    result: object
+    caller: str
+
+
+def _rope_functions(module) -> list[tuple[object, str]]:
+    """(owner, name) of the module's RoPE-applying functions: module-level ones and static methods."""
+    pattern = re.compile(r"^apply_.*(rot|rope|pos)")
+    found = [(module, n) for n, v in vars(module).items() if pattern.match(n) and callable(v) and not isinstance(v, type)]
+    for cls in vars(module).values():
+        if isinstance(cls, type) and cls.__module__ == module.__name__:
+            found += [(cls, n) for n, v in vars(cls).items() if pattern.match(n) and isinstance(v, staticmethod)]
+    return found
+
+
+def record_rope_calls(model_type: str, config) -> list[Call]:
+    """Run a tiny model of ``config`` once and record the calls its attention makes to the RoPE functions."""
+    name = model_type_to_module_name(model_type)
+    module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+    calls: list[Call] = []
+    depth = [0]
+    originals = {}
+    for owner, attr in _rope_functions(module):
+        raw = vars(owner)[attr]
+        fn = raw.__func__ if isinstance(raw, staticmethod) else raw
+        originals[(owner, attr)] = raw
+
+        def wrapper(*args, __fn=fn, **kwargs):
+            caller = sys._getframe(1).f_locals.get("self")
+            depth[0] += 1
+            try:
+                result = __fn(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+            if depth[0] == 0:
+                calls.append(Call(__fn, args, kwargs, result, type(caller).__name__ if caller is not None else ""))
+            return result
+
+        setattr(owner, attr, staticmethod(wrapper) if isinstance(raw, staticmethod) else wrapper)
+    try:
+        cls = _text_model_class(model_type, config)
+        assert cls is not None, f"no model class of {model_type} takes input_ids"
+        torch.manual_seed(0)
+        model = cls(config).eval()
+        ids = torch.randint(1, 100, (1, S), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model(input_ids=ids, position_ids=torch.arange(3, 3 + S)[None], use_cache=False)
+    finally:
+        for (owner, attr), raw in originals.items():
+            setattr(owner, attr, raw)
+    # the RoPE of the attention scores (DeepSeek-V3.2's lightning indexer rotates its own keys separately)
+    return [c for c in calls if "Attention" in c.caller and "Indexer" not in c.caller]
+
+
+def _tensors(call: Call) -> list[tuple[object, torch.Tensor, torch.Tensor]]:
+    """(where, input, output) for each rotated tensor: outputs matched to the inputs of the same shape, in order."""
+    inputs = [(i, v) for i, v in enumerate(call.args)] + list(call.kwargs.items())
+    inputs = [(k, v) for k, v in inputs if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() >= 3]
+    outputs = call.result if isinstance(call.result, (tuple, list)) else [call.result]
+    pairs, used = [], set()
+    for out in outputs:
+        for key, x in inputs:
+            if key not in used and isinstance(out, torch.Tensor) and x.shape == out.shape:
+                pairs.append((key, x, out))
+                used.add(key)
+                break
+    return pairs
+
+
+def _bhsd(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with its token axis (length S) second to last, as [1, heads, S, D]."""
+    axes = [i for i, n in enumerate(x.shape[:-1]) if n == S]
+    assert len(axes) == 1, f"cannot tell the token axis of a {tuple(x.shape)} tensor"
+    x = x.movedim(axes[0], -2)
+    return x.reshape(1, -1, S, x.shape[-1])
+
+
+def jacobian_pairing(call: Call) -> tuple[str, int]:
+    """The pairing the call applies to its first rotated input, read from the Jacobian of one token.
+
+    Input channels j and j' are partners when they reach the same two output channels; a pass-through
+    channel (or a pair whose angle is 0) reaches one. Returns ("half" | "interleaved" | a description,
+    rotated channels).
+    """
+    key, x, out = _tensors(call)[0]
+    x = x.detach().clone().requires_grad_(True)
+    args, kwargs = list(call.args), dict(call.kwargs)
+    if isinstance(key, int):
+        args[key] = x
+    else:
+        kwargs[key] = x
+    with torch.enable_grad():
+        result = call.fn(*args, **kwargs)
+    result = result[0] if isinstance(result, (tuple, list)) else result
+    out, xb = _bhsd(result), x
+    rows = []
+    for c in range(out.shape[-1]):  # the last token (position 13: every pair has turned)
+        (grad,) = torch.autograd.grad(out[0, 0, S - 1, c], xb, retain_graph=True)
+        rows.append(_bhsd(grad)[0, 0, S - 1])
+    jac = torch.stack(rows)  # [D_out, D_in]
+    reach = [frozenset((jac[:, j].abs() > 1e-12).nonzero().flatten().tolist()) for j in range(jac.shape[1])]
+    partner = {j: k for j in range(len(reach)) for k in range(len(reach)) if j != k and len(reach[j]) == 2 and reach[j] == reach[k]}
+    if not partner:
+        return "no rotation", 0
+    offsets = {abs(j - k) for j, k in partner.items()}
+    if offsets == {1} and all(min(j, k) % 2 == 0 for j, k in partner.items()):
+        return "interleaved", len(partner)
+    if len(offsets) == 1 and all(min(j, k) < offsets.copy().pop() for j, k in partner.items()):
+        return "half", len(partner)
+    return f"neither: partners {sorted(partner.items())[:8]}", len(partner)
+
+
+def _ropes(config) -> dict[str | None, rotary.RoPE]:
+    """rotary's RoPE of ``config``, per layer type when it has one block per layer type."""
+    return _ropes_as(config, interleaved=None)
+
+
+def _ropes_as(config, *, interleaved: bool | None) -> dict[str | None, rotary.RoPE]:
+    d = config.to_dict()
+    block = d.get("rope_parameters") or {}
+    layer_types = sorted({t for t in d.get("layer_types") or [] if isinstance(block.get(t), dict)}) or [None]
+    ropes = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tiny configs' unusual values are not what is tested here
+        for layer_type in layer_types:
+            if interleaved is None:
+                s = read_hf_config(config, layer_type=layer_type, strict=False)
+            else:  # bypass the table (for an architecture it refuses)
+                d = dict(config.to_dict(), model_type="probe")
+                s = read_hf_config(d, layer_type=layer_type, strict=False, interleaved=interleaved)
+            ropes[layer_type] = rotary.RoPE(s.head_dim, base=s.base, rotary_dim=s.rotary_dim, scaling=s.scaling,
+                                            interleaved=s.interleaved, max_position=64, strict=False)  # fmt: skip
+    return ropes
+
+
+def _gram(x: torch.Tensor) -> torch.Tensor:
+    x = x.double()
+    return x @ x.transpose(-1, -2)
+
+
+def rotation_matches(call: Call, rope: rotary.RoPE) -> bool:
+    cos, sin = rope.cos_sin(torch.arange(3, 3 + S))
+    for _, x, out in _tensors(call):
+        x4, out4 = _bhsd(x.float()), _bhsd(out.float())
+        if x4.shape[-1] < cos.shape[-1]:
+            return False
+        ours = rotary.apply_rotary(x4, cos, sin, interleaved=rope.interleaved)
+        theirs = _gram(out4)
+        if (_gram(ours) - theirs).abs().max() > 1e-4 * max(float(theirs.abs().max()), 1.0):
+            return False
+    return True
+
+
+def probe(model_type: str) -> tuple[list[Call], object]:
+    config = tiny_config(model_type)
+    calls = record_rope_calls(model_type, config)
+    if not calls:  # hybrids whose first two layers are recurrent
+        config = tiny_config(model_type, every_layer_type=True)
+        calls = record_rope_calls(model_type, config)
+    return calls, config
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", sorted(PAIRING))
+def test_pairing_and_rotation_match_transformers(model_type):
+    calls, config = probe(model_type)
+    assert calls, f"{model_type}: the attention made no call to a RoPE function"
+    ropes = _ropes(config)
+    table = "interleaved" if next(iter(ropes.values())).interleaved else "half"
+    pairing, rotated = jacobian_pairing(calls[0])
+    assert pairing == table, f"{model_type}: transformers rotates {pairing} pairs ({rotated} channels); the table says {table}"
+    for i, call in enumerate(calls):
+        assert any(rotation_matches(call, rope) for rope in ropes.values()), (
+            f"{model_type}: call {i} ({call.caller}) rotates differently from rotary's RoPE of the same config "
+            f"(layer types {list(ropes)})"
+        )
+
+
+def _text_part_type(model_type: str) -> str | None:
+    """The model_type of a multimodal wrapper's default text_config (what read_hf_config reads), else None."""
+    if "text_config" not in (getattr(CONFIG_MAPPING[model_type], "sub_configs", None) or {}):
+        return None
+    try:
+        return getattr(CONFIG_MAPPING[model_type]().text_config, "model_type", None)
+    except Exception:  # a wrapper whose defaults transformers cannot build: it needs its own entry
+        return None
+
+
+def test_every_rope_model_type_is_in_a_table():
+    missing = []
+    for model_type in rope_model_types():
+        if model_type in PAIRING or model_type in UNSUPPORTED:
+            continue
+        text_type = _text_part_type(model_type)
+        if text_type in PAIRING or text_type in UNSUPPORTED:
+            continue  # a multimodal wrapper: read_hf_config reads its text_config
+        missing.append(model_type)
+    assert not missing, f"model types that apply RoPE but are in neither rotary.hf_config.PAIRING nor UNSUPPORTED: {missing}"
+    stale = sorted((set(PAIRING) | set(UNSUPPORTED)) - set(CONFIG_MAPPING_NAMES))
+    assert not stale, f"table entries that transformers {transformers.__version__} does not know: {stale}"
+
+
+def _category(reason: str) -> str:
+    return next(name for name in ("_NOT_TEXT", "_MROPE", "_NO_ROPE", "_NEGATIVE", "_UNVERIFIED")
+                if getattr(rotary.hf_architectures, name) == reason)  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", sorted(UNSUPPORTED))
+def test_refused_architectures_are_refused_for_the_stated_reason(model_type):
+    reason = UNSUPPORTED[model_type]
+    for interleaved in (None, False):  # stating a pairing does not make an unsupported RoPE right
+        with pytest.raises(rotary.ConfigError, match=re.escape(f"model_type {model_type!r} {reason}")):
+            read_hf_config({"model_type": model_type, "head_dim": 64}, interleaved=interleaved)
+    category = _category(reason)
+    if category == "_MROPE":
+        assert "mrope" in _modeling_source(model_type)
+    elif category == "_NOT_TEXT":
+        try:
+            config = tiny_config(model_type)
+        except Exception:
+            config = CONFIG_MAPPING[model_type]()
+        text_type = _text_part_type(model_type)
+        assert _text_model_class(model_type, config) is None or (text_type and text_type not in rope_model_types()), (
+            f"{model_type} has a model class that takes input_ids and a RoPE-applying text part"
+        )
+    elif category == "_NO_ROPE":
+        calls, _ = probe(model_type)
+        assert not calls, f"{model_type}: the attention applied RoPE ({len(calls)} calls)"
+    elif category == "_NEGATIVE":
+        calls, config = probe(model_type)
+        (rope,) = _ropes_as(config, interleaved=False).values()
+        cos, sin = rope.cos_sin(torch.arange(3, 3 + S))
+        for call in calls:
+            for _, x, out in _tensors(call):
+                # rotating by -theta: the conjugate rotation, i.e. sin negated
+                ours = rotary.apply_rotary(_bhsd(x.float()), cos, -sin)
+                assert torch.allclose(_gram(ours), _gram(_bhsd(out.float())), rtol=1e-4, atol=1e-4)
+                assert not rotation_matches(call, rope)

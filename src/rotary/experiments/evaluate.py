@@ -108,14 +108,14 @@ def scaled_copy(model: Decoder, scaling: dict | None) -> Decoder:
         >>> torch.equal(s.lm_head.weight, m.lm_head.weight), s.config.rope_scaling["factor"], m.config.rope_scaling
         (True, 2.0, None)
     """
-    if scaling is not None and not uses_rope(model):
-        raise ValueError(f"position_encoding={model.config.position_encoding!r} has no RoPE to scale with {scaling}")
     # a copy on the model's device (no initialisation, no host round trip: on a GPU this is cheap enough
     # to make one per measurement); set_rope_scaling gives it a RoPE built afresh from the config
-    duplicate = deepcopy(model)
-    if uses_rope(duplicate):
-        duplicate.set_rope_scaling(None if scaling is None else dict(scaling))
-    return duplicate.eval()
+    copy = deepcopy(model)
+    if uses_rope(copy):
+        copy.set_rope_scaling(None if scaling is None else dict(scaling))
+    elif scaling is not None:
+        raise ValueError(f"position_encoding={model.config.position_encoding!r} has no RoPE to scale with {scaling}")
+    return copy.to(next(model.parameters()).device).eval()
 
 
 def rows_per_batch(length: int, num_heads: int, *, max_tokens: int = 16384, max_scores: int = 2**24) -> int:

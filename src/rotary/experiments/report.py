@@ -459,15 +459,21 @@ BUDGET_NOTES = {
         "further from the papers' scale than before, and passkey retrieval, which these models learn late if at all, "
         "is rarer; the retrieval probe is there to rank them anyway."
     ),
+    "large": (
+        "the large preset is sized for one GPU within 20 minutes (docs/experiment.md, Presets, has the arithmetic): "
+        "two seeds of every method at 1,500 steps of 32 × 512 tokens (24.6 M tokens per model, a quarter of the "
+        "first form's 6,000 steps and a third fewer seeds), fine-tunes of 75 steps (5%), bf16 autocast and a "
+        "compiled training step; the Wall time table says what the run took."
+    ),
 }
 
 
 def _timing_section(run: dict[str, Any]) -> list[str]:
-    """The measured wall time of every model: training (with its first, compiling step when it was
+    """The measured wall time of every model: training (with its first, compiling steps when it was
     compiled) and evaluation, and the run's total."""
     timings = run["timings"]
     lines = ["## Wall time", "",
-             "| model | steps | train (s) | ms / step | compiled (first step, s) | evaluate (s) |",
+             "| model | steps | train (s) | ms / step | compiled (first 2 steps, s) | evaluate (s) |",
              "| --- | ---: | ---: | ---: | --- | ---: |"]
     for m in run["models"]:
         steps = m["spec"]["steps"]

@@ -50,6 +50,7 @@ __all__ = [
     "CHECKPOINT",
     "Distributed",
     "COMPILE_MIN_STEPS",
+    "COMPILING_CALLS",
     "READ_EVERY",
     "ForwardBackward",
     "ModelSpec",
@@ -81,6 +82,9 @@ READ_EVERY = 50
 #: A model with fewer steps than this left to train runs eagerly even when the run compiles: compiling
 #: (seconds, for every model: see :class:`ForwardBackward`) costs more than it saves on so few steps.
 COMPILE_MIN_STEPS = 200
+
+#: The calls of a compiled step that may still compile (see :class:`ForwardBackward`).
+COMPILING_CALLS = 2
 
 
 @dataclass(frozen=True)
@@ -304,9 +308,11 @@ class ForwardBackward:
     model's forward, and past ``recompile_limit`` (8) entries Dynamo runs the forward eagerly without
     an error. Each model therefore compiles once, in seconds when Inductor's caches hold its graph.
 
-    torch.compile does its work at the first call; when that call raises, ``log`` gets one line naming
-    the error, the gradients are cleared and the step is done again eagerly, as are all later steps.
-    :attr:`compile_seconds` is the wall time of that first compiled call (compiling plus one step).
+    torch.compile does its work in the first :data:`COMPILING_CALLS` calls (a RoPE model's first trace
+    fills RoPE's per-device frequency cache, whose contents the guards check, so the second call traces
+    once more). When one of them raises, ``log`` gets one line naming the error, the gradients are
+    cleared and the step is done again eagerly, as are all later steps. :attr:`compile_seconds` is the
+    wall time of those calls (compiling plus their steps).
 
     Args:
         module: the model, or its DDP wrapper: ``input_ids [B, S] -> logits [B, S, V]``.
@@ -355,18 +361,18 @@ class ForwardBackward:
         """Forward and backward of one batch: ``inputs``, ``targets`` int64 ``[B, S]``; returns the mean
         loss, a 0-dim fp32 tensor on the device (not read on the host); the gradients are accumulated."""
         self.calls += 1
-        if self.compiled is not None and self.calls == 1:
+        if self.compiled is not None and self.calls <= COMPILING_CALLS:
             started = time.perf_counter()
             try:
                 loss = self._run(self.compiled, inputs, targets)
             except Exception as exc:  # anything torch.compile raises: Dynamo, AOTAutograd, Inductor, a compiler
                 first = (str(exc).strip().splitlines() or [""])[0][:200]
                 self.log(f"torch.compile failed ({type(exc).__name__}: {first}); training eagerly")
-                self.compiled = None
+                self.compiled, self.compile_seconds = None, 0.0
                 for p in self.module.parameters():
                     p.grad = None
             else:
-                self.compile_seconds = time.perf_counter() - started
+                self.compile_seconds += time.perf_counter() - started
                 return loss
         return self._run(self.compiled if self.compiled is not None else self.module, inputs, targets)
 
@@ -381,7 +387,7 @@ class TrainOutcome:
     """A trained model and how its training went (wall time summed over resumed segments).
 
     ``compiled`` says whether this session's steps ran compiled; ``compile_seconds`` is the wall time of
-    its first compiled step (compiling included), part of ``seconds``."""
+    its first, compiling steps (:data:`COMPILING_CALLS`), part of ``seconds``."""
 
     model: Decoder
     losses: list[float]

@@ -40,3 +40,36 @@ def test_non_finite_settings_are_refused_by_validate(name, value):
     config = ExperimentConfig(**{**PRESETS["tiny"], "device": "cpu", name: bad})
     with pytest.raises(ExperimentError, match=name.replace("_", "-").replace("passkey-depths", "passkey depths")):
         config.validate()
+
+
+def test_precision_and_compile_flags_reach_the_config_and_its_command():
+    from rotary.cli import build_parser
+    from rotary.commands.experiment import config_from_args
+    from rotary.experiments.config import command_line
+
+    args = build_parser().parse_args(["experiment", "--preset", "tiny", "--precision", "bf16", "--compile", "on"])
+    config = config_from_args(args)
+    assert (config.precision, config.compile) == ("bf16", "on")
+    assert config.mixed_precision("cpu") and config.compiles("cpu")
+    assert command_line(config) == "rotary experiment --preset tiny --precision bf16 --compile on"
+    default = config_from_args(build_parser().parse_args(["experiment", "--preset", "tiny"]))
+    assert (default.precision, default.compile) == ("auto", "off")
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_the_cpu_stays_fp32_and_eager_and_only_the_large_preset_compiles_on_cuda(preset):
+    config = ExperimentConfig(**PRESETS[preset])
+    assert not config.mixed_precision("cpu") and not config.compiles("cpu")
+    assert config.mixed_precision("cuda")
+    assert config.compiles("cuda") == (preset == "large")
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--precision", "fp16"), ("--compile", "yes")])
+def test_an_unknown_precision_or_compile_mode_is_one_line_and_status_2(capsys, tmp_path, flag, value):
+    with pytest.raises(SystemExit) as exc:
+        main(["experiment", "--preset", "tiny", "--out", str(tmp_path / "o"), flag, value])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and f"argument {flag}: invalid choice: '{value}'" in err
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(ExperimentError, match=flag):
+        ExperimentConfig(**{**PRESETS["tiny"], "device": "cpu", flag.strip("-"): value}).validate()

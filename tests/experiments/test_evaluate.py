@@ -12,20 +12,23 @@ from rotary.experiments.config import PRESETS, SCALINGS, ExperimentConfig
 from rotary.experiments.data import evaluation_tokens, load_corpus, sliding_starts, windows
 from rotary.experiments.evaluate import (
     EvaluationText,
+    eval_rows,
     evaluate_model,
     evaluation_scalings,
     greedy_continuation,
     position_bins,
+    rows_per_batch,
     scaled_copy,
     scaling_block,
     sliding_losses,
     token_losses,
     uses_rope,
 )
+from rotary.experiments.passkey import KEY_DIGITS, make_trials, passkey_accuracy
 from rotary.experiments.plan import model_specs
 from rotary.experiments.progress import Reporter
 from rotary.experiments.train import build_model, decoder_config
-from rotary.models import Decoder
+from rotary.models import POSITION_ENCODINGS, Decoder
 
 CFG = ExperimentConfig(**{**PRESETS["tiny"], "device": "cpu"})
 L = CFG.train_length
@@ -150,7 +153,7 @@ def test_token_losses_do_not_depend_on_the_batching(rope_model, tokens):
     assert torch.allclose(token_losses(rope_model, win, batch_rows=1), token_losses(rope_model, win), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("encoding", ["rope", "alibi", "learned"])
+@pytest.mark.parametrize("encoding", CFG.encodings)
 def test_greedy_continuation_is_generate(encoding):
     model = build_model(SPECS[f"{encoding}-1"], CFG).eval()
     if encoding == "rope":
@@ -175,3 +178,94 @@ def test_scaling_block_names():
     assert scaling_block("linear", 2, 64) == {"rope_type": "linear", "factor": 2.0}
     with pytest.raises(ValueError, match="unknown scaling 'ntk2'; known: none, linear, ntk, dynamic, yarn"):
         scaling_block("ntk2", 2, 64)
+
+
+# ------------------------------------------------------------------------------------------------
+# attention through SDPA, batched evaluation, mixed precision
+
+
+def explicit_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """``softmax(q kᵀ / sqrt(d) + mask) v`` written out, in float64: what SDPA computes, without its kernels."""
+    assert dropout_p == 0.0 and not enable_gqa
+    scores = (q.double() @ k.double().transpose(-2, -1)) * (scale if scale is not None else q.shape[-1] ** -0.5)  # [B, H, S, T]
+    if is_causal:
+        scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask.double()
+    return (scores.softmax(-1) @ v.double()).to(q.dtype)
+
+
+#: every method of the experiment: each registered encoding as trained, and RoPE under each scaling past L
+METHODS = [(e, "none") for e in sorted(POSITION_ENCODINGS)] + [("rope", s) for s in SCALINGS if s != "none"]
+
+
+@pytest.mark.parametrize(("encoding", "scaling"), METHODS)
+def test_every_method_attends_through_sdpa_as_the_explicit_formula(encoding, scaling, monkeypatch):
+    model = Decoder(decoder_config(encoding, CFG)).eval()
+    if scaling != "none":
+        model = scaled_copy(model, scaling_block(scaling, 4, L))
+    ids = torch.randint(256, (2, 3 * L), generator=torch.Generator().manual_seed(1))
+    sdpa, causal = F.scaled_dot_product_attention, []
+
+    def spy(*args, **kwargs):
+        causal.append(kwargs.get("is_causal", False))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    fast, fast_tokens = model(ids), greedy_continuation(model, ids[:, :L], 3)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", explicit_attention)
+    exact, exact_tokens = model(ids), greedy_continuation(model, ids[:, :L], 3)
+    assert torch.allclose(fast, exact, rtol=1e-5, atol=1e-5), (fast - exact).abs().max()
+    assert torch.equal(fast_tokens, exact_tokens)
+    # SDPA's own causal path (flash attention on a GPU) wherever the encoding leaves the scores alone;
+    # a score bias (ALiBi, a learned bias) comes as attn_mask
+    biased = any(layer.attn.position_bias is not None for layer in model.layers)
+    assert causal[: CFG.num_layers] == [not biased] * CFG.num_layers
+
+
+@pytest.mark.parametrize("encoding", ["rope", "alibi"])
+def test_passkey_answers_do_not_depend_on_the_batching(encoding):
+    model = build_model(SPECS[f"{encoding}-0"], CFG).eval()
+    trials = make_trials(2 * L, 6, CFG.passkey_depths, torch.Generator().manual_seed(0))
+    prompts = torch.stack([t.prompt for t in trials])
+    together = greedy_continuation(model, prompts, KEY_DIGITS)
+    alone = torch.cat([greedy_continuation(model, p[None], KEY_DIGITS) for p in prompts])
+    assert torch.equal(together, alone)
+    answer = lambda p: greedy_continuation(model, p, KEY_DIGITS)  # noqa: E731
+    assert passkey_accuracy(answer, trials, batch_size=1) == passkey_accuracy(answer, trials, batch_size=6)
+
+
+def test_the_cpu_keeps_its_batches_and_a_gpu_takes_long_windows_in_batches():
+    cpu = build_model(SPECS["rope-0"], CFG)
+    for length in (L, 8 * L, 4096):  # make demo's batches, as before
+        assert eval_rows(cpu, length) == rows_per_batch(length, CFG.num_heads)
+        assert eval_rows(cpu, length, generate=True) == rows_per_batch(length, CFG.num_heads, max_scores=2**23)
+    large = ExperimentConfig(**PRESETS["large"])
+    with torch.device("meta"):  # no GPU needed: any device but the CPU takes the GPU budget
+        rope, alibi = (Decoder(decoder_config(e, large)) for e in ("rope", "alibi"))
+    assert eval_rows(rope, 4096) == 16 and eval_rows(rope, 512) == 512  # 2**28 scores, 2**18 tokens
+    assert eval_rows(alibi, 4096) == 2 and eval_rows(alibi, 512) == 128  # [rows, 8 heads, E, E] biases
+    assert eval_rows(cpu.to("meta"), 4096) > eval_rows(build_model(SPECS["rope-0"], CFG), 4096) == 1
+
+
+def test_greedy_decoding_under_bf16_autocast_writes_a_bf16_cache_and_matches_a_growing_cache():
+    model = build_model(SPECS["rope-0"], CFG).eval()
+    prompts = torch.randint(256, (2, L), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        tokens = greedy_continuation(model, prompts, 4)
+        cache, step, expected = model.new_cache(), prompts, []
+        for _ in range(4):  # the decoding greedy_continuation replaced: growing caches
+            expected.append(model(step, cache=cache)[:, -1].float().argmax(-1, keepdim=True))
+            step = expected[-1]
+    assert torch.equal(tokens, torch.cat(expected, dim=1))
+
+
+def test_a_bf16_evaluation_is_near_the_fp32_one(corpus, tokens):
+    spec = SPECS["rope-0"]
+    text = EvaluationText(tokens, sliding_starts(CFG, tokens.numel()), corpus.held_out)
+    bf16 = ExperimentConfig(**{**PRESETS["tiny"], "device": "cpu", "precision": "bf16", "scalings": ("none", "yarn")})
+    fp32 = ExperimentConfig(**{**PRESETS["tiny"], "device": "cpu", "scalings": ("none", "yarn")})
+    rows = [evaluate_model(spec, build_model(spec, CFG).eval(), text, c, Reporter(enabled=False)) for c in (bf16, fp32)]
+    low, high = ([r.loss for r in m.perplexity] for m in rows)
+    assert len(low) == len(high) and low != high  # bf16 did run
+    assert all(abs(a - b) < 0.02 * b for a, b in zip(low, high))

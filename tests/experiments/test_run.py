@@ -94,6 +94,12 @@ def test_writes_every_file_with_the_expected_shapes(tiny_run):
         assert needle in report, needle
     config = json.loads((tiny_run / "config.json").read_text())
     assert config["command"].startswith("rotary experiment --preset tiny --device cpu")
+    # the wall time of every phase: each model's training and evaluation, and the total
+    assert all(m["compiled"] is False and m["compile_seconds"] == 0 for m in results["models"])  # the CPU stays eager
+    timings = results["timings"]
+    assert all(f"train {n}" in timings and f"evaluate {n}" in timings for n in models)
+    section = report[report.index("## Wall time"):]
+    assert all(f"| {n} | " in section for n in models) and f"Total {results['wall_seconds']:.0f} s" in section
 
 
 def test_the_hybrid_encodings_run_through_the_experiment(tmp_path):

@@ -14,13 +14,17 @@ import torch
 
 from helpers import cli_env
 from rotary.cli import main
+from rotary.experiments import train as train_module
 from rotary.experiments.config import PRESETS, ExperimentConfig
 from rotary.experiments.data import load_corpus, training_batch
 from rotary.experiments.plan import model_specs
 from rotary.experiments.progress import Reporter
 from rotary.experiments.train import (
+    COMPILE_MIN_STEPS,
     Distributed,
+    ForwardBackward,
     Schedule,
+    TrainingDiverged,
     build_model,
     learning_rate,
     load_checkpoint,
@@ -247,3 +251,85 @@ def test_every_collective_of_the_experiment_goes_through_distributed():
                 (inside if owner.get(id(node)) == "Distributed" else outside).append(where)
     assert not outside, outside
     assert [where.split()[1] for where in inside] == ["all_reduce", "all_reduce", "barrier"], inside  # agree(), mean(), stop(): the scan does see them
+
+
+# ------------------------------------------------------------------------------------------------
+# the GPU path's pieces, checked on the CPU: compiled and bf16 steps, reading the losses in groups
+
+
+def _batch(rows: int = 4, length: int = 33) -> torch.Tensor:
+    return torch.randint(256, (rows, length), generator=torch.Generator().manual_seed(3))
+
+
+def _step_results(model, **options):
+    step = ForwardBackward(model, device=torch.device("cpu"), **options)
+    batch = _batch()
+    losses = [step(batch[:, :-1], batch[:, 1:]) for _ in range(2)]  # the second call reuses what the first compiled
+    return losses, {n: p.grad.clone() for n, p in model.named_parameters()}, step
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("encoding", ["rope", "alibi"])
+def test_a_compiled_step_equals_the_eager_step_on_the_cpu(encoding):
+    eager_losses, eager_grads, _ = _step_results(build_model(SPECS[f"{encoding}-0"], CFG).train(), mixed_precision=False, compile=False)
+    losses, grads, step = _step_results(build_model(SPECS[f"{encoding}-0"], CFG).train(), mixed_precision=False, compile=True)
+    assert step.is_compiled and step.compile_seconds > 0
+    for a, b in zip(losses, eager_losses):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), (a, b)  # Inductor fuses and reorders fp32 sums
+    for name, grad in grads.items():
+        assert torch.allclose(grad, eager_grads[name], rtol=1e-4, atol=1e-6), name
+
+
+def test_a_compile_that_fails_says_so_once_and_the_step_runs_eagerly(monkeypatch):
+    def broken(module, **kwargs):
+        def call(*args, **kw):
+            module(*args, **kw).sum().backward()  # half a step done: its gradients must not count
+            raise RuntimeError("no C++ compiler found\n(details)")
+        return call
+
+    monkeypatch.setattr(torch, "compile", broken)
+    lines: list[str] = []
+    eager_losses, eager_grads, _ = _step_results(build_model(SPECS["rope-0"], CFG).train(), mixed_precision=False, compile=False)
+    losses, grads, step = _step_results(build_model(SPECS["rope-0"], CFG).train(), mixed_precision=False, compile=True, log=lines.append)
+    assert lines == ["torch.compile failed (RuntimeError: no C++ compiler found); training eagerly"]
+    assert not step.is_compiled and step.compile_seconds == 0
+    assert all(torch.equal(a, b) for a, b in zip(losses, eager_losses))
+    assert all(torch.equal(grads[n], eager_grads[n]) for n in grads)
+
+
+def test_a_bf16_step_keeps_fp32_weights_and_stays_near_the_fp32_loss():
+    model = build_model(SPECS["rope-0"], CFG).train()
+    fp32_losses, _, _ = _step_results(build_model(SPECS["rope-0"], CFG).train(), mixed_precision=False, compile=False)
+    losses, grads, _ = _step_results(model, mixed_precision=True, compile=False)
+    assert all(p.dtype == torch.float32 for p in model.parameters()) and all(g.dtype == torch.float32 for g in grads.values())
+    assert losses[0].dtype == torch.float32
+    assert abs(float(losses[0]) - float(fp32_losses[0])) < 0.05  # bf16 keeps ~3 significant digits of a loss of ~5.5
+
+
+def _tiny_training(monkeypatch, tmp_path, read_every: int, **changes):
+    monkeypatch.setattr(train_module, "read_interval", lambda device: read_every)
+    cfg = ExperimentConfig(**{**PRESETS["tiny"], "device": "cpu", "checkpoint_every": 5, **changes})
+    spec = model_specs(cfg)[0]
+    corpus = load_corpus(cfg)
+    return cfg, spec, lambda: train_model(spec, cfg, corpus.train, run_dir=tmp_path, resume=False, reporter=Reporter(enabled=False))
+
+
+def test_losses_read_in_groups_are_the_losses_read_every_step(monkeypatch, tmp_path):
+    _, _, every_step = _tiny_training(monkeypatch, tmp_path / "a", 1)
+    expected = every_step()
+    _, _, grouped = _tiny_training(monkeypatch, tmp_path / "b", 3)  # as on a GPU: 12 steps read after steps 3, 5, 8, 10 and 12
+    outcome = grouped()
+    assert outcome.losses == expected.losses and len(outcome.losses) == 12
+    assert all(torch.equal(a, b) for a, b in zip(outcome.model.state_dict().values(), expected.model.state_dict().values()))
+
+
+def test_a_divergence_read_late_names_its_step_and_leaves_finite_checkpoints(monkeypatch, tmp_path):
+    cfg, spec, train = _tiny_training(monkeypatch, tmp_path, 4, learning_rate=1e9, warmup_steps=0)
+    with pytest.raises(TrainingDiverged, match=r"diverged at step 2 of 12"):
+        train()  # step 2 diverges; the group of steps 1-4 is read at step 4, and nothing was saved before
+    assert not (tmp_path / "models" / spec.name / "checkpoint.pt").exists()
+
+
+def test_short_fine_tunes_are_not_compiled():
+    assert COMPILE_MIN_STEPS > PRESETS["large"]["extend_steps"]  # compiling costs more than 75 eager steps
+    assert COMPILE_MIN_STEPS <= PRESETS["large"]["steps"]

@@ -8,7 +8,9 @@ import math
 import os
 
 from rotary.experiments.config import (
+    COMPILE_MODES,
     EXTEND_SCALINGS,
+    PRECISIONS,
     PRESETS,
     SCALINGS,
     STUDIES,
@@ -118,7 +120,9 @@ SETTINGS: dict[str, tuple] = {
     "held_out_fraction": (_float, "last fraction of the text kept for evaluation"),
     "seed": (seed, "first seed: initialisation and batches of the first run of every method, and every evaluation prompt"),
     "checkpoint_every": (positive_int, "steps between checkpoints"),
-    "device": (str, "cpu or cuda (default: cuda when available; mixed precision there)"),
+    "device": (str, "cpu or cuda (default: cuda when available)"),
+    "precision": (str, "auto (bf16 autocast on cuda, fp32 on the cpu), fp32 or bf16 (autocast on any device); weights stay fp32"),
+    "compile": (str, "torch.compile the training step: off, auto (on cuda only; the large preset's) or on (every device)"),
     "threads": (
         count(max(64, 4 * (os.cpu_count() or 1)), f"4 x the {os.cpu_count()} logical CPUs, at least 64"),
         "torch CPU threads (default: torch's choice; numbers are bit-identical at equal counts)",
@@ -182,11 +186,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "figures and report.md. --study base and --study transfer run the two studies instead.",
     )
     p.add_argument("--preset", choices=sorted(PRESETS), default="default",
-                   help="tiny (seconds, for tests), default (what make demo runs; <= 10 min on 2 CPU cores), large (a GPU, builtin:stdlib)")
+                   help="tiny (seconds, for tests), default (what make demo runs; <= 10 min on 2 CPU cores), large (one GPU within 20 minutes: bf16, compiled; builtin:stdlib)")
     p.add_argument("-o", "--out", type=output_path, metavar="DIR", help="run directory (default runs/experiment-<UTC time>)")
     p.add_argument("--resume", metavar="DIR", help="continue an interrupted run in DIR (same settings)")
     p.add_argument("--json", action="store_true", help="print the run directory and the files written as JSON (progress on stderr)")
-    choices = {"device": ["cpu", "cuda"], "study": list(STUDIES)}
+    choices = {"device": ["cpu", "cuda"], "study": list(STUDIES), "precision": list(PRECISIONS), "compile": list(COMPILE_MODES)}
     for name, (kind, text) in SETTINGS.items():  # default None: the preset's value
         extra = {"nargs": "+", "metavar": "SOURCE"} if name == "data" else {}
         if name in choices:

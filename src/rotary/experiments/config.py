@@ -15,12 +15,14 @@ from typing import Any
 from ..models import POSITION_ENCODINGS
 
 __all__ = [
+    "COMPILE_MODES",
     "DEFAULT_ENCODINGS",
     "EXTEND_SCALINGS",
     "command_line",
     "ExperimentConfig",
     "ExperimentError",
     "MAX_EVAL_LENGTH",
+    "PRECISIONS",
     "PRESETS",
     "SCALINGS",
     "STUDIES",
@@ -39,6 +41,14 @@ SCALINGS = ("none", "linear", "ntk", "dynamic", "yarn")
 #: scalings the extension stage fine-tunes with ("none": direct fine-tuning at the longer length);
 #: dynamic NTK is left out: it changes with the length by itself and is published without fine-tuning
 EXTEND_SCALINGS = ("none", "linear", "ntk", "yarn")
+
+#: ``--precision``: ``auto`` is bf16 autocast on CUDA and fp32 on the CPU; ``fp32`` everywhere; ``bf16``
+#: autocast on any device. Weights and optimizer state stay fp32 in every mode (autocast casts per op).
+PRECISIONS = ("auto", "fp32", "bf16")
+
+#: ``--compile``: ``off``; ``auto`` compiles the training step on CUDA and leaves the CPU eager; ``on``
+#: compiles it on every device (on a CPU the minute of compiling only pays off for long runs)
+COMPILE_MODES = ("off", "auto", "on")
 
 #: the studies beside the main comparison (``--study``)
 STUDIES = ("base", "transfer")
@@ -118,6 +128,11 @@ class ExperimentConfig:
             method, and every evaluation prompt.
         checkpoint_every: steps between checkpoints (and at the end of training).
         device: ``cpu`` or ``cuda``; None: CUDA when available (chosen when the run starts).
+        precision: :data:`PRECISIONS`: ``auto`` (bf16 autocast on CUDA, fp32 on the CPU), ``fp32`` or
+            ``bf16``; training and evaluation alike, fp32 weights and optimizer state in every mode.
+        compile: :data:`COMPILE_MODES`: ``off``, ``auto`` (``torch.compile`` of the model in training on
+            CUDA, eager on the CPU) or ``on`` (every device). Evaluation stays eager (its shapes change
+            with every length); a compile that fails falls back to eager with one line.
         threads: torch CPU threads (results are bit-identical only at the same count); None: torch's default.
         data: files, directories or glob patterns of UTF-8 text, or a built-in corpus
             (``builtin:pydoc``, ``builtin:stdlib``); None: ``builtin:pydoc``.
@@ -161,6 +176,8 @@ class ExperimentConfig:
     seed: int = 0
     checkpoint_every: int = 200
     device: str | None = None
+    precision: str = "auto"
+    compile: str = "off"
     threads: int | None = None
     data: tuple[str, ...] | None = None
 
@@ -237,6 +254,26 @@ class ExperimentConfig:
     def transfer_finetune_steps(self) -> int:
         """RoPE steps after the transfer (``transfer_steps``, default a tenth of ``steps``, at least 1)."""
         return self.transfer_steps if self.transfer_steps is not None else max(1, self.steps // 10)
+
+    def mixed_precision(self, device_type: str) -> bool:
+        """Whether training and evaluation run under bf16 autocast on a device of this type.
+
+        Example:
+            >>> cfg = ExperimentConfig()
+            >>> cfg.mixed_precision("cuda"), cfg.mixed_precision("cpu")
+            (True, False)
+        """
+        return self.precision == "bf16" or (self.precision == "auto" and device_type == "cuda")
+
+    def compiles(self, device_type: str) -> bool:
+        """Whether training compiles the model on a device of this type.
+
+        Example:
+            >>> cfg = ExperimentConfig(compile="auto")
+            >>> cfg.compiles("cuda"), cfg.compiles("cpu")
+            (True, False)
+        """
+        return self.compile == "on" or (self.compile == "auto" and device_type == "cuda")
 
     def validate(self) -> ExperimentConfig:
         """Check every setting; raise :class:`ExperimentError` naming the first bad one. Returns self."""
@@ -334,6 +371,10 @@ class ExperimentConfig:
         self._validate_sliding_and_retrieval(longest_distance)
         if self.device not in ("cpu", "cuda"):
             raise ExperimentError(f"--device must be cpu or cuda, got {self.device!r}")
+        if self.precision not in PRECISIONS:
+            raise ExperimentError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.compile not in COMPILE_MODES:
+            raise ExperimentError(f"--compile must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}")
         return self
 
     def _validate_scalings(self) -> None:
@@ -467,12 +508,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),
     # what `make demo` runs: within 10 minutes on 2 CPU cores
     "default": dict(preset="default"),
-    # for a GPU: a bigger model at L = 512, evaluated to 8L = 4096, on the standard library's sources
+    # for one GPU, within 20 minutes (docs/experiment.md, "Presets", has the arithmetic): a bigger model at
+    # L = 512, evaluated to 8L = 4096, on the standard library's sources; bf16 autocast, a compiled training step
     "large": dict(
-        preset="large", train_length=512, hidden_size=512, num_layers=8, num_heads=8, batch_size=32, steps=6000,
-        warmup_steps=200, learning_rate=1e-3, min_learning_rate=1e-4, finetune_learning_rate=3e-4, passkey_trials=100,
-        eval_tokens=262144, sliding_tokens=16384, retrieval_trials=64, checkpoint_every=500, seeds=3, extend_steps=300,
-        data=("builtin:stdlib",),
+        preset="large", train_length=512, hidden_size=512, num_layers=8, num_heads=8, batch_size=32, steps=1500,
+        warmup_steps=100, learning_rate=1e-3, min_learning_rate=1e-4, finetune_learning_rate=3e-4, passkey_trials=100,
+        eval_tokens=262144, sliding_tokens=16384, retrieval_trials=64, checkpoint_every=500, seeds=2, extend_steps=75,
+        data=("builtin:stdlib",), compile="auto",
     ),
 }
 

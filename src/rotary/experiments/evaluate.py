@@ -18,12 +18,19 @@ For every evaluation length ``E`` (and every scaling, for models with RoPE):
 Scalings of a pretrained model are applied at inference only, with factor ``E / L`` (the retrieval
 probe: its sequence length over ``L``); a model fine-tuned with a scaling is evaluated with that
 scaling at its own factor. :func:`scaled_copy` is the one place where a model's scaling changes.
+
+Every measurement runs in batches of windows or prompts (:func:`eval_rows`): on the CPU small enough to
+keep ``make demo``'s memory small, on a GPU as many as a memory budget allows. Passkey answers are
+decoded on static KV caches, with nothing read back on the host until the batch's answers are. Under
+the run's mixed precision (:meth:`~.config.ExperimentConfig.mixed_precision`) evaluation runs under
+bf16 autocast, as training did; losses are computed from fp32 logits.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import math
+from copy import deepcopy
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +51,7 @@ from .train import trained_scaling
 __all__ = [
     "SCALING_LABELS",
     "EvaluationText",
+    "eval_rows",
     "evaluate_model",
     "evaluation_scalings",
     "greedy_continuation",
@@ -100,9 +108,9 @@ def scaled_copy(model: Decoder, scaling: dict | None) -> Decoder:
         >>> torch.equal(s.lm_head.weight, m.lm_head.weight), s.config.rope_scaling["factor"], m.config.rope_scaling
         (True, 2.0, None)
     """
-    with torch.random.fork_rng(devices=[]):  # building initialises weights: keep the caller's RNG untouched
-        copy = Decoder(dataclasses.replace(model.config))
-    copy.load_state_dict(model.state_dict())
+    # a copy on the model's device (no initialisation, no host round trip: on a GPU this is cheap enough
+    # to make one per measurement); set_rope_scaling gives it a RoPE built afresh from the config
+    copy = deepcopy(model)
     if uses_rope(copy):
         copy.set_rope_scaling(None if scaling is None else dict(scaling))
     elif scaling is not None:
@@ -121,6 +129,36 @@ def rows_per_batch(length: int, num_heads: int, *, max_tokens: int = 16384, max_
     return max(1, min(max_tokens // length, max_scores // (num_heads * length * length)))
 
 
+#: (tokens, attention scores) per forward on a GPU. SDPA's flash and memory-efficient kernels hold no
+#: ``[E, E]`` scores for causal attention; a score bias (ALiBi) builds ``[rows, heads, E, E]`` fp32 values
+#: per layer, and a static cache's prefill a ``[rows, 1, E, E]`` mask (``heads`` of them with a bias):
+#: 2**28 of them is 1 GiB per copy, a few GiB at the peak.
+GPU_BATCH = (2**18, 2**28)
+
+
+def eval_rows(model: Decoder, length: int, *, generate: bool = False) -> int:
+    """Windows (or, ``generate``, passkey prompts) of ``length`` tokens per forward of ``model``, on its
+    device.
+
+    On the CPU: :func:`rows_per_batch` with its defaults (``max_scores`` halved for generation), what
+    ``make demo`` has always used. Elsewhere: the budget :data:`GPU_BATCH`, where the scores count
+    ``num_heads`` per window only for a model with a score bias (the others build at most one
+    ``[E, E]`` mask per window, on a static cache).
+
+    Example:
+        >>> from rotary.models import DecoderConfig
+        >>> m = Decoder(DecoderConfig(hidden_size=32, num_layers=1, num_heads=4))
+        >>> eval_rows(m, 1024), eval_rows(m, 1024, generate=True)
+        (4, 2)
+    """
+    heads = model.config.num_heads
+    if next(model.parameters()).device.type == "cpu":
+        return rows_per_batch(length, heads, max_scores=2**23 if generate else 2**24)
+    biased = any(layer.attn.position_bias is not None for layer in model.layers)
+    max_tokens, max_scores = GPU_BATCH
+    return rows_per_batch(length, heads if biased else 1, max_tokens=max_tokens, max_scores=max_scores)
+
+
 @torch.no_grad()
 def token_losses(model: Decoder, windows: torch.Tensor, *, batch_rows: int | None = None) -> torch.Tensor:
     """Next-token cross-entropy (nats) at every position of every window.
@@ -128,14 +166,14 @@ def token_losses(model: Decoder, windows: torch.Tensor, *, batch_rows: int | Non
     Args:
         model: a ``Decoder`` in eval mode.
         windows: int64 ``[N, E]``.
-        batch_rows: windows per forward; default :func:`rows_per_batch`.
+        batch_rows: windows per forward; default :func:`eval_rows`.
 
     Returns:
         fp32 ``[N, E - 1]``: entry ``[i, p]`` is the loss of predicting token ``p + 1`` from tokens
         ``0..p`` of window ``i`` (the query sits at position ``p``).
     """
     n, length = windows.shape
-    rows = batch_rows or rows_per_batch(length, model.config.num_heads)
+    rows = batch_rows or eval_rows(model, length)
     device = next(model.parameters()).device
     out = []
     for start in range(0, n, rows):
@@ -216,16 +254,18 @@ def passkey_at(model: Decoder, length: int, config: ExperimentConfig) -> dict:
     def answer(prompts: torch.Tensor) -> torch.Tensor:
         return greedy_continuation(model, prompts.to(device), KEY_DIGITS).cpu()
 
-    return passkey_accuracy(answer, trials, batch_size=rows_per_batch(length, model.config.num_heads, max_scores=2**23))
+    return passkey_accuracy(answer, trials, batch_size=eval_rows(model, length, generate=True))
 
 
 @torch.no_grad()
 def greedy_continuation(model: Decoder, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
     """Greedy decoding of ``new_tokens`` tokens after unpadded ``prompts`` ``[B, S]``: ``[B, new_tokens]``.
 
-    The same tokens as ``model.generate(prompts, new_tokens)[:, S:]``, through the model's KV cache; without
-    an attention mask (no padding here) the prompt runs on SDPA's causal path instead of an explicit
-    ``[B, 1, S, S]`` mask.
+    The same tokens as ``model.generate(prompts, new_tokens)[:, S:]``: a prefill, then one
+    ``Decoder.decode_step`` per token on static KV caches of ``S + new_tokens - 1`` slots (in the dtype
+    of the keys: bf16 under bf16 autocast). The argmax stays on the device; on a GPU nothing is read
+    back until the caller reads the answers. On the CPU a static cache attends over its filled slots
+    through the same code as a growing one, with the same numbers.
 
     Example:
         >>> from rotary.models import DecoderConfig
@@ -234,13 +274,13 @@ def greedy_continuation(model: Decoder, prompts: torch.Tensor, new_tokens: int) 
         >>> torch.equal(greedy_continuation(m, p, 3), m.generate(p, 3)[:, 7:])
         True
     """
-    cache = model.new_cache()
-    logits = model(prompts, cache=cache)[:, -1]
-    tokens = []
-    for i in range(new_tokens):
-        tokens.append(logits.float().argmax(-1, keepdim=True))
-        if i + 1 < new_tokens:
-            logits = model(tokens[-1], cache=cache)[:, -1]
+    batch, length = prompts.shape
+    device = prompts.device
+    dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
+    caches = model.new_cache(batch=batch, max_len=length + new_tokens - 1, dtype=dtype)
+    tokens = [model(prompts, cache=caches)[:, -1].float().argmax(-1, keepdim=True)]  # [B, 1]
+    for _ in range(new_tokens - 1):
+        tokens.append(model.decode_step(tokens[-1], caches).argmax(-1, keepdim=True))
     return torch.cat(tokens, dim=1)
 
 
@@ -272,7 +312,9 @@ def evaluate_model(
         factor = 1.0 if scaling == "none" else (fixed if fixed is not None else max(length / L, 1.0))
         return scaled_copy(model, scaling_block(scaling, factor, L)), factor
 
-    with reporter.task(f"evaluate {spec.name:<15}", total=len(scalings) * (len(lengths) + 1)) as task:
+    device = next(model.parameters()).device
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if config.mixed_precision(device.type) else contextlib.nullcontext()
+    with reporter.task(f"evaluate {spec.name:<15}", total=len(scalings) * (len(lengths) + 1)) as task, autocast:
         for scaling, fixed in scalings:
             key = dict(model=spec.model, seed=spec.seed, scaling=scaling)
             for length in lengths:
@@ -301,9 +343,7 @@ def evaluate_model(
                     generator=torch.Generator().manual_seed(derived_seed(config.seed, "retrieval", distance)),
                 )
                 scaled, factor = copy_at(scaling, fixed, trials.length)
-                device = next(scaled.parameters()).device
-                scores = retrieval_scores(lambda x, m=scaled, d=device: m(x.to(d)), trials,
-                                          batch_rows=rows_per_batch(trials.length, scaled.config.num_heads))
+                scores = retrieval_scores(lambda x, m=scaled: m(x.to(device)), trials, batch_rows=eval_rows(scaled, trials.length))
                 out.retrieval.append(RetrievalRow(**key, factor=factor, distance=distance, length=trials.length,
                                                   span=config.retrieval_span, **scores))
             task.advance(scaling=scaling, retrieval="done")

@@ -430,6 +430,7 @@ def report_markdown(run: dict[str, Any], results: Results, assessments: Sequence
     lines += _spread_section(results)
     lines += ["## What this run shows", ""] + [f"- {o}" for o in observations(results)] + [""]
     lines += _claims_section(assessments)
+    lines += _timing_section(run)
     lines += ["## Notes", ""]
     if c.study is None:
         lines += [
@@ -442,7 +443,7 @@ def report_markdown(run: dict[str, Any], results: Results, assessments: Sequence
         ]
     if c.preset in BUDGET_NOTES and c.study is None:
         lines.append(f"- Budget: {BUDGET_NOTES[c.preset]}")
-    lines.append(f"- Wall time: {_wall_time(run['timings'], results)} (every phase in results.json).")
+    lines.append(f"- Wall time: {_wall_time(run['timings'], results)} (each model under Wall time; every phase in results.json).")
     lines.append("")
     return "\n".join(lines)
 
@@ -458,7 +459,35 @@ BUDGET_NOTES = {
         "further from the papers' scale than before, and passkey retrieval, which these models learn late if at all, "
         "is rarer; the retrieval probe is there to rank them anyway."
     ),
+    "large": (
+        "the large preset is sized for one GPU within 20 minutes (docs/experiment.md, Presets, has the arithmetic): "
+        "two seeds of every method at 1,500 steps of 32 × 512 tokens (24.6 M tokens per model, a quarter of the "
+        "first form's 6,000 steps and a third fewer seeds), fine-tunes of 75 steps (5%), bf16 autocast and a "
+        "compiled training step; the Wall time table says what the run took."
+    ),
 }
+
+
+def _timing_section(run: dict[str, Any]) -> list[str]:
+    """The measured wall time of every model: training (with its first, compiling steps when it was
+    compiled) and evaluation, and the run's total."""
+    timings = run["timings"]
+    lines = ["## Wall time", "",
+             "| model | steps | train (s) | ms / step | compiled (first 2 steps, s) | evaluate (s) |",
+             "| --- | ---: | ---: | ---: | --- | ---: |"]
+    for m in run["models"]:
+        steps = m["spec"]["steps"]
+        per_step = f"{1000 * m['train_seconds'] / steps:.1f}" if steps else "–"
+        compiled = f"yes ({m['compile_seconds']:.1f})" if m.get("compiled") else "no"
+        evaluated = timings.get(f"evaluate {m['name']}")
+        lines.append(f"| {m['name']} | {steps} | {m['train_seconds']:.1f} | {per_step} | {compiled} | "
+                     f"{'–' if evaluated is None else f'{evaluated:.1f}'} |")
+    train = sum(v for k, v in timings.items() if k.startswith("train "))
+    evaluate = sum(v for k, v in timings.items() if k.startswith("evaluate "))
+    lines += ["", f"Total {run['wall_seconds']:.0f} s: training {train:.0f} s, evaluation {evaluate:.0f} s, the rest "
+              f"{max(0.0, run['wall_seconds'] - train - evaluate):.0f} s (loading the text, the report). A model resumed from a "
+              "checkpoint counts the time of its earlier sessions.", ""]
+    return lines
 
 
 def _wall_time(timings: dict[str, float], results: Results) -> str:

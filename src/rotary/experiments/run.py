@@ -291,7 +291,10 @@ def run_experiment(
         if console is None:
             console = table_console()
         render_table(results, console)
-        console.print(f"wrote {directory}/report.md, results.json, the CSV files and figures/ in {run['wall_seconds']:.0f} s")
+        train = sum(v for k, v in timings.items() if k.startswith("train "))
+        evaluate = sum(v for k, v in timings.items() if k.startswith("evaluate "))
+        console.print(f"wrote {directory}/report.md, results.json, the CSV files and figures/ in {run['wall_seconds']:.0f} s "
+                      f"(training {train:.0f} s, evaluation {evaluate:.0f} s)")
         return directory
     finally:
         dist.stop()
@@ -359,6 +362,7 @@ def _model_record(spec: ModelSpec, outcome: Any, config: ExperimentConfig) -> di
         "seed": spec.seed, "spec": dataclasses.asdict(spec),
         "parameters": sum(p.numel() for p in model.parameters()), "train_seconds": outcome.seconds,
         "tokens_per_second": outcome.tokens_per_second, "resumed_at_step": outcome.resumed_at,
+        "compiled": outcome.compiled, "compile_seconds": outcome.compile_seconds,
         "final_loss": sum(recent) / len(recent) if recent else None, "losses": outcome.losses,
     }
     # a learned table is sized to the longest evaluation length; its rows past L must be untouched

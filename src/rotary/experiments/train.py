@@ -16,6 +16,11 @@ A model with a ``parent`` (a fine-tune) starts from the parent's trained weights
 same encoding, every weight outside the position encoding for another
 (:func:`rotary.models.transfer_position_encoding`). It gets a fresh AdamW and its own schedule: warm-up
 over a tenth of its steps to ``finetune_learning_rate``, then cosine decay to ``min_learning_rate``.
+
+On CUDA (``precision``/``compile`` of :class:`~.config.ExperimentConfig`) a step runs under bf16 autocast
+with fp32 weights, through ``torch.compile`` of the model where the run compiles
+(:class:`ForwardBackward`), with a fused AdamW, and the host reads the losses back every
+:data:`READ_EVERY` steps instead of every step. The CPU path is fp32, eager, and reads every step.
 """
 
 from __future__ import annotations
@@ -26,8 +31,10 @@ import gc
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +49,10 @@ from .progress import Reporter
 __all__ = [
     "CHECKPOINT",
     "Distributed",
+    "COMPILE_MIN_STEPS",
+    "COMPILING_CALLS",
+    "READ_EVERY",
+    "ForwardBackward",
     "ModelSpec",
     "TrainOutcome",
     "TrainingDiverged",
@@ -51,6 +62,8 @@ __all__ = [
     "learning_rate",
     "Schedule",
     "load_checkpoint",
+    "make_optimizer",
+    "read_interval",
     "start_model",
     "param_groups",
     "shard",
@@ -60,6 +73,18 @@ __all__ = [
 
 CHECKPOINT = "checkpoint.pt"
 CHECKPOINT_FORMAT = 2
+
+#: Off the CPU, the losses and gradient norms of this many steps are read back at once (and always
+#: before a checkpoint and at the last step): a read waits for the device to finish, and the host
+#: then has no step queued behind it. On the CPU reading is free and happens every step.
+READ_EVERY = 50
+
+#: A model with fewer steps than this left to train runs eagerly even when the run compiles: compiling
+#: (seconds, for every model: see :class:`ForwardBackward`) costs more than it saves on so few steps.
+COMPILE_MIN_STEPS = 200
+
+#: The calls of a compiled step that may still compile (see :class:`ForwardBackward`).
+COMPILING_CALLS = 2
 
 
 @dataclass(frozen=True)
@@ -257,15 +282,120 @@ def learning_rate(step: int, schedule: Schedule) -> float:
     return schedule.floor + 0.5 * (1 + math.cos(math.pi * progress)) * (schedule.peak - schedule.floor)
 
 
+def read_interval(device: torch.device) -> int:
+    """Steps between reads of the losses on the host: 1 on the CPU, :data:`READ_EVERY` elsewhere.
+
+    Example:
+        >>> read_interval(torch.device("cpu")), read_interval(torch.device("meta"))
+        (1, 50)
+    """
+    return 1 if device.type == "cpu" else READ_EVERY
+
+
+def make_optimizer(model: nn.Module, config: ExperimentConfig, peak: float, device: torch.device) -> torch.optim.AdamW:
+    """AdamW (β = 0.9, 0.95) over :func:`param_groups`; on CUDA its fused kernel (one launch per step)."""
+    fused = {"fused": True} if device.type == "cuda" else {}
+    return torch.optim.AdamW(param_groups(model, config.weight_decay), lr=peak, betas=(0.9, 0.95), eps=1e-8, **fused)
+
+
+class ForwardBackward:
+    """The forward, the loss and the backward of one training step; the optimizer step is the caller's.
+
+    The forward runs under bf16 autocast when ``mixed_precision`` (fp32 weights: autocast casts per op,
+    and the loss is taken from fp32 logits), and through ``torch.compile(module, dynamic=False)`` when
+    ``compile``. Compiling starts from :func:`torch.compiler.reset`: a RoPE model is guarded on the
+    identity of its frequency objects, so every model would add an entry to Dynamo's cache of the
+    model's forward, and past ``recompile_limit`` (8) entries Dynamo runs the forward eagerly without
+    an error. Each model therefore compiles once, in seconds when Inductor's caches hold its graph.
+
+    torch.compile does its work in the first :data:`COMPILING_CALLS` calls (a RoPE model's first trace
+    fills RoPE's per-device frequency cache, whose contents the guards check, so the second call traces
+    once more). When one of them raises, ``log`` gets one line naming the error, the gradients are
+    cleared and the step is done again eagerly, as are all later steps. :attr:`compile_seconds` is the
+    wall time of those calls (compiling plus their steps).
+
+    Args:
+        module: the model, or its DDP wrapper: ``input_ids [B, S] -> logits [B, S, V]``.
+        mixed_precision: run the forward under ``torch.autocast(device, torch.bfloat16)``.
+        compile: compile ``module``.
+        device: where the batches live.
+        log: where the fallback line goes.
+
+    Example:
+        >>> from rotary.models import DecoderConfig
+        >>> model = Decoder(DecoderConfig(hidden_size=32, num_layers=1, num_heads=2))
+        >>> step = ForwardBackward(model, mixed_precision=False, compile=False, device=torch.device("cpu"))
+        >>> batch = torch.randint(256, (2, 9))
+        >>> loss = step(batch[:, :-1], batch[:, 1:])
+        >>> loss.dtype, model.lm_head.weight.grad.shape
+        (torch.float32, torch.Size([256, 32]))
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        *,
+        mixed_precision: bool,
+        compile: bool,
+        device: torch.device,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.module, self.device, self.log = module, device, log
+        self.mixed_precision = mixed_precision
+        self.compiled: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self.compile_seconds = 0.0
+        self.calls = 0
+        if compile:
+            torch.compiler.reset()
+            self.compiled = torch.compile(module, dynamic=False)
+
+    def _run(self, forward: Callable[[torch.Tensor], torch.Tensor], inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16) if self.mixed_precision else contextlib.nullcontext()
+        with autocast:
+            logits = forward(inputs)  # [B, S, V]
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        loss.backward()
+        return loss.detach()
+
+    def __call__(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Forward and backward of one batch: ``inputs``, ``targets`` int64 ``[B, S]``; returns the mean
+        loss, a 0-dim fp32 tensor on the device (not read on the host); the gradients are accumulated."""
+        self.calls += 1
+        if self.compiled is not None and self.calls <= COMPILING_CALLS:
+            started = time.perf_counter()
+            try:
+                loss = self._run(self.compiled, inputs, targets)
+            except Exception as exc:  # anything torch.compile raises: Dynamo, AOTAutograd, Inductor, a compiler
+                first = (str(exc).strip().splitlines() or [""])[0][:200]
+                self.log(f"torch.compile failed ({type(exc).__name__}: {first}); training eagerly")
+                self.compiled, self.compile_seconds = None, 0.0
+                for p in self.module.parameters():
+                    p.grad = None
+            else:
+                self.compile_seconds += time.perf_counter() - started
+                return loss
+        return self._run(self.compiled if self.compiled is not None else self.module, inputs, targets)
+
+    @property
+    def is_compiled(self) -> bool:
+        """Whether the steps run compiled (False after a fallback)."""
+        return self.compiled is not None
+
+
 @dataclass
 class TrainOutcome:
-    """A trained model and how its training went (wall time summed over resumed segments)."""
+    """A trained model and how its training went (wall time summed over resumed segments).
+
+    ``compiled`` says whether this session's steps ran compiled; ``compile_seconds`` is the wall time of
+    its first, compiling steps (:data:`COMPILING_CALLS`), part of ``seconds``."""
 
     model: Decoder
     losses: list[float]
     seconds: float
     tokens_per_second: float
     resumed_at: int = 0
+    compiled: bool = False
+    compile_seconds: float = 0.0
 
 
 def load_checkpoint(path: Path, spec: ModelSpec, config: ExperimentConfig) -> dict:
@@ -374,7 +504,7 @@ def train_model(
     if spec.steps == 0:  # a transfer measured as it is
         return TrainOutcome(model.eval(), [], 0.0, 0.0)
     schedule = Schedule.of(spec, config)
-    optimizer = torch.optim.AdamW(param_groups(model, config.weight_decay), lr=schedule.peak, betas=(0.9, 0.95), eps=1e-8)
+    optimizer = make_optimizer(model, config, schedule.peak, device)
     path = None if run_dir is None else run_dir / "models" / spec.name / CHECKPOINT
     start, losses, seconds_before = 0, [], 0.0
     if resume and path is not None and path.exists():
@@ -390,7 +520,11 @@ def train_model(
         wrapped: nn.Module = nn.parallel.DistributedDataParallel(model, device_ids=[dist.local_rank] if device.type == "cuda" else None)
     else:
         wrapped = model
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+    forward_backward = ForwardBackward(
+        wrapped, mixed_precision=config.mixed_precision(device.type), device=device, log=reporter.log,
+        compile=config.compiles(device.type) and spec.steps - start >= COMPILE_MIN_STEPS,
+    )
+    read_every = read_interval(device)
 
     def save(step: int, seconds: float) -> None:
         if path is None or not dist.is_main:
@@ -401,32 +535,44 @@ def train_model(
             "model": model.state_dict(), "optimizer": optimizer.state_dict(), "losses": losses, "seconds": seconds,
         })
 
+    # (step, loss, gradient norm) not read back yet; the loss is the global batch's, the norm that of the
+    # averaged gradients: the same on every rank, so every rank stops at the same step
+    pending: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+
+    def read(task: Any) -> None:
+        """Read the pending steps' losses and norms (one transfer); the first that is not finite stops the run."""
+        if not pending:
+            return
+        values = torch.stack([torch.stack((loss, norm.float())) for _, loss, norm in pending]).tolist()
+        for (step, _, _), (loss, norm) in zip(pending, values):
+            if not (math.isfinite(loss) and math.isfinite(norm)):
+                raise TrainingDiverged(diverged_message(spec, config, step, loss, norm, run_dir))
+            losses.append(loss)
+        recent = losses[-20:]
+        task.advance(len(pending), loss=sum(recent) / len(recent))
+        pending.clear()
+
     model.train()
     started = time.perf_counter()
     with reporter.task(f"train {spec.name:<18}", total=spec.steps, completed=start) as task:
         for step in range(start, spec.steps):
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, schedule)
-            batch = training_batch(train_tokens, spec.first_batch + step, config, spec.seed, rows=spec.rows, length=spec.length)
-            batch = shard(batch, dist).to(device)
-            inputs, targets = batch[:, :-1], batch[:, 1:]
-            with autocast:
-                logits = wrapped(inputs)
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
-            loss.backward()
-            norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
-            # the loss of the global batch; it and the norm (of the averaged gradients) are the same on
-            # every rank, so every rank stops at the same step
-            logged = float(dist.mean(loss.detach()))
-            if not (math.isfinite(logged) and math.isfinite(norm)):
-                raise TrainingDiverged(diverged_message(spec, config, step, logged, norm, run_dir))
+            batch = shard(training_batch(train_tokens, spec.first_batch + step, config, spec.seed, rows=spec.rows, length=spec.length), dist)
+            if device.type == "cuda":  # from pinned memory the copy does not wait for the queued steps
+                batch = batch.pin_memory().to(device, non_blocking=True)
+            else:
+                batch = batch.to(device)
+            loss = forward_backward(batch[:, :-1], batch[:, 1:])
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            pending.append((step, dist.mean(loss), norm))
+            last = step + 1 == spec.steps
+            checkpoint = (step + 1) % config.checkpoint_every == 0 or last
+            if len(pending) >= read_every or checkpoint:
+                read(task)  # on the CPU: every step, before its optimizer step (a diverged step is never applied)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-
-            losses.append(logged)
-            recent = losses[-20:]
-            task.advance(loss=sum(recent) / len(recent))
-            if (step + 1) % config.checkpoint_every == 0 or step + 1 == spec.steps:
+            if checkpoint:  # every step up to this one was read and finite
                 save(step + 1, seconds_before + time.perf_counter() - started)
     if start == spec.steps:  # finished before: its time is the checkpoint's
         seconds = seconds_before
@@ -434,5 +580,7 @@ def train_model(
         seconds = seconds_before + time.perf_counter() - started
     tokens_per_second = spec.steps * spec.rows * spec.length / max(seconds, 1e-9)
     del wrapped  # the DDP wrapper (and its hooks on the process group) ends with training
+    compiled, compile_seconds = forward_backward.is_compiled, forward_backward.compile_seconds
+    del forward_backward  # the compiled module holds the wrapper
     model.eval()
-    return TrainOutcome(model, losses, seconds, tokens_per_second, resumed_at=start)
+    return TrainOutcome(model, losses, seconds, tokens_per_second, resumed_at=start, compiled=compiled, compile_seconds=compile_seconds)

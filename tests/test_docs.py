@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from rotary.cli import build_parser, main
+from rotary.tools.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -127,8 +127,8 @@ def test_the_docs_have_code_to_check():
 def registries_restored():
     """A block may register a rope_type, a position encoding or a benchmark; the rest of the suite must not see it."""
     from rotary import rope_types
-    from rotary.bench import harness
     from rotary.models import decoder
+    from rotary.tools.bench import harness
 
     # (ROPE_INIT_FUNCTIONS is a view of ROPE_TYPES)
     saved = [(d, copy.copy(d)) for d in (rope_types.ROPE_TYPES, decoder.POSITION_ENCODINGS, harness.SUITES)]

@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from rotary.cli import main
-from rotary.commands.common import positive_float
-from rotary.commands.experiment import SETTINGS, _float, _float_list
-from rotary.experiments.config import PRESETS, ExperimentConfig, ExperimentError
+from rotary.tools.cli import main
+from rotary.tools.commands.common import positive_float
+from rotary.tools.commands.experiment import SETTINGS, _float, _float_list
+from rotary.tools.experiments.config import PRESETS, ExperimentConfig, ExperimentError
 
 FLOAT_FLAGS = [name for name, (kind, _) in SETTINGS.items() if kind in (_float, positive_float, _float_list)]
 FLOAT_FIELDS = [f.name for f in dataclasses.fields(ExperimentConfig) if f.type in ("float", "tuple[float, ...]")]

@@ -1,6 +1,6 @@
 """The ``rotary`` command. Each subcommand lives in its own module exposing ``register(subparsers)``;
 the module's parser sets ``func(args) -> int`` as its default. The conventions every subcommand
-follows (``-o/--out``, CONFIG + flags, ``--json``, exit status) are in :mod:`rotary.commands.common`.
+follows (``-o/--out``, CONFIG + flags, ``--json``, exit status) are in :mod:`rotary.tools.commands.common`.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from collections.abc import Sequence
 
 #: modules that add subcommands, in the order ``--help`` lists them
 COMMAND_MODULES = [
-    "rotary.commands.demo",
-    "rotary.commands.inspect",
-    "rotary.commands.plot",
-    "rotary.commands.verify",
-    "rotary.commands.report",
-    "rotary.commands.experiment",
-    "rotary.commands.bench",
-    "rotary.commands.build",
+    "rotary.tools.commands.demo",
+    "rotary.tools.commands.inspect",
+    "rotary.tools.commands.plot",
+    "rotary.tools.commands.verify",
+    "rotary.tools.commands.report",
+    "rotary.tools.commands.experiment",
+    "rotary.tools.commands.bench",
+    "rotary.tools.commands.build",
 ]
 
 
@@ -65,7 +65,7 @@ def _raised_by_rotary(exc: BaseException) -> bool:
     while tb.tb_next is not None:
         tb = tb.tb_next
     filename, line = tb.tb_frame.f_code.co_filename, tb.tb_lineno
-    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # rotary/, above tools/
     if not os.path.abspath(filename).startswith(package):
         return False
     try:

@@ -19,7 +19,7 @@ import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from .analysis import PairProfile  # noqa: E402
+from rotary.analysis import PairProfile  # noqa: E402
 
 __all__ = [
     "PALETTE", "save", "plot_decay", "plot_frequencies", "plot_scaling", "plot_scores", "plot_positions",

@@ -399,7 +399,7 @@ def make_inputs(
         >>> inp.position_ids.tolist(), tuple(inp.cos.shape), tuple(inp.table_cos.shape)
         ([[5, 6, 7], [5, 6, 7]], (3, 8), (8, 8))
     """
-    from ..rope import RoPE
+    from rotary.rope import RoPE
 
     device = torch.device(device)
     g = torch.Generator().manual_seed(seed)
@@ -469,7 +469,7 @@ def run(options: argparse.Namespace) -> tuple[dict[str, Any], list[Result]]:
 
     ``options.device`` (default ``"cpu"``): ``"cuda"`` times the GPU groups (:func:`run_on_device`).
     """
-    from ..kernels.extension import cpu_extension_error, load_cpu_extension
+    from rotary.kernels.extension import cpu_extension_error, load_cpu_extension
 
     device = getattr(options, "device", None) or "cpu"
     backend = None
@@ -601,7 +601,7 @@ def _device_ratios(results: list[Result], inplace: set[str]) -> None:
 
 
 def run_on_device(options: argparse.Namespace, backend: Any) -> tuple[dict[str, Any], list[Result]]:
-    """The GPU groups (:data:`CUDA_GROUPS`) on ``backend``'s device (:mod:`rotary.bench.cuda`).
+    """The GPU groups (:data:`CUDA_GROUPS`) on ``backend``'s device (:mod:`rotary.tools.bench.cuda`).
 
     Each row: GPU time per call under CUDA-graph replay (or CUDA events, with a note, for a method
     that cannot be captured) and host wall time per call in an eager loop; "x copy" against the
@@ -609,7 +609,8 @@ def run_on_device(options: argparse.Namespace, backend: Any) -> tuple[dict[str, 
     and the run goes on. After each group, rotary's deferred device checks are read once; a failed
     check is added to the notes of that group's rows.
     """
-    from ..deferred import check_device_errors
+    from rotary.deferred import check_device_errors
+
     from . import cuda
 
     device = backend.device  # where the inputs live (a test's CPU stand-in keeps them on the CPU)
@@ -677,7 +678,7 @@ def _cpu_kernel_state() -> str:
     ``rope(q, k)`` tries the CPU decoding fast path first, which loads (or fails to load) the kernel
     during the warm-up of the rotary rows, so this is a lookup and what those rows' host time included;
     a run without rotary rows builds it here, as the CPU run does at its start."""
-    from ..kernels.extension import cpu_extension_error, load_cpu_extension
+    from rotary.kernels.extension import cpu_extension_error, load_cpu_extension
 
     return "loaded" if load_cpu_extension() is not None else f"unavailable: {cpu_extension_error()}"
 

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..models import POSITION_ENCODINGS
+from rotary.models import POSITION_ENCODINGS
 
 __all__ = [
     "DEFAULT_ENCODINGS",

@@ -14,6 +14,8 @@ import torch
 
 from helpers import run_cli
 from rotary.tools import bench
+from rotary.tools.bench import runner
+from rotary.tools.bench.table import format_table
 from rotary.tools.cli import main
 
 
@@ -187,7 +189,7 @@ def test_a_cases_file_that_raises_is_one_line(tmp_path, capsys):
 def test_decode_suite_and_the_training_rows():
     import argparse
 
-    from rotary.tools.bench import harness, methods
+    from rotary.tools.bench import methods
 
     rows = methods.decode_suite(argparse.Namespace(quick=False, repeats=1, dtypes="fp32", suites=None))
     assert [r.method for r in rows][-1] == "HF eager apply_rotary_pos_emb" and len(rows) == 5
@@ -203,7 +205,7 @@ def test_decode_suite_and_the_training_rows():
         bench.Result("g", methods.TWO_COPIES, True, 4.0, 1),
         bench.Result("g", methods.INPLACE_TRAINING, True, 2.5, 1),
     ]
-    harness._group_ratios(results)
+    runner._group_ratios(results)
     assert results[-1].ratios["x in-place pass"] == 2.5 and results[-1].ratios["x copy"] == 2.5 / 4.0
     assert results[1].ratios["x copy"] == 1.0
 
@@ -312,9 +314,9 @@ def test_the_training_limit_row_passes_over_fresh_copies_and_is_their_ratio():
         bench.Result("g", methods.INPLACE_TRAINING, True, 3.0, 1),
         bench.Result("g", methods.TWO_COPIES, True, 4.0, 1),
     ]
-    harness._group_ratios(results)
+    runner._group_ratios(results)
     assert results[1].ratios["x fresh passes"] == 1.5 and "x fresh passes" not in results[2].ratios
-    assert "x fresh passes (training step)" in harness.format_table({"cpu": "c", "logical_cpus": 1, "torch": "t", "torch_threads": 1}, results)
+    assert "x fresh passes (training step)" in format_table({"cpu": "c", "logical_cpus": 1, "torch": "t", "torch_threads": 1}, results)
 
 def test_the_training_step_overhead_script_times_its_three_steps(capsys):
     import importlib.util
@@ -604,10 +606,9 @@ _GPU_MACHINE = {
 
 
 def test_gpu_rows_as_markdown_have_both_times_the_ratio_and_the_note():
-    from rotary.tools.bench import harness
 
     rows = _gpu_results()
-    harness._device_ratios(rows, inplace=set())
+    runner._device_ratios(rows, inplace=set())
     text = bench.format_table(_GPU_MACHINE, rows, markdown=True)
     assert text.splitlines() == [
         "machine: NVIDIA H100 80GB HBM3 (CUDA 13.0), torch 2.11.0+cu130, triton 3.6.0; host Intel Xeon, 16 logical CPUs",
@@ -630,7 +631,7 @@ def test_gpu_rows_as_markdown_have_both_times_the_ratio_and_the_note():
 
 
 def test_gpu_ratios_divide_by_the_limit_measured_the_same_way():
-    from rotary.tools.bench import harness, methods
+    from rotary.tools.bench import methods
 
     R = bench.Result
     rows = [
@@ -645,7 +646,7 @@ def test_gpu_ratios_divide_by_the_limit_measured_the_same_way():
         R("g", methods.TRAINING_PASSES, True, 5.0, 1, gpu_timing="per call"),
         R("g", methods.INPLACE_TRAINING, True, 6.0, 1, gpu_timing="per call"),
     ]
-    harness._device_ratios(rows, inplace={("in place", False), (methods.INPLACE_PASS, False)})
+    runner._device_ratios(rows, inplace={("in place", False), (methods.INPLACE_PASS, False)})
     ratios = {r.method: r.ratios.get("x copy") for r in rows}
     assert ratios == {
         methods.INPLACE_PASS: 1.0, methods.COPY: 1.0, "in place": 1.5, "out of place": 1.5, "not captured": None,
@@ -660,8 +661,8 @@ def test_the_cpu_run_has_the_cpu_methods_only_and_the_same_inputs():
     from rotary.tools.bench import harness
 
     options = argparse.Namespace(quick=False, compile=False, no_compile=False)
-    cpu = {m.name for m in harness._selected_methods(options, "cpu")}
-    gpu = {m.name for m in harness._selected_methods(options, "cuda")}
+    cpu = {m.name for m in runner._selected_methods(options, "cpu")}
+    gpu = {m.name for m in runner._selected_methods(options, "cuda")}
     assert "rope(q, k, position_ids=device ids)" not in cpu and "Liger rope (LigerRopeFunction)" not in cpu
     assert {"rotary pure-torch path", "complex form (Meta LLaMA)", "rotary-embedding-torch 0.9.1"} <= cpu - gpu
     assert {"rope(q, k, position_ids=device ids)", "flash-attn Triton rotary, out of place"} <= gpu - cpu

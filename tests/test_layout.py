@@ -99,3 +99,7 @@ def test_importing_and_using_the_library_loads_no_tool():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     assert done.stdout.strip() == "[]", done.stdout
 
+
+def test_no_tool_module_is_longer_than_600_lines():
+    long = {_module_name(p): n for p in TOOLS.rglob("*.py") if (n := len(p.read_text().splitlines())) > 600}
+    assert not long, f"split these along their ideas: {long}"

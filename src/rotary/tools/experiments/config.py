@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from rotary.errors import InputError
 from rotary.models import POSITION_ENCODINGS
 
 __all__ = [
@@ -29,7 +30,7 @@ __all__ = [
 ]
 
 
-class ExperimentError(ValueError):
+class ExperimentError(InputError):
     """Bad input to the experiment; the message names the value and what to change."""
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One script for a GPU machine: the versions, the repository's CUDA tests, the GPU benchmark.
+# One script for a GPU machine: the versions, the repository's CUDA tests, the GPU benchmarks.
 #
 #   bash benchmarks/gpu_check.sh            (from anywhere; it works in the repository root)
 #
@@ -12,13 +12,18 @@
 #   3. bench: python3 -m rotary bench --device cuda --markdown --progress -> $OUT/bench_cuda.md
 #      (--progress also prints each group's table to the log as it finishes, so a run stopped by
 #      its time budget still leaves the groups it finished)
+#   4. fused: benchmarks/rotate_and_cache.py and benchmarks/rmsnorm_rotate.py --device cuda (each against
+#      Inductor compiling the plain-torch composition, and the traffic limit)
+#   5. generation: benchmarks/generation.py --device cuda (Decoder.generate and Hugging Face generate)
 #
 # Environment:
 #   OUT           where the outputs go (default ./out)
 #   PYTHON        the interpreter (default python3)
 #   TEST_BUDGET   seconds for step 2 (default 150)
-#   BENCH_BUDGET  seconds for step 3 (default 330; the three steps stay under 10 minutes together)
+#   BENCH_BUDGET  seconds for step 3 (default 330)
 #   BENCH_ARGS    extra arguments for step 3 (e.g. "--quick", "--no-compile", "--repeats 5")
+#   FUSED_BUDGET  seconds for each script of step 4 (default 60)
+#   GEN_BUDGET    seconds for step 5 (default 150; 0 skips it)
 set -u
 
 cd "$(dirname "$0")/.." || exit 1
@@ -29,6 +34,8 @@ PY="${PYTHON:-python3}"
 TEST_BUDGET="${TEST_BUDGET:-150}"
 BENCH_BUDGET="${BENCH_BUDGET:-330}"
 BENCH_ARGS="${BENCH_ARGS:-}"
+FUSED_BUDGET="${FUSED_BUDGET:-60}"
+GEN_BUDGET="${GEN_BUDGET:-150}"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 : > "$OUT/status.txt"
@@ -87,6 +94,11 @@ step versions 60 bash -c versions
 step cuda_tests "$TEST_BUDGET" bash -c cuda_tests
 # shellcheck disable=SC2086  # BENCH_ARGS holds several arguments
 step bench "$BENCH_BUDGET" "$PY" -m rotary bench --device cuda --markdown --progress $BENCH_ARGS -o "$OUT/bench_cuda.md"
+step rotate_and_cache "$FUSED_BUDGET" "$PY" benchmarks/rotate_and_cache.py --device cuda
+step rmsnorm_rotate "$FUSED_BUDGET" "$PY" benchmarks/rmsnorm_rotate.py --device cuda
+if [ "$GEN_BUDGET" != 0 ]; then
+    step generation "$GEN_BUDGET" "$PY" benchmarks/generation.py --device cuda
+fi
 
 echo
 echo "=== summary after $((SECONDS - began)) s (outputs in $OUT)"

@@ -20,13 +20,16 @@ QK-norm families (Qwen3, Qwen3-MoE, Gemma-3), whose attention normalises every h
 :func:`rotary.rmsnorm_rotate` call, q and k read and written once. The attention module's instance
 ``forward`` runs the class's code as above, its ``apply_rotary_pos_emb`` normalising with that module's
 norms (found through a thread-local record of the attention module running); its ``q_norm`` and
-``k_norm`` get an instance ``forward`` that returns its input (the normalisation happens in the fused call). Weights of another dtype than q (an fp32 Qwen3 weight under autocast, where Hugging
+``k_norm`` get an instance ``forward`` that, inside that attention's forward, returns its input (the
+normalisation happens in the fused call) and elsewhere normalises as before. Weights of another dtype than q (an fp32 Qwen3 weight under autocast, where Hugging
 Face's norm returns fp32) or norms with different ``eps`` take the norms' own ``forward`` and rotary's
 rotation instead. ``unpatch`` removes the instance ``forward`` of the norms too.
 
+A ``q_norm``/``k_norm`` with forward hooks runs its own forward (its hooks see, and may change, the
+normalised output) and the attention then only rotates.
+
 Caveat: the patched ``forward`` sees the modeling module's globals as they were when ``patch`` ran
-(anything monkey-patched into transformers later is not seen until ``unpatch``/``patch`` again). While
-patched, forward hooks on ``q_norm``/``k_norm`` see the unnormalised input.
+(anything monkey-patched into transformers later is not seen until ``unpatch``/``patch`` again).
 """
 
 from __future__ import annotations
@@ -226,8 +229,15 @@ _FUSED = "_rotary_hf_qk_norm"  # on a fused QK-norm attention: (its forward's co
 
 
 def _deferred_norm(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    """The ``forward`` of a patched attention's ``q_norm`` / ``k_norm``: the input as it is; the attention's
-    ``apply_rotary_pos_emb`` normalises and rotates it in one call (:func:`_norm_and_rotate`)."""
+    """The ``forward`` of a patched attention's ``q_norm`` / ``k_norm``: inside that attention's forward
+    (in this thread), the input as it is, which the attention's ``apply_rotary_pos_emb`` normalises and
+    rotates in one call (:func:`_norm_and_rotate`); called from anywhere else, the norm's own forward."""
+    running = getattr(_RUNNING, "attention", None)
+    if running is None or not (running[0].q_norm is self or running[0].k_norm is self):
+        return _own_norm(self)(hidden_states)
+    if self._forward_hooks or _GLOBAL_FORWARD_HOOKS:  # a hook must see, and may change, the normalised output
+        running[2].append(self)  # normalised here: the attention's apply_rotary_pos_emb only rotates
+        return _own_norm(self)(hidden_states)
     return hidden_states
 
 
@@ -244,9 +254,13 @@ def _norm_and_rotate(q, k, cos, sin, unsqueeze_dim=1):
     rotates them with the model's tables. Weights of another dtype than the tensor they normalise
     (Hugging Face's Qwen3 norm would then return the weight's dtype) and norms with different ``eps`` take
     the norms' own forward and rotary's rotation."""
-    attention, spec = _RUNNING.attention
+    attention, spec, normalised = _RUNNING.attention
     q_norm, k_norm = attention.q_norm, attention.k_norm
     layout = _layout(unsqueeze_dim)
+    if normalised:  # a norm with forward hooks normalised its input already (_deferred_norm)
+        q = q if any(n is q_norm for n in normalised) else _own_norm(q_norm)(q)
+        k = k if any(n is k_norm for n in normalised) else _own_norm(k_norm)(k)
+        return _apply_pair(q, k, cos, sin, interleaved=False, layout=layout)
     eps = getattr(q_norm, spec.eps)
     fits = all(
         w.dtype == x.dtype or (spec.style == "gemma3" and w.dtype == torch.float32)
@@ -257,6 +271,9 @@ def _norm_and_rotate(q, k, cos, sin, unsqueeze_dim=1):
         return rmsnorm_rotate(q, k, q_norm.weight, k_norm.weight, tables, eps=eps, style=spec.style, layout=layout)  # type: ignore[arg-type]
     return _apply_pair(_own_norm(q_norm)(q), _own_norm(k_norm)(k), cos, sin, interleaved=False, layout=layout)
 
+
+#: forward hooks registered for every module (``torch.nn.modules.module.register_module_forward_hook``)
+_GLOBAL_FORWARD_HOOKS = getattr(torch.nn.modules.module, "_global_forward_hooks", {})
 
 #: per thread, the patched QK-norm attention module whose forward is running, and its family's norm
 _RUNNING = threading.local()
@@ -269,7 +286,7 @@ def _fused_attention_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     code, uses its own norms; thread-local: models may run in several threads)."""
     function, spec = self.__dict__[_FUSED]
     outer = getattr(_RUNNING, "attention", None)
-    _RUNNING.attention = (self, spec)
+    _RUNNING.attention = (self, spec, [])  # the list: norms that ran their own forward (for their hooks)
     try:
         return function(self, *args, **kwargs)
     finally:

@@ -20,12 +20,13 @@ The backward is the composition's gradient, written out (:func:`rotary.kernels.n
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import torch
 
 from . import positions as P
-from ._checks import check_choice, check_positive_float
+from ._checks import check_choice, is_int
 from .kernels import norm as kernels
 from .kernels.contract import Rotation
 from .positions import Positions
@@ -35,6 +36,8 @@ from .tables import RotaryTables, table_dtype
 __all__ = ["STYLES", "Style", "rms_norm", "rmsnorm_rotate"]
 
 Style = Literal["qwen3", "gemma3"]
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)  # what rms_norm computes right
+
 #: the weight conventions :func:`rmsnorm_rotate` and :func:`rms_norm` take (see :func:`rms_norm`)
 STYLES: tuple[str, ...] = tuple(kernels.STYLES)
 
@@ -45,11 +48,16 @@ def _check_style(style: Any) -> bool:
 
 
 def _check_eps(eps: Any) -> float:
+    """A finite number > 0, by comparisons only: under ``torch.compile(dynamic=True)`` dynamo passes a
+    float argument as a symbolic float, which comparisons guard and ``math.isfinite`` cannot trace."""
     if isinstance(eps, torch.Tensor):
         raise TypeError(
             f"eps must be a Python number > 0 (e.g. config.rms_norm_eps), got a tensor of shape {tuple(eps.shape)}"
         )
-    return check_positive_float(eps, "eps")
+    number = isinstance(eps, float) or is_int(eps) or type(eps).__name__ in ("float16", "float32", "float64")
+    if not number or not 0 < eps < math.inf:  # NaN fails the first comparison
+        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
+    return eps if isinstance(eps, float) else float(eps)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, *, eps: float = 1e-6, style: Style = "qwen3") -> torch.Tensor:
@@ -85,7 +93,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, *, eps: float = 1e-6, style:
     eps = _check_eps(eps)
     if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
         raise TypeError(f"x and weight must be tensors, got {type(x).__name__} and {type(weight).__name__}")
-    _check_weight(weight, "weight", x, x.shape[-1] if x.dim() else 0)
+    if x.dtype not in _DTYPES:  # an integer x would come back truncated, a complex one without its imaginary part
+        raise TypeError(
+            f"x must be fp32, bf16, fp16 or fp64, got dtype {x.dtype}; cast it (e.g. x.float()) and cast the result back"
+        )
+    if x.dim() == 0:
+        raise ValueError("x must be [..., D] (at least 1-D), got a 0-D tensor")
+    _check_weight(weight, "weight", x, x.shape[-1])
     return kernels.normalise_torch(x, weight, eps, gemma)[0]
 
 

@@ -46,8 +46,9 @@ def is_int(value: Any) -> bool:
 
 
 def is_number(value: Any) -> bool:
-    """A finite real number (int or float, not ``bool``)."""
-    return (is_int(value) or isinstance(value, float)) and math.isfinite(value)
+    """A finite real number (int or float, not ``bool``). Comparisons, not ``math.isfinite``, so that
+    ``torch.compile(dynamic=True)`` can trace it on a symbolic float (NaN fails both)."""
+    return (is_int(value) or isinstance(value, float)) and -math.inf < value < math.inf
 
 
 def check_int(value: Any, name: str, *, minimum: int | None = None) -> int:

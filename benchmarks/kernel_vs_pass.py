@@ -6,7 +6,7 @@ Times, interleaved in one process, on the same q and k (in cache after the first
 - ``half, in place`` / ``half, out of place``: the kernel on q and k in one call, half pairing;
 - ``interleaved, in place``: the same with the interleaved pairing.
 
-Sampled as ``rotary bench`` samples (:func:`rotary.bench.time_interleaved`); the median of ``--repeats``
+Sampled as ``rotary bench`` samples (:func:`rotary.tools.bench.time_interleaved`); the median of ``--repeats``
 samples is printed, and its ratio to the pass. With ``--fresh``, every call gets new copies of q and
 k, made before it and not timed (as a training step's q and k arrive fresh from a projection).
 Needs the compiled extension (it is built on first use).
@@ -22,14 +22,14 @@ from collections.abc import Callable
 import torch
 
 from rotary import RoPE
-from rotary.bench import DTYPE_NAMES, Prepared, head_shape, time_interleaved
 from rotary.kernels.extension import cpu_extension_error, load_cpu_extension
+from rotary.tools.bench import DTYPE_NAMES, Prepared, head_shape, time_interleaved
 
 
 def calls(
     shape: tuple[int, int, int, int], dtype: torch.dtype, layout: str, fresh: bool = False
 ) -> dict[str, Callable[[], object]]:
-    """The timed calls, keyed by name (see the module docstring); :class:`~rotary.bench.Prepared`
+    """The timed calls, keyed by name (see the module docstring); :class:`~rotary.tools.bench.Prepared`
     with ``fresh``."""
     ext = load_cpu_extension()
     if ext is None:

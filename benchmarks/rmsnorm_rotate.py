@@ -14,7 +14,7 @@ Rows, on the same q, k, weights and tables (built before timing, as a model buil
 
 On CUDA each call is timed by replaying a CUDA graph of 20 calls (no launch overhead, no Python), the
 median of ``--repeats`` replays, in µs per call; on the CPU, the median of interleaved samples
-(:func:`rotary.bench.time_interleaved`). Shapes ``BxS`` with q 32 heads and k 8 heads of 128 channels
+(:func:`rotary.tools.bench.time_interleaved`). Shapes ``BxS`` with q 32 heads and k 8 heads of 128 channels
 (``--heads``, ``--head-dim``), bf16 by default, decoding rows at per-sequence positions.
 
     PYTHONPATH=src python benchmarks/rmsnorm_rotate.py --device cuda           # 64x1, 1x4096, 8x2048
@@ -30,8 +30,8 @@ from collections.abc import Callable
 import torch
 
 import rotary
-from rotary.bench import time_interleaved
 from rotary.qk_norm import rms_norm
+from rotary.tools.bench import time_interleaved
 
 SHAPES = {"cuda": ["64x1", "1x4096", "8x2048"], "cpu": ["64x1", "1x512", "4x256"]}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

@@ -20,8 +20,8 @@ import argparse
 
 import torch
 
-from rotary.bench import DTYPE_NAMES, Shape, head_shape, make_inputs, time_interleaved
-from rotary.bench.methods import _training_step
+from rotary.tools.bench import DTYPE_NAMES, Shape, head_shape, make_inputs, time_interleaved
+from rotary.tools.bench.methods import _training_step
 
 
 class _DoNothing(torch.autograd.Function):

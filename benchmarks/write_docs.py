@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from rotary import bench
-from rotary.cli import build_parser
+from rotary.tools import bench
+from rotary.tools.cli import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"

@@ -17,11 +17,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rotary.experiments.claims import assess
-from rotary.experiments.config import ExperimentError
-from rotary.experiments.report import markdown_table, report_markdown, summary_table
-from rotary.experiments.run import load_run, write_figures
-from rotary.experiments.studies import study_claims
+from rotary.tools.experiments.claims import assess
+from rotary.tools.experiments.config import ExperimentError
+from rotary.tools.experiments.report import markdown_table, report_markdown, summary_table
+from rotary.tools.experiments.run import load_run, write_figures
+from rotary.tools.experiments.studies import study_claims
 
 ROOT = Path(__file__).resolve().parent.parent
 START, END = "<!-- experiment:start -->", "<!-- experiment:end -->"

@@ -77,7 +77,7 @@ def run_cli(
 
 def leaf_parsers() -> dict[str, argparse.ArgumentParser]:
     """Every runnable subcommand's parser, by its name (``"inspect"``, ``"plot decay"``, ...)."""
-    from rotary.cli import build_parser
+    from rotary.tools.cli import build_parser
 
     def walk(parser: argparse.ArgumentParser, name: str):
         subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
@@ -253,7 +253,7 @@ def use_static_write(monkeypatch, path: str) -> list[None]:
 
 def experiment_rows(table: dict, lengths: list[int], *, second_seed: dict | None = None, passkey: int = 36,
                     passkey_model: tuple[str, str] = ("rope-ft-linear", "linear")):
-    """``rotary.experiments.rows.Measurements`` for seeds 0 and 1 from perplexities.
+    """``rotary.tools.experiments.rows.Measurements`` for seeds 0 and 1 from perplexities.
 
     Args:
         table: ``(model, scaling, mode) -> [perplexity at each of lengths]`` of seed 0.
@@ -263,7 +263,7 @@ def experiment_rows(table: dict, lengths: list[int], *, second_seed: dict | None
     """
     import math
 
-    from rotary.experiments.rows import Measurements, PasskeyRow, PerplexityRow
+    from rotary.tools.experiments.rows import Measurements, PasskeyRow, PerplexityRow
 
     out = Measurements()
     for (model, scaling, mode), values in table.items():

@@ -13,8 +13,10 @@ import pytest
 import torch
 
 from helpers import run_cli
-from rotary import bench
-from rotary.cli import main
+from rotary.tools import bench
+from rotary.tools.bench import runner
+from rotary.tools.bench.table import format_table
+from rotary.tools.cli import main
 
 
 def run_bench(*args: str) -> subprocess.CompletedProcess:
@@ -48,7 +50,7 @@ def test_json_output_and_extra_cases(tmp_path):
     cases.write_text(
         textwrap.dedent(
             """
-            from rotary import bench
+            from rotary.tools import bench
 
             bench.register_method(bench.Method("extra: q.add_(0)", lambda i: lambda: i.q.add_(0.0)))
 
@@ -164,11 +166,11 @@ def test_slower_methods_are_called_slower():
 
 
 def test_unknown_suite_is_an_error_listing_the_registered_ones(monkeypatch, tmp_path, capsys):
-    from rotary.bench import harness
+    from rotary.tools.bench import harness
 
     monkeypatch.setattr(harness, "SUITES", {})
     cases = tmp_path / "cases.py"
-    cases.write_text("from rotary import bench\nbench.register_suite('mine', lambda options: [])\n")
+    cases.write_text("from rotary.tools import bench\nbench.register_suite('mine', lambda options: [])\n")
     assert main(["bench", "--quick", "--no-memory", "--cases", str(cases), "--suites", "nosuch"]) == 2
     err = capsys.readouterr().err
     assert err == "rotary bench: error: --suites: unknown suite 'nosuch'; registered suites: mine\n"
@@ -187,7 +189,7 @@ def test_a_cases_file_that_raises_is_one_line(tmp_path, capsys):
 def test_decode_suite_and_the_training_rows():
     import argparse
 
-    from rotary.bench import harness, methods
+    from rotary.tools.bench import methods
 
     rows = methods.decode_suite(argparse.Namespace(quick=False, repeats=1, dtypes="fp32", suites=None))
     assert [r.method for r in rows][-1] == "HF eager apply_rotary_pos_emb" and len(rows) == 5
@@ -203,7 +205,7 @@ def test_decode_suite_and_the_training_rows():
         bench.Result("g", methods.TWO_COPIES, True, 4.0, 1),
         bench.Result("g", methods.INPLACE_TRAINING, True, 2.5, 1),
     ]
-    harness._group_ratios(results)
+    runner._group_ratios(results)
     assert results[-1].ratios["x in-place pass"] == 2.5 and results[-1].ratios["x copy"] == 2.5 / 4.0
     assert results[1].ratios["x copy"] == 1.0
 
@@ -213,7 +215,7 @@ def test_without_the_baselines_packages_their_rows_are_skipped_with_one_line(mon
     import argparse
     import sys
 
-    from rotary.bench import methods
+    from rotary.tools.bench import methods
 
     monkeypatch.setitem(sys.modules, "transformers", None)
     monkeypatch.setitem(sys.modules, "rotary_embedding_torch", None)
@@ -234,7 +236,7 @@ def test_without_the_baselines_packages_their_rows_are_skipped_with_one_line(mon
 def test_harness_owns_the_shared_row_names_and_does_not_import_methods():
     """``methods`` imports ``harness``: the row names the ratios use live in ``harness``, which does not
     import ``methods`` back."""
-    from rotary.bench import harness, methods
+    from rotary.tools.bench import harness, methods
 
     assert (harness.TWO_COPIES, harness.INPLACE_TRAINING) == (methods.TWO_COPIES, methods.INPLACE_TRAINING)
     assert "from .methods" not in Path(harness.__file__).read_text()
@@ -244,7 +246,7 @@ def test_harness_owns_the_shared_row_names_and_does_not_import_methods():
 def test_compiled_module_row_runs_the_module_and_matches_it():
     import torch
 
-    from rotary.bench import harness, methods
+    from rotary.tools.bench import harness, methods
 
     names = {(m.name, m.backward) for m in bench.METHODS}
     for backward in (False, True):
@@ -260,7 +262,7 @@ def test_a_prepared_call_is_timed_without_its_preparation():
     (here 2 ms) inside; the same call unprepared is timed with its sleep."""
     import time
 
-    from rotary.bench import harness
+    from rotary.tools.bench import harness
 
     def prepare():
         time.sleep(0.02)
@@ -279,7 +281,7 @@ def test_the_training_step_rows_time_the_rotation_alone_with_the_out_of_place_gr
     gradient per input (the backward never writes into the gradient it receives) and, out of place,
     the two outputs; the leaves' gradients are exactly those of the out-of-place path with output
     gradients the caller holds."""
-    from rotary.bench import harness, methods
+    from rotary.tools.bench import harness, methods
 
     name = methods.INPLACE_TRAINING if inplace else methods.OUT_OF_PLACE_TRAINING
     inp = harness.make_inputs(harness.Shape("t", 2, 4, 2, 16, 64), torch.float32)
@@ -298,7 +300,7 @@ def test_the_training_step_rows_time_the_rotation_alone_with_the_out_of_place_gr
 
 
 def test_the_training_limit_row_passes_over_fresh_copies_and_is_their_ratio():
-    from rotary.bench import harness, methods
+    from rotary.tools.bench import harness, methods
 
     inp = harness.make_inputs(harness.Shape("t", 2, 4, 2, 16, 64), torch.float32)
     row = next(m for m in bench.METHODS if (m.name, m.backward) == (methods.TRAINING_PASSES, True))
@@ -312,9 +314,9 @@ def test_the_training_limit_row_passes_over_fresh_copies_and_is_their_ratio():
         bench.Result("g", methods.INPLACE_TRAINING, True, 3.0, 1),
         bench.Result("g", methods.TWO_COPIES, True, 4.0, 1),
     ]
-    harness._group_ratios(results)
+    runner._group_ratios(results)
     assert results[1].ratios["x fresh passes"] == 1.5 and "x fresh passes" not in results[2].ratios
-    assert "x fresh passes (training step)" in harness.format_table({"cpu": "c", "logical_cpus": 1, "torch": "t", "torch_threads": 1}, results)
+    assert "x fresh passes (training step)" in format_table({"cpu": "c", "logical_cpus": 1, "torch": "t", "torch_threads": 1}, results)
 
 def test_the_training_step_overhead_script_times_its_three_steps(capsys):
     import importlib.util
@@ -348,7 +350,7 @@ def test_the_kernel_vs_pass_script_times_the_kernel_and_the_pass(capsys):
 
 
 # --device cuda -----------------------------------------------------------------------------------
-# The GPU path's timers take a backend (rotary.bench.cuda.CudaBackend on a GPU); here a CPU stand-in
+# The GPU path's timers take a backend (rotary.tools.bench.cuda.CudaBackend on a GPU); here a CPU stand-in
 # with the same methods: events read a clock (virtual seconds that the timed calls advance, or
 # perf_counter), a "graph" replays the captured calls, synchronisations are counted.
 
@@ -397,7 +399,7 @@ class _Graph:
 
 
 class StandIn:
-    """A CPU stand-in for :class:`rotary.bench.cuda.CudaBackend`. ``refuse``: a predicate on the call;
+    """A CPU stand-in for :class:`rotary.tools.bench.cuda.CudaBackend`. ``refuse``: a predicate on the call;
     capturing a call it accepts raises what a host read inside a CUDA-graph capture raises."""
 
     def __init__(self, clock=None, refuse=lambda call: False, sync_sleep: float = 0.0) -> None:
@@ -431,7 +433,7 @@ class StandIn:
 def stand_in(monkeypatch):
     """``--device cuda`` runs on the CPU through the stand-in (inputs stay on the CPU); the timing
     targets are shortened so a run takes seconds."""
-    from rotary.bench import cuda
+    from rotary.tools.bench import cuda
 
     backend = StandIn()
     monkeypatch.setattr(cuda, "open_backend", lambda device: backend)
@@ -441,7 +443,7 @@ def stand_in(monkeypatch):
 
 
 def test_the_device_option_defaults_to_cpu_and_takes_cpu_or_cuda(capsys):
-    from rotary.cli import build_parser
+    from rotary.tools.cli import build_parser
 
     args = build_parser().parse_args(["bench"])
     assert args.device == "cpu" and args.dtypes is None
@@ -476,7 +478,7 @@ def test_suites_and_cpu_shapes_are_refused_with_device_cuda(stand_in, capsys):
 
 
 def test_graph_time_is_one_replay_divided_by_the_calls_it_holds():
-    from rotary.bench import cuda
+    from rotary.tools.bench import cuda
 
     clock = _VirtualClock()
     backend = StandIn(clock)
@@ -496,7 +498,7 @@ def test_graph_time_is_one_replay_divided_by_the_calls_it_holds():
 def test_the_host_loop_synchronises_once_before_and_once_after_inside_the_timed_region():
     """With a synchronisation that takes 20 ms, 10 calls of nothing take 2 ms each: the final sync
     is timed once for the loop (per call it would be 20 ms each; never timed, ~0)."""
-    from rotary.bench import cuda
+    from rotary.tools.bench import cuda
 
     backend = StandIn(sync_sleep=0.02)
     per_call = cuda.host_loop_seconds(lambda: None, 10, backend)
@@ -507,7 +509,7 @@ def test_the_host_loop_synchronises_once_before_and_once_after_inside_the_timed_
 def test_the_host_loop_times_a_sleeping_call():
     import time
 
-    from rotary.bench import cuda
+    from rotary.tools.bench import cuda
 
     backend = StandIn()
     per_call = cuda.host_loop_seconds(lambda: time.sleep(2e-3), 5, backend)
@@ -515,7 +517,7 @@ def test_the_host_loop_times_a_sleeping_call():
 
 
 def test_a_prepared_call_is_timed_on_the_device_without_its_preparation():
-    from rotary.bench import cuda, harness
+    from rotary.tools.bench import cuda, harness
 
     clock = _VirtualClock()
     backend = StandIn(clock)
@@ -530,7 +532,7 @@ def test_a_prepared_call_is_timed_on_the_device_without_its_preparation():
 
 
 def test_time_on_device_captures_notes_what_cannot_be_captured_and_goes_on_after_a_failure(monkeypatch):
-    from rotary.bench import cuda, harness
+    from rotary.tools.bench import cuda, harness
 
     monkeypatch.setattr(cuda, "TARGET_S", 1.0)  # as many calls per graph as allowed
     clock = _VirtualClock()
@@ -567,7 +569,7 @@ def test_time_on_device_captures_notes_what_cannot_be_captured_and_goes_on_after
 
 
 def test_a_row_that_fails_while_timed_keeps_its_capture_note():
-    from rotary.bench import cuda
+    from rotary.tools.bench import cuda
 
     state = {"calls": 0}
 
@@ -604,10 +606,9 @@ _GPU_MACHINE = {
 
 
 def test_gpu_rows_as_markdown_have_both_times_the_ratio_and_the_note():
-    from rotary.bench import harness
 
     rows = _gpu_results()
-    harness._device_ratios(rows, inplace=set())
+    runner._device_ratios(rows, inplace=set())
     text = bench.format_table(_GPU_MACHINE, rows, markdown=True)
     assert text.splitlines() == [
         "machine: NVIDIA H100 80GB HBM3 (CUDA 13.0), torch 2.11.0+cu130, triton 3.6.0; host Intel Xeon, 16 logical CPUs",
@@ -630,7 +631,7 @@ def test_gpu_rows_as_markdown_have_both_times_the_ratio_and_the_note():
 
 
 def test_gpu_ratios_divide_by_the_limit_measured_the_same_way():
-    from rotary.bench import harness, methods
+    from rotary.tools.bench import methods
 
     R = bench.Result
     rows = [
@@ -645,7 +646,7 @@ def test_gpu_ratios_divide_by_the_limit_measured_the_same_way():
         R("g", methods.TRAINING_PASSES, True, 5.0, 1, gpu_timing="per call"),
         R("g", methods.INPLACE_TRAINING, True, 6.0, 1, gpu_timing="per call"),
     ]
-    harness._device_ratios(rows, inplace={("in place", False), (methods.INPLACE_PASS, False)})
+    runner._device_ratios(rows, inplace={("in place", False), (methods.INPLACE_PASS, False)})
     ratios = {r.method: r.ratios.get("x copy") for r in rows}
     assert ratios == {
         methods.INPLACE_PASS: 1.0, methods.COPY: 1.0, "in place": 1.5, "out of place": 1.5, "not captured": None,
@@ -657,11 +658,11 @@ def test_gpu_ratios_divide_by_the_limit_measured_the_same_way():
 def test_the_cpu_run_has_the_cpu_methods_only_and_the_same_inputs():
     import argparse
 
-    from rotary.bench import harness
+    from rotary.tools.bench import harness
 
     options = argparse.Namespace(quick=False, compile=False, no_compile=False)
-    cpu = {m.name for m in harness._selected_methods(options, "cpu")}
-    gpu = {m.name for m in harness._selected_methods(options, "cuda")}
+    cpu = {m.name for m in runner._selected_methods(options, "cpu")}
+    gpu = {m.name for m in runner._selected_methods(options, "cuda")}
     assert "rope(q, k, position_ids=device ids)" not in cpu and "Liger rope (LigerRopeFunction)" not in cpu
     assert {"rotary pure-torch path", "complex form (Meta LLaMA)", "rotary-embedding-torch 0.9.1"} <= cpu - gpu
     assert {"rope(q, k, position_ids=device ids)", "flash-attn Triton rotary, out of place"} <= gpu - cpu
@@ -678,7 +679,7 @@ def test_the_cpu_run_has_the_cpu_methods_only_and_the_same_inputs():
 
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_flash_attn_half_width_tables_are_one_value_per_pair(interleaved):
-    from rotary.bench import harness, methods
+    from rotary.tools.bench import harness, methods
 
     inp = harness.make_inputs(harness.Shape("t", 2, 4, 2, 3, 16, start=5), torch.bfloat16, interleaved=interleaved)
     cos, sin = methods._half_width(inp)
@@ -691,7 +692,7 @@ def _check_gpu_rows_rotate_like_rope(device: str, interleaved: bool, compiled: b
     """Every forward row of the GPU groups that can run here rotates q and k as ``rope(q, k)`` at the
     group's positions (the rows compare like with like); returns the rows checked. ``compiled=False``
     leaves out the ``torch.compile`` rows (their compilation is most of the time)."""
-    from rotary.bench import harness
+    from rotary.tools.bench import harness
 
     shape = harness.Shape("t", 2, 4, 2, 3, 64, start=7)
     checked = []
@@ -729,7 +730,7 @@ def test_device_cuda_runs_every_group_through_the_gpu_path(stand_in, monkeypatch
     """``--device cuda --quick`` end to end on the stand-in: every GPU group, both times per row,
     the GPU rows, half-pairing baselines only in half-pairing groups, fwd+bwd rows only in the training
     group, and a baseline that fails (to set up, or to run) is a row with a note, not the end of the run."""
-    from rotary.bench import harness
+    from rotary.tools.bench import harness
 
     def explode():
         raise RuntimeError("kernel exploded")
@@ -825,7 +826,7 @@ def test_cuda_bench_quick_end_to_end():
 
 
 def test_a_group_whose_inputs_cannot_be_made_is_one_row_and_the_others_run(stand_in, monkeypatch, capsys):
-    from rotary.bench import harness
+    from rotary.tools.bench import harness
 
     made = harness.make_inputs
 

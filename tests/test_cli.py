@@ -21,7 +21,7 @@ import pytest
 
 from helpers import FIXTURES, ROOT, leaf_parsers, run_cli
 from rotary import analysis
-from rotary.cli import main
+from rotary.tools.cli import main
 
 
 def run(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -81,7 +81,7 @@ def test_verify_reports_every_check(tmp_path):
 
 
 def test_verify_exits_1_when_a_check_fails(monkeypatch, capsys):
-    from rotary.commands import verify as verify_cmd
+    from rotary.tools.commands import verify as verify_cmd
 
     monkeypatch.setattr(verify_cmd, "verify", lambda *a, **k: [analysis.Check("broken", 1.0, 0.0)])
     assert main(["verify", "--head-dim", "8"]) == 1
@@ -499,7 +499,7 @@ def test_verify_checks_every_layer_type(config, capsys, monkeypatch):
     one = json.loads(capsys.readouterr().out)
     assert one["layer_type"] == "full_attention" and "rope_type='linear'" in one["rope"]
     # one failing layer type fails the command
-    from rotary.commands import verify as verify_cmd
+    from rotary.tools.commands import verify as verify_cmd
 
     real = verify_cmd.verify
     monkeypatch.setattr(
@@ -649,7 +649,7 @@ def test_report_into_an_existing_file_is_an_error(tmp_path, capsys):
 def test_plot_into_a_read_only_directory(tmp_path, capsys, monkeypatch):
     """The permission check itself (root may write anywhere, so the permission answer is simulated;
     the /proc cases in BAD are real failures)."""
-    import rotary.commands.common as common
+    import rotary.tools.commands.common as common
 
     locked = tmp_path / "locked"
     locked.mkdir()
@@ -706,7 +706,7 @@ def test_every_subcommand_help_has_a_one_line_summary_and_an_example_that_parses
     import shlex
 
     from helpers import leaf_parsers
-    from rotary.cli import EXAMPLES, build_parser
+    from rotary.tools.cli import EXAMPLES, build_parser
 
     leaves = leaf_parsers()
     assert set(EXAMPLES) == set(leaves)

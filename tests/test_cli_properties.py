@@ -27,9 +27,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from helpers import leaf_parsers
-from rotary.bench import harness
-from rotary.cli import main
 from rotary.rope_types import ROPE_TYPES
+from rotary.tools.bench import harness
+from rotary.tools.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -233,7 +233,7 @@ def run_in_process(argv: list[str]) -> tuple[int, str]:
         os.chdir(work)
         try:
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err), \
-                    mock.patch("rotary.experiments.run.train_model", side_effect=ReachedTraining):
+                    mock.patch("rotary.tools.experiments.run.train_model", side_effect=ReachedTraining):
                 try:
                     status = main(argv)
                 except SystemExit as exc:  # argparse: --help (0) and usage errors (2)

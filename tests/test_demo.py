@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 from helpers import cli_env, run_cli
-from rotary.cli import main
+from rotary.tools.cli import main
 
 
 def run(*args):
@@ -37,7 +37,7 @@ def test_an_error_rotary_did_not_raise_keeps_its_traceback(monkeypatch, capsys):
     import pytest
     import torch
 
-    from rotary.commands import demo
+    from rotary.tools.commands import demo
 
     def torch_bug(args):
         return torch.ones(2) + "a"  # TypeError raised inside torch

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from rotary.cli import build_parser, main
+from rotary.tools.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -40,6 +40,7 @@ NOT_RUN = {
     "rotary experiment --study base": "trains ten RoPE models at the default preset, minutes",
     "rotary experiment --study transfer": "trains ten models at the default preset, minutes",
     "make test": "runs this test suite",
+    "make bench": "times every benchmark group, minutes",
     ".venv/bin/python benchmarks/write_experiment_docs.py runs/experiment-20261122T130426Z": (
         "needs a finished default run; tests/experiments/test_run.py runs it on a tiny run, into a copy of the docs"
     ),
@@ -131,8 +132,8 @@ def test_the_docs_have_code_to_check():
 def registries_restored():
     """A block may register a rope_type, a position encoding or a benchmark; the rest of the suite must not see it."""
     from rotary import rope_types
-    from rotary.bench import harness
     from rotary.models import decoder
+    from rotary.tools.bench import harness
 
     # (ROPE_INIT_FUNCTIONS is a view of ROPE_TYPES)
     saved = [(d, copy.copy(d)) for d in (rope_types.ROPE_TYPES, decoder.POSITION_ENCODINGS, harness.SUITES)]

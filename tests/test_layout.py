@@ -1,11 +1,16 @@
-"""The layout users import from: old module paths keep working after the moves (issue: a codebase a
-newcomer can hold in their head)."""
+"""The layout users import from: old module paths keep working after the moves, and the tools (rotary/tools/)
+stay apart from the library (issue: a codebase a newcomer can hold in their head)."""
 
 from __future__ import annotations
 
+import ast
 import importlib
+import subprocess
+import sys
+from pathlib import Path
 
 import rotary
+from rotary.tools import OLD_PATHS
 
 
 def test_old_module_paths_keep_working():
@@ -18,3 +23,83 @@ def test_old_module_paths_keep_working():
     assert apply_rotary is rotary.apply_rotary and rotate is rotary.rotate
     assert read_hf_config is rotary.hf_config.read_hf_config
     assert shares_elements is rotary.kernels.overlap.shares_elements
+
+
+# ---- the tools apart from the library --------------------------------------------------------------
+SRC = Path(rotary.__file__).resolve().parent
+TOOLS = SRC / "tools"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import in one file, deferred ones inside functions included, relative
+    ones resolved; ``from a import b`` gives both ``a`` and ``a.b``."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            parts = package.split(".")
+            base = ".".join(parts[: len(parts) - node.level + 1]) if node.level else ""
+            module = ".".join(p for p in (base, node.module or "") if p)
+            found += [(node.lineno, module)] + [(node.lineno, f"{module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def test_old_tool_paths_give_the_modules_under_rotary_tools():
+    for old, new in OLD_PATHS.items():
+        assert importlib.import_module(old) is importlib.import_module(new), old
+    assert importlib.import_module("rotary.experiments.config") is importlib.import_module(
+        "rotary.tools.experiments.config"
+    )
+    assert (
+        importlib.import_module("rotary.bench.harness").METHODS is importlib.import_module("rotary.tools.bench").METHODS
+    )
+    from rotary import bench
+    from rotary.cli import main
+    from rotary.experiments import run_experiment
+
+    assert bench is rotary.tools.bench and main is rotary.tools.cli.main
+    assert importlib.import_module("rotary.commands.common").Configuration is rotary.tools.commands.common.Configuration
+    assert run_experiment is rotary.tools.experiments.run.run_experiment
+
+
+def test_the_library_imports_nothing_from_the_tools():
+    """Everything outside rotary/tools/ is the library: no import of rotary.tools, not even deferred inside a
+    function. The exceptions are the entry point ``python -m rotary`` and the old paths of the tools."""
+    entry_points = {"rotary.__main__", *OLD_PATHS}
+    library = [p for p in sorted(SRC.rglob("*.py")) if TOOLS not in p.parents and _module_name(p) not in entry_points]
+    assert len(library) > 40
+    found = [
+        f"{_module_name(path)}:{line} imports {module}"
+        for path in library
+        for line, module in _imported(path)
+        if module == "rotary.tools" or module.startswith("rotary.tools.")
+    ]
+    assert not found, found
+    for old in OLD_PATHS:  # the old paths hold nothing but the alias
+        source = (SRC / f"{old.split('.')[-1]}.py").read_text()
+        assert len(source.splitlines()) < 10 and "install_old_path" in source, old
+
+
+def test_importing_and_using_the_library_loads_no_tool():
+    code = (
+        "import sys, torch, rotary\n"
+        "q = torch.randn(1, 2, 4, 8)\n"
+        "rotary.RoPE(8)(q, q)\n"
+        "import rotary.analysis, rotary.hf, rotary.models, rotary.nn\n"
+        "print([m for m in sys.modules if m.startswith('rotary.tools')])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_no_tool_module_is_longer_than_600_lines():
+    long = {_module_name(p): n for p in TOOLS.rglob("*.py") if (n := len(p.read_text().splitlines())) > 600}
+    assert not long, f"split these along their ideas: {long}"

@@ -15,8 +15,8 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from rotary import bench
 from rotary.models import Decoder, DecoderConfig
+from rotary.tools import bench
 
 #: not a preset's shape: between the experiment's `default` preset (width 128, 2 layers, 4 heads) and its `large`
 #: preset (width 512, 8 layers, 8 heads), with the byte vocabulary they share; big enough that both implementations

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-from rotary import bench, hf
+from rotary import hf
+from rotary.tools import bench
 
 _spec = importlib.util.spec_from_file_location(
     "bench_hf_patch", Path(__file__).resolve().parents[1] / "bench_hf_patch.py"

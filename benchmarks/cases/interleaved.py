@@ -6,7 +6,7 @@ same: compare with "rotary fused, in place" in the same group.
 """
 
 import rotary
-from rotary import bench
+from rotary.tools import bench
 
 
 def make(inputs: bench.Inputs):

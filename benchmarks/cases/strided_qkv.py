@@ -6,7 +6,7 @@ strided views cost no `.contiguous()` copy: compare with "rotary fused, in place
 
 import torch
 
-from rotary import bench
+from rotary.tools import bench
 
 
 def make(inputs: bench.Inputs):

@@ -3,14 +3,14 @@
 # hf, models, nn: layers and models built on RoPE (rotary.hf imports transformers only inside patch())
 from . import analysis, deferred, errors, hf, models, nn, positions, qk_norm, reference, variants
 from .deferred import check_device_errors
-from .errors import DeviceInputError, InputError
+from .errors import ConfigError, DeviceInputError, InputError, InputTypeError
 from .frequencies import Frequencies, frequencies
 from .functional import apply_rotary, apply_rotary_, apply_rotary_kv_, apply_rotary_qkv_, check_tables
 from .pairing import permute_qk_weight, to_half, to_interleaved
 from .positions import Positions
 from .qk_norm import rmsnorm_rotate
 from .rope import RoPE
-from .rope_types import ROPE_INIT_FUNCTIONS, ROPE_TYPES, ConfigError, register_rope_type
+from .rope_types import ROPE_INIT_FUNCTIONS, ROPE_TYPES, register_rope_type
 from .rotation import rotate
 from .serving import rotate_and_cache
 from .tables import RotaryTables
@@ -23,6 +23,7 @@ __all__ = [
     "ConfigError",
     "DeviceInputError",
     "InputError",
+    "InputTypeError",
     "ROPE_INIT_FUNCTIONS",
     "ROPE_TYPES",
     "Frequencies",

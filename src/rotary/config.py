@@ -1,6 +1,6 @@
 """Old path of :mod:`rotary.hf_config` (reading Hugging Face configs): importing ``rotary.config`` gives
 that module itself, so ``from rotary.config import read_hf_config`` and patches of its names keep working.
-(The experiment's settings are :mod:`rotary.experiments.config`.)"""
+(The experiment's settings are :mod:`rotary.tools.experiments.config`.)"""
 
 import sys
 

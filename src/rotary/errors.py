@@ -1,17 +1,40 @@
 """The exception types of bad input: what the caller must change, as opposed to a bug in rotary.
 
-:class:`InputError` is a ``ValueError`` (code that catches ``ValueError`` keeps working);
-:class:`DeviceInputError` is bad input found on an accelerator by a deferred check
-(:mod:`rotary.deferred`) and raised at the next :func:`rotary.check_device_errors`.
+Every check in rotary raises one of these; anything else (a ``RuntimeError``, or a ``ValueError`` from
+inside torch) is a bug, in rotary or below it. The ``rotary`` command prints an :class:`InputError` as one
+line and exits with status 2, and shows the traceback of anything else.
+
+- :class:`InputError` is a ``ValueError`` (code that catches ``ValueError`` keeps working);
+- :class:`InputTypeError` is an argument of the wrong type, and also a ``TypeError``;
+- :class:`ConfigError` is a RoPE configuration (a scaling block, a Hugging Face config) that cannot be right;
+- :class:`DeviceInputError` is bad input found on an accelerator by a deferred check
+  (:mod:`rotary.deferred`) and raised at the next :func:`rotary.check_device_errors`.
+
+Example:
+    >>> import rotary
+    >>> try:
+    ...     rotary.RoPE(64, scaling={"rope_type": "linear"})
+    ... except rotary.InputError as exc:
+    ...     print(type(exc).__name__, "-", exc)  # doctest: +ELLIPSIS
+    ConfigError - rope_type 'linear' needs the key(s) ['factor']; add them to the scaling block; ...
 """
 
 from __future__ import annotations
 
-__all__ = ["InputError", "DeviceInputError"]
+__all__ = ["InputError", "InputTypeError", "ConfigError", "DeviceInputError"]
 
 
 class InputError(ValueError):
     """Bad input to rotary; the message names the offending value and what to change."""
+
+
+class InputTypeError(InputError, TypeError):
+    """An argument of the wrong type (a list where a tensor is needed, a string for a flag): an
+    :class:`InputError` that ``except TypeError`` also catches."""
+
+
+class ConfigError(InputError):
+    """A RoPE configuration that cannot be right; the message names the value and the fix."""
 
 
 class DeviceInputError(InputError):

@@ -8,11 +8,11 @@ import dataclasses
 import pytest
 
 from helpers import experiment_rows
-from rotary.experiments.claims import CLAIMS, Assessment, assess, claims_table
-from rotary.experiments.config import ExperimentConfig
-from rotary.experiments.plan import model_specs
-from rotary.experiments.results import Results
-from rotary.experiments.rows import Measurements
+from rotary.tools.experiments.claims import CLAIMS, Assessment, assess, claims_table
+from rotary.tools.experiments.config import ExperimentConfig
+from rotary.tools.experiments.plan import model_specs
+from rotary.tools.experiments.results import Results
+from rotary.tools.experiments.rows import Measurements
 
 L = 128
 LENGTHS = [L, 2 * L, 4 * L, 8 * L]

@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from rotary.cli import main
-from rotary.commands.common import positive_float
-from rotary.commands.experiment import SETTINGS, _float, _float_list
-from rotary.experiments.config import PRESETS, ExperimentConfig, ExperimentError
+from rotary.tools.cli import main
+from rotary.tools.commands.common import positive_float
+from rotary.tools.commands.experiment import SETTINGS, _float, _float_list
+from rotary.tools.experiments.config import PRESETS, ExperimentConfig, ExperimentError
 
 FLOAT_FLAGS = [name for name, (kind, _) in SETTINGS.items() if kind in (_float, positive_float, _float_list)]
 FLOAT_FIELDS = [f.name for f in dataclasses.fields(ExperimentConfig) if f.type in ("float", "tuple[float, ...]")]
@@ -43,9 +43,10 @@ def test_non_finite_settings_are_refused_by_validate(name, value):
 
 
 def test_precision_and_compile_flags_reach_the_config_and_its_command():
-    from rotary.cli import build_parser
-    from rotary.commands.experiment import config_from_args
-    from rotary.experiments.config import command_line
+    from rotary.tools.commands.experiment import config_from_args
+    from rotary.tools.experiments.config import command_line
+
+    from rotary.tools.cli import build_parser
 
     args = build_parser().parse_args(["experiment", "--preset", "tiny", "--precision", "bf16", "--compile", "on"])
     config = config_from_args(args)

@@ -7,8 +7,8 @@ import sysconfig
 import pytest
 import torch
 
-from rotary.experiments.config import PRESETS, ExperimentConfig, ExperimentError
-from rotary.experiments.data import (
+from rotary.tools.experiments.config import PRESETS, ExperimentConfig, ExperimentError
+from rotary.tools.experiments.data import (
     evaluation_tokens,
     first_invalid_utf8,
     load_corpus,
@@ -18,8 +18,8 @@ from rotary.experiments.data import (
     training_batch,
     windows,
 )
-from rotary.experiments.passkey import QUESTION
-from rotary.experiments.sources import read_sources
+from rotary.tools.experiments.passkey import QUESTION
+from rotary.tools.experiments.sources import read_sources
 
 
 def tiny(**overrides) -> ExperimentConfig:

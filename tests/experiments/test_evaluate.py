@@ -8,9 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rotary.experiments.config import PRESETS, SCALINGS, ExperimentConfig
-from rotary.experiments.data import evaluation_tokens, load_corpus, sliding_starts, windows
-from rotary.experiments.evaluate import (
+from rotary.models import POSITION_ENCODINGS, Decoder
+from rotary.tools.experiments.config import PRESETS, SCALINGS, ExperimentConfig
+from rotary.tools.experiments.data import evaluation_tokens, load_corpus, sliding_starts, windows
+from rotary.tools.experiments.evaluate import (
     EvaluationText,
     eval_rows,
     evaluate_model,
@@ -24,11 +25,10 @@ from rotary.experiments.evaluate import (
     token_losses,
     uses_rope,
 )
-from rotary.experiments.passkey import KEY_DIGITS, make_trials, passkey_accuracy
-from rotary.experiments.plan import model_specs
-from rotary.experiments.progress import Reporter
-from rotary.experiments.train import build_model, decoder_config
-from rotary.models import POSITION_ENCODINGS, Decoder
+from rotary.tools.experiments.passkey import KEY_DIGITS, make_trials, passkey_accuracy
+from rotary.tools.experiments.plan import model_specs
+from rotary.tools.experiments.progress import Reporter
+from rotary.tools.experiments.train import build_model, decoder_config
 
 CFG = ExperimentConfig(**{**PRESETS["tiny"], "device": "cpu"})
 L = CFG.train_length

@@ -5,7 +5,7 @@ import re
 import pytest
 import torch
 
-from rotary.experiments.passkey import (
+from rotary.tools.experiments.passkey import (
     FILLER,
     KEY_DIGITS,
     NEEDLE,

@@ -3,7 +3,7 @@
 import io
 
 from helpers import run_cli
-from rotary.experiments.progress import Reporter
+from rotary.tools.experiments.progress import Reporter
 
 
 class Clock:
@@ -18,7 +18,7 @@ class Clock:
 
 
 def test_plain_lines_when_not_a_terminal(monkeypatch):
-    monkeypatch.setattr("rotary.experiments.progress.time.perf_counter", Clock())
+    monkeypatch.setattr("rotary.tools.experiments.progress.time.perf_counter", Clock())
     out = io.StringIO()
     reporter = Reporter(stream=out)
     assert not reporter.interactive  # a StringIO is no terminal

@@ -8,13 +8,13 @@ import math
 import pytest
 
 from helpers import experiment_rows
-from rotary.experiments.claims import CLAIMS, assess
-from rotary.experiments.config import ExperimentConfig
-from rotary.experiments.figures import draw_figures
-from rotary.experiments.plan import model_specs
-from rotary.experiments.report import observations, render_table, report_markdown, spread_table, summary_table
-from rotary.experiments.results import Results
-from rotary.experiments.rows import Measurements, PositionRow, RetrievalRow, csv_text
+from rotary.tools.experiments.claims import CLAIMS, assess
+from rotary.tools.experiments.config import ExperimentConfig
+from rotary.tools.experiments.figures import draw_figures
+from rotary.tools.experiments.plan import model_specs
+from rotary.tools.experiments.report import observations, render_table, report_markdown, spread_table, summary_table
+from rotary.tools.experiments.results import Results
+from rotary.tools.experiments.rows import Measurements, PositionRow, RetrievalRow, csv_text
 
 L = 128
 LENGTHS = [L, 2 * L, 4 * L, 8 * L]

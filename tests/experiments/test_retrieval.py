@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from rotary.experiments.config import PRESETS, ExperimentConfig
-from rotary.experiments.data import load_corpus
-from rotary.experiments.retrieval import ALPHABET, PREFIX, longest_distance, make_trials, retrieval_scores
 from rotary.models import Decoder, DecoderConfig
+from rotary.tools.experiments.config import PRESETS, ExperimentConfig
+from rotary.tools.experiments.data import load_corpus
+from rotary.tools.experiments.retrieval import ALPHABET, PREFIX, longest_distance, make_trials, retrieval_scores
 
 CFG = ExperimentConfig(**{**PRESETS["tiny"], "device": "cpu"})
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rotary.cli import main
-from rotary.experiments.config import EXTEND_SCALINGS, PRESETS, SCALINGS, default_encodings
+from rotary.tools.cli import main
+from rotary.tools.experiments.config import EXTEND_SCALINGS, PRESETS, SCALINGS, default_encodings
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -391,12 +391,12 @@ def test_write_experiment_docs_writes_a_study_page_and_leaves_the_readme(tmp_pat
 
 
 def test_the_library_never_imports_the_command_line():
-    """rotary.cli and rotary.commands build on the library, never the other way round: no module
+    """rotary.tools.cli and rotary.tools.commands build on the library, never the other way round: no module
     outside them imports them, not even lazily inside a function."""
     import ast
 
     package = ROOT / "src" / "rotary"
-    command_line = ("rotary.cli", "rotary.commands")
+    command_line = ("rotary.tools.cli", "rotary.tools.commands")
     found = []
     for path in sorted(package.rglob("*.py")):
         parts = path.relative_to(package.parent).with_suffix("").parts  # ("rotary", "experiments", "run")

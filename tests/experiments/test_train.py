@@ -13,13 +13,14 @@ import pytest
 import torch
 
 from helpers import cli_env
-from rotary.cli import main
-from rotary.experiments import train as train_module
-from rotary.experiments.config import PRESETS, ExperimentConfig
-from rotary.experiments.data import load_corpus, training_batch
-from rotary.experiments.plan import model_specs
-from rotary.experiments.progress import Reporter
-from rotary.experiments.train import (
+from rotary.models import position_state_names
+from rotary.tools.cli import main
+from rotary.tools.experiments import train as train_module
+from rotary.tools.experiments.config import PRESETS, ExperimentConfig
+from rotary.tools.experiments.data import load_corpus, training_batch
+from rotary.tools.experiments.plan import model_specs
+from rotary.tools.experiments.progress import Reporter
+from rotary.tools.experiments.train import (
     COMPILE_MIN_STEPS,
     Distributed,
     ForwardBackward,
@@ -32,7 +33,6 @@ from rotary.experiments.train import (
     start_model,
     train_model,
 )
-from rotary.models import position_state_names
 
 CFG = ExperimentConfig(**{**PRESETS["tiny"], "device": "cpu"})
 SPECS = {s.name: s for s in model_specs(CFG)}
@@ -234,7 +234,7 @@ def test_every_collective_of_the_experiment_goes_through_distributed():
     import ast
     from pathlib import Path
 
-    import rotary.experiments as package
+    import rotary.tools.experiments as package
 
     collectives = {"all_reduce", "all_gather", "all_gather_object", "broadcast", "broadcast_object_list", "reduce",
                    "gather", "scatter", "barrier", "all_to_all", "reduce_scatter", "send", "recv"}

@@ -23,8 +23,8 @@ import json
 import os
 import sys
 
-import rotary.experiments.train as train
-from rotary.cli import main
+import rotary.tools.experiments.train as train
+from rotary.tools.cli import main
 
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 root = ""  # $PROBE_ROOT, resolved

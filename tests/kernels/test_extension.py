@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rotary.cli import main
 from rotary.kernels import extension
+from rotary.tools.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 

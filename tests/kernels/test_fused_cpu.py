@@ -145,7 +145,7 @@ def test_large_shape_uses_threads_and_matches():
 
 
 def test_inplace_allocates_nothing_of_the_inputs_size():
-    from rotary.bench import extra_peak_bytes
+    from rotary.tools.bench import extra_peak_bytes
 
     rope = rotary.RoPE(128, rotary_dim=64)
     q, k = torch.randn(1, 16, 1024, 128), torch.randn(1, 4, 1024, 128)  # 8 MiB + 2 MiB

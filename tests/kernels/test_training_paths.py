@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 
 import rotary
-from rotary.bench import allocations
 from rotary.kernels import extension, ops
 from rotary.models import Decoder, DecoderConfig
 from rotary.nn import RotaryAttention
+from rotary.tools.bench import allocations
 
 B, S, HQ, HK, D = 2, 64, 8, 2, 64
 

@@ -186,7 +186,7 @@ def test_rotary_inspect_names_the_nope_layers_and_the_temperature(tmp_path, caps
 
     import transformers
 
-    from rotary.cli import main
+    from rotary.tools.cli import main
 
     transformers.Llama4TextConfig(num_hidden_layers=8).save_pretrained(tmp_path)
     assert main(["inspect", str(tmp_path / "config.json"), "--max-position", "8192", "--json"]) == 0

@@ -47,7 +47,7 @@ def test_quoted_numbers():
 def test_rotary_plot_variants_writes_the_figures(tmp_path, capsys):
     import json
 
-    from rotary.cli import main
+    from rotary.tools.cli import main
 
     assert main(["plot", "variants", "-o", str(tmp_path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

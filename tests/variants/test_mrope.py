@@ -526,7 +526,7 @@ def test_hf_patch_generates_the_same_tokens():
 def test_rotary_inspect_shows_the_axis_of_every_pair(tmp_path, capsys):
     import json
 
-    from rotary.cli import main
+    from rotary.tools.cli import main
 
     transformers.Qwen2VLConfig().save_pretrained(tmp_path / "qwen2_vl")
     transformers.Qwen3VLConfig().save_pretrained(tmp_path / "qwen3_vl")

@@ -11,7 +11,7 @@ import torch
 
 from rotary import AxialRoPE, MRoPE, RoPEMixed
 from rotary.analysis import verify_axial, verify_mrope
-from rotary.cli import main
+from rotary.tools.cli import main
 from rotary.variants import PRESETS
 
 
@@ -141,7 +141,7 @@ def test_plot_learnable_recovers_the_teacher(capsys, tmp_path):
 def test_inspect_axial_preset_names_the_axis_of_every_pair(capsys):
     import json
 
-    from rotary.cli import main
+    from rotary.tools.cli import main
     from rotary.variants import AxialRoPE
 
     for name in ("pixtral", "cogvideox", "flux"):

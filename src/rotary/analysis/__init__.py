@@ -2,7 +2,7 @@
 position-precision limits, attention scores, a PCA of the position tables, and verification checks.
 
 Everything here returns plain tensors, dataclasses or dicts (JSON-ready through ``to_dict``); the
-figures in :mod:`rotary.plots` only draw what these functions compute, so tests can assert the
+figures in :mod:`rotary.tools.plots` only draw what these functions compute, so tests can assert the
 numbers without looking at pixels.
 """
 

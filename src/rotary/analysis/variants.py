@@ -1,5 +1,5 @@
 """The numbers behind the figures of the text variants: M-RoPE's slot layout, xPos's decay, p-RoPE's
-frequencies and Llama 4's NoPE temperature (drawn by :mod:`rotary.plots`, documented in docs/variants.md)."""
+frequencies and Llama 4's NoPE temperature (drawn by :mod:`rotary.tools.plots`, documented in docs/variants.md)."""
 
 from __future__ import annotations
 

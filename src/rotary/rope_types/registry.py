@@ -29,6 +29,7 @@ from typing import Any, Literal
 import torch
 
 from .._checks import check_bool, check_positive_int, is_int, is_number
+from ..errors import ConfigError
 
 __all__ = [
     "ConfigError",
@@ -44,10 +45,6 @@ __all__ = [
     "check_factor",
     "optional_number",
 ]
-
-
-class ConfigError(ValueError):
-    """A RoPE configuration that cannot be right; the message names the value and the fix."""
 
 
 RopeInitFn = Callable[[int, float, int, Mapping[str, Any], Any], "tuple[torch.Tensor, float]"]

@@ -108,7 +108,7 @@ def load_corpus(config: ExperimentConfig) -> Corpus:
     """Read, check and split the text ``config.data`` names.
 
     Raises:
-        ExperimentError: as :func:`~rotary.experiments.sources.read_sources`, or a text too short for
+        ExperimentError: as :func:`~rotary.tools.experiments.sources.read_sources`, or a text too short for
             one training batch and the evaluation (the message says how many bytes are needed).
     """
     text = read_sources(config.data)

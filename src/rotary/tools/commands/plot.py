@@ -49,7 +49,7 @@ def _announce(args: argparse.Namespace, files: list[Path], numbers: dict[str, An
 
 # the five figures: each returns (files, numbers) -------------------------------------------------
 def make_decay(out: Path, head_dim: int, base: float, max_distance: int, measured: bool, samples: int = 256):
-    from rotary import plots
+    from rotary.tools import plots
 
     distances = list(range(max_distance + 1))
     bound = analysis.decay_bound(head_dim, base, distances)
@@ -67,7 +67,7 @@ def make_decay(out: Path, head_dim: int, base: float, max_distance: int, measure
 
 
 def make_frequencies(out: Path, ropes: dict[str, RoPE], context: int | None):
-    from rotary import plots
+    from rotary.tools import plots
 
     series = {label: analysis.scaling_profile(r.freqs).wavelength for label, r in ropes.items()}
     fig = plots.plot_frequencies(series, context=context)
@@ -75,7 +75,7 @@ def make_frequencies(out: Path, ropes: dict[str, RoPE], context: int | None):
 
 
 def make_scaling(out: Path, rope: RoPE, context: int, seq_len: int | None = None, note: str = ""):
-    from rotary import plots
+    from rotary.tools import plots
 
     f = rope.freqs
     if seq_len is not None:
@@ -177,7 +177,7 @@ def _load_vector(path: str, head_dim: int) -> torch.Tensor:
 
 
 def make_scores(out: Path, rope: RoPE, seq_len: int, q: str | None = None, k: str | None = None, seed: int = 0):
-    from rotary import plots
+    from rotary.tools import plots
 
     d = rope.head_dim
     g = torch.Generator().manual_seed(seed)
@@ -195,7 +195,7 @@ def make_scores(out: Path, rope: RoPE, seq_len: int, q: str | None = None, k: st
 
 
 def make_positions(out: Path, rope: RoPE, seq_len: int):
-    from rotary import plots
+    from rotary.tools import plots
 
     coords, explained = analysis.position_pca(rope, seq_len)
     fig = plots.plot_positions(coords, explained)
@@ -213,7 +213,7 @@ def make_axial(
     """Score against (Δh, Δw) for axial presets and/or the heads of a RoPE-Mixed."""
     import math
 
-    from rotary import plots
+    from rotary.tools import plots
     from rotary.variants import AxialRoPE, RoPEMixed, relative_scores
 
     g = torch.Generator().manual_seed(seed)
@@ -245,7 +245,7 @@ def make_axial(
 def make_learnable(out: Path, steps: int, seed: int = 0):
     """Learnable frequencies recover a teacher's: a RoPE(16, base 100) student fits the attention scores
     of a teacher whose frequencies are 0.8 times its own (linear scaling by 1.25)."""
-    from rotary import plots
+    from rotary.tools import plots
 
     g = torch.Generator().manual_seed(seed)
     teacher = RoPE(16, base=100.0, scaling={"rope_type": "linear", "factor": 1.25})
@@ -275,7 +275,7 @@ def make_learnable(out: Path, steps: int, seed: int = 0):
 
 def make_variants(out_dir: Path):
     """The figures of docs/variants.md: M-RoPE's slots, xPos's decay, p-RoPE and Llama 4's NoPE temperature."""
-    from rotary import plots
+    from rotary.tools import plots
     from rotary.variants import MRoPE, XPos
 
     files: list[Path] = []

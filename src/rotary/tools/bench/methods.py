@@ -107,7 +107,7 @@ def _ret(inp: Inputs):
 
 
 def _torch_path(inp: Inputs):
-    from ..kernels.eager import rotate_torch
+    from rotary.kernels.eager import rotate_torch
 
     c, s = inp.cos.view(1, 1, *inp.cos.shape), inp.sin.view(1, 1, *inp.sin.shape)
 
@@ -268,7 +268,7 @@ METHODS.extend(_builtin_methods())
 def _apply_rotary_tables(inp: Inputs) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
     """:func:`rotary.apply_rotary` on q and on k with device tables the caller made
     (``RoPE.cos_sin`` of the tokens' positions, ``[S, D]`` fp32), default validation."""
-    from ..functional import apply_rotary
+    from rotary.functional import apply_rotary
 
     def call():
         return (
@@ -282,7 +282,7 @@ def _apply_rotary_tables(inp: Inputs) -> Callable[[], tuple[torch.Tensor, torch.
 def _apply_rotary_positions(inp: Inputs) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
     """:func:`rotary.apply_rotary` on q and on k with whole device tables ``[T, D]`` and device
     ``position_ids`` ``[B, S]`` (the kernel reads the rows it needs)."""
-    from ..functional import apply_rotary
+    from rotary.functional import apply_rotary
 
     def call():
         return (
@@ -415,7 +415,7 @@ def decode_suite(options) -> list[Result]:
     in ``tests/kernels/test_decode_fast_path.py``); the ratio is HF's time over the row's. Skipped
     by ``--quick`` unless named in ``--suites``.
     """
-    from ..rope import RoPE
+    from rotary.rope import RoPE
 
     if getattr(options, "quick", False) and "decode" not in (getattr(options, "suites", None) or "").split(","):
         return []  # the quick run has its own small decode shape; --suites decode asks for this one
@@ -442,7 +442,7 @@ def decode_suite(options) -> list[Result]:
 
 
 def _decode_calls(rope, q, k, ids, tables, apply, hf_cos, hf_sin) -> dict[str, Callable[[], object]]:
-    from ..rotation import rotate
+    from rotary.rotation import rotate
 
     calls = {
         "rope(q, k, offset=4096)": lambda: rope(q, k, offset=DECODE_POSITION),

@@ -1,8 +1,8 @@
-"""``rotary bench``: time RoPE application against Hugging Face and the memory-traffic limit (see :mod:`rotary.bench`).
+"""``rotary bench``: time RoPE application against Hugging Face and the memory-traffic limit (see :mod:`rotary.tools.bench`).
 
 With ``--device cuda`` the GPU groups (prefill, training fwd+bwd, decode, interleaved; q 32 heads,
 k 8 heads, head_dim 128) are timed on the GPU, each row two ways: GPU time per call under CUDA-graph
-replay and host wall time per call in an eager loop (see :mod:`rotary.bench.cuda`).
+replay and host wall time per call in an eager loop (see :mod:`rotary.tools.bench.cuda`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 from dataclasses import asdict
 from typing import Any
 
-from rotary.bench import format_table, run
+from rotary.tools.bench import format_table, run
 
 from .common import add_output_argument, count
 

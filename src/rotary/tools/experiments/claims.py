@@ -1,11 +1,11 @@
 """Published claims, each a declarative entry checked against a run's numbers.
 
 A :class:`Claim` says which paper makes it, what it says, which methods it needs, and how this run
-measures it; its ``check`` turns the run's :class:`~rotary.experiments.results.Results` into a
+measures it; its ``check`` turns the run's :class:`~rotary.tools.experiments.results.Results` into a
 :class:`Finding` (the numbers, and an outcome per item). :func:`assess` checks a list of claims and
 :func:`claims_table` renders the result. A new claim is one entry in :data:`CLAIMS` (or a study's list).
 
-Verdicts follow :mod:`rotary.experiments.stats`: a comparison is made seed by seed, and it agrees or
+Verdicts follow :mod:`rotary.tools.experiments.stats`: a comparison is made seed by seed, and it agrees or
 disagrees only when every seed's number lies on one side of the threshold; a lead of 2% or less is a
 tie, never a win. The papers trained far larger models on far more text; a verdict says whether this
 run points the same way at its scale.

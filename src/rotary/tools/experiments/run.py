@@ -185,7 +185,7 @@ def run_experiment(
 
     Raises:
         ExperimentError: any bad input, before anything is written; a training that diverges
-            (:class:`~rotary.experiments.train.TrainingDiverged`).
+            (:class:`~rotary.tools.experiments.train.TrainingDiverged`).
         ImportError: matplotlib or rich missing (:func:`require_report_packages`), before anything is written.
     """
     started, wall = _utc_now(), time.perf_counter()
@@ -301,7 +301,7 @@ def run_experiment(
 
 
 def write_figures(run: dict[str, Any], results: Results, directory: Path) -> dict[str, list[Path]]:
-    """Every figure of a run: :func:`~rotary.experiments.figures.draw_figures`, with the base study's
+    """Every figure of a run: :func:`~rotary.tools.experiments.figures.draw_figures`, with the base study's
     predicted limits marked and the transfer study's training curves."""
     config = results.config
     figures = draw_figures(results, directory, predicted_limits(results) if config.study == "base" else None)

@@ -12,8 +12,8 @@ For every evaluation length ``E`` (and every scaling, for models with RoPE):
 - the loss by query position on the non-overlapping windows of the longest length, in bins of
   ``L / 8``: a model that breaks at positions past ``L`` gets worse to the right, one that only
   lacked context better;
-- passkey retrieval at ``E`` tokens (:mod:`rotary.experiments.passkey`), by greedy decoding;
-- the retrieval probe (:mod:`rotary.experiments.retrieval`) at distances inside and past ``L``.
+- passkey retrieval at ``E`` tokens (:mod:`rotary.tools.experiments.passkey`), by greedy decoding;
+- the retrieval probe (:mod:`rotary.tools.experiments.retrieval`) at distances inside and past ``L``.
 
 Scalings of a pretrained model are applied at inference only, with factor ``E / L`` (the retrieval
 probe: its sequence length over ``L``); a model fine-tuned with a scaling is evaluated with that
@@ -36,8 +36,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .. import RoPE
-from ..models import Decoder
+from rotary import RoPE
+from rotary.models import Decoder
+
 from .config import ExperimentConfig
 from .data import derived_seed, windows
 from .passkey import KEY_DIGITS, make_trials, passkey_accuracy

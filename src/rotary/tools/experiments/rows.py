@@ -2,7 +2,7 @@
 
 Every row names the model (the same name over seeds: ``rope``, ``rope-ft-yarn``), the seed, and the
 RoPE scaling it was evaluated with and its factor. A new metric is one field here; the CSV files,
-``results.json`` and :class:`~rotary.experiments.results.Results` pick it up.
+``results.json`` and :class:`~rotary.tools.experiments.results.Results` pick it up.
 
 =================  ===================================  ==================================================
 file               row                                  one row per
@@ -91,7 +91,7 @@ class PasskeyRow(Row):
 
 @dataclass(frozen=True)
 class RetrievalRow(Row):
-    """The retrieval probe (:mod:`rotary.experiments.retrieval`) at one distance.
+    """The retrieval probe (:mod:`rotary.tools.experiments.retrieval`) at one distance.
 
     Attributes:
         distance: between the two copies of the span.

@@ -12,7 +12,7 @@ Every row of a GPU group is timed two ways:
   and once after the loop (not per call), wall-clock time divided by ``n``. What a caller's loop
   sees: the larger of the host's cost of issuing the calls and the GPU's cost of running them.
 
-Calls that need fresh inputs every time (:class:`~rotary.bench.harness.Prepared`, the training-step
+Calls that need fresh inputs every time (:class:`~rotary.tools.bench.harness.Prepared`, the training-step
 rows) are prepared outside the timed region, so they are neither captured nor run in a plain loop:
 their GPU time comes from events around each call (``"per call"``) and their host time from the
 device synchronised before and after each call.
@@ -204,7 +204,7 @@ def host_loop_seconds(call: Callable[[], object], calls: int, backend: Backend) 
 
 
 def prepared_event_seconds(prepared: Any, calls: int, backend: Backend) -> float:
-    """GPU seconds per call of a :class:`~rotary.bench.harness.Prepared`: each call prepared (not
+    """GPU seconds per call of a :class:`~rotary.tools.bench.harness.Prepared`: each call prepared (not
     timed), then timed between its own two events; the mean of ``calls`` calls."""
     pairs = []
     for _ in range(calls):
@@ -219,7 +219,7 @@ def prepared_event_seconds(prepared: Any, calls: int, backend: Backend) -> float
 
 
 def prepared_host_seconds(prepared: Any, calls: int, backend: Backend) -> float:
-    """Wall-clock seconds per call of a :class:`~rotary.bench.harness.Prepared`, each call prepared,
+    """Wall-clock seconds per call of a :class:`~rotary.tools.bench.harness.Prepared`, each call prepared,
     then timed from a synchronisation before it to one after it; the mean of ``calls`` calls."""
     total = 0.0
     for _ in range(calls):

@@ -7,7 +7,7 @@ import argparse
 import math
 import os
 
-from rotary.experiments.config import (
+from rotary.tools.experiments.config import (
     COMPILE_MODES,
     EXTEND_SCALINGS,
     PRECISIONS,
@@ -143,7 +143,7 @@ def config_from_args(args: argparse.Namespace) -> ExperimentConfig:
 
 
 def _experiment(args: argparse.Namespace) -> int:
-    from rotary.experiments.run import run_experiment
+    from rotary.tools.experiments.run import run_experiment
 
     quiet: dict = {}
     if args.json:  # stdout holds the JSON alone: progress and the table go to stderr
@@ -151,7 +151,7 @@ def _experiment(args: argparse.Namespace) -> int:
 
         from rich.console import Console
 
-        from rotary.experiments.progress import Reporter
+        from rotary.tools.experiments.progress import Reporter
 
         quiet = {"reporter": Reporter(enabled=os.environ.get("RANK", "0") == "0", stream=sys.stderr),
                  "console": Console(file=sys.stderr, width=120)}  # fmt: skip

@@ -40,7 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..models import Decoder, DecoderConfig, transfer_position_encoding
+from rotary.models import Decoder, DecoderConfig, transfer_position_encoding
+
 from .config import ExperimentConfig, ExperimentError
 from .data import derived_seed, training_batch
 from .plan import ModelSpec, scaling_block
@@ -198,7 +199,7 @@ def build_model(spec: ModelSpec, config: ExperimentConfig) -> Decoder:
     """The model of ``spec`` with its initial weights (a function of the seed and the encoding only).
 
     Example:
-        >>> from rotary.experiments.plan import model_specs
+        >>> from rotary.tools.experiments.plan import model_specs
         >>> cfg = ExperimentConfig(preset="tiny", train_length=112, hidden_size=32, num_layers=1, num_heads=2, seeds=1)
         >>> spec = model_specs(cfg)[0]
         >>> a, b = build_model(spec, cfg), build_model(spec, cfg)
@@ -258,7 +259,7 @@ class Schedule:
         its steps of warm-up to ``--finetune-learning-rate``; both decay to ``--min-learning-rate``.
 
         Example:
-            >>> from rotary.experiments.plan import ModelSpec
+            >>> from rotary.tools.experiments.plan import ModelSpec
             >>> Schedule.of(ModelSpec("rope-ft-yarn", "rope", 0, "", steps=60, parent="rope"), ExperimentConfig())
             Schedule(steps=60, warmup_steps=6, peak=0.001, floor=0.0003)
         """
@@ -437,7 +438,7 @@ def diverged_message(
     """One line: which model diverged at which step, and which setting to lower.
 
     Example:
-        >>> from rotary.experiments.plan import ModelSpec
+        >>> from rotary.tools.experiments.plan import ModelSpec
         >>> cfg = ExperimentConfig(learning_rate=1e9, steps=3, warmup_steps=0)
         >>> diverged_message(ModelSpec("rope", "rope", 0, "RoPE", steps=3), cfg, 1, float("nan"), float("inf"))
         'training rope (encoding rope, seed 0) diverged at step 2 of 3: loss nan, gradient norm inf at learning rate 5e+08; nothing was evaluated. Start a new run with a lower --learning-rate (this run: 1e+09)'

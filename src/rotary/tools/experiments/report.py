@@ -1,8 +1,8 @@
 """What a run leaves behind besides its rows: ``report.md``, the table printed at the end, and the
 helpers that write files.
 
-The report is built from the run's :class:`~rotary.experiments.results.Results` (the numbers) and
-its :class:`~rotary.experiments.claims.Assessment` list (the published claims checked against them);
+The report is built from the run's :class:`~rotary.tools.experiments.results.Results` (the numbers) and
+its :class:`~rotary.tools.experiments.claims.Assessment` list (the published claims checked against them);
 this module only arranges them into prose and tables. Every number in it comes from the rows.
 """
 
@@ -406,7 +406,7 @@ def report_markdown(run: dict[str, Any], results: Results, assessments: Sequence
     Args:
         run: the run's ``results.json`` content (command, environment, data, models, timings).
         results: its rows.
-        assessments: its claims checked (:func:`~rotary.experiments.claims.assess`).
+        assessments: its claims checked (:func:`~rotary.tools.experiments.claims.assess`).
         figures: figure name -> paths (the PNG is linked).
     """
     c = results.config

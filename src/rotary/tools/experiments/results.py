@@ -97,7 +97,7 @@ class Results:
         """``"RoPE + YaRN"`` (inference scaling), ``"RoPE + YaRN, fine-tuned at 4L"`` (its own scaling).
 
         Example:
-            >>> from rotary.experiments.plan import ModelSpec
+            >>> from rotary.tools.experiments.plan import ModelSpec
             >>> r = Results(Measurements(), [ModelSpec("rope", "rope", 0, "RoPE")], ExperimentConfig())
             >>> r.label("rope", "yarn"), r.label("rope", "none"), r.label("alibi")
             ('RoPE + YaRN', 'RoPE', 'alibi')

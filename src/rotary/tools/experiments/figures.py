@@ -1,4 +1,4 @@
-"""The figures of a run, drawn from its :class:`~rotary.experiments.results.Results` (PNG + SVG each).
+"""The figures of a run, drawn from its :class:`~rotary.tools.experiments.results.Results` (PNG + SVG each).
 
 Every line is the mean over seeds; with two seeds or more a band (or bar) spans the lowest and the
 highest seed. The main comparison's figures have two panels: the encodings as trained, and the RoPE

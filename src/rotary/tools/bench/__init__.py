@@ -28,14 +28,14 @@ from .harness import (
     Shape,
     allocations,
     extra_peak_bytes,
-    format_table,
     head_shape,
     make_inputs,
     register_method,
     register_suite,
-    run,
     time_interleaved,
 )
+from .runner import run
+from .table import format_table
 
 __all__ = [
     "DTYPE_NAMES",

@@ -31,7 +31,7 @@ def inspect_configuration(configuration: Configuration, seq_len: int | None = No
     """The inspection of one configuration; length-dependent types at ``seq_len`` (default: the context).
 
     Example:
-        >>> from rotary.commands.common import Configuration
+        >>> from rotary.tools.commands.common import Configuration
         >>> info = inspect_configuration(Configuration(rotary.RoPE(64), 4096, "--max-position"))
         >>> info.context, len(info.pairs())
         (4096, 32)

@@ -19,7 +19,7 @@ def table_console(stream: TextIO | None = None) -> Any:
     """A rich console on ``stream`` (default stdout), at least 100 columns wide so that tables do not
     wrap when the output is piped or logged.
 
-    The results table of :func:`~rotary.experiments.run.run_experiment` is printed through it, and so
+    The results table of :func:`~rotary.tools.experiments.run.run_experiment` is printed through it, and so
     are the tables of the ``rotary`` commands: the library owns it, the command line imports it.
 
     Args:

@@ -12,7 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..models import POSITION_ENCODINGS
+from rotary.errors import InputError
+from rotary.models import POSITION_ENCODINGS
 
 __all__ = [
     "COMPILE_MODES",
@@ -31,7 +32,7 @@ __all__ = [
 ]
 
 
-class ExperimentError(ValueError):
+class ExperimentError(InputError):
     """Bad input to the experiment; the message names the value and what to change."""
 
 

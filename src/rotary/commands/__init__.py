@@ -1,4 +1,0 @@
-"""Subcommands of ``rotary`` for analysis: ``inspect``, ``plot``, ``verify``, ``report``.
-
-Each module has ``register(subparsers)``; :mod:`rotary.cli` lists them in ``COMMAND_MODULES``.
-"""

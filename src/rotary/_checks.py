@@ -13,6 +13,8 @@ import math
 from collections.abc import Collection
 from typing import Any, TypeVar
 
+from .errors import InputError, InputTypeError
+
 __all__ = [
     "MAX_HEAD_DIM",
     "check_bool",
@@ -61,10 +63,10 @@ def check_int(value: Any, name: str, *, minimum: int | None = None) -> int:
     """An int (not a bool, not a float) ``>= minimum``; returned as a Python int."""
     if not is_int(value):
         bound = "" if minimum is None else f" >= {minimum}"
-        raise ValueError(f"{name} must be an int{bound}, got {value!r} ({type(value).__name__})")
+        raise InputError(f"{name} must be an int{bound}, got {value!r} ({type(value).__name__})")
     value = int(value)
     if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
+        raise InputError(f"{name} must be an int >= {minimum}, got {value}")
     return value
 
 
@@ -77,31 +79,31 @@ def check_positive_int(value: Any, name: str) -> int:
         >>> check_positive_int(True, "num_heads")
         Traceback (most recent call last):
         ...
-        ValueError: num_heads must be a positive int, got True (bool)
+        rotary.errors.InputError: num_heads must be a positive int, got True (bool)
     """
     if not is_int(value) or int(value) <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r} ({type(value).__name__})")
+        raise InputError(f"{name} must be a positive int, got {value!r} ({type(value).__name__})")
     return int(value)
 
 
 def check_positive_float(value: Any, name: str) -> float:
     """A finite number > 0, returned as a float."""
     if not is_number(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        raise InputError(f"{name} must be a finite number > 0, got {value!r}")
     return float(value)
 
 
 def check_finite(value: Any, name: str) -> float:
     """A finite number, returned as a float."""
     if not is_number(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
+        raise InputError(f"{name} must be a finite number, got {value!r}")
     return float(value)
 
 
 def check_probability(value: Any, name: str) -> float:
     """A number in ``[0, 1)`` (dropout rates)."""
     if not is_number(value) or not 0.0 <= value < 1.0:
-        raise ValueError(f"{name} must be in [0, 1), got {value!r}")
+        raise InputError(f"{name} must be in [0, 1), got {value!r}")
     return float(value)
 
 
@@ -117,11 +119,11 @@ def check_bool(value: Any, name: str) -> bool:
         >>> check_bool("false", "interleaved")
         Traceback (most recent call last):
         ...
-        TypeError: interleaved must be True or False, got 'false' (str)
+        rotary.errors.InputTypeError: interleaved must be True or False, got 'false' (str)
     """
     if isinstance(value, bool) or type(value).__name__ in ("bool_", "bool"):
         return bool(value)
-    raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+    raise InputTypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
 
 
 def check_choice(value: T, name: str, choices: Collection[T]) -> T:
@@ -131,7 +133,7 @@ def check_choice(value: T, name: str, choices: Collection[T]) -> T:
     except TypeError:  # unhashable
         ok = False
     if not ok:
-        raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}")
+        raise InputError(f"{name} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}")
     return value
 
 
@@ -144,7 +146,7 @@ def check_causal_rope(rope: Any, causal: bool, layer: str) -> None:
     """
     reason = getattr(rope, "requires_causal", None)
     if reason and not causal:
-        raise ValueError(
+        raise InputError(
             f"{type(rope).__name__} needs causal=True: {reason}. This {layer} has causal=False: set causal=True, "
             "or use a rope without this limit (e.g. rotary.RoPE) for bidirectional attention"
         )

@@ -9,6 +9,8 @@ the memory it would take and the largest value that fits.
 
 from __future__ import annotations
 
+from .errors import InputError
+
 __all__ = ["MAX_ANALYSIS_BYTES", "MAX_NUM_HEADS", "MAX_TABLE_BYTES", "check_bytes", "format_bytes"]
 
 #: the most memory one analysis call (score matrices, samples of rotated vectors, PCA features)
@@ -52,7 +54,7 @@ def check_bytes(nbytes: float, what: str, fix: str, *, limit: int = MAX_ANALYSIS
         >>> check_bytes(2**40, "score_matrix(seq_len=370727)", "use seq_len <= 16384")
         Traceback (most recent call last):
         ...
-        ValueError: score_matrix(seq_len=370727) would need 1.0 TiB, more than the limit of 4.0 GiB; use seq_len <= 16384
+        rotary.errors.InputError: score_matrix(seq_len=370727) would need 1.0 TiB, more than the limit of 4.0 GiB; use seq_len <= 16384
     """
     if nbytes > limit:
-        raise ValueError(f"{what} would need {format_bytes(nbytes)}, more than the limit of {format_bytes(limit)}; {fix}")
+        raise InputError(f"{what} would need {format_bytes(nbytes)}, more than the limit of {format_bytes(limit)}; {fix}")

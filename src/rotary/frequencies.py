@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ._checks import MAX_HEAD_DIM, check_bool, check_positive_int, is_int
+from .errors import InputError, InputTypeError
 from .rope_types import (
     ROPE_INIT_FUNCTIONS,
     ROPE_TYPES,
@@ -52,7 +53,7 @@ class FrozenBlock(dict):
         >>> b["rope_type"] = "yarn"
         Traceback (most recent call last):
         ...
-        TypeError: FrozenBlock is read-only; edit a copy (dict(block)) and compute new frequencies
+        rotary.errors.InputTypeError: FrozenBlock is read-only; edit a copy (dict(block)) and compute new frequencies
     """
 
     __slots__ = ()
@@ -63,7 +64,7 @@ class FrozenBlock(dict):
         return cls({key: _frozen(value) for key, value in block.items()})
 
     def _read_only(self, *args: Any, **kwargs: Any) -> Any:
-        raise TypeError(f"{type(self).__name__} is read-only; edit a copy (dict(block)) and compute new frequencies")
+        raise InputTypeError(f"{type(self).__name__} is read-only; edit a copy (dict(block)) and compute new frequencies")
 
     __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _read_only  # type: ignore[assignment]
 
@@ -124,22 +125,22 @@ class Frequencies:
 def _check_dims(head_dim: int, rotary_dim: int | None) -> int:
     check_positive_int(head_dim, "head_dim")
     if head_dim > MAX_HEAD_DIM:
-        raise ValueError(f"head_dim={head_dim} is wider than any attention head (at most {MAX_HEAD_DIM} channels here)")
+        raise InputError(f"head_dim={head_dim} is wider than any attention head (at most {MAX_HEAD_DIM} channels here)")
     if head_dim % 2:
-        raise ValueError(f"head_dim must be even (channels rotate in pairs), got head_dim={head_dim}")
+        raise InputError(f"head_dim must be even (channels rotate in pairs), got head_dim={head_dim}")
     if rotary_dim is None:
         return head_dim
     check_positive_int(rotary_dim, "rotary_dim")
     if rotary_dim % 2:
-        raise ValueError(f"rotary_dim must be even (channels rotate in pairs), got rotary_dim={rotary_dim}")
+        raise InputError(f"rotary_dim must be even (channels rotate in pairs), got rotary_dim={rotary_dim}")
     if rotary_dim > head_dim:
-        raise ValueError(f"rotary_dim={rotary_dim} exceeds head_dim={head_dim}; use rotary_dim <= head_dim")
+        raise InputError(f"rotary_dim={rotary_dim} exceeds head_dim={head_dim}; use rotary_dim <= head_dim")
     return rotary_dim
 
 
 def _check_base(base: float) -> float:
     if isinstance(base, bool) or not isinstance(base, (int, float)) or not math.isfinite(base) or base <= 0:
-        raise ValueError(f"base must be a finite number > 0, got base={base!r}")
+        raise InputError(f"base must be a finite number > 0, got base={base!r}")
     if base <= 1:
         # pair 0 always turns at 1 rad/token; base ** (-2i/d) must fall from there (YaRN also divides by ln(base))
         raise ConfigError(
@@ -158,7 +159,7 @@ def _check_seq_len(seq_len: Any) -> None:
         and not (seq_len.is_floating_point() or seq_len.is_complex() or seq_len.dtype == torch.bool)
     ):
         return
-    raise TypeError(f"seq_len must be None, an int >= 0 or a one-element integer tensor, got {seq_len!r}")
+    raise InputTypeError(f"seq_len must be None, an int >= 0 or a one-element integer tensor, got {seq_len!r}")
 
 
 def _compute(rope_type: str, head_dim: int, base: float, rotary_dim: int, params: dict[str, Any], seq_len: Any):
@@ -174,7 +175,7 @@ def _compute(rope_type: str, head_dim: int, base: float, rotary_dim: int, params
             f"{', ' + block if block else ''} ({type(exc).__name__}: {exc}); a parameter is out of range"
         ) from None
     if not isinstance(inv_freq, torch.Tensor):
-        raise TypeError(f"rope_type {rope_type!r} returned inv_freq of type {type(inv_freq).__name__}, not a tensor")
+        raise InputTypeError(f"rope_type {rope_type!r} returned inv_freq of type {type(inv_freq).__name__}, not a tensor")
     return inv_freq.to(torch.float32), attention_scaling
 
 

@@ -14,6 +14,7 @@ import torch
 
 from . import positions as P
 from ._checks import check_positive_int
+from .errors import InputError, InputTypeError
 from .rotation import Layout, check_layout, rotate, split_heads
 from .tables import RotaryTables
 
@@ -46,13 +47,13 @@ def _raw_tables(
     if found is not None and isinstance(cos, torch.Tensor):
         what = "with packed x" if packed else "with position_ids or seqlen_offsets"
         if cos.dim() != 2:
-            raise ValueError(f"{what}, cos/sin must be tables [T, r] indexed by position, got shape {tuple(cos.shape)}")
+            raise InputError(f"{what}, cos/sin must be tables [T, r] indexed by position, got shape {tuple(cos.shape)}")
         if validate and found.bound is not None and found.bound > cos.shape[0]:
             if cu_seqlens is not None and seqlen_offsets is None:
-                raise ValueError(
+                raise InputError(
                     f"a packed sequence has {found.bound} tokens but the cos/sin tables have only {cos.shape[0]} rows"
                 )
-            raise ValueError(
+            raise InputError(
                 f"position_ids reach position {found.bound - 1} but the cos/sin tables have only {cos.shape[0]} rows; "
                 f"build tables for at least {found.bound} positions (RoPE.cos_sin(torch.arange({found.bound})))"
             )
@@ -157,12 +158,12 @@ def apply_rotary(
         True
     """
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        raise InputTypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     flat = x.dim() == 2
     view = split_heads(x, head_dim, "x") if flat else x
     packed = cu_seqlens is not None or view.dim() == 3
     if cu_seqlens is not None and view.dim() != 3:
-        raise ValueError(f"packed x (with cu_seqlens) must be 3-D [total_tokens, H, D], got shape {tuple(x.shape)}")
+        raise InputError(f"packed x (with cu_seqlens) must be 3-D [total_tokens, H, D], got shape {tuple(x.shape)}")
     if packed:
         batch, seq_len = 1, view.shape[0]
     elif view.dim() == 4:
@@ -245,20 +246,20 @@ def apply_rotary_qkv_(
         True
     """
     if not isinstance(qkv, torch.Tensor):
-        raise TypeError(f"qkv must be a torch.Tensor, got {type(qkv).__name__}")
+        raise InputTypeError(f"qkv must be a torch.Tensor, got {type(qkv).__name__}")
     packed = cu_seqlens is not None
     lead = 1 if packed else 2  # [T, ...] or [B, S, ...]
     if num_heads_q is None:
         if qkv.dim() != lead + 3 or qkv.shape[lead] != 3:
             want = "[T, 3, H, D]" if packed else "[B, S, 3, H, D]"
-            raise ValueError(
+            raise InputError(
                 f"qkv must be {want} (or pass num_heads_q for [..., Hq + 2 * Hk, D]), got shape {tuple(qkv.shape)}"
             )
         q, k = qkv.select(lead, 0), qkv.select(lead, 1)
     else:
         check_positive_int(num_heads_q, "num_heads_q")
         if qkv.dim() != lead + 2 or (qkv.shape[lead] - num_heads_q) <= 0 or (qkv.shape[lead] - num_heads_q) % 2:
-            raise ValueError(
+            raise InputError(
                 f"with num_heads_q={num_heads_q}, qkv must be [..., Hq + 2 * Hk, D] with Hk >= 1, got shape {tuple(qkv.shape)}"
             )
         hk = (qkv.shape[lead] - num_heads_q) // 2
@@ -288,11 +289,11 @@ def apply_rotary_kv_(
         True
     """
     if not isinstance(kv, torch.Tensor):
-        raise TypeError(f"kv must be a torch.Tensor, got {type(kv).__name__}")
+        raise InputTypeError(f"kv must be a torch.Tensor, got {type(kv).__name__}")
     lead = 1 if cu_seqlens is not None else 2
     if kv.dim() != lead + 3 or kv.shape[lead] != 2:
         want = "[T, 2, H, D]" if cu_seqlens is not None else "[B, S, 2, H, D]"
-        raise ValueError(f"kv must be {want}, got shape {tuple(kv.shape)}")
+        raise InputError(f"kv must be {want}, got shape {tuple(kv.shape)}")
     _rotate_packed_pair(
         [kv.select(lead, 0)], cos, sin, None, None, interleaved, validate, seqlen_offsets, cu_seqlens, max_seqlen
     )
@@ -306,7 +307,7 @@ def _rotate_packed_pair(
     x0 = xs[0]
     packed = cu_seqlens is not None
     if (cos_k is None) != (sin_k is None):
-        raise ValueError("give both cos_k and sin_k, or neither")
+        raise InputError("give both cos_k and sin_k, or neither")
     tables = _raw_tables(
         cos, sin, interleaved=interleaved, validate=validate, device=x0.device, tokens=x0.shape[0] if packed else 0,
         batch=1 if packed else x0.shape[0], seq_len=x0.shape[0] if packed else x0.shape[1], packed=packed,
@@ -326,7 +327,7 @@ def check_tables(cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool, rto
     this library's tests reproduce).
 
     Raises:
-        ValueError: naming the pairing the tables were built for, NaN/inf, all-zero tables, or the
+        rotary.errors.InputError: naming the pairing the tables were built for, NaN/inf, all-zero tables, or the
             worst cos²+sin² mismatch.
 
     Example:
@@ -340,7 +341,7 @@ def check_tables(cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool, rto
         or (cos.dim() and cos.shape[-1] % 2)
     ):
         shapes = tuple(getattr(cos, "shape", ())), tuple(getattr(sin, "shape", ()))
-        raise ValueError(f"cos/sin must share a shape [..., r] with r even, got {shapes[0]}, {shapes[1]}")
+        raise InputError(f"cos/sin must share a shape [..., r] with r even, got {shapes[0]}, {shapes[1]}")
     RotaryTables.unchecked(cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1]), bool(interleaved)).check(
         sample=None, rtol=rtol
     )

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .errors import InputError, InputTypeError
 from .kernels.eager import rotate_torch
 from .pairing import to_half
 from .qk_norm import rmsnorm_rotate
@@ -60,7 +61,7 @@ def _layout(unsqueeze_dim: int) -> str:
     try:
         return _LAYOUT[unsqueeze_dim]
     except KeyError:
-        raise ValueError(f"unsqueeze_dim must be 1 ([B, H, S, D]) or 2 ([B, S, H, D]), got {unsqueeze_dim!r}") from None
+        raise InputError(f"unsqueeze_dim must be 1 ([B, H, S, D]) or 2 ([B, S, H, D]), got {unsqueeze_dim!r}") from None
 
 
 def _apply_pair(
@@ -326,11 +327,11 @@ def _family(model: nn.Module) -> _Family:
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if not isinstance(model, nn.Module) or model_type is None:
-        raise TypeError(
+        raise InputTypeError(
             f"patch expects a transformers model (an nn.Module with config.model_type), got {type(model).__name__}"
         )
     if model_type not in SUPPORTED:
-        raise ValueError(
+        raise InputError(
             f"rotary.hf.patch does not support model_type {model_type!r}; supported: {', '.join(sorted(SUPPORTED))}"
         )
     return SUPPORTED[model_type]
@@ -338,14 +339,14 @@ def _family(model: nn.Module) -> _Family:
 
 def _check_module(model: object, call: str) -> None:
     if not isinstance(model, nn.Module):
-        raise TypeError(f"{call} expects a transformers model (an nn.Module), got {type(model).__name__}")
+        raise InputTypeError(f"{call} expects a transformers model (an nn.Module), got {type(model).__name__}")
 
 
 def is_patched(model: nn.Module) -> bool:
     """True if :func:`patch` has been applied to ``model`` (and not undone).
 
     Raises:
-        TypeError: ``model`` is not an ``nn.Module``.
+        rotary.errors.InputTypeError: ``model`` is not an ``nn.Module``.
     """
     _check_module(model, "is_patched")
     return any(_MARK in m.__dict__ or _NORM_MARK in m.__dict__ for m in model.modules())
@@ -366,7 +367,7 @@ def patch(model: nn.Module) -> nn.Module:
         ``model`` itself.
 
     Raises:
-        ValueError: unsupported ``model_type`` (the message lists the supported ones).
+        rotary.errors.InputError: unsupported ``model_type`` (the message lists the supported ones).
         RuntimeError: no attention module calls the expected function (an incompatible transformers).
 
     An instance ``forward`` set by someone else (e.g. an accelerate hook) is put aside while
@@ -426,13 +427,13 @@ def unpatch(model: nn.Module) -> nn.Module:
     """Undo :func:`patch`: every patched module gets back exactly the ``forward`` it had.
 
     Raises:
-        ValueError: if ``model`` is not patched.
-        TypeError: ``model`` is not an ``nn.Module``.
+        rotary.errors.InputError: if ``model`` is not patched.
+        rotary.errors.InputTypeError: ``model`` is not an ``nn.Module``.
     """
     _check_module(model, "unpatch")
     subs = [m for m in model.modules() if _MARK in m.__dict__ or _NORM_MARK in m.__dict__]
     if not subs:
-        raise ValueError(f"this {type(model).__name__} is not patched; nothing to undo")
+        raise InputError(f"this {type(model).__name__} is not patched; nothing to undo")
     for sub in subs:
         previous = sub.__dict__.pop(_MARK if _MARK in sub.__dict__ else _NORM_MARK)
         sub.__dict__.pop(_FUSED, None)

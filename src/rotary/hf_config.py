@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ._checks import MAX_HEAD_DIM, check_bool, is_number, is_positive_int
+from .errors import InputError, InputTypeError
 from .hf_architectures import (
     MROPE_MODELS,
     NO_ROPE_DEFAULTS,
@@ -208,7 +209,7 @@ def model_defaults(model_type: str, *, source: Literal["auto", "transformers", "
         (256, 10000.0)
     """
     if source not in ("auto", "transformers", "table"):
-        raise ValueError(f"source must be 'auto', 'transformers' or 'table', got {source!r}")
+        raise InputError(f"source must be 'auto', 'transformers' or 'table', got {source!r}")
     if not isinstance(model_type, str) or not model_type:
         return {}
     if source == "transformers" or (source == "auto" and _transformers_installed()):
@@ -251,10 +252,10 @@ def _load(config: Any) -> tuple[dict[str, Any], str]:
     if callable(to_dict):
         data = to_dict()
         if not isinstance(data, Mapping):
-            raise TypeError(f"config.to_dict() must return a dict, got {type(data).__name__}")
+            raise InputTypeError(f"config.to_dict() must return a dict, got {type(data).__name__}")
         # to_dict() returns a deep copy in transformers 4.x and 5.x; copy again to be safe
         return copy.deepcopy(dict(data)), f"the {type(config).__name__}"
-    raise TypeError(
+    raise InputTypeError(
         f"config must be a transformers PretrainedConfig, a dict or a path to config.json, got {type(config).__name__}"
     )
 
@@ -432,7 +433,7 @@ def read_hf_config(
     """
     check_bool(strict, "strict")
     if layer_type is not None and not isinstance(layer_type, str):
-        raise TypeError(f"layer_type must be a string or None, got {layer_type!r} ({type(layer_type).__name__})")
+        raise InputTypeError(f"layer_type must be a string or None, got {layer_type!r} ({type(layer_type).__name__})")
     d, label = _load(config)
     d = _text_part(d, label)
     model_type = _model_type(d, label)

@@ -13,6 +13,7 @@ from typing import Literal
 import torch
 
 from ._checks import check_positive_int
+from .errors import InputError
 
 __all__ = ["pair_permutation", "permute_qk_weight", "to_half", "to_interleaved"]
 
@@ -30,7 +31,7 @@ def pair_permutation(head_dim: int, *, to: Literal["half", "interleaved"], rotar
     elif to == "interleaved":
         rot = torch.stack((rot[: r // 2], rot[r // 2 :]), dim=-1).flatten()
     else:
-        raise ValueError(f"to must be 'half' or 'interleaved', got {to!r}")
+        raise InputError(f"to must be 'half' or 'interleaved', got {to!r}")
     return torch.cat((rot, torch.arange(r, head_dim)))
 
 
@@ -39,13 +40,13 @@ def _rotary_dim(head_dim: int, rotary_dim: int | None) -> int:
     check_positive_int(head_dim, "head_dim")
     r = head_dim if rotary_dim is None else check_positive_int(rotary_dim, "rotary_dim")
     if head_dim % 2 or r % 2 or not 0 < r <= head_dim:
-        raise ValueError(f"need even head_dim and rotary_dim with 0 < rotary_dim <= head_dim, got {head_dim}, {r}")
+        raise InputError(f"need even head_dim and rotary_dim with 0 < rotary_dim <= head_dim, got {head_dim}, {r}")
     return r
 
 
 def _check_x(x: torch.Tensor) -> None:
     if not isinstance(x, torch.Tensor) or x.dim() == 0:
-        raise ValueError(f"x must be a tensor [..., D] with a channel axis, got {getattr(x, 'shape', type(x).__name__)}")
+        raise InputError(f"x must be a tensor [..., D] with a channel axis, got {getattr(x, 'shape', type(x).__name__)}")
 
 
 def _reorder(x: torch.Tensor, rotary_dim: int | None, to: Literal["half", "interleaved"]) -> torch.Tensor:
@@ -115,7 +116,7 @@ def permute_qk_weight(
     """
     check_positive_int(head_dim, "head_dim")
     if not isinstance(w, torch.Tensor) or w.dim() not in (1, 2) or w.shape[0] % head_dim:
-        raise ValueError(
+        raise InputError(
             f"w must be [n_heads * head_dim, in] or [n_heads * head_dim]; got shape {tuple(getattr(w, 'shape', ()))} "
             f"with head_dim={head_dim}"
         )

@@ -29,6 +29,7 @@ import torch
 
 from . import deferred
 from ._checks import check_bool, check_int, check_positive_int
+from .errors import InputError, InputTypeError
 
 #: the largest position: positions are multiplied by frequencies in float64, exact for integers up to 2**53
 MAX_POSITION = 2**53
@@ -37,7 +38,7 @@ MAX_POSITION = 2**53
 def _check_max_position(high: int, what: str) -> None:
     """Refuse a largest position past :data:`MAX_POSITION`; ``what`` names where it came from."""
     if high > MAX_POSITION:
-        raise ValueError(
+        raise InputError(
             f"{what} reach {high}, past the largest position rotary represents, 2**53 (float64 angles are "
             "exact only up to there)"
         )
@@ -69,8 +70,8 @@ class Positions:
     value is checked against its own claims (one device read; nothing under ``torch.compile``).
 
     Raises:
-        TypeError: ids that are not an int64/int32 tensor; a flag that is not a bool.
-        ValueError: a shape that does not fit ``axes``/``packed``, a negative id, an id at or past
+        rotary.errors.InputTypeError: ids that are not an int64/int32 tensor; a flag that is not a bool.
+        rotary.errors.InputError: a shape that does not fit ``axes``/``packed``, a negative id, an id at or past
             ``bound``, an ``exact`` bound that is not ``max(ids) + 1``, ids that are not
             ``start .. start + S - 1``.
 
@@ -81,7 +82,7 @@ class Positions:
         >>> Positions(torch.tensor([5, 6, 7]), 8, start=0)
         Traceback (most recent call last):
         ...
-        ValueError: Positions: start=0 says the ids are 0 .. 2, but they are not (first id 5); pass start=None or start=5
+        rotary.errors.InputError: Positions: start=0 says the ids are 0 .. 2, but they are not (first id 5); pass start=None or start=5
     """
 
     ids: torch.Tensor
@@ -99,13 +100,13 @@ class Positions:
         if per_token not in ((1,) if packed else (1, 2)) or (self.axes > 1 and ids.shape[-1] != self.axes):
             want = "[T]" if packed else "[S] or [B, S]"
             want = want.replace("]", f", {self.axes}]") if self.axes > 1 else want
-            raise ValueError(f"Positions.ids must be {want} (axes={self.axes}, packed={packed}), got shape {tuple(ids.shape)}")
+            raise InputError(f"Positions.ids must be {want} (axes={self.axes}, packed={packed}), got shape {tuple(ids.shape)}")
         if self.bound is not None:
             check_int(self.bound, "Positions.bound", minimum=0)
         if self.start is not None:
             check_int(self.start, "Positions.start", minimum=0)
             if self.axes != 1 or ids.dim() != 1:
-                raise ValueError(f"Positions.start is for shared 1-D ids [S] made by arange, got ids of shape {tuple(ids.shape)}")
+                raise InputError(f"Positions.start is for shared 1-D ids [S] made by arange, got ids of shape {tuple(ids.shape)}")
         object.__setattr__(self, "ids", ids.long())
         if torch.compiler.is_compiling() or not ids.numel() or ids.device.type == "meta":
             return
@@ -121,17 +122,17 @@ class Positions:
             return
         low, high = (int(v) for v in torch.aminmax(ids))
         if low < 0:
-            raise ValueError(f"Positions.ids must be >= 0, got a minimum of {low}")
+            raise InputError(f"Positions.ids must be >= 0, got a minimum of {low}")
         _check_max_position(high, "Positions.ids")
         if self.bound is not None and high >= self.bound:
-            raise ValueError(f"Positions: an id is {high} but bound={self.bound} says every id is below it; pass bound >= {high + 1}")
+            raise InputError(f"Positions: an id is {high} but bound={self.bound} says every id is below it; pass bound >= {high + 1}")
         if self.bound is not None and exact and self.bound != high + 1:
-            raise ValueError(
+            raise InputError(
                 f"Positions: exact=True says bound is max(ids) + 1 = {high + 1}, got bound={self.bound}; "
                 "pass the exact bound, or exact=False for an upper bound"
             )
         if self.start is not None and not torch.equal(ids, torch.arange(self.start, self.start + ids.numel(), device=ids.device)):
-            raise ValueError(
+            raise InputError(
                 f"Positions: start={self.start} says the ids are {self.start} .. {self.start + ids.numel() - 1}, but they "
                 f"are not (first id {int(ids[0])}); pass start=None or start={int(ids[0])}"
             )
@@ -182,17 +183,17 @@ class Positions:
 
 def _integer_ids(position_ids: object, name: str) -> torch.Tensor:
     if not isinstance(position_ids, torch.Tensor):
-        raise TypeError(f"{name} must be an integer tensor, got {type(position_ids).__name__}")
+        raise InputTypeError(f"{name} must be an integer tensor, got {type(position_ids).__name__}")
     dtype = position_ids.dtype
     if position_ids.is_floating_point() or position_ids.is_complex() or dtype == torch.bool:
-        raise TypeError(
+        raise InputTypeError(
             f"{name} must have an integer dtype (int64 or int32), got {dtype}; float positions round "
             "(bf16 turns 257 into 256)"
         )
     if dtype == torch.uint8:
-        raise TypeError(f"{name} must be int64 or int32, got torch.uint8 (torch indexes with uint8 as a boolean mask)")
+        raise InputTypeError(f"{name} must be int64 or int32, got torch.uint8 (torch indexes with uint8 as a boolean mask)")
     if dtype not in (torch.int64, torch.int32):  # int16 / int8 overflow at small positions
-        raise TypeError(f"{name} must be int64 or int32, got {dtype}; convert with .long()")
+        raise InputTypeError(f"{name} must be int64 or int32, got {dtype}; convert with .long()")
     return position_ids
 
 
@@ -214,7 +215,7 @@ def _read_range(ids: torch.Tensor, name: str) -> int | None:
         return 0
     low, high = (int(v) for v in torch.aminmax(ids))
     if low < 0:
-        raise ValueError(f"{name} must be >= 0, got a minimum of {low}")
+        raise InputError(f"{name} must be >= 0, got a minimum of {low}")
     return high + 1
 
 
@@ -273,8 +274,8 @@ def from_ids(
         :class:`Positions` with int64 ids and the exact ``bound`` (one device read of min and max).
 
     Raises:
-        TypeError: not an integer tensor, or a dtype positions cannot be held in.
-        ValueError: a wrong rank, a batch or length that does not fit, or a negative position.
+        rotary.errors.InputTypeError: not an integer tensor, or a dtype positions cannot be held in.
+        rotary.errors.InputError: a wrong rank, a batch or length that does not fit, or a negative position.
 
     Example:
         >>> from_ids(torch.tensor([[0, 0, 1, 2]]), batch=1, seq_len=4).bound
@@ -297,18 +298,18 @@ def from_ids(
                     "; these look like M-RoPE ids [3, B, S] (temporal, height, width), which a 1-D RoPE cannot "
                     "rotate: use rotary.MRoPE, or pass one row (ids[0]) for text"
                 )
-            raise ValueError(f"{name} must be {want}, got shape {tuple(ids.shape)}{hint}")
+            raise InputError(f"{name} must be {want}, got shape {tuple(ids.shape)}{hint}")
         bound = None if kernel_checked and not deferred.host_checks(ids.device) else _read_range(ids, name)
         if bound is not None:
             _check_max_position(bound - 1, name)
         positions = Positions.unchecked(ids.long(), bound, axes, None, packed)
     if positions.axes != axes:
-        raise ValueError(f"{name} have {positions.axes} coordinate axes but {axes} are needed")
+        raise InputError(f"{name} have {positions.axes} coordinate axes but {axes} are needed")
     if seq_len is not None and positions.seq_len != seq_len:
-        raise ValueError(f"{name} cover S={positions.seq_len} positions but the input has S={seq_len}")
+        raise InputError(f"{name} cover S={positions.seq_len} positions but the input has S={seq_len}")
     got = positions.batch
     if batch is not None and got is not None and got not in (1, batch):
-        raise ValueError(f"{name} have batch {got} but the input has batch {batch}; pass [S], [1, S] or [B, S]")
+        raise InputError(f"{name} have batch {got} but the input has batch {batch}; pass [S], [1, S] or [B, S]")
     return positions if device is None else positions.to(device)
 
 
@@ -350,13 +351,13 @@ def check_attention_mask(attention_mask: torch.Tensor, *, name: str = "attention
     of 2 quietly double-weights a key.
     """
     if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
-        raise ValueError(
+        raise InputError(
             f"{name} must be a [B, T] tensor of 1 (attend) / 0 (padding), got "
             f"{getattr(attention_mask, 'shape', type(attention_mask).__name__)}"
         )
     if attention_mask.dtype != torch.bool:
         if attention_mask.is_floating_point() or attention_mask.is_complex():
-            raise ValueError(
+            raise InputError(
                 f"{name} must be bool or integer 0/1, got dtype {attention_mask.dtype}; "
                 "additive float masks are not accepted (for a 0 / -inf mask pass mask == 0 as a bool tensor)"
             )
@@ -367,7 +368,7 @@ def check_attention_mask(attention_mask: torch.Tensor, *, name: str = "attention
             if not deferred.host_checks(attention_mask.device):
                 deferred.record(deferred.MASK_SLOT, bad)
             elif bool(bad.any()):
-                raise ValueError(f"{name} must hold only 0 and 1 (or be bool)")
+                raise InputError(f"{name} must hold only 0 and 1 (or be bool)")
         attention_mask = attention_mask.bool()
     return attention_mask
 
@@ -389,9 +390,9 @@ def from_cu_seqlens(cu_seqlens: torch.Tensor, total: int, *, max_seqlen: int | N
         ([0, 1, 2, 0, 1], 3)
     """
     if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.is_floating_point() or cu_seqlens.dtype == torch.bool:
-        raise TypeError(f"cu_seqlens must be an integer tensor [N + 1], got {cu_seqlens!r:.80}")
+        raise InputTypeError(f"cu_seqlens must be an integer tensor [N + 1], got {cu_seqlens!r:.80}")
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
-        raise ValueError(f"cu_seqlens must be 1-D [N + 1] with N >= 1 sequences, got shape {tuple(cu_seqlens.shape)}")
+        raise InputError(f"cu_seqlens must be 1-D [N + 1] with N >= 1 sequences, got shape {tuple(cu_seqlens.shape)}")
     given = max_seqlen is not None
     if given:
         check_int(max_seqlen, "max_seqlen", minimum=0)
@@ -405,13 +406,13 @@ def from_cu_seqlens(cu_seqlens: torch.Tensor, total: int, *, max_seqlen: int | N
     elif not torch.compiler.is_compiling():
         lengths = cu.diff()
         if int(cu[0]) != 0 or int(cu[-1]) != total or bool((lengths < 0).any()):
-            raise ValueError(
+            raise InputError(
                 f"cu_seqlens must start at 0, never decrease and end at the {total} packed tokens; "
                 f"got {cu_seqlens.tolist() if cu.numel() <= 16 else cu_seqlens}"
             )
         longest = int(lengths.max())
         if max_seqlen is not None and max_seqlen < longest:
-            raise ValueError(f"max_seqlen={max_seqlen} but cu_seqlens holds a sequence of {longest} tokens")
+            raise InputError(f"max_seqlen={max_seqlen} but cu_seqlens holds a sequence of {longest} tokens")
         given = given and max_seqlen != longest
         max_seqlen = longest if max_seqlen is None else max_seqlen
     token = torch.arange(total, device=cu.device)
@@ -466,17 +467,17 @@ def from_call(
     if type(offset) is not int or offset != 0:
         named.append(f"offset={offset!r}")
     if len(named) > 1 and named != ["seqlen_offsets", "cu_seqlens"]:
-        raise ValueError(
+        raise InputError(
             f"{' and '.join(named)} each give positions; pass one (position_ids = offset + arange(S) for a shifted "
             "start; seqlen_offsets may go with cu_seqlens, one offset per packed sequence)"
         )
     if cu_seqlens is not None:
         if not packed:
-            raise ValueError(
+            raise InputError(
                 f"cu_seqlens marks packed sequences: the inputs must be [total_tokens, H, D], got a batch of {batch} x {seq_len}"
             )
         if not isinstance(cu_seqlens, torch.Tensor):
-            raise TypeError(f"cu_seqlens must be an integer tensor [N + 1], got {type(cu_seqlens).__name__}")
+            raise InputTypeError(f"cu_seqlens must be an integer tensor [N + 1], got {type(cu_seqlens).__name__}")
         positions = from_cu_seqlens(cu_seqlens.to(device), seq_len, max_seqlen=max_seqlen)
         if seqlen_offsets is None:
             return positions
@@ -489,7 +490,7 @@ def from_call(
         return from_ids(position_ids, packed=packed and _rank(position_ids) == 1, device=device, kernel_checked=True)
     if packed and (seqlen_offsets is not None or default):
         what = "seqlen_offsets with packed inputs needs" if seqlen_offsets is not None else "packed [total_tokens, H, D] inputs need"
-        raise ValueError(f"{what} cu_seqlens or per-token position_ids [total_tokens] (with cu_seqlens, positions restart per sequence)")
+        raise InputError(f"{what} cu_seqlens or per-token position_ids [total_tokens] (with cu_seqlens, positions restart per sequence)")
     if seqlen_offsets is not None:
         starts = _offsets(seqlen_offsets, batch, device)
         ids = starts[:, None] + torch.arange(seq_len, device=device)
@@ -510,7 +511,7 @@ def _offsets(seqlen_offsets: int | torch.Tensor, count: int, device: torch.devic
     """``seqlen_offsets`` as int64 ``[count]`` (an int for all sequences, or one per sequence), >= 0."""
     if isinstance(seqlen_offsets, torch.Tensor):
         if seqlen_offsets.dim() != 1 or seqlen_offsets.shape[0] != count:
-            raise ValueError(
+            raise InputError(
                 f"seqlen_offsets must be an int or an integer tensor [{count}] (one per sequence), got shape "
                 f"{tuple(seqlen_offsets.shape)}"
             )
@@ -533,9 +534,9 @@ def continuation(previous: Positions, seq_len: int) -> Positions:
     """
     check_int(seq_len, "seq_len", minimum=0)
     if not isinstance(previous, Positions):
-        raise TypeError(f"previous must be Positions (e.g. from_ids(position_ids)), got {type(previous).__name__}")
+        raise InputTypeError(f"previous must be Positions (e.g. from_ids(position_ids)), got {type(previous).__name__}")
     if previous.axes != 1 or previous.ids.shape[-1] == 0:
-        raise ValueError("continuation needs the 1-D positions of at least one cached token")
+        raise InputError("continuation needs the 1-D positions of at least one cached token")
     last = previous.ids[..., -1:]
     ids = last + torch.arange(1, seq_len + 1, device=last.device)
     bound = None if previous.bound is None else previous.bound + seq_len
@@ -552,7 +553,7 @@ def grid(*sizes: int, device: torch.device | str | None = None) -> Positions:
         [[0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [1, 2]]
     """
     if not sizes:
-        raise ValueError("grid needs at least one size, e.g. grid(h, w)")
+        raise InputError("grid needs at least one size, e.g. grid(h, w)")
     for i, size in enumerate(sizes):
         check_positive_int(size, f"grid size {i}")
     axes = [torch.arange(n, device=device) for n in sizes]

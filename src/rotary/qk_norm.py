@@ -27,6 +27,7 @@ import torch
 
 from . import positions as P
 from ._checks import check_choice, is_int
+from .errors import InputError, InputTypeError
 from .kernels import norm as kernels
 from .kernels.contract import Rotation
 from .positions import Positions
@@ -51,12 +52,12 @@ def _check_eps(eps: Any) -> float:
     """A finite number > 0, by comparisons only: under ``torch.compile(dynamic=True)`` dynamo passes a
     float argument as a symbolic float, which comparisons guard and ``math.isfinite`` cannot trace."""
     if isinstance(eps, torch.Tensor):
-        raise TypeError(
+        raise InputTypeError(
             f"eps must be a Python number > 0 (e.g. config.rms_norm_eps), got a tensor of shape {tuple(eps.shape)}"
         )
     number = isinstance(eps, float) or is_int(eps) or type(eps).__name__ in ("float16", "float32", "float64")
     if not number or not 0 < eps < math.inf:  # NaN fails the first comparison
-        raise ValueError(f"eps must be a finite number > 0, got {eps!r}")
+        raise InputError(f"eps must be a finite number > 0, got {eps!r}")
     return eps if isinstance(eps, float) else float(eps)
 
 
@@ -92,20 +93,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, *, eps: float = 1e-6, style:
     gemma = _check_style(style)
     eps = _check_eps(eps)
     if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
-        raise TypeError(f"x and weight must be tensors, got {type(x).__name__} and {type(weight).__name__}")
+        raise InputTypeError(f"x and weight must be tensors, got {type(x).__name__} and {type(weight).__name__}")
     if x.dtype not in _DTYPES:  # an integer x would come back truncated, a complex one without its imaginary part
-        raise TypeError(
+        raise InputTypeError(
             f"x must be fp32, bf16, fp16 or fp64, got dtype {x.dtype}; cast it (e.g. x.float()) and cast the result back"
         )
     if x.dim() == 0:
-        raise ValueError("x must be [..., D] (at least 1-D), got a 0-D tensor")
+        raise InputError("x must be [..., D] (at least 1-D), got a 0-D tensor")
     _check_weight(weight, "weight", x, x.shape[-1])
     return kernels.normalise_torch(x, weight, eps, gemma)[0]
 
 
 def _check_weight(weight: Any, name: str, x: torch.Tensor, head_dim: int) -> None:
     if not isinstance(weight, torch.Tensor):
-        raise TypeError(
+        raise InputTypeError(
             f"{name} must be a tensor [D] (the norm's weight, e.g. attention.q_norm.weight), got {type(weight).__name__}"
         )
     if weight.shape != (head_dim,):
@@ -116,17 +117,17 @@ def _check_weight(weight: Any, name: str, x: torch.Tensor, head_dim: int) -> Non
                 "once, as OLMo-2's, is not a per-head RMSNorm; normalise the [B, S, H * D] projection with it "
                 "first and rotate with rotary.RoPE)"
             )
-        raise ValueError(
+        raise InputError(
             f"{name} must be [D] = [{head_dim}], one weight per channel of a head, as Qwen3RMSNorm(head_dim).weight; "
             f"got shape {tuple(weight.shape)}{hint}"
         )
     if weight.dtype not in (x.dtype, torch.float32):
-        raise TypeError(
+        raise InputTypeError(
             f"{name} has dtype {weight.dtype} but the tensor it normalises has {x.dtype}: pass a weight of "
             f"{x.dtype} or fp32 (e.g. {name}.to({x.dtype}))"
         )
     if weight.device != x.device:
-        raise ValueError(
+        raise InputError(
             f"{name} is on {weight.device} but the tensor it normalises is on {x.device}; move it with .to()"
         )
 
@@ -138,24 +139,24 @@ def _tables(
     dtype = table_dtype(q.dtype)
     if isinstance(rope, RotaryTables):
         if position_ids is not None or (type(offset) is not int or offset != 0):
-            raise ValueError(
+            raise InputError(
                 "rope is RotaryTables, which already say where each token is: pass position_ids and offset to "
                 "rope.tables(...) instead, or pass the RoPE module itself"
             )
         return rope
     if not hasattr(rope, "tables"):
-        raise TypeError(
+        raise InputTypeError(
             "rope must be a table producer (rotary.RoPE, rotary.MRoPE, a variant) or RotaryTables from "
             f"rope.tables(positions), got {type(rope).__name__}"
         )
     width = getattr(rope, "head_dim", head_dim)
     if width != head_dim:
-        raise ValueError(
+        raise InputError(
             f"q and k have head_dim {head_dim} but this {type(rope).__name__} was built for head_dim={width}"
         )
     if hasattr(rope, "input_tables"):  # positions of its own kind (M-RoPE's [3, B, S], coordinates)
         if type(offset) is not int or offset != 0:
-            raise ValueError(f"offset is for 1-D positions; {type(rope).__name__} takes position_ids of its own kind")
+            raise InputError(f"offset is for 1-D positions; {type(rope).__name__} takes position_ids of its own kind")
         return rope.input_tables(position_ids, batch=batch, seq_len=seq_len, device=q.device, dtype=dtype)
     positions = P.from_call(
         batch=batch, seq_len=seq_len, packed=False, device=q.device, position_ids=position_ids, offset=offset
@@ -221,7 +222,7 @@ def rmsnorm_rotate(
     check_inputs((q, k), ("q", "k"), packed=False)
     batch_dim, seq_dim = check_layout(layout)
     if q.shape[batch_dim] != k.shape[batch_dim] or q.shape[seq_dim] != k.shape[seq_dim] or q.shape[-1] != k.shape[-1]:
-        raise ValueError(
+        raise InputError(
             f"k has shape {tuple(k.shape)} but q has {tuple(q.shape)}: need the same B, S and D (layout {layout!r})"
         )
     batch, seq_len, head_dim = q.shape[batch_dim], q.shape[seq_dim], q.shape[-1]
@@ -229,17 +230,17 @@ def rmsnorm_rotate(
     _check_weight(k_weight, "k_weight", k, head_dim)
     tables = _tables(rope, q, position_ids, offset, batch, seq_len, head_dim)
     if not isinstance(tables, RotaryTables):
-        raise TypeError(f"{type(rope).__name__}.tables(...) returned {type(tables).__name__}, not RotaryTables")
+        raise InputTypeError(f"{type(rope).__name__}.tables(...) returned {type(tables).__name__}, not RotaryTables")
     r = tables.rotary_dim
     if r > head_dim:
-        raise ValueError(f"the tables rotate r={r} channels but q and k have head_dim={head_dim}; need r <= head_dim")
+        raise InputError(f"the tables rotate r={r} channels but q and k have head_dim={head_dim}; need r <= head_dim")
     if tables.cos.device != q.device:
-        raise ValueError(f"cos/sin are on {tables.cos.device} but q is on {q.device}; move them with .to(q.device)")
+        raise InputError(f"cos/sin are on {tables.cos.device} but q is on {q.device}; move them with .to(q.device)")
     if tables.heads is not None:
         for x, name in ((q, "q"), (k, "k")):
             heads = x.shape[1] if layout == "bhsd" else x.shape[2]
             if heads != tables.heads:
-                raise ValueError(f"{name} has {heads} heads but the per-head tables were built for {tables.heads}")
+                raise InputError(f"{name} has {heads} heads but the per-head tables were built for {tables.heads}")
     if torch.is_grad_enabled() and (tables.cos.requires_grad or tables.sin.requires_grad):
         # learnable frequencies: rotary.rotate carries the tables' gradient
         ys = [kernels.normalise_torch(x, w, eps, gemma)[0] for x, w in ((q, q_weight), (k, k_weight))]

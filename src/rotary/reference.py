@@ -13,6 +13,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .errors import InputError
+
 __all__ = ["rotation_matrix", "rotate_matrix", "rotate_complex", "rotate_numpy", "rotation_matrix_nd", "rotate_matrix_nd"]
 
 
@@ -115,7 +117,7 @@ def rotation_matrix_nd(
     """
     coords = [float(c) for c in torch.as_tensor(coordinates).reshape(-1).tolist()]
     if len(coords) != inv_freq.shape[0]:
-        raise ValueError(f"{len(coords)} coordinates for {inv_freq.shape[0]} frequency rows")
+        raise InputError(f"{len(coords)} coordinates for {inv_freq.shape[0]} frequency rows")
     R = torch.eye(head_dim, dtype=torch.float64)
     for c, row in zip(coords, inv_freq):
         R = R @ rotation_matrix(c, row, head_dim, interleaved=interleaved)

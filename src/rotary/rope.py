@@ -16,6 +16,7 @@ from typing import Any, Literal
 import torch
 
 from . import positions as P
+from .errors import InputError, InputTypeError
 from .hf_config import read_hf_config
 from .positions import Positions
 from .rope_tables import CACHE_ROWS, TableSource, keep_float32
@@ -174,7 +175,7 @@ class RoPE(TableSource):
             True
         """
         if scaling is not None and not isinstance(scaling, Mapping):
-            raise TypeError(f"scaling must be a dict (a rope_scaling block) or None, got {type(scaling).__name__} {scaling!r:.40}")
+            raise InputTypeError(f"scaling must be a dict (a rope_scaling block) or None, got {type(scaling).__name__} {scaling!r:.40}")
         block = dict(scaling or {})
         theta = block.pop("rope_theta", None)
         if theta is not None and theta != self.original_freqs.base:
@@ -205,12 +206,12 @@ class RoPE(TableSource):
     ) -> Positions:
         """The positions of ``x``'s tokens (:func:`rotary.positions.from_call`)."""
         if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+            raise InputTypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
         packed = cu_seqlens is not None or x.dim() == 3
         if packed and x.dim() != 3:
-            raise ValueError(f"packed inputs (cu_seqlens) must be [total_tokens, H, D], got {tuple(x.shape)}")
+            raise InputError(f"packed inputs (cu_seqlens) must be [total_tokens, H, D], got {tuple(x.shape)}")
         if not packed and x.dim() != 4:
-            raise ValueError(f"{name} must be 4-D ([B, H, S, D] or [B, S, H, D]), got shape {tuple(x.shape)}")
+            raise InputError(f"{name} must be 4-D ([B, H, S, D] or [B, S, H, D]), got shape {tuple(x.shape)}")
         batch_dim, seq_dim = (0, 0) if packed else check_layout(layout)
         return P.from_call(  # type: ignore[return-value]  (default=True: never None)
             batch=1 if packed else x.shape[batch_dim], seq_len=x.shape[seq_dim], packed=packed, device=x.device,
@@ -220,7 +221,7 @@ class RoPE(TableSource):
     def _check_head_dim(self, xs: tuple[torch.Tensor, ...], names: tuple[str, ...]) -> None:
         for x, name in zip(xs, names):
             if isinstance(x, torch.Tensor) and x.dim() in (3, 4) and x.shape[-1] != self.head_dim:
-                raise ValueError(f"{name} has head_dim {x.shape[-1]} but this RoPE was built for head_dim={self.head_dim}")
+                raise InputError(f"{name} has head_dim {x.shape[-1]} but this RoPE was built for head_dim={self.head_dim}")
 
     def forward(
         self,

@@ -23,6 +23,7 @@ from . import positions as P
 from ._checks import check_bool, check_choice, check_positive_int
 from ._limits import MAX_TABLE_BYTES, check_bytes
 from ._sync import CopyableLock
+from .errors import InputError, InputTypeError
 from .frequencies import Frequencies, frequencies
 from .positions import Positions
 from .schedule import FrequencySchedule
@@ -125,7 +126,7 @@ class TableSource(nn.Module):
         self.log_frequency_scale: nn.Parameter | None = None
         if learnable_frequencies:
             if self.schedule.length_dependent:
-                raise ValueError(
+                raise InputError(
                     f"learnable_frequencies=True cannot be combined with rope_type {original.rope_type!r}: its "
                     "frequencies are recomputed for each sequence length, so a learned factor per pair would "
                     "multiply different frequencies from call to call. Use a static type (default, linear, yarn, "
@@ -297,12 +298,12 @@ class TableSource(nn.Module):
         if not isinstance(positions, Positions):
             positions = P.from_ids(positions)
         if positions.axes != 1:
-            raise ValueError(
+            raise InputError(
                 f"positions have {positions.axes} coordinate axes but this RoPE is 1-D; use rotary.AxialRoPE "
                 "(or the M-RoPE variant) for N-D positions"
             )
         if dtype not in (torch.float32, torch.float64):
-            raise TypeError(f"table dtype must be torch.float32 or torch.float64, got {dtype}")
+            raise InputTypeError(f"table dtype must be torch.float32 or torch.float64, got {dtype}")
         self._check_inv_freq()
         compiling = torch.compiler.is_compiling()
         freqs, key = self.original_freqs, "original"
@@ -374,13 +375,13 @@ class TableSource(nn.Module):
         """
         check_positive_int(max_position, "max_position")
         if dtype not in (torch.float32, torch.float64):
-            raise TypeError(f"table dtype must be torch.float32 or torch.float64, got {dtype}")
+            raise InputTypeError(f"table dtype must be torch.float32 or torch.float64, got {dtype}")
         device = indexed_device(self.inv_freq.device if device is None else device)
         if self.schedule.length_dependent or self.log_frequency_scale is not None:
             return self  # tables of these are computed per call, never cached
         cache = self._cache("original", self.original_freqs)
         if max_position > cache.limit:
-            raise ValueError(
+            raise InputError(
                 f"prepare(max_position={max_position}) asks for more rows than the cache holds ({cache.limit}); "
                 f"build the RoPE with max_position >= {max_position}"
             )

@@ -16,6 +16,7 @@ from typing import Literal
 import torch
 
 from ._checks import check_bool, check_positive_int
+from .errors import InputError, InputTypeError
 from .kernels import dispatch
 from .kernels import triton as triton_kernel
 from .kernels.contract import Rotation
@@ -49,7 +50,7 @@ def check_layout(layout: str) -> tuple[int, int]:
     try:
         return LAYOUTS[layout]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown layout {layout!r}; use 'bhsd' ([B, H, S, D]) or 'bshd' ([B, S, H, D])") from None
+        raise InputError(f"unknown layout {layout!r}; use 'bhsd' ([B, H, S, D]) or 'bshd' ([B, S, H, D])") from None
 
 
 _INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -59,28 +60,28 @@ def check_inputs(xs: Sequence[torch.Tensor], names: Sequence[str], packed: bool)
     x0 = xs[0]
     for x, name in zip(xs, names):
         if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+            raise InputTypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
         if transformed(x):
-            raise TypeError(TRANSFORMED.format(name=name))
+            raise InputTypeError(TRANSFORMED.format(name=name))
         if x.dtype not in _INPUT_DTYPES:
-            raise TypeError(
+            raise InputTypeError(
                 f"{name} must be fp32, bf16, fp16 or fp64, got dtype {x.dtype}; cast it (e.g. x.float()) and cast "
                 "the result back"
             )
         if packed and x.dim() != 3:
-            raise ValueError(
+            raise InputError(
                 f"packed {name} (with cu_seqlens) must be 3-D [total_tokens, H, D], got shape {tuple(x.shape)}"
             )
         if not packed and x.dim() != 4:
-            raise ValueError(f"{name} must be 4-D ([B, H, S, D] or [B, S, H, D]), got shape {tuple(x.shape)}")
+            raise InputError(f"{name} must be 4-D ([B, H, S, D] or [B, S, H, D]), got shape {tuple(x.shape)}")
     for x, name in zip(xs[1:], names[1:]):
         if x.dtype != x0.dtype:
-            raise TypeError(
+            raise InputTypeError(
                 f"{names[0]} and {name} must share a dtype, got {x0.dtype} for {names[0]} and {x.dtype} for {name}; "
                 "cast one of them"
             )
         if x.device != x0.device:
-            raise ValueError(f"{names[0]} is on {x0.device} but {name} on {x.device}; move them to one device")
+            raise InputError(f"{names[0]} is on {x0.device} but {name} on {x.device}; move them to one device")
 
 
 def _check_inplace_targets(xs: Sequence[torch.Tensor], names: Sequence[str]) -> None:
@@ -88,13 +89,13 @@ def _check_inplace_targets(xs: Sequence[torch.Tensor], names: Sequence[str]) -> 
     and autograd must be able to record the change (no leaf that requires grad)."""
     for x, name in zip(xs, names):
         if x.is_leaf and x.requires_grad and torch.is_grad_enabled():
-            raise ValueError(
+            raise InputError(
                 f"{name} is a leaf tensor that requires grad: autograd cannot record an in-place change of it; "
                 "rotate out of place (inplace=False), rotate a non-leaf (e.g. a projection's output), or run "
                 "under torch.no_grad()"
             )
         if overlaps_itself(x):
-            raise ValueError(
+            raise InputError(
                 f"{name} (shape {tuple(x.shape)}, strides {x.stride()}) has overlapping memory, e.g. keys expanded over "
                 "heads: rotating it in place would turn shared elements several times; pass a tensor that owns its "
                 "memory or rotate out of place"
@@ -104,7 +105,7 @@ def _check_inplace_targets(xs: Sequence[torch.Tensor], names: Sequence[str]) -> 
             if shares_elements(xs[i], xs[j]):
                 same = xs[i].data_ptr() == xs[j].data_ptr() and xs[i].shape == xs[j].shape
                 what = "are the same memory" if same else "share memory (overlapping views)"
-                raise ValueError(
+                raise InputError(
                     f"{names[i]} and {names[j]} {what}: rotating both in place would turn the shared elements twice; "
                     "pass separate tensors or rotate out of place"
                 )
@@ -206,7 +207,7 @@ def plan(
     """Check ``xs`` against each other and against ``tables``; return the kernels' :class:`Rotation`
     (the tensors as ``[B, S, H, D]`` views, their tables and addressing) and whether ``xs`` are packed."""
     if not isinstance(tables, RotaryTables):
-        raise TypeError(f"tables must be RotaryTables (from RoPE.tables(positions)), got {type(tables).__name__}")
+        raise InputTypeError(f"tables must be RotaryTables (from RoPE.tables(positions)), got {type(tables).__name__}")
     x0 = xs[0]
     packed = isinstance(x0, torch.Tensor) and x0.dim() == 3
     check_inputs(xs, names, packed)
@@ -214,35 +215,35 @@ def plan(
         batch_dim, seq_dim = check_layout(layout)
         for x, name in zip(xs[1:], names[1:]):
             if x.shape[seq_dim] != x0.shape[seq_dim]:
-                raise ValueError(
+                raise InputError(
                     f"{names[0]} and {name} must share S: got S={x0.shape[seq_dim]} for {names[0]} and "
                     f"S={x.shape[seq_dim]} for {name} (layout {layout!r})"
                 )
             if x.shape[batch_dim] != x0.shape[batch_dim] or x.shape[-1] != x0.shape[-1]:
-                raise ValueError(
+                raise InputError(
                     f"{name} has shape {tuple(x.shape)} but {names[0]} has {tuple(x0.shape)}: need the same B, S and D"
                 )
         batch, seq_len = x0.shape[batch_dim], x0.shape[seq_dim]
     else:
         for x, name in zip(xs[1:], names[1:]):
             if x.shape[0] != x0.shape[0] or x.shape[-1] != x0.shape[-1]:
-                raise ValueError(
+                raise InputError(
                     f"{name} has shape {tuple(x.shape)} but {names[0]} has {tuple(x0.shape)}: need the same tokens and D"
                 )
         batch, seq_len = 1, x0.shape[0]
     head_dim = x0.shape[-1]
     r = tables.rotary_dim
     if r > head_dim:
-        raise ValueError(
+        raise InputError(
             f"cos/sin rotate r={r} channels but x has head_dim={head_dim}; r must be even and 0 < r <= head_dim"
         )
     if tables.cos.device != x0.device:
-        raise ValueError(f"cos/sin are on {tables.cos.device} but x is on {x0.device}; move them with .to(x.device)")
+        raise InputError(f"cos/sin are on {tables.cos.device} but x is on {x0.device}; move them with .to(x.device)")
     if tables.heads is not None:
         for x, name in zip(xs, names):
             heads = x.shape[-2] if packed or layout == "bshd" else x.shape[1]
             if heads != tables.heads:
-                raise ValueError(f"{name} has {heads} heads but the per-head tables were built for {tables.heads}")
+                raise InputError(f"{name} has {heads} heads but the per-head tables were built for {tables.heads}")
     wanted = torch.float64 if x0.dtype == torch.float64 else torch.float32
     # float64 inputs with fp32 tables are rotated with the tables given, i.e. to fp32's accuracy (about
     # 1e-7): rotary's own producers build float64 tables for float64 inputs; tables passed in are the
@@ -252,7 +253,7 @@ def plan(
     positions, batch_rows, flat = addressing(tables, batch, seq_len, packed, layout, x0.shape)
     kinds = ["q"] * len(xs) if kinds is None else list(kinds)
     if len(kinds) != len(xs) or any(k not in ("q", "k") for k in kinds):
-        raise ValueError(f"kinds must give 'q' or 'k' for each of the {len(xs)} tensors, got {kinds!r}")
+        raise InputError(f"kinds must give 'q' or 'k' for each of the {len(xs)} tensors, got {kinds!r}")
     views = tuple(_kernel_view(x, layout, packed) for x in xs)
     key_flat = flat if tables.k_cos is None else kernel_tables(tables.key_tables(), tables, batch)
     chosen = [key_flat if kind == "k" else flat for kind in kinds]
@@ -264,14 +265,14 @@ def _as_tensor_list(xs: object) -> list[torch.Tensor]:
     """``xs`` given as another iterable than a list or tuple; a lone tensor is refused (it would be
     read as a sequence of its first dimension)."""
     if isinstance(xs, torch.Tensor):
-        raise TypeError(
+        raise InputTypeError(
             f"xs must be a list of tensors, got one tensor of shape {tuple(xs.shape)}; pass [x] to rotate one "
             "tensor (or use RoPE.rotate(x))"
         )
     try:
         return list(xs)  # type: ignore[call-overload]
     except TypeError:
-        raise TypeError(f"xs must be a list of tensors, got {type(xs).__name__}") from None
+        raise InputTypeError(f"xs must be a list of tensors, got {type(xs).__name__}") from None
 
 
 def _needs_grad(xs: Sequence[torch.Tensor], tables: RotaryTables) -> bool:
@@ -309,10 +310,10 @@ def split_heads(x: torch.Tensor, head_dim: int | None, name: str) -> torch.Tenso
         torch.Size([5, 3, 8])
     """
     if head_dim is None:
-        raise ValueError(f"{name} is 2-D [tokens, H * D] (vLLM's layout): pass head_dim so it can be split into heads")
+        raise InputError(f"{name} is 2-D [tokens, H * D] (vLLM's layout): pass head_dim so it can be split into heads")
     check_positive_int(head_dim, "head_dim")
     if x.shape[-1] % head_dim:
-        raise ValueError(
+        raise InputError(
             f"{name} must be 4-D ([B, H, S, D] or [B, S, H, D]), packed [total_tokens, H, D], or flat [total_tokens, "
             f"H * D] with H * D a multiple of head_dim={head_dim}; got shape {tuple(x.shape)}"
         )
@@ -526,31 +527,31 @@ def addressing(
         assert rows is not None
         if packed:
             if rows.dim() != 1 or rows.shape[0] != seq_len:
-                raise ValueError(
+                raise InputError(
                     f"with packed x [{seq_len}, H, D], position_ids must be [{seq_len}], got shape {tuple(rows.shape)}"
                 )
             positions = rows.unsqueeze(0)
         else:
             if rows.shape[-1] != seq_len or (rows.dim() == 2 and rows.shape[0] not in (1, batch)):
                 hint = _layout_hint(layout, shape, rows.shape[-1])
-                raise ValueError(
+                raise InputError(
                     f"position_ids of shape {tuple(rows.shape)} do not fit {where} with B={batch}, S={seq_len}; "
                     f"use [S] or [B, S]{hint}"
                 )
             positions = rows.expand(batch, seq_len)
         return positions, 0, kernel_tables((tables.cos, tables.sin), tables, batch)
     if packed:
-        raise ValueError(
+        raise InputError(
             "x is 3-D, i.e. packed [total_tokens, H, D]: pass cu_seqlens (positions restart per sequence) "
             "or per-token position_ids; for [B, H, S, D] / [B, S, H, D] pass a 4-D x"
         )
     seq_axis = cos.dim() - (2 if tables.heads is None else 3)
     if cos.shape[seq_axis] != seq_len:
         hint = _layout_hint(layout, shape, cos.shape[seq_axis])
-        raise ValueError(f"cos/sin cover S={cos.shape[seq_axis]} positions but {where} has S={seq_len}{hint}")
+        raise InputError(f"cos/sin cover S={cos.shape[seq_axis]} positions but {where} has S={seq_len}{hint}")
     if mode == "per_token":
         if cos.shape[0] not in (1, batch):
-            raise ValueError(f"cos/sin have batch {cos.shape[0]} but x has batch {batch} (layout {layout!r})")
+            raise InputError(f"cos/sin have batch {cos.shape[0]} but x has batch {batch} (layout {layout!r})")
         batch_rows = seq_len if cos.shape[0] > 1 else 0
         return None, batch_rows, kernel_tables((tables.cos, tables.sin), tables, batch)
     return None, 0, kernel_tables((tables.cos, tables.sin), tables, batch)

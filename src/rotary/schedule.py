@@ -22,6 +22,7 @@ import torch
 
 from ._checks import is_int
 from ._sync import CopyableLock
+from .errors import InputError
 from .frequencies import Frequencies, frequencies
 from .rope_types import ROPE_TYPES, ConfigError
 
@@ -48,7 +49,7 @@ class FrequencySchedule:
         self, frequency_args: Mapping[str, Any], original: Frequencies, mode: Literal["hf", "stateless"] = "hf"
     ) -> None:
         if mode not in ("hf", "stateless"):
-            raise ValueError(f"dynamic must be 'hf' (transformers' state machine) or 'stateless', got {mode!r}")
+            raise InputError(f"dynamic must be 'hf' (transformers' state machine) or 'stateless', got {mode!r}")
         self._args = dict(frequency_args)
         self.original = original
         self.mode = mode

@@ -14,6 +14,7 @@ from typing import Literal
 import torch
 
 from . import deferred
+from .errors import InputError, InputTypeError
 from .kernels import triton as triton_kernel
 from .kernels.contract import Rotation
 from .rotation import Layout, check_layout, plan, rotate, unview
@@ -46,21 +47,21 @@ def tables_from_cos_sin_cache(
         True
     """
     if not isinstance(cos_sin_cache, torch.Tensor) or cos_sin_cache.dim() != 2 or cos_sin_cache.shape[-1] % 2:
-        raise ValueError(
+        raise InputError(
             "cos_sin_cache must be [max_position, r] (cos of the r/2 pairs, then their sin), got "
             f"{getattr(cos_sin_cache, 'shape', type(cos_sin_cache).__name__)}"
         )
     if not cos_sin_cache.is_floating_point():
-        raise TypeError(f"cos_sin_cache must be floating point, got {cos_sin_cache.dtype}")
+        raise InputTypeError(f"cos_sin_cache must be floating point, got {cos_sin_cache.dtype}")
     if not isinstance(positions, torch.Tensor) or positions.is_floating_point() or positions.dim() not in (1, 2):
-        raise ValueError(f"positions must be an integer tensor [B, S] or [T], got {getattr(positions, 'shape', positions)!r}")
+        raise InputError(f"positions must be an integer tensor [B, S] or [T], got {getattr(positions, 'shape', positions)!r}")
     if positions.device != cos_sin_cache.device:
-        raise ValueError(f"positions are on {positions.device} but cos_sin_cache on {cos_sin_cache.device}; move one")
+        raise InputError(f"positions are on {positions.device} but cos_sin_cache on {cos_sin_cache.device}; move one")
     rows = cos_sin_cache.shape[0]
     ids = positions.long()
     if deferred.host_checks(ids.device) and not torch.compiler.is_compiling():
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= rows):
-            raise ValueError(
+            raise InputError(
                 f"positions must be in 0 .. {rows - 1} (the rows of cos_sin_cache), got {int(ids.min())} .. {int(ids.max())}"
             )
         safe = ids
@@ -119,7 +120,7 @@ def rotate_and_cache(
         ``(q_rot, k_rot)`` in q's and k's shapes; the caches are written in place.
 
     Raises:
-        ValueError: naming what does not fit. A slot outside ``0 .. T_max - 1`` is an error on the CPU; on
+        rotary.errors.InputError: naming what does not fit. A slot outside ``0 .. T_max - 1`` is an error on the CPU; on
             an accelerator nothing is read: that token's k and v are not written and
             :func:`rotary.check_device_errors` raises later.
 
@@ -135,15 +136,15 @@ def rotate_and_cache(
     """
     for name, t in (("q", q), ("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache), ("slots", slots)):
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            raise InputTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if (tables is None) == (cos_sin_cache is None):
-        raise ValueError("pass tables (rope.tables(positions)), or positions with cos_sin_cache, not both and not neither")
+        raise InputError("pass tables (rope.tables(positions)), or positions with cos_sin_cache, not both and not neither")
     if cos_sin_cache is not None:
         if positions is None:
-            raise ValueError("cos_sin_cache needs positions: int64 [B, S] (or [T]) giving each token's position")
+            raise InputError("cos_sin_cache needs positions: int64 [B, S] (or [T]) giving each token's position")
         tables = tables_from_cos_sin_cache(cos_sin_cache, positions, interleaved=interleaved)
     elif positions is not None:
-        raise ValueError("positions go with cos_sin_cache; with tables, build them for the positions (rope.tables(positions))")
+        raise InputError("positions go with cos_sin_cache; with tables, build them for the positions (rope.tables(positions))")
     packed = q.dim() == 3
     check_layout(layout)
     check_layout(cache_layout)
@@ -179,31 +180,31 @@ def _check_shapes(q, k, v, k_cache, v_cache, slots) -> None:
     """q, k, v ``[B, S, H, D]``; caches ``[Bc, T, Hk, D]``; slots ``[B, S]``: do they fit each other?"""
     batch, seq_len, heads, head_dim = k.shape
     if k_cache.dim() != 4 or v_cache.dim() != 4:
-        raise ValueError(
+        raise InputError(
             f"k_cache and v_cache must be 4-D [B or 1, T_max, Hk, D] (cache_layout='bshd') or [B or 1, Hk, T_max, D] "
             f"('bhsd'), got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
         )
     if v.shape[:3] != k.shape[:3]:
-        raise ValueError(f"v must have k's batch, length and heads {tuple(k.shape[:3])}, got {tuple(v.shape[:3])} (as [B, S, H])")
+        raise InputError(f"v must have k's batch, length and heads {tuple(k.shape[:3])}, got {tuple(v.shape[:3])} (as [B, S, H])")
     for name, cache, width in (("k_cache", k_cache, head_dim), ("v_cache", v_cache, v.shape[-1])):
         if cache.shape[0] not in (1, batch) or cache.shape[2] != heads or cache.shape[3] != width:
-            raise ValueError(
+            raise InputError(
                 f"{name} {tuple(cache.shape)} (as [Bc, T_max, H, D]) does not fit {batch} sequences of {heads} heads of "
                 f"{width} channels; make it [{batch} or 1, T_max, {heads}, {width}]"
             )
         if cache.dtype != (k.dtype if name == "k_cache" else v.dtype) or cache.device != k.device:
-            raise ValueError(f"{name} must have the dtype and device of {name[0]} ({k.dtype}, {k.device}), got {cache.dtype}, {cache.device}")
+            raise InputError(f"{name} must have the dtype and device of {name[0]} ({k.dtype}, {k.device}), got {cache.dtype}, {cache.device}")
     if k_cache.shape[:2] != v_cache.shape[:2]:
-        raise ValueError(f"k_cache and v_cache must have the same batch and length, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+        raise InputError(f"k_cache and v_cache must have the same batch and length, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     if slots.shape != (batch, seq_len) or slots.dtype not in (torch.int64, torch.int32) or slots.device != k.device:
-        raise ValueError(
+        raise InputError(
             f"slots must be an int64 tensor [{batch}, {seq_len}] on {k.device} (the cache row of every token), got "
             f"{tuple(slots.shape)} {slots.dtype} on {slots.device}"
         )
     if deferred.host_checks(slots.device) and slots.numel() and not torch.compiler.is_compiling():
         low, high = int(slots.min()), int(slots.max())
         if low < 0 or high >= k_cache.shape[1]:
-            raise ValueError(
+            raise InputError(
                 f"slots must be in 0 .. {k_cache.shape[1] - 1} (the cache holds {k_cache.shape[1]} rows), got {low} .. "
                 f"{high}; make the cache longer or write fewer tokens"
             )

@@ -21,6 +21,7 @@ from . import deferred
 from ._checks import check_positive_int, is_number
 from ._limits import MAX_TABLE_BYTES
 from ._sync import CopyableLock
+from .errors import InputError, InputTypeError
 
 __all__ = ["RotaryTables", "TableCache", "angles", "cos_sin_table", "indexed_device", "expand_pairs", "table_dtype"]
 
@@ -52,12 +53,12 @@ def angles(position_ids: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
         return pos.unsqueeze(-1) * freq
     axes = freq.shape[-2]
     if pos.shape[-1:] != (axes,):
-        raise ValueError(f"positions {tuple(position_ids.shape)} need a last axis of {axes} coordinates for frequencies {tuple(inv_freq.shape)}")
+        raise InputError(f"positions {tuple(position_ids.shape)} need a last axis of {axes} coordinates for frequencies {tuple(inv_freq.shape)}")
     if freq.dim() == 2:  # [..., A, 1] * [A, r/2], summed over A
         return (pos.unsqueeze(-1) * freq).sum(-2)
     if freq.dim() == 3:  # [..., 1, A, 1] * [H, A, r/2] -> [..., H, r/2]
         return (pos[..., None, :, None] * freq).sum(-2)
-    raise ValueError(f"inv_freq must be [r/2], [A, r/2] or [H, A, r/2], got {tuple(inv_freq.shape)}")
+    raise InputError(f"inv_freq must be [r/2], [A, r/2] or [H, A, r/2], got {tuple(inv_freq.shape)}")
 
 
 def expand_pairs(half_table: torch.Tensor, interleaved: bool) -> torch.Tensor:
@@ -193,40 +194,40 @@ class RotaryTables:
         """Shapes, dtypes, devices, pairing flag and row range: host-side checks (rows: see below)."""
         cos, sin = self.cos, self.sin
         if not (isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor)):
-            raise TypeError("cos and sin must be tensors (use RoPE.tables(positions) to make them)")
+            raise InputTypeError("cos and sin must be tensors (use RoPE.tables(positions) to make them)")
         if cos.shape != sin.shape or cos.dtype != sin.dtype or cos.device != sin.device:
-            raise ValueError(
+            raise InputError(
                 f"cos and sin must have the same shape, dtype and device; got {tuple(cos.shape)} {cos.dtype} {cos.device} and "
                 f"{tuple(sin.shape)} {sin.dtype} {sin.device}"
             )
         if not cos.is_floating_point():
-            raise TypeError(f"cos/sin must be floating point, got dtype {cos.dtype}")
+            raise InputTypeError(f"cos/sin must be floating point, got dtype {cos.dtype}")
         if not isinstance(self.interleaved, bool):
-            raise TypeError(f"interleaved must be True or False, got {self.interleaved!r}")
+            raise InputTypeError(f"interleaved must be True or False, got {self.interleaved!r}")
         r = cos.shape[-1] if cos.dim() else 0
         if r == 0 or r % 2:
-            raise ValueError(f"cos/sin rotate r={r} channels (shape {tuple(cos.shape)}); r must be even and > 0")
+            raise InputError(f"cos/sin rotate r={r} channels (shape {tuple(cos.shape)}); r must be even and > 0")
         head_axis = 0 if self.heads is None else 1
         if self.heads is not None and (cos.dim() < 3 or cos.shape[-2] != self.heads):
-            raise ValueError(f"per-head tables need a head axis of {self.heads} before r, got shape {tuple(cos.shape)}")
+            raise InputError(f"per-head tables need a head axis of {self.heads} before r, got shape {tuple(cos.shape)}")
         if self.rows is None:
             if cos.dim() - head_axis not in (2, 3):
-                raise ValueError(f"cos/sin must be [S, r] or [B, S, r] (tokens' rows), got shape {tuple(cos.shape)}")
+                raise InputError(f"cos/sin must be [S, r] or [B, S, r] (tokens' rows), got shape {tuple(cos.shape)}")
         else:
             rows = self.rows
             if not isinstance(rows, torch.Tensor) or rows.dtype != torch.int64 or rows.dim() not in (1, 2):
-                raise TypeError(f"rows must be an int64 tensor [S] or [B, S], got {rows!r:.80}")
+                raise InputTypeError(f"rows must be an int64 tensor [S] or [B, S], got {rows!r:.80}")
             if rows.device != cos.device:
-                raise ValueError(f"rows are on {rows.device} but the tables on {cos.device}")
+                raise InputError(f"rows are on {rows.device} but the tables on {cos.device}")
             if cos.dim() - head_axis != 2:
-                raise ValueError(f"with rows, cos/sin must be a table [N, r] indexed by row, got shape {tuple(cos.shape)}")
+                raise InputError(f"with rows, cos/sin must be a table [N, r] indexed by row, got shape {tuple(cos.shape)}")
             _check_row_range(rows, cos.shape[0])
         if (self.k_cos is None) != (self.k_sin is None):
-            raise ValueError("give both k_cos and k_sin, or neither")
+            raise InputError("give both k_cos and k_sin, or neither")
         if self.k_cos is not None:
             for name, t in (("k_cos", self.k_cos), ("k_sin", self.k_sin)):
                 if not isinstance(t, torch.Tensor) or t.shape != cos.shape or t.dtype != cos.dtype or t.device != cos.device:
-                    raise ValueError(f"{name} must have cos's shape {tuple(cos.shape)}, dtype and device")
+                    raise InputError(f"{name} must have cos's shape {tuple(cos.shape)}, dtype and device")
 
     @property
     def rotary_dim(self) -> int:
@@ -273,13 +274,13 @@ class RotaryTables:
                 sin must be 0 (a swap of cos and sin is named).
 
         Raises:
-            ValueError: naming the pairing the tables were built for, a non-finite value, a table
+            rotary.errors.InputError: naming the pairing the tables were built for, a non-finite value, a table
                 of zeros, or the worst cos²+sin² mismatch.
         """
         if self.cos.device.type == "meta":  # no values to check (a model built on the meta device)
             return
         if not is_number(rtol) or not 0 < rtol < 1:
-            raise ValueError(f"rtol must be a number in (0, 1), got {rtol!r}")
+            raise InputError(f"rtol must be a number in (0, 1), got {rtol!r}")
         if sample is not None:
             check_positive_int(sample, "sample")
         rows = None
@@ -318,7 +319,7 @@ class RotaryTables:
         catches cos and sin swapped. Tables in another float dtype than fp32/float64 are converted to fp32.
         """
         if validate not in (True, False, "full", "sync"):
-            raise ValueError(
+            raise InputError(
                 f"validate must be True (a few rows), 'sync' (a few rows, read at once on any device), 'full' (every "
                 f"row) or False, got {validate!r}"
             )
@@ -330,7 +331,7 @@ class RotaryTables:
                 rtol = max(rtol, torch.finfo(cos.dtype).eps / 2)
                 cos, sin = cos.float(), sin.float()
             elif cos.is_floating_point():
-                raise TypeError(f"cos/sin of dtype {cos.dtype} cannot hold rotation tables; give fp32, float64, bf16 or fp16")
+                raise InputTypeError(f"cos/sin of dtype {cos.dtype} cannot hold rotation tables; give fp32, float64, bf16 or fp16")
         tables = cls.unchecked(cos, sin, interleaved, rows)
         if not validate:
             return tables
@@ -353,7 +354,7 @@ def _check_row_range(rows: torch.Tensor, table_rows: int) -> None:
         return  # on accelerators the kernels check each token's row against the table (rotary.deferred)
     low, high = (int(v) for v in torch.aminmax(rows))
     if low < 0 or high >= table_rows:
-        raise ValueError(
+        raise InputError(
             f"rows must index the cos/sin table of {table_rows} rows (0 .. {table_rows - 1}), got rows from {low} to "
             f"{high}; build the tables for the positions you rotate"
         )
@@ -375,11 +376,11 @@ def _check_position_zero(cos0: torch.Tensor, sin0: torch.Tensor, rtol: float) ->
     if float(sin0.abs().max()) <= rtol * scale:
         return
     if float(cos0.abs().max()) <= rtol * scale:
-        raise ValueError(
+        raise InputError(
             "cos and sin swapped: at position 0 (row 0 of tables indexed by position) sin must be 0 and cos the "
             "attention scaling, but here cos is 0 and sin is not; pass cos first (apply_rotary(x, cos, sin, ...))"
         )
-    raise ValueError(
+    raise InputError(
         f"row 0 of the cos/sin tables must be position 0 (tables indexed by position ids): sin must be 0 there, got "
         f"|sin| up to {float(sin0.abs().max()):.3g}; build the tables from position 0 (RoPE.cos_sin(torch.arange(T)))"
     )
@@ -434,11 +435,11 @@ def _check_rows(cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, sample:
         return
     c, s = _sample_rows(cos.detach(), sample).double(), _sample_rows(sin.detach(), sample).double()
     if not (bool(torch.isfinite(c).all()) and bool(torch.isfinite(s).all())):
-        raise ValueError("cos/sin hold NaN or inf values: these are not rotation tables")
+        raise InputError("cos/sin hold NaN or inf values: these are not rotation tables")
     norm = c * c + s * s
     top = float(norm.max())
     if top == 0.0:
-        raise ValueError("cos/sin are all zeros: cos²+sin² must be the (constant) attention scaling squared, not 0")
+        raise InputError("cos/sin are all zeros: cos²+sin² must be the (constant) attention scaling squared, not 0")
 
     def mismatch(t: torch.Tensor, inter: bool) -> float:
         a, b = (t[..., 0::2], t[..., 1::2]) if inter else t.chunk(2, dim=-1)
@@ -449,17 +450,17 @@ def _check_rows(cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, sample:
     if wanted > tol:
         other = max(mismatch(c, not interleaved), mismatch(s, not interleaved))
         if other <= tol:
-            raise ValueError(
+            raise InputError(
                 f"cos/sin are laid out for the {_PAIRING[not interleaved]} pairing but interleaved={interleaved} "
                 f"was requested; build them with RoPE(..., interleaved={interleaved}) or pass interleaved={not interleaved}"
             )
-        raise ValueError(
+        raise InputError(
             f"cos/sin fit neither pairing: the two channels of a pair differ by up to {wanted:.3g} for the "
             f"{_PAIRING[interleaved]} pairing (half-width tables such as cos[:, 0::2] rotate the wrong channels)"
         )
     spread = float((norm - norm.flatten()[0]).abs().max())
     if spread > 10 * rtol * top:
-        raise ValueError(f"cos²+sin² is not constant over the table (spread {spread:.3g}): these are not rotation tables")
+        raise InputError(f"cos²+sin² is not constant over the table (spread {spread:.3g}): these are not rotation tables")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -526,7 +527,7 @@ class TableCache:
             return tables
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             have = 0 if tables is None else tables[0].shape[0]
-            raise ValueError(
+            raise InputError(
                 f"rotary: the cos/sin tables on {device} hold {have} rows but this call needs {needed_length}, and they "
                 "cannot grow while a CUDA graph is being captured (growing allocates and copies from the host); "
                 f"call rope.prepare({needed_length}, device={str(device)!r}) (or RoPE(..., max_position=...)) before capturing"

@@ -8,6 +8,7 @@ import torch
 
 from .._checks import check_int, check_positive_int, is_int, is_number
 from .._limits import check_bytes
+from ..errors import InputError
 from ..rope import RoPE
 from ._args import check_rope
 
@@ -25,7 +26,7 @@ def _distances(distances: object, *, allow_negative: bool) -> torch.Tensor:
     if values is None or not all(is_int(v) for v in values) or (not allow_negative and any(v < 0 for v in values)):
         shown = distances if not isinstance(distances, torch.Tensor) else f"a tensor of shape {tuple(distances.shape)}"
         sign = "" if allow_negative else " >= 0"
-        raise ValueError(f"distances must be a sequence of ints{sign} (relative distances m - n), got {shown!r}"[:400])
+        raise InputError(f"distances must be a sequence of ints{sign} (relative distances m - n), got {shown!r}"[:400])
     return torch.tensor(values, dtype=torch.float64)
 
 
@@ -50,9 +51,9 @@ def decay_bound(head_dim: int = 128, base: float = 10000.0, distances: Sequence[
         32.5
     """
     if not is_int(head_dim) or head_dim <= 0 or head_dim % 2:
-        raise ValueError(f"head_dim must be a positive even int, got head_dim={head_dim!r}")
+        raise InputError(f"head_dim must be a positive even int, got head_dim={head_dim!r}")
     if not is_number(base) or not base > 0:
-        raise ValueError(f"base must be a finite number > 0, got base={base!r}")
+        raise InputError(f"base must be a finite number > 0, got base={base!r}")
     m = torch.arange(257, dtype=torch.float64) if distances is None else _distances(distances, allow_negative=True)
     check_bytes(16.0 * m.numel() * head_dim, f"decay_bound(head_dim={head_dim}, {m.numel()} distances)", "use fewer distances")
     theta = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # [d/2]
@@ -81,13 +82,13 @@ def measured_decay(rope: RoPE, distances: Sequence[int], *, kind: str = "random"
         [8.0]
     """
     if kind not in ("random", "ones"):
-        raise ValueError(f"kind must be 'random' or 'ones', got {kind!r}")
+        raise InputError(f"kind must be 'random' or 'ones', got {kind!r}")
     check_rope(rope, "measured_decay")
     check_positive_int(samples, "samples")
     check_int(seed, "seed")
     dist = _distances(distances, allow_negative=False).long()
     if dist.numel() == 0:
-        raise ValueError("distances must be a non-empty sequence of ints >= 0, got an empty one")
+        raise InputError("distances must be a non-empty sequence of ints >= 0, got an empty one")
     d = rope.head_dim
     n = 1 if kind == "ones" else samples
     check_bytes(8.0 * n * dist.numel() * d, f"measured_decay(samples={samples}, {dist.numel()} distances)", "use fewer samples or distances")

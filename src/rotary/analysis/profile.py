@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from ..errors import InputError
 from ..frequencies import Frequencies, frequencies
 from ..rope import RoPE
 
@@ -66,7 +67,7 @@ def scaling_profile(freqs: Frequencies, *, rtol: float = 1e-4) -> PairProfile:
     original = frequencies(freqs.head_dim, base=freqs.base, rotary_dim=freqs.rotary_dim).inv_freq.double()
     scaled = freqs.inv_freq.double()
     if scaled.shape != original.shape:
-        raise ValueError(
+        raise InputError(
             f"inv_freq has {scaled.numel()} pairs but the default for head_dim={freqs.head_dim}, "
             f"rotary_dim={freqs.rotary_dim} has {original.numel()}"
         )
@@ -252,7 +253,7 @@ def inspect_rope(rope: RoPE, *, freqs: Frequencies | None = None, context: int |
     f = freqs if freqs is not None else rope.freqs
     length = int(context if context is not None else rope.max_position)
     if length <= 0:
-        raise ValueError(f"context must be a positive number of tokens, got {length}")
+        raise InputError(f"context must be a positive number of tokens, got {length}")
     profile = scaling_profile(f)
     turns = [length / w if math.isfinite(w) else 0.0 for w in profile.wavelength]
     info = Inspection(

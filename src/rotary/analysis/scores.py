@@ -6,6 +6,7 @@ import torch
 
 from .._checks import check_int
 from .._limits import check_bytes
+from ..errors import InputError
 from ..rope import RoPE
 from ..tables import angles
 from ._args import check_rope
@@ -31,7 +32,7 @@ def score_matrix(rope: RoPE, q: torch.Tensor, k: torch.Tensor, seq_len: int) -> 
     for name, v in (("q", q), ("k", k)):
         if not isinstance(v, torch.Tensor) or v.shape != (d,):
             shape = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
-            raise ValueError(f"{name} must be a vector of shape [{d}] (head_dim), got {shape}")
+            raise InputError(f"{name} must be a vector of shape [{d}] (head_dim), got {shape}")
     check_int(seq_len, "seq_len", minimum=1)
     check_bytes(8.0 * seq_len * max(seq_len, 2 * d), f"score_matrix(seq_len={seq_len})", "use a smaller seq_len")
     qq = q.double().expand(1, 1, seq_len, d).contiguous()

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import InputError
 from ..rope import RoPE
 from ..rotation import rotate
 from ..variants.mrope import MRoPE
@@ -63,7 +64,7 @@ def xpos_scores(xpos: XPos, distances: Sequence[int]) -> torch.Tensor:
     """
     dist = torch.as_tensor(list(distances), dtype=torch.int64)
     if dist.numel() == 0 or int(dist.min()) < 0:
-        raise ValueError("distances must be a non-empty sequence of ints >= 0")
+        raise InputError("distances must be a non-empty sequence of ints >= 0")
     d = xpos.head_dim
     q = torch.ones(1, 1, dist.numel(), d, dtype=torch.float64)
     k = torch.ones(1, 1, 1, d, dtype=torch.float64)

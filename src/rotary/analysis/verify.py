@@ -11,6 +11,7 @@ import torch
 from .. import reference
 from .._checks import check_int
 from .._limits import check_bytes
+from ..errors import InputError
 from ..functional import apply_rotary, check_tables
 from ..rope import RoPE
 from ..tables import cos_sin_table
@@ -200,9 +201,9 @@ def verify_mrope(mrope: Any, *, seq_len: int = 64, shift: int = 4096, seed: int 
         True
     """
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0:
-        raise ValueError(f"seq_len must be an int > 0, got {seq_len!r}")
+        raise InputError(f"seq_len must be an int > 0, got {seq_len!r}")
     if isinstance(shift, bool) or not isinstance(shift, int) or shift < 0:
-        raise ValueError(f"shift must be an int >= 0, got {shift!r}")
+        raise InputError(f"shift must be an int >= 0, got {shift!r}")
     g = torch.Generator().manual_seed(seed)
     d, s, interleaved = mrope.head_dim, mrope.attention_scaling, mrope.interleaved
     ids = torch.randint(0, seq_len, (3, 2, seq_len), generator=g)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..errors import InputError
 from . import ops
 from .contract import Rotation
 
@@ -51,7 +52,7 @@ def rotate(
             ops.rotation_op_(list(xs), list(rotation.cos), list(rotation.sin), *args)
             return list(xs)
         if inplace and any(t.requires_grad for t in (*rotation.cos, *rotation.sin)):
-            raise ValueError(INPLACE_LEARNED_TABLES_COMPILED)
+            raise InputError(INPLACE_LEARNED_TABLES_COMPILED)
         outs = list(ops.rotation_op(list(xs), list(rotation.cos), list(rotation.sin), *args))
         if inplace:
             for x, out in zip(xs, outs):

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..errors import InputTypeError
 from . import triton as triton_kernel
 from .contract import Rotation
 from .eager import run_torch, table_grad_torch
@@ -206,7 +207,7 @@ def _rotate_back(
         outs = Rotate.apply(conj, *gs, *cs, *ss)
     else:
         if not all(torch._C._has_storage(g) for g in gs):  # the gradients of autograd.grad(..., is_grads_batched=True)
-            raise TypeError(TRANSFORMED.format(name="a gradient"))
+            raise InputTypeError(TRANSFORMED.format(name="a gradient"))
         outs = tuple(
             torch.empty_like(g) if strides is None else g.new_empty_strided(g.shape, strides[i])
             for i, g in zip(present, gs)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from .. import deferred
+from ..errors import InputError, InputTypeError
 
 __all__ = ["check_token_ids", "embedding_ids"]
 
@@ -28,8 +29,8 @@ def check_token_ids(ids: object, size: int, *, name: str = "input_ids", table: s
         shape: the shape the ids must have (e.g. ``input_ids``' for ``token_type_ids``).
 
     Raises:
-        ValueError: not a 2-D tensor (or not of ``shape``), or an id out of range.
-        TypeError: a dtype that is not int64 / int32.
+        rotary.errors.InputError: not a 2-D tensor (or not of ``shape``), or an id out of range.
+        rotary.errors.InputTypeError: a dtype that is not int64 / int32.
 
     Example:
         >>> check_token_ids(torch.tensor([[3, 7]]), 8).tolist()
@@ -37,7 +38,7 @@ def check_token_ids(ids: object, size: int, *, name: str = "input_ids", table: s
         >>> check_token_ids(torch.tensor([[3, 8]]), 8)
         Traceback (most recent call last):
         ...
-        ValueError: input_ids hold id 8, but vocab_size is 8 (ids must be in 0 .. 7); the tokenizer does not match this model, or build it with vocab_size >= 9
+        rotary.errors.InputError: input_ids hold id 8, but vocab_size is 8 (ids must be in 0 .. 7); the tokenizer does not match this model, or build it with vocab_size >= 9
     """
     _check_form(ids, name, shape)
     assert isinstance(ids, torch.Tensor)
@@ -45,12 +46,12 @@ def check_token_ids(ids: object, size: int, *, name: str = "input_ids", table: s
         return ids
     low, high = (int(v) for v in torch.aminmax(ids))
     if low < 0:
-        raise ValueError(
+        raise InputError(
             f"{name} hold id {low}, but ids must be in 0 .. {size - 1} ({table}={size}); negative ids such as -100 "
             "mark ignored labels, not inputs: give padding a real id and mask it with attention_mask"
         )
     if high >= size:
-        raise ValueError(
+        raise InputError(
             f"{name} hold id {high}, but {table} is {size} (ids must be in 0 .. {size - 1}); "
             + (
                 f"the tokenizer does not match this model, or build it with {table} >= {high + 1}"
@@ -64,11 +65,11 @@ def check_token_ids(ids: object, size: int, *, name: str = "input_ids", table: s
 def _check_form(ids: object, name: str, shape: tuple | None) -> None:
     """An int64/int32 tensor ``[B, S]`` (of ``shape`` when given): metadata only, nothing read."""
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point() or ids.is_complex():
-        raise ValueError(f"{name} must be an integer tensor [B, S], got {getattr(ids, 'shape', type(ids).__name__)}")
+        raise InputError(f"{name} must be an integer tensor [B, S], got {getattr(ids, 'shape', type(ids).__name__)}")
     if ids.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"{name} must be int64 or int32, got {ids.dtype}; convert with .long()")
+        raise InputTypeError(f"{name} must be int64 or int32, got {ids.dtype}; convert with .long()")
     if shape is not None and tuple(ids.shape) != tuple(shape):
-        raise ValueError(f"{name} must have the shape of input_ids {tuple(shape)}, got {tuple(ids.shape)}")
+        raise InputError(f"{name} must have the shape of input_ids {tuple(shape)}, got {tuple(ids.shape)}")
 
 
 def embedding_ids(ids: object, size: int, *, name: str = "input_ids", table: str = "vocab_size") -> tuple[torch.Tensor, torch.Tensor | None]:

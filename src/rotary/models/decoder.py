@@ -33,6 +33,7 @@ from torch import nn
 
 from .. import positions as P
 from .._checks import check_bool, check_positive_float, check_positive_int, check_probability, is_number
+from ..errors import InputError, InputTypeError
 from ..nn.attention import RotaryAttention
 from ..nn.cache import KVCache, StaticKVCache
 from ..nn.position import ALiBi, LearnedPositionEmbedding, RelativePositionBias, SinusoidalPositionEmbedding
@@ -124,7 +125,7 @@ class DecoderConfig:
             value = getattr(self, name)
             check_positive_int(value, name)
         if self.hidden_size % self.num_heads:
-            raise ValueError(f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}")
+            raise InputError(f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}")
         if self.num_kv_heads is None:
             self.num_kv_heads = self.num_heads
         check_positive_int(self.num_kv_heads, "num_kv_heads")
@@ -138,20 +139,20 @@ class DecoderConfig:
         for name in ("rope_interleaved", "tie_word_embeddings"):
             check_bool(getattr(self, name), name)
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, dict):
-            raise ValueError(f"rope_scaling must be a dict such as {{'rope_type': 'linear', 'factor': 2.0}}, got {self.rope_scaling!r}")
+            raise InputError(f"rope_scaling must be a dict such as {{'rope_type': 'linear', 'factor': 2.0}}, got {self.rope_scaling!r}")
         if not isinstance(self.position_encoding, str) or self.position_encoding not in POSITION_ENCODINGS:
-            raise ValueError(
+            raise InputError(
                 f"unknown position_encoding {self.position_encoding!r}; "
                 f"registered: {', '.join(sorted(POSITION_ENCODINGS))}"
             )
         if not is_number(self.p_rope_fraction) or not 0 < self.p_rope_fraction <= 1:
-            raise ValueError(f"p_rope_fraction must be in (0, 1], got {self.p_rope_fraction!r}")
+            raise InputError(f"p_rope_fraction must be in (0, 1], got {self.p_rope_fraction!r}")
         check_positive_float(self.xpos_scale_base, "xpos_scale_base")
         check_bool(self.attn_temperature_tuning, "attn_temperature_tuning")
         check_positive_int(self.no_rope_layer_interval, "no_rope_layer_interval")
         check_positive_int(self.floor_scale, "floor_scale")
         if not is_number(self.attn_scale) or self.attn_scale < 0:
-            raise ValueError(f"attn_scale must be a finite number >= 0, got {self.attn_scale!r}")
+            raise InputError(f"attn_scale must be a finite number >= 0, got {self.attn_scale!r}")
         if self.no_rope_layers is True:
             self.no_rope_layers = default_no_rope_layers(self.num_layers, self.no_rope_layer_interval)
         elif self.no_rope_layers is False:
@@ -212,7 +213,7 @@ def _p_rope(c: DecoderConfig) -> PositionEncoding:
     # it is transformers' "proportional" rope_type
     scaling = {"rope_type": "proportional", "partial_rotary_factor": c.p_rope_fraction, **(c.rope_scaling or {})}
     if scaling["rope_type"] != "proportional":
-        raise ValueError(
+        raise InputError(
             f"position_encoding='p_rope' is the 'proportional' rope_type; rope_scaling has rope_type {scaling['rope_type']!r} "
             "(use position_encoding='rope' for other scaling types)"
         )
@@ -223,7 +224,7 @@ def _p_rope(c: DecoderConfig) -> PositionEncoding:
 @register_position_encoding("xpos")
 def _xpos(c: DecoderConfig) -> PositionEncoding:
     if c.rope_scaling:
-        raise ValueError(f"position_encoding='xpos' takes no rope_scaling (got {c.rope_scaling!r}); set xpos_scale_base")
+        raise InputError(f"position_encoding='xpos' takes no rope_scaling (got {c.rope_scaling!r}); set xpos_scale_base")
     xpos = XPos(
         c.head_dim, scale_base=c.xpos_scale_base, base=c.rope_base, interleaved=c.rope_interleaved, max_position=c.max_position
     )
@@ -350,7 +351,7 @@ class Decoder(GenerationMixin, nn.Module):
         #: which layers rotate; the others are NoPE layers (config.no_rope_layers)
         self.rope_layers = rope_layer_flags(config.no_rope_layers, config.num_layers)
         if self.rope is None and not all(self.rope_layers):
-            raise ValueError(
+            raise InputError(
                 f"no_rope_layers turns the rotation off in some layers, but position_encoding="
                 f"{config.position_encoding!r} rotates none; use it with a rotary encoding (rope, p_rope, xpos)"
             )
@@ -391,7 +392,7 @@ class Decoder(GenerationMixin, nn.Module):
         ``rope_base`` is an error, ``xpos`` takes no block. Learned frequency factors carry over.
 
         Raises:
-            ValueError: the model's position encoding has no RoPE, or the block is invalid for it.
+            rotary.errors.InputError: the model's position encoding has no RoPE, or the block is invalid for it.
 
         Example:
             >>> from rotary.models import Decoder, DecoderConfig
@@ -401,20 +402,20 @@ class Decoder(GenerationMixin, nn.Module):
             'linear'
         """
         if not isinstance(self.rope, RoPE):
-            raise ValueError(
+            raise InputError(
                 f"position_encoding={self.config.position_encoding!r} has no rotary.RoPE to rescale; "
                 "set_rope_scaling needs a RoPE-based encoding (e.g. 'rope')"
             )
         if scaling is not None and not isinstance(scaling, Mapping):
-            raise TypeError(f"scaling must be a dict (a rope_scaling block) or None, got {type(scaling).__name__}")
+            raise InputTypeError(f"scaling must be a dict (a rope_scaling block) or None, got {type(scaling).__name__}")
         self._capture_state().clear()  # a captured step holds the old tables
         config = dataclasses.replace(self.config, rope_scaling=None if scaling is None else dict(scaling))
         rope = POSITION_ENCODINGS[config.position_encoding](config).rope
         if not isinstance(rope, RoPE):  # a registered encoding whose builder drops RoPE for this block
-            raise ValueError(f"position_encoding={config.position_encoding!r} builds no rotary.RoPE for rope_scaling={scaling!r}")
+            raise InputError(f"position_encoding={config.position_encoding!r} builds no rotary.RoPE for rope_scaling={scaling!r}")
         if self.rope.log_frequency_scale is not None:
             if rope.log_frequency_scale is None:
-                raise ValueError(
+                raise InputError(
                     "this model's RoPE learns its frequencies but its config builds fixed ones: rescale the RoPE "
                     "itself (model.rope.with_scaling(block)) and hand it to the layers"
                 )
@@ -442,7 +443,7 @@ class Decoder(GenerationMixin, nn.Module):
         if attention_mask is not None:
             found = P.from_attention_mask(attention_mask.to(input_ids.device))
             if found.ids.shape[-1] < seq_len:
-                raise ValueError(
+                raise InputError(
                     f"attention_mask covers {found.ids.shape[-1]} tokens but input_ids has S={seq_len}; "
                     "it must cover the cached and the new tokens"
                 )
@@ -492,16 +493,16 @@ class Decoder(GenerationMixin, nn.Module):
         ``unknown`` ``[B, S]`` marks ids that were out of range (clamped), whose embeddings are zeroed."""
         if cache is not None:
             if not isinstance(cache, (list, tuple)):
-                raise TypeError(f"cache must be a list of KVCache, one per layer, got {type(cache).__name__}; use new_cache()")
+                raise InputTypeError(f"cache must be a list of KVCache, one per layer, got {type(cache).__name__}; use new_cache()")
             if len(cache) != len(self.layers):
-                raise ValueError(f"cache has {len(cache)} entries but the model has {len(self.layers)} layers; use new_cache()")
+                raise InputError(f"cache has {len(cache)} entries but the model has {len(self.layers)} layers; use new_cache()")
             if len({id(c) for c in cache}) != len(cache):
-                raise ValueError(
+                raise InputError(
                     "the same KVCache object appears for several layers ([KVCache()] * n); every layer needs its own: "
                     "use model.new_cache()"
                 )
             if len({isinstance(c, StaticKVCache) for c in cache}) > 1:
-                raise TypeError("cache mixes KVCache and StaticKVCache; use one kind for every layer (model.new_cache(...))")
+                raise InputTypeError("cache mixes KVCache and StaticKVCache; use one kind for every layer (model.new_cache(...))")
         if attention_mask is not None:  # checked once here, handed to the layers as bool
             attention_mask = check_attention_mask(attention_mask).to(input_ids.device)
         positions = self._positions(input_ids, attention_mask, position_ids, cache)

@@ -17,6 +17,7 @@ import torch
 from .. import deferred
 from .. import positions as P
 from .._checks import check_bool, check_int, check_positive_int, is_number
+from ..errors import InputError, InputTypeError
 from ..nn.cache import KVCache, StaticKVCache
 from ..positions import check_attention_mask
 from ._inputs import embedding_ids
@@ -127,13 +128,13 @@ class GenerationMixin:
         """
         if max_len is None:
             if batch is not None or dtype is not None or device is not None:
-                raise ValueError(
+                raise InputError(
                     "batch, dtype and device size a static cache: pass max_len too (new_cache(batch=B, max_len=L)), "
                     "or none of them for growing KVCaches"
                 )
             return [KVCache() for _ in self.layers]
         if batch is None:
-            raise ValueError(f"a static cache (max_len={max_len!r}) is made for one batch size: pass batch=B as well")
+            raise InputError(f"a static cache (max_len={max_len!r}) is made for one batch size: pass batch=B as well")
         weight = self.embed_tokens.weight
         c = self.config
         return [
@@ -181,7 +182,7 @@ class GenerationMixin:
             torch.Size([1, 50])
         """
         if not isinstance(cache, (list, tuple)) or not cache or not all(isinstance(c, StaticKVCache) for c in cache):
-            raise TypeError(
+            raise InputTypeError(
                 f"decode_step needs static caches (model.new_cache(batch=B, max_len=L)), got {type(cache).__name__}; "
                 "with growing KVCaches call the model itself: model(input_ids, cache=cache)"
             )
@@ -252,34 +253,34 @@ class GenerationMixin:
         """
         check_int(max_new_tokens, "max_new_tokens", minimum=0)
         if not is_number(temperature) or temperature < 0:
-            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}")
+            raise InputError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}")
         if top_k is not None:
             check_positive_int(top_k, "top_k")
         if generator is not None and not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator must be a torch.Generator or None, got {generator!r} ({type(generator).__name__})")
+            raise InputTypeError(f"generator must be a torch.Generator or None, got {generator!r} ({type(generator).__name__})")
         use_cache = check_bool(use_cache, "use_cache")
         if cache not in (None, "dynamic", "static"):
-            raise ValueError(f"cache must be 'dynamic' (KVCache) or 'static' (StaticKVCache), got {cache!r}")
+            raise InputError(f"cache must be 'dynamic' (KVCache) or 'static' (StaticKVCache), got {cache!r}")
         if capture not in (None, *CAPTURE_MODES):
-            raise ValueError(f"capture must be None, 'compile' or 'cuda_graph', got {capture!r}")
+            raise InputError(f"capture must be None, 'compile' or 'cuda_graph', got {capture!r}")
         if capture is not None and cache == "dynamic":
-            raise ValueError(f"capture={capture!r} needs static shapes: use cache='static' (or leave cache unset)")
+            raise InputError(f"capture={capture!r} needs static shapes: use cache='static' (or leave cache unset)")
         static = cache == "static" or capture is not None
         if static and not use_cache:
-            raise ValueError("use_cache=False recomputes every step without a cache; it cannot go with a static cache or capture")
+            raise InputError("use_cache=False recomputes every step without a cache; it cannot go with a static cache or capture")
         vocab = self.config.vocab_size
         for name, value in (("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)):
             if value is not None and (check_int(value, name, minimum=0) >= vocab):
-                raise ValueError(f"{name}={value} is not a token id of this model (vocab_size={vocab})")
+                raise InputError(f"{name}={value} is not a token id of this model (vocab_size={vocab})")
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[1] == 0:
-            raise ValueError(
+            raise InputError(
                 f"generate needs a prompt of at least one token, input_ids [B, S] with S >= 1, got "
                 f"{getattr(input_ids, 'shape', input_ids)}"
             )
         ids, unknown = embedding_ids(input_ids, vocab)
         device = ids.device
         if capture == "cuda_graph" and device.type != "cuda":
-            raise ValueError(
+            raise InputError(
                 f"capture='cuda_graph' records the decoding step in a torch.cuda.CUDAGraph, which needs the model and "
                 f"input_ids on a CUDA device, got {device}; use capture='compile' (any device) or capture=None"
             )
@@ -303,7 +304,7 @@ class GenerationMixin:
             return torch.ones_like(ids)
         mask = check_attention_mask(attention_mask).to(ids.device).long()
         if mask.shape != ids.shape:
-            raise ValueError(f"attention_mask must be [B, S] = {tuple(ids.shape)}, got {tuple(mask.shape)}")
+            raise InputError(f"attention_mask must be [B, S] = {tuple(ids.shape)}, got {tuple(mask.shape)}")
         # a row of padding only is an empty prompt: there is no token to continue
         empty = mask.sum(dim=1) == 0
         # new tokens are appended on the right: padding after a row's tokens would sit between its
@@ -314,13 +315,13 @@ class GenerationMixin:
             return mask
         if bool(empty.any()):
             rows = empty.nonzero().flatten().tolist()
-            raise ValueError(
+            raise InputError(
                 f"attention_mask row(s) {rows[:8]} mark no token: generate needs a prompt of at least one token in "
                 "every row; drop those rows or give each a token"
             )
         if bool(right.any()):
             rows = right.nonzero().flatten().tolist()
-            raise ValueError(
+            raise InputError(
                 f"generate needs left padding, but row(s) {rows[:8]} have padding after their tokens (right "
                 "padding); pad prompts on the left (tokenizer.padding_side = 'left')"
             )

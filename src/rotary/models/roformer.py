@@ -25,6 +25,7 @@ from torch import nn
 
 from .. import positions as P
 from .._checks import check_positive_int
+from ..errors import InputError, InputTypeError
 from ..nn.attention import RotaryAttention
 from ..positions import Positions
 from ..rope import RoPE
@@ -79,13 +80,13 @@ class RoFormerConfig:
             value = getattr(self, name)
             check_positive_int(value, name)
         if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
+            raise InputError(
                 f"hidden_size={self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}"
             )
         if (self.hidden_size // self.num_attention_heads) % 2:
-            raise ValueError(f"head size {self.hidden_size // self.num_attention_heads} must be even for RoPE")
+            raise InputError(f"head size {self.hidden_size // self.num_attention_heads} must be even for RoPE")
         if self.hidden_act not in ACTIVATIONS:
-            raise ValueError(f"unsupported hidden_act {self.hidden_act!r}; supported: {', '.join(sorted(ACTIVATIONS))}")
+            raise InputError(f"unsupported hidden_act {self.hidden_act!r}; supported: {', '.join(sorted(ACTIVATIONS))}")
 
     @classmethod
     def from_hf(cls, config: Any) -> RoFormerConfig:
@@ -96,11 +97,11 @@ class RoFormerConfig:
             config = json.loads(path.read_text())
         values = config if isinstance(config, dict) else config.to_dict() if hasattr(config, "to_dict") else None
         if values is None:
-            raise TypeError(f"config must be a transformers RoFormerConfig, a dict or a path, got {type(config).__name__}")
+            raise InputTypeError(f"config must be a transformers RoFormerConfig, a dict or a path, got {type(config).__name__}")
         if values.get("model_type", "roformer") != "roformer":
-            raise ValueError(f"config is for model_type {values['model_type']!r}, not 'roformer'")
+            raise InputError(f"config is for model_type {values['model_type']!r}, not 'roformer'")
         if values.get("is_decoder") or values.get("add_cross_attention"):
-            raise ValueError("only the RoFormer encoder is supported (config has is_decoder/add_cross_attention set)")
+            raise InputError("only the RoFormer encoder is supported (config has is_decoder/add_cross_attention set)")
         known = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in values.items() if k in known}
         if "num_labels" not in values and isinstance(values.get("id2label"), dict):
@@ -190,7 +191,7 @@ class RoFormer(nn.Module):
     def __init__(self, config: RoFormerConfig, head: Head | None = None) -> None:
         super().__init__()
         if head is not None and head not in HEADS:
-            raise ValueError(f"unknown head {head!r}; use None, {', '.join(map(repr, HEADS))}")
+            raise InputError(f"unknown head {head!r}; use None, {', '.join(map(repr, HEADS))}")
         self.config, self.head = config, head
         self.embeddings = RoFormerEmbeddings(config)
         self.embeddings_project = (
@@ -228,7 +229,7 @@ class RoFormer(nn.Module):
             'linear'
         """
         if scaling is not None and not isinstance(scaling, Mapping):
-            raise TypeError(f"scaling must be a dict (a rope_scaling block) or None, got {type(scaling).__name__}")
+            raise InputTypeError(f"scaling must be a dict (a rope_scaling block) or None, got {type(scaling).__name__}")
         rope = self.rope.with_scaling(scaling).to(self.rope.inv_freq.device)
         self.rope = rope
         for layer in self.layers:
@@ -318,13 +319,13 @@ class RoFormer(nn.Module):
         elif isinstance(model_or_state_dict, dict):
             state_dict = model_or_state_dict
         else:
-            raise TypeError(
+            raise InputTypeError(
                 "model_or_state_dict must be a transformers RoFormer model, a state dict or a path, "
                 f"got {type(model_or_state_dict).__name__}"
             )
         if config is None:
             if directory is None or not (directory / "config.json").exists():
-                raise ValueError("config is required: pass the transformers RoFormerConfig (or a path to config.json)")
+                raise InputError("config is required: pass the transformers RoFormerConfig (or a path to config.json)")
             config = directory / "config.json"
         rc = config if isinstance(config, RoFormerConfig) else RoFormerConfig.from_hf(config)
         state_dict = _strip_prefix(state_dict)
@@ -342,11 +343,11 @@ class RoFormer(nn.Module):
         try:
             missing, unexpected = model.load_state_dict(mapped, strict=False)
         except RuntimeError as exc:  # shape mismatches
-            raise ValueError(f"weights do not fit this RoFormer config: {exc}") from None
+            raise InputError(f"weights do not fit this RoFormer config: {exc}") from None
         tied = {"mlm_head.decoder.weight"} if head == "masked_lm" and rc.tie_word_embeddings else set()
         missing = [k for k in missing if k not in tied]
         if missing or unexpected:
-            raise ValueError(f"weights do not fit this RoFormer config: missing {missing}, unexpected {unexpected}")
+            raise InputError(f"weights do not fit this RoFormer config: missing {missing}, unexpected {unexpected}")
         return model.eval()
 
     def _check_position_table(self, state_dict: dict[str, torch.Tensor]) -> None:
@@ -356,7 +357,7 @@ class RoFormer(nn.Module):
             return
         n, dim = table.shape
         if dim != self.rope.head_dim:
-            raise ValueError(
+            raise InputError(
                 f"the checkpoint's encoder.embed_positions.weight has width {dim}, its head size, but this config has "
                 f"head size {self.rope.head_dim} (hidden_size / num_attention_heads); the config does not match the "
                 "checkpoint: check hidden_size and num_attention_heads"
@@ -365,7 +366,7 @@ class RoFormer(nn.Module):
         # HF layout: [sin(θ_0..θ_{d/2-1}) | cos(...)]; ours is interleaved, so take every other channel
         expected = torch.cat((sin[:, 0::2], cos[:, 0::2]), dim=-1)
         if dim != expected.shape[-1] or not torch.allclose(table.float(), expected, atol=1e-4):
-            raise ValueError(
+            raise InputError(
                 "encoder.embed_positions.weight is not the standard RoFormer sinusoidal table "
                 f"(base 10000, head size {self.rope.head_dim}); this checkpoint uses different frequencies"
             )
@@ -390,7 +391,7 @@ def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         return load_file(str(path))
     if path.suffix in (".bin", ".pt", ".pth"):
         return torch.load(path, map_location="cpu", weights_only=True)
-    raise ValueError(f"unsupported weights file {path.name!r}: use .safetensors or .bin")
+    raise InputError(f"unsupported weights file {path.name!r}: use .safetensors or .bin")
 
 
 def _strip_prefix(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

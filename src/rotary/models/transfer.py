@@ -15,6 +15,7 @@ import dataclasses
 import torch
 from torch import nn
 
+from ..errors import InputError
 from .decoder import Decoder
 
 __all__ = ["position_state_names", "transfer_position_encoding"]
@@ -59,7 +60,7 @@ def transfer_position_encoding(source: Decoder, position_encoding: str, **change
         encoding's weights, if any, keep their fresh initialisation (drawn from torch's global RNG).
 
     Raises:
-        ValueError: the two models' non-position weights differ in names or shapes (``changes`` that
+        rotary.errors.InputError: the two models' non-position weights differ in names or shapes (``changes`` that
             alter the width, the layers or the vocabulary).
 
     Example:
@@ -75,14 +76,14 @@ def transfer_position_encoding(source: Decoder, position_encoding: str, **change
     wanted = set(source_state) - position_state_names(source)
     offered = set(target_state) - position_state_names(target)
     if wanted != offered:
-        raise ValueError(
+        raise InputError(
             f"the models differ outside their position encodings: only in the source {sorted(wanted - offered)[:6]}, only in the "
             f"new model {sorted(offered - wanted)[:6]}; transfer_position_encoding changes the encoding, not the architecture"
         )
     shapes = [k for k in wanted if source_state[k].shape != target_state[k].shape]
     if shapes:
         k = sorted(shapes)[0]
-        raise ValueError(f"{k} is {tuple(source_state[k].shape)} in the source and {tuple(target_state[k].shape)} in the new model; "
+        raise InputError(f"{k} is {tuple(source_state[k].shape)} in the source and {tuple(target_state[k].shape)} in the new model; "
                          "changes must not alter the shapes of the copied weights")
     parameter = next(source.parameters())
     target.to(device=parameter.device, dtype=parameter.dtype)

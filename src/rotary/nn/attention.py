@@ -22,6 +22,7 @@ from torch import nn
 from .. import positions as P
 from .._checks import check_bool, check_causal_rope, check_positive_int, check_probability
 from .._limits import MAX_NUM_HEADS
+from ..errors import InputError, InputTypeError
 from ..positions import Positions, check_attention_mask
 from ..rope import RoPE
 from ..rotation import rotate
@@ -62,10 +63,10 @@ def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
         [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
     """
     if not isinstance(x, torch.Tensor) or x.dim() != 4:
-        raise ValueError(f"x must be a [B, Hk, T, D] tensor, got {getattr(x, 'shape', type(x).__name__)}")
+        raise InputError(f"x must be a [B, Hk, T, D] tensor, got {getattr(x, 'shape', type(x).__name__)}")
     check_positive_int(groups, "groups")
     if groups * x.shape[1] > MAX_NUM_HEADS:
-        raise ValueError(
+        raise InputError(
             f"groups={groups} would give {groups * x.shape[1]} heads, more than {MAX_NUM_HEADS}; groups is "
             "num_heads // num_kv_heads (real models use 1 to 16)"
         )
@@ -83,16 +84,16 @@ def check_hidden_states(hidden_states: torch.Tensor, hidden_size: int, projectio
     none of this; under ``torch.autocast`` mixed dtypes are the point, and are let through.
 
     Raises:
-        ValueError: not a 3-D tensor, another width, another device than the weights.
-        TypeError: not floating point, or another dtype than the weights (outside autocast).
+        rotary.errors.InputError: not a 3-D tensor, another width, another device than the weights.
+        rotary.errors.InputTypeError: not floating point, or another dtype than the weights (outside autocast).
     """
     if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 3:
-        raise ValueError(f"hidden_states must be [B, S, E], got {getattr(hidden_states, 'shape', type(hidden_states).__name__)}")
+        raise InputError(f"hidden_states must be [B, S, E], got {getattr(hidden_states, 'shape', type(hidden_states).__name__)}")
     if hidden_states.shape[-1] != hidden_size:
-        raise ValueError(f"hidden_states has width {hidden_states.shape[-1]}, this layer expects {hidden_size}")
+        raise InputError(f"hidden_states has width {hidden_states.shape[-1]}, this layer expects {hidden_size}")
     dtype = hidden_states.dtype
     if not dtype.is_floating_point:
-        raise TypeError(
+        raise InputTypeError(
             f"hidden_states must be a floating-point tensor, got {dtype}; embed token ids first, or convert "
             "with hidden_states.float()"
         )
@@ -100,12 +101,12 @@ def check_hidden_states(hidden_states: torch.Tensor, hidden_size: int, projectio
     if not isinstance(weight, torch.Tensor) or weight.device.type == "meta":
         return
     if weight.device != hidden_states.device:
-        raise ValueError(
+        raise InputError(
             f"hidden_states is on {hidden_states.device} but this layer's weights are on {weight.device}; move one "
             f"(layer.to('{hidden_states.device}') or hidden_states.to('{weight.device}'))"
         )
     if dtype != weight.dtype and weight.dtype.is_floating_point and not torch.is_autocast_enabled(hidden_states.device.type):
-        raise TypeError(
+        raise InputTypeError(
             f"hidden_states is {dtype} but this layer's weights are {weight.dtype}; cast the module "
             f"(layer.to({dtype})) or the input (hidden_states.to({weight.dtype})), or run under torch.autocast"
         )
@@ -176,13 +177,13 @@ class RotaryAttention(nn.Module):
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         check_positive_int(num_kv_heads, "num_kv_heads")
         if num_heads % num_kv_heads:
-            raise ValueError(
+            raise InputError(
                 f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}; "
                 "every KV head must serve the same number of query heads"
             )
         if head_dim is None:
             if hidden_size % num_heads:
-                raise ValueError(
+                raise InputError(
                     f"hidden_size={hidden_size} is not divisible by num_heads={num_heads}; pass head_dim explicitly"
                 )
             head_dim = hidden_size // num_heads
@@ -203,32 +204,32 @@ class RotaryAttention(nn.Module):
         elif rope is False or rope is None:
             rope = None
         elif not (isinstance(rope, nn.Module) and callable(getattr(rope, "tables", None))):
-            raise TypeError(
+            raise InputTypeError(
                 f"rope must be True, False or an nn.Module with tables(positions) like rotary.RoPE, got {type(rope).__name__}"
             )
         self.rope = rope
         check_causal_rope(rope, self.causal, type(self).__name__)  # a producer valid only under a causal mask (xPos)
         per_head = getattr(rope, "heads", None) if self._nd_positions() else None  # RoPE-Mixed's per-head tables
         if per_head is not None and (num_heads != per_head or num_kv_heads != per_head):
-            raise ValueError(
+            raise InputError(
                 f"{type(rope).__name__} has per-head frequencies for {per_head} heads, but this layer has num_heads="
                 f"{num_heads} and num_kv_heads={num_kv_heads}: q and k both need {per_head} heads (build the layer with "
                 f"num_heads={per_head} and num_kv_heads={per_head}, or the producer with num_heads={num_heads} and no GQA)"
             )
         if self.rotary_value and self.rope is None:
-            raise ValueError("rotary_value=True needs a rope; pass rope=True or a RoPE module")
+            raise InputError("rotary_value=True needs a rope; pass rope=True or a RoPE module")
 
         if position_bias == "alibi":
             position_bias = ALiBi(num_heads)
         elif position_bias == "relative":
             position_bias = RelativePositionBias(num_heads, max_relative_distance)
         elif position_bias is not None and not isinstance(position_bias, nn.Module):
-            raise ValueError(
+            raise InputError(
                 f"position_bias must be None, 'alibi', 'relative' or an nn.Module, got {position_bias!r}"
             )
         self.position_bias = position_bias
         if self.position_bias is not None and self._nd_positions():
-            raise ValueError(
+            raise InputError(
                 f"position_bias={type(self.position_bias).__name__} scores 1-D distances between token positions, but "
                 f"{type(rope).__name__}'s positions are N-D; use one or the other"
             )
@@ -286,7 +287,7 @@ class RotaryAttention(nn.Module):
         if attention_mask is not None:
             mask = check_attention_mask(attention_mask).to(device)
             if mask.shape != (batch, total):
-                raise ValueError(
+                raise InputError(
                     f"attention_mask must be [B, T] = [{batch}, {total}] (past + new tokens), got {tuple(mask.shape)}"
                 )
             keys_ok = mask[:, None, None, :]
@@ -364,15 +365,15 @@ class RotaryAttention(nn.Module):
         static = isinstance(cache, StaticKVCache)
         if cache is not None:
             if not isinstance(cache, (KVCache, StaticKVCache)):
-                raise TypeError(f"cache must be a rotary.nn.KVCache or StaticKVCache, got {type(cache).__name__}")
+                raise InputTypeError(f"cache must be a rotary.nn.KVCache or StaticKVCache, got {type(cache).__name__}")
             cache.claim(self)
             if static and cache.batch != batch:  # type: ignore[union-attr]
-                raise ValueError(
+                raise InputError(
                     f"the StaticKVCache is built for a batch of {cache.batch} but hidden_states has batch {batch}; "  # type: ignore[union-attr]
                     "build one for this batch"
                 )
             if not static and cache.length and cache.keys.shape[0] != batch:  # type: ignore[union-attr]
-                raise ValueError(
+                raise InputError(
                     f"the cache holds a batch of {cache.keys.shape[0]} but hidden_states has batch {batch}; "  # type: ignore[union-attr]
                     "use a fresh KVCache for a new batch"
                 )
@@ -468,7 +469,7 @@ class RotaryAttention(nn.Module):
         if attention_mask is not None:
             valid = check_attention_mask(attention_mask).to(k.device)
             if tuple(valid.shape) != (batch, seq_len):
-                raise ValueError(
+                raise InputError(
                     f"with a StaticKVCache, attention_mask covers the new tokens only: [B, S] = [{batch}, {seq_len}] "
                     f"(the cache keeps the padding of earlier tokens), got {tuple(valid.shape)}"
                 )

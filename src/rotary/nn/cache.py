@@ -17,7 +17,7 @@ from .. import deferred
 from .. import positions as P
 from .._checks import check_int, check_positive_int
 from .._limits import MAX_NUM_HEADS
-from ..errors import InputError
+from ..errors import InputError, InputTypeError
 from ..positions import Positions, check_attention_mask
 from ..serving import rotate_and_cache
 from ..tables import RotaryTables
@@ -56,7 +56,7 @@ class KVCache:
     def _check_state(self) -> None:
         parts = (self.keys, self.values, self.positions)
         if any(p is None for p in parts) and any(p is not None for p in parts):
-            raise ValueError(
+            raise InputError(
                 "this KVCache has some of keys / values / positions but not all; start from KVCache() "
                 "(or Decoder.new_cache()) and let the attention layer fill it"
             )
@@ -71,7 +71,7 @@ class KVCache:
         if self.owner is None:
             self.owner = id(owner)
         elif self.owner != id(owner):
-            raise ValueError(
+            raise InputError(
                 "this KVCache already holds another layer's keys: every attention layer needs its own cache "
                 "(use Decoder.new_cache() or [KVCache() for _ in layers], not [KVCache()] * n)"
             )
@@ -86,7 +86,7 @@ class KVCache:
         if not isinstance(positions, Positions):
             positions = P.from_ids(positions, batch=batch, seq_len=seq_len, device=keys.device)
         elif positions.axes != 1 or positions.packed or positions.seq_len != seq_len or positions.batch not in (None, 1, batch):
-            raise ValueError(
+            raise InputError(
                 f"positions must be 1-D positions [S] or [B, S] of the {seq_len} new keys (batch {batch}), got ids of "
                 f"shape {tuple(positions.ids.shape)}"
             )
@@ -97,12 +97,12 @@ class KVCache:
         else:
             assert self.values is not None and self.positions is not None  # _check_state
             if keys.shape[0] != self.keys.shape[0] or keys.shape[1] != self.keys.shape[1] or keys.shape[3] != self.keys.shape[3]:
-                raise ValueError(
+                raise InputError(
                     f"new keys {tuple(keys.shape)} do not match the cache {tuple(self.keys.shape)} in batch, heads or "
                     "head_dim; use a fresh KVCache for another batch or layer"
                 )
             if keys.dtype != self.keys.dtype or keys.device != self.keys.device or values.shape[-1] != self.values.shape[-1]:
-                raise ValueError(
+                raise InputError(
                     f"new keys/values ({keys.dtype}, {keys.device}, value dim {values.shape[-1]}) do not match the cache "
                     f"({self.keys.dtype}, {self.keys.device}, value dim {self.values.shape[-1]}); use a fresh KVCache"
                 )
@@ -117,7 +117,7 @@ class KVCache:
         """Positions ``[B, S]`` that continue each row after its last cached position."""
         self._check_state()
         if self.positions is None or self.positions.shape[-1] == 0:
-            raise ValueError("the KVCache is empty: there is no position to continue from; pass position_ids")
+            raise InputError("the KVCache is empty: there is no position to continue from; pass position_ids")
         return P.continuation(Positions.unchecked(self.positions, self.bound, exact=self.exact), seq_len)
 
 
@@ -205,9 +205,9 @@ class StaticKVCache:
             check_positive_int(value, name)
         value_dim = head_dim if value_dim is None else check_positive_int(value_dim, "value_dim")
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"dtype must be a floating torch.dtype (the layer's activations), got {dtype!r}")
+            raise InputTypeError(f"dtype must be a floating torch.dtype (the layer's activations), got {dtype!r}")
         if num_kv_heads > MAX_NUM_HEADS:
-            raise ValueError(f"num_kv_heads={num_kv_heads} is more than {MAX_NUM_HEADS}; pass the number of key/value heads")
+            raise InputError(f"num_kv_heads={num_kv_heads} is more than {MAX_NUM_HEADS}; pass the number of key/value heads")
         device = torch.device("cpu") if device is None else torch.device(device)
         self.batch, self.num_kv_heads, self.max_len = int(batch), int(num_kv_heads), int(max_len)
         self.head_dim, self.value_dim, self.dtype = int(head_dim), int(value_dim), dtype
@@ -256,7 +256,7 @@ class StaticKVCache:
         if self.owner is None:
             self.owner = id(owner)
         elif self.owner != id(owner):
-            raise ValueError(
+            raise InputError(
                 "this StaticKVCache already holds another layer's keys: every attention layer needs its own cache "
                 "(use Decoder.new_cache(batch=..., max_len=...) or one StaticKVCache per layer)"
             )
@@ -305,7 +305,7 @@ class StaticKVCache:
             return self._positions_of(first + steps)
         mask = check_attention_mask(attention_mask).to(self.device)
         if tuple(mask.shape) != (self.batch, seq_len):
-            raise ValueError(
+            raise InputError(
                 f"with a StaticKVCache, attention_mask covers the new tokens only: [B, S] = [{self.batch}, {seq_len}] "
                 f"(the cache keeps the padding of earlier tokens), got {tuple(mask.shape)}"
             )
@@ -402,13 +402,13 @@ class StaticKVCache:
         _check_entries(keys, values, None, "new ")
         want = (self.batch, self.num_kv_heads, keys.shape[2], self.head_dim)
         if tuple(keys.shape) != want or values.shape[-1] != self.value_dim:
-            raise ValueError(
+            raise InputError(
                 f"new keys {tuple(keys.shape)} / values {tuple(values.shape)} do not fit this StaticKVCache (batch "
                 f"{self.batch}, {self.num_kv_heads} KV heads, head_dim {self.head_dim}, value_dim {self.value_dim}); "
                 "build the cache for this layer and batch (Decoder.new_cache(batch=..., max_len=...))"
             )
         if keys.dtype != self.dtype or keys.device != self.device:
-            raise ValueError(
+            raise InputError(
                 f"new keys are {keys.dtype} on {keys.device} but this StaticKVCache holds {self.dtype} on {self.device}; "
                 f"build it with dtype={keys.dtype} and device='{keys.device}'"
             )
@@ -424,7 +424,7 @@ class StaticKVCache:
         if valid is None:
             valid = torch.ones(self.batch, seq_len, dtype=torch.bool, device=self.device)
         elif valid.dtype != torch.bool or tuple(valid.shape) != (self.batch, seq_len):
-            raise ValueError(f"valid must be a bool [B, S] = [{self.batch}, {seq_len}] tensor, got {valid.dtype} {tuple(valid.shape)}")
+            raise InputError(f"valid must be a bool [B, S] = [{self.batch}, {seq_len}] tensor, got {valid.dtype} {tuple(valid.shape)}")
         return ids, valid
 
     def _next_slots(self, seq_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -468,20 +468,20 @@ def _check_entries(keys: object, values: object, positions: object, which: str) 
     given, positions ``[B, T]`` of an integer dtype."""
     for name, t in (("keys", keys), ("values", values)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4 or not t.is_floating_point():
-            raise ValueError(f"{which}{name} must be a floating [B, Hk, T, D] tensor, got {getattr(t, 'shape', type(t).__name__)}")
+            raise InputError(f"{which}{name} must be a floating [B, Hk, T, D] tensor, got {getattr(t, 'shape', type(t).__name__)}")
     if values.shape[:3] != keys.shape[:3]:
-        raise ValueError(
+        raise InputError(
             f"{which}values {tuple(values.shape)} must match {which}keys {tuple(keys.shape)} in batch, heads and length"
         )
     if values.dtype != keys.dtype or values.device != keys.device:
-        raise ValueError(
+        raise InputError(
             f"{which}keys and values must share dtype and device, got {keys.dtype} on {keys.device} and "
             f"{values.dtype} on {values.device}"
         )
     if positions is not None:
         want = (keys.shape[0], keys.shape[2])
         if not isinstance(positions, torch.Tensor) or positions.dtype != torch.int64 or tuple(positions.shape) != want:
-            raise ValueError(
+            raise InputError(
                 f"{which}positions must be an int64 tensor [B, T] = {list(want)}, got "
                 f"{getattr(positions, 'dtype', type(positions).__name__)} {tuple(getattr(positions, 'shape', ()))}"
             )

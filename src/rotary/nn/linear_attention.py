@@ -31,6 +31,7 @@ from torch import nn
 
 from .. import positions as P
 from .._checks import check_bool, check_causal_rope, check_positive_int
+from ..errors import InputError, InputTypeError
 from ..positions import Positions, check_attention_mask
 from ..rope import RoPE
 from ..rotation import rotate
@@ -49,7 +50,7 @@ def _phi(x: torch.Tensor, feature_map: str) -> torch.Tensor:
         return F.elu(x) + 1.0
     if feature_map == "relu":
         return F.relu(x)
-    raise ValueError(f"unknown feature_map {feature_map!r}; choose one of {', '.join(FEATURE_MAPS)}")
+    raise InputError(f"unknown feature_map {feature_map!r}; choose one of {', '.join(FEATURE_MAPS)}")
 
 
 def _with_one(x: torch.Tensor) -> torch.Tensor:
@@ -76,7 +77,7 @@ def _key_mask(key_padding_mask: torch.Tensor | None, q: torch.Tensor) -> torch.T
         return None
     mask = check_attention_mask(key_padding_mask, name="key_padding_mask")
     if mask.shape != (q.shape[0], q.shape[2]):
-        raise ValueError(f"key_padding_mask must be [B, S] = {(q.shape[0], q.shape[2])}, got {tuple(mask.shape)}")
+        raise InputError(f"key_padding_mask must be [B, S] = {(q.shape[0], q.shape[2])}, got {tuple(mask.shape)}")
     return mask.to(q.device)
 
 
@@ -110,7 +111,7 @@ def _check_eps(eps: float) -> float:
     """The denominator's ``eps``: a finite number >= 0 (0 is exact for elu features, whose sums are > 0;
     relu features or masked keys can sum to 0 and need eps > 0)."""
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
-        raise ValueError(
+        raise InputError(
             f"eps must be a finite number >= 0, got {eps!r}: it keeps the denominator away from 0 (relu features "
             "or masked keys can sum to 0); the default is 1e-6"
         )
@@ -120,11 +121,11 @@ def _check_eps(eps: float) -> float:
 def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4 or not t.is_floating_point():
-            raise ValueError(f"{name} must be a floating [B, H, S, D] tensor, got {getattr(t, 'shape', type(t).__name__)}")
+            raise InputError(f"{name} must be a floating [B, H, S, D] tensor, got {getattr(t, 'shape', type(t).__name__)}")
     if q.shape != k.shape:
-        raise ValueError(f"q and k must have the same shape [B, H, S, D], got {tuple(q.shape)} and {tuple(k.shape)}")
+        raise InputError(f"q and k must have the same shape [B, H, S, D], got {tuple(q.shape)} and {tuple(k.shape)}")
     if v.shape[:3] != q.shape[:3]:
-        raise ValueError(f"v must be [B, H, S, Dv] with q's B, H, S = {tuple(q.shape[:3])}, got {tuple(v.shape)}")
+        raise InputError(f"v must be [B, H, S, Dv] with q's B, H, S = {tuple(q.shape[:3])}, got {tuple(v.shape)}")
 
 
 def rotary_linear_attention(
@@ -185,7 +186,7 @@ def _linear_attention(
 ) -> torch.Tensor:
     _check_qkv(q, k, v)
     if feature_map not in FEATURE_MAPS:
-        raise ValueError(f"unknown feature_map {feature_map!r}; choose one of {', '.join(FEATURE_MAPS)}")
+        raise InputError(f"unknown feature_map {feature_map!r}; choose one of {', '.join(FEATURE_MAPS)}")
     check_positive_int(chunk_size, "chunk_size")
     check_bool(causal, "causal")
     _check_eps(eps)
@@ -229,7 +230,7 @@ def linear_attention_reference(
     """
     _check_qkv(q, k, v)
     if feature_map not in FEATURE_MAPS:
-        raise ValueError(f"unknown feature_map {feature_map!r}; choose one of {', '.join(FEATURE_MAPS)}")
+        raise InputError(f"unknown feature_map {feature_map!r}; choose one of {', '.join(FEATURE_MAPS)}")
     check_bool(causal, "causal")
     _check_eps(eps)
     keep_keys = _key_mask(key_padding_mask, q)
@@ -287,14 +288,14 @@ class RotaryLinearAttention(nn.Module):
         for name, value in (("hidden_size", hidden_size), ("num_heads", num_heads)):
             check_positive_int(value, name)
         if hidden_size % num_heads:
-            raise ValueError(f"hidden_size={hidden_size} is not divisible by num_heads={num_heads}")
+            raise InputError(f"hidden_size={hidden_size} is not divisible by num_heads={num_heads}")
         if feature_map not in FEATURE_MAPS:
-            raise ValueError(f"unknown feature_map {feature_map!r}; choose one of {', '.join(FEATURE_MAPS)}")
+            raise InputError(f"unknown feature_map {feature_map!r}; choose one of {', '.join(FEATURE_MAPS)}")
         check_positive_int(chunk_size, "chunk_size")
         check_bool(bias, "bias")
         self.hidden_size, self.num_heads, self.head_dim = hidden_size, num_heads, hidden_size // num_heads
         if self.head_dim % 2:
-            raise ValueError(
+            raise InputError(
                 f"head_dim = hidden_size // num_heads = {self.head_dim} must be even (RoPE rotates channel pairs); "
                 "change hidden_size or num_heads"
             )
@@ -307,7 +308,7 @@ class RotaryLinearAttention(nn.Module):
         if rope is True:
             rope = RoPE(self.head_dim)
         elif not (isinstance(rope, nn.Module) and callable(getattr(rope, "tables", None))):
-            raise TypeError(f"rope must be True or an nn.Module with tables(positions) like rotary.RoPE, got {type(rope).__name__}")
+            raise InputTypeError(f"rope must be True or an nn.Module with tables(positions) like rotary.RoPE, got {type(rope).__name__}")
         self.rope = rope
         check_causal_rope(rope, self.causal, type(self).__name__)  # xPos: causal only
 

@@ -25,6 +25,7 @@ from .. import deferred
 from .. import positions as P
 from .._checks import check_positive_int, is_number
 from .._limits import MAX_NUM_HEADS, format_bytes
+from ..errors import InputError
 from ..positions import Positions
 
 __all__ = [
@@ -45,9 +46,9 @@ MAX_POSITION_TABLE_BYTES = 2**30
 def _check_pair(query_positions: torch.Tensor, key_positions: torch.Tensor) -> None:
     for name, t in (("query_positions", query_positions), ("key_positions", key_positions)):
         if not isinstance(t, torch.Tensor) or t.is_floating_point() or t.dim() != 2:
-            raise ValueError(f"{name} must be an integer tensor [B, L], got {getattr(t, 'shape', type(t).__name__)}")
+            raise InputError(f"{name} must be an integer tensor [B, L], got {getattr(t, 'shape', type(t).__name__)}")
     if query_positions.shape[0] != key_positions.shape[0]:
-        raise ValueError(
+        raise InputError(
             f"query_positions and key_positions must share the batch size, got {query_positions.shape[0]} "
             f"and {key_positions.shape[0]}"
         )
@@ -68,7 +69,7 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
     check_positive_int(num_heads, "num_heads")
     if num_heads > MAX_NUM_HEADS:
         # the slopes are built as Python floats (~32 bytes each) before the fp32 tensor
-        raise ValueError(
+        raise InputError(
             f"num_heads={num_heads} is more than {MAX_NUM_HEADS} heads (real models use 1 to 128); its slopes alone "
             f"would need about {format_bytes(36 * num_heads)}, and a score bias [B, H, S, T] far more: check num_heads"
         )
@@ -139,7 +140,7 @@ class RelativePositionBias(nn.Module):
         check_positive_int(num_heads, "num_heads")
         self.max_distance = check_positive_int(max_distance, "max_distance")
         if num_heads > MAX_NUM_HEADS or max_distance > MAX_RELATIVE_DISTANCE:
-            raise ValueError(
+            raise InputError(
                 f"RelativePositionBias(num_heads={num_heads}, max_distance={max_distance}) would learn a table of "
                 f"{format_bytes(4 * (2 * max_distance + 1) * num_heads)}; at most {MAX_NUM_HEADS} heads and "
                 f"max_distance <= {MAX_RELATIVE_DISTANCE} (T5 clips at 128): distances beyond max_distance share one bias"
@@ -171,7 +172,7 @@ class LearnedPositionEmbedding(nn.Module):
         self.max_position = check_positive_int(max_position, "max_position")
         check_positive_int(hidden_size, "hidden_size")
         if 4 * max_position * hidden_size > MAX_POSITION_TABLE_BYTES:
-            raise ValueError(
+            raise InputError(
                 f"LearnedPositionEmbedding(max_position={max_position}, hidden_size={hidden_size}) would need "
                 f"{format_bytes(4 * max_position * hidden_size)} for its table, more than "
                 f"{format_bytes(MAX_POSITION_TABLE_BYTES)}; check both (GPT-2 uses 1024 x 768), or use RoPE, which has no table to learn"
@@ -196,7 +197,7 @@ class LearnedPositionEmbedding(nn.Module):
             host = ids.numel() and not torch.compiler.is_compiling() and deferred.host_checks(ids.device)
             bound = int(ids.max()) + 1 if host else None
         if bound is not None and bound > self.max_position:
-            raise ValueError(
+            raise InputError(
                 f"position {bound - 1} is beyond the learned table of max_position={self.max_position}; "
                 "build the model with a larger max_position"
             )
@@ -224,9 +225,9 @@ class SinusoidalPositionEmbedding(nn.Module):
         super().__init__()
         self.hidden_size = check_positive_int(hidden_size, "hidden_size")
         if hidden_size % 2:
-            raise ValueError(f"hidden_size must be even for sin/cos pairs, got {hidden_size}")
+            raise InputError(f"hidden_size must be even for sin/cos pairs, got {hidden_size}")
         if not is_number(base) or base <= 1:
-            raise ValueError(
+            raise InputError(
                 f"base must be a finite number > 1, got {base!r}: the wavelengths 2π · base^(2i/E) must grow with the "
                 "channel (10000 in 'Attention is all you need')"
             )

@@ -29,7 +29,7 @@ from typing import Any, Literal
 import torch
 
 from .._checks import check_bool, check_positive_int, is_int, is_number
-from ..errors import ConfigError
+from ..errors import ConfigError, InputError, InputTypeError
 
 __all__ = [
     "ConfigError",
@@ -160,33 +160,33 @@ def register_rope_type(
         >>> del ROPE_TYPES["doc-halved"]
     """
     if not isinstance(name, str) or not name:
-        raise ValueError(f"a rope_type name must be a non-empty string, got {name!r}")
+        raise InputError(f"a rope_type name must be a non-empty string, got {name!r}")
     keys: dict[str, frozenset[str]] = {}
     for what, given in (("required", required), ("optional", optional)):
         # a string is iterable: required="factor" would become the keys 'f', 'a', 'c', ...
         if isinstance(given, (str, bytes)) or not isinstance(given, Iterable) or not all(isinstance(k, str) for k in given):
-            raise TypeError(f"{what} must be a collection of key names, e.g. {{'factor'}}, got {given!r}")
+            raise InputTypeError(f"{what} must be a collection of key names, e.g. {{'factor'}}, got {given!r}")
         keys[what] = frozenset(given)
     for what, fn in (("check", check), ("example", example), ("target_length", target_length)):
         if fn is not None and not callable(fn):
-            raise TypeError(f"{what} must be a function or None, got {fn!r}")
+            raise InputTypeError(f"{what} must be a function or None, got {fn!r}")
     length_dependent = check_bool(length_dependent, "length_dependent")
     if check_keys is None:
         check_keys = bool(keys["required"] or keys["optional"] or check)
     check_keys = check_bool(check_keys, "check_keys")
     trained_length, rotates_every_pair = check_bool(trained_length, "trained_length"), check_bool(rotates_every_pair, "rotates_every_pair")
     if update not in UPDATE_RULES:
-        raise ValueError(f"update must be 'grow' (dynamic NTK's rule) or 'switch' (LongRoPE's), got {update!r}")
+        raise InputError(f"update must be 'grow' (dynamic NTK's rule) or 'switch' (LongRoPE's), got {update!r}")
     trained_key = UPDATE_RULES[update] if trained_key is None else trained_key
     if length_dependent and trained_key not in keys["required"]:
-        raise ValueError(
+        raise InputError(
             f"rope_type {name!r} is length-dependent: its block must hold the trained length the {update!r} rule "
             f"compares with; add {trained_key!r} to required= (or name the key that holds it with trained_key=)"
         )
 
     def deco(fn: RopeInitFn) -> RopeInitFn:
         if not callable(fn):
-            raise TypeError(f"register_rope_type({name!r}) decorates an init function, got {fn!r}")
+            raise InputTypeError(f"register_rope_type({name!r}) decorates an init function, got {fn!r}")
         ROPE_TYPES[name] = RopeType(
             name, fn, keys["required"], keys["optional"], check, length_dependent, trained_length,
             rotates_every_pair, example, target_length, update, trained_key, check_keys,

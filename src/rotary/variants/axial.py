@@ -31,6 +31,7 @@ from typing import Any, Literal
 import torch
 
 from .._checks import check_choice, check_positive_float, check_positive_int, is_int
+from ..errors import InputError, InputTypeError
 from ..rope_types import default_inv_freq
 from ..rotation import rotate
 from .coordinate_rope import CoordinateRoPE
@@ -118,19 +119,19 @@ class AxialRoPE(CoordinateRoPE):
         self.max_freq = None if max_freq is None else check_positive_float(max_freq, "max_freq")
         self.frequency_kind = check_choice(frequencies, "frequencies", ("per_axis", "alternating"))
         if frequencies == "alternating" and (len(set(self.split)) != 1 or max_freq is not None):
-            raise ValueError(
+            raise InputError(
                 f"frequencies='alternating' deals one geometric set to equal blocks; got split={self.split}"
                 + (f" and max_freq={max_freq}" if max_freq is not None else "")
             )
         if block_order is not None and (isinstance(block_order, (str, bytes)) or not isinstance(block_order, Sequence)):
-            raise ValueError(f"block_order must be a permutation of the axes {tuple(range(a))}, got {block_order!r:.80}")
+            raise InputError(f"block_order must be a permutation of the axes {tuple(range(a))}, got {block_order!r:.80}")
         order = tuple(range(a)) if block_order is None else tuple(block_order)
         if not all(is_int(i) for i in order) or sorted(int(i) for i in order) != list(range(a)):
-            raise ValueError(f"block_order must be a permutation of the axes {tuple(range(a))}, got {block_order!r}")
+            raise InputError(f"block_order must be a permutation of the axes {tuple(range(a))}, got {block_order!r}")
         self.block_order = tuple(int(i) for i in order)
         self.frequency_scale = check_positive_float(frequency_scale, "frequency_scale")
         if frequency_dtype not in (torch.float32, torch.float64):
-            raise TypeError(f"frequency_dtype must be torch.float32 or torch.float64, got {frequency_dtype}")
+            raise InputTypeError(f"frequency_dtype must be torch.float32 or torch.float64, got {frequency_dtype}")
         self.frequency_dtype = frequency_dtype
         # the exact frequencies on the host; the buffer mirrors them on the module's device
         self._exact_inv_freq = self._build_inv_freq()
@@ -141,21 +142,21 @@ class AxialRoPE(CoordinateRoPE):
         r, a = self.rotary_dim, self.axes
         if split is None:
             if r % (2 * a):
-                raise ValueError(
+                raise InputError(
                     f"rotary_dim={r} does not split into {a} equal blocks of an even number of channels; "
                     f"pass split=(...) with {a} even numbers summing to {r}"
                 )
             return (r // a,) * a
         if isinstance(split, (str, bytes)) or not isinstance(split, Sequence):
-            raise ValueError(f"split must be {a} even channel counts (one per axis) summing to rotary_dim={r}, got {split!r:.80}")
+            raise InputError(f"split must be {a} even channel counts (one per axis) summing to rotary_dim={r}, got {split!r:.80}")
         split = tuple(split)
         if len(split) != a:
-            raise ValueError(f"split gives {len(split)} blocks but axes={a}: give one channel count per axis")
+            raise InputError(f"split gives {len(split)} blocks but axes={a}: give one channel count per axis")
         for i, c in enumerate(split):
             if isinstance(c, bool) or not isinstance(c, int) or c <= 0 or c % 2:
-                raise ValueError(f"split[{i}]={c!r}: each axis needs a positive even number of channels (they rotate in pairs)")
+                raise InputError(f"split[{i}]={c!r}: each axis needs a positive even number of channels (they rotate in pairs)")
         if sum(split) != r:
-            raise ValueError(f"split={split} adds up to {sum(split)} channels but rotary_dim={r}; make the blocks sum to {r}")
+            raise InputError(f"split={split} adds up to {sum(split)} channels but rotary_dim={r}; make the blocks sum to {r}")
         return split
 
     def _build_inv_freq(self) -> torch.Tensor:
@@ -184,7 +185,7 @@ class AxialRoPE(CoordinateRoPE):
         bad = ~(torch.isfinite(per_pair) & (per_pair > 0))
         if bool(bad.any()):
             j = int(bad.nonzero()[0])
-            raise ValueError(
+            raise InputError(
                 f"pair {j}'s frequency is {float(per_pair[j])!r} (base={self.base:g}, max_freq={self.max_freq}, "
                 f"frequency_scale={self.frequency_scale:g}, frequency_dtype={self.frequency_dtype}): the frequencies must "
                 "be finite and > 0; use a smaller base, max_freq or frequency_scale (or frequency_dtype=torch.float64)"
@@ -239,7 +240,7 @@ class AxialRoPE(CoordinateRoPE):
             (False, 0, 1)
         """
         if not isinstance(name, str) or name not in PRESETS:
-            raise ValueError(f"unknown axial preset {name!r}; presets: {', '.join(PRESETS)}")
+            raise InputError(f"unknown axial preset {name!r}; presets: {', '.join(PRESETS)}")
         preset = PRESETS[name]
         head_dim = preset.head_dim if head_dim is None else head_dim
         kwargs = {**preset.kwargs(head_dim), **overrides}
@@ -263,7 +264,7 @@ class Preset:
 
 def _quarters(head_dim: int, name: str) -> None:
     if not isinstance(head_dim, int) or head_dim % 4:
-        raise ValueError(f"the {name} preset needs head_dim divisible by 4 (two axes of paired channels), got {head_dim!r}")
+        raise InputError(f"the {name} preset needs head_dim divisible by 4 (two axes of paired channels), got {head_dim!r}")
 
 
 def _torchtune(head_dim: int) -> dict[str, Any]:
@@ -288,13 +289,13 @@ def _eva02(head_dim: int) -> dict[str, Any]:
 
 def _flux(head_dim: int) -> dict[str, Any]:
     if head_dim != 128:
-        raise ValueError(f"the flux preset has axes of (16, 56, 56) channels: head_dim must be 128, got {head_dim}")
+        raise InputError(f"the flux preset has axes of (16, 56, 56) channels: head_dim must be 128, got {head_dim}")
     return dict(axes=3, split=(16, 56, 56), base=10000.0, interleaved=True, frequency_dtype=torch.float64)
 
 
 def _cogvideox(head_dim: int) -> dict[str, Any]:
     if not isinstance(head_dim, int) or head_dim % 16:
-        raise ValueError(f"the cogvideox preset splits head_dim into D/4, 3D/8, 3D/8 even blocks: head_dim must be a multiple of 16, got {head_dim!r}")
+        raise InputError(f"the cogvideox preset splits head_dim into D/4, 3D/8, 3D/8 even blocks: head_dim must be a multiple of 16, got {head_dim!r}")
     return dict(axes=3, split=(head_dim // 4, head_dim // 8 * 3, head_dim // 8 * 3), base=10000.0, interleaved=True)
 
 
@@ -365,7 +366,7 @@ def relative_scores(rope: CoordinateRoPE, q: torch.Tensor, k: torch.Tensor, exte
         (torch.Size([5, 5]), 16.0)
     """
     if rope.axes < 2:
-        raise ValueError(f"relative_scores needs at least 2 axes, got axes={rope.axes}")
+        raise InputError(f"relative_scores needs at least 2 axes, got axes={rope.axes}")
     extent = check_positive_int(extent, "extent")
     n = 2 * extent + 1
     coords = rope.grid(*([1] * (rope.axes - 2)), n, n, prefix=0, suffix=0)

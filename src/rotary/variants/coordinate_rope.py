@@ -18,6 +18,7 @@ from torch import nn
 from .. import deferred
 from .._checks import check_bool, check_choice, check_finite, check_int, check_positive_int, is_int
 from .._device_copies import DeviceCopies
+from ..errors import InputError, InputTypeError
 from ..positions import Positions
 from ..rotation import Layout, check_layout, rotate
 from ..tables import RotaryTables, cos_sin_table, table_dtype
@@ -81,18 +82,18 @@ class CoordinateRoPE(nn.Module):
         super().__init__()
         self.head_dim = check_positive_int(head_dim, "head_dim")
         if head_dim % 2:
-            raise ValueError(f"head_dim must be even (channels rotate in pairs), got head_dim={head_dim}")
+            raise InputError(f"head_dim must be even (channels rotate in pairs), got head_dim={head_dim}")
         self.axes = check_positive_int(axes, "axes")
         r = head_dim if rotary_dim is None else check_positive_int(rotary_dim, "rotary_dim")
         if r % 2 or r > head_dim:
-            raise ValueError(f"rotary_dim must be even and <= head_dim={head_dim}, got rotary_dim={r}")
+            raise InputError(f"rotary_dim must be even and <= head_dim={head_dim}, got rotary_dim={r}")
         self.rotary_dim = r
         self.interleaved = check_bool(interleaved, "interleaved")
         self.coordinate_kind = check_choice(coordinates, "coordinates", ("grid", "normalized"))
         self.grid_offset = check_finite(grid_offset, "grid_offset")
         self.normalize_coords = check_choice(normalize_coords, "normalize_coords", _NORMALIZE)
         if coordinates == "normalized" and (grid_offset or reference_grid is not None):
-            raise ValueError(
+            raise InputError(
                 "grid_offset and reference_grid shape integer grid coordinates; normalized coordinates are "
                 "cell centres in [-1, 1] already (use coordinates='grid' with them, or drop them)"
             )
@@ -101,11 +102,11 @@ class CoordinateRoPE(nn.Module):
         self.suffix_tokens = check_int(suffix_tokens, "suffix_tokens", minimum=0)
         self.shift_coords = None if shift_coords is None else check_finite(shift_coords, "shift_coords")
         if self.shift_coords is not None and self.shift_coords < 0:
-            raise ValueError(f"shift_coords must be >= 0 (a shift drawn from [-shift, shift]), got {shift_coords}")
+            raise InputError(f"shift_coords must be >= 0 (a shift drawn from [-shift, shift]), got {shift_coords}")
         self.jitter_coords = self._log_range(jitter_coords, "jitter_coords")
         self.rescale_coords = self._log_range(rescale_coords, "rescale_coords")
         if generator is not None and not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+            raise InputTypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
         self.generator = generator
         self._copies = DeviceCopies()  # frequencies kept on the host, copied once per device
         self._grids: OrderedDict[tuple, Coordinates] = OrderedDict()  # grid() results, handed out again
@@ -115,17 +116,17 @@ class CoordinateRoPE(nn.Module):
         if value is None:
             return None
         if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 1):
-            raise ValueError(f"{name} must be a number >= 1 (a factor drawn log-uniformly from [1/{name}, {name}]), got {value!r}")
+            raise InputError(f"{name} must be a number >= 1 (a factor drawn log-uniformly from [1/{name}, {name}]), got {value!r}")
         return float(value)
 
     def _sizes(self, sizes: int | Sequence[int], name: str) -> tuple[int, ...]:
         if is_int(sizes):
             sizes = (sizes,) * self.axes  # type: ignore[assignment]
         elif isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence):
-            raise ValueError(f"{name} must be an int or {self.axes} ints (one size per axis), got {sizes!r:.80}")
+            raise InputError(f"{name} must be an int or {self.axes} ints (one size per axis), got {sizes!r:.80}")
         sizes = tuple(sizes)  # type: ignore[arg-type]
         if len(sizes) != self.axes:
-            raise ValueError(f"{name} needs {self.axes} sizes (one per axis), got {sizes}")
+            raise InputError(f"{name} needs {self.axes} sizes (one per axis), got {sizes}")
         return tuple(check_positive_int(n, f"{name}[{i}]") for i, n in enumerate(sizes))
 
     # frequencies ------------------------------------------------------------------------------
@@ -231,8 +232,8 @@ class CoordinateRoPE(nn.Module):
             :class:`Coordinates` (float64 values).
 
         Raises:
-            TypeError: not a tensor of numbers.
-            ValueError: a wrong number of axes or shape, or non-finite coordinates.
+            rotary.errors.InputTypeError: not a tensor of numbers.
+            rotary.errors.InputError: a wrong number of axes or shape, or non-finite coordinates.
 
         Example:
             >>> AxialRoPE(8).coordinates(torch.tensor([[0, 1], [2, 3]])).values.dtype
@@ -240,25 +241,25 @@ class CoordinateRoPE(nn.Module):
         """
         if isinstance(positions, Coordinates):
             if positions.axes != self.axes:
-                raise ValueError(f"{name} have {positions.axes} axes but this {type(self).__name__} has axes={self.axes}")
+                raise InputError(f"{name} have {positions.axes} axes but this {type(self).__name__} has axes={self.axes}")
             if identity is None:
                 return positions
             return Coordinates(positions.values, check_identity(identity, positions.values, name))
         if isinstance(positions, Positions):
             if positions.axes != self.axes:
-                raise ValueError(
+                raise InputError(
                     f"{name} have {positions.axes} coordinate axes but this {type(self).__name__} has axes={self.axes}; "
                     f"give [S, {self.axes}] or [B, S, {self.axes}] coordinates"
                 )
             if positions.packed:
-                raise ValueError(f"packed {name} are not supported by {type(self).__name__}: give [B, S, {self.axes}] coordinates")
+                raise InputError(f"packed {name} are not supported by {type(self).__name__}: give [B, S, {self.axes}] coordinates")
             positions = positions.ids
         if not isinstance(positions, torch.Tensor):
-            raise TypeError(f"{name} must be a tensor [S, {self.axes}] or [B, S, {self.axes}], got {type(positions).__name__}")
+            raise InputTypeError(f"{name} must be a tensor [S, {self.axes}] or [B, S, {self.axes}], got {type(positions).__name__}")
         if positions.dtype == torch.bool or positions.is_complex():
-            raise TypeError(f"{name} must hold integer or floating coordinates, got dtype {positions.dtype}")
+            raise InputTypeError(f"{name} must hold integer or floating coordinates, got dtype {positions.dtype}")
         if positions.dim() not in (2, 3) or positions.shape[-1] != self.axes:
-            raise ValueError(
+            raise InputError(
                 f"{name} must be [S, {self.axes}] or [B, S, {self.axes}] ({self.axes} coordinates per token), got shape "
                 f"{tuple(positions.shape)}; give {self.axes} coordinates per token"
                 + (f" or build the module with axes={positions.shape[-1]}" if positions.dim() in (2, 3) else "")
@@ -268,7 +269,7 @@ class CoordinateRoPE(nn.Module):
             if not deferred.host_checks(values.device):  # not read: NaN tables, and a deferred error
                 deferred.record(deferred.COORDINATES_SLOT, ~torch.isfinite(values.detach()))
             elif not bool(torch.isfinite(values).all()):
-                raise ValueError(f"{name} hold NaN or inf values; mark tokens that take no rotation with identity= instead")
+                raise InputError(f"{name} hold NaN or inf values; mark tokens that take no rotation with identity= instead")
         return Coordinates(values, check_identity(identity, values, name))
 
     def augment(self, values: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -336,7 +337,7 @@ class CoordinateRoPE(nn.Module):
         """
         coords = self.coordinates(positions)
         if dtype not in (torch.float32, torch.float64):
-            raise TypeError(f"table dtype must be torch.float32 or torch.float64, got {dtype}")
+            raise InputTypeError(f"table dtype must be torch.float32 or torch.float64, got {dtype}")
         values = coords.values
         if self.training and self.augments:
             values = self.augment(values, generator)
@@ -379,7 +380,7 @@ class CoordinateRoPE(nn.Module):
                 if self.training and self.augments
                 else ""
             )
-            raise ValueError(
+            raise InputError(
                 f"coordinates up to {top:g}{augment} times frequencies up to {rate:g} rad per unit give rotation angles "
                 "beyond float64's range (cos/sin would be NaN); use smaller coordinates, augmentation ranges or frequencies"
             )
@@ -415,7 +416,7 @@ class CoordinateRoPE(nn.Module):
             torch.Size([7, 8])
         """
         if position_ids is None:
-            raise ValueError(
+            raise InputError(
                 f"{type(self).__name__} rotates tokens by their {self.axes} coordinates: pass position_ids=rope.grid(...) "
                 f"(identity tokens with prefix=/suffix=) or coordinates [S, {self.axes}] / [B, S, {self.axes}]"
             )
@@ -426,21 +427,21 @@ class CoordinateRoPE(nn.Module):
     # application ----------------------------------------------------------------------------
     def _check_tokens(self, coords: Coordinates, batch: int, seq_len: int, what: str, detail: str = "") -> None:
         if coords.seq_len != seq_len:
-            raise ValueError(
+            raise InputError(
                 f"the coordinates cover S={coords.seq_len} tokens but {what} has S={seq_len}{detail}; tokens without a place "
                 "on the grid (CLS, registers) need an identity row: grid(..., prefix=, suffix=)"
             )
         if coords.batch is not None and coords.batch not in (1, batch):
-            raise ValueError(f"the coordinates have batch {coords.batch} but {what} has batch {batch}")
+            raise InputError(f"the coordinates have batch {coords.batch} but {what} has batch {batch}")
 
     def _check_inputs(self, xs: Sequence[torch.Tensor], names: Sequence[str], coords: Coordinates, layout: str) -> None:
         batch_dim, seq_dim = check_layout(layout)
         for x, name in zip(xs, names):
             if not isinstance(x, torch.Tensor) or x.dim() != 4:
                 shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-                raise ValueError(f"{name} must be 4-D ([B, H, S, D] or [B, S, H, D]), got {shape}")
+                raise InputError(f"{name} must be 4-D ([B, H, S, D] or [B, S, H, D]), got {shape}")
             if x.shape[-1] != self.head_dim:
-                raise ValueError(f"{name} has head_dim {x.shape[-1]} but this {type(self).__name__} was built for head_dim={self.head_dim}")
+                raise InputError(f"{name} has head_dim {x.shape[-1]} but this {type(self).__name__} was built for head_dim={self.head_dim}")
             self._check_tokens(coords, x.shape[batch_dim], x.shape[seq_dim], name, f" (layout {layout!r})")
 
     def forward(

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from .._device_copies import version_of
+from ..errors import InputError, InputTypeError
 
 __all__ = ["Coordinates", "check_identity"]
 
@@ -82,10 +83,10 @@ def check_identity(identity: object, values: torch.Tensor, name: str) -> torch.T
     if identity is None:
         return None
     if not isinstance(identity, torch.Tensor) or identity.dtype != torch.bool:
-        raise TypeError(f"identity must be a bool tensor [S] or [B, S] (True: no rotation), got {identity!r:.80}")
+        raise InputTypeError(f"identity must be a bool tensor [S] or [B, S] (True: no rotation), got {identity!r:.80}")
     token_shape = tuple(values.shape[:-1])
     if tuple(identity.shape) not in (token_shape, token_shape[-1:]):
-        raise ValueError(
+        raise InputError(
             f"identity has shape {tuple(identity.shape)} but the {name} are {tuple(values.shape)}: "
             f"give one flag per token, {list(token_shape[-1:])} or {list(token_shape)}"
         )

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from .._checks import check_bool, check_positive_float, check_positive_int
+from ..errors import InputError
 from ..rope_tables import keep_float32
 from ..rope_types import default_inv_freq
 from .coordinate_rope import CoordinateRoPE
@@ -67,7 +68,7 @@ class RoPEMixed(CoordinateRoPE):
     ) -> None:
         super().__init__(head_dim, 2, rotary_dim=rotary_dim, interleaved=interleaved, generator=generator, **kwargs)
         if self.rotary_dim % 4:
-            raise ValueError(
+            raise InputError(
                 f"RoPE-Mixed needs rotary_dim divisible by 4 (two blocks of pairs), got rotary_dim={self.rotary_dim}"
             )
         self.num_heads = check_positive_int(num_heads, "num_heads")
@@ -75,7 +76,7 @@ class RoPEMixed(CoordinateRoPE):
         self.random_rotation = check_bool(rotate, "rotate")
         magnitude = default_inv_freq(self.base, self.rotary_dim // 2)
         if not bool((torch.isfinite(magnitude) & (magnitude > 0)).all()):
-            raise ValueError(
+            raise InputError(
                 f"base={base!r} gives frequency magnitudes 1 / base^(4k/r) of {magnitude.tolist()} in fp32: they must be "
                 "finite and > 0 (a pair with 0 never rotates, inf makes the tables NaN); use a base nearer the paper's 10"
             )

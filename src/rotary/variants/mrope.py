@@ -42,6 +42,7 @@ from torch import nn
 from .. import positions as P
 from .._checks import check_bool, check_choice, check_positive_int, is_int, is_number
 from .._device_copies import DeviceCopies
+from ..errors import InputError, InputTypeError
 from ..frequencies import frequencies
 from ..positions import Positions
 from ..rope_types import ROPE_TYPES
@@ -57,17 +58,17 @@ AXES = ("t", "h", "w")
 def _sections(mrope_section: Sequence[int], mrope_interleaved: bool) -> tuple[int, ...]:
     """The sections as a tuple of positive ints, checked to fit the layout (not yet against a width)."""
     if isinstance(mrope_section, (str, bytes)) or not isinstance(mrope_section, Sequence) or not mrope_section:
-        raise ValueError(f"mrope_section must be a list of section sizes (t, h, w), e.g. [16, 24, 24], got {mrope_section!r}")
+        raise InputError(f"mrope_section must be a list of section sizes (t, h, w), e.g. [16, 24, 24], got {mrope_section!r}")
     if any(not is_int(s) or s <= 0 for s in mrope_section):
-        raise ValueError(f"mrope_section sizes must be positive ints, got {list(mrope_section)!r}")
+        raise InputError(f"mrope_section sizes must be positive ints, got {list(mrope_section)!r}")
     section = tuple(int(s) for s in mrope_section)
     if check_bool(mrope_interleaved, "mrope_interleaved"):
         if len(section) != 3:
-            raise ValueError(f"the interleaved layout needs three sections (t, h, w), got {list(section)}")
+            raise InputError(f"the interleaved layout needs three sections (t, h, w), got {list(section)}")
         got = tuple(torch.bincount(_interleaved_axes(section), minlength=3).tolist())
         if got != section:
             slots = sum(section)
-            raise ValueError(
+            raise InputError(
                 f"mrope_section {list(section)} cannot be interleaved over {slots} slots: cycling t, h, w gives "
                 f"t, h, w = {list(got)} slots (h and w take every third slot: 3 * h <= {slots + 1}, 3 * w <= {slots})"
             )
@@ -85,7 +86,7 @@ def check_mrope_section(mrope_section: Sequence[int], rotary_dim: int, *, mrope_
     """Validate ``mrope_section`` for ``rotary_dim`` rotated channels and return it as a tuple.
 
     Raises:
-        ValueError: sections that are not positive ints, that do not sum to ``rotary_dim / 2``, or
+        rotary.errors.InputError: sections that are not positive ints, that do not sum to ``rotary_dim / 2``, or
             (interleaved) that cannot be laid out: not three of them, or h/w sections too large to
             take every third slot.
 
@@ -96,7 +97,7 @@ def check_mrope_section(mrope_section: Sequence[int], rotary_dim: int, *, mrope_
     section = _sections(mrope_section, mrope_interleaved)
     slots = rotary_dim // 2
     if sum(section) != slots:
-        raise ValueError(
+        raise InputError(
             f"mrope_section {list(section)} sums to {sum(section)} but rotary_dim={rotary_dim} has {slots} frequency "
             f"slots (rotary_dim / 2); make the sections sum to {slots}"
         )
@@ -157,7 +158,7 @@ class MRoPE(nn.Module):
         super().__init__()
         self.freqs = frequencies(head_dim, base=base, rotary_dim=rotary_dim, scaling=scaling, strict=strict)
         if ROPE_TYPES[self.freqs.rope_type].length_dependent:
-            raise ValueError(
+            raise InputError(
                 f"rope_type {self.freqs.rope_type!r} changes the frequencies with the sequence length, which M-RoPE does "
                 "not support here; use a static rope_type (default, linear, yarn, ...)"
             )
@@ -260,14 +261,14 @@ class MRoPE(nn.Module):
             return position_ids.positions
         if isinstance(position_ids, Positions):
             if position_ids.axes != 3:
-                raise ValueError(_one_d_message(f"Positions with {position_ids.axes} axis/axes"))
+                raise InputError(_one_d_message(f"Positions with {position_ids.axes} axis/axes"))
             return position_ids
         if not isinstance(position_ids, torch.Tensor):
-            raise TypeError(f"M-RoPE positions must be an integer tensor [3, B, S], got {type(position_ids).__name__}")
+            raise InputTypeError(f"M-RoPE positions must be an integer tensor [3, B, S], got {type(position_ids).__name__}")
         if position_ids.dim() in (1, 2):
-            raise ValueError(_one_d_message(f"shape {tuple(position_ids.shape)}"))
+            raise InputError(_one_d_message(f"shape {tuple(position_ids.shape)}"))
         if position_ids.dim() != 3 or position_ids.shape[0] != 3:
-            raise ValueError(
+            raise InputError(
                 f"M-RoPE positions must be [3, B, S] (temporal, height, width ids per token), got shape "
                 f"{tuple(position_ids.shape)}"
             )
@@ -287,11 +288,11 @@ class MRoPE(nn.Module):
             :class:`~rotary.tables.RotaryTables`, per token ``[B, S, r]`` (``[S, r]`` for shared ids).
 
         Raises:
-            ValueError: 1-D positions (``[S]``, ``[B, S]``), or another shape than ``[3, B, S]``.
+            rotary.errors.InputError: 1-D positions (``[S]``, ``[B, S]``), or another shape than ``[3, B, S]``.
         """
         positions = self.positions(positions)
         if dtype not in (torch.float32, torch.float64):
-            raise TypeError(f"table dtype must be torch.float32 or torch.float64, got {dtype}")
+            raise InputTypeError(f"table dtype must be torch.float32 or torch.float64, got {dtype}")
         ids = positions.ids
         inv_freq_axes = self._copies.on("inv_freq_axes", self.inv_freq_axes, ids.device)
         cos, sin = cos_sin_table(
@@ -329,7 +330,7 @@ class MRoPE(nn.Module):
             torch.Size([1, 5, 16])
         """
         if position_ids is None:
-            raise ValueError(
+            raise InputError(
                 "M-RoPE rotates tokens by three ids (temporal, height, width): pass position_ids [3, B, S], from "
                 "rotary.multimodal_positions(...) for a prompt and its .continuation(n) for the next tokens, or "
                 "ids.expand(3, B, S) for text"
@@ -359,7 +360,7 @@ class MRoPE(nn.Module):
         """
         batch_dim, seq_dim = check_layout(layout)
         if not isinstance(q, torch.Tensor) or q.dim() != 4:
-            raise ValueError(f"q must be 4-D ([B, H, S, D] or [B, S, H, D]), got {getattr(q, 'shape', type(q).__name__)}")
+            raise InputError(f"q must be 4-D ([B, H, S, D] or [B, S, H, D]), got {getattr(q, 'shape', type(q).__name__)}")
         tables = self.input_tables(
             position_ids, batch=q.shape[batch_dim], seq_len=q.shape[seq_dim], device=q.device, dtype=table_dtype(q.dtype)
         )
@@ -436,9 +437,9 @@ def _grids(grid_thw: torch.Tensor | None, name: str) -> torch.Tensor:
     if grid_thw is None:
         return torch.zeros(0, 3, dtype=torch.int64)
     if not isinstance(grid_thw, torch.Tensor) or grid_thw.dim() != 2 or grid_thw.shape[-1] != 3:
-        raise ValueError(f"{name} must be an integer tensor [N, 3] of (t, h, w) per item, got {grid_thw!r:.80}")
+        raise InputError(f"{name} must be an integer tensor [N, 3] of (t, h, w) per item, got {grid_thw!r:.80}")
     if grid_thw.is_floating_point() or grid_thw.is_complex() or grid_thw.dtype == torch.bool or bool((grid_thw <= 0).any()):
-        raise ValueError(f"{name} must hold positive integer (t, h, w) sizes, got {grid_thw.tolist()} ({grid_thw.dtype})")
+        raise InputError(f"{name} must hold positive integer (t, h, w) sizes, got {grid_thw.tolist()} ({grid_thw.dtype})")
     return grid_thw.detach().to("cpu", torch.int64)
 
 
@@ -490,7 +491,7 @@ def multimodal_positions(
         :class:`MultimodalPositions` on ``token_types``' device.
 
     Raises:
-        ValueError: token types other than 0/1/2; a run of vision tokens whose length is not its
+        rotary.errors.InputError: token types other than 0/1/2; a run of vision tokens whose length is not its
             grid's token count, or with no grid left; grids left over; a bad mask.
     """
     if (
@@ -500,35 +501,35 @@ def multimodal_positions(
         or token_types.is_complex()
         or token_types.dtype == torch.bool
     ):
-        raise ValueError(f"token_types must be an integer tensor [B, S] (0 text, 1 image, 2 video), got {token_types!r:.80}")
+        raise InputError(f"token_types must be an integer tensor [B, S] (0 text, 1 image, 2 video), got {token_types!r:.80}")
     if bool(((token_types < 0) | (token_types > 2)).any()):
-        raise ValueError(f"token_types must hold 0 (text), 1 (image) or 2 (video), got values {token_types.unique().tolist()}")
+        raise InputError(f"token_types must hold 0 (text), 1 (image) or 2 (video), got values {token_types.unique().tolist()}")
     check_positive_int(spatial_merge_size, "spatial_merge_size")
     check_bool(split_video_frames, "split_video_frames")
     check_choice(text_after_vision, "text_after_vision", ("grid", "max"))
     if tokens_per_second is not None and (not is_number(tokens_per_second) or tokens_per_second <= 0):
-        raise ValueError(f"tokens_per_second must be a number > 0 (Qwen2.5-VL) or None, got {tokens_per_second!r}")
+        raise InputError(f"tokens_per_second must be a number > 0 (Qwen2.5-VL) or None, got {tokens_per_second!r}")
     batch, seq_len = token_types.shape
     if attention_mask is None:
         keep = torch.ones(batch, seq_len, dtype=torch.bool)
     else:
         keep = P.check_attention_mask(attention_mask).to("cpu")
         if keep.shape != token_types.shape:
-            raise ValueError(f"attention_mask must match token_types {tuple(token_types.shape)}, got {tuple(keep.shape)}")
+            raise InputError(f"attention_mask must match token_types {tuple(token_types.shape)}, got {tuple(keep.shape)}")
     grids = {1: _grids(image_grid_thw, "image_grid_thw"), 2: _grids(video_grid_thw, "video_grid_thw")}
     seconds: list[torch.Tensor] = []
     if second_per_grid_ts is not None:
         seconds = list(torch.as_tensor(second_per_grid_ts).reshape(-1).unbind())
         if len(seconds) != grids[2].shape[0]:
-            raise ValueError(f"second_per_grid_ts has {len(seconds)} entries but video_grid_thw {grids[2].shape[0]} videos")
+            raise InputError(f"second_per_grid_ts has {len(seconds)} entries but video_grid_thw {grids[2].shape[0]} videos")
         if tokens_per_second is None:
-            raise ValueError(
+            raise InputError(
                 "second_per_grid_ts is given but tokens_per_second is None, so the seconds would be ignored; pass "
                 "tokens_per_second (Qwen2.5-VL: vision_config.tokens_per_second) or drop second_per_grid_ts"
             )
         for v, second in enumerate(seconds):
             if second.dtype == torch.bool or second.is_complex() or not (math.isfinite(float(second)) and float(second) > 0):
-                raise ValueError(f"second_per_grid_ts[{v}] must be a finite number of seconds > 0, got {second.item()!r}")
+                raise InputError(f"second_per_grid_ts[{v}] must be a finite number of seconds > 0, got {second.item()!r}")
     if split_video_frames:  # Qwen3-VL: frame j of a video is a grid (1, h, w) of its own
         grids[2] = torch.repeat_interleave(grids[2], grids[2][:, 0], dim=0)
         grids[2][:, 0] = 1
@@ -547,20 +548,20 @@ def multimodal_positions(
                 current += length
                 continue
             if used[kind] == grids[kind].shape[0]:
-                raise ValueError(
+                raise InputError(
                     f"row {b} has a run of {length} {names[kind]} tokens at index {int(kept[start])} but no "
                     f"{names[kind]}_grid_thw entry is left ({grids[kind].shape[0]} given)"
                 )
             t, h, w = grids[kind][used[kind]].tolist()
             if h % spatial_merge_size or w % spatial_merge_size:
-                raise ValueError(
+                raise InputError(
                     f"{names[kind]}_grid_thw entry {used[kind]} is {[t, h, w]}: its height and width must be multiples of "
                     f"spatial_merge_size={spatial_merge_size} (the vision tower merges {spatial_merge_size} x "
                     f"{spatial_merge_size} patches into one token)"
                 )
             h, w = h // spatial_merge_size, w // spatial_merge_size
             if t * h * w != length:
-                raise ValueError(
+                raise InputError(
                     f"row {b}: the run of {length} {names[kind]} tokens at index {int(kept[start])} does not match its "
                     f"{names[kind]}_grid_thw {grids[kind][used[kind]].tolist()}, which gives t * (h/{spatial_merge_size}) "
                     f"* (w/{spatial_merge_size}) = {t * h * w} tokens"
@@ -569,7 +570,7 @@ def multimodal_positions(
             if kind == 2 and tokens_per_second is not None:  # Qwen2.5-VL: temporal ids follow time
                 second = seconds[used[kind]] if seconds else 1
                 if not (t - 1) * tokens_per_second * float(second) < 2**53:
-                    raise ValueError(
+                    raise InputError(
                         f"video {used[kind]}: {t} temporal steps at tokens_per_second={tokens_per_second!r} x "
                         f"second_per_grid_ts={float(second)!r} give temporal ids beyond 2**53, which positions cannot hold"
                     )
@@ -584,7 +585,7 @@ def multimodal_positions(
         rope_deltas[b, 0] = next_position[b] - kept.numel()
     for kind in (1, 2):
         if used[kind] != grids[kind].shape[0]:
-            raise ValueError(
+            raise InputError(
                 f"{names[kind]}_grid_thw holds {grids[kind].shape[0]} {'frames' if kind == 2 and split_video_frames else 'entries'} "
                 f"but the token types hold only {used[kind]} {names[kind]} runs"
             )

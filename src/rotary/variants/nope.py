@@ -28,6 +28,7 @@ from torch import nn
 
 from .. import positions as P
 from .._checks import check_int, check_positive_int, is_int, is_number
+from ..errors import InputError
 from ..positions import Positions
 from ..tables import RotaryTables
 
@@ -50,7 +51,7 @@ def rope_layer_flags(no_rope_layers: Sequence[int] | None, num_layers: int) -> l
     """Which layers rotate, from Llama 4's ``no_rope_layers`` (1 = RoPE, 0 = NoPE; ``None``: all rotate).
 
     Raises:
-        ValueError: a ``num_layers`` that is not an int >= 0, a list of another length, or values other than the ints 0 and 1.
+        rotary.errors.InputError: a ``num_layers`` that is not an int >= 0, a list of another length, or values other than the ints 0 and 1.
 
     Example:
         >>> rope_layer_flags([1, 1, 1, 0], 4)
@@ -60,10 +61,10 @@ def rope_layer_flags(no_rope_layers: Sequence[int] | None, num_layers: int) -> l
     if no_rope_layers is None:
         return [True] * num_layers
     if isinstance(no_rope_layers, (str, bytes)) or not isinstance(no_rope_layers, Sequence):
-        raise ValueError(f"no_rope_layers must be a list of 0/1 flags, one per layer, got {no_rope_layers!r}")
+        raise InputError(f"no_rope_layers must be a list of 0/1 flags, one per layer, got {no_rope_layers!r}")
     flags = list(no_rope_layers)
     if len(flags) != num_layers or any(not is_int(v) or v not in (0, 1) for v in flags):
-        raise ValueError(
+        raise InputError(
             f"no_rope_layers must hold one flag per layer ({num_layers}), 1 = the layer uses RoPE, 0 = NoPE "
             f"(Llama 4's convention), got {flags!r}"
         )
@@ -90,7 +91,7 @@ def nope_temperature(
     """
     check_positive_int(floor_scale, "floor_scale")
     if not is_number(attn_scale) or attn_scale < 0:
-        raise ValueError(f"attn_scale must be a finite number >= 0, got {attn_scale!r}")
+        raise InputError(f"attn_scale must be a finite number >= 0, got {attn_scale!r}")
     ids = P.integer_positions(position_ids)
     # floor((n + 1) / f) = floor(n / f) + floor((n mod f + 1) / f), summed in float64: no int64 overflow at n = 2**63 - 1
     whole = torch.div(ids, floor_scale, rounding_mode="floor")
@@ -117,7 +118,7 @@ class NoPETemperature(nn.Module):
         super().__init__()
         self.head_dim = check_positive_int(head_dim, "head_dim")
         if head_dim % 2:
-            raise ValueError(f"head_dim must be even, got {head_dim}")
+            raise InputError(f"head_dim must be even, got {head_dim}")
         nope_temperature(torch.zeros(1, dtype=torch.int64, device="cpu"), floor_scale=floor_scale, attn_scale=attn_scale)  # checks
         self.floor_scale, self.attn_scale = int(floor_scale), float(attn_scale)
 
@@ -129,7 +130,7 @@ class NoPETemperature(nn.Module):
         if not isinstance(positions, Positions):
             positions = P.from_ids(positions)
         if positions.axes != 1:
-            raise ValueError(f"positions have {positions.axes} coordinate axes; NoPE temperature needs 1-D positions")
+            raise InputError(f"positions have {positions.axes} coordinate axes; NoPE temperature needs 1-D positions")
         ids = positions.ids
         tau = nope_temperature(ids, floor_scale=self.floor_scale, attn_scale=self.attn_scale).to(dtype)
         cos = tau.unsqueeze(-1).expand(*ids.shape, self.head_dim).contiguous()

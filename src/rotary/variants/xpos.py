@@ -43,6 +43,7 @@ from .. import deferred
 from .. import positions as P
 from .._checks import check_bool, check_int, check_positive_float, check_positive_int
 from .._device_copies import DeviceCopies
+from ..errors import InputError, InputTypeError
 from ..frequencies import frequencies
 from ..positions import Positions
 from ..rotation import Layout, check_layout, rotate
@@ -66,7 +67,7 @@ def xpos_zeta(rotary_dim: int) -> torch.Tensor:
     """
     check_positive_int(rotary_dim, "rotary_dim")
     if rotary_dim % 2:
-        raise ValueError(f"rotary_dim must be even (channels rotate in pairs), got {rotary_dim}")
+        raise InputError(f"rotary_dim must be even (channels rotate in pairs), got {rotary_dim}")
     i = torch.arange(rotary_dim // 2, dtype=torch.float64, device="cpu")  # also under torch.device("meta")
     return (2 * i + 0.4 * rotary_dim) / (1.4 * rotary_dim)
 
@@ -136,7 +137,7 @@ class XPos(nn.Module):
         else:
             self.center = check_int(center, "center", minimum=0)
         if self.center > self.max_distance:
-            raise ValueError(
+            raise InputError(
                 f"center={self.center} is further than max_distance={self.max_distance} from position 0: the scales "
                 f"ζ^(±(0 - c)/γ) of early positions would leave fp32's range; use center <= {self.max_distance} "
                 "or a larger scale_base"
@@ -172,7 +173,7 @@ class XPos(nn.Module):
             :class:`~rotary.tables.RotaryTables` ``[S, r]`` or ``[B, S, r]`` with key tables.
 
         Raises:
-            ValueError: a position further than :attr:`max_distance` from the centre, found from the
+            rotary.errors.InputError: a position further than :attr:`max_distance` from the centre, found from the
                 positions' host-known ``bound`` (on the CPU, by reading the ids when it is unknown).
                 On accelerators, positions whose bound is unknown are checked on the device instead:
                 a deferred :class:`~rotary.errors.DeviceInputError` (:func:`rotary.check_device_errors`).
@@ -180,9 +181,9 @@ class XPos(nn.Module):
         if not isinstance(positions, Positions):
             positions = P.from_ids(positions)
         if positions.axes != 1:
-            raise ValueError(f"positions have {positions.axes} coordinate axes but xPos is 1-D; pass ids [S] or [B, S]")
+            raise InputError(f"positions have {positions.axes} coordinate axes but xPos is 1-D; pass ids [S] or [B, S]")
         if dtype not in (torch.float32, torch.float64):
-            raise TypeError(f"table dtype must be torch.float32 or torch.float64, got {dtype}")
+            raise InputTypeError(f"table dtype must be torch.float32 or torch.float64, got {dtype}")
         ids = positions.ids
         bound = positions.bound
         if bound is None and ids.numel() and not torch.compiler.is_compiling():
@@ -192,7 +193,7 @@ class XPos(nn.Module):
                 bound = int(ids.max()) + 1
         if bound is not None and bound - 1 - self.center > self.max_distance:
             n = bound - 1
-            raise ValueError(
+            raise InputError(
                 f"position {n} is {n - self.center} from the xPos centre {self.center}, beyond max_distance="
                 f"{self.max_distance}: the scales ζ^(±(n - c)/γ) (γ={self.scale_base:g}) leave fp32's range there "
                 "(queries underflow to 0, keys overflow to inf); build XPos with a larger scale_base or a center "
@@ -228,11 +229,11 @@ class XPos(nn.Module):
             ``(q_rotated, k_rotated)``, shapes and dtypes of ``q`` and ``k``.
         """
         if not isinstance(q, torch.Tensor) or q.dim() != 4:
-            raise ValueError(f"q must be 4-D ([B, H, S, D] or [B, S, H, D]), got {getattr(q, 'shape', type(q).__name__)}")
+            raise InputError(f"q must be 4-D ([B, H, S, D] or [B, S, H, D]), got {getattr(q, 'shape', type(q).__name__)}")
         batch_dim, seq_dim = check_layout(layout)
         if position_ids is not None:
             if offset:
-                raise ValueError(f"offset={offset!r} and position_ids both give positions; pass one")
+                raise InputError(f"offset={offset!r} and position_ids both give positions; pass one")
             positions = P.from_ids(position_ids, batch=q.shape[batch_dim], seq_len=q.shape[seq_dim], device=q.device)
         else:
             positions = P.arange(q.shape[seq_dim], offset=offset, device=q.device)
@@ -260,7 +261,7 @@ class XPos(nn.Module):
         far = max(high - self.center, self.center - low)
         if far > self.fp16_max_distance:
             n = high if high - self.center >= self.center - low else low
-            raise ValueError(
+            raise InputError(
                 f"position {n} is {abs(n - self.center)} from the xPos centre {self.center}, beyond fp16_max_distance="
                 f"{self.fp16_max_distance} for float16 inputs: the scales ζ^(±(n - c)/γ) (γ={self.scale_base:g}) reach "
                 "2**14 there and the rotated q/k overflow fp16 to inf; use bfloat16 or float32 inputs, a larger "

@@ -37,6 +37,8 @@ from typing import Any, Protocol
 
 import torch
 
+from ...errors import InputError
+
 __all__ = [
     "CudaBackend",
     "DeviceTiming",
@@ -141,14 +143,14 @@ def open_backend(device: str) -> CudaBackend:
     """The backend for ``--device`` (``"cuda"`` or ``"cuda:N"``), or a ``ValueError`` that says why not."""
     name = torch.device(device)
     if name.type != "cuda":
-        raise ValueError(f"--device {device}: GPU timing is for CUDA devices; use --device cuda (or cpu)")
+        raise InputError(f"--device {device}: GPU timing is for CUDA devices; use --device cuda (or cpu)")
     if not torch.cuda.is_available():
-        raise ValueError(
+        raise InputError(
             f"--device {device}: this torch ({torch.__version__}) sees no CUDA device (torch.cuda.is_available() is "
             "False); run it on a machine with an NVIDIA GPU and a CUDA build of torch, or leave out --device"
         )
     if name.index is not None and name.index >= torch.cuda.device_count():
-        raise ValueError(
+        raise InputError(
             f"--device {device}: there are {torch.cuda.device_count()} CUDA devices (cuda:0 .. "
             f"cuda:{torch.cuda.device_count() - 1}); pick one of them"
         )

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ...errors import InputError
 from . import harness
 from .harness import (
     COPY,
@@ -85,7 +86,7 @@ def run(options: argparse.Namespace) -> tuple[dict[str, Any], list[Result]]:
 
         backend = cuda.open_backend(device)  # no CUDA: a one-line error before anything runs
         if getattr(options, "suites", None) is not None:
-            raise ValueError(
+            raise InputError(
                 f"--suites {options.suites}: the suites time CPU work only; leave out --suites with --device {device}, "
                 "or run them without --device"
             )
@@ -101,7 +102,7 @@ def run(options: argparse.Namespace) -> tuple[dict[str, Any], list[Result]]:
         unknown = [name for name in options.suites.split(",") if name not in harness.SUITES]
         if unknown:
             registered = ", ".join(sorted(harness.SUITES)) or "none (add one with --cases FILE.py)"
-            raise ValueError(f"--suites: unknown suite {unknown[0]!r}; registered suites: {registered}")
+            raise InputError(f"--suites: unknown suite {unknown[0]!r}; registered suites: {registered}")
     machine = _machine()
     machine["fused_cpu_kernel"] = (
         "loaded" if load_cpu_extension() is not None else f"unavailable: {cpu_extension_error()}"
@@ -111,7 +112,7 @@ def run(options: argparse.Namespace) -> tuple[dict[str, Any], list[Result]]:
         wanted = set(options.shapes.split(","))
         shapes = [s for s in SHAPES + QUICK_SHAPES if s.name in wanted]
         if not shapes:
-            raise ValueError(
+            raise InputError(
                 f"--shapes {options.shapes!r} names no shape; choose from {[s.name for s in SHAPES + QUICK_SHAPES]}"
             )
     methods = _without_missing_packages(_selected_methods(options, "cpu"))
@@ -121,7 +122,7 @@ def run(options: argparse.Namespace) -> tuple[dict[str, Any], list[Result]]:
     for shape in shapes:
         for dtype_name in options.dtypes.split(","):
             if dtype_name not in DTYPE_NAMES:
-                raise ValueError(f"unknown dtype {dtype_name!r} in --dtypes; use fp32, bf16 or fp16")
+                raise InputError(f"unknown dtype {dtype_name!r} in --dtypes; use fp32, bf16 or fp16")
             group = f"{shape.describe()} {dtype_name}"
             inp = harness.make_inputs(shape, DTYPE_NAMES[dtype_name])
             calls = {}
@@ -167,7 +168,7 @@ def _device_groups(options: argparse.Namespace) -> list[tuple[DeviceGroup, list[
         wanted = set(options.shapes.split(","))
         groups = [g for g in every if g.shape.name in wanted]
         if not groups:
-            raise ValueError(
+            raise InputError(
                 f"--shapes {options.shapes!r} names no GPU shape; with --device cuda choose from "
                 f"{[g.shape.name for g in every]}"
             )
@@ -177,7 +178,7 @@ def _device_groups(options: argparse.Namespace) -> list[tuple[DeviceGroup, list[
         dtypes = given.split(",") if given else list(group.dtypes)
         for name in dtypes:
             if name not in DTYPE_NAMES:
-                raise ValueError(f"unknown dtype {name!r} in --dtypes; use fp32, bf16 or fp16")
+                raise InputError(f"unknown dtype {name!r} in --dtypes; use fp32, bf16 or fp16")
         chosen.append((group, dtypes))
     return chosen
 
@@ -336,16 +337,16 @@ def _load_cases(path: str) -> None:
         raise FileNotFoundError(f"--cases {path}: no such file")
     spec = importlib.util.spec_from_file_location(f"rotary_bench_cases_{file.stem}", file)
     if spec is None or spec.loader is None:
-        raise ValueError(f"--cases {path}: not a Python file; give a .py file that registers methods or suites")
+        raise InputError(f"--cases {path}: not a Python file; give a .py file that registers methods or suites")
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
     except SystemExit as exc:  # sys.exit() in the user's file must not end the benchmark with its status
-        raise ValueError(
+        raise InputError(
             f"--cases {path}: importing it called sys.exit({exc.code!r}); a cases file only registers"
         ) from None
     except Exception as exc:  # the user's file: say which one and what it raised, no traceback
-        raise ValueError(f"--cases {path}: importing it raised {type(exc).__name__}: {exc}") from None
+        raise InputError(f"--cases {path}: importing it raised {type(exc).__name__}: {exc}") from None
 
 
 def _machine() -> dict[str, Any]:

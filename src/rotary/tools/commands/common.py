@@ -33,6 +33,8 @@ from rotary.hf_config import ConfigError, RopeSettings, read_hf_config
 from rotary.rope import RoPE
 from rotary.rope_types import ROPE_TYPES
 
+from ...errors import InputError
+
 __all__ = [
     "MAX_HEAD_DIM",
     "MAX_LENGTH",
@@ -164,15 +166,15 @@ def add_output_argument(p: argparse.ArgumentParser, kind: str, default: str | No
 
 def _make_directory(directory: Path, given: str) -> None:
     if directory.exists() and not directory.is_dir():
-        raise ValueError(f"-o {given}: {directory} exists and is not a directory; choose another -o")
+        raise InputError(f"-o {given}: {directory} exists and is not a directory; choose another -o")
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ValueError(
+        raise InputError(
             f"-o {given}: cannot create the directory {directory} ({exc.strerror}); choose another -o"
         ) from None
     if not os.access(directory, os.W_OK | os.X_OK):
-        raise ValueError(f"-o {given}: the directory {directory} is not writable; choose another -o")
+        raise InputError(f"-o {given}: the directory {directory} is not writable; choose another -o")
 
 
 def output_stem(given: str, default_name: str) -> Path:
@@ -189,7 +191,7 @@ def output_stem(given: str, default_name: str) -> Path:
     for suffix in (".png", ".svg"):
         target = stem.with_name(stem.name + suffix)
         if target.is_dir():
-            raise ValueError(
+            raise InputError(
                 f"-o {given}: {target} is a directory; give a file stem such as {stem.parent / default_name}"
             )
     return stem
@@ -206,12 +208,12 @@ def open_output_file(given: str):
     """The file ``-o`` names for a printing command, opened for writing (its directory created)."""
     path = Path(given)
     if path.is_dir():
-        raise ValueError(f"-o {given}: is a directory; give a file name for the output")
+        raise InputError(f"-o {given}: is a directory; give a file name for the output")
     _make_directory(path.parent, given)
     try:
         return open(path, "w", encoding="utf-8")
     except OSError as exc:
-        raise ValueError(f"-o {given}: cannot write ({exc.strerror}); choose another -o") from None
+        raise InputError(f"-o {given}: cannot write ({exc.strerror}); choose another -o") from None
 
 
 # CONFIG and the configuration flags --------------------------------------------------------------
@@ -314,27 +316,27 @@ class Configuration:
 
 def _read(path: str, layer_type: str | None) -> RopeSettings:
     if not path.strip():
-        raise ValueError(f"CONFIG {path!r} names no file; pass a Hugging Face config.json or the folder holding one")
+        raise InputError(f"CONFIG {path!r} names no file; pass a Hugging Face config.json or the folder holding one")
     if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
-        raise ValueError(f"{path} is a directory without a config.json; pass a config.json")
+        raise InputError(f"{path} is a directory without a config.json; pass a config.json")
     try:
         return read_hf_config(path, layer_type=layer_type)
     except ConfigError as exc:  # the library's message names the keyword; here it is the flag
         message = str(exc).replace("layer_type=", "--layer-type")
         raise ConfigError(message if path in message else f"{path}: {message}") from None
     except UnicodeDecodeError as exc:
-        raise ValueError(f"{path} is not UTF-8 text ({exc.reason}); pass a Hugging Face config.json") from None
+        raise InputError(f"{path} is not UTF-8 text ({exc.reason}); pass a Hugging Face config.json") from None
     except IsADirectoryError:
-        raise ValueError(f"{path} is a directory without a config.json; pass a config.json") from None
+        raise InputError(f"{path} is a directory without a config.json; pass a config.json") from None
     except FileNotFoundError:
         if re.fullmatch(r"[\w.-]+/[\w.-]+", path) and not path.endswith(".json"):  # e.g. meta-llama/Llama-3.1-8B
-            raise ValueError(
+            raise InputError(
                 f"{path} is not a file here; if it is a Hugging Face Hub id, rotary reads no network: download "
                 f"https://huggingface.co/{path}/resolve/main/config.json and pass that config.json"
             ) from None
-        raise ValueError(f"{path}: no such file; pass a Hugging Face config.json or the folder holding one") from None
+        raise InputError(f"{path}: no such file; pass a Hugging Face config.json or the folder holding one") from None
     except OSError as exc:
-        raise ValueError(f"cannot read {path} ({exc.strerror or exc}); pass a readable config.json") from None
+        raise InputError(f"cannot read {path} ({exc.strerror or exc}); pass a readable config.json") from None
 
 
 def _declared_layer_types(path: str) -> list[str]:
@@ -369,7 +371,7 @@ def _settings_per_layer_type(args: argparse.Namespace) -> list[tuple[str | None,
             except ConfigError:
                 same = False
             if same:  # the library ignores a layer type a one-block config does not know; here it was asked for
-                raise ValueError(
+                raise InputError(
                     f"--layer-type {layer_type}: {path} has one RoPE block for every layer; drop --layer-type"
                 )
         return [(layer_type, settings)]
@@ -472,7 +474,7 @@ def _build(settings: RopeSettings, args: argparse.Namespace, layer_type: str | N
     asked = interleaved_from_args(args)
     interleaved = settings.interleaved if asked is None else asked
     if head_dim > MAX_HEAD_DIM:
-        raise ValueError(
+        raise InputError(
             f"head_dim {head_dim} of {args.config} is more than the {MAX_HEAD_DIM} channels these commands handle"
         )
     try:
@@ -488,16 +490,16 @@ def _build(settings: RopeSettings, args: argparse.Namespace, layer_type: str | N
         origin = _origin(args)
         raise type(exc)(f"{exc} (settings from {origin})" if origin else str(exc)) from None
     except (RuntimeError, ArithmeticError) as exc:  # the settings passed the checks but cannot be computed
-        raise ValueError(f"these settings give no valid RoPE ({exc}); check --base, --head-dim and --scaling") from None
+        raise InputError(f"these settings give no valid RoPE ({exc}); check --base, --head-dim and --scaling") from None
     f = rope.freqs
     if not (bool(f.inv_freq.isfinite().all()) and math.isfinite(f.attention_scaling)):
-        raise ValueError(
+        raise InputError(
             f"base {base:g} with head_dim {head_dim} and scaling {f.scaling} gives non-finite frequencies or "
             "attention scaling; use a base > 1 (Llama uses 10000 or 500000)"
         )
     context, source = _context(dict(f.scaling), settings.max_position_embeddings, args.max_position)
     if context > MAX_LENGTH:
-        raise ValueError(f"context {context} ({source}) is more than 2**40 positions; give a smaller --max-position")
+        raise InputError(f"context {context} ({source}) is more than 2**40 positions; give a smaller --max-position")
     mrope = None
     if settings.mrope_section is not None:
         from rotary.variants import MRoPE
@@ -524,7 +526,7 @@ def configurations(args: argparse.Namespace) -> list[Configuration]:
     """
     if getattr(args, "config", None) is None:
         if getattr(args, "layer_type", None):
-            raise ValueError("--layer-type needs a CONFIG")
+            raise InputError("--layer-type needs a CONFIG")
         return [_build(_NO_FILE, args, None)]
     return [_build(settings, args, layer_type) for layer_type, settings in _settings_per_layer_type(args)]
 

@@ -14,6 +14,7 @@ from rotary.hf_config import read_hf_config
 from rotary.rope_types import ROPE_TYPES
 from rotary.variants import MRoPE, nope_temperature
 
+from ...errors import InputError
 from .common import (
     Configuration,
     add_config_arguments,
@@ -194,7 +195,7 @@ def axial_details(preset: str, head_dim: int | None = None) -> dict[str, Any]:
 
 def _inspect_axial(args: argparse.Namespace) -> int:
     if args.config is not None:
-        raise ValueError(f"--axial {args.axial!r} describes a preset, not CONFIG {args.config!r}; give one of them")
+        raise InputError(f"--axial {args.axial!r} describes a preset, not CONFIG {args.config!r}; give one of them")
     d = axial_details(args.axial, args.head_dim)
     if args.json:
         print_json(d)

@@ -13,6 +13,7 @@ from rotary.frequencies import frequencies
 from rotary.rope import RoPE
 from rotary.rope_types import ROPE_TYPES
 
+from ...errors import InputError
 from .common import (
     FLAG_DEFAULTS,
     add_config_arguments,
@@ -109,7 +110,7 @@ def _npy_header(path: str) -> tuple[tuple[int, ...], Any]:
     except OSError:
         raise
     except Exception as exc:  # noqa: BLE001 - numpy's reader raises ValueError, EOFError, SyntaxError, ... on junk
-        raise ValueError(f"{path} is not a NumPy .npy file ({exc}); write q/k with {_SAVE_VECTOR}") from None
+        raise InputError(f"{path} is not a NumPy .npy file ({exc}); write q/k with {_SAVE_VECTOR}") from None
     return tuple(shape), dtype
 
 
@@ -131,23 +132,23 @@ def _load_vector(path: str, head_dim: int) -> torch.Tensor:
 
         shape, dtype = _npy_header(path)
         if dtype.hasobject:
-            raise ValueError(
+            raise InputError(
                 f"{path} holds an array of Python objects (dtype={dtype}), which rotary does not load (unpickling can "
                 f"run code); write q/k as numbers with {_SAVE_VECTOR}"
             )
         if dtype.kind not in "iuf":
-            raise ValueError(
+            raise InputError(
                 f"{path} holds {dtype} values (numpy kind {dtype.kind!r}); q/k must be real numbers (int or float): "
                 f"write them with {_SAVE_VECTOR}"
             )
         if shape != (head_dim,):
-            raise ValueError(f"{path} holds shape {shape}; expected a [{head_dim}] vector (head_dim)")
+            raise InputError(f"{path} holds shape {shape}; expected a [{head_dim}] vector (head_dim)")
         try:
             data = np.load(p, allow_pickle=False)
         except OSError:
             raise
         except Exception as exc:  # noqa: BLE001 - a header that promises more data than the file holds, ...
-            raise ValueError(f"{path} is not a readable NumPy .npy file ({exc}); write q/k with {_SAVE_VECTOR}") from None
+            raise InputError(f"{path} is not a readable NumPy .npy file ({exc}); write q/k with {_SAVE_VECTOR}") from None
         # float64 in native byte order whatever the file's (big-endian, Fortran order, float16 ...)
         v = torch.from_numpy(np.asarray(data, dtype=np.float64))
     elif p.suffix == ".pt":
@@ -157,22 +158,22 @@ def _load_vector(path: str, head_dim: int) -> torch.Tensor:
             raise
         except Exception as exc:  # noqa: BLE001 - torch raises UnpicklingError, RuntimeError, struct.error, ... on junk
             message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise ValueError(f"{path} cannot be read by torch.load(weights_only=True) ({message}); write q/k with "
+            raise InputError(f"{path} cannot be read by torch.load(weights_only=True) ({message}); write q/k with "
                              f"{_SAVE_VECTOR}") from None  # fmt: skip
     else:
-        raise ValueError(f"{path}: q/k files must be .npy or .pt holding a [{head_dim}] vector")
+        raise InputError(f"{path}: q/k files must be .npy or .pt holding a [{head_dim}] vector")
     if not isinstance(v, torch.Tensor) or v.shape != (head_dim,):
         shape = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
-        raise ValueError(f"{path} holds shape {shape}; expected a [{head_dim}] vector (head_dim)")
+        raise InputError(f"{path} holds shape {shape}; expected a [{head_dim}] vector (head_dim)")
     if v.layout != torch.strided:
-        raise ValueError(f"{path} holds a {v.layout} tensor; save a dense one (t.to_dense()): {_SAVE_VECTOR}")
+        raise InputError(f"{path} holds a {v.layout} tensor; save a dense one (t.to_dense()): {_SAVE_VECTOR}")
     if not _real(v.dtype):
-        raise ValueError(f"{path} holds {v.dtype} values; q/k must be real numbers (int or float): write them with {_SAVE_VECTOR}")
+        raise InputError(f"{path} holds {v.dtype} values; q/k must be real numbers (int or float): write them with {_SAVE_VECTOR}")
     v = v.detach().double()  # a saved Parameter requires grad
     bad = (~torch.isfinite(v)).nonzero().flatten().tolist()
     if bad:
         shown = ", ".join(f"[{i}]={v[i].item()}" for i in bad[:3]) + (" ..." if len(bad) > 3 else "")
-        raise ValueError(f"{path} holds {len(bad)} non-finite value(s) ({shown}); q/k must be finite numbers")
+        raise InputError(f"{path} holds {len(bad)} non-finite value(s) ({shown}); q/k must be finite numbers")
     return v
 
 
@@ -185,7 +186,7 @@ def make_scores(out: Path, rope: RoPE, seq_len: int, q: str | None = None, k: st
     kv = _load_vector(k, d) if k else torch.randn(d, generator=g, dtype=torch.float64)
     scores = analysis.score_matrix(rope, qv, kv, seq_len)
     if not bool(torch.isfinite(scores).all()):
-        raise ValueError(
+        raise InputError(
             f"the logits <R_m q, R_n k> overflow float64 (largest |q| entry {qv.abs().max().item():g}, |k| entry "
             f"{kv.abs().max().item():g}); scale q and k down"
         )
@@ -319,10 +320,10 @@ _MEASURED_ELEMENTS = 2**25
 
 def _decay(args: argparse.Namespace) -> int:
     if args.head_dim % 2:
-        raise ValueError(f"--head-dim must be even (channels rotate in pairs), got {args.head_dim}")
+        raise InputError(f"--head-dim must be even (channels rotate in pairs), got {args.head_dim}")
     elements = args.samples * (args.max_distance + 1) * args.head_dim
     if args.measured and elements > _MEASURED_ELEMENTS:
-        raise ValueError(
+        raise InputError(
             f"--measured with --samples {args.samples}, --max-distance {args.max_distance} and --head-dim {args.head_dim} "
             f"rotates {elements * 8 / 2**30:.1f} GiB of vectors at once; lower one of them"
         )
@@ -357,7 +358,7 @@ _NEED_A_CONFIGURATION = {"rotary_dim": "--rotary-dim", "max_position": "--max-po
 def _scaling(args: argparse.Namespace) -> int:
     if args.config or args.scaling:
         if args.rope_type:
-            raise ValueError("give --rope-type only without CONFIG / --scaling")
+            raise InputError("give --rope-type only without CONFIG / --scaling")
         found = configurations(argparse.Namespace(**vars(args), all_layer_types=True))
         out_dir = output_directory(args.out)
         all_files: list[Path] = []
@@ -370,12 +371,12 @@ def _scaling(args: argparse.Namespace) -> int:
         return _announce(args, all_files, {"methods": methods})
     given = [flag_as_given(flag, getattr(args, key)) for key, flag in _NEED_A_CONFIGURATION.items() if getattr(args, key, None) is not None]
     if given:
-        raise ValueError(f"{', '.join(given)} describe a configuration: give CONFIG or --scaling with them, or drop them")
+        raise InputError(f"{', '.join(given)} describe a configuration: give CONFIG or --scaling with them, or drop them")
     available = [t for t in ROPE_TYPES if t != "default"]
     wanted = args.rope_type or [t for t in available if ROPE_TYPES[t].example is not None]
     unknown = [t for t in wanted if t not in ROPE_TYPES or t == "default"]
     if unknown:
-        raise ValueError(f"unknown scaling rope_type {unknown[0]!r}; registered: {', '.join(available) or 'none'}")
+        raise InputError(f"unknown scaling rope_type {unknown[0]!r}; registered: {', '.join(available) or 'none'}")
     head_dim = args.head_dim or FLAG_DEFAULTS["head_dim"]
     out_dir = output_directory(args.out)
     all_files = []
@@ -383,7 +384,7 @@ def _scaling(args: argparse.Namespace) -> int:
     for t in dict.fromkeys(wanted):
         make_example = ROPE_TYPES[t].example
         if make_example is None:
-            raise ValueError(f"no example parameters for rope_type {t!r}; pass --scaling '{{\"rope_type\": \"{t}\", ...}}'")
+            raise InputError(f"no example parameters for rope_type {t!r}; pass --scaling '{{\"rope_type\": \"{t}\", ...}}'")
         example = make_example(head_dim)
         block, base, max_position, seq_len = example.block, example.base, example.max_position, example.seq_len
         note = example.note or ", ".join(f"{k}={v:g}" for k, v in block.items() if isinstance(v, float))
@@ -427,11 +428,11 @@ def _positions(args: argparse.Namespace) -> int:
 def _axial(args: argparse.Namespace) -> int:
     presets = list(args.preset or ([] if args.mixed else AXIAL_FIGURE_PRESETS))
     if args.head_dim is not None and args.head_dim % 2:
-        raise ValueError(f"--head-dim must be even (channels rotate in pairs), got {args.head_dim}")
+        raise InputError(f"--head-dim must be even (channels rotate in pairs), got {args.head_dim}")
     cells = (2 * args.extent + 1) ** 2
     elements = cells * (args.head_dim or 64) * (args.heads if args.mixed else 1)
     if elements > _MEASURED_ELEMENTS:
-        raise ValueError(
+        raise InputError(
             f"--extent {args.extent} ({cells} offsets) with --head-dim {args.head_dim or 64}"
             + (f" and --heads {args.heads}" if args.mixed else "")
             + f" rotates {elements * 8 / 2**30:.1f} GiB of vectors at once; lower one of them"

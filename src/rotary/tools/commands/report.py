@@ -14,6 +14,7 @@ from typing import Any
 from rotary.analysis import inspect_rope, jsonable, verify
 from rotary.rope import RoPE
 
+from ...errors import InputTypeError
 from . import plot
 from .common import (
     add_config_arguments,
@@ -120,7 +121,7 @@ def write_report(
     out_dir.mkdir(parents=True, exist_ok=True)
     if isinstance(rope, RoPE):
         if context is None:
-            raise TypeError("write_report(rope, ...) needs context=, the context length the report describes")
+            raise InputTypeError("write_report(rope, ...) needs context=, the context length the report describes")
         sections: dict[str | None, tuple[RoPE, int]] = {None: (rope, context)}
     else:
         sections = dict(rope)

@@ -13,6 +13,7 @@ import torch
 
 from rotary.analysis import Check, verify, verify_axial, verify_mrope
 
+from ...errors import InputError
 from .common import (
     add_config_arguments,
     add_output_argument,
@@ -43,7 +44,7 @@ def render(checks: list[Check], title: str) -> None:
 
 def _verify(args: argparse.Namespace) -> int:
     if args.heads is not None and not args.mixed:
-        raise ValueError(f"--heads {args.heads} sets the heads of a RoPE-Mixed: add --mixed, or drop --heads")
+        raise InputError(f"--heads {args.heads} sets the heads of a RoPE-Mixed: add --mixed, or drop --heads")
     if args.axial or args.mixed:
         label, checks = _verify_vision(args)
         results = [(None, label, checks)]
@@ -82,7 +83,7 @@ def _verify_vision(args: argparse.Namespace) -> tuple[str, list[Check]]:
     if getattr(args, "config", None) is not None or given:
         what = " and ".join(filter(None, (f"--axial {args.axial}" if args.axial else "", "--mixed" if args.mixed else "")))
         whose = {(True, False): "the preset's", (False, True): "RoPE-Mixed's", (True, True): "the preset's and RoPE-Mixed's"}
-        raise ValueError(
+        raise InputError(
             f"{what} takes {whose[bool(args.axial), args.mixed]} configuration; drop {', '.join(given) or 'CONFIG'} "
             "(--head-dim may change)"
         )

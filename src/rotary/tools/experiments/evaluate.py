@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from rotary import RoPE
 from rotary.models import Decoder
 
+from ...errors import InputError
 from .config import ExperimentConfig
 from .data import derived_seed, windows
 from .passkey import KEY_DIGITS, make_trials, passkey_accuracy
@@ -115,7 +116,7 @@ def scaled_copy(model: Decoder, scaling: dict | None) -> Decoder:
     if uses_rope(copy):
         copy.set_rope_scaling(None if scaling is None else dict(scaling))
     elif scaling is not None:
-        raise ValueError(f"position_encoding={model.config.position_encoding!r} has no RoPE to scale with {scaling}")
+        raise InputError(f"position_encoding={model.config.position_encoding!r} has no RoPE to scale with {scaling}")
     return copy.to(next(model.parameters()).device).eval()
 
 
@@ -209,7 +210,7 @@ def sliding_losses(model: Decoder, text: torch.Tensor, length: int, stride: int,
         True
     """
     if any(p < length - stride or p + stride > text.numel() for p in starts):
-        raise ValueError(f"a window of {length} needs at least {length - stride} tokens before each scored stride, and the "
+        raise InputError(f"a window of {length} needs at least {length - stride} tokens before each scored stride, and the "
                          f"stride inside the {text.numel()} tokens; got strides at {list(starts)[:4]}")
     # window k covers text[p - (length - stride) : p + stride] and scores its last `stride` targets
     wins = torch.stack([text[p + stride - length : p + stride] for p in starts])  # [K, E]

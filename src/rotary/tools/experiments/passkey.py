@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ...errors import InputError
+
 __all__ = [
     "FILLER",
     "KEY_DIGITS",
@@ -103,13 +105,13 @@ def make_sample(length: int, key: str, depth: float, filler_offset: int = 0) -> 
         (torch.Size([120]), 'y is 12345')
     """
     if len(key) != KEY_DIGITS or not key.isdigit() or not key.isascii():
-        raise ValueError(f"key must be {KEY_DIGITS} decimal digits, got {key!r}")
+        raise InputError(f"key must be {KEY_DIGITS} decimal digits, got {key!r}")
     if not 0.0 <= depth <= 1.0:
-        raise ValueError(f"depth must be in [0, 1], got {depth!r}")
+        raise InputError(f"depth must be in [0, 1], got {depth!r}")
     needle = NEEDLE.format(key=key)
     filler_length = length - len(needle) - len(QUESTION) - KEY_DIGITS
     if filler_length < MIN_FILLER:
-        raise ValueError(f"a passkey sample needs at least {min_sample_length()} tokens, got length {length}")
+        raise InputError(f"a passkey sample needs at least {min_sample_length()} tokens, got length {length}")
     before = round(depth * filler_length)
     text = _filler(filler_offset, before) + needle + _filler(filler_offset + before, filler_length - before) + QUESTION + key
     data = text.encode("ascii")
@@ -154,9 +156,9 @@ def score(answers: Sequence[str], keys: Sequence[str]) -> float:
         0.3333333333333333
     """
     if len(answers) != len(keys):
-        raise ValueError(f"{len(answers)} answers for {len(keys)} keys")
+        raise InputError(f"{len(answers)} answers for {len(keys)} keys")
     if not keys:
-        raise ValueError("no trials to score")
+        raise InputError("no trials to score")
     return sum(a == k for a, k in zip(answers, keys)) / len(keys)
 
 
@@ -185,7 +187,7 @@ def passkey_accuracy(
         prompts = torch.stack([s.prompt for s in chunk])
         generated = answer(prompts)
         if generated.shape != (len(chunk), KEY_DIGITS):
-            raise ValueError(f"answer returned shape {tuple(generated.shape)}, expected {(len(chunk), KEY_DIGITS)}")
+            raise InputError(f"answer returned shape {tuple(generated.shape)}, expected {(len(chunk), KEY_DIGITS)}")
         answers.extend(bytes(row).decode("latin-1") for row in generated.clamp(0, 255).tolist())
     keys = [s.key for s in samples]
     by_depth: dict[float, list[bool]] = {}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...errors import InputError
 from .config import SCALINGS, ExperimentConfig
 
 __all__ = ["ENCODING_LABELS", "SCALING_LABELS", "STAGES", "ModelSpec", "model_specs", "scaling_block"]
@@ -161,7 +162,7 @@ def scaling_block(name: str, factor: float, train_length: int) -> dict | None:
         True
     """
     if name not in SCALINGS:
-        raise ValueError(f"unknown scaling {name!r}; known: {', '.join(SCALINGS)}")
+        raise InputError(f"unknown scaling {name!r}; known: {', '.join(SCALINGS)}")
     factor = float(factor)
     if name == "none":
         return None

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ...errors import InputError
+
 __all__ = ["ALPHABET", "PREFIX", "RetrievalTrials", "longest_distance", "make_trials", "retrieval_scores"]
 
 ALPHABET = string.ascii_letters + string.digits
@@ -93,10 +95,10 @@ def make_trials(text: torch.Tensor, distance: int, *, trials: int, span: int, ge
         (torch.Size([2, 56]), True, True)
     """
     if distance < span:
-        raise ValueError(f"distance {distance} is shorter than the span {span}: the two copies would overlap")
+        raise InputError(f"distance {distance} is shorter than the span {span}: the two copies would overlap")
     length = PREFIX + distance + span
     if text.numel() < length:
-        raise ValueError(f"the text has {text.numel()} tokens, fewer than one trial of {length}")
+        raise InputError(f"the text has {text.numel()} tokens, fewer than one trial of {length}")
     alphabet = torch.tensor(list(ALPHABET.encode()), dtype=torch.int64)
     copies, controls = [], []
     for _ in range(trials):

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from ...errors import InputError
 from .claims import assess
 from .config import ExperimentConfig, ExperimentError, command_line, differences
 from .data import Corpus, evaluation_tokens, load_corpus, sliding_starts
@@ -108,7 +109,7 @@ def _stored_run(directory: Path) -> dict[str, Any]:
     try:
         stored = json.loads(path.read_text())
         if stored.get("format") != RUN_FORMAT or not isinstance(stored.get("config"), dict):
-            raise ValueError("unknown format")
+            raise InputError("unknown format")
     except (ValueError, OSError) as exc:
         raise ExperimentError(f"--resume {directory}: config.json is corrupted ({exc}); the run cannot be continued") from None
     return stored

@@ -20,6 +20,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from ...errors import InputError
+
 __all__ = [
     "AGREE",
     "DISAGREE",
@@ -88,7 +90,7 @@ class Stat:
             (2.0, 1.0)
         """
         if self.n != other.n:
-            raise ValueError(f"{self.n} values against {other.n}: differences need the same seeds")
+            raise InputError(f"{self.n} values against {other.n}: differences need the same seeds")
         return Stat(tuple(a - b for a, b in zip(self.values, other.values)))
 
     def map(self, fn) -> Stat:

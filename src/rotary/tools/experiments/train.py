@@ -42,6 +42,7 @@ from torch import nn
 
 from rotary.models import Decoder, DecoderConfig, transfer_position_encoding
 
+from ...errors import InputError
 from .config import ExperimentConfig, ExperimentError
 from .data import derived_seed, training_batch
 from .plan import ModelSpec, scaling_block
@@ -217,10 +218,10 @@ def start_model(spec: ModelSpec, config: ExperimentConfig, parent: Decoder | Non
     the position encoding, through :func:`rotary.models.transfer_position_encoding`).
 
     Raises:
-        ValueError: a fine-tune without its parent, or a parent for a model that has none.
+        rotary.errors.InputError: a fine-tune without its parent, or a parent for a model that has none.
     """
     if (spec.parent is None) != (parent is None):
-        raise ValueError(f"model {spec.name} starts from {spec.parent_name or 'nothing'}, got {'a parent' if parent is not None else 'none'}")
+        raise InputError(f"model {spec.name} starts from {spec.parent_name or 'nothing'}, got {'a parent' if parent is not None else 'none'}")
     if parent is None:
         return build_model(spec, config)
     if parent.config.position_encoding == spec.encoding:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+import rotary
 from helpers import FIXTURES, ROOT, leaf_parsers, run_cli
 from rotary import analysis
 from rotary.tools.cli import main
@@ -324,6 +325,37 @@ def test_bad_arguments_give_one_line_and_exit_2(argv, needle, capsys, tmp_path, 
     assert captured.err.startswith(f"rotary {argv[0]}"), captured.err
     assert captured.out == ""
     assert not any(tmp_path.iterdir())  # nothing written on the way to the error
+
+
+def _failing_demo(monkeypatch, exc: Exception) -> None:
+    """``rotary demo`` that raises ``exc`` where it runs its checks."""
+    from rotary.tools.commands import demo
+
+    def run_checks(*args):
+        raise exc
+
+    monkeypatch.setattr(demo, "run_checks", run_checks)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [rotary.InputError("bad value"), rotary.InputTypeError("bad type"), rotary.ConfigError("bad config")],
+    ids=["InputError", "InputTypeError", "ConfigError"],
+)
+def test_an_input_error_is_one_line_and_exit_2(exc, monkeypatch, capsys):
+    _failing_demo(monkeypatch, exc)
+    assert main(["demo"]) == 2
+    assert capsys.readouterr().err == f"rotary demo: error: {exc}\n"
+
+
+@pytest.mark.parametrize("exc", [ValueError("from torch"), TypeError("from numpy"), RuntimeError("a bug")])
+def test_any_other_error_keeps_its_traceback(exc, monkeypatch, capsys):
+    """Only an InputError is the user's to fix; a ValueError or TypeError raised by anything else is a bug,
+    and the command lets it through with its traceback."""
+    _failing_demo(monkeypatch, exc)
+    with pytest.raises(type(exc)) as raised:
+        main(["demo"])
+    assert raised.value is exc and capsys.readouterr().err == ""
 
 
 def test_bad_arguments_in_a_subprocess(tmp_path):

@@ -13,6 +13,8 @@ import re
 import sys
 from collections.abc import Sequence
 
+from rotary.errors import InputError
+
 #: modules that add subcommands, in the order ``--help`` lists them
 COMMAND_MODULES = [
     "rotary.tools.commands.demo",
@@ -35,46 +37,6 @@ OPTIONAL_PACKAGES = {
     "transformers": "install it with: pip install transformers",
     "rotary_embedding_torch": "install it with: pip install rotary-embedding-torch",
 }
-
-
-def _raised_by_rotary(exc: BaseException) -> bool:
-    """Whether ``exc`` was raised by a ``raise`` statement in rotary's own code: its validation of the
-    user's input (a value, a file, a flag), which the command reports as one line. A ValueError or
-    TypeError raised anywhere else (inside torch or NumPy, or by an operation on a rotary line) is a bug,
-    and keeps its traceback.
-
-    Example:
-        >>> from rotary.frequencies import frequencies
-        >>> try:
-        ...     frequencies(7)
-        ... except ValueError as exc:
-        ...     _raised_by_rotary(exc)
-        True
-        >>> try:
-        ...     int("seven")
-        ... except ValueError as exc:
-        ...     _raised_by_rotary(exc)
-        False
-    """
-    import ast
-    import linecache
-
-    tb = exc.__traceback__
-    if tb is None:
-        return False
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    filename, line = tb.tb_frame.f_code.co_filename, tb.tb_lineno
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # rotary/, above tools/
-    if not os.path.abspath(filename).startswith(package):
-        return False
-    try:
-        tree = ast.parse("".join(linecache.getlines(filename)))
-    except (SyntaxError, ValueError):
-        return False
-    spans = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and n.lineno <= line <= (n.end_lineno or n.lineno)]
-    innermost = min(spans, key=lambda n: (n.end_lineno or n.lineno) - n.lineno, default=None)
-    return isinstance(innermost, ast.Raise) and innermost.exc is not None  # a bare `raise` passes on another's error
 
 
 class _Parser(argparse.ArgumentParser):
@@ -193,9 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `rotary inspect ... --json | head`: the reader left, that's fine
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (ValueError, TypeError) as exc:  # bad input (ConfigError is a ValueError): one line, status 2
-        if not _raised_by_rotary(exc):  # not rotary's validation: a bug, shown with its traceback
-            raise
+    except InputError as exc:  # bad input (a value, a file, a flag): one line, status 2; anything else is a bug
         print(f"{name}: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # a file that cannot be read or written

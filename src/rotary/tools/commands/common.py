@@ -486,7 +486,7 @@ def _build(settings: RopeSettings, args: argparse.Namespace, layer_type: str | N
             interleaved=interleaved,
             max_position=_CACHE_LENGTH,
         )
-    except (ValueError, TypeError) as exc:  # say which of CONFIG and the flags gave the settings refused
+    except InputError as exc:  # say which of CONFIG and the flags gave the settings refused
         origin = _origin(args)
         raise type(exc)(f"{exc} (settings from {origin})" if origin else str(exc)) from None
     except (RuntimeError, ArithmeticError) as exc:  # the settings passed the checks but cannot be computed
@@ -509,7 +509,7 @@ def _build(settings: RopeSettings, args: argparse.Namespace, layer_type: str | N
                 head_dim, mrope_section=settings.mrope_section, mrope_interleaved=settings.mrope_interleaved, base=base,
                 rotary_dim=rotary_dim, scaling=scaling or None, interleaved=interleaved,
             )  # fmt: skip
-        except (ValueError, TypeError) as exc:  # e.g. --head-dim that the config's mrope_section does not fit
+        except InputError as exc:  # e.g. --head-dim that the config's mrope_section does not fit
             origin = _origin(args)
             raise type(exc)(f"{exc} (settings from {origin})" if origin else str(exc)) from None
     return Configuration(rope, context, source, layer_type, mrope)

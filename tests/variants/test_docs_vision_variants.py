@@ -70,14 +70,14 @@ def test_quoted_numbers():
 
 
 def test_quoted_dinov3_numbers():
-    # "agrees with the dinov3 preset's tables within 4.2e-7" and "give its output within 1e-7"
+    # "agrees with the dinov3 preset's tables within 4.2e-7" and "give its output within 1.2e-7"
     import transformers
     from transformers.models.dinov3_vit import modeling_dinov3_vit as md
 
     from rotary.nn import RotaryAttention
 
     text = " ".join(section(SECTIONS[0]).split())
-    assert "agrees with the `dinov3` preset's tables within 4.2e-7" in text and "give its output within 1e-7" in text
+    assert "agrees with the `dinov3` preset's tables within 4.2e-7" in text and "give its output within 1.2e-7" in text
     gen = torch.Generator().manual_seed(1234)
     # the layers' weights come from the global generator: seeded, so the result does not depend on the tests
     # run before in the process (about 1 draw in 15 gives outputs apart by up to 1.1e-7)
@@ -100,4 +100,4 @@ def test_quoted_dinov3_numbers():
         x = torch.randn(2, 5 + 6 * 5, hidden_size, generator=gen)
         with torch.no_grad():
             want, _ = hf_attn(x, position_embeddings=hf(torch.zeros(1, 3, 16 * 6, 16 * 5)))
-            assert float((attn(x, position_ids=rope.grid(6, 5)) - want).abs().max()) <= 1e-7
+            assert float((attn(x, position_ids=rope.grid(6, 5)) - want).abs().max()) <= 1.2e-7

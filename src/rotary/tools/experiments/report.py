@@ -475,13 +475,17 @@ def _timing_section(run: dict[str, Any]) -> list[str]:
     lines = ["## Wall time", "",
              "| model | steps | train (s) | ms / step | compiled (first 2 steps, s) | evaluate (s) |",
              "| --- | ---: | ---: | ---: | --- | ---: |"]
-    for m in run["models"]:
-        steps = m["spec"]["steps"]
-        per_step = f"{1000 * m['train_seconds'] / steps:.1f}" if steps else "–"
+    def cell(value: float | None, digits: int = 1) -> str:
+        return "–" if value is None else f"{value:.{digits}f}"
+
+    for m in run["models"]:  # runs written before a field existed lack it: shown as –
+        name = m.get("name", f"{m['model']}-{m['seed']}")
+        steps = m.get("spec", {}).get("steps")
+        seconds = m.get("train_seconds", timings.get(f"train {name}"))
+        per_step = 1000 * seconds / steps if steps and seconds is not None else None
         compiled = f"yes ({m['compile_seconds']:.1f})" if m.get("compiled") else "no"
-        evaluated = timings.get(f"evaluate {m['name']}")
-        lines.append(f"| {m['name']} | {steps} | {m['train_seconds']:.1f} | {per_step} | {compiled} | "
-                     f"{'–' if evaluated is None else f'{evaluated:.1f}'} |")
+        lines.append(f"| {name} | {'–' if steps is None else steps} | {cell(seconds)} | {cell(per_step)} | {compiled} | "
+                     f"{cell(timings.get(f'evaluate {name}'))} |")
     train = sum(v for k, v in timings.items() if k.startswith("train "))
     evaluate = sum(v for k, v in timings.items() if k.startswith("evaluate "))
     lines += ["", f"Total {run['wall_seconds']:.0f} s: training {train:.0f} s, evaluation {evaluate:.0f} s, the rest "

@@ -49,6 +49,7 @@ NOT_RUN = {
     "torchrun --standalone --nproc_per_node=2 -m rotary experiment --preset default --extend-batch-size 4": "two processes, minutes",
     "rotary bench --device cuda --markdown": "needs a GPU (tests/test_bench.py runs the GPU path on a CPU stand-in)",
     "bash benchmarks/gpu_check.sh": "needs a GPU; minutes",
+    "rotary bench --no-compile --no-memory --shapes prefill --dtypes fp32 --repeats 9 --threads 2 --json": "times the CPU kernels, a minute",
     "rotary bench --device cuda --markdown --shapes interleaved --no-compile --no-memory --repeats 5": "needs a GPU",
     ".venv/bin/python benchmarks/generation.py --device cuda": "needs a GPU; minutes",
     ".venv/bin/python benchmarks/generation.py --device cuda --repeats 1 --methods 'HF static,HF static + rotary.hf.patch,HF dynamic,HF dynamic + rotary.hf.patch'": "needs a GPU; a minute",

@@ -130,13 +130,17 @@ def run_shape(args: argparse.Namespace, text: str, device: torch.device, bandwid
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def fused_op_cli(
+    argv: list[str] | None, description: str, op: str, kv: str, run: Callable[..., list[tuple[str, float]]]
+) -> int:
+    """The command line of a fused-op benchmark: parse, print the machine line, then each shape's rows
+    (``run(args, shape, device, bandwidth)``, the traffic limit last) as µs per call and x the limit."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
     parser.add_argument("--shapes", nargs="*", help="BxS (default: 64x1 1x4096 8x2048 on CUDA, 64x1 1x512 4x256 on the CPU)")
     parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     parser.add_argument("--heads", type=int, default=32, help="q heads (default 32)")
-    parser.add_argument("--kv-heads", type=int, default=8, help="k heads (default 8)")
+    parser.add_argument("--kv-heads", type=int, default=8, help=f"{kv} heads (default 8)")
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=0, help="CPU threads for torch (default: torch's setting)")
@@ -149,15 +153,19 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     bandwidth = copy_bandwidth(device, args.repeats)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"rmsnorm_rotate on {name}, torch {torch.__version__}, {args.dtype}, q {args.heads} heads, k {args.kv_heads}, "
+    print(f"{op} on {name}, torch {torch.__version__}, {args.dtype}, q {args.heads} heads, {kv} {args.kv_heads}, "
           f"D {args.head_dim}; copy bandwidth {bandwidth / 1e9:.1f} GB/s")  # fmt: skip
     print(f"{'shape':>8}  {'method':<22}{'µs per call':>12}  {'x traffic limit':>15}")
     for text in args.shapes or SHAPES[device.type]:
-        rows = run_shape(args, text, device, bandwidth)
+        rows = run(args, text, device, bandwidth)
         limit = rows[-1][1]
         for method, seconds in rows:
             print(f"{text:>8}  {method:<22}{seconds * 1e6:>12.2f}  {seconds / limit:>15.2f}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return fused_op_cli(argv, __doc__.splitlines()[0], "rmsnorm_rotate", "k", run_shape)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import argparse
 import torch
 
 import rotary
-from rmsnorm_rotate import DTYPES, SHAPES, copy_bandwidth, time_call
+from rmsnorm_rotate import DTYPES, fused_op_cli, time_call
 
 
 def torch_composition(q, k, v, k_cache, v_cache, slots, positions, cos_sin_cache):
@@ -102,35 +102,7 @@ def run_shape(args: argparse.Namespace, text: str, device: torch.device, bandwid
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
-    parser.add_argument(
-        "--shapes", nargs="*", help="BxS (default: 64x1 1x4096 8x2048 on CUDA, 64x1 1x512 4x256 on the CPU)"
-    )
-    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
-    parser.add_argument("--heads", type=int, default=32, help="q heads (default 32)")
-    parser.add_argument("--kv-heads", type=int, default=8, help="k and v heads (default 8)")
-    parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--threads", type=int, default=0, help="CPU threads for torch (default: torch's setting)")
-    parser.add_argument("--no-compile", action="store_true", help="skip the Inductor-compiled composition")
-    args = parser.parse_args(argv)
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA GPU here")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    bandwidth = copy_bandwidth(device, args.repeats)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"rotate_and_cache on {name}, torch {torch.__version__}, {args.dtype}, q {args.heads} heads, k and v "
-          f"{args.kv_heads}, D {args.head_dim}; copy bandwidth {bandwidth / 1e9:.1f} GB/s")  # fmt: skip
-    print(f"{'shape':>8}  {'method':<22}{'µs per call':>12}  {'x traffic limit':>15}")
-    for text in args.shapes or SHAPES[device.type]:
-        rows = run_shape(args, text, device, bandwidth)
-        limit = rows[-1][1]
-        for method, seconds in rows:
-            print(f"{text:>8}  {method:<22}{seconds * 1e6:>12.2f}  {seconds / limit:>15.2f}")
-    return 0
+    return fused_op_cli(argv, __doc__.splitlines()[0], "rotate_and_cache", "k and v", run_shape)
 
 
 if __name__ == "__main__":

@@ -82,44 +82,18 @@ def apply_rotary(
 ) -> torch.Tensor:
     """Rotate the first ``r = cos.shape[-1]`` channels of ``x``; the rest pass through unchanged.
 
-    Mind the layout: a 4-D ``x`` is read as ``[B, H, S, D]`` (``layout="bhsd"``, Hugging Face's) unless
-    ``layout="bshd"`` says ``[B, S, H, D]`` (flash-attn's). When the tables' positions do not match the
-    sequence axis, the error names the layout that would fit; when ``S == H`` no check can tell the
-    two apart and a wrong layout rotates the heads axis instead, so pass ``layout`` whenever ``x`` is
-    not ``[B, H, S, D]``.
-
-    Ways to say which position each token has:
-
-    - default: ``cos``/``sin`` are the rows of ``x``'s tokens, ``[S, r]`` or ``[B, S, r]``, as made
-      by :meth:`rotary.RoPE.cos_sin`;
-    - ``position_ids`` (``[S]`` or ``[B, S]``): ``cos``/``sin`` are tables ``[T, r]`` indexed by
-      position (e.g. ``RoPE.cos_sin(torch.arange(T))``); the kernel reads the rows it needs, so no
-      ``[B, S, r]`` table is gathered;
-    - ``seqlen_offsets`` (an int, or int ``[B]``), as in flash-attn: sequence b's tokens sit at
-      ``offset_b + 0 .. S - 1`` of tables ``[T, r]`` (decoding with a KV cache of a different
-      length per sequence);
-    - packed variable-length sequences, as in flash-attn's ``apply_rotary_emb``: ``x`` is
-      ``[total_tokens, H, D]`` (sequences concatenated, no padding) and ``cu_seqlens`` (int ``[N + 1]``,
-      ``0, len_0, len_0 + len_1, ..., total_tokens``) marks where each sequence starts; positions
-      restart at 0 in every sequence (plus ``seqlen_offsets[n]`` when given) and index tables
-      ``[T, r]``. ``max_seqlen`` (the longest sequence) is optional: given, it spares a device-to-host
-      read of ``cu_seqlens``. Instead of ``cu_seqlens``, per-token ``position_ids`` ``[total_tokens]``;
-    - vLLM's flat layout: ``x`` ``[total_tokens, H * D]`` with ``head_dim=D`` and per-token
-      ``position_ids``.
-
-    Unlike flash-attn, whose tables hold one value per pair (``r / 2`` columns), tables here hold one
-    value per channel (``r`` columns), laid out for the pairing, as :meth:`rotary.RoPE.cos_sin` makes
-    them. Tables made by :class:`rotary.RoPE` are better passed whole: :func:`rotate` with
-    :meth:`rotary.RoPE.tables` carries their pairing and needs no check.
-
-    A fused kernel runs when one is available (C++ on CPU, Triton on CUDA); otherwise the pure-torch
-    path, which gives bit-identical fp32 results on CPU. Autograd and ``torch.compile`` work with every path.
+    A 4-D ``x`` is ``[B, H, S, D]`` unless ``layout="bshd"``; when ``S == H`` no check can tell the two
+    apart, so pass ``layout`` whenever ``x`` is not ``[B, H, S, D]``. The ways to say which position each
+    token has (rows of ``x``'s tokens, ``position_ids``, ``seqlen_offsets``, packed sequences with
+    ``cu_seqlens``, vLLM's flat layout) and how the tables are laid out are in docs/core.md, "Tables you
+    made: apply_rotary". Tables made by :class:`rotary.RoPE` are better passed whole to :func:`rotate`.
 
     Args:
         x: ``[B, H, S, D]`` (``layout="bhsd"``), ``[B, S, H, D]`` (``"bshd"``), packed
             ``[total_tokens, H, D]``, or flat ``[total_tokens, H * D]``; fp32, bf16, fp16 or fp64; any
             strides (e.g. a view into a fused qkv tensor).
-        cos, sin: see above; fp32, or float64 for float64 accuracy with float64 ``x`` (fp32 tables
+        cos, sin: the rows of ``x``'s tokens ``[S, r]`` / ``[B, S, r]``, or tables ``[T, r]`` indexed by
+            position (with ``position_ids``, ``seqlen_offsets`` or ``cu_seqlens``); fp32, or float64 for float64 accuracy with float64 ``x`` (fp32 tables
             give fp32's, about 1e-7); bf16/fp16 tables are converted to fp32.
         interleaved: pairing; ``False`` pairs channels (i, i + r/2) (Hugging Face / GPT-NeoX),
             ``True`` pairs (2i, 2i + 1) (the paper, RoFormer, GPT-J, Meta LLaMA).
@@ -146,15 +120,6 @@ def apply_rotary(
         torch.Size([1, 8, 16, 64])
         >>> q_bshd = q.transpose(1, 2)  # [B, S, H, D], flash-attn's layout
         >>> torch.equal(apply_rotary(q_bshd, cos, sin, layout="bshd"), apply_rotary(q, cos, sin).transpose(1, 2))
-        True
-        >>> packed = torch.randn(5 + 3, 8, 64)  # two sequences of 5 and 3 tokens
-        >>> cu_seqlens = torch.tensor([0, 5, 8])
-        >>> out = apply_rotary(packed, cos, sin, cu_seqlens=cu_seqlens)
-        >>> torch.equal(out[5:], apply_rotary(packed[5:].unsqueeze(0), cos[:3], sin[:3], layout="bshd")[0])
-        True
-        >>> step = torch.randn(2, 8, 1, 64)  # one new token for two sequences with 3 and 9 cached
-        >>> out = apply_rotary(step, cos, sin, seqlen_offsets=torch.tensor([3, 9]))
-        >>> torch.equal(out[1:], apply_rotary(step[1:], cos[9:10], sin[9:10]))
         True
     """
     if not isinstance(x, torch.Tensor):

@@ -383,3 +383,28 @@ def test_inductor_clone_of_a_mutated_input():
         y = fn(x * 1, w * 1)
         grads.append(torch.autograd.grad((y * c).sum(), w)[0])
     assert not torch.allclose(grads[0], grads[1])
+
+
+@pytest.mark.parametrize("call", ["rope", "decoder"])
+def test_a_fresh_module_is_traced_once(call: str) -> None:
+    """The first call of a compiled RoPE (or a model holding one) traces once and later calls reuse the
+    graph: the per-device copy of inv_freq exists before tracing, so no trace changes what it guards on
+    (it used to be made during the first trace, and the second call traced again)."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    if call == "rope":
+        rope = rotary.RoPE(D)
+        fn = torch.compile(lambda q, k, ids: rope(q, k, position_ids=ids), backend=counter, fullgraph=True)
+        args = (_randn(B, H, S, D, seed=1), _randn(B, HK, S, D, seed=2), torch.arange(S).expand(B, S))
+    else:
+        model = Decoder(DecoderConfig(vocab_size=32, hidden_size=32, num_layers=1, num_heads=2)).eval()
+        fn = torch.compile(model, backend=counter, fullgraph=True)
+        args = (torch.randint(32, (B, S), generator=torch.Generator().manual_seed(3)),)
+    with torch.no_grad():
+        first = fn(*args)
+        for _ in range(3):
+            again = fn(*args)
+    assert counter.frame_count == 1
+    torch.testing.assert_close(again, first, rtol=0, atol=0)

@@ -117,10 +117,10 @@ class TableSource(nn.Module):
         self.max_position = max_position
         self.dynamic = dynamic
         self.schedule = FrequencySchedule(self._frequency_args, original, dynamic)
+        self._device_inv_freq: dict[tuple[int, torch.device], tuple[Frequencies, torch.Tensor]] = {}
         self.register_buffer("inv_freq", None, persistent=False)
         self._set_inv_freq(original.inv_freq)
         self._caches: dict[str, TableCache] = {}
-        self._device_inv_freq: dict[tuple[int, torch.device], tuple[Frequencies, torch.Tensor]] = {}
         self._caches_lock = CopyableLock()
         self.learnable_frequencies = check_bool(learnable_frequencies, "learnable_frequencies")
         self.log_frequency_scale: nn.Parameter | None = None
@@ -198,6 +198,9 @@ class TableSource(nn.Module):
         copy_ = inv_freq.detach().to(old.device if old is not None else inv_freq.device, copy=True)
         copy_._rotary_version = copy_._version  # in-place ops bump it, also through views and detach()
         self._buffers["inv_freq"] = copy_
+        # the per-device copy on the module's device exists before any torch.compile trace: one made
+        # while tracing would change the dict the trace guards on, and the next call would trace again
+        self._inv_freq_on(self.original_freqs, copy_.device)
 
     def _check_inv_freq(self, eager: bool = False) -> None:
         """Raise if ``inv_freq`` was edited in place (its version moved): the tables would ignore the edit.

@@ -85,8 +85,8 @@ READ_EVERY = 50
 #: (seconds, for every model: see :class:`ForwardBackward`) costs more than it saves on so few steps.
 COMPILE_MIN_STEPS = 200
 
-#: The calls of a compiled step that may still compile (see :class:`ForwardBackward`).
-COMPILING_CALLS = 2
+#: The calls of a compiled step that compile (see :class:`ForwardBackward`).
+COMPILING_CALLS = 1
 
 
 @dataclass(frozen=True)
@@ -310,10 +310,10 @@ class ForwardBackward:
     model's forward, and past ``recompile_limit`` (8) entries Dynamo runs the forward eagerly without
     an error. Each model therefore compiles once, in seconds when Inductor's caches hold its graph.
 
-    torch.compile does its work in the first :data:`COMPILING_CALLS` calls (a RoPE model's first trace
-    fills RoPE's per-device frequency cache, whose contents the guards check, so the second call traces
-    once more). When one of them raises, ``log`` gets one line naming the error, the gradients are
-    cleared and the step is done again eagerly, as are all later steps. :attr:`compile_seconds` is the
+    torch.compile does its work in the first :data:`COMPILING_CALLS` call (a model traces once: RoPE's
+    per-device frequency copy, which the guards check, exists before the first trace). When it raises,
+    ``log`` gets one line naming the error, the gradients are cleared and the step is done again
+    eagerly, as are all later steps. :attr:`compile_seconds` is the
     wall time of those calls (compiling plus their steps).
 
     Args:
@@ -389,7 +389,7 @@ class TrainOutcome:
     """A trained model and how its training went (wall time summed over resumed segments).
 
     ``compiled`` says whether this session's steps ran compiled; ``compile_seconds`` is the wall time of
-    its first, compiling steps (:data:`COMPILING_CALLS`), part of ``seconds``."""
+    its first, compiling step (:data:`COMPILING_CALLS`), part of ``seconds``."""
 
     model: Decoder
     losses: list[float]

@@ -9,12 +9,14 @@
 # output in $OUT/<step>.log. Steps:
 #   1. versions: python, torch (CUDA), triton, transformers, liger-kernel, flash-attn; nvidia-smi
 #   2. cuda_tests: python3 -m pytest -m cuda tests (the tests marked `cuda`; skipped without pytest)
-#   3. bench: python3 -m rotary bench --device cuda --markdown --progress -> $OUT/bench_cuda.md
-#      (--progress also prints each group's table to the log as it finishes, so a run stopped by
-#      its time budget still leaves the groups it finished)
-#   4. fused: benchmarks/rotate_and_cache.py and benchmarks/rmsnorm_rotate.py --device cuda (each against
-#      Inductor compiling the plain-torch composition, and the traffic limit)
-#   5. generation: benchmarks/generation.py --device cuda (Decoder.generate and Hugging Face generate)
+#   3. bench: python3 -m rotary bench --device cuda --markdown --progress --suites none
+#      -> $OUT/bench_cuda.md: the RoPE groups (--progress also prints each group's table to the log as
+#      it finishes, so a run stopped by its time budget still leaves the groups it finished)
+#   4. fused: rotary bench --device cuda --shapes none --suites rotate_and_cache,rmsnorm_rotate
+#      -> $OUT/fused_cuda.md (each fused op against its composition, eager and compiled by Inductor,
+#      and the traffic limit)
+#   5. generation: rotary bench --device cuda --shapes none --suites generation -> $OUT/generation_cuda.md
+#      (Decoder.generate and Hugging Face generate, patched and not, in tokens/s)
 #
 # Environment:
 #   OUT           where the outputs go (default ./out)
@@ -22,7 +24,7 @@
 #   TEST_BUDGET   seconds for step 2 (default 150)
 #   BENCH_BUDGET  seconds for step 3 (default 330)
 #   BENCH_ARGS    extra arguments for step 3 (e.g. "--quick", "--no-compile", "--repeats 5")
-#   FUSED_BUDGET  seconds for each script of step 4 (default 60)
+#   FUSED_BUDGET  seconds for step 4 (default 120)
 #   GEN_BUDGET    seconds for step 5 (default 150; 0 skips it)
 set -u
 
@@ -34,7 +36,7 @@ PY="${PYTHON:-python3}"
 TEST_BUDGET="${TEST_BUDGET:-150}"
 BENCH_BUDGET="${BENCH_BUDGET:-330}"
 BENCH_ARGS="${BENCH_ARGS:-}"
-FUSED_BUDGET="${FUSED_BUDGET:-60}"
+FUSED_BUDGET="${FUSED_BUDGET:-120}"
 GEN_BUDGET="${GEN_BUDGET:-150}"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
@@ -93,18 +95,21 @@ export -f versions cuda_tests
 step versions 60 bash -c versions
 step cuda_tests "$TEST_BUDGET" bash -c cuda_tests
 # shellcheck disable=SC2086  # BENCH_ARGS holds several arguments
-step bench "$BENCH_BUDGET" "$PY" -m rotary bench --device cuda --markdown --progress $BENCH_ARGS -o "$OUT/bench_cuda.md"
-step rotate_and_cache "$FUSED_BUDGET" "$PY" benchmarks/rotate_and_cache.py --device cuda
-step rmsnorm_rotate "$FUSED_BUDGET" "$PY" benchmarks/rmsnorm_rotate.py --device cuda
+step bench "$BENCH_BUDGET" "$PY" -m rotary bench --device cuda --markdown --progress --suites none $BENCH_ARGS -o "$OUT/bench_cuda.md"
+step fused "$FUSED_BUDGET" "$PY" -m rotary bench --device cuda --markdown --shapes none --suites rotate_and_cache,rmsnorm_rotate \
+    -o "$OUT/fused_cuda.md"
 if [ "$GEN_BUDGET" != 0 ]; then
-    step generation "$GEN_BUDGET" "$PY" benchmarks/generation.py --device cuda
+    step generation "$GEN_BUDGET" "$PY" -m rotary bench --device cuda --markdown --shapes none --suites generation --repeats 2 \
+        -o "$OUT/generation_cuda.md"
 fi
 
 echo
 echo "=== summary after $((SECONDS - began)) s (outputs in $OUT)"
 cat "$OUT/status.txt"
-if [ -s "$OUT/bench_cuda.md" ]; then
-    echo
-    echo "=== $OUT/bench_cuda.md"
-    cat "$OUT/bench_cuda.md"
-fi
+for table in bench_cuda fused_cuda generation_cuda; do
+    if [ -s "$OUT/$table.md" ]; then
+        echo
+        echo "=== $OUT/$table.md"
+        cat "$OUT/$table.md"
+    fi
+done

@@ -42,6 +42,10 @@ def test_quick_bench_prints_a_table():
         assert method in out
     assert "prefill-small 1x4x128x64 fp32" in out and "decode-small 2x4x1x64 fp32" in out
     assert "fwd+bwd" in out and "extra peak MiB" in out
+    # the suites that run on the CPU, at --quick's shapes (--dtypes applies to the fused ones)
+    assert "rotate_and_cache 4x1 (q 32 heads, k 8 heads, D 128) fp32" in out
+    assert "rmsnorm_rotate 1x64 (q 32 heads, k 8 heads, D 128) fp32" in out
+    assert "generation: 1 layers, width 64" in out and "decode step 1x32/8x1x128" not in out
 
 
 @pytest.mark.slow
@@ -63,8 +67,9 @@ def test_json_output_and_extra_cases(tmp_path):
         )
     )
     done = run_bench(
-        "--quick", "--repeats", "1", "--dtypes", "bf16", "--shapes", "decode", "--json", "--cases", str(cases)
-    )
+        "--quick", "--repeats", "1", "--dtypes", "bf16", "--shapes", "decode", "--json", "--cases", str(cases),
+        "--suites", "mine",
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["machine"]["torch_threads"] >= 1
@@ -219,7 +224,7 @@ def test_without_the_baselines_packages_their_rows_are_skipped_with_one_line(mon
 
     monkeypatch.setitem(sys.modules, "transformers", None)
     monkeypatch.setitem(sys.modules, "rotary_embedding_torch", None)
-    argv = ["bench", "--quick", "--no-memory", "--repeats", "1", "--dtypes", "fp32", "--shapes", "decode-small"]
+    argv = ["bench", "--quick", "--no-memory", "--repeats", "1", "--dtypes", "fp32", "--shapes", "decode-small", "--suites", "none"]
     assert main(argv) == 0
     out, err = capsys.readouterr()
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
@@ -467,9 +472,10 @@ def test_device_cuda_without_cuda_from_the_command_line():
     assert done.stderr.count("\n") == 1 and "sees no CUDA device" in done.stderr and done.stdout == ""
 
 
-def test_suites_and_cpu_shapes_are_refused_with_device_cuda(stand_in, capsys):
+def test_cpu_suites_and_cpu_shapes_are_refused_with_device_cuda(stand_in, capsys):
     assert main(["bench", "--device", "cuda", "--suites", "decode"]) == 2
-    assert "--suites decode: the suites time CPU work only; leave out --suites" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--suites decode: this suite runs on cpu only, not with --device cuda; leave it out" in err
     assert main(["bench", "--device", "cuda", "--shapes", "gqa"]) == 2  # a CPU shape
     err = capsys.readouterr().err
     assert "'gqa' names no GPU shape; with --device cuda choose from ['prefill', 'training'," in err
@@ -741,7 +747,7 @@ def test_device_cuda_runs_every_group_through_the_gpu_path(stand_in, monkeypatch
         harness.Method("cpu only", lambda i: lambda: None),
     ]
     monkeypatch.setattr(harness, "METHODS", harness.METHODS + extra)
-    assert main(["bench", "--device", "cuda", "--quick", "--repeats", "1", "--json"]) == 0
+    assert main(["bench", "--device", "cuda", "--quick", "--repeats", "1", "--json", "--suites", "none"]) == 0
     out, err = capsys.readouterr()
     data = json.loads(out)
     assert data["machine"]["device"] == "cpu" and "triton" in data["machine"]  # the stand-in's device
@@ -770,7 +776,8 @@ def test_device_cuda_runs_every_group_through_the_gpu_path(stand_in, monkeypatch
 
 
 def test_device_cuda_markdown_has_a_table_per_group(stand_in, capsys):
-    assert main(["bench", "--device", "cuda", "--quick", "--repeats", "1", "--markdown", "--shapes", "decode-small"]) == 0
+    argv = ["bench", "--device", "cuda", "--quick", "--repeats", "1", "--markdown", "--shapes", "decode-small", "--suites", "none"]
+    assert main(argv) == 0
     out = capsys.readouterr().out.splitlines()
     assert "### decode-small 4x8/2x1x64 at position 64 bf16" in out
     header = out.index("| method | GPU µs/call (graph) | x copy | host µs/call (eager) | note |")
@@ -781,7 +788,8 @@ def test_device_cuda_markdown_has_a_table_per_group(stand_in, capsys):
 def test_device_cuda_skips_the_baselines_it_cannot_import_in_one_line(stand_in, monkeypatch, capsys):
     for module in ("transformers", "liger_kernel", "flash_attn"):
         monkeypatch.setitem(sys.modules, module, None)
-    assert main(["bench", "--device", "cuda", "--quick", "--repeats", "1", "--shapes", "decode-small", "--json"]) == 0
+    argv = ["bench", "--device", "cuda", "--quick", "--repeats", "1", "--shapes", "decode-small", "--json", "--suites", "none"]
+    assert main(argv) == 0
     out, err = capsys.readouterr()
     assert len(err.splitlines()) == 1 and err.startswith("rotary bench: skipped, not installed: ")
     assert "Liger rope (LigerRopeFunction) (needs liger_kernel.ops.rope)" in err
@@ -809,7 +817,7 @@ def test_cuda_bench_quick_end_to_end():
     and their own ratio, both times for every rotary row (by graph replay, or by events with a note
     saying why it could not be captured: whether rotary's hot paths capture is issue 20's own tests'
     business), and no row without a time that does not say why."""
-    done = run_cli("bench", "--device", "cuda", "--quick", "--json", timeout=300)
+    done = run_cli("bench", "--device", "cuda", "--quick", "--json", "--suites", "none", timeout=300)
     data = json.loads(done.stdout)
     assert data["machine"]["gpu"] and data["machine"]["device"].startswith("cuda")
     rows = data["results"]
@@ -836,7 +844,7 @@ def test_a_group_whose_inputs_cannot_be_made_is_one_row_and_the_others_run(stand
         return made(shape, dtype, *args, **kwargs)
 
     monkeypatch.setattr(harness, "make_inputs", make_inputs)
-    argv = ["bench", "--device", "cuda", "--quick", "--repeats", "1", "--shapes", "prefill-small,decode-small", "--json"]
+    argv = ["bench", "--device", "cuda", "--quick", "--repeats", "1", "--shapes", "prefill-small,decode-small", "--json", "--suites", "none"]
     assert main(argv) == 0
     rows = json.loads(capsys.readouterr().out)["results"]
     assert rows[0]["group"].startswith("prefill-small") and rows[0]["method"] == "(inputs)"

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from rotary.models import Decoder, DecoderConfig
 from rotary.tools import bench
+from rotary.tools.bench.generation import llama_state
 
 #: not a preset's shape: between the experiment's `default` preset (width 128, 2 layers, 4 heads) and its `large`
 #: preset (width 512, 8 layers, 8 heads), with the byte vocabulary they share; big enough that both implementations
@@ -67,7 +68,7 @@ def suite(options) -> list[bench.Result]:
     ids = torch.randint(SHAPE["vocab_size"], (batch, seq + 1), generator=torch.Generator().manual_seed(0))
     models = {name: build(name) for name in ("decoder", "llama")}
     with torch.no_grad():  # the same function: equal logits from equal weights
-        models["llama"].load_state_dict(_llama_state(models["decoder"]), strict=True)
+        models["llama"].load_state_dict(llama_state(models["decoder"]), strict=True)
         torch.testing.assert_close(models["llama"](ids[:, :-1]).logits, models["decoder"](ids[:, :-1]), rtol=1e-4, atol=1e-4)
     repeats = options.repeats or 3
     medians = bench.time_interleaved({name: train_step(m, ids) for name, m in models.items()}, repeats)
@@ -78,23 +79,6 @@ def suite(options) -> list[bench.Result]:
         r.ratios["HF eager speedup"] = medians["llama"] / medians[name]
         results.append(r)
     return results
-
-
-def _llama_state(decoder: Decoder) -> dict[str, torch.Tensor]:
-    """The Decoder's weights under Llama's names (both pair channels as (i, i + d/2))."""
-    names = {
-        "embed_tokens": "model.embed_tokens", "norm": "model.norm", "lm_head": "lm_head",
-        "attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm", "attn": "self_attn",
-    }
-    out = {}
-    for key, value in decoder.state_dict().items():
-        parts = key.split(".")
-        if parts[0] == "layers":
-            parts = ["model", "layers", parts[1], names.get(parts[2], parts[2]), *parts[3:]]
-        else:
-            parts = [names.get(parts[0], parts[0]), *parts[1:]]
-        out[".".join(parts)] = value
-    return out
 
 
 def profile(name: str, batch: int = 8, seq: int = 512, rows: int = 12) -> str:

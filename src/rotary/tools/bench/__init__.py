@@ -12,8 +12,16 @@ different kind of measurement (e.g. a patched vs unpatched model forward) is a *
 ``suite(options) -> list[Result]`` registered with :func:`register_suite`; it can use
 :func:`time_interleaved` and :func:`extra_peak_bytes`. Files defining either are loaded with
 ``rotary bench --cases FILE.py`` (see ``benchmarks/``).
+
+Built-in suites: ``decode`` (CPU), ``rotate_and_cache`` and ``rmsnorm_rotate`` (:mod:`.fused`: each
+fused op against its composition, eager and compiled, and the traffic limit) and ``generation``
+(:mod:`.generation`: ``Decoder.generate`` against Hugging Face ``generate``, in tokens/s); the last three
+run on the CPU and with ``--device cuda``. ``--suites NAME`` runs only the named ones, and ``--shapes
+none`` leaves out the RoPE groups.
 """
 
+from . import fused as _fused  # noqa: F401  (registers the fused-op suites)
+from . import generation as _generation  # noqa: F401  (registers the generation suite)
 from . import methods as _methods  # noqa: F401  (registers the built-in methods)
 from .harness import (
     DTYPE_NAMES,

@@ -30,6 +30,7 @@ __all__ = [
     "head_shape",
     "METHODS",
     "SUITES",
+    "SUITE_DEVICES",
     "register_method",
     "register_suite",
     "time_interleaved",
@@ -187,6 +188,8 @@ class Result:
     note: str = ""
     host_s: float | None = None
     gpu_timing: str = ""
+    kind: str = ""  # "" (a RoPE row), "fused" (a fused-op suite's row) or "generation" (see ``values``)
+    values: dict[str, float] = field(default_factory=dict)  # a generation row's figures: tokens/s, ...
 
 
 #: the training-step rows (see ``methods._training_step``) and the fwd+bwd limits: here, not in
@@ -204,6 +207,8 @@ COPY = "limit: copy (clone)"
 
 METHODS: list[Method] = []
 SUITES: dict[str, Callable[[argparse.Namespace], list[Result]]] = {}
+#: the device types each suite runs on (``register_suite(..., devices=...)``)
+SUITE_DEVICES: dict[str, tuple[str, ...]] = {}
 
 
 def register_method(method: Method) -> Method:
@@ -212,9 +217,17 @@ def register_method(method: Method) -> Method:
     return method
 
 
-def register_suite(name: str, suite: Callable[[argparse.Namespace], list[Result]]) -> None:
-    """Add a suite: ``suite(options)`` returns its own results (own groups), printed after the RoPE groups."""
+def register_suite(
+    name: str, suite: Callable[[argparse.Namespace], list[Result]], *, devices: tuple[str, ...] = ("cpu",)
+) -> None:
+    """Add a suite: ``suite(options)`` returns its own results (own groups), printed after the RoPE groups.
+
+    ``devices``: the device types it runs on (default the CPU only). With ``--device cuda`` the suite
+    finds the device in ``options.device`` and the timing backend in ``options.backend``
+    (:mod:`rotary.tools.bench.cuda`); on the CPU ``options.backend`` is ``None``.
+    """
     SUITES[name] = suite
+    SUITE_DEVICES[name] = tuple(devices)
 
 
 # measurement -----------------------------------------------------------------------------------

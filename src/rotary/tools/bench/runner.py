@@ -40,7 +40,7 @@ from .harness import (
 )
 from .table import DEVICE_HEADER, device_row, group_table
 
-__all__ = ["CPU_DTYPES", "run", "run_on_device"]
+__all__ = ["CPU_DTYPES", "NO_SHAPES", "run", "run_on_device"]
 
 # harness.METHODS, harness.SUITES and harness.make_inputs are read through the module: tests replace them there.
 
@@ -85,30 +85,28 @@ def run(options: argparse.Namespace) -> tuple[dict[str, Any], list[Result]]:
         from . import cuda
 
         backend = cuda.open_backend(device)  # no CUDA: a one-line error before anything runs
-        if getattr(options, "suites", None) is not None:
-            raise InputError(
-                f"--suites {options.suites}: the suites time CPU work only; leave out --suites with --device {device}, "
-                "or run them without --device"
-            )
+    options.backend = backend  # the suites' timer on a device (None: the CPU)
     if options.threads:
         torch.set_num_threads(options.threads)
     for path in options.cases or []:
         _load_cases(path)
+    suites = _selected_suites(options, torch.device(device).type)
     if backend is not None:
-        return run_on_device(options, backend)
+        machine, results = run_on_device(options, backend)
+        for suite in suites:
+            results.extend(suite(options))
+            backend.release()
+        return machine, results
     if getattr(options, "dtypes", None) is None:
         options.dtypes = CPU_DTYPES
-    if options.suites is not None:
-        unknown = [name for name in options.suites.split(",") if name not in harness.SUITES]
-        if unknown:
-            registered = ", ".join(sorted(harness.SUITES)) or "none (add one with --cases FILE.py)"
-            raise InputError(f"--suites: unknown suite {unknown[0]!r}; registered suites: {registered}")
     machine = _machine()
     machine["fused_cpu_kernel"] = (
         "loaded" if load_cpu_extension() is not None else f"unavailable: {cpu_extension_error()}"
     )
     shapes = QUICK_SHAPES if options.quick else SHAPES
-    if options.shapes:
+    if options.shapes == NO_SHAPES:
+        shapes = []
+    elif options.shapes:
         wanted = set(options.shapes.split(","))
         shapes = [s for s in SHAPES + QUICK_SHAPES if s.name in wanted]
         if not shapes:
@@ -139,14 +137,39 @@ def run(options: argparse.Namespace) -> tuple[dict[str, Any], list[Result]]:
             results.extend(group_results)
             if options.progress:
                 print(f"  timed {group}", file=sys.stderr, flush=True)
-    for name, suite in harness.SUITES.items():
-        if options.suites is None or name in options.suites.split(","):
-            results.extend(suite(options))
+    for suite in suites:
+        results.extend(suite(options))
     for group_results, group_methods, calls in memory_work:
         for r, m in zip(group_results, group_methods):
             r.extra_peak_bytes = extra_peak_bytes(calls[(m.name, m.backward)])
         calls.clear()  # free the group's inputs before the next one is measured
     return machine, results
+
+
+#: ``--shapes none``: no RoPE group, the suites alone (``--suites none``: no suite)
+NO_SHAPES = "none"
+
+
+def _selected_suites(options: argparse.Namespace, device_type: str) -> list[Callable[[argparse.Namespace], list[Result]]]:
+    """The registered suites to run on ``device_type``: those ``--suites`` names (each must exist and
+    run there; ``none``: no suite), else every suite that runs there."""
+    if options.suites is None:
+        return [s for name, s in harness.SUITES.items() if device_type in harness.SUITE_DEVICES.get(name, ("cpu",))]
+    if options.suites == NO_SHAPES:
+        return []
+    chosen = []
+    for name in options.suites.split(","):
+        if name not in harness.SUITES:
+            registered = ", ".join(sorted(harness.SUITES)) or "none (add one with --cases FILE.py)"
+            raise InputError(f"--suites: unknown suite {name!r}; registered suites: {registered}")
+        devices = harness.SUITE_DEVICES.get(name, ("cpu",))
+        if device_type not in devices:
+            raise InputError(
+                f"--suites {name}: this suite runs on {' and '.join(devices)} only, not with --device {device_type}; "
+                f"leave it out, or run it without --device"
+            )
+        chosen.append(harness.SUITES[name])
+    return chosen
 
 
 def _selected_methods(options: argparse.Namespace, device_type: str) -> list[Method]:
@@ -163,6 +186,8 @@ def _device_groups(options: argparse.Namespace) -> list[tuple[DeviceGroup, list[
     """The GPU groups ``--quick`` / ``--shapes`` select, each with its dtypes (``--dtypes`` replaces
     every group's own)."""
     groups = QUICK_CUDA_GROUPS if options.quick else CUDA_GROUPS
+    if options.shapes == NO_SHAPES:
+        return []
     if options.shapes:
         every = CUDA_GROUPS + QUICK_CUDA_GROUPS
         wanted = set(options.shapes.split(","))

@@ -7,7 +7,7 @@ from typing import Any
 
 from .harness import Result
 
-__all__ = ["DEVICE_HEADER", "device_row", "format_table", "group_table"]
+__all__ = ["DEVICE_HEADER", "GENERATION_HEADER", "device_row", "format_table", "generation_row", "group_table"]
 
 
 def _fmt_time(seconds: float) -> str:
@@ -51,6 +51,49 @@ def device_row(r: Result) -> list[str]:
     return [method, gpu, ratio, _micro(r.host_s), r.note]
 
 
+#: the columns of a generation group
+GENERATION_HEADER = ["generation", "tokens/s", "ms per step", "first call (s)", "vs HF static", "same tokens", "note"]
+
+
+def generation_row(r: Result) -> list[str]:
+    """A generation row's cells (:data:`GENERATION_HEADER`); a failed row has its note and no figures.
+
+    Example:
+        >>> values = {"tokens/s": 5000.0, "ms per step": 1.6, "first call s": 9.1, "vs HF static": 0.9, "same tokens": 1.0}
+        >>> generation_row(Result("g", "rotary static", False, 0.2, 3, kind="generation", values=values))
+        ['rotary static', '5,000', '1.60', '9.10', '0.90', 'yes', '']
+    """
+    v = r.values
+    if "tokens/s" not in v:
+        return [r.method, "—", "—", "—", "", "", r.note]
+    same = v.get("same tokens", math.nan)
+    same_text = "yes" if same == 1.0 else (f"{same:.0%} of ids" if math.isfinite(same) else "")
+    versus = f"{v['vs HF static']:.2f}" if "vs HF static" in v else ""
+    return [r.method, f"{v['tokens/s']:,.0f}", f"{v['ms per step']:.2f}", f"{v['first call s']:.2f}", versus, same_text, r.note]
+
+
+def _fused_table(group: str, rows: list[Result], markdown: bool) -> list[str]:
+    """A fused-op group: µs per call (GPU time and host time on a device), x traffic limit, note."""
+    on_device = any(r.gpu_timing for r in rows)
+    table = []
+    for r in rows:
+        ratio = f"{r.ratios['x traffic limit']:.2f}" if "x traffic limit" in r.ratios else ""
+        if on_device:
+            gpu = _micro(r.median_s)
+            if gpu != "—" and r.gpu_timing not in ("graph", "computed"):
+                gpu += f" ({r.gpu_timing})"
+            table.append([r.method, gpu, ratio, _micro(r.host_s), r.note])
+        else:
+            table.append([r.method, _micro(r.median_s), ratio, r.note])
+    header = FUSED_DEVICE_HEADER if on_device else FUSED_HEADER
+    return group_table(group, header, table, markdown, left=(0, len(header) - 1))
+
+
+#: the columns of a fused-op group on the CPU and on a device
+FUSED_HEADER = ["method", "µs/call", "x traffic limit", "note"]
+FUSED_DEVICE_HEADER = ["method", "GPU µs/call (graph)", "x traffic limit", "host µs/call (eager)", "note"]
+
+
 def _machine_line(machine: dict[str, Any]) -> list[str]:
     if "gpu" not in machine and "device" not in machine:
         return [
@@ -79,6 +122,14 @@ def format_table(machine: dict[str, Any], results: list[Result], markdown: bool 
     for r in results:
         groups.setdefault(r.group, []).append(r)
     for group, rows in groups.items():
+        if rows[0].kind == "generation":
+            lines.append("")
+            lines.extend(group_table(group, GENERATION_HEADER, [generation_row(r) for r in rows], markdown, left=(0, 6)))
+            continue
+        if rows[0].kind == "fused":
+            lines.append("")
+            lines.extend(_fused_table(group, rows, markdown))
+            continue
         if any(r.gpu_timing or r.host_s is not None for r in rows):
             lines.append("")
             lines.extend(group_table(group, DEVICE_HEADER, [device_row(r) for r in rows], markdown, left=(0, 4)))

@@ -55,7 +55,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="comma-separated: fp32, bf16, fp16 (default fp32,bf16; with --device cuda each group's own: bf16, "
         "training also fp32)",
     )  # fmt: skip
-    p.add_argument("--shapes", default=None, help="comma-separated shape names (default: all)")
+    p.add_argument(
+        "--shapes", default=None,
+        help="comma-separated shape names (default: all; none: no RoPE group, only the suites)",
+    )  # fmt: skip
     p.add_argument(
         "--repeats", type=count(100, "each sample of each method lasts about 2 ms; the median settles long before"),
         default=None, help="interleaved samples per method, at most 100 (default 9; quick 3)",
@@ -69,7 +72,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     p.add_argument("--cases", action="append", help="a .py file registering extra methods or suites (repeatable)")
-    p.add_argument("--suites", default=None, help="comma-separated registered suites to run (default: all)")
+    p.add_argument(
+        "--suites", default=None,
+        help="comma-separated suites to run (default: all that run on the device; none: no suite). Built in: "
+        "decode (cpu), rotate_and_cache, rmsnorm_rotate, generation (cpu and cuda)",
+    )  # fmt: skip
     p.add_argument("--progress", action="store_true", help="print a line as each group finishes")
     add_output_argument(p, "file", None, "write the table (or JSON) to this file")
     p.set_defaults(func=_bench)

@@ -1,0 +1,401 @@
+"""The fused-op suites of ``rotary bench``: :func:`rotary.rotate_and_cache` and :func:`rotary.rmsnorm_rotate`
+against their unfused compositions, the composition compiled by Inductor, and the traffic limit.
+
+Each suite times one group per shape and dtype (``--dtypes``: on the CPU fp32 and bf16 by default,
+with ``--device cuda`` bf16), on the CPU
+(``time_interleaved``) or, with ``--device cuda``, on the GPU (CUDA-graph replay and host time per
+call, as the GPU groups: :mod:`rotary.tools.bench.cuda`). Shapes ``BxS`` with q 32 heads, k (and v)
+8 heads of 128 channels; decoding shapes (S = 1) put each sequence at its own position after 1000
+cached tokens. Rows:
+
+- the fused op;
+- its composition in plain torch operations (what a serving engine's native path writes, e.g. vLLM's
+  ``forward_native``), eagerly, and compiled by Inductor (``torch.compile``, compilation excluded:
+  what every user gets for free; left out by ``--no-compile``, and by ``--quick`` without
+  ``--compile``);
+- peers where importable (FlashInfer's in-place RoPE at ``positions``, on CUDA);
+- ``limit: traffic``: the bytes the fused op must move over the copy bandwidth measured in the same
+  run (``dst.copy_(src)`` of 256 MiB, 32 MiB with ``--quick``). Not timed: no kernel that reads and
+  writes those bytes can take less. Every timed row's ``x traffic limit`` divides by it.
+
+The fused op is checked against the composition before it is timed (equal, or within the rounding
+of the composition's intermediate values: said in the row's note).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .harness import DTYPE_NAMES, Result, installed, register_suite, time_interleaved
+
+__all__ = [
+    "FusedShape",
+    "TRAFFIC_LIMIT",
+    "copy_bandwidth",
+    "rmsnorm_rotate_bytes",
+    "rmsnorm_rotate_composition",
+    "rmsnorm_rotate_suite",
+    "rotate_and_cache_bytes",
+    "rotate_and_cache_composition",
+    "rotate_and_cache_suite",
+    "suite_shapes",
+]
+
+#: the row every timed row of a fused-op group is divided by
+TRAFFIC_LIMIT = "limit: traffic (bytes / copy bandwidth)"
+#: ``BxS`` per device kind, and for ``--quick``
+SHAPES = {"cuda": ("64x1", "1x4096", "8x2048"), "cpu": ("64x1", "1x512", "4x256"), "quick": ("4x1", "1x64")}
+#: decoding rows: the tokens sit after this many cached ones
+DECODE_START = 1000
+FLASHINFER = "flashinfer"
+
+
+@dataclass(frozen=True)
+class FusedShape:
+    """``batch`` sequences of ``seq`` tokens; q ``q_heads``, k and v ``kv_heads`` heads of ``head_dim``.
+
+    Example:
+        >>> FusedShape.parse("64x1").describe()
+        '64x1 (q 32 heads, k 8 heads, D 128)'
+    """
+
+    batch: int
+    seq: int
+    q_heads: int = 32
+    kv_heads: int = 8
+    head_dim: int = 128
+
+    @classmethod
+    def parse(cls, text: str, *, q_heads: int = 32, kv_heads: int = 8, head_dim: int = 128) -> FusedShape:
+        from ...errors import InputError
+
+        try:
+            batch, seq = (int(v) for v in text.lower().split("x"))
+        except ValueError:
+            batch = seq = 0
+        if batch < 1 or seq < 1:
+            raise InputError(f"shape {text!r}: give BxS with two positive integers, e.g. 64x1 or 1x4096")
+        return cls(batch, seq, q_heads, kv_heads, head_dim)
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq
+
+    def describe(self) -> str:
+        return f"{self.batch}x{self.seq} (q {self.q_heads} heads, k {self.kv_heads} heads, D {self.head_dim})"
+
+    def positions(self, device: torch.device) -> torch.Tensor:
+        """int64 ``[B, S]``: ``0 .. S - 1`` per sequence, or, decoding (S = 1), sequence ``b`` at
+        ``DECODE_START + b``."""
+        ids = torch.arange(self.seq, device=device).expand(self.batch, self.seq)
+        if self.seq == 1:
+            ids = ids + DECODE_START + torch.arange(self.batch, device=device)[:, None]
+        return ids.contiguous()
+
+
+def suite_shapes(options: argparse.Namespace, kind: str) -> list[FusedShape]:
+    """The shapes of a fused-op suite: ``--quick``'s, or the device kind's."""
+    return [FusedShape.parse(s) for s in SHAPES["quick" if getattr(options, "quick", False) else kind]]
+
+
+# the compositions --------------------------------------------------------------------------------
+
+
+def _rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Hugging Face's rotation in fp32, rounded once to ``x``'s dtype (pairs (i, i + D/2))."""
+    xf = x.float()
+    x1, x2 = xf.chunk(2, dim=-1)
+    return (xf * cos + torch.cat((-x2, x1), dim=-1) * sin).to(x.dtype)
+
+
+def rotate_and_cache_composition(q, k, v, k_cache, v_cache, slots, positions, cos_sin_cache):
+    """RoPE at ``positions`` and the KV-cache write in plain torch: q, k, v ``[B, S, H, D]``, caches
+    ``[B, T, Hk, D]``, ``slots`` and ``positions`` int64 ``[B, S]``, fp32 ``cos_sin_cache`` ``[P, D]``
+    (cos of the D/2 pairs, then their sin). Returns the rotated q and k.
+
+    Example:
+        >>> q, k, v = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 2, 8), torch.randn(1, 2, 2, 8)
+        >>> kc, vc = torch.zeros(1, 5, 2, 8), torch.zeros(1, 5, 2, 8)
+        >>> ids = torch.tensor([[3, 4]])
+        >>> cache = torch.cat((torch.ones(8, 4), torch.zeros(8, 4)), dim=-1)  # every angle 0
+        >>> q_rot, k_rot = rotate_and_cache_composition(q, k, v, kc, vc, ids, ids, cache)
+        >>> torch.equal(q_rot, q), torch.equal(kc[0, 3:5], k), torch.equal(vc[0, 3:5], v)
+        (True, True, True)
+    """
+    cos, sin = cos_sin_cache[positions].chunk(2, dim=-1)  # [B, S, D/2] each
+    cos, sin = torch.cat((cos, cos), dim=-1)[:, :, None], torch.cat((sin, sin), dim=-1)[:, :, None]
+    q_rot, k_rot = _rotate_half(q, cos, sin), _rotate_half(k, cos, sin)
+    rows = torch.arange(q.shape[0], device=q.device)[:, None].expand_as(slots)
+    k_cache.index_put_((rows, slots), k_rot)
+    v_cache.index_put_((rows, slots), v)
+    return q_rot, k_rot
+
+
+def rmsnorm_rotate_composition(q, k, wq, wk, cos, sin, eps: float):
+    """QK-norm (Qwen3's ``RMSNorm``) then RoPE in plain torch: q, k ``[B, S, H, D]``, fp32 cos/sin
+    ``[B, S, D]`` (per token, as Hugging Face's rotary embedding hands them to the layers).
+
+    Example:
+        >>> q, k, w = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 2, 8), torch.ones(8)
+        >>> qn, kn = rmsnorm_rotate_composition(q, k, w, w, torch.ones(1, 2, 8), torch.zeros(1, 2, 8), 1e-6)
+        >>> torch.allclose(qn.pow(2).mean(-1), torch.ones(1, 2, 4), atol=1e-5)
+        True
+    """
+
+    def norm(x, w):
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        return w * xf.to(x.dtype)
+
+    c, s = cos[:, :, None], sin[:, :, None]
+    return _rotate_half(norm(q, wq), c, s), _rotate_half(norm(k, wk), c, s)
+
+
+def rotate_and_cache_bytes(shape: FusedShape, dtype: torch.dtype) -> int:
+    """q, k, v read; q, k written; the k and v cache rows written; each token's cos and sin read (fp32).
+
+    Example:
+        >>> rotate_and_cache_bytes(FusedShape(1, 1, 2, 1, 4), torch.bfloat16)  # 2 * 4 * (4 + 2 + 1 + 2) + 16
+        88
+    """
+    element = torch.finfo(dtype).bits // 8
+    hq, hk, d = shape.q_heads, shape.kv_heads, shape.head_dim
+    return shape.tokens * (element * d * (2 * hq + 2 * hk + hk + 2 * hk) + d * 4)
+
+
+def rmsnorm_rotate_bytes(shape: FusedShape, dtype: torch.dtype) -> int:
+    """q and k read and written, each token's cos and sin rows (fp32), one fp32 rstd per head.
+
+    Example:
+        >>> rmsnorm_rotate_bytes(FusedShape(1, 1, 2, 1, 4), torch.bfloat16)  # 2*3*4*2 + 2*4*4 + 3*4
+        92
+    """
+    element = torch.finfo(dtype).bits // 8
+    heads = shape.q_heads + shape.kv_heads
+    return shape.tokens * (2 * heads * shape.head_dim * element + 2 * shape.head_dim * 4 + heads * 4)
+
+
+# timing ------------------------------------------------------------------------------------------
+
+_bandwidths: dict[tuple[str, bool, bool], float] = {}
+
+
+def copy_bandwidth(options: argparse.Namespace, device: torch.device) -> float:
+    """Bytes per second of ``dst.copy_(src)`` of 256 MiB (32 MiB with ``--quick``), read and written:
+    measured once per device and run, with the timer of the suite's rows."""
+    quick = bool(getattr(options, "quick", False))
+    key = (str(device), quick, getattr(options, "backend", None) is None)
+    if key not in _bandwidths:
+        src = torch.ones((16 if quick else 128) << 20, dtype=torch.int16, device=device)
+        dst = torch.empty_like(src)
+        seconds = _time(options, {"copy": lambda: dst.copy_(src)})["copy"][0]
+        _bandwidths[key] = 2 * src.numel() * src.element_size() / seconds
+    return _bandwidths[key]
+
+
+def _time(options: argparse.Namespace, calls: dict[str, Callable[[], object]]) -> dict:
+    """name -> (seconds per call, host seconds or None, how the time was taken, note): interleaved
+    wall time on the CPU; with a device backend (``options.backend``), GPU time under CUDA-graph
+    replay and host time."""
+    repeats = max(1, int(getattr(options, "repeats", 3) or 3))
+    backend = getattr(options, "backend", None)
+    if backend is None:
+        return {name: (s, None, "", "") for name, s in time_interleaved(calls, repeats).items()}
+    from . import cuda
+
+    timings = cuda.time_on_device(calls, repeats, backend)  # type: ignore[arg-type]
+    return {name: (t.gpu_s, t.host_s, t.gpu_timing, t.note) for name, t in timings.items()}
+
+
+def _compiled_rows(options: argparse.Namespace) -> bool:
+    if getattr(options, "no_compile", False):
+        return False
+    return not getattr(options, "quick", False) or bool(getattr(options, "compile", False))
+
+
+def _dtypes(options: argparse.Namespace) -> list[str]:
+    """``--dtypes`` (on the CPU its default, fp32 and bf16), else bf16."""
+    from ...errors import InputError
+
+    names = options.dtypes.split(",") if getattr(options, "dtypes", None) else ["bf16"]
+    for name in names:
+        if name not in DTYPE_NAMES:
+            raise InputError(f"unknown dtype {name!r} in --dtypes; use fp32, bf16 or fp16")
+    return names
+
+
+def _suite_device(options: argparse.Namespace) -> tuple[torch.device, str]:
+    """Where the suite's tensors live, and whose shapes it times (``"cuda"`` with a device backend)."""
+    backend = getattr(options, "backend", None)
+    if backend is not None:
+        return backend.device, "cuda"
+    return torch.device("cpu"), "cpu"
+
+
+def _group_results(
+    group: str, calls: dict[str, Callable[[], object]], notes: dict[str, str], limit_s: float, limit_note: str,
+    options: argparse.Namespace,
+) -> list[Result]:  # fmt: skip
+    """Time ``calls``, then one row each and the traffic-limit row, with "x traffic limit" ratios."""
+    timed = _time(options, calls)
+    repeats = max(1, int(getattr(options, "repeats", 3) or 3))
+    results = []
+    for name, (seconds, host_s, how, note) in timed.items():
+        r = Result(group, name, False, seconds, repeats, note="; ".join(filter(None, [notes.get(name, ""), note])))
+        r.host_s, r.gpu_timing, r.kind = host_s, how, "fused"
+        if math.isfinite(seconds) and limit_s > 0:
+            r.ratios["x traffic limit"] = seconds / limit_s
+        results.append(r)
+    limit = Result(group, TRAFFIC_LIMIT, False, limit_s, repeats, note=limit_note, ratios={"x traffic limit": 1.0})
+    limit.kind, limit.gpu_timing = "fused", ("" if getattr(options, "backend", None) is None else "computed")
+    results.append(limit)
+    return results
+
+
+def _agreement(fused: tuple[torch.Tensor, ...], reference: tuple[torch.Tensor, ...]) -> str:
+    """"" when equal, else how far apart (in the fused op's dtype)."""
+    if all(torch.equal(a, b) for a, b in zip(fused, reference)):
+        return ""
+    diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(fused, reference))
+    return f"differs from the eager composition by up to {diff:.3g} (rounding of intermediate values)"
+
+
+# the suites --------------------------------------------------------------------------------------
+
+
+def rotate_and_cache_suite(options: argparse.Namespace) -> list[Result]:
+    """:func:`rotary.rotate_and_cache` (vLLM's form: ``positions`` and a ``cos_sin_cache``) against the
+    plain-torch composition, eager and compiled, FlashInfer's RoPE plus a torch cache write (CUDA, when
+    importable), and the traffic limit (see the module's docstring)."""
+    device, kind = _suite_device(options)
+    bandwidth = copy_bandwidth(options, device)
+    return [
+        row
+        for shape in suite_shapes(options, kind)
+        for dtype_name in _dtypes(options)
+        for row in _rotate_and_cache_group(options, shape, dtype_name, device, bandwidth)
+    ]
+
+
+def _rotate_and_cache_group(
+    options: argparse.Namespace, shape: FusedShape, dtype_name: str, device: torch.device, bandwidth: float
+) -> list[Result]:
+    import rotary
+
+    dtype = DTYPE_NAMES[dtype_name]
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(shape.batch, shape.seq, h, shape.head_dim, generator=g).to(device, dtype)
+               for h in (shape.q_heads, shape.kv_heads, shape.kv_heads))  # fmt: skip
+    positions = shape.positions(device)
+    capacity = DECODE_START + shape.batch + shape.seq
+    k_cache = torch.zeros(shape.batch, capacity, shape.kv_heads, shape.head_dim, dtype=dtype, device=device)
+    v_cache = torch.zeros_like(k_cache)
+    rope = rotary.RoPE(shape.head_dim, base=1e6, max_position=capacity)
+    angles = torch.outer(torch.arange(capacity, dtype=torch.float64), rope.inv_freq.double())
+    cos_sin_cache = torch.cat((angles.cos(), angles.sin()), dim=-1).float().to(device)  # vLLM's [P, D]
+    args = (q, k, v, k_cache, v_cache, positions, positions, cos_sin_cache)
+
+    def fused() -> tuple[torch.Tensor, torch.Tensor]:
+        return rotary.rotate_and_cache(q, k, v, k_cache, v_cache, positions, positions=positions, cos_sin_cache=cos_sin_cache)
+
+    calls: dict[str, Callable[[], object]] = {
+        "rotary.rotate_and_cache": fused,
+        "torch composition (eager)": lambda: rotate_and_cache_composition(*args),
+    }
+    if _compiled_rows(options):
+        torch._dynamo.reset()
+        compiled = torch.compile(rotate_and_cache_composition, dynamic=False)
+        calls["torch composition, torch.compile (Inductor)"] = lambda: compiled(*args)
+    notes = {"rotary.rotate_and_cache": _agreement(fused(), rotate_and_cache_composition(*args))}
+    if device.type == "cuda" and installed(FLASHINFER + ".rope"):
+        name = "FlashInfer RoPE in place + torch cache write"
+        calls[name] = _flashinfer_rotate_and_cache(*args)
+        notes[name] = "flashinfer.rope.apply_rope_with_cos_sin_cache_inplace, then index_put_ of k and v"
+    limit = rotate_and_cache_bytes(shape, dtype) / bandwidth
+    group = f"rotate_and_cache {shape.describe()} {dtype_name}"
+    return _group_results(group, calls, notes, limit, _limit_note(bandwidth), options)
+
+
+def _flashinfer_rotate_and_cache(q, k, v, k_cache, v_cache, slots, positions, cos_sin_cache) -> Callable[[], object]:
+    from flashinfer.rope import apply_rope_with_cos_sin_cache_inplace
+
+    q2, k2 = q.clone().flatten(2), k.clone().flatten(2)  # [B, S, H * D]: rotated in place, call after call
+    q2, k2 = q2.view(-1, q2.shape[-1]), k2.view(-1, k2.shape[-1])
+    flat = positions.reshape(-1)
+    rows = torch.arange(q.shape[0], device=q.device)[:, None].expand_as(slots)
+
+    def call():
+        apply_rope_with_cos_sin_cache_inplace(flat, q2, k2, q.shape[-1], cos_sin_cache, True)
+        k_cache.index_put_((rows, slots), k2.view_as(k))
+        v_cache.index_put_((rows, slots), v)
+
+    return call
+
+
+def rmsnorm_rotate_suite(options: argparse.Namespace) -> list[Result]:
+    """:func:`rotary.rmsnorm_rotate` against QK-norm then RoPE unfused: rotary's own two steps
+    (:func:`rotary.qk_norm.rms_norm`, then one :func:`rotary.rotate`), the plain-torch composition
+    eager and compiled, and the traffic limit (see the module's docstring)."""
+    device, kind = _suite_device(options)
+    bandwidth = copy_bandwidth(options, device)
+    return [
+        row
+        for shape in suite_shapes(options, kind)
+        for dtype_name in _dtypes(options)
+        for row in _rmsnorm_rotate_group(options, shape, dtype_name, device, bandwidth)
+    ]
+
+
+def _rmsnorm_rotate_group(
+    options: argparse.Namespace, shape: FusedShape, dtype_name: str, device: torch.device, bandwidth: float
+) -> list[Result]:
+    import rotary
+    from rotary.qk_norm import rms_norm
+
+    eps = 1e-6
+    dtype = DTYPE_NAMES[dtype_name]
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(shape.batch, shape.seq, shape.q_heads, shape.head_dim, generator=g).to(device, dtype)
+    k = torch.randn(shape.batch, shape.seq, shape.kv_heads, shape.head_dim, generator=g).to(device, dtype)
+    wq, wk = ((1 + 0.1 * torch.randn(shape.head_dim, generator=g)).to(device, dtype) for _ in range(2))
+    rows = DECODE_START + shape.batch + shape.seq
+    rope = rotary.RoPE(shape.head_dim, base=1e6, max_position=rows)
+    if device.type != "cpu":
+        rope = rope.to(device).prepare(rows, device=device)
+    tables = rope.tables(shape.positions(device))
+    cos, sin = tables.gather()  # per token [B, S, D]
+    args = (q, k, wq, wk, cos, sin, eps)
+
+    def fused() -> tuple[torch.Tensor, torch.Tensor]:
+        return rotary.rmsnorm_rotate(q, k, wq, wk, tables, eps=eps, layout="bshd")
+
+    def two_steps() -> tuple[torch.Tensor, torch.Tensor]:
+        normed = [rms_norm(q, wq, eps=eps), rms_norm(k, wk, eps=eps)]
+        return rotary.rotate(normed, tables, layout="bshd", kinds=("q", "k"))  # type: ignore[return-value]
+
+    calls: dict[str, Callable[[], object]] = {
+        "rotary.rmsnorm_rotate": fused,
+        "rotary rms_norm + rotate (two steps)": two_steps,
+        "torch composition (eager)": lambda: rmsnorm_rotate_composition(*args),
+    }
+    if _compiled_rows(options):
+        torch._dynamo.reset()
+        compiled = torch.compile(rmsnorm_rotate_composition, dynamic=False)
+        calls["torch composition, torch.compile (Inductor)"] = lambda: compiled(*args)
+    notes = {"rotary.rmsnorm_rotate": _agreement(fused(), two_steps())}
+    limit = rmsnorm_rotate_bytes(shape, dtype) / bandwidth
+    group = f"rmsnorm_rotate {shape.describe()} {dtype_name}"
+    return _group_results(group, calls, notes, limit, _limit_note(bandwidth), options)
+
+
+def _limit_note(bandwidth: float) -> str:
+    return f"copy bandwidth {bandwidth / 1e9:.1f} GB/s"
+
+
+register_suite("rotate_and_cache", rotate_and_cache_suite, devices=("cpu", "cuda"))
+register_suite("rmsnorm_rotate", rmsnorm_rotate_suite, devices=("cpu", "cuda"))

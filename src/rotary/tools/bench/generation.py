@@ -1,0 +1,232 @@
+"""The generation suite of ``rotary bench``: :meth:`rotary.models.Decoder.generate` against Hugging Face
+``LlamaForCausalLM.generate``, end to end, in tokens per second.
+
+The same Llama-shaped model on both sides (RoPE, RMSNorm, SwiGLU, GQA, untied embeddings), random
+weights shared by copying the Decoder's state into the Llama (no download), greedy decoding of exactly
+``new`` tokens after a ``prompt``-token prompt. Rows:
+
+- ``rotary dynamic``: ``Decoder.generate`` on growing KV caches, eager;
+- ``rotary static``: ``generate(cache="static")``: preallocated caches written in place, eager;
+- ``rotary static + torch.compile``: ``generate(capture="compile")``, the decoding step compiled by
+  Inductor (with CUDA graphs on CUDA: ``mode="reduce-overhead"``); left out by ``--no-compile``, and
+  by ``--quick`` without ``--compile``;
+- ``rotary static + CUDA graph``: ``generate(capture="cuda_graph")``, the eager step replayed from one
+  ``torch.cuda.CUDAGraph`` (CUDA only);
+- ``HF dynamic`` / ``HF static``: ``generate()`` with its default cache and with
+  ``cache_implementation="static"`` (which Hugging Face compiles by itself on CUDA, not on the CPU);
+- ``HF dynamic + rotary.hf.patch`` / ``HF static + rotary.hf.patch``: the same on a copy of the Llama
+  patched by :func:`rotary.hf.patch`: what patching costs or gains a Hugging Face user.
+
+The Hugging Face rows need ``transformers`` (without it they say so and have no figures). Each row:
+a first call (its time includes compiling and capturing), then ``--repeats`` calls interleaved with the
+other rows; the median is reported as tokens/s (``batch * new / seconds``) and ms per step (``seconds /
+new``, the prefill included). ``vs HF static``: the row's tokens/s over HF static's. ``same tokens``
+compares the greedy tokens with the first row's (in bf16 logits that differ in the last bits may pick
+another token at a near tie).
+
+Shapes: with ``--device cuda`` the shape of issue 26 (8 layers, width 1024, 16 query / 4 key-value
+heads, intermediate 2816, vocabulary 32000, bf16, batch 8, prompt 128, 128 new tokens); on the CPU a
+small fp32 one; ``--quick`` a tiny one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .harness import DTYPE_NAMES, Result, installed, register_suite
+
+__all__ = ["GenerationShape", "SHAPES", "ROWS", "build_models", "generation_suite", "llama_state", "row_calls"]
+
+
+@dataclass(frozen=True)
+class GenerationShape:
+    """A model and a generation workload."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    dtype: str
+    batch: int
+    prompt: int
+    new: int
+
+    def describe(self) -> str:
+        return (
+            f"generation: {self.layers} layers, width {self.hidden}, {self.heads}/{self.kv_heads} heads, intermediate "
+            f"{self.intermediate}, vocabulary {self.vocab}, {self.dtype}; batch {self.batch}, prompt {self.prompt}, "
+            f"{self.new} new tokens, greedy"
+        )
+
+
+SHAPES = {
+    # issue 26's table (measured there on an H100), with Llama's vocabulary
+    "cuda": GenerationShape(8, 1024, 16, 4, 2816, 32000, "bf16", batch=8, prompt=128, new=128),
+    # a few seconds per row on 2 CPU cores
+    "cpu": GenerationShape(2, 256, 8, 2, 688, 1024, "fp32", batch=4, prompt=32, new=32),
+    "quick": GenerationShape(1, 64, 4, 2, 128, 128, "fp32", batch=2, prompt=6, new=6),
+}
+#: every row, in table order
+ROWS = (
+    "rotary dynamic", "rotary static", "rotary static + torch.compile", "rotary static + CUDA graph",
+    "HF dynamic", "HF static", "HF dynamic + rotary.hf.patch", "HF static + rotary.hf.patch",
+)  # fmt: skip
+HF_STATIC = "HF static"
+
+
+def build_models(shape: GenerationShape, device: torch.device, with_hf: bool) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+    """The :class:`~rotary.models.Decoder` with seeded random weights, and a ``LlamaForCausalLM`` holding
+    the same weights (``None`` without ``with_hf``), both in eval mode on ``device`` in the shape's dtype."""
+    from rotary.models import Decoder, DecoderConfig
+
+    config = DecoderConfig(
+        vocab_size=shape.vocab, hidden_size=shape.hidden, num_layers=shape.layers, num_heads=shape.heads,
+        num_kv_heads=shape.kv_heads, intermediate_size=shape.intermediate, max_position=max(2048, shape.prompt + shape.new),
+    )  # fmt: skip
+    torch.manual_seed(0)
+    decoder = Decoder(config).eval()
+    llama = None
+    if with_hf:
+        import transformers
+
+        hf_config = transformers.LlamaConfig(
+            vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+            num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads,
+            num_key_value_heads=config.num_kv_heads, max_position_embeddings=config.max_position,
+            rms_norm_eps=config.rms_norm_eps, rope_parameters={"rope_type": "default", "rope_theta": config.rope_base},
+            tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
+        )  # fmt: skip
+        hf_config._attn_implementation = "sdpa"
+        llama = transformers.LlamaForCausalLM(hf_config).eval()
+        llama.load_state_dict(llama_state(decoder), strict=True)
+        llama.generation_config.eos_token_id = None  # exactly `new` tokens
+        llama.generation_config.pad_token_id = 0
+        llama = llama.to(device, DTYPE_NAMES[shape.dtype])
+    return decoder.to(device, DTYPE_NAMES[shape.dtype]), llama
+
+
+def llama_state(decoder: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A :class:`~rotary.models.Decoder`'s weights under ``LlamaForCausalLM``'s names (both pair RoPE
+    channels as (i, i + d/2), so the same weights compute the same function).
+
+    Example:
+        >>> from rotary.models import Decoder, DecoderConfig
+        >>> names = llama_state(Decoder(DecoderConfig(vocab_size=8, hidden_size=8, num_layers=1, num_heads=2)))
+        >>> "model.layers.0.self_attn.q_proj.weight" in names, "lm_head.weight" in names
+        (True, True)
+    """
+    names = {
+        "embed_tokens": "model.embed_tokens", "norm": "model.norm", "lm_head": "lm_head",
+        "attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm", "attn": "self_attn",
+    }  # fmt: skip
+    out = {}
+    for key, value in decoder.state_dict().items():
+        parts = key.split(".")
+        if parts[0] == "layers":
+            parts = ["model", "layers", parts[1], names.get(parts[2], parts[2]), *parts[3:]]
+        else:
+            parts = [names.get(parts[0], parts[0]), *parts[1:]]
+        out[".".join(parts)] = value
+    return out
+
+
+def row_calls(
+    decoder: torch.nn.Module, llama: torch.nn.Module | None, ids: torch.Tensor, new: int, rows: list[str]
+) -> dict[str, Callable[[], torch.Tensor]]:
+    """One callable per row of ``rows`` that can run here, each returning the ids ``[B, S + new]``."""
+    mask = torch.ones_like(ids)
+    calls: dict[str, Callable[[], torch.Tensor]] = {
+        "rotary dynamic": lambda: decoder.generate(ids, new),
+        "rotary static": lambda: decoder.generate(ids, new, cache="static"),
+        "rotary static + torch.compile": lambda: decoder.generate(ids, new, capture="compile"),
+    }
+    if ids.device.type == "cuda":
+        calls["rotary static + CUDA graph"] = lambda: decoder.generate(ids, new, capture="cuda_graph")
+    if llama is not None:
+        hf = dict(attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+        calls["HF dynamic"] = lambda: llama.generate(ids, **hf)
+        calls[HF_STATIC] = lambda: llama.generate(ids, cache_implementation="static", **hf)
+        if any(name.endswith("rotary.hf.patch") for name in rows):
+            import copy
+
+            import rotary
+
+            patched = rotary.hf.patch(copy.deepcopy(llama))
+            calls["HF dynamic + rotary.hf.patch"] = lambda: patched.generate(ids, **hf)
+            calls["HF static + rotary.hf.patch"] = lambda: patched.generate(ids, cache_implementation="static", **hf)
+    return {name: calls[name] for name in rows if name in calls}
+
+
+def _timed(call: Callable[[], torch.Tensor], device: torch.device) -> tuple[float, torch.Tensor]:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    out = call()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start, out
+
+
+def generation_suite(options: argparse.Namespace) -> list[Result]:
+    """The generation group (see the module's docstring): one row per way of generating."""
+    backend = getattr(options, "backend", None)
+    device = backend.device if backend is not None else torch.device(getattr(options, "device", None) or "cpu")
+    quick = bool(getattr(options, "quick", False))
+    shape = SHAPES["quick" if quick else ("cuda" if device.type == "cuda" else "cpu")]
+    rows = list(ROWS)
+    if getattr(options, "no_compile", False) or (quick and not getattr(options, "compile", False)):
+        rows.remove("rotary static + torch.compile")
+    with_hf = installed("transformers")
+    decoder, llama = build_models(shape, device, with_hf)
+    ids = torch.randint(1, shape.vocab, (shape.batch, shape.prompt), generator=torch.Generator().manual_seed(0))
+    calls = row_calls(decoder, llama, ids.to(device), shape.new, rows)
+    repeats = max(1, int(getattr(options, "repeats", 3) or 3))
+    first: dict[str, float] = {}
+    tokens: dict[str, torch.Tensor] = {}
+    failed = {name: "needs transformers (pip install transformers)" for name in rows if name.startswith("HF") and not with_hf}
+    for name, call in calls.items():
+        try:
+            first[name], out = _timed(call, device)
+            tokens[name] = out.cpu()
+        except Exception as exc:  # one row that cannot run (e.g. no compiler here) is a note, not the end
+            failed[name] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+    times: dict[str, list[float]] = {name: [] for name in first}
+    for _ in range(repeats):
+        for name in first:
+            times[name].append(_timed(calls[name], device)[0])
+    return _rows(shape, repeats, first, times, tokens, failed)
+
+
+def _rows(shape, repeats, first, times, tokens, failed) -> list[Result]:
+    group = shape.describe()
+    reference = next(iter(tokens.values()), None)
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    hf_static = medians.get(HF_STATIC)
+    results = []
+    for name in [n for n in ROWS if n in medians or n in failed]:
+        if name in failed:
+            results.append(Result(group, name, False, float("nan"), repeats, note=failed[name], kind="generation"))
+            continue
+        seconds = medians[name]
+        same = (tokens[name] == reference).float().mean().item()  # type: ignore[operator]
+        values = {
+            "tokens/s": shape.batch * shape.new / seconds,
+            "ms per step": seconds / shape.new * 1e3,
+            "first call s": first[name],
+            "same tokens": same,
+        }
+        if hf_static:
+            values["vs HF static"] = hf_static / seconds
+        results.append(Result(group, name, False, seconds, repeats, kind="generation", values=values))
+    return results
+
+
+register_suite("generation", generation_suite, devices=("cpu", "cuda"))

@@ -55,6 +55,7 @@ __all__ = [
     "ANGLES_SLOT",
     "LEARNED_POSITION_SLOT",
     "PROMPT_SLOT",
+    "CACHE_GROUP_SLOT",
     "LEARNED_SLOT",
     "record",
     "record_positions",
@@ -94,6 +95,9 @@ CHECKS: dict[int, str] = {
     13: "a generate() prompt whose attention_mask marks no token in a row, or padding after a row's tokens (right "
     "padding); those rows continued from padding. Pad prompts on the left (tokenizer.padding_side = 'left') and "
     "give every row at least one token",
+    14: "static caches of one Decoder.new_cache call that were filled to different lengths (one was reset() or "
+    "written alone): the model's layers share one attention mask over them, which was not every layer's. Write "
+    "and reset them together, through the model (or make one cache per layer with StaticKVCache(...) yourself)",
 }
 SLOTS = 16  # room for checks to come
 POSITION_SLOT = 0  # counts tokens whose position was outside the table (written by the kernels)
@@ -101,8 +105,9 @@ LARGEST_SLOT = 1  # the largest offending position (atomic max in the kernels)
 TABLES_SLOT, POSITIONS_SLOT, CU_SEQLENS_SLOT, MASK_SLOT, TOKENS_SLOT, CACHE_SLOT = 2, 3, 4, 5, 6, 7
 # the variants' checks (rotary.variants, rotary.nn.position)
 XPOS_RANGE_SLOT, XPOS_FP16_SLOT, COORDINATES_SLOT, ANGLES_SLOT, LEARNED_POSITION_SLOT = 8, 9, 10, 11, 12
-# the decoder's (rotary.models): generate() prompts; learned positions share the variants' slot
-PROMPT_SLOT, LEARNED_SLOT = 13, LEARNED_POSITION_SLOT
+# the decoder's (rotary.models): generate() prompts; learned positions share the variants' slot; static caches
+# of one group that are out of step (rotary.nn.StaticStep)
+PROMPT_SLOT, LEARNED_SLOT, CACHE_GROUP_SLOT = 13, LEARNED_POSITION_SLOT, 14
 
 _lock = threading.Lock()
 _flags: dict[torch.device, torch.Tensor] = {}

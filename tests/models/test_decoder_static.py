@@ -32,10 +32,10 @@ def clean_flags():
 
 def small(position_encoding="rope", **kw) -> Decoder:
     torch.manual_seed(0)
-    config = DecoderConfig(
-        vocab_size=50, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, max_position=64,
-        position_encoding=position_encoding, **kw,
-    )
+    config = DecoderConfig(**{
+        "vocab_size": 50, "hidden_size": 32, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "max_position": 64,
+        "position_encoding": position_encoding, **kw,
+    })
     return Decoder(config).eval()
 
 
@@ -339,3 +339,81 @@ def test_generate_errors():
         model(ids, cache=[KVCache(), model.new_cache(batch=3, max_len=8)[1]])
     with pytest.raises(ValueError, match=r"attention_mask covers the new tokens only: \[B, S\] = \[3, 6\]"):
         model(ids, attention_mask=torch.ones(3, 9, dtype=torch.long), cache=model.new_cache(batch=3, max_len=9))
+
+
+@pytest.mark.parametrize("encoding", ["rope", "alibi", "none"])
+def test_the_layers_of_one_cache_group_share_the_step_mask_and_slots(encoding, monkeypatch):
+    """Off the host path, the layers of a model whose static caches come from one new_cache call work out
+    the new tokens' slots and the attention mask once per forward (StaticStep), with logits and caches
+    equal bit for bit to every layer doing it alone."""
+    from rotary.nn import attention as attention_module
+    from rotary.nn.cache import StaticStep
+
+    model = small(encoding, num_layers=4)
+    ids, mask = prompt()
+    masks, slots = [], []
+    build_mask, next_slots = attention_module.RotaryAttention._static_mask, StaticKVCache._next_slots
+    monkeypatch.setattr(attention_module.RotaryAttention, "_static_mask", lambda *a: masks.append(1) or build_mask(*a))
+    monkeypatch.setattr(StaticKVCache, "_next_slots", lambda self, n, step=None: slots.append(step) or next_slots(self, n, step))
+
+    def decode(grouped: bool):
+        cache = model.new_cache(batch=3, max_len=10)
+        if not grouped:
+            for c in cache:
+                c.group = None
+        masks.clear()
+        with torch.no_grad(), accelerator_rules():
+            prefill = model(ids, attention_mask=mask, cache=cache)
+            step_masks = len(masks)
+            logits = model.decode_step(prefill[:, -1:].argmax(-1), cache)
+        return prefill, logits, cache, step_masks, len(masks) - step_masks
+
+    grouped, alone = decode(True), decode(False)
+    assert grouped[3] == grouped[4] == 1 and alone[3] == alone[4] == 4  # masks built per forward
+    assert torch.equal(grouped[0], alone[0]) and torch.equal(grouped[1], alone[1])
+    for a, b in zip(grouped[2], alone[2]):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values) and torch.equal(a.valid, b.valid)
+        assert torch.equal(a.positions, b.positions) and int(a.filled) == int(b.filled) == 7
+    assert StaticStep.of(grouped[2]) is not None and StaticStep.of(alone[2]) is None
+    deferred.check_device_errors()  # nothing flagged
+
+
+def test_a_cache_group_out_of_step_is_flagged_off_the_cpu():
+    model = small(num_layers=3)
+    ids, _ = prompt()
+    cache = model.new_cache(batch=3, max_len=10)
+    with torch.no_grad(), accelerator_rules():
+        model(ids, cache=cache)
+        cache[1].reset()  # one layer's cache alone
+        model.decode_step(ids[:, -1:], cache)
+    with pytest.raises(DeviceInputError, match=r"static caches of one Decoder.new_cache call that were filled to different lengths"):
+        deferred.check_device_errors()
+
+
+def test_sharing_the_step_saves_kernels_per_layer():
+    """The op count of one decoding step off the host path (each op a kernel launch on a GPU, where a
+    decoding step is launch-bound): at least 15 fewer per layer after the first with a cache group."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops += not func.is_view
+            return func(*args, **(kwargs or {}))
+
+    model = small(num_layers=6)
+    ids, _ = prompt()
+    counts = []
+    for grouped in (True, False):
+        cache = model.new_cache(batch=3, max_len=10)
+        for c in cache:
+            c.group = c.group if grouped else None
+        with torch.no_grad(), accelerator_rules():
+            model(ids, cache=cache)
+            with Count() as count:
+                model.decode_step(ids[:, -1:], cache)
+        counts.append(count.ops)
+    assert counts[1] - counts[0] >= 15 * 5, counts

@@ -35,7 +35,7 @@ from .. import positions as P
 from .._checks import check_bool, check_positive_float, check_positive_int, check_probability, is_number
 from ..errors import InputError, InputTypeError
 from ..nn.attention import RotaryAttention
-from ..nn.cache import KVCache, StaticKVCache
+from ..nn.cache import KVCache, StaticKVCache, StaticStep
 from ..nn.position import ALiBi, LearnedPositionEmbedding, RelativePositionBias, SinusoidalPositionEmbedding
 from ..positions import Positions, check_attention_mask
 from ..rope import RoPE
@@ -309,9 +309,12 @@ class Block(nn.Module):
         self.mlp = SwiGLU(c.hidden_size, c.intermediate_size)  # type: ignore[arg-type]
         self.dropout = nn.Dropout(c.dropout)
 
-    def forward(self, x, *, attention_mask, positions, tables, cache):
+    def forward(self, x, *, attention_mask, positions, tables, cache, static_step=None):
         x = x + self.dropout(
-            self.attn(self.attn_norm(x), attention_mask=attention_mask, position_ids=positions, tables=tables, cache=cache)
+            self.attn(
+                self.attn_norm(x), attention_mask=attention_mask, position_ids=positions, tables=tables, cache=cache,
+                static_step=static_step,
+            )
         )
         return x + self.dropout(self.mlp(self.mlp_norm(x)))
 
@@ -515,10 +518,11 @@ class Decoder(GenerationMixin, nn.Module):
         if self.rope is not None:
             tables = self.rope.tables(positions, dtype=table_dtype(x.dtype))
         nope_tables = None if self.nope is None else self.nope.tables(positions, dtype=table_dtype(x.dtype))
+        step = None if cache is None else StaticStep.of(cache)  # static caches of one group: one mask for all layers
         for i, layer in enumerate(self.layers):
             x = layer(
                 x, attention_mask=attention_mask, positions=positions, tables=tables if self.rope_layers[i] else nope_tables,
-                cache=None if cache is None else cache[i],
+                cache=None if cache is None else cache[i], static_step=step,
             )  # fmt: skip
         return self.lm_head(self.norm(x))
 

@@ -137,13 +137,17 @@ class GenerationMixin:
             raise InputError(f"a static cache (max_len={max_len!r}) is made for one batch size: pass batch=B as well")
         weight = self.embed_tokens.weight
         c = self.config
-        return [
+        caches = [
             StaticKVCache(
                 batch, c.num_kv_heads, max_len, c.head_dim, dtype=weight.dtype if dtype is None else dtype,  # type: ignore[arg-type]
                 device=weight.device if device is None else device,
             )
             for _ in self.layers
         ]
+        group = object()  # written together by every forward: the layers share one attention mask (StaticStep)
+        for cache in caches:
+            cache.group = group
+        return caches
 
     def release_captured(self) -> None:
         """Free the static caches and the captured decoding step that :meth:`generate` keeps between calls

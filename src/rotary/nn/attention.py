@@ -27,7 +27,7 @@ from ..positions import Positions, check_attention_mask
 from ..rope import RoPE
 from ..rotation import rotate
 from ..tables import RotaryTables, table_dtype
-from .cache import KVCache, StaticEntries, StaticKVCache
+from .cache import KVCache, StaticEntries, StaticKVCache, StaticStep
 from .position import ALiBi, RelativePositionBias
 
 __all__ = ["KVCache", "RotaryAttention", "StaticKVCache", "padding_position_ids", "repeat_kv"]
@@ -335,6 +335,7 @@ class RotaryAttention(nn.Module):
         position_ids: torch.Tensor | Positions | None = None,
         cache: KVCache | None = None,
         tables: RotaryTables | None = None,
+        static_step: StaticStep | None = None,
     ) -> torch.Tensor:
         """Attend.
 
@@ -354,6 +355,9 @@ class RotaryAttention(nn.Module):
                 nothing is read back on the host, so the call can be captured in a CUDA graph).
             tables: the rotary tables of these positions, computed once per model forward (see
                 :class:`rotary.models.Decoder`); default: ``self.rope.tables(positions)``.
+            static_step: with a :class:`StaticKVCache` of a group whose layers advance together, the
+                :class:`~rotary.nn.cache.StaticStep` of this model forward: the attention mask over the
+                cache slots is built by the first layer and reused by the others (``Decoder`` passes one).
 
         Returns:
             ``[B, S, E]`` in the dtype of ``hidden_states``.
@@ -414,7 +418,7 @@ class RotaryAttention(nn.Module):
         entries = None
         if static:
             rotate_with = None if self.rope is None else tables
-            q, entries = self._write_static(q, k, v, cache, positions, attention_mask, rotate_with, inplace)  # type: ignore[arg-type]
+            q, entries = self._write_static(q, k, v, cache, positions, attention_mask, rotate_with, inplace, static_step)  # type: ignore[arg-type]
             if entries.overflow is None:
                 # the CPU, eager: the filled length is known for free, so attention reads the filled slots
                 # only, through the same code as KVCache (bit-identical to it, no work on empty slots)
@@ -431,9 +435,16 @@ class RotaryAttention(nn.Module):
         groups = self.num_heads // self.num_kv_heads
         if entries is not None:
             # static shapes (accelerators, torch.compile): every slot, under the mask of the filled valid ones
-            mask = self._static_mask(query_positions, entries, device)
+            def build_mask() -> torch.Tensor:
+                return self._static_mask(query_positions, entries, device).to(q.dtype)  # type: ignore[union-attr]
+
+            if static_step is None:
+                mask = build_mask()
+            else:  # every layer of the group would build the same mask: its slots, positions and padding are equal
+                key = ("mask", q.dtype, self.causal, None if self.position_bias is None else id(self.position_bias))
+                mask = static_step.shared(key, build_mask)
             out = F.scaled_dot_product_attention(
-                q, repeat_kv(entries.keys, groups), repeat_kv(entries.values, groups), attn_mask=mask.to(q.dtype),
+                q, repeat_kv(entries.keys, groups), repeat_kv(entries.values, groups), attn_mask=mask,
                 dropout_p=dropout,
             )
             if entries.overflow is not None:  # tokens that found no slot: NaN, never another token's result
@@ -460,6 +471,7 @@ class RotaryAttention(nn.Module):
         attention_mask: torch.Tensor | None,
         tables: RotaryTables | None,
         inplace: bool,
+        step: StaticStep | None = None,
     ) -> tuple[torch.Tensor, StaticEntries]:
         """Write the new keys and values into a :class:`StaticKVCache`, with the new tokens' padding; with
         ``tables``, q and k are rotated (in place with ``inplace``) as k is written, in one
@@ -474,5 +486,5 @@ class RotaryAttention(nn.Module):
                     f"(the cache keeps the padding of earlier tokens), got {tuple(valid.shape)}"
                 )
         if tables is None:
-            return q, cache.update(k, v, positions, valid=valid)
-        return cache.rotate_and_update(q, k, v, tables, positions, valid=valid, inplace=inplace)
+            return q, cache.update(k, v, positions, valid=valid, step=step)
+        return cache.rotate_and_update(q, k, v, tables, positions, valid=valid, inplace=inplace, step=step)

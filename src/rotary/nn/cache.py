@@ -8,8 +8,9 @@ rotated once, when it enters the cache, at its own position.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 
@@ -22,7 +23,9 @@ from ..positions import Positions, check_attention_mask
 from ..serving import rotate_and_cache
 from ..tables import RotaryTables
 
-__all__ = ["KVCache", "StaticEntries", "StaticKVCache"]
+__all__ = ["KVCache", "StaticEntries", "StaticKVCache", "StaticStep"]
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -212,6 +215,9 @@ class StaticKVCache:
         self.batch, self.num_kv_heads, self.max_len = int(batch), int(num_kv_heads), int(max_len)
         self.head_dim, self.value_dim, self.dtype = int(head_dim), int(value_dim), dtype
         self.owner: int | None = None
+        #: caches made together for the layers of one model (``Decoder.new_cache``) share this token: the model
+        #: writes all of them at every forward, so their filled slots, positions and padding stay equal
+        self.group: object | None = None
         # one slot more than max_len: on accelerators tokens past the end are written there (never read)
         # instead of being checked on the host; made outside inference mode so that any mode may write them
         with torch.inference_mode(False), torch.no_grad():
@@ -324,6 +330,7 @@ class StaticKVCache:
         positions: torch.Tensor | Positions,
         *,
         valid: torch.Tensor | None = None,
+        step: StaticStep | None = None,
     ) -> StaticEntries:
         """Write ``S`` new tokens into slots ``filled .. filled + S - 1`` and return every slot.
 
@@ -332,6 +339,8 @@ class StaticKVCache:
             values: ``[B, Hk, S, Dv]``.
             positions: the new keys' positions ``[S]`` or ``[B, S]`` (ids or :class:`Positions`).
             valid: bool ``[B, S]``, ``False`` for padding (default: all tokens).
+            step: the :class:`StaticStep` of a model forward over caches of one group (see there): the
+                slots of the new tokens are worked out once for the group.
 
         Returns:
             :class:`StaticEntries`: all ``L`` slots (keys, values, positions, valid), the first new slot,
@@ -342,7 +351,7 @@ class StaticKVCache:
             ValueError, TypeError: keys or values that do not fit the cache (shape, dtype, device).
         """
         ids, valid = self._check_new(keys, values, positions, valid)
-        start, slots, overflow = self._next_slots(keys.shape[2])
+        start, slots, overflow = self._next_slots(keys.shape[2], step)
         with torch.no_grad():
             self._keys.index_copy_(2, slots, keys)
             self._values.index_copy_(2, slots, values)
@@ -358,6 +367,7 @@ class StaticKVCache:
         *,
         valid: torch.Tensor | None = None,
         inplace: bool = False,
+        step: StaticStep | None = None,
     ) -> tuple[torch.Tensor, StaticEntries]:
         """Rotate the new queries and keys by ``tables`` and write the rotated keys and the values, as
         :meth:`update` writes them, in one :func:`rotary.rotate_and_cache` call (one launch on CUDA).
@@ -370,6 +380,7 @@ class StaticKVCache:
             positions: the new keys' positions ``[S]`` or ``[B, S]`` (ids or :class:`Positions`).
             valid: bool ``[B, S]``, ``False`` for padding (default: all tokens).
             inplace: rotate ``queries`` and ``keys`` in place.
+            step: as for :meth:`update`.
 
         Returns:
             ``(rotated queries [B, H, S, D], StaticEntries)``: the same as rotating, then :meth:`update`.
@@ -387,7 +398,7 @@ class StaticKVCache:
             (True, True)
         """
         ids, valid = self._check_new(keys, values, positions, valid)
-        start, slots, overflow = self._next_slots(keys.shape[2])
+        start, slots, overflow = self._next_slots(keys.shape[2], step)
         # the spill slot (index max_len) is a row of the buffers: rotate_and_cache writes every token
         queries, _ = rotate_and_cache(
             queries, keys, values, self._keys, self._values, slots.expand(self.batch, -1), tables,
@@ -427,8 +438,13 @@ class StaticKVCache:
             raise InputError(f"valid must be a bool [B, S] = [{self.batch}, {seq_len}] tensor, got {valid.dtype} {tuple(valid.shape)}")
         return ids, valid
 
-    def _next_slots(self, seq_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """The first new slot (0-dim), the slots ``[S]`` of ``seq_len`` new tokens, and which do not fit."""
+    def _next_slots(
+        self, seq_len: int, step: StaticStep | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The first new slot (0-dim), the slots ``[S]`` of ``seq_len`` new tokens, and which do not fit;
+        with ``step`` (off the host path), those the first cache of the group worked out."""
+        if step is not None and not self._host_mode():
+            return step.shared(("slots", seq_len), lambda: self._next_slots(seq_len))
         start = self.filled.clone()
         slots = start + torch.arange(seq_len, device=self.device)
         overflow = None
@@ -461,6 +477,50 @@ class StaticKVCache:
             self._valid.index_copy_(1, slots, valid.to(self.device))
             self.filled.add_(slots.shape[0])
         return StaticEntries(self.keys, self.values, self.positions, self.valid, start, overflow)
+
+
+class StaticStep:
+    """What the attention layers of one model forward over :class:`StaticKVCache` s of one group (made by
+    one ``Decoder.new_cache`` call) have in common: the attention mask over the cache slots.
+
+    Every layer writes the same slots with the same positions and padding, so every layer would work out the
+    same slots for the new tokens (and the same overflow flags) and build the same mask; with a
+    ``StaticStep`` (``RotaryAttention(..., static_step=...)``, ``StaticKVCache.update(..., step=...)``) the
+    first layer does and the others reuse its results: about 20 small kernels fewer per layer and decoding
+    step on an accelerator. On the CPU, eagerly, the caches are read directly and nothing is shared. The model makes one per forward (:class:`rotary.models.Decoder` does) and, where values are not
+    read on the host, flags caches of the group whose fill differs (:func:`rotary.check_device_errors`):
+    they were written or reset one by one, and the shared mask would not be theirs.
+
+    Example:
+        >>> step = StaticStep()
+        >>> mask = step.shared(("mask",), lambda: torch.zeros(2))
+        >>> step.shared(("mask",), lambda: torch.ones(2)) is mask  # built once per key
+        True
+    """
+
+    def __init__(self) -> None:
+        self._found: dict[Hashable, Any] = {}
+
+    def shared(self, key: Hashable, build: Callable[[], T]) -> T:
+        """What is stored under ``key``, built by ``build()`` on first use."""
+        if key not in self._found:
+            self._found[key] = build()
+        return self._found[key]
+
+    @staticmethod
+    def of(caches: Sequence[object]) -> StaticStep | None:
+        """A new ``StaticStep`` for ``caches`` when they are static caches of one group (else ``None``).
+        Where values are not read on the host, caches whose fill differs from the first one's are flagged."""
+        if not caches or not all(isinstance(c, StaticKVCache) for c in caches):
+            return None
+        group = caches[0].group  # type: ignore[union-attr]
+        if group is None or any(c.group is not group for c in caches):  # type: ignore[union-attr]
+            return None
+        first = caches[0]
+        if len(caches) > 1 and not first._host_mode() and not torch.compiler.is_compiling():  # type: ignore[union-attr]
+            fills = torch.stack([c.filled for c in caches])  # type: ignore[union-attr]
+            deferred.record(deferred.CACHE_GROUP_SLOT, fills != fills[0])
+        return StaticStep()
 
 
 def _check_entries(keys: object, values: object, positions: object, which: str) -> None:

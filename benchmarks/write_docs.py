@@ -3,7 +3,9 @@
     python benchmarks/write_docs.py [rotary bench options...]
 
 The generated part sits between the `<!-- bench:start -->` and `<!-- bench:end -->` markers; the
-prose around it (reading of the numbers, misses and their causes) is written by hand.
+prose around it (reading of the numbers, misses and their causes) is written by hand. It holds the RoPE
+groups and the suites of `benchmarks/cases/` and `decode`; the fused-op and generation suites have
+their own section, "Fused ops and generation", with its own command (pass `--suites` to choose others).
 """
 
 from __future__ import annotations
@@ -19,11 +21,14 @@ from rotary.tools.cli import build_parser
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
+#: the suites of the generated block: those of benchmarks/cases/ and the decoding step
+SUITES = "decode,decoder_vs_llama,hf_llama_patch"
 
 
 def main(argv: list[str]) -> int:
     cases = [f"--cases={p.relative_to(ROOT)}" for p in sorted((ROOT / "benchmarks" / "cases").glob("*.py"))]
-    args = ["bench", *cases, "--progress", *argv]
+    suites = [] if any(a.startswith("--suites") for a in argv) else ["--suites", SUITES]
+    args = ["bench", *cases, "--progress", *suites, *argv]
     options = build_parser().parse_args(args)
     if options.repeats is None:
         options.repeats = 3 if options.quick else 9

@@ -51,6 +51,9 @@ NOT_RUN = {
     "bash benchmarks/gpu_check.sh": "needs a GPU; minutes",
     "rotary bench --no-compile --no-memory --shapes prefill --dtypes fp32 --repeats 9 --threads 2 --json": "times the CPU kernels, a minute",
     "rotary bench --device cuda --markdown --shapes interleaved --no-compile --no-memory --repeats 5": "needs a GPU",
+    "rotary bench --shapes none --suites rotate_and_cache,rmsnorm_rotate,generation --threads 2 --markdown": (
+        "times three suites, half a minute; tests/test_bench_suites.py runs them at --quick's shapes"
+    ),
     "rotary bench --device cuda --shapes none --suites generation": "needs a GPU; minutes",
     "rotary bench --device cuda --shapes none --suites generation --repeats 1": "needs a GPU; a minute",
     "rotary bench --device cuda --shapes none --suites rmsnorm_rotate": "needs a GPU",

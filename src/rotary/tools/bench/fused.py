@@ -268,18 +268,23 @@ def _agreement(fused: tuple[torch.Tensor, ...], reference: tuple[torch.Tensor, .
 # the suites --------------------------------------------------------------------------------------
 
 
-def rotate_and_cache_suite(options: argparse.Namespace) -> list[Result]:
-    """:func:`rotary.rotate_and_cache` (vLLM's form: ``positions`` and a ``cos_sin_cache``) against the
-    plain-torch composition, eager and compiled, FlashInfer's RoPE plus a torch cache write (CUDA, when
-    importable), and the traffic limit (see the module's docstring)."""
+def _every_group(options: argparse.Namespace, group: Callable[..., list[Result]]) -> list[Result]:
+    """The rows of ``group(options, shape, dtype_name, device, bandwidth)`` for every shape and dtype."""
     device, kind = _suite_device(options)
     bandwidth = copy_bandwidth(options, device)
     return [
         row
         for shape in suite_shapes(options, kind)
         for dtype_name in _dtypes(options)
-        for row in _rotate_and_cache_group(options, shape, dtype_name, device, bandwidth)
+        for row in group(options, shape, dtype_name, device, bandwidth)
     ]
+
+
+def rotate_and_cache_suite(options: argparse.Namespace) -> list[Result]:
+    """:func:`rotary.rotate_and_cache` (vLLM's form: ``positions`` and a ``cos_sin_cache``) against the
+    plain-torch composition, eager and compiled, FlashInfer's RoPE plus a torch cache write (CUDA, when
+    importable), and the traffic limit (see the module's docstring)."""
+    return _every_group(options, _rotate_and_cache_group)
 
 
 def _rotate_and_cache_group(
@@ -341,14 +346,7 @@ def rmsnorm_rotate_suite(options: argparse.Namespace) -> list[Result]:
     """:func:`rotary.rmsnorm_rotate` against QK-norm then RoPE unfused: rotary's own two steps
     (:func:`rotary.qk_norm.rms_norm`, then one :func:`rotary.rotate`), the plain-torch composition
     eager and compiled, and the traffic limit (see the module's docstring)."""
-    device, kind = _suite_device(options)
-    bandwidth = copy_bandwidth(options, device)
-    return [
-        row
-        for shape in suite_shapes(options, kind)
-        for dtype_name in _dtypes(options)
-        for row in _rmsnorm_rotate_group(options, shape, dtype_name, device, bandwidth)
-    ]
+    return _every_group(options, _rmsnorm_rotate_group)
 
 
 def _rmsnorm_rotate_group(

@@ -2,7 +2,9 @@
 
 With ``--device cuda`` the GPU groups (prefill, training fwd+bwd, decode, interleaved; q 32 heads,
 k 8 heads, head_dim 128) are timed on the GPU, each row two ways: GPU time per call under CUDA-graph
-replay and host wall time per call in an eager loop (see :mod:`rotary.tools.bench.cuda`).
+replay and host wall time per call in an eager loop (see :mod:`rotary.tools.bench.cuda`). The suites
+``rotate_and_cache``, ``rmsnorm_rotate`` (:mod:`rotary.tools.bench.fused`) and ``generation``
+(:mod:`rotary.tools.bench.generation`) run on both; ``--shapes none --suites NAME`` runs one alone.
 """
 
 from __future__ import annotations

@@ -124,7 +124,7 @@ def rotate_and_cache_composition(q, k, v, k_cache, v_cache, slots, positions, co
         >>> ids = torch.tensor([[3, 4]])
         >>> cache = torch.cat((torch.ones(8, 4), torch.zeros(8, 4)), dim=-1)  # every angle 0
         >>> q_rot, k_rot = rotate_and_cache_composition(q, k, v, kc, vc, ids, ids, cache)
-        >>> torch.equal(q_rot, q), torch.equal(kc[0, 3:5], k), torch.equal(vc[0, 3:5], v)
+        >>> torch.equal(q_rot, q), torch.equal(kc[:, 3:5], k), torch.equal(vc[:, 3:5], v)
         (True, True, True)
     """
     cos, sin = cos_sin_cache[positions].chunk(2, dim=-1)  # [B, S, D/2] each

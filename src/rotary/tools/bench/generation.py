@@ -24,7 +24,7 @@ new``, the prefill included). ``vs HF static``: the row's tokens/s over HF stati
 compares the greedy tokens with the first row's (in bf16 logits that differ in the last bits may pick
 another token at a near tie).
 
-Shapes: with ``--device cuda`` the shape of issue 26 (8 layers, width 1024, 16 query / 4 key-value
+Shapes: with ``--device cuda`` a Llama-shaped model (8 layers, width 1024, 16 query / 4 key-value
 heads, intermediate 2816, vocabulary 32000, bf16, batch 8, prompt 128, 128 new tokens); on the CPU a
 small fp32 one; ``--quick`` a tiny one.
 """
@@ -68,7 +68,7 @@ class GenerationShape:
 
 
 SHAPES = {
-    # issue 26's table (measured there on an H100), with Llama's vocabulary
+    # Llama-shaped, with Llama's vocabulary: the shape of the generation table in docs/gpu.md
     "cuda": GenerationShape(8, 1024, 16, 4, 2816, 32000, "bf16", batch=8, prompt=128, new=128),
     # a few seconds per row on 2 CPU cores
     "cpu": GenerationShape(2, 256, 8, 2, 688, 1024, "fp32", batch=4, prompt=32, new=32),

@@ -246,3 +246,29 @@ def test_triton_rotate_and_cache_under_the_interpreter():
     done = subprocess.run([sys.executable, "-c", TRITON], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "checked 64" in done.stdout
+
+
+def test_q_k_and_v_of_different_ranks_are_named():
+    # packed q with 4-D k (and the other way round) was a bare "not enough values to unpack"
+    rope, positions = rotary.RoPE(D), torch.arange(5)
+    caches = torch.zeros(1, T, HK, D), torch.zeros(1, T, HK, D)
+    q3, k3, v3 = torch.zeros(5, HQ, D), torch.zeros(5, HK, D), torch.zeros(5, HK, D)
+    tables = rope.tables(rotary.positions.from_ids(positions, packed=True))
+    for (q, k, v), dims in (((q3, k3[None], v3), "3, 4, 3"), ((q3[None], k3, v3), "4, 3, 3"), ((q3, k3, v3[None]), "3, 3, 4")):
+        with pytest.raises(rotary.InputError, match=rf"q, k and v must all be 4-D .* or all 3-D .* got {dims}-D"):
+            rotary.rotate_and_cache(q, k, v, *caches, positions, tables)
+
+
+def test_values_on_another_device_or_not_floating_are_named():
+    q, k, v = _inputs(torch.float32)
+    tables = rotary.RoPE(D).tables(torch.arange(S))
+    k_cache, v_cache = _caches(torch.float32)
+    # v on the meta device was written as nothing at all, silently
+    with pytest.raises(rotary.InputError, match=r"v is on meta but k on cpu"):
+        rotary.rotate_and_cache(q, k, v.to("meta"), k_cache, v_cache, SLOTS, tables)
+    assert (v_cache == 7).all()
+    with pytest.raises(rotary.InputTypeError, match=r"v must be floating point .* got torch.int64"):
+        rotary.rotate_and_cache(q, k, v.long(), k_cache, v_cache.long(), SLOTS, tables)
+    # the message named k's dtype as v's
+    with pytest.raises(rotary.InputError, match=r"v_cache must have the dtype and device of v \(torch.float64, cpu\)"):
+        rotary.rotate_and_cache(q, k, v.double(), k_cache, v_cache, SLOTS, tables)

@@ -104,7 +104,7 @@ def rotate_and_cache(
     Args:
         q: ``[B, S, Hq, D]`` (``layout="bshd"``) or ``[B, Hq, S, D]`` (``"bhsd"``); or packed ``[T, Hq, D]``.
         k: the same layout with ``Hk`` heads (GQA).
-        v: like k, with any head size ``Dv``.
+        v: like k, with any head size ``Dv`` (floating point, on k's device; its own dtype).
         k_cache: ``[Bc, T_max, Hk, D]`` (``cache_layout="bshd"``) or ``[Bc, Hk, T_max, D]`` (``"bhsd"``),
             ``Bc`` = B or 1; k's dtype.
         v_cache: the same for values, ``Dv``.
@@ -120,7 +120,8 @@ def rotate_and_cache(
         ``(q_rot, k_rot)`` in q's and k's shapes; the caches are written in place.
 
     Raises:
-        rotary.errors.InputError: naming what does not fit. A slot outside ``0 .. T_max - 1`` is an error on the CPU; on
+        rotary.errors.InputError: naming what does not fit (q, k and v of different ranks, devices or batch
+            shapes; caches of another dtype, device or shape; slots not int64/int32 ``[B, S]``). A slot outside ``0 .. T_max - 1`` is an error on the CPU; on
             an accelerator nothing is read: that token's k and v are not written and
             :func:`rotary.check_device_errors` raises later.
 
@@ -145,6 +146,11 @@ def rotate_and_cache(
         tables = tables_from_cos_sin_cache(cos_sin_cache, positions, interleaved=interleaved)
     elif positions is not None:
         raise InputError("positions go with cos_sin_cache; with tables, build them for the positions (rope.tables(positions))")
+    if {q.dim(), k.dim(), v.dim()} not in ({4}, {3}):
+        raise InputError(
+            "q, k and v must all be 4-D ([B, S, H, D] or [B, H, S, D]) or all 3-D (packed [T, H, D]), got "
+            f"{q.dim()}, {k.dim()}, {v.dim()}-D (shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)})"
+        )
     packed = q.dim() == 3
     check_layout(layout)
     check_layout(cache_layout)
@@ -184,6 +190,10 @@ def _check_shapes(q, k, v, k_cache, v_cache, slots) -> None:
             f"k_cache and v_cache must be 4-D [B or 1, T_max, Hk, D] (cache_layout='bshd') or [B or 1, Hk, T_max, D] "
             f"('bhsd'), got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
         )
+    if v.device != k.device:
+        raise InputError(f"v is on {v.device} but k on {k.device}; move them to one device")
+    if not v.is_floating_point():
+        raise InputTypeError(f"v must be floating point (the values written into v_cache), got {v.dtype}; cast it")
     if v.shape[:3] != k.shape[:3]:
         raise InputError(f"v must have k's batch, length and heads {tuple(k.shape[:3])}, got {tuple(v.shape[:3])} (as [B, S, H])")
     for name, cache, width in (("k_cache", k_cache, head_dim), ("v_cache", v_cache, v.shape[-1])):
@@ -192,8 +202,12 @@ def _check_shapes(q, k, v, k_cache, v_cache, slots) -> None:
                 f"{name} {tuple(cache.shape)} (as [Bc, T_max, H, D]) does not fit {batch} sequences of {heads} heads of "
                 f"{width} channels; make it [{batch} or 1, T_max, {heads}, {width}]"
             )
-        if cache.dtype != (k.dtype if name == "k_cache" else v.dtype) or cache.device != k.device:
-            raise InputError(f"{name} must have the dtype and device of {name[0]} ({k.dtype}, {k.device}), got {cache.dtype}, {cache.device}")
+        source = k if name == "k_cache" else v
+        if cache.dtype != source.dtype or cache.device != source.device:
+            raise InputError(
+                f"{name} must have the dtype and device of {name[0]} ({source.dtype}, {source.device}), got {cache.dtype}, "
+                f"{cache.device}"
+            )
     if k_cache.shape[:2] != v_cache.shape[:2]:
         raise InputError(f"k_cache and v_cache must have the same batch and length, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     if slots.shape != (batch, seq_len) or slots.dtype not in (torch.int64, torch.int32) or slots.device != k.device:

@@ -272,3 +272,32 @@ def test_values_on_another_device_or_not_floating_are_named():
     # the message named k's dtype as v's
     with pytest.raises(rotary.InputError, match=r"v_cache must have the dtype and device of v \(torch.float64, cpu\)"):
         rotary.rotate_and_cache(q, k, v.double(), k_cache, v_cache, SLOTS, tables)
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.complex64, torch.int16, torch.uint8])
+def test_positions_of_a_non_index_dtype_are_refused(dtype):
+    # bool positions were read as 0 and 1, complex ones lost their imaginary part (a warning at most)
+    cos, sin = rotary.RoPE(D).cos_sin(torch.arange(32))
+    cos_sin_cache = torch.cat((cos[:, : D // 2], sin[:, : D // 2]), dim=-1)
+    q, k, v = _inputs(torch.float32)
+    caches = _caches(torch.float32)
+    positions = torch.tensor([[3, 4, 5], [7, 8, 9]]).to(dtype)
+    with pytest.raises(rotary.InputTypeError, match=rf"positions must be int64 or int32, got {dtype}"):
+        rotary.rotate_and_cache(q, k, v, *caches, SLOTS, positions=positions, cos_sin_cache=cos_sin_cache)
+    assert (caches[0] == 7).all()
+
+
+def test_a_pairing_that_the_tables_do_not_have_is_named():
+    # interleaved=True with half-pairing tables was ignored: the heads were rotated as half pairs
+    q, k, v = _inputs(torch.float32)
+    caches = _caches(torch.float32)
+    with pytest.raises(rotary.InputError, match=r"interleaved=True, but these tables were built for the half pairing"):
+        rotary.rotate_and_cache(q, k, v, *caches, SLOTS, rotary.RoPE(D).tables(torch.arange(S)), interleaved=True)
+    with pytest.raises(rotary.InputTypeError, match=r"interleaved must be True or False, got 'yes'"):
+        rotary.rotate_and_cache(q, k, v, *caches, SLOTS, rotary.RoPE(D).tables(torch.arange(S)), interleaved="yes")
+    assert (caches[0] == 7).all()
+    tables = rotary.RoPE(D, interleaved=True).tables(torch.arange(S))  # the tables' own pairing: both spellings work
+    a, b = _caches(torch.float32), _caches(torch.float32)
+    x = rotary.rotate_and_cache(q, k, v, *a, SLOTS, tables, interleaved=True)
+    y = rotary.rotate_and_cache(q, k, v, *b, SLOTS, tables)
+    assert all(torch.equal(s, t) for s, t in zip((*x, *a), (*y, *b)))

@@ -14,6 +14,7 @@ from typing import Literal
 import torch
 
 from . import deferred
+from ._checks import check_bool
 from .errors import InputError, InputTypeError
 from .kernels import triton as triton_kernel
 from .kernels.contract import Rotation
@@ -31,7 +32,7 @@ def tables_from_cos_sin_cache(
     Args:
         cos_sin_cache: ``[max_position, r]``: row ``p`` holds ``cos(p θ_i)`` for the ``r/2`` pairs, then
             ``sin(p θ_i)`` (one value per pair), fp32 (bf16/fp16 are widened).
-        positions: int64 ``[B, S]`` or ``[T]``: the position of every token (on the cache's device).
+        positions: int64 (or int32) ``[B, S]`` or ``[T]``: the position of every token (on the cache's device).
         interleaved: the pairing of the heads the tables will rotate.
 
     Returns:
@@ -55,6 +56,8 @@ def tables_from_cos_sin_cache(
         raise InputTypeError(f"cos_sin_cache must be floating point, got {cos_sin_cache.dtype}")
     if not isinstance(positions, torch.Tensor) or positions.is_floating_point() or positions.dim() not in (1, 2):
         raise InputError(f"positions must be an integer tensor [B, S] or [T], got {getattr(positions, 'shape', positions)!r}")
+    if positions.dtype not in (torch.int64, torch.int32):  # bool read as 0/1, complex dropped its imaginary part
+        raise InputTypeError(f"positions must be int64 or int32, got {positions.dtype}; convert them with .long()")
     if positions.device != cos_sin_cache.device:
         raise InputError(f"positions are on {positions.device} but cos_sin_cache on {cos_sin_cache.device}; move one")
     rows = cos_sin_cache.shape[0]
@@ -111,7 +114,8 @@ def rotate_and_cache(
         slots: int64 ``[B, S]`` (packed: ``[T]``): the cache row each token is written to.
         tables: from a table producer (``rope.tables(positions)``); or instead:
         positions: int64 ``[B, S]`` / ``[T]`` with ``cos_sin_cache`` ``[max_position, r]`` (vLLM's and
-            FlashInfer's form: cos of the r/2 pairs, then their sin) and ``interleaved`` (the pairing).
+            FlashInfer's form: cos of the r/2 pairs, then their sin) and ``interleaved`` (the pairing;
+            tables carry their own: with tables, ``interleaved=True`` is an error for half-pairing tables).
         layout: of q, k and v.
         cache_layout: of the caches.
         inplace: rotate q and k in place (and return them).
@@ -146,6 +150,11 @@ def rotate_and_cache(
         tables = tables_from_cos_sin_cache(cos_sin_cache, positions, interleaved=interleaved)
     elif positions is not None:
         raise InputError("positions go with cos_sin_cache; with tables, build them for the positions (rope.tables(positions))")
+    elif check_bool(interleaved, "interleaved") and isinstance(tables, RotaryTables) and not tables.interleaved:
+        raise InputError(
+            "interleaved=True, but these tables were built for the half pairing (pairs i, i + r/2): tables carry "
+            "their pairing; build them with RoPE(..., interleaved=True), or drop interleaved="
+        )
     if {q.dim(), k.dim(), v.dim()} not in ({4}, {3}):
         raise InputError(
             "q, k and v must all be 4-D ([B, S, H, D] or [B, H, S, D]) or all 3-D (packed [T, H, D]), got "

@@ -301,3 +301,57 @@ def test_a_pairing_that_the_tables_do_not_have_is_named():
     x = rotary.rotate_and_cache(q, k, v, *a, SLOTS, tables, interleaved=True)
     y = rotary.rotate_and_cache(q, k, v, *b, SLOTS, tables)
     assert all(torch.equal(s, t) for s, t in zip((*x, *a), (*y, *b)))
+
+
+def test_caches_that_share_memory_with_each_other_or_with_k_and_v_are_refused():
+    # each was silently wrong: one cache's rows overwrote the other's, or a write changed k / v before it was read
+    q, k, v = _inputs(torch.float32)
+    tables = rotary.RoPE(D).tables(torch.arange(S))
+    one = torch.full((B, T, HK, D), 7.0)
+    with pytest.raises(rotary.InputError, match=r"k_cache and v_cache share memory"):
+        rotary.rotate_and_cache(q, k, v, one, one, SLOTS, tables)
+    with pytest.raises(rotary.InputError, match=r"k_cache and v_cache share memory"):
+        wide = torch.full((B, T, HK, D + D // 2), 7.0)  # two views of one buffer, half a head in common
+        rotary.rotate_and_cache(q, k, v, wide[..., :D], wide[..., D // 2 :], SLOTS, tables)
+    k_cache, v_cache = _caches(torch.float32)
+    with pytest.raises(rotary.InputError, match=r"v and v_cache share memory"):
+        rotary.rotate_and_cache(q, k, v_cache[:, 2 : 2 + S], k_cache, v_cache, SLOTS, tables)
+    with pytest.raises(rotary.InputError, match=r"k and k_cache share memory"):
+        rotary.rotate_and_cache(q, k_cache[:, :S], v, k_cache, v_cache, SLOTS, tables)
+    buffer = torch.full((B, T, HQ, D), 7.0)  # q read from the rows the values go to
+    with pytest.raises(rotary.InputError, match=r"q and v_cache share memory"):
+        rotary.rotate_and_cache(buffer[:, :S], k, v, k_cache, buffer[:, :, :HK], SLOTS, tables)
+    expanded = torch.full((1, T, HK, D), 7.0).expand(B, T, HK, D)  # one row of memory for both sequences
+    with pytest.raises(rotary.InputError, match=r"k_cache .* overlapping memory"):
+        rotary.rotate_and_cache(q, k, v, expanded, v_cache, SLOTS, tables)
+    assert (k_cache == 7).all() and (v_cache == 7).all() and (one == 7).all() and (buffer == 7).all()
+    base = torch.randn(B, S, HQ + 2 * HK, D)  # q, k and v sliced from one qkv projection share no element: fine
+    qs, ks, vs = base[:, :, :HQ], base[:, :, HQ : HQ + HK], base[:, :, HQ + HK :]
+    rotary.rotate_and_cache(qs, ks, vs, k_cache, v_cache, SLOTS, tables, inplace=True)
+    assert torch.equal(v_cache[0, 4], vs[0, 0])
+
+
+def test_a_cache_that_requires_grad_is_named():
+    # a leaf cache that requires grad was a bare torch RuntimeError ("a leaf Variable that requires grad ...")
+    q, k, v = _inputs(torch.float32)
+    k_cache, v_cache = _caches(torch.float32)
+    with pytest.raises(rotary.InputError, match=r"v_cache is a leaf tensor that requires grad.*torch.no_grad"):
+        rotary.rotate_and_cache(q, k, v, k_cache, v_cache.requires_grad_(), SLOTS, rotary.RoPE(D).tables(torch.arange(S)))
+    with torch.no_grad():
+        rotary.rotate_and_cache(q, k, v, k_cache, v_cache, SLOTS, rotary.RoPE(D).tables(torch.arange(S)))
+    assert torch.equal(v_cache[1, 9], v[1, 2])
+
+
+def test_two_tokens_written_to_one_cache_row_are_named_on_the_cpu():
+    # the later token's keys and values silently replaced the earlier one's (on CUDA: either, by a race)
+    q, k, v = _inputs(torch.float32)
+    tables = rotary.RoPE(D).tables(torch.arange(S))
+    caches = _caches(torch.float32)
+    with pytest.raises(rotary.InputError, match=r"slots write cache row \(batch 1, slot 2\) more than once"):
+        rotary.rotate_and_cache(q, k, v, *caches, torch.tensor([[2, 5, 3], [2, 1, 2]]), tables)
+    assert (caches[0] == 7).all()
+    shared = _caches(torch.float32, batch=1)  # one batch row of cache for both sequences: slots must differ across them
+    with pytest.raises(rotary.InputError, match=r"slots write cache row \(batch 0, slot 4\) more than once"):
+        rotary.rotate_and_cache(q, k, v, *shared, torch.tensor([[4, 5, 6], [0, 1, 4]]), tables)
+    rotary.rotate_and_cache(q, k, v, *caches, torch.tensor([[4, 5, 6], [4, 5, 6]]), tables)  # the same slot in two rows: fine
+    assert torch.equal(caches[1][:, 4:7], v)

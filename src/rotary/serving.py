@@ -18,6 +18,7 @@ from ._checks import check_bool
 from .errors import InputError, InputTypeError
 from .kernels import triton as triton_kernel
 from .kernels.contract import Rotation
+from .kernels.overlap import overlaps_itself, shares_elements
 from .rotation import Layout, check_layout, plan, rotate, unview
 from .tables import RotaryTables, expand_pairs
 
@@ -125,7 +126,9 @@ def rotate_and_cache(
 
     Raises:
         rotary.errors.InputError: naming what does not fit (q, k and v of different ranks, devices or batch
-            shapes; caches of another dtype, device or shape; slots not int64/int32 ``[B, S]``). A slot outside ``0 .. T_max - 1`` is an error on the CPU; on
+            shapes; caches of another dtype, device or shape; slots not int64/int32 ``[B, S]``); caches that
+            share memory with each other, with q, k or v, or within themselves (expanded), or are leaves that
+            require grad. On the CPU also two tokens given one cache row (on CUDA which one is kept is undefined). A slot outside ``0 .. T_max - 1`` is an error on the CPU; on
             an accelerator nothing is read: that token's k and v are not written and
             :func:`rotary.check_device_errors` raises later.
 
@@ -168,6 +171,8 @@ def rotate_and_cache(
     kc, vc = (c.transpose(1, 2) if cache_layout == "bhsd" and c.dim() == 4 else c for c in (k_cache, v_cache))
     slot_ids = slots.unsqueeze(0) if packed and slots.dim() == 1 else slots
     _check_shapes(qv, kv, vv, kc, vc, slot_ids)
+    if not torch.compiler.is_compiling():
+        _check_memory(q, k, v, k_cache, v_cache)
     fused = False
     if q.device.type == "cuda" and triton_kernel.available():  # elsewhere rotate() plans (and checks) alone
         rotation, _ = plan([q, k], tables, layout=layout, kinds=("q", "k"), names=("q", "k"))  # type: ignore[arg-type]
@@ -231,6 +236,38 @@ def _check_shapes(q, k, v, k_cache, v_cache, slots) -> None:
                 f"slots must be in 0 .. {k_cache.shape[1] - 1} (the cache holds {k_cache.shape[1]} rows), got {low} .. "
                 f"{high}; make the cache longer or write fewer tokens"
             )
+        rows = torch.arange(batch)[:, None] if k_cache.shape[0] > 1 else torch.zeros(1, 1, dtype=torch.long)
+        written = (rows * k_cache.shape[1] + slots.long()).flatten().sort().values
+        again = written[1:][written[1:] == written[:-1]]
+        if again.numel():  # which token's row would be kept is arbitrary (on CUDA, a race)
+            b, s = divmod(int(again[0]), k_cache.shape[1])
+            raise InputError(
+                f"slots write cache row (batch {b}, slot {s}) more than once in one call: give every token a row of "
+                "its own"
+            )
+
+
+def _check_memory(q, k, v, k_cache, v_cache) -> None:
+    """Every cache row is its own memory, written once, and nothing written is read: the caches overlap
+    neither themselves (expanded views), nor each other, nor q, k or v; and autograd may write them."""
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if cache.is_leaf and cache.requires_grad and torch.is_grad_enabled():
+            raise InputError(
+                f"{name} is a leaf tensor that requires grad: autograd cannot record writing into it; pass a cache "
+                "that does not require grad (a KV cache is written in place), or write it under torch.no_grad()"
+            )
+        if cache.device.type != "meta" and overlaps_itself(cache):
+            raise InputError(
+                f"{name} (shape {tuple(cache.shape)}, strides {cache.stride()}) has overlapping memory, e.g. expanded over "
+                "the batch: several cache rows are one; allocate every row (torch.zeros(...)) or pass .contiguous()"
+            )
+    for a, x in (("k_cache", k_cache), ("q", q), ("k", k), ("v", v)):
+        for b, y in (("v_cache", v_cache),) if a == "k_cache" else (("k_cache", k_cache), ("v_cache", v_cache)):
+            if x.device.type != "meta" and shares_elements(x, y):
+                raise InputError(
+                    f"{a} and {b} share memory: the cache write would change what is read (or write one row twice); "
+                    "pass separate tensors"
+                )
 
 
 def _write_rows(cache: torch.Tensor, new: torch.Tensor, slots: torch.Tensor) -> None:

@@ -355,3 +355,50 @@ def test_two_tokens_written_to_one_cache_row_are_named_on_the_cpu():
         rotary.rotate_and_cache(q, k, v, *shared, torch.tensor([[4, 5, 6], [0, 1, 4]]), tables)
     rotary.rotate_and_cache(q, k, v, *caches, torch.tensor([[4, 5, 6], [4, 5, 6]]), tables)  # the same slot in two rows: fine
     assert torch.equal(caches[1][:, 4:7], v)
+
+
+@pytest.mark.parametrize("table_dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_the_vllm_form_compiles_in_one_graph_and_equals_eager(table_dtype):
+    # fullgraph compilation failed: flagging outside positions made the flags tensor under a lock (a graph break)
+    rope = rotary.RoPE(D, interleaved=True)
+    cos, sin = rope.cos_sin(torch.arange(32))
+    cos_sin_cache = torch.cat((cos[:, ::2], sin[:, ::2]), dim=-1).to(table_dtype)
+    positions = torch.tensor([[3, 4, 5], [7, 8, 31]])
+
+    def step(q, k, v, kc, vc, slots, pos, table):
+        return rotary.rotate_and_cache(q, k, v, kc, vc, slots, positions=pos, cos_sin_cache=table, interleaved=True)
+
+    q, k, v = _inputs(torch.bfloat16)
+    want_caches, got_caches = _caches(torch.bfloat16), _caches(torch.bfloat16)
+    want = step(q, k, v, *want_caches, SLOTS, positions, cos_sin_cache)
+    torch._dynamo.reset()
+    got = torch.compile(step, backend="aot_eager", fullgraph=True)(q, k, v, *got_caches, SLOTS, positions, cos_sin_cache)
+    for g, w in zip((*got, *got_caches), (*want, *want_caches)):
+        assert torch.equal(g, w)
+
+
+def test_compiled_bad_slots_and_positions_fail_when_the_graph_runs():
+    # compiled, a slot outside the cache was dropped and a position outside cos_sin_cache gave NaN, neither flagged
+    rope = rotary.RoPE(D)
+    cos, sin = rope.cos_sin(torch.arange(32))
+    cos_sin_cache = torch.cat((cos[:, : D // 2], sin[:, : D // 2]), dim=-1)
+
+    def step(q, k, v, kc, vc, slots, pos):
+        return rotary.rotate_and_cache(q, k, v, kc, vc, slots, positions=pos, cos_sin_cache=cos_sin_cache)
+
+    def step_with_tables(q, k, v, kc, vc, slots, pos):
+        return rotary.rotate_and_cache(q, k, v, kc, vc, slots, rope.tables(pos))
+
+    rope.prepare(64)
+    q, k, v = _inputs(torch.float32)
+    positions = torch.tensor([[3, 4, 5], [7, 8, 9]])
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError, match="slots given to rotate_and_cache must be in 0 .. T_max - 1"):
+        bad = torch.tensor([[4, 5, 6], [0, 1, T]])
+        torch.compile(step_with_tables, backend="aot_eager", fullgraph=True)(q, k, v, *_caches(torch.float32), bad, positions)
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    with pytest.raises(RuntimeError, match="positions given with cos_sin_cache must be in 0 .. max_position - 1"):
+        compiled(q, k, v, *_caches(torch.float32), SLOTS, torch.tensor([[3, 4, 5], [7, 8, 32]]))
+    caches = _caches(torch.float32)
+    compiled(q, k, v, *caches, SLOTS, positions)  # and good input still runs
+    assert torch.equal(caches[1][1, 9], v[1, 2])

@@ -72,6 +72,8 @@ def tables_from_cos_sin_cache(
         nan = None
     else:  # no read: flagged, read as row 0, and NaN out (as the rotation kernels do)
         outside = (ids < 0) | (ids >= rows)
+        if torch.compiler.is_compiling():  # no flags in a graph: checked in it (an error when it runs)
+            torch._assert_async(~outside.any(), "positions given with cos_sin_cache must be in 0 .. max_position - 1")
         deferred.record_positions(ids, outside)
         safe = ids.masked_fill(outside, 0)
         nan = torch.where(outside, float("nan"), 0.0)[..., None]
@@ -130,7 +132,9 @@ def rotate_and_cache(
             share memory with each other, with q, k or v, or within themselves (expanded), or are leaves that
             require grad. On the CPU also two tokens given one cache row (on CUDA which one is kept is undefined). A slot outside ``0 .. T_max - 1`` is an error on the CPU; on
             an accelerator nothing is read: that token's k and v are not written and
-            :func:`rotary.check_device_errors` raises later.
+            :func:`rotary.check_device_errors` raises later. Under ``torch.compile`` (off the fused CUDA
+            kernel, which flags bad slots itself) a bad slot, or a position outside ``cos_sin_cache``, is
+            checked in the graph: a ``RuntimeError`` when it runs.
 
     Example:
         >>> import rotary
@@ -279,6 +283,8 @@ def _write_rows(cache: torch.Tensor, new: torch.Tensor, slots: torch.Tensor) -> 
         batch_rows = torch.zeros_like(slots)
     if not deferred.host_checks(slots.device) or torch.compiler.is_compiling():
         bad = (slots < 0) | (slots >= cache.shape[1])
+        if torch.compiler.is_compiling():  # no flags in a graph: checked in it (an error when it runs)
+            torch._assert_async(~bad.any(), "slots given to rotate_and_cache must be in 0 .. T_max - 1")
         deferred.record(deferred.CACHE_SLOT, bad)
         # a bad token rewrites the row it is clamped to with what that row holds (a token of the same call
         # writing that row may then lose its write: flagged either way); the Triton kernel skips it

@@ -402,3 +402,23 @@ def test_compiled_bad_slots_and_positions_fail_when_the_graph_runs():
     caches = _caches(torch.float32)
     compiled(q, k, v, *caches, SLOTS, positions)  # and good input still runs
     assert torch.equal(caches[1][1, 9], v[1, 2])
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_bad_slot_on_an_accelerator_keeps_every_good_token_s_write(shared):
+    # the bad token was clamped to row 0 and rewrote what row 0 held, racing the good token that writes row 0
+    tables = rotary.RoPE(D).tables(torch.arange(S))
+    q, k, v = _inputs(torch.float32)
+    slots = torch.tensor([[4, 5, 6], [0, 1, -1]]) if not shared else torch.tensor([[4, 5, 0], [-1, 1, T]])
+    caches = _caches(torch.float32, batch=1 if shared else B)
+    with accelerator_rules():
+        _, k_rot = rotary.rotate_and_cache(q, k, v, *caches, slots, tables)
+    with pytest.raises(DeviceInputError, match="KV-cache writes outside the cache"):
+        deferred.check_device_errors()
+    good = (slots >= 0) & (slots < T)
+    rows = torch.zeros_like(slots) if shared else torch.arange(B)[:, None].expand(B, S)
+    assert torch.equal(caches[0][rows[good], slots[good]], k_rot[good])
+    assert torch.equal(caches[1][rows[good], slots[good]], v[good])
+    written = torch.zeros(caches[0].shape[:2], dtype=torch.bool)
+    written[rows[good], slots[good]] = True
+    assert (caches[0][~written] == 7).all() and (caches[1][~written] == 7).all()

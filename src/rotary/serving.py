@@ -276,7 +276,7 @@ def _check_memory(q, k, v, k_cache, v_cache) -> None:
 
 def _write_rows(cache: torch.Tensor, new: torch.Tensor, slots: torch.Tensor) -> None:
     """``cache[b or 0, slots[b, s]] = new[b, s]`` for every token; on accelerators a slot outside the
-    cache writes nothing (the row is rewritten with what it held) and is flagged."""
+    cache writes nothing (no read: it repeats another token's write) and is flagged."""
     slots = slots.long()
     batch_rows = torch.arange(slots.shape[0], device=slots.device)[:, None].expand_as(slots)
     if cache.shape[0] == 1:
@@ -286,10 +286,17 @@ def _write_rows(cache: torch.Tensor, new: torch.Tensor, slots: torch.Tensor) -> 
         if torch.compiler.is_compiling():  # no flags in a graph: checked in it (an error when it runs)
             torch._assert_async(~bad.any(), "slots given to rotate_and_cache must be in 0 .. T_max - 1")
         deferred.record(deferred.CACHE_SLOT, bad)
-        # a bad token rewrites the row it is clamped to with what that row holds (a token of the same call
-        # writing that row may then lose its write: flagged either way); the Triton kernel skips it
+        # a bad token writes nothing (the Triton kernel skips it): it repeats the last good token's write, row
+        # and values (the same write twice, so no good token loses its row), or, with no good token, rewrites
+        # the row it is clamped to with what that row holds
         slots = slots.clamp(0, cache.shape[1] - 1)
-        new = torch.where(bad[..., None, None], cache[batch_rows, slots], new)
+        if bad.numel():
+            last = (bad.numel() - 1 - (~bad).flatten().flip(0).int().argmax()).reshape(1)  # the last good token
+            redirect = bad & ~bad.all()
+            batch_rows = torch.where(redirect, batch_rows.flatten().index_select(0, last), batch_rows)
+            slots = torch.where(redirect, slots.flatten().index_select(0, last), slots)
+            held = torch.where(redirect[..., None, None], new.flatten(0, 1).index_select(0, last), cache[batch_rows, slots])
+            new = torch.where(bad[..., None, None], held, new)
     cache[batch_rows, slots] = new.to(cache.dtype)
 
 

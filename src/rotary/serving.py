@@ -240,22 +240,28 @@ def _check_shapes(q, k, v, k_cache, v_cache, slots) -> None:
                 f"slots must be in 0 .. {k_cache.shape[1] - 1} (the cache holds {k_cache.shape[1]} rows), got {low} .. "
                 f"{high}; make the cache longer or write fewer tokens"
             )
-        rows = torch.arange(batch)[:, None] if k_cache.shape[0] > 1 else torch.zeros(1, 1, dtype=torch.long)
-        written = (rows * k_cache.shape[1] + slots.long()).flatten().sort().values
-        again = written[1:][written[1:] == written[:-1]]
-        if again.numel():  # which token's row would be kept is arbitrary (on CUDA, a race)
-            b, s = divmod(int(again[0]), k_cache.shape[1])
-            raise InputError(
-                f"slots write cache row (batch {b}, slot {s}) more than once in one call: give every token a row of "
-                "its own"
-            )
+        if slots.numel() > 1 and not (seq_len == 1 and k_cache.shape[0] > 1):  # (decoding: a row per sequence)
+            _check_distinct_rows(slots, k_cache.shape[0] > 1, k_cache.shape[1])
+
+
+def _check_distinct_rows(slots: torch.Tensor, batched: bool, length: int) -> None:
+    """On the CPU: no two tokens are given one cache row (which one would be kept is arbitrary; on CUDA, a race)."""
+    rows = torch.arange(slots.shape[0])[:, None] if batched else torch.zeros(1, 1, dtype=torch.long)
+    written = (rows * length + slots.long()).flatten().sort().values
+    again = written[1:][written[1:] == written[:-1]]
+    if again.numel():
+        b, s = divmod(int(again[0]), length)
+        raise InputError(
+            f"slots write cache row (batch {b}, slot {s}) more than once in one call: give every token a row of its own"
+        )
 
 
 def _check_memory(q, k, v, k_cache, v_cache) -> None:
     """Every cache row is its own memory, written once, and nothing written is read: the caches overlap
-    neither themselves (expanded views), nor each other, nor q, k or v; and autograd may write them."""
+    neither themselves (expanded views), nor each other, nor q, k or v; and autograd may write them.
+    Tensors of different storages share nothing: only those of one storage are compared element-wise."""
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if cache.is_leaf and cache.requires_grad and torch.is_grad_enabled():
+        if cache.requires_grad and cache.is_leaf and torch.is_grad_enabled():
             raise InputError(
                 f"{name} is a leaf tensor that requires grad: autograd cannot record writing into it; pass a cache "
                 "that does not require grad (a KV cache is written in place), or write it under torch.no_grad()"
@@ -265,9 +271,13 @@ def _check_memory(q, k, v, k_cache, v_cache) -> None:
                 f"{name} (shape {tuple(cache.shape)}, strides {cache.stride()}) has overlapping memory, e.g. expanded over "
                 "the batch: several cache rows are one; allocate every row (torch.zeros(...)) or pass .contiguous()"
             )
+    if k_cache.device.type == "meta":
+        return
+    caches = (("k_cache", k_cache, k_cache.untyped_storage().data_ptr()), ("v_cache", v_cache, v_cache.untyped_storage().data_ptr()))
     for a, x in (("k_cache", k_cache), ("q", q), ("k", k), ("v", v)):
-        for b, y in (("v_cache", v_cache),) if a == "k_cache" else (("k_cache", k_cache), ("v_cache", v_cache)):
-            if x.device.type != "meta" and shares_elements(x, y):
+        storage = x.untyped_storage().data_ptr()
+        for b, y, cache_storage in caches[1:] if a == "k_cache" else caches:
+            if storage == cache_storage and shares_elements(x, y):
                 raise InputError(
                     f"{a} and {b} share memory: the cache write would change what is read (or write one row twice); "
                     "pass separate tensors"

@@ -246,3 +246,179 @@ def test_triton_rotate_and_cache_under_the_interpreter():
     done = subprocess.run([sys.executable, "-c", TRITON], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "checked 64" in done.stdout
+
+
+def test_q_k_and_v_of_different_ranks_are_named():
+    # packed q with 4-D k (and the other way round) was a bare "not enough values to unpack"
+    rope, positions = rotary.RoPE(D), torch.arange(5)
+    caches = torch.zeros(1, T, HK, D), torch.zeros(1, T, HK, D)
+    q3, k3, v3 = torch.zeros(5, HQ, D), torch.zeros(5, HK, D), torch.zeros(5, HK, D)
+    tables = rope.tables(rotary.positions.from_ids(positions, packed=True))
+    for (q, k, v), dims in (((q3, k3[None], v3), "3, 4, 3"), ((q3[None], k3, v3), "4, 3, 3"), ((q3, k3, v3[None]), "3, 3, 4")):
+        with pytest.raises(rotary.InputError, match=rf"q, k and v must all be 4-D .* or all 3-D .* got {dims}-D"):
+            rotary.rotate_and_cache(q, k, v, *caches, positions, tables)
+
+
+def test_values_on_another_device_or_not_floating_are_named():
+    q, k, v = _inputs(torch.float32)
+    tables = rotary.RoPE(D).tables(torch.arange(S))
+    k_cache, v_cache = _caches(torch.float32)
+    # v on the meta device was written as nothing at all, silently
+    with pytest.raises(rotary.InputError, match=r"v is on meta but k on cpu"):
+        rotary.rotate_and_cache(q, k, v.to("meta"), k_cache, v_cache, SLOTS, tables)
+    assert (v_cache == 7).all()
+    with pytest.raises(rotary.InputTypeError, match=r"v must be floating point .* got torch.int64"):
+        rotary.rotate_and_cache(q, k, v.long(), k_cache, v_cache.long(), SLOTS, tables)
+    # the message named k's dtype as v's
+    with pytest.raises(rotary.InputError, match=r"v_cache must have the dtype and device of v \(torch.float64, cpu\)"):
+        rotary.rotate_and_cache(q, k, v.double(), k_cache, v_cache, SLOTS, tables)
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.complex64, torch.int16, torch.uint8])
+def test_positions_of_a_non_index_dtype_are_refused(dtype):
+    # bool positions were read as 0 and 1, complex ones lost their imaginary part (a warning at most)
+    cos, sin = rotary.RoPE(D).cos_sin(torch.arange(32))
+    cos_sin_cache = torch.cat((cos[:, : D // 2], sin[:, : D // 2]), dim=-1)
+    q, k, v = _inputs(torch.float32)
+    caches = _caches(torch.float32)
+    positions = torch.tensor([[3, 4, 5], [7, 8, 9]]).to(dtype)
+    with pytest.raises(rotary.InputTypeError, match=rf"positions must be int64 or int32, got {dtype}"):
+        rotary.rotate_and_cache(q, k, v, *caches, SLOTS, positions=positions, cos_sin_cache=cos_sin_cache)
+    assert (caches[0] == 7).all()
+
+
+def test_a_pairing_that_the_tables_do_not_have_is_named():
+    # interleaved=True with half-pairing tables was ignored: the heads were rotated as half pairs
+    q, k, v = _inputs(torch.float32)
+    caches = _caches(torch.float32)
+    with pytest.raises(rotary.InputError, match=r"interleaved=True, but these tables were built for the half pairing"):
+        rotary.rotate_and_cache(q, k, v, *caches, SLOTS, rotary.RoPE(D).tables(torch.arange(S)), interleaved=True)
+    with pytest.raises(rotary.InputTypeError, match=r"interleaved must be True or False, got 'yes'"):
+        rotary.rotate_and_cache(q, k, v, *caches, SLOTS, rotary.RoPE(D).tables(torch.arange(S)), interleaved="yes")
+    assert (caches[0] == 7).all()
+    tables = rotary.RoPE(D, interleaved=True).tables(torch.arange(S))  # the tables' own pairing: both spellings work
+    a, b = _caches(torch.float32), _caches(torch.float32)
+    x = rotary.rotate_and_cache(q, k, v, *a, SLOTS, tables, interleaved=True)
+    y = rotary.rotate_and_cache(q, k, v, *b, SLOTS, tables)
+    assert all(torch.equal(s, t) for s, t in zip((*x, *a), (*y, *b)))
+
+
+def test_caches_that_share_memory_with_each_other_or_with_k_and_v_are_refused():
+    # each was silently wrong: one cache's rows overwrote the other's, or a write changed k / v before it was read
+    q, k, v = _inputs(torch.float32)
+    tables = rotary.RoPE(D).tables(torch.arange(S))
+    one = torch.full((B, T, HK, D), 7.0)
+    with pytest.raises(rotary.InputError, match=r"k_cache and v_cache share memory"):
+        rotary.rotate_and_cache(q, k, v, one, one, SLOTS, tables)
+    with pytest.raises(rotary.InputError, match=r"k_cache and v_cache share memory"):
+        wide = torch.full((B, T, HK, D + D // 2), 7.0)  # two views of one buffer, half a head in common
+        rotary.rotate_and_cache(q, k, v, wide[..., :D], wide[..., D // 2 :], SLOTS, tables)
+    k_cache, v_cache = _caches(torch.float32)
+    with pytest.raises(rotary.InputError, match=r"v and v_cache share memory"):
+        rotary.rotate_and_cache(q, k, v_cache[:, 2 : 2 + S], k_cache, v_cache, SLOTS, tables)
+    with pytest.raises(rotary.InputError, match=r"k and k_cache share memory"):
+        rotary.rotate_and_cache(q, k_cache[:, :S], v, k_cache, v_cache, SLOTS, tables)
+    buffer = torch.full((B, T, HQ, D), 7.0)  # q read from the rows the values go to
+    with pytest.raises(rotary.InputError, match=r"q and v_cache share memory"):
+        rotary.rotate_and_cache(buffer[:, :S], k, v, k_cache, buffer[:, :, :HK], SLOTS, tables)
+    expanded = torch.full((1, T, HK, D), 7.0).expand(B, T, HK, D)  # one row of memory for both sequences
+    with pytest.raises(rotary.InputError, match=r"k_cache .* overlapping memory"):
+        rotary.rotate_and_cache(q, k, v, expanded, v_cache, SLOTS, tables)
+    assert (k_cache == 7).all() and (v_cache == 7).all() and (one == 7).all() and (buffer == 7).all()
+    base = torch.randn(B, S, HQ + 2 * HK, D)  # q, k and v sliced from one qkv projection share no element: fine
+    qs, ks, vs = base[:, :, :HQ], base[:, :, HQ : HQ + HK], base[:, :, HQ + HK :]
+    rotary.rotate_and_cache(qs, ks, vs, k_cache, v_cache, SLOTS, tables, inplace=True)
+    assert torch.equal(v_cache[0, 4], vs[0, 0])
+
+
+def test_a_cache_that_requires_grad_is_named():
+    # a leaf cache that requires grad was a bare torch RuntimeError ("a leaf Variable that requires grad ...")
+    q, k, v = _inputs(torch.float32)
+    k_cache, v_cache = _caches(torch.float32)
+    with pytest.raises(rotary.InputError, match=r"v_cache is a leaf tensor that requires grad.*torch.no_grad"):
+        rotary.rotate_and_cache(q, k, v, k_cache, v_cache.requires_grad_(), SLOTS, rotary.RoPE(D).tables(torch.arange(S)))
+    with torch.no_grad():
+        rotary.rotate_and_cache(q, k, v, k_cache, v_cache, SLOTS, rotary.RoPE(D).tables(torch.arange(S)))
+    assert torch.equal(v_cache[1, 9], v[1, 2])
+
+
+def test_two_tokens_written_to_one_cache_row_are_named_on_the_cpu():
+    # the later token's keys and values silently replaced the earlier one's (on CUDA: either, by a race)
+    q, k, v = _inputs(torch.float32)
+    tables = rotary.RoPE(D).tables(torch.arange(S))
+    caches = _caches(torch.float32)
+    with pytest.raises(rotary.InputError, match=r"slots write cache row \(batch 1, slot 2\) more than once"):
+        rotary.rotate_and_cache(q, k, v, *caches, torch.tensor([[2, 5, 3], [2, 1, 2]]), tables)
+    assert (caches[0] == 7).all()
+    shared = _caches(torch.float32, batch=1)  # one batch row of cache for both sequences: slots must differ across them
+    with pytest.raises(rotary.InputError, match=r"slots write cache row \(batch 0, slot 4\) more than once"):
+        rotary.rotate_and_cache(q, k, v, *shared, torch.tensor([[4, 5, 6], [0, 1, 4]]), tables)
+    rotary.rotate_and_cache(q, k, v, *caches, torch.tensor([[4, 5, 6], [4, 5, 6]]), tables)  # the same slot in two rows: fine
+    assert torch.equal(caches[1][:, 4:7], v)
+
+
+@pytest.mark.parametrize("table_dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_the_vllm_form_compiles_in_one_graph_and_equals_eager(table_dtype):
+    # fullgraph compilation failed: flagging outside positions made the flags tensor under a lock (a graph break)
+    rope = rotary.RoPE(D, interleaved=True)
+    cos, sin = rope.cos_sin(torch.arange(32))
+    cos_sin_cache = torch.cat((cos[:, ::2], sin[:, ::2]), dim=-1).to(table_dtype)
+    positions = torch.tensor([[3, 4, 5], [7, 8, 31]])
+
+    def step(q, k, v, kc, vc, slots, pos, table):
+        return rotary.rotate_and_cache(q, k, v, kc, vc, slots, positions=pos, cos_sin_cache=table, interleaved=True)
+
+    q, k, v = _inputs(torch.bfloat16)
+    want_caches, got_caches = _caches(torch.bfloat16), _caches(torch.bfloat16)
+    want = step(q, k, v, *want_caches, SLOTS, positions, cos_sin_cache)
+    torch._dynamo.reset()
+    got = torch.compile(step, backend="aot_eager", fullgraph=True)(q, k, v, *got_caches, SLOTS, positions, cos_sin_cache)
+    for g, w in zip((*got, *got_caches), (*want, *want_caches)):
+        assert torch.equal(g, w)
+
+
+def test_compiled_bad_slots_and_positions_fail_when_the_graph_runs():
+    # compiled, a slot outside the cache was dropped and a position outside cos_sin_cache gave NaN, neither flagged
+    rope = rotary.RoPE(D)
+    cos, sin = rope.cos_sin(torch.arange(32))
+    cos_sin_cache = torch.cat((cos[:, : D // 2], sin[:, : D // 2]), dim=-1)
+
+    def step(q, k, v, kc, vc, slots, pos):
+        return rotary.rotate_and_cache(q, k, v, kc, vc, slots, positions=pos, cos_sin_cache=cos_sin_cache)
+
+    def step_with_tables(q, k, v, kc, vc, slots, pos):
+        return rotary.rotate_and_cache(q, k, v, kc, vc, slots, rope.tables(pos))
+
+    rope.prepare(64)
+    q, k, v = _inputs(torch.float32)
+    positions = torch.tensor([[3, 4, 5], [7, 8, 9]])
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError, match="slots given to rotate_and_cache must be in 0 .. T_max - 1"):
+        bad = torch.tensor([[4, 5, 6], [0, 1, T]])
+        torch.compile(step_with_tables, backend="aot_eager", fullgraph=True)(q, k, v, *_caches(torch.float32), bad, positions)
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    with pytest.raises(RuntimeError, match="positions given with cos_sin_cache must be in 0 .. max_position - 1"):
+        compiled(q, k, v, *_caches(torch.float32), SLOTS, torch.tensor([[3, 4, 5], [7, 8, 32]]))
+    caches = _caches(torch.float32)
+    compiled(q, k, v, *caches, SLOTS, positions)  # and good input still runs
+    assert torch.equal(caches[1][1, 9], v[1, 2])
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_bad_slot_on_an_accelerator_keeps_every_good_token_s_write(shared):
+    # the bad token was clamped to row 0 and rewrote what row 0 held, racing the good token that writes row 0
+    tables = rotary.RoPE(D).tables(torch.arange(S))
+    q, k, v = _inputs(torch.float32)
+    slots = torch.tensor([[4, 5, 6], [0, 1, -1]]) if not shared else torch.tensor([[4, 5, 0], [-1, 1, T]])
+    caches = _caches(torch.float32, batch=1 if shared else B)
+    with accelerator_rules():
+        _, k_rot = rotary.rotate_and_cache(q, k, v, *caches, slots, tables)
+    with pytest.raises(DeviceInputError, match="KV-cache writes outside the cache"):
+        deferred.check_device_errors()
+    good = (slots >= 0) & (slots < T)
+    rows = torch.zeros_like(slots) if shared else torch.arange(B)[:, None].expand(B, S)
+    assert torch.equal(caches[0][rows[good], slots[good]], k_rot[good])
+    assert torch.equal(caches[1][rows[good], slots[good]], v[good])
+    written = torch.zeros(caches[0].shape[:2], dtype=torch.bool)
+    written[rows[good], slots[good]] = True
+    assert (caches[0][~written] == 7).all() and (caches[1][~written] == 7).all()

@@ -155,8 +155,9 @@ def record(slot: int, bad: torch.Tensor) -> None:
 
 def record_positions(positions: torch.Tensor, outside: torch.Tensor) -> None:
     """Flag the tokens whose ``positions`` are ``outside`` their table (what the Triton kernel does in
-    place): count them in slot 0 and keep the largest such position in slot 1. Device operations only."""
-    if not outside.numel() or outside.device.type == "meta":
+    place): count them in slot 0 and keep the largest such position in slot 1. Device operations only.
+    Skipped under ``torch.compile`` tracing, as :func:`record` is."""
+    if torch.compiler.is_compiling() or not outside.numel() or outside.device.type == "meta":
         return
     with torch.no_grad():
         flag = flags(outside.device)

@@ -14,9 +14,11 @@ from typing import Literal
 import torch
 
 from . import deferred
+from ._checks import check_bool
 from .errors import InputError, InputTypeError
 from .kernels import triton as triton_kernel
 from .kernels.contract import Rotation
+from .kernels.overlap import overlaps_itself, shares_elements
 from .rotation import Layout, check_layout, plan, rotate, unview
 from .tables import RotaryTables, expand_pairs
 
@@ -31,7 +33,7 @@ def tables_from_cos_sin_cache(
     Args:
         cos_sin_cache: ``[max_position, r]``: row ``p`` holds ``cos(p θ_i)`` for the ``r/2`` pairs, then
             ``sin(p θ_i)`` (one value per pair), fp32 (bf16/fp16 are widened).
-        positions: int64 ``[B, S]`` or ``[T]``: the position of every token (on the cache's device).
+        positions: int64 (or int32) ``[B, S]`` or ``[T]``: the position of every token (on the cache's device).
         interleaved: the pairing of the heads the tables will rotate.
 
     Returns:
@@ -55,6 +57,8 @@ def tables_from_cos_sin_cache(
         raise InputTypeError(f"cos_sin_cache must be floating point, got {cos_sin_cache.dtype}")
     if not isinstance(positions, torch.Tensor) or positions.is_floating_point() or positions.dim() not in (1, 2):
         raise InputError(f"positions must be an integer tensor [B, S] or [T], got {getattr(positions, 'shape', positions)!r}")
+    if positions.dtype not in (torch.int64, torch.int32):  # bool read as 0/1, complex dropped its imaginary part
+        raise InputTypeError(f"positions must be int64 or int32, got {positions.dtype}; convert them with .long()")
     if positions.device != cos_sin_cache.device:
         raise InputError(f"positions are on {positions.device} but cos_sin_cache on {cos_sin_cache.device}; move one")
     rows = cos_sin_cache.shape[0]
@@ -68,6 +72,8 @@ def tables_from_cos_sin_cache(
         nan = None
     else:  # no read: flagged, read as row 0, and NaN out (as the rotation kernels do)
         outside = (ids < 0) | (ids >= rows)
+        if torch.compiler.is_compiling():  # no flags in a graph: checked in it (an error when it runs)
+            torch._assert_async(~outside.any(), "positions given with cos_sin_cache must be in 0 .. max_position - 1")
         deferred.record_positions(ids, outside)
         safe = ids.masked_fill(outside, 0)
         nan = torch.where(outside, float("nan"), 0.0)[..., None]
@@ -104,14 +110,15 @@ def rotate_and_cache(
     Args:
         q: ``[B, S, Hq, D]`` (``layout="bshd"``) or ``[B, Hq, S, D]`` (``"bhsd"``); or packed ``[T, Hq, D]``.
         k: the same layout with ``Hk`` heads (GQA).
-        v: like k, with any head size ``Dv``.
+        v: like k, with any head size ``Dv`` (floating point, on k's device; its own dtype).
         k_cache: ``[Bc, T_max, Hk, D]`` (``cache_layout="bshd"``) or ``[Bc, Hk, T_max, D]`` (``"bhsd"``),
             ``Bc`` = B or 1; k's dtype.
         v_cache: the same for values, ``Dv``.
         slots: int64 ``[B, S]`` (packed: ``[T]``): the cache row each token is written to.
         tables: from a table producer (``rope.tables(positions)``); or instead:
         positions: int64 ``[B, S]`` / ``[T]`` with ``cos_sin_cache`` ``[max_position, r]`` (vLLM's and
-            FlashInfer's form: cos of the r/2 pairs, then their sin) and ``interleaved`` (the pairing).
+            FlashInfer's form: cos of the r/2 pairs, then their sin) and ``interleaved`` (the pairing;
+            tables carry their own: with tables, ``interleaved=True`` is an error for half-pairing tables).
         layout: of q, k and v.
         cache_layout: of the caches.
         inplace: rotate q and k in place (and return them).
@@ -120,9 +127,14 @@ def rotate_and_cache(
         ``(q_rot, k_rot)`` in q's and k's shapes; the caches are written in place.
 
     Raises:
-        rotary.errors.InputError: naming what does not fit. A slot outside ``0 .. T_max - 1`` is an error on the CPU; on
+        rotary.errors.InputError: naming what does not fit (q, k and v of different ranks, devices or batch
+            shapes; caches of another dtype, device or shape; slots not int64/int32 ``[B, S]``); caches that
+            share memory with each other, with q, k or v, or within themselves (expanded), or are leaves that
+            require grad. On the CPU also two tokens given one cache row (on CUDA which one is kept is undefined). A slot outside ``0 .. T_max - 1`` is an error on the CPU; on
             an accelerator nothing is read: that token's k and v are not written and
-            :func:`rotary.check_device_errors` raises later.
+            :func:`rotary.check_device_errors` raises later. Under ``torch.compile`` (off the fused CUDA
+            kernel, which flags bad slots itself) a bad slot, or a position outside ``cos_sin_cache``, is
+            checked in the graph: a ``RuntimeError`` when it runs.
 
     Example:
         >>> import rotary
@@ -145,6 +157,16 @@ def rotate_and_cache(
         tables = tables_from_cos_sin_cache(cos_sin_cache, positions, interleaved=interleaved)
     elif positions is not None:
         raise InputError("positions go with cos_sin_cache; with tables, build them for the positions (rope.tables(positions))")
+    elif check_bool(interleaved, "interleaved") and isinstance(tables, RotaryTables) and not tables.interleaved:
+        raise InputError(
+            "interleaved=True, but these tables were built for the half pairing (pairs i, i + r/2): tables carry "
+            "their pairing; build them with RoPE(..., interleaved=True), or drop interleaved="
+        )
+    if {q.dim(), k.dim(), v.dim()} not in ({4}, {3}):
+        raise InputError(
+            "q, k and v must all be 4-D ([B, S, H, D] or [B, H, S, D]) or all 3-D (packed [T, H, D]), got "
+            f"{q.dim()}, {k.dim()}, {v.dim()}-D (shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)})"
+        )
     packed = q.dim() == 3
     check_layout(layout)
     check_layout(cache_layout)
@@ -153,6 +175,8 @@ def rotate_and_cache(
     kc, vc = (c.transpose(1, 2) if cache_layout == "bhsd" and c.dim() == 4 else c for c in (k_cache, v_cache))
     slot_ids = slots.unsqueeze(0) if packed and slots.dim() == 1 else slots
     _check_shapes(qv, kv, vv, kc, vc, slot_ids)
+    if not torch.compiler.is_compiling():
+        _check_memory(q, k, v, k_cache, v_cache)
     fused = False
     if q.device.type == "cuda" and triton_kernel.available():  # elsewhere rotate() plans (and checks) alone
         rotation, _ = plan([q, k], tables, layout=layout, kinds=("q", "k"), names=("q", "k"))  # type: ignore[arg-type]
@@ -184,6 +208,10 @@ def _check_shapes(q, k, v, k_cache, v_cache, slots) -> None:
             f"k_cache and v_cache must be 4-D [B or 1, T_max, Hk, D] (cache_layout='bshd') or [B or 1, Hk, T_max, D] "
             f"('bhsd'), got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
         )
+    if v.device != k.device:
+        raise InputError(f"v is on {v.device} but k on {k.device}; move them to one device")
+    if not v.is_floating_point():
+        raise InputTypeError(f"v must be floating point (the values written into v_cache), got {v.dtype}; cast it")
     if v.shape[:3] != k.shape[:3]:
         raise InputError(f"v must have k's batch, length and heads {tuple(k.shape[:3])}, got {tuple(v.shape[:3])} (as [B, S, H])")
     for name, cache, width in (("k_cache", k_cache, head_dim), ("v_cache", v_cache, v.shape[-1])):
@@ -192,8 +220,12 @@ def _check_shapes(q, k, v, k_cache, v_cache, slots) -> None:
                 f"{name} {tuple(cache.shape)} (as [Bc, T_max, H, D]) does not fit {batch} sequences of {heads} heads of "
                 f"{width} channels; make it [{batch} or 1, T_max, {heads}, {width}]"
             )
-        if cache.dtype != (k.dtype if name == "k_cache" else v.dtype) or cache.device != k.device:
-            raise InputError(f"{name} must have the dtype and device of {name[0]} ({k.dtype}, {k.device}), got {cache.dtype}, {cache.device}")
+        source = k if name == "k_cache" else v
+        if cache.dtype != source.dtype or cache.device != source.device:
+            raise InputError(
+                f"{name} must have the dtype and device of {name[0]} ({source.dtype}, {source.device}), got {cache.dtype}, "
+                f"{cache.device}"
+            )
     if k_cache.shape[:2] != v_cache.shape[:2]:
         raise InputError(f"k_cache and v_cache must have the same batch and length, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     if slots.shape != (batch, seq_len) or slots.dtype not in (torch.int64, torch.int32) or slots.device != k.device:
@@ -208,22 +240,73 @@ def _check_shapes(q, k, v, k_cache, v_cache, slots) -> None:
                 f"slots must be in 0 .. {k_cache.shape[1] - 1} (the cache holds {k_cache.shape[1]} rows), got {low} .. "
                 f"{high}; make the cache longer or write fewer tokens"
             )
+        if slots.numel() > 1 and not (seq_len == 1 and k_cache.shape[0] > 1):  # (decoding: a row per sequence)
+            _check_distinct_rows(slots, k_cache.shape[0] > 1, k_cache.shape[1])
+
+
+def _check_distinct_rows(slots: torch.Tensor, batched: bool, length: int) -> None:
+    """On the CPU: no two tokens are given one cache row (which one would be kept is arbitrary; on CUDA, a race)."""
+    rows = torch.arange(slots.shape[0])[:, None] if batched else torch.zeros(1, 1, dtype=torch.long)
+    written = (rows * length + slots.long()).flatten().sort().values
+    again = written[1:][written[1:] == written[:-1]]
+    if again.numel():
+        b, s = divmod(int(again[0]), length)
+        raise InputError(
+            f"slots write cache row (batch {b}, slot {s}) more than once in one call: give every token a row of its own"
+        )
+
+
+def _check_memory(q, k, v, k_cache, v_cache) -> None:
+    """Every cache row is its own memory, written once, and nothing written is read: the caches overlap
+    neither themselves (expanded views), nor each other, nor q, k or v; and autograd may write them.
+    Tensors of different storages share nothing: only those of one storage are compared element-wise."""
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if cache.requires_grad and cache.is_leaf and torch.is_grad_enabled():
+            raise InputError(
+                f"{name} is a leaf tensor that requires grad: autograd cannot record writing into it; pass a cache "
+                "that does not require grad (a KV cache is written in place), or write it under torch.no_grad()"
+            )
+        if cache.device.type != "meta" and overlaps_itself(cache):
+            raise InputError(
+                f"{name} (shape {tuple(cache.shape)}, strides {cache.stride()}) has overlapping memory, e.g. expanded over "
+                "the batch: several cache rows are one; allocate every row (torch.zeros(...)) or pass .contiguous()"
+            )
+    if k_cache.device.type == "meta":
+        return
+    caches = (("k_cache", k_cache, k_cache.untyped_storage().data_ptr()), ("v_cache", v_cache, v_cache.untyped_storage().data_ptr()))
+    for a, x in (("k_cache", k_cache), ("q", q), ("k", k), ("v", v)):
+        storage = x.untyped_storage().data_ptr()
+        for b, y, cache_storage in caches[1:] if a == "k_cache" else caches:
+            if storage == cache_storage and shares_elements(x, y):
+                raise InputError(
+                    f"{a} and {b} share memory: the cache write would change what is read (or write one row twice); "
+                    "pass separate tensors"
+                )
 
 
 def _write_rows(cache: torch.Tensor, new: torch.Tensor, slots: torch.Tensor) -> None:
     """``cache[b or 0, slots[b, s]] = new[b, s]`` for every token; on accelerators a slot outside the
-    cache writes nothing (the row is rewritten with what it held) and is flagged."""
+    cache writes nothing (no read: it repeats another token's write) and is flagged."""
     slots = slots.long()
     batch_rows = torch.arange(slots.shape[0], device=slots.device)[:, None].expand_as(slots)
     if cache.shape[0] == 1:
         batch_rows = torch.zeros_like(slots)
     if not deferred.host_checks(slots.device) or torch.compiler.is_compiling():
         bad = (slots < 0) | (slots >= cache.shape[1])
+        if torch.compiler.is_compiling():  # no flags in a graph: checked in it (an error when it runs)
+            torch._assert_async(~bad.any(), "slots given to rotate_and_cache must be in 0 .. T_max - 1")
         deferred.record(deferred.CACHE_SLOT, bad)
-        # a bad token rewrites the row it is clamped to with what that row holds (a token of the same call
-        # writing that row may then lose its write: flagged either way); the Triton kernel skips it
+        # a bad token writes nothing (the Triton kernel skips it): it repeats the last good token's write, row
+        # and values (the same write twice, so no good token loses its row), or, with no good token, rewrites
+        # the row it is clamped to with what that row holds
         slots = slots.clamp(0, cache.shape[1] - 1)
-        new = torch.where(bad[..., None, None], cache[batch_rows, slots], new)
+        if bad.numel():
+            last = (bad.numel() - 1 - (~bad).flatten().flip(0).int().argmax()).reshape(1)  # the last good token
+            redirect = bad & ~bad.all()
+            batch_rows = torch.where(redirect, batch_rows.flatten().index_select(0, last), batch_rows)
+            slots = torch.where(redirect, slots.flatten().index_select(0, last), slots)
+            held = torch.where(redirect[..., None, None], new.flatten(0, 1).index_select(0, last), cache[batch_rows, slots])
+            new = torch.where(bad[..., None, None], held, new)
     cache[batch_rows, slots] = new.to(cache.dtype)
 
 

@@ -181,7 +181,7 @@ def rotate_and_cache(
     if q.device.type == "cuda" and triton_kernel.available():  # elsewhere rotate() plans (and checks) alone
         rotation, _ = plan([q, k], tables, layout=layout, kinds=("q", "k"), names=("q", "k"))  # type: ignore[arg-type]
         fused = (
-            not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, rotation.cos[0], rotation.sin[0])))
+            not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, k_cache, v_cache, rotation.cos[0], rotation.sin[0])))
             and all(t.stride(-1) == 1 for t in (qv, kv, vv, kc, vc, *rotation.cos))
             and rotation.cos[0].dim() == 2
             and rotation.cos[0] is rotation.cos[1]

@@ -55,11 +55,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--dtypes", default=None,
         help="comma-separated: fp32, bf16, fp16 (default fp32,bf16; with --device cuda each group's own: bf16, "
-        "training also fp32)",
+        "training also fp32; the generation suite keeps its model's dtype)",
     )  # fmt: skip
     p.add_argument(
         "--shapes", default=None,
-        help="comma-separated shape names (default: all; none: no RoPE group, only the suites)",
+        help="comma-separated shape names, each once (default: all; none, alone: no RoPE group, only the suites)",
     )  # fmt: skip
     p.add_argument(
         "--repeats", type=count(100, "each sample of each method lasts about 2 ms; the median settles long before"),
@@ -76,7 +76,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cases", action="append", help="a .py file registering extra methods or suites (repeatable)")
     p.add_argument(
         "--suites", default=None,
-        help="comma-separated suites to run (default: all that run on the device; none: no suite). Built in: "
+        help="comma-separated suites to run, each once (default: all that run on the device; none, alone: no suite; "
+        "not both --shapes none and --suites none). Built in: "
         "decode (cpu), rotate_and_cache, rmsnorm_rotate, generation (cpu and cuda)",
     )  # fmt: skip
     p.add_argument("--progress", action="store_true", help="print a line as each group finishes")

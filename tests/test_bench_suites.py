@@ -204,6 +204,9 @@ def test_cuda_suites_quick_end_to_end():
         # a name given twice would print its group twice, under one title
         (["--suites", "generation,generation"], "--suites 'generation,generation' names 'generation' more than once"),
         (["--dtypes", "fp32,fp32"], "--dtypes 'fp32,fp32' names 'fp32' more than once"),
+        # contradictory switches: not one of them ignored
+        (["--json", "--markdown"], "argument --markdown: not allowed with argument --json"),
+        (["--compile", "--no-compile"], "argument --no-compile: not allowed with argument --compile"),
     ],
 )
 def test_bad_selections_are_one_line_errors_before_any_work(args, message, monkeypatch, capsys):

@@ -182,3 +182,62 @@ def test_cuda_suites_quick_end_to_end():
     assert "rotary static + CUDA graph" in generated
     for name in ("rotary dynamic", "rotary static", "rotary static + CUDA graph"):
         assert generated[name]["values"]["tokens/s"] > 0, generated[name]
+
+
+# what the command line selects --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        # nothing selected: not an empty table with status 0
+        (["--shapes", "none", "--suites", "none"], "--shapes none --suites none: nothing to time"),
+        # a bad dtype is refused before any group, not a KeyError from the decode suite or ignored by generation
+        (["--shapes", "none", "--suites", "decode", "--dtypes", "fp32,bf61"], "unknown dtype 'bf61' in --dtypes"),
+        (["--shapes", "none", "--suites", "generation", "--dtypes", "fp64"], "unknown dtype 'fp64' in --dtypes"),
+        (["--shapes", "none", "--suites", "none", "--dtypes", "fp64"], "unknown dtype 'fp64' in --dtypes"),
+        # names that match nothing are not dropped in silence because another one matched
+        (["--shapes", "decode-small,nosuch", "--suites", "none"], "--shapes 'nosuch' names no shape; choose from"),
+        (["--shapes", "", "--suites", "none"], "--shapes '' names no shape; choose from"),
+        (["--shapes", "none,decode-small"], "--shapes none (no RoPE group) stands alone"),
+        (["--suites", "none,generation"], "--suites none (no suite) stands alone"),
+        # a name given twice would print its group twice, under one title
+        (["--suites", "generation,generation"], "--suites 'generation,generation' names 'generation' more than once"),
+        (["--dtypes", "fp32,fp32"], "--dtypes 'fp32,fp32' names 'fp32' more than once"),
+        # contradictory switches: not one of them ignored
+        (["--json", "--markdown"], "argument --markdown: not allowed with argument --json"),
+        (["--compile", "--no-compile"], "argument --no-compile: not allowed with argument --compile"),
+    ],
+)
+def test_bad_selections_are_one_line_errors_before_any_work(args, message, monkeypatch, capsys):
+    from rotary.tools.bench import harness
+
+    def work(*_args, **_kwargs):
+        raise AssertionError("timed something before refusing the command line")
+
+    monkeypatch.setattr(harness, "make_inputs", work)
+    monkeypatch.setattr(harness, "SUITES", dict.fromkeys(harness.SUITES, work))
+    try:
+        status = main(["bench", "--quick", "--no-memory", "--repeats", "1", *args])
+    except SystemExit as exc:  # argparse's own checks exit
+        status = exc.code
+    out, err = capsys.readouterr()
+    assert status == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("rotary bench: error: ") and message in err, err
+
+
+def test_bad_selections_on_the_gpu_path_are_refused_too(stand_in, monkeypatch, capsys):  # noqa: F811
+    from rotary.tools.bench import harness
+
+    def work(*_args, **_kwargs):
+        raise AssertionError("timed something before refusing the command line")
+
+    monkeypatch.setattr(harness, "SUITES", dict.fromkeys(harness.SUITES, work))
+    for args, message in [
+        (["--shapes", "none", "--suites", "generation", "--dtypes", "fp64"], "unknown dtype 'fp64' in --dtypes"),
+        (["--shapes", "none", "--suites", "none"], "nothing to time"),
+        (["--shapes", "decode-small,gqa", "--suites", "none"], "--shapes 'gqa' names no GPU shape; with --device cuda"),
+    ]:
+        assert main(["bench", "--device", "cuda", "--quick", "--repeats", "1", *args]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1 and message in err, err

@@ -417,3 +417,30 @@ def test_sharing_the_step_saves_kernels_per_layer():
                 model.decode_step(ids[:, -1:], cache)
         counts.append(count.ops)
     assert counts[1] - counts[0] >= 15 * 5, counts
+
+
+def test_a_cache_written_alone_leaves_its_group():
+    """A layer's cache of a group rewritten alone (here to the same fill, with other padding) is no longer
+    the group's: the model's layers no longer share a mask over it, and the logits are those of every layer
+    reading its own cache (the fill-only check would not see it)."""
+    model = small()
+    ids, mask = prompt()
+
+    def decode(grouped: bool):
+        cache = model.new_cache(batch=3, max_len=10)
+        for c in cache:
+            c.group = c.group if grouped else None
+        with torch.no_grad(), accelerator_rules():
+            model(ids, cache=cache)  # no padding
+            cache[1].reset()
+            x = torch.randn(3, 6, 32, generator=torch.Generator().manual_seed(1))
+            model.layers[1].attn(x, cache=cache[1], attention_mask=mask)  # 6 tokens again, left-padded
+            logits = model.decode_step(ids[:, -1:], cache)
+        deferred.check_device_errors()
+        return logits, cache
+
+    (grouped, cache), (alone, _) = decode(True), decode(False)
+    assert torch.equal(grouped, alone)
+    from rotary.nn.cache import StaticStep
+
+    assert cache[1].group is None and StaticStep.of(cache) is None  # the group is no more: no shared step

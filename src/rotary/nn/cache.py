@@ -216,7 +216,8 @@ class StaticKVCache:
         self.head_dim, self.value_dim, self.dtype = int(head_dim), int(value_dim), dtype
         self.owner: int | None = None
         #: caches made together for the layers of one model (``Decoder.new_cache``) share this token: the model
-        #: writes all of them at every forward, so their filled slots, positions and padding stay equal
+        #: writes all of them at every forward, so their filled slots, positions and padding stay equal. A write
+        #: without the model's ``step`` (a layer called alone) takes the cache out of its group (``None``)
         self.group: object | None = None
         # one slot more than max_len: on accelerators tokens past the end are written there (never read)
         # instead of being checked on the host; made outside inference mode so that any mode may write them
@@ -351,6 +352,7 @@ class StaticKVCache:
             ValueError, TypeError: keys or values that do not fit the cache (shape, dtype, device).
         """
         ids, valid = self._check_new(keys, values, positions, valid)
+        self._leave_group_unless(step)
         start, slots, overflow = self._next_slots(keys.shape[2], step)
         with torch.no_grad():
             self._keys.index_copy_(2, slots, keys)
@@ -398,6 +400,7 @@ class StaticKVCache:
             (True, True)
         """
         ids, valid = self._check_new(keys, values, positions, valid)
+        self._leave_group_unless(step)
         start, slots, overflow = self._next_slots(keys.shape[2], step)
         # the spill slot (index max_len) is a row of the buffers: rotate_and_cache writes every token
         queries, _ = rotate_and_cache(
@@ -437,6 +440,14 @@ class StaticKVCache:
         elif valid.dtype != torch.bool or tuple(valid.shape) != (self.batch, seq_len):
             raise InputError(f"valid must be a bool [B, S] = [{self.batch}, {seq_len}] tensor, got {valid.dtype} {tuple(valid.shape)}")
         return ids, valid
+
+    def _leave_group_unless(self, step: StaticStep | None) -> None:
+        """A write that is not one of the group's model forwards (no ``step``: a layer called alone) may
+        leave this cache's slots, positions or padding unlike the others' (even at an equal fill, which
+        is all :meth:`StaticStep.of` compares): the cache leaves its group, so that the model's layers
+        read it through its own mask from now on."""
+        if step is None:
+            self.group = None
 
     def _next_slots(
         self, seq_len: int, step: StaticStep | None = None
@@ -489,7 +500,8 @@ class StaticStep:
     first layer does and the others reuse its results: about 20 small kernels fewer per layer and decoding
     step on an accelerator. On the CPU, eagerly, the caches are read directly and nothing is shared. The model makes one per forward (:class:`rotary.models.Decoder` does) and, where values are not
     read on the host, flags caches of the group whose fill differs (:func:`rotary.check_device_errors`):
-    they were written or reset one by one, and the shared mask would not be theirs.
+    they were written or reset one by one, and the shared mask would not be theirs. A cache written without
+    the step (its layer called alone) leaves the group, so the model no longer shares a mask over it.
 
     Example:
         >>> step = StaticStep()

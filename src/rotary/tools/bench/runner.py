@@ -90,7 +90,14 @@ def run(options: argparse.Namespace) -> tuple[dict[str, Any], list[Result]]:
         torch.set_num_threads(options.threads)
     for path in options.cases or []:
         _load_cases(path)
-    suites = _selected_suites(options, torch.device(device).type)
+    # the whole selection is checked before anything is built or timed
+    kind = torch.device(device).type
+    _check_dtypes(options)
+    suites = _selected_suites(options, kind)
+    if options.shapes == NO_SHAPES and not suites:
+        raise InputError(
+            "--shapes none --suites none: nothing to time; leave out --shapes none (the RoPE groups) or --suites none (the suites)"
+        )
     if backend is not None:
         machine, results = run_on_device(options, backend)
         for suite in suites:
@@ -104,23 +111,15 @@ def run(options: argparse.Namespace) -> tuple[dict[str, Any], list[Result]]:
         "loaded" if load_cpu_extension() is not None else f"unavailable: {cpu_extension_error()}"
     )
     shapes = QUICK_SHAPES if options.quick else SHAPES
-    if options.shapes == NO_SHAPES:
-        shapes = []
-    elif options.shapes:
-        wanted = set(options.shapes.split(","))
+    wanted = _wanted_shapes(options, [s.name for s in SHAPES + QUICK_SHAPES], "shape; choose from")
+    if wanted is not None:
         shapes = [s for s in SHAPES + QUICK_SHAPES if s.name in wanted]
-        if not shapes:
-            raise InputError(
-                f"--shapes {options.shapes!r} names no shape; choose from {[s.name for s in SHAPES + QUICK_SHAPES]}"
-            )
     methods = _without_missing_packages(_selected_methods(options, "cpu"))
     results: list[Result] = []
     # memory is measured after all timing, so the profiler that records allocations never overlaps a timed call
     memory_work: list[tuple[list[Result], list[Method], dict]] = []
     for shape in shapes:
-        for dtype_name in options.dtypes.split(","):
-            if dtype_name not in DTYPE_NAMES:
-                raise InputError(f"unknown dtype {dtype_name!r} in --dtypes; use fp32, bf16 or fp16")
+        for dtype_name in options.dtypes.split(","):  # checked above
             group = f"{shape.describe()} {dtype_name}"
             inp = harness.make_inputs(shape, DTYPE_NAMES[dtype_name])
             calls = {}
@@ -150,18 +149,61 @@ def run(options: argparse.Namespace) -> tuple[dict[str, Any], list[Result]]:
 NO_SHAPES = "none"
 
 
+def _names(
+    text: str | None, flag: str, known: Any, unknown: Callable[[str], str], none: str | None = None
+) -> list[str] | None:
+    """The comma-separated names of ``flag`` (``None``: not given): each once, each in ``known``, else
+    an :class:`InputError` (``unknown(name)`` its message for a name not known). With ``none`` (what it
+    means), ``none`` is a name too, and stands alone.
+
+    Example:
+        >>> _names("fp32,bf16", "--dtypes", DTYPE_NAMES, str)
+        ['fp32', 'bf16']
+    """
+    if text is None:
+        return None
+    names = text.split(",")
+    if none is not None and NO_SHAPES in names and len(names) > 1:
+        raise InputError(f"{flag} none ({none}) stands alone; give {flag} none, or the names without none")
+    twice = [name for name in dict.fromkeys(names) if names.count(name) > 1]
+    if twice:
+        raise InputError(f"{flag} {text!r} names {', '.join(map(repr, twice))} more than once; name each once")
+    for name in names:
+        if name not in known and not (none is not None and name == NO_SHAPES):
+            raise InputError(unknown(name))
+    return names
+
+
+def _check_dtypes(options: argparse.Namespace) -> None:
+    """``--dtypes``: known names, each once (every suite and group reads them as checked here)."""
+    unknown = "unknown dtype {!r} in --dtypes; use fp32, bf16 or fp16".format
+    _names(getattr(options, "dtypes", None), "--dtypes", DTYPE_NAMES, unknown)
+
+
+def _wanted_shapes(options: argparse.Namespace, known: list[str], what: str) -> set[str] | None:
+    """The shape names ``--shapes`` gives (``None``: the default; empty: ``none``), every one in ``known``
+    (else an :class:`InputError`: "names no {what} [known]")."""
+    unknown = [n for n in (options.shapes or "").split(",") if n not in known and n != NO_SHAPES]
+    if options.shapes is not None and unknown:  # reported together: '' (--shapes '') names no shape either
+        raise InputError(f"--shapes {','.join(unknown)!r} names no {what} {known}")
+    names = _names(options.shapes, "--shapes", known, str, none="no RoPE group")
+    return None if names is None else {n for n in names if n != NO_SHAPES}
+
+
 def _selected_suites(options: argparse.Namespace, device_type: str) -> list[Callable[[argparse.Namespace], list[Result]]]:
     """The registered suites to run on ``device_type``: those ``--suites`` names (each must exist and
     run there; ``none``: no suite), else every suite that runs there."""
     if options.suites is None:
         return [s for name, s in harness.SUITES.items() if device_type in harness.SUITE_DEVICES.get(name, ("cpu",))]
-    if options.suites == NO_SHAPES:
+    registered = ", ".join(sorted(harness.SUITES)) or "none (add one with --cases FILE.py)"
+    names = _names(
+        options.suites, "--suites", harness.SUITES, lambda name: f"--suites: unknown suite {name!r}; registered suites: {registered}",
+        none="no suite",
+    )
+    if names == [NO_SHAPES]:
         return []
     chosen = []
-    for name in options.suites.split(","):
-        if name not in harness.SUITES:
-            registered = ", ".join(sorted(harness.SUITES)) or "none (add one with --cases FILE.py)"
-            raise InputError(f"--suites: unknown suite {name!r}; registered suites: {registered}")
+    for name in names or []:
         devices = harness.SUITE_DEVICES.get(name, ("cpu",))
         if device_type not in devices:
             raise InputError(
@@ -186,26 +228,13 @@ def _device_groups(options: argparse.Namespace) -> list[tuple[DeviceGroup, list[
     """The GPU groups ``--quick`` / ``--shapes`` select, each with its dtypes (``--dtypes`` replaces
     every group's own)."""
     groups = QUICK_CUDA_GROUPS if options.quick else CUDA_GROUPS
-    if options.shapes == NO_SHAPES:
-        return []
-    if options.shapes:
-        every = CUDA_GROUPS + QUICK_CUDA_GROUPS
-        wanted = set(options.shapes.split(","))
+    every = CUDA_GROUPS + QUICK_CUDA_GROUPS
+    wanted = _wanted_shapes(options, [g.shape.name for g in every], "GPU shape; with --device cuda choose from")
+    if wanted is not None:
         groups = [g for g in every if g.shape.name in wanted]
-        if not groups:
-            raise InputError(
-                f"--shapes {options.shapes!r} names no GPU shape; with --device cuda choose from "
-                f"{[g.shape.name for g in every]}"
-            )
+    _check_dtypes(options)
     given = getattr(options, "dtypes", None)
-    chosen = []
-    for group in groups:
-        dtypes = given.split(",") if given else list(group.dtypes)
-        for name in dtypes:
-            if name not in DTYPE_NAMES:
-                raise InputError(f"unknown dtype {name!r} in --dtypes; use fp32, bf16 or fp16")
-        chosen.append((group, dtypes))
-    return chosen
+    return [(group, given.split(",") if given else list(group.dtypes)) for group in groups]
 
 
 def _limit_of(method: str, backward: bool, inplace: bool) -> str:

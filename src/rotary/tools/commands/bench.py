@@ -50,16 +50,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="cpu (default), or cuda: the GPU groups, GPU time under CUDA-graph replay and host time per call",
     )  # fmt: skip
     p.add_argument("--quick", action="store_true", help="small shapes, 3 repeats, no torch.compile baseline")
-    p.add_argument("--json", action="store_true", help="print machine-readable results")
-    p.add_argument("--markdown", action="store_true", help="print markdown tables (docs/benchmarks.md)")
+    output = p.add_mutually_exclusive_group()  # one format: neither silently wins
+    output.add_argument("--json", action="store_true", help="print machine-readable results")
+    output.add_argument("--markdown", action="store_true", help="print markdown tables (docs/benchmarks.md)")
     p.add_argument(
         "--dtypes", default=None,
         help="comma-separated: fp32, bf16, fp16 (default fp32,bf16; with --device cuda each group's own: bf16, "
-        "training also fp32)",
+        "training also fp32; the generation suite keeps its model's dtype)",
     )  # fmt: skip
     p.add_argument(
         "--shapes", default=None,
-        help="comma-separated shape names (default: all; none: no RoPE group, only the suites)",
+        help="comma-separated shape names, each once (default: all; none, alone: no RoPE group, only the suites)",
     )  # fmt: skip
     p.add_argument(
         "--repeats", type=count(100, "each sample of each method lasts about 2 ms; the median settles long before"),
@@ -70,13 +71,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--threads", type=count(threads, f"4 x the {os.cpu_count()} logical CPUs, at least 64"), default=None,
         help="torch threads (default: torch's current setting)",
     )
-    p.add_argument("--compile", action="store_true", help="with --quick: keep the torch.compile baseline")
-    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    compiled = p.add_mutually_exclusive_group()
+    compiled.add_argument("--compile", action="store_true", help="with --quick: keep the torch.compile baseline")
+    compiled.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     p.add_argument("--cases", action="append", help="a .py file registering extra methods or suites (repeatable)")
     p.add_argument(
         "--suites", default=None,
-        help="comma-separated suites to run (default: all that run on the device; none: no suite). Built in: "
+        help="comma-separated suites to run, each once (default: all that run on the device; none, alone: no suite; "
+        "not both --shapes none and --suites none). Built in: "
         "decode (cpu), rotate_and_cache, rmsnorm_rotate, generation (cpu and cuda)",
     )  # fmt: skip
     p.add_argument("--progress", action="store_true", help="print a line as each group finishes")

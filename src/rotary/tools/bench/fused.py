@@ -15,8 +15,9 @@ cached tokens. Rows:
   ``--compile``);
 - peers where importable (FlashInfer's in-place RoPE at ``positions``, on CUDA);
 - ``limit: traffic``: the bytes the fused op must move over the copy bandwidth measured in the same
-  run (``dst.copy_(src)`` of 256 MiB, 32 MiB with ``--quick``). Not timed: no kernel that reads and
-  writes those bytes can take less. Every timed row's ``x traffic limit`` divides by it.
+  run (``dst.copy_(src)`` of 256 MiB, 64 MiB with ``--quick``: larger than the caches). Not timed: no
+  kernel that reads and writes those bytes can take less. Every timed row's ``x traffic limit``
+  divides by it.
 
 The fused op is checked against the composition before it is timed (equal, or within the rounding
 of the composition's intermediate values: said in the row's note).
@@ -186,12 +187,12 @@ _bandwidths: dict[tuple[str, bool, bool], float] = {}
 
 
 def copy_bandwidth(options: argparse.Namespace, device: torch.device) -> float:
-    """Bytes per second of ``dst.copy_(src)`` of 256 MiB (32 MiB with ``--quick``), read and written:
-    measured once per device and run, with the timer of the suite's rows."""
+    """Bytes per second of ``dst.copy_(src)`` of 256 MiB (64 MiB with ``--quick``, still larger than the
+    caches), read and written: measured once per device and run, with the timer of the suite's rows."""
     quick = bool(getattr(options, "quick", False))
     key = (str(device), quick, getattr(options, "backend", None) is None)
     if key not in _bandwidths:
-        src = torch.ones((16 if quick else 128) << 20, dtype=torch.int16, device=device)
+        src = torch.ones((32 if quick else 128) << 20, dtype=torch.int16, device=device)
         dst = torch.empty_like(src)
         seconds = _time(options, {"copy": lambda: dst.copy_(src)})["copy"][0]
         _bandwidths[key] = 2 * src.numel() * src.element_size() / seconds

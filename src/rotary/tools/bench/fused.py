@@ -213,6 +213,15 @@ def _time(options: argparse.Namespace, calls: dict[str, Callable[[], object]]) -
     return {name: (t.gpu_s, t.host_s, t.gpu_timing, t.note) for name, t in timings.items()}
 
 
+def _add_compiled(calls: dict, options: argparse.Namespace, composition: Callable[..., object], args: tuple) -> None:
+    """The composition compiled by Inductor as a row (unless ``--no-compile``, or ``--quick`` without
+    ``--compile``); compilation happens in the timer's warm-up calls, not in the timed ones."""
+    if _compiled_rows(options):
+        torch._dynamo.reset()
+        compiled = torch.compile(composition, dynamic=False)
+        calls["torch composition, torch.compile (Inductor)"] = lambda: compiled(*args)
+
+
 def _compiled_rows(options: argparse.Namespace) -> bool:
     if getattr(options, "no_compile", False):
         return False
@@ -313,10 +322,7 @@ def _rotate_and_cache_group(
         "rotary.rotate_and_cache": fused,
         "torch composition (eager)": lambda: rotate_and_cache_composition(*args),
     }
-    if _compiled_rows(options):
-        torch._dynamo.reset()
-        compiled = torch.compile(rotate_and_cache_composition, dynamic=False)
-        calls["torch composition, torch.compile (Inductor)"] = lambda: compiled(*args)
+    _add_compiled(calls, options, rotate_and_cache_composition, args)
     notes = {"rotary.rotate_and_cache": _agreement(fused(), rotate_and_cache_composition(*args))}
     if device.type == "cuda" and installed(FLASHINFER + ".rope"):
         name = "FlashInfer RoPE in place + torch cache write"
@@ -382,10 +388,7 @@ def _rmsnorm_rotate_group(
         "rotary rms_norm + rotate (two steps)": two_steps,
         "torch composition (eager)": lambda: rmsnorm_rotate_composition(*args),
     }
-    if _compiled_rows(options):
-        torch._dynamo.reset()
-        compiled = torch.compile(rmsnorm_rotate_composition, dynamic=False)
-        calls["torch composition, torch.compile (Inductor)"] = lambda: compiled(*args)
+    _add_compiled(calls, options, rmsnorm_rotate_composition, args)
     notes = {"rotary.rmsnorm_rotate": _agreement(fused(), two_steps())}
     limit = rmsnorm_rotate_bytes(shape, dtype) / bandwidth
     group = f"rmsnorm_rotate {shape.describe()} {dtype_name}"

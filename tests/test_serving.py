@@ -422,3 +422,23 @@ def test_a_bad_slot_on_an_accelerator_keeps_every_good_token_s_write(shared):
     written = torch.zeros(caches[0].shape[:2], dtype=torch.bool)
     written[rows[good], slots[good]] = True
     assert (caches[0][~written] == 7).all() and (caches[1][~written] == 7).all()
+
+
+@pytest.mark.parametrize("cache_layout", ["bshd", "bhsd"])
+def test_slots_shared_by_every_sequence_write_what_their_copy_writes(cache_layout):
+    """Slots ``[S]`` expanded over the batch (a StaticKVCache's write) take the one-index_copy_ path on the
+    CPU: the caches equal those written with the same slots materialised per sequence."""
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(3, 2, h, 16, generator=g) for h in (4, 2, 2))
+    rope = rotary.RoPE(16)
+    slots = torch.tensor([5, 6])
+    tables = rope.tables(slots)
+    shape = (3, 9, 2, 16) if cache_layout == "bshd" else (3, 2, 9, 16)
+    caches = [torch.zeros(shape) for _ in range(4)]
+    expanded = slots.expand(3, -1)
+    assert expanded.stride(0) == 0
+    got = rotary.rotate_and_cache(q, k, v, caches[0], caches[1], expanded, tables, cache_layout=cache_layout)
+    want = rotary.rotate_and_cache(q, k, v, caches[2], caches[3], expanded.contiguous(), tables, cache_layout=cache_layout)
+    for a, b in zip((*got, caches[0], caches[1]), (*want, caches[2], caches[3])):
+        assert torch.equal(a, b)
+    assert caches[0].abs().sum() > 0

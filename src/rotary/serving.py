@@ -288,10 +288,15 @@ def _write_rows(cache: torch.Tensor, new: torch.Tensor, slots: torch.Tensor) -> 
     """``cache[b or 0, slots[b, s]] = new[b, s]`` for every token; on accelerators a slot outside the
     cache writes nothing (no read: it repeats another token's write) and is flagged."""
     slots = slots.long()
+    host = deferred.host_checks(slots.device) and not torch.compiler.is_compiling()
+    if host and slots.shape[0] > 1 and slots.stride(0) == 0 and cache.shape[0] == slots.shape[0]:
+        # every sequence writes the same slots (a StaticKVCache's [S], expanded), checked: one index_copy_
+        cache.index_copy_(1, slots[0], new.to(cache.dtype))
+        return
     batch_rows = torch.arange(slots.shape[0], device=slots.device)[:, None].expand_as(slots)
     if cache.shape[0] == 1:
         batch_rows = torch.zeros_like(slots)
-    if not deferred.host_checks(slots.device) or torch.compiler.is_compiling():
+    if not host:
         bad = (slots < 0) | (slots >= cache.shape[1])
         if torch.compiler.is_compiling():  # no flags in a graph: checked in it (an error when it runs)
             torch._assert_async(~bad.any(), "slots given to rotate_and_cache must be in 0 .. T_max - 1")

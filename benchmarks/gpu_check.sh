@@ -17,6 +17,7 @@
 #      and the traffic limit)
 #   5. generation: rotary bench --device cuda --shapes none --suites generation -> $OUT/generation_cuda.md
 #      (Decoder.generate and Hugging Face generate, patched and not, in tokens/s)
+#   (steps 4 and 5 also print each suite's tables to the log as it ends: --progress)
 #
 # Environment:
 #   OUT           where the outputs go (default ./out)
@@ -96,10 +97,10 @@ step versions 60 bash -c versions
 step cuda_tests "$TEST_BUDGET" bash -c cuda_tests
 # shellcheck disable=SC2086  # BENCH_ARGS holds several arguments
 step bench "$BENCH_BUDGET" "$PY" -m rotary bench --device cuda --markdown --progress --suites none $BENCH_ARGS -o "$OUT/bench_cuda.md"
-step fused "$FUSED_BUDGET" "$PY" -m rotary bench --device cuda --markdown --shapes none --suites rotate_and_cache,rmsnorm_rotate \
+step fused "$FUSED_BUDGET" "$PY" -m rotary bench --device cuda --markdown --progress --shapes none --suites rotate_and_cache,rmsnorm_rotate \
     -o "$OUT/fused_cuda.md"
 if [ "$GEN_BUDGET" != 0 ]; then
-    step generation "$GEN_BUDGET" "$PY" -m rotary bench --device cuda --markdown --shapes none --suites generation --repeats 2 \
+    step generation "$GEN_BUDGET" "$PY" -m rotary bench --device cuda --markdown --progress --shapes none --suites generation --repeats 2 \
         -o "$OUT/generation_cuda.md"
 fi
 

@@ -241,3 +241,16 @@ def test_bad_selections_on_the_gpu_path_are_refused_too(stand_in, monkeypatch, c
         assert main(["bench", "--device", "cuda", "--quick", "--repeats", "1", *args]) == 2
         out, err = capsys.readouterr()
         assert out == "" and err.count("\n") == 1 and message in err, err
+
+
+def test_progress_prints_each_suite_as_it_ends(capsys, tmp_path):
+    """--progress: a suite's tables reach stderr when it ends (a run killed later keeps them), and the
+    output file still gets everything."""
+    out = tmp_path / "t.md"
+    argv = ["bench", "--quick", "--shapes", "none", "--suites", "rmsnorm_rotate", "--repeats", "1", "--dtypes", "fp32",
+            "--progress", "--markdown", "-o", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("  timed suite rmsnorm_rotate_suite (")
+    assert "### rmsnorm_rotate 4x1 (q 32 heads, k 8 heads, D 128) fp32" in err
+    assert "### rmsnorm_rotate 4x1 (q 32 heads, k 8 heads, D 128) fp32" in out.read_text()

@@ -101,7 +101,7 @@ def run(options: argparse.Namespace) -> tuple[dict[str, Any], list[Result]]:
     if backend is not None:
         machine, results = run_on_device(options, backend)
         for suite in suites:
-            results.extend(suite(options))
+            results.extend(_run_suite(suite, options))
             backend.release()
         return machine, results
     if getattr(options, "dtypes", None) is None:
@@ -137,12 +137,25 @@ def run(options: argparse.Namespace) -> tuple[dict[str, Any], list[Result]]:
             if options.progress:
                 print(f"  timed {group}", file=sys.stderr, flush=True)
     for suite in suites:
-        results.extend(suite(options))
+        results.extend(_run_suite(suite, options))
     for group_results, group_methods, calls in memory_work:
         for r, m in zip(group_results, group_methods):
             r.extra_peak_bytes = extra_peak_bytes(calls[(m.name, m.backward)])
         calls.clear()  # free the group's inputs before the next one is measured
     return machine, results
+
+
+def _run_suite(suite: Callable[[argparse.Namespace], list[Result]], options: argparse.Namespace) -> list[Result]:
+    """The suite's rows; with ``--progress`` its tables go to stderr as soon as it ends (a run stopped
+    later, e.g. by a time budget on a GPU machine, still leaves them)."""
+    started = time.perf_counter()
+    rows = suite(options)
+    if getattr(options, "progress", False) and rows:
+        from .table import format_table
+
+        print(f"  timed suite {getattr(suite, '__name__', suite)} ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
+        print(format_table({}, rows, markdown=getattr(options, "markdown", False)).strip("\n"), file=sys.stderr, flush=True)
+    return rows
 
 
 #: ``--shapes none``: no RoPE group, the suites alone (``--suites none``: no suite)

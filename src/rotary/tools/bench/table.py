@@ -117,7 +117,7 @@ def format_table(machine: dict[str, Any], results: list[Result], markdown: bool 
     per call under graph replay (marked "(eager)" or "(per call)" when measured otherwise), "x copy",
     host µs per call in an eager loop, note; times of a failed row are "—".
     """
-    lines = _machine_line(machine)
+    lines = _machine_line(machine) if machine else []  # {}: the groups alone (a suite's progress)
     groups: dict[str, list[Result]] = {}
     for r in results:
         groups.setdefault(r.group, []).append(r)

@@ -82,6 +82,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "not both --shapes none and --suites none). Built in: "
         "decode (cpu), rotate_and_cache, rmsnorm_rotate, generation (cpu and cuda)",
     )  # fmt: skip
-    p.add_argument("--progress", action="store_true", help="print a line as each group finishes")
+    p.add_argument(
+        "--progress", action="store_true",
+        help="print each group's line (on a GPU, its table) and each suite's tables to stderr as they finish",
+    )  # fmt: skip
     add_output_argument(p, "file", None, "write the table (or JSON) to this file")
     p.set_defaults(func=_bench)

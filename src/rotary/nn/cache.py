@@ -217,7 +217,7 @@ class StaticKVCache:
         self.owner: int | None = None
         #: caches made together for the layers of one model (``Decoder.new_cache``) share this token: the model
         #: writes all of them at every forward, so their filled slots, positions and padding stay equal. A write
-        #: without the model's ``step`` (a layer called alone) takes the cache out of its group (``None``)
+        #: without the model's ``step`` (a layer called alone) takes the cache out of its group (see _next_slots)
         self.group: object | None = None
         # one slot more than max_len: on accelerators tokens past the end are written there (never read)
         # instead of being checked on the host; made outside inference mode so that any mode may write them
@@ -352,7 +352,6 @@ class StaticKVCache:
             ValueError, TypeError: keys or values that do not fit the cache (shape, dtype, device).
         """
         ids, valid = self._check_new(keys, values, positions, valid)
-        self._leave_group_unless(step)
         start, slots, overflow = self._next_slots(keys.shape[2], step)
         with torch.no_grad():
             self._keys.index_copy_(2, slots, keys)
@@ -400,7 +399,6 @@ class StaticKVCache:
             (True, True)
         """
         ids, valid = self._check_new(keys, values, positions, valid)
-        self._leave_group_unless(step)
         start, slots, overflow = self._next_slots(keys.shape[2], step)
         # the spill slot (index max_len) is a row of the buffers: rotate_and_cache writes every token
         queries, _ = rotate_and_cache(
@@ -441,21 +439,22 @@ class StaticKVCache:
             raise InputError(f"valid must be a bool [B, S] = [{self.batch}, {seq_len}] tensor, got {valid.dtype} {tuple(valid.shape)}")
         return ids, valid
 
-    def _leave_group_unless(self, step: StaticStep | None) -> None:
-        """A write that is not one of the group's model forwards (no ``step``: a layer called alone) may
-        leave this cache's slots, positions or padding unlike the others' (even at an equal fill, which
-        is all :meth:`StaticStep.of` compares): the cache leaves its group, so that the model's layers
-        read it through its own mask from now on."""
-        if step is None:
-            self.group = None
-
     def _next_slots(
         self, seq_len: int, step: StaticStep | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The first new slot (0-dim), the slots ``[S]`` of ``seq_len`` new tokens, and which do not fit;
-        with ``step`` (off the host path), those the first cache of the group worked out."""
-        if step is not None and not self._host_mode():
-            return step.shared(("slots", seq_len), lambda: self._next_slots(seq_len))
+        with ``step`` (off the host path), those the first cache of the group worked out. A write without
+        the model's ``step`` (a layer called alone) may leave this cache's slots, positions or padding
+        unlike the others' even at an equal fill, which is all :meth:`StaticStep.of` compares: the cache
+        leaves its group, and the model's layers read it through its own mask from then on."""
+        if step is None:
+            self.group = None
+        elif not self._host_mode():
+            return step.shared(("slots", seq_len), lambda: self._slots_after_filled(seq_len))
+        return self._slots_after_filled(seq_len)
+
+    def _slots_after_filled(self, seq_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """:meth:`_next_slots` from this cache's own fill."""
         start = self.filled.clone()
         slots = start + torch.arange(seq_len, device=self.device)
         overflow = None
@@ -492,16 +491,17 @@ class StaticKVCache:
 
 class StaticStep:
     """What the attention layers of one model forward over :class:`StaticKVCache` s of one group (made by
-    one ``Decoder.new_cache`` call) have in common: the attention mask over the cache slots.
+    one ``Decoder.new_cache`` call) have in common: the new tokens' slots and the attention mask over them.
 
-    Every layer writes the same slots with the same positions and padding, so every layer would work out the
-    same slots for the new tokens (and the same overflow flags) and build the same mask; with a
-    ``StaticStep`` (``RotaryAttention(..., static_step=...)``, ``StaticKVCache.update(..., step=...)``) the
-    first layer does and the others reuse its results: about 20 small kernels fewer per layer and decoding
-    step on an accelerator. On the CPU, eagerly, the caches are read directly and nothing is shared. The model makes one per forward (:class:`rotary.models.Decoder` does) and, where values are not
-    read on the host, flags caches of the group whose fill differs (:func:`rotary.check_device_errors`):
-    they were written or reset one by one, and the shared mask would not be theirs. A cache written without
-    the step (its layer called alone) leaves the group, so the model no longer shares a mask over it.
+    Every layer writes the same slots with the same positions and padding, so every layer would work out
+    the same slots (and overflow flags) and build the same mask; with a ``StaticStep``
+    (``RotaryAttention(..., static_step=...)``, ``StaticKVCache.update(..., step=...)``) the first layer
+    does and the others reuse its results: about 18 small kernels fewer per layer and decoding step on an
+    accelerator. On the CPU, eagerly, the caches are read directly and nothing is shared. The model makes
+    one per forward (:class:`rotary.models.Decoder` does) and, where values are not read on the host,
+    flags caches of the group whose fill differs (:func:`rotary.check_device_errors`): they were written
+    or reset one by one, and the shared mask would not be theirs. A cache written without the step (its
+    layer called alone) leaves the group, so the model no longer shares a mask over it.
 
     Example:
         >>> step = StaticStep()

@@ -40,6 +40,8 @@ from .harness import (
     make_inputs,
     register_method,
     register_suite,
+    suite_device,
+    suite_repeats,
     time_interleaved,
 )
 from .runner import run
@@ -58,6 +60,8 @@ __all__ = [
     "SUITES",
     "register_method",
     "register_suite",
+    "suite_device",
+    "suite_repeats",
     "time_interleaved",
     "extra_peak_bytes",
     "allocations",

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .harness import DTYPE_NAMES, Result, installed, register_suite, time_interleaved
+from .harness import DTYPE_NAMES, Result, installed, register_suite, suite_device, suite_repeats, time_interleaved
+from .table import FUSED_RATIO
 
 __all__ = [
     "FusedShape",
@@ -203,7 +204,7 @@ def _time(options: argparse.Namespace, calls: dict[str, Callable[[], object]]) -
     """name -> (seconds per call, host seconds or None, how the time was taken, note): interleaved
     wall time on the CPU; with a device backend (``options.backend``), GPU time under CUDA-graph
     replay and host time."""
-    repeats = max(1, int(getattr(options, "repeats", 3) or 3))
+    repeats = suite_repeats(options)
     backend = getattr(options, "backend", None)
     if backend is None:
         return {name: (s, None, "", "") for name, s in time_interleaved(calls, repeats).items()}
@@ -229,22 +230,8 @@ def _compiled_rows(options: argparse.Namespace) -> bool:
 
 
 def _dtypes(options: argparse.Namespace) -> list[str]:
-    """``--dtypes`` (on the CPU its default, fp32 and bf16), else bf16."""
-    from ...errors import InputError
-
-    names = options.dtypes.split(",") if getattr(options, "dtypes", None) else ["bf16"]
-    for name in names:
-        if name not in DTYPE_NAMES:
-            raise InputError(f"unknown dtype {name!r} in --dtypes; use fp32, bf16 or fp16")
-    return names
-
-
-def _suite_device(options: argparse.Namespace) -> tuple[torch.device, str]:
-    """Where the suite's tensors live, and whose shapes it times (``"cuda"`` with a device backend)."""
-    backend = getattr(options, "backend", None)
-    if backend is not None:
-        return backend.device, "cuda"
-    return torch.device("cpu"), "cpu"
+    """``--dtypes`` (checked by the runner; on the CPU its default, fp32 and bf16), else bf16."""
+    return options.dtypes.split(",") if getattr(options, "dtypes", None) else ["bf16"]
 
 
 def _group_results(
@@ -253,15 +240,15 @@ def _group_results(
 ) -> list[Result]:  # fmt: skip
     """Time ``calls``, then one row each and the traffic-limit row, with "x traffic limit" ratios."""
     timed = _time(options, calls)
-    repeats = max(1, int(getattr(options, "repeats", 3) or 3))
+    repeats = suite_repeats(options)
     results = []
     for name, (seconds, host_s, how, note) in timed.items():
         r = Result(group, name, False, seconds, repeats, note="; ".join(filter(None, [notes.get(name, ""), note])))
         r.host_s, r.gpu_timing, r.kind = host_s, how, "fused"
         if math.isfinite(seconds) and limit_s > 0:
-            r.ratios["x traffic limit"] = seconds / limit_s
+            r.ratios[FUSED_RATIO] = seconds / limit_s
         results.append(r)
-    limit = Result(group, TRAFFIC_LIMIT, False, limit_s, repeats, note=limit_note, ratios={"x traffic limit": 1.0})
+    limit = Result(group, TRAFFIC_LIMIT, False, limit_s, repeats, note=limit_note, ratios={FUSED_RATIO: 1.0})
     limit.kind, limit.gpu_timing = "fused", ("" if getattr(options, "backend", None) is None else "computed")
     results.append(limit)
     return results
@@ -280,7 +267,7 @@ def _agreement(fused: tuple[torch.Tensor, ...], reference: tuple[torch.Tensor, .
 
 def _every_group(options: argparse.Namespace, group: Callable[..., list[Result]]) -> list[Result]:
     """The rows of ``group(options, shape, dtype_name, device, bandwidth)`` for every shape and dtype."""
-    device, kind = _suite_device(options)
+    device, kind = suite_device(options)
     bandwidth = copy_bandwidth(options, device)
     return [
         row

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .harness import DTYPE_NAMES, Result, installed, register_suite
+from .harness import DTYPE_NAMES, Result, installed, register_suite, suite_device, suite_repeats
 
 __all__ = ["GenerationShape", "SHAPES", "ROWS", "build_models", "generation_suite", "llama_state", "row_calls"]
 
@@ -177,10 +177,9 @@ def _timed(call: Callable[[], torch.Tensor], device: torch.device) -> tuple[floa
 
 def generation_suite(options: argparse.Namespace) -> list[Result]:
     """The generation group (see the module's docstring): one row per way of generating."""
-    backend = getattr(options, "backend", None)
-    device = backend.device if backend is not None else torch.device(getattr(options, "device", None) or "cpu")
+    device, kind = suite_device(options)
     quick = bool(getattr(options, "quick", False))
-    shape = SHAPES["quick" if quick else ("cuda" if device.type == "cuda" else "cpu")]
+    shape = SHAPES["quick" if quick else kind]
     rows = list(ROWS)
     if getattr(options, "no_compile", False) or (quick and not getattr(options, "compile", False)):
         rows.remove("rotary static + torch.compile")
@@ -188,7 +187,7 @@ def generation_suite(options: argparse.Namespace) -> list[Result]:
     decoder, llama = build_models(shape, device, with_hf)
     ids = torch.randint(1, shape.vocab, (shape.batch, shape.prompt), generator=torch.Generator().manual_seed(0))
     calls = row_calls(decoder, llama, ids.to(device), shape.new, rows)
-    repeats = max(1, int(getattr(options, "repeats", 3) or 3))
+    repeats = suite_repeats(options)
     first: dict[str, float] = {}
     tokens: dict[str, torch.Tensor] = {}
     failed = {name: "needs transformers (pip install transformers)" for name in rows if name.startswith("HF") and not with_hf}

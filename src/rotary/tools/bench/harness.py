@@ -33,6 +33,8 @@ __all__ = [
     "SUITE_DEVICES",
     "register_method",
     "register_suite",
+    "suite_device",
+    "suite_repeats",
     "time_interleaved",
     "extra_peak_bytes",
     "allocations",
@@ -228,6 +230,20 @@ def register_suite(
     """
     SUITES[name] = suite
     SUITE_DEVICES[name] = tuple(devices)
+
+
+def suite_device(options: argparse.Namespace) -> tuple[torch.device, str]:
+    """Where a suite's tensors live and whose shapes it times: the device backend's (``options.backend``,
+    ``--device cuda``) and ``"cuda"``, else the CPU and ``"cpu"``."""
+    backend = getattr(options, "backend", None)
+    if backend is not None:
+        return backend.device, "cuda"
+    return torch.device("cpu"), "cpu"
+
+
+def suite_repeats(options: argparse.Namespace) -> int:
+    """``--repeats`` for a suite (at least 1; 3 when not given)."""
+    return max(1, int(getattr(options, "repeats", 3) or 3))
 
 
 # measurement -----------------------------------------------------------------------------------

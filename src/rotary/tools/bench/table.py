@@ -34,8 +34,9 @@ def _micro(seconds: float | None) -> str:
     return f"{seconds * 1e6:.1f}"
 
 
-def device_row(r: Result) -> list[str]:
-    """A GPU row's cells (:data:`DEVICE_HEADER`); a GPU time not from graph replay says how it was taken.
+def device_row(r: Result, ratio: str = "x copy") -> list[str]:
+    """A GPU row's cells (:data:`DEVICE_HEADER`, with the ``ratio`` of the row in its third column); a GPU
+    time not from graph replay says how it was taken.
 
     Example:
         >>> device_row(Result("g", "HF", False, 2.5e-5, 9, ratios={"x copy": 2.0}, host_s=1.4e-4, gpu_timing="graph"))
@@ -46,9 +47,8 @@ def device_row(r: Result) -> list[str]:
     gpu = _micro(r.median_s)
     if gpu != "—" and r.gpu_timing != "graph":
         gpu += f" ({r.gpu_timing})"
-    ratio = f"{r.ratios['x copy']:.2f}" if "x copy" in r.ratios else ""
     method = r.method + (" (fwd+bwd)" if r.backward and "fwd+bwd" not in r.method else "")
-    return [method, gpu, ratio, _micro(r.host_s), r.note]
+    return [method, gpu, f"{r.ratios[ratio]:.2f}" if ratio in r.ratios else "", _micro(r.host_s), r.note]
 
 
 #: the columns of a generation group
@@ -73,25 +73,18 @@ def generation_row(r: Result) -> list[str]:
 
 
 def _fused_table(group: str, rows: list[Result], markdown: bool) -> list[str]:
-    """A fused-op group: µs per call (GPU time and host time on a device), x traffic limit, note."""
-    on_device = any(r.gpu_timing for r in rows)
-    table = []
-    for r in rows:
-        ratio = f"{r.ratios['x traffic limit']:.2f}" if "x traffic limit" in r.ratios else ""
-        if on_device:
-            gpu = _micro(r.median_s)
-            if gpu != "—" and r.gpu_timing not in ("graph", "computed"):
-                gpu += f" ({r.gpu_timing})"
-            table.append([r.method, gpu, ratio, _micro(r.host_s), r.note])
-        else:
-            table.append([r.method, _micro(r.median_s), ratio, r.note])
-    header = FUSED_DEVICE_HEADER if on_device else FUSED_HEADER
-    return group_table(group, header, table, markdown, left=(0, len(header) - 1))
+    """A fused-op group: µs per call (on a device: GPU time and host time, as :func:`device_row`), x
+    traffic limit, note."""
+    if any(r.gpu_timing for r in rows):
+        header = [FUSED_RATIO if c == "x copy" else c for c in DEVICE_HEADER]
+        return group_table(group, header, [device_row(r, FUSED_RATIO) for r in rows], markdown, left=(0, 4))
+    table = [[r.method, _micro(r.median_s), f"{r.ratios[FUSED_RATIO]:.2f}" if FUSED_RATIO in r.ratios else "", r.note]
+             for r in rows]  # fmt: skip
+    return group_table(group, ["method", "µs/call", FUSED_RATIO, "note"], table, markdown, left=(0, 3))
 
 
-#: the columns of a fused-op group on the CPU and on a device
-FUSED_HEADER = ["method", "µs/call", "x traffic limit", "note"]
-FUSED_DEVICE_HEADER = ["method", "GPU µs/call (graph)", "x traffic limit", "host µs/call (eager)", "note"]
+#: the ratio column of a fused-op group
+FUSED_RATIO = "x traffic limit"
 
 
 def _machine_line(machine: dict[str, Any]) -> list[str]:

@@ -198,7 +198,7 @@ if triton is not None:
     @triton.jit
     def _norm_rotary_kernel(
         XQ, OUTQ, RSTDQ, WQ, COSQ, SINQ, XK, OUTK, RSTDK, WK, COSK, SINK, POS, FLAGS,
-        S, HQ, HK, Q_BLOCKS, table_rows, batch_rows, spb, sps, eps,
+        S, HQ, HK, Q_BLOCKS, table_rows, batch_rows, spb, sps, eps: tl.float64,
         tq_stride, tq_head, sqb, sqs, sqh, soqb, soqs, soqh, srqb, srqs, srqh,
         tk_stride, tk_head, skb, sks, skh, sokb, soks, sokh, srkb, srks, srkh,
         HALF: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_REST: tl.constexpr,
@@ -211,6 +211,9 @@ if triton is not None:
         b = row // S
         s = row % S
         compute = tl.float64 if FP64 else tl.float32
+        # eps arrives as a double (a Python float would be passed as fp32) and is rounded to the arithmetic
+        # dtype once, as torch rounds a Python scalar added to a tensor
+        eps = tl.full((), eps, tl.float64).to(compute)
         if HAS_POSITIONS:
             t = tl.load(POS + b * spb + s * sps)
             outside = (t < 0) | (t >= table_rows)

@@ -1,0 +1,95 @@
+"""rotary's Triton kernels compiled for NVIDIA GPUs on this machine, which has none.
+
+``benchmarks/triton_compile.py`` launches every kernel configuration through rotary's launch functions
+with a compile-only stand-in for Triton's CUDA driver: Triton compiles each launch to PTX and a cubin
+(``ptxas`` ships in the triton wheel) and runs nothing. Triton's interpreter, which runs the kernels'
+arithmetic in the other tests, accepts code that the GPU compiler rejects; these tests catch that, and
+register spills and unvectorised accesses on the hot paths, without a GPU. Speed is not measured here.
+
+Each check runs in a fresh process: the interpreter must be off (other tests switch it on) and the
+stand-in driver replaces Triton's for the whole process.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")  # a test dependency (pyproject [test]); CUDA tensors take the torch path without it
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "triton_compile.py"
+
+
+def _run(*args: str, code: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    command = [sys.executable, "-c", code] if code is not None else [sys.executable, str(SCRIPT), *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
+
+
+def _lines(out: str) -> dict[str, str]:
+    """configuration -> its report line (kernel, registers, accesses)."""
+    found = {}
+    for line in out.splitlines():
+        m = re.match(r"^(ok|SPILLED|FAILED)\s+(\S+)\s+(.+?)\s+reg ", line)
+        if m:
+            found.setdefault(m.group(3).strip(), line)
+    return found
+
+
+@pytest.mark.slow
+def test_every_kernel_configuration_compiles_for_sm90_without_spills():
+    done = _run("--arch", "90")
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    total = int(re.search(r"sm_90, triton \S+: (\d+) launches", done.stdout).group(1))
+    assert total >= 60  # every kernel, dtype, pairing and option of the matrix
+    assert f"{total} of {total} compiled without spills" in done.stdout
+    kernels = set(re.findall(r"^ok\s+(\S+)", done.stdout, re.M))
+    assert kernels == {"_rotary_kernel", "_rotate_cache_kernel", "_table_grad_kernel", "_norm_rotary_kernel"}
+
+
+@pytest.mark.slow
+def test_the_serving_kernels_compile_for_sm80_and_move_bf16_in_16_byte_accesses():
+    done = _run("--arch", "80", "--hot")
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    lines = _lines(done.stdout)
+    # the half pairing at head_dim 128: every q/k/cache element moves in 16-byte vectors (ld/st.v4.b32);
+    # the only scalar accesses left are a token's position and slot (b64) and RMSNorm's rstd (st.b32)
+    for config in (
+        "decode bf16 half offset bhsd", "rotate bf16 half", "rotate bf16 half positions", "rotate_and_cache bf16 half",
+        "rotate_and_cache bf16 half positions", "rmsnorm_rotate bf16 half",
+    ):  # fmt: skip
+        line = lines[config]
+        accesses = dict((k, int(n)) for k, n in re.findall(r"((?:ld|st)(?:\.v\d)?\.b\d+)x(\d+)", line))
+        assert accesses.get("ld.v4.b32", 0) >= 12 and accesses.get("st.v4.b32", 0) >= 4, line
+        scalar = {k for k in accesses if not k.startswith(("ld.v4", "st.v4"))}
+        assert scalar <= {"ld.b64", "st.b32"}, line
+        if "rmsnorm" not in config:
+            assert "st.b32" not in scalar, line
+
+
+EPS = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, "benchmarks")
+    import triton_compile as tc
+    launches = tc.compile_all(90, only={"rmsnorm_rotate fp64 half partial", "rmsnorm_rotate fp32 half partial"})
+    for launch in launches:
+        print(launch.config, launch.compiled.src.signature["eps"], "cvt.rn.f32.f64" in launch.compiled.asm["ptx"])
+    """
+)
+
+
+@pytest.mark.slow
+def test_rmsnorm_rotate_takes_eps_as_a_double_and_rounds_it_to_the_arithmetic_dtype():
+    # a Python float is passed to Triton as fp32: 1e-6 would have lost its low bits for fp64 inputs
+    done = _run(code=EPS)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "rmsnorm_rotate fp64 half partial fp64 False" in done.stdout  # double throughout
+    assert "rmsnorm_rotate fp32 half partial fp64 True" in done.stdout  # one rounding to fp32, as torch's

@@ -122,7 +122,9 @@ def _tables(r: int, interleaved: bool, dtype: torch.dtype, per_head: int = 0, ro
     return cos_sin_table(pos, inv, interleaved=interleaved, dtype=table_dtype)
 
 
-def _rotation(q, k, r, interleaved, dtype, positions="none", per_head=False, separate_k=False, conjugate=False, outs=None):
+def _rotation(
+    q, k, r, interleaved, dtype, positions="none", per_head=False, separate_k=False, conjugate=False, outs=None
+):
     from rotary.kernels.contract import Rotation
 
     B, S = q.shape[:2]
@@ -210,7 +212,19 @@ def configurations(hot: bool):
             q, k = torch.randn(shape(32)).to(dtype), torch.randn(shape(8)).to(dtype)
             cos, sin = _tables(D, interleaved, torch.float32, rows=64)
             rows = torch.randint(0, 64, (B, S)) if kind == "rows" else None
-            got = _decode_triton(q, k, cos, sin, 2 if layout == "bhsd" else 1, interleaved, False, None, 5 if rows is None else 0, rows, 0)
+            got = _decode_triton(
+                q,
+                k,
+                cos,
+                sin,
+                2 if layout == "bhsd" else 1,
+                interleaved,
+                False,
+                None,
+                5 if rows is None else 0,
+                rows,
+                0,
+            )
             assert got is not None, f"the decoding fast path declined {name}"
 
         calls.append((f"decode {name}", call))
@@ -234,11 +248,40 @@ def configurations(hot: bool):
         for interleaved in (False, True):
             pairing = "interleaved" if interleaved else "half"
             rotation_case(f"{tag} {pairing} D64 partial", dtype, D=64, r=32, interleaved=interleaved, hq=4, hk=2)
-            rotation_case(f"{tag} {pairing} conjugate stacked", dtype, D=64, interleaved=interleaved, hq=4, hk=2, conjugate=True, positions="stacked")
-            cache_case(f"{tag} {pairing} partial dv", dtype, D=64, r=48, interleaved=interleaved, dv=32, positions="per_batch", bc=1)
+            rotation_case(
+                f"{tag} {pairing} conjugate stacked",
+                dtype,
+                D=64,
+                interleaved=interleaved,
+                hq=4,
+                hk=2,
+                conjugate=True,
+                positions="stacked",
+            )
+            cache_case(
+                f"{tag} {pairing} partial dv",
+                dtype,
+                D=64,
+                r=48,
+                interleaved=interleaved,
+                dv=32,
+                positions="per_batch",
+                bc=1,
+            )
             grad_case(f"{tag} {pairing}", dtype, interleaved=interleaved, conjugate=interleaved)
-            norm_case(f"{tag} {pairing} partial", dtype, D=64, r=32, interleaved=interleaved, round_normed=not interleaved, hq=4, hk=2)
-    rotation_case("fp32 half per-head tables separate k", torch.float32, D=32, hq=4, hk=4, per_head=True, separate_k=True)
+            norm_case(
+                f"{tag} {pairing} partial",
+                dtype,
+                D=64,
+                r=32,
+                interleaved=interleaved,
+                round_normed=not interleaved,
+                hq=4,
+                hk=2,
+            )
+    rotation_case(
+        "fp32 half per-head tables separate k", torch.float32, D=32, hq=4, hk=4, per_head=True, separate_k=True
+    )
     rotation_case("fp16 half q alone odd heads", torch.float16, D=96, hq=5, hk=0)
     cache_case("fp16 half in place", torch.float16, inplace=True)
     grad_case("fp32 half per-head", torch.float32, per_head=True)
@@ -256,7 +299,9 @@ def resources(cubin: bytes) -> dict[str, int]:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        out = subprocess.run([str(_TOOLS / "cuobjdump"), "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [str(_TOOLS / "cuobjdump"), "-res-usage", f.name], capture_output=True, text=True, check=True
+        ).stdout
     found = dict(re.findall(r"\b(REG|STACK|LOCAL|SHARED):(\d+)", out))
     return {k: int(v) for k, v in found.items()}
 
@@ -296,7 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability x10 (default 90: H100/H200)")
     parser.add_argument("--hot", action="store_true", help="the serving shapes only")
-    parser.add_argument("--ptx", metavar="DIR", help="also write each launch's PTX there (to diff two versions of a kernel)")
+    parser.add_argument(
+        "--ptx", metavar="DIR", help="also write each launch's PTX there (to diff two versions of a kernel)"
+    )
     args = parser.parse_args(argv)
     compile_all(args.arch, args.hot)
     if args.ptx:
@@ -305,7 +352,11 @@ def main(argv: list[str] | None = None) -> int:
             if launch.compiled is not None:
                 name = re.sub(r"[^\w]+", "_", f"{i:02d} {launch.config} {launch.kernel}")
                 # without the debug line records, which move whenever the source lines do
-                ptx = "\n".join(line for line in launch.compiled.asm["ptx"].splitlines() if not line.lstrip().startswith((".loc", ".file")))
+                ptx = "\n".join(
+                    line
+                    for line in launch.compiled.asm["ptx"].splitlines()
+                    if not line.lstrip().startswith((".loc", ".file"))
+                )
                 (Path(args.ptx) / f"{name}.ptx").write_text(ptx)
     failed = 0
     print(f"sm_{args.arch}, triton {triton.__version__}: {len(LAUNCHES)} launches")

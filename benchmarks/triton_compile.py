@@ -337,6 +337,14 @@ def compile_all(arch: int, hot: bool = False, only: set[str] | None = None) -> l
     return LAUNCHES
 
 
+def code_only(ptx: str) -> str:
+    """``ptx`` without its debug records (line records, their labels, the DWARF sections), which change
+    whenever source lines move: two kernels that compile to the same code give the same text."""
+    code = ptx.split("\t.section\t.debug", 1)[0]
+    keep = (line for line in code.splitlines() if not line.lstrip().startswith((".loc", ".file", "$L__tmp")))
+    return "\n".join(keep) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability x10 (default 90: H100/H200)")
@@ -351,12 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         for i, launch in enumerate(LAUNCHES):
             if launch.compiled is not None:
                 name = re.sub(r"[^\w]+", "_", f"{i:02d} {launch.config} {launch.kernel}")
-                # without the debug line records, which move whenever the source lines do
-                ptx = "\n".join(
-                    line
-                    for line in launch.compiled.asm["ptx"].splitlines()
-                    if not line.lstrip().startswith((".loc", ".file"))
-                )
+                ptx = code_only(launch.compiled.asm["ptx"])
                 (Path(args.ptx) / f"{name}.ptx").write_text(ptx)
     failed = 0
     print(f"sm_{args.arch}, triton {triton.__version__}: {len(LAUNCHES)} launches")

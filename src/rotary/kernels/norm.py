@@ -138,6 +138,7 @@ def run_torch(rotation: Rotation, norm: Norm, rstds: tuple[torch.Tensor, ...]) -
 
 triton = triton_kernel.triton
 tl = triton_kernel.tl
+_token_row = getattr(triton_kernel, "_token_row", None)
 
 if triton is not None:
 
@@ -208,23 +209,10 @@ if triton is not None:
         # both, as the rotation kernel; positions checked as there, flags set once per token)
         row = tl.program_id(0)
         block = tl.program_id(1)
-        b = row // S
-        s = row % S
-        compute = tl.float64 if FP64 else tl.float32
         # eps arrives as a double (a Python float would be passed as fp32) and is rounded to the arithmetic
         # dtype once, as torch rounds a Python scalar added to a tensor
-        eps = tl.full((), eps, tl.float64).to(compute)
-        if HAS_POSITIONS:
-            t = tl.load(POS + b * spb + s * sps)
-            outside = (t < 0) | (t >= table_rows)
-            if outside & (block == 0):
-                tl.atomic_add(FLAGS, 1)
-                tl.atomic_max(FLAGS + 1, t)
-            t = tl.where(outside, 0, t)
-            poison = tl.where(outside, float("nan"), 0.0).to(compute)
-        else:
-            t = b * batch_rows + s
-            poison = tl.zeros((), dtype=compute)
+        eps = tl.full((), eps, tl.float64).to(tl.float64 if FP64 else tl.float32)
+        b, s, t, poison = _token_row(POS, FLAGS, row, block, S, table_rows, batch_rows, spb, sps, HAS_POSITIONS, FP64)
         if block < Q_BLOCKS:
             heads = block * BLOCK_H + tl.arange(0, BLOCK_H)
             _norm_rotate_heads(

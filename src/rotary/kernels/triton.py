@@ -81,6 +81,30 @@ if triton is not None:
                 tl.store(o + rest[None, :], tl.load(x + rest[None, :], mask=rest_mask), mask=rest_mask)
 
     @triton.jit
+    def _token_row(
+        POS, FLAGS, row, block, S, table_rows, batch_rows, spb, sps, HAS_POSITIONS: tl.constexpr, FP64: tl.constexpr
+    ):  # fmt: skip
+        """The per-token prologue of every kernel: program row ``row`` is token (b, s); returns
+        ``(b, s, t, poison)``, ``t`` the token's table row and ``poison`` 0, or NaN for a position outside
+        the table. Such a token reads row 0 (no read past the table) and sets the deferred-error flags
+        (count and largest position) once, in its first head block."""
+        b = row // S
+        s = row % S
+        compute = tl.float64 if FP64 else tl.float32
+        if HAS_POSITIONS:
+            t = tl.load(POS + b * spb + s * sps)
+            outside = (t < 0) | (t >= table_rows)
+            if outside & (block == 0):
+                tl.atomic_add(FLAGS, 1)
+                tl.atomic_max(FLAGS + 1, t)
+            t = tl.where(outside, 0, t)
+            poison = tl.where(outside, float("nan"), 0.0).to(compute)
+        else:
+            t = b * batch_rows + s
+            poison = tl.zeros((), dtype=compute)
+        return b, s, t, poison
+
+    @triton.jit
     def _rotary_kernel(
         XQ, OUTQ, COSQ, SINQ, XK, OUTK, COSK, SINK, POS, FLAGS,
         S, HQ, HK, Q_BLOCKS, table_rows, batch_rows, spb, sps,
@@ -94,22 +118,7 @@ if triton is not None:
         # launch for both, GQA head counts may differ; k may have its own tables, e.g. xPos)
         row = tl.program_id(0)
         block = tl.program_id(1)
-        b = row // S
-        s = row % S
-        compute = tl.float64 if FP64 else tl.float32
-        if HAS_POSITIONS:
-            t = tl.load(POS + b * spb + s * sps)
-            # a position outside the table: no read past it, NaN out, and the deferred-error flags
-            # (count and largest position) set once per token, by its first head block
-            outside = (t < 0) | (t >= table_rows)
-            if outside & (block == 0):
-                tl.atomic_add(FLAGS, 1)
-                tl.atomic_max(FLAGS + 1, t)
-            t = tl.where(outside, 0, t)
-            poison = tl.where(outside, float("nan"), 0.0).to(compute)
-        else:
-            t = b * batch_rows + s
-            poison = tl.zeros((), dtype=compute)
+        b, s, t, poison = _token_row(POS, FLAGS, row, block, S, table_rows, batch_rows, spb, sps, HAS_POSITIONS, FP64)
         if block < Q_BLOCKS:
             heads = block * BLOCK_H + tl.arange(0, BLOCK_H)
             _rotate_heads(
@@ -137,20 +146,7 @@ if triton is not None:
         # cache row of the token's slot, and copy v into the value cache row
         row = tl.program_id(0)
         block = tl.program_id(1)
-        b = row // S
-        s = row % S
-        compute = tl.float64 if FP64 else tl.float32
-        if HAS_POSITIONS:
-            t = tl.load(POS + b * spb + s * sps)
-            outside = (t < 0) | (t >= table_rows)
-            if outside & (block == 0):
-                tl.atomic_add(FLAGS, 1)
-                tl.atomic_max(FLAGS + 1, t)
-            t = tl.where(outside, 0, t)
-            poison = tl.where(outside, float("nan"), 0.0).to(compute)
-        else:
-            t = b * batch_rows + s
-            poison = tl.zeros((), dtype=compute)
+        b, s, t, poison = _token_row(POS, FLAGS, row, block, S, table_rows, batch_rows, spb, sps, HAS_POSITIONS, FP64)
         if block < Q_BLOCKS:
             heads = block * BLOCK_H + tl.arange(0, BLOCK_H)
             _rotate_heads(

@@ -59,11 +59,14 @@ def test_the_serving_kernels_compile_for_sm80_and_move_bf16_in_16_byte_accesses(
     done = _run("--arch", "80", "--hot")
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     lines = _lines(done.stdout)
-    # the half pairing at head_dim 128: every q/k/cache element moves in 16-byte vectors (ld/st.v4.b32);
-    # the only scalar accesses left are a token's position and slot (b64) and RMSNorm's rstd (st.b32)
+    # head_dim 128, both pairings: every q/k/cache element moves in 16-byte vectors (ld/st.v4.b32); the
+    # only scalar accesses left are a token's position and slot (b64) and RMSNorm's rstd (st.b32). The
+    # interleaved pairing loads contiguous rows and splits the pairs in registers (it loaded each
+    # channel's partner with 2- and 4-byte loads before)
     for config in (
         "decode bf16 half offset bhsd", "rotate bf16 half", "rotate bf16 half positions", "rotate_and_cache bf16 half",
-        "rotate_and_cache bf16 half positions", "rmsnorm_rotate bf16 half",
+        "rotate_and_cache bf16 half positions", "rmsnorm_rotate bf16 half", "rotate bf16 interleaved",
+        "decode fp16 interleaved offset",
     ):  # fmt: skip
         line = lines[config]
         accesses = dict((k, int(n)) for k, n in re.findall(r"((?:ld|st)(?:\.v\d)?\.b\d+)x(\d+)", line))

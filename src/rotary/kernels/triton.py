@@ -35,6 +35,16 @@ def available() -> bool:
 if triton is not None:
 
     @triton.jit
+    def _pairs(rows, BLOCK_P: tl.constexpr):
+        """``[N, 2 * BLOCK_P]`` rows of interleaved pairs -> their first and second channels, ``[N, BLOCK_P]`` each."""
+        return tl.split(tl.reshape(rows, (rows.shape[0], BLOCK_P, 2)))
+
+    @triton.jit
+    def _unpairs(first, second, BLOCK_P: tl.constexpr):
+        """The inverse of :func:`_pairs`: ``[N, BLOCK_P]`` twice -> ``[N, 2 * BLOCK_P]`` interleaved."""
+        return tl.reshape(tl.join(first, second), (first.shape[0], 2 * BLOCK_P))
+
+    @triton.jit
     def _rotate_heads(
         X, OUT, COS, SIN, b, s, t, poison, heads, H, table_stride, head_stride, sxb, sxs, sxh, sob, sos, soh,
         HALF: tl.constexpr, D: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_REST: tl.constexpr,
@@ -46,22 +56,27 @@ if triton is not None:
         x = X + b * sxb + s * sxs + heads[:, None] * sxh
         o = OUT + b * sob + s * sos + heads[:, None] * soh
         if INTERLEAVED:
-            # pairs (2i, 2i + 1): load the rotated channels contiguously and each channel's partner
-            # (j ^ 1, in the same sector), so loads and stores stay coalesced; channel j takes the
-            # table entry of its pair's first channel and sign -1 (first) or +1 (second) on the partner
+            # pairs (2i, 2i + 1): the rotated channels, and their tables (which repeat each pair's entry),
+            # are loaded and stored as contiguous rows (16-byte accesses) and split into [.., pair, 2]
+            # halves in registers; each result is x * cos + partner * sin, the partner signed -1 for a
+            # pair's first channel, as written before the split (the same roundings, FMA included)
             j = tl.arange(0, 2 * BLOCK_P)
             mask = (heads < H)[:, None] & (j < 2 * HALF)[None, :]
-            table = t * table_stride + heads[:, None] * head_stride + (j - j % 2)[None, :]
-            c = tl.load(COS + table, mask=mask, other=0.0).to(compute) + poison
-            sn = tl.load(SIN + table, mask=mask, other=0.0).to(compute)
+            table = t * table_stride + heads[:, None] * head_stride + j[None, :]
+            c, _ = _pairs(tl.load(COS + table, mask=mask, other=0.0), BLOCK_P)
+            sn, _ = _pairs(tl.load(SIN + table, mask=mask, other=0.0), BLOCK_P)
+            c = c.to(compute) + poison
+            sn = sn.to(compute)
             if CONJUGATE:
                 sn = -sn
-            a = tl.load(x + j[None, :], mask=mask, other=0.0).to(compute)
-            z = tl.load(x + (j ^ 1)[None, :], mask=mask, other=0.0).to(compute)
-            z = tl.where((j % 2 == 0)[None, :], -z, z)
-            if INPLACE:  # a partner may belong to another warp: every load before any store
+            even, odd = _pairs(tl.load(x + j[None, :], mask=mask, other=0.0), BLOCK_P)
+            even = even.to(compute)
+            odd = odd.to(compute)
+            if INPLACE:  # stores may go through other threads than the loads: every load before any store
                 tl.debug_barrier()
-            tl.store(o + j[None, :], (a * c + z * sn).to(OUT.dtype.element_ty), mask=mask)
+            out_even = (even * c + (-odd) * sn).to(OUT.dtype.element_ty)
+            out_odd = (odd * c + even * sn).to(OUT.dtype.element_ty)
+            tl.store(o + j[None, :], _unpairs(out_even, out_odd, BLOCK_P), mask=mask)
         else:
             pair = tl.arange(0, BLOCK_P)
             mask = (heads < H)[:, None] & (pair < HALF)[None, :]

@@ -57,6 +57,9 @@ NOT_RUN = {
     "rotary bench --device cuda --shapes none --suites generation": "needs a GPU; minutes",
     "rotary bench --device cuda --shapes none --suites generation --repeats 1": "needs a GPU; a minute",
     "rotary bench --device cuda --shapes none --suites rmsnorm_rotate": "needs a GPU",
+    ".venv/bin/python benchmarks/triton_compile.py --hot": (
+        "compiles the kernels for sm_90, seconds; tests/kernels/test_triton_compile.py runs it"
+    ),
     "python -m venv .venv": "creates an environment",
     ". .venv/bin/activate": "changes the shell's environment",
     "pip install torch==2.13.0": "installs packages",

@@ -268,6 +268,22 @@ def test_inplace_on_overlapping_views_is_refused_but_disjoint_views_work(gen):
     assert torch.equal(q, want[0]) and torch.equal(k, want[1])
 
 
+def test_inplace_on_the_meta_device_tells_storages_apart():
+    """Every meta storage has address 0: separate tensors are not one memory, but views of one buffer
+    that share elements are still refused."""
+    rope = rotary.RoPE(64)
+    q, k = torch.zeros(1, 8, 8, 64, device="meta"), torch.zeros(1, 2, 8, 64, device="meta")
+    q_rot, k_rot = rope(q, k, inplace=True)
+    assert q_rot is q and k_rot is k
+    qkv = torch.zeros(1, 8, 8, 64, device="meta")
+    with pytest.raises(ValueError, match="q and k share memory"):
+        rope(qkv[:, 0:4], qkv[:, 2:6], inplace=True)
+    with pytest.raises(ValueError, match="q and k are the same memory"):
+        rope(q, q, inplace=True)
+    fused = torch.zeros(1, 8, 3, 4, 64, device="meta")  # q, k interleaved in one buffer, no element shared
+    rope(fused[:, :, 0], fused[:, :, 1], layout="bshd", inplace=True)
+
+
 def test_negative_positions_fail_under_compile_too():
     rope = rotary.RoPE(16)
     f = torch.compile(lambda q, p: rope(q, q, position_ids=p), backend="eager", fullgraph=True)

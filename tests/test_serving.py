@@ -16,6 +16,7 @@ import rotary
 from helpers import accelerator_rules
 from rotary import deferred
 from rotary.errors import DeviceInputError
+from rotary.serving import tables_from_cos_sin_cache
 
 B, S, HQ, HK, D, T = 2, 3, 4, 2, 16, 10
 
@@ -442,3 +443,63 @@ def test_slots_shared_by_every_sequence_write_what_their_copy_writes(cache_layou
     for a, b in zip((*got, caches[0], caches[1]), (*want, caches[2], caches[3])):
         assert torch.equal(a, b)
     assert caches[0].abs().sum() > 0
+
+
+def _cos_sin_cache(rows=32):
+    cos, sin = rotary.RoPE(D).cos_sin(torch.arange(rows))
+    return torch.cat((cos[:, : D // 2], sin[:, : D // 2]), dim=-1)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_row_of_cos_sin_cache_is_named_on_the_cpu_and_flagged_on_an_accelerator(bad):
+    # a NaN or inf in the caller's cos_sin_cache gave NaN tokens, with no error and no deferred flag
+    deferred.flags(torch.device("cpu")).zero_()
+    cos_sin_cache = _cos_sin_cache()
+    cos_sin_cache[8, D // 2 + 1] = bad  # a sin value of position 8
+    cos_sin_cache[30, 0] = bad  # a row no token reads: not checked (only the gathered rows are)
+    q, k, v = _inputs(torch.float32)
+    positions = torch.tensor([[3, 4, 5], [7, 8, 9]])
+    caches = _caches(torch.float32)
+    with pytest.raises(rotary.InputError, match=r"cos_sin_cache row 8 \(the position of token \(1, 1\)\) holds NaN or inf"):
+        rotary.rotate_and_cache(q, k, v, *caches, SLOTS, positions=positions, cos_sin_cache=cos_sin_cache)
+    assert (caches[0] == 7).all() and (caches[1] == 7).all()  # nothing written
+    with pytest.raises(rotary.InputError, match=r"cos_sin_cache row 8 \(the position of token 4\)"):
+        tables_from_cos_sin_cache(cos_sin_cache, positions.flatten())
+    good = torch.tensor([[3, 4, 5], [7, 6, 9]])
+    want = rotary.rotate_and_cache(q, k, v, *_caches(torch.float32), SLOTS, rotary.RoPE(D).tables(good))
+    got = rotary.rotate_and_cache(q, k, v, *_caches(torch.float32), SLOTS, positions=good, cos_sin_cache=cos_sin_cache)
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    with accelerator_rules():  # nothing read: the token of row 8 is not finite, and flagged
+        q_rot, k_rot = rotary.rotate_and_cache(q, k, v, *_caches(torch.float32), SLOTS, positions=positions, cos_sin_cache=cos_sin_cache)
+    assert not torch.isfinite(q_rot[1, 1]).all() and torch.isfinite(q_rot[0]).all() and torch.isfinite(k_rot[1, 0]).all()
+    with pytest.raises(DeviceInputError, match=r"cos_sin_cache rows holding NaN or inf"):
+        deferred.check_device_errors()
+    with accelerator_rules():
+        rotary.rotate_and_cache(q, k, v, *_caches(torch.float32), SLOTS, positions=good, cos_sin_cache=cos_sin_cache)
+    deferred.check_device_errors()  # the good rows flag nothing
+
+
+def test_finite_cos_sin_cache_rows_whose_sum_overflows_are_not_refused():
+    """The CPU check sums the gathered rows (NaN and inf survive a sum) and looks closer only when the sum
+    is not finite: large finite values (the caller's table, used as given) overflow the sum, not the check."""
+    cos_sin_cache = torch.full((16, D), 3e38)
+    q, k, v = _inputs(torch.float32)
+    tables = tables_from_cos_sin_cache(cos_sin_cache, torch.tensor([[1, 2, 3], [4, 5, 6]]))
+    assert torch.equal(tables.cos, torch.full((B, S, D), 3e38))
+
+
+def test_a_non_finite_cos_sin_cache_row_fails_when_the_compiled_graph_runs():
+    cos_sin_cache = _cos_sin_cache()
+    cos_sin_cache[8, 0] = float("nan")
+
+    def step(q, k, v, kc, vc, slots, pos):
+        return rotary.rotate_and_cache(q, k, v, kc, vc, slots, positions=pos, cos_sin_cache=cos_sin_cache)
+
+    q, k, v = _inputs(torch.float32)
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    caches = _caches(torch.float32)
+    compiled(q, k, v, *caches, SLOTS, torch.tensor([[3, 4, 5], [7, 6, 9]]))
+    assert torch.isfinite(caches[0]).all()
+    with pytest.raises(RuntimeError, match="cos_sin_cache rows read by these positions hold NaN or inf"):
+        compiled(q, k, v, *_caches(torch.float32), SLOTS, torch.tensor([[3, 4, 5], [7, 8, 9]]))

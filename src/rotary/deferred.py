@@ -18,6 +18,7 @@ Where each check lives:
   pure-torch path on accelerators), per token;
 - tables a caller made (:func:`rotary.apply_rotary`): once per tensor version, a few sampled rows
   (:func:`check_tables_once`);
+- a ``cos_sin_cache`` given to :func:`rotary.rotate_and_cache`: the rows its tokens read, NaN or inf;
 - hand-made :class:`~rotary.positions.Positions`, attention masks, ``cu_seqlens``, token ids
   (:class:`rotary.models.Decoder`, whose embedding then reads unknown ids as 0), writes past the end
   of a :class:`rotary.nn.StaticKVCache`, :meth:`~rotary.models.Decoder.generate`'s prompt padding:
@@ -56,6 +57,7 @@ __all__ = [
     "LEARNED_POSITION_SLOT",
     "PROMPT_SLOT",
     "CACHE_GROUP_SLOT",
+    "COS_SIN_CACHE_SLOT",
     "LEARNED_SLOT",
     "record",
     "record_positions",
@@ -98,8 +100,11 @@ CHECKS: dict[int, str] = {
     14: "static caches of one Decoder.new_cache call that were filled to different lengths (one was reset() or "
     "written alone): the model's layers share one attention mask over them, which was not every layer's. Write "
     "and reset them together, through the model (or make one cache per layer with StaticKVCache(...) yourself)",
+    15: "cos_sin_cache rows holding NaN or inf, read by the positions given with them to rotate_and_cache; the rotated "
+    "channels of those tokens are NaN or inf. Build the table from finite cos/sin values (check it once where you build it: "
+    "torch.isfinite(cos_sin_cache).all())",
 }
-SLOTS = 16  # room for checks to come
+SLOTS = 16  # all taken: a check to come makes it larger
 POSITION_SLOT = 0  # counts tokens whose position was outside the table (written by the kernels)
 LARGEST_SLOT = 1  # the largest offending position (atomic max in the kernels)
 TABLES_SLOT, POSITIONS_SLOT, CU_SEQLENS_SLOT, MASK_SLOT, TOKENS_SLOT, CACHE_SLOT = 2, 3, 4, 5, 6, 7
@@ -108,6 +113,8 @@ XPOS_RANGE_SLOT, XPOS_FP16_SLOT, COORDINATES_SLOT, ANGLES_SLOT, LEARNED_POSITION
 # the decoder's (rotary.models): generate() prompts; learned positions share the variants' slot; static caches
 # of one group that are out of step (rotary.nn.StaticStep)
 PROMPT_SLOT, LEARNED_SLOT, CACHE_GROUP_SLOT = 13, LEARNED_POSITION_SLOT, 14
+# rotary.rotate_and_cache: the cos_sin_cache rows its tokens read
+COS_SIN_CACHE_SLOT = 15
 
 _lock = threading.Lock()
 _flags: dict[torch.device, torch.Tensor] = {}

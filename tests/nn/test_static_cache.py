@@ -269,3 +269,45 @@ def test_rope_producer_is_shared_and_tables_fit():
         dynamic = KVCache()
         expected = torch.cat([small(x[:, i : i + 1], cache=dynamic) for i in range(12)], dim=1)
     assert torch.equal(steps, expected)
+
+
+def test_the_meta_device_gives_shapes_and_reads_nothing():
+    """A cache built on the meta device (shape inference) answers every call with meta tensors of the right
+    shapes: nothing is read (meta tensors have no values) and nothing is flagged."""
+    cache = StaticKVCache(2, 1, 8, 4, value_dim=6, device="meta")
+    rope = rotary.RoPE(4)
+    q, k, v = (torch.zeros(2, h, 3, d, device="meta") for h, d in ((2, 4), (1, 4), (1, 6)))
+    ids = torch.arange(3, device="meta")
+    with torch.no_grad():
+        entries = cache.update(k, v, ids, valid=torch.ones(2, 3, dtype=torch.bool, device="meta"))
+        q_rot, again = cache.rotate_and_update(q, k, v, rope.tables(ids), ids)
+        mask = torch.ones(2, 2, dtype=torch.bool, device="meta")
+        nexts = [cache.next_positions(2), cache.next_positions(2, mask), cache.token_indices(2)]
+        cache.reset()
+    for got, shape in (
+        (entries.keys, (2, 1, 8, 4)), (entries.values, (2, 1, 8, 6)), (entries.positions, (2, 8)),
+        (entries.valid, (2, 8)), (entries.overflow, (3,)), (again.start, ()), (q_rot, (2, 2, 3, 4)),
+        (cache.valid, (2, 8)), (cache.filled, ()), *((p.ids, (2, 2) if i < 2 else (2,)) for i, p in enumerate(nexts)),
+    ):  # fmt: skip
+        assert got.is_meta and tuple(got.shape) == shape
+    assert not deferred.flags(CPU).any()
+
+
+def test_a_layer_and_a_decoder_on_the_meta_device_decode_into_meta_caches():
+    """Shape inference through attention on the meta device (q and k rotated in place: separate tensors,
+    though every meta storage has address 0)."""
+    from helpers import small_lm
+
+    with torch.device("meta"):
+        attn = RotaryAttention(32, 4, num_kv_heads=2, causal=True).eval()
+        lm = small_lm()
+    cache = StaticKVCache(2, 2, 16, 8, device="meta")
+    x = torch.zeros(2, 5, 32, device="meta")
+    ids = torch.zeros(2, 5, dtype=torch.long, device="meta")
+    with torch.no_grad():
+        outs = [attn(x, cache=cache), attn(x[:, :1], cache=cache)]
+        caches = lm.new_cache(batch=2, max_len=16)
+        logits = [lm(ids, cache=caches), lm.decode_step(ids[:, :1], caches)]
+    assert [tuple(o.shape) for o in outs] == [(2, 5, 32), (2, 1, 32)] and all(o.is_meta for o in outs)
+    assert [tuple(o.shape) for o in logits] == [(2, 5, 50), (2, 50)] and all(o.is_meta for o in logits)
+    assert all(c.keys.is_meta for c in caches)

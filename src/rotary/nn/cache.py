@@ -162,7 +162,8 @@ class StaticKVCache:
         head_dim: channels ``D`` of a key.
         value_dim: channels ``Dv`` of a value (default ``D``).
         dtype: of keys and values: the layer's activations (``torch.bfloat16`` for a bf16 model).
-        device: where the buffers live (default: the CPU).
+        device: where the buffers live (default: the CPU). On ``"meta"`` every call gives meta tensors of the
+            right shapes (shape inference; nothing is read or checked: meta tensors have no values).
 
     Attributes:
         keys: ``[B, Hk, L, D]`` rotated keys (a view of the buffer).

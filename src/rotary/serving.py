@@ -220,7 +220,7 @@ def rotate_and_cache(
     if not torch.compiler.is_compiling():
         _check_memory(q, k, v, k_cache, v_cache)
     fused = False
-    if q.device.type == "cuda" and triton_kernel.available():  # elsewhere rotate() plans (and checks) alone
+    if _fused_kernel_device(q):  # elsewhere rotate() plans (and checks) alone
         rotation, _ = plan([q, k], tables, layout=layout, kinds=("q", "k"), names=("q", "k"))  # type: ignore[arg-type]
         fused = (
             not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, k_cache, v_cache, rotation.cos[0], rotation.sin[0])))
@@ -240,6 +240,12 @@ def rotate_and_cache(
     _write_rows(kc, k_new, slot_ids)
     _write_rows(vc, vv, slot_ids)
     return q_rot, k_rot
+
+
+def _fused_kernel_device(q: torch.Tensor) -> bool:
+    """Whether ``q``'s device runs the one-launch Triton kernel (CUDA, with Triton installed); tests make
+    the CPU answer yes under Triton's interpreter, to trace the CUDA path's graph on this machine."""
+    return q.device.type == "cuda" and triton_kernel.available()
 
 
 def _check_shapes(q, k, v, k_cache, v_cache, slots) -> None:

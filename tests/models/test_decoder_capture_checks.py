@@ -1,0 +1,98 @@
+"""``Decoder.generate(capture="compile")`` as CUDA graphs would see it, checked on this CPU machine.
+
+On CUDA, ``capture="compile"`` is ``torch.compile(decode_step, mode="reduce-overhead")``: Inductor
+records the compiled step in CUDA graphs (cudagraph trees) unless its checks find a reason not to
+(an op that cannot be captured, a CPU tensor, an input mutated in place that is not a static input),
+and it records again whenever a static input's address changes. Either would make the step slower
+than eager decoding with no error. Here the step is compiled with CUDA graphs switched on, run as on an
+accelerator (``deferred.host_checks`` off: no host reads), with Inductor's own checks asked for their
+reasons; the one check that must fail on a CPU (the device) is left out. Two graphs: the pure-torch
+accelerator path, and the CUDA path's one-launch ``rotary::rotate_and_cache`` custom op, whose Triton
+kernel Triton's interpreter runs on CPU tensors.
+
+It runs in a fresh process: it patches Inductor and Triton's interpreter must be set before Triton is
+imported. What it cannot see is the CUDA runtime itself; ``tests/models/test_generation_cuda.py``
+captures the step on a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SCRIPT = textwrap.dedent(
+    """
+    import collections, sys, torch
+    fused = sys.argv[1] == "fused"
+    import rotary.deferred as deferred
+    deferred.host_checks = lambda device: False  # as on an accelerator: nothing read on the host
+    if fused:
+        import rotary.serving as serving
+        from rotary.kernels import triton as triton_kernel
+        serving._fused_kernel_device = lambda q: True  # the CUDA path, run by Triton's interpreter
+        launches = []
+        real = triton_kernel.rotate_and_cache_triton
+        triton_kernel.rotate_and_cache_triton = lambda *a: (launches.append(1), real(*a))[1]
+    import torch._inductor.config as inductor_config
+    import torch._inductor.cudagraph_utils as cudagraph_utils
+    import torch._inductor.output_code as output_code
+    from torch._inductor.utils import BoxedBool
+    inductor_config.triton.cudagraphs = True  # what mode="reduce-overhead" sets on CUDA
+    cudagraph_utils.check_lowering_disable_cudagraph = lambda devices: None  # the CPU-device reason only
+    graphs, calls = [], []
+
+    def instead_of_recording(example_inputs, compiled, cudagraphs, constants, device_index):
+        static = set(compiled.fx_kwargs["static_input_idxs"] or ())
+        names = [p.name for p in compiled.cudagraph_info.placeholders]
+        graphs.append(dict(
+            disabled=compiled.disabled_cudagraphs_reason,
+            fails=list(compiled.cudagraph_info.cudagraph_fail_reasons),
+            mutated_not_static=[names[i] for i in compiled.mutated_input_idxs if i not in static],
+            inputs=len(example_inputs), static=len(static),
+        ))
+        inner = compiled.current_callable
+
+        def run(args):  # the static inputs' addresses at every call (cudagraph trees record again when one moves)
+            calls.append(tuple(args[i].data_ptr() for i in sorted(static)))
+            return inner(args)
+
+        run._boxed_call = True
+        compiled.current_callable = run
+        BoxedBool.disable(cudagraphs)
+
+    output_code.cudagraph_post_compile = instead_of_recording
+    output_code.cudagraph_partition_post_compile = instead_of_recording
+    from torch._dynamo.utils import counters
+    from rotary.models import Decoder, DecoderConfig
+    torch.manual_seed(0)
+    model = Decoder(DecoderConfig(vocab_size=64, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2)).eval()
+    ids = torch.randint(1, 64, (2, 5))
+    eager = model.generate(ids, 6, cache="static")
+    for _ in range(2):  # the second call reuses the caches and the compiled step
+        assert torch.equal(model.generate(ids, 6, capture="compile"), eager)
+    assert len(graphs) == 1 and counters["stats"]["unique_graphs"] == 1, (graphs, dict(counters["stats"]))
+    graph = graphs[0]
+    assert graph["disabled"] is None and graph["fails"] == [], graph
+    assert graph["mutated_not_static"] == [], graph
+    assert graph["inputs"] - graph["static"] == 1, graph  # the token alone is copied in at each replay
+    assert len(calls) == 10 and len(set(calls)) == 1, len(set(calls))  # 5 steps per call, one set of addresses
+    if fused:
+        assert launches, "the fused kernel did not run"
+    print("capture checks ok", sys.argv[1], graph["inputs"])
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", ["torch", "fused"])
+def test_the_compiled_decoding_step_gives_cuda_graphs_no_reason_to_skip_or_record_again(path):
+    if path == "fused":
+        pytest.importorskip("triton")  # a test dependency; without it CUDA takes the torch path
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-c", SCRIPT, path], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-6000:]
+    assert f"capture checks ok {path}" in done.stdout

@@ -138,10 +138,8 @@ def _rotation(
         pos, batch_rows = None, S
     else:
         pos, batch_rows = None, 0
-    xs = (q,) if k is None else (q, k)
-    cs, ss = ((cos,), (sin,)) if k is None else ((cos, k_cos), (sin, k_sin))
-    outs = outs if outs is not None else tuple(torch.empty_like(x) for x in xs)
-    return Rotation(xs, outs, cs, ss, pos, batch_rows, interleaved, conjugate)
+    outs = outs if outs is not None else (torch.empty_like(q), torch.empty_like(k))
+    return Rotation((q, k), outs, (cos, k_cos), (sin, k_sin), pos, batch_rows, interleaved, conjugate)
 
 
 def _qk(dtype, B=2, S=3, hq=4, hk=2, D=16, layout_qkv=False):
@@ -161,10 +159,9 @@ def configurations(hot: bool):
 
     calls = []
 
-    def rotation_case(name, dtype, D=128, r=None, interleaved=False, hq=32, hk=8, **kw):
+    def rotation_case(name, dtype, D=128, r=None, interleaved=False, hq=32, hk=8, qkv=False, inplace=False, **kw):
         def call():
-            q, k = _qk(dtype, B=2, S=3, hq=hq, hk=hk, D=D, layout_qkv=kw.pop("qkv", False))
-            inplace = kw.pop("inplace", False)
+            q, k = _qk(dtype, hq=hq, hk=hk, D=D, layout_qkv=qkv)
             rot = _rotation(q, k, r or D, interleaved, dtype, outs=(q, k) if inplace else None, **kw)
             tk.run_triton(rot)
 
@@ -172,7 +169,7 @@ def configurations(hot: bool):
 
     def cache_case(name, dtype, D=128, r=None, interleaved=False, dv=None, positions="none", bc=2, inplace=False):
         def call():
-            q, k = _qk(dtype, B=2, S=3, hq=32, hk=8, D=D)
+            q, k = _qk(dtype, hq=32, hk=8, D=D)
             v = torch.randn(2, 3, 8, dv or D).to(dtype)
             k_cache, v_cache = torch.zeros(bc, 64, 8, D).to(dtype), torch.zeros(bc, 64, 8, dv or D).to(dtype)
             slots = torch.randint(0, 64, (2, 3))
@@ -186,7 +183,7 @@ def configurations(hot: bool):
             q, k = _qk(dtype, hq=4, hk=4 if per_head else 2, D=D)
             rot = _rotation(q, k, r or D, interleaved, dtype, per_head=per_head, conjugate=conjugate)
             grads = tuple(torch.randn_like(x) for x in rot.xs)
-            shape = lambda x: (*x.shape[:3], (r or D) // 2 * 2) if per_head else (*x.shape[:2], (r or D) // 2 * 2)  # noqa: E731
+            shape = lambda x: (*x.shape[: 3 if per_head else 2], r or D)  # noqa: E731  [B, S, (H,) r]
             buffers = [(torch.empty(shape(x)), torch.empty(shape(x))) for x in rot.xs]
             tk.table_grad_triton(rot, grads, buffers)
 
@@ -282,7 +279,7 @@ def configurations(hot: bool):
     rotation_case(
         "fp32 half per-head tables separate k", torch.float32, D=32, hq=4, hk=4, per_head=True, separate_k=True
     )
-    rotation_case("fp16 half q alone odd heads", torch.float16, D=96, hq=5, hk=0)
+    rotation_case("fp16 half q alone odd heads", torch.float16, D=96, hq=5, hk=0)  # k with no heads
     cache_case("fp16 half in place", torch.float16, inplace=True)
     grad_case("fp32 half per-head", torch.float32, per_head=True)
     return calls

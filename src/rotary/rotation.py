@@ -102,7 +102,7 @@ def _check_inplace_targets(xs: Sequence[torch.Tensor], names: Sequence[str]) -> 
             )
     for i in range(len(xs)):
         for j in range(i + 1, len(xs)):
-            if _one_storage(xs[i], xs[j]) and shares_elements(xs[i], xs[j]):
+            if shares_elements(xs[i], xs[j]):
                 a, b = xs[i], xs[j]
                 same = a.shape == b.shape and a.storage_offset() * a.element_size() == b.storage_offset() * b.element_size()
                 what = "are the same memory" if same else "share memory (overlapping views)"
@@ -110,14 +110,6 @@ def _check_inplace_targets(xs: Sequence[torch.Tensor], names: Sequence[str]) -> 
                     f"{names[i]} and {names[j]} {what}: rotating both in place would turn the shared elements twice; "
                     "pass separate tensors or rotate out of place"
                 )
-
-
-def _one_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether ``a`` and ``b`` may be views of one storage. Meta storages have no memory (every one has
-    address 0, which :func:`shares_elements` compares), so there the storages themselves are compared."""
-    if a.device.type == "meta" and b.device.type == "meta":
-        return a.untyped_storage()._cdata == b.untyped_storage()._cdata
-    return True
 
 
 def _kernel_view(x: torch.Tensor, layout: str, packed: bool) -> torch.Tensor:

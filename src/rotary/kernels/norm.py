@@ -138,9 +138,9 @@ def run_torch(rotation: Rotation, norm: Norm, rstds: tuple[torch.Tensor, ...]) -
 
 triton = triton_kernel.triton
 tl = triton_kernel.tl
-_token_row = getattr(triton_kernel, "_token_row", None)
 
 if triton is not None:
+    _token_row = triton_kernel._token_row  # the per-token prologue the rotation kernels share
 
     @triton.jit
     def _norm_rotate_heads(
@@ -210,7 +210,7 @@ if triton is not None:
         row = tl.program_id(0)
         block = tl.program_id(1)
         # eps arrives as a double (a Python float would be passed as fp32) and is rounded to the arithmetic
-        # dtype once, as torch rounds a Python scalar added to a tensor
+        # dtype once, as torch rounds a Python scalar added to a tensor (tl.full: the interpreter passes a float)
         eps = tl.full((), eps, tl.float64).to(tl.float64 if FP64 else tl.float32)
         b, s, t, poison = _token_row(POS, FLAGS, row, block, S, table_rows, batch_rows, spb, sps, HAS_POSITIONS, FP64)
         if block < Q_BLOCKS:

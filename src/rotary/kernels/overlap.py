@@ -21,7 +21,10 @@ def shares_elements(a: torch.Tensor, b: torch.Tensor) -> bool:
     """
     if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
         return False
-    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+    if a.device.type == "meta":  # no memory: every meta storage has address 0, so the storages themselves
+        if a.untyped_storage()._cdata != b.untyped_storage()._cdata:
+            return False
+    elif a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
         return False
     size = a.element_size()
     if size != b.element_size():

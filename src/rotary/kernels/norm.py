@@ -140,7 +140,7 @@ triton = triton_kernel.triton
 tl = triton_kernel.tl
 
 if triton is not None:
-    _token_row = triton_kernel._token_row  # the per-token prologue the rotation kernels share
+    token_row = triton_kernel.token_row  # the per-token prologue the rotation kernels share
 
     @triton.jit
     def _norm_rotate_heads(
@@ -212,7 +212,7 @@ if triton is not None:
         # eps arrives as a double (a Python float would be passed as fp32) and is rounded to the arithmetic
         # dtype once, as torch rounds a Python scalar added to a tensor (tl.full: the interpreter passes a float)
         eps = tl.full((), eps, tl.float64).to(tl.float64 if FP64 else tl.float32)
-        b, s, t, poison = _token_row(POS, FLAGS, row, block, S, table_rows, batch_rows, spb, sps, HAS_POSITIONS, FP64)
+        b, s, t, poison = token_row(POS, FLAGS, row, block, S, table_rows, batch_rows, spb, sps, HAS_POSITIONS, FP64)
         if block < Q_BLOCKS:
             heads = block * BLOCK_H + tl.arange(0, BLOCK_H)
             _norm_rotate_heads(

@@ -96,7 +96,7 @@ if triton is not None:
                 tl.store(o + rest[None, :], tl.load(x + rest[None, :], mask=rest_mask), mask=rest_mask)
 
     @triton.jit
-    def _token_row(
+    def token_row(
         POS, FLAGS, row, block, S, table_rows, batch_rows, spb, sps, HAS_POSITIONS: tl.constexpr, FP64: tl.constexpr
     ):  # fmt: skip
         """The per-token prologue of every kernel: program row ``row`` is token (b, s); returns
@@ -133,7 +133,7 @@ if triton is not None:
         # launch for both, GQA head counts may differ; k may have its own tables, e.g. xPos)
         row = tl.program_id(0)
         block = tl.program_id(1)
-        b, s, t, poison = _token_row(POS, FLAGS, row, block, S, table_rows, batch_rows, spb, sps, HAS_POSITIONS, FP64)
+        b, s, t, poison = token_row(POS, FLAGS, row, block, S, table_rows, batch_rows, spb, sps, HAS_POSITIONS, FP64)
         if block < Q_BLOCKS:
             heads = block * BLOCK_H + tl.arange(0, BLOCK_H)
             _rotate_heads(
@@ -161,7 +161,7 @@ if triton is not None:
         # cache row of the token's slot, and copy v into the value cache row
         row = tl.program_id(0)
         block = tl.program_id(1)
-        b, s, t, poison = _token_row(POS, FLAGS, row, block, S, table_rows, batch_rows, spb, sps, HAS_POSITIONS, FP64)
+        b, s, t, poison = token_row(POS, FLAGS, row, block, S, table_rows, batch_rows, spb, sps, HAS_POSITIONS, FP64)
         if block < Q_BLOCKS:
             heads = block * BLOCK_H + tl.arange(0, BLOCK_H)
             _rotate_heads(

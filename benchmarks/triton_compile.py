@@ -9,7 +9,9 @@ architecture (PTX, then a cubin by the ``ptxas`` that the triton wheel ships) an
 
 This catches, without a GPU: kernels that fail to compile for a GPU (Triton's interpreter, which the
 tests run on the CPU, accepts code that the compiler rejects), register spills (local memory), and
-global loads and stores that are not vectorised. It times nothing: speed is measured on a GPU with
+global loads and stores that are not vectorised, and loads issued after a store (a store may alias
+what a later load reads, so the load cannot move above it: a second memory round trip in the
+program). It times nothing: speed is measured on a GPU with
 ``rotary bench --device cuda``.
 
     python benchmarks/triton_compile.py                # sm_90 (H100, H200), every configuration
@@ -18,7 +20,8 @@ global loads and stores that are not vectorised. It times nothing: speed is meas
     python benchmarks/triton_compile.py --ptx /tmp/a   # and each launch's PTX, to diff two versions
 
 Each line: kernel, configuration, registers per thread, local memory (spills), shared memory, and the
-global loads/stores of the PTX by width (``v4.b32`` is 16 bytes). The exit status is 1 when a launch
+global loads/stores of the PTX by width (``v4.b32`` is 16 bytes), and ``ld-after-st N`` when N basic
+blocks issue a global load after a global store. The exit status is 1 when a launch
 failed to compile or spilled.
 """
 
@@ -236,8 +239,10 @@ def configurations(hot: bool):
     rotation_case("bf16 interleaved", torch.bfloat16, interleaved=True)
     cache_case("bf16 half", torch.bfloat16)
     cache_case("bf16 half positions", torch.bfloat16, positions="per_batch")
+    cache_case("bf16 interleaved", torch.bfloat16, interleaved=True)
     norm_case("bf16 half", torch.bfloat16)
     norm_case("bf16 half positions", torch.bfloat16, positions="per_batch")
+    norm_case("bf16 interleaved", torch.bfloat16, interleaved=True)
     grad_case("bf16 half", torch.bfloat16, D=128)
     if hot:
         return calls
@@ -289,6 +294,24 @@ def configurations(hot: bool):
 
 _TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 _ACCESS = re.compile(r"\b((?:ld|st)\.global(?:\.[a-z0-9]+)*)")
+
+
+def loads_after_stores(ptx: str) -> int:
+    """The basic blocks of ``ptx`` in which a global load comes after a global store. The GPU keeps their
+    order (the addresses may alias), so such a load starts only once the code before the store has run:
+    one more memory round trip for the program than loading everything first."""
+    blocks = 0
+    stored = counted = False
+    for line in ptx.splitlines():
+        line = line.strip()
+        if re.match(r"^\$L__BB\w*:", line):  # a new basic block
+            stored = counted = False
+        elif re.search(r"\bst\.global", line):
+            stored = True
+        elif stored and not counted and re.search(r"\bld\.global", line):
+            blocks += 1
+            counted = True
+    return blocks
 
 
 def resources(cubin: bytes) -> dict[str, int]:
@@ -370,9 +393,11 @@ def main(argv: list[str] | None = None) -> int:
         failed += spilled
         counts = accesses(launch.compiled.asm["ptx"])
         access = " ".join(f"{k}x{v}" for k, v in sorted(counts.items()))
+        late = loads_after_stores(launch.compiled.asm["ptx"])
         print(
             f"{'SPILLED' if spilled else 'ok':7s} {launch.kernel:22s} {launch.config:48s} reg {use.get('REG', 0):3d} "
             f"local {use.get('LOCAL', 0)} shared {use.get('SHARED', 0)}  {access}"
+            + (f"  ld-after-st {late}" if late else "")
         )
     print(f"{len(LAUNCHES) - failed} of {len(LAUNCHES)} compiled without spills")
     return 1 if failed else 0

@@ -141,6 +141,8 @@ tl = triton_kernel.tl
 
 if triton is not None:
     token_row = triton_kernel.token_row  # the per-token prologue the rotation kernels share
+    split_pairs = triton_kernel.split_pairs  # interleaved rows <-> their pairs' two channels
+    join_pairs = triton_kernel.join_pairs
 
     @triton.jit
     def _norm_rotate_heads(
@@ -154,47 +156,64 @@ if triton is not None:
         loaded once: the pairs' two halves, and the channels past the rotated ones."""
         compute = tl.float64 if FP64 else tl.float32
         dtype = OUT.dtype.element_ty
-        pair = tl.arange(0, BLOCK_P)
-        if INTERLEAVED:
-            first = 2 * pair
-            second = 2 * pair + 1
-        else:
-            first = pair
-            second = pair + HALF
         live = heads < H
-        mask = live[:, None] & (pair < HALF)[None, :]
         x = X + b * sxb + s * sxs + heads[:, None] * sxh
         o = OUT + b * sob + s * sos + heads[:, None] * soh
-        a = tl.load(x + first[None, :], mask=mask, other=0.0).to(compute)
-        z = tl.load(x + second[None, :], mask=mask, other=0.0).to(compute)
-        squares = tl.sum(a * a + z * z, axis=1)
+        # every load first (x, the weight, the tables), the rstd store last: a load issued after a store
+        # (which may alias it) waits for that store, one memory round trip more per program. a and z are
+        # the pairs' first and second channels, [BLOCK_H, BLOCK_P]; the weight's, [1, BLOCK_P]
+        if INTERLEAVED:  # pairs (2i, 2i + 1): contiguous rows (16-byte accesses) split in registers
+            j = tl.arange(0, 2 * BLOCK_P)
+            mask = live[:, None] & (j < 2 * HALF)[None, :]
+            a, z = split_pairs(tl.load(x + j[None, :], mask=mask, other=0.0), BLOCK_P)
+            table = t * table_stride + heads[:, None] * head_stride + j[None, :]
+            c, _ = split_pairs(tl.load(COS + table, mask=mask, other=0.0), BLOCK_P)
+            sn, _ = split_pairs(tl.load(SIN + table, mask=mask, other=0.0), BLOCK_P)
+            # the weight last: its row goes through shared memory into the pairs' layout (a barrier)
+            wa, wz = split_pairs(tl.load(W + j[None, :], mask=(j < 2 * HALF)[None, :], other=0.0), BLOCK_P)
+        else:
+            pair = tl.arange(0, BLOCK_P)
+            mask = live[:, None] & (pair < HALF)[None, :]
+            a = tl.load(x + pair[None, :], mask=mask, other=0.0)
+            z = tl.load(x + (pair + HALF)[None, :], mask=mask, other=0.0)
+            wa = tl.load(W + pair, mask=pair < HALF, other=0.0)[None, :]
+            wz = tl.load(W + HALF + pair, mask=pair < HALF, other=0.0)[None, :]
+            table = t * table_stride + heads[:, None] * head_stride + pair[None, :]
+            c = tl.load(COS + table, mask=mask, other=0.0)
+            sn = tl.load(SIN + table, mask=mask, other=0.0)
         if D > 2 * HALF:
             rest = 2 * HALF + tl.arange(0, BLOCK_REST)
             rest_mask = live[:, None] & (rest < D)[None, :]
             e = tl.load(x + rest[None, :], mask=rest_mask, other=0.0).to(compute)
+            we = tl.load(W + rest, mask=rest < D, other=0.0)
+        a = a.to(compute)
+        z = z.to(compute)
+        c = c.to(compute) + poison
+        sn = sn.to(compute)
+        squares = tl.sum(a * a + z * z, axis=1)
+        if D > 2 * HALF:
             squares += tl.sum(e * e, axis=1)
         rstd = 1.0 / tl.sqrt(squares / D + eps)
-        tl.store(RSTD + b * srb + s * srs + heads * srh, rstd, mask=live)
         na = a * rstd[:, None]
         nz = z * rstd[:, None]
         if ROUND_NORMED:  # Qwen3RMSNorm: the weight multiplies x's dtype
             na = na.to(dtype).to(compute)
             nz = nz.to(dtype).to(compute)
-        wa = tl.load(W + first, mask=pair < HALF, other=0.0)
-        wz = tl.load(W + second, mask=pair < HALF, other=0.0)
-        ya = (wa[None, :] * na).to(dtype).to(compute)
-        yz = (wz[None, :] * nz).to(dtype).to(compute)
-        table = t * table_stride + heads[:, None] * head_stride + first[None, :]
-        c = tl.load(COS + table, mask=mask, other=0.0).to(compute) + poison
-        sn = tl.load(SIN + table, mask=mask, other=0.0).to(compute)
-        tl.store(o + first[None, :], (ya * c - yz * sn).to(dtype), mask=mask)
-        tl.store(o + second[None, :], (yz * c + ya * sn).to(dtype), mask=mask)
+        ya = (wa * na).to(dtype).to(compute)
+        yz = (wz * nz).to(dtype).to(compute)
+        out_a = (ya * c - yz * sn).to(dtype)
+        out_z = (yz * c + ya * sn).to(dtype)
+        if INTERLEAVED:
+            tl.store(o + j[None, :], join_pairs(out_a, out_z, BLOCK_P), mask=mask)
+        else:
+            tl.store(o + pair[None, :], out_a, mask=mask)
+            tl.store(o + (pair + HALF)[None, :], out_z, mask=mask)
         if D > 2 * HALF:  # channels past the rotated ones: normalised, not rotated
             ne = e * rstd[:, None]
             if ROUND_NORMED:
                 ne = ne.to(dtype).to(compute)
-            we = tl.load(W + rest, mask=rest < D, other=0.0)
             tl.store(o + rest[None, :], (we[None, :] * ne).to(dtype), mask=rest_mask)
+        tl.store(RSTD + b * srb + s * srs + heads * srh, rstd, mask=live)
 
     @triton.jit
     def _norm_rotary_kernel(

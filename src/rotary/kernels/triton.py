@@ -35,65 +35,87 @@ def available() -> bool:
 if triton is not None:
 
     @triton.jit
-    def _pairs(rows, BLOCK_P: tl.constexpr):
+    def split_pairs(rows, BLOCK_P: tl.constexpr):
         """``[N, 2 * BLOCK_P]`` rows of interleaved pairs -> their first and second channels, ``[N, BLOCK_P]`` each."""
         return tl.split(tl.reshape(rows, (rows.shape[0], BLOCK_P, 2)))
 
     @triton.jit
-    def _unpairs(first, second, BLOCK_P: tl.constexpr):
-        """The inverse of :func:`_pairs`: ``[N, BLOCK_P]`` twice -> ``[N, 2 * BLOCK_P]`` interleaved."""
+    def join_pairs(first, second, BLOCK_P: tl.constexpr):
+        """The inverse of :func:`split_pairs`: ``[N, BLOCK_P]`` twice -> ``[N, 2 * BLOCK_P]`` interleaved."""
         return tl.reshape(tl.join(first, second), (first.shape[0], 2 * BLOCK_P))
 
     @triton.jit
     def _rotate_heads(
-        X, OUT, COS, SIN, b, s, t, poison, heads, H, table_stride, head_stride, sxb, sxs, sxh, sob, sos, soh,
+        x, o, o2, COS, SIN, t, poison, heads, H, H2, table_stride, head_stride, sxh, soh, so2h,
         HALF: tl.constexpr, D: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_REST: tl.constexpr,
         INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, INPLACE: tl.constexpr, FP64: tl.constexpr,
+        TWO: tl.constexpr,
     ):  # fmt: skip
-        """Rotate ``heads`` (a block of head indices, masked by ``< H``) of token (b, s) of one tensor
-        with table row ``t``; ``poison`` is 0, or NaN for a token outside the table."""
+        """Rotate ``heads`` (a block of head indices, masked by ``< H``) of one token with table row ``t``:
+        ``x`` and ``o`` point at the token's row of the input and the output (head strides ``sxh``,
+        ``soh``); with ``TWO`` the result is also stored at ``o2`` (head stride ``so2h``, heads ``< H2``,
+        pass-through channels always: a cache row). ``poison`` is 0, or NaN for a token outside the table.
+
+        Every load (x, the tables) is issued before any store: a store may alias what a later load reads,
+        so the GPU would wait for it, one memory round trip more per program."""
         compute = tl.float64 if FP64 else tl.float32
-        x = X + b * sxb + s * sxs + heads[:, None] * sxh
-        o = OUT + b * sob + s * sos + heads[:, None] * soh
+        dtype = o.dtype.element_ty
+        live = heads < H
+        live2 = heads < H2
+        if D > 2 * HALF:  # pass-through channels: copied out of place and into o2, never rotated
+            rest = 2 * HALF + tl.arange(0, BLOCK_REST)
+            in_rest = (rest < D)[None, :]
+            rest_mask = (live | live2)[:, None] & in_rest
+            kept = tl.load(x + heads[:, None] * sxh + rest[None, :], mask=rest_mask)
         if INTERLEAVED:
             # pairs (2i, 2i + 1): the rotated channels, and their tables (which repeat each pair's entry),
             # are loaded and stored as contiguous rows (16-byte accesses) and split into [.., pair, 2]
             # halves in registers; each result is x * cos + partner * sin, the partner signed -1 for a
             # pair's first channel, as written before the split (the same roundings, FMA included)
             j = tl.arange(0, 2 * BLOCK_P)
-            mask = (heads < H)[:, None] & (j < 2 * HALF)[None, :]
+            channels = (j < 2 * HALF)[None, :]
+            mask = (live | live2)[:, None] & channels
             table = t * table_stride + heads[:, None] * head_stride + j[None, :]
-            c, _ = _pairs(tl.load(COS + table, mask=mask, other=0.0), BLOCK_P)
-            sn, _ = _pairs(tl.load(SIN + table, mask=mask, other=0.0), BLOCK_P)
+            c, _ = split_pairs(tl.load(COS + table, mask=mask, other=0.0), BLOCK_P)
+            sn, _ = split_pairs(tl.load(SIN + table, mask=mask, other=0.0), BLOCK_P)
+            even, odd = split_pairs(tl.load(x + heads[:, None] * sxh + j[None, :], mask=mask, other=0.0), BLOCK_P)
             c = c.to(compute) + poison
             sn = sn.to(compute)
             if CONJUGATE:
                 sn = -sn
-            even, odd = _pairs(tl.load(x + j[None, :], mask=mask, other=0.0), BLOCK_P)
             even = even.to(compute)
             odd = odd.to(compute)
             if INPLACE:  # stores may go through other threads than the loads: every load before any store
                 tl.debug_barrier()
-            out_even = (even * c + (-odd) * sn).to(OUT.dtype.element_ty)
-            out_odd = (odd * c + even * sn).to(OUT.dtype.element_ty)
-            tl.store(o + j[None, :], _unpairs(out_even, out_odd, BLOCK_P), mask=mask)
+            out_even = (even * c + (-odd) * sn).to(dtype)
+            out_odd = (odd * c + even * sn).to(dtype)
+            rows = join_pairs(out_even, out_odd, BLOCK_P)
+            tl.store(o + heads[:, None] * soh + j[None, :], rows, mask=live[:, None] & channels)
+            if TWO:
+                tl.store(o2 + heads[:, None] * so2h + j[None, :], rows, mask=live2[:, None] & channels)
         else:
             pair = tl.arange(0, BLOCK_P)
-            mask = (heads < H)[:, None] & (pair < HALF)[None, :]
+            channels = (pair < HALF)[None, :]
+            mask = (live | live2)[:, None] & channels
             table = t * table_stride + heads[:, None] * head_stride + pair[None, :]
             c = tl.load(COS + table, mask=mask, other=0.0).to(compute) + poison
             sn = tl.load(SIN + table, mask=mask, other=0.0).to(compute)
+            a = tl.load(x + heads[:, None] * sxh + pair[None, :], mask=mask, other=0.0).to(compute)
+            z = tl.load(x + heads[:, None] * sxh + (pair + HALF)[None, :], mask=mask, other=0.0).to(compute)
             if CONJUGATE:
                 sn = -sn
-            a = tl.load(x + pair[None, :], mask=mask, other=0.0).to(compute)
-            z = tl.load(x + (pair + HALF)[None, :], mask=mask, other=0.0).to(compute)
-            tl.store(o + pair[None, :], (a * c - z * sn).to(OUT.dtype.element_ty), mask=mask)
-            tl.store(o + (pair + HALF)[None, :], (z * c + a * sn).to(OUT.dtype.element_ty), mask=mask)
-        if not INPLACE:
-            if D > 2 * HALF:  # pass-through channels are copied only out of place
-                rest = 2 * HALF + tl.arange(0, BLOCK_REST)
-                rest_mask = (heads < H)[:, None] & (rest < D)[None, :]
-                tl.store(o + rest[None, :], tl.load(x + rest[None, :], mask=rest_mask), mask=rest_mask)
+            first = (a * c - z * sn).to(dtype)
+            second = (z * c + a * sn).to(dtype)
+            tl.store(o + heads[:, None] * soh + pair[None, :], first, mask=live[:, None] & channels)
+            tl.store(o + heads[:, None] * soh + (pair + HALF)[None, :], second, mask=live[:, None] & channels)
+            if TWO:
+                tl.store(o2 + heads[:, None] * so2h + pair[None, :], first, mask=live2[:, None] & channels)
+                tl.store(o2 + heads[:, None] * so2h + (pair + HALF)[None, :], second, mask=live2[:, None] & channels)
+        if D > 2 * HALF:
+            if not INPLACE:
+                tl.store(o + heads[:, None] * soh + rest[None, :], kept, mask=live[:, None] & in_rest)
+            if TWO:
+                tl.store(o2 + heads[:, None] * so2h + rest[None, :], kept, mask=live2[:, None] & in_rest)
 
     @triton.jit
     def token_row(
@@ -137,15 +159,17 @@ if triton is not None:
         if block < Q_BLOCKS:
             heads = block * BLOCK_H + tl.arange(0, BLOCK_H)
             _rotate_heads(
-                XQ, OUTQ, COSQ, SINQ, b, s, t, poison, heads, HQ, tq_stride, tq_head, sqb, sqs, sqh, soqb, soqs, soqh,
-                HALF, D, BLOCK_P, BLOCK_REST, INTERLEAVED, CONJUGATE, INPLACE, FP64,
-            )
+                XQ + b * sqb + s * sqs, OUTQ + b * soqb + s * soqs, OUTQ, COSQ, SINQ, t, poison, heads, HQ, 0,
+                tq_stride, tq_head, sqh, soqh, 0, HALF, D, BLOCK_P, BLOCK_REST, INTERLEAVED, CONJUGATE, INPLACE, FP64,
+                False,
+            )  # fmt: skip
         else:
             heads = (block - Q_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
             _rotate_heads(
-                XK, OUTK, COSK, SINK, b, s, t, poison, heads, HK, tk_stride, tk_head, skb, sks, skh, sokb, soks, sokh,
-                HALF, D, BLOCK_P, BLOCK_REST, INTERLEAVED, CONJUGATE, INPLACE, FP64,
-            )
+                XK + b * skb + s * sks, OUTK + b * sokb + s * soks, OUTK, COSK, SINK, t, poison, heads, HK, 0,
+                tk_stride, tk_head, skh, sokh, 0, HALF, D, BLOCK_P, BLOCK_REST, INTERLEAVED, CONJUGATE, INPLACE, FP64,
+                False,
+            )  # fmt: skip
 
     @triton.jit
     def _rotate_cache_kernel(
@@ -165,9 +189,9 @@ if triton is not None:
         if block < Q_BLOCKS:
             heads = block * BLOCK_H + tl.arange(0, BLOCK_H)
             _rotate_heads(
-                XQ, OUTQ, COS, SIN, b, s, t, poison, heads, HQ, t_stride, 0, sqb, sqs, sqh, soqb, soqs, soqh,
-                HALF, D, BLOCK_P, BLOCK_REST, INTERLEAVED, False, INPLACE, FP64,
-            )
+                XQ + b * sqb + s * sqs, OUTQ + b * soqb + s * soqs, OUTQ, COS, SIN, t, poison, heads, HQ, 0,
+                t_stride, 0, sqh, soqh, 0, HALF, D, BLOCK_P, BLOCK_REST, INTERLEAVED, False, INPLACE, FP64, False,
+            )  # fmt: skip
         else:
             heads = (block - Q_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
             slot = tl.load(SLOTS + b * slb + s * sls)
@@ -176,19 +200,17 @@ if triton is not None:
                 tl.atomic_add(CACHE_FLAG, 1)  # the token's k and v are not written
             heads_ok = tl.where(bad, 0, HK)  # no head of a bad slot is written
             cb = b * cache_batch  # the cache's batch row: b, or 0 for one shared slot axis
-            kc_row = KC + cb * kcb + slot * kct
-            _rotate_heads(
-                XK, kc_row, COS, SIN, b, s, t, poison, heads, heads_ok, t_stride, 0, skb, sks, skh, 0, 0, kch,
-                HALF, D, BLOCK_P, BLOCK_REST, INTERLEAVED, False, False, FP64,
-            )
-            # then k's own output: in place it overwrites the k the cache row was made from
-            _rotate_heads(
-                XK, OUTK, COS, SIN, b, s, t, poison, heads, HK, t_stride, 0, skb, sks, skh, sokb, soks, sokh,
-                HALF, D, BLOCK_P, BLOCK_REST, INTERLEAVED, False, INPLACE, FP64,
-            )
+            # v is loaded first, so that every load of the program comes before its stores
             channels = tl.arange(0, BLOCK_DV)
             vmask = (heads < heads_ok)[:, None] & (channels < DV)[None, :]
             values = tl.load(V + b * svb + s * svs + heads[:, None] * svh + channels[None, :], mask=vmask)
+            # k is loaded and rotated once, and stored twice: into k's output (in place: over k itself)
+            # and into the cache row of the token's slot
+            _rotate_heads(
+                XK + b * skb + s * sks, OUTK + b * sokb + s * soks, KC + cb * kcb + slot * kct, COS, SIN, t, poison,
+                heads, HK, heads_ok, t_stride, 0, skh, sokh, kch, HALF, D, BLOCK_P, BLOCK_REST, INTERLEAVED, False,
+                INPLACE, FP64, True,
+            )  # fmt: skip
             tl.store(VC + cb * vcb + slot * vct + heads[:, None] * vch + channels[None, :], values, mask=vmask)
 
     @triton.jit

@@ -15,7 +15,12 @@ weights shared by copying the Decoder's state into the Llama (no download), gree
 - ``HF dynamic`` / ``HF static``: ``generate()`` with its default cache and with
   ``cache_implementation="static"`` (which Hugging Face compiles by itself on CUDA, not on the CPU);
 - ``HF dynamic + rotary.hf.patch`` / ``HF static + rotary.hf.patch``: the same on a copy of the Llama
-  patched by :func:`rotary.hf.patch`: what patching costs or gains a Hugging Face user.
+  patched by :func:`rotary.hf.patch`: what patching costs or gains a Hugging Face user;
+- ``HF static + torch.compile`` (and ``+ rotary.hf.patch``), on the CPU only: the static cache with the
+  decoding step compiled by Hugging Face itself, as it does on CUDA without being asked (a
+  ``CompileConfig`` that allows every device), so that the compiled rotary row has a compiled peer;
+  left out as ``rotary static + torch.compile`` is. A row whose step transformers did not compile
+  says so instead of a time.
 
 The Hugging Face rows need ``transformers`` (without it they say so and have no figures). Each row:
 a first call (its time includes compiling and capturing), then ``--repeats`` calls interleaved with the
@@ -41,7 +46,7 @@ import torch
 
 from .harness import DTYPE_NAMES, Result, installed, register_suite, suite_device, suite_repeats
 
-__all__ = ["GenerationShape", "SHAPES", "ROWS", "build_models", "generation_suite", "llama_state", "row_calls"]
+__all__ = ["COMPILED", "CPU_ONLY", "GenerationShape", "SHAPES", "ROWS", "build_models", "generation_suite", "llama_state", "row_calls"]
 
 
 @dataclass(frozen=True)
@@ -77,9 +82,14 @@ SHAPES = {
 #: every row, in table order
 ROWS = (
     "rotary dynamic", "rotary static", "rotary static + torch.compile", "rotary static + CUDA graph",
-    "HF dynamic", "HF static", "HF dynamic + rotary.hf.patch", "HF static + rotary.hf.patch",
+    "HF dynamic", "HF static", "HF static + torch.compile", "HF dynamic + rotary.hf.patch",
+    "HF static + rotary.hf.patch", "HF static + torch.compile + rotary.hf.patch",
 )  # fmt: skip
 HF_STATIC = "HF static"
+#: the rows compiled by torch.compile: left out by --no-compile (and --quick without --compile)
+COMPILED = ("rotary static + torch.compile", "HF static + torch.compile", "HF static + torch.compile + rotary.hf.patch")
+#: CPU only: on CUDA Hugging Face compiles its static-cache step by itself (the HF static rows are compiled)
+CPU_ONLY = ("HF static + torch.compile", "HF static + torch.compile + rotary.hf.patch")
 
 
 def build_models(shape: GenerationShape, device: torch.device, with_hf: bool) -> tuple[torch.nn.Module, torch.nn.Module | None]:
@@ -154,6 +164,7 @@ def row_calls(
         hf = dict(attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False)
         calls["HF dynamic"] = lambda: llama.generate(ids, **hf)
         calls[HF_STATIC] = lambda: llama.generate(ids, cache_implementation="static", **hf)
+        calls["HF static + torch.compile"] = _hf_compiled(llama, ids, hf)
         if any(name.endswith("rotary.hf.patch") for name in rows):
             import copy
 
@@ -162,7 +173,26 @@ def row_calls(
             patched = rotary.hf.patch(copy.deepcopy(llama))
             calls["HF dynamic + rotary.hf.patch"] = lambda: patched.generate(ids, **hf)
             calls["HF static + rotary.hf.patch"] = lambda: patched.generate(ids, cache_implementation="static", **hf)
+            calls["HF static + torch.compile + rotary.hf.patch"] = _hf_compiled(patched, ids, hf)
     return {name: calls[name] for name in rows if name in calls}
+
+
+def _hf_compiled(model: torch.nn.Module, ids: torch.Tensor, hf: dict) -> Callable[[], torch.Tensor]:
+    """``generate`` with the static cache and Hugging Face's own compilation of the decoding step on any
+    device (transformers compiles it on accelerators only, unless its ``CompileConfig`` allows every
+    device). Raises when transformers did not compile (its compiled call is where it keeps it)."""
+    from transformers import CompileConfig
+
+    config = CompileConfig()
+    config._compile_all_devices = True  # transformers' switch for devices other than accelerators
+
+    def call() -> torch.Tensor:
+        out = model.generate(ids, cache_implementation="static", compile_config=config, **hf)
+        if getattr(model, "_compiled_call", None) is None:
+            raise RuntimeError("transformers did not compile the decoding step on this device")
+        return out
+
+    return call
 
 
 def _timed(call: Callable[[], torch.Tensor], device: torch.device) -> tuple[float, torch.Tensor]:
@@ -180,9 +210,9 @@ def generation_suite(options: argparse.Namespace) -> list[Result]:
     device, kind = suite_device(options)
     quick = bool(getattr(options, "quick", False))
     shape = SHAPES["quick" if quick else kind]
-    rows = list(ROWS)
+    rows = [name for name in ROWS if not (kind == "cuda" and name in CPU_ONLY)]
     if getattr(options, "no_compile", False) or (quick and not getattr(options, "compile", False)):
-        rows.remove("rotary static + torch.compile")
+        rows = [name for name in rows if name not in COMPILED]
     with_hf = installed("transformers")
     decoder, llama = build_models(shape, device, with_hf)
     ids = torch.randint(1, shape.vocab, (shape.batch, shape.prompt), generator=torch.Generator().manual_seed(0))

@@ -18,6 +18,7 @@ program). It times nothing: speed is measured on a GPU with
     python benchmarks/triton_compile.py --arch 80      # sm_80 (A100)
     python benchmarks/triton_compile.py --hot          # the serving shapes only (bf16, head_dim 128)
     python benchmarks/triton_compile.py --ptx /tmp/a   # and each launch's PTX, to diff two versions
+    python benchmarks/triton_compile.py --host         # host time per call of the CUDA launch paths
 
 Each line: kernel, configuration, registers per thread, local memory (spills), shared memory, and the
 global loads/stores of the PTX by width (``v4.b32`` is 16 bytes), and ``ld-after-st N`` when N basic
@@ -229,10 +230,23 @@ def configurations(hot: bool):
 
         calls.append((f"decode {name}", call))
 
+    def model_tables_case(name, dtype):
+        def call():  # rotary.hf.patch on CUDA: a Hugging Face model's per-token tables, in its dtype
+            from rotary.rotation import model_tables_fast
+
+            B, S, D = 8, 1, 128
+            q, k = torch.randn(B, 32, S, D).to(dtype), torch.randn(B, 8, S, D).to(dtype)
+            cos, sin = (t.expand(B, S, D).to(dtype) for t in _tables(D, False, torch.float32, rows=S))
+            got = model_tables_fast(q, k, cos, sin, layout="bhsd", interleaved=False)
+            assert got is not None, f"the model-tables path declined {name}"
+
+        calls.append((f"hf.patch {name}", call))
+
     # the serving shapes: bf16, head_dim 128, 32 query / 8 key-value heads
     decode_case("bf16 half offset bhsd", torch.bfloat16)
     decode_case("bf16 half rows bshd", torch.bfloat16, kind="rows", layout="bshd")
     decode_case("fp16 interleaved offset", torch.float16, interleaved=True)
+    model_tables_case("bf16 model tables", torch.bfloat16)
     rotation_case("bf16 half", torch.bfloat16)
     rotation_case("bf16 half positions", torch.bfloat16, positions="per_batch")
     rotation_case("bf16 half in place qkv views", torch.bfloat16, inplace=True, qkv=True)
@@ -357,6 +371,74 @@ def compile_all(arch: int, hot: bool = False, only: set[str] | None = None) -> l
     return LAUNCHES
 
 
+def host_costs(repeats: int = 5, calls: int = 2000) -> list[tuple[str, float]]:
+    """Host time per call of rotary's CUDA launch paths, on this machine's CPU: ``(name, µs)``.
+
+    CPU tensors go down the CUDA branches (the decoding fast path, hf.patch's model-tables path, the
+    fused cache write) to the Triton launch, which runs as far as Triton's own launch preparation
+    (binding and specialising the arguments, the compiled-kernel lookup) and stops before the driver's
+    launcher: a GPU host adds that (a few µs) and its CUDA tensor allocations. Shapes: a decoding step of
+    the generation suite's Llama (batch 8, 16 query / 4 key-value heads, head_dim 64, bf16). Hugging
+    Face's ``apply_rotary_pos_emb`` is timed in CPU operations for scale (on a GPU each of its ~10
+    operations is a CUDA launch). Once per process, as :func:`compile_all`."""
+    import time
+
+    driver.set_active(CompileOnlyDriver(90))
+    run = JITFunction.run
+    JITFunction.run = lambda self, *a, grid, warmup, **kw: run(self, *a, grid=grid, warmup=True, **kw)  # type: ignore[method-assign]
+    torch.set_num_threads(1)
+    from rotary import deferred
+    from rotary.kernels import triton as tk
+    from rotary.kernels.contract import Rotation
+    from rotary.rotation import _decode_triton, model_tables_fast
+    from rotary.tables import cos_sin_table
+
+    deferred.host_checks = lambda device: False  # as on an accelerator: nothing read on the host
+    B, HQ, HK, D = 8, 16, 4, 64
+    q, k, v = (torch.randn(B, h, 1, D).to(torch.bfloat16) for h in (HQ, HK, HK))
+    cos, sin = cos_sin_table(torch.arange(512), 1.0 / 10000 ** (torch.arange(0, D, 2) / D), interleaved=False)
+    model_cos, model_sin = (t[300:301].expand(B, 1, D).to(torch.bfloat16) for t in (cos, sin))  # HF's [B, S, D]
+    qv, kv, vv = (t.transpose(1, 2) for t in (q, k, v))
+    outs = (torch.empty_like(qv), torch.empty_like(kv))
+    rotation = Rotation((qv, kv), outs, (cos[300:], cos[300:]), (sin[300:], sin[300:]), None, 0, False)
+    k_cache, v_cache = torch.zeros(B, 512, HK, D).to(torch.bfloat16), torch.zeros(B, 512, HK, D).to(torch.bfloat16)
+    slots = torch.full((B, 1), 300)
+    cache_rotation = rotation.replace(positions=slots)
+    cases = {
+        "Triton launch of the rotation (run_triton)": lambda: tk.run_triton(rotation),
+        "rope(q, k, offset)'s CUDA fast path (_decode_triton)": lambda: _decode_triton(
+            q, k, cos, sin, 2, False, False, None, 300, None, 0
+        ),
+        "hf.patch's apply on CUDA (model_tables_fast, bf16 tables)": lambda: model_tables_fast(
+            q, k, model_cos, model_sin, layout="bhsd", interleaved=False
+        ),
+        "Triton launch of rotate_and_cache": lambda: tk.rotate_and_cache_triton(
+            cache_rotation, vv, k_cache, v_cache, slots
+        ),
+    }
+    try:
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        cases["for scale: HF apply_rotary_pos_emb in CPU operations"] = lambda: apply_rotary_pos_emb(
+            q, k, model_cos, model_sin
+        )
+    except ImportError:
+        pass
+    results = []
+    for name, call in cases.items():
+        first = call()  # compiles once
+        if "fast path" in name or "model_tables_fast" in name:
+            assert first is not None, f"{name}: the path declined these inputs (nothing would be timed)"
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for _ in range(calls):
+                call()
+            best = min(best, (time.perf_counter() - start) / calls)
+        results.append((name, best * 1e6))
+    return results
+
+
 def code_only(ptx: str) -> str:
     """``ptx`` without its debug records (line records, their labels, the DWARF sections), which change
     whenever source lines move: two kernels that compile to the same code give the same text."""
@@ -372,7 +454,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--ptx", metavar="DIR", help="also write each launch's PTX there (to diff two versions of a kernel)"
     )
+    parser.add_argument(
+        "--host", action="store_true", help="instead: host time per call of the CUDA launch paths, on this CPU"
+    )
     args = parser.parse_args(argv)
+    if args.host:
+        for name, micros in host_costs():
+            print(f"{micros:7.1f} µs  {name}")
+        return 0
     compile_all(args.arch, args.hot)
     if args.ptx:
         Path(args.ptx).mkdir(parents=True, exist_ok=True)

@@ -60,6 +60,9 @@ NOT_RUN = {
     ".venv/bin/python benchmarks/triton_compile.py --hot": (
         "compiles the kernels for sm_90, seconds; tests/kernels/test_triton_compile.py runs it"
     ),
+    ".venv/bin/python benchmarks/triton_compile.py --host": (
+        "times the launch paths, seconds; tests/kernels/test_triton_compile.py runs it"
+    ),
     "python -m venv .venv": "creates an environment",
     ". .venv/bin/activate": "changes the shell's environment",
     "pip install torch==2.13.0": "installs packages",

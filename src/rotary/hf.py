@@ -48,7 +48,7 @@ from .errors import InputError, InputTypeError
 from .kernels.eager import rotate_torch
 from .pairing import to_half
 from .qk_norm import rmsnorm_rotate
-from .rotation import rotate
+from .rotation import model_tables_fast, rotate
 from .tables import RotaryTables
 
 __all__ = ["SUPPORTED", "is_patched", "patch", "unpatch"]
@@ -79,6 +79,10 @@ def _apply_pair(
         axis = 1 if layout == "bhsd" else 2
         cos, sin = cos.unsqueeze(axis), sin.unsqueeze(axis)
         return tuple(rotate_torch(x, cos, sin, interleaved=interleaved, inplace=False) for x in (q, k))
+    if q.is_cuda:  # the model's tables straight to the kernel, in their own dtype (widened as it loads them)
+        fast = model_tables_fast(q, k, cos, sin, layout=layout, interleaved=interleaved)
+        if fast is not None:
+            return fast[0], fast[1]
     # the model's own tables, trusted as they are (no check on every layer of every step)
     tables = RotaryTables.from_tensors(cos, sin, interleaved=interleaved, validate=False)
     q, k = rotate([q, k], tables, layout=layout, kinds=("q", "k"), names=("q", "k"))

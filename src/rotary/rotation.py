@@ -34,6 +34,7 @@ __all__ = [
     "decode_fast",
     "decode_seq_axis",
     "kernel_tables",
+    "model_tables_fast",
     "plan",
     "rotate",
     "split_heads",
@@ -357,6 +358,44 @@ def decode_fast(
 
 
 _FAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: tables the Triton kernel reads as they are: it widens each value to fp32 as it loads it (exactly), so a
+#: model's bf16/fp16 tables need no fp32 copy
+_KERNEL_TABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def model_tables_fast(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout: str, interleaved: bool
+) -> list[torch.Tensor] | None:
+    """q and k rotated by a model's own per-token tables on the CUDA path, or ``None``.
+
+    For :mod:`rotary.hf` on CUDA: ``cos``/``sin`` ``[B or 1, S, r]`` or ``[S, r]`` (what a Hugging Face
+    rotary embedding hands every layer), fp32, or bf16/fp16 in a 16-bit model, go to the Triton kernel as
+    they are: it widens each table value as it loads it, which is exact, so the result is that of fp32
+    copies of the tables, without making those copies (two more launches per layer). ``None`` (the
+    general path runs, with its messages) for anything else: autograd, ``torch.compile``, other shapes.
+    The caller sends CUDA tensors only (the tests send CPU tensors under Triton's interpreter).
+
+    Example:
+        >>> q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 1, 3, 8)
+        >>> cos, sin = torch.ones(1, 5, 8), torch.zeros(1, 5, 8)  # 5 tokens' tables for 3 tokens
+        >>> model_tables_fast(q, k, cos, sin, layout="bhsd", interleaved=False) is None
+        True
+    """
+    seq_axis = decode_seq_axis(q, k, layout)
+    if seq_axis is None or not triton_kernel.available() or cos.dim() != sin.dim() or cos.dim() not in (2, 3):
+        return None
+    seq_len = q.shape[seq_axis]
+    batch_rows = 0
+    if cos.dim() == 3:  # [B or 1, S, r]: row b * S + s of [B * S, r], or row s of the one sequence's
+        if cos.shape[1] != seq_len or cos.shape[0] not in (1, q.shape[0]) or sin.shape != cos.shape:
+            return None
+        if cos.shape[0] == 1:
+            cos, sin = cos[0], sin[0]
+        else:
+            cos, sin, batch_rows = cos.flatten(0, 1), sin.flatten(0, 1), seq_len
+    elif cos.shape[0] != seq_len:
+        return None
+    return _decode_triton(q, k, cos, sin, seq_axis, interleaved, False, None, 0, None, batch_rows)
 
 
 def _decode_triton(
@@ -372,7 +411,8 @@ def _decode_triton(
         or k.dtype != q.dtype
         or k.device != q.device
         or cos.device != q.device
-        or cos.dtype is not torch.float32
+        or cos.dtype not in _KERNEL_TABLE_DTYPES
+        or sin.dtype is not cos.dtype
         or sin.shape != cos.shape
         or sin.stride() != cos.stride()
         or cos.stride(-1) != 1

@@ -201,3 +201,54 @@ def test_the_cuda_decoding_fast_path_equals_the_general_path():
     done = subprocess.run([sys.executable, "-c", FAST], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "fast ok 64" in done.stdout
+
+
+MODEL_TABLES = textwrap.dedent(
+    """
+    import itertools, torch, rotary
+    from rotary import hf
+    from rotary.rotation import model_tables_fast
+
+    # rotary.hf.patch's CUDA path, run on CPU tensors by the interpreter: a model's per-token tables in its
+    # own dtype go to the kernel as they are (it widens each value as it loads it), and the result is the
+    # general path's, which widens the tables to fp32 first (fp32 q and k: exact on both sides)
+    checked = 0
+    for table_dtype, shape_kind, layout, interleaved, r in itertools.product(
+        (torch.bfloat16, torch.float16, torch.float32), ("BSr", "1Sr", "Sr"), ("bhsd", "bshd"), (False, True), (8, 6),
+    ):
+        g = torch.Generator().manual_seed(checked)
+        B, S, D = 2, 3, 8
+        rope = rotary.RoPE(D, interleaved=interleaved, rotary_dim=r)
+        ids = torch.tensor([[4, 0, 9], [1, 1, 7]]) if shape_kind == "BSr" else torch.tensor([[5, 6, 7]])
+        cos, sin = (t.to(table_dtype) for t in rope.cos_sin(ids))  # [B or 1, S, r]
+        if shape_kind == "Sr":
+            cos, sin = cos[0], sin[0]
+        shape = (lambda h: (B, h, S, D)) if layout == "bhsd" else (lambda h: (B, S, h, D))
+        q, k = torch.randn(shape(3), generator=g), torch.randn(shape(1), generator=g)
+        got = model_tables_fast(q, k, cos, sin, layout=layout, interleaved=interleaved)
+        assert got is not None, (table_dtype, shape_kind, layout, interleaved, r)
+        # the general path with the same (widened) tables, on the CPU kernel
+        apply = hf._apply_interleaved if interleaved else hf._apply_half
+        want = apply(q, k, cos, sin, unsqueeze_dim=1 if layout == "bhsd" else 2)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b), (table_dtype, shape_kind, layout, interleaved, r, (a - b).abs().max())
+        checked += 1
+    # what it leaves to the general path: tables of other lengths or batches, 1-D or 4-D tables, autograd
+    q, k = torch.randn(2, 3, 4, 8), torch.randn(2, 1, 4, 8)
+    cos, sin = torch.ones(2, 4, 8), torch.zeros(2, 4, 8)
+    assert model_tables_fast(q, k, cos[:, :3], sin[:, :3], layout="bhsd", interleaved=False) is None
+    assert model_tables_fast(q, k, cos[:1].expand(3, 4, 8), sin[:1].expand(3, 4, 8), layout="bhsd", interleaved=False) is None
+    assert model_tables_fast(q, k, cos[0, 0], sin[0, 0], layout="bhsd", interleaved=False) is None
+    assert model_tables_fast(q, k, cos[None], sin[None], layout="bhsd", interleaved=False) is None
+    assert model_tables_fast(q.requires_grad_(), k, cos, sin, layout="bhsd", interleaved=False) is None
+    print("model tables ok", checked)
+    """
+)
+
+
+@pytest.mark.slow
+def test_hf_patch_s_cuda_path_reads_the_model_s_tables_in_their_dtype():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-c", MODEL_TABLES], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "model tables ok 72" in done.stdout

@@ -280,19 +280,19 @@ def _launch(
     if B * S == 0 or HQ + HK == 0:
         return
     block_h = triton_kernel.heads_per_program(x, HQ, HK)  # about 4 KiB of one token per program
-    q_blocks = triton.cdiv(HQ, block_h)
+    q_blocks = triton_kernel.cdiv(HQ, block_h)
     pos = positions if positions is not None else cos  # placeholder pointer, unused without positions
     spb, sps = (positions.stride(0), positions.stride(1)) if positions is not None else (0, 0)
     flags = deferred.flags(x.device) if positions is not None else cos  # placeholder without positions
-    grid = (B * S, q_blocks + triton.cdiv(HK, block_h))
+    grid = (B * S, q_blocks + triton_kernel.cdiv(HK, block_h))
     head = lambda t: t.stride(1) if t.dim() == 3 else 0  # noqa: E731  (per-head tables [N, H, r])
     _norm_rotary_kernel[grid](
         x, out, rstd, w, cos, sin, xk, outk, rstdk, wk, cos_k, sin_k, pos, flags,
         S, HQ, HK, q_blocks, cos.shape[0], rotation.batch_rows, spb, sps, eps,
         cos.stride(0), head(cos), *x.stride()[:3], *out.stride()[:3], *rstd.stride(),
         cos_k.stride(0), head(cos_k), *xk.stride()[:3], *outk.stride()[:3], *rstdk.stride(),
-        HALF=r // 2, D=D, BLOCK_H=block_h, BLOCK_P=triton.next_power_of_2(r // 2),
-        BLOCK_REST=triton.next_power_of_2(max(D - r, 1)), INTERLEAVED=rotation.interleaved,
+        HALF=r // 2, D=D, BLOCK_H=block_h, BLOCK_P=triton_kernel.next_power_of_2(r // 2),
+        BLOCK_REST=triton_kernel.next_power_of_2(max(D - r, 1)), INTERLEAVED=rotation.interleaved,
         ROUND_NORMED=round_normed, HAS_POSITIONS=positions is not None, FP64=x.dtype == torch.float64,
     )  # fmt: skip
 

@@ -24,12 +24,33 @@ except ImportError:  # Triton is optional: without it CUDA tensors take the pure
     triton = None
     tl = None
 
-__all__ = ["available", "heads_per_program", "rotate_and_cache_triton", "run_triton", "table_grad_triton"]
+__all__ = ["available", "cdiv", "next_power_of_2", "heads_per_program", "rotate_and_cache_triton", "run_triton", "table_grad_triton"]
 
 
 def available() -> bool:
     """Whether Triton can be imported."""
     return triton is not None
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two ``>= n`` (1 for ``n <= 1``): ``triton.next_power_of_2`` for the launch
+    parameters, without the host cost of calling a Triton constexpr function (about 1 µs each, six per launch).
+
+    Example:
+        >>> [next_power_of_2(n) for n in (0, 1, 2, 3, 64, 65)]
+        [1, 1, 2, 4, 64, 128]
+    """
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for positive ``b``, as ``triton.cdiv``, on the host.
+
+    Example:
+        >>> cdiv(32, 16), cdiv(33, 16), cdiv(0, 16)
+        (2, 3, 0)
+    """
+    return -(-a // b)
 
 
 if triton is not None:
@@ -288,7 +309,7 @@ def heads_per_program(x: torch.Tensor, hq: int, hk: int) -> int:
     """Heads one program rotates: about 4 KiB of one token's q or k per program (16 bf16 heads of 128
     channels, 8 in fp32), so that each thread moves 16-byte vectors; never more than the heads there are."""
     per_head = x.shape[-1] * x.element_size()
-    return max(1, min(triton.next_power_of_2(max(hq, hk, 1)), triton.next_power_of_2(max(4096 // per_head, 1))))
+    return max(1, min(next_power_of_2(max(hq, hk, 1)), next_power_of_2(max(4096 // per_head, 1))))
 
 
 def _launch(rotation: Rotation, i: int, j: int | None) -> None:
@@ -308,19 +329,20 @@ def _launch(rotation: Rotation, i: int, j: int | None) -> None:
         return
     cos, sin = rotation.cos_sin(i)
     block_h = heads_per_program(x, HQ, HK)
-    q_blocks = triton.cdiv(HQ, block_h)
+    q_blocks = cdiv(HQ, block_h)
     pos = positions if positions is not None else cos  # placeholder pointer, unused without positions
     spb, sps = (positions.stride(0), positions.stride(1)) if positions is not None else (0, 0)
     flags = deferred.flags(x.device) if positions is not None else cos  # placeholder without positions
-    grid = (B * S, q_blocks + triton.cdiv(HK, block_h))
-    head = lambda t: t.stride(1) if t.dim() == 3 else 0  # noqa: E731  (per-head tables [N, H, r])
+    grid = (B * S, q_blocks + cdiv(HK, block_h))
+    # strides read once per tensor (each call of .stride(i) costs the host as much as the tuple)
+    tq, tk, sx, so, skx, sko = cos.stride(), cos_k.stride(), x.stride(), out.stride(), xk.stride(), outk.stride()
     _rotary_kernel[grid](
         x, out, cos, sin, xk, outk, cos_k, sin_k, pos, flags,
         S, HQ, HK, q_blocks, cos.shape[0], rotation.batch_rows, spb, sps,
-        cos.stride(0), head(cos), x.stride(0), x.stride(1), x.stride(2), out.stride(0), out.stride(1), out.stride(2),
-        cos_k.stride(0), head(cos_k), xk.stride(0), xk.stride(1), xk.stride(2), outk.stride(0), outk.stride(1), outk.stride(2),
-        HALF=r // 2, D=D, BLOCK_H=block_h, BLOCK_P=triton.next_power_of_2(r // 2),
-        BLOCK_REST=triton.next_power_of_2(max(D - r, 1)),
+        tq[0], tq[1] if len(tq) == 3 else 0, sx[0], sx[1], sx[2], so[0], so[1], so[2],  # per-head tables [N, H, r]
+        tk[0], tk[1] if len(tk) == 3 else 0, skx[0], skx[1], skx[2], sko[0], sko[1], sko[2],
+        HALF=r // 2, D=D, BLOCK_H=block_h, BLOCK_P=next_power_of_2(r // 2),
+        BLOCK_REST=next_power_of_2(max(D - r, 1)),
         INTERLEAVED=rotation.interleaved, CONJUGATE=rotation.conjugate, HAS_POSITIONS=positions is not None,
         INPLACE=out.data_ptr() == x.data_ptr(), FP64=x.dtype == torch.float64,
     )  # fmt: skip
@@ -347,10 +369,10 @@ def rotate_and_cache_triton(
     cos, sin = rotation.cos_sin(0)
     positions = rotation.positions
     block_h = heads_per_program(q, HQ, HK)
-    q_blocks = triton.cdiv(HQ, block_h)
+    q_blocks = cdiv(HQ, block_h)
     pos = positions if positions is not None else slots  # placeholder pointer, unused without positions
     spb, sps = (positions.stride(0), positions.stride(1)) if positions is not None else (0, 0)
-    grid = (B * S, q_blocks + triton.cdiv(HK, block_h))
+    grid = (B * S, q_blocks + cdiv(HK, block_h))
     flags = deferred.flags(q.device)
     _rotate_cache_kernel[grid](
         q, out_q, k, out_k, v, k_cache, v_cache, cos, sin, pos, slots, flags, flags[deferred.CACHE_SLOT :],
@@ -360,8 +382,8 @@ def rotate_and_cache_triton(
         k.stride(0), k.stride(1), k.stride(2), out_k.stride(0), out_k.stride(1), out_k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        HALF=r // 2, D=D, BLOCK_H=block_h, BLOCK_P=triton.next_power_of_2(r // 2),
-        BLOCK_REST=triton.next_power_of_2(max(D - r, 1)), BLOCK_DV=triton.next_power_of_2(DV),
+        HALF=r // 2, D=D, BLOCK_H=block_h, BLOCK_P=next_power_of_2(r // 2),
+        BLOCK_REST=next_power_of_2(max(D - r, 1)), BLOCK_DV=next_power_of_2(DV),
         INTERLEAVED=rotation.interleaved, HAS_POSITIONS=positions is not None,
         INPLACE=out_q.data_ptr() == q.data_ptr(), FP64=q.dtype == torch.float64,
     )  # fmt: skip
@@ -383,6 +405,6 @@ def table_grad_triton(
             x, g, gc, gs,
             S, H, x.stride(0), x.stride(1), x.stride(2), g.stride(0), g.stride(1), g.stride(2),
             gc.stride(0), gc.stride(1), gc.stride(2) if per_head else 0,
-            HALF=r // 2, BLOCK_P=triton.next_power_of_2(r // 2), INTERLEAVED=rotation.interleaved,
+            HALF=r // 2, BLOCK_P=next_power_of_2(r // 2), INTERLEAVED=rotation.interleaved,
             CONJUGATE=rotation.conjugate, PER_HEAD=per_head, FP64=x.dtype == torch.float64,
         )  # fmt: skip

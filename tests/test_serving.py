@@ -503,3 +503,98 @@ def test_a_non_finite_cos_sin_cache_row_fails_when_the_compiled_graph_runs():
     assert torch.isfinite(caches[0]).all()
     with pytest.raises(RuntimeError, match="cos_sin_cache rows read by these positions hold NaN or inf"):
         compiled(q, k, v, *_caches(torch.float32), SLOTS, torch.tensor([[3, 4, 5], [7, 8, 9]]))
+
+
+VLLM_FORM = textwrap.dedent(
+    """
+    import itertools, torch, rotary
+    from rotary import deferred, serving
+    from rotary.kernels import triton as tk
+
+    # on CUDA, vLLM's form goes to the kernel as it is: the kernel reads the tokens' rows of the
+    # cos_sin_cache halves at the positions, checks them, and no table is gathered first. Against the path
+    # that gathers the tables (tables_from_cos_sin_cache, then the same kernel): bit for bit
+    deferred.host_checks = lambda device: False  # as on an accelerator: nothing read on the host
+    serving._fused_kernel_device = lambda q: True  # the CUDA branch, run by Triton's interpreter
+    launches = []
+    real = tk.rotate_and_cache_triton
+    tk.rotate_and_cache_triton = lambda *a, **kw: (launches.append(kw.get("pair_tables", False)), real(*a, **kw))[1]
+    D, HQ, HK, T = 8, 3, 2, 6
+    checked = 0
+    for cache_dtype, interleaved, r, packed, inplace, layout in itertools.product(
+        (torch.float32, torch.bfloat16), (False, True), (8, 6), (False, True), (False, True), ("bshd", "bhsd"),
+    ):
+        if packed and layout == "bhsd":
+            continue
+        g = torch.Generator().manual_seed(checked)
+        rope = rotary.RoPE(D, interleaved=interleaved, rotary_dim=r)
+        cos, sin = rope.cos_sin(torch.arange(16))
+        pairs = slice(None, None, 2) if interleaved else slice(None, r // 2)
+        cache_form = torch.cat((cos[:, pairs], sin[:, pairs]), dim=-1).to(cache_dtype)  # [16, r]
+        if packed:
+            q, k, v = (torch.randn(5, h, D, generator=g) for h in (HQ, HK, HK))
+            positions, slots = torch.tensor([0, 15, 3, 4, 9]), torch.tensor([0, 1, 2, 3, 5])
+        else:
+            shape = (lambda h: (2, 3, h, D)) if layout == "bshd" else (lambda h: (2, h, 3, D))
+            q, k, v = (torch.randn(shape(h), generator=g) for h in (HQ, HK, HK))
+            positions, slots = torch.tensor([[0, 15, 3], [4, 9, 9]]), torch.tensor([[0, 1, 2], [3, 5, 4]])
+        bc = 1 if packed else 2
+        results = []
+        for direct in (True, False):
+            kc, vc = torch.zeros(bc, T, HK, D), torch.zeros(bc, T, HK, D)
+            if layout == "bhsd" and not packed:
+                kc, vc = kc.transpose(1, 2).contiguous(), vc.transpose(1, 2).contiguous()
+            qi, ki = (q.clone(), k.clone()) if inplace else (q, k)
+            launches.clear()
+            if direct:
+                out = rotary.rotate_and_cache(qi, ki, v, kc, vc, slots, positions=positions, cos_sin_cache=cache_form,
+                                              interleaved=interleaved, inplace=inplace, layout=layout, cache_layout=layout)
+            else:  # the tables gathered first, then the kernel
+                tables = serving.tables_from_cos_sin_cache(cache_form, positions, interleaved=interleaved)
+                out = rotary.rotate_and_cache(qi, ki, v, kc, vc, slots, tables, inplace=inplace, layout=layout, cache_layout=layout)
+            assert launches == [direct], (launches, direct)
+            if inplace:
+                assert out[0] is qi and out[1] is ki
+            results.append((*out, kc, vc))
+        for a, b in zip(*results):
+            assert torch.equal(a, b), (cache_dtype, interleaved, r, packed, inplace, layout, (a - b).abs().max())
+        checked += 1
+    assert deferred.flags(torch.device("cpu")).sum() == 0
+
+    # what the kernel checks itself: positions outside the cache (NaN, the position flags), NaN/inf rows
+    # (their flag), bad slots (not written, their flag)
+    rope = rotary.RoPE(D)
+    cos, sin = rope.cos_sin(torch.arange(16))
+    cache_form = torch.cat((cos[:, :4], sin[:, :4]), dim=-1)
+    cache_form[9, 5] = float("inf")
+    q, k, v = (torch.randn(2, 3, h, D) for h in (HQ, HK, HK))
+    positions, slots = torch.tensor([[0, 16, 3], [4, 9, -1]]), torch.tensor([[0, 1, 2], [3, 7, 4]])
+    kc, vc = torch.zeros(2, T, HK, D), torch.zeros(2, T, HK, D)
+    q_rot, k_rot = rotary.rotate_and_cache(q, k, v, kc, vc, slots, positions=positions, cos_sin_cache=cache_form)
+    flags = deferred.flags(torch.device("cpu")).clone()
+    assert flags[deferred.POSITION_SLOT] == 2 and flags[deferred.LARGEST_SLOT] == 16, flags
+    assert flags[deferred.COS_SIN_CACHE_SLOT] > 0 and flags[deferred.CACHE_SLOT] > 0, flags
+    nan_tokens = torch.tensor([[False, True, False], [False, False, True]])
+    assert torch.isnan(q_rot[nan_tokens]).all() and torch.isfinite(q_rot[0, [0, 2]]).all()
+    assert not torch.isfinite(q_rot[1, 1]).all()  # the inf row
+    assert (vc[1].abs().sum(-1).sum(-1) != 0).sum() == 2  # tokens (1, 0) and (1, 2) wrote; slot 7 did not
+    try:
+        deferred.check_device_errors()
+    except rotary.DeviceInputError as error:
+        text = str(error)
+        assert "cos_sin_cache rows holding NaN or inf" in text and "KV-cache writes outside" in text, text
+        assert "position id outside" in text, text
+    else:
+        raise AssertionError("no deferred error")
+    print("vllm form ok", checked)
+    """
+)
+
+
+@pytest.mark.slow
+def test_the_vllm_form_goes_to_the_cuda_kernel_as_it_is():
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-c", VLLM_FORM], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "vllm form ok 48" in done.stdout

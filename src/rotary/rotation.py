@@ -21,7 +21,7 @@ from .kernels import dispatch
 from .kernels import triton as triton_kernel
 from .kernels.contract import Rotation
 from .kernels.extension import load_cpu_extension
-from .kernels.ops import TRANSFORMED, transformed
+from .kernels.ops import TRANSFORMED, mark_written, transformed
 from .kernels.overlap import overlaps_itself, shares_elements
 from .tables import RotaryTables
 
@@ -354,6 +354,8 @@ def decode_fast(
         return None
     width = q.shape[-1] if head_dim is None else head_dim
     out = ext.rope_decode(q, k, cos, sin, offset, rows, seq_axis, width, interleaved, inplace, batch_rows)
+    if out and inplace:
+        mark_written(q, k)
     return list(out) if out else None
 
 
@@ -448,6 +450,7 @@ def _decode_triton(
     outs = (qv, kv) if inplace else (torch.empty_like(qv), torch.empty_like(kv))
     triton_kernel.run_triton(Rotation((qv, kv), outs, (cos, cos), (sin, sin), positions, batch_rows, interleaved))
     if inplace:
+        mark_written(q, k)
         return [q, k]
     return [o.transpose(1, 2) for o in outs] if seq_axis == 2 else list(outs)
 

@@ -2,9 +2,11 @@
 
 :func:`rotate_and_cache` rotates q and k at the tokens' positions and writes the rotated keys and the
 values into a preallocated KV cache at given slots: on CUDA one Triton launch (it reads q, k, v once
-and writes q, k and the cache rows), elsewhere the same result from the rotation kernel and one
-indexed write per cache. It takes positions the way vLLM and FlashInfer do (per-token ``positions``
-and a ``cos_sin_cache``) as well as :class:`~rotary.tables.RotaryTables`.
+and writes q, k and the cache rows; given vLLM's ``cos_sin_cache``, it reads the tokens' rows of it
+too), elsewhere the same result from the rotation kernel and one indexed write per cache. It takes
+positions the way vLLM and FlashInfer do (per-token ``positions`` and a ``cos_sin_cache``) as well as
+:class:`~rotary.tables.RotaryTables`. Kernels write the caches (and q and k, in place) through their
+memory, and move their version counters as torch's in-place operations do.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from . import deferred
 from ._checks import check_bool
 from .errors import InputError, InputTypeError
+from .kernels import ops
 from .kernels import triton as triton_kernel
 from .kernels.contract import Rotation
 from .kernels.overlap import overlaps_itself, shares_elements
@@ -55,19 +58,7 @@ def tables_from_cos_sin_cache(
         >>> torch.equal(t.cos[0], cos[3:5])
         True
     """
-    if not isinstance(cos_sin_cache, torch.Tensor) or cos_sin_cache.dim() != 2 or cos_sin_cache.shape[-1] % 2:
-        raise InputError(
-            "cos_sin_cache must be [max_position, r] (cos of the r/2 pairs, then their sin), got "
-            f"{getattr(cos_sin_cache, 'shape', type(cos_sin_cache).__name__)}"
-        )
-    if not cos_sin_cache.is_floating_point():
-        raise InputTypeError(f"cos_sin_cache must be floating point, got {cos_sin_cache.dtype}")
-    if not isinstance(positions, torch.Tensor) or positions.is_floating_point() or positions.dim() not in (1, 2):
-        raise InputError(f"positions must be an integer tensor [B, S] or [T], got {getattr(positions, 'shape', positions)!r}")
-    if positions.dtype not in (torch.int64, torch.int32):  # bool read as 0/1, complex dropped its imaginary part
-        raise InputTypeError(f"positions must be int64 or int32, got {positions.dtype}; convert them with .long()")
-    if positions.device != cos_sin_cache.device:
-        raise InputError(f"positions are on {positions.device} but cos_sin_cache on {cos_sin_cache.device}; move one")
+    _check_cos_sin_cache(cos_sin_cache, positions)
     rows = cos_sin_cache.shape[0]
     ids = positions.long()
     host = deferred.host_checks(ids.device) and not torch.compiler.is_compiling()
@@ -94,6 +85,24 @@ def tables_from_cos_sin_cache(
     if ids.dim() == 1:  # packed tokens [T]: the tables address them by row
         return RotaryTables.unchecked(cos, sin, interleaved, rows=torch.arange(ids.shape[0], device=ids.device))
     return RotaryTables.unchecked(cos, sin, interleaved)
+
+
+def _check_cos_sin_cache(cos_sin_cache: torch.Tensor, positions: torch.Tensor) -> None:
+    """Host-side checks of vLLM's form (no value is read): ``cos_sin_cache`` ``[max_position, r]``
+    floating point, ``positions`` int64/int32 ``[B, S]`` or ``[T]`` on its device."""
+    if not isinstance(cos_sin_cache, torch.Tensor) or cos_sin_cache.dim() != 2 or cos_sin_cache.shape[-1] % 2:
+        raise InputError(
+            "cos_sin_cache must be [max_position, r] (cos of the r/2 pairs, then their sin), got "
+            f"{getattr(cos_sin_cache, 'shape', type(cos_sin_cache).__name__)}"
+        )
+    if not cos_sin_cache.is_floating_point():
+        raise InputTypeError(f"cos_sin_cache must be floating point, got {cos_sin_cache.dtype}")
+    if not isinstance(positions, torch.Tensor) or positions.is_floating_point() or positions.dim() not in (1, 2):
+        raise InputError(f"positions must be an integer tensor [B, S] or [T], got {getattr(positions, 'shape', positions)!r}")
+    if positions.dtype not in (torch.int64, torch.int32):  # bool read as 0/1, complex dropped its imaginary part
+        raise InputTypeError(f"positions must be int64 or int32, got {positions.dtype}; convert them with .long()")
+    if positions.device != cos_sin_cache.device:
+        raise InputError(f"positions are on {positions.device} but cos_sin_cache on {cos_sin_cache.device}; move one")
 
 
 def _check_gathered_rows(gathered: torch.Tensor, ids: torch.Tensor, host: bool) -> None:
@@ -152,13 +161,15 @@ def rotate_and_cache(
         positions: int64 ``[B, S]`` / ``[T]`` with ``cos_sin_cache`` ``[max_position, r]`` (vLLM's and
             FlashInfer's form: cos of the r/2 pairs, then their sin) and ``interleaved`` (the pairing;
             tables carry their own: with tables, ``interleaved=True`` is an error for half-pairing tables).
-            ``cos_sin_cache`` is used as given, except that the rows the tokens read (gathered anyway)
-            are checked for NaN and inf at every call: on the CPU an :class:`~rotary.errors.InputError`
-            naming the row (one sum of those rows, about 1.5 µs at 8 tokens of 128 channels), elsewhere a
-            deferred error (:func:`rotary.check_device_errors`; those tokens' rotations are NaN or
-            inf), under ``torch.compile`` an assertion in the graph. The whole table is never
-            scanned: rows no token reads are not checked, nor whether the values are rotations
-            (cos² + sin² = 1); check the table once where you build it.
+            ``cos_sin_cache`` is used as given, except that the rows the tokens read are checked for
+            NaN and inf at every call: on the CPU an :class:`~rotary.errors.InputError` naming the row
+            (one sum of those rows, about 1.5 µs at 8 tokens of 128 channels), elsewhere a deferred
+            error (:func:`rotary.check_device_errors`; those tokens' rotations are NaN or inf), under
+            ``torch.compile`` an assertion in the graph. On CUDA (eager, an fp32/bf16/fp16 cache) the
+            kernel reads each token's row of the cache itself, at its position, and checks it there:
+            no table is gathered first. The whole table is never scanned: rows no token reads are not
+            checked, nor whether the values are rotations (cos² + sin² = 1); check the table once
+            where you build it.
         layout: of q, k and v.
         cache_layout: of the caches.
         inplace: rotate q and k in place (and return them).
@@ -193,10 +204,12 @@ def rotate_and_cache(
             raise InputTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if (tables is None) == (cos_sin_cache is None):
         raise InputError("pass tables (rope.tables(positions)), or positions with cos_sin_cache, not both and not neither")
+    inplace = check_bool(inplace, "inplace")
     if cos_sin_cache is not None:
         if positions is None:
             raise InputError("cos_sin_cache needs positions: int64 [B, S] (or [T]) giving each token's position")
-        tables = tables_from_cos_sin_cache(cos_sin_cache, positions, interleaved=interleaved)
+        _check_cos_sin_cache(cos_sin_cache, positions)
+        interleaved = check_bool(interleaved, "interleaved")
     elif positions is not None:
         raise InputError("positions go with cos_sin_cache; with tables, build them for the positions (rope.tables(positions))")
     elif check_bool(interleaved, "interleaved") and isinstance(tables, RotaryTables) and not tables.interleaved:
@@ -219,6 +232,19 @@ def rotate_and_cache(
     _check_shapes(qv, kv, vv, kc, vc, slot_ids)
     if not torch.compiler.is_compiling():
         _check_memory(q, k, v, k_cache, v_cache)
+    if cos_sin_cache is not None:
+        if _reads_cos_sin_cache(q, k, v, k_cache, v_cache, qv, kv, vv, kc, vc, positions, cos_sin_cache, packed):  # type: ignore[arg-type]
+            # the kernel reads the tokens' rows of the cache itself, at the positions (checked there):
+            # no table is gathered, widened or checked by separate operations
+            ids = positions.long().reshape(slot_ids.shape)  # type: ignore[union-attr]
+            half = cos_sin_cache.shape[-1] // 2
+            cos, sin = cos_sin_cache[:, :half], cos_sin_cache[:, half:]
+            outs = (qv, kv) if inplace else (torch.empty_like(qv), torch.empty_like(kv))
+            rotation = Rotation((qv, kv), outs, (cos, cos), (sin, sin), ids, 0, interleaved)
+            triton_kernel.rotate_and_cache_triton(rotation, vv, kc, vc, slot_ids, pair_tables=True)
+            ops.mark_written(k_cache, v_cache, *((q, k) if inplace else ()))
+            return (q, k) if inplace else (unview(outs[0], layout, packed), unview(outs[1], layout, packed))
+        tables = tables_from_cos_sin_cache(cos_sin_cache, positions, interleaved=interleaved)  # type: ignore[arg-type]
     fused = False
     if _fused_kernel_device(q):  # elsewhere rotate() plans (and checks) alone
         rotation, _ = plan([q, k], tables, layout=layout, kinds=("q", "k"), names=("q", "k"))  # type: ignore[arg-type]
@@ -228,18 +254,51 @@ def rotate_and_cache(
             and rotation.cos[0].dim() == 2
             and rotation.cos[0] is rotation.cos[1]
         )
+    if fused and not torch.compiler.is_compiling():  # eager: the launch itself (a custom op's dispatch costs
+        # more host time than the launch)
+        outs = (qv, kv) if inplace else (torch.empty_like(qv), torch.empty_like(kv))
+        triton_kernel.rotate_and_cache_triton(rotation.replace(outs=outs), vv, kc, vc, slot_ids)
+        ops.mark_written(k_cache, v_cache, *((q, k) if inplace else ()))
+        return (q, k) if inplace else (unview(outs[0], layout, packed), unview(outs[1], layout, packed))
     if fused and not inplace:
         args = (rotation.cos[0], rotation.sin[0], rotation.positions, rotation.batch_rows, rotation.interleaved)
         out_q, out_k = rotate_and_cache_op(qv, kv, vv, kc, vc, slot_ids, *args)  # one launch; torch.compile sees through
         return unview(out_q, layout, packed), unview(out_k, layout, packed)
-    if fused and not torch.compiler.is_compiling():
-        triton_kernel.rotate_and_cache_triton(rotation.replace(outs=(qv, kv)), vv, kc, vc, slot_ids)
-        return q, k
     q_rot, k_rot = rotate([q, k], tables, layout=layout, inplace=inplace, kinds=("q", "k"), names=("q", "k"))
     k_new = k_rot.unsqueeze(0) if packed else (k_rot.transpose(1, 2) if layout == "bhsd" else k_rot)
     _write_rows(kc, k_new, slot_ids)
     _write_rows(vc, vv, slot_ids)
     return q_rot, k_rot
+
+
+#: cos_sin_cache dtypes the kernel reads as they are (it widens each value to fp32 as it loads it, as
+#: tables_from_cos_sin_cache widens them); a float64 cache is rounded to fp32 there, so it takes that path
+_KERNEL_CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _reads_cos_sin_cache(q, k, v, k_cache, v_cache, qv, kv, vv, kc, vc, positions, cos_sin_cache, packed) -> bool:
+    """Whether the fused CUDA kernel takes vLLM's form as it is (eager, no autograd, plain tensors of the
+    kernel's dtypes, unit channel strides, positions one per token); otherwise the tables are gathered
+    first and the general checks name what does not fit. Host-side attributes only."""
+    r = cos_sin_cache.shape[-1]
+    return (
+        _fused_kernel_device(q)
+        and not torch.compiler.is_compiling()
+        and all(type(t) is torch.Tensor and not ops.transformed(t) for t in (q, k, v))
+        and q.dtype in _KERNEL_CACHE_DTYPES
+        and k.dtype is q.dtype
+        and k.device == q.device
+        and cos_sin_cache.device == q.device
+        and cos_sin_cache.dtype in _KERNEL_CACHE_DTYPES
+        and cos_sin_cache.stride(-1) == 1
+        and 0 < r <= qv.shape[-1]
+        and qv.shape[:2] == kv.shape[:2]
+        and qv.shape[-1] == kv.shape[-1]
+        and positions.numel() == qv.shape[0] * qv.shape[1]
+        and (positions.shape == qv.shape[:2] or packed and positions.dim() == 1)
+        and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, k_cache, v_cache, cos_sin_cache)))
+        and all(t.stride(-1) == 1 for t in (qv, kv, vv, kc, vc))
+    )
 
 
 def _fused_kernel_device(q: torch.Tensor) -> bool:

@@ -62,6 +62,8 @@ def rotate(
     if not grad:
         outs = xs if inplace else tuple(torch.empty_like(x) for x in xs)
         ops.run(rotation.replace(outs=outs))
+        if inplace:
+            ops.mark_written(*xs)
         return list(outs)
     tables_need_grad = any(t.requires_grad for t in (*rotation.cos, *rotation.sin))
     if inplace and not tables_need_grad:

@@ -24,7 +24,7 @@ from .contract import Rotation
 from .eager import run_torch, table_grad_torch
 from .extension import load_cpu_extension
 
-__all__ = ["run", "transformed", "TRANSFORMED", "table_grads", "Rotate", "RotateInplace", "rotation_op", "rotation_op_"]
+__all__ = ["mark_written", "run", "transformed", "TRANSFORMED", "table_grads", "Rotate", "RotateInplace", "rotation_op", "rotation_op_"]
 
 _CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -43,6 +43,22 @@ def transformed(x: torch.Tensor) -> bool:
         return False
     functorch = torch._C._functorch
     return functorch.is_functorch_wrapped_tensor(x) or functorch.is_batchedtensor(x)
+
+
+def mark_written(*tensors: torch.Tensor) -> None:
+    """Tell autograd that a kernel wrote ``tensors`` in place (through their memory, which torch does not
+    see): their version counters move on, as after any in-place torch operation, so a backward that saved
+    one of them before the write raises instead of using the new values. Call it after every in-place
+    write outside autograd's own in-place Functions (which mark their outputs dirty).
+
+    Example:
+        >>> x = torch.zeros(3)
+        >>> before = x._version
+        >>> mark_written(x)
+        >>> x._version > before
+        True
+    """
+    torch.autograd.graph.increment_version(tensors)
 
 
 def _fused(rotation: Rotation, tensors: tuple[torch.Tensor, ...]) -> str | None:

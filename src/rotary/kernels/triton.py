@@ -70,12 +70,14 @@ if triton is not None:
         x, o, o2, COS, SIN, t, poison, heads, H, H2, table_stride, head_stride, sxh, soh, so2h,
         HALF: tl.constexpr, D: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_REST: tl.constexpr,
         INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, INPLACE: tl.constexpr, FP64: tl.constexpr,
-        TWO: tl.constexpr,
+        TWO: tl.constexpr, PAIR_TABLES: tl.constexpr,
     ):  # fmt: skip
         """Rotate ``heads`` (a block of head indices, masked by ``< H``) of one token with table row ``t``:
         ``x`` and ``o`` point at the token's row of the input and the output (head strides ``sxh``,
         ``soh``); with ``TWO`` the result is also stored at ``o2`` (head stride ``so2h``, heads ``< H2``,
         pass-through channels always: a cache row). ``poison`` is 0, or NaN for a token outside the table.
+        Table rows hold one value per channel (``c[2i] == c[2i + 1]`` interleaved), or with ``PAIR_TABLES``
+        one per pair (vLLM's ``cos_sin_cache`` halves); the half pairing reads the first ``HALF`` either way.
 
         Every load (x, the tables) is issued before any store: a store may alias what a later load reads,
         so the GPU would wait for it, one memory round trip more per program."""
@@ -96,9 +98,16 @@ if triton is not None:
             j = tl.arange(0, 2 * BLOCK_P)
             channels = (j < 2 * HALF)[None, :]
             mask = (live | live2)[:, None] & channels
-            table = t * table_stride + heads[:, None] * head_stride + j[None, :]
-            c, _ = split_pairs(tl.load(COS + table, mask=mask, other=0.0), BLOCK_P)
-            sn, _ = split_pairs(tl.load(SIN + table, mask=mask, other=0.0), BLOCK_P)
+            if PAIR_TABLES:  # one value per pair: the pair's entry, [BLOCK_H, BLOCK_P]
+                pair = tl.arange(0, BLOCK_P)
+                pair_mask = (live | live2)[:, None] & (pair < HALF)[None, :]
+                table = t * table_stride + heads[:, None] * head_stride + pair[None, :]
+                c = tl.load(COS + table, mask=pair_mask, other=0.0)
+                sn = tl.load(SIN + table, mask=pair_mask, other=0.0)
+            else:
+                table = t * table_stride + heads[:, None] * head_stride + j[None, :]
+                c, _ = split_pairs(tl.load(COS + table, mask=mask, other=0.0), BLOCK_P)
+                sn, _ = split_pairs(tl.load(SIN + table, mask=mask, other=0.0), BLOCK_P)
             even, odd = split_pairs(tl.load(x + heads[:, None] * sxh + j[None, :], mask=mask, other=0.0), BLOCK_P)
             c = c.to(compute) + poison
             sn = sn.to(compute)
@@ -182,28 +191,29 @@ if triton is not None:
             _rotate_heads(
                 XQ + b * sqb + s * sqs, OUTQ + b * soqb + s * soqs, OUTQ, COSQ, SINQ, t, poison, heads, HQ, 0,
                 tq_stride, tq_head, sqh, soqh, 0, HALF, D, BLOCK_P, BLOCK_REST, INTERLEAVED, CONJUGATE, INPLACE, FP64,
-                False,
+                False, False,
             )  # fmt: skip
         else:
             heads = (block - Q_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
             _rotate_heads(
                 XK + b * skb + s * sks, OUTK + b * sokb + s * soks, OUTK, COSK, SINK, t, poison, heads, HK, 0,
                 tk_stride, tk_head, skh, sokh, 0, HALF, D, BLOCK_P, BLOCK_REST, INTERLEAVED, CONJUGATE, INPLACE, FP64,
-                False,
+                False, False,
             )  # fmt: skip
 
     @triton.jit
     def _rotate_cache_kernel(
-        XQ, OUTQ, XK, OUTK, V, KC, VC, COS, SIN, POS, SLOTS, FLAGS, CACHE_FLAG,
+        XQ, OUTQ, XK, OUTK, V, KC, VC, COS, SIN, POS, SLOTS, FLAGS, CACHE_FLAG, ROWS_FLAG,
         S, HQ, HK, DV, Q_BLOCKS, table_rows, batch_rows, spb, sps, slb, sls, T, cache_batch,
         t_stride, sqb, sqs, sqh, soqb, soqs, soqh, skb, sks, skh, sokb, soks, sokh, svb, svs, svh,
         kcb, kct, kch, vcb, vct, vch,
         HALF: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_REST: tl.constexpr,
         BLOCK_DV: tl.constexpr, INTERLEAVED: tl.constexpr, HAS_POSITIONS: tl.constexpr, INPLACE: tl.constexpr,
-        FP64: tl.constexpr,
+        FP64: tl.constexpr, PAIR_TABLES: tl.constexpr, CHECK_ROWS: tl.constexpr,
     ):  # fmt: skip
         # program (token, head block): q blocks rotate q; k blocks rotate k into k's output and into the
-        # cache row of the token's slot, and copy v into the value cache row
+        # cache row of the token's slot, and copy v into the value cache row. CHECK_ROWS (tables given as
+        # a cos_sin_cache): the token's first k block flags its table row holding NaN or inf
         row = tl.program_id(0)
         block = tl.program_id(1)
         b, s, t, poison = token_row(POS, FLAGS, row, block, S, table_rows, batch_rows, spb, sps, HAS_POSITIONS, FP64)
@@ -212,6 +222,7 @@ if triton is not None:
             _rotate_heads(
                 XQ + b * sqb + s * sqs, OUTQ + b * soqb + s * soqs, OUTQ, COS, SIN, t, poison, heads, HQ, 0,
                 t_stride, 0, sqh, soqh, 0, HALF, D, BLOCK_P, BLOCK_REST, INTERLEAVED, False, INPLACE, FP64, False,
+                PAIR_TABLES,
             )  # fmt: skip
         else:
             heads = (block - Q_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -221,6 +232,14 @@ if triton is not None:
                 tl.atomic_add(CACHE_FLAG, 1)  # the token's k and v are not written
             heads_ok = tl.where(bad, 0, HK)  # no head of a bad slot is written
             cb = b * cache_batch  # the cache's batch row: b, or 0 for one shared slot axis
+            if CHECK_ROWS:
+                if block == Q_BLOCKS:  # x - x is NaN for NaN and for ±inf
+                    p = tl.arange(0, BLOCK_P)
+                    cr = tl.load(COS + t * t_stride + p, mask=p < HALF, other=0.0).to(tl.float32)
+                    sr = tl.load(SIN + t * t_stride + p, mask=p < HALF, other=0.0).to(tl.float32)
+                    d = (cr - cr) + (sr - sr)
+                    if tl.sum((d != d).to(tl.int32), axis=0) > 0:
+                        tl.atomic_add(ROWS_FLAG, 1)
             # v is loaded first, so that every load of the program comes before its stores
             channels = tl.arange(0, BLOCK_DV)
             vmask = (heads < heads_ok)[:, None] & (channels < DV)[None, :]
@@ -230,7 +249,7 @@ if triton is not None:
             _rotate_heads(
                 XK + b * skb + s * sks, OUTK + b * sokb + s * soks, KC + cb * kcb + slot * kct, COS, SIN, t, poison,
                 heads, HK, heads_ok, t_stride, 0, skh, sokh, kch, HALF, D, BLOCK_P, BLOCK_REST, INTERLEAVED, False,
-                INPLACE, FP64, True,
+                INPLACE, FP64, True, PAIR_TABLES,
             )  # fmt: skip
             tl.store(VC + cb * vcb + slot * vct + heads[:, None] * vch + channels[None, :], values, mask=vmask)
 
@@ -349,14 +368,23 @@ def _launch(rotation: Rotation, i: int, j: int | None) -> None:
 
 
 def rotate_and_cache_triton(
-    rotation: Rotation, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor
+    rotation: Rotation,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    *,
+    pair_tables: bool = False,
 ) -> None:
     """One launch: rotate ``xs[0]`` (q) and ``xs[1]`` (k) into their outs and write the rotated k and ``v``
     into row ``slots[b, s]`` of the caches.
 
     Shapes: q ``[B, S, Hq, D]``, k ``[B, S, Hk, D]``, v ``[B, S, Hk, Dv]`` (any strides, unit stride over
     the last dim), caches ``[B or 1, T, Hk, D or Dv]``, ``slots`` int64 ``[B, S]``. A slot outside
-    ``0 .. T - 1`` writes nothing and sets the deferred-error flag of bad cache slots.
+    ``0 .. T - 1`` writes nothing and sets the deferred-error flag of bad cache slots. ``pair_tables``:
+    the tables are the two halves of vLLM's ``cos_sin_cache`` ``[N, r]`` (cos ``[:, :r/2]``, sin
+    ``[:, r/2:]``, one value per pair, read in their own dtype) at int64 ``positions``; a token whose row
+    holds NaN or inf sets the deferred-error flag of ``cos_sin_cache`` rows.
     """
     if triton is None:
         raise RuntimeError("rotary: Triton is not installed")
@@ -365,8 +393,8 @@ def rotate_and_cache_triton(
     HK, DV = k.shape[2], v.shape[3]
     if B * S == 0:
         return
-    r = rotation.rotary_dim
     cos, sin = rotation.cos_sin(0)
+    r = 2 * cos.shape[-1] if pair_tables else rotation.rotary_dim
     positions = rotation.positions
     block_h = heads_per_program(q, HQ, HK)
     q_blocks = cdiv(HQ, block_h)
@@ -376,6 +404,7 @@ def rotate_and_cache_triton(
     flags = deferred.flags(q.device)
     _rotate_cache_kernel[grid](
         q, out_q, k, out_k, v, k_cache, v_cache, cos, sin, pos, slots, flags, flags[deferred.CACHE_SLOT :],
+        flags[deferred.COS_SIN_CACHE_SLOT :],
         S, HQ, HK, DV, q_blocks, cos.shape[0], rotation.batch_rows, spb, sps, slots.stride(0), slots.stride(1),
         k_cache.shape[1], 1 if k_cache.shape[0] > 1 else 0,
         cos.stride(0), q.stride(0), q.stride(1), q.stride(2), out_q.stride(0), out_q.stride(1), out_q.stride(2),
@@ -385,7 +414,8 @@ def rotate_and_cache_triton(
         HALF=r // 2, D=D, BLOCK_H=block_h, BLOCK_P=next_power_of_2(r // 2),
         BLOCK_REST=next_power_of_2(max(D - r, 1)), BLOCK_DV=next_power_of_2(DV),
         INTERLEAVED=rotation.interleaved, HAS_POSITIONS=positions is not None,
-        INPLACE=out_q.data_ptr() == q.data_ptr(), FP64=q.dtype == torch.float64,
+        INPLACE=out_q.data_ptr() == q.data_ptr(), FP64=q.dtype == torch.float64, PAIR_TABLES=pair_tables,
+        CHECK_ROWS=pair_tables,
     )  # fmt: skip
 
 

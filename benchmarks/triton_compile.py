@@ -387,13 +387,15 @@ def host_costs(repeats: int = 5, calls: int = 2000) -> list[tuple[str, float]]:
     run = JITFunction.run
     JITFunction.run = lambda self, *a, grid, warmup, **kw: run(self, *a, grid=grid, warmup=True, **kw)  # type: ignore[method-assign]
     torch.set_num_threads(1)
-    from rotary import deferred
+    import rotary
+    from rotary import deferred, serving
     from rotary.kernels import triton as tk
     from rotary.kernels.contract import Rotation
     from rotary.rotation import _decode_triton, model_tables_fast
     from rotary.tables import cos_sin_table
 
     deferred.host_checks = lambda device: False  # as on an accelerator: nothing read on the host
+    serving._fused_kernel_device = lambda q: True  # rotate_and_cache's CUDA branch
     B, HQ, HK, D = 8, 16, 4, 64
     q, k, v = (torch.randn(B, h, 1, D).to(torch.bfloat16) for h in (HQ, HK, HK))
     cos, sin = cos_sin_table(torch.arange(512), 1.0 / 10000 ** (torch.arange(0, D, 2) / D), interleaved=False)
@@ -404,6 +406,8 @@ def host_costs(repeats: int = 5, calls: int = 2000) -> list[tuple[str, float]]:
     k_cache, v_cache = torch.zeros(B, 512, HK, D).to(torch.bfloat16), torch.zeros(B, 512, HK, D).to(torch.bfloat16)
     slots = torch.full((B, 1), 300)
     cache_rotation = rotation.replace(positions=slots)
+    cos_sin_cache = torch.cat((cos[:, : D // 2], sin[:, : D // 2]), dim=-1)  # vLLM's layout
+    pos, tables = slots.clone(), rotary.RoPE(D).tables(slots)
     cases = {
         "Triton launch of the rotation (run_triton)": lambda: tk.run_triton(rotation),
         "rope(q, k, offset)'s CUDA fast path (_decode_triton)": lambda: _decode_triton(
@@ -414,6 +418,12 @@ def host_costs(repeats: int = 5, calls: int = 2000) -> list[tuple[str, float]]:
         ),
         "Triton launch of rotate_and_cache": lambda: tk.rotate_and_cache_triton(
             cache_rotation, vv, k_cache, v_cache, slots
+        ),
+        "rotary.rotate_and_cache, vLLM's form (checks included)": lambda: rotary.rotate_and_cache(
+            qv, kv, vv, k_cache, v_cache, slots, positions=pos, cos_sin_cache=cos_sin_cache
+        ),
+        "rotary.rotate_and_cache, tables (checks included)": lambda: rotary.rotate_and_cache(
+            qv, kv, vv, k_cache, v_cache, slots, tables
         ),
     }
     try:

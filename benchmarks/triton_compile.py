@@ -198,7 +198,7 @@ def configurations(hot: bool):
             q, k = _qk(dtype, hq=hq, hk=hk, D=D)
             rot = _rotation(q, k, r or D, interleaved, dtype, positions=positions)
             compute = norm.compute_dtype(q)
-            weights = [torch.rand(D).to(compute) for _ in range(2)]
+            weights = [torch.rand(D).to(dtype) for _ in range(2)]  # a model's norm weights, in its dtype
             rstds = tuple(x.new_empty(x.shape[:3], dtype=compute) for x in rot.xs)
             norm.run_triton(rot, weights, rstds, round_normed, 1e-6)
 
@@ -396,6 +396,9 @@ def host_costs(repeats: int = 5, calls: int = 2000) -> list[tuple[str, float]]:
 
     deferred.host_checks = lambda device: False  # as on an accelerator: nothing read on the host
     serving._fused_kernel_device = lambda q: True  # rotate_and_cache's CUDA branch
+    from rotary.kernels import norm
+
+    norm._backend = lambda rotation: "triton"  # rmsnorm_rotate's
     B, HQ, HK, D = 8, 16, 4, 64
     q, k, v = (torch.randn(B, h, 1, D).to(torch.bfloat16) for h in (HQ, HK, HK))
     cos, sin = cos_sin_table(torch.arange(512), 1.0 / 10000 ** (torch.arange(0, D, 2) / D), interleaved=False)
@@ -408,6 +411,7 @@ def host_costs(repeats: int = 5, calls: int = 2000) -> list[tuple[str, float]]:
     cache_rotation = rotation.replace(positions=slots)
     cos_sin_cache = torch.cat((cos[:, : D // 2], sin[:, : D // 2]), dim=-1)  # vLLM's layout
     pos, tables = slots.clone(), rotary.RoPE(D).tables(slots)
+    weight = torch.rand(D).to(torch.bfloat16)  # a QK-norm's weight in a bf16 model
     cases = {
         "Triton launch of the rotation (run_triton)": lambda: tk.run_triton(rotation),
         "rope(q, k, offset)'s CUDA fast path (_decode_triton)": lambda: _decode_triton(
@@ -424,6 +428,9 @@ def host_costs(repeats: int = 5, calls: int = 2000) -> list[tuple[str, float]]:
         ),
         "rotary.rotate_and_cache, tables (checks included)": lambda: rotary.rotate_and_cache(
             qv, kv, vv, k_cache, v_cache, slots, tables
+        ),
+        "rotary.rmsnorm_rotate, bf16 weights, tables (checks included)": lambda: rotary.rmsnorm_rotate(
+            q, k, weight, weight, tables
         ),
     }
     try:

@@ -418,7 +418,9 @@ INTERPRETED = textwrap.dedent(
         rstds = tuple(x.new_empty(x.shape[:3], dtype=compute) for x in (q, k))
         factors = [K.effective_weight(w, gemma, compute) for w in weights]
         v_before = base[:, :, Hq + Hk :].clone()
-        K.run_triton(rotation.replace(outs=outs), factors, rstds, not gemma, 1e-6)
+        # the kernel takes the weights as given (widening them and forming Gemma's 1 + w itself); the
+        # composition below multiplies by the factors effective_weight forms on the other paths
+        K.run_triton(rotation.replace(outs=outs), list(weights), rstds, not gemma, 1e-6)
         assert torch.equal(base, torch.cat((q, k, v_before), dim=2))  # inputs (and v beside them) untouched
         # the composition with the kernel's rstd (the sum of squares is Triton's, in its own order) is
         # the kernel's output bit for bit: every other rounding is the composition's

@@ -78,9 +78,9 @@ def test_the_serving_kernels_compile_for_sm80_and_move_bf16_in_16_byte_accesses(
         accesses = dict((k, int(n)) for k, n in re.findall(r"((?:ld|st)(?:\.v\d)?\.b\d+)x(\d+)", line))
         assert accesses.get("ld.v4.b32", 0) >= 12 and accesses.get("st.v4.b32", 0) >= 4, line
         scalar = {k for k in accesses if not k.startswith(("ld.v4", "st.v4"))}
-        # (the interleaved RMSNorm loads its weight row [D] one float per thread, then rearranges it into
-        # the pairs' layout in shared memory: 512 bytes per program, after the other loads)
-        allowed = {"ld.b64", "st.b32"} | ({"ld.b32"} if config == "rmsnorm_rotate bf16 interleaved" else set())
+        # (the interleaved RMSNorm loads its weight row [D], in the model's dtype, one value per thread, then
+        # rearranges it into the pairs' layout in shared memory: 256 bytes per program, after the other loads)
+        allowed = {"ld.b64", "st.b32"} | ({"ld.b16"} if config == "rmsnorm_rotate bf16 interleaved" else set())
         assert scalar <= allowed, line
         if "rmsnorm" not in config:
             assert "st.b32" not in scalar, line

@@ -97,14 +97,14 @@ def run(rotation: Rotation, norm: Norm, rstds: tuple[torch.Tensor, ...]) -> None
     """Normalise and rotate each x of ``rotation`` into its out with the best kernel; ``rstds[i]``
     (``[B, S, H_i]``, the arithmetic dtype) receives each vector's ``1 / sqrt(mean(x²) + eps)``."""
     backend = _backend(rotation)
-    weights = [effective_weight(w, norm.gemma, compute_dtype(x)) for w, x in zip(norm.weights, rotation.xs)]
     if backend == "cpu":
+        weights = [effective_weight(w, norm.gemma, compute_dtype(x)) for w, x in zip(norm.weights, rotation.xs)]
         load_cpu_extension().rmsnorm_rope(  # type: ignore[union-attr]
             list(rotation.xs), list(rotation.outs), list(rstds), weights, list(rotation.cos), list(rotation.sin),
             rotation.positions, rotation.batch_rows, rotation.interleaved, norm.round_normed, norm.eps,
         )  # fmt: skip
-    elif backend == "triton":
-        run_triton(rotation, weights, rstds, norm.round_normed, norm.eps)
+    elif backend == "triton":  # the weights as they are: the kernel widens them (and adds Gemma's 1) itself
+        run_triton(rotation, [w.contiguous() for w in norm.weights], rstds, norm.round_normed, norm.eps)
     else:
         run_torch(rotation, norm, rstds)
 
@@ -188,6 +188,13 @@ if triton is not None:
             we = tl.load(W + rest, mask=rest < D, other=0.0)
         a = a.to(compute)
         z = z.to(compute)
+        # the weight as given, widened (exact), and Gemma's factor 1 + w formed in the arithmetic dtype, as
+        # Gemma3RMSNorm forms it in fp32 (effective_weight on the other paths)
+        wa = wa.to(compute)
+        wz = wz.to(compute)
+        if not ROUND_NORMED:
+            wa = 1.0 + wa
+            wz = 1.0 + wz
         c = c.to(compute) + poison
         sn = sn.to(compute)
         squares = tl.sum(a * a + z * z, axis=1)
@@ -212,6 +219,9 @@ if triton is not None:
             ne = e * rstd[:, None]
             if ROUND_NORMED:
                 ne = ne.to(dtype).to(compute)
+            we = we.to(compute)
+            if not ROUND_NORMED:
+                we = 1.0 + we
             tl.store(o + rest[None, :], (we[None, :] * ne).to(dtype), mask=rest_mask)
         tl.store(RSTD + b * srb + s * srs + heads * srh, rstd, mask=live)
 
@@ -252,7 +262,8 @@ def run_triton(
     rotation: Rotation, weights: list[torch.Tensor], rstds: tuple[torch.Tensor, ...], round_normed: bool, eps: float
 ) -> None:
     """Normalise and rotate each ``[B, S, H, D]`` x (unit stride over D) into its out, two tensors (q and
-    k) per launch; ``weights[i]`` is the factor applied, contiguous ``[D]`` in the arithmetic dtype.
+    k) per launch; ``weights[i]`` is the norm's weight as given, contiguous ``[D]`` (any float dtype: the
+    kernel widens it, and with ``round_normed`` off, Gemma's convention, multiplies by ``1 + weight``).
     Positions are checked in the kernel as in :func:`.triton.run_triton` (NaN and deferred flags)."""
     if triton is None:
         raise RuntimeError("rotary: Triton is not installed")

@@ -2,6 +2,8 @@
 
 - :func:`run_cli`: the real command line, ``python -m rotary ...`` in a subprocess, with this
   checkout's ``src`` first on the path;
+- :func:`run_interpreted`: a script in a fresh process under Triton's interpreter (the Triton kernels
+  on CPU tensors), asserted to succeed;
 - :func:`hf_config`, :func:`text_config`, :func:`llama_config`: transformers configs built from
   dicts or a few numbers (models are built from configs with random weights, never downloaded);
 - :func:`leaf_parsers`: every runnable subcommand of ``rotary`` with its argparse parser;
@@ -73,6 +75,18 @@ def run_cli(
         assert proc.returncode == 2, (proc.returncode, proc.stderr)
         assert "Traceback" not in proc.stderr, proc.stderr
     return proc
+
+
+def run_interpreted(script: str, *args: str, timeout: float = 600) -> str:
+    """Run ``script`` (Python source) in a fresh process with ``TRITON_INTERPRET=1`` (the interpreter must
+    be on before Triton is imported, and other tests import it first); assert it succeeded and return its
+    stdout."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-6000:]
+    return done.stdout
 
 
 def leaf_parsers() -> dict[str, argparse.ArgumentParser]:

@@ -9,15 +9,13 @@ path, the fused cache write, vLLM's form) under Triton's interpreter.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
 import rotary
+from helpers import run_interpreted
 
 ROPE = rotary.RoPE(8)
 IDS = torch.tensor([[0, 1, 2]])
@@ -43,7 +41,9 @@ def _saved_then_written(write):
         pytest.param(lambda q, k: ROPE(q, k, inplace=True), id="rope decoding fast path"),
         pytest.param(lambda q, k: ROPE(q, k, position_ids=IDS, inplace=True), id="rope with position ids"),
         pytest.param(lambda q, k: rotary.rotate([q, k], ROPE.tables(torch.arange(3)), inplace=True), id="rotate"),
-        pytest.param(lambda q, k: rotary.apply_rotary(q, *ROPE.cos_sin(torch.arange(3)), inplace=True), id="apply_rotary"),
+        pytest.param(
+            lambda q, k: rotary.apply_rotary(q, *ROPE.cos_sin(torch.arange(3)), inplace=True), id="apply_rotary"
+        ),
         pytest.param(lambda q, k: ROPE.rotate(q, inplace=True), id="RoPE.rotate"),
     ],
 )
@@ -109,7 +109,5 @@ CUDA_BRANCHES = textwrap.dedent(
 @pytest.mark.slow
 def test_the_cuda_branches_move_the_versions_too():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-c", CUDA_BRANCHES], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("raised ") == 5, done.stdout
+    stdout = run_interpreted(CUDA_BRANCHES)
+    assert stdout.count("raised ") == 5, stdout

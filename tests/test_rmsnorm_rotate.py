@@ -12,16 +12,13 @@ subprocess: the interpreter must be on before Triton is imported.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
 import rotary
-from helpers import accelerator_rules
+from helpers import accelerator_rules, run_interpreted
 from rotary.kernels import norm as K
 from rotary.kernels.extension import load_cpu_extension
 from rotary.qk_norm import rms_norm
@@ -475,7 +472,5 @@ INTERPRETED = textwrap.dedent(
 @pytest.mark.slow
 def test_triton_kernel_under_the_interpreter():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "checked 144" in done.stdout
+    stdout = run_interpreted(INTERPRETED, timeout=900)
+    assert "checked 144" in stdout

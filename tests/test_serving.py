@@ -4,16 +4,13 @@ then one indexed write per cache), bit for bit; the Triton kernel under the inte
 from __future__ import annotations
 
 import itertools
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
 import rotary
-from helpers import accelerator_rules
+from helpers import accelerator_rules, run_interpreted
 from rotary import deferred
 from rotary.errors import DeviceInputError
 from rotary.serving import tables_from_cos_sin_cache
@@ -243,10 +240,8 @@ TRITON = textwrap.dedent(
 @pytest.mark.slow
 def test_triton_rotate_and_cache_under_the_interpreter():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-c", TRITON], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "checked 64" in done.stdout
+    stdout = run_interpreted(TRITON)
+    assert "checked 64" in stdout
 
 
 def test_q_k_and_v_of_different_ranks_are_named():
@@ -594,7 +589,5 @@ VLLM_FORM = textwrap.dedent(
 @pytest.mark.slow
 def test_the_vllm_form_goes_to_the_cuda_kernel_as_it_is():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-c", VLLM_FORM], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "vllm form ok 48" in done.stdout
+    stdout = run_interpreted(VLLM_FORM)
+    assert "vllm form ok 48" in stdout

@@ -9,12 +9,11 @@ stacked per-batch tables, conjugation, in place, and the table gradients.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from helpers import run_interpreted
 
 pytest.importorskip("triton")  # a dev dependency; without it CUDA tensors take the torch path
 
@@ -89,10 +88,8 @@ SCRIPT = textwrap.dedent(
 
 @pytest.mark.slow
 def test_triton_kernels_under_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "checked 216" in done.stdout
+    stdout = run_interpreted(SCRIPT, timeout=900)
+    assert "checked 216" in stdout
 
 
 OUTSIDE = textwrap.dedent(
@@ -140,10 +137,8 @@ OUTSIDE = textwrap.dedent(
 @pytest.mark.slow
 def test_positions_outside_the_table_are_nan_and_flagged_by_both_gpu_paths():
     # what the kernels do on a GPU, where positions are never read on the host
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-c", OUTSIDE], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "outside ok" in done.stdout
+    stdout = run_interpreted(OUTSIDE, timeout=300)
+    assert "outside ok" in stdout
 
 
 FAST = textwrap.dedent(
@@ -197,10 +192,8 @@ FAST = textwrap.dedent(
 
 @pytest.mark.slow
 def test_the_cuda_decoding_fast_path_equals_the_general_path():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-c", FAST], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "fast ok 64" in done.stdout
+    stdout = run_interpreted(FAST)
+    assert "fast ok 64" in stdout
 
 
 MODEL_TABLES = textwrap.dedent(
@@ -248,7 +241,5 @@ MODEL_TABLES = textwrap.dedent(
 
 @pytest.mark.slow
 def test_hf_patch_s_cuda_path_reads_the_model_s_tables_in_their_dtype():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-c", MODEL_TABLES], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "model tables ok 72" in done.stdout
+    stdout = run_interpreted(MODEL_TABLES)
+    assert "model tables ok 72" in stdout

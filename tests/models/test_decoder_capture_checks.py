@@ -17,12 +17,11 @@ captures the step on a GPU.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from helpers import run_interpreted
 
 SCRIPT = textwrap.dedent(
     """
@@ -92,7 +91,5 @@ SCRIPT = textwrap.dedent(
 def test_the_compiled_decoding_step_gives_cuda_graphs_no_reason_to_skip_or_record_again(path):
     if path == "fused":
         pytest.importorskip("triton")  # a test dependency; without it CUDA takes the torch path
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-c", SCRIPT, path], env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-6000:]
-    assert f"capture checks ok {path}" in done.stdout
+    stdout = run_interpreted(SCRIPT, path, timeout=900)
+    assert f"capture checks ok {path}" in stdout

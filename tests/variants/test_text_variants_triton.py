@@ -5,12 +5,11 @@ Every case counts the calls of each backend: one Triton call and one torch call,
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from helpers import run_interpreted
 
 pytest.importorskip("triton")
 
@@ -67,7 +66,5 @@ SCRIPT = textwrap.dedent(
 
 @pytest.mark.slow
 def test_text_variants_on_the_triton_kernel_under_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "checked 10 triton calls 10 torch calls 10" in done.stdout, done.stdout
+    stdout = run_interpreted(SCRIPT)
+    assert "checked 10 triton calls 10 torch calls 10" in stdout, stdout

@@ -7,12 +7,11 @@ kernel but what every table uses (shared rows, per-head tables, table gradients)
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from helpers import run_interpreted
 
 pytest.importorskip("triton")
 
@@ -78,7 +77,5 @@ SCRIPT = textwrap.dedent(
 
 @pytest.mark.slow
 def test_vision_variants_on_the_triton_kernel_under_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "checked 16 triton calls 16 torch calls 16" in done.stdout, done.stdout
+    stdout = run_interpreted(SCRIPT)
+    assert "checked 16 triton calls 16 torch calls 16" in stdout, stdout

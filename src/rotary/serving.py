@@ -2,9 +2,12 @@
 
 :func:`rotate_and_cache` rotates q and k at the tokens' positions and writes the rotated keys and the
 values into a preallocated KV cache at given slots: on CUDA one Triton launch (it reads q, k, v once
-and writes q, k and the cache rows), elsewhere the same result from the rotation kernel and one
-indexed write per cache. It takes positions the way vLLM and FlashInfer do (per-token ``positions``
-and a ``cos_sin_cache``) as well as :class:`~rotary.tables.RotaryTables`.
+and writes q, k and the cache rows), on the CPU one pass of the compiled extension's ``rope_cache``
+(the same reads and writes, after every check of the slots, positions and memory, so a call that fails
+writes nothing), elsewhere (under ``torch.compile``, with autograd, or tables it does not take) the
+same result from the rotation kernel and one indexed write per cache. It takes positions the way vLLM
+and FlashInfer do (per-token ``positions`` and a ``cos_sin_cache``, which the CPU kernel reads in
+place: nothing gathered) as well as :class:`~rotary.tables.RotaryTables`.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from ._checks import check_bool
 from .errors import InputError, InputTypeError
 from .kernels import triton as triton_kernel
 from .kernels.contract import Rotation
+from .kernels.extension import load_cpu_extension
 from .kernels.overlap import overlaps_itself, shares_elements
-from .rotation import Layout, check_layout, plan, rotate, unview
+from .rotation import Layout, _check_inplace_targets, check_layout, plan, rotate, unview
 from .tables import RotaryTables, expand_pairs
 
 __all__ = ["rotate_and_cache", "tables_from_cos_sin_cache"]
@@ -73,9 +77,7 @@ def tables_from_cos_sin_cache(
     host = deferred.host_checks(ids.device) and not torch.compiler.is_compiling()
     if host:
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= rows):
-            raise InputError(
-                f"positions must be in 0 .. {rows - 1} (the rows of cos_sin_cache), got {int(ids.min())} .. {int(ids.max())}"
-            )
+            raise InputError(_positions_outside(int(ids.min()), int(ids.max()), rows))
         safe = ids
         nan = None
     else:  # no read: flagged, read as row 0, and NaN out (as the rotation kernels do)
@@ -108,15 +110,24 @@ def _check_gathered_rows(gathered: torch.Tensor, ids: torch.Tensor, host: bool) 
         if not bool(bad.any()):
             return  # finite values whose sum overflowed
         index = int(bad.flatten().int().argmax())
-        token = index if ids.dim() == 1 else divmod(index, ids.shape[-1])
-        raise InputError(
-            f"cos_sin_cache row {int(ids.flatten()[index])} (the position of token {token}) holds NaN or inf; build "
-            "the table from finite cos/sin values (check it once where you build it: torch.isfinite(cos_sin_cache).all())"
-        )
+        raise InputError(_non_finite_row(int(ids.flatten()[index]), index, ids))
     bad = torch.isnan(gathered - gathered)
     if torch.compiler.is_compiling():  # no flags in a graph: checked in it (an error when it runs)
         torch._assert_async(~bad.any(), "cos_sin_cache rows read by these positions hold NaN or inf")
     deferred.record(deferred.COS_SIN_CACHE_SLOT, bad)
+
+
+def _positions_outside(low: int, high: int, rows: int) -> str:
+    return f"positions must be in 0 .. {rows - 1} (the rows of cos_sin_cache), got {low} .. {high}"
+
+
+def _non_finite_row(row: int, index: int, positions: torch.Tensor) -> str:
+    """The message for NaN or inf in ``cos_sin_cache`` row ``row``, read by token ``index`` of ``positions`` (flat)."""
+    token = index if positions.dim() == 1 else divmod(index, positions.shape[-1])
+    return (
+        f"cos_sin_cache row {row} (the position of token {token}) holds NaN or inf; build the table from finite "
+        "cos/sin values (check it once where you build it: torch.isfinite(cos_sin_cache).all())"
+    )
 
 
 def rotate_and_cache(
@@ -135,7 +146,8 @@ def rotate_and_cache(
     cache_layout: Literal["bshd", "bhsd"] = "bshd",
     inplace: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate q and k, and write the rotated k and v into a preallocated KV cache, in one kernel on CUDA.
+    """Rotate q and k, and write the rotated k and v into a preallocated KV cache, in one kernel on CUDA and
+    on the CPU (without autograd and outside ``torch.compile``).
 
     Token (b, s) is written to row ``slots[b, s]`` of cache batch row ``b`` (or of the only batch row,
     for a cache with one: a flat or paged cache, viewed as ``[1, num_slots, Hk, D]``).
@@ -152,9 +164,9 @@ def rotate_and_cache(
         positions: int64 ``[B, S]`` / ``[T]`` with ``cos_sin_cache`` ``[max_position, r]`` (vLLM's and
             FlashInfer's form: cos of the r/2 pairs, then their sin) and ``interleaved`` (the pairing;
             tables carry their own: with tables, ``interleaved=True`` is an error for half-pairing tables).
-            ``cos_sin_cache`` is used as given, except that the rows the tokens read (gathered anyway)
-            are checked for NaN and inf at every call: on the CPU an :class:`~rotary.errors.InputError`
-            naming the row (one sum of those rows, about 1.5 µs at 8 tokens of 128 channels), elsewhere a
+            ``cos_sin_cache`` is used as given, except that the rows the tokens read are checked for NaN
+            and inf at every call: on the CPU an :class:`~rotary.errors.InputError` naming the row (one
+            pass over those rows in the C++ kernel, a sum of the gathered rows without it), elsewhere a
             deferred error (:func:`rotary.check_device_errors`; those tokens' rotations are NaN or
             inf), under ``torch.compile`` an assertion in the graph. The whole table is never
             scanned: rows no token reads are not checked, nor whether the values are rotations
@@ -193,10 +205,14 @@ def rotate_and_cache(
             raise InputTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if (tables is None) == (cos_sin_cache is None):
         raise InputError("pass tables (rope.tables(positions)), or positions with cos_sin_cache, not both and not neither")
+    cpu = _cpu_kernel(q, k, v, k_cache, v_cache, slots)  # the one-pass C++ kernel, which checks the rest itself
+    direct = False  # cos_sin_cache handed to the C++ kernel as it is: nothing gathered, no tables made
     if cos_sin_cache is not None:
         if positions is None:
             raise InputError("cos_sin_cache needs positions: int64 [B, S] (or [T]) giving each token's position")
-        tables = tables_from_cos_sin_cache(cos_sin_cache, positions, interleaved=interleaved)
+        direct = cpu is not None and _kernel_reads_cos_sin_cache(cos_sin_cache, positions, interleaved)
+        if not direct:
+            tables = tables_from_cos_sin_cache(cos_sin_cache, positions, interleaved=interleaved)
     elif positions is not None:
         raise InputError("positions go with cos_sin_cache; with tables, build them for the positions (rope.tables(positions))")
     elif check_bool(interleaved, "interleaved") and isinstance(tables, RotaryTables) and not tables.interleaved:
@@ -216,6 +232,31 @@ def rotate_and_cache(
     qv, kv, vv = (t.unsqueeze(0) if packed else (t.transpose(1, 2) if layout == "bhsd" else t) for t in (q, k, v))
     kc, vc = (c.transpose(1, 2) if cache_layout == "bhsd" and c.dim() == 4 else c for c in (k_cache, v_cache))
     slot_ids = slots.unsqueeze(0) if packed and slots.dim() == 1 else slots
+    if cpu is not None:
+        if direct:
+            table = (cos_sin_cache, None, positions, interleaved)
+        elif type(tables) is RotaryTables and tables.k_cos is None and tables.heads is None:
+            table = (tables.cos, tables.sin, tables.rows, tables.interleaved)
+        else:  # per-head or key tables: the general path
+            table = None
+        if table is not None and not (packed and (table[2] is None or table[2].dim() != 1)):  # packed: rows [T]
+            # every check of the general path is made in C++ first (the values' too); it does nothing and
+            # says so when one fails, and the general path below runs, with its messages
+            status, outs = cpu.rope_cache(qv, kv, vv, kc, vc, slot_ids, *table, inplace, False)
+            if status == _CHECK_MEMORY:  # memory that may be shared: which elements are, the general path's checks
+                _check_memory(q, k, v, k_cache, v_cache)
+                if inplace:
+                    _check_inplace_targets([q, k], ("q", "k"))  # as rotate(): every element of q and k written once
+                if inplace and (shares_elements(v, q) or shares_elements(v, k)):
+                    status = [0]  # v read after k is rotated in place: the general path rotates all of k first
+                else:
+                    status, outs = cpu.rope_cache(qv, kv, vv, kc, vc, slot_ids, *table, inplace, True)
+            if not status:
+                return (q, k) if inplace else (unview(outs[0], layout, packed), unview(outs[1], layout, packed))
+            if status[0]:
+                raise _kernel_error(status, cos_sin_cache, positions, kc.shape[1])
+        if direct:  # the general path after all
+            tables = tables_from_cos_sin_cache(cos_sin_cache, positions, interleaved=interleaved)  # type: ignore[arg-type]
     _check_shapes(qv, kv, vv, kc, vc, slot_ids)
     if not torch.compiler.is_compiling():
         _check_memory(q, k, v, k_cache, v_cache)
@@ -242,6 +283,56 @@ def rotate_and_cache(
     return q_rot, k_rot
 
 
+#: rope_cache's status: memory that may be shared, for the caller to check (then it calls again)
+_CHECK_MEMORY = [5]
+
+
+def _cpu_kernel(q, k, v, k_cache, v_cache, slots):
+    """The compiled extension when its one-pass ``rope_cache`` may be asked to take this call, else ``None``:
+    plain tensors (no subclass) on the CPU, whose values are read on the host, not under ``torch.compile``
+    (which traces the composition). ``rope_cache`` checks everything else (dtypes, shapes, strides, autograd,
+    tables) and does nothing when a check fails: the general path runs then, with its messages."""
+    if (
+        type(q) is torch.Tensor
+        and type(k) is torch.Tensor
+        and type(v) is torch.Tensor
+        and type(k_cache) is torch.Tensor
+        and type(v_cache) is torch.Tensor
+        and type(slots) is torch.Tensor
+        and q.is_cpu
+        and not torch.compiler.is_compiling()
+        and deferred.host_checks(q.device)
+    ):
+        return load_cpu_extension()
+    return None
+
+
+def _kernel_reads_cos_sin_cache(cos_sin_cache: torch.Tensor, positions: torch.Tensor, interleaved: object) -> bool:
+    """Whether ``rope_cache`` may read ``cos_sin_cache`` as it is (an fp32 CPU tensor, int64 positions, a bool
+    pairing; it checks the shapes): it then checks the positions and the rows they read as
+    :func:`tables_from_cos_sin_cache` does, with its messages, and gathers nothing. Other tables (including
+    every input that function refuses) go through it."""
+    return (
+        type(cos_sin_cache) is torch.Tensor
+        and type(positions) is torch.Tensor
+        and type(interleaved) is bool
+        and cos_sin_cache.dtype is torch.float32
+        and positions.dtype is torch.int64
+    )
+
+
+def _kernel_error(status: list[int], cos_sin_cache: torch.Tensor | None, positions: torch.Tensor | None, length: int) -> InputError:
+    """The error ``rope_cache``'s status stands for, in the words of the composition's checks."""
+    code, a, b = status
+    if code == 1:
+        return InputError(_positions_outside(a, b, cos_sin_cache.shape[0]))  # type: ignore[union-attr]
+    if code == 2:
+        return InputError(_non_finite_row(b, a, positions))  # type: ignore[arg-type]
+    if code == 3:
+        return InputError(_slots_outside(a, b, length))
+    return InputError(_row_written_twice(a, b))
+
+
 def _fused_kernel_device(q: torch.Tensor) -> bool:
     """Whether ``q``'s device runs the one-launch Triton kernel (CUDA, with Triton installed); tests make
     the CPU answer yes under Triton's interpreter, to trace the CUDA path's graph on this machine."""
@@ -249,7 +340,8 @@ def _fused_kernel_device(q: torch.Tensor) -> bool:
 
 
 def _check_shapes(q, k, v, k_cache, v_cache, slots) -> None:
-    """q, k, v ``[B, S, H, D]``; caches ``[Bc, T, Hk, D]``; slots ``[B, S]``: do they fit each other?"""
+    """q, k, v ``[B, S, H, D]``; caches ``[Bc, T, Hk, D]``; slots ``[B, S]``: do they fit each other? (And the
+    slots' values, :func:`_check_slots`.)"""
     batch, seq_len, heads, head_dim = k.shape
     if k_cache.dim() != 4 or v_cache.dim() != 4:
         raise InputError(
@@ -281,15 +373,28 @@ def _check_shapes(q, k, v, k_cache, v_cache, slots) -> None:
             f"slots must be an int64 tensor [{batch}, {seq_len}] on {k.device} (the cache row of every token), got "
             f"{tuple(slots.shape)} {slots.dtype} on {slots.device}"
         )
+    _check_slots(slots, k_cache, seq_len)
+
+
+def _check_slots(slots: torch.Tensor, k_cache: torch.Tensor, seq_len: int) -> None:
+    """On the CPU: every slot inside the cache (``k_cache`` ``[Bc, T, Hk, D]``), no cache row given to two tokens."""
     if deferred.host_checks(slots.device) and slots.numel() and not torch.compiler.is_compiling():
         low, high = int(slots.min()), int(slots.max())
         if low < 0 or high >= k_cache.shape[1]:
-            raise InputError(
-                f"slots must be in 0 .. {k_cache.shape[1] - 1} (the cache holds {k_cache.shape[1]} rows), got {low} .. "
-                f"{high}; make the cache longer or write fewer tokens"
-            )
+            raise InputError(_slots_outside(low, high, k_cache.shape[1]))
         if slots.numel() > 1 and not (seq_len == 1 and k_cache.shape[0] > 1):  # (decoding: a row per sequence)
             _check_distinct_rows(slots, k_cache.shape[0] > 1, k_cache.shape[1])
+
+
+def _slots_outside(low: int, high: int, length: int) -> str:
+    return (
+        f"slots must be in 0 .. {length - 1} (the cache holds {length} rows), got {low} .. {high}; make the cache longer "
+        "or write fewer tokens"
+    )
+
+
+def _row_written_twice(b: int, s: int) -> str:
+    return f"slots write cache row (batch {b}, slot {s}) more than once in one call: give every token a row of its own"
 
 
 def _check_distinct_rows(slots: torch.Tensor, batched: bool, length: int) -> None:
@@ -298,10 +403,7 @@ def _check_distinct_rows(slots: torch.Tensor, batched: bool, length: int) -> Non
     written = (rows * length + slots.long()).flatten().sort().values
     again = written[1:][written[1:] == written[:-1]]
     if again.numel():
-        b, s = divmod(int(again[0]), length)
-        raise InputError(
-            f"slots write cache row (batch {b}, slot {s}) more than once in one call: give every token a row of its own"
-        )
+        raise InputError(_row_written_twice(*divmod(int(again[0]), length)))
 
 
 def _check_memory(q, k, v, k_cache, v_cache) -> None:

@@ -25,7 +25,7 @@ from .kernels.contract import Rotation
 from .kernels.extension import load_cpu_extension
 from .kernels.overlap import overlaps_itself, shares_elements
 from .rotation import Layout, _check_inplace_targets, check_layout, plan, rotate, unview
-from .tables import RotaryTables, expand_pairs
+from .tables import RotaryTables
 
 __all__ = ["rotate_and_cache", "tables_from_cos_sin_cache"]
 
@@ -76,8 +76,10 @@ def tables_from_cos_sin_cache(
     ids = positions.long()
     host = deferred.host_checks(ids.device) and not torch.compiler.is_compiling()
     if host:
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= rows):
-            raise InputError(_positions_outside(int(ids.min()), int(ids.max()), rows))
+        if ids.numel():
+            low, high = (int(x) for x in torch.aminmax(ids))
+            if low < 0 or high >= rows:
+                raise InputError(_positions_outside(low, high, rows))
         safe = ids
         nan = None
     else:  # no read: flagged, read as row 0, and NaN out (as the rotation kernels do)
@@ -87,12 +89,20 @@ def tables_from_cos_sin_cache(
         deferred.record_positions(ids, outside)
         safe = ids.masked_fill(outside, 0)
         nan = torch.where(outside, float("nan"), 0.0)[..., None]
-    gathered = cos_sin_cache.float()[safe]  # [..., r]: the tokens' rows, the only ones checked
+    gathered = cos_sin_cache[safe]  # [..., r]: the tokens' rows, the only ones checked (and widened)
+    if gathered.dtype != torch.float32:
+        gathered = gathered.float()
     _check_gathered_rows(gathered, ids, host)
-    cos_half, sin_half = gathered.chunk(2, dim=-1)  # [..., r/2]
+    # cos and sin [..., r/2] laid out per channel for the pairing, as expand_pairs does, in one copy: [..., 2, r]
+    # (at 64 tokens of r = 128: 4.2 µs for the half pairing, 14.5 µs interleaved; 6.2 and 19.4 µs one by one)
+    halves = gathered.unflatten(-1, (2, -1))
+    if interleaved:  # [t0, t0, t1, t1, ...]
+        expanded = halves.unsqueeze(-1).expand(*halves.shape, 2).flatten(-2)
+    else:  # [t0 .. t(r/2 - 1), t0 .. t(r/2 - 1)]
+        expanded = torch.cat((halves, halves), dim=-1)
     if nan is not None:
-        cos_half = cos_half + nan
-    cos, sin = expand_pairs(cos_half, interleaved), expand_pairs(sin_half, interleaved)
+        expanded[..., 0, :] += nan  # the cos of a token outside: NaN (a new tensor, written in place)
+    cos, sin = expanded.unbind(-2)
     if ids.dim() == 1:  # packed tokens [T]: the tables address them by row
         return RotaryTables.unchecked(cos, sin, interleaved, rows=torch.arange(ids.shape[0], device=ids.device))
     return RotaryTables.unchecked(cos, sin, interleaved)
@@ -379,7 +389,7 @@ def _check_shapes(q, k, v, k_cache, v_cache, slots) -> None:
 def _check_slots(slots: torch.Tensor, k_cache: torch.Tensor, seq_len: int) -> None:
     """On the CPU: every slot inside the cache (``k_cache`` ``[Bc, T, Hk, D]``), no cache row given to two tokens."""
     if deferred.host_checks(slots.device) and slots.numel() and not torch.compiler.is_compiling():
-        low, high = int(slots.min()), int(slots.max())
+        low, high = (int(x) for x in torch.aminmax(slots))
         if low < 0 or high >= k_cache.shape[1]:
             raise InputError(_slots_outside(low, high, k_cache.shape[1]))
         if slots.numel() > 1 and not (seq_len == 1 and k_cache.shape[0] > 1):  # (decoding: a row per sequence)

@@ -238,10 +238,6 @@ def rotate_and_cache(
     packed = q.dim() == 3
     check_layout(layout)
     check_layout(cache_layout)
-    # everything as [B, S, H, D] (packed: B = 1) and caches as [Bc, T_max, H, D]
-    qv, kv, vv = (t.unsqueeze(0) if packed else (t.transpose(1, 2) if layout == "bhsd" else t) for t in (q, k, v))
-    kc, vc = (c.transpose(1, 2) if cache_layout == "bhsd" and c.dim() == 4 else c for c in (k_cache, v_cache))
-    slot_ids = slots.unsqueeze(0) if packed and slots.dim() == 1 else slots
     if cpu is not None:
         if direct:
             table = (cos_sin_cache, None, positions, interleaved)
@@ -252,7 +248,9 @@ def rotate_and_cache(
         if table is not None and not (packed and (table[2] is None or table[2].dim() != 1)):  # packed: rows [T]
             # every check of the general path is made in C++ first (the values' too); it does nothing and
             # says so when one fails, and the general path below runs, with its messages
-            status, outs = cpu.rope_cache(qv, kv, vv, kc, vc, slot_ids, *table, inplace, False)
+            args = (q, k, v, k_cache, v_cache, slots, *table, inplace)
+            views = (2 if packed else 1 if layout == "bhsd" else 0, cache_layout == "bhsd")
+            status, outs = cpu.rope_cache(*args, False, *views)
             if status == _CHECK_MEMORY:  # memory that may be shared: which elements are, the general path's checks
                 _check_memory(q, k, v, k_cache, v_cache)
                 if inplace:
@@ -260,13 +258,17 @@ def rotate_and_cache(
                 if inplace and (shares_elements(v, q) or shares_elements(v, k)):
                     status = [0]  # v read after k is rotated in place: the general path rotates all of k first
                 else:
-                    status, outs = cpu.rope_cache(qv, kv, vv, kc, vc, slot_ids, *table, inplace, True)
+                    status, outs = cpu.rope_cache(*args, True, *views)
             if not status:
-                return (q, k) if inplace else (unview(outs[0], layout, packed), unview(outs[1], layout, packed))
+                return outs[0], outs[1]
             if status[0]:
-                raise _kernel_error(status, cos_sin_cache, positions, kc.shape[1])
+                raise _kernel_error(status, cos_sin_cache, positions, k_cache.shape[2 if cache_layout == "bhsd" else 1])
         if direct:  # the general path after all
             tables = tables_from_cos_sin_cache(cos_sin_cache, positions, interleaved=interleaved)  # type: ignore[arg-type]
+    # everything as [B, S, H, D] (packed: B = 1) and caches as [Bc, T_max, H, D]
+    qv, kv, vv = (t.unsqueeze(0) if packed else (t.transpose(1, 2) if layout == "bhsd" else t) for t in (q, k, v))
+    kc, vc = (c.transpose(1, 2) if cache_layout == "bhsd" and c.dim() == 4 else c for c in (k_cache, v_cache))
+    slot_ids = slots.unsqueeze(0) if packed and slots.dim() == 1 else slots
     _check_shapes(qv, kv, vv, kc, vc, slot_ids)
     if not torch.compiler.is_compiling():
         _check_memory(q, k, v, k_cache, v_cache)

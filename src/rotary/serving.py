@@ -305,14 +305,14 @@ def _cpu_kernel(q, k, v, k_cache, v_cache, slots):
     (which traces the composition). ``rope_cache`` checks everything else (dtypes, shapes, strides, autograd,
     tables) and does nothing when a check fails: the general path runs then, with its messages."""
     if (
-        type(q) is torch.Tensor
+        not torch.compiler.is_compiling()
+        and type(q) is torch.Tensor
         and type(k) is torch.Tensor
         and type(v) is torch.Tensor
         and type(k_cache) is torch.Tensor
         and type(v_cache) is torch.Tensor
         and type(slots) is torch.Tensor
         and q.is_cpu
-        and not torch.compiler.is_compiling()
         and deferred.host_checks(q.device)
     ):
         return load_cpu_extension()

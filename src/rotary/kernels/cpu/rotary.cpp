@@ -693,15 +693,17 @@ struct CacheCall {
   inline int64_t slot(int64_t b, int64_t s) const { return slots[b * slot_b + s * slot_s]; }
 };
 
-// Whether n fp32 values are all finite (exponent bits not all ones): integer operations, so it vectorises.
-inline bool all_finite(const float* p, int64_t n) {
-  uint32_t bad = 0;
+// Whether n fp32 values are all finite: no exponent of all ones, which plus one carries into the sign bit.
+// Integer additions and ors only, so the loop vectorises; not inlined, where GCC 12 left it scalar (3 µs for 64
+// rows of 128 values, 0.25 µs vectorised).
+__attribute__((noinline)) bool all_finite(const float* p, int64_t n) {
+  uint32_t carried = 0;
   for (int64_t i = 0; i < n; ++i) {
     uint32_t u;
     std::memcpy(&u, p + i, sizeof(u));
-    bad |= static_cast<uint32_t>((u & 0x7F800000u) == 0x7F800000u);
+    carried |= (u & 0x7F800000u) + 0x00800000u;
   }
-  return !bad;
+  return !(carried & 0x80000000u);
 }
 
 // The smallest slot given to two tokens of sequences [b0, b1) (written into one cache batch row), or -1. Slots

@@ -24,7 +24,7 @@ from .kernels import triton as triton_kernel
 from .kernels.contract import Rotation
 from .kernels.extension import load_cpu_extension
 from .kernels.overlap import overlaps_itself, shares_elements
-from .rotation import Layout, _check_inplace_targets, check_layout, plan, rotate, unview
+from .rotation import Layout, check_inplace_targets, check_layout, plan, rotate, unview
 from .tables import RotaryTables
 
 __all__ = ["rotate_and_cache", "tables_from_cos_sin_cache"]
@@ -254,7 +254,7 @@ def rotate_and_cache(
             if status == _CHECK_MEMORY:  # memory that may be shared: which elements are, the general path's checks
                 _check_memory(q, k, v, k_cache, v_cache)
                 if inplace:
-                    _check_inplace_targets([q, k], ("q", "k"))  # as rotate(): every element of q and k written once
+                    check_inplace_targets([q, k], ("q", "k"))  # as rotate(): every element of q and k written once
                 if inplace and (shares_elements(v, q) or shares_elements(v, k)):
                     status = [0]  # v read after k is rotated in place: the general path rotates all of k first
                 else:

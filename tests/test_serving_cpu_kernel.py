@@ -331,3 +331,15 @@ def test_values_given_as_the_keys_themselves(kernel, inplace):
     assert statuses == ([[5]] if inplace else [[]])
     _assert_equal(got, want)
     assert torch.equal(got[1][3][0, :S], got[0][1][0] if inplace else k[0])  # v_cache: the keys rotated in place
+
+
+@pytest.mark.parametrize(("dtype", "value_dtype"), [(torch.bfloat16, torch.float32), (torch.float32, torch.float16)])
+def test_values_of_a_dtype_of_their_own(kernel, dtype, value_dtype):
+    q, k, _ = _inputs(dtype, "bhsd", D, 3)
+    v = torch.randn(B, HK, S, 6).to(value_dtype)
+    caches = (torch.zeros(B, HK, T, D, dtype=dtype), torch.zeros(B, HK, T, 6, dtype=value_dtype))
+    call = _caller(_slots("expanded [S]", 0), tables=rotary.RoPE(D).tables(torch.arange(S)), layout="bhsd", cache_layout="bhsd")
+    got, want, statuses = _both(call, kernel, q, k, v, *caches)
+    assert statuses == [[]]
+    _assert_equal(got, want)
+    assert torch.equal(got[1][4][:, :, [6, 2, 9, 3]], v)

@@ -111,3 +111,30 @@ def test_the_cuda_branches_move_the_versions_too():
     pytest.importorskip("triton")
     stdout = run_interpreted(CUDA_BRANCHES)
     assert stdout.count("raised ") == 5, stdout
+
+
+@pytest.mark.parametrize("form", ["tables", "cos_sin_cache"])
+def test_the_cpu_kernel_s_cache_write_invalidates_what_a_backward_saved_of_the_cache(form, monkeypatch):
+    # a cache that needs no gradient, read by a backward (the gradient of w needs it): the one-pass C++
+    # kernel writes it through its memory
+    from rotary import serving
+
+    taken = []
+    real = serving._cpu_kernel
+    monkeypatch.setattr(serving, "_cpu_kernel", lambda *a: (taken.append(1), real(*a))[1])
+    if real(*(torch.zeros(1),) * 6) is None:
+        pytest.skip("the CPU extension is not built here")
+    k_cache, v_cache = torch.zeros(1, 4, 1, 8), torch.zeros(1, 4, 1, 8)
+    w = torch.randn(1, 4, 1, 8, requires_grad=True)
+    loss = (w * k_cache).sum()  # saves k_cache
+    q, k, v = torch.randn(1, 1, 2, 8), torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8)
+    slots = torch.tensor([[2]])
+    if form == "tables":
+        rotary.rotate_and_cache(q, k, v, k_cache, v_cache, slots, ROPE.tables(slots))
+    else:
+        cos, sin = ROPE.cos_sin(torch.arange(8))
+        cache_form = torch.cat((cos[:, :4], sin[:, :4]), dim=-1)
+        rotary.rotate_and_cache(q, k, v, k_cache, v_cache, slots, positions=slots, cos_sin_cache=cache_form)
+    assert taken and k_cache[0, 2].abs().sum() > 0
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()

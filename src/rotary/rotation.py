@@ -29,6 +29,7 @@ __all__ = [
     "LAYOUTS",
     "Layout",
     "addressing",
+    "check_inplace_targets",
     "check_inputs",
     "check_layout",
     "decode_fast",
@@ -85,7 +86,7 @@ def check_inputs(xs: Sequence[torch.Tensor], names: Sequence[str], packed: bool)
             raise InputError(f"{names[0]} is on {x0.device} but {name} on {x.device}; move them to one device")
 
 
-def _check_inplace_targets(xs: Sequence[torch.Tensor], names: Sequence[str]) -> None:
+def check_inplace_targets(xs: Sequence[torch.Tensor], names: Sequence[str]) -> None:
     """In place, every element must be written once: no expanded views, no memory shared by two inputs;
     and autograd must be able to record the change (no leaf that requires grad)."""
     for x, name in zip(xs, names):
@@ -170,7 +171,7 @@ def rotate(
     names = list(names) if names is not None else [f"x{i}" for i in range(len(xs))]
     rotation, packed = plan(xs, tables, layout=layout, kinds=kinds, names=names)  # checks, addressing
     if inplace and not torch.compiler.is_compiling():
-        _check_inplace_targets(xs, names)
+        check_inplace_targets(xs, names)
     targets = None
     if inplace and torch.is_grad_enabled() and not torch.compiler.is_compiling() and _needs_grad(xs, tables):
         targets = [_inplace_target(x, view, layout, packed) for x, view in zip(xs, rotation.xs)]

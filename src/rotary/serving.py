@@ -3,8 +3,11 @@
 :func:`rotate_and_cache` rotates q and k at the tokens' positions and writes the rotated keys and the
 values into a preallocated KV cache at given slots: on CUDA one Triton launch (it reads q, k, v once
 and writes q, k and the cache rows; given vLLM's ``cos_sin_cache``, it reads the tokens' rows of it
-too), elsewhere the same result from the rotation kernel and one indexed write per cache. It takes
-positions the way vLLM and FlashInfer do (per-token ``positions`` and a ``cos_sin_cache``) as well as
+too), on the CPU one pass of the compiled extension's ``rope_cache`` (the same reads and writes,
+after every check of the slots, positions and memory, so a call that fails writes nothing), elsewhere
+(under ``torch.compile``, with autograd, or tables it does not take) the same result from the rotation
+kernel and one indexed write per cache. It takes positions the way vLLM and FlashInfer do (per-token
+``positions`` and a ``cos_sin_cache``, which both kernels read in place: nothing gathered) as well as
 :class:`~rotary.tables.RotaryTables`. Kernels write the caches (and q and k, in place) through their
 memory, and move their version counters as torch's in-place operations do.
 """
@@ -22,9 +25,10 @@ from .errors import InputError, InputTypeError
 from .kernels import ops
 from .kernels import triton as triton_kernel
 from .kernels.contract import Rotation
+from .kernels.extension import load_cpu_extension
 from .kernels.overlap import overlaps_itself, shares_elements
-from .rotation import Layout, check_layout, plan, rotate, unview
-from .tables import RotaryTables, expand_pairs
+from .rotation import Layout, check_inplace_targets, check_layout, plan, rotate, unview
+from .tables import RotaryTables
 
 __all__ = ["rotate_and_cache", "tables_from_cos_sin_cache"]
 
@@ -63,10 +67,10 @@ def tables_from_cos_sin_cache(
     ids = positions.long()
     host = deferred.host_checks(ids.device) and not torch.compiler.is_compiling()
     if host:
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= rows):
-            raise InputError(
-                f"positions must be in 0 .. {rows - 1} (the rows of cos_sin_cache), got {int(ids.min())} .. {int(ids.max())}"
-            )
+        if ids.numel():
+            low, high = (int(x) for x in torch.aminmax(ids))
+            if low < 0 or high >= rows:
+                raise InputError(_positions_outside(low, high, rows))
         safe = ids
         nan = None
     else:  # no read: flagged, read as row 0, and NaN out (as the rotation kernels do)
@@ -76,12 +80,20 @@ def tables_from_cos_sin_cache(
         deferred.record_positions(ids, outside)
         safe = ids.masked_fill(outside, 0)
         nan = torch.where(outside, float("nan"), 0.0)[..., None]
-    gathered = cos_sin_cache.float()[safe]  # [..., r]: the tokens' rows, the only ones checked
+    gathered = cos_sin_cache[safe]  # [..., r]: the tokens' rows, the only ones checked (and widened)
+    if gathered.dtype != torch.float32:
+        gathered = gathered.float()
     _check_gathered_rows(gathered, ids, host)
-    cos_half, sin_half = gathered.chunk(2, dim=-1)  # [..., r/2]
+    # cos and sin [..., r/2] laid out per channel for the pairing, as expand_pairs does, in one copy: [..., 2, r]
+    # (at 64 tokens of r = 128: 4.2 µs for the half pairing, 14.5 µs interleaved; 6.2 and 19.4 µs one by one)
+    halves = gathered.unflatten(-1, (2, -1))
+    if interleaved:  # [t0, t0, t1, t1, ...]
+        expanded = halves.unsqueeze(-1).expand(*halves.shape, 2).flatten(-2)
+    else:  # [t0 .. t(r/2 - 1), t0 .. t(r/2 - 1)]
+        expanded = torch.cat((halves, halves), dim=-1)
     if nan is not None:
-        cos_half = cos_half + nan
-    cos, sin = expand_pairs(cos_half, interleaved), expand_pairs(sin_half, interleaved)
+        expanded[..., 0, :] += nan  # the cos of a token outside: NaN (a new tensor, written in place)
+    cos, sin = expanded.unbind(-2)
     if ids.dim() == 1:  # packed tokens [T]: the tables address them by row
         return RotaryTables.unchecked(cos, sin, interleaved, rows=torch.arange(ids.shape[0], device=ids.device))
     return RotaryTables.unchecked(cos, sin, interleaved)
@@ -117,15 +129,24 @@ def _check_gathered_rows(gathered: torch.Tensor, ids: torch.Tensor, host: bool) 
         if not bool(bad.any()):
             return  # finite values whose sum overflowed
         index = int(bad.flatten().int().argmax())
-        token = index if ids.dim() == 1 else divmod(index, ids.shape[-1])
-        raise InputError(
-            f"cos_sin_cache row {int(ids.flatten()[index])} (the position of token {token}) holds NaN or inf; build "
-            "the table from finite cos/sin values (check it once where you build it: torch.isfinite(cos_sin_cache).all())"
-        )
+        raise InputError(_non_finite_row(int(ids.flatten()[index]), index, ids))
     bad = torch.isnan(gathered - gathered)
     if torch.compiler.is_compiling():  # no flags in a graph: checked in it (an error when it runs)
         torch._assert_async(~bad.any(), "cos_sin_cache rows read by these positions hold NaN or inf")
     deferred.record(deferred.COS_SIN_CACHE_SLOT, bad)
+
+
+def _positions_outside(low: int, high: int, rows: int) -> str:
+    return f"positions must be in 0 .. {rows - 1} (the rows of cos_sin_cache), got {low} .. {high}"
+
+
+def _non_finite_row(row: int, index: int, positions: torch.Tensor) -> str:
+    """The message for NaN or inf in ``cos_sin_cache`` row ``row``, read by token ``index`` of ``positions`` (flat)."""
+    token = index if positions.dim() == 1 else divmod(index, positions.shape[-1])
+    return (
+        f"cos_sin_cache row {row} (the position of token {token}) holds NaN or inf; build the table from finite "
+        "cos/sin values (check it once where you build it: torch.isfinite(cos_sin_cache).all())"
+    )
 
 
 def rotate_and_cache(
@@ -144,7 +165,8 @@ def rotate_and_cache(
     cache_layout: Literal["bshd", "bhsd"] = "bshd",
     inplace: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate q and k, and write the rotated k and v into a preallocated KV cache, in one kernel on CUDA.
+    """Rotate q and k, and write the rotated k and v into a preallocated KV cache, in one kernel on CUDA and
+    on the CPU (without autograd and outside ``torch.compile``).
 
     Token (b, s) is written to row ``slots[b, s]`` of cache batch row ``b`` (or of the only batch row,
     for a cache with one: a flat or paged cache, viewed as ``[1, num_slots, Hk, D]``).
@@ -161,14 +183,14 @@ def rotate_and_cache(
         positions: int64 ``[B, S]`` / ``[T]`` with ``cos_sin_cache`` ``[max_position, r]`` (vLLM's and
             FlashInfer's form: cos of the r/2 pairs, then their sin) and ``interleaved`` (the pairing;
             tables carry their own: with tables, ``interleaved=True`` is an error for half-pairing tables).
-            ``cos_sin_cache`` is used as given, except that the rows the tokens read are checked for
-            NaN and inf at every call: on the CPU an :class:`~rotary.errors.InputError` naming the row
-            (one sum of those rows, about 1.5 µs at 8 tokens of 128 channels), elsewhere a deferred
-            error (:func:`rotary.check_device_errors`; those tokens' rotations are NaN or inf), under
-            ``torch.compile`` an assertion in the graph. On CUDA (eager, an fp32/bf16/fp16 cache) the
-            kernel reads each token's row of the cache itself, at its position, and checks it there:
-            no table is gathered first. The whole table is never scanned: rows no token reads are not
-            checked, nor whether the values are rotations (cos² + sin² = 1); check the table once
+            ``cos_sin_cache`` is used as given, except that the rows the tokens read are checked for NaN
+            and inf at every call: on the CPU an :class:`~rotary.errors.InputError` naming the row (one
+            pass over those rows in the C++ kernel, a sum of the gathered rows without it), elsewhere a
+            deferred error (:func:`rotary.check_device_errors`; those tokens' rotations are NaN or
+            inf), under ``torch.compile`` an assertion in the graph. On CUDA (eager, an fp32/bf16/fp16
+            cache) the kernel reads each token's row of the cache itself, at its position, and checks it
+            there: no table is gathered first. The whole table is never scanned: rows no token reads are
+            not checked, nor whether the values are rotations (cos² + sin² = 1); check the table once
             where you build it.
         layout: of q, k and v.
         cache_layout: of the caches.
@@ -205,11 +227,17 @@ def rotate_and_cache(
     if (tables is None) == (cos_sin_cache is None):
         raise InputError("pass tables (rope.tables(positions)), or positions with cos_sin_cache, not both and not neither")
     inplace = check_bool(inplace, "inplace")
+    cpu = _cpu_kernel(q, k, v, k_cache, v_cache, slots)  # the one-pass C++ kernel, which checks the rest itself
+    direct = False  # cos_sin_cache handed to the C++ kernel as it is: nothing gathered, no tables made
     if cos_sin_cache is not None:
         if positions is None:
             raise InputError("cos_sin_cache needs positions: int64 [B, S] (or [T]) giving each token's position")
         _check_cos_sin_cache(cos_sin_cache, positions)
         interleaved = check_bool(interleaved, "interleaved")
+        direct = cpu is not None and _kernel_reads_cos_sin_cache(cos_sin_cache, positions, interleaved)
+        if cpu is not None and not direct:
+            tables = tables_from_cos_sin_cache(cos_sin_cache, positions, interleaved=interleaved)
+        # elsewhere the tables are made below, unless the CUDA kernel reads the cache itself
     elif positions is not None:
         raise InputError("positions go with cos_sin_cache; with tables, build them for the positions (rope.tables(positions))")
     elif check_bool(interleaved, "interleaved") and isinstance(tables, RotaryTables) and not tables.interleaved:
@@ -225,6 +253,34 @@ def rotate_and_cache(
     packed = q.dim() == 3
     check_layout(layout)
     check_layout(cache_layout)
+    if cpu is not None:
+        if direct:
+            table = (cos_sin_cache, None, positions, interleaved)
+        elif type(tables) is RotaryTables and tables.k_cos is None and tables.heads is None:
+            table = (tables.cos, tables.sin, tables.rows, tables.interleaved)
+        else:  # per-head or key tables: the general path
+            table = None
+        if table is not None and not (packed and (table[2] is None or table[2].dim() != 1)):  # packed: rows [T]
+            # every check of the general path is made in C++ first (the values' too); it does nothing and
+            # says so when one fails, and the general path below runs, with its messages
+            args = (q, k, v, k_cache, v_cache, slots, *table, inplace)
+            views = (2 if packed else 1 if layout == "bhsd" else 0, cache_layout == "bhsd")
+            status, outs = cpu.rope_cache(*args, False, *views)
+            if status == _CHECK_MEMORY:  # memory that may be shared: which elements are, the general path's checks
+                _check_memory(q, k, v, k_cache, v_cache)
+                if inplace:
+                    check_inplace_targets([q, k], ("q", "k"))  # as rotate(): every element of q and k written once
+                if inplace and (shares_elements(v, q) or shares_elements(v, k)):
+                    status = [0]  # v read after k is rotated in place: the general path rotates all of k first
+                else:
+                    status, outs = cpu.rope_cache(*args, True, *views)
+            if not status:
+                ops.mark_written(k_cache, v_cache, *((q, k) if inplace else ()))
+                return outs[0], outs[1]
+            if status[0]:
+                raise _kernel_error(status, cos_sin_cache, positions, k_cache.shape[2 if cache_layout == "bhsd" else 1])
+        if direct:  # the general path after all
+            tables = tables_from_cos_sin_cache(cos_sin_cache, positions, interleaved=interleaved)  # type: ignore[arg-type]
     # everything as [B, S, H, D] (packed: B = 1) and caches as [Bc, T_max, H, D]
     qv, kv, vv = (t.unsqueeze(0) if packed else (t.transpose(1, 2) if layout == "bhsd" else t) for t in (q, k, v))
     kc, vc = (c.transpose(1, 2) if cache_layout == "bhsd" and c.dim() == 4 else c for c in (k_cache, v_cache))
@@ -232,7 +288,7 @@ def rotate_and_cache(
     _check_shapes(qv, kv, vv, kc, vc, slot_ids)
     if not torch.compiler.is_compiling():
         _check_memory(q, k, v, k_cache, v_cache)
-    if cos_sin_cache is not None:
+    if cos_sin_cache is not None and tables is None:
         if _reads_cos_sin_cache(q, k, v, k_cache, v_cache, qv, kv, vv, kc, vc, positions, cos_sin_cache, packed):  # type: ignore[arg-type]
             # the kernel reads the tokens' rows of the cache itself, at the positions (checked there):
             # no table is gathered, widened or checked by separate operations
@@ -301,6 +357,56 @@ def _reads_cos_sin_cache(q, k, v, k_cache, v_cache, qv, kv, vv, kc, vc, position
     )
 
 
+#: rope_cache's status: memory that may be shared, for the caller to check (then it calls again)
+_CHECK_MEMORY = [5]
+
+
+def _cpu_kernel(q, k, v, k_cache, v_cache, slots):
+    """The compiled extension when its one-pass ``rope_cache`` may be asked to take this call, else ``None``:
+    plain tensors (no subclass) on the CPU, whose values are read on the host, not under ``torch.compile``
+    (which traces the composition). ``rope_cache`` checks everything else (dtypes, shapes, strides, autograd,
+    tables) and does nothing when a check fails: the general path runs then, with its messages."""
+    if (
+        not torch.compiler.is_compiling()
+        and type(q) is torch.Tensor
+        and type(k) is torch.Tensor
+        and type(v) is torch.Tensor
+        and type(k_cache) is torch.Tensor
+        and type(v_cache) is torch.Tensor
+        and type(slots) is torch.Tensor
+        and q.is_cpu
+        and deferred.host_checks(q.device)
+    ):
+        return load_cpu_extension()
+    return None
+
+
+def _kernel_reads_cos_sin_cache(cos_sin_cache: torch.Tensor, positions: torch.Tensor, interleaved: object) -> bool:
+    """Whether ``rope_cache`` may read ``cos_sin_cache`` as it is (an fp32 CPU tensor, int64 positions, a bool
+    pairing; it checks the shapes): it then checks the positions and the rows they read as
+    :func:`tables_from_cos_sin_cache` does, with its messages, and gathers nothing. Other tables (including
+    every input that function refuses) go through it."""
+    return (
+        type(cos_sin_cache) is torch.Tensor
+        and type(positions) is torch.Tensor
+        and type(interleaved) is bool
+        and cos_sin_cache.dtype is torch.float32
+        and positions.dtype is torch.int64
+    )
+
+
+def _kernel_error(status: list[int], cos_sin_cache: torch.Tensor | None, positions: torch.Tensor | None, length: int) -> InputError:
+    """The error ``rope_cache``'s status stands for, in the words of the composition's checks."""
+    code, a, b = status
+    if code == 1:
+        return InputError(_positions_outside(a, b, cos_sin_cache.shape[0]))  # type: ignore[union-attr]
+    if code == 2:
+        return InputError(_non_finite_row(b, a, positions))  # type: ignore[arg-type]
+    if code == 3:
+        return InputError(_slots_outside(a, b, length))
+    return InputError(_row_written_twice(a, b))
+
+
 def _fused_kernel_device(q: torch.Tensor) -> bool:
     """Whether ``q``'s device runs the one-launch Triton kernel (CUDA, with Triton installed); tests make
     the CPU answer yes under Triton's interpreter, to trace the CUDA path's graph on this machine."""
@@ -308,7 +414,8 @@ def _fused_kernel_device(q: torch.Tensor) -> bool:
 
 
 def _check_shapes(q, k, v, k_cache, v_cache, slots) -> None:
-    """q, k, v ``[B, S, H, D]``; caches ``[Bc, T, Hk, D]``; slots ``[B, S]``: do they fit each other?"""
+    """q, k, v ``[B, S, H, D]``; caches ``[Bc, T, Hk, D]``; slots ``[B, S]``: do they fit each other? (And the
+    slots' values, :func:`_check_slots`.)"""
     batch, seq_len, heads, head_dim = k.shape
     if k_cache.dim() != 4 or v_cache.dim() != 4:
         raise InputError(
@@ -340,15 +447,28 @@ def _check_shapes(q, k, v, k_cache, v_cache, slots) -> None:
             f"slots must be an int64 tensor [{batch}, {seq_len}] on {k.device} (the cache row of every token), got "
             f"{tuple(slots.shape)} {slots.dtype} on {slots.device}"
         )
+    _check_slots(slots, k_cache, seq_len)
+
+
+def _check_slots(slots: torch.Tensor, k_cache: torch.Tensor, seq_len: int) -> None:
+    """On the CPU: every slot inside the cache (``k_cache`` ``[Bc, T, Hk, D]``), no cache row given to two tokens."""
     if deferred.host_checks(slots.device) and slots.numel() and not torch.compiler.is_compiling():
-        low, high = int(slots.min()), int(slots.max())
+        low, high = (int(x) for x in torch.aminmax(slots))
         if low < 0 or high >= k_cache.shape[1]:
-            raise InputError(
-                f"slots must be in 0 .. {k_cache.shape[1] - 1} (the cache holds {k_cache.shape[1]} rows), got {low} .. "
-                f"{high}; make the cache longer or write fewer tokens"
-            )
+            raise InputError(_slots_outside(low, high, k_cache.shape[1]))
         if slots.numel() > 1 and not (seq_len == 1 and k_cache.shape[0] > 1):  # (decoding: a row per sequence)
             _check_distinct_rows(slots, k_cache.shape[0] > 1, k_cache.shape[1])
+
+
+def _slots_outside(low: int, high: int, length: int) -> str:
+    return (
+        f"slots must be in 0 .. {length - 1} (the cache holds {length} rows), got {low} .. {high}; make the cache longer "
+        "or write fewer tokens"
+    )
+
+
+def _row_written_twice(b: int, s: int) -> str:
+    return f"slots write cache row (batch {b}, slot {s}) more than once in one call: give every token a row of its own"
 
 
 def _check_distinct_rows(slots: torch.Tensor, batched: bool, length: int) -> None:
@@ -357,10 +477,7 @@ def _check_distinct_rows(slots: torch.Tensor, batched: bool, length: int) -> Non
     written = (rows * length + slots.long()).flatten().sort().values
     again = written[1:][written[1:] == written[:-1]]
     if again.numel():
-        b, s = divmod(int(again[0]), length)
-        raise InputError(
-            f"slots write cache row (batch {b}, slot {s}) more than once in one call: give every token a row of its own"
-        )
+        raise InputError(_row_written_twice(*divmod(int(again[0]), length)))
 
 
 def _check_memory(q, k, v, k_cache, v_cache) -> None:

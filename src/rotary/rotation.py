@@ -32,6 +32,7 @@ __all__ = [
     "check_inplace_targets",
     "check_inputs",
     "check_layout",
+    "check_writable",
     "decode_fast",
     "decode_seq_axis",
     "kernel_tables",
@@ -86,9 +87,34 @@ def check_inputs(xs: Sequence[torch.Tensor], names: Sequence[str], packed: bool)
             raise InputError(f"{names[0]} is on {x0.device} but {name} on {x.device}; move them to one device")
 
 
+def check_writable(xs: Sequence[torch.Tensor], names: Sequence[str]) -> None:
+    """Tensors about to be written in place by a kernel: outside ``torch.inference_mode()`` none may be an
+    inference tensor (torch refuses to update one there; a kernel writing its memory would not).
+
+    Example:
+        >>> with torch.inference_mode():
+        ...     x = torch.zeros(2)
+        >>> check_writable([x], ["q"])
+        Traceback (most recent call last):
+        ...
+        rotary.errors.InputError: q is an inference tensor (made under torch.inference_mode()): ...
+    """
+    if torch.is_inference_mode_enabled():
+        return
+    for x, name in zip(xs, names):
+        if x.is_inference():
+            raise InputError(
+                f"{name} is an inference tensor (made under torch.inference_mode()): it can be written in place only "
+                "inside torch.inference_mode(); make this call inside it, or make the tensor outside it (or pass a "
+                ".clone())"
+            )
+
+
 def check_inplace_targets(xs: Sequence[torch.Tensor], names: Sequence[str]) -> None:
     """In place, every element must be written once: no expanded views, no memory shared by two inputs;
-    and autograd must be able to record the change (no leaf that requires grad)."""
+    and autograd must be able to record the change (no leaf that requires grad); no inference tensor
+    outside inference mode (:func:`check_writable`)."""
+    check_writable(xs, names)
     for x, name in zip(xs, names):
         if x.is_leaf and x.requires_grad and torch.is_grad_enabled():
             raise InputError(
@@ -348,6 +374,8 @@ def decode_fast(
     on the general path). When a check fails: ``None``, and the general path runs with its messages.
     The point is the host time of a decoding step: no Positions, tables or plan are made.
     """
+    if inplace and not torch.is_inference_mode_enabled() and (q.is_inference() or k.is_inference()):
+        return None  # the general path names it (check_writable)
     if q.is_cuda:
         return _decode_triton(q, k, cos, sin, seq_axis, interleaved, inplace, head_dim, offset, rows, batch_rows)
     ext = load_cpu_extension()

@@ -27,7 +27,7 @@ from .kernels import triton as triton_kernel
 from .kernels.contract import Rotation
 from .kernels.extension import load_cpu_extension
 from .kernels.overlap import overlaps_itself, shares_elements
-from .rotation import Layout, check_inplace_targets, check_layout, plan, rotate, unview
+from .rotation import Layout, check_inplace_targets, check_layout, check_writable, plan, rotate, unview
 from .tables import RotaryTables
 
 __all__ = ["rotate_and_cache", "tables_from_cos_sin_cache"]
@@ -123,7 +123,7 @@ def _check_gathered_rows(gathered: torch.Tensor, ids: torch.Tensor, host: bool) 
     if not gathered.numel():
         return
     if host:  # one sum (NaN and inf survive it); the rows are looked at only when it is not finite
-        if math.isfinite(float(gathered.sum())):
+        if math.isfinite(float(gathered.detach().sum())):
             return
         bad = torch.isnan(gathered - gathered).any(dim=-1)  # per token: inf - inf and NaN - NaN are NaN
         if not bool(bad.any()):
@@ -227,6 +227,8 @@ def rotate_and_cache(
     if (tables is None) == (cos_sin_cache is None):
         raise InputError("pass tables (rope.tables(positions)), or positions with cos_sin_cache, not both and not neither")
     inplace = check_bool(inplace, "inplace")
+    if not torch.compiler.is_compiling():  # kernels write the caches (and q, k in place) through their memory
+        check_writable((k_cache, v_cache, *((q, k) if inplace else ())), ("k_cache", "v_cache", "q", "k"))
     cpu = _cpu_kernel(q, k, v, k_cache, v_cache, slots)  # the one-pass C++ kernel, which checks the rest itself
     direct = False  # cos_sin_cache handed to the C++ kernel as it is: nothing gathered, no tables made
     if cos_sin_cache is not None:
@@ -289,7 +291,9 @@ def rotate_and_cache(
     if not torch.compiler.is_compiling():
         _check_memory(q, k, v, k_cache, v_cache)
     if cos_sin_cache is not None and tables is None:
-        if _reads_cos_sin_cache(q, k, v, k_cache, v_cache, qv, kv, vv, kc, vc, positions, cos_sin_cache, packed):  # type: ignore[arg-type]
+        if _reads_cos_sin_cache(q, k, v, k_cache, v_cache, qv, kv, vv, kc, vc, positions, cos_sin_cache, packed) and (
+            not inplace or _one_pass_in_place(q, k, v)
+        ):  # type: ignore[arg-type]
             # the kernel reads the tokens' rows of the cache itself, at the positions (checked there):
             # no table is gathered, widened or checked by separate operations
             ids = positions.long().reshape(slot_ids.shape)  # type: ignore[union-attr]
@@ -309,6 +313,7 @@ def rotate_and_cache(
             and all(t.stride(-1) == 1 for t in (qv, kv, vv, kc, vc, *rotation.cos))
             and rotation.cos[0].dim() == 2
             and rotation.cos[0] is rotation.cos[1]
+            and (not inplace or torch.compiler.is_compiling() or _one_pass_in_place(q, k, v))
         )
     if fused and not torch.compiler.is_compiling():  # eager: the launch itself (a custom op's dispatch costs
         # more host time than the launch)
@@ -350,8 +355,7 @@ def _reads_cos_sin_cache(q, k, v, k_cache, v_cache, qv, kv, vv, kc, vc, position
         and 0 < r <= qv.shape[-1]
         and qv.shape[:2] == kv.shape[:2]
         and qv.shape[-1] == kv.shape[-1]
-        and positions.numel() == qv.shape[0] * qv.shape[1]
-        and (positions.shape == qv.shape[:2] or packed and positions.dim() == 1)
+        and ((positions.dim() == 1 and positions.shape[0] == qv.shape[1]) if packed else positions.shape == qv.shape[:2])
         and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, k_cache, v_cache, cos_sin_cache)))
         and all(t.stride(-1) == 1 for t in (qv, kv, vv, kc, vc))
     )
@@ -405,6 +409,15 @@ def _kernel_error(status: list[int], cos_sin_cache: torch.Tensor | None, positio
     if code == 3:
         return InputError(_slots_outside(a, b, length))
     return InputError(_row_written_twice(a, b))
+
+
+def _one_pass_in_place(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """In place on CUDA, after :func:`check_inplace_targets` (every element of q and k written once, named
+    otherwise): whether one kernel pass gives the general path's result. Not when v shares memory with q or
+    k: each program loads v before storing its rotated k, where the general path writes the caches after
+    rotating all of k (v_cache would get the unrotated values)."""
+    check_inplace_targets([q, k], ("q", "k"))
+    return not (shares_elements(v, q) or shares_elements(v, k))
 
 
 def _fused_kernel_device(q: torch.Tensor) -> bool:

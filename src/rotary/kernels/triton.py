@@ -231,7 +231,9 @@ if triton is not None:
             if bad & (block == Q_BLOCKS):
                 tl.atomic_add(CACHE_FLAG, 1)  # the token's k and v are not written
             heads_ok = tl.where(bad, 0, HK)  # no head of a bad slot is written
-            cb = b * cache_batch  # the cache's batch row: b, or 0 for one shared slot axis
+            # 64-bit offsets into the caches (a batched cache may hold 2^31 elements or more; int32 slots)
+            slot = slot.to(tl.int64)
+            cb = (b * cache_batch).to(tl.int64)  # the cache's batch row: b, or 0 for one shared slot axis
             if CHECK_ROWS:
                 if block == Q_BLOCKS:  # x - x is NaN for NaN and for ±inf
                     p = tl.arange(0, BLOCK_P)

@@ -182,6 +182,24 @@ def configurations(hot: bool):
 
         calls.append((f"rotate_and_cache {name}", call))
 
+    def cos_sin_cache_case(name, dtype, interleaved=False, cache_dtype=torch.float32, r=128, int32=False):
+        def call():  # vLLM's form: the kernel reads the cos_sin_cache halves at the positions, and checks the rows
+            from rotary.kernels.contract import Rotation
+
+            q, k = _qk(dtype, hq=32, hk=8, D=128)
+            v = torch.randn(2, 3, 8, 128).to(dtype)
+            k_cache, v_cache = torch.zeros(2, 64, 8, 128).to(dtype), torch.zeros(2, 64, 8, 128).to(dtype)
+            slots = torch.randint(0, 64, (2, 3), dtype=torch.int32 if int32 else torch.int64)
+            cache = torch.rand(512, r).to(cache_dtype)
+            cos, sin = cache[:, : r // 2], cache[:, r // 2 :]
+            positions = torch.randint(0, 512, (2, 3))
+            rot = Rotation(
+                (q, k), (torch.empty_like(q), torch.empty_like(k)), (cos, cos), (sin, sin), positions, 0, interleaved
+            )
+            tk.rotate_and_cache_triton(rot, v, k_cache, v_cache, slots, pair_tables=True)
+
+        calls.append((f"rotate_and_cache {name}", call))
+
     def grad_case(name, dtype, D=64, r=None, interleaved=False, per_head=False, conjugate=False):
         def call():
             q, k = _qk(dtype, hq=4, hk=4 if per_head else 2, D=D)
@@ -254,12 +272,18 @@ def configurations(hot: bool):
     cache_case("bf16 half", torch.bfloat16)
     cache_case("bf16 half positions", torch.bfloat16, positions="per_batch")
     cache_case("bf16 interleaved", torch.bfloat16, interleaved=True)
+    cos_sin_cache_case("bf16 half cos_sin_cache", torch.bfloat16)
+    cos_sin_cache_case("bf16 interleaved cos_sin_cache", torch.bfloat16, interleaved=True)
     norm_case("bf16 half", torch.bfloat16)
     norm_case("bf16 half positions", torch.bfloat16, positions="per_batch")
     norm_case("bf16 interleaved", torch.bfloat16, interleaved=True)
     grad_case("bf16 half", torch.bfloat16, D=128)
     if hot:
         return calls
+    cos_sin_cache_case(
+        "fp16 half bf16 cos_sin_cache r64 int32 slots", torch.float16, cache_dtype=torch.bfloat16, r=64, int32=True
+    )
+    cos_sin_cache_case("fp32 interleaved cos_sin_cache r96", torch.float32, interleaved=True, r=96)
     for tag, dtype in DTYPES.items():
         for interleaved in (False, True):
             pairing = "interleaved" if interleaved else "half"

@@ -234,14 +234,11 @@ if triton is not None:
             # 64-bit offsets into the caches (a batched cache may hold 2^31 elements or more; int32 slots)
             slot = slot.to(tl.int64)
             cb = (b * cache_batch).to(tl.int64)  # the cache's batch row: b, or 0 for one shared slot axis
-            if CHECK_ROWS:
-                if block == Q_BLOCKS:  # x - x is NaN for NaN and for ±inf
-                    p = tl.arange(0, BLOCK_P)
-                    cr = tl.load(COS + t * t_stride + p, mask=p < HALF, other=0.0).to(tl.float32)
-                    sr = tl.load(SIN + t * t_stride + p, mask=p < HALF, other=0.0).to(tl.float32)
-                    d = (cr - cr) + (sr - sr)
-                    if tl.sum((d != d).to(tl.int32), axis=0) > 0:
-                        tl.atomic_add(ROWS_FLAG, 1)
+            if CHECK_ROWS:  # the token's row, loaded with the others (it is checked after the stores)
+                p = tl.arange(0, BLOCK_P)
+                pairs = tl.where(block == Q_BLOCKS, HALF, 0)  # checked in the token's first k block only
+                cr = tl.load(COS + t * t_stride + p, mask=p < pairs, other=0.0).to(tl.float32)
+                sr = tl.load(SIN + t * t_stride + p, mask=p < pairs, other=0.0).to(tl.float32)
             # v is loaded first, so that every load of the program comes before its stores
             channels = tl.arange(0, BLOCK_DV)
             vmask = (heads < heads_ok)[:, None] & (channels < DV)[None, :]
@@ -254,6 +251,10 @@ if triton is not None:
                 INPLACE, FP64, True, PAIR_TABLES,
             )  # fmt: skip
             tl.store(VC + cb * vcb + slot * vct + heads[:, None] * vch + channels[None, :], values, mask=vmask)
+            if CHECK_ROWS:  # x - x is NaN for NaN and for ±inf; once per token (its first k block)
+                d = (cr - cr) + (sr - sr)
+                if tl.sum((d != d).to(tl.int32), axis=0) > 0:
+                    tl.atomic_add(ROWS_FLAG, 1)
 
     @triton.jit
     def _table_grad_kernel(

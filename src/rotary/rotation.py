@@ -389,9 +389,6 @@ def decode_fast(
 
 
 _FAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-#: tables the Triton kernel reads as they are: it widens each value to fp32 as it loads it (exactly), so a
-#: model's bf16/fp16 tables need no fp32 copy
-_KERNEL_TABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def model_tables_fast(
@@ -442,7 +439,7 @@ def _decode_triton(
         or k.dtype != q.dtype
         or k.device != q.device
         or cos.device != q.device
-        or cos.dtype not in _KERNEL_TABLE_DTYPES
+        or cos.dtype not in triton_kernel.TABLE_DTYPES
         or sin.dtype is not cos.dtype
         or sin.shape != cos.shape
         or sin.stride() != cos.stride()

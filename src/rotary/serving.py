@@ -63,6 +63,11 @@ def tables_from_cos_sin_cache(
         True
     """
     _check_cos_sin_cache(cos_sin_cache, positions)
+    return _gather_tables(cos_sin_cache, positions, interleaved)
+
+
+def _gather_tables(cos_sin_cache: torch.Tensor, positions: torch.Tensor, interleaved: bool) -> RotaryTables:
+    """:func:`tables_from_cos_sin_cache` after its host-side checks (:func:`_check_cos_sin_cache`)."""
     rows = cos_sin_cache.shape[0]
     ids = positions.long()
     host = deferred.host_checks(ids.device) and not torch.compiler.is_compiling()
@@ -236,10 +241,8 @@ def rotate_and_cache(
             raise InputError("cos_sin_cache needs positions: int64 [B, S] (or [T]) giving each token's position")
         _check_cos_sin_cache(cos_sin_cache, positions)
         interleaved = check_bool(interleaved, "interleaved")
-        direct = cpu is not None and _kernel_reads_cos_sin_cache(cos_sin_cache, positions, interleaved)
-        if cpu is not None and not direct:
-            tables = tables_from_cos_sin_cache(cos_sin_cache, positions, interleaved=interleaved)
-        # elsewhere the tables are made below, unless the CUDA kernel reads the cache itself
+        direct = cpu is not None and _kernel_reads_cos_sin_cache(cos_sin_cache, positions)
+        # otherwise the tables are gathered below, unless the CUDA kernel reads the cache itself
     elif positions is not None:
         raise InputError("positions go with cos_sin_cache; with tables, build them for the positions (rope.tables(positions))")
     elif check_bool(interleaved, "interleaved") and isinstance(tables, RotaryTables) and not tables.interleaved:
@@ -256,6 +259,8 @@ def rotate_and_cache(
     check_layout(layout)
     check_layout(cache_layout)
     if cpu is not None:
+        if cos_sin_cache is not None and not direct:
+            tables = _gather_tables(cos_sin_cache, positions, interleaved)  # type: ignore[arg-type]
         if direct:
             table = (cos_sin_cache, None, positions, interleaved)
         elif type(tables) is RotaryTables and tables.k_cos is None and tables.heads is None:
@@ -270,10 +275,8 @@ def rotate_and_cache(
             status, outs = cpu.rope_cache(*args, False, *views)
             if status == _CHECK_MEMORY:  # memory that may be shared: which elements are, the general path's checks
                 _check_memory(q, k, v, k_cache, v_cache)
-                if inplace:
-                    check_inplace_targets([q, k], ("q", "k"))  # as rotate(): every element of q and k written once
-                if inplace and (shares_elements(v, q) or shares_elements(v, k)):
-                    status = [0]  # v read after k is rotated in place: the general path rotates all of k first
+                if inplace and not _one_pass_in_place(q, k, v):
+                    status = [0]  # the general path
                 else:
                     status, outs = cpu.rope_cache(*args, True, *views)
             if not status:
@@ -281,8 +284,6 @@ def rotate_and_cache(
                 return outs[0], outs[1]
             if status[0]:
                 raise _kernel_error(status, cos_sin_cache, positions, k_cache.shape[2 if cache_layout == "bhsd" else 1])
-        if direct:  # the general path after all
-            tables = tables_from_cos_sin_cache(cos_sin_cache, positions, interleaved=interleaved)  # type: ignore[arg-type]
     # everything as [B, S, H, D] (packed: B = 1) and caches as [Bc, T_max, H, D]
     qv, kv, vv = (t.unsqueeze(0) if packed else (t.transpose(1, 2) if layout == "bhsd" else t) for t in (q, k, v))
     kc, vc = (c.transpose(1, 2) if cache_layout == "bhsd" and c.dim() == 4 else c for c in (k_cache, v_cache))
@@ -290,23 +291,21 @@ def rotate_and_cache(
     _check_shapes(qv, kv, vv, kc, vc, slot_ids)
     if not torch.compiler.is_compiling():
         _check_memory(q, k, v, k_cache, v_cache)
+    fused = pair_tables = False
     if cos_sin_cache is not None and tables is None:
         if _reads_cos_sin_cache(q, k, v, k_cache, v_cache, qv, kv, vv, kc, vc, positions, cos_sin_cache, packed) and (
             not inplace or _one_pass_in_place(q, k, v)
         ):  # type: ignore[arg-type]
-            # the kernel reads the tokens' rows of the cache itself, at the positions (checked there):
-            # no table is gathered, widened or checked by separate operations
+            # the CUDA kernel reads the tokens' rows of the cache's two halves itself, at the positions
+            # (checked there): no table is gathered, widened or checked by separate operations
             ids = positions.long().reshape(slot_ids.shape)  # type: ignore[union-attr]
             half = cos_sin_cache.shape[-1] // 2
             cos, sin = cos_sin_cache[:, :half], cos_sin_cache[:, half:]
-            outs = (qv, kv) if inplace else (torch.empty_like(qv), torch.empty_like(kv))
-            rotation = Rotation((qv, kv), outs, (cos, cos), (sin, sin), ids, 0, interleaved)
-            triton_kernel.rotate_and_cache_triton(rotation, vv, kc, vc, slot_ids, pair_tables=True)
-            ops.mark_written(k_cache, v_cache, *((q, k) if inplace else ()))
-            return (q, k) if inplace else (unview(outs[0], layout, packed), unview(outs[1], layout, packed))
-        tables = tables_from_cos_sin_cache(cos_sin_cache, positions, interleaved=interleaved)  # type: ignore[arg-type]
-    fused = False
-    if _fused_kernel_device(q):  # elsewhere rotate() plans (and checks) alone
+            rotation = Rotation((qv, kv), (qv, kv), (cos, cos), (sin, sin), ids, 0, interleaved)
+            fused = pair_tables = True
+        else:
+            tables = _gather_tables(cos_sin_cache, positions, interleaved)  # type: ignore[arg-type]
+    if not pair_tables and _fused_kernel_device(q):  # elsewhere rotate() plans (and checks) alone
         rotation, _ = plan([q, k], tables, layout=layout, kinds=("q", "k"), names=("q", "k"))  # type: ignore[arg-type]
         fused = (
             not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, k_cache, v_cache, rotation.cos[0], rotation.sin[0])))
@@ -318,7 +317,9 @@ def rotate_and_cache(
     if fused and not torch.compiler.is_compiling():  # eager: the launch itself (a custom op's dispatch costs
         # more host time than the launch)
         outs = (qv, kv) if inplace else (torch.empty_like(qv), torch.empty_like(kv))
-        triton_kernel.rotate_and_cache_triton(rotation.replace(outs=outs), vv, kc, vc, slot_ids)
+        triton_kernel.rotate_and_cache_triton(
+            rotation.replace(outs=outs), vv, kc, vc, slot_ids, pair_tables=pair_tables
+        )
         ops.mark_written(k_cache, v_cache, *((q, k) if inplace else ()))
         return (q, k) if inplace else (unview(outs[0], layout, packed), unview(outs[1], layout, packed))
     if fused and not inplace:
@@ -332,11 +333,6 @@ def rotate_and_cache(
     return q_rot, k_rot
 
 
-#: cos_sin_cache dtypes the kernel reads as they are (it widens each value to fp32 as it loads it, as
-#: tables_from_cos_sin_cache widens them); a float64 cache is rounded to fp32 there, so it takes that path
-_KERNEL_CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
 def _reads_cos_sin_cache(q, k, v, k_cache, v_cache, qv, kv, vv, kc, vc, positions, cos_sin_cache, packed) -> bool:
     """Whether the fused CUDA kernel takes vLLM's form as it is (eager, no autograd, plain tensors of the
     kernel's dtypes, unit channel strides, positions one per token); otherwise the tables are gathered
@@ -346,11 +342,11 @@ def _reads_cos_sin_cache(q, k, v, k_cache, v_cache, qv, kv, vv, kc, vc, position
         _fused_kernel_device(q)
         and not torch.compiler.is_compiling()
         and all(type(t) is torch.Tensor and not ops.transformed(t) for t in (q, k, v))
-        and q.dtype in _KERNEL_CACHE_DTYPES
+        and q.dtype in triton_kernel.TABLE_DTYPES  # (a float64 cache or q: the gathered tables' path)
         and k.dtype is q.dtype
         and k.device == q.device
         and cos_sin_cache.device == q.device
-        and cos_sin_cache.dtype in _KERNEL_CACHE_DTYPES
+        and cos_sin_cache.dtype in triton_kernel.TABLE_DTYPES
         and cos_sin_cache.stride(-1) == 1
         and 0 < r <= qv.shape[-1]
         and qv.shape[:2] == kv.shape[:2]
@@ -385,15 +381,14 @@ def _cpu_kernel(q, k, v, k_cache, v_cache, slots):
     return None
 
 
-def _kernel_reads_cos_sin_cache(cos_sin_cache: torch.Tensor, positions: torch.Tensor, interleaved: object) -> bool:
-    """Whether ``rope_cache`` may read ``cos_sin_cache`` as it is (an fp32 CPU tensor, int64 positions, a bool
-    pairing; it checks the shapes): it then checks the positions and the rows they read as
+def _kernel_reads_cos_sin_cache(cos_sin_cache: torch.Tensor, positions: torch.Tensor) -> bool:
+    """Whether ``rope_cache`` may read ``cos_sin_cache`` as it is (an fp32 CPU tensor, int64 positions; it
+    checks the shapes): it then checks the positions and the rows they read as
     :func:`tables_from_cos_sin_cache` does, with its messages, and gathers nothing. Other tables (including
     every input that function refuses) go through it."""
     return (
         type(cos_sin_cache) is torch.Tensor
         and type(positions) is torch.Tensor
-        and type(interleaved) is bool
         and cos_sin_cache.dtype is torch.float32
         and positions.dtype is torch.int64
     )
@@ -412,10 +407,10 @@ def _kernel_error(status: list[int], cos_sin_cache: torch.Tensor | None, positio
 
 
 def _one_pass_in_place(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """In place on CUDA, after :func:`check_inplace_targets` (every element of q and k written once, named
-    otherwise): whether one kernel pass gives the general path's result. Not when v shares memory with q or
-    k: each program loads v before storing its rotated k, where the general path writes the caches after
-    rotating all of k (v_cache would get the unrotated values)."""
+    """In place, after :func:`check_inplace_targets` (every element of q and k written once, named
+    otherwise): whether one kernel pass (CUDA or CPU) gives the general path's result. Not when v shares
+    memory with q or k: a kernel reads v after storing some rotated k (or before, on CUDA, where programs
+    run in any order), where the general path writes the caches after rotating all of k."""
     check_inplace_targets([q, k], ("q", "k"))
     return not (shares_elements(v, q) or shares_elements(v, k))
 

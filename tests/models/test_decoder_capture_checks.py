@@ -35,7 +35,7 @@ SCRIPT = textwrap.dedent(
         serving._fused_kernel_device = lambda q: True  # the CUDA path, run by Triton's interpreter
         launches = []
         real = triton_kernel.rotate_and_cache_triton
-        triton_kernel.rotate_and_cache_triton = lambda *a: (launches.append(1), real(*a))[1]
+        triton_kernel.rotate_and_cache_triton = lambda *a, **kw: (launches.append(1), real(*a, **kw))[1]
     import torch._inductor.config as inductor_config
     import torch._inductor.cudagraph_utils as cudagraph_utils
     import torch._inductor.output_code as output_code

@@ -24,7 +24,12 @@ except ImportError:  # Triton is optional: without it CUDA tensors take the pure
     triton = None
     tl = None
 
-__all__ = ["available", "cdiv", "next_power_of_2", "heads_per_program", "rotate_and_cache_triton", "run_triton", "table_grad_triton"]
+__all__ = ["TABLE_DTYPES", "available", "cdiv", "next_power_of_2", "heads_per_program", "rotate_and_cache_triton", "run_triton", "table_grad_triton"]
+
+
+#: the dtypes the kernels read tables in as they are: each value is widened to the arithmetic dtype as it
+#: is loaded (exact), so a model's or a serving engine's bf16/fp16 tables need no fp32 copy
+TABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def available() -> bool:

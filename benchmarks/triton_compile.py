@@ -456,6 +456,9 @@ def host_costs(repeats: int = 5, calls: int = 2000) -> list[tuple[str, float]]:
         "rotary.rmsnorm_rotate, bf16 weights, tables (checks included)": lambda: rotary.rmsnorm_rotate(
             q, k, weight, weight, tables
         ),
+        "hf.patch's QK-norm apply on CUDA (rmsnorm_rotate, bf16 model tables)": lambda: rotary.rmsnorm_rotate(
+            q, k, weight, weight, rotary.RotaryTables.unchecked(model_cos, model_sin, False)
+        ),
     }
     try:
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb

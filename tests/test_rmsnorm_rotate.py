@@ -139,6 +139,32 @@ def test_fp32_weights_with_bf16_inputs():
         assert all(g.dtype == torch.bfloat16 and torch.equal(g, w) for g, w in zip(got, want))
 
 
+@pytest.mark.parametrize("table_dtype", [torch.bfloat16, torch.float16])
+def test_16_bit_tables_equal_their_fp32_copies(table_dtype, monkeypatch):
+    """A bf16 model's own tables (as rotary.hf passes them): the result, and the gradients, of fp32 copies
+    of them, on the CPU kernel and on the pure-torch path (widened there; the Triton kernel widens as it
+    loads, checked under the interpreter below)."""
+    rope = rotary.RoPE(D)
+    cos16, sin16 = (t.to(table_dtype) for t in rope.cos_sin(IDS))
+    narrow = rotary.RotaryTables.unchecked(cos16, sin16, False)  # as rotary.hf passes them
+    wide = rotary.RotaryTables.from_tensors(cos16.float(), sin16.float(), interleaved=False, validate=False)
+    q, k = _qk(torch.bfloat16)
+    wq, wk = _weights(torch.bfloat16)
+    for pure_torch in (False, True):
+        if pure_torch:
+            monkeypatch.setattr(K, "_backend", lambda rotation: None)
+        got = rotary.rmsnorm_rotate(q, k, wq, wk, narrow)
+        want = rotary.rmsnorm_rotate(q, k, wq, wk, wide)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), pure_torch
+        grads = []
+        for tables in (narrow, wide):
+            leaves = [t.detach().requires_grad_() for t in (q, k, wq, wk)]
+            a, b = rotary.rmsnorm_rotate(*leaves, tables)
+            (a.float().square().sum() + b.float().sum()).backward()
+            grads.append([t.grad for t in leaves])
+        assert all(torch.equal(a, b) for a, b in zip(*grads)), pure_torch
+
+
 def test_mrope_positions(kernel_only):
     """M-RoPE: each frequency slot reads the temporal, height or width id; the fused op must use all three
     (a fused kernel that kept only one axis silently lost image grounding elsewhere)."""
@@ -464,7 +490,36 @@ INTERPRETED = textwrap.dedent(
     assert flags[0] == 3 and flags[1] == 100, flags
     for out in outs:
         assert torch.isnan(out[outside]).all() and not torch.isnan(out[~outside]).any()
-    print("checked", checked)
+
+    # a 16-bit model's own tables (rotary.hf's QK-norm path on CUDA) reach the kernel as they are, which
+    # widens them as it loads them: the result is that of fp32 copies, bit for bit
+    import rotary
+    from rotary.tables import RotaryTables
+
+    seen = []
+    launch = K.run_triton
+    K.run_triton = lambda rotation, *a: (seen.append(rotation.cos[0].dtype), launch(rotation, *a))[1]
+    K._backend = lambda rotation: "triton"  # as for CUDA tensors
+    narrow = 0
+    for dtype, table_dtype, interleaved, r, gemma in itertools.product(
+        (torch.float32, torch.bfloat16, torch.float16), (torch.bfloat16, torch.float16), (False, True), (8, 6),
+        (False, True),
+    ):
+        rope = rotary.RoPE(8, interleaved=interleaved, rotary_dim=r)
+        cos16, sin16 = (t.to(table_dtype) for t in rope.cos_sin(torch.tensor([[4, 0, 9], [1, 1, 7]])))  # [B, S, r]
+        q = (torch.randn(2, 3, 3, 8, generator=gen) * 3).to(dtype)
+        k = (torch.randn(2, 1, 3, 8, generator=gen) * 3).to(dtype)
+        wq, wk = (torch.randn(8, generator=gen).to(dtype) for _ in range(2))
+        style = "gemma3" if gemma else "qwen3"
+        seen.clear()
+        got = rotary.rmsnorm_rotate(q, k, wq, wk, RotaryTables.unchecked(cos16, sin16, interleaved), style=style)
+        assert seen == [table_dtype], seen  # no widened copies on the way
+        wide = RotaryTables.from_tensors(cos16.float(), sin16.float(), interleaved=interleaved, validate=False)
+        want = rotary.rmsnorm_rotate(q, k, wq, wk, wide, style=style)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b), (dtype, table_dtype, interleaved, r, gemma)
+        narrow += 1
+    print("checked", checked, "narrow", narrow)
     """
 )
 
@@ -473,4 +528,4 @@ INTERPRETED = textwrap.dedent(
 def test_triton_kernel_under_the_interpreter():
     pytest.importorskip("triton")
     stdout = run_interpreted(INTERPRETED, timeout=900)
-    assert "checked 144" in stdout
+    assert "checked 144 narrow 48" in stdout

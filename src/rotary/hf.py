@@ -272,7 +272,9 @@ def _norm_and_rotate(q, k, cos, sin, unsqueeze_dim=1):
         for w, x in ((q_norm.weight, q), (k_norm.weight, k))
     )
     if fits and getattr(k_norm, spec.eps) == eps:
-        tables = RotaryTables.from_tensors(cos, sin, interleaved=False, validate=False)
+        # the model's own tables, trusted and in their own dtype: on CUDA the kernel widens them as it
+        # loads them (no fp32 copies per layer), elsewhere they are widened first
+        tables = RotaryTables.unchecked(cos, sin, False)
         return rmsnorm_rotate(q, k, q_norm.weight, k_norm.weight, tables, eps=eps, style=spec.style, layout=layout)  # type: ignore[arg-type]
     return _apply_pair(_own_norm(q_norm)(q), _own_norm(k_norm)(k), cos, sin, interleaved=False, layout=layout)
 

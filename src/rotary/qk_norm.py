@@ -164,6 +164,21 @@ def _tables(
     return rope.tables(positions, dtype=dtype)
 
 
+def _kernel_widens(tables: RotaryTables, wanted: torch.dtype, tensors: tuple[torch.Tensor, ...]) -> bool:
+    """Whether 16-bit tables (a bf16 model's own, as :mod:`rotary.hf` passes them) go to the kernels as
+    they are: for fp32 arithmetic, without autograd or ``torch.compile``. The Triton kernel widens each
+    value as it loads it, which is exact, and the other backends widen the tables first
+    (:func:`rotary.kernels.norm.run`): the result is that of fp32 copies either way, without the two
+    copies per call on a GPU."""
+    return (
+        wanted == torch.float32
+        and tables.cos.dtype in (torch.bfloat16, torch.float16)
+        and all(t.dtype == tables.cos.dtype for t in (tables.sin, tables.k_cos, tables.k_sin) if t is not None)
+        and not torch.compiler.is_compiling()
+        and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+    )
+
+
 def rmsnorm_rotate(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -247,7 +262,7 @@ def rmsnorm_rotate(
         q_out, k_out = rotate(ys, tables, layout=layout, kinds=("q", "k"), names=("q", "k"))
         return q_out, k_out
     wanted = table_dtype(q.dtype)
-    if tables.cos.dtype != wanted:
+    if tables.cos.dtype != wanted and not _kernel_widens(tables, wanted, (q, k, q_weight, k_weight)):
         tables = tables.to(wanted)
     positions, batch_rows, flat = addressing(tables, batch, seq_len, False, layout, q.shape)
     key_flat = flat if tables.k_cos is None else kernel_tables(tables.key_tables(), tables, batch)

@@ -97,6 +97,13 @@ def run(rotation: Rotation, norm: Norm, rstds: tuple[torch.Tensor, ...]) -> None
     """Normalise and rotate each x of ``rotation`` into its out with the best kernel; ``rstds[i]``
     (``[B, S, H_i]``, the arithmetic dtype) receives each vector's ``1 / sqrt(mean(x²) + eps)``."""
     backend = _backend(rotation)
+    compute = compute_dtype(rotation.xs[0])
+    if backend != "triton" and any(c.dtype != compute for c in (*rotation.cos, *rotation.sin)):
+        # 16-bit tables (rotary.rmsnorm_rotate passes a model's own to the Triton kernel, which widens
+        # them as it loads them): widened here for the other backends, exactly
+        rotation = rotation.replace(
+            cos=tuple(c.to(compute) for c in rotation.cos), sin=tuple(s.to(compute) for s in rotation.sin)
+        )
     if backend == "cpu":
         weights = [effective_weight(w, norm.gemma, compute_dtype(x)) for w, x in zip(norm.weights, rotation.xs)]
         load_cpu_extension().rmsnorm_rope(  # type: ignore[union-attr]

@@ -116,6 +116,40 @@ def test_gqa_and_partial_rotation(dtype, hk, head_dim, rotary_dim, kernel_only):
             assert not torch.equal(out[..., :rotary_dim], rms_norm(x, w, style=style)[..., :rotary_dim])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rounding_ties_and_special_values_bit_for_bit(dtype, interleaved, kernel_only):
+    """The kernel's roundings to bf16/fp16 (the normalised value, the weighted one, the rotated one) are the
+    composition's, ties to even included, and so are NaN, inf and overflowing squares. Vectors of ±1
+    normalise to ±1 exactly (eps below an fp32 ulp), so an fp32 weight halfway between two 16-bit numbers
+    makes the weighted value a tie; both neighbours' parities are covered."""
+    head_dim, rotary_dim = 72, 56  # full vectors, a partial one, channels past the rotated ones
+    g = torch.Generator().manual_seed(5)
+    ulp = torch.finfo(dtype).eps
+    grid = 1 + ulp * torch.arange(head_dim, dtype=torch.float32)  # consecutive 16-bit numbers in [1, 2)
+    ties = grid + ulp / 2  # halfway to the next: rounds down from an even mantissa, up from an odd one
+    x = torch.randint(0, 2, (B, S, 3, head_dim), generator=g).float() * 2 - 1
+    x[0, 0, 1] = float("nan")  # one NaN channel poisons its vector
+    x[0, 1, 1, 3] = float("inf")
+    x[1, 0, 1] = 6e4 if dtype == torch.float16 else 3e38  # squares overflow fp32 for bf16: rstd 0
+    x[1, 2, 2] = torch.randn(head_dim, generator=g) * 1e-3  # no tie: ordinary roundings
+    x = x.to(dtype)
+    q, k = x[:, :, :2], x[:, :, 2:]
+    rope = rotary.RoPE(head_dim, rotary_dim=rotary_dim, interleaved=interleaved)
+    for style, weight in (("qwen3", ties), ("qwen3", -ties), ("gemma3", ties - 1)):
+        got = rotary.rmsnorm_rotate(q, k, weight, weight, rope, style=style, layout="bshd", eps=1e-12, position_ids=IDS % 5)
+        normed = (rms_norm(x, weight, eps=1e-12, style=style) for x in (q, k))
+        want = rope(*normed, layout="bshd", position_ids=IDS % 5)
+        for out, expected in zip(got, want):  # NaN payloads aside (torch's own conversions differ in them)
+            nan = expected.isnan()
+            assert torch.equal(out.isnan(), nan), style
+            assert torch.equal(out[~nan].view(torch.int16), expected[~nan].view(torch.int16)), (style, (out != expected).sum())
+        # the ties are there: at position 0 (no rotation) the weighted ±1 rounds half the channels up
+        first = got[0][0, 1, 0].float()  # IDS[0, 1] % 5 == 0
+        if style == "qwen3":
+            assert (first.abs() > weight.abs()).any() and (first.abs() < weight.abs()).any()
+
+
 def test_views_of_a_fused_projection_and_tables_given(kernel_only):
     """q and k as strided views into one qkv projection (read in place); tables from rope.tables(...)."""
     rope = rotary.RoPE(D)

@@ -160,6 +160,7 @@ template <> struct IO<float> {
   static F load(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(first(n), p); }
   static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
   static void store(float* p, F v, int64_t n) { _mm512_mask_storeu_ps(p, first(n), v); }
+  static F round(F v) { return v; }  // to the storage dtype and back (rmsnorm_rope's roundings)
 };
 #if defined(__AVX512BW__) && defined(__AVX512VL__)
 #define ROTARY_MASKED16 true
@@ -176,6 +177,7 @@ template <> struct IO<at::BFloat16> {
   static F load(const at::BFloat16* p, int64_t n) { return widen_bf16(load16(p, n)); }
   static void store(at::BFloat16* p, F v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), narrow_bf16(v)); }
   static void store(at::BFloat16* p, F v, int64_t n) { store16(p, narrow_bf16(v), n); }
+  static F round(F v) { return widen_bf16(narrow_bf16(v)); }
 };
 template <> struct IO<at::Half> {  // round to nearest even, as c10::Half
   static constexpr bool ok = true, masked = ROTARY_MASKED16;
@@ -184,6 +186,7 @@ template <> struct IO<at::Half> {  // round to nearest even, as c10::Half
   static __m256i narrow(F v) { return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
   static void store(at::Half* p, F v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), narrow(v)); }
   static void store(at::Half* p, F v, int64_t n) { store16(p, narrow(v), n); }
+  static F round(F v) { return _mm512_cvtph_ps(narrow(v)); }
 };
 #undef ROTARY_MASKED16
 #else  // AVX2 + F16C: 8 lanes, no masked forms (the portable loops finish a partial vector)
@@ -208,6 +211,7 @@ template <> struct IO<float> {
   static F load(const float*, int64_t) { return _mm256_setzero_ps(); }  // never called (masked = false)
   static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
   static void store(float*, F, int64_t) {}
+  static F round(F v) { return v; }
 };
 template <> struct IO<at::BFloat16> {
   static constexpr bool ok = true, masked = false;
@@ -224,6 +228,14 @@ template <> struct IO<at::BFloat16> {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
   }
   static void store(at::BFloat16*, F, int64_t) {}
+  static F round(F v) {  // store's rounding, kept in the top half of each lane
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
+    r = _mm256_and_si256(r, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u)));
+    r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC00000), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+    return _mm256_castsi256_ps(r);
+  }
 };
 template <> struct IO<at::Half> {
   static constexpr bool ok = true, masked = false;
@@ -233,6 +245,7 @@ template <> struct IO<at::Half> {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
   static void store(at::Half*, F, int64_t) {}
+  static F round(F v) { return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)); }
 };
 #endif
 
@@ -279,6 +292,46 @@ inline int64_t half(const T* x0, const T* x1, T* o0, T* o1, const float* c, cons
     i = h;
   }
   return i;
+}
+
+// rmsnorm_rope's last steps for one vector in registers: v (its channels as fp32) times its rstd inv,
+// rounded to T (kRoundNormed), times the weight w and rounded to T; then rotated as half() and interleaved()
+// rotate, and rounded once. The same operations, in the same order and precision, as the scalar
+// norm_rotate_vector followed by rotate_vector, without the buffer between them. Returns false (nothing
+// written) when r does not fill whole vectors and the partial forms are missing (AVX2).
+template <typename T, bool kRoundNormed>
+inline F norm_weight(F v, F inv, F w) {
+  F n = mul(v, inv);
+  if constexpr (kRoundNormed) n = IO<T>::round(n);
+  return IO<T>::round(mul(w, n));
+}
+
+template <typename T, bool kInterleaved, bool kRoundNormed>
+inline bool norm_rotate(const float* v, float inv_, T* o, const float* w, const float* c, const float* s, int64_t r) {
+  using io = IO<T>;
+  using fio = IO<float>;
+  const int64_t span = kInterleaved ? r : r / 2;  // the channels one pass of the loop walks
+  if (!io::masked && span % kLanes) return false;
+  const F inv = splat(inv_);
+  const SubAdd sub_add(1.0f);
+  for (int64_t i = 0; i < span; i += kLanes) {
+    const int64_t n = std::min(kLanes, span - i);
+    const bool full = n == kLanes;  // else masked: nothing past the last channel is read or written
+    auto load = [&](const float* p) { return full ? fio::load(p) : fio::load(p, n); };
+    auto store = [&](T* p, F value) { full ? io::store(p, value) : io::store(p, value, n); };
+    if constexpr (kInterleaved) {
+      const F y = norm_weight<T, kRoundNormed>(load(v + i), inv, load(w + i));
+      store(o + i, sub_add(mul(y, load(c + i)), mul(swap_pairs(y), sub_add.sin(load(s + i)))));
+    } else {
+      const int64_t h = span;
+      const F a = norm_weight<T, kRoundNormed>(load(v + i), inv, load(w + i));
+      const F b = norm_weight<T, kRoundNormed>(load(v + h + i), inv, load(w + h + i));
+      const F ci = load(c + i), si = load(s + i);
+      store(o + i, sub(mul(a, ci), mul(b, si)));
+      store(o + h + i, add(mul(b, ci), mul(a, si)));
+    }
+  }
+  return true;
 }
 }  // namespace vec
 #else
@@ -598,6 +651,18 @@ template <bool kInterleaved, bool kRoundNormed, typename T, typename A, typename
 __attribute__((always_inline)) inline void norm_rotate_vector(const A* __restrict v, A inv, T* o, T* __restrict y,
                                                               const A* __restrict w, const TT* c, const TT* sn,
                                                               int64_t D, int64_t r) {
+#if ROTARY_VEC
+  if constexpr (vec::IO<T>::ok && std::is_same_v<TT, float> && std::is_same_v<A, float>) {
+    if (vec::norm_rotate<T, kInterleaved, kRoundNormed>(v, inv, o, w, c, sn, r)) {
+      for (int64_t i = r; i < D; ++i) {  // normalised, not rotated
+        A n = v[i] * inv;
+        if constexpr (kRoundNormed) n = static_cast<A>(static_cast<T>(n));
+        o[i] = static_cast<T>(w[i] * n);
+      }
+      return;
+    }
+  }
+#endif
   for (int64_t i = 0; i < D; ++i) {
     A n = v[i] * inv;
     if constexpr (kRoundNormed) n = static_cast<A>(static_cast<T>(n));

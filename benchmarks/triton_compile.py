@@ -202,7 +202,7 @@ def configurations(hot: bool):
 
     def grad_case(name, dtype, D=64, r=None, interleaved=False, per_head=False, conjugate=False):
         def call():
-            q, k = _qk(dtype, hq=4, hk=4 if per_head else 2, D=D)
+            q, k = _qk(dtype, hq=32, hk=32 if per_head else 8, D=D)  # a model's heads
             rot = _rotation(q, k, r or D, interleaved, dtype, per_head=per_head, conjugate=conjugate)
             grads = tuple(torch.randn_like(x) for x in rot.xs)
             shape = lambda x: (*x.shape[: 3 if per_head else 2], r or D)  # noqa: E731  [B, S, (H,) r]

@@ -265,50 +265,77 @@ if triton is not None:
     def _table_grad_kernel(
         X, G, GC, GS,
         S, H, sxb, sxs, sxh, sgb, sgs, sgh, scb, scs, sch,
-        HALF: tl.constexpr, BLOCK_P: tl.constexpr, INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr,
-        PER_HEAD: tl.constexpr, FP64: tl.constexpr,
+        HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, INTERLEAVED: tl.constexpr,
+        CONJUGATE: tl.constexpr, PER_HEAD: tl.constexpr, FP64: tl.constexpr,
     ):  # fmt: skip
+        """One program per token: the gradient of the token's table row (``PER_HEAD``: of each head's),
+        ``g * x`` for cos and ``g * rotate(x)`` for sin, pair by pair, summed over the heads. Heads are read
+        in blocks of ``BLOCK_H`` whole rows (interleaved rows split in registers: 16-byte accesses)."""
         row = tl.program_id(0)
         b = row // S
         s = row % S
-        pair = tl.arange(0, BLOCK_P)
-        if INTERLEAVED:
-            first = 2 * pair
-            second = 2 * pair + 1
-        else:
-            first = pair
-            second = pair + HALF
-        ok = pair < HALF
         compute = tl.float64 if FP64 else tl.float32
         sign = -1.0 if CONJUGATE else 1.0
+        pair = tl.arange(0, BLOCK_P)
+        j = tl.arange(0, 2 * BLOCK_P)  # interleaved: the row's channels
         acc_c0 = tl.zeros((BLOCK_P,), dtype=compute)
         acc_c1 = tl.zeros((BLOCK_P,), dtype=compute)
         acc_s0 = tl.zeros((BLOCK_P,), dtype=compute)
         acc_s1 = tl.zeros((BLOCK_P,), dtype=compute)
         out = b * scb + s * scs
-        for head in range(0, H):
-            x = X + b * sxb + s * sxs + head * sxh
-            g = G + b * sgb + s * sgs + head * sgh
-            a = tl.load(x + first, mask=ok, other=0.0).to(compute)
-            z = tl.load(x + second, mask=ok, other=0.0).to(compute)
-            g0 = tl.load(g + first, mask=ok, other=0.0).to(compute)
-            g1 = tl.load(g + second, mask=ok, other=0.0).to(compute)
-            if PER_HEAD:
-                at = out + head * sch
-                tl.store(GC + at + first, (g0 * a).to(GC.dtype.element_ty), mask=ok)
-                tl.store(GC + at + second, (g1 * z).to(GC.dtype.element_ty), mask=ok)
-                tl.store(GS + at + first, (sign * (-g0 * z)).to(GS.dtype.element_ty), mask=ok)
-                tl.store(GS + at + second, (sign * (g1 * a)).to(GS.dtype.element_ty), mask=ok)
+        for h0 in range(0, H, BLOCK_H):
+            heads = h0 + tl.arange(0, BLOCK_H)
+            live = heads < H
+            x = X + b * sxb + s * sxs + heads[:, None] * sxh
+            g = G + b * sgb + s * sgs + heads[:, None] * sgh
+            if INTERLEAVED:
+                mask = live[:, None] & (j < 2 * HALF)[None, :]
+                a, z = split_pairs(tl.load(x + j[None, :], mask=mask, other=0.0), BLOCK_P)
+                g0, g1 = split_pairs(tl.load(g + j[None, :], mask=mask, other=0.0), BLOCK_P)
             else:
-                acc_c0 += g0 * a
-                acc_c1 += g1 * z
-                acc_s0 -= g0 * z
-                acc_s1 += g1 * a
+                mask = live[:, None] & (pair < HALF)[None, :]
+                a = tl.load(x + pair[None, :], mask=mask, other=0.0)
+                z = tl.load(x + (pair + HALF)[None, :], mask=mask, other=0.0)
+                g0 = tl.load(g + pair[None, :], mask=mask, other=0.0)
+                g1 = tl.load(g + (pair + HALF)[None, :], mask=mask, other=0.0)
+            a = a.to(compute)
+            z = z.to(compute)
+            g0 = g0.to(compute)
+            g1 = g1.to(compute)
+            c0 = g0 * a
+            c1 = g1 * z
+            s0 = -(g0 * z)
+            s1 = g1 * a
+            if PER_HEAD:
+                at = out + heads[:, None] * sch
+                s0 = sign * s0
+                s1 = sign * s1
+                if INTERLEAVED:
+                    tl.store(GC + at + j[None, :], join_pairs(c0, c1, BLOCK_P).to(GC.dtype.element_ty), mask=mask)
+                    tl.store(GS + at + j[None, :], join_pairs(s0, s1, BLOCK_P).to(GS.dtype.element_ty), mask=mask)
+                else:
+                    tl.store(GC + at + pair[None, :], c0.to(GC.dtype.element_ty), mask=mask)
+                    tl.store(GC + at + (pair + HALF)[None, :], c1.to(GC.dtype.element_ty), mask=mask)
+                    tl.store(GS + at + pair[None, :], s0.to(GS.dtype.element_ty), mask=mask)
+                    tl.store(GS + at + (pair + HALF)[None, :], s1.to(GS.dtype.element_ty), mask=mask)
+            else:
+                acc_c0 += tl.sum(c0, axis=0)
+                acc_c1 += tl.sum(c1, axis=0)
+                acc_s0 += tl.sum(s0, axis=0)
+                acc_s1 += tl.sum(s1, axis=0)
         if not PER_HEAD:
-            tl.store(GC + out + first, acc_c0.to(GC.dtype.element_ty), mask=ok)
-            tl.store(GC + out + second, acc_c1.to(GC.dtype.element_ty), mask=ok)
-            tl.store(GS + out + first, (sign * acc_s0).to(GS.dtype.element_ty), mask=ok)
-            tl.store(GS + out + second, (sign * acc_s1).to(GS.dtype.element_ty), mask=ok)
+            ok = pair < HALF
+            if INTERLEAVED:
+                row_mask = (j < 2 * HALF)[None, :]
+                c = join_pairs(acc_c0[None, :], acc_c1[None, :], BLOCK_P)
+                sn = join_pairs((sign * acc_s0)[None, :], (sign * acc_s1)[None, :], BLOCK_P)
+                tl.store(GC + out + j[None, :], c.to(GC.dtype.element_ty), mask=row_mask)
+                tl.store(GS + out + j[None, :], sn.to(GS.dtype.element_ty), mask=row_mask)
+            else:
+                tl.store(GC + out + pair, acc_c0.to(GC.dtype.element_ty), mask=ok)
+                tl.store(GC + out + pair + HALF, acc_c1.to(GC.dtype.element_ty), mask=ok)
+                tl.store(GS + out + pair, (sign * acc_s0).to(GS.dtype.element_ty), mask=ok)
+                tl.store(GS + out + pair + HALF, (sign * acc_s1).to(GS.dtype.element_ty), mask=ok)
 
 
 def run_triton(rotation: Rotation) -> None:
@@ -443,6 +470,7 @@ def table_grad_triton(
             x, g, gc, gs,
             S, H, x.stride(0), x.stride(1), x.stride(2), g.stride(0), g.stride(1), g.stride(2),
             gc.stride(0), gc.stride(1), gc.stride(2) if per_head else 0,
-            HALF=r // 2, BLOCK_P=next_power_of_2(r // 2), INTERLEAVED=rotation.interleaved,
+            HALF=r // 2, BLOCK_H=heads_per_program(x, H, 0), BLOCK_P=next_power_of_2(r // 2),
+            INTERLEAVED=rotation.interleaved,
             CONJUGATE=rotation.conjugate, PER_HEAD=per_head, FP64=x.dtype == torch.float64,
         )  # fmt: skip

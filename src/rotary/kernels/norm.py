@@ -82,10 +82,12 @@ def effective_weight(weight: torch.Tensor, gemma: bool, compute: torch.dtype) ->
 def _backend(rotation: Rotation) -> str | None:
     """``"cpu"``, ``"triton"`` or ``None`` (pure torch) for this call."""
     x0 = rotation.xs[0]
-    if not all(t.stride(-1) == 1 or t.shape[-1] == 1 for t in (*rotation.xs, *rotation.outs)):
-        return None
-    if not all(c.stride(-1) == 1 and c.stride() == s.stride() for c, s in zip(rotation.cos, rotation.sin)):
-        return None
+    for t in (*rotation.xs, *rotation.outs):  # loops, not all(...): this runs at every decoding step
+        if t.stride(-1) != 1 and t.shape[-1] != 1:
+            return None
+    for c, s in zip(rotation.cos, rotation.sin):
+        if c.stride(-1) != 1 or c.stride() != s.stride():
+            return None
     if x0.device.type == "cpu" and x0.dtype in _CPU_DTYPES:
         return "cpu" if load_cpu_extension() is not None else None
     if x0.device.type == "cuda" and triton_kernel.available():
@@ -98,7 +100,7 @@ def run(rotation: Rotation, norm: Norm, rstds: tuple[torch.Tensor, ...]) -> None
     (``[B, S, H_i]``, the arithmetic dtype) receives each vector's ``1 / sqrt(mean(x²) + eps)``."""
     backend = _backend(rotation)
     compute = compute_dtype(rotation.xs[0])
-    if backend != "triton" and any(c.dtype != compute for c in (*rotation.cos, *rotation.sin)):
+    if backend != "triton" and (rotation.cos[0].dtype != compute or rotation.cos[-1].dtype != compute):
         # 16-bit tables (rotary.rmsnorm_rotate passes a model's own to the Triton kernel, which widens
         # them as it loads them): widened here for the other backends, exactly
         rotation = rotation.replace(
@@ -320,8 +322,8 @@ def _launch(
 
 def forward(rotation: Rotation, norm: Norm) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """New outputs (laid out like the xs) and rstds ``[B, S, H_i]`` of one call."""
-    outs = tuple(torch.empty_like(x) for x in rotation.xs)
-    rstds = tuple(x.new_empty(x.shape[:3], dtype=compute_dtype(x)) for x in rotation.xs)
+    outs = tuple([torch.empty_like(x) for x in rotation.xs])
+    rstds = tuple([x.new_empty(x.shape[:3], dtype=compute_dtype(x)) for x in rotation.xs])
     run(rotation.replace(outs=outs), norm, rstds)
     return list(outs), list(rstds)
 

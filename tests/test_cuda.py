@@ -172,6 +172,30 @@ def test_training_step_gradients_equal_the_cpu():
         torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-5)
 
 
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_learnable_frequency_gradients_equal_the_cpu(interleaved, dtype):
+    """The table gradients' Triton kernel (heads in blocks, summed per token) against the CPU: the
+    frequencies' gradient and q's, for a model's 32 q / 8 k heads over more than one head block."""
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(B, 32, S, 128, generator=g).to(dtype)
+    k = torch.randn(B, 8, S, 128, generator=g).to(dtype)
+    ids = torch.arange(S).expand(B, S) + torch.tensor([[0], [100]])
+    grads = []
+    for device in ("cpu", "cuda"):
+        rope = rotary.RoPE(128, interleaved=interleaved, learnable_frequencies=True).to(device)
+        with torch.no_grad():
+            rope.log_frequency_scale.copy_(torch.linspace(-0.2, 0.2, 64))
+        ql = q.to(device).requires_grad_()
+        qr, kr = rope(ql, k.to(device), position_ids=ids.to(device))
+        (qr.float().square().sum() + (kr.float() * 2).sum()).backward()
+        grads.append((rope.log_frequency_scale.grad.cpu(), ql.grad.float().cpu()))
+    (alpha_cpu, q_cpu), (alpha_gpu, q_gpu) = grads
+    tol = 1e-4 if dtype == torch.float32 else 2e-2  # sums over 32 + 8 heads and 2 x 16 tokens, in other orders
+    torch.testing.assert_close(alpha_gpu, alpha_cpu, rtol=tol, atol=tol * alpha_cpu.abs().max().item())
+    torch.testing.assert_close(q_gpu, q_cpu, rtol=tol, atol=tol)
+
+
 def _serving_inputs(dtype=torch.bfloat16, seed=0):
     g = torch.Generator(device="cuda").manual_seed(seed)
     q = torch.randn(B, 1, HQ, D, generator=g, device=CUDA).to(dtype)

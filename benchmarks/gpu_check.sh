@@ -27,6 +27,7 @@
 #   BENCH_ARGS    extra arguments for step 3 (e.g. "--quick", "--no-compile", "--repeats 5")
 #   FUSED_BUDGET  seconds for step 4 (default 120)
 #   GEN_BUDGET    seconds for step 5 (default 150; 0 skips it)
+#   GEN_LOGS      TORCH_LOGS for step 5 (default cudagraphs,perf_hints,recompiles; empty: none)
 set -u
 
 cd "$(dirname "$0")/.." || exit 1
@@ -100,7 +101,9 @@ step bench "$BENCH_BUDGET" "$PY" -m rotary bench --device cuda --markdown --prog
 step fused "$FUSED_BUDGET" "$PY" -m rotary bench --device cuda --markdown --progress --shapes none --suites rotate_and_cache,rmsnorm_rotate \
     -o "$OUT/fused_cuda.md"
 if [ "$GEN_BUDGET" != 0 ]; then
-    step generation "$GEN_BUDGET" "$PY" -m rotary bench --device cuda --markdown --progress --shapes none --suites generation --repeats 2 \
+    # TORCH_LOGS: why `rotary static + compile` ran slower than eager on an H100 (CUDA graphs skipped or
+    # recorded again, recompiles) lands in generation.log with the tables
+    step generation "$GEN_BUDGET" env TORCH_LOGS="${GEN_LOGS-cudagraphs,perf_hints,recompiles}" "$PY" -m rotary bench --device cuda --markdown --progress --shapes none --suites generation --repeats 2 \
         -o "$OUT/generation_cuda.md"
 fi
 

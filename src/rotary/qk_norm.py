@@ -212,7 +212,8 @@ def rmsnorm_rotate(
             :class:`rotary.RoPE` (or a variant with ``tables(positions)``) with ``position_ids`` /
             ``offset``; a producer with its own positions, such as :class:`rotary.MRoPE` with ids
             ``[3, B, S]``; or :class:`~rotary.tables.RotaryTables` made for these tokens
-            (``rope.tables(...)``, per-token M-RoPE tables ``[B, S, r]`` included).
+            (``rope.tables(...)``, per-token M-RoPE tables ``[B, S, r]`` included). bf16/fp16 tables (a
+            16-bit model's own) give what fp32 copies of them give; on CUDA the kernel reads them as they are.
         position_ids: ``[S]`` or ``[B, S]`` (default ``offset + arange(S)``), or the producer's own ids.
         offset: first position when ``position_ids`` is None (decoding with a KV cache).
         eps: added to the mean square (``config.rms_norm_eps``), a finite number > 0.

@@ -361,6 +361,23 @@ def test_learnable_frequencies_take_the_composition():
     assert torch.equal(fused, rope.log_frequency_scale.grad) and fused.abs().sum() > 0
 
 
+def test_key_tables_alone_requiring_grad_get_their_gradient():
+    """xPos-style tables where only the keys' tables require grad: their gradient is the composition's
+    (the fused kernel carries none, so such tables must take the composition too)."""
+    tables = rotary.RoPE(D).tables(rotary.positions.arange(S))
+    k_cos, k_sin = ((t * 0.9).requires_grad_() for t in (tables.cos, tables.sin))
+    split = rotary.RotaryTables.unchecked(tables.cos, tables.sin, False, k_cos=k_cos, k_sin=k_sin)
+    q, k = _qk()
+    wq, wk = _weights()
+    grads = []
+    for fused in (True, False):
+        out = rotary.rmsnorm_rotate(q, k, wq, wk, split) if fused else _unfused(q, k, wq, wk, "qwen3", split)
+        (out[0].sum() + out[1].square().sum()).backward()
+        grads.append((k_cos.grad.clone(), k_sin.grad.clone()))
+        k_cos.grad = k_sin.grad = None
+    assert all(torch.equal(a, b) for a, b in zip(*grads)) and grads[0][0].abs().sum() > 0
+
+
 def test_torch_compile_fullgraph_equals_eager():
     rope = rotary.RoPE(D, rotary_dim=12)
 

@@ -257,7 +257,7 @@ def rmsnorm_rotate(
             heads = x.shape[1] if layout == "bhsd" else x.shape[2]
             if heads != tables.heads:
                 raise InputError(f"{name} has {heads} heads but the per-head tables were built for {tables.heads}")
-    if torch.is_grad_enabled() and (tables.cos.requires_grad or tables.sin.requires_grad):
+    if torch.is_grad_enabled() and tables.requires_grad:
         # learnable frequencies: rotary.rotate carries the tables' gradient
         ys = [kernels.normalise_torch(x, w, eps, gemma)[0] for x, w in ((q, q_weight), (k, k_weight))]
         q_out, k_out = rotate(ys, tables, layout=layout, kinds=("q", "k"), names=("q", "k"))

@@ -306,7 +306,7 @@ def _as_tensor_list(xs: object) -> list[torch.Tensor]:
 
 def _needs_grad(xs: Sequence[torch.Tensor], tables: RotaryTables) -> bool:
     """Whether autograd records this rotation (otherwise in-place results are the inputs themselves)."""
-    return any(x.requires_grad for x in xs) or tables.cos.requires_grad or tables.sin.requires_grad
+    return any(x.requires_grad for x in xs) or tables.requires_grad
 
 
 def decode_seq_axis(q: torch.Tensor, k: torch.Tensor, layout: str) -> int | None:

@@ -230,6 +230,16 @@ class RotaryTables:
                     raise InputError(f"{name} must have cos's shape {tuple(cos.shape)}, dtype and device")
 
     @property
+    def requires_grad(self) -> bool:
+        """Whether any of the tables (the keys' own included) requires grad (learnable frequencies).
+
+        Example:
+            >>> RotaryTables.unchecked(torch.ones(3, 8), torch.zeros(3, 8), False).requires_grad
+            False
+        """
+        return any(t is not None and t.requires_grad for t in (self.cos, self.sin, self.k_cos, self.k_sin))
+
+    @property
     def rotary_dim(self) -> int:
         """Channels rotated ``r``."""
         return self.cos.shape[-1]

@@ -102,10 +102,15 @@ def run(rotation: Rotation, norm: Norm, rstds: tuple[torch.Tensor, ...]) -> None
     compute = compute_dtype(rotation.xs[0])
     if backend != "triton" and (rotation.cos[0].dtype != compute or rotation.cos[-1].dtype != compute):
         # 16-bit tables (rotary.rmsnorm_rotate passes a model's own to the Triton kernel, which widens
-        # them as it loads them): widened here for the other backends, exactly
-        rotation = rotation.replace(
-            cos=tuple(c.to(compute) for c in rotation.cos), sin=tuple(s.to(compute) for s in rotation.sin)
-        )
+        # them as it loads them): widened here for the other backends, exactly; a table q and k share, once
+        wide: dict[int, torch.Tensor] = {}
+
+        def widen(t: torch.Tensor) -> torch.Tensor:
+            if id(t) not in wide:
+                wide[id(t)] = t.to(compute)
+            return wide[id(t)]
+
+        rotation = rotation.replace(cos=tuple(map(widen, rotation.cos)), sin=tuple(map(widen, rotation.sin)))
     if backend == "cpu":
         weights = [effective_weight(w, norm.gemma, compute_dtype(x)) for w, x in zip(norm.weights, rotation.xs)]
         load_cpu_extension().rmsnorm_rope(  # type: ignore[union-attr]

@@ -325,6 +325,25 @@ def configurations(hot: bool):
     rotation_case("fp16 half q alone odd heads", torch.float16, D=96, hq=5, hk=0)  # k with no heads
     cache_case("fp16 half in place", torch.float16, inplace=True)
     grad_case("fp32 half per-head", torch.float32, per_head=True)
+
+    def wide(case, *args, **kw):  # the int64-offset form (WIDE) of a case: storages of 2^31 elements or more
+        case(*args, **kw)
+        label, call = calls.pop()
+
+        def forced():
+            real = tk.wide_offsets
+            tk.wide_offsets = lambda *tensors: True
+            try:
+                call()
+            finally:
+                tk.wide_offsets = real
+
+        calls.append((f"{label} int64 offsets", forced))
+
+    wide(rotation_case, "bf16 half positions", torch.bfloat16, positions="per_batch")
+    wide(cache_case, "bf16 half", torch.bfloat16)
+    wide(norm_case, "bf16 half positions", torch.bfloat16, positions="per_batch")
+    wide(grad_case, "bf16 half", torch.bfloat16, D=128)
     return calls
 
 

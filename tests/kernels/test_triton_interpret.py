@@ -265,3 +265,81 @@ MODEL_TABLES = textwrap.dedent(
 def test_hf_patch_s_cuda_path_reads_the_model_s_tables_in_their_dtype():
     stdout = run_interpreted(MODEL_TABLES)
     assert "model tables ok 72" in stdout
+
+
+WIDE = textwrap.dedent(
+    """
+    import itertools, torch
+    import rotary.kernels.triton as tk
+    from rotary.kernels import norm as K
+    from rotary.kernels.contract import Rotation
+    from rotary.tables import cos_sin_table
+
+    # the int64 offsets a storage of 2^31 elements or more switches on (WIDE) give the int32 ones' results:
+    # every kernel, run both ways on small tensors
+    def both(call):
+        results = []
+        for wide in (False, True):
+            tk.wide_offsets = lambda *tensors, wide=wide: wide
+            results.append(call())
+        return results
+
+    gen = torch.Generator().manual_seed(0)
+    checked = 0
+    for dtype, interleaved, positions_kind in itertools.product(
+        (torch.float32, torch.bfloat16), (False, True), ("none", "per_batch")
+    ):
+        B, S, D, Hq, Hk = 2, 3, 8, 3, 1
+        base = torch.randn(B, S, Hq + 2 * Hk, D, generator=gen).to(dtype)
+        q, k, v = base[:, :, :Hq], base[:, :, Hq : Hq + Hk], base[:, :, Hq + Hk :]
+        cos, sin = cos_sin_table(torch.arange(9), torch.rand(3, generator=gen) + 0.1, interleaved=interleaved, dtype=torch.float32)
+        positions = torch.randint(0, 9, (B, S), generator=gen) if positions_kind == "per_batch" else None
+        rotation = Rotation((q, k), (q, k), (cos, cos), (sin, sin), positions, 0, interleaved)
+
+        def rotate():
+            outs = (torch.empty_like(q), torch.empty_like(k))
+            tk.run_triton(rotation.replace(outs=outs))
+            return outs
+
+        def cache():
+            outs = (torch.empty_like(q), torch.empty_like(k))
+            caches = (torch.zeros(B, 6, Hk, D, dtype=dtype), torch.zeros(B, 6, Hk, D, dtype=dtype))
+            slots = torch.tensor([[0, 2, 4], [5, 1, 3]])
+            tk.rotate_and_cache_triton(rotation.replace(outs=outs), v, *caches, slots)
+            return outs + caches
+
+        def normed():
+            outs = (torch.empty_like(q), torch.empty_like(k))
+            rstds = (q.new_empty(q.shape[:3], dtype=torch.float32), k.new_empty(k.shape[:3], dtype=torch.float32))
+            K.run_triton(rotation.replace(outs=outs), [torch.ones(D), torch.ones(D) * 2], rstds, True, 1e-6)
+            return outs + rstds
+
+        def table_grads():
+            grads = (torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(dtype),)
+            buffers = [(torch.empty(B, S, 6), torch.empty(B, S, 6))]
+            tk.table_grad_triton(Rotation((q,), (q,), (cos[:, :6],), (sin[:, :6],), None, 0, interleaved), grads, buffers)
+            return buffers[0]
+
+        for call in (rotate, cache, normed, table_grads):
+            narrow, wide = both(call)
+            assert all(torch.equal(a, b) for a, b in zip(narrow, wide)), (call.__name__, dtype, interleaved, positions_kind)
+            checked += 1
+    print("wide ok", checked)
+    """
+)
+
+
+@pytest.mark.slow
+def test_int64_offsets_give_the_int32_results():
+    stdout = run_interpreted(WIDE, timeout=600)
+    assert "wide ok 32" in stdout
+
+
+def test_storages_of_2_31_elements_switch_the_kernels_to_int64_offsets():
+    import torch
+
+    from rotary.kernels.triton import wide_offsets
+
+    big = torch.empty(2**31, dtype=torch.bfloat16, device="meta")  # no memory: only its size is read
+    assert wide_offsets(big) and wide_offsets(torch.ones(2), big[:10])  # a small view of a big storage too
+    assert not wide_offsets(torch.empty(2**31 - 1, dtype=torch.bfloat16, device="meta"), torch.ones(3))

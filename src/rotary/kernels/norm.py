@@ -247,11 +247,15 @@ if triton is not None:
         tk_stride, tk_head, skb, sks, skh, sokb, soks, sokh, srkb, srks, srkh,
         HALF: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_REST: tl.constexpr,
         INTERLEAVED: tl.constexpr, ROUND_NORMED: tl.constexpr, HAS_POSITIONS: tl.constexpr, FP64: tl.constexpr,
+        WIDE: tl.constexpr,
     ):  # fmt: skip
         # program (token, head block): blocks 0 .. Q_BLOCKS - 1 take q's heads, the rest k's (one launch for
         # both, as the rotation kernel; positions checked as there, flags set once per token)
         row = tl.program_id(0)
         block = tl.program_id(1)
+        if WIDE:  # offsets in int64 (triton_kernel.wide_offsets)
+            row = row.to(tl.int64)
+            block = block.to(tl.int64)
         # eps arrives as a double (a Python float would be passed as fp32) and is rounded to the arithmetic
         # dtype once, as torch rounds a Python scalar added to a tensor (tl.full: the interpreter passes a float)
         eps = tl.full((), eps, tl.float64).to(tl.float64 if FP64 else tl.float32)
@@ -319,6 +323,7 @@ def _launch(
         HALF=r // 2, D=D, BLOCK_H=block_h, BLOCK_P=triton_kernel.next_power_of_2(r // 2),
         BLOCK_REST=triton_kernel.next_power_of_2(max(D - r, 1)), INTERLEAVED=rotation.interleaved,
         ROUND_NORMED=round_normed, HAS_POSITIONS=positions is not None, FP64=x.dtype == torch.float64,
+        WIDE=triton_kernel.wide_offsets(x, out, xk, outk, cos, cos_k),
     )  # fmt: skip
 
 

@@ -24,7 +24,10 @@ except ImportError:  # Triton is optional: without it CUDA tensors take the pure
     triton = None
     tl = None
 
-__all__ = ["TABLE_DTYPES", "available", "cdiv", "next_power_of_2", "heads_per_program", "rotate_and_cache_triton", "run_triton", "table_grad_triton"]
+__all__ = [
+    "TABLE_DTYPES", "available", "cdiv", "next_power_of_2", "heads_per_program", "rotate_and_cache_triton", "run_triton",
+    "table_grad_triton", "wide_offsets",
+]  # fmt: skip
 
 
 #: the dtypes the kernels read tables in as they are: each value is widened to the arithmetic dtype as it
@@ -184,12 +187,15 @@ if triton is not None:
         tk_stride, tk_head, skb, sks, skh, sokb, soks, sokh,
         HALF: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_REST: tl.constexpr,
         INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, HAS_POSITIONS: tl.constexpr, INPLACE: tl.constexpr,
-        FP64: tl.constexpr,
+        FP64: tl.constexpr, WIDE: tl.constexpr,
     ):  # fmt: skip
         # program (token, head block): blocks 0 .. Q_BLOCKS - 1 rotate q's heads, the rest k's (one
         # launch for both, GQA head counts may differ; k may have its own tables, e.g. xPos)
         row = tl.program_id(0)
         block = tl.program_id(1)
+        if WIDE:  # offsets in int64 (wide_offsets): b, s, t and the heads derive from these
+            row = row.to(tl.int64)
+            block = block.to(tl.int64)
         b, s, t, poison = token_row(POS, FLAGS, row, block, S, table_rows, batch_rows, spb, sps, HAS_POSITIONS, FP64)
         if block < Q_BLOCKS:
             heads = block * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -214,13 +220,16 @@ if triton is not None:
         kcb, kct, kch, vcb, vct, vch,
         HALF: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_REST: tl.constexpr,
         BLOCK_DV: tl.constexpr, INTERLEAVED: tl.constexpr, HAS_POSITIONS: tl.constexpr, INPLACE: tl.constexpr,
-        FP64: tl.constexpr, PAIR_TABLES: tl.constexpr, CHECK_ROWS: tl.constexpr,
+        FP64: tl.constexpr, PAIR_TABLES: tl.constexpr, CHECK_ROWS: tl.constexpr, WIDE: tl.constexpr,
     ):  # fmt: skip
         # program (token, head block): q blocks rotate q; k blocks rotate k into k's output and into the
         # cache row of the token's slot, and copy v into the value cache row. CHECK_ROWS (tables given as
         # a cos_sin_cache): the token's first k block flags its table row holding NaN or inf
         row = tl.program_id(0)
         block = tl.program_id(1)
+        if WIDE:  # offsets in int64 (wide_offsets)
+            row = row.to(tl.int64)
+            block = block.to(tl.int64)
         b, s, t, poison = token_row(POS, FLAGS, row, block, S, table_rows, batch_rows, spb, sps, HAS_POSITIONS, FP64)
         if block < Q_BLOCKS:
             heads = block * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -266,12 +275,14 @@ if triton is not None:
         X, G, GC, GS,
         S, H, sxb, sxs, sxh, sgb, sgs, sgh, scb, scs, sch,
         HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, INTERLEAVED: tl.constexpr,
-        CONJUGATE: tl.constexpr, PER_HEAD: tl.constexpr, FP64: tl.constexpr,
+        CONJUGATE: tl.constexpr, PER_HEAD: tl.constexpr, FP64: tl.constexpr, WIDE: tl.constexpr,
     ):  # fmt: skip
         """One program per token: the gradient of the token's table row (``PER_HEAD``: of each head's),
         ``g * x`` for cos and ``g * rotate(x)`` for sin, pair by pair, summed over the heads. Heads are read
         in blocks of ``BLOCK_H`` whole rows (interleaved rows split in registers: 16-byte accesses)."""
         row = tl.program_id(0)
+        if WIDE:  # offsets in int64 (wide_offsets)
+            row = row.to(tl.int64)
         b = row // S
         s = row % S
         compute = tl.float64 if FP64 else tl.float32
@@ -285,6 +296,8 @@ if triton is not None:
         out = b * scb + s * scs
         for h0 in range(0, H, BLOCK_H):
             heads = h0 + tl.arange(0, BLOCK_H)
+            if WIDE:
+                heads = heads.to(tl.int64)
             live = heads < H
             x = X + b * sxb + s * sxs + heads[:, None] * sxh
             g = G + b * sgb + s * sgs + heads[:, None] * sgh
@@ -366,6 +379,16 @@ def heads_per_program(x: torch.Tensor, hq: int, hk: int) -> int:
     return max(1, min(next_power_of_2(max(hq, hk, 1)), next_power_of_2(max(4096 // per_head, 1))))
 
 
+def wide_offsets(*tensors: torch.Tensor) -> bool:
+    """Whether an element offset into one of ``tensors`` may not fit int32: a storage of 2^31 elements or
+    more (its size bounds every offset from a view's start). The kernels then compute offsets in int64
+    (``WIDE``); int32 would wrap and read or write the wrong memory. About 0.1 µs per tensor."""
+    return any(t.untyped_storage().nbytes() >= _INT32_ELEMENTS * t.element_size() for t in tensors)
+
+
+_INT32_ELEMENTS = 2**31
+
+
 def _launch(rotation: Rotation, i: int, j: int | None) -> None:
     """One launch rotating ``xs[i]`` (and ``xs[j]``)."""
     r = rotation.rotary_dim
@@ -399,6 +422,7 @@ def _launch(rotation: Rotation, i: int, j: int | None) -> None:
         BLOCK_REST=next_power_of_2(max(D - r, 1)),
         INTERLEAVED=rotation.interleaved, CONJUGATE=rotation.conjugate, HAS_POSITIONS=positions is not None,
         INPLACE=out.data_ptr() == x.data_ptr(), FP64=x.dtype == torch.float64,
+        WIDE=wide_offsets(x, out, xk, outk, cos, cos_k),
     )  # fmt: skip
 
 
@@ -450,7 +474,7 @@ def rotate_and_cache_triton(
         BLOCK_REST=next_power_of_2(max(D - r, 1)), BLOCK_DV=next_power_of_2(DV),
         INTERLEAVED=rotation.interleaved, HAS_POSITIONS=positions is not None,
         INPLACE=out_q.data_ptr() == q.data_ptr(), FP64=q.dtype == torch.float64, PAIR_TABLES=pair_tables,
-        CHECK_ROWS=pair_tables,
+        CHECK_ROWS=pair_tables, WIDE=wide_offsets(q, out_q, k, out_k, v, cos),
     )  # fmt: skip
 
 
@@ -473,4 +497,5 @@ def table_grad_triton(
             HALF=r // 2, BLOCK_H=heads_per_program(x, H, 0), BLOCK_P=next_power_of_2(r // 2),
             INTERLEAVED=rotation.interleaved,
             CONJUGATE=rotation.conjugate, PER_HEAD=per_head, FP64=x.dtype == torch.float64,
+            WIDE=wide_offsets(x, g, gc),
         )  # fmt: skip

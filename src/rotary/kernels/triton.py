@@ -481,7 +481,9 @@ def rotate_and_cache_triton(
 def table_grad_triton(
     rotation: Rotation, grads: tuple[torch.Tensor, ...], buffers: list[tuple[torch.Tensor, torch.Tensor]]
 ) -> None:
-    """Per-token table gradients of each x into ``buffers[i]`` (``[B, S, r]`` or ``[B, S, H, r]``)."""
+    """Per-token table gradients of each x into ``buffers[i]`` (``[B, S, r]`` or ``[B, S, H, r]``): the
+    cos and sin buffers of one x must be laid out alike with a unit last stride (contiguous, as rotary
+    allocates them): the kernel takes the cos buffer's strides for both."""
     if triton is None:
         raise RuntimeError("rotary: Triton is not installed")
     r = rotation.rotary_dim

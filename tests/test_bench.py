@@ -850,3 +850,15 @@ def test_a_group_whose_inputs_cannot_be_made_is_one_row_and_the_others_run(stand
     assert rows[0]["group"].startswith("prefill-small") and rows[0]["method"] == "(inputs)"
     assert rows[0]["note"] == "failed to make the group's inputs: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
     assert {r["group"] for r in rows[1:]} == {"decode-small 4x8/2x1x64 at position 64 bf16"} and len(rows) > 5
+
+
+def test_cpu_kernel_ab_names_a_revision_it_cannot_read():
+    """benchmarks/cpu_kernel_ab.py (an A/B of two builds of the CPU kernel): an unknown revision is one
+    line naming it, before anything is built."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "cpu_kernel_ab.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--against", "no-such-revision-xyz"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode != 0
+    assert "cannot read src/rotary/kernels/cpu/rotary.cpp at 'no-such-revision-xyz'" in done.stderr
+    assert "Traceback" not in done.stderr

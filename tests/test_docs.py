@@ -63,6 +63,9 @@ NOT_RUN = {
     ".venv/bin/python benchmarks/triton_compile.py --host": (
         "times the launch paths, seconds; tests/kernels/test_triton_compile.py runs it"
     ),
+    "python benchmarks/cpu_kernel_ab.py --against 01b918b --threads 2 --repeats 9": (
+        "builds a second copy of the CPU kernel, a minute; tests/test_bench.py checks its errors"
+    ),
     "python -m venv .venv": "creates an environment",
     ". .venv/bin/activate": "changes the shell's environment",
     "pip install torch==2.13.0": "installs packages",

@@ -152,6 +152,33 @@ def test_generation_on_the_gpu_path_runs_on_the_backends_device(stand_in, monkey
     assert [r["method"] for r in rows if r["median_s"]] == ["rotary dynamic", "rotary static"]  # the stand-in is the CPU
 
 
+def test_the_qk_norm_generation_suite_times_qwen3_patched_and_not(capsys):
+    """generation_qk_norm: Hugging Face's Qwen3 with and without rotary.hf.patch (its fused QK-norm path),
+    every row timed, the same greedy tokens (fp32), ratios over Qwen3's own static row."""
+    pytest.importorskip("transformers")
+    from rotary import hf
+
+    rows = _json(capsys, "--quick", "--compile", "--shapes", "none", "--suites", "generation_qk_norm", "--repeats", "1")
+    shape = generation.SHAPES["quick"]
+    assert {r["group"] for r in rows} == {f"{shape.describe()}; Qwen3 (QK-norm)"}
+    assert [r["method"] for r in rows] == list(generation.QK_NORM_ROWS)
+    static = next(x["median_s"] for x in rows if x["method"] == "HF Qwen3 static")
+    for r in rows:
+        v = r["values"]
+        assert r["kind"] == "generation" and r["median_s"] > 0 and v["same tokens"] == 1.0, r
+        assert v["vs HF static"] == pytest.approx(static / r["median_s"])
+    model = generation.build_qwen3(shape, torch.device("cpu"))
+    assert not hf.is_patched(model) and hf.is_patched(hf.patch(model))
+    assert any(name.endswith("q_norm.weight") and not torch.equal(p, torch.ones_like(p)) for name, p in model.named_parameters())
+
+
+def test_qk_norm_generation_without_transformers_says_why(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    rows = _json(capsys, "--quick", "--shapes", "none", "--suites", "generation_qk_norm", "--repeats", "1")
+    assert [r["method"] for r in rows] == [n for n in generation.QK_NORM_ROWS if "compile" not in n]
+    assert all(r["note"] == "needs transformers (pip install transformers)" and r["median_s"] is None for r in rows)
+
+
 def test_llama_state_names_every_weight():
     transformers = pytest.importorskip("transformers")
     shape = generation.GenerationShape(1, 32, 4, 2, 64, 50, "fp32", batch=1, prompt=2, new=1)

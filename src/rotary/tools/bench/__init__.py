@@ -14,8 +14,9 @@ different kind of measurement (e.g. a patched vs unpatched model forward) is a *
 ``rotary bench --cases FILE.py`` (see ``benchmarks/``).
 
 Built-in suites: ``decode`` (CPU), ``rotate_and_cache`` and ``rmsnorm_rotate`` (:mod:`.fused`: each
-fused op against its composition, eager and compiled, and the traffic limit) and ``generation``
-(:mod:`.generation`: ``Decoder.generate`` against Hugging Face ``generate``, in tokens/s); the last three
+fused op against its composition, eager and compiled, and the traffic limit), ``generation``
+(:mod:`.generation`: ``Decoder.generate`` against Hugging Face ``generate``, in tokens/s) and
+``generation_qk_norm`` (Hugging Face's Qwen3, patched by :func:`rotary.hf.patch` and not); all but the first
 run on the CPU and with ``--device cuda``. ``--suites NAME`` runs only the named ones, and ``--shapes
 none`` leaves out the RoPE groups.
 """

@@ -46,7 +46,10 @@ import torch
 
 from .harness import DTYPE_NAMES, Result, installed, register_suite, suite_device, suite_repeats
 
-__all__ = ["COMPILED", "CPU_ONLY", "GenerationShape", "SHAPES", "ROWS", "build_models", "generation_suite", "llama_state", "row_calls"]
+__all__ = [
+    "COMPILED", "CPU_ONLY", "GenerationShape", "QK_NORM_ROWS", "SHAPES", "ROWS", "build_models", "build_qwen3",
+    "generation_suite", "llama_state", "qk_norm_generation_suite", "row_calls",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,9 @@ HF_STATIC = "HF static"
 COMPILED = ("rotary static + torch.compile", "HF static + torch.compile", "HF static + torch.compile + rotary.hf.patch")
 #: CPU only: on CUDA Hugging Face compiles its static-cache step by itself (the HF static rows are compiled)
 CPU_ONLY = ("HF static + torch.compile", "HF static + torch.compile + rotary.hf.patch")
+#: the QK-norm suite's rows: Hugging Face's Qwen3 (per-head q_norm and k_norm, then RoPE), patched or not
+QWEN3 = "HF Qwen3"
+QK_NORM_ROWS = tuple(f"{QWEN3}{name[2:]}" for name in ROWS if name.startswith("HF"))
 
 
 def build_models(shape: GenerationShape, device: torch.device, with_hf: bool) -> tuple[torch.nn.Module, torch.nn.Module | None]:
@@ -121,6 +127,29 @@ def build_models(shape: GenerationShape, device: torch.device, with_hf: bool) ->
         llama.generation_config.pad_token_id = 0
         llama = llama.to(device, DTYPE_NAMES[shape.dtype])
     return decoder.to(device, DTYPE_NAMES[shape.dtype]), llama
+
+
+def build_qwen3(shape: GenerationShape, device: torch.device) -> torch.nn.Module:
+    """A ``Qwen3ForCausalLM`` of the shape (head_dim = width / heads), seeded random weights, eval mode,
+    on ``device`` in the shape's dtype, generating exactly the tokens asked for."""
+    import transformers
+
+    config = transformers.Qwen3Config(
+        vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
+        head_dim=shape.hidden // shape.heads, max_position_embeddings=max(2048, shape.prompt + shape.new),
+        tie_word_embeddings=False, attention_bias=False, use_sliding_window=False,
+    )  # fmt: skip
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.Qwen3ForCausalLM(config).eval()
+    with torch.no_grad():  # norm weights away from their initial ones, as a trained model's are
+        for name, param in model.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                param.uniform_(0.5, 1.5)
+    model.generation_config.eos_token_id = None  # exactly `new` tokens
+    model.generation_config.pad_token_id = 0
+    return model.to(device, DTYPE_NAMES[shape.dtype])
 
 
 def llama_state(decoder: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -205,22 +234,66 @@ def _timed(call: Callable[[], torch.Tensor], device: torch.device) -> tuple[floa
     return time.perf_counter() - start, out
 
 
+def _selected(options: argparse.Namespace, names: tuple[str, ...], kind: str) -> list[str]:
+    """The rows of ``names`` that run with these options on this kind of device."""
+    rows = [name for name in names if not (kind == "cuda" and name.replace(QWEN3, "HF") in CPU_ONLY)]
+    if getattr(options, "no_compile", False) or (bool(getattr(options, "quick", False)) and not getattr(options, "compile", False)):
+        rows = [name for name in rows if name.replace(QWEN3, "HF") not in COMPILED]
+    return rows
+
+
 def generation_suite(options: argparse.Namespace) -> list[Result]:
     """The generation group (see the module's docstring): one row per way of generating."""
     device, kind = suite_device(options)
-    quick = bool(getattr(options, "quick", False))
-    shape = SHAPES["quick" if quick else kind]
-    rows = [name for name in ROWS if not (kind == "cuda" and name in CPU_ONLY)]
-    if getattr(options, "no_compile", False) or (quick and not getattr(options, "compile", False)):
-        rows = [name for name in rows if name not in COMPILED]
+    shape = SHAPES["quick" if getattr(options, "quick", False) else kind]
+    rows = _selected(options, ROWS, kind)
     with_hf = installed("transformers")
     decoder, llama = build_models(shape, device, with_hf)
     ids = torch.randint(1, shape.vocab, (shape.batch, shape.prompt), generator=torch.Generator().manual_seed(0))
     calls = row_calls(decoder, llama, ids.to(device), shape.new, rows)
-    repeats = suite_repeats(options)
+    failed = {name: "needs transformers (pip install transformers)" for name in rows if name.startswith("HF") and not with_hf}
+    return _time_rows(shape, shape.describe(), ROWS, HF_STATIC, calls, failed, suite_repeats(options), device)
+
+
+def qk_norm_generation_suite(options: argparse.Namespace) -> list[Result]:
+    """``rotary bench --suites generation_qk_norm``: Hugging Face's Qwen3 (QK-norm, then RoPE, in every
+    attention) generating with its dynamic and static caches (and, on the CPU, its compiled static cache),
+    unpatched and patched by :func:`rotary.hf.patch`, which fuses each layer's two norms and the rotation
+    into one :func:`rotary.rmsnorm_rotate` call: what patching costs or gains a Qwen3 user. The shapes of
+    the generation suite (head_dim = width / heads); "vs HF static" is over Qwen3's own static row."""
+    device, kind = suite_device(options)
+    shape = SHAPES["quick" if getattr(options, "quick", False) else kind]
+    rows = _selected(options, QK_NORM_ROWS, kind)
+    group = f"{shape.describe()}; Qwen3 (QK-norm)"
+    if not installed("transformers"):
+        failed = dict.fromkeys(rows, "needs transformers (pip install transformers)")
+        return _time_rows(shape, group, QK_NORM_ROWS, f"{QWEN3} static", {}, failed, 0, device)
+    import copy
+
+    import rotary
+
+    model = build_qwen3(shape, device)
+    patched = rotary.hf.patch(copy.deepcopy(model))
+    ids = torch.randint(1, shape.vocab, (shape.batch, shape.prompt), generator=torch.Generator().manual_seed(0)).to(device)
+    hf = dict(attention_mask=torch.ones_like(ids), max_new_tokens=shape.new, min_new_tokens=shape.new, do_sample=False)
+    calls: dict[str, Callable[[], torch.Tensor]] = {}
+    for suffix, m in (("", model), (" + rotary.hf.patch", patched)):
+        calls[f"{QWEN3} dynamic{suffix}"] = lambda m=m: m.generate(ids, **hf)
+        calls[f"{QWEN3} static{suffix}"] = lambda m=m: m.generate(ids, cache_implementation="static", **hf)
+        calls[f"{QWEN3} static + torch.compile{suffix}"] = _hf_compiled(m, ids, hf)
+    calls = {name: calls[name] for name in rows}
+    return _time_rows(shape, group, QK_NORM_ROWS, f"{QWEN3} static", calls, {}, suite_repeats(options), device)
+
+
+def _time_rows(
+    shape: GenerationShape, group: str, order: tuple[str, ...], static: str,
+    calls: dict[str, Callable[[], torch.Tensor]], failed: dict[str, str], repeats: int, device: torch.device,
+) -> list[Result]:  # fmt: skip
+    """Each call once (its first call, compiling included), then ``repeats`` rounds of all of them in turn;
+    a call that raises is a row with a note."""
     first: dict[str, float] = {}
     tokens: dict[str, torch.Tensor] = {}
-    failed = {name: "needs transformers (pip install transformers)" for name in rows if name.startswith("HF") and not with_hf}
+    failed = dict(failed)
     for name, call in calls.items():
         try:
             first[name], out = _timed(call, device)
@@ -231,16 +304,15 @@ def generation_suite(options: argparse.Namespace) -> list[Result]:
     for _ in range(repeats):
         for name in first:
             times[name].append(_timed(calls[name], device)[0])
-    return _rows(shape, repeats, first, times, tokens, failed)
+    return _rows(shape, group, order, static, repeats, first, times, tokens, failed)
 
 
-def _rows(shape, repeats, first, times, tokens, failed) -> list[Result]:
-    group = shape.describe()
+def _rows(shape, group, order, static, repeats, first, times, tokens, failed) -> list[Result]:
     reference = next(iter(tokens.values()), None)
     medians = {name: statistics.median(values) for name, values in times.items()}
-    hf_static = medians.get(HF_STATIC)
+    hf_static = medians.get(static)
     results = []
-    for name in [n for n in ROWS if n in medians or n in failed]:
+    for name in [n for n in order if n in medians or n in failed]:
         if name in failed:
             results.append(Result(group, name, False, float("nan"), repeats, note=failed[name], kind="generation"))
             continue
@@ -259,3 +331,4 @@ def _rows(shape, repeats, first, times, tokens, failed) -> list[Result]:
 
 
 register_suite("generation", generation_suite, devices=("cpu", "cuda"))
+register_suite("generation_qk_norm", qk_norm_generation_suite, devices=("cpu", "cuda"))

@@ -239,17 +239,19 @@ def _deferred_norm(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor
     rotates in one call (:func:`_norm_and_rotate`); called from anywhere else, the norm's own forward."""
     running = getattr(_RUNNING, "attention", None)
     if running is None or not (running[0].q_norm is self or running[0].k_norm is self):
-        return _own_norm(self)(hidden_states)
+        return _own_norm(self, hidden_states)
     if self._forward_hooks or _GLOBAL_FORWARD_HOOKS:  # a hook must see, and may change, the normalised output
         running[2].append(self)  # normalised here: the attention's apply_rotary_pos_emb only rotates
-        return _own_norm(self)(hidden_states)
+        return _own_norm(self, hidden_states)
     return hidden_states
 
 
-def _own_norm(norm: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The ``forward`` a deferred norm had before :func:`patch` (an instance one, or its class's)."""
+def _own_norm(norm: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """What a deferred norm's ``forward`` before :func:`patch` (an instance one, or its class's) returns
+    for ``hidden_states`` (a plain call of the class's function: dynamo traces it, not a bound method
+    made on the fly)."""
     previous = norm.__dict__.get(_NORM_MARK)
-    return previous if previous is not None else types.MethodType(type(norm).forward, norm)
+    return previous(hidden_states) if previous is not None else type(norm).forward(norm, hidden_states)
 
 
 def _norm_and_rotate(q, k, cos, sin, unsqueeze_dim=1):
@@ -263,9 +265,14 @@ def _norm_and_rotate(q, k, cos, sin, unsqueeze_dim=1):
     q_norm, k_norm = attention.q_norm, attention.k_norm
     layout = _layout(unsqueeze_dim)
     if normalised:  # a norm with forward hooks normalised its input already (_deferred_norm)
-        q = q if any(n is q_norm for n in normalised) else _own_norm(q_norm)(q)
-        k = k if any(n is k_norm for n in normalised) else _own_norm(k_norm)(k)
+        q = q if any(n is q_norm for n in normalised) else _own_norm(q_norm, q)
+        k = k if any(n is k_norm for n in normalised) else _own_norm(k_norm, k)
         return _apply_pair(q, k, cos, sin, interleaved=False, layout=layout)
+    if torch.compiler.is_compiling():
+        # traced (Hugging Face's compiled static-cache generation): the norms' own forward and the rotation
+        # as plain torch operations (_apply_pair), which Inductor fuses with the projections around them;
+        # the opaque fused op split them and measured slower (docs/benchmarks.md, "QK-norm generation")
+        return _apply_pair(_own_norm(q_norm, q), _own_norm(k_norm, k), cos, sin, interleaved=False, layout=layout)
     eps = getattr(q_norm, spec.eps)
     fits = all(
         w.dtype == x.dtype or (spec.style == "gemma3" and w.dtype == torch.float32)
@@ -276,7 +283,7 @@ def _norm_and_rotate(q, k, cos, sin, unsqueeze_dim=1):
         # loads them (no fp32 copies per layer), elsewhere they are widened first
         tables = RotaryTables.unchecked(cos, sin, False)
         return rmsnorm_rotate(q, k, q_norm.weight, k_norm.weight, tables, eps=eps, style=spec.style, layout=layout)  # type: ignore[arg-type]
-    return _apply_pair(_own_norm(q_norm)(q), _own_norm(k_norm)(k), cos, sin, interleaved=False, layout=layout)
+    return _apply_pair(_own_norm(q_norm, q), _own_norm(k_norm, k), cos, sin, interleaved=False, layout=layout)
 
 
 #: forward hooks registered for every module (``torch.nn.modules.module.register_module_forward_hook``)

@@ -23,7 +23,10 @@ norms (found through a thread-local record of the attention module running); its
 ``k_norm`` get an instance ``forward`` that, inside that attention's forward, returns its input (the
 normalisation happens in the fused call) and elsewhere normalises as before. Weights of another dtype than q (an fp32 Qwen3 weight under autocast, where Hugging
 Face's norm returns fp32) or norms with different ``eps`` take the norms' own ``forward`` and rotary's
-rotation instead. ``unpatch`` removes the instance ``forward`` of the norms too.
+rotation instead. While ``torch.compile`` traces (Hugging Face's compiled static-cache generation), the
+norms' own ``forward`` and the rotation run as plain torch operations, which Inductor fuses with the
+projections around them: the opaque fused call measured slower there (docs/benchmarks.md). ``unpatch``
+removes the instance ``forward`` of the norms too.
 
 A ``q_norm``/``k_norm`` with forward hooks runs its own forward (its hooks see, and may change, the
 normalised output) and the attention then only rotates.

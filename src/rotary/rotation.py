@@ -591,7 +591,10 @@ def addressing(
     """Check that the tables fit the inputs; return the kernel's ``(positions, batch_rows, (cos, sin))``."""
     cos = tables.cos
     mode = tables.addressing
-    where = f"x (layout {layout!r}, shape {tuple(shape)})" if not packed else f"packed x {tuple(shape)}"
+
+    def where() -> str:  # formatted for a message only (this runs at every call)
+        return f"x (layout {layout!r}, shape {tuple(shape)})" if not packed else f"packed x {tuple(shape)}"
+
     if mode == "indexed":
         rows = tables.rows
         assert rows is not None
@@ -605,7 +608,7 @@ def addressing(
             if rows.shape[-1] != seq_len or (rows.dim() == 2 and rows.shape[0] not in (1, batch)):
                 hint = _layout_hint(layout, shape, rows.shape[-1])
                 raise InputError(
-                    f"position_ids of shape {tuple(rows.shape)} do not fit {where} with B={batch}, S={seq_len}; "
+                    f"position_ids of shape {tuple(rows.shape)} do not fit {where()} with B={batch}, S={seq_len}; "
                     f"use [S] or [B, S]{hint}"
                 )
             positions = rows.expand(batch, seq_len)
@@ -618,7 +621,7 @@ def addressing(
     seq_axis = cos.dim() - (2 if tables.heads is None else 3)
     if cos.shape[seq_axis] != seq_len:
         hint = _layout_hint(layout, shape, cos.shape[seq_axis])
-        raise InputError(f"cos/sin cover S={cos.shape[seq_axis]} positions but {where} has S={seq_len}{hint}")
+        raise InputError(f"cos/sin cover S={cos.shape[seq_axis]} positions but {where()} has S={seq_len}{hint}")
     if mode == "per_token":
         if cos.shape[0] not in (1, batch):
             raise InputError(f"cos/sin have batch {cos.shape[0]} but x has batch {batch} (layout {layout!r})")

@@ -94,9 +94,8 @@ def main(argv: list[str] | None = None) -> int:
                 for ext, call_args, _ in results.values():
                     ext.rmsnorm_rope(*call_args)
                 before, after = results["before"][2], results["after"][2]
-                if not all(torch.equal(a.view(torch.int16 if a.dtype != torch.float32 else torch.int32),
-                                       b.view(torch.int16 if b.dtype != torch.float32 else torch.int32))
-                           for a, b in zip(after, before)):  # fmt: skip
+                bits = lambda t: t.view(torch.int32 if t.element_size() == 4 else torch.int16)  # noqa: E731  (-0 too)
+                if not all(torch.equal(bits(a), bits(b)) for a, b in zip(after, before)):
                     raise SystemExit(f"cpu_kernel_ab: the builds differ at {text} {name} interleaved={interleaved}")
                 calls = {label: (lambda e=ext, a=call_args: e.rmsnorm_rope(*a)) for label, (ext, call_args, _) in results.items()}
                 times = time_interleaved(calls, args.repeats)

@@ -271,21 +271,20 @@ def _norm_and_rotate(q, k, cos, sin, unsqueeze_dim=1):
         q = q if any(n is q_norm for n in normalised) else _own_norm(q_norm, q)
         k = k if any(n is k_norm for n in normalised) else _own_norm(k_norm, k)
         return _apply_pair(q, k, cos, sin, interleaved=False, layout=layout)
-    if torch.compiler.is_compiling():
-        # traced (Hugging Face's compiled static-cache generation): the norms' own forward and the rotation
-        # as plain torch operations (_apply_pair), which Inductor fuses with the projections around them;
-        # the opaque fused op split them and measured slower (docs/benchmarks.md, "QK-norm generation")
-        return _apply_pair(_own_norm(q_norm, q), _own_norm(k_norm, k), cos, sin, interleaved=False, layout=layout)
-    eps = getattr(q_norm, spec.eps)
-    fits = all(
-        w.dtype == x.dtype or (spec.style == "gemma3" and w.dtype == torch.float32)
-        for w, x in ((q_norm.weight, q), (k_norm.weight, k))
-    )
-    if fits and getattr(k_norm, spec.eps) == eps:
-        # the model's own tables, trusted and in their own dtype: on CUDA the kernel widens them as it
-        # loads them (no fp32 copies per layer), elsewhere they are widened first
-        tables = RotaryTables.unchecked(cos, sin, False)
-        return rmsnorm_rotate(q, k, q_norm.weight, k_norm.weight, tables, eps=eps, style=spec.style, layout=layout)  # type: ignore[arg-type]
+    # traced (Hugging Face's compiled static-cache generation), the norms' own forward and the rotation run
+    # as plain torch operations (below), which Inductor fuses with the projections around them; the opaque
+    # fused op split them and measured slower (docs/benchmarks.md, "QK-norm generation")
+    if not torch.compiler.is_compiling():
+        eps = getattr(q_norm, spec.eps)
+        fits = all(
+            w.dtype == x.dtype or (spec.style == "gemma3" and w.dtype == torch.float32)
+            for w, x in ((q_norm.weight, q), (k_norm.weight, k))
+        )
+        if fits and getattr(k_norm, spec.eps) == eps:
+            # the model's own tables, trusted and in their own dtype: on CUDA the kernel widens them as it
+            # loads them (no fp32 copies per layer), elsewhere they are widened first
+            tables = RotaryTables.unchecked(cos, sin, False)
+            return rmsnorm_rotate(q, k, q_norm.weight, k_norm.weight, tables, eps=eps, style=spec.style, layout=layout)  # type: ignore[arg-type]
     return _apply_pair(_own_norm(q_norm, q), _own_norm(k_norm, k), cos, sin, interleaved=False, layout=layout)
 
 

@@ -172,8 +172,7 @@ def _kernel_widens(tables: RotaryTables, wanted: torch.dtype, tensors: tuple[tor
     copies per call on a GPU."""
     return (
         wanted == torch.float32
-        and tables.cos.dtype in (torch.bfloat16, torch.float16)
-        and all(t.dtype == tables.cos.dtype for t in (tables.sin, tables.k_cos, tables.k_sin) if t is not None)
+        and tables.cos.dtype in (torch.bfloat16, torch.float16)  # sin and the key tables share it (RotaryTables)
         and not torch.compiler.is_compiling()
         and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
     )

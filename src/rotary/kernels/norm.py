@@ -100,7 +100,7 @@ def run(rotation: Rotation, norm: Norm, rstds: tuple[torch.Tensor, ...]) -> None
     (``[B, S, H_i]``, the arithmetic dtype) receives each vector's ``1 / sqrt(mean(x²) + eps)``."""
     backend = _backend(rotation)
     compute = compute_dtype(rotation.xs[0])
-    if backend != "triton" and (rotation.cos[0].dtype != compute or rotation.cos[-1].dtype != compute):
+    if backend != "triton" and rotation.cos[0].dtype != compute:  # q's and k's tables share a dtype (RotaryTables)
         # 16-bit tables (rotary.rmsnorm_rotate passes a model's own to the Triton kernel, which widens
         # them as it loads them): widened here for the other backends, exactly; a table q and k share, once
         wide: dict[int, torch.Tensor] = {}

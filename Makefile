@@ -42,6 +42,7 @@ figures: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache

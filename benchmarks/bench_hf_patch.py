@@ -20,15 +20,26 @@ def build_llama(hidden: int, layers: int, heads: int, kv_heads: int):
     import transformers
 
     config = transformers.LlamaConfig(
-        vocab_size=1000, hidden_size=hidden, intermediate_size=hidden * 8 // 3, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=4096,
+        vocab_size=1000,
+        hidden_size=hidden,
+        intermediate_size=hidden * 8 // 3,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=4096,
     )
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(config).eval()
 
 
 def measure(
-    *, seq: int = 512, batch: int = 4, hidden: int = 256, layers: int = 4, heads: int = 8, kv_heads: int = 2,
+    *,
+    seq: int = 512,
+    batch: int = 4,
+    hidden: int = 256,
+    layers: int = 4,
+    heads: int = 8,
+    kv_heads: int = 2,
     repeats: int = 10,
 ) -> dict[str, float]:
     """``{"unpatched": s, "patched": s, "ratio": patched / unpatched}``: best-of-``repeats`` forward times."""
@@ -60,8 +71,13 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     result = measure(
-        seq=args.seq, batch=args.batch, hidden=args.hidden, layers=args.layers, heads=args.heads,
-        kv_heads=args.kv_heads, repeats=args.repeats,
+        seq=args.seq,
+        batch=args.batch,
+        hidden=args.hidden,
+        layers=args.layers,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        repeats=args.repeats,
     )
     print(
         f"Llama hidden={args.hidden} layers={args.layers} heads={args.heads}/{args.kv_heads} "

@@ -88,8 +88,23 @@ def main(argv: list[str] | None = None) -> int:
                 results = {}
                 for label, ext in (("before", old), ("after", new)):
                     outs = [torch.empty_like(q), torch.empty_like(k)]
-                    rstds = [q.new_empty(q.shape[:3], dtype=torch.float32), k.new_empty(k.shape[:3], dtype=torch.float32)]
-                    call_args = ([q, k], outs, rstds, [weight, weight], [cos, cos], [sin, sin], positions, 0, interleaved, True, 1e-6)
+                    rstds = [
+                        q.new_empty(q.shape[:3], dtype=torch.float32),
+                        k.new_empty(k.shape[:3], dtype=torch.float32),
+                    ]
+                    call_args = (
+                        [q, k],
+                        outs,
+                        rstds,
+                        [weight, weight],
+                        [cos, cos],
+                        [sin, sin],
+                        positions,
+                        0,
+                        interleaved,
+                        True,
+                        1e-6,
+                    )
                     results[label] = (ext, call_args, outs)
                 for ext, call_args, _ in results.values():
                     ext.rmsnorm_rope(*call_args)
@@ -97,11 +112,16 @@ def main(argv: list[str] | None = None) -> int:
                 bits = lambda t: t.view(torch.int32 if t.element_size() == 4 else torch.int16)  # noqa: E731  (-0 too)
                 if not all(torch.equal(bits(a), bits(b)) for a, b in zip(after, before)):
                     raise SystemExit(f"cpu_kernel_ab: the builds differ at {text} {name} interleaved={interleaved}")
-                calls = {label: (lambda e=ext, a=call_args: e.rmsnorm_rope(*a)) for label, (ext, call_args, _) in results.items()}
+                calls = {
+                    label: (lambda e=ext, a=call_args: e.rmsnorm_rope(*a))
+                    for label, (ext, call_args, _) in results.items()
+                }
                 times = time_interleaved(calls, args.repeats)
                 pairing = "interleaved" if interleaved else "half"
                 b_us, a_us = times["before"] * 1e6, times["after"] * 1e6
-                print(f"| {text} ({hq}/{hk} heads, D {D}) | {name} | {pairing} | {b_us:.1f} | {a_us:.1f} | {a_us / b_us:.2f} |")
+                print(
+                    f"| {text} ({hq}/{hk} heads, D {D}) | {name} | {pairing} | {b_us:.1f} | {a_us:.1f} | {a_us / b_us:.2f} |"
+                )
     return 0
 
 

@@ -70,7 +70,9 @@ def calls(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", type=head_shape, default="1,32,2048,128", help="B,H,S,D of q and k (default 1,32,2048,128)")
+    parser.add_argument(
+        "--shape", type=head_shape, default="1,32,2048,128", help="B,H,S,D of q and k (default 1,32,2048,128)"
+    )
     parser.add_argument("--dtype", default="fp32", choices=sorted(DTYPE_NAMES))
     parser.add_argument("--layout", default="bhsd", choices=["bhsd", "bshd"], help="storage of q and k (default bhsd)")
     parser.add_argument("--repeats", type=int, default=15)

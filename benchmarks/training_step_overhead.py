@@ -64,7 +64,9 @@ def measure(shape: tuple[int, int, int, int], dtype: torch.dtype, repeats: int) 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", type=head_shape, default="8,12,512,64", help="B,H,S,D of q and k (default 8,12,512,64)")
+    parser.add_argument(
+        "--shape", type=head_shape, default="8,12,512,64", help="B,H,S,D of q and k (default 8,12,512,64)"
+    )
     parser.add_argument("--dtype", default="fp32", choices=sorted(DTYPE_NAMES))
     parser.add_argument("--repeats", type=int, default=40)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's setting)")

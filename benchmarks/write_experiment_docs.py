@@ -35,26 +35,32 @@ def readme_block(run: dict, results) -> str:
     load = ""
     if env.get("load_average_at_start"):
         load = f"; load average {env['load_average_at_start'][0]:g} at the start, {env['load_average_at_end'][0]:g} at the end"
-    extension = (f" The RoPE model is also fine-tuned at {config.extension_length} ({config.extension_length / L:g}L) for "
-                 f"{config.extend_steps} steps with each scaling, beside a RoPE model trained from scratch there." if config.extends else "")
-    return "\n".join([
-        START,
-        "![perplexity against evaluation length](docs/figures/experiment_perplexity.png)",
-        "",
-        markdown_table(*summary_table(results)),
-        "",
-        f"Perplexity per byte on held-out text (lower is better) in non-overlapping and sliding windows, the retrieval gain "
-        f"on a repeated random span (nats per byte, mean over the distances up to L and past it; 0: nothing retrieved) and "
-        f"passkey accuracy at L with its Wilson 95% interval, for small decoders trained at L = {L} bytes and evaluated at up "
-        f"to {results.lengths[-1]}; mean ± half the range over {len(results.seeds)} seeds.{extension} Made by "
-        + ("`make demo`, i.e. " if config.preset == "default" and config.study is None else "")
-        + f"`{run['command']}`, on {env['cpu']} with {env['threads']} torch threads in {run['wall_seconds'] / 60:.1f} min "
-        f"({run['finished']}{load}). The whole report, with the loss by position, the retrieval curves, the passkey "
-        "intervals, the spread over seeds and the comparison with the published findings: "
-        "[docs/experiment_report.md](docs/experiment_report.md); what is measured and how, and what the default preset trades "
-        "for its 10 minutes: [docs/experiment.md](docs/experiment.md).",
-        END,
-    ])
+    extension = (
+        f" The RoPE model is also fine-tuned at {config.extension_length} ({config.extension_length / L:g}L) for "
+        f"{config.extend_steps} steps with each scaling, beside a RoPE model trained from scratch there."
+        if config.extends
+        else ""
+    )
+    return "\n".join(
+        [
+            START,
+            "![perplexity against evaluation length](docs/figures/experiment_perplexity.png)",
+            "",
+            markdown_table(*summary_table(results)),
+            "",
+            f"Perplexity per byte on held-out text (lower is better) in non-overlapping and sliding windows, the retrieval gain "
+            f"on a repeated random span (nats per byte, mean over the distances up to L and past it; 0: nothing retrieved) and "
+            f"passkey accuracy at L with its Wilson 95% interval, for small decoders trained at L = {L} bytes and evaluated at up "
+            f"to {results.lengths[-1]}; mean ± half the range over {len(results.seeds)} seeds.{extension} Made by "
+            + ("`make demo`, i.e. " if config.preset == "default" and config.study is None else "")
+            + f"`{run['command']}`, on {env['cpu']} with {env['threads']} torch threads in {run['wall_seconds'] / 60:.1f} min "
+            f"({run['finished']}{load}). The whole report, with the loss by position, the retrieval curves, the passkey "
+            "intervals, the spread over seeds and the comparison with the published findings: "
+            "[docs/experiment_report.md](docs/experiment_report.md); what is measured and how, and what the default preset trades "
+            "for its 10 minutes: [docs/experiment.md](docs/experiment.md).",
+            END,
+        ]
+    )
 
 
 def main(argv: list[str]) -> int:

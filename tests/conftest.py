@@ -16,12 +16,20 @@ except ImportError:  # a machine without the [dev] extra (benchmarks/gpu_check.s
 # found is fixed and then kept as an explicit test or @example.
 if settings is not None:
     settings.register_profile(
-        "rotary", max_examples=int(os.environ.get("ROTARY_HYPOTHESIS_EXAMPLES", "40")), deadline=None,
-        suppress_health_check=[HealthCheck.too_slow], derandomize=True, database=None,
+        "rotary",
+        max_examples=int(os.environ.get("ROTARY_HYPOTHESIS_EXAMPLES", "40")),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+        derandomize=True,
+        database=None,
     )
     settings.register_profile(
-        "explore", max_examples=int(os.environ.get("ROTARY_HYPOTHESIS_EXAMPLES", "200")), deadline=None,
-        suppress_health_check=[HealthCheck.too_slow], derandomize=False, print_blob=True,
+        "explore",
+        max_examples=int(os.environ.get("ROTARY_HYPOTHESIS_EXAMPLES", "200")),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+        derandomize=False,
+        print_blob=True,
     )
     settings.load_profile(os.environ.get("ROTARY_HYPOTHESIS_PROFILE", "rotary"))
 

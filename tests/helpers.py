@@ -65,7 +65,11 @@ def run_cli(
     asserts nothing and returns the completed process.
     """
     proc = subprocess.run(
-        [sys.executable, "-m", "rotary", *argv], cwd=cwd, env=env or cli_env(), capture_output=True, text=True,
+        [sys.executable, "-m", "rotary", *argv],
+        cwd=cwd,
+        env=env or cli_env(),
+        capture_output=True,
+        text=True,
         timeout=timeout,
     )
     if ok is True:
@@ -122,8 +126,12 @@ def llama_config(head_dim: int = 64, theta: float = 10000.0, max_pos: int = 2048
     from transformers import LlamaConfig
 
     kwargs: dict[str, Any] = dict(
-        hidden_size=head_dim * 4, num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
-        max_position_embeddings=max_pos, rope_parameters={"rope_type": "default", "rope_theta": theta},
+        hidden_size=head_dim * 4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=head_dim,
+        max_position_embeddings=max_pos,
+        rope_parameters={"rope_type": "default", "rope_theta": theta},
     )
     kwargs.update(overrides)
     return LlamaConfig(**kwargs)
@@ -265,8 +273,14 @@ def use_static_write(monkeypatch, path: str) -> list[None]:
     return calls
 
 
-def experiment_rows(table: dict, lengths: list[int], *, second_seed: dict | None = None, passkey: int = 36,
-                    passkey_model: tuple[str, str] = ("rope-ft-linear", "linear")):
+def experiment_rows(
+    table: dict,
+    lengths: list[int],
+    *,
+    second_seed: dict | None = None,
+    passkey: int = 36,
+    passkey_model: tuple[str, str] = ("rope-ft-linear", "linear"),
+):
     """``rotary.tools.experiments.rows.Measurements`` for seeds 0 and 1 from perplexities.
 
     Args:
@@ -285,8 +299,21 @@ def experiment_rows(table: dict, lengths: list[int], *, second_seed: dict | None
             ppls = (second_seed or {}).get((model, scaling, mode), [v * 1.001 for v in values]) if seed else values
             for e, p in zip(lengths, ppls):
                 loss = math.log(p) if p > 0 and math.isfinite(p) else p
-                out.perplexity.append(PerplexityRow(model, seed, scaling, 1.0, mode, e, e if mode == "windows" else 64, loss, p,
-                                                    loss / math.log(2), 1000))
+                out.perplexity.append(
+                    PerplexityRow(
+                        model,
+                        seed,
+                        scaling,
+                        1.0,
+                        mode,
+                        e,
+                        e if mode == "windows" else 64,
+                        loss,
+                        p,
+                        loss / math.log(2),
+                        1000,
+                    )
+                )
     for seed in (0, 1):
         for e in lengths:
             out.passkey.append(PasskeyRow(*passkey_model[:1], seed, passkey_model[1], 4.0, e, 0.5, passkey, 40))
@@ -367,7 +394,9 @@ def assert_named_error(exc: BaseException, *suspects: tuple) -> None:
     origin = traceback.extract_tb(exc.__traceback__)[-1].filename
     assert origin.startswith(ROTARY_SOURCE), f"{type(exc).__name__} raised outside rotary ({origin}): {exc}"
     if suspects:
-        assert any(_mentions(str(exc), key, value) for key, value in suspects), f"the message names none of {suspects}: {exc}"
+        assert any(_mentions(str(exc), key, value) for key, value in suspects), (
+            f"the message names none of {suspects}: {exc}"
+        )
 
 
 def assert_sound(f: rotary.Frequencies) -> None:

@@ -60,7 +60,11 @@ FAST = settings(max_examples=25, deadline=None)
 odd_values = st.sampled_from([0, -1, 1, 2, 3, 4, 7, 8, 2**20, 2.0, 1.5, True, None, "4", float("nan"), float("inf")])
 
 
-PROPERTIES = settings(max_examples=int(os.environ.get("ROTARY_CONFIG_EXAMPLES", "60")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTIES = settings(
+    max_examples=int(os.environ.get("ROTARY_CONFIG_EXAMPLES", "60")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 
 # values YAML files, command lines and careless edits put into configs
@@ -96,7 +100,9 @@ VALID = {
 def perturbed_blocks(draw):
     rope_type = draw(st.sampled_from(sorted(VALID)))
     block = copy.deepcopy(VALID[rope_type])
-    keys = sorted(ROPE_TYPES[rope_type].required | ROPE_TYPES[rope_type].optional | {"rope_type", "partial_rotary_factor"})
+    keys = sorted(
+        ROPE_TYPES[rope_type].required | ROPE_TYPES[rope_type].optional | {"rope_type", "partial_rotary_factor"}
+    )
     key = draw(st.sampled_from([*keys, "type", "rope_theta", "facter"]))
     action = draw(st.sampled_from(["set", "set", "set", "delete", "entry"]))
     value = None

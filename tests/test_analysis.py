@@ -88,7 +88,9 @@ def test_pair_0_wavelength_is_2pi_and_unscaled_pairs_unchanged():
 
 
 def _fake(inv_freq: torch.Tensor, d: int, rope_type: str = "fake") -> Frequencies:
-    return Frequencies(inv_freq=inv_freq.float(), attention_scaling=1.0, head_dim=d, rotary_dim=d, base=10000.0, rope_type=rope_type)
+    return Frequencies(
+        inv_freq=inv_freq.float(), attention_scaling=1.0, head_dim=d, rotary_dim=d, base=10000.0, rope_type=rope_type
+    )
 
 
 def test_profile_classifies_a_hand_made_ramp():
@@ -119,8 +121,17 @@ def test_profile_rejects_mismatched_pairs():
 # the scaling methods (from the `scaling` work) -----------------------------------------------
 def test_yarn_blended_range_matches_its_formula():
     d, base, orig, beta_fast, beta_slow, factor = 128, 10000.0, 4096, 32.0, 1.0, 4.0
-    f = frequencies(d, base=base, scaling={"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": orig,
-                                           "beta_fast": beta_fast, "beta_slow": beta_slow})
+    f = frequencies(
+        d,
+        base=base,
+        scaling={
+            "rope_type": "yarn",
+            "factor": factor,
+            "original_max_position_embeddings": orig,
+            "beta_fast": beta_fast,
+            "beta_slow": beta_slow,
+        },
+    )
     p = analysis.scaling_profile(f)
 
     def correction_dim(rotations: float) -> float:  # YaRN paper / transformers: pair index turning `rotations` times
@@ -198,7 +209,9 @@ def test_position_pca_is_the_top_two_principal_components():
 
 
 # verify --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("kwargs", [dict(head_dim=32), dict(head_dim=32, interleaved=True), dict(head_dim=48, rotary_dim=16)])
+@pytest.mark.parametrize(
+    "kwargs", [dict(head_dim=32), dict(head_dim=32, interleaved=True), dict(head_dim=48, rotary_dim=16)]
+)
 def test_verify_passes_for_correct_configurations(kwargs):
     checks = analysis.verify(RoPE(**kwargs), seq_len=16)
     assert all(c.passed for c in checks), [c for c in checks if not c.passed]
@@ -215,7 +228,9 @@ def test_verify_catches_tables_built_for_the_other_pairing():
 
 
 @FAST
-@given(head_dim=odd_values, base=odd_values, distances=st.sampled_from([None, [0, 3], [-2, 5], [1.5], "abc", [], range(4)]))
+@given(
+    head_dim=odd_values, base=odd_values, distances=st.sampled_from([None, [0, 3], [-2, 5], [1.5], "abc", [], range(4)])
+)
 def test_decay_bound_matches_its_formula_or_names_the_argument(head_dim, base, distances):
     try:
         bound = analysis.decay_bound(head_dim, base, distances)
@@ -229,7 +244,9 @@ def test_decay_bound_matches_its_formula_or_names_the_argument(head_dim, base, d
         theta = [base ** (-2.0 * i / head_dim) for i in range(half)]
         partial, total = 0j, 0.0
         for t in theta:
-            partial += complex(torch.polar(torch.tensor(1.0, dtype=torch.float64), torch.tensor(dist * t, dtype=torch.float64)))
+            partial += complex(
+                torch.polar(torch.tensor(1.0, dtype=torch.float64), torch.tensor(dist * t, dtype=torch.float64))
+            )
             total += abs(partial)
         assert float(bound[j]) == pytest.approx(total / half, rel=1e-9, abs=1e-12)
 

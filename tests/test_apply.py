@@ -198,8 +198,18 @@ def _qk(**over):
 @pytest.mark.parametrize(
     "inputs, kwargs, exc, match",
     [
-        (_qk(q=torch.ones(1, 2, 4, 8, dtype=torch.long)), {}, TypeError, "q must be fp32, bf16, fp16 or fp64, got dtype torch.int64"),
-        (_qk(k=torch.ones(1, 2, 4, 8, dtype=torch.int32)), {}, TypeError, "k must be fp32, bf16, fp16 or fp64, got dtype torch.int32"),
+        (
+            _qk(q=torch.ones(1, 2, 4, 8, dtype=torch.long)),
+            {},
+            TypeError,
+            "q must be fp32, bf16, fp16 or fp64, got dtype torch.int64",
+        ),
+        (
+            _qk(k=torch.ones(1, 2, 4, 8, dtype=torch.int32)),
+            {},
+            TypeError,
+            "k must be fp32, bf16, fp16 or fp64, got dtype torch.int32",
+        ),
         (_qk(k=torch.randn(1, 2, 4, 6)), {}, ValueError, "k has head_dim 6 but this RoPE was built for head_dim=8"),
         (_qk(q=torch.randn(1, 2, 4, 16)), {}, ValueError, "q has head_dim 16"),
         (_qk(k=torch.randn(1, 2, 5, 8)), {}, ValueError, "q and k must share S: got S=4 for q and S=5 for k"),

@@ -224,7 +224,19 @@ def test_without_the_baselines_packages_their_rows_are_skipped_with_one_line(mon
 
     monkeypatch.setitem(sys.modules, "transformers", None)
     monkeypatch.setitem(sys.modules, "rotary_embedding_torch", None)
-    argv = ["bench", "--quick", "--no-memory", "--repeats", "1", "--dtypes", "fp32", "--shapes", "decode-small", "--suites", "none"]
+    argv = [
+        "bench",
+        "--quick",
+        "--no-memory",
+        "--repeats",
+        "1",
+        "--dtypes",
+        "fp32",
+        "--shapes",
+        "decode-small",
+        "--suites",
+        "none",
+    ]
     assert main(argv) == 0
     out, err = capsys.readouterr()
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
@@ -273,11 +285,9 @@ def test_a_prepared_call_is_timed_without_its_preparation():
         time.sleep(0.02)
         return lambda: time.sleep(0.002)
 
-    medians = harness.time_interleaved(
-        {"prepared": harness.Prepared(prepare), "plain": lambda: prepare()()}, repeats=3
-    )
+    medians = harness.time_interleaved({"prepared": harness.Prepared(prepare), "plain": lambda: prepare()()}, repeats=3)
     assert 0.002 <= medians["prepared"] < 0.012 and medians["plain"] >= 0.022
-    assert harness.allocations(harness.Prepared(lambda: (lambda: torch.empty(1024)))) == [4096]
+    assert harness.allocations(harness.Prepared(lambda: lambda: torch.empty(1024))) == [4096]
 
 
 @pytest.mark.parametrize("inplace", [True, False])
@@ -321,7 +331,10 @@ def test_the_training_limit_row_passes_over_fresh_copies_and_is_their_ratio():
     ]
     runner._group_ratios(results)
     assert results[1].ratios["x fresh passes"] == 1.5 and "x fresh passes" not in results[2].ratios
-    assert "x fresh passes (training step)" in format_table({"cpu": "c", "logical_cpus": 1, "torch": "t", "torch_threads": 1}, results)
+    assert "x fresh passes (training step)" in format_table(
+        {"cpu": "c", "logical_cpus": 1, "torch": "t", "torch_threads": 1}, results
+    )
+
 
 def test_the_training_step_overhead_script_times_its_three_steps(capsys):
     import importlib.util
@@ -332,7 +345,11 @@ def test_the_training_step_overhead_script_times_its_three_steps(capsys):
     spec.loader.exec_module(script)
     assert script.main(["--shape", "2,2,8,16", "--repeats", "2"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert [line.split("  ")[0] for line in out[:3]] == ["autograd only", "mul_ passes under autograd", "rope(q, k, inplace=True)"]
+    assert [line.split("  ")[0] for line in out[:3]] == [
+        "autograd only",
+        "mul_ passes under autograd",
+        "rope(q, k, inplace=True)",
+    ]
     assert out[3].startswith("rope / mul_ passes under autograd: ")
     with pytest.raises(SystemExit):
         script.main(["--shape", "2,2,8"])
@@ -348,7 +365,12 @@ def test_the_kernel_vs_pass_script_times_the_kernel_and_the_pass(capsys):
     for layout, fresh in (("bhsd", []), ("bshd", []), ("bhsd", ["--fresh"])):
         assert script.main(["--shape", "1,2,32,16", "--repeats", "1", "--layout", layout, *fresh]) == 0
         out = capsys.readouterr().out.splitlines()
-        assert [line[:22].strip() for line in out] == ["mul_ pass", "half, in place", "half, out of place", "interleaved, in place"]
+        assert [line[:22].strip() for line in out] == [
+            "mul_ pass",
+            "half, in place",
+            "half, out of place",
+            "interleaved, in place",
+        ]
         assert out[0].endswith("1.00x the pass")
     with pytest.raises(SystemExit):
         script.main(["--shape", "1,2,32,15"])
@@ -533,7 +555,7 @@ def test_a_prepared_call_is_timed_on_the_device_without_its_preparation():
         return lambda: clock.advance(3e-3)
 
     assert cuda.prepared_event_seconds(harness.Prepared(prepare), 4, backend) == pytest.approx(3e-3, rel=1e-12)
-    host = cuda.prepared_host_seconds(harness.Prepared(lambda: (lambda: None)), 3, backend)
+    host = cuda.prepared_host_seconds(harness.Prepared(lambda: lambda: None), 3, backend)
     assert 0 <= host < 1e-3
 
 
@@ -557,7 +579,7 @@ def test_time_on_device_captures_notes_what_cannot_be_captured_and_goes_on_after
             raise ValueError("boom\nsecond line")
 
     backend = StandIn(clock, refuse=lambda call: call is reads_the_host)
-    prepared = harness.Prepared(lambda: (lambda: clock.advance(2e-3)))
+    prepared = harness.Prepared(lambda: lambda: clock.advance(2e-3))
     timings = cuda.time_on_device(
         {"graph": capturable, "eager": reads_the_host, "broken": broken, "prepared": prepared}, 3, backend,
         prepared_type=harness.Prepared,
@@ -566,7 +588,9 @@ def test_time_on_device_captures_notes_what_cannot_be_captured_and_goes_on_after
     assert (graph.gpu_timing, graph.note, graph.gpu_s) == ("graph", "", pytest.approx(1e-3, rel=1e-9))
     assert graph.host_s >= 0 and backend.captured == [cuda.MAX_GRAPH_CALLS]
     assert eager.gpu_timing == "eager" and eager.gpu_s == pytest.approx(4e-3, rel=1e-9)
-    assert eager.note.startswith("not capturable: RuntimeError: CUDA error: operation not permitted when stream is capturing (")
+    assert eager.note.startswith(
+        "not capturable: RuntimeError: CUDA error: operation not permitted when stream is capturing ("
+    )
     assert eager.note.endswith("; GPU time from CUDA events around an eager loop")
     assert "(tests/test_bench.py:" in eager.note  # where the capture failed: the stand-in's raise
     assert failed.note == "failed: ValueError: boom" and math.isnan(failed.gpu_s) and math.isnan(failed.host_s)
@@ -677,7 +701,10 @@ def test_the_cpu_run_has_the_cpu_methods_only_and_the_same_inputs():
     inp = harness.make_inputs(shape, torch.bfloat16)
     g = torch.Generator().manual_seed(0)
     B, Hq, Hk, S, D = shape.batch, shape.q_heads, shape.k_heads, shape.seq_len, shape.head_dim
-    q, k = torch.randn(B, Hq, S, D, generator=g).to(torch.bfloat16), torch.randn(B, Hk, S, D, generator=g).to(torch.bfloat16)
+    q, k = (
+        torch.randn(B, Hq, S, D, generator=g).to(torch.bfloat16),
+        torch.randn(B, Hk, S, D, generator=g).to(torch.bfloat16),
+    )
     assert torch.equal(inp.q, q) and torch.equal(inp.k, k) and not inp.interleaved
     cos, sin = harness.make_inputs(shape, torch.float32).rope.cos_sin(torch.arange(S))
     assert torch.equal(inp.cos, cos) and torch.equal(inp.hf_cos, cos.unsqueeze(0).to(torch.bfloat16))
@@ -691,7 +718,9 @@ def test_flash_attn_half_width_tables_are_one_value_per_pair(interleaved):
     cos, sin = methods._half_width(inp)
     assert cos.shape == (8, 8) and cos.dtype == torch.bfloat16 and cos.is_contiguous()
     full = (lambda h: h.repeat_interleave(2, dim=1)) if interleaved else (lambda h: torch.cat([h, h], dim=1))
-    assert torch.equal(full(cos), inp.table_cos.to(torch.bfloat16)) and torch.equal(full(sin), inp.table_sin.to(torch.bfloat16))
+    assert torch.equal(full(cos), inp.table_cos.to(torch.bfloat16)) and torch.equal(
+        full(sin), inp.table_sin.to(torch.bfloat16)
+    )
 
 
 def _check_gpu_rows_rotate_like_rope(device: str, interleaved: bool, compiled: bool = True) -> list[str]:
@@ -703,7 +732,12 @@ def _check_gpu_rows_rotate_like_rope(device: str, interleaved: bool, compiled: b
     shape = harness.Shape("t", 2, 4, 2, 3, 64, start=7)
     checked = []
     for m in bench.METHODS:
-        if "cuda" not in m.devices or m.backward or m.name.startswith("limit") or (m.requires and not harness.installed(m.requires)):
+        if (
+            "cuda" not in m.devices
+            or m.backward
+            or m.name.startswith("limit")
+            or (m.requires and not harness.installed(m.requires))
+        ):
             continue
         if not compiled and "torch.compile" in m.name:
             continue
@@ -757,7 +791,11 @@ def test_device_cuda_runs_every_group_through_the_gpu_path(stand_in, monkeypatch
     by_group = {g: {(r["method"], r["backward"]): r for r in rows if r["group"] == g} for g in groups}
     for group, found in by_group.items():
         names = {name for name, _ in found}
-        assert {"limit: copy (clone)", "rope(q, k, position_ids=device ids)", "rotary.apply_rotary, device cos/sin [S, D]"} <= names
+        assert {
+            "limit: copy (clone)",
+            "rope(q, k, position_ids=device ids)",
+            "rotary.apply_rotary, device cos/sin [S, D]",
+        } <= names
         assert "cpu only" not in names and "rotary pure-torch path" not in names
         assert ("HF eager apply_rotary_pos_emb" in names) == ("interleaved" not in group)
         assert any(backward for _, backward in found) == group.startswith("training")
@@ -776,7 +814,19 @@ def test_device_cuda_runs_every_group_through_the_gpu_path(stand_in, monkeypatch
 
 
 def test_device_cuda_markdown_has_a_table_per_group(stand_in, capsys):
-    argv = ["bench", "--device", "cuda", "--quick", "--repeats", "1", "--markdown", "--shapes", "decode-small", "--suites", "none"]
+    argv = [
+        "bench",
+        "--device",
+        "cuda",
+        "--quick",
+        "--repeats",
+        "1",
+        "--markdown",
+        "--shapes",
+        "decode-small",
+        "--suites",
+        "none",
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out.splitlines()
     assert "### decode-small 4x8/2x1x64 at position 64 bf16" in out
@@ -788,16 +838,33 @@ def test_device_cuda_markdown_has_a_table_per_group(stand_in, capsys):
 def test_device_cuda_skips_the_baselines_it_cannot_import_in_one_line(stand_in, monkeypatch, capsys):
     for module in ("transformers", "liger_kernel", "flash_attn"):
         monkeypatch.setitem(sys.modules, module, None)
-    argv = ["bench", "--device", "cuda", "--quick", "--repeats", "1", "--shapes", "decode-small", "--json", "--suites", "none"]
+    argv = [
+        "bench",
+        "--device",
+        "cuda",
+        "--quick",
+        "--repeats",
+        "1",
+        "--shapes",
+        "decode-small",
+        "--json",
+        "--suites",
+        "none",
+    ]
     assert main(argv) == 0
     out, err = capsys.readouterr()
     assert len(err.splitlines()) == 1 and err.startswith("rotary bench: skipped, not installed: ")
     assert "Liger rope (LigerRopeFunction) (needs liger_kernel.ops.rope)" in err
-    assert "flash-attn Triton rotary, out of place, flash-attn Triton rotary, in place (needs flash_attn.ops.triton.rotary)" in err
+    assert (
+        "flash-attn Triton rotary, out of place, flash-attn Triton rotary, in place (needs flash_attn.ops.triton.rotary)"
+        in err
+    )
     assert "HF eager apply_rotary_pos_emb (needs transformers)" in err
     assert err.rstrip().endswith("pip install transformers liger-kernel flash-attn")
     data = json.loads(out)
-    assert {r["method"] for r in data["results"]}.isdisjoint({"HF eager apply_rotary_pos_emb", "Liger rope (LigerRopeFunction)"})
+    assert {r["method"] for r in data["results"]}.isdisjoint(
+        {"HF eager apply_rotary_pos_emb", "Liger rope (LigerRopeFunction)"}
+    )
     assert data["machine"]["baselines"]["flash_attn.ops.triton.rotary"] == "not installed"
 
 
@@ -821,7 +888,12 @@ def test_cuda_bench_quick_end_to_end():
     data = json.loads(done.stdout)
     assert data["machine"]["gpu"] and data["machine"]["device"].startswith("cuda")
     rows = data["results"]
-    assert {r["group"].split()[0] for r in rows} == {"prefill-small", "training-small", "decode-small", "interleaved-small"}
+    assert {r["group"].split()[0] for r in rows} == {
+        "prefill-small",
+        "training-small",
+        "decode-small",
+        "interleaved-small",
+    }
     for r in rows:
         name = r["method"]
         if name.startswith("limit"):
@@ -844,11 +916,26 @@ def test_a_group_whose_inputs_cannot_be_made_is_one_row_and_the_others_run(stand
         return made(shape, dtype, *args, **kwargs)
 
     monkeypatch.setattr(harness, "make_inputs", make_inputs)
-    argv = ["bench", "--device", "cuda", "--quick", "--repeats", "1", "--shapes", "prefill-small,decode-small", "--json", "--suites", "none"]
+    argv = [
+        "bench",
+        "--device",
+        "cuda",
+        "--quick",
+        "--repeats",
+        "1",
+        "--shapes",
+        "prefill-small,decode-small",
+        "--json",
+        "--suites",
+        "none",
+    ]
     assert main(argv) == 0
     rows = json.loads(capsys.readouterr().out)["results"]
     assert rows[0]["group"].startswith("prefill-small") and rows[0]["method"] == "(inputs)"
-    assert rows[0]["note"] == "failed to make the group's inputs: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert (
+        rows[0]["note"]
+        == "failed to make the group's inputs: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    )
     assert {r["group"] for r in rows[1:]} == {"decode-small 4x8/2x1x64 at position 64 bf16"} and len(rows) > 5
 
 

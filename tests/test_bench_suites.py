@@ -31,7 +31,11 @@ def _json(capsys, *args: str) -> list[dict]:
 def test_a_fused_suite_on_the_cpu_times_the_op_its_compositions_and_the_traffic_limit(suite, capsys):
     rows = _json(capsys, "--quick", "--shapes", "none", "--suites", suite, "--repeats", "1", "--dtypes", "fp32,bf16")
     groups = list(dict.fromkeys(r["group"] for r in rows))
-    assert groups == [f"{suite} {s.describe()} {d}" for s in fused.suite_shapes(argparse.Namespace(quick=True), "cpu") for d in ("fp32", "bf16")]
+    assert groups == [
+        f"{suite} {s.describe()} {d}"
+        for s in fused.suite_shapes(argparse.Namespace(quick=True), "cpu")
+        for d in ("fp32", "bf16")
+    ]
     for group in groups:
         found = {r["method"]: r for r in rows if r["group"] == group}
         assert list(found) == [*FUSED[suite], fused.TRAFFIC_LIMIT]  # --quick: no compiled row
@@ -39,13 +43,27 @@ def test_a_fused_suite_on_the_cpu_times_the_op_its_compositions_and_the_traffic_
         assert limit["median_s"] > 0 and limit["ratios"]["x traffic limit"] == 1.0 and "GB/s" in limit["note"]
         for name in FUSED[suite]:
             r = found[name]
-            assert r["median_s"] > 0 and r["ratios"]["x traffic limit"] == pytest.approx(r["median_s"] / limit["median_s"])
+            assert r["median_s"] > 0 and r["ratios"]["x traffic limit"] == pytest.approx(
+                r["median_s"] / limit["median_s"]
+            )
         # the fused op equals the composition it is checked against (else its note says by how much)
         assert found[FUSED[suite][0]]["note"] == "", found[FUSED[suite][0]]
 
 
 def test_the_compiled_composition_row_is_timed_with_compile(capsys):
-    rows = _json(capsys, "--quick", "--compile", "--shapes", "none", "--suites", "rotate_and_cache", "--repeats", "1", "--dtypes", "fp32")
+    rows = _json(
+        capsys,
+        "--quick",
+        "--compile",
+        "--shapes",
+        "none",
+        "--suites",
+        "rotate_and_cache",
+        "--repeats",
+        "1",
+        "--dtypes",
+        "fp32",
+    )
     compiled = [r for r in rows if r["method"] == "torch composition, torch.compile (Inductor)"]
     assert len(compiled) == 2 and all(r["median_s"] > 0 for r in compiled)
 
@@ -86,7 +104,18 @@ def test_decoding_shapes_put_each_sequence_at_its_own_position():
 
 
 def test_fused_suites_on_the_gpu_path_have_both_times(stand_in, capsys):  # noqa: F811
-    rows = _json(capsys, "--device", "cuda", "--quick", "--shapes", "none", "--suites", "rotate_and_cache,rmsnorm_rotate", "--repeats", "1")
+    rows = _json(
+        capsys,
+        "--device",
+        "cuda",
+        "--quick",
+        "--shapes",
+        "none",
+        "--suites",
+        "rotate_and_cache,rmsnorm_rotate",
+        "--repeats",
+        "1",
+    )
     assert {r["group"].split()[0] for r in rows} == {"rotate_and_cache", "rmsnorm_rotate"}
     assert all(r["group"].endswith(" bf16") for r in rows)  # the device default
     for r in rows:
@@ -99,7 +128,24 @@ def test_fused_suites_on_the_gpu_path_have_both_times(stand_in, capsys):  # noqa
 
 
 def test_fused_groups_as_markdown(capsys):
-    assert main(["bench", "--quick", "--shapes", "none", "--suites", "rmsnorm_rotate", "--repeats", "1", "--dtypes", "fp32", "--markdown"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--quick",
+                "--shapes",
+                "none",
+                "--suites",
+                "rmsnorm_rotate",
+                "--repeats",
+                "1",
+                "--dtypes",
+                "fp32",
+                "--markdown",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out.splitlines()
     assert "### rmsnorm_rotate 4x1 (q 32 heads, k 8 heads, D 128) fp32" in out
     header = out.index("| method | µs/call | x traffic limit | note |")
@@ -122,7 +168,9 @@ def test_the_generation_suite_times_every_row_on_the_cpu(capsys):
         # tokens/s and ms per step describe the same time: batch * new / seconds, seconds / new
         assert v["tokens/s"] == pytest.approx(shape.batch * shape.new / r["median_s"])
         assert v["ms per step"] == pytest.approx(r["median_s"] / shape.new * 1e3)
-        assert v["vs HF static"] == pytest.approx(next(x["median_s"] for x in rows if x["method"] == "HF static") / r["median_s"])
+        assert v["vs HF static"] == pytest.approx(
+            next(x["median_s"] for x in rows if x["method"] == "HF static") / r["median_s"]
+        )
         assert v["same tokens"] == 1.0, r  # fp32 greedy: every way, HF included, picks the same tokens
 
 
@@ -132,7 +180,10 @@ def test_generation_without_transformers_keeps_rotary_rows_and_says_why_not_hf(m
     by_name = {r["method"]: r for r in rows}
     assert [n for n in by_name if n.startswith("rotary")] == ["rotary dynamic", "rotary static"]
     for name in ("HF dynamic", "HF static", "HF dynamic + rotary.hf.patch", "HF static + rotary.hf.patch"):
-        assert by_name[name]["note"] == "needs transformers (pip install transformers)" and by_name[name]["median_s"] is None
+        assert (
+            by_name[name]["note"] == "needs transformers (pip install transformers)"
+            and by_name[name]["median_s"] is None
+        )
     assert "vs HF static" not in by_name["rotary static"]["values"]
     assert capsys.readouterr().err == ""
 
@@ -149,7 +200,10 @@ def test_generation_table_as_text(monkeypatch, capsys):
 def test_generation_on_the_gpu_path_runs_on_the_backends_device(stand_in, monkeypatch, capsys):  # noqa: F811
     monkeypatch.setitem(sys.modules, "transformers", None)
     rows = _json(capsys, "--device", "cuda", "--quick", "--shapes", "none", "--suites", "generation", "--repeats", "1")
-    assert [r["method"] for r in rows if r["median_s"]] == ["rotary dynamic", "rotary static"]  # the stand-in is the CPU
+    assert [r["method"] for r in rows if r["median_s"]] == [
+        "rotary dynamic",
+        "rotary static",
+    ]  # the stand-in is the CPU
 
 
 def test_the_qk_norm_generation_suite_times_qwen3_patched_and_not(capsys):
@@ -169,7 +223,10 @@ def test_the_qk_norm_generation_suite_times_qwen3_patched_and_not(capsys):
         assert v["vs HF static"] == pytest.approx(static / r["median_s"])
     model = generation.build_qwen3(shape, torch.device("cpu"))
     assert not hf.is_patched(model) and hf.is_patched(hf.patch(model))
-    assert any(name.endswith("q_norm.weight") and not torch.equal(p, torch.ones_like(p)) for name, p in model.named_parameters())
+    assert any(
+        name.endswith("q_norm.weight") and not torch.equal(p, torch.ones_like(p))
+        for name, p in model.named_parameters()
+    )
 
 
 def test_qk_norm_generation_without_transformers_says_why(monkeypatch, capsys):

@@ -777,9 +777,17 @@ def _bad_vector_files():
 
     # (file name, writer, what the one-line error says)
     return [
-        ("object.npy", npy(np.array([1.0] * 8, dtype=object), allow_pickle=True), "holds an array of Python objects (dtype=object)"),
+        (
+            "object.npy",
+            npy(np.array([1.0] * 8, dtype=object), allow_pickle=True),
+            "holds an array of Python objects (dtype=object)",
+        ),
         ("ragged.npy", npy(np.array([[1.0], [1.0, 2.0]], dtype=object), allow_pickle=True), "array of Python objects"),
-        ("complex.npy", npy(np.ones(8, dtype=np.complex64)), "holds complex64 values (numpy kind 'c'); q/k must be real"),
+        (
+            "complex.npy",
+            npy(np.ones(8, dtype=np.complex64)),
+            "holds complex64 values (numpy kind 'c'); q/k must be real",
+        ),
         ("strings.npy", npy(np.array(["a"] * 8)), "holds <U1 values (numpy kind 'U'); q/k must be real numbers"),
         ("bytes.npy", npy(np.array([b"a"] * 8)), "numpy kind 'S'"),
         ("bool.npy", npy(np.ones(8, dtype=bool)), "holds bool values"),
@@ -787,7 +795,11 @@ def _bad_vector_files():
         ("record.npy", npy(np.zeros(8, dtype=[("a", "f4"), ("b", "i4")])), "numpy kind 'V'"),
         ("scalar.npy", npy(np.array(3.0)), "holds shape (); expected a [8] vector (head_dim)"),
         ("matrix.npy", npy(np.ones((2, 8))), "holds shape (2, 8); expected a [8] vector"),
-        ("nan.npy", npy(np.array([0.0, np.nan] + [1.0] * 6)), "holds 1 non-finite value(s) ([1]=nan); q/k must be finite"),
+        (
+            "nan.npy",
+            npy(np.array([0.0, np.nan] + [1.0] * 6)),
+            "holds 1 non-finite value(s) ([1]=nan); q/k must be finite",
+        ),
         ("truncated.npy", truncated, "is not a readable NumPy .npy file"),
         ("junk.npy", raw(b"not numpy"), "is not a NumPy .npy file (the magic string is not correct"),
         ("empty.npy", raw(b""), "is not a NumPy .npy file"),
@@ -809,7 +821,9 @@ def test_plot_scores_names_a_bad_vector_file_in_one_line(name, write, needle, tm
     """issue 24: an object array (and other .npy / .pt files rotary cannot read as a vector) was a traceback."""
     path = tmp_path / name
     write(path)
-    assert main(["plot", "scores", "--head-dim", "8", "--seq-len", "4", "--q", str(path), "-o", str(tmp_path / "s")]) == 2
+    assert (
+        main(["plot", "scores", "--head-dim", "8", "--seq-len", "4", "--q", str(path), "-o", str(tmp_path / "s")]) == 2
+    )
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1, err
     assert err.startswith(f"rotary plot scores: error: {path}") and needle in err, err

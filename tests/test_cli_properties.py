@@ -35,23 +35,92 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
 
 NUMBERS = [
-    "0", "-1", "1", "2", "3", "7", "8", "16", "64", "128", "1000", "4096", "65537", "2147483648",
-    "1099511627777", "99999999999999999999", "1e-300", "1e300", "1e-5", "0.5", "1.5", "nan", "inf", "-inf",
-    "abc", "", " 8", "0x10", "8.0",
+    "0",
+    "-1",
+    "1",
+    "2",
+    "3",
+    "7",
+    "8",
+    "16",
+    "64",
+    "128",
+    "1000",
+    "4096",
+    "65537",
+    "2147483648",
+    "1099511627777",
+    "99999999999999999999",
+    "1e-300",
+    "1e300",
+    "1e-5",
+    "0.5",
+    "1.5",
+    "nan",
+    "inf",
+    "-inf",
+    "abc",
+    "",
+    " 8",
+    "0x10",
+    "8.0",
 ]
-NAMES = ["", ",", "nosuch", "sliding_attention", "full_attention", "yarn", "linear", "default", "fp32", "fp8",
-         "decode-small", "decode", "mine", "llama3", "dynamic", "longrope", "proportional", "ntk", "é", "a,b"]
-SCALING_KEYS = ["rope_type", "type", "factor", "original_max_position_embeddings", "max_position_embeddings", "beta_fast",
-                "beta_slow", "low_freq_factor", "high_freq_factor", "short_factor", "long_factor", "attention_factor",
-                "mscale", "mscale_all_dim", "partial_rotary_factor", "truncate", "rope_theta", "bogus"]
+NAMES = [
+    "",
+    ",",
+    "nosuch",
+    "sliding_attention",
+    "full_attention",
+    "yarn",
+    "linear",
+    "default",
+    "fp32",
+    "fp8",
+    "decode-small",
+    "decode",
+    "mine",
+    "llama3",
+    "dynamic",
+    "longrope",
+    "proportional",
+    "ntk",
+    "é",
+    "a,b",
+]
+SCALING_KEYS = [
+    "rope_type",
+    "type",
+    "factor",
+    "original_max_position_embeddings",
+    "max_position_embeddings",
+    "beta_fast",
+    "beta_slow",
+    "low_freq_factor",
+    "high_freq_factor",
+    "short_factor",
+    "long_factor",
+    "attention_factor",
+    "mscale",
+    "mscale_all_dim",
+    "partial_rotary_factor",
+    "truncate",
+    "rope_theta",
+    "bogus",
+]
 JSON_VALUES = st.one_of(
     st.sampled_from(["yarn", "linear", "dynamic", "longrope", "llama3", "ntk", "proportional", "default", "nope"]),
-    st.integers(-10, 10**6), st.floats(allow_nan=True, allow_infinity=True), st.booleans(), st.none(),
-    st.lists(st.floats(-2, 100, allow_nan=False), max_size=3), st.sampled_from([1e-300, 1e300, 0.0, -0.0, 2.0, 32, 4096]),
+    st.integers(-10, 10**6),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
+    st.none(),
+    st.lists(st.floats(-2, 100, allow_nan=False), max_size=3),
+    st.sampled_from([1e-300, 1e300, 0.0, -0.0, 2.0, 32, 4096]),
 )
 SCALING = st.one_of(
     st.sampled_from(["{bad", "[1]", "null", '"yarn"', "{}", "1e999", '{"rope_type": "yarn"}']),
-    st.dictionaries(st.sampled_from(SCALING_KEYS), JSON_VALUES, max_size=5).map(lambda d: json.dumps(d, allow_nan=True)),
+    st.dictionaries(st.sampled_from(SCALING_KEYS), JSON_VALUES, max_size=5).map(
+        lambda d: json.dumps(d, allow_nan=True)
+    ),
 )
 
 
@@ -81,18 +150,54 @@ def pool(tmp_path_factory):
     (d / "raising_cases.py").write_text("raise RuntimeError('boom')\n")
     (d / "syntax_cases.py").write_text("def (:\n")
     (d / "exit_cases.py").write_text("import sys\nsys.exit(3)\n")
-    fixtures = [str(FIXTURES / f) for f in ("llama3_1.json", "gemma3_nested.json", "phi3_longrope.json", "deepseek_v3.json", "gptj.json")]
-    inputs = [str(d / n) for n in ("not_json.json", "list.json", "empty.json", "latin1.json", "no_heads.json", "bad_theta.json",
-                                   "huge.json", "folder", "empty_folder", "existing_file", "missing.json", "vec8.npy", "vec128.npy",
-                                   "matrix.npy", "dict.pt", "vec.txt")]
+    fixtures = [
+        str(FIXTURES / f)
+        for f in ("llama3_1.json", "gemma3_nested.json", "phi3_longrope.json", "deepseek_v3.json", "gptj.json")
+    ]
+    inputs = [
+        str(d / n)
+        for n in (
+            "not_json.json",
+            "list.json",
+            "empty.json",
+            "latin1.json",
+            "no_heads.json",
+            "bad_theta.json",
+            "huge.json",
+            "folder",
+            "empty_folder",
+            "existing_file",
+            "missing.json",
+            "vec8.npy",
+            "vec128.npy",
+            "matrix.npy",
+            "dict.pt",
+            "vec.txt",
+        )
+    ]
     return {
         "fixtures": fixtures,
         "vectors": [str(d / "vec8.npy"), str(d / "vec128.npy")],
         "plausible outputs": ["out", "out/", "sub/dir/stem", "x.png"],
         "inputs": fixtures + inputs + ["/dev/null", "/proc/self/status", "/", ""],
-        "outputs": ["out", "out/", "sub/dir/stem", "x.png", "x.svg", str(d / "existing_file"), str(d / "existing_file/x"),
-                    "/dev/null/x", "/proc/rotary-test/x", "/proc/rotary-test", "", ".", "/"],
-        "cases": [str(d / n) for n in ("ok_cases.py", "raising_cases.py", "syntax_cases.py", "exit_cases.py", "missing.py")]
+        "outputs": [
+            "out",
+            "out/",
+            "sub/dir/stem",
+            "x.png",
+            "x.svg",
+            str(d / "existing_file"),
+            str(d / "existing_file/x"),
+            "/dev/null/x",
+            "/proc/rotary-test/x",
+            "/proc/rotary-test",
+            "",
+            ".",
+            "/",
+        ],
+        "cases": [
+            str(d / n) for n in ("ok_cases.py", "raising_cases.py", "syntax_cases.py", "exit_cases.py", "missing.py")
+        ]
         + [str(d / "vec.txt")],
     }
 
@@ -182,13 +287,25 @@ def value_for(action: argparse.Action, pool: dict, wild: bool) -> st.SearchStrat
         return st.sampled_from(PLAUSIBLE[name])
     if name in ("layer_type", "rope_type", "suites", "dtypes", "shapes", "pairing"):
         return st.sampled_from(NAMES)
-    return st.one_of(st.sampled_from(NUMBERS), st.integers(-(2**70), 2**70).map(str), st.floats().map(repr), st.sampled_from(NAMES))
+    return st.one_of(
+        st.sampled_from(NUMBERS), st.integers(-(2**70), 2**70).map(str), st.floats().map(repr), st.sampled_from(NAMES)
+    )
 
 
 #: options left out: each valid use costs far more than the others (torch.compile of a baseline)
 SKIP = {("bench", "--compile")}
 #: always given to bench (the fuzzed options still override them): keeps a valid run at about a second
-BENCH_BASE = ["--quick", "--no-memory", "--no-compile", "--repeats", "1", "--shapes", "decode-small", "--dtypes", "fp32"]
+BENCH_BASE = [
+    "--quick",
+    "--no-memory",
+    "--no-compile",
+    "--repeats",
+    "1",
+    "--shapes",
+    "decode-small",
+    "--dtypes",
+    "fp32",
+]
 #: always given to experiment (overridable); its training is replaced by ReachedTraining below
 EXPERIMENT_BASE = ["--preset", "tiny", "--device", "cpu"]
 
@@ -204,8 +321,11 @@ def argv_for(draw, command: str, pool: dict) -> list[str]:
     argv = command.split()
     argv += {"bench": BENCH_BASE, "experiment": EXPERIMENT_BASE}.get(command, [])
     positionals = [a for a in parser._actions if not a.option_strings and not isinstance(a, argparse._SubParsersAction)]
-    options = [a for a in parser._actions if a.option_strings and not isinstance(a, argparse._HelpAction)
-               and (command, a.option_strings[-1]) not in SKIP]
+    options = [
+        a
+        for a in parser._actions
+        if a.option_strings and not isinstance(a, argparse._HelpAction) and (command, a.option_strings[-1]) not in SKIP
+    ]
     wild = draw(st.booleans())  # else every value fits its option on its own
     for action in positionals:
         if draw(st.booleans()):
@@ -232,8 +352,11 @@ def run_in_process(argv: list[str]) -> tuple[int, str]:
     with tempfile.TemporaryDirectory() as work:
         os.chdir(work)
         try:
-            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err), \
-                    mock.patch("rotary.tools.experiments.run.train_model", side_effect=ReachedTraining):
+            with (
+                contextlib.redirect_stdout(io.StringIO()),
+                contextlib.redirect_stderr(err),
+                mock.patch("rotary.tools.experiments.run.train_model", side_effect=ReachedTraining),
+            ):
                 try:
                     status = main(argv)
                 except SystemExit as exc:  # argparse: --help (0) and usage errors (2)
@@ -271,18 +394,33 @@ def check(argv: list[str], command: str) -> int:
         assert len(lines) == 1, (argv, err)
         prefix = f"rotary {command}: error: "
         assert lines[0].startswith(prefix), (argv, err)
-        message = lines[0][len(prefix):]
-        given = [token.split("=")[0] for token in argv[len(command.split()):]] + argv[len(command.split()):]
+        message = lines[0][len(prefix) :]
+        given = [token.split("=")[0] for token in argv[len(command.split()) :]] + argv[len(command.split()) :]
         assert any(names(message, token) for token in given), (
-            f"the error names neither an option nor a value given: {err!r}", argv,
+            f"the error names neither an option nor a value given: {err!r}",
+            argv,
         )
     return status
 
 
 #: examples per subcommand: the fast ones get many, the ones that draw five figures a few
-BUDGET = {"inspect": 80, "verify": 50, "demo": 25, "plot decay": 25, "plot frequencies": 20, "plot scaling": 12,
-          "plot scores": 20, "plot positions": 20, "report": 6, "bench": 8, "build": 4, "plot axial": 10,
-          "plot learnable": 8, "plot variants": 4, "experiment": 40}
+BUDGET = {
+    "inspect": 80,
+    "verify": 50,
+    "demo": 25,
+    "plot decay": 25,
+    "plot frequencies": 20,
+    "plot scaling": 12,
+    "plot scores": 20,
+    "plot positions": 20,
+    "report": 6,
+    "bench": 8,
+    "build": 4,
+    "plot axial": 10,
+    "plot learnable": 8,
+    "plot variants": 4,
+    "experiment": 40,
+}
 
 
 @pytest.mark.slow
@@ -290,8 +428,12 @@ BUDGET = {"inspect": 80, "verify": 50, "demo": 25, "plot decay": 25, "plot frequ
 def test_every_subcommand_exits_cleanly_on_generated_arguments(command, pool):
     statuses: list[int] = []
 
-    @settings(max_examples=BUDGET.get(command, 10), deadline=None, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @settings(
+        max_examples=BUDGET.get(command, 10),
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
     @given(argv_for(command, pool))
     def prop(argv):
         statuses.append(check(argv, command))
@@ -299,7 +441,9 @@ def test_every_subcommand_exits_cleanly_on_generated_arguments(command, pool):
     prop()
     # the generators reach the commands' own code, not only argparse's checks (build: 1 without a compiler)
     finished = (0, 1) if command == "build" else (0,)
-    assert any(s in finished for s in statuses), f"no generated argument list for {command!r} ran to the end: {statuses}"
+    assert any(s in finished for s in statuses), (
+        f"no generated argument list for {command!r} ran to the end: {statuses}"
+    )
 
 
 def test_the_budget_names_every_subcommand():

@@ -190,7 +190,9 @@ XPOS = rotary.XPos(D)
 MROPE = rotary.MRoPE(D, mrope_section=[2, 3, 3])
 AXIAL = rotary.AxialRoPE(D)
 MIXED = rotary.RoPEMixed(D, num_heads=H, generator=torch.Generator().manual_seed(0))
-MROPE_IDS = torch.stack([torch.arange(S).expand(B, S), torch.arange(S).flip(0).expand(B, S), torch.arange(S).expand(B, S) % 3])
+MROPE_IDS = torch.stack(
+    [torch.arange(S).expand(B, S), torch.arange(S).flip(0).expand(B, S), torch.arange(S).expand(B, S) % 3]
+)
 
 
 def _learnable(q, k, *, inplace):
@@ -216,7 +218,9 @@ def _mixed(q, k, *, inplace):
 ATTENTION = RotaryAttention(2 * D, 2, num_kv_heads=1, causal=True, inplace_rope=False)
 ATTENTION_INPLACE = RotaryAttention(2 * D, 2, num_kv_heads=1, causal=True, inplace_rope=True)
 ATTENTION_INPLACE.load_state_dict(ATTENTION.state_dict())
-DECODER = Decoder(DecoderConfig(vocab_size=32, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, max_position=64))
+DECODER = Decoder(
+    DecoderConfig(vocab_size=32, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, max_position=64)
+)
 
 
 def _attention(h, *, inplace):
@@ -238,14 +242,26 @@ CASES = [
     Case("rope(q, k)", QK, _rope_pair, lambda q, k: tuple(oracle(t, torch.arange(S), ROPE, "bhsd") for t in (q, k))),
     Case("rope on views of packed qkv", [(B, S, 3, H, D)], _qkv_views, _qkv_views_expected),
     Case(
-        "rope strided, position_ids, interleaved partial", QK_BSHD, _strided_ids,
+        "rope strided, position_ids, interleaved partial",
+        QK_BSHD,
+        _strided_ids,
         lambda q, k: tuple(oracle(t.transpose(1, 2), IDS, ROPE_I, "bhsd") for t in (q, k)),
     ),  # fmt: skip
-    Case("rope offset", QK_BSHD, _offset, lambda q, k: tuple(oracle(t, torch.arange(3, 3 + S), ROPE, "bshd") for t in (q, k))),
+    Case(
+        "rope offset",
+        QK_BSHD,
+        _offset,
+        lambda q, k: tuple(oracle(t, torch.arange(3, 3 + S), ROPE, "bshd") for t in (q, k)),
+    ),
     Case("rotate(tables)", QK, _tables, lambda q, k: tuple(oracle(t, torch.arange(S), ROPE, "bhsd") for t in (q, k))),
     Case("apply_rotary strided view", [(B, S, 2 * H, D)], _apply_strided, _apply_strided_expected),
     Case("apply_rotary position_ids", [(B, H, S, D)], _apply_ids, lambda x: (oracle(x, IDS, ROPE_I, "bhsd"),)),
-    Case("apply_rotary seqlen_offsets", [(B, S, H, D)], _apply_offsets, lambda x: (oracle(x, _offset_ids(), ROPE, "bshd"),)),
+    Case(
+        "apply_rotary seqlen_offsets",
+        [(B, S, H, D)],
+        _apply_offsets,
+        lambda x: (oracle(x, _offset_ids(), ROPE, "bshd"),),
+    ),
     Case("apply_rotary cu_seqlens", [(9, H, D)], _apply_packed, lambda x: (packed_oracle(x, PACKED_POSITIONS, ROPE),)),
     Case("apply_rotary_qkv_ packed 5-D", [(B, S, 3, H, D)], _qkv_, _qkv_views_expected, inplace=(True,)),
     Case("apply_rotary_qkv_ GQA 4-D, seqlen_offsets", [(B, S, 4, D)], _qkv_gqa_, _qkv_gqa_expected, inplace=(True,)),

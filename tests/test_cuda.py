@@ -27,10 +27,15 @@ CUDA = torch.device("cuda")
 def _inputs(dtype=torch.bfloat16, layout="bhsd", seed=0):
     g = torch.Generator(device="cuda").manual_seed(seed)
     shape = (lambda h: (B, h, S, D)) if layout == "bhsd" else (lambda h: (B, S, h, D))
-    return (torch.randn(shape(HQ), generator=g, device="cuda").to(dtype), torch.randn(shape(HK), generator=g, device="cuda").to(dtype))
+    return (
+        torch.randn(shape(HQ), generator=g, device="cuda").to(dtype),
+        torch.randn(shape(HK), generator=g, device="cuda").to(dtype),
+    )
 
 
-def _calls(device: torch.device) -> dict[str, tuple[Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]], str]]:
+def _calls(
+    device: torch.device,
+) -> dict[str, tuple[Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]], str]]:
     """name -> (call(q, k) -> outputs, layout of q and k), with every tensor the calls hold on ``device``."""
     rope = rotary.RoPE(D).to(device).prepare(4096, device=device)
     rope_i = rotary.RoPE(D, interleaved=True, rotary_dim=48).prepare(4096, device=device)
@@ -42,17 +47,29 @@ def _calls(device: torch.device) -> dict[str, tuple[Callable[[torch.Tensor, torc
         "rope(q, k)": (lambda q, k: rope(q, k), "bhsd"),
         "rope(q, k, offset)": (lambda q, k: rope(q, k, offset=1234), "bhsd"),
         "rope(q, k, position_ids)": (lambda q, k: rope(q, k, position_ids=ids), "bhsd"),
-        "rope interleaved partial, bshd, position_ids": (lambda q, k: rope_i(q, k, position_ids=ids, layout="bshd"), "bshd"),
+        "rope interleaved partial, bshd, position_ids": (
+            lambda q, k: rope_i(q, k, position_ids=ids, layout="bshd"),
+            "bshd",
+        ),
         "rope(q, k, inplace)": (lambda q, k: rope(q, k, inplace=True), "bhsd"),
         "apply_rotary, caller tables": (lambda q, k: (rotary.apply_rotary(q, cos_s, sin_s),), "bhsd"),
         "apply_rotary, position_ids": (lambda q, k: (rotary.apply_rotary(q, cos, sin, position_ids=ids),), "bhsd"),
-        "apply_rotary, seqlen_offsets": (lambda q, k: (rotary.apply_rotary(q, cos, sin, layout="bshd", seqlen_offsets=offsets),), "bshd"),
+        "apply_rotary, seqlen_offsets": (
+            lambda q, k: (rotary.apply_rotary(q, cos, sin, layout="bshd", seqlen_offsets=offsets),),
+            "bshd",
+        ),
     }
 
 
 NAMES = [
-    "rope(q, k)", "rope(q, k, offset)", "rope(q, k, position_ids)", "rope interleaved partial, bshd, position_ids",
-    "rope(q, k, inplace)", "apply_rotary, caller tables", "apply_rotary, position_ids", "apply_rotary, seqlen_offsets",
+    "rope(q, k)",
+    "rope(q, k, offset)",
+    "rope(q, k, position_ids)",
+    "rope interleaved partial, bshd, position_ids",
+    "rope(q, k, inplace)",
+    "apply_rotary, caller tables",
+    "apply_rotary, position_ids",
+    "apply_rotary, seqlen_offsets",
 ]  # the keys of _calls(device), which needs a GPU to build for CUDA
 
 

@@ -84,8 +84,14 @@ def test_unknown_rope_type_lists_valid_ones():
 
 def test_editing_the_block_afterwards_changes_nothing():
     # item 11 of issue 11: a longrope block's lists were kept by reference
-    block = {"rope_type": "longrope", "short_factor": [1.0] * 32, "long_factor": [4.0] * 32, "factor": 4.0,
-             "original_max_position_embeddings": 64, "nested": {"a": [1]}}
+    block = {
+        "rope_type": "longrope",
+        "short_factor": [1.0] * 32,
+        "long_factor": [4.0] * 32,
+        "factor": 4.0,
+        "original_max_position_embeddings": 64,
+        "nested": {"a": [1]},
+    }
     with pytest.warns(UserWarning, match="unknown key 'nested'"):
         f = rotary.frequencies(64, scaling=block, strict=False)
     with pytest.warns(UserWarning):
@@ -113,12 +119,23 @@ def test_frequencies_scaling_is_a_read_only_deep_copy_that_serialises():
 
     from rotary.frequencies import FrozenBlock
 
-    block = {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4, "factor": 2.0,
-             "original_max_position_embeddings": 64}
+    block = {
+        "rope_type": "longrope",
+        "short_factor": [1.0] * 4,
+        "long_factor": [2.0] * 4,
+        "factor": 2.0,
+        "original_max_position_embeddings": 64,
+    }
     f = rotary.frequencies(8, scaling=block)
     assert isinstance(f.scaling, FrozenBlock) and isinstance(f.scaling, dict)
-    for edit in (lambda s: s.__setitem__("factor", 3.0), lambda s: s.pop("factor"), lambda s: s.update(factor=3),
-                 lambda s: s.setdefault("x", 1), lambda s: s.clear(), lambda s: s.__delitem__("factor")):
+    for edit in (
+        lambda s: s.__setitem__("factor", 3.0),
+        lambda s: s.pop("factor"),
+        lambda s: s.update(factor=3),
+        lambda s: s.setdefault("x", 1),
+        lambda s: s.clear(),
+        lambda s: s.__delitem__("factor"),
+    ):
         with pytest.raises(TypeError, match="FrozenBlock is read-only"):
             edit(f.scaling)
     with pytest.raises(AttributeError):
@@ -133,8 +150,9 @@ def test_frequencies_scaling_is_a_read_only_deep_copy_that_serialises():
     # the frozen block computes the same frequencies again
     assert torch.equal(rotary.frequencies(8, scaling=f.scaling).inv_freq, f.inv_freq)
     # a Frequencies built by hand freezes its block too
-    g = rotary.Frequencies(inv_freq=f.inv_freq, attention_scaling=1.0, head_dim=8, rotary_dim=8, base=1e4,
-                           scaling={"factor": [1, 2]})
+    g = rotary.Frequencies(
+        inv_freq=f.inv_freq, attention_scaling=1.0, head_dim=8, rotary_dim=8, base=1e4, scaling={"factor": [1, 2]}
+    )
     assert g.scaling == {"factor": (1, 2)} and isinstance(g.scaling, FrozenBlock)
 
 
@@ -179,7 +197,9 @@ def test_frequencies_on_perturbed_blocks(perturbed, base, strict, seq_len):
             # float, which transformers' config class refuses. Any other failure is a difference to look at.
             lengths = [f.scaling.get(k) for k in ("max_position_embeddings", "original_max_position_embeddings")]
             float_length = not strict and any(isinstance(v, float) for v in lengths)
-            assert None in f.scaling.values() or float_length, f"transformers cannot compute a block rotary accepts: {dict(f.scaling)}"
+            assert None in f.scaling.values() or float_length, (
+                f"transformers cannot compute a block rotary accepts: {dict(f.scaling)}"
+            )
             return
         assert torch.equal(f.inv_freq, hf_inv_freq.float()), (dict(f.scaling), f.inv_freq, hf_inv_freq)
         assert f.attention_scaling == pytest.approx(float(hf_scaling), rel=1e-12)

@@ -31,7 +31,9 @@ def test_seqlen_offsets_shift_each_sequence(interleaved, gen):
     offsets = torch.tensor([0, 7, 30])
     got = rotary.apply_rotary(x, cos, sin, interleaved=interleaved, seqlen_offsets=offsets)
     for b, o in enumerate(offsets.tolist()):  # flash-attn's meaning: rows o .. o + S - 1 of the tables
-        assert torch.equal(got[b], rotary.apply_rotary(x[b : b + 1], cos[o : o + 5], sin[o : o + 5], interleaved=interleaved)[0])
+        assert torch.equal(
+            got[b], rotary.apply_rotary(x[b : b + 1], cos[o : o + 5], sin[o : o + 5], interleaved=interleaved)[0]
+        )
     same = rotary.apply_rotary(x, cos, sin, interleaved=interleaved, seqlen_offsets=7)
     assert torch.equal(same, rope.rotate(x, offset=7))
 
@@ -103,18 +105,41 @@ def test_vllm_flat_layout(tables, gen):
 @pytest.mark.parametrize(
     "call, match",
     [
-        (lambda c, s: rotary.apply_rotary(torch.randn(2, 1, 3, D), c, s, seqlen_offsets=torch.tensor([1, 2, 3])), r"seqlen_offsets must be .*\[2\]"),
-        (lambda c, s: rotary.apply_rotary(torch.randn(2, 1, 3, D), c, s, seqlen_offsets=-1), "seqlen_offsets must be an int >= 0"),
-        (lambda c, s: rotary.apply_rotary(torch.randn(2, 1, 3, D), c, s, seqlen_offsets=torch.tensor([0, -4])), "seqlen_offsets must be >= 0"),
-        (lambda c, s: rotary.apply_rotary(torch.randn(2, 1, 3, D), c, s, seqlen_offsets=38), "reach position 40 but the cos/sin tables have only 40 rows"),
-        (lambda c, s: rotary.apply_rotary(torch.randn(2, 1, 3, D), c, s, seqlen_offsets=1, position_ids=torch.arange(3)), "position_ids and seqlen_offsets each give positions; pass one"),
+        (
+            lambda c, s: rotary.apply_rotary(torch.randn(2, 1, 3, D), c, s, seqlen_offsets=torch.tensor([1, 2, 3])),
+            r"seqlen_offsets must be .*\[2\]",
+        ),
+        (
+            lambda c, s: rotary.apply_rotary(torch.randn(2, 1, 3, D), c, s, seqlen_offsets=-1),
+            "seqlen_offsets must be an int >= 0",
+        ),
+        (
+            lambda c, s: rotary.apply_rotary(torch.randn(2, 1, 3, D), c, s, seqlen_offsets=torch.tensor([0, -4])),
+            "seqlen_offsets must be >= 0",
+        ),
+        (
+            lambda c, s: rotary.apply_rotary(torch.randn(2, 1, 3, D), c, s, seqlen_offsets=38),
+            "reach position 40 but the cos/sin tables have only 40 rows",
+        ),
+        (
+            lambda c, s: rotary.apply_rotary(
+                torch.randn(2, 1, 3, D), c, s, seqlen_offsets=1, position_ids=torch.arange(3)
+            ),
+            "position_ids and seqlen_offsets each give positions; pass one",
+        ),
         (lambda c, s: rotary.apply_rotary(torch.randn(5, 3 * D), c, s, position_ids=torch.arange(5)), "pass head_dim"),
-        (lambda c, s: rotary.apply_rotary(torch.randn(5, 30), c, s, position_ids=torch.arange(5), head_dim=D), r"H \* D a multiple of head_dim=16; got shape \(5, 30\)"),
+        (
+            lambda c, s: rotary.apply_rotary(torch.randn(5, 30), c, s, position_ids=torch.arange(5), head_dim=D),
+            r"H \* D a multiple of head_dim=16; got shape \(5, 30\)",
+        ),
         (lambda c, s: rotary.apply_rotary_qkv_(torch.randn(2, 3, 4, 2, D), c, s), r"\[B, S, 3, H, D\]"),
         (lambda c, s: rotary.apply_rotary_qkv_(torch.randn(2, 3, 5, D), c, s, num_heads_q=2), "Hq \\+ 2 \\* Hk"),
         (lambda c, s: rotary.apply_rotary_qkv_(torch.randn(2, 3, 3, 2, D), c, s, cos_k=c), "both cos_k and sin_k"),
         (lambda c, s: rotary.apply_rotary_kv_(torch.randn(2, 3, 3, 2, D), c, s), r"\[B, S, 2, H, D\]"),
-        (lambda c, s: rotary.RoPE(D)(torch.randn(5, 30), torch.randn(5, 32), position_ids=torch.arange(5)), "multiple of head_dim=16; got shape \\(5, 30\\)"),
+        (
+            lambda c, s: rotary.RoPE(D)(torch.randn(5, 30), torch.randn(5, 32), position_ids=torch.arange(5)),
+            "multiple of head_dim=16; got shape \\(5, 30\\)",
+        ),
     ],
 )
 def test_interface_errors(call, match, tables):

@@ -60,8 +60,14 @@ OVERRIDES: dict[str, dict] = {
     # multimodal RoPE: sections that fit head_dim 16 (8 frequency slots)
     "qwen2_vl_text": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
     "qwen2_5_vl_text": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
-    "qwen3_vl_text": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2],
-                                          "mrope_interleaved": True}},  # fmt: skip
+    "qwen3_vl_text": {
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": [4, 2, 2],
+            "mrope_interleaved": True,
+        }
+    },  # fmt: skip
 }
 #: per model_type: the text model class to build when the base model is not the one to build
 MODEL_CLASSES: dict[str, str] = {}
@@ -140,7 +146,9 @@ class Call:
 def _rope_functions(module) -> list[tuple[object, str]]:
     """(owner, name) of the module's RoPE-applying functions: module-level ones and static methods."""
     pattern = re.compile(r"^apply_.*(rot|rope|pos)")
-    found = [(module, n) for n, v in vars(module).items() if pattern.match(n) and callable(v) and not isinstance(v, type)]
+    found = [
+        (module, n) for n, v in vars(module).items() if pattern.match(n) and callable(v) and not isinstance(v, type)
+    ]
     for cls in vars(module).values():
         if isinstance(cls, type) and cls.__module__ == module.__name__:
             found += [(cls, n) for n, v in vars(cls).items() if pattern.match(n) and isinstance(v, staticmethod)]
@@ -234,7 +242,12 @@ def jacobian_pairing(call: Call) -> tuple[str, int]:
         rows.append(_bhsd(grad)[0, 0, S - 1])
     jac = torch.stack(rows)  # [D_out, D_in]
     reach = [frozenset((jac[:, j].abs() > 1e-12).nonzero().flatten().tolist()) for j in range(jac.shape[1])]
-    partner = {j: k for j in range(len(reach)) for k in range(len(reach)) if j != k and len(reach[j]) == 2 and reach[j] == reach[k]}
+    partner = {
+        j: k
+        for j in range(len(reach))
+        for k in range(len(reach))
+        if j != k and len(reach[j]) == 2 and reach[j] == reach[k]
+    }
     if not partner:
         return "no rotation", 0
     offsets = {abs(j - k) for j, k in partner.items()}
@@ -303,7 +316,9 @@ def test_pairing_and_rotation_match_transformers(model_type):
     ropes = _ropes(config)
     table = "interleaved" if next(iter(ropes.values())).interleaved else "half"
     pairing, rotated = jacobian_pairing(calls[0])
-    assert pairing == table, f"{model_type}: transformers rotates {pairing} pairs ({rotated} channels); the table says {table}"
+    assert pairing == table, (
+        f"{model_type}: transformers rotates {pairing} pairs ({rotated} channels); the table says {table}"
+    )
     for i, call in enumerate(calls):
         assert any(rotation_matches(call, rope) for rope in ropes.values()), (
             f"{model_type}: call {i} ({call.caller}) rotates differently from rotary's RoPE of the same config "
@@ -330,7 +345,9 @@ def test_every_rope_model_type_is_in_a_table():
         if text_type in PAIRING or text_type in UNSUPPORTED:
             continue  # a multimodal wrapper: read_hf_config reads its text_config
         missing.append(model_type)
-    assert not missing, f"model types that apply RoPE but are in neither rotary.hf_config.PAIRING nor UNSUPPORTED: {missing}"
+    assert not missing, (
+        f"model types that apply RoPE but are in neither rotary.hf_config.PAIRING nor UNSUPPORTED: {missing}"
+    )
     stale = sorted((set(PAIRING) | set(UNSUPPORTED)) - set(CONFIG_MAPPING_NAMES))
     assert not stale, f"table entries that transformers {transformers.__version__} does not know: {stale}"
 

@@ -48,8 +48,6 @@ def hf_class(dotted: str):
     return getattr(__import__(f"transformers.models.{module}", fromlist=[cls]), cls)
 
 
-
-
 def assert_tables_match(hf_module, rope: RoPE, positions: torch.Tensor, **kwargs) -> None:
     hf_cos, hf_sin = hf_module(torch.zeros(1), positions[None], **kwargs)
     cos, sin = rope.cos_sin(positions)
@@ -81,7 +79,11 @@ def test_fixture_matches_transformers_module(name):
     for source in (FIXTURES / f"{name}.json", str(FIXTURES / f"{name}.json"), d, cfg):
         rope = RoPE.from_hf_config(source)
         assert (rope.head_dim, rope.rotary_dim, rope.interleaved, rope.freqs.rope_type) == (
-            head_dim, rotary_dim, interleaved, rope_type)
+            head_dim,
+            rotary_dim,
+            interleaved,
+            rope_type,
+        )
         assert torch.equal(rope.inv_freq, hf.inv_freq)
         assert rope.attention_scaling == hf.attention_scaling
     assert d == before, "from_hf_config modified the dict it was given"
@@ -153,7 +155,9 @@ def test_gemma3_nested_blocks_one_rope_per_layer_type():
     for layer_type, rope in (("sliding_attention", local), ("full_attention", global_)):
         assert torch.equal(rope.inv_freq, getattr(hf, f"{layer_type}_inv_freq"))
         assert_tables_match(hf, rope, torch.arange(50), layer_type=layer_type)
-    with pytest.raises(ConfigError, match=r"one RoPE block per layer type \(full_attention, sliding_attention\); pass layer_type="):
+    with pytest.raises(
+        ConfigError, match=r"one RoPE block per layer type \(full_attention, sliding_attention\); pass layer_type="
+    ):
         RoPE.from_hf_config(d)
     with pytest.raises(ConfigError, match="'chunked_attention' has no RoPE block"):
         RoPE.from_hf_config(d, layer_type="chunked_attention")
@@ -204,43 +208,105 @@ def test_config_folder_and_bad_sources(tmp_path):
 
 
 # ---- strict validation: every error, its message, and the strict=False path ---------------------
-LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": 8192}
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}
 
 BAD = [
     # (block, head_dim, message pattern, value error that strict=False only warns about)
-    ({"rope_type": "yarnn"}, 64, r"unknown rope_type 'yarnn'; valid rope_types: default, dynamic, linear, llama3, "
-     r"longrope, ntk, proportional, yarn", False),
+    (
+        {"rope_type": "yarnn"},
+        64,
+        r"unknown rope_type 'yarnn'; valid rope_types: default, dynamic, linear, llama3, "
+        r"longrope, ntk, proportional, yarn",
+        False,
+    ),
     ({"rope_type": "linear"}, 64, r"rope_type 'linear' needs the key\(s\) \['factor'\]", False),
-    ({k: v for k, v in LLAMA3.items() if k != "low_freq_factor"}, 64, r"needs the key\(s\) \['low_freq_factor'\]",
-     False),
-    ({"rope_type": "linear", "factor": 2.0, "beta_fast": 32}, 64,
-     r"key 'beta_fast' belongs to rope_type yarn, not 'linear'; remove it or set rope_type to 'yarn'", True),
+    (
+        {k: v for k, v in LLAMA3.items() if k != "low_freq_factor"},
+        64,
+        r"needs the key\(s\) \['low_freq_factor'\]",
+        False,
+    ),
+    (
+        {"rope_type": "linear", "factor": 2.0, "beta_fast": 32},
+        64,
+        r"key 'beta_fast' belongs to rope_type yarn, not 'linear'; remove it or set rope_type to 'yarn'",
+        True,
+    ),
     ({"rope_type": "linear", "factor": 2.0, "facter": 2}, 64, r"unknown key 'facter' for rope_type 'linear'", True),
     ({"rope_type": "linear", "factor": 0.5}, 64, r"factor=0.5 < 1 for rope_type 'linear'.*use factor >= 1", True),
     ({**YARN, "factor": 0.9}, 64, r"factor=0.9 < 1 for rope_type 'yarn'", True),
     ({"rope_type": "dynamic", "factor": 0.5, "max_position_embeddings": 64}, 64, r"factor=0.5 < 1", True),
     ({**YARN, "beta_fast": 1, "beta_slow": 32}, 64, r"beta_fast=1 must be greater than beta_slow=32", True),
     ({**YARN, "beta_fast": 2, "beta_slow": 2}, 64, r"beta_fast=2 must be greater than beta_slow=2", True),
-    ({"rope_type": "longrope", "short_factor": [1.0] * 31, "long_factor": [2.0] * 32, "factor": 4.0,
-      "original_max_position_embeddings": 4096}, 64, r"short_factor has 31 entries but rotary_dim=64 needs 32", False),
-    ({"rope_type": "longrope", "short_factor": [1.0] * 32, "long_factor": [2.0] * 16, "factor": 4.0,
-      "original_max_position_embeddings": 4096}, 64, r"long_factor has 16 entries but rotary_dim=64 needs 32", False),
-    ({**LLAMA3, "low_freq_factor": 4.0, "high_freq_factor": 1.0}, 64,
-     r"low_freq_factor=4.0 must be smaller than high_freq_factor=1.0", True),
+    (
+        {
+            "rope_type": "longrope",
+            "short_factor": [1.0] * 31,
+            "long_factor": [2.0] * 32,
+            "factor": 4.0,
+            "original_max_position_embeddings": 4096,
+        },
+        64,
+        r"short_factor has 31 entries but rotary_dim=64 needs 32",
+        False,
+    ),
+    (
+        {
+            "rope_type": "longrope",
+            "short_factor": [1.0] * 32,
+            "long_factor": [2.0] * 16,
+            "factor": 4.0,
+            "original_max_position_embeddings": 4096,
+        },
+        64,
+        r"long_factor has 16 entries but rotary_dim=64 needs 32",
+        False,
+    ),
+    (
+        {**LLAMA3, "low_freq_factor": 4.0, "high_freq_factor": 1.0},
+        64,
+        r"low_freq_factor=4.0 must be smaller than high_freq_factor=1.0",
+        True,
+    ),
     ({**LLAMA3, "low_freq_factor": 2.0, "high_freq_factor": 2.0}, 64, r"low_freq_factor=2.0 must be smaller", True),
-    ({**LLAMA3, "original_max_position_embeddings": 8192.5}, 64,
-     r"original_max_position_embeddings must be a positive int .*got 8192.5", True),
-    ({**YARN, "original_max_position_embeddings": -4}, 64, r"original_max_position_embeddings must be a positive int",
-     False),
-    ({"rope_type": "default", "partial_rotary_factor": 0.3}, 64,
-     r"head_dim=64 \* partial_rotary_factor=0.3 gives an odd rotary dimension 19", True),
+    (
+        {**LLAMA3, "original_max_position_embeddings": 8192.5},
+        64,
+        r"original_max_position_embeddings must be a positive int .*got 8192.5",
+        True,
+    ),
+    (
+        {**YARN, "original_max_position_embeddings": -4},
+        64,
+        r"original_max_position_embeddings must be a positive int",
+        False,
+    ),
+    (
+        {"rope_type": "default", "partial_rotary_factor": 0.3},
+        64,
+        r"head_dim=64 \* partial_rotary_factor=0.3 gives an odd rotary dimension 19",
+        True,
+    ),
     # issue 24: the default type took any key (a factor that scales nothing, a misspelt mrope key)
-    ({"rope_type": "default", "rope_theta": 1e4, "factor": 8.0}, 64,
-     r"key 'factor' belongs to rope_type dynamic / linear / .*, not 'default'; remove it or set rope_type", True),
-    ({"rope_type": "default", "mrope_sections": True}, 64,
-     r"unknown key 'mrope_sections' for rope_type 'default'; valid keys: partial_rotary_factor, rope_theta", True),
+    (
+        {"rope_type": "default", "rope_theta": 1e4, "factor": 8.0},
+        64,
+        r"key 'factor' belongs to rope_type dynamic / linear / .*, not 'default'; remove it or set rope_type",
+        True,
+    ),
+    (
+        {"rope_type": "default", "mrope_sections": True},
+        64,
+        r"unknown key 'mrope_sections' for rope_type 'default'; valid keys: partial_rotary_factor, rope_theta",
+        True,
+    ),
     ({"foo_bar": 1}, 64, r"unknown key 'foo_bar' for rope_type 'default'", True),
 ]
 
@@ -332,11 +398,26 @@ def test_other_input_errors():
     with pytest.raises(ConfigError, match="rotary_dim=2; use rotary_dim >= 4"):
         frequencies(64, rotary_dim=2, scaling={"rope_type": "ntk", "factor": 2.0})
     with pytest.raises(ConfigError, match="short_factor must be a list of 32 numbers"):
-        frequencies(64, scaling={"rope_type": "longrope", "short_factor": "1.0", "long_factor": [1.0] * 32,
-                                 "factor": 2.0, "original_max_position_embeddings": 64})
+        frequencies(
+            64,
+            scaling={
+                "rope_type": "longrope",
+                "short_factor": "1.0",
+                "long_factor": [1.0] * 32,
+                "factor": 2.0,
+                "original_max_position_embeddings": 64,
+            },
+        )
     with pytest.raises(ConfigError, match="needs 'factor' or 'max_position_embeddings'"):
-        frequencies(64, scaling={"rope_type": "longrope", "short_factor": [1.0] * 32, "long_factor": [1.0] * 32,
-                                 "original_max_position_embeddings": 64})
+        frequencies(
+            64,
+            scaling={
+                "rope_type": "longrope",
+                "short_factor": [1.0] * 32,
+                "long_factor": [1.0] * 32,
+                "original_max_position_embeddings": 64,
+            },
+        )
     with pytest.raises(ConfigError, match="attention_factor=-1.0 for rope_type .yarn. must be > 0"):
         frequencies(64, scaling={**YARN, "attention_factor": -1.0})
     with pytest.raises(ConfigError, match="truncate of rope_type .yarn. must be true or false, got .no."):
@@ -398,9 +479,19 @@ def test_phi3_early_longrope_names():
 )
 def test_interleaved_architectures_match_transformers_attention_inputs(model_type, extra):
     module = __import__(f"transformers.models.{model_type}.modeling_{model_type}", fromlist=["x"])
-    d = {"model_type": model_type, "hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 2,
-         "num_hidden_layers": 1, "intermediate_size": 8, "vocab_size": 8, "max_position_embeddings": 512,
-         "rope_theta": 10000.0, "pad_token_id": 0, **extra}
+    d = {
+        "model_type": model_type,
+        "hidden_size": 128,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 1,
+        "intermediate_size": 8,
+        "vocab_size": 8,
+        "max_position_embeddings": 512,
+        "rope_theta": 10000.0,
+        "pad_token_id": 0,
+        **extra,
+    }
     cfg = hf_config(d)
     hf = getattr(module, f"{type(cfg).__name__.removesuffix('Config')}RotaryEmbedding")(cfg)
     rope = RoPE.from_hf_config(d)
@@ -442,8 +533,6 @@ PUBLISHED_FILES = {
     "gpt-oss-20b": ("gpt_oss.modeling_gpt_oss.GptOssRotaryEmbedding", [None], 64, 64, False, ["yarn"]),
     "pythia-160m": ("gpt_neox.modeling_gpt_neox.GPTNeoXRotaryEmbedding", [None], 64, 16, False, ["default"]),
 }  # fmt: skip
-
-
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_FILES))
@@ -516,7 +605,10 @@ def test_missing_values_are_filled_like_transformers():
     cases = [
         ({"model_type": "phi", "hidden_size": 2560, "num_attention_heads": 32}, (80, 40, False, "default", 10000.0)),
         ({"model_type": "gpt_oss"}, (64, 64, False, "yarn", 150000.0)),
-        ({"model_type": "gpt_neox", "hidden_size": 2048, "num_attention_heads": 16}, (128, 32, False, "default", 10000.0)),
+        (
+            {"model_type": "gpt_neox", "hidden_size": 2048, "num_attention_heads": 16},
+            (128, 32, False, "default", 10000.0),
+        ),
         ({"model_type": "deepseek_v3", "max_position_embeddings": 4096}, (64, 64, True, "default", 10000.0)),
         ({"model_type": "llama"}, (128, 128, False, "default", 10000.0)),
     ]
@@ -531,8 +623,11 @@ def test_missing_values_are_filled_like_transformers():
 def test_both_blocks_that_disagree_are_an_error_and_leniently_what_transformers_does():
     d = load("mistral")  # rope_parameters {"rope_type": "default", "rope_theta": 1e6}
     d["rope_scaling"] = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192}
-    with pytest.raises(ConfigError, match=r"both rope_parameters=.* and a legacy rope_scaling=.*transformers 5.23 reads "
-                                          r"rope_scaling instead of rope_parameters.*'rope_theta': 10000.0.*merge"):
+    with pytest.raises(
+        ConfigError,
+        match=r"both rope_parameters=.* and a legacy rope_scaling=.*transformers 5.23 reads "
+        r"rope_scaling instead of rope_parameters.*'rope_theta': 10000.0.*merge",
+    ):
         RoPE.from_hf_config(d)
     with pytest.warns(UserWarning, match="both rope_parameters"):
         rope = RoPE.from_hf_config(d, strict=False)
@@ -598,12 +693,18 @@ def test_config_values_are_type_checked(change, message):
 
 def test_absurd_widths_are_config_errors_not_allocation_failures():
     # found by tests/test_config_properties.py: torch failed allocating the tables
-    with pytest.raises(ConfigError, match=r"hidden_size=2361183241434822606848 / num_attention_heads=2 gives heads wider"):
+    with pytest.raises(
+        ConfigError, match=r"hidden_size=2361183241434822606848 / num_attention_heads=2 gives heads wider"
+    ):
         read_hf_config({"model_type": "llama", "hidden_size": 2**71, "num_attention_heads": 2})
     with pytest.raises(ConfigError, match=r"head_dim=131072 is wider than any attention head"):
         read_hf_config({"model_type": "llama", "head_dim": 2**17})
-    d = {"model_type": "mistral4", "head_dim": 128, "qk_rope_head_dim": 64,
-         "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 1e300}}
+    d = {
+        "model_type": "mistral4",
+        "head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 1e300},
+    }
     with pytest.raises(ConfigError, match=r"qk_rope_head_dim=64 but head_dim=128 \* partial_rotary_factor=1e\+300"):
         read_hf_config(d)
 
@@ -621,16 +722,23 @@ def test_read_hf_config_argument_types():
 # ---- item 21 of issue 11: a file that is not UTF-8 ---------------------------------------------------
 def test_a_config_that_is_not_utf8_names_the_file(tmp_path):
     path = tmp_path / "config.json"
-    path.write_bytes(json.dumps({"model_type": "llama", "note": "caf\u00e9"}).replace("\\u00e9", "\u00e9").encode("latin-1"))
-    with pytest.raises(ConfigError, match=rf"{path} is not UTF-8 text \(byte 0xe9 at offset \d+\).*re-save it as UTF-8"):
+    path.write_bytes(
+        json.dumps({"model_type": "llama", "note": "caf\u00e9"}).replace("\\u00e9", "\u00e9").encode("latin-1")
+    )
+    with pytest.raises(
+        ConfigError, match=rf"{path} is not UTF-8 text \(byte 0xe9 at offset \d+\).*re-save it as UTF-8"
+    ):
         RoPE.from_hf_config(tmp_path)
 
 
 # ---- item 14 of issue 11: the pairing comes from a checked table, or from the caller -----------------
 def test_unknown_model_types_need_the_pairing_stated():
     d = {"model_type": "my_custom_model", "hidden_size": 256, "num_attention_heads": 4, "rope_theta": 10000.0}
-    with pytest.raises(ConfigError, match=r"model_type 'my_custom_model' is not in rotary's pairing table.*pass "
-                                          r"interleaved=True .*\(2i, 2i\+1\) or interleaved=False"):
+    with pytest.raises(
+        ConfigError,
+        match=r"model_type 'my_custom_model' is not in rotary's pairing table.*pass "
+        r"interleaved=True .*\(2i, 2i\+1\) or interleaved=False",
+    ):
         read_hf_config(d)
     with pytest.raises(ConfigError, match="it has no model_type"):
         read_hf_config({k: v for k, v in d.items() if k != "model_type"})
@@ -646,8 +754,13 @@ def test_refused_architectures_say_why():
     with pytest.raises(ConfigError, match=re.escape(f"model_type {model_type!r} {reason}")):
         read_hf_config({"model_type": model_type, "head_dim": 64}, interleaved=False)
     with pytest.raises(ConfigError, match="multimodal RoPE"):
-        read_hf_config({"model_type": "llama", "head_dim": 64, "rope_parameters": {"rope_type": "default",
-                                                                                    "mrope_section": [16, 8, 8]}})
+        read_hf_config(
+            {
+                "model_type": "llama",
+                "head_dim": 64,
+                "rope_parameters": {"rope_type": "default", "mrope_section": [16, 8, 8]},
+            }
+        )
 
 
 @pytest.mark.parametrize("model_type", ["llama4_text", "codegen", "helium", "ernie4_5", "glm4_moe_lite", "mistral4"])
@@ -665,8 +778,11 @@ def test_architectures_transformers_rotates_in_adjacent_pairs(model_type):
 def test_yarn_factor_disagreeing_with_the_config_lengths():
     d = json.loads((PUBLISHED / "qwen2.5-7b-instruct-yarn.json").read_text())
     d["max_position_embeddings"] = 65536  # factor 4 over 32768 says 131072
-    with pytest.raises(ConfigError, match=r"factor=4.0 disagrees with max_position_embeddings / "
-                                          r"original_max_position_embeddings = 65536 / 32768 = 2; set factor to 2"):
+    with pytest.raises(
+        ConfigError,
+        match=r"factor=4.0 disagrees with max_position_embeddings / "
+        r"original_max_position_embeddings = 65536 / 32768 = 2; set factor to 2",
+    ):
         RoPE.from_hf_config(d)
     with pytest.warns(UserWarning, match="disagrees with"):
         rope = RoPE.from_hf_config(d, strict=False)
@@ -725,7 +841,12 @@ LAYER_TYPES = st.sampled_from([None, "sliding_attention", "full_attention"])
 
 
 @PROPERTIES
-@given(perturbed=perturbed_configs(), strict=st.booleans(), layer_type=LAYER_TYPES, interleaved=st.sampled_from([None, False]))
+@given(
+    perturbed=perturbed_configs(),
+    strict=st.booleans(),
+    layer_type=LAYER_TYPES,
+    interleaved=st.sampled_from([None, False]),
+)
 def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, strict, layer_type, interleaved):
     d, key, value = perturbed
     original = copy.deepcopy(d)
@@ -733,7 +854,9 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
         warnings.simplefilter("ignore")
         try:
             settings_ = read_hf_config(d, layer_type=layer_type, strict=strict, interleaved=interleaved)
-            rope = RoPE.from_hf_config(d, layer_type=layer_type, strict=strict, interleaved=interleaved, max_position=16)
+            rope = RoPE.from_hf_config(
+                d, layer_type=layer_type, strict=strict, interleaved=interleaved, max_position=16
+            )
         except Exception as exc:
             # a layer type the config lacks, or a config the perturbation made ambiguous, names itself;
             # anything else must name the perturbed key or value

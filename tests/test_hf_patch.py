@@ -22,13 +22,28 @@ COMMON = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_la
 
 #: Gemma-3: a sliding layer (default RoPE, base 10000) and a full layer (linear factor 8, base 1e6)
 GEMMA3_LAYERS = dict(
-    layer_types=["sliding_attention", "full_attention"], sliding_window=4,
-    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                     "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}},
+    layer_types=["sliding_attention", "full_attention"],
+    sliding_window=4,
+    rope_parameters={
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+    },
 )
 MOE = dict(num_experts_per_tok=2)
-DEEPSEEK = dict(num_key_value_heads=4, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, kv_lora_rank=16, q_lora_rank=16,
-                n_routed_experts=4, moe_intermediate_size=32, first_k_dense_replace=1, n_group=1, topk_group=1, **MOE)
+DEEPSEEK = dict(
+    num_key_value_heads=4,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=8,
+    v_head_dim=8,
+    kv_lora_rank=16,
+    q_lora_rank=16,
+    n_routed_experts=4,
+    moe_intermediate_size=32,
+    first_k_dense_replace=1,
+    n_group=1,
+    topk_group=1,
+    **MOE,
+)
 
 
 def make_config(model_type: str, **kw):
@@ -38,22 +53,42 @@ def make_config(model_type: str, **kw):
         "mixtral": lambda: transformers.MixtralConfig(num_key_value_heads=2, num_local_experts=4, **MOE, **COMMON),
         "qwen2": lambda: transformers.Qwen2Config(num_key_value_heads=2, **COMMON),
         "qwen3": lambda: transformers.Qwen3Config(num_key_value_heads=2, head_dim=8, **COMMON),
-        "qwen3_moe": lambda: transformers.Qwen3MoeConfig(num_key_value_heads=2, head_dim=8, num_experts=4, moe_intermediate_size=32, **MOE, **COMMON),
+        "qwen3_moe": lambda: transformers.Qwen3MoeConfig(
+            num_key_value_heads=2, head_dim=8, num_experts=4, moe_intermediate_size=32, **MOE, **COMMON
+        ),
         # partial rotation: half of Phi-3's head, a quarter of GPT-NeoX's, 4 of 8 channels for GPT-J
-        "phi3": lambda: transformers.Phi3Config(num_key_value_heads=2, partial_rotary_factor=0.5, pad_token_id=0, **COMMON),
-        "gemma3_text": lambda: transformers.Gemma3TextConfig(num_key_value_heads=2, head_dim=8, **GEMMA3_LAYERS, **COMMON),
+        "phi3": lambda: transformers.Phi3Config(
+            num_key_value_heads=2, partial_rotary_factor=0.5, pad_token_id=0, **COMMON
+        ),
+        "gemma3_text": lambda: transformers.Gemma3TextConfig(
+            num_key_value_heads=2, head_dim=8, **GEMMA3_LAYERS, **COMMON
+        ),
         "gemma3": lambda: transformers.Gemma3Config(
             text_config=dict(num_key_value_heads=2, head_dim=8, **GEMMA3_LAYERS, **{**COMMON, "vocab_size": 300}),
-            vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14),
-            mm_tokens_per_image=4, boi_token_index=297, eoi_token_index=298, image_token_index=299,
+            vision_config=dict(
+                hidden_size=16,
+                intermediate_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                image_size=28,
+                patch_size=14,
+            ),
+            mm_tokens_per_image=4,
+            boi_token_index=297,
+            eoi_token_index=298,
+            image_token_index=299,
         ),
         "gpt_neox": lambda: transformers.GPTNeoXConfig(rotary_pct=0.25, **COMMON),
         # gpt-oss's defaults: yarn (factor 32 over 4096, truncate false), sliding and full layers
-        "gpt_oss": lambda: transformers.GptOssConfig(num_key_value_heads=2, head_dim=8, num_local_experts=4, sliding_window=4, **MOE, **COMMON),
+        "gpt_oss": lambda: transformers.GptOssConfig(
+            num_key_value_heads=2, head_dim=8, num_local_experts=4, sliding_window=4, **MOE, **COMMON
+        ),
         "deepseek_v3": lambda: transformers.DeepseekV3Config(rope_interleave=True, **DEEPSEEK, **COMMON),
         "gptj": lambda: transformers.GPTJConfig(vocab_size=64, n_embd=32, n_layer=2, n_head=4, rotary_dim=4),
         "cohere": lambda: transformers.CohereConfig(num_key_value_heads=2, **COMMON),
-        "glm": lambda: transformers.GlmConfig(num_key_value_heads=2, head_dim=8, pad_token_id=0, eos_token_id=1, **COMMON),
+        "glm": lambda: transformers.GlmConfig(
+            num_key_value_heads=2, head_dim=8, pad_token_id=0, eos_token_id=1, **COMMON
+        ),
     }
     config = builders[model_type]()
     for key, value in kw.items():
@@ -112,8 +147,21 @@ VISION = {"pixtral", "llama4", "llama4_text", "llama4_vision_model"}
 
 def test_supported_list_is_the_issue_list():
     text = {
-        "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma3", "gemma3_text", "gpt_neox",
-        "gpt_oss", "deepseek_v3", "gptj", "cohere", "glm",
+        "llama",
+        "mistral",
+        "mixtral",
+        "qwen2",
+        "qwen3",
+        "qwen3_moe",
+        "phi3",
+        "gemma3",
+        "gemma3_text",
+        "gpt_neox",
+        "gpt_oss",
+        "deepseek_v3",
+        "gptj",
+        "cohere",
+        "glm",
     }
     assert set(hf.SUPPORTED) == text | MULTIMODAL | VISION
 
@@ -141,7 +189,9 @@ def test_patched_logits_equal_unpatched_and_unpatch_restores(model_type, rotate_
         assert "forward" not in m.__dict__  # the class method is back, nothing left on instances
 
 
-@pytest.mark.parametrize("model_type", ["llama", "gpt_neox", "gptj", "glm", "gemma3_text", "gpt_oss", "deepseek_v3", "qwen3", "qwen3_moe"])
+@pytest.mark.parametrize(
+    "model_type", ["llama", "gpt_neox", "gptj", "glm", "gemma3_text", "gpt_oss", "deepseek_v3", "qwen3", "qwen3_moe"]
+)
 def test_generation_with_kv_cache_unchanged(model_type):
     model = make_model(model_type, seed=1)
     ids = torch.randint(64, (2, 6))
@@ -202,7 +252,9 @@ def test_rotating_in_place_gives_equal_logits_but_a_different_cache(monkeypatch)
         return rotary.apply_rotary(q, cos, sin, interleaved=True), rotary.apply_rotary(k, cos, sin, interleaved=True)
 
     family = hf.SUPPORTED["deepseek_v3"]
-    wrong = dataclasses.replace(family, replacements={**family.replacements, "apply_rotary_pos_emb_interleave": interleaved_in_place})
+    wrong = dataclasses.replace(
+        family, replacements={**family.replacements, "apply_rotary_pos_emb_interleave": interleaved_in_place}
+    )
     monkeypatch.setitem(hf.SUPPORTED, "deepseek_v3", wrong)
     with torch.no_grad():
         got = hf.patch(model)(ids, use_cache=True)
@@ -246,15 +298,25 @@ def test_gemma3_both_layer_types_go_through_rotary_with_their_own_tables(monkeyp
         torch.testing.assert_close(hf.patch(model)(ids).logits, expected, rtol=1e-5, atol=1e-6)
     assert len(seen) == 2  # the sliding layer and the full layer
     # the sliding layer's pair 1 turns at 10000^(-2/8) = 0.1 rad per token; the full layer's at 1e6^(-2/8) / 8
-    torch.testing.assert_close(seen[0][0, :, 1].double(), torch.cos(torch.arange(10) * 10000 ** -0.25).double(), rtol=0, atol=1e-6)
-    torch.testing.assert_close(seen[1][0, :, 1].double(), torch.cos(torch.arange(10) * 1e6 ** -0.25 / 8).double(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        seen[0][0, :, 1].double(), torch.cos(torch.arange(10) * 10000**-0.25).double(), rtol=0, atol=1e-6
+    )
+    torch.testing.assert_close(
+        seen[1][0, :, 1].double(), torch.cos(torch.arange(10) * 1e6**-0.25 / 8).double(), rtol=0, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize(
     "rope_parameters",
     [
-        {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-         "high_freq_factor": 4.0, "original_max_position_embeddings": 8},
+        {
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8,
+        },
         {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 8},
     ],
 )
@@ -339,7 +401,10 @@ def test_existing_instance_forward_is_restored():
 
 def test_unsupported_architecture_lists_supported():
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=64))
-    with pytest.raises(ValueError, match="does not support model_type 'gpt2'; supported: cohere, deepseek_v3, gemma3, gemma3_text, glm, gpt_neox, gpt_oss, gptj, llama"):
+    with pytest.raises(
+        ValueError,
+        match="does not support model_type 'gpt2'; supported: cohere, deepseek_v3, gemma3, gemma3_text, glm, gpt_neox, gpt_oss, gptj, llama",
+    ):
         hf.patch(model)
 
 
@@ -351,7 +416,12 @@ def test_not_a_transformers_model():
 # QK-norm families: q_norm, k_norm and the rotation in one rotary.rmsnorm_rotate call ---------------------
 
 #: model_type -> the attention module's norm class, whose forward the fused call replaces
-QK_NORM = {"qwen3": "Qwen3RMSNorm", "qwen3_moe": "Qwen3MoeRMSNorm", "gemma3_text": "Gemma3RMSNorm", "gemma3": "Gemma3RMSNorm"}
+QK_NORM = {
+    "qwen3": "Qwen3RMSNorm",
+    "qwen3_moe": "Qwen3MoeRMSNorm",
+    "gemma3_text": "Gemma3RMSNorm",
+    "gemma3": "Gemma3RMSNorm",
+}
 
 
 @pytest.fixture

@@ -21,7 +21,9 @@ from variant_checks import EPS64, FLOATS, assert_close, call, tensors, to_bhsd
 needs_kernel = pytest.mark.skipif(load_cpu_extension() is None, reason="the fused CPU kernel is not built here")
 
 
-@pytest.mark.parametrize("scaling", [None, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}])
+@pytest.mark.parametrize(
+    "scaling", [None, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}]
+)
 def test_starts_equal_to_the_frozen_rope(scaling, gen):
     learnable = rotary.RoPE(32, scaling=scaling, learnable_frequencies=True)
     frozen = rotary.RoPE(32, scaling=scaling)
@@ -46,13 +48,17 @@ def test_gradcheck_through_the_fused_kernel(monkeypatch, gen):
         return functional_call(rope, {"log_frequency_scale": alpha}, (q, k), {"offset": 3})
 
     assert torch.autograd.gradcheck(f, (alpha, q))
+
     # and the gradient equals the float64 complex-form oracle's
     def oracle(alpha, q):
         inv = rope.inv_freq.double() * alpha.exp()
         pos = torch.arange(3, 8)
         return rotary.reference.rotate_complex(q, pos, inv), rotary.reference.rotate_complex(k, pos, inv)
 
-    g_q, g_k = torch.randn(2, 2, 5, 8, generator=gen, dtype=torch.float64), torch.randn(2, 1, 5, 8, generator=gen, dtype=torch.float64)
+    g_q, g_k = (
+        torch.randn(2, 2, 5, 8, generator=gen, dtype=torch.float64),
+        torch.randn(2, 1, 5, 8, generator=gen, dtype=torch.float64),
+    )
     got = torch.autograd.grad(f(alpha, q), (alpha, q), (g_q, g_k))
     want = torch.autograd.grad(oracle(alpha, q), (alpha, q), (g_q, g_k))
     for a, b in zip(got, want):
@@ -146,11 +152,20 @@ def test_changed_frequencies_change_the_tables_and_carry_over_to_a_new_scaling()
     "scaling",
     [
         {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 64},
-        {"rope_type": "longrope", "factor": 2.0, "short_factor": [1.0] * 4, "long_factor": [2.0] * 4, "original_max_position_embeddings": 64},
+        {
+            "rope_type": "longrope",
+            "factor": 2.0,
+            "short_factor": [1.0] * 4,
+            "long_factor": [2.0] * 4,
+            "original_max_position_embeddings": 64,
+        },
     ],
 )
 def test_length_dependent_scaling_is_an_error_that_says_why(scaling):
-    with pytest.raises(ValueError, match=rf"cannot be combined with rope_type '{scaling['rope_type']}': its frequencies are recomputed for each sequence length.*learnable_frequencies=False"):
+    with pytest.raises(
+        ValueError,
+        match=rf"cannot be combined with rope_type '{scaling['rope_type']}': its frequencies are recomputed for each sequence length.*learnable_frequencies=False",
+    ):
         rotary.RoPE(8, scaling=scaling, max_position=128, learnable_frequencies=True)
     with pytest.raises(TypeError, match="learnable_frequencies must be True or False"):
         rotary.RoPE(8, learnable_frequencies="yes")  # type: ignore[arg-type]
@@ -160,13 +175,17 @@ def test_length_dependent_scaling_is_an_error_that_says_why(scaling):
 @given(
     head_dim=st.sampled_from([4, 8, 8, 6]),
     learnable=st.sampled_from([True, True, True, "true", 1]),
-    scaling=st.sampled_from([None, None, {"rope_type": "linear", "factor": 2.0}, {"rope_type": "dynamic", "factor": 2.0}]),
+    scaling=st.sampled_from(
+        [None, None, {"rope_type": "linear", "factor": 2.0}, {"rope_type": "dynamic", "factor": 2.0}]
+    ),
     interleaved=st.booleans(),
     alpha=st.sampled_from([0.0, 0.5, -3.0, "random"]),
     data=st.data(),
 )
 def test_learnable_frequencies_are_right_or_a_named_error(head_dim, learnable, scaling, interleaved, alpha, data):
-    rope, err = call(rotary.RoPE, head_dim, base=100.0, scaling=scaling, interleaved=interleaved, learnable_frequencies=learnable)
+    rope, err = call(
+        rotary.RoPE, head_dim, base=100.0, scaling=scaling, interleaved=interleaved, learnable_frequencies=learnable
+    )
     if err is not None:
         return
     g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))

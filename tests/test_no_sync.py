@@ -58,14 +58,18 @@ def _calls():
         "rope.rotate": lambda: (ROPE.rotate(q, offset=3),),
         "rope packed cu_seqlens": lambda: ROPE(packed, packed, cu_seqlens=cu, max_seqlen=5),
         "rope packed cu_seqlens without max_seqlen": lambda: ROPE(packed, packed, cu_seqlens=cu),
-        "rope flat [T, H * D] position_ids": lambda: ROPE(packed.flatten(1), packed.flatten(1), position_ids=torch.arange(9)),
-        "rope.tables(ids)": lambda: (ROPE.tables(IDS).gather()),
+        "rope flat [T, H * D] position_ids": lambda: ROPE(
+            packed.flatten(1), packed.flatten(1), position_ids=torch.arange(9)
+        ),
+        "rope.tables(ids)": lambda: ROPE.tables(IDS).gather(),
         "rope.cos_sin(ids)": lambda: ROPE.cos_sin(IDS),
         "rotate(tables)": lambda: rotary.rotate([q, k], ROPE.tables(rotary.positions.arange(S)), kinds=("q", "k")),
         "apply_rotary": lambda: (rotary.apply_rotary(q, cos, sin),),
         "apply_rotary validate=False": lambda: (rotary.apply_rotary(q, cos, sin, validate=False),),
         "apply_rotary position_ids": lambda: (rotary.apply_rotary(q, *TABLE_I, interleaved=True, position_ids=IDS),),
-        "apply_rotary seqlen_offsets": lambda: (rotary.apply_rotary(qs, *TABLE, layout="bshd", seqlen_offsets=torch.tensor([2, 5])),),
+        "apply_rotary seqlen_offsets": lambda: (
+            rotary.apply_rotary(qs, *TABLE, layout="bshd", seqlen_offsets=torch.tensor([2, 5])),
+        ),
         "apply_rotary seqlen_offsets int": lambda: (rotary.apply_rotary(qs, *TABLE, layout="bshd", seqlen_offsets=3),),
         "apply_rotary cu_seqlens": lambda: (rotary.apply_rotary(packed, *TABLE, cu_seqlens=cu, max_seqlen=5),),
         "apply_rotary_": lambda: (rotary.apply_rotary_(q.clone(), cos, sin),),
@@ -107,12 +111,23 @@ def test_the_rule_catches_a_host_read():
             "the largest was 1000000",
         ),
         (lambda q, k: _static_write(q, k, max_len=S - 1), "more tokens written to a rotary.nn.StaticKVCache"),
-        (lambda q, k: (rotary.apply_rotary(q, *TABLE, position_ids=torch.tensor([0, 1, 2, 3, 4, 16])),), "outside the cos/sin table"),
-        (lambda q, k: (rotary.apply_rotary(q, TABLE[0][:S] * 2, TABLE[1][:S]),), "not rotation tables"),
-        (lambda q, k: (rotary.apply_rotary(q, *TABLE, interleaved=True, position_ids=torch.arange(S)),), "not rotation tables"),
-        (lambda q, k: (rotary.apply_rotary(q, TABLE[1], TABLE[0], position_ids=torch.arange(S)),), "cos and sin swapped"),
         (
-            lambda q, k: (rotary.apply_rotary(q[0].transpose(0, 1).contiguous(), *TABLE, cu_seqlens=torch.tensor([0, 7, 6])),),
+            lambda q, k: (rotary.apply_rotary(q, *TABLE, position_ids=torch.tensor([0, 1, 2, 3, 4, 16])),),
+            "outside the cos/sin table",
+        ),
+        (lambda q, k: (rotary.apply_rotary(q, TABLE[0][:S] * 2, TABLE[1][:S]),), "not rotation tables"),
+        (
+            lambda q, k: (rotary.apply_rotary(q, *TABLE, interleaved=True, position_ids=torch.arange(S)),),
+            "not rotation tables",
+        ),
+        (
+            lambda q, k: (rotary.apply_rotary(q, TABLE[1], TABLE[0], position_ids=torch.arange(S)),),
+            "cos and sin swapped",
+        ),
+        (
+            lambda q, k: (
+                rotary.apply_rotary(q[0].transpose(0, 1).contiguous(), *TABLE, cu_seqlens=torch.tensor([0, 7, 6])),
+            ),
             "cu_seqlens",
         ),
     ],

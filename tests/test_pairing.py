@@ -11,7 +11,11 @@ from strategies import tensors
 
 
 @settings(max_examples=60, deadline=None)
-@given(w=tensors(max_size=8), head_dim=st.sampled_from([0, 1, 2, 4, -2, 2.0, None]), to=st.sampled_from(["half", "interleaved", "x"]))
+@given(
+    w=tensors(max_size=8),
+    head_dim=st.sampled_from([0, 1, 2, 4, -2, 2.0, None]),
+    to=st.sampled_from(["half", "interleaved", "x"]),
+)
 def test_pairing_converters(w, head_dim, to):
     try:
         out = rotary.permute_qk_weight(w, head_dim, to)

@@ -42,7 +42,11 @@ SRC = Path(rotary.__file__).parent
 )
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_every_addressing_mode_equals_the_direct_tables(positions, addressing, interleaved):
-    rope = rotary.RoPE(32, interleaved=interleaved, scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64})
+    rope = rotary.RoPE(
+        32,
+        interleaved=interleaved,
+        scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+    )
     tables = rope.tables(positions)
     assert tables.addressing == addressing and tables.interleaved is interleaved
     ids = positions.ids if isinstance(positions, P.Positions) else positions
@@ -88,9 +92,31 @@ def test_cheap_default_check_catches_broken_tables():
 # ---- the kernel contract ------------------------------------------------------------------------
 def _both_paths(rotation: Rotation) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     fused = [torch.empty_like(x) for x in rotation.xs]
-    ops.run(Rotation(rotation.xs, tuple(fused), rotation.cos, rotation.sin, rotation.positions, rotation.batch_rows, rotation.interleaved, rotation.conjugate))
+    ops.run(
+        Rotation(
+            rotation.xs,
+            tuple(fused),
+            rotation.cos,
+            rotation.sin,
+            rotation.positions,
+            rotation.batch_rows,
+            rotation.interleaved,
+            rotation.conjugate,
+        )
+    )
     torch_outs = [torch.empty_like(x) for x in rotation.xs]
-    eager.run_torch(Rotation(rotation.xs, tuple(torch_outs), rotation.cos, rotation.sin, rotation.positions, rotation.batch_rows, rotation.interleaved, rotation.conjugate))
+    eager.run_torch(
+        Rotation(
+            rotation.xs,
+            tuple(torch_outs),
+            rotation.cos,
+            rotation.sin,
+            rotation.positions,
+            rotation.batch_rows,
+            rotation.interleaved,
+            rotation.conjugate,
+        )
+    )
     return fused, torch_outs
 
 
@@ -109,7 +135,9 @@ def test_separate_key_tables_and_per_head_tables_fused_equals_torch(interleaved,
     pos = torch.randint(0, 9, (B, S), generator=gen)
     fused, ref = _both_paths(Rotation(xs, xs, (cq, ck), (sq, sk), pos, 0, interleaved))
     assert all(torch.equal(a, b) for a, b in zip(fused, ref))
-    per_head = cos_sin_table(torch.arange(9)[:, None], torch.rand(H, 1, r // 2, generator=gen), interleaved=interleaved, dtype=tdt)
+    per_head = cos_sin_table(
+        torch.arange(9)[:, None], torch.rand(H, 1, r // 2, generator=gen), interleaved=interleaved, dtype=tdt
+    )
     assert per_head[0].shape == (9, H, r)
     fused, ref = _both_paths(Rotation(xs, xs, (per_head[0],) * 2, (per_head[1],) * 2, None, 0, interleaved, True))
     assert all(torch.equal(a, b) for a, b in zip(fused, ref))
@@ -303,7 +331,12 @@ def _imports(path: Path) -> list[tuple[str, list[str]]]:
         elif isinstance(node, ast.Import):
             out.extend((a.name, []) for a in node.names)
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.attr.startswith("_") and not node.attr.startswith("__"):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+        ):
             module = aliases.get(node.value.id)
             if module and module.startswith("rotary"):
                 out.append((module, [node.attr]))
@@ -332,7 +365,7 @@ def test_no_import_cycle_and_no_private_cross_module_imports():
         state[node] = 1
         for dep in graph[node]:
             if state.get(dep) == 1:
-                pytest.fail("import cycle: " + " -> ".join([*stack[stack.index(dep):], dep]))
+                pytest.fail("import cycle: " + " -> ".join([*stack[stack.index(dep) :], dep]))
             if dep not in state:
                 visit(dep, [*stack, dep])
         state[node] = 2

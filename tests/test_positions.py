@@ -18,7 +18,9 @@ def test_arange_needs_no_device_read_and_knows_its_slice():
 def test_from_ids_bound_is_exact_and_batch_is_checked():
     p = P.from_ids(torch.tensor([[3, 9, 1], [0, 0, 2]]), batch=2, seq_len=3)
     assert p.bound == 10 and p.exact and p.batch == 2 and p.ids.dtype == torch.int64
-    assert P.from_ids(torch.tensor([[0, 1, 2]], dtype=torch.int32), batch=4).ids.dtype == torch.int64  # [1, S] broadcasts
+    assert (
+        P.from_ids(torch.tensor([[0, 1, 2]], dtype=torch.int32), batch=4).ids.dtype == torch.int64
+    )  # [1, S] broadcasts
 
 
 def test_left_padding_from_mask_is_an_upper_bound():

@@ -26,7 +26,7 @@ def test_2d_rotation_by_60_degrees_seed_003():
 
 
 def test_wo_ai_ni_example_seed_003():
-    """"爱" in "我爱你": d = 4, x = [0.2, 0.1, -0.3, 0.7], the second token (m = 1), paper pairing."""
+    """ "爱" in "我爱你": d = 4, x = [0.2, 0.1, -0.3, 0.7], the second token (m = 1), paper pairing."""
     x = [0.2, 0.1, -0.3, 0.7]
     m = 1
     theta = [10000 ** (-2 * i / 4) for i in range(2)]  # θ_i = 10000^(-2i/d): 1 and 0.01
@@ -35,8 +35,14 @@ def test_wo_ai_ni_example_seed_003():
     s = [math.sin(m * theta[i // 2]) for i in range(4)]
     rot = [-x[1], x[0], -x[3], x[2]]
     want = [x[i] * c[i] + rot[i] * s[i] for i in range(4)]
-    assert want == pytest.approx([0.2 * math.cos(1) - 0.1 * math.sin(1), 0.2 * math.sin(1) + 0.1 * math.cos(1),
-                                  -0.3 * math.cos(0.01) - 0.7 * math.sin(0.01), -0.3 * math.sin(0.01) + 0.7 * math.cos(0.01)])
+    assert want == pytest.approx(
+        [
+            0.2 * math.cos(1) - 0.1 * math.sin(1),
+            0.2 * math.sin(1) + 0.1 * math.cos(1),
+            -0.3 * math.cos(0.01) - 0.7 * math.sin(0.01),
+            -0.3 * math.sin(0.01) + 0.7 * math.cos(0.01),
+        ]
+    )
     inv = rotary.frequencies(4).inv_freq
     t = torch.tensor(x, dtype=torch.float64).view(1, 1, 1, 4)
     pos = torch.tensor([m])

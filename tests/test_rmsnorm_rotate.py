@@ -31,7 +31,9 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 def _qk(dtype=torch.float32, layout="bhsd", hq=HQ, hk=HK, seed=0, scale=3.0):
     g = torch.Generator().manual_seed(seed)
     shape = (lambda h: (B, h, S, D)) if layout == "bhsd" else (lambda h: (B, S, h, D))
-    return (torch.randn(shape(hq), generator=g) * scale).to(dtype), (torch.randn(shape(hk), generator=g) * scale).to(dtype)
+    return (torch.randn(shape(hq), generator=g) * scale).to(dtype), (torch.randn(shape(hk), generator=g) * scale).to(
+        dtype
+    )
 
 
 def _weights(dtype=torch.float32, seed=1):
@@ -137,13 +139,18 @@ def test_rounding_ties_and_special_values_bit_for_bit(dtype, interleaved, kernel
     q, k = x[:, :, :2], x[:, :, 2:]
     rope = rotary.RoPE(head_dim, rotary_dim=rotary_dim, interleaved=interleaved)
     for style, weight in (("qwen3", ties), ("qwen3", -ties), ("gemma3", ties - 1)):
-        got = rotary.rmsnorm_rotate(q, k, weight, weight, rope, style=style, layout="bshd", eps=1e-12, position_ids=IDS % 5)
+        got = rotary.rmsnorm_rotate(
+            q, k, weight, weight, rope, style=style, layout="bshd", eps=1e-12, position_ids=IDS % 5
+        )
         normed = (rms_norm(x, weight, eps=1e-12, style=style) for x in (q, k))
         want = rope(*normed, layout="bshd", position_ids=IDS % 5)
         for out, expected in zip(got, want):  # NaN payloads aside (torch's own conversions differ in them)
             nan = expected.isnan()
             assert torch.equal(out.isnan(), nan), style
-            assert torch.equal(out[~nan].view(torch.int16), expected[~nan].view(torch.int16)), (style, (out != expected).sum())
+            assert torch.equal(out[~nan].view(torch.int16), expected[~nan].view(torch.int16)), (
+                style,
+                (out != expected).sum(),
+            )
         # the ties are there: at position 0 (no rotation) the weighted ±1 rounds half the channels up
         first = got[0][0, 1, 0].float()  # IDS[0, 1] % 5 == 0
         if style == "qwen3":
@@ -272,10 +279,15 @@ def test_fp32_gradients_equal_autograd_through_the_composition(style, layout):
     q, k = _qk(torch.float32, layout)
     wq, wk = _weights()
     g = torch.Generator().manual_seed(5)
-    gq, gk = torch.randn(q.shape, generator=g, dtype=torch.float64), torch.randn(k.shape, generator=g, dtype=torch.float64)
+    gq, gk = (
+        torch.randn(q.shape, generator=g, dtype=torch.float64),
+        torch.randn(k.shape, generator=g, dtype=torch.float64),
+    )
     where = {"position_ids": IDS, "layout": layout}
     fused_out, fused = _grads(lambda *t: rotary.rmsnorm_rotate(*t, rope, style=style, **where), q, k, wq, wk, gq, gk)
-    unfused_out, unfused = _grads(lambda q, k, wq, wk: _unfused(q, k, wq, wk, style, rope, **where), q, k, wq, wk, gq, gk)
+    unfused_out, unfused = _grads(
+        lambda q, k, wq, wk: _unfused(q, k, wq, wk, style, rope, **where), q, k, wq, wk, gq, gk
+    )
     assert all(torch.equal(a, b) for a, b in zip(fused_out, unfused_out))
     for name, a, b in zip(("q", "k", "q_weight", "k_weight"), fused, unfused):
         # the same expression in another association (autograd's chain of ops vs one formula): fp32 rounding
@@ -429,21 +441,43 @@ def test_bad_input_is_a_named_error():
     rope = rotary.RoPE(D)
     q, k = _qk()
     wq, wk = _weights()
-    call = lambda **kw: rotary.rmsnorm_rotate(*kw.pop("qk", (q, k)), kw.pop("wq", wq), kw.pop("wk", wk), kw.pop("rope", rope), **kw)  # noqa: E731
+    call = lambda **kw: rotary.rmsnorm_rotate(  # noqa: E731
+        *kw.pop("qk", (q, k)), kw.pop("wq", wq), kw.pop("wk", wk), kw.pop("rope", rope), **kw
+    )
     cases = [
         (ValueError, r"q_weight must be \[D\] = \[16\].*got shape \(15,\)", dict(wq=torch.ones(15))),
-        (ValueError, r"k_weight must be \[D\] = \[16\].*got shape \(32,\) \(32 = 2 heads x 16: a norm over all heads", dict(wk=torch.ones(32))),
+        (
+            ValueError,
+            r"k_weight must be \[D\] = \[16\].*got shape \(32,\) \(32 = 2 heads x 16: a norm over all heads",
+            dict(wk=torch.ones(32)),
+        ),
         (ValueError, r"eps must be a finite number > 0, got 0", dict(eps=0)),
         (ValueError, r"eps must be a finite number > 0, got -1e-06", dict(eps=-1e-6)),
         (ValueError, r"eps must be a finite number > 0, got nan", dict(eps=float("nan"))),
         (ValueError, r"eps must be a finite number > 0, got inf", dict(eps=float("inf"))),
-        (TypeError, r"eps must be a Python number > 0 \(e.g. config.rms_norm_eps\), got a tensor", dict(eps=torch.tensor(1e-6))),
-        (TypeError, r"q and k must share a dtype, got torch.float32 for q and torch.bfloat16 for k", dict(qk=(q, k.bfloat16()))),
-        (TypeError, r"k_weight has dtype torch.float16 but the tensor it normalises has torch.float32", dict(wk=wk.half())),
+        (
+            TypeError,
+            r"eps must be a Python number > 0 \(e.g. config.rms_norm_eps\), got a tensor",
+            dict(eps=torch.tensor(1e-6)),
+        ),
+        (
+            TypeError,
+            r"q and k must share a dtype, got torch.float32 for q and torch.bfloat16 for k",
+            dict(qk=(q, k.bfloat16())),
+        ),
+        (
+            TypeError,
+            r"k_weight has dtype torch.float16 but the tensor it normalises has torch.float32",
+            dict(wk=wk.half()),
+        ),
         (ValueError, r"style must be one of 'qwen3', 'gemma3', got 'olmo'", dict(style="olmo")),
         (ValueError, r"unknown layout 'bsdh'", dict(layout="bsdh")),
         (ValueError, r"this RoPE was built for head_dim=32", dict(rope=rotary.RoPE(32))),
-        (ValueError, r"rope is RotaryTables, which already say where each token is", dict(rope=rope.tables(torch.arange(S)), offset=3)),
+        (
+            ValueError,
+            r"rope is RotaryTables, which already say where each token is",
+            dict(rope=rope.tables(torch.arange(S)), offset=3),
+        ),
         (TypeError, r"rope must be a table producer .* got Tensor", dict(rope=torch.ones(S, D))),
         (ValueError, r"need the same B, S and D", dict(qk=(q, k[:, :, :3]))),
         (ValueError, r"q must be 4-D", dict(qk=(q[0], k))),

@@ -61,7 +61,7 @@ def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
     if dtype == torch.float32:
         assert (diff <= 16 * torch.finfo(torch.float32).eps * scale).all(), diff.max()
     else:
-        assert (diff <= 2 ** -7 * scale).all(), diff.max()
+        assert (diff <= 2**-7 * scale).all(), diff.max()
         assert (diff > 0).float().mean() < 0.01
 
 

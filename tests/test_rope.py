@@ -176,7 +176,9 @@ def test_an_in_place_edit_of_inv_freq_is_an_error_at_the_next_call(edit, call, g
 
 def test_assigning_inv_freq_is_an_attribute_error_naming_what_to_do():
     rope = rotary.RoPE(16)
-    message = r"rope.inv_freq is read-only: .*a new value would be ignored; to rotate with other frequencies build a new RoPE"
+    message = (
+        r"rope.inv_freq is read-only: .*a new value would be ignored; to rotate with other frequencies build a new RoPE"
+    )
     with pytest.raises(AttributeError, match=message):
         rope.inv_freq /= 4  # divides the buffer in place, then assigns it
     assert torch.equal(rope.inv_freq, rotary.frequencies(16).inv_freq)
@@ -321,8 +323,16 @@ def test_tables_cached_under_inference_mode_still_train():
     [
         (None, "hf"),  # the cache grows concurrently to different lengths
         ({"rope_type": "dynamic", "factor": 4.0, "max_position_embeddings": 16}, "stateless"),
-        ({"rope_type": "longrope", "original_max_position_embeddings": 16, "factor": 4.0,
-          "short_factor": [1.0 + i / 32 for i in range(8)], "long_factor": [1.0 + i for i in range(8)]}, "hf"),
+        (
+            {
+                "rope_type": "longrope",
+                "original_max_position_embeddings": 16,
+                "factor": 4.0,
+                "short_factor": [1.0 + i / 32 for i in range(8)],
+                "long_factor": [1.0 + i for i in range(8)],
+            },
+            "hf",
+        ),
     ],
 )
 def test_one_rope_shared_by_threads_gives_single_threaded_results(scaling, dynamic, gen, one_intraop_thread):
@@ -382,8 +392,13 @@ def test_one_hf_dynamic_ntk_rope_shared_by_threads_with_resets(gen, one_intraop_
 
 
 def test_a_longrope_block_edited_after_construction_changes_nothing(gen):
-    scaling = {"rope_type": "longrope", "original_max_position_embeddings": 16, "factor": 4.0,
-               "short_factor": [1.0] * 8, "long_factor": [1.0 + i for i in range(8)]}
+    scaling = {
+        "rope_type": "longrope",
+        "original_max_position_embeddings": 16,
+        "factor": 4.0,
+        "short_factor": [1.0] * 8,
+        "long_factor": [1.0 + i for i in range(8)],
+    }
     rope = rotary.RoPE(16, scaling=scaling)
     q = torch.randn(1, 1, 40, 16, generator=gen)  # past 16 tokens: the long factors, computed lazily
     scaling["long_factor"][0] = 100.0  # edited in place after construction, before first use

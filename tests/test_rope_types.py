@@ -33,20 +33,44 @@ NEVER = [
     ({**YARN, "beta_slow": -5}, None, r"beta_slow=-5 for rope_type 'yarn' must be > 0"),
     ({**YARN, "beta_fast": -1.0}, None, r"beta_fast=-1.0 for rope_type 'yarn' must be > 0"),
     # item 10: out-of-range values that gave NaN, inf or no rotation
-    ({**LONGROPE, "long_factor": [4.0] * 31 + [0.0]}, None, r"long_factor entries .* must be > 0, got long_factor\[31\]=0.0"),
+    (
+        {**LONGROPE, "long_factor": [4.0] * 31 + [0.0]},
+        None,
+        r"long_factor entries .* must be > 0, got long_factor\[31\]=0.0",
+    ),
     ({**LONGROPE, "short_factor": [-1.0] * 32}, None, r"short_factor\[0\]=-1.0"),
-    ({"rope_type": "proportional", "partial_rotary_factor": 0}, None, r"partial_rotary_factor of rope_type 'proportional' must be a number in \(0, 1\], got 0"),
-    ({"rope_type": "proportional", "partial_rotary_factor": 0.01}, None, r"leaves no pair rotating .*raise it to at least 0.03125"),
+    (
+        {"rope_type": "proportional", "partial_rotary_factor": 0},
+        None,
+        r"partial_rotary_factor of rope_type 'proportional' must be a number in \(0, 1\], got 0",
+    ),
+    (
+        {"rope_type": "proportional", "partial_rotary_factor": 0.01},
+        None,
+        r"leaves no pair rotating .*raise it to at least 0.03125",
+    ),
     ({**DYNAMIC, "factor": 1e300}, None, r"factor=1e\+300 for rope_type 'dynamic' is too large: .*<= 2\*\*24"),
     ({"rope_type": "ntk", "factor": 1e300}, None, r"factor=1e\+300 for rope_type 'ntk' overflows the base"),
-    ({"rope_type": "linear", "factor": 1e300}, None, r"gives frequency 0 \(in float32\) to pairs \[0, 1, .*would not rotate"),
+    (
+        {"rope_type": "linear", "factor": 1e300},
+        None,
+        r"gives frequency 0 \(in float32\) to pairs \[0, 1, .*would not rotate",
+    ),
     ({"rope_type": "linear", "factor": 0.0}, None, r"factor=0.0 for rope_type 'linear' must be > 0"),
     ({"rope_type": "linear", "factor": -2.0}, None, r"factor=-2.0 for rope_type 'linear' must be > 0"),
     ({**YARN, "factor": -4.0}, None, r"factor=-4.0 for rope_type 'yarn' must be > 0"),
     ({**YARN, "attention_factor": 0.0}, None, r"attention_factor=0.0 for rope_type 'yarn' must be > 0"),
     ({**LONGROPE, "attention_factor": -1}, None, r"attention_factor=-1 for rope_type 'longrope' must be > 0"),
-    ({**YARN, "mscale": 1.0, "mscale_all_dim": -10 / math.log(4.0)}, None, r"give the attention factor .* must be a finite number > 0"),
-    ({**YARN, "mscale": -20.0, "mscale_all_dim": 1.0}, None, r"attention factor .* = -[0-9.]+, which must be a finite number > 0"),
+    (
+        {**YARN, "mscale": 1.0, "mscale_all_dim": -10 / math.log(4.0)},
+        None,
+        r"give the attention factor .* must be a finite number > 0",
+    ),
+    (
+        {**YARN, "mscale": -20.0, "mscale_all_dim": 1.0},
+        None,
+        r"attention factor .* = -[0-9.]+, which must be a finite number > 0",
+    ),
     ({**LONGROPE, "factor": 4.0, "original_max_position_embeddings": 1}, None, r"divides by ln\(1\) = 0"),
     ({"rope_type": "default"}, 1e-300, r"base=1e-300 must be > 1"),
     ({"rope_type": "default"}, 1.0, r"base=1.0 must be > 1"),
@@ -55,12 +79,32 @@ NEVER = [
     # finite at the trained length, not at the length the factor aims for (factor x 4096 tokens)
     ({**DYNAMIC, "factor": 2.0**24}, 1e37, r"'dynamic' .* at sequence length 68719476736 gives frequency 0"),
     # found by tests/test_config_properties.py
-    ({**YARN, "mscale": 1e300, "mscale_all_dim": 1.0}, None, r"mscale=1e\+300.* gives attention scaling .*float32 tables"),
-    ({**LONGROPE, "original_max_position_embeddings": 1e-300}, None, r"original_max_position_embeddings must be a positive int .*1e-300"),
-    ({**LONGROPE, "short_factor": [1e-188] * 32}, None, r"non-finite frequencies for pairs \[0, .*short_factor\[0\]=1e-188"),
-    ({**LONGROPE, "long_factor": [3.4e38] * 32}, None, r"at sequence length 4097 gives frequency 0 .*long_factor\[1\]=3.4e\+38"),
+    (
+        {**YARN, "mscale": 1e300, "mscale_all_dim": 1.0},
+        None,
+        r"mscale=1e\+300.* gives attention scaling .*float32 tables",
+    ),
+    (
+        {**LONGROPE, "original_max_position_embeddings": 1e-300},
+        None,
+        r"original_max_position_embeddings must be a positive int .*1e-300",
+    ),
+    (
+        {**LONGROPE, "short_factor": [1e-188] * 32},
+        None,
+        r"non-finite frequencies for pairs \[0, .*short_factor\[0\]=1e-188",
+    ),
+    (
+        {**LONGROPE, "long_factor": [3.4e38] * 32},
+        None,
+        r"at sequence length 4097 gives frequency 0 .*long_factor\[1\]=3.4e\+38",
+    ),
     # item 7: a number written as a string (YAML, CLI) is not a number
-    ({"rope_type": "linear", "factor": "2.0"}, None, r"factor of rope_type 'linear' must be a finite number .*got '2.0' \(str\)"),
+    (
+        {"rope_type": "linear", "factor": "2.0"},
+        None,
+        r"factor of rope_type 'linear' must be a finite number .*got '2.0' \(str\)",
+    ),
     ({"rope_type": "linear", "factor": True}, None, r"got True \(bool\)"),
     ({"rope_type": "linear", "factor": float("nan")}, None, r"got nan \(float\)"),
     ({"rope_type": "linear", "factor": float("inf")}, None, r"got inf \(float\)"),
@@ -69,7 +113,11 @@ NEVER = [
     ({**YARN, "mscale": "1.0", "mscale_all_dim": 1.0}, None, r"mscale of rope_type 'yarn' must be a finite number"),
     ({**YARN, "truncate": "false"}, None, r"truncate of rope_type 'yarn' must be true or false, got 'false' \(str\)"),
     ({**YARN, "truncate": 0}, None, r"truncate of rope_type 'yarn' must be true or false, got 0 \(int\)"),
-    ({**YARN, "original_max_position_embeddings": "4096"}, None, r"original_max_position_embeddings must be a positive int .*'4096'"),
+    (
+        {**YARN, "original_max_position_embeddings": "4096"},
+        None,
+        r"original_max_position_embeddings must be a positive int .*'4096'",
+    ),
     ({**DYNAMIC, "max_position_embeddings": True}, None, r"max_position_embeddings must be a positive int .*True"),
     ({**LONGROPE, "short_factor": ["1.0"] * 32}, None, r"short_factor must be a list of 32 numbers"),
 ]
@@ -108,7 +156,7 @@ def test_value_mistakes_are_errors_strictly_and_warnings_leniently(block, messag
         frequencies(64, scaling=block)
     with pytest.warns(UserWarning, match=message):
         f = frequencies(64, scaling=block, strict=False)
-    turning = f.inv_freq[: 16] if block["rope_type"] == "proportional" else f.inv_freq  # the others never turn
+    turning = f.inv_freq[:16] if block["rope_type"] == "proportional" else f.inv_freq  # the others never turn
     assert bool(torch.isfinite(f.inv_freq).all()) and bool((turning > 0).all())
     assert math.isfinite(f.attention_scaling) and f.attention_scaling > 0
 
@@ -179,8 +227,16 @@ def test_a_registered_type_returning_nan_is_refused():
     "builtin, update, block",
     [
         ("dynamic", "grow", {"factor": 4.0, "max_position_embeddings": 8}),
-        ("longrope", "switch", {"original_max_position_embeddings": 8, "factor": 4.0,
-                                "short_factor": [1.0] * 8, "long_factor": [1.0 + i for i in range(8)]}),
+        (
+            "longrope",
+            "switch",
+            {
+                "original_max_position_embeddings": 8,
+                "factor": 4.0,
+                "short_factor": [1.0] * 8,
+                "long_factor": [1.0 + i for i in range(8)],
+            },
+        ),
     ],
 )
 def test_a_registered_length_dependent_type_follows_the_length_like_the_builtin(builtin, update, block, mode):
@@ -189,7 +245,11 @@ def test_a_registered_length_dependent_type_follows_the_length_like_the_builtin(
 
     spec = ROPE_TYPES[builtin]
     register_rope_type(
-        "test-mine", required=spec.required, optional=spec.optional, length_dependent=True, update=update,
+        "test-mine",
+        required=spec.required,
+        optional=spec.optional,
+        length_dependent=True,
+        update=update,
         trained_length=spec.trained_length,
     )(spec.init)
     try:

@@ -155,36 +155,194 @@ def test_longrope_matches_transformers(config, seq_len):
 def test_published_snapshots_from_transformers_tests():
     # transformers' tests/utils/test_modeling_rope_utils.py snapshots (LlamaConfig defaults: head_dim 128,
     # theta 1e4, 2048 positions; factor 10), printed to 5 significant digits there
-    yarn = frequencies(128, scaling={"rope_type": "yarn", "factor": 10.0, "beta_fast": 32, "beta_slow": 1,
-                                     "original_max_position_embeddings": 2048})
-    expected_yarn = [1.0, 8.6596e-01, 7.4989e-01, 6.4938e-01, 5.6234e-01, 4.8697e-01, 4.2170e-01, 3.6517e-01,
-                     3.1623e-01, 2.7384e-01, 2.3714e-01, 2.0535e-01, 1.7783e-01, 1.5399e-01, 1.3335e-01, 1.1548e-01,
-                     1.0000e-01, 8.3479e-02, 6.9590e-02, 5.7925e-02, 4.8136e-02, 3.9931e-02, 3.3061e-02, 2.7315e-02,
-                     2.2515e-02, 1.8512e-02, 1.5177e-02, 1.2403e-02, 1.0101e-02, 8.1924e-03, 6.6143e-03, 5.3120e-03,
-                     4.2400e-03, 3.3599e-03, 2.6396e-03, 2.0520e-03, 1.5746e-03, 1.1882e-03, 8.7713e-04, 6.2810e-04,
-                     4.3007e-04, 2.7384e-04, 2.3714e-04, 2.0535e-04, 1.7783e-04, 1.5399e-04, 1.3335e-04, 1.1548e-04,
-                     1.0000e-04, 8.6596e-05, 7.4989e-05, 6.4938e-05, 5.6234e-05, 4.8697e-05, 4.2170e-05, 3.6517e-05,
-                     3.1623e-05, 2.7384e-05, 2.3714e-05, 2.0535e-05, 1.7783e-05, 1.5399e-05, 1.3335e-05, 1.1548e-05]
+    yarn = frequencies(
+        128,
+        scaling={
+            "rope_type": "yarn",
+            "factor": 10.0,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "original_max_position_embeddings": 2048,
+        },
+    )
+    expected_yarn = [
+        1.0,
+        8.6596e-01,
+        7.4989e-01,
+        6.4938e-01,
+        5.6234e-01,
+        4.8697e-01,
+        4.2170e-01,
+        3.6517e-01,
+        3.1623e-01,
+        2.7384e-01,
+        2.3714e-01,
+        2.0535e-01,
+        1.7783e-01,
+        1.5399e-01,
+        1.3335e-01,
+        1.1548e-01,
+        1.0000e-01,
+        8.3479e-02,
+        6.9590e-02,
+        5.7925e-02,
+        4.8136e-02,
+        3.9931e-02,
+        3.3061e-02,
+        2.7315e-02,
+        2.2515e-02,
+        1.8512e-02,
+        1.5177e-02,
+        1.2403e-02,
+        1.0101e-02,
+        8.1924e-03,
+        6.6143e-03,
+        5.3120e-03,
+        4.2400e-03,
+        3.3599e-03,
+        2.6396e-03,
+        2.0520e-03,
+        1.5746e-03,
+        1.1882e-03,
+        8.7713e-04,
+        6.2810e-04,
+        4.3007e-04,
+        2.7384e-04,
+        2.3714e-04,
+        2.0535e-04,
+        1.7783e-04,
+        1.5399e-04,
+        1.3335e-04,
+        1.1548e-04,
+        1.0000e-04,
+        8.6596e-05,
+        7.4989e-05,
+        6.4938e-05,
+        5.6234e-05,
+        4.8697e-05,
+        4.2170e-05,
+        3.6517e-05,
+        3.1623e-05,
+        2.7384e-05,
+        2.3714e-05,
+        2.0535e-05,
+        1.7783e-05,
+        1.5399e-05,
+        1.3335e-05,
+        1.1548e-05,
+    ]
     torch.testing.assert_close(yarn.inv_freq, torch.tensor(expected_yarn), rtol=6e-5, atol=0)
     assert yarn.attention_scaling == 0.1 * math.log(10.0) + 1.0
-    dynamic = frequencies(128, scaling={"rope_type": "dynamic", "factor": 10.0, "max_position_embeddings": 2048},
-                          seq_len=16384)
+    dynamic = frequencies(
+        128, scaling={"rope_type": "dynamic", "factor": 10.0, "max_position_embeddings": 2048}, seq_len=16384
+    )
     expected_dynamic = [
-        1.0, 8.0931e-01, 6.5498e-01, 5.3008e-01, 4.2900e-01, 3.4720e-01, 2.8099e-01, 2.2741e-01, 1.8404e-01,
-        1.4895e-01, 1.2055e-01, 9.7558e-02, 7.8955e-02, 6.3899e-02, 5.1714e-02, 4.1853e-02, 3.3872e-02, 2.7413e-02,
-        2.2185e-02, 1.7955e-02, 1.4531e-02, 1.1760e-02, 9.5176e-03, 7.7027e-03, 6.2339e-03, 5.0451e-03, 4.0831e-03,
-        3.3045e-03, 2.6744e-03, 2.1644e-03, 1.7517e-03, 1.4176e-03, 1.1473e-03, 9.2852e-04, 7.5146e-04, 6.0817e-04,
-        4.9220e-04, 3.9834e-04, 3.2238e-04, 2.6091e-04, 2.1115e-04, 1.7089e-04, 1.3830e-04, 1.1193e-04, 9.0585e-05,
-        7.3312e-05, 5.9332e-05, 4.8018e-05, 3.8861e-05, 3.1451e-05, 2.5453e-05, 2.0600e-05, 1.6672e-05, 1.3492e-05,
-        1.0920e-05, 8.8374e-06, 7.1522e-06, 5.7883e-06, 4.6845e-06, 3.7912e-06, 3.0683e-06, 2.4832e-06, 2.0097e-06,
-        1.6265e-06]
+        1.0,
+        8.0931e-01,
+        6.5498e-01,
+        5.3008e-01,
+        4.2900e-01,
+        3.4720e-01,
+        2.8099e-01,
+        2.2741e-01,
+        1.8404e-01,
+        1.4895e-01,
+        1.2055e-01,
+        9.7558e-02,
+        7.8955e-02,
+        6.3899e-02,
+        5.1714e-02,
+        4.1853e-02,
+        3.3872e-02,
+        2.7413e-02,
+        2.2185e-02,
+        1.7955e-02,
+        1.4531e-02,
+        1.1760e-02,
+        9.5176e-03,
+        7.7027e-03,
+        6.2339e-03,
+        5.0451e-03,
+        4.0831e-03,
+        3.3045e-03,
+        2.6744e-03,
+        2.1644e-03,
+        1.7517e-03,
+        1.4176e-03,
+        1.1473e-03,
+        9.2852e-04,
+        7.5146e-04,
+        6.0817e-04,
+        4.9220e-04,
+        3.9834e-04,
+        3.2238e-04,
+        2.6091e-04,
+        2.1115e-04,
+        1.7089e-04,
+        1.3830e-04,
+        1.1193e-04,
+        9.0585e-05,
+        7.3312e-05,
+        5.9332e-05,
+        4.8018e-05,
+        3.8861e-05,
+        3.1451e-05,
+        2.5453e-05,
+        2.0600e-05,
+        1.6672e-05,
+        1.3492e-05,
+        1.0920e-05,
+        8.8374e-06,
+        7.1522e-06,
+        5.7883e-06,
+        4.6845e-06,
+        3.7912e-06,
+        3.0683e-06,
+        2.4832e-06,
+        2.0097e-06,
+        1.6265e-06,
+    ]
     torch.testing.assert_close(dynamic.inv_freq, torch.tensor(expected_dynamic), rtol=6e-5, atol=0)
-    llama3 = frequencies(128, scaling={"rope_type": "llama3", "factor": 10.0, "low_freq_factor": 1,
-                                       "high_freq_factor": 4, "original_max_position_embeddings": 2048})
-    expected_llama3 = expected_yarn[:17] + [
-        8.6596e-02, 7.4989e-02, 6.4938e-02, 5.6234e-02, 4.8697e-02, 4.2170e-02, 3.6517e-02, 3.1623e-02, 2.7384e-02,
-        2.3714e-02, 2.0535e-02, 1.7783e-02, 1.5399e-02, 1.3335e-02, 1.0730e-02, 7.7785e-03, 5.6009e-03, 3.9991e-03,
-        2.8248e-03, 1.9675e-03, 1.3449e-03, 8.9549e-04, 5.7363e-04, 3.4539e-04] + expected_yarn[41:]
+    llama3 = frequencies(
+        128,
+        scaling={
+            "rope_type": "llama3",
+            "factor": 10.0,
+            "low_freq_factor": 1,
+            "high_freq_factor": 4,
+            "original_max_position_embeddings": 2048,
+        },
+    )
+    expected_llama3 = (
+        expected_yarn[:17]
+        + [
+            8.6596e-02,
+            7.4989e-02,
+            6.4938e-02,
+            5.6234e-02,
+            4.8697e-02,
+            4.2170e-02,
+            3.6517e-02,
+            3.1623e-02,
+            2.7384e-02,
+            2.3714e-02,
+            2.0535e-02,
+            1.7783e-02,
+            1.5399e-02,
+            1.3335e-02,
+            1.0730e-02,
+            7.7785e-03,
+            5.6009e-03,
+            3.9991e-03,
+            2.8248e-03,
+            1.9675e-03,
+            1.3449e-03,
+            8.9549e-04,
+            5.7363e-04,
+            3.4539e-04,
+        ]
+        + expected_yarn[41:]
+    )
     torch.testing.assert_close(llama3.inv_freq, torch.tensor(expected_llama3), rtol=6e-5, atol=0)
     assert llama3.attention_scaling == 1.0
 
@@ -223,8 +381,9 @@ def test_dynamic_is_default_up_to_the_trained_length():
 
 
 def test_yarn_keeps_fast_pairs_and_interpolates_slow_ones():
-    f = frequencies(128, base=10000.0, scaling={"rope_type": "yarn", "factor": 16.0,
-                                                "original_max_position_embeddings": 4096})
+    f = frequencies(
+        128, base=10000.0, scaling={"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 4096}
+    )
     plain = default_inv_freq(10000.0, 128)
     assert torch.equal(f.inv_freq[:8], plain[:8])
     torch.testing.assert_close(f.inv_freq[-8:], plain[-8:] / 16.0, rtol=1e-6, atol=0)
@@ -232,8 +391,17 @@ def test_yarn_keeps_fast_pairs_and_interpolates_slow_ones():
 
 
 def test_llama3_bands():
-    f = frequencies(128, base=500000.0, scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    f = frequencies(
+        128,
+        base=500000.0,
+        scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    )
     plain = default_inv_freq(500000.0, 128)
     wavelen = 2 * math.pi / plain
     short, long = wavelen < 8192 / 4.0, wavelen > 8192 / 1.0
@@ -258,8 +426,15 @@ def test_partial_rotation_by_factor_or_rotary_dim():
     assert by_factor.rotary_dim == by_dim.rotary_dim == 64
     assert torch.equal(by_factor.inv_freq, by_dim.inv_freq)
     # channels past rotary_dim pass through the module unchanged
-    rope = RoPE(128, scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
-                              "partial_rotary_factor": 0.25})
+    rope = RoPE(
+        128,
+        scaling={
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 64,
+            "partial_rotary_factor": 0.25,
+        },
+    )
     q = torch.randn(1, 2, 10, 128)
     q_rot, _ = rope(q, q)
     assert torch.equal(q_rot[..., 32:], q[..., 32:])
@@ -289,8 +464,13 @@ def _reference(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float):
         {"rope_type": "default"},
         {"rope_type": "linear", "factor": 4.0},
         {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 1024},
-        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-         "original_max_position_embeddings": 1024},
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 1024,
+        },
     ],
     ids=lambda p: p["rope_type"],
 )
@@ -330,8 +510,16 @@ def test_tables_on_drawn_configurations(data):
     else:
         head_dim, params, max_position_embeddings = data.draw(configurations(rope_type))
     if rope_type == "default":  # Llama's default ignores partial_rotary_factor; Phi-3's reads it
-        cfg = Phi3Config(hidden_size=2 * head_dim, num_attention_heads=2, num_key_value_heads=2, num_hidden_layers=1,
-                         intermediate_size=8, vocab_size=8, pad_token_id=0, rope_parameters=params)
+        cfg = Phi3Config(
+            hidden_size=2 * head_dim,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            num_hidden_layers=1,
+            intermediate_size=8,
+            vocab_size=8,
+            pad_token_id=0,
+            rope_parameters=params,
+        )
         hf = Phi3RotaryEmbedding(cfg)
     else:
         cfg = hf_config(head_dim, params, max_position_embeddings)
@@ -395,11 +583,21 @@ def test_dynamic_replays_transformers_call_for_call(how):
 def test_longrope_replays_transformers_call_for_call():
     n = 16
     cfg = Phi3Config(
-        hidden_size=64, num_attention_heads=2, num_key_value_heads=2, num_hidden_layers=1, intermediate_size=8,
-        vocab_size=8, max_position_embeddings=32, original_max_position_embeddings=8, pad_token_id=0,
-        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
-                         "short_factor": [1.0 + i / 32 for i in range(n)],
-                         "long_factor": [1.0 + i for i in range(n)]},
+        hidden_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        num_hidden_layers=1,
+        intermediate_size=8,
+        vocab_size=8,
+        max_position_embeddings=32,
+        original_max_position_embeddings=8,
+        pad_token_id=0,
+        rope_parameters={
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "short_factor": [1.0 + i / 32 for i in range(n)],
+            "long_factor": [1.0 + i for i in range(n)],
+        },
     )
     hf = Phi3RotaryEmbedding(cfg)
     rope = RoPE.from_hf_config(cfg)
@@ -407,8 +605,10 @@ def test_longrope_replays_transformers_call_for_call():
         _check_call(hf, rope, length, "cos_sin")
         long = length > 8
         assert torch.equal(
-            rope.inv_freq, frequencies(32, scaling=dict(rope.original_freqs.scaling, rope_theta=10000.0),
-                                       seq_len=9 if long else None).inv_freq
+            rope.inv_freq,
+            frequencies(
+                32, scaling=dict(rope.original_freqs.scaling, rope_theta=10000.0), seq_len=9 if long else None
+            ).inv_freq,
         )
 
 

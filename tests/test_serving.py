@@ -46,7 +46,11 @@ def _composition(q, k, v, k_cache, v_cache, slots, tables, layout, cache_layout)
 
 CASES = list(
     itertools.product(
-        (torch.float32, torch.bfloat16, torch.float16), (False, True), ("bshd", "bhsd"), ("bshd", "bhsd"), (16, 12),
+        (torch.float32, torch.bfloat16, torch.float16),
+        (False, True),
+        ("bshd", "bhsd"),
+        ("bshd", "bhsd"),
+        (16, 12),
     )
 )
 
@@ -85,7 +89,9 @@ def test_packed_tokens_into_one_flat_cache_with_a_value_head_size_of_its_own():
     k_cache, v_cache = torch.zeros(1, 12, HK, D), torch.zeros(1, 12, HK, 8)  # one slot axis (vLLM's flat cache)
     slots = torch.tensor([11, 0, 3, 4, 7])
     positions = torch.tensor([0, 1, 0, 1, 2])  # two packed sequences
-    q_rot, k_rot = rotary.rotate_and_cache(q, k, v, k_cache, v_cache, slots, rope.tables(rotary.positions.from_ids(positions, packed=True)))
+    q_rot, k_rot = rotary.rotate_and_cache(
+        q, k, v, k_cache, v_cache, slots, rope.tables(rotary.positions.from_ids(positions, packed=True))
+    )
     want_q, want_k = (rope.rotate(t.unsqueeze(0), position_ids=positions, layout="bshd")[0] for t in (q, k))
     assert torch.equal(q_rot, want_q) and torch.equal(k_rot, want_k)
     assert torch.equal(k_cache[0, slots], want_k) and torch.equal(v_cache[0, slots], v)
@@ -96,7 +102,9 @@ def test_packed_tokens_into_one_flat_cache_with_a_value_head_size_of_its_own():
 
 def test_in_place_and_m_rope_tables():
     mrope = rotary.MRoPE(D, mrope_section=[2, 3, 3])
-    ids = torch.stack([torch.arange(S).expand(B, S), torch.arange(S).flip(0).expand(B, S), torch.ones(B, S, dtype=torch.long)])
+    ids = torch.stack(
+        [torch.arange(S).expand(B, S), torch.arange(S).flip(0).expand(B, S), torch.ones(B, S, dtype=torch.long)]
+    )
     tables = mrope.tables(ids)  # per-token [B, S, r]
     q, k, v = _inputs(torch.float32)
     want_caches = _caches(torch.float32)
@@ -250,7 +258,11 @@ def test_q_k_and_v_of_different_ranks_are_named():
     caches = torch.zeros(1, T, HK, D), torch.zeros(1, T, HK, D)
     q3, k3, v3 = torch.zeros(5, HQ, D), torch.zeros(5, HK, D), torch.zeros(5, HK, D)
     tables = rope.tables(rotary.positions.from_ids(positions, packed=True))
-    for (q, k, v), dims in (((q3, k3[None], v3), "3, 4, 3"), ((q3[None], k3, v3), "4, 3, 3"), ((q3, k3, v3[None]), "3, 3, 4")):
+    for (q, k, v), dims in (
+        ((q3, k3[None], v3), "3, 4, 3"),
+        ((q3[None], k3, v3), "4, 3, 3"),
+        ((q3, k3, v3[None]), "3, 3, 4"),
+    ):
         with pytest.raises(rotary.InputError, match=rf"q, k and v must all be 4-D .* or all 3-D .* got {dims}-D"):
             rotary.rotate_and_cache(q, k, v, *caches, positions, tables)
 
@@ -332,7 +344,9 @@ def test_a_cache_that_requires_grad_is_named():
     q, k, v = _inputs(torch.float32)
     k_cache, v_cache = _caches(torch.float32)
     with pytest.raises(rotary.InputError, match=r"v_cache is a leaf tensor that requires grad.*torch.no_grad"):
-        rotary.rotate_and_cache(q, k, v, k_cache, v_cache.requires_grad_(), SLOTS, rotary.RoPE(D).tables(torch.arange(S)))
+        rotary.rotate_and_cache(
+            q, k, v, k_cache, v_cache.requires_grad_(), SLOTS, rotary.RoPE(D).tables(torch.arange(S))
+        )
     with torch.no_grad():
         rotary.rotate_and_cache(q, k, v, k_cache, v_cache, SLOTS, rotary.RoPE(D).tables(torch.arange(S)))
     assert torch.equal(v_cache[1, 9], v[1, 2])
@@ -349,7 +363,9 @@ def test_two_tokens_written_to_one_cache_row_are_named_on_the_cpu():
     shared = _caches(torch.float32, batch=1)  # one batch row of cache for both sequences: slots must differ across them
     with pytest.raises(rotary.InputError, match=r"slots write cache row \(batch 0, slot 4\) more than once"):
         rotary.rotate_and_cache(q, k, v, *shared, torch.tensor([[4, 5, 6], [0, 1, 4]]), tables)
-    rotary.rotate_and_cache(q, k, v, *caches, torch.tensor([[4, 5, 6], [4, 5, 6]]), tables)  # the same slot in two rows: fine
+    rotary.rotate_and_cache(
+        q, k, v, *caches, torch.tensor([[4, 5, 6], [4, 5, 6]]), tables
+    )  # the same slot in two rows: fine
     assert torch.equal(caches[1][:, 4:7], v)
 
 
@@ -368,7 +384,9 @@ def test_the_vllm_form_compiles_in_one_graph_and_equals_eager(table_dtype):
     want_caches, got_caches = _caches(torch.bfloat16), _caches(torch.bfloat16)
     want = step(q, k, v, *want_caches, SLOTS, positions, cos_sin_cache)
     torch._dynamo.reset()
-    got = torch.compile(step, backend="aot_eager", fullgraph=True)(q, k, v, *got_caches, SLOTS, positions, cos_sin_cache)
+    got = torch.compile(step, backend="aot_eager", fullgraph=True)(
+        q, k, v, *got_caches, SLOTS, positions, cos_sin_cache
+    )
     for g, w in zip((*got, *got_caches), (*want, *want_caches)):
         assert torch.equal(g, w)
 
@@ -391,7 +409,9 @@ def test_compiled_bad_slots_and_positions_fail_when_the_graph_runs():
     torch._dynamo.reset()
     with pytest.raises(RuntimeError, match="slots given to rotate_and_cache must be in 0 .. T_max - 1"):
         bad = torch.tensor([[4, 5, 6], [0, 1, T]])
-        torch.compile(step_with_tables, backend="aot_eager", fullgraph=True)(q, k, v, *_caches(torch.float32), bad, positions)
+        torch.compile(step_with_tables, backend="aot_eager", fullgraph=True)(
+            q, k, v, *_caches(torch.float32), bad, positions
+        )
     compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
     with pytest.raises(RuntimeError, match="positions given with cos_sin_cache must be in 0 .. max_position - 1"):
         compiled(q, k, v, *_caches(torch.float32), SLOTS, torch.tensor([[3, 4, 5], [7, 8, 32]]))
@@ -434,7 +454,9 @@ def test_slots_shared_by_every_sequence_write_what_their_copy_writes(cache_layou
     expanded = slots.expand(3, -1)
     assert expanded.stride(0) == 0
     got = rotary.rotate_and_cache(q, k, v, caches[0], caches[1], expanded, tables, cache_layout=cache_layout)
-    want = rotary.rotate_and_cache(q, k, v, caches[2], caches[3], expanded.contiguous(), tables, cache_layout=cache_layout)
+    want = rotary.rotate_and_cache(
+        q, k, v, caches[2], caches[3], expanded.contiguous(), tables, cache_layout=cache_layout
+    )
     for a, b in zip((*got, caches[0], caches[1]), (*want, caches[2], caches[3])):
         assert torch.equal(a, b)
     assert caches[0].abs().sum() > 0
@@ -455,7 +477,9 @@ def test_a_non_finite_row_of_cos_sin_cache_is_named_on_the_cpu_and_flagged_on_an
     q, k, v = _inputs(torch.float32)
     positions = torch.tensor([[3, 4, 5], [7, 8, 9]])
     caches = _caches(torch.float32)
-    with pytest.raises(rotary.InputError, match=r"cos_sin_cache row 8 \(the position of token \(1, 1\)\) holds NaN or inf"):
+    with pytest.raises(
+        rotary.InputError, match=r"cos_sin_cache row 8 \(the position of token \(1, 1\)\) holds NaN or inf"
+    ):
         rotary.rotate_and_cache(q, k, v, *caches, SLOTS, positions=positions, cos_sin_cache=cos_sin_cache)
     assert (caches[0] == 7).all() and (caches[1] == 7).all()  # nothing written
     with pytest.raises(rotary.InputError, match=r"cos_sin_cache row 8 \(the position of token 4\)"):
@@ -465,8 +489,12 @@ def test_a_non_finite_row_of_cos_sin_cache_is_named_on_the_cpu_and_flagged_on_an
     got = rotary.rotate_and_cache(q, k, v, *_caches(torch.float32), SLOTS, positions=good, cos_sin_cache=cos_sin_cache)
     assert all(torch.equal(g, w) for g, w in zip(got, want))
     with accelerator_rules():  # nothing read: the token of row 8 is not finite, and flagged
-        q_rot, k_rot = rotary.rotate_and_cache(q, k, v, *_caches(torch.float32), SLOTS, positions=positions, cos_sin_cache=cos_sin_cache)
-    assert not torch.isfinite(q_rot[1, 1]).all() and torch.isfinite(q_rot[0]).all() and torch.isfinite(k_rot[1, 0]).all()
+        q_rot, k_rot = rotary.rotate_and_cache(
+            q, k, v, *_caches(torch.float32), SLOTS, positions=positions, cos_sin_cache=cos_sin_cache
+        )
+    assert (
+        not torch.isfinite(q_rot[1, 1]).all() and torch.isfinite(q_rot[0]).all() and torch.isfinite(k_rot[1, 0]).all()
+    )
     with pytest.raises(DeviceInputError, match=r"cos_sin_cache rows holding NaN or inf"):
         deferred.check_device_errors()
     with accelerator_rules():

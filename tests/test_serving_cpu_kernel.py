@@ -142,7 +142,12 @@ def _assert_equal(got, want):
 def test_the_kernel_gives_the_general_path_s_result_bit_for_bit(kernel, dtype, interleaved, form):
     done = 0
     for layout, cache_layout, r, inplace, slot_kind, dv in itertools.product(
-        ("bshd", "bhsd"), ("bshd", "bhsd"), (D, 10), (False, True), ("per sequence", "expanded [S]", "one cache row"), (D, 8)
+        ("bshd", "bhsd"),
+        ("bshd", "bhsd"),
+        (D, 10),
+        (False, True),
+        ("per sequence", "expanded [S]", "one cache row"),
+        (D, 8),
     ):
         seed = done
         positions = torch.randint(0, P, (B, S), generator=torch.Generator().manual_seed(seed))
@@ -150,7 +155,9 @@ def test_the_kernel_gives_the_general_path_s_result_bit_for_bit(kernel, dtype, i
         slots = _slots(slot_kind, seed)
         batch = 1 if slot_kind == "one cache row" else B
         call = _caller(slots, layout=layout, cache_layout=cache_layout, inplace=inplace, **kwargs)
-        got, want, statuses = _both(call, kernel, *_inputs(dtype, layout, dv, seed), *_caches(dtype, cache_layout, batch, dv))
+        got, want, statuses = _both(
+            call, kernel, *_inputs(dtype, layout, dv, seed), *_caches(dtype, cache_layout, batch, dv)
+        )
         assert statuses == [[]], (layout, cache_layout, r, inplace, slot_kind, dv)  # taken, once, and done
         _assert_equal(got, want)
         if inplace:
@@ -174,9 +181,7 @@ def test_packed_tokens_into_a_flat_cache(kernel, dtype, form):
         kwargs = dict(positions=ids, cos_sin_cache=_cos_sin_cache(12, True), interleaved=True)
     else:
         kwargs = dict(tables=rotary.RoPE(D, rotary_dim=12).tables(rotary.positions.from_ids(ids, packed=True)))
-    got, want, statuses = _both(
-        lambda *t: rotary.rotate_and_cache(*t, slots, **kwargs), kernel, q, k, v, *caches
-    )
+    got, want, statuses = _both(lambda *t: rotary.rotate_and_cache(*t, slots, **kwargs), kernel, q, k, v, *caches)
     assert statuses == [[]]
     _assert_equal(got, want)
     assert got[0][0].shape == (tokens, HQ, D)
@@ -220,7 +225,12 @@ def _error(call, kernel: Kernel, *tensors: torch.Tensor) -> tuple[str, list[list
 @pytest.mark.parametrize(
     ("slots", "batch", "code", "match"),
     [
-        (torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, T]]), B, 3, rf"slots must be in 0 .. {T - 1} .* got 0 .. {T}"),
+        (
+            torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, T]]),
+            B,
+            3,
+            rf"slots must be in 0 .. {T - 1} .* got 0 .. {T}",
+        ),
         (torch.tensor([[0, 1, 2, 3], [4, -1, 6, 7], [8, 9, 10, 11]]), B, 3, r"got -1 .. 11"),
         (torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7], [8, 11, 10, 11]]), B, 4, r"\(batch 2, slot 11\) more than once"),
         (torch.tensor([[3, 2, 3, 2], [4, 5, 6, 7], [8, 9, 10, 11]]), B, 4, r"\(batch 0, slot 2\) more than once"),
@@ -234,7 +244,9 @@ def test_bad_slots_raise_the_general_path_s_error_and_write_nothing(kernel, slot
     def call(q, k, v, k_cache, v_cache):
         return rotary.rotate_and_cache(q, k, v, k_cache, v_cache, slots, tables, inplace=inplace)
 
-    message, statuses = _error(call, kernel, *_inputs(torch.float32, "bshd", D, 0), *_caches(torch.float32, "bshd", batch, D))
+    message, statuses = _error(
+        call, kernel, *_inputs(torch.float32, "bshd", D, 0), *_caches(torch.float32, "bshd", batch, D)
+    )
     assert statuses[0][0] == code
     assert re.search(match, message)
 
@@ -242,14 +254,20 @@ def test_bad_slots_raise_the_general_path_s_error_and_write_nothing(kernel, slot
 @pytest.mark.parametrize(
     ("change", "code", "match"),
     [
-        (dict(positions=torch.tensor([[1, 2, 3, 4], [5, 6, 7, P], [0, 0, 0, 0]])), 1, rf"positions must be in 0 .. {P - 1} .* got 0 .. {P}"),
+        (
+            dict(positions=torch.tensor([[1, 2, 3, 4], [5, 6, 7, P], [0, 0, 0, 0]])),
+            1,
+            rf"positions must be in 0 .. {P - 1} .* got 0 .. {P}",
+        ),
         (dict(positions=torch.tensor([[1, 2, 3, 4], [5, -2, 7, 8], [0, 0, 0, 0]])), 1, r"got -2 .. 8"),
         (dict(nan_row=6), 2, r"cos_sin_cache row 6 \(the position of token \(1, 1\)\) holds NaN or inf"),
         (dict(nan_row=6, inf=True), 2, r"cos_sin_cache row 6 \(the position of token \(1, 1\)\) holds NaN or inf"),
         (dict(nan_row=6, positions_1d=True), 2, r"cos_sin_cache row 6 \(the position of token 1\) holds NaN or inf"),
     ],
 )
-def test_bad_positions_or_cos_sin_cache_rows_raise_the_general_path_s_error_and_write_nothing(kernel, change, code, match):
+def test_bad_positions_or_cos_sin_cache_rows_raise_the_general_path_s_error_and_write_nothing(
+    kernel, change, code, match
+):
     positions = change.get("positions", torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8], [0, 0, 0, 0]]))
     cos_sin_cache = _cos_sin_cache(D, False)
     if "nan_row" in change:
@@ -259,9 +277,13 @@ def test_bad_positions_or_cos_sin_cache_rows_raise_the_general_path_s_error_and_
     slots = torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]])
 
     def call(q, k, v, k_cache, v_cache):
-        return rotary.rotate_and_cache(q, k, v, k_cache, v_cache, slots, positions=positions, cos_sin_cache=cos_sin_cache)
+        return rotary.rotate_and_cache(
+            q, k, v, k_cache, v_cache, slots, positions=positions, cos_sin_cache=cos_sin_cache
+        )
 
-    message, statuses = _error(call, kernel, *_inputs(torch.float32, "bshd", D, 0), *_caches(torch.float32, "bshd", B, D))
+    message, statuses = _error(
+        call, kernel, *_inputs(torch.float32, "bshd", D, 0), *_caches(torch.float32, "bshd", B, D)
+    )
     assert statuses == [[code, *statuses[0][1:]]] and len(statuses[0]) == 3
     assert re.search(match, message)
 
@@ -302,7 +324,9 @@ def test_what_the_kernel_does_not_take_runs_the_general_path(kernel):
         got_caches, want_caches = _caches(torch.float32, "bshd", B, D), _caches(torch.float32, "bshd", B, D)
         got = rotary.rotate_and_cache(**args, k_cache=got_caches[0], v_cache=got_caches[1])
         assert kernel.statuses == [[0]], change.keys()
-        want = general(functools.partial(rotary.rotate_and_cache, **args, k_cache=want_caches[0], v_cache=want_caches[1]))
+        want = general(
+            functools.partial(rotary.rotate_and_cache, **args, k_cache=want_caches[0], v_cache=want_caches[1])
+        )
         for a, b in zip((*got, *got_caches), (*want, *want_caches)):
             assert torch.equal(a, b)
 
@@ -338,7 +362,9 @@ def test_values_of_a_dtype_of_their_own(kernel, dtype, value_dtype):
     q, k, _ = _inputs(dtype, "bhsd", D, 3)
     v = torch.randn(B, HK, S, 6).to(value_dtype)
     caches = (torch.zeros(B, HK, T, D, dtype=dtype), torch.zeros(B, HK, T, 6, dtype=value_dtype))
-    call = _caller(_slots("expanded [S]", 0), tables=rotary.RoPE(D).tables(torch.arange(S)), layout="bhsd", cache_layout="bhsd")
+    call = _caller(
+        _slots("expanded [S]", 0), tables=rotary.RoPE(D).tables(torch.arange(S)), layout="bhsd", cache_layout="bhsd"
+    )
     got, want, statuses = _both(call, kernel, q, k, v, *caches)
     assert statuses == [[]]
     _assert_equal(got, want)

@@ -68,8 +68,9 @@ def test_cache_grows_and_matches_direct_computation():
 
 
 def test_cache_rebuild_gives_identical_values():
-    small, big = TableCache(rotary.frequencies(16).inv_freq, 1.0, False, 4), TableCache(
-        rotary.frequencies(16).inv_freq, 1.0, False, 1024
+    small, big = (
+        TableCache(rotary.frequencies(16).inv_freq, 1.0, False, 4),
+        TableCache(rotary.frequencies(16).inv_freq, 1.0, False, 1024),
     )
     a = small.get(torch.device("cpu"), 700)[0][:700]
     b = big.get(torch.device("cpu"), 700)[0][:700]
@@ -168,7 +169,9 @@ def test_check_samples_the_rows_tokens_read():
     RotaryTables.unchecked(cos, sin, False, rows=torch.tensor([1, 2, 3])).check(sample=2)
 
 
-@pytest.mark.parametrize("kwargs, match", [({"rtol": 0}, "rtol"), ({"rtol": float("nan")}, "rtol"), ({"sample": 0}, "sample")])
+@pytest.mark.parametrize(
+    "kwargs, match", [({"rtol": 0}, "rtol"), ({"rtol": float("nan")}, "rtol"), ({"sample": 0}, "sample")]
+)
 def test_check_arguments_are_checked(kwargs, match):
     cos, sin = rotary.RoPE(8).cos_sin(torch.arange(4))
     with pytest.raises(ValueError, match=match):

@@ -45,7 +45,9 @@ def assert_named(exc: BaseException) -> None:
     path = tb.tb_frame.f_code.co_filename
     line = linecache.getline(path, tb.tb_lineno).strip()
     # Python's own signature errors name the keyword; any other error must be one of rotary's raise statements
-    signature = isinstance(exc, TypeError) and ("unexpected keyword argument" in str(exc) or "multiple values for" in str(exc))
+    signature = isinstance(exc, TypeError) and (
+        "unexpected keyword argument" in str(exc) or "multiple values for" in str(exc)
+    )
     assert path.startswith(SRC) and (line.startswith("raise") or signature), (
         f"not rotary's own error: {path}:{tb.tb_lineno}: {line}: {exc!r}"
     )

@@ -34,10 +34,17 @@ def build(name: str, seed: int = 0) -> torch.nn.Module:
     import transformers
 
     llama = transformers.LlamaConfig(
-        vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads, num_key_value_heads=config.num_kv_heads,
-        max_position_embeddings=config.max_position, rms_norm_eps=config.rms_norm_eps, tie_word_embeddings=False,
-        attention_bias=False, mlp_bias=False,
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        num_key_value_heads=config.num_kv_heads,
+        max_position_embeddings=config.max_position,
+        rms_norm_eps=config.rms_norm_eps,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        mlp_bias=False,
     )
     llama._attn_implementation = "sdpa"
     return transformers.LlamaForCausalLM(llama)
@@ -69,13 +76,17 @@ def suite(options) -> list[bench.Result]:
     models = {name: build(name) for name in ("decoder", "llama")}
     with torch.no_grad():  # the same function: equal logits from equal weights
         models["llama"].load_state_dict(llama_state(models["decoder"]), strict=True)
-        torch.testing.assert_close(models["llama"](ids[:, :-1]).logits, models["decoder"](ids[:, :-1]), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(
+            models["llama"](ids[:, :-1]).logits, models["decoder"](ids[:, :-1]), rtol=1e-4, atol=1e-4
+        )
     repeats = options.repeats or 3
     medians = bench.time_interleaved({name: train_step(m, ids) for name, m in models.items()}, repeats)
     group = f"training step (fwd + loss + bwd + AdamW), width {SHAPE['hidden_size']}, {SHAPE['num_layers']} layers, {SHAPE['num_heads']} heads, {batch}x{seq} fp32"
     results = []
     for name, label in (("decoder", "rotary.models.Decoder"), ("llama", "transformers LlamaForCausalLM (sdpa)")):
-        r = bench.Result(group, label, True, medians[name], repeats, note=f"{batch * seq / medians[name]:,.0f} tokens/s")
+        r = bench.Result(
+            group, label, True, medians[name], repeats, note=f"{batch * seq / medians[name]:,.0f} tokens/s"
+        )
         r.ratios["HF eager speedup"] = medians["llama"] / medians[name]
         results.append(r)
     return results

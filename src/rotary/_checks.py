@@ -43,9 +43,16 @@ def is_int(value: Any) -> bool:
         return False
     if isinstance(value, int):
         return True
-    return type(value).__name__ in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64") and hasattr(
-        value, "__index__"
-    )
+    return type(value).__name__ in (
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+    ) and hasattr(value, "__index__")
 
 
 def is_positive_int(value: Any) -> bool:

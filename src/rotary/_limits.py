@@ -57,4 +57,6 @@ def check_bytes(nbytes: float, what: str, fix: str, *, limit: int = MAX_ANALYSIS
         rotary.errors.InputError: score_matrix(seq_len=370727) would need 1.0 TiB, more than the limit of 4.0 GiB; use seq_len <= 16384
     """
     if nbytes > limit:
-        raise InputError(f"{what} would need {format_bytes(nbytes)}, more than the limit of {format_bytes(limit)}; {fix}")
+        raise InputError(
+            f"{what} would need {format_bytes(nbytes)}, more than the limit of {format_bytes(limit)}; {fix}"
+        )

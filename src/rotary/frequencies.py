@@ -64,7 +64,9 @@ class FrozenBlock(dict):
         return cls({key: _frozen(value) for key, value in block.items()})
 
     def _read_only(self, *args: Any, **kwargs: Any) -> Any:
-        raise InputTypeError(f"{type(self).__name__} is read-only; edit a copy (dict(block)) and compute new frequencies")
+        raise InputTypeError(
+            f"{type(self).__name__} is read-only; edit a copy (dict(block)) and compute new frequencies"
+        )
 
     __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _read_only  # type: ignore[assignment]
 
@@ -169,13 +171,17 @@ def _compute(rope_type: str, head_dim: int, base: float, rotary_dim: int, params
     except ConfigError:
         raise
     except (ArithmeticError, ValueError) as exc:  # ZeroDivisionError, OverflowError, "math domain error"
-        block = ", ".join(f"{k}={v}" for k, v in params.items() if k != "rope_type" and not isinstance(v, (list, tuple)))
+        block = ", ".join(
+            f"{k}={v}" for k, v in params.items() if k != "rope_type" and not isinstance(v, (list, tuple))
+        )
         raise ConfigError(
             f"rope_type {rope_type!r} cannot compute frequencies for base={base:g}, rotary_dim={rotary_dim}"
             f"{', ' + block if block else ''} ({type(exc).__name__}: {exc}); a parameter is out of range"
         ) from None
     if not isinstance(inv_freq, torch.Tensor):
-        raise InputTypeError(f"rope_type {rope_type!r} returned inv_freq of type {type(inv_freq).__name__}, not a tensor")
+        raise InputTypeError(
+            f"rope_type {rope_type!r} returned inv_freq of type {type(inv_freq).__name__}, not a tensor"
+        )
     return inv_freq.to(torch.float32), attention_scaling
 
 
@@ -192,6 +198,7 @@ def _check_result(
     block = ", ".join(f"{k}={v}" for k, v in params.items() if k != "rope_type" and not isinstance(v, (list, tuple)))
     at = "" if seq_len is None else f" at sequence length {seq_len}"
     where = f"rope_type {rope_type!r} (base={base:g}{', ' + block if block else ''}){at}"
+
     def per_pair(pairs: list[int]) -> str:  # the entries of per-pair lists (LongRoPE's factors) at those pairs
         lists = [(k, v) for k, v in params.items() if isinstance(v, (list, tuple)) and len(v) == len(inv_freq)]
         return "".join(f"; {k}[{i}]={v[i]}" for k, v in lists for i in pairs[:2])

@@ -58,9 +58,13 @@ def _raw_tables(
                 f"build tables for at least {found.bound} positions (RoPE.cos_sin(torch.arange({found.bound})))"
             )
     indexed = found is not None  # tables [T, r] addressed by position: row 0 is position 0
-    tables = RotaryTables.from_tensors(cos, sin, interleaved=interleaved, rows=rows, validate=validate, indexed_by_position=indexed)
+    tables = RotaryTables.from_tensors(
+        cos, sin, interleaved=interleaved, rows=rows, validate=validate, indexed_by_position=indexed
+    )
     if k_tables is not None:
-        keys = RotaryTables.from_tensors(*k_tables, interleaved=interleaved, rows=rows, validate=validate, indexed_by_position=indexed)
+        keys = RotaryTables.from_tensors(
+            *k_tables, interleaved=interleaved, rows=rows, validate=validate, indexed_by_position=indexed
+        )
         tables = RotaryTables.unchecked(tables.cos, tables.sin, interleaved, rows, keys.cos, keys.sin)
     return tables
 

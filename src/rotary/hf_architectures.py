@@ -237,7 +237,9 @@ def read_rope_layers(d: Mapping[str, Any], model_type: str, label: str) -> tuple
     if flags is None:
         return None
     if not isinstance(flags, (list, tuple)) or any(isinstance(v, bool) or v not in (0, 1) for v in flags):
-        raise ConfigError(f"{label}: no_rope_layers must be a list of 0/1 flags (1 = the layer uses RoPE), got {flags!r}")
+        raise ConfigError(
+            f"{label}: no_rope_layers must be a list of 0/1 flags (1 = the layer uses RoPE), got {flags!r}"
+        )
     if is_positive_int(layers):
         if len(flags) < layers:
             raise ConfigError(f"{label}: no_rope_layers has {len(flags)} flags but the model has {layers} layers")

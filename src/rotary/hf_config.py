@@ -158,7 +158,9 @@ def _transformers_defaults(model_type: str) -> dict[str, Any] | None:
 
     cls = CONFIG_MAPPING[model_type]
     fields = {f.name: f.default for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
-    out = {k: fields[k] for k in DEFAULTED_KEYS if fields.get(k, dataclasses.MISSING) not in (None, dataclasses.MISSING)}
+    out = {
+        k: fields[k] for k in DEFAULTED_KEYS if fields.get(k, dataclasses.MISSING) not in (None, dataclasses.MISSING)
+    }
     # the RoPE defaults are set in the class's __post_init__ (default_theta, Phi-2's partial factor, Gemma-3's
     # per-layer bases): build the default config object (numbers only, no weights) and read them off it
     try:
@@ -229,7 +231,9 @@ def _load(config: Any) -> tuple[dict[str, Any], str]:
         if os.path.isdir(path):
             path = os.path.join(path, "config.json")
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"no config file at {path!r}; pass a config.json path, a dict or a PretrainedConfig")
+            raise FileNotFoundError(
+                f"no config file at {path!r}; pass a config.json path, a dict or a PretrainedConfig"
+            )
         with open(path, "rb") as fh:
             raw = fh.read()
         try:
@@ -292,7 +296,9 @@ def _text_model_type(outer: str) -> str | None:
     if outer and _transformers_installed():
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING, CONFIG_MAPPING_NAMES
 
-        if outer in CONFIG_MAPPING_NAMES and "text_config" in (getattr(CONFIG_MAPPING[outer], "sub_configs", None) or {}):
+        if outer in CONFIG_MAPPING_NAMES and "text_config" in (
+            getattr(CONFIG_MAPPING[outer], "sub_configs", None) or {}
+        ):
             # the wrapper's default text config (some name it only when built: Mistral-3's is an AutoConfig)
             try:
                 name = getattr(getattr(CONFIG_MAPPING[outer](), "text_config", None), "model_type", None)
@@ -376,8 +382,10 @@ def _one_block(d: dict[str, Any], model_type: str, defaults: Mapping[str, Any], 
         same = _normalised(transformers_block["full_attention"]) == _normalised(params.get("full_attention") or {})
     else:
         # the values both blocks would get from the rest of the config, so that only real differences count
-        fallback = {"rope_theta": d.get("rope_theta", defaults.get("rope_theta", 10000.0)),
-                    "partial_rotary_factor": d.get("partial_rotary_factor", defaults.get("partial_rotary_factor"))}
+        fallback = {
+            "rope_theta": d.get("rope_theta", defaults.get("rope_theta", 10000.0)),
+            "partial_rotary_factor": d.get("partial_rotary_factor", defaults.get("partial_rotary_factor")),
+        }
         transformers_block = {**{k: v for k, v in fallback.items() if v is not None}, **legacy}
         same = _normalised({**fallback, **params}) == _normalised({**fallback, **legacy})
     if not same:
@@ -395,7 +403,10 @@ def _gemma3_blocks(d: dict[str, Any], block: Mapping[str, Any], defaults: Mappin
     thetas = defaults.get("layer_rope_theta") or {}
     full = _normalised(block)
     full.setdefault("rope_theta", d.get("rope_theta", thetas.get("full_attention", 1_000_000.0)))
-    sliding = {"rope_type": "default", "rope_theta": d.get("rope_local_base_freq", thetas.get("sliding_attention", 10_000.0))}
+    sliding = {
+        "rope_type": "default",
+        "rope_theta": d.get("rope_local_base_freq", thetas.get("sliding_attention", 10_000.0)),
+    }
     return {"sliding_attention": sliding, "full_attention": full}
 
 
@@ -468,13 +479,17 @@ def read_hf_config(
                 "layer_type= one of them"
             )
         if block.get(layer_type) is None:
-            raise ConfigError(f"{label}: layer_type {layer_type!r} has no RoPE block; choose one of {', '.join(available)}")
+            raise ConfigError(
+                f"{label}: layer_type {layer_type!r} has no RoPE block; choose one of {', '.join(available)}"
+            )
         layer_theta = (defaults.get("layer_rope_theta") or {}).get(layer_type)
         block = dict(block[layer_type])
         if layer_theta is not None:
             block.setdefault("rope_theta", layer_theta)
     elif layer_type is not None and layer_types and layer_type not in layer_types:
-        raise ConfigError(f"{label}: layer_type {layer_type!r} is not in the config's layer_types {sorted(set(layer_types))}")
+        raise ConfigError(
+            f"{label}: layer_type {layer_type!r} is not in the config's layer_types {sorted(set(layer_types))}"
+        )
     block = _normalised(block)
     mrope_section, mrope_interleaved = read_mrope(block, model_type, label, strict)
     spec = ROPE_TYPES.get(block["rope_type"]) if isinstance(block["rope_type"], str) else None

@@ -18,7 +18,9 @@ from .errors import InputError
 __all__ = ["pair_permutation", "permute_qk_weight", "to_half", "to_interleaved"]
 
 
-def pair_permutation(head_dim: int, *, to: Literal["half", "interleaved"], rotary_dim: int | None = None) -> torch.Tensor:
+def pair_permutation(
+    head_dim: int, *, to: Literal["half", "interleaved"], rotary_dim: int | None = None
+) -> torch.Tensor:
     """Channel order (int64 ``[head_dim]``) that converts one pairing's layout into the other.
 
     ``x[..., pair_permutation(D, to="half")]`` takes interleaved channels (2i, 2i+1) to half
@@ -46,7 +48,9 @@ def _rotary_dim(head_dim: int, rotary_dim: int | None) -> int:
 
 def _check_x(x: torch.Tensor) -> None:
     if not isinstance(x, torch.Tensor) or x.dim() == 0:
-        raise InputError(f"x must be a tensor [..., D] with a channel axis, got {getattr(x, 'shape', type(x).__name__)}")
+        raise InputError(
+            f"x must be a tensor [..., D] with a channel axis, got {getattr(x, 'shape', type(x).__name__)}"
+        )
 
 
 def _reorder(x: torch.Tensor, rotary_dim: int | None, to: Literal["half", "interleaved"]) -> torch.Tensor:

@@ -43,10 +43,19 @@ def _check_max_position(high: int, what: str) -> None:
             "exact only up to there)"
         )
 
+
 __all__ = [
-    "Positions", "arange", "check_position_ids", "continuation", "from_attention_mask", "from_call", "from_cu_seqlens",
-    "from_ids", "grid",
-    "integer_positions", "MAX_POSITION",
+    "Positions",
+    "arange",
+    "check_position_ids",
+    "continuation",
+    "from_attention_mask",
+    "from_call",
+    "from_cu_seqlens",
+    "from_ids",
+    "grid",
+    "integer_positions",
+    "MAX_POSITION",
 ]
 
 
@@ -100,13 +109,17 @@ class Positions:
         if per_token not in ((1,) if packed else (1, 2)) or (self.axes > 1 and ids.shape[-1] != self.axes):
             want = "[T]" if packed else "[S] or [B, S]"
             want = want.replace("]", f", {self.axes}]") if self.axes > 1 else want
-            raise InputError(f"Positions.ids must be {want} (axes={self.axes}, packed={packed}), got shape {tuple(ids.shape)}")
+            raise InputError(
+                f"Positions.ids must be {want} (axes={self.axes}, packed={packed}), got shape {tuple(ids.shape)}"
+            )
         if self.bound is not None:
             check_int(self.bound, "Positions.bound", minimum=0)
         if self.start is not None:
             check_int(self.start, "Positions.start", minimum=0)
             if self.axes != 1 or ids.dim() != 1:
-                raise InputError(f"Positions.start is for shared 1-D ids [S] made by arange, got ids of shape {tuple(ids.shape)}")
+                raise InputError(
+                    f"Positions.start is for shared 1-D ids [S] made by arange, got ids of shape {tuple(ids.shape)}"
+                )
         object.__setattr__(self, "ids", ids.long())
         if torch.compiler.is_compiling() or not ids.numel() or ids.device.type == "meta":
             return
@@ -125,13 +138,17 @@ class Positions:
             raise InputError(f"Positions.ids must be >= 0, got a minimum of {low}")
         _check_max_position(high, "Positions.ids")
         if self.bound is not None and high >= self.bound:
-            raise InputError(f"Positions: an id is {high} but bound={self.bound} says every id is below it; pass bound >= {high + 1}")
+            raise InputError(
+                f"Positions: an id is {high} but bound={self.bound} says every id is below it; pass bound >= {high + 1}"
+            )
         if self.bound is not None and exact and self.bound != high + 1:
             raise InputError(
                 f"Positions: exact=True says bound is max(ids) + 1 = {high + 1}, got bound={self.bound}; "
                 "pass the exact bound, or exact=False for an upper bound"
             )
-        if self.start is not None and not torch.equal(ids, torch.arange(self.start, self.start + ids.numel(), device=ids.device)):
+        if self.start is not None and not torch.equal(
+            ids, torch.arange(self.start, self.start + ids.numel(), device=ids.device)
+        ):
             raise InputError(
                 f"Positions: start={self.start} says the ids are {self.start} .. {self.start + ids.numel() - 1}, but they "
                 f"are not (first id {int(ids[0])}); pass start=None or start={int(ids[0])}"
@@ -159,7 +176,14 @@ class Positions:
             [1, 2]
         """
         positions = object.__new__(cls)
-        for name, value in (("ids", ids), ("bound", bound), ("axes", axes), ("start", start), ("packed", packed), ("exact", exact)):
+        for name, value in (
+            ("ids", ids),
+            ("bound", bound),
+            ("axes", axes),
+            ("start", start),
+            ("packed", packed),
+            ("exact", exact),
+        ):
             object.__setattr__(positions, name, value)
         return positions
 
@@ -191,7 +215,9 @@ def _integer_ids(position_ids: object, name: str) -> torch.Tensor:
             "(bf16 turns 257 into 256)"
         )
     if dtype == torch.uint8:
-        raise InputTypeError(f"{name} must be int64 or int32, got torch.uint8 (torch indexes with uint8 as a boolean mask)")
+        raise InputTypeError(
+            f"{name} must be int64 or int32, got torch.uint8 (torch indexes with uint8 as a boolean mask)"
+        )
     if dtype not in (torch.int64, torch.int32):  # int16 / int8 overflow at small positions
         raise InputTypeError(f"{name} must be int64 or int32, got {dtype}; convert with .long()")
     return position_ids
@@ -463,7 +489,11 @@ def from_call(
         >>> p.ids.tolist(), p.bound
         ([0, 1, 0, 1, 2], 3)
     """
-    named = [n for n, v in (("position_ids", position_ids), ("seqlen_offsets", seqlen_offsets), ("cu_seqlens", cu_seqlens)) if v is not None]
+    named = [
+        n
+        for n, v in (("position_ids", position_ids), ("seqlen_offsets", seqlen_offsets), ("cu_seqlens", cu_seqlens))
+        if v is not None
+    ]
     if type(offset) is not int or offset != 0:
         named.append(f"offset={offset!r}")
     if len(named) > 1 and named != ["seqlen_offsets", "cu_seqlens"]:
@@ -489,8 +519,14 @@ def from_call(
         # their fit to [B, S] (or [T]) is checked where the layout is known, to name the layout that fits
         return from_ids(position_ids, packed=packed and _rank(position_ids) == 1, device=device, kernel_checked=True)
     if packed and (seqlen_offsets is not None or default):
-        what = "seqlen_offsets with packed inputs needs" if seqlen_offsets is not None else "packed [total_tokens, H, D] inputs need"
-        raise InputError(f"{what} cu_seqlens or per-token position_ids [total_tokens] (with cu_seqlens, positions restart per sequence)")
+        what = (
+            "seqlen_offsets with packed inputs needs"
+            if seqlen_offsets is not None
+            else "packed [total_tokens, H, D] inputs need"
+        )
+        raise InputError(
+            f"{what} cu_seqlens or per-token position_ids [total_tokens] (with cu_seqlens, positions restart per sequence)"
+        )
     if seqlen_offsets is not None:
         starts = _offsets(seqlen_offsets, batch, device)
         ids = starts[:, None] + torch.arange(seq_len, device=device)

@@ -15,7 +15,14 @@ import torch
 
 from .errors import InputError
 
-__all__ = ["rotation_matrix", "rotate_matrix", "rotate_complex", "rotate_numpy", "rotation_matrix_nd", "rotate_matrix_nd"]
+__all__ = [
+    "rotation_matrix",
+    "rotate_matrix",
+    "rotate_complex",
+    "rotate_numpy",
+    "rotation_matrix_nd",
+    "rotate_matrix_nd",
+]
 
 
 def _pairs(r: int, interleaved: bool) -> list[tuple[int, int]]:

@@ -175,7 +175,9 @@ class RoPE(TableSource):
             True
         """
         if scaling is not None and not isinstance(scaling, Mapping):
-            raise InputTypeError(f"scaling must be a dict (a rope_scaling block) or None, got {type(scaling).__name__} {scaling!r:.40}")
+            raise InputTypeError(
+                f"scaling must be a dict (a rope_scaling block) or None, got {type(scaling).__name__} {scaling!r:.40}"
+            )
         block = dict(scaling or {})
         theta = block.pop("rope_theta", None)
         if theta is not None and theta != self.original_freqs.base:
@@ -221,7 +223,9 @@ class RoPE(TableSource):
     def _check_head_dim(self, xs: tuple[torch.Tensor, ...], names: tuple[str, ...]) -> None:
         for x, name in zip(xs, names):
             if isinstance(x, torch.Tensor) and x.dim() in (3, 4) and x.shape[-1] != self.head_dim:
-                raise InputError(f"{name} has head_dim {x.shape[-1]} but this RoPE was built for head_dim={self.head_dim}")
+                raise InputError(
+                    f"{name} has head_dim {x.shape[-1]} but this RoPE was built for head_dim={self.head_dim}"
+                )
 
     def forward(
         self,
@@ -334,7 +338,9 @@ class RoPE(TableSource):
     @property
     def _fast_ok(self) -> bool:
         """Static frequencies and this class's own tables: the cached table is the whole story."""
-        return self.log_frequency_scale is None and not self.schedule.length_dependent and type(self).tables is RoPE.tables
+        return (
+            self.log_frequency_scale is None and not self.schedule.length_dependent and type(self).tables is RoPE.tables
+        )
 
     def _split_flat(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """vLLM's ``[total_tokens, H * D]`` as packed ``[total_tokens, H, D]`` (other inputs unchanged)."""

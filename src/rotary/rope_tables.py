@@ -133,7 +133,9 @@ class TableSource(nn.Module):
                     "llama3, ntk, proportional) or learnable_frequencies=False"
                 )
             # α of θ_i · exp(α_i); fp32 whatever the model's dtype (see _apply)
-            self.log_frequency_scale = nn.Parameter(torch.zeros(original.rotary_dim // 2))  # meta under torch.device("meta")
+            self.log_frequency_scale = nn.Parameter(
+                torch.zeros(original.rotary_dim // 2)
+            )  # meta under torch.device("meta")
             self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -158,7 +160,9 @@ class TableSource(nn.Module):
         if self.log_frequency_scale is None:
             return self.inv_freq
         with torch.no_grad():
-            return (self.freqs.inv_freq.to(self.inv_freq.device).double() * self.log_frequency_scale.double().exp()).float()
+            return (
+                self.freqs.inv_freq.to(self.inv_freq.device).double() * self.log_frequency_scale.double().exp()
+            ).float()
 
     @property
     def head_dim(self) -> int:
@@ -332,7 +336,9 @@ class TableSource(nn.Module):
                 ids, inv_freq, attention_scaling=freqs.attention_scaling, interleaved=self.interleaved, dtype=dtype
             )
             if positions.packed:  # packed x addresses rows; here row t is token t
-                return RotaryTables.unchecked(cos, sin, self.interleaved, rows=torch.arange(ids.shape[0], device=ids.device))
+                return RotaryTables.unchecked(
+                    cos, sin, self.interleaved, rows=torch.arange(ids.shape[0], device=ids.device)
+                )
             return RotaryTables.unchecked(cos, sin, self.interleaved)
         cos, sin = cached
         if positions.start is not None:  # consecutive positions: a slice of the cache, nothing gathered

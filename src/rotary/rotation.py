@@ -132,7 +132,10 @@ def check_inplace_targets(xs: Sequence[torch.Tensor], names: Sequence[str]) -> N
         for j in range(i + 1, len(xs)):
             if shares_elements(xs[i], xs[j]):
                 a, b = xs[i], xs[j]
-                same = a.shape == b.shape and a.storage_offset() * a.element_size() == b.storage_offset() * b.element_size()
+                same = (
+                    a.shape == b.shape
+                    and a.storage_offset() * a.element_size() == b.storage_offset() * b.element_size()
+                )
                 what = "are the same memory" if same else "share memory (overlapping views)"
                 raise InputError(
                     f"{names[i]} and {names[j]} {what}: rotating both in place would turn the shared elements twice; "

@@ -94,7 +94,9 @@ class FrequencySchedule:
         """
         if not self.length_dependent:
             return self.original, "original"
-        length = torch.as_tensor(seq_len, dtype=torch.int64).cpu() if isinstance(seq_len, torch.Tensor) else int(seq_len)
+        length = (
+            torch.as_tensor(seq_len, dtype=torch.int64).cpu() if isinstance(seq_len, torch.Tensor) else int(seq_len)
+        )
         n = int(length)
         with self._lock:
             if self.update == "switch":

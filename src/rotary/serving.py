@@ -115,7 +115,9 @@ def _check_cos_sin_cache(cos_sin_cache: torch.Tensor, positions: torch.Tensor) -
     if not cos_sin_cache.is_floating_point():
         raise InputTypeError(f"cos_sin_cache must be floating point, got {cos_sin_cache.dtype}")
     if not isinstance(positions, torch.Tensor) or positions.is_floating_point() or positions.dim() not in (1, 2):
-        raise InputError(f"positions must be an integer tensor [B, S] or [T], got {getattr(positions, 'shape', positions)!r}")
+        raise InputError(
+            f"positions must be an integer tensor [B, S] or [T], got {getattr(positions, 'shape', positions)!r}"
+        )
     if positions.dtype not in (torch.int64, torch.int32):  # bool read as 0/1, complex dropped its imaginary part
         raise InputTypeError(f"positions must be int64 or int32, got {positions.dtype}; convert them with .long()")
     if positions.device != cos_sin_cache.device:
@@ -230,7 +232,9 @@ def rotate_and_cache(
         if not isinstance(t, torch.Tensor):
             raise InputTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if (tables is None) == (cos_sin_cache is None):
-        raise InputError("pass tables (rope.tables(positions)), or positions with cos_sin_cache, not both and not neither")
+        raise InputError(
+            "pass tables (rope.tables(positions)), or positions with cos_sin_cache, not both and not neither"
+        )
     inplace = check_bool(inplace, "inplace")
     if not torch.compiler.is_compiling():  # kernels write the caches (and q, k in place) through their memory
         check_writable((k_cache, v_cache, *((q, k) if inplace else ())), ("k_cache", "v_cache", "q", "k"))
@@ -244,7 +248,9 @@ def rotate_and_cache(
         direct = cpu is not None and _kernel_reads_cos_sin_cache(cos_sin_cache, positions)
         # otherwise the tables are gathered below, unless the CUDA kernel reads the cache itself
     elif positions is not None:
-        raise InputError("positions go with cos_sin_cache; with tables, build them for the positions (rope.tables(positions))")
+        raise InputError(
+            "positions go with cos_sin_cache; with tables, build them for the positions (rope.tables(positions))"
+        )
     elif check_bool(interleaved, "interleaved") and isinstance(tables, RotaryTables) and not tables.interleaved:
         raise InputError(
             "interleaved=True, but these tables were built for the half pairing (pairs i, i + r/2): tables carry "
@@ -308,7 +314,10 @@ def rotate_and_cache(
     if not pair_tables and _fused_kernel_device(q):  # elsewhere rotate() plans (and checks) alone
         rotation, _ = plan([q, k], tables, layout=layout, kinds=("q", "k"), names=("q", "k"))  # type: ignore[arg-type]
         fused = (
-            not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, k_cache, v_cache, rotation.cos[0], rotation.sin[0])))
+            not (
+                torch.is_grad_enabled()
+                and any(t.requires_grad for t in (q, k, v, k_cache, v_cache, rotation.cos[0], rotation.sin[0]))
+            )
             and all(t.stride(-1) == 1 for t in (qv, kv, vv, kc, vc, *rotation.cos))
             and rotation.cos[0].dim() == 2
             and rotation.cos[0] is rotation.cos[1]
@@ -324,7 +333,9 @@ def rotate_and_cache(
         return (q, k) if inplace else (unview(outs[0], layout, packed), unview(outs[1], layout, packed))
     if fused and not inplace:
         args = (rotation.cos[0], rotation.sin[0], rotation.positions, rotation.batch_rows, rotation.interleaved)
-        out_q, out_k = rotate_and_cache_op(qv, kv, vv, kc, vc, slot_ids, *args)  # one launch; torch.compile sees through
+        out_q, out_k = rotate_and_cache_op(
+            qv, kv, vv, kc, vc, slot_ids, *args
+        )  # one launch; torch.compile sees through
         return unview(out_q, layout, packed), unview(out_k, layout, packed)
     q_rot, k_rot = rotate([q, k], tables, layout=layout, inplace=inplace, kinds=("q", "k"), names=("q", "k"))
     k_new = k_rot.unsqueeze(0) if packed else (k_rot.transpose(1, 2) if layout == "bhsd" else k_rot)
@@ -351,7 +362,9 @@ def _reads_cos_sin_cache(q, k, v, k_cache, v_cache, qv, kv, vv, kc, vc, position
         and 0 < r <= qv.shape[-1]
         and qv.shape[:2] == kv.shape[:2]
         and qv.shape[-1] == kv.shape[-1]
-        and ((positions.dim() == 1 and positions.shape[0] == qv.shape[1]) if packed else positions.shape == qv.shape[:2])
+        and (
+            (positions.dim() == 1 and positions.shape[0] == qv.shape[1]) if packed else positions.shape == qv.shape[:2]
+        )
         and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, k_cache, v_cache, cos_sin_cache)))
         and all(t.stride(-1) == 1 for t in (qv, kv, vv, kc, vc))
     )
@@ -394,7 +407,9 @@ def _kernel_reads_cos_sin_cache(cos_sin_cache: torch.Tensor, positions: torch.Te
     )
 
 
-def _kernel_error(status: list[int], cos_sin_cache: torch.Tensor | None, positions: torch.Tensor | None, length: int) -> InputError:
+def _kernel_error(
+    status: list[int], cos_sin_cache: torch.Tensor | None, positions: torch.Tensor | None, length: int
+) -> InputError:
     """The error ``rope_cache``'s status stands for, in the words of the composition's checks."""
     code, a, b = status
     if code == 1:
@@ -435,7 +450,9 @@ def _check_shapes(q, k, v, k_cache, v_cache, slots) -> None:
     if not v.is_floating_point():
         raise InputTypeError(f"v must be floating point (the values written into v_cache), got {v.dtype}; cast it")
     if v.shape[:3] != k.shape[:3]:
-        raise InputError(f"v must have k's batch, length and heads {tuple(k.shape[:3])}, got {tuple(v.shape[:3])} (as [B, S, H])")
+        raise InputError(
+            f"v must have k's batch, length and heads {tuple(k.shape[:3])}, got {tuple(v.shape[:3])} (as [B, S, H])"
+        )
     for name, cache, width in (("k_cache", k_cache, head_dim), ("v_cache", v_cache, v.shape[-1])):
         if cache.shape[0] not in (1, batch) or cache.shape[2] != heads or cache.shape[3] != width:
             raise InputError(
@@ -449,7 +466,9 @@ def _check_shapes(q, k, v, k_cache, v_cache, slots) -> None:
                 f"{cache.device}"
             )
     if k_cache.shape[:2] != v_cache.shape[:2]:
-        raise InputError(f"k_cache and v_cache must have the same batch and length, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+        raise InputError(
+            f"k_cache and v_cache must have the same batch and length, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
     if slots.shape != (batch, seq_len) or slots.dtype not in (torch.int64, torch.int32) or slots.device != k.device:
         raise InputError(
             f"slots must be an int64 tensor [{batch}, {seq_len}] on {k.device} (the cache row of every token), got "
@@ -505,7 +524,10 @@ def _check_memory(q, k, v, k_cache, v_cache) -> None:
             )
     if k_cache.device.type == "meta":
         return
-    caches = (("k_cache", k_cache, k_cache.untyped_storage().data_ptr()), ("v_cache", v_cache, v_cache.untyped_storage().data_ptr()))
+    caches = (
+        ("k_cache", k_cache, k_cache.untyped_storage().data_ptr()),
+        ("v_cache", v_cache, v_cache.untyped_storage().data_ptr()),
+    )
     for a, x in (("k_cache", k_cache), ("q", q), ("k", k), ("v", v)):
         storage = x.untyped_storage().data_ptr()
         for b, y, cache_storage in caches[1:] if a == "k_cache" else caches:
@@ -542,7 +564,9 @@ def _write_rows(cache: torch.Tensor, new: torch.Tensor, slots: torch.Tensor) -> 
             redirect = bad & ~bad.all()
             batch_rows = torch.where(redirect, batch_rows.flatten().index_select(0, last), batch_rows)
             slots = torch.where(redirect, slots.flatten().index_select(0, last), slots)
-            held = torch.where(redirect[..., None, None], new.flatten(0, 1).index_select(0, last), cache[batch_rows, slots])
+            held = torch.where(
+                redirect[..., None, None], new.flatten(0, 1).index_select(0, last), cache[batch_rows, slots]
+            )
             new = torch.where(bad[..., None, None], held, new)
     cache[batch_rows, slots] = new.to(cache.dtype)
 

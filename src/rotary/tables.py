@@ -53,7 +53,9 @@ def angles(position_ids: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
         return pos.unsqueeze(-1) * freq
     axes = freq.shape[-2]
     if pos.shape[-1:] != (axes,):
-        raise InputError(f"positions {tuple(position_ids.shape)} need a last axis of {axes} coordinates for frequencies {tuple(inv_freq.shape)}")
+        raise InputError(
+            f"positions {tuple(position_ids.shape)} need a last axis of {axes} coordinates for frequencies {tuple(inv_freq.shape)}"
+        )
     if freq.dim() == 2:  # [..., A, 1] * [A, r/2], summed over A
         return (pos.unsqueeze(-1) * freq).sum(-2)
     if freq.dim() == 3:  # [..., 1, A, 1] * [H, A, r/2] -> [..., H, r/2]
@@ -220,13 +222,20 @@ class RotaryTables:
             if rows.device != cos.device:
                 raise InputError(f"rows are on {rows.device} but the tables on {cos.device}")
             if cos.dim() - head_axis != 2:
-                raise InputError(f"with rows, cos/sin must be a table [N, r] indexed by row, got shape {tuple(cos.shape)}")
+                raise InputError(
+                    f"with rows, cos/sin must be a table [N, r] indexed by row, got shape {tuple(cos.shape)}"
+                )
             _check_row_range(rows, cos.shape[0])
         if (self.k_cos is None) != (self.k_sin is None):
             raise InputError("give both k_cos and k_sin, or neither")
         if self.k_cos is not None:
             for name, t in (("k_cos", self.k_cos), ("k_sin", self.k_sin)):
-                if not isinstance(t, torch.Tensor) or t.shape != cos.shape or t.dtype != cos.dtype or t.device != cos.device:
+                if (
+                    not isinstance(t, torch.Tensor)
+                    or t.shape != cos.shape
+                    or t.dtype != cos.dtype
+                    or t.device != cos.device
+                ):
                     raise InputError(f"{name} must have cos's shape {tuple(cos.shape)}, dtype and device")
 
     @property
@@ -270,7 +279,9 @@ class RotaryTables:
             return self
         k_cos = None if self.k_cos is None else self.k_cos.to(dtype)
         k_sin = None if self.k_sin is None else self.k_sin.to(dtype)  # type: ignore[union-attr]
-        return RotaryTables.unchecked(self.cos.to(dtype), self.sin.to(dtype), self.interleaved, self.rows, k_cos, k_sin, self.heads)
+        return RotaryTables.unchecked(
+            self.cos.to(dtype), self.sin.to(dtype), self.interleaved, self.rows, k_cos, k_sin, self.heads
+        )
 
     def check(self, *, sample: int | None = 4, rtol: float = 1e-5, position_zero: bool = False) -> None:
         """Check that the tables are finite rotation tables laid out for their pairing (reads the values
@@ -334,14 +345,20 @@ class RotaryTables:
                 f"row) or False, got {validate!r}"
             )
         rtol = 1e-5
-        if isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor) and cos.dtype not in (torch.float32, torch.float64):
+        if (
+            isinstance(cos, torch.Tensor)
+            and isinstance(sin, torch.Tensor)
+            and cos.dtype not in (torch.float32, torch.float64)
+        ):
             if cos.is_floating_point() and cos.dtype.itemsize >= 2:  # bf16/fp16 (Hugging Face's tables of a bf16 model)
                 # each value is within half an ulp, so cos²+sin² varies by about eps: loose enough for that,
                 # tight enough that a table scaled by 1.1 is still refused
                 rtol = max(rtol, torch.finfo(cos.dtype).eps / 2)
                 cos, sin = cos.float(), sin.float()
             elif cos.is_floating_point():
-                raise InputTypeError(f"cos/sin of dtype {cos.dtype} cannot hold rotation tables; give fp32, float64, bf16 or fp16")
+                raise InputTypeError(
+                    f"cos/sin of dtype {cos.dtype} cannot hold rotation tables; give fp32, float64, bf16 or fp16"
+                )
         tables = cls.unchecked(cos, sin, interleaved, rows)
         if not validate:
             return tables
@@ -426,7 +443,9 @@ def _check_rows_on_device(
     c, s = flat_c.index_select(0, idx).double(), flat_s.index_select(0, idx).double()
     norm = c * c + s * s
     top = norm.max()
-    scale = torch.maximum(torch.maximum(c.abs().max(), s.abs().max()), torch.tensor(1e-30, dtype=torch.float64, device=c.device))
+    scale = torch.maximum(
+        torch.maximum(c.abs().max(), s.abs().max()), torch.tensor(1e-30, dtype=torch.float64, device=c.device)
+    )
 
     def mismatch(t: torch.Tensor) -> torch.Tensor:
         a, b = (t[..., 0::2], t[..., 1::2]) if interleaved else t.chunk(2, dim=-1)
@@ -470,7 +489,9 @@ def _check_rows(cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, sample:
         )
     spread = float((norm - norm.flatten()[0]).abs().max())
     if spread > 10 * rtol * top:
-        raise InputError(f"cos²+sin² is not constant over the table (spread {spread:.3g}): these are not rotation tables")
+        raise InputError(
+            f"cos²+sin² is not constant over the table (spread {spread:.3g}): these are not rotation tables"
+        )
 
 
 # ------------------------------------------------------------------------------------------------

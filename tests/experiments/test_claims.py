@@ -16,7 +16,9 @@ from rotary.tools.experiments.rows import Measurements
 
 L = 128
 LENGTHS = [L, 2 * L, 4 * L, 8 * L]
-CFG = ExperimentConfig(train_length=L, device="cpu", encodings=("none", "learned", "sinusoidal", "alibi", "rope"), seeds=2)
+CFG = ExperimentConfig(
+    train_length=L, device="cpu", encodings=("none", "learned", "sinusoidal", "alibi", "rope"), seeds=2
+)
 
 #: (model, scaling, mode) -> perplexity at L, 2L, 4L, 8L; every paper's claim holds. The extension length is 4L.
 AS_PUBLISHED = {
@@ -55,7 +57,12 @@ def test_numbers_like_the_papers_agree_with_every_claim():
 def test_numbers_against_the_papers_do_not_agree():
     table = dict(AS_PUBLISHED)
     table[("alibi", "none", "windows")] = [4.0, 6.0, 9.0, 12.0]  # ALiBi breaks past L
-    table[("rope-ft-linear", "linear", "sliding")] = [4.1, 9.0, 16.0, 30.0]  # PI fine-tuned worse than direct fine-tuning
+    table[("rope-ft-linear", "linear", "sliding")] = [
+        4.1,
+        9.0,
+        16.0,
+        30.0,
+    ]  # PI fine-tuned worse than direct fine-tuning
     table[("alibi", "none", "sliding")] = [3.9, 3.5, 3.3, 3.2]  # ALiBi uses the longer sliding windows
     v = verdicts(measurements(table, passkey=2))
     assert v["ALiBi's perplexity does not degrade past"] == "does not agree"
@@ -66,12 +73,20 @@ def test_numbers_against_the_papers_do_not_agree():
 
 
 def test_seeds_on_both_sides_of_a_threshold_are_within_the_spread():
-    second = {("rope-ft-linear", "linear", "sliding"): [4.1, 8.5, 3.8, 9.0]}  # seed 1: PI above direct at 2L, below at 4L
-    assessments = {a.claim[:40]: a for a in assess(CLAIMS, Results(measurements(AS_PUBLISHED, second_seed=second), model_specs(CFG), CFG))}
+    second = {
+        ("rope-ft-linear", "linear", "sliding"): [4.1, 8.5, 3.8, 9.0]
+    }  # seed 1: PI above direct at 2L, below at 4L
+    assessments = {
+        a.claim[:40]: a
+        for a in assess(CLAIMS, Results(measurements(AS_PUBLISHED, second_seed=second), model_specs(CFG), CFG))
+    }
     pi = assessments["Fine-tuned at the target length, a model"]
     assert pi.verdict == "partly" and "within the run-to-run spread: 2L" in pi.values
     # a passkey interval that straddles 50% cannot be told either way
-    assert verdicts(measurements(AS_PUBLISHED, passkey=20))["PI-extended, fine-tuned models retrieve "] == "within run-to-run spread"
+    assert (
+        verdicts(measurements(AS_PUBLISHED, passkey=20))["PI-extended, fine-tuned models retrieve "]
+        == "within run-to-run spread"
+    )
 
 
 def test_one_seed_decides_alone():
@@ -89,7 +104,10 @@ def test_claims_whose_methods_are_missing_are_not_measured():
     assert by["ALiBi's perplexity does not degrade past"].verdict == "agrees"
     no_sliding = {k: v for k, v in table.items() if k[2] == "windows"}
     by = {a.claim[:40]: a for a in assess(CLAIMS, Results(measurements(no_sliding), model_specs(CFG), CFG))}
-    assert by["Appendix B: evaluated with sliding windo"].values == "not measured: this run has no sliding-window evaluation"
+    assert (
+        by["Appendix B: evaluated with sliding windo"].values
+        == "not measured: this run has no sliding-window evaluation"
+    )
 
 
 def test_the_claims_table_renders_every_assessment_from_hand_made_rows():

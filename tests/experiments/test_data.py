@@ -90,7 +90,10 @@ def _empty_dir(directory):
         (lambda d: d / "missing*.txt", "the pattern matches no file"),
         (_empty_dir, r"the directory holds no UTF-8 text \(1 file\(s\), none of them non-empty UTF-8 text\)"),
         (lambda d: _file(d, "empty.txt", b""), "is empty"),
-        (lambda d: _file(d, "latin1.txt", "caf\xe9 ".encode("latin-1") * 5000), r"not UTF-8 text \(byte 0xe9 at offset 3\)"),
+        (
+            lambda d: _file(d, "latin1.txt", "caf\xe9 ".encode("latin-1") * 5000),
+            r"not UTF-8 text \(byte 0xe9 at offset 3\)",
+        ),
         (lambda d: "builtin:nosuch", "unknown built-in corpus; known: builtin:pydoc, builtin:stdlib"),
     ],
 )
@@ -123,7 +126,9 @@ def test_the_training_part_must_hold_one_batch(tmp_path):
     assert split(b"x" * needed, "x", 0.9).train.numel() >= rows > split(b"x" * (needed - 1), "x", 0.9).train.numel()
     path = tmp_path / "t.txt"
     path.write_bytes(b"y" * (cfg.longest * 2))
-    with pytest.raises(ExperimentError, match=f"one training batch \\({cfg.batch_size} rows of {cfg.train_length + 1} bytes"):
+    with pytest.raises(
+        ExperimentError, match=f"one training batch \\({cfg.batch_size} rows of {cfg.train_length + 1} bytes"
+    ):
         load_corpus(tiny(held_out_fraction=0.9, sliding_tokens=0, data=(str(path),)))
 
 
@@ -149,7 +154,7 @@ def test_batches_depend_on_seed_and_step_only():
     assert a.shape == (8, cfg.train_length + 1) and a.dtype == torch.int64
     # half the rows end with a passkey question and its 5-digit answer, fitting inside L tokens
     texts = [bytes(row.tolist()).decode("utf-8", errors="replace") for row in a]
-    with_key = [t for t in texts if QUESTION in t[-(cfg.train_length):]]
+    with_key = [t for t in texts if QUESTION in t[-(cfg.train_length) :]]
     assert len(with_key) == 4
     assert all(t[-5:].isdigit() for t in with_key)
 

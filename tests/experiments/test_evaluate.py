@@ -82,7 +82,8 @@ def test_the_rows_of_a_model_are_its_direct_forwards(rope_model, corpus, tokens)
     text = EvaluationText(tokens, sliding_starts(config, tokens.numel()), corpus.held_out)
     rows = evaluate_model(SPECS["rope-0"], rope_model, text, config, Reporter(enabled=False))
     assert {(r.scaling, r.eval_length, r.mode) for r in rows.perplexity} == {
-        (s, e, m) for s in ("none", "yarn") for e in config.eval_lengths for m in ("windows", "sliding")}
+        (s, e, m) for s in ("none", "yarn") for e in config.eval_lengths for m in ("windows", "sliding")
+    }
     for r in rows.perplexity:
         block = scaling_block(r.scaling, r.eval_length / L, L) if r.scaling != "none" else None
         assert r.factor == (1.0 if r.scaling == "none" else r.eval_length / L)
@@ -96,7 +97,9 @@ def test_the_rows_of_a_model_are_its_direct_forwards(rope_model, corpus, tokens)
             expected = torch.cat(expected).double()
             assert r.predictions == expected.numel() == config.sliding_tokens // config.stride * config.stride
         assert r.loss == pytest.approx(float(expected.mean()), rel=1e-5)
-        assert r.perplexity == pytest.approx(math.exp(r.loss), rel=1e-9) and r.bits_per_byte == pytest.approx(r.loss / math.log(2))
+        assert r.perplexity == pytest.approx(math.exp(r.loss), rel=1e-9) and r.bits_per_byte == pytest.approx(
+            r.loss / math.log(2)
+        )
     longest = direct_losses(rope_model, None, windows(tokens, config.longest))
     bins = [r for r in rows.positions if r.scaling == "none"]
     assert [(r.start, r.end) for r in bins] == position_bins(config)
@@ -131,9 +134,15 @@ def test_a_fine_tuned_scaling_keeps_its_own_factor_and_the_others_are_measured_a
 
 
 def test_scalings_change_the_numbers_past_L_and_not_at_L(rope_model, tokens):
-    at_8L = {s: float(token_losses(scaled_copy(rope_model, scaling_block(s, 8, L)), windows(tokens, 8 * L)).mean()) for s in SCALINGS}
+    at_8L = {
+        s: float(token_losses(scaled_copy(rope_model, scaling_block(s, 8, L)), windows(tokens, 8 * L)).mean())
+        for s in SCALINGS
+    }
     assert len({round(v, 9) for v in at_8L.values()}) == len(SCALINGS)  # five different models past L
-    at_L = {s: float(token_losses(scaled_copy(rope_model, scaling_block(s, 1, L)), windows(tokens, L)).mean()) for s in SCALINGS}
+    at_L = {
+        s: float(token_losses(scaled_copy(rope_model, scaling_block(s, 1, L)), windows(tokens, L)).mean())
+        for s in SCALINGS
+    }
     assert max(at_L.values()) - min(at_L.values()) < 1e-6  # factor 1 is the trained model (YaRN rounds once)
 
 
@@ -150,7 +159,9 @@ def test_scaled_copy_keeps_weights_and_the_callers_random_state(rope_model):
 
 def test_token_losses_do_not_depend_on_the_batching(rope_model, tokens):
     win = windows(tokens, 2 * L)
-    assert torch.allclose(token_losses(rope_model, win, batch_rows=1), token_losses(rope_model, win), rtol=1e-5, atol=1e-6)
+    assert torch.allclose(
+        token_losses(rope_model, win, batch_rows=1), token_losses(rope_model, win), rtol=1e-5, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("encoding", CFG.encodings)
@@ -165,11 +176,18 @@ def test_greedy_continuation_is_generate(encoding):
 
 def test_learned_table_reaches_8L_without_index_errors(corpus, tokens):
     model = build_model(SPECS["learned-0"], CFG).eval()
-    rows = evaluate_model(SPECS["learned-0"], model, EvaluationText(tokens, sliding_starts(CFG, tokens.numel()), corpus.held_out), CFG,
-                          Reporter(enabled=False))
+    rows = evaluate_model(
+        SPECS["learned-0"],
+        model,
+        EvaluationText(tokens, sliding_starts(CFG, tokens.numel()), corpus.held_out),
+        CFG,
+        Reporter(enabled=False),
+    )
     assert sorted({r.eval_length for r in rows.perplexity}) == [L, 2 * L, 4 * L, 8 * L]
     assert all(r.scaling == "none" for r in rows.perplexity)  # no RoPE: measured as trained only
-    assert all(math.isfinite(r.perplexity) for r in rows.perplexity) and all(0 <= r.correct <= r.trials for r in rows.passkey)
+    assert all(math.isfinite(r.perplexity) for r in rows.perplexity) and all(
+        0 <= r.correct <= r.trials for r in rows.passkey
+    )
     assert not uses_rope(model)
 
 
@@ -187,11 +205,17 @@ def test_scaling_block_names():
 def explicit_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     """``softmax(q kᵀ / sqrt(d) + mask) v`` written out, in float64: what SDPA computes, without its kernels."""
     assert dropout_p == 0.0 and not enable_gqa
-    scores = (q.double() @ k.double().transpose(-2, -1)) * (scale if scale is not None else q.shape[-1] ** -0.5)  # [B, H, S, T]
+    scores = (q.double() @ k.double().transpose(-2, -1)) * (
+        scale if scale is not None else q.shape[-1] ** -0.5
+    )  # [B, H, S, T]
     if is_causal:
         scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
     if attn_mask is not None:
-        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask.double()
+        scores = (
+            scores.masked_fill(~attn_mask, float("-inf"))
+            if attn_mask.dtype == torch.bool
+            else scores + attn_mask.double()
+        )
     return (scores.softmax(-1) @ v.double()).to(q.dtype)
 
 

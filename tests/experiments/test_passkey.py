@@ -35,11 +35,13 @@ def test_oracle_scores_one_and_constant_guess_about_zero(length):
     assert passkey_accuracy(oracle, trials, batch_size=7)["accuracy"] == 1.0
     guess = passkey_accuracy(lambda p: torch.full((p.shape[0], KEY_DIGITS), ord("7")), trials)
     assert guess["accuracy"] <= 1 / 60  # "77777" can be a key, with probability 1e-5 per trial
+
     # an answer off by one digit scores nothing: the match is exact
     def off_by_one(p):
         out = oracle(p)
         out[:, -1] = (out[:, -1] - ord("0") + 1) % 10 + ord("0")
         return out
+
     assert passkey_accuracy(off_by_one, trials)["accuracy"] == 0.0
 
 

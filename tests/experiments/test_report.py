@@ -35,16 +35,30 @@ def results(table=TABLE) -> Results:
     for seed in (0, 1):  # retrieval: RoPE retrieves inside L only; positions: RoPE breaks past L
         for d in (64, 128, 256, 512):
             gain = (2.0 if d <= L else 0.1) + 0.1 * seed
-            rows.retrieval.append(RetrievalRow("rope", seed, "none", 1.0, d, d + 48, 16, 4.0 - gain, 4.0, gain, 0.5, 0.0, 60))
+            rows.retrieval.append(
+                RetrievalRow("rope", seed, "none", 1.0, d, d + 48, 16, 4.0 - gain, 4.0, gain, 0.5, 0.0, 60)
+            )
         for a in range(0, 1023, 16):
-            rows.positions.append(PositionRow("rope", seed, "none", 1.0, 1024, a, min(a + 16, 1023), 1.5 if a < L else 3.0, 256))
+            rows.positions.append(
+                PositionRow("rope", seed, "none", 1.0, 1024, a, min(a + 16, 1023), 1.5 if a < L else 3.0, 256)
+            )
     return Results(rows, model_specs(CFG), CFG)
 
 
 def test_the_summary_table_gives_mean_and_spread_per_method():
     header, body = summary_table(results())
-    assert header == ["method", "ppl 1L", "ppl 2L", "ppl 4L", "ppl 8L", "sliding 1L", "sliding 8L", "retrieval ≤ L",
-                      "retrieval > L", "passkey 1L"]
+    assert header == [
+        "method",
+        "ppl 1L",
+        "ppl 2L",
+        "ppl 4L",
+        "ppl 8L",
+        "sliding 1L",
+        "sliding 8L",
+        "retrieval ≤ L",
+        "retrieval > L",
+        "passkey 1L",
+    ]
     labels = [row[0] for row in body]
     assert labels == ["NoPE", "ALiBi", "RoPE", "RoPE + YaRN", "RoPE + YaRN, fine-tuned at 4L"]
     rope = body[2]
@@ -61,29 +75,66 @@ def test_one_seed_has_no_spread():
 
 def test_observations_state_the_numbers():
     lines = observations(results())
-    assert "At 1024 tokens (8L), non-overlapping windows: the lowest perplexity is ALiBi's, 3.962; the highest RoPE's, 40.02." in lines
-    assert any(line.startswith("RoPE: perplexity at 8L is 9.76x with non-overlapping windows and 10.00x with sliding windows") for line in lines)
+    assert (
+        "At 1024 tokens (8L), non-overlapping windows: the lowest perplexity is ALiBi's, 3.962; the highest RoPE's, 40.02."
+        in lines
+    )
+    assert any(
+        line.startswith("RoPE: perplexity at 8L is 9.76x with non-overlapping windows and 10.00x with sliding windows")
+        for line in lines
+    )
     assert any("RoPE +1.500" in line for line in lines)  # the position bins: 3.0 past 4L against 1.5 before L
-    assert any(line.startswith("Retrieval gain (nats per byte), mean over the distances up to L / past L: RoPE 2.05 / 0.15") for line in lines)
+    assert any(
+        line.startswith("Retrieval gain (nats per byte), mean over the distances up to L / past L: RoPE 2.05 / 0.15")
+        for line in lines
+    )
 
 
 def test_the_report_is_built_from_the_rows_and_the_claims(tmp_path):
     r = results()
     figures = draw_figures(r, tmp_path)
-    run = {"command": "rotary experiment --preset default", "finished": "2026-01-01T00:00:00+00:00", "wall_seconds": 300.0,
-           "environment": {"cpu": "CPU", "threads": 2, "device": "cpu", "world_size": 1, "torch": "2.x", "rotary": "0.1",
-                           "load_average_at_start": [1.5, 1, 1], "load_average_at_end": [1.7, 1, 1]},
-           "data": {"source": "builtin:pydoc", "bytes": 466273, "files": 1, "skipped": 0, "sha256": "ab" * 32,
-                    "eval_tokens": 16384, "sliding_tokens": 4096},
-           "models": [{"model": m, "seed": 0, "stage": "pretrain", "parameters": 1000} for m in CFG.encodings],
-           "timings": {"train rope-0": 20.0}}
+    run = {
+        "command": "rotary experiment --preset default",
+        "finished": "2026-01-01T00:00:00+00:00",
+        "wall_seconds": 300.0,
+        "environment": {
+            "cpu": "CPU",
+            "threads": 2,
+            "device": "cpu",
+            "world_size": 1,
+            "torch": "2.x",
+            "rotary": "0.1",
+            "load_average_at_start": [1.5, 1, 1],
+            "load_average_at_end": [1.7, 1, 1],
+        },
+        "data": {
+            "source": "builtin:pydoc",
+            "bytes": 466273,
+            "files": 1,
+            "skipped": 0,
+            "sha256": "ab" * 32,
+            "eval_tokens": 16384,
+            "sliding_tokens": 4096,
+        },
+        "models": [{"model": m, "seed": 0, "stage": "pretrain", "parameters": 1000} for m in CFG.encodings],
+        "timings": {"train rope-0": 20.0},
+    }
     assessments = assess(CLAIMS, r)
     text = report_markdown(run, r, assessments, figures)
-    for needle in ["# Train short, test long: 3 position encodings, 5 RoPE scalings, fine-tuned at 4L",
-                   "Load average (1 min) 1.5 at the start, 1.7 at the end.", "**Extension stage**", "**Seeds**",
-                   "## Perplexity against evaluation length", "Sliding windows (stride 64", "## Retrieval at a distance",
-                   "## Passkey retrieval", "## Run-to-run spread", "## Compared with the published findings",
-                   "| verdict | paper | claim | needs | measured as | this run |", "![retrieval](figures/retrieval.png)"]:
+    for needle in [
+        "# Train short, test long: 3 position encodings, 5 RoPE scalings, fine-tuned at 4L",
+        "Load average (1 min) 1.5 at the start, 1.7 at the end.",
+        "**Extension stage**",
+        "**Seeds**",
+        "## Perplexity against evaluation length",
+        "Sliding windows (stride 64",
+        "## Retrieval at a distance",
+        "## Passkey retrieval",
+        "## Run-to-run spread",
+        "## Compared with the published findings",
+        "| verdict | paper | claim | needs | measured as | this run |",
+        "![retrieval](figures/retrieval.png)",
+    ]:
         assert needle in text, needle
     for a in assessments:
         assert f"| **{a.verdict}** | {a.paper} | {a.claim} |" in text
@@ -99,8 +150,10 @@ def test_the_console_table(capsys):
 
 def test_csv_columns_are_the_row_fields():
     text = csv_text(results().rows.retrieval, RetrievalRow)
-    assert text.splitlines()[0] == ("model,seed,scaling,factor,distance,length,span,copy_loss,control_loss,gain,"
-                                    "copy_accuracy,control_accuracy,predictions")
+    assert text.splitlines()[0] == (
+        "model,seed,scaling,factor,distance,length,span,copy_loss,control_loss,gain,"
+        "copy_accuracy,control_accuracy,predictions"
+    )
     assert len(text.splitlines()) == 1 + 8
 
 

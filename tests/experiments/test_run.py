@@ -43,7 +43,15 @@ def numbers(run: Path) -> dict:
 
 
 def test_writes_every_file_with_the_expected_shapes(tiny_run):
-    for name in ["config.json", "results.json", "results.csv", "positions.csv", "passkey.csv", "retrieval.csv", "report.md"]:
+    for name in [
+        "config.json",
+        "results.json",
+        "results.csv",
+        "positions.csv",
+        "passkey.csv",
+        "retrieval.csv",
+        "report.md",
+    ]:
         assert (tiny_run / name).is_file(), name
     for figure in ["perplexity", "position_buckets", "passkey", "retrieval"]:
         assert (tiny_run / "figures" / f"{figure}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -68,18 +76,33 @@ def test_writes_every_file_with_the_expected_shapes(tiny_run):
     assert {r["factor"] for r in fine_tuned if r["scaling"] != "none"} == {4.0}  # the fine-tuned scaling's own factor
     for r in rows:
         assert r["eval_length"] in LENGTHS and r["perplexity"] > 1 and r["bits_per_byte"] > 0
-        assert r["factor"] == (1.0 if r["scaling"] == "none" else 4.0 if r["model"].startswith("rope-ft-") else r["eval_length"] / L)
+        assert r["factor"] == (
+            1.0 if r["scaling"] == "none" else 4.0 if r["model"].startswith("rope-ft-") else r["eval_length"] / L
+        )
         assert r["stride"] == (r["eval_length"] if r["mode"] == "windows" else L // 2)
     passkey = results["rows"]["passkey"]
     assert {r["trials"] for r in passkey} == {2} and len(passkey) == 2 * methods * 4 * 5  # 10 prompts at 5 depths
     retrieval = results["rows"]["retrieval"]
-    assert len(retrieval) == 2 * methods * len(results["config"]["retrieval_distances"] or [56, 84, 112, 168, 224, 336, 448, 672, 848])
+    assert len(retrieval) == 2 * methods * len(
+        results["config"]["retrieval_distances"] or [56, 84, 112, 168, 224, 336, 448, 672, 848]
+    )
     positions = results["rows"]["positions"]
     assert {(r["start"], r["end"]) for r in positions} == {(a, min(a + 14, 895)) for a in range(0, 895, 14)}
     with open(tiny_run / "results.csv") as f:
         table = list(csv.DictReader(f))
-    assert len(table) == len(rows) and list(table[0]) == ["model", "seed", "scaling", "factor", "mode", "eval_length", "stride",
-                                                        "loss", "perplexity", "bits_per_byte", "predictions"]
+    assert len(table) == len(rows) and list(table[0]) == [
+        "model",
+        "seed",
+        "scaling",
+        "factor",
+        "mode",
+        "eval_length",
+        "stride",
+        "loss",
+        "perplexity",
+        "bits_per_byte",
+        "predictions",
+    ]
     for key in ("config", "data", "environment", "timings", "claims", "wall_seconds"):
         assert key in results
     assert results["environment"]["torch"] == torch.__version__
@@ -87,10 +110,23 @@ def test_writes_every_file_with_the_expected_shapes(tiny_run):
     learned = next(m for m in results["models"] if m["name"] == "learned-0")
     assert learned["untrained_rows_unchanged"] is True and learned["trained_rows_changed"] is True
     report = (tiny_run / "report.md").read_text()
-    for needle in ["figures/perplexity.png", "figures/position_buckets.png", "figures/passkey.png", "figures/retrieval.png",
-                   "Train Short, Test Long", "The Impact of Positional Encoding", "Positional Interpolation", "YaRN",
-                   "RoPE + YaRN, fine-tuned at 4L", "RoPE trained at 4L", "NoPE", "Sliding windows (stride 56",
-                   "## Retrieval at a distance", "Wilson", f"rows {L}..{8 * L - 1} never receive a gradient"]:
+    for needle in [
+        "figures/perplexity.png",
+        "figures/position_buckets.png",
+        "figures/passkey.png",
+        "figures/retrieval.png",
+        "Train Short, Test Long",
+        "The Impact of Positional Encoding",
+        "Positional Interpolation",
+        "YaRN",
+        "RoPE + YaRN, fine-tuned at 4L",
+        "RoPE trained at 4L",
+        "NoPE",
+        "Sliding windows (stride 56",
+        "## Retrieval at a distance",
+        "Wilson",
+        f"rows {L}..{8 * L - 1} never receive a gradient",
+    ]:
         assert needle in report, needle
     config = json.loads((tiny_run / "config.json").read_text())
     assert config["command"].startswith("rotary experiment --preset tiny --device cpu")
@@ -98,20 +134,46 @@ def test_writes_every_file_with_the_expected_shapes(tiny_run):
     assert all(m["compiled"] is False and m["compile_seconds"] == 0 for m in results["models"])  # the CPU stays eager
     timings = results["timings"]
     assert all(f"train {n}" in timings and f"evaluate {n}" in timings for n in models)
-    section = report[report.index("## Wall time"):]
+    section = report[report.index("## Wall time") :]
     assert all(f"| {n} | " in section for n in models) and f"Total {results['wall_seconds']:.0f} s" in section
 
 
 def test_the_hybrid_encodings_run_through_the_experiment(tmp_path):
     out = tmp_path / "hybrids"
-    assert experiment(out, "--encodings", "rope_alibi,rope_relative", "--extend-steps", "0", "--scalings",
-                      "none,yarn", "--eval-lengths", f"{L},{2 * L}", "--steps", "4", "--passkey-trials", "5") == 0
+    assert (
+        experiment(
+            out,
+            "--encodings",
+            "rope_alibi,rope_relative",
+            "--extend-steps",
+            "0",
+            "--scalings",
+            "none,yarn",
+            "--eval-lengths",
+            f"{L},{2 * L}",
+            "--steps",
+            "4",
+            "--passkey-trials",
+            "5",
+        )
+        == 0
+    )
     results = json.loads((out / "results.json").read_text())
-    assert [m["name"] for m in results["models"]] == ["rope_alibi-0", "rope_relative-0", "rope_alibi-1", "rope_relative-1"]
+    assert [m["name"] for m in results["models"]] == [
+        "rope_alibi-0",
+        "rope_relative-0",
+        "rope_alibi-1",
+        "rope_relative-1",
+    ]
     # both rotate q and k, so both are also evaluated under the scalings, every seed
     keys = sorted({(r["model"], r["scaling"], r["eval_length"], r["seed"]) for r in results["rows"]["perplexity"]})
-    assert keys == sorted((m, s, e, seed) for m in ("rope_alibi", "rope_relative") for s in ("none", "yarn") for e in (L, 2 * L)
-                          for seed in (0, 1))
+    assert keys == sorted(
+        (m, s, e, seed)
+        for m in ("rope_alibi", "rope_relative")
+        for s in ("none", "yarn")
+        for e in (L, 2 * L)
+        for seed in (0, 1)
+    )
     assert all(math.isfinite(r["perplexity"]) and r["perplexity"] > 1 for r in results["rows"]["perplexity"])
     report = (out / "report.md").read_text()
     assert "RoPE + ALiBi + YaRN" in report and "RoPE + learned bias" in report
@@ -128,7 +190,11 @@ def test_the_studies_run_on_the_tiny_preset(tmp_path, study):
     if study == "base":
         assert models == {"rope-base100", "rope-base10000"}
         assert {r["model"] for r in results["rows"]["positions"]} == models
-        assert "Scaling Laws of RoPE-based Extrapolation" in report and "d_extra" in report and "could not be verified" in report
+        assert (
+            "Scaling Laws of RoPE-based Extrapolation" in report
+            and "d_extra" in report
+            and "could not be verified" in report
+        )
         # head width 16: pairs 0, 1, 2 of base 10000 complete a period within L = 112 (periods 6.3, 19.9, 62.8), pair 3
         # does not (199): d_extra = 6 and T_extra = 199
         periods = [2 * math.pi * 10000 ** (2 * i / 16) for i in range(8)]
@@ -140,8 +206,10 @@ def test_the_studies_run_on_the_tiny_preset(tmp_path, study):
         assert steps == {"sinusoidal": 12, "rope": 12, "sinusoidal-short": 8, "transfer-0": 0, "transfer": 4}
         assert (out / "figures" / "training_loss.png").is_file()
         assert "transfer_position_encoding" in report and "No paper we cite measures this transfer" in report
-    assert all(c["verdict"] in ("agrees", "does not agree", "partly", "within run-to-run spread", "not measured")
-               for c in claims.values())
+    assert all(
+        c["verdict"] in ("agrees", "does not agree", "partly", "within run-to-run spread", "not measured")
+        for c in claims.values()
+    )
 
 
 def test_same_command_same_numbers(tiny_run, tmp_path):
@@ -153,7 +221,10 @@ def test_resume_after_a_kill_ends_with_the_numbers_of_an_uninterrupted_run(tiny_
     out = tmp_path / "killed"
     proc = subprocess.Popen(
         [sys.executable, "-m", "rotary", "experiment", "--preset", "tiny", "--device", "cpu", "--out", str(out)],
-        env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path,
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
     )
     first = out / "models" / "none-0" / "checkpoint.pt"
     deadline = time.monotonic() + 240
@@ -197,21 +268,43 @@ def test_bad_data_files(capsys, tmp_path):
     out = tmp_path / "out"
     assert "no such file or directory" in bad(capsys, out, "--data", str(tmp_path / "nope.txt"))
     message = bad(capsys, out, "--data", str(tmp_path / "nothing"))
-    assert f"--data {tmp_path / 'nothing'}: the directory holds no UTF-8 text" in message and "give files of UTF-8 text" in message
+    assert (
+        f"--data {tmp_path / 'nothing'}: the directory holds no UTF-8 text" in message
+        and "give files of UTF-8 text" in message
+    )
     assert "matches no file" in bad(capsys, out, "--data", str(tmp_path / "*.csv"))
     assert "is empty" in bad(capsys, out, "--data", str(tmp_path / "empty.txt"))
     assert "not UTF-8" in bad(capsys, out, "--data", str(tmp_path / "binary.bin"))
     assert "unknown built-in corpus" in bad(capsys, out, "--data", "builtin:wiki")
     message = bad(capsys, out, "--data", str(tmp_path / "short.txt"))
-    assert "has 500 bytes, too short: one training batch (8 rows of 113 bytes" in message and "at least 17920 bytes" in message
+    assert (
+        "has 500 bytes, too short: one training batch (8 rows of 113 bytes" in message
+        and "at least 17920 bytes" in message
+    )
 
 
 def test_a_corpus_smaller_than_one_batch(capsys, tmp_path):
     """Enough held-out text for the evaluation, but a training part shorter than one batch of rows."""
     path = tmp_path / "corpus.txt"
-    path.write_text("words " * 400)  # 2400 bytes: 1200 held out (enough), 1200 to train from, one batch needs 64 rows x 113
-    message = bad(capsys, tmp_path / "o", "--data", str(path), "--held-out-fraction", "0.5", "--batch-size", "64", "--sliding-tokens", "0")
-    assert "has 2400 bytes, too short: one training batch (64 rows of 113 bytes" in message and "smaller --batch-size" in message
+    path.write_text(
+        "words " * 400
+    )  # 2400 bytes: 1200 held out (enough), 1200 to train from, one batch needs 64 rows x 113
+    message = bad(
+        capsys,
+        tmp_path / "o",
+        "--data",
+        str(path),
+        "--held-out-fraction",
+        "0.5",
+        "--batch-size",
+        "64",
+        "--sliding-tokens",
+        "0",
+    )
+    assert (
+        "has 2400 bytes, too short: one training batch (64 rows of 113 bytes" in message
+        and "smaller --batch-size" in message
+    )
 
 
 @pytest.mark.parametrize(
@@ -224,7 +317,10 @@ def test_a_corpus_smaller_than_one_batch(capsys, tmp_path):
         (["--seeds", "-2"], "argument --seeds: must be at least 1"),
         (["--encodings", "alibi"], "the extension stage fine-tunes the RoPE model, but --encodings alibi has no rope"),
         (["--extend-scalings", "dynamic"], "dynamic NTK changes with the length by itself"),
-        (["--study", "transfer", "--transfer-steps", "12"], "--study transfer fine-tunes 12 of the --steps 12 with RoPE"),
+        (
+            ["--study", "transfer", "--transfer-steps", "12"],
+            "--study transfer fine-tunes 12 of the --steps 12 with RoPE",
+        ),
         (["--bases", "1"], "--bases must be finite numbers > 1"),
         (["--eval-stride", "200"], "--eval-stride 200 is longer than L = 112"),
     ],
@@ -263,11 +359,17 @@ def test_unknown_names_list_the_known_ones(capsys, tmp_path):
         (["--train-length", "0"], "--train-length: must be a positive integer, got 0"),
         (["--train-length", "-3"], "--train-length: must be a positive integer, got -3"),
         (["--eval-lengths", "112,0"], "--eval-lengths: must be positive integers, got 0"),
-        (["--train-length", "8192"], "longest evaluation length is 65536 tokens, but models are built for at most 32768"),
+        (
+            ["--train-length", "8192"],
+            "longest evaluation length is 65536 tokens, but models are built for at most 32768",
+        ),
         (["--eval-lengths", "112,40000"], "longest evaluation length is 40000 tokens"),
         (["--train-length", "64"], "too short for a passkey sample, which needs at least 110 tokens"),
         (["--eval-lengths", "224,448"], "--eval-lengths must include the training length L = 112 and nothing shorter"),
-        (["--eval-lengths", "56,112,224"], "(every length is measured against L), got 56,112,224; e.g. --eval-lengths 112,224,448,896"),
+        (
+            ["--eval-lengths", "56,112,224"],
+            "(every length is measured against L), got 56,112,224; e.g. --eval-lengths 112,224,448,896",
+        ),
         (["--device", "cuda"], "--device cuda: CUDA is not available"),
     ],
 )
@@ -290,7 +392,9 @@ def test_out_not_writable(capsys, tmp_path):
 def test_world_size_that_does_not_divide_the_batch(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "3")
     monkeypatch.setenv("RANK", "0")
-    assert "torchrun runs 3 processes but --batch-size 8 does not split into 3 equal shards" in bad(capsys, tmp_path / "o")
+    assert "torchrun runs 3 processes but --batch-size 8 does not split into 3 equal shards" in bad(
+        capsys, tmp_path / "o"
+    )
     monkeypatch.setenv("RANK", "1")  # the other ranks stay silent, with the same status
     assert main(["experiment", "--preset", "tiny", "--out", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err == ""
@@ -305,12 +409,16 @@ def test_world_size_that_does_not_divide_the_batch(capsys, tmp_path, monkeypatch
 )
 def test_diverged_training_stops_with_one_line_and_leaves_no_results(capsys, tmp_path, flags, needle):
     out = tmp_path / "diverged"
-    code = experiment(out, *flags, "--steps", "3", "--encodings", "rope", "--seeds", "1", "--extend-steps", "0", "--scalings", "none")
+    code = experiment(
+        out, *flags, "--steps", "3", "--encodings", "rope", "--seeds", "1", "--extend-steps", "0", "--scalings", "none"
+    )
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert "training rope (encoding rope, seed 0) diverged at step " in err and needle in err
     assert f"{out} has no results.json (not a finished run)" in err
-    assert sorted(p.name for p in out.iterdir()) == ["config.json"], "nothing past the settings: no figures, report or results"
+    assert sorted(p.name for p in out.iterdir()) == ["config.json"], (
+        "nothing past the settings: no figures, report or results"
+    )
 
 
 def test_the_divergence_shown_in_the_docs_is_what_the_command_prints(capsys, tmp_path, monkeypatch):
@@ -351,11 +459,15 @@ def test_resume_refuses_another_configuration_and_corrupted_checkpoints(capsys, 
 def _docs_writer(tmp_path):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("write_experiment_docs", ROOT / "benchmarks" / "write_experiment_docs.py")
+    spec = importlib.util.spec_from_file_location(
+        "write_experiment_docs", ROOT / "benchmarks" / "write_experiment_docs.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     (tmp_path / "docs" / "figures").mkdir(parents=True)
-    (tmp_path / "README.md").write_text("# rotary\n\n<!-- experiment:start -->\nold block\n<!-- experiment:end -->\n\n## Quick start\n")
+    (tmp_path / "README.md").write_text(
+        "# rotary\n\n<!-- experiment:start -->\nold block\n<!-- experiment:end -->\n\n## Quick start\n"
+    )
     module.ROOT = tmp_path
     return module
 
@@ -369,8 +481,11 @@ def test_write_experiment_docs_renders_the_readme_block_and_report_from_a_run(ti
     assert readme.endswith("<!-- experiment:end -->\n\n## Quick start\n")
     assert "`rotary experiment --preset tiny --device cpu`" in readme and "mean ± half the range over 2 seeds" in readme
     results = json.loads((tiny_run / "results.json").read_text())
-    rope_at_L = [r["perplexity"] for r in results["rows"]["perplexity"]
-                 if (r["model"], r["scaling"], r["eval_length"], r["mode"]) == ("rope", "none", L, "windows")]
+    rope_at_L = [
+        r["perplexity"]
+        for r in results["rows"]["perplexity"]
+        if (r["model"], r["scaling"], r["eval_length"], r["mode"]) == ("rope", "none", L, "windows")
+    ]
     assert f"| RoPE | {sum(rope_at_L) / 2:.4g} ± " in readme  # the table's numbers are the run's
     report = (tmp_path / "docs" / "experiment_report.md").read_text()
     assert report == (tiny_run / "report.md").read_text().replace("](figures/", "](figures/experiment_")

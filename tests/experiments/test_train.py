@@ -61,7 +61,11 @@ def test_a_fine_tune_starts_from_its_parent_and_a_transfer_from_its_non_position
             p.add_(1.0)
     tuned = start_model(SPECS["rope-ft-yarn-0"], CFG, parent)
     assert all(torch.equal(a, b) for a, b in zip(tuned.state_dict().values(), parent.state_dict().values()))
-    assert tuned.config.rope_scaling == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": CFG.train_length}
+    assert tuned.config.rope_scaling == {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": CFG.train_length,
+    }
     study = ExperimentConfig(**{**PRESETS["tiny"], "device": "cpu", "study": "transfer"})
     specs = {s.name: s for s in model_specs(study)}
     sinusoidal = build_model(specs["sinusoidal-short-0"], study)
@@ -77,7 +81,11 @@ def test_weight_decay_only_on_linear_weights():
     decay, rest = param_groups(model, 0.1)
     names = {id(p): n for n, p in model.named_parameters()}
     assert all(names[id(p)].endswith("proj.weight") or names[id(p)] == "lm_head.weight" for p in decay["params"])
-    assert {names[id(p)] for p in rest["params"]} >= {"embed_tokens.weight", "embed_positions.embedding.weight", "norm.weight"}
+    assert {names[id(p)] for p in rest["params"]} >= {
+        "embed_tokens.weight",
+        "embed_positions.embedding.weight",
+        "norm.weight",
+    }
     assert len(decay["params"]) + len(rest["params"]) == len(list(model.parameters()))
 
 
@@ -85,7 +93,9 @@ def test_learned_rows_past_L_stay_as_initialised():
     cfg = ExperimentConfig(**{**PRESETS["tiny"], "device": "cpu", "steps": 6})
     spec = {s.name: s for s in model_specs(cfg)}["learned-0"]
     initial = build_model(spec, cfg).embed_positions.embedding.weight.detach().clone()
-    trained = train_model(spec, cfg, load_corpus(cfg).train, run_dir=None, resume=False, reporter=Reporter(enabled=False))
+    trained = train_model(
+        spec, cfg, load_corpus(cfg).train, run_dir=None, resume=False, reporter=Reporter(enabled=False)
+    )
     table = trained.model.embed_positions.embedding.weight.detach()
     assert table.shape[0] == cfg.longest == 8 * cfg.train_length
     assert torch.equal(table[cfg.train_length :], initial[cfg.train_length :])
@@ -104,10 +114,16 @@ def test_a_rank_that_finishes_first_leaves_the_group_cleanly_while_rank_0_is_sti
     for run in range(3):
         proc = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(TEARDOWN)],
-            env=cli_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=120,
+            env=cli_env(OMP_NUM_THREADS="1"),
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert proc.returncode == 0, f"run {run}: {proc.stderr[-3000:]}"
-        assert sorted(line for line in proc.stdout.splitlines() if "left the group" in line) == ["rank 0 left the group", "rank 1 left the group"]
+        assert sorted(line for line in proc.stdout.splitlines() if "left the group" in line) == [
+            "rank 0 left the group",
+            "rank 1 left the group",
+        ]
 
 
 def test_two_torchrun_processes_train_on_their_shards_average_like_one_process_and_rank_1_writes_nothing(tmp_path):
@@ -120,38 +136,104 @@ def test_two_torchrun_processes_train_on_their_shards_average_like_one_process_a
       Python's audit events), and its working directory, where the default ``runs/`` would go,
       stays empty; rank 0 writes the whole run there.
     """
-    flags = ["--preset", "tiny", "--device", "cpu", "--threads", "1", "--encodings", "rope,alibi", "--seeds", "1",
-             "--scalings", "none", "--steps", "6", "--checkpoint-every", "3", "--eval-lengths", "112,224", "--passkey-trials", "5",
-             "--extend-steps", "2", "--extend-length", "224", "--extend-scalings", "yarn", "--finetune-learning-rate", "3e-4"]
+    flags = [
+        "--preset",
+        "tiny",
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        "--encodings",
+        "rope,alibi",
+        "--seeds",
+        "1",
+        "--scalings",
+        "none",
+        "--steps",
+        "6",
+        "--checkpoint-every",
+        "3",
+        "--eval-lengths",
+        "112,224",
+        "--passkey-trials",
+        "5",
+        "--extend-steps",
+        "2",
+        "--extend-length",
+        "224",
+        "--extend-scalings",
+        "yarn",
+        "--finetune-learning-rate",
+        "3e-4",
+    ]
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(PROBE), "experiment", *flags],
-        env=cli_env(OMP_NUM_THREADS="1", PROBE_ROOT=str(tmp_path)), capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(PROBE),
+            "experiment",
+            *flags,
+        ],
+        env=cli_env(OMP_NUM_THREADS="1", PROBE_ROOT=str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     probes = {p["rank"]: p for p in (json.loads(f.read_text()) for f in sorted(tmp_path.glob("probe-rank*.json")))}
     assert sorted(probes) == [0, 1] and probes[0]["status"] == probes[1]["status"] == 0
 
-    cfg = ExperimentConfig(**{**PRESETS["tiny"], "device": "cpu", "threads": 1, "encodings": ("rope", "alibi"), "seeds": 1,
-                              "scalings": ("none",), "steps": 6, "checkpoint_every": 3, "eval_lengths": (112, 224), "passkey_trials": 5,
-                              "extend_steps": 2, "extend_length": 224, "extend_scalings": ("yarn",), "finetune_learning_rate": 3e-4})
+    cfg = ExperimentConfig(
+        **{
+            **PRESETS["tiny"],
+            "device": "cpu",
+            "threads": 1,
+            "encodings": ("rope", "alibi"),
+            "seeds": 1,
+            "scalings": ("none",),
+            "steps": 6,
+            "checkpoint_every": 3,
+            "eval_lengths": (112, 224),
+            "passkey_trials": 5,
+            "extend_steps": 2,
+            "extend_length": 224,
+            "extend_scalings": ("yarn",),
+            "finetune_learning_rate": 3e-4,
+        }
+    )
     specs = model_specs(cfg)
-    assert [s.model for s in specs] == ["rope", "alibi", "rope-ft-yarn", "rope-scratch"]  # the extension stage under DDP too
+    assert [s.model for s in specs] == [
+        "rope",
+        "alibi",
+        "rope-ft-yarn",
+        "rope-scratch",
+    ]  # the extension stage under DDP too
     train_tokens = load_corpus(cfg).train
 
     def rows(spec, step, rank):  # rank r trains on rows r * B/2 .. (r + 1) * B/2 - 1 of every global batch
-        batch = training_batch(train_tokens, spec.first_batch + step, cfg, spec.seed, rows=spec.rows, length=spec.length)
+        batch = training_batch(
+            train_tokens, spec.first_batch + step, cfg, spec.seed, rows=spec.rows, length=spec.length
+        )
         half = spec.rows // 2
         return sha256(batch[rank * half : (rank + 1) * half].numpy().tobytes()).hexdigest()
 
     for rank in (0, 1):  # model after model
         expected = [rows(spec, step, rank) for spec in specs for step in range(spec.steps)]
         assert probes[rank]["shards"] == expected, f"rank {rank} did not train on its own rows of each global batch"
-    assert all(a != b for a, b in zip(probes[0]["shards"], probes[1]["shards"])), "the two ranks trained on the same rows"
+    assert all(a != b for a, b in zip(probes[0]["shards"], probes[1]["shards"])), (
+        "the two ranks trained on the same rows"
+    )
 
     assert probes[1]["writes"] == [], f"rank 1 wrote {probes[1]['writes']}"
     assert list((tmp_path / "rank1").iterdir()) == []
-    assert any("results.json" in w for w in probes[0]["writes"]), "the probe saw none of rank 0's writes: its watch is blind"
+    assert any("results.json" in w for w in probes[0]["writes"]), (
+        "the probe saw none of rank 0's writes: its watch is blind"
+    )
     (two,) = (tmp_path / "rank0" / "runs").iterdir()  # the default run directory, written by rank 0 alone
     assert {"config.json", "results.json", "results.csv", "report.md"} <= {f.name for f in two.iterdir()}
     assert json.loads((two / "results.json").read_text())["environment"]["world_size"] == 2
@@ -169,9 +251,16 @@ def test_two_torchrun_processes_train_on_their_shards_average_like_one_process_a
             # at a learning rate (3e-4, the large preset's) whose first full step does not push that
             # rounding past the tolerance the pretrained models are held to
             parent = build_model(next(s for s in specs if s.name == spec.parent_name), cfg)
-            parent.load_state_dict(load_checkpoint(two / "models" / spec.parent_name / "checkpoint.pt",
-                                                   next(s for s in specs if s.name == spec.parent_name), cfg)["model"])
-            tuned = train_model(spec, cfg, train_tokens, parent=parent, run_dir=None, resume=False, reporter=Reporter(enabled=False))
+            parent.load_state_dict(
+                load_checkpoint(
+                    two / "models" / spec.parent_name / "checkpoint.pt",
+                    next(s for s in specs if s.name == spec.parent_name),
+                    cfg,
+                )["model"]
+            )
+            tuned = train_model(
+                spec, cfg, train_tokens, parent=parent, run_dir=None, resume=False, reporter=Reporter(enabled=False)
+            )
             losses, state = tuned.losses, tuned.model.state_dict()
         assert both["step"] == spec.steps == len(losses)
         # the logged loss of two processes is the mean of the two half-batch losses: the global batch's
@@ -236,8 +325,21 @@ def test_every_collective_of_the_experiment_goes_through_distributed():
 
     import rotary.tools.experiments as package
 
-    collectives = {"all_reduce", "all_gather", "all_gather_object", "broadcast", "broadcast_object_list", "reduce",
-                   "gather", "scatter", "barrier", "all_to_all", "reduce_scatter", "send", "recv"}
+    collectives = {
+        "all_reduce",
+        "all_gather",
+        "all_gather_object",
+        "broadcast",
+        "broadcast_object_list",
+        "reduce",
+        "gather",
+        "scatter",
+        "barrier",
+        "all_to_all",
+        "reduce_scatter",
+        "send",
+        "recv",
+    }
     outside, inside = [], []
     for path in sorted(Path(package.__file__).parent.glob("*.py")):
         tree = ast.parse(path.read_text())
@@ -250,7 +352,9 @@ def test_every_collective_of_the_experiment_goes_through_distributed():
                 where = f"{path.name}:{node.lineno} {node.attr}"
                 (inside if owner.get(id(node)) == "Distributed" else outside).append(where)
     assert not outside, outside
-    assert [where.split()[1] for where in inside] == ["all_reduce", "all_reduce", "barrier"], inside  # agree(), mean(), stop(): the scan does see them
+    assert [where.split()[1] for where in inside] == ["all_reduce", "all_reduce", "barrier"], (
+        inside
+    )  # agree(), mean(), stop(): the scan does see them
 
 
 # ------------------------------------------------------------------------------------------------
@@ -271,8 +375,12 @@ def _step_results(model, **options):
 @pytest.mark.slow
 @pytest.mark.parametrize("encoding", ["rope", "alibi"])
 def test_a_compiled_step_equals_the_eager_step_on_the_cpu(encoding):
-    eager_losses, eager_grads, _ = _step_results(build_model(SPECS[f"{encoding}-0"], CFG).train(), mixed_precision=False, compile=False)
-    losses, grads, step = _step_results(build_model(SPECS[f"{encoding}-0"], CFG).train(), mixed_precision=False, compile=True)
+    eager_losses, eager_grads, _ = _step_results(
+        build_model(SPECS[f"{encoding}-0"], CFG).train(), mixed_precision=False, compile=False
+    )
+    losses, grads, step = _step_results(
+        build_model(SPECS[f"{encoding}-0"], CFG).train(), mixed_precision=False, compile=True
+    )
     assert step.is_compiled and step.compile_seconds > 0
     for a, b in zip(losses, eager_losses):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), (a, b)  # Inductor fuses and reorders fp32 sums
@@ -285,12 +393,17 @@ def test_a_compile_that_fails_says_so_once_and_the_step_runs_eagerly(monkeypatch
         def call(*args, **kw):
             module(*args, **kw).sum().backward()  # half a step done: its gradients must not count
             raise RuntimeError("no C++ compiler found\n(details)")
+
         return call
 
     monkeypatch.setattr(torch, "compile", broken)
     lines: list[str] = []
-    eager_losses, eager_grads, _ = _step_results(build_model(SPECS["rope-0"], CFG).train(), mixed_precision=False, compile=False)
-    losses, grads, step = _step_results(build_model(SPECS["rope-0"], CFG).train(), mixed_precision=False, compile=True, log=lines.append)
+    eager_losses, eager_grads, _ = _step_results(
+        build_model(SPECS["rope-0"], CFG).train(), mixed_precision=False, compile=False
+    )
+    losses, grads, step = _step_results(
+        build_model(SPECS["rope-0"], CFG).train(), mixed_precision=False, compile=True, log=lines.append
+    )
     assert lines == ["torch.compile failed (RuntimeError: no C++ compiler found); training eagerly"]
     assert not step.is_compiled and step.compile_seconds == 0
     assert all(torch.equal(a, b) for a, b in zip(losses, eager_losses))
@@ -301,7 +414,9 @@ def test_a_bf16_step_keeps_fp32_weights_and_stays_near_the_fp32_loss():
     model = build_model(SPECS["rope-0"], CFG).train()
     fp32_losses, _, _ = _step_results(build_model(SPECS["rope-0"], CFG).train(), mixed_precision=False, compile=False)
     losses, grads, _ = _step_results(model, mixed_precision=True, compile=False)
-    assert all(p.dtype == torch.float32 for p in model.parameters()) and all(g.dtype == torch.float32 for g in grads.values())
+    assert all(p.dtype == torch.float32 for p in model.parameters()) and all(
+        g.dtype == torch.float32 for g in grads.values()
+    )
     assert losses[0].dtype == torch.float32
     assert abs(float(losses[0]) - float(fp32_losses[0])) < 0.05  # bf16 keeps ~3 significant digits of a loss of ~5.5
 
@@ -311,16 +426,24 @@ def _tiny_training(monkeypatch, tmp_path, read_every: int, **changes):
     cfg = ExperimentConfig(**{**PRESETS["tiny"], "device": "cpu", "checkpoint_every": 5, **changes})
     spec = model_specs(cfg)[0]
     corpus = load_corpus(cfg)
-    return cfg, spec, lambda: train_model(spec, cfg, corpus.train, run_dir=tmp_path, resume=False, reporter=Reporter(enabled=False))
+    return (
+        cfg,
+        spec,
+        lambda: train_model(spec, cfg, corpus.train, run_dir=tmp_path, resume=False, reporter=Reporter(enabled=False)),
+    )
 
 
 def test_losses_read_in_groups_are_the_losses_read_every_step(monkeypatch, tmp_path):
     _, _, every_step = _tiny_training(monkeypatch, tmp_path / "a", 1)
     expected = every_step()
-    _, _, grouped = _tiny_training(monkeypatch, tmp_path / "b", 3)  # as on a GPU: 12 steps read after steps 3, 5, 8, 10 and 12
+    _, _, grouped = _tiny_training(
+        monkeypatch, tmp_path / "b", 3
+    )  # as on a GPU: 12 steps read after steps 3, 5, 8, 10 and 12
     outcome = grouped()
     assert outcome.losses == expected.losses and len(outcome.losses) == 12
-    assert all(torch.equal(a, b) for a, b in zip(outcome.model.state_dict().values(), expected.model.state_dict().values()))
+    assert all(
+        torch.equal(a, b) for a, b in zip(outcome.model.state_dict().values(), expected.model.state_dict().values())
+    )
 
 
 def test_a_divergence_read_late_names_its_step_and_leaves_finite_checkpoints(monkeypatch, tmp_path):

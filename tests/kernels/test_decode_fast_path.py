@@ -29,7 +29,12 @@ def general(rope, monkeypatch, *args, **kwargs):
 def taken(rope, *args, **kwargs) -> bool:
     q, k = args
     kw = {key: kwargs[key] for key in ("position_ids", "offset", "layout", "inplace") if key in kwargs}
-    return rope._fast(q, k, kw.get("position_ids"), kw.get("offset", 0), kw.get("layout", "bhsd"), kw.get("inplace", False)) is not None
+    return (
+        rope._fast(
+            q, k, kw.get("position_ids"), kw.get("offset", 0), kw.get("layout", "bhsd"), kw.get("inplace", False)
+        )
+        is not None
+    )
 
 
 @settings(max_examples=80, deadline=None)
@@ -100,7 +105,9 @@ def test_general_path_for_what_the_fast_path_does_not_take():
     rope(q, k)  # fill the cache
     assert not taken(rope, q.requires_grad_(), k)  # autograd
     q = q.detach()
-    assert not taken(rope, q, k, position_ids=torch.tensor([3, 4], dtype=torch.int32))  # int32 ids: general path converts
+    assert not taken(
+        rope, q, k, position_ids=torch.tensor([3, 4], dtype=torch.int32)
+    )  # int32 ids: general path converts
     assert taken(rope, q, k, offset=100)  # past the table: grown as the general path grows it
     ids = torch.tensor([1000, 1001])
     assert not taken(rope, q, k, position_ids=ids)  # ids past it: the general path grows it
@@ -160,7 +167,9 @@ def test_rotate_fast_path_leaves_mismatches_to_the_general_path():
         rotary.rotate([q, k], per_token)  # [B, S, r] tables for another batch size
     q4, k4 = torch.randn(4, 4, 1, 64), torch.randn(4, 2, 1, 64)
     for batch in (2, 8):  # S fits, the B * S rows do not: rope_decode declines, the general path names B
-        per_token = rotary.RotaryTables.from_tensors(*rope.cos_sin(torch.zeros(batch, 1, dtype=torch.long)), interleaved=False)
+        per_token = rotary.RotaryTables.from_tensors(
+            *rope.cos_sin(torch.zeros(batch, 1, dtype=torch.long)), interleaved=False
+        )
         with pytest.raises(ValueError, match=f"cos/sin have batch {batch} but x has batch 4"):
             rotary.rotate([q4, k4], per_token)
     with pytest.raises(ValueError, match="cover S=2 positions but"):

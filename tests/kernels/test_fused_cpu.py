@@ -62,7 +62,9 @@ def test_fused_matches_pure_torch(case):
     rope = rotary.RoPE(D, rotary_dim=case["r"], interleaved=case["interleaved"])
     q, k, qkv = make_qk(case["shape"], dtype=case["dtype"], layout=case["layout"], strided=case["strided"], gen=gen)
     positions = torch.randint(0, 40, (B, S), generator=gen)
-    table_cos, table_sin = rope.cos_sin(torch.arange(40), dtype=torch.float64 if case["dtype"] == torch.float64 else torch.float32)
+    table_cos, table_sin = rope.cos_sin(
+        torch.arange(40), dtype=torch.float64 if case["dtype"] == torch.float64 else torch.float32
+    )
     kind = case["tables"]
     if kind == "shared":
         cos, sin, kwargs, rows = table_cos[:S], table_sin[:S], {}, torch.arange(S).expand(1, S)

@@ -105,10 +105,7 @@ def test_the_source_probes_nothing_about_who_holds_a_gradient():
     src = Path(rotary.__file__).resolve().parent
     banned = ("sys.settrace", "_use_count", "_storage_Use_Count", "getrefcount")
     found = [
-        f"{path.relative_to(src)}: {word}"
-        for path in src.rglob("*.py")
-        for word in banned
-        if word in path.read_text()
+        f"{path.relative_to(src)}: {word}" for path in src.rglob("*.py") for word in banned if word in path.read_text()
     ]
     assert not found, found
 

@@ -57,7 +57,9 @@ def test_out_of_place_forward_backward_allocates_one_output_and_one_gradient_per
 
     step()
     got = sized(step, q, k)
-    assert got == sorted([q.nbytes, k.nbytes] * 2), f"fwd+bwd allocated {got}; want one output and one gradient per input"
+    assert got == sorted([q.nbytes, k.nbytes] * 2), (
+        f"fwd+bwd allocated {got}; want one output and one gradient per input"
+    )
     # the gradients land in .grad as they were allocated, laid out like the inputs
     assert q.grad.stride() == q.stride() and k.grad.stride() == k.stride()
 

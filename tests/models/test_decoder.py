@@ -14,8 +14,14 @@ ENCODINGS = ["rope", "none", "learned", "sinusoidal", "alibi"]
 def small(position_encoding="rope", **kw):
     torch.manual_seed(0)
     config = DecoderConfig(
-        vocab_size=50, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, max_position=64,
-        position_encoding=position_encoding, **kw,
+        vocab_size=50,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        max_position=64,
+        position_encoding=position_encoding,
+        **kw,
     )
     return Decoder(config).eval()
 
@@ -119,8 +125,13 @@ def test_any_registered_rope_scaling_reaches_the_tables():
     [
         {"rope_type": "linear", "factor": 4.0},
         {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
-        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-         "original_max_position_embeddings": 16},
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
     ],
 )
 def test_scaled_rope_decoding(scaling):
@@ -198,7 +209,10 @@ def test_new_encoding_is_one_registration():
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        (dict(position_encoding="t5"), "unknown position_encoding 't5'; registered: alibi, learned, none, p_rope, rope, rope_alibi, rope_relative, sinusoidal, xpos"),
+        (
+            dict(position_encoding="t5"),
+            "unknown position_encoding 't5'; registered: alibi, learned, none, p_rope, rope, rope_alibi, rope_relative, sinusoidal, xpos",
+        ),
         (dict(hidden_size=30), "hidden_size=30 is not divisible by num_heads=4"),
         (dict(num_layers=0), "num_layers must be a positive int, got 0"),
     ],

@@ -10,7 +10,9 @@ from rotary.nn import ALiBi, RelativePositionBias
 
 def build(encoding: str) -> Decoder:
     torch.manual_seed(0)
-    return Decoder(DecoderConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, position_encoding=encoding)).eval()
+    return Decoder(
+        DecoderConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, position_encoding=encoding)
+    ).eval()
 
 
 @pytest.mark.parametrize("encoding, bias", [("rope_alibi", ALiBi), ("rope_relative", RelativePositionBias)])

@@ -32,7 +32,9 @@ def test_models_with_caches_copy_and_save(how):
     before = lm(ids)  # fills the table caches (and takes their locks)
     twin = how(lm)
     assert torch.equal(twin(ids), before)
-    rope = rotary.RoPE(64, scaling={"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 16}, max_position=16)
+    rope = rotary.RoPE(
+        64, scaling={"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 16}, max_position=16
+    )
     q = torch.randn(1, 2, 40, 64, generator=gen)
     out = rope(q, q)[0]
     assert torch.equal(how(rope)(q, q)[0], out)
@@ -105,8 +107,13 @@ def test_models_build_on_the_meta_device():
 def test_one_decoder_shared_by_threads(gen, one_intraop_thread):
     # length-dependent (long factors past 16 tokens) but not history-dependent: any interleaving of the
     # threads' calls must give the single-threaded logits
-    scaling = {"rope_type": "longrope", "original_max_position_embeddings": 16, "factor": 4.0,
-               "short_factor": [1.0 + i / 32 for i in range(4)], "long_factor": [1.0 + i for i in range(4)]}
+    scaling = {
+        "rope_type": "longrope",
+        "original_max_position_embeddings": 16,
+        "factor": 4.0,
+        "short_factor": [1.0 + i / 32 for i in range(4)],
+        "long_factor": [1.0 + i for i in range(4)],
+    }
     lm = small_lm(rope_scaling=scaling)
     prompts = [torch.randint(50, (1, n), generator=gen) for n in (4, 30, 9, 50)]
     infer = torch.no_grad()(lm.__call__)  # no_grad is per thread: it wraps each call
@@ -140,7 +147,11 @@ def test_token_ids_outside_the_vocabulary_are_named(ids, exc, match):
         (dict(use_cache="no"), TypeError, "use_cache must be True or False, got 'no'"),
         (dict(temperature=float("nan")), ValueError, "temperature must be a finite number >= 0"),
         (dict(temperature="1"), ValueError, "temperature must be a finite number >= 0"),
-        (dict(attention_mask=torch.tensor([[1, 1], [0, 0]])), ValueError, r"attention_mask row\(s\) \[1\] mark no token"),
+        (
+            dict(attention_mask=torch.tensor([[1, 1], [0, 0]])),
+            ValueError,
+            r"attention_mask row\(s\) \[1\] mark no token",
+        ),
     ],
 )
 def test_generate_arguments_are_checked(kwargs, exc, match):

@@ -17,7 +17,9 @@ def test_default_layers_follow_transformers_llama4_and_smollm3():
     import transformers
 
     for layers in (4, 7, 12):
-        llama4 = transformers.Llama4TextConfig(num_hidden_layers=layers, hidden_size=16, num_attention_heads=2, head_dim=8)
+        llama4 = transformers.Llama4TextConfig(
+            num_hidden_layers=layers, hidden_size=16, num_attention_heads=2, head_dim=8
+        )
         smollm3 = transformers.SmolLM3Config(num_hidden_layers=layers, hidden_size=16, num_attention_heads=2)
         assert default_no_rope_layers(layers) == llama4.no_rope_layers == smollm3.no_rope_layers
     assert default_no_rope_layers(8) == [1, 1, 1, 0, 1, 1, 1, 0]  # 1 = RoPE: layers 3 and 7 are NoPE
@@ -92,7 +94,9 @@ def test_decoder_layers_switch_rope_off_and_decode_like_the_full_pass():
     ids = torch.randint(40, (2, 9))
     full = model(ids)
     cache = model.new_cache()
-    steps = torch.cat([model(ids[:, :4], cache=cache)] + [model(ids[:, i : i + 1], cache=cache) for i in range(4, 9)], dim=1)
+    steps = torch.cat(
+        [model(ids[:, :4], cache=cache)] + [model(ids[:, i : i + 1], cache=cache) for i in range(4, 9)], dim=1
+    )
     torch.testing.assert_close(steps, full, rtol=1e-5, atol=1e-5)
     # rescaling the context touches the RoPE layers only
     model.set_rope_scaling({"rope_type": "linear", "factor": 2.0})
@@ -134,12 +138,16 @@ def test_nope_layers_see_positions_only_through_the_temperature():
     no_temperature = Decoder(DecoderConfig(**SMALL, num_layers=2, no_rope_layers=[0, 0], attn_temperature_tuning=False))
     no_temperature.load_state_dict(model.state_dict())
     no_temperature.eval()
-    torch.testing.assert_close(no_temperature(ids, position_ids=torch.arange(9000, 9006)[None]), logits(0), rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        no_temperature(ids, position_ids=torch.arange(9000, 9006)[None]), logits(0), rtol=0, atol=1e-6
+    )
 
 
 def test_p_rope_is_the_proportional_rope_type():
     assert "p_rope" in POSITION_ENCODINGS
-    model = Decoder(DecoderConfig(**{**SMALL, "hidden_size": 64}, num_layers=1, position_encoding="p_rope", p_rope_fraction=0.25))
+    model = Decoder(
+        DecoderConfig(**{**SMALL, "hidden_size": 64}, num_layers=1, position_encoding="p_rope", p_rope_fraction=0.25)
+    )
     inv_freq = model.rope.inv_freq
     want = rotary.frequencies(16, scaling={"rope_type": "proportional", "partial_rotary_factor": 0.25}).inv_freq
     assert torch.equal(inv_freq, want)
@@ -148,11 +156,15 @@ def test_p_rope_is_the_proportional_rope_type():
     model.eval()
     ids = torch.randint(40, (1, 6))
     cache = model.new_cache()
-    steps = torch.cat([model(ids[:, :3], cache=cache)] + [model(ids[:, i : i + 1], cache=cache) for i in range(3, 6)], dim=1)
+    steps = torch.cat(
+        [model(ids[:, :3], cache=cache)] + [model(ids[:, i : i + 1], cache=cache) for i in range(3, 6)], dim=1
+    )
     torch.testing.assert_close(steps, model(ids), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match=r"p_rope_fraction must be in \(0, 1\], got 0"):
         DecoderConfig(**SMALL, position_encoding="p_rope", p_rope_fraction=0)
-    with pytest.raises(ValueError, match="'p_rope' is the 'proportional' rope_type; rope_scaling has rope_type 'linear'"):
+    with pytest.raises(
+        ValueError, match="'p_rope' is the 'proportional' rope_type; rope_scaling has rope_type 'linear'"
+    ):
         Decoder(DecoderConfig(**SMALL, position_encoding="p_rope", rope_scaling={"rope_type": "linear", "factor": 2.0}))
 
 
@@ -175,7 +187,9 @@ def test_configs_with_nope_layers_are_read():
     s = read_hf_config(smollm3)
     assert s.rope_layers == (True, True, True, False) and s.nope_temperature is None
     assert read_hf_config({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4}).rope_layers is None
-    with pytest.raises(rotary.ConfigError, match=r"no_rope_layers must be a list of 0/1 flags \(1 = the layer uses RoPE\)"):
+    with pytest.raises(
+        rotary.ConfigError, match=r"no_rope_layers must be a list of 0/1 flags \(1 = the layer uses RoPE\)"
+    ):
         read_hf_config(dict(d, no_rope_layers=[1, 2] * 4))
     with pytest.raises(rotary.ConfigError, match="no_rope_layers has 3 flags but the model has 8 layers"):
         read_hf_config(dict(d, no_rope_layers=[1, 1, 0]))

@@ -32,10 +32,18 @@ def clean_flags():
 
 def small(position_encoding="rope", **kw) -> Decoder:
     torch.manual_seed(0)
-    config = DecoderConfig(**{
-        "vocab_size": 50, "hidden_size": 32, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "max_position": 64,
-        "position_encoding": position_encoding, **kw,
-    })
+    config = DecoderConfig(
+        **{
+            "vocab_size": 50,
+            "hidden_size": 32,
+            "num_layers": 2,
+            "num_heads": 4,
+            "num_kv_heads": 2,
+            "max_position": 64,
+            "position_encoding": position_encoding,
+            **kw,
+        }
+    )
     return Decoder(config).eval()
 
 
@@ -191,7 +199,9 @@ def test_no_host_read_per_token_off_the_cpu(monkeypatch):
         step = model.decode_step(ids[:, :1], static)
         for cache in ("dynamic", "static"):
             model.generate(ids, 6, attention_mask=mask, cache=cache)
-            model.generate(ids, 6, attention_mask=mask, cache=cache, temperature=1.0, generator=torch.Generator().manual_seed(0))
+            model.generate(
+                ids, 6, attention_mask=mask, cache=cache, temperature=1.0, generator=torch.Generator().manual_seed(0)
+            )
     assert step.shape == (3, 50) and step.dtype == torch.float32
     assert counter.calls == [CPU] * 4
     monkeypatch.undo()
@@ -329,7 +339,9 @@ def test_generate_errors():
         model.generate(ids, 2, cache="dynamic", capture="compile")
     with pytest.raises(ValueError, match="use_cache=False .* cannot go with a static cache"):
         model.generate(ids, 2, cache="static", use_cache=False)
-    with pytest.raises(ValueError, match="needs the model and input_ids on a CUDA device, got cpu; use capture='compile'"):
+    with pytest.raises(
+        ValueError, match="needs the model and input_ids on a CUDA device, got cpu; use capture='compile'"
+    ):
         model.generate(ids, 2, capture="cuda_graph")
     with pytest.raises(ValueError, match="eos_token_id=50 is not a token id of this model"):
         model.generate(ids, 2, eos_token_id=50)
@@ -354,7 +366,9 @@ def test_the_layers_of_one_cache_group_share_the_step_mask_and_slots(encoding, m
     masks, slots = [], []
     build_mask, next_slots = attention_module.RotaryAttention._static_mask, StaticKVCache._next_slots
     monkeypatch.setattr(attention_module.RotaryAttention, "_static_mask", lambda *a: masks.append(1) or build_mask(*a))
-    monkeypatch.setattr(StaticKVCache, "_next_slots", lambda self, n, step=None: slots.append(step) or next_slots(self, n, step))
+    monkeypatch.setattr(
+        StaticKVCache, "_next_slots", lambda self, n, step=None: slots.append(step) or next_slots(self, n, step)
+    )
 
     def decode(grouped: bool):
         cache = model.new_cache(batch=3, max_len=10)
@@ -386,7 +400,9 @@ def test_a_cache_group_out_of_step_is_flagged_off_the_cpu():
         model(ids, cache=cache)
         cache[1].reset()  # one layer's cache alone
         model.decode_step(ids[:, -1:], cache)
-    with pytest.raises(DeviceInputError, match=r"static caches of one Decoder.new_cache call that were filled to different lengths"):
+    with pytest.raises(
+        DeviceInputError, match=r"static caches of one Decoder.new_cache call that were filled to different lengths"
+    ):
         deferred.check_device_errors()
 
 

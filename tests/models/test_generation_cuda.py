@@ -89,7 +89,9 @@ def test_no_host_synchronisation(monkeypatch):
         for cache in ("dynamic", "static"):
             generated.append(model.generate(ids, 4, attention_mask=mask, cache=cache))
             sampler = torch.Generator(device=CUDA).manual_seed(0)
-            generated.append(model.generate(ids, 4, attention_mask=mask, cache=cache, temperature=1.0, generator=sampler))
+            generated.append(
+                model.generate(ids, 4, attention_mask=mask, cache=cache, temperature=1.0, generator=sampler)
+            )
 
     run()  # warm-up: kernel compilation, library handles
     with no_sync():

@@ -14,8 +14,14 @@ transformers = pytest.importorskip("transformers")
 
 def hf_config(**kw):
     base = dict(
-        vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
-        max_position_embeddings=128, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        vocab_size=97,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=48,
+        max_position_embeddings=128,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
     )
     return transformers.RoFormerConfig(**{**base, **kw})
 
@@ -98,8 +104,9 @@ def test_load_from_a_saved_directory(tmp_path, safe):
     ours = RoFormer.from_hf(tmp_path)  # config.json read from the directory
     ids, mask, _ = inputs()
     with torch.no_grad():
-        torch.testing.assert_close(ours(ids, attention_mask=mask), hf(input_ids=ids, attention_mask=mask).logits,
-                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            ours(ids, attention_mask=mask), hf(input_ids=ids, attention_mask=mask).logits, rtol=1e-5, atol=1e-5
+        )
 
 
 def test_bin_files_are_read_with_weights_only(tmp_path):
@@ -166,8 +173,14 @@ def test_set_rope_scaling_equals_layers_built_with_that_rope():
     import rotary
 
     torch.manual_seed(0)
-    config = RoFormerConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                            intermediate_size=64, max_position_embeddings=16)
+    config = RoFormerConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=16,
+    )
     model = RoFormer(config).eval()
     ids = torch.randint(100, (2, 40))  # longer than trained: what the scaling is for
     before = model(ids)
@@ -187,7 +200,9 @@ def test_set_rope_scaling_equals_layers_built_with_that_rope():
 
 
 def test_roformer_copies_after_a_forward():
-    model = RoFormer(RoFormerConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64)).eval()
+    model = RoFormer(
+        RoFormerConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64)
+    ).eval()
     ids = torch.randint(50, (1, 7))
     out = model(ids)
     assert torch.equal(copy.deepcopy(model)(ids), out)
@@ -197,15 +212,32 @@ def test_roformer_copies_after_a_forward():
     "ids, types, exc, match",
     [
         (torch.tensor([[1, 97]]), None, ValueError, "input_ids hold id 97, but vocab_size is 97"),
-        (torch.tensor([[1, 2]]), torch.tensor([[0, 2]]), ValueError, "token_type_ids hold id 2, but type_vocab_size is 2"),
-        (torch.tensor([[1, 2]]), torch.tensor([[0, 1, 0]]), ValueError, r"token_type_ids must have the shape of input_ids \(1, 2\)"),
-        (torch.tensor([[1, 2]]), torch.tensor([[0, 1]]).float(), ValueError, "token_type_ids must be an integer tensor"),
+        (
+            torch.tensor([[1, 2]]),
+            torch.tensor([[0, 2]]),
+            ValueError,
+            "token_type_ids hold id 2, but type_vocab_size is 2",
+        ),
+        (
+            torch.tensor([[1, 2]]),
+            torch.tensor([[0, 1, 0]]),
+            ValueError,
+            r"token_type_ids must have the shape of input_ids \(1, 2\)",
+        ),
+        (
+            torch.tensor([[1, 2]]),
+            torch.tensor([[0, 1]]).float(),
+            ValueError,
+            "token_type_ids must be an integer tensor",
+        ),
     ],
 )
 def test_roformer_ids_outside_their_tables_are_named(ids, types, exc, match):
     """Were ``IndexError: index out of range in self`` from inside the embeddings."""
     from rotary.models import RoFormer, RoFormerConfig
 
-    model = RoFormer(RoFormerConfig(vocab_size=97, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=48))
+    model = RoFormer(
+        RoFormerConfig(vocab_size=97, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=48)
+    )
     with pytest.raises(exc, match=match):
         model(ids, token_type_ids=types)

@@ -8,14 +8,24 @@ import torch
 
 from rotary.models import Decoder, DecoderConfig, position_state_names, transfer_position_encoding
 
-PAIRS = [("sinusoidal", "rope"), ("learned", "rope"), ("rope", "learned"), ("rope_relative", "alibi"), ("alibi", "rope_relative"),
-         ("none", "xpos")]
+PAIRS = [
+    ("sinusoidal", "rope"),
+    ("learned", "rope"),
+    ("rope", "learned"),
+    ("rope_relative", "alibi"),
+    ("alibi", "rope_relative"),
+    ("none", "xpos"),
+]
 
 
 def trained(encoding: str, seed: int = 0) -> Decoder:
     """A model whose every weight differs from any fresh initialisation (as if trained)."""
     torch.manual_seed(seed)
-    model = Decoder(DecoderConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, max_position=48, position_encoding=encoding))
+    model = Decoder(
+        DecoderConfig(
+            vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, max_position=48, position_encoding=encoding
+        )
+    )
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p))

@@ -16,10 +16,24 @@ from strategies import FAST, odd_values, positions_strategy
     "call, exc, match",
     [
         (lambda: KVCache().next_positions(3), ValueError, "KVCache is empty"),
-        (lambda: KVCache(keys=torch.zeros(1, 1, 1, 4)).update(torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, dtype=torch.long)), ValueError, "keys / values / positions but not all"),
-        (lambda: RotaryAttention(16, 2)(torch.randn(1, 3, 16), cache=[KVCache()]), TypeError, "cache must be a rotary.nn.KVCache or StaticKVCache, got list"),
+        (
+            lambda: KVCache(keys=torch.zeros(1, 1, 1, 4)).update(
+                torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, dtype=torch.long)
+            ),
+            ValueError,
+            "keys / values / positions but not all",
+        ),
+        (
+            lambda: RotaryAttention(16, 2)(torch.randn(1, 3, 16), cache=[KVCache()]),
+            TypeError,
+            "cache must be a rotary.nn.KVCache or StaticKVCache, got list",
+        ),
         (lambda: small_lm().generate(torch.zeros(1, 0, dtype=torch.long), 3), ValueError, "at least one token"),
-        (lambda: rotary.RoPE(16).cos_sin(torch.arange(4, dtype=torch.int16)), TypeError, "int64 or int32, got torch.int16"),
+        (
+            lambda: rotary.RoPE(16).cos_sin(torch.arange(4, dtype=torch.int16)),
+            TypeError,
+            "int64 or int32, got torch.int16",
+        ),
         (lambda: rotary.to_half(torch.tensor(1.0)), ValueError, "with a channel axis"),
         (lambda: rotary.permute_qk_weight(torch.randn(8, 4), 0), ValueError, "head_dim must be a positive int, got 0"),
     ],
@@ -46,8 +60,14 @@ def test_repeat_kv_is_public_and_checked():
 @pytest.mark.parametrize(
     "x, match",
     [
-        (torch.randn(1, 3, 16, dtype=torch.bfloat16), "hidden_states is torch.bfloat16 but this layer's weights are torch.float32"),
-        (torch.randn(1, 3, 16, dtype=torch.float64), "hidden_states is torch.float64 but this layer's weights are torch.float32"),
+        (
+            torch.randn(1, 3, 16, dtype=torch.bfloat16),
+            "hidden_states is torch.bfloat16 but this layer's weights are torch.float32",
+        ),
+        (
+            torch.randn(1, 3, 16, dtype=torch.float64),
+            "hidden_states is torch.float64 but this layer's weights are torch.float32",
+        ),
         (torch.randint(5, (1, 3, 16)), "hidden_states must be a floating-point tensor, got torch.int64"),
     ],
 )
@@ -81,9 +101,14 @@ def test_attention_is_right_shaped_or_a_named_error(hidden, heads, kv, causal, s
         return
     x = torch.randn(2, seq, hidden)
     masks = {
-        "none": None, "ones": torch.ones(2, seq, dtype=torch.long), "float": torch.zeros(2, seq),
-        "twos": torch.full((2, seq), 2), "short": torch.ones(2, max(seq - 1, 0), dtype=torch.long),
-        "left": torch.cat((torch.zeros(2, 1, dtype=torch.long), torch.ones(2, max(seq - 1, 0), dtype=torch.long)), 1)[:, :seq],
+        "none": None,
+        "ones": torch.ones(2, seq, dtype=torch.long),
+        "float": torch.zeros(2, seq),
+        "twos": torch.full((2, seq), 2),
+        "short": torch.ones(2, max(seq - 1, 0), dtype=torch.long),
+        "left": torch.cat((torch.zeros(2, 1, dtype=torch.long), torch.ones(2, max(seq - 1, 0), dtype=torch.long)), 1)[
+            :, :seq
+        ],
     }
     try:
         out = attn(x, attention_mask=masks[mask], position_ids=positions)

@@ -23,14 +23,40 @@ def test_a_cache_from_another_layer_shape_is_named():
     "cache, new, match",
     [
         # filled by hand with values of another length than the keys
-        (dict(keys=torch.zeros(1, 1, 2, 4), values=torch.zeros(1, 1, 3, 4), positions=torch.zeros(1, 2, dtype=torch.long)),
-         None, "KVCache is inconsistent: cached values"),
-        (dict(keys=torch.zeros(1, 1, 2, 4), values=torch.zeros(1, 1, 2, 4), positions=torch.zeros(1, 2, dtype=torch.int16)),
-         None, "KVCache is inconsistent: cached positions must be an int64 tensor"),
+        (
+            dict(
+                keys=torch.zeros(1, 1, 2, 4),
+                values=torch.zeros(1, 1, 3, 4),
+                positions=torch.zeros(1, 2, dtype=torch.long),
+            ),
+            None,
+            "KVCache is inconsistent: cached values",
+        ),
+        (
+            dict(
+                keys=torch.zeros(1, 1, 2, 4),
+                values=torch.zeros(1, 1, 2, 4),
+                positions=torch.zeros(1, 2, dtype=torch.int16),
+            ),
+            None,
+            "KVCache is inconsistent: cached positions must be an int64 tensor",
+        ),
         ({}, (torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 3, 4), torch.arange(2)), "new values .* must match new keys"),
-        ({}, (torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4, dtype=torch.float64), torch.arange(2)), "share dtype and device"),
-        ({}, (torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4), torch.arange(3)), "S=3 positions but the input has S=2"),
-        ({}, (torch.zeros(1, 2, 4), torch.zeros(1, 2, 4), torch.arange(2)), r"new keys must be a floating \[B, Hk, T, D\]"),
+        (
+            {},
+            (torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4, dtype=torch.float64), torch.arange(2)),
+            "share dtype and device",
+        ),
+        (
+            {},
+            (torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4), torch.arange(3)),
+            "S=3 positions but the input has S=2",
+        ),
+        (
+            {},
+            (torch.zeros(1, 2, 4), torch.zeros(1, 2, 4), torch.arange(2)),
+            r"new keys must be a floating \[B, Hk, T, D\]",
+        ),
     ],
 )
 def test_kv_cache_entries_must_describe_the_same_tokens(cache, new, match):

@@ -203,12 +203,23 @@ def test_linear_attention_agrees_with_softmax_attention_on_masks(gen):
         (lambda: RotaryLinearAttention(16, 2, eps=float("nan")), "eps must be a finite number >= 0, got nan"),
         (lambda: RotaryLinearAttention(12, 4), "head_dim = hidden_size // num_heads = 3 must be even"),
         (lambda: RotaryLinearAttention(16, 2, bias="no"), "bias must be True or False"),
-        (lambda: rotary.nn.linear_attention_reference(*[torch.randn(1, 1, 2, 4)] * 3, torch.ones(2, 4), torch.zeros(2, 4), feature_map="tanh"), "unknown feature_map 'tanh'"),
+        (
+            lambda: rotary.nn.linear_attention_reference(
+                *[torch.randn(1, 1, 2, 4)] * 3, torch.ones(2, 4), torch.zeros(2, 4), feature_map="tanh"
+            ),
+            "unknown feature_map 'tanh'",
+        ),
         (lambda: rotary.nn.alibi_slopes(10**9), "num_heads=1000000000 is more than 65536 heads"),
-        (lambda: rotary.nn.RelativePositionBias(4, 10**9), r"max_distance=1000000000\) would learn a table of 29.8 GiB"),
+        (
+            lambda: rotary.nn.RelativePositionBias(4, 10**9),
+            r"max_distance=1000000000\) would learn a table of 29.8 GiB",
+        ),
         (lambda: rotary.nn.LearnedPositionEmbedding(10**9, 1024), r"would need 3.7 TiB for its table"),
         (lambda: rotary.nn.SinusoidalPositionEmbedding(8, base=1.0), "base must be a finite number > 1, got 1.0"),
-        (lambda: rotary.nn.SinusoidalPositionEmbedding(8, base=float("inf")), "base must be a finite number > 1, got inf"),
+        (
+            lambda: rotary.nn.SinusoidalPositionEmbedding(8, base=float("inf")),
+            "base must be a finite number > 1, got inf",
+        ),
         (lambda: rotary.models.decoder.RMSNorm(8, eps=-1.0), "eps must be a finite number > 0, got -1.0"),
         (lambda: rotary.models.decoder.SwiGLU(8, 0), "intermediate_size must be a positive int, got 0"),
     ],

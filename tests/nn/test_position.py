@@ -66,7 +66,10 @@ def test_sinusoidal_matches_vaswani():
         (lambda: RelativePositionBias(2, max_distance=-1), "max_distance must be a positive int"),
         (lambda: SinusoidalPositionEmbedding(5), "hidden_size must be even"),
         (lambda: LearnedPositionEmbedding(0, 4), "max_position must be a positive int"),
-        (lambda: ALiBi(2)(torch.arange(3), torch.arange(3)[None]), r"query_positions must be an integer tensor \[B, L\]"),
+        (
+            lambda: ALiBi(2)(torch.arange(3), torch.arange(3)[None]),
+            r"query_positions must be an integer tensor \[B, L\]",
+        ),
         (lambda: ALiBi(2)(torch.arange(3)[None], torch.arange(6).view(2, 3)), "share the batch size"),
     ],
 )
@@ -85,7 +88,6 @@ def test_errors(build, match):
 )
 def test_absolute_embeddings_name_bad_positions(ids, exc, match):
 
-
     for module in (LearnedPositionEmbedding(8, 4), SinusoidalPositionEmbedding(4)):
         with pytest.raises(exc, match=match):
             module(ids)
@@ -93,7 +95,6 @@ def test_absolute_embeddings_name_bad_positions(ids, exc, match):
 
 def test_absolute_embeddings_take_positions_without_reading_them_back(monkeypatch):
     from rotary import positions as P
-
 
     learned, sinusoidal = LearnedPositionEmbedding(8, 4), SinusoidalPositionEmbedding(4)
     expected = learned(torch.arange(3, 6)), sinusoidal(torch.arange(3, 6))

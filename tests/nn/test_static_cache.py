@@ -151,7 +151,9 @@ def test_positions_continue_each_row_on_the_device():
     kv = torch.zeros(2, 1, 3, 4)
     with accelerator_rules():
         empty = cache.next_positions(2)  # nothing read: the empty cache starts at 0
-        cache.update(kv, kv, torch.tensor([[0, 0, 1], [4, 5, 6]]), valid=torch.tensor([[False, True, True], [True] * 3]))
+        cache.update(
+            kv, kv, torch.tensor([[0, 0, 1], [4, 5, 6]]), valid=torch.tensor([[False, True, True], [True] * 3])
+        )
         after = cache.next_positions(2)
         padded = cache.next_positions(2, torch.tensor([[0, 1], [1, 1]]))
     assert empty.bound is None and empty.ids.tolist() == [[0, 1], [0, 1]]
@@ -173,7 +175,9 @@ def test_reset_keeps_the_buffers():
         assert int(cache.filled) == 0 and not cache.valid.any()
         second = decode(attn, cache, x, mask, positions, 5)
     assert torch.equal(first, second)
-    assert pointers == [t.data_ptr() for t in (cache._keys, cache._values, cache._positions, cache._valid, cache.filled)]
+    assert pointers == [
+        t.data_ptr() for t in (cache._keys, cache._values, cache._positions, cache._valid, cache.filled)
+    ]
 
 
 def test_writing_past_the_end_on_the_cpu_is_an_error_naming_the_fix():
@@ -182,7 +186,9 @@ def test_writing_past_the_end_on_the_cpu_is_an_error_naming_the_fix():
     cache = StaticKVCache(2, 2, 4, 8)
     with torch.no_grad():
         attn(x[:, :3], cache=cache)
-        with pytest.raises(InputError, match=r"has 4 slots and 3 are filled: 2 more token\(s\) do not fit; build it with max_len >= 5"):
+        with pytest.raises(
+            InputError, match=r"has 4 slots and 3 are filled: 2 more token\(s\) do not fit; build it with max_len >= 5"
+        ):
             attn(x[:, 3:5], cache=cache)
     assert int(cache.filled) == 3  # the failed call wrote nothing
 
@@ -253,7 +259,10 @@ def test_compiles_without_graph_breaks():
     cache = StaticKVCache(2, 2, 16, 8)
     with torch.no_grad():
         attn(x[:, :5], attention_mask=mask, position_ids=positions, cache=cache)
-        for args, kwargs in (((x[:, 5:6],), {}), ((x[:, 5:7],), dict(attention_mask=torch.ones(2, 2, dtype=torch.long)))):
+        for args, kwargs in (
+            ((x[:, 5:6],), {}),
+            ((x[:, 5:7],), dict(attention_mask=torch.ones(2, 2, dtype=torch.long))),
+        ):
             explanation = torch._dynamo.explain(attn)(*args, cache=cache, **kwargs)
             assert explanation.graph_break_count == 0, explanation.break_reasons
 

@@ -70,7 +70,9 @@ def test_axial_equals_the_block_diagonal_nd_reference(config, seed):
     x = torch.randn(2, 3, S, head_dim, generator=g, dtype=torch.float64)
     got = rope.rotate(x, coords, identity=identity)
     # identity tokens are not rotated: the reference at coordinates 0
-    want = rotary.reference.rotate_matrix_nd(x, coords.masked_fill(identity[:, None], 0.0), rope.inv_freq, interleaved=rope.interleaved)
+    want = rotary.reference.rotate_matrix_nd(
+        x, coords.masked_fill(identity[:, None], 0.0), rope.inv_freq, interleaved=rope.interleaved
+    )
     assert float((got - want).abs().max()) < 1e-12
     assert torch.equal(got[:, :, identity], x[:, :, identity])
     # norm preservation, here in float64
@@ -204,6 +206,7 @@ def test_llama4_vision_rotary_embedding(gen):
     tol = 2 * bound * float(torch.cat((q, k)).abs().max()) + 1e-6
     assert float((got_q - want_q).abs().max()) <= tol and float((got_k - want_k).abs().max()) <= tol
 
+
 @pytest.mark.parametrize("hidden_size, heads", [(384, 6), (128, 4)])  # head_dim 64 (ViT-S/16) and 32
 def test_dinov3_vit_rope_position_embedding(hidden_size, heads, gen):
     transformers = pytest.importorskip("transformers")
@@ -226,7 +229,9 @@ def test_dinov3_vit_rope_position_embedding(hidden_size, heads, gen):
         hf_cos, hf_sin = hf(torch.zeros(1, 3, 16 * h, 16 * w))
         coords = ours.grid(h, w)
         cos, sin = tables64(ours, coords)
-        assert float((cos[prefix:] - hf_cos).abs().max()) <= bound and float((sin[prefix:] - hf_sin).abs().max()) <= bound
+        assert (
+            float((cos[prefix:] - hf_cos).abs().max()) <= bound and float((sin[prefix:] - hf_sin).abs().max()) <= bound
+        )
         q = torch.randn(2, heads, prefix + h * w, head_dim, generator=gen)
         k = torch.randn(2, heads, prefix + h * w, head_dim, generator=gen)
         want_q, want_k = md.apply_rotary_pos_emb(q, k, hf_cos, hf_sin)
@@ -235,7 +240,9 @@ def test_dinov3_vit_rope_position_embedding(hidden_size, heads, gen):
         # two products and a sum in each implementation (6 roundings of 2^-24 each, relative to |x_i| + |x_j|)
         tol = 2 * float(torch.cat((q, k)).abs().max()) * (bound + 2**-21)
         assert float((got_q - want_q).abs().max()) <= tol and float((got_k - want_k).abs().max()) <= tol
-        assert torch.equal(got_q[:, :, :prefix], q[:, :, :prefix]) and torch.equal(want_q[:, :, :prefix], q[:, :, :prefix])
+        assert torch.equal(got_q[:, :, :prefix], q[:, :, :prefix]) and torch.equal(
+            want_q[:, :, :prefix], q[:, :, :prefix]
+        )
 
     # the attention layer: DINOv3's weights in RotaryAttention, the preset as its rope, coordinates as position_ids
     hf_attn = md.DINOv3ViTAttention(config).eval()
@@ -301,7 +308,10 @@ class Dinov3Rope:
         coords = torch.stack(torch.meshgrid(coords_h, coords_w, indexing="ij"), dim=-1).flatten(0, 1)
         coords = 2.0 * coords - 1.0
         if self.shift is not None:
-            coords = coords + torch.empty(2, dtype=torch.float64).uniform_(-self.shift, self.shift, generator=generator).float()
+            coords = (
+                coords
+                + torch.empty(2, dtype=torch.float64).uniform_(-self.shift, self.shift, generator=generator).float()
+            )
         if self.jitter is not None:
             top = math.log(self.jitter)
             coords = coords * torch.empty(2, dtype=torch.float64).uniform_(-top, top, generator=generator).exp().float()
@@ -333,7 +343,9 @@ def test_dinov3_formula_and_periods():
 
 def test_dinov3_coordinate_augmentation_in_training_only():
     kw = dict(shift=0.5, jitter=1.5, rescale=2.0)
-    ours = AxialRoPE.preset("dinov3", 64, shift_coords=kw["shift"], jitter_coords=kw["jitter"], rescale_coords=kw["rescale"])
+    ours = AxialRoPE.preset(
+        "dinov3", 64, shift_coords=kw["shift"], jitter_coords=kw["jitter"], rescale_coords=kw["rescale"]
+    )
     ref = Dinov3Rope(64, **kw)
     coords = ours.grid(4, 5, prefix=1)
     assert ours.training  # modules start in training mode
@@ -369,7 +381,9 @@ def test_eva02_interpolates_the_finetune_grid_into_the_pretraining_range(gen):
     freqs = 1.0 / (10000 ** (torch.arange(0, dim, 2)[: dim // 2].float() / dim))
     t = torch.arange(ft) / ft * pt
     f = (t[:, None] * freqs).repeat_interleave(2, dim=-1)  # [ft, dim]
-    angles = torch.cat((f[:, None, :].expand(ft, ft, dim), f[None, :, :].expand(ft, ft, dim)), dim=-1).reshape(ft * ft, head_dim)
+    angles = torch.cat((f[:, None, :].expand(ft, ft, dim), f[None, :, :].expand(ft, ft, dim)), dim=-1).reshape(
+        ft * ft, head_dim
+    )
     ours = AxialRoPE.preset("eva02", head_dim, reference_grid=pt)
     coords = ours.grid(ft, ft)
     assert float(coords.values[1:, 0].max()) < pt  # the largest coordinate stays inside the pre-training grid
@@ -418,7 +432,10 @@ def test_cogvideox_3d_formula():
     assert ours.split == (16, 24, 24)
     cos, sin = tables64(ours, ours.grid(T, H, W))
     bound = fp32_angle_bound(W)
-    assert float((cos[:, 0::2] - angles.cos()).abs().max()) <= bound and float((sin[:, 0::2] - angles.sin()).abs().max()) <= bound
+    assert (
+        float((cos[:, 0::2] - angles.cos()).abs().max()) <= bound
+        and float((sin[:, 0::2] - angles.sin()).abs().max()) <= bound
+    )
 
 
 # ---- identity rows, batches, devices, dtypes ------------------------------------------------------
@@ -431,7 +448,9 @@ def test_identity_rows_and_per_batch_coordinates(gen):
     out = rope.rotate(x, coords, identity=identity)
     assert torch.equal(out[1, :, 0], x[1, :, 0])
     for b in range(3):
-        want = rotary.reference.rotate_matrix_nd(x[b], coords[b].double().masked_fill(identity[b, :, None], 0.0), rope.inv_freq)
+        want = rotary.reference.rotate_matrix_nd(
+            x[b], coords[b].double().masked_fill(identity[b, :, None], 0.0), rope.inv_freq
+        )
         assert float((out[b] - want).abs().max()) < 1e-12
     # integer N-D Positions are accepted as they are
     assert torch.equal(rope.rotate(x[:1], P.from_ids(coords[0], axes=2)), rope.rotate(x[:1], coords[0]))
@@ -454,7 +473,9 @@ def test_slot_axes_and_presets_table():
     assert AxialRoPE.preset("cogvideox", 64).slot_axes == [0] * 8 + [1] * 12 + [2] * 12
     pixtral = AxialRoPE.preset("pixtral", 16)
     full = rotary.frequencies(16).inv_freq
-    assert torch.equal(pixtral.inv_freq[0, :4].float(), full[0::2]) and torch.equal(pixtral.inv_freq[1, 4:].float(), full[1::2])
+    assert torch.equal(pixtral.inv_freq[0, :4].float(), full[0::2]) and torch.equal(
+        pixtral.inv_freq[1, 4:].float(), full[1::2]
+    )
     assert set(PRESETS) == {"torchtune", "llama4_vision", "pixtral", "dinov3", "eva02", "flux", "cogvideox"}
     assert all(AxialRoPE.preset(name).rotary_dim == PRESETS[name].head_dim for name in PRESETS)
 
@@ -463,21 +484,42 @@ def test_slot_axes_and_presets_table():
 @pytest.mark.parametrize(
     "make, match",
     [
-        (lambda: AxialRoPE(64, 2, split=(24, 24)), r"split=\(24, 24\) adds up to 48 channels but rotary_dim=64; make the blocks sum to 64"),
-        (lambda: AxialRoPE(64, 2, split=(33, 31)), r"split\[0\]=33: each axis needs a positive even number of channels"),
-        (lambda: AxialRoPE(64, 3), r"rotary_dim=64 does not split into 3 equal blocks.*pass split=\(\.\.\.\) with 3 even numbers summing to 64"),
+        (
+            lambda: AxialRoPE(64, 2, split=(24, 24)),
+            r"split=\(24, 24\) adds up to 48 channels but rotary_dim=64; make the blocks sum to 64",
+        ),
+        (
+            lambda: AxialRoPE(64, 2, split=(33, 31)),
+            r"split\[0\]=33: each axis needs a positive even number of channels",
+        ),
+        (
+            lambda: AxialRoPE(64, 3),
+            r"rotary_dim=64 does not split into 3 equal blocks.*pass split=\(\.\.\.\) with 3 even numbers summing to 64",
+        ),
         (lambda: AxialRoPE(64, 2, split=(32, 16, 16)), r"split gives 3 blocks but axes=2"),
         (lambda: AxialRoPE(64, 2, block_order=(0, 0)), r"block_order must be a permutation"),
         (lambda: AxialRoPE(64, coordinates="normalized", grid_offset=1.0), r"normalized coordinates are cell centres"),
         (lambda: AxialRoPE(64, jitter_coords=0.5), r"jitter_coords must be a number >= 1"),
         (lambda: AxialRoPE.preset("flux", 64), r"head_dim must be 128"),
         (lambda: AxialRoPE.preset("sd3"), r"unknown axial preset 'sd3'; presets: torchtune, llama4_vision"),
-        (lambda: AxialRoPE(64).tables(torch.zeros(10, 3)), r"must be \[S, 2\] or \[B, S, 2\].*got shape \(10, 3\); give 2 coordinates per token or build the module with axes=3"),
-        (lambda: AxialRoPE(64, 3, split=(16, 24, 24)).tables(P.grid(3, 4)), r"have 2 coordinate axes but this AxialRoPE has axes=3"),
+        (
+            lambda: AxialRoPE(64).tables(torch.zeros(10, 3)),
+            r"must be \[S, 2\] or \[B, S, 2\].*got shape \(10, 3\); give 2 coordinates per token or build the module with axes=3",
+        ),
+        (
+            lambda: AxialRoPE(64, 3, split=(16, 24, 24)).tables(P.grid(3, 4)),
+            r"have 2 coordinate axes but this AxialRoPE has axes=3",
+        ),
         (lambda: AxialRoPE(64).tables(torch.tensor([[0.0, float("nan")]])), r"NaN or inf.*identity="),
         (lambda: AxialRoPE(64).grid(3), r"grid needs 2 sizes \(one per axis\)"),
-        (lambda: AxialRoPE(8).rotate(torch.randn(1, 1, 7, 8), AxialRoPE(8).grid(2, 3)), r"cover S=6 tokens but x has S=7.*grid\(\.\.\., prefix=, suffix=\)"),
-        (lambda: AxialRoPE(8).tables(torch.zeros(4, 2), identity=torch.zeros(5, dtype=torch.bool)), r"identity has shape \(5,\)"),
+        (
+            lambda: AxialRoPE(8).rotate(torch.randn(1, 1, 7, 8), AxialRoPE(8).grid(2, 3)),
+            r"cover S=6 tokens but x has S=7.*grid\(\.\.\., prefix=, suffix=\)",
+        ),
+        (
+            lambda: AxialRoPE(8).tables(torch.zeros(4, 2), identity=torch.zeros(5, dtype=torch.bool)),
+            r"identity has shape \(5,\)",
+        ),
     ],
 )
 def test_bad_input_says_what_to_change(make, match):
@@ -557,13 +599,21 @@ def axial_positions(draw, rope: AxialRoPE, wild=True):
     a = rope.axes
     if kind == "grid":
         sizes = draw(st.lists(st.integers(1, 3), min_size=a, max_size=a))
-        bad = None if not wild else draw(st.sampled_from([None] * 5 + [(0,) * a, (2,) * (a + 1), (2.0,) * a, ("2",) * a, (True,) * a]))
+        bad = (
+            None
+            if not wild
+            else draw(st.sampled_from([None] * 5 + [(0,) * a, (2,) * (a + 1), (2.0,) * a, ("2",) * a, (True,) * a]))
+        )
         prefix = draw(st.sampled_from([None, 0, 1, 2] + [-1, 1.0, True] * wild))
         return "grid", (sizes if bad is None else bad, prefix)
     if kind in ("explicit", "explicit_batch"):
         s = draw(st.integers(0, 5))
         shape = [draw(st.integers(1, 2)), s, a] if kind == "explicit_batch" else [s, a]
-        dtype = draw(st.sampled_from([torch.int64, torch.int32, torch.float64, torch.float32] + [torch.bfloat16, torch.int16] * wild))
+        dtype = draw(
+            st.sampled_from(
+                [torch.int64, torch.int32, torch.float64, torch.float32] + [torch.bfloat16, torch.int16] * wild
+            )
+        )
         magnitude = draw(st.sampled_from([10, 10, 1e3, 1e6]))
         g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
         values = (torch.rand(shape, generator=g, dtype=torch.float64) * 2 - 1) * magnitude
@@ -582,7 +632,13 @@ def axial_positions(draw, rope: AxialRoPE, wild=True):
             identity = torch.zeros(s + 1, dtype=torch.bool)
         return "explicit", (values, identity)
     return "arbitrary", draw(
-        st.one_of(tensors(max_size=3), st.just([[0, 1]]), st.just(None), st.just(rotary.positions.arange(3)), st.just(rotary.positions.grid(2, 2)))
+        st.one_of(
+            tensors(max_size=3),
+            st.just([[0, 1]]),
+            st.just(None),
+            st.just(rotary.positions.arange(3)),
+            st.just(rotary.positions.grid(2, 2)),
+        )
     )
 
 
@@ -651,9 +707,13 @@ def test_axial_rope_is_right_or_a_named_error(wild, data):
 
 @settings(max_examples=40, deadline=None)
 @given(
-    name=st.sampled_from(["torchtune", "llama4_vision", "pixtral", "dinov3", "eva02", "flux", "cogvideox", "nope", ["dinov3"], None, 3]),
+    name=st.sampled_from(
+        ["torchtune", "llama4_vision", "pixtral", "dinov3", "eva02", "flux", "cogvideox", "nope", ["dinov3"], None, 3]
+    ),
     head_dim=st.sampled_from([None, None, 32, 64, 48, 30, 0, -64, 64.0, True, "64", 128]),
-    overrides=st.sampled_from([{}, {}, {"prefix_tokens": 2}, {"interleaved": "no"}, {"base": -1.0}, {"axes": 3}, {"bogus": 1}]),
+    overrides=st.sampled_from(
+        [{}, {}, {"prefix_tokens": 2}, {"interleaved": "no"}, {"base": -1.0}, {"axes": 3}, {"bogus": 1}]
+    ),
 )
 def test_axial_presets_are_right_or_a_named_error(name, head_dim, overrides):
     rope, err = call(AxialRoPE.preset, name, head_dim, **overrides)
@@ -664,8 +724,15 @@ def test_axial_presets_are_right_or_a_named_error(name, head_dim, overrides):
     coords = rope.grid(*([2] * a))
     q = torch.randn(1, 2, coords.seq_len, rope.head_dim)
     q_rot = rope.rotate(q, coords)
-    values = coords.values.masked_fill(coords.identity.unsqueeze(-1), 0.0) if coords.identity is not None else coords.values
-    assert_close(q_rot, expected_nd(q, values, rope.frequencies(), rope.interleaved), q, largest_angle(values, rope.frequencies()))
+    values = (
+        coords.values.masked_fill(coords.identity.unsqueeze(-1), 0.0) if coords.identity is not None else coords.values
+    )
+    assert_close(
+        q_rot,
+        expected_nd(q, values, rope.frequencies(), rope.interleaved),
+        q,
+        largest_angle(values, rope.frequencies()),
+    )
 
 
 @settings(max_examples=40, deadline=None)
@@ -677,7 +744,9 @@ def test_axial_presets_are_right_or_a_named_error(name, head_dim, overrides):
     seed=st.integers(0, 2**16),
 )
 def test_axial_augmentation_is_finite_or_a_named_error(shift, jitter, rescale, training, seed):
-    rope, err = call(AxialRoPE, 16, shift_coords=shift, jitter_coords=jitter, rescale_coords=rescale, coordinates="normalized")
+    rope, err = call(
+        AxialRoPE, 16, shift_coords=shift, jitter_coords=jitter, rescale_coords=rescale, coordinates="normalized"
+    )
     if err is not None:
         return
     rope.train(training)

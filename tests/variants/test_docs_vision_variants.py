@@ -13,7 +13,11 @@ from rotary import AxialRoPE
 from rotary.variants import PRESETS
 
 DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "variants.md"
-SECTIONS = ("## Axial RoPE: images and video", "## RoPE-Mixed: learnable 2-D frequencies per head", "## Learnable frequencies")
+SECTIONS = (
+    "## Axial RoPE: images and video",
+    "## RoPE-Mixed: learnable 2-D frequencies per head",
+    "## Learnable frequencies",
+)
 
 
 def section(heading: str) -> str:
@@ -93,7 +97,10 @@ def test_quoted_dinov3_numbers():
         for h, w in ((4, 4), (3, 7), (14, 9), (32, 32)):
             hf_cos, hf_sin = hf(torch.zeros(1, 3, 16 * h, 16 * w))
             tables = rope.tables(rope.grid(h, w))
-            assert max(float((tables.cos[5:] - hf_cos).abs().max()), float((tables.sin[5:] - hf_sin).abs().max())) <= 4.2e-7
+            assert (
+                max(float((tables.cos[5:] - hf_cos).abs().max()), float((tables.sin[5:] - hf_sin).abs().max()))
+                <= 4.2e-7
+            )
         hf_attn = md.DINOv3ViTAttention(config).eval()
         attn = RotaryAttention(hidden_size, heads, rope=rope, bias=True, causal=False).eval()
         attn.load_state_dict(hf_attn.state_dict())

@@ -35,7 +35,9 @@ def test_initialisation_follows_the_paper():
     torch.testing.assert_close(torch.hypot(fx, fy), magnitude.double().repeat(H, 2), rtol=1e-6, atol=0)
     assert float((first - first[:, :1]).abs().max()) < 1e-6  # one angle per head ...
     turn = (second - first + math.pi) % (2 * math.pi) - math.pi
-    torch.testing.assert_close(turn, torch.full_like(turn, math.pi / 2), rtol=0, atol=1e-6)  # ... blocks at right angles
+    torch.testing.assert_close(
+        turn, torch.full_like(turn, math.pi / 2), rtol=0, atol=1e-6
+    )  # ... blocks at right angles
     phis = first[:, 0] % (2 * math.pi)
     assert len(set(phis.round(decimals=4).tolist())) == H  # different per head
     again = RoPEMixed(d, H, generator=torch.Generator().manual_seed(0))
@@ -183,7 +185,10 @@ def test_meta_device_then_reset_or_load():
     [
         (lambda: RoPEMixed(18, 2), r"rotary_dim divisible by 4.*rotary_dim=18"),
         (lambda: RoPEMixed(16, 0), r"num_heads must be a positive int, got 0"),
-        (lambda: RoPEMixed(16, 2).rotate(torch.randn(1, 3, 6, 16), RoPEMixed(16, 2).grid(2, 3)), r"x has 3 heads but the per-head tables were built for 2"),
+        (
+            lambda: RoPEMixed(16, 2).rotate(torch.randn(1, 3, 6, 16), RoPEMixed(16, 2).grid(2, 3)),
+            r"x has 3 heads but the per-head tables were built for 2",
+        ),
         (lambda: RoPEMixed(16, 2).tables(torch.zeros(6, 3)), r"\[S, 2\] or \[B, S, 2\].*got shape \(6, 3\)"),
     ],
 )
@@ -233,7 +238,9 @@ def test_rope_mixed_is_right_or_a_named_error(data):
         assert kv_heads != num_heads, "fitting q and k were refused"
         return
     assert kv_heads == num_heads, "per-head tables need q and k with the heads they were built for"
-    values = coords.values.masked_fill(coords.identity.unsqueeze(-1), 0.0) if coords.identity is not None else coords.values
+    values = (
+        coords.values.masked_fill(coords.identity.unsqueeze(-1), 0.0) if coords.identity is not None else coords.values
+    )
     angle = largest_angle(values, inv_freq)
     for got, x in zip(out, (q, k)):
         ref = expected_nd(to_bhsd(x, layout), values, inv_freq, rope.interleaved)

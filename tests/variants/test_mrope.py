@@ -50,7 +50,9 @@ def text_config(section, *, interleaved=None, head_dim=32, rope_type="default", 
 
 def qwen2_vl(section=(4, 6, 6), **kw):
     vision = dict(depth=1, embed_dim=16, hidden_size=64, num_heads=2, patch_size=2)
-    return transformers.Qwen2VLModel(transformers.Qwen2VLConfig(text_config=text_config(section, **kw), vision_config=vision)).eval()
+    return transformers.Qwen2VLModel(
+        transformers.Qwen2VLConfig(text_config=text_config(section, **kw), vision_config=vision)
+    ).eval()
 
 
 def qwen2_5_vl(section=(4, 6, 6), tokens_per_second=3):
@@ -92,7 +94,13 @@ def random_batch(rng: random.Random, batch: int, *, frames_apart: bool = False):
     token_types = torch.tensor([[0] * (longest - len(r)) + r for r in rows])
     mask = torch.tensor([[0] * (longest - len(r)) + [1] * len(r) for r in rows])
     grid = lambda g: torch.tensor(g, dtype=torch.int64) if g else None  # noqa: E731
-    return token_types, mask, grid(images), grid(videos), torch.tensor(seconds, dtype=torch.float32) if seconds else None
+    return (
+        token_types,
+        mask,
+        grid(images),
+        grid(videos),
+        torch.tensor(seconds, dtype=torch.float32) if seconds else None,
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -151,7 +159,11 @@ def test_slot_axes_match_transformers_recomposition(model, section):
     "name,build,kw",
     [
         ("qwen2_vl", lambda: qwen2_vl(), {}),
-        ("qwen2_vl linear", lambda: qwen2_vl(rope_type="linear", factor=2.0), {"scaling": {"rope_type": "linear", "factor": 2.0}}),
+        (
+            "qwen2_vl linear",
+            lambda: qwen2_vl(rope_type="linear", factor=2.0),
+            {"scaling": {"rope_type": "linear", "factor": 2.0}},
+        ),
         ("qwen2_5_vl", lambda: qwen2_5_vl(), {}),
         ("qwen3_vl", lambda: qwen3_vl(), {"mrope_interleaved": True}),
     ],
@@ -179,8 +191,12 @@ def test_positions_match_qwen2_vl_get_rope_index(seed):
     model = qwen2_vl()
     types, mask, images, videos, _ = random_batch(random.Random(seed), 3)
     ids = torch.randint(0, 64, types.shape)
-    want_ids, want_deltas = model.get_rope_index(ids, types, image_grid_thw=images, video_grid_thw=videos, attention_mask=mask)
-    got = multimodal_positions(types, image_grid_thw=images, video_grid_thw=videos, attention_mask=mask, spatial_merge_size=2)
+    want_ids, want_deltas = model.get_rope_index(
+        ids, types, image_grid_thw=images, video_grid_thw=videos, attention_mask=mask
+    )
+    got = multimodal_positions(
+        types, image_grid_thw=images, video_grid_thw=videos, attention_mask=mask, spatial_merge_size=2
+    )
     assert torch.equal(got.position_ids, want_ids) and torch.equal(got.rope_deltas, want_deltas)
 
 
@@ -191,7 +207,12 @@ def test_positions_match_qwen2_5_vl_get_rope_index_with_time_alignment(seed):
     ids = torch.randint(0, 64, types.shape)
     for given_seconds in (seconds, None):  # without seconds, transformers steps tokens_per_second per frame
         want_ids, want_deltas = model.get_rope_index(
-            ids, types, image_grid_thw=images, video_grid_thw=videos, second_per_grid_ts=given_seconds, attention_mask=mask
+            ids,
+            types,
+            image_grid_thw=images,
+            video_grid_thw=videos,
+            second_per_grid_ts=given_seconds,
+            attention_mask=mask,
         )
         got = multimodal_positions(
             types, image_grid_thw=images, video_grid_thw=videos, attention_mask=mask, tokens_per_second=3,
@@ -202,7 +223,9 @@ def test_positions_match_qwen2_5_vl_get_rope_index_with_time_alignment(seed):
 
 def test_qwen2_5_vl_time_alignment_spaces_frames_by_tokens_per_second_times_seconds():
     types = torch.tensor([[0] + [2] * 3])  # a video of three frames of one merged token each
-    got = multimodal_positions(types, video_grid_thw=torch.tensor([[3, 2, 2]]), tokens_per_second=4, second_per_grid_ts=[0.5])
+    got = multimodal_positions(
+        types, video_grid_thw=torch.tensor([[3, 2, 2]]), tokens_per_second=4, second_per_grid_ts=[0.5]
+    )
     assert got.position_ids[0, 0].tolist() == [0, 1, 3, 5]  # t = 1 + int(j * 4 * 0.5)
     assert got.position_ids[1, 0].tolist() == [0, 1, 1, 1] and got.next_position.tolist() == [6]
 
@@ -229,9 +252,15 @@ def test_positions_match_qwen3_vl_get_rope_index(seed):
     types, mask, images, videos, _ = random_batch(random.Random(200 + seed), 3, frames_apart=True)
     ids = torch.randint(0, 64, types.shape)
     want_ids, want_deltas = model.get_rope_index(
-        ids, types, image_grid_thw=images, video_grid_thw=None if videos is None else videos.clone(), attention_mask=mask
+        ids,
+        types,
+        image_grid_thw=images,
+        video_grid_thw=None if videos is None else videos.clone(),
+        attention_mask=mask,
     )
-    got = multimodal_positions(types, image_grid_thw=images, video_grid_thw=videos, attention_mask=mask, split_video_frames=True)
+    got = multimodal_positions(
+        types, image_grid_thw=images, video_grid_thw=videos, attention_mask=mask, split_video_frames=True
+    )
     assert torch.equal(got.position_ids, want_ids) and torch.equal(got.rope_deltas, want_deltas)
 
 
@@ -357,7 +386,9 @@ def test_3d_positions_given_to_1d_rope_say_to_use_mrope():
     with pytest.raises(ValueError, match=r"M-RoPE ids \[3, B, S\].*use rotary.MRoPE"):
         rotary.RoPE(32).tables(torch.zeros(3, 1, 4, dtype=torch.int64))
     with pytest.raises(ValueError, match=r"M-RoPE"):
-        rotary.RoPE(32)(torch.randn(1, 2, 4, 32), torch.randn(1, 2, 4, 32), position_ids=torch.zeros(3, 1, 4, dtype=torch.int64))
+        rotary.RoPE(32)(
+            torch.randn(1, 2, 4, 32), torch.randn(1, 2, 4, 32), position_ids=torch.zeros(3, 1, 4, dtype=torch.int64)
+        )
 
 
 def test_1d_positions_given_to_mrope_say_how_to_expand():
@@ -372,7 +403,9 @@ def test_1d_positions_given_to_mrope_say_how_to_expand():
 
 
 def test_sections_that_do_not_sum_to_half_the_rotary_dim():
-    with pytest.raises(ValueError, match=r"mrope_section \[16, 24, 20\] sums to 60 but rotary_dim=128 has 64 .* sum to 64"):
+    with pytest.raises(
+        ValueError, match=r"mrope_section \[16, 24, 20\] sums to 60 but rotary_dim=128 has 64 .* sum to 64"
+    ):
         MRoPE(128, mrope_section=[16, 24, 20])
     with pytest.raises(ValueError, match="sums to 64 but rotary_dim=64 has 32"):
         check_mrope_section([16, 24, 24], 64)
@@ -381,7 +414,9 @@ def test_sections_that_do_not_sum_to_half_the_rotary_dim():
     with pytest.raises(ValueError, match="positive ints"):
         mrope_axes([16, 0, 48])
     with pytest.raises(ValueError, match="rope_type 'dynamic' changes the frequencies with the sequence length"):
-        MRoPE(32, mrope_section=[4, 6, 6], scaling={"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 64})
+        MRoPE(
+            32, mrope_section=[4, 6, 6], scaling={"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 64}
+        )
 
 
 def test_grids_that_do_not_match_the_tokens():
@@ -423,7 +458,10 @@ def test_layout_numbers_behind_the_figure():
 def test_from_hf_config_matches_transformers(name, build, kw):
     model = build()
     mrope = MRoPE.from_hf_config(model.config)
-    assert mrope.mrope_interleaved is (name == "qwen3_vl") and list(mrope.mrope_section) == model.language_model.rotary_emb.mrope_section
+    assert (
+        mrope.mrope_interleaved is (name == "qwen3_vl")
+        and list(mrope.mrope_section) == model.language_model.rotary_emb.mrope_section
+    )
     ids = torch.randint(0, 300, (3, 2, 17), generator=torch.Generator().manual_seed(1))
     cos, sin = model.language_model.rotary_emb(torch.zeros(1), ids)
     got_cos, got_sin = mrope.tables(ids).gather()
@@ -449,19 +487,28 @@ def test_from_a_flat_4x_config_with_type_mrope():
     flat = {"model_type": "qwen2_5_vl", "hidden_size": 2048, "num_attention_heads": 16, "rope_theta": 1e6,
             "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}, "vision_config": {"depth": 32}}  # fmt: skip
     mrope = MRoPE.from_hf_config(flat)
-    assert (mrope.head_dim, mrope.freqs.base, mrope.mrope_section, mrope.mrope_interleaved) == (128, 1e6, (16, 24, 24), False)
+    assert (mrope.head_dim, mrope.freqs.base, mrope.mrope_section, mrope.mrope_interleaved) == (
+        128,
+        1e6,
+        (16, 24, 24),
+        False,
+    )
     assert mrope.freqs.rope_type == "default"
 
 
 def test_from_hf_config_errors():
     bad = {"model_type": "qwen2_vl", "hidden_size": 2048, "num_attention_heads": 16,
            "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 20]}}  # fmt: skip
-    with pytest.raises(rotary.ConfigError, match=r"qwen2_vl_text.*mrope_section \[16, 24, 20\] sums to 60 but rotary_dim=128"):
+    with pytest.raises(
+        rotary.ConfigError, match=r"qwen2_vl_text.*mrope_section \[16, 24, 20\] sums to 60 but rotary_dim=128"
+    ):
         MRoPE.from_hf_config(bad)
     with pytest.raises(rotary.ConfigError, match="has no multimodal RoPE .*rotary.RoPE.from_hf_config"):
         MRoPE.from_hf_config({"model_type": "llama", "hidden_size": 256, "num_attention_heads": 4})
     with pytest.raises(rotary.ConfigError, match="does not use multimodal RoPE"):
-        rotary.RoPE.from_hf_config({"model_type": "llama", "head_dim": 64, "rope_parameters": {"mrope_section": [16, 8, 8]}})
+        rotary.RoPE.from_hf_config(
+            {"model_type": "llama", "head_dim": 64, "rope_parameters": {"mrope_section": [16, 8, 8]}}
+        )
     qwen3 = {"model_type": "qwen3_vl_text", "head_dim": 128, "hidden_size": 512, "num_attention_heads": 4,
              "rope_parameters": {"rope_type": "default", "mrope_section": [24, 20, 20], "mrope_interleaved": False}}  # fmt: skip
     with pytest.raises(rotary.ConfigError, match="lays its frequency slots out interleaved whatever the flag says"):
@@ -487,7 +534,9 @@ def vl_for_generation(name: str):
         return transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
     vision = dict(depth=1, hidden_size=16, out_hidden_size=64, intermediate_size=16, num_heads=2, patch_size=2,
                   num_position_embeddings=16, deepstack_visual_indexes=[0])  # fmt: skip
-    config = transformers.Qwen3VLConfig(text_config=text_config((8, 4, 4), interleaved=True), vision_config=vision, **tokens)
+    config = transformers.Qwen3VLConfig(
+        text_config=text_config((8, 4, 4), interleaved=True), vision_config=vision, **tokens
+    )
     return transformers.Qwen3VLForConditionalGeneration(config).eval()
 
 
@@ -564,16 +613,50 @@ def mrope_args(draw, wild=True):
     interleaved_layout = draw(st.sampled_from([False] * 5 + [True] * 5 + ["true"]))
     hw = max(1, (slots - 1) // 3) if interleaved_layout is True else max(1, slots // 3)
     t = slots - 2 * hw
-    section = draw(st.sampled_from([[t, hw, hw]] * 20 + [[slots], [t, hw, hw + 1], [0, slots, 0], [-1, 1, slots], "2,3,3", [], None, [t, hw, float(hw)], [True, hw, hw]]))
-    scaling = draw(st.sampled_from([None] * 10 + [{"rope_type": "linear", "factor": 2.0}, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}, {"rope_type": "dynamic", "factor": 2.0}, {"rope_type": "linear", "factor": -1.0}, "linear"]))
+    section = draw(
+        st.sampled_from(
+            [[t, hw, hw]] * 20
+            + [
+                [slots],
+                [t, hw, hw + 1],
+                [0, slots, 0],
+                [-1, 1, slots],
+                "2,3,3",
+                [],
+                None,
+                [t, hw, float(hw)],
+                [True, hw, hw],
+            ]
+        )
+    )
+    scaling = draw(
+        st.sampled_from(
+            [None] * 10
+            + [
+                {"rope_type": "linear", "factor": 2.0},
+                {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+                {"rope_type": "dynamic", "factor": 2.0},
+                {"rope_type": "linear", "factor": -1.0},
+                "linear",
+            ]
+        )
+    )
     args = dict(
         head_dim=head_dim, mrope_section=section, mrope_interleaved=interleaved_layout,
         base=draw(st.sampled_from([None] * 5 + [10000.0] * 5 + [1e6] * 5 + [0.5, -1.0, math.nan, "1e6"])), rotary_dim=r if r != d else None,
         scaling=scaling, interleaved=draw(st.sampled_from([False] * 5 + [True] * 5 + ["false"])),
     )  # fmt: skip
     if not wild:  # every argument valid
-        args.update(head_dim=d, mrope_section=[t, hw, hw], mrope_interleaved=interleaved_layout is True, interleaved=args["interleaved"] is True)
-        args.update(base=args["base"] if args["base"] in (None, 10000.0, 1e6) else None, scaling=scaling if scaling in (None, {"rope_type": "linear", "factor": 2.0}) else None)
+        args.update(
+            head_dim=d,
+            mrope_section=[t, hw, hw],
+            mrope_interleaved=interleaved_layout is True,
+            interleaved=args["interleaved"] is True,
+        )
+        args.update(
+            base=args["base"] if args["base"] in (None, 10000.0, 1e6) else None,
+            scaling=scaling if scaling in (None, {"rope_type": "linear", "factor": 2.0}) else None,
+        )
     return args
 
 
@@ -581,7 +664,14 @@ def mrope_args(draw, wild=True):
 def mrope_positions(draw, batch, seq, wild=True):
     kind = draw(st.sampled_from(["ids"] * 2 + ["text"] + ["arbitrary"] * wild))
     if kind == "arbitrary":
-        return draw(st.one_of(tensors(max_size=3), st.just(torch.arange(seq)), st.just(torch.arange(seq).expand(batch, seq)), st.just([0, 1])))
+        return draw(
+            st.one_of(
+                tensors(max_size=3),
+                st.just(torch.arange(seq)),
+                st.just(torch.arange(seq).expand(batch, seq)),
+                st.just([0, 1]),
+            )
+        )
     b = draw(st.sampled_from([batch, 1] + [batch + 1] * wild))
     values = draw(st.sampled_from([50, 50, 2**20, 2**40]))
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
@@ -621,7 +711,16 @@ def test_mrope_is_right_or_a_named_error(wild, data):
     out, err = call(rope, q, k, position_ids=ids, layout=layout)
     if err is not None:
         return
-    assert isinstance(ids, torch.Tensor) and ids.dtype in (torch.int64, torch.int32) and int(ids.min(), ) >= 0 if ids.numel() else True
+    assert (
+        isinstance(ids, torch.Tensor)
+        and ids.dtype in (torch.int64, torch.int32)
+        and int(
+            ids.min(),
+        )
+        >= 0
+        if ids.numel()
+        else True
+    )
     coords = ids.long().permute(1, 2, 0).double()  # [B, S, 3]
     slots = torch.arange(rope.rotary_dim // 2)
     inv = torch.zeros(3, slots.numel(), dtype=torch.float64)
@@ -632,7 +731,9 @@ def test_mrope_is_right_or_a_named_error(wild, data):
         ref[..., : rope.rotary_dim] *= rope.attention_scaling  # the pass-through channels are not scaled
         assert_close(got, ref if layout == "bhsd" else ref.transpose(1, 2), x, angle)
     if ids.numel() and bool((ids == ids[:1]).all()):  # text: M-RoPE is the 1-D RoPE of the same config
-        plain = rotary.RoPE(d, base=args["base"], rotary_dim=args["rotary_dim"], scaling=args["scaling"], interleaved=rope.interleaved)
+        plain = rotary.RoPE(
+            d, base=args["base"], rotary_dim=args["rotary_dim"], scaling=args["scaling"], interleaved=rope.interleaved
+        )
         want = plain(q, k, position_ids=ids[0].expand(batch, seq), layout=layout)
         for got, w, x in zip(out, want, (q, k)):
             assert float((got.double() - w.double()).abs().max()) <= 2 * tolerance(x, angle)
@@ -724,7 +825,26 @@ def _expected_positions(types, mask, images, videos, merge):
 
 
 @settings(max_examples=60, deadline=None)
-@given(case=multimodal_batches(), spoil=st.sampled_from([None] * 5 + ["odd_grid", "float_grid", "nan_seconds", "neg_seconds", "huge_tps", "tps_str", "types_3", "types_float", "mask_shape", "merge_0", "extra_grid", "grid_list"]))
+@given(
+    case=multimodal_batches(),
+    spoil=st.sampled_from(
+        [None] * 5
+        + [
+            "odd_grid",
+            "float_grid",
+            "nan_seconds",
+            "neg_seconds",
+            "huge_tps",
+            "tps_str",
+            "types_3",
+            "types_float",
+            "mask_shape",
+            "merge_0",
+            "extra_grid",
+            "grid_list",
+        ]
+    ),
+)
 def test_multimodal_positions_are_right_or_a_named_error(case, spoil):
     types, mask, images, videos, merge = case
     kwargs = dict(

@@ -35,7 +35,9 @@ B, S, HQ, HK, D = 2, 6, 4, 2, 16
 XPOS = XPos(D)
 XPOS_I = XPos(D, interleaved=True, rotary_dim=12, scale_base=64.0)
 MROPE = MRoPE(D, mrope_section=[2, 3, 3], base=1e4)
-MROPE_I = MRoPE(D, mrope_section=[4, 2, 2], mrope_interleaved=True, interleaved=True, scaling={"rope_type": "linear", "factor": 2.0})
+MROPE_I = MRoPE(
+    D, mrope_section=[4, 2, 2], mrope_interleaved=True, interleaved=True, scaling={"rope_type": "linear", "factor": 2.0}
+)
 AXIAL = AxialRoPE(D)
 DINO = AxialRoPE.preset("dinov3", D, shift_coords=0.5, jitter_coords=1.5, rescale_coords=2.0)
 FLUX = AxialRoPE.preset("flux")
@@ -51,7 +53,9 @@ with torch.no_grad():
 IDS = torch.tensor([[3, 0, 7, 1, 1, 11], [5, 6, 7, 8, 9, 10]])
 TYPES = torch.tensor([[0, 1, 1, 1, 1, 0], [0, 0, 0, 0, 0, 0]])
 MULTIMODAL = multimodal_positions(TYPES, image_grid_thw=torch.tensor([[1, 4, 4]]), spatial_merge_size=2)
-COORDS = torch.tensor([[[0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [1, 2]], [[2, 2], [2, 3], [3, 2], [3, 3], [4, 0], [0, 4]]])
+COORDS = torch.tensor(
+    [[[0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [1, 2]], [[2, 2], [2, 3], [3, 2], [3, 3], [4, 0], [0, 4]]]
+)
 FLOAT_COORDS = COORDS.double() * 0.37 - 0.5
 IDENTITY = torch.tensor([True, False, False, False, False, True])
 HF_TABLES = rotary.RoPE(D).cos_sin(IDS)  # [B, S, D], as transformers hands them to the apply function
@@ -94,17 +98,23 @@ def _calls() -> dict:
         "mrope(q, k, MultimodalPositions)": lambda: MROPE_I(q, k, position_ids=MULTIMODAL),
         "mrope continuation": lambda: MROPE(q[:, :, :2], k[:, :, :2], position_ids=MULTIMODAL.continuation(2)),
         "mrope.tables": lambda: _tables(MROPE.tables(MULTIMODAL.position_ids)),
-        "mrope.input_tables": lambda: _tables(MROPE_I.input_tables(IDS.expand(3, B, S), batch=B, seq_len=S, device=q.device)),
+        "mrope.input_tables": lambda: _tables(
+            MROPE_I.input_tables(IDS.expand(3, B, S), batch=B, seq_len=S, device=q.device)
+        ),
         # axial RoPE
         "axial(q, k, grid)": lambda: AXIAL(q, k, AXIAL.grid(2, 3)),
         "axial(q, k, integer coordinates [B, S, A])": lambda: AXIAL(q, k, COORDS),
-        "axial float coordinates, identity, in place": lambda: AXIAL(q.clone(), k.clone(), FLOAT_COORDS, identity=IDENTITY, inplace=True),
+        "axial float coordinates, identity, in place": lambda: AXIAL(
+            q.clone(), k.clone(), FLOAT_COORDS, identity=IDENTITY, inplace=True
+        ),
         "axial.rotate bshd": lambda: (AXIAL.rotate(qs, COORDS[0], layout="bshd"),),
         "axial.tables": lambda: _tables(AXIAL.tables(AXIAL.grid(1, 5, prefix=1))),
         "axial.input_tables": lambda: _tables(AXIAL.input_tables(COORDS, batch=B, seq_len=S, device=q.device)),
         "axial Positions [S, A]": lambda: AXIAL(q, k, rotary.positions.grid(2, 3)),
         "dinov3 eval": lambda: DINO.eval()(q, k, DINO.grid(1, 5)),
-        "dinov3 training augmentation": lambda: DINO.train()(q, k, DINO.grid(1, 5), generator=torch.Generator().manual_seed(7)),
+        "dinov3 training augmentation": lambda: DINO.train()(
+            q, k, DINO.grid(1, 5), generator=torch.Generator().manual_seed(7)
+        ),
         "flux float64 frequencies": lambda: FLUX(qf, kf, torch.tensor([[0, y, x] for y in range(2) for x in range(3)])),
         # RoPE-Mixed
         "rope_mixed(q, k, grid)": lambda: MIXED(qm, km, MIXED.grid(1, 5)),
@@ -185,33 +195,51 @@ def _flagged(slot: int) -> bool:
 BAD = {
     "xpos past max_distance": (
         lambda q, k: SMALL(q, k, position_ids=torch.tensor([0, 1, 2, 3, 4, SMALL.center + SMALL.max_distance + 1])),
-        deferred.XPOS_RANGE_SLOT, ValueError, r"beyond max_distance=557", "further than XPos.max_distance",
+        deferred.XPOS_RANGE_SLOT,
+        ValueError,
+        r"beyond max_distance=557",
+        "further than XPos.max_distance",
     ),
     "xpos.tables past max_distance": (
         lambda q, k: _tables(SMALL.tables(torch.tensor([[2 * SMALL.max_distance]]))),
-        deferred.XPOS_RANGE_SLOT, ValueError, r"position 1114 is 1106 from the xPos centre 8", "further than XPos.max_distance",
+        deferred.XPOS_RANGE_SLOT,
+        ValueError,
+        r"position 1114 is 1106 from the xPos centre 8",
+        "further than XPos.max_distance",
     ),
     "xpos fp16 past fp16_max_distance": (
         lambda q, k: SMALL(q.half(), k.half(), position_ids=torch.tensor([[0, 1, 2, 3, 4, 80]] * B)),
-        deferred.XPOS_FP16_SLOT, ValueError, r"position 80 is 72 from the xPos centre 8, beyond fp16_max_distance=61",
+        deferred.XPOS_FP16_SLOT,
+        ValueError,
+        r"position 80 is 72 from the xPos centre 8, beyond fp16_max_distance=61",
         "fp16_max_distance",
     ),
     "axial NaN coordinates": (
         lambda q, k: AXIAL(q, k, FLOAT_COORDS.clone().index_fill_(1, torch.tensor([2]), math.nan)),
-        deferred.COORDINATES_SLOT, ValueError, "coordinates hold NaN or inf values", "holding NaN or inf",
+        deferred.COORDINATES_SLOT,
+        ValueError,
+        "coordinates hold NaN or inf values",
+        "holding NaN or inf",
     ),
     "rope_mixed inf coordinates": (
         lambda q, k: MIXED(*_qk(hk=HQ), torch.tensor([[0.0, 1.0]] * 5 + [[math.inf, 0.0]])),
-        deferred.COORDINATES_SLOT, ValueError, "coordinates hold NaN or inf values", "holding NaN or inf",
+        deferred.COORDINATES_SLOT,
+        ValueError,
+        "coordinates hold NaN or inf values",
+        "holding NaN or inf",
     ),
     "axial angles beyond float64": (
         lambda q, k: FAST(q, k, torch.tensor([[1e308, 0.0]] + [[0.0, 1.0]] * 5, dtype=torch.float64)),
-        deferred.ANGLES_SLOT, ValueError, r"coordinates up to 1e\+308 times frequencies up to 10 .* beyond float64's range",
+        deferred.ANGLES_SLOT,
+        ValueError,
+        r"coordinates up to 1e\+308 times frequencies up to 10 .* beyond float64's range",
         "beyond float64's range",
     ),
     "learned position past max_position": (
         lambda q, k: (LEARNED(torch.tensor([[0, 3, 16, 2]])),),
-        deferred.LEARNED_POSITION_SLOT, ValueError, "position 16 is beyond the learned table of max_position=16",
+        deferred.LEARNED_POSITION_SLOT,
+        ValueError,
+        "position 16 is beyond the learned table of max_position=16",
         "LearnedPositionEmbedding's max_position",
     ),
 }
@@ -251,7 +279,10 @@ def test_xpos_positions_the_host_knows_raise_at_once_on_an_accelerator():
     q, k = _qk()
     for call, message in (
         (lambda: SMALL(q, k, offset=SMALL.max_distance + 100), "beyond max_distance=557"),
-        (lambda: SMALL(q.half(), k.half(), offset=100), r"position 105 is 97 from the xPos centre 8, beyond fp16_max_distance"),
+        (
+            lambda: SMALL(q.half(), k.half(), offset=100),
+            r"position 105 is 97 from the xPos centre 8, beyond fp16_max_distance",
+        ),
     ):
         with accelerator_rules(), pytest.raises(ValueError, match=message):
             call()
@@ -291,7 +322,9 @@ class _Transfers(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-        if any(t.device.type == "cpu" and t.dim() for t in tensors) and any(t.device.type != "cpu" for t in tensors + outs):
+        if any(t.device.type == "cpu" and t.dim() for t in tensors) and any(
+            t.device.type != "cpu" for t in tensors + outs
+        ):
             self.seen.append(str(func))
         return out
 
@@ -416,7 +449,9 @@ def _host_inputs_of_compiled(call) -> list[tuple[int, ...]]:
     seen: list[tuple[int, ...]] = []
 
     def backend(gm, inputs):
-        seen.extend(tuple(t.shape) for t in inputs if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dim())
+        seen.extend(
+            tuple(t.shape) for t in inputs if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dim()
+        )
         return gm.forward
 
     torch.compile(call, backend=backend, fullgraph=True)()
@@ -430,7 +465,11 @@ def test_a_compiled_call_after_an_eager_one_takes_the_device_copies(name):
     (a fresh module, compiled cold, shows what would: its host frequencies)."""
     q, k = _meta(*_qk())
     ids = IDS[0].to("meta")
-    modules = {"xpos": lambda: XPos(D), "mrope": lambda: MRoPE(D, mrope_section=[2, 3, 3]), "axial": lambda: AxialRoPE(D)}
+    modules = {
+        "xpos": lambda: XPos(D),
+        "mrope": lambda: MRoPE(D, mrope_section=[2, 3, 3]),
+        "axial": lambda: AxialRoPE(D),
+    }
     calls = {
         "xpos": lambda m: lambda: m(q, k, position_ids=ids),
         "mrope": lambda m: lambda: m(q, k, position_ids=ids.expand(3, B, S)),

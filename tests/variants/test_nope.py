@@ -31,8 +31,12 @@ def test_nope_temperature_tables_are_right_or_a_named_error(head_dim, floor_scal
     tables, err = call(module.tables, positions)
     if err is not None:
         return
-    tau = torch.tensor([1.0 + 0.1 * math.log1p((n + 1) // floor_scale) for n in positions.reshape(-1).tolist()], dtype=torch.float64).reshape(positions.shape)
-    assert torch.allclose(tables.cos.double(), tau.unsqueeze(-1).expand(*positions.shape, head_dim), rtol=2**-23, atol=0)
+    tau = torch.tensor(
+        [1.0 + 0.1 * math.log1p((n + 1) // floor_scale) for n in positions.reshape(-1).tolist()], dtype=torch.float64
+    ).reshape(positions.shape)
+    assert torch.allclose(
+        tables.cos.double(), tau.unsqueeze(-1).expand(*positions.shape, head_dim), rtol=2**-23, atol=0
+    )
     assert not tables.sin.any() and bool((tables.k_cos == 1).all()) and not tables.k_sin.any()
 
 

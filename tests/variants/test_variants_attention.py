@@ -58,7 +58,11 @@ def test_position_ids_are_the_producers_positions(name, gen):
         tables = rope.tables(positions)
         assert torch.equal(attn(x, tables=tables), got)
         # and the positions matter: other positions, another output
-        moved = Coordinates(positions.values * 2, positions.identity) if isinstance(positions, Coordinates) else positions * 2
+        moved = (
+            Coordinates(positions.values * 2, positions.identity)
+            if isinstance(positions, Coordinates)
+            else positions * 2
+        )
         assert not torch.allclose(attn(x, position_ids=moved), got, atol=1e-3)
 
 
@@ -94,7 +98,9 @@ def test_errors_name_what_to_pass():
         mrope_layer(x, position_ids=torch.zeros(3, 1, 5, dtype=torch.int64))
     axial = AxialRoPE(D)
     axial_layer = RotaryAttention(E, H, head_dim=D, rope=axial)
-    with pytest.raises(ValueError, match=r"AxialRoPE rotates tokens by their 2 coordinates: pass position_ids=rope.grid"):
+    with pytest.raises(
+        ValueError, match=r"AxialRoPE rotates tokens by their 2 coordinates: pass position_ids=rope.grid"
+    ):
         axial_layer(x)
     with pytest.raises(ValueError, match=r"cover S=6 tokens but the input has S=7.*grid\(\.\.\., prefix=, suffix=\)"):
         axial_layer(x, position_ids=axial.grid(2, 3))

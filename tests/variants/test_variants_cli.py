@@ -25,7 +25,10 @@ def test_verify_axial_preset_passes(capsys, preset):
     status, report = run_json(capsys, "verify", "--axial", preset)
     assert status == 0 and report["passed"]
     names = [c["name"] for c in report["checks"]]
-    assert sum("depend on the offsets only" in n for n in names) == PRESETS[preset].kwargs(PRESETS[preset].head_dim)["axes"] + 1
+    assert (
+        sum("depend on the offsets only" in n for n in names)
+        == PRESETS[preset].kwargs(PRESETS[preset].head_dim)["axes"] + 1
+    )
     assert "fast == block-diagonal N-D matrix" in names
 
 
@@ -81,7 +84,8 @@ def qwen_vl_config(tmp_path, model_type: str, section: list[int]) -> str:
 
 
 @pytest.mark.parametrize(
-    "model_type, section, layout", [("qwen2_vl", [4, 6, 6], "chunked"), ("qwen2_5_vl", [4, 6, 6], "chunked"), ("qwen3_vl", [8, 4, 4], "interleaved")]
+    "model_type, section, layout",
+    [("qwen2_vl", [4, 6, 6], "chunked"), ("qwen2_5_vl", [4, 6, 6], "chunked"), ("qwen3_vl", [8, 4, 4], "interleaved")],
 )
 def test_verify_a_qwen_vl_config_checks_mrope(capsys, tmp_path, model_type, section, layout):
     """A multimodal config is verified as M-RoPE (per axis, jointly, against the N-D matrix), not as
@@ -89,7 +93,9 @@ def test_verify_a_qwen_vl_config_checks_mrope(capsys, tmp_path, model_type, sect
     path = qwen_vl_config(tmp_path, model_type, section)
     status, report = run_json(capsys, "verify", path, "--seq-len", "16")
     assert status == 0 and report["passed"]
-    assert report["rope"].startswith("MRoPE(head_dim=32") and f"mrope_section={section}, layout={layout}" in report["rope"]
+    assert (
+        report["rope"].startswith("MRoPE(head_dim=32") and f"mrope_section={section}, layout={layout}" in report["rope"]
+    )
     names = [c["name"] for c in report["checks"]]
     moved = [n for n in names if n.startswith("scores depend on (Δt, Δh, Δw) only")]
     assert [n.rsplit("along ", 1)[1].rstrip(")") for n in moved] == ["t", "h", "w", "t, h and w at once"]
@@ -121,14 +127,43 @@ def test_verify_mrope_can_fail():
 
 
 def test_plot_axial_and_mixed(capsys, tmp_path):
-    status, numbers = run_json(capsys, "plot", "axial", "--preset", "pixtral", "--preset", "dinov3", "--extent", "3", "-o", str(tmp_path / "axial"))
+    status, numbers = run_json(
+        capsys,
+        "plot",
+        "axial",
+        "--preset",
+        "pixtral",
+        "--preset",
+        "dinov3",
+        "--extent",
+        "3",
+        "-o",
+        str(tmp_path / "axial"),
+    )
     assert status == 0 and [f.rsplit("/", 1)[-1] for f in numbers["files"]] == ["axial.png", "axial.svg"]
-    pixtral, dinov3 = (torch.tensor(numbers["scores"][f"{p} (d = 64)"], dtype=torch.float64) for p in ("pixtral", "dinov3"))
+    pixtral, dinov3 = (
+        torch.tensor(numbers["scores"][f"{p} (d = 64)"], dtype=torch.float64) for p in ("pixtral", "dinov3")
+    )
     assert pixtral.shape == (7, 7) and float(pixtral[3, 3]) == 64.0  # q = k = ones: the dot product at no offset
     torch.testing.assert_close(dinov3, dinov3.T, rtol=0, atol=1e-12)  # the same frequencies on h and w: symmetric
     assert float((pixtral - pixtral.T).abs().max()) > 1.0  # Pixtral's h takes frequencies [::2], w [1::2]
-    status, numbers = run_json(capsys, "plot", "axial", "--mixed", "--heads", "2", "--head-dim", "16", "--extent", "2", "-o", str(tmp_path / "mixed"))
-    assert status == 0 and len(numbers["scores"]) == 2 and all(k.startswith("RoPE-Mixed head") for k in numbers["scores"])
+    status, numbers = run_json(
+        capsys,
+        "plot",
+        "axial",
+        "--mixed",
+        "--heads",
+        "2",
+        "--head-dim",
+        "16",
+        "--extent",
+        "2",
+        "-o",
+        str(tmp_path / "mixed"),
+    )
+    assert (
+        status == 0 and len(numbers["scores"]) == 2 and all(k.startswith("RoPE-Mixed head") for k in numbers["scores"])
+    )
     assert (tmp_path / "mixed.png").stat().st_size > 1000
 
 

@@ -45,7 +45,10 @@ def test_zeta_runs_from_0_285714_to_0_977679_for_d64():
 def test_matches_the_float64_formula(interleaved, gen):
     xpos = XPos(16, scale_base=32, center=5, interleaved=interleaved)
     positions = [0, 3, 5, 17, 40]
-    q, k = torch.randn(2, 1, 5, 16, generator=gen, dtype=torch.float64), torch.randn(2, 1, 5, 16, generator=gen, dtype=torch.float64)
+    q, k = (
+        torch.randn(2, 1, 5, 16, generator=gen, dtype=torch.float64),
+        torch.randn(2, 1, 5, 16, generator=gen, dtype=torch.float64),
+    )
     q_rot, k_rot = xpos(q, k, position_ids=torch.tensor(positions))
     for got, x, key in ((q_rot, q, False), (k_rot, k, True)):
         want = xpos_oracle(x, positions, scale_base=32, center=5, interleaved=interleaved, key=key)
@@ -62,6 +65,7 @@ def test_parity_with_rotary_embedding_torch(seq_len, head_dim, scale_base, gen):
     # rotary-embedding-torch centres a call of S tokens at S // 2 and pairs channels (2i, 2i+1)
     xpos = XPos(head_dim, scale_base=scale_base, interleaved=True, center=seq_len // 2)
     got_q, got_k = xpos(q, k)
+
     # theirs forms the angles n·θ in fp32 (off by up to n·2^-24 rad) and the scales in fp32; ours in
     # float64, rounded once: equal up to those fp32 errors
     def close(got, want):
@@ -103,13 +107,19 @@ def test_separate_key_tables_run_on_the_fused_cpu_kernel(monkeypatch, gen):
 
 @settings(max_examples=25)
 @given(
-    n=st.integers(0, 3000), m=st.integers(0, 3000), shift=st.integers(0, 20000), interleaved=st.booleans(),
+    n=st.integers(0, 3000),
+    m=st.integers(0, 3000),
+    shift=st.integers(0, 20000),
+    interleaved=st.booleans(),
     seed=st.integers(0, 2**16),
 )
 def test_scores_are_invariant_to_shifting_both_positions(n, m, shift, interleaved, seed):
     g = torch.Generator().manual_seed(seed)
     xpos = XPos(32, scale_base=512, interleaved=interleaved)
-    q, k = torch.randn(1, 1, 1, 32, generator=g, dtype=torch.float64), torch.randn(1, 1, 1, 32, generator=g, dtype=torch.float64)
+    q, k = (
+        torch.randn(1, 1, 1, 32, generator=g, dtype=torch.float64),
+        torch.randn(1, 1, 1, 32, generator=g, dtype=torch.float64),
+    )
 
     def score(a: int, b: int) -> float:
         q_rot = rotary.rotate([q], xpos.tables(torch.tensor([a]), dtype=torch.float64))[0]
@@ -185,7 +195,9 @@ def test_bad_arguments_name_the_value():
 def test_decoder_entry_trains_and_generates():
     assert "xpos" in POSITION_ENCODINGS
     torch.manual_seed(0)
-    config = DecoderConfig(vocab_size=40, hidden_size=32, num_layers=2, num_heads=4, position_encoding="xpos", xpos_scale_base=64)
+    config = DecoderConfig(
+        vocab_size=40, hidden_size=32, num_layers=2, num_heads=4, position_encoding="xpos", xpos_scale_base=64
+    )
     model = Decoder(config)
     assert isinstance(model.rope, XPos) and all(layer.attn.rope is model.rope for layer in model.layers)
     ids = torch.randint(40, (2, 10))

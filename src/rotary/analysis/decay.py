@@ -55,14 +55,18 @@ def decay_bound(head_dim: int = 128, base: float = 10000.0, distances: Sequence[
     if not is_number(base) or not base > 0:
         raise InputError(f"base must be a finite number > 0, got base={base!r}")
     m = torch.arange(257, dtype=torch.float64) if distances is None else _distances(distances, allow_negative=True)
-    check_bytes(16.0 * m.numel() * head_dim, f"decay_bound(head_dim={head_dim}, {m.numel()} distances)", "use fewer distances")
+    check_bytes(
+        16.0 * m.numel() * head_dim, f"decay_bound(head_dim={head_dim}, {m.numel()} distances)", "use fewer distances"
+    )
     theta = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # [d/2]
     angle = m[:, None] * theta[None, :]
     partial = torch.cumsum(torch.polar(torch.ones_like(angle), angle), dim=-1)  # S_1 .. S_{d/2}
     return partial.abs().mean(dim=-1)
 
 
-def measured_decay(rope: RoPE, distances: Sequence[int], *, kind: str = "random", samples: int = 256, seed: int = 0) -> torch.Tensor:
+def measured_decay(
+    rope: RoPE, distances: Sequence[int], *, kind: str = "random", samples: int = 256, seed: int = 0
+) -> torch.Tensor:
     """Mean ``|⟨R_m q, R_n k⟩|`` over samples, for each relative distance ``m - n``.
 
     The score is taken between vectors actually rotated by ``rope`` (q at position ``m = distance``,
@@ -91,7 +95,11 @@ def measured_decay(rope: RoPE, distances: Sequence[int], *, kind: str = "random"
         raise InputError("distances must be a non-empty sequence of ints >= 0, got an empty one")
     d = rope.head_dim
     n = 1 if kind == "ones" else samples
-    check_bytes(8.0 * n * dist.numel() * d, f"measured_decay(samples={samples}, {dist.numel()} distances)", "use fewer samples or distances")
+    check_bytes(
+        8.0 * n * dist.numel() * d,
+        f"measured_decay(samples={samples}, {dist.numel()} distances)",
+        "use fewer samples or distances",
+    )
     if kind == "ones":
         q = k = torch.ones(1, 1, 1, d, dtype=torch.float64)
     else:
@@ -101,5 +109,3 @@ def measured_decay(rope: RoPE, distances: Sequence[int], *, kind: str = "random"
     qm = rope.rotate(q.expand(n, 1, dist.numel(), d).contiguous(), position_ids=dist)
     k0 = rope.rotate(k, position_ids=torch.zeros(1, dtype=torch.int64))
     return (qm * k0).sum(-1).abs().mean(dim=(0, 1))
-
-

@@ -12,7 +12,15 @@ from ..errors import InputError
 from ..frequencies import Frequencies, frequencies
 from ..rope import RoPE
 
-__all__ = ["PairProfile", "scaling_profile", "PrecisionLimit", "precision_limits", "Inspection", "inspect_rope", "jsonable"]
+__all__ = [
+    "PairProfile",
+    "scaling_profile",
+    "PrecisionLimit",
+    "precision_limits",
+    "Inspection",
+    "inspect_rope",
+    "jsonable",
+]
 
 
 @dataclass
@@ -72,7 +80,9 @@ def scaling_profile(freqs: Frequencies, *, rtol: float = 1e-4) -> PairProfile:
             f"rotary_dim={freqs.rotary_dim} has {original.numel()}"
         )
     rotating = scaled > 0
-    factor = torch.where(rotating, original / scaled.where(rotating, torch.ones_like(scaled)), torch.full_like(scaled, math.inf))
+    factor = torch.where(
+        rotating, original / scaled.where(rotating, torch.ones_like(scaled)), torch.full_like(scaled, math.inf)
+    )
     finite = factor[rotating]
     full = float(finite.max()) if finite.numel() else 1.0
     scaled_at_all = bool(((factor - 1).abs() > rtol)[rotating].any()) or not bool(rotating.all())
@@ -288,5 +298,3 @@ def inspect_rope(rope: RoPE, *, freqs: Frequencies | None = None, context: int |
                 f"({p.angle_error / float(f.inv_freq.max()):.2g} tokens); rotary forms angles in float64"
             )
     return info
-
-

@@ -58,12 +58,14 @@ def position_pca(rope: RoPE, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """
     check_rope(rope, "position_pca")
     check_int(seq_len, "seq_len", minimum=3)  # a 2-D PCA needs 3 points
-    check_bytes(8.0 * seq_len * (3 * rope.freqs.inv_freq.numel() + seq_len), f"position_pca(seq_len={seq_len})", "use a smaller seq_len")
+    check_bytes(
+        8.0 * seq_len * (3 * rope.freqs.inv_freq.numel() + seq_len),
+        f"position_pca(seq_len={seq_len})",
+        "use a smaller seq_len",
+    )
     theta = angles(torch.arange(seq_len), rope.freqs.inv_freq)  # float64 [S, r/2]
     x = torch.cat((theta.cos(), theta.sin()), dim=-1)
     x = x - x.mean(dim=0)
     u, s, _ = torch.linalg.svd(x, full_matrices=False)
     var = s**2
     return u[:, :2] * s[:2], var[:2] / var.sum()
-
-

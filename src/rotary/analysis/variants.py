@@ -77,7 +77,9 @@ def nope_temperature_curve(
     positions: Sequence[int] | torch.Tensor, *, floor_scale: int = 8192, attn_scale: float = 0.1
 ) -> torch.Tensor:
     """Llama 4's NoPE query temperature at ``positions``, float64 (see :func:`rotary.variants.nope_temperature`)."""
-    return nope_temperature(torch.as_tensor(positions, dtype=torch.int64), floor_scale=floor_scale, attn_scale=attn_scale)
+    return nope_temperature(
+        torch.as_tensor(positions, dtype=torch.int64), floor_scale=floor_scale, attn_scale=attn_scale
+    )
 
 
 def p_rope_wavelengths(head_dim: int, fraction: float, *, base: float = 10000.0) -> list[float]:

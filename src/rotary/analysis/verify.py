@@ -51,7 +51,9 @@ def verify(rope: RoPE, *, seq_len: int = 64, offset: int | None = None, seed: in
     check_rope(rope, "verify")
     check_int(seq_len, "seq_len", minimum=1)
     # float64 [2, 3, S, S] scores twice, and a dozen [2, 3, S, D] rotations
-    check_bytes(48.0 * seq_len * (2 * seq_len + 12 * rope.head_dim), f"verify(seq_len={seq_len})", "use a smaller seq_len")
+    check_bytes(
+        48.0 * seq_len * (2 * seq_len + 12 * rope.head_dim), f"verify(seq_len={seq_len})", "use a smaller seq_len"
+    )
     shift = 4096 if offset is None else check_int(offset, "offset", minimum=0)
     check_int(seed, "seed")
     g = torch.Generator().manual_seed(seed)
@@ -64,11 +66,19 @@ def verify(rope: RoPE, *, seq_len: int = 64, offset: int | None = None, seed: in
     # entry is off by <= 2 · 2^-24 · max|x| and a logit by a few 2^-24 · |q| |k|
     scale = max(1.0, float(q.abs().max())) * max(s, 1.0)
     norm = float(q.norm(dim=-1).max()) * max(s, 1.0)
-    checks = [Check("norm preserved (× attention_scaling)", float((qr.norm(dim=-1) - s * q.norm(dim=-1)).abs().max()), 1e-6 * norm)]
+    checks = [
+        Check(
+            "norm preserved (× attention_scaling)",
+            float((qr.norm(dim=-1) - s * q.norm(dim=-1)).abs().max()),
+            1e-6 * norm,
+        )
+    ]
     # shifted tables straight from the table function: RoPE's cache would hold every position below
     # the shift (131072 of them for Llama 3.1) to check 64
     inv = rope.freqs.inv_freq
-    cos_s, sin_s = cos_sin_table(torch.arange(shift, shift + seq_len), inv, attention_scaling=s, interleaved=rope.interleaved)
+    cos_s, sin_s = cos_sin_table(
+        torch.arange(shift, shift + seq_len), inv, attention_scaling=s, interleaved=rope.interleaved
+    )
     qs = apply_rotary(q, cos_s, sin_s, interleaved=rope.interleaved)
     ks = apply_rotary(k, cos_s, sin_s, interleaved=rope.interleaved)
     s0 = qr @ kr.transpose(-1, -2)
@@ -89,14 +99,18 @@ def verify(rope: RoPE, *, seq_len: int = 64, offset: int | None = None, seed: in
     theta = pos.double()[:, None] * inv.double()[None, :]
     exact_cos = s * theta.cos()
     half = cos[:, 0::2] if rope.interleaved else cos[:, : rope.rotary_dim // 2]
-    checks.append(Check("fp32 cos table == float64 angles", float((half.double() - exact_cos).abs().max()), 2**-24 * max(s, 1.0)))
+    checks.append(
+        Check("fp32 cos table == float64 angles", float((half.double() - exact_cos).abs().max()), 2**-24 * max(s, 1.0))
+    )
     x = torch.randn(1, 1, seq_len, d, generator=g)  # fp32: the same fp32 tables on both paths
     fn = apply_rotary(x, cos, sin, interleaved=rope.interleaved, validate=False)
     checks.append(Check("apply_rotary(x, cos, sin) == RoPE.rotate", float((fn - rope.rotate(x)).abs().max()), 0.0))
     return checks
 
 
-def verify_axial(rope: Any, *, sizes: tuple[int, ...] | None = None, shift: float = 1000.0, seed: int = 0) -> list[Check]:
+def verify_axial(
+    rope: Any, *, sizes: tuple[int, ...] | None = None, shift: float = 1000.0, seed: int = 0
+) -> list[Check]:
     """Check an N-D RoPE (:class:`rotary.AxialRoPE`, :class:`rotary.RoPEMixed`) through its fast path.
 
     Checks, on a small grid plus one identity token: norms preserved; the N-D relative property per
@@ -161,17 +175,29 @@ def _verify_axial(rope: Any, sizes: tuple[int, ...], shift: float, seed: int) ->
         if heads_checked is None:
             ref, fast = reference.rotate_matrix_nd(q, coords, freq, interleaved=rope.interleaved), qr
         else:
-            ref = reference.rotate_matrix_nd(q[:, heads_checked], coords, freq[heads_checked], interleaved=rope.interleaved)
+            ref = reference.rotate_matrix_nd(
+                q[:, heads_checked], coords, freq[heads_checked], interleaved=rope.interleaved
+            )
             fast = qr[:, heads_checked]
-        checks.append(Check("fast == block-diagonal N-D matrix", float((fast - ref).abs().max()), 1e-12 * max(1.0, float(q.abs().max()))))
-        checks.append(Check("identity tokens not rotated", float((qr[:, :, identity] - q[:, :, identity]).abs().max()), 0.0))
+        checks.append(
+            Check(
+                "fast == block-diagonal N-D matrix",
+                float((fast - ref).abs().max()),
+                1e-12 * max(1.0, float(q.abs().max())),
+            )
+        )
+        checks.append(
+            Check("identity tokens not rotated", float((qr[:, :, identity] - q[:, :, identity]).abs().max()), 0.0)
+        )
         tables = rope.tables(grid)
         try:
             tables.check(sample=None)
             pairing_err = 0.0
         except ValueError:
             pairing_err = math.inf
-        checks.append(Check(f"tables match the {'interleaved' if rope.interleaved else 'half'} pairing", pairing_err, 0.0))
+        checks.append(
+            Check(f"tables match the {'interleaved' if rope.interleaved else 'half'} pairing", pairing_err, 0.0)
+        )
     return checks
 
 
@@ -213,7 +239,13 @@ def verify_mrope(mrope: Any, *, seq_len: int = 64, shift: int = 4096, seed: int 
         qr, kr = mrope(q, k, position_ids=ids)  # float64 tables for float64 inputs
         scores = qr @ kr.transpose(-1, -2)
         norm = float(q.norm(dim=-1).max()) * max(s, 1.0)
-        checks = [Check("norm preserved (× attention_scaling)", float((qr.norm(dim=-1) - s * q.norm(dim=-1)).abs().max()), 1e-12 * norm)]
+        checks = [
+            Check(
+                "norm preserved (× attention_scaling)",
+                float((qr.norm(dim=-1) - s * q.norm(dim=-1)).abs().max()),
+                1e-12 * norm,
+            )
+        ]
         # float64 angles p · f of up to (shift + seq_len) · max f rad, each rounded once (relative 2^-53), and
         # float64 sums over D channels: a score moves by at most a few 2^-53 · (angle + D) · |q| |k|
         largest = (shift + seq_len) * float(mrope.inv_freq.max())
@@ -232,7 +264,9 @@ def verify_mrope(mrope: Any, *, seq_len: int = 64, shift: int = 4096, seed: int 
             for b in range(2)
         ])  # fmt: skip
         scale = max(1.0, float(q.abs().max())) * max(s, 1.0)
-        checks.append(Check("fast == block-diagonal N-D matrix", float((qr[:, :, :n] - ref).abs().max()), 1e-12 * scale))
+        checks.append(
+            Check("fast == block-diagonal N-D matrix", float((qr[:, :, :n] - ref).abs().max()), 1e-12 * scale)
+        )
         # the layout: moving one axis by 1 turns exactly the slots mrope_section gives that axis, each by its frequency
         start = mrope.tables(torch.zeros(3, 1, 1, dtype=torch.int64), dtype=torch.float64)
         err = 0.0
@@ -255,7 +289,13 @@ def verify_mrope(mrope: Any, *, seq_len: int = 64, shift: int = 4096, seed: int 
         cos, sin = tables.gather()
         theta = torch.einsum("bsa,aj->bsj", ids.permute(1, 2, 0).double(), freq)
         half = cos[..., 0::2] if interleaved else cos[..., : mrope.rotary_dim // 2]
-        checks.append(Check("fp32 cos table == float64 angles", float((half.double() - s * theta.cos()).abs().max()), 2**-24 * max(s, 1.0)))
+        checks.append(
+            Check(
+                "fp32 cos table == float64 angles",
+                float((half.double() - s * theta.cos()).abs().max()),
+                2**-24 * max(s, 1.0),
+            )
+        )
         try:
             check_tables(cos, sin, interleaved=interleaved)
             pairing_err = 0.0

@@ -68,7 +68,9 @@ class Rotation:
         new.__dict__.update(changes)
         return new
 
-    def with_tensors(self, xs: tuple[torch.Tensor, ...], outs: tuple[torch.Tensor, ...], *, conjugate: bool | None = None) -> Rotation:
+    def with_tensors(
+        self, xs: tuple[torch.Tensor, ...], outs: tuple[torch.Tensor, ...], *, conjugate: bool | None = None
+    ) -> Rotation:
         """The same rotation of other tensors (``conjugate=True`` flips the direction: a backward pass)."""
         flip = self.conjugate if conjugate is None else conjugate
         return self.replace(xs=tuple(xs), outs=tuple(outs), conjugate=flip)

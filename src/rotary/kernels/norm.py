@@ -43,7 +43,17 @@ from .contract import Rotation
 from .eager import run_torch as rotate_torch_path
 from .extension import load_cpu_extension
 
-__all__ = ["STYLES", "Norm", "NormRotate", "apply", "backward", "effective_weight", "norm_rotation_op", "run", "run_torch"]
+__all__ = [
+    "STYLES",
+    "Norm",
+    "NormRotate",
+    "apply",
+    "backward",
+    "effective_weight",
+    "norm_rotation_op",
+    "run",
+    "run_torch",
+]
 
 #: the weight conventions: style -> (the factor is 1 + weight, the normalised x is rounded before the weight)
 STYLES: dict[str, tuple[bool, bool]] = {"qwen3": (False, True), "gemma3": (True, False)}
@@ -123,7 +133,9 @@ def run(rotation: Rotation, norm: Norm, rstds: tuple[torch.Tensor, ...]) -> None
         run_torch(rotation, norm, rstds)
 
 
-def normalise_torch(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def normalise_torch(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm of the last dim of ``x`` as Hugging Face writes it (Qwen3RMSNorm, or Gemma3RMSNorm with
     ``gemma``), in the arithmetic dtype (fp32, fp64 for fp64 inputs); returns ``(y, rstd)``, ``y`` in x's
     dtype and ``rstd`` without the channel dim. Autograd sees ordinary torch operations."""
@@ -368,7 +380,9 @@ def backward(
         conjugate=True,
     )  # fmt: skip
     if op:
-        g_ys = ops.rotation_op(list(back.xs), list(back.cos), list(back.sin), back.positions, back.batch_rows, back.interleaved, True)
+        g_ys = ops.rotation_op(
+            list(back.xs), list(back.cos), list(back.sin), back.positions, back.batch_rows, back.interleaved, True
+        )
     else:
         g_ys = dispatch.rotate(back, inplace=False)
     for i, x, g_y in zip(present, xs, g_ys):

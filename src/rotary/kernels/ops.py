@@ -24,7 +24,17 @@ from .contract import Rotation
 from .eager import run_torch, table_grad_torch
 from .extension import load_cpu_extension
 
-__all__ = ["mark_written", "run", "transformed", "TRANSFORMED", "table_grads", "Rotate", "RotateInplace", "rotation_op", "rotation_op_"]
+__all__ = [
+    "mark_written",
+    "run",
+    "transformed",
+    "TRANSFORMED",
+    "table_grads",
+    "Rotate",
+    "RotateInplace",
+    "rotation_op",
+    "rotation_op_",
+]
 
 _CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -98,7 +108,9 @@ def _token_table_grads(rotation: Rotation, grads: tuple[torch.Tensor, ...]) -> l
     for x, cos in zip(rotation.xs, rotation.cos):
         B, S, H = x.shape[:3]
         shape = (B, S, H, cos.shape[-1]) if cos.dim() == 3 else (B, S, cos.shape[-1])
-        buffers.append((torch.empty(shape, dtype=cos.dtype, device=x.device), torch.empty(shape, dtype=cos.dtype, device=x.device)))
+        buffers.append(
+            (torch.empty(shape, dtype=cos.dtype, device=x.device), torch.empty(shape, dtype=cos.dtype, device=x.device))
+        )
     if backend == "cpu":
         load_cpu_extension().rope_table_grad(  # type: ignore[union-attr]
             list(rotation.xs), list(grads), list(rotation.cos), list(rotation.sin), [b[0] for b in buffers],
@@ -114,7 +126,9 @@ def _into_rows(rotation: Rotation, table: torch.Tensor, per_token: torch.Tensor)
     batch, seq_len = per_token.shape[:2]
     if rotation.positions is not None:
         out = torch.zeros_like(table)
-        return out.index_add_(0, rotation.positions.reshape(-1), per_token.reshape(batch * seq_len, *per_token.shape[2:]))
+        return out.index_add_(
+            0, rotation.positions.reshape(-1), per_token.reshape(batch * seq_len, *per_token.shape[2:])
+        )
     if rotation.batch_rows:
         rows = per_token.reshape(batch * seq_len, *per_token.shape[2:])
     else:
@@ -293,7 +307,16 @@ class RotateInplace(torch.autograd.Function):
 
 
 def _rotation(xs, cos, sin, positions, batch_rows, interleaved, conjugate, outs=None) -> Rotation:
-    return Rotation(tuple(xs), tuple(xs if outs is None else outs), tuple(cos), tuple(sin), positions, batch_rows, interleaved, conjugate)
+    return Rotation(
+        tuple(xs),
+        tuple(xs if outs is None else outs),
+        tuple(cos),
+        tuple(sin),
+        positions,
+        batch_rows,
+        interleaved,
+        conjugate,
+    )
 
 
 @torch.library.custom_op("rotary::rope", mutates_args=())

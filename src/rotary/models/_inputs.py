@@ -18,7 +18,9 @@ from ..errors import InputError, InputTypeError
 __all__ = ["check_token_ids", "embedding_ids"]
 
 
-def check_token_ids(ids: object, size: int, *, name: str = "input_ids", table: str = "vocab_size", shape: tuple | None = None) -> torch.Tensor:
+def check_token_ids(
+    ids: object, size: int, *, name: str = "input_ids", table: str = "vocab_size", shape: tuple | None = None
+) -> torch.Tensor:
     """Integer ids ``[B, S]`` with every id in ``0 .. size - 1``; returned unchanged.
 
     Args:
@@ -72,7 +74,9 @@ def _check_form(ids: object, name: str, shape: tuple | None) -> None:
         raise InputError(f"{name} must have the shape of input_ids {tuple(shape)}, got {tuple(ids.shape)}")
 
 
-def embedding_ids(ids: object, size: int, *, name: str = "input_ids", table: str = "vocab_size") -> tuple[torch.Tensor, torch.Tensor | None]:
+def embedding_ids(
+    ids: object, size: int, *, name: str = "input_ids", table: str = "vocab_size"
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Token ids ready for an embedding lookup, checked without a host read where a read would synchronise.
 
     On the CPU: :func:`check_token_ids` (an id out of range is a ``ValueError`` at once). Under

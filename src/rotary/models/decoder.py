@@ -139,7 +139,9 @@ class DecoderConfig:
         for name in ("rope_interleaved", "tie_word_embeddings"):
             check_bool(getattr(self, name), name)
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, dict):
-            raise InputError(f"rope_scaling must be a dict such as {{'rope_type': 'linear', 'factor': 2.0}}, got {self.rope_scaling!r}")
+            raise InputError(
+                f"rope_scaling must be a dict such as {{'rope_type': 'linear', 'factor': 2.0}}, got {self.rope_scaling!r}"
+            )
         if not isinstance(self.position_encoding, str) or self.position_encoding not in POSITION_ENCODINGS:
             raise InputError(
                 f"unknown position_encoding {self.position_encoding!r}; "
@@ -202,7 +204,11 @@ def register_position_encoding(name: str) -> Callable:
 @register_position_encoding("rope")
 def _rope(c: DecoderConfig) -> PositionEncoding:
     rope = RoPE(
-        c.head_dim, base=c.rope_base, scaling=c.rope_scaling, interleaved=c.rope_interleaved, max_position=c.max_position
+        c.head_dim,
+        base=c.rope_base,
+        scaling=c.rope_scaling,
+        interleaved=c.rope_interleaved,
+        max_position=c.max_position,
     )
     return PositionEncoding(rope=rope)
 
@@ -217,16 +223,24 @@ def _p_rope(c: DecoderConfig) -> PositionEncoding:
             f"position_encoding='p_rope' is the 'proportional' rope_type; rope_scaling has rope_type {scaling['rope_type']!r} "
             "(use position_encoding='rope' for other scaling types)"
         )
-    rope = RoPE(c.head_dim, base=c.rope_base, scaling=scaling, interleaved=c.rope_interleaved, max_position=c.max_position)
+    rope = RoPE(
+        c.head_dim, base=c.rope_base, scaling=scaling, interleaved=c.rope_interleaved, max_position=c.max_position
+    )
     return PositionEncoding(rope=rope)
 
 
 @register_position_encoding("xpos")
 def _xpos(c: DecoderConfig) -> PositionEncoding:
     if c.rope_scaling:
-        raise InputError(f"position_encoding='xpos' takes no rope_scaling (got {c.rope_scaling!r}); set xpos_scale_base")
+        raise InputError(
+            f"position_encoding='xpos' takes no rope_scaling (got {c.rope_scaling!r}); set xpos_scale_base"
+        )
     xpos = XPos(
-        c.head_dim, scale_base=c.xpos_scale_base, base=c.rope_base, interleaved=c.rope_interleaved, max_position=c.max_position
+        c.head_dim,
+        scale_base=c.xpos_scale_base,
+        base=c.rope_base,
+        interleaved=c.rope_interleaved,
+        max_position=c.max_position,
     )
     return PositionEncoding(rope=xpos)
 
@@ -302,8 +316,13 @@ class Block(nn.Module):
         super().__init__()
         self.attn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.attn = RotaryAttention(
-            c.hidden_size, c.num_heads, num_kv_heads=c.num_kv_heads, causal=True, dropout=c.dropout,
-            rope=rope if rope is not None else False, position_bias=position.bias,
+            c.hidden_size,
+            c.num_heads,
+            num_kv_heads=c.num_kv_heads,
+            causal=True,
+            dropout=c.dropout,
+            rope=rope if rope is not None else False,
+            position_bias=position.bias,
         )
         self.mlp_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = SwiGLU(c.hidden_size, c.intermediate_size)  # type: ignore[arg-type]
@@ -312,7 +331,11 @@ class Block(nn.Module):
     def forward(self, x, *, attention_mask, positions, tables, cache, static_step=None):
         x = x + self.dropout(
             self.attn(
-                self.attn_norm(x), attention_mask=attention_mask, position_ids=positions, tables=tables, cache=cache,
+                self.attn_norm(x),
+                attention_mask=attention_mask,
+                position_ids=positions,
+                tables=tables,
+                cache=cache,
                 static_step=static_step,
             )
         )
@@ -415,7 +438,9 @@ class Decoder(GenerationMixin, nn.Module):
         config = dataclasses.replace(self.config, rope_scaling=None if scaling is None else dict(scaling))
         rope = POSITION_ENCODINGS[config.position_encoding](config).rope
         if not isinstance(rope, RoPE):  # a registered encoding whose builder drops RoPE for this block
-            raise InputError(f"position_encoding={config.position_encoding!r} builds no rotary.RoPE for rope_scaling={scaling!r}")
+            raise InputError(
+                f"position_encoding={config.position_encoding!r} builds no rotary.RoPE for rope_scaling={scaling!r}"
+            )
         if self.rope.log_frequency_scale is not None:
             if rope.log_frequency_scale is None:
                 raise InputError(
@@ -481,7 +506,9 @@ class Decoder(GenerationMixin, nn.Module):
             fp32-or-model-dtype logits ``[B, S, V]``.
         """
         input_ids, unknown = embedding_ids(input_ids, self.config.vocab_size)
-        return self._logits(input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache, unknown=unknown)
+        return self._logits(
+            input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache, unknown=unknown
+        )
 
     def _logits(
         self,
@@ -496,16 +523,22 @@ class Decoder(GenerationMixin, nn.Module):
         ``unknown`` ``[B, S]`` marks ids that were out of range (clamped), whose embeddings are zeroed."""
         if cache is not None:
             if not isinstance(cache, (list, tuple)):
-                raise InputTypeError(f"cache must be a list of KVCache, one per layer, got {type(cache).__name__}; use new_cache()")
+                raise InputTypeError(
+                    f"cache must be a list of KVCache, one per layer, got {type(cache).__name__}; use new_cache()"
+                )
             if len(cache) != len(self.layers):
-                raise InputError(f"cache has {len(cache)} entries but the model has {len(self.layers)} layers; use new_cache()")
+                raise InputError(
+                    f"cache has {len(cache)} entries but the model has {len(self.layers)} layers; use new_cache()"
+                )
             if len({id(c) for c in cache}) != len(cache):
                 raise InputError(
                     "the same KVCache object appears for several layers ([KVCache()] * n); every layer needs its own: "
                     "use model.new_cache()"
                 )
             if len({isinstance(c, StaticKVCache) for c in cache}) > 1:
-                raise InputTypeError("cache mixes KVCache and StaticKVCache; use one kind for every layer (model.new_cache(...))")
+                raise InputTypeError(
+                    "cache mixes KVCache and StaticKVCache; use one kind for every layer (model.new_cache(...))"
+                )
         if attention_mask is not None:  # checked once here, handed to the layers as bool
             attention_mask = check_attention_mask(attention_mask).to(input_ids.device)
         positions = self._positions(input_ids, attention_mask, position_ids, cache)

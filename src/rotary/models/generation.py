@@ -52,7 +52,11 @@ class CapturedDecoding:
 
 
 def next_token(
-    logits: torch.Tensor, *, temperature: float = 0.0, top_k: int | None = None, generator: torch.Generator | None = None
+    logits: torch.Tensor,
+    *,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """The next token of every row from its logits, on the device (nothing read on the host).
 
@@ -139,7 +143,11 @@ class GenerationMixin:
         c = self.config
         caches = [
             StaticKVCache(
-                batch, c.num_kv_heads, max_len, c.head_dim, dtype=weight.dtype if dtype is None else dtype,  # type: ignore[arg-type]
+                batch,
+                c.num_kv_heads,
+                max_len,
+                c.head_dim,
+                dtype=weight.dtype if dtype is None else dtype,  # type: ignore[arg-type]
                 device=weight.device if device is None else device,
             )
             for _ in self.layers
@@ -261,7 +269,9 @@ class GenerationMixin:
         if top_k is not None:
             check_positive_int(top_k, "top_k")
         if generator is not None and not isinstance(generator, torch.Generator):
-            raise InputTypeError(f"generator must be a torch.Generator or None, got {generator!r} ({type(generator).__name__})")
+            raise InputTypeError(
+                f"generator must be a torch.Generator or None, got {generator!r} ({type(generator).__name__})"
+            )
         use_cache = check_bool(use_cache, "use_cache")
         if cache not in (None, "dynamic", "static"):
             raise InputError(f"cache must be 'dynamic' (KVCache) or 'static' (StaticKVCache), got {cache!r}")
@@ -271,7 +281,9 @@ class GenerationMixin:
             raise InputError(f"capture={capture!r} needs static shapes: use cache='static' (or leave cache unset)")
         static = cache == "static" or capture is not None
         if static and not use_cache:
-            raise InputError("use_cache=False recomputes every step without a cache; it cannot go with a static cache or capture")
+            raise InputError(
+                "use_cache=False recomputes every step without a cache; it cannot go with a static cache or capture"
+            )
         vocab = self.config.vocab_size
         for name, value in (("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)):
             if value is not None and (check_int(value, name, minimum=0) >= vocab):
@@ -332,7 +344,9 @@ class GenerationMixin:
         return mask
 
     @staticmethod
-    def _stop(token: torch.Tensor, finished: torch.Tensor | None, stop: tuple[int, int] | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _stop(
+        token: torch.Tensor, finished: torch.Tensor | None, stop: tuple[int, int] | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Rows already finished emit the pad id; a row that emits eos is finished from now on."""
         if stop is None:
             return token, None
@@ -359,7 +373,9 @@ class GenerationMixin:
         new: list[torch.Tensor] = []
         step_input, finished = ids, None
         for _ in range(max_new_tokens):
-            logits = self._logits(step_input, attention_mask=mask, position_ids=None, cache=cache, unknown=unknown)[:, -1].float()
+            logits = self._logits(step_input, attention_mask=mask, position_ids=None, cache=cache, unknown=unknown)[
+                :, -1
+            ].float()
             token, finished = self._stop(next_token(logits, **sample), finished, stop)
             new.append(token)
             mask = torch.cat((mask, torch.ones_like(token)), dim=1)
@@ -438,10 +454,14 @@ class GenerationMixin:
             c.reset()
         return held.caches, held.step  # type: ignore[return-value]
 
-    def _compiled_step(self, caches: list[StaticKVCache], device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+    def _compiled_step(
+        self, caches: list[StaticKVCache], device: torch.device
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
         """:meth:`decode_step` compiled: Inductor, and CUDA graphs on CUDA (``mode="reduce-overhead"``)."""
         cuda = device.type == "cuda"
-        compiled = torch.compile(self.decode_step, mode="reduce-overhead" if cuda else None, fullgraph=True, dynamic=False)
+        compiled = torch.compile(
+            self.decode_step, mode="reduce-overhead" if cuda else None, fullgraph=True, dynamic=False
+        )
 
         def step(token: torch.Tensor) -> torch.Tensor:
             if cuda:

@@ -97,7 +97,9 @@ class RoFormerConfig:
             config = json.loads(path.read_text())
         values = config if isinstance(config, dict) else config.to_dict() if hasattr(config, "to_dict") else None
         if values is None:
-            raise InputTypeError(f"config must be a transformers RoFormerConfig, a dict or a path, got {type(config).__name__}")
+            raise InputTypeError(
+                f"config must be a transformers RoFormerConfig, a dict or a path, got {type(config).__name__}"
+            )
         if values.get("model_type", "roformer") != "roformer":
             raise InputError(f"config is for model_type {values['model_type']!r}, not 'roformer'")
         if values.get("is_decoder") or values.get("add_cross_attention"):
@@ -127,8 +129,12 @@ class RoFormerLayer(nn.Module):
     def __init__(self, c: RoFormerConfig, rope: RoPE) -> None:
         super().__init__()
         self.attention = RotaryAttention(
-            c.hidden_size, c.num_attention_heads, rope=rope, rotary_value=c.rotary_value,
-            dropout=c.attention_probs_dropout_prob, bias=True,
+            c.hidden_size,
+            c.num_attention_heads,
+            rope=rope,
+            rotary_value=c.rotary_value,
+            dropout=c.attention_probs_dropout_prob,
+            bias=True,
         )
         self.attention_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
         self.intermediate = nn.Linear(c.hidden_size, c.intermediate_size)
@@ -201,7 +207,8 @@ class RoFormer(nn.Module):
         )
         # one RoPE for all layers; the paper's pairing (2i, 2i+1)
         self.rope = RoPE(
-            config.hidden_size // config.num_attention_heads, interleaved=True,
+            config.hidden_size // config.num_attention_heads,
+            interleaved=True,
             max_position=config.max_position_embeddings,
         )
         self.layers = nn.ModuleList(RoFormerLayer(config, self.rope) for _ in range(config.num_hidden_layers))
@@ -267,7 +274,10 @@ class RoFormer(nn.Module):
             token_type_ids = torch.zeros_like(input_ids)
         else:
             check_token_ids(
-                token_type_ids, self.config.type_vocab_size, name="token_type_ids", table="type_vocab_size",
+                token_type_ids,
+                self.config.type_vocab_size,
+                name="token_type_ids",
+                table="type_vocab_size",
                 shape=tuple(input_ids.shape),
             )
         batch, seq_len = input_ids.shape
@@ -434,4 +444,3 @@ def _map_hf_keys(state_dict: dict[str, torch.Tensor], c: RoFormerConfig, head: s
     if head == "masked_lm" and c.tie_word_embeddings:
         out.pop("mlm_head.decoder.weight", None)  # shares embeddings.word_embeddings.weight
     return out
-

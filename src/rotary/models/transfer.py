@@ -83,8 +83,10 @@ def transfer_position_encoding(source: Decoder, position_encoding: str, **change
     shapes = [k for k in wanted if source_state[k].shape != target_state[k].shape]
     if shapes:
         k = sorted(shapes)[0]
-        raise InputError(f"{k} is {tuple(source_state[k].shape)} in the source and {tuple(target_state[k].shape)} in the new model; "
-                         "changes must not alter the shapes of the copied weights")
+        raise InputError(
+            f"{k} is {tuple(source_state[k].shape)} in the source and {tuple(target_state[k].shape)} in the new model; "
+            "changes must not alter the shapes of the copied weights"
+        )
     parameter = next(source.parameters())
     target.to(device=parameter.device, dtype=parameter.dtype)
     with torch.no_grad():

@@ -32,6 +32,7 @@ from .position import ALiBi, RelativePositionBias
 
 __all__ = ["KVCache", "RotaryAttention", "StaticKVCache", "padding_position_ids", "repeat_kv"]
 
+
 def padding_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions that skip padding: ``cumsum(mask) - 1``, clamped at 0 (int64 ``[B, T]``).
 
@@ -88,7 +89,9 @@ def check_hidden_states(hidden_states: torch.Tensor, hidden_size: int, projectio
         rotary.errors.InputTypeError: not floating point, or another dtype than the weights (outside autocast).
     """
     if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 3:
-        raise InputError(f"hidden_states must be [B, S, E], got {getattr(hidden_states, 'shape', type(hidden_states).__name__)}")
+        raise InputError(
+            f"hidden_states must be [B, S, E], got {getattr(hidden_states, 'shape', type(hidden_states).__name__)}"
+        )
     if hidden_states.shape[-1] != hidden_size:
         raise InputError(f"hidden_states has width {hidden_states.shape[-1]}, this layer expects {hidden_size}")
     dtype = hidden_states.dtype
@@ -105,7 +108,11 @@ def check_hidden_states(hidden_states: torch.Tensor, hidden_size: int, projectio
             f"hidden_states is on {hidden_states.device} but this layer's weights are on {weight.device}; move one "
             f"(layer.to('{hidden_states.device}') or hidden_states.to('{weight.device}'))"
         )
-    if dtype != weight.dtype and weight.dtype.is_floating_point and not torch.is_autocast_enabled(hidden_states.device.type):
+    if (
+        dtype != weight.dtype
+        and weight.dtype.is_floating_point
+        and not torch.is_autocast_enabled(hidden_states.device.type)
+    ):
         raise InputTypeError(
             f"hidden_states is {dtype} but this layer's weights are {weight.dtype}; cast the module "
             f"(layer.to({dtype})) or the input (hidden_states.to({weight.dtype})), or run under torch.autocast"
@@ -188,7 +195,12 @@ class RotaryAttention(nn.Module):
                 )
             head_dim = hidden_size // num_heads
         check_positive_int(head_dim, "head_dim")
-        self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim = hidden_size, num_heads, num_kv_heads, head_dim
+        self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim = (
+            hidden_size,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+        )
         self.causal = check_bool(causal, "causal")
         self.dropout = check_probability(dropout, "dropout")
         self.rotary_value = check_bool(rotary_value, "rotary_value")
@@ -224,9 +236,7 @@ class RotaryAttention(nn.Module):
         elif position_bias == "relative":
             position_bias = RelativePositionBias(num_heads, max_relative_distance)
         elif position_bias is not None and not isinstance(position_bias, nn.Module):
-            raise InputError(
-                f"position_bias must be None, 'alibi', 'relative' or an nn.Module, got {position_bias!r}"
-            )
+            raise InputError(f"position_bias must be None, 'alibi', 'relative' or an nn.Module, got {position_bias!r}")
         self.position_bias = position_bias
         if self.position_bias is not None and self._nd_positions():
             raise InputError(
@@ -296,13 +306,14 @@ class RotaryAttention(nn.Module):
             # a padded query may see no key at all (causal + left padding); let only such a row see
             # itself, so softmax stays finite. Its output is ignored downstream; rows that do see
             # keys are left exactly as specified (Hugging Face's encoders compute them too).
-            diagonal = torch.arange(total, device=device)[None, :] == torch.arange(past, past + seq_len, device=device)[:, None]
+            diagonal = (
+                torch.arange(total, device=device)[None, :]
+                == torch.arange(past, past + seq_len, device=device)[:, None]
+            )
             allowed = allowed | (diagonal[None, None] & ~allowed.any(dim=-1, keepdim=True))
         return self._additive(allowed, query_positions, key_positions, device)
 
-    def _static_mask(
-        self, query_positions: torch.Tensor, entries: StaticEntries, device: torch.device
-    ) -> torch.Tensor:
+    def _static_mask(self, query_positions: torch.Tensor, entries: StaticEntries, device: torch.device) -> torch.Tensor:
         """:meth:`_mask` over all ``L`` slots of a :class:`StaticKVCache` (``[B, H or 1, S, L]``): the same
         rules, by slot index, with the write index on the device; unfilled slots and padding are blocked."""
         seq_len = query_positions.shape[1]
@@ -318,7 +329,11 @@ class RotaryAttention(nn.Module):
         return self._additive(allowed, query_positions, entries.positions, device)  # type: ignore[return-value]
 
     def _additive(
-        self, allowed: torch.Tensor | None, query_positions: torch.Tensor, key_positions: torch.Tensor, device: torch.device
+        self,
+        allowed: torch.Tensor | None,
+        query_positions: torch.Tensor,
+        key_positions: torch.Tensor,
+        device: torch.device,
     ) -> torch.Tensor | None:
         """``allowed`` (bool ``[B, 1, S, T]``) as an additive fp32 mask, plus the score bias."""
         bias = None if self.position_bias is None else self.position_bias(query_positions, key_positions)
@@ -418,7 +433,9 @@ class RotaryAttention(nn.Module):
         entries = None
         if static:
             rotate_with = None if self.rope is None else tables
-            q, entries = self._write_static(q, k, v, cache, positions, attention_mask, rotate_with, inplace, static_step)  # type: ignore[arg-type]
+            q, entries = self._write_static(
+                q, k, v, cache, positions, attention_mask, rotate_with, inplace, static_step
+            )  # type: ignore[arg-type]
             if entries.overflow is None:
                 # the CPU, eager: the filled length is known for free, so attention reads the filled slots
                 # only, through the same code as KVCache (bit-identical to it, no work on empty slots)
@@ -444,7 +461,10 @@ class RotaryAttention(nn.Module):
                 key = ("mask", q.dtype, self.causal, None if self.position_bias is None else id(self.position_bias))
                 mask = static_step.shared(key, build_mask)
             out = F.scaled_dot_product_attention(
-                q, repeat_kv(entries.keys, groups), repeat_kv(entries.values, groups), attn_mask=mask,
+                q,
+                repeat_kv(entries.keys, groups),
+                repeat_kv(entries.values, groups),
+                attn_mask=mask,
                 dropout_p=dropout,
             )
             if entries.overflow is not None:  # tokens that found no slot: NaN, never another token's result

@@ -67,7 +67,9 @@ class KVCache:
             try:
                 _check_entries(self.keys, self.values, self.positions, "cached ")  # type: ignore[arg-type]
             except (TypeError, ValueError) as exc:
-                raise type(exc)(f"this KVCache is inconsistent: {exc}; start from KVCache() and let the attention layer fill it") from None
+                raise type(exc)(
+                    f"this KVCache is inconsistent: {exc}; start from KVCache() and let the attention layer fill it"
+                ) from None
 
     def claim(self, owner: object) -> None:
         """Mark the cache as ``owner``'s; raise if another layer filled it."""
@@ -88,7 +90,12 @@ class KVCache:
         batch, seq_len = keys.shape[0], keys.shape[2]
         if not isinstance(positions, Positions):
             positions = P.from_ids(positions, batch=batch, seq_len=seq_len, device=keys.device)
-        elif positions.axes != 1 or positions.packed or positions.seq_len != seq_len or positions.batch not in (None, 1, batch):
+        elif (
+            positions.axes != 1
+            or positions.packed
+            or positions.seq_len != seq_len
+            or positions.batch not in (None, 1, batch)
+        ):
             raise InputError(
                 f"positions must be 1-D positions [S] or [B, S] of the {seq_len} new keys (batch {batch}), got ids of "
                 f"shape {tuple(positions.ids.shape)}"
@@ -99,12 +106,20 @@ class KVCache:
             self.keys, self.values, self.positions, self.bound, self.exact = keys, values, positions, bound, exact
         else:
             assert self.values is not None and self.positions is not None  # _check_state
-            if keys.shape[0] != self.keys.shape[0] or keys.shape[1] != self.keys.shape[1] or keys.shape[3] != self.keys.shape[3]:
+            if (
+                keys.shape[0] != self.keys.shape[0]
+                or keys.shape[1] != self.keys.shape[1]
+                or keys.shape[3] != self.keys.shape[3]
+            ):
                 raise InputError(
                     f"new keys {tuple(keys.shape)} do not match the cache {tuple(self.keys.shape)} in batch, heads or "
                     "head_dim; use a fresh KVCache for another batch or layer"
                 )
-            if keys.dtype != self.keys.dtype or keys.device != self.keys.device or values.shape[-1] != self.values.shape[-1]:
+            if (
+                keys.dtype != self.keys.dtype
+                or keys.device != self.keys.device
+                or values.shape[-1] != self.values.shape[-1]
+            ):
                 raise InputError(
                     f"new keys/values ({keys.dtype}, {keys.device}, value dim {values.shape[-1]}) do not match the cache "
                     f"({self.keys.dtype}, {self.keys.device}, value dim {self.values.shape[-1]}); use a fresh KVCache"
@@ -205,13 +220,20 @@ class StaticKVCache:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
     ) -> None:
-        for name, value in (("batch", batch), ("num_kv_heads", num_kv_heads), ("max_len", max_len), ("head_dim", head_dim)):
+        for name, value in (
+            ("batch", batch),
+            ("num_kv_heads", num_kv_heads),
+            ("max_len", max_len),
+            ("head_dim", head_dim),
+        ):
             check_positive_int(value, name)
         value_dim = head_dim if value_dim is None else check_positive_int(value_dim, "value_dim")
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise InputTypeError(f"dtype must be a floating torch.dtype (the layer's activations), got {dtype!r}")
         if num_kv_heads > MAX_NUM_HEADS:
-            raise InputError(f"num_kv_heads={num_kv_heads} is more than {MAX_NUM_HEADS}; pass the number of key/value heads")
+            raise InputError(
+                f"num_kv_heads={num_kv_heads} is more than {MAX_NUM_HEADS}; pass the number of key/value heads"
+            )
         device = torch.device("cpu") if device is None else torch.device(device)
         self.batch, self.num_kv_heads, self.max_len = int(batch), int(num_kv_heads), int(max_len)
         self.head_dim, self.value_dim, self.dtype = int(head_dim), int(value_dim), dtype
@@ -437,7 +459,9 @@ class StaticKVCache:
         if valid is None:
             valid = torch.ones(self.batch, seq_len, dtype=torch.bool, device=self.device)
         elif valid.dtype != torch.bool or tuple(valid.shape) != (self.batch, seq_len):
-            raise InputError(f"valid must be a bool [B, S] = [{self.batch}, {seq_len}] tensor, got {valid.dtype} {tuple(valid.shape)}")
+            raise InputError(
+                f"valid must be a bool [B, S] = [{self.batch}, {seq_len}] tensor, got {valid.dtype} {tuple(valid.shape)}"
+            )
         return ids, valid
 
     def _next_slots(
@@ -541,7 +565,9 @@ def _check_entries(keys: object, values: object, positions: object, which: str) 
     given, positions ``[B, T]`` of an integer dtype."""
     for name, t in (("keys", keys), ("values", values)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4 or not t.is_floating_point():
-            raise InputError(f"{which}{name} must be a floating [B, Hk, T, D] tensor, got {getattr(t, 'shape', type(t).__name__)}")
+            raise InputError(
+                f"{which}{name} must be a floating [B, Hk, T, D] tensor, got {getattr(t, 'shape', type(t).__name__)}"
+            )
     if values.shape[:3] != keys.shape[:3]:
         raise InputError(
             f"{which}values {tuple(values.shape)} must match {which}keys {tuple(keys.shape)} in batch, heads and length"

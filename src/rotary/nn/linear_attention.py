@@ -121,7 +121,9 @@ def _check_eps(eps: float) -> float:
 def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4 or not t.is_floating_point():
-            raise InputError(f"{name} must be a floating [B, H, S, D] tensor, got {getattr(t, 'shape', type(t).__name__)}")
+            raise InputError(
+                f"{name} must be a floating [B, H, S, D] tensor, got {getattr(t, 'shape', type(t).__name__)}"
+            )
     if q.shape != k.shape:
         raise InputError(f"q and k must have the same shape [B, H, S, D], got {tuple(q.shape)} and {tuple(k.shape)}")
     if v.shape[:3] != q.shape[:3]:
@@ -237,7 +239,9 @@ def linear_attention_reference(
     out_dtype = v.dtype
     compute = torch.promote_types(v.dtype, torch.float32)
     q, k, v = q.to(compute), k.to(compute), v.to(compute)
-    q_num, k_num, q_den, k_den = _features(q, k, RotaryTables.from_tensors(cos, sin, interleaved=interleaved), feature_map)
+    q_num, k_num, q_den, k_den = _features(
+        q, k, RotaryTables.from_tensors(cos, sin, interleaved=interleaved), feature_map
+    )
     numerator_scores = q_num @ k_num.transpose(-1, -2)
     denominator_scores = q_den @ k_den.transpose(-1, -2)
     seq_len = q.shape[2]
@@ -308,7 +312,9 @@ class RotaryLinearAttention(nn.Module):
         if rope is True:
             rope = RoPE(self.head_dim)
         elif not (isinstance(rope, nn.Module) and callable(getattr(rope, "tables", None))):
-            raise InputTypeError(f"rope must be True or an nn.Module with tables(positions) like rotary.RoPE, got {type(rope).__name__}")
+            raise InputTypeError(
+                f"rope must be True or an nn.Module with tables(positions) like rotary.RoPE, got {type(rope).__name__}"
+            )
         self.rope = rope
         check_causal_rope(rope, self.causal, type(self).__name__)  # xPos: causal only
 

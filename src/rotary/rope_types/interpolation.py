@@ -31,7 +31,10 @@ def _check_linear(p: dict[str, Any], rotary_dim: int, complain: Callable[[str], 
 
 
 @register_rope_type(
-    "linear", required={"factor"}, check=_check_linear, example=lambda d: RopeExample({"rope_type": "linear", "factor": 4.0})
+    "linear",
+    required={"factor"},
+    check=_check_linear,
+    example=lambda d: RopeExample({"rope_type": "linear", "factor": 4.0}),
 )
 def _linear(head_dim: int, base: float, rotary_dim: int, params: Mapping[str, Any], seq_len: Any):
     # Position interpolation (Chen et al. 2023): position m becomes m / factor; dividing inv_freq instead

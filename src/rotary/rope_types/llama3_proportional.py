@@ -38,9 +38,15 @@ def _check_llama3(p: dict[str, Any], rotary_dim: int, complain: Callable[[str], 
     check=_check_llama3,
     trained_length=True,
     example=lambda d: RopeExample(  # Llama 3.1's published values
-        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-         "original_max_position_embeddings": 8192},
-        base=500000.0, max_position=131072,
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        base=500000.0,
+        max_position=131072,
     ),  # fmt: skip
 )
 def _llama3(head_dim: int, base: float, rotary_dim: int, params: Mapping[str, Any], seq_len: Any):
@@ -64,7 +70,9 @@ def _check_proportional(p: dict[str, Any], rotary_dim: int, complain: Callable[[
     check_factor(p, "proportional", complain, nullable=True)
     fraction = p.get("partial_rotary_factor")
     if fraction is not None and (not is_number(fraction) or not 0 < fraction <= 1):
-        raise ConfigError(f"partial_rotary_factor of rope_type 'proportional' must be a number in (0, 1], got {fraction!r}")
+        raise ConfigError(
+            f"partial_rotary_factor of rope_type 'proportional' must be a number in (0, 1], got {fraction!r}"
+        )
     # rotary_dim is the head width here (every pair is kept; the ones past the fraction get frequency 0)
     if proportional_pairs(rotary_dim, p) < 1:
         raise ConfigError(

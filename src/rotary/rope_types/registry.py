@@ -164,7 +164,11 @@ def register_rope_type(
     keys: dict[str, frozenset[str]] = {}
     for what, given in (("required", required), ("optional", optional)):
         # a string is iterable: required="factor" would become the keys 'f', 'a', 'c', ...
-        if isinstance(given, (str, bytes)) or not isinstance(given, Iterable) or not all(isinstance(k, str) for k in given):
+        if (
+            isinstance(given, (str, bytes))
+            or not isinstance(given, Iterable)
+            or not all(isinstance(k, str) for k in given)
+        ):
             raise InputTypeError(f"{what} must be a collection of key names, e.g. {{'factor'}}, got {given!r}")
         keys[what] = frozenset(given)
     for what, fn in (("check", check), ("example", example), ("target_length", target_length)):
@@ -174,7 +178,10 @@ def register_rope_type(
     if check_keys is None:
         check_keys = bool(keys["required"] or keys["optional"] or check)
     check_keys = check_bool(check_keys, "check_keys")
-    trained_length, rotates_every_pair = check_bool(trained_length, "trained_length"), check_bool(rotates_every_pair, "rotates_every_pair")
+    trained_length, rotates_every_pair = (
+        check_bool(trained_length, "trained_length"),
+        check_bool(rotates_every_pair, "rotates_every_pair"),
+    )
     if update not in UPDATE_RULES:
         raise InputError(f"update must be 'grow' (dynamic NTK's rule) or 'switch' (LongRoPE's), got {update!r}")
     trained_key = UPDATE_RULES[update] if trained_key is None else trained_key
@@ -314,7 +321,9 @@ def validate_rope_parameters(
         {'factor': 2, 'rope_type': 'linear'}
     """
     if not isinstance(params, Mapping):
-        raise ConfigError(f"the scaling block must be a dict such as {{'rope_type': 'linear', 'factor': 2.0}}, got {params!r}")
+        raise ConfigError(
+            f"the scaling block must be a dict such as {{'rope_type': 'linear', 'factor': 2.0}}, got {params!r}"
+        )
     check_bool(strict, "strict")
     check_positive_int(rotary_dim, "rotary_dim")
     out = copy.deepcopy(dict(params))
@@ -331,7 +340,9 @@ def validate_rope_parameters(
         return out
 
     # yarn's factor may be an explicit null: transformers then takes the ratio of the two lengths
-    missing = sorted(k for k in spec.required if out.get(k) is None and not (k == "factor" and rope_type == "yarn" and k in out))
+    missing = sorted(
+        k for k in spec.required if out.get(k) is None and not (k == "factor" and rope_type == "yarn" and k in out)
+    )
     if missing:
         hints = "".join(f"; {k}: {KEY_MEANINGS[k]}" for k in missing if k in KEY_MEANINGS)
         raise ConfigError(f"rope_type {rope_type!r} needs the key(s) {missing}; add them to the scaling block{hints}")
@@ -384,7 +395,9 @@ def check_factor(p: dict[str, Any], rope_type: str, complain: Callable[[str], No
         return
     if p["factor"] is None:
         raise ConfigError(f"factor of rope_type {rope_type!r} must be a number >= 1, got None")
-    factor = optional_number(p, "factor", rope_type, allowed=">= 1, the ratio of the new context length to the trained one")
+    factor = optional_number(
+        p, "factor", rope_type, allowed=">= 1, the ratio of the new context length to the trained one"
+    )
     if factor <= 0:
         raise ConfigError(
             f"factor={factor} for rope_type {rope_type!r} must be > 0 (the frequencies are divided by it); use "

@@ -41,7 +41,9 @@ def _check_attention_factor(p: dict[str, Any], rope_type: str) -> None:
 def _check_bool_key(p: Mapping[str, Any], key: str, rope_type: str) -> None:
     # a string "false" is truthy: nothing but a real bool can be read safely, even leniently
     if key in p and not isinstance(p[key], bool):
-        raise ConfigError(f"{key} of rope_type {rope_type!r} must be true or false, got {p[key]!r} ({type(p[key]).__name__})")
+        raise ConfigError(
+            f"{key} of rope_type {rope_type!r} must be true or false, got {p[key]!r} ({type(p[key]).__name__})"
+        )
 
 
 def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
@@ -63,7 +65,9 @@ def _check_yarn(p: dict[str, Any], rotary_dim: int, complain: Callable[[str], No
     _check_factor_or_length(p, "yarn")
     _check_bool_key(p, "truncate", "yarn")
     for key, default in (("beta_fast", 32), ("beta_slow", 1)):
-        value = optional_number(p, key, "yarn", allowed=f"> 0, a number of turns over the trained context; default {default}")
+        value = optional_number(
+            p, key, "yarn", allowed=f"> 0, a number of turns over the trained context; default {default}"
+        )
         if value is not None and value < 0:
             raise ConfigError(
                 f"{key}={value} for rope_type 'yarn' must be > 0 (a number of turns over the trained context; YaRN's "
@@ -96,7 +100,8 @@ def _check_yarn(p: dict[str, Any], rotary_dim: int, complain: Callable[[str], No
         raise ConfigError(f"rope_type 'yarn' factor (max_position_embeddings / original_max_position_embeddings) must be "
                           f"> 0, got {factor}")  # fmt: skip
     mscale, mscale_all_dim = (
-        optional_number(p, key, "yarn", allowed="> 0, DeepSeek uses 1.0 or 0.707") for key in ("mscale", "mscale_all_dim")
+        optional_number(p, key, "yarn", allowed="> 0, DeepSeek uses 1.0 or 0.707")
+        for key in ("mscale", "mscale_all_dim")
     )
     if p.get("attention_factor") is None and mscale and mscale_all_dim and factor is not None:
         attention = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
@@ -117,11 +122,25 @@ def _check_yarn(p: dict[str, Any], rotary_dim: int, complain: Callable[[str], No
 @register_rope_type(
     "yarn",
     required={"factor", "original_max_position_embeddings"},
-    optional={"attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate", "max_position_embeddings"},
+    optional={
+        "attention_factor",
+        "beta_fast",
+        "beta_slow",
+        "mscale",
+        "mscale_all_dim",
+        "truncate",
+        "max_position_embeddings",
+    },
     check=_check_yarn,
     trained_length=True,
     example=lambda d: RopeExample(
-        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0},
+        {
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 4096,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+        },
         max_position=16384,
     ),
 )

@@ -22,19 +22,34 @@ from matplotlib.patches import Patch  # noqa: E402
 from rotary.analysis import PairProfile  # noqa: E402
 
 __all__ = [
-    "PALETTE", "save", "plot_decay", "plot_frequencies", "plot_scaling", "plot_scores", "plot_positions",
-    "plot_axial_scores", "plot_learned_frequencies",
-    "plot_mrope", "plot_xpos", "plot_nope_layers",
+    "PALETTE",
+    "save",
+    "plot_decay",
+    "plot_frequencies",
+    "plot_scaling",
+    "plot_scores",
+    "plot_positions",
+    "plot_axial_scores",
+    "plot_learned_frequencies",
+    "plot_mrope",
+    "plot_xpos",
+    "plot_nope_layers",
 ]
 
 #: Okabe & Ito (2008), colour-blind-safe qualitative palette
 PALETTE = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
 #: background shading for each pair kind in the scaling figure
 KIND_COLOURS = {
-    "extrapolated": "#56B4E9", "blended": "#F0E442", "interpolated": "#E69F00", "raised": "#CC79A7", "not rotated": "#999999",
+    "extrapolated": "#56B4E9",
+    "blended": "#F0E442",
+    "interpolated": "#E69F00",
+    "raised": "#CC79A7",
+    "not rotated": "#999999",
 }
 
-plt.rcParams.update({"font.size": 11, "axes.titlesize": 12, "axes.grid": True, "grid.alpha": 0.3, "svg.hashsalt": "rotary"})
+plt.rcParams.update(
+    {"font.size": 11, "axes.titlesize": 12, "axes.grid": True, "grid.alpha": 0.3, "svg.hashsalt": "rotary"}
+)
 
 
 def save(fig: Figure, path: str | Path) -> list[Path]:
@@ -78,7 +93,9 @@ def plot_axial_scores(maps: Mapping[str, torch.Tensor], *, extent: int, title: s
     n = len(maps)
     cols = min(n, 4)
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.8 * cols + 1.0, 3.6 * rows + 0.6), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(3.8 * cols + 1.0, 3.6 * rows + 0.6), squeeze=False, layout="constrained"
+    )
     im = None
     for ax, (label, scores) in zip(axes.flat, maps.items()):
         s = scores.double()
@@ -99,7 +116,9 @@ def plot_axial_scores(maps: Mapping[str, torch.Tensor], *, extent: int, title: s
     return fig
 
 
-def plot_learned_frequencies(wavelengths: Mapping[str, Sequence[float]], losses: Sequence[float], *, title: str) -> Figure:
+def plot_learned_frequencies(
+    wavelengths: Mapping[str, Sequence[float]], losses: Sequence[float], *, title: str
+) -> Figure:
     """Wavelength per pair of several frequency sets (left) and the training loss (right)."""
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     markers = "os^vD"
@@ -169,7 +188,15 @@ def plot_frequencies(series: Mapping[str, Sequence[float]], *, context: int | No
     markers = "os^vD<>p"
     for j, (label, wavelengths) in enumerate(series.items()):
         ys = [w if math.isfinite(w) else float("nan") for w in wavelengths]
-        ax.plot(range(len(ys)), ys, color=PALETTE[j % len(PALETTE)], marker=markers[j % len(markers)], ms=3, lw=1.2, label=label)
+        ax.plot(
+            range(len(ys)),
+            ys,
+            color=PALETTE[j % len(PALETTE)],
+            marker=markers[j % len(markers)],
+            ms=3,
+            lw=1.2,
+            label=label,
+        )
     if context:
         ax.axhline(context, color="grey", ls=":", lw=1, label=f"context {context} tokens")
     ax.set_yscale("log")
@@ -267,7 +294,13 @@ def plot_mrope(layouts: Mapping[str, tuple[str, Sequence[float]]]) -> Figure:
     for ax, (title, (letters, wavelength)) in zip(axes[:, 0], layouts.items()):
         for axis, colour in AXIS_COLOURS.items():
             slots = [i for i, a in enumerate(letters) if a == axis]
-            ax.scatter(slots, [wavelength[i] for i in slots], color=colour, s=14, label=f"{AXIS_NAMES[axis]} ({len(slots)} slots)")
+            ax.scatter(
+                slots,
+                [wavelength[i] for i in slots],
+                color=colour,
+                s=14,
+                label=f"{AXIS_NAMES[axis]} ({len(slots)} slots)",
+            )
         ax.set_yscale("log")
         ax.set_ylabel("wavelength (steps)")
         ax.set_title(title)
@@ -278,7 +311,11 @@ def plot_mrope(layouts: Mapping[str, tuple[str, Sequence[float]]]) -> Figure:
 
 
 def plot_xpos(
-    distances: Sequence[int], factors: Mapping[str, Sequence[float]], scores: Mapping[str, Sequence[float]], *, scale_base: float
+    distances: Sequence[int],
+    factors: Mapping[str, Sequence[float]],
+    scores: Mapping[str, Sequence[float]],
+    *,
+    scale_base: float,
 ) -> Figure:
     """xPos: the per-pair factor ζ_i^(Δ/γ) (left) and ``|⟨q, k⟩|`` of all-ones q, k (right) against distance."""
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))

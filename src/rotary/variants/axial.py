@@ -112,7 +112,9 @@ class AxialRoPE(CoordinateRoPE):
         frequency_dtype: torch.dtype = torch.float32,
         **kwargs: Any,
     ) -> None:
-        super().__init__(head_dim, axes, rotary_dim=rotary_dim, interleaved=interleaved, coordinates=coordinates, **kwargs)
+        super().__init__(
+            head_dim, axes, rotary_dim=rotary_dim, interleaved=interleaved, coordinates=coordinates, **kwargs
+        )
         a = self.axes
         self.split = self._check_split(split)
         self.base = check_positive_float(base, "base")
@@ -124,7 +126,9 @@ class AxialRoPE(CoordinateRoPE):
                 + (f" and max_freq={max_freq}" if max_freq is not None else "")
             )
         if block_order is not None and (isinstance(block_order, (str, bytes)) or not isinstance(block_order, Sequence)):
-            raise InputError(f"block_order must be a permutation of the axes {tuple(range(a))}, got {block_order!r:.80}")
+            raise InputError(
+                f"block_order must be a permutation of the axes {tuple(range(a))}, got {block_order!r:.80}"
+            )
         order = tuple(range(a)) if block_order is None else tuple(block_order)
         if not all(is_int(i) for i in order) or sorted(int(i) for i in order) != list(range(a)):
             raise InputError(f"block_order must be a permutation of the axes {tuple(range(a))}, got {block_order!r}")
@@ -148,15 +152,21 @@ class AxialRoPE(CoordinateRoPE):
                 )
             return (r // a,) * a
         if isinstance(split, (str, bytes)) or not isinstance(split, Sequence):
-            raise InputError(f"split must be {a} even channel counts (one per axis) summing to rotary_dim={r}, got {split!r:.80}")
+            raise InputError(
+                f"split must be {a} even channel counts (one per axis) summing to rotary_dim={r}, got {split!r:.80}"
+            )
         split = tuple(split)
         if len(split) != a:
             raise InputError(f"split gives {len(split)} blocks but axes={a}: give one channel count per axis")
         for i, c in enumerate(split):
             if isinstance(c, bool) or not isinstance(c, int) or c <= 0 or c % 2:
-                raise InputError(f"split[{i}]={c!r}: each axis needs a positive even number of channels (they rotate in pairs)")
+                raise InputError(
+                    f"split[{i}]={c!r}: each axis needs a positive even number of channels (they rotate in pairs)"
+                )
         if sum(split) != r:
-            raise InputError(f"split={split} adds up to {sum(split)} channels but rotary_dim={r}; make the blocks sum to {r}")
+            raise InputError(
+                f"split={split} adds up to {sum(split)} channels but rotary_dim={r}; make the blocks sum to {r}"
+            )
         return split
 
     def _build_inv_freq(self) -> torch.Tensor:
@@ -264,7 +274,9 @@ class Preset:
 
 def _quarters(head_dim: int, name: str) -> None:
     if not isinstance(head_dim, int) or head_dim % 4:
-        raise InputError(f"the {name} preset needs head_dim divisible by 4 (two axes of paired channels), got {head_dim!r}")
+        raise InputError(
+            f"the {name} preset needs head_dim divisible by 4 (two axes of paired channels), got {head_dim!r}"
+        )
 
 
 def _torchtune(head_dim: int) -> dict[str, Any]:
@@ -295,7 +307,9 @@ def _flux(head_dim: int) -> dict[str, Any]:
 
 def _cogvideox(head_dim: int) -> dict[str, Any]:
     if not isinstance(head_dim, int) or head_dim % 16:
-        raise InputError(f"the cogvideox preset splits head_dim into D/4, 3D/8, 3D/8 even blocks: head_dim must be a multiple of 16, got {head_dim!r}")
+        raise InputError(
+            f"the cogvideox preset splits head_dim into D/4, 3D/8, 3D/8 even blocks: head_dim must be a multiple of 16, got {head_dim!r}"
+        )
     return dict(axes=3, split=(head_dim // 4, head_dim // 8 * 3, head_dim // 8 * 3), base=10000.0, interleaved=True)
 
 
@@ -387,4 +401,3 @@ def relative_scores(rope: CoordinateRoPE, q: torch.Tensor, k: torch.Tensor, exte
     scores = (q_rot[0, :, centre : centre + 1, :] * k_rot[0]).sum(-1)  # [H, S]
     scores = scores.reshape(heads, n, n)
     return scores if rope.heads else scores[0]
-

@@ -115,8 +115,12 @@ class CoordinateRoPE(nn.Module):
     def _log_range(value: float | None, name: str) -> float | None:
         if value is None:
             return None
-        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 1):
-            raise InputError(f"{name} must be a number >= 1 (a factor drawn log-uniformly from [1/{name}, {name}]), got {value!r}")
+        if not (
+            isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 1
+        ):
+            raise InputError(
+                f"{name} must be a number >= 1 (a factor drawn log-uniformly from [1/{name}, {name}]), got {value!r}"
+            )
         return float(value)
 
     def _sizes(self, sizes: int | Sequence[int], name: str) -> tuple[int, ...]:
@@ -147,7 +151,11 @@ class CoordinateRoPE(nn.Module):
 
     # coordinates ------------------------------------------------------------------------------
     def grid(
-        self, *sizes: int, prefix: int | None = None, suffix: int | None = None, device: torch.device | str | None = None
+        self,
+        *sizes: int,
+        prefix: int | None = None,
+        suffix: int | None = None,
+        device: torch.device | str | None = None,
     ) -> Coordinates:
         """Coordinates of a grid of ``sizes`` (one per axis, e.g. ``grid(h, w)``, ``grid(t, h, w)``), row-major.
 
@@ -241,7 +249,9 @@ class CoordinateRoPE(nn.Module):
         """
         if isinstance(positions, Coordinates):
             if positions.axes != self.axes:
-                raise InputError(f"{name} have {positions.axes} axes but this {type(self).__name__} has axes={self.axes}")
+                raise InputError(
+                    f"{name} have {positions.axes} axes but this {type(self).__name__} has axes={self.axes}"
+                )
             if identity is None:
                 return positions
             return Coordinates(positions.values, check_identity(identity, positions.values, name))
@@ -252,10 +262,14 @@ class CoordinateRoPE(nn.Module):
                     f"give [S, {self.axes}] or [B, S, {self.axes}] coordinates"
                 )
             if positions.packed:
-                raise InputError(f"packed {name} are not supported by {type(self).__name__}: give [B, S, {self.axes}] coordinates")
+                raise InputError(
+                    f"packed {name} are not supported by {type(self).__name__}: give [B, S, {self.axes}] coordinates"
+                )
             positions = positions.ids
         if not isinstance(positions, torch.Tensor):
-            raise InputTypeError(f"{name} must be a tensor [S, {self.axes}] or [B, S, {self.axes}], got {type(positions).__name__}")
+            raise InputTypeError(
+                f"{name} must be a tensor [S, {self.axes}] or [B, S, {self.axes}], got {type(positions).__name__}"
+            )
         if positions.dtype == torch.bool or positions.is_complex():
             raise InputTypeError(f"{name} must hold integer or floating coordinates, got dtype {positions.dtype}")
         if positions.dim() not in (2, 3) or positions.shape[-1] != self.axes:
@@ -269,7 +283,9 @@ class CoordinateRoPE(nn.Module):
             if not deferred.host_checks(values.device):  # not read: NaN tables, and a deferred error
                 deferred.record(deferred.COORDINATES_SLOT, ~torch.isfinite(values.detach()))
             elif not bool(torch.isfinite(values).all()):
-                raise InputError(f"{name} hold NaN or inf values; mark tokens that take no rotation with identity= instead")
+                raise InputError(
+                    f"{name} hold NaN or inf values; mark tokens that take no rotation with identity= instead"
+                )
         return Coordinates(values, check_identity(identity, values, name))
 
     def augment(self, values: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -441,7 +457,9 @@ class CoordinateRoPE(nn.Module):
                 shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
                 raise InputError(f"{name} must be 4-D ([B, H, S, D] or [B, S, H, D]), got {shape}")
             if x.shape[-1] != self.head_dim:
-                raise InputError(f"{name} has head_dim {x.shape[-1]} but this {type(self).__name__} was built for head_dim={self.head_dim}")
+                raise InputError(
+                    f"{name} has head_dim {x.shape[-1]} but this {type(self).__name__} was built for head_dim={self.head_dim}"
+                )
             self._check_tokens(coords, x.shape[batch_dim], x.shape[seq_dim], name, f" (layout {layout!r})")
 
     def forward(

@@ -58,7 +58,9 @@ AXES = ("t", "h", "w")
 def _sections(mrope_section: Sequence[int], mrope_interleaved: bool) -> tuple[int, ...]:
     """The sections as a tuple of positive ints, checked to fit the layout (not yet against a width)."""
     if isinstance(mrope_section, (str, bytes)) or not isinstance(mrope_section, Sequence) or not mrope_section:
-        raise InputError(f"mrope_section must be a list of section sizes (t, h, w), e.g. [16, 24, 24], got {mrope_section!r}")
+        raise InputError(
+            f"mrope_section must be a list of section sizes (t, h, w), e.g. [16, 24, 24], got {mrope_section!r}"
+        )
     if any(not is_int(s) or s <= 0 for s in mrope_section):
         raise InputError(f"mrope_section sizes must be positive ints, got {list(mrope_section)!r}")
     section = tuple(int(s) for s in mrope_section)
@@ -82,7 +84,9 @@ def _interleaved_axes(section: tuple[int, ...]) -> torch.Tensor:
     return axes
 
 
-def check_mrope_section(mrope_section: Sequence[int], rotary_dim: int, *, mrope_interleaved: bool = False) -> tuple[int, ...]:
+def check_mrope_section(
+    mrope_section: Sequence[int], rotary_dim: int, *, mrope_interleaved: bool = False
+) -> tuple[int, ...]:
     """Validate ``mrope_section`` for ``rotary_dim`` rotated channels and return it as a tuple.
 
     Raises:
@@ -163,7 +167,9 @@ class MRoPE(nn.Module):
                 "not support here; use a static rope_type (default, linear, yarn, ...)"
             )
         self.mrope_interleaved = check_bool(mrope_interleaved, "mrope_interleaved")
-        self.mrope_section = check_mrope_section(mrope_section, self.freqs.rotary_dim, mrope_interleaved=mrope_interleaved)
+        self.mrope_section = check_mrope_section(
+            mrope_section, self.freqs.rotary_dim, mrope_interleaved=mrope_interleaved
+        )
         self.interleaved = check_bool(interleaved, "interleaved")
         #: the axis each frequency slot reads, int64 ``[r/2]``
         self.axes = mrope_axes(self.mrope_section, mrope_interleaved=mrope_interleaved)
@@ -264,7 +270,9 @@ class MRoPE(nn.Module):
                 raise InputError(_one_d_message(f"Positions with {position_ids.axes} axis/axes"))
             return position_ids
         if not isinstance(position_ids, torch.Tensor):
-            raise InputTypeError(f"M-RoPE positions must be an integer tensor [3, B, S], got {type(position_ids).__name__}")
+            raise InputTypeError(
+                f"M-RoPE positions must be an integer tensor [3, B, S], got {type(position_ids).__name__}"
+            )
         if position_ids.dim() in (1, 2):
             raise InputError(_one_d_message(f"shape {tuple(position_ids.shape)}"))
         if position_ids.dim() != 3 or position_ids.shape[0] != 3:
@@ -360,9 +368,15 @@ class MRoPE(nn.Module):
         """
         batch_dim, seq_dim = check_layout(layout)
         if not isinstance(q, torch.Tensor) or q.dim() != 4:
-            raise InputError(f"q must be 4-D ([B, H, S, D] or [B, S, H, D]), got {getattr(q, 'shape', type(q).__name__)}")
+            raise InputError(
+                f"q must be 4-D ([B, H, S, D] or [B, S, H, D]), got {getattr(q, 'shape', type(q).__name__)}"
+            )
         tables = self.input_tables(
-            position_ids, batch=q.shape[batch_dim], seq_len=q.shape[seq_dim], device=q.device, dtype=table_dtype(q.dtype)
+            position_ids,
+            batch=q.shape[batch_dim],
+            seq_len=q.shape[seq_dim],
+            device=q.device,
+            dtype=table_dtype(q.dtype),
         )
         q, k = rotate([q, k], tables, layout=layout, kinds=("q", "k"), names=("q", "k"))
         return q, k
@@ -438,8 +452,15 @@ def _grids(grid_thw: torch.Tensor | None, name: str) -> torch.Tensor:
         return torch.zeros(0, 3, dtype=torch.int64)
     if not isinstance(grid_thw, torch.Tensor) or grid_thw.dim() != 2 or grid_thw.shape[-1] != 3:
         raise InputError(f"{name} must be an integer tensor [N, 3] of (t, h, w) per item, got {grid_thw!r:.80}")
-    if grid_thw.is_floating_point() or grid_thw.is_complex() or grid_thw.dtype == torch.bool or bool((grid_thw <= 0).any()):
-        raise InputError(f"{name} must hold positive integer (t, h, w) sizes, got {grid_thw.tolist()} ({grid_thw.dtype})")
+    if (
+        grid_thw.is_floating_point()
+        or grid_thw.is_complex()
+        or grid_thw.dtype == torch.bool
+        or bool((grid_thw <= 0).any())
+    ):
+        raise InputError(
+            f"{name} must hold positive integer (t, h, w) sizes, got {grid_thw.tolist()} ({grid_thw.dtype})"
+        )
     return grid_thw.detach().to("cpu", torch.int64)
 
 
@@ -501,9 +522,13 @@ def multimodal_positions(
         or token_types.is_complex()
         or token_types.dtype == torch.bool
     ):
-        raise InputError(f"token_types must be an integer tensor [B, S] (0 text, 1 image, 2 video), got {token_types!r:.80}")
+        raise InputError(
+            f"token_types must be an integer tensor [B, S] (0 text, 1 image, 2 video), got {token_types!r:.80}"
+        )
     if bool(((token_types < 0) | (token_types > 2)).any()):
-        raise InputError(f"token_types must hold 0 (text), 1 (image) or 2 (video), got values {token_types.unique().tolist()}")
+        raise InputError(
+            f"token_types must hold 0 (text), 1 (image) or 2 (video), got values {token_types.unique().tolist()}"
+        )
     check_positive_int(spatial_merge_size, "spatial_merge_size")
     check_bool(split_video_frames, "split_video_frames")
     check_choice(text_after_vision, "text_after_vision", ("grid", "max"))
@@ -515,21 +540,31 @@ def multimodal_positions(
     else:
         keep = P.check_attention_mask(attention_mask).to("cpu")
         if keep.shape != token_types.shape:
-            raise InputError(f"attention_mask must match token_types {tuple(token_types.shape)}, got {tuple(keep.shape)}")
+            raise InputError(
+                f"attention_mask must match token_types {tuple(token_types.shape)}, got {tuple(keep.shape)}"
+            )
     grids = {1: _grids(image_grid_thw, "image_grid_thw"), 2: _grids(video_grid_thw, "video_grid_thw")}
     seconds: list[torch.Tensor] = []
     if second_per_grid_ts is not None:
         seconds = list(torch.as_tensor(second_per_grid_ts).reshape(-1).unbind())
         if len(seconds) != grids[2].shape[0]:
-            raise InputError(f"second_per_grid_ts has {len(seconds)} entries but video_grid_thw {grids[2].shape[0]} videos")
+            raise InputError(
+                f"second_per_grid_ts has {len(seconds)} entries but video_grid_thw {grids[2].shape[0]} videos"
+            )
         if tokens_per_second is None:
             raise InputError(
                 "second_per_grid_ts is given but tokens_per_second is None, so the seconds would be ignored; pass "
                 "tokens_per_second (Qwen2.5-VL: vision_config.tokens_per_second) or drop second_per_grid_ts"
             )
         for v, second in enumerate(seconds):
-            if second.dtype == torch.bool or second.is_complex() or not (math.isfinite(float(second)) and float(second) > 0):
-                raise InputError(f"second_per_grid_ts[{v}] must be a finite number of seconds > 0, got {second.item()!r}")
+            if (
+                second.dtype == torch.bool
+                or second.is_complex()
+                or not (math.isfinite(float(second)) and float(second) > 0)
+            ):
+                raise InputError(
+                    f"second_per_grid_ts[{v}] must be a finite number of seconds > 0, got {second.item()!r}"
+                )
     if split_video_frames:  # Qwen3-VL: frame j of a video is a grid (1, h, w) of its own
         grids[2] = torch.repeat_interleave(grids[2], grids[2][:, 0], dim=0)
         grids[2][:, 0] = 1

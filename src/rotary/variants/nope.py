@@ -71,9 +71,7 @@ def rope_layer_flags(no_rope_layers: Sequence[int] | None, num_layers: int) -> l
     return [v == 1 for v in flags]
 
 
-def nope_temperature(
-    position_ids: torch.Tensor, *, floor_scale: int = 8192, attn_scale: float = 0.1
-) -> torch.Tensor:
+def nope_temperature(position_ids: torch.Tensor, *, floor_scale: int = 8192, attn_scale: float = 0.1) -> torch.Tensor:
     """Llama 4's query scale in NoPE layers, ``1 + attn_scale · log1p(floor((n + 1) / floor_scale))``, float64.
 
     Args:
@@ -119,7 +117,9 @@ class NoPETemperature(nn.Module):
         self.head_dim = check_positive_int(head_dim, "head_dim")
         if head_dim % 2:
             raise InputError(f"head_dim must be even, got {head_dim}")
-        nope_temperature(torch.zeros(1, dtype=torch.int64, device="cpu"), floor_scale=floor_scale, attn_scale=attn_scale)  # checks
+        nope_temperature(
+            torch.zeros(1, dtype=torch.int64, device="cpu"), floor_scale=floor_scale, attn_scale=attn_scale
+        )  # checks
         self.floor_scale, self.attn_scale = int(floor_scale), float(attn_scale)
 
     def extra_repr(self) -> str:
@@ -137,4 +137,3 @@ class NoPETemperature(nn.Module):
         sin = torch.zeros_like(cos)
         rows = torch.arange(ids.shape[0], device=ids.device) if positions.packed else None
         return RotaryTables.unchecked(cos, sin, False, rows=rows, k_cos=torch.ones_like(cos), k_sin=sin)
-

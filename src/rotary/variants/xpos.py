@@ -229,7 +229,9 @@ class XPos(nn.Module):
             ``(q_rotated, k_rotated)``, shapes and dtypes of ``q`` and ``k``.
         """
         if not isinstance(q, torch.Tensor) or q.dim() != 4:
-            raise InputError(f"q must be 4-D ([B, H, S, D] or [B, S, H, D]), got {getattr(q, 'shape', type(q).__name__)}")
+            raise InputError(
+                f"q must be 4-D ([B, H, S, D] or [B, S, H, D]), got {getattr(q, 'shape', type(q).__name__)}"
+            )
         batch_dim, seq_dim = check_layout(layout)
         if position_ids is not None:
             if offset:
@@ -237,7 +239,11 @@ class XPos(nn.Module):
             positions = P.from_ids(position_ids, batch=q.shape[batch_dim], seq_len=q.shape[seq_dim], device=q.device)
         else:
             positions = P.arange(q.shape[seq_dim], offset=offset, device=q.device)
-        if torch.float16 in (q.dtype, getattr(k, "dtype", None)) and not torch.compiler.is_compiling() and positions.ids.numel():
+        if (
+            torch.float16 in (q.dtype, getattr(k, "dtype", None))
+            and not torch.compiler.is_compiling()
+            and positions.ids.numel()
+        ):
             self._check_fp16_range(positions)
         tables = self.tables(positions, dtype=table_dtype(q.dtype))
         q, k = rotate([q, k], tables, layout=layout, kinds=("q", "k"), names=("q", "k"))

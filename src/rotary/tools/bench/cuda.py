@@ -268,7 +268,11 @@ def capture_failure(exc: BaseException) -> str:
     frames = traceback.extract_tb(first.__traceback__)
     outside = [f for f in frames if f"{os.sep}torch{os.sep}" not in f.filename]
     frame = outside[-1] if outside else (frames[-1] if frames else None)
-    where = f" ({os.path.basename(os.path.dirname(frame.filename))}/{os.path.basename(frame.filename)}:{frame.lineno})" if frame else ""
+    where = (
+        f" ({os.path.basename(os.path.dirname(frame.filename))}/{os.path.basename(frame.filename)}:{frame.lineno})"
+        if frame
+        else ""
+    )
     return short_error(first) + where
 
 
@@ -319,7 +323,9 @@ def _prepare_row(call: Any, backend: Backend, prepared_type: type | tuple[type, 
     row.loop_calls = _clamp(TARGET_S / max(once, 1e-7), MIN_LOOP_CALLS, MAX_LOOP_CALLS)
     if isinstance(call, prepared_type):
         row.timing.gpu_timing = PER_CALL
-        row.timing.note = "fresh inputs every call: GPU time from events around each call, host time synchronised per call"
+        row.timing.note = (
+            "fresh inputs every call: GPU time from events around each call, host time synchronised per call"
+        )
         row.loop_calls = min(row.loop_calls, 50)
         return row
     row.graph_calls = _clamp(TARGET_S / max(once, 1e-7), MIN_GRAPH_CALLS, MAX_GRAPH_CALLS)
@@ -348,7 +354,10 @@ def _sample(row: _Row, backend: Backend) -> None:
 
 
 def time_on_device(
-    calls: dict[Hashable, Callable[[], object]], repeats: int, backend: Backend, prepared_type: type | tuple[type, ...] = ()
+    calls: dict[Hashable, Callable[[], object]],
+    repeats: int,
+    backend: Backend,
+    prepared_type: type | tuple[type, ...] = (),
 ) -> dict[Hashable, DeviceTiming]:
     """GPU and host time per call of each callable, sampled in turn ``repeats`` times; medians.
 

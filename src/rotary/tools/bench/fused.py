@@ -255,7 +255,7 @@ def _group_results(
 
 
 def _agreement(fused: tuple[torch.Tensor, ...], reference: tuple[torch.Tensor, ...]) -> str:
-    """"" when equal, else how far apart (in the fused op's dtype)."""
+    """ "" when equal, else how far apart (in the fused op's dtype)."""
     if all(torch.equal(a, b) for a, b in zip(fused, reference)):
         return ""
     diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(fused, reference))
@@ -303,7 +303,9 @@ def _rotate_and_cache_group(
     args = (q, k, v, k_cache, v_cache, positions, positions, cos_sin_cache)
 
     def fused() -> tuple[torch.Tensor, torch.Tensor]:
-        return rotary.rotate_and_cache(q, k, v, k_cache, v_cache, positions, positions=positions, cos_sin_cache=cos_sin_cache)
+        return rotary.rotate_and_cache(
+            q, k, v, k_cache, v_cache, positions, positions=positions, cos_sin_cache=cos_sin_cache
+        )
 
     calls: dict[str, Callable[[], object]] = {
         "rotary.rotate_and_cache": fused,

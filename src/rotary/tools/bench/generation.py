@@ -98,7 +98,9 @@ QWEN3 = "HF Qwen3"
 QK_NORM_ROWS = tuple(f"{QWEN3}{name[2:]}" for name in ROWS if name.startswith("HF"))
 
 
-def build_models(shape: GenerationShape, device: torch.device, with_hf: bool) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+def build_models(
+    shape: GenerationShape, device: torch.device, with_hf: bool
+) -> tuple[torch.nn.Module, torch.nn.Module | None]:
     """The :class:`~rotary.models.Decoder` with seeded random weights, and a ``LlamaForCausalLM`` holding
     the same weights (``None`` without ``with_hf``), both in eval mode on ``device`` in the shape's dtype."""
     from rotary.models import Decoder, DecoderConfig
@@ -237,7 +239,9 @@ def _timed(call: Callable[[], torch.Tensor], device: torch.device) -> tuple[floa
 def _selected(options: argparse.Namespace, names: tuple[str, ...], kind: str) -> list[str]:
     """The rows of ``names`` that run with these options on this kind of device."""
     rows = [name for name in names if not (kind == "cuda" and name.replace(QWEN3, "HF") in CPU_ONLY)]
-    if getattr(options, "no_compile", False) or (bool(getattr(options, "quick", False)) and not getattr(options, "compile", False)):
+    if getattr(options, "no_compile", False) or (
+        bool(getattr(options, "quick", False)) and not getattr(options, "compile", False)
+    ):
         rows = [name for name in rows if name.replace(QWEN3, "HF") not in COMPILED]
     return rows
 
@@ -251,7 +255,9 @@ def generation_suite(options: argparse.Namespace) -> list[Result]:
     decoder, llama = build_models(shape, device, with_hf)
     ids = torch.randint(1, shape.vocab, (shape.batch, shape.prompt), generator=torch.Generator().manual_seed(0))
     calls = row_calls(decoder, llama, ids.to(device), shape.new, rows)
-    failed = {name: "needs transformers (pip install transformers)" for name in rows if name.startswith("HF") and not with_hf}
+    failed = {
+        name: "needs transformers (pip install transformers)" for name in rows if name.startswith("HF") and not with_hf
+    }
     return _time_rows(shape, shape.describe(), ROWS, HF_STATIC, calls, failed, suite_repeats(options), device)
 
 
@@ -274,7 +280,9 @@ def qk_norm_generation_suite(options: argparse.Namespace) -> list[Result]:
 
     model = build_qwen3(shape, device)
     patched = rotary.hf.patch(copy.deepcopy(model))
-    ids = torch.randint(1, shape.vocab, (shape.batch, shape.prompt), generator=torch.Generator().manual_seed(0)).to(device)
+    ids = torch.randint(1, shape.vocab, (shape.batch, shape.prompt), generator=torch.Generator().manual_seed(0)).to(
+        device
+    )
     hf = dict(attention_mask=torch.ones_like(ids), max_new_tokens=shape.new, min_new_tokens=shape.new, do_sample=False)
     calls: dict[str, Callable[[], torch.Tensor]] = {}
     for suffix, m in (("", model), (" + rotary.hf.patch", patched)):

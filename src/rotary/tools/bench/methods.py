@@ -147,7 +147,9 @@ class _Fresh(torch.autograd.Function):
         return ctx.box.pop(), None
 
 
-def _training_step(inp: Inputs, rotate: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]) -> Prepared:
+def _training_step(
+    inp: Inputs, rotate: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+) -> Prepared:
     """``rotate(q, k)`` (e.g. ``rope(q, k, inplace=True)``) forward and backward as a training step
     runs it, and nothing else.
 
@@ -209,18 +211,24 @@ def _builtin_methods() -> list[Method]:
         Method(INPLACE_PASS, lambda i: lambda: (i.q.mul_(1.0), i.k.mul_(1.0)), devices=BOTH, inplace=True),
         Method(COPY, lambda i: lambda: (i.q.clone(), i.k.clone()), devices=BOTH),
         Method(
-            "rotary fused, in place", lambda i: lambda: i.rope(i.q, i.k, offset=i.shape.start, inplace=True),
-            devices=BOTH, inplace=True,
+            "rotary fused, in place",
+            lambda i: lambda: i.rope(i.q, i.k, offset=i.shape.start, inplace=True),
+            devices=BOTH,
+            inplace=True,
         ),  # fmt: skip
         Method("rotary fused, out of place", lambda i: lambda: i.rope(i.q, i.k, offset=i.shape.start), devices=BOTH),
         Method("rotary pure-torch path", lambda i: (lambda f: lambda: f(i.q, i.k))(_torch_path(i))),
         Method(
-            "HF eager apply_rotary_pos_emb", _half_pairing(lambda i: lambda: _hf()(i.q, i.k, i.hf_cos, i.hf_sin)),
-            requires=HF, devices=BOTH,
+            "HF eager apply_rotary_pos_emb",
+            _half_pairing(lambda i: lambda: _hf()(i.q, i.k, i.hf_cos, i.hf_sin)),
+            requires=HF,
+            devices=BOTH,
         ),  # fmt: skip
         Method(
-            "HF under torch.compile", _half_pairing(lambda i: lambda: _hf_compiled()(i.q, i.k, i.hf_cos, i.hf_sin)),
-            requires=HF, devices=BOTH,
+            "HF under torch.compile",
+            _half_pairing(lambda i: lambda: _hf_compiled()(i.q, i.k, i.hf_cos, i.hf_sin)),
+            requires=HF,
+            devices=BOTH,
         ),  # fmt: skip
         Method("rotary-embedding-torch 0.9.1", lambda i: (lambda f: lambda: f(i.q, i.k))(_ret(i)), requires=RET),
         Method(
@@ -234,8 +242,11 @@ def _builtin_methods() -> list[Method]:
         ),
         Method(TRAINING_PASSES, _training_passes, backward=True, devices=BOTH),
         Method(
-            INPLACE_TRAINING, lambda i: _training_step(i, lambda q, k: i.rope(q, k, inplace=True)), backward=True,
-            devices=BOTH, inplace=True,
+            INPLACE_TRAINING,
+            lambda i: _training_step(i, lambda q, k: i.rope(q, k, inplace=True)),
+            backward=True,
+            devices=BOTH,
+            inplace=True,
         ),  # fmt: skip
         Method(OUT_OF_PLACE_TRAINING, lambda i: _training_step(i, i.rope), backward=True, devices=BOTH),
         Method("rotary pure-torch path", lambda i: _fwd_bwd(_torch_path(i), i), backward=True),
@@ -286,8 +297,12 @@ def _apply_rotary_positions(inp: Inputs) -> Callable[[], tuple[torch.Tensor, tor
 
     def call():
         return (
-            apply_rotary(inp.q, inp.table_cos, inp.table_sin, position_ids=inp.position_ids, interleaved=inp.interleaved),
-            apply_rotary(inp.k, inp.table_cos, inp.table_sin, position_ids=inp.position_ids, interleaved=inp.interleaved),
+            apply_rotary(
+                inp.q, inp.table_cos, inp.table_sin, position_ids=inp.position_ids, interleaved=inp.interleaved
+            ),
+            apply_rotary(
+                inp.k, inp.table_cos, inp.table_sin, position_ids=inp.position_ids, interleaved=inp.interleaved
+            ),
         )
 
     return call
@@ -352,7 +367,9 @@ def _flash(
     def one(x: torch.Tensor) -> torch.Tensor:
         if autograd:
             return _FlashRotary.apply(x.transpose(1, 2), cos, sin, offsets, inp.interleaved).transpose(1, 2)
-        out = apply_rotary(x.transpose(1, 2), cos, sin, seqlen_offsets=offsets, interleaved=inp.interleaved, inplace=inplace)
+        out = apply_rotary(
+            x.transpose(1, 2), cos, sin, seqlen_offsets=offsets, interleaved=inp.interleaved, inplace=inplace
+        )
         return out.transpose(1, 2)
 
     def forward(q, k):
@@ -368,31 +385,51 @@ _FLASH_NOTE = "q and k in two launches, half-width tables [T, D/2], seqlen_offse
 def _gpu_methods() -> list[Method]:
     cuda = ("cuda",)
     return [
-        Method("rope(q, k, position_ids=device ids)", lambda i: lambda: i.rope(i.q, i.k, position_ids=i.position_ids), devices=cuda),
+        Method(
+            "rope(q, k, position_ids=device ids)",
+            lambda i: lambda: i.rope(i.q, i.k, position_ids=i.position_ids),
+            devices=cuda,
+        ),
         Method("rotary.apply_rotary, device cos/sin [S, D]", _apply_rotary_tables, devices=cuda),
         Method("rotary.apply_rotary, device tables [T, D] + position_ids", _apply_rotary_positions, devices=cuda),
         Method(
-            "Liger rope (LigerRopeFunction)", _half_pairing(lambda i: lambda: _liger_apply(i.q, i.k, i.hf_cos, i.hf_sin)),
-            note=_LIGER_NOTE, requires=LIGER, devices=cuda,
+            "Liger rope (LigerRopeFunction)",
+            _half_pairing(lambda i: lambda: _liger_apply(i.q, i.k, i.hf_cos, i.hf_sin)),
+            note=_LIGER_NOTE,
+            requires=LIGER,
+            devices=cuda,
         ),  # fmt: skip
         Method(
-            "flash-attn Triton rotary, out of place", lambda i: (lambda f: lambda: f(i.q, i.k))(_flash(i)),
-            note=_FLASH_NOTE, requires=FLASH, devices=cuda,
+            "flash-attn Triton rotary, out of place",
+            lambda i: (lambda f: lambda: f(i.q, i.k))(_flash(i)),
+            note=_FLASH_NOTE,
+            requires=FLASH,
+            devices=cuda,
         ),  # fmt: skip
         Method(
-            "flash-attn Triton rotary, in place", lambda i: (lambda f: lambda: f(i.q, i.k))(_flash(i, inplace=True)),
-            note=_FLASH_NOTE, requires=FLASH, devices=cuda, inplace=True,
+            "flash-attn Triton rotary, in place",
+            lambda i: (lambda f: lambda: f(i.q, i.k))(_flash(i, inplace=True)),
+            note=_FLASH_NOTE,
+            requires=FLASH,
+            devices=cuda,
+            inplace=True,
         ),  # fmt: skip
         # forward + backward
         Method(
             "Liger rope (LigerRopeFunction)",
             _half_pairing(lambda i: _fwd_bwd(lambda q, k: _liger_apply(q, k, i.hf_cos, i.hf_sin), i)),
-            backward=True, note=_LIGER_NOTE, requires=LIGER, devices=cuda,
+            backward=True,
+            note=_LIGER_NOTE,
+            requires=LIGER,
+            devices=cuda,
         ),  # fmt: skip
         Method(
-            "flash-attn Triton rotary, out of place", lambda i: _fwd_bwd(_flash(i, autograd=True), i),
-            backward=True, note=_FLASH_NOTE + "; backward: the conjugate rotation, as flash_attn.layers.rotary",
-            requires=FLASH, devices=cuda,
+            "flash-attn Triton rotary, out of place",
+            lambda i: _fwd_bwd(_flash(i, autograd=True), i),
+            backward=True,
+            note=_FLASH_NOTE + "; backward: the conjugate rotation, as flash_attn.layers.rotary",
+            requires=FLASH,
+            devices=cuda,
         ),  # fmt: skip
     ]
 

@@ -153,8 +153,15 @@ def _run_suite(suite: Callable[[argparse.Namespace], list[Result]], options: arg
     if getattr(options, "progress", False) and rows:
         from .table import format_table
 
-        print(f"  timed suite {getattr(suite, '__name__', suite)} ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
-        print(format_table({}, rows, markdown=getattr(options, "markdown", False)).strip("\n"), file=sys.stderr, flush=True)
+        print(
+            f"  timed suite {getattr(suite, '__name__', suite)} ({time.perf_counter() - started:.0f} s)",
+            file=sys.stderr,
+        )
+        print(
+            format_table({}, rows, markdown=getattr(options, "markdown", False)).strip("\n"),
+            file=sys.stderr,
+            flush=True,
+        )
     return rows
 
 
@@ -203,14 +210,19 @@ def _wanted_shapes(options: argparse.Namespace, known: list[str], what: str) -> 
     return None if names is None else {n for n in names if n != NO_SHAPES}
 
 
-def _selected_suites(options: argparse.Namespace, device_type: str) -> list[Callable[[argparse.Namespace], list[Result]]]:
+def _selected_suites(
+    options: argparse.Namespace, device_type: str
+) -> list[Callable[[argparse.Namespace], list[Result]]]:
     """The registered suites to run on ``device_type``: those ``--suites`` names (each must exist and
     run there; ``none``: no suite), else every suite that runs there."""
     if options.suites is None:
         return [s for name, s in harness.SUITES.items() if device_type in harness.SUITE_DEVICES.get(name, ("cpu",))]
     registered = ", ".join(sorted(harness.SUITES)) or "none (add one with --cases FILE.py)"
     names = _names(
-        options.suites, "--suites", harness.SUITES, lambda name: f"--suites: unknown suite {name!r}; registered suites: {registered}",
+        options.suites,
+        "--suites",
+        harness.SUITES,
+        lambda name: f"--suites: unknown suite {name!r}; registered suites: {registered}",
         none="no suite",
     )
     if names == [NO_SHAPES]:

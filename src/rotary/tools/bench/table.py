@@ -69,7 +69,15 @@ def generation_row(r: Result) -> list[str]:
     same = v.get("same tokens", math.nan)
     same_text = "yes" if same == 1.0 else (f"{same:.0%} of ids" if math.isfinite(same) else "")
     versus = f"{v['vs HF static']:.2f}" if "vs HF static" in v else ""
-    return [r.method, f"{v['tokens/s']:,.0f}", f"{v['ms per step']:.2f}", f"{v['first call s']:.2f}", versus, same_text, r.note]
+    return [
+        r.method,
+        f"{v['tokens/s']:,.0f}",
+        f"{v['ms per step']:.2f}",
+        f"{v['first call s']:.2f}",
+        versus,
+        same_text,
+        r.note,
+    ]
 
 
 def _fused_table(group: str, rows: list[Result], markdown: bool) -> list[str]:
@@ -117,7 +125,9 @@ def format_table(machine: dict[str, Any], results: list[Result], markdown: bool 
     for group, rows in groups.items():
         if rows[0].kind == "generation":
             lines.append("")
-            lines.extend(group_table(group, GENERATION_HEADER, [generation_row(r) for r in rows], markdown, left=(0, 6)))
+            lines.extend(
+                group_table(group, GENERATION_HEADER, [generation_row(r) for r in rows], markdown, left=(0, 6))
+            )
             continue
         if rows[0].kind == "fused":
             lines.append("")

@@ -63,12 +63,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="comma-separated shape names, each once (default: all; none, alone: no RoPE group, only the suites)",
     )  # fmt: skip
     p.add_argument(
-        "--repeats", type=count(100, "each sample of each method lasts about 2 ms; the median settles long before"),
-        default=None, help="interleaved samples per method, at most 100 (default 9; quick 3)",
+        "--repeats",
+        type=count(100, "each sample of each method lasts about 2 ms; the median settles long before"),
+        default=None,
+        help="interleaved samples per method, at most 100 (default 9; quick 3)",
     )
     threads = max(64, 4 * (os.cpu_count() or 1))  # torch crashes on absurd counts (10**6 segfaults)
     p.add_argument(
-        "--threads", type=count(threads, f"4 x the {os.cpu_count()} logical CPUs, at least 64"), default=None,
+        "--threads",
+        type=count(threads, f"4 x the {os.cpu_count()} logical CPUs, at least 64"),
+        default=None,
         help="torch threads (default: torch's current setting)",
     )
     compiled = p.add_mutually_exclusive_group()

@@ -45,7 +45,9 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("build", help="compile the fused CPU kernel ahead of time and print where it lives", description=__doc__)
+    p = sub.add_parser(
+        "build", help="compile the fused CPU kernel ahead of time and print where it lives", description=__doc__
+    )
     p.add_argument("--json", action="store_true", help="print the path as JSON")
     add_output_argument(p, "file", None, "write the output to this file")
     p.set_defaults(func=_build)

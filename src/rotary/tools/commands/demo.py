@@ -62,11 +62,16 @@ def _demo(args: argparse.Namespace) -> int:
     rows = run_checks(args.head_dim, args.seq_len)
     failed = sum(err > tol for _, err, tol in rows)
     if args.json:
-        print_json({
-            "rope": repr(rope),
-            "passed": not failed,
-            "checks": [{"name": name, "worst_error": err, "tolerance": tol, "passed": err <= tol} for name, err, tol in rows],
-        })
+        print_json(
+            {
+                "rope": repr(rope),
+                "passed": not failed,
+                "checks": [
+                    {"name": name, "worst_error": err, "tolerance": tol, "passed": err <= tol}
+                    for name, err, tol in rows
+                ],
+            }
+        )
         return 1 if failed else 0
     print(f"rotary demo: {rope}")
     print(

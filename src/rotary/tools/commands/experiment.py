@@ -28,7 +28,9 @@ def _int_list(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(v) for v in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be comma-separated integers such as 128,256,512,1024, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"must be comma-separated integers such as 128,256,512,1024, got {text!r}"
+        ) from None
     bad = [v for v in values if v <= 0]
     if bad:
         raise argparse.ArgumentTypeError(f"must be positive integers, got {', '.join(map(str, bad))}")
@@ -64,10 +66,13 @@ def _seeds(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, the times every method is trained, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"must be an integer, the times every method is trained, got {text!r}"
+        ) from None
     if value < 1:
         raise argparse.ArgumentTypeError(
-            f"must be at least 1 (how many times every method is trained; 2 or more measure the spread), got {text}")
+            f"must be at least 1 (how many times every method is trained; 2 or more measure the spread), got {text}"
+        )
     return value
 
 
@@ -83,20 +88,42 @@ def _float(text: str) -> float:
 
 #: ExperimentConfig field -> (argparse type, help); every setting is a flag, so every run has a command
 SETTINGS: dict[str, tuple] = {
-    "study": (str, "a study beside the main comparison: base (RoPE at each of --bases) or transfer (sinusoidal -> RoPE); "
-              "not part of make demo"),
+    "study": (
+        str,
+        "a study beside the main comparison: base (RoPE at each of --bases) or transfer (sinusoidal -> RoPE); "
+        "not part of make demo",
+    ),
     "train_length": (positive_int, "L: tokens (bytes) per training window"),
     "eval_lengths": (_int_list, "evaluation lengths E, comma-separated (default L,2L,4L,8L)"),
-    "encodings": (_names, "position encodings to train, comma-separated (default: " + ",".join(default_encodings()) + "; also rope_alibi, rope_relative, any registered name)"),
-    "scalings": (_names, "scalings of the RoPE models at evaluation, comma-separated (default: " + ",".join(SCALINGS) + ")"),
+    "encodings": (
+        _names,
+        "position encodings to train, comma-separated (default: "
+        + ",".join(default_encodings())
+        + "; also rope_alibi, rope_relative, any registered name)",
+    ),
+    "scalings": (
+        _names,
+        "scalings of the RoPE models at evaluation, comma-separated (default: " + ",".join(SCALINGS) + ")",
+    ),
     "seeds": (_seeds, "times every method is trained (seeds --seed, --seed + 1, ...); tables give the mean and spread"),
     "extend_steps": (_non_negative_int, "fine-tuning steps of the extension stage at --extend-length (0: no stage)"),
     "extend_length": (positive_int, "length the extension stage fine-tunes at, longer than L (default 4L)"),
-    "extend_scalings": (_names, "scalings fine-tuned at --extend-length, comma-separated (default: " + ",".join(EXTEND_SCALINGS) + "; none = direct fine-tuning)"),
-    "extend_batch_size": (positive_int, "rows per step at --extend-length (default: the pretraining batch's tokens, batch-size x L / extend-length)"),
+    "extend_scalings": (
+        _names,
+        "scalings fine-tuned at --extend-length, comma-separated (default: "
+        + ",".join(EXTEND_SCALINGS)
+        + "; none = direct fine-tuning)",
+    ),
+    "extend_batch_size": (
+        positive_int,
+        "rows per step at --extend-length (default: the pretraining batch's tokens, batch-size x L / extend-length)",
+    ),
     "finetune_learning_rate": (positive_float, "peak learning rate of the fine-tunes (extension, transfer)"),
     "bases": (_float_list, "RoPE bases of --study base, comma-separated"),
-    "transfer_steps": (positive_int, "RoPE fine-tuning steps after the transfer in --study transfer (default steps / 10)"),
+    "transfer_steps": (
+        positive_int,
+        "RoPE fine-tuning steps after the transfer in --study transfer (default steps / 10)",
+    ),
     "hidden_size": (positive_int, "model width"),
     "num_layers": (positive_int, "transformer blocks"),
     "num_heads": (positive_int, "attention heads"),
@@ -113,22 +140,37 @@ SETTINGS: dict[str, tuple] = {
     "passkey_depths": (_float_list, "key positions in the filler, fractions in [0, 1]"),
     "eval_tokens": (positive_int, "held-out tokens evaluated at every length in non-overlapping windows"),
     "eval_stride": (positive_int, "stride of the sliding-window evaluation (default L / 2)"),
-    "sliding_tokens": (_non_negative_int, "held-out tokens scored by the sliding-window evaluation at every length (0: none)"),
+    "sliding_tokens": (
+        _non_negative_int,
+        "held-out tokens scored by the sliding-window evaluation at every length (0: none)",
+    ),
     "retrieval_trials": (positive_int, "random spans per distance of the retrieval probe"),
     "retrieval_span": (positive_int, "bytes per span of the retrieval probe"),
     "retrieval_distances": (_int_list, "distances of the retrieval probe, comma-separated (default L/4 .. 8L)"),
     "held_out_fraction": (_float, "last fraction of the text kept for evaluation"),
-    "seed": (seed, "first seed: initialisation and batches of the first run of every method, and every evaluation prompt"),
+    "seed": (
+        seed,
+        "first seed: initialisation and batches of the first run of every method, and every evaluation prompt",
+    ),
     "checkpoint_every": (positive_int, "steps between checkpoints"),
     "device": (str, "cpu or cuda (default: cuda when available)"),
-    "precision": (str, "auto (bf16 autocast on cuda, fp32 on the cpu), fp32 or bf16 (autocast on any device); weights stay fp32"),
-    "compile": (str, "torch.compile the training step: off, auto (on cuda only; the large preset's) or on (every device)"),
+    "precision": (
+        str,
+        "auto (bf16 autocast on cuda, fp32 on the cpu), fp32 or bf16 (autocast on any device); weights stay fp32",
+    ),
+    "compile": (
+        str,
+        "torch.compile the training step: off, auto (on cuda only; the large preset's) or on (every device)",
+    ),
     "threads": (
         count(max(64, 4 * (os.cpu_count() or 1)), f"4 x the {os.cpu_count()} logical CPUs, at least 64"),
         "torch CPU threads (default: torch's choice; numbers are bit-identical at equal counts)",
     ),
-    "data": (str, "UTF-8 text: files, directories or glob patterns, or builtin:pydoc (the default, CPython's "
-             "pydoc_data.topics) or builtin:stdlib (the standard library's sources, tens of MB)"),
+    "data": (
+        str,
+        "UTF-8 text: files, directories or glob patterns, or builtin:pydoc (the default, CPython's "
+        "pydoc_data.topics) or builtin:stdlib (the standard library's sources, tens of MB)",
+    ),
 }
 
 
@@ -185,12 +227,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--extend-length with each scaling and trained from scratch there, and writes results.json, CSV files, "
         "figures and report.md. --study base and --study transfer run the two studies instead.",
     )
-    p.add_argument("--preset", choices=sorted(PRESETS), default="default",
-                   help="tiny (seconds, for tests), default (what make demo runs; <= 10 min on 2 CPU cores), large (one GPU within 20 minutes: bf16, compiled; builtin:stdlib)")
-    p.add_argument("-o", "--out", type=output_path, metavar="DIR", help="run directory (default runs/experiment-<UTC time>)")
+    p.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default="default",
+        help="tiny (seconds, for tests), default (what make demo runs; <= 10 min on 2 CPU cores), large (one GPU within 20 minutes: bf16, compiled; builtin:stdlib)",
+    )
+    p.add_argument(
+        "-o", "--out", type=output_path, metavar="DIR", help="run directory (default runs/experiment-<UTC time>)"
+    )
     p.add_argument("--resume", metavar="DIR", help="continue an interrupted run in DIR (same settings)")
-    p.add_argument("--json", action="store_true", help="print the run directory and the files written as JSON (progress on stderr)")
-    choices = {"device": ["cpu", "cuda"], "study": list(STUDIES), "precision": list(PRECISIONS), "compile": list(COMPILE_MODES)}
+    p.add_argument(
+        "--json", action="store_true", help="print the run directory and the files written as JSON (progress on stderr)"
+    )
+    choices = {
+        "device": ["cpu", "cuda"],
+        "study": list(STUDIES),
+        "precision": list(PRECISIONS),
+        "compile": list(COMPILE_MODES),
+    }
     for name, (kind, text) in SETTINGS.items():  # default None: the preset's value
         extra = {"nargs": "+", "metavar": "SOURCE"} if name == "data" else {}
         if name in choices:

@@ -168,7 +168,12 @@ def render(
 
 
 def _as_dict(configuration: Configuration, info: Inspection, details: dict[str, Any]) -> dict[str, Any]:
-    return {"layer_type": configuration.layer_type, **info.to_dict(), "context_source": configuration.context_source, **details}
+    return {
+        "layer_type": configuration.layer_type,
+        **info.to_dict(),
+        "context_source": configuration.context_source,
+        **details,
+    }
 
 
 def axial_details(preset: str, head_dim: int | None = None) -> dict[str, Any]:
@@ -248,7 +253,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "gives one table per layer type unless --layer-type picks one.",
     )
     add_config_arguments(p)
-    p.add_argument("--seq-len", type=length_count, help="sequence length for length-dependent rope_types (dynamic, longrope)")
+    p.add_argument(
+        "--seq-len", type=length_count, help="sequence length for length-dependent rope_types (dynamic, longrope)"
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     from rotary.variants import PRESETS
 

@@ -35,9 +35,17 @@ from .common import (
 )
 
 __all__ = [
-    "register", "make_decay", "make_frequencies", "make_scaling", "make_scores", "make_positions", "make_axial",
-    "make_learnable", "make_variants",
+    "register",
+    "make_decay",
+    "make_frequencies",
+    "make_scaling",
+    "make_scores",
+    "make_positions",
+    "make_axial",
+    "make_learnable",
+    "make_variants",
 ]
+
 
 def _announce(args: argparse.Namespace, files: list[Path], numbers: dict[str, Any]) -> int:
     if args.json:
@@ -85,17 +93,27 @@ def make_scaling(out: Path, rope: RoPE, context: int, seq_len: int | None = None
     trained = f.scaling.get("original_max_position_embeddings") or f.scaling.get("max_position_embeddings") or context
     fig = plots.plot_scaling(profile, rope_type=f.rope_type, context=trained, note=note)
     numbers = {
-        "rope_type": f.rope_type, "scaling": dict(f.scaling), "attention_scaling": f.attention_scaling,
-        "seq_len": seq_len, "full_factor": profile.full_factor, "kind": profile.kind, "factor": profile.factor,
-        "ramp": profile.ramp, "wavelength": profile.wavelength, "original_wavelength": profile.original_wavelength,
-        "interpolated_pairs": profile.pairs_of("interpolated"), "blended_pairs": profile.pairs_of("blended"),
+        "rope_type": f.rope_type,
+        "scaling": dict(f.scaling),
+        "attention_scaling": f.attention_scaling,
+        "seq_len": seq_len,
+        "full_factor": profile.full_factor,
+        "kind": profile.kind,
+        "factor": profile.factor,
+        "ramp": profile.ramp,
+        "wavelength": profile.wavelength,
+        "original_wavelength": profile.original_wavelength,
+        "interpolated_pairs": profile.pairs_of("interpolated"),
+        "blended_pairs": profile.pairs_of("blended"),
         "extrapolated_pairs": profile.pairs_of("extrapolated"),
     }
     return plots.save(fig, out), numbers
 
 
 #: how to write a q/k vector file rotary reads, for the errors about one it cannot
-_SAVE_VECTOR = "np.save(path, np.asarray(v, dtype=np.float32)) or torch.save(torch.as_tensor(v, dtype=torch.float32), path)"
+_SAVE_VECTOR = (
+    "np.save(path, np.asarray(v, dtype=np.float32)) or torch.save(torch.as_tensor(v, dtype=torch.float32), path)"
+)
 
 
 def _npy_header(path: str) -> tuple[tuple[int, ...], Any]:
@@ -114,7 +132,16 @@ def _npy_header(path: str) -> tuple[tuple[int, ...], Any]:
     return tuple(shape), dtype
 
 
-_INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32, torch.uint64)
+_INTEGER_DTYPES = (
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+)
 
 
 def _real(dtype: torch.dtype) -> bool:
@@ -148,7 +175,9 @@ def _load_vector(path: str, head_dim: int) -> torch.Tensor:
         except OSError:
             raise
         except Exception as exc:  # noqa: BLE001 - a header that promises more data than the file holds, ...
-            raise InputError(f"{path} is not a readable NumPy .npy file ({exc}); write q/k with {_SAVE_VECTOR}") from None
+            raise InputError(
+                f"{path} is not a readable NumPy .npy file ({exc}); write q/k with {_SAVE_VECTOR}"
+            ) from None
         # float64 in native byte order whatever the file's (big-endian, Fortran order, float16 ...)
         v = torch.from_numpy(np.asarray(data, dtype=np.float64))
     elif p.suffix == ".pt":
@@ -168,7 +197,9 @@ def _load_vector(path: str, head_dim: int) -> torch.Tensor:
     if v.layout != torch.strided:
         raise InputError(f"{path} holds a {v.layout} tensor; save a dense one (t.to_dense()): {_SAVE_VECTOR}")
     if not _real(v.dtype):
-        raise InputError(f"{path} holds {v.dtype} values; q/k must be real numbers (int or float): write them with {_SAVE_VECTOR}")
+        raise InputError(
+            f"{path} holds {v.dtype} values; q/k must be real numbers (int or float): write them with {_SAVE_VECTOR}"
+        )
     v = v.detach().double()  # a saved Parameter requires grad
     bad = (~torch.isfinite(v)).nonzero().flatten().tolist()
     if bad:
@@ -222,7 +253,9 @@ def make_axial(
 
     def vectors(shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         if random:
-            return torch.randn(shape, generator=g, dtype=torch.float64), torch.randn(shape, generator=g, dtype=torch.float64)
+            return torch.randn(shape, generator=g, dtype=torch.float64), torch.randn(
+                shape, generator=g, dtype=torch.float64
+            )
         return torch.ones(shape, dtype=torch.float64), torch.ones(shape, dtype=torch.float64)
 
     maps: dict[str, torch.Tensor] = {}
@@ -240,7 +273,11 @@ def make_axial(
             maps[f"RoPE-Mixed head {h} (φ = {phi:.0f}°)"] = per_head[h]
     what = " and ".join(filter(None, ["axial presets" if presets else "", "RoPE-Mixed heads" if mixed else ""]))
     fig = plots.plot_axial_scores(maps, extent=extent, title=f"Score against the offset (Δh, Δw): {what}, {content}")
-    return plots.save(fig, out), {"extent": extent, "content": content, "scores": {k: v.tolist() for k, v in maps.items()}}
+    return plots.save(fig, out), {
+        "extent": extent,
+        "content": content,
+        "scores": {k: v.tolist() for k, v in maps.items()},
+    }
 
 
 def make_learnable(out: Path, steps: int, seed: int = 0):
@@ -270,7 +307,12 @@ def make_learnable(out: Path, steps: int, seed: int = 0):
     }
     title = "Learnable frequencies fit a teacher's attention scores (d = 16, Adam, lr 0.02)"
     fig = plots.plot_learned_frequencies(series, losses, title=title)
-    numbers = {"steps": steps, "losses": losses, "wavelengths": series, "learned_factor": student.log_frequency_scale.exp().tolist()}
+    numbers = {
+        "steps": steps,
+        "losses": losses,
+        "wavelengths": series,
+        "learned_factor": student.log_frequency_scale.exp().tolist(),
+    }
     return plots.save(fig, out), numbers
 
 
@@ -309,7 +351,11 @@ def make_variants(out_dir: Path):
     temperature = analysis.nope_temperature_curve(positions).tolist()
     fig = plots.plot_nope_layers(wavelengths, positions, temperature, floor_scale=8192, attn_scale=0.1)
     files += plots.save(fig, out_dir / "nope_layers")
-    numbers = {"mrope_spans": spans, "xpos_max_distance": xpos.max_distance, "nope_temperature_at_8191": temperature[positions.index(8191)]}
+    numbers = {
+        "mrope_spans": spans,
+        "xpos_max_distance": xpos.max_distance,
+        "nope_temperature_at_8191": temperature[positions.index(8191)],
+    }
     return files, numbers
 
 
@@ -334,7 +380,9 @@ def _decay(args: argparse.Namespace) -> int:
 
 def _config_file(path: str) -> argparse.Namespace:
     """The arguments that describe one config file as it is (no flag overrides), every layer type."""
-    return argparse.Namespace(config=path, layer_type=None, all_layer_types=True, **dict.fromkeys(FLAG_DEFAULTS), interleaved=None)
+    return argparse.Namespace(
+        config=path, layer_type=None, all_layer_types=True, **dict.fromkeys(FLAG_DEFAULTS), interleaved=None
+    )
 
 
 def _frequencies(args: argparse.Namespace) -> int:
@@ -352,7 +400,13 @@ def _frequencies(args: argparse.Namespace) -> int:
 
 
 #: configuration flags that only make sense with CONFIG or --scaling in ``plot scaling``
-_NEED_A_CONFIGURATION = {"rotary_dim": "--rotary-dim", "max_position": "--max-position", "interleaved": "--interleaved", "pairing": "--pairing", "layer_type": "--layer-type"}
+_NEED_A_CONFIGURATION = {
+    "rotary_dim": "--rotary-dim",
+    "max_position": "--max-position",
+    "interleaved": "--interleaved",
+    "pairing": "--pairing",
+    "layer_type": "--layer-type",
+}
 
 
 def _scaling(args: argparse.Namespace) -> int:
@@ -369,9 +423,15 @@ def _scaling(args: argparse.Namespace) -> int:
             all_files += files
             methods[name] = numbers
         return _announce(args, all_files, {"methods": methods})
-    given = [flag_as_given(flag, getattr(args, key)) for key, flag in _NEED_A_CONFIGURATION.items() if getattr(args, key, None) is not None]
+    given = [
+        flag_as_given(flag, getattr(args, key))
+        for key, flag in _NEED_A_CONFIGURATION.items()
+        if getattr(args, key, None) is not None
+    ]
     if given:
-        raise InputError(f"{', '.join(given)} describe a configuration: give CONFIG or --scaling with them, or drop them")
+        raise InputError(
+            f"{', '.join(given)} describe a configuration: give CONFIG or --scaling with them, or drop them"
+        )
     available = [t for t in ROPE_TYPES if t != "default"]
     wanted = args.rope_type or [t for t in available if ROPE_TYPES[t].example is not None]
     unknown = [t for t in wanted if t not in ROPE_TYPES or t == "default"]
@@ -384,7 +444,9 @@ def _scaling(args: argparse.Namespace) -> int:
     for t in dict.fromkeys(wanted):
         make_example = ROPE_TYPES[t].example
         if make_example is None:
-            raise InputError(f"no example parameters for rope_type {t!r}; pass --scaling '{{\"rope_type\": \"{t}\", ...}}'")
+            raise InputError(
+                f'no example parameters for rope_type {t!r}; pass --scaling \'{{"rope_type": "{t}", ...}}\''
+            )
         example = make_example(head_dim)
         block, base, max_position, seq_len = example.block, example.base, example.max_position, example.seq_len
         note = example.note or ", ".join(f"{k}={v:g}" for k, v in block.items() if isinstance(v, float))
@@ -395,7 +457,9 @@ def _scaling(args: argparse.Namespace) -> int:
         rope = RoPE(head_dim, base=base, scaling=block, max_position=max_position)
         if seq_len is not None:
             note += f", at {seq_len} tokens"
-        files, numbers = make_scaling(out_dir / f"scaling_{t}", rope, max_position, seq_len, note=f"d={head_dim}, base {base:g}; {note}")
+        files, numbers = make_scaling(
+            out_dir / f"scaling_{t}", rope, max_position, seq_len, note=f"d={head_dim}, base {base:g}; {note}"
+        )
         all_files += files
         methods[t] = numbers
     return _announce(args, all_files, {"methods": methods})
@@ -418,7 +482,9 @@ def _per_layer_type(args: argparse.Namespace, name: str, make) -> int:
 
 
 def _scores(args: argparse.Namespace) -> int:
-    return _per_layer_type(args, "scores", lambda stem, rope: make_scores(stem, rope, args.seq_len, args.q, args.k, args.seed))
+    return _per_layer_type(
+        args, "scores", lambda stem, rope: make_scores(stem, rope, args.seq_len, args.q, args.k, args.seed)
+    )
 
 
 def _positions(args: argparse.Namespace) -> int:
@@ -438,7 +504,9 @@ def _axial(args: argparse.Namespace) -> int:
             + f" rotates {elements * 8 / 2**30:.1f} GiB of vectors at once; lower one of them"
         )
     out = output_stem(args.out, "axial")
-    files, numbers = make_axial(out, presets, args.head_dim, args.mixed, args.heads, args.extent, args.random, args.seed)
+    files, numbers = make_axial(
+        out, presets, args.head_dim, args.mixed, args.heads, args.extent, args.random, args.seed
+    )
     return _announce(args, files, numbers)
 
 
@@ -454,7 +522,8 @@ def _variants(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "plot", help="figures: decay, frequencies, scaling, scores, positions, axial, learnable, variants (PNG + SVG)",
+        "plot",
+        help="figures: decay, frequencies, scaling, scores, positions, axial, learnable, variants (PNG + SVG)",
         description="Each figure is written as PNG and SVG. -o/--out is a file stem for one figure (an existing "
         "directory gets the default name inside it) and a directory for plot scaling and plot variants; "
         "directories are created.",
@@ -467,35 +536,52 @@ def register(sub: argparse._SubParsersAction) -> None:
         q.add_argument("--json", action="store_true", help="print the files written and the numbers plotted as JSON")
 
     q = figs.add_parser(
-        "decay", help="long-range decay bound of RoPE (RoFormer paper) against relative distance",
-        description="The long-term decay bound (1/(d/2)) Σ_j |S_j| of the paper \"RoFormer: Enhanced Transformer with "
-        "Rotary Position Embedding\" and of Su Jianlin's blog post \"Transformer upgrade road: 2. Rotary position "
-        "embedding\", against the relative distance; --measured adds the mean |<R_m q, R_n k>| of rotated vectors.",
+        "decay",
+        help="long-range decay bound of RoPE (RoFormer paper) against relative distance",
+        description='The long-term decay bound (1/(d/2)) Σ_j |S_j| of the paper "RoFormer: Enhanced Transformer with '
+        'Rotary Position Embedding" and of Su Jianlin\'s blog post "Transformer upgrade road: 2. Rotary position '
+        'embedding", against the relative distance; --measured adds the mean |<R_m q, R_n k>| of rotated vectors.',
     )
     q.add_argument("--head-dim", type=head_dim_count, default=128, help="channels per head d (default 128)")
     q.add_argument("--base", type=positive_float, default=10000.0, help="rope_theta (default 10000)")
-    q.add_argument("--max-distance", type=count(65536, "2**16 distances"), default=256, help="largest relative distance (default 256)")
-    q.add_argument("--measured", action="store_true", help="overlay measured mean |⟨R_m q, R_n k⟩| (random q, k and all ones)")
-    q.add_argument("--samples", type=count(65536, "2**16 pairs"), default=256, help="random (q, k) pairs for --measured")
+    q.add_argument(
+        "--max-distance",
+        type=count(65536, "2**16 distances"),
+        default=256,
+        help="largest relative distance (default 256)",
+    )
+    q.add_argument(
+        "--measured", action="store_true", help="overlay measured mean |⟨R_m q, R_n k⟩| (random q, k and all ones)"
+    )
+    q.add_argument(
+        "--samples", type=count(65536, "2**16 pairs"), default=256, help="random (q, k) pairs for --measured"
+    )
     common(q, "decay")
     q.set_defaults(func=_decay)
 
     q = figs.add_parser("frequencies", help="wavelength per pair, several configurations overlaid")
-    q.add_argument("configs", nargs="*", metavar="CONFIG", help="config.json files to overlay (every layer type of each)")
-    q.add_argument("--base", type=positive_float, action="append", help="add a default configuration with this base (repeatable)")
+    q.add_argument(
+        "configs", nargs="*", metavar="CONFIG", help="config.json files to overlay (every layer type of each)"
+    )
+    q.add_argument(
+        "--base", type=positive_float, action="append", help="add a default configuration with this base (repeatable)"
+    )
     q.add_argument("--head-dim", type=head_dim_count, help="head_dim of the --base configurations (default 128)")
     q.add_argument("--context", type=length_count, help="draw a line at this context length")
     common(q, "frequencies")
     q.set_defaults(func=_frequencies)
 
     q = figs.add_parser(
-        "scaling", help="original vs scaled wavelength per pair for each scaling method",
+        "scaling",
+        help="original vs scaled wavelength per pair for each scaling method",
         description="Without CONFIG or --scaling: one figure per registered scaling method with example parameters "
         "(--head-dim, --base and --seq-len apply to the examples). With them: the figure of that configuration "
         "(one per layer type for a config with one RoPE block per layer type).",
     )
     add_config_arguments(q)
-    q.add_argument("--rope-type", action="append", help="scaling methods to draw with example parameters (default: all registered)")
+    q.add_argument(
+        "--rope-type", action="append", help="scaling methods to draw with example parameters (default: all registered)"
+    )
     q.add_argument("--seq-len", type=length_count, help="sequence length for length-dependent types")
     common(q, "scaling", kind="dir")
     q.set_defaults(func=_scaling)
@@ -504,7 +590,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "A config with one RoPE block per layer type (Gemma-3) gives one figure per layer type, PATH_<layer type>, "
         "unless --layer-type picks one."
     )
-    q = figs.add_parser("scores", help="attention logits of rotated q, k as a heatmap over positions", description=per_layer_type)
+    q = figs.add_parser(
+        "scores", help="attention logits of rotated q, k as a heatmap over positions", description=per_layer_type
+    )
     add_config_arguments(q)
     q.add_argument("--seq-len", type=seq_len_count, default=64, help="positions (default 64)")
     q.add_argument("--q", help="query content vector [head_dim] (.npy or .pt); default random")
@@ -522,16 +610,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     from rotary.variants import PRESETS
 
     q = figs.add_parser(
-        "axial", help="2-D RoPE: attention score against the offset (Δh, Δw) for axial presets and RoPE-Mixed heads",
+        "axial",
+        help="2-D RoPE: attention score against the offset (Δh, Δw) for axial presets and RoPE-Mixed heads",
         description="One heatmap per axial preset (default: " + ", ".join(AXIAL_FIGURE_PRESETS) + ") or, with --mixed, "
-        "per head of a RoPE-Mixed (\"Rotary Position Embedding for Vision Transformer\"); scores relative to no offset.",
+        'per head of a RoPE-Mixed ("Rotary Position Embedding for Vision Transformer"); scores relative to no offset.',
     )
     q.add_argument("--preset", action="append", choices=list(PRESETS), help="axial preset to draw (repeatable)")
     q.add_argument("--mixed", action="store_true", help="draw the heads of a RoPE-Mixed with random per-head angles")
-    q.add_argument("--heads", type=count(16, "one panel per head"), default=4, help="RoPE-Mixed heads to draw (default 4)")
+    q.add_argument(
+        "--heads", type=count(16, "one panel per head"), default=4, help="RoPE-Mixed heads to draw (default 4)"
+    )
     q.add_argument("--head-dim", type=head_dim_count, help="channels per head (default: each preset's; 64 for --mixed)")
     q.add_argument(
-        "--extent", type=count(256, "a heatmap of 513 x 513 offsets"), default=16,
+        "--extent",
+        type=count(256, "a heatmap of 513 x 513 offsets"),
+        default=16,
         help="largest offset per axis, in patches (default 16)",
     )
     q.add_argument("--random", action="store_true", help="random q, k instead of all ones")
@@ -539,15 +632,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     common(q, "axial")
     q.set_defaults(func=_axial)
 
-    q = figs.add_parser("learnable", help="learnable frequencies fitting a teacher's attention scores (a short training run)")
+    q = figs.add_parser(
+        "learnable", help="learnable frequencies fitting a teacher's attention scores (a short training run)"
+    )
     q.add_argument(
-        "--steps", type=count(10000, "each step is a forward and backward pass; 150 already fit"), default=150,
+        "--steps",
+        type=count(10000, "each step is a forward and backward pass; 150 already fit"),
+        default=150,
         help="training steps (default 150)",
     )
     q.add_argument("--seed", type=seed, default=0, help="seed of the training data (default 0)")
     common(q, "learnable")
     q.set_defaults(func=_learnable)
 
-    q = figs.add_parser("variants", help="the figures of docs/variants.md: M-RoPE slots, xPos decay, p-RoPE and NoPE layers")
+    q = figs.add_parser(
+        "variants", help="the figures of docs/variants.md: M-RoPE slots, xPos decay, p-RoPE and NoPE layers"
+    )
     common(q, "figures", kind="dir")
     q.set_defaults(func=_variants)

@@ -54,11 +54,16 @@ def _section(
     info = inspect_rope(rope, context=context)
     checks = verify(rope, seq_len=seq_len, offset=context)
     figures: dict[str, tuple[list[Path], dict[str, Any]]] = {}
-    figures["decay"] = plot.make_decay(out_dir / f"decay{suffix}", rope.head_dim, rope.freqs.base, 256, measured=True, samples=64)
+    figures["decay"] = plot.make_decay(
+        out_dir / f"decay{suffix}", rope.head_dim, rope.freqs.base, 256, measured=True, samples=64
+    )
     trained = rope.freqs.scaling.get("original_max_position_embeddings") or context
     figures["frequencies"] = plot.make_frequencies(
         out_dir / f"frequencies{suffix}",
-        {title: rope, f"default, base {rope.freqs.base:g}": RoPE(rope.head_dim, base=rope.freqs.base, rotary_dim=rope.rotary_dim)},
+        {
+            title: rope,
+            f"default, base {rope.freqs.base:g}": RoPE(rope.head_dim, base=rope.freqs.base, rotary_dim=rope.rotary_dim),
+        },
         trained,
     )
     figures["scaling"] = plot.make_scaling(out_dir / f"scaling_{rope.freqs.rope_type}{suffix}", rope, context)
@@ -71,18 +76,37 @@ def _section(
     }
     parts: list[str] = []
     d = info.to_dict()
-    parts.append(_table(
-        ["rope_type", "head_dim", "rotary_dim", "base", "context", "pairing", "attention_scaling"],
-        [[d["rope_type"], d["head_dim"], d["rotary_dim"], _num(d["base"]), d["context"],
-          "interleaved" if d["interleaved"] else "half", _num(d["attention_scaling"])]],
-    ))
+    parts.append(
+        _table(
+            ["rope_type", "head_dim", "rotary_dim", "base", "context", "pairing", "attention_scaling"],
+            [
+                [
+                    d["rope_type"],
+                    d["head_dim"],
+                    d["rotary_dim"],
+                    _num(d["base"]),
+                    d["context"],
+                    "interleaved" if d["interleaved"] else "half",
+                    _num(d["attention_scaling"]),
+                ]
+            ],
+        )
+    )
     if info.scaling:
         parts.append(f"<p>scaling: <code>{html.escape(json.dumps(jsonable(info.scaling)))}</code></p>")
     parts += [f"<p class='warn'>warning: {html.escape(w)}</p>" for w in info.warnings]
-    verdict = "<span class='pass'>all checks passed</span>" if numbers["verify"]["passed"] else "<span class='fail'>FAILED</span>"
+    verdict = (
+        "<span class='pass'>all checks passed</span>"
+        if numbers["verify"]["passed"]
+        else "<span class='fail'>FAILED</span>"
+    )
     parts.append(f"<h2>verify: {verdict}</h2>")
-    parts.append(_table(["", "check", "worst error", "tolerance"], [
-        ["PASS" if c.passed else "FAIL", c.name, f"{c.worst_error:.2e}", f"{c.tolerance:.1e}"] for c in checks]))
+    parts.append(
+        _table(
+            ["", "check", "worst error", "tolerance"],
+            [["PASS" if c.passed else "FAIL", c.name, f"{c.worst_error:.2e}", f"{c.tolerance:.1e}"] for c in checks],
+        )
+    )
     captions = {
         "decay": "Long-term decay bound (RoFormer paper) with measured mean |⟨R_m q, R_n k⟩|",
         "frequencies": "Wavelength per pair",
@@ -94,16 +118,33 @@ def _section(
         png = base64.b64encode(files[0].read_bytes()).decode("ascii")
         parts.append(f"<h2>{captions[name]}</h2><img alt='{name}' src='data:image/png;base64,{png}'>")
     parts.append("<h2>pairs</h2>")
-    parts.append(_table(
-        ["pair", "inv_freq", "wavelength", f"turns in {info.context}", "original wavelength", "factor", "pair is"],
-        [[r["pair"], f"{r['inv_freq']:.6g}", _num(r["wavelength"]), _num(r["turns"]), _num(r["original_wavelength"]),
-          _num(r["factor"]), r["kind"]] for r in info.pairs()],
-    ))
+    parts.append(
+        _table(
+            ["pair", "inv_freq", "wavelength", f"turns in {info.context}", "original wavelength", "factor", "pair is"],
+            [
+                [
+                    r["pair"],
+                    f"{r['inv_freq']:.6g}",
+                    _num(r["wavelength"]),
+                    _num(r["turns"]),
+                    _num(r["original_wavelength"]),
+                    _num(r["factor"]),
+                    r["kind"],
+                ]
+                for r in info.pairs()
+            ],
+        )
+    )
     return figures, numbers, parts
 
 
 def write_report(
-    rope: RoPE | dict[str, tuple[RoPE, int]], out_dir: Path, *, title: str, context: int | None = None, seq_len: int = 64
+    rope: RoPE | dict[str, tuple[RoPE, int]],
+    out_dir: Path,
+    *,
+    title: str,
+    context: int | None = None,
+    seq_len: int = 64,
 ) -> tuple[list[Path], dict[str, Any]]:
     """Write figures, ``report.json`` and ``report.html`` into ``out_dir`` (created if missing); return (files, numbers).
 
@@ -125,8 +166,10 @@ def write_report(
         sections: dict[str | None, tuple[RoPE, int]] = {None: (rope, context)}
     else:
         sections = dict(rope)
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
-             f"<style>{_CSS}</style></head><body><h1>RoPE report: {html.escape(title)}</h1>"]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+        f"<style>{_CSS}</style></head><body><h1>RoPE report: {html.escape(title)}</h1>",
+    ]
     if len(sections) > 1:
         names = ", ".join(f"<a href='#{html.escape(str(t))}'>{html.escape(str(t))}</a>" for t in sections)
         parts.append(f"<p>This config has one RoPE block per layer type: {names}.</p>")
@@ -161,7 +204,9 @@ def _report(args: argparse.Namespace) -> int:
         title += f" ({args.layer_type})"
     out_dir = output_directory(args.out)
     if len(found) == 1:
-        files, numbers = write_report(found[0].rope, out_dir, title=title, context=found[0].context, seq_len=args.seq_len)
+        files, numbers = write_report(
+            found[0].rope, out_dir, title=title, context=found[0].context, seq_len=args.seq_len
+        )
     else:
         sections = {str(c.layer_type): (c.rope, c.context) for c in found}
         files, numbers = write_report(sections, out_dir, title=title, seq_len=args.seq_len)
@@ -175,7 +220,8 @@ def _report(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "report", help="inspect, verify and all figures as one self-contained HTML page",
+        "report",
+        help="inspect, verify and all figures as one self-contained HTML page",
         description="Writes report.html (figures embedded), report.json and the figures (PNG and SVG) into -o DIR: "
         "the inspect table, the verify checks, and the decay, frequencies, scaling, scores and positions figures. "
         "A config with one RoPE block per layer type (Gemma-3) gets one section per layer type (figures named "

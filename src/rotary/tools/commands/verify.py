@@ -35,7 +35,9 @@ def render(checks: list[Check], title: str) -> None:
     for col in ["", "check", "worst error", "tolerance"]:
         table.add_column(col, justify="left" if col in ("", "check") else "right")
     for c in checks:
-        table.add_row("[green]PASS[/]" if c.passed else "[bold red]FAIL[/]", c.name, f"{c.worst_error:.2e}", f"{c.tolerance:.1e}")
+        table.add_row(
+            "[green]PASS[/]" if c.passed else "[bold red]FAIL[/]", c.name, f"{c.worst_error:.2e}", f"{c.tolerance:.1e}"
+        )
     out = console()
     out.print(table)
     failed = sum(not c.passed for c in checks)
@@ -59,11 +61,18 @@ def _verify(args: argparse.Namespace) -> int:
                 results.append((c.layer_type, repr(c.rope), checks))
     ok = all(c.passed for _, _, checks in results for c in checks)
     as_dict = [
-        {"layer_type": layer_type, "rope": label, "passed": all(c.passed for c in checks), "checks": [c.to_dict() for c in checks]}
+        {
+            "layer_type": layer_type,
+            "rope": label,
+            "passed": all(c.passed for c in checks),
+            "checks": [c.to_dict() for c in checks],
+        }
         for layer_type, label, checks in results
     ]
     if args.json:
-        print_json(as_dict[0] if len(results) == 1 else {"passed": ok, "layer_types": {d["layer_type"]: d for d in as_dict}})
+        print_json(
+            as_dict[0] if len(results) == 1 else {"passed": ok, "layer_types": {d["layer_type"]: d for d in as_dict}}
+        )
     else:
         for j, (layer_type, label, checks) in enumerate(results):
             if j:
@@ -81,8 +90,14 @@ def _verify_vision(args: argparse.Namespace) -> tuple[str, list[Check]]:
     keys = ("base", "rotary_dim", "scaling", "max_position", "pairing", "interleaved", "layer_type")
     given = [f"--{k.replace('_', '-')}" for k in keys if getattr(args, k, None) is not None]
     if getattr(args, "config", None) is not None or given:
-        what = " and ".join(filter(None, (f"--axial {args.axial}" if args.axial else "", "--mixed" if args.mixed else "")))
-        whose = {(True, False): "the preset's", (False, True): "RoPE-Mixed's", (True, True): "the preset's and RoPE-Mixed's"}
+        what = " and ".join(
+            filter(None, (f"--axial {args.axial}" if args.axial else "", "--mixed" if args.mixed else ""))
+        )
+        whose = {
+            (True, False): "the preset's",
+            (False, True): "RoPE-Mixed's",
+            (True, True): "the preset's and RoPE-Mixed's",
+        }
         raise InputError(
             f"{what} takes {whose[bool(args.axial), args.mixed]} configuration; drop {', '.join(given) or 'CONFIG'} "
             "(--head-dim may change)"
@@ -97,7 +112,9 @@ def _verify_vision(args: argparse.Namespace) -> tuple[str, list[Check]]:
     checks = []
     for name, module in modules:
         for check in verify_axial(module, seed=args.seed):
-            checks.append(Check(f"{name}: {check.name}", check.worst_error, check.tolerance) if len(modules) > 1 else check)
+            checks.append(
+                Check(f"{name}: {check.name}", check.worst_error, check.tolerance) if len(modules) > 1 else check
+            )
     return " and ".join(repr(m) for _, m in modules), checks
 
 
@@ -116,17 +133,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     from rotary.variants import PRESETS
 
     p.add_argument(
-        "--axial", metavar="PRESET", choices=list(PRESETS),
+        "--axial",
+        metavar="PRESET",
+        choices=list(PRESETS),
         help=f"check an axial RoPE preset instead ({', '.join(PRESETS)}): the N-D relative property per axis, "
         "fast == block-diagonal N-D matrix, identity tokens",
     )
     p.add_argument(
-        "--mixed", action="store_true",
-        help="check a RoPE-Mixed (\"Rotary Position Embedding for Vision Transformer\") with random per-head angles "
+        "--mixed",
+        action="store_true",
+        help='check a RoPE-Mixed ("Rotary Position Embedding for Vision Transformer") with random per-head angles '
         "(seeded by --seed): the same N-D checks, per head",
     )
-    p.add_argument("--heads", type=count(16, "each head is checked"), help="heads of the RoPE-Mixed (default 4; needs --mixed)")
-    p.add_argument("--seed", type=seed, default=0, help="seed of the random q, k and of RoPE-Mixed's angles (default 0)")
+    p.add_argument(
+        "--heads", type=count(16, "each head is checked"), help="heads of the RoPE-Mixed (default 4; needs --mixed)"
+    )
+    p.add_argument(
+        "--seed", type=seed, default=0, help="seed of the random q, k and of RoPE-Mixed's angles (default 0)"
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_output_argument(p, "file", None, "write the output to this file")
     p.set_defaults(func=_verify)

@@ -41,7 +41,10 @@ LOWER_NATS = math.log(1 - FLAT)  # "x lower than y" means ln x - ln y below this
 
 #: key -> (authors, title); papers are cited by title
 PAPERS = {
-    "alibi": ("Press, Smith & Lewis 2022", "Train Short, Test Long: Attention with Linear Biases Enables Input Length Extrapolation"),
+    "alibi": (
+        "Press, Smith & Lewis 2022",
+        "Train Short, Test Long: Attention with Linear Biases Enables Input Length Extrapolation",
+    ),
     "nope": ("Kazemnejad et al. 2023", "The Impact of Positional Encoding on Length Generalization in Transformers"),
     "pi": ("Chen et al. 2023", "Extending Context Window of Large Language Models via Positional Interpolation"),
     "yarn": ("Peng et al. 2023", "YaRN: Efficient Context Window Extension of Large Language Models"),
@@ -121,8 +124,11 @@ def assess(claims: Sequence[Claim], results: Results) -> list[Assessment]:
         if c.past_L and not _longer(results):
             finding = Finding("not measured: this run has no evaluation length past L", verdict=NOT_MEASURED)
         elif missing:
-            finding = Finding("not measured: this run has no " + ", ".join(
-                "sliding-window evaluation" if m == "sliding" else results.label(m, s) for m, s in missing), verdict=NOT_MEASURED)
+            finding = Finding(
+                "not measured: this run has no "
+                + ", ".join("sliding-window evaluation" if m == "sliding" else results.label(m, s) for m, s in missing),
+                verdict=NOT_MEASURED,
+            )
         else:
             finding = c.check(results)
         values = finding.values
@@ -143,12 +149,17 @@ def claims_table(assessments: Sequence[Assessment]) -> str:
         |:---|:---|:---|:---|:---|:---|
         | **agrees** | A 2020, "Title" | x is low | a model | loss at L | x 1.0 |
     """
+
     def cell(text: str) -> str:
         return text.replace("|", "\\|").replace("\n", " ")
 
     lines = ["| verdict | paper | claim | needs | measured as | this run |", "|" + "|".join([":---"] * 6) + "|"]
     for a in assessments:
-        lines.append("| " + " | ".join([f"**{a.verdict}**", *(cell(x) for x in (a.paper, a.claim, a.needs, a.measured, a.values))]) + " |")
+        lines.append(
+            "| "
+            + " | ".join([f"**{a.verdict}**", *(cell(x) for x in (a.paper, a.claim, a.needs, a.measured, a.values))])
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -216,8 +227,14 @@ def _extension(results: Results) -> tuple[int, list[int], list[int]]:
 
 def _alibi_rises(r: Results) -> Finding:
     L, e = r.config.train_length, _longer(r)[0]
-    items = [(name, at_least(r.change(m, "none", e, L).stat, -LOWER_NATS)) for m, name in (("sinusoidal", "sinusoidal"), ("rope", "RoPE"))]
-    return Finding(f"sinusoidal: {series(r, 'sinusoidal', 'none', 'windows')}; RoPE: {series(r, 'rope', 'none', 'windows')}", tuple(items))
+    items = [
+        (name, at_least(r.change(m, "none", e, L).stat, -LOWER_NATS))
+        for m, name in (("sinusoidal", "sinusoidal"), ("rope", "RoPE"))
+    ]
+    return Finding(
+        f"sinusoidal: {series(r, 'sinusoidal', 'none', 'windows')}; RoPE: {series(r, 'rope', 'none', 'windows')}",
+        tuple(items),
+    )
 
 
 def _alibi_flat(r: Results) -> Finding:
@@ -228,9 +245,14 @@ def _alibi_flat(r: Results) -> Finding:
 
 def _alibi_order(r: Results) -> Finding:
     e = _longer(r)[0]
-    items = [("ALiBi against RoPE", lower(r, ("alibi", "none"), ("rope", "none"), e, "windows")),
-             ("RoPE against sinusoidal", lower(r, ("rope", "none"), ("sinusoidal", "none"), e, "windows"))]
-    values = ", ".join(f"{name} {ppl(r, m, 'none', e, 'windows')}" for m, name in (("rope", "RoPE"), ("sinusoidal", "sinusoidal"), ("alibi", "ALiBi")))
+    items = [
+        ("ALiBi against RoPE", lower(r, ("alibi", "none"), ("rope", "none"), e, "windows")),
+        ("RoPE against sinusoidal", lower(r, ("rope", "none"), ("sinusoidal", "none"), e, "windows")),
+    ]
+    values = ", ".join(
+        f"{name} {ppl(r, m, 'none', e, 'windows')}"
+        for m, name in (("rope", "RoPE"), ("sinusoidal", "sinusoidal"), ("alibi", "ALiBi"))
+    )
     return Finding(f"at {_at(r, e)}: {values}", tuple(items))
 
 
@@ -238,7 +260,10 @@ def _alibi_at_L(r: Results) -> Finding:
     L = r.config.train_length
     best = _min(r.loss("sinusoidal", "none", L), r.loss("rope", "none", L))
     d = None if best is None else r.loss("alibi", "none", L).minus(best)
-    values = ", ".join(f"{name} {ppl(r, m, 'none', L, 'windows')}" for m, name in (("alibi", "ALiBi"), ("sinusoidal", "sinusoidal"), ("rope", "RoPE")))
+    values = ", ".join(
+        f"{name} {ppl(r, m, 'none', L, 'windows')}"
+        for m, name in (("alibi", "ALiBi"), ("sinusoidal", "sinusoidal"), ("rope", "RoPE"))
+    )
     return Finding(f"at L: {values}", (("at L", None if d is None else at_most(d.stat, FLAT_NATS)),))
 
 
@@ -247,9 +272,11 @@ def _alibi_sliding(r: Results) -> Finding:
     items = [(_at(r, e), at_most(r.change("alibi", "none", L, e, "sliding").stat, FLAT_NATS)) for e in _longer(r)]
     longest = r.lengths[-1]
     gain = {mode: r.change("alibi", "none", L, longest, mode).stat.mean for mode in ("windows", "sliding")}
-    values = (f"ALiBi, sliding windows: {series(r, 'alibi', 'none', 'sliding')}; non-overlapping: {series(r, 'alibi', 'none', 'windows')}; "
-              f"from L to {_at(r, longest)} the loss falls by {gain['windows']:.3f} nats with non-overlapping windows and by "
-              f"{gain['sliding']:.3f} nats with sliding ones")
+    values = (
+        f"ALiBi, sliding windows: {series(r, 'alibi', 'none', 'sliding')}; non-overlapping: {series(r, 'alibi', 'none', 'windows')}; "
+        f"from L to {_at(r, longest)} the loss falls by {gain['windows']:.3f} nats with non-overlapping windows and by "
+        f"{gain['sliding']:.3f} nats with sliding ones"
+    )
     return Finding(values, tuple(items))
 
 
@@ -264,11 +291,15 @@ def _nope_generalises(r: Results) -> Finding:
     for m in rivals:
         d = r.loss("none", "none", e).minus(r.loss(m, "none", e))  # NoPE minus the rival: no rival clearly lower
         items.append((f"NoPE against {r.label(m)}", at_most(d.stat, -LOWER_NATS)))
-    ranking = sorted(((r.perplexity(m, "none", e, "windows").mean, r.label(m)) for m in ["none", *rivals]),
-                     key=lambda v: v[0] if math.isfinite(v[0]) else math.inf)
+    ranking = sorted(
+        ((r.perplexity(m, "none", e, "windows").mean, r.label(m)) for m in ["none", *rivals]),
+        key=lambda v: v[0] if math.isfinite(v[0]) else math.inf,
+    )
     place = 1 + sum(o == DISAGREE for _, o in items)
-    values = (f"at {_at(r, e)} NoPE ranks {place} of {len(ranking)} (counting only rivals lower by more than {FLAT:.0%} in every seed): "
-              + ", ".join(f"{label} {fmt(v)}" for v, label in ranking))
+    values = (
+        f"at {_at(r, e)} NoPE ranks {place} of {len(ranking)} (counting only rivals lower by more than {FLAT:.0%} in every seed): "
+        + ", ".join(f"{label} {fmt(v)}" for v, label in ranking)
+    )
     return Finding(values, tuple(items))
 
 
@@ -277,8 +308,10 @@ def _nope_positions(r: Results) -> Finding:
     others = [m for m in r.config.encodings if m != "none" and r.has(m)]
     best = min(others, key=lambda m: r.perplexity(m, "none", L, "windows").mean)
     d = r.loss("none", "none", L).minus(r.loss(best, "none", L))
-    return Finding(f"at L NoPE {ppl(r, 'none', 'none', L, 'windows')}, the best encoding ({r.label(best)}) {ppl(r, best, 'none', L, 'windows')}",
-                   (("at L, against 10% above the best", at_most(d.stat, math.log(1.10))),))
+    return Finding(
+        f"at L NoPE {ppl(r, 'none', 'none', L, 'windows')}, the best encoding ({r.label(best)}) {ppl(r, best, 'none', L, 'windows')}",
+        (("at L, against 10% above the best", at_most(d.stat, math.log(1.10))),),
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -287,24 +320,34 @@ def _nope_positions(r: Results) -> Finding:
 
 def _pi_beats_direct(r: Results) -> Finding:
     _, inside, _ = _extension(r)
-    items = [(_at(r, e), lower(r, ("rope-ft-linear", "linear"), ("rope-ft-none", "none"), e, "sliding")) for e in inside]
-    return Finding(f"fine-tuned with PI: {series(r, 'rope-ft-linear', 'linear', 'sliding')}; fine-tuned without scaling: "
-                   f"{series(r, 'rope-ft-none', 'none', 'sliding')}", tuple(items))
+    items = [
+        (_at(r, e), lower(r, ("rope-ft-linear", "linear"), ("rope-ft-none", "none"), e, "sliding")) for e in inside
+    ]
+    return Finding(
+        f"fine-tuned with PI: {series(r, 'rope-ft-linear', 'linear', 'sliding')}; fine-tuned without scaling: "
+        f"{series(r, 'rope-ft-none', 'none', 'sliding')}",
+        tuple(items),
+    )
 
 
 def _pi_uses_window(r: Results) -> Finding:
     L = r.config.train_length
     ext, _, _ = _extension(r)
     d = r.change("rope-ft-linear", "linear", ext, L, "sliding")
-    return Finding(f"fine-tuned with PI: {series(r, 'rope-ft-linear', 'linear', 'sliding')}",
-                   ((f"{_at(r, ext)} against L", at_most(d.stat, 0.0)),))
+    return Finding(
+        f"fine-tuned with PI: {series(r, 'rope-ft-linear', 'linear', 'sliding')}",
+        ((f"{_at(r, ext)} against L", at_most(d.stat, 0.0)),),
+    )
 
 
 def _pi_keeps_quality(r: Results) -> Finding:
     L = r.config.train_length
     d = r.loss("rope-ft-linear", "linear", L, "sliding").minus(r.loss("rope", "none", L, "sliding"))
-    return Finding(f"at L: {ppl(r, 'rope-ft-linear', 'linear', L, 'sliding')} fine-tuned with PI, {ppl(r, 'rope', 'none', L, 'sliding')} "
-                   f"as pretrained (mean change {d.stat.mean:+.3f} nats)", (("at L", at_most(d.stat, math.log(1.05))),))
+    return Finding(
+        f"at L: {ppl(r, 'rope-ft-linear', 'linear', L, 'sliding')} fine-tuned with PI, {ppl(r, 'rope', 'none', L, 'sliding')} "
+        f"as pretrained (mean change {d.stat.mean:+.3f} nats)",
+        (("at L", at_most(d.stat, math.log(1.05))),),
+    )
 
 
 def _passkey(r: Results, model: str, scaling: str, lengths: Sequence[int]) -> Finding:
@@ -317,7 +360,9 @@ def _passkey(r: Results, model: str, scaling: str, lengths: Sequence[int]) -> Fi
         acc, low, high = found
         parts.append(f"{acc:.0%} [{low:.0%}, {high:.0%}] at {_at(r, e)}")
         items.append((_at(r, e), interval_outcome(low, high, 0.5)))
-    return Finding(f"{r.label(model, scaling)}: " + ", ".join(parts) + " (all seeds pooled, Wilson 95% interval)", tuple(items))
+    return Finding(
+        f"{r.label(model, scaling)}: " + ", ".join(parts) + " (all seeds pooled, Wilson 95% interval)", tuple(items)
+    )
 
 
 def _pi_passkey(r: Results) -> Finding:
@@ -331,19 +376,30 @@ def _pi_passkey(r: Results) -> Finding:
 
 def _ntk_beats_pi(r: Results) -> Finding:
     items = [(_at(r, e), lower(r, ("rope", "ntk"), ("rope", "linear"), e, "sliding")) for e in _longer(r)]
-    return Finding(f"NTK: {series(r, 'rope', 'ntk', 'sliding')}; PI: {series(r, 'rope', 'linear', 'sliding')}", tuple(items))
+    return Finding(
+        f"NTK: {series(r, 'rope', 'ntk', 'sliding')}; PI: {series(r, 'rope', 'linear', 'sliding')}", tuple(items)
+    )
 
 
 def _dynamic_graceful(r: Results) -> Finding:
     items = [(_at(r, e), lower(r, ("rope", "dynamic"), ("rope", "none"), e, "sliding")) for e in _longer(r)]
-    return Finding(f"dynamic NTK: {series(r, 'rope', 'dynamic', 'sliding')}; as trained: {series(r, 'rope', 'none', 'sliding')}", tuple(items))
+    return Finding(
+        f"dynamic NTK: {series(r, 'rope', 'dynamic', 'sliding')}; as trained: {series(r, 'rope', 'none', 'sliding')}",
+        tuple(items),
+    )
 
 
 def _yarn_beats_finetuned(r: Results) -> Finding:
     _, inside, _ = _extension(r)
     others = [(m, s) for m, s in (("rope-ft-linear", "linear"), ("rope-ft-ntk", "ntk")) if r.has(m, s)]
-    items = [(f"{r.label(*o)} at {_at(r, e)}", lower(r, ("rope-ft-yarn", "yarn"), o, e, "sliding")) for e in inside for o in others]
-    values = "; ".join(f"{r.label(m, s)}: {series(r, m, s, 'sliding', inside)}" for m, s in [("rope-ft-yarn", "yarn"), *others])
+    items = [
+        (f"{r.label(*o)} at {_at(r, e)}", lower(r, ("rope-ft-yarn", "yarn"), o, e, "sliding"))
+        for e in inside
+        for o in others
+    ]
+    values = "; ".join(
+        f"{r.label(m, s)}: {series(r, m, s, 'sliding', inside)}" for m, s in [("rope-ft-yarn", "yarn"), *others]
+    )
     return Finding(values, tuple(items))
 
 
@@ -351,71 +407,153 @@ def _yarn_past_finetuning(r: Results) -> Finding:
     ext, _, past = _extension(r)
     items = []
     for e in past:
-        yarn, pi = r.change("rope-ft-yarn", "yarn", e, ext, "sliding"), r.change("rope-ft-linear", "linear", e, ext, "sliding")
+        yarn, pi = (
+            r.change("rope-ft-yarn", "yarn", e, ext, "sliding"),
+            r.change("rope-ft-linear", "linear", e, ext, "sliding"),
+        )
         items.append((_at(r, e), at_most(yarn.minus(pi).stat, LOWER_NATS)))
-    values = "; ".join(f"{r.label(m, s)}: {series(r, m, s, 'sliding', [ext, *past])}"
-                       for m, s in (("rope-ft-yarn", "yarn"), ("rope-ft-linear", "linear")))
+    values = "; ".join(
+        f"{r.label(m, s)}: {series(r, m, s, 'sliding', [ext, *past])}"
+        for m, s in (("rope-ft-yarn", "yarn"), ("rope-ft-linear", "linear"))
+    )
     return Finding(values, tuple(items))
 
 
 _E = "the extension length E"
 CLAIMS: list[Claim] = [
-    Claim("alibi", "On WikiText-103 (their Figure 1) the perplexity of sinusoidal and rotary models rises as the evaluation "
-          "length grows past L.", (("sinusoidal", "none"), ("rope", "none")), "sinusoidal and RoPE models",
-          "non-overlapping windows, as in their Figure 1: the loss at the first length past L against L, seed by seed; "
-          "a rise of more than 2% agrees", _alibi_rises),
-    Claim("alibi", "ALiBi's perplexity does not degrade past L: it stays flat or improves slightly up to many times L.",
-          (("alibi", "none"),), "an ALiBi model", "non-overlapping windows: at every length past L, the change from L, "
-          "seed by seed; at most +2% agrees", _alibi_flat),
-    Claim("alibi", "Rotary extrapolates better than sinusoidal, though far less well than ALiBi.",
-          (("alibi", "none"), ("rope", "none"), ("sinusoidal", "none")), "ALiBi, RoPE and sinusoidal models",
-          "non-overlapping windows at the first length past L: each pair, seed by seed, a lead of more than 2%", _alibi_order),
-    Claim("alibi", "At the training length ALiBi is on par with or better than sinusoidal and rotary (their Table 2).",
-          (("alibi", "none"), ("rope", "none"), ("sinusoidal", "none")), "ALiBi, RoPE and sinusoidal models",
-          "non-overlapping windows at L: ALiBi against the better of the two, seed by seed; at most 2% above agrees", _alibi_at_L,
-          past_L=False),
-    Claim("alibi", "Appendix B: evaluated with sliding windows, where every token sees a nearly full window, ALiBi gains "
-          "little or nothing from windows longer than L; most of its gain with non-overlapping windows comes from giving "
-          "early tokens more context (the early token curse), not from using context beyond L.",
-          (("alibi", "none"), ("sliding", "")), "an ALiBi model and sliding-window evaluation",
-          "sliding windows: at every length past L, the loss at L minus the loss there, seed by seed; a gain of at most 2% "
-          "agrees", _alibi_sliding),
-    Claim("nope", "Without any position encoding a causal decoder generalises to longer inputs better than with ALiBi, "
-          "rotary or absolute embeddings (synthetic reasoning and arithmetic tasks, up to twice the training length).",
-          (("none", "none"),), "a NoPE model beside other encodings",
-          "non-overlapping windows at the first length past L: NoPE against each rival, seed by seed; no rival lower by "
-          "more than 2% agrees", _nope_generalises),
-    Claim("nope", "A decoder without position encoding still learns where tokens are (the causal mask lets it represent "
-          "absolute and relative positions).", (("none", "none"),), "a NoPE model beside other encodings",
-          "non-overlapping windows at L: NoPE within 10% of the best encoding, seed by seed", _nope_positions, past_L=False),
-    Claim("pi", "Fine-tuned at the target length, a model extended with PI reaches much lower perplexity at the longer "
-          "lengths than one fine-tuned there without interpolation (direct extrapolation), in as many steps.",
-          (("rope-ft-linear", "linear"), ("rope-ft-none", "none"), ("sliding", "")),
-          f"RoPE fine-tuned at {_E} with PI and without scaling",
-          "sliding windows, as the paper evaluates, at the lengths past L up to E: PI lower by more than 2%, seed by seed", _pi_beats_direct),
-    Claim("pi", "Models extended with PI and fine-tuned use the longer window: their perplexity falls as the window grows "
-          "to the target length.", (("rope-ft-linear", "linear"), ("sliding", "")), f"RoPE fine-tuned with PI at {_E}",
-          "sliding windows: the loss at E against L, seed by seed; lower agrees", _pi_uses_window),
-    Claim("pi", "A model extended with PI keeps its quality inside the original window relatively well.",
-          (("rope-ft-linear", "linear"), ("rope", "none"), ("sliding", "")), f"RoPE before and after fine-tuning with PI at {_E}",
-          "sliding windows at L: the fine-tuned model at most 5% above the pretrained one, seed by seed", _pi_keeps_quality,
-          past_L=False),
-    Claim("pi", "PI-extended, fine-tuned models retrieve passkeys at the extended lengths.",
-          (("rope-ft-linear", "linear"),), f"RoPE fine-tuned with PI at {_E}",
-          "passkey accuracy at the lengths past L up to E, every seed's trials pooled: a Wilson 95% interval above 50% "
-          "agrees, below it disagrees", _pi_passkey),
-    Claim("yarn", "Without fine-tuning, NTK-aware scaling (high frequencies kept, low ones stretched) degrades less than PI.",
-          (("rope", "ntk"), ("rope", "linear"), ("sliding", "")), "the pretrained RoPE model with NTK and PI",
-          "sliding windows, as the paper evaluates, at every length past L: NTK lower by more than 2%, seed by seed", _ntk_beats_pi),
-    Claim("yarn", "Dynamic scaling lets a model run past its trained length without fine-tuning, degrading gracefully "
-          "instead of failing.", (("rope", "dynamic"), ("rope", "none"), ("sliding", "")),
-          "the pretrained RoPE model with and without dynamic NTK",
-          "sliding windows at every length past L: dynamic NTK lower than RoPE as trained by more than 2%, seed by seed", _dynamic_graceful),
-    Claim("yarn", "Fine-tuned for the same steps, YaRN reaches lower perplexity than PI and NTK-aware scaling.",
-          (("rope-ft-yarn", "yarn"), ("rope-ft-linear", "linear"), ("sliding", "")), f"RoPE fine-tuned at {_E} with YaRN, PI (and NTK)",
-          "sliding windows at the lengths past L up to E: YaRN lower than each by more than 2%, seed by seed", _yarn_beats_finetuned),
-    Claim("yarn", "A model fine-tuned with YaRN extrapolates past the length it was fine-tuned at, where PI degrades.",
-          (("rope-ft-yarn", "yarn"), ("rope-ft-linear", "linear"), ("sliding", "")), f"RoPE fine-tuned at {_E} with YaRN and PI",
-          "sliding windows past E: YaRN's rise from E smaller than PI's by more than 2%, seed by seed", _yarn_past_finetuning),
+    Claim(
+        "alibi",
+        "On WikiText-103 (their Figure 1) the perplexity of sinusoidal and rotary models rises as the evaluation "
+        "length grows past L.",
+        (("sinusoidal", "none"), ("rope", "none")),
+        "sinusoidal and RoPE models",
+        "non-overlapping windows, as in their Figure 1: the loss at the first length past L against L, seed by seed; "
+        "a rise of more than 2% agrees",
+        _alibi_rises,
+    ),
+    Claim(
+        "alibi",
+        "ALiBi's perplexity does not degrade past L: it stays flat or improves slightly up to many times L.",
+        (("alibi", "none"),),
+        "an ALiBi model",
+        "non-overlapping windows: at every length past L, the change from L, seed by seed; at most +2% agrees",
+        _alibi_flat,
+    ),
+    Claim(
+        "alibi",
+        "Rotary extrapolates better than sinusoidal, though far less well than ALiBi.",
+        (("alibi", "none"), ("rope", "none"), ("sinusoidal", "none")),
+        "ALiBi, RoPE and sinusoidal models",
+        "non-overlapping windows at the first length past L: each pair, seed by seed, a lead of more than 2%",
+        _alibi_order,
+    ),
+    Claim(
+        "alibi",
+        "At the training length ALiBi is on par with or better than sinusoidal and rotary (their Table 2).",
+        (("alibi", "none"), ("rope", "none"), ("sinusoidal", "none")),
+        "ALiBi, RoPE and sinusoidal models",
+        "non-overlapping windows at L: ALiBi against the better of the two, seed by seed; at most 2% above agrees",
+        _alibi_at_L,
+        past_L=False,
+    ),
+    Claim(
+        "alibi",
+        "Appendix B: evaluated with sliding windows, where every token sees a nearly full window, ALiBi gains "
+        "little or nothing from windows longer than L; most of its gain with non-overlapping windows comes from giving "
+        "early tokens more context (the early token curse), not from using context beyond L.",
+        (("alibi", "none"), ("sliding", "")),
+        "an ALiBi model and sliding-window evaluation",
+        "sliding windows: at every length past L, the loss at L minus the loss there, seed by seed; a gain of at most 2% "
+        "agrees",
+        _alibi_sliding,
+    ),
+    Claim(
+        "nope",
+        "Without any position encoding a causal decoder generalises to longer inputs better than with ALiBi, "
+        "rotary or absolute embeddings (synthetic reasoning and arithmetic tasks, up to twice the training length).",
+        (("none", "none"),),
+        "a NoPE model beside other encodings",
+        "non-overlapping windows at the first length past L: NoPE against each rival, seed by seed; no rival lower by "
+        "more than 2% agrees",
+        _nope_generalises,
+    ),
+    Claim(
+        "nope",
+        "A decoder without position encoding still learns where tokens are (the causal mask lets it represent "
+        "absolute and relative positions).",
+        (("none", "none"),),
+        "a NoPE model beside other encodings",
+        "non-overlapping windows at L: NoPE within 10% of the best encoding, seed by seed",
+        _nope_positions,
+        past_L=False,
+    ),
+    Claim(
+        "pi",
+        "Fine-tuned at the target length, a model extended with PI reaches much lower perplexity at the longer "
+        "lengths than one fine-tuned there without interpolation (direct extrapolation), in as many steps.",
+        (("rope-ft-linear", "linear"), ("rope-ft-none", "none"), ("sliding", "")),
+        f"RoPE fine-tuned at {_E} with PI and without scaling",
+        "sliding windows, as the paper evaluates, at the lengths past L up to E: PI lower by more than 2%, seed by seed",
+        _pi_beats_direct,
+    ),
+    Claim(
+        "pi",
+        "Models extended with PI and fine-tuned use the longer window: their perplexity falls as the window grows "
+        "to the target length.",
+        (("rope-ft-linear", "linear"), ("sliding", "")),
+        f"RoPE fine-tuned with PI at {_E}",
+        "sliding windows: the loss at E against L, seed by seed; lower agrees",
+        _pi_uses_window,
+    ),
+    Claim(
+        "pi",
+        "A model extended with PI keeps its quality inside the original window relatively well.",
+        (("rope-ft-linear", "linear"), ("rope", "none"), ("sliding", "")),
+        f"RoPE before and after fine-tuning with PI at {_E}",
+        "sliding windows at L: the fine-tuned model at most 5% above the pretrained one, seed by seed",
+        _pi_keeps_quality,
+        past_L=False,
+    ),
+    Claim(
+        "pi",
+        "PI-extended, fine-tuned models retrieve passkeys at the extended lengths.",
+        (("rope-ft-linear", "linear"),),
+        f"RoPE fine-tuned with PI at {_E}",
+        "passkey accuracy at the lengths past L up to E, every seed's trials pooled: a Wilson 95% interval above 50% "
+        "agrees, below it disagrees",
+        _pi_passkey,
+    ),
+    Claim(
+        "yarn",
+        "Without fine-tuning, NTK-aware scaling (high frequencies kept, low ones stretched) degrades less than PI.",
+        (("rope", "ntk"), ("rope", "linear"), ("sliding", "")),
+        "the pretrained RoPE model with NTK and PI",
+        "sliding windows, as the paper evaluates, at every length past L: NTK lower by more than 2%, seed by seed",
+        _ntk_beats_pi,
+    ),
+    Claim(
+        "yarn",
+        "Dynamic scaling lets a model run past its trained length without fine-tuning, degrading gracefully "
+        "instead of failing.",
+        (("rope", "dynamic"), ("rope", "none"), ("sliding", "")),
+        "the pretrained RoPE model with and without dynamic NTK",
+        "sliding windows at every length past L: dynamic NTK lower than RoPE as trained by more than 2%, seed by seed",
+        _dynamic_graceful,
+    ),
+    Claim(
+        "yarn",
+        "Fine-tuned for the same steps, YaRN reaches lower perplexity than PI and NTK-aware scaling.",
+        (("rope-ft-yarn", "yarn"), ("rope-ft-linear", "linear"), ("sliding", "")),
+        f"RoPE fine-tuned at {_E} with YaRN, PI (and NTK)",
+        "sliding windows at the lengths past L up to E: YaRN lower than each by more than 2%, seed by seed",
+        _yarn_beats_finetuned,
+    ),
+    Claim(
+        "yarn",
+        "A model fine-tuned with YaRN extrapolates past the length it was fine-tuned at, where PI degrades.",
+        (("rope-ft-yarn", "yarn"), ("rope-ft-linear", "linear"), ("sliding", "")),
+        f"RoPE fine-tuned at {_E} with YaRN and PI",
+        "sliding windows past E: YaRN's rise from E smaller than PI's by more than 2%, seed by seed",
+        _yarn_past_finetuning,
+    ),
 ]
-

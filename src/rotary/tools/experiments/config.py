@@ -190,8 +190,16 @@ class ExperimentConfig:
             self.encodings = default_encodings()
         if isinstance(self.data, str):  # one path, as older configurations stored it
             self.data = (self.data,)
-        for name in ("eval_lengths", "encodings", "scalings", "passkey_depths", "extend_scalings", "bases",
-                     "retrieval_distances", "data"):
+        for name in (
+            "eval_lengths",
+            "encodings",
+            "scalings",
+            "passkey_depths",
+            "extend_scalings",
+            "bases",
+            "retrieval_distances",
+            "data",
+        ):
             if getattr(self, name) is not None:
                 setattr(self, name, tuple(getattr(self, name)))
 
@@ -290,7 +298,9 @@ class ExperimentConfig:
                 raise ExperimentError(f"{flag} must be an integer >= 0, got {value!r}")
 
         if self.study is not None and self.study not in STUDIES:
-            raise ExperimentError(f"unknown --study {self.study!r}; known: {', '.join(STUDIES)} (or no --study for the main comparison)")
+            raise ExperimentError(
+                f"unknown --study {self.study!r}; known: {', '.join(STUDIES)} (or no --study for the main comparison)"
+            )
         positive("train_length", self.train_length, "--train-length")
         for e in self.eval_lengths:
             if isinstance(e, bool) or not isinstance(e, int) or e <= 0:
@@ -325,8 +335,17 @@ class ExperimentConfig:
                 f"--seeds must be at least 1 (how many times every method is trained), got {self.seeds!r}; "
                 "use --seeds 2 or more to measure the run-to-run spread"
             )
-        for name in ("hidden_size", "num_layers", "num_heads", "batch_size", "steps", "passkey_trials", "checkpoint_every",
-                     "retrieval_trials", "retrieval_span"):
+        for name in (
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "batch_size",
+            "steps",
+            "passkey_trials",
+            "checkpoint_every",
+            "retrieval_trials",
+            "retrieval_span",
+        ):
             positive(name, getattr(self, name), "--" + name.replace("_", "-"))
         if self.hidden_size % self.num_heads or (self.hidden_size // self.num_heads) % 2:
             raise ExperimentError(
@@ -351,7 +370,9 @@ class ExperimentConfig:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ExperimentError(f"--{name.replace('_', '-')} must be a finite number > 0, got {value!r}")
-        if not (isinstance(self.weight_decay, (int, float)) and math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+        if not (
+            isinstance(self.weight_decay, (int, float)) and math.isfinite(self.weight_decay) and self.weight_decay >= 0
+        ):
             raise ExperimentError(f"--weight-decay must be a finite number >= 0, got {self.weight_decay!r}")
         non_negative(self.warmup_steps, "--warmup-steps")
         if not self.passkey_depths or any(not (0.0 <= d <= 1.0) for d in self.passkey_depths):
@@ -383,15 +404,23 @@ class ExperimentConfig:
         if unknown:
             raise ExperimentError(f"unknown --scalings {', '.join(map(repr, unknown))}; known: {', '.join(SCALINGS)}")
         if not self.scalings or "none" not in self.scalings:
-            raise ExperimentError(f"--scalings must include 'none' (the trained model as it is), got {','.join(self.scalings)}")
+            raise ExperimentError(
+                f"--scalings must include 'none' (the trained model as it is), got {','.join(self.scalings)}"
+            )
         if len(set(self.scalings)) != len(self.scalings):
             raise ExperimentError(f"--scalings names a scaling twice: {','.join(self.scalings)}")
 
     def _validate_extension(self) -> None:
         if isinstance(self.extend_steps, bool) or not isinstance(self.extend_steps, int) or self.extend_steps < 0:
-            raise ExperimentError(f"--extend-steps must be an integer >= 0 (0: no extension stage), got {self.extend_steps!r}")
+            raise ExperimentError(
+                f"--extend-steps must be an integer >= 0 (0: no extension stage), got {self.extend_steps!r}"
+            )
         if self.extend_length is not None:
-            if isinstance(self.extend_length, bool) or not isinstance(self.extend_length, int) or self.extend_length <= 0:
+            if (
+                isinstance(self.extend_length, bool)
+                or not isinstance(self.extend_length, int)
+                or self.extend_length <= 0
+            ):
                 raise ExperimentError(f"--extend-length must be a positive integer, got {self.extend_length!r}")
             if self.extend_length <= self.train_length:
                 raise ExperimentError(
@@ -400,14 +429,22 @@ class ExperimentConfig:
                     "or --extend-steps 0 to skip the stage"
                 )
             if self.extend_length > MAX_EVAL_LENGTH:
-                raise ExperimentError(f"--extend-length {self.extend_length} is longer than the {MAX_EVAL_LENGTH} tokens models are built for")
+                raise ExperimentError(
+                    f"--extend-length {self.extend_length} is longer than the {MAX_EVAL_LENGTH} tokens models are built for"
+                )
         if self.extend_batch_size is not None and (
-            isinstance(self.extend_batch_size, bool) or not isinstance(self.extend_batch_size, int) or self.extend_batch_size <= 0
+            isinstance(self.extend_batch_size, bool)
+            or not isinstance(self.extend_batch_size, int)
+            or self.extend_batch_size <= 0
         ):
             raise ExperimentError(f"--extend-batch-size must be a positive integer, got {self.extend_batch_size!r}")
         unknown = [s for s in self.extend_scalings if s not in EXTEND_SCALINGS]
         if unknown:
-            extra = " (dynamic NTK changes with the length by itself; it is evaluated without fine-tuning)" if "dynamic" in unknown else ""
+            extra = (
+                " (dynamic NTK changes with the length by itself; it is evaluated without fine-tuning)"
+                if "dynamic" in unknown
+                else ""
+            )
             raise ExperimentError(
                 f"unknown --extend-scalings {', '.join(map(repr, unknown))}; known: {', '.join(EXTEND_SCALINGS)}{extra}"
             )
@@ -428,7 +465,9 @@ class ExperimentConfig:
         if len(set(self.bases)) != len(self.bases):
             raise ExperimentError(f"--bases names a base twice: {','.join(f'{b:g}' for b in self.bases)}")
         if self.transfer_steps is not None and (
-            isinstance(self.transfer_steps, bool) or not isinstance(self.transfer_steps, int) or self.transfer_steps <= 0
+            isinstance(self.transfer_steps, bool)
+            or not isinstance(self.transfer_steps, int)
+            or self.transfer_steps <= 0
         ):
             raise ExperimentError(f"--transfer-steps must be a positive integer, got {self.transfer_steps!r}")
         if self.study == "transfer" and self.transfer_finetune_steps >= self.steps:
@@ -440,7 +479,9 @@ class ExperimentConfig:
 
     def _validate_sliding_and_retrieval(self, longest_distance) -> None:
         if isinstance(self.sliding_tokens, bool) or not isinstance(self.sliding_tokens, int) or self.sliding_tokens < 0:
-            raise ExperimentError(f"--sliding-tokens must be an integer >= 0 (0: no sliding-window evaluation), got {self.sliding_tokens!r}")
+            raise ExperimentError(
+                f"--sliding-tokens must be an integer >= 0 (0: no sliding-window evaluation), got {self.sliding_tokens!r}"
+            )
         if self.eval_stride is not None:
             if isinstance(self.eval_stride, bool) or not isinstance(self.eval_stride, int) or self.eval_stride <= 0:
                 raise ExperimentError(f"--eval-stride must be a positive integer, got {self.eval_stride!r}")
@@ -460,8 +501,11 @@ class ExperimentConfig:
                 f"{self.longest // 4}"
             )
         if self.retrieval_distances is not None:
-            bad = [d for d in self.retrieval_distances
-                   if isinstance(d, bool) or not isinstance(d, int) or not 2 * self.retrieval_span <= d <= most]
+            bad = [
+                d
+                for d in self.retrieval_distances
+                if isinstance(d, bool) or not isinstance(d, int) or not 2 * self.retrieval_span <= d <= most
+            ]
             if bad or not self.retrieval_distances:
                 raise ExperimentError(
                     f"--retrieval-distances must lie in {2 * self.retrieval_span}..{most} (twice the span, up to what fits in "
@@ -502,9 +546,24 @@ def differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
 PRESETS: dict[str, dict[str, Any]] = {
     # seconds, for tests: a model too small to learn much, every code path exercised
     "tiny": dict(
-        preset="tiny", train_length=112, hidden_size=32, num_layers=1, num_heads=2, batch_size=8, steps=12,
-        warmup_steps=2, learning_rate=3e-3, min_learning_rate=3e-4, passkey_trials=10, eval_tokens=1792,
-        checkpoint_every=4, threads=1, extend_steps=4, sliding_tokens=224, retrieval_trials=4, bases=(100.0, 10000.0),
+        preset="tiny",
+        train_length=112,
+        hidden_size=32,
+        num_layers=1,
+        num_heads=2,
+        batch_size=8,
+        steps=12,
+        warmup_steps=2,
+        learning_rate=3e-3,
+        min_learning_rate=3e-4,
+        passkey_trials=10,
+        eval_tokens=1792,
+        checkpoint_every=4,
+        threads=1,
+        extend_steps=4,
+        sliding_tokens=224,
+        retrieval_trials=4,
+        bases=(100.0, 10000.0),
         transfer_steps=4,
     ),
     # what `make demo` runs: within 10 minutes on 2 CPU cores
@@ -512,10 +571,26 @@ PRESETS: dict[str, dict[str, Any]] = {
     # for one GPU, within 20 minutes (docs/experiment.md, "Presets", has the arithmetic): a bigger model at
     # L = 512, evaluated to 8L = 4096, on the standard library's sources; bf16 autocast, a compiled training step
     "large": dict(
-        preset="large", train_length=512, hidden_size=512, num_layers=8, num_heads=8, batch_size=32, steps=1500,
-        warmup_steps=100, learning_rate=1e-3, min_learning_rate=1e-4, finetune_learning_rate=3e-4, passkey_trials=100,
-        eval_tokens=262144, sliding_tokens=16384, retrieval_trials=64, checkpoint_every=500, seeds=2, extend_steps=75,
-        data=("builtin:stdlib",), compile="auto",
+        preset="large",
+        train_length=512,
+        hidden_size=512,
+        num_layers=8,
+        num_heads=8,
+        batch_size=32,
+        steps=1500,
+        warmup_steps=100,
+        learning_rate=1e-3,
+        min_learning_rate=1e-4,
+        finetune_learning_rate=3e-4,
+        passkey_trials=100,
+        eval_tokens=262144,
+        sliding_tokens=16384,
+        retrieval_trials=64,
+        checkpoint_every=500,
+        seeds=2,
+        extend_steps=75,
+        data=("builtin:stdlib",),
+        compile="auto",
     ),
 }
 

@@ -128,7 +128,9 @@ def evaluation_tokens(corpus: Corpus, config: ExperimentConfig) -> torch.Tensor:
     """The held-out tokens every evaluation length is measured on: the longest multiple of the
     longest length that fits in ``eval_tokens`` (or in the whole held-out part), so that every length
     sees the same text. int64 ``[T]``."""
-    available = corpus.held_out.numel() if config.eval_tokens is None else min(config.eval_tokens, corpus.held_out.numel())
+    available = (
+        corpus.held_out.numel() if config.eval_tokens is None else min(config.eval_tokens, corpus.held_out.numel())
+    )
     usable = available // config.longest * config.longest
     return corpus.held_out[:usable].to(torch.int64)
 
@@ -172,7 +174,13 @@ def derived_seed(*parts: object) -> int:
 
 
 def training_batch(
-    train: torch.Tensor, step: int, config: ExperimentConfig, seed: int, *, rows: int | None = None, length: int | None = None
+    train: torch.Tensor,
+    step: int,
+    config: ExperimentConfig,
+    seed: int,
+    *,
+    rows: int | None = None,
+    length: int | None = None,
 ) -> torch.Tensor:
     """The global training batch of ``step``: int64 ``[rows, length + 1]`` (inputs and shifted targets)
     from the uint8 (or int64) text ``train [N]``; only the batch is widened to int64.

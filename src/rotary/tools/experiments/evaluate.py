@@ -187,7 +187,9 @@ def token_losses(model: Decoder, windows: torch.Tensor, *, batch_rows: int | Non
 
 
 @torch.no_grad()
-def sliding_losses(model: Decoder, text: torch.Tensor, length: int, stride: int, starts: tuple[int, ...]) -> torch.Tensor:
+def sliding_losses(
+    model: Decoder, text: torch.Tensor, length: int, stride: int, starts: tuple[int, ...]
+) -> torch.Tensor:
     """Losses of the ``stride`` tokens from each of ``starts``, each stride predicted by the window of
     ``length`` tokens that ends with it: every scored token sees at least ``length - stride`` before it.
 
@@ -210,8 +212,10 @@ def sliding_losses(model: Decoder, text: torch.Tensor, length: int, stride: int,
         True
     """
     if any(p < length - stride or p + stride > text.numel() for p in starts):
-        raise InputError(f"a window of {length} needs at least {length - stride} tokens before each scored stride, and the "
-                         f"stride inside the {text.numel()} tokens; got strides at {list(starts)[:4]}")
+        raise InputError(
+            f"a window of {length} needs at least {length - stride} tokens before each scored stride, and the "
+            f"stride inside the {text.numel()} tokens; got strides at {list(starts)[:4]}"
+        )
     # window k covers text[p - (length - stride) : p + stride] and scores its last `stride` targets
     wins = torch.stack([text[p + stride - length : p + stride] for p in starts])  # [K, E]
     losses = token_losses(model, wins)  # [K, E - 1]
@@ -249,7 +253,10 @@ def passkey_at(model: Decoder, length: int, config: ExperimentConfig) -> dict:
     The trials depend only on the run's seed and ``length``, so every model gets the same prompts.
     """
     trials = make_trials(
-        length, config.passkey_trials, config.passkey_depths, torch.Generator().manual_seed(derived_seed(config.seed, "passkey", length))
+        length,
+        config.passkey_trials,
+        config.passkey_depths,
+        torch.Generator().manual_seed(derived_seed(config.seed, "passkey", length)),
     )
     device = next(model.parameters()).device
 
@@ -315,38 +322,79 @@ def evaluate_model(
         return scaled_copy(model, scaling_block(scaling, factor, L)), factor
 
     device = next(model.parameters()).device
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if config.mixed_precision(device.type) else contextlib.nullcontext()
+    autocast = (
+        torch.autocast(device.type, dtype=torch.bfloat16)
+        if config.mixed_precision(device.type)
+        else contextlib.nullcontext()
+    )
     with reporter.task(f"evaluate {spec.name:<15}", total=len(scalings) * (len(lengths) + 1)) as task, autocast:
         for scaling, fixed in scalings:
             key = dict(model=spec.model, seed=spec.seed, scaling=scaling)
             for length in lengths:
                 scaled, factor = copy_at(scaling, fixed, length)
                 losses = token_losses(scaled, windows(text.windows, length))  # [N, E - 1]
-                out.perplexity.append(PerplexityRow(**key, factor=factor, mode="windows", eval_length=length, stride=length,
-                                                    **summarise(losses)))
+                out.perplexity.append(
+                    PerplexityRow(
+                        **key, factor=factor, mode="windows", eval_length=length, stride=length, **summarise(losses)
+                    )
+                )
                 if length == config.longest:
                     for a, b in position_bins(config):
-                        out.positions.append(PositionRow(**key, factor=factor, eval_length=length, start=a, end=b,
-                                                         loss=float(losses[:, a:b].double().mean()), predictions=losses[:, a:b].numel()))
+                        out.positions.append(
+                            PositionRow(
+                                **key,
+                                factor=factor,
+                                eval_length=length,
+                                start=a,
+                                end=b,
+                                loss=float(losses[:, a:b].double().mean()),
+                                predictions=losses[:, a:b].numel(),
+                            )
+                        )
                 if text.sliding:
                     # a fresh copy for each measurement: dynamic NTK would otherwise start from the state the last one left
                     scaled, _ = copy_at(scaling, fixed, length)
                     slid = sliding_losses(scaled, text.windows, length, config.stride, text.sliding)
-                    out.perplexity.append(PerplexityRow(**key, factor=factor, mode="sliding", eval_length=length,
-                                                        stride=config.stride, **summarise(slid)))
+                    out.perplexity.append(
+                        PerplexityRow(
+                            **key,
+                            factor=factor,
+                            mode="sliding",
+                            eval_length=length,
+                            stride=config.stride,
+                            **summarise(slid),
+                        )
+                    )
                 scaled, _ = copy_at(scaling, fixed, length)
                 passkey = passkey_at(scaled, length, config)
                 for depth, (correct, trials) in passkey["counts"].items():
-                    out.passkey.append(PasskeyRow(**key, factor=factor, eval_length=length, depth=depth, correct=correct, trials=trials))
+                    out.passkey.append(
+                        PasskeyRow(
+                            **key, factor=factor, eval_length=length, depth=depth, correct=correct, trials=trials
+                        )
+                    )
                 task.advance(scaling=scaling, length=length)
             for distance in config.distances:
                 trials = make_retrieval_trials(
-                    text.held_out, distance, trials=config.retrieval_trials, span=config.retrieval_span,
+                    text.held_out,
+                    distance,
+                    trials=config.retrieval_trials,
+                    span=config.retrieval_span,
                     generator=torch.Generator().manual_seed(derived_seed(config.seed, "retrieval", distance)),
                 )
                 scaled, factor = copy_at(scaling, fixed, trials.length)
-                scores = retrieval_scores(lambda x, m=scaled: m(x.to(device)), trials, batch_rows=eval_rows(scaled, trials.length))
-                out.retrieval.append(RetrievalRow(**key, factor=factor, distance=distance, length=trials.length,
-                                                  span=config.retrieval_span, **scores))
+                scores = retrieval_scores(
+                    lambda x, m=scaled: m(x.to(device)), trials, batch_rows=eval_rows(scaled, trials.length)
+                )
+                out.retrieval.append(
+                    RetrievalRow(
+                        **key,
+                        factor=factor,
+                        distance=distance,
+                        length=trials.length,
+                        span=config.retrieval_span,
+                        **scores,
+                    )
+                )
             task.advance(scaling=scaling, retrieval="done")
     return out

@@ -39,7 +39,14 @@ def panels(results: Results) -> list[tuple[str, list[Method]]]:
         return [("", methods)]
     trained = [m for m in methods if m.stage == "pretrain" and m.scaling == "none"]
     family = [m for m in methods if m.model == "rope" or m.stage in ("extend", "scratch")]
-    return [(p, ms) for p, ms in (("position encodings as trained", trained), ("RoPE: scalings, fine-tuning, training at E", family)) if ms]
+    return [
+        (p, ms)
+        for p, ms in (
+            ("position encodings as trained", trained),
+            ("RoPE: scalings, fine-tuning, training at E", family),
+        )
+        if ms
+    ]
 
 
 def style(results: Results, method: Method) -> dict:
@@ -47,14 +54,26 @@ def style(results: Results, method: Method) -> dict:
     from ..plots import PALETTE
 
     if method.stage == "extend":
-        return dict(color=_SCALING_COLOURS.get(method.scaling, "#555555"), linestyle="-", marker="s", markersize=4, linewidth=1.8)
+        return dict(
+            color=_SCALING_COLOURS.get(method.scaling, "#555555"),
+            linestyle="-",
+            marker="s",
+            markersize=4,
+            linewidth=1.8,
+        )
     if method.stage == "scratch":
         return dict(color="#000000", linestyle=":", marker="D", markersize=4, linewidth=1.8)
     if method.scaling != "none":
-        return dict(color=_SCALING_COLOURS.get(method.scaling, "#555555"), linestyle=_SCALING_DASHES.get(method.scaling, "--"),
-                    marker=None, linewidth=1.4)
+        return dict(
+            color=_SCALING_COLOURS.get(method.scaling, "#555555"),
+            linestyle=_SCALING_DASHES.get(method.scaling, "--"),
+            marker=None,
+            linewidth=1.4,
+        )
     order = list(dict.fromkeys(m.model for m in results.methods() if m.scaling == "none"))
-    return dict(color=PALETTE[order.index(method.model) % len(PALETTE)], linestyle="-", marker="o", markersize=4, linewidth=1.8)
+    return dict(
+        color=PALETTE[order.index(method.model) % len(PALETTE)], linestyle="-", marker="o", markersize=4, linewidth=1.8
+    )
 
 
 def _finite(v: float) -> bool:
@@ -74,7 +93,9 @@ def _perplexity_figure(results: Results, directory: Path) -> list[Path]:
     plt = _plt()
     groups = panels(results)
     modes = results.modes or ["windows"]
-    fig, axes = plt.subplots(len(modes), len(groups), figsize=(6.2 * len(groups), 3.9 * len(modes)), squeeze=False, sharey="row")
+    fig, axes = plt.subplots(
+        len(modes), len(groups), figsize=(6.2 * len(groups), 3.9 * len(modes)), squeeze=False, sharey="row"
+    )
     names = {"windows": "non-overlapping windows", "sliding": f"sliding windows (stride {results.config.stride})"}
     for i, mode in enumerate(modes):
         for j, (title, methods) in enumerate(groups):
@@ -85,7 +106,12 @@ def _perplexity_figure(results: Results, directory: Path) -> list[Path]:
                 for e in results.lengths:
                     stat = results.perplexity(m.model, m.scaling, e, mode)
                     if stat is not None and stat.finite and _finite(stat.mean):
-                        xs.append(e), ys.append(stat.mean), lows.append(stat.mean - stat.low), highs.append(stat.high - stat.mean)
+                        (
+                            xs.append(e),
+                            ys.append(stat.mean),
+                            lows.append(stat.mean - stat.low),
+                            highs.append(stat.high - stat.mean),
+                        )
                 if xs:
                     ax.errorbar(xs, ys, yerr=[lows, highs], label=m.label, capsize=2, **style(results, m))
                     drawn += 1
@@ -97,8 +123,11 @@ def _perplexity_figure(results: Results, directory: Path) -> list[Path]:
                 ax.set_ylabel("perplexity per byte (log)")
             if drawn and i == 0:
                 ax.legend(fontsize=7, ncol=1, loc="upper left")
-    fig.suptitle(f"Train at L = {results.config.train_length}, test longer: held-out perplexity, mean over "
-                 f"{len(results.seeds)} seed(s), bars from the lowest to the highest seed", fontsize=11)
+    fig.suptitle(
+        f"Train at L = {results.config.train_length}, test longer: held-out perplexity, mean over "
+        f"{len(results.seeds)} seed(s), bars from the lowest to the highest seed",
+        fontsize=11,
+    )
     fig.tight_layout()
     return save(fig, directory / "perplexity")
 
@@ -120,10 +149,16 @@ def _positions_figure(results: Results, directory: Path, predicted: dict[str, fl
             xs = [(a + b) / 2 for a, b, _ in bins]
             stats = [v.stat for _, _, v in bins]
             look = style(results, m)
-            ax.plot(xs, [s.mean if s.finite else math.nan for s in stats], label=m.label,
-                    **{k: v for k, v in look.items() if k != "marker"})
+            ax.plot(
+                xs,
+                [s.mean if s.finite else math.nan for s in stats],
+                label=m.label,
+                **{k: v for k, v in look.items() if k != "marker"},
+            )
             if len(results.seeds) > 1:
-                ax.fill_between(xs, [s.low for s in stats], [s.high for s in stats], color=look["color"], alpha=0.12, linewidth=0)
+                ax.fill_between(
+                    xs, [s.low for s in stats], [s.high for s in stats], color=look["color"], alpha=0.12, linewidth=0
+                )
             if predicted and m.model in predicted and math.isfinite(predicted[m.model]):
                 ax.axvline(predicted[m.model], color=look["color"], linestyle=(0, (2, 2)), linewidth=1)
         ax.axvline(L, color="#444444", linewidth=1, linestyle="--")
@@ -133,8 +168,11 @@ def _positions_figure(results: Results, directory: Path, predicted: dict[str, fl
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7, loc="upper left")
     axes[0][0].set_ylabel("mean next-byte loss (nats)")
-    fig.suptitle("Loss by position: does the model break past L, or gain from the longer context?"
-                 + ("  (dotted: predicted limit)" if predicted else ""), fontsize=11)
+    fig.suptitle(
+        "Loss by position: does the model break past L, or gain from the longer context?"
+        + ("  (dotted: predicted limit)" if predicted else ""),
+        fontsize=11,
+    )
     fig.tight_layout()
     return save(fig, directory / "position_buckets")
 
@@ -147,18 +185,29 @@ def _passkey_figure(results: Results, directory: Path) -> list[Path]:
     L = results.config.train_length
     fig, ax = plt.subplots(figsize=(8.5, 0.42 * len(methods) + 1.8))
     grid = [[results.passkey_interval(m.model, m.scaling, e) for e in results.lengths] for m in methods]
-    image = ax.imshow([[math.nan if v is None else v[0] for v in row] for row in grid], cmap="viridis", vmin=0, vmax=1, aspect="auto")
+    image = ax.imshow(
+        [[math.nan if v is None else v[0] for v in row] for row in grid], cmap="viridis", vmin=0, vmax=1, aspect="auto"
+    )
     for i, row in enumerate(grid):
         for j, v in enumerate(row):
             if v is not None:
-                ax.text(j, i, f"{v[0]:.0%} [{v[1]:.0%}, {v[2]:.0%}]", ha="center", va="center",
-                        color="white" if v[0] < 0.6 else "black", fontsize=7)
+                ax.text(
+                    j,
+                    i,
+                    f"{v[0]:.0%} [{v[1]:.0%}, {v[2]:.0%}]",
+                    ha="center",
+                    va="center",
+                    color="white" if v[0] < 0.6 else "black",
+                    fontsize=7,
+                )
     ax.set_xticks(range(len(results.lengths)), [f"{e} ({e / L:g}L)" for e in results.lengths])
     ax.set_yticks(range(len(methods)), [m.label for m in methods], fontsize=8)
     ax.grid(False)
     ax.set_xlabel("prompt length (tokens)")
     trials = results.config.passkey_trials * len(results.seeds)
-    ax.set_title(f"Passkey retrieval: accuracy [Wilson 95% interval], {trials} trials per cell (all seeds)", fontsize=10)
+    ax.set_title(
+        f"Passkey retrieval: accuracy [Wilson 95% interval], {trials} trials per cell (all seeds)", fontsize=10
+    )
     fig.colorbar(image, ax=ax, fraction=0.04)
     return save(fig, directory / "passkey")
 
@@ -183,7 +232,9 @@ def _retrieval_figure(results: Results, directory: Path) -> list[Path]:
             look = style(results, m)
             ax.plot(xs, [s.mean for s in stats], label=m.label, **look)
             if len(results.seeds) > 1:
-                ax.fill_between(xs, [s.low for s in stats], [s.high for s in stats], color=look["color"], alpha=0.12, linewidth=0)
+                ax.fill_between(
+                    xs, [s.low for s in stats], [s.high for s in stats], color=look["color"], alpha=0.12, linewidth=0
+                )
         ax.axvline(L, color="#444444", linewidth=1, linestyle="--")
         ax.axhline(0, color="#888888", linewidth=0.8)
         ax.set_xscale("log", base=2)
@@ -193,8 +244,11 @@ def _retrieval_figure(results: Results, directory: Path) -> list[Path]:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7, loc="upper right")
     axes[0][0].set_ylabel("retrieval gain (nats per byte)")
-    fig.suptitle(f"Retrieval: loss on a repeated {results.config.retrieval_span}-byte random span, control minus copy "
-                 "(0 = nothing retrieved)", fontsize=11)
+    fig.suptitle(
+        f"Retrieval: loss on a repeated {results.config.retrieval_span}-byte random span, control minus copy "
+        "(0 = nothing retrieved)",
+        fontsize=11,
+    )
     fig.tight_layout()
     return save(fig, directory / "retrieval")
 
@@ -210,7 +264,9 @@ def draw_figures(results: Results, directory: Path, predicted: dict[str, float] 
     }
 
 
-def loss_curves(models: Sequence[dict], directory: Path, name: str, title: str, offsets: dict[str, int] | None = None) -> list[Path]:
+def loss_curves(
+    models: Sequence[dict], directory: Path, name: str, title: str, offsets: dict[str, int] | None = None
+) -> list[Path]:
     """Training loss against step, one line per model name (mean over seeds, smoothed over 20 steps);
     ``offsets``: model -> the step its first logged step is (a fine-tune continuing another)."""
     from ..plots import PALETTE, save
@@ -228,7 +284,13 @@ def loss_curves(models: Sequence[dict], directory: Path, name: str, title: str, 
         mean = [sum(r[s] for r in runs) / len(runs) for s in range(steps)]
         smooth = [sum(mean[max(0, s - 19) : s + 1]) / len(mean[max(0, s - 19) : s + 1]) for s in range(steps)]
         start = (offsets or {}).get(model, 0)
-        ax.plot(range(start + 1, start + steps + 1), smooth, label=labels[model], color=PALETTE[i % len(PALETTE)], linewidth=1.6)
+        ax.plot(
+            range(start + 1, start + steps + 1),
+            smooth,
+            label=labels[model],
+            color=PALETTE[i % len(PALETTE)],
+            linewidth=1.6,
+        )
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("training loss (nats, 20-step mean)")
     ax.set_title(title, fontsize=10)

@@ -113,7 +113,13 @@ def make_sample(length: int, key: str, depth: float, filler_offset: int = 0) -> 
     if filler_length < MIN_FILLER:
         raise InputError(f"a passkey sample needs at least {min_sample_length()} tokens, got length {length}")
     before = round(depth * filler_length)
-    text = _filler(filler_offset, before) + needle + _filler(filler_offset + before, filler_length - before) + QUESTION + key
+    text = (
+        _filler(filler_offset, before)
+        + needle
+        + _filler(filler_offset + before, filler_length - before)
+        + QUESTION
+        + key
+    )
     data = text.encode("ascii")
     assert len(data) == length
     return PasskeySample(torch.tensor(list(data), dtype=torch.int64), key, float(depth), before)

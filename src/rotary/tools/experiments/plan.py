@@ -96,8 +96,15 @@ class ModelSpec:
 
 def _pretrain(config: ExperimentConfig, encoding: str, seed: int, **changes) -> ModelSpec:
     fields = dict(
-        model=encoding, encoding=encoding, seed=seed, label=ENCODING_LABELS.get(encoding, encoding), stage="pretrain",
-        length=config.train_length, steps=config.steps, rows=config.batch_size, rope_base=config.rope_base,
+        model=encoding,
+        encoding=encoding,
+        seed=seed,
+        label=ENCODING_LABELS.get(encoding, encoding),
+        stage="pretrain",
+        length=config.train_length,
+        steps=config.steps,
+        rows=config.batch_size,
+        rope_base=config.rope_base,
     )
     return ModelSpec(**{**fields, **changes})
 
@@ -108,16 +115,41 @@ def _main(config: ExperimentConfig, seed: int) -> list[ModelSpec]:
         length, at = config.extension_length, f"{config.extension_length / config.train_length:g}L"
         for s in config.extend_scalings:
             label = f"RoPE + {SCALING_LABELS[s]}, fine-tuned at {at}" if s != "none" else f"RoPE, fine-tuned at {at}"
-            specs.append(_pretrain(config, "rope", seed, model=f"rope-ft-{s}", label=label, stage="extend", length=length,
-                                   steps=config.extend_steps, rows=config.extension_rows, scaling=s, parent="rope"))
-        specs.append(_pretrain(config, "rope", seed, model="rope-scratch", label=f"RoPE trained at {at}", stage="scratch",
-                               length=length, rows=config.extension_rows))
+            specs.append(
+                _pretrain(
+                    config,
+                    "rope",
+                    seed,
+                    model=f"rope-ft-{s}",
+                    label=label,
+                    stage="extend",
+                    length=length,
+                    steps=config.extend_steps,
+                    rows=config.extension_rows,
+                    scaling=s,
+                    parent="rope",
+                )
+            )
+        specs.append(
+            _pretrain(
+                config,
+                "rope",
+                seed,
+                model="rope-scratch",
+                label=f"RoPE trained at {at}",
+                stage="scratch",
+                length=length,
+                rows=config.extension_rows,
+            )
+        )
     return specs
 
 
 def _base(config: ExperimentConfig, seed: int) -> list[ModelSpec]:
-    return [_pretrain(config, "rope", seed, model=f"rope-base{b:g}", label=f"RoPE, base {b:g}", rope_base=float(b))
-            for b in config.bases]
+    return [
+        _pretrain(config, "rope", seed, model=f"rope-base{b:g}", label=f"RoPE, base {b:g}", rope_base=float(b))
+        for b in config.bases
+    ]
 
 
 def _transfer(config: ExperimentConfig, seed: int) -> list[ModelSpec]:
@@ -126,11 +158,30 @@ def _transfer(config: ExperimentConfig, seed: int) -> list[ModelSpec]:
     return [
         _pretrain(config, "sinusoidal", seed, label=f"sinusoidal, {config.steps} steps"),
         _pretrain(config, "rope", seed, label=f"RoPE, {config.steps} steps"),
-        _pretrain(config, "sinusoidal", seed, model="sinusoidal-short", label=f"sinusoidal, {short} steps", steps=short),
-        _pretrain(config, "rope", seed, model="transfer-0", label=f"sinusoidal ({short} steps) → RoPE, not fine-tuned",
-                  stage="transfer", steps=0, parent="sinusoidal-short"),
-        _pretrain(config, "rope", seed, model="transfer", label=f"sinusoidal ({short} steps) → RoPE + {tune} steps",
-                  stage="transfer", steps=tune, parent="sinusoidal-short", first_batch=short),
+        _pretrain(
+            config, "sinusoidal", seed, model="sinusoidal-short", label=f"sinusoidal, {short} steps", steps=short
+        ),
+        _pretrain(
+            config,
+            "rope",
+            seed,
+            model="transfer-0",
+            label=f"sinusoidal ({short} steps) → RoPE, not fine-tuned",
+            stage="transfer",
+            steps=0,
+            parent="sinusoidal-short",
+        ),
+        _pretrain(
+            config,
+            "rope",
+            seed,
+            model="transfer",
+            label=f"sinusoidal ({short} steps) → RoPE + {tune} steps",
+            stage="transfer",
+            steps=tune,
+            parent="sinusoidal-short",
+            first_batch=short,
+        ),
     ]
 
 

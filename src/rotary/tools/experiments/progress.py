@@ -53,7 +53,7 @@ class Task:
         self.started, self.start_count = time.perf_counter(), completed
         self.fields: dict[str, Any] = {}
         self._last_line = self.started
-        self._next_tenth = (completed * 10 // max(total, 1) + 1)
+        self._next_tenth = completed * 10 // max(total, 1) + 1
         self._rich_id = None
 
     def advance(self, steps: int = 1, **fields: Any) -> None:
@@ -132,15 +132,23 @@ class Reporter:
             )
 
             self.progress = Progress(
-                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-                console=Console(file=self.stream), transient=False,
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeElapsedColumn(),
+                TextColumn("eta"),
+                TimeRemainingColumn(),
+                console=Console(file=self.stream),
+                transient=False,
             )
             self.progress.start()
             t._rich_id = self.progress.add_task(description, total=total, completed=completed, info="")
         elif self.enabled:
             note = " (resumed)" if completed else ""
-            self.log(f"{description}: {completed}/{total}{note}" if completed < total else f"{description}: already done")
+            self.log(
+                f"{description}: {completed}/{total}{note}" if completed < total else f"{description}: already done"
+            )
         try:
             yield t
         finally:
@@ -148,4 +156,6 @@ class Reporter:
                 self.progress.stop()
                 self.progress = None
             elif self.enabled and t.completed > t.start_count:
-                self.log(f"{description}: done {t.completed}/{t.total} {t._info()} {t._times(time.perf_counter())}".rstrip())
+                self.log(
+                    f"{description}: done {t.completed}/{t.total} {t._info()} {t._times(time.perf_counter())}".rstrip()
+                )

@@ -92,8 +92,13 @@ def summary_table(results: Results, spread: bool = True) -> tuple[list[str], lis
     inside = [d for d in results.distances if d <= L]
     past = [d for d in results.distances if d > L]
     sliding = [e for e in (L, longest) if "sliding" in results.modes]
-    header = (["method"] + [f"ppl {e / L:g}L" for e in results.lengths] + [f"sliding {e / L:g}L" for e in sliding]
-              + ["retrieval ≤ L", "retrieval > L", "passkey 1L"])
+    header = (
+        ["method"]
+        + [f"ppl {e / L:g}L" for e in results.lengths]
+        + [f"sliding {e / L:g}L" for e in sliding]
+        + ["retrieval ≤ L", "retrieval > L", "passkey 1L"]
+    )
+
     def cell(model: str, scaling: str, e: int, mode: str) -> str:
         if spread:
             return ppl(results, model, scaling, e, mode)
@@ -103,17 +108,25 @@ def summary_table(results: Results, spread: bool = True) -> tuple[list[str], lis
     body = []
     for m in results.methods():
         passkey = results.passkey_interval(m.model, m.scaling, L)
-        body.append([m.label] + [cell(m.model, m.scaling, e, "windows") for e in results.lengths]
-                    + [cell(m.model, m.scaling, e, "sliding") for e in sliding]
-                    + [_gain(results, m.model, m.scaling, inside, spread), _gain(results, m.model, m.scaling, past, spread),
-                       _percent_interval(passkey) if spread else ("–" if passkey is None else f"{passkey[0]:.0%}")])
+        body.append(
+            [m.label]
+            + [cell(m.model, m.scaling, e, "windows") for e in results.lengths]
+            + [cell(m.model, m.scaling, e, "sliding") for e in sliding]
+            + [
+                _gain(results, m.model, m.scaling, inside, spread),
+                _gain(results, m.model, m.scaling, past, spread),
+                _percent_interval(passkey) if spread else ("–" if passkey is None else f"{passkey[0]:.0%}"),
+            ]
+        )
     return header, body
 
 
 def _mode_table(results: Results, mode: str) -> str:
     L = results.config.train_length
-    return markdown_table(["method"] + [f"{e / L:g}L" for e in results.lengths],
-                          [[m.label] + [ppl(results, m.model, m.scaling, e, mode) for e in results.lengths] for m in results.methods()])
+    return markdown_table(
+        ["method"] + [f"{e / L:g}L" for e in results.lengths],
+        [[m.label] + [ppl(results, m.model, m.scaling, e, mode) for e in results.lengths] for m in results.methods()],
+    )
 
 
 def _bucket_table(results: Results) -> str:
@@ -124,22 +137,32 @@ def _bucket_table(results: Results) -> str:
         cells = []
         for a, b in zip(edges[:-1], edges[1:]):
             v = results.bucket(m.model, m.scaling, a, b)
-            cells.append("–" if v is None else (fmt(v.stat.mean) if v.stat.n < 2 else f"{fmt(v.stat.mean)} ± {fmt(v.stat.spread, 2)}"))
+            cells.append(
+                "–"
+                if v is None
+                else (fmt(v.stat.mean) if v.stat.n < 2 else f"{fmt(v.stat.mean)} ± {fmt(v.stat.spread, 2)}")
+            )
         body.append([m.label] + cells)
     return markdown_table(header, body)
 
 
 def _retrieval_table(results: Results) -> str:
     L = results.config.train_length
-    return markdown_table(["method"] + [f"{d / L:.3g}L" for d in results.distances],
-                          [[m.label] + [_gain(results, m.model, m.scaling, [d]) for d in results.distances] for m in results.methods()])
+    return markdown_table(
+        ["method"] + [f"{d / L:.3g}L" for d in results.distances],
+        [[m.label] + [_gain(results, m.model, m.scaling, [d]) for d in results.distances] for m in results.methods()],
+    )
 
 
 def _passkey_table(results: Results) -> str:
     L = results.config.train_length
-    return markdown_table(["method"] + [f"{e / L:g}L" for e in results.lengths],
-                          [[m.label] + [_percent_interval(results.passkey_interval(m.model, m.scaling, e)) for e in results.lengths]
-                           for m in results.methods()])
+    return markdown_table(
+        ["method"] + [f"{e / L:g}L" for e in results.lengths],
+        [
+            [m.label] + [_percent_interval(results.passkey_interval(m.model, m.scaling, e)) for e in results.lengths]
+            for m in results.methods()
+        ],
+    )
 
 
 def spread_table(results: Results, mode: str = "windows") -> tuple[list[str], list[list[str]]]:
@@ -160,8 +183,11 @@ def render_table(results: Results, console: Any) -> None:
     from rich.table import Table
 
     header, body = summary_table(results, spread=False)
-    table = Table(title=f"perplexity (bytes), retrieval gain (nats) and passkey; trained at L = {results.config.train_length}; "
-                        f"mean over {len(results.seeds)} seed(s) (the spread is in report.md)", title_justify="left")
+    table = Table(
+        title=f"perplexity (bytes), retrieval gain (nats) and passkey; trained at L = {results.config.train_length}; "
+        f"mean over {len(results.seeds)} seed(s) (the spread is in report.md)",
+        title_justify="left",
+    )
     for i, h in enumerate(header):
         table.add_column(h, justify="left" if i == 0 else "right")
     for row in body:
@@ -181,11 +207,16 @@ def observations(results: Results) -> list[str]:
     methods = results.methods()
     for mode in results.modes:
         for e in results.lengths:
-            ranked = sorted((s.mean, m.label) for m in methods
-                            if (s := results.perplexity(m.model, m.scaling, e, mode)) is not None and s.finite)
+            ranked = sorted(
+                (s.mean, m.label)
+                for m in methods
+                if (s := results.perplexity(m.model, m.scaling, e, mode)) is not None and s.finite
+            )
             if ranked:
-                lines.append(f"At {e} tokens ({e / L:g}L), {names[mode]}: the lowest perplexity is {ranked[0][1]}'s, "
-                             f"{fmt(ranked[0][0])}; the highest {ranked[-1][1]}'s, {fmt(ranked[-1][0])}.")
+                lines.append(
+                    f"At {e} tokens ({e / L:g}L), {names[mode]}: the lowest perplexity is {ranked[0][1]}'s, "
+                    f"{fmt(ranked[0][0])}; the highest {ranked[-1][1]}'s, {fmt(ranked[-1][0])}."
+                )
     longest = results.lengths[-1]
     for m in methods:
         if m.scaling == "none" and m.stage == "pretrain":
@@ -195,7 +226,9 @@ def observations(results: Results) -> list[str]:
                 if a is not None and b is not None and b.mean > 0:
                     parts.append(f"{a.mean / b.mean:.2f}x with {names[mode]}")
             if parts:
-                lines.append(f"{m.label}: perplexity at {longest / L:g}L is " + " and ".join(parts) + " its value at L.")
+                lines.append(
+                    f"{m.label}: perplexity at {longest / L:g}L is " + " and ".join(parts) + " its value at L."
+                )
     first, last = results.bucket, results.lengths
     if len(last) > 1:
         deltas = []
@@ -205,8 +238,11 @@ def observations(results: Results) -> list[str]:
                 deltas.append((b.minus(a).stat.mean, m.label))
         deltas.sort()
         if deltas:
-            lines.append(f"On {longest}-token windows, the loss at positions [{last[-2]}, {last[-1]}) minus the loss at [0, {L}) (nats): "
-                         + ", ".join(f"{label} {d:+.3f}" for d, label in deltas) + ".")
+            lines.append(
+                f"On {longest}-token windows, the loss at positions [{last[-2]}, {last[-1]}) minus the loss at [0, {L}) (nats): "
+                + ", ".join(f"{label} {d:+.3f}" for d, label in deltas)
+                + "."
+            )
     inside = [d for d in results.distances if d <= L]
     past = [d for d in results.distances if d > L]
     if inside and past:
@@ -216,18 +252,29 @@ def observations(results: Results) -> list[str]:
             if a is not None and b is not None:
                 gains.append((a.stat.mean, b.stat.mean, m.label))
         gains.sort(reverse=True)
-        largest = max((abs(v.stat.mean), m.label, d) for m in methods for d in results.distances
-                      if (v := results.retrieval(m.model, m.scaling, d)) is not None)
+        largest = max(
+            (abs(v.stat.mean), m.label, d)
+            for m in methods
+            for d in results.distances
+            if (v := results.retrieval(m.model, m.scaling, d)) is not None
+        )
         if largest[0] < 0.25:
-            lines.append(f"No method retrieves the planted span at any distance, inside L or past it: the largest mean retrieval gain "
-                         f"is {largest[0]:.2f} nats per byte ({largest[1]} at distance {largest[2]}), against up to 4.1 for a model that "
-                         "copies: at this budget the probe, like passkey retrieval, finds nothing to rank.")
+            lines.append(
+                f"No method retrieves the planted span at any distance, inside L or past it: the largest mean retrieval gain "
+                f"is {largest[0]:.2f} nats per byte ({largest[1]} at distance {largest[2]}), against up to 4.1 for a model that "
+                "copies: at this budget the probe, like passkey retrieval, finds nothing to rank."
+            )
         if gains:
-            lines.append("Retrieval gain (nats per byte), mean over the distances up to L / past L: "
-                         + ", ".join(f"{label} {a:.2f} / {b:.2f}" for a, b, label in gains) + ".")
+            lines.append(
+                "Retrieval gain (nats per byte), mean over the distances up to L / past L: "
+                + ", ".join(f"{label} {a:.2f} / {b:.2f}" for a, b, label in gains)
+                + "."
+            )
     if results.config.extends and results.has("rope-scratch"):
         ext = results.config.extension_length
-        scratch = results.perplexity("rope-scratch", "none", ext, "sliding") or results.perplexity("rope-scratch", "none", ext, "windows")
+        scratch = results.perplexity("rope-scratch", "none", ext, "sliding") or results.perplexity(
+            "rope-scratch", "none", ext, "windows"
+        )
         mode = "sliding" if results.perplexity("rope-scratch", "none", ext, "sliding") else "windows"
         parts = []
         for m in methods:
@@ -236,14 +283,19 @@ def observations(results: Results) -> list[str]:
                 if s is not None and scratch is not None and scratch.mean > 0:
                     parts.append(f"{m.label} {s.mean / scratch.mean:.2f}x")
         if parts:
-            lines.append(f"At the extension length {ext} ({names[mode]}), against RoPE trained from scratch there ({fmt(scratch.mean)}): "
-                         + ", ".join(parts) + ".")
+            lines.append(
+                f"At the extension length {ext} ({names[mode]}), against RoPE trained from scratch there ({fmt(scratch.mean)}): "
+                + ", ".join(parts)
+                + "."
+            )
     for e in results.lengths:
         found = [(v, m.label) for m in methods if (v := results.passkey_interval(m.model, m.scaling, e)) is not None]
         if found:
             best = max(v[0] for v, _ in found)
             leaders = [label for v, label in found if v[0] == best]
-            lines.append(f"Passkey retrieval at {e} tokens: best {best:.0%} ({', '.join(leaders[:4])}{' ...' if len(leaders) > 4 else ''}).")
+            lines.append(
+                f"Passkey retrieval at {e} tokens: best {best:.0%} ({', '.join(leaders[:4])}{' ...' if len(leaders) > 4 else ''})."
+            )
     return lines
 
 
@@ -265,7 +317,9 @@ def _setup(run: dict[str, Any], results: Results) -> list[str]:
     c = results.config
     L = c.train_length
     data = run["data"]
-    sizes = ", ".join(f"{m['model']} {m['parameters']:,}" for m in run["models"] if m["seed"] == c.seed and m["stage"] == "pretrain")
+    sizes = ", ".join(
+        f"{m['model']} {m['parameters']:,}" for m in run["models"] if m["seed"] == c.seed and m["stage"] == "pretrain"
+    )
     lines = [
         "## Setup",
         "",
@@ -288,79 +342,147 @@ def _setup(run: dict[str, Any], results: Results) -> list[str]:
             f"- **Extension stage**: the RoPE model of each seed fine-tuned at E = {E} ({E / L:g}L) for {n} steps of {rows} rows "
             f"({n / c.steps:.0%} of the pretraining steps, {n * rows * E / (c.steps * c.batch_size * L):.0%} of its tokens), fresh AdamW, "
             f"{max(1, n // 10)} warm-up steps to {c.finetune_learning_rate:g}, cosine to {c.min_learning_rate:g}; with "
-            + ", ".join("no scaling (direct fine-tuning)" if s == "none" else f"{SCALING_LABELS[s]} at factor {E / L:g}" for s in c.extend_scalings)
+            + ", ".join(
+                "no scaling (direct fine-tuning)" if s == "none" else f"{SCALING_LABELS[s]} at factor {E / L:g}"
+                for s in c.extend_scalings
+            )
             + f". Beside them, RoPE trained from scratch at E: {c.steps} steps of {rows} rows ({c.steps * rows * E:,} tokens)."
         )
     if c.study == "transfer":
         tune = c.transfer_finetune_steps
-        lines.append(f"- **Transfer**: a sinusoidal model of {c.steps - tune} steps moved to RoPE by "
-                     "`rotary.models.transfer_position_encoding` (every weight outside the position encoding copied), "
-                     f"measured as it is and after {tune} more steps (fresh AdamW, {max(1, tune // 10)} warm-up steps to "
-                     f"{c.finetune_learning_rate:g}, the batches the sinusoidal model would have seen next).")
-    evaluation = (f"- **Evaluation** at E = {', '.join(f'{e} ({e / L:g}L)' for e in results.lengths)}: perplexity on "
-                  f"{data['eval_tokens']:,} held-out bytes in non-overlapping windows of E")
+        lines.append(
+            f"- **Transfer**: a sinusoidal model of {c.steps - tune} steps moved to RoPE by "
+            "`rotary.models.transfer_position_encoding` (every weight outside the position encoding copied), "
+            f"measured as it is and after {tune} more steps (fresh AdamW, {max(1, tune // 10)} warm-up steps to "
+            f"{c.finetune_learning_rate:g}, the batches the sinusoidal model would have seen next)."
+        )
+    evaluation = (
+        f"- **Evaluation** at E = {', '.join(f'{e} ({e / L:g}L)' for e in results.lengths)}: perplexity on "
+        f"{data['eval_tokens']:,} held-out bytes in non-overlapping windows of E"
+    )
     if "sliding" in results.modes:
-        evaluation += (f", and {data['sliding_tokens']:,} of the same bytes (strides of {c.stride} spread over them) in sliding "
-                       f"windows of E, each scoring its last {c.stride} (every scored byte sees at least E − {c.stride} bytes of context)")
-    evaluation += (f"; the loss by query position in bins of {max(1, L // 8)} on the {results.lengths[-1]}-token windows; passkey "
-                   f"retrieval ({c.passkey_trials} prompts per length and seed at depths {', '.join(f'{d:g}' for d in c.passkey_depths)}, "
-                   f"greedy decoding, all 5 digits exact); the retrieval probe at distances {', '.join(str(d) for d in results.distances)} "
-                   f"({c.retrieval_trials} random {c.retrieval_span}-byte spans each).")
+        evaluation += (
+            f", and {data['sliding_tokens']:,} of the same bytes (strides of {c.stride} spread over them) in sliding "
+            f"windows of E, each scoring its last {c.stride} (every scored byte sees at least E − {c.stride} bytes of context)"
+        )
+    evaluation += (
+        f"; the loss by query position in bins of {max(1, L // 8)} on the {results.lengths[-1]}-token windows; passkey "
+        f"retrieval ({c.passkey_trials} prompts per length and seed at depths {', '.join(f'{d:g}' for d in c.passkey_depths)}, "
+        f"greedy decoding, all 5 digits exact); the retrieval probe at distances {', '.join(str(d) for d in results.distances)} "
+        f"({c.retrieval_trials} random {c.retrieval_span}-byte spans each)."
+    )
     lines.append(evaluation)
     if c.study is None:
-        lines.append(f"- **RoPE scalings** of the pretrained RoPE model at inference time, factor E / L, weights unchanged: "
-                     f"{', '.join(SCALING_LABELS[s] or 'none' for s in c.scalings)}.")
+        lines.append(
+            f"- **RoPE scalings** of the pretrained RoPE model at inference time, factor E / L, weights unchanged: "
+            f"{', '.join(SCALING_LABELS[s] or 'none' for s in c.scalings)}."
+        )
     for m in run["models"]:
         if m.get("untrained_rows_unchanged") is not None and m["seed"] == c.seed:
-            state = "identical to their initial values" if m["untrained_rows_unchanged"] else "NOT identical to their initial values"
-            lines.append(f"- **Learned absolute table**: sized to {results.lengths[-1]} positions; rows {L}..{results.lengths[-1] - 1} "
-                         f"never receive a gradient and are not weight-decayed: checked after training, {state}.")
+            state = (
+                "identical to their initial values"
+                if m["untrained_rows_unchanged"]
+                else "NOT identical to their initial values"
+            )
+            lines.append(
+                f"- **Learned absolute table**: sized to {results.lengths[-1]} positions; rows {L}..{results.lengths[-1] - 1} "
+                f"never receive a gradient and are not weight-decayed: checked after training, {state}."
+            )
     return lines
 
 
 def _main_sections(results: Results, figures: dict[str, list[Path]]) -> list[str]:
     L = results.config.train_length
     longest = results.lengths[-1]
-    lines = ["", "## Perplexity against evaluation length", "", f"![perplexity](figures/{figures['perplexity'][0].name})", "",
-             "Non-overlapping windows (each window predicted from its own bytes only):", "", _mode_table(results, "windows"), ""]
+    lines = [
+        "",
+        "## Perplexity against evaluation length",
+        "",
+        f"![perplexity](figures/{figures['perplexity'][0].name})",
+        "",
+        "Non-overlapping windows (each window predicted from its own bytes only):",
+        "",
+        _mode_table(results, "windows"),
+        "",
+    ]
     if "sliding" in results.modes:
-        lines += [f"Sliding windows (stride {results.config.stride}: every scored byte sees at least E − {results.config.stride} bytes):",
-                  "", _mode_table(results, "sliding"), ""]
-    lines += [f"## Loss by position on {longest}-token windows", "", f"![positions](figures/{figures['buckets'][0].name})", "",
-              _bucket_table(results), "",
-              "Mean next-byte loss (nats) of queries in each range of positions. A method that only lacks context gets better "
-              "to the right; a method that breaks at positions it never saw gets worse.", ""]
+        lines += [
+            f"Sliding windows (stride {results.config.stride}: every scored byte sees at least E − {results.config.stride} bytes):",
+            "",
+            _mode_table(results, "sliding"),
+            "",
+        ]
+    lines += [
+        f"## Loss by position on {longest}-token windows",
+        "",
+        f"![positions](figures/{figures['buckets'][0].name})",
+        "",
+        _bucket_table(results),
+        "",
+        "Mean next-byte loss (nats) of queries in each range of positions. A method that only lacks context gets better "
+        "to the right; a method that breaks at positions it never saw gets worse.",
+        "",
+    ]
     if results.distances:
-        lines += ["## Retrieval at a distance", "", f"![retrieval](figures/{figures['retrieval'][0].name})", "",
-                  _retrieval_table(results), "",
-                  f"Retrieval gain in nats per byte (control loss minus copy loss on the second copy of a random "
-                  f"{results.config.retrieval_span}-byte span) at each distance between the copies; 0 means nothing is retrieved. "
-                  f"Distances past L = {L} put the second copy past L as well.", ""]
-    lines += ["## Passkey retrieval", "", f"![passkey](figures/{figures['passkey'][0].name})", "", _passkey_table(results), "",
-              "Accuracy over every seed's prompts with its Wilson 95% interval.", ""]
+        lines += [
+            "## Retrieval at a distance",
+            "",
+            f"![retrieval](figures/{figures['retrieval'][0].name})",
+            "",
+            _retrieval_table(results),
+            "",
+            f"Retrieval gain in nats per byte (control loss minus copy loss on the second copy of a random "
+            f"{results.config.retrieval_span}-byte span) at each distance between the copies; 0 means nothing is retrieved. "
+            f"Distances past L = {L} put the second copy past L as well.",
+            "",
+        ]
+    lines += [
+        "## Passkey retrieval",
+        "",
+        f"![passkey](figures/{figures['passkey'][0].name})",
+        "",
+        _passkey_table(results),
+        "",
+        "Accuracy over every seed's prompts with its Wilson 95% interval.",
+        "",
+    ]
     return lines
 
 
 def _spread_section(results: Results) -> list[str]:
     lines = ["## Run-to-run spread", ""]
     if len(results.seeds) < 2:
-        return lines + ["Every method was trained once (`--seeds 1`): the spread is unknown, and each comparison rests on one run.", ""]
+        return lines + [
+            "Every method was trained once (`--seeds 1`): the spread is unknown, and each comparison rests on one run.",
+            "",
+        ]
     header, body = spread_table(results, "windows")
-    lines += [f"Half the range of the loss over seeds {', '.join(map(str, results.seeds))} (nats), non-overlapping windows:", "",
-              markdown_table(header, body), "",
-              "A comparison between two methods is made on their per-seed differences (seed k against seed k: the same "
-              "training batches), so each pair is held to its own spread: it agrees or disagrees only when every seed "
-              "points the same way beyond the threshold, and is within run-to-run spread otherwise. With two seeds this "
-              "is a weak test: two methods that are equal point the same way in both seeds half the time, so the "
-              "threshold (2%) and the size of the difference carry much of the weight.", ""]
+    lines += [
+        f"Half the range of the loss over seeds {', '.join(map(str, results.seeds))} (nats), non-overlapping windows:",
+        "",
+        markdown_table(header, body),
+        "",
+        "A comparison between two methods is made on their per-seed differences (seed k against seed k: the same "
+        "training batches), so each pair is held to its own spread: it agrees or disagrees only when every seed "
+        "points the same way beyond the threshold, and is within run-to-run spread otherwise. With two seeds this "
+        "is a weak test: two methods that are equal point the same way in both seeds half the time, so the "
+        "threshold (2%) and the size of the difference carry much of the weight.",
+        "",
+    ]
     return lines
 
 
 def _claims_section(assessments: Sequence[Assessment]) -> list[str]:
-    return ["## Compared with the published findings", "", claims_table(assessments), "",
-            "The papers trained far larger models on far more text (and the NoPE study used synthetic tasks, not language "
-            "modelling); a verdict says whether this run's numbers point the same way, at this scale. **not measured** means "
-            "the run lacks what the claim needs.", ""]
+    return [
+        "## Compared with the published findings",
+        "",
+        claims_table(assessments),
+        "",
+        "The papers trained far larger models on far more text (and the NoPE study used synthetic tasks, not language "
+        "modelling); a verdict says whether this run's numbers point the same way, at this scale. **not measured** means "
+        "the run lacks what the claim needs.",
+        "",
+    ]
 
 
 def _base_sections(results: Results, figures: dict[str, list[Path]]) -> list[str]:
@@ -369,38 +491,62 @@ def _base_sections(results: Results, figures: dict[str, list[Path]]) -> list[str
     header, body = base_table(results)
     critical = (L / (2 * math.pi)) ** (d / (d - 2))
     return [
-        "", "## The base against its predicted extrapolation limit", "",
+        "",
+        "## The base against its predicted extrapolation limit",
+        "",
         f"Pair i of a head of width d = {d} rotates by base^(−2i/d) per token, a period of 2π·base^(2i/d) tokens. "
-        f"Liu et al. (\"Scaling Laws of RoPE-based Extrapolation\") count the dimensions whose pairs complete a period "
+        f'Liu et al. ("Scaling Laws of RoPE-based Extrapolation") count the dimensions whose pairs complete a period '
         f"within the training length, the critical dimension d_extra = 2·ceil((d/2)·log_base(L/2π)); the next pair is the "
         f"first whose period exceeds L, and its period T_extra = 2π·base^(d_extra/d) is their extrapolation bound. Below "
-        f"base (L/2π)^(d/(d−2)) = {critical:.1f} every pair completes a period within L = {L}.", "",
-        f"![perplexity](figures/{figures['perplexity'][0].name})", "",
-        f"![positions](figures/{figures['buckets'][0].name})", "",
-        markdown_table(header, body), "",
-        f"\"Rise observed at\": per seed, the first position at or past L/2 where two consecutive bins of {max(1, L // 8)} "
+        f"base (L/2π)^(d/(d−2)) = {critical:.1f} every pair completes a period within L = {L}.",
+        "",
+        f"![perplexity](figures/{figures['perplexity'][0].name})",
+        "",
+        f"![positions](figures/{figures['buckets'][0].name})",
+        "",
+        markdown_table(header, body),
+        "",
+        f'"Rise observed at": per seed, the first position at or past L/2 where two consecutive bins of {max(1, L // 8)} '
         f"positions lie more than {RISE_NATS} nats above the mean loss of [L/2, L) on the {results.lengths[-1]}-token "
-        "windows; \"none\": no rise up to there.", "",
+        'windows; "none": no rise up to there.',
+        "",
         f"Best at L: {best_at(results, list(results.specs), L)}. Best at {results.lengths[-1] / L:g}L: "
-        f"{best_at(results, list(results.specs), results.lengths[-1])}.", "",
+        f"{best_at(results, list(results.specs), results.lengths[-1])}.",
+        "",
         "A table of bases 100, 1,000, 10,000 and 100,000 circulates with write-ups of RoFormer as that paper's ablation. It "
-        "is not in the RoFormer paper (\"RoFormer: Enhanced Transformer with Rotary Position Embedding\") and could not be "
-        "verified, so it is not compared with here; the table above measures those bases.", "",
+        'is not in the RoFormer paper ("RoFormer: Enhanced Transformer with Rotary Position Embedding") and could not be '
+        "verified, so it is not compared with here; the table above measures those bases.",
+        "",
     ]
 
 
 def _transfer_sections(results: Results, figures: dict[str, list[Path]]) -> list[str]:
-    return ["", "## Perplexity against evaluation length", "", f"![perplexity](figures/{figures['perplexity'][0].name})", "",
-            _mode_table(results, "windows"), "",
-            f"![training loss](figures/{figures['training'][0].name})", "",
-            "The transferred model's curve starts where the sinusoidal model it came from stopped; the RoPE and sinusoidal "
-            "models trained for the whole budget are beside it.", "",
-            f"![positions](figures/{figures['buckets'][0].name})", "", _bucket_table(results), "",
-            "No paper we cite measures this transfer, so the questions below are this study's own, checked the same way as "
-            "the papers' claims of the main comparison.", ""]
+    return [
+        "",
+        "## Perplexity against evaluation length",
+        "",
+        f"![perplexity](figures/{figures['perplexity'][0].name})",
+        "",
+        _mode_table(results, "windows"),
+        "",
+        f"![training loss](figures/{figures['training'][0].name})",
+        "",
+        "The transferred model's curve starts where the sinusoidal model it came from stopped; the RoPE and sinusoidal "
+        "models trained for the whole budget are beside it.",
+        "",
+        f"![positions](figures/{figures['buckets'][0].name})",
+        "",
+        _bucket_table(results),
+        "",
+        "No paper we cite measures this transfer, so the questions below are this study's own, checked the same way as "
+        "the papers' claims of the main comparison.",
+        "",
+    ]
 
 
-def report_markdown(run: dict[str, Any], results: Results, assessments: Sequence[Assessment], figures: dict[str, list[Path]]) -> str:
+def report_markdown(
+    run: dict[str, Any], results: Results, assessments: Sequence[Assessment], figures: dict[str, list[Path]]
+) -> str:
     """The whole ``report.md`` of a run: setup, figures, tables, observations and the claims.
 
     Args:
@@ -415,10 +561,12 @@ def report_markdown(run: dict[str, Any], results: Results, assessments: Sequence
     if env.get("load_average_at_start"):
         load = f" Load average (1 min) {env['load_average_at_start'][0]:g} at the start, {env['load_average_at_end'][0]:g} at the end."
     lines = [
-        f"# {_title(results)}", "",
+        f"# {_title(results)}",
+        "",
         f"Command: `{run['command']}`  ",
         f"Finished {run['finished']} in {run['wall_seconds'] / 60:.1f} min on {env['cpu']} ({env['threads']} torch threads, "
-        f"{env['device']}, {env['world_size']} process(es)); torch {env['torch']}, rotary {env['rotary']}.{load}", "",
+        f"{env['device']}, {env['world_size']} process(es)); torch {env['torch']}, rotary {env['rotary']}.{load}",
+        "",
     ]
     lines += _setup(run, results)
     if c.study == "base":
@@ -443,7 +591,9 @@ def report_markdown(run: dict[str, Any], results: Results, assessments: Sequence
         ]
     if c.preset in BUDGET_NOTES and c.study is None:
         lines.append(f"- Budget: {BUDGET_NOTES[c.preset]}")
-    lines.append(f"- Wall time: {_wall_time(run['timings'], results)} (each model under Wall time; every phase in results.json).")
+    lines.append(
+        f"- Wall time: {_wall_time(run['timings'], results)} (each model under Wall time; every phase in results.json)."
+    )
     lines.append("")
     return "\n".join(lines)
 
@@ -472,9 +622,13 @@ def _timing_section(run: dict[str, Any]) -> list[str]:
     """The measured wall time of every model: training (with its first, compiling steps when it was
     compiled) and evaluation, and the run's total."""
     timings = run["timings"]
-    lines = ["## Wall time", "",
-             "| model | steps | train (s) | ms / step | compiled (first 2 steps, s) | evaluate (s) |",
-             "| --- | ---: | ---: | ---: | --- | ---: |"]
+    lines = [
+        "## Wall time",
+        "",
+        "| model | steps | train (s) | ms / step | compiled (first 2 steps, s) | evaluate (s) |",
+        "| --- | ---: | ---: | ---: | --- | ---: |",
+    ]
+
     def cell(value: float | None, digits: int = 1) -> str:
         return "–" if value is None else f"{value:.{digits}f}"
 
@@ -484,19 +638,30 @@ def _timing_section(run: dict[str, Any]) -> list[str]:
         seconds = m.get("train_seconds", timings.get(f"train {name}"))
         per_step = 1000 * seconds / steps if steps and seconds is not None else None
         compiled = f"yes ({m['compile_seconds']:.1f})" if m.get("compiled") else "no"
-        lines.append(f"| {name} | {'–' if steps is None else steps} | {cell(seconds)} | {cell(per_step)} | {compiled} | "
-                     f"{cell(timings.get(f'evaluate {name}'))} |")
+        lines.append(
+            f"| {name} | {'–' if steps is None else steps} | {cell(seconds)} | {cell(per_step)} | {compiled} | "
+            f"{cell(timings.get(f'evaluate {name}'))} |"
+        )
     train = sum(v for k, v in timings.items() if k.startswith("train "))
     evaluate = sum(v for k, v in timings.items() if k.startswith("evaluate "))
-    lines += ["", f"Total {run['wall_seconds']:.0f} s: training {train:.0f} s, evaluation {evaluate:.0f} s, the rest "
-              f"{max(0.0, run['wall_seconds'] - train - evaluate):.0f} s (loading the text, the report). A model resumed from a "
-              "checkpoint counts the time of its earlier sessions.", ""]
+    lines += [
+        "",
+        f"Total {run['wall_seconds']:.0f} s: training {train:.0f} s, evaluation {evaluate:.0f} s, the rest "
+        f"{max(0.0, run['wall_seconds'] - train - evaluate):.0f} s (loading the text, the report). A model resumed from a "
+        "checkpoint counts the time of its earlier sessions.",
+        "",
+    ]
     return lines
 
 
 def _wall_time(timings: dict[str, float], results: Results) -> str:
     """The timings summed by phase: pretraining, each later stage, evaluation, the rest."""
-    names = {"pretrain": "pretraining", "extend": "fine-tuning", "scratch": "training at E", "transfer": "fine-tuning after the transfer"}
+    names = {
+        "pretrain": "pretraining",
+        "extend": "fine-tuning",
+        "scratch": "training at E",
+        "transfer": "fine-tuning after the transfer",
+    }
     totals: dict[str, float] = {}
     for key, seconds in timings.items():
         if key.startswith("train "):

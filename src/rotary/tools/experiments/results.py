@@ -67,7 +67,9 @@ class Results:
         config: the run's settings.
     """
 
-    def __init__(self, measurements: Measurements, specs: Iterable[ModelSpec | dict[str, Any]], config: ExperimentConfig) -> None:
+    def __init__(
+        self, measurements: Measurements, specs: Iterable[ModelSpec | dict[str, Any]], config: ExperimentConfig
+    ) -> None:
         self.rows = measurements
         self.config = config
         self.specs: dict[str, ModelSpec] = {}
@@ -86,7 +88,9 @@ class Results:
         seen: dict[tuple[str, str], Method] = {}
         for r in self.rows.perplexity:
             if (r.model, r.scaling) not in seen:
-                seen[(r.model, r.scaling)] = Method(r.model, r.scaling, self.label(r.model, r.scaling), *self._stage(r.model))
+                seen[(r.model, r.scaling)] = Method(
+                    r.model, r.scaling, self.label(r.model, r.scaling), *self._stage(r.model)
+                )
         return list(seen.values())
 
     def _stage(self, model: str) -> tuple[str, str]:
@@ -114,8 +118,13 @@ class Results:
     # ------------------------------------------------------------------------------------------------
     def loss(self, model: str, scaling: str, length: int, mode: str = "windows") -> Values | None:
         """Loss (nats) per seed; None when not measured."""
-        found = Values({s: self._perplexity[(model, scaling, length, mode, s)].loss
-                        for s in self.seeds if (model, scaling, length, mode, s) in self._perplexity})
+        found = Values(
+            {
+                s: self._perplexity[(model, scaling, length, mode, s)].loss
+                for s in self.seeds
+                if (model, scaling, length, mode, s) in self._perplexity
+            }
+        )
         return found or None
 
     def perplexity(self, model: str, scaling: str, length: int, mode: str = "windows") -> Stat | None:
@@ -169,8 +178,13 @@ class Results:
         return Values({s: c / t for s, (c, t) in found.items() if t}) or None
 
     def retrieval(self, model: str, scaling: str, distance: int, field: str = "gain") -> Values | None:
-        found = Values({r.seed: getattr(r, field) for r in self.rows.retrieval
-                        if r.model == model and r.scaling == scaling and r.distance == distance})
+        found = Values(
+            {
+                r.seed: getattr(r, field)
+                for r in self.rows.retrieval
+                if r.model == model and r.scaling == scaling and r.distance == distance
+            }
+        )
         return found or None
 
     def retrieval_mean(self, model: str, scaling: str, distances: Sequence[int], field: str = "gain") -> Values | None:

@@ -78,7 +78,9 @@ class RetrievalTrials:
         return self.copy.shape[1]
 
 
-def make_trials(text: torch.Tensor, distance: int, *, trials: int, span: int, generator: torch.Generator) -> RetrievalTrials:
+def make_trials(
+    text: torch.Tensor, distance: int, *, trials: int, span: int, generator: torch.Generator
+) -> RetrievalTrials:
     """``trials`` copies and controls at ``distance``, the text taken from ``text`` at random offsets.
 
     Args:
@@ -105,7 +107,9 @@ def make_trials(text: torch.Tensor, distance: int, *, trials: int, span: int, ge
         offset = int(torch.randint(text.numel() - length + 1, (1,), generator=generator))
         sequence = text[offset : offset + length].to(torch.int64).clone()
         a = torch.randint(len(alphabet), (span,), generator=generator)
-        b = (a + torch.randint(1, len(alphabet), (span,), generator=generator)) % len(alphabet)  # differs from a everywhere
+        b = (a + torch.randint(1, len(alphabet), (span,), generator=generator)) % len(
+            alphabet
+        )  # differs from a everywhere
         sequence[PREFIX + distance :] = alphabet[a]
         copy, control = sequence.clone(), sequence.clone()
         copy[PREFIX : PREFIX + span] = alphabet[a]

@@ -136,7 +136,9 @@ def csv_text(rows: list, row_type: type) -> str:
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(names)
     for row in rows:
-        writer.writerow(["" if isinstance(v, float) and not math.isfinite(v) else v for v in (getattr(row, n) for n in names)])
+        writer.writerow(
+            ["" if isinstance(v, float) and not math.isfinite(v) else v for v in (getattr(row, n) for n in names)]
+        )
     return out.getvalue()
 
 
@@ -167,7 +169,9 @@ class Measurements:
 
     @classmethod
     def from_json(cls, data: dict[str, list[dict[str, Any]]]) -> Measurements:
-        return cls(**{name: [_from_dict(row_type, r) for r in data.get(name, [])] for name, (row_type, _) in CSV_FILES.items()})
+        return cls(
+            **{name: [_from_dict(row_type, r) for r in data.get(name, [])] for name, (row_type, _) in CSV_FILES.items()}
+        )
 
     def csv_files(self) -> dict[str, str]:
         """File name -> CSV text."""

@@ -40,7 +40,15 @@ from .rows import Measurements
 from .studies import predicted_limits, study_claims
 from .train import Distributed, build_model, train_model
 
-__all__ = ["RUN_FORMAT", "environment", "load_run", "prepare_run_dir", "require_report_packages", "run_experiment", "write_figures"]
+__all__ = [
+    "RUN_FORMAT",
+    "environment",
+    "load_run",
+    "prepare_run_dir",
+    "require_report_packages",
+    "run_experiment",
+    "write_figures",
+]
 
 RUN_FORMAT = 2
 
@@ -62,9 +70,15 @@ def environment(config: ExperimentConfig, dist: Distributed) -> dict[str, Any]:
     except OSError:
         pass
     return {
-        "rotary": rotary.__version__, "torch": torch.__version__, "python": platform.python_version(),
-        "platform": platform.platform(), "cpu": cpu, "logical_cpus": os.cpu_count(),
-        "threads": torch.get_num_threads(), "device": config.device, "world_size": dist.world_size,
+        "rotary": rotary.__version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "logical_cpus": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "device": config.device,
+        "world_size": dist.world_size,
         "cuda": torch.cuda.get_device_name(0) if config.device == "cuda" else None,
     }
 
@@ -111,7 +125,9 @@ def _stored_run(directory: Path) -> dict[str, Any]:
         if stored.get("format") != RUN_FORMAT or not isinstance(stored.get("config"), dict):
             raise InputError("unknown format")
     except (ValueError, OSError) as exc:
-        raise ExperimentError(f"--resume {directory}: config.json is corrupted ({exc}); the run cannot be continued") from None
+        raise ExperimentError(
+            f"--resume {directory}: config.json is corrupted ({exc}); the run cannot be continued"
+        ) from None
     return stored
 
 
@@ -144,7 +160,9 @@ def prepare_run_dir(
         stored = _stored_run(directory)
         diffs = differences(stored["config"], config.to_dict())
         if stored.get("data", {}).get("sha256") != corpus.sha256:
-            diffs.append(f"data: the run's text has sha256 {stored.get('data', {}).get('sha256', '?')[:12]}…, this one {corpus.sha256[:12]}…")
+            diffs.append(
+                f"data: the run's text has sha256 {stored.get('data', {}).get('sha256', '?')[:12]}…, this one {corpus.sha256[:12]}…"
+            )
         if diffs:
             raise ExperimentError(
                 f"--resume {directory} was started with other settings: {'; '.join(diffs)}. "
@@ -199,7 +217,9 @@ def run_experiment(
     config.validate()
     if config.device == "cuda" and not torch.cuda.is_available():
         build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
-        raise ExperimentError(f"--device cuda: CUDA is not available (torch {torch.__version__}, {build}); use --device cpu")
+        raise ExperimentError(
+            f"--device cuda: CUDA is not available (torch {torch.__version__}, {build}); use --device cpu"
+        )
     require_report_packages()  # before anything is trained or written: the figures and the table need them
     if config.batch_size % dist.world_size:
         raise ExperimentError(
@@ -230,27 +250,49 @@ def run_experiment(
         try:
             directory, resumed = prepare_run_dir(config, corpus, out=out, resume=resume, dist=dist)
             if not resumed:
-                write_atomic(directory / "config.json", json.dumps({
-                    "format": RUN_FORMAT, "command": command, "config": config.to_dict(),
-                    "data": {"source": corpus.source, "sha256": corpus.sha256, "bytes": corpus.num_bytes},
-                }, indent=1) + "\n")
+                write_atomic(
+                    directory / "config.json",
+                    json.dumps(
+                        {
+                            "format": RUN_FORMAT,
+                            "command": command,
+                            "config": config.to_dict(),
+                            "data": {"source": corpus.source, "sha256": corpus.sha256, "bytes": corpus.num_bytes},
+                        },
+                        indent=1,
+                    )
+                    + "\n",
+                )
         except ExperimentError as exc:
             failure = exc
     if not dist.agree(failure is None, dist.device(config.device)):
         dist.stop(sync=dist.device(config.device))
         raise failure or ExperimentError("rank 0 stopped on bad input")
     timings["load data"] = time.perf_counter() - t
-    what = {None: f"{len(config.encodings)} encodings", "base": f"the base study ({len(config.bases)} bases)",
-            "transfer": "the transfer study"}[config.study]
-    reporter.log(f"rotary experiment: {what}, {config.seeds} seed(s), {len(specs)} models, L = {config.train_length}, "
-                 f"evaluated at {', '.join(map(str, sorted(config.eval_lengths)))}; writing {directory}")
+    what = {
+        None: f"{len(config.encodings)} encodings",
+        "base": f"the base study ({len(config.bases)} bases)",
+        "transfer": "the transfer study",
+    }[config.study]
+    reporter.log(
+        f"rotary experiment: {what}, {config.seeds} seed(s), {len(specs)} models, L = {config.train_length}, "
+        f"evaluated at {', '.join(map(str, sorted(config.eval_lengths)))}; writing {directory}"
+    )
 
     try:
         trained = {}
         for spec in specs:
             parent = trained[spec.parent_name].model if spec.parent else None
-            outcome = train_model(spec, config, corpus.train, parent=parent, run_dir=directory, resume=resumed,
-                                  reporter=reporter, dist=dist)
+            outcome = train_model(
+                spec,
+                config,
+                corpus.train,
+                parent=parent,
+                run_dir=directory,
+                resume=resumed,
+                reporter=reporter,
+                dist=dist,
+            )
             trained[spec.name] = outcome
             timings[f"train {spec.name}"] = outcome.seconds
         # the last collective is behind every rank: they leave the group together, and rank 0
@@ -270,16 +312,30 @@ def run_experiment(
         results = Results(measurements, specs, config)
         assessments = assess(study_claims(config), results)
         run = {
-            "format": RUN_FORMAT, "command": command, "config": config.to_dict(),
+            "format": RUN_FORMAT,
+            "command": command,
+            "config": config.to_dict(),
             "data": {
-                "source": corpus.source, "sha256": corpus.sha256, "bytes": corpus.num_bytes, "files": corpus.files,
-                "skipped": corpus.skipped, "train_bytes": corpus.train.numel(), "held_out_bytes": corpus.held_out.numel(),
-                "eval_tokens": tokens.numel(), "sliding_tokens": len(text.sliding) * config.stride,
+                "source": corpus.source,
+                "sha256": corpus.sha256,
+                "bytes": corpus.num_bytes,
+                "files": corpus.files,
+                "skipped": corpus.skipped,
+                "train_bytes": corpus.train.numel(),
+                "held_out_bytes": corpus.held_out.numel(),
+                "eval_tokens": tokens.numel(),
+                "sliding_tokens": len(text.sliding) * config.stride,
             },
-            "environment": {**environment(config, dist), "load_average_at_start": load_at_start, "load_average_at_end": _load_average()},
-            "models": models, "rows": measurements.to_json(),
+            "environment": {
+                **environment(config, dist),
+                "load_average_at_start": load_at_start,
+                "load_average_at_end": _load_average(),
+            },
+            "models": models,
+            "rows": measurements.to_json(),
             "claims": [dataclasses.asdict(a) for a in assessments],
-            "started": started.isoformat(timespec="seconds"), "timings": timings,
+            "started": started.isoformat(timespec="seconds"),
+            "timings": timings,
         }
         figures = write_figures(run, results, directory / "figures")
         timings["report"] = time.perf_counter() - t
@@ -294,8 +350,10 @@ def run_experiment(
         render_table(results, console)
         train = sum(v for k, v in timings.items() if k.startswith("train "))
         evaluate = sum(v for k, v in timings.items() if k.startswith("evaluate "))
-        console.print(f"wrote {directory}/report.md, results.json, the CSV files and figures/ in {run['wall_seconds']:.0f} s "
-                      f"(training {train:.0f} s, evaluation {evaluate:.0f} s)")
+        console.print(
+            f"wrote {directory}/report.md, results.json, the CSV files and figures/ in {run['wall_seconds']:.0f} s "
+            f"(training {train:.0f} s, evaluation {evaluate:.0f} s)"
+        )
         return directory
     finally:
         dist.stop()
@@ -308,8 +366,13 @@ def write_figures(run: dict[str, Any], results: Results, directory: Path) -> dic
     figures = draw_figures(results, directory, predicted_limits(results) if config.study == "base" else None)
     if config.study == "transfer":
         short = config.steps - config.transfer_finetune_steps
-        figures["training"] = loss_curves(run["models"], directory, "training_loss",
-                                          "Training loss: sinusoidal, RoPE, and sinusoidal moved to RoPE", {"transfer": short})
+        figures["training"] = loss_curves(
+            run["models"],
+            directory,
+            "training_loss",
+            "Training loss: sinusoidal, RoPE, and sinusoidal moved to RoPE",
+            {"transfer": short},
+        )
     return figures
 
 
@@ -324,7 +387,9 @@ def load_run(directory: Path) -> tuple[dict[str, Any], Results]:
         raise ExperimentError(f"{directory} has no results.json: not a finished run")
     run = json.loads(path.read_text())
     if run.get("format") != RUN_FORMAT:
-        raise ExperimentError(f"{path} is of format {run.get('format')!r}, not {RUN_FORMAT}: run the experiment again with this version")
+        raise ExperimentError(
+            f"{path} is of format {run.get('format')!r}, not {RUN_FORMAT}: run the experiment again with this version"
+        )
     config = ExperimentConfig.from_dict(run["config"])
     return run, Results(Measurements.from_json(run["rows"]), _specs(run["models"]), config)
 
@@ -335,8 +400,13 @@ def _specs(models: list[dict[str, Any]]) -> list[ModelSpec]:
 
 
 def _evaluate_cached(
-    spec: ModelSpec, model: torch.nn.Module, text: EvaluationText, config: ExperimentConfig, directory: Path,
-    resumed: bool, reporter: Reporter,
+    spec: ModelSpec,
+    model: torch.nn.Module,
+    text: EvaluationText,
+    config: ExperimentConfig,
+    directory: Path,
+    resumed: bool,
+    reporter: Reporter,
 ) -> tuple[Measurements, float]:
     path = directory / "models" / spec.name / "evaluation.json"
     if resumed and path.is_file():
@@ -359,18 +429,35 @@ def _model_record(spec: ModelSpec, outcome: Any, config: ExperimentConfig) -> di
     model = outcome.model
     recent = outcome.losses[-20:]
     record = {
-        "name": spec.name, "model": spec.model, "label": spec.label, "stage": spec.stage, "encoding": spec.encoding,
-        "seed": spec.seed, "spec": dataclasses.asdict(spec),
-        "parameters": sum(p.numel() for p in model.parameters()), "train_seconds": outcome.seconds,
-        "tokens_per_second": outcome.tokens_per_second, "resumed_at_step": outcome.resumed_at,
-        "compiled": outcome.compiled, "compile_seconds": outcome.compile_seconds,
-        "final_loss": sum(recent) / len(recent) if recent else None, "losses": outcome.losses,
+        "name": spec.name,
+        "model": spec.model,
+        "label": spec.label,
+        "stage": spec.stage,
+        "encoding": spec.encoding,
+        "seed": spec.seed,
+        "spec": dataclasses.asdict(spec),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "train_seconds": outcome.seconds,
+        "tokens_per_second": outcome.tokens_per_second,
+        "resumed_at_step": outcome.resumed_at,
+        "compiled": outcome.compiled,
+        "compile_seconds": outcome.compile_seconds,
+        "final_loss": sum(recent) / len(recent) if recent else None,
+        "losses": outcome.losses,
     }
     # a learned table is sized to the longest evaluation length; its rows past L must be untouched
-    table = [k for k, v in model.state_dict().items() if "embed_positions" in k and v.dim() == 2 and v.shape[0] > config.train_length]
+    table = [
+        k
+        for k, v in model.state_dict().items()
+        if "embed_positions" in k and v.dim() == 2 and v.shape[0] > config.train_length
+    ]
     if table and spec.stage == "pretrain":
         initial = build_model(spec, config).state_dict()[table[0]]
         trained = model.state_dict()[table[0]].cpu()
-        record["untrained_rows_unchanged"] = bool(torch.equal(trained[config.train_length :], initial[config.train_length :]))
-        record["trained_rows_changed"] = bool(not torch.equal(trained[: config.train_length], initial[: config.train_length]))
+        record["untrained_rows_unchanged"] = bool(
+            torch.equal(trained[config.train_length :], initial[config.train_length :])
+        )
+        record["trained_rows_changed"] = bool(
+            not torch.equal(trained[: config.train_length], initial[: config.train_length])
+        )
     return record

@@ -91,7 +91,9 @@ def _stdlib_files() -> list[Path]:
     root = Path(sysconfig.get_paths()["stdlib"])
     found = []
     for directory, names, files in os.walk(root):
-        names[:] = sorted(n for n in names if n not in ("site-packages", "dist-packages", "__pycache__") and not n.startswith("."))
+        names[:] = sorted(
+            n for n in names if n not in ("site-packages", "dist-packages", "__pycache__") and not n.startswith(".")
+        )
         found += [Path(directory) / f for f in sorted(files) if f.endswith(".py")]
     return found
 

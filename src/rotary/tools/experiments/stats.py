@@ -37,7 +37,11 @@ __all__ = [
 ]
 
 AGREE, DISAGREE, PARTLY, WITHIN, NOT_MEASURED = (
-    "agrees", "does not agree", "partly", "within run-to-run spread", "not measured",
+    "agrees",
+    "does not agree",
+    "partly",
+    "within run-to-run spread",
+    "not measured",
 )
 
 

@@ -123,27 +123,43 @@ def _liu_small_base(r: Results) -> Finding:
         if math.isfinite(limit):
             continue
         seen = observed_limit(r, model)
-        outcome = None if seen is None else (AGREE if all(not math.isfinite(v) for v in seen.values())
-                                             else DISAGREE if all(math.isfinite(v) for v in seen.values()) else WITHIN)
+        outcome = (
+            None
+            if seen is None
+            else (
+                AGREE
+                if all(not math.isfinite(v) for v in seen.values())
+                else DISAGREE
+                if all(math.isfinite(v) for v in seen.values())
+                else WITHIN
+            )
+        )
         items.append((f"base {r.specs[model].rope_base:g}", outcome))
-        parts.append(f"base {r.specs[model].rope_base:g}: rise observed at {_limits_text(seen)}; "
-                     f"{series(r, model, 'none', 'windows')}")
+        parts.append(
+            f"base {r.specs[model].rope_base:g}: rise observed at {_limits_text(seen)}; "
+            f"{series(r, model, 'none', 'windows')}"
+        )
     if not items:
         return Finding("not measured: no base of this run is small enough", verdict=NOT_MEASURED)
     return Finding("; ".join(parts), tuple(items))
 
 
 def _roformer(r: Results) -> Finding:
-    return Finding("not compared: that table is not in the RoFormer paper and could not be verified; this study measures "
-                   "the bases itself (above)", verdict=NOT_MEASURED)
+    return Finding(
+        "not compared: that table is not in the RoFormer paper and could not be verified; this study measures "
+        "the bases itself (above)",
+        verdict=NOT_MEASURED,
+    )
 
 
 def _transfer_reaches_scratch(r: Results) -> Finding:
     L = r.config.train_length
     d = r.loss("transfer", "none", L).minus(r.loss("rope", "none", L))
-    return Finding(f"at L: transferred and fine-tuned {ppl(r, 'transfer', 'none', L, 'windows')}, RoPE from scratch "
-                   f"{ppl(r, 'rope', 'none', L, 'windows')}, sinusoidal {ppl(r, 'sinusoidal', 'none', L, 'windows')}",
-                   (("at L", at_most(d.stat, FLAT_NATS)),))
+    return Finding(
+        f"at L: transferred and fine-tuned {ppl(r, 'transfer', 'none', L, 'windows')}, RoPE from scratch "
+        f"{ppl(r, 'rope', 'none', L, 'windows')}, sinusoidal {ppl(r, 'sinusoidal', 'none', L, 'windows')}",
+        (("at L", at_most(d.stat, FLAT_NATS)),),
+    )
 
 
 def _transfer_extrapolates(r: Results) -> Finding:
@@ -153,47 +169,86 @@ def _transfer_extrapolates(r: Results) -> Finding:
     for e in longer:
         d = r.change("transfer", "none", e, L).minus(r.change("sinusoidal", "none", e, L))
         items.append((f"{e / L:g}L", at_most(d.stat, LOWER_NATS)))
-    return Finding(f"transferred: {series(r, 'transfer', 'none', 'windows')}; sinusoidal: {series(r, 'sinusoidal', 'none', 'windows')}; "
-                   f"RoPE: {series(r, 'rope', 'none', 'windows')}", tuple(items))
+    return Finding(
+        f"transferred: {series(r, 'transfer', 'none', 'windows')}; sinusoidal: {series(r, 'sinusoidal', 'none', 'windows')}; "
+        f"RoPE: {series(r, 'rope', 'none', 'windows')}",
+        tuple(items),
+    )
 
 
 def _transfer_needs_tuning(r: Results) -> Finding:
     L = r.config.train_length
     d = r.loss("transfer-0", "none", L).minus(r.loss("sinusoidal-short", "none", L))
-    return Finding(f"at L: the sinusoidal model {ppl(r, 'sinusoidal-short', 'none', L, 'windows')}, moved to RoPE "
-                   f"{ppl(r, 'transfer-0', 'none', L, 'windows')}", (("at L", at_most(d.stat.map(lambda v: -v), LOWER_NATS)),))
+    return Finding(
+        f"at L: the sinusoidal model {ppl(r, 'sinusoidal-short', 'none', L, 'windows')}, moved to RoPE "
+        f"{ppl(r, 'transfer-0', 'none', L, 'windows')}",
+        (("at L", at_most(d.stat.map(lambda v: -v), LOWER_NATS)),),
+    )
 
 
 BASE_CLAIMS: list[Claim] = [
-    Claim("liu", "The loss rises past the extrapolation bound T_extra = 2π·base^(d_extra/d), the period of the first "
-          "dimension pair whose period exceeds the training length (d_extra = 2·ceil((d/2)·log_base(L/2π))).",
-          (), "RoPE models at bases whose every pair does not complete a period within L",
-          f"loss by position on the longest windows: the first position where two consecutive bins lie more than "
-          f"{RISE_NATS} nats above the level at [L/2, L), against T_extra; within a factor √2 in every seed agrees", _liu_limits),
-    Claim("liu", "With a base small enough that every dimension pair completes a period within the training length, no "
-          "pair meets an unseen angle past it, and the loss no longer rises past L.", (),
-          "a RoPE model at such a base (base^((d-2)/d)·2π at most L)",
-          f"loss by position on the longest windows: no rise of more than {RISE_NATS} nats up to the longest length, in "
-          "every seed, agrees", _liu_small_base),
-    Claim("roformer", "A table of bases 100 to 100,000 circulates with write-ups of RoFormer as that paper's ablation.",
-          (), "–", "not used: the table is not in the paper and could not be verified", _roformer, past_L=False),
+    Claim(
+        "liu",
+        "The loss rises past the extrapolation bound T_extra = 2π·base^(d_extra/d), the period of the first "
+        "dimension pair whose period exceeds the training length (d_extra = 2·ceil((d/2)·log_base(L/2π))).",
+        (),
+        "RoPE models at bases whose every pair does not complete a period within L",
+        f"loss by position on the longest windows: the first position where two consecutive bins lie more than "
+        f"{RISE_NATS} nats above the level at [L/2, L), against T_extra; within a factor √2 in every seed agrees",
+        _liu_limits,
+    ),
+    Claim(
+        "liu",
+        "With a base small enough that every dimension pair completes a period within the training length, no "
+        "pair meets an unseen angle past it, and the loss no longer rises past L.",
+        (),
+        "a RoPE model at such a base (base^((d-2)/d)·2π at most L)",
+        f"loss by position on the longest windows: no rise of more than {RISE_NATS} nats up to the longest length, in "
+        "every seed, agrees",
+        _liu_small_base,
+    ),
+    Claim(
+        "roformer",
+        "A table of bases 100 to 100,000 circulates with write-ups of RoFormer as that paper's ablation.",
+        (),
+        "–",
+        "not used: the table is not in the paper and could not be verified",
+        _roformer,
+        past_L=False,
+    ),
 ]
 
 TRANSFER_CLAIMS: list[Claim] = [
-    Claim("question", "A sinusoidal model moved to RoPE (every other weight copied) and fine-tuned briefly matches a RoPE "
-          "model trained from scratch for the same total steps.", (("transfer", "none"), ("rope", "none")),
-          "the transferred model fine-tuned, and RoPE from scratch",
-          f"non-overlapping windows at L: at most {FLAT:.0%} above RoPE from scratch, seed by seed", _transfer_reaches_scratch,
-          past_L=False),
-    Claim("question", "Without fine-tuning the moved model is worse than the sinusoidal model it came from: its attention "
-          "was trained to read positions from the embeddings, which are gone.", (("transfer-0", "none"), ("sinusoidal-short", "none")),
-          "the sinusoidal model and its copy moved to RoPE",
-          f"non-overlapping windows at L: more than {FLAT:.0%} worse, seed by seed", _transfer_needs_tuning, past_L=False),
-    Claim("question", "Once moved and fine-tuned, the model extrapolates like RoPE rather than like sinusoidal: its "
-          "perplexity rises less past L.", (("transfer", "none"), ("sinusoidal", "none")),
-          "the transferred model fine-tuned, and the sinusoidal model",
-          f"non-overlapping windows past L: the rise from L smaller than the sinusoidal model's by more than {FLAT:.0%}, "
-          "seed by seed", _transfer_extrapolates),
+    Claim(
+        "question",
+        "A sinusoidal model moved to RoPE (every other weight copied) and fine-tuned briefly matches a RoPE "
+        "model trained from scratch for the same total steps.",
+        (("transfer", "none"), ("rope", "none")),
+        "the transferred model fine-tuned, and RoPE from scratch",
+        f"non-overlapping windows at L: at most {FLAT:.0%} above RoPE from scratch, seed by seed",
+        _transfer_reaches_scratch,
+        past_L=False,
+    ),
+    Claim(
+        "question",
+        "Without fine-tuning the moved model is worse than the sinusoidal model it came from: its attention "
+        "was trained to read positions from the embeddings, which are gone.",
+        (("transfer-0", "none"), ("sinusoidal-short", "none")),
+        "the sinusoidal model and its copy moved to RoPE",
+        f"non-overlapping windows at L: more than {FLAT:.0%} worse, seed by seed",
+        _transfer_needs_tuning,
+        past_L=False,
+    ),
+    Claim(
+        "question",
+        "Once moved and fine-tuned, the model extrapolates like RoPE rather than like sinusoidal: its "
+        "perplexity rises less past L.",
+        (("transfer", "none"), ("sinusoidal", "none")),
+        "the transferred model fine-tuned, and the sinusoidal model",
+        f"non-overlapping windows past L: the rise from L smaller than the sinusoidal model's by more than {FLAT:.0%}, "
+        "seed by seed",
+        _transfer_extrapolates,
+    ),
 ]
 
 
@@ -213,9 +268,17 @@ def base_table(r: Results) -> tuple[list[str], list[list[str]]]:
     body = []
     for model, spec in r.specs.items():
         limit = extrapolation_limit(head_dim, spec.rope_base, L)
-        body.append([f"{spec.rope_base:g}", f"{critical_dimension(head_dim, spec.rope_base, L)} of {head_dim}",
-                     "none (every pair completes a period)" if not math.isfinite(limit) else f"{limit:.0f} ({limit / L:.2f}L)",
-                     _limits_text(observed_limit(r, model))] + [ppl(r, model, "none", e, "windows") for e in r.lengths])
+        body.append(
+            [
+                f"{spec.rope_base:g}",
+                f"{critical_dimension(head_dim, spec.rope_base, L)} of {head_dim}",
+                "none (every pair completes a period)"
+                if not math.isfinite(limit)
+                else f"{limit:.0f} ({limit / L:.2f}L)",
+                _limits_text(observed_limit(r, model)),
+            ]
+            + [ppl(r, model, "none", e, "windows") for e in r.lengths]
+        )
     return header, body
 
 

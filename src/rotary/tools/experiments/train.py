@@ -110,7 +110,11 @@ class Distributed:
             True
         """
         try:
-            return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0)))
+            return cls(
+                int(os.environ.get("RANK", 0)),
+                int(os.environ.get("WORLD_SIZE", 1)),
+                int(os.environ.get("LOCAL_RANK", 0)),
+            )
         except ValueError:
             raise ExperimentError(
                 f"RANK / WORLD_SIZE / LOCAL_RANK must be integers (torchrun sets them), got "
@@ -184,9 +188,14 @@ def decoder_config(
     a learned table gets rows up to ``8L`` (those past ``L`` are never trained) instead of an index
     error, and RoPE's tables are built that long up front."""
     return DecoderConfig(
-        vocab_size=256, hidden_size=config.hidden_size, num_layers=config.num_layers, num_heads=config.num_heads,
-        max_position=max(config.longest, config.extension_length), position_encoding=encoding,
-        rope_base=config.rope_base if rope_base is None else rope_base, rope_scaling=rope_scaling,
+        vocab_size=256,
+        hidden_size=config.hidden_size,
+        num_layers=config.num_layers,
+        num_heads=config.num_heads,
+        max_position=max(config.longest, config.extension_length),
+        position_encoding=encoding,
+        rope_base=config.rope_base if rope_base is None else rope_base,
+        rope_scaling=rope_scaling,
     )
 
 
@@ -221,7 +230,9 @@ def start_model(spec: ModelSpec, config: ExperimentConfig, parent: Decoder | Non
         rotary.errors.InputError: a fine-tune without its parent, or a parent for a model that has none.
     """
     if (spec.parent is None) != (parent is None):
-        raise InputError(f"model {spec.name} starts from {spec.parent_name or 'nothing'}, got {'a parent' if parent is not None else 'none'}")
+        raise InputError(
+            f"model {spec.name} starts from {spec.parent_name or 'nothing'}, got {'a parent' if parent is not None else 'none'}"
+        )
     if parent is None:
         return build_model(spec, config)
     if parent.config.position_encoding == spec.encoding:
@@ -230,7 +241,9 @@ def start_model(spec: ModelSpec, config: ExperimentConfig, parent: Decoder | Non
         return model
     with torch.random.fork_rng(devices=[]):  # the new encoding's own weights, if any, start as build_model's would
         torch.manual_seed(derived_seed(spec.seed, "init", spec.encoding))
-        return transfer_position_encoding(parent, spec.encoding, rope_base=spec.rope_base, rope_scaling=trained_scaling(spec, config))
+        return transfer_position_encoding(
+            parent, spec.encoding, rope_base=spec.rope_base, rope_scaling=trained_scaling(spec, config)
+        )
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -351,8 +364,12 @@ class ForwardBackward:
             torch.compiler.reset()
             self.compiled = torch.compile(module, dynamic=False)
 
-    def _run(self, forward: Callable[[torch.Tensor], torch.Tensor], inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16) if self.mixed_precision else contextlib.nullcontext()
+    def _run(
+        self, forward: Callable[[torch.Tensor], torch.Tensor], inputs: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
+        autocast = (
+            torch.autocast(self.device.type, dtype=torch.bfloat16) if self.mixed_precision else contextlib.nullcontext()
+        )
         with autocast:
             logits = forward(inputs)  # [B, S, V]
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
@@ -412,13 +429,21 @@ def load_checkpoint(path: Path, spec: ModelSpec, config: ExperimentConfig) -> di
         raise ExperimentError(
             f"checkpoint {path} is corrupted ({type(exc).__name__}); delete it to train {spec.name} again from the start"
         ) from None
-    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT or state.get("spec") != dataclasses.asdict(spec):
+    if (
+        not isinstance(state, dict)
+        or state.get("format") != CHECKPOINT_FORMAT
+        or state.get("spec") != dataclasses.asdict(spec)
+    ):
         raise ExperimentError(f"checkpoint {path} is not a checkpoint of model {spec.name} of this run; delete it")
     if state.get("config") != config.to_dict():
-        raise ExperimentError(f"checkpoint {path} was written with other settings than this run's config.json; delete it")
+        raise ExperimentError(
+            f"checkpoint {path} was written with other settings than this run's config.json; delete it"
+        )
     missing = {"step", "model", "optimizer", "losses", "seconds"} - set(state)
     if missing or not 0 < state["step"] <= spec.steps or len(state["losses"]) != state["step"]:
-        raise ExperimentError(f"checkpoint {path} is corrupted (missing or inconsistent {sorted(missing) or 'step'}); delete it")
+        raise ExperimentError(
+            f"checkpoint {path} is corrupted (missing or inconsistent {sorted(missing) or 'step'}); delete it"
+        )
     return state
 
 
@@ -453,8 +478,10 @@ def diverged_message(
         f"Start a new run with a lower {flag} (this run: {schedule.peak:g})"
     )
     if config.weight_decay > 1 and schedule.peak * config.weight_decay >= 0.5:
-        text += (f" or a lower --weight-decay (this run: {config.weight_decay:g}; every step multiplies the weights by "
-                 f"1 - learning rate x weight decay)")
+        text += (
+            f" or a lower --weight-decay (this run: {config.weight_decay:g}; every step multiplies the weights by "
+            f"1 - learning rate x weight decay)"
+        )
     return text
 
 
@@ -515,15 +542,22 @@ def train_model(
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
         except (RuntimeError, ValueError, KeyError) as exc:
-            raise ExperimentError(f"checkpoint {path} does not fit model {spec.name} ({str(exc).splitlines()[0]}); delete it") from None
+            raise ExperimentError(
+                f"checkpoint {path} does not fit model {spec.name} ({str(exc).splitlines()[0]}); delete it"
+            ) from None
         start, losses, seconds_before = state["step"], list(state["losses"]), float(state["seconds"])
 
     if dist.world_size > 1:
-        wrapped: nn.Module = nn.parallel.DistributedDataParallel(model, device_ids=[dist.local_rank] if device.type == "cuda" else None)
+        wrapped: nn.Module = nn.parallel.DistributedDataParallel(
+            model, device_ids=[dist.local_rank] if device.type == "cuda" else None
+        )
     else:
         wrapped = model
     forward_backward = ForwardBackward(
-        wrapped, mixed_precision=config.mixed_precision(device.type), device=device, log=reporter.log,
+        wrapped,
+        mixed_precision=config.mixed_precision(device.type),
+        device=device,
+        log=reporter.log,
         compile=config.compiles(device.type) and spec.steps - start >= COMPILE_MIN_STEPS,
     )
     read_every = read_interval(device)
@@ -532,10 +566,19 @@ def train_model(
         if path is None or not dist.is_main:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
-        _save_checkpoint(path, {
-            "format": CHECKPOINT_FORMAT, "spec": dataclasses.asdict(spec), "config": config.to_dict(), "step": step,
-            "model": model.state_dict(), "optimizer": optimizer.state_dict(), "losses": losses, "seconds": seconds,
-        })
+        _save_checkpoint(
+            path,
+            {
+                "format": CHECKPOINT_FORMAT,
+                "spec": dataclasses.asdict(spec),
+                "config": config.to_dict(),
+                "step": step,
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "losses": losses,
+                "seconds": seconds,
+            },
+        )
 
     # (step, loss, gradient norm) not read back yet; the loss is the global batch's, the norm that of the
     # averaged gradients: the same on every rank, so every rank stops at the same step
@@ -560,7 +603,12 @@ def train_model(
         for step in range(start, spec.steps):
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, schedule)
-            batch = shard(training_batch(train_tokens, spec.first_batch + step, config, spec.seed, rows=spec.rows, length=spec.length), dist)
+            batch = shard(
+                training_batch(
+                    train_tokens, spec.first_batch + step, config, spec.seed, rows=spec.rows, length=spec.length
+                ),
+                dist,
+            )
             if device.type == "cuda":  # from pinned memory the copy does not wait for the queued steps
                 batch = batch.pin_memory().to(device, non_blocking=True)
             else:
@@ -585,4 +633,6 @@ def train_model(
     compiled, compile_seconds = forward_backward.is_compiled, forward_backward.compile_seconds
     del forward_backward  # the compiled module holds the wrapper
     model.eval()
-    return TrainOutcome(model, losses, seconds, tokens_per_second, resumed_at=start, compiled=compiled, compile_seconds=compile_seconds)
+    return TrainOutcome(
+        model, losses, seconds, tokens_per_second, resumed_at=start, compiled=compiled, compile_seconds=compile_seconds
+    )

@@ -88,7 +88,7 @@ def test_the_kinds_of_input_error_and_where_they_are_exported():
         ConfigError,
         DeviceInputError,
     )
-    assert rotary.rope_types.ConfigError is ConfigError and rotary.hf_config.ConfigError is ConfigError
+    assert rotary.rope_types.ConfigError is ConfigError and rotary.hf.config.ConfigError is ConfigError
     with pytest.raises(ConfigError):  # a Hugging Face config that cannot be right
         rotary.RoPE.from_hf_config({**LLAMA, "rope_scaling": {"rope_type": "linear"}})
 

@@ -1,4 +1,4 @@
-"""rotary.hf_architectures.PAIRING against transformers' own modeling code, for every model_type of the pinned
+"""rotary.hf.architectures.PAIRING against transformers' own modeling code, for every model_type of the pinned
 transformers whose modeling code applies RoPE.
 
 For each architecture the table lists, a tiny model (random weights, hidden size 64) is built from
@@ -15,7 +15,7 @@ recorded with its inputs and outputs. Two things are then read off the model's o
   to every vector alike and an offset added to every position, and nothing else: a wrong pairing, a
   wrong frequency, a wrong rotated width or a wrong attention scaling all change them.
 
-Architectures the table refuses (rotary.hf_config.UNSUPPORTED) are checked to be refused, and every
+Architectures the table refuses (rotary.hf.config.UNSUPPORTED) are checked to be refused, and every
 RoPE-applying model_type must be in one of the tables (or be a multimodal wrapper whose text part is).
 """
 
@@ -36,7 +36,7 @@ import transformers
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING, CONFIG_MAPPING_NAMES, model_type_to_module_name
 
 import rotary
-from rotary.hf_config import PAIRING, UNSUPPORTED, read_hf_config
+from rotary.hf.config import PAIRING, UNSUPPORTED, read_hf_config
 
 transformers.logging.set_verbosity_error()
 
@@ -346,7 +346,7 @@ def test_every_rope_model_type_is_in_a_table():
             continue  # a multimodal wrapper: read_hf_config reads its text_config
         missing.append(model_type)
     assert not missing, (
-        f"model types that apply RoPE but are in neither rotary.hf_config.PAIRING nor UNSUPPORTED: {missing}"
+        f"model types that apply RoPE but are in neither rotary.hf.config.PAIRING nor UNSUPPORTED: {missing}"
     )
     stale = sorted((set(PAIRING) | set(UNSUPPORTED)) - set(CONFIG_MAPPING_NAMES))
     assert not stale, f"table entries that transformers {transformers.__version__} does not know: {stale}"
@@ -354,7 +354,7 @@ def test_every_rope_model_type_is_in_a_table():
 
 def _category(reason: str) -> str:
     return next(name for name in ("_NOT_TEXT", "_MROPE", "_NO_ROPE", "_NEGATIVE", "_UNVERIFIED")
-                if getattr(rotary.hf_architectures, name) == reason)  # fmt: skip
+                if getattr(rotary.hf.architectures, name) == reason)  # fmt: skip
 
 
 @pytest.mark.slow

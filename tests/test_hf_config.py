@@ -19,7 +19,7 @@ from transformers import AutoConfig
 import rotary
 from helpers import assert_named_error, assert_sound, hf_config, text_config
 from rotary import ConfigError, RoPE, frequencies
-from rotary.hf_config import read_hf_config
+from rotary.hf.config import read_hf_config
 from strategies import NASTY, PROPERTIES
 
 transformers.logging.set_verbosity_error()
@@ -570,7 +570,7 @@ def test_gemma3_4b_it_is_filled_from_transformers_defaults_and_from_the_table_al
     assert with_transformers["sliding_attention"].base == 10000.0 and with_transformers["full_attention"].base == 1e6
     assert with_transformers["full_attention"].scaling == {"rope_type": "linear", "factor": 8.0}
     assert {s.head_dim for s in with_transformers.values()} == {256}
-    monkeypatch.setattr(rotary.hf_config, "_transformers_installed", lambda: False)  # the table instead
+    monkeypatch.setattr(rotary.hf.config, "_transformers_installed", lambda: False)  # the table instead
     for layer_type, settings in with_transformers.items():
         assert read_hf_config(path, layer_type=layer_type) == settings
 
@@ -580,14 +580,14 @@ def test_every_published_family_reads_the_same_without_transformers(monkeypatch)
     for name, (_, layer_types, *_rest) in PUBLISHED_FILES.items():
         for layer_type in layer_types:
             settings[name, layer_type] = read_hf_config(PUBLISHED / f"{name}.json", layer_type=layer_type)
-    monkeypatch.setattr(rotary.hf_config, "_transformers_installed", lambda: False)
+    monkeypatch.setattr(rotary.hf.config, "_transformers_installed", lambda: False)
     for (name, layer_type), expected in settings.items():
         assert read_hf_config(PUBLISHED / f"{name}.json", layer_type=layer_type) == expected, name
 
 
-@pytest.mark.parametrize("model_type", sorted(rotary.hf_config.MODEL_DEFAULTS))
+@pytest.mark.parametrize("model_type", sorted(rotary.hf.config.MODEL_DEFAULTS))
 def test_defaults_table_equals_transformers_config_classes(model_type):
-    from rotary.hf_config import model_defaults
+    from rotary.hf.config import model_defaults
 
     assert model_defaults(model_type, source="table") == model_defaults(model_type, source="transformers")
 
@@ -595,7 +595,7 @@ def test_defaults_table_equals_transformers_config_classes(model_type):
 def test_text_model_types_of_multimodal_wrappers_equal_transformers():
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    for outer, inner in rotary.hf_config.TEXT_MODEL_TYPES.items():
+    for outer, inner in rotary.hf.config.TEXT_MODEL_TYPES.items():
         assert CONFIG_MAPPING[outer]().text_config.model_type == inner, outer
 
 
@@ -748,7 +748,7 @@ def test_unknown_model_types_need_the_pairing_stated():
 
 
 def test_refused_architectures_say_why():
-    from rotary.hf_config import UNSUPPORTED
+    from rotary.hf.config import UNSUPPORTED
 
     model_type, reason = next(iter(sorted(UNSUPPORTED.items())))
     with pytest.raises(ConfigError, match=re.escape(f"model_type {model_type!r} {reason}")):
@@ -767,7 +767,7 @@ def test_refused_architectures_say_why():
 def test_architectures_transformers_rotates_in_adjacent_pairs(model_type):
     # the reproduction of item 14: Llama4TextConfig() read as half pairs before
     cfg = AutoConfig.for_model(model_type)
-    if model_type in rotary.hf_config.UNSUPPORTED:
+    if model_type in rotary.hf.config.UNSUPPORTED:
         with pytest.raises(ConfigError, match=model_type):
             RoPE.from_hf_config(cfg)
         return
@@ -794,7 +794,7 @@ def test_defaults_of_every_transformers_model_type_read_without_an_error():
     # read_hf_config asks transformers for the defaults of whatever model_type a file names
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
-    from rotary.hf_config import DEFAULTED_KEYS, model_defaults
+    from rotary.hf.config import DEFAULTED_KEYS, model_defaults
 
     allowed = set(DEFAULTED_KEYS) | {"rope_theta", "partial_rotary_factor", "layer_rope_theta", "rope_parameters",
                                      "rope_ignore_keys"}  # fmt: skip

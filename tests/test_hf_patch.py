@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import rotary
 from helpers import NAMED, assert_named
-from rotary import hf
+from rotary.hf import patching as hf
 from strategies import FAST
 
 transformers = pytest.importorskip("transformers")
@@ -554,7 +554,7 @@ def test_qk_norm_patched_model_under_torch_compile(fused_calls):
 @FAST
 @given(model=st.sampled_from([None, 3, "model", torch.nn.Linear(2, 2), torch.nn.Sequential(), [torch.nn.Linear(2, 2)]]))
 def test_hf_entry_points_name_what_is_not_a_transformers_model(model):
-    from rotary import hf
+    from rotary.hf import patching as hf
 
     for call in (hf.patch, hf.unpatch, hf.is_patched):
         try:

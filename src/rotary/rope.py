@@ -17,7 +17,7 @@ import torch
 
 from . import positions as P
 from .errors import InputError, InputTypeError
-from .hf_config import read_hf_config
+from .hf.config import read_hf_config
 from .positions import Positions
 from .rope_tables import CACHE_ROWS, TableSource, keep_float32
 from .rope_types import ConfigError

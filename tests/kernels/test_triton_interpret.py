@@ -221,7 +221,7 @@ def test_the_cuda_decoding_fast_path_equals_the_general_path():
 MODEL_TABLES = textwrap.dedent(
     """
     import itertools, torch, rotary
-    from rotary import hf
+    from rotary.hf import patching as hf
     from rotary.rotation import model_tables_fast
 
     # rotary.hf.patch's CUDA path, run on CPU tensors by the interpreter: a model's per-token tables in its

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rotary import hf
 from rotary import positions as P
+from rotary.hf import patching as hf
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.llama4 import modeling_llama4 as ml  # noqa: E402

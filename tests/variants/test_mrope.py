@@ -550,8 +550,8 @@ def test_hf_patch_gives_the_same_logits_with_an_image(name, monkeypatch):
     with torch.no_grad():
         before = model(**inputs).logits
         calls = []
-        rotate = rotary.hf.rotate
-        monkeypatch.setattr(rotary.hf, "rotate", lambda *a, **k: calls.append(1) or rotate(*a, **k))
+        rotate = rotary.hf.patching.rotate
+        monkeypatch.setattr(rotary.hf.patching, "rotate", lambda *a, **k: calls.append(1) or rotate(*a, **k))
         rotary.hf.patch(model)
         patched = model(**inputs).logits
         assert len(calls) == model.config.text_config.num_hidden_layers  # every text layer, through rotary

@@ -209,7 +209,7 @@ class MRoPE(nn.Module):
             >>> MRoPE.from_hf_config(cfg).slot_axes()[14:18]
             'TTHH'
         """
-        from ..hf_config import read_hf_config
+        from ..hf.config import read_hf_config
         from ..rope_types import ConfigError
 
         settings = read_hf_config(config, strict=strict)

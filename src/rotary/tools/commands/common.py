@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from rotary.analysis import jsonable
-from rotary.hf_config import ConfigError, RopeSettings, read_hf_config
+from rotary.hf.config import ConfigError, RopeSettings, read_hf_config
 from rotary.rope import RoPE
 from rotary.rope_types import ROPE_TYPES
 

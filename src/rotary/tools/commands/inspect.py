@@ -10,7 +10,7 @@ import torch
 
 from rotary.analysis import Inspection, inspect_rope
 from rotary.frequencies import frequencies
-from rotary.hf_config import read_hf_config
+from rotary.hf.config import read_hf_config
 from rotary.rope_types import ROPE_TYPES
 from rotary.variants import MRoPE, nope_temperature
 

@@ -3,7 +3,7 @@
 - :data:`PAIRING`: how each architecture's attention pairs the rotated channels, checked against
   transformers' own modeling code for every ``model_type`` of the pinned release that applies RoPE
   (``tests/test_hf_architectures.py``); :data:`UNSUPPORTED` names the architectures whose RoPE
-  :func:`rotary.hf_config.read_hf_config` does not build, and why;
+  :func:`rotary.hf.config.read_hf_config` does not build, and why;
 - :data:`MROPE_MODELS`: the architectures with multimodal RoPE, :data:`NO_ROPE_DEFAULTS`: those with
   NoPE layers, :data:`TEXT_MODEL_TYPES`: the text model of multimodal wrappers.
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ._checks import check_bool, is_int, is_positive_int
-from .rope_types import ConfigError, complain
+from .._checks import check_bool, is_int, is_positive_int
+from ..rope_types import ConfigError, complain
 
 __all__ = [
     "MROPE_MODELS",

@@ -9,7 +9,7 @@ mutates the config in place).
 
 Three tables make the reading explicit rather than guessed:
 
-- :data:`PAIRING` (in :mod:`rotary.hf_architectures`, with the other tables per ``model_type``): how
+- :data:`PAIRING` (in :mod:`rotary.hf.architectures`, with the other tables per ``model_type``): how
   each architecture's attention pairs the rotated channels, checked against
   transformers' own modeling code for every ``model_type`` of the pinned release that applies RoPE
   (``tests/test_hf_architectures.py``); :data:`UNSUPPORTED` names the architectures whose RoPE
@@ -37,9 +37,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ._checks import MAX_HEAD_DIM, check_bool, is_number, is_positive_int
-from .errors import InputError, InputTypeError
-from .hf_architectures import (
+from .._checks import MAX_HEAD_DIM, check_bool, is_number, is_positive_int
+from ..errors import InputError, InputTypeError
+from ..rope_types import ROPE_TYPES, ConfigError, complain
+from .architectures import (
     MROPE_MODELS,
     NO_ROPE_DEFAULTS,
     PAIRING,
@@ -49,7 +50,6 @@ from .hf_architectures import (
     read_pairing,
     read_rope_layers,
 )
-from .rope_types import ROPE_TYPES, ConfigError, complain
 
 __all__ = [
     "ConfigError",

@@ -47,12 +47,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import InputError, InputTypeError
-from .kernels.eager import rotate_torch
-from .pairing import to_half
-from .qk_norm import rmsnorm_rotate
-from .rotation import model_tables_fast, rotate
-from .tables import RotaryTables
+from ..errors import InputError, InputTypeError
+from ..kernels.eager import rotate_torch
+from ..pairing import to_half
+from ..qk_norm import rmsnorm_rotate
+from ..rotation import model_tables_fast, rotate
+from ..tables import RotaryTables
 
 __all__ = ["SUPPORTED", "is_patched", "patch", "unpatch"]
 

@@ -1,0 +1,33 @@
+"""Hugging Face transformers: reading configs, the table of model types, and patching a loaded model.
+
+- :mod:`rotary.hf.config`: :func:`read_hf_config` (transformers 4.x and 5.x configs, per-layer
+  configs, model defaults) -> :class:`RopeSettings`, what :meth:`rotary.RoPE.from_hf_config` builds from;
+- :mod:`rotary.hf.architectures`: per ``model_type``, the pairing of the rotated channels, the
+  multimodal (M-RoPE) types, the types refused and why;
+- :mod:`rotary.hf.patching`: :func:`patch` / :func:`unpatch` run a loaded model's rotary application
+  through rotary (``rotary.hf.patch(model)``).
+
+Nothing here imports transformers at import time: :func:`patch` imports the model's own modeling module.
+"""
+
+from __future__ import annotations
+
+from .architectures import MROPE_MODELS, NO_ROPE_DEFAULTS, PAIRING, TEXT_MODEL_TYPES, UNSUPPORTED
+from .config import MODEL_DEFAULTS, RopeSettings, model_defaults, read_hf_config
+from .patching import SUPPORTED, is_patched, patch, unpatch
+
+__all__ = [
+    "MODEL_DEFAULTS",
+    "MROPE_MODELS",
+    "NO_ROPE_DEFAULTS",
+    "PAIRING",
+    "SUPPORTED",
+    "TEXT_MODEL_TYPES",
+    "UNSUPPORTED",
+    "RopeSettings",
+    "is_patched",
+    "model_defaults",
+    "patch",
+    "read_hf_config",
+    "unpatch",
+]

@@ -1,4 +1,4 @@
-"""The layout users import from: old module paths keep working after the moves, and the tools (rotary/tools/)
+"""The layout users import from: the old module paths are gone, and the tools (rotary/tools/)
 stay apart from the library (issue: a codebase a newcomer can hold in their head)."""
 
 from __future__ import annotations
@@ -10,19 +10,19 @@ import sys
 from pathlib import Path
 
 import rotary
-from rotary.tools import OLD_PATHS
+import rotary.tools
 
 
-def test_old_module_paths_keep_working():
-    assert importlib.import_module("rotary.module").RoPE is rotary.RoPE
-    assert importlib.import_module("rotary.module") is importlib.import_module("rotary.rope")
-    assert importlib.import_module("rotary.config") is importlib.import_module("rotary.hf.config")
-    from rotary.apply import apply_rotary, rotate, shares_elements
-    from rotary.config import read_hf_config
+def test_the_old_module_paths_are_gone():
+    """Release 0.1.0 had no users to keep: the aliases of the moved modules are gone, and importing one
+    fails instead of giving a second copy."""
+    import pytest
 
-    assert apply_rotary is rotary.apply_rotary and rotate is rotary.rotate
-    assert read_hf_config is rotary.hf.config.read_hf_config
-    assert shares_elements is rotary.kernels.overlap.shares_elements
+    for old in ("bench", "cli", "commands", "experiments", "plots", "module", "apply", "config"):
+        assert not (SRC / f"{old}.py").exists(), old
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(f"rotary.{old}")
+    assert not hasattr(rotary.tools, "install_old_path")
 
 
 # ---- the tools apart from the library --------------------------------------------------------------
@@ -52,35 +52,10 @@ def _imported(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-def test_old_tool_paths_give_the_modules_under_rotary_tools():
-    """In a fresh interpreter, as a user's script sees them (pytest's --doctest-modules imports the alias
-    files by path, which leaves ``rotary.bench`` etc. as attributes naming the alias files in this process)."""
-    code = (
-        "import importlib, rotary, rotary.tools\n"
-        "from rotary.tools import OLD_PATHS\n"
-        "for old, new in OLD_PATHS.items():\n"
-        "    assert importlib.import_module(old) is importlib.import_module(new), old\n"
-        "import rotary.experiments.config, rotary.tools.experiments.config\n"
-        "assert rotary.experiments.config is rotary.tools.experiments.config\n"
-        "from rotary.bench.harness import METHODS\n"
-        "assert METHODS is rotary.tools.bench.METHODS\n"
-        "from rotary import bench\n"
-        "from rotary.cli import main\n"
-        "from rotary.commands.common import Configuration\n"
-        "from rotary.experiments import run_experiment\n"
-        "assert bench is rotary.tools.bench and main is rotary.tools.cli.main\n"
-        "assert Configuration is rotary.tools.commands.common.Configuration\n"
-        "assert run_experiment is rotary.tools.experiments.run.run_experiment\n"
-        "print('ok')\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert done.stdout.strip() == "ok", done.stderr
-
-
 def test_the_library_imports_nothing_from_the_tools():
     """Everything outside rotary/tools/ is the library: no import of rotary.tools, not even deferred inside a
-    function. The exceptions are the entry point ``python -m rotary`` and the old paths of the tools."""
-    entry_points = {"rotary.__main__", *OLD_PATHS}
+    function. The exception is the entry point ``python -m rotary``."""
+    entry_points = {"rotary.__main__"}
     library = [p for p in sorted(SRC.rglob("*.py")) if TOOLS not in p.parents and _module_name(p) not in entry_points]
     assert len(library) > 40
     found = [
@@ -90,9 +65,6 @@ def test_the_library_imports_nothing_from_the_tools():
         if module == "rotary.tools" or module.startswith("rotary.tools.")
     ]
     assert not found, found
-    for old in OLD_PATHS:  # the old paths hold nothing but the alias
-        source = (SRC / f"{old.split('.')[-1]}.py").read_text()
-        assert len(source.splitlines()) < 10 and "install_old_path" in source, old
 
 
 def test_importing_and_using_the_library_loads_no_tool():

@@ -117,7 +117,7 @@ class RoPE(TableSource):
         ``rope_theta`` (GPT-NeoX: ``rotary_emb_base``), ``partial_rotary_factor`` (GPT-NeoX:
         ``rotary_pct``; GPT-J: ``rotary_dim``), ``max_position_embeddings`` and the scaling block
         (5.x ``rope_parameters`` or 4.x ``rope_scaling``); values the file omits are filled as
-        transformers fills them. The pairing comes from ``rotary.config.PAIRING`` (checked against
+        transformers fills them. The pairing comes from ``rotary.hf.PAIRING`` (checked against
         transformers for every architecture it lists); any other ``model_type`` needs ``interleaved=``.
         Multimodal-RoPE configs (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) are refused: each of their
         frequency slots reads a temporal, height or width position (``mrope_section``), which a 1-D

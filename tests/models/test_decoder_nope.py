@@ -171,7 +171,7 @@ def test_p_rope_is_the_proportional_rope_type():
 def test_configs_with_nope_layers_are_read():
     import transformers
 
-    from rotary.config import read_hf_config
+    from rotary.hf import read_hf_config
 
     llama4 = transformers.Llama4TextConfig(num_hidden_layers=8, hidden_size=64, num_attention_heads=4, head_dim=16)
     s = read_hf_config(llama4)

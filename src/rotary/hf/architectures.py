@@ -182,7 +182,7 @@ def read_pairing(d: Mapping[str, Any], model_type: str, interleaved: bool | None
     if rule is None:
         what = f"model_type {model_type!r} is not in rotary's pairing table" if model_type else "it has no model_type"
         raise ConfigError(
-            f"{label}: {what}, so the pairing of its rotated channels is unknown (rotary.config.PAIRING lists the "
+            f"{label}: {what}, so the pairing of its rotated channels is unknown (rotary.hf.PAIRING lists the "
             "architectures checked against transformers); pass interleaved=True if its attention rotates pairs "
             "(2i, 2i+1) or interleaved=False for pairs (i, i + rotary_dim/2)"
         )

@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 from .._checks import MAX_HEAD_DIM, check_bool, is_number, is_positive_int
 from ..errors import InputError, InputTypeError
-from ..rope_types import ROPE_TYPES, ConfigError, complain
+from ..rope_types import ROPE_TYPES, ConfigError, canonical_rope_type, complain
 from .architectures import (
     MROPE_MODELS,
     NO_ROPE_DEFAULTS,
@@ -50,9 +50,11 @@ from .architectures import (
     read_pairing,
     read_rope_layers,
 )
+from .ignored_keys import IGNORED_ROPE_KEYS, drop_ignored_keys
 
 __all__ = [
     "ConfigError",
+    "IGNORED_ROPE_KEYS",
     "MODEL_DEFAULTS",
     "MROPE_MODELS",
     "NO_ROPE_DEFAULTS",
@@ -491,11 +493,9 @@ def read_hf_config(
             f"{label}: layer_type {layer_type!r} is not in the config's layer_types {sorted(set(layer_types))}"
         )
     block = _normalised(block)
+    block["rope_type"] = canonical_rope_type(block)  # HunYuan's "dynamic" block with alpha is ntk_alpha
     mrope_section, mrope_interleaved = read_mrope(block, model_type, label, strict)
-    spec = ROPE_TYPES.get(block["rope_type"]) if isinstance(block["rope_type"], str) else None
-    for key in defaults.get("rope_ignore_keys", ()):
-        if spec is None or key not in spec.required | spec.optional:
-            block.pop(key, None)
+    drop_ignored_keys(block, defaults.get("rope_ignore_keys", ()), model_type, label)
     if model_type == "phi3" and block["rope_type"] in ("su", "yarn"):
         block["rope_type"] = "longrope"  # Phi-3's early names for LongRoPE, as transformers renames them
 

@@ -2,7 +2,7 @@
 
 - :mod:`.registry`: :class:`RopeType`, :func:`register_rope_type`, :data:`ROPE_TYPES`,
   :func:`validate_rope_parameters`, and the value checks the types share;
-- :mod:`.interpolation`: ``default``, ``linear``, ``ntk``, ``dynamic``;
+- :mod:`.interpolation`: ``default``, ``linear``, ``ntk``, ``dynamic``, ``ntk_alpha``;
 - :mod:`.yarn_longrope`: ``yarn``, ``longrope``;
 - :mod:`.llama3_proportional`: ``llama3``, ``proportional``.
 
@@ -26,6 +26,7 @@ from .registry import (
     RopeExample,
     RopeInitFn,
     RopeType,
+    canonical_rope_type,
     complain,
     default_inv_freq,
     register_rope_type,
@@ -43,6 +44,7 @@ __all__ = [
     "default_inv_freq",
     "rotary_dim_from",
     "validate_rope_parameters",
+    "canonical_rope_type",
     "proportional_pairs",
     "complain",
     "COMMON_KEYS",

@@ -1,5 +1,6 @@
 """The types that scale every pair by one rule: ``default``, ``linear`` (position interpolation) and
-NTK-aware scaling of the base, static (``ntk``) and following the sequence length (``dynamic``)."""
+NTK-aware scaling of the base, static (``ntk``, and HunYuan's ``ntk_alpha``) and following the
+sequence length (``dynamic``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ from typing import Any
 
 import torch
 
-from .registry import ConfigError, RopeExample, check_factor, default_inv_freq, register_rope_type
+from .registry import (
+    ConfigError,
+    RopeExample,
+    check_factor,
+    default_inv_freq,
+    optional_number,
+    register_rope_type,
+)
 
 
 def _check_ntk_width(rope_type: str, rotary_dim: int) -> None:
@@ -106,3 +114,45 @@ def _dynamic(head_dim: int, base: float, rotary_dim: int, params: Mapping[str, A
         seq_len = max(seq_len, trained)
     alpha = (factor * seq_len / trained) - (factor - 1)
     return default_inv_freq(_ntk_base(base, alpha, rotary_dim), rotary_dim), 1.0
+
+
+def _check_ntk_alpha(p: dict[str, Any], rotary_dim: int, complain: Callable[[str], None]) -> None:
+    _check_ntk_width("ntk_alpha", rotary_dim)
+    alpha = optional_number(p, "alpha", "ntk_alpha", allowed="> 0, the base grows by alpha ** (d / (d - 2))")
+    if alpha is None or alpha <= 0:
+        raise ConfigError(
+            f"alpha of rope_type 'ntk_alpha' must be a number > 0 (the base grows by alpha ** (d / (d - 2)); "
+            f"HunYuan uses 1000), got {p.get('alpha')!r}"
+        )
+    if alpha < 1:
+        complain(f"alpha={alpha} < 1 for rope_type 'ntk_alpha' shrinks the base (and the context); use alpha >= 1")
+    try:
+        grown = alpha ** (rotary_dim / (rotary_dim - 2))
+    except OverflowError:
+        grown = math.inf
+    if not math.isfinite(grown):
+        raise ConfigError(
+            f"alpha={alpha} for rope_type 'ntk_alpha' overflows the base (base * alpha ** (d / (d - 2))): the "
+            "frequencies become 0 and nothing rotates; use an alpha below 1e100 (HunYuan uses 1000)"
+        )
+    factor = p.get("factor")
+    if factor is not None and factor != 1:
+        # transformers' HunYuan modules and vLLM's DynamicNTKAlphaRotaryEmbedding read alpha alone
+        complain(
+            f"factor={factor!r} next to alpha={alpha} is ignored: with alpha set, transformers' HunYuan models and "
+            "vLLM compute static frequencies from alpha alone; remove factor (or set it to 1)"
+        )
+
+
+@register_rope_type(
+    "ntk_alpha",
+    required={"alpha"},
+    optional={"factor", "max_position_embeddings"},
+    check=_check_ntk_alpha,
+    example=lambda d: RopeExample({"rope_type": "ntk_alpha", "alpha": 1000.0}),
+)
+def _ntk_alpha(head_dim: int, base: float, rotary_dim: int, params: Mapping[str, Any], seq_len: Any):
+    # HunYuan's "dynamic NTK with alpha": a fixed alpha stretches the base once, base * alpha ** (d / (d - 2)),
+    # so the frequencies do not depend on the length. HunYuan's checkpoints label the block "dynamic"; a
+    # block of type "dynamic" with a truthy alpha is read as this type (see canonical_rope_type).
+    return default_inv_freq(_ntk_base(base, params["alpha"], rotary_dim), rotary_dim), 1.0

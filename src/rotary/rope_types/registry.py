@@ -41,6 +41,7 @@ __all__ = [
     "default_inv_freq",
     "rotary_dim_from",
     "validate_rope_parameters",
+    "canonical_rope_type",
     "complain",
     "check_factor",
     "optional_number",
@@ -287,7 +288,29 @@ KEY_MEANINGS = {
     "high_freq_factor": "Llama 3.1 uses 4.0",
     "short_factor": "one rescale factor per rotated pair, for sequences within the trained length",
     "long_factor": "one rescale factor per rotated pair, for longer sequences",
+    "alpha": "the base grows by alpha ** (d / (d - 2)); HunYuan uses 1000",
 }
+
+
+def canonical_rope_type(block: Mapping[str, Any]) -> Any:
+    """The ``rope_type`` a block means: its ``rope_type`` (or 4.x ``type``), with one rename.
+
+    HunYuan's checkpoints label their block ``"dynamic"`` but give it an ``alpha``: transformers' HunYuan
+    modules (``ntk_alpha``) and vLLM's ``DynamicNTKAlphaRotaryEmbedding`` then stretch the base once by
+    ``alpha ** (d / (d - 2))`` and ignore ``factor`` and the length, so such a block is ``"ntk_alpha"``.
+    A falsy ``alpha`` leaves the block dynamic NTK, as in both of them.
+
+    Example:
+        >>> canonical_rope_type({"type": "dynamic", "alpha": 1000.0, "factor": 1.0})
+        'ntk_alpha'
+        >>> canonical_rope_type({"rope_type": "dynamic", "factor": 2.0})
+        'dynamic'
+    """
+    legacy = block.get("type")
+    rope_type = block.get("rope_type", legacy if legacy is not None else "default")
+    if rope_type == "dynamic" and block.get("alpha"):
+        return "ntk_alpha"
+    return rope_type
 
 
 def _owners(key: str) -> list[str]:
@@ -331,6 +354,8 @@ def validate_rope_parameters(
     rope_type = out.get("rope_type", legacy if legacy is not None else "default")
     if legacy is not None and rope_type != legacy:
         complain(f"the block sets both rope_type={rope_type!r} and type={legacy!r}; keep one", strict)
+    if rope_type == "dynamic" and out.get("alpha"):
+        rope_type = "ntk_alpha"  # HunYuan's static NTK-alpha, labelled "dynamic" (see canonical_rope_type)
     out["rope_type"] = rope_type
     valid = sorted(ROPE_TYPES if valid_types is None else valid_types)
     if not isinstance(rope_type, str) or rope_type not in valid or rope_type not in ROPE_TYPES:

@@ -223,7 +223,7 @@ BAD = [
         {"rope_type": "yarnn"},
         64,
         r"unknown rope_type 'yarnn'; valid rope_types: default, dynamic, linear, llama3, "
-        r"longrope, ntk, proportional, yarn",
+        r"longrope, ntk, ntk_alpha, proportional, yarn",
         False,
     ),
     ({"rope_type": "linear"}, 64, r"rope_type 'linear' needs the key\(s\) \['factor'\]", False),

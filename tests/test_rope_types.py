@@ -280,7 +280,7 @@ def test_a_length_dependent_type_must_name_its_trained_length():
         register_rope_type("test-no-length", length_dependent="yes")(init)
 
 
-BUILT_IN = ["default", "linear", "ntk", "dynamic", "yarn", "longrope", "llama3", "proportional"]
+BUILT_IN = ["default", "linear", "ntk", "dynamic", "ntk_alpha", "yarn", "longrope", "llama3", "proportional"]
 
 
 @pytest.mark.parametrize("name", BUILT_IN)

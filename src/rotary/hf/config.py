@@ -495,7 +495,7 @@ def read_hf_config(
     block = _normalised(block)
     block["rope_type"] = canonical_rope_type(block)  # HunYuan's "dynamic" block with alpha is ntk_alpha
     mrope_section, mrope_interleaved = read_mrope(block, model_type, label, strict)
-    drop_ignored_keys(block, defaults.get("rope_ignore_keys", ()), model_type, label)
+    drop_ignored_keys(block, defaults.get("rope_ignore_keys", ()), model_type, label, strict=strict)
     if model_type == "phi3" and block["rope_type"] in ("su", "yarn"):
         block["rope_type"] = "longrope"  # Phi-3's early names for LongRoPE, as transformers renames them
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ..rope_types import ROPE_TYPES, ConfigError
+from ..rope_types import ROPE_TYPES, ConfigError, complain
 
-__all__ = ["IGNORED_ROPE_KEYS", "INERT_KEYS_BY_TYPE", "READ", "drop_ignored_keys"]
+__all__ = ["IGNORED_ROPE_KEYS", "INERT_KEYS_BY_TYPE", "LONGROPE_MSCALE_READERS", "READ", "drop_ignored_keys"]
 
 
 #: what :data:`IGNORED_ROPE_KEYS` says of a key rotary reads
@@ -55,7 +55,14 @@ INERT_KEYS_BY_TYPE: dict[str, tuple[str, ...]] = {
 }
 
 
-def drop_ignored_keys(block: dict[str, Any], ignored: Iterable[str], model_type: str, label: str) -> None:
+#: model_types whose transformers modeling code reads LongRoPE's ``short_mscale`` / ``long_mscale``; the
+#: others (Phi-3 among them) ignore the keys, which vLLM applies
+LONGROPE_MSCALE_READERS = frozenset({"phimoe"})
+
+
+def drop_ignored_keys(
+    block: dict[str, Any], ignored: Iterable[str], model_type: str, label: str, *, strict: bool = True
+) -> None:
     """Drop the keys of ``block`` that transformers skips and that do not change the tables; refuse unknown ones.
 
     Args:
@@ -63,9 +70,13 @@ def drop_ignored_keys(block: dict[str, Any], ignored: Iterable[str], model_type:
         ignored: the keys transformers skips for this model (``model_defaults(model_type)["rope_ignore_keys"]``).
         model_type: for the message.
         label: names the config in the message.
+        strict: ``False`` warns instead of refusing LongRoPE's ``short_mscale`` / ``long_mscale`` for a
+            model whose transformers code ignores them (and drops them, as transformers does).
 
     Raises:
-        ConfigError: for a skipped key that :data:`IGNORED_ROPE_KEYS` does not list.
+        ConfigError: for a skipped key that :data:`IGNORED_ROPE_KEYS` does not list, or for LongRoPE's
+            ``short_mscale`` / ``long_mscale`` on a model whose transformers code ignores them (vLLM
+            applies them: the two stacks disagree, and rotary does not choose silently).
 
     Example:
         >>> block = {"rope_type": "default", "llama_4_scaling_beta": 0.1}
@@ -90,3 +101,14 @@ def drop_ignored_keys(block: dict[str, Any], ignored: Iterable[str], model_type:
     for key in INERT_KEYS_BY_TYPE.get(block["rope_type"], ()):
         if key not in takes:
             block.pop(key, None)
+    mscales = sorted(k for k in ("short_mscale", "long_mscale") if k in block)
+    if block["rope_type"] in ("longrope", "su") and mscales and model_type not in LONGROPE_MSCALE_READERS:
+        complain(
+            f"{label}: the longrope block has {', '.join(f'{k}={block[k]!r}' for k in mscales)}, which transformers' "
+            f"{model_type or 'model'} code ignores (it scales by attention_factor) while vLLM applies them to the short "
+            "and long tables; remove them to rotate as transformers does, or build rotary.RoPE(scaling=block) from "
+            "the block to apply them as vLLM does (strict=False drops them, as transformers)",
+            strict,
+        )
+        for key in mscales:
+            del block[key]

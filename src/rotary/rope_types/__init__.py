@@ -3,7 +3,7 @@
 - :mod:`.registry`: :class:`RopeType`, :func:`register_rope_type`, :data:`ROPE_TYPES`,
   :func:`validate_rope_parameters`, and the value checks the types share;
 - :mod:`.interpolation`: ``default``, ``linear``, ``ntk``, ``dynamic``, ``ntk_alpha``;
-- :mod:`.yarn_longrope`: ``yarn``, ``longrope``;
+- :mod:`.yarn_longrope`: ``yarn``, ``longrope`` (and :func:`longrope_serving_block`, vLLM's choice of set);
 - :mod:`.llama3_proportional`: ``llama3``, ``proportional``.
 
 Importing the package registers the built-in types, in that order.
@@ -33,6 +33,7 @@ from .registry import (
     rotary_dim_from,
     validate_rope_parameters,
 )
+from .yarn_longrope import longrope_serving_block
 
 __all__ = [
     "ConfigError",
@@ -46,6 +47,7 @@ __all__ = [
     "validate_rope_parameters",
     "canonical_rope_type",
     "proportional_pairs",
+    "longrope_serving_block",
     "complain",
     "COMMON_KEYS",
     "KEY_MEANINGS",

@@ -1,5 +1,7 @@
 """YaRN and LongRoPE: frequencies rescaled per pair from the trained context length, and an attention
-factor; both take ``factor`` or the two context lengths it is the ratio of."""
+factor; both take ``factor`` or the two context lengths it is the ratio of. LongRoPE's blocks may give
+the attention factor of each set (``short_mscale``, ``long_mscale``: Phi-3.5-MoE);
+:func:`longrope_serving_block` gives the one set vLLM serves a LongRoPE block with."""
 
 from __future__ import annotations
 
@@ -199,6 +201,19 @@ def _check_longrope(p: dict[str, Any], rotary_dim: int, complain: Callable[[str]
                 f"{key} entries divide the frequencies and must be > 0, got {', '.join(f'{key}[{i}]={x}' for i, x in bad[:4])}"
                 f"{' ...' if len(bad) > 4 else ''}; fix the list (Phi-3's lie between 1 and about 64)"
             )
+    for key in ("short_mscale", "long_mscale"):
+        value = optional_number(p, key, "longrope", allowed="> 0, the attention factor of that set of factors")
+        if value is not None and value <= 0:
+            raise ConfigError(
+                f"{key}={value} for rope_type 'longrope' must be > 0 (it multiplies cos and sin of that set of factors; "
+                "Phi-3.5-MoE uses 1.243); remove it to use the default attention factor"
+            )
+    mscales = [k for k in ("short_mscale", "long_mscale") if p.get(k) is not None]
+    if mscales and p.get("attention_factor") is not None:
+        complain(
+            f"rope_type 'longrope' sets both attention_factor={p['attention_factor']} and {' and '.join(mscales)}; the "
+            f"{' and '.join(mscales)} win for their set (as in vLLM and transformers' PhiMoE); keep one"
+        )
     factor = p.get("factor")
     if factor is None:
         factor = _implicit_factor(p)
@@ -226,7 +241,7 @@ def _longrope_example(head_dim: int) -> RopeExample:
 @register_rope_type(
     "longrope",
     required={"short_factor", "long_factor", "original_max_position_embeddings"},
-    optional={"factor", "attention_factor", "max_position_embeddings"},
+    optional={"factor", "attention_factor", "max_position_embeddings", "short_mscale", "long_mscale"},
     check=_check_longrope,
     length_dependent=True,
     update="switch",
@@ -239,11 +254,72 @@ def _longrope(head_dim: int, base: float, rotary_dim: int, params: Mapping[str, 
     factor = params.get("factor")
     if factor is None:  # Phi-3 states the two context lengths instead
         factor = params["max_position_embeddings"] / trained
-    attention_factor = params.get("attention_factor")
-    if attention_factor is None:
-        attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(trained))
     # one searched rescale factor per pair; the long set once the sequence outgrows the trained context
     use_long = bool(seq_len is not None and seq_len > trained)
+    # short_mscale / long_mscale (Phi-3.5-MoE) give each set its own attention factor, as vLLM and the
+    # checkpoint's own code apply them; otherwise one factor for both sets
+    attention_factor = params.get("long_mscale" if use_long else "short_mscale")
+    if attention_factor is None:
+        attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(trained))
     rescale = torch.tensor(params["long_factor" if use_long else "short_factor"], dtype=torch.float32, device="cpu")
     exponent = torch.arange(0, rotary_dim, 2, dtype=torch.int64, device="cpu").float() / rotary_dim
     return 1.0 / (rescale * base**exponent), attention_factor
+
+
+def longrope_serving_block(block: Mapping[str, Any], max_model_len: int) -> dict[str, Any]:
+    """The LongRoPE block vLLM serves with: one set of factors for every call, chosen once.
+
+    vLLM's ``Phi3LongRoPEScaledRotaryEmbedding`` differs from transformers in three ways, all
+    reproduced here (docs/scaling.md, "LongRoPE in vLLM"):
+
+    - it picks the set once per server: the long factors (and ``long_mscale``) for *every* position when
+      ``max_model_len > original_max_position_embeddings``, else the short ones; transformers picks per
+      call, by the call's length;
+    - its default attention factor is ``sqrt(1 + ln(s) / ln(L))`` with ``s = max_position_embeddings /
+      original_max_position_embeddings``: it reads neither ``factor`` nor ``attention_factor``;
+    - it applies ``short_mscale`` / ``long_mscale`` (transformers' Phi-3 ignores them; its PhiMoE applies
+      them).
+
+    Args:
+        block: a ``longrope`` block with ``short_factor``, ``long_factor``,
+            ``original_max_position_embeddings`` and ``max_position_embeddings`` (vLLM's
+            ``max_position``), optionally ``short_mscale`` / ``long_mscale``.
+        max_model_len: the server's longest sequence (vLLM's ``--max-model-len``).
+
+    Returns:
+        A new ``longrope`` block whose two sets are the one vLLM uses, with its attention factor as
+        ``short_mscale`` and ``long_mscale``: :class:`rotary.RoPE` built from it rotates as vLLM does
+        at every length.
+
+    Example:
+        >>> block = {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,
+        ...          "original_max_position_embeddings": 4096, "max_position_embeddings": 131072}
+        >>> served = longrope_serving_block(block, max_model_len=8192)
+        >>> served["short_factor"], round(served["short_mscale"], 4)
+        ([2.0, 2.0, 2.0, 2.0], 1.1902)
+    """
+    if not isinstance(block, Mapping):
+        raise ConfigError(f"block must be a longrope block (a dict), got {block!r}")
+    for key in ("short_factor", "long_factor", "original_max_position_embeddings", "max_position_embeddings"):
+        if block.get(key) is None:
+            raise ConfigError(f"longrope_serving_block needs {key!r} in the block (vLLM reads it); add it")
+    if not (isinstance(max_model_len, int) and not isinstance(max_model_len, bool) and max_model_len > 0):
+        raise ConfigError(f"max_model_len must be a positive int (vLLM's --max-model-len), got {max_model_len!r}")
+    trained, longest = block["original_max_position_embeddings"], block["max_position_embeddings"]
+    if not (is_number(trained) and is_number(longest) and trained > 1 and longest > 0):
+        raise ConfigError(
+            f"original_max_position_embeddings={trained!r} and max_position_embeddings={longest!r} must be lengths "
+            "in tokens (the first > 1)"
+        )
+    scale = longest / trained
+    default = 1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / math.log(trained))
+    use_long = max_model_len > trained
+    factors = list(block["long_factor" if use_long else "short_factor"])
+    mscale = block.get("long_mscale" if use_long else "short_mscale")
+    mscale = default if mscale is None else mscale
+    out = {k: v for k, v in block.items() if k not in ("factor", "attention_factor", "type")}
+    out.update(rope_type="longrope", short_factor=factors, long_factor=list(factors), short_mscale=mscale,
+               long_mscale=mscale)  # fmt: skip
+    return out

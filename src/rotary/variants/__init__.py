@@ -8,12 +8,14 @@ frequencies, ...) and reuses positions, tables, :func:`rotary.rotate` and the fu
 - :class:`RoPEMixed` (:mod:`.mixed`): learnable per-head 2-D frequencies (RoPE-Mixed);
 - :class:`MRoPE` (:mod:`.mrope`): multimodal RoPE of Qwen2-VL, Qwen2.5-VL and Qwen3-VL;
 - :class:`XPos` (:mod:`.xpos`): xPos, separate query and key tables with an exponential decay;
+- :class:`DualChunkRoPE` (:mod:`.dual_chunk`): the query and key rotations of dual chunk attention;
 - :mod:`.nope`: NoPE layers and Llama 4's NoPE query temperature.
 """
 
 from .axial import PRESETS, AxialRoPE, relative_scores
 from .coordinate_rope import CoordinateRoPE
 from .coordinates import Coordinates
+from .dual_chunk import DualChunkRoPE, DualChunkTables, dual_chunk_attention
 from .mixed import RoPEMixed
 from .mrope import MRoPE, MultimodalPositions, check_mrope_section, mrope_axes, multimodal_positions
 from .nope import NoPETemperature, default_no_rope_layers, nope_temperature, rope_layer_flags
@@ -24,6 +26,8 @@ __all__ = [
     "AxialRoPE",
     "CoordinateRoPE",
     "Coordinates",
+    "DualChunkRoPE",
+    "DualChunkTables",
     "MRoPE",
     "MultimodalPositions",
     "NoPETemperature",
@@ -31,6 +35,7 @@ __all__ = [
     "XPos",
     "check_mrope_section",
     "default_no_rope_layers",
+    "dual_chunk_attention",
     "mrope_axes",
     "multimodal_positions",
     "nope_temperature",

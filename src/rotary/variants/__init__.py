@@ -9,6 +9,7 @@ frequencies, ...) and reuses positions, tables, :func:`rotary.rotate` and the fu
 - :class:`MRoPE` (:mod:`.mrope`): multimodal RoPE of Qwen2-VL, Qwen2.5-VL and Qwen3-VL;
 - :class:`XPos` (:mod:`.xpos`): xPos, separate query and key tables with an exponential decay;
 - :class:`DualChunkRoPE` (:mod:`.dual_chunk`): the query and key rotations of dual chunk attention;
+- :class:`FoPE` (:mod:`.fope`): Fourier position embedding, per-head Fourier-series tables;
 - :mod:`.nope`: NoPE layers and Llama 4's NoPE query temperature.
 """
 
@@ -16,6 +17,7 @@ from .axial import PRESETS, AxialRoPE, relative_scores
 from .coordinate_rope import CoordinateRoPE
 from .coordinates import Coordinates
 from .dual_chunk import DualChunkRoPE, DualChunkTables, dual_chunk_attention
+from .fope import FoPE, fope_kept_frequencies
 from .mixed import RoPEMixed
 from .mrope import MRoPE, MultimodalPositions, check_mrope_section, mrope_axes, multimodal_positions
 from .nope import NoPETemperature, default_no_rope_layers, nope_temperature, rope_layer_flags
@@ -28,6 +30,7 @@ __all__ = [
     "Coordinates",
     "DualChunkRoPE",
     "DualChunkTables",
+    "FoPE",
     "MRoPE",
     "MultimodalPositions",
     "NoPETemperature",
@@ -36,6 +39,7 @@ __all__ = [
     "check_mrope_section",
     "default_no_rope_layers",
     "dual_chunk_attention",
+    "fope_kept_frequencies",
     "mrope_axes",
     "multimodal_positions",
     "nope_temperature",

@@ -1,0 +1,217 @@
+"""FoPE: RoPE whose per-pair phasor is a Fourier series over the well-trained frequencies.
+
+Hua, Jiang, Lv, et al., *Fourier Position Embedding: Enhancing Attention's Periodic Extension for
+Length Generalization* (2024) make two changes to RoPE:
+
+- **clipping**: a frequency whose period is longer than the training length, ``θ_i < 2π / N``, never
+  completes a turn in training; FoPE sets it to 0 (the pair is not rotated) instead of extrapolating
+  it. vLLM keeps the first ``num_inv_freq`` frequencies instead when a config gives that count;
+- **Fourier series**: pair ``d`` of a token at position ``n`` is multiplied by ``C_d(n) + i S_d(n)`` with
+  ``C_d(n) = Σ_f A^cos_{f,d} cos(θ_f n)`` and ``S_d(n) = Σ_f A^sin_{f,d} sin(θ_f n)`` over the kept
+  frequencies ``θ_f``, coefficients per key/value head (``fope_sep_head``) or shared. Identity
+  coefficients give RoPE over the kept frequencies.
+
+Multiplying a pair ``(x1, x2)`` by ``C + iS`` is ``(x1 C - x2 S, x2 C + x1 S)``: exactly what the rotation
+kernels compute from cos/sin tables, so FoPE is a producer of (per-head) :class:`~rotary.tables.RotaryTables`
+whose ``cos² + sin²`` is not 1, and the kernels are unchanged. Queries and keys use the same tables (a
+query head uses its key/value head's). This follows vLLM's ``FourierRotaryEmbedding`` (InternLM / Intern-S1
+configs: ``fope_sep_head``, ``num_inv_freq``, ``fope_init_factor``; ``cos_coef`` and ``sin_coef`` are
+checkpoint weights ``[H_kv, F, F]``). One difference from the paper's code: pairs past the kept
+frequencies get ``cos = 1, sin = 0`` (unrotated, frequency 0, as vLLM); the paper's code pads its sin
+table with 1 there, which adds ``rotate_half(x)`` to those channels.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .._checks import check_bool, check_positive_int, is_int
+from ..errors import ConfigError, InputError
+from ..frequencies import frequencies
+from ..rotation import Layout, check_layout, rotate
+from ..tables import RotaryTables, angles, expand_pairs, table_dtype
+
+__all__ = ["FoPE", "fope_kept_frequencies"]
+
+
+def fope_kept_frequencies(
+    inv_freq: torch.Tensor, max_position_embeddings: int, num_inv_freq: int | None = None
+) -> torch.Tensor:
+    """The frequencies FoPE keeps: the first ``num_inv_freq``, or those that turn at least once in training.
+
+    Args:
+        inv_freq: ``[r/2]`` fp32, falling (RoPE's order).
+        max_position_embeddings: the training length ``N``: ``θ_i <= 2π / N`` are clipped.
+        num_inv_freq: keep this many instead (vLLM's ``num_inv_freq``).
+
+    Returns:
+        ``[F]``, the kept frequencies (a prefix of ``inv_freq``).
+
+    Example:
+        >>> inv = frequencies(16).inv_freq
+        >>> fope_kept_frequencies(inv, 1000).shape, fope_kept_frequencies(inv, 1000, num_inv_freq=3).shape
+        (torch.Size([5]), torch.Size([3]))
+    """
+    if num_inv_freq is not None:
+        if not is_int(num_inv_freq) or not 1 <= num_inv_freq <= inv_freq.shape[-1]:
+            raise ConfigError(
+                f"num_inv_freq must be an int in [1, {inv_freq.shape[-1]}] (pairs kept), got {num_inv_freq!r}"
+            )
+        return inv_freq[:num_inv_freq]
+    check_positive_int(max_position_embeddings, "max_position_embeddings")
+    kept = inv_freq[inv_freq > 2 * math.pi / max_position_embeddings]
+    if kept.numel() == 0:
+        raise ConfigError(
+            f"every frequency has a period longer than max_position_embeddings={max_position_embeddings}, so FoPE "
+            "clips them all and nothing rotates; give the training length (or num_inv_freq)"
+        )
+    return kept
+
+
+class FoPE(nn.Module):
+    """Fourier position embedding: per-head Fourier-series tables over RoPE's kept frequencies.
+
+    Args:
+        head_dim: channels per head ``D`` (even).
+        num_key_value_heads: key/value heads ``H_kv`` (coefficients are per key/value head).
+        max_position_embeddings: the training length ``N`` (frequencies with ``θ <= 2π / N`` are clipped).
+        base: RoPE base ``theta``.
+        rotary_dim: channels rotated (default ``head_dim``).
+        num_inv_freq: keep the first this many frequencies instead of clipping by ``N`` (vLLM's key).
+        separate_heads: one coefficient matrix per key/value head (``fope_sep_head``); else one shared.
+        init_std: the coefficients start at the identity plus Gaussian noise of this standard deviation
+            (the paper's initialisation; 0 gives RoPE over the kept frequencies). A checkpoint's
+            ``cos_coef`` / ``sin_coef`` are loaded with :meth:`load_state_dict` or :meth:`set_coefficients`.
+        interleaved: the pairing (``False``: pairs (i, i + r/2), as vLLM's neox style).
+        generator: for the initial noise.
+
+    Attributes:
+        inv_freq: fp32 ``[F]``, the kept frequencies (a buffer).
+        cos_coef: ``[H_c, F, F]`` parameter (``H_c = H_kv``, or 1 when shared); ``sin_coef`` likewise.
+
+    Example:
+        >>> fope = FoPE(16, num_key_value_heads=2, max_position_embeddings=64, init_std=0.1,
+        ...             generator=torch.Generator().manual_seed(0))
+        >>> t = fope.tables(torch.arange(5))
+        >>> t.cos.shape, t.heads, fope.inv_freq.shape
+        (torch.Size([5, 2, 16]), 2, torch.Size([3]))
+        >>> q, k = torch.randn(1, 4, 5, 16), torch.randn(1, 2, 5, 16)
+        >>> [x.shape for x in fope(q, k)]
+        [torch.Size([1, 4, 5, 16]), torch.Size([1, 2, 5, 16])]
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        *,
+        num_key_value_heads: int,
+        max_position_embeddings: int,
+        base: float = 10000.0,
+        rotary_dim: int | None = None,
+        num_inv_freq: int | None = None,
+        separate_heads: bool = True,
+        init_std: float = 0.0,
+        interleaved: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        super().__init__()
+        check_positive_int(num_key_value_heads, "num_key_value_heads")
+        if isinstance(init_std, bool) or not isinstance(init_std, (int, float)) or not 0 <= init_std < math.inf:
+            raise InputError(f"init_std must be a finite number >= 0, got {init_std!r}")
+        full = frequencies(head_dim, base=base, rotary_dim=rotary_dim)
+        self.head_dim, self.rotary_dim = head_dim, full.rotary_dim
+        self.num_key_value_heads = num_key_value_heads
+        self.separate_heads = check_bool(separate_heads, "separate_heads")
+        self.interleaved = check_bool(interleaved, "interleaved")
+        self.inv_freq: torch.Tensor
+        self.register_buffer(
+            "inv_freq", fope_kept_frequencies(full.inv_freq, max_position_embeddings, num_inv_freq), persistent=False
+        )
+        kept = self.inv_freq.shape[0]
+        shape = (num_key_value_heads if self.separate_heads else 1, kept, kept)
+        eye = torch.eye(kept).expand(shape)
+        self.cos_coef = nn.Parameter(eye + init_std * torch.randn(shape, generator=generator))
+        self.sin_coef = nn.Parameter(eye + init_std * torch.randn(shape, generator=generator))
+
+    def set_coefficients(self, cos_coef: torch.Tensor, sin_coef: torch.Tensor) -> None:
+        """Copy a checkpoint's coefficients in (``[H_c, F, F]`` each, as vLLM loads them)."""
+        for name, value in (("cos_coef", cos_coef), ("sin_coef", sin_coef)):
+            if not isinstance(value, torch.Tensor) or value.shape != self.cos_coef.shape:
+                raise InputError(
+                    f"{name} must be a tensor of shape {tuple(self.cos_coef.shape)} ([heads, kept frequencies, kept "
+                    f"frequencies]), got {getattr(value, 'shape', value)!r}"
+                )
+        with torch.no_grad():
+            self.cos_coef.copy_(cos_coef)
+            self.sin_coef.copy_(sin_coef)
+
+    def tables(self, position_ids: torch.Tensor, *, dtype: torch.dtype = torch.float32) -> RotaryTables:
+        """The tables of positions ``position_ids`` (differentiable in the coefficients).
+
+        Args:
+            position_ids: int ``[S]`` or ``[B, S]``.
+            dtype: fp32 (default) or float64.
+
+        Returns:
+            Per-head tables ``[S, H_kv, r]`` / ``[B, S, H_kv, r]`` (shared ``[S, r]`` / ``[B, S, r]`` when
+            ``separate_heads=False``); pairs past the kept frequencies have cos 1 and sin 0.
+        """
+        if (
+            not isinstance(position_ids, torch.Tensor)
+            or position_ids.is_floating_point()
+            or position_ids.dim() not in (1, 2)
+        ):
+            raise InputError(f"position_ids must be an integer tensor [S] or [B, S], got {position_ids!r:.80}")
+        theta = angles(position_ids, self.inv_freq)  # float64 [..., F]
+        # the Fourier series of each output pair, in float64: [..., F] x [H, F, F] -> [..., H, F]
+        cos = torch.einsum("...f,hfd->...hd", theta.cos(), self.cos_coef.to(theta.device, torch.float64))
+        sin = torch.einsum("...f,hfd->...hd", theta.sin(), self.sin_coef.to(theta.device, torch.float64))
+        pad = self.rotary_dim // 2 - cos.shape[-1]  # clipped pairs: frequency 0, unrotated
+        cos = torch.cat((cos, cos.new_ones(cos.shape[:-1] + (pad,))), dim=-1)
+        sin = torch.cat((sin, sin.new_zeros(sin.shape[:-1] + (pad,))), dim=-1)
+        if not self.separate_heads:
+            cos, sin = cos.squeeze(-2), sin.squeeze(-2)
+        out = table_dtype(dtype)
+        heads = self.num_key_value_heads if self.separate_heads else None
+        return RotaryTables.unchecked(
+            expand_pairs(cos.to(out), self.interleaved), expand_pairs(sin.to(out), self.interleaved),
+            self.interleaved, heads=heads,
+        )  # fmt: skip
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, *, position_ids: torch.Tensor | None = None, layout: Layout = "bhsd"
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Apply FoPE to queries and keys; a query head uses its key/value head's tables (GQA).
+
+        Args:
+            q: ``[B, Hq, S, D]`` (``layout="bhsd"``) or ``[B, S, Hq, D]``; ``Hq`` a multiple of ``H_kv``.
+            k: same layout, ``H_kv`` heads.
+            position_ids: int ``[S]`` or ``[B, S]``; default ``arange(S)``.
+            layout: ``"bhsd"`` or ``"bshd"``.
+
+        Returns:
+            ``(q, k)`` transformed, shapes and dtypes of the inputs.
+        """
+        check_layout(layout)
+        head_axis = 1 if layout == "bhsd" else 2
+        hq, hk = q.shape[head_axis], k.shape[head_axis]
+        if hk != self.num_key_value_heads or hq % hk:
+            raise InputError(
+                f"k has {hk} heads and q {hq}; FoPE was built for {self.num_key_value_heads} key/value heads and q "
+                "needs a multiple of them"
+            )
+        if position_ids is None:
+            position_ids = torch.arange(q.shape[3 - head_axis], device=q.device)
+        tables = self.tables(position_ids, dtype=q.dtype)
+        if not self.separate_heads or hq == hk:
+            q_out, k_out = rotate([q, k], tables, layout=layout)
+            return q_out, k_out
+        group = hq // hk
+        q_tables = RotaryTables.unchecked(
+            tables.cos.repeat_interleave(group, dim=-2), tables.sin.repeat_interleave(group, dim=-2),
+            tables.interleaved, heads=hq,
+        )  # fmt: skip
+        return rotate([q], q_tables, layout=layout)[0], rotate([k], tables, layout=layout)[0]

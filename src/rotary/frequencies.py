@@ -241,9 +241,10 @@ def frequencies(
     ``yarn`` (``factor``, ``original_max_position_embeddings``, ``beta_fast``, ``beta_slow``,
     ``attention_factor``, ``mscale``, ``mscale_all_dim``, ``truncate``); ``longrope``
     (``short_factor``, ``long_factor``, ``factor``, ``original_max_position_embeddings``,
-    ``attention_factor``); ``llama3`` (``factor``, ``low_freq_factor``, ``high_freq_factor``,
+    ``attention_factor``, ``short_mscale``, ``long_mscale``); ``llama3`` (``factor``, ``low_freq_factor``, ``high_freq_factor``,
     ``original_max_position_embeddings``); ``proportional`` (``partial_rotary_factor``, ``factor``);
-    ``ntk`` (static NTK-aware: base' = base * factor ** (r / (r - 2))). Any block may carry
+    ``ntk`` (static NTK-aware: base' = base * factor ** (r / (r - 2))); ``ntk_alpha`` (HunYuan:
+    the same with ``alpha``; a ``dynamic`` block with ``alpha`` is read as it). Any block may carry
     ``rope_theta`` (the base) and ``partial_rotary_factor``. See docs/scaling.md.
 
     Args:

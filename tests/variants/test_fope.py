@@ -140,3 +140,22 @@ def test_set_coefficients_and_errors():
         fope_kept_frequencies(torch.tensor([0.01, 0.001]), 10)
     with pytest.raises(InputError, match="init_std"):
         FoPE(D, num_key_value_heads=HKV, max_position_embeddings=N, init_std=-1.0)
+
+
+def test_as_the_rope_of_rotary_attention():
+    """MHA layer: RotaryAttention hands FoPE its Positions and rotates q and k with the per-head tables."""
+    from rotary.nn import RotaryAttention
+
+    torch.manual_seed(3)
+    fope = FoPE(D, num_key_value_heads=HKV, max_position_embeddings=N, init_std=0.2)
+    attn = RotaryAttention(D * HKV, HKV, rope=fope, causal=True).eval()
+    x = torch.randn(1, 7, D * HKV)
+    q = attn.q_proj(x).view(1, 7, HKV, D).transpose(1, 2)
+    k = attn.k_proj(x).view(1, 7, HKV, D).transpose(1, 2)
+    v = attn.v_proj(x).view(1, 7, HKV, D).transpose(1, 2)
+    q, k = fope(q, k)
+    want = attn.o_proj(
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).flatten(2)
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x), want, rtol=1e-5, atol=1e-5)

@@ -45,6 +45,7 @@ from .._checks import check_bool, is_int
 from ..errors import ConfigError, InputError, InputTypeError
 from ..frequencies import frequencies
 from ..hf.config import read_hf_config
+from ..positions import Positions
 from ..rotation import rotate
 from ..tables import RotaryTables, cos_sin_table, table_dtype
 
@@ -206,7 +207,7 @@ class DualChunkRoPE:
             original_max_position_embeddings=dca.get("original_max_position_embeddings"),
         )
 
-    def positions(self, position_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    def positions(self, position_ids: torch.Tensor | Positions) -> dict[str, torch.Tensor]:
         """The position each table rotates a token at, int64, shaped as ``position_ids`` (``[S]`` or ``[B, S]``).
 
         Example:
@@ -214,6 +215,8 @@ class DualChunkRoPE:
             >>> {k: v.tolist() for k, v in dc.positions(torch.tensor([0, 5, 6, 13])).items()}["successor"]
             [6, 10, 6, 7]
         """
+        if isinstance(position_ids, Positions) and position_ids.axes == 1 and not position_ids.packed:
+            position_ids = position_ids.ids
         if not isinstance(position_ids, torch.Tensor) or position_ids.dtype not in (torch.int32, torch.int64):
             raise InputTypeError(f"position_ids must be an int32/int64 tensor [S] or [B, S], got {position_ids!r:.80}")
         if position_ids.dim() not in (1, 2):
@@ -232,11 +235,12 @@ class DualChunkRoPE:
             "key": within,
         }
 
-    def tables(self, position_ids: torch.Tensor, *, dtype: torch.dtype = torch.float32) -> DualChunkTables:
+    def tables(self, position_ids: torch.Tensor | Positions, *, dtype: torch.dtype = torch.float32) -> DualChunkTables:
         """The six tables of a call.
 
         Args:
-            position_ids: int ``[S]`` or ``[B, S]``, the tokens' absolute positions.
+            position_ids: int ``[S]`` or ``[B, S]`` (or 1-D :class:`~rotary.positions.Positions`), the
+                tokens' absolute positions.
             dtype: fp32 (default) or float64.
 
         Returns:

@@ -31,6 +31,7 @@ from torch import nn
 from .._checks import check_bool, check_positive_int, is_int
 from ..errors import ConfigError, InputError
 from ..frequencies import frequencies
+from ..positions import Positions
 from ..rotation import Layout, check_layout, rotate
 from ..tables import RotaryTables, angles, expand_pairs, table_dtype
 
@@ -148,17 +149,23 @@ class FoPE(nn.Module):
             self.cos_coef.copy_(cos_coef)
             self.sin_coef.copy_(sin_coef)
 
-    def tables(self, position_ids: torch.Tensor, *, dtype: torch.dtype = torch.float32) -> RotaryTables:
+    def tables(self, position_ids: torch.Tensor | Positions, *, dtype: torch.dtype = torch.float32) -> RotaryTables:
         """The tables of positions ``position_ids`` (differentiable in the coefficients).
 
+        As the ``rope=`` of :class:`rotary.nn.RotaryAttention` (which rotates q and k with one table)
+        it serves layers with as many query heads as key/value heads, or ``separate_heads=False``;
+        with grouped queries call :meth:`forward`, which expands the tables to the query heads.
+
         Args:
-            position_ids: int ``[S]`` or ``[B, S]``.
+            position_ids: int ``[S]`` or ``[B, S]``, or 1-D :class:`~rotary.positions.Positions`.
             dtype: fp32 (default) or float64.
 
         Returns:
             Per-head tables ``[S, H_kv, r]`` / ``[B, S, H_kv, r]`` (shared ``[S, r]`` / ``[B, S, r]`` when
             ``separate_heads=False``); pairs past the kept frequencies have cos 1 and sin 0.
         """
+        if isinstance(position_ids, Positions) and position_ids.axes == 1 and not position_ids.packed:
+            position_ids = position_ids.ids
         if (
             not isinstance(position_ids, torch.Tensor)
             or position_ids.is_floating_point()

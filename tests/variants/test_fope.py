@@ -159,3 +159,29 @@ def test_as_the_rope_of_rotary_attention():
     )
     with torch.no_grad():
         torch.testing.assert_close(attn(x), want, rtol=1e-5, atol=1e-5)
+
+
+INTERN = {
+    "model_type": "interns1_pro",
+    "text_config": {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+                    "rope_theta": 5000000.0, "max_position_embeddings": 262144,
+                    "rope_scaling": {"rope_type": "default", "fope_init_factor": 0.5, "fope_sep_head": True,
+                                     "num_inv_freq": None}},
+}  # fmt: skip
+
+
+def test_from_hf_config_as_vllm_reads_it():
+    fope = FoPE.from_hf_config(INTERN)
+    # vLLM: inv_freq of rope_theta, kept where it exceeds 2π / max_position_embeddings (the config's)
+    inv = 1.0 / (5000000.0 ** (torch.arange(0, 64, 2, dtype=torch.float) / 64))
+    assert torch.equal(fope.inv_freq, inv[inv > 2.0 * torch.pi / 262144])
+    assert fope.cos_coef.shape == (2, len(fope.inv_freq), len(fope.inv_freq)) and fope.separate_heads
+    shared = FoPE.from_hf_config({**INTERN["text_config"], "rope_scaling": {"fope_sep_head": False, "num_inv_freq": 8}})
+    assert not shared.separate_heads and shared.inv_freq.shape == (8,) and shared.cos_coef.shape == (1, 8, 8)
+    a, b = torch.randn(2, 8, 8), torch.randn(2, 8, 8)
+    shared.set_coefficients(a, b)  # a checkpoint's per-head shape: the first matrix, as vLLM reads cos_coef[0]
+    assert torch.equal(shared.cos_coef.detach()[0], a[0]) and torch.equal(shared.sin_coef.detach()[0], b[0])
+    with pytest.raises(ConfigError, match="none of FoPE's keys"):
+        FoPE.from_hf_config({**INTERN["text_config"], "rope_scaling": {"rope_type": "default"}})
+    with pytest.raises(ConfigError, match="num_key_value_heads"):
+        FoPE.from_hf_config({**INTERN["text_config"], "num_key_value_heads": 0})

@@ -31,9 +31,7 @@ combines them (``O(S^2)`` memory, for checking and small inputs; it is not vLLM'
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -45,6 +43,7 @@ from .._checks import check_bool, is_int
 from ..errors import ConfigError, InputError, InputTypeError
 from ..frequencies import frequencies
 from ..hf.config import read_hf_config
+from ..hf.raw import config_as_dict, text_part
 from ..positions import Positions
 from ..rotation import rotate
 from ..tables import RotaryTables, cos_sin_table, table_dtype
@@ -74,25 +73,6 @@ class DualChunkTables:
     successor_critical: RotaryTables
     inter_critical: RotaryTables
     key: RotaryTables
-
-
-def _load_dict(config: Any) -> dict[str, Any]:
-    if isinstance(config, (str, os.PathLike)):
-        path = os.fspath(config)
-        path = os.path.join(path, "config.json") if os.path.isdir(path) else path
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    elif isinstance(config, Mapping):
-        data = dict(config)
-    elif callable(getattr(config, "to_dict", None)):
-        data = config.to_dict()
-    else:
-        raise InputTypeError(
-            f"config must be a transformers PretrainedConfig, a dict or a path to config.json, got {type(config).__name__}"
-        )
-    if not isinstance(data, Mapping):
-        raise ConfigError("the config does not hold a JSON object; pass a Hugging Face config.json")
-    return dict(data)
 
 
 class DualChunkRoPE:
@@ -171,7 +151,7 @@ class DualChunkRoPE:
             >>> dc.chunk_len, dc.head_dim, dc.freqs.base
             (253952, 128, 10000000.0)
         """
-        data = _load_dict(config)
+        data = text_part(config_as_dict(config), "dual_chunk_attention_config")
         dca = data.get("dual_chunk_attention_config")
         if not isinstance(dca, Mapping):
             raise ConfigError(

@@ -24,18 +24,24 @@ table with 1 there, which adds ``rotate_half(x)`` to those channels.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
 
-from .._checks import check_bool, check_positive_int, is_int
+from .._checks import check_bool, check_positive_int, is_int, is_number, is_positive_int
 from ..errors import ConfigError, InputError
 from ..frequencies import frequencies
+from ..hf.raw import config_as_dict, text_part
 from ..positions import Positions
 from ..rotation import Layout, check_layout, rotate
 from ..tables import RotaryTables, angles, expand_pairs, table_dtype
 
-__all__ = ["FoPE", "fope_kept_frequencies"]
+__all__ = ["FOPE_KEYS", "FoPE", "fope_kept_frequencies"]
+
+#: the RoPE-block keys that turn FoPE on in vLLM and SGLang (InternLM / Intern-S1-Pro configs)
+FOPE_KEYS = frozenset({"fope_init_factor", "fope_sep_head", "num_inv_freq"})
 
 
 def fope_kept_frequencies(
@@ -137,8 +143,71 @@ class FoPE(nn.Module):
         self.cos_coef = nn.Parameter(eye + init_std * torch.randn(shape, generator=generator))
         self.sin_coef = nn.Parameter(eye + init_std * torch.randn(shape, generator=generator))
 
+    @classmethod
+    def from_hf_config(cls, config: Any, *, init_std: float = 0.0) -> FoPE:
+        """Build it from a config whose RoPE block has FoPE's keys (InternLM / Intern-S1-Pro, as vLLM reads them).
+
+        vLLM turns FoPE on when the block (``rope_scaling`` or ``rope_parameters``) sets any of
+        ``fope_init_factor``, ``fope_sep_head``, ``num_inv_freq``, and clips at the config's
+        ``max_position_embeddings``. The coefficients are checkpoint weights (``cos_coef``, ``sin_coef``
+        of each attention layer's rotary embedding): load them with :meth:`set_coefficients`; until then
+        they are the identity (plus ``init_std`` noise).
+
+        Args:
+            config: a transformers ``PretrainedConfig``, a path to a config.json (or its folder), or a
+                dict; a multimodal config is read from its ``text_config``.
+            init_std: see :class:`FoPE`.
+
+        Example:
+            >>> d = {"hidden_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2, "rope_theta": 5e6,
+            ...      "max_position_embeddings": 262144,
+            ...      "rope_scaling": {"rope_type": "default", "fope_init_factor": 0.5, "fope_sep_head": True}}
+            >>> fope = FoPE.from_hf_config(d)
+            >>> fope.head_dim, fope.cos_coef.shape
+            (128, torch.Size([2, 45, 45]))
+        """
+        d = text_part(config_as_dict(config), "max_position_embeddings")
+        block = d.get("rope_scaling") or d.get("rope_parameters") or {}
+        if not isinstance(block, Mapping) or all(block.get(k) is None for k in FOPE_KEYS):
+            raise ConfigError(
+                f"the config's RoPE block sets none of FoPE's keys {sorted(FOPE_KEYS)} (got {block!r}); vLLM uses FoPE "
+                "only when one is set; for plain RoPE use rotary.RoPE.from_hf_config"
+            )
+        head_dim = d.get("head_dim")
+        if head_dim is None and is_positive_int(d.get("hidden_size")) and is_positive_int(d.get("num_attention_heads")):
+            head_dim = d["hidden_size"] // d["num_attention_heads"]
+        base = block.get("rope_theta", d.get("rope_theta", 10000.0))
+        values = {
+            "head_dim": head_dim,
+            "num_key_value_heads": d.get("num_key_value_heads", d.get("num_attention_heads")),
+            "max_position_embeddings": d.get("max_position_embeddings"),
+        }
+        for key, value in values.items():
+            if not is_positive_int(value):
+                raise ConfigError(f"FoPE needs the config's {key} as a positive int, got {value!r}")
+        if not is_number(base) or base <= 1:
+            raise ConfigError(f"rope_theta must be a number > 1, got {base!r}")
+        separate = block.get("fope_sep_head")
+        return cls(
+            values["head_dim"],
+            num_key_value_heads=values["num_key_value_heads"],
+            max_position_embeddings=values["max_position_embeddings"],
+            base=float(base),
+            num_inv_freq=block.get("num_inv_freq"),
+            separate_heads=True if separate is None else separate,
+            init_std=init_std,
+        )
+
     def set_coefficients(self, cos_coef: torch.Tensor, sin_coef: torch.Tensor) -> None:
-        """Copy a checkpoint's coefficients in (``[H_c, F, F]`` each, as vLLM loads them)."""
+        """Copy a checkpoint's coefficients in (``[H_c, F, F]`` each, as vLLM loads them).
+
+        With ``separate_heads=False`` a checkpoint's ``[H_kv, F, F]`` is accepted and its first matrix
+        used, as vLLM does.
+        """
+        if not self.separate_heads:
+            cos_coef, sin_coef = (
+                c[:1] if isinstance(c, torch.Tensor) and c.dim() == 3 else c for c in (cos_coef, sin_coef)
+            )
         for name, value in (("cos_coef", cos_coef), ("sin_coef", sin_coef)):
             if not isinstance(value, torch.Tensor) or value.shape != self.cos_coef.shape:
                 raise InputError(

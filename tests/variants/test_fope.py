@@ -185,3 +185,11 @@ def test_from_hf_config_as_vllm_reads_it():
         FoPE.from_hf_config({**INTERN["text_config"], "rope_scaling": {"rope_type": "default"}})
     with pytest.raises(ConfigError, match="num_key_value_heads"):
         FoPE.from_hf_config({**INTERN["text_config"], "num_key_value_heads": 0})
+
+
+def test_plain_rope_refuses_fope_keys_by_name():
+    from rotary import RoPE
+
+    d = {"model_type": "qwen3_moe", **INTERN["text_config"]}
+    with pytest.raises(ConfigError, match="'fope_init_factor'"):
+        RoPE.from_hf_config(d)

@@ -23,7 +23,7 @@ import rotary
 from helpers import accelerator_rules
 from rotary import deferred
 from rotary.errors import DeviceInputError
-from rotary.hf import _apply_deepseek_interleave
+from rotary.hf.patching import _apply_deepseek_interleave
 from rotary.nn.position import ALiBi, LearnedPositionEmbedding, RelativePositionBias, SinusoidalPositionEmbedding
 from rotary.positions import Positions
 from rotary.variants import AxialRoPE, MRoPE, NoPETemperature, RoPEMixed, XPos, multimodal_positions

@@ -6,7 +6,8 @@ frequencies, ...) and reuses positions, tables, :func:`rotary.rotate` and the fu
 - :class:`AxialRoPE` (:mod:`.axial`): N-D axial RoPE for images and video, with the published
   models' conventions as presets (:data:`PRESETS`);
 - :class:`RoPEMixed` (:mod:`.mixed`): learnable per-head 2-D frequencies (RoPE-Mixed);
-- :class:`MRoPE` (:mod:`.mrope`): multimodal RoPE of Qwen2-VL, Qwen2.5-VL and Qwen3-VL;
+- :class:`MRoPE` (:mod:`.mrope`): multimodal RoPE of Qwen2-VL, Qwen2.5-VL and Qwen3-VL, and
+  :func:`multimodal_positions` (:mod:`.multimodal`): the position ids of their prompts;
 - :class:`XPos` (:mod:`.xpos`): xPos, separate query and key tables with an exponential decay;
 - :mod:`.nope`: NoPE layers and Llama 4's NoPE query temperature.
 """
@@ -15,7 +16,8 @@ from .axial import PRESETS, AxialRoPE, relative_scores
 from .coordinate_rope import CoordinateRoPE
 from .coordinates import Coordinates
 from .mixed import RoPEMixed
-from .mrope import MRoPE, MultimodalPositions, check_mrope_section, mrope_axes, multimodal_positions
+from .mrope import MRoPE, check_mrope_section, mrope_axes
+from .multimodal import MultimodalPositions, multimodal_positions
 from .nope import NoPETemperature, default_no_rope_layers, nope_temperature, rope_layer_flags
 from .xpos import XPos, xpos_zeta
 

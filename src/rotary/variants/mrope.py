@@ -1,25 +1,34 @@
-"""M-RoPE: the multimodal RoPE of Qwen2-VL, Qwen2.5-VL and Qwen3-VL.
+"""M-RoPE: the multimodal RoPE of the vision-language models (Qwen-VL, GLM-4V, ERNIE-4.5-VL, HunYuan-VL, ...).
 
-Every token has three position ids, temporal, height and width (``[3, B, S]``, as transformers
-passes them). Text tokens have three equal ids, so for text M-RoPE *is* 1-D RoPE; an image's tokens
-share one temporal id and spread over a grid of height and width ids. Each of the ``r/2`` frequency
-slots reads one of the three ids, assigned by ``mrope_section`` (sizes per axis, summing to ``r/2``):
+Every token has several position ids, one per axis: temporal, height and width (``[3, B, S]``, as
+transformers passes them), or HunYuan-VL's four XD-RoPE axes. Text tokens have equal ids on every
+axis, so for text M-RoPE *is* 1-D RoPE; an image's tokens share one temporal id and spread over a
+grid of height and width ids. Each of the ``r/2`` frequency slots reads one of the ids, assigned by
+``mrope_section`` (sizes per axis, summing to ``r/2``) and a slot layout (``mrope_layout``):
 
-- chunked (Qwen2-VL, Qwen2.5-VL): the first ``s_t`` slots read t, the next ``s_h`` read h, the last
-  ``s_w`` read w; ``[16, 24, 24]`` gives slots 0-15 to t, 16-39 to h, 40-63 to w. The temporal axis
-  gets only the fastest frequencies, the width axis only the slowest.
-- interleaved (Qwen3-VL, ``mrope_interleaved``): slots cycle t, h, w while h and w have slots left,
-  then the rest go to t; ``[24, 20, 20]`` gives "THW" x 20 then "TTTT". Every axis spans the whole
-  spectrum.
+- ``"chunked"`` (Qwen2-VL, Qwen2.5-VL, Qwen2.5-Omni, PaddleOCR-VL, the GLM-4V family; HunYuan-VL's
+  XD-RoPE with four sections): section ``j`` covers consecutive slots and reads axis ``j``;
+  ``[16, 24, 24]`` gives slots 0-15 to t, 16-39 to h, 40-63 to w. The temporal axis gets only the
+  fastest frequencies, the width axis only the slowest.
+- ``"interleaved"`` (Qwen3-VL, Qwen3.5, Qwen3-Omni, Cosmos 3; ``mrope_interleaved``): slots cycle t,
+  h, w while h and w have slots left, then the rest go to t; ``[24, 20, 20]`` gives "THW" x 20 then
+  "TTTT". Every axis spans the whole spectrum.
+- ``"paired_hw"`` (ERNIE-4.5-VL): ``mrope_section`` is ``(h, w, t)`` with ``h == w``; the first
+  ``2h`` slots alternate h, w ("HWHW..."), the last ``t`` slots read t: height and width share the
+  fast frequencies, time takes the slowest.
+
+Slot ``i`` keeps the frequency of 1-D RoPE's slot ``i`` in every layout; the channel pairing
+(``interleaved``) is the model's, as in 1-D RoPE (GLM-4V and ERNIE-4.5-VL pair (2i, 2i+1)).
 
 Papers: Wang et al., *Qwen2-VL: Enhancing Vision-Language Model's Perception of the World at Any
 Resolution* (2024); Bai et al., *Qwen2.5-VL Technical Report* (2025); the Qwen3-VL technical
-report (2025) for the interleaved layout.
+report (2025) for the interleaved layout; *ERNIE 4.5 Technical Report* (2025); *HunyuanOCR Technical
+Report* (2025) for XD-RoPE.
 
-:class:`MRoPE` turns the three ids into tables: the frequency of slot ``i`` sits in row ``axis(i)`` of a
-``[3, r/2]`` frequency matrix (zero elsewhere), so the angles are the same float64
+:class:`MRoPE` turns the ids into tables: the frequency of slot ``i`` sits in row ``axis(i)`` of an
+``[A, r/2]`` frequency matrix (zero elsewhere), so the angles are the same float64
 ``positions x frequencies`` product as axial RoPE's (:func:`rotary.tables.angles`), and equal bit
-for bit to 1-D RoPE's when t = h = w.
+for bit to 1-D RoPE's when every axis holds the same id.
 
 :func:`rotary.multimodal_positions` (:mod:`.multimodal`) builds the ids of a prompt of text, images and
 videos.
@@ -28,13 +37,13 @@ videos.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from .. import positions as P
-from .._checks import check_bool, is_int
+from .._checks import check_bool, check_choice, is_int
 from .._device_copies import DeviceCopies
 from ..errors import InputError, InputTypeError
 from ..frequencies import frequencies
@@ -45,6 +54,7 @@ from ..tables import RotaryTables, cos_sin_table, table_dtype
 from .multimodal import MultimodalPositions, multimodal_positions
 
 __all__ = [
+    "LAYOUTS",
     "MRoPE",
     "MultimodalPositions",
     "check_mrope_section",
@@ -55,8 +65,26 @@ __all__ = [
 #: the three axes of M-RoPE positions, in the order of the ``[3, B, S]`` ids
 AXES = ("t", "h", "w")
 
+#: the slot layouts (see the module docstring)
+LAYOUTS = ("chunked", "interleaved", "paired_hw")
 
-def _sections(mrope_section: Sequence[int], mrope_interleaved: bool) -> tuple[int, ...]:
+MRopeLayout = Literal["chunked", "interleaved", "paired_hw"]
+
+
+def _layout(mrope_layout: str | None, mrope_interleaved: bool) -> str:
+    """The layout named by ``mrope_layout``, or by the older ``mrope_interleaved`` flag."""
+    interleaved = check_bool(mrope_interleaved, "mrope_interleaved")
+    if mrope_layout is None:
+        return "interleaved" if interleaved else "chunked"
+    check_choice(mrope_layout, "mrope_layout", LAYOUTS)
+    if interleaved and mrope_layout != "interleaved":
+        raise InputError(
+            f"mrope_interleaved=True asks for the interleaved layout but mrope_layout={mrope_layout!r}; pass one of them"
+        )
+    return mrope_layout
+
+
+def _sections(mrope_section: Sequence[int], layout: str) -> tuple[int, ...]:
     """The sections as a tuple of positive ints, checked to fit the layout (not yet against a width)."""
     if isinstance(mrope_section, (str, bytes)) or not isinstance(mrope_section, Sequence) or not mrope_section:
         raise InputError(
@@ -65,7 +93,7 @@ def _sections(mrope_section: Sequence[int], mrope_interleaved: bool) -> tuple[in
     if any(not is_int(s) or s <= 0 for s in mrope_section):
         raise InputError(f"mrope_section sizes must be positive ints, got {list(mrope_section)!r}")
     section = tuple(int(s) for s in mrope_section)
-    if check_bool(mrope_interleaved, "mrope_interleaved"):
+    if layout == "interleaved":
         if len(section) != 3:
             raise InputError(f"the interleaved layout needs three sections (t, h, w), got {list(section)}")
         got = tuple(torch.bincount(_interleaved_axes(section), minlength=3).tolist())
@@ -75,6 +103,10 @@ def _sections(mrope_section: Sequence[int], mrope_interleaved: bool) -> tuple[in
                 f"mrope_section {list(section)} cannot be interleaved over {slots} slots: cycling t, h, w gives "
                 f"t, h, w = {list(got)} slots (h and w take every third slot: 3 * h <= {slots + 1}, 3 * w <= {slots})"
             )
+    if layout == "paired_hw" and (len(section) != 3 or section[0] != section[1]):
+        raise InputError(
+            f"the paired_hw layout (ERNIE-4.5-VL) needs three sections (h, w, t) with h == w, got {list(section)}"
+        )
     return section
 
 
@@ -86,20 +118,24 @@ def _interleaved_axes(section: tuple[int, ...]) -> torch.Tensor:
 
 
 def check_mrope_section(
-    mrope_section: Sequence[int], rotary_dim: int, *, mrope_interleaved: bool = False
+    mrope_section: Sequence[int],
+    rotary_dim: int,
+    *,
+    mrope_interleaved: bool = False,
+    mrope_layout: MRopeLayout | None = None,
 ) -> tuple[int, ...]:
     """Validate ``mrope_section`` for ``rotary_dim`` rotated channels and return it as a tuple.
 
     Raises:
         rotary.errors.InputError: sections that are not positive ints, that do not sum to ``rotary_dim / 2``, or
-            (interleaved) that cannot be laid out: not three of them, or h/w sections too large to
-            take every third slot.
+            that the layout cannot lay out: interleaved, not three of them or h/w sections too large to
+            take every third slot; paired_hw, not three or ``h != w``.
 
     Example:
         >>> check_mrope_section([16, 24, 24], 128)
         (16, 24, 24)
     """
-    section = _sections(mrope_section, mrope_interleaved)
+    section = _sections(mrope_section, _layout(mrope_layout, mrope_interleaved))
     slots = rotary_dim // 2
     if sum(section) != slots:
         raise InputError(
@@ -109,22 +145,30 @@ def check_mrope_section(
     return section
 
 
-def mrope_axes(mrope_section: Sequence[int], *, mrope_interleaved: bool = False) -> torch.Tensor:
-    """The axis (0 = t, 1 = h, 2 = w) each frequency slot reads, int64 ``[sum(mrope_section)]``.
+def mrope_axes(
+    mrope_section: Sequence[int], *, mrope_interleaved: bool = False, mrope_layout: MRopeLayout | None = None
+) -> torch.Tensor:
+    """The axis (0 = t, 1 = h, 2 = w; XD-RoPE: 0-3) each frequency slot reads, int64 ``[sum(mrope_section)]``.
 
-    Chunked: section ``j`` covers consecutive slots and reads axis ``j % 3``. Interleaved: see the
-    module docstring.
+    Chunked: section ``j`` covers consecutive slots and reads axis ``j``. Interleaved and paired_hw:
+    see the module docstring.
 
     Example:
         >>> "".join("THW"[a] for a in mrope_axes([2, 3, 3]))
         'TTHHHWWW'
         >>> "".join("THW"[a] for a in mrope_axes([4, 2, 2], mrope_interleaved=True))
         'THWTHWTT'
+        >>> "".join("THW"[a] for a in mrope_axes([3, 3, 2], mrope_layout="paired_hw"))
+        'HWHWHWTT'
     """
-    section = _sections(mrope_section, mrope_interleaved)
-    if mrope_interleaved:
+    layout = _layout(mrope_layout, mrope_interleaved)
+    section = _sections(mrope_section, layout)
+    if layout == "interleaved":
         return _interleaved_axes(section)
-    return torch.cat([torch.full((size,), j % 3, dtype=torch.int64) for j, size in enumerate(section)])
+    if layout == "paired_hw":
+        pairs = torch.tensor([1, 2], dtype=torch.int64).repeat(section[0])
+        return torch.cat([pairs, torch.zeros(section[2], dtype=torch.int64)])
+    return torch.cat([torch.full((size,), j, dtype=torch.int64) for j, size in enumerate(section)])
 
 
 class MRoPE(nn.Module):
@@ -154,6 +198,7 @@ class MRoPE(nn.Module):
         *,
         mrope_section: Sequence[int],
         mrope_interleaved: bool = False,
+        mrope_layout: MRopeLayout | None = None,
         base: float | None = None,
         rotary_dim: int | None = None,
         scaling: dict | None = None,
@@ -167,30 +212,33 @@ class MRoPE(nn.Module):
                 f"rope_type {self.freqs.rope_type!r} changes the frequencies with the sequence length, which M-RoPE does "
                 "not support here; use a static rope_type (default, linear, yarn, ...)"
             )
-        self.mrope_interleaved = check_bool(mrope_interleaved, "mrope_interleaved")
-        self.mrope_section = check_mrope_section(
-            mrope_section, self.freqs.rotary_dim, mrope_interleaved=mrope_interleaved
-        )
+        #: the slot layout: ``"chunked"``, ``"interleaved"`` or ``"paired_hw"``
+        self.mrope_layout = _layout(mrope_layout, mrope_interleaved)
+        self.mrope_interleaved = self.mrope_layout == "interleaved"
+        self.mrope_section = check_mrope_section(mrope_section, self.freqs.rotary_dim, mrope_layout=self.mrope_layout)
         self.interleaved = check_bool(interleaved, "interleaved")
         #: the axis each frequency slot reads, int64 ``[r/2]``
-        self.axes = mrope_axes(self.mrope_section, mrope_interleaved=mrope_interleaved)
+        self.axes = mrope_axes(self.mrope_section, mrope_layout=self.mrope_layout)
+        #: ``A``, the ids per token: 3, or the number of chunked sections (HunYuan-VL's XD-RoPE: 4)
+        self.num_axes = len(self.mrope_section) if self.mrope_layout == "chunked" else 3
         slots = torch.arange(self.axes.numel())
-        inv_freq_axes = torch.zeros(3, slots.numel(), dtype=torch.float32)
+        inv_freq_axes = torch.zeros(self.num_axes, slots.numel(), dtype=torch.float32)
         inv_freq_axes[self.axes, slots] = self.freqs.inv_freq
         # plain host attributes, not buffers: .to(bfloat16) must not round them; each device gets its copy
         # once (self._copies), so no call copies them host-to-device
         self.inv_freq = self.freqs.inv_freq
-        #: ``[3, r/2]``: slot i's frequency in row axes[i], zero in the two others
+        #: ``[A, r/2]``: slot i's frequency in row axes[i], zero in the others
         self.inv_freq_axes = inv_freq_axes
         self._copies = DeviceCopies()
 
     @classmethod
     def from_hf_config(cls, config: Any, *, strict: bool = True) -> MRoPE:
-        """The M-RoPE of a Qwen2-VL, Qwen2.5-VL or Qwen3-VL text model, from its config (never modified).
+        """The M-RoPE of a vision-language text model (:data:`rotary.hf.MROPE_MODELS`), from its config (never modified).
 
-        Reads what :meth:`rotary.RoPE.from_hf_config` reads (head width, ``rope_theta``, the scaling
-        block, 4.x ``rope_scaling`` with ``"type": "mrope"`` or 5.x ``rope_parameters``) and the
-        ``mrope_section``; the layout is the model's (Qwen3-VL interleaved, the others chunked).
+        Reads what :meth:`rotary.RoPE.from_hf_config` reads (head width, rotated width, ``rope_theta``,
+        the scaling block, 4.x ``rope_scaling`` with ``"type": "mrope"`` or 5.x ``rope_parameters``)
+        and the ``mrope_section`` (HunYuan-VL: ``xdrope_section`` too), or the model's default one; the
+        slot layout and the channel pairing are the model's (:data:`rotary.hf.MROPE_MODELS`).
         :meth:`rotary.RoPE.from_hf_config` refuses these configs (a 1-D RoPE cannot represent M-RoPE);
         its error names this call and the ``rotary.RoPE(...)`` whose tables these equal on text
         positions (t = h = w).
@@ -210,6 +258,7 @@ class MRoPE(nn.Module):
             >>> MRoPE.from_hf_config(cfg).slot_axes()[14:18]
             'TTHH'
         """
+        from ..hf.architectures import MROPE_MODELS
         from ..hf.config import read_hf_config
         from ..rope_types import ConfigError
 
@@ -221,7 +270,7 @@ class MRoPE(nn.Module):
             )
         try:
             return cls(
-                settings.head_dim, mrope_section=settings.mrope_section, mrope_interleaved=settings.mrope_interleaved,
+                settings.head_dim, mrope_section=settings.mrope_section, mrope_layout=MROPE_MODELS[settings.model_type][1],
                 base=settings.base, rotary_dim=settings.rotary_dim, scaling=settings.scaling,
                 interleaved=settings.interleaved, strict=strict,
             )  # fmt: skip
@@ -243,45 +292,51 @@ class MRoPE(nn.Module):
         return self.freqs.attention_scaling
 
     def extra_repr(self) -> str:
-        layout = "interleaved" if self.mrope_interleaved else "chunked"
         return (
             f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, mrope_section={list(self.mrope_section)}, "
-            f"layout={layout}, base={self.freqs.base:g}, rope_type={self.freqs.rope_type!r}, interleaved={self.interleaved}"
+            f"layout={self.mrope_layout}, base={self.freqs.base:g}, rope_type={self.freqs.rope_type!r}, interleaved={self.interleaved}"
         )
 
     def slot_axes(self) -> str:
-        """The axis of each frequency slot as a string, e.g. ``"TTTT...HHHH...WWWW"``.
+        """The axis of each frequency slot as a string, e.g. ``"TTTT...HHHH...WWWW"`` (other than three
+        axes: the axis numbers, ``"00112233"``).
 
         Example:
             >>> MRoPE(16, mrope_section=[2, 3, 3]).slot_axes()
             'TTHHHWWW'
+            >>> MRoPE(16, mrope_section=[2, 2, 2, 2]).slot_axes()
+            '00112233'
         """
-        return "".join("THW"[a] for a in self.axes.tolist())
+        names = "THW" if self.num_axes == 3 else "0123456789"
+        return "".join(names[a] for a in self.axes.tolist())
 
     def positions(self, position_ids: torch.Tensor | Positions | MultimodalPositions) -> Positions:
-        """Validate M-RoPE positions: ids ``[3, B, S]`` (transformers' order), or 3-axis :class:`Positions`.
+        """Validate M-RoPE positions: ids ``[A, B, S]`` (transformers' order), or ``A``-axis :class:`Positions`.
+
+        ``A`` is :attr:`num_axes`: 3 (t, h, w), or HunYuan-VL's four XD-RoPE axes.
 
         Returns:
-            :class:`~rotary.positions.Positions` with ids ``[B, S, 3]`` (the library's N-D order).
+            :class:`~rotary.positions.Positions` with ids ``[B, S, A]`` (the library's N-D order).
         """
+        a = self.num_axes
         if isinstance(position_ids, MultimodalPositions):
             return position_ids.positions
         if isinstance(position_ids, Positions):
-            if position_ids.axes != 3:
-                raise InputError(_one_d_message(f"Positions with {position_ids.axes} axis/axes"))
+            if position_ids.axes != a:
+                raise InputError(_one_d_message(f"Positions with {position_ids.axes} axis/axes", a))
             return position_ids
         if not isinstance(position_ids, torch.Tensor):
             raise InputTypeError(
-                f"M-RoPE positions must be an integer tensor [3, B, S], got {type(position_ids).__name__}"
+                f"M-RoPE positions must be an integer tensor [{a}, B, S], got {type(position_ids).__name__}"
             )
         if position_ids.dim() in (1, 2):
-            raise InputError(_one_d_message(f"shape {tuple(position_ids.shape)}"))
-        if position_ids.dim() != 3 or position_ids.shape[0] != 3:
+            raise InputError(_one_d_message(f"shape {tuple(position_ids.shape)}", a))
+        if position_ids.dim() != 3 or position_ids.shape[0] != a:
             raise InputError(
-                f"M-RoPE positions must be [3, B, S] (temporal, height, width ids per token), got shape "
+                f"M-RoPE positions must be [{a}, B, S] ({_AXES_WORDS.get(a, 'one id per axis')} per token), got shape "
                 f"{tuple(position_ids.shape)}"
             )
-        return P.from_ids(position_ids.permute(1, 2, 0), axes=3)
+        return P.from_ids(position_ids.permute(1, 2, 0), axes=a)
 
     def tables(
         self, positions: torch.Tensor | Positions | MultimodalPositions, *, dtype: torch.dtype = torch.float32
@@ -345,7 +400,7 @@ class MRoPE(nn.Module):
                 "ids.expand(3, B, S) for text"
             )
         positions = self.positions(position_ids)
-        P.from_ids(positions, batch=batch, seq_len=seq_len, axes=3, name="M-RoPE position_ids")
+        P.from_ids(positions, batch=batch, seq_len=seq_len, axes=self.num_axes, name="M-RoPE position_ids")
         return self.tables(positions.to(device), dtype=dtype)
 
     def forward(
@@ -383,9 +438,13 @@ class MRoPE(nn.Module):
         return q, k
 
 
-def _one_d_message(what: str) -> str:
+_AXES_WORDS = {3: "temporal, height, width ids", 4: "position, width, height, image ids (XD-RoPE)"}
+_COUNT = {3: "three", 4: "four"}
+
+
+def _one_d_message(what: str, axes: int = 3) -> str:
     return (
-        f"M-RoPE needs positions [3, B, S] (temporal, height, width ids per token), got 1-D positions ({what}); "
-        "for text only give each token three equal ids, position_ids.expand(3, B, S), or build them with "
-        "rotary.variants.multimodal_positions(...)"
+        f"M-RoPE needs positions [{axes}, B, S] ({_AXES_WORDS.get(axes, 'one id per axis')} per token), got 1-D "
+        f"positions ({what}); for text only give each token {_COUNT.get(axes, axes)} equal ids, position_ids.expand("
+        f"{axes}, B, S), or build them with rotary.variants.multimodal_positions(...)"
     )

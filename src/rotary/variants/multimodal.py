@@ -58,7 +58,7 @@ class MultimodalPositions:
     @property
     def positions(self) -> Positions:
         """The ids as 3-axis :class:`~rotary.positions.Positions` (``[B, S, 3]``), for :meth:`MRoPE.tables`."""
-        return Positions.unchecked(self.position_ids.permute(1, 2, 0), self.bound, axes=3)
+        return Positions.unchecked(self.position_ids.permute(1, 2, 0), self.bound, axes=self.position_ids.shape[0])
 
     def continuation(self, seq_len: int) -> MultimodalPositions:
         """Positions of ``seq_len`` further tokens of every row (text: three equal ids), e.g. decoding steps.
@@ -67,7 +67,7 @@ class MultimodalPositions:
         """
         check_positive_int(seq_len, "seq_len")
         steps = torch.arange(seq_len, device=self.next_position.device)
-        ids = (self.next_position[:, None] + steps).expand(3, -1, -1)  # [3, B, S]
+        ids = (self.next_position[:, None] + steps).expand(self.position_ids.shape[0], -1, -1)  # [A, B, S]
         return MultimodalPositions(ids, self.next_position + seq_len, self.rope_deltas, self.bound + seq_len)
 
 

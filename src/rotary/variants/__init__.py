@@ -17,11 +17,12 @@ from .coordinate_rope import CoordinateRoPE
 from .coordinates import Coordinates
 from .mixed import RoPEMixed
 from .mrope import MRoPE, check_mrope_section, mrope_axes
-from .multimodal import MultimodalPositions, multimodal_positions
+from .multimodal import FAMILIES, MultimodalPositions, family_settings, multimodal_positions
 from .nope import NoPETemperature, default_no_rope_layers, nope_temperature, rope_layer_flags
 from .xpos import XPos, xpos_zeta
 
 __all__ = [
+    "FAMILIES",
     "PRESETS",
     "AxialRoPE",
     "CoordinateRoPE",
@@ -33,6 +34,7 @@ __all__ = [
     "XPos",
     "check_mrope_section",
     "default_no_rope_layers",
+    "family_settings",
     "mrope_axes",
     "multimodal_positions",
     "nope_temperature",

@@ -15,16 +15,16 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
 from .. import positions as P
 from .._checks import check_bool, check_choice, check_positive_int, is_number
-from ..errors import InputError
+from ..errors import InputError, InputTypeError
 from ..positions import Positions
 
-__all__ = ["MultimodalPositions", "multimodal_positions"]
+__all__ = ["FAMILIES", "MultimodalPositions", "family_settings", "multimodal_positions"]
 
 
 @dataclass(frozen=True)
@@ -102,14 +102,24 @@ def multimodal_positions(
     *,
     image_grid_thw: torch.Tensor | None = None,
     video_grid_thw: torch.Tensor | None = None,
-    spatial_merge_size: int = 2,
     attention_mask: torch.Tensor | None = None,
+    model_type: str | None = None,
+    config: Any = None,
+    spatial_merge_size: int | None = None,
     tokens_per_second: float | None = None,
     second_per_grid_ts: torch.Tensor | Sequence[float] | None = None,
-    split_video_frames: bool = False,
+    split_video_frames: bool | None = None,
+    temporal_merge_size: int | None = None,
     text_after_vision: Literal["grid", "max"] = "grid",
+    num_axes: int | None = None,
 ) -> MultimodalPositions:
     """M-RoPE ids ``[3, B, S]`` of a batch of text, image and video tokens (transformers' ``get_rope_index``).
+
+    ``model_type`` (or a transformers ``config``) selects the model family's rules (:data:`FAMILIES`):
+    Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, GLM-4V, GLM-4.6V, GLM-OCR, Cosmos 3, ERNIE-4.5-VL,
+    PaddleOCR-VL and HunYuan-VL; a ``config`` also gives the vision tower's merge sizes (and
+    Qwen2.5-VL's ``tokens_per_second``, HunYuan-VL's number of axes). Without either, the keywords
+    below set the rules (Qwen2-VL's by default).
 
     Each run of text tokens counts on from the current position on all three axes. Each run of
     image (video) tokens takes the next ``image_grid_thw`` (``video_grid_thw``) entry, in order over
@@ -125,9 +135,17 @@ def multimodal_positions(
     height and width ids (Qwen2.5-VL's time-aligned videos, Qwen2-VL videos with more frames than rows
     or columns). Either way the next token after the whole prompt goes one past the largest id.
 
-    Settings per model: Qwen2-VL: the defaults. Qwen2.5-VL: ``tokens_per_second`` from
-    ``vision_config.tokens_per_second`` and the processor's ``second_per_grid_ts``. Qwen3-VL:
-    ``split_video_frames=True`` (each video frame is its own run, frames separated by timestamp text).
+    Settings per model: Qwen2-VL and PaddleOCR-VL: the defaults. Qwen2.5-VL: ``tokens_per_second`` from
+    ``vision_config.tokens_per_second`` and the processor's ``second_per_grid_ts``. Qwen3-VL, Qwen3.5,
+    GLM-4V, GLM-4.6V, GLM-OCR and Cosmos 3: ``split_video_frames=True`` (each video frame is its own run,
+    frames separated by timestamp text). ERNIE-4.5-VL: ``temporal_merge_size=2`` (its vision tower
+    merges two frames into one token; images are not merged in time).
+
+    HunYuan-VL (XD-RoPE) is its own rule: ``A`` axes (``num_axes``, the length of its
+    ``mrope_section``: 3 or 4); every token keeps its index in the row on the axes before the last three
+    (text: on all ``A``); an image's tokens, ``h/m`` rows of ``w/m + 1`` (one row-break token per row),
+    get (column, row, image number) on the last three axes, the image number counting images over the
+    whole batch; a run of ``grid + 2`` image tokens has its begin and end tokens outside the grid.
 
     Args:
         token_types: integer ``[B, S]``: 0 text, 1 image, 2 video (the processor's ``mm_token_type_ids``;
@@ -139,15 +157,37 @@ def multimodal_positions(
         tokens_per_second: Qwen2.5-VL's temporal alignment (``None``: frames step by 1).
         second_per_grid_ts: seconds per temporal grid step of each video (default 1 each).
         split_video_frames: Qwen3-VL: a video of ``t`` frames is ``t`` grids ``(1, h, w)``.
+        temporal_merge_size: ERNIE-4.5-VL: a video's ``t`` frames give ``t // temporal_merge_size``
+            temporal steps (default 1).
         text_after_vision: ``"grid"`` (transformers 5.23) or ``"max"`` (Qwen's release code), see above.
+        model_type: the family, e.g. ``"qwen3_5"``, ``"glm4v_moe"``, ``"ernie4_5_vl_moe"``, ``"hunyuan_vl"``
+            (the multimodal model's type or its text model's, ``"qwen3_5_text"``).
+        config: a transformers config of the multimodal model (or a dict): its ``model_type`` and
+            ``vision_config`` (``spatial_merge_size``, ``temporal_merge_size``, ``tokens_per_second``).
+        num_axes: HunYuan-VL's axes (default: from ``config``, else 4).
 
     Returns:
         :class:`MultimodalPositions` on ``token_types``' device.
 
     Raises:
         rotary.errors.InputError: token types other than 0/1/2; a run of vision tokens whose length is not its
-            grid's token count, or with no grid left; grids left over; a bad mask.
+            grid's token count, or with no grid left; grids left over; a bad mask; a ``model_type``
+            whose positions this function does not build (the message names the ones it does), or a
+            keyword that contradicts the family's rule.
+
+    Example:
+        >>> types = torch.tensor([[0, 1, 1, 1, 1, 1, 1, 0]])       # HunYuan-VL: a 2 x 2 grid + 2 row breaks
+        >>> mp = multimodal_positions(types, image_grid_thw=torch.tensor([[1, 4, 4]]), model_type="hunyuan_vl")
+        >>> mp.position_ids[:, 0].tolist()
+        [[0, 1, 2, 3, 4, 5, 6, 7], [0, 0, 1, 2, 0, 1, 2, 7], [0, 0, 0, 0, 1, 1, 1, 7], [0, 0, 0, 0, 0, 0, 0, 7]]
     """
+    rules = family_settings(model_type, config)
+    spatial_merge_size = _pick(spatial_merge_size, rules.get("spatial_merge_size"), 2, "spatial_merge_size", rules)
+    split_video_frames = _pick(split_video_frames, rules.get("split_video_frames"), False, "split_video_frames", rules)
+    temporal_merge_size = _pick(temporal_merge_size, rules.get("temporal_merge_size"), 1, "temporal_merge_size", rules)
+    num_axes = _pick(num_axes, rules.get("num_axes"), 4, "num_axes", rules)
+    if tokens_per_second is None:
+        tokens_per_second = rules.get("tokens_per_second")
     if (
         not isinstance(token_types, torch.Tensor)
         or token_types.dim() != 2
@@ -163,6 +203,7 @@ def multimodal_positions(
             f"token_types must hold 0 (text), 1 (image) or 2 (video), got values {token_types.unique().tolist()}"
         )
     check_positive_int(spatial_merge_size, "spatial_merge_size")
+    check_positive_int(temporal_merge_size, "temporal_merge_size")
     check_bool(split_video_frames, "split_video_frames")
     check_choice(text_after_vision, "text_after_vision", ("grid", "max"))
     if tokens_per_second is not None and (not is_number(tokens_per_second) or tokens_per_second <= 0):
@@ -177,6 +218,18 @@ def multimodal_positions(
                 f"attention_mask must match token_types {tuple(token_types.shape)}, got {tuple(keep.shape)}"
             )
     grids = {1: _grids(image_grid_thw, "image_grid_thw"), 2: _grids(video_grid_thw, "video_grid_thw")}
+    if rules.get("family") == "xd":
+        if grids[2].shape[0] or bool((token_types == 2).any()):
+            raise InputError(
+                "HunYuan-VL takes images only (its processor gives videos as frames, i.e. images): token_types "
+                "must hold no 2 and video_grid_thw must be None"
+            )
+        check_positive_int(num_axes, "num_axes")
+        if num_axes < 3:
+            raise InputError(
+                f"HunYuan-VL's XD-RoPE needs at least 3 axes (column, row, image), got num_axes={num_axes}"
+            )
+        return _xd_positions(token_types, keep, grids[1], spatial_merge_size, num_axes)
     seconds: list[torch.Tensor] = []
     if second_per_grid_ts is not None:
         seconds = list(torch.as_tensor(second_per_grid_ts).reshape(-1).unbind())
@@ -228,11 +281,14 @@ def multimodal_positions(
                     f"{spatial_merge_size} patches into one token)"
                 )
             h, w = h // spatial_merge_size, w // spatial_merge_size
+            if kind == 2:
+                t = t // temporal_merge_size
             if t * h * w != length:
                 raise InputError(
                     f"row {b}: the run of {length} {names[kind]} tokens at index {int(kept[start])} does not match its "
-                    f"{names[kind]}_grid_thw {grids[kind][used[kind]].tolist()}, which gives t * (h/{spatial_merge_size}) "
-                    f"* (w/{spatial_merge_size}) = {t * h * w} tokens"
+                    f"{names[kind]}_grid_thw {grids[kind][used[kind]].tolist()}, which gives "
+                    f"{'t' if kind == 1 or temporal_merge_size == 1 else f't/{temporal_merge_size}'} * "
+                    f"(h/{spatial_merge_size}) * (w/{spatial_merge_size}) = {t * h * w} tokens"
                 )
             steps = torch.arange(t)
             if kind == 2 and tokens_per_second is not None:  # Qwen2.5-VL: temporal ids follow time
@@ -257,6 +313,153 @@ def multimodal_positions(
                 f"{names[kind]}_grid_thw holds {grids[kind].shape[0]} {'frames' if kind == 2 and split_video_frames else 'entries'} "
                 f"but the token types hold only {used[kind]} {names[kind]} runs"
             )
+    device = token_types.device
+    bound = int(next_position.max()) if batch else 0
+    return MultimodalPositions(position_ids.to(device), next_position.to(device), rope_deltas.to(device), bound)
+
+
+# ------------------------------------------------------------------------------------------------
+# the rules of each model family
+
+
+#: model_type -> the rules of its positions: ``"qwen2_vl"`` (the defaults), ``"qwen2_5_vl"`` (videos
+#: aligned to time), ``"frames"`` (each video frame its own grid), ``"ernie"`` (two frames per temporal
+#: step), ``"xd"`` (HunYuan-VL's XD-RoPE). Each is checked against the model's own ``get_rope_index`` by
+#: tests/variants/test_multimodal_positions.py.
+FAMILIES: dict[str, str] = {
+    "qwen2_vl": "qwen2_vl",
+    "paddleocr_vl": "qwen2_vl",
+    "qwen2_5_vl": "qwen2_5_vl",
+    **dict.fromkeys("qwen3_vl qwen3_vl_moe qwen3_5 qwen3_5_moe glm4v glm4v_moe glm_ocr cosmos3_edge".split(), "frames"),
+    "ernie4_5_vl_moe": "ernie",
+    "hunyuan_vl": "xd",
+}
+
+#: model types with multimodal RoPE whose positions follow other rules, and why they are not built here
+NOT_BUILT: dict[str, str] = {
+    "qwen2_5_omni": "Qwen2.5-Omni interleaves audio with video by time, from the token ids (audio lengths, "
+    "chunks of seconds_per_chunk); its get_rope_index is not reproduced here",
+    "qwen3_omni_moe": "Qwen3-Omni interleaves audio with video by time, from the token ids, and forms "
+    "fractional temporal ids; its get_rope_index is not reproduced here",
+    "glm_image": "GLM-Image places the image tokens it generates after the prompt (decode grids); its "
+    "get_rope_index is not reproduced here",
+}
+
+
+def family_settings(model_type: str | None, config: Any = None) -> dict[str, Any]:
+    """The rules of ``model_type`` (or of ``config``'s model): its family and the sizes the config states.
+
+    Example:
+        >>> family_settings("qwen3_5_text")
+        {'family': 'frames', 'split_video_frames': True}
+    """
+    d = _config_dict(config)
+    if config is not None and model_type is None:
+        model_type = d.get("model_type")
+    if model_type is None:
+        return {}
+    if not isinstance(model_type, str):
+        raise InputError(f"model_type must be a string, e.g. 'qwen3_5', got {model_type!r}")
+    key = model_type[: -len("_text")] if model_type.endswith("_text") else model_type
+    if key in NOT_BUILT:
+        raise InputError(
+            f"multimodal_positions does not build the positions of model_type {model_type!r}: {NOT_BUILT[key]}"
+        )
+    if key not in FAMILIES:
+        raise InputError(
+            f"multimodal_positions has no rules for model_type {model_type!r}; it builds {', '.join(sorted(FAMILIES))} "
+            "(the keywords split_video_frames, temporal_merge_size, tokens_per_second set the rules by hand)"
+        )
+    family = FAMILIES[key]
+    rules: dict[str, Any] = {"family": family}
+    if family == "frames":
+        rules["split_video_frames"] = True
+    if family == "ernie":
+        rules["temporal_merge_size"] = 2
+    vision = d.get("vision_config") or {}
+    if not isinstance(vision, dict):
+        vision = _config_dict(vision)
+    if vision.get("spatial_merge_size") is not None:
+        rules["spatial_merge_size"] = vision["spatial_merge_size"]
+    if family == "ernie" and vision.get("temporal_merge_size") is not None:
+        rules["temporal_merge_size"] = vision["temporal_merge_size"]
+    if family == "qwen2_5_vl" and vision.get("tokens_per_second") is not None:
+        rules["tokens_per_second"] = vision["tokens_per_second"]
+    if family == "xd":
+        text = _config_dict(d.get("text_config")) if d.get("text_config") is not None else d
+        section = (text.get("rope_parameters") or {}).get("mrope_section") or (text.get("rope_parameters") or {}).get(
+            "xdrope_section"
+        )
+        if section is not None:
+            rules["num_axes"] = len(section)
+    return rules
+
+
+def _config_dict(config: Any) -> dict[str, Any]:
+    if config is None:
+        return {}
+    if isinstance(config, dict):
+        return config
+    if hasattr(config, "to_dict"):
+        return config.to_dict()
+    raise InputTypeError(f"config must be a transformers config or a dict, got {type(config).__name__}")
+
+
+def _pick(given: Any, rule: Any, default: Any, name: str, rules: dict[str, Any]) -> Any:
+    """The keyword's value: the one given (unless it contradicts the family's rule), else the rule's, else the default."""
+    if given is None:
+        return default if rule is None else rule
+    if rule is not None and given != rule and name in ("split_video_frames", "temporal_merge_size"):
+        raise InputError(
+            f"{name}={given!r} contradicts the rule of the {rules['family']!r} family ({name}={rule!r}); drop the "
+            "keyword or the model_type"
+        )
+    return given
+
+
+def _xd_positions(
+    token_types: torch.Tensor, keep: torch.Tensor, grids: torch.Tensor, merge: int, num_axes: int
+) -> MultimodalPositions:
+    """HunYuan-VL's XD-RoPE ids ``[A, B, S]`` (see :func:`multimodal_positions`)."""
+    batch, seq_len = token_types.shape
+    types_cpu = token_types.detach().to("cpu")
+    position_ids = torch.zeros(num_axes, batch, seq_len, dtype=torch.int64)
+    next_position = torch.zeros(batch, dtype=torch.int64)
+    rope_deltas = torch.zeros(batch, 1, dtype=torch.int64)
+    image = 0
+    for b in range(batch):
+        kept = keep[b].nonzero().flatten()
+        row = torch.arange(kept.numel()).expand(num_axes, -1).clone()
+        for kind, start, length in _runs(types_cpu[b, kept].tolist()):
+            if kind == 0:
+                continue
+            if image == grids.shape[0]:
+                raise InputError(
+                    f"row {b} has a run of {length} image tokens at index {int(kept[start])} but no image_grid_thw "
+                    f"entry is left ({grids.shape[0]} given)"
+                )
+            _, h, w = grids[image].tolist()
+            h, w = h // merge, w // merge
+            tokens = h * (w + 1)  # a row-break token after each row
+            if length not in (tokens, tokens + 2):
+                raise InputError(
+                    f"row {b}: the run of {length} image tokens at index {int(kept[start])} does not match its "
+                    f"image_grid_thw {grids[image].tolist()}: (h/{merge}) * (w/{merge} + 1) = {tokens} tokens, or "
+                    f"{tokens + 2} with the begin and end tokens"
+                )
+            first = start + (length - tokens) // 2
+            y, x = torch.meshgrid(torch.arange(h), torch.arange(w + 1), indexing="ij")
+            row[num_axes - 3, first : first + tokens] = x.flatten()
+            row[num_axes - 2, first : first + tokens] = y.flatten()
+            row[num_axes - 1, first : first + tokens] = image
+            image += 1
+        position_ids[:, b, kept] = row
+        next_position[b] = int(row.max()) + 1 if row.numel() else 0
+        rope_deltas[b, 0] = next_position[b] - kept.numel()
+    if image != grids.shape[0]:
+        raise InputError(
+            f"image_grid_thw holds {grids.shape[0]} entries but the token types hold only {image} image runs"
+        )
     device = token_types.device
     bound = int(next_position.max()) if batch else 0
     return MultimodalPositions(position_ids.to(device), next_position.to(device), rope_deltas.to(device), bound)

@@ -1,0 +1,217 @@
+"""multimodal_positions for every vision-language family it has rules for (rotary.variants.FAMILIES), equal to the
+model's own ``get_rope_index`` (a tiny multimodal model built from its config class, random weights,
+nothing downloaded) on random batches of text, several images and videos (one run per frame with
+timestamp text between frames where the model splits them), left padded."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import random
+import warnings
+
+import pytest
+import torch
+
+from rotary.errors import InputError
+from rotary.hf import MROPE_MODELS
+from rotary.variants import FAMILIES, multimodal_positions
+
+transformers = pytest.importorskip("transformers")
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING, model_type_to_module_name  # noqa: E402
+
+TEXT = dict(
+    hidden_size=64, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+    head_dim=32, vocab_size=128, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2, pad_token_id=0,
+)  # fmt: skip
+VISION = dict(
+    depth=1, num_hidden_layers=1, hidden_size=16, embed_dim=16, out_hidden_size=64, intermediate_size=16, num_heads=2,
+    num_attention_heads=2, patch_size=2, num_position_embeddings=16, deepstack_visual_indexes=[0],
+    fullatt_block_indexes=[0], spatial_merge_size=2,
+)  # fmt: skip
+
+#: sections that fit head_dim 32, per slot layout of the text model (rotary.hf.MROPE_MODELS)
+SECTIONS = {"chunked": [4, 6, 6], "interleaved": [8, 4, 4], "paired_hw": [6, 6, 4]}
+TEXT_EXTRA = {
+    "ernie4_5_vl_moe": {"moe_intermediate_size": [32, 32]},
+    "hunyuan_vl": {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [4, 4, 4, 4]}},
+}
+
+
+def sub_config(cls, sizes: dict, extra: dict):
+    fields = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {k: v for k, v in sizes.items() if k in fields}
+    kwargs.update(extra)
+    return kwargs
+
+
+def tiny_model(model_type: str):
+    """The multimodal base model of ``model_type`` (the class that owns ``get_rope_index``), tiny."""
+    cls = CONFIG_MAPPING[model_type]
+    subs = cls.sub_configs
+    text_extra = dict(TEXT_EXTRA.get(model_type, {}))
+    if "rope_parameters" not in text_extra:
+        layout = MROPE_MODELS[subs["text_config"].model_type][1]
+        text_extra["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": SECTIONS[layout]}
+        if model_type.startswith("qwen3_5"):
+            text_extra["rope_parameters"]["partial_rotary_factor"] = 1.0
+    text = sub_config(subs["text_config"], TEXT, text_extra)
+    vision = sub_config(subs["vision_config"], VISION, {})
+    name = model_type_to_module_name(model_type)
+    module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = cls(text_config=text, vision_config=vision)
+        for model_cls in vars(module).values():
+            if (
+                isinstance(model_cls, type)
+                and issubclass(model_cls, transformers.PreTrainedModel)
+                and "get_rope_index" in model_cls.__dict__
+            ):
+                return model_cls(config).eval()
+    raise AssertionError(f"no class of {model_type} defines get_rope_index")
+
+
+def random_batch(rng: random.Random, batch: int, *, frames_apart: bool = False, frames_per_step: int = 1):
+    """Token types of text, images (1, h, w) and videos (t, h, w) with merge size 2, left padded; grids in order."""
+    rows, images, videos = [], [], []
+    for b in range(batch):
+        types: list[int] = []
+        forced = [[1, 2, 1], [2, 1]][b] if b < 2 else []  # at least three images and two videos per batch
+        for i in range(max(len(forced), rng.randint(1, 4))):
+            types += [0] * rng.randint(1, 3)
+            kind = forced[i] if i < len(forced) else rng.choice([0, 1, 1, 2])
+            if kind == 1:
+                h, w = 2 * rng.randint(1, 3), 2 * rng.randint(1, 3)
+                images.append([1, h, w])
+                types += [1] * (h * w // 4)
+            elif kind == 2:
+                steps, h, w = rng.randint(1, 3), 2 * rng.randint(1, 2), 2 * rng.randint(1, 3)
+                videos.append([steps * frames_per_step, h, w])
+                if frames_apart:  # a timestamp (text) before every frame
+                    types += ([0] + [2] * (h * w // 4)) * steps
+                else:
+                    types += [2] * (steps * h * w // 4)
+        rows.append(types + [0] * rng.randint(0, 2))
+    return pad(rows), (torch.tensor(images) if images else None), (torch.tensor(videos) if videos else None)
+
+
+def pad(rows: list[list[int]]):
+    longest = max(len(r) for r in rows)
+    types = torch.tensor([[0] * (longest - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (longest - len(r)) + [1] * len(r) for r in rows])
+    return types, mask
+
+
+#: model_type -> keywords of random_batch that give its processor's layout
+LAYOUTS = {
+    "qwen2_vl": {},
+    "paddleocr_vl": {},
+    "ernie4_5_vl_moe": {"frames_per_step": 2},
+    **{t: {"frames_apart": True} for t in "qwen3_vl qwen3_vl_moe qwen3_5 qwen3_5_moe glm4v glm4v_moe glm_ocr cosmos3_edge".split()},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("model_type", sorted(LAYOUTS))
+@pytest.mark.parametrize("seed", range(3))
+def test_positions_equal_the_models_get_rope_index(model_type, seed):
+    model = tiny_model(model_type)
+    (types, mask), images, videos = random_batch(random.Random(1000 * seed + len(model_type)), 3, **LAYOUTS[model_type])
+    ids = torch.randint(1, 64, types.shape)
+    want_ids, want_deltas = model.get_rope_index(
+        ids,
+        types,
+        image_grid_thw=images,
+        video_grid_thw=None if videos is None else videos.clone(),
+        attention_mask=mask,
+    )
+    for how in ({"config": model.config}, {"model_type": model_type}):
+        got = multimodal_positions(types, image_grid_thw=images, video_grid_thw=videos, attention_mask=mask, **how)
+        assert torch.equal(got.position_ids, want_ids), how
+        assert torch.equal(got.rope_deltas, want_deltas), how
+
+
+def test_qwen2_5_vl_takes_tokens_per_second_from_its_config():
+    model = tiny_model("qwen2_5_vl")
+    assert model.config.vision_config.tokens_per_second not in (None, 1)
+    (types, mask), images, videos = random_batch(random.Random(5), 3)
+    seconds = torch.tensor([0.5, 2.0, 1.0, 0.7, 1.5, 3.0])[: videos.shape[0]]
+    ids = torch.randint(1, 64, types.shape)
+    want_ids, want_deltas = model.get_rope_index(
+        ids, types, image_grid_thw=images, video_grid_thw=videos, second_per_grid_ts=seconds, attention_mask=mask
+    )
+    got = multimodal_positions(types, image_grid_thw=images, video_grid_thw=videos, attention_mask=mask,
+                               second_per_grid_ts=seconds, config=model.config)  # fmt: skip
+    assert torch.equal(got.position_ids, want_ids) and torch.equal(got.rope_deltas, want_deltas)
+
+
+def test_every_family_with_rules_is_checked():
+    assert set(FAMILIES) - {"qwen2_5_vl", "hunyuan_vl"} == set(LAYOUTS)  # those two: below and in test_mrope.py
+
+
+def test_ernie_videos_merge_two_frames_per_temporal_step():
+    types = torch.tensor([[0] + [2] * 4 + [0]])  # 4 frames of 2 x 2 merged tokens -> 2 temporal steps of 1 x 2
+    got = multimodal_positions(types, video_grid_thw=torch.tensor([[4, 2, 4]]), model_type="ernie4_5_vl_moe")
+    assert got.position_ids[:, 0].tolist() == [[0, 1, 1, 2, 2, 3], [0, 1, 1, 1, 1, 3], [0, 1, 2, 1, 2, 3]]
+
+
+# ------------------------------------------------------------------------------------------------
+# HunYuan-VL (XD-RoPE)
+
+
+def hunyuan_batch(rng: random.Random, batch: int):
+    rows, images = [], []
+    for _ in range(batch):
+        types: list[int] = []
+        for _ in range(rng.randint(1, 3)):
+            types += [0] * rng.randint(1, 3)
+            if rng.random() < 0.7:
+                h, w = 2 * rng.randint(1, 3), 2 * rng.randint(1, 3)
+                images.append([1, h, w])
+                types += [1] * ((h // 2) * (w // 2 + 1) + rng.choice([0, 2]))  # with or without begin/end tokens
+        rows.append(types + [0] * rng.randint(0, 2))
+    return pad(rows), (torch.tensor(images) if images else None)
+
+
+@pytest.mark.parametrize("axes", [4, 3])
+@pytest.mark.parametrize("seed", range(3))
+def test_hunyuan_vl_positions_equal_get_rope_index(axes, seed):
+    section = [4, 4, 4, 4] if axes == 4 else [6, 5, 5]
+    TEXT_EXTRA["hunyuan_vl"] = {
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "mrope_section": section}
+    }
+    try:
+        model = tiny_model("hunyuan_vl")
+    finally:
+        TEXT_EXTRA["hunyuan_vl"] = {
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [4] * 4}
+        }
+    (types, mask), images = hunyuan_batch(random.Random(seed), 3)
+    ids = torch.randint(1, 64, types.shape)
+    want_ids, want_deltas = model.get_rope_index(ids, types, image_grid_thw=images, attention_mask=mask)
+    got = multimodal_positions(types, image_grid_thw=images, attention_mask=mask, config=model.config)
+    assert got.position_ids.shape[0] == axes
+    assert torch.equal(got.position_ids, want_ids) and torch.equal(got.rope_deltas, want_deltas)
+
+
+# ------------------------------------------------------------------------------------------------
+# errors
+
+
+def test_unknown_and_unbuilt_model_types_are_named():
+    types = torch.zeros(1, 3, dtype=torch.int64)
+    with pytest.raises(InputError, match=r"no rules for model_type 'llava'.*builds .*glm4v.*hunyuan_vl"):
+        multimodal_positions(types, model_type="llava")
+    with pytest.raises(InputError, match=r"does not build the positions of model_type 'qwen3_omni_moe': Qwen3-Omni"):
+        multimodal_positions(types, model_type="qwen3_omni_moe")
+    with pytest.raises(InputError, match=r"split_video_frames=False contradicts .*'frames'"):
+        multimodal_positions(types, model_type="qwen3_5", split_video_frames=False)
+
+
+def test_hunyuan_runs_that_do_not_fit_their_grid():
+    with pytest.raises(InputError, match=r"\(h/2\) \* \(w/2 \+ 1\) = 6 tokens, or 8 with the begin and end"):
+        multimodal_positions(
+            torch.tensor([[0] + [1] * 4]), image_grid_thw=torch.tensor([[1, 4, 4]]), model_type="hunyuan_vl"
+        )
+    with pytest.raises(InputError, match="images only"):
+        multimodal_positions(torch.tensor([[0, 2]]), model_type="hunyuan_vl")

@@ -211,3 +211,18 @@ def test_transformers_hunyuan_vl_is_not_a_rotation_on_image_tokens():
     got, _ = MRoPE.from_hf_config(config)(q, q, position_ids=ids)
     torch.testing.assert_close(got.norm(dim=-1), q.norm(dim=-1), rtol=1e-5, atol=0)
     assert (want.norm(dim=-1) - q.norm(dim=-1)).abs().max() > 1e-2
+
+
+def test_the_docs_table_says_what_the_tables_say():
+    import pathlib
+    import re
+
+    doc = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "variants.md").read_text()
+    start = doc.index("| model_type | layout | default `mrope_section` | pairs |")
+    rows = re.findall(r"^\| `(\w+)` \| `(\w+)` \| (.+?) \| (.+?) \|$", doc[start : doc.index("\n\n", start)], re.M)
+    want = {
+        t: (layout, f"`{list(section)}`" if section else "none: the config states it",
+            "(2i, 2i+1)" if PAIRING[t] == "interleaved" else "(i, i + r/2)")
+        for t, (section, layout) in MROPE_MODELS.items()
+    }  # fmt: skip
+    assert {t: (layout, section, pairs) for t, layout, section, pairs in rows} == want

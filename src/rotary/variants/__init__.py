@@ -6,7 +6,8 @@ frequencies, ...) and reuses positions, tables, :func:`rotary.rotate` and the fu
 - :class:`AxialRoPE` (:mod:`.axial`): N-D axial RoPE for images and video, with the published
   models' conventions as presets (:data:`PRESETS`);
 - :class:`RoPEMixed` (:mod:`.mixed`): learnable per-head 2-D frequencies (RoPE-Mixed);
-- :class:`MRoPE` (:mod:`.mrope`): multimodal RoPE of Qwen2-VL, Qwen2.5-VL and Qwen3-VL, and
+- :class:`MRoPE` (:mod:`.mrope`): multimodal RoPE of the vision-language models (Qwen-VL, Qwen3.5, GLM-4V,
+  ERNIE-4.5-VL, HunYuan-VL's XD-RoPE, ...), and
   :func:`multimodal_positions` (:mod:`.multimodal`): the position ids of their prompts;
 - :class:`XPos` (:mod:`.xpos`): xPos, separate query and key tables with an exponential decay;
 - :mod:`.nope`: NoPE layers and Llama 4's NoPE query temperature.

@@ -146,7 +146,7 @@ def test_qwen2_5_vl_takes_tokens_per_second_from_its_config():
 
 
 def test_every_family_with_rules_is_checked():
-    assert set(FAMILIES) - {"qwen2_5_vl", "hunyuan_vl"} == set(LAYOUTS)  # those two: below and in test_mrope.py
+    assert set(FAMILIES) - {"qwen2_5_vl", "hunyuan_vl", "qwen2_5_omni", "qwen3_omni_moe"} == set(LAYOUTS)  # below
 
 
 def test_ernie_videos_merge_two_frames_per_temporal_step():
@@ -202,8 +202,10 @@ def test_unknown_and_unbuilt_model_types_are_named():
     types = torch.zeros(1, 3, dtype=torch.int64)
     with pytest.raises(InputError, match=r"no rules for model_type 'llava'.*builds .*glm4v.*hunyuan_vl"):
         multimodal_positions(types, model_type="llava")
-    with pytest.raises(InputError, match=r"does not build the positions of model_type 'qwen3_omni_moe': Qwen3-Omni"):
-        multimodal_positions(types, model_type="qwen3_omni_moe")
+    with pytest.raises(InputError, match=r"does not build the positions of model_type 'glm_image': GLM-Image"):
+        multimodal_positions(types, model_type="glm_image")
+    with pytest.raises(InputError, match=r"3, audio, only for the Omni models"):
+        multimodal_positions(torch.tensor([[0, 3]]), model_type="qwen3_5")
     with pytest.raises(InputError, match=r"split_video_frames=False contradicts .*'frames'"):
         multimodal_positions(types, model_type="qwen3_5", split_video_frames=False)
 
@@ -215,3 +217,112 @@ def test_hunyuan_runs_that_do_not_fit_their_grid():
         )
     with pytest.raises(InputError, match="images only"):
         multimodal_positions(torch.tensor([[0, 2]]), model_type="hunyuan_vl")
+
+
+# ------------------------------------------------------------------------------------------------
+# Qwen2.5-Omni and Qwen3-Omni (the thinker reads the prompt: text, images, videos, audio)
+
+VS, VE, AS, AE, IMG, VID, AUD = 151652, 151653, 151647, 151648, 151655, 151656, 151646
+AUDIO = dict(d_model=16, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=16, output_dim=64,
+             num_mel_bins=16, downsample_hidden_size=8)  # fmt: skip
+
+
+def tiny_thinker(model_type: str):
+    name = {"qwen3_omni_moe": "Qwen3OmniMoe", "qwen2_5_omni": "Qwen2_5Omni"}[model_type]
+    module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    cls = getattr(importlib.import_module(f"transformers.models.{model_type}.configuration_{model_type}"),
+                  f"{name}ThinkerConfig")  # fmt: skip
+    subs = cls.sub_configs
+    section = [8, 4, 4] if model_type == "qwen3_omni_moe" else [4, 6, 6]
+    text = sub_config(subs["text_config"], TEXT, {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                                                        "mrope_section": section}})  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = cls(text_config=text, vision_config=sub_config(subs["vision_config"], VISION, {}),
+                     audio_config=sub_config(subs["audio_config"], AUDIO, {}), vision_start_token_id=VS,
+                     vision_end_token_id=VE, audio_end_token_id=AE)  # fmt: skip
+        return getattr(module, f"{name}ThinkerModel")(config).eval(), module
+
+
+def audio_tokens(model_type: str, module, seqlen: int, n_window: int) -> int:
+    if model_type == "qwen3_omni_moe":
+        return int(module._get_feat_extract_output_lengths(torch.tensor(seqlen), n_window))
+    return ((seqlen - 1) // 2 + 1 - 2) // 2 + 1
+
+
+def omni_batch(rng: random.Random, model_type: str, module, n_window: int, *, audio_in_video: bool):
+    """input_ids of text, images, videos and audio (and, for audio_in_video, videos with their audio
+    interleaved by time as the processor lays them out); the grids, seconds and audio lengths in order."""
+    pps, rows, images, videos, seconds, seqlens = 25, [], [], [], [], []
+    choices = [1.0, 2.0, 4.0] if model_type == "qwen3_omni_moe" else [0.5, 1.0, 2.0, 0.7]
+    for b in range(3):
+        ids: list[int] = []
+        forced = [[1, 2, 3], [2, 1]][b] if b < 2 else []
+        for i in range(max(len(forced), rng.randint(1, 3))):
+            ids += [rng.randint(1, 100) for _ in range(rng.randint(1, 3))]
+            kind = forced[i] if i < len(forced) else rng.choice([1, 2, 3])
+            if kind == 2 and audio_in_video:  # use_audio_in_video: every video comes with its audio
+                kind = 4
+            if kind == 1:
+                h, w = 2 * rng.randint(1, 3), 2 * rng.randint(1, 3)
+                images.append([1, h, w])
+                ids += [VS] + [IMG] * (h * w // 4) + [VE]
+            elif kind == 3:
+                seqlens.append(rng.randint(20, 200))
+                ids += [AS] + [AUD] * audio_tokens(model_type, module, seqlens[-1], n_window) + [AE]
+            else:
+                t, h, w = rng.randint(1, 3), 2 * rng.randint(1, 2), 2 * rng.randint(1, 2)
+                videos.append([t, h, w])
+                seconds.append(rng.choice(choices))
+                if kind == 2:
+                    ids += [VS] + [VID] * (t * h * w // 4) + [VE]
+                    continue
+                seqlens.append(rng.randint(20, 200))
+                n_audio = audio_tokens(model_type, module, seqlens[-1], n_window)
+                frame_times = [int(j * seconds[-1] * pps) for j in range(t) for _ in range(h * w // 4)]
+                block, a = [], 0  # the video token of a frame goes before the audio token of a later time
+                for time in frame_times:
+                    while a < n_audio and a < time:
+                        block.append(AUD)
+                        a += 1
+                    block.append(VID)
+                block += [AUD] * (n_audio - a)
+                ids += [VS, AS] + block + [AE, VE]
+        rows.append(ids + [rng.randint(1, 100) for _ in range(rng.randint(0, 2))])
+    longest = max(len(r) for r in rows)
+    input_ids = torch.tensor([[0] * (longest - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (longest - len(r)) + [1] * len(r) for r in rows])
+    grid = lambda g: torch.tensor(g) if g else None  # noqa: E731
+    return input_ids, mask, grid(images), grid(videos), torch.tensor(seconds), torch.tensor(seqlens)
+
+
+@pytest.mark.parametrize(
+    "model_type,audio_in_video", [("qwen3_omni_moe", False), ("qwen3_omni_moe", True), ("qwen2_5_omni", False)]
+)
+@pytest.mark.parametrize("seed", range(3))
+def test_omni_positions_equal_the_thinkers_get_rope_index(model_type, audio_in_video, seed):
+    model, module = tiny_thinker(model_type)
+    ids, mask, images, videos, seconds, seqlens = omni_batch(
+        random.Random(seed), model_type, module, model.config.audio_config.n_window, audio_in_video=audio_in_video
+    )
+    want_ids, want_deltas = model.get_rope_index(
+        ids, image_grid_thw=images, video_grid_thw=videos, attention_mask=mask, use_audio_in_video=audio_in_video,
+        audio_seqlens=seqlens, second_per_grids=seconds,
+    )  # fmt: skip
+    types = (ids == IMG).long() + 2 * (ids == VID).long() + 3 * (ids == AUD).long()
+    assert (types == 3).any() and (types == 2).any() and (types == 1).any()
+    got = multimodal_positions(types, image_grid_thw=images, video_grid_thw=videos, attention_mask=mask,
+                               second_per_grid_ts=seconds, config=model.config)  # fmt: skip
+    kept = mask.bool()  # Qwen2.5-Omni writes 1 on padding, Qwen3-Omni 0; no token reads it
+    assert torch.equal(want_ids, want_ids.round()) and torch.equal(got.position_ids[:, kept], want_ids[:, kept].long())
+    assert torch.equal(got.rope_deltas, want_deltas.long()) and bool((got.position_ids[:, ~kept] == 0).all())
+
+
+def test_qwen3_omni_fractional_temporal_ids_are_refused():
+    types = torch.tensor([[0, 2, 2, 0]])  # a video of 2 temporal steps of one merged token each
+    with pytest.raises(InputError, match=r"fractional \(\[0.0, 12.5\]"):
+        multimodal_positions(types, video_grid_thw=torch.tensor([[2, 2, 2]]), second_per_grid_ts=[0.5],
+                             model_type="qwen3_omni_moe")  # fmt: skip
+    got = multimodal_positions(types, video_grid_thw=torch.tensor([[2, 2, 2]]), second_per_grid_ts=[0.5],
+                               model_type="qwen2_5_omni")  # fmt: skip
+    assert got.position_ids[0, 0].tolist() == [0, 1, 13, 14]  # Qwen2.5-Omni truncates 12.5 to 12

@@ -141,6 +141,16 @@ def multimodal_positions(
     frames separated by timestamp text). ERNIE-4.5-VL: ``temporal_merge_size=2`` (its vision tower
     merges two frames into one token; images are not merged in time).
 
+    Qwen2.5-Omni and Qwen3-Omni (the thinker): audio tokens (type 3) take one id per token, as text;
+    every piece (text, image, video, audio) starts one past the largest id before it
+    (``text_after_vision="max"``); a video's temporal ids are ``j · second_per_grid_ts[v] ·
+    position_id_per_seconds`` (Qwen2.5-Omni truncates them to ints; Qwen3-Omni keeps them as floats, so
+    a fractional one is an error here); a video interleaved with its audio (``use_audio_in_video``: the
+    video and audio tokens of one block, with no text between) gives the video's tokens its grid ids and
+    the audio's tokens consecutive ids, both from the block's start. Padding and the positions of
+    prompts without images or videos are not Omni-specific here: padding gets 0 (Qwen2.5-Omni
+    writes 1; no token reads it).
+
     HunYuan-VL (XD-RoPE) is its own rule: ``A`` axes (``num_axes``, the length of its
     ``mrope_section``: 3 or 4); every token keeps its index in the row on the axes before the last three
     (text: on all ``A``); an image's tokens, ``h/m`` rows of ``w/m + 1`` (one row-break token per row),
@@ -149,13 +159,16 @@ def multimodal_positions(
 
     Args:
         token_types: integer ``[B, S]``: 0 text, 1 image, 2 video (the processor's ``mm_token_type_ids``;
-            from ids: ``(input_ids == image_token_id) + 2 * (input_ids == video_token_id)``).
+            from ids: ``(input_ids == image_token_id) + 2 * (input_ids == video_token_id)``); the Omni
+            models also 3, audio (``+ 3 * (input_ids == audio_token_id)``).
         image_grid_thw: ``[N_images, 3]`` patch grids (t, h, w) before merging.
         video_grid_thw: ``[N_videos, 3]``.
         spatial_merge_size: ``m`` (``vision_config.spatial_merge_size``; 2 in every Qwen-VL model).
         attention_mask: ``[B, S]`` 1 token / 0 padding; padding gets id 0 and is skipped.
-        tokens_per_second: Qwen2.5-VL's temporal alignment (``None``: frames step by 1).
-        second_per_grid_ts: seconds per temporal grid step of each video (default 1 each).
+        tokens_per_second: Qwen2.5-VL's temporal alignment (``None``: frames step by 1); the Omni
+            models' ``position_id_per_seconds`` (from ``config``, default 25).
+        second_per_grid_ts: seconds per temporal grid step of each video (default 1 each); the Omni
+            models' ``second_per_grids``.
         split_video_frames: Qwen3-VL: a video of ``t`` frames is ``t`` grids ``(1, h, w)``.
         temporal_merge_size: ERNIE-4.5-VL: a video's ``t`` frames give ``t // temporal_merge_size``
             temporal steps (default 1).
@@ -198,10 +211,15 @@ def multimodal_positions(
         raise InputError(
             f"token_types must be an integer tensor [B, S] (0 text, 1 image, 2 video), got {token_types!r:.80}"
         )
-    if bool(((token_types < 0) | (token_types > 2)).any()):
+    omni = rules.get("family") in ("omni", "omni3")
+    if bool(((token_types < 0) | (token_types > (3 if omni else 2))).any()):
         raise InputError(
-            f"token_types must hold 0 (text), 1 (image) or 2 (video), got values {token_types.unique().tolist()}"
+            f"token_types must hold 0 (text), 1 (image) or 2 (video){', 3 (audio)' if omni else ''}, got values "
+            f"{token_types.unique().tolist()}"
+            + ("" if omni else " (3, audio, only for the Omni models: model_type='qwen2_5_omni' or 'qwen3_omni_moe')")
         )
+    if omni:
+        text_after_vision = "max"  # every Omni piece is followed by the next id past its largest
     check_positive_int(spatial_merge_size, "spatial_merge_size")
     check_positive_int(temporal_merge_size, "temporal_merge_size")
     check_bool(split_video_frames, "split_video_frames")
@@ -263,11 +281,21 @@ def multimodal_positions(
     for b in range(batch):
         kept = keep[b].nonzero().flatten()
         pieces, current = [], 0
-        for kind, start, length in _runs(types_cpu[b, kept].tolist()):
-            if kind == 0:
+        row_kinds = types_cpu[b, kept].tolist()
+        for kind, start, length in _merged_runs(row_kinds) if omni else _runs(row_kinds):
+            if kind in (0, 3):  # text, and the Omni models' audio: one id per token on all axes
                 pieces.append((torch.arange(length) + current).expand(3, -1))
                 current += length
                 continue
+            mixed = row_kinds[start : start + length] if kind == 4 else None  # Omni: a video with its audio
+            if mixed is not None and rules["family"] == "omni":
+                raise InputError(
+                    f"row {b}: video and audio tokens next to each other at index {int(kept[start])} (audio in video); "
+                    "Qwen2.5-Omni's audio-in-video positions (chunks of seconds_per_chunk, two begin tokens on one "
+                    "id) are not built here; Qwen3-Omni's are (model_type='qwen3_omni_moe')"
+                )
+            if mixed is not None:
+                kind, length = 2, mixed.count(2)
             if used[kind] == grids[kind].shape[0]:
                 raise InputError(
                     f"row {b} has a run of {length} {names[kind]} tokens at index {int(kept[start])} but no "
@@ -291,7 +319,10 @@ def multimodal_positions(
                     f"(h/{spatial_merge_size}) * (w/{spatial_merge_size}) = {t * h * w} tokens"
                 )
             steps = torch.arange(t)
-            if kind == 2 and tokens_per_second is not None:  # Qwen2.5-VL: temporal ids follow time
+            if omni:
+                second = seconds[used[kind]] if kind == 2 and seconds else torch.tensor(1.0)
+                steps = _omni_steps(t, second, tokens_per_second, rules["family"], used[kind], names[kind])
+            elif kind == 2 and tokens_per_second is not None:  # Qwen2.5-VL: temporal ids follow time
                 second = seconds[used[kind]] if seconds else 1
                 if not (t - 1) * tokens_per_second * float(second) < 2**53:
                     raise InputError(
@@ -301,6 +332,11 @@ def multimodal_positions(
                 steps = (steps * (tokens_per_second * second)).long()
             used[kind] += 1
             grid = torch.stack(torch.meshgrid(steps, torch.arange(h), torch.arange(w), indexing="ij")).reshape(3, -1)
+            if mixed is not None:  # the video's ids on its tokens, the audio's (one per token) on the others
+                is_video = torch.tensor(mixed) == 2
+                block = (torch.arange(len(mixed)) - is_video.long().cumsum(0)).expand(3, -1).clone()
+                block[:, is_video] = grid
+                grid = block
             pieces.append(grid + current)
             current = current + max(h, w) if text_after_vision == "grid" else int(pieces[-1].max()) + 1
         row = torch.cat(pieces, dim=1) if pieces else torch.zeros(3, 0, dtype=torch.int64)
@@ -333,14 +369,12 @@ FAMILIES: dict[str, str] = {
     **dict.fromkeys("qwen3_vl qwen3_vl_moe qwen3_5 qwen3_5_moe glm4v glm4v_moe glm_ocr cosmos3_edge".split(), "frames"),
     "ernie4_5_vl_moe": "ernie",
     "hunyuan_vl": "xd",
+    "qwen2_5_omni": "omni",
+    "qwen3_omni_moe": "omni3",
 }
 
 #: model types with multimodal RoPE whose positions follow other rules, and why they are not built here
 NOT_BUILT: dict[str, str] = {
-    "qwen2_5_omni": "Qwen2.5-Omni interleaves audio with video by time, from the token ids (audio lengths, "
-    "chunks of seconds_per_chunk); its get_rope_index is not reproduced here",
-    "qwen3_omni_moe": "Qwen3-Omni interleaves audio with video by time, from the token ids, and forms "
-    "fractional temporal ids; its get_rope_index is not reproduced here",
     "glm_image": "GLM-Image places the image tokens it generates after the prompt (decode grids); its "
     "get_rope_index is not reproduced here",
 }
@@ -356,11 +390,15 @@ def family_settings(model_type: str | None, config: Any = None) -> dict[str, Any
     d = _config_dict(config)
     if config is not None and model_type is None:
         model_type = d.get("model_type")
+    if d.get("thinker_config") is not None:  # an Omni model: the thinker reads the prompt
+        d = _config_dict(d["thinker_config"])
     if model_type is None:
         return {}
     if not isinstance(model_type, str):
         raise InputError(f"model_type must be a string, e.g. 'qwen3_5', got {model_type!r}")
-    key = model_type[: -len("_text")] if model_type.endswith("_text") else model_type
+    key = model_type
+    for suffix in ("_text", "_thinker"):
+        key = key[: -len(suffix)] if key.endswith(suffix) else key
     if key in NOT_BUILT:
         raise InputError(
             f"multimodal_positions does not build the positions of model_type {model_type!r}: {NOT_BUILT[key]}"
@@ -385,6 +423,8 @@ def family_settings(model_type: str | None, config: Any = None) -> dict[str, Any
         rules["temporal_merge_size"] = vision["temporal_merge_size"]
     if family == "qwen2_5_vl" and vision.get("tokens_per_second") is not None:
         rules["tokens_per_second"] = vision["tokens_per_second"]
+    if family in ("omni", "omni3"):  # both thinker configs default to 25
+        rules["tokens_per_second"] = d.get("position_id_per_seconds", 25)
     if family == "xd":
         text = _config_dict(d.get("text_config")) if d.get("text_config") is not None else d
         section = (text.get("rope_parameters") or {}).get("mrope_section") or (text.get("rope_parameters") or {}).get(
@@ -393,6 +433,37 @@ def family_settings(model_type: str | None, config: Any = None) -> dict[str, Any
         if section is not None:
             rules["num_axes"] = len(section)
     return rules
+
+
+def _merged_runs(kinds: list[int]) -> Iterator[tuple[int, int, int]]:
+    """The runs of :func:`_runs`, with a video and its audio next to each other (no text between) as one
+    run of kind 4 (the Omni models' audio in video)."""
+    runs = list(_runs(kinds))
+    i = 0
+    while i < len(runs):
+        kind, start, length = runs[i]
+        j = i
+        while j + 1 < len(runs) and runs[j][0] in (2, 3) and runs[j + 1][0] in (2, 3):
+            j += 1
+        if j > i:
+            yield 4, start, runs[j][1] + runs[j][2] - start
+        else:
+            yield kind, start, length
+        i = j + 1
+
+
+def _omni_steps(t: int, second: torch.Tensor, per_second: float, family: str, index: int, name: str) -> torch.Tensor:
+    """An Omni video's (image's) temporal ids before the start: ``j · second · per_second`` in fp32, as transformers."""
+    steps = torch.arange(t) * torch.as_tensor(second).float() * per_second
+    if family == "omni":
+        return steps.long()  # Qwen2.5-Omni truncates
+    if not bool((steps == steps.round()).all()):
+        raise InputError(
+            f"{name} {index}: Qwen3-Omni's temporal ids j * second_per_grid_ts ({float(second)!r}) * "
+            f"position_id_per_seconds ({per_second!r}) are fractional ({steps.tolist()[:4]}...), which integer "
+            "positions cannot hold; give seconds that make them whole (the processor's 2 frames at 2 fps: 1.0)"
+        )
+    return steps.long()
 
 
 def _config_dict(config: Any) -> dict[str, Any]:

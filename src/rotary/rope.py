@@ -29,14 +29,12 @@ __all__ = ["CACHE_ROWS", "RoPE", "keep_float32"]
 
 def _mrope_message(settings: Any) -> str:
     """Why :meth:`RoPE.from_hf_config` refuses a multimodal-RoPE config, and the exact calls to use instead."""
-    from .hf.architectures import MROPE_MODELS
-
     section = list(settings.mrope_section)
     layout = {
         "interleaved": "interleaved as in Qwen3-VL",
         "paired_hw": "height and width paired as in ERNIE-4.5-VL",
-    }.get(MROPE_MODELS[settings.model_type][1], "in chunks as in Qwen2-VL")
-    axes = len(section) if MROPE_MODELS[settings.model_type][1] == "chunked" else 3
+    }.get(settings.mrope_layout, "in chunks as in Qwen2-VL")
+    axes = len(section) if settings.mrope_layout == "chunked" else 3
     args = [str(settings.head_dim), f"base={settings.base!r}"]
     if settings.rotary_dim is not None:
         args.append(f"rotary_dim={settings.rotary_dim}")

@@ -207,15 +207,15 @@ def read_pairing(d: Mapping[str, Any], model_type: str, interleaved: bool | None
     return rule == INTERLEAVED
 
 
-def read_mrope(block: dict[str, Any], model_type: str, label: str, strict: bool) -> tuple[tuple[int, ...] | None, bool]:
-    """Take the multimodal-RoPE keys out of ``block``: ``(mrope_section, interleaved)`` or ``(None, False)``."""
+def read_mrope(block: dict[str, Any], model_type: str, label: str, strict: bool) -> tuple[tuple[int, ...] | None, str]:
+    """Take the multimodal-RoPE keys out of ``block``: ``(mrope_section, slot layout)`` or ``(None, "chunked")``."""
     if model_type not in MROPE_MODELS:
         if "mrope_section" in block:
             raise ConfigError(
                 f"{label}: the block has mrope_section, but model_type {model_type!r} does not use multimodal RoPE "
                 f"(rotary reads it for {', '.join(sorted(MROPE_MODELS))}); remove the key or fix the model_type"
             )
-        return None, False
+        return None, "chunked"
     default, layout = MROPE_MODELS[model_type]
     interleaved = layout == "interleaved"
     if block["rope_type"] == "mrope":
@@ -242,7 +242,7 @@ def read_mrope(block: dict[str, Any], model_type: str, label: str, strict: bool)
             "the flag says (transformers ignores it); remove the key",
             strict,
         )
-    return tuple(int(v) for v in section), interleaved
+    return tuple(int(v) for v in section), layout
 
 
 def read_rope_layers(d: Mapping[str, Any], model_type: str, label: str) -> tuple[bool, ...] | None:

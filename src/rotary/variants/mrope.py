@@ -258,7 +258,6 @@ class MRoPE(nn.Module):
             >>> MRoPE.from_hf_config(cfg).slot_axes()[14:18]
             'TTHH'
         """
-        from ..hf.architectures import MROPE_MODELS
         from ..hf.config import read_hf_config
         from ..rope_types import ConfigError
 
@@ -270,7 +269,7 @@ class MRoPE(nn.Module):
             )
         try:
             return cls(
-                settings.head_dim, mrope_section=settings.mrope_section, mrope_layout=MROPE_MODELS[settings.model_type][1],
+                settings.head_dim, mrope_section=settings.mrope_section, mrope_layout=settings.mrope_layout,
                 base=settings.base, rotary_dim=settings.rotary_dim, scaling=settings.scaling,
                 interleaved=settings.interleaved, strict=strict,
             )  # fmt: skip

@@ -226,3 +226,30 @@ def test_the_docs_table_says_what_the_tables_say():
         for t, (section, layout) in MROPE_MODELS.items()
     }  # fmt: skip
     assert {t: (layout, section, pairs) for t, layout, section, pairs in rows} == want
+
+
+@pytest.mark.parametrize(
+    "model_type, section, layout, moved",
+    [
+        ("ernie4_5_vl_moe_text", [6, 6, 4], "paired_hw", ["t", "h", "w", "t, h and w at once"]),
+        ("hunyuan_vl_text", [4, 4, 4, 4], "chunked",
+         ["axis 0", "axis 1", "axis 2", "axis 3", "axis 0, axis 1, axis 2 and axis 3 at once"]),
+    ],
+)  # fmt: skip
+def test_rotary_verify_and_inspect_build_the_models_layout(capsys, tmp_path, model_type, section, layout, moved):
+    import json
+
+    from rotary.tools.cli import main
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": model_type, "hidden_size": 64, "num_attention_heads": 2,
+                                "rope_parameters": block(section)}))  # fmt: skip
+    assert main(["verify", str(path), "--seq-len", "16", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    names = [c["name"] for c in report["checks"]]
+    assert report["passed"] and f"each slot turns with its own axis only ({layout} mrope_section {section})" in names
+    assert [n.rsplit("along ", 1)[1].rstrip(")") for n in names if "tokens moved" in n] == moved
+    assert main(["inspect", str(path), "--json"]) == 0
+    inspected = json.loads(capsys.readouterr().out)
+    mrope = MRoPE.from_hf_config(str(path))
+    assert json.dumps({"layout": layout, "axes": mrope.slot_axes()})[1:-1] in json.dumps(inspected)

@@ -131,6 +131,24 @@ def test_positions_equal_the_models_get_rope_index(model_type, seed):
         assert torch.equal(got.rope_deltas, want_deltas), how
 
 
+@pytest.mark.parametrize("model_type", sorted(LAYOUTS))
+def test_continuation_equals_the_models_decode_positions(model_type):
+    model = tiny_model(model_type)
+    (types, _), images, videos = random_batch(random.Random(7), 1, **LAYOUTS[model_type])
+    ids = torch.randint(1, 64, types.shape)
+    embeds = torch.zeros(1, types.shape[1], 64)
+    model.compute_3d_position_ids(ids, embeds, image_grid_thw=images,
+                                  video_grid_thw=None if videos is None else videos.clone(), mm_token_type_ids=types)  # fmt: skip
+
+    class Past:
+        def get_seq_length(self, layer_idx=0):
+            return types.shape[1]
+
+    step = model.compute_3d_position_ids(None, embeds[:, :3], past_key_values=Past())  # three new tokens
+    prompt = multimodal_positions(types, image_grid_thw=images, video_grid_thw=videos, model_type=model_type)
+    assert torch.equal(prompt.continuation(3).position_ids, step)
+
+
 def test_qwen2_5_vl_takes_tokens_per_second_from_its_config():
     model = tiny_model("qwen2_5_vl")
     assert model.config.vision_config.tokens_per_second not in (None, 1)
@@ -192,6 +210,9 @@ def test_hunyuan_vl_positions_equal_get_rope_index(axes, seed):
     got = multimodal_positions(types, image_grid_thw=images, attention_mask=mask, config=model.config)
     assert got.position_ids.shape[0] == axes
     assert torch.equal(got.position_ids, want_ids) and torch.equal(got.rope_deltas, want_deltas)
+    # decoding: HunYuanVLForConditionalGeneration gives the next tokens (cache length + step + rope_deltas) on every axis
+    steps = mask.sum(-1, keepdim=True) + torch.arange(2) + want_deltas
+    assert torch.equal(got.continuation(2).position_ids, steps.expand(axes, -1, -1))
 
 
 # ------------------------------------------------------------------------------------------------

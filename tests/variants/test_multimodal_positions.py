@@ -271,7 +271,7 @@ def audio_tokens(model_type: str, module, seqlen: int, n_window: int) -> int:
     return ((seqlen - 1) // 2 + 1 - 2) // 2 + 1
 
 
-def omni_batch(rng: random.Random, model_type: str, module, n_window: int, *, audio_in_video: bool):
+def omni_batch(rng: random.Random, model_type: str, model, module, n_window: int, *, audio_in_video: bool):
     """input_ids of text, images, videos and audio (and, for audio_in_video, videos with their audio
     interleaved by time as the processor lays them out); the grids, seconds and audio lengths in order."""
     pps, rows, images, videos, seconds, seqlens = 25, [], [], [], [], []
@@ -300,14 +300,24 @@ def omni_batch(rng: random.Random, model_type: str, module, n_window: int, *, au
                     continue
                 seqlens.append(rng.randint(20, 200))
                 n_audio = audio_tokens(model_type, module, seqlens[-1], n_window)
-                frame_times = [int(j * seconds[-1] * pps) for j in range(t) for _ in range(h * w // 4)]
-                block, a = [], 0  # the video token of a frame goes before the audio token of a later time
-                for time in frame_times:
-                    while a < n_audio and a < time:
-                        block.append(AUD)
-                        a += 1
-                    block.append(VID)
-                block += [AUD] * (n_audio - a)
+                if model_type == "qwen3_omni_moe":  # by time: a frame's tokens before the audio of a later time
+                    frame_times = [int(j * seconds[-1] * pps) for j in range(t) for _ in range(h * w // 4)]
+                    block, a = [], 0
+                    for time in frame_times:
+                        while a < n_audio and a < time:
+                            block.append(AUD)
+                            a += 1
+                        block.append(VID)
+                    block += [AUD] * (n_audio - a)
+                else:  # Qwen2.5-Omni: chunks of seconds_per_chunk, video chunk j then audio chunk j
+                    times = (torch.arange(t) * torch.tensor(seconds[-1]) * pps).long().repeat_interleave(h * w // 4)
+                    per_chunk = int(pps * 2)  # seconds_per_chunk = 2
+                    v_chunks = model.get_chunked_index(times, per_chunk, 0)
+                    a_chunks = model.get_chunked_index(torch.arange(n_audio), per_chunk, 0)
+                    block = []
+                    for j in range(max(len(v_chunks), len(a_chunks))):
+                        block += [VID] * (v_chunks[j][1] - v_chunks[j][0] if j < len(v_chunks) else 0)
+                        block += [AUD] * (a_chunks[j][1] - a_chunks[j][0] if j < len(a_chunks) else 0)
                 ids += [VS, AS] + block + [AE, VE]
         rows.append(ids + [rng.randint(1, 100) for _ in range(rng.randint(0, 2))])
     longest = max(len(r) for r in rows)
@@ -318,13 +328,19 @@ def omni_batch(rng: random.Random, model_type: str, module, n_window: int, *, au
 
 
 @pytest.mark.parametrize(
-    "model_type,audio_in_video", [("qwen3_omni_moe", False), ("qwen3_omni_moe", True), ("qwen2_5_omni", False)]
+    "model_type,audio_in_video",
+    [("qwen3_omni_moe", False), ("qwen3_omni_moe", True), ("qwen2_5_omni", False), ("qwen2_5_omni", True)],
 )
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", range(8))
 def test_omni_positions_equal_the_thinkers_get_rope_index(model_type, audio_in_video, seed):
     model, module = tiny_thinker(model_type)
     ids, mask, images, videos, seconds, seqlens = omni_batch(
-        random.Random(seed), model_type, module, model.config.audio_config.n_window, audio_in_video=audio_in_video
+        random.Random(seed),
+        model_type,
+        model,
+        module,
+        model.config.audio_config.n_window,
+        audio_in_video=audio_in_video,
     )
     want_ids, want_deltas = model.get_rope_index(
         ids, image_grid_thw=images, video_grid_thw=videos, attention_mask=mask, use_audio_in_video=audio_in_video,

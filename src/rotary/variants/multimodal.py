@@ -146,10 +146,13 @@ def multimodal_positions(
     (``text_after_vision="max"``); a video's temporal ids are ``j · second_per_grid_ts[v] ·
     position_id_per_seconds`` (Qwen2.5-Omni truncates them to ints; Qwen3-Omni keeps them as floats, so
     a fractional one is an error here); a video interleaved with its audio (``use_audio_in_video``: the
-    video and audio tokens of one block, with no text between) gives the video's tokens its grid ids and
-    the audio's tokens consecutive ids, both from the block's start. Padding and the positions of
-    prompts without images or videos are not Omni-specific here: padding gets 0 (Qwen2.5-Omni
-    writes 1; no token reads it).
+    video and audio tokens of one block, with no text between, in the processor's order) gives the
+    video's tokens its grid ids and the audio's tokens consecutive ids, both from the block's start
+    (Qwen2.5-Omni gives the block's two begin tokens one id, and its two end tokens one id); the
+    tokens after the block go on from one past the largest id of its last run of video (or audio)
+    tokens, which transformers takes, not of the whole block. Padding
+    gets 0 (Qwen2.5-Omni writes 1 there, as both do for prompts without images or videos; no token
+    reads it).
 
     HunYuan-VL (XD-RoPE) is its own rule: ``A`` axes (``num_axes``, the length of its
     ``mrope_section``: 3 or 4); every token keeps its index in the row on the axes before the last three
@@ -282,18 +285,20 @@ def multimodal_positions(
         kept = keep[b].nonzero().flatten()
         pieces, current = [], 0
         row_kinds = types_cpu[b, kept].tolist()
-        for kind, start, length in _merged_runs(row_kinds) if omni else _runs(row_kinds):
+        runs = list(_merged_runs(row_kinds) if omni else _runs(row_kinds))
+        for r, (kind, start, length) in enumerate(runs):
             if kind in (0, 3):  # text, and the Omni models' audio: one id per token on all axes
-                pieces.append((torch.arange(length) + current).expand(3, -1))
-                current += length
+                ids = torch.arange(length) + current
+                if kind == 0 and rules.get("family") == "omni" and length >= 2:
+                    # Qwen2.5-Omni's audio in video: its two begin tokens share an id, and its two end tokens
+                    if r + 1 < len(runs) and runs[r + 1][0] == 4:
+                        ids[-1] -= 1
+                    if r > 0 and runs[r - 1][0] == 4:
+                        ids[1:] -= 1
+                pieces.append(ids.expand(3, -1))
+                current = int(ids[-1]) + 1
                 continue
             mixed = row_kinds[start : start + length] if kind == 4 else None  # Omni: a video with its audio
-            if mixed is not None and rules["family"] == "omni":
-                raise InputError(
-                    f"row {b}: video and audio tokens next to each other at index {int(kept[start])} (audio in video); "
-                    "Qwen2.5-Omni's audio-in-video positions (chunks of seconds_per_chunk, two begin tokens on one "
-                    "id) are not built here; Qwen3-Omni's are (model_type='qwen3_omni_moe')"
-                )
             if mixed is not None:
                 kind, length = 2, mixed.count(2)
             if used[kind] == grids[kind].shape[0]:
@@ -339,6 +344,9 @@ def multimodal_positions(
                 grid = block
             pieces.append(grid + current)
             current = current + max(h, w) if text_after_vision == "grid" else int(pieces[-1].max()) + 1
+            if mixed is not None:  # the Omni models go on from the block's last run of video or audio tokens only
+                last = len(mixed) - next(i for i, k in enumerate(reversed(mixed)) if k != mixed[-1])
+                current = int(pieces[-1][:, last:].max()) + 1
         row = torch.cat(pieces, dim=1) if pieces else torch.zeros(3, 0, dtype=torch.int64)
         position_ids[:, b, kept] = row
         next_position[b] = int(row.max()) + 1 if row.numel() else 0

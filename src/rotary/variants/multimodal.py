@@ -113,13 +113,15 @@ def multimodal_positions(
     text_after_vision: Literal["grid", "max"] = "grid",
     num_axes: int | None = None,
 ) -> MultimodalPositions:
-    """M-RoPE ids ``[3, B, S]`` of a batch of text, image and video tokens (transformers' ``get_rope_index``).
+    """M-RoPE ids ``[3, B, S]`` (HunYuan-VL: ``[A, B, S]``) of a batch of text, image, video (and audio) tokens,
+    as transformers' ``get_rope_index``.
 
     ``model_type`` (or a transformers ``config``) selects the model family's rules (:data:`FAMILIES`):
     Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, GLM-4V, GLM-4.6V, GLM-OCR, Cosmos 3, ERNIE-4.5-VL,
-    PaddleOCR-VL and HunYuan-VL; a ``config`` also gives the vision tower's merge sizes (and
-    Qwen2.5-VL's ``tokens_per_second``, HunYuan-VL's number of axes). Without either, the keywords
-    below set the rules (Qwen2-VL's by default).
+    PaddleOCR-VL, HunYuan-VL, Qwen2.5-Omni and Qwen3-Omni; a ``config`` also gives the vision tower's
+    merge sizes (and Qwen2.5-VL's ``tokens_per_second``, the Omni models' ``position_id_per_seconds``,
+    HunYuan-VL's number of axes). Without either, the keywords below set the rules (Qwen2-VL's by
+    default).
 
     Each run of text tokens counts on from the current position on all three axes. Each run of
     image (video) tokens takes the next ``image_grid_thw`` (``video_grid_thw``) entry, in order over
@@ -143,7 +145,7 @@ def multimodal_positions(
 
     Qwen2.5-Omni and Qwen3-Omni (the thinker): audio tokens (type 3) take one id per token, as text;
     every piece (text, image, video, audio) starts one past the largest id before it
-    (``text_after_vision="max"``); a video's temporal ids are ``j · second_per_grid_ts[v] ·
+    (``text_after_vision="max"``, whatever the keyword says); a video's temporal ids are ``j · second_per_grid_ts[v] ·
     position_id_per_seconds`` (Qwen2.5-Omni truncates them to ints; Qwen3-Omni keeps them as floats, so
     a fractional one is an error here); a video interleaved with its audio (``use_audio_in_video``: the
     video and audio tokens of one block, with no text between, in the processor's order) gives the

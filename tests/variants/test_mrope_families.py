@@ -253,3 +253,17 @@ def test_rotary_verify_and_inspect_build_the_models_layout(capsys, tmp_path, mod
     inspected = json.loads(capsys.readouterr().out)
     mrope = MRoPE.from_hf_config(str(path))
     assert json.dumps({"layout": layout, "axes": mrope.slot_axes()})[1:-1] in json.dumps(inspected)
+
+
+def test_hunyuan_ocr_xdrope_type_reads_as_transformers_renames_it():
+    """HunyuanOCR's config.json says ``"type": "xdrope"``, which transformers' config class renames "dynamic"
+    (with ``alpha``: NTK by alpha, static; without: dynamic NTK, which M-RoPE refuses by name)."""
+    config = {"model_type": "hunyuan_vl_text", "hidden_size": 1024, "num_attention_heads": 16, "rope_theta": 1e4,
+              "rope_scaling": {"type": "xdrope", "factor": 1.0, "xdrope_section": [8, 8, 8, 8]}}  # fmt: skip
+    assert read_hf_config(config).scaling["rope_type"] == "dynamic"
+    with pytest.raises(
+        rotary.ConfigError, match="rope_type 'dynamic' changes the frequencies with the sequence length"
+    ):
+        MRoPE.from_hf_config(config)
+    want = transformers.HunYuanVLTextConfig(**{k: v for k, v in config.items() if k != "model_type"})
+    assert want.rope_parameters["rope_type"] == "dynamic"

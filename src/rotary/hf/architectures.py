@@ -220,6 +220,8 @@ def read_mrope(block: dict[str, Any], model_type: str, label: str, strict: bool)
     interleaved = layout == "interleaved"
     if block["rope_type"] == "mrope":
         block["rope_type"] = "default"  # 4.x configs name M-RoPE's (default) frequencies "mrope"
+    if model_type == "hunyuan_vl_text" and block["rope_type"] == "xdrope":
+        block["rope_type"] = "dynamic"  # HunyuanOCR's config.json name, as transformers' config class renames it
     section = block.pop("mrope_section", None)
     legacy = block.pop("xdrope_section", None)  # HunYuan-VL's older name, as transformers' config reads it
     if legacy is not None and section is not None and list(legacy) != list(section):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import warnings
 
 import pytest
@@ -267,3 +268,56 @@ def test_hunyuan_ocr_xdrope_type_reads_as_transformers_renames_it():
         MRoPE.from_hf_config(config)
     want = transformers.HunYuanVLTextConfig(**{k: v for k, v in config.items() if k != "model_type"})
     assert want.rope_parameters["rope_type"] == "dynamic"
+
+
+# ------------------------------------------------------------------------------------------------
+# rotary.hf.patch on the text models
+
+
+def text_model(model_type: str, config):
+    module = modeling(model_type)
+    for cls in vars(module).values():
+        if (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)
+                and cls.__dict__.get("config_class") is type(config) and hasattr(cls, "get_input_embeddings")
+                and "input_ids" in inspect.signature(cls.forward).parameters
+                and not hasattr(cls, "generate") | hasattr(cls, "lm_head")):  # fmt: skip
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch.manual_seed(0)
+                return cls(config).eval()
+    raise AssertionError(model_type)
+
+
+PATCHED = sorted(t for t in CASES if t != "qwen2_5_omni_talker") + ["qwen2_5_omni_talker"]
+
+
+@pytest.mark.parametrize("model_type", PATCHED)
+def test_hf_patch_gives_the_same_hidden_states_with_per_axis_positions(model_type, monkeypatch):
+    extra = {"embedding_size": 64} if "talker" in model_type else {}
+    if model_type.startswith("qwen3_5"):  # attention layers (its default pattern starts with linear-attention ones)
+        extra["layer_types"] = ["full_attention", "linear_attention"]
+    config = tiny_config(model_type, num_hidden_layers=2, **extra)
+    config._attn_implementation = "eager"
+    model = text_model(model_type, config)
+    ids = torch.randint(1, 100, (2, 9), generator=torch.Generator().manual_seed(3))
+    position_ids = per_axis_ids(3, 2, 9, seed=4)
+    inputs = {"position_ids": position_ids, "use_cache": False}
+    inputs |= {"inputs_embeds": torch.randn(2, 9, 64)} if "talker" in model_type else {"input_ids": ids}
+    calls = []
+    rotate = rotary.hf.patching.rotate
+    with torch.no_grad():
+        before = model(**inputs).last_hidden_state
+        monkeypatch.setattr(rotary.hf.patching, "rotate", lambda *a, **k: calls.append(1) or rotate(*a, **k))
+        rotary.hf.patch(model)
+        patched = model(**inputs).last_hidden_state
+        attention_layers = sum(1 for m in model.modules() if rotary.hf.patching._MARK in m.__dict__)
+        assert attention_layers >= 1 and len(calls) == attention_layers  # every text attention, through rotary
+        torch.testing.assert_close(patched, before, rtol=1e-5, atol=1e-5)
+        rotary.hf.unpatch(model)
+        assert torch.equal(model(**inputs).last_hidden_state, before)
+
+
+def test_hf_patch_refuses_hunyuan_vl():
+    config = tiny_config("hunyuan_vl_text", rope_parameters=block([4, 4, 4, 4]))
+    with pytest.raises(rotary.errors.InputError, match="does not support model_type 'hunyuan_vl_text'"):
+        rotary.hf.patch(text_model("hunyuan_vl_text", config))

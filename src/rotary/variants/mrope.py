@@ -394,9 +394,10 @@ class MRoPE(nn.Module):
         """
         if position_ids is None:
             raise InputError(
-                "M-RoPE rotates tokens by three ids (temporal, height, width): pass position_ids [3, B, S], from "
+                f"M-RoPE rotates tokens by {_COUNT.get(self.num_axes, self.num_axes)} ids "
+                f"({_AXES_WORDS.get(self.num_axes, 'one per axis')}): pass position_ids [{self.num_axes}, B, S], from "
                 "rotary.multimodal_positions(...) for a prompt and its .continuation(n) for the next tokens, or "
-                "ids.expand(3, B, S) for text"
+                f"ids.expand({self.num_axes}, B, S) for text"
             )
         positions = self.positions(position_ids)
         P.from_ids(positions, batch=batch, seq_len=seq_len, axes=self.num_axes, name="M-RoPE position_ids")

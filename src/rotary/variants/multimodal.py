@@ -32,7 +32,7 @@ class MultimodalPositions:
     """M-RoPE position ids of one batch of sequences, and where each sequence continues.
 
     Attributes:
-        position_ids: int64 ``[3, B, S]`` (t, h, w); padding gets 0.
+        position_ids: int64 ``[3, B, S]`` (t, h, w; HunYuan-VL: ``[A, B, S]``); padding gets 0.
         next_position: int64 ``[B]``: the position of the next token of each row, one past the
             largest id of its tokens (text after the prompt continues from there on all three axes).
         rope_deltas: int64 ``[B, 1]``: ``next_position`` minus the row's real (unpadded) token count,
@@ -57,7 +57,7 @@ class MultimodalPositions:
 
     @property
     def positions(self) -> Positions:
-        """The ids as 3-axis :class:`~rotary.positions.Positions` (``[B, S, 3]``), for :meth:`MRoPE.tables`."""
+        """The ids as ``A``-axis :class:`~rotary.positions.Positions` (``[B, S, A]``), for :meth:`MRoPE.tables`."""
         return Positions.unchecked(self.position_ids.permute(1, 2, 0), self.bound, axes=self.position_ids.shape[0])
 
     def continuation(self, seq_len: int) -> MultimodalPositions:

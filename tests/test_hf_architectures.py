@@ -68,6 +68,49 @@ OVERRIDES: dict[str, dict] = {
             "mrope_interleaved": True,
         }
     },  # fmt: skip
+    # the other multimodal-RoPE text models (rotary.hf.MROPE_MODELS; per-axis positions: tests/variants/
+    # test_mrope_families.py): sections that fit head_dim 16, the rotated width of their checkpoints
+    **{
+        t: {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}}
+        for t in "paddleocr_vl_text qwen2_5_omni_text".split()
+    },
+    **{
+        t: {
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": [1, 2, 1],
+                "partial_rotary_factor": 0.5,
+            }
+        }
+        for t in "glm4v_moe_text glm4v_text glm_image_text glm_ocr_text".split()
+    },  # fmt: skip
+    **{
+        t: {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2]}}
+        for t in "cosmos3_edge_text qwen3_omni_moe_text qwen3_vl_moe_text".split()
+    },
+    **{
+        t: {
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": [2, 1, 1],
+                "partial_rotary_factor": 0.5,
+            }
+        }
+        for t in "qwen3_5_moe_text qwen3_5_text".split()
+    },  # fmt: skip
+    "ernie4_5_vl_moe_text": {
+        "moe_intermediate_size": [32, 32],
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [3, 3, 2]},
+    },
+    "qwen2_5_omni_talker": {
+        "embedding_size": 64,  # the thinker's hidden size, which the talker's input projection reads
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+    },
+    "hunyuan_vl_text": {
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 2, 2, 2]}
+    },
 }
 #: per model_type: the text model class to build when the base model is not the one to build
 MODEL_CLASSES: dict[str, str] = {}
@@ -353,7 +396,7 @@ def test_every_rope_model_type_is_in_a_table():
 
 
 def _category(reason: str) -> str:
-    return next(name for name in ("_NOT_TEXT", "_MROPE", "_NO_ROPE", "_NEGATIVE", "_UNVERIFIED")
+    return next(name for name in ("_NOT_TEXT", "_NO_ROPE", "_NEGATIVE", "_UNVERIFIED")
                 if getattr(rotary.hf.architectures, name) == reason)  # fmt: skip
 
 
@@ -365,9 +408,7 @@ def test_refused_architectures_are_refused_for_the_stated_reason(model_type):
         with pytest.raises(rotary.ConfigError, match=re.escape(f"model_type {model_type!r} {reason}")):
             read_hf_config({"model_type": model_type, "head_dim": 64}, interleaved=interleaved)
     category = _category(reason)
-    if category == "_MROPE":
-        assert "mrope" in _modeling_source(model_type)
-    elif category == "_NOT_TEXT":
+    if category == "_NOT_TEXT":
         try:
             config = tiny_config(model_type)
         except Exception:

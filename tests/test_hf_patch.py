@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -139,8 +140,14 @@ def rotate_calls(monkeypatch):
     return calls
 
 
-#: the Qwen-VL families (multimodal RoPE): tested with images in tests/variants/test_mrope.py
-MULTIMODAL = {f"{name}{suffix}" for name in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl") for suffix in ("", "_text")}
+#: the vision-language families (multimodal RoPE): tested with images in tests/variants/test_mrope.py (Qwen-VL)
+#: and with per-axis positions in tests/variants/test_mrope_families.py (the others)
+MULTIMODAL = {
+    f"{name}{suffix}"
+    for name in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "paddleocr_vl",
+                 "glm4v", "glm4v_moe", "glm_image", "glm_ocr", "cosmos3_edge", "ernie4_5_vl_moe")
+    for suffix in ("", "_text")
+} | {"qwen2_5_omni_thinker", "qwen2_5_omni_text", "qwen2_5_omni_talker", "qwen3_omni_moe_thinker", "qwen3_omni_moe_text"}  # fmt: skip
 #: vision towers with 2-D RoPE and Llama 4 (text and vision): tested in tests/variants/test_hf_patch_vision.py
 VISION = {"pixtral", "llama4", "llama4_text", "llama4_vision_model"}
 
@@ -403,7 +410,7 @@ def test_unsupported_architecture_lists_supported():
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=64))
     with pytest.raises(
         ValueError,
-        match="does not support model_type 'gpt2'; supported: cohere, deepseek_v3, gemma3, gemma3_text, glm, gpt_neox, gpt_oss, gptj, llama",
+        match=re.escape(f"does not support model_type 'gpt2'; supported: {', '.join(sorted(hf.SUPPORTED))}"),
     ):
         hf.patch(model)
 

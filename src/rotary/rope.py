@@ -30,7 +30,11 @@ __all__ = ["CACHE_ROWS", "RoPE", "keep_float32"]
 def _mrope_message(settings: Any) -> str:
     """Why :meth:`RoPE.from_hf_config` refuses a multimodal-RoPE config, and the exact calls to use instead."""
     section = list(settings.mrope_section)
-    layout = "interleaved as in Qwen3-VL" if settings.mrope_interleaved else "in chunks as in Qwen2-VL and Qwen2.5-VL"
+    layout = {
+        "interleaved": "interleaved as in Qwen3-VL",
+        "paired_hw": "height and width paired as in ERNIE-4.5-VL",
+    }.get(settings.mrope_layout, "in chunks as in Qwen2-VL")
+    axes = len(section) if settings.mrope_layout == "chunked" else 3
     args = [str(settings.head_dim), f"base={settings.base!r}"]
     if settings.rotary_dim is not None:
         args.append(f"rotary_dim={settings.rotary_dim}")
@@ -41,7 +45,7 @@ def _mrope_message(settings: Any) -> str:
     return (
         f"model_type {settings.model_type!r} uses multimodal RoPE (M-RoPE): mrope_section {section} (laid out {layout}) "
         "gives each frequency slot the temporal, height or width position of a token, which a 1-D RoPE cannot "
-        "represent; load it with rotary.MRoPE.from_hf_config(config) and pass positions [3, B, S] "
+        f"represent; load it with rotary.MRoPE.from_hf_config(config) and pass positions [{axes}, B, S] "
         "(rotary.multimodal_positions(...) builds them for text, images and videos). On text alone (t = h = w) its "
         f"tables equal those of rotary.RoPE({', '.join(args)}), if a 1-D RoPE of the text positions is what you want"
     )

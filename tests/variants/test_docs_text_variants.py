@@ -9,7 +9,11 @@ import re
 import pytest
 
 DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "variants.md"
-SECTIONS = ("## M-RoPE: Qwen2-VL, Qwen2.5-VL, Qwen3-VL", "## xPos", "## p-RoPE and NoPE layers")
+SECTIONS = (
+    "## M-RoPE: multimodal RoPE of the vision-language models",
+    "## xPos",
+    "## p-RoPE and NoPE layers",
+)
 
 
 def section(heading: str) -> str:

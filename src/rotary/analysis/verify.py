@@ -202,9 +202,10 @@ def _verify_axial(rope: Any, sizes: tuple[int, ...], shift: float, seed: int) ->
 
 
 def verify_mrope(mrope: Any, *, seq_len: int = 64, shift: int = 4096, seed: int = 0) -> list[Check]:
-    """Check a multimodal RoPE (:class:`rotary.MRoPE`: Qwen2-VL, Qwen2.5-VL, Qwen3-VL) through its fast path.
+    """Check a multimodal RoPE (:class:`rotary.MRoPE`: Qwen-VL, GLM-4V, ERNIE-4.5-VL, HunYuan-VL's XD-RoPE, ...)
+    through its fast path.
 
-    Tokens get random temporal, height and width ids (``[3, 2, seq_len]``, each in ``0 .. seq_len - 1``,
+    Tokens get random temporal, height and width ids (``[3, 2, seq_len]``; XD-RoPE: ``[4, 2, seq_len]``, each in ``0 .. seq_len - 1``,
     independent per axis, as image and video tokens have them). Checks: norms scaled exactly by
     ``attention_scaling``; the N-D relative property, per axis and jointly (every token moved by
     ``shift`` along t, along h, along w, then along all three keeps every score: scores depend only on
@@ -232,7 +233,9 @@ def verify_mrope(mrope: Any, *, seq_len: int = 64, shift: int = 4096, seed: int 
         raise InputError(f"shift must be an int >= 0, got {shift!r}")
     g = torch.Generator().manual_seed(seed)
     d, s, interleaved = mrope.head_dim, mrope.attention_scaling, mrope.interleaved
-    ids = torch.randint(0, seq_len, (3, 2, seq_len), generator=g)
+    a = getattr(mrope, "num_axes", 3)  # 3 (t, h, w), or HunYuan-VL's four XD-RoPE axes
+    names = ("t", "h", "w") if a == 3 else tuple(f"axis {i}" for i in range(a))
+    ids = torch.randint(0, seq_len, (a, 2, seq_len), generator=g)
     q = torch.randn(2, 3, seq_len, d, generator=g, dtype=torch.float64)
     k = torch.randn(2, 3, seq_len, d, generator=g, dtype=torch.float64)
     with torch.no_grad():
@@ -250,13 +253,15 @@ def verify_mrope(mrope: Any, *, seq_len: int = 64, shift: int = 4096, seed: int 
         # float64 sums over D channels: a score moves by at most a few 2^-53 · (angle + D) · |q| |k|
         largest = (shift + seq_len) * float(mrope.inv_freq.max())
         tol = norm * norm * 2.0**-53 * (8 * largest + 4 * d)
-        moves = [("t", (0,)), ("h", (1,)), ("w", (2,)), ("t, h and w at once", (0, 1, 2))]
+        moves = [(name, (i,)) for i, name in enumerate(names)]
+        moves.append((f"{', '.join(names[:-1])} and {names[-1]} at once", tuple(range(a))))
+        deltas = ", ".join(f"Δ{n}" if a == 3 else f"Δ{i}" for i, n in enumerate(names))
         for where, axes in moves:
             moved = ids.clone()
             moved[list(axes)] += shift
             qs, ks = mrope(q, k, position_ids=moved)
             err = float((qs @ ks.transpose(-1, -2) - scores).abs().max())
-            checks.append(Check(f"scores depend on (Δt, Δh, Δw) only (tokens moved {shift} along {where})", err, tol))
+            checks.append(Check(f"scores depend on ({deltas}) only (tokens moved {shift} along {where})", err, tol))
         freq = mrope.inv_freq_axes.double()  # [3, r/2]: slot i's frequency in the row of the axis it reads
         n = min(seq_len, 16)  # the explicit matrices cost D² per token and axis: the first 16 tokens of each row
         ref = torch.stack([
@@ -268,20 +273,20 @@ def verify_mrope(mrope: Any, *, seq_len: int = 64, shift: int = 4096, seed: int 
             Check("fast == block-diagonal N-D matrix", float((qr[:, :, :n] - ref).abs().max()), 1e-12 * scale)
         )
         # the layout: moving one axis by 1 turns exactly the slots mrope_section gives that axis, each by its frequency
-        start = mrope.tables(torch.zeros(3, 1, 1, dtype=torch.int64), dtype=torch.float64)
+        start = mrope.tables(torch.zeros(a, 1, 1, dtype=torch.int64), dtype=torch.float64)
         err = 0.0
-        for axis in range(3):
-            step = torch.zeros(3, 1, 1, dtype=torch.int64)
+        for axis in range(a):
+            step = torch.zeros(a, 1, 1, dtype=torch.int64)
             step[axis] = 1
             turned = mrope.tables(step, dtype=torch.float64)
             theta = torch.atan2(turned.sin, turned.cos) - torch.atan2(start.sin, start.cos)  # [1, 1, r]
             per_slot = theta[0, 0, 0::2] if interleaved else theta[0, 0, : mrope.rotary_dim // 2]
             want = torch.where(mrope.axes == axis, mrope.inv_freq.double(), 0.0)
             err = max(err, float((per_slot - want).abs().max()))
-        layout = f"{'interleaved' if mrope.mrope_interleaved else 'chunked'} mrope_section {list(mrope.mrope_section)}"
+        layout = f"{getattr(mrope, 'mrope_layout', 'chunked')} mrope_section {list(mrope.mrope_section)}"
         checks.append(Check(f"each slot turns with its own axis only ({layout})", err, 1e-12))
         text = ids[0]  # [B, S]: text tokens have t = h = w
-        m_cos, m_sin = mrope.tables(text.expand(3, -1, -1)).gather()
+        m_cos, m_sin = mrope.tables(text.expand(a, -1, -1)).gather()
         r_cos, r_sin = cos_sin_table(text, mrope.inv_freq, attention_scaling=s, interleaved=interleaved)
         err = max(float((m_cos - r_cos).abs().max()), float((m_sin - r_sin).abs().max()))
         checks.append(Check("text ids (t = h = w) give the 1-D RoPE's tables", err, 0.0))

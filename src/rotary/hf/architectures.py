@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .._checks import check_bool, is_int, is_positive_int
+from .._checks import check_bool, is_int, is_number, is_positive_int
 from ..rope_types import ConfigError, complain
 
 __all__ = [
@@ -67,15 +67,20 @@ PAIRING: dict[str, str] = {
         "axk1 bailing_hybrid deepseek_v2 deepseek_v3 glm4_moe_lite glm_moe_dsa mistral4 mistral_large4_text youtu".split(),
         FLAG,
     ),
+    # the text attention of the vision-language models with multimodal RoPE (MROPE_MODELS)
+    **dict.fromkeys(
+        (
+            "cosmos3_edge_text glm4v_moe_text glm_image_text hunyuan_vl_text paddleocr_vl_text qwen2_5_omni_talker "
+            "qwen2_5_omni_text qwen3_5_moe_text qwen3_5_text qwen3_omni_moe_text qwen3_vl_moe_text"
+        ).split(),
+        HALF,
+    ),
+    **dict.fromkeys("ernie4_5_vl_moe_text glm4v_text glm_ocr_text".split(), INTERLEAVED),
 }
 
 _NOT_TEXT = (
     "is not a decoder of text tokens (its RoPE rotates image, audio or other positions); from_hf_config "
     "builds the RoPE of text attention"
-)
-_MROPE = (
-    "uses multimodal RoPE (mrope_section: separate temporal, height and width positions), which rotary "
-    "reads for Qwen2-VL, Qwen2.5-VL and Qwen3-VL (checked against transformers) but not for this model yet"
 )
 _NO_ROPE = (
     "applies no rotary embedding in its attention with transformers' default settings, and rotary has not "
@@ -122,14 +127,6 @@ UNSUPPORTED: dict[str, str] = {
         ).split(),
         _NOT_TEXT,
     ),
-    **dict.fromkeys(
-        (
-            "cosmos3_edge_text ernie4_5_vl_moe_text glm4v_moe_text glm4v_text glm_image_text glm_ocr_text "
-            "hunyuan_vl_text paddleocr_vl_text qwen2_5_omni_talker qwen2_5_omni_text qwen3_5_moe_text qwen3_5_text "
-            "qwen3_omni_moe_text qwen3_vl_moe_text"
-        ).split(),
-        _MROPE,
-    ),
     **dict.fromkeys("bamba clvp_decoder esm granitemoehybrid inkling2_text jamba nemotron_h".split(), _NO_ROPE),
     "nanochat": _NEGATIVE,
     **dict.fromkeys(
@@ -145,13 +142,29 @@ UNSUPPORTED: dict[str, str] = {
     ),
 }
 
-#: model_type -> (default ``mrope_section``, interleaved layout) of the multimodal RoPE its text attention
-#: uses; the layout is the model's code's, whatever a ``mrope_interleaved`` key says (transformers ignores
-#: it). Checked against transformers' rotary embeddings by tests/variants/test_mrope.py.
-MROPE_MODELS: dict[str, tuple[tuple[int, ...], bool]] = {
-    "qwen2_vl_text": ((16, 24, 24), False),
-    "qwen2_5_vl_text": ((16, 24, 24), False),
-    "qwen3_vl_text": ((24, 20, 20), True),
+#: model_type -> (default ``mrope_section``, slot layout) of the multimodal RoPE its text attention uses
+#: (layouts: :mod:`rotary.variants.mrope`); the layout is the model's code's, whatever a
+#: ``mrope_interleaved`` key says (transformers ignores it). ``None``: the config must state the sections
+#: (HunYuan-VL's model cannot run without them). Checked against each model's own rotary embedding and
+#: apply function by tests/variants/test_mrope.py and tests/variants/test_mrope_families.py.
+MROPE_MODELS: dict[str, tuple[tuple[int, ...] | None, str]] = {
+    "qwen2_vl_text": ((16, 24, 24), "chunked"),
+    "qwen2_5_vl_text": ((16, 24, 24), "chunked"),
+    "qwen2_5_omni_text": ((16, 24, 24), "chunked"),
+    "qwen2_5_omni_talker": ((16, 24, 24), "chunked"),
+    "paddleocr_vl_text": ((16, 24, 24), "chunked"),
+    "glm4v_text": ((8, 12, 12), "chunked"),
+    "glm4v_moe_text": ((8, 12, 12), "chunked"),
+    "glm_image_text": ((8, 12, 12), "chunked"),
+    "glm_ocr_text": ((8, 12, 12), "chunked"),
+    "hunyuan_vl_text": (None, "chunked"),  # XD-RoPE: one section per axis, three or four
+    "qwen3_vl_text": ((24, 20, 20), "interleaved"),
+    "qwen3_vl_moe_text": ((24, 20, 20), "interleaved"),
+    "qwen3_omni_moe_text": ((24, 20, 20), "interleaved"),
+    "qwen3_5_text": ((11, 11, 10), "interleaved"),
+    "qwen3_5_moe_text": ((11, 11, 10), "interleaved"),
+    "cosmos3_edge_text": ((24, 20, 20), "interleaved"),
+    "ernie4_5_vl_moe_text": ((22, 22, 20), "paired_hw"),  # sections (h, w, t)
 }
 
 #: model_type -> how its config class fills a missing or empty ``no_rope_layers`` (NoPE layers): from
@@ -194,31 +207,46 @@ def read_pairing(d: Mapping[str, Any], model_type: str, interleaved: bool | None
     return rule == INTERLEAVED
 
 
-def read_mrope(block: dict[str, Any], model_type: str, label: str, strict: bool) -> tuple[tuple[int, ...] | None, bool]:
-    """Take the multimodal-RoPE keys out of ``block``: ``(mrope_section, interleaved)`` or ``(None, False)``."""
+def read_mrope(block: dict[str, Any], model_type: str, label: str, strict: bool) -> tuple[tuple[int, ...] | None, str]:
+    """Take the multimodal-RoPE keys out of ``block``: ``(mrope_section, slot layout)`` or ``(None, "chunked")``."""
     if model_type not in MROPE_MODELS:
         if "mrope_section" in block:
             raise ConfigError(
                 f"{label}: the block has mrope_section, but model_type {model_type!r} does not use multimodal RoPE "
                 f"(rotary reads it for {', '.join(sorted(MROPE_MODELS))}); remove the key or fix the model_type"
             )
-        return None, False
-    default, interleaved = MROPE_MODELS[model_type]
+        return None, "chunked"
+    default, layout = MROPE_MODELS[model_type]
+    interleaved = layout == "interleaved"
     if block["rope_type"] == "mrope":
         block["rope_type"] = "default"  # 4.x configs name M-RoPE's (default) frequencies "mrope"
+    if model_type == "hunyuan_vl_text" and block["rope_type"] == "xdrope":
+        # HunyuanOCR's config.json name, "dynamic" as transformers' config class renames it; with an alpha,
+        # that is NTK by alpha (rope_types.canonical_rope_type), as for HunYuan's text models
+        block["rope_type"] = "ntk_alpha" if block.get("alpha") else "dynamic"
     section = block.pop("mrope_section", None)
+    legacy = block.pop("xdrope_section", None)  # HunYuan-VL's older name, as transformers' config reads it
+    if legacy is not None and section is not None and list(legacy) != list(section):
+        raise ConfigError(f"{label}: mrope_section {section!r} and xdrope_section {legacy!r} differ; keep one")
+    section = legacy if section is None else section
     section = default if section is None else section
+    if section is None:
+        raise ConfigError(
+            f"{label}: {model_type} needs rope_parameters['mrope_section'] (XD-RoPE: slots per axis, e.g. "
+            "[16, 16, 16, 16] for head_dim 128); its model cannot run without it"
+        )
+    if isinstance(section, (list, tuple)) and all(is_number(v) and float(v).is_integer() for v in section):
+        section = [int(v) for v in section]  # HunYuan-VL configs write the sections as floats
     if not isinstance(section, (list, tuple)) or not all(is_int(v) and v > 0 for v in section):
         raise ConfigError(f"{label}: mrope_section must be a list of positive ints (t, h, w), got {section!r}")
     flag = block.pop("mrope_interleaved", None)
     if flag is not None and flag is not interleaved:
-        layout = "interleaved" if interleaved else "in chunks"
         complain(
             f"{label}: mrope_interleaved={flag!r}, but {model_type} lays its frequency slots out {layout} whatever "
             "the flag says (transformers ignores it); remove the key",
             strict,
         )
-    return tuple(int(v) for v in section), interleaved
+    return tuple(int(v) for v in section), layout
 
 
 def read_rope_layers(d: Mapping[str, Any], model_type: str, label: str) -> tuple[bool, ...] | None:

@@ -81,11 +81,13 @@ class RopeSettings:
         model_type: the config's ``model_type`` (``""`` when absent).
         mrope_section: for multimodal RoPE (:data:`MROPE_MODELS`), the frequency slots per axis
             (t, h, w); ``None`` otherwise. :meth:`rotary.MRoPE.from_hf_config` builds it.
-        mrope_interleaved: the slot layout of that multimodal RoPE (Qwen3-VL's interleaved one).
+        mrope_interleaved: the slot layout of that multimodal RoPE is Qwen3-VL's interleaved one.
         rope_layers: one flag per layer, ``False`` for layers without RoPE (NoPE layers: Llama 4's
             and SmolLM3's ``no_rope_layers``); ``None`` when every layer rotates.
         nope_temperature: Llama 4's query temperature in its NoPE layers, ``{"floor_scale": ...,
             "attn_scale": ...}`` (see :func:`rotary.variants.nope_temperature`), or ``None``.
+        mrope_layout: the slot layout of that multimodal RoPE: ``"chunked"``, ``"interleaved"`` or
+            ``"paired_hw"`` (ERNIE-4.5-VL), see :mod:`rotary.variants.mrope`.
     """
 
     head_dim: int
@@ -99,6 +101,7 @@ class RopeSettings:
     mrope_interleaved: bool = False
     rope_layers: tuple[bool, ...] | None = None
     nope_temperature: dict[str, float] | None = None
+    mrope_layout: str = "chunked"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -494,7 +497,7 @@ def read_hf_config(
         )
     block = _normalised(block)
     block["rope_type"] = canonical_rope_type(block)  # HunYuan's "dynamic" block with alpha is ntk_alpha
-    mrope_section, mrope_interleaved = read_mrope(block, model_type, label, strict)
+    mrope_section, mrope_layout = read_mrope(block, model_type, label, strict)
     drop_ignored_keys(block, defaults.get("rope_ignore_keys", ()), model_type, label, strict=strict)
     if model_type == "phi3" and block["rope_type"] in ("su", "yarn"):
         block["rope_type"] = "longrope"  # Phi-3's early names for LongRoPE, as transformers renames them
@@ -557,7 +560,8 @@ def read_hf_config(
         max_position_embeddings=mpe,
         model_type=model_type,
         mrope_section=mrope_section,
-        mrope_interleaved=mrope_interleaved,
+        mrope_interleaved=mrope_layout == "interleaved",
+        mrope_layout=mrope_layout,
         rope_layers=rope_layers,
         nope_temperature=nope_temperature,
     )

@@ -220,6 +220,23 @@ SUPPORTED: dict[str, _Family] = {
         for name in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
         for model_type in (name, f"{name}_text")
     },
+    # the other vision-language models (rotary.hf.MROPE_MODELS): the model's own M-RoPE tables, rotated by
+    # rotary; pairs (i, i + r/2), or (2i, 2i+1) for GLM-4V, GLM-OCR and ERNIE-4.5-VL (tables already repeat
+    # each angle twice); the Omni thinkers and Qwen2.5-Omni's talker, not the whole Omni model (its speech
+    # generator has other attention). HunYuan-VL is left out: transformers 5.23's XD-RoPE tables give the two
+    # channels of a pair different angles, which no rotation (and no rotary kernel) reproduces.
+    **{
+        model_type: _half(name)
+        for name in ("qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "paddleocr_vl", "glm4v_moe", "glm_image", "cosmos3_edge")
+        for model_type in (name, f"{name}_text")
+    },
+    **dict.fromkeys(("qwen2_5_omni_thinker", "qwen2_5_omni_text", "qwen2_5_omni_talker"), _half("qwen2_5_omni")),
+    **dict.fromkeys(("qwen3_omni_moe_thinker", "qwen3_omni_moe_text"), _half("qwen3_omni_moe")),
+    **{
+        model_type: _Family(f"transformers.models.{name}.modeling_{name}", {"apply_rotary_pos_emb": _apply_interleaved})
+        for name in ("glm4v", "glm_ocr", "ernie4_5_vl_moe")
+        for model_type in (name, f"{name}_text")
+    },
     # vision towers with 2-D RoPE: Pixtral's PixtralVisionModel, and Llama 4 (text, vision tower, or both)
     "pixtral": _Family("transformers.models.pixtral.modeling_pixtral", {"apply_rotary_pos_emb": _apply_pixtral}),
     **{
@@ -375,7 +392,8 @@ def patch(model: nn.Module) -> nn.Module:
     Args:
         model: a transformers model of a type in :data:`SUPPORTED` (any head): Llama, Mistral, Mixtral,
             Qwen2, Qwen3, Qwen3-MoE, Phi-3, Gemma-3 (both layer types), GPT-NeoX, gpt-oss, DeepSeek-V3,
-            GPT-J, Cohere or GLM, a Qwen2-VL, Qwen2.5-VL or Qwen3-VL model (its text attention), a
+            GPT-J, Cohere or GLM, a vision-language model with multimodal RoPE (its text attention: Qwen-VL,
+            Qwen3.5, the Omni thinkers, GLM-4V, GLM-OCR, GLM-Image, ERNIE-4.5-VL, PaddleOCR-VL, Cosmos 3), a
             Pixtral vision tower (``PixtralVisionModel``), or a Llama 4 model (text, vision tower, or both).
 
     Returns:

@@ -1,46 +1,49 @@
-"""M-RoPE: the multimodal RoPE of Qwen2-VL, Qwen2.5-VL and Qwen3-VL.
+"""M-RoPE: the multimodal RoPE of the vision-language models (Qwen-VL, GLM-4V, ERNIE-4.5-VL, HunYuan-VL, ...).
 
-Every token has three position ids, temporal, height and width (``[3, B, S]``, as transformers
-passes them). Text tokens have three equal ids, so for text M-RoPE *is* 1-D RoPE; an image's tokens
-share one temporal id and spread over a grid of height and width ids. Each of the ``r/2`` frequency
-slots reads one of the three ids, assigned by ``mrope_section`` (sizes per axis, summing to ``r/2``):
+Every token has several position ids, one per axis: temporal, height and width (``[3, B, S]``, as
+transformers passes them), or HunYuan-VL's four XD-RoPE axes. Text tokens have equal ids on every
+axis, so for text M-RoPE *is* 1-D RoPE; an image's tokens share one temporal id and spread over a
+grid of height and width ids. Each of the ``r/2`` frequency slots reads one of the ids, assigned by
+``mrope_section`` (sizes per axis, summing to ``r/2``) and a slot layout (``mrope_layout``):
 
-- chunked (Qwen2-VL, Qwen2.5-VL): the first ``s_t`` slots read t, the next ``s_h`` read h, the last
-  ``s_w`` read w; ``[16, 24, 24]`` gives slots 0-15 to t, 16-39 to h, 40-63 to w. The temporal axis
-  gets only the fastest frequencies, the width axis only the slowest.
-- interleaved (Qwen3-VL, ``mrope_interleaved``): slots cycle t, h, w while h and w have slots left,
-  then the rest go to t; ``[24, 20, 20]`` gives "THW" x 20 then "TTTT". Every axis spans the whole
-  spectrum.
+- ``"chunked"`` (Qwen2-VL, Qwen2.5-VL, Qwen2.5-Omni, PaddleOCR-VL, the GLM-4V family; HunYuan-VL's
+  XD-RoPE with four sections): section ``j`` covers consecutive slots and reads axis ``j``;
+  ``[16, 24, 24]`` gives slots 0-15 to t, 16-39 to h, 40-63 to w. The temporal axis gets only the
+  fastest frequencies, the width axis only the slowest.
+- ``"interleaved"`` (Qwen3-VL, Qwen3.5, Qwen3-Omni, Cosmos 3; ``mrope_interleaved``): slots cycle t,
+  h, w while h and w have slots left, then the rest go to t; ``[24, 20, 20]`` gives "THW" x 20 then
+  "TTTT". Every axis spans the whole spectrum.
+- ``"paired_hw"`` (ERNIE-4.5-VL): ``mrope_section`` is ``(h, w, t)`` with ``h == w``; the first
+  ``2h`` slots alternate h, w ("HWHW..."), the last ``t`` slots read t: height and width share the
+  fast frequencies, time takes the slowest.
+
+Slot ``i`` keeps the frequency of 1-D RoPE's slot ``i`` in every layout; the channel pairing
+(``interleaved``) is the model's, as in 1-D RoPE (GLM-4V and ERNIE-4.5-VL pair (2i, 2i+1)).
 
 Papers: Wang et al., *Qwen2-VL: Enhancing Vision-Language Model's Perception of the World at Any
 Resolution* (2024); Bai et al., *Qwen2.5-VL Technical Report* (2025); the Qwen3-VL technical
-report (2025) for the interleaved layout.
+report (2025) for the interleaved layout; *ERNIE 4.5 Technical Report* (2025); *HunyuanOCR Technical
+Report* (2025) for XD-RoPE.
 
-:class:`MRoPE` turns the three ids into tables: the frequency of slot ``i`` sits in row ``axis(i)`` of a
-``[3, r/2]`` frequency matrix (zero elsewhere), so the angles are the same float64
+:class:`MRoPE` turns the ids into tables: the frequency of slot ``i`` sits in row ``axis(i)`` of an
+``[A, r/2]`` frequency matrix (zero elsewhere), so the angles are the same float64
 ``positions x frequencies`` product as axial RoPE's (:func:`rotary.tables.angles`), and equal bit
-for bit to 1-D RoPE's when t = h = w.
+for bit to 1-D RoPE's when every axis holds the same id.
 
-:func:`multimodal_positions` builds the ``[3, B, S]`` ids from the token types and the
-``grid_thw`` of each image and video, as transformers' ``get_rope_index`` does, and returns them
-with where the next token goes. Decoding continues from that value
-(:meth:`MultimodalPositions.continuation`), which belongs to the sequence it was computed for; no
-module keeps ``rope_deltas`` between calls, so a second prompt can never inherit the first one's
-(transformers caches them on the model, where they go stale across generate calls).
+:func:`rotary.multimodal_positions` (:mod:`.multimodal`) builds the ids of a prompt of text, images and
+videos.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from .. import positions as P
-from .._checks import check_bool, check_choice, check_positive_int, is_int, is_number
+from .._checks import check_bool, check_choice, is_int
 from .._device_copies import DeviceCopies
 from ..errors import InputError, InputTypeError
 from ..frequencies import frequencies
@@ -48,14 +51,40 @@ from ..positions import Positions
 from ..rope_types import ROPE_TYPES
 from ..rotation import Layout, check_layout, rotate
 from ..tables import RotaryTables, cos_sin_table, table_dtype
+from .multimodal import MultimodalPositions, multimodal_positions
 
-__all__ = ["MRoPE", "MultimodalPositions", "check_mrope_section", "mrope_axes", "multimodal_positions"]
+__all__ = [
+    "LAYOUTS",
+    "MRoPE",
+    "MultimodalPositions",
+    "check_mrope_section",
+    "mrope_axes",
+    "multimodal_positions",
+]  # the last two re-exported
 
 #: the three axes of M-RoPE positions, in the order of the ``[3, B, S]`` ids
 AXES = ("t", "h", "w")
 
+#: the slot layouts (see the module docstring)
+LAYOUTS = ("chunked", "interleaved", "paired_hw")
 
-def _sections(mrope_section: Sequence[int], mrope_interleaved: bool) -> tuple[int, ...]:
+MRopeLayout = Literal["chunked", "interleaved", "paired_hw"]
+
+
+def _layout(mrope_layout: str | None, mrope_interleaved: bool) -> str:
+    """The layout named by ``mrope_layout``, or by the older ``mrope_interleaved`` flag."""
+    interleaved = check_bool(mrope_interleaved, "mrope_interleaved")
+    if mrope_layout is None:
+        return "interleaved" if interleaved else "chunked"
+    check_choice(mrope_layout, "mrope_layout", LAYOUTS)
+    if interleaved and mrope_layout != "interleaved":
+        raise InputError(
+            f"mrope_interleaved=True asks for the interleaved layout but mrope_layout={mrope_layout!r}; pass one of them"
+        )
+    return mrope_layout
+
+
+def _sections(mrope_section: Sequence[int], layout: str) -> tuple[int, ...]:
     """The sections as a tuple of positive ints, checked to fit the layout (not yet against a width)."""
     if isinstance(mrope_section, (str, bytes)) or not isinstance(mrope_section, Sequence) or not mrope_section:
         raise InputError(
@@ -64,7 +93,7 @@ def _sections(mrope_section: Sequence[int], mrope_interleaved: bool) -> tuple[in
     if any(not is_int(s) or s <= 0 for s in mrope_section):
         raise InputError(f"mrope_section sizes must be positive ints, got {list(mrope_section)!r}")
     section = tuple(int(s) for s in mrope_section)
-    if check_bool(mrope_interleaved, "mrope_interleaved"):
+    if layout == "interleaved":
         if len(section) != 3:
             raise InputError(f"the interleaved layout needs three sections (t, h, w), got {list(section)}")
         got = tuple(torch.bincount(_interleaved_axes(section), minlength=3).tolist())
@@ -74,6 +103,10 @@ def _sections(mrope_section: Sequence[int], mrope_interleaved: bool) -> tuple[in
                 f"mrope_section {list(section)} cannot be interleaved over {slots} slots: cycling t, h, w gives "
                 f"t, h, w = {list(got)} slots (h and w take every third slot: 3 * h <= {slots + 1}, 3 * w <= {slots})"
             )
+    if layout == "paired_hw" and (len(section) != 3 or section[0] != section[1]):
+        raise InputError(
+            f"the paired_hw layout (ERNIE-4.5-VL) needs three sections (h, w, t) with h == w, got {list(section)}"
+        )
     return section
 
 
@@ -85,20 +118,24 @@ def _interleaved_axes(section: tuple[int, ...]) -> torch.Tensor:
 
 
 def check_mrope_section(
-    mrope_section: Sequence[int], rotary_dim: int, *, mrope_interleaved: bool = False
+    mrope_section: Sequence[int],
+    rotary_dim: int,
+    *,
+    mrope_interleaved: bool = False,
+    mrope_layout: MRopeLayout | None = None,
 ) -> tuple[int, ...]:
     """Validate ``mrope_section`` for ``rotary_dim`` rotated channels and return it as a tuple.
 
     Raises:
         rotary.errors.InputError: sections that are not positive ints, that do not sum to ``rotary_dim / 2``, or
-            (interleaved) that cannot be laid out: not three of them, or h/w sections too large to
-            take every third slot.
+            that the layout cannot lay out: interleaved, not three of them or h/w sections too large to
+            take every third slot; paired_hw, not three or ``h != w``.
 
     Example:
         >>> check_mrope_section([16, 24, 24], 128)
         (16, 24, 24)
     """
-    section = _sections(mrope_section, mrope_interleaved)
+    section = _sections(mrope_section, _layout(mrope_layout, mrope_interleaved))
     slots = rotary_dim // 2
     if sum(section) != slots:
         raise InputError(
@@ -108,22 +145,30 @@ def check_mrope_section(
     return section
 
 
-def mrope_axes(mrope_section: Sequence[int], *, mrope_interleaved: bool = False) -> torch.Tensor:
-    """The axis (0 = t, 1 = h, 2 = w) each frequency slot reads, int64 ``[sum(mrope_section)]``.
+def mrope_axes(
+    mrope_section: Sequence[int], *, mrope_interleaved: bool = False, mrope_layout: MRopeLayout | None = None
+) -> torch.Tensor:
+    """The axis (0 = t, 1 = h, 2 = w; XD-RoPE: 0-3) each frequency slot reads, int64 ``[sum(mrope_section)]``.
 
-    Chunked: section ``j`` covers consecutive slots and reads axis ``j % 3``. Interleaved: see the
-    module docstring.
+    Chunked: section ``j`` covers consecutive slots and reads axis ``j``. Interleaved and paired_hw:
+    see the module docstring.
 
     Example:
         >>> "".join("THW"[a] for a in mrope_axes([2, 3, 3]))
         'TTHHHWWW'
         >>> "".join("THW"[a] for a in mrope_axes([4, 2, 2], mrope_interleaved=True))
         'THWTHWTT'
+        >>> "".join("THW"[a] for a in mrope_axes([3, 3, 2], mrope_layout="paired_hw"))
+        'HWHWHWTT'
     """
-    section = _sections(mrope_section, mrope_interleaved)
-    if mrope_interleaved:
+    layout = _layout(mrope_layout, mrope_interleaved)
+    section = _sections(mrope_section, layout)
+    if layout == "interleaved":
         return _interleaved_axes(section)
-    return torch.cat([torch.full((size,), j % 3, dtype=torch.int64) for j, size in enumerate(section)])
+    if layout == "paired_hw":
+        pairs = torch.tensor([1, 2], dtype=torch.int64).repeat(section[0])
+        return torch.cat([pairs, torch.zeros(section[2], dtype=torch.int64)])
+    return torch.cat([torch.full((size,), j, dtype=torch.int64) for j, size in enumerate(section)])
 
 
 class MRoPE(nn.Module):
@@ -153,6 +198,7 @@ class MRoPE(nn.Module):
         *,
         mrope_section: Sequence[int],
         mrope_interleaved: bool = False,
+        mrope_layout: MRopeLayout | None = None,
         base: float | None = None,
         rotary_dim: int | None = None,
         scaling: dict | None = None,
@@ -166,30 +212,33 @@ class MRoPE(nn.Module):
                 f"rope_type {self.freqs.rope_type!r} changes the frequencies with the sequence length, which M-RoPE does "
                 "not support here; use a static rope_type (default, linear, yarn, ...)"
             )
-        self.mrope_interleaved = check_bool(mrope_interleaved, "mrope_interleaved")
-        self.mrope_section = check_mrope_section(
-            mrope_section, self.freqs.rotary_dim, mrope_interleaved=mrope_interleaved
-        )
+        #: the slot layout: ``"chunked"``, ``"interleaved"`` or ``"paired_hw"``
+        self.mrope_layout = _layout(mrope_layout, mrope_interleaved)
+        self.mrope_interleaved = self.mrope_layout == "interleaved"
+        self.mrope_section = check_mrope_section(mrope_section, self.freqs.rotary_dim, mrope_layout=self.mrope_layout)
         self.interleaved = check_bool(interleaved, "interleaved")
         #: the axis each frequency slot reads, int64 ``[r/2]``
-        self.axes = mrope_axes(self.mrope_section, mrope_interleaved=mrope_interleaved)
+        self.axes = mrope_axes(self.mrope_section, mrope_layout=self.mrope_layout)
+        #: ``A``, the ids per token: 3, or the number of chunked sections (HunYuan-VL's XD-RoPE: 4)
+        self.num_axes = len(self.mrope_section) if self.mrope_layout == "chunked" else 3
         slots = torch.arange(self.axes.numel())
-        inv_freq_axes = torch.zeros(3, slots.numel(), dtype=torch.float32)
+        inv_freq_axes = torch.zeros(self.num_axes, slots.numel(), dtype=torch.float32)
         inv_freq_axes[self.axes, slots] = self.freqs.inv_freq
         # plain host attributes, not buffers: .to(bfloat16) must not round them; each device gets its copy
         # once (self._copies), so no call copies them host-to-device
         self.inv_freq = self.freqs.inv_freq
-        #: ``[3, r/2]``: slot i's frequency in row axes[i], zero in the two others
+        #: ``[A, r/2]``: slot i's frequency in row axes[i], zero in the others
         self.inv_freq_axes = inv_freq_axes
         self._copies = DeviceCopies()
 
     @classmethod
     def from_hf_config(cls, config: Any, *, strict: bool = True) -> MRoPE:
-        """The M-RoPE of a Qwen2-VL, Qwen2.5-VL or Qwen3-VL text model, from its config (never modified).
+        """The M-RoPE of a vision-language text model (:data:`rotary.hf.MROPE_MODELS`), from its config (never modified).
 
-        Reads what :meth:`rotary.RoPE.from_hf_config` reads (head width, ``rope_theta``, the scaling
-        block, 4.x ``rope_scaling`` with ``"type": "mrope"`` or 5.x ``rope_parameters``) and the
-        ``mrope_section``; the layout is the model's (Qwen3-VL interleaved, the others chunked).
+        Reads what :meth:`rotary.RoPE.from_hf_config` reads (head width, rotated width, ``rope_theta``,
+        the scaling block, 4.x ``rope_scaling`` with ``"type": "mrope"`` or 5.x ``rope_parameters``)
+        and the ``mrope_section`` (HunYuan-VL: ``xdrope_section`` too), or the model's default one; the
+        slot layout and the channel pairing are the model's (:data:`rotary.hf.MROPE_MODELS`).
         :meth:`rotary.RoPE.from_hf_config` refuses these configs (a 1-D RoPE cannot represent M-RoPE);
         its error names this call and the ``rotary.RoPE(...)`` whose tables these equal on text
         positions (t = h = w).
@@ -220,7 +269,7 @@ class MRoPE(nn.Module):
             )
         try:
             return cls(
-                settings.head_dim, mrope_section=settings.mrope_section, mrope_interleaved=settings.mrope_interleaved,
+                settings.head_dim, mrope_section=settings.mrope_section, mrope_layout=settings.mrope_layout,
                 base=settings.base, rotary_dim=settings.rotary_dim, scaling=settings.scaling,
                 interleaved=settings.interleaved, strict=strict,
             )  # fmt: skip
@@ -242,45 +291,51 @@ class MRoPE(nn.Module):
         return self.freqs.attention_scaling
 
     def extra_repr(self) -> str:
-        layout = "interleaved" if self.mrope_interleaved else "chunked"
         return (
             f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, mrope_section={list(self.mrope_section)}, "
-            f"layout={layout}, base={self.freqs.base:g}, rope_type={self.freqs.rope_type!r}, interleaved={self.interleaved}"
+            f"layout={self.mrope_layout}, base={self.freqs.base:g}, rope_type={self.freqs.rope_type!r}, interleaved={self.interleaved}"
         )
 
     def slot_axes(self) -> str:
-        """The axis of each frequency slot as a string, e.g. ``"TTTT...HHHH...WWWW"``.
+        """The axis of each frequency slot as a string, e.g. ``"TTTT...HHHH...WWWW"`` (other than three
+        axes: the axis numbers, ``"00112233"``).
 
         Example:
             >>> MRoPE(16, mrope_section=[2, 3, 3]).slot_axes()
             'TTHHHWWW'
+            >>> MRoPE(16, mrope_section=[2, 2, 2, 2]).slot_axes()
+            '00112233'
         """
-        return "".join("THW"[a] for a in self.axes.tolist())
+        names = "THW" if self.num_axes == 3 else "0123456789"
+        return "".join(names[a] for a in self.axes.tolist())
 
     def positions(self, position_ids: torch.Tensor | Positions | MultimodalPositions) -> Positions:
-        """Validate M-RoPE positions: ids ``[3, B, S]`` (transformers' order), or 3-axis :class:`Positions`.
+        """Validate M-RoPE positions: ids ``[A, B, S]`` (transformers' order), or ``A``-axis :class:`Positions`.
+
+        ``A`` is :attr:`num_axes`: 3 (t, h, w), or HunYuan-VL's four XD-RoPE axes.
 
         Returns:
-            :class:`~rotary.positions.Positions` with ids ``[B, S, 3]`` (the library's N-D order).
+            :class:`~rotary.positions.Positions` with ids ``[B, S, A]`` (the library's N-D order).
         """
+        a = self.num_axes
         if isinstance(position_ids, MultimodalPositions):
             return position_ids.positions
         if isinstance(position_ids, Positions):
-            if position_ids.axes != 3:
-                raise InputError(_one_d_message(f"Positions with {position_ids.axes} axis/axes"))
+            if position_ids.axes != a:
+                raise InputError(_one_d_message(f"Positions with {position_ids.axes} axis/axes", a))
             return position_ids
         if not isinstance(position_ids, torch.Tensor):
             raise InputTypeError(
-                f"M-RoPE positions must be an integer tensor [3, B, S], got {type(position_ids).__name__}"
+                f"M-RoPE positions must be an integer tensor [{a}, B, S], got {type(position_ids).__name__}"
             )
         if position_ids.dim() in (1, 2):
-            raise InputError(_one_d_message(f"shape {tuple(position_ids.shape)}"))
-        if position_ids.dim() != 3 or position_ids.shape[0] != 3:
+            raise InputError(_one_d_message(f"shape {tuple(position_ids.shape)}", a))
+        if position_ids.dim() != 3 or position_ids.shape[0] != a:
             raise InputError(
-                f"M-RoPE positions must be [3, B, S] (temporal, height, width ids per token), got shape "
+                f"M-RoPE positions must be [{a}, B, S] ({_AXES_WORDS.get(a, 'one id per axis')} per token), got shape "
                 f"{tuple(position_ids.shape)}"
             )
-        return P.from_ids(position_ids.permute(1, 2, 0), axes=3)
+        return P.from_ids(position_ids.permute(1, 2, 0), axes=a)
 
     def tables(
         self, positions: torch.Tensor | Positions | MultimodalPositions, *, dtype: torch.dtype = torch.float32
@@ -339,12 +394,13 @@ class MRoPE(nn.Module):
         """
         if position_ids is None:
             raise InputError(
-                "M-RoPE rotates tokens by three ids (temporal, height, width): pass position_ids [3, B, S], from "
+                f"M-RoPE rotates tokens by {_COUNT.get(self.num_axes, self.num_axes)} ids "
+                f"({_AXES_WORDS.get(self.num_axes, 'one per axis')}): pass position_ids [{self.num_axes}, B, S], from "
                 "rotary.multimodal_positions(...) for a prompt and its .continuation(n) for the next tokens, or "
-                "ids.expand(3, B, S) for text"
+                f"ids.expand({self.num_axes}, B, S) for text"
             )
         positions = self.positions(position_ids)
-        P.from_ids(positions, batch=batch, seq_len=seq_len, axes=3, name="M-RoPE position_ids")
+        P.from_ids(positions, batch=batch, seq_len=seq_len, axes=self.num_axes, name="M-RoPE position_ids")
         return self.tables(positions.to(device), dtype=dtype)
 
     def forward(
@@ -382,248 +438,13 @@ class MRoPE(nn.Module):
         return q, k
 
 
-def _one_d_message(what: str) -> str:
+_AXES_WORDS = {3: "temporal, height, width ids", 4: "position, width, height, image ids (XD-RoPE)"}
+_COUNT = {3: "three", 4: "four"}
+
+
+def _one_d_message(what: str, axes: int = 3) -> str:
     return (
-        f"M-RoPE needs positions [3, B, S] (temporal, height, width ids per token), got 1-D positions ({what}); "
-        "for text only give each token three equal ids, position_ids.expand(3, B, S), or build them with "
-        "rotary.variants.multimodal_positions(...)"
+        f"M-RoPE needs positions [{axes}, B, S] ({_AXES_WORDS.get(axes, 'one id per axis')} per token), got 1-D "
+        f"positions ({what}); for text only give each token {_COUNT.get(axes, axes)} equal ids, position_ids.expand("
+        f"{axes}, B, S), or build them with rotary.variants.multimodal_positions(...)"
     )
-
-
-# ------------------------------------------------------------------------------------------------
-# positions of text, images and videos
-
-
-@dataclass(frozen=True)
-class MultimodalPositions:
-    """M-RoPE position ids of one batch of sequences, and where each sequence continues.
-
-    Attributes:
-        position_ids: int64 ``[3, B, S]`` (t, h, w); padding gets 0.
-        next_position: int64 ``[B]``: the position of the next token of each row, one past the
-            largest id of its tokens (text after the prompt continues from there on all three axes).
-        rope_deltas: int64 ``[B, 1]``: ``next_position`` minus the row's real (unpadded) token count,
-            transformers' ``rope_deltas``.
-        bound: a host int, every id ``< bound`` (the largest ``next_position``).
-
-    Example:
-        >>> types = torch.tensor([[0, 0, 1, 1, 1, 1, 0]])          # text, a 2 x 2 image, text
-        >>> mp = multimodal_positions(types, image_grid_thw=torch.tensor([[1, 4, 4]]), spatial_merge_size=2)
-        >>> mp.position_ids[:, 0].tolist()
-        [[0, 1, 2, 2, 2, 2, 4], [0, 1, 2, 2, 3, 3, 4], [0, 1, 2, 3, 2, 3, 4]]
-        >>> mp.next_position.tolist(), mp.rope_deltas.tolist()
-        ([5], [[-2]])
-        >>> mp.continuation(2).position_ids[:, 0].tolist()
-        [[5, 6], [5, 6], [5, 6]]
-    """
-
-    position_ids: torch.Tensor
-    next_position: torch.Tensor
-    rope_deltas: torch.Tensor
-    bound: int
-
-    @property
-    def positions(self) -> Positions:
-        """The ids as 3-axis :class:`~rotary.positions.Positions` (``[B, S, 3]``), for :meth:`MRoPE.tables`."""
-        return Positions.unchecked(self.position_ids.permute(1, 2, 0), self.bound, axes=3)
-
-    def continuation(self, seq_len: int) -> MultimodalPositions:
-        """Positions of ``seq_len`` further tokens of every row (text: three equal ids), e.g. decoding steps.
-
-        The result continues in turn; ``rope_deltas`` are unchanged (the new tokens are text).
-        """
-        check_positive_int(seq_len, "seq_len")
-        steps = torch.arange(seq_len, device=self.next_position.device)
-        ids = (self.next_position[:, None] + steps).expand(3, -1, -1)  # [3, B, S]
-        return MultimodalPositions(ids, self.next_position + seq_len, self.rope_deltas, self.bound + seq_len)
-
-
-def _runs(kinds: list[int]) -> Iterator[tuple[int, int, int]]:
-    """``(kind, start, length)`` of each run of equal values."""
-    start = 0
-    for i in range(1, len(kinds) + 1):
-        if i == len(kinds) or kinds[i] != kinds[start]:
-            yield kinds[start], start, i - start
-            start = i
-
-
-def _grids(grid_thw: torch.Tensor | None, name: str) -> torch.Tensor:
-    if grid_thw is None:
-        return torch.zeros(0, 3, dtype=torch.int64)
-    if not isinstance(grid_thw, torch.Tensor) or grid_thw.dim() != 2 or grid_thw.shape[-1] != 3:
-        raise InputError(f"{name} must be an integer tensor [N, 3] of (t, h, w) per item, got {grid_thw!r:.80}")
-    if (
-        grid_thw.is_floating_point()
-        or grid_thw.is_complex()
-        or grid_thw.dtype == torch.bool
-        or bool((grid_thw <= 0).any())
-    ):
-        raise InputError(
-            f"{name} must hold positive integer (t, h, w) sizes, got {grid_thw.tolist()} ({grid_thw.dtype})"
-        )
-    return grid_thw.detach().to("cpu", torch.int64)
-
-
-def multimodal_positions(
-    token_types: torch.Tensor,
-    *,
-    image_grid_thw: torch.Tensor | None = None,
-    video_grid_thw: torch.Tensor | None = None,
-    spatial_merge_size: int = 2,
-    attention_mask: torch.Tensor | None = None,
-    tokens_per_second: float | None = None,
-    second_per_grid_ts: torch.Tensor | Sequence[float] | None = None,
-    split_video_frames: bool = False,
-    text_after_vision: Literal["grid", "max"] = "grid",
-) -> MultimodalPositions:
-    """M-RoPE ids ``[3, B, S]`` of a batch of text, image and video tokens (transformers' ``get_rope_index``).
-
-    Each run of text tokens counts on from the current position on all three axes. Each run of
-    image (video) tokens takes the next ``image_grid_thw`` (``video_grid_thw``) entry, in order over
-    the whole batch: its ``t x (h/m) x (w/m)`` tokens (``m = spatial_merge_size``) get the temporal id
-    ``start + τ(j)`` and height/width ids ``start + y``, ``start + x``, in row-major order; the run after
-    it starts at ``start + max(h, w) / m`` (``text_after_vision="grid"``). ``τ(j) = j`` except for
-    Qwen2.5-VL's videos, which are aligned to time: ``τ(j) = int(j · tokens_per_second ·
-    second_per_grid_ts[v])`` (fp32 product truncated, as transformers does).
-
-    ``"grid"`` is what transformers 5.23 computes. Qwen's release code (and transformers 4.x) starts
-    the text after a vision run one past the largest id so far (``text_after_vision="max"``). The two
-    agree for images and single frames, and differ for videos whose temporal ids run past their
-    height and width ids (Qwen2.5-VL's time-aligned videos, Qwen2-VL videos with more frames than rows
-    or columns). Either way the next token after the whole prompt goes one past the largest id.
-
-    Settings per model: Qwen2-VL: the defaults. Qwen2.5-VL: ``tokens_per_second`` from
-    ``vision_config.tokens_per_second`` and the processor's ``second_per_grid_ts``. Qwen3-VL:
-    ``split_video_frames=True`` (each video frame is its own run, frames separated by timestamp text).
-
-    Args:
-        token_types: integer ``[B, S]``: 0 text, 1 image, 2 video (the processor's ``mm_token_type_ids``;
-            from ids: ``(input_ids == image_token_id) + 2 * (input_ids == video_token_id)``).
-        image_grid_thw: ``[N_images, 3]`` patch grids (t, h, w) before merging.
-        video_grid_thw: ``[N_videos, 3]``.
-        spatial_merge_size: ``m`` (``vision_config.spatial_merge_size``; 2 in every Qwen-VL model).
-        attention_mask: ``[B, S]`` 1 token / 0 padding; padding gets id 0 and is skipped.
-        tokens_per_second: Qwen2.5-VL's temporal alignment (``None``: frames step by 1).
-        second_per_grid_ts: seconds per temporal grid step of each video (default 1 each).
-        split_video_frames: Qwen3-VL: a video of ``t`` frames is ``t`` grids ``(1, h, w)``.
-        text_after_vision: ``"grid"`` (transformers 5.23) or ``"max"`` (Qwen's release code), see above.
-
-    Returns:
-        :class:`MultimodalPositions` on ``token_types``' device.
-
-    Raises:
-        rotary.errors.InputError: token types other than 0/1/2; a run of vision tokens whose length is not its
-            grid's token count, or with no grid left; grids left over; a bad mask.
-    """
-    if (
-        not isinstance(token_types, torch.Tensor)
-        or token_types.dim() != 2
-        or token_types.is_floating_point()
-        or token_types.is_complex()
-        or token_types.dtype == torch.bool
-    ):
-        raise InputError(
-            f"token_types must be an integer tensor [B, S] (0 text, 1 image, 2 video), got {token_types!r:.80}"
-        )
-    if bool(((token_types < 0) | (token_types > 2)).any()):
-        raise InputError(
-            f"token_types must hold 0 (text), 1 (image) or 2 (video), got values {token_types.unique().tolist()}"
-        )
-    check_positive_int(spatial_merge_size, "spatial_merge_size")
-    check_bool(split_video_frames, "split_video_frames")
-    check_choice(text_after_vision, "text_after_vision", ("grid", "max"))
-    if tokens_per_second is not None and (not is_number(tokens_per_second) or tokens_per_second <= 0):
-        raise InputError(f"tokens_per_second must be a number > 0 (Qwen2.5-VL) or None, got {tokens_per_second!r}")
-    batch, seq_len = token_types.shape
-    if attention_mask is None:
-        keep = torch.ones(batch, seq_len, dtype=torch.bool)
-    else:
-        keep = P.check_attention_mask(attention_mask).to("cpu")
-        if keep.shape != token_types.shape:
-            raise InputError(
-                f"attention_mask must match token_types {tuple(token_types.shape)}, got {tuple(keep.shape)}"
-            )
-    grids = {1: _grids(image_grid_thw, "image_grid_thw"), 2: _grids(video_grid_thw, "video_grid_thw")}
-    seconds: list[torch.Tensor] = []
-    if second_per_grid_ts is not None:
-        seconds = list(torch.as_tensor(second_per_grid_ts).reshape(-1).unbind())
-        if len(seconds) != grids[2].shape[0]:
-            raise InputError(
-                f"second_per_grid_ts has {len(seconds)} entries but video_grid_thw {grids[2].shape[0]} videos"
-            )
-        if tokens_per_second is None:
-            raise InputError(
-                "second_per_grid_ts is given but tokens_per_second is None, so the seconds would be ignored; pass "
-                "tokens_per_second (Qwen2.5-VL: vision_config.tokens_per_second) or drop second_per_grid_ts"
-            )
-        for v, second in enumerate(seconds):
-            if (
-                second.dtype == torch.bool
-                or second.is_complex()
-                or not (math.isfinite(float(second)) and float(second) > 0)
-            ):
-                raise InputError(
-                    f"second_per_grid_ts[{v}] must be a finite number of seconds > 0, got {second.item()!r}"
-                )
-    if split_video_frames:  # Qwen3-VL: frame j of a video is a grid (1, h, w) of its own
-        grids[2] = torch.repeat_interleave(grids[2], grids[2][:, 0], dim=0)
-        grids[2][:, 0] = 1
-    used = {1: 0, 2: 0}
-    names = {1: "image", 2: "video"}
-    types_cpu = token_types.detach().to("cpu")
-    position_ids = torch.zeros(3, batch, seq_len, dtype=torch.int64)
-    next_position = torch.zeros(batch, dtype=torch.int64)
-    rope_deltas = torch.zeros(batch, 1, dtype=torch.int64)
-    for b in range(batch):
-        kept = keep[b].nonzero().flatten()
-        pieces, current = [], 0
-        for kind, start, length in _runs(types_cpu[b, kept].tolist()):
-            if kind == 0:
-                pieces.append((torch.arange(length) + current).expand(3, -1))
-                current += length
-                continue
-            if used[kind] == grids[kind].shape[0]:
-                raise InputError(
-                    f"row {b} has a run of {length} {names[kind]} tokens at index {int(kept[start])} but no "
-                    f"{names[kind]}_grid_thw entry is left ({grids[kind].shape[0]} given)"
-                )
-            t, h, w = grids[kind][used[kind]].tolist()
-            if h % spatial_merge_size or w % spatial_merge_size:
-                raise InputError(
-                    f"{names[kind]}_grid_thw entry {used[kind]} is {[t, h, w]}: its height and width must be multiples of "
-                    f"spatial_merge_size={spatial_merge_size} (the vision tower merges {spatial_merge_size} x "
-                    f"{spatial_merge_size} patches into one token)"
-                )
-            h, w = h // spatial_merge_size, w // spatial_merge_size
-            if t * h * w != length:
-                raise InputError(
-                    f"row {b}: the run of {length} {names[kind]} tokens at index {int(kept[start])} does not match its "
-                    f"{names[kind]}_grid_thw {grids[kind][used[kind]].tolist()}, which gives t * (h/{spatial_merge_size}) "
-                    f"* (w/{spatial_merge_size}) = {t * h * w} tokens"
-                )
-            steps = torch.arange(t)
-            if kind == 2 and tokens_per_second is not None:  # Qwen2.5-VL: temporal ids follow time
-                second = seconds[used[kind]] if seconds else 1
-                if not (t - 1) * tokens_per_second * float(second) < 2**53:
-                    raise InputError(
-                        f"video {used[kind]}: {t} temporal steps at tokens_per_second={tokens_per_second!r} x "
-                        f"second_per_grid_ts={float(second)!r} give temporal ids beyond 2**53, which positions cannot hold"
-                    )
-                steps = (steps * (tokens_per_second * second)).long()
-            used[kind] += 1
-            grid = torch.stack(torch.meshgrid(steps, torch.arange(h), torch.arange(w), indexing="ij")).reshape(3, -1)
-            pieces.append(grid + current)
-            current = current + max(h, w) if text_after_vision == "grid" else int(pieces[-1].max()) + 1
-        row = torch.cat(pieces, dim=1) if pieces else torch.zeros(3, 0, dtype=torch.int64)
-        position_ids[:, b, kept] = row
-        next_position[b] = int(row.max()) + 1 if row.numel() else 0
-        rope_deltas[b, 0] = next_position[b] - kept.numel()
-    for kind in (1, 2):
-        if used[kind] != grids[kind].shape[0]:
-            raise InputError(
-                f"{names[kind]}_grid_thw holds {grids[kind].shape[0]} {'frames' if kind == 2 and split_video_frames else 'entries'} "
-                f"but the token types hold only {used[kind]} {names[kind]} runs"
-            )
-    device = token_types.device
-    bound = int(next_position.max()) if batch else 0
-    return MultimodalPositions(position_ids.to(device), next_position.to(device), rope_deltas.to(device), bound)

@@ -506,7 +506,7 @@ def _build(settings: RopeSettings, args: argparse.Namespace, layer_type: str | N
 
         try:
             mrope = MRoPE(
-                head_dim, mrope_section=settings.mrope_section, mrope_interleaved=settings.mrope_interleaved, base=base,
+                head_dim, mrope_section=settings.mrope_section, mrope_layout=settings.mrope_layout, base=base,
                 rotary_dim=rotary_dim, scaling=scaling or None, interleaved=interleaved,
             )  # fmt: skip
         except InputError as exc:  # e.g. --head-dim that the config's mrope_section does not fit

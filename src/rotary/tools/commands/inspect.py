@@ -63,10 +63,10 @@ def layer_details(path: str | None, layer_type: str | None, context: int) -> dic
     s = read_hf_config(path, layer_type=layer_type)
     out: dict[str, Any] = {}
     if s.mrope_section is not None:
-        mrope = MRoPE(s.head_dim, mrope_section=s.mrope_section, mrope_interleaved=s.mrope_interleaved, base=s.base,
+        mrope = MRoPE(s.head_dim, mrope_section=s.mrope_section, mrope_layout=s.mrope_layout, base=s.base,
                       rotary_dim=s.rotary_dim, scaling=s.scaling, interleaved=s.interleaved)  # fmt: skip
         out["mrope"] = {
-            "mrope_section": list(s.mrope_section), "layout": "interleaved" if s.mrope_interleaved else "chunked",
+            "mrope_section": list(s.mrope_section), "layout": s.mrope_layout,
             "axes": mrope.slot_axes(),
         }  # fmt: skip
     if s.rope_layers is not None:
@@ -134,7 +134,7 @@ def render(
     if axes:
         m = details["mrope"]
         out.print(f"[bold]multimodal RoPE[/] mrope_section {m['mrope_section']} ({m['layout']}): pairs by axis "
-                  f"(T temporal, H height, W width) {_runs(axes)}")  # fmt: skip
+                  f"({'T temporal, H height, W width' if 'T' in axes else 'XD-RoPE axis numbers'}) {_runs(axes)}")  # fmt: skip
     if "nope_layers" in details:
         layers = details["nope_layers"]
         shown = ", ".join(map(str, layers)) if layers else "none"

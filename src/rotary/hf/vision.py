@@ -74,18 +74,38 @@ VISION_ROPE: dict[str, str] = {
 _WIDTH = {"qwen2_vl_vision": "embed_dim"}
 #: model_type -> the spatial merge its positions use whatever the config says (transformers passes 1)
 _MERGE_ONE = {"paddleocr_vl_vision", "kimi_k25_vision"}
+#: keys a checkpoint's config may leave out -> transformers' config-class defaults (checked by the tests)
+CONFIG_DEFAULTS: dict[str, dict[str, int]] = {
+    **{
+        t: {"spatial_merge_size": 2}
+        for t in VISION_ROPE
+        if VISION_ROPE[t] in ("qwen_vl", "minimax") and t not in _MERGE_ONE
+    },
+    **{
+        t: {"spatial_merge_size": 2, "window_size": 112, "patch_size": 14}
+        for t in VISION_ROPE
+        if VISION_ROPE[t] == "qwen_vl_window"
+    },
+}
 #: form -> (rope_type accepted, default rope_theta)
 _ROPE_TYPE = {"llama4": "default", "dinov3": None, "sam3": "axial"}
 _DEFAULT_THETA = {"dinov3": 100.0}
 
-_AUDIO = "audio encoder: 1-D RoPE over audio frames, built by RoPE(head_dim) over frame positions; not read from its config yet"
-_VIDEO = "video encoder: 3-D RoPE over (t, h, w) of video patches; not built from its config yet"
-_SEGMENT = "segmentation / tracking part (mask decoder, prompt encoder, memory attention): 2-D RoPE over feature maps; not built yet"
-_CODEC = "audio codec / vocoder / speech tokenizer: 1-D RoPE over frames inside the codec; not built yet"
-_VISION_LATER = "vision encoder: axial RoPE over image patches; not built from its config yet"
-_NO_ROPE_TOWER = "applies no RoPE itself (the RoPE in its modeling file belongs to another part of the model)"
-_WRAPPER = "a wrapper of several parts; build the RoPE of each part from its own sub-config"
-_OTHER = "not an encoder of images or audio (matching, time series, diffusion); its RoPE is not built yet"
+_AUDIO = "audio encoder: RoPE over audio frames; not built from its config yet"
+_VIDEO = "video encoder: RoPE over video positions; not built from its config yet"
+_SEGMENT = (
+    "segmentation / tracking part (mask decoder, prompt encoder, memory attention): RoPE over feature-map "
+    "positions; not built yet"
+)
+_CODEC = "audio codec / vocoder / speech tokenizer: RoPE over frames inside the codec; not built yet"
+_VISION_LATER = "vision encoder: RoPE over image patches; not built from its config yet"
+_GEMMA4 = (
+    "vision encoder: rotates each axis's half of the head with its own half pairing (pairs (i, i + D/4) "
+    "within each half), a channel layout no AxialRoPE form gives yet; not built"
+)
+_NO_ROPE_TOWER = "no RoPE in this part: the RoPE in its modeling file belongs to another part of the model"
+_WRAPPER = "wrapper: a model of several parts; build the RoPE of each part from its own sub-config"
+_OTHER = "other encoder (byte patches, feature matching, time series, an assistant model): its RoPE is not built yet"
 
 #: model_type -> why :func:`vision_rope` does not build it (category first). Every RoPE-applying model
 #: type that is not a text decoder and not in :data:`VISION_ROPE` is here (checked by the tests).
@@ -122,7 +142,7 @@ ENCODER_STATUS: dict[str, str] = {
         (
             "cohere_compass_vision cosmos3_edge_vision deepseek_ocr2_encoder deepseek_ocr2_sam_vision_model "
             "deepseek_ocr2_vision dots3_note_vision_encoder exaone4_5_vision gemma3n_vision gemma4_unified_vision "
-            "gemma4_vision granite_docling_vision inkling2_vision lfm3_vl_vision mlcd mlcd_vision_model molmo2_vision "
+            "granite_docling_vision inkling2_vision lfm3_vl_vision mlcd mlcd_vision_model molmo2_vision "
             "muse_glimmer_vision muse_spark_vision phi4_multimodal_vision sam3_vision_model sapiens2 step3p5_vision "
             "unlimited_ocr_sam_vision_model unlimited_ocr_vision unlimited_ocr_vision_encoder video_llama_3_vision"
         ).split(),
@@ -130,14 +150,16 @@ ENCODER_STATUS: dict[str, str] = {
     ),
     **dict.fromkeys(
         (
-            "blt_global_transformer chameleon_vqgan emu3_vqgan glm_image_vision glm_image_vqmodel hunyuan_vl_vision "
-            "idefics_perciever idefics_vision mllama_vision_model "
-            "molmo2_adapter muse_glimmer_assistant sapiens2_head t5_gemma_module"
+            "chameleon_vqgan emu3_vqgan glm_image_vision glm_image_vqmodel hunyuan_vl_vision idefics_perciever "
+            "idefics_vision mllama_vision_model molmo2_adapter sapiens2_head t5_gemma_module"
         ).split(),
         _NO_ROPE_TOWER,
     ),
     **dict.fromkeys("qwen2_5_omni qwen3_omni_moe sam3".split(), _WRAPPER),
-    **dict.fromkeys("efficientloftr lightglue timesfm2_5".split(), _OTHER),
+    **dict.fromkeys(
+        "blt_global_transformer efficientloftr lightglue muse_glimmer_assistant timesfm2_5".split(), _OTHER
+    ),
+    "gemma4_vision": _GEMMA4,
 }
 
 
@@ -186,7 +208,7 @@ def _int(d: Mapping[str, Any], keys: Sequence[str], label: str) -> int:
             if not is_int(value) or value <= 0:
                 raise ConfigError(f"{label}: {key} must be a positive int, got {value!r}")
             return int(value)
-    raise ConfigError(f"{label}: the config has none of {', '.join(keys)}; rotary needs it to size the heads")
+    raise ConfigError(f"{label}: the config has none of {', '.join(keys)}; the tower's RoPE depends on it")
 
 
 def _head_dim(d: Mapping[str, Any], model_type: str, label: str) -> int:
@@ -234,6 +256,9 @@ def vision_rope(config: Any) -> VisionRoPE:
     Returns:
         :class:`VisionRoPE`: ``.tables(grid)`` gives what the model's attention applies, ``.positions(grid)``
         the coordinates of its tokens in the model's order, ``.rope`` the :class:`~rotary.variants.AxialRoPE`.
+        It is in eval mode, as a loaded model; ``.train()`` turns on the coordinate augmentation a DINOv3
+        config names (``pos_embed_shift``, ``pos_embed_jitter``, ``pos_embed_rescale``), as the model's
+        training does (its own random draws, not transformers').
 
     Raises:
         rotary.errors.ConfigError: a text model (use :meth:`rotary.RoPE.from_hf_config`), an encoder not
@@ -248,6 +273,7 @@ def vision_rope(config: Any) -> VisionRoPE:
     model_type = d.get("model_type")
     if model_type not in VISION_ROPE:
         raise _refuse(model_type)
+    d = {**CONFIG_DEFAULTS.get(model_type, {}), **{k: v for k, v in d.items() if v is not None}}
     form = VISION_ROPE[model_type]
     label = f"vision_rope({model_type})"
     head_dim = _head_dim(d, model_type, label)
@@ -255,7 +281,7 @@ def vision_rope(config: Any) -> VisionRoPE:
     merge, window, temporal = 1, None, False
     if form in ("qwen_vl", "qwen_vl_window", "kimi", "minimax"):
         if model_type not in _MERGE_ONE:
-            merge = _int(d, ("spatial_merge_size",), label) if "spatial_merge_size" in d else 2
+            merge = _int(d, ("spatial_merge_size",), label)
     if form == "minimax":
         channels = 2 * ((head_dim // 3) // 2)  # per axis, as the model's rotary embedding
         if channels == 0:
@@ -307,7 +333,8 @@ def vision_rope(config: Any) -> VisionRoPE:
         if not (is_int(image) and is_int(patch) and 0 < patch <= image):
             raise ConfigError(f"{label}: image_size and patch_size must be ints with patch_size <= image_size")
         fixed = (image // patch, image // patch)
-    return VisionRoPE(model_type, form, rope, merge_size=merge, window=window, temporal=temporal, fixed_grid=fixed)
+    producer = VisionRoPE(model_type, form, rope, merge_size=merge, window=window, temporal=temporal, fixed_grid=fixed)
+    return producer.eval()  # as a loaded model: DINOv3's coordinate augmentation only after .train()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -356,10 +383,14 @@ class VisionRoPE(nn.Module):
     def _rows(self, grid: Any) -> list[tuple[int, int, int]]:
         if isinstance(grid, torch.Tensor):
             if grid.dtype.is_floating_point or grid.dtype == torch.bool or grid.dim() not in (1, 2):
-                raise InputError(f"grid must be integer rows (t, h, w) or (h, w), got a {grid.dtype} tensor {tuple(grid.shape)}")
+                raise InputError(
+                    f"grid must be integer rows (t, h, w) or (h, w), got a {grid.dtype} tensor {tuple(grid.shape)}"
+                )
             grid = grid.tolist()
         if isinstance(grid, (str, bytes)) or not isinstance(grid, Sequence) or not len(grid):
-            raise InputError(f"grid must be rows (t, h, w) or (h, w) of patches, one per image or video; got {grid!r:.80}")
+            raise InputError(
+                f"grid must be rows (t, h, w) or (h, w) of patches, one per image or video; got {grid!r:.80}"
+            )
         if all(is_int(v) for v in grid):
             grid = [grid]  # one row
         rows = []
@@ -440,7 +471,9 @@ class VisionRoPE(nn.Module):
             values = values.reshape(blocks, m * m, -1)[order].reshape(values.shape)
         return self.rope.coordinates(values)
 
-    def tables(self, grid: Any = None, *, prefix: int | None = None, dtype: torch.dtype = torch.float32) -> RotaryTables:
+    def tables(
+        self, grid: Any = None, *, prefix: int | None = None, dtype: torch.dtype = torch.float32
+    ) -> RotaryTables:
         """The tables the tower's attention applies to its tokens (see :meth:`positions`).
 
         Returns:

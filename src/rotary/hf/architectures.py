@@ -95,7 +95,7 @@ _UNVERIFIED = (
 UNSUPPORTED: dict[str, str] = {
     **dict.fromkeys(
         (
-            "blt_global_transformer chameleon_vqgan cohere_compass_vision cosmos3_edge_vision deepseek_ocr2_encoder "
+            "blt_global_transformer chameleon_vqgan cosmos3_edge_vision deepseek_ocr2_encoder "
             "deepseek_ocr2_sam_vision_model deepseek_ocr2_vision dots3_note_audio_encoder "
             "dots3_note_vision_encoder edgetam_video edgetam_video_mask_decoder edgetam_video_prompt_encoder "
             "efficientloftr emu3_vqgan exaone4_5_vision gemma3n_audio gemma3n_vision "

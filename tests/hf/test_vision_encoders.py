@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import rotary
-from rotary.hf import architectures, vision
+from rotary.hf import architectures, patching, vision
 from rotary.hf.vision import ENCODER_STATUS, FORMS, VISION_ROPE, vision_rope
 
 transformers = pytest.importorskip("transformers")
@@ -134,8 +134,8 @@ class NoLoss(torch.nn.Module):
 
 
 @functools.cache
-def recorded(model_type: str):
-    """The tiny tower, its inputs, and every (args, outputs) of its apply function in one forward."""
+def tower(model_type: str):
+    """The tiny tower (built once per test module), its modeling module and its inputs."""
     module, cls = _model_class(model_type)
     config = _config(model_type)
     torch.manual_seed(0)
@@ -147,6 +147,14 @@ def recorded(model_type: str):
     finally:
         if loss is not None:
             module.EomtDinov3Loss = loss
+    return module, model, _inputs(model_type, config, torch.Generator().manual_seed(1))
+
+
+@functools.cache
+def recorded(model_type: str):
+    """The tower's config, its inputs, and every (args, outputs) of its apply function in one forward."""
+    module, model, inputs = tower(model_type)
+    config = model.config
     name = APPLY[VISION_ROPE[model_type]][0]
     real = getattr(module, name)
     calls = []
@@ -157,7 +165,6 @@ def recorded(model_type: str):
         calls.append((tuple(bound.arguments.values()), out))  # q, k, then the tables, however they were passed
         return out
 
-    inputs = _inputs(model_type, config, torch.Generator().manual_seed(1))
     setattr(module, name, recording)
     try:
         with torch.no_grad():
@@ -302,3 +309,62 @@ def test_bad_grids_say_what_to_give(grid, match):
     rope = vision_rope({"model_type": "qwen3_vl_vision", "hidden_size": 64, "num_heads": 4})
     with pytest.raises(rotary.InputError, match=match):
         rope.tables(grid)
+
+
+# ---- rotary.hf.patch on the towers that rotate through apply_rotary_pos_emb_vision ----------------
+PATCHED = sorted(t for t in VISION_ROPE if t in patching.SUPPORTED)
+
+
+def test_patch_covers_the_apply_rotary_pos_emb_vision_towers():
+    """Every tower whose modeling module has apply_rotary_pos_emb_vision in transformers' own form is patchable."""
+    want = {t for t, form in VISION_ROPE.items() if form in ("qwen_vl", "qwen_vl_window", "kimi")}
+    assert want <= set(PATCHED)
+    reference = inspect.getsource(tower("qwen2_vl_vision")[0].apply_rotary_pos_emb_vision)
+    for model_type in want:
+        module = importlib.import_module(patching.SUPPORTED[model_type].module)
+        assert inspect.getsource(module.apply_rotary_pos_emb_vision) == reference, model_type
+
+
+@pytest.mark.parametrize("model_type", PATCHED)
+def test_patched_tower_outputs_equal_unpatched(model_type, monkeypatch):
+    module, model, inputs = tower(model_type)
+    calls = []
+    real = patching.rotate
+
+    def counting(xs, *args, **kwargs):
+        calls.append(len(xs))
+        return real(xs, *args, **kwargs)
+
+    monkeypatch.setattr(patching, "rotate", counting)
+    with torch.no_grad():
+        before = _call(model, model_type, inputs)
+        rotary.hf.patch(model)
+        try:
+            patched = _call(model, model_type, inputs)
+        finally:
+            rotary.hf.unpatch(model)
+        after = _call(model, model_type, inputs)
+    layers = len(recorded(model_type)[2])
+    assert calls == [2] * layers  # q and k of every block went through rotary, in one call each
+    for name in ("last_hidden_state", "pooler_output"):
+        if getattr(before, name, None) is not None:
+            torch.testing.assert_close(getattr(patched, name), getattr(before, name), rtol=1e-5, atol=1e-5)
+            assert getattr(after, name).equal(getattr(before, name))
+
+
+def test_vision_replacement_equals_transformers_in_bf16(gen):
+    """The replacement against transformers' apply_rotary_pos_emb_vision on random q/k, fp32 and bf16,
+    strided [N, H, D] views (as the towers' unbind gives) and Kimi's [1, N, H, D]."""
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb_vision as theirs
+
+    ours = patching.SUPPORTED["qwen2_vl_vision"].replacements["apply_rotary_pos_emb_vision"]
+    cos_sin = vision_rope({"model_type": "qwen2_vl_vision", "embed_dim": 64, "num_heads": 4}).tables(GRID_THW)
+    n = cos_sin.cos.shape[0]
+    for dtype in (torch.float32, torch.bfloat16):
+        qkv = torch.randn(n, 3, 4, 16, generator=gen).to(dtype)
+        for q, k in ((qkv[:, 0], qkv[:, 1]), (qkv[None, :, 0], qkv[None, :, 1])):
+            got, want = ours(q, k, cos_sin.cos, cos_sin.sin), theirs(q, k, cos_sin.cos, cos_sin.sin)
+            for a, b in zip(got, want):
+                assert a.dtype == b.dtype == dtype and a.shape == b.shape
+                tol = 1e-6 if dtype == torch.float32 else 8e-3  # bf16: both round the fp32 result once
+                torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol)

@@ -131,6 +131,16 @@ def _apply_pixtral(q, k, cos, sin, unsqueeze_dim=1):
     return _apply_half(q, k, cos, sin, unsqueeze_dim)
 
 
+def _apply_vision(q, k, cos, sin):
+    """The Qwen-VL-style vision towers' ``apply_rotary_pos_emb_vision``: q, k ``[N, H, D]`` (the packed
+    patches of every image and video) or ``[1, N, H, D]`` (Kimi-K2.5), tables ``[N, D]`` in the half
+    layout, pairs (i, i + D/2); computed in fp32 and returned in q's dtype, as transformers does."""
+    if q.dim() == 3:
+        q, k = _apply_pair(q[None], k[None], cos, sin, interleaved=False, layout="bshd")
+        return q[0], k[0]
+    return _apply_pair(q, k, cos, sin, interleaved=False, layout="bshd")
+
+
 def _complex_tables(freqs: torch.Tensor) -> RotaryTables:
     """Tables of pairs (2i, 2i+1) from transformers' complex ``e^{iθ}`` (times any attention scaling)."""
     cos, sin = freqs.real.repeat_interleave(2, dim=-1), freqs.imag.repeat_interleave(2, dim=-1)
@@ -214,7 +224,7 @@ SUPPORTED: dict[str, _Family] = {
     "cohere": _Family("transformers.models.cohere.modeling_cohere", {"apply_rotary_pos_emb": _apply_interleaved}),
     "glm": _Family("transformers.models.glm.modeling_glm", {"apply_rotary_pos_emb": _apply_glm}),
     # multimodal RoPE: the text attention gets M-RoPE tables already laid out per slot, pairs (i, i + r/2);
-    # the vision towers rotate through another function (apply_rotary_pos_emb_vision), left as they are
+    # the vision towers' apply_rotary_pos_emb_vision is added below (_VISION_TOWERS)
     **{
         model_type: _half(name)
         for name in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
@@ -230,6 +240,42 @@ SUPPORTED: dict[str, _Family] = {
         for model_type in ("llama4", "llama4_text", "llama4_vision_model")
     },
 }
+
+# CPU, one thread, q/k [N, H, D] strided views as the towers give them: transformers' function 25-170 ms,
+# rotary's 3-21 ms (fp32 and bf16, N = 1024-4096 patches, D = 72-80; load average 12-14 on 2 cores while
+# measured, so ratios only). MiniMax-M3-VL's own apply (partial, in the tables' dtype) is not patched: untimed.
+#: transformers modeling module -> the model_types whose vision tower rotates q and k with its
+#: ``apply_rotary_pos_emb_vision`` (the same function in each: fp32, pairs (i, i + D/2)): the tower on its
+#: own, and the multimodal model holding it (whose text attention, where SUPPORTED has it, is patched too)
+_VISION_TOWERS = {
+    "qwen2_vl": ("qwen2_vl", "qwen2_vl_vision"),
+    "qwen2_5_vl": ("qwen2_5_vl", "qwen2_5_vl_vision"),
+    "qwen3_vl": ("qwen3_vl", "qwen3_vl_vision"),
+    "qwen3_vl_moe": ("qwen3_vl_moe", "qwen3_vl_moe_vision"),
+    "qwen3_5": ("qwen3_5", "qwen3_5_vision"),
+    "qwen3_5_moe": ("qwen3_5_moe", "qwen3_5_moe_vision"),
+    "qwen2_5_omni": ("qwen2_5_omni_vision_encoder",),
+    "qwen3_omni_moe": ("qwen3_omni_moe_vision_encoder",),
+    "qwen4_exp": ("qwen4_exp_vision",),
+    "glm4v": ("glm4v", "glm4v_vision"),
+    "glm4v_moe": ("glm4v_moe", "glm4v_moe_vision"),
+    "glm_ocr": ("glm_ocr", "glm_ocr_vision"),
+    "glm5_next": ("glm5_next_vision",),
+    "ernie4_5_vl_moe": ("ernie4_5_vl_moe", "ernie4_5_vl_moe_vision"),
+    "paddleocr_vl": ("paddleocr_vl", "paddleocr_vl_vision"),
+    "kimi_k25": ("kimi_k25", "kimi_k25_vision"),
+    "cohere_compass": ("cohere_compass_vision",),
+}
+for _name, _types in _VISION_TOWERS.items():
+    for _model_type in _types:
+        _module = f"transformers.models.{_name}.modeling_{_name}"
+        _text = SUPPORTED.get(_model_type)
+        if _text is not None and _text.module != _module:
+            continue  # a namesake in another module: leave that family as it is
+        _replacements = dict(_text.replacements) if _text is not None else {}
+        _replacements["apply_rotary_pos_emb_vision"] = _apply_vision
+        SUPPORTED[_model_type] = _Family(_module, _replacements, _text.qk_norm if _text is not None else None)
+del _name, _types, _model_type, _module, _text, _replacements
 
 _MARK = "_rotary_hf_patch"  # on a patched submodule: the instance ``forward`` it had before (or None)
 _NORM_MARK = "_rotary_hf_patch_norm"  # the same, on the q_norm / k_norm of a fused QK-norm attention
@@ -376,7 +422,10 @@ def patch(model: nn.Module) -> nn.Module:
         model: a transformers model of a type in :data:`SUPPORTED` (any head): Llama, Mistral, Mixtral,
             Qwen2, Qwen3, Qwen3-MoE, Phi-3, Gemma-3 (both layer types), GPT-NeoX, gpt-oss, DeepSeek-V3,
             GPT-J, Cohere or GLM, a Qwen2-VL, Qwen2.5-VL or Qwen3-VL model (its text attention), a
-            Pixtral vision tower (``PixtralVisionModel``), or a Llama 4 model (text, vision tower, or both).
+            Pixtral vision tower (``PixtralVisionModel``), or a Llama 4 model (text, vision tower, or both);
+            the vision towers that rotate through ``apply_rotary_pos_emb_vision`` (Qwen2-VL to Qwen3.5 and
+            Qwen-Omni, GLM-4V, GLM-OCR, GLM-5-Next, ERNIE-4.5-VL, PaddleOCR-VL, Kimi-K2.5, Cohere Compass),
+            on their own or inside their multimodal model (whose text attention is patched where listed above).
 
     Returns:
         ``model`` itself.

@@ -265,6 +265,7 @@ _VISION_TOWERS = {
     "paddleocr_vl": ("paddleocr_vl", "paddleocr_vl_vision"),
     "kimi_k25": ("kimi_k25", "kimi_k25_vision"),
     "cohere_compass": ("cohere_compass_vision",),
+    "exaone4_5": ("exaone4_5_vision",),
 }
 for _name, _types in _VISION_TOWERS.items():
     for _model_type in _types:
@@ -424,7 +425,8 @@ def patch(model: nn.Module) -> nn.Module:
             GPT-J, Cohere or GLM, a Qwen2-VL, Qwen2.5-VL or Qwen3-VL model (its text attention), a
             Pixtral vision tower (``PixtralVisionModel``), or a Llama 4 model (text, vision tower, or both);
             the vision towers that rotate through ``apply_rotary_pos_emb_vision`` (Qwen2-VL to Qwen3.5 and
-            Qwen-Omni, GLM-4V, GLM-OCR, GLM-5-Next, ERNIE-4.5-VL, PaddleOCR-VL, Kimi-K2.5, Cohere Compass),
+            Qwen-Omni, GLM-4V, GLM-OCR, GLM-5-Next, ERNIE-4.5-VL, PaddleOCR-VL, Kimi-K2.5, Cohere Compass,
+            EXAONE 4.5),
             on their own or inside their multimodal model (whose text attention is patched where listed above).
 
     Returns:

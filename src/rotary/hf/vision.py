@@ -61,7 +61,7 @@ VISION_ROPE: dict[str, str] = {
         ).split(),
         "qwen_vl",
     ),
-    **dict.fromkeys("qwen2_5_vl_vision qwen2_5_omni_vision_encoder".split(), "qwen_vl_window"),
+    **dict.fromkeys("qwen2_5_vl_vision qwen2_5_omni_vision_encoder exaone4_5_vision".split(), "qwen_vl_window"),
     "kimi_k25_vision": "kimi",
     "minimax_m3_vl_vision": "minimax",
     "pixtral": "pixtral",
@@ -141,7 +141,7 @@ ENCODER_STATUS: dict[str, str] = {
     **dict.fromkeys(
         (
             "cosmos3_edge_vision deepseek_ocr2_encoder deepseek_ocr2_sam_vision_model "
-            "deepseek_ocr2_vision dots3_note_vision_encoder exaone4_5_vision gemma3n_vision gemma4_unified_vision "
+            "deepseek_ocr2_vision dots3_note_vision_encoder gemma3n_vision gemma4_unified_vision "
             "granite_docling_vision inkling2_vision lfm3_vl_vision mlcd mlcd_vision_model molmo2_vision "
             "muse_glimmer_vision muse_spark_vision phi4_multimodal_vision sam3_vision_model sapiens2 step3p5_vision "
             "unlimited_ocr_sam_vision_model unlimited_ocr_vision unlimited_ocr_vision_encoder video_llama_3_vision"

@@ -88,6 +88,8 @@ def _config(model_type: str):
         kwargs.update(image_size=40, window_size=4, global_attn_indexes=[1], pretrain_image_size=40)
     if model_type == "dots3_note_vision_encoder":  # two dense layers (its default config is a 42-layer MoE)
         kwargs.update(mlp_layer_types=["dense", "dense"], per_layer_config={}, adapter_in_dim=64, adapter_out_dim=64)
+    if model_type == "lfm3_vl_vision":  # a short-convolution layer and an attention layer
+        kwargs.update(layer_types=["conv", "full_attention"], num_key_value_heads=2)
     if model_type == "exaone4_5_vision":  # grouped-query attention in the tower
         kwargs.update(num_key_value_heads=2)
     if model_type == "qwen2_5_omni_vision_encoder":
@@ -322,7 +324,7 @@ PATCHED = sorted(t for t in VISION_ROPE if t in patching.SUPPORTED)
 def test_patch_covers_the_apply_rotary_pos_emb_vision_towers():
     """Every tower whose modeling module has apply_rotary_pos_emb_vision in transformers' own form is patchable."""
     want = {t for t, form in VISION_ROPE.items() if form in ("qwen_vl", "qwen_vl_window", "kimi")}
-    assert len(want) == 19
+    assert len(want) == 20
     assert want <= set(PATCHED)
     reference = inspect.getsource(tower("qwen2_vl_vision")[0].apply_rotary_pos_emb_vision)
     for model_type in want:

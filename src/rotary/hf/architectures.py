@@ -102,7 +102,7 @@ UNSUPPORTED: dict[str, str] = {
             "gemma4_audio gemma4_unified_audio gemma4_unified_vision gemma4_vision "
             "glm_image_vision glm_image_vqmodel glmasr_encoder granite_docling_vision "
             "hunyuan_vl_vision idefics_perciever idefics_vision inkling2_vision lasr_ctc lasr_encoder "
-            "lfm3_vl_vision lightglue mimi mimi_decoder mimi_encoder mlcd "
+            "lightglue mimi mimi_decoder mimi_encoder mlcd "
             "mlcd_vision_model mllama_vision_model molmo2_adapter molmo2_vision moonshine_streaming_encoder "
             "muse_glimmer_assistant muse_glimmer_vision muse_spark_audio muse_spark_vision "
             "nemotron3_5_transcribe_asr_audio nemotron3_5_transcribe_audio nemotron3_5_transcribe_word_timestamp "

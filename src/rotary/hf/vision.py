@@ -57,7 +57,7 @@ VISION_ROPE: dict[str, str] = {
         (
             "qwen2_vl_vision qwen3_vl_vision qwen3_vl_moe_vision qwen3_5_vision qwen3_5_moe_vision "
             "qwen3_omni_moe_vision_encoder qwen4_exp_vision glm4v_vision glm4v_moe_vision glm_ocr_vision "
-            "glm5_next_vision ernie4_5_vl_moe_vision paddleocr_vl_vision cohere_compass_vision dots3_note_vision_encoder"
+            "glm5_next_vision ernie4_5_vl_moe_vision paddleocr_vl_vision cohere_compass_vision dots3_note_vision_encoder lfm3_vl_vision"
         ).split(),
         "qwen_vl",
     ),
@@ -142,7 +142,7 @@ ENCODER_STATUS: dict[str, str] = {
         (
             "cosmos3_edge_vision deepseek_ocr2_encoder deepseek_ocr2_sam_vision_model "
             "deepseek_ocr2_vision gemma3n_vision gemma4_unified_vision "
-            "granite_docling_vision inkling2_vision lfm3_vl_vision mlcd mlcd_vision_model molmo2_vision "
+            "granite_docling_vision inkling2_vision mlcd mlcd_vision_model molmo2_vision "
             "muse_glimmer_vision muse_spark_vision phi4_multimodal_vision sam3_vision_model sapiens2 step3p5_vision "
             "unlimited_ocr_sam_vision_model unlimited_ocr_vision unlimited_ocr_vision_encoder video_llama_3_vision"
         ).split(),

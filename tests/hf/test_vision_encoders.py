@@ -294,6 +294,20 @@ def test_bad_configs_name_the_producer_or_the_key(config, match):
         vision_rope(config)
 
 
+@pytest.mark.parametrize(
+    "make, model_type",
+    [
+        (lambda: transformers.Sam3Config(), "sam3_vit_model"),  # vision_config -> backbone_config
+        (lambda: transformers.Sam3Config().vision_config, "sam3_vit_model"),
+        (lambda: transformers.Qwen2_5OmniConfig().to_dict(), "qwen2_5_omni_vision_encoder"),  # thinker_config
+        (lambda: transformers.Qwen3OmniMoeConfig().to_dict(), "qwen3_omni_moe_vision_encoder"),
+    ],
+)
+def test_wrappers_give_their_vision_tower(make, model_type):
+    rope = vision_rope(make())
+    assert rope.model_type == model_type and rope.form == VISION_ROPE[model_type]
+
+
 def test_a_multimodal_config_gives_its_vision_tower():
     config = transformers.Qwen2_5_VLConfig(vision_config=dict(hidden_size=64, num_heads=4, depth=1))
     rope = vision_rope(config)

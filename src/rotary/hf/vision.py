@@ -104,7 +104,10 @@ _GEMMA4 = (
     "within each half), a channel layout no AxialRoPE form gives yet; not built"
 )
 _NO_ROPE_TOWER = "no RoPE in this part: the RoPE in its modeling file belongs to another part of the model"
-_WRAPPER = "wrapper: a model of several parts; build the RoPE of each part from its own sub-config"
+_WRAPPER = (
+    "wrapper: a model of several parts; vision_rope(config) builds its vision tower (vision_config, "
+    "backbone_config), the other parts from their own sub-configs"
+)
 _OTHER = "other encoder (byte patches, feature matching, time series, an assistant model): its RoPE is not built yet"
 
 #: model_type -> why :func:`vision_rope` does not build it (category first). Every RoPE-applying model
@@ -143,7 +146,7 @@ ENCODER_STATUS: dict[str, str] = {
             "cosmos3_edge_vision deepseek_ocr2_encoder deepseek_ocr2_sam_vision_model "
             "deepseek_ocr2_vision gemma3n_vision gemma4_unified_vision "
             "granite_docling_vision inkling2_vision mlcd mlcd_vision_model molmo2_vision "
-            "muse_glimmer_vision muse_spark_vision phi4_multimodal_vision sam3_vision_model sapiens2 step3p5_vision "
+            "muse_glimmer_vision muse_spark_vision phi4_multimodal_vision sapiens2 step3p5_vision "
             "unlimited_ocr_sam_vision_model unlimited_ocr_vision unlimited_ocr_vision_encoder video_llama_3_vision"
         ).split(),
         _VISION_LATER,
@@ -155,7 +158,7 @@ ENCODER_STATUS: dict[str, str] = {
         ).split(),
         _NO_ROPE_TOWER,
     ),
-    **dict.fromkeys("qwen2_5_omni qwen3_omni_moe sam3".split(), _WRAPPER),
+    **dict.fromkeys("qwen2_5_omni qwen3_omni_moe sam3 sam3_vision_model".split(), _WRAPPER),
     **dict.fromkeys(
         "blt_global_transformer efficientloftr lightglue muse_glimmer_assistant timesfm2_5".split(), _OTHER
     ),
@@ -177,10 +180,18 @@ def _as_dict(config: Any, label: str) -> dict[str, Any]:
 
 
 def _vision_part(config: Any) -> dict[str, Any]:
+    """The config of the tower: ``config`` itself, or the tower it wraps (a multimodal model's
+    ``vision_config``, a vision model's ``backbone_config`` as SAM 3 nests its ViT, Qwen-Omni's
+    ``thinker_config``)."""
     d = _as_dict(config, "vision_rope")
-    model_type = d.get("model_type")
-    if model_type not in VISION_ROPE and d.get("vision_config") is not None:
-        return _as_dict(d["vision_config"], "vision_rope: vision_config")  # a multimodal config
+    for _ in range(3):
+        if d.get("model_type") in VISION_ROPE:
+            return d
+        keys = ("vision_config", "backbone_config", "thinker_config")
+        key = next((k for k in keys if d.get(k) is not None), None)
+        if key is None:
+            return d
+        d = _as_dict(d[key], f"vision_rope: {key}")
     return d
 
 

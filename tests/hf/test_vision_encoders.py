@@ -111,7 +111,10 @@ def _inputs(model_type: str, config, gen: torch.Generator) -> dict:
             "kimi_k25_vision": (n, channels, p, p),  # one image of p x p pixels per patch
             "paddleocr_vl_vision": (1, n, channels, p, p),
         }.get(model_type, (n, channels * temporal * p * p))
-        return {"pixels": torch.randn(*shape, generator=gen), "grid_thw": grid}
+        inputs = {"pixels": torch.randn(*shape, generator=gen), "grid_thw": grid}
+        if model_type == "video_llama_3_vision":  # each image and video merged by its own size
+            inputs["merge_sizes"] = torch.tensor([2, 1, 2])
+        return inputs
     if form == "pixtral":  # two images, 3 x 5 and 4 x 2 patches, padded into one batch
         return {
             "pixel_values": torch.randn(2, 3, 4 * p, 5 * p, generator=gen),
@@ -126,7 +129,8 @@ def _inputs(model_type: str, config, gen: torch.Generator) -> dict:
 def _call(model, model_type: str, inputs: dict):
     if "pixels" in inputs:
         name = next(iter(inspect.signature(model.forward).parameters))
-        return model(**{name: inputs["pixels"], "grid_thw": inputs["grid_thw"]})
+        extra = {"merge_sizes": inputs["merge_sizes"]} if "merge_sizes" in inputs else {}
+        return model(**{name: inputs["pixels"], "grid_thw": inputs["grid_thw"]}, **extra)
     return model(**inputs)
 
 
@@ -215,7 +219,7 @@ def test_tables_and_rotation_match_the_model(model_type):
     for args, out in calls:
         q, k = args[0], args[1]
         grid, prefix = _grids(model_type, config, inputs, q, layout)
-        tables = rope.tables(grid, prefix=prefix, dtype=torch.float64)
+        tables = rope.tables(grid, prefix=prefix, merge_sizes=inputs.get("merge_sizes"), dtype=torch.float64)
         qb, kb = _as_bshd(q, layout).double(), _as_bshd(k, layout).double()
         assert tables.cos.shape[0] == qb.shape[1], (tables.cos.shape, qb.shape)
         q_rot, k_rot = rotary.rotate([qb, kb], tables, layout="bshd")
@@ -243,8 +247,8 @@ def test_positions_differ_per_axis_and_tables_are_the_models_cos_sin(model_type)
     cos, sin = cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1])
     grid, prefix = _grids(model_type, config, inputs, args[0], APPLY[form][1])
     rope = vision_rope(config)
-    coords = rope.positions(grid, prefix=prefix)
-    tables = rope.tables(grid, prefix=prefix)
+    coords = rope.positions(grid, prefix=prefix, merge_sizes=inputs.get("merge_sizes"))
+    tables = rope.tables(grid, prefix=prefix, merge_sizes=inputs.get("merge_sizes"))
     rows = tables.cos.shape[0] - cos.shape[0]  # DINOv3 hands over the patches' rows only
     assert rows == (prefix or 0)
     values = coords.values[rows:]
@@ -319,7 +323,7 @@ def test_a_multimodal_config_gives_its_vision_tower():
 @pytest.mark.parametrize(
     "grid, match",
     [
-        ([[1, 3, 4]], r"multiples of spatial_merge_size=2"),
+        ([[1, 3, 4]], r"multiples of the spatial merge size 2"),
         ([[1, 0, 4]], r"positive ints"),
         ("4x4", r"rows \(t, h, w\)"),
         (torch.ones(2, 3), r"integer rows"),
@@ -331,6 +335,17 @@ def test_bad_grids_say_what_to_give(grid, match):
         rope.tables(grid)
 
 
+def test_merge_sizes_are_given_where_the_tower_takes_them():
+    per_call = vision_rope({"model_type": "video_llama_3_vision", "hidden_size": 64, "num_attention_heads": 4})
+    with pytest.raises(rotary.InputError, match=r"give merge_sizes= with one positive int per grid row \(2\)"):
+        per_call.tables([[1, 4, 4], [1, 2, 2]])
+    with pytest.raises(rotary.InputError, match=r"multiples of the spatial merge size 4"):
+        per_call.tables([[1, 4, 4], [1, 2, 2]], merge_sizes=[1, 4])
+    fixed = vision_rope({"model_type": "qwen3_vl_vision", "hidden_size": 64, "num_heads": 4})
+    with pytest.raises(rotary.InputError, match=r"merges 2 x 2 blocks \(its config\)"):
+        fixed.tables([[1, 4, 4]], merge_sizes=[2])
+
+
 # ---- rotary.hf.patch on the towers that rotate through apply_rotary_pos_emb_vision ----------------
 PATCHED = sorted(t for t in VISION_ROPE if t in patching.SUPPORTED)
 
@@ -338,7 +353,7 @@ PATCHED = sorted(t for t in VISION_ROPE if t in patching.SUPPORTED)
 def test_patch_covers_the_apply_rotary_pos_emb_vision_towers():
     """Every tower whose modeling module has apply_rotary_pos_emb_vision in transformers' own form is patchable."""
     want = {t for t, form in VISION_ROPE.items() if form in ("qwen_vl", "qwen_vl_window", "kimi")}
-    assert len(want) == 20
+    assert len(want) == 21
     assert want <= set(PATCHED)
     reference = inspect.getsource(tower("qwen2_vl_vision")[0].apply_rotary_pos_emb_vision)
     for model_type in want:

@@ -116,7 +116,7 @@ UNSUPPORTED: dict[str, str] = {
             "sam3_detr_decoder sam3_detr_encoder sam3_geometry_encoder sam3_mask_decoder sam3_tracker_video "
             "sam3_tracker_video_mask_decoder sam3_tracker_video_prompt_encoder sam3_vision_model sapiens2 "
             "sapiens2_head step3p5_vision t5_gemma_module timesfm2_5 unlimited_ocr_sam_vision_model unlimited_ocr_vision "
-            "unlimited_ocr_vision_encoder video_llama_3_vision vjepa2 voxtral_realtime_encoder wav2vec2-bert "
+            "unlimited_ocr_vision_encoder vjepa2 voxtral_realtime_encoder wav2vec2-bert "
             "wav2vec2-conformer xcodec2"
         ).split(),
         _NOT_TEXT,

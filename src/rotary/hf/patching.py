@@ -268,6 +268,7 @@ _VISION_TOWERS = {
     "exaone4_5": ("exaone4_5_vision",),
     "dots3_note": ("dots3_note_vision_encoder",),
     "lfm3_vl": ("lfm3_vl_vision",),
+    "video_llama_3": ("video_llama_3_vision",),
 }
 for _name, _types in _VISION_TOWERS.items():
     for _model_type in _types:
@@ -428,7 +429,7 @@ def patch(model: nn.Module) -> nn.Module:
             Pixtral vision tower (``PixtralVisionModel``), or a Llama 4 model (text, vision tower, or both);
             the vision towers that rotate through ``apply_rotary_pos_emb_vision`` (Qwen2-VL to Qwen3.5 and
             Qwen-Omni, GLM-4V, GLM-OCR, GLM-5-Next, ERNIE-4.5-VL, PaddleOCR-VL, Kimi-K2.5, Cohere Compass,
-            EXAONE 4.5, dots3-note, LFM3-VL),
+            EXAONE 4.5, dots3-note, LFM3-VL, VideoLLaMA3),
             on their own or inside their multimodal model (whose text attention is patched where listed above).
 
     Returns:

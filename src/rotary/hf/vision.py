@@ -57,7 +57,7 @@ VISION_ROPE: dict[str, str] = {
         (
             "qwen2_vl_vision qwen3_vl_vision qwen3_vl_moe_vision qwen3_5_vision qwen3_5_moe_vision "
             "qwen3_omni_moe_vision_encoder qwen4_exp_vision glm4v_vision glm4v_moe_vision glm_ocr_vision "
-            "glm5_next_vision ernie4_5_vl_moe_vision paddleocr_vl_vision cohere_compass_vision dots3_note_vision_encoder lfm3_vl_vision"
+            "glm5_next_vision ernie4_5_vl_moe_vision paddleocr_vl_vision cohere_compass_vision dots3_note_vision_encoder lfm3_vl_vision video_llama_3_vision"
         ).split(),
         "qwen_vl",
     ),
@@ -74,12 +74,14 @@ VISION_ROPE: dict[str, str] = {
 _WIDTH = {"qwen2_vl_vision": "embed_dim"}
 #: model_type -> the spatial merge its positions use whatever the config says (transformers passes 1)
 _MERGE_ONE = {"paddleocr_vl_vision", "kimi_k25_vision"}
+#: model_types whose merge size is given per image or video with the grid (VideoLLaMA3's ``merge_sizes``)
+_MERGE_PER_CALL = {"video_llama_3_vision"}
 #: keys a checkpoint's config may leave out -> transformers' config-class defaults (checked by the tests)
 CONFIG_DEFAULTS: dict[str, dict[str, int]] = {
     **{
         t: {"spatial_merge_size": 2}
         for t in VISION_ROPE
-        if VISION_ROPE[t] in ("qwen_vl", "minimax") and t not in _MERGE_ONE
+        if VISION_ROPE[t] in ("qwen_vl", "minimax") and t not in _MERGE_ONE | _MERGE_PER_CALL
     },
     **{
         t: {"spatial_merge_size": 2, "window_size": 112, "patch_size": 14}
@@ -147,7 +149,7 @@ ENCODER_STATUS: dict[str, str] = {
             "deepseek_ocr2_vision gemma3n_vision gemma4_unified_vision "
             "granite_docling_vision inkling2_vision mlcd mlcd_vision_model molmo2_vision "
             "muse_glimmer_vision muse_spark_vision phi4_multimodal_vision sapiens2 step3p5_vision "
-            "unlimited_ocr_sam_vision_model unlimited_ocr_vision unlimited_ocr_vision_encoder video_llama_3_vision"
+            "unlimited_ocr_sam_vision_model unlimited_ocr_vision unlimited_ocr_vision_encoder"
         ).split(),
         _VISION_LATER,
     ),
@@ -290,7 +292,9 @@ def vision_rope(config: Any) -> VisionRoPE:
     head_dim = _head_dim(d, model_type, label)
     theta = _theta(d, form, label)
     merge, window, temporal = 1, None, False
-    if form in ("qwen_vl", "qwen_vl_window", "kimi", "minimax"):
+    if model_type in _MERGE_PER_CALL:
+        merge = None
+    elif form in ("qwen_vl", "qwen_vl_window", "kimi", "minimax"):
         if model_type not in _MERGE_ONE:
             merge = _int(d, ("spatial_merge_size",), label)
     if form == "minimax":
@@ -359,7 +363,7 @@ class VisionRoPE(nn.Module):
 
     - packed towers (``qwen_vl``, ``qwen_vl_window``, ``kimi``, ``minimax``, ``pixtral``): one row per
       image or video, ``(t, h, w)`` patches (the model's ``grid_thw``) or ``(h, w)`` for an image, all packed
-      into one sequence, in the model's order;
+      into one sequence, in the model's order (VideoLLaMA3 also takes ``merge_sizes=``, one per row);
     - ``dinov3``: ``(h, w)`` patches of the image; the class and register tokens come first, unrotated
       (``prefix=`` for more, e.g. EoMT's queries in its last blocks);
     - ``llama4``: ``(h, w)`` must be the config's ``image_size / patch_size`` grid (default), class token last;
@@ -378,7 +382,7 @@ class VisionRoPE(nn.Module):
         form: str,
         rope: AxialRoPE,
         *,
-        merge_size: int = 1,
+        merge_size: int | None = 1,
         window: int | None = None,
         temporal: bool = False,
         fixed_grid: tuple[int, int] | None = None,
@@ -391,7 +395,28 @@ class VisionRoPE(nn.Module):
         return f"model_type={self.model_type!r}, form={self.form!r}, merge_size={self.merge_size}, window={self.window}"
 
     # grids ------------------------------------------------------------------------------------------
-    def _rows(self, grid: Any) -> list[tuple[int, int, int]]:
+    def _merges(self, merge_sizes: Any, rows: int) -> list[int]:
+        if self.merge_size is not None:
+            if merge_sizes is not None:
+                raise InputError(
+                    f"merge_sizes= is for towers that merge each image by its own size (VideoLLaMA3); "
+                    f"{self.model_type} merges {self.merge_size} x {self.merge_size} blocks (its config)"
+                )
+            return [self.merge_size] * rows
+        if isinstance(merge_sizes, torch.Tensor):
+            merge_sizes = merge_sizes.tolist()
+        if (
+            not isinstance(merge_sizes, Sequence)
+            or len(merge_sizes) != rows
+            or not all(is_int(m) and m > 0 for m in merge_sizes)
+        ):
+            raise InputError(
+                f"{self.model_type} merges each image or video by its own size: give merge_sizes= with one positive "
+                f"int per grid row ({rows}), as the model's merge_sizes; got {merge_sizes!r:.60}"
+            )
+        return [int(m) for m in merge_sizes]
+
+    def _rows(self, grid: Any, merge_sizes: Any = None) -> list[tuple[int, int, int, int]]:
         if isinstance(grid, torch.Tensor):
             if grid.dtype.is_floating_point or grid.dtype == torch.bool or grid.dim() not in (1, 2):
                 raise InputError(
@@ -410,15 +435,15 @@ class VisionRoPE(nn.Module):
                 row = row.tolist()
             if not isinstance(row, Sequence) or len(row) not in (2, 3) or not all(is_int(v) and v > 0 for v in row):
                 raise InputError(f"grid[{i}] = {row!r:.60}: give (t, h, w) or (h, w) as positive ints (patches)")
-            t, h, w = (1, *row) if len(row) == 2 else row
-            m = self.merge_size
+            rows.append((1, *row) if len(row) == 2 else tuple(row))
+        merges = self._merges(merge_sizes, len(rows))
+        for i, ((t, h, w), m) in enumerate(zip(rows, merges)):
             if h % m or w % m:
                 raise InputError(
-                    f"grid[{i}] = {tuple(row)}: h and w must be multiples of spatial_merge_size={m} (the tower "
+                    f"grid[{i}] = {(t, h, w)}: h and w must be multiples of the spatial merge size {m} (the tower "
                     f"merges {m} x {m} patches), got h={h}, w={w}"
                 )
-            rows.append((int(t), int(h), int(w)))
-        return rows
+        return [(int(t), int(h), int(w), m) for (t, h, w), m in zip(rows, merges)]
 
     def _image(self, grid: Any) -> tuple[int, int]:
         if grid is None:
@@ -428,23 +453,26 @@ class VisionRoPE(nn.Module):
         rows = self._rows(grid)
         if len(rows) != 1 or rows[0][0] != 1:
             raise InputError(f"{self.model_type} takes one image grid (h, w) per call, got {grid!r:.80}")
-        h, w = rows[0][1:]
+        h, w = rows[0][1:3]
         if self.form == "llama4" and (h, w) != self.fixed_grid:
             raise InputError(
                 f"{self.model_type} rotates the fixed grid of its image_size / patch_size = {self.fixed_grid}; got {(h, w)}"
             )
         return h, w
 
-    def positions(self, grid: Any = None, *, prefix: int | None = None) -> Coordinates:
+    def positions(self, grid: Any = None, *, prefix: int | None = None, merge_sizes: Any = None) -> Coordinates:
         """The coordinates of the tower's tokens, in the model's order.
 
         Args:
             grid: see the class docstring (``grid_thw`` rows, or one ``(h, w)``).
             prefix: ``dinov3`` only: unrotated tokens before the patches (default 1 + registers).
+            merge_sizes: VideoLLaMA3 only: the merge size of each grid row (the model's ``merge_sizes``).
 
         Returns:
             :class:`~rotary.variants.Coordinates` ``[N, A]`` (``A`` = 3 for ``minimax``'s (t, h, w), else 2).
         """
+        if merge_sizes is not None and self.form not in ("qwen_vl", "qwen_vl_window", "kimi", "minimax"):
+            raise InputError(f"merge_sizes= is for towers that merge patches; {self.model_type} does not")
         if prefix is not None and self.form != "dinov3":
             raise InputError(f"prefix= is for DINOv3-style towers; {self.model_type} has no unrotated prefix tokens")
         if self.form == "dinov3":
@@ -458,8 +486,7 @@ class VisionRoPE(nn.Module):
             values = torch.stack([ys.flatten(), xs.flatten()], dim=-1).to(torch.float64) * scale
             return self.rope.coordinates(values)
         parts, blocks = [], 0
-        m = self.merge_size
-        for t, h, w in self._rows(grid):
+        for t, h, w, m in self._rows(grid, merge_sizes):
             ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
             # patches in m x m blocks, block-major: [h/m, m, w/m, m] -> [h/m, w/m, m, m]
             ys = ys.reshape(h // m, m, w // m, m).transpose(1, 2).flatten()
@@ -477,13 +504,19 @@ class VisionRoPE(nn.Module):
                 parts.append((coords, None))
             blocks += t * (h // m) * (w // m)
         values = torch.cat([c for c, _ in parts])
-        if self.window is not None:  # whole m x m blocks move into their windows
+        if self.window is not None:  # whole m x m blocks move into their windows (one m: the config's)
+            m = self.merge_size
             order = torch.cat([o for _, o in parts])
             values = values.reshape(blocks, m * m, -1)[order].reshape(values.shape)
         return self.rope.coordinates(values)
 
     def tables(
-        self, grid: Any = None, *, prefix: int | None = None, dtype: torch.dtype = torch.float32
+        self,
+        grid: Any = None,
+        *,
+        prefix: int | None = None,
+        merge_sizes: Any = None,
+        dtype: torch.dtype = torch.float32,
     ) -> RotaryTables:
         """The tables the tower's attention applies to its tokens (see :meth:`positions`).
 
@@ -491,7 +524,7 @@ class VisionRoPE(nn.Module):
             :class:`~rotary.tables.RotaryTables` ``[N, r]`` (identity rows for class and register tokens),
             for q and k ``[..., N, H, D]`` or ``[..., H, N, D]`` through :func:`rotary.rotate`.
         """
-        return self.rope.tables(self.positions(grid, prefix=prefix), dtype=dtype)
+        return self.rope.tables(self.positions(grid, prefix=prefix, merge_sizes=merge_sizes), dtype=dtype)
 
 
 def _window_order(t: int, h: int, w: int, window: int) -> torch.Tensor:

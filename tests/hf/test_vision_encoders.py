@@ -264,6 +264,16 @@ def test_config_defaults_are_transformers():
         assert {key: getattr(config, key) for key in defaults} == defaults, model_type
 
 
+@pytest.mark.parametrize("model_type", sorted(VISION_ROPE))
+def test_a_config_without_rope_keys_gets_transformers_defaults(model_type):
+    """A checkpoint's vision config may leave out rope_theta / rope_parameters: the frequencies are then
+    those of transformers' default config of that type."""
+    full = CONFIG_MAPPING[model_type]().to_dict()
+    bare = {k: v for k, v in full.items() if k not in ("rope_parameters", "rope_theta")}
+    want, got = vision_rope(full).rope, vision_rope(bare).rope
+    assert got.base == want.base and torch.equal(got.frequencies(), want.frequencies())
+
+
 def test_every_encoder_is_built_or_has_a_status():
     """Every type the text table refuses as "not a decoder of text tokens" is built here or has a status,
     and nothing is both."""
@@ -290,6 +300,8 @@ def test_every_encoder_is_built_or_has_a_status():
         ({"model_type": "qwen3_vl_vision", "hidden_size": 64, "num_heads": 4, "rope_parameters": {"rope_type": "yarn"}},
          r"rope_type 'yarn'.*'axial'"),
         ({"model_type": "qwen3_vl_vision", "hidden_size": 72, "num_heads": 4}, r"head_dim 18 is not a multiple of 4"),
+        ({"model_type": "eomt_dinov3", "hidden_size": 64, "num_attention_heads": 4,
+          "rope_parameters": {"rope_type": "yarn", "rope_theta": 100.0}}, r"rope_type 'yarn'.*'default'"),
         ({"model_type": "qwen3_vl_vision", "num_heads": 4}, r"none of hidden_size"),
     ],
 )  # fmt: skip

@@ -89,9 +89,10 @@ CONFIG_DEFAULTS: dict[str, dict[str, int]] = {
         if VISION_ROPE[t] == "qwen_vl_window"
     },
 }
-#: form -> (rope_type accepted, default rope_theta)
-_ROPE_TYPE = {"llama4": "default", "dinov3": None, "sam3": "axial"}
-_DEFAULT_THETA = {"dinov3": 100.0}
+#: form -> the rope_type its rotary embedding accepts (else "axial"); DINOv3's config has none
+_ROPE_TYPE = {"llama4": "default", "dinov3": "default"}
+#: model_type -> rope_theta when the config states none (transformers' config-class default; else 10000)
+_DEFAULT_THETA = {"dinov3_vit": 100.0, "eomt_dinov3": 100.0, "lfm3_vl_vision": 1e6}
 
 _AUDIO = "audio encoder: RoPE over audio frames; not built from its config yet"
 _VIDEO = "video encoder: RoPE over video positions; not built from its config yet"
@@ -240,12 +241,12 @@ def _theta(d: Mapping[str, Any], form: str, label: str) -> float:
         raise ConfigError(f"{label}: rope_parameters must be a dict, got {params!r:.80}")
     want = _ROPE_TYPE.get(form, "axial")
     rope_type = params.get("rope_type", want)
-    if want is not None and rope_type != want:
+    if rope_type != want:
         raise ConfigError(
             f"{label}: rope_type {rope_type!r}, but this vision tower builds its RoPE with rope_type {want!r} only "
             f"(as transformers does); set rope_parameters['rope_type'] = {want!r}"
         )
-    theta = params.get("rope_theta", d.get("rope_theta", _DEFAULT_THETA.get(form, 10000.0)))
+    theta = params.get("rope_theta", d.get("rope_theta", _DEFAULT_THETA.get(d.get("model_type"), 10000.0)))
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
         raise ConfigError(f"{label}: rope_theta must be a positive number, got {theta!r}")
     return float(theta)

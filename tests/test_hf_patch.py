@@ -142,8 +142,9 @@ def rotate_calls(monkeypatch):
 #: the Qwen-VL families (multimodal RoPE): tested with images in tests/variants/test_mrope.py
 MULTIMODAL = {f"{name}{suffix}" for name in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl") for suffix in ("", "_text")}
 #: vision towers with 2-D RoPE and Llama 4 (text and vision): tested in tests/variants/test_hf_patch_vision.py;
-#: the towers (and VL models) patched through apply_rotary_pos_emb_vision: in tests/hf/test_vision_encoders.py
-VISION = {"pixtral", "llama4", "llama4_text", "llama4_vision_model"} | {
+#: DINOv3, EoMT, SAM 3 and the towers (and VL models) patched through apply_rotary_pos_emb_vision: in
+#: tests/hf/test_vision_encoders.py
+VISION = {"pixtral", "llama4", "llama4_text", "llama4_vision_model", "dinov3_vit", "eomt_dinov3", "sam3_vit_model"} | {
     t for t, family in hf.SUPPORTED.items() if "apply_rotary_pos_emb_vision" in family.replacements
 }
 

@@ -141,6 +141,23 @@ def _apply_vision(q, k, cos, sin):
     return _apply_pair(q, k, cos, sin, interleaved=False, layout="bshd")
 
 
+def _apply_dinov3(q, k, cos, sin, **kwargs):
+    """DINOv3's (and EoMT's) attention: q, k ``[B, H, S, D]``, tables ``[P, D]`` (half layout) for the last
+    ``P`` tokens, the patches; the class, register (and EoMT's query) tokens before them are not rotated.
+    One kernel call over all S tokens, the first ``S - P`` rows the identity."""
+    prefix = q.shape[-2] - cos.shape[-2]
+    if prefix:
+        cos = torch.cat([cos.new_ones(prefix, cos.shape[-1]), cos])
+        sin = torch.cat([sin.new_zeros(prefix, sin.shape[-1]), sin])
+    return _apply_pair(q, k, cos, sin, interleaved=False, layout="bhsd")
+
+
+def _apply_sam3(q, k, cos, sin):
+    """SAM 3's ViT attention: q, k ``[B, H, S, D]`` (a window's or the whole grid's patches), tables
+    ``[1, S, D]`` with each angle repeated for its pair (2i, 2i+1); fp32, returned in q's dtype."""
+    return _apply_pair(q, k, cos.reshape(cos.shape[-2:]), sin.reshape(sin.shape[-2:]), interleaved=True, layout="bhsd")
+
+
 def _complex_tables(freqs: torch.Tensor) -> RotaryTables:
     """Tables of pairs (2i, 2i+1) from transformers' complex ``e^{iθ}`` (times any attention scaling)."""
     cos, sin = freqs.real.repeat_interleave(2, dim=-1), freqs.imag.repeat_interleave(2, dim=-1)
@@ -232,6 +249,13 @@ SUPPORTED: dict[str, _Family] = {
     },
     # vision towers with 2-D RoPE: Pixtral's PixtralVisionModel, and Llama 4 (text, vision tower, or both)
     "pixtral": _Family("transformers.models.pixtral.modeling_pixtral", {"apply_rotary_pos_emb": _apply_pixtral}),
+    "dinov3_vit": _Family(
+        "transformers.models.dinov3_vit.modeling_dinov3_vit", {"apply_rotary_pos_emb": _apply_dinov3}
+    ),
+    "eomt_dinov3": _Family(
+        "transformers.models.eomt_dinov3.modeling_eomt_dinov3", {"apply_rotary_pos_emb": _apply_dinov3}
+    ),
+    "sam3_vit_model": _Family("transformers.models.sam3.modeling_sam3", {"apply_rotary_pos_emb_2d": _apply_sam3}),
     **{
         model_type: _Family(
             "transformers.models.llama4.modeling_llama4",
@@ -243,7 +267,9 @@ SUPPORTED: dict[str, _Family] = {
 
 # CPU, one thread, q/k [N, H, D] strided views as the towers give them: transformers' function 25-170 ms,
 # rotary's 3-21 ms (fp32 and bf16, N = 1024-4096 patches, D = 72-80; load average 12-14 on 2 cores while
-# measured, so ratios only). MiniMax-M3-VL's own apply (partial, in the tables' dtype) is not patched: untimed.
+# measured, so ratios only). DINOv3's apply ([1, 6, 1029, 64] and [4, 12, 201, 64]): 1.3-6.4 ms against
+# 0.16-0.32 ms; SAM 3's ([25, 16, 576, 64], [1, 16, 5184, 64]): 53-590 ms against 9-82 ms (load 6-7).
+# MiniMax-M3-VL's own apply (partial, in the tables' dtype) is not patched: untimed.
 #: transformers modeling module -> the model_types whose vision tower rotates q and k with its
 #: ``apply_rotary_pos_emb_vision`` (the same function in each: fp32, pairs (i, i + D/2)): the tower on its
 #: own, and the multimodal model holding it (whose text attention, where SUPPORTED has it, is patched too)
@@ -430,6 +456,7 @@ def patch(model: nn.Module) -> nn.Module:
             the vision towers that rotate through ``apply_rotary_pos_emb_vision`` (Qwen2-VL to Qwen3.5 and
             Qwen-Omni, GLM-4V, GLM-OCR, GLM-5-Next, ERNIE-4.5-VL, PaddleOCR-VL, Kimi-K2.5, Cohere Compass,
             EXAONE 4.5, dots3-note, LFM3-VL, VideoLLaMA3),
+            and the ViTs of DINOv3 (``DINOv3ViTModel``, EoMT-DINOv3) and SAM 3 (``Sam3ViTModel``).
             on their own or inside their multimodal model (whose text attention is patched where listed above).
 
     Returns:

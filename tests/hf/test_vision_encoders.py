@@ -365,7 +365,7 @@ PATCHED = sorted(t for t in VISION_ROPE if t in patching.SUPPORTED)
 def test_patch_covers_the_apply_rotary_pos_emb_vision_towers():
     """Every tower whose modeling module has apply_rotary_pos_emb_vision in transformers' own form is patchable."""
     want = {t for t, form in VISION_ROPE.items() if form in ("qwen_vl", "qwen_vl_window", "kimi")}
-    assert len(want) == 21
+    assert len(want) == 21 and "minimax_m3_vl_vision" in PATCHED  # MiniMax: its own function, its own test
     assert want <= set(PATCHED)
     reference = inspect.getsource(tower("qwen2_vl_vision")[0].apply_rotary_pos_emb_vision)
     for model_type in want:
@@ -416,3 +416,23 @@ def test_vision_replacement_equals_transformers_in_bf16(gen):
                 assert a.dtype == b.dtype == dtype and a.shape == b.shape
                 tol = 1e-6 if dtype == torch.float32 else 8e-3  # bf16: both round the fp32 result once
                 torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol)
+
+
+def test_minimax_replacement_equals_transformers(gen):
+    """MiniMax-M3-VL rotates the first 3·2⌊D/6⌋ channels (78 of 80) in q's dtype: the same in fp32, within a
+    bf16 rounding in bf16 (rotary rotates in fp32 and rounds once)."""
+    from transformers.models.minimax_m3_vl.modeling_minimax_m3_vl import apply_rotary_pos_emb_vision as theirs
+
+    ours = patching.SUPPORTED["minimax_m3_vl_vision"].replacements["apply_rotary_pos_emb_vision"]
+    rope = vision_rope({"model_type": "minimax_m3_vl_vision", "hidden_size": 320, "num_attention_heads": 4})
+    tables = rope.tables(GRID_THW)
+    assert tables.cos.shape == (64, 78)  # 24 + 2 x 12 + 16 patches
+    for dtype in (torch.float32, torch.bfloat16):
+        qkv = torch.randn(1, 64, 3, 4, 80, generator=gen).to(dtype)
+        q, k = qkv[:, :, 0], qkv[:, :, 1]
+        cos, sin = tables.cos.to(dtype), tables.sin.to(dtype)
+        for x, a, b in zip((q, k), ours(q, k, cos, sin), theirs(q, k, cos, sin)):
+            assert a.dtype == b.dtype == dtype
+            tol = 1e-6 if dtype == torch.float32 else 1.6e-2  # bf16: transformers rounds each product
+            torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol)
+            assert a[..., 78:].equal(x[..., 78:]) and not a[..., :78].equal(x[..., :78])  # the tail passes through

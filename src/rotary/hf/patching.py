@@ -269,7 +269,8 @@ SUPPORTED: dict[str, _Family] = {
 # rotary's 3-21 ms (fp32 and bf16, N = 1024-4096 patches, D = 72-80; load average 12-14 on 2 cores while
 # measured, so ratios only). DINOv3's apply ([1, 6, 1029, 64] and [4, 12, 201, 64]): 1.3-6.4 ms against
 # 0.16-0.32 ms; SAM 3's ([25, 16, 576, 64], [1, 16, 5184, 64]): 53-590 ms against 9-82 ms (load 6-7).
-# MiniMax-M3-VL's own apply (partial, in the tables' dtype) is not patched: untimed.
+# MiniMax-M3-VL's (partial, in q's dtype; [1, N, 16, 80], N = 1024-4096): 13-110 ms against 2-21 ms (load 6-7);
+# in bf16 rotary rotates in fp32 and rounds once, so its bf16 output differs from transformers' by rounding.
 #: transformers modeling module -> the model_types whose vision tower rotates q and k with its
 #: ``apply_rotary_pos_emb_vision`` (the same function in each: fp32, pairs (i, i + D/2)): the tower on its
 #: own, and the multimodal model holding it (whose text attention, where SUPPORTED has it, is patched too)
@@ -295,6 +296,7 @@ _VISION_TOWERS = {
     "dots3_note": ("dots3_note_vision_encoder",),
     "lfm3_vl": ("lfm3_vl_vision",),
     "video_llama_3": ("video_llama_3_vision",),
+    "minimax_m3_vl": ("minimax_m3_vl_vision",),  # its own form: the first 3·2⌊D/6⌋ channels, in q's dtype
 }
 for _name, _types in _VISION_TOWERS.items():
     for _model_type in _types:
@@ -455,7 +457,7 @@ def patch(model: nn.Module) -> nn.Module:
             Pixtral vision tower (``PixtralVisionModel``), or a Llama 4 model (text, vision tower, or both);
             the vision towers that rotate through ``apply_rotary_pos_emb_vision`` (Qwen2-VL to Qwen3.5 and
             Qwen-Omni, GLM-4V, GLM-OCR, GLM-5-Next, ERNIE-4.5-VL, PaddleOCR-VL, Kimi-K2.5, Cohere Compass,
-            EXAONE 4.5, dots3-note, LFM3-VL, VideoLLaMA3),
+            EXAONE 4.5, dots3-note, LFM3-VL, VideoLLaMA3, MiniMax-M3-VL),
             and the ViTs of DINOv3 (``DINOv3ViTModel``, EoMT-DINOv3) and SAM 3 (``Sam3ViTModel``).
             on their own or inside their multimodal model (whose text attention is patched where listed above).
 

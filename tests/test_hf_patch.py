@@ -148,8 +148,12 @@ MULTIMODAL = {
                  "glm4v", "glm4v_moe", "glm_image", "glm_ocr", "cosmos3_edge", "ernie4_5_vl_moe")
     for suffix in ("", "_text")
 } | {"qwen2_5_omni_thinker", "qwen2_5_omni_text", "qwen2_5_omni_talker", "qwen3_omni_moe_thinker", "qwen3_omni_moe_text"}  # fmt: skip
-#: vision towers with 2-D RoPE and Llama 4 (text and vision): tested in tests/variants/test_hf_patch_vision.py
-VISION = {"pixtral", "llama4", "llama4_text", "llama4_vision_model"}
+#: vision towers with 2-D RoPE and Llama 4 (text and vision): tested in tests/variants/test_hf_patch_vision.py;
+#: DINOv3, EoMT, SAM 3 and the towers (and VL models) patched through apply_rotary_pos_emb_vision: in
+#: tests/hf/test_vision_encoders.py
+VISION = {"pixtral", "llama4", "llama4_text", "llama4_vision_model", "dinov3_vit", "eomt_dinov3", "sam3_vit_model"} | {
+    t for t, family in hf.SUPPORTED.items() if "apply_rotary_pos_emb_vision" in family.replacements
+}
 
 
 def test_supported_list_is_the_issue_list():

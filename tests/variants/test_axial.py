@@ -520,11 +520,28 @@ def test_slot_axes_and_presets_table():
             lambda: AxialRoPE(8).tables(torch.zeros(4, 2), identity=torch.zeros(5, dtype=torch.bool)),
             r"identity has shape \(5,\)",
         ),
+        (lambda: AxialRoPE(12, split=(4, 8), axis_slots="alternating"), r"every axis needs as many channels"),
+        (lambda: AxialRoPE(8, axis_slots="dealt"), r"axis_slots"),
     ],
 )
 def test_bad_input_says_what_to_change(make, match):
     with pytest.raises((ValueError, TypeError), match=match):
         make()
+
+
+def test_alternating_axis_slots_deal_each_axis_its_own_frequencies_in_turn():
+    """axis_slots='alternating' (Kimi-K2.5's tower: w, h, w, h, ...): pair 2j is frequency j of block_order[0]'s
+    axis, pair 2j + 1 frequency j of the other's; the frequencies are those of the blocks layout, re-dealt."""
+    blocks = AxialRoPE(16, block_order=(1, 0))
+    dealt = AxialRoPE(16, block_order=(1, 0), axis_slots="alternating")
+    assert dealt.slot_axes == [1, 0] * 4
+    f_blocks, f_dealt = blocks.frequencies(), dealt.frequencies()
+    torch.testing.assert_close(f_dealt[1, 0::2], f_blocks[1, :4], rtol=0, atol=0)
+    torch.testing.assert_close(f_dealt[0, 1::2], f_blocks[0, 4:], rtol=0, atol=0)
+    assert not f_dealt[0, 0::2].any() and not f_dealt[1, 1::2].any()
+    coords = torch.tensor([[2, 5], [3, 1]])
+    angles = (coords.double()[:, :, None] * f_dealt[None]).sum(1)  # [S, r/2]
+    torch.testing.assert_close(dealt.tables(coords).cos[:, :4], angles.cos().float()[:, :4])
 
 
 def test_nd_positions_given_to_a_1d_rope_are_an_error():

@@ -157,3 +157,41 @@ def test_llama4_with_an_image_patches_both_towers(rotary_calls):
     # the vision tower's q and k (16 patches and the class token), then each text layer's
     assert rotary_calls == [[(1, 17, 4, 16)] * 2] + [[(1, 9, 4, 8), (1, 9, 2, 8)]] * 2
     torch.testing.assert_close(patched, before, rtol=1e-5, atol=1e-6)
+
+
+def test_qwen2_5_vl_with_images_and_a_video_patches_both_towers(rotary_calls):
+    """Qwen2_5_VLForConditionalGeneration: the vision blocks (apply_rotary_pos_emb_vision, windowed and
+    full attention) and the text attention (M-RoPE) both run through rotary; logits equal unpatched."""
+    torch.manual_seed(0)
+    vision = dict(depth=2, hidden_size=32, out_hidden_size=32, intermediate_size=32, num_heads=2, patch_size=2,
+                  window_size=8, fullatt_block_indexes=[1])  # fmt: skip
+    text = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                num_key_value_heads=1, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                "mrope_section": [2, 3, 3]})  # fmt: skip
+    config = transformers.Qwen2_5_VLConfig(
+        text_config=text, vision_config=vision, image_token_id=60, video_token_id=61, vision_start_token_id=62
+    )
+    model = transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
+    images, video = torch.tensor([[1, 4, 6], [1, 6, 2]]), torch.tensor([[2, 4, 4]])  # (t, h, w) in patches
+    tokens = [int(g.prod()) // 4 for g in (*images, *video)]  # 2 x 2 patches merge into one token
+    ids = [5, 62, *[60] * tokens[0], 7, 62, *[60] * tokens[1], 62, *[61] * tokens[2], 9, 10]
+    ids = torch.tensor([ids])
+    gen = torch.Generator().manual_seed(5)
+    patch_dim = 3 * 2 * 2 * 2  # channels x temporal_patch_size x patch_size^2
+    pixels = torch.randn(int(images.prod(-1).sum()), patch_dim, generator=gen)
+    frames = torch.randn(int(video.prod(-1).sum()), patch_dim, generator=gen)
+    kwargs = dict(input_ids=ids, pixel_values=pixels, image_grid_thw=images, pixel_values_videos=frames,
+                  video_grid_thw=video)  # fmt: skip
+    with torch.no_grad():
+        before = model(**kwargs).logits
+        hf.patch(model)
+        assert len([m for m in model.modules() if hf._MARK in m.__dict__]) == 4  # 2 vision blocks, 2 text layers
+        patched = model(**kwargs).logits
+        hf.unpatch(model)
+        after = model(**kwargs).logits
+    n_image, n_video = int(images.prod(-1).sum()), int(video.prod(-1).sum())
+    vision_calls = [[(1, n, 2, 16)] * 2 for n in (n_image, n_image, n_video, n_video)]  # per tower call, 2 blocks
+    text_calls = [[(1, 2, ids.shape[1], 16), (1, 1, ids.shape[1], 16)]] * 2
+    assert sorted(map(str, rotary_calls)) == sorted(map(str, vision_calls + text_calls))
+    torch.testing.assert_close(patched, before, rtol=1e-5, atol=1e-5)
+    assert after.equal(before)

@@ -4,6 +4,9 @@
   configs, model defaults) -> :class:`RopeSettings`, what :meth:`rotary.RoPE.from_hf_config` builds from;
 - :mod:`rotary.hf.architectures`: per ``model_type``, the pairing of the rotated channels, the
   multimodal (M-RoPE) types, the types refused and why;
+- :mod:`rotary.hf.vision`: :func:`vision_rope`, the RoPE of vision encoders (Qwen-VL, GLM-4V, Pixtral,
+  DINOv3, …) from their vision configs; :data:`VISION_ROPE` the towers built, :data:`ENCODER_STATUS` why
+  the other encoders are not;
 - :mod:`rotary.hf.patching`: :func:`patch` / :func:`unpatch` run a loaded model's rotary application
   through rotary (``rotary.hf.patch(model)``).
 
@@ -15,8 +18,10 @@ from __future__ import annotations
 from .architectures import MROPE_MODELS, NO_ROPE_DEFAULTS, PAIRING, TEXT_MODEL_TYPES, UNSUPPORTED
 from .config import MODEL_DEFAULTS, RopeSettings, model_defaults, read_hf_config
 from .patching import SUPPORTED, is_patched, patch, unpatch
+from .vision import ENCODER_STATUS, VISION_ROPE, VisionRoPE, vision_rope
 
 __all__ = [
+    "ENCODER_STATUS",
     "MODEL_DEFAULTS",
     "MROPE_MODELS",
     "NO_ROPE_DEFAULTS",
@@ -24,10 +29,13 @@ __all__ = [
     "SUPPORTED",
     "TEXT_MODEL_TYPES",
     "UNSUPPORTED",
+    "VISION_ROPE",
+    "VisionRoPE",
     "RopeSettings",
     "is_patched",
     "model_defaults",
     "patch",
     "read_hf_config",
     "unpatch",
+    "vision_rope",
 ]

@@ -100,29 +100,28 @@ _UNVERIFIED = (
 UNSUPPORTED: dict[str, str] = {
     **dict.fromkeys(
         (
-            "blt_global_transformer chameleon_vqgan cohere_compass_vision cosmos3_edge_vision deepseek_ocr2_encoder "
-            "deepseek_ocr2_sam_vision_model deepseek_ocr2_vision dinov3_vit dots3_note_audio_encoder "
-            "dots3_note_vision_encoder edgetam_video edgetam_video_mask_decoder edgetam_video_prompt_encoder "
-            "efficientloftr emu3_vqgan eomt_dinov3 ernie4_5_vl_moe_vision exaone4_5_vision gemma3n_audio gemma3n_vision "
-            "gemma4_audio gemma4_unified_audio gemma4_unified_vision gemma4_vision glm4v_moe_vision glm4v_vision "
-            "glm5_next_vision glm_image_vision glm_image_vqmodel glm_ocr_vision glmasr_encoder granite_docling_vision "
-            "hunyuan_vl_vision idefics_perciever idefics_vision inkling2_vision kimi_k25_vision lasr_ctc lasr_encoder "
-            "lfm3_vl_vision lightglue llama4_vision_model mimi mimi_decoder mimi_encoder minimax_m3_vl_vision mlcd "
+            "blt_global_transformer chameleon_vqgan cosmos3_edge_vision deepseek_ocr2_encoder "
+            "deepseek_ocr2_sam_vision_model deepseek_ocr2_vision dots3_note_audio_encoder "
+            "edgetam_video edgetam_video_mask_decoder edgetam_video_prompt_encoder "
+            "efficientloftr emu3_vqgan gemma3n_audio gemma3n_vision "
+            "gemma4_audio gemma4_unified_audio gemma4_unified_vision gemma4_vision "
+            "glm_image_vision glm_image_vqmodel glmasr_encoder granite_docling_vision "
+            "hunyuan_vl_vision idefics_perciever idefics_vision inkling2_vision lasr_ctc lasr_encoder "
+            "lightglue mimi mimi_decoder mimi_encoder mlcd "
             "mlcd_vision_model mllama_vision_model molmo2_adapter molmo2_vision moonshine_streaming_encoder "
             "muse_glimmer_assistant muse_glimmer_vision muse_spark_audio muse_spark_vision "
             "nemotron3_5_transcribe_asr_audio nemotron3_5_transcribe_audio nemotron3_5_transcribe_word_timestamp "
             "nemotron3_diarization nemotron3_diarization_audio nemotron_asr_streaming nemotron_asr_streaming_encoder "
-            "neucodec paddleocr_vl_vision parakeet_ctc parakeet_encoder parakeet_rnnt parakeet_tdt pe_audio_encoder "
-            "pe_audio_video_encoder pe_video_encoder phi4_multimodal_audio phi4_multimodal_vision pixtral "
+            "neucodec parakeet_ctc parakeet_encoder parakeet_rnnt parakeet_tdt pe_audio_encoder "
+            "pe_audio_video_encoder pe_video_encoder phi4_multimodal_audio phi4_multimodal_vision "
             "pocket_tts_audio_tokenizer pocket_tts_audio_tokenizer_decoder pocket_tts_audio_tokenizer_encoder "
             "qwen2_5_omni qwen2_5_omni_audio_encoder qwen2_5_omni_bigvgan qwen2_5_omni_dit qwen2_5_omni_token2wav "
-            "qwen2_5_omni_vision_encoder qwen2_5_vl_vision qwen2_vl_vision qwen3_5_moe_vision qwen3_5_vision "
-            "qwen3_omni_moe qwen3_omni_moe_audio_encoder qwen3_omni_moe_vision_encoder qwen3_vl_moe_vision "
-            "qwen3_vl_vision qwen4_exp_vision sam2_video sam2_video_mask_decoder sam2_video_prompt_encoder sam3 "
+            "qwen3_omni_moe qwen3_omni_moe_audio_encoder "
+            "sam2_video sam2_video_mask_decoder sam2_video_prompt_encoder sam3 "
             "sam3_detr_decoder sam3_detr_encoder sam3_geometry_encoder sam3_mask_decoder sam3_tracker_video "
-            "sam3_tracker_video_mask_decoder sam3_tracker_video_prompt_encoder sam3_vision_model sam3_vit_model sapiens2 "
+            "sam3_tracker_video_mask_decoder sam3_tracker_video_prompt_encoder sam3_vision_model sapiens2 "
             "sapiens2_head step3p5_vision t5_gemma_module timesfm2_5 unlimited_ocr_sam_vision_model unlimited_ocr_vision "
-            "unlimited_ocr_vision_encoder video_llama_3_vision vjepa2 voxtral_realtime_encoder wav2vec2-bert "
+            "unlimited_ocr_vision_encoder vjepa2 voxtral_realtime_encoder wav2vec2-bert "
             "wav2vec2-conformer xcodec2"
         ).split(),
         _NOT_TEXT,
@@ -189,6 +188,13 @@ def read_pairing(d: Mapping[str, Any], model_type: str, interleaved: bool | None
     """The pairing of ``model_type`` (or the one stated), or a ConfigError naming what to pass."""
     if model_type in UNSUPPORTED:
         raise ConfigError(f"{label}: model_type {model_type!r} {UNSUPPORTED[model_type]}")
+    from .vision import VISION_ROPE  # the vision towers' table (imported here: it builds on rotary.variants)
+
+    if model_type in VISION_ROPE:
+        raise ConfigError(
+            f"{label}: model_type {model_type!r} is a vision encoder (its RoPE rotates image patches); build it "
+            "with rotary.hf.vision_rope(vision_config) or rotary.AxialRoPE.from_hf_config(vision_config)"
+        )
     if interleaved is not None:
         return check_bool(interleaved, "interleaved")
     rule = PAIRING.get(model_type)

@@ -79,6 +79,10 @@ class AxialRoPE(CoordinateRoPE):
             axis ``a`` takes ``j = a, a + A, …``; equal blocks only).
         block_order: the order of the axes' blocks among the pairs; default ``(0, 1, …)``. torchtune
             and Llama 4 put x (axis 1) first: ``(1, 0)``.
+        axis_slots: ``"blocks"`` (each axis's pairs side by side, in ``block_order``) or
+            ``"alternating"`` (the pairs dealt to the axes in turn, in ``block_order``: pair ``A·j + i``
+            is frequency ``j`` of axis ``block_order[i]``, as Kimi-K2.5's vision tower lays out
+            (w, h, w, h, …); equal blocks only).
         frequency_scale: multiplies every frequency (DINOv3: 2π, its periods are in units of the
             normalized coordinate).
         frequency_dtype: the precision the frequencies are formed in before the (float64) angles:
@@ -108,6 +112,7 @@ class AxialRoPE(CoordinateRoPE):
         rotary_dim: int | None = None,
         frequencies: Literal["per_axis", "alternating"] = "per_axis",
         block_order: Sequence[int] | None = None,
+        axis_slots: Literal["blocks", "alternating"] = "blocks",
         frequency_scale: float = 1.0,
         frequency_dtype: torch.dtype = torch.float32,
         **kwargs: Any,
@@ -133,6 +138,12 @@ class AxialRoPE(CoordinateRoPE):
         if not all(is_int(i) for i in order) or sorted(int(i) for i in order) != list(range(a)):
             raise InputError(f"block_order must be a permutation of the axes {tuple(range(a))}, got {block_order!r}")
         self.block_order = tuple(int(i) for i in order)
+        self.axis_slots = check_choice(axis_slots, "axis_slots", ("blocks", "alternating"))
+        if axis_slots == "alternating" and len(set(self.split)) != 1:
+            raise InputError(
+                f"axis_slots='alternating' deals the pairs to the axes in turn, so every axis needs as many "
+                f"channels; got split={self.split}"
+            )
         self.frequency_scale = check_positive_float(frequency_scale, "frequency_scale")
         if frequency_dtype not in (torch.float32, torch.float64):
             raise InputTypeError(f"frequency_dtype must be torch.float32 or torch.float64, got {frequency_dtype}")
@@ -181,6 +192,10 @@ class AxialRoPE(CoordinateRoPE):
                 f = _geometric(self.base, c, self.frequency_dtype)
             per_axis.append(f.to(torch.float64) * self.frequency_scale)
         inv_freq = torch.zeros(a, r // 2, dtype=torch.float64, device="cpu")
+        if self.axis_slots == "alternating":
+            for i, axis in enumerate(self.block_order):
+                inv_freq[axis, i::a] = per_axis[axis]
+            return inv_freq
         start = 0
         for axis in self.block_order:
             n = self.split[axis] // 2
@@ -232,6 +247,30 @@ class AxialRoPE(CoordinateRoPE):
             f"head_dim={self.head_dim}, axes={self.axes}, split={self.split}, base={self.base:g}, frequencies={kind}, "
             f"coordinates={self.coordinate_kind!r}, interleaved={self.interleaved}"
         )
+
+    @classmethod
+    def from_hf_config(cls, config: Any) -> AxialRoPE:
+        """The axial RoPE of a Hugging Face vision encoder, from its config (``vision_config``).
+
+        The frequencies, pairing and identity tokens of that model's vision tower; its coordinates in the
+        model's token order come from :func:`rotary.hf.vision_rope` (``.positions(grid)``), which this
+        returns the module of.
+
+        Args:
+            config: a transformers vision config (or its dict), or a multimodal config holding one in
+                ``vision_config``; its ``model_type`` must be in :data:`rotary.hf.VISION_ROPE`.
+
+        Raises:
+            rotary.errors.ConfigError: not a vision encoder rotary builds (the message names the producer to use).
+
+        Example:
+            >>> rope = AxialRoPE.from_hf_config({"model_type": "qwen2_5_vl_vision", "hidden_size": 64, "num_heads": 4})
+            >>> rope.head_dim, rope.split, rope.interleaved
+            (16, (8, 8), False)
+        """
+        from ..hf.vision import vision_rope  # rotary.hf builds on the variants, not the other way round
+
+        return vision_rope(config).rope
 
     @classmethod
     def preset(cls, name: str, head_dim: int | None = None, **overrides: Any) -> AxialRoPE:

@@ -1,0 +1,538 @@
+"""The RoPE of Hugging Face vision encoders, built from their configs: :func:`vision_rope`.
+
+    vision_config ──► vision_rope ──► VisionRoPE ──.positions(grid)──► Coordinates [N, A]
+    (model_type,      (the form of     (AxialRoPE +   .tables(grid) ──► RotaryTables [N, r]
+     rope_parameters,  its tower)       token order)                    (what the model applies)
+     heads, merge)
+
+A vision tower rotates each patch by its coordinates on the image (h, w), or on the video (t, h, w).
+Its RoPE is an :class:`~rotary.variants.AxialRoPE` (frequencies, pairing, the axes' slots, identity
+tokens) plus the order the tower lays its patches out in (Qwen-VL's ``spatial_merge_size`` blocks,
+Qwen2.5-VL's attention windows, several images and videos packed into one sequence). Each tower's
+form is checked against its own rotary embedding and apply function in transformers, on tiny models
+built from their configs (tests/hf/test_vision_encoders.py).
+
+- :data:`VISION_ROPE`: model_type -> the form :func:`vision_rope` builds (:data:`FORMS` says what each is);
+- :data:`ENCODER_STATUS`: every other RoPE-applying encoder of transformers (audio, video, segmentation,
+  vision towers not built yet), with the reason it is not built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._checks import is_int
+from ..errors import ConfigError, InputError
+from ..tables import RotaryTables
+from ..variants.axial import AxialRoPE
+from ..variants.coordinates import Coordinates
+
+__all__ = ["ENCODER_STATUS", "FORMS", "VISION_ROPE", "VisionRoPE", "vision_rope"]
+
+#: form -> what the tower does (the coverage table shows it beside each model_type)
+FORMS: dict[str, str] = {
+    "qwen_vl": (
+        "2-D axial RoPE over (h, w), pairs (i, i + D/2), h's frequencies then w's (base^(-4k/D) each); "
+        "patches in spatial_merge_size blocks, images and videos packed (grid_thw)"
+    ),
+    "qwen_vl_window": "qwen_vl, with the patches reordered into the tower's attention windows (window_size)",
+    "kimi": "2-D axial RoPE, pairs (i, i + D/2), the pairs dealt to w and h in turn (w, h, w, h, …); grid_thw",
+    "minimax": (
+        "3-D axial RoPE over (t, h, w) on the first 3·2⌊D/6⌋ channels, pairs (i, i + r/2), t's, h's, w's "
+        "frequencies in turn; the rest pass through; grid_thw"
+    ),
+    "pixtral": "2-D axial RoPE, pairs (i, i + D/2), one frequency set dealt to h and w in turn; images packed",
+    "llama4": "2-D axial RoPE over (y + 1, x + 1), pairs (2i, 2i+1), x's block first; the class token last, unrotated",
+    "dinov3": "2-D axial RoPE over patch centres in [-1, 1], pairs (i, i + D/2); class and register tokens first, unrotated",
+    "sam3": "2-D axial RoPE over (w, h) scaled to the window size, pairs (2i, 2i+1); windowed and global layers",
+}
+
+#: model_type -> its form (:data:`FORMS`); :func:`vision_rope` builds each
+VISION_ROPE: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "qwen2_vl_vision qwen3_vl_vision qwen3_vl_moe_vision qwen3_5_vision qwen3_5_moe_vision "
+            "qwen3_omni_moe_vision_encoder qwen4_exp_vision glm4v_vision glm4v_moe_vision glm_ocr_vision "
+            "glm5_next_vision ernie4_5_vl_moe_vision paddleocr_vl_vision cohere_compass_vision dots3_note_vision_encoder lfm3_vl_vision video_llama_3_vision"
+        ).split(),
+        "qwen_vl",
+    ),
+    **dict.fromkeys("qwen2_5_vl_vision qwen2_5_omni_vision_encoder exaone4_5_vision".split(), "qwen_vl_window"),
+    "kimi_k25_vision": "kimi",
+    "minimax_m3_vl_vision": "minimax",
+    "pixtral": "pixtral",
+    "llama4_vision_model": "llama4",
+    **dict.fromkeys("dinov3_vit eomt_dinov3".split(), "dinov3"),
+    "sam3_vit_model": "sam3",
+}
+
+#: model_type -> the hidden width its rotary embedding divides by the heads (transformers' own choice)
+_WIDTH = {"qwen2_vl_vision": "embed_dim"}
+#: model_type -> the spatial merge its positions use whatever the config says (transformers passes 1)
+_MERGE_ONE = {"paddleocr_vl_vision", "kimi_k25_vision"}
+#: model_types whose merge size is given per image or video with the grid (VideoLLaMA3's ``merge_sizes``)
+_MERGE_PER_CALL = {"video_llama_3_vision"}
+#: keys a checkpoint's config may leave out -> transformers' config-class defaults (checked by the tests)
+CONFIG_DEFAULTS: dict[str, dict[str, int]] = {
+    **{
+        t: {"spatial_merge_size": 2}
+        for t in VISION_ROPE
+        if VISION_ROPE[t] in ("qwen_vl", "minimax") and t not in _MERGE_ONE | _MERGE_PER_CALL
+    },
+    **{
+        t: {"spatial_merge_size": 2, "window_size": 112, "patch_size": 14}
+        for t in VISION_ROPE
+        if VISION_ROPE[t] == "qwen_vl_window"
+    },
+}
+#: form -> the rope_type its rotary embedding accepts (else "axial"); DINOv3's config has none
+_ROPE_TYPE = {"llama4": "default", "dinov3": "default"}
+#: model_type -> rope_theta when the config states none (transformers' config-class default; else 10000)
+_DEFAULT_THETA = {"dinov3_vit": 100.0, "eomt_dinov3": 100.0, "lfm3_vl_vision": 1e6}
+
+_AUDIO = "audio encoder: RoPE over audio frames; not built from its config yet"
+_VIDEO = "video encoder: RoPE over video positions; not built from its config yet"
+_SEGMENT = (
+    "segmentation / tracking part (mask decoder, prompt encoder, memory attention): RoPE over feature-map "
+    "positions; not built yet"
+)
+_CODEC = "audio codec / vocoder / speech tokenizer: RoPE over frames inside the codec; not built yet"
+_VISION_LATER = "vision encoder: RoPE over image patches; not built from its config yet"
+_GEMMA4 = (
+    "vision encoder: rotates each axis's half of the head with its own half pairing (pairs (i, i + D/4) "
+    "within each half), a channel layout no AxialRoPE form gives yet; not built"
+)
+_NO_ROPE_TOWER = "no RoPE in this part: the RoPE in its modeling file belongs to another part of the model"
+_WRAPPER = (
+    "wrapper: a model of several parts; vision_rope(config) builds its vision tower (vision_config, "
+    "backbone_config), the other parts from their own sub-configs"
+)
+_OTHER = "other encoder (byte patches, feature matching, time series, an assistant model): its RoPE is not built yet"
+
+#: model_type -> why :func:`vision_rope` does not build it (category first). Every RoPE-applying model
+#: type that is not a text decoder and not in :data:`VISION_ROPE` is here (checked by the tests).
+ENCODER_STATUS: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "dots3_note_audio_encoder gemma3n_audio gemma4_audio gemma4_unified_audio glmasr_encoder lasr_ctc "
+            "lasr_encoder moonshine_streaming_encoder muse_spark_audio nemotron3_5_transcribe_asr_audio "
+            "nemotron3_5_transcribe_audio nemotron3_5_transcribe_word_timestamp nemotron3_diarization "
+            "nemotron3_diarization_audio nemotron_asr_streaming nemotron_asr_streaming_encoder parakeet_ctc "
+            "parakeet_encoder parakeet_rnnt parakeet_tdt pe_audio_encoder phi4_multimodal_audio "
+            "qwen2_5_omni_audio_encoder qwen3_omni_moe_audio_encoder voxtral_realtime_encoder wav2vec2-bert "
+            "wav2vec2-conformer"
+        ).split(),
+        _AUDIO,
+    ),
+    **dict.fromkeys("pe_audio_video_encoder pe_video_encoder vjepa2".split(), _VIDEO),
+    **dict.fromkeys(
+        (
+            "edgetam_video edgetam_video_mask_decoder edgetam_video_prompt_encoder sam2_video sam2_video_mask_decoder "
+            "sam2_video_prompt_encoder sam3_detr_decoder sam3_detr_encoder sam3_geometry_encoder sam3_mask_decoder "
+            "sam3_tracker_video sam3_tracker_video_mask_decoder sam3_tracker_video_prompt_encoder"
+        ).split(),
+        _SEGMENT,
+    ),
+    **dict.fromkeys(
+        (
+            "mimi mimi_decoder mimi_encoder neucodec pocket_tts_audio_tokenizer pocket_tts_audio_tokenizer_decoder "
+            "pocket_tts_audio_tokenizer_encoder qwen2_5_omni_bigvgan qwen2_5_omni_dit qwen2_5_omni_token2wav xcodec2"
+        ).split(),
+        _CODEC,
+    ),
+    **dict.fromkeys(
+        (
+            "cosmos3_edge_vision deepseek_ocr2_encoder deepseek_ocr2_sam_vision_model "
+            "deepseek_ocr2_vision gemma3n_vision gemma4_unified_vision "
+            "granite_docling_vision inkling2_vision mlcd mlcd_vision_model molmo2_vision "
+            "muse_glimmer_vision muse_spark_vision phi4_multimodal_vision sapiens2 step3p5_vision "
+            "unlimited_ocr_sam_vision_model unlimited_ocr_vision unlimited_ocr_vision_encoder"
+        ).split(),
+        _VISION_LATER,
+    ),
+    **dict.fromkeys(
+        (
+            "chameleon_vqgan emu3_vqgan glm_image_vision glm_image_vqmodel hunyuan_vl_vision idefics_perciever "
+            "idefics_vision mllama_vision_model molmo2_adapter sapiens2_head t5_gemma_module"
+        ).split(),
+        _NO_ROPE_TOWER,
+    ),
+    **dict.fromkeys("qwen2_5_omni qwen3_omni_moe sam3 sam3_vision_model".split(), _WRAPPER),
+    **dict.fromkeys(
+        "blt_global_transformer efficientloftr lightglue muse_glimmer_assistant timesfm2_5".split(), _OTHER
+    ),
+    "gemma4_vision": _GEMMA4,
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# reading the config
+
+
+def _as_dict(config: Any, label: str) -> dict[str, Any]:
+    if isinstance(config, Mapping):
+        return dict(config)
+    to_dict = getattr(config, "to_dict", None)
+    if callable(to_dict):
+        return dict(to_dict())
+    raise ConfigError(f"{label}: expected a transformers config or a dict, got {type(config).__name__}")
+
+
+def _vision_part(config: Any) -> dict[str, Any]:
+    """The config of the tower: ``config`` itself, or the tower it wraps (a multimodal model's
+    ``vision_config``, a vision model's ``backbone_config`` as SAM 3 nests its ViT, Qwen-Omni's
+    ``thinker_config``)."""
+    d = _as_dict(config, "vision_rope")
+    for _ in range(3):
+        if d.get("model_type") in VISION_ROPE:
+            return d
+        keys = ("vision_config", "backbone_config", "thinker_config")
+        key = next((k for k in keys if d.get(k) is not None), None)
+        if key is None:
+            return d
+        d = _as_dict(d[key], f"vision_rope: {key}")
+    return d
+
+
+def _refuse(model_type: object) -> ConfigError:
+    from .architectures import MROPE_MODELS, PAIRING  # text tables: only for the message
+
+    if model_type in ENCODER_STATUS:
+        return ConfigError(f"vision_rope: model_type {model_type!r} is not built: {ENCODER_STATUS[model_type]}")
+    if model_type in PAIRING or model_type in MROPE_MODELS:
+        return ConfigError(
+            f"vision_rope: model_type {model_type!r} is a text decoder; build its RoPE with "
+            "rotary.RoPE.from_hf_config(config) (or rotary.MRoPE.from_hf_config for multimodal RoPE)"
+        )
+    what = f"model_type {model_type!r}" if model_type else "a config without model_type"
+    return ConfigError(
+        f"vision_rope: {what} is not a vision encoder rotary builds; give a vision config (a VL model's "
+        f"vision_config) of one of: {', '.join(sorted(VISION_ROPE))}"
+    )
+
+
+def _int(d: Mapping[str, Any], keys: Sequence[str], label: str) -> int:
+    for key in keys:
+        value = d.get(key)
+        if value is not None:
+            if not is_int(value) or value <= 0:
+                raise ConfigError(f"{label}: {key} must be a positive int, got {value!r}")
+            return int(value)
+    raise ConfigError(f"{label}: the config has none of {', '.join(keys)}; the tower's RoPE depends on it")
+
+
+def _head_dim(d: Mapping[str, Any], model_type: str, label: str) -> int:
+    """``head_dim``, else the hidden width over the heads, as the model's rotary embedding reads them."""
+    head_dim = d.get("head_dim")
+    if head_dim is not None:
+        return _int(d, ("head_dim",), label)
+    width = _int(d, (_WIDTH.get(model_type, "hidden_size"),), label)
+    heads = _int(d, ("num_attention_heads", "num_heads"), label)
+    return width // heads
+
+
+def _theta(d: Mapping[str, Any], form: str, label: str) -> float:
+    params = d.get("rope_parameters") or {}
+    if not isinstance(params, Mapping):
+        raise ConfigError(f"{label}: rope_parameters must be a dict, got {params!r:.80}")
+    want = _ROPE_TYPE.get(form, "axial")
+    rope_type = params.get("rope_type", want)
+    if rope_type != want:
+        raise ConfigError(
+            f"{label}: rope_type {rope_type!r}, but this vision tower builds its RoPE with rope_type {want!r} only "
+            f"(as transformers does); set rope_parameters['rope_type'] = {want!r}"
+        )
+    theta = params.get("rope_theta", d.get("rope_theta", _DEFAULT_THETA.get(d.get("model_type"), 10000.0)))
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
+        raise ConfigError(f"{label}: rope_theta must be a positive number, got {theta!r}")
+    return float(theta)
+
+
+def _even_quarters(head_dim: int, label: str) -> None:
+    if head_dim % 4:
+        raise ConfigError(
+            f"{label}: head_dim {head_dim} is not a multiple of 4: a 2-D axial RoPE gives each axis head_dim/2 "
+            "channels of pairs, as the model's rotary embedding needs"
+        )
+
+
+def vision_rope(config: Any) -> VisionRoPE:
+    """The RoPE a Hugging Face vision encoder applies, built from its config.
+
+    Args:
+        config: a transformers vision config (or its ``to_dict()``), or a multimodal config whose
+            ``vision_config`` is one; its ``model_type`` must be in :data:`VISION_ROPE`.
+
+    Returns:
+        :class:`VisionRoPE`: ``.tables(grid)`` gives what the model's attention applies, ``.positions(grid)``
+        the coordinates of its tokens in the model's order, ``.rope`` the :class:`~rotary.variants.AxialRoPE`.
+        It is in eval mode, as a loaded model; ``.train()`` turns on the coordinate augmentation a DINOv3
+        config names (``pos_embed_shift``, ``pos_embed_jitter``, ``pos_embed_rescale``), as the model's
+        training does (its own random draws, not transformers').
+
+    Raises:
+        rotary.errors.ConfigError: a text model (use :meth:`rotary.RoPE.from_hf_config`), an encoder not
+            built (the message says why: :data:`ENCODER_STATUS`), or keys the tower cannot run with.
+
+    Example:
+        >>> rope = rotary.hf.vision_rope({"model_type": "qwen2_vl_vision", "embed_dim": 64, "num_heads": 4})
+        >>> rope.tables([[1, 4, 6], [2, 2, 2]]).cos.shape  # an image of 4 x 6 patches, a video of 2 frames
+        torch.Size([32, 16])
+    """
+    d = _vision_part(config)
+    model_type = d.get("model_type")
+    if model_type not in VISION_ROPE:
+        raise _refuse(model_type)
+    d = {**CONFIG_DEFAULTS.get(model_type, {}), **{k: v for k, v in d.items() if v is not None}}
+    form = VISION_ROPE[model_type]
+    label = f"vision_rope({model_type})"
+    head_dim = _head_dim(d, model_type, label)
+    theta = _theta(d, form, label)
+    merge, window, temporal = 1, None, False
+    if model_type in _MERGE_PER_CALL:
+        merge = None
+    elif form in ("qwen_vl", "qwen_vl_window", "kimi", "minimax"):
+        if model_type not in _MERGE_ONE:
+            merge = _int(d, ("spatial_merge_size",), label)
+    if form == "minimax":
+        channels = 2 * ((head_dim // 3) // 2)  # per axis, as the model's rotary embedding
+        if channels == 0:
+            raise ConfigError(f"{label}: head_dim {head_dim} is too small for three axes of channel pairs")
+        rope = AxialRoPE(head_dim, axes=3, rotary_dim=3 * channels, base=theta)
+        temporal = True
+    elif form == "llama4":
+        _even_quarters(head_dim, label)
+        rope = AxialRoPE.preset("llama4_vision", head_dim, base=theta)
+    elif form == "pixtral":
+        _even_quarters(head_dim, label)
+        rope = AxialRoPE.preset("pixtral", head_dim, base=theta)
+    elif form == "dinov3":
+        _even_quarters(head_dim, label)
+        registers = d.get("num_register_tokens", 0) or 0
+        if not is_int(registers) or registers < 0:
+            raise ConfigError(f"{label}: num_register_tokens must be an int >= 0, got {registers!r}")
+        augment = {
+            name: d.get(key)
+            for name, key in (
+                ("shift_coords", "pos_embed_shift"),
+                ("jitter_coords", "pos_embed_jitter"),
+                ("rescale_coords", "pos_embed_rescale"),
+            )
+        }
+        rope = AxialRoPE.preset("dinov3", head_dim, base=theta, prefix_tokens=1 + int(registers), **augment)
+    elif form == "sam3":
+        _even_quarters(head_dim, label)
+        rope = AxialRoPE(head_dim, axes=2, base=theta, interleaved=True, block_order=(1, 0))
+        window = _int(d, ("window_size",), label)
+    else:
+        _even_quarters(head_dim, label)
+        kimi = form == "kimi"
+        rope = AxialRoPE(
+            head_dim, axes=2, base=theta, axis_slots="alternating" if kimi else "blocks",
+            block_order=(1, 0) if kimi else None,
+        )  # fmt: skip
+        if form == "qwen_vl_window":
+            size, patch = _int(d, ("window_size",), label), _int(d, ("patch_size",), label)
+            if size // merge // patch < 1:
+                raise ConfigError(
+                    f"{label}: window_size {size} holds no {merge} x {merge} block of {patch}-pixel patches; "
+                    f"window_size must be at least spatial_merge_size * patch_size = {merge * patch}"
+                )
+            window = size // merge // patch
+    fixed = None
+    if form in ("llama4", "sam3"):
+        image, patch = d.get("image_size"), d.get("patch_size")
+        if not (is_int(image) and is_int(patch) and 0 < patch <= image):
+            raise ConfigError(f"{label}: image_size and patch_size must be ints with patch_size <= image_size")
+        fixed = (image // patch, image // patch)
+    producer = VisionRoPE(model_type, form, rope, merge_size=merge, window=window, temporal=temporal, fixed_grid=fixed)
+    return producer.eval()  # as a loaded model: DINOv3's coordinate augmentation only after .train()
+
+
+# ------------------------------------------------------------------------------------------------
+# the producer
+
+
+class VisionRoPE(nn.Module):
+    """The RoPE of one vision tower: an :class:`~rotary.variants.AxialRoPE` and its tokens' order.
+
+    Made by :func:`vision_rope`. What ``grid`` is depends on the tower (:attr:`form`):
+
+    - packed towers (``qwen_vl``, ``qwen_vl_window``, ``kimi``, ``minimax``, ``pixtral``): one row per
+      image or video, ``(t, h, w)`` patches (the model's ``grid_thw``) or ``(h, w)`` for an image, all packed
+      into one sequence, in the model's order (VideoLLaMA3 also takes ``merge_sizes=``, one per row);
+    - ``dinov3``: ``(h, w)`` patches of the image; the class and register tokens come first, unrotated
+      (``prefix=`` for more, e.g. EoMT's queries in its last blocks);
+    - ``llama4``: ``(h, w)`` must be the config's ``image_size / patch_size`` grid (default), class token last;
+    - ``sam3``: ``(h, w)`` of one attention's tokens: ``(window_size, window_size)`` for the windowed
+      layers, the whole patch grid (default) for the global ones.
+
+    Example:
+        >>> rope = rotary.hf.vision_rope({"model_type": "kimi_k25_vision", "hidden_size": 64, "num_attention_heads": 4})
+        >>> rope.positions([[1, 2, 3]]).values.tolist()[:4]
+        [[0.0, 0.0], [0.0, 1.0], [0.0, 2.0], [1.0, 0.0]]
+    """
+
+    def __init__(
+        self,
+        model_type: str,
+        form: str,
+        rope: AxialRoPE,
+        *,
+        merge_size: int | None = 1,
+        window: int | None = None,
+        temporal: bool = False,
+        fixed_grid: tuple[int, int] | None = None,
+    ) -> None:
+        super().__init__()
+        self.model_type, self.form, self.rope = model_type, form, rope
+        self.merge_size, self.window, self.temporal, self.fixed_grid = merge_size, window, temporal, fixed_grid
+
+    def extra_repr(self) -> str:
+        return f"model_type={self.model_type!r}, form={self.form!r}, merge_size={self.merge_size}, window={self.window}"
+
+    # grids ------------------------------------------------------------------------------------------
+    def _merges(self, merge_sizes: Any, rows: int) -> list[int]:
+        if self.merge_size is not None:
+            if merge_sizes is not None:
+                raise InputError(
+                    f"merge_sizes= is for towers that merge each image by its own size (VideoLLaMA3); "
+                    f"{self.model_type} merges {self.merge_size} x {self.merge_size} blocks (its config)"
+                )
+            return [self.merge_size] * rows
+        if isinstance(merge_sizes, torch.Tensor):
+            merge_sizes = merge_sizes.tolist()
+        if (
+            not isinstance(merge_sizes, Sequence)
+            or len(merge_sizes) != rows
+            or not all(is_int(m) and m > 0 for m in merge_sizes)
+        ):
+            raise InputError(
+                f"{self.model_type} merges each image or video by its own size: give merge_sizes= with one positive "
+                f"int per grid row ({rows}), as the model's merge_sizes; got {merge_sizes!r:.60}"
+            )
+        return [int(m) for m in merge_sizes]
+
+    def _rows(self, grid: Any, merge_sizes: Any = None) -> list[tuple[int, int, int, int]]:
+        if isinstance(grid, torch.Tensor):
+            if grid.dtype.is_floating_point or grid.dtype == torch.bool or grid.dim() not in (1, 2):
+                raise InputError(
+                    f"grid must be integer rows (t, h, w) or (h, w), got a {grid.dtype} tensor {tuple(grid.shape)}"
+                )
+            grid = grid.tolist()
+        if isinstance(grid, (str, bytes)) or not isinstance(grid, Sequence) or not len(grid):
+            raise InputError(
+                f"grid must be rows (t, h, w) or (h, w) of patches, one per image or video; got {grid!r:.80}"
+            )
+        if all(is_int(v) for v in grid):
+            grid = [grid]  # one row
+        rows = []
+        for i, row in enumerate(grid):
+            if isinstance(row, torch.Tensor):
+                row = row.tolist()
+            if not isinstance(row, Sequence) or len(row) not in (2, 3) or not all(is_int(v) and v > 0 for v in row):
+                raise InputError(f"grid[{i}] = {row!r:.60}: give (t, h, w) or (h, w) as positive ints (patches)")
+            rows.append((1, *row) if len(row) == 2 else tuple(row))
+        merges = self._merges(merge_sizes, len(rows))
+        for i, ((t, h, w), m) in enumerate(zip(rows, merges)):
+            if h % m or w % m:
+                raise InputError(
+                    f"grid[{i}] = {(t, h, w)}: h and w must be multiples of the spatial merge size {m} (the tower "
+                    f"merges {m} x {m} patches), got h={h}, w={w}"
+                )
+        return [(int(t), int(h), int(w), m) for (t, h, w), m in zip(rows, merges)]
+
+    def _image(self, grid: Any) -> tuple[int, int]:
+        if grid is None:
+            if self.fixed_grid is None:
+                raise InputError(f"{self.model_type}: give grid=(h, w), the patches of the image")
+            return self.fixed_grid
+        rows = self._rows(grid)
+        if len(rows) != 1 or rows[0][0] != 1:
+            raise InputError(f"{self.model_type} takes one image grid (h, w) per call, got {grid!r:.80}")
+        h, w = rows[0][1:3]
+        if self.form == "llama4" and (h, w) != self.fixed_grid:
+            raise InputError(
+                f"{self.model_type} rotates the fixed grid of its image_size / patch_size = {self.fixed_grid}; got {(h, w)}"
+            )
+        return h, w
+
+    def positions(self, grid: Any = None, *, prefix: int | None = None, merge_sizes: Any = None) -> Coordinates:
+        """The coordinates of the tower's tokens, in the model's order.
+
+        Args:
+            grid: see the class docstring (``grid_thw`` rows, or one ``(h, w)``).
+            prefix: ``dinov3`` only: unrotated tokens before the patches (default 1 + registers).
+            merge_sizes: VideoLLaMA3 only: the merge size of each grid row (the model's ``merge_sizes``).
+
+        Returns:
+            :class:`~rotary.variants.Coordinates` ``[N, A]`` (``A`` = 3 for ``minimax``'s (t, h, w), else 2).
+        """
+        if merge_sizes is not None and self.form not in ("qwen_vl", "qwen_vl_window", "kimi", "minimax"):
+            raise InputError(f"merge_sizes= is for towers that merge patches; {self.model_type} does not")
+        if prefix is not None and self.form != "dinov3":
+            raise InputError(f"prefix= is for DINOv3-style towers; {self.model_type} has no unrotated prefix tokens")
+        if self.form == "dinov3":
+            return self.rope.grid(*self._image(grid), prefix=prefix)
+        if self.form == "llama4":
+            return self.rope.grid(*self._image(grid))
+        if self.form == "sam3":
+            h, w = self._image(grid)
+            ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+            scale = self.window / w  # transformers scales both axes by the width's factor
+            values = torch.stack([ys.flatten(), xs.flatten()], dim=-1).to(torch.float64) * scale
+            return self.rope.coordinates(values)
+        parts, blocks = [], 0
+        for t, h, w, m in self._rows(grid, merge_sizes):
+            ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+            # patches in m x m blocks, block-major: [h/m, m, w/m, m] -> [h/m, w/m, m, m]
+            ys = ys.reshape(h // m, m, w // m, m).transpose(1, 2).flatten()
+            xs = xs.reshape(h // m, m, w // m, m).transpose(1, 2).flatten()
+            frame = torch.stack([ys, xs], dim=-1)  # [h w, 2]
+            if self.temporal:
+                ts = torch.arange(t).repeat_interleave(h * w)
+                coords = torch.cat([ts[:, None], frame.repeat(t, 1)], dim=-1)
+            else:
+                coords = frame.repeat(t, 1)
+            if self.window is not None:
+                order = _window_order(t, h // m, w // m, self.window) + blocks
+                parts.append((coords, order))
+            else:
+                parts.append((coords, None))
+            blocks += t * (h // m) * (w // m)
+        values = torch.cat([c for c, _ in parts])
+        if self.window is not None:  # whole m x m blocks move into their windows (one m: the config's)
+            m = self.merge_size
+            order = torch.cat([o for _, o in parts])
+            values = values.reshape(blocks, m * m, -1)[order].reshape(values.shape)
+        return self.rope.coordinates(values)
+
+    def tables(
+        self,
+        grid: Any = None,
+        *,
+        prefix: int | None = None,
+        merge_sizes: Any = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> RotaryTables:
+        """The tables the tower's attention applies to its tokens (see :meth:`positions`).
+
+        Returns:
+            :class:`~rotary.tables.RotaryTables` ``[N, r]`` (identity rows for class and register tokens),
+            for q and k ``[..., N, H, D]`` or ``[..., H, N, D]`` through :func:`rotary.rotate`.
+        """
+        return self.rope.tables(self.positions(grid, prefix=prefix, merge_sizes=merge_sizes), dtype=dtype)
+
+
+def _window_order(t: int, h: int, w: int, window: int) -> torch.Tensor:
+    """The merged blocks of a ``t x h x w`` grid (in blocks) read window by window, as Qwen2.5-VL's tower."""
+    index = torch.arange(t * h * w).reshape(t, h, w)
+    pad_h, pad_w = -h % window, -w % window
+    index = torch.nn.functional.pad(index, (0, pad_w, 0, pad_h), value=-1)
+    nh, nw = (h + pad_h) // window, (w + pad_w) // window
+    index = index.reshape(t, nh, window, nw, window).permute(0, 1, 3, 2, 4).reshape(-1)
+    return index[index >= 0]

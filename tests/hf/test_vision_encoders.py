@@ -1,0 +1,438 @@
+"""rotary.hf.vision_rope against transformers 5.23's own vision towers.
+
+Each tower in rotary.hf.VISION_ROPE is built once from a tiny config with random weights and run on
+grids that differ per axis (non-square images, several images and videos packed together where the
+tower takes them). Every call of its RoPE apply function is recorded (q, k, cos, sin in, q and k out);
+rotary's tables for the same grid, through rotary.rotate, must give the same q and k, and the tables
+must equal the model's cos/sin on the tokens it rotates.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+
+import pytest
+import torch
+
+import rotary
+from rotary.hf import architectures, patching, vision
+from rotary.hf.vision import ENCODER_STATUS, FORMS, VISION_ROPE, vision_rope
+
+transformers = pytest.importorskip("transformers")
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # noqa: E402
+
+#: form -> (the apply function its attention calls, the layout of q and k there)
+APPLY = {
+    "qwen_vl": ("apply_rotary_pos_emb_vision", "shd"),
+    "qwen_vl_window": ("apply_rotary_pos_emb_vision", "shd"),
+    "kimi": ("apply_rotary_pos_emb_vision", "bshd"),
+    "minimax": ("apply_rotary_pos_emb_vision", "shd"),
+    "pixtral": ("apply_rotary_pos_emb", "bhsd"),
+    "llama4": ("vision_apply_rotary_emb", "bshd"),
+    "dinov3": ("apply_rotary_pos_emb", "bhsd"),
+    "sam3": ("apply_rotary_pos_emb_2d", "bhsd"),
+}
+
+# packed towers: two images and a video, h != w everywhere (in patches; multiples of the merge size)
+GRID_THW = [[1, 4, 6], [2, 6, 2], [1, 2, 8]]
+# GLM-4V's towers take a video as one row per frame (their processors split it; a row with t > 1 fails there)
+GRID_FRAMES = [[1, 4, 6], [1, 6, 2], [1, 6, 2], [1, 2, 8]]
+GLM = {"glm4v_vision", "glm4v_moe_vision", "glm_ocr_vision", "glm5_next_vision"}
+# Kimi-K2.5 pools each clip's frames after the blocks: one frame count per call (two-frame clips)
+GRID_CLIPS = [[2, 4, 6], [2, 6, 2], [2, 2, 8]]
+TINY = dict(
+    depth=2, num_hidden_layers=2, hidden_size=64, embed_dim=64, num_heads=4, num_attention_heads=4,
+    intermediate_size=64, patch_size=4, temporal_patch_size=2, in_channels=3, num_channels=3,
+    out_hidden_size=64, window_size=16, fullatt_block_indexes=[1], deepstack_visual_indexes=[],
+)  # fmt: skip
+
+
+#: model types whose tower class the lookup below does not find (or finds several of)
+MODEL_CLASS = {
+    "dinov3_vit": "DINOv3ViTModel",
+    "eomt_dinov3": "EomtDinov3ForUniversalSegmentation",
+    "pixtral": "PixtralVisionModel",
+    "paddleocr_vl_vision": "PaddleOCRVisionModel",
+    "ernie4_5_vl_moe_vision": "Ernie4_5_VLMoeVisionTransformerPretrainedModel",
+}
+
+
+def _model_class(model_type: str):
+    cfg = CONFIG_MAPPING[model_type]
+    module = importlib.import_module(cfg.__module__.replace("configuration_", "modeling_"))
+    if model_type in MODEL_CLASS:
+        return module, getattr(module, MODEL_CLASS[model_type])
+    classes = [
+        o for o in vars(module).values()
+        if inspect.isclass(o) and issubclass(o, transformers.PreTrainedModel) and o.__annotations__.get("config") is cfg
+        and "PreTrained" not in o.__name__
+    ]  # fmt: skip
+    return module, classes[0]
+
+
+def _config(model_type: str):
+    cfg = CONFIG_MAPPING[model_type]
+    fields = set(inspect.signature(cfg.__init__).parameters) | {f for f in getattr(cfg, "__dataclass_fields__", {})}
+    kwargs = {k: v for k, v in TINY.items() if k in fields}
+    if model_type == "llama4_vision_model":
+        kwargs.update(
+            image_size=24, intermediate_size=256, vision_output_dim=64, projector_input_dim=64, projector_output_dim=64
+        )
+    if model_type in ("dinov3_vit", "eomt_dinov3"):
+        kwargs.update(image_size=32, num_register_tokens=2)
+    if model_type == "eomt_dinov3":
+        kwargs.update(num_queries=3, num_blocks=1)
+    if model_type == "sam3_vit_model":
+        kwargs.update(image_size=40, window_size=4, global_attn_indexes=[1], pretrain_image_size=40)
+    if model_type == "dots3_note_vision_encoder":  # two dense layers (its default config is a 42-layer MoE)
+        kwargs.update(mlp_layer_types=["dense", "dense"], per_layer_config={}, adapter_in_dim=64, adapter_out_dim=64)
+    if model_type == "lfm3_vl_vision":  # a short-convolution layer and an attention layer
+        kwargs.update(layer_types=["conv", "full_attention"], num_key_value_heads=2)
+    if model_type == "exaone4_5_vision":  # grouped-query attention in the tower
+        kwargs.update(num_key_value_heads=2)
+    if model_type == "qwen2_5_omni_vision_encoder":
+        kwargs.update(fullatt_block_indexes=[1])
+    config = cfg(**kwargs)
+    config._attn_implementation = "eager"
+    return config
+
+
+def _inputs(model_type: str, config, gen: torch.Generator) -> dict:
+    form = VISION_ROPE[model_type]
+    p = config.patch_size
+    if form in ("qwen_vl", "qwen_vl_window", "kimi", "minimax"):
+        grid = torch.tensor(GRID_FRAMES if model_type in GLM else GRID_CLIPS if form == "kimi" else GRID_THW)
+        channels = getattr(config, "in_channels", None) or getattr(config, "num_channels", 3)
+        temporal = getattr(config, "temporal_patch_size", 1) or 1
+        n = int(grid.prod(-1).sum())
+        shape = {
+            "kimi_k25_vision": (n, channels, p, p),  # one image of p x p pixels per patch
+            "paddleocr_vl_vision": (1, n, channels, p, p),
+        }.get(model_type, (n, channels * temporal * p * p))
+        inputs = {"pixels": torch.randn(*shape, generator=gen), "grid_thw": grid}
+        if model_type == "video_llama_3_vision":  # each image and video merged by its own size
+            inputs["merge_sizes"] = torch.tensor([2, 1, 2])
+        return inputs
+    if form == "pixtral":  # two images, 3 x 5 and 4 x 2 patches, padded into one batch
+        return {
+            "pixel_values": torch.randn(2, 3, 4 * p, 5 * p, generator=gen),
+            "image_sizes": torch.tensor([[3 * p, 5 * p], [4 * p, 2 * p]]),
+        }
+    if model_type == "dinov3_vit":  # a 5 x 7 grid
+        return {"pixel_values": torch.randn(1, 3, 5 * p, 7 * p, generator=gen)}
+    size = config.image_size
+    return {"pixel_values": torch.randn(1, 3, size, size, generator=gen)}
+
+
+def _call(model, model_type: str, inputs: dict):
+    if "pixels" in inputs:
+        name = next(iter(inspect.signature(model.forward).parameters))
+        extra = {"merge_sizes": inputs["merge_sizes"]} if "merge_sizes" in inputs else {}
+        return model(**{name: inputs["pixels"], "grid_thw": inputs["grid_thw"]}, **extra)
+    return model(**inputs)
+
+
+class NoLoss(torch.nn.Module):
+    """Stands in for EoMT's loss (which needs scipy) while the model is built; the forward never calls it."""
+
+    def __init__(self, config, **kwargs):
+        super().__init__()
+        self.num_labels, self.eos_coef = config.num_labels, 0.1
+        self.empty_weight = torch.nn.Buffer(torch.ones(config.num_labels + 1))
+
+
+@functools.cache
+def tower(model_type: str):
+    """The tiny tower (built once per test module), its modeling module and its inputs."""
+    module, cls = _model_class(model_type)
+    config = _config(model_type)
+    torch.manual_seed(0)
+    loss = getattr(module, "EomtDinov3Loss", None)  # needs scipy, and plays no part in the forward
+    if loss is not None:
+        module.EomtDinov3Loss = NoLoss
+    try:
+        model = cls(config).eval()
+    finally:
+        if loss is not None:
+            module.EomtDinov3Loss = loss
+    return module, model, _inputs(model_type, config, torch.Generator().manual_seed(1))
+
+
+@functools.cache
+def recorded(model_type: str):
+    """The tower's config, its inputs, and every (args, outputs) of its apply function in one forward."""
+    module, model, inputs = tower(model_type)
+    config = model.config
+    name = APPLY[VISION_ROPE[model_type]][0]
+    real = getattr(module, name)
+    calls = []
+
+    def recording(*args, **kwargs):
+        out = real(*args, **kwargs)
+        bound = inspect.signature(real).bind(*args, **kwargs)
+        calls.append((tuple(bound.arguments.values()), out))  # q, k, then the tables, however they were passed
+        return out
+
+    setattr(module, name, recording)
+    try:
+        with torch.no_grad():
+            _call(model, model_type, inputs)
+    finally:
+        setattr(module, name, real)
+    return config, inputs, calls
+
+
+def _as_bshd(x: torch.Tensor, layout: str) -> torch.Tensor:
+    return {"shd": lambda t: t[None], "bshd": lambda t: t, "bhsd": lambda t: t.transpose(1, 2)}[layout](x)
+
+
+def _grids(model_type: str, config, inputs, call_q: torch.Tensor, layout: str):
+    """The grid argument(s) of rotary's producer for one recorded call, and its prefix."""
+    form = VISION_ROPE[model_type]
+    p = config.patch_size
+    if form == "pixtral":
+        return [[3, 5], [4, 2]], None
+    if form == "dinov3":  # EoMT's mask head needs its config's square grid
+        h, w = (n // p for n in inputs["pixel_values"].shape[-2:])
+        seq = _as_bshd(call_q, layout).shape[1]
+        return (h, w), seq - h * w
+    if form == "sam3":
+        seq = _as_bshd(call_q, layout).shape[1]
+        side = int(round(seq**0.5))
+        return (side, side), None
+    if form == "llama4":
+        return None, None
+    return inputs["grid_thw"], None
+
+
+@pytest.mark.parametrize("model_type", sorted(VISION_ROPE))
+def test_tables_and_rotation_match_the_model(model_type):
+    config, inputs, calls = recorded(model_type)
+    assert calls, f"{model_type}: the tower applied no RoPE"
+    form = VISION_ROPE[model_type]
+    layout = APPLY[form][1]
+    rope = vision_rope(config)
+    assert rope.form == form and rotary.AxialRoPE.from_hf_config(config.to_dict()) is not None
+    seen = set()
+    for args, out in calls:
+        q, k = args[0], args[1]
+        grid, prefix = _grids(model_type, config, inputs, q, layout)
+        tables = rope.tables(grid, prefix=prefix, merge_sizes=inputs.get("merge_sizes"), dtype=torch.float64)
+        qb, kb = _as_bshd(q, layout).double(), _as_bshd(k, layout).double()
+        assert tables.cos.shape[0] == qb.shape[1], (tables.cos.shape, qb.shape)
+        q_rot, k_rot = rotary.rotate([qb, kb], tables, layout="bshd")
+        torch.testing.assert_close(q_rot.float(), _as_bshd(out[0], layout).float(), rtol=1e-5, atol=2e-5)
+        torch.testing.assert_close(k_rot.float(), _as_bshd(out[1], layout).float(), rtol=1e-5, atol=2e-5)
+        assert not torch.allclose(q_rot.float(), qb.float(), atol=1e-3)  # it rotates
+        seen.add((tuple(qb.shape[1:3]), prefix))
+    if form == "sam3":
+        assert len(seen) == 2  # windowed and global layers, each with its own grid
+    if model_type == "eomt_dinov3":
+        assert len(seen) == 2  # its last block also carries the queries, unrotated, before the patches
+
+
+@pytest.mark.parametrize("model_type", sorted(VISION_ROPE))
+def test_positions_differ_per_axis_and_tables_are_the_models_cos_sin(model_type):
+    """Where the model hands cos and sin over (not a complex table): they equal rotary's on the rotated tokens."""
+    config, inputs, calls = recorded(model_type)
+    form = VISION_ROPE[model_type]
+    args = calls[0][0]
+    if form == "llama4":  # a complex table [S, 1, D/2]: its real part, repeated per pair, is cos
+        freqs = args[2].reshape(args[2].shape[0], -1)
+        cos, sin = freqs.real.repeat_interleave(2, -1), freqs.imag.repeat_interleave(2, -1)
+    else:
+        cos, sin = args[2], args[3]
+    cos, sin = cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1])
+    grid, prefix = _grids(model_type, config, inputs, args[0], APPLY[form][1])
+    rope = vision_rope(config)
+    coords = rope.positions(grid, prefix=prefix, merge_sizes=inputs.get("merge_sizes"))
+    tables = rope.tables(grid, prefix=prefix, merge_sizes=inputs.get("merge_sizes"))
+    rows = tables.cos.shape[0] - cos.shape[0]  # DINOv3 hands over the patches' rows only
+    assert rows == (prefix or 0)
+    values = coords.values[rows:]
+    assert not torch.equal(values[:, -1], values[:, -2])  # the axes carry different coordinates
+    r = tables.cos.shape[-1]
+    torch.testing.assert_close(tables.cos[rows:], cos[:, :r].float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(tables.sin[rows:], sin[:, :r].float(), rtol=1e-5, atol=1e-5)
+
+
+def test_config_defaults_are_transformers():
+    for model_type, defaults in vision.CONFIG_DEFAULTS.items():
+        config = CONFIG_MAPPING[model_type]()
+        assert {key: getattr(config, key) for key in defaults} == defaults, model_type
+
+
+@pytest.mark.parametrize("model_type", sorted(VISION_ROPE))
+def test_a_config_without_rope_keys_gets_transformers_defaults(model_type):
+    """A checkpoint's vision config may leave out rope_theta / rope_parameters: the frequencies are then
+    those of transformers' default config of that type."""
+    full = CONFIG_MAPPING[model_type]().to_dict()
+    bare = {k: v for k, v in full.items() if k not in ("rope_parameters", "rope_theta")}
+    want, got = vision_rope(full).rope, vision_rope(bare).rope
+    assert got.base == want.base and torch.equal(got.frequencies(), want.frequencies())
+
+
+def test_every_encoder_is_built_or_has_a_status():
+    """Every type the text table refuses as "not a decoder of text tokens" is built here or has a status,
+    and nothing is both."""
+    not_text = {t for t, why in architectures.UNSUPPORTED.items() if why == architectures._NOT_TEXT}
+    assert not set(VISION_ROPE) & set(ENCODER_STATUS)
+    assert not set(VISION_ROPE) & set(architectures.UNSUPPORTED)
+    assert set(ENCODER_STATUS) == not_text
+    assert set(VISION_ROPE.values()) == set(FORMS)
+    categories = {status.split(":")[0] for status in ENCODER_STATUS.values()}
+    assert categories == {
+        "audio encoder", "video encoder", "vision encoder", "audio codec / vocoder / speech tokenizer", "wrapper",
+        "segmentation / tracking part (mask decoder, prompt encoder, memory attention)", "no RoPE in this part",
+        "other encoder (byte patches, feature matching, time series, an assistant model)",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "config, match",
+    [
+        ({"model_type": "llama", "hidden_size": 64}, r"text decoder; build its RoPE with rotary\.RoPE\.from_hf_config"),
+        ({"model_type": "gemma4_vision"}, r"not built: vision encoder"),
+        ({"model_type": "qwen2_5_omni_audio_encoder"}, r"not built: audio encoder"),
+        ({"model_type": "nope"}, r"'nope' is not a vision encoder rotary builds"),
+        ({"model_type": "qwen3_vl_vision", "hidden_size": 64, "num_heads": 4, "rope_parameters": {"rope_type": "yarn"}},
+         r"rope_type 'yarn'.*'axial'"),
+        ({"model_type": "qwen3_vl_vision", "hidden_size": 72, "num_heads": 4}, r"head_dim 18 is not a multiple of 4"),
+        ({"model_type": "eomt_dinov3", "hidden_size": 64, "num_attention_heads": 4,
+          "rope_parameters": {"rope_type": "yarn", "rope_theta": 100.0}}, r"rope_type 'yarn'.*'default'"),
+        ({"model_type": "qwen3_vl_vision", "num_heads": 4}, r"none of hidden_size"),
+    ],
+)  # fmt: skip
+def test_bad_configs_name_the_producer_or_the_key(config, match):
+    with pytest.raises(rotary.ConfigError, match=match):
+        vision_rope(config)
+
+
+@pytest.mark.parametrize(
+    "make, model_type",
+    [
+        (lambda: transformers.Sam3Config(), "sam3_vit_model"),  # vision_config -> backbone_config
+        (lambda: transformers.Sam3Config().vision_config, "sam3_vit_model"),
+        (lambda: transformers.Qwen2_5OmniConfig().to_dict(), "qwen2_5_omni_vision_encoder"),  # thinker_config
+        (lambda: transformers.Qwen3OmniMoeConfig().to_dict(), "qwen3_omni_moe_vision_encoder"),
+    ],
+)
+def test_wrappers_give_their_vision_tower(make, model_type):
+    rope = vision_rope(make())
+    assert rope.model_type == model_type and rope.form == VISION_ROPE[model_type]
+
+
+def test_a_multimodal_config_gives_its_vision_tower():
+    config = transformers.Qwen2_5_VLConfig(vision_config=dict(hidden_size=64, num_heads=4, depth=1))
+    rope = vision_rope(config)
+    assert rope.model_type == "qwen2_5_vl_vision" and rope.rope.head_dim == 16
+    with pytest.raises(rotary.ConfigError, match=r"vision_rope\(config\)|vision encoder"):
+        rotary.RoPE.from_hf_config({"model_type": "qwen2_5_vl_vision", "head_dim": 16})
+
+
+@pytest.mark.parametrize(
+    "grid, match",
+    [
+        ([[1, 3, 4]], r"multiples of the spatial merge size 2"),
+        ([[1, 0, 4]], r"positive ints"),
+        ("4x4", r"rows \(t, h, w\)"),
+        (torch.ones(2, 3), r"integer rows"),
+    ],
+)
+def test_bad_grids_say_what_to_give(grid, match):
+    rope = vision_rope({"model_type": "qwen3_vl_vision", "hidden_size": 64, "num_heads": 4})
+    with pytest.raises(rotary.InputError, match=match):
+        rope.tables(grid)
+
+
+def test_merge_sizes_are_given_where_the_tower_takes_them():
+    per_call = vision_rope({"model_type": "video_llama_3_vision", "hidden_size": 64, "num_attention_heads": 4})
+    with pytest.raises(rotary.InputError, match=r"give merge_sizes= with one positive int per grid row \(2\)"):
+        per_call.tables([[1, 4, 4], [1, 2, 2]])
+    with pytest.raises(rotary.InputError, match=r"multiples of the spatial merge size 4"):
+        per_call.tables([[1, 4, 4], [1, 2, 2]], merge_sizes=[1, 4])
+    fixed = vision_rope({"model_type": "qwen3_vl_vision", "hidden_size": 64, "num_heads": 4})
+    with pytest.raises(rotary.InputError, match=r"merges 2 x 2 blocks \(its config\)"):
+        fixed.tables([[1, 4, 4]], merge_sizes=[2])
+
+
+# ---- rotary.hf.patch on the towers that rotate through apply_rotary_pos_emb_vision ----------------
+PATCHED = sorted(t for t in VISION_ROPE if t in patching.SUPPORTED)
+
+
+def test_patch_covers_the_apply_rotary_pos_emb_vision_towers():
+    """Every tower whose modeling module has apply_rotary_pos_emb_vision in transformers' own form is patchable."""
+    want = {t for t, form in VISION_ROPE.items() if form in ("qwen_vl", "qwen_vl_window", "kimi")}
+    assert len(want) == 21 and "minimax_m3_vl_vision" in PATCHED  # MiniMax: its own function, its own test
+    assert want <= set(PATCHED)
+    reference = inspect.getsource(tower("qwen2_vl_vision")[0].apply_rotary_pos_emb_vision)
+    for model_type in want:
+        module = importlib.import_module(patching.SUPPORTED[model_type].module)
+        assert inspect.getsource(module.apply_rotary_pos_emb_vision) == reference, model_type
+
+
+@pytest.mark.parametrize("model_type", PATCHED)
+def test_patched_tower_outputs_equal_unpatched(model_type, monkeypatch):
+    module, model, inputs = tower(model_type)
+    calls = []
+    real = patching.rotate
+
+    def counting(xs, *args, **kwargs):
+        calls.append(len(xs))
+        return real(xs, *args, **kwargs)
+
+    monkeypatch.setattr(patching, "rotate", counting)
+    with torch.no_grad():
+        before = _call(model, model_type, inputs)
+        rotary.hf.patch(model)
+        try:
+            patched = _call(model, model_type, inputs)
+        finally:
+            rotary.hf.unpatch(model)
+        after = _call(model, model_type, inputs)
+    layers = len(recorded(model_type)[2])
+    assert calls == [2] * layers  # q and k of every block went through rotary, in one call each
+    for name in ("last_hidden_state", "pooler_output"):
+        if getattr(before, name, None) is not None:
+            torch.testing.assert_close(getattr(patched, name), getattr(before, name), rtol=1e-5, atol=1e-5)
+            assert getattr(after, name).equal(getattr(before, name))
+
+
+def test_vision_replacement_equals_transformers_in_bf16(gen):
+    """The replacement against transformers' apply_rotary_pos_emb_vision on random q/k, fp32 and bf16,
+    strided [N, H, D] views (as the towers' unbind gives) and Kimi's [1, N, H, D]."""
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb_vision as theirs
+
+    ours = patching.SUPPORTED["qwen2_vl_vision"].replacements["apply_rotary_pos_emb_vision"]
+    cos_sin = vision_rope({"model_type": "qwen2_vl_vision", "embed_dim": 64, "num_heads": 4}).tables(GRID_THW)
+    n = cos_sin.cos.shape[0]
+    for dtype in (torch.float32, torch.bfloat16):
+        qkv = torch.randn(n, 3, 4, 16, generator=gen).to(dtype)
+        for q, k in ((qkv[:, 0], qkv[:, 1]), (qkv[None, :, 0], qkv[None, :, 1])):
+            got, want = ours(q, k, cos_sin.cos, cos_sin.sin), theirs(q, k, cos_sin.cos, cos_sin.sin)
+            for a, b in zip(got, want):
+                assert a.dtype == b.dtype == dtype and a.shape == b.shape
+                tol = 1e-6 if dtype == torch.float32 else 8e-3  # bf16: both round the fp32 result once
+                torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol)
+
+
+def test_minimax_replacement_equals_transformers(gen):
+    """MiniMax-M3-VL rotates the first 3·2⌊D/6⌋ channels (78 of 80) in q's dtype: the same in fp32, within a
+    bf16 rounding in bf16 (rotary rotates in fp32 and rounds once)."""
+    from transformers.models.minimax_m3_vl.modeling_minimax_m3_vl import apply_rotary_pos_emb_vision as theirs
+
+    ours = patching.SUPPORTED["minimax_m3_vl_vision"].replacements["apply_rotary_pos_emb_vision"]
+    rope = vision_rope({"model_type": "minimax_m3_vl_vision", "hidden_size": 320, "num_attention_heads": 4})
+    tables = rope.tables(GRID_THW)
+    assert tables.cos.shape == (64, 78)  # 24 + 2 x 12 + 16 patches
+    for dtype in (torch.float32, torch.bfloat16):
+        qkv = torch.randn(1, 64, 3, 4, 80, generator=gen).to(dtype)
+        q, k = qkv[:, :, 0], qkv[:, :, 1]
+        cos, sin = tables.cos.to(dtype), tables.sin.to(dtype)
+        for x, a, b in zip((q, k), ours(q, k, cos, sin), theirs(q, k, cos, sin)):
+            assert a.dtype == b.dtype == dtype
+            tol = 1e-6 if dtype == torch.float32 else 1.6e-2  # bf16: transformers rounds each product
+            torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol)
+            assert a[..., 78:].equal(x[..., 78:]) and not a[..., :78].equal(x[..., :78])  # the tail passes through

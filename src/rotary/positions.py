@@ -245,6 +245,19 @@ def _read_range(ids: torch.Tensor, name: str) -> int | None:
     return high + 1
 
 
+def _read_bound(ids: torch.Tensor, name: str) -> int | None:
+    """``max + 1`` of ids that may be any int64, with one read (CPU only); ``None`` when an id is negative
+    (no cache covers it: the tables are computed for these ids) or under ``torch.compile``. No id is
+    refused: on an accelerator none is read, and the CPU treats them alike (past 2**53 the float64
+    angle is as coarse as the float64 position)."""
+    if torch.compiler.is_compiling():
+        return None
+    if not ids.numel():
+        return 0
+    low, high = (int(v) for v in torch.aminmax(ids))
+    return None if low < 0 else high + 1
+
+
 def integer_positions(position_ids: torch.Tensor, *, name: str = "position_ids") -> torch.Tensor:
     """Validate integer positions of any shape (int64/int32, >= 0) and return them as int64.
 
@@ -293,8 +306,9 @@ def from_ids(
         packed: ids are per packed token ``[T]``.
         device: move the ids there.
         name: the argument's name, for messages.
-        kernel_checked: the ids only address rotation tables, whose kernels check every id against
-            the table (negative ones included): on accelerators no separate deferred check is made.
+        kernel_checked: the ids only address rotation tables whose rows the kernels compute for any
+            position the table does not hold: every integer is valid (a negative position is the
+            rotation by its negative angle, on every device), and ids are read only on the CPU.
 
     Returns:
         :class:`Positions` with int64 ids and the exact ``bound`` (one device read of min and max).
@@ -325,8 +339,11 @@ def from_ids(
                     "rotate: use rotary.MRoPE, or pass one row (ids[0]) for text"
                 )
             raise InputError(f"{name} must be {want}, got shape {tuple(ids.shape)}{hint}")
-        bound = None if kernel_checked and not deferred.host_checks(ids.device) else _read_range(ids, name)
-        if bound is not None:
+        if kernel_checked:  # any integer is a rotation: no sign check; the bound only where it is free
+            bound = _read_bound(ids, name) if deferred.host_checks(ids.device) else None
+        else:
+            bound = _read_range(ids, name)
+        if bound is not None and not kernel_checked:
             _check_max_position(bound - 1, name)
         positions = Positions.unchecked(ids.long(), bound, axes, None, packed)
     if positions.axes != axes:

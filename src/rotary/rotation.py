@@ -290,7 +290,8 @@ def plan(
     key_flat = flat if tables.k_cos is None else kernel_tables(tables.key_tables(), tables, batch)
     chosen = [key_flat if kind == "k" else flat for kind in kinds]
     cos, sin = tuple(c[0] for c in chosen), tuple(c[1] for c in chosen)
-    return Rotation(views, views, cos, sin, positions, batch_rows, tables.interleaved), packed
+    frequencies = tables.frequencies if positions is not None else None
+    return Rotation(views, views, cos, sin, positions, batch_rows, tables.interleaved, False, frequencies), packed
 
 
 def _as_tensor_list(xs: object) -> list[torch.Tensor]:
@@ -365,6 +366,7 @@ def decode_fast(
     offset: int = 0,
     rows: torch.Tensor | None = None,
     batch_rows: int = 0,
+    frequencies: torch.Tensor | None = None,
 ) -> list[torch.Tensor] | None:
     """The decoding fast path, for :meth:`rotary.RoPE.forward` and :func:`rotate` alike: q and k straight
     to the CPU kernel's ``rope_decode``, or ``None``.
@@ -380,7 +382,9 @@ def decode_fast(
     if inplace and not torch.is_inference_mode_enabled() and (q.is_inference() or k.is_inference()):
         return None  # the general path names it (check_writable)
     if q.is_cuda:
-        return _decode_triton(q, k, cos, sin, seq_axis, interleaved, inplace, head_dim, offset, rows, batch_rows)
+        return _decode_triton(
+            q, k, cos, sin, seq_axis, interleaved, inplace, head_dim, offset, rows, batch_rows, frequencies
+        )
     ext = load_cpu_extension()
     if ext is None:
         return None
@@ -426,11 +430,11 @@ def model_tables_fast(
             cos, sin, batch_rows = cos.flatten(0, 1), sin.flatten(0, 1), seq_len
     elif cos.shape[0] != seq_len:
         return None
-    return _decode_triton(q, k, cos, sin, seq_axis, interleaved, False, None, 0, None, batch_rows)
+    return _decode_triton(q, k, cos, sin, seq_axis, interleaved, False, None, 0, None, batch_rows, None)
 
 
 def _decode_triton(
-    q, k, cos, sin, seq_axis, interleaved, inplace, head_dim, offset, rows, batch_rows
+    q, k, cos, sin, seq_axis, interleaved, inplace, head_dim, offset, rows, batch_rows, frequencies
 ) -> list[torch.Tensor] | None:
     """:func:`decode_fast` on CUDA: the checks ``rope_decode`` makes in C++, then one Triton launch."""
     if not triton_kernel.available() or k.dim() != 4 or cos.dim() != 2:
@@ -477,7 +481,10 @@ def _decode_triton(
         return None
     qv, kv = (q.transpose(1, 2), k.transpose(1, 2)) if seq_axis == 2 else (q, k)
     outs = (qv, kv) if inplace else (torch.empty_like(qv), torch.empty_like(kv))
-    triton_kernel.run_triton(Rotation((qv, kv), outs, (cos, cos), (sin, sin), positions, batch_rows, interleaved))
+    frequencies = frequencies if positions is not None else None
+    triton_kernel.run_triton(
+        Rotation((qv, kv), outs, (cos, cos), (sin, sin), positions, batch_rows, interleaved, False, frequencies)
+    )
     if inplace:
         mark_written(q, k)
         return [q, k]
@@ -516,8 +523,9 @@ def _fast_pair(
     elif rows is None and cos.shape[0] != q.shape[seq_axis]:
         return None
     return decode_fast(
-        q, k, cos, sin, seq_axis, interleaved=tables.interleaved, inplace=inplace, rows=rows, batch_rows=batch_rows
-    )
+        q, k, cos, sin, seq_axis, interleaved=tables.interleaved, inplace=inplace, rows=rows, batch_rows=batch_rows,
+        frequencies=tables.frequencies,
+    )  # fmt: skip
 
 
 def _inplace_target(

@@ -269,7 +269,12 @@ def rotate_and_cache(
             tables = _gather_tables(cos_sin_cache, positions, interleaved)  # type: ignore[arg-type]
         if direct:
             table = (cos_sin_cache, None, positions, interleaved)
-        elif type(tables) is RotaryTables and tables.k_cos is None and tables.heads is None:
+        elif (
+            type(tables) is RotaryTables
+            and tables.k_cos is None
+            and tables.heads is None
+            and tables.frequencies is None
+        ):
             table = (tables.cos, tables.sin, tables.rows, tables.interleaved)
         else:  # per-head or key tables: the general path
             table = None

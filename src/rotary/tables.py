@@ -23,7 +23,10 @@ from ._limits import MAX_TABLE_BYTES
 from ._sync import CopyableLock
 from .errors import InputError, InputTypeError
 
-__all__ = ["RotaryTables", "TableCache", "angles", "cos_sin_table", "indexed_device", "expand_pairs", "table_dtype"]
+__all__ = [
+    "RotaryTables", "TableCache", "angles", "cos_sin_table", "gather_rows", "indexed_device", "expand_pairs",
+    "row_frequencies", "table_dtype",
+]  # fmt: skip
 
 
 def table_dtype(x_dtype: torch.dtype) -> torch.dtype:
@@ -106,6 +109,53 @@ def cos_sin_table(
     return expand_pairs(cos, interleaved), expand_pairs(sin, interleaved)
 
 
+def row_frequencies(inv_freq: torch.Tensor, attention_scaling: float, device: torch.device | str) -> torch.Tensor:
+    """What a kernel needs to compute a table row itself: float64 ``[r/2 + 1]``, the frequencies (fp32
+    values, exact in float64) followed by the attention scaling.
+
+    A row computed from it is :func:`cos_sin_table`'s row: ``cos(position * inv_freq)`` in float64 (the
+    product exact for ``|position| < 2**29``, rounded to float64 beyond, as the cached rows are) times
+    the scaling, rounded once to the table dtype.
+
+    Example:
+        >>> row_frequencies(torch.tensor([1.0, 0.5]), 2.0, "cpu")
+        tensor([1.0000, 0.5000, 2.0000], dtype=torch.float64)
+    """
+    freq = inv_freq.detach().to("cpu", torch.float64).reshape(-1)
+    return torch.cat((freq, torch.tensor([float(attention_scaling)], dtype=torch.float64))).to(device)
+
+
+def gather_rows(
+    cos: torch.Tensor, sin: torch.Tensor, rows: torch.Tensor, frequencies: torch.Tensor | None, interleaved: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``rows`` ``[...]`` of the tables ``[N, r]``, as ``[..., r]``; with ``frequencies`` (see
+    :func:`row_frequencies`) a row the table does not hold (any int64, negative ones included) is
+    computed, as the kernels compute it. Without, the rows must be inside the table (the caller's contract):
+    a row outside is NaN, never another row's values. No value is read on the host.
+
+    Example:
+        >>> cos, sin = cos_sin_table(torch.arange(4), torch.tensor([1.0]))
+        >>> c, s = gather_rows(cos, sin, torch.tensor([2, 9]), row_frequencies(torch.tensor([1.0]), 1.0, "cpu"), False)
+        >>> torch.equal(c, cos_sin_table(torch.tensor([2, 9]), torch.tensor([1.0]))[0])
+        True
+    """
+    n = cos.shape[0]
+    inside = (rows >= 0) & (rows < n)
+    safe = torch.where(inside, rows, torch.zeros_like(rows)) if n else rows
+    c, s = (
+        (cos[safe], sin[safe])
+        if n
+        else (cos.new_zeros(*rows.shape, cos.shape[-1]), sin.new_zeros(*rows.shape, cos.shape[-1]))
+    )
+    keep = inside.reshape(*inside.shape, *([1] * (c.dim() - inside.dim())))
+    if frequencies is None:
+        nan = torch.full((), float("nan"), dtype=c.dtype, device=c.device)
+        return torch.where(keep, c, nan), torch.where(keep, s, nan)
+    freq = frequencies.to(rows.device)
+    cc, ss = cos_sin_table(rows, freq[:-1], attention_scaling=freq[-1], interleaved=interleaved, dtype=cos.dtype)
+    return torch.where(keep, c, cc), torch.where(keep, s, ss)
+
+
 # ------------------------------------------------------------------------------------------------
 # the value handed from the tables stage to the apply stage
 
@@ -142,6 +192,11 @@ class RotaryTables:
         k_cos: separate tables for keys (xPos scales q and k differently), or ``None`` (keys use ``cos``).
         k_sin: with ``k_cos``.
         heads: the head count of per-head tables, else ``None``.
+        frequencies: float64 ``[r/2 + 1]`` (:func:`row_frequencies`: the frequencies and attention
+            scaling ``cos`` was made from), or ``None``. With it, ``rows`` may be any int64, negative
+            included: a row past the table ``[N, r]`` is computed by the kernel from the position,
+            as the table's own rows were (so ``max_position`` is a cache size, never a limit).
+            Without it, ``rows`` must lie inside the table.
 
     Example:
         >>> import rotary
@@ -157,6 +212,7 @@ class RotaryTables:
     k_cos: torch.Tensor | None = None
     k_sin: torch.Tensor | None = None
     heads: int | None = None
+    frequencies: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         self._check_structure()
@@ -172,6 +228,7 @@ class RotaryTables:
         k_cos: torch.Tensor | None = None,
         k_sin: torch.Tensor | None = None,
         heads: int | None = None,
+        frequencies: torch.Tensor | None = None,
     ) -> RotaryTables:
         """Tables whose values are not checked, for table producers (shapes, dtypes and rows still are).
 
@@ -187,7 +244,7 @@ class RotaryTables:
         """
         tables = object.__new__(cls)
         for name, value in (("cos", cos), ("sin", sin), ("interleaved", interleaved), ("rows", rows), ("k_cos", k_cos),
-                            ("k_sin", k_sin), ("heads", heads)):  # fmt: skip
+                            ("k_sin", k_sin), ("heads", heads), ("frequencies", frequencies)):  # fmt: skip
             object.__setattr__(tables, name, value)
         tables._check_structure()
         return tables
@@ -225,7 +282,23 @@ class RotaryTables:
                 raise InputError(
                     f"with rows, cos/sin must be a table [N, r] indexed by row, got shape {tuple(cos.shape)}"
                 )
-            _check_row_range(rows, cos.shape[0])
+            if self.frequencies is None:  # with frequencies, rows past the table are computed
+                _check_row_range(rows, cos.shape[0])
+        if self.frequencies is not None:
+            f = self.frequencies
+            if (
+                not isinstance(f, torch.Tensor)
+                or f.dtype != torch.float64
+                or f.shape != (cos.shape[-1] // 2 + 1,)
+                or f.device != cos.device
+                or self.rows is None
+                or self.heads is not None
+                or self.k_cos is not None
+            ):
+                raise InputError(
+                    "frequencies (rows computed past the table) are float64 [r/2 + 1] on the tables' device, for a "
+                    "table [N, r] indexed by rows without per-head or key tables (see rotary.tables.row_frequencies)"
+                )
         if (self.k_cos is None) != (self.k_sin is None):
             raise InputError("give both k_cos and k_sin, or neither")
         if self.k_cos is not None:
@@ -271,6 +344,8 @@ class RotaryTables:
         cos, sin = self.key_tables() if keys else (self.cos, self.sin)
         if self.rows is None:
             return cos, sin
+        if self.frequencies is not None or not deferred.host_checks(self.rows.device):
+            return gather_rows(cos, sin, self.rows, self.frequencies, self.interleaved)
         return cos[self.rows], sin[self.rows]
 
     def to(self, dtype: torch.dtype) -> RotaryTables:
@@ -280,7 +355,14 @@ class RotaryTables:
         k_cos = None if self.k_cos is None else self.k_cos.to(dtype)
         k_sin = None if self.k_sin is None else self.k_sin.to(dtype)  # type: ignore[union-attr]
         return RotaryTables.unchecked(
-            self.cos.to(dtype), self.sin.to(dtype), self.interleaved, self.rows, k_cos, k_sin, self.heads
+            self.cos.to(dtype),
+            self.sin.to(dtype),
+            self.interleaved,
+            self.rows,
+            k_cos,
+            k_sin,
+            self.heads,
+            self.frequencies,
         )
 
     def check(self, *, sample: int | None = 4, rtol: float = 1e-5, position_zero: bool = False) -> None:

@@ -434,7 +434,7 @@ def model_tables_fast(
 
 
 def _decode_triton(
-    q, k, cos, sin, seq_axis, interleaved, inplace, head_dim, offset, rows, batch_rows, frequencies
+    q, k, cos, sin, seq_axis, interleaved, inplace, head_dim, offset, rows, batch_rows, frequencies=None
 ) -> list[torch.Tensor] | None:
     """:func:`decode_fast` on CUDA: the checks ``rope_decode`` makes in C++, then one Triton launch."""
     if not triton_kernel.available() or k.dim() != 4 or cos.dim() != 2:

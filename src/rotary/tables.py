@@ -25,7 +25,7 @@ from .errors import InputError, InputTypeError
 
 __all__ = [
     "RotaryTables", "TableCache", "angles", "cos_sin_table", "gather_rows", "indexed_device", "expand_pairs",
-    "row_frequencies", "table_dtype",
+    "row_frequencies", "swapped_rows", "table_dtype",
 ]  # fmt: skip
 
 
@@ -373,8 +373,10 @@ class RotaryTables:
             sample: check this many rows spread over the table (a cheap check, the default of
                 :func:`rotary.apply_rotary`), or ``None`` for every row.
             rtol: relative tolerance between the two channels of a pair.
-            position_zero: row 0 of ``cos``/``sin`` is position 0 (tables indexed by position): its
-                sin must be 0 (a swap of cos and sin is named).
+            position_zero: row 0 of ``cos``/``sin`` is position 0 (tables indexed by position): it is
+                checked for the signature of cos and sin swapped (:func:`swapped_rows`), whatever
+                ``sample``; per-token tables (no ``rows``) are checked so in every row, since any of
+                them may be position 0. Any other angle in any row is the caller's to choose.
 
         Raises:
             rotary.errors.InputError: naming the pairing the tables were built for, a non-finite value, a table
@@ -394,8 +396,11 @@ class RotaryTables:
                 used = used[torch.linspace(0, used.numel() - 1, sample, device=used.device).round().long()]
             rows = used
         for cos, sin in {id(t[0]): t for t in ((self.cos, self.sin), self.key_tables())}.values():
-            if position_zero and not torch.compiler.is_compiling() and cos.numel():
-                _check_position_zero(cos[0].detach().double(), sin[0].detach().double(), rtol)
+            if not torch.compiler.is_compiling() and cos.numel():
+                if position_zero:
+                    _check_not_swapped(cos[:1].detach(), sin[:1].detach(), "row 0 of tables indexed by position")
+                elif self.rows is None:
+                    _check_not_swapped(cos.detach(), sin.detach(), "a row of these per-token tables")
             if rows is not None:
                 cos, sin = cos[rows], sin[rows]
             _check_rows(cos, sin, self.interleaved, sample, rtol)
@@ -418,8 +423,9 @@ class RotaryTables:
         :func:`rotary.check_device_errors` (no synchronisation); ``"sync"``: a few rows, at once on
         every device (a device-to-host read on a GPU, for debugging); ``"full"``: every row, at once;
         ``False``: nothing. ``indexed_by_position``: row ``p`` of the tables is position ``p`` (tables
-        ``[T, r]`` addressed by position ids), so row 0 must be a rotation by 0 (sin 0), which also
-        catches cos and sin swapped. Tables in another float dtype than fp32/float64 are converted to fp32.
+        ``[T, r]`` addressed by position ids): row 0 is checked for the signature of cos and sin swapped
+        (:func:`swapped_rows`), never for any particular angle (tables of any angles are the caller's);
+        per-token tables are checked for it in every row. Tables in another float dtype than fp32/float64 are converted to fp32.
         """
         if validate not in (True, False, "full", "sync"):
             raise InputError(
@@ -479,20 +485,30 @@ def _sample_rows(t: torch.Tensor, sample: int | None) -> torch.Tensor:
     return flat[idx]
 
 
-def _check_position_zero(cos0: torch.Tensor, sin0: torch.Tensor, rtol: float) -> None:
-    """Row 0 of tables indexed by position is the rotation by 0: sin 0, cos the scaling (> 0)."""
-    scale = max(float(cos0.abs().max()), float(sin0.abs().max()), 1e-30)
-    if float(sin0.abs().max()) <= rtol * scale:
-        return
-    if float(cos0.abs().max()) <= rtol * scale:
+def swapped_rows(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Which rows of ``cos``/``sin`` ``[..., r]`` carry the exact signature of a swapped pair: rows where
+    every ``cos`` is 0 and every ``sin`` has one same non-zero magnitude. That is position 0 of a real
+    table passed as ``(sin, cos)`` (its cos row is the attention scaling, its sin row 0, exactly, in any
+    float dtype); a real table's row is never so (it would turn every pair by exactly ±90°, which no
+    frequencies give: cos of a float64 angle is never exactly 0 in fp32). Device operations: a bool
+    tensor ``[...]``, nothing read.
+
+    Example:
+        >>> cos, sin = cos_sin_table(torch.arange(3), torch.tensor([1.0, 0.1]))
+        >>> swapped_rows(sin, cos).tolist(), swapped_rows(cos, sin).tolist()
+        ([True, False, False], [False, False, False])
+    """
+    magnitude = sin.abs()
+    return (cos == 0).all(-1) & (magnitude == magnitude[..., :1]).all(-1) & (magnitude[..., 0] > 0)
+
+
+def _check_not_swapped(cos: torch.Tensor, sin: torch.Tensor, where: str) -> None:
+    """Raise when a row has the signature of cos and sin swapped (:func:`swapped_rows`); reads one bool."""
+    if bool(swapped_rows(cos, sin).any()):
         raise InputError(
-            "cos and sin swapped: at position 0 (row 0 of tables indexed by position) sin must be 0 and cos the "
-            "attention scaling, but here cos is 0 and sin is not; pass cos first (apply_rotary(x, cos, sin, ...))"
+            f"cos and sin swapped: at position 0 ({where}) a cos table holds the attention scaling and a sin table "
+            "0, but here cos is 0 and sin is not in every pair; pass cos first (apply_rotary(x, cos, sin, ...))"
         )
-    raise InputError(
-        f"row 0 of the cos/sin tables must be position 0 (tables indexed by position ids): sin must be 0 there, got "
-        f"|sin| up to {float(sin0.abs().max()):.3g}; build the tables from position 0 (RoPE.cos_sin(torch.arange(T)))"
-    )
 
 
 def _version(t: torch.Tensor) -> int | None:
@@ -517,7 +533,7 @@ def _checked_before(cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, pos
 def _check_rows_on_device(
     cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, rtol: float, position_zero: bool, sample: int = 4
 ) -> torch.Tensor:
-    """The checks of :func:`_check_rows` (and :func:`_check_position_zero`) on ``sample`` rows, as
+    """The checks of :func:`_check_rows` (and :func:`swapped_rows`) on ``sample`` rows, as
     device operations: a 0-d bool tensor, true when the tables are bad. No value is read."""
     flat_c, flat_s = cos.detach().reshape(-1, cos.shape[-1]), sin.detach().reshape(-1, sin.shape[-1])
     n = flat_c.shape[0]
@@ -536,9 +552,8 @@ def _check_rows_on_device(
     ok = torch.isfinite(c).all() & torch.isfinite(s).all() & (top > 0)
     ok = ok & (torch.maximum(mismatch(c), mismatch(s)) <= rtol * scale)
     ok = ok & ((norm - norm.flatten()[0]).abs().max() <= 10 * rtol * top)
-    if position_zero:
-        ok = ok & (s[0].abs().max() <= rtol * scale)
-    return ~ok
+    swapped = swapped_rows(flat_c[:1], flat_s[:1]) if position_zero else swapped_rows(flat_c, flat_s)
+    return ~ok | swapped.any()
 
 
 def _check_rows(cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, sample: int | None, rtol: float) -> None:

@@ -223,38 +223,25 @@ def _integer_ids(position_ids: object, name: str) -> torch.Tensor:
     return position_ids
 
 
-def _read_range(ids: torch.Tensor, name: str) -> int | None:
-    """Check ids >= 0 and return max + 1, with one read on the CPU; ``None`` elsewhere.
-
-    On accelerators the sign is a deferred check (:mod:`rotary.deferred`) and the bound stays unknown:
-    the kernels check every position against the table they read. Under torch.compile the sign is
-    checked in the graph, without a graph break (the error then comes from the compiled function when
-    it runs, as a RuntimeError).
-    """
+def _read_range(ids: torch.Tensor, name: str, signed: bool = False) -> int | None:
+    """``max(ids) + 1`` with one read on the CPU; ``None`` elsewhere (accelerators, the meta device,
+    ``torch.compile``), where nothing is read. Unless ``signed`` the ids must be >= 0: raised on the
+    CPU, a deferred check on accelerators (:mod:`rotary.deferred`), an assertion in a compiled graph.
+    ``signed`` (ids that only address rotations, any integer valid): no check, and ``None`` when an id
+    is negative (no cached row holds it: its row is computed)."""
     if torch.compiler.is_compiling():
-        torch._assert_async((ids >= 0).all(), name + " must be >= 0")
+        if not signed:
+            torch._assert_async((ids >= 0).all(), name + " must be >= 0")
         return None
     if not deferred.host_checks(ids.device):  # no values read here (meta has none, a GPU would sync)
-        deferred.record(deferred.POSITIONS_SLOT, ids < 0)
+        if not signed:
+            deferred.record(deferred.POSITIONS_SLOT, ids < 0)
         return None
     if not ids.numel():
         return 0
     low, high = (int(v) for v in torch.aminmax(ids))
-    if low < 0:
+    if low < 0 and not signed:
         raise InputError(f"{name} must be >= 0, got a minimum of {low}")
-    return high + 1
-
-
-def _read_bound(ids: torch.Tensor, name: str) -> int | None:
-    """``max + 1`` of ids that may be any int64, with one read (CPU only); ``None`` when an id is negative
-    (no cache covers it: the tables are computed for these ids) or under ``torch.compile``. No id is
-    refused: on an accelerator none is read, and the CPU treats them alike (past 2**53 the float64
-    angle is as coarse as the float64 position)."""
-    if torch.compiler.is_compiling():
-        return None
-    if not ids.numel():
-        return 0
-    low, high = (int(v) for v in torch.aminmax(ids))
     return None if low < 0 else high + 1
 
 
@@ -339,10 +326,7 @@ def from_ids(
                     "rotate: use rotary.MRoPE, or pass one row (ids[0]) for text"
                 )
             raise InputError(f"{name} must be {want}, got shape {tuple(ids.shape)}{hint}")
-        if kernel_checked:  # any integer is a rotation: no sign check; the bound only where it is free
-            bound = _read_bound(ids, name) if deferred.host_checks(ids.device) else None
-        else:
-            bound = _read_range(ids, name)
+        bound = _read_range(ids, name, signed=kernel_checked)  # kernel_checked: any integer is a rotation
         if bound is not None and not kernel_checked:
             _check_max_position(bound - 1, name)
         positions = Positions.unchecked(ids.long(), bound, axes, None, packed)

@@ -269,14 +269,9 @@ def rotate_and_cache(
             tables = _gather_tables(cos_sin_cache, positions, interleaved)  # type: ignore[arg-type]
         if direct:
             table = (cos_sin_cache, None, positions, interleaved)
-        elif (
-            type(tables) is RotaryTables
-            and tables.k_cos is None
-            and tables.heads is None
-            and tables.frequencies is None
-        ):
+        elif type(tables) is RotaryTables and tables.k_cos is tables.heads is tables.frequencies is None:
             table = (tables.cos, tables.sin, tables.rows, tables.interleaved)
-        else:  # per-head or key tables: the general path
+        else:  # per-head, key tables, rows computed past the table: the general path
             table = None
         if table is not None and not (packed and (table[2] is None or table[2].dim() != 1)):  # packed: rows [T]
             # every check of the general path is made in C++ first (the values' too); it does nothing and

@@ -130,7 +130,8 @@ def row_frequencies(inv_freq: torch.Tensor, attention_scaling: float, device: to
         tensor([1.0000, 0.5000, 2.0000], dtype=torch.float64)
     """
     freq = inv_freq.detach().to("cpu", torch.float64).reshape(-1)
-    return torch.cat((freq, torch.tensor([float(attention_scaling)], dtype=torch.float64))).to(device)
+    scale = torch.tensor([float(attention_scaling)], dtype=torch.float64, device=freq.device)  # also under meta
+    return torch.cat((freq, scale)).to(device)
 
 
 def gather_rows(

@@ -337,7 +337,8 @@ class RoPE(TableSource):
         out = decode_fast(
             q, k, cached[0], cached[1], seq_axis, interleaved=self.interleaved, inplace=inplace,
             head_dim=self.original_freqs.head_dim, offset=offset, rows=ids,
-            frequencies=None if ids is None else self._row_frequencies_on(self.original_freqs, q.device),
+            # the CUDA launch computes rows past the cache (the CPU grows it: the ids are read there)
+            frequencies=self._row_frequencies_on(self.original_freqs, q.device) if ids is not None and q.is_cuda else None,
         )  # fmt: skip
         return (out[0], out[1]) if out else None
 

@@ -197,3 +197,16 @@ INTERPRETED = textwrap.dedent(
 def test_triton_kernels_compute_the_rows_past_the_cache_under_the_interpreter():
     stdout = run_interpreted(INTERPRETED, timeout=600)
     assert "any position ok 6" in stdout
+
+
+def test_computed_rows_carry_the_attention_scaling():
+    # YaRN scales cos and sin by its attention factor: a computed row is the cached row, scaling included
+    rope = rotary.RoPE(64, scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512})
+    assert rope.attention_scaling != 1.0
+    q, k = torch.randn(1, 4, 3, 64), torch.randn(1, 2, 3, 64)
+    for start in (4096, 2**20):
+        ids = torch.arange(start, start + 3)
+        with accelerator_rules():
+            got = rope(q, k, position_ids=ids)
+        want = rope(q, k, position_ids=ids)  # the CPU reads the ids: rows of a grown cache, or computed per call
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), start

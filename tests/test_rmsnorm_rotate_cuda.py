@@ -15,7 +15,6 @@ import pytest
 import torch
 
 import rotary
-from rotary.errors import DeviceInputError
 from rotary.kernels import norm as K
 from rotary.qk_norm import rms_norm
 
@@ -143,13 +142,14 @@ def test_no_host_synchronisation_and_a_cuda_graph(triton_only):
     assert all(torch.equal(a, b) for a, b in zip(out, want))
 
 
-def test_positions_outside_the_table_are_nan_and_a_deferred_error(triton_only):
+def test_positions_past_the_table_are_computed(triton_only):
     rope = rotary.RoPE(D, max_position=64).to(CUDA).prepare(64, device=CUDA)
     q, k, wq, wk = _inputs(torch.float32)
     rotary.check_device_errors()
     ids = torch.arange(S, device=CUDA).expand(B, S).clone()
     ids[1, 3] = 1000
     out = rotary.rmsnorm_rotate(q, k, wq, wk, rope, position_ids=ids)
-    assert torch.isnan(out[0][1, :, 3]).all() and not torch.isnan(out[0][0]).any()
-    with pytest.raises(DeviceInputError, match="position id outside the cos/sin table"):
-        rotary.check_device_errors()
+    want = rotary.rmsnorm_rotate(q.cpu(), k.cpu(), wq.cpu(), wk.cpu(), rotary.RoPE(D), position_ids=ids.cpu())
+    for g, w in zip(out, want):
+        torch.testing.assert_close(g.cpu(), w, atol=1e-5, rtol=1e-5)
+    rotary.check_device_errors()  # nothing flagged

@@ -286,13 +286,15 @@ def test_inplace_on_the_meta_device_tells_storages_apart():
     rope(fused[:, :, 0], fused[:, :, 1], layout="bshd", inplace=True)
 
 
-def test_negative_positions_fail_under_compile_too():
+def test_negative_positions_rotate_by_the_negative_angle_under_compile_too():
+    # every integer position is a rotation (as position * inv_freq is in Hugging Face's code), compiled or not
     rope = rotary.RoPE(16)
     f = torch.compile(lambda q, p: rope(q, q, position_ids=p), backend="eager", fullgraph=True)
     q = torch.randn(1, 2, 4, 16)
-    assert f(q, torch.arange(4))[0].shape == q.shape
-    with pytest.raises(RuntimeError, match="position_ids must be >= 0"):
-        f(q, torch.tensor([0, -1, 2, 3]))
+    ids = torch.tensor([0, -1, 2, -300])
+    want = rotary.reference.rotate_complex(q.double(), ids, rope.inv_freq)
+    for out in (f(q, ids)[0], rope(q, q, position_ids=ids)[0]):
+        assert float((out.double() - want).abs().max()) < 1e-5
 
 
 def test_huge_positions_take_microseconds_and_no_table():

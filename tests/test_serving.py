@@ -584,8 +584,8 @@ VLLM_FORM = textwrap.dedent(
         checked += 1
     assert deferred.flags(torch.device("cpu")).sum() == 0
 
-    # what the kernel checks itself: positions outside the cache (NaN, the position flags), NaN/inf rows
-    # (their flag), bad slots (not written, their flag)
+    # what the kernel checks itself: positions outside the cache (NaN for those tokens, nothing flagged: the
+    # caller's contract), NaN/inf rows (their flag), bad slots (not written, their flag)
     rope = rotary.RoPE(D)
     cos, sin = rope.cos_sin(torch.arange(16))
     cache_form = torch.cat((cos[:, :4], sin[:, :4]), dim=-1)
@@ -595,7 +595,7 @@ VLLM_FORM = textwrap.dedent(
     kc, vc = torch.zeros(2, T, HK, D), torch.zeros(2, T, HK, D)
     q_rot, k_rot = rotary.rotate_and_cache(q, k, v, kc, vc, slots, positions=positions, cos_sin_cache=cache_form)
     flags = deferred.flags(torch.device("cpu")).clone()
-    assert flags[deferred.POSITION_SLOT] == 2 and flags[deferred.LARGEST_SLOT] == 16, flags
+    assert flags[0] == 0 and flags[1] == 0, flags  # the slots positions once flagged stay free
     assert flags[deferred.COS_SIN_CACHE_SLOT] > 0 and flags[deferred.CACHE_SLOT] > 0, flags
     nan_tokens = torch.tensor([[False, True, False], [False, False, True]])
     assert torch.isnan(q_rot[nan_tokens]).all() and torch.isfinite(q_rot[0, [0, 2]]).all()
@@ -606,7 +606,6 @@ VLLM_FORM = textwrap.dedent(
     except rotary.DeviceInputError as error:
         text = str(error)
         assert "cos_sin_cache rows holding NaN or inf" in text and "KV-cache writes outside" in text, text
-        assert "position id outside" in text, text
     else:
         raise AssertionError("no deferred error")
     print("vllm form ok", checked)

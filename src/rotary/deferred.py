@@ -9,13 +9,12 @@ later, at a point where a synchronisation is wanted anyway:
 - :func:`check_device_errors` (public): raises :class:`DeviceInputError` naming every check that
   failed since the last call, and clears the flags. Call it where your loop reads something back
   anyway (a logged loss, the end of ``generate``; :meth:`rotary.models.Decoder.generate` calls it);
-- the result is never silently wrong meanwhile: a token whose position is outside the cos/sin table
-  gets NaN in every rotated channel, not another token's rotation.
+- positions are not among the checks: any int64 position is a rotation, and the kernels compute the
+  row of a position a :class:`rotary.RoPE`'s cached table does not hold; a position outside a table a
+  caller made gives NaN in that token's rotated channels (the caller's contract, nothing to poll).
 
 Where each check lives:
 
-- positions outside the table (negative or too large): in the rotation kernels (Triton, and the
-  pure-torch path on accelerators), per token;
 - tables a caller made (:func:`rotary.apply_rotary`): once per tensor version, a few sampled rows
   (:func:`check_tables_once`);
 - a ``cos_sin_cache`` given to :func:`rotary.rotate_and_cache`: the rows its tokens read, NaN or inf;
@@ -42,8 +41,6 @@ __all__ = [
     "check_device_errors",
     "flags",
     "host_checks",
-    "POSITION_SLOT",
-    "LARGEST_SLOT",
     "TABLES_SLOT",
     "POSITIONS_SLOT",
     "CU_SEQLENS_SLOT",
@@ -60,14 +57,10 @@ __all__ = [
     "COS_SIN_CACHE_SLOT",
     "LEARNED_SLOT",
     "record",
-    "record_positions",
 ]
 
 #: the deferred checks: flag slot -> what failed (the message of :class:`DeviceInputError`)
 CHECKS: dict[int, str] = {
-    0: "a position id outside the cos/sin table (negative, or at or past its last row); the rotated "
-    "channels of those tokens are NaN. Size the tables first: rope.prepare(max_position, device=...) "
-    "or RoPE(..., max_position=...); tables you pass must have a row for every position",
     2: "cos/sin tables passed to apply_rotary are not rotation tables for the requested pairing (NaN/inf, "
     "zeros, cos²+sin² not constant, the other pairing's layout, or cos and sin swapped); check them on the "
     "host with rotary.check_tables(cos, sin, interleaved=...) or apply_rotary(..., validate='sync')",
@@ -104,9 +97,7 @@ CHECKS: dict[int, str] = {
     "channels of those tokens are NaN or inf. Build the table from finite cos/sin values (check it once where you build it: "
     "torch.isfinite(cos_sin_cache).all())",
 }
-SLOTS = 16  # all taken: a check to come makes it larger
-POSITION_SLOT = 0  # counts tokens whose position was outside the table (written by the kernels)
-LARGEST_SLOT = 1  # the largest offending position (atomic max in the kernels)
+SLOTS = 16  # 0 and 1 are free: positions past a RoPE's tables are computed, never flagged
 TABLES_SLOT, POSITIONS_SLOT, CU_SEQLENS_SLOT, MASK_SLOT, TOKENS_SLOT, CACHE_SLOT = 2, 3, 4, 5, 6, 7
 # the variants' checks (rotary.variants, rotary.nn.position)
 XPOS_RANGE_SLOT, XPOS_FP16_SLOT, COORDINATES_SLOT, ANGLES_SLOT, LEARNED_POSITION_SLOT = 8, 9, 10, 11, 12
@@ -160,19 +151,6 @@ def record(slot: int, bad: torch.Tensor) -> None:
         flag[slot : slot + 1].bitwise_or_(bad.any().reshape(1).long())
 
 
-def record_positions(positions: torch.Tensor, outside: torch.Tensor) -> None:
-    """Flag the tokens whose ``positions`` are ``outside`` their table (what the Triton kernel does in
-    place): count them in slot 0 and keep the largest such position in slot 1. Device operations only.
-    Skipped under ``torch.compile`` tracing, as :func:`record` is."""
-    if torch.compiler.is_compiling() or not outside.numel() or outside.device.type == "meta":
-        return
-    with torch.no_grad():
-        flag = flags(outside.device)
-        flag[POSITION_SLOT : POSITION_SLOT + 1].add_(outside.sum().reshape(1))
-        largest = torch.where(outside, positions, torch.zeros_like(positions)).max().reshape(1)
-        torch.maximum(flag[LARGEST_SLOT : LARGEST_SLOT + 1], largest, out=flag[LARGEST_SLOT : LARGEST_SLOT + 1])
-
-
 def _device(device: torch.device | str) -> torch.device:
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
@@ -202,10 +180,6 @@ def check_device_errors(device: torch.device | str | None = None) -> None:
         found.zero_()
         for slot, message in CHECKS.items():
             if values[slot]:
-                if slot == POSITION_SLOT:
-                    largest = values[LARGEST_SLOT]
-                    which = f"the largest was {largest}" if largest > 0 else "negative ids"
-                    message += f" ({values[slot]} token(s) outside; {which})"
                 problems.append(f"on {dev}: {message}")
     if problems:
         raise DeviceInputError("rotary: bad input found by deferred checks: " + "; ".join(problems))

@@ -223,26 +223,26 @@ def _integer_ids(position_ids: object, name: str) -> torch.Tensor:
     return position_ids
 
 
-def _read_range(ids: torch.Tensor, name: str) -> int | None:
-    """Check ids >= 0 and return max + 1, with one read on the CPU; ``None`` elsewhere.
-
-    On accelerators the sign is a deferred check (:mod:`rotary.deferred`) and the bound stays unknown:
-    the kernels check every position against the table they read. Under torch.compile the sign is
-    checked in the graph, without a graph break (the error then comes from the compiled function when
-    it runs, as a RuntimeError).
-    """
+def _read_range(ids: torch.Tensor, name: str, signed: bool = False) -> int | None:
+    """``max(ids) + 1`` with one read on the CPU; ``None`` elsewhere (accelerators, the meta device,
+    ``torch.compile``), where nothing is read. Unless ``signed`` the ids must be >= 0: raised on the
+    CPU, a deferred check on accelerators (:mod:`rotary.deferred`), an assertion in a compiled graph.
+    ``signed`` (ids that only address rotations, any integer valid): no check, and ``None`` when an id
+    is negative (no cached row holds it: its row is computed)."""
     if torch.compiler.is_compiling():
-        torch._assert_async((ids >= 0).all(), name + " must be >= 0")
+        if not signed:
+            torch._assert_async((ids >= 0).all(), name + " must be >= 0")
         return None
     if not deferred.host_checks(ids.device):  # no values read here (meta has none, a GPU would sync)
-        deferred.record(deferred.POSITIONS_SLOT, ids < 0)
+        if not signed:
+            deferred.record(deferred.POSITIONS_SLOT, ids < 0)
         return None
     if not ids.numel():
         return 0
     low, high = (int(v) for v in torch.aminmax(ids))
-    if low < 0:
+    if low < 0 and not signed:
         raise InputError(f"{name} must be >= 0, got a minimum of {low}")
-    return high + 1
+    return None if low < 0 else high + 1
 
 
 def integer_positions(position_ids: torch.Tensor, *, name: str = "position_ids") -> torch.Tensor:
@@ -293,8 +293,9 @@ def from_ids(
         packed: ids are per packed token ``[T]``.
         device: move the ids there.
         name: the argument's name, for messages.
-        kernel_checked: the ids only address rotation tables, whose kernels check every id against
-            the table (negative ones included): on accelerators no separate deferred check is made.
+        kernel_checked: the ids only address rotation tables whose rows the kernels compute for any
+            position the table does not hold: every integer is valid (a negative position is the
+            rotation by its negative angle, on every device), and ids are read only on the CPU.
 
     Returns:
         :class:`Positions` with int64 ids and the exact ``bound`` (one device read of min and max).
@@ -325,8 +326,8 @@ def from_ids(
                     "rotate: use rotary.MRoPE, or pass one row (ids[0]) for text"
                 )
             raise InputError(f"{name} must be {want}, got shape {tuple(ids.shape)}{hint}")
-        bound = None if kernel_checked and not deferred.host_checks(ids.device) else _read_range(ids, name)
-        if bound is not None:
+        bound = _read_range(ids, name, signed=kernel_checked)  # kernel_checked: any integer is a rotation
+        if bound is not None and not kernel_checked:
             _check_max_position(bound - 1, name)
         positions = Positions.unchecked(ids.long(), bound, axes, None, packed)
     if positions.axes != axes:

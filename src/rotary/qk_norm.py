@@ -198,8 +198,8 @@ def rmsnorm_rotate(
     :func:`rms_norm` for the two weight conventions): bit for bit on the CPU, to a few fp32 ulps on CUDA
     (the mean square is summed in another order). Channels past the rotary dim ``r`` are normalised and not
     rotated. Gradients flow to q, k and both weights; tables that require grad (learnable frequencies)
-    take the unfused composition. Nothing is read on the host on a GPU: positions outside the tables give
-    NaN and a deferred error (:func:`rotary.check_device_errors`), as in :func:`rotary.rotate`.
+    take the unfused composition. Nothing is read on the host on a GPU: a position past a RoPE's cached
+    table gets its row computed in the kernel, as in :func:`rotary.rotate`.
 
     Args:
         q: ``[B, Hq, S, D]`` (``layout="bhsd"``) or ``[B, S, Hq, D]`` (``"bshd"``), any strides with
@@ -267,9 +267,11 @@ def rmsnorm_rotate(
     positions, batch_rows, flat = addressing(tables, batch, seq_len, False, layout, q.shape)
     key_flat = flat if tables.k_cos is None else kernel_tables(tables.key_tables(), tables, batch)
     views = (q.transpose(1, 2), k.transpose(1, 2)) if layout == "bhsd" else (q, k)
+    frequencies = tables.frequencies if positions is not None else None
     rotation = Rotation(
-        views, views, (flat[0], key_flat[0]), (flat[1], key_flat[1]), positions, batch_rows, tables.interleaved
-    )
+        views, views, (flat[0], key_flat[0]), (flat[1], key_flat[1]), positions, batch_rows, tables.interleaved,
+        False, frequencies,
+    )  # fmt: skip
     q_out, k_out = kernels.apply(rotation, kernels.Norm((q_weight, k_weight), eps, gemma))
     if layout == "bhsd":
         return q_out.transpose(1, 2), k_out.transpose(1, 2)

@@ -54,10 +54,14 @@ def _mrope_message(settings: Any) -> str:
 class RoPE(TableSource):
     """Rotary position embedding for the q and k of attention.
 
-    Tables are fp32 (float64 for float64 inputs) and built from float64 angles. Rows for positions
-    below ``max(max_position, 65536)`` are cached per device, the cache growing by doubling as
-    longer positions arrive; rows of positions beyond are computed per call for the tokens at hand
-    (one decoding step at position 2**40 costs microseconds, not a table of 2**40 rows).
+    Tables are fp32 (float64 for float64 inputs) and built from float64 angles. Any int64 position
+    is rotated, on every device: rows for positions below ``max(max_position, 65536)`` are cached per
+    device, and the row of a position the cache does not hold is computed for the tokens at hand, to
+    the same value (one decoding step at position 2**40 costs microseconds, not a table of 2**40
+    rows). When the host knows the positions (an ``offset``, ids on the CPU) the cache grows by
+    doubling to cover them; with ``position_ids`` on an accelerator, which are never read on the host,
+    the kernel computes the rows past the cache itself (nothing to poll, no NaN). A negative position is
+    the rotation by its negative angle, as ``position * inv_freq`` gives it in Hugging Face's code.
     ``.to(bfloat16)`` on a model leaves ``inv_freq`` and the tables in fp32. One ``RoPE`` may be
     shared by layers and by threads.
 
@@ -70,7 +74,8 @@ class RoPE(TableSource):
             (2i, 2i + 1) (the paper, RoFormer, GPT-J, Meta LLaMA).
         max_position: initial cache length: the first call builds the tables of positions
             ``0 .. max_position - 1`` (fp32 cos and sin, ``8 * max_position * rotary_dim`` bytes, at
-            most 4 GiB: a larger value is a ``ValueError`` here). Not a limit on positions.
+            most 4 GiB: a larger value is a ``ValueError`` here). A cache size, never a limit on
+            positions: a position past the cache is rotated correctly on every device.
         dynamic: how length-dependent types (``dynamic``, ``longrope``) follow the sequence length.
             ``"hf"`` (default) replays transformers' state machine call for call: dynamic NTK
             recomputes when ``max(position_ids) + 1`` exceeds the longest length seen so far and resets
@@ -336,6 +341,8 @@ class RoPE(TableSource):
         out = decode_fast(
             q, k, cached[0], cached[1], seq_axis, interleaved=self.interleaved, inplace=inplace,
             head_dim=self.original_freqs.head_dim, offset=offset, rows=ids,
+            # the CUDA launch computes rows past the cache (the CPU grows it: the ids are read there)
+            frequencies=self._row_frequencies_on(self.original_freqs, q.device) if ids is not None and q.is_cuda else None,
         )  # fmt: skip
         return (out[0], out[1]) if out else None
 

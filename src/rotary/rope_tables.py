@@ -27,7 +27,7 @@ from .errors import InputError, InputTypeError
 from .frequencies import Frequencies, frequencies
 from .positions import Positions
 from .schedule import FrequencySchedule
-from .tables import RotaryTables, TableCache, cos_sin_table, indexed_device
+from .tables import RotaryTables, TableCache, cos_sin_table, indexed_device, row_frequencies
 
 __all__ = ["CACHE_ROWS", "TableSource", "keep_float32"]
 
@@ -118,6 +118,7 @@ class TableSource(nn.Module):
         self.dynamic = dynamic
         self.schedule = FrequencySchedule(self._frequency_args, original, dynamic)
         self._device_inv_freq: dict[tuple[int, torch.device], tuple[Frequencies, torch.Tensor]] = {}
+        self._device_row_freqs: dict[tuple[int, torch.device], tuple[Frequencies, torch.Tensor]] = {}
         self.register_buffer("inv_freq", None, persistent=False)
         self._set_inv_freq(original.inv_freq)
         self._caches: dict[str, TableCache] = {}
@@ -205,6 +206,7 @@ class TableSource(nn.Module):
         # the per-device copy on the module's device exists before any torch.compile trace: one made
         # while tracing would change the dict the trace guards on, and the next call would trace again
         self._inv_freq_on(self.original_freqs, copy_.device)
+        self._row_frequencies_on(self.original_freqs, copy_.device)
 
     def _check_inv_freq(self, eager: bool = False) -> None:
         """Raise if ``inv_freq`` was edited in place (its version moved): the tables would ignore the edit.
@@ -323,7 +325,7 @@ class TableSource(nn.Module):
         bound = positions.bound
         if bound is None and not deferred.host_checks(ids.device) and not compiling:
             # ids on an accelerator, not read: the cached table as it is (at least max_position rows,
-            # or what prepare() sized); the kernel checks every token's row against it
+            # or what prepare() sized); the kernel computes the row of a position the table does not hold
             bound = -1
         uncached = compiling or key is None or bound is None or learned is not None
         cache = None if uncached else self._cache(key, freqs)  # type: ignore[arg-type]
@@ -344,7 +346,22 @@ class TableSource(nn.Module):
         if positions.start is not None:  # consecutive positions: a slice of the cache, nothing gathered
             end = positions.start + ids.shape[0]
             return RotaryTables.unchecked(cos[positions.start : end], sin[positions.start : end], self.interleaved)
-        return RotaryTables.unchecked(cos, sin, self.interleaved, rows=ids)
+        if bound != -1:  # the host knows the ids: the cache covers them
+            return RotaryTables.unchecked(cos, sin, self.interleaved, rows=ids)
+        # ids not read: a row the cache does not hold (past it, or negative) is computed by the kernel
+        frequencies = self._row_frequencies_on(freqs, ids.device)  # type: ignore[arg-type]
+        return RotaryTables.unchecked(cos, sin, self.interleaved, rows=ids, frequencies=frequencies)
+
+    def _row_frequencies_on(self, freqs: Frequencies, device: torch.device) -> torch.Tensor:
+        """:func:`rotary.tables.row_frequencies` of ``freqs`` on ``device``, made once per device (e.g. by
+        :meth:`prepare`), so a call copies nothing host-to-device."""
+        device = indexed_device(device)
+        key = (id(freqs), device)
+        found = self._device_row_freqs.get(key)
+        if found is None or found[0] is not freqs:
+            found = (freqs, row_frequencies(freqs.inv_freq, freqs.attention_scaling, device))
+            self._device_row_freqs[key] = found
+        return found[1]
 
     def _inv_freq_on(self, freqs: Frequencies, device: torch.device) -> torch.Tensor:
         """``freqs.inv_freq`` (fp32 ``[r/2]``) on ``device``: a copy kept per device (made once, e.g. by
@@ -363,11 +380,12 @@ class TableSource(nn.Module):
     ) -> TableSource:
         """Build the cached tables for positions ``0 .. max_position - 1`` on ``device`` now.
 
-        On an accelerator, a call whose positions come as a device tensor (``position_ids``) reads the
-        cached table as it is, at least ``RoPE(max_position=...)`` rows, without reading the ids on the
-        host; a token past the table gets NaN and a deferred error (:func:`rotary.check_device_errors`).
-        Prepare the tables for the longest position a run will see before capturing a CUDA graph:
-        growing them allocates and copies, which a capture cannot record.
+        An optimisation, never needed for correctness: on an accelerator, a call whose positions come
+        as a device tensor (``position_ids``) reads the cached table as it is, at least
+        ``RoPE(max_position=...)`` rows, without reading the ids on the host, and the kernel computes the
+        row of any position the table does not hold (the same values, at the cost of a cos and a sin per
+        pair). Prepare the tables for the longest position a run will usually see, before capturing a
+        CUDA graph: growing them allocates and copies, which a capture cannot record.
 
         Args:
             max_position: rows to cache (positions ``0 .. max_position - 1``).
@@ -396,6 +414,7 @@ class TableSource(nn.Module):
             )
         cache.get(device, max_position, dtype)
         self._inv_freq_on(self.original_freqs, device)
+        self._row_frequencies_on(self.original_freqs, device)
         deferred.flags(device)  # made now, not inside a capture
         return self
 

@@ -50,8 +50,9 @@ def tables_from_cos_sin_cache(
 
     Raises:
         rotary.errors.InputError: (on the CPU) a position outside the cache's rows, or a gathered row holding
-            NaN or inf (one sum of the gathered rows). Elsewhere nothing is read: either is a deferred error
-            (:func:`rotary.check_device_errors`), and under ``torch.compile`` an assertion in the graph.
+            NaN or inf (one sum of the gathered rows). Elsewhere nothing is read: a position outside gives
+            NaN for that token (the caller's contract), a NaN/inf row a deferred error
+            (:func:`rotary.check_device_errors`); under ``torch.compile`` an assertion in the graph.
             The rows no token reads are not checked.
 
     Example:
@@ -78,11 +79,10 @@ def _gather_tables(cos_sin_cache: torch.Tensor, positions: torch.Tensor, interle
                 raise InputError(_positions_outside(low, high, rows))
         safe = ids
         nan = None
-    else:  # no read: flagged, read as row 0, and NaN out (as the rotation kernels do)
+    else:  # no read: read as row 0, and NaN out (as the rotation kernels do with a caller's table)
         outside = (ids < 0) | (ids >= rows)
-        if torch.compiler.is_compiling():  # no flags in a graph: checked in it (an error when it runs)
+        if torch.compiler.is_compiling():  # checked in the graph (an error when it runs)
             torch._assert_async(~outside.any(), "positions given with cos_sin_cache must be in 0 .. max_position - 1")
-        deferred.record_positions(ids, outside)
         safe = ids.masked_fill(outside, 0)
         nan = torch.where(outside, float("nan"), 0.0)[..., None]
     gathered = cos_sin_cache[safe]  # [..., r]: the tokens' rows, the only ones checked (and widened)
@@ -212,8 +212,9 @@ def rotate_and_cache(
             share memory with each other, with q, k or v, or within themselves (expanded), or are leaves that
             require grad. On the CPU also two tokens given one cache row (on CUDA which one is kept is undefined). A slot outside ``0 .. T_max - 1`` is an error on the CPU; on
             an accelerator nothing is read: that token's k and v are not written and
-            :func:`rotary.check_device_errors` raises later. A position outside ``cos_sin_cache``, or NaN
-            or inf in a row of it that a token reads: the same (an error on the CPU, deferred elsewhere).
+            :func:`rotary.check_device_errors` raises later. NaN or inf in a row of ``cos_sin_cache`` that a
+            token reads: the same. A position outside ``cos_sin_cache``: an error on the CPU, NaN in that
+            token's rotation elsewhere (the caller's contract). A RoPE's ``tables`` take any position.
             Under ``torch.compile`` a bad slot (off the fused CUDA kernel, which flags bad slots itself),
             a position outside ``cos_sin_cache`` or NaN/inf in a row read from it is checked in the graph:
             a ``RuntimeError`` when it runs.
@@ -269,9 +270,9 @@ def rotate_and_cache(
             tables = _gather_tables(cos_sin_cache, positions, interleaved)  # type: ignore[arg-type]
         if direct:
             table = (cos_sin_cache, None, positions, interleaved)
-        elif type(tables) is RotaryTables and tables.k_cos is None and tables.heads is None:
+        elif type(tables) is RotaryTables and tables.k_cos is tables.heads is tables.frequencies is None:
             table = (tables.cos, tables.sin, tables.rows, tables.interleaved)
-        else:  # per-head or key tables: the general path
+        else:  # per-head, key tables, rows computed past the table: the general path
             table = None
         if table is not None and not (packed and (table[2] is None or table[2].dim() != 1)):  # packed: rows [T]
             # every check of the general path is made in C++ first (the values' too); it does nothing and

@@ -22,8 +22,19 @@ from ._checks import check_positive_int, is_number
 from ._limits import MAX_TABLE_BYTES
 from ._sync import CopyableLock
 from .errors import InputError, InputTypeError
+from .table_checks import (
+    _check_not_swapped,
+    _check_row_range,
+    _check_rows,
+    _check_rows_on_device,
+    _checked_before,
+    swapped_rows,
+)
 
-__all__ = ["RotaryTables", "TableCache", "angles", "cos_sin_table", "indexed_device", "expand_pairs", "table_dtype"]
+__all__ = [
+    "RotaryTables", "TableCache", "angles", "cos_sin_table", "gather_rows", "indexed_device", "expand_pairs",
+    "row_frequencies", "swapped_rows", "table_dtype",
+]  # fmt: skip
 
 
 def table_dtype(x_dtype: torch.dtype) -> torch.dtype:
@@ -106,14 +117,60 @@ def cos_sin_table(
     return expand_pairs(cos, interleaved), expand_pairs(sin, interleaved)
 
 
+def row_frequencies(inv_freq: torch.Tensor, attention_scaling: float, device: torch.device | str) -> torch.Tensor:
+    """What a kernel needs to compute a table row itself: float64 ``[r/2 + 1]``, the frequencies (fp32
+    values, exact in float64) followed by the attention scaling.
+
+    A row computed from it is :func:`cos_sin_table`'s row: ``cos(position * inv_freq)`` in float64 (the
+    product exact for ``|position| < 2**29``, rounded to float64 beyond, as the cached rows are) times
+    the scaling, rounded once to the table dtype.
+
+    Example:
+        >>> row_frequencies(torch.tensor([1.0, 0.5]), 2.0, "cpu")
+        tensor([1.0000, 0.5000, 2.0000], dtype=torch.float64)
+    """
+    freq = inv_freq.detach().to("cpu", torch.float64).reshape(-1)
+    scale = torch.tensor([float(attention_scaling)], dtype=torch.float64, device=freq.device)  # also under meta
+    return torch.cat((freq, scale)).to(device)
+
+
+def gather_rows(
+    cos: torch.Tensor, sin: torch.Tensor, rows: torch.Tensor, frequencies: torch.Tensor | None, interleaved: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``rows`` ``[...]`` of the tables ``[N, r]``, as ``[..., r]``; with ``frequencies`` (see
+    :func:`row_frequencies`) a row the table does not hold (any int64, negative ones included) is
+    computed, as the kernels compute it. Without, the rows must be inside the table (the caller's contract):
+    a row outside is NaN, never another row's values. No value is read on the host.
+
+    Example:
+        >>> cos, sin = cos_sin_table(torch.arange(4), torch.tensor([1.0]))
+        >>> c, s = gather_rows(cos, sin, torch.tensor([2, 9]), row_frequencies(torch.tensor([1.0]), 1.0, "cpu"), False)
+        >>> torch.equal(c, cos_sin_table(torch.tensor([2, 9]), torch.tensor([1.0]))[0])
+        True
+    """
+    n = cos.shape[0]
+    inside = (rows >= 0) & (rows < n)
+    safe = torch.where(inside, rows, torch.zeros_like(rows)) if n else rows
+    c, s = (
+        (cos[safe], sin[safe])
+        if n
+        else (cos.new_zeros(*rows.shape, cos.shape[-1]), sin.new_zeros(*rows.shape, cos.shape[-1]))
+    )
+    keep = inside.reshape(*inside.shape, *([1] * (c.dim() - inside.dim())))
+    if frequencies is None:
+        nan = torch.full((), float("nan"), dtype=c.dtype, device=c.device)
+        return torch.where(keep, c, nan), torch.where(keep, s, nan)
+    freq = frequencies.to(rows.device)
+    cc, ss = cos_sin_table(rows, freq[:-1], attention_scaling=freq[-1], interleaved=interleaved, dtype=cos.dtype)
+    return torch.where(keep, c, cc), torch.where(keep, s, ss)
+
+
 # ------------------------------------------------------------------------------------------------
 # the value handed from the tables stage to the apply stage
 
 
 _CPU = torch.device("cpu")
 _CPU_FP32 = (_CPU, torch.float32)  # the key of the tables decoding on the CPU reads
-
-_PAIRING = {True: "interleaved (pairs 2i, 2i+1)", False: "half (pairs i, i + r/2)"}
 
 
 @dataclass(frozen=True, eq=False)  # tensors inside: equality is identity, not an ambiguous tensor comparison
@@ -142,6 +199,11 @@ class RotaryTables:
         k_cos: separate tables for keys (xPos scales q and k differently), or ``None`` (keys use ``cos``).
         k_sin: with ``k_cos``.
         heads: the head count of per-head tables, else ``None``.
+        frequencies: float64 ``[r/2 + 1]`` (:func:`row_frequencies`: the frequencies and attention
+            scaling ``cos`` was made from), or ``None``. With it, ``rows`` may be any int64, negative
+            included: a row past the table ``[N, r]`` is computed by the kernel from the position,
+            as the table's own rows were (so ``max_position`` is a cache size, never a limit).
+            Without it, ``rows`` must lie inside the table.
 
     Example:
         >>> import rotary
@@ -157,6 +219,7 @@ class RotaryTables:
     k_cos: torch.Tensor | None = None
     k_sin: torch.Tensor | None = None
     heads: int | None = None
+    frequencies: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         self._check_structure()
@@ -172,6 +235,7 @@ class RotaryTables:
         k_cos: torch.Tensor | None = None,
         k_sin: torch.Tensor | None = None,
         heads: int | None = None,
+        frequencies: torch.Tensor | None = None,
     ) -> RotaryTables:
         """Tables whose values are not checked, for table producers (shapes, dtypes and rows still are).
 
@@ -187,7 +251,7 @@ class RotaryTables:
         """
         tables = object.__new__(cls)
         for name, value in (("cos", cos), ("sin", sin), ("interleaved", interleaved), ("rows", rows), ("k_cos", k_cos),
-                            ("k_sin", k_sin), ("heads", heads)):  # fmt: skip
+                            ("k_sin", k_sin), ("heads", heads), ("frequencies", frequencies)):  # fmt: skip
             object.__setattr__(tables, name, value)
         tables._check_structure()
         return tables
@@ -225,7 +289,23 @@ class RotaryTables:
                 raise InputError(
                     f"with rows, cos/sin must be a table [N, r] indexed by row, got shape {tuple(cos.shape)}"
                 )
-            _check_row_range(rows, cos.shape[0])
+            if self.frequencies is None:  # with frequencies, rows past the table are computed
+                _check_row_range(rows, cos.shape[0])
+        if self.frequencies is not None:
+            f = self.frequencies
+            if (
+                not isinstance(f, torch.Tensor)
+                or f.dtype != torch.float64
+                or f.shape != (cos.shape[-1] // 2 + 1,)
+                or f.device != cos.device
+                or self.rows is None
+                or self.heads is not None
+                or self.k_cos is not None
+            ):
+                raise InputError(
+                    "frequencies (rows computed past the table) are float64 [r/2 + 1] on the tables' device, for a "
+                    "table [N, r] indexed by rows without per-head or key tables (see rotary.tables.row_frequencies)"
+                )
         if (self.k_cos is None) != (self.k_sin is None):
             raise InputError("give both k_cos and k_sin, or neither")
         if self.k_cos is not None:
@@ -271,6 +351,8 @@ class RotaryTables:
         cos, sin = self.key_tables() if keys else (self.cos, self.sin)
         if self.rows is None:
             return cos, sin
+        if self.frequencies is not None or not deferred.host_checks(self.rows.device):
+            return gather_rows(cos, sin, self.rows, self.frequencies, self.interleaved)
         return cos[self.rows], sin[self.rows]
 
     def to(self, dtype: torch.dtype) -> RotaryTables:
@@ -280,7 +362,14 @@ class RotaryTables:
         k_cos = None if self.k_cos is None else self.k_cos.to(dtype)
         k_sin = None if self.k_sin is None else self.k_sin.to(dtype)  # type: ignore[union-attr]
         return RotaryTables.unchecked(
-            self.cos.to(dtype), self.sin.to(dtype), self.interleaved, self.rows, k_cos, k_sin, self.heads
+            self.cos.to(dtype),
+            self.sin.to(dtype),
+            self.interleaved,
+            self.rows,
+            k_cos,
+            k_sin,
+            self.heads,
+            self.frequencies,
         )
 
     def check(self, *, sample: int | None = 4, rtol: float = 1e-5, position_zero: bool = False) -> None:
@@ -291,8 +380,10 @@ class RotaryTables:
             sample: check this many rows spread over the table (a cheap check, the default of
                 :func:`rotary.apply_rotary`), or ``None`` for every row.
             rtol: relative tolerance between the two channels of a pair.
-            position_zero: row 0 of ``cos``/``sin`` is position 0 (tables indexed by position): its
-                sin must be 0 (a swap of cos and sin is named).
+            position_zero: row 0 of ``cos``/``sin`` is position 0 (tables indexed by position): it is
+                checked for the signature of cos and sin swapped (:func:`swapped_rows`), whatever
+                ``sample``; per-token tables (no ``rows``) are checked so in every row, since any of
+                them may be position 0. Any other angle in any row is the caller's to choose.
 
         Raises:
             rotary.errors.InputError: naming the pairing the tables were built for, a non-finite value, a table
@@ -312,8 +403,11 @@ class RotaryTables:
                 used = used[torch.linspace(0, used.numel() - 1, sample, device=used.device).round().long()]
             rows = used
         for cos, sin in {id(t[0]): t for t in ((self.cos, self.sin), self.key_tables())}.values():
-            if position_zero and not torch.compiler.is_compiling() and cos.numel():
-                _check_position_zero(cos[0].detach().double(), sin[0].detach().double(), rtol)
+            if not torch.compiler.is_compiling() and cos.numel():
+                if position_zero:
+                    _check_not_swapped(cos[:1].detach(), sin[:1].detach(), "row 0 of tables indexed by position")
+                elif self.rows is None:
+                    _check_not_swapped(cos.detach(), sin.detach(), "a row of these per-token tables")
             if rows is not None:
                 cos, sin = cos[rows], sin[rows]
             _check_rows(cos, sin, self.interleaved, sample, rtol)
@@ -336,8 +430,9 @@ class RotaryTables:
         :func:`rotary.check_device_errors` (no synchronisation); ``"sync"``: a few rows, at once on
         every device (a device-to-host read on a GPU, for debugging); ``"full"``: every row, at once;
         ``False``: nothing. ``indexed_by_position``: row ``p`` of the tables is position ``p`` (tables
-        ``[T, r]`` addressed by position ids), so row 0 must be a rotation by 0 (sin 0), which also
-        catches cos and sin swapped. Tables in another float dtype than fp32/float64 are converted to fp32.
+        ``[T, r]`` addressed by position ids): row 0 is checked for the signature of cos and sin swapped
+        (:func:`swapped_rows`), never for any particular angle (tables of any angles are the caller's);
+        per-token tables are checked for it in every row. Tables in another float dtype than fp32/float64 are converted to fp32.
         """
         if validate not in (True, False, "full", "sync"):
             raise InputError(
@@ -369,129 +464,6 @@ class RotaryTables:
             return tables
         tables.check(sample=None if validate == "full" else 4, rtol=rtol, position_zero=indexed_by_position)
         return tables
-
-
-def _check_row_range(rows: torch.Tensor, table_rows: int) -> None:
-    """Every row inside the table: every backend then reads the same rows (indexing would wrap a
-    negative row to the end of the table on the pure-torch path). On the CPU a check of ``[B, S]``
-    integers; on an accelerator nothing here: the kernels check every token's row against the table
-    and flag the ones outside (:mod:`rotary.deferred`); nothing under ``torch.compile``, whose
-    positions were checked in the graph where they entered."""
-    if torch.compiler.is_compiling() or not rows.numel() or not deferred.host_checks(rows.device):
-        return  # on accelerators the kernels check each token's row against the table (rotary.deferred)
-    low, high = (int(v) for v in torch.aminmax(rows))
-    if low < 0 or high >= table_rows:
-        raise InputError(
-            f"rows must index the cos/sin table of {table_rows} rows (0 .. {table_rows - 1}), got rows from {low} to "
-            f"{high}; build the tables for the positions you rotate"
-        )
-
-
-def _sample_rows(t: torch.Tensor, sample: int | None) -> torch.Tensor:
-    """``t`` as ``[rows, r]`` (per-head tables fold heads into rows), ``sample`` rows spread over it."""
-    flat = t.reshape(-1, t.shape[-1])
-    if sample is None or flat.shape[0] <= sample:
-        return flat
-    # evenly spaced, always including the last row (the largest position of a cached table)
-    idx = torch.linspace(0, flat.shape[0] - 1, sample, device=flat.device).round().long()
-    return flat[idx]
-
-
-def _check_position_zero(cos0: torch.Tensor, sin0: torch.Tensor, rtol: float) -> None:
-    """Row 0 of tables indexed by position is the rotation by 0: sin 0, cos the scaling (> 0)."""
-    scale = max(float(cos0.abs().max()), float(sin0.abs().max()), 1e-30)
-    if float(sin0.abs().max()) <= rtol * scale:
-        return
-    if float(cos0.abs().max()) <= rtol * scale:
-        raise InputError(
-            "cos and sin swapped: at position 0 (row 0 of tables indexed by position) sin must be 0 and cos the "
-            "attention scaling, but here cos is 0 and sin is not; pass cos first (apply_rotary(x, cos, sin, ...))"
-        )
-    raise InputError(
-        f"row 0 of the cos/sin tables must be position 0 (tables indexed by position ids): sin must be 0 there, got "
-        f"|sin| up to {float(sin0.abs().max()):.3g}; build the tables from position 0 (RoPE.cos_sin(torch.arange(T)))"
-    )
-
-
-def _version(t: torch.Tensor) -> int | None:
-    try:
-        return t._version
-    except RuntimeError:  # inference tensors track no version: check them every time
-        return None
-
-
-def _checked_before(cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, position_zero: bool) -> bool:
-    """Whether these exact tensors, unchanged since, were checked with the same settings; marks them
-    checked otherwise (an attribute on ``cos``: the mark dies with the tensor)."""
-    key = (_version(cos), id(sin), _version(sin), interleaved, position_zero)
-    if key[0] is None or key[2] is None:
-        return False
-    if getattr(cos, "_rotary_checked", None) == key:
-        return True
-    cos._rotary_checked = key  # type: ignore[attr-defined]
-    return False
-
-
-def _check_rows_on_device(
-    cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, rtol: float, position_zero: bool, sample: int = 4
-) -> torch.Tensor:
-    """The checks of :func:`_check_rows` (and :func:`_check_position_zero`) on ``sample`` rows, as
-    device operations: a 0-d bool tensor, true when the tables are bad. No value is read."""
-    flat_c, flat_s = cos.detach().reshape(-1, cos.shape[-1]), sin.detach().reshape(-1, sin.shape[-1])
-    n = flat_c.shape[0]
-    idx = torch.linspace(0, n - 1, min(sample, n), device=cos.device).round().long()  # rows 0 and n - 1 included
-    c, s = flat_c.index_select(0, idx).double(), flat_s.index_select(0, idx).double()
-    norm = c * c + s * s
-    top = norm.max()
-    scale = torch.maximum(
-        torch.maximum(c.abs().max(), s.abs().max()), torch.tensor(1e-30, dtype=torch.float64, device=c.device)
-    )
-
-    def mismatch(t: torch.Tensor) -> torch.Tensor:
-        a, b = (t[..., 0::2], t[..., 1::2]) if interleaved else t.chunk(2, dim=-1)
-        return (a - b).abs().max()
-
-    ok = torch.isfinite(c).all() & torch.isfinite(s).all() & (top > 0)
-    ok = ok & (torch.maximum(mismatch(c), mismatch(s)) <= rtol * scale)
-    ok = ok & ((norm - norm.flatten()[0]).abs().max() <= 10 * rtol * top)
-    if position_zero:
-        ok = ok & (s[0].abs().max() <= rtol * scale)
-    return ~ok
-
-
-def _check_rows(cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, sample: int | None, rtol: float) -> None:
-    if torch.compiler.is_compiling() or not cos.numel():
-        return
-    c, s = _sample_rows(cos.detach(), sample).double(), _sample_rows(sin.detach(), sample).double()
-    if not (bool(torch.isfinite(c).all()) and bool(torch.isfinite(s).all())):
-        raise InputError("cos/sin hold NaN or inf values: these are not rotation tables")
-    norm = c * c + s * s
-    top = float(norm.max())
-    if top == 0.0:
-        raise InputError("cos/sin are all zeros: cos²+sin² must be the (constant) attention scaling squared, not 0")
-
-    def mismatch(t: torch.Tensor, inter: bool) -> float:
-        a, b = (t[..., 0::2], t[..., 1::2]) if inter else t.chunk(2, dim=-1)
-        return float((a - b).abs().max())
-
-    tol = rtol * max(float(c.abs().max()), float(s.abs().max()), 1e-30)
-    wanted = max(mismatch(c, interleaved), mismatch(s, interleaved))
-    if wanted > tol:
-        other = max(mismatch(c, not interleaved), mismatch(s, not interleaved))
-        if other <= tol:
-            raise InputError(
-                f"cos/sin are laid out for the {_PAIRING[not interleaved]} pairing but interleaved={interleaved} "
-                f"was requested; build them with RoPE(..., interleaved={interleaved}) or pass interleaved={not interleaved}"
-            )
-        raise InputError(
-            f"cos/sin fit neither pairing: the two channels of a pair differ by up to {wanted:.3g} for the "
-            f"{_PAIRING[interleaved]} pairing (half-width tables such as cos[:, 0::2] rotate the wrong channels)"
-        )
-    spread = float((norm - norm.flatten()[0]).abs().max())
-    if spread > 10 * rtol * top:
-        raise InputError(
-            f"cos²+sin² is not constant over the table (spread {spread:.3g}): these are not rotation tables"
-        )
 
 
 # ------------------------------------------------------------------------------------------------

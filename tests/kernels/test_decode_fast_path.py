@@ -122,8 +122,9 @@ def test_general_path_for_what_the_fast_path_does_not_take():
         rope(q, k, layout="bsdh")
     with pytest.raises(ValueError, match="head_dim 32 but this RoPE was built for head_dim=64"):
         rope(q[..., :32], k[..., :32])
-    with pytest.raises(ValueError, match="-1"):
-        rope(q, k, position_ids=torch.tensor([-1, 0]))
+    negative = torch.tensor([-1, 0])  # a rotation by a negative angle, as position * inv_freq gives it
+    want = rotary.reference.rotate_complex(q.double(), negative, rope.inv_freq)
+    assert float((rope(q, k, position_ids=negative)[0].double() - want).abs().max()) < 1e-5
     with pytest.raises(ValueError, match="q and k share memory|are the same memory"):
         rope(q, q, inplace=True)
     with pytest.raises(ValueError, match=r"position_ids of shape \(3,\) do not fit .* S=2"):

@@ -123,7 +123,7 @@ OUTSIDE = textwrap.dedent(
     from rotary.kernels.triton import run_triton
     from rotary.tables import cos_sin_table
 
-    deferred.host_checks = lambda device: False  # as on a GPU: the torch path checks rows too
+    deferred.host_checks = lambda device: False  # as on a GPU: the torch path reads no row outside either
     cos, sin = cos_sin_table(torch.arange(5), torch.tensor([1.0, 0.1]))
     x = torch.randn(2, 3, 2, 4, generator=torch.Generator().manual_seed(0))
     k = torch.randn(2, 3, 1, 4, generator=torch.Generator().manual_seed(1))
@@ -131,15 +131,13 @@ OUTSIDE = textwrap.dedent(
     outside = torch.tensor([[False, False, True], [True, False, True]])
     outs = {}
     for name, run in (("triton", run_triton), ("torch", run_torch)):
-        for xs in ((x,), (x, k)):  # q alone, q and k in one launch: flags count tokens once
+        for xs in ((x,), (x, k)):  # q alone, q and k in one launch
             got = tuple(torch.empty_like(t) for t in xs)
             run(Rotation(xs, got, (cos,) * len(xs), (sin,) * len(xs), positions, 0, False))
-            flags = deferred.flags(x.device).clone()
-            deferred.flags(x.device).zero_()
+            assert not deferred.flags(x.device).any()  # nothing to poll: a caller's table, the caller's contract
             for out in got:
                 assert torch.isnan(out[outside]).all(), name
                 assert not torch.isnan(out[~outside]).any(), name
-            assert flags[0] == 3 and flags[1] == 100, (name, flags)
             outs[name, len(xs)] = got
     for n in (1, 2):
         for a, b in zip(outs["triton", n], outs["torch", n]):
@@ -157,7 +155,7 @@ OUTSIDE = textwrap.dedent(
 
 
 @pytest.mark.slow
-def test_positions_outside_the_table_are_nan_and_flagged_by_both_gpu_paths():
+def test_positions_outside_a_caller_s_table_are_nan_on_both_gpu_paths():
     # what the kernels do on a GPU, where positions are never read on the host
     stdout = run_interpreted(OUTSIDE, timeout=300)
     assert "outside ok" in stdout

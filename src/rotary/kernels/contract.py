@@ -13,7 +13,14 @@ take one :class:`Rotation`:
   token (b, s); or ``None``, when the row is ``b * batch_rows + s`` (``batch_rows`` is 0 for one
   table shared by the batch, S for per-batch tables stacked as ``[B * S, r]``);
 - ``interleaved``: pairs (2i, 2i + 1) instead of (i, i + r/2); ``conjugate``: rotate by -θ (the
-  backward of a rotation).
+  backward of a rotation);
+- ``frequencies``: ``None``, or float64 ``[r/2 + 1]`` (:func:`rotary.tables.row_frequencies`: the
+  frequencies every table of the call was made from, then its attention scaling), with ``positions``:
+  a token whose position is not a row of the table (past its end, or negative) gets its row computed
+  from the position, ``cos(position * inv_freq)`` in float64 times the scaling, rounded once to the
+  table dtype (a cached row is the same number). Without ``frequencies``, every position must be a row
+  of the table (the caller's contract): a token outside reads nothing outside the table and comes out
+  NaN (the C++ kernel, on CPU memory, raises instead).
 
 Rotating pair (a, b) by θ gives (a cos - b sin, b cos + a sin); channels past ``r`` are copied (out of
 place) or left alone (in place).
@@ -46,6 +53,7 @@ class Rotation:
     batch_rows: int
     interleaved: bool
     conjugate: bool = False
+    frequencies: torch.Tensor | None = None
 
     @property
     def rotary_dim(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import deferred
+from ..tables import gather_rows
 from .contract import Rotation
 
 __all__ = ["rotate_pairs", "rotate_torch", "token_tables", "run_torch", "table_grad_torch"]
@@ -42,16 +43,9 @@ def token_tables(rotation: Rotation, i: int) -> tuple[torch.Tensor, torch.Tensor
     batch, seq_len = rotation.xs[i].shape[:2]
     if rotation.positions is not None:
         positions = rotation.positions
-        if not deferred.host_checks(positions.device) and not torch.compiler.is_compiling():
-            # as the Triton kernel: a token outside the table reads row 0, gets NaN, and is flagged
-            outside = (positions < 0) | (positions >= cos.shape[0])
-            if i == 0:  # once per token of the call, as the Triton kernel counts
-                deferred.record_positions(positions, outside)
-            positions = positions.masked_fill(outside, 0)
-            nan = torch.where(outside, float("nan"), 0.0).to(cos.dtype)[..., None]
-            if cos.dim() == 3:
-                nan = nan[..., None]
-            c, s = cos[positions] + nan, sin[positions]
+        if rotation.frequencies is not None or not deferred.host_checks(positions.device):
+            # as the kernels: a row the table does not hold is computed (with frequencies) or NaN, never read
+            c, s = gather_rows(cos, sin, positions, rotation.frequencies, rotation.interleaved)
         else:
             c, s = cos[positions], sin[positions]  # [B, S, (H,) r]
     else:

@@ -36,7 +36,6 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import deferred
 from . import dispatch, ops
 from . import triton as triton_kernel
 from .contract import Rotation
@@ -126,6 +125,7 @@ def run(rotation: Rotation, norm: Norm, rstds: tuple[torch.Tensor, ...]) -> None
         load_cpu_extension().rmsnorm_rope(  # type: ignore[union-attr]
             list(rotation.xs), list(rotation.outs), list(rstds), weights, list(rotation.cos), list(rotation.sin),
             rotation.positions, rotation.batch_rows, rotation.interleaved, norm.round_normed, norm.eps,
+            rotation.frequencies,
         )  # fmt: skip
     elif backend == "triton":  # the weights as they are: the kernel widens them (and adds Gemma's 1) itself
         run_triton(rotation, [w.contiguous() for w in norm.weights], rstds, norm.round_normed, norm.eps)
@@ -167,18 +167,20 @@ tl = triton_kernel.tl
 
 if triton is not None:
     token_row = triton_kernel.token_row  # the per-token prologue the rotation kernels share
+    table_pairs = triton_kernel.table_pairs  # a token's cos/sin pairs, read or computed
     split_pairs = triton_kernel.split_pairs  # interleaved rows <-> their pairs' two channels
     join_pairs = triton_kernel.join_pairs
 
     @triton.jit
     def _norm_rotate_heads(
-        X, OUT, RSTD, W, COS, SIN, b, s, t, poison, heads, H, eps, table_stride, head_stride,
+        X, OUT, RSTD, W, COS, SIN, FREQ, b, s, t, p, computed, poison, heads, H, eps, table_stride, head_stride,
         sxb, sxs, sxh, sob, sos, soh, srb, srs, srh,
         HALF: tl.constexpr, D: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_REST: tl.constexpr,
-        INTERLEAVED: tl.constexpr, ROUND_NORMED: tl.constexpr, FP64: tl.constexpr,
+        INTERLEAVED: tl.constexpr, ROUND_NORMED: tl.constexpr, FP64: tl.constexpr, COMPUTE: tl.constexpr,
     ):  # fmt: skip
         """Normalise and rotate ``heads`` (a block of head indices, masked by ``< H``) of token (b, s)
-        with table row ``t``; ``poison`` is 0, or NaN for a token outside the table. Each channel is
+        with table row ``t`` (or the row computed at position ``p``: :func:`.triton.table_pairs`);
+        ``poison`` is 0, or NaN for a token outside a table that cannot compute its rows. Each channel is
         loaded once: the pairs' two halves, and the channels past the rotated ones."""
         compute = tl.float64 if FP64 else tl.float32
         dtype = OUT.dtype.element_ty
@@ -192,9 +194,10 @@ if triton is not None:
             j = tl.arange(0, 2 * BLOCK_P)
             mask = live[:, None] & (j < 2 * HALF)[None, :]
             a, z = split_pairs(tl.load(x + j[None, :], mask=mask, other=0.0), BLOCK_P)
-            table = t * table_stride + heads[:, None] * head_stride + j[None, :]
-            c, _ = split_pairs(tl.load(COS + table, mask=mask, other=0.0), BLOCK_P)
-            sn, _ = split_pairs(tl.load(SIN + table, mask=mask, other=0.0), BLOCK_P)
+            c, sn = table_pairs(
+                COS, SIN, FREQ, t, p, computed, heads, live, table_stride, head_stride, HALF, BLOCK_P, INTERLEAVED,
+                False, COMPUTE, FP64,
+            )  # fmt: skip
             # the weight last: its row goes through shared memory into the pairs' layout (a barrier)
             wa, wz = split_pairs(tl.load(W + j[None, :], mask=(j < 2 * HALF)[None, :], other=0.0), BLOCK_P)
         else:
@@ -204,9 +207,10 @@ if triton is not None:
             z = tl.load(x + (pair + HALF)[None, :], mask=mask, other=0.0)
             wa = tl.load(W + pair, mask=pair < HALF, other=0.0)[None, :]
             wz = tl.load(W + HALF + pair, mask=pair < HALF, other=0.0)[None, :]
-            table = t * table_stride + heads[:, None] * head_stride + pair[None, :]
-            c = tl.load(COS + table, mask=mask, other=0.0)
-            sn = tl.load(SIN + table, mask=mask, other=0.0)
+            c, sn = table_pairs(
+                COS, SIN, FREQ, t, p, computed, heads, live, table_stride, head_stride, HALF, BLOCK_P, INTERLEAVED,
+                False, COMPUTE, FP64,
+            )  # fmt: skip
         if D > 2 * HALF:
             rest = 2 * HALF + tl.arange(0, BLOCK_REST)
             rest_mask = live[:, None] & (rest < D)[None, :]
@@ -221,8 +225,7 @@ if triton is not None:
         if not ROUND_NORMED:
             wa = 1.0 + wa
             wz = 1.0 + wz
-        c = c.to(compute) + poison
-        sn = sn.to(compute)
+        c = c + poison
         squares = tl.sum(a * a + z * z, axis=1)
         if D > 2 * HALF:
             squares += tl.sum(e * e, axis=1)
@@ -253,16 +256,16 @@ if triton is not None:
 
     @triton.jit
     def _norm_rotary_kernel(
-        XQ, OUTQ, RSTDQ, WQ, COSQ, SINQ, XK, OUTK, RSTDK, WK, COSK, SINK, POS, FLAGS,
+        XQ, OUTQ, RSTDQ, WQ, COSQ, SINQ, XK, OUTK, RSTDK, WK, COSK, SINK, POS, FREQ,
         S, HQ, HK, Q_BLOCKS, table_rows, batch_rows, spb, sps, eps: tl.float64,
         tq_stride, tq_head, sqb, sqs, sqh, soqb, soqs, soqh, srqb, srqs, srqh,
         tk_stride, tk_head, skb, sks, skh, sokb, soks, sokh, srkb, srks, srkh,
         HALF: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_REST: tl.constexpr,
         INTERLEAVED: tl.constexpr, ROUND_NORMED: tl.constexpr, HAS_POSITIONS: tl.constexpr, FP64: tl.constexpr,
-        WIDE: tl.constexpr,
+        WIDE: tl.constexpr, COMPUTE: tl.constexpr,
     ):  # fmt: skip
         # program (token, head block): blocks 0 .. Q_BLOCKS - 1 take q's heads, the rest k's (one launch for
-        # both, as the rotation kernel; positions checked as there, flags set once per token)
+        # both, as the rotation kernel; positions handled as there)
         row = tl.program_id(0)
         block = tl.program_id(1)
         if WIDE:  # offsets in int64 (triton_kernel.wide_offsets)
@@ -271,20 +274,22 @@ if triton is not None:
         # eps arrives as a double (a Python float would be passed as fp32) and is rounded to the arithmetic
         # dtype once, as torch rounds a Python scalar added to a tensor (tl.full: the interpreter passes a float)
         eps = tl.full((), eps, tl.float64).to(tl.float64 if FP64 else tl.float32)
-        b, s, t, poison = token_row(POS, FLAGS, row, block, S, table_rows, batch_rows, spb, sps, HAS_POSITIONS, FP64)
+        b, s, t, p, computed, poison = token_row(
+            POS, row, S, table_rows, batch_rows, spb, sps, HAS_POSITIONS, COMPUTE, FP64
+        )
         if block < Q_BLOCKS:
             heads = block * BLOCK_H + tl.arange(0, BLOCK_H)
             _norm_rotate_heads(
-                XQ, OUTQ, RSTDQ, WQ, COSQ, SINQ, b, s, t, poison, heads, HQ, eps, tq_stride, tq_head,
-                sqb, sqs, sqh, soqb, soqs, soqh, srqb, srqs, srqh,
-                HALF, D, BLOCK_P, BLOCK_REST, INTERLEAVED, ROUND_NORMED, FP64,
+                XQ, OUTQ, RSTDQ, WQ, COSQ, SINQ, FREQ, b, s, t, p, computed, poison, heads, HQ, eps, tq_stride,
+                tq_head, sqb, sqs, sqh, soqb, soqs, soqh, srqb, srqs, srqh,
+                HALF, D, BLOCK_P, BLOCK_REST, INTERLEAVED, ROUND_NORMED, FP64, COMPUTE,
             )  # fmt: skip
         else:
             heads = (block - Q_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
             _norm_rotate_heads(
-                XK, OUTK, RSTDK, WK, COSK, SINK, b, s, t, poison, heads, HK, eps, tk_stride, tk_head,
-                skb, sks, skh, sokb, soks, sokh, srkb, srks, srkh,
-                HALF, D, BLOCK_P, BLOCK_REST, INTERLEAVED, ROUND_NORMED, FP64,
+                XK, OUTK, RSTDK, WK, COSK, SINK, FREQ, b, s, t, p, computed, poison, heads, HK, eps, tk_stride,
+                tk_head, skb, sks, skh, sokb, soks, sokh, srkb, srks, srkh,
+                HALF, D, BLOCK_P, BLOCK_REST, INTERLEAVED, ROUND_NORMED, FP64, COMPUTE,
             )  # fmt: skip
 
 
@@ -294,7 +299,8 @@ def run_triton(
     """Normalise and rotate each ``[B, S, H, D]`` x (unit stride over D) into its out, two tensors (q and
     k) per launch; ``weights[i]`` is the norm's weight as given, contiguous ``[D]`` (any float dtype: the
     kernel widens it, and with ``round_normed`` off, Gemma's convention, multiplies by ``1 + weight``).
-    Positions are checked in the kernel as in :func:`.triton.run_triton` (NaN and deferred flags)."""
+    Positions are handled in the kernel as in :func:`.triton.run_triton` (rows past the table computed
+    when the rotation carries its frequencies, NaN otherwise)."""
     if triton is None:
         raise RuntimeError("rotary: Triton is not installed")
     n = len(rotation.xs)
@@ -324,18 +330,18 @@ def _launch(
     q_blocks = triton_kernel.cdiv(HQ, block_h)
     pos = positions if positions is not None else cos  # placeholder pointer, unused without positions
     spb, sps = (positions.stride(0), positions.stride(1)) if positions is not None else (0, 0)
-    flags = deferred.flags(x.device) if positions is not None else cos  # placeholder without positions
+    compute = rotation.frequencies is not None and positions is not None
     grid = (B * S, q_blocks + triton_kernel.cdiv(HK, block_h))
     head = lambda t: t.stride(1) if t.dim() == 3 else 0  # noqa: E731  (per-head tables [N, H, r])
     _norm_rotary_kernel[grid](
-        x, out, rstd, w, cos, sin, xk, outk, rstdk, wk, cos_k, sin_k, pos, flags,
+        x, out, rstd, w, cos, sin, xk, outk, rstdk, wk, cos_k, sin_k, pos, rotation.frequencies if compute else cos,
         S, HQ, HK, q_blocks, cos.shape[0], rotation.batch_rows, spb, sps, eps,
         cos.stride(0), head(cos), *x.stride()[:3], *out.stride()[:3], *rstd.stride(),
         cos_k.stride(0), head(cos_k), *xk.stride()[:3], *outk.stride()[:3], *rstdk.stride(),
         HALF=r // 2, D=D, BLOCK_H=block_h, BLOCK_P=triton_kernel.next_power_of_2(r // 2),
         BLOCK_REST=triton_kernel.next_power_of_2(max(D - r, 1)), INTERLEAVED=rotation.interleaved,
         ROUND_NORMED=round_normed, HAS_POSITIONS=positions is not None, FP64=x.dtype == torch.float64,
-        WIDE=triton_kernel.wide_offsets(x, out, xk, outk, cos, cos_k),
+        WIDE=triton_kernel.wide_offsets(x, out, xk, outk, cos, cos_k), COMPUTE=compute,
     )  # fmt: skip
 
 

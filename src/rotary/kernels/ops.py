@@ -92,7 +92,7 @@ def run(rotation: Rotation) -> None:
         ext = load_cpu_extension()
         ext.rope(  # type: ignore[union-attr]
             list(rotation.xs), list(rotation.outs), list(rotation.cos), list(rotation.sin), rotation.positions,
-            rotation.batch_rows, rotation.interleaved, rotation.conjugate,
+            rotation.batch_rows, rotation.interleaved, rotation.conjugate, rotation.frequencies,
         )  # fmt: skip
     elif backend == "triton":
         triton_kernel.run_triton(rotation)

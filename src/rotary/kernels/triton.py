@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from .. import deferred
+from . import triton_rows
 from .contract import Rotation
 
 try:
@@ -62,30 +63,23 @@ def cdiv(a: int, b: int) -> int:
 
 
 if triton is not None:
-
-    @triton.jit
-    def split_pairs(rows, BLOCK_P: tl.constexpr):
-        """``[N, 2 * BLOCK_P]`` rows of interleaved pairs -> their first and second channels, ``[N, BLOCK_P]`` each."""
-        return tl.split(tl.reshape(rows, (rows.shape[0], BLOCK_P, 2)))
-
-    @triton.jit
-    def join_pairs(first, second, BLOCK_P: tl.constexpr):
-        """The inverse of :func:`split_pairs`: ``[N, BLOCK_P]`` twice -> ``[N, 2 * BLOCK_P]`` interleaved."""
-        return tl.reshape(tl.join(first, second), (first.shape[0], 2 * BLOCK_P))
+    # the per-token parts every kernel shares (norm.py's too): a token's row, its cos and sin
+    split_pairs, join_pairs = triton_rows.split_pairs, triton_rows.join_pairs
+    token_row, table_pairs, sin_cos_f64 = triton_rows.token_row, triton_rows.table_pairs, triton_rows.sin_cos_f64
 
     @triton.jit
     def _rotate_heads(
-        x, o, o2, COS, SIN, t, poison, heads, H, H2, table_stride, head_stride, sxh, soh, so2h,
+        x, o, o2, COS, SIN, FREQ, t, p, computed, poison, heads, H, H2, table_stride, head_stride, sxh, soh, so2h,
         HALF: tl.constexpr, D: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_REST: tl.constexpr,
         INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, INPLACE: tl.constexpr, FP64: tl.constexpr,
-        TWO: tl.constexpr, PAIR_TABLES: tl.constexpr,
+        TWO: tl.constexpr, PAIR_TABLES: tl.constexpr, COMPUTE: tl.constexpr,
     ):  # fmt: skip
         """Rotate ``heads`` (a block of head indices, masked by ``< H``) of one token with table row ``t``:
         ``x`` and ``o`` point at the token's row of the input and the output (head strides ``sxh``,
         ``soh``); with ``TWO`` the result is also stored at ``o2`` (head stride ``so2h``, heads ``< H2``,
-        pass-through channels always: a cache row). ``poison`` is 0, or NaN for a token outside the table.
-        Table rows hold one value per channel (``c[2i] == c[2i + 1]`` interleaved), or with ``PAIR_TABLES``
-        one per pair (vLLM's ``cos_sin_cache`` halves); the half pairing reads the first ``HALF`` either way.
+        pass-through channels always: a cache row). The token's cos and sin come from :func:`table_pairs`
+        (row ``t``, or computed at position ``p``); ``poison`` is 0, or NaN for a token outside a table
+        that cannot compute its rows.
 
         Every load (x, the tables) is issued before any store: a store may alias what a later load reads,
         so the GPU would wait for it, one memory round trip more per program."""
@@ -106,19 +100,12 @@ if triton is not None:
             j = tl.arange(0, 2 * BLOCK_P)
             channels = (j < 2 * HALF)[None, :]
             mask = (live | live2)[:, None] & channels
-            if PAIR_TABLES:  # one value per pair: the pair's entry, [BLOCK_H, BLOCK_P]
-                pair = tl.arange(0, BLOCK_P)
-                pair_mask = (live | live2)[:, None] & (pair < HALF)[None, :]
-                table = t * table_stride + heads[:, None] * head_stride + pair[None, :]
-                c = tl.load(COS + table, mask=pair_mask, other=0.0)
-                sn = tl.load(SIN + table, mask=pair_mask, other=0.0)
-            else:
-                table = t * table_stride + heads[:, None] * head_stride + j[None, :]
-                c, _ = split_pairs(tl.load(COS + table, mask=mask, other=0.0), BLOCK_P)
-                sn, _ = split_pairs(tl.load(SIN + table, mask=mask, other=0.0), BLOCK_P)
+            c, sn = table_pairs(
+                COS, SIN, FREQ, t, p, computed, heads, live | live2, table_stride, head_stride, HALF, BLOCK_P,
+                INTERLEAVED, PAIR_TABLES, COMPUTE, FP64,
+            )  # fmt: skip
             even, odd = split_pairs(tl.load(x + heads[:, None] * sxh + j[None, :], mask=mask, other=0.0), BLOCK_P)
-            c = c.to(compute) + poison
-            sn = sn.to(compute)
+            c = c + poison
             if CONJUGATE:
                 sn = -sn
             even = even.to(compute)
@@ -135,9 +122,11 @@ if triton is not None:
             pair = tl.arange(0, BLOCK_P)
             channels = (pair < HALF)[None, :]
             mask = (live | live2)[:, None] & channels
-            table = t * table_stride + heads[:, None] * head_stride + pair[None, :]
-            c = tl.load(COS + table, mask=mask, other=0.0).to(compute) + poison
-            sn = tl.load(SIN + table, mask=mask, other=0.0).to(compute)
+            c, sn = table_pairs(
+                COS, SIN, FREQ, t, p, computed, heads, live | live2, table_stride, head_stride, HALF, BLOCK_P,
+                INTERLEAVED, PAIR_TABLES, COMPUTE, FP64,
+            )  # fmt: skip
+            c = c + poison
             a = tl.load(x + heads[:, None] * sxh + pair[None, :], mask=mask, other=0.0).to(compute)
             z = tl.load(x + heads[:, None] * sxh + (pair + HALF)[None, :], mask=mask, other=0.0).to(compute)
             if CONJUGATE:
@@ -156,38 +145,14 @@ if triton is not None:
                 tl.store(o2 + heads[:, None] * so2h + rest[None, :], kept, mask=live2[:, None] & in_rest)
 
     @triton.jit
-    def token_row(
-        POS, FLAGS, row, block, S, table_rows, batch_rows, spb, sps, HAS_POSITIONS: tl.constexpr, FP64: tl.constexpr
-    ):  # fmt: skip
-        """The per-token prologue of every kernel: program row ``row`` is token (b, s); returns
-        ``(b, s, t, poison)``, ``t`` the token's table row and ``poison`` 0, or NaN for a position outside
-        the table. Such a token reads row 0 (no read past the table) and sets the deferred-error flags
-        (count and largest position) once, in its first head block."""
-        b = row // S
-        s = row % S
-        compute = tl.float64 if FP64 else tl.float32
-        if HAS_POSITIONS:
-            t = tl.load(POS + b * spb + s * sps)
-            outside = (t < 0) | (t >= table_rows)
-            if outside & (block == 0):
-                tl.atomic_add(FLAGS, 1)
-                tl.atomic_max(FLAGS + 1, t)
-            t = tl.where(outside, 0, t)
-            poison = tl.where(outside, float("nan"), 0.0).to(compute)
-        else:
-            t = b * batch_rows + s
-            poison = tl.zeros((), dtype=compute)
-        return b, s, t, poison
-
-    @triton.jit
     def _rotary_kernel(
-        XQ, OUTQ, COSQ, SINQ, XK, OUTK, COSK, SINK, POS, FLAGS,
+        XQ, OUTQ, COSQ, SINQ, XK, OUTK, COSK, SINK, POS, FREQ,
         S, HQ, HK, Q_BLOCKS, table_rows, batch_rows, spb, sps,
         tq_stride, tq_head, sqb, sqs, sqh, soqb, soqs, soqh,
         tk_stride, tk_head, skb, sks, skh, sokb, soks, sokh,
         HALF: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_REST: tl.constexpr,
         INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, HAS_POSITIONS: tl.constexpr, INPLACE: tl.constexpr,
-        FP64: tl.constexpr, WIDE: tl.constexpr,
+        FP64: tl.constexpr, WIDE: tl.constexpr, COMPUTE: tl.constexpr,
     ):  # fmt: skip
         # program (token, head block): blocks 0 .. Q_BLOCKS - 1 rotate q's heads, the rest k's (one
         # launch for both, GQA head counts may differ; k may have its own tables, e.g. xPos)
@@ -196,31 +161,34 @@ if triton is not None:
         if WIDE:  # offsets in int64 (wide_offsets): b, s, t and the heads derive from these
             row = row.to(tl.int64)
             block = block.to(tl.int64)
-        b, s, t, poison = token_row(POS, FLAGS, row, block, S, table_rows, batch_rows, spb, sps, HAS_POSITIONS, FP64)
+        b, s, t, p, computed, poison = token_row(
+            POS, row, S, table_rows, batch_rows, spb, sps, HAS_POSITIONS, COMPUTE, FP64
+        )
         if block < Q_BLOCKS:
             heads = block * BLOCK_H + tl.arange(0, BLOCK_H)
             _rotate_heads(
-                XQ + b * sqb + s * sqs, OUTQ + b * soqb + s * soqs, OUTQ, COSQ, SINQ, t, poison, heads, HQ, 0,
-                tq_stride, tq_head, sqh, soqh, 0, HALF, D, BLOCK_P, BLOCK_REST, INTERLEAVED, CONJUGATE, INPLACE, FP64,
-                False, False,
+                XQ + b * sqb + s * sqs, OUTQ + b * soqb + s * soqs, OUTQ, COSQ, SINQ, FREQ, t, p, computed, poison,
+                heads, HQ, 0, tq_stride, tq_head, sqh, soqh, 0, HALF, D, BLOCK_P, BLOCK_REST, INTERLEAVED, CONJUGATE,
+                INPLACE, FP64, False, False, COMPUTE,
             )  # fmt: skip
         else:
             heads = (block - Q_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
             _rotate_heads(
-                XK + b * skb + s * sks, OUTK + b * sokb + s * soks, OUTK, COSK, SINK, t, poison, heads, HK, 0,
-                tk_stride, tk_head, skh, sokh, 0, HALF, D, BLOCK_P, BLOCK_REST, INTERLEAVED, CONJUGATE, INPLACE, FP64,
-                False, False,
+                XK + b * skb + s * sks, OUTK + b * sokb + s * soks, OUTK, COSK, SINK, FREQ, t, p, computed, poison,
+                heads, HK, 0, tk_stride, tk_head, skh, sokh, 0, HALF, D, BLOCK_P, BLOCK_REST, INTERLEAVED, CONJUGATE,
+                INPLACE, FP64, False, False, COMPUTE,
             )  # fmt: skip
 
     @triton.jit
     def _rotate_cache_kernel(
-        XQ, OUTQ, XK, OUTK, V, KC, VC, COS, SIN, POS, SLOTS, FLAGS, CACHE_FLAG, ROWS_FLAG,
+        XQ, OUTQ, XK, OUTK, V, KC, VC, COS, SIN, POS, FREQ, SLOTS, CACHE_FLAG, ROWS_FLAG,
         S, HQ, HK, DV, Q_BLOCKS, table_rows, batch_rows, spb, sps, slb, sls, T, cache_batch,
         t_stride, sqb, sqs, sqh, soqb, soqs, soqh, skb, sks, skh, sokb, soks, sokh, svb, svs, svh,
         kcb, kct, kch, vcb, vct, vch,
         HALF: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_REST: tl.constexpr,
         BLOCK_DV: tl.constexpr, INTERLEAVED: tl.constexpr, HAS_POSITIONS: tl.constexpr, INPLACE: tl.constexpr,
         FP64: tl.constexpr, PAIR_TABLES: tl.constexpr, CHECK_ROWS: tl.constexpr, WIDE: tl.constexpr,
+        COMPUTE: tl.constexpr,
     ):  # fmt: skip
         # program (token, head block): q blocks rotate q; k blocks rotate k into k's output and into the
         # cache row of the token's slot, and copy v into the value cache row. CHECK_ROWS (tables given as
@@ -230,13 +198,15 @@ if triton is not None:
         if WIDE:  # offsets in int64 (wide_offsets)
             row = row.to(tl.int64)
             block = block.to(tl.int64)
-        b, s, t, poison = token_row(POS, FLAGS, row, block, S, table_rows, batch_rows, spb, sps, HAS_POSITIONS, FP64)
+        b, s, t, p, computed, poison = token_row(
+            POS, row, S, table_rows, batch_rows, spb, sps, HAS_POSITIONS, COMPUTE, FP64
+        )
         if block < Q_BLOCKS:
             heads = block * BLOCK_H + tl.arange(0, BLOCK_H)
             _rotate_heads(
-                XQ + b * sqb + s * sqs, OUTQ + b * soqb + s * soqs, OUTQ, COS, SIN, t, poison, heads, HQ, 0,
-                t_stride, 0, sqh, soqh, 0, HALF, D, BLOCK_P, BLOCK_REST, INTERLEAVED, False, INPLACE, FP64, False,
-                PAIR_TABLES,
+                XQ + b * sqb + s * sqs, OUTQ + b * soqb + s * soqs, OUTQ, COS, SIN, FREQ, t, p, computed, poison,
+                heads, HQ, 0, t_stride, 0, sqh, soqh, 0, HALF, D, BLOCK_P, BLOCK_REST, INTERLEAVED, False, INPLACE,
+                FP64, False, PAIR_TABLES, COMPUTE,
             )  # fmt: skip
         else:
             heads = (block - Q_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -260,9 +230,9 @@ if triton is not None:
             # k is loaded and rotated once, and stored twice: into k's output (in place: over k itself)
             # and into the cache row of the token's slot
             _rotate_heads(
-                XK + b * skb + s * sks, OUTK + b * sokb + s * soks, KC + cb * kcb + slot * kct, COS, SIN, t, poison,
-                heads, HK, heads_ok, t_stride, 0, skh, sokh, kch, HALF, D, BLOCK_P, BLOCK_REST, INTERLEAVED, False,
-                INPLACE, FP64, True, PAIR_TABLES,
+                XK + b * skb + s * sks, OUTK + b * sokb + s * soks, KC + cb * kcb + slot * kct, COS, SIN, FREQ, t, p,
+                computed, poison, heads, HK, heads_ok, t_stride, 0, skh, sokh, kch, HALF, D, BLOCK_P, BLOCK_REST,
+                INTERLEAVED, False, INPLACE, FP64, True, PAIR_TABLES, COMPUTE,
             )  # fmt: skip
             tl.store(VC + cb * vcb + slot * vct + heads[:, None] * vch + channels[None, :], values, mask=vmask)
             if CHECK_ROWS:  # x - x is NaN for NaN and for ±inf; once per token (its first k block)
@@ -355,9 +325,9 @@ def run_triton(rotation: Rotation) -> None:
     """Rotate each ``[B, S, H, D]`` x (unit stride over D) into its out (may be x itself): two tensors
     (q and k) per launch, one program per token and block of heads.
 
-    With ``positions``, each token's row is checked against the table in the kernel: a token outside
-    it gets NaN in its rotated channels and sets the device's deferred-error flags
-    (:func:`rotary.check_device_errors` raises).
+    With ``positions``, each token's row is checked against the table in the kernel: a token outside it
+    gets its row computed when the rotation carries its ``frequencies``, and NaN in its rotated channels
+    otherwise (see :mod:`.contract`). Nothing is read on the host, nothing is allocated.
     """
     if triton is None:
         raise RuntimeError("rotary: Triton is not installed")
@@ -409,12 +379,13 @@ def _launch(rotation: Rotation, i: int, j: int | None) -> None:
     q_blocks = cdiv(HQ, block_h)
     pos = positions if positions is not None else cos  # placeholder pointer, unused without positions
     spb, sps = (positions.stride(0), positions.stride(1)) if positions is not None else (0, 0)
-    flags = deferred.flags(x.device) if positions is not None else cos  # placeholder without positions
+    freq = rotation.frequencies
+    compute = freq is not None and positions is not None
     grid = (B * S, q_blocks + cdiv(HK, block_h))
     # strides read once per tensor (each call of .stride(i) costs the host as much as the tuple)
     tq, tk, sx, so, skx, sko = cos.stride(), cos_k.stride(), x.stride(), out.stride(), xk.stride(), outk.stride()
     _rotary_kernel[grid](
-        x, out, cos, sin, xk, outk, cos_k, sin_k, pos, flags,
+        x, out, cos, sin, xk, outk, cos_k, sin_k, pos, freq if compute else cos,
         S, HQ, HK, q_blocks, cos.shape[0], rotation.batch_rows, spb, sps,
         tq[0], tq[1] if len(tq) == 3 else 0, sx[0], sx[1], sx[2], so[0], so[1], so[2],  # per-head tables [N, H, r]
         tk[0], tk[1] if len(tk) == 3 else 0, skx[0], skx[1], skx[2], sko[0], sko[1], sko[2],
@@ -422,7 +393,7 @@ def _launch(rotation: Rotation, i: int, j: int | None) -> None:
         BLOCK_REST=next_power_of_2(max(D - r, 1)),
         INTERLEAVED=rotation.interleaved, CONJUGATE=rotation.conjugate, HAS_POSITIONS=positions is not None,
         INPLACE=out.data_ptr() == x.data_ptr(), FP64=x.dtype == torch.float64,
-        WIDE=wide_offsets(x, out, xk, outk, cos, cos_k),
+        WIDE=wide_offsets(x, out, xk, outk, cos, cos_k), COMPUTE=compute,
     )  # fmt: skip
 
 
@@ -461,8 +432,10 @@ def rotate_and_cache_triton(
     spb, sps = (positions.stride(0), positions.stride(1)) if positions is not None else (0, 0)
     grid = (B * S, q_blocks + cdiv(HK, block_h))
     flags = deferred.flags(q.device)
+    freq = rotation.frequencies
+    compute = freq is not None and positions is not None and not pair_tables
     _rotate_cache_kernel[grid](
-        q, out_q, k, out_k, v, k_cache, v_cache, cos, sin, pos, slots, flags, flags[deferred.CACHE_SLOT :],
+        q, out_q, k, out_k, v, k_cache, v_cache, cos, sin, pos, freq if compute else cos, slots, flags[deferred.CACHE_SLOT :],
         flags[deferred.COS_SIN_CACHE_SLOT :],
         S, HQ, HK, DV, q_blocks, cos.shape[0], rotation.batch_rows, spb, sps, slots.stride(0), slots.stride(1),
         k_cache.shape[1], 1 if k_cache.shape[0] > 1 else 0,
@@ -474,7 +447,7 @@ def rotate_and_cache_triton(
         BLOCK_REST=next_power_of_2(max(D - r, 1)), BLOCK_DV=next_power_of_2(DV),
         INTERLEAVED=rotation.interleaved, HAS_POSITIONS=positions is not None,
         INPLACE=out_q.data_ptr() == q.data_ptr(), FP64=q.dtype == torch.float64, PAIR_TABLES=pair_tables,
-        CHECK_ROWS=pair_tables, WIDE=wide_offsets(q, out_q, k, out_k, v, cos),
+        CHECK_ROWS=pair_tables, WIDE=wide_offsets(q, out_q, k, out_k, v, cos), COMPUTE=compute,
     )  # fmt: skip
 
 

@@ -27,6 +27,7 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <tuple>
@@ -386,14 +387,46 @@ constexpr int64_t kBlock = 16;
 struct Rows {  // which table row each token reads
   const int64_t* positions;  // [B, S] with strides pb, ps; or null: row = b * batch_rows + s
   int64_t pb, ps, batch_rows, table_rows;
+  // float64 [r/2 + 1], the frequencies the tables were made from and their attention scaling, or null: a
+  // position that is not a row of the table then has its row computed (computed_row); without, it is an error
+  const double* freqs;
 
-  inline int64_t operator()(int64_t b, int64_t s) const {
-    const int64_t t = positions ? positions[b * pb + s * ps] : b * batch_rows + s;
-    TORCH_CHECK(t >= 0 && t < table_rows, "rotary: position ", t, " is outside the cos/sin table of ", table_rows,
-                " rows");
-    return t;
-  }
+  inline int64_t position(int64_t b, int64_t s) const { return positions ? positions[b * pb + s * ps] : b * batch_rows + s; }
+  inline bool inside(int64_t t) const { return t >= 0 && t < table_rows; }
 };
+
+// The table row of position p, computed as the cached rows are (rotary.tables.cos_sin_table): per pair,
+// cos(p * f) and sin(p * f) in double (the angle exact for |p| < 2^29, the float64 product beyond), times
+// the attention scaling, rounded once to the table dtype; laid out per channel for the pairing.
+template <typename TT>
+void computed_row(int64_t p, const double* freqs, int64_t r, bool interleaved, TT* c, TT* s) {
+  const int64_t h = r / 2;
+  const double scale = freqs[h];
+  for (int64_t i = 0; i < h; ++i) {
+    const double theta = static_cast<double>(p) * freqs[i];
+    const TT cv = static_cast<TT>(std::cos(theta) * scale), sv = static_cast<TT>(std::sin(theta) * scale);
+    const int64_t first = interleaved ? 2 * i : i, second = interleaved ? 2 * i + 1 : i + h;
+    c[first] = c[second] = cv;
+    s[first] = s[second] = sv;
+  }
+}
+
+// The rows of one block of tokens: the table row of each, or a row computed into `scratch` (2 * n * r values,
+// allocated on first need) for a position the table does not hold. computed[j] says which.
+template <typename TT>
+void block_rows(const Rows& rows, int64_t b, int64_t s0, int64_t n, int64_t r, bool interleaved, int64_t* row,
+                bool* computed, std::vector<TT>& scratch) {
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t t = rows.position(b, s0 + j);
+    computed[j] = !rows.inside(t);
+    row[j] = computed[j] ? 0 : t;
+    if (!computed[j]) continue;
+    TORCH_CHECK(rows.freqs != nullptr, "rotary: position ", t, " is outside the cos/sin table of ", rows.table_rows,
+                " rows");
+    if (scratch.size() < static_cast<size_t>(2 * n * r)) scratch.resize(2 * n * r);
+    computed_row<TT>(t, rows.freqs, r, interleaved, scratch.data() + 2 * j * r, scratch.data() + (2 * j + 1) * r);
+  }
+}
 
 template <typename T, typename TT, int64_t kHalf>
 void run_fixed(const std::vector<View>& views, int64_t B, int64_t S, int64_t D, int64_t r, const Rows& rows,
@@ -408,15 +441,23 @@ void run_fixed(const std::vector<View>& views, int64_t B, int64_t S, int64_t D, 
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, work_per_block));
   at::parallel_for(0, B * blocks_per_batch, grain, [=, &views, &rows](int64_t begin, int64_t end) {
     int64_t row[kBlock];
+    bool computed[kBlock];
+    const TT* crow[kBlock];
+    const TT* srow[kBlock];
+    std::vector<TT> scratch;  // rows computed for positions past the table (Rows::freqs)
     for (int64_t block = begin; block < end; ++block) {
       const int64_t b = block / blocks_per_batch, s0 = (block % blocks_per_batch) * kBlock;
       const int64_t n = std::min(kBlock, S - s0);
-      for (int64_t j = 0; j < n; ++j) row[j] = rows(b, s0 + j);
+      block_rows<TT>(rows, b, s0, n, r, interleaved, row, computed, scratch);
       for (const auto& v : views) {
         T* xb = reinterpret_cast<T*>(v.in) + b * v.sb + s0 * v.ss;
         T* ob = reinterpret_cast<T*>(v.out) + b * v.ob + s0 * v.os;
         const TT* cos = static_cast<const TT*>(v.cos);
         const TT* sin = static_cast<const TT*>(v.sin);
+        for (int64_t j = 0; j < n; ++j) {
+          crow[j] = computed[j] ? scratch.data() + 2 * j * r : cos + row[j] * v.rs;
+          srow[j] = computed[j] ? scratch.data() + (2 * j + 1) * r : sin + row[j] * v.rs;
+        }
         const bool inplace = xb == ob && v.sh == v.oh && v.ss == v.os;
         // The interleaved pairing reads table rows twice as wide (r, not r/2), and with heads outer it
         // ran at 2x one pass for [B, H, S, D] storage; tokens outer (each row read once per token, for
@@ -428,9 +469,9 @@ void run_fixed(const std::vector<View>& views, int64_t B, int64_t S, int64_t D, 
         auto loops = [&](auto inplace_c, auto interleaved_c) {
           constexpr bool kInplace = decltype(inplace_c)::value, kInterleaved = decltype(interleaved_c)::value;
           auto one = [&](int64_t head, int64_t j) {
-            const int64_t t = row[j] * v.rs + head * v.hs;
+            const int64_t t = head * v.hs;
             rotate_vector<kInplace, kInterleaved, T, A, TT>(xb + head * v.sh + j * v.ss, ob + head * v.oh + j * v.os,
-                                                            cos + t, sin + t, sign, h, r, D);
+                                                            crow[j] + t, srow[j] + t, sign, h, r, D);
           };
           if (heads_outer) {
             for (int64_t head = 0; head < v.heads; ++head)
@@ -527,14 +568,15 @@ struct Call {
 
 // The checks shared by both entry points; xs[i] with outs[i] (or the gradients) and tables cos[i], sin[i].
 Call prepare(const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& cos,
-             const std::vector<at::Tensor>& sin, const std::optional<at::Tensor>& positions, int64_t batch_rows) {
+             const std::vector<at::Tensor>& sin, const std::optional<at::Tensor>& positions, int64_t batch_rows,
+             const std::optional<at::Tensor>& frequencies) {
   TORCH_CHECK(!xs.empty() && xs.size() == outs.size() && xs.size() == cos.size() && xs.size() == sin.size(),
               "rotary: need one output and one table per input");
   const auto& x0 = xs[0];
   const auto table_type = cos[0].scalar_type();
   TORCH_CHECK(table_type == at::kFloat || (table_type == at::kDouble && x0.scalar_type() == at::kDouble),
               "rotary: tables must be fp32 (or float64 for float64 inputs)");
-  Call call{{}, x0.size(0), x0.size(1), x0.size(3), cos[0].size(-1), Rows{nullptr, 0, 0, batch_rows, cos[0].size(0)},
+  Call call{{}, x0.size(0), x0.size(1), x0.size(3), cos[0].size(-1), Rows{nullptr, 0, 0, batch_rows, cos[0].size(0), nullptr},
             table_type == at::kDouble};
   TORCH_CHECK(call.r > 0 && call.r % 2 == 0 && call.r <= call.D, "rotary: bad rotary dim ", call.r);
   for (size_t i = 0; i < xs.size(); ++i) {
@@ -561,6 +603,14 @@ Call prepare(const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& o
     call.rows.positions = positions->data_ptr<int64_t>();
     call.rows.pb = positions->stride(0);
     call.rows.ps = positions->stride(1);
+  }
+  if (frequencies.has_value() && frequencies->defined()) {
+    TORCH_CHECK(positions.has_value() && positions->defined() && frequencies->scalar_type() == at::kDouble &&
+                    frequencies->dim() == 1 &&
+                    frequencies->size(0) == call.r / 2 + 1 && frequencies->is_contiguous(),
+                "rotary: frequencies must be float64 [r/2 + 1], with positions");
+    for (const auto& c : cos) TORCH_CHECK(c.dim() == 2, "rotary: rows are computed for [N, r] tables only");
+    call.rows.freqs = frequencies->data_ptr<double>();
   }
   return call;
 }
@@ -712,14 +762,18 @@ void norm_run(const std::vector<View>& views, const std::vector<at::Tensor>& wei
     at::parallel_for(0, B * S, grain, [&](int64_t begin, int64_t end) {
       std::vector<A> xs(heads * D), inv(heads);
       std::vector<T> y(D);
+      std::vector<TT> scratch;  // a row computed for a position past the table (Rows::freqs)
       for (int64_t token = begin; token < end; ++token) {
-        const int64_t b = token / S, s = token % S, t = rows(b, s);
+        const int64_t b = token / S, s = token % S;
+        int64_t t;
+        bool computed;
+        block_rows<TT>(rows, b, s, 1, r, kInterleaved, &t, &computed, scratch);
         for (size_t i = 0; i < views.size(); ++i) {
           const View& v = views[i];
           const T* xb = reinterpret_cast<const T*>(v.in) + b * v.sb + s * v.ss;
           T* ob = reinterpret_cast<T*>(v.out) + b * v.ob + s * v.os;
-          const TT* cos = static_cast<const TT*>(v.cos);
-          const TT* sin = static_cast<const TT*>(v.sin);
+          const TT* cos = computed ? scratch.data() : static_cast<const TT*>(v.cos);
+          const TT* sin = computed ? scratch.data() + r : static_cast<const TT*>(v.sin);
           A* rstd = rs[i] + b * rstds[i].stride(0) + s * rstds[i].stride(1);
           const int64_t rstd_head = rstds[i].stride(2);
           // every head's rstd first: one vector's sum, square root and divisions are a chain of dependent
@@ -991,8 +1045,8 @@ inline bool plain(const at::Tensor& t) {
 // positions: int64 [B, S] (any strides) selecting the table row of (b, s), or undefined: row = b * batch_rows + s.
 void rope_cpu(const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& cos,
               const std::vector<at::Tensor>& sin, const std::optional<at::Tensor>& positions, int64_t batch_rows,
-              bool interleaved, bool conjugate) {
-  const Call call = prepare(xs, outs, cos, sin, positions, batch_rows);
+              bool interleaved, bool conjugate, const std::optional<at::Tensor>& frequencies) {
+  const Call call = prepare(xs, outs, cos, sin, positions, batch_rows, frequencies);
   if (call.double_tables) {
     run<double, double>(call.views, call.B, call.S, call.D, call.r, call.rows, interleaved, conjugate);
     return;
@@ -1008,7 +1062,7 @@ void rope_table_grad_cpu(const std::vector<at::Tensor>& xs, const std::vector<at
                          const std::vector<at::Tensor>& cos, const std::vector<at::Tensor>& sin,
                          const std::vector<at::Tensor>& gcos, const std::vector<at::Tensor>& gsin, bool interleaved,
                          bool conjugate) {
-  const Call call = prepare(xs, grads, cos, sin, std::nullopt, 0);
+  const Call call = prepare(xs, grads, cos, sin, std::nullopt, 0, std::nullopt);
   TORCH_CHECK(gcos.size() == xs.size() && gsin.size() == xs.size(), "rotary: one gradient buffer per input");
   for (size_t i = 0; i < xs.size(); ++i) {
     TORCH_CHECK(gcos[i].scalar_type() == cos[i].scalar_type() && gcos[i].sizes() == gsin[i].sizes() &&
@@ -1034,8 +1088,8 @@ void rmsnorm_rope_cpu(const std::vector<at::Tensor>& xs, const std::vector<at::T
                       const std::vector<at::Tensor>& rstds, const std::vector<at::Tensor>& weights,
                       const std::vector<at::Tensor>& cos, const std::vector<at::Tensor>& sin,
                       const std::optional<at::Tensor>& positions, int64_t batch_rows, bool interleaved, bool round_normed,
-                      double eps) {
-  const Call call = prepare(xs, outs, cos, sin, positions, batch_rows);
+                      double eps, const std::optional<at::Tensor>& frequencies) {
+  const Call call = prepare(xs, outs, cos, sin, positions, batch_rows, frequencies);
   const bool fp64 = xs[0].scalar_type() == at::kDouble;
   TORCH_CHECK(fp64 == call.double_tables, "rotary: float64 inputs need float64 tables, other inputs fp32 tables");
   const auto acc = fp64 ? at::kDouble : at::kFloat;
@@ -1114,11 +1168,11 @@ std::vector<at::Tensor> rope_decode_cpu(const at::Tensor& q, const at::Tensor& k
     if (at::has_internal_overlap(q) != at::MemOverlap::No || at::has_internal_overlap(k) != at::MemOverlap::No ||
         q.storage().is_alias_of(k.storage()))
       return {};  // the general path checks exactly which elements are shared
-    rope_cpu({qv, kv}, {qv, kv}, {c, c}, {s, s}, ids, batch_rows, interleaved, false);
+    rope_cpu({qv, kv}, {qv, kv}, {c, c}, {s, s}, ids, batch_rows, interleaved, false, std::nullopt);
     return {q, k};
   }
   const at::Tensor qo = at::empty_like(qv), ko = at::empty_like(kv);
-  rope_cpu({qv, kv}, {qo, ko}, {c, c}, {s, s}, ids, batch_rows, interleaved, false);
+  rope_cpu({qv, kv}, {qo, ko}, {c, c}, {s, s}, ids, batch_rows, interleaved, false, std::nullopt);
   if (seq_axis == 2) return {qo.transpose(1, 2), ko.transpose(1, 2)};
   return {qo, ko};
 }

@@ -1,0 +1,150 @@
+"""The checks of cos/sin tables a caller made (:meth:`rotary.tables.RotaryTables.from_tensors`,
+:func:`rotary.check_tables`): rows inside the table, finite rotations laid out for the pairing, and
+the exact signature of a swapped ``(sin, cos)`` pair (:func:`swapped_rows`). On the CPU they read the
+values and raise; on an accelerator :func:`_check_rows_on_device` makes the same checks with device
+operations, once per tensor version.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import deferred
+from .errors import InputError
+
+__all__ = ["swapped_rows"]
+
+_PAIRING = {True: "interleaved (pairs 2i, 2i+1)", False: "half (pairs i, i + r/2)"}
+
+
+def _check_row_range(rows: torch.Tensor, table_rows: int) -> None:
+    """Every row inside the table: every backend then reads the same rows (indexing would wrap a
+    negative row to the end of the table on the pure-torch path). On the CPU a check of ``[B, S]``
+    integers; on an accelerator nothing here: the kernels check every token's row against the table
+    and flag the ones outside (:mod:`rotary.deferred`); nothing under ``torch.compile``, whose
+    positions were checked in the graph where they entered."""
+    if torch.compiler.is_compiling() or not rows.numel() or not deferred.host_checks(rows.device):
+        return  # on accelerators the kernels check each token's row against the table (rotary.deferred)
+    low, high = (int(v) for v in torch.aminmax(rows))
+    if low < 0 or high >= table_rows:
+        raise InputError(
+            f"rows must index the cos/sin table of {table_rows} rows (0 .. {table_rows - 1}), got rows from {low} to "
+            f"{high}; build the tables for the positions you rotate"
+        )
+
+
+def _sample_rows(t: torch.Tensor, sample: int | None) -> torch.Tensor:
+    """``t`` as ``[rows, r]`` (per-head tables fold heads into rows), ``sample`` rows spread over it."""
+    flat = t.reshape(-1, t.shape[-1])
+    if sample is None or flat.shape[0] <= sample:
+        return flat
+    # evenly spaced, always including the last row (the largest position of a cached table)
+    idx = torch.linspace(0, flat.shape[0] - 1, sample, device=flat.device).round().long()
+    return flat[idx]
+
+
+def swapped_rows(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Which rows of ``cos``/``sin`` ``[..., r]`` carry the exact signature of a swapped pair: rows where
+    every ``cos`` is 0 and every ``sin`` has one same non-zero magnitude. That is position 0 of a real
+    table passed as ``(sin, cos)`` (its cos row is the attention scaling, its sin row 0, exactly, in any
+    float dtype); a real table's row is never so (it would turn every pair by exactly ±90°, which no
+    frequencies give: cos of a float64 angle is never exactly 0 in fp32). Device operations: a bool
+    tensor ``[...]``, nothing read.
+
+    Example:
+        >>> from rotary.tables import cos_sin_table
+        >>> cos, sin = cos_sin_table(torch.arange(3), torch.tensor([1.0, 0.1]))
+        >>> swapped_rows(sin, cos).tolist(), swapped_rows(cos, sin).tolist()
+        ([True, False, False], [False, False, False])
+    """
+    magnitude = sin.abs()
+    return (cos == 0).all(-1) & (magnitude == magnitude[..., :1]).all(-1) & (magnitude[..., 0] > 0)
+
+
+def _check_not_swapped(cos: torch.Tensor, sin: torch.Tensor, where: str) -> None:
+    """Raise when a row has the signature of cos and sin swapped (:func:`swapped_rows`); reads one bool."""
+    if bool(swapped_rows(cos, sin).any()):
+        raise InputError(
+            f"cos and sin swapped: at position 0 ({where}) a cos table holds the attention scaling and a sin table "
+            "0, but here cos is 0 and sin is not in every pair; pass cos first (apply_rotary(x, cos, sin, ...))"
+        )
+
+
+def _version(t: torch.Tensor) -> int | None:
+    try:
+        return t._version
+    except RuntimeError:  # inference tensors track no version: check them every time
+        return None
+
+
+def _checked_before(cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, position_zero: bool) -> bool:
+    """Whether these exact tensors, unchanged since, were checked with the same settings; marks them
+    checked otherwise (an attribute on ``cos``: the mark dies with the tensor)."""
+    key = (_version(cos), id(sin), _version(sin), interleaved, position_zero)
+    if key[0] is None or key[2] is None:
+        return False
+    if getattr(cos, "_rotary_checked", None) == key:
+        return True
+    cos._rotary_checked = key  # type: ignore[attr-defined]
+    return False
+
+
+def _check_rows_on_device(
+    cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, rtol: float, position_zero: bool, sample: int = 4
+) -> torch.Tensor:
+    """The checks of :func:`_check_rows` (and :func:`swapped_rows`) on ``sample`` rows, as
+    device operations: a 0-d bool tensor, true when the tables are bad. No value is read."""
+    flat_c, flat_s = cos.detach().reshape(-1, cos.shape[-1]), sin.detach().reshape(-1, sin.shape[-1])
+    n = flat_c.shape[0]
+    idx = torch.linspace(0, n - 1, min(sample, n), device=cos.device).round().long()  # rows 0 and n - 1 included
+    c, s = flat_c.index_select(0, idx).double(), flat_s.index_select(0, idx).double()
+    norm = c * c + s * s
+    top = norm.max()
+    scale = torch.maximum(
+        torch.maximum(c.abs().max(), s.abs().max()), torch.tensor(1e-30, dtype=torch.float64, device=c.device)
+    )
+
+    def mismatch(t: torch.Tensor) -> torch.Tensor:
+        a, b = (t[..., 0::2], t[..., 1::2]) if interleaved else t.chunk(2, dim=-1)
+        return (a - b).abs().max()
+
+    ok = torch.isfinite(c).all() & torch.isfinite(s).all() & (top > 0)
+    ok = ok & (torch.maximum(mismatch(c), mismatch(s)) <= rtol * scale)
+    ok = ok & ((norm - norm.flatten()[0]).abs().max() <= 10 * rtol * top)
+    swapped = swapped_rows(flat_c[:1], flat_s[:1]) if position_zero else swapped_rows(flat_c, flat_s)
+    return ~ok | swapped.any()
+
+
+def _check_rows(cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, sample: int | None, rtol: float) -> None:
+    if torch.compiler.is_compiling() or not cos.numel():
+        return
+    c, s = _sample_rows(cos.detach(), sample).double(), _sample_rows(sin.detach(), sample).double()
+    if not (bool(torch.isfinite(c).all()) and bool(torch.isfinite(s).all())):
+        raise InputError("cos/sin hold NaN or inf values: these are not rotation tables")
+    norm = c * c + s * s
+    top = float(norm.max())
+    if top == 0.0:
+        raise InputError("cos/sin are all zeros: cos²+sin² must be the (constant) attention scaling squared, not 0")
+
+    def mismatch(t: torch.Tensor, inter: bool) -> float:
+        a, b = (t[..., 0::2], t[..., 1::2]) if inter else t.chunk(2, dim=-1)
+        return float((a - b).abs().max())
+
+    tol = rtol * max(float(c.abs().max()), float(s.abs().max()), 1e-30)
+    wanted = max(mismatch(c, interleaved), mismatch(s, interleaved))
+    if wanted > tol:
+        other = max(mismatch(c, not interleaved), mismatch(s, not interleaved))
+        if other <= tol:
+            raise InputError(
+                f"cos/sin are laid out for the {_PAIRING[not interleaved]} pairing but interleaved={interleaved} "
+                f"was requested; build them with RoPE(..., interleaved={interleaved}) or pass interleaved={not interleaved}"
+            )
+        raise InputError(
+            f"cos/sin fit neither pairing: the two channels of a pair differ by up to {wanted:.3g} for the "
+            f"{_PAIRING[interleaved]} pairing (half-width tables such as cos[:, 0::2] rotate the wrong channels)"
+        )
+    spread = float((norm - norm.flatten()[0]).abs().max())
+    if spread > 10 * rtol * top:
+        raise InputError(
+            f"cos²+sin² is not constant over the table (spread {spread:.3g}): these are not rotation tables"
+        )

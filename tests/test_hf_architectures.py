@@ -57,6 +57,65 @@ OVERRIDES: dict[str, dict] = {
     "mimo_v2_flash": {"num_key_value_heads": 2},
     "recurrent_gemma": {"num_hidden_layers": 3},  # blocks recurrent, recurrent, attention
     "hrm_text": {"H_cycles": 1, "L_cycles": 1, "L_bp_cycles": [1]},
+    "longcat_flash": {
+        "head_dim": 8,
+        "num_layers": 1,
+    },  # its tables are head_dim wide and rotate the qk_rope_head_dim slice
+    "glm5_next_text": {"qk_rope_head_dim": 0},  # its config refuses any other width (NoPE attention)
+    "dbrx": {
+        "d_model": 64,
+        "n_heads": 4,
+        "n_layers": 2,
+        "max_seq_len": 256,
+        "attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
+        "ffn_config": {"ffn_hidden_size": 64, "moe_num_experts": 4, "moe_top_k": 2},
+    },
+    "step3p5": {"sliding_window": 4},
+    # multimodal models: small encoders, so that the text model's probe is quick
+    "csm": {
+        "num_codebooks": 2,
+        "text_vocab_size": 128,
+        "depth_decoder_config": {
+            "hidden_size": 64,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "backbone_hidden_size": 64,
+            "num_codebooks": 2,
+        },
+    },
+    "evolla": {
+        "protein_encoder_config": {
+            "hidden_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 4,
+            "intermediate_size": 64,
+        }
+    },
+    "phi4_multimodal": {
+        "vision_config": {"hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4},
+        "audio_config": {"hidden_size": 64, "intermediate_size": 64, "num_blocks": 1, "num_attention_heads": 4},
+    },
+    "gemma3n_text": {"num_kv_shared_layers": 0, "layer_types": ["sliding_attention", "full_attention"]},
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
+    "qwen4_exp_text": {
+        "layer_types": ["linear_attention", "indexed_attention"],
+        "indexer_n_heads": 2,
+        "indexer_kv_heads": 1,
+        "indexer_head_dim": 16,
+        "indexer_budget": 8,
+        "indexer_compress_ratio": 4,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2]},
+    },
+    # one sliding-window layer (the "main" RoPE) and one compressed layer (the YaRN "compress" RoPE), 8 of 16
+    # channels rotated
+    "deepseek_v4": {
+        "layer_types": ["sliding_attention", "heavily_compressed_attention"],
+        "partial_rotary_factor": 0.5,
+        "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+        "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 4},
+    },
     # multimodal RoPE: sections that fit head_dim 16 (8 frequency slots)
     "qwen2_vl_text": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
     "qwen2_5_vl_text": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
@@ -192,7 +251,7 @@ def record_rope_calls(model_type: str, config) -> list[Call]:
         for (owner, attr), raw in originals.items():
             setattr(owner, attr, raw)
     # the RoPE of the attention scores (DeepSeek-V3.2's lightning indexer rotates its own keys separately)
-    return [c for c in calls if "Attention" in c.caller and "Indexer" not in c.caller]
+    return [c for c in calls if ("Attention" in c.caller or "MLA" in c.caller) and "Indexer" not in c.caller]
 
 
 def _tensors(call: Call) -> list[tuple[object, torch.Tensor, torch.Tensor]]:
@@ -267,6 +326,8 @@ def _ropes_as(config, *, interleaved: bool | None) -> dict[str | None, rotary.Ro
     d = config.to_dict()
     block = d.get("rope_parameters") or {}
     layer_types = sorted({t for t in d.get("layer_types") or [] if isinstance(block.get(t), dict)}) or [None]
+    if d.get("model_type") == "deepseek_v4":
+        layer_types = sorted(set(d["layer_types"]))  # two RoPEs, named by the layers that use them
     ropes = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the tiny configs' unusual values are not what is tested here
@@ -286,20 +347,37 @@ def _gram(x: torch.Tensor) -> torch.Tensor:
     return x @ x.transpose(-1, -2)
 
 
-def rotation_matches(call: Call, rope: rotary.RoPE) -> bool:
+#: model types whose apply function rotates the last rotated-width channels of the whole head ([nope | rope])
+TRAILING_SLICE = {"deepseek_v4"}
+#: model types whose attention also rotates its output back by -theta at the query position (DeepSeek-V4: keys
+#: are values, so the values carry the rotation and the output's rope slice is rotated back)
+ROTATES_OUTPUT_BACK = {"deepseek_v4"}
+
+
+def rotation_matches(call: Call, rope: rotary.RoPE, *, trailing: bool = False, conjugate: bool = False) -> bool:
     cos, sin = rope.cos_sin(torch.arange(3, 3 + S))
+    sin = -sin if conjugate else sin
     for _, x, out in _tensors(call):
         x4, out4 = _bhsd(x.float()), _bhsd(out.float())
         if x4.shape[-1] < cos.shape[-1]:
             return False
-        ours = rotary.apply_rotary(x4, cos, sin, interleaved=rope.interleaved)
+        if trailing and x4.shape[-1] > cos.shape[-1]:
+            cut = x4.shape[-1] - cos.shape[-1]
+            rotated = rotary.apply_rotary(x4[..., cut:].contiguous(), cos, sin, interleaved=rope.interleaved)
+            ours = torch.cat([x4[..., :cut], rotated], dim=-1)
+        else:
+            ours = rotary.apply_rotary(x4, cos, sin, interleaved=rope.interleaved)
         theirs = _gram(out4)
         if (_gram(ours) - theirs).abs().max() > 1e-4 * max(float(theirs.abs().max()), 1.0):
             return False
     return True
 
 
+@functools.cache
 def probe(model_type: str) -> tuple[list[Call], object]:
+    """The recorded RoPE calls of a tiny model of ``model_type``, built once per model type and config class."""
+    if CONFIG_MAPPING[model_type].model_type != model_type:  # an alias (EvollaModel -> evolla): one probe
+        return probe(CONFIG_MAPPING[model_type].model_type)
     config = tiny_config(model_type)
     calls = record_rope_calls(model_type, config)
     if not calls:  # hybrids whose first two layers are recurrent
@@ -319,8 +397,14 @@ def test_pairing_and_rotation_match_transformers(model_type):
     assert pairing == table, (
         f"{model_type}: transformers rotates {pairing} pairs ({rotated} channels); the table says {table}"
     )
+    trailing = model_type in TRAILING_SLICE
+    forward = [any(rotation_matches(call, rope, trailing=trailing) for rope in ropes.values()) for call in calls]
+    if model_type in ROTATES_OUTPUT_BACK:  # every call rotates forward, or back by -theta (the output)
+        back = [any(rotation_matches(c, r, trailing=trailing, conjugate=True) for r in ropes.values()) for c in calls]
+        assert sum(back) == sum(forward) // 2, f"{model_type}: {sum(back)} calls rotate back, {sum(forward)} forward"
+        forward = [f or b for f, b in zip(forward, back)]
     for i, call in enumerate(calls):
-        assert any(rotation_matches(call, rope) for rope in ropes.values()), (
+        assert forward[i], (
             f"{model_type}: call {i} ({call.caller}) rotates differently from rotary's RoPE of the same config "
             f"(layer types {list(ropes)})"
         )
@@ -353,7 +437,7 @@ def test_every_rope_model_type_is_in_a_table():
 
 
 def _category(reason: str) -> str:
-    return next(name for name in ("_NOT_TEXT", "_MROPE", "_NO_ROPE", "_NEGATIVE", "_UNVERIFIED")
+    return next(name for name in ("_NOT_TEXT", "_MROPE", "_NO_ROPE", "_NOPE_ONLY", "_NEGATIVE", "_UNVERIFIED")
                 if getattr(rotary.hf.architectures, name) == reason)  # fmt: skip
 
 
@@ -376,7 +460,7 @@ def test_refused_architectures_are_refused_for_the_stated_reason(model_type):
         assert _text_model_class(model_type, config) is None or (text_type and text_type not in rope_model_types()), (
             f"{model_type} has a model class that takes input_ids and a RoPE-applying text part"
         )
-    elif category == "_NO_ROPE":
+    elif category in ("_NO_ROPE", "_NOPE_ONLY"):
         calls, _ = probe(model_type)
         assert not calls, f"{model_type}: the attention applied RoPE ({len(calls)} calls)"
     elif category == "_NEGATIVE":

@@ -42,29 +42,32 @@ HALF, INTERLEAVED, FLAG = "half", "interleaved", "rope_interleave"
 PAIRING: dict[str, str] = {
     **dict.fromkeys(
         (
-            "afmoe apertus arcee aria_text beam bitnet csm_depth_decoder_model cwm diffllama doge dots1 "
-            "emu3_text_model esmc eurobert exaone4 exaone_moe falcon falcon_h1 flex_olmo flint gemma gemma2 "
-            "gemma3_text glm4_moe gpt_neox gpt_neox_japanese gpt_oss granite granite4_vision_text granite_docling_text "
-            "granite_swa granitemoe granitemoe_swa granitemoeshared gte higgs_audio_v2 hrm_text hunyuan_v1_dense "
-            "hunyuan_v1_moe hy_v3 hy_v4 hyperclovax jais2 jina_embeddings_v3 kolibri1 laguna lfm2 lfm3 llama mellum "
+            "afmoe apertus arcee aria_text beam bitnet csm csm_depth_decoder_model cwm dbrx diffllama doge dots1 "
+            "embedding_gemma2_text emu3_text_model esmc eurobert evolla EvollaModel exaone4 exaone_moe falcon "
+            "falcon_h1 flex_olmo flint gemma gemma2 gemma3_text gemma3n_text gemma4_text gemma4_unified_text glm4_moe "
+            "gpt_neox gpt_neox_japanese gpt_oss granite granite4_vision_text granite_docling_text granite_swa "
+            "granitemoe granitemoe_swa granitemoeshared gte higgs_audio_v2 hrm_text hunyuan_v1_dense hunyuan_v1_moe "
+            "hy_v3 hy_v4 hyperclovax jais2 jetmoe jina_embeddings_v3 kolibri1 laguna lfm2 lfm2_moe lfm3 llama mellum "
             "mimo_v2_flash minicpm3 minimax minimax_m2 minimax_m3_vl_text ministral ministral3 mistral mixtral "
             "mllama_text_model modernbert modernbert-decoder molmo2_text moshi muse_glimmer_text muse_spark_text "
-            "nemotron neomme nomic_bert olmo olmo2 olmo3 olmo_hybrid olmoe persimmon phi phi3 phimoe qwen2 qwen2_moe "
-            "qwen2_5_vl_text qwen2_vl_text qwen3 qwen3_moe qwen3_next qwen3_vl_text recurrent_gemma seed_oss smollm3 "
-            "solar_open "
-            "stablelm starcoder2 ultrabert unlimited_ocr_text vaultgemma"
+            "nemotron neomme nomic_bert olmo olmo2 olmo3 olmo_hybrid olmoe persimmon phi phi3 phi4_multimodal phimoe "
+            "qwen2 qwen2_5_vl_text qwen2_moe qwen2_vl_text qwen3 qwen3_moe qwen3_next qwen3_vl_text qwen4_exp_text "
+            "recurrent_gemma seed_oss smollm3 solar_open stablelm starcoder2 step3p5 ultrabert unlimited_ocr_text "
+            "vaultgemma"
         ).split(),
         HALF,
     ),
     **dict.fromkeys(
         (
-            "axk2 blt_patcher codegen cohere cohere2 cohere2_moe deepseek_v32 dots3_note_text ernie4_5 ernie4_5_moe "
-            "glm glm4 gptj helium llama4_text openai_privacy_filter roformer"
+            "axk2 blt_patcher codegen cohere cohere2 cohere2_moe deepseek_v32 deepseek_v4 dots3_note_text ernie4_5 "
+            "ernie4_5_moe glm glm4 gptj helium llama4_text longcat_flash openai_privacy_filter roformer"
         ).split(),
         INTERLEAVED,
     ),
     **dict.fromkeys(
-        "axk1 bailing_hybrid deepseek_v2 deepseek_v3 glm4_moe_lite glm_moe_dsa mistral4 mistral_large4_text youtu".split(),
+        (
+            "axk1 bailing_hybrid deepseek_v2 deepseek_v3 glm4_moe_lite glm_moe_dsa mistral4 mistral_large4_text youtu"
+        ).split(),
         FLAG,
     ),
 }
@@ -80,6 +83,10 @@ _MROPE = (
 _NO_ROPE = (
     "applies no rotary embedding in its attention with transformers' default settings, and rotary has not "
     "checked the settings that turn one on"
+)
+_NOPE_ONLY = (
+    "applies no rotary embedding: its softmax attention layers are NoPE by design (its config class refuses any "
+    "qk_rope_head_dim but 0) and its other layers are linear attention"
 )
 _NEGATIVE = (
     "rotates by -theta (its rotate_half has the opposite sign), the inverse of the rotation rotary applies; "
@@ -98,27 +105,28 @@ UNSUPPORTED: dict[str, str] = {
             "blt_global_transformer chameleon_vqgan cohere_compass_vision cosmos3_edge_vision deepseek_ocr2_encoder "
             "deepseek_ocr2_sam_vision_model deepseek_ocr2_vision dinov3_vit dots3_note_audio_encoder "
             "dots3_note_vision_encoder edgetam_video edgetam_video_mask_decoder edgetam_video_prompt_encoder "
-            "efficientloftr emu3_vqgan eomt_dinov3 ernie4_5_vl_moe_vision exaone4_5_vision gemma3n_audio gemma3n_vision "
-            "gemma4_audio gemma4_unified_audio gemma4_unified_vision gemma4_vision glm4v_moe_vision glm4v_vision "
-            "glm5_next_vision glm_image_vision glm_image_vqmodel glm_ocr_vision glmasr_encoder granite_docling_vision "
-            "hunyuan_vl_vision idefics_perciever idefics_vision inkling2_vision kimi_k25_vision lasr_ctc lasr_encoder "
-            "lfm3_vl_vision lightglue llama4_vision_model mimi mimi_decoder mimi_encoder minimax_m3_vl_vision mlcd "
-            "mlcd_vision_model mllama_vision_model molmo2_adapter molmo2_vision moonshine_streaming_encoder "
-            "muse_glimmer_assistant muse_glimmer_vision muse_spark_audio muse_spark_vision "
-            "nemotron3_5_transcribe_asr_audio nemotron3_5_transcribe_audio nemotron3_5_transcribe_word_timestamp "
-            "nemotron3_diarization nemotron3_diarization_audio nemotron_asr_streaming nemotron_asr_streaming_encoder "
-            "neucodec paddleocr_vl_vision parakeet_ctc parakeet_encoder parakeet_rnnt parakeet_tdt pe_audio_encoder "
-            "pe_audio_video_encoder pe_video_encoder phi4_multimodal_audio phi4_multimodal_vision pixtral "
-            "pocket_tts_audio_tokenizer pocket_tts_audio_tokenizer_decoder pocket_tts_audio_tokenizer_encoder "
-            "qwen2_5_omni qwen2_5_omni_audio_encoder qwen2_5_omni_bigvgan qwen2_5_omni_dit qwen2_5_omni_token2wav "
+            "efficientloftr emu3_vqgan eomt_dinov3 ernie4_5_vl_moe_vision exaone4_5_vision gemma3n_audio "
+            "gemma3n_vision gemma4_audio gemma4_unified_audio gemma4_unified_vision gemma4_vision glm4v_moe_vision "
+            "glm4v_vision glm5_next_vision glm_image_vision glm_image_vqmodel glm_ocr_vision glmasr_encoder "
+            "granite_docling_vision hunyuan_vl_vision idefics_perciever idefics_vision inkling2_vision "
+            "kimi_k25_vision lasr_ctc lasr_encoder lfm3_vl_vision lightglue llama4_vision_model mimi mimi_decoder "
+            "mimi_encoder minimax_m3_vl_vision mlcd mlcd_vision_model mllama_vision_model molmo2_adapter "
+            "molmo2_vision moonshine_streaming_encoder muse_glimmer_assistant muse_glimmer_vision muse_spark_audio "
+            "muse_spark_vision nemotron3_5_transcribe_asr_audio nemotron3_5_transcribe_audio "
+            "nemotron3_5_transcribe_word_timestamp nemotron3_diarization nemotron3_diarization_audio "
+            "nemotron_asr_streaming nemotron_asr_streaming_encoder neucodec paddleocr_vl_vision parakeet_ctc "
+            "parakeet_encoder parakeet_rnnt parakeet_tdt pe_audio_encoder pe_audio_video_encoder pe_video_encoder "
+            "phi4_multimodal_audio phi4_multimodal_vision pixtral pocket_tts_audio_tokenizer "
+            "pocket_tts_audio_tokenizer_decoder pocket_tts_audio_tokenizer_encoder qwen2_5_omni "
+            "qwen2_5_omni_audio_encoder qwen2_5_omni_bigvgan qwen2_5_omni_dit qwen2_5_omni_token2wav "
             "qwen2_5_omni_vision_encoder qwen2_5_vl_vision qwen2_vl_vision qwen3_5_moe_vision qwen3_5_vision "
             "qwen3_omni_moe qwen3_omni_moe_audio_encoder qwen3_omni_moe_vision_encoder qwen3_vl_moe_vision "
             "qwen3_vl_vision qwen4_exp_vision sam2_video sam2_video_mask_decoder sam2_video_prompt_encoder sam3 "
             "sam3_detr_decoder sam3_detr_encoder sam3_geometry_encoder sam3_mask_decoder sam3_tracker_video "
-            "sam3_tracker_video_mask_decoder sam3_tracker_video_prompt_encoder sam3_vision_model sam3_vit_model sapiens2 "
-            "sapiens2_head step3p5_vision t5_gemma_module timesfm2_5 unlimited_ocr_sam_vision_model unlimited_ocr_vision "
-            "unlimited_ocr_vision_encoder video_llama_3_vision vjepa2 voxtral_realtime_encoder wav2vec2-bert "
-            "wav2vec2-conformer xcodec2"
+            "sam3_tracker_video_mask_decoder sam3_tracker_video_prompt_encoder sam3_vision_model sam3_vit_model "
+            "sapiens2 sapiens2_head step3p5_vision t5_gemma_module timesfm2_5 unlimited_ocr_sam_vision_model "
+            "unlimited_ocr_vision unlimited_ocr_vision_encoder video_llama_3_vision vjepa2 voxtral_realtime_encoder "
+            "wav2vec2-bert wav2vec2-conformer xcodec2"
         ).split(),
         _NOT_TEXT,
     ),
@@ -130,16 +138,19 @@ UNSUPPORTED: dict[str, str] = {
         ).split(),
         _MROPE,
     ),
-    **dict.fromkeys("bamba clvp_decoder esm granitemoehybrid inkling2_text jamba nemotron_h".split(), _NO_ROPE),
+    **dict.fromkeys(
+        ("bamba clvp_decoder esm granitemoehybrid inkling2_text jamba nemotron_h").split(),
+        _NO_ROPE,
+    ),
+    "glm5_next_text": _NOPE_ONLY,
     "nanochat": _NEGATIVE,
     **dict.fromkeys(
         (
-            "blt blt_local_decoder blt_local_encoder chameleon clvp_encoder csm cohere_compass_text dbrx deepseek_ocr2_text "
-            "deepseek_v4 dia dia_decoder dia_encoder diffusion_gemma_text embedding_gemma2_text esmfold2 evolla "
-            "EvollaModel gemma3n_text gemma4_text gemma4_unified_text glm5_next_text gradium_phonon_tts idefics jetmoe "
-            "kyutai_speech_to_text lfm2_moe longcat_flash moonshine moonshine_streaming moshi_depth phi4_multimodal "
-            "pocket_tts qwen3_omni_moe_talker_code_predictor qwen3_omni_moe_talker_text qwen4_exp_text seamless_m4t "
-            "step3p5 t5gemma t5gemma2 t5gemma2_decoder t5gemma2_text voxtral_realtime_text zamba2 zaya"
+            "blt blt_local_decoder blt_local_encoder chameleon clvp_encoder cohere_compass_text deepseek_ocr2_text "
+            "dia dia_decoder dia_encoder diffusion_gemma_text esmfold2 gradium_phonon_tts idefics "
+            "kyutai_speech_to_text moonshine moonshine_streaming moshi_depth pocket_tts "
+            "qwen3_omni_moe_talker_code_predictor qwen3_omni_moe_talker_text seamless_m4t t5gemma t5gemma2 "
+            "t5gemma2_decoder t5gemma2_text voxtral_realtime_text zamba2 zaya"
         ).split(),
         _UNVERIFIED,
     ),
@@ -152,6 +163,7 @@ MROPE_MODELS: dict[str, tuple[tuple[int, ...], bool]] = {
     "qwen2_vl_text": ((16, 24, 24), False),
     "qwen2_5_vl_text": ((16, 24, 24), False),
     "qwen3_vl_text": ((24, 20, 20), True),
+    "qwen4_exp_text": ((11, 11, 10), True),
 }
 
 #: model_type -> how its config class fills a missing or empty ``no_rope_layers`` (NoPE layers): from
@@ -170,6 +182,11 @@ TEXT_MODEL_TYPES: dict[str, str] = {
     "mistral3": "mistral",
     "aria": "aria_text",
 }
+
+
+#: (producer, table) pairs for the coverage table (:mod:`rotary.hf.coverage`): a model_type in a table is built by
+#: that producer. Other modules of rotary.hf add their own ``COVERAGE`` (e.g. a vision-encoder table).
+COVERAGE = [("RoPE.from_hf_config", PAIRING), ("MRoPE.from_hf_config", MROPE_MODELS)]
 
 
 def read_pairing(d: Mapping[str, Any], model_type: str, interleaved: bool | None, label: str) -> bool:

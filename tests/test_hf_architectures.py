@@ -37,6 +37,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING, CONFIG_M
 
 import rotary
 from rotary.hf.config import PAIRING, UNSUPPORTED, read_hf_config
+from rotary.hf.layers import read_hf_layers
 
 transformers.logging.set_verbosity_error()
 
@@ -51,6 +52,16 @@ TINY = dict(
     q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, first_k_dense_replace=1,
     n_embd=64, n_head=4, n_layer=2, n_positions=256, rotary_dim=8, pad_token_id=0,
 )  # fmt: skip
+
+_T5GEMMA_SIDE = {
+    "hidden_size": 64,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "head_dim": 16,
+    "vocab_size": 128,
+}
 
 #: per model_type: the defaults of its config class that TINY would break
 OVERRIDES: dict[str, dict] = {
@@ -71,6 +82,26 @@ OVERRIDES: dict[str, dict] = {
         "ffn_config": {"ffn_hidden_size": 64, "moe_num_experts": 4, "moe_top_k": 2},
     },
     "step3p5": {"sliding_window": 4},
+    "t5gemma2_decoder": {"dropout_rate": 0.0},
+    "t5gemma2_text": {"dropout_rate": 0.0},
+    "zaya": {"num_experts_per_tok": 1},
+    "zamba2": {"layer_types": ["linear_attention", "hybrid"]},
+    "chameleon": {"vocabulary_map": {"<image>": 3}},
+    "t5gemma2": {
+        "encoder": {
+            "text_config": dict(_T5GEMMA_SIDE, dropout_rate=0.0),
+            "vision_config": {
+                "hidden_size": 64,
+                "intermediate_size": 64,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 4,
+                "image_size": 16,
+                "patch_size": 8,
+            },
+        },
+        "decoder": dict(_T5GEMMA_SIDE, dropout_rate=0.0),
+    },
+    "t5gemma": {"encoder": _T5GEMMA_SIDE, "decoder": _T5GEMMA_SIDE},
     # multimodal models: small encoders, so that the text model's probe is quick
     "csm": {
         "num_codebooks": 2,
@@ -246,7 +277,14 @@ def record_rope_calls(model_type: str, config) -> list[Call]:
         ids = torch.randint(1, 100, (1, S), generator=torch.Generator().manual_seed(0))
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model(input_ids=ids, position_ids=torch.arange(3, 3 + S)[None], use_cache=False)
+            accepted = inspect.signature(model.forward).parameters
+            inputs = {"input_ids": ids, "position_ids": torch.arange(3, 3 + S)[None], "use_cache": False}
+            if "decoder_input_ids" in accepted:  # an encoder-decoder: the same tokens on both sides
+                inputs["decoder_input_ids"] = ids
+            if "encoder_hidden_states" in accepted:  # a decoder alone: some encoder output to attend to
+                inputs["encoder_hidden_states"] = torch.randn(1, 5, config.hidden_size, generator=torch.Generator())
+            kwargs_ok = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
+            model(**{k: v for k, v in inputs.items() if k in accepted or (kwargs_ok and k != "position_ids")})
     finally:
         for (owner, attr), raw in originals.items():
             setattr(owner, attr, raw)
@@ -323,23 +361,20 @@ def _ropes(config) -> dict[str | None, rotary.RoPE]:
 
 
 def _ropes_as(config, *, interleaved: bool | None) -> dict[str | None, rotary.RoPE]:
-    d = config.to_dict()
-    block = d.get("rope_parameters") or {}
-    layer_types = sorted({t for t in d.get("layer_types") or [] if isinstance(block.get(t), dict)}) or [None]
-    if d.get("model_type") == "deepseek_v4":
-        layer_types = sorted(set(d["layer_types"]))  # two RoPEs, named by the layers that use them
-    ropes = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the tiny configs' unusual values are not what is tested here
-        for layer_type in layer_types:
-            if interleaved is None:
-                s = read_hf_config(config, layer_type=layer_type, strict=False)
-            else:  # bypass the table (for an architecture it refuses)
-                d = dict(config.to_dict(), model_type="probe")
-                s = read_hf_config(d, layer_type=layer_type, strict=False, interleaved=interleaved)
-            ropes[layer_type] = rotary.RoPE(s.head_dim, base=s.base, rotary_dim=s.rotary_dim, scaling=s.scaling,
-                                            interleaved=s.interleaved, max_position=64, strict=False)  # fmt: skip
-    return ropes
+        if interleaved is None:
+            settings = read_hf_layers(config, strict=False)
+        else:  # bypass the table (for an architecture it refuses)
+            d = dict(config.to_dict(), model_type="probe")
+            block = d.get("rope_parameters") or {}
+            kinds = sorted({t for t in d.get("layer_types") or [] if isinstance(block.get(t), dict)}) or [None]
+            settings = {t: read_hf_config(d, layer_type=t, strict=False, interleaved=interleaved) for t in kinds}
+        return {
+            layer_type: rotary.RoPE(s.head_dim, base=s.base, rotary_dim=s.rotary_dim, scaling=s.scaling,
+                                    interleaved=s.interleaved, max_position=64, strict=False)
+            for layer_type, s in settings.items()
+        }  # fmt: skip
 
 
 def _gram(x: torch.Tensor) -> torch.Tensor:
@@ -437,7 +472,8 @@ def test_every_rope_model_type_is_in_a_table():
 
 
 def _category(reason: str) -> str:
-    return next(name for name in ("_NOT_TEXT", "_MROPE", "_NO_ROPE", "_NOPE_ONLY", "_NEGATIVE", "_UNVERIFIED")
+    return next(name for name in ("_NOT_TEXT", "_MROPE", "_NO_ROPE", "_NOPE_ONLY", "_SPEECH_ONLY", "_NEGATIVE",
+                                      "_UNVERIFIED")
                 if getattr(rotary.hf.architectures, name) == reason)  # fmt: skip
 
 
@@ -460,7 +496,7 @@ def test_refused_architectures_are_refused_for_the_stated_reason(model_type):
         assert _text_model_class(model_type, config) is None or (text_type and text_type not in rope_model_types()), (
             f"{model_type} has a model class that takes input_ids and a RoPE-applying text part"
         )
-    elif category in ("_NO_ROPE", "_NOPE_ONLY"):
+    elif category in ("_NO_ROPE", "_NOPE_ONLY", "_SPEECH_ONLY"):
         calls, _ = probe(model_type)
         assert not calls, f"{model_type}: the attention applied RoPE ({len(calls)} calls)"
     elif category == "_NEGATIVE":

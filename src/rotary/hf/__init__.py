@@ -2,6 +2,10 @@
 
 - :mod:`rotary.hf.config`: :func:`read_hf_config` (transformers 4.x and 5.x configs, per-layer
   configs, model defaults) -> :class:`RopeSettings`, what :meth:`rotary.RoPE.from_hf_config` builds from;
+- :mod:`rotary.hf.layers`: :func:`read_hf_layers`, the RoPE of each layer type of models whose layers
+  differ (Gemma 2/3/4, DeepSeek-V4);
+- :mod:`rotary.hf.own_keys`: the architectures that state their RoPE in keys of their own;
+- :mod:`rotary.hf.coverage`: every RoPE-applying model type of transformers and what builds it;
 - :mod:`rotary.hf.architectures`: per ``model_type``, the pairing of the rotated channels, the
   multimodal (M-RoPE) types, the types refused and why;
 - :mod:`rotary.hf.patching`: :func:`patch` / :func:`unpatch` run a loaded model's rotary application
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 from .architectures import MROPE_MODELS, NO_ROPE_DEFAULTS, PAIRING, TEXT_MODEL_TYPES, UNSUPPORTED
 from .config import MODEL_DEFAULTS, RopeSettings, model_defaults, read_hf_config
+from .layers import read_hf_layers
 from .patching import SUPPORTED, is_patched, patch, unpatch
 
 __all__ = [
@@ -29,5 +34,6 @@ __all__ = [
     "model_defaults",
     "patch",
     "read_hf_config",
+    "read_hf_layers",
     "unpatch",
 ]

@@ -42,8 +42,8 @@ HALF, INTERLEAVED, FLAG = "half", "interleaved", "rope_interleave"
 PAIRING: dict[str, str] = {
     **dict.fromkeys(
         (
-            "afmoe apertus arcee aria_text beam bitnet csm csm_depth_decoder_model cwm dbrx diffllama doge dots1 "
-            "embedding_gemma2_text emu3_text_model esmc eurobert evolla EvollaModel exaone4 exaone_moe falcon "
+            "afmoe apertus arcee aria_text beam bitnet chameleon csm csm_depth_decoder_model cwm dbrx diffllama doge "
+            "dots1 embedding_gemma2_text emu3_text_model esmc eurobert evolla EvollaModel exaone4 exaone_moe falcon "
             "falcon_h1 flex_olmo flint gemma gemma2 gemma3_text gemma3n_text gemma4_text gemma4_unified_text glm4_moe "
             "gpt_neox gpt_neox_japanese gpt_oss granite granite4_vision_text granite_docling_text granite_swa "
             "granitemoe granitemoe_swa granitemoeshared gte higgs_audio_v2 hrm_text hunyuan_v1_dense hunyuan_v1_moe "
@@ -52,15 +52,15 @@ PAIRING: dict[str, str] = {
             "mllama_text_model modernbert modernbert-decoder molmo2_text moshi muse_glimmer_text muse_spark_text "
             "nemotron neomme nomic_bert olmo olmo2 olmo3 olmo_hybrid olmoe persimmon phi phi3 phi4_multimodal phimoe "
             "qwen2 qwen2_5_vl_text qwen2_moe qwen2_vl_text qwen3 qwen3_moe qwen3_next qwen3_vl_text qwen4_exp_text "
-            "recurrent_gemma seed_oss smollm3 solar_open stablelm starcoder2 step3p5 ultrabert unlimited_ocr_text "
-            "vaultgemma"
+            "recurrent_gemma seed_oss smollm3 solar_open stablelm starcoder2 step3p5 t5gemma t5gemma2 "
+            "t5gemma2_decoder t5gemma2_text ultrabert unlimited_ocr_text vaultgemma zaya"
         ).split(),
         HALF,
     ),
     **dict.fromkeys(
         (
             "axk2 blt_patcher codegen cohere cohere2 cohere2_moe deepseek_v32 deepseek_v4 dots3_note_text ernie4_5 "
-            "ernie4_5_moe glm glm4 gptj helium llama4_text longcat_flash openai_privacy_filter roformer"
+            "ernie4_5_moe glm glm4 gptj helium llama4_text longcat_flash moonshine openai_privacy_filter roformer"
         ).split(),
         INTERLEAVED,
     ),
@@ -87,6 +87,10 @@ _NO_ROPE = (
 _NOPE_ONLY = (
     "applies no rotary embedding: its softmax attention layers are NoPE by design (its config class refuses any "
     "qk_rope_head_dim but 0) and its other layers are linear attention"
+)
+_SPEECH_ONLY = (
+    "applies RoPE only in its speech encoder (a Conformer with position_embeddings_type='rotary'), not in its "
+    "text attention; from_hf_config builds the RoPE of text attention"
 )
 _NEGATIVE = (
     "rotates by -theta (its rotate_half has the opposite sign), the inverse of the rotation rotary applies; "
@@ -144,13 +148,13 @@ UNSUPPORTED: dict[str, str] = {
     ),
     "glm5_next_text": _NOPE_ONLY,
     "nanochat": _NEGATIVE,
+    "seamless_m4t": _SPEECH_ONLY,
     **dict.fromkeys(
         (
-            "blt blt_local_decoder blt_local_encoder chameleon clvp_encoder cohere_compass_text deepseek_ocr2_text "
-            "dia dia_decoder dia_encoder diffusion_gemma_text esmfold2 gradium_phonon_tts idefics "
-            "kyutai_speech_to_text moonshine moonshine_streaming moshi_depth pocket_tts "
-            "qwen3_omni_moe_talker_code_predictor qwen3_omni_moe_talker_text seamless_m4t t5gemma t5gemma2 "
-            "t5gemma2_decoder t5gemma2_text voxtral_realtime_text zamba2 zaya"
+            "blt blt_local_decoder blt_local_encoder clvp_encoder cohere_compass_text deepseek_ocr2_text dia "
+            "dia_decoder dia_encoder diffusion_gemma_text esmfold2 gradium_phonon_tts idefics kyutai_speech_to_text "
+            "moonshine_streaming moshi_depth pocket_tts qwen3_omni_moe_talker_code_predictor "
+            "qwen3_omni_moe_talker_text voxtral_realtime_text zamba2"
         ).split(),
         _UNVERIFIED,
     ),
@@ -184,9 +188,9 @@ TEXT_MODEL_TYPES: dict[str, str] = {
 }
 
 
-#: (producer, table) pairs for the coverage table (:mod:`rotary.hf.coverage`): a model_type in a table is built by
-#: that producer. Other modules of rotary.hf add their own ``COVERAGE`` (e.g. a vision-encoder table).
-COVERAGE = [("RoPE.from_hf_config", PAIRING), ("MRoPE.from_hf_config", MROPE_MODELS)]
+#: (producer, table) pairs for the coverage table (:mod:`rotary.hf.coverage`): a model_type is built by the first
+#: table that holds it. Other modules of rotary.hf add their own ``COVERAGE`` (e.g. a vision-encoder table).
+COVERAGE = [("MRoPE.from_hf_config", MROPE_MODELS), ("RoPE.from_hf_config", PAIRING)]
 
 
 def read_pairing(d: Mapping[str, Any], model_type: str, interleaved: bool | None, label: str) -> bool:

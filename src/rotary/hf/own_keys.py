@@ -13,6 +13,7 @@ those keys first, as each one's transformers config class does:
 - DeepSeek-V4: two RoPE blocks named by their frequencies, ``main`` (the sliding-window layers) and
   ``compress`` (the compressed-attention layers and their compressors), and a rotated slice of
   ``head_dim * partial_rotary_factor`` channels at the end of each head;
+- encoder-decoder models (T5Gemma, T5Gemma 2): the RoPE of the ``decoder`` sub-config;
 - own names for the common keys (DBRX's ``d_model``, ``n_heads``, ``max_seq_len``; JetMoE's ``kv_channels``
   for ``head_dim``): the config class's ``attribute_map``.
 """
@@ -32,6 +33,10 @@ __all__ = ["ATTRIBUTE_MAPS", "DEEPSEEK_V4_LAYER_ROPE", "GLOBAL_HEAD_DIM", "attri
 #: model_type -> default ``global_head_dim`` of its full-attention layers, for a config.json that has no
 #: ``per_layer_config`` yet (the config class builds one from ``global_head_dim`` when it is created)
 GLOBAL_HEAD_DIM = {"gemma4_text": 512, "gemma4_unified_text": 512, "diffusion_gemma_text": 512}
+
+#: encoder-decoder model_type -> the sub-config its decoder's RoPE is read from (the encoder's is the same kind;
+#: the tests check both sides' attention against it)
+SUB_CONFIGS = {"t5gemma": "decoder", "t5gemma2": "decoder"}
 
 #: DeepSeek-V4: attention layer type -> the RoPE block its layers use (sliding-window layers the plain
 #: ``main`` one, compressed layers and their compressors and indexers the ``compress`` one)
@@ -171,6 +176,10 @@ def common_keys(d: dict[str, Any], model_type: str, layer_type: str | None, labe
         >>> common_keys(d, "deepseek_v4", "sliding_attention", "the config", True), d["head_dim"]
         (None, 64)
     """
+    if model_type in SUB_CONFIGS and isinstance(d.get(SUB_CONFIGS[model_type]), Mapping):
+        inner = dict(d[SUB_CONFIGS[model_type]])
+        d.clear()
+        d.update(inner, model_type=model_type)
     for common, own in attribute_map(model_type).items():
         if own in d and common not in d:
             d[common] = d[own]

@@ -82,6 +82,21 @@ OVERRIDES: dict[str, dict] = {
         "ffn_config": {"ffn_hidden_size": 64, "moe_num_experts": 4, "moe_top_k": 2},
     },
     "step3p5": {"sliding_window": 4},
+    "deepseek_ocr2_text": {"mlp_layer_types": ["dense", "sparse"]},
+    "cohere_compass_text": {
+        "layer_types": ["sliding_attention", "full_attention"],
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+        },
+    },
+    "diffusion_gemma_text": {"top_k_experts": 2},
+    "pocket_tts": {"flow_head_config": {"condition_dim": 64}},
+    "gradium_phonon_tts": {"flow_head_config": {"condition_dim": 64}},
+    "qwen3_omni_moe_talker_text": {
+        "shared_expert_intermediate_size": 32,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2]},
+    },
     "t5gemma2_decoder": {"dropout_rate": 0.0},
     "t5gemma2_text": {"dropout_rate": 0.0},
     "zaya": {"num_experts_per_tok": 1},
@@ -159,6 +174,10 @@ OVERRIDES: dict[str, dict] = {
         }
     },  # fmt: skip
 }
+#: model types whose apply function indexes tables of S rows by position (CLVP): positions 0 .. S-1
+POSITIONS_FROM_0 = {"clvp_encoder"}
+#: model types whose text model is run on embeddings (inputs_embeds), not token ids
+EMBEDDINGS_IN = {"qwen3_omni_moe_talker_text", "qwen3_omni_moe_talker_code_predictor"}
 #: per model_type: the text model class to build when the base model is not the one to build
 MODEL_CLASSES: dict[str, str] = {}
 
@@ -278,9 +297,13 @@ def record_rope_calls(model_type: str, config) -> list[Call]:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             accepted = inspect.signature(model.forward).parameters
-            inputs = {"input_ids": ids, "position_ids": torch.arange(3, 3 + S)[None], "use_cache": False}
+            start = 0 if model_type in POSITIONS_FROM_0 else 3
+            inputs = {"input_ids": ids, "position_ids": torch.arange(start, start + S)[None], "use_cache": False}
             if "decoder_input_ids" in accepted:  # an encoder-decoder: the same tokens on both sides
                 inputs["decoder_input_ids"] = ids
+            if model_type in EMBEDDINGS_IN:  # a model that takes embeddings (it has no token embedding of its own)
+                del inputs["input_ids"]
+                inputs["inputs_embeds"] = torch.randn(1, S, config.hidden_size, generator=torch.Generator())
             if "encoder_hidden_states" in accepted:  # a decoder alone: some encoder output to attend to
                 inputs["encoder_hidden_states"] = torch.randn(1, 5, config.hidden_size, generator=torch.Generator())
             kwargs_ok = any(p.kind is p.VAR_KEYWORD for p in accepted.values())

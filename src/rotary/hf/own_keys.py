@@ -97,11 +97,17 @@ def _per_layer(d: dict[str, Any], model_type: str, layer_type: str | None, label
                 f"its RoPE depends on the layer; pass layer_type= one of {kinds or 'its layer types'}"
             )
         return
+    try:  # keys are layer indices: ints, or strings of them ("05", as transformers writes them)
+        per_layer = {int(k): v for k, v in per_layer.items()}
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"{label}: per_layer_config keys must be layer indices, got {sorted(map(str, per_layer))}"
+        ) from None
     overrides = {}
     for index, kind in enumerate(layer_types):
         if kind != layer_type:
             continue
-        found = per_layer.get(index, per_layer.get(str(index), per_layer.get(f"{index:02d}", {})))
+        found = per_layer.get(index, {})
         if not isinstance(found, Mapping):
             raise ConfigError(f"{label}: per_layer_config[{index}] must be a dict of overrides, got {found!r}")
         if overrides and dict(found) != overrides[next(iter(overrides))]:

@@ -38,6 +38,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING, CONFIG_M
 import rotary
 from rotary.hf.config import PAIRING, UNSUPPORTED, read_hf_config
 from rotary.hf.layers import read_hf_layers
+from rotary.hf.own_keys import ROPE_SWITCHES
 
 transformers.logging.set_verbosity_error()
 
@@ -100,7 +101,12 @@ OVERRIDES: dict[str, dict] = {
     "t5gemma2_decoder": {"dropout_rate": 0.0},
     "t5gemma2_text": {"dropout_rate": 0.0},
     "zaya": {"num_experts_per_tok": 1},
-    "zamba2": {"layer_types": ["linear_attention", "hybrid"]},
+    "zamba2": {
+        "layers_block_type": ["linear_attention", "hybrid"],
+        "mamba_headdim": 16,
+        "n_mamba_heads": 8,
+        "use_mem_rope": True,
+    },
     "chameleon": {"vocabulary_map": {"<image>": 3}},
     "t5gemma2": {
         "encoder": {
@@ -532,3 +538,15 @@ def test_refused_architectures_are_refused_for_the_stated_reason(model_type):
                 ours = rotary.apply_rotary(_bhsd(x.float()), cos, -sin)
                 assert torch.allclose(_gram(ours), _gram(_bhsd(out.float())), rtol=1e-4, atol=1e-4)
                 assert not rotation_matches(call, rope)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", sorted(ROPE_SWITCHES))
+def test_a_model_whose_rope_is_switched_off_applies_none_and_is_refused(model_type):
+    flag, default = ROPE_SWITCHES[model_type]
+    config = tiny_config(model_type)
+    assert getattr(CONFIG_MAPPING[model_type](), flag) == default
+    setattr(config, flag, False)
+    assert not record_rope_calls(model_type, config), f"{model_type} applied RoPE with {flag}=False"
+    with pytest.raises(rotary.ConfigError, match=f"{flag}=False"):
+        read_hf_config(config)

@@ -83,6 +83,16 @@ OVERRIDES: dict[str, dict] = {
         "ffn_config": {"ffn_hidden_size": 64, "moe_num_experts": 4, "moe_top_k": 2},
     },
     "step3p5": {"sliding_window": 4},
+    # hybrids: one recurrent layer and one attention layer, so that the attention runs
+    "bamba": {"attn_layer_indices": [1]},
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
+    "nemotron_h": {"layers_block_type": ["linear_attention", "full_attention"]},
+    "granitemoehybrid": {
+        "layer_types": ["linear_attention", "full_attention"],
+        "num_hidden_layers": 2,
+        "position_embedding_type": "rope",
+    },
+    "esm": {"position_embedding_type": "rotary"},
     "deepseek_ocr2_text": {"mlp_layer_types": ["dense", "sparse"]},
     "cohere_compass_text": {
         "layer_types": ["sliding_attention", "full_attention"],
@@ -501,7 +511,7 @@ def test_every_rope_model_type_is_in_a_table():
 
 
 def _category(reason: str) -> str:
-    return next(name for name in ("_NOT_TEXT", "_MROPE", "_NO_ROPE", "_NOPE_ONLY", "_SPEECH_ONLY", "_NEGATIVE",
+    return next(name for name in ("_NOT_TEXT", "_MROPE", "_NO_ROPE", "_NO_ROPE_AT_ALL", "_NOPE_ONLY", "_SPEECH_ONLY", "_NEGATIVE",
                                       "_UNVERIFIED")
                 if getattr(rotary.hf.architectures, name) == reason)  # fmt: skip
 
@@ -525,7 +535,7 @@ def test_refused_architectures_are_refused_for_the_stated_reason(model_type):
         assert _text_model_class(model_type, config) is None or (text_type and text_type not in rope_model_types()), (
             f"{model_type} has a model class that takes input_ids and a RoPE-applying text part"
         )
-    elif category in ("_NO_ROPE", "_NOPE_ONLY", "_SPEECH_ONLY"):
+    elif category in ("_NO_ROPE", "_NO_ROPE_AT_ALL", "_NOPE_ONLY", "_SPEECH_ONLY"):
         calls, _ = probe(model_type)
         assert not calls, f"{model_type}: the attention applied RoPE ({len(calls)} calls)"
     elif category == "_NEGATIVE":
@@ -543,10 +553,10 @@ def test_refused_architectures_are_refused_for_the_stated_reason(model_type):
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type", sorted(ROPE_SWITCHES))
 def test_a_model_whose_rope_is_switched_off_applies_none_and_is_refused(model_type):
-    flag, default = ROPE_SWITCHES[model_type]
+    flag, on, default = ROPE_SWITCHES[model_type]
     config = tiny_config(model_type)
-    assert getattr(CONFIG_MAPPING[model_type](), flag) == default
-    setattr(config, flag, False)
-    assert not record_rope_calls(model_type, config), f"{model_type} applied RoPE with {flag}=False"
-    with pytest.raises(rotary.ConfigError, match=f"{flag}=False"):
+    assert getattr(config, flag) == on and getattr(CONFIG_MAPPING[model_type](), flag) == default
+    setattr(config, flag, default)
+    assert not record_rope_calls(model_type, config), f"{model_type} applied RoPE with {flag}={default!r}"
+    with pytest.raises(rotary.ConfigError, match=re.escape(f"{flag}={default!r}")):
         read_hf_config(config)

@@ -42,19 +42,19 @@ HALF, INTERLEAVED, FLAG = "half", "interleaved", "rope_interleave"
 PAIRING: dict[str, str] = {
     **dict.fromkeys(
         (
-            "afmoe apertus arcee aria_text beam bitnet chameleon cohere_compass_text csm csm_depth_decoder_model cwm "
-            "dbrx deepseek_ocr2_text diffllama diffusion_gemma_text doge dots1 embedding_gemma2_text emu3_text_model "
-            "esmc eurobert evolla EvollaModel exaone4 exaone_moe falcon falcon_h1 flex_olmo flint gemma gemma2 "
-            "gemma3_text gemma3n_text gemma4_text gemma4_unified_text glm4_moe gpt_neox gpt_neox_japanese gpt_oss "
-            "gradium_phonon_tts granite granite4_vision_text granite_docling_text granite_swa granitemoe "
-            "granitemoe_swa granitemoeshared gte higgs_audio_v2 hrm_text hunyuan_v1_dense hunyuan_v1_moe hy_v3 hy_v4 "
-            "hyperclovax jais2 jetmoe jina_embeddings_v3 kolibri1 laguna lfm2 lfm2_moe lfm3 llama mellum "
-            "mimo_v2_flash minicpm3 minimax minimax_m2 minimax_m3_vl_text ministral ministral3 mistral mixtral "
-            "mllama_text_model modernbert modernbert-decoder molmo2_text moshi muse_glimmer_text muse_spark_text "
-            "nemotron neomme nomic_bert olmo olmo2 olmo3 olmo_hybrid olmoe persimmon phi phi3 phi4_multimodal phimoe "
-            "pocket_tts qwen2 qwen2_5_vl_text qwen2_moe qwen2_vl_text qwen3 qwen3_moe qwen3_next "
-            "qwen3_omni_moe_talker_code_predictor qwen3_omni_moe_talker_text qwen3_vl_text qwen4_exp_text "
-            "recurrent_gemma seed_oss smollm3 solar_open stablelm starcoder2 step3p5 t5gemma t5gemma2 "
+            "afmoe apertus arcee aria_text bamba beam bitnet chameleon cohere_compass_text csm "
+            "csm_depth_decoder_model cwm dbrx deepseek_ocr2_text diffllama diffusion_gemma_text doge dots1 "
+            "embedding_gemma2_text emu3_text_model esm esmc eurobert evolla EvollaModel exaone4 exaone_moe falcon "
+            "falcon_h1 flex_olmo flint gemma gemma2 gemma3_text gemma3n_text gemma4_text gemma4_unified_text glm4_moe "
+            "gpt_neox gpt_neox_japanese gpt_oss gradium_phonon_tts granite granite4_vision_text granite_docling_text "
+            "granite_swa granitemoe granitemoe_swa granitemoehybrid granitemoeshared gte higgs_audio_v2 hrm_text "
+            "hunyuan_v1_dense hunyuan_v1_moe hy_v3 hy_v4 hyperclovax jais2 jetmoe jina_embeddings_v3 kolibri1 laguna "
+            "lfm2 lfm2_moe lfm3 llama mellum mimo_v2_flash minicpm3 minimax minimax_m2 minimax_m3_vl_text ministral "
+            "ministral3 mistral mixtral mllama_text_model modernbert modernbert-decoder molmo2_text moshi "
+            "muse_glimmer_text muse_spark_text nemotron neomme nomic_bert olmo olmo2 olmo3 olmo_hybrid olmoe "
+            "persimmon phi phi3 phi4_multimodal phimoe pocket_tts qwen2 qwen2_5_vl_text qwen2_moe qwen2_vl_text qwen3 "
+            "qwen3_moe qwen3_next qwen3_omni_moe_talker_code_predictor qwen3_omni_moe_talker_text qwen3_vl_text "
+            "qwen4_exp_text recurrent_gemma seed_oss smollm3 solar_open stablelm starcoder2 step3p5 t5gemma t5gemma2 "
             "t5gemma2_decoder t5gemma2_text ultrabert unlimited_ocr_text vaultgemma zamba2 zaya"
         ).split(),
         HALF,
@@ -85,6 +85,10 @@ _MROPE = (
 _NO_ROPE = (
     "applies no rotary embedding in its attention with transformers' default settings, and rotary has not "
     "checked the settings that turn one on"
+)
+_NO_ROPE_AT_ALL = (
+    "applies no rotary embedding in its attention layers (its modeling file defines one that no layer calls, "
+    "and no config key turns it on)"
 )
 _NOPE_ONLY = (
     "applies no rotary embedding: its softmax attention layers are NoPE by design (its config class refuses any "
@@ -145,10 +149,12 @@ UNSUPPORTED: dict[str, str] = {
         _MROPE,
     ),
     **dict.fromkeys(
-        ("bamba clvp_decoder esm granitemoehybrid inkling2_text jamba nemotron_h").split(),
+        ("clvp_decoder inkling2_text").split(),
         _NO_ROPE,
     ),
     "glm5_next_text": _NOPE_ONLY,
+    "jamba": _NO_ROPE_AT_ALL,
+    "nemotron_h": _NO_ROPE_AT_ALL,
     "nanochat": _NEGATIVE,
     "seamless_m4t": _SPEECH_ONLY,
     **dict.fromkeys(

@@ -14,7 +14,8 @@ those keys first, as each one's transformers config class does:
   ``compress`` (the compressed-attention layers and their compressors), and a rotated slice of
   ``head_dim * partial_rotary_factor`` channels at the end of each head;
 - encoder-decoder models (T5Gemma, T5Gemma 2): the RoPE of the ``decoder`` sub-config;
-- a flag that turns RoPE on (Zamba2's ``use_mem_rope``, off by default): with it off there is no RoPE;
+- a key that turns RoPE on (Zamba2's ``use_mem_rope``, ESM's and GraniteMoeHybrid's
+  ``position_embedding_type``, off by default): with it off there is no RoPE to build;
 - own names for the common keys (DBRX's ``d_model``, ``n_heads``, ``max_seq_len``; JetMoE's ``kv_channels``
   for ``head_dim``): the config class's ``attribute_map``.
 """
@@ -43,9 +44,13 @@ __all__ = [
 #: ``per_layer_config`` yet (the config class builds one from ``global_head_dim`` when it is created)
 GLOBAL_HEAD_DIM = {"gemma4_text": 512, "gemma4_unified_text": 512, "diffusion_gemma_text": 512}
 
-#: model_type -> (the config flag that turns its RoPE on, the flag's default): with the flag off the model
-#: applies no RoPE, and read_hf_config says so instead of building one
-ROPE_SWITCHES = {"zamba2": ("use_mem_rope", False)}
+#: model_type -> (the config key that turns its RoPE on, the value that does, the key's default): with any
+#: other value the model applies no RoPE, and read_hf_config says so instead of building one
+ROPE_SWITCHES: dict[str, tuple[str, Any, Any]] = {
+    "zamba2": ("use_mem_rope", True, False),
+    "esm": ("position_embedding_type", "rotary", "absolute"),
+    "granitemoehybrid": ("position_embedding_type", "rope", None),
+}
 
 #: encoder-decoder model_type -> the sub-config its decoder's RoPE is read from (the encoder's is the same kind;
 #: the tests check both sides' attention against it)
@@ -200,10 +205,10 @@ def common_keys(d: dict[str, Any], model_type: str, layer_type: str | None, labe
         d.clear()
         d.update(inner, model_type=model_type)
     if model_type in ROPE_SWITCHES:
-        flag, default = ROPE_SWITCHES[model_type]
-        if d.get(flag, default) is not True:
+        flag, on, default = ROPE_SWITCHES[model_type]
+        if d.get(flag, default) != on or type(d.get(flag, default)) is not type(on):
             raise ConfigError(
-                f"{label}: {model_type} applies RoPE only when {flag} is true, and this config has {flag}="
+                f"{label}: {model_type} applies RoPE only when {flag}={on!r}, and this config has {flag}="
                 f"{d.get(flag, default)!r}: its attention has no rotary embedding to build"
             )
     for common, own in attribute_map(model_type).items():

@@ -141,6 +141,9 @@ def rotate_calls(monkeypatch):
 
 #: the Qwen-VL families (multimodal RoPE): tested with images in tests/variants/test_mrope.py
 MULTIMODAL = {f"{name}{suffix}" for name in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl") for suffix in ("", "_text")}
+#: the text families of the 2026 model types: tested in tests/test_hf_patch_text.py
+from test_hf_patch_text import NEW_TEXT  # noqa: E402
+
 #: vision towers with 2-D RoPE and Llama 4 (text and vision): tested in tests/variants/test_hf_patch_vision.py
 VISION = {"pixtral", "llama4", "llama4_text", "llama4_vision_model"}
 
@@ -163,10 +166,10 @@ def test_supported_list_is_the_issue_list():
         "cohere",
         "glm",
     }
-    assert set(hf.SUPPORTED) == text | MULTIMODAL | VISION
+    assert set(hf.SUPPORTED) == text | MULTIMODAL | VISION | set(NEW_TEXT)
 
 
-@pytest.mark.parametrize("model_type", sorted(set(hf.SUPPORTED) - MULTIMODAL - VISION))
+@pytest.mark.parametrize("model_type", sorted(set(hf.SUPPORTED) - MULTIMODAL - VISION - set(NEW_TEXT)))
 def test_patched_logits_equal_unpatched_and_unpatch_restores(model_type, rotate_calls):
     model = make_model(model_type)
     ids = torch.randint(64, (2, 11))
@@ -403,7 +406,9 @@ def test_unsupported_architecture_lists_supported():
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=64))
     with pytest.raises(
         ValueError,
-        match="does not support model_type 'gpt2'; supported: cohere, deepseek_v3, gemma3, gemma3_text, glm, gpt_neox, gpt_oss, gptj, llama",
+        match="does not support model_type 'gpt2'; supported: chameleon, cohere, csm, dbrx, deepseek_ocr2_text, deepseek_v3, "
+        "embedding_gemma2_text, gemma3, gemma3_text, glm, gpt_neox, gpt_oss, gptj, gradium_phonon_tts, granitemoehybrid, "
+        "jetmoe, lfm2_moe, llama",
     ):
         hf.patch(model)
 

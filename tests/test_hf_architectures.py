@@ -83,6 +83,29 @@ OVERRIDES: dict[str, dict] = {
         "ffn_config": {"ffn_hidden_size": 64, "moe_num_experts": 4, "moe_top_k": 2},
     },
     "step3p5": {"sliding_window": 4},
+    "dia": {
+        "encoder_config": {
+            "hidden_size": 64,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "head_dim": 16,
+        },
+        "decoder_config": {
+            "hidden_size": 64,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "head_dim": 16,
+            "cross_num_attention_heads": 4,
+            "cross_num_key_value_heads": 4,
+            "cross_head_dim": 16,
+            "cross_hidden_size": 64,
+            "vocab_size": 128,
+        },
+    },
     # hybrids: one recurrent layer and one attention layer, so that the attention runs
     "bamba": {"attn_layer_indices": [1]},
     "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
@@ -192,6 +215,8 @@ OVERRIDES: dict[str, dict] = {
 }
 #: model types whose apply function indexes tables of S rows by position (CLVP): positions 0 .. S-1
 POSITIONS_FROM_0 = {"clvp_encoder"}
+#: model types whose decoder takes one token per audio channel (Dia: 9 channels by default)
+AUDIO_CHANNELS = {"dia": 9, "dia_decoder": 9}
 #: model types whose text model is run on embeddings (inputs_embeds), not token ids
 EMBEDDINGS_IN = {"qwen3_omni_moe_talker_text", "qwen3_omni_moe_talker_code_predictor"}
 #: per model_type: the text model class to build when the base model is not the one to build
@@ -320,8 +345,12 @@ def record_rope_calls(model_type: str, config) -> list[Call]:
             if model_type in EMBEDDINGS_IN:  # a model that takes embeddings (it has no token embedding of its own)
                 del inputs["input_ids"]
                 inputs["inputs_embeds"] = torch.randn(1, S, config.hidden_size, generator=torch.Generator())
+            if model_type in AUDIO_CHANNELS:  # Dia's decoder reads one token per audio channel: [B, S, channels]
+                key = "decoder_input_ids" if "decoder_input_ids" in inputs else "input_ids"
+                inputs[key] = ids[..., None].repeat(1, 1, AUDIO_CHANNELS[model_type])
             if "encoder_hidden_states" in accepted:  # a decoder alone: some encoder output to attend to
-                inputs["encoder_hidden_states"] = torch.randn(1, 5, config.hidden_size, generator=torch.Generator())
+                width = getattr(config, "cross_hidden_size", None) or config.hidden_size
+                inputs["encoder_hidden_states"] = torch.randn(1, 5, width, generator=torch.Generator())
             kwargs_ok = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
             model(**{k: v for k, v in inputs.items() if k in accepted or (kwargs_ok and k != "position_ids")})
     finally:

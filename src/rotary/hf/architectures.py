@@ -43,19 +43,20 @@ PAIRING: dict[str, str] = {
     **dict.fromkeys(
         (
             "afmoe apertus arcee aria_text bamba beam bitnet chameleon cohere_compass_text csm "
-            "csm_depth_decoder_model cwm dbrx deepseek_ocr2_text diffllama diffusion_gemma_text doge dots1 "
-            "embedding_gemma2_text emu3_text_model esm esmc eurobert evolla EvollaModel exaone4 exaone_moe falcon "
-            "falcon_h1 flex_olmo flint gemma gemma2 gemma3_text gemma3n_text gemma4_text gemma4_unified_text glm4_moe "
-            "gpt_neox gpt_neox_japanese gpt_oss gradium_phonon_tts granite granite4_vision_text granite_docling_text "
-            "granite_swa granitemoe granitemoe_swa granitemoehybrid granitemoeshared gte higgs_audio_v2 hrm_text "
-            "hunyuan_v1_dense hunyuan_v1_moe hy_v3 hy_v4 hyperclovax jais2 jetmoe jina_embeddings_v3 kolibri1 laguna "
-            "lfm2 lfm2_moe lfm3 llama mellum mimo_v2_flash minicpm3 minimax minimax_m2 minimax_m3_vl_text ministral "
-            "ministral3 mistral mixtral mllama_text_model modernbert modernbert-decoder molmo2_text moshi "
-            "muse_glimmer_text muse_spark_text nemotron neomme nomic_bert olmo olmo2 olmo3 olmo_hybrid olmoe "
-            "persimmon phi phi3 phi4_multimodal phimoe pocket_tts qwen2 qwen2_5_vl_text qwen2_moe qwen2_vl_text qwen3 "
-            "qwen3_moe qwen3_next qwen3_omni_moe_talker_code_predictor qwen3_omni_moe_talker_text qwen3_vl_text "
-            "qwen4_exp_text recurrent_gemma seed_oss smollm3 solar_open stablelm starcoder2 step3p5 t5gemma t5gemma2 "
-            "t5gemma2_decoder t5gemma2_text ultrabert unlimited_ocr_text vaultgemma zamba2 zaya"
+            "csm_depth_decoder_model cwm dbrx deepseek_ocr2_text dia dia_decoder dia_encoder diffllama "
+            "diffusion_gemma_text doge dots1 embedding_gemma2_text emu3_text_model esm esmc eurobert evolla "
+            "EvollaModel exaone4 exaone_moe falcon falcon_h1 flex_olmo flint gemma gemma2 gemma3_text gemma3n_text "
+            "gemma4_text gemma4_unified_text glm4_moe gpt_neox gpt_neox_japanese gpt_oss gradium_phonon_tts granite "
+            "granite4_vision_text granite_docling_text granite_swa granitemoe granitemoe_swa granitemoehybrid "
+            "granitemoeshared gte higgs_audio_v2 hrm_text hunyuan_v1_dense hunyuan_v1_moe hy_v3 hy_v4 hyperclovax "
+            "jais2 jetmoe jina_embeddings_v3 kolibri1 laguna lfm2 lfm2_moe lfm3 llama mellum mimo_v2_flash minicpm3 "
+            "minimax minimax_m2 minimax_m3_vl_text ministral ministral3 mistral mixtral mllama_text_model modernbert "
+            "modernbert-decoder molmo2_text moshi muse_glimmer_text muse_spark_text nemotron neomme nomic_bert olmo "
+            "olmo2 olmo3 olmo_hybrid olmoe persimmon phi phi3 phi4_multimodal phimoe pocket_tts qwen2 qwen2_5_vl_text "
+            "qwen2_moe qwen2_vl_text qwen3 qwen3_moe qwen3_next qwen3_omni_moe_talker_code_predictor "
+            "qwen3_omni_moe_talker_text qwen3_vl_text qwen4_exp_text recurrent_gemma seed_oss smollm3 solar_open "
+            "stablelm starcoder2 step3p5 t5gemma t5gemma2 t5gemma2_decoder t5gemma2_text ultrabert unlimited_ocr_text "
+            "vaultgemma zamba2 zaya"
         ).split(),
         HALF,
     ),
@@ -159,8 +160,8 @@ UNSUPPORTED: dict[str, str] = {
     "seamless_m4t": _SPEECH_ONLY,
     **dict.fromkeys(
         (
-            "blt blt_local_decoder blt_local_encoder clvp_encoder dia dia_decoder dia_encoder esmfold2 idefics "
-            "kyutai_speech_to_text moonshine_streaming moshi_depth voxtral_realtime_text"
+            "blt blt_local_decoder blt_local_encoder clvp_encoder esmfold2 idefics kyutai_speech_to_text "
+            "moonshine_streaming moshi_depth voxtral_realtime_text"
         ).split(),
         _UNVERIFIED,
     ),

@@ -13,7 +13,7 @@ those keys first, as each one's transformers config class does:
 - DeepSeek-V4: two RoPE blocks named by their frequencies, ``main`` (the sliding-window layers) and
   ``compress`` (the compressed-attention layers and their compressors), and a rotated slice of
   ``head_dim * partial_rotary_factor`` channels at the end of each head;
-- encoder-decoder models (T5Gemma, T5Gemma 2): the RoPE of the ``decoder`` sub-config;
+- encoder-decoder models (T5Gemma, T5Gemma 2, Dia): the RoPE of the decoder sub-config;
 - a key that turns RoPE on (Zamba2's ``use_mem_rope``, ESM's and GraniteMoeHybrid's
   ``position_embedding_type``, off by default): with it off there is no RoPE to build;
 - own names for the common keys (DBRX's ``d_model``, ``n_heads``, ``max_seq_len``; JetMoE's ``kv_channels``
@@ -54,7 +54,7 @@ ROPE_SWITCHES: dict[str, tuple[str, Any, Any]] = {
 
 #: encoder-decoder model_type -> the sub-config its decoder's RoPE is read from (the encoder's is the same kind;
 #: the tests check both sides' attention against it)
-SUB_CONFIGS = {"t5gemma": "decoder", "t5gemma2": "decoder"}
+SUB_CONFIGS = {"t5gemma": "decoder", "t5gemma2": "decoder", "dia": "decoder_config"}
 
 #: DeepSeek-V4: attention layer type -> the RoPE block its layers use (sliding-window layers the plain
 #: ``main`` one, compressed layers and their compressors and indexers the ``compress`` one)

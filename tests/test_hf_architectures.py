@@ -83,6 +83,25 @@ OVERRIDES: dict[str, dict] = {
         "ffn_config": {"ffn_hidden_size": 64, "moe_num_experts": 4, "moe_top_k": 2},
     },
     "step3p5": {"sliding_window": 4},
+    "kyutai_speech_to_text": {
+        "num_codebooks": 2,
+        "codebook_vocab_size": 128,
+        "audio_pad_token_id": 384,
+        "audio_bos_token_id": 127,
+        "bos_token_id": 1,
+        "ffn_dim": 64,
+    },
+    # its decoder reads num_key_value_heads, which its config class does not define (a config.json states it)
+    "moonshine_streaming": {
+        "num_key_value_heads": 4,
+        "encoder_config": {
+            "hidden_size": 64,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+        },
+    },
     "dia": {
         "encoder_config": {
             "hidden_size": 64,
@@ -216,7 +235,7 @@ OVERRIDES: dict[str, dict] = {
 #: model types whose apply function indexes tables of S rows by position (CLVP): positions 0 .. S-1
 POSITIONS_FROM_0 = {"clvp_encoder"}
 #: model types whose decoder takes one token per audio channel (Dia: 9 channels by default)
-AUDIO_CHANNELS = {"dia": 9, "dia_decoder": 9}
+AUDIO_CHANNELS = {"dia": 9, "dia_decoder": 9, "kyutai_speech_to_text": 3}  # Kyutai: text and 2 codebooks
 #: model types whose text model is run on embeddings (inputs_embeds), not token ids
 EMBEDDINGS_IN = {"qwen3_omni_moe_talker_text", "qwen3_omni_moe_talker_code_predictor"}
 #: per model_type: the text model class to build when the base model is not the one to build

@@ -49,21 +49,22 @@ PAIRING: dict[str, str] = {
             "gemma4_text gemma4_unified_text glm4_moe gpt_neox gpt_neox_japanese gpt_oss gradium_phonon_tts granite "
             "granite4_vision_text granite_docling_text granite_swa granitemoe granitemoe_swa granitemoehybrid "
             "granitemoeshared gte higgs_audio_v2 hrm_text hunyuan_v1_dense hunyuan_v1_moe hy_v3 hy_v4 hyperclovax "
-            "jais2 jetmoe jina_embeddings_v3 kolibri1 laguna lfm2 lfm2_moe lfm3 llama mellum mimo_v2_flash minicpm3 "
-            "minimax minimax_m2 minimax_m3_vl_text ministral ministral3 mistral mixtral mllama_text_model modernbert "
-            "modernbert-decoder molmo2_text moshi muse_glimmer_text muse_spark_text nemotron neomme nomic_bert olmo "
-            "olmo2 olmo3 olmo_hybrid olmoe persimmon phi phi3 phi4_multimodal phimoe pocket_tts qwen2 qwen2_5_vl_text "
-            "qwen2_moe qwen2_vl_text qwen3 qwen3_moe qwen3_next qwen3_omni_moe_talker_code_predictor "
-            "qwen3_omni_moe_talker_text qwen3_vl_text qwen4_exp_text recurrent_gemma seed_oss smollm3 solar_open "
-            "stablelm starcoder2 step3p5 t5gemma t5gemma2 t5gemma2_decoder t5gemma2_text ultrabert unlimited_ocr_text "
-            "vaultgemma zamba2 zaya"
+            "jais2 jetmoe jina_embeddings_v3 kolibri1 kyutai_speech_to_text laguna lfm2 lfm2_moe lfm3 llama mellum "
+            "mimo_v2_flash minicpm3 minimax minimax_m2 minimax_m3_vl_text ministral ministral3 mistral mixtral "
+            "mllama_text_model modernbert modernbert-decoder molmo2_text moshi muse_glimmer_text muse_spark_text "
+            "nemotron neomme nomic_bert olmo olmo2 olmo3 olmo_hybrid olmoe persimmon phi phi3 phi4_multimodal phimoe "
+            "pocket_tts qwen2 qwen2_5_vl_text qwen2_moe qwen2_vl_text qwen3 qwen3_moe qwen3_next "
+            "qwen3_omni_moe_talker_code_predictor qwen3_omni_moe_talker_text qwen3_vl_text qwen4_exp_text "
+            "recurrent_gemma seed_oss smollm3 solar_open stablelm starcoder2 step3p5 t5gemma t5gemma2 "
+            "t5gemma2_decoder t5gemma2_text ultrabert unlimited_ocr_text vaultgemma zamba2 zaya"
         ).split(),
         HALF,
     ),
     **dict.fromkeys(
         (
             "axk2 blt_patcher codegen cohere cohere2 cohere2_moe deepseek_v32 deepseek_v4 dots3_note_text ernie4_5 "
-            "ernie4_5_moe glm glm4 gptj helium llama4_text longcat_flash moonshine openai_privacy_filter roformer"
+            "ernie4_5_moe glm glm4 gptj helium llama4_text longcat_flash moonshine moonshine_streaming "
+            "openai_privacy_filter roformer"
         ).split(),
         INTERLEAVED,
     ),
@@ -160,8 +161,7 @@ UNSUPPORTED: dict[str, str] = {
     "seamless_m4t": _SPEECH_ONLY,
     **dict.fromkeys(
         (
-            "blt blt_local_decoder blt_local_encoder clvp_encoder esmfold2 idefics kyutai_speech_to_text "
-            "moonshine_streaming moshi_depth voxtral_realtime_text"
+            "blt blt_local_decoder blt_local_encoder clvp_encoder esmfold2 idefics moshi_depth voxtral_realtime_text"
         ).split(),
         _UNVERIFIED,
     ),

@@ -42,7 +42,7 @@ HALF, INTERLEAVED, FLAG = "half", "interleaved", "rope_interleave"
 PAIRING: dict[str, str] = {
     **dict.fromkeys(
         (
-            "afmoe apertus arcee aria_text bamba beam bitnet chameleon cohere_compass_text csm "
+            "afmoe apertus arcee aria_text bamba beam bitnet chameleon clvp_encoder cohere_compass_text csm "
             "csm_depth_decoder_model cwm dbrx deepseek_ocr2_text dia dia_decoder dia_encoder diffllama "
             "diffusion_gemma_text doge dots1 embedding_gemma2_text emu3_text_model esm esmc eurobert evolla "
             "EvollaModel exaone4 exaone_moe falcon falcon_h1 flex_olmo flint gemma gemma2 gemma3_text gemma3n_text "
@@ -160,9 +160,7 @@ UNSUPPORTED: dict[str, str] = {
     "nanochat": _NEGATIVE,
     "seamless_m4t": _SPEECH_ONLY,
     **dict.fromkeys(
-        (
-            "blt blt_local_decoder blt_local_encoder clvp_encoder esmfold2 idefics moshi_depth voxtral_realtime_text"
-        ).split(),
+        ("blt blt_local_decoder blt_local_encoder esmfold2 idefics moshi_depth voxtral_realtime_text").split(),
         _UNVERIFIED,
     ),
 }

@@ -16,6 +16,8 @@ those keys first, as each one's transformers config class does:
 - encoder-decoder models (T5Gemma, T5Gemma 2, Dia): the RoPE of the decoder sub-config;
 - a key that turns RoPE on (Zamba2's ``use_mem_rope``, ESM's and GraniteMoeHybrid's
   ``position_embedding_type``, off by default): with it off there is no RoPE to build;
+- CLVP's encoder: its base and rotated width are fixed in its code (10 000, and
+  ``max(projection_dim // (2 * num_attention_heads), 32)`` channels; it rotates the values too);
 - own names for the common keys (DBRX's ``d_model``, ``n_heads``, ``max_seq_len``; JetMoE's ``kv_channels``
   for ``head_dim``): the config class's ``attribute_map``.
 """
@@ -50,6 +52,7 @@ ROPE_SWITCHES: dict[str, tuple[str, Any, Any]] = {
     "zamba2": ("use_mem_rope", True, False),
     "esm": ("position_embedding_type", "rotary", "absolute"),
     "granitemoehybrid": ("position_embedding_type", "rope", None),
+    "clvp_encoder": ("use_rotary_embedding", True, True),
 }
 
 #: encoder-decoder model_type -> the sub-config its decoder's RoPE is read from (the encoder's is the same kind;
@@ -192,6 +195,25 @@ def _deepseek_v4(d: dict[str, Any], layer_type: str | None, label: str, strict: 
     d["head_dim"] = width
 
 
+def _clvp(d: dict[str, Any], label: str) -> None:
+    """CLVP's encoder: base 10 000 and ``max(projection_dim // (2 * heads), 32)`` rotated channels, fixed in its code."""
+    hidden, heads, projection = (
+        d.get("hidden_size", 768),
+        d.get("num_attention_heads", 12),
+        d.get("projection_dim", 768),
+    )
+    if not all(is_positive_int(v) for v in (hidden, heads, projection)) or hidden % heads:
+        raise ConfigError(f"{label}: CLVP needs positive ints hidden_size={hidden!r} (a multiple of "
+                          f"num_attention_heads={heads!r}) and projection_dim={projection!r}")  # fmt: skip
+    width, head = max(projection // (2 * heads), 32), hidden // heads
+    if width > head:
+        raise ConfigError(
+            f"{label}: CLVP rotates max(projection_dim // (2 * num_attention_heads), 32) = {width} channels, more "
+            f"than its heads have ({head}); transformers cannot run this config either"
+        )
+    d["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": width / head}
+
+
 def common_keys(d: dict[str, Any], model_type: str, layer_type: str | None, label: str, strict: bool) -> str | None:
     """Rewrite ``d`` (a copy, in place) into the keys read_hf_config reads; return the layer_type left to read.
 
@@ -214,6 +236,8 @@ def common_keys(d: dict[str, Any], model_type: str, layer_type: str | None, labe
     for common, own in attribute_map(model_type).items():
         if own in d and common not in d:
             d[common] = d[own]
+    if model_type == "clvp_encoder":
+        _clvp(d, label)
     if model_type == "dbrx":
         attn = d.get("attn_config")
         theta = attn.get("rope_theta") if isinstance(attn, Mapping) else None

@@ -83,6 +83,10 @@ OVERRIDES: dict[str, dict] = {
         "ffn_config": {"ffn_hidden_size": 64, "moe_num_experts": 4, "moe_top_k": 2},
     },
     "step3p5": {"sliding_window": 4},
+    "moshi_depth": {
+        "num_codebooks": 12,
+        "input_size": 64,
+    },  # its positions are codebook indices: one per token of the probe
     "clvp_encoder": {"hidden_size": 256, "projection_dim": 64, "intermediate_size": 64},  # 32 of 64 channels rotated
     "kyutai_speech_to_text": {
         "num_codebooks": 2,
@@ -368,6 +372,8 @@ def record_rope_calls(model_type: str, config) -> list[Call]:
             if model_type in AUDIO_CHANNELS:  # Dia's decoder reads one token per audio channel: [B, S, channels]
                 key = "decoder_input_ids" if "decoder_input_ids" in inputs else "input_ids"
                 inputs[key] = ids[..., None].repeat(1, 1, AUDIO_CHANNELS[model_type])
+            if "last_hidden_state" in accepted:  # Moshi's depth decoder: the main model's state it conditions on
+                inputs["last_hidden_state"] = torch.randn(1, S, config.input_size, generator=torch.Generator())
             if "encoder_hidden_states" in accepted:  # a decoder alone: some encoder output to attend to
                 width = getattr(config, "cross_hidden_size", None) or config.hidden_size
                 inputs["encoder_hidden_states"] = torch.randn(1, 5, width, generator=torch.Generator())

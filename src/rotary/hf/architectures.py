@@ -156,11 +156,12 @@ UNSUPPORTED: dict[str, str] = {
     ),
     "glm5_next_text": _NOPE_ONLY,
     "jamba": _NO_ROPE_AT_ALL,
+    "moshi_depth": _NO_ROPE_AT_ALL,  # its layers are built with use_rope=False
     "nemotron_h": _NO_ROPE_AT_ALL,
     "nanochat": _NEGATIVE,
     "seamless_m4t": _SPEECH_ONLY,
     **dict.fromkeys(
-        ("blt blt_local_decoder blt_local_encoder esmfold2 idefics moshi_depth voxtral_realtime_text").split(),
+        ("blt blt_local_decoder blt_local_encoder esmfold2 idefics voxtral_realtime_text").split(),
         _UNVERIFIED,
     ),
 }

@@ -616,3 +616,27 @@ def test_a_model_whose_rope_is_switched_off_applies_none_and_is_refused(model_ty
     assert not record_rope_calls(model_type, config), f"{model_type} applied RoPE with {flag}={off!r}"
     with pytest.raises(rotary.ConfigError, match=re.escape(f"{flag}={off!r}")):
         read_hf_config(config)
+
+
+#: the multimodal-RoPE text types this file adds (their rotary embedding class): checked with positions that differ
+#: per axis, which the probe's text positions (t = h = w) cannot tell apart from 1-D RoPE
+MROPE_EMBEDDINGS = {
+    "qwen4_exp_text": ("qwen4_exp", "Qwen4ExpTextRotaryEmbedding"),
+    "qwen3_omni_moe_talker_text": ("qwen3_omni_moe", "Qwen3OmniMoeTalkerRotaryEmbedding"),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(MROPE_EMBEDDINGS))
+def test_mrope_tables_match_transformers_on_positions_that_differ_per_axis(model_type):
+    module, name = MROPE_EMBEDDINGS[model_type]
+    config = tiny_config(model_type)
+    theirs = getattr(importlib.import_module(f"transformers.models.{module}.modeling_{module}"), name)(config)
+    positions = torch.randint(0, 50, (3, 2, 7), generator=torch.Generator().manual_seed(0))
+    cos, sin = theirs(torch.zeros(2, 7, 16), positions)  # (only its dtype and device are read)
+    tables = rotary.MRoPE.from_hf_config(config).tables(positions)
+    assert not torch.equal(positions[0], positions[1])
+    # transformers' tables repeat the r/2 angles in the half layout; rotary's hold each once per pair slot
+    half = cos.shape[-1] // 2
+    torch.testing.assert_close(tables.cos[..., :half], cos[..., :half], rtol=0, atol=1e-6)
+    torch.testing.assert_close(tables.sin[..., :half], sin[..., :half], rtol=0, atol=1e-6)
+    torch.testing.assert_close(tables.cos[..., half:], cos[..., half:], rtol=0, atol=1e-6)

@@ -35,4 +35,3 @@ def test_every_rope_model_type_has_a_producer_or_a_reason():
     assert built["gemma3"] == "RoPE.from_hf_config"  # a wrapper, read through its text_config
     assert next(r for r in rows if r.model_type == "gemma3").via == "gemma3_text"
     assert "nanochat" not in built
-

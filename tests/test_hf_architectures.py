@@ -83,6 +83,16 @@ OVERRIDES: dict[str, dict] = {
         "ffn_config": {"ffn_hidden_size": 64, "moe_num_experts": 4, "moe_top_k": 2},
     },
     "step3p5": {"sliding_window": 4},
+    "idefics": {
+        "vision_config": {
+            "embed_dim": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 4,
+            "intermediate_size": 64,
+            "image_size": 16,
+            "patch_size": 8,
+        }
+    },
     "moshi_depth": {
         "num_codebooks": 12,
         "input_size": 64,
@@ -372,6 +382,10 @@ def record_rope_calls(model_type: str, config) -> list[Call]:
             if model_type in AUDIO_CHANNELS:  # Dia's decoder reads one token per audio channel: [B, S, channels]
                 key = "decoder_input_ids" if "decoder_input_ids" in inputs else "input_ids"
                 inputs[key] = ids[..., None].repeat(1, 1, AUDIO_CHANNELS[model_type])
+            if model_type == "idefics":  # cross-attends to images: 4 image embeddings every token may see
+                width = config.vision_config.embed_dim
+                inputs["image_encoder_embeddings"] = torch.randn(1, 1, 4, width, generator=torch.Generator())
+                inputs["image_attention_mask"] = torch.ones(1, S, 1, dtype=torch.long)
             if "last_hidden_state" in accepted:  # Moshi's depth decoder: the main model's state it conditions on
                 inputs["last_hidden_state"] = torch.randn(1, S, config.input_size, generator=torch.Generator())
             if "encoder_hidden_states" in accepted:  # a decoder alone: some encoder output to attend to

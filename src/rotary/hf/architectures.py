@@ -49,8 +49,8 @@ PAIRING: dict[str, str] = {
             "gemma4_text gemma4_unified_text glm4_moe gpt_neox gpt_neox_japanese gpt_oss gradium_phonon_tts granite "
             "granite4_vision_text granite_docling_text granite_swa granitemoe granitemoe_swa granitemoehybrid "
             "granitemoeshared gte higgs_audio_v2 hrm_text hunyuan_v1_dense hunyuan_v1_moe hy_v3 hy_v4 hyperclovax "
-            "jais2 jetmoe jina_embeddings_v3 kolibri1 kyutai_speech_to_text laguna lfm2 lfm2_moe lfm3 llama mellum "
-            "mimo_v2_flash minicpm3 minimax minimax_m2 minimax_m3_vl_text ministral ministral3 mistral mixtral "
+            "idefics jais2 jetmoe jina_embeddings_v3 kolibri1 kyutai_speech_to_text laguna lfm2 lfm2_moe lfm3 llama "
+            "mellum mimo_v2_flash minicpm3 minimax minimax_m2 minimax_m3_vl_text ministral ministral3 mistral mixtral "
             "mllama_text_model modernbert modernbert-decoder molmo2_text moshi muse_glimmer_text muse_spark_text "
             "nemotron neomme nomic_bert olmo olmo2 olmo3 olmo_hybrid olmoe persimmon phi phi3 phi4_multimodal phimoe "
             "pocket_tts qwen2 qwen2_5_vl_text qwen2_moe qwen2_vl_text qwen3 qwen3_moe qwen3_next "
@@ -161,7 +161,7 @@ UNSUPPORTED: dict[str, str] = {
     "nanochat": _NEGATIVE,
     "seamless_m4t": _SPEECH_ONLY,
     **dict.fromkeys(
-        ("blt blt_local_decoder blt_local_encoder esmfold2 idefics voxtral_realtime_text").split(),
+        ("blt blt_local_decoder blt_local_encoder esmfold2 voxtral_realtime_text").split(),
         _UNVERIFIED,
     ),
 }

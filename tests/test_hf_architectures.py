@@ -386,6 +386,8 @@ def record_rope_calls(model_type: str, config) -> list[Call]:
                 width = config.vision_config.embed_dim
                 inputs["image_encoder_embeddings"] = torch.randn(1, 1, 4, width, generator=torch.Generator())
                 inputs["image_attention_mask"] = torch.ones(1, S, 1, dtype=torch.long)
+            if model_type == "voxtral_realtime_text":  # its layers are conditioned on the audio's time embedding
+                inputs["t_cond"] = torch.randn(1, config.hidden_size, generator=torch.Generator())
             if "last_hidden_state" in accepted:  # Moshi's depth decoder: the main model's state it conditions on
                 inputs["last_hidden_state"] = torch.randn(1, S, config.input_size, generator=torch.Generator())
             if "encoder_hidden_states" in accepted:  # a decoder alone: some encoder output to attend to

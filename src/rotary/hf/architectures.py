@@ -56,7 +56,7 @@ PAIRING: dict[str, str] = {
             "pocket_tts qwen2 qwen2_5_vl_text qwen2_moe qwen2_vl_text qwen3 qwen3_moe qwen3_next "
             "qwen3_omni_moe_talker_code_predictor qwen3_omni_moe_talker_text qwen3_vl_text qwen4_exp_text "
             "recurrent_gemma seed_oss smollm3 solar_open stablelm starcoder2 step3p5 t5gemma t5gemma2 "
-            "t5gemma2_decoder t5gemma2_text ultrabert unlimited_ocr_text vaultgemma zamba2 zaya"
+            "t5gemma2_decoder t5gemma2_text ultrabert unlimited_ocr_text vaultgemma voxtral_realtime_text zamba2 zaya"
         ).split(),
         HALF,
     ),
@@ -161,7 +161,7 @@ UNSUPPORTED: dict[str, str] = {
     "nanochat": _NEGATIVE,
     "seamless_m4t": _SPEECH_ONLY,
     **dict.fromkeys(
-        ("blt blt_local_decoder blt_local_encoder esmfold2 voxtral_realtime_text").split(),
+        ("blt blt_local_decoder blt_local_encoder esmfold2").split(),
         _UNVERIFIED,
     ),
 }

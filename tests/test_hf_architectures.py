@@ -339,6 +339,34 @@ def _rope_functions(module) -> list[tuple[object, str]]:
     return found
 
 
+def model_inputs(model_type: str, config, model, ids: torch.Tensor) -> dict:
+    """The keyword arguments that run ``model`` (of ``model_type``) on the tokens ``ids [1, S]``."""
+    accepted = inspect.signature(model.forward).parameters
+    start = 0 if model_type in POSITIONS_FROM_0 else 3
+    inputs = {"input_ids": ids, "position_ids": torch.arange(start, start + S)[None], "use_cache": False}
+    if "decoder_input_ids" in accepted:  # an encoder-decoder: the same tokens on both sides
+        inputs["decoder_input_ids"] = ids
+    if model_type in EMBEDDINGS_IN:  # a model that takes embeddings (it has no token embedding of its own)
+        del inputs["input_ids"]
+        inputs["inputs_embeds"] = torch.randn(1, S, config.hidden_size, generator=torch.Generator())
+    if model_type in AUDIO_CHANNELS:  # Dia's decoder reads one token per audio channel: [B, S, channels]
+        key = "decoder_input_ids" if "decoder_input_ids" in inputs else "input_ids"
+        inputs[key] = ids[..., None].repeat(1, 1, AUDIO_CHANNELS[model_type])
+    if model_type == "idefics":  # cross-attends to images: 4 image embeddings every token may see
+        width = config.vision_config.embed_dim
+        inputs["image_encoder_embeddings"] = torch.randn(1, 1, 4, width, generator=torch.Generator())
+        inputs["image_attention_mask"] = torch.ones(1, S, 1, dtype=torch.long)
+    if model_type == "voxtral_realtime_text":  # its layers are conditioned on the audio's time embedding
+        inputs["t_cond"] = torch.randn(1, config.hidden_size, generator=torch.Generator())
+    if "last_hidden_state" in accepted:  # Moshi's depth decoder: the main model's state it conditions on
+        inputs["last_hidden_state"] = torch.randn(1, S, config.input_size, generator=torch.Generator())
+    if "encoder_hidden_states" in accepted:  # a decoder alone: some encoder output to attend to
+        width = getattr(config, "cross_hidden_size", None) or config.hidden_size
+        inputs["encoder_hidden_states"] = torch.randn(1, 5, width, generator=torch.Generator())
+    kwargs_ok = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
+    return {k: v for k, v in inputs.items() if k in accepted or (kwargs_ok and k != "position_ids")}
+
+
 def record_rope_calls(model_type: str, config) -> list[Call]:
     """Run a tiny model of ``config`` once and record the calls its attention makes to the RoPE functions."""
     name = model_type_to_module_name(model_type)
@@ -371,30 +399,7 @@ def record_rope_calls(model_type: str, config) -> list[Call]:
         ids = torch.randint(1, 100, (1, S), generator=torch.Generator().manual_seed(0))
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            accepted = inspect.signature(model.forward).parameters
-            start = 0 if model_type in POSITIONS_FROM_0 else 3
-            inputs = {"input_ids": ids, "position_ids": torch.arange(start, start + S)[None], "use_cache": False}
-            if "decoder_input_ids" in accepted:  # an encoder-decoder: the same tokens on both sides
-                inputs["decoder_input_ids"] = ids
-            if model_type in EMBEDDINGS_IN:  # a model that takes embeddings (it has no token embedding of its own)
-                del inputs["input_ids"]
-                inputs["inputs_embeds"] = torch.randn(1, S, config.hidden_size, generator=torch.Generator())
-            if model_type in AUDIO_CHANNELS:  # Dia's decoder reads one token per audio channel: [B, S, channels]
-                key = "decoder_input_ids" if "decoder_input_ids" in inputs else "input_ids"
-                inputs[key] = ids[..., None].repeat(1, 1, AUDIO_CHANNELS[model_type])
-            if model_type == "idefics":  # cross-attends to images: 4 image embeddings every token may see
-                width = config.vision_config.embed_dim
-                inputs["image_encoder_embeddings"] = torch.randn(1, 1, 4, width, generator=torch.Generator())
-                inputs["image_attention_mask"] = torch.ones(1, S, 1, dtype=torch.long)
-            if model_type == "voxtral_realtime_text":  # its layers are conditioned on the audio's time embedding
-                inputs["t_cond"] = torch.randn(1, config.hidden_size, generator=torch.Generator())
-            if "last_hidden_state" in accepted:  # Moshi's depth decoder: the main model's state it conditions on
-                inputs["last_hidden_state"] = torch.randn(1, S, config.input_size, generator=torch.Generator())
-            if "encoder_hidden_states" in accepted:  # a decoder alone: some encoder output to attend to
-                width = getattr(config, "cross_hidden_size", None) or config.hidden_size
-                inputs["encoder_hidden_states"] = torch.randn(1, 5, width, generator=torch.Generator())
-            kwargs_ok = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
-            model(**{k: v for k, v in inputs.items() if k in accepted or (kwargs_ok and k != "position_ids")})
+            model(**model_inputs(model_type, config, model, ids))
     finally:
         for (owner, attr), raw in originals.items():
             setattr(owner, attr, raw)

@@ -407,8 +407,8 @@ def test_unsupported_architecture_lists_supported():
     with pytest.raises(
         ValueError,
         match="does not support model_type 'gpt2'; supported: chameleon, cohere, csm, dbrx, deepseek_ocr2_text, deepseek_v3, "
-        "embedding_gemma2_text, gemma3, gemma3_text, glm, gpt_neox, gpt_oss, gptj, gradium_phonon_tts, granitemoehybrid, "
-        "jetmoe, lfm2_moe, llama",
+        "dia, embedding_gemma2_text, gemma3, gemma3_text, glm, gpt_neox, gpt_oss, gptj, gradium_phonon_tts, granitemoehybrid, "
+        "idefics, jetmoe, kyutai_speech_to_text, lfm2_moe, llama",
     ):
         hf.patch(model)
 

@@ -14,14 +14,14 @@ import torch
 import transformers
 
 import rotary
-from test_hf_architectures import S, _text_model_class, tiny_config
+from test_hf_architectures import S, _text_model_class, model_inputs, tiny_config
 
 transformers.logging.set_verbosity_error()
 
 #: the families whose patch this file checks (the others are checked by tests/test_hf_patch.py)
 NEW_TEXT = (
-    "chameleon csm dbrx deepseek_ocr2_text embedding_gemma2_text gradium_phonon_tts granitemoehybrid jetmoe "
-    "lfm2_moe pocket_tts t5gemma zamba2"
+    "chameleon csm dbrx deepseek_ocr2_text dia embedding_gemma2_text gradium_phonon_tts granitemoehybrid idefics "
+    "jetmoe kyutai_speech_to_text lfm2_moe pocket_tts t5gemma voxtral_realtime_text zamba2"
 ).split()
 
 
@@ -68,13 +68,9 @@ def test_patched_outputs_equal_unpatched(model_type, monkeypatch):
     config = tiny_config(model_type)
     torch.manual_seed(0)
     model = _text_model_class(model_type, config)(config).eval()
-    ids = torch.randint(1, 100, (2, S), generator=torch.Generator().manual_seed(1))
-    accepted = inspect.signature(model.forward).parameters
-    inputs = {"input_ids": ids}
-    if "decoder_input_ids" in accepted:
-        inputs["decoder_input_ids"] = ids
-    if "use_cache" in accepted:
-        inputs["use_cache"] = False
+    ids = torch.randint(1, 100, (1, S), generator=torch.Generator().manual_seed(1))
+    inputs = model_inputs(model_type, config, model, ids)
+    inputs.pop("position_ids", None)  # the model's own positions
 
     def run():
         with torch.no_grad(), warnings.catch_warnings():

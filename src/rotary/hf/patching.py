@@ -229,13 +229,17 @@ SUPPORTED: dict[str, _Family] = {
             "csm": "csm",
             "dbrx": "dbrx",
             "deepseek_ocr2_text": "deepseek_ocr2",
+            "dia": "dia",
             "embedding_gemma2_text": "embedding_gemma2",
             "gradium_phonon_tts": "gradium_phonon_tts",
             "granitemoehybrid": "granitemoehybrid",
+            "idefics": "idefics",
             "jetmoe": "jetmoe",
+            "kyutai_speech_to_text": "kyutai_speech_to_text",
             "lfm2_moe": "lfm2_moe",
             "pocket_tts": "pocket_tts",
             "t5gemma": "t5gemma",
+            "voxtral_realtime_text": "voxtral_realtime",
             "zamba2": "zamba2",
         }.items()
     },  # fmt: skip

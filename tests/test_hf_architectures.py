@@ -38,6 +38,8 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING, CONFIG_M
 import rotary
 from rotary.hf.config import PAIRING, UNSUPPORTED, read_hf_config
 from rotary.hf.vision import VISION_ROPE
+from rotary.hf.layers import read_hf_layers
+from rotary.hf.own_keys import ROPE_SWITCHES
 
 transformers.logging.set_verbosity_error()
 
@@ -53,11 +55,187 @@ TINY = dict(
     n_embd=64, n_head=4, n_layer=2, n_positions=256, rotary_dim=8, pad_token_id=0,
 )  # fmt: skip
 
+_T5GEMMA_SIDE = {
+    "hidden_size": 64,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "head_dim": 16,
+    "vocab_size": 128,
+}
+
 #: per model_type: the defaults of its config class that TINY would break
 OVERRIDES: dict[str, dict] = {
     "mimo_v2_flash": {"num_key_value_heads": 2},
     "recurrent_gemma": {"num_hidden_layers": 3},  # blocks recurrent, recurrent, attention
     "hrm_text": {"H_cycles": 1, "L_cycles": 1, "L_bp_cycles": [1]},
+    "longcat_flash": {
+        "head_dim": 8,
+        "num_layers": 1,
+    },  # its tables are head_dim wide and rotate the qk_rope_head_dim slice
+    "glm5_next_text": {"qk_rope_head_dim": 0},  # its config refuses any other width (NoPE attention)
+    "dbrx": {
+        "d_model": 64,
+        "n_heads": 4,
+        "n_layers": 2,
+        "max_seq_len": 256,
+        "attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
+        "ffn_config": {"ffn_hidden_size": 64, "moe_num_experts": 4, "moe_top_k": 2},
+    },
+    "step3p5": {"sliding_window": 4},
+    "idefics": {
+        "vision_config": {
+            "embed_dim": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 4,
+            "intermediate_size": 64,
+            "image_size": 16,
+            "patch_size": 8,
+        }
+    },
+    "moshi_depth": {
+        "num_codebooks": 12,
+        "input_size": 64,
+    },  # its positions are codebook indices: one per token of the probe
+    "clvp_encoder": {"hidden_size": 256, "projection_dim": 64, "intermediate_size": 64},  # 32 of 64 channels rotated
+    "kyutai_speech_to_text": {
+        "num_codebooks": 2,
+        "codebook_vocab_size": 128,
+        "audio_pad_token_id": 384,
+        "audio_bos_token_id": 127,
+        "bos_token_id": 1,
+        "ffn_dim": 64,
+    },
+    # its decoder reads num_key_value_heads, which its config class does not define (a config.json states it)
+    "moonshine_streaming": {
+        "num_key_value_heads": 4,
+        "encoder_config": {
+            "hidden_size": 64,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+        },
+    },
+    "dia": {
+        "encoder_config": {
+            "hidden_size": 64,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "head_dim": 16,
+        },
+        "decoder_config": {
+            "hidden_size": 64,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "head_dim": 16,
+            "cross_num_attention_heads": 4,
+            "cross_num_key_value_heads": 4,
+            "cross_head_dim": 16,
+            "cross_hidden_size": 64,
+            "vocab_size": 128,
+        },
+    },
+    # hybrids: one recurrent layer and one attention layer, so that the attention runs
+    "bamba": {"attn_layer_indices": [1]},
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
+    "nemotron_h": {"layers_block_type": ["linear_attention", "full_attention"]},
+    "granitemoehybrid": {
+        "layer_types": ["linear_attention", "full_attention"],
+        "num_hidden_layers": 2,
+        "position_embedding_type": "rope",
+    },
+    "esm": {"position_embedding_type": "rotary"},
+    "deepseek_ocr2_text": {"mlp_layer_types": ["dense", "sparse"]},
+    "cohere_compass_text": {
+        "layer_types": ["sliding_attention", "full_attention"],
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+        },
+    },
+    "diffusion_gemma_text": {"top_k_experts": 2},
+    "pocket_tts": {"flow_head_config": {"condition_dim": 64}},
+    "gradium_phonon_tts": {"flow_head_config": {"condition_dim": 64}},
+    "qwen3_omni_moe_talker_text": {
+        "shared_expert_intermediate_size": 32,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2]},
+    },
+    "t5gemma2_decoder": {"dropout_rate": 0.0},
+    "t5gemma2_text": {"dropout_rate": 0.0},
+    "zaya": {"num_experts_per_tok": 1},
+    "zamba2": {
+        "layers_block_type": ["linear_attention", "hybrid"],
+        "mamba_headdim": 16,
+        "n_mamba_heads": 8,
+        "use_mem_rope": True,
+    },
+    "chameleon": {"vocabulary_map": {"<image>": 3}},
+    "t5gemma2": {
+        "encoder": {
+            "text_config": dict(_T5GEMMA_SIDE, dropout_rate=0.0),
+            "vision_config": {
+                "hidden_size": 64,
+                "intermediate_size": 64,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 4,
+                "image_size": 16,
+                "patch_size": 8,
+            },
+        },
+        "decoder": dict(_T5GEMMA_SIDE, dropout_rate=0.0),
+    },
+    "t5gemma": {"encoder": _T5GEMMA_SIDE, "decoder": _T5GEMMA_SIDE},
+    # multimodal models: small encoders, so that the text model's probe is quick
+    "csm": {
+        "num_codebooks": 2,
+        "text_vocab_size": 128,
+        "depth_decoder_config": {
+            "hidden_size": 64,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "backbone_hidden_size": 64,
+            "num_codebooks": 2,
+        },
+    },
+    "evolla": {
+        "protein_encoder_config": {
+            "hidden_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 4,
+            "intermediate_size": 64,
+        }
+    },
+    "phi4_multimodal": {
+        "vision_config": {"hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4},
+        "audio_config": {"hidden_size": 64, "intermediate_size": 64, "num_blocks": 1, "num_attention_heads": 4},
+    },
+    "gemma3n_text": {"num_kv_shared_layers": 0, "layer_types": ["sliding_attention", "full_attention"]},
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
+    "qwen4_exp_text": {
+        "layer_types": ["linear_attention", "indexed_attention"],
+        "indexer_n_heads": 2,
+        "indexer_kv_heads": 1,
+        "indexer_head_dim": 16,
+        "indexer_budget": 8,
+        "indexer_compress_ratio": 4,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2]},
+    },
+    # one sliding-window layer (the "main" RoPE) and one compressed layer (the YaRN "compress" RoPE), 8 of 16
+    # channels rotated
+    "deepseek_v4": {
+        "layer_types": ["sliding_attention", "heavily_compressed_attention"],
+        "partial_rotary_factor": 0.5,
+        "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+        "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 4},
+    },
     # multimodal RoPE: sections that fit head_dim 16 (8 frequency slots)
     "qwen2_vl_text": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
     "qwen2_5_vl_text": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
@@ -113,6 +291,12 @@ OVERRIDES: dict[str, dict] = {
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 2, 2, 2]}
     },
 }
+#: model types whose apply function indexes tables of S rows by position (CLVP): positions 0 .. S-1
+POSITIONS_FROM_0 = {"clvp_encoder"}
+#: model types whose decoder takes one token per audio channel (Dia: 9 channels by default)
+AUDIO_CHANNELS = {"dia": 9, "dia_decoder": 9, "kyutai_speech_to_text": 3}  # Kyutai: text and 2 codebooks
+#: model types whose text model is run on embeddings (inputs_embeds), not token ids
+EMBEDDINGS_IN = {"qwen3_omni_moe_talker_text", "qwen3_omni_moe_talker_code_predictor"}
 #: per model_type: the text model class to build when the base model is not the one to build
 MODEL_CLASSES: dict[str, str] = {}
 
@@ -199,6 +383,34 @@ def _rope_functions(module) -> list[tuple[object, str]]:
     return found
 
 
+def model_inputs(model_type: str, config, model, ids: torch.Tensor) -> dict:
+    """The keyword arguments that run ``model`` (of ``model_type``) on the tokens ``ids [1, S]``."""
+    accepted = inspect.signature(model.forward).parameters
+    start = 0 if model_type in POSITIONS_FROM_0 else 3
+    inputs = {"input_ids": ids, "position_ids": torch.arange(start, start + S)[None], "use_cache": False}
+    if "decoder_input_ids" in accepted:  # an encoder-decoder: the same tokens on both sides
+        inputs["decoder_input_ids"] = ids
+    if model_type in EMBEDDINGS_IN:  # a model that takes embeddings (it has no token embedding of its own)
+        del inputs["input_ids"]
+        inputs["inputs_embeds"] = torch.randn(1, S, config.hidden_size, generator=torch.Generator())
+    if model_type in AUDIO_CHANNELS:  # Dia's decoder reads one token per audio channel: [B, S, channels]
+        key = "decoder_input_ids" if "decoder_input_ids" in inputs else "input_ids"
+        inputs[key] = ids[..., None].repeat(1, 1, AUDIO_CHANNELS[model_type])
+    if model_type == "idefics":  # cross-attends to images: 4 image embeddings every token may see
+        width = config.vision_config.embed_dim
+        inputs["image_encoder_embeddings"] = torch.randn(1, 1, 4, width, generator=torch.Generator())
+        inputs["image_attention_mask"] = torch.ones(1, S, 1, dtype=torch.long)
+    if model_type == "voxtral_realtime_text":  # its layers are conditioned on the audio's time embedding
+        inputs["t_cond"] = torch.randn(1, config.hidden_size, generator=torch.Generator())
+    if "last_hidden_state" in accepted:  # Moshi's depth decoder: the main model's state it conditions on
+        inputs["last_hidden_state"] = torch.randn(1, S, config.input_size, generator=torch.Generator())
+    if "encoder_hidden_states" in accepted:  # a decoder alone: some encoder output to attend to
+        width = getattr(config, "cross_hidden_size", None) or config.hidden_size
+        inputs["encoder_hidden_states"] = torch.randn(1, 5, width, generator=torch.Generator())
+    kwargs_ok = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
+    return {k: v for k, v in inputs.items() if k in accepted or (kwargs_ok and k != "position_ids")}
+
+
 def record_rope_calls(model_type: str, config) -> list[Call]:
     """Run a tiny model of ``config`` once and record the calls its attention makes to the RoPE functions."""
     name = model_type_to_module_name(model_type)
@@ -231,12 +443,12 @@ def record_rope_calls(model_type: str, config) -> list[Call]:
         ids = torch.randint(1, 100, (1, S), generator=torch.Generator().manual_seed(0))
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model(input_ids=ids, position_ids=torch.arange(3, 3 + S)[None], use_cache=False)
+            model(**model_inputs(model_type, config, model, ids))
     finally:
         for (owner, attr), raw in originals.items():
             setattr(owner, attr, raw)
     # the RoPE of the attention scores (DeepSeek-V3.2's lightning indexer rotates its own keys separately)
-    return [c for c in calls if "Attention" in c.caller and "Indexer" not in c.caller]
+    return [c for c in calls if ("Attention" in c.caller or "MLA" in c.caller) and "Indexer" not in c.caller]
 
 
 def _tensors(call: Call) -> list[tuple[object, torch.Tensor, torch.Tensor]]:
@@ -308,21 +520,20 @@ def _ropes(config) -> dict[str | None, rotary.RoPE]:
 
 
 def _ropes_as(config, *, interleaved: bool | None) -> dict[str | None, rotary.RoPE]:
-    d = config.to_dict()
-    block = d.get("rope_parameters") or {}
-    layer_types = sorted({t for t in d.get("layer_types") or [] if isinstance(block.get(t), dict)}) or [None]
-    ropes = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the tiny configs' unusual values are not what is tested here
-        for layer_type in layer_types:
-            if interleaved is None:
-                s = read_hf_config(config, layer_type=layer_type, strict=False)
-            else:  # bypass the table (for an architecture it refuses)
-                d = dict(config.to_dict(), model_type="probe")
-                s = read_hf_config(d, layer_type=layer_type, strict=False, interleaved=interleaved)
-            ropes[layer_type] = rotary.RoPE(s.head_dim, base=s.base, rotary_dim=s.rotary_dim, scaling=s.scaling,
-                                            interleaved=s.interleaved, max_position=64, strict=False)  # fmt: skip
-    return ropes
+        if interleaved is None:
+            settings = read_hf_layers(config, strict=False)
+        else:  # bypass the table (for an architecture it refuses)
+            d = dict(config.to_dict(), model_type="probe")
+            block = d.get("rope_parameters") or {}
+            kinds = sorted({t for t in d.get("layer_types") or [] if isinstance(block.get(t), dict)}) or [None]
+            settings = {t: read_hf_config(d, layer_type=t, strict=False, interleaved=interleaved) for t in kinds}
+        return {
+            layer_type: rotary.RoPE(s.head_dim, base=s.base, rotary_dim=s.rotary_dim, scaling=s.scaling,
+                                    interleaved=s.interleaved, max_position=64, strict=False)
+            for layer_type, s in settings.items()
+        }  # fmt: skip
 
 
 def _gram(x: torch.Tensor) -> torch.Tensor:
@@ -330,20 +541,37 @@ def _gram(x: torch.Tensor) -> torch.Tensor:
     return x @ x.transpose(-1, -2)
 
 
-def rotation_matches(call: Call, rope: rotary.RoPE) -> bool:
+#: model types whose apply function rotates the last rotated-width channels of the whole head ([nope | rope])
+TRAILING_SLICE = {"deepseek_v4"}
+#: model types whose attention also rotates its output back by -theta at the query position (DeepSeek-V4: keys
+#: are values, so the values carry the rotation and the output's rope slice is rotated back)
+ROTATES_OUTPUT_BACK = {"deepseek_v4"}
+
+
+def rotation_matches(call: Call, rope: rotary.RoPE, *, trailing: bool = False, conjugate: bool = False) -> bool:
     cos, sin = rope.cos_sin(torch.arange(3, 3 + S))
+    sin = -sin if conjugate else sin
     for _, x, out in _tensors(call):
         x4, out4 = _bhsd(x.float()), _bhsd(out.float())
         if x4.shape[-1] < cos.shape[-1]:
             return False
-        ours = rotary.apply_rotary(x4, cos, sin, interleaved=rope.interleaved)
+        if trailing and x4.shape[-1] > cos.shape[-1]:
+            cut = x4.shape[-1] - cos.shape[-1]
+            rotated = rotary.apply_rotary(x4[..., cut:].contiguous(), cos, sin, interleaved=rope.interleaved)
+            ours = torch.cat([x4[..., :cut], rotated], dim=-1)
+        else:
+            ours = rotary.apply_rotary(x4, cos, sin, interleaved=rope.interleaved)
         theirs = _gram(out4)
         if (_gram(ours) - theirs).abs().max() > 1e-4 * max(float(theirs.abs().max()), 1.0):
             return False
     return True
 
 
+@functools.cache
 def probe(model_type: str) -> tuple[list[Call], object]:
+    """The recorded RoPE calls of a tiny model of ``model_type``, built once per model type and config class."""
+    if CONFIG_MAPPING[model_type].model_type != model_type:  # an alias (EvollaModel -> evolla): one probe
+        return probe(CONFIG_MAPPING[model_type].model_type)
     config = tiny_config(model_type)
     calls = record_rope_calls(model_type, config)
     if not calls:  # hybrids whose first two layers are recurrent
@@ -363,8 +591,14 @@ def test_pairing_and_rotation_match_transformers(model_type):
     assert pairing == table, (
         f"{model_type}: transformers rotates {pairing} pairs ({rotated} channels); the table says {table}"
     )
+    trailing = model_type in TRAILING_SLICE
+    forward = [any(rotation_matches(call, rope, trailing=trailing) for rope in ropes.values()) for call in calls]
+    if model_type in ROTATES_OUTPUT_BACK:  # every call rotates forward, or back by -theta (the output)
+        back = [any(rotation_matches(c, r, trailing=trailing, conjugate=True) for r in ropes.values()) for c in calls]
+        assert sum(back) == sum(forward) // 2, f"{model_type}: {sum(back)} calls rotate back, {sum(forward)} forward"
+        forward = [f or b for f, b in zip(forward, back)]
     for i, call in enumerate(calls):
-        assert any(rotation_matches(call, rope) for rope in ropes.values()), (
+        assert forward[i], (
             f"{model_type}: call {i} ({call.caller}) rotates differently from rotary's RoPE of the same config "
             f"(layer types {list(ropes)})"
         )
@@ -397,7 +631,8 @@ def test_every_rope_model_type_is_in_a_table():
 
 
 def _category(reason: str) -> str:
-    return next(name for name in ("_NOT_TEXT", "_NO_ROPE", "_NEGATIVE", "_UNVERIFIED")
+    return next(name for name in ("_NOT_TEXT", "_NO_ROPE", "_NO_ROPE_AT_ALL", "_NOPE_ONLY", "_SPEECH_ONLY", "_NEGATIVE",
+                                      "_UNVERIFIED")
                 if getattr(rotary.hf.architectures, name) == reason)  # fmt: skip
 
 
@@ -418,7 +653,7 @@ def test_refused_architectures_are_refused_for_the_stated_reason(model_type):
         assert _text_model_class(model_type, config) is None or (text_type and text_type not in rope_model_types()), (
             f"{model_type} has a model class that takes input_ids and a RoPE-applying text part"
         )
-    elif category == "_NO_ROPE":
+    elif category in ("_NO_ROPE", "_NO_ROPE_AT_ALL", "_NOPE_ONLY", "_SPEECH_ONLY"):
         calls, _ = probe(model_type)
         assert not calls, f"{model_type}: the attention applied RoPE ({len(calls)} calls)"
     elif category == "_NEGATIVE":
@@ -431,3 +666,40 @@ def test_refused_architectures_are_refused_for_the_stated_reason(model_type):
                 ours = rotary.apply_rotary(_bhsd(x.float()), cos, -sin)
                 assert torch.allclose(_gram(ours), _gram(_bhsd(out.float())), rtol=1e-4, atol=1e-4)
                 assert not rotation_matches(call, rope)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", sorted(ROPE_SWITCHES))
+def test_a_model_whose_rope_is_switched_off_applies_none_and_is_refused(model_type):
+    flag, on, default = ROPE_SWITCHES[model_type]
+    config = tiny_config(model_type)
+    assert getattr(config, flag) == on and getattr(CONFIG_MAPPING[model_type](), flag) == default
+    off = (not on) if isinstance(on, bool) else default
+    setattr(config, flag, off)
+    assert not record_rope_calls(model_type, config), f"{model_type} applied RoPE with {flag}={off!r}"
+    with pytest.raises(rotary.ConfigError, match=re.escape(f"{flag}={off!r}")):
+        read_hf_config(config)
+
+
+#: the multimodal-RoPE text types this file adds (their rotary embedding class): checked with positions that differ
+#: per axis, which the probe's text positions (t = h = w) cannot tell apart from 1-D RoPE
+MROPE_EMBEDDINGS = {
+    "qwen4_exp_text": ("qwen4_exp", "Qwen4ExpTextRotaryEmbedding"),
+    "qwen3_omni_moe_talker_text": ("qwen3_omni_moe", "Qwen3OmniMoeTalkerRotaryEmbedding"),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(MROPE_EMBEDDINGS))
+def test_mrope_tables_match_transformers_on_positions_that_differ_per_axis(model_type):
+    module, name = MROPE_EMBEDDINGS[model_type]
+    config = tiny_config(model_type)
+    theirs = getattr(importlib.import_module(f"transformers.models.{module}.modeling_{module}"), name)(config)
+    positions = torch.randint(0, 50, (3, 2, 7), generator=torch.Generator().manual_seed(0))
+    cos, sin = theirs(torch.zeros(2, 7, 16), positions)  # (only its dtype and device are read)
+    tables = rotary.MRoPE.from_hf_config(config).tables(positions)
+    assert not torch.equal(positions[0], positions[1])
+    # transformers' tables repeat the r/2 angles in the half layout; rotary's hold each once per pair slot
+    half = cos.shape[-1] // 2
+    torch.testing.assert_close(tables.cos[..., :half], cos[..., :half], rtol=0, atol=1e-6)
+    torch.testing.assert_close(tables.sin[..., :half], sin[..., :half], rtol=0, atol=1e-6)
+    torch.testing.assert_close(tables.cos[..., half:], cos[..., half:], rtol=0, atol=1e-6)

@@ -887,3 +887,64 @@ def test_read_hf_config_on_arbitrary_objects(config):
             assert_named_error(exc)
             return
     assert s.head_dim > 0 and math.isfinite(s.base)
+
+
+# ------------------------------------------------------------------------------------------------
+# architectures with keys of their own: heterogeneous configs, DeepSeek-V4, attribute_map names
+
+
+def test_gemma4_reads_each_layer_types_own_head_width():
+    from rotary.hf import read_hf_layers
+
+    config = transformers.Gemma4TextConfig(num_hidden_layers=6, head_dim=64, global_head_dim=128)
+    layers = read_hf_layers(config)
+    assert {t: s.head_dim for t, s in layers.items()} == {"full_attention": 128, "sliding_attention": 64}
+    assert layers["full_attention"].scaling["rope_type"] == "proportional"
+    # the same from the config.json a checkpoint ships (global_head_dim, no per_layer_config yet)
+    d = {k: v for k, v in config.to_dict().items() if k != "per_layer_config"}
+    assert read_hf_config(dict(d, global_head_dim=128), layer_type="full_attention").head_dim == 128
+    with pytest.raises(ConfigError, match="layer_type"):
+        read_hf_config(config)
+
+
+def test_per_layer_config_overrides_that_disagree_within_a_layer_type_are_refused():
+    d = transformers.Gemma4TextConfig(num_hidden_layers=6).to_dict()
+    d["layer_types"] = ["sliding_attention", "full_attention"] * 3
+    d["per_layer_config"] = {"1": {"head_dim": 512}, "3": {"head_dim": 256}}
+    with pytest.raises(ConfigError, match=r"full_attention layers 1 and 3 have different per_layer_config"):
+        read_hf_config(d, layer_type="full_attention")
+
+
+def test_deepseek_v4_has_a_main_and_a_compress_rope():
+    config = transformers.DeepseekV4Config(
+        num_hidden_layers=4,
+        rope_parameters={"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 65536},
+    )
+    main = read_hf_config(config, layer_type="sliding_attention")
+    compress = read_hf_config(config, layer_type="compress")
+    assert (main.head_dim, main.interleaved, main.base, main.scaling["rope_type"]) == (64, True, 10000.0, "default")
+    assert (compress.base, compress.scaling["rope_type"], compress.scaling["attention_factor"]) == (
+        160000.0, "yarn", 1.0,
+    )  # fmt: skip
+    assert read_hf_config(config, layer_type="heavily_compressed_attention") == compress
+    with pytest.raises(ConfigError, match="'main'"):
+        read_hf_config(config)
+    with pytest.raises(ConfigError, match="'full_attention'"):
+        read_hf_config(config, layer_type="full_attention")
+
+
+def test_attribute_map_names_are_read_and_the_fallback_table_agrees_with_transformers():
+    from rotary.hf.own_keys import ATTRIBUTE_MAPS, attribute_map
+
+    for model_type, table in ATTRIBUTE_MAPS.items():
+        assert attribute_map(model_type) == table
+    assert read_hf_config({"model_type": "jetmoe", "kv_channels": 96, "hidden_size": 64,
+                           "num_attention_heads": 4}).head_dim == 96  # fmt: skip
+
+
+def test_dbrx_base_stated_only_in_attn_config_is_not_silently_dropped():
+    d = {"model_type": "dbrx", "d_model": 512, "n_heads": 4, "attn_config": {"rope_theta": 500000.0}}
+    with pytest.raises(ConfigError, match=r"attn_config.rope_theta=500000.0"):
+        read_hf_config(d)
+    ok = dict(d, rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
+    assert (read_hf_config(ok).head_dim, read_hf_config(ok).base) == (128, 500000.0)

@@ -137,7 +137,10 @@ class RoPE(TableSource):
             config: a transformers ``PretrainedConfig`` (4.x or 5.x), a path to a config.json (or its
                 folder), or a dict of one.
             layer_type: for configs with one block per layer type (Gemma-3: ``"sliding_attention"``,
-                ``"full_attention"``), which layer's RoPE to build.
+                ``"full_attention"``), which layer's RoPE to build. Heterogeneous configs read that
+                layer type's own keys too: Gemma 4's ``per_layer_config`` (512-wide full-attention
+                heads), DeepSeek-V4's ``main`` / ``compress`` RoPEs (by attention type or by name).
+                ``rotary.hf.read_hf_layers(config)`` lists every layer type's settings.
             strict: ``False`` turns configuration mistakes into warnings (odd real checkpoints).
             dynamic: see :class:`RoPE`.
             max_position: initial cache length.

@@ -2,6 +2,10 @@
 
 - :mod:`rotary.hf.config`: :func:`read_hf_config` (transformers 4.x and 5.x configs, per-layer
   configs, model defaults) -> :class:`RopeSettings`, what :meth:`rotary.RoPE.from_hf_config` builds from;
+- :mod:`rotary.hf.layers`: :func:`read_hf_layers`, the RoPE of each layer type of models whose layers
+  differ (Gemma 2/3/4, DeepSeek-V4);
+- :mod:`rotary.hf.own_keys`: the architectures that state their RoPE in keys of their own;
+- :mod:`rotary.hf.coverage`: every RoPE-applying model type of transformers and what builds it;
 - :mod:`rotary.hf.architectures`: per ``model_type``, the pairing of the rotated channels, the
   multimodal (M-RoPE) types, the types refused and why;
 - :mod:`rotary.hf.vision`: :func:`vision_rope`, the RoPE of vision encoders (Qwen-VL, GLM-4V, Pixtral,
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 from .architectures import MROPE_MODELS, NO_ROPE_DEFAULTS, PAIRING, TEXT_MODEL_TYPES, UNSUPPORTED
 from .config import MODEL_DEFAULTS, RopeSettings, model_defaults, read_hf_config
+from .layers import read_hf_layers
 from .patching import SUPPORTED, is_patched, patch, unpatch
 from .vision import ENCODER_STATUS, VISION_ROPE, VisionRoPE, vision_rope
 
@@ -36,6 +41,7 @@ __all__ = [
     "model_defaults",
     "patch",
     "read_hf_config",
+    "read_hf_layers",
     "unpatch",
     "vision_rope",
 ]

@@ -42,29 +42,36 @@ HALF, INTERLEAVED, FLAG = "half", "interleaved", "rope_interleave"
 PAIRING: dict[str, str] = {
     **dict.fromkeys(
         (
-            "afmoe apertus arcee aria_text beam bitnet csm_depth_decoder_model cwm diffllama doge dots1 "
-            "emu3_text_model esmc eurobert exaone4 exaone_moe falcon falcon_h1 flex_olmo flint gemma gemma2 "
-            "gemma3_text glm4_moe gpt_neox gpt_neox_japanese gpt_oss granite granite4_vision_text granite_docling_text "
-            "granite_swa granitemoe granitemoe_swa granitemoeshared gte higgs_audio_v2 hrm_text hunyuan_v1_dense "
-            "hunyuan_v1_moe hy_v3 hy_v4 hyperclovax jais2 jina_embeddings_v3 kolibri1 laguna lfm2 lfm3 llama mellum "
-            "mimo_v2_flash minicpm3 minimax minimax_m2 minimax_m3_vl_text ministral ministral3 mistral mixtral "
+            "afmoe apertus arcee aria_text bamba beam bitnet chameleon clvp_encoder cohere_compass_text csm "
+            "csm_depth_decoder_model cwm dbrx deepseek_ocr2_text dia dia_decoder dia_encoder diffllama "
+            "diffusion_gemma_text doge dots1 embedding_gemma2_text emu3_text_model esm esmc eurobert evolla "
+            "EvollaModel exaone4 exaone_moe falcon falcon_h1 flex_olmo flint gemma gemma2 gemma3_text gemma3n_text "
+            "gemma4_text gemma4_unified_text glm4_moe gpt_neox gpt_neox_japanese gpt_oss gradium_phonon_tts granite "
+            "granite4_vision_text granite_docling_text granite_swa granitemoe granitemoe_swa granitemoehybrid "
+            "granitemoeshared gte higgs_audio_v2 hrm_text hunyuan_v1_dense hunyuan_v1_moe hy_v3 hy_v4 hyperclovax "
+            "idefics jais2 jetmoe jina_embeddings_v3 kolibri1 kyutai_speech_to_text laguna lfm2 lfm2_moe lfm3 llama "
+            "mellum mimo_v2_flash minicpm3 minimax minimax_m2 minimax_m3_vl_text ministral ministral3 mistral mixtral "
             "mllama_text_model modernbert modernbert-decoder molmo2_text moshi muse_glimmer_text muse_spark_text "
-            "nemotron neomme nomic_bert olmo olmo2 olmo3 olmo_hybrid olmoe persimmon phi phi3 phimoe qwen2 qwen2_moe "
-            "qwen2_5_vl_text qwen2_vl_text qwen3 qwen3_moe qwen3_next qwen3_vl_text recurrent_gemma seed_oss smollm3 "
-            "solar_open "
-            "stablelm starcoder2 ultrabert unlimited_ocr_text vaultgemma"
+            "nemotron neomme nomic_bert olmo olmo2 olmo3 olmo_hybrid olmoe persimmon phi phi3 phi4_multimodal phimoe "
+            "pocket_tts qwen2 qwen2_5_vl_text qwen2_moe qwen2_vl_text qwen3 qwen3_moe qwen3_next "
+            "qwen3_omni_moe_talker_code_predictor qwen3_omni_moe_talker_text qwen3_vl_text qwen4_exp_text "
+            "recurrent_gemma seed_oss smollm3 solar_open stablelm starcoder2 step3p5 t5gemma t5gemma2 "
+            "t5gemma2_decoder t5gemma2_text ultrabert unlimited_ocr_text vaultgemma voxtral_realtime_text zamba2 zaya"
         ).split(),
         HALF,
     ),
     **dict.fromkeys(
         (
-            "axk2 blt_patcher codegen cohere cohere2 cohere2_moe deepseek_v32 dots3_note_text ernie4_5 ernie4_5_moe "
-            "glm glm4 gptj helium llama4_text openai_privacy_filter roformer"
+            "axk2 blt_patcher codegen cohere cohere2 cohere2_moe deepseek_v32 deepseek_v4 dots3_note_text ernie4_5 "
+            "ernie4_5_moe glm glm4 gptj helium llama4_text longcat_flash moonshine moonshine_streaming "
+            "openai_privacy_filter roformer"
         ).split(),
         INTERLEAVED,
     ),
     **dict.fromkeys(
-        "axk1 bailing_hybrid deepseek_v2 deepseek_v3 glm4_moe_lite glm_moe_dsa mistral4 mistral_large4_text youtu".split(),
+        (
+            "axk1 bailing_hybrid deepseek_v2 deepseek_v3 glm4_moe_lite glm_moe_dsa mistral4 mistral_large4_text youtu"
+        ).split(),
         FLAG,
     ),
     # the text attention of the vision-language models with multimodal RoPE (MROPE_MODELS)
@@ -85,6 +92,18 @@ _NOT_TEXT = (
 _NO_ROPE = (
     "applies no rotary embedding in its attention with transformers' default settings, and rotary has not "
     "checked the settings that turn one on"
+)
+_NO_ROPE_AT_ALL = (
+    "applies no rotary embedding in its attention layers (its modeling file defines one that no layer calls, "
+    "and no config key turns it on)"
+)
+_NOPE_ONLY = (
+    "applies no rotary embedding: its softmax attention layers are NoPE by design (its config class refuses any "
+    "qk_rope_head_dim but 0) and its other layers are linear attention"
+)
+_SPEECH_ONLY = (
+    "applies RoPE only in its speech encoder (a Conformer with position_embeddings_type='rotary'), not in its "
+    "text attention; from_hf_config builds the RoPE of text attention"
 )
 _NEGATIVE = (
     "rotates by -theta (its rotate_half has the opposite sign), the inverse of the rotation rotary applies; "
@@ -126,17 +145,18 @@ UNSUPPORTED: dict[str, str] = {
         ).split(),
         _NOT_TEXT,
     ),
-    **dict.fromkeys("bamba clvp_decoder esm granitemoehybrid inkling2_text jamba nemotron_h".split(), _NO_ROPE),
-    "nanochat": _NEGATIVE,
     **dict.fromkeys(
-        (
-            "blt blt_local_decoder blt_local_encoder chameleon clvp_encoder csm cohere_compass_text dbrx deepseek_ocr2_text "
-            "deepseek_v4 dia dia_decoder dia_encoder diffusion_gemma_text embedding_gemma2_text esmfold2 evolla "
-            "EvollaModel gemma3n_text gemma4_text gemma4_unified_text glm5_next_text gradium_phonon_tts idefics jetmoe "
-            "kyutai_speech_to_text lfm2_moe longcat_flash moonshine moonshine_streaming moshi_depth phi4_multimodal "
-            "pocket_tts qwen3_omni_moe_talker_code_predictor qwen3_omni_moe_talker_text qwen4_exp_text seamless_m4t "
-            "step3p5 t5gemma t5gemma2 t5gemma2_decoder t5gemma2_text voxtral_realtime_text zamba2 zaya"
-        ).split(),
+        ("clvp_decoder inkling2_text").split(),
+        _NO_ROPE,
+    ),
+    "glm5_next_text": _NOPE_ONLY,
+    "jamba": _NO_ROPE_AT_ALL,
+    "moshi_depth": _NO_ROPE_AT_ALL,  # its layers are built with use_rope=False
+    "nemotron_h": _NO_ROPE_AT_ALL,
+    "nanochat": _NEGATIVE,
+    "seamless_m4t": _SPEECH_ONLY,
+    **dict.fromkeys(
+        ("blt blt_local_decoder blt_local_encoder esmfold2").split(),
         _UNVERIFIED,
     ),
 }
@@ -164,6 +184,8 @@ MROPE_MODELS: dict[str, tuple[tuple[int, ...] | None, str]] = {
     "qwen3_5_moe_text": ((11, 11, 10), "interleaved"),
     "cosmos3_edge_text": ((24, 20, 20), "interleaved"),
     "ernie4_5_vl_moe_text": ((22, 22, 20), "paired_hw"),  # sections (h, w, t)
+    "qwen4_exp_text": ((11, 11, 10), "interleaved"),
+    "qwen3_omni_moe_talker_text": ((24, 20, 20), "interleaved"),
 }
 
 #: model_type -> how its config class fills a missing or empty ``no_rope_layers`` (NoPE layers): from
@@ -182,6 +204,11 @@ TEXT_MODEL_TYPES: dict[str, str] = {
     "mistral3": "mistral",
     "aria": "aria_text",
 }
+
+
+#: (producer, table) pairs for the coverage table (:mod:`rotary.hf.coverage`): a model_type is built by the first
+#: table that holds it. Other modules of rotary.hf add their own ``COVERAGE`` (e.g. a vision-encoder table).
+COVERAGE = [("MRoPE.from_hf_config", MROPE_MODELS), ("RoPE.from_hf_config", PAIRING)]
 
 
 def read_pairing(d: Mapping[str, Any], model_type: str, interleaved: bool | None, label: str) -> bool:

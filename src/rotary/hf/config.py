@@ -51,6 +51,7 @@ from .architectures import (
     read_rope_layers,
 )
 from .ignored_keys import IGNORED_ROPE_KEYS, drop_ignored_keys
+from .own_keys import common_keys
 
 __all__ = [
     "ConfigError",
@@ -455,6 +456,7 @@ def read_hf_config(
     model_type = _model_type(d, label)
     if TEXT_MODEL_TYPES.get(model_type) in MROPE_MODELS:
         model_type = TEXT_MODEL_TYPES[model_type]  # a flat 4.x Qwen-VL config.json: the text settings at the top
+    layer_type = common_keys(d, model_type, layer_type, label, strict)  # DeepSeek-V4, Gemma 4's per-layer keys
     defaults = model_defaults(model_type)
     for key in DEFAULTED_KEYS:
         if key not in d and key in defaults:

@@ -264,6 +264,29 @@ SUPPORTED: dict[str, _Family] = {
         for name in ("glm4v", "glm_ocr", "ernie4_5_vl_moe")
         for model_type in (name, f"{name}_text")
     },
+    # text families whose apply_rotary_pos_emb and rotate_half are Llama's, line for line (tests/test_hf_patch_text.py
+    # checks that and the outputs): Llama's replacement fits them as it is
+    **{
+        model_type: _half(module)
+        for model_type, module in {
+            "chameleon": "chameleon",
+            "csm": "csm",
+            "dbrx": "dbrx",
+            "deepseek_ocr2_text": "deepseek_ocr2",
+            "dia": "dia",
+            "embedding_gemma2_text": "embedding_gemma2",
+            "gradium_phonon_tts": "gradium_phonon_tts",
+            "granitemoehybrid": "granitemoehybrid",
+            "idefics": "idefics",
+            "jetmoe": "jetmoe",
+            "kyutai_speech_to_text": "kyutai_speech_to_text",
+            "lfm2_moe": "lfm2_moe",
+            "pocket_tts": "pocket_tts",
+            "t5gemma": "t5gemma",
+            "voxtral_realtime_text": "voxtral_realtime",
+            "zamba2": "zamba2",
+        }.items()
+    },  # fmt: skip
     # vision towers with 2-D RoPE: Pixtral's PixtralVisionModel, and Llama 4 (text, vision tower, or both)
     "pixtral": _Family("transformers.models.pixtral.modeling_pixtral", {"apply_rotary_pos_emb": _apply_pixtral}),
     "dinov3_vit": _Family(

@@ -1,0 +1,72 @@
+"""The RoPE of each layer type of a model whose layers do not all rotate alike.
+
+Gemma 2/3/4, T5Gemma 2, DeepSeek-V4 and others have more than one RoPE: Gemma 3's sliding-window
+layers use base 10 000 and its full-attention layers base 1 000 000; Gemma 4's full-attention layers
+also have wider heads (``per_layer_config``) and rotate a quarter of them (proportional RoPE);
+DeepSeek-V4's sliding-window layers use its ``main`` RoPE and its compressed layers the YaRN
+``compress`` one. :func:`read_hf_layers` returns every one of them, keyed by layer type; each is what
+``read_hf_config(config, layer_type=...)`` (and ``RoPE.from_hf_config(config, layer_type=...)``) reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..rope_types import ConfigError
+from .config import RopeSettings, _load, _model_type, _text_part, read_hf_config
+from .own_keys import DEEPSEEK_V4_LAYER_ROPE, SUB_CONFIGS
+
+__all__ = ["read_hf_layers"]
+
+
+def _layer_types(config: Any) -> list[str]:
+    d, label = _load(config)
+    d = _text_part(d, label)
+    model_type = _model_type(d, label)
+    if model_type in SUB_CONFIGS and isinstance(d.get(SUB_CONFIGS[model_type]), Mapping):
+        d = dict(d[SUB_CONFIGS[model_type]])
+    kinds = d.get("layer_types")
+    if model_type == "deepseek_v4" and not kinds:
+        kinds = list(DEEPSEEK_V4_LAYER_ROPE)
+    return sorted({k for k in kinds or () if isinstance(k, str)})
+
+
+def read_hf_layers(
+    config: Any, *, strict: bool = True, interleaved: bool | None = None
+) -> dict[str | None, RopeSettings]:
+    """The RoPE settings of every layer type of ``config`` that has its own (``{None: ...}`` when all share one).
+
+    Args:
+        config: as for :func:`rotary.hf.read_hf_config`.
+        strict: as for :func:`rotary.hf.read_hf_config`.
+        interleaved: as for :func:`rotary.hf.read_hf_config`.
+
+    Returns:
+        ``{layer_type: RopeSettings}`` for each layer type whose RoPE ``read_hf_config`` builds (layer types
+        without one, such as linear-attention layers, are left out), or ``{None: settings}`` when the model
+        has one RoPE for all its layers.
+
+    Raises:
+        ConfigError: what ``read_hf_config`` raises, when no layer type can be read.
+
+    Example:
+        >>> cfg = {"model_type": "gemma3_text", "head_dim": 256,
+        ...        "layer_types": ["sliding_attention", "full_attention"]}
+        >>> {k: s.base for k, s in read_hf_layers(cfg).items()}
+        {'full_attention': 1000000.0, 'sliding_attention': 10000.0}
+    """
+    try:
+        return {None: read_hf_config(config, strict=strict, interleaved=interleaved)}
+    except ConfigError as whole:
+        found = {}
+        for kind in _layer_types(config):
+            try:
+                found[kind] = read_hf_config(config, layer_type=kind, strict=strict, interleaved=interleaved)
+            except ConfigError as error:
+                if "has no RoPE" not in str(error):  # a layer type without a RoPE block (linear attention)
+                    raise
+                continue
+        if not found:
+            raise whole from None
+        return found

@@ -1,0 +1,94 @@
+"""rotary.hf.patch on the text families added with the 2026 model types: a tiny model of each (built as
+tests/test_hf_architectures.py builds it) gives the same outputs patched as unpatched in fp32, and its
+module's apply_rotary_pos_emb / rotate_half are Llama's line for line, so Llama's replacement fits them."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+import warnings
+
+import pytest
+import torch
+import transformers
+
+import rotary
+from test_hf_architectures import S, _text_model_class, model_inputs, tiny_config
+
+transformers.logging.set_verbosity_error()
+
+#: the families whose patch this file checks (the others are checked by tests/test_hf_patch.py)
+NEW_TEXT = (
+    "chameleon csm dbrx deepseek_ocr2_text dia embedding_gemma2_text gradium_phonon_tts granitemoehybrid idefics "
+    "jetmoe kyutai_speech_to_text lfm2_moe pocket_tts t5gemma voxtral_realtime_text zamba2"
+).split()
+
+
+def _source(module, name: str) -> str:
+    src = inspect.getsource(getattr(module, name))
+    src = re.sub(r'""".*?"""', "", src, flags=re.S)
+    src = re.sub(r"#.*|@.*\n", "", src)
+    return " ".join(src.split())
+
+
+def test_the_new_families_are_supported():
+    assert set(NEW_TEXT) <= set(rotary.hf.SUPPORTED)
+
+
+@pytest.mark.parametrize("model_type", NEW_TEXT)
+def test_apply_function_is_llamas(model_type):
+    llama = importlib.import_module("transformers.models.llama.modeling_llama")
+    module = importlib.import_module(rotary.hf.SUPPORTED[model_type].module)
+    for name in ("apply_rotary_pos_emb", "rotate_half"):
+        assert _source(module, name) == _source(llama, name), f"{model_type}: its {name} is not Llama's"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", NEW_TEXT)
+def test_patched_outputs_equal_unpatched(model_type, monkeypatch):
+    import rotary.kernels.dispatch as dispatch
+    import rotary.rotation as rotation
+
+    calls = []  # the tensors rotary rotates, through its dispatcher or its fast q/k path
+    real, real_fast = dispatch.rotate, rotation._fast_pair
+
+    def counting(r, *args, **kwargs):
+        calls.extend(x.shape for x in r.xs)
+        return real(r, *args, **kwargs)
+
+    def counting_fast(q, k, *args):
+        out = real_fast(q, k, *args)
+        if out is not None:
+            calls.extend((q.shape, k.shape))
+        return out
+
+    monkeypatch.setattr(dispatch, "rotate", counting)
+    monkeypatch.setattr(rotation, "_fast_pair", counting_fast)
+    config = tiny_config(model_type)
+    torch.manual_seed(0)
+    model = _text_model_class(model_type, config)(config).eval()
+    ids = torch.randint(1, 100, (1, S), generator=torch.Generator().manual_seed(1))
+    inputs = model_inputs(model_type, config, model, ids)
+    inputs.pop("position_ids", None)  # the model's own positions
+
+    def run():
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = model(**inputs)
+        return out[0] if isinstance(out, tuple) else next(v for v in out.values() if isinstance(v, torch.Tensor))
+
+    before = run()
+    assert not calls
+    rotary.hf.patch(model)
+    try:
+        assert rotary.hf.is_patched(model)
+        after = run()
+    finally:
+        rotary.hf.unpatch(model)
+    assert len(calls) >= 2, f"{model_type}: q and k did not go through rotary ({calls})"
+    rotated = len(calls)
+    assert not rotary.hf.is_patched(model)
+    torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
+    assert torch.equal(run(), before)  # unpatched: exactly as before
+    assert len(calls) == rotated  # and rotary is no longer called

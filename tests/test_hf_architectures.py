@@ -37,9 +37,9 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING, CONFIG_M
 
 import rotary
 from rotary.hf.config import PAIRING, UNSUPPORTED, read_hf_config
-from rotary.hf.vision import VISION_ROPE
 from rotary.hf.layers import read_hf_layers
 from rotary.hf.own_keys import ROPE_SWITCHES
+from rotary.hf.vision import VISION_ROPE
 
 transformers.logging.set_verbosity_error()
 

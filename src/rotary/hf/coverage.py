@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .architectures import UNSUPPORTED
+from .vision import ENCODER_STATUS
 
 __all__ = ["Coverage", "coverage", "markdown", "rope_model_types", "summary"]
 
@@ -100,8 +101,8 @@ def _own(model_type: str, tables: list[tuple[str, Mapping[str, Any]]]) -> Covera
     for producer, table in tables:
         if model_type in table:
             return Coverage(model_type, producer)
-    if model_type in UNSUPPORTED:
-        return Coverage(model_type, None, UNSUPPORTED[model_type])
+    if model_type in UNSUPPORTED:  # an encoder's own status says more than "not a text decoder"
+        return Coverage(model_type, None, ENCODER_STATUS.get(model_type, UNSUPPORTED[model_type]))
     return None
 
 

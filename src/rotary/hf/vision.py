@@ -115,6 +115,9 @@ _OTHER = "other encoder (byte patches, feature matching, time series, an assista
 
 #: model_type -> why :func:`vision_rope` does not build it (category first). Every RoPE-applying model
 #: type that is not a text decoder and not in :data:`VISION_ROPE` is here (checked by the tests).
+#: the coverage table's entry (rotary.hf.coverage): the vision towers vision_rope builds
+COVERAGE = [("rotary.hf.vision_rope", VISION_ROPE)]
+
 ENCODER_STATUS: dict[str, str] = {
     **dict.fromkeys(
         (

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .caveats import caveats
 from .claims import Assessment, claims_table, fmt
 from .plan import SCALING_LABELS
 from .results import Results
@@ -338,10 +339,12 @@ def _spread_section(results: Results) -> list[str]:
     return lines
 
 
-def _claims_section(assessments: Sequence[Assessment]) -> list[str]:
+def _claims_section(assessments: Sequence[Assessment], warnings: Sequence[str] = ()) -> list[str]:
+    withheld = [w for w in warnings if w.startswith("Not learned")]
     return [
         "## Compared with the published findings",
         "",
+        *([f"**Verdicts withheld.** {withheld[0]}", ""] if withheld else []),
         claims_table(assessments),
         "",
         "The papers trained far larger models on far more text (and the NoPE study used synthetic tasks, not language "
@@ -434,6 +437,8 @@ def report_markdown(
         f"{env['device']}, {env['world_size']} process(es)); torch {env['torch']}, rotary {env['rotary']}.{load}",
         "",
     ]
+    warnings = [f"> **{c.split(':', 1)[0]}**:{c.split(':', 1)[1]}" for c in caveats(results)]
+    lines += [line for w in warnings for line in (w, ">")][:-1] + ([""] if warnings else [])
     lines += _setup(run, results)
     if c.study == "base":
         lines += _base_sections(results, figures)
@@ -442,8 +447,8 @@ def report_markdown(
     else:
         lines += _main_sections(results, figures)
     lines += _spread_section(results)
-    lines += ["## What this run shows", ""] + [f"- {o}" for o in observations(results)] + [""]
-    lines += _claims_section(assessments)
+    lines += ["## What this run shows", ""] + [f"- {o}" for o in caveats(results) + observations(results)] + [""]
+    lines += _claims_section(assessments, caveats(results))
     lines += _timing_section(run)
     lines += ["## Notes", ""]
     if c.study is None:

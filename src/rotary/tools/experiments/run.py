@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from ...errors import InputError
+from .caveats import caveats
 from .claims import assess
 from .config import ExperimentConfig, ExperimentError
 from .data import Corpus, evaluation_tokens, load_corpus, sliding_starts
@@ -351,6 +352,8 @@ def run_experiment(
         if console is None:
             console = table_console()
         render_table(results, console)
+        for caveat in caveats(results):
+            console.print(f"[bold yellow]{caveat.split(':', 1)[0]}:[/]{caveat.split(':', 1)[1]}")
         train = sum(v for k, v in timings.items() if k.startswith("train "))
         evaluate = sum(v for k, v in timings.items() if k.startswith("evaluate "))
         console.print(

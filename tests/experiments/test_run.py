@@ -226,10 +226,9 @@ def test_the_studies_run_on_the_tiny_preset(tmp_path, study):
         assert steps == {"sinusoidal": 12, "rope": 12, "sinusoidal-short": 8, "transfer-0": 0, "transfer": 4}
         assert (out / "figures" / "training_loss.png").is_file()
         assert "transfer_position_encoding" in report and "No paper we cite measures this transfer" in report
-    assert all(
-        c["verdict"] in ("agrees", "does not agree", "partly", "within run-to-run spread", "not measured")
-        for c in claims.values()
-    )
+    # a tiny run's models learn almost nothing: every verdict it could give is withheld
+    assert {c["verdict"] for c in claims.values()} <= {"withheld", "not measured"}, claims
+    assert "**Smoke test**" in report and "**Verdicts withheld.**" in report
 
 
 def test_same_command_same_numbers(tiny_run, tmp_path):

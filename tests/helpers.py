@@ -138,21 +138,25 @@ print(json.dumps({"failed": failed, "children": len(modules)}))
 
 
 def import_each_alone(
-    modules: list[str], preload: tuple[str, ...] = ("torch",), workers: int = 2, timeout: float = 600
+    modules: list[str], preload: tuple[str, ...] | None = None, workers: int = 2, timeout: float = 600
 ) -> dict[str, str]:
     """Import each module of ``modules`` in a process of its own in which nothing of ``rotary`` was imported
     before; return ``{module: error}`` for those that fail (an empty dict when all import).
 
     One fresh interpreter imports ``preload`` (third-party packages, which must import nothing of rotary:
-    checked) and then forks one child per module (``workers`` at a time); the child imports its module, runs
-    the exit handlers (``atexit``) and fails if a thread would keep the interpreter alive, so a failure at
-    import or at exit is seen. Each child starts from the state a fresh interpreter reaches after ``import
-    torch`` (sys.path, cwd and environment alike), without paying for that import again. It leaves with
-    ``os._exit`` once its checks are done: the interpreter's own teardown of the copied torch heap would
-    cost seconds per child and checks nothing of rotary.
+    checked; by default torch, and triton where it is installed) and then forks one child per module
+    (``workers`` at a time); the child imports its module, runs the exit handlers (``atexit``) and fails
+    if a thread would keep the interpreter alive, so a failure at import or at exit is seen. Each child
+    starts from the state a fresh interpreter reaches after importing those packages (sys.path, cwd and
+    environment alike), without paying for them again. It leaves with ``os._exit`` once its checks are
+    done: the interpreter's own teardown of the copied torch heap would cost seconds per child and checks
+    nothing of rotary.
     """
+    import importlib.util
     import json
 
+    if preload is None:  # the third-party packages rotary imports at once (triton: 0.4 s of each child's 0.5)
+        preload = ("torch", "triton") if importlib.util.find_spec("triton") else ("torch",)
     done = subprocess.run(
         [sys.executable, "-c", _IMPORT_EACH, json.dumps([list(preload), list(modules), workers])],
         capture_output=True,

@@ -389,7 +389,7 @@ def test_import_each_alone_sees_a_failing_import_and_a_thread_left_running(tmp_p
 
 @pytest.mark.slow
 def test_every_module_imports_alone_in_a_fresh_interpreter():
-    """Each module in a process of its own that has imported torch and nothing of rotary (forked
+    """Each module in a process of its own that has imported torch (and triton) and nothing of rotary (forked
     children of one interpreter: :func:`helpers.import_each_alone`)."""
     from helpers import import_each_alone
 

@@ -20,8 +20,9 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m rotary experiment --preset default
 
+# the whole suite on 2 processes; the 15 slowest tests are listed at the end (docs/testing.md)
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --doctest-modules src tests
+	$(PY) -m pytest -q -n 2 --doctest-modules --durations=15 src tests
 
 # the property tests with new random examples every run (make test draws the same ones each time)
 fuzz: $(STAMP)

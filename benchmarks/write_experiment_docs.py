@@ -19,9 +19,10 @@ from pathlib import Path
 
 from rotary.tools.experiments.claims import assess
 from rotary.tools.experiments.config import ExperimentError
-from rotary.tools.experiments.report import markdown_table, report_markdown, summary_table
+from rotary.tools.experiments.report import report_markdown
 from rotary.tools.experiments.run import load_run, write_figures
 from rotary.tools.experiments.studies import study_claims
+from rotary.tools.experiments.tables import markdown_table, summary_table
 
 ROOT = Path(__file__).resolve().parent.parent
 START, END = "<!-- experiment:start -->", "<!-- experiment:end -->"

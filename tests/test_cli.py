@@ -853,3 +853,32 @@ def test_plot_scores_reads_any_real_vector_and_refuses_overflowing_logits(tmp_pa
     assert main(["plot", "scores", "--head-dim", "8", "--q", huge, "--k", huge, "-o", str(tmp_path / "h")]) == 2
     err = capsys.readouterr().err
     assert "overflow float64 (largest |q| entry 1e+300, |k| entry 1e+300); scale q and k down" in err, err
+
+
+def test_version_prints_the_package_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"rotary {rotary.__version__}"
+
+
+@pytest.mark.parametrize("json_out", [False, True], ids=["rich", "json"])
+def test_a_reader_that_closes_the_pipe_early_ends_the_command_quietly(json_out):
+    """``rotary inspect cfg.json | head -1``: the reader leaves before the output ends; rotary ends with
+    status 0 and says nothing (rich's console exited 1; a buffered print failed at exit). Here the reader
+    leaves at once, seconds before rotary (still importing torch) writes its first line."""
+    from helpers import cli_env
+
+    argv = [
+        sys.executable,
+        "-m",
+        "rotary",
+        "inspect",
+        str(FIXTURES / "llama3_1.json"),
+        *(["--json"] if json_out else []),
+    ]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env())
+    proc.stdout.close()  # the reader has gone: every write of rotary meets a closed pipe
+    err = proc.stderr.read()
+    assert proc.wait(timeout=300) == 0, err
+    assert err == b"", err

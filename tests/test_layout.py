@@ -79,9 +79,85 @@ def test_importing_and_using_the_library_loads_no_tool():
     assert done.stdout.strip() == "[]", done.stdout
 
 
-def test_no_tool_module_is_longer_than_600_lines():
-    long = {_module_name(p): n for p in TOOLS.rglob("*.py") if (n := len(p.read_text().splitlines())) > 600}
+def test_no_module_in_src_is_longer_than_600_lines():
+    long = {_module_name(p): n for p in SRC.rglob("*.py") if (n := len(p.read_text().splitlines())) > 600}
     assert not long, f"split these along their ideas: {long}"
+
+
+# ---- no import cycle -------------------------------------------------------------------------------
+def _dependencies(modules: dict[str, Path]) -> dict[str, dict[str, int]]:
+    """module -> {module of src it imports: first line}, deferred imports inside functions included.
+
+    ``from a import b`` depends on the module ``a.b`` when there is one (``from . import positions``
+    needs rotary.positions, not what rotary/__init__.py re-exports), else on ``a``. Importing ``a.b``
+    also runs ``a/__init__.py`` first; that is not counted, or every package whose ``__init__``
+    re-exports a submodule would be a cycle."""
+    graph: dict[str, dict[str, int]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges: dict[str, int] = {}
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1]) if node.level else ""
+                module = ".".join(p for p in (base, node.module or "") if p)
+                targets = [f"{module}.{a.name}" if f"{module}.{a.name}" in modules else module for a in node.names]
+            else:
+                continue
+            for target in targets:
+                if target in modules and target != name:
+                    edges[target] = min(edges.get(target, node.lineno), node.lineno)
+        graph[name] = edges
+    return graph
+
+
+def _cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """One cycle ``[a, b, ..., a]`` through every import edge that closes one (depth-first search)."""
+    found, state = [], {}  # state: 1 on the current path, 2 done
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, {})):
+            if state.get(nxt) == 1:
+                found.append(path[path.index(nxt) :] + [node, nxt] if nxt in path else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, path + [node])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+    return found
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert _cycles({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}) == [["a", "b", "c", "a"]]
+    assert _cycles({"a": {"a.x": 1}, "a.x": {}}) == []
+    assert _cycles({"p": {"p.m": 1}, "p.m": {"p": 5}}) == [["p", "p.m", "p"]]
+
+
+def test_the_dependencies_read_deferred_and_relative_imports(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from .a import f\n")
+    (pkg / "a.py").write_text("def f():\n    from . import b\n")
+    (pkg / "b.py").write_text("from pkg import f\nfrom . import a\n")
+    modules = {"pkg": pkg / "__init__.py", "pkg.a": pkg / "a.py", "pkg.b": pkg / "b.py"}
+    graph = _dependencies(modules)
+    assert graph == {"pkg": {"pkg.a": 1}, "pkg.a": {"pkg.b": 2}, "pkg.b": {"pkg": 1, "pkg.a": 2}}
+    assert _cycles(graph) == [["pkg", "pkg.a", "pkg.b", "pkg"], ["pkg.a", "pkg.b", "pkg.a"]]
+
+
+def test_no_import_cycle_in_src():
+    """No module of src/ needs, directly or through others, a module that needs it: each can be read
+    (and imported) after the ones it uses. Deferred imports inside functions count too."""
+    modules = {_module_name(p): p for p in sorted(SRC.rglob("*.py"))}
+    graph = _dependencies(modules)
+    assert sum(map(len, graph.values())) > 200  # the scan does see the imports
+    cycles = _cycles(graph)
+    assert not cycles, [" -> ".join(c) for c in cycles]
 
 
 def test_the_command_line_parses_no_source_at_error_time():

@@ -9,9 +9,6 @@ producer needs nothing but tables (a 2-D axial RoPE in a few lines below).
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -375,14 +372,28 @@ def test_no_import_cycle_and_no_private_cross_module_imports():
             visit(node, [node])
 
 
+def test_import_each_alone_sees_a_failing_import_and_a_thread_left_running(tmp_path, monkeypatch):
+    from helpers import import_each_alone
+
+    (tmp_path / "breaks_on_import.py").write_text("import rotary.no_such_module\n")
+    (tmp_path / "leaves_a_thread.py").write_text(
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(60,)).start()\n"
+    )
+    (tmp_path / "needs_rotary_first.py").write_text("import sys\nassert 'rotary' not in sys.modules\nimport rotary\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    failed = import_each_alone(["breaks_on_import", "leaves_a_thread", "needs_rotary_first", "json"], timeout=120)
+    assert sorted(failed) == ["breaks_on_import", "leaves_a_thread"], failed
+    assert "No module named 'rotary.no_such_module'" in failed["breaks_on_import"]
+    assert "left threads" in failed["leaves_a_thread"]
+
+
 @pytest.mark.slow
 def test_every_module_imports_alone_in_a_fresh_interpreter():
+    """Each module in a process of its own that has imported torch (and triton) and nothing of rotary (forked
+    children of one interpreter: :func:`helpers.import_each_alone`)."""
+    from helpers import import_each_alone
+
     modules = sorted(_module_name(p) for p in SRC.rglob("*.py") if p.name != "__main__.py")
-
-    def load(name: str) -> tuple[str, int, str]:
-        done = subprocess.run([sys.executable, "-c", f"import {name}"], capture_output=True, text=True, timeout=300)
-        return name, done.returncode, done.stderr[-500:]
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        failed = [r for r in pool.map(load, modules) if r[1] != 0]
+    assert len(modules) > 100
+    failed = import_each_alone(modules)
     assert not failed, failed

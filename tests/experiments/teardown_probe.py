@@ -17,7 +17,7 @@ import time
 import torch
 from torch import nn
 
-from rotary.tools.experiments.train import Distributed
+from rotary.tools.experiments.distributed import Distributed
 
 
 def main() -> None:

@@ -128,3 +128,34 @@ def test_the_claims_table_renders_every_assessment_from_hand_made_rows():
 def test_every_claim_says_what_it_needs_and_how_it_is_measured(claim):
     assert claim.needs_text and claim.measured and claim.claim.endswith(".")
     assert isinstance(assess([claim], Results(Measurements(), [], CFG))[0], Assessment)
+
+
+# ---- models that have not learned enough: verdicts withheld ---------------------------------------------
+def test_models_near_uniform_get_their_verdicts_withheld_with_the_numbers_kept():
+    """The same ordering as the papers, at perplexities like the tiny preset's (110 to 170 of 256): every
+    claim it measures is withheld, not agreed with; the numbers stay in the table."""
+    from rotary.tools.experiments.caveats import LEARNED_PERPLEXITY, caveats, not_learned
+
+    weak = {key: [v * 30 for v in values] for key, values in AS_PUBLISHED.items()}
+    results = Results(measurements(weak), model_specs(CFG), CFG)
+    assessed = assess(CLAIMS, results)
+    assert {a.verdict for a in assessed} == {"withheld"}, {a.verdict for a in assessed}
+    assert all(a.values and "not measured" not in a.values for a in assessed)
+    assert [label for label, _ in not_learned(results)] == ["NoPE", "learned absolute", "sinusoidal", "ALiBi", "RoPE"]
+    assert all(value > LEARNED_PERPLEXITY for _, value in not_learned(results))
+    (said,) = caveats(results)  # the default preset: no smoke-test sentence, one about learning
+    assert said.startswith("Not learned enough to judge") and "withheld" in said and "RoPE 123" in said
+
+
+def test_one_model_that_has_not_learned_withholds_every_verdict_and_the_threshold_is_inclusive():
+    table = dict(AS_PUBLISHED)
+    table[("sinusoidal", "none", "windows")] = [16.5, 40.0, 80.0, 120.0]
+    assert set(verdicts(measurements(table)).values()) == {"withheld"}
+    table[("sinusoidal", "none", "windows")] = [16.0 / 1.001, 40.0, 80.0, 120.0]  # seed 1 is 0.1% higher: 16.0
+    assert set(verdicts(measurements(table)).values()) == {"agrees"}
+
+
+def test_a_claim_the_run_cannot_measure_stays_not_measured_when_verdicts_are_withheld():
+    weak = {key: [v * 30 for v in values] for key, values in AS_PUBLISHED.items() if not key[0].startswith("rope-")}
+    v = verdicts(measurements(weak))
+    assert "not measured" in v.values() and set(v.values()) == {"withheld", "not measured"}, v

@@ -45,7 +45,7 @@ def test_non_finite_settings_are_refused_by_validate(name, value):
 def test_precision_and_compile_flags_reach_the_config_and_its_command():
     from rotary.tools.cli import build_parser
     from rotary.tools.commands.experiment import config_from_args
-    from rotary.tools.experiments.config import command_line
+    from rotary.tools.experiments.reproduce import command_line
 
     args = build_parser().parse_args(["experiment", "--preset", "tiny", "--precision", "bf16", "--compile", "on"])
     config = config_from_args(args)

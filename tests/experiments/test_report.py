@@ -12,9 +12,10 @@ from rotary.tools.experiments.claims import CLAIMS, assess
 from rotary.tools.experiments.config import ExperimentConfig
 from rotary.tools.experiments.figures import draw_figures
 from rotary.tools.experiments.plan import model_specs
-from rotary.tools.experiments.report import observations, render_table, report_markdown, spread_table, summary_table
+from rotary.tools.experiments.report import observations, report_markdown
 from rotary.tools.experiments.results import Results
 from rotary.tools.experiments.rows import Measurements, PositionRow, RetrievalRow, csv_text
+from rotary.tools.experiments.tables import render_table, spread_table, summary_table
 
 L = 128
 LENGTHS = [L, 2 * L, 4 * L, 8 * L]

@@ -18,11 +18,11 @@ from rotary.tools.cli import main
 from rotary.tools.experiments import train as train_module
 from rotary.tools.experiments.config import PRESETS, ExperimentConfig
 from rotary.tools.experiments.data import load_corpus, training_batch
+from rotary.tools.experiments.distributed import Distributed
 from rotary.tools.experiments.plan import model_specs
 from rotary.tools.experiments.progress import Reporter
 from rotary.tools.experiments.train import (
     COMPILE_MIN_STEPS,
-    Distributed,
     ForwardBackward,
     Schedule,
     TrainingDiverged,

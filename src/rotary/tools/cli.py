@@ -13,6 +13,7 @@ import re
 import sys
 from collections.abc import Sequence
 
+from rotary import __version__
 from rotary.errors import InputError
 
 #: modules that add subcommands, in the order ``--help`` lists them
@@ -121,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
         16
     """
     parser = _Parser(prog="rotary", description="Rotary position embeddings (RoPE): demo, analysis, benchmarks.")
+    parser.add_argument("--version", action="version", version=f"rotary {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
@@ -151,8 +153,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 from .commands.common import open_output_file
 
                 stack.enter_context(contextlib.redirect_stdout(stack.enter_context(open_output_file(args.out))))
-            return int(args.func(args) or 0)
-    except BrokenPipeError:  # e.g. `rotary inspect ... --json | head`: the reader left, that's fine
+            status = int(args.func(args) or 0)
+            sys.stdout.flush()  # a pipe holds the output in its buffer until here: a closed one fails now
+            return status
+    except BrokenPipeError:  # e.g. `rotary inspect cfg.json | head`: the reader left, that's fine
+        # as Python's docs advise (signal, "Note on SIGPIPE"): what is left in the buffer goes to devnull,
+        # so the flush at exit does not raise a second time
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except InputError as exc:  # bad input (a value, a file, a flag): one line, status 2; anything else is a bug

@@ -17,8 +17,9 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from .caveats import not_learned
 from .results import Results, Values
-from .stats import DISAGREE, NOT_MEASURED, WITHIN, at_least, at_most, combine, interval_outcome
+from .stats import DISAGREE, NOT_MEASURED, WITHHELD, WITHIN, at_least, at_most, combine, interval_outcome
 
 __all__ = [
     "CLAIMS",
@@ -117,7 +118,10 @@ def _present(results: Results, need: tuple[str, str]) -> bool:
 
 
 def assess(claims: Sequence[Claim], results: Results) -> list[Assessment]:
-    """Check every claim; a claim whose methods the run lacks is ``not measured``."""
+    """Check every claim; a claim whose methods the run lacks is ``not measured``, and every other one is
+    ``withheld`` (its numbers still shown) when the run's models have not learned enough
+    (:func:`~.caveats.not_learned`)."""
+    withhold = bool(not_learned(results))
     out = []
     for c in claims:
         missing = [n for n in c.needs if not _present(results, n)]
@@ -134,7 +138,10 @@ def assess(claims: Sequence[Claim], results: Results) -> list[Assessment]:
         values = finding.values
         if finding.within:
             values += "; within the run-to-run spread: " + ", ".join(finding.within)
-        out.append(Assessment(citation(c.paper), c.claim, c.needs_text, c.measured, values, finding.overall))
+        verdict = finding.overall
+        if withhold and verdict != NOT_MEASURED:
+            verdict = WITHHELD
+        out.append(Assessment(citation(c.paper), c.claim, c.needs_text, c.measured, values, verdict))
     return out
 
 

@@ -19,7 +19,6 @@ __all__ = [
     "COMPILE_MODES",
     "DEFAULT_ENCODINGS",
     "EXTEND_SCALINGS",
-    "command_line",
     "ExperimentConfig",
     "ExperimentError",
     "MAX_EVAL_LENGTH",
@@ -28,7 +27,6 @@ __all__ = [
     "SCALINGS",
     "STUDIES",
     "default_encodings",
-    "differences",
 ]
 
 
@@ -527,21 +525,6 @@ class ExperimentConfig:
         return cls(**data)
 
 
-def differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Settings whose values differ, each as ``"name: run has A, this command B"``.
-
-    Example:
-        >>> differences({"steps": 40, "seed": 0}, {"steps": 80, "seed": 0})
-        ['steps: the run has 40, this command 80']
-    """
-    out = []
-    for key in sorted(set(stored) | set(current)):
-        a, b = stored.get(key, "(absent)"), current.get(key, "(absent)")
-        if a != b:
-            out.append(f"{key}: the run has {a!r}, this command {b!r}")
-    return out
-
-
 #: name -> settings; ``ExperimentConfig(**PRESETS[name])`` is that preset
 PRESETS: dict[str, dict[str, Any]] = {
     # seconds, for tests: a model too small to learn much, every code path exercised
@@ -593,35 +576,3 @@ PRESETS: dict[str, dict[str, Any]] = {
         compile="auto",
     ),
 }
-
-
-def _format(value: Any) -> str:
-    if isinstance(value, (tuple, list)):
-        return ",".join(_format(v) for v in value)
-    return str(value)
-
-
-def command_line(config: ExperimentConfig) -> str:
-    """The ``rotary experiment`` command that reproduces ``config``: the preset and every setting that
-    differs from it.
-
-    Example:
-        >>> command_line(ExperimentConfig(**{**PRESETS["tiny"], "steps": 30, "device": "cpu"}))
-        'rotary experiment --preset tiny --steps 30 --device cpu'
-    """
-    import shlex
-
-    preset = dict(PRESETS[config.preset])
-    preset["train_length"] = config.train_length  # so the derived lengths compare equal
-    base = ExperimentConfig(**preset)
-    parts = ["rotary", "experiment", "--preset", config.preset]
-    if config.train_length != PRESETS[config.preset].get("train_length", ExperimentConfig.train_length):
-        parts += ["--train-length", str(config.train_length)]
-    for f in dataclasses.fields(config):
-        if f.name in ("preset", "train_length"):
-            continue
-        value = getattr(config, f.name)
-        if value != getattr(base, f.name) and value is not None:
-            flag = "--" + f.name.replace("_", "-")
-            parts += [flag, *value] if f.name == "data" else [flag, _format(value)]
-    return shlex.join(parts)

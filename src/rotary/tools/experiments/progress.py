@@ -39,10 +39,21 @@ def table_console(stream: TextIO | None = None) -> Any:
     """
     import shutil
 
+    columns = shutil.get_terminal_size((120, 24)).columns
+    return _console_class()(file=stream if stream is not None else sys.stdout, width=max(columns, 100), highlight=False)
+
+
+def _console_class() -> type:
+    """``rich.console.Console`` that lets a closed pipe raise ``BrokenPipeError`` (rich's own exits with
+    status 1 at once), for :func:`rotary.tools.cli.main` to handle like any other write to a closed pipe."""
     from rich.console import Console
 
-    columns = shutil.get_terminal_size((120, 24)).columns
-    return Console(file=stream if stream is not None else sys.stdout, width=max(columns, 100), highlight=False)
+    class PipeConsole(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError("the reader of the output has gone")
+
+    return PipeConsole
 
 
 class Task:
@@ -121,7 +132,6 @@ class Reporter:
         """A counted task; a bar (terminal) or start / progress / end lines (otherwise)."""
         t = Task(self, description, total, completed)
         if self.interactive:
-            from rich.console import Console
             from rich.progress import (
                 BarColumn,
                 MofNCompleteColumn,
@@ -139,7 +149,7 @@ class Reporter:
                 TimeElapsedColumn(),
                 TextColumn("eta"),
                 TimeRemainingColumn(),
-                console=Console(file=self.stream),
+                console=_console_class()(file=self.stream),
                 transient=False,
             )
             self.progress.start()

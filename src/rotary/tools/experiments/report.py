@@ -1,4 +1,4 @@
-"""What a run leaves behind besides its rows: ``report.md``, the table printed at the end, and the
+"""What a run leaves behind besides its rows: ``report.md`` (its tables are :mod:`.tables`) and the
 helpers that write files.
 
 The report is built from the run's :class:`~rotary.tools.experiments.results.Results` (the numbers) and
@@ -11,23 +11,28 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .claims import Assessment, claims_table, fmt, ppl
+from .caveats import caveats
+from .claims import Assessment, claims_table, fmt
 from .plan import SCALING_LABELS
 from .results import Results
 from .studies import RISE_NATS, base_table, best_at
+from .tables import (
+    bucket_table,
+    markdown_table,
+    mode_table,
+    passkey_table,
+    retrieval_table,
+    spread_table,
+)
 
 __all__ = [
-    "markdown_table",
     "observations",
-    "render_table",
     "report_markdown",
     "results_json",
-    "spread_table",
-    "summary_table",
     "write_atomic",
 ]
 
@@ -55,144 +60,6 @@ def results_json(results: dict[str, Any]) -> str:
         return obj
 
     return json.dumps(clean(results), indent=1) + "\n"
-
-
-def markdown_table(header: Sequence[str], body: Iterable[Sequence[str]]) -> str:
-    """A GitHub markdown table (first column left-aligned, the others right-aligned).
-
-    Example:
-        >>> print(markdown_table(["method", "ppl"], [["RoPE", "4.2"]]))
-        | method | ppl |
-        |:---|---:|
-        | RoPE | 4.2 |
-    """
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join([":---"] + ["---:"] * (len(header) - 1)) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in body]
-    return "\n".join(lines)
-
-
-def _percent_interval(found: tuple[float, float, float] | None) -> str:
-    return "–" if found is None else f"{found[0]:.0%} [{found[1]:.0%}, {found[2]:.0%}]"
-
-
-def _gain(results: Results, model: str, scaling: str, distances: Sequence[int], spread: bool = True) -> str:
-    values = results.retrieval_mean(model, scaling, distances) if distances else None
-    if values is None:
-        return "–"
-    stat = values.stat
-    return f"{stat.mean:.2f}" if stat.n < 2 or not spread else f"{stat.mean:.2f} ± {stat.spread:.2f}"
-
-
-def summary_table(results: Results, spread: bool = True) -> tuple[list[str], list[list[str]]]:
-    """The main table: perplexity at every length (non-overlapping windows), sliding windows at L and
-    at the longest length, the retrieval gain inside and past L, passkey at L. Mean ± half the range
-    over seeds (``spread=False``: the mean alone); passkey with its Wilson interval."""
-    L = results.config.train_length
-    longest = results.lengths[-1]
-    inside = [d for d in results.distances if d <= L]
-    past = [d for d in results.distances if d > L]
-    sliding = [e for e in (L, longest) if "sliding" in results.modes]
-    header = (
-        ["method"]
-        + [f"ppl {e / L:g}L" for e in results.lengths]
-        + [f"sliding {e / L:g}L" for e in sliding]
-        + ["retrieval ≤ L", "retrieval > L", "passkey 1L"]
-    )
-
-    def cell(model: str, scaling: str, e: int, mode: str) -> str:
-        if spread:
-            return ppl(results, model, scaling, e, mode)
-        stat = results.perplexity(model, scaling, e, mode)
-        return "–" if stat is None else fmt(stat.mean)
-
-    body = []
-    for m in results.methods():
-        passkey = results.passkey_interval(m.model, m.scaling, L)
-        body.append(
-            [m.label]
-            + [cell(m.model, m.scaling, e, "windows") for e in results.lengths]
-            + [cell(m.model, m.scaling, e, "sliding") for e in sliding]
-            + [
-                _gain(results, m.model, m.scaling, inside, spread),
-                _gain(results, m.model, m.scaling, past, spread),
-                _percent_interval(passkey) if spread else ("–" if passkey is None else f"{passkey[0]:.0%}"),
-            ]
-        )
-    return header, body
-
-
-def _mode_table(results: Results, mode: str) -> str:
-    L = results.config.train_length
-    return markdown_table(
-        ["method"] + [f"{e / L:g}L" for e in results.lengths],
-        [[m.label] + [ppl(results, m.model, m.scaling, e, mode) for e in results.lengths] for m in results.methods()],
-    )
-
-
-def _bucket_table(results: Results) -> str:
-    edges = [0, *results.lengths]
-    header = ["method"] + [f"[{a}, {b})" for a, b in zip(edges[:-1], edges[1:])]
-    body = []
-    for m in results.methods():
-        cells = []
-        for a, b in zip(edges[:-1], edges[1:]):
-            v = results.bucket(m.model, m.scaling, a, b)
-            cells.append(
-                "–"
-                if v is None
-                else (fmt(v.stat.mean) if v.stat.n < 2 else f"{fmt(v.stat.mean)} ± {fmt(v.stat.spread, 2)}")
-            )
-        body.append([m.label] + cells)
-    return markdown_table(header, body)
-
-
-def _retrieval_table(results: Results) -> str:
-    L = results.config.train_length
-    return markdown_table(
-        ["method"] + [f"{d / L:.3g}L" for d in results.distances],
-        [[m.label] + [_gain(results, m.model, m.scaling, [d]) for d in results.distances] for m in results.methods()],
-    )
-
-
-def _passkey_table(results: Results) -> str:
-    L = results.config.train_length
-    return markdown_table(
-        ["method"] + [f"{e / L:g}L" for e in results.lengths],
-        [
-            [m.label] + [_percent_interval(results.passkey_interval(m.model, m.scaling, e)) for e in results.lengths]
-            for m in results.methods()
-        ],
-    )
-
-
-def spread_table(results: Results, mode: str = "windows") -> tuple[list[str], list[list[str]]]:
-    """Per method and length: half the range of the loss over seeds (nats)."""
-    L = results.config.train_length
-    body = []
-    for m in results.methods():
-        cells = []
-        for e in results.lengths:
-            v = results.loss(m.model, m.scaling, e, mode)
-            cells.append("–" if v is None or not v.stat.finite else f"{v.stat.spread:.3f}")
-        body.append([m.label] + cells)
-    return ["method"] + [f"{e / L:g}L" for e in results.lengths], body
-
-
-def render_table(results: Results, console: Any) -> None:
-    """Print the main table with rich."""
-    from rich.table import Table
-
-    header, body = summary_table(results, spread=False)
-    table = Table(
-        title=f"perplexity (bytes), retrieval gain (nats) and passkey; trained at L = {results.config.train_length}; "
-        f"mean over {len(results.seeds)} seed(s) (the spread is in report.md)",
-        title_justify="left",
-    )
-    for i, h in enumerate(header):
-        table.add_column(h, justify="left" if i == 0 else "right")
-    for row in body:
-        table.add_row(*row)
-    console.print(table)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -402,14 +269,14 @@ def _main_sections(results: Results, figures: dict[str, list[Path]]) -> list[str
         "",
         "Non-overlapping windows (each window predicted from its own bytes only):",
         "",
-        _mode_table(results, "windows"),
+        mode_table(results, "windows"),
         "",
     ]
     if "sliding" in results.modes:
         lines += [
             f"Sliding windows (stride {results.config.stride}: every scored byte sees at least E − {results.config.stride} bytes):",
             "",
-            _mode_table(results, "sliding"),
+            mode_table(results, "sliding"),
             "",
         ]
     lines += [
@@ -417,7 +284,7 @@ def _main_sections(results: Results, figures: dict[str, list[Path]]) -> list[str
         "",
         f"![positions](figures/{figures['buckets'][0].name})",
         "",
-        _bucket_table(results),
+        bucket_table(results),
         "",
         "Mean next-byte loss (nats) of queries in each range of positions. A method that only lacks context gets better "
         "to the right; a method that breaks at positions it never saw gets worse.",
@@ -429,7 +296,7 @@ def _main_sections(results: Results, figures: dict[str, list[Path]]) -> list[str
             "",
             f"![retrieval](figures/{figures['retrieval'][0].name})",
             "",
-            _retrieval_table(results),
+            retrieval_table(results),
             "",
             f"Retrieval gain in nats per byte (control loss minus copy loss on the second copy of a random "
             f"{results.config.retrieval_span}-byte span) at each distance between the copies; 0 means nothing is retrieved. "
@@ -441,7 +308,7 @@ def _main_sections(results: Results, figures: dict[str, list[Path]]) -> list[str
         "",
         f"![passkey](figures/{figures['passkey'][0].name})",
         "",
-        _passkey_table(results),
+        passkey_table(results),
         "",
         "Accuracy over every seed's prompts with its Wilson 95% interval.",
         "",
@@ -472,10 +339,12 @@ def _spread_section(results: Results) -> list[str]:
     return lines
 
 
-def _claims_section(assessments: Sequence[Assessment]) -> list[str]:
+def _claims_section(assessments: Sequence[Assessment], warnings: Sequence[str] = ()) -> list[str]:
+    withheld = [w for w in warnings if w.startswith("Not learned")]
     return [
         "## Compared with the published findings",
         "",
+        *([f"**Verdicts withheld.** {withheld[0]}", ""] if withheld else []),
         claims_table(assessments),
         "",
         "The papers trained far larger models on far more text (and the NoPE study used synthetic tasks, not language "
@@ -527,7 +396,7 @@ def _transfer_sections(results: Results, figures: dict[str, list[Path]]) -> list
         "",
         f"![perplexity](figures/{figures['perplexity'][0].name})",
         "",
-        _mode_table(results, "windows"),
+        mode_table(results, "windows"),
         "",
         f"![training loss](figures/{figures['training'][0].name})",
         "",
@@ -536,7 +405,7 @@ def _transfer_sections(results: Results, figures: dict[str, list[Path]]) -> list
         "",
         f"![positions](figures/{figures['buckets'][0].name})",
         "",
-        _bucket_table(results),
+        bucket_table(results),
         "",
         "No paper we cite measures this transfer, so the questions below are this study's own, checked the same way as "
         "the papers' claims of the main comparison.",
@@ -568,6 +437,8 @@ def report_markdown(
         f"{env['device']}, {env['world_size']} process(es)); torch {env['torch']}, rotary {env['rotary']}.{load}",
         "",
     ]
+    warnings = [f"> **{c.split(':', 1)[0]}**:{c.split(':', 1)[1]}" for c in caveats(results)]
+    lines += [line for w in warnings for line in (w, ">")][:-1] + ([""] if warnings else [])
     lines += _setup(run, results)
     if c.study == "base":
         lines += _base_sections(results, figures)
@@ -576,8 +447,8 @@ def report_markdown(
     else:
         lines += _main_sections(results, figures)
     lines += _spread_section(results)
-    lines += ["## What this run shows", ""] + [f"- {o}" for o in observations(results)] + [""]
-    lines += _claims_section(assessments)
+    lines += ["## What this run shows", ""] + [f"- {o}" for o in caveats(results) + observations(results)] + [""]
+    lines += _claims_section(assessments, caveats(results))
     lines += _timing_section(run)
     lines += ["## Notes", ""]
     if c.study is None:

@@ -27,18 +27,22 @@ from typing import Any
 import torch
 
 from ...errors import InputError
+from .caveats import caveats
 from .claims import assess
-from .config import ExperimentConfig, ExperimentError, command_line, differences
+from .config import ExperimentConfig, ExperimentError
 from .data import Corpus, evaluation_tokens, load_corpus, sliding_starts
+from .distributed import Distributed
 from .evaluate import EvaluationText, evaluate_model
 from .figures import draw_figures, loss_curves
 from .plan import ModelSpec, model_specs
 from .progress import Reporter, table_console
-from .report import render_table, report_markdown, results_json, write_atomic
+from .report import report_markdown, results_json, write_atomic
+from .reproduce import command_line, differences
 from .results import Results
 from .rows import Measurements
 from .studies import predicted_limits, study_claims
-from .train import Distributed, build_model, train_model
+from .tables import render_table
+from .train import build_model, train_model
 
 __all__ = [
     "RUN_FORMAT",
@@ -348,6 +352,8 @@ def run_experiment(
         if console is None:
             console = table_console()
         render_table(results, console)
+        for caveat in caveats(results):
+            console.print(f"[bold yellow]{caveat.split(':', 1)[0]}:[/]{caveat.split(':', 1)[1]}")
         train = sum(v for k, v in timings.items() if k.startswith("train "))
         evaluate = sum(v for k, v in timings.items() if k.startswith("evaluate "))
         console.print(

@@ -27,6 +27,7 @@ __all__ = [
     "DISAGREE",
     "NOT_MEASURED",
     "PARTLY",
+    "WITHHELD",
     "WITHIN",
     "Stat",
     "at_least",
@@ -43,6 +44,9 @@ AGREE, DISAGREE, PARTLY, WITHIN, NOT_MEASURED = (
     "within run-to-run spread",
     "not measured",
 )
+
+#: the verdict of every claim in a run whose models have not learned enough (:mod:`.caveats`)
+WITHHELD = "withheld"
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import math
 import os
 import time
@@ -45,12 +44,12 @@ from rotary.models import Decoder, DecoderConfig, transfer_position_encoding
 from ...errors import InputError
 from .config import ExperimentConfig, ExperimentError
 from .data import derived_seed, training_batch
+from .distributed import Distributed, shard
 from .plan import ModelSpec, scaling_block
 from .progress import Reporter
 
 __all__ = [
     "CHECKPOINT",
-    "Distributed",
     "COMPILE_MIN_STEPS",
     "COMPILING_CALLS",
     "READ_EVERY",
@@ -68,7 +67,6 @@ __all__ = [
     "read_interval",
     "start_model",
     "param_groups",
-    "shard",
     "train_model",
     "trained_scaling",
 ]
@@ -87,98 +85,6 @@ COMPILE_MIN_STEPS = 200
 
 #: The calls of a compiled step that compile (see :class:`ForwardBackward`).
 COMPILING_CALLS = 1
-
-
-@dataclass(frozen=True)
-class Distributed:
-    """This process's place under torchrun (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``); 0 / 1 / 0 alone."""
-
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @classmethod
-    def from_env(cls) -> Distributed:
-        """Read torchrun's environment variables.
-
-        Example:
-            >>> Distributed.from_env().world_size >= 1
-            True
-        """
-        try:
-            return cls(
-                int(os.environ.get("RANK", 0)),
-                int(os.environ.get("WORLD_SIZE", 1)),
-                int(os.environ.get("LOCAL_RANK", 0)),
-            )
-        except ValueError:
-            raise ExperimentError(
-                f"RANK / WORLD_SIZE / LOCAL_RANK must be integers (torchrun sets them), got "
-                f"{os.environ.get('RANK')!r} / {os.environ.get('WORLD_SIZE')!r} / {os.environ.get('LOCAL_RANK')!r}"
-            ) from None
-
-    def device(self, kind: str) -> torch.device:
-        """The training device of this process: ``cuda:LOCAL_RANK`` for ``kind == "cuda"``, else the CPU.
-
-        Every tensor a collective touches lives here: NCCL reduces CUDA tensors only.
-
-        Example:
-            >>> Distributed(rank=1, world_size=2, local_rank=1).device("cuda"), Distributed().device("cpu")
-            (device(type='cuda', index=1), device(type='cpu'))
-        """
-        return torch.device("cuda", self.local_rank) if kind == "cuda" else torch.device("cpu")
-
-    def start(self, device: str) -> None:
-        """Join the process group (gloo on CPU; on CUDA nccl for CUDA tensors and gloo for any CPU
-        tensor); nothing to do for one process."""
-        if self.world_size > 1 and not torch.distributed.is_initialized():
-            if device == "cuda":
-                torch.cuda.set_device(self.local_rank)
-            torch.distributed.init_process_group("cpu:gloo,cuda:nccl" if device == "cuda" else "gloo")
-
-    def agree(self, ok: bool, device: torch.device) -> bool:
-        """True when ``ok`` holds on every rank: one all-reduce (MIN) of a ``[1]`` flag on ``device``,
-        the training device (:meth:`device`)."""
-        if self.world_size == 1 or not torch.distributed.is_initialized():
-            return ok
-        flag = torch.tensor([int(ok)], device=device)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
-        return bool(flag.item())
-
-    def mean(self, value: torch.Tensor) -> torch.Tensor:
-        """The mean of ``value`` (any shape, on the training device) over the ranks; ``value`` itself
-        for one process. Used for the logged loss only: DDP averages the gradients itself."""
-        if self.world_size == 1 or not torch.distributed.is_initialized():
-            return value
-        total = value.detach().clone()
-        torch.distributed.all_reduce(total)
-        return total / self.world_size
-
-    def stop(self, sync: torch.device | None = None) -> None:
-        """Leave the process group (nothing to do for one process; idempotent).
-
-        Args:
-            sync: the training device (:meth:`device`), when every rank calls this at the same point
-                after its last collective: a barrier on it comes first. ``None`` (an error path, where
-                a peer may never arrive) leaves at once.
-
-        Why the barrier: gloo's worker threads release a finished collective's tensors after the
-        caller has its result, and releasing a tensor that Python created needs the GIL. A rank that
-        returns from its last ``all_reduce`` and exits at once can reach interpreter shutdown before
-        that release; the worker thread is then killed inside a destructor and the process aborts
-        ("terminate called without an active exception", seen in about 4 of 10 two-rank runs when
-        rank 0 outlives rank 1). A barrier holds no Python tensor, and while a rank waits in it the
-        GIL is free, so the earlier collectives' tensors are gone when it returns.
-        """
-        if self.world_size > 1 and torch.distributed.is_initialized():
-            gc.collect()  # a DDP wrapper kept alive by a reference cycle still holds the group
-            if sync is not None:
-                torch.distributed.barrier(device_ids=[sync.index] if sync.type == "cuda" else None)
-            torch.distributed.destroy_process_group()
 
 
 def decoder_config(
@@ -483,18 +389,6 @@ def diverged_message(
             f"1 - learning rate x weight decay)"
         )
     return text
-
-
-def shard(batch: torch.Tensor, dist: Distributed) -> torch.Tensor:
-    """This rank's rows of a global batch: ``[B, T] -> [B / world_size, T]``, contiguous, rank 0 first.
-
-    Example:
-        >>> batch = torch.arange(8).view(4, 2)
-        >>> shard(batch, Distributed(rank=1, world_size=2)).tolist()
-        [[4, 5], [6, 7]]
-    """
-    rows = batch.shape[0] // dist.world_size
-    return batch[dist.rank * rows : (dist.rank + 1) * rows]
 
 
 def train_model(

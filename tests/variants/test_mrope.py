@@ -554,7 +554,8 @@ def test_hf_patch_gives_the_same_logits_with_an_image(name, monkeypatch):
         monkeypatch.setattr(rotary.hf.patching, "rotate", lambda *a, **k: calls.append(1) or rotate(*a, **k))
         rotary.hf.patch(model)
         patched = model(**inputs).logits
-        assert len(calls) == model.config.text_config.num_hidden_layers  # every text layer, through rotary
+        # every text layer and every vision block (its tower's apply_rotary_pos_emb_vision), through rotary
+        assert len(calls) == model.config.text_config.num_hidden_layers + model.config.vision_config.depth
         torch.testing.assert_close(patched, before, rtol=1e-5, atol=1e-5)
         rotary.hf.unpatch(model)
         assert torch.equal(model(**inputs).logits, before)

@@ -15,6 +15,7 @@ from typing import Any
 
 from .._checks import check_bool, is_int, is_number, is_positive_int
 from ..rope_types import ConfigError, complain
+from .vision_tables import VISION_ROPE
 
 __all__ = [
     "MROPE_MODELS",
@@ -215,12 +216,10 @@ def read_pairing(d: Mapping[str, Any], model_type: str, interleaved: bool | None
     """The pairing of ``model_type`` (or the one stated), or a ConfigError naming what to pass."""
     if model_type in UNSUPPORTED:
         raise ConfigError(f"{label}: model_type {model_type!r} {UNSUPPORTED[model_type]}")
-    from .vision import VISION_ROPE  # the vision towers' table (imported here: it builds on rotary.variants)
-
     if model_type in VISION_ROPE:
         raise ConfigError(
             f"{label}: model_type {model_type!r} is a vision encoder (its RoPE rotates image patches); build it "
-            "with rotary.hf.vision_rope(vision_config) or rotary.AxialRoPE.from_hf_config(vision_config)"
+            "with rotary.hf.vision_rope(vision_config)"
         )
     if interleaved is not None:
         return check_bool(interleaved, "interleaved")

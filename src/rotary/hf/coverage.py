@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .architectures import UNSUPPORTED
-from .vision import ENCODER_STATUS
+from .vision_tables import ENCODER_STATUS
 
 __all__ = ["Coverage", "coverage", "markdown", "rope_model_types", "summary"]
 

@@ -249,30 +249,6 @@ class AxialRoPE(CoordinateRoPE):
         )
 
     @classmethod
-    def from_hf_config(cls, config: Any) -> AxialRoPE:
-        """The axial RoPE of a Hugging Face vision encoder, from its config (``vision_config``).
-
-        The frequencies, pairing and identity tokens of that model's vision tower; its coordinates in the
-        model's token order come from :func:`rotary.hf.vision_rope` (``.positions(grid)``), which this
-        returns the module of.
-
-        Args:
-            config: a transformers vision config (or its dict), or a multimodal config holding one in
-                ``vision_config``; its ``model_type`` must be in :data:`rotary.hf.VISION_ROPE`.
-
-        Raises:
-            rotary.errors.ConfigError: not a vision encoder rotary builds (the message names the producer to use).
-
-        Example:
-            >>> rope = AxialRoPE.from_hf_config({"model_type": "qwen2_5_vl_vision", "hidden_size": 64, "num_heads": 4})
-            >>> rope.head_dim, rope.split, rope.interleaved
-            (16, (8, 8), False)
-        """
-        from ..hf.vision import vision_rope  # rotary.hf builds on the variants, not the other way round
-
-        return vision_rope(config).rope
-
-    @classmethod
     def preset(cls, name: str, head_dim: int | None = None, **overrides: Any) -> AxialRoPE:
         """The axial RoPE of a published model, exactly (see :data:`PRESETS` and ``docs/variants.md``).
 

@@ -1,0 +1,125 @@
+"""The tables of the vision (and other non-text) encoders: which ones :func:`rotary.hf.vision_rope` builds
+and in what form, and why each other RoPE-applying encoder is not built. Plain data, imported by
+:mod:`rotary.hf.architectures` (to point a vision type at its producer) and :mod:`rotary.hf.vision`."""
+
+from __future__ import annotations
+
+__all__ = ["COVERAGE", "ENCODER_STATUS", "FORMS", "VISION_ROPE"]
+
+#: form -> what the tower does (the coverage table shows it beside each model_type)
+FORMS: dict[str, str] = {
+    "qwen_vl": (
+        "2-D axial RoPE over (h, w), pairs (i, i + D/2), h's frequencies then w's (base^(-4k/D) each); "
+        "patches in spatial_merge_size blocks, images and videos packed (grid_thw)"
+    ),
+    "qwen_vl_window": "qwen_vl, with the patches reordered into the tower's attention windows (window_size)",
+    "kimi": "2-D axial RoPE, pairs (i, i + D/2), the pairs dealt to w and h in turn (w, h, w, h, …); grid_thw",
+    "minimax": (
+        "3-D axial RoPE over (t, h, w) on the first 3·2⌊D/6⌋ channels, pairs (i, i + r/2), t's, h's, w's "
+        "frequencies in turn; the rest pass through; grid_thw"
+    ),
+    "pixtral": "2-D axial RoPE, pairs (i, i + D/2), one frequency set dealt to h and w in turn; images packed",
+    "llama4": "2-D axial RoPE over (y + 1, x + 1), pairs (2i, 2i+1), x's block first; the class token last, unrotated",
+    "dinov3": "2-D axial RoPE over patch centres in [-1, 1], pairs (i, i + D/2); class and register tokens first, unrotated",
+    "sam3": "2-D axial RoPE over (w, h) scaled to the window size, pairs (2i, 2i+1); windowed and global layers",
+}
+
+#: model_type -> its form (:data:`FORMS`); :func:`vision_rope` builds each
+VISION_ROPE: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "qwen2_vl_vision qwen3_vl_vision qwen3_vl_moe_vision qwen3_5_vision qwen3_5_moe_vision "
+            "qwen3_omni_moe_vision_encoder qwen4_exp_vision glm4v_vision glm4v_moe_vision glm_ocr_vision "
+            "glm5_next_vision ernie4_5_vl_moe_vision paddleocr_vl_vision cohere_compass_vision dots3_note_vision_encoder lfm3_vl_vision video_llama_3_vision"
+        ).split(),
+        "qwen_vl",
+    ),
+    **dict.fromkeys("qwen2_5_vl_vision qwen2_5_omni_vision_encoder exaone4_5_vision".split(), "qwen_vl_window"),
+    "kimi_k25_vision": "kimi",
+    "minimax_m3_vl_vision": "minimax",
+    "pixtral": "pixtral",
+    "llama4_vision_model": "llama4",
+    **dict.fromkeys("dinov3_vit eomt_dinov3".split(), "dinov3"),
+    "sam3_vit_model": "sam3",
+}
+
+_AUDIO = "audio encoder: RoPE over audio frames; not built from its config yet"
+_VIDEO = "video encoder: RoPE over video positions; not built from its config yet"
+_SEGMENT = (
+    "segmentation / tracking part (mask decoder, prompt encoder, memory attention): RoPE over feature-map "
+    "positions; not built yet"
+)
+_CODEC = "audio codec / vocoder / speech tokenizer: RoPE over frames inside the codec; not built yet"
+_VISION_LATER = "vision encoder: RoPE over image patches; not built from its config yet"
+_GEMMA4 = (
+    "vision encoder: rotates each axis's half of the head with its own half pairing (pairs (i, i + D/4) "
+    "within each half), a channel layout no AxialRoPE form gives yet; not built"
+)
+_NO_ROPE_TOWER = "no RoPE in this part: the RoPE in its modeling file belongs to another part of the model"
+_WRAPPER = (
+    "wrapper: a model of several parts; vision_rope(config) builds its vision tower (vision_config, "
+    "backbone_config), the other parts from their own sub-configs"
+)
+_OTHER = "other encoder (byte patches, feature matching, time series, an assistant model): its RoPE is not built yet"
+
+#: model_type -> why :func:`vision_rope` does not build it (category first). Every RoPE-applying model
+#: type that is not a text decoder and not in :data:`VISION_ROPE` is here (checked by the tests).
+ENCODER_STATUS: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "dots3_note_audio_encoder gemma3n_audio gemma4_audio gemma4_unified_audio glmasr_encoder lasr_ctc "
+            "lasr_encoder moonshine_streaming_encoder muse_spark_audio nemotron3_5_transcribe_asr_audio "
+            "nemotron3_5_transcribe_audio nemotron3_5_transcribe_word_timestamp nemotron3_diarization "
+            "nemotron3_diarization_audio nemotron_asr_streaming nemotron_asr_streaming_encoder parakeet_ctc "
+            "parakeet_encoder parakeet_rnnt parakeet_tdt pe_audio_encoder phi4_multimodal_audio "
+            "qwen2_5_omni_audio_encoder qwen3_omni_moe_audio_encoder voxtral_realtime_encoder wav2vec2-bert "
+            "wav2vec2-conformer"
+        ).split(),
+        _AUDIO,
+    ),
+    **dict.fromkeys("pe_audio_video_encoder pe_video_encoder vjepa2".split(), _VIDEO),
+    **dict.fromkeys(
+        (
+            "edgetam_video edgetam_video_mask_decoder edgetam_video_prompt_encoder sam2_video sam2_video_mask_decoder "
+            "sam2_video_prompt_encoder sam3_detr_decoder sam3_detr_encoder sam3_geometry_encoder sam3_mask_decoder "
+            "sam3_tracker_video sam3_tracker_video_mask_decoder sam3_tracker_video_prompt_encoder"
+        ).split(),
+        _SEGMENT,
+    ),
+    **dict.fromkeys(
+        (
+            "mimi mimi_decoder mimi_encoder neucodec pocket_tts_audio_tokenizer pocket_tts_audio_tokenizer_decoder "
+            "pocket_tts_audio_tokenizer_encoder qwen2_5_omni_bigvgan qwen2_5_omni_dit qwen2_5_omni_token2wav xcodec2"
+        ).split(),
+        _CODEC,
+    ),
+    **dict.fromkeys(
+        (
+            "cosmos3_edge_vision deepseek_ocr2_encoder deepseek_ocr2_sam_vision_model "
+            "deepseek_ocr2_vision gemma3n_vision gemma4_unified_vision "
+            "granite_docling_vision inkling2_vision mlcd mlcd_vision_model molmo2_vision "
+            "muse_glimmer_vision muse_spark_vision phi4_multimodal_vision sapiens2 step3p5_vision "
+            "unlimited_ocr_sam_vision_model unlimited_ocr_vision unlimited_ocr_vision_encoder"
+        ).split(),
+        _VISION_LATER,
+    ),
+    **dict.fromkeys(
+        (
+            "chameleon_vqgan emu3_vqgan glm_image_vision glm_image_vqmodel hunyuan_vl_vision idefics_perciever "
+            "idefics_vision mllama_vision_model molmo2_adapter sapiens2_head t5_gemma_module"
+        ).split(),
+        _NO_ROPE_TOWER,
+    ),
+    **dict.fromkeys("qwen2_5_omni qwen3_omni_moe sam3 sam3_vision_model".split(), _WRAPPER),
+    **dict.fromkeys(
+        "blt_global_transformer efficientloftr lightglue muse_glimmer_assistant timesfm2_5".split(), _OTHER
+    ),
+    "gemma4_vision": _GEMMA4,
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# reading the config
+
+#: the coverage table's entry (rotary.hf.coverage): the vision towers vision_rope builds
+COVERAGE = [("rotary.hf.vision_rope", VISION_ROPE)]

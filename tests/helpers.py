@@ -289,19 +289,19 @@ class _NoHostReads(torch.utils._python_dispatch.TorchDispatchMode):
 class accelerator_rules:
     """Run rotary on CPU tensors as if they were on an accelerator, and fail on any host read.
 
-    ``rotary.deferred.host_checks`` is the one place that decides whether a device's checks read
-    values on the host (the CPU) or are deferred to device flags (every other device); inside this
-    context it answers "deferred" for the CPU too, and a dispatch mode raises :class:`HostReadError`
+    ``rotary._checks.host_checks`` is the one place that decides whether a device's checks read
+    values on the host (the CPU) or read nothing (every other device); inside this context it
+    answers "read nothing" for the CPU too, and a dispatch mode raises :class:`HostReadError`
     on any op that reads values (``.item()``, ``int(t)``, ``bool(t)``, ``nonzero``, ``equal``, ...).
     ``Tensor.tolist`` and ``Tensor.numpy`` (which read memory without an aten op) raise too. The
     CPU kernel still computes the results, so they can be compared with the usual path.
     """
 
     def __enter__(self):
-        import rotary.deferred as deferred
+        import rotary._checks as checks
 
-        self._saved = (deferred.host_checks, torch.Tensor.tolist, torch.Tensor.numpy)
-        deferred.host_checks = lambda device: False
+        self._saved = (checks.host_checks, torch.Tensor.tolist, torch.Tensor.numpy)
+        checks.host_checks = lambda device: False
 
         def refuse(*args, **kwargs):
             raise HostReadError("tolist()/numpy() read tensor values on the host")
@@ -313,10 +313,10 @@ class accelerator_rules:
         return self
 
     def __exit__(self, *exc):
-        import rotary.deferred as deferred
+        import rotary._checks as checks
 
         self._mode.__exit__(*exc)
-        deferred.host_checks, torch.Tensor.tolist, torch.Tensor.numpy = self._saved
+        checks.host_checks, torch.Tensor.tolist, torch.Tensor.numpy = self._saved
         return False
 
 

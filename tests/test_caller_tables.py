@@ -12,8 +12,6 @@ import torch
 
 import rotary
 from helpers import accelerator_rules
-from rotary import deferred
-from rotary.errors import DeviceInputError
 from rotary.tables import expand_pairs
 
 
@@ -88,14 +86,16 @@ def test_a_swapped_pair_is_named_in_every_form_that_holds_position_0():
     rotary.apply_rotary(q, sin[3:8], cos[3:8])
 
 
-def test_a_swapped_pair_on_an_accelerator_is_a_deferred_named_error():
+def test_a_swapped_pair_on_an_accelerator_is_the_caller_s_contract_and_named_with_validate_sync():
+    """Tables made on an accelerator are not read (a read would synchronise): nothing is raised or left to
+    poll there; validate="sync" reads a few rows at once on any device and names the swap."""
     rope = rotary.RoPE(16)
     q = torch.randn(1, 2, 5, 16)
     cos, sin = rope.cos_sin(torch.arange(5))
     with accelerator_rules():
         rotary.apply_rotary(q, sin.clone(), cos.clone())  # per-token: its row 0 is position 0
-    with pytest.raises(DeviceInputError, match="cos and sin swapped"):
-        deferred.check_device_errors()
+    with pytest.raises(rotary.InputError, match="cos and sin swapped"):
+        rotary.apply_rotary(q, sin.clone(), cos.clone(), validate="sync")
 
 
 def test_no_valid_table_has_the_swap_signature():

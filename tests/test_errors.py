@@ -8,7 +8,7 @@ import torch
 
 import rotary
 from rotary import positions as P
-from rotary.errors import ConfigError, DeviceInputError, InputError, InputTypeError
+from rotary.errors import ConfigError, InputError, InputTypeError
 from rotary.models import DecoderConfig
 from rotary.nn import RotaryAttention
 
@@ -81,13 +81,9 @@ def test_a_wrong_type_is_an_input_type_error(call):
 def test_the_kinds_of_input_error_and_where_they_are_exported():
     assert issubclass(InputError, ValueError) and not issubclass(InputError, TypeError)
     assert issubclass(InputTypeError, InputError) and issubclass(InputTypeError, TypeError)
-    assert issubclass(ConfigError, InputError) and issubclass(DeviceInputError, InputError)
-    assert (rotary.InputError, rotary.InputTypeError, rotary.ConfigError, rotary.DeviceInputError) == (
-        InputError,
-        InputTypeError,
-        ConfigError,
-        DeviceInputError,
-    )
+    assert issubclass(ConfigError, InputError)
+    assert (rotary.InputError, rotary.InputTypeError, rotary.ConfigError) == (InputError, InputTypeError, ConfigError)
+    assert not hasattr(rotary, "DeviceInputError") and not hasattr(rotary, "check_device_errors")  # no flags to poll
     assert rotary.rope_types.ConfigError is ConfigError and rotary.hf.config.ConfigError is ConfigError
     with pytest.raises(ConfigError):  # a Hugging Face config that cannot be right
         rotary.RoPE.from_hf_config({**LLAMA, "rope_scaling": {"rope_type": "linear"}})

@@ -66,10 +66,10 @@ def test_writing_a_kv_cache_invalidates_what_a_backward_saved_of_it():
 CUDA_BRANCHES = textwrap.dedent(
     """
     import torch, rotary
-    from rotary import deferred, serving
+    from rotary import _checks, serving
     from rotary.rotation import _decode_triton
 
-    deferred.host_checks = lambda device: False  # as on an accelerator
+    _checks.host_checks = lambda device: False  # as on an accelerator
     serving._fused_kernel_device = lambda q: True  # the CUDA branches, run by Triton's interpreter
     rope = rotary.RoPE(8)
     cos, sin = rope.cos_sin(torch.arange(16))

@@ -1,6 +1,7 @@
 """The no-synchronisation rule, on this CPU machine: every hot path, run as on an accelerator
 (``helpers.accelerator_rules``), reads no tensor value on the host and gives the results of the CPU
-path bit for bit; bad input sets a deferred flag that ``rotary.check_device_errors`` raises by name.
+path bit for bit; bad input that only device values show is named on the CPU and is the caller's
+contract on an accelerator (nothing read, nothing to poll).
 
 On a GPU the same rule is checked for real (``torch.cuda.set_sync_debug_mode("error")`` and CUDA-graph
 capture) in ``tests/test_cuda.py``.
@@ -13,8 +14,6 @@ import torch
 
 import rotary
 from helpers import HostReadError, accelerator_rules
-from rotary import deferred
-from rotary.errors import DeviceInputError
 
 B, S, HQ, HK, D = 2, 6, 4, 2, 16
 ROPE = rotary.RoPE(D)
@@ -90,10 +89,9 @@ def test_hot_path_reads_nothing_on_an_accelerator_and_gives_the_cpu_result(name)
     want = _calls()[name]()
     with accelerator_rules():
         got = _calls()[name]()
-        got = _calls()[name]()  # a second call: cached tables, checks done once per tensor version
+        got = _calls()[name]()  # a second call: cached tables
     for g, w in zip(got, want):
         assert torch.equal(g, w)
-    deferred.check_device_errors()  # nothing flagged
 
 
 def test_the_rule_catches_a_host_read():
@@ -102,13 +100,13 @@ def test_the_rule_catches_a_host_read():
 
 
 @pytest.mark.parametrize(
-    ("call", "flagged"),
+    ("call", "named"),
     [
-        (lambda q, k: _static_write(q, k, max_len=S - 1), "more tokens written to a rotary.nn.StaticKVCache"),
-        (lambda q, k: (rotary.apply_rotary(q, TABLE[0][:S] * 2, TABLE[1][:S]),), "not rotation tables"),
+        (lambda q, k: _static_write(q, k, max_len=S - 1), "do not fit"),
+        (lambda q, k: (rotary.apply_rotary(q, TABLE[0][:S] * 2, TABLE[1][:S]),), "not constant"),
         (
             lambda q, k: (rotary.apply_rotary(q, *TABLE, interleaved=True, position_ids=torch.arange(S)),),
-            "not rotation tables",
+            "laid out for the half",
         ),
         (
             lambda q, k: (rotary.apply_rotary(q, TABLE[1], TABLE[0], position_ids=torch.arange(S)),),
@@ -118,18 +116,19 @@ def test_the_rule_catches_a_host_read():
             lambda q, k: (
                 rotary.apply_rotary(q[0].transpose(0, 1).contiguous(), *TABLE, cu_seqlens=torch.tensor([0, 7, 6])),
             ),
-            "cu_seqlens",
+            "cu_seqlens must start at 0",
         ),
     ],
 )
-def test_bad_input_on_an_accelerator_is_a_deferred_named_error(call, flagged, monkeypatch):
+def test_bad_device_values_are_named_on_the_cpu_and_the_caller_s_contract_on_an_accelerator(call, named, monkeypatch):
+    """What only device values show is read on the CPU (free) and raised by name; on an accelerator nothing
+    is read (a read would synchronise) and nothing is raised or left to poll: the documented contract."""
     monkeypatch.setattr(rotary.kernels.ops, "load_cpu_extension", lambda: None)  # the checking pure-torch path
     q, k = _qk()
+    with pytest.raises(rotary.InputError, match=named):
+        call(q, k)
     with accelerator_rules():
         call(q, k)
-    with pytest.raises(DeviceInputError, match=flagged):
-        deferred.check_device_errors()
-    deferred.check_device_errors()  # cleared
 
 
 @pytest.mark.parametrize("kernel", ["cpu", "torch"])
@@ -145,7 +144,6 @@ def test_positions_past_the_cache_are_computed_and_nothing_is_flagged(kernel, mo
     for g, w in zip(got, want):
         assert torch.equal(g, w)
     assert not any(torch.isnan(o).any() for o in (*got, *static))
-    deferred.check_device_errors()  # nothing flagged
 
 
 def test_a_position_outside_a_table_you_made_is_nan_for_that_token_only(monkeypatch):
@@ -157,26 +155,8 @@ def test_a_position_outside_a_table_you_made_is_nan_for_that_token_only(monkeypa
         got = rotary.apply_rotary(q, *TABLE, position_ids=ids)
     assert torch.equal(got[:, :, :5], want[:, :, :5])
     assert torch.isnan(got[:, :, 5]).all()  # never another row's rotation, never a read past the table
-    deferred.check_device_errors()  # the caller's contract: nothing to poll
     with pytest.raises(rotary.InputError, match="reach position 16 but the cos/sin tables have only 16 rows"):
         rotary.apply_rotary(q, *TABLE, position_ids=ids)  # on the CPU, at once
-
-
-def test_caller_tables_are_checked_once_per_tensor_version(monkeypatch):
-    checks = []
-    real = rotary.tables._check_rows_on_device
-    monkeypatch.setattr(rotary.tables, "_check_rows_on_device", lambda *a, **kw: (checks.append(1), real(*a, **kw))[1])
-    q, _ = _qk()
-    cos, sin = (t.clone() for t in ROPE.cos_sin(torch.arange(S)))
-    with accelerator_rules():
-        for _ in range(3):
-            rotary.apply_rotary(q, cos, sin)
-        assert len(checks) == 1
-        with torch.no_grad():
-            cos.mul_(1.0)  # a new version: checked again
-        rotary.apply_rotary(q, cos, sin)
-    assert len(checks) == 2
-    deferred.check_device_errors()
 
 
 def test_validate_sync_checks_on_the_host_at_once():

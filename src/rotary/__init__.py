@@ -1,9 +1,8 @@
 """rotary: rotary position embeddings (RoPE) for PyTorch: exact, complete, fast, inspectable."""
 
 # hf, models, nn: layers and models built on RoPE (rotary.hf imports transformers only inside patch())
-from . import analysis, deferred, errors, hf, models, nn, positions, qk_norm, reference, variants
-from .deferred import check_device_errors
-from .errors import ConfigError, DeviceInputError, InputError, InputTypeError
+from . import analysis, errors, hf, models, nn, positions, qk_norm, reference, variants
+from .errors import ConfigError, InputError, InputTypeError
 from .frequencies import Frequencies, frequencies
 from .functional import apply_rotary, apply_rotary_, apply_rotary_kv_, apply_rotary_qkv_, check_tables
 from .pairing import permute_qk_weight, to_half, to_interleaved
@@ -21,7 +20,6 @@ __version__ = "0.1.0"
 __all__ = [
     "AxialRoPE",
     "ConfigError",
-    "DeviceInputError",
     "InputError",
     "InputTypeError",
     "ROPE_INIT_FUNCTIONS",
@@ -39,9 +37,7 @@ __all__ = [
     "apply_rotary_",
     "apply_rotary_kv_",
     "apply_rotary_qkv_",
-    "check_device_errors",
     "check_tables",
-    "deferred",
     "errors",
     "frequencies",
     "hf",

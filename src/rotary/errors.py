@@ -6,9 +6,12 @@ line and exits with status 2, and shows the traceback of anything else.
 
 - :class:`InputError` is a ``ValueError`` (code that catches ``ValueError`` keeps working);
 - :class:`InputTypeError` is an argument of the wrong type, and also a ``TypeError``;
-- :class:`ConfigError` is a RoPE configuration (a scaling block, a Hugging Face config) that cannot be right;
-- :class:`DeviceInputError` is bad input found on an accelerator by a deferred check
-  (:mod:`rotary.deferred`) and raised at the next :func:`rotary.check_device_errors`.
+- :class:`ConfigError` is a RoPE configuration (a scaling block, a Hugging Face config) that cannot be right.
+
+On an accelerator nothing is read back to check a value only the device holds (a read would
+synchronise): such a value is valid by construction (any integer position is a rotation), refused
+by a device-side assertion where memory safety needs one, or the caller's contract, stated where
+the argument is documented.
 
 Example:
     >>> import rotary
@@ -21,7 +24,7 @@ Example:
 
 from __future__ import annotations
 
-__all__ = ["InputError", "InputTypeError", "ConfigError", "DeviceInputError"]
+__all__ = ["InputError", "InputTypeError", "ConfigError"]
 
 
 class InputError(ValueError):
@@ -35,8 +38,3 @@ class InputTypeError(InputError, TypeError):
 
 class ConfigError(InputError):
     """A RoPE configuration that cannot be right; the message names the value and the fix."""
-
-
-class DeviceInputError(InputError):
-    """Bad input found on an accelerator by a check that did not synchronise, raised later by
-    :func:`rotary.check_device_errors` (see :mod:`rotary.deferred`)."""

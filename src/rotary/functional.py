@@ -105,7 +105,10 @@ def apply_rotary(
         inplace: write the result into ``x`` and return ``x``; pass-through channels are neither
             read nor written, and nothing of ``x``'s size is allocated.
         validate: ``True`` (default): check a few rows of the tables — finite, rotations, laid out
-            for ``interleaved`` — and that positions stay inside them; ``"full"``: every row;
+            for ``interleaved``, not a swapped ``(sin, cos)`` pair — and that positions stay inside
+            them, on the CPU; on an accelerator nothing is read (a read would synchronise): the tables
+            are the caller's contract and a position outside them gives NaN for that token;
+            ``"sync"``: a few rows, read at once on any device; ``"full"``: every row, at once;
             ``False``: no check (only for tables known to be right).
         position_ids: integer ``[S]`` / ``[B, S]`` (or ``[total_tokens]`` for packed x) rows of cos/sin.
         cu_seqlens: integer ``[N + 1]`` sequence boundaries of packed x.

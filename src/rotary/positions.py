@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import deferred
+from . import _checks
 from ._checks import check_bool, check_int, check_positive_int
 from .errors import InputError, InputTypeError
 
@@ -123,15 +123,7 @@ class Positions:
         object.__setattr__(self, "ids", ids.long())
         if torch.compiler.is_compiling() or not ids.numel() or ids.device.type == "meta":
             return
-        if not deferred.host_checks(ids.device):  # the same claims, checked on the device
-            bad = ids < 0
-            if self.bound is not None:
-                bad = bad | (ids >= self.bound)
-                if exact:
-                    bad = bad | (ids.max() + 1 != self.bound)
-            if self.start is not None:
-                bad = bad | (ids != torch.arange(self.start, self.start + ids.numel(), device=ids.device))
-            deferred.record(deferred.POSITIONS_SLOT, bad)
+        if not _checks.host_checks(ids.device):  # not read: the claims are the caller's contract there
             return
         low, high = (int(v) for v in torch.aminmax(ids))
         if low < 0:
@@ -226,16 +218,14 @@ def _integer_ids(position_ids: object, name: str) -> torch.Tensor:
 def _read_range(ids: torch.Tensor, name: str, signed: bool = False) -> int | None:
     """``max(ids) + 1`` with one read on the CPU; ``None`` elsewhere (accelerators, the meta device,
     ``torch.compile``), where nothing is read. Unless ``signed`` the ids must be >= 0: raised on the
-    CPU, a deferred check on accelerators (:mod:`rotary.deferred`), an assertion in a compiled graph.
+    CPU, the caller's contract on accelerators (nothing read), an assertion in a compiled graph.
     ``signed`` (ids that only address rotations, any integer valid): no check, and ``None`` when an id
     is negative (no cached row holds it: its row is computed)."""
     if torch.compiler.is_compiling():
         if not signed:
             torch._assert_async((ids >= 0).all(), name + " must be >= 0")
         return None
-    if not deferred.host_checks(ids.device):  # no values read here (meta has none, a GPU would sync)
-        if not signed:
-            deferred.record(deferred.POSITIONS_SLOT, ids < 0)
+    if not _checks.host_checks(ids.device):  # no values read here (meta has none, a GPU would sync)
         return None
     if not ids.numel():
         return 0
@@ -388,13 +378,10 @@ def check_attention_mask(attention_mask: torch.Tensor, *, name: str = "attention
                 f"{name} must be bool or integer 0/1, got dtype {attention_mask.dtype}; "
                 "additive float masks are not accepted (for a 0 / -inf mask pass mask == 0 as a bool tensor)"
             )
-        # a value check reads the data: skipped under torch.compile, where it would break the graph, and
-        # deferred on accelerators
-        if not torch.compiler.is_compiling():
-            bad = (attention_mask != 0) & (attention_mask != 1)
-            if not deferred.host_checks(attention_mask.device):
-                deferred.record(deferred.MASK_SLOT, bad)
-            elif bool(bad.any()):
+        # a value check reads the data: on the CPU only (under torch.compile it would break the graph, on
+        # an accelerator it would synchronise); elsewhere 0/1 values are the caller's contract (nonzero attends)
+        if not torch.compiler.is_compiling() and _checks.host_checks(attention_mask.device):
+            if bool(((attention_mask != 0) & (attention_mask != 1)).any()):
                 raise InputError(f"{name} must hold only 0 and 1 (or be bool)")
         attention_mask = attention_mask.bool()
     return attention_mask
@@ -403,8 +390,9 @@ def check_attention_mask(attention_mask: torch.Tensor, *, name: str = "attention
 def from_cu_seqlens(cu_seqlens: torch.Tensor, total: int, *, max_seqlen: int | None = None) -> Positions:
     """Per-token positions ``[total]`` of packed sequences, restarting at 0 at every boundary.
 
-    Checked at once on the CPU; on accelerators a deferred check, and no value is read: the bound is
-    ``max_seqlen`` when given, else unknown (the kernels check positions against their table).
+    Checked at once on the CPU; on accelerators no value is read and well-formed ``cu_seqlens`` are the
+    caller's contract: the bound is ``max_seqlen`` when given, else unknown (a position a table does
+    not hold is computed by a RoPE, NaN in a caller's table; never read outside it).
 
     Args:
         cu_seqlens: integer ``[N + 1]``: ``0, len_0, len_0 + len_1, ..., total``.
@@ -424,13 +412,7 @@ def from_cu_seqlens(cu_seqlens: torch.Tensor, total: int, *, max_seqlen: int | N
     if given:
         check_int(max_seqlen, "max_seqlen", minimum=0)
     cu = cu_seqlens.to(torch.int64)
-    if not torch.compiler.is_compiling() and not deferred.host_checks(cu.device):
-        lengths = cu.diff()
-        bad = (cu[0] != 0) | (cu[-1] != total) | (lengths < 0).any()
-        if max_seqlen is not None:
-            bad = bad | (lengths.max() > max_seqlen)
-        deferred.record(deferred.CU_SEQLENS_SLOT, bad)
-    elif not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling() and _checks.host_checks(cu.device):
         lengths = cu.diff()
         if int(cu[0]) != 0 or int(cu[-1]) != total or bool((lengths < 0).any()):
             raise InputError(
@@ -480,7 +462,7 @@ def from_call(
         device: where the positions must live (the inputs' device).
 
     Returns:
-        :class:`Positions` on ``device`` (validated: on the CPU at once, elsewhere by deferred checks),
+        :class:`Positions` on ``device`` (validated on the CPU; elsewhere nothing is read),
         or ``None``.
 
     Example:

@@ -18,7 +18,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from . import deferred
+from . import _checks
 from . import positions as P
 from ._checks import check_bool, check_choice, check_positive_int
 from ._limits import MAX_TABLE_BYTES, check_bytes
@@ -323,7 +323,7 @@ class TableSource(nn.Module):
         ids = positions.ids
         learned = self.log_frequency_scale
         bound = positions.bound
-        if bound is None and not deferred.host_checks(ids.device) and not compiling:
+        if bound is None and not _checks.host_checks(ids.device) and not compiling:
             # ids on an accelerator, not read: the cached table as it is (at least max_position rows,
             # or what prepare() sized); the kernel computes the row of a position the table does not hold
             bound = -1
@@ -415,7 +415,6 @@ class TableSource(nn.Module):
         cache.get(device, max_position, dtype)
         self._inv_freq_on(self.original_freqs, device)
         self._row_frequencies_on(self.original_freqs, device)
-        deferred.flags(device)  # made now, not inside a capture
         return self
 
     def cos_sin(

@@ -19,7 +19,7 @@ from typing import Literal
 
 import torch
 
-from . import deferred
+from . import _checks
 from ._checks import check_bool
 from .errors import InputError, InputTypeError
 from .kernels import ops
@@ -51,8 +51,8 @@ def tables_from_cos_sin_cache(
     Raises:
         rotary.errors.InputError: (on the CPU) a position outside the cache's rows, or a gathered row holding
             NaN or inf (one sum of the gathered rows). Elsewhere nothing is read: a position outside gives
-            NaN for that token (the caller's contract), a NaN/inf row a deferred error
-            (:func:`rotary.check_device_errors`); under ``torch.compile`` an assertion in the graph.
+            NaN for that token and a NaN/inf row NaN or inf in its tokens' rotations (both the caller's
+            contract); under ``torch.compile`` an assertion in the graph.
             The rows no token reads are not checked.
 
     Example:
@@ -71,7 +71,7 @@ def _gather_tables(cos_sin_cache: torch.Tensor, positions: torch.Tensor, interle
     """:func:`tables_from_cos_sin_cache` after its host-side checks (:func:`_check_cos_sin_cache`)."""
     rows = cos_sin_cache.shape[0]
     ids = positions.long()
-    host = deferred.host_checks(ids.device) and not torch.compiler.is_compiling()
+    host = _checks.host_checks(ids.device) and not torch.compiler.is_compiling()
     if host:
         if ids.numel():
             low, high = (int(x) for x in torch.aminmax(ids))
@@ -126,7 +126,7 @@ def _check_cos_sin_cache(cos_sin_cache: torch.Tensor, positions: torch.Tensor) -
 
 def _check_gathered_rows(gathered: torch.Tensor, ids: torch.Tensor, host: bool) -> None:
     """NaN or inf in the cos_sin_cache rows the tokens read (``gathered`` ``[..., r]``, at ``ids``): named on
-    the CPU, flagged elsewhere (those tokens' rotations are NaN or inf), asserted in a compiled graph."""
+    the CPU, the caller's contract elsewhere (those tokens' rotations are NaN or inf), asserted in a compiled graph."""
     if not gathered.numel():
         return
     if host:  # one sum (NaN and inf survive it); the rows are looked at only when it is not finite
@@ -137,10 +137,9 @@ def _check_gathered_rows(gathered: torch.Tensor, ids: torch.Tensor, host: bool) 
             return  # finite values whose sum overflowed
         index = int(bad.flatten().int().argmax())
         raise InputError(_non_finite_row(int(ids.flatten()[index]), index, ids))
-    bad = torch.isnan(gathered - gathered)
-    if torch.compiler.is_compiling():  # no flags in a graph: checked in it (an error when it runs)
+    if torch.compiler.is_compiling():  # checked in the graph (an error when it runs)
+        bad = torch.isnan(gathered - gathered)
         torch._assert_async(~bad.any(), "cos_sin_cache rows read by these positions hold NaN or inf")
-    deferred.record(deferred.COS_SIN_CACHE_SLOT, bad)
 
 
 def _positions_outside(low: int, high: int, rows: int) -> str:
@@ -192,9 +191,9 @@ def rotate_and_cache(
             tables carry their own: with tables, ``interleaved=True`` is an error for half-pairing tables).
             ``cos_sin_cache`` is used as given, except that the rows the tokens read are checked for NaN
             and inf at every call: on the CPU an :class:`~rotary.errors.InputError` naming the row (one
-            pass over those rows in the C++ kernel, a sum of the gathered rows without it), elsewhere a
-            deferred error (:func:`rotary.check_device_errors`; those tokens' rotations are NaN or
-            inf), under ``torch.compile`` an assertion in the graph. On CUDA (eager, an fp32/bf16/fp16
+            pass over those rows in the C++ kernel, a sum of the gathered rows without it), elsewhere the
+            caller's contract (those tokens' rotations are NaN or inf; nothing is read), under
+            ``torch.compile`` an assertion in the graph. On CUDA (eager, an fp32/bf16/fp16
             cache) the kernel reads each token's row of the cache itself, at its position, and checks it
             there: no table is gathered first. The whole table is never scanned: rows no token reads are
             not checked, nor whether the values are rotations (cos² + sin² = 1); check the table once
@@ -211,11 +210,11 @@ def rotate_and_cache(
             shapes; caches of another dtype, device or shape; slots not int64/int32 ``[B, S]``); caches that
             share memory with each other, with q, k or v, or within themselves (expanded), or are leaves that
             require grad. On the CPU also two tokens given one cache row (on CUDA which one is kept is undefined). A slot outside ``0 .. T_max - 1`` is an error on the CPU; on
-            an accelerator nothing is read: that token's k and v are not written and
-            :func:`rotary.check_device_errors` raises later. NaN or inf in a row of ``cos_sin_cache`` that a
-            token reads: the same. A position outside ``cos_sin_cache``: an error on the CPU, NaN in that
+            an accelerator nothing is read: that token's k and v are not written (the caller's
+            contract, as vLLM's padding slots). NaN or inf in a row of ``cos_sin_cache`` that a
+            token reads: NaN or inf in that token's rotation there (the caller's contract). A position outside ``cos_sin_cache``: an error on the CPU, NaN in that
             token's rotation elsewhere (the caller's contract). A RoPE's ``tables`` take any position.
-            Under ``torch.compile`` a bad slot (off the fused CUDA kernel, which flags bad slots itself),
+            Under ``torch.compile`` a bad slot (off the fused CUDA kernel, which skips bad slots),
             a position outside ``cos_sin_cache`` or NaN/inf in a row read from it is checked in the graph:
             a ``RuntimeError`` when it runs.
 
@@ -389,7 +388,7 @@ def _cpu_kernel(q, k, v, k_cache, v_cache, slots):
         and type(v_cache) is torch.Tensor
         and type(slots) is torch.Tensor
         and q.is_cpu
-        and deferred.host_checks(q.device)
+        and _checks.host_checks(q.device)
     ):
         return load_cpu_extension()
     return None
@@ -480,7 +479,7 @@ def _check_shapes(q, k, v, k_cache, v_cache, slots) -> None:
 
 def _check_slots(slots: torch.Tensor, k_cache: torch.Tensor, seq_len: int) -> None:
     """On the CPU: every slot inside the cache (``k_cache`` ``[Bc, T, Hk, D]``), no cache row given to two tokens."""
-    if deferred.host_checks(slots.device) and slots.numel() and not torch.compiler.is_compiling():
+    if _checks.host_checks(slots.device) and slots.numel() and not torch.compiler.is_compiling():
         low, high = (int(x) for x in torch.aminmax(slots))
         if low < 0 or high >= k_cache.shape[1]:
             raise InputError(_slots_outside(low, high, k_cache.shape[1]))
@@ -541,9 +540,9 @@ def _check_memory(q, k, v, k_cache, v_cache) -> None:
 
 def _write_rows(cache: torch.Tensor, new: torch.Tensor, slots: torch.Tensor) -> None:
     """``cache[b or 0, slots[b, s]] = new[b, s]`` for every token; on accelerators a slot outside the
-    cache writes nothing (no read: it repeats another token's write) and is flagged."""
+    cache writes nothing (no read: it repeats another token's write; the caller's contract)."""
     slots = slots.long()
-    host = deferred.host_checks(slots.device) and not torch.compiler.is_compiling()
+    host = _checks.host_checks(slots.device) and not torch.compiler.is_compiling()
     if host and slots.shape[0] > 1 and slots.stride(0) == 0 and cache.shape[0] == slots.shape[0]:
         # every sequence writes the same slots (a StaticKVCache's [S], expanded), checked: one index_copy_
         cache.index_copy_(1, slots[0], new.to(cache.dtype))
@@ -553,9 +552,8 @@ def _write_rows(cache: torch.Tensor, new: torch.Tensor, slots: torch.Tensor) -> 
         batch_rows = torch.zeros_like(slots)
     if not host:
         bad = (slots < 0) | (slots >= cache.shape[1])
-        if torch.compiler.is_compiling():  # no flags in a graph: checked in it (an error when it runs)
+        if torch.compiler.is_compiling():  # checked in the graph (an error when it runs)
             torch._assert_async(~bad.any(), "slots given to rotate_and_cache must be in 0 .. T_max - 1")
-        deferred.record(deferred.CACHE_SLOT, bad)
         # a bad token writes nothing (the Triton kernel skips it): it repeats the last good token's write, row
         # and values (the same write twice, so no good token loses its row), or, with no good token, rewrites
         # the row it is clamped to with what that row holds

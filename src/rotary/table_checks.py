@@ -1,15 +1,15 @@
 """The checks of cos/sin tables a caller made (:meth:`rotary.tables.RotaryTables.from_tensors`,
 :func:`rotary.check_tables`): rows inside the table, finite rotations laid out for the pairing, and
 the exact signature of a swapped ``(sin, cos)`` pair (:func:`swapped_rows`). On the CPU they read the
-values and raise; on an accelerator :func:`_check_rows_on_device` makes the same checks with device
-operations, once per tensor version.
+values and raise; on an accelerator nothing is read (a read would synchronise): tables made there
+are the caller's contract, and ``validate="sync"`` reads a few rows at once.
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import deferred
+from . import _checks
 from .errors import InputError
 
 __all__ = ["swapped_rows"]
@@ -20,11 +20,11 @@ _PAIRING = {True: "interleaved (pairs 2i, 2i+1)", False: "half (pairs i, i + r/2
 def _check_row_range(rows: torch.Tensor, table_rows: int) -> None:
     """Every row inside the table: every backend then reads the same rows (indexing would wrap a
     negative row to the end of the table on the pure-torch path). On the CPU a check of ``[B, S]``
-    integers; on an accelerator nothing here: the kernels check every token's row against the table
-    and flag the ones outside (:mod:`rotary.deferred`); nothing under ``torch.compile``, whose
-    positions were checked in the graph where they entered."""
-    if torch.compiler.is_compiling() or not rows.numel() or not deferred.host_checks(rows.device):
-        return  # on accelerators the kernels check each token's row against the table (rotary.deferred)
+    integers; on an accelerator nothing here: a row outside the table gives NaN in that token's rotated
+    channels (the kernels never read outside a table: the caller's contract); nothing under
+    ``torch.compile``, whose positions were checked in the graph where they entered."""
+    if torch.compiler.is_compiling() or not rows.numel() or not _checks.host_checks(rows.device):
+        return  # on accelerators the kernels give NaN for a row outside the table, never read it
     low, high = (int(v) for v in torch.aminmax(rows))
     if low < 0 or high >= table_rows:
         raise InputError(
@@ -68,51 +68,6 @@ def _check_not_swapped(cos: torch.Tensor, sin: torch.Tensor, where: str) -> None
             f"cos and sin swapped: at position 0 ({where}) a cos table holds the attention scaling and a sin table "
             "0, but here cos is 0 and sin is not in every pair; pass cos first (apply_rotary(x, cos, sin, ...))"
         )
-
-
-def _version(t: torch.Tensor) -> int | None:
-    try:
-        return t._version
-    except RuntimeError:  # inference tensors track no version: check them every time
-        return None
-
-
-def _checked_before(cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, position_zero: bool) -> bool:
-    """Whether these exact tensors, unchanged since, were checked with the same settings; marks them
-    checked otherwise (an attribute on ``cos``: the mark dies with the tensor)."""
-    key = (_version(cos), id(sin), _version(sin), interleaved, position_zero)
-    if key[0] is None or key[2] is None:
-        return False
-    if getattr(cos, "_rotary_checked", None) == key:
-        return True
-    cos._rotary_checked = key  # type: ignore[attr-defined]
-    return False
-
-
-def _check_rows_on_device(
-    cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, rtol: float, position_zero: bool, sample: int = 4
-) -> torch.Tensor:
-    """The checks of :func:`_check_rows` (and :func:`swapped_rows`) on ``sample`` rows, as
-    device operations: a 0-d bool tensor, true when the tables are bad. No value is read."""
-    flat_c, flat_s = cos.detach().reshape(-1, cos.shape[-1]), sin.detach().reshape(-1, sin.shape[-1])
-    n = flat_c.shape[0]
-    idx = torch.linspace(0, n - 1, min(sample, n), device=cos.device).round().long()  # rows 0 and n - 1 included
-    c, s = flat_c.index_select(0, idx).double(), flat_s.index_select(0, idx).double()
-    norm = c * c + s * s
-    top = norm.max()
-    scale = torch.maximum(
-        torch.maximum(c.abs().max(), s.abs().max()), torch.tensor(1e-30, dtype=torch.float64, device=c.device)
-    )
-
-    def mismatch(t: torch.Tensor) -> torch.Tensor:
-        a, b = (t[..., 0::2], t[..., 1::2]) if interleaved else t.chunk(2, dim=-1)
-        return (a - b).abs().max()
-
-    ok = torch.isfinite(c).all() & torch.isfinite(s).all() & (top > 0)
-    ok = ok & (torch.maximum(mismatch(c), mismatch(s)) <= rtol * scale)
-    ok = ok & ((norm - norm.flatten()[0]).abs().max() <= 10 * rtol * top)
-    swapped = swapped_rows(flat_c[:1], flat_s[:1]) if position_zero else swapped_rows(flat_c, flat_s)
-    return ~ok | swapped.any()
 
 
 def _check_rows(cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, sample: int | None, rtol: float) -> None:

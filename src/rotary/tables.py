@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import deferred
+from . import _checks
 from ._checks import check_positive_int, is_number
 from ._limits import MAX_TABLE_BYTES
 from ._sync import CopyableLock
@@ -26,8 +26,6 @@ from .table_checks import (
     _check_not_swapped,
     _check_row_range,
     _check_rows,
-    _check_rows_on_device,
-    _checked_before,
     swapped_rows,
 )
 
@@ -351,7 +349,7 @@ class RotaryTables:
         cos, sin = self.key_tables() if keys else (self.cos, self.sin)
         if self.rows is None:
             return cos, sin
-        if self.frequencies is not None or not deferred.host_checks(self.rows.device):
+        if self.frequencies is not None or not _checks.host_checks(self.rows.device):
             return gather_rows(cos, sin, self.rows, self.frequencies, self.interleaved)
         return cos[self.rows], sin[self.rows]
 
@@ -425,10 +423,10 @@ class RotaryTables:
     ) -> RotaryTables:
         """Tables from raw cos/sin tensors (e.g. Hugging Face's ``position_embeddings``).
 
-        ``validate``: ``True`` checks a few rows: at once on the CPU; on an accelerator once per
-        version of the tensors, on the device, raising at the next
-        :func:`rotary.check_device_errors` (no synchronisation); ``"sync"``: a few rows, at once on
-        every device (a device-to-host read on a GPU, for debugging); ``"full"``: every row, at once;
+        ``validate``: ``True`` checks a few rows at once on the CPU; on an accelerator it reads
+        nothing (tables made on a GPU are the caller's contract: a read would synchronise);
+        ``"sync"``: a few rows, at once on every device (a device-to-host read on a GPU, for
+        debugging); ``"full"``: every row, at once;
         ``False``: nothing. ``indexed_by_position``: row ``p`` of the tables is position ``p`` (tables
         ``[T, r]`` addressed by position ids): row 0 is checked for the signature of cos and sin swapped
         (:func:`swapped_rows`), never for any particular angle (tables of any angles are the caller's);
@@ -457,11 +455,8 @@ class RotaryTables:
         tables = cls.unchecked(cos, sin, interleaved, rows)
         if not validate:
             return tables
-        if validate is True and not deferred.host_checks(cos.device):
-            if not torch.compiler.is_compiling() and not _checked_before(cos, sin, interleaved, indexed_by_position):
-                bad = _check_rows_on_device(cos, sin, interleaved, rtol, indexed_by_position)
-                deferred.record(deferred.TABLES_SLOT, bad)
-            return tables
+        if validate is True and not _checks.host_checks(cos.device):
+            return tables  # the caller's contract on an accelerator: validate="sync" reads them at once
         tables.check(sample=None if validate == "full" else 4, rtol=rtol, position_zero=indexed_by_position)
         return tables
 

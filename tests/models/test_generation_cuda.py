@@ -6,7 +6,8 @@ A tiny fp32 model, so the whole file takes seconds of GPU time plus two torch.co
 - one decoding step recorded in a ``torch.cuda.CUDAGraph``: replays give the eager step's tokens;
 - the step compiled with ``torch.compile(mode="reduce-overhead")``: the same;
 - ``generate(capture="cuda_graph" | "compile")``: today's eager greedy tokens;
-- bad input on CUDA: NaN or zeros and a named :class:`rotary.DeviceInputError` later, never a crash.
+- bad input on CUDA: the documented contract (ids outside the vocabulary embedded as 0, tokens past a
+  static cache NaN), never a crash and nothing to poll.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ import contextlib
 import pytest
 import torch
 
-from rotary import deferred
-from rotary.errors import DeviceInputError
 from rotary.models import Decoder, DecoderConfig
 from rotary.nn import KVCache, StaticKVCache
 
@@ -25,15 +24,6 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 CUDA = torch.device("cuda")
 PROMPT, SLOTS = 8, 64  # the static caches below: 64 slots, as generate(capture=...) makes for these prompts
-
-
-@pytest.fixture(autouse=True)
-def clean_flags():
-    if torch.cuda.is_available():
-        deferred.flags(CUDA).zero_()
-    yield
-    if torch.cuda.is_available():
-        deferred.flags(CUDA).zero_()
 
 
 def tiny() -> Decoder:
@@ -63,14 +53,12 @@ def no_sync():
         torch.cuda.set_sync_debug_mode("default")
 
 
-def test_no_host_synchronisation(monkeypatch):
+def test_no_host_synchronisation():
     model = tiny()
     ids, mask = prompt()
     attn = model.layers[0].attn
     x = torch.randn(2, PROMPT, 64, device=CUDA)
     generated = []
-    checks = []
-    monkeypatch.setattr(deferred, "check_device_errors", lambda device=None: checks.append(device))
 
     @torch.no_grad()
     def run() -> None:
@@ -96,9 +84,6 @@ def test_no_host_synchronisation(monkeypatch):
     run()  # warm-up: kernel compilation, library handles
     with no_sync():
         run()
-    assert len(checks) == 8  # one per generate call, its one synchronisation (counted here, not made)
-    monkeypatch.undo()
-    deferred.check_device_errors()
     assert torch.equal(generated[4], generated[6]) and torch.equal(generated[5], generated[7])  # dynamic vs static
 
 
@@ -131,7 +116,6 @@ def test_decode_step_in_a_cuda_graph_replays_the_eager_step():
             following = expected.argmax(-1, keepdim=True)
     assert int(captured[0].filled) == int(eager[0].filled) == PROMPT + 6
     torch.testing.assert_close(captured[1].keys, eager[1].keys)
-    deferred.check_device_errors()
 
 
 def test_reduce_overhead_compile_of_the_step():
@@ -162,7 +146,7 @@ def test_generate_with_capture_equals_eager_generation():
     model.release_captured()
 
 
-def test_bad_input_on_cuda_is_a_named_error_not_a_crash():
+def test_bad_input_on_cuda_is_the_documented_contract_not_a_crash():
     model = tiny()
     ids, _ = prompt()
     bad = ids.clone()
@@ -170,13 +154,9 @@ def test_bad_input_on_cuda_is_a_named_error_not_a_crash():
     with torch.no_grad():
         logits = model(bad)
     assert torch.isfinite(logits).all()
-    with pytest.raises(DeviceInputError, match="token ids outside the vocabulary"):
-        deferred.check_device_errors()
     attn = model.layers[0].attn
     cache = StaticKVCache(2, 2, 4, 16, device=CUDA)
     with torch.no_grad():
         attn(torch.randn(2, 3, 64, device=CUDA), cache=cache)
         out = attn(torch.randn(2, 3, 64, device=CUDA), cache=cache)
     assert torch.isfinite(out[:, 0]).all() and torch.isnan(out[:, 1:]).all()
-    with pytest.raises(DeviceInputError, match="more tokens written to a rotary.nn.StaticKVCache than it has slots"):
-        deferred.check_device_errors()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import torch
 
-from .. import deferred
 from . import triton_rows
 from .contract import Rotation
 
@@ -181,18 +180,18 @@ if triton is not None:
 
     @triton.jit
     def _rotate_cache_kernel(
-        XQ, OUTQ, XK, OUTK, V, KC, VC, COS, SIN, POS, FREQ, SLOTS, CACHE_FLAG, ROWS_FLAG,
+        XQ, OUTQ, XK, OUTK, V, KC, VC, COS, SIN, POS, FREQ, SLOTS,
         S, HQ, HK, DV, Q_BLOCKS, table_rows, batch_rows, spb, sps, slb, sls, T, cache_batch,
         t_stride, sqb, sqs, sqh, soqb, soqs, soqh, skb, sks, skh, sokb, soks, sokh, svb, svs, svh,
         kcb, kct, kch, vcb, vct, vch,
         HALF: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_REST: tl.constexpr,
         BLOCK_DV: tl.constexpr, INTERLEAVED: tl.constexpr, HAS_POSITIONS: tl.constexpr, INPLACE: tl.constexpr,
-        FP64: tl.constexpr, PAIR_TABLES: tl.constexpr, CHECK_ROWS: tl.constexpr, WIDE: tl.constexpr,
+        FP64: tl.constexpr, PAIR_TABLES: tl.constexpr, WIDE: tl.constexpr,
         COMPUTE: tl.constexpr,
     ):  # fmt: skip
         # program (token, head block): q blocks rotate q; k blocks rotate k into k's output and into the
-        # cache row of the token's slot, and copy v into the value cache row. CHECK_ROWS (tables given as
-        # a cos_sin_cache): the token's first k block flags its table row holding NaN or inf
+        # cache row of the token's slot, and copy v into the value cache row. A slot outside the cache
+        # writes nothing (the caller's contract, as vLLM's padding slots): memory-safe by construction
         row = tl.program_id(0)
         block = tl.program_id(1)
         if WIDE:  # offsets in int64 (wide_offsets)
@@ -212,17 +211,10 @@ if triton is not None:
             heads = (block - Q_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
             slot = tl.load(SLOTS + b * slb + s * sls)
             bad = (slot < 0) | (slot >= T)
-            if bad & (block == Q_BLOCKS):
-                tl.atomic_add(CACHE_FLAG, 1)  # the token's k and v are not written
             heads_ok = tl.where(bad, 0, HK)  # no head of a bad slot is written
             # 64-bit offsets into the caches (a batched cache may hold 2^31 elements or more; int32 slots)
             slot = slot.to(tl.int64)
             cb = (b * cache_batch).to(tl.int64)  # the cache's batch row: b, or 0 for one shared slot axis
-            if CHECK_ROWS:  # the token's row, loaded with the others (it is checked after the stores)
-                p = tl.arange(0, BLOCK_P)
-                pairs = tl.where(block == Q_BLOCKS, HALF, 0)  # checked in the token's first k block only
-                cr = tl.load(COS + t * t_stride + p, mask=p < pairs, other=0.0).to(tl.float32)
-                sr = tl.load(SIN + t * t_stride + p, mask=p < pairs, other=0.0).to(tl.float32)
             # v is loaded first, so that every load of the program comes before its stores
             channels = tl.arange(0, BLOCK_DV)
             vmask = (heads < heads_ok)[:, None] & (channels < DV)[None, :]
@@ -235,10 +227,6 @@ if triton is not None:
                 INTERLEAVED, False, INPLACE, FP64, True, PAIR_TABLES, COMPUTE,
             )  # fmt: skip
             tl.store(VC + cb * vcb + slot * vct + heads[:, None] * vch + channels[None, :], values, mask=vmask)
-            if CHECK_ROWS:  # x - x is NaN for NaN and for ±inf; once per token (its first k block)
-                d = (cr - cr) + (sr - sr)
-                if tl.sum((d != d).to(tl.int32), axis=0) > 0:
-                    tl.atomic_add(ROWS_FLAG, 1)
 
     @triton.jit
     def _table_grad_kernel(
@@ -411,10 +399,10 @@ def rotate_and_cache_triton(
 
     Shapes: q ``[B, S, Hq, D]``, k ``[B, S, Hk, D]``, v ``[B, S, Hk, Dv]`` (any strides, unit stride over
     the last dim), caches ``[B or 1, T, Hk, D or Dv]``, ``slots`` int64 ``[B, S]``. A slot outside
-    ``0 .. T - 1`` writes nothing and sets the deferred-error flag of bad cache slots. ``pair_tables``:
+    ``0 .. T - 1`` writes nothing (that token's k and v). ``pair_tables``:
     the tables are the two halves of vLLM's ``cos_sin_cache`` ``[N, r]`` (cos ``[:, :r/2]``, sin
-    ``[:, r/2:]``, one value per pair, read in their own dtype) at int64 ``positions``; a token whose row
-    holds NaN or inf sets the deferred-error flag of ``cos_sin_cache`` rows.
+    ``[:, r/2:]``, one value per pair, read in their own dtype) at int64 ``positions``; a row holding NaN
+    or inf gives NaN or inf in its tokens' rotated channels (the caller's contract).
     """
     if triton is None:
         raise RuntimeError("rotary: Triton is not installed")
@@ -431,12 +419,10 @@ def rotate_and_cache_triton(
     pos = positions if positions is not None else slots  # placeholder pointer, unused without positions
     spb, sps = (positions.stride(0), positions.stride(1)) if positions is not None else (0, 0)
     grid = (B * S, q_blocks + cdiv(HK, block_h))
-    flags = deferred.flags(q.device)
     freq = rotation.frequencies
     compute = freq is not None and positions is not None and not pair_tables
     _rotate_cache_kernel[grid](
-        q, out_q, k, out_k, v, k_cache, v_cache, cos, sin, pos, freq if compute else cos, slots, flags[deferred.CACHE_SLOT :],
-        flags[deferred.COS_SIN_CACHE_SLOT :],
+        q, out_q, k, out_k, v, k_cache, v_cache, cos, sin, pos, freq if compute else cos, slots,
         S, HQ, HK, DV, q_blocks, cos.shape[0], rotation.batch_rows, spb, sps, slots.stride(0), slots.stride(1),
         k_cache.shape[1], 1 if k_cache.shape[0] > 1 else 0,
         cos.stride(0), q.stride(0), q.stride(1), q.stride(2), out_q.stride(0), out_q.stride(1), out_q.stride(2),
@@ -447,7 +433,7 @@ def rotate_and_cache_triton(
         BLOCK_REST=next_power_of_2(max(D - r, 1)), BLOCK_DV=next_power_of_2(DV),
         INTERLEAVED=rotation.interleaved, HAS_POSITIONS=positions is not None,
         INPLACE=out_q.data_ptr() == q.data_ptr(), FP64=q.dtype == torch.float64, PAIR_TABLES=pair_tables,
-        CHECK_ROWS=pair_tables, WIDE=wide_offsets(q, out_q, k, out_k, v, cos), COMPUTE=compute,
+        WIDE=wide_offsets(q, out_q, k, out_k, v, cos), COMPUTE=compute,
     )  # fmt: skip
 
 

@@ -3,8 +3,8 @@
 An id outside an embedding table fails inside ``nn.Embedding`` as ``IndexError: index out of range
 in self``, which names neither the id, the table nor the fix (on a GPU it is a device-side assert
 that poisons the process). On the CPU one ``aminmax`` per call names all three (:func:`check_token_ids`);
-on accelerators :func:`embedding_ids` reads nothing: it flags bad ids for
-:func:`rotary.check_device_errors` and clamps them into the table. Nothing is read under
+on accelerators :func:`embedding_ids` reads nothing: it clamps bad ids into the table (memory-safe by
+construction) and marks them, to be embedded as 0 (ids in the vocabulary are the caller's contract there). Nothing is read under
 ``torch.compile``, where a device read would break the graph.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import deferred
+from .. import _checks
 from ..errors import InputError, InputTypeError
 
 __all__ = ["check_token_ids", "embedding_ids"]
@@ -81,8 +81,7 @@ def embedding_ids(
 
     On the CPU: :func:`check_token_ids` (an id out of range is a ``ValueError`` at once). Under
     ``torch.compile``: the ids unchecked, as there. On other devices nothing is read: ids outside
-    ``0 .. size - 1`` set the deferred token flag (:func:`rotary.check_device_errors` raises it later), are
-    clamped into the table so that the lookup never reads past it, and come back as ``unknown``, whose
+    ``0 .. size - 1`` (the caller's contract there) are clamped into the table so that the lookup never reads past it, and come back as ``unknown``, whose
     embeddings the caller must zero.
 
     Args:
@@ -102,8 +101,7 @@ def embedding_ids(
     assert isinstance(ids, torch.Tensor)
     if torch.compiler.is_compiling() or not ids.numel():
         return ids, None
-    if deferred.host_checks(ids.device):
+    if _checks.host_checks(ids.device):
         return check_token_ids(ids, size, name=name, table=table), None
     unknown = (ids < 0) | (ids >= size)
-    deferred.record(deferred.TOKENS_SLOT, unknown)
     return ids.clamp(0, size - 1), unknown

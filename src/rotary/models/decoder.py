@@ -491,8 +491,8 @@ class Decoder(GenerationMixin, nn.Module):
         """Next-token logits.
 
         Positions are computed (and validated) once, and the rotary tables once, for all layers. Nothing
-        is read back on the host on devices other than the CPU: an id outside the vocabulary is flagged
-        there (:func:`rotary.check_device_errors` raises it) and embedded as 0, where the CPU raises at once.
+        is read back on the host on devices other than the CPU: an id outside the vocabulary is embedded
+        as 0 there (the caller's contract), where the CPU raises at once.
 
         Args:
             input_ids: int64 ``[B, S]``.
@@ -543,7 +543,7 @@ class Decoder(GenerationMixin, nn.Module):
             attention_mask = check_attention_mask(attention_mask).to(input_ids.device)
         positions = self._positions(input_ids, attention_mask, position_ids, cache)
         x = self.embed_tokens(input_ids)
-        if unknown is not None:  # ids outside the vocabulary (flagged, clamped): embedded as 0, as the flag says
+        if unknown is not None:  # ids outside the vocabulary (clamped): embedded as 0
             x = x.masked_fill(unknown[..., None], 0.0)
         if self.embed_positions is not None:
             x = x + self.embed_positions(positions.ids.expand(input_ids.shape)).to(x.dtype)

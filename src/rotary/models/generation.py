@@ -2,7 +2,7 @@
 
     prompt -> prefill (eager, fills one cache per layer) -> logits of the last token -> next_token
            -> decode_step(token, caches) per new token (static caches: captured by torch.compile or a
-              CUDA graph when asked) -> next_token ... -> one check_device_errors at the end
+              CUDA graph when asked) -> next_token ...
 
 Sampling and stopping happen on the device: nothing is read back on the host per token.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .. import deferred
+from .. import _checks
 from .. import positions as P
 from .._checks import check_bool, check_int, check_positive_int, is_number
 from ..errors import InputError, InputTypeError
@@ -223,9 +223,9 @@ class GenerationMixin:
         most likely when given (the same draws as ``torch.multinomial`` with ``generator``, see
         :func:`next_token`). ``attention_mask`` marks left padding in the prompt.
 
-        Sampling and stopping happen on the device: on a GPU nothing is read back per token, and the
-        checks of the prompt (ids in the vocabulary, left padding, 0/1 mask) are deferred to one
-        :func:`rotary.check_device_errors` at the end (on the CPU they raise at once, before any work).
+        Sampling and stopping happen on the device: on a GPU nothing is read back, and the prompt's
+        ids in the vocabulary, left padding and 0/1 mask are the caller's contract (on the CPU they are
+        checked and raise at once, before any work).
 
         Args:
             input_ids: int64/int32 ``[B, S]``, ``S >= 1``.
@@ -310,8 +310,6 @@ class GenerationMixin:
             tokens = self._generate_static(input_ids, ids, unknown, mask, max_new_tokens, sample, capture, stop)
         else:
             tokens = self._generate_dynamic(input_ids, ids, unknown, mask, max_new_tokens, sample, use_cache, stop)
-        if not deferred.host_checks(device):
-            deferred.check_device_errors(device)  # the one synchronisation of the call
         return tokens
 
     def _prompt_mask(self, attention_mask: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:
@@ -321,14 +319,13 @@ class GenerationMixin:
         mask = check_attention_mask(attention_mask).to(ids.device).long()
         if mask.shape != ids.shape:
             raise InputError(f"attention_mask must be [B, S] = {tuple(ids.shape)}, got {tuple(mask.shape)}")
+        if not _checks.host_checks(ids.device):  # not read: the caller's contract there
+            return mask
         # a row of padding only is an empty prompt: there is no token to continue
         empty = mask.sum(dim=1) == 0
         # new tokens are appended on the right: padding after a row's tokens would sit between its
         # prompt and its continuation, so the row would continue differently from its unpadded prompt
         right = (mask[:, 1:] < mask[:, :-1]).any(dim=1)
-        if not deferred.host_checks(ids.device):
-            deferred.record(deferred.PROMPT_SLOT, empty | right)
-            return mask
         if bool(empty.any()):
             rows = empty.nonzero().flatten().tolist()
             raise InputError(
@@ -424,13 +421,12 @@ class GenerationMixin:
     def _prepare_tables(self, length: int, device: torch.device) -> None:
         """Size the rotary tables for positions ``0 .. length - 1`` on ``device`` before decoding there: a
         device never reads positions back to grow them (and a capture cannot)."""
-        if deferred.host_checks(device):
+        if _checks.host_checks(device):
             return  # the CPU sizes its tables from bounds it reads for free
         for producer in (self.rope, self.nope):
             prepare = getattr(producer, "prepare", None)
             if callable(prepare):
                 prepare(length, device=device)
-        deferred.flags(device)
 
     def _captured_step(
         self, capture: str, batch: int, length: int, dtype: torch.dtype, device: torch.device

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import torch
 
-from .. import deferred
+from .. import _checks
 from .. import positions as P
 from .._checks import check_int, check_positive_int
 from .._limits import MAX_NUM_HEADS
@@ -190,7 +190,7 @@ class StaticKVCache:
 
     Writing more than ``max_len`` tokens is an :class:`rotary.errors.InputError` at once on the CPU. On other
     devices nothing is read to find out: the extra tokens go to a spill slot that attention never reads,
-    their outputs are NaN, and :func:`rotary.check_device_errors` raises :class:`rotary.DeviceInputError`.
+    their outputs are NaN (size the cache for every token you write: the caller's contract there).
 
     The cache is for inference: its buffers are written in place, so it carries no gradient (keys or
     values that require one are refused while grad mode is on; use :class:`KVCache` to backpropagate
@@ -300,7 +300,7 @@ class StaticKVCache:
 
     def _host_mode(self) -> bool:
         """Whether values may be read on the host here (the CPU, not under ``torch.compile``)."""
-        return not torch.compiler.is_compiling() and deferred.host_checks(self.device)
+        return not torch.compiler.is_compiling() and _checks.host_checks(self.device)
 
     def _positions_of(self, ids: torch.Tensor) -> Positions:
         """:class:`Positions` of ids made here from validated ones: on the CPU with their exact bound (a
@@ -491,10 +491,8 @@ class StaticKVCache:
                     f"do not fit; build it with max_len >= {end} (Decoder.new_cache(batch=..., max_len=...)), or "
                     "reset() it for a new sequence"
                 )
-        else:  # nothing read: tokens past the end go to the spill slot, and are flagged
+        else:  # nothing read: tokens past the end go to the spill slot (their outputs are NaN: the caller's contract)
             overflow = slots >= self.max_len
-            if not torch.compiler.is_compiling():
-                deferred.record(deferred.CACHE_SLOT, overflow)
             slots = slots.clamp(max=self.max_len)
         return start, slots, overflow
 
@@ -523,9 +521,9 @@ class StaticStep:
     (``RotaryAttention(..., static_step=...)``, ``StaticKVCache.update(..., step=...)``) the first layer
     does and the others reuse its results: about 18 small kernels fewer per layer and decoding step on an
     accelerator. On the CPU, eagerly, the caches are read directly and nothing is shared. The model makes
-    one per forward (:class:`rotary.models.Decoder` does) and, where values are not read on the host,
-    flags caches of the group whose fill differs (:func:`rotary.check_device_errors`): they were written
-    or reset one by one, and the shared mask would not be theirs. A cache written without the step (its
+    one per forward (:class:`rotary.models.Decoder` does); the caches of a group must be filled together (the
+    caller's contract where values are not read on the host): caches written or reset one by one would not
+    share the mask. A cache written without the step (its
     layer called alone) leaves the group, so the model no longer shares a mask over it.
 
     Example:
@@ -546,17 +544,12 @@ class StaticStep:
 
     @staticmethod
     def of(caches: Sequence[object]) -> StaticStep | None:
-        """A new ``StaticStep`` for ``caches`` when they are static caches of one group (else ``None``).
-        Where values are not read on the host, caches whose fill differs from the first one's are flagged."""
+        """A new ``StaticStep`` for ``caches`` when they are static caches of one group (else ``None``)."""
         if not caches or not all(isinstance(c, StaticKVCache) for c in caches):
             return None
         group = caches[0].group  # type: ignore[union-attr]
         if group is None or any(c.group is not group for c in caches):  # type: ignore[union-attr]
             return None
-        first = caches[0]
-        if len(caches) > 1 and not first._host_mode() and not torch.compiler.is_compiling():  # type: ignore[union-attr]
-            fills = torch.stack([c.filled for c in caches])  # type: ignore[union-attr]
-            deferred.record(deferred.CACHE_GROUP_SLOT, fills != fills[0])
         return StaticStep()
 
 

@@ -21,7 +21,7 @@ import math
 import torch
 from torch import nn
 
-from .. import deferred
+from .. import _checks
 from .. import positions as P
 from .._checks import check_positive_int, is_number
 from .._limits import MAX_NUM_HEADS, format_bytes
@@ -186,24 +186,22 @@ class LearnedPositionEmbedding(nn.Module):
 
         A position at or past ``max_position`` is a ``ValueError`` when the host knows it (the CPU
         reads the ids; elsewhere a ``Positions`` bound); on accelerators, ids whose bound the host does
-        not know are checked on the device instead: such tokens get NaN embeddings and a deferred
-        :class:`~rotary.errors.DeviceInputError` (:func:`rotary.check_device_errors`), never another
+        not know are not read (the caller's contract): such tokens get NaN embeddings, never another
         row of the table (nor a device-side assert that would end the CUDA context).
         """
         if isinstance(position_ids, Positions):
             ids, bound = position_ids.ids, position_ids.bound
         else:
             ids = P.integer_positions(position_ids)
-            host = ids.numel() and not torch.compiler.is_compiling() and deferred.host_checks(ids.device)
+            host = ids.numel() and not torch.compiler.is_compiling() and _checks.host_checks(ids.device)
             bound = int(ids.max()) + 1 if host else None
         if bound is not None and bound > self.max_position:
             raise InputError(
                 f"position {bound - 1} is beyond the learned table of max_position={self.max_position}; "
                 "build the model with a larger max_position"
             )
-        if bound is None and ids.numel() and not torch.compiler.is_compiling() and not deferred.host_checks(ids.device):
-            outside = (ids < 0) | (ids >= self.max_position)  # negative ids are flagged where they were validated
-            deferred.record(deferred.LEARNED_POSITION_SLOT, ids >= self.max_position)
+        if bound is None and ids.numel() and not torch.compiler.is_compiling() and not _checks.host_checks(ids.device):
+            outside = (ids < 0) | (ids >= self.max_position)
             rows = self.embedding(ids.clamp(0, self.max_position - 1))
             return rows.masked_fill(outside.unsqueeze(-1), float("nan"))
         return self.embedding(ids)

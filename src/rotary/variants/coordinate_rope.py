@@ -15,7 +15,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from .. import deferred
+from .. import _checks
 from .._checks import check_bool, check_choice, check_finite, check_int, check_positive_int, is_int
 from .._device_copies import DeviceCopies
 from ..errors import InputError, InputTypeError
@@ -280,9 +280,8 @@ class CoordinateRoPE(nn.Module):
             )
         values = positions.to(torch.float64)
         if not torch.compiler.is_compiling() and values.numel():
-            if not deferred.host_checks(values.device):  # not read: NaN tables, and a deferred error
-                deferred.record(deferred.COORDINATES_SLOT, ~torch.isfinite(values.detach()))
-            elif not bool(torch.isfinite(values).all()):
+            # not read off the CPU: NaN or inf coordinates give NaN tables there (the caller's contract)
+            if _checks.host_checks(values.device) and not bool(torch.isfinite(values).all()):
                 raise InputError(
                     f"{name} hold NaN or inf values; mark tokens that take no rotation with identity= instead"
                 )
@@ -375,17 +374,13 @@ class CoordinateRoPE(nn.Module):
         """Angles ``Σ_a c_a · f_a`` must be finite: an inf angle makes cos/sin NaN.
 
         One host read on the CPU; elsewhere the same bound ``max |c| · max_j Σ_a |f_a,j|`` is computed
-        on the device and a non-finite one is a deferred error (:data:`rotary.deferred.ANGLES_SLOT`).
+        nothing is read: non-finite angles give NaN tables (the caller's contract).
 
         Args:
             values: float64 coordinates ``[..., A]``.
             freq: ``[A, r/2]`` or ``[H, A, r/2]`` on the device of ``values``.
         """
-        if not deferred.host_checks(values.device):
-            with torch.no_grad():
-                top = values.detach().abs().amax()
-                rate = freq.detach().abs().sum(-2).amax().to(torch.float64)
-                deferred.record(deferred.ANGLES_SLOT, ~torch.isfinite(top * rate))
+        if not _checks.host_checks(values.device):
             return
         top = float(values.detach().abs().amax())
         rate = float(freq.detach().abs().sum(-2).amax())

@@ -39,7 +39,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from .. import deferred
+from .. import _checks
 from .. import positions as P
 from .._checks import check_bool, check_int, check_positive_float, check_positive_int
 from .._device_copies import DeviceCopies
@@ -175,8 +175,8 @@ class XPos(nn.Module):
         Raises:
             rotary.errors.InputError: a position further than :attr:`max_distance` from the centre, found from the
                 positions' host-known ``bound`` (on the CPU, by reading the ids when it is unknown).
-                On accelerators, positions whose bound is unknown are checked on the device instead:
-                a deferred :class:`~rotary.errors.DeviceInputError` (:func:`rotary.check_device_errors`).
+                On accelerators, positions whose bound is unknown are not read (the caller's contract:
+                past :attr:`max_distance` the query tables underflow to 0 and the key tables overflow to inf).
         """
         if not isinstance(positions, Positions):
             positions = P.from_ids(positions)
@@ -187,9 +187,7 @@ class XPos(nn.Module):
         ids = positions.ids
         bound = positions.bound
         if bound is None and ids.numel() and not torch.compiler.is_compiling():
-            if not deferred.host_checks(ids.device):  # not read: the same check, on the device
-                deferred.record(deferred.XPOS_RANGE_SLOT, ids - self.center > self.max_distance)
-            else:  # the CPU: reading is free
+            if _checks.host_checks(ids.device):  # the CPU: reading is free (elsewhere: the caller's contract)
                 bound = int(ids.max()) + 1
         if bound is not None and bound - 1 - self.center > self.max_distance:
             n = bound - 1
@@ -253,16 +251,15 @@ class XPos(nn.Module):
         """Refuse float16 inputs at positions further than :attr:`fp16_max_distance` from the centre.
 
         On the CPU the ids' range is read (free); elsewhere it is used when the host knows it (positions
-        from ``offset + arange(S)``), else the check runs on the device and is deferred
-        (:data:`rotary.deferred.XPOS_FP16_SLOT`).
+        from ``offset + arange(S)``), else nothing is read: the range is the caller's contract (past it
+        the rotated q/k overflow fp16 to inf).
         """
         ids = positions.ids
-        if deferred.host_checks(ids.device):
+        if _checks.host_checks(ids.device):
             low, high = (int(v) for v in torch.aminmax(ids))
         elif positions.start is not None:  # start .. start + S - 1 (1-D ids): known without a read
             low, high = positions.start, positions.start + ids.shape[-1] - 1
         else:
-            deferred.record(deferred.XPOS_FP16_SLOT, (ids - self.center).abs() > self.fp16_max_distance)
             return
         far = max(high - self.center, self.center - low)
         if far > self.fp16_max_distance:

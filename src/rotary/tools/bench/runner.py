@@ -293,11 +293,8 @@ def run_on_device(options: argparse.Namespace, backend: Any) -> tuple[dict[str, 
     Each row: GPU time per call under CUDA-graph replay (or CUDA events, with a note, for a method
     that cannot be captured) and host wall time per call in an eager loop; "x copy" against the
     group's limit rows. A method that fails (to set up, to run, to be timed) is a row with a note,
-    and the run goes on. After each group, rotary's deferred device checks are read once; a failed
-    check is added to the notes of that group's rows.
+    and the run goes on.
     """
-    from rotary.deferred import check_device_errors
-
     from . import cuda
 
     device = backend.device  # where the inputs live (a test's CPU stand-in keeps them on the CPU)
@@ -334,16 +331,10 @@ def run_on_device(options: argparse.Namespace, backend: Any) -> tuple[dict[str, 
                     calls[(m.name, m.backward)] = call
                     rows.append((m, ""))
             timings = cuda.time_on_device(calls, options.repeats, backend, prepared_type=Prepared)  # type: ignore[arg-type]
-            flagged = ""
-            try:
-                check_device_errors(device)
-            except Exception as exc:  # a deferred check that failed during the group: say so on its rows
-                flagged = f"rotary's deferred device checks flagged: {cuda.short_error(exc)}"
-                print(f"rotary bench: {name}: {flagged}", file=sys.stderr)
             group_results = []
             for m, failure in rows:
                 t = timings.get((m.name, m.backward), cuda.DeviceTiming(note=failure))
-                note = "; ".join(filter(None, [m.note, t.note, flagged]))
+                note = "; ".join(filter(None, [m.note, t.note]))
                 group_results.append(
                     Result(
                         name,

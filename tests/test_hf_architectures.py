@@ -65,6 +65,8 @@ _T5GEMMA_SIDE = {
     "vocab_size": 128,
 }
 
+_BLT_SIDE = {"hidden_size": 64, "hidden_size_global": 128, "num_hidden_layers": 1, "intermediate_size": 64}
+
 #: per model_type: the defaults of its config class that TINY would break
 OVERRIDES: dict[str, dict] = {
     "mimo_v2_flash": {"num_key_value_heads": 2},
@@ -191,6 +193,36 @@ OVERRIDES: dict[str, dict] = {
         "decoder": dict(_T5GEMMA_SIDE, dropout_rate=0.0),
     },
     "t5gemma": {"encoder": _T5GEMMA_SIDE, "decoder": _T5GEMMA_SIDE},
+    # the byte-patching model: a head width of its own per component (local encoder 16, local decoder 8, global
+    # transformer 32) and RoPE settings of its own per local model, so that each call tells whose it is
+    "blt": {
+        "vocab_size": 260,
+        "patch_in_forward": False,
+        "patching_mode": "space",
+        "encoder_hash_byte_group_vocab": 64,
+        "encoder_config": {
+            **_BLT_SIDE,
+            "num_attention_heads": 4,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1000.0},
+        },
+        "decoder_config": {
+            **_BLT_SIDE,
+            "num_attention_heads": 8,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 2000.0},
+        },
+        "global_config": {
+            "hidden_size": 128,
+            "num_attention_heads": 4,
+            "num_hidden_layers": 1,
+            "intermediate_size": 64,
+        },
+        "patcher_config": {
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "num_hidden_layers": 1,
+            "intermediate_size": 64,
+        },
+    },
     # multimodal models: small encoders, so that the text model's probe is quick
     "csm": {
         "num_codebooks": 2,
@@ -297,6 +329,9 @@ POSITIONS_FROM_0 = {"clvp_encoder"}
 AUDIO_CHANNELS = {"dia": 9, "dia_decoder": 9, "kyutai_speech_to_text": 3}  # Kyutai: text and 2 codebooks
 #: model types whose text model is run on embeddings (inputs_embeds), not token ids
 EMBEDDINGS_IN = {"qwen3_omni_moe_talker_text", "qwen3_omni_moe_talker_code_predictor"}
+#: model types that only run inside another model: (the model that runs them, its sub-config of them). BLT's local
+#: encoder and decoder run inside the byte-patching model; its calls at their head width and head count are theirs
+RUN_INSIDE = {"blt_local_encoder": ("blt", "encoder_config"), "blt_local_decoder": ("blt", "decoder_config")}
 #: per model_type: the text model class to build when the base model is not the one to build
 MODEL_CLASSES: dict[str, str] = {}
 
@@ -572,6 +607,14 @@ def probe(model_type: str) -> tuple[list[Call], object]:
     """The recorded RoPE calls of a tiny model of ``model_type``, built once per model type and config class."""
     if CONFIG_MAPPING[model_type].model_type != model_type:  # an alias (EvollaModel -> evolla): one probe
         return probe(CONFIG_MAPPING[model_type].model_type)
+    if model_type in RUN_INSIDE:  # the host model's calls at the component's heads and head width
+        host, key = RUN_INSIDE[model_type]
+        calls, config = probe(host)
+        sub = getattr(config, key)
+        shape = (sub.num_attention_heads, sub.hidden_size // sub.num_attention_heads)
+        return [
+            c for c in calls if all(S in x.shape[:-1] and _bhsd(x).shape[1::2] == shape for _, x, _ in _tensors(c))
+        ], sub
     config = tiny_config(model_type)
     calls = record_rope_calls(model_type, config)
     if not calls:  # hybrids whose first two layers are recurrent
@@ -632,7 +675,7 @@ def test_every_rope_model_type_is_in_a_table():
 
 def _category(reason: str) -> str:
     return next(name for name in ("_NOT_TEXT", "_NO_ROPE", "_NO_ROPE_AT_ALL", "_NOPE_ONLY", "_SPEECH_ONLY", "_NEGATIVE",
-                                      "_UNVERIFIED")
+                                      "_COMPONENTS", "_COORDINATES")
                 if getattr(rotary.hf.architectures, name) == reason)  # fmt: skip
 
 
@@ -666,6 +709,34 @@ def test_refused_architectures_are_refused_for_the_stated_reason(model_type):
                 ours = rotary.apply_rotary(_bhsd(x.float()), cos, -sin)
                 assert torch.allclose(_gram(ours), _gram(_bhsd(out.float())), rtol=1e-4, atol=1e-4)
                 assert not rotation_matches(call, rope)
+    elif category == "_COMPONENTS":  # BLT: every component rotates at its own sub-config's heads and head width
+        calls, config = probe(model_type)
+        parts = {key: getattr(config, key) for key in ("encoder_config", "decoder_config", "global_config")}
+        shapes = {k: (c.num_attention_heads, c.hidden_size // c.num_attention_heads) for k, c in parts.items()}
+        assert len(set(shapes.values())) == 3, shapes
+        seen = {(x.shape[1], x.shape[-1]) for call in calls for _, x, _ in _tensors(call)}
+        assert seen == set(shapes.values()), f"{model_type}: calls at (heads, width) {seen}, components {shapes}"
+        # the sub-configs the reason names are what from_hf_config builds, checked against these calls
+        assert {RUN_INSIDE[t][1] for t in RUN_INSIDE} == {"encoder_config", "decoder_config"}
+        assert all(t in PAIRING for t in RUN_INSIDE)
+        for key in ("encoder_config", "decoder_config"):
+            assert rotary.RoPE.from_hf_config(parts[key]).head_dim == shapes[key][1]
+    elif category == "_COORDINATES":  # ESMFold2: the angles follow each atom's coordinates, not its index
+        name = model_type_to_module_name(model_type)
+        module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+        assert [n for n in vars(module) if "RotaryEmbedding" in n] == ["EsmFold2RotaryEmbedding"]
+        embedding = module.EsmFold2RotaryEmbedding(CONFIG_MAPPING[model_type]().atom_encoder)
+        coords = torch.randn(1, 5, 3, generator=torch.Generator().manual_seed(0))
+        coords[0, 4] = coords[0, 1]  # atoms 1 and 4: the same place, different indices
+        uid = torch.zeros(1, 5, dtype=torch.long)
+        cos, sin = embedding(coords, uid, dtype=torch.float32)
+        assert torch.equal(cos[0, 1], cos[0, 4]) and torch.equal(sin[0, 1], sin[0, 4])
+        assert not torch.allclose(cos[0, 1], cos[0, 2])  # another place, other angles
+        shifted, _ = embedding(coords + 1.0, uid, dtype=torch.float32)
+        assert not torch.allclose(shifted, cos)  # the same atom order, moved in space: other angles
+        # the RoPE from_hf_config builds instead: its protein language model's
+        esmc = CONFIG_MAPPING[model_type]().esmc_config
+        assert esmc.model_type in PAIRING and rotary.RoPE.from_hf_config(esmc).head_dim > 0
 
 
 @pytest.mark.slow

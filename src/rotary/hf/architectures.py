@@ -63,7 +63,7 @@ PAIRING: dict[str, str] = {
     ),
     **dict.fromkeys(
         (
-            "axk2 blt_patcher codegen cohere cohere2 cohere2_moe deepseek_v32 deepseek_v4 dots3_note_text ernie4_5 "
+            "axk2 blt_local_decoder blt_local_encoder blt_patcher codegen cohere cohere2 cohere2_moe deepseek_v32 deepseek_v4 dots3_note_text ernie4_5 "
             "ernie4_5_moe glm glm4 gptj helium llama4_text longcat_flash moonshine moonshine_streaming "
             "openai_privacy_filter roformer"
         ).split(),
@@ -110,9 +110,15 @@ _NEGATIVE = (
     "rotates by -theta (its rotate_half has the opposite sign), the inverse of the rotation rotary applies; "
     "from_hf_config cannot build it"
 )
-_UNVERIFIED = (
-    "has a RoPE that rotary does not read correctly yet, or cannot yet check against transformers (its own "
-    "head widths or keys, or no small model of it that the tests can build and run)"
+_COMPONENTS = (
+    "is a byte-patching model of three transformers, each with its own head width and RoPE settings: a local "
+    "encoder and a local decoder over byte positions and a global transformer over patch positions; build the "
+    "RoPE of a local model from its sub-config, RoPE.from_hf_config(config.encoder_config) or "
+    "RoPE.from_hf_config(config.decoder_config)"
+)
+_COORDINATES = (
+    "rotates by the 3-D coordinates (x, y, z) and a space id of each atom in its atom encoder, not by token "
+    "positions; from_hf_config builds the RoPE of its protein language model, RoPE.from_hf_config(config.esmc_config)"
 )
 
 #: model_type -> why from_hf_config does not build its RoPE. Checked by tests/test_hf_architectures.py: every
@@ -156,10 +162,8 @@ UNSUPPORTED: dict[str, str] = {
     "nemotron_h": _NO_ROPE_AT_ALL,
     "nanochat": _NEGATIVE,
     "seamless_m4t": _SPEECH_ONLY,
-    **dict.fromkeys(
-        ("blt blt_local_decoder blt_local_encoder esmfold2").split(),
-        _UNVERIFIED,
-    ),
+    "blt": _COMPONENTS,
+    "esmfold2": _COORDINATES,
 }
 
 #: model_type -> (default ``mrope_section``, slot layout) of the multimodal RoPE its text attention uses

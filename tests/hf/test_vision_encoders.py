@@ -448,11 +448,34 @@ def test_patched_tower_outputs_equal_unpatched(model_type, monkeypatch):
             rotary.hf.unpatch(model)
         after = _call(model, model_type, inputs)
     layers = len(recorded(model_type)[2])
-    assert calls == [2] * layers  # q and k of every block went through rotary, in one call each
+    if VISION_ROPE[model_type] == "gemma4":  # q and k in calls of their own, each half by its own table
+        assert calls == [1] * (2 * layers)
+    else:
+        assert calls == [2] * layers  # q and k of every block went through rotary, in one call each
     for name in ("last_hidden_state", "pooler_output"):
         if getattr(before, name, None) is not None:
             torch.testing.assert_close(getattr(patched, name), getattr(before, name), rtol=1e-5, atol=1e-5)
             assert getattr(after, name).equal(getattr(before, name))
+
+
+def test_gemma4_replacement_equals_transformers(gen):
+    """Gemma 4's replacement against transformers' apply_multidimensional_rope on random q (the model's own
+    cos/sin of a 3 x 6 image): equal in fp32; in bf16 transformers rounds each product and sum in bf16,
+    rotary once from fp32, so they differ by one bf16 rounding."""
+    from transformers.models.gemma4 import modeling_gemma4 as theirs
+
+    config = _config("gemma4_vision")
+    pos = tower("gemma4_vision")[2]["pixel_position_ids"]
+    ours = patching.SUPPORTED["gemma4_vision"].replacements["apply_multidimensional_rope"]
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(1, pos.shape[1], 4, config.head_dim, generator=gen).to(dtype)
+        cos, sin = theirs.Gemma4VisionRotaryEmbedding(config)(x, pos)
+        got, want = ours(x, cos, sin, pos), theirs.apply_multidimensional_rope(x, cos, sin, pos)
+        assert got.dtype == want.dtype == dtype and not torch.equal(got, x)
+        if dtype == torch.float32:
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+        else:
+            torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=2**-7)
 
 
 def test_vision_replacement_equals_transformers_in_bf16(gen):

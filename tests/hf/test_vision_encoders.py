@@ -349,7 +349,8 @@ def test_every_encoder_is_built_or_has_a_status():
     "config, match",
     [
         ({"model_type": "llama", "hidden_size": 64}, r"text decoder; build its RoPE with rotary\.RoPE\.from_hf_config"),
-        ({"model_type": "gemma4_unified_vision"}, r"not built: vision encoder"),
+        ({"model_type": "gemma3n_vision"}, r"not built: vision encoder"),
+        ({"model_type": "gemma4_unified_vision"}, r"not built: no RoPE in this part"),
         ({"model_type": "qwen2_5_omni_audio_encoder"}, r"not built: audio encoder"),
         ({"model_type": "nope"}, r"'nope' is not a vision encoder rotary builds"),
         ({"model_type": "qwen3_vl_vision", "hidden_size": 64, "num_heads": 4, "rope_parameters": {"rope_type": "yarn"}},

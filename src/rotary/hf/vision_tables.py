@@ -98,7 +98,7 @@ ENCODER_STATUS: dict[str, str] = {
     **dict.fromkeys(
         (
             "cosmos3_edge_vision deepseek_ocr2_encoder deepseek_ocr2_sam_vision_model "
-            "deepseek_ocr2_vision gemma3n_vision gemma4_unified_vision "
+            "deepseek_ocr2_vision gemma3n_vision "
             "granite_docling_vision inkling2_vision mlcd mlcd_vision_model molmo2_vision "
             "muse_glimmer_vision muse_spark_vision phi4_multimodal_vision sapiens2 step3p5_vision "
             "unlimited_ocr_sam_vision_model unlimited_ocr_vision unlimited_ocr_vision_encoder"
@@ -107,7 +107,8 @@ ENCODER_STATUS: dict[str, str] = {
     ),
     **dict.fromkeys(
         (
-            "chameleon_vqgan emu3_vqgan glm_image_vision glm_image_vqmodel hunyuan_vl_vision idefics_perciever "
+            "chameleon_vqgan emu3_vqgan gemma4_unified_vision glm_image_vision glm_image_vqmodel hunyuan_vl_vision "
+            "idefics_perciever "
             "idefics_vision mllama_vision_model molmo2_adapter sapiens2_head t5_gemma_module"
         ).split(),
         _NO_ROPE_TOWER,

@@ -154,9 +154,16 @@ from test_hf_patch_text import NEW_TEXT  # noqa: E402
 #: vision towers with 2-D RoPE and Llama 4 (text and vision): tested in tests/variants/test_hf_patch_vision.py;
 #: DINOv3, EoMT, SAM 3 and the towers (and VL models) patched through apply_rotary_pos_emb_vision: in
 #: tests/hf/test_vision_encoders.py
-VISION = {"pixtral", "llama4", "llama4_text", "llama4_vision_model", "dinov3_vit", "eomt_dinov3", "sam3_vit_model"} | {
-    t for t, family in hf.SUPPORTED.items() if "apply_rotary_pos_emb_vision" in family.replacements
-}
+VISION = {
+    "pixtral",
+    "llama4",
+    "llama4_text",
+    "llama4_vision_model",
+    "dinov3_vit",
+    "eomt_dinov3",
+    "sam3_vit_model",
+    "gemma4_vision",
+} | {t for t, family in hf.SUPPORTED.items() if "apply_rotary_pos_emb_vision" in family.replacements}
 
 
 def test_supported_list_is_the_issue_list():

@@ -33,7 +33,12 @@ APPLY = {
     "llama4": ("vision_apply_rotary_emb", "bshd"),
     "dinov3": ("apply_rotary_pos_emb", "bhsd"),
     "sam3": ("apply_rotary_pos_emb_2d", "bhsd"),
+    "gemma4": ("apply_multidimensional_rope", "bshd"),  # called once for q, once for k
 }
+#: the towers whose tables are one RotaryTables (Gemma 4's are one per half of the head: tested below)
+SINGLE = sorted(t for t, form in VISION_ROPE.items() if form != "gemma4")
+# Gemma 4: one image of 3 x 6 patches (multiples of its 3 x 3 pooling)
+GEMMA4_GRID = (3, 6)
 
 # packed towers: two images and a video, h != w everywhere (in patches; multiples of the merge size)
 GRID_THW = [[1, 4, 6], [2, 6, 2], [1, 2, 8]]
@@ -90,6 +95,8 @@ def _config(model_type: str):
         kwargs.update(mlp_layer_types=["dense", "dense"], per_layer_config={}, adapter_in_dim=64, adapter_out_dim=64)
     if model_type == "lfm3_vl_vision":  # a short-convolution layer and an attention layer
         kwargs.update(layer_types=["conv", "full_attention"], num_key_value_heads=2)
+    if model_type == "gemma4_vision":  # grouped-query attention, 16-channel heads
+        kwargs.update(num_key_value_heads=2, head_dim=16)
     if model_type == "exaone4_5_vision":  # grouped-query attention in the tower
         kwargs.update(num_key_value_heads=2)
     if model_type == "qwen2_5_omni_vision_encoder":
@@ -119,6 +126,13 @@ def _inputs(model_type: str, config, gen: torch.Generator) -> dict:
         return {
             "pixel_values": torch.randn(2, 3, 4 * p, 5 * p, generator=gen),
             "image_sizes": torch.tensor([[3 * p, 5 * p], [4 * p, 2 * p]]),
+        }
+    if form == "gemma4":  # the processor's patches, row by row, at (x, y) = (column, row)
+        h, w = GEMMA4_GRID
+        ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+        return {
+            "pixel_values": torch.rand(1, h * w, 3 * p * p, generator=gen),
+            "pixel_position_ids": torch.stack([xs.flatten(), ys.flatten()], dim=-1)[None],
         }
     if model_type == "dinov3_vit":  # a 5 x 7 grid
         return {"pixel_values": torch.randn(1, 3, 5 * p, 7 * p, generator=gen)}
@@ -207,7 +221,7 @@ def _grids(model_type: str, config, inputs, call_q: torch.Tensor, layout: str):
     return inputs["grid_thw"], None
 
 
-@pytest.mark.parametrize("model_type", sorted(VISION_ROPE))
+@pytest.mark.parametrize("model_type", SINGLE)
 def test_tables_and_rotation_match_the_model(model_type):
     config, inputs, calls = recorded(model_type)
     assert calls, f"{model_type}: the tower applied no RoPE"
@@ -233,7 +247,7 @@ def test_tables_and_rotation_match_the_model(model_type):
         assert len(seen) == 2  # its last block also carries the queries, unrotated, before the patches
 
 
-@pytest.mark.parametrize("model_type", sorted(VISION_ROPE))
+@pytest.mark.parametrize("model_type", SINGLE)
 def test_positions_differ_per_axis_and_tables_are_the_models_cos_sin(model_type):
     """Where the model hands cos and sin over (not a complex table): they equal rotary's on the rotated tokens."""
     config, inputs, calls = recorded(model_type)
@@ -256,6 +270,47 @@ def test_positions_differ_per_axis_and_tables_are_the_models_cos_sin(model_type)
     r = tables.cos.shape[-1]
     torch.testing.assert_close(tables.cos[rows:], cos[:, :r].float(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(tables.sin[rows:], sin[:, :r].float(), rtol=1e-5, atol=1e-5)
+
+
+def test_gemma4_halves_rotated_by_their_tables_match_the_model():
+    """Gemma 4's tower rotates x's half and y's half of the head each as a RoPE of its own (pairs (i, i + D/4)):
+    rotary's two tables, each through rotary.rotate on its half, give the q and k the tower computes."""
+    config, inputs, calls = recorded("gemma4_vision")
+    assert len(calls) == 2 * config.num_hidden_layers  # q and k in each layer
+    rope = vision_rope(config)
+    assert rope.form == "gemma4" and isinstance(rope.rope, rotary.AxialRoPE)
+    tx, ty = rope.tables(GEMMA4_GRID, dtype=torch.float64)
+    half = config.head_dim // 2
+    assert tx.cos.shape == ty.cos.shape == (GEMMA4_GRID[0] * GEMMA4_GRID[1], half)
+    for args, out in calls:
+        x = args[0].double()  # [B, N, H, D]
+        (rx,) = rotary.rotate([x[..., :half]], tx, layout="bshd")
+        (ry,) = rotary.rotate([x[..., half:]], ty, layout="bshd")
+        torch.testing.assert_close(torch.cat([rx, ry], -1).float(), out.float(), rtol=1e-5, atol=2e-5)
+        assert not torch.allclose(rx.float(), x[..., :half].float(), atol=1e-3)  # each half rotates
+        assert not torch.allclose(ry.float(), x[..., half:].float(), atol=1e-3)
+
+
+def test_gemma4_positions_are_x_then_y_and_tables_are_the_models_cos_sin():
+    config, inputs, calls = recorded("gemma4_vision")
+    rope = vision_rope(config)
+    coords = rope.positions(GEMMA4_GRID).values
+    assert torch.equal(coords.long(), inputs["pixel_position_ids"][0])  # the processor's (x, y), row by row
+    cos, sin = calls[0][0][1][0], calls[0][0][2][0]  # [N, D]: x's quarter twice, then y's twice
+    tx, ty = rope.tables(GEMMA4_GRID)
+    half = config.head_dim // 2
+    for got, want in (
+        (tx.cos, cos[:, :half]),
+        (ty.cos, cos[:, half:]),
+        (tx.sin, sin[:, :half]),
+        (ty.sin, sin[:, half:]),
+    ):
+        torch.testing.assert_close(got, want.float(), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(tx.cos, ty.cos)  # the halves carry different axes
+    # the tower's frequencies: those of a 1-D RoPE over D/2 channels, the same for both axes
+    inv = 1.0 / (config.rope_parameters["rope_theta"] ** (torch.arange(0, half, 2, dtype=torch.float) / half))
+    freq = rope.rope.frequencies()
+    assert torch.equal(freq[0][freq[0] != 0].float(), inv) and torch.equal(freq[1][freq[1] != 0].float(), inv)
 
 
 def test_config_defaults_are_transformers():
@@ -294,7 +349,8 @@ def test_every_encoder_is_built_or_has_a_status():
     "config, match",
     [
         ({"model_type": "llama", "hidden_size": 64}, r"text decoder; build its RoPE with rotary\.RoPE\.from_hf_config"),
-        ({"model_type": "gemma4_vision"}, r"not built: vision encoder"),
+        ({"model_type": "gemma3n_vision"}, r"not built: vision encoder"),
+        ({"model_type": "gemma4_unified_vision"}, r"not built: no RoPE in this part"),
         ({"model_type": "qwen2_5_omni_audio_encoder"}, r"not built: audio encoder"),
         ({"model_type": "nope"}, r"'nope' is not a vision encoder rotary builds"),
         ({"model_type": "qwen3_vl_vision", "hidden_size": 64, "num_heads": 4, "rope_parameters": {"rope_type": "yarn"}},
@@ -393,11 +449,34 @@ def test_patched_tower_outputs_equal_unpatched(model_type, monkeypatch):
             rotary.hf.unpatch(model)
         after = _call(model, model_type, inputs)
     layers = len(recorded(model_type)[2])
-    assert calls == [2] * layers  # q and k of every block went through rotary, in one call each
+    if VISION_ROPE[model_type] == "gemma4":  # q and k in calls of their own, each half by its own table
+        assert calls == [1] * (2 * layers)
+    else:
+        assert calls == [2] * layers  # q and k of every block went through rotary, in one call each
     for name in ("last_hidden_state", "pooler_output"):
         if getattr(before, name, None) is not None:
             torch.testing.assert_close(getattr(patched, name), getattr(before, name), rtol=1e-5, atol=1e-5)
             assert getattr(after, name).equal(getattr(before, name))
+
+
+def test_gemma4_replacement_equals_transformers(gen):
+    """Gemma 4's replacement against transformers' apply_multidimensional_rope on random q (the model's own
+    cos/sin of a 3 x 6 image): equal in fp32; in bf16 transformers rounds each product and sum in bf16,
+    rotary once from fp32, so they differ by one bf16 rounding."""
+    from transformers.models.gemma4 import modeling_gemma4 as theirs
+
+    config = _config("gemma4_vision")
+    pos = tower("gemma4_vision")[2]["pixel_position_ids"]
+    ours = patching.SUPPORTED["gemma4_vision"].replacements["apply_multidimensional_rope"]
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(1, pos.shape[1], 4, config.head_dim, generator=gen).to(dtype)
+        cos, sin = theirs.Gemma4VisionRotaryEmbedding(config)(x, pos)
+        got, want = ours(x, cos, sin, pos), theirs.apply_multidimensional_rope(x, cos, sin, pos)
+        assert got.dtype == want.dtype == dtype and not torch.equal(got, x)
+        if dtype == torch.float32:
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+        else:
+            torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=2**-7)
 
 
 def test_vision_replacement_equals_transformers_in_bf16(gen):

@@ -130,7 +130,7 @@ UNSUPPORTED: dict[str, str] = {
             "deepseek_ocr2_sam_vision_model deepseek_ocr2_vision dots3_note_audio_encoder "
             "edgetam_video edgetam_video_mask_decoder edgetam_video_prompt_encoder "
             "efficientloftr emu3_vqgan gemma3n_audio gemma3n_vision "
-            "gemma4_audio gemma4_unified_audio gemma4_unified_vision gemma4_vision "
+            "gemma4_audio gemma4_unified_audio gemma4_unified_vision "
             "glm_image_vision glm_image_vqmodel glmasr_encoder granite_docling_vision "
             "hunyuan_vl_vision idefics_perciever idefics_vision inkling2_vision lasr_ctc lasr_encoder "
             "lightglue mimi mimi_decoder mimi_encoder mlcd "

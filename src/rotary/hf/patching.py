@@ -158,6 +158,14 @@ def _apply_sam3(q, k, cos, sin):
     return _apply_pair(q, k, cos.reshape(cos.shape[-2:]), sin.reshape(sin.shape[-2:]), interleaved=True, layout="bhsd")
 
 
+def _apply_xy(x, cos, sin, position_ids, unsqueeze_dim=2):
+    """Gemma 4's vision attention, q or k ``[B, N, H, D]``: x's half, then y's, each by its half of ``cos/sin``."""
+    c = 2 * (x.shape[-1] // (2 * position_ids.shape[-1]))
+    parts = [slice(j * c, (j + 1) * c) for j in range(position_ids.shape[-1])]
+    tables = [RotaryTables.from_tensors(cos[..., s], sin[..., s], interleaved=False, validate=False) for s in parts]
+    return torch.cat([rotate([x[..., s]], t, layout=_layout(unsqueeze_dim))[0] for s, t in zip(parts, tables)], -1)
+
+
 def _complex_tables(freqs: torch.Tensor) -> RotaryTables:
     """Tables of pairs (2i, 2i+1) from transformers' complex ``e^{iθ}`` (times any attention scaling)."""
     cos, sin = freqs.real.repeat_interleave(2, dim=-1), freqs.imag.repeat_interleave(2, dim=-1)
@@ -296,6 +304,7 @@ SUPPORTED: dict[str, _Family] = {
         "transformers.models.eomt_dinov3.modeling_eomt_dinov3", {"apply_rotary_pos_emb": _apply_dinov3}
     ),
     "sam3_vit_model": _Family("transformers.models.sam3.modeling_sam3", {"apply_rotary_pos_emb_2d": _apply_sam3}),
+    "gemma4_vision": _Family("transformers.models.gemma4.modeling_gemma4", {"apply_multidimensional_rope": _apply_xy}),
     **{
         model_type: _Family(
             "transformers.models.llama4.modeling_llama4",
@@ -499,7 +508,7 @@ def patch(model: nn.Module) -> nn.Module:
             the vision towers that rotate through ``apply_rotary_pos_emb_vision`` (Qwen2-VL to Qwen3.5 and
             Qwen-Omni, GLM-4V, GLM-OCR, GLM-5-Next, ERNIE-4.5-VL, PaddleOCR-VL, Kimi-K2.5, Cohere Compass,
             EXAONE 4.5, dots3-note, LFM3-VL, VideoLLaMA3, MiniMax-M3-VL),
-            and the ViTs of DINOv3 (``DINOv3ViTModel``, EoMT-DINOv3) and SAM 3 (``Sam3ViTModel``),
+            the ViTs of DINOv3 (``DINOv3ViTModel``, EoMT-DINOv3), SAM 3 (``Sam3ViTModel``), Gemma 4's (alone),
             on their own or inside their multimodal model (whose text attention is patched where listed above).
 
     Returns:

@@ -56,7 +56,7 @@ CONFIG_DEFAULTS: dict[str, dict[str, int]] = {
 #: form -> the rope_type its rotary embedding accepts (else "axial"); DINOv3's config has none
 _ROPE_TYPE = {"llama4": "default", "dinov3": "default"}
 #: model_type -> rope_theta when the config states none (transformers' config-class default; else 10000)
-_DEFAULT_THETA = {"dinov3_vit": 100.0, "eomt_dinov3": 100.0, "lfm3_vl_vision": 1e6}
+_DEFAULT_THETA = {"dinov3_vit": 100.0, "eomt_dinov3": 100.0, "lfm3_vl_vision": 1e6, "gemma4_vision": 100.0}
 
 
 def _as_dict(config: Any, label: str) -> dict[str, Any]:
@@ -210,6 +210,9 @@ def vision_rope(config: Any) -> VisionRoPE:
             )
         }
         rope = AxialRoPE.preset("dinov3", head_dim, base=theta, prefix_tokens=1 + int(registers), **augment)
+    elif form == "gemma4":  # each half of the head is a 1-D RoPE of one axis, with Qwen-VL's frequencies
+        _even_quarters(head_dim, label)
+        rope = AxialRoPE(head_dim, axes=2, base=theta)
     elif form == "sam3":
         _even_quarters(head_dim, label)
         rope = AxialRoPE(head_dim, axes=2, base=theta, interleaved=True, block_order=(1, 0))
@@ -255,7 +258,10 @@ class VisionRoPE(nn.Module):
       (``prefix=`` for more, e.g. EoMT's queries in its last blocks);
     - ``llama4``: ``(h, w)`` must be the config's ``image_size / patch_size`` grid (default), class token last;
     - ``sam3``: ``(h, w)`` of one attention's tokens: ``(window_size, window_size)`` for the windowed
-      layers, the whole patch grid (default) for the global ones.
+      layers, the whole patch grid (default) for the global ones;
+    - ``gemma4``: ``(h, w)`` patches of one image, row by row, at coordinates ``(x, y)`` = (column, row) as
+      the processor's ``image_position_ids`` (its padding patches, at -1, are masked out of attention). Its
+      :meth:`tables` are two tables ``[N, D/2]``, one per half of the head (see there).
 
     Example:
         >>> rope = rotary.hf.vision_rope({"model_type": "kimi_k25_vision", "hidden_size": 64, "num_attention_heads": 4})
@@ -366,6 +372,10 @@ class VisionRoPE(nn.Module):
             return self.rope.grid(*self._image(grid), prefix=prefix)
         if self.form == "llama4":
             return self.rope.grid(*self._image(grid))
+        if self.form == "gemma4":
+            h, w = self._image(grid)
+            ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+            return self.rope.coordinates(torch.stack([xs.flatten(), ys.flatten()], dim=-1))
         if self.form == "sam3":
             h, w = self._image(grid)
             ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
@@ -404,14 +414,30 @@ class VisionRoPE(nn.Module):
         prefix: int | None = None,
         merge_sizes: Any = None,
         dtype: torch.dtype = torch.float32,
-    ) -> RotaryTables:
+    ) -> RotaryTables | tuple[RotaryTables, RotaryTables]:
         """The tables the tower's attention applies to its tokens (see :meth:`positions`).
 
         Returns:
             :class:`~rotary.tables.RotaryTables` ``[N, r]`` (identity rows for class and register tokens),
             for q and k ``[..., N, H, D]`` or ``[..., H, N, D]`` through :func:`rotary.rotate`.
+            ``gemma4``: a pair of tables ``[N, D/2]`` (half pairing), x's for ``q[..., :D/2]`` and y's for
+            ``q[..., D/2:]``: Gemma 4 rotates each half of the head as a RoPE of its own. They are the halves'
+            share of :attr:`rope`'s tables (x's frequencies, then y's), each laid out for its half.
         """
-        return self.rope.tables(self.positions(grid, prefix=prefix, merge_sizes=merge_sizes), dtype=dtype)
+        tables = self.rope.tables(self.positions(grid, prefix=prefix, merge_sizes=merge_sizes), dtype=dtype)
+        if self.form != "gemma4":
+            return tables
+        quarter = tables.cos.shape[-1] // 4
+        return tuple(
+            RotaryTables.from_tensors(
+                torch.cat([cos[:, a * quarter : (a + 1) * quarter]] * 2, dim=-1),
+                torch.cat([sin[:, a * quarter : (a + 1) * quarter]] * 2, dim=-1),
+                interleaved=False,
+                validate=False,
+            )
+            for cos, sin in [(tables.cos, tables.sin)]
+            for a in (0, 1)
+        )
 
 
 def _window_order(t: int, h: int, w: int, window: int) -> torch.Tensor:

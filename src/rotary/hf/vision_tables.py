@@ -22,6 +22,11 @@ FORMS: dict[str, str] = {
     "llama4": "2-D axial RoPE over (y + 1, x + 1), pairs (2i, 2i+1), x's block first; the class token last, unrotated",
     "dinov3": "2-D axial RoPE over patch centres in [-1, 1], pairs (i, i + D/2); class and register tokens first, unrotated",
     "sam3": "2-D axial RoPE over (w, h) scaled to the window size, pairs (2i, 2i+1); windowed and global layers",
+    "gemma4": (
+        "2-D axial RoPE over (x, y) = (column, row), each axis on its own half of the head: x rotates "
+        "channels [0, D/2), y channels [D/2, D), pairs (i, i + D/4) within each half, base^(-4k/D) for both; "
+        "one image per call, patches row by row; one table per half"
+    ),
 }
 
 #: model_type -> its form (:data:`FORMS`); :func:`vision_rope` builds each
@@ -41,6 +46,7 @@ VISION_ROPE: dict[str, str] = {
     "llama4_vision_model": "llama4",
     **dict.fromkeys("dinov3_vit eomt_dinov3".split(), "dinov3"),
     "sam3_vit_model": "sam3",
+    "gemma4_vision": "gemma4",
 }
 
 _AUDIO = "audio encoder: RoPE over audio frames; not built from its config yet"
@@ -51,10 +57,6 @@ _SEGMENT = (
 )
 _CODEC = "audio codec / vocoder / speech tokenizer: RoPE over frames inside the codec; not built yet"
 _VISION_LATER = "vision encoder: RoPE over image patches; not built from its config yet"
-_GEMMA4 = (
-    "vision encoder: rotates each axis's half of the head with its own half pairing (pairs (i, i + D/4) "
-    "within each half), a channel layout no AxialRoPE form gives yet; not built"
-)
 _NO_ROPE_TOWER = "no RoPE in this part: the RoPE in its modeling file belongs to another part of the model"
 _WRAPPER = (
     "wrapper: a model of several parts; vision_rope(config) builds its vision tower (vision_config, "
@@ -96,7 +98,7 @@ ENCODER_STATUS: dict[str, str] = {
     **dict.fromkeys(
         (
             "cosmos3_edge_vision deepseek_ocr2_encoder deepseek_ocr2_sam_vision_model "
-            "deepseek_ocr2_vision gemma3n_vision gemma4_unified_vision "
+            "deepseek_ocr2_vision gemma3n_vision "
             "granite_docling_vision inkling2_vision mlcd mlcd_vision_model molmo2_vision "
             "muse_glimmer_vision muse_spark_vision phi4_multimodal_vision sapiens2 step3p5_vision "
             "unlimited_ocr_sam_vision_model unlimited_ocr_vision unlimited_ocr_vision_encoder"
@@ -105,7 +107,8 @@ ENCODER_STATUS: dict[str, str] = {
     ),
     **dict.fromkeys(
         (
-            "chameleon_vqgan emu3_vqgan glm_image_vision glm_image_vqmodel hunyuan_vl_vision idefics_perciever "
+            "chameleon_vqgan emu3_vqgan gemma4_unified_vision glm_image_vision glm_image_vqmodel hunyuan_vl_vision "
+            "idefics_perciever "
             "idefics_vision mllama_vision_model molmo2_adapter sapiens2_head t5_gemma_module"
         ).split(),
         _NO_ROPE_TOWER,
@@ -114,7 +117,6 @@ ENCODER_STATUS: dict[str, str] = {
     **dict.fromkeys(
         "blt_global_transformer efficientloftr lightglue muse_glimmer_assistant timesfm2_5".split(), _OTHER
     ),
-    "gemma4_vision": _GEMMA4,
 }
 
 

@@ -31,6 +31,9 @@ removes the instance ``forward`` of the norms too.
 A ``q_norm``/``k_norm`` with forward hooks runs its own forward (its hooks see, and may change, the
 normalised output) and the attention then only rotates.
 
+The vision towers' replacements and entries live in :mod:`rotary.hf.patching_vision` (imported by
+``rotary.hf``, which adds them to :data:`SUPPORTED`).
+
 Caveat: the patched ``forward`` sees the modeling module's globals as they were when ``patch`` ran
 (anything monkey-patched into transformers later is not seen until ``unpatch``/``patch`` again).
 """
@@ -123,49 +126,6 @@ def _apply_deepseek_interleave(q, k, cos, sin, position_ids=None, unsqueeze_dim=
     return _apply_half(to_half(q), to_half(k), cos, sin, unsqueeze_dim)
 
 
-def _apply_pixtral(q, k, cos, sin, unsqueeze_dim=1):
-    """Pixtral's vision attention: q, k ``[B, H, S, D]`` and one image grid's tables ``[S, D]`` (its 2-D
-    angles already laid out in the half layout, pairs (i, i + D/2)), broadcast with ``unsqueeze_dim=0``."""
-    if unsqueeze_dim == 0 and cos.dim() == 2:
-        return _apply_pair(q, k, cos, sin, interleaved=False, layout="bhsd")
-    return _apply_half(q, k, cos, sin, unsqueeze_dim)
-
-
-def _apply_vision(q, k, cos, sin):
-    """The Qwen-VL-style vision towers' ``apply_rotary_pos_emb_vision``: q, k ``[N, H, D]`` (the packed
-    patches of every image and video) or ``[1, N, H, D]`` (Kimi-K2.5), tables ``[N, D]`` in the half
-    layout, pairs (i, i + D/2); computed in fp32 and returned in q's dtype, as transformers does."""
-    if q.dim() == 3:
-        q, k = _apply_pair(q[None], k[None], cos, sin, interleaved=False, layout="bshd")
-        return q[0], k[0]
-    return _apply_pair(q, k, cos, sin, interleaved=False, layout="bshd")
-
-
-def _apply_dinov3(q, k, cos, sin, **kwargs):
-    """DINOv3's (and EoMT's) attention: q, k ``[B, H, S, D]``, tables ``[P, D]`` (half layout) for the last
-    ``P`` tokens, the patches; the class, register (and EoMT's query) tokens before them are not rotated.
-    One kernel call over all S tokens, the first ``S - P`` rows the identity."""
-    prefix = q.shape[-2] - cos.shape[-2]
-    if prefix:
-        cos = torch.cat([cos.new_ones(prefix, cos.shape[-1]), cos])
-        sin = torch.cat([sin.new_zeros(prefix, sin.shape[-1]), sin])
-    return _apply_pair(q, k, cos, sin, interleaved=False, layout="bhsd")
-
-
-def _apply_sam3(q, k, cos, sin):
-    """SAM 3's ViT attention: q, k ``[B, H, S, D]`` (a window's or the whole grid's patches), tables
-    ``[1, S, D]`` with each angle repeated for its pair (2i, 2i+1); fp32, returned in q's dtype."""
-    return _apply_pair(q, k, cos.reshape(cos.shape[-2:]), sin.reshape(sin.shape[-2:]), interleaved=True, layout="bhsd")
-
-
-def _apply_xy(x, cos, sin, position_ids, unsqueeze_dim=2):
-    """Gemma 4's vision attention, q or k ``[B, N, H, D]``: x's half, then y's, each by its half of ``cos/sin``."""
-    c = 2 * (x.shape[-1] // (2 * position_ids.shape[-1]))
-    parts = [slice(j * c, (j + 1) * c) for j in range(position_ids.shape[-1])]
-    tables = [RotaryTables.from_tensors(cos[..., s], sin[..., s], interleaved=False, validate=False) for s in parts]
-    return torch.cat([rotate([x[..., s]], t, layout=_layout(unsqueeze_dim))[0] for s, t in zip(parts, tables)], -1)
-
-
 def _complex_tables(freqs: torch.Tensor) -> RotaryTables:
     """Tables of pairs (2i, 2i+1) from transformers' complex ``e^{iθ}`` (times any attention scaling)."""
     cos, sin = freqs.real.repeat_interleave(2, dim=-1), freqs.imag.repeat_interleave(2, dim=-1)
@@ -175,15 +135,6 @@ def _complex_tables(freqs: torch.Tensor) -> RotaryTables:
 def _apply_llama4_text(xq, xk, freqs_cis):
     """Llama 4's text attention: ``xq, xk [B, S, H, D]``, complex ``freqs_cis [B, S, D/2]``, pairs (2i, 2i+1)."""
     q, k = rotate([xq, xk], _complex_tables(freqs_cis), layout="bshd", kinds=("q", "k"), names=("xq", "xk"))
-    return q, k
-
-
-def _apply_llama4_vision(query, key, freqs_ci):
-    """Llama 4's vision attention: ``query, key [B, S, H, D]`` and complex ``freqs_ci [S, 1, D/2]``
-    (the 2-D angles of the patches, then the class token's 0), pairs (2i, 2i+1)."""
-    freqs = freqs_ci.to(query.device).reshape(query.shape[1], -1)
-    tables = _complex_tables(freqs)
-    q, k = rotate([query, key], tables, layout="bshd", kinds=("q", "k"), names=("query", "key"))
     return q, k
 
 
@@ -295,68 +246,8 @@ SUPPORTED: dict[str, _Family] = {
             "zamba2": "zamba2",
         }.items()
     },  # fmt: skip
-    # vision towers with 2-D RoPE: Pixtral's PixtralVisionModel, and Llama 4 (text, vision tower, or both)
-    "pixtral": _Family("transformers.models.pixtral.modeling_pixtral", {"apply_rotary_pos_emb": _apply_pixtral}),
-    "dinov3_vit": _Family(
-        "transformers.models.dinov3_vit.modeling_dinov3_vit", {"apply_rotary_pos_emb": _apply_dinov3}
-    ),
-    "eomt_dinov3": _Family(
-        "transformers.models.eomt_dinov3.modeling_eomt_dinov3", {"apply_rotary_pos_emb": _apply_dinov3}
-    ),
-    "sam3_vit_model": _Family("transformers.models.sam3.modeling_sam3", {"apply_rotary_pos_emb_2d": _apply_sam3}),
-    "gemma4_vision": _Family("transformers.models.gemma4.modeling_gemma4", {"apply_multidimensional_rope": _apply_xy}),
-    **{
-        model_type: _Family(
-            "transformers.models.llama4.modeling_llama4",
-            {"apply_rotary_emb": _apply_llama4_text, "vision_apply_rotary_emb": _apply_llama4_vision},
-        )
-        for model_type in ("llama4", "llama4_text", "llama4_vision_model")
-    },
 }
 
-# CPU, one thread, q/k [N, H, D] strided views as the towers give them: transformers' function 25-170 ms,
-# rotary's 3-21 ms (fp32 and bf16, N = 1024-4096 patches, D = 72-80; load average 12-14 on 2 cores while
-# measured, so ratios only). DINOv3's apply ([1, 6, 1029, 64] and [4, 12, 201, 64]): 1.3-6.4 ms against
-# 0.16-0.32 ms; SAM 3's ([25, 16, 576, 64], [1, 16, 5184, 64]): 53-590 ms against 9-82 ms (load 6-7).
-# MiniMax-M3-VL's (partial, in q's dtype; [1, N, 16, 80], N = 1024-4096): 13-110 ms against 2-21 ms (load 6-7);
-# in bf16 rotary rotates in fp32 and rounds once, so its bf16 output differs from transformers' by rounding.
-#: transformers modeling module -> the model_types whose vision tower rotates q and k with its
-#: ``apply_rotary_pos_emb_vision`` (the same function in each: fp32, pairs (i, i + D/2)): the tower on its
-#: own, and the multimodal model holding it (whose text attention, where SUPPORTED has it, is patched too)
-_VISION_TOWERS = {
-    "qwen2_vl": ("qwen2_vl", "qwen2_vl_vision"),
-    "qwen2_5_vl": ("qwen2_5_vl", "qwen2_5_vl_vision"),
-    "qwen3_vl": ("qwen3_vl", "qwen3_vl_vision"),
-    "qwen3_vl_moe": ("qwen3_vl_moe", "qwen3_vl_moe_vision"),
-    "qwen3_5": ("qwen3_5", "qwen3_5_vision"),
-    "qwen3_5_moe": ("qwen3_5_moe", "qwen3_5_moe_vision"),
-    "qwen2_5_omni": ("qwen2_5_omni_vision_encoder",),
-    "qwen3_omni_moe": ("qwen3_omni_moe_vision_encoder",),
-    "qwen4_exp": ("qwen4_exp_vision",),
-    "glm4v": ("glm4v", "glm4v_vision"),
-    "glm4v_moe": ("glm4v_moe", "glm4v_moe_vision"),
-    "glm_ocr": ("glm_ocr", "glm_ocr_vision"),
-    "glm5_next": ("glm5_next_vision",),
-    "ernie4_5_vl_moe": ("ernie4_5_vl_moe", "ernie4_5_vl_moe_vision"),
-    "paddleocr_vl": ("paddleocr_vl", "paddleocr_vl_vision"),
-    "kimi_k25": ("kimi_k25", "kimi_k25_vision"),
-    "cohere_compass": ("cohere_compass_vision",),
-    "exaone4_5": ("exaone4_5_vision",),
-    "dots3_note": ("dots3_note_vision_encoder",),
-    "lfm3_vl": ("lfm3_vl_vision",),
-    "video_llama_3": ("video_llama_3_vision",),
-    "minimax_m3_vl": ("minimax_m3_vl_vision",),  # its own form: the first 3·2⌊D/6⌋ channels, in q's dtype
-}
-for _name, _types in _VISION_TOWERS.items():
-    for _model_type in _types:
-        _module = f"transformers.models.{_name}.modeling_{_name}"
-        _text = SUPPORTED.get(_model_type)
-        if _text is not None and _text.module != _module:
-            continue  # a namesake in another module: leave that family as it is
-        _replacements = dict(_text.replacements) if _text is not None else {}
-        _replacements["apply_rotary_pos_emb_vision"] = _apply_vision
-        SUPPORTED[_model_type] = _Family(_module, _replacements, _text.qk_norm if _text is not None else None)
-del _name, _types, _model_type, _module, _text, _replacements
 
 _MARK = "_rotary_hf_patch"  # on a patched submodule: the instance ``forward`` it had before (or None)
 _NORM_MARK = "_rotary_hf_patch_norm"  # the same, on the q_norm / k_norm of a fused QK-norm attention

@@ -126,6 +126,20 @@ def _apply_deepseek_interleave(q, k, cos, sin, position_ids=None, unsqueeze_dim=
     return _apply_half(to_half(q), to_half(k), cos, sin, unsqueeze_dim)
 
 
+def _apply_one(x, cos, sin, unsqueeze_dim=1):
+    """Gemma 3n / Gemma 4 / DiffusionGemma: one tensor (q or k) per call, pairs (i, i + r/2); ``x [N, H, D]``
+    with ``cos/sin [N, r]`` (Qwen4-exp's pooled index keys) is one row of N tokens."""
+    if x.dim() == 3 and cos.dim() == 2 and unsqueeze_dim == 1:
+        return _apply_one(x[None], cos[None], sin[None], 2)[0]
+    tables = RotaryTables.from_tensors(cos, sin, interleaved=False, validate=False)
+    return rotate([x], tables, layout=_layout(unsqueeze_dim))[0]
+
+
+def _apply_half_or_one(q, k=None, cos=None, sin=None, unsqueeze_dim=1):
+    """Qwen4-exp: q and k, or q alone (``k=None``), pairs (i, i + r/2) of the first ``r = cos.shape[-1]``."""
+    return _apply_one(q, cos, sin, unsqueeze_dim) if k is None else _apply_half(q, k, cos, sin, unsqueeze_dim)
+
+
 def _complex_tables(freqs: torch.Tensor) -> RotaryTables:
     """Tables of pairs (2i, 2i+1) from transformers' complex ``e^{iθ}`` (times any attention scaling)."""
     cos, sin = freqs.real.repeat_interleave(2, dim=-1), freqs.imag.repeat_interleave(2, dim=-1)
@@ -244,8 +258,33 @@ SUPPORTED: dict[str, _Family] = {
             "t5gemma": "t5gemma",
             "voxtral_realtime_text": "voxtral_realtime",
             "zamba2": "zamba2",
+            # the same with partial rotation (the first r = cos.shape[-1] channels) or computed in fp32
+            "bamba": "bamba",
+            "esm": "esm",
+            "evolla": "evolla",
+            "phi4_multimodal": "phi4_multimodal",
+            "zaya": "zaya",
         }.items()
     },  # fmt: skip
+    # one tensor per call (q, then k), pairs (i, i + r/2)
+    **{
+        model_type: _Family(f"transformers.models.{name}.modeling_{name}", {"apply_rotary_pos_emb": _apply_one})
+        for model_type, name in (
+            ("gemma3n_text", "gemma3n"),
+            ("gemma4_text", "gemma4"),
+            ("diffusion_gemma_text", "diffusion_gemma"),
+        )
+    },
+    "qwen4_exp_text": _Family(
+        "transformers.models.qwen4_exp.modeling_qwen4_exp", {"apply_rotary_pos_emb": _apply_half_or_one}
+    ),
+    # pairs (2i, 2i+1) of the first r channels, from [θ, θ] tables: GLM's form
+    "moonshine": _Family("transformers.models.moonshine.modeling_moonshine", {"apply_rotary_pos_emb": _apply_glm}),
+    # DeepSeek-V3's interleaved form: pairs (2i, 2i+1) returned de-interleaved
+    "longcat_flash": _Family(
+        "transformers.models.longcat_flash.modeling_longcat_flash",
+        {"apply_rotary_pos_emb_interleave": _apply_deepseek_interleave},
+    ),
 }
 
 
@@ -393,7 +432,9 @@ def patch(model: nn.Module) -> nn.Module:
     Args:
         model: a transformers model of a type in :data:`SUPPORTED` (any head): Llama, Mistral, Mixtral,
             Qwen2, Qwen3, Qwen3-MoE, Phi-3, Gemma-3 (both layer types), GPT-NeoX, gpt-oss, DeepSeek-V3,
-            GPT-J, Cohere or GLM, a vision-language model with multimodal RoPE (its text attention: Qwen-VL,
+            GPT-J, Cohere or GLM, the 2026 text families (Chameleon to Zamba2, Bamba, ESM, Evolla,
+            Phi-4-multimodal, ZAYA, the Gemma 3n / Gemma 4 / DiffusionGemma text models, Qwen4-exp text,
+            Moonshine, LongCat-Flash), a vision-language model with multimodal RoPE (its text attention: Qwen-VL,
             Qwen3.5, the Omni thinkers, GLM-4V, GLM-OCR, GLM-Image, ERNIE-4.5-VL, PaddleOCR-VL, Cosmos 3), a
             Pixtral vision tower (``PixtralVisionModel``), or a Llama 4 model (text, vision tower, or both);
             the vision towers that rotate through ``apply_rotary_pos_emb_vision`` (Qwen2-VL to Qwen3.5 and

@@ -99,3 +99,35 @@ def test_patched_outputs_equal_unpatched(model_type, monkeypatch):
     torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
     assert torch.equal(run(), before)  # unpatched: exactly as before
     assert len(calls) == rotated  # and rotary is no longer called
+
+
+#: of OWN_APPLY, the families whose transformers function rotates the first r = cos.shape[-1] channels only
+PARTIAL = {"bamba", "phi4_multimodal", "zaya", "qwen4_exp_text", "moonshine"}
+
+
+@pytest.mark.parametrize("model_type", OWN_APPLY)
+def test_own_apply_equals_transformers_function(model_type):
+    """rotary's replacement gives transformers' own function's output (fp32), on [θ, θ] tables as the models
+    build them, over the whole head and (where transformers allows it) its first half only."""
+    family = rotary.hf.SUPPORTED[model_type]
+    module = importlib.import_module(family.module)
+    gen = torch.Generator().manual_seed(2)
+    q, k = torch.randn(2, 4, 5, 16, generator=gen), torch.randn(2, 4, 5, 16, generator=gen)
+    for r in (16, 8) if model_type in PARTIAL else (16,):
+        theta = torch.rand(2, 5, r // 2, generator=gen) * 6
+        cos, sin = torch.cat([theta.cos()] * 2, -1), torch.cat([theta.sin()] * 2, -1)
+        for name, ours in family.replacements.items():
+            theirs = getattr(module, name)
+            if model_type in ("gemma3n_text", "gemma4_text", "diffusion_gemma_text"):  # one tensor, [B, S, H, D]
+                x = q.transpose(1, 2)
+                torch.testing.assert_close(ours(x, cos, sin, unsqueeze_dim=2), theirs(x, cos, sin, unsqueeze_dim=2))
+                continue
+            for got, want in zip(ours(q, k, cos, sin), theirs(q, k, cos, sin)):
+                torch.testing.assert_close(got, want)
+            if model_type == "qwen4_exp_text":  # q alone, and its index's pooled keys [N, 1, D] with tables [N, r]
+                x = q.transpose(1, 2)
+                torch.testing.assert_close(
+                    ours(x, cos=cos, sin=sin, unsqueeze_dim=2), theirs(x, cos=cos, sin=sin, unsqueeze_dim=2)
+                )
+                keys = q[0, :1].transpose(0, 1)  # [5, 1, 16]
+                torch.testing.assert_close(ours(keys, cos=cos[0], sin=sin[0]), theirs(keys, cos=cos[0], sin=sin[0]))

@@ -27,7 +27,7 @@ NEW_TEXT = (
 #: Llama's replacement, or the one of the family whose form they share; checked by their outputs only
 OWN_APPLY = (
     "bamba esm evolla phi4_multimodal zaya gemma3n_text gemma4_text diffusion_gemma_text qwen4_exp_text moonshine "
-    "longcat_flash"
+    "longcat_flash step3p5"
 ).split()
 NEW_TEXT += OWN_APPLY
 
@@ -102,7 +102,7 @@ def test_patched_outputs_equal_unpatched(model_type, monkeypatch):
 
 
 #: of OWN_APPLY, the families whose transformers function rotates the first r = cos.shape[-1] channels only
-PARTIAL = {"bamba", "phi4_multimodal", "zaya", "qwen4_exp_text", "moonshine"}
+PARTIAL = {"step3p5", "bamba", "phi4_multimodal", "zaya", "qwen4_exp_text", "moonshine"}
 
 
 @pytest.mark.parametrize("model_type", OWN_APPLY)

@@ -266,6 +266,7 @@ SUPPORTED: dict[str, _Family] = {
             "zaya": "zaya",
         }.items()
     },  # fmt: skip
+    "step3p5": _Family("transformers.models.step3p7.modeling_step3p7", _HALF),  # the text model of Step3p7
     # one tensor per call (q, then k), pairs (i, i + r/2)
     **{
         model_type: _Family(f"transformers.models.{name}.modeling_{name}", {"apply_rotary_pos_emb": _apply_one})
@@ -433,7 +434,7 @@ def patch(model: nn.Module) -> nn.Module:
         model: a transformers model of a type in :data:`SUPPORTED` (any head): Llama, Mistral, Mixtral,
             Qwen2, Qwen3, Qwen3-MoE, Phi-3, Gemma-3 (both layer types), GPT-NeoX, gpt-oss, DeepSeek-V3,
             GPT-J, Cohere or GLM, the 2026 text families (Chameleon to Zamba2, Bamba, ESM, Evolla,
-            Phi-4-multimodal, ZAYA, the Gemma 3n / Gemma 4 / DiffusionGemma text models, Qwen4-exp text,
+            Phi-4-multimodal, Step-3.5, ZAYA, the Gemma 3n / Gemma 4 / DiffusionGemma text models, Qwen4-exp text,
             Moonshine, LongCat-Flash), a vision-language model with multimodal RoPE (its text attention: Qwen-VL,
             Qwen3.5, the Omni thinkers, GLM-4V, GLM-OCR, GLM-Image, ERNIE-4.5-VL, PaddleOCR-VL, Cosmos 3), a
             Pixtral vision tower (``PixtralVisionModel``), or a Llama 4 model (text, vision tower, or both);

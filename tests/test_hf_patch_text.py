@@ -27,7 +27,7 @@ NEW_TEXT = (
 #: Llama's replacement, or the one of the family whose form they share; checked by their outputs only
 OWN_APPLY = (
     "bamba esm evolla phi4_multimodal zaya gemma3n_text gemma4_text diffusion_gemma_text qwen4_exp_text moonshine "
-    "longcat_flash step3p5"
+    "longcat_flash step3p5 deepseek_v4"
 ).split()
 NEW_TEXT += OWN_APPLY
 
@@ -102,7 +102,7 @@ def test_patched_outputs_equal_unpatched(model_type, monkeypatch):
 
 
 #: of OWN_APPLY, the families whose transformers function rotates the first r = cos.shape[-1] channels only
-PARTIAL = {"step3p5", "bamba", "phi4_multimodal", "zaya", "qwen4_exp_text", "moonshine"}
+PARTIAL = {"deepseek_v4", "step3p5", "bamba", "phi4_multimodal", "zaya", "qwen4_exp_text", "moonshine"}
 
 
 @pytest.mark.parametrize("model_type", OWN_APPLY)
@@ -118,6 +118,11 @@ def test_own_apply_equals_transformers_function(model_type):
         cos, sin = torch.cat([theta.cos()] * 2, -1), torch.cat([theta.sin()] * 2, -1)
         for name, ours in family.replacements.items():
             theirs = getattr(module, name)
+            if model_type == "deepseek_v4":  # one tensor, one angle per pair, the last r channels; and back (-sin)
+                c, s_ = theta.cos(), theta.sin()
+                torch.testing.assert_close(ours(q, c, s_), theirs(q, c, s_))
+                torch.testing.assert_close(ours(q, c, -s_), theirs(q, c, -s_))
+                continue
             if model_type in ("gemma3n_text", "gemma4_text", "diffusion_gemma_text"):  # one tensor, [B, S, H, D]
                 x = q.transpose(1, 2)
                 torch.testing.assert_close(ours(x, cos, sin, unsqueeze_dim=2), theirs(x, cos, sin, unsqueeze_dim=2))

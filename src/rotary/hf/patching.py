@@ -140,6 +140,18 @@ def _apply_half_or_one(q, k=None, cos=None, sin=None, unsqueeze_dim=1):
     return _apply_one(q, cos, sin, unsqueeze_dim) if k is None else _apply_half(q, k, cos, sin, unsqueeze_dim)
 
 
+def _apply_trailing(x, cos, sin, unsqueeze_dim=1):
+    """DeepSeek-V4: one tensor (q, kv, a compressed entry, or the attention output rotated back with ``-sin``),
+    one angle per pair ``cos/sin [B, S, r/2]``, pairs (2i, 2i+1) of the *last* r channels; the others pass."""
+    r = 2 * cos.shape[-1]
+    tables = RotaryTables.from_tensors(
+        cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1), interleaved=True, validate=False
+    )
+    if r == x.shape[-1]:
+        return rotate([x], tables, layout=_layout(unsqueeze_dim))[0]
+    return torch.cat([x[..., :-r], rotate([x[..., -r:]], tables, layout=_layout(unsqueeze_dim))[0]], dim=-1)
+
+
 def _complex_tables(freqs: torch.Tensor) -> RotaryTables:
     """Tables of pairs (2i, 2i+1) from transformers' complex ``e^{iθ}`` (times any attention scaling)."""
     cos, sin = freqs.real.repeat_interleave(2, dim=-1), freqs.imag.repeat_interleave(2, dim=-1)
@@ -281,6 +293,9 @@ SUPPORTED: dict[str, _Family] = {
     ),
     # pairs (2i, 2i+1) of the first r channels, from [θ, θ] tables: GLM's form
     "moonshine": _Family("transformers.models.moonshine.modeling_moonshine", {"apply_rotary_pos_emb": _apply_glm}),
+    "deepseek_v4": _Family(
+        "transformers.models.deepseek_v4.modeling_deepseek_v4", {"apply_rotary_pos_emb": _apply_trailing}
+    ),
     # DeepSeek-V3's interleaved form: pairs (2i, 2i+1) returned de-interleaved
     "longcat_flash": _Family(
         "transformers.models.longcat_flash.modeling_longcat_flash",
@@ -435,7 +450,7 @@ def patch(model: nn.Module) -> nn.Module:
             Qwen2, Qwen3, Qwen3-MoE, Phi-3, Gemma-3 (both layer types), GPT-NeoX, gpt-oss, DeepSeek-V3,
             GPT-J, Cohere or GLM, the 2026 text families (Chameleon to Zamba2, Bamba, ESM, Evolla,
             Phi-4-multimodal, Step-3.5, ZAYA, the Gemma 3n / Gemma 4 / DiffusionGemma text models, Qwen4-exp text,
-            Moonshine, LongCat-Flash), a vision-language model with multimodal RoPE (its text attention: Qwen-VL,
+            Moonshine, LongCat-Flash, DeepSeek-V4), a vision-language model with multimodal RoPE (its text attention: Qwen-VL,
             Qwen3.5, the Omni thinkers, GLM-4V, GLM-OCR, GLM-Image, ERNIE-4.5-VL, PaddleOCR-VL, Cosmos 3), a
             Pixtral vision tower (``PixtralVisionModel``), or a Llama 4 model (text, vision tower, or both);
             the vision towers that rotate through ``apply_rotary_pos_emb_vision`` (Qwen2-VL to Qwen3.5 and

@@ -58,12 +58,14 @@ def calls(
 
     return {
         "mul_ pass": timed(lambda q, k: (q.mul_(1.0), k.mul_(1.0))),
-        "half, in place": timed(lambda q, k: ext.rope([q, k], [q, k], [cos, cos], [sin, sin], None, 0, False, False)),
+        "half, in place": timed(
+            lambda q, k: ext.rope([q, k], [q, k], [cos, cos], [sin, sin], None, 0, False, False, None)
+        ),
         "half, out of place": timed(
-            lambda q, k: ext.rope([q, k], [q_out, k_out], [cos, cos], [sin, sin], None, 0, False, False)
+            lambda q, k: ext.rope([q, k], [q_out, k_out], [cos, cos], [sin, sin], None, 0, False, False, None)
         ),
         "interleaved, in place": timed(
-            lambda q, k: ext.rope([q, k], [q, k], [cos_i, cos_i], [sin_i, sin_i], None, 0, True, False)
+            lambda q, k: ext.rope([q, k], [q, k], [cos_i, cos_i], [sin_i, sin_i], None, 0, True, False, None)
         ),
     }
 

@@ -224,14 +224,14 @@ def configurations(hot: bool):
 
     def decode_case(name, dtype, interleaved=False, kind="offset", layout="bhsd"):
         def call():
-            from rotary.rotation import _decode_triton
+            from rotary.rotation import decode_triton
 
             B, S, D = 8, 1, 128
             shape = (lambda h: (B, h, S, D)) if layout == "bhsd" else (lambda h: (B, S, h, D))
             q, k = torch.randn(shape(32)).to(dtype), torch.randn(shape(8)).to(dtype)
             cos, sin = _tables(D, interleaved, torch.float32, rows=64)
             rows = torch.randint(0, 64, (B, S)) if kind == "rows" else None
-            got = _decode_triton(
+            got = decode_triton(
                 q,
                 k,
                 cos,
@@ -431,13 +431,13 @@ def host_costs(repeats: int = 5, calls: int = 2000) -> list[tuple[str, float]]:
     JITFunction.run = lambda self, *a, grid, warmup, **kw: run(self, *a, grid=grid, warmup=True, **kw)  # type: ignore[method-assign]
     torch.set_num_threads(1)
     import rotary
-    from rotary import deferred, serving
+    from rotary import devices, serving
     from rotary.kernels import triton as tk
     from rotary.kernels.contract import Rotation
-    from rotary.rotation import _decode_triton, model_tables_fast
+    from rotary.rotation import decode_triton, model_tables_fast
     from rotary.tables import cos_sin_table
 
-    deferred.host_checks = lambda device: False  # as on an accelerator: nothing read on the host
+    devices.host_checks = lambda device: False  # as on an accelerator: nothing read on the host
     serving._fused_kernel_device = lambda q: True  # rotate_and_cache's CUDA branch
     from rotary.kernels import norm
 
@@ -457,7 +457,7 @@ def host_costs(repeats: int = 5, calls: int = 2000) -> list[tuple[str, float]]:
     weight = torch.rand(D).to(torch.bfloat16)  # a QK-norm's weight in a bf16 model
     cases = {
         "Triton launch of the rotation (run_triton)": lambda: tk.run_triton(rotation),
-        "rope(q, k, offset)'s CUDA fast path (_decode_triton)": lambda: _decode_triton(
+        "rope(q, k, offset)'s CUDA fast path (decode_triton)": lambda: decode_triton(
             q, k, cos, sin, 2, False, False, None, 300, None, 0
         ),
         "hf.patch's apply on CUDA (model_tables_fast, bf16 tables)": lambda: model_tables_fast(

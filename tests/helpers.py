@@ -289,7 +289,7 @@ class _NoHostReads(torch.utils._python_dispatch.TorchDispatchMode):
 class accelerator_rules:
     """Run rotary on CPU tensors as if they were on an accelerator, and fail on any host read.
 
-    ``rotary._checks.host_checks`` is the one place that decides whether a device's checks read
+    ``rotary.devices.host_checks`` is the one place that decides whether a device's checks read
     values on the host (the CPU) or read nothing (every other device); inside this context it
     answers "read nothing" for the CPU too, and a dispatch mode raises :class:`HostReadError`
     on any op that reads values (``.item()``, ``int(t)``, ``bool(t)``, ``nonzero``, ``equal``, ...).
@@ -298,7 +298,7 @@ class accelerator_rules:
     """
 
     def __enter__(self):
-        import rotary._checks as checks
+        import rotary.devices as checks
 
         self._saved = (checks.host_checks, torch.Tensor.tolist, torch.Tensor.numpy)
         checks.host_checks = lambda device: False
@@ -313,7 +313,7 @@ class accelerator_rules:
         return self
 
     def __exit__(self, *exc):
-        import rotary._checks as checks
+        import rotary.devices as checks
 
         self._mode.__exit__(*exc)
         checks.host_checks, torch.Tensor.tolist, torch.Tensor.numpy = self._saved

@@ -119,7 +119,7 @@ INTERPRETED = textwrap.dedent(
     from rotary import reference
     from rotary.kernels.triton import rotate_and_cache_triton, run_triton
     from rotary.kernels import norm
-    from rotary.decoding import _decode_triton
+    from rotary.decoding import decode_triton
     from rotary.rotation import plan
 
     eps = torch.finfo(torch.float32).eps
@@ -134,7 +134,7 @@ INTERPRETED = textwrap.dedent(
         want = reference.rotate_complex(x.transpose(1, 2), ids, rope.inv_freq, interleaved=rope.interleaved)
         return float(((out.transpose(1, 2).double() - want).abs() / (eps * pair_norms(want, rope.interleaved))).max())
 
-    rotary._checks.host_checks = lambda device: False  # as on a GPU: ids never read, the cache as it is
+    rotary.devices.host_checks = lambda device: False  # as on a GPU: ids never read, the cache as it is
     g = torch.Generator().manual_seed(0)
     checked = 0
     for start, interleaved in itertools.product((4096, 2**20, 2**31 + 7), (False, True)):
@@ -170,7 +170,7 @@ INTERPRETED = textwrap.dedent(
         # the decoding fast path's CUDA launch (RoPE.forward with position_ids), with the RoPE's frequencies
         cos, sin = rope._caches["original"].get("cpu", 2048)
         q0, k0 = (x.transpose(1, 2) for x in xs)  # unrotated [B, H, S, D] (q and k may have been rotated in place)
-        got = _decode_triton(q0, k0, cos, sin, 2, interleaved, False, None, 0, ids, 0, tables.frequencies)
+        got = decode_triton(q0, k0, cos, sin, 2, interleaved, False, None, 0, ids, 0, tables.frequencies)
         for out, x in zip(got, xs):
             assert ulps(out.transpose(1, 2), x, ids[0], rope) <= slack, ("decode", start)
         checked += 1

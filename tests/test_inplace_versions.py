@@ -66,10 +66,10 @@ def test_writing_a_kv_cache_invalidates_what_a_backward_saved_of_it():
 CUDA_BRANCHES = textwrap.dedent(
     """
     import torch, rotary
-    from rotary import _checks, serving
-    from rotary.rotation import _decode_triton
+    from rotary import devices, serving
+    from rotary.rotation import decode_triton
 
-    _checks.host_checks = lambda device: False  # as on an accelerator
+    devices.host_checks = lambda device: False  # as on an accelerator
     serving._fused_kernel_device = lambda q: True  # the CUDA branches, run by Triton's interpreter
     rope = rotary.RoPE(8)
     cos, sin = rope.cos_sin(torch.arange(16))
@@ -93,7 +93,7 @@ CUDA_BRANCHES = textwrap.dedent(
 
     slots = torch.tensor([[0, 1, 2]])
     v = torch.randn(1, 3, 1, 8)
-    check("decoding fast path", lambda q, k, c: _decode_triton(q, k, cos, sin, 1, False, True, None, 2, None, 0))
+    check("decoding fast path", lambda q, k, c: decode_triton(q, k, cos, sin, 1, False, True, None, 2, None, 0))
     check("fused cache write, in place", lambda q, k, c: rotary.rotate_and_cache(
         q, k, v, c, torch.zeros(1, 6, 1, 8), slots, rope.tables(slots), inplace=True))
     check("fused cache write, the cache", lambda q, k, c: rotary.rotate_and_cache(

@@ -491,7 +491,7 @@ def test_bad_input_is_a_named_error():
 INTERPRETED = textwrap.dedent(
     """
     import itertools, torch
-    from rotary import _checks
+    from rotary import devices
     from rotary.kernels import norm as K
     from rotary.kernels.contract import Rotation
     from rotary.kernels.eager import rotate_torch, run_torch
@@ -560,7 +560,7 @@ INTERPRETED = textwrap.dedent(
         checked += 1
 
     # positions outside the table: NaN in the rotated channels (the caller's contract), nothing else
-    _checks.host_checks = lambda device: False
+    devices.host_checks = lambda device: False
     x = torch.randn(2, 3, 2, 4, generator=gen)
     k = torch.randn(2, 3, 1, 4, generator=gen)
     cos, sin = cos_sin_table(torch.arange(5), torch.tensor([1.0, 0.1]))

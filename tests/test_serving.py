@@ -193,7 +193,7 @@ TRITON = textwrap.dedent(
     """
     import itertools, torch, rotary
     import rotary.kernels.eager
-    from rotary import _checks
+    from rotary import devices
     from rotary.kernels import triton as tk
     from rotary.rotation import plan
 
@@ -521,13 +521,13 @@ def test_a_non_finite_cos_sin_cache_row_fails_when_the_compiled_graph_runs():
 VLLM_FORM = textwrap.dedent(
     """
     import itertools, torch, rotary
-    from rotary import _checks, serving
+    from rotary import devices, serving
     from rotary.kernels import triton as tk
 
     # on CUDA, vLLM's form goes to the kernel as it is: the kernel reads the tokens' rows of the
     # cos_sin_cache halves at the positions, checks them, and no table is gathered first. Against the path
     # that gathers the tables (tables_from_cos_sin_cache, then the same kernel): bit for bit
-    _checks.host_checks = lambda device: False  # as on an accelerator: nothing read on the host
+    devices.host_checks = lambda device: False  # as on an accelerator: nothing read on the host
     serving._fused_kernel_device = lambda q: True  # the CUDA branch, run by Triton's interpreter
     launches = []
     real = tk.rotate_and_cache_triton

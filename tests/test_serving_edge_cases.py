@@ -16,8 +16,8 @@ from helpers import run_interpreted
 CUDA_BRANCH = textwrap.dedent(
     """
     import torch, rotary
-    from rotary import _checks, serving
-    _checks.host_checks = lambda device: False
+    from rotary import devices, serving
+    devices.host_checks = lambda device: False
     D, T = 8, 8
     cos, sin = rotary.RoPE(D).cos_sin(torch.arange(16))
     csc = torch.cat((cos[:, :4], sin[:, :4]), -1)

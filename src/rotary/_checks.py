@@ -13,8 +13,6 @@ import math
 from collections.abc import Collection
 from typing import Any, TypeVar
 
-import torch
-
 from .errors import InputError, InputTypeError
 
 __all__ = [
@@ -27,7 +25,6 @@ __all__ = [
     "check_positive_float",
     "check_positive_int",
     "check_probability",
-    "host_checks",
     "is_int",
     "is_number",
     "is_positive_int",
@@ -38,21 +35,6 @@ T = TypeVar("T")
 #: the widest attention head accepted (real models use 64 to 512 channels): a wider one is a mistake in
 #: a config (hidden_size where head_dim was meant), and its frequency tables could not be allocated
 MAX_HEAD_DIM = 2**16
-
-
-def host_checks(device: torch.device) -> bool:
-    """Whether checks of values on ``device`` read them on the host: the CPU, where a read is free and a
-    bad value raises a named error at once. Elsewhere (accelerators, the meta device) nothing is read: a
-    read would synchronise the device and could not be captured in a CUDA graph; there a value that only
-    the device holds is valid by construction, refused by a device-side assertion of the op that reads it
-    (as PyTorch's own indexing kernels do), or the caller's contract stated in the docstring. The one
-    place that decides it (tests run the accelerator paths on the CPU by replacing it).
-
-    Example:
-        >>> host_checks(torch.device("cpu")), host_checks(torch.device("meta"))
-        (True, False)
-    """
-    return device.type == "cpu"
 
 
 def is_int(value: Any) -> bool:

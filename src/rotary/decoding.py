@@ -88,7 +88,7 @@ def decode_fast(
     if inplace and not torch.is_inference_mode_enabled() and (q.is_inference() or k.is_inference()):
         return None  # the general path names it (check_writable)
     if q.is_cuda:
-        return _decode_triton(
+        return decode_triton(
             q, k, cos, sin, seq_axis, interleaved, inplace, head_dim, offset, rows, batch_rows, frequencies
         )
     ext = load_cpu_extension()
@@ -136,10 +136,10 @@ def model_tables_fast(
             cos, sin, batch_rows = cos.flatten(0, 1), sin.flatten(0, 1), seq_len
     elif cos.shape[0] != seq_len:
         return None
-    return _decode_triton(q, k, cos, sin, seq_axis, interleaved, False, None, 0, None, batch_rows, None)
+    return decode_triton(q, k, cos, sin, seq_axis, interleaved, False, None, 0, None, batch_rows, None)
 
 
-def _decode_triton(
+def decode_triton(
     q, k, cos, sin, seq_axis, interleaved, inplace, head_dim, offset, rows, batch_rows, frequencies=None
 ) -> list[torch.Tensor] | None:
     """:func:`decode_fast` on CUDA: the checks ``rope_decode`` makes in C++, then one Triton launch."""

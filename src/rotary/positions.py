@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import _checks
+from . import devices
 from ._checks import check_bool, check_int, check_positive_int
 from .errors import InputError, InputTypeError
 
@@ -123,7 +123,7 @@ class Positions:
         object.__setattr__(self, "ids", ids.long())
         if torch.compiler.is_compiling() or not ids.numel() or ids.device.type == "meta":
             return
-        if not _checks.host_checks(ids.device):  # not read: the claims are the caller's contract there
+        if not devices.host_checks(ids.device):  # not read: the claims are the caller's contract there
             return
         low, high = (int(v) for v in torch.aminmax(ids))
         if low < 0:
@@ -225,7 +225,7 @@ def _read_range(ids: torch.Tensor, name: str, signed: bool = False) -> int | Non
         if not signed:
             torch._assert_async((ids >= 0).all(), name + " must be >= 0")
         return None
-    if not _checks.host_checks(ids.device):  # no values read here (meta has none, a GPU would sync)
+    if not devices.host_checks(ids.device):  # no values read here (meta has none, a GPU would sync)
         return None
     if not ids.numel():
         return 0
@@ -380,7 +380,7 @@ def check_attention_mask(attention_mask: torch.Tensor, *, name: str = "attention
             )
         # a value check reads the data: on the CPU only (under torch.compile it would break the graph, on
         # an accelerator it would synchronise); elsewhere 0/1 values are the caller's contract (nonzero attends)
-        if not torch.compiler.is_compiling() and _checks.host_checks(attention_mask.device):
+        if not torch.compiler.is_compiling() and devices.host_checks(attention_mask.device):
             if bool(((attention_mask != 0) & (attention_mask != 1)).any()):
                 raise InputError(f"{name} must hold only 0 and 1 (or be bool)")
         attention_mask = attention_mask.bool()
@@ -412,7 +412,7 @@ def from_cu_seqlens(cu_seqlens: torch.Tensor, total: int, *, max_seqlen: int | N
     if given:
         check_int(max_seqlen, "max_seqlen", minimum=0)
     cu = cu_seqlens.to(torch.int64)
-    if not torch.compiler.is_compiling() and _checks.host_checks(cu.device):
+    if not torch.compiler.is_compiling() and devices.host_checks(cu.device):
         lengths = cu.diff()
         if int(cu[0]) != 0 or int(cu[-1]) != total or bool((lengths < 0).any()):
             raise InputError(

@@ -18,7 +18,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from . import _checks
+from . import devices
 from . import positions as P
 from ._checks import check_bool, check_choice, check_positive_int
 from ._limits import MAX_TABLE_BYTES, check_bytes
@@ -323,7 +323,7 @@ class TableSource(nn.Module):
         ids = positions.ids
         learned = self.log_frequency_scale
         bound = positions.bound
-        if bound is None and not _checks.host_checks(ids.device) and not compiling:
+        if bound is None and not devices.host_checks(ids.device) and not compiling:
             # ids on an accelerator, not read: the cached table as it is (at least max_position rows,
             # or what prepare() sized); the kernel computes the row of a position the table does not hold
             bound = -1

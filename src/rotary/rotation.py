@@ -16,7 +16,7 @@ from typing import Literal
 import torch
 
 from ._checks import check_bool, check_positive_int
-from .decoding import _decode_triton, decode_fast, decode_seq_axis, kernel_tables, model_tables_fast  # noqa: F401
+from .decoding import decode_fast, decode_seq_axis, decode_triton, kernel_tables, model_tables_fast  # noqa: F401
 from .decoding import fast_pair as _fast_pair  # rotate's decoding fast path (a name tests replace)
 from .errors import InputError, InputTypeError
 from .kernels import dispatch

@@ -19,7 +19,7 @@ from typing import Literal
 
 import torch
 
-from . import _checks
+from . import devices
 from ._checks import check_bool
 from .errors import InputError, InputTypeError
 from .kernels import ops
@@ -71,7 +71,7 @@ def _gather_tables(cos_sin_cache: torch.Tensor, positions: torch.Tensor, interle
     """:func:`tables_from_cos_sin_cache` after its host-side checks (:func:`_check_cos_sin_cache`)."""
     rows = cos_sin_cache.shape[0]
     ids = positions.long()
-    host = _checks.host_checks(ids.device) and not torch.compiler.is_compiling()
+    host = devices.host_checks(ids.device) and not torch.compiler.is_compiling()
     if host:
         if ids.numel():
             low, high = (int(x) for x in torch.aminmax(ids))
@@ -388,7 +388,7 @@ def _cpu_kernel(q, k, v, k_cache, v_cache, slots):
         and type(v_cache) is torch.Tensor
         and type(slots) is torch.Tensor
         and q.is_cpu
-        and _checks.host_checks(q.device)
+        and devices.host_checks(q.device)
     ):
         return load_cpu_extension()
     return None
@@ -479,7 +479,7 @@ def _check_shapes(q, k, v, k_cache, v_cache, slots) -> None:
 
 def _check_slots(slots: torch.Tensor, k_cache: torch.Tensor, seq_len: int) -> None:
     """On the CPU: every slot inside the cache (``k_cache`` ``[Bc, T, Hk, D]``), no cache row given to two tokens."""
-    if _checks.host_checks(slots.device) and slots.numel() and not torch.compiler.is_compiling():
+    if devices.host_checks(slots.device) and slots.numel() and not torch.compiler.is_compiling():
         low, high = (int(x) for x in torch.aminmax(slots))
         if low < 0 or high >= k_cache.shape[1]:
             raise InputError(_slots_outside(low, high, k_cache.shape[1]))
@@ -542,7 +542,7 @@ def _write_rows(cache: torch.Tensor, new: torch.Tensor, slots: torch.Tensor) -> 
     """``cache[b or 0, slots[b, s]] = new[b, s]`` for every token; on accelerators a slot outside the
     cache writes nothing (no read: it repeats another token's write; the caller's contract)."""
     slots = slots.long()
-    host = _checks.host_checks(slots.device) and not torch.compiler.is_compiling()
+    host = devices.host_checks(slots.device) and not torch.compiler.is_compiling()
     if host and slots.shape[0] > 1 and slots.stride(0) == 0 and cache.shape[0] == slots.shape[0]:
         # every sequence writes the same slots (a StaticKVCache's [S], expanded), checked: one index_copy_
         cache.index_copy_(1, slots[0], new.to(cache.dtype))

@@ -9,21 +9,21 @@ from __future__ import annotations
 
 import torch
 
-from . import _checks
+from . import devices
 from .errors import InputError
 
-__all__ = ["swapped_rows"]
+__all__ = ["check_not_swapped", "check_row_range", "check_rows", "swapped_rows"]
 
 _PAIRING = {True: "interleaved (pairs 2i, 2i+1)", False: "half (pairs i, i + r/2)"}
 
 
-def _check_row_range(rows: torch.Tensor, table_rows: int) -> None:
+def check_row_range(rows: torch.Tensor, table_rows: int) -> None:
     """Every row inside the table: every backend then reads the same rows (indexing would wrap a
     negative row to the end of the table on the pure-torch path). On the CPU a check of ``[B, S]``
     integers; on an accelerator nothing here: a row outside the table gives NaN in that token's rotated
     channels (the kernels never read outside a table: the caller's contract); nothing under
     ``torch.compile``, whose positions were checked in the graph where they entered."""
-    if torch.compiler.is_compiling() or not rows.numel() or not _checks.host_checks(rows.device):
+    if torch.compiler.is_compiling() or not rows.numel() or not devices.host_checks(rows.device):
         return  # on accelerators the kernels give NaN for a row outside the table, never read it
     low, high = (int(v) for v in torch.aminmax(rows))
     if low < 0 or high >= table_rows:
@@ -61,7 +61,7 @@ def swapped_rows(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return (cos == 0).all(-1) & (magnitude == magnitude[..., :1]).all(-1) & (magnitude[..., 0] > 0)
 
 
-def _check_not_swapped(cos: torch.Tensor, sin: torch.Tensor, where: str) -> None:
+def check_not_swapped(cos: torch.Tensor, sin: torch.Tensor, where: str) -> None:
     """Raise when a row has the signature of cos and sin swapped (:func:`swapped_rows`); reads one bool."""
     if bool(swapped_rows(cos, sin).any()):
         raise InputError(
@@ -70,7 +70,7 @@ def _check_not_swapped(cos: torch.Tensor, sin: torch.Tensor, where: str) -> None
         )
 
 
-def _check_rows(cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, sample: int | None, rtol: float) -> None:
+def check_rows(cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, sample: int | None, rtol: float) -> None:
     if torch.compiler.is_compiling() or not cos.numel():
         return
     c, s = _sample_rows(cos.detach(), sample).double(), _sample_rows(sin.detach(), sample).double()

@@ -17,15 +17,15 @@ from dataclasses import dataclass
 
 import torch
 
-from . import _checks
+from . import devices
 from ._checks import check_positive_int, is_number
 from ._limits import MAX_TABLE_BYTES
 from ._sync import CopyableLock
 from .errors import InputError, InputTypeError
 from .table_checks import (
-    _check_not_swapped,
-    _check_row_range,
-    _check_rows,
+    check_not_swapped,
+    check_row_range,
+    check_rows,
     swapped_rows,
 )
 
@@ -288,7 +288,7 @@ class RotaryTables:
                     f"with rows, cos/sin must be a table [N, r] indexed by row, got shape {tuple(cos.shape)}"
                 )
             if self.frequencies is None:  # with frequencies, rows past the table are computed
-                _check_row_range(rows, cos.shape[0])
+                check_row_range(rows, cos.shape[0])
         if self.frequencies is not None:
             f = self.frequencies
             if (
@@ -349,7 +349,7 @@ class RotaryTables:
         cos, sin = self.key_tables() if keys else (self.cos, self.sin)
         if self.rows is None:
             return cos, sin
-        if self.frequencies is not None or not _checks.host_checks(self.rows.device):
+        if self.frequencies is not None or not devices.host_checks(self.rows.device):
             return gather_rows(cos, sin, self.rows, self.frequencies, self.interleaved)
         return cos[self.rows], sin[self.rows]
 
@@ -403,12 +403,12 @@ class RotaryTables:
         for cos, sin in {id(t[0]): t for t in ((self.cos, self.sin), self.key_tables())}.values():
             if not torch.compiler.is_compiling() and cos.numel():
                 if position_zero:
-                    _check_not_swapped(cos[:1].detach(), sin[:1].detach(), "row 0 of tables indexed by position")
+                    check_not_swapped(cos[:1].detach(), sin[:1].detach(), "row 0 of tables indexed by position")
                 elif self.rows is None:
-                    _check_not_swapped(cos.detach(), sin.detach(), "a row of these per-token tables")
+                    check_not_swapped(cos.detach(), sin.detach(), "a row of these per-token tables")
             if rows is not None:
                 cos, sin = cos[rows], sin[rows]
-            _check_rows(cos, sin, self.interleaved, sample, rtol)
+            check_rows(cos, sin, self.interleaved, sample, rtol)
 
     @classmethod
     def from_tensors(
@@ -455,7 +455,7 @@ class RotaryTables:
         tables = cls.unchecked(cos, sin, interleaved, rows)
         if not validate:
             return tables
-        if validate is True and not _checks.host_checks(cos.device):
+        if validate is True and not devices.host_checks(cos.device):
             return tables  # the caller's contract on an accelerator: validate="sync" reads them at once
         tables.check(sample=None if validate == "full" else 4, rtol=rtol, position_zero=indexed_by_position)
         return tables

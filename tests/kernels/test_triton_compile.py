@@ -130,7 +130,7 @@ def test_the_host_cost_mode_times_every_cuda_launch_path():
     names = [line.split("µs", 1)[1].strip() for line in done.stdout.splitlines() if "µs" in line]
     assert names[:4] == [
         "Triton launch of the rotation (run_triton)",
-        "rope(q, k, offset)'s CUDA fast path (_decode_triton)",
+        "rope(q, k, offset)'s CUDA fast path (decode_triton)",
         "hf.patch's apply on CUDA (model_tables_fast, bf16 tables)",
         "Triton launch of rotate_and_cache",
     ], done.stdout

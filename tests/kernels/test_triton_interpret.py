@@ -117,13 +117,13 @@ def test_triton_kernels_under_interpreter():
 OUTSIDE = textwrap.dedent(
     """
     import torch
-    from rotary import _checks
+    from rotary import devices
     from rotary.kernels.contract import Rotation
     from rotary.kernels.eager import run_torch
     from rotary.kernels.triton import run_triton
     from rotary.tables import cos_sin_table
 
-    _checks.host_checks = lambda device: False  # as on a GPU: the torch path reads no row outside either
+    devices.host_checks = lambda device: False  # as on a GPU: the torch path reads no row outside either
     cos, sin = cos_sin_table(torch.arange(5), torch.tensor([1.0, 0.1]))
     x = torch.randn(2, 3, 2, 4, generator=torch.Generator().manual_seed(0))
     k = torch.randn(2, 3, 1, 4, generator=torch.Generator().manual_seed(1))
@@ -163,7 +163,7 @@ def test_positions_outside_a_caller_s_table_are_nan_on_both_gpu_paths():
 FAST = textwrap.dedent(
     """
     import itertools, torch, rotary
-    from rotary.rotation import _decode_triton
+    from rotary.rotation import decode_triton
 
     # the CUDA branch of the decoding fast path, run on CPU tensors by the interpreter, against the
     # general path (fp32: the interpreter rounds to bf16 by truncation, a GPU to nearest)
@@ -191,7 +191,7 @@ FAST = textwrap.dedent(
             rows = torch.tensor([4, 0, 15]) if kind == "rows_1d" else torch.tensor([[4, 0, 15], [2, 2, 7]])
             want = rope(q, k, position_ids=rows, layout=layout)
         qi, ki = (q.clone(), k.clone()) if inplace else (q, k)
-        got = _decode_triton(qi, ki, cos, sin, seq_axis, interleaved, inplace, None, offset, rows, batch_rows)
+        got = decode_triton(qi, ki, cos, sin, seq_axis, interleaved, inplace, None, offset, rows, batch_rows)
         assert got is not None, (interleaved, r, layout, kind)
         if inplace:
             assert got[0] is qi and got[1] is ki
@@ -201,9 +201,9 @@ FAST = textwrap.dedent(
     # what the path leaves to the general path: tables too short for the offset, int32 rows, overlap
     cos, sin = rotary.RoPE(8).cos_sin(torch.arange(4))
     q = torch.randn(1, 2, 3, 8)
-    assert _decode_triton(q, q[:, :1], cos, sin, 2, False, False, None, 2, None, 0) is None
-    assert _decode_triton(q, q[:, :1], cos, sin, 2, False, False, None, 0, torch.tensor([0, 1, 2], dtype=torch.int32), 0) is None
-    assert _decode_triton(q, q[:, :1], cos, sin, 2, False, True, None, 0, None, 0) is None  # k is part of q
+    assert decode_triton(q, q[:, :1], cos, sin, 2, False, False, None, 2, None, 0) is None
+    assert decode_triton(q, q[:, :1], cos, sin, 2, False, False, None, 0, torch.tensor([0, 1, 2], dtype=torch.int32), 0) is None
+    assert decode_triton(q, q[:, :1], cos, sin, 2, False, True, None, 0, None, 0) is None  # k is part of q
     print("fast ok", checked)
     """
 )
@@ -240,7 +240,7 @@ MODEL_TABLES = textwrap.dedent(
         got = model_tables_fast(q, k, cos, sin, layout=layout, interleaved=interleaved)
         assert got is not None, (table_dtype, shape_kind, layout, interleaved, r)
         # the general path with the same (widened) tables, on the CPU kernel
-        apply = hf._apply_interleaved if interleaved else hf._apply_half
+        apply = hf._apply_interleaved if interleaved else hf.apply_half
         want = apply(q, k, cos, sin, unsqueeze_dim=1 if layout == "bhsd" else 2)
         for a, b in zip(got, want):
             assert torch.equal(a, b), (table_dtype, shape_kind, layout, interleaved, r, (a - b).abs().max())

@@ -5,7 +5,7 @@ records the compiled step in CUDA graphs (cudagraph trees) unless its checks fin
 (an op that cannot be captured, a CPU tensor, an input mutated in place that is not a static input),
 and it records again whenever a static input's address changes. Either would make the step slower
 than eager decoding with no error. Here the step is compiled with CUDA graphs switched on, run as on an
-accelerator (``rotary._checks.host_checks`` off: no host reads), with Inductor's own checks asked for their
+accelerator (``rotary.devices.host_checks`` off: no host reads), with Inductor's own checks asked for their
 reasons; the one check that must fail on a CPU (the device) is left out. Two graphs: the pure-torch
 accelerator path, and the CUDA path's one-launch ``rotary::rotate_and_cache`` custom op, whose Triton
 kernel Triton's interpreter runs on CPU tensors.
@@ -27,8 +27,8 @@ SCRIPT = textwrap.dedent(
     """
     import collections, sys, torch
     fused = sys.argv[1] == "fused"
-    import rotary._checks as _checks
-    _checks.host_checks = lambda device: False  # as on an accelerator: nothing read on the host
+    import rotary.devices as devices
+    devices.host_checks = lambda device: False  # as on an accelerator: nothing read on the host
     if fused:
         import rotary.serving as serving
         from rotary.kernels import triton as triton_kernel

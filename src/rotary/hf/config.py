@@ -230,7 +230,7 @@ def model_defaults(model_type: str, *, source: Literal["auto", "transformers", "
 # reading
 
 
-def _load(config: Any) -> tuple[dict[str, Any], str]:
+def load_config(config: Any) -> tuple[dict[str, Any], str]:
     """A deep copy of ``config`` as a plain dict, and a label for messages (the file's path)."""
     if isinstance(config, (str, os.PathLike)):
         path = os.fspath(config)
@@ -270,7 +270,7 @@ def _load(config: Any) -> tuple[dict[str, Any], str]:
     )
 
 
-def _model_type(d: Mapping[str, Any], label: str) -> str:
+def config_model_type(d: Mapping[str, Any], label: str) -> str:
     value = d.get("model_type")
     if value is None:
         return ""
@@ -283,7 +283,7 @@ def _model_type(d: Mapping[str, Any], label: str) -> str:
 _ROPE_KEYS = ("rope_parameters", "rope_scaling", "rope_theta", "head_dim")
 
 
-def _text_part(d: dict[str, Any], label: str) -> dict[str, Any]:
+def text_part_of(d: dict[str, Any], label: str) -> dict[str, Any]:
     """The text model's config of a multimodal one (``text_config``), else ``d`` itself."""
     text = d.get("text_config")
     if text is None or any(k in d for k in _ROPE_KEYS):
@@ -292,7 +292,7 @@ def _text_part(d: dict[str, Any], label: str) -> dict[str, Any]:
         raise ConfigError(f"{label}: text_config must be a dict, got {text!r}")
     inner = dict(text)
     if inner.get("model_type") is None:
-        outer = _model_type(d, label)
+        outer = config_model_type(d, label)
         inner["model_type"] = _text_model_type(outer) or outer
     return inner
 
@@ -451,9 +451,9 @@ def read_hf_config(
     check_bool(strict, "strict")
     if layer_type is not None and not isinstance(layer_type, str):
         raise InputTypeError(f"layer_type must be a string or None, got {layer_type!r} ({type(layer_type).__name__})")
-    d, label = _load(config)
-    d = _text_part(d, label)
-    model_type = _model_type(d, label)
+    d, label = load_config(config)
+    d = text_part_of(d, label)
+    model_type = config_model_type(d, label)
     if TEXT_MODEL_TYPES.get(model_type) in MROPE_MODELS:
         model_type = TEXT_MODEL_TYPES[model_type]  # a flat 4.x Qwen-VL config.json: the text settings at the top
     layer_type = common_keys(d, model_type, layer_type, label, strict)  # DeepSeek-V4, Gemma 4's per-layer keys

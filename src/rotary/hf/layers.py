@@ -14,16 +14,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..rope_types import ConfigError
-from .config import RopeSettings, _load, _model_type, _text_part, read_hf_config
+from .config import RopeSettings, config_model_type, load_config, read_hf_config, text_part_of
 from .own_keys import DEEPSEEK_V4_LAYER_ROPE, SUB_CONFIGS
 
 __all__ = ["read_hf_layers"]
 
 
 def _layer_types(config: Any) -> list[str]:
-    d, label = _load(config)
-    d = _text_part(d, label)
-    model_type = _model_type(d, label)
+    d, label = load_config(config)
+    d = text_part_of(d, label)
+    model_type = config_model_type(d, label)
     if model_type in SUB_CONFIGS and isinstance(d.get(SUB_CONFIGS[model_type]), Mapping):
         d = dict(d[SUB_CONFIGS[model_type]])
     kinds = d.get("layer_types")

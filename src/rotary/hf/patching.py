@@ -63,14 +63,14 @@ __all__ = ["SUPPORTED", "is_patched", "patch", "unpatch"]
 _LAYOUT = {1: "bhsd", 2: "bshd"}
 
 
-def _layout(unsqueeze_dim: int) -> str:
+def unsqueeze_layout(unsqueeze_dim: int) -> str:
     try:
         return _LAYOUT[unsqueeze_dim]
     except KeyError:
         raise InputError(f"unsqueeze_dim must be 1 ([B, H, S, D]) or 2 ([B, S, H, D]), got {unsqueeze_dim!r}") from None
 
 
-def _apply_pair(
+def apply_pair(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool, layout: str
 ):
     """q and k rotated in one kernel call (transformers passes ``[B, S, r]`` or ``[S, r]`` tables).
@@ -95,14 +95,14 @@ def _apply_pair(
     return q, k
 
 
-def _apply_half(q, k, cos, sin, unsqueeze_dim=1):
+def apply_half(q, k, cos, sin, unsqueeze_dim=1):
     """Llama family: pairs (i, i + r/2); ``r = cos.shape[-1]`` may be < head_dim (GPT-NeoX, Phi-3)."""
-    return _apply_pair(q, k, cos, sin, interleaved=False, layout=_layout(unsqueeze_dim))
+    return apply_pair(q, k, cos, sin, interleaved=False, layout=unsqueeze_layout(unsqueeze_dim))
 
 
 def _apply_interleaved(q, k, cos, sin, unsqueeze_dim=1):
     """Cohere: pairs (2i, 2i+1); its tables already repeat each angle twice in a row."""
-    return _apply_pair(q, k, cos, sin, interleaved=True, layout=_layout(unsqueeze_dim))
+    return apply_pair(q, k, cos, sin, interleaved=True, layout=unsqueeze_layout(unsqueeze_dim))
 
 
 def _apply_glm(q, k, cos, sin, unsqueeze_dim=1):
@@ -114,7 +114,7 @@ def _apply_glm(q, k, cos, sin, unsqueeze_dim=1):
 
 def _apply_gpt_oss(q, k, cos, sin, unsqueeze_dim=1):
     """gpt-oss: one angle per pair, ``cos/sin [B, S, D/2]``; pairs (i, i + D/2) of the whole head."""
-    return _apply_half(q, k, torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1), unsqueeze_dim)
+    return apply_half(q, k, torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1), unsqueeze_dim)
 
 
 def _apply_deepseek_interleave(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
@@ -123,7 +123,7 @@ def _apply_deepseek_interleave(q, k, cos, sin, position_ids=None, unsqueeze_dim=
     with the half pairing. The same here: :func:`rotary.to_half`, then the half rotation of the
     ``[θ, θ]`` tables, so the output (and a KV cache of it) equals transformers' channel for channel.
     ``position_ids`` is accepted and unused, as in transformers."""
-    return _apply_half(to_half(q), to_half(k), cos, sin, unsqueeze_dim)
+    return apply_half(to_half(q), to_half(k), cos, sin, unsqueeze_dim)
 
 
 def _apply_one(x, cos, sin, unsqueeze_dim=1):
@@ -132,12 +132,12 @@ def _apply_one(x, cos, sin, unsqueeze_dim=1):
     if x.dim() == 3 and cos.dim() == 2 and unsqueeze_dim == 1:
         return _apply_one(x[None], cos[None], sin[None], 2)[0]
     tables = RotaryTables.from_tensors(cos, sin, interleaved=False, validate=False)
-    return rotate([x], tables, layout=_layout(unsqueeze_dim))[0]
+    return rotate([x], tables, layout=unsqueeze_layout(unsqueeze_dim))[0]
 
 
 def _apply_half_or_one(q, k=None, cos=None, sin=None, unsqueeze_dim=1):
     """Qwen4-exp: q and k, or q alone (``k=None``), pairs (i, i + r/2) of the first ``r = cos.shape[-1]``."""
-    return _apply_one(q, cos, sin, unsqueeze_dim) if k is None else _apply_half(q, k, cos, sin, unsqueeze_dim)
+    return _apply_one(q, cos, sin, unsqueeze_dim) if k is None else apply_half(q, k, cos, sin, unsqueeze_dim)
 
 
 def _apply_trailing(x, cos, sin, unsqueeze_dim=1):
@@ -148,19 +148,19 @@ def _apply_trailing(x, cos, sin, unsqueeze_dim=1):
         cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1), interleaved=True, validate=False
     )
     if r == x.shape[-1]:
-        return rotate([x], tables, layout=_layout(unsqueeze_dim))[0]
-    return torch.cat([x[..., :-r], rotate([x[..., -r:]], tables, layout=_layout(unsqueeze_dim))[0]], dim=-1)
+        return rotate([x], tables, layout=unsqueeze_layout(unsqueeze_dim))[0]
+    return torch.cat([x[..., :-r], rotate([x[..., -r:]], tables, layout=unsqueeze_layout(unsqueeze_dim))[0]], dim=-1)
 
 
-def _complex_tables(freqs: torch.Tensor) -> RotaryTables:
+def complex_tables(freqs: torch.Tensor) -> RotaryTables:
     """Tables of pairs (2i, 2i+1) from transformers' complex ``e^{iθ}`` (times any attention scaling)."""
     cos, sin = freqs.real.repeat_interleave(2, dim=-1), freqs.imag.repeat_interleave(2, dim=-1)
     return RotaryTables.from_tensors(cos, sin, interleaved=True, validate=False)
 
 
-def _apply_llama4_text(xq, xk, freqs_cis):
+def apply_llama4_text(xq, xk, freqs_cis):
     """Llama 4's text attention: ``xq, xk [B, S, H, D]``, complex ``freqs_cis [B, S, D/2]``, pairs (2i, 2i+1)."""
-    q, k = rotate([xq, xk], _complex_tables(freqs_cis), layout="bshd", kinds=("q", "k"), names=("xq", "xk"))
+    q, k = rotate([xq, xk], complex_tables(freqs_cis), layout="bshd", kinds=("q", "k"), names=("xq", "xk"))
     return q, k
 
 
@@ -181,29 +181,29 @@ class _QKNorm:
 
 
 @dataclass(frozen=True)
-class _Family:
+class Family:
     module: str  # transformers modeling module
     replacements: Mapping[str, Callable]  # the global names its attention forward calls -> rotary's versions
     qk_norm: _QKNorm | None = None  # QK-norm then RoPE: fused into rotary.rmsnorm_rotate
 
 
-_HALF = {"apply_rotary_pos_emb": _apply_half}
+_HALF = {"apply_rotary_pos_emb": apply_half}
 
 
-def _half(module: str) -> _Family:
-    return _Family(f"transformers.models.{module}.modeling_{module}", _HALF)
+def _half(module: str) -> Family:
+    return Family(f"transformers.models.{module}.modeling_{module}", _HALF)
 
 
 #: transformers ``model_type`` -> where its rotary application lives and what replaces it
-SUPPORTED: dict[str, _Family] = {
+SUPPORTED: dict[str, Family] = {
     "llama": _half("llama"),
     "mistral": _half("mistral"),
     "mixtral": _half("mixtral"),
     "qwen2": _half("qwen2"),
-    "qwen3": _Family(
+    "qwen3": Family(
         "transformers.models.qwen3.modeling_qwen3", _HALF, _QKNorm("Qwen3RMSNorm", "qwen3", "variance_epsilon")
     ),
-    "qwen3_moe": _Family(
+    "qwen3_moe": Family(
         "transformers.models.qwen3_moe.modeling_qwen3_moe",
         _HALF,
         _QKNorm("Qwen3MoeRMSNorm", "qwen3", "variance_epsilon"),
@@ -211,20 +211,20 @@ SUPPORTED: dict[str, _Family] = {
     "phi3": _half("phi3"),
     # Gemma3ForConditionalGeneration: its language model; both layer types: each layer gets the tables of its type
     **{
-        model_type: _Family(
+        model_type: Family(
             "transformers.models.gemma3.modeling_gemma3", _HALF, _QKNorm("Gemma3RMSNorm", "gemma3", "eps")
         )
         for model_type in ("gemma3", "gemma3_text")
     },
     "gpt_neox": _half("gpt_neox"),
-    "gpt_oss": _Family("transformers.models.gpt_oss.modeling_gpt_oss", {"apply_rotary_pos_emb": _apply_gpt_oss}),
-    "deepseek_v3": _Family(
+    "gpt_oss": Family("transformers.models.gpt_oss.modeling_gpt_oss", {"apply_rotary_pos_emb": _apply_gpt_oss}),
+    "deepseek_v3": Family(
         "transformers.models.deepseek_v3.modeling_deepseek_v3",
-        {"apply_rotary_pos_emb": _apply_half, "apply_rotary_pos_emb_interleave": _apply_deepseek_interleave},
+        {"apply_rotary_pos_emb": apply_half, "apply_rotary_pos_emb_interleave": _apply_deepseek_interleave},
     ),
-    "gptj": _Family("transformers.models.gptj.modeling_gptj", {"apply_rotary_pos_emb": _apply_gptj}),
-    "cohere": _Family("transformers.models.cohere.modeling_cohere", {"apply_rotary_pos_emb": _apply_interleaved}),
-    "glm": _Family("transformers.models.glm.modeling_glm", {"apply_rotary_pos_emb": _apply_glm}),
+    "gptj": Family("transformers.models.gptj.modeling_gptj", {"apply_rotary_pos_emb": _apply_gptj}),
+    "cohere": Family("transformers.models.cohere.modeling_cohere", {"apply_rotary_pos_emb": _apply_interleaved}),
+    "glm": Family("transformers.models.glm.modeling_glm", {"apply_rotary_pos_emb": _apply_glm}),
     # multimodal RoPE: the text attention gets M-RoPE tables already laid out per slot, pairs (i, i + r/2);
     # the vision towers' apply_rotary_pos_emb_vision is added below (_VISION_TOWERS)
     **{
@@ -245,7 +245,7 @@ SUPPORTED: dict[str, _Family] = {
     **dict.fromkeys(("qwen2_5_omni_thinker", "qwen2_5_omni_text", "qwen2_5_omni_talker"), _half("qwen2_5_omni")),
     **dict.fromkeys(("qwen3_omni_moe_thinker", "qwen3_omni_moe_text"), _half("qwen3_omni_moe")),
     **{
-        model_type: _Family(f"transformers.models.{name}.modeling_{name}", {"apply_rotary_pos_emb": _apply_interleaved})
+        model_type: Family(f"transformers.models.{name}.modeling_{name}", {"apply_rotary_pos_emb": _apply_interleaved})
         for name in ("glm4v", "glm_ocr", "ernie4_5_vl_moe")
         for model_type in (name, f"{name}_text")
     },
@@ -278,26 +278,26 @@ SUPPORTED: dict[str, _Family] = {
             "zaya": "zaya",
         }.items()
     },  # fmt: skip
-    "step3p5": _Family("transformers.models.step3p7.modeling_step3p7", _HALF),  # the text model of Step3p7
+    "step3p5": Family("transformers.models.step3p7.modeling_step3p7", _HALF),  # the text model of Step3p7
     # one tensor per call (q, then k), pairs (i, i + r/2)
     **{
-        model_type: _Family(f"transformers.models.{name}.modeling_{name}", {"apply_rotary_pos_emb": _apply_one})
+        model_type: Family(f"transformers.models.{name}.modeling_{name}", {"apply_rotary_pos_emb": _apply_one})
         for model_type, name in (
             ("gemma3n_text", "gemma3n"),
             ("gemma4_text", "gemma4"),
             ("diffusion_gemma_text", "diffusion_gemma"),
         )
     },
-    "qwen4_exp_text": _Family(
+    "qwen4_exp_text": Family(
         "transformers.models.qwen4_exp.modeling_qwen4_exp", {"apply_rotary_pos_emb": _apply_half_or_one}
     ),
     # pairs (2i, 2i+1) of the first r channels, from [θ, θ] tables: GLM's form
-    "moonshine": _Family("transformers.models.moonshine.modeling_moonshine", {"apply_rotary_pos_emb": _apply_glm}),
-    "deepseek_v4": _Family(
+    "moonshine": Family("transformers.models.moonshine.modeling_moonshine", {"apply_rotary_pos_emb": _apply_glm}),
+    "deepseek_v4": Family(
         "transformers.models.deepseek_v4.modeling_deepseek_v4", {"apply_rotary_pos_emb": _apply_trailing}
     ),
     # DeepSeek-V3's interleaved form: pairs (2i, 2i+1) returned de-interleaved
-    "longcat_flash": _Family(
+    "longcat_flash": Family(
         "transformers.models.longcat_flash.modeling_longcat_flash",
         {"apply_rotary_pos_emb_interleave": _apply_deepseek_interleave},
     ),
@@ -339,11 +339,11 @@ def _norm_and_rotate(q, k, cos, sin, unsqueeze_dim=1):
     the norms' own forward and rotary's rotation."""
     attention, spec, normalised = _RUNNING.attention
     q_norm, k_norm = attention.q_norm, attention.k_norm
-    layout = _layout(unsqueeze_dim)
+    layout = unsqueeze_layout(unsqueeze_dim)
     if normalised:  # a norm with forward hooks normalised its input already (_deferred_norm)
         q = q if any(n is q_norm for n in normalised) else _own_norm(q_norm, q)
         k = k if any(n is k_norm for n in normalised) else _own_norm(k_norm, k)
-        return _apply_pair(q, k, cos, sin, interleaved=False, layout=layout)
+        return apply_pair(q, k, cos, sin, interleaved=False, layout=layout)
     # traced (Hugging Face's compiled static-cache generation), the norms' own forward and the rotation run
     # as plain torch operations (below), which Inductor fuses with the projections around them; the opaque
     # fused op split them and measured slower (docs/benchmarks.md, "QK-norm generation")
@@ -358,7 +358,7 @@ def _norm_and_rotate(q, k, cos, sin, unsqueeze_dim=1):
             # loads them (no fp32 copies per layer), elsewhere they are widened first
             tables = RotaryTables.unchecked(cos, sin, False)
             return rmsnorm_rotate(q, k, q_norm.weight, k_norm.weight, tables, eps=eps, style=spec.style, layout=layout)  # type: ignore[arg-type]
-    return _apply_pair(_own_norm(q_norm, q), _own_norm(k_norm, k), cos, sin, interleaved=False, layout=layout)
+    return apply_pair(_own_norm(q_norm, q), _own_norm(k_norm, k), cos, sin, interleaved=False, layout=layout)
 
 
 #: forward hooks registered for every module (``torch.nn.modules.module.register_module_forward_hook``)
@@ -392,7 +392,7 @@ def _function(forward: Any, namespace: dict[str, Any]) -> types.FunctionType:
     return replacement
 
 
-def _fusable_norms(sub: nn.Module, family: _Family, hf_module: types.ModuleType, names: list[str]) -> bool:
+def _fusable_norms(sub: nn.Module, family: Family, hf_module: types.ModuleType, names: list[str]) -> bool:
     """Whether ``sub`` normalises q and k with its family's per-head norms before ``apply_rotary_pos_emb``."""
     spec = family.qk_norm
     if spec is None or "apply_rotary_pos_emb" not in names:
@@ -411,7 +411,7 @@ def _fusable_norms(sub: nn.Module, family: _Family, hf_module: types.ModuleType,
     )
 
 
-def _family(model: nn.Module) -> _Family:
+def _family(model: nn.Module) -> Family:
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if not isinstance(model, nn.Module) or model_type is None:

@@ -2,7 +2,7 @@
 :data:`rotary.hf.patching.SUPPORTED`, added when this module is imported (``rotary.hf`` imports it, so
 ``rotary.hf.SUPPORTED`` and ``rotary.hf.patch`` always include them).
 
-The replacements call rotary through :mod:`rotary.hf.patching`'s names (``_p.rotate``, ``_p._apply_pair``), looked
+The replacements call rotary through :mod:`rotary.hf.patching`'s names (``_p.rotate``, ``_p.apply_pair``), looked
 up at call time, so one place routes every patched family's rotation.
 """
 
@@ -18,8 +18,8 @@ def _apply_pixtral(q, k, cos, sin, unsqueeze_dim=1):
     """Pixtral's vision attention: q, k ``[B, H, S, D]`` and one image grid's tables ``[S, D]`` (its 2-D
     angles already laid out in the half layout, pairs (i, i + D/2)), broadcast with ``unsqueeze_dim=0``."""
     if unsqueeze_dim == 0 and cos.dim() == 2:
-        return _p._apply_pair(q, k, cos, sin, interleaved=False, layout="bhsd")
-    return _p._apply_half(q, k, cos, sin, unsqueeze_dim)
+        return _p.apply_pair(q, k, cos, sin, interleaved=False, layout="bhsd")
+    return _p.apply_half(q, k, cos, sin, unsqueeze_dim)
 
 
 def _apply_vision(q, k, cos, sin):
@@ -27,9 +27,9 @@ def _apply_vision(q, k, cos, sin):
     patches of every image and video) or ``[1, N, H, D]`` (Kimi-K2.5), tables ``[N, D]`` in the half
     layout, pairs (i, i + D/2); computed in fp32 and returned in q's dtype, as transformers does."""
     if q.dim() == 3:
-        q, k = _p._apply_pair(q[None], k[None], cos, sin, interleaved=False, layout="bshd")
+        q, k = _p.apply_pair(q[None], k[None], cos, sin, interleaved=False, layout="bshd")
         return q[0], k[0]
-    return _p._apply_pair(q, k, cos, sin, interleaved=False, layout="bshd")
+    return _p.apply_pair(q, k, cos, sin, interleaved=False, layout="bshd")
 
 
 def _apply_dinov3(q, k, cos, sin, **kwargs):
@@ -40,13 +40,13 @@ def _apply_dinov3(q, k, cos, sin, **kwargs):
     if prefix:
         cos = torch.cat([cos.new_ones(prefix, cos.shape[-1]), cos])
         sin = torch.cat([sin.new_zeros(prefix, sin.shape[-1]), sin])
-    return _p._apply_pair(q, k, cos, sin, interleaved=False, layout="bhsd")
+    return _p.apply_pair(q, k, cos, sin, interleaved=False, layout="bhsd")
 
 
 def _apply_sam3(q, k, cos, sin):
     """SAM 3's ViT attention: q, k ``[B, H, S, D]`` (a window's or the whole grid's patches), tables
     ``[1, S, D]`` with each angle repeated for its pair (2i, 2i+1); fp32, returned in q's dtype."""
-    return _p._apply_pair(
+    return _p.apply_pair(
         q, k, cos.reshape(cos.shape[-2:]), sin.reshape(sin.shape[-2:]), interleaved=True, layout="bhsd"
     )
 
@@ -57,7 +57,7 @@ def _apply_xy(x, cos, sin, position_ids, unsqueeze_dim=2):
     parts = [slice(j * c, (j + 1) * c) for j in range(position_ids.shape[-1])]
     tables = [RotaryTables.from_tensors(cos[..., s], sin[..., s], interleaved=False, validate=False) for s in parts]
     return torch.cat(
-        [_p.rotate([x[..., s]], t, layout=_p._layout(unsqueeze_dim))[0] for s, t in zip(parts, tables)], -1
+        [_p.rotate([x[..., s]], t, layout=_p.unsqueeze_layout(unsqueeze_dim))[0] for s, t in zip(parts, tables)], -1
     )
 
 
@@ -65,7 +65,7 @@ def _apply_llama4_vision(query, key, freqs_ci):
     """Llama 4's vision attention: ``query, key [B, S, H, D]`` and complex ``freqs_ci [S, 1, D/2]``
     (the 2-D angles of the patches, then the class token's 0), pairs (2i, 2i+1)."""
     freqs = freqs_ci.to(query.device).reshape(query.shape[1], -1)
-    tables = _p._complex_tables(freqs)
+    tables = _p.complex_tables(freqs)
     q, k = _p.rotate([query, key], tables, layout="bshd", kinds=("q", "k"), names=("query", "key"))
     return q, k
 
@@ -74,23 +74,21 @@ def _apply_llama4_vision(query, key, freqs_ci):
 # vision tower, or both)
 _p.SUPPORTED.update(
     {
-        "pixtral": _p._Family("transformers.models.pixtral.modeling_pixtral", {"apply_rotary_pos_emb": _apply_pixtral}),
-        "dinov3_vit": _p._Family(
+        "pixtral": _p.Family("transformers.models.pixtral.modeling_pixtral", {"apply_rotary_pos_emb": _apply_pixtral}),
+        "dinov3_vit": _p.Family(
             "transformers.models.dinov3_vit.modeling_dinov3_vit", {"apply_rotary_pos_emb": _apply_dinov3}
         ),
-        "eomt_dinov3": _p._Family(
+        "eomt_dinov3": _p.Family(
             "transformers.models.eomt_dinov3.modeling_eomt_dinov3", {"apply_rotary_pos_emb": _apply_dinov3}
         ),
-        "sam3_vit_model": _p._Family(
-            "transformers.models.sam3.modeling_sam3", {"apply_rotary_pos_emb_2d": _apply_sam3}
-        ),
-        "gemma4_vision": _p._Family(
+        "sam3_vit_model": _p.Family("transformers.models.sam3.modeling_sam3", {"apply_rotary_pos_emb_2d": _apply_sam3}),
+        "gemma4_vision": _p.Family(
             "transformers.models.gemma4.modeling_gemma4", {"apply_multidimensional_rope": _apply_xy}
         ),
         **{
-            model_type: _p._Family(
+            model_type: _p.Family(
                 "transformers.models.llama4.modeling_llama4",
-                {"apply_rotary_emb": _p._apply_llama4_text, "vision_apply_rotary_emb": _apply_llama4_vision},
+                {"apply_rotary_emb": _p.apply_llama4_text, "vision_apply_rotary_emb": _apply_llama4_vision},
             )
             for model_type in ("llama4", "llama4_text", "llama4_vision_model")
         },
@@ -138,5 +136,5 @@ for _name, _types in _VISION_TOWERS.items():
             continue  # a namesake in another module: leave that family as it is
         _replacements = dict(_text.replacements) if _text is not None else {}
         _replacements["apply_rotary_pos_emb_vision"] = _apply_vision
-        _p.SUPPORTED[_model_type] = _p._Family(_module, _replacements, _text.qk_norm if _text is not None else None)
+        _p.SUPPORTED[_model_type] = _p.Family(_module, _replacements, _text.qk_norm if _text is not None else None)
 del _name, _types, _model_type, _module, _text, _replacements

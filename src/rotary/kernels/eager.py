@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import _checks
+from .. import devices
 from ..tables import gather_rows
 from .contract import Rotation
 
@@ -43,7 +43,7 @@ def token_tables(rotation: Rotation, i: int) -> tuple[torch.Tensor, torch.Tensor
     batch, seq_len = rotation.xs[i].shape[:2]
     if rotation.positions is not None:
         positions = rotation.positions
-        if rotation.frequencies is not None or not _checks.host_checks(positions.device):
+        if rotation.frequencies is not None or not devices.host_checks(positions.device):
             # as the kernels: a row the table does not hold is computed (with frequencies) or NaN, never read
             c, s = gather_rows(cos, sin, positions, rotation.frequencies, rotation.interleaved)
         else:

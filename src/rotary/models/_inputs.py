@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import _checks
+from .. import devices
 from ..errors import InputError, InputTypeError
 
 __all__ = ["check_token_ids", "embedding_ids"]
@@ -101,7 +101,7 @@ def embedding_ids(
     assert isinstance(ids, torch.Tensor)
     if torch.compiler.is_compiling() or not ids.numel():
         return ids, None
-    if _checks.host_checks(ids.device):
+    if devices.host_checks(ids.device):
         return check_token_ids(ids, size, name=name, table=table), None
     unknown = (ids < 0) | (ids >= size)
     return ids.clamp(0, size - 1), unknown

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .. import _checks
+from .. import devices
 from .. import positions as P
 from .._checks import check_bool, check_int, check_positive_int, is_number
 from ..errors import InputError, InputTypeError
@@ -319,7 +319,7 @@ class GenerationMixin:
         mask = check_attention_mask(attention_mask).to(ids.device).long()
         if mask.shape != ids.shape:
             raise InputError(f"attention_mask must be [B, S] = {tuple(ids.shape)}, got {tuple(mask.shape)}")
-        if not _checks.host_checks(ids.device):  # not read: the caller's contract there
+        if not devices.host_checks(ids.device):  # not read: the caller's contract there
             return mask
         # a row of padding only is an empty prompt: there is no token to continue
         empty = mask.sum(dim=1) == 0
@@ -421,7 +421,7 @@ class GenerationMixin:
     def _prepare_tables(self, length: int, device: torch.device) -> None:
         """Size the rotary tables for positions ``0 .. length - 1`` on ``device`` before decoding there: a
         device never reads positions back to grow them (and a capture cannot)."""
-        if _checks.host_checks(device):
+        if devices.host_checks(device):
             return  # the CPU sizes its tables from bounds it reads for free
         for producer in (self.rope, self.nope):
             prepare = getattr(producer, "prepare", None)

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import torch
 
-from .. import _checks
+from .. import devices
 from .. import positions as P
 from .._checks import check_int, check_positive_int
 from .._limits import MAX_NUM_HEADS
@@ -300,7 +300,7 @@ class StaticKVCache:
 
     def _host_mode(self) -> bool:
         """Whether values may be read on the host here (the CPU, not under ``torch.compile``)."""
-        return not torch.compiler.is_compiling() and _checks.host_checks(self.device)
+        return not torch.compiler.is_compiling() and devices.host_checks(self.device)
 
     def _positions_of(self, ids: torch.Tensor) -> Positions:
         """:class:`Positions` of ids made here from validated ones: on the CPU with their exact bound (a

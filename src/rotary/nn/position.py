@@ -21,7 +21,7 @@ import math
 import torch
 from torch import nn
 
-from .. import _checks
+from .. import devices
 from .. import positions as P
 from .._checks import check_positive_int, is_number
 from .._limits import MAX_NUM_HEADS, format_bytes
@@ -193,14 +193,14 @@ class LearnedPositionEmbedding(nn.Module):
             ids, bound = position_ids.ids, position_ids.bound
         else:
             ids = P.integer_positions(position_ids)
-            host = ids.numel() and not torch.compiler.is_compiling() and _checks.host_checks(ids.device)
+            host = ids.numel() and not torch.compiler.is_compiling() and devices.host_checks(ids.device)
             bound = int(ids.max()) + 1 if host else None
         if bound is not None and bound > self.max_position:
             raise InputError(
                 f"position {bound - 1} is beyond the learned table of max_position={self.max_position}; "
                 "build the model with a larger max_position"
             )
-        if bound is None and ids.numel() and not torch.compiler.is_compiling() and not _checks.host_checks(ids.device):
+        if bound is None and ids.numel() and not torch.compiler.is_compiling() and not devices.host_checks(ids.device):
             outside = (ids < 0) | (ids >= self.max_position)
             rows = self.embedding(ids.clamp(0, self.max_position - 1))
             return rows.masked_fill(outside.unsqueeze(-1), float("nan"))

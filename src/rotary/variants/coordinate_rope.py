@@ -15,7 +15,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from .. import _checks
+from .. import devices
 from .._checks import check_bool, check_choice, check_finite, check_int, check_positive_int, is_int
 from .._device_copies import DeviceCopies
 from ..errors import InputError, InputTypeError
@@ -281,7 +281,7 @@ class CoordinateRoPE(nn.Module):
         values = positions.to(torch.float64)
         if not torch.compiler.is_compiling() and values.numel():
             # not read off the CPU: NaN or inf coordinates give NaN tables there (the caller's contract)
-            if _checks.host_checks(values.device) and not bool(torch.isfinite(values).all()):
+            if devices.host_checks(values.device) and not bool(torch.isfinite(values).all()):
                 raise InputError(
                     f"{name} hold NaN or inf values; mark tokens that take no rotation with identity= instead"
                 )
@@ -380,7 +380,7 @@ class CoordinateRoPE(nn.Module):
             values: float64 coordinates ``[..., A]``.
             freq: ``[A, r/2]`` or ``[H, A, r/2]`` on the device of ``values``.
         """
-        if not _checks.host_checks(values.device):
+        if not devices.host_checks(values.device):
             return
         top = float(values.detach().abs().amax())
         rate = float(freq.detach().abs().sum(-2).amax())

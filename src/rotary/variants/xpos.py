@@ -39,7 +39,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from .. import _checks
+from .. import devices
 from .. import positions as P
 from .._checks import check_bool, check_int, check_positive_float, check_positive_int
 from .._device_copies import DeviceCopies
@@ -187,7 +187,7 @@ class XPos(nn.Module):
         ids = positions.ids
         bound = positions.bound
         if bound is None and ids.numel() and not torch.compiler.is_compiling():
-            if _checks.host_checks(ids.device):  # the CPU: reading is free (elsewhere: the caller's contract)
+            if devices.host_checks(ids.device):  # the CPU: reading is free (elsewhere: the caller's contract)
                 bound = int(ids.max()) + 1
         if bound is not None and bound - 1 - self.center > self.max_distance:
             n = bound - 1
@@ -255,7 +255,7 @@ class XPos(nn.Module):
         the rotated q/k overflow fp16 to inf).
         """
         ids = positions.ids
-        if _checks.host_checks(ids.device):
+        if devices.host_checks(ids.device):
             low, high = (int(v) for v in torch.aminmax(ids))
         elif positions.start is not None:  # start .. start + S - 1 (1-D ids): known without a read
             low, high = positions.start, positions.start + ids.shape[-1] - 1

@@ -25,7 +25,6 @@ import dataclasses
 import functools
 import importlib
 import inspect
-import os
 import re
 import sys
 import warnings
@@ -37,6 +36,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING, CONFIG_M
 
 import rotary
 from rotary.hf.config import PAIRING, UNSUPPORTED, read_hf_config
+from rotary.hf.coverage import rope_model_types
 from rotary.hf.layers import read_hf_layers
 from rotary.hf.own_keys import ROPE_SWITCHES
 from rotary.hf.vision import VISION_ROPE
@@ -44,7 +44,6 @@ from rotary.hf.vision import VISION_ROPE
 transformers.logging.set_verbosity_error()
 
 S = 11  # tokens: a length no head count or width of the tiny models equals, so its axis is unambiguous
-ROPE_SOURCE = re.compile(r"rotate_half|apply_rotary|RotaryEmbedding|rotary_emb|freqs_cis")
 
 #: small sizes for any config class (only the fields a class has are set)
 TINY = dict(
@@ -343,23 +342,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-def _modeling_source(model_type: str) -> str:
-    folder = os.path.join(os.path.dirname(transformers.__file__), "models", model_type_to_module_name(model_type))
-    if not os.path.isdir(folder):
-        return ""
-    return "".join(
-        open(os.path.join(folder, f), encoding="utf-8").read()
-        for f in sorted(os.listdir(folder))
-        if f.startswith("modeling_") and f.endswith(".py")
-    )
-
-
-@functools.cache
-def rope_model_types() -> tuple[str, ...]:
-    """Every model_type of the installed transformers whose modeling code applies a rotary embedding."""
-    return tuple(mt for mt in CONFIG_MAPPING_NAMES if ROPE_SOURCE.search(_modeling_source(mt)))
 
 
 def tiny_config(model_type: str, *, every_layer_type: bool = False):

@@ -108,38 +108,6 @@ def attention_modules(model):
     return [m for m in model.modules() if hf._MARK in m.__dict__]
 
 
-@pytest.fixture
-def rotate_calls(monkeypatch):
-    """Counts the tensors rotary rotates: through its backend dispatcher, through the decoding fast
-    path (``rope_decode``, taken for q and k with Hugging Face's fp32 tables when autograd is off), or
-    normalised and rotated by ``rotary.rmsnorm_rotate`` (QK-norm families)."""
-    import rotary.kernels.dispatch as dispatch
-    import rotary.kernels.norm as norm
-    import rotary.rotation as apply
-
-    calls = []
-    real, real_fast, real_norm = dispatch.rotate, apply._fast_pair, norm.apply
-
-    def counting_norm(rotation, *args, **kwargs):
-        calls.extend(x.shape for x in rotation.xs)
-        return real_norm(rotation, *args, **kwargs)
-
-    def counting(rotation, *args, **kwargs):
-        calls.extend(x.shape for x in rotation.xs)
-        return real(rotation, *args, **kwargs)
-
-    def counting_fast(q, k, *args):
-        out = real_fast(q, k, *args)
-        if out is not None:
-            calls.extend((q.shape, k.shape))
-        return out
-
-    monkeypatch.setattr(dispatch, "rotate", counting)
-    monkeypatch.setattr(apply, "_fast_pair", counting_fast)
-    monkeypatch.setattr(norm, "apply", counting_norm)
-    return calls
-
-
 #: the vision-language families (multimodal RoPE): tested with images in tests/variants/test_mrope.py (Qwen-VL)
 #: and with per-axis positions in tests/variants/test_mrope_families.py (the others)
 MULTIMODAL = {

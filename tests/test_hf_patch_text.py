@@ -53,25 +53,8 @@ def test_apply_function_is_llamas(model_type):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type", NEW_TEXT)
-def test_patched_outputs_equal_unpatched(model_type, monkeypatch):
-    import rotary.kernels.dispatch as dispatch
-    import rotary.rotation as rotation
-
-    calls = []  # the tensors rotary rotates, through its dispatcher or its fast q/k path
-    real, real_fast = dispatch.rotate, rotation._fast_pair
-
-    def counting(r, *args, **kwargs):
-        calls.extend(x.shape for x in r.xs)
-        return real(r, *args, **kwargs)
-
-    def counting_fast(q, k, *args):
-        out = real_fast(q, k, *args)
-        if out is not None:
-            calls.extend((q.shape, k.shape))
-        return out
-
-    monkeypatch.setattr(dispatch, "rotate", counting)
-    monkeypatch.setattr(rotation, "_fast_pair", counting_fast)
+def test_patched_outputs_equal_unpatched(model_type, rotate_calls):
+    calls = rotate_calls  # the tensors rotary rotates (tests/conftest.py)
     config = tiny_config(model_type)
     torch.manual_seed(0)
     model = _text_model_class(model_type, config)(config).eval()

@@ -159,3 +159,15 @@ def test_a_claim_the_run_cannot_measure_stays_not_measured_when_verdicts_are_wit
     weak = {key: [v * 30 for v in values] for key, values in AS_PUBLISHED.items() if not key[0].startswith("rope-")}
     v = verdicts(measurements(weak))
     assert "not measured" in v.values() and set(v.values()) == {"withheld", "not measured"}, v
+
+
+def test_a_run_not_evaluated_at_the_extension_length_leaves_its_claims_not_measured():
+    # evaluated at L and 2L only, the extension length being 4L: PI's window claim and YaRN's claim past E
+    # raised AttributeError ('NoneType' object has no attribute 'stat') from the command line
+    short = {key: values[:2] for key, values in AS_PUBLISHED.items()}
+    found = {
+        a.claim[:40]: a for a in assess(CLAIMS, Results(experiment_rows(short, LENGTHS[:2]), model_specs(CFG), CFG))
+    }
+    at_e = [a for a in found.values() if "not at the extension length E = 512" in a.values]
+    assert len(at_e) == 2 and all(a.verdict == "not measured" for a in at_e), found
+    assert "evaluates at 128, 256" in at_e[0].values

@@ -337,10 +337,20 @@ def _pi_beats_direct(r: Results) -> Finding:
     )
 
 
+def _no_extension_length(r: Results, ext: int) -> Finding:
+    """The finding of a claim measured at the extension length E when the run did not evaluate there."""
+    lengths = ", ".join(str(e) for e in r.lengths)
+    return Finding(
+        f"not measured: this run evaluates at {lengths}, not at the extension length E = {ext}", verdict=NOT_MEASURED
+    )
+
+
 def _pi_uses_window(r: Results) -> Finding:
     L = r.config.train_length
     ext, _, _ = _extension(r)
     d = r.change("rope-ft-linear", "linear", ext, L, "sliding")
+    if d is None:
+        return _no_extension_length(r, ext)
     return Finding(
         f"fine-tuned with PI: {series(r, 'rope-ft-linear', 'linear', 'sliding')}",
         ((f"{_at(r, ext)} against L", at_most(d.stat, 0.0)),),
@@ -412,6 +422,8 @@ def _yarn_beats_finetuned(r: Results) -> Finding:
 
 def _yarn_past_finetuning(r: Results) -> Finding:
     ext, _, past = _extension(r)
+    if ext not in r.lengths:
+        return _no_extension_length(r, ext)
     items = []
     for e in past:
         yarn, pi = (

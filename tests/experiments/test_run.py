@@ -9,6 +9,7 @@ import io
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,14 +32,40 @@ def experiment(out: Path, *flags: str) -> int:
     return main(["experiment", "--preset", "tiny", "--device", "cpu", "--out", str(out), *flags])
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("run") / "tiny"
+def _shared_dir(tmp_path_factory) -> Path:
+    """A directory every pytest-xdist worker of this session sees (their base temps' parent), or this
+    process's base temp when it runs alone."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def _once_per_session(tmp_path_factory, name: str, make) -> Path:
+    """``make(out)`` runs once per test session, however many xdist workers ask for ``name``: the first
+    holds a lock while it runs, the others wait and read what it wrote (``done`` marks a finished
+    run; an unfinished one is removed and run again)."""
+    from filelock import FileLock  # a dependency of torch
+
+    shared = _shared_dir(tmp_path_factory) / f"shared-{name}"
+    with FileLock(str(shared) + ".lock"):
+        if not (shared / "done").is_file():
+            shutil.rmtree(shared, ignore_errors=True)
+            shared.mkdir()
+            make(shared / name)
+            (shared / "done").write_text("")
+    return shared / name
+
+
+def _tiny(out: Path) -> None:
     terminal = io.StringIO()
     with contextlib.redirect_stdout(terminal):
         assert experiment(out) == 0
     (out.parent / "terminal.txt").write_text(terminal.getvalue())  # what the run printed, beside it
-    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory) -> Path:
+    """One run of the tiny preset per session, shared by the tests that read it (none writes into it)."""
+    return _once_per_session(tmp_path_factory, "tiny", _tiny)
 
 
 def numbers(run: Path) -> dict:
@@ -199,10 +226,18 @@ def test_the_hybrid_encodings_run_through_the_experiment(tmp_path):
     assert "RoPE + ALiBi + YaRN" in report and "RoPE + learned bias" in report
 
 
+def study_run(tmp_path_factory, study: str) -> Path:
+    """``rotary experiment --preset tiny --study STUDY``, run once per session (none writes into it)."""
+
+    def make(out: Path) -> None:
+        assert experiment(out, "--study", study) == 0
+
+    return _once_per_session(tmp_path_factory, f"study-{study}", make)
+
+
 @pytest.mark.parametrize("study", ["base", "transfer"])
-def test_the_studies_run_on_the_tiny_preset(tmp_path, study):
-    out = tmp_path / study
-    assert experiment(out, "--study", study) == 0
+def test_the_studies_run_on_the_tiny_preset(tmp_path_factory, study):
+    out = study_run(tmp_path_factory, study)
     results = json.loads((out / "results.json").read_text())
     models = {m["model"] for m in results["models"]}
     report = (out / "report.md").read_text()
@@ -465,8 +500,6 @@ def test_resume_refuses_another_configuration_and_corrupted_checkpoints(capsys, 
     code = main(["experiment", "--preset", "tiny", "--device", "cpu", "--resume", str(tmp_path / "nothing")])
     assert code == 2 and "no such run directory" in capsys.readouterr().err
     # a copy of the finished run with one checkpoint overwritten by garbage
-    import shutil
-
     copy = tmp_path / "copy"
     shutil.copytree(tiny_run, copy)
     (copy / "models" / "alibi-0" / "checkpoint.pt").write_bytes(b"not a checkpoint")
@@ -514,9 +547,8 @@ def test_write_experiment_docs_renders_the_readme_block_and_report_from_a_run(ti
     assert module.main([str(tmp_path)]) == 2 and "not a finished run" in capsys.readouterr().err
 
 
-def test_write_experiment_docs_writes_a_study_page_and_leaves_the_readme(tmp_path, capsys):
-    run = tmp_path / "run"
-    assert experiment(run, "--study", "base", "--seeds", "1", "--bases", "100") == 0
+def test_write_experiment_docs_writes_a_study_page_and_leaves_the_readme(tmp_path_factory, tmp_path, capsys):
+    run = study_run(tmp_path_factory, "base")  # the studies' own run, read only
     module = _docs_writer(tmp_path / "copy")
     assert module.main([str(run)]) == 0
     assert "old block" in (tmp_path / "copy" / "README.md").read_text()

@@ -14,7 +14,6 @@ import torch
 
 from helpers import cli_env
 from rotary.models import position_state_names
-from rotary.tools.cli import main
 from rotary.tools.experiments import train as train_module
 from rotary.tools.experiments.config import PRESETS, ExperimentConfig
 from rotary.tools.experiments.data import load_corpus, training_batch
@@ -110,17 +109,26 @@ def test_a_rank_that_finishes_first_leaves_the_group_cleanly_while_rank_0_is_sti
     """Rank 1 finishes training long before rank 0 has evaluated and written the report. Leaving the
     group through :meth:`Distributed.stop` (the wrapper dropped, cycles collected, one last barrier)
     must not abort either process; a direct ``destroy_process_group`` with DDP still alive sometimes
-    aborted rank 1 (``TEARDOWN_RAW=1`` in :mod:`teardown_probe`). Three runs."""
-    for run in range(3):
-        proc = subprocess.run(
+    aborted rank 1 (``TEARDOWN_RAW=1`` in :mod:`teardown_probe`). Three runs, side by side (each
+    ``--standalone`` launch picks its own free port): their imports and rank 0's waits overlap."""
+    procs = [
+        subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(TEARDOWN)],
             env=cli_env(OMP_NUM_THREADS="1"),
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=120,
         )
-        assert proc.returncode == 0, f"run {run}: {proc.stderr[-3000:]}"
-        assert sorted(line for line in proc.stdout.splitlines() if "left the group" in line) == [
+        for _ in range(3)
+    ]
+    try:
+        outputs = [proc.communicate(timeout=240) for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()  # a no-op for a process that has ended
+    for run, (proc, (stdout, stderr)) in enumerate(zip(procs, outputs)):
+        assert proc.returncode == 0, f"run {run}: {stderr[-3000:]}"
+        assert sorted(line for line in stdout.splitlines() if "left the group" in line) == [
             "rank 0 left the group",
             "rank 1 left the group",
         ]
@@ -238,12 +246,22 @@ def test_two_torchrun_processes_train_on_their_shards_average_like_one_process_a
     assert {"config.json", "results.json", "results.csv", "report.md"} <= {f.name for f in two.iterdir()}
     assert json.loads((two / "results.json").read_text())["environment"]["world_size"] == 2
 
-    assert main(["experiment", *flags, "--out", str(tmp_path / "one")]) == 0
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the ranks (--threads 1): the sums of one process in the same order
+    try:
+        _compare_with_one_process(two, specs, cfg, train_tokens)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _compare_with_one_process(two: Path, specs, cfg: ExperimentConfig, train_tokens: torch.Tensor) -> None:
+    # one process trains each model the way the experiment does (train_model, here without checkpoints
+    # or the evaluation, which the comparison does not read) on the same global batches
     for spec in specs:
         both = load_checkpoint(two / "models" / spec.name / "checkpoint.pt", spec, cfg)
         if spec.parent is None:  # one process from the same initial weights
-            one = load_checkpoint(tmp_path / "one" / "models" / spec.name / "checkpoint.pt", spec, cfg)
-            losses, state = one["losses"], one["model"]
+            one = train_model(spec, cfg, train_tokens, run_dir=None, resume=False, reporter=Reporter(enabled=False))
+            losses, state = one.losses, one.model.state_dict()
         else:
             # a fine-tune, on one process, from the weights the two processes' parent ended with: the parents
             # of the two runs differ by fp32 rounding, which Adam's first steps amplify where a trained

@@ -11,31 +11,26 @@ accelerator path, and the CUDA path's one-launch ``rotary::rotate_and_cache`` cu
 kernel Triton's interpreter runs on CPU tensors.
 
 It runs in a fresh process: it patches Inductor and Triton's interpreter must be set before Triton is
-imported. What it cannot see is the CUDA runtime itself; ``tests/models/test_generation_cuda.py``
-captures the step on a GPU.
+imported. One process checks both graphs, one after the other (the torch path first, before the fused
+kernel is switched on; dynamo and its counters reset between them): a second interpreter would import
+torch, dynamo and Inductor again for most of its time. What it cannot see is the CUDA runtime itself;
+``tests/models/test_generation_cuda.py`` captures the step on a GPU.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import textwrap
 
 import pytest
 
-from helpers import run_interpreted
-
 SCRIPT = textwrap.dedent(
     """
-    import collections, sys, torch
-    fused = sys.argv[1] == "fused"
+    import sys, traceback, torch
     import rotary.devices as devices
     devices.host_checks = lambda device: False  # as on an accelerator: nothing read on the host
-    if fused:
-        import rotary.serving as serving
-        from rotary.kernels import triton as triton_kernel
-        serving._fused_kernel_device = lambda q: True  # the CUDA path, run by Triton's interpreter
-        launches = []
-        real = triton_kernel.rotate_and_cache_triton
-        triton_kernel.rotate_and_cache_triton = lambda *a, **kw: (launches.append(1), real(*a, **kw))[1]
     import torch._inductor.config as inductor_config
     import torch._inductor.cudagraph_utils as cudagraph_utils
     import torch._inductor.output_code as output_code
@@ -67,29 +62,79 @@ SCRIPT = textwrap.dedent(
     output_code.cudagraph_partition_post_compile = instead_of_recording
     from torch._dynamo.utils import counters
     from rotary.models import Decoder, DecoderConfig
-    torch.manual_seed(0)
-    model = Decoder(DecoderConfig(vocab_size=64, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2)).eval()
-    ids = torch.randint(1, 64, (2, 5))
-    eager = model.generate(ids, 6, cache="static")
-    for _ in range(2):  # the second call reuses the caches and the compiled step
-        assert torch.equal(model.generate(ids, 6, capture="compile"), eager)
-    assert len(graphs) == 1 and counters["stats"]["unique_graphs"] == 1, (graphs, dict(counters["stats"]))
-    graph = graphs[0]
-    assert graph["disabled"] is None and graph["fails"] == [], graph
-    assert graph["mutated_not_static"] == [], graph
-    assert graph["inputs"] - graph["static"] == 1, graph  # the token alone is copied in at each replay
-    assert len(calls) == 10 and len(set(calls)) == 1, len(set(calls))  # 5 steps per call, one set of addresses
-    if fused:
-        assert launches, "the fused kernel did not run"
-    print("capture checks ok", sys.argv[1], graph["inputs"])
+
+    def check(path):
+        launches = []
+        if path == "fused":  # from here on
+            import rotary.serving as serving
+            from rotary.kernels import triton as triton_kernel
+            serving._fused_kernel_device = lambda q: True  # the CUDA path, run by Triton's interpreter
+            real = triton_kernel.rotate_and_cache_triton
+            triton_kernel.rotate_and_cache_triton = lambda *a, **kw: (launches.append(1), real(*a, **kw))[1]
+        torch._dynamo.reset()
+        counters.clear()
+        graphs.clear()
+        calls.clear()
+        torch.manual_seed(0)
+        model = Decoder(DecoderConfig(vocab_size=64, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2)).eval()
+        ids = torch.randint(1, 64, (2, 5))
+        eager = model.generate(ids, 6, cache="static")
+        for _ in range(2):  # the second call reuses the caches and the compiled step
+            assert torch.equal(model.generate(ids, 6, capture="compile"), eager)
+        assert len(graphs) == 1 and counters["stats"]["unique_graphs"] == 1, (graphs, dict(counters["stats"]))
+        graph = graphs[0]
+        assert graph["disabled"] is None and graph["fails"] == [], graph
+        assert graph["mutated_not_static"] == [], graph
+        assert graph["inputs"] - graph["static"] == 1, graph  # the token alone is copied in at each replay
+        assert len(calls) == 10 and len(set(calls)) == 1, len(set(calls))  # 5 steps per call, one set of addresses
+        if path == "fused":
+            assert launches, "the fused kernel did not run"
+        print("capture checks ok", path, graph["inputs"], flush=True)
+
+    for path in sys.argv[1:]:  # "torch" before "fused": the fused path's patches stay
+        try:
+            check(path)
+        except Exception:
+            print(f"capture checks failed {path}:", traceback.format_exc(), flush=True)
     """
 )
 
 
+@pytest.fixture(scope="module")
+def checked(tmp_path_factory) -> str:
+    """The script's output for both paths ("fused" only where Triton is installed), and its stderr: one
+    process per session, however many pytest-xdist workers run these tests (the first runs it under a
+    lock, the others read what it wrote)."""
+    from filelock import FileLock  # a dependency of torch
+
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "decoder-capture-checks.txt"
+    with FileLock(f"{shared}.lock"):
+        if not shared.is_file():
+            shared.write_text(_run_script())
+        return shared.read_text()
+
+
+def _run_script() -> str:
+    try:
+        import triton  # noqa: F401  a test dependency; without it CUDA takes the torch path
+    except ImportError:
+        paths = ["torch"]
+    else:
+        paths = ["torch", "fused"]
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, *paths],
+        env=dict(os.environ, TRITON_INTERPRET="1"),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    return f"{done.stdout}\n(status {done.returncode})\n{done.stderr[-6000:]}"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", ["torch", "fused"])
-def test_the_compiled_decoding_step_gives_cuda_graphs_no_reason_to_skip_or_record_again(path):
+def test_the_compiled_decoding_step_gives_cuda_graphs_no_reason_to_skip_or_record_again(path, checked):
     if path == "fused":
         pytest.importorskip("triton")  # a test dependency; without it CUDA takes the torch path
-    stdout = run_interpreted(SCRIPT, path, timeout=900)
-    assert f"capture checks ok {path}" in stdout
+    assert f"capture checks ok {path}" in checked, checked[-8000:]

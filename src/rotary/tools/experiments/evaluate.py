@@ -20,7 +20,12 @@ probe: its sequence length over ``L``); a model fine-tuned with a scaling is eva
 scaling at its own factor. :func:`scaled_copy` is the one place where a model's scaling changes.
 
 Every measurement runs in batches of windows or prompts (:func:`eval_rows`): on the CPU small enough to
-keep ``make demo``'s memory small, on a GPU as many as a memory budget allows. Passkey answers are
+keep ``make demo``'s memory small, on a GPU as many as a memory budget allows. Where a measurement
+scores only the last tokens of a window (sliding windows, the retrieval probe, a passkey prompt's
+prefill), the final norm and the output layer run on those positions only (:func:`scored_tail`): the
+same logits, without the rest. A measurement at factor 1 whose RoPE tables equal those of a scaling
+already measured at that length is the same function of the same inputs and is not computed again
+(:func:`same_rope`): at ``E = L`` every scaling is plain RoPE. Passkey answers are
 decoded on static KV caches, with nothing read back on the host until the batch's answers are. Under
 the run's mixed precision (:meth:`~.config.ExperimentConfig.mixed_precision`) evaluation runs under
 bf16 autocast, as training did; losses are computed from fp32 logits.
@@ -29,7 +34,9 @@ bf16 autocast, as training did; losses are computed from fp32 logits.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
+from collections.abc import Callable, Iterator
 from copy import deepcopy
 from dataclasses import dataclass
 
@@ -37,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from rotary import RoPE
+from rotary import positions as P
 from rotary.models import Decoder
 
 from ...errors import InputError
@@ -45,9 +53,9 @@ from .data import derived_seed, windows
 from .passkey import KEY_DIGITS, make_trials, passkey_accuracy
 from .plan import SCALING_LABELS, ModelSpec, scaling_block
 from .progress import Reporter
+from .retrieval import PREFIX, retrieval_scores
 from .retrieval import make_trials as make_retrieval_trials
-from .retrieval import retrieval_scores
-from .rows import Measurements, PasskeyRow, PerplexityRow, PositionRow, RetrievalRow
+from .rows import CSV_FILES, Measurements, PasskeyRow, PerplexityRow, PositionRow, RetrievalRow
 from .train import trained_scaling
 
 __all__ = [
@@ -60,7 +68,9 @@ __all__ = [
     "passkey_at",
     "position_bins",
     "rows_per_batch",
+    "same_rope",
     "scaled_copy",
+    "scored_tail",
     "scaling_block",
     "sliding_losses",
     "summarise",
@@ -161,28 +171,64 @@ def eval_rows(model: Decoder, length: int, *, generate: bool = False) -> int:
     return rows_per_batch(length, heads if biased else 1, max_tokens=max_tokens, max_scores=max_scores)
 
 
+@contextlib.contextmanager
+def scored_tail(model: Decoder, keep: int | None) -> Iterator[None]:
+    """Within it, ``model(ids)`` returns the logits of the last ``keep`` positions only, ``[B, keep, V]``.
+
+    Every layer still runs on every token (the scored positions attend to all of them); only the final
+    norm and the output layer, which act on each position by itself, skip the positions nothing
+    scores. The logits are those of the full forward's last ``keep`` positions: on the CPU
+    bit-identical (the same per-row products). ``keep`` None: the full forward.
+
+    Example:
+        >>> from rotary.models import DecoderConfig
+        >>> m = Decoder(DecoderConfig(hidden_size=32, num_layers=1, num_heads=2)).eval()
+        >>> ids = torch.randint(256, (3, 20))
+        >>> with torch.no_grad(), scored_tail(m, 4):
+        ...     tail = m(ids)
+        >>> tail.shape, torch.equal(tail, m(ids)[:, -4:].detach())
+        (torch.Size([3, 4, 256]), True)
+    """
+    if keep is None:
+        yield
+        return
+    handle = model.norm.register_forward_pre_hook(lambda _norm, args: (args[0][:, -keep:],))
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 @torch.no_grad()
-def token_losses(model: Decoder, windows: torch.Tensor, *, batch_rows: int | None = None) -> torch.Tensor:
-    """Next-token cross-entropy (nats) at every position of every window.
+def token_losses(
+    model: Decoder, windows: torch.Tensor, *, batch_rows: int | None = None, last: int | None = None
+) -> torch.Tensor:
+    """Next-token cross-entropy (nats) at every position of every window (or at its ``last`` positions).
 
     Args:
         model: a ``Decoder`` in eval mode.
         windows: int64 ``[N, E]``.
         batch_rows: windows per forward; default :func:`eval_rows`.
+        last: score only the last ``last`` targets of each window (:func:`scored_tail`); None: all.
 
     Returns:
         fp32 ``[N, E - 1]``: entry ``[i, p]`` is the loss of predicting token ``p + 1`` from tokens
-        ``0..p`` of window ``i`` (the query sits at position ``p``).
+        ``0..p`` of window ``i`` (the query sits at position ``p``); with ``last``, ``[N, last]``,
+        the last ``last`` columns of that.
     """
     n, length = windows.shape
     rows = batch_rows or eval_rows(model, length)
+    scored = length - 1 if last is None else last
     device = next(model.parameters()).device
     out = []
     for start in range(0, n, rows):
         chunk = windows[start : start + rows].to(device)
-        logits = model(chunk[:, :-1]).float()  # [b, E - 1, V]
-        losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), chunk[:, 1:].reshape(-1), reduction="none")
-        out.append(losses.view(chunk.shape[0], length - 1).cpu())
+        with scored_tail(model, last):
+            logits = model(chunk[:, :-1]).float()  # [b, scored, V]
+        losses = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), chunk[:, length - scored :].reshape(-1), reduction="none"
+        )
+        out.append(losses.view(chunk.shape[0], scored).cpu())
     return torch.cat(out)
 
 
@@ -218,8 +264,7 @@ def sliding_losses(
         )
     # window k covers text[p - (length - stride) : p + stride] and scores its last `stride` targets
     wins = torch.stack([text[p + stride - length : p + stride] for p in starts])  # [K, E]
-    losses = token_losses(model, wins)  # [K, E - 1]
-    return losses[:, -stride:].reshape(-1)
+    return token_losses(model, wins, last=stride).reshape(-1)  # [K, stride], flattened
 
 
 def position_bins(config: ExperimentConfig) -> list[tuple[int, int]]:
@@ -287,7 +332,8 @@ def greedy_continuation(model: Decoder, prompts: torch.Tensor, new_tokens: int) 
     device = prompts.device
     dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
     caches = model.new_cache(batch=batch, max_len=length + new_tokens - 1, dtype=dtype)
-    tokens = [model(prompts, cache=caches)[:, -1].float().argmax(-1, keepdim=True)]  # [B, 1]
+    with scored_tail(model, 1):  # the prefill's last position is the only one read
+        tokens = [model(prompts, cache=caches)[:, -1].float().argmax(-1, keepdim=True)]  # [B, 1]
     for _ in range(new_tokens - 1):
         tokens.append(model.decode_step(tokens[-1], caches).argmax(-1, keepdim=True))
     return torch.cat(tokens, dim=1)
@@ -306,10 +352,51 @@ def evaluation_scalings(spec: ModelSpec, model: Decoder, config: ExperimentConfi
     return [("none", 1.0)]
 
 
+def same_rope(a: Decoder, b: Decoder, length: int) -> bool:
+    """Whether two copies of one model rotate positions ``0 .. length - 1`` with equal tables.
+
+    The copies have the same weights (:func:`scaled_copy`), so they then compute the same logits on any
+    sequence of at most ``length`` tokens, bit for bit: a measurement of one stands for the other.
+    Every scaling at factor 1 is plain RoPE (linear and NTK scale by 1, YaRN's temperature is 1,
+    dynamic NTK changes nothing up to ``L``). Models without RoPE: False.
+
+    Example:
+        >>> from rotary.models import DecoderConfig
+        >>> m = Decoder(DecoderConfig(hidden_size=32, num_layers=1, num_heads=2))
+        >>> plain = scaled_copy(m, None)
+        >>> same_rope(plain, scaled_copy(m, scaling_block("yarn", 1.0, 64)), 64)
+        True
+        >>> same_rope(plain, scaled_copy(m, scaling_block("yarn", 2.0, 64)), 64)
+        False
+    """
+    if not (uses_rope(a) and uses_rope(b)):
+        return False
+    # throwaway copies of the RoPE modules: dynamic NTK remembers the longest length it has seen
+    ra, rb = deepcopy(a.rope), deepcopy(b.rope)
+    positions = P.arange(length, device=ra.inv_freq.device)
+    ta, tb = ra.tables(positions), rb.tables(positions)
+    return all(
+        x is y or (x is not None and y is not None and torch.equal(x, y))
+        for x, y in ((ta.cos, tb.cos), (ta.sin, tb.sin), (ta.k_cos, tb.k_cos), (ta.k_sin, tb.k_sin))
+    )
+
+
+def _relabelled(rows: Measurements, scaling: str) -> Measurements:
+    """``rows`` as the rows of ``scaling`` (a measurement that :func:`same_rope` says is the same)."""
+    return Measurements(
+        **{name: [dataclasses.replace(r, scaling=scaling) for r in getattr(rows, name)] for name in CSV_FILES}
+    )
+
+
 def evaluate_model(
     spec: ModelSpec, model: Decoder, text: EvaluationText, config: ExperimentConfig, reporter: Reporter
 ) -> Measurements:
-    """Every measurement of one trained model, as rows (:mod:`.rows`)."""
+    """Every measurement of one trained model, as rows (:mod:`.rows`).
+
+    A measurement at factor 1 whose model is the same function as one already measured at that length
+    (:func:`same_rope`: at ``E = L`` every inference-time scaling) takes that one's rows under its own
+    scaling's name instead of being computed again.
+    """
     L = config.train_length
     scalings = evaluation_scalings(spec, model, config)
     lengths = sorted(config.eval_lengths)
@@ -321,6 +408,89 @@ def evaluate_model(
         factor = 1.0 if scaling == "none" else (fixed if fixed is not None else max(length / L, 1.0))
         return scaled_copy(model, scaling_block(scaling, factor, L)), factor
 
+    # (what, length) -> (a copy measured at factor 1, its rows): what a later scaling that is the same
+    # function there would measure again
+    at_factor_one: dict[tuple[str, int], tuple[Decoder, Measurements]] = {}
+
+    def once(
+        what: str, length: int, scaling: str, fixed: float | None, measure: Callable[..., Measurements], *args: int
+    ) -> None:
+        """``measure(scaling, fixed, *args)``, or the rows of the same function measured before."""
+        scaled, factor = copy_at(scaling, fixed, length)
+        found = at_factor_one.get((what, length)) if factor == 1.0 else None
+        if found is not None and same_rope(found[0], scaled, length):
+            out.extend(_relabelled(found[1], scaling))
+            return
+        rows = measure(scaling, fixed, *args)
+        if factor == 1.0 and found is None:
+            at_factor_one[(what, length)] = (scaled, rows)
+        out.extend(rows)
+
+    def at_length(scaling: str, fixed: float | None, length: int) -> Measurements:
+        key = dict(model=spec.model, seed=spec.seed, scaling=scaling)
+        rows = Measurements()
+        scaled, factor = copy_at(scaling, fixed, length)
+        losses = token_losses(scaled, windows(text.windows, length))  # [N, E - 1]
+        rows.perplexity.append(
+            PerplexityRow(**key, factor=factor, mode="windows", eval_length=length, stride=length, **summarise(losses))
+        )
+        if length == config.longest:
+            for a, b in position_bins(config):
+                rows.positions.append(
+                    PositionRow(
+                        **key,
+                        factor=factor,
+                        eval_length=length,
+                        start=a,
+                        end=b,
+                        loss=float(losses[:, a:b].double().mean()),
+                        predictions=losses[:, a:b].numel(),
+                    )
+                )
+        if text.sliding:
+            # a fresh copy for each measurement: dynamic NTK would otherwise start from the state the last one left
+            scaled, _ = copy_at(scaling, fixed, length)
+            slid = sliding_losses(scaled, text.windows, length, config.stride, text.sliding)
+            rows.perplexity.append(
+                PerplexityRow(
+                    **key, factor=factor, mode="sliding", eval_length=length, stride=config.stride, **summarise(slid)
+                )
+            )
+        scaled, _ = copy_at(scaling, fixed, length)
+        passkey = passkey_at(scaled, length, config)
+        for depth, (correct, trials) in passkey["counts"].items():
+            rows.passkey.append(
+                PasskeyRow(**key, factor=factor, eval_length=length, depth=depth, correct=correct, trials=trials)
+            )
+        return rows
+
+    def at_distance(scaling: str, fixed: float | None, distance: int) -> Measurements:
+        trials = make_retrieval_trials(
+            text.held_out,
+            distance,
+            trials=config.retrieval_trials,
+            span=config.retrieval_span,
+            generator=torch.Generator().manual_seed(derived_seed(config.seed, "retrieval", distance)),
+        )
+        scaled, factor = copy_at(scaling, fixed, trials.length)
+
+        def logits(x: torch.Tensor) -> torch.Tensor:
+            with scored_tail(scaled, trials.span - 1):  # the scored queries are the last span - 1
+                return scaled(x.to(device))
+
+        scores = retrieval_scores(logits, trials, batch_rows=eval_rows(scaled, trials.length))
+        row = RetrievalRow(
+            model=spec.model,
+            seed=spec.seed,
+            scaling=scaling,
+            factor=factor,
+            distance=distance,
+            length=trials.length,
+            span=config.retrieval_span,
+            **scores,
+        )
+        return Measurements(retrieval=[row])
+
     device = next(model.parameters()).device
     autocast = (
         torch.autocast(device.type, dtype=torch.bfloat16)
@@ -329,72 +499,11 @@ def evaluate_model(
     )
     with reporter.task(f"evaluate {spec.name:<15}", total=len(scalings) * (len(lengths) + 1)) as task, autocast:
         for scaling, fixed in scalings:
-            key = dict(model=spec.model, seed=spec.seed, scaling=scaling)
             for length in lengths:
-                scaled, factor = copy_at(scaling, fixed, length)
-                losses = token_losses(scaled, windows(text.windows, length))  # [N, E - 1]
-                out.perplexity.append(
-                    PerplexityRow(
-                        **key, factor=factor, mode="windows", eval_length=length, stride=length, **summarise(losses)
-                    )
-                )
-                if length == config.longest:
-                    for a, b in position_bins(config):
-                        out.positions.append(
-                            PositionRow(
-                                **key,
-                                factor=factor,
-                                eval_length=length,
-                                start=a,
-                                end=b,
-                                loss=float(losses[:, a:b].double().mean()),
-                                predictions=losses[:, a:b].numel(),
-                            )
-                        )
-                if text.sliding:
-                    # a fresh copy for each measurement: dynamic NTK would otherwise start from the state the last one left
-                    scaled, _ = copy_at(scaling, fixed, length)
-                    slid = sliding_losses(scaled, text.windows, length, config.stride, text.sliding)
-                    out.perplexity.append(
-                        PerplexityRow(
-                            **key,
-                            factor=factor,
-                            mode="sliding",
-                            eval_length=length,
-                            stride=config.stride,
-                            **summarise(slid),
-                        )
-                    )
-                scaled, _ = copy_at(scaling, fixed, length)
-                passkey = passkey_at(scaled, length, config)
-                for depth, (correct, trials) in passkey["counts"].items():
-                    out.passkey.append(
-                        PasskeyRow(
-                            **key, factor=factor, eval_length=length, depth=depth, correct=correct, trials=trials
-                        )
-                    )
+                once("length", length, scaling, fixed, at_length, length)
                 task.advance(scaling=scaling, length=length)
             for distance in config.distances:
-                trials = make_retrieval_trials(
-                    text.held_out,
-                    distance,
-                    trials=config.retrieval_trials,
-                    span=config.retrieval_span,
-                    generator=torch.Generator().manual_seed(derived_seed(config.seed, "retrieval", distance)),
-                )
-                scaled, factor = copy_at(scaling, fixed, trials.length)
-                scores = retrieval_scores(
-                    lambda x, m=scaled: m(x.to(device)), trials, batch_rows=eval_rows(scaled, trials.length)
-                )
-                out.retrieval.append(
-                    RetrievalRow(
-                        **key,
-                        factor=factor,
-                        distance=distance,
-                        length=trials.length,
-                        span=config.retrieval_span,
-                        **scores,
-                    )
-                )
+                sequence = PREFIX + distance + config.retrieval_span  # the trials' length
+                once(f"distance {distance}", sequence, scaling, fixed, at_distance, distance)
             task.advance(scaling=scaling, retrieval="done")
     return out

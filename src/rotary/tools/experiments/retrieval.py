@@ -126,7 +126,9 @@ def retrieval_scores(
     """Loss and accuracy on the second span of the copies and of the controls.
 
     Args:
-        logits: ``tokens [B, S] int64 -> logits [B, S, V]`` (a ``Decoder`` in eval mode, or any model).
+        logits: ``tokens [B, S] int64 -> logits [B, S', V]`` of the last ``S'`` positions, all of them
+            (a ``Decoder`` in eval mode, or any model) or at least the ``span - 1`` scored ones (the
+            scored queries are the last positions of the tokens it is given).
         trials: from :func:`make_trials`.
         batch_rows: sequences per call.
 
@@ -141,8 +143,9 @@ def retrieval_scores(
         losses, hits = [], []
         for first in range(0, sequences.shape[0], batch_rows):
             chunk = sequences[first : first + batch_rows]
-            device_logits = logits(chunk[:, : stop - 1])  # [b, stop - 1, V]: query q predicts token q + 1
-            scored = device_logits[:, start : stop - 1].float().cpu()  # [b, span - 1, V]
+            device_logits = logits(chunk[:, : stop - 1])  # [b, <= stop - 1, V]: query q predicts token q + 1
+            # [b, span - 1, V]: queries start .. stop - 2, the last span - 1 of the tokens given
+            scored = device_logits[:, device_logits.shape[1] - (stop - 1 - start) :].float().cpu()
             targets = chunk[:, start + 1 : stop]
             losses.append(F.cross_entropy(scored.reshape(-1, scored.shape[-1]), targets.reshape(-1), reduction="none"))
             hits.append((scored.argmax(-1) == targets).reshape(-1).float())

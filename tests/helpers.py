@@ -2,6 +2,8 @@
 
 - :func:`run_cli`: the real command line, ``python -m rotary ...`` in a subprocess, with this
   checkout's ``src`` first on the path;
+- :func:`run_main`: the same command run in this process (``rotary.tools.cli.main``), its output
+  captured: what a test of a command's output uses (a subprocess costs seconds of imports);
 - :func:`run_interpreted`: a script in a fresh process under Triton's interpreter (the Triton kernels
   on CPU tensors), asserted to succeed;
 - :func:`import_each_alone`: import each of many modules in its own process that has imported nothing
@@ -80,6 +82,36 @@ def run_cli(
     elif ok is False:
         assert proc.returncode == 2, (proc.returncode, proc.stderr)
         assert "Traceback" not in proc.stderr, proc.stderr
+    return proc
+
+
+def run_main(*argv: str, cwd: Path | str, ok: bool | None = True) -> subprocess.CompletedProcess:
+    """``rotary *argv`` in this process, in ``cwd``: :func:`run_cli`'s result and checks without a subprocess.
+
+    ``main`` returns the exit status or raises ``SystemExit`` (argparse); stdout and stderr are captured. An
+    uncaught exception propagates (it fails the test with its traceback: a subprocess would exit 1 with one
+    on stderr). ``ok`` as in :func:`run_cli`.
+    """
+    import contextlib
+    import io
+
+    from rotary.tools.cli import main
+
+    out, err, before = io.StringIO(), io.StringIO(), os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                status = main(list(argv))
+            except SystemExit as exc:
+                status = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        os.chdir(before)
+    proc = subprocess.CompletedProcess(["rotary", *argv], status, out.getvalue(), err.getvalue())
+    if ok is True:
+        assert proc.returncode == 0, proc.stderr
+    elif ok is False:
+        assert proc.returncode == 2, (proc.returncode, proc.stderr)
     return proc
 
 

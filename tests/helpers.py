@@ -2,8 +2,11 @@
 
 - :func:`run_cli`: the real command line, ``python -m rotary ...`` in a subprocess, with this
   checkout's ``src`` first on the path;
+- :func:`run_main`: the same command run in this process (``rotary.tools.cli.main``), its output
+  captured: what a test of a command's output uses (a subprocess costs seconds of imports);
 - :func:`run_interpreted`: a script in a fresh process under Triton's interpreter (the Triton kernels
-  on CPU tensors), asserted to succeed;
+  on CPU tensors), asserted to succeed (forked from one server per test process that has imported
+  torch and triton);
 - :func:`import_each_alone`: import each of many modules in its own process that has imported nothing
   of ``rotary`` (forked children of one interpreter that has imported torch), the failures returned;
 - :func:`hf_config`, :func:`text_config`, :func:`llama_config`: transformers configs built from
@@ -31,7 +34,9 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import copy
+import json
 import math
 import os
 import subprocess
@@ -83,16 +88,127 @@ def run_cli(
     return proc
 
 
-def run_interpreted(script: str, *args: str, timeout: float = 600) -> str:
-    """Run ``script`` (Python source) in a fresh process with ``TRITON_INTERPRET=1`` (the interpreter must
-    be on before Triton is imported, and other tests import it first); assert it succeeded and return its
-    stdout."""
+def run_main(*argv: str, cwd: Path | str, ok: bool | None = True) -> subprocess.CompletedProcess:
+    """``rotary *argv`` in this process, in ``cwd``: :func:`run_cli`'s result and checks without a subprocess.
+
+    ``main`` returns the exit status or raises ``SystemExit`` (argparse); stdout and stderr are captured. An
+    uncaught exception propagates (it fails the test with its traceback: a subprocess would exit 1 with one
+    on stderr). ``ok`` as in :func:`run_cli`.
+    """
+    import contextlib
+    import io
+
+    from rotary.tools.cli import main
+
+    out, err, before = io.StringIO(), io.StringIO(), os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                status = main(list(argv))
+            except SystemExit as exc:
+                status = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        os.chdir(before)
+    proc = subprocess.CompletedProcess(["rotary", *argv], status, out.getvalue(), err.getvalue())
+    if ok is True:
+        assert proc.returncode == 0, proc.stderr
+    elif ok is False:
+        assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    return proc
+
+
+_INTERPRETER = r"""
+import json, os, sys, traceback
+import torch, triton  # once, under TRITON_INTERPRET=1: what every script would import first
+for line in sys.stdin:  # a request: [script, args, cwd, stdout file, stderr file]
+    script, args, cwd, out, err = json.loads(line)
+    pid = os.fork()
+    if pid == 0:  # the child runs the script as `python -c script *args` would, in cwd
+        code = 0
+        try:
+            os.chdir(cwd)
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+            for fd, name in ((1, out), (2, err)):
+                os.dup2(os.open(name, os.O_WRONLY | os.O_TRUNC), fd)
+            sys.argv = ["-c", *args]
+            exec(compile(script, "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            if not isinstance(exc.code, (int, type(None))):
+                print(exc.code, file=sys.stderr)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # not sys.exit: tearing down the copied torch heap checks nothing of the script
+    print(json.dumps(pid), flush=True)
+    print(json.dumps(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])), flush=True)
+"""
+
+_interpreter: dict = {}  # this process's interpreter server: the Popen and the environment it started with
+_interpreter_lock = threading.Lock()
+
+
+def _interpreter_server() -> subprocess.Popen:
     env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run(
-        [sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=timeout
-    )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-6000:]
-    return done.stdout
+    server = _interpreter.get("server")
+    if server is None or server.poll() is not None or _interpreter.get("env") != env:
+        if server is not None and server.poll() is None:
+            server.kill()
+            server.wait()
+        server = subprocess.Popen(
+            [sys.executable, "-c", _INTERPRETER], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        _interpreter.update(server=server, env=env)
+    return server
+
+
+@atexit.register
+def _stop_interpreter_server() -> None:
+    """End of the test process: the server reads the end of its input and leaves; it is waited for."""
+    server = _interpreter.get("server")
+    if server is not None:
+        server.stdin.close()
+        server.wait(timeout=60)
+
+
+def run_interpreted(script: str, *args: str, timeout: float = 600) -> str:
+    """Run ``script`` (Python source) as a fresh process under Triton's interpreter (``TRITON_INTERPRET=1``:
+    it must be on before Triton is imported, and other tests import it first); assert it succeeded and
+    return its stdout.
+
+    The process is a child forked from a server that has imported torch and triton (and nothing of
+    rotary) with ``TRITON_INTERPRET=1`` and this environment: each script starts where ``python -c script``
+    stands after those two imports (a copy: what one script changes, the next never sees), without paying
+    about 2 s of CPU for them again; it leaves with ``os._exit`` once its output is flushed (the exit
+    handlers of torch's copied heap would cost time and check nothing of the script). The server is started once per test process, again if the
+    environment has changed since.
+    """
+    import tempfile
+
+    with _interpreter_lock, tempfile.TemporaryDirectory() as tmp:
+        out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
+        for name in (out, err):
+            open(name, "w").close()
+        server = _interpreter_server()
+        server.stdin.write(json.dumps([script, list(args), os.getcwd(), out, err]) + "\n")
+        server.stdin.flush()
+        pid = json.loads(server.stdout.readline())
+        timer = threading.Timer(timeout, lambda: os.kill(pid, 9))
+        timer.start()
+        try:
+            line = server.stdout.readline()
+        finally:
+            timer.cancel()
+        assert line, "the interpreter server died"
+        status = json.loads(line)
+        with open(out) as fh_out, open(err) as fh_err:
+            stdout, stderr = fh_out.read(), fh_err.read()
+    assert status != -9, f"the script ran past {timeout} s: " + stdout[-4000:] + stderr[-6000:]
+    assert status == 0, stdout[-4000:] + stderr[-6000:]
+    return stdout
 
 
 _IMPORT_EACH = r"""

@@ -1,7 +1,9 @@
 """The analysis subcommands end to end: ``rotary inspect / plot / verify / report``.
 
-Each command runs once in a subprocess (the real entry point); bad arguments are checked in
-process, where a traceback would show up as an exception instead of exit status 2.
+The commands run in process (``helpers.run_main``: ``rotary.tools.cli.main`` with its output captured),
+where a traceback shows up as an exception instead of exit status 1; the real entry point,
+``python -m rotary`` in a subprocess, is checked for a success (JSON on stdout, status 0), a usage error
+(one line, status 2) and a reader that closes the pipe early (status 0, nothing said).
 """
 
 from __future__ import annotations
@@ -20,13 +22,14 @@ from pathlib import Path
 import pytest
 
 import rotary
-from helpers import FIXTURES, ROOT, leaf_parsers, run_cli
+from helpers import FIXTURES, ROOT, leaf_parsers, run_cli, run_main
 from rotary import analysis
 from rotary.tools.cli import main
 
 
 def run(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
-    return run_cli(*argv, cwd=cwd, timeout=300)
+    """``rotary *argv`` in process, asserted to exit 0."""
+    return run_main(*argv, cwd=cwd)
 
 
 def assert_png(path: Path) -> None:
@@ -50,7 +53,9 @@ def assert_figures(files: list[str], cwd: Path) -> None:
 
 
 def test_inspect_json_pair_0_wavelength_is_2pi(tmp_path):
-    out = json.loads(run("inspect", "--head-dim", "64", "--max-position", "4096", "--json", cwd=tmp_path).stdout)
+    # the real entry point, in a subprocess: status 0, no traceback, the JSON on stdout
+    proc = run_cli("inspect", "--head-dim", "64", "--max-position", "4096", "--json", cwd=tmp_path, timeout=300)
+    out = json.loads(proc.stdout)
     assert out["pairs"][0]["wavelength"] == pytest.approx(2 * math.pi)
     assert out["pairs"][31]["wavelength"] == pytest.approx(2 * math.pi * 10000 ** (62 / 64), rel=1e-6)
     assert out["context"] == 4096 and out["attention_scaling"] == 1.0

@@ -6,7 +6,14 @@ that names an option or a value the user gave. An uncaught exception fails the t
 The options of each subcommand are read from its argparse parser, so an option added later is
 fuzzed too. Values come from pools chosen by the option's name: half the examples take only values
 that fit each option on its own (so they reach the command's code, where combinations still clash),
-the other half anything. Each subcommand must run to the end on at least one example.
+the other half anything. Each subcommand must run to the end on at least one example, and a plotting
+run (``plot ...``, ``report``) that exits 0 has written every figure it drew, PNG and SVG.
+
+The same data draws the same figure: each distinct figure (a ``rotary.tools.plots.plot_*`` call with
+arguments equal to an earlier one's) is drawn and rendered once per test, and every later argument list
+that asks for it gets it written through rotary's own ``save`` (the same paths, the same errors for an
+unwritable place). Generated argument lists ask for the same figures again and again (``plot scaling``:
+34 figures, 10 distinct), and drawing one costs about a second.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import contextlib
 import io
 import json
 import os
+import pickle
 import re
 import tempfile
 from pathlib import Path
@@ -28,6 +36,7 @@ from hypothesis import strategies as st
 
 from helpers import leaf_parsers
 from rotary.rope_types import ROPE_TYPES
+from rotary.tools import plots
 from rotary.tools.bench import harness
 from rotary.tools.cli import main
 
@@ -343,20 +352,100 @@ def argv_for(draw, command: str, pool: dict) -> list[str]:
     return argv
 
 
-def run_in_process(argv: list[str]) -> tuple[int, str]:
+def _tensor_key(dtype: str, shape: tuple, data: bytes) -> None:
+    """Stands for a tensor in a figure's key (never called: the key is only compared)."""
+
+
+class _KeyPickler(pickle.Pickler):
+    """Pickles a plot function's arguments into a key: tensors as their dtype, shape and bytes."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, torch.Tensor):
+            t = obj.detach().cpu().contiguous().reshape(-1)
+            return _tensor_key, (str(obj.dtype), tuple(obj.shape), t.view(torch.uint8).numpy().tobytes())
+        return NotImplemented
+
+
+class DrawnOnce:
+    """Wraps each ``plots.plot_*``: a call with the arguments of an earlier one returns that call's figure,
+    whose ``savefig`` writes the bytes it rendered the first time (through the same ``open`` of the path,
+    so an unwritable place fails the same way). Arguments it cannot key draw a new figure."""
+
+    def __init__(self) -> None:
+        self.figures: dict[bytes, object] = {}
+        self.calls = 0
+
+    def wrap(self, name: str, plot):
+        def cached(*args, **kwargs):
+            self.calls += 1  # a figure asked for
+            buffer = io.BytesIO()
+            try:
+                _KeyPickler(buffer).dump((name, args, sorted(kwargs.items())))
+            except Exception:  # noqa: BLE001  an argument pickle cannot take: no key, draw it
+                return plot(*args, **kwargs)
+            key = buffer.getvalue()
+            if key not in self.figures:
+                self.figures[key] = self._remembering(plot(*args, **kwargs))
+            return self.figures[key]
+
+        return cached
+
+    @staticmethod
+    def _remembering(fig):
+        real, rendered = fig.savefig, {}
+
+        def savefig(fname, **kwargs):
+            how = (Path(fname).suffix, repr(sorted(kwargs.items())))
+            if how in rendered:
+                with open(fname, "wb") as fh:  # what savefig does with a path
+                    fh.write(rendered[how])
+            else:
+                real(fname, **kwargs)
+                rendered[how] = Path(fname).read_bytes()
+
+        fig.savefig = savefig
+        return fig
+
+    def patches(self) -> list:
+        return [
+            mock.patch.object(plots, n, self.wrap(n, getattr(plots, n))) for n in plots.__all__ if n.startswith("plot_")
+        ]
+
+
+def assert_figure(path: Path) -> None:
+    data = path.read_bytes()
+    if path.suffix == ".png":
+        assert data[:8] == b"\x89PNG\r\n\x1a\n", path
+    else:
+        assert path.suffix == ".svg" and b"<svg" in data[:2000], path
+
+
+def run_in_process(argv: list[str], figures: DrawnOnce | None = None) -> tuple[int, str]:
     """``main(argv)`` in a fresh working directory; returns (status, stderr). Registries and torch's
-    thread count that a run may change are restored."""
+    thread count that a run may change are restored. A run that exits 0 has written, as PNG and SVG,
+    every figure it saved (``figures``: each distinct figure drawn once, see :class:`DrawnOnce`)."""
     methods, suites, threads = list(harness.METHODS), dict(harness.SUITES), torch.get_num_threads()
     cwd = os.getcwd()
     err = io.StringIO()
+    saved: list[Path] = []
+    real_save = plots.save
+    drawn_before = figures.calls if figures is not None else 0
+
+    def save(fig, path):
+        files = real_save(fig, path)
+        saved.extend(Path(f).absolute() for f in files)
+        return files
+
     with tempfile.TemporaryDirectory() as work:
         os.chdir(work)
         try:
-            with (
-                contextlib.redirect_stdout(io.StringIO()),
-                contextlib.redirect_stderr(err),
-                mock.patch("rotary.tools.experiments.run.train_model", side_effect=ReachedTraining),
-            ):
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
+                stack.enter_context(contextlib.redirect_stderr(err))
+                stack.enter_context(mock.patch("rotary.tools.experiments.run.train_model", side_effect=ReachedTraining))
+                stack.enter_context(mock.patch.object(plots, "save", save))
+                for patch in figures.patches() if figures is not None else []:
+                    stack.enter_context(patch)
                 try:
                     status = main(argv)
                 except SystemExit as exc:  # argparse: --help (0) and usage errors (2)
@@ -371,6 +460,11 @@ def run_in_process(argv: list[str]) -> tuple[int, str]:
             harness.SUITES.clear()
             harness.SUITES.update(suites)
             torch.set_num_threads(threads)
+        if status == 0 and figures is not None:  # every figure drawn was written, as PNG and SVG
+            drawn = figures.calls - drawn_before
+            assert len(saved) == 2 * drawn and {p.suffix for p in saved} <= {".png", ".svg"}, (argv, drawn, saved)
+            for path in saved:
+                assert_figure(path)
     return status, err.getvalue()
 
 
@@ -384,9 +478,9 @@ def names(message: str, token: str) -> bool:
     return re.search(rf"(?<![\w.]){re.escape(token)}(?![\w.])", message) is not None
 
 
-def check(argv: list[str], command: str) -> int:
+def check(argv: list[str], command: str, figures: DrawnOnce | None = None) -> int:
     """Run ``argv``; a usage error must be one line that names the subcommand and something the user gave."""
-    status, err = run_in_process(argv)
+    status, err = run_in_process(argv, figures)
     assert status in (0, 1, 2), (argv, status, err)
     assert "Traceback" not in err, (argv, err)
     if status == 2:
@@ -427,6 +521,7 @@ BUDGET = {
 @pytest.mark.parametrize("command", sorted(leaf_parsers()))
 def test_every_subcommand_exits_cleanly_on_generated_arguments(command, pool):
     statuses: list[int] = []
+    figures = DrawnOnce()
 
     @settings(
         max_examples=BUDGET.get(command, 10),
@@ -436,7 +531,7 @@ def test_every_subcommand_exits_cleanly_on_generated_arguments(command, pool):
     )
     @given(argv_for(command, pool))
     def prop(argv):
-        statuses.append(check(argv, command))
+        statuses.append(check(argv, command, figures))
 
     prop()
     # the generators reach the commands' own code, not only argparse's checks (build: 1 without a compiler)

@@ -3,20 +3,17 @@
 import os
 
 import pytest
+import torch
 
 # `make test` runs two xdist workers on a 2-core machine: each worker's torch would use as many intra-op
 # threads as there are cores (OpenMP threads that spin while they wait), two workers four threads on two
-# cores. One intra-op thread per worker (torch.set_num_threads below; the root conftest.py has imported
-# torch already), and OMP_NUM_THREADS=1 for the subprocesses they start (torch, NumPy and Triton's
-# interpreter read it when they load). Measured on a slice of 13 files (docs/testing.md): less than half
-# the wall time and the CPU. A test about threads sets its own count (the one_intraop_thread fixture;
-# bench's --threads); a run without xdist keeps torch's default.
+# cores. Under xdist: one intra-op thread per worker, and OMP_NUM_THREADS=1 for the subprocesses they start
+# (torch, NumPy and Triton's interpreter read it when they load; this process imported torch already).
+# Measured on a slice of 13 files (docs/testing.md): about a third less wall time and CPU at low load, more
+# under load. A test about threads sets its own count (the one_intraop_thread fixture; bench's --threads);
+# a run without xdist keeps torch's default.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-import torch  # noqa: E402
-
-if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 try:

@@ -79,9 +79,14 @@ def run_cli(
         text=True,
         timeout=timeout,
     )
+    return _checked(proc, ok)
+
+
+def _checked(proc: subprocess.CompletedProcess, ok: bool | None) -> subprocess.CompletedProcess:
+    """``ok=True``: status 0; ``ok=False``: status 2 (a usage error); either way no traceback on stderr."""
     if ok is True:
         assert proc.returncode == 0, proc.stderr
-        assert "Traceback" not in proc.stderr
+        assert "Traceback" not in proc.stderr, proc.stderr
     elif ok is False:
         assert proc.returncode == 2, (proc.returncode, proc.stderr)
         assert "Traceback" not in proc.stderr, proc.stderr
@@ -110,12 +115,7 @@ def run_main(*argv: str, cwd: Path | str, ok: bool | None = True) -> subprocess.
                 status = exc.code if isinstance(exc.code, int) else 1
     finally:
         os.chdir(before)
-    proc = subprocess.CompletedProcess(["rotary", *argv], status, out.getvalue(), err.getvalue())
-    if ok is True:
-        assert proc.returncode == 0, proc.stderr
-    elif ok is False:
-        assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    return proc
+    return _checked(subprocess.CompletedProcess(["rotary", *argv], status, out.getvalue(), err.getvalue()), ok)
 
 
 _INTERPRETER = r"""
@@ -183,8 +183,8 @@ def run_interpreted(script: str, *args: str, timeout: float = 600) -> str:
     rotary) with ``TRITON_INTERPRET=1`` and this environment: each script starts where ``python -c script``
     stands after those two imports (a copy: what one script changes, the next never sees), without paying
     about 2 s of CPU for them again; it leaves with ``os._exit`` once its output is flushed (the exit
-    handlers of torch's copied heap would cost time and check nothing of the script). The server is started once per test process, again if the
-    environment has changed since.
+    handlers of torch's copied heap would cost time and check nothing of the script). The server is started
+    once per test process, again if the environment has changed since.
     """
     import tempfile
 

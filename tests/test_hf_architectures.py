@@ -54,7 +54,8 @@ TINY = dict(
     n_embd=64, n_head=4, n_layer=2, n_positions=256, rotary_dim=8, pad_token_id=0,
 )  # fmt: skip
 
-_T5GEMMA_SIDE = {
+#: one small transformer of an encoder-decoder model (T5Gemma's sides, Dia's decoder)
+_TINY_SIDE = {
     "hidden_size": 64,
     "intermediate_size": 64,
     "num_hidden_layers": 1,
@@ -128,19 +129,13 @@ OVERRIDES: dict[str, dict] = {
             "num_key_value_heads": 4,
             "head_dim": 16,
         },
-        "decoder_config": {
-            "hidden_size": 64,
-            "intermediate_size": 64,
-            "num_hidden_layers": 1,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 4,
-            "head_dim": 16,
-            "cross_num_attention_heads": 4,
-            "cross_num_key_value_heads": 4,
-            "cross_head_dim": 16,
-            "cross_hidden_size": 64,
-            "vocab_size": 128,
-        },
+        "decoder_config": dict(
+            _TINY_SIDE,
+            cross_num_attention_heads=4,
+            cross_num_key_value_heads=4,
+            cross_head_dim=16,
+            cross_hidden_size=64,
+        ),
     },
     # hybrids: one recurrent layer and one attention layer, so that the attention runs
     "bamba": {"attn_layer_indices": [1]},
@@ -179,7 +174,7 @@ OVERRIDES: dict[str, dict] = {
     "chameleon": {"vocabulary_map": {"<image>": 3}},
     "t5gemma2": {
         "encoder": {
-            "text_config": dict(_T5GEMMA_SIDE, dropout_rate=0.0),
+            "text_config": dict(_TINY_SIDE, dropout_rate=0.0),
             "vision_config": {
                 "hidden_size": 64,
                 "intermediate_size": 64,
@@ -189,9 +184,9 @@ OVERRIDES: dict[str, dict] = {
                 "patch_size": 8,
             },
         },
-        "decoder": dict(_T5GEMMA_SIDE, dropout_rate=0.0),
+        "decoder": dict(_TINY_SIDE, dropout_rate=0.0),
     },
-    "t5gemma": {"encoder": _T5GEMMA_SIDE, "decoder": _T5GEMMA_SIDE},
+    "t5gemma": {"encoder": _TINY_SIDE, "decoder": _TINY_SIDE},
     # the byte-patching model: a head width of its own per component (local encoder 16, local decoder 8, global
     # transformer 32) and RoPE settings of its own per local model, so that each call tells whose it is
     "blt": {

@@ -348,9 +348,9 @@ def _no_extension_length(r: Results, ext: int) -> Finding:
 def _pi_uses_window(r: Results) -> Finding:
     L = r.config.train_length
     ext, _, _ = _extension(r)
-    d = r.change("rope-ft-linear", "linear", ext, L, "sliding")
-    if d is None:
+    if ext not in r.lengths:
         return _no_extension_length(r, ext)
+    d = r.change("rope-ft-linear", "linear", ext, L, "sliding")
     return Finding(
         f"fine-tuned with PI: {series(r, 'rope-ft-linear', 'linear', 'sliding')}",
         ((f"{_at(r, ext)} against L", at_most(d.stat, 0.0)),),

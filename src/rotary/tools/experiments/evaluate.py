@@ -402,11 +402,15 @@ def evaluate_model(
     lengths = sorted(config.eval_lengths)
     out = Measurements()
 
-    def copy_at(scaling: str, fixed: float | None, length: int) -> tuple[Decoder, float]:
+    def factor_of(scaling: str, fixed: float | None, length: int) -> float:
         if spec.stage == "extend":
-            return scaled_copy(model, trained_scaling(spec, config)), fixed
-        factor = 1.0 if scaling == "none" else (fixed if fixed is not None else max(length / L, 1.0))
-        return scaled_copy(model, scaling_block(scaling, factor, L)), factor
+            return fixed  # type: ignore[return-value]
+        return 1.0 if scaling == "none" else (fixed if fixed is not None else max(length / L, 1.0))
+
+    def copy_at(scaling: str, fixed: float | None, length: int) -> tuple[Decoder, float]:
+        factor = factor_of(scaling, fixed, length)
+        block = trained_scaling(spec, config) if spec.stage == "extend" else scaling_block(scaling, factor, L)
+        return scaled_copy(model, block), factor
 
     # (what, length) -> (a copy measured at factor 1, its rows): what a later scaling that is the same
     # function there would measure again
@@ -416,13 +420,16 @@ def evaluate_model(
         what: str, length: int, scaling: str, fixed: float | None, measure: Callable[..., Measurements], *args: int
     ) -> None:
         """``measure(scaling, fixed, *args)``, or the rows of the same function measured before."""
-        scaled, factor = copy_at(scaling, fixed, length)
-        found = at_factor_one.get((what, length)) if factor == 1.0 else None
+        if factor_of(scaling, fixed, length) != 1.0:
+            out.extend(measure(scaling, fixed, *args))
+            return
+        scaled, _ = copy_at(scaling, fixed, length)  # only compared, never run
+        found = at_factor_one.get((what, length))
         if found is not None and same_rope(found[0], scaled, length):
             out.extend(_relabelled(found[1], scaling))
             return
         rows = measure(scaling, fixed, *args)
-        if factor == 1.0 and found is None:
+        if found is None:
             at_factor_one[(what, length)] = (scaled, rows)
         out.extend(rows)
 

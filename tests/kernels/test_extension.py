@@ -118,14 +118,27 @@ def test_build_in_a_subprocess_with_python_m(tmp_path):
     assert Path(done.stdout.splitlines()[0].split(": ", 1)[1]).is_file()
 
 
-def test_build_name_differs_per_checkout(monkeypatch, tmp_path):
-    """Two checkouts sharing one environment: the same source bytes at two paths, two builds."""
-    name = extension._build_name()
-    copy = tmp_path / "cpu" / "rotary.cpp"
-    copy.parent.mkdir()
+def test_checkouts_of_one_source_share_one_build_compiled_from_its_own_copy(fake_compiler, monkeypatch, tmp_path):
+    """Two checkouts (a fresh clone, a worktree) of the same source bytes at two paths: one build name, and
+    the build compiles the copy inside its own folder, so neither checkout's path is in its ninja file and
+    the second checkout loads the first one's build; other bytes, another build."""
+    from torch.utils import cpp_extension
+
+    real_load, sources = cpp_extension.load, []
+    monkeypatch.setattr(cpp_extension, "load", lambda **kw: sources.append(kw["sources"]) or real_load(**kw))
+    path = extension.build_cpu_extension()
+    copy = tmp_path / "elsewhere" / "cpu" / "rotary.cpp"
+    copy.parent.mkdir(parents=True)
     copy.write_bytes(extension.SOURCE.read_bytes())
     monkeypatch.setattr(extension, "SOURCE", copy)
-    assert extension._build_name() != name
+    assert extension.cpu_extension_path() == path
+    built = path.parent / "rotary.cpp"
+    stamp = built.stat().st_mtime_ns
+    assert extension.build_cpu_extension() == path
+    assert sources == [[str(built)], [str(built)]] and built.read_bytes() == copy.read_bytes()
+    assert built.stat().st_mtime_ns == stamp  # the copy is written once: ninja finds nothing to rebuild
+    copy.write_bytes(copy.read_bytes() + b"// another revision\n")
+    assert extension.cpu_extension_path() != path
 
 
 def test_build_name_carries_the_cpu_flags(monkeypatch):

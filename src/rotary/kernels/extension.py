@@ -4,10 +4,12 @@ The source is compiled with ``torch.utils.cpp_extension.load`` (ninja, from the 
 any install) into a cache directory: ``$ROTARY_CACHE_DIR``, else ``~/.cache/rotary``. It is
 compiled for the instruction set of the machine that builds it (``-march=native``), so the build
 name carries a fingerprint of the CPU (model and instruction-set flags), the compiler flags, torch
-(version and install directory), the source and its absolute path: a home directory shared by
-machines with different CPUs gets one build per CPU model, never a binary that would hit an
-illegal instruction, and two environments (or two checkouts sharing one environment) never rebuild
-over each other's build. When the build is impossible (no compiler, no ninja) the library warns
+(version and install directory) and the source's bytes: a home directory shared by machines with
+different CPUs gets one build per CPU model, never a binary that would hit an illegal instruction,
+and two environments never rebuild over each other's build. The source is compiled from a copy
+inside the build folder, so every checkout of the same source (a fresh clone, a git worktree) loads
+the one build already made instead of compiling its own for a minute, and no two checkouts'
+paths ever meet in one build's ninja file. When the build is impossible (no compiler, no ninja) the library warns
 once, in one line, and every call takes the pure-torch path; with ``ROTARY_NO_EXTENSION=1`` it takes
 that path without a word (the user chose it).
 
@@ -61,7 +63,6 @@ def _build_name() -> str:
     # virtualenv) would otherwise rebuild over each other's build
     for part in (
         SOURCE.read_bytes(),
-        str(SOURCE.resolve()).encode(),
         " ".join(CFLAGS).encode(),
         torch.__version__.encode(),
         os.path.dirname(torch.__file__).encode(),
@@ -131,7 +132,7 @@ def _build() -> ModuleType:
         )
     return cpp_extension.load(
         name=target.parent.name,
-        sources=[str(SOURCE)],
+        sources=[str(_build_source(target.parent))],
         # copies: torch appends its libraries to extra_ldflags in place, and a changed argument list
         # makes its versioner build the kernel again under a new name (_v1, _v2, ...) on the next load
         extra_cflags=list(CFLAGS),
@@ -139,6 +140,18 @@ def _build() -> ModuleType:
         build_directory=str(target.parent),
         verbose=False,
     )
+
+
+def _build_source(directory: Path) -> Path:
+    """The copy of :data:`SOURCE` in the build folder ``directory`` that the build compiles (written once:
+    the folder's name carries the source's hash, so an existing copy holds these very bytes, and leaving
+    it untouched keeps its time stamp, which ninja compares)."""
+    copy = directory / SOURCE.name
+    if not copy.is_file():
+        partial = directory / f".{SOURCE.name}.{os.getpid()}"  # a rename: no build ever sees half a file
+        partial.write_bytes(SOURCE.read_bytes())
+        os.replace(partial, copy)
+    return copy
 
 
 def _reason(exc: BaseException) -> str:

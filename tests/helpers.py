@@ -121,6 +121,50 @@ def run_main(*argv: str, cwd: Path | str, ok: bool | None = True) -> subprocess.
 _INTERPRETER = r"""
 import json, os, sys, traceback
 import torch, triton  # once, under TRITON_INTERPRET=1: what every script would import first
+
+
+def patch_each_language_once_per_launch():
+    # Triton's interpreter patches triton.language (every builtin of tl, tl.core, tl.math and tl.tensor
+    # wrapped, found by inspect.getmembers) at each launch, and again at every call of a @triton.jit helper
+    # inside it, although the launch's patches stay in place until it ends (the helper's are never undone):
+    # a fifth of an interpreted kernel's time. A helper call inside a launch skips the patching when each
+    # language module its globals hold (tl, tl.core) was patched in this launch already; one that holds
+    # another (triton.language.standard's helpers see only tl.core) patches as before. Patching again would
+    # set the same wrappers: the kernels run the same operations (a missing patch would fail loudly, "Did
+    # you forget to add @triton.jit?", never compute something else). Left as it is on another Triton.
+    from triton.runtime import interpreter as it
+
+    lang = getattr(it, "tl", None)
+    patch, grid_call = getattr(it, "_patch_lang", None), getattr(getattr(it, "GridExecutor", None), "__call__", None)
+    if lang is None or patch is None or grid_call is None or not hasattr(lang, "core"):
+        return
+    state = {"depth": 0, "patched": None}  # languages patched in the running launch (None: not yet)
+
+    def languages(fn):
+        return {id(v) for v in fn.__globals__.values() if v is lang or v is lang.core}
+
+    def patch_once(fn):
+        wanted, patched = languages(fn), state["patched"]
+        if patched is not None and wanted and wanted <= patched:
+            return None  # only a helper call inside a launch gets here: its return value is unused
+        scope = patch(fn)
+        if state["depth"]:
+            state["patched"] = wanted | (patched or set())
+        return scope
+
+    def launch(self, *args, **kwargs):
+        outer, state["patched"] = state["patched"], None  # a launch patches for itself first
+        state["depth"] += 1
+        try:
+            return grid_call(self, *args, **kwargs)
+        finally:
+            state["depth"] -= 1
+            state["patched"] = outer
+
+    it._patch_lang, it.GridExecutor.__call__ = patch_once, launch
+
+
+patch_each_language_once_per_launch()
 for line in sys.stdin:  # a request: [script, args, cwd, stdout file, stderr file]
     script, args, cwd, out, err = json.loads(line)
     pid = os.fork()

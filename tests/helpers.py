@@ -264,17 +264,34 @@ for name in preload:
 loaded = sorted(m for m in sys.modules if m == "rotary" or m.startswith("rotary."))
 if loaded:
     raise SystemExit(f"the preloaded modules {preload} imported {loaded}: the children would not import alone")
-failed, running, todo = {}, {}, list(modules)
+listed = set(modules)
+failed, results, running, forked = {}, {}, {}, 0
+todo = sorted(modules, key=lambda name: name.count("."))  # each package before the modules inside it
+
+
+def ready(name):  # its package's child has ended, or its package is not listed
+    package = name.rpartition(".")[0]
+    return package not in listed or package in results
+
+
 while todo or running:
-    while todo and len(running) < workers:
-        name = todo.pop(0)
+    while todo and len(running) < workers and any(ready(name) for name in todo):
+        name = next(name for name in todo if ready(name))
+        todo.remove(name)
+        package = name.rpartition(".")[0]
+        if package in results and name in results[package][1]:
+            # the package's child imported this module too and succeeded: its own child would import the package
+            # the same way (a module's packages are imported first), find the module loaded, and succeed too
+            results[name] = results[package]  # and its modules, as the same child imported them
+            continue
         read, write = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: import one module; run what it left for the exit; leave
             os.close(read)
-            code = 0
+            code, report = 0, {"error": None, "loaded": []}
             try:
                 importlib.import_module(name)
+                report["loaded"] = sorted(m for m in listed if m in sys.modules)
                 atexit._run_exitfuncs()
                 sys.stdout.flush()
                 sys.stderr.flush()
@@ -282,18 +299,29 @@ while todo or running:
                 if threads:
                     raise RuntimeError(f"importing {name} left threads that would keep the interpreter alive: {threads}")
             except BaseException:
-                os.write(write, traceback.format_exc()[-2000:].encode())
+                report = {"error": traceback.format_exc()[-2000:], "loaded": []}
                 code = 1
+            os.write(write, json.dumps(report).encode())  # a few KiB: fits the pipe, read after the child ends
             os._exit(code)  # not sys.exit: tearing down torch's copied heap costs seconds per child
         os.close(write)
         running[pid] = (name, read)
+        forked += 1
+    if not running:
+        continue
     pid, status = os.wait()
     name, read = running.pop(pid)
     message = b"".join(iter(lambda: os.read(read, 65536), b"")).decode(errors="replace")
     os.close(read)
-    if os.waitstatus_to_exitcode(status) != 0:
-        failed[name] = f"exit status {os.waitstatus_to_exitcode(status)}: {message}"
-print(json.dumps({"failed": failed, "children": len(modules)}))
+    code = os.waitstatus_to_exitcode(status)
+    try:
+        report = json.loads(message)
+    except ValueError:  # killed, or it wrote something else
+        report = {"error": message, "loaded": []}
+    error = None if code == 0 else f"exit status {code}: {report['error']}"
+    results[name] = error, set(report["loaded"]) if error is None else set()
+    if error is not None:
+        failed[name] = error
+print(json.dumps({"failed": failed, "checked": len(results), "forked": forked}))
 """
 
 
@@ -311,6 +339,12 @@ def import_each_alone(
     environment alike), without paying for them again. It leaves with ``os._exit`` once its checks are
     done: the interpreter's own teardown of the copied torch heap would cost seconds per child and checks
     nothing of rotary.
+
+    A module that its package's child imported along with the package (``rotary/__init__.py`` imports most
+    of rotary) gets no child of its own when that child succeeded: Python imports a module's packages first,
+    so its child would run the very same imports as the package's, find the module loaded, and succeed the
+    same way (in src/ on 2026-12-01: 19 children for 121 modules). Under a package that fails alone, each
+    module has its own child.
     """
     import importlib.util
     import json
@@ -325,7 +359,7 @@ def import_each_alone(
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert report["children"] == len(modules)
+    assert report["checked"] == len(set(modules)) and report["forked"] <= report["checked"]
     return report["failed"]
 
 

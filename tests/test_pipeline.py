@@ -380,11 +380,26 @@ def test_import_each_alone_sees_a_failing_import_and_a_thread_left_running(tmp_p
         "import threading, time\nthreading.Thread(target=time.sleep, args=(60,)).start()\n"
     )
     (tmp_path / "needs_rotary_first.py").write_text("import sys\nassert 'rotary' not in sys.modules\nimport rotary\n")
+    # a package whose __init__ imports one of its modules: that module needs no child of its own when the
+    # package's succeeds (its child would import the package first, the same way), and has one otherwise
+    for package in ("fine", "threads"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("from . import inner\n")
+        (tmp_path / package / "alone.py").write_text("import sys\nassert 'rotary' not in sys.modules\n")
+    imports = tmp_path / "imports.txt"  # a line per import of fine.inner: per child that imported it
+    (tmp_path / "fine" / "inner.py").write_text(f"with open({str(imports)!r}, 'a') as f:\n    f.write('x\\n')\n")
+    (tmp_path / "threads" / "inner.py").write_text((tmp_path / "leaves_a_thread.py").read_text())
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    failed = import_each_alone(["breaks_on_import", "leaves_a_thread", "needs_rotary_first", "json"], timeout=120)
-    assert sorted(failed) == ["breaks_on_import", "leaves_a_thread"], failed
+    names = ["breaks_on_import", "leaves_a_thread", "needs_rotary_first", "json"]
+    names += [f"{package}{suffix}" for package in ("fine", "threads") for suffix in ("", ".inner", ".alone")]
+    failed = import_each_alone(names, timeout=120)
+    assert sorted(failed) == ["breaks_on_import", "leaves_a_thread", "threads", "threads.alone", "threads.inner"], (
+        failed
+    )
     assert "No module named 'rotary.no_such_module'" in failed["breaks_on_import"]
-    assert "left threads" in failed["leaves_a_thread"]
+    for name in ("leaves_a_thread", "threads", "threads.inner", "threads.alone"):
+        assert f"importing {name} left threads" in failed[name], failed[name]
+    assert imports.read_text() == "x\nx\n"  # the children of fine and fine.alone; fine.inner is fine's
 
 
 @pytest.mark.slow

@@ -506,7 +506,7 @@ INTERPRETED = textwrap.dedent(
         (torch.float32, torch.bfloat16, torch.float64), (False, True), ((8, 8), (10, 6)), (False, True),
         ("none", "per_batch", "stacked"), ("shared", "separate_k"),
     ):
-        B, S, Hq, Hk = 2, 3, 3, 1
+        B, S, Hq, Hk = 2, 2, 3, 1  # b and s take two values each: every offset term is exercised
         base = torch.randn(B, S, Hq + Hk + 2, D, generator=gen).to(dtype) * 3  # a fused qkv: strided views
         q, k = base[:, :, :Hq], base[:, :, Hq : Hq + Hk]
         compute = K.compute_dtype(q)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from rotary.tools.experiments.claims import assess
 from rotary.tools.experiments.config import ExperimentError
-from rotary.tools.experiments.report import report_markdown
+from rotary.tools.experiments.report import report_markdown, threads_used
 from rotary.tools.experiments.run import load_run, write_figures
 from rotary.tools.experiments.studies import study_claims
 from rotary.tools.experiments.tables import markdown_table, summary_table
@@ -54,7 +54,7 @@ def readme_block(run: dict, results) -> str:
             f"passkey accuracy at L with its Wilson 95% interval, for small decoders trained at L = {L} bytes and evaluated at up "
             f"to {results.lengths[-1]}; mean ± half the range over {len(results.seeds)} seeds.{extension} Made by "
             + ("`make demo`, i.e. " if config.preset == "default" and config.study is None else "")
-            + f"`{run['command']}`, on {env['cpu']} with {env['threads']} torch threads in {run['wall_seconds'] / 60:.1f} min "
+            + f"`{run['command']}`, on {env['cpu']} with {threads_used(env)} in {run['wall_seconds'] / 60:.1f} min "
             f"({run['finished']}{load}). The whole report, with the loss by position, the retrieval curves, the passkey "
             "intervals, the spread over seeds and the comparison with the published findings: "
             "[docs/experiment_report.md](docs/experiment_report.md); what is measured and how, and what the default preset trades "

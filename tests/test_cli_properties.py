@@ -242,6 +242,7 @@ PLAUSIBLE = {
     "encodings": ["rope", "rope,alibi", "none,learned", "xpos"],
     "scalings": ["none", "linear,yarn", "dynamic"],
     "seeds": ["1", "2"],
+    "jobs": ["1", "2"],
     "extend_steps": ["0", "2"],
     "extend_length": ["224", "448"],
     "extend_scalings": ["none", "linear,yarn"],
@@ -443,6 +444,10 @@ def run_in_process(argv: list[str], figures: DrawnOnce | None = None) -> tuple[i
                 stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
                 stack.enter_context(contextlib.redirect_stderr(err))
                 stack.enter_context(mock.patch("rotary.tools.experiments.run.train_model", side_effect=ReachedTraining))
+                # two models at a time (--jobs 2, or the default on 2 cores) train in worker processes
+                stack.enter_context(
+                    mock.patch("rotary.tools.experiments.run.run_in_parallel", side_effect=ReachedTraining)
+                )
                 stack.enter_context(mock.patch.object(plots, "save", save))
                 for patch in figures.patches() if figures is not None else []:
                     stack.enter_context(patch)

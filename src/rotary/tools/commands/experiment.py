@@ -164,7 +164,8 @@ SETTINGS: dict[str, tuple] = {
     ),
     "threads": (
         count(max(64, 4 * (os.cpu_count() or 1)), f"4 x the {os.cpu_count()} logical CPUs, at least 64"),
-        "torch CPU threads (default: torch's choice; numbers are bit-identical at equal counts)",
+        "torch CPU threads of each model (default: 1 when models train side by side, see --jobs, else torch's "
+        "choice); the numbers are bit-identical at equal counts",
     ),
     "data": (
         str,
@@ -198,7 +199,7 @@ def _experiment(args: argparse.Namespace) -> int:
         quiet = {"reporter": Reporter(enabled=os.environ.get("RANK", "0") == "0", stream=sys.stderr),
                  "console": Console(file=sys.stderr, width=120)}  # fmt: skip
     try:
-        directory = run_experiment(config_from_args(args), out=args.out, resume=args.resume, **quiet)
+        directory = run_experiment(config_from_args(args), out=args.out, resume=args.resume, jobs=args.jobs, **quiet)
     except ExperimentError:
         if os.environ.get("RANK", "0") != "0":  # under torchrun every rank finds the same error; rank 0 alone says it
             return 2
@@ -237,6 +238,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "-o", "--out", type=output_path, metavar="DIR", help="run directory (default runs/experiment-<UTC time>)"
     )
     p.add_argument("--resume", metavar="DIR", help="continue an interrupted run in DIR (same settings)")
+    p.add_argument(
+        "--jobs",
+        type=count(max(64, 4 * (os.cpu_count() or 1)), f"4 x the {os.cpu_count()} logical CPUs, at least 64"),
+        default=None,
+        help="models trained and evaluated at a time on the CPU, each in a process of its own on --threads threads "
+        "(default: as many as torch's threads hold, 2 on 2 cores, one thread each; 1 under torchrun or on cuda). "
+        "The numbers do not depend on it: --jobs 1 gives the same bytes at the same --threads",
+    )
     p.add_argument(
         "--json", action="store_true", help="print the run directory and the files written as JSON (progress on stderr)"
     )

@@ -132,7 +132,9 @@ class ExperimentConfig:
         compile: :data:`COMPILE_MODES`: ``off``, ``auto`` (``torch.compile`` of the model in training on
             CUDA, eager on the CPU) or ``on`` (every device). Evaluation stays eager (its shapes change
             with every length); a compile that fails falls back to eager with one line.
-        threads: torch CPU threads (results are bit-identical only at the same count); None: torch's default.
+        threads: torch CPU threads of each model (results are bit-identical only at the same count); None:
+            chosen when the run starts (one per model when models train side by side on the CPU, ``--jobs``;
+            else torch's default). How many models train at a time is no setting: it changes no number.
         data: files, directories or glob patterns of UTF-8 text, or a built-in corpus
             (``builtin:pydoc``, ``builtin:stdlib``); None: ``builtin:pydoc``.
     """

@@ -72,7 +72,7 @@ class Task:
         self.completed += steps
         self.fields.update(fields)
         r = self.reporter
-        if r.progress is not None:
+        if self._rich_id is not None and r.progress is not None:
             r.progress.update(self._rich_id, advance=steps, info=self._info())
         elif r.enabled:
             now = time.perf_counter()
@@ -117,6 +117,7 @@ class Reporter:
         self.stream = stream if stream is not None else sys.stdout
         self.interactive = bool(enabled and (self.stream.isatty() if interactive is None else interactive))
         self.progress = None
+        self._open: list[Task] = []  # the tasks on the live display (a terminal's bars)
 
     def log(self, message: str) -> None:
         """One line (through rich's console when bars are live, so they are not torn)."""
@@ -130,42 +131,63 @@ class Reporter:
     @contextmanager
     def task(self, description: str, total: int, completed: int = 0) -> Iterator[Task]:
         """A counted task; a bar (terminal) or start / progress / end lines (otherwise)."""
+        t = self.start_task(description, total, completed)
+        try:
+            yield t
+        finally:
+            self.end_task(t)
+
+    def start_task(self, description: str, total: int, completed: int = 0) -> Task:
+        """:meth:`task` without the ``with``: the task shows until :meth:`end_task`. Several may be open at
+        once (models trained in parallel): on a terminal one bar each, on one live display."""
         t = Task(self, description, total, completed)
         if self.interactive:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
+            if self.progress is None:
+                from rich.progress import (
+                    BarColumn,
+                    MofNCompleteColumn,
+                    Progress,
+                    TextColumn,
+                    TimeElapsedColumn,
+                    TimeRemainingColumn,
+                )
 
-            self.progress = Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("{task.fields[info]}"),
-                TimeElapsedColumn(),
-                TextColumn("eta"),
-                TimeRemainingColumn(),
-                console=_console_class()(file=self.stream),
-                transient=False,
-            )
-            self.progress.start()
+                self.progress = Progress(
+                    TextColumn("{task.description}"),
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TextColumn("{task.fields[info]}"),
+                    TimeElapsedColumn(),
+                    TextColumn("eta"),
+                    TimeRemainingColumn(),
+                    console=_console_class()(file=self.stream),
+                    transient=False,
+                )
+                self.progress.start()
             t._rich_id = self.progress.add_task(description, total=total, completed=completed, info="")
+            self._open.append(t)
         elif self.enabled:
             note = " (resumed)" if completed else ""
             self.log(
                 f"{description}: {completed}/{total}{note}" if completed < total else f"{description}: already done"
             )
-        try:
-            yield t
-        finally:
+        return t
+
+    def end_task(self, t: Task) -> None:
+        """The end of a task of :meth:`start_task`: its last bar stays on the terminal (printed above the
+        bars still running), or its end line is logged."""
+        if t in self._open:
+            self._open.remove(t)
             if self.progress is not None:
-                self.progress.stop()
-                self.progress = None
-            elif self.enabled and t.completed > t.start_count:
-                self.log(
-                    f"{description}: done {t.completed}/{t.total} {t._info()} {t._times(time.perf_counter())}".rstrip()
-                )
+                if not self._open:
+                    self.progress.stop()
+                    self.progress = None
+                else:
+                    done = next(task for task in self.progress.tasks if task.id == t._rich_id)
+                    finished = self.progress.make_tasks_table([done])
+                    self.progress.remove_task(t._rich_id)
+                    self.progress.console.print(finished)
+        elif self.enabled and not self.interactive and t.completed > t.start_count:
+            self.log(
+                f"{t.description}: done {t.completed}/{t.total} {t._info()} {t._times(time.perf_counter())}".rstrip()
+            )

@@ -33,6 +33,7 @@ __all__ = [
     "observations",
     "report_markdown",
     "results_json",
+    "threads_used",
     "write_atomic",
 ]
 
@@ -433,7 +434,7 @@ def report_markdown(
         f"# {_title(results)}",
         "",
         f"Command: `{run['command']}`  ",
-        f"Finished {run['finished']} in {run['wall_seconds'] / 60:.1f} min on {env['cpu']} ({env['threads']} torch threads, "
+        f"Finished {run['finished']} in {run['wall_seconds'] / 60:.1f} min on {env['cpu']} ({threads_used(env)}, "
         f"{env['device']}, {env['world_size']} process(es)); torch {env['torch']}, rotary {env['rotary']}.{load}",
         "",
     ]
@@ -463,7 +464,13 @@ def report_markdown(
     if c.preset in BUDGET_NOTES and c.study is None:
         lines.append(f"- Budget: {BUDGET_NOTES[c.preset]}")
     lines.append(
-        f"- Wall time: {_wall_time(run['timings'], results)} (each model under Wall time; every phase in results.json)."
+        f"- Wall time: {_wall_time(run['timings'], results)} (each model under Wall time; every phase in results.json)"
+        + (
+            f"; the models' phases are summed over the models, which took {run['parallel']['seconds']:.0f} s of wall "
+            f"time {run['parallel']['jobs']} at a time."
+            if run.get("parallel")
+            else "."
+        )
     )
     lines.append("")
     return "\n".join(lines)
@@ -515,14 +522,37 @@ def _timing_section(run: dict[str, Any]) -> list[str]:
         )
     train = sum(v for k, v in timings.items() if k.startswith("train "))
     evaluate = sum(v for k, v in timings.items() if k.startswith("evaluate "))
+    parallel = run.get("parallel")
+    if parallel:  # the models overlapped: their times add up to more than the wall time they took
+        spent = (
+            f"the models took {parallel['seconds']:.0f} s, {parallel['jobs']} at a time (each in a process of its own "
+            f"on {parallel['threads']} torch thread(s)): training {train:.0f} s and evaluation {evaluate:.0f} s summed "
+            f"over them; the rest {max(0.0, run['wall_seconds'] - parallel['seconds']):.0f} s"
+        )
+    else:
+        spent = (
+            f"training {train:.0f} s, evaluation {evaluate:.0f} s, the rest "
+            f"{max(0.0, run['wall_seconds'] - train - evaluate):.0f} s"
+        )
     lines += [
         "",
-        f"Total {run['wall_seconds']:.0f} s: training {train:.0f} s, evaluation {evaluate:.0f} s, the rest "
-        f"{max(0.0, run['wall_seconds'] - train - evaluate):.0f} s (loading the text, the report). A model resumed from a "
+        f"Total {run['wall_seconds']:.0f} s: {spent} (loading the text, the report). A model resumed from a "
         "checkpoint counts the time of its earlier sessions.",
         "",
     ]
     return lines
+
+
+def threads_used(env: dict[str, Any]) -> str:
+    """How the run used the CPU, from its ``environment`` (results.json).
+
+    Example:
+        >>> threads_used({"threads": 2}), threads_used({"threads": 1, "jobs": 2})
+        ('2 torch threads', '2 models at a time on 1 torch thread(s) each')
+    """
+    if env.get("jobs", 1) > 1:
+        return f"{env['jobs']} models at a time on {env['threads']} torch thread(s) each"
+    return f"{env['threads']} torch threads"
 
 
 def _wall_time(timings: dict[str, float], results: Results) -> str:

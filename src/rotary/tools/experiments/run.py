@@ -32,8 +32,10 @@ from .claims import assess
 from .config import ExperimentConfig, ExperimentError
 from .data import Corpus, evaluation_tokens, load_corpus, sliding_starts
 from .distributed import Distributed
-from .evaluate import EvaluationText, evaluate_model
+from .evaluate import EvaluationText
 from .figures import draw_figures, loss_curves
+from .jobs import ModelResult, evaluate_cached, model_record
+from .parallel import choose_jobs, run_in_parallel
 from .plan import ModelSpec, model_specs
 from .progress import Reporter, table_console
 from .report import report_markdown, results_json, write_atomic
@@ -42,7 +44,7 @@ from .results import Results
 from .rows import Measurements
 from .studies import predicted_limits, study_claims
 from .tables import render_table
-from .train import build_model, train_model
+from .train import train_model
 
 __all__ = [
     "RUN_FORMAT",
@@ -61,8 +63,9 @@ def _utc_now() -> datetime:
     return datetime.now(timezone.utc)
 
 
-def environment(config: ExperimentConfig, dist: Distributed) -> dict[str, Any]:
-    """Library and torch versions, Python, the machine, threads, device, processes."""
+def environment(config: ExperimentConfig, dist: Distributed, jobs: int = 1) -> dict[str, Any]:
+    """Library and torch versions, Python, the machine, threads (each model's), models at a time, device,
+    processes."""
     import rotary
 
     cpu = platform.processor() or platform.machine()
@@ -81,6 +84,7 @@ def environment(config: ExperimentConfig, dist: Distributed) -> dict[str, Any]:
         "cpu": cpu,
         "logical_cpus": os.cpu_count(),
         "threads": torch.get_num_threads(),
+        "jobs": jobs,
         "device": config.device,
         "world_size": dist.world_size,
         "cuda": torch.cuda.get_device_name(0) if config.device == "cuda" else None,
@@ -194,6 +198,7 @@ def run_experiment(
     resume: str | None = None,
     reporter: Reporter | None = None,
     console: Any = None,
+    jobs: int | None = None,
 ) -> Path:
     """Run the experiment ``config`` describes and return its directory.
 
@@ -205,6 +210,10 @@ def run_experiment(
         resume: continue the run in this directory (its settings must equal ``config``).
         reporter: progress output (default: bars on a terminal, lines otherwise; silent off rank 0).
         console: a rich console for the final table (default: one on stdout).
+        jobs: models trained and evaluated at a time, each in a process of its own
+            (:func:`~rotary.tools.experiments.parallel.choose_jobs`; None: as many as the CPU threads
+            hold, one thread each, alone on the CPU; one under torchrun or on CUDA). The numbers depend
+            on ``config.threads``, not on ``jobs``.
 
     Raises:
         ExperimentError: any bad input, before anything is written; a training that diverges
@@ -216,8 +225,6 @@ def run_experiment(
     dist = Distributed.from_env()
     if config.device is None:
         config.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if config.threads is None:
-        config.threads = torch.get_num_threads()
     config.validate()
     if config.device == "cuda" and not torch.cuda.is_available():
         build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
@@ -238,6 +245,7 @@ def run_experiment(
             f"(--batch-size x L / --extend-length), which do not split into {dist.world_size} equal shards; set "
             f"--extend-batch-size to a multiple of {dist.world_size}, or --extend-steps 0"
         )
+    jobs = choose_jobs(config, dist, jobs, models=len(specs))  # and each model's threads, where not given
     torch.set_num_threads(config.threads)
     reporter = reporter or Reporter(enabled=dist.is_main)
     timings: dict[str, float] = {}
@@ -281,37 +289,49 @@ def run_experiment(
     reporter.log(
         f"rotary experiment: {what}, {config.seeds} seed(s), {len(specs)} models, L = {config.train_length}, "
         f"evaluated at {', '.join(map(str, sorted(config.eval_lengths)))}; writing {directory}"
+        + (f"; {jobs} models at a time, {config.threads} torch thread(s) each" if jobs > 1 else "")
     )
 
     try:
-        trained = {}
-        for spec in specs:
-            parent = trained[spec.parent_name].model if spec.parent else None
-            outcome = train_model(
-                spec,
-                config,
-                corpus.train,
-                parent=parent,
-                run_dir=directory,
-                resume=resumed,
-                reporter=reporter,
-                dist=dist,
-            )
-            trained[spec.name] = outcome
-            timings[f"train {spec.name}"] = outcome.seconds
-        # the last collective is behind every rank: they leave the group together, and rank 0
-        # evaluates and writes the report alone
-        dist.stop(sync=dist.device(config.device))
-        if not dist.is_main:
-            return directory
-        text = EvaluationText(tokens, sliding_starts(config, tokens.numel()), corpus.held_out)
+        if jobs > 1:
+            text = EvaluationText(tokens, sliding_starts(config, tokens.numel()), corpus.held_out)
+            t = time.perf_counter()
+            done = run_in_parallel(specs, config, jobs, corpus.train, text, directory, resumed, reporter)
+            models_seconds = time.perf_counter() - t
+        else:
+            trained = {}
+            for spec in specs:
+                parent = trained[spec.parent_name].model if spec.parent else None
+                trained[spec.name] = train_model(
+                    spec,
+                    config,
+                    corpus.train,
+                    parent=parent,
+                    run_dir=directory,
+                    resume=resumed,
+                    reporter=reporter,
+                    dist=dist,
+                )
+            # the last collective is behind every rank: they leave the group together, and rank 0
+            # evaluates and writes the report alone
+            dist.stop(sync=dist.device(config.device))
+            if not dist.is_main:
+                return directory
+            text = EvaluationText(tokens, sliding_starts(config, tokens.numel()), corpus.held_out)
+            done = {}
+            for spec in specs:
+                outcome = trained[spec.name]
+                rows, seconds = evaluate_cached(spec, outcome.model, text, config, directory, resumed, reporter)
+                done[spec.name] = ModelResult(model_record(spec, outcome, config), rows, outcome.seconds, seconds)
+            models_seconds = None
+        # one model's phases after another's, in plan order, however many ran at a time
+        for phase in ("train", "evaluate"):
+            for spec in specs:
+                timings[f"{phase} {spec.name}"] = getattr(done[spec.name], f"{phase}_seconds")
         measurements, models = Measurements(), []
         for spec in specs:
-            outcome = trained[spec.name]
-            rows, seconds = _evaluate_cached(spec, outcome.model, text, config, directory, resumed, reporter)
-            timings[f"evaluate {spec.name}"] = seconds
-            measurements.extend(rows)
-            models.append(_model_record(spec, outcome, config))
+            measurements.extend(done[spec.name].rows)
+            models.append(done[spec.name].record)
         t = time.perf_counter()
         results = Results(measurements, specs, config)
         assessments = assess(study_claims(config), results)
@@ -331,7 +351,7 @@ def run_experiment(
                 "sliding_tokens": len(text.sliding) * config.stride,
             },
             "environment": {
-                **environment(config, dist),
+                **environment(config, dist, jobs),
                 "load_average_at_start": load_at_start,
                 "load_average_at_end": _load_average(),
             },
@@ -341,6 +361,8 @@ def run_experiment(
             "started": started.isoformat(timespec="seconds"),
             "timings": timings,
         }
+        if jobs > 1:  # the models' phases overlapped: their sum is more than the wall time they took
+            run["parallel"] = {"jobs": jobs, "threads": config.threads, "seconds": models_seconds}
         figures = write_figures(run, results, directory / "figures")
         timings["report"] = time.perf_counter() - t
         run["finished"] = _utc_now().isoformat(timespec="seconds")
@@ -356,9 +378,16 @@ def run_experiment(
             console.print(f"[bold yellow]{caveat.split(':', 1)[0]}:[/]{caveat.split(':', 1)[1]}")
         train = sum(v for k, v in timings.items() if k.startswith("train "))
         evaluate = sum(v for k, v in timings.items() if k.startswith("evaluate "))
+        if jobs > 1:
+            spent = (
+                f"{jobs} models at a time for {models_seconds:.0f} s: training {train:.0f} s and evaluation "
+                f"{evaluate:.0f} s, summed over the models"
+            )
+        else:
+            spent = f"training {train:.0f} s, evaluation {evaluate:.0f} s"
         console.print(
             f"wrote {directory}/report.md, results.json, the CSV files and figures/ in {run['wall_seconds']:.0f} s "
-            f"(training {train:.0f} s, evaluation {evaluate:.0f} s)"
+            f"({spent})"
         )
         return directory
     finally:
@@ -403,67 +432,3 @@ def load_run(directory: Path) -> tuple[dict[str, Any], Results]:
 def _specs(models: list[dict[str, Any]]) -> list[ModelSpec]:
     names = {f.name for f in dataclasses.fields(ModelSpec)}
     return [ModelSpec(**{k: v for k, v in m["spec"].items() if k in names}) for m in models]
-
-
-def _evaluate_cached(
-    spec: ModelSpec,
-    model: torch.nn.Module,
-    text: EvaluationText,
-    config: ExperimentConfig,
-    directory: Path,
-    resumed: bool,
-    reporter: Reporter,
-) -> tuple[Measurements, float]:
-    path = directory / "models" / spec.name / "evaluation.json"
-    if resumed and path.is_file():
-        try:
-            cached = json.loads(path.read_text())
-            if cached.get("config") == config.to_dict():
-                reporter.log(f"evaluate {spec.name}: already done")
-                return Measurements.from_json(cached["rows"]), float(cached["seconds"])
-        except (ValueError, KeyError, TypeError, OSError):
-            pass  # an unreadable cache is recomputed, never trusted
-    t = time.perf_counter()
-    rows = evaluate_model(spec, model, text, config, reporter)
-    seconds = time.perf_counter() - t
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, results_json({"config": config.to_dict(), "seconds": seconds, "rows": rows.to_json()}))
-    return rows, seconds
-
-
-def _model_record(spec: ModelSpec, outcome: Any, config: ExperimentConfig) -> dict[str, Any]:
-    model = outcome.model
-    recent = outcome.losses[-20:]
-    record = {
-        "name": spec.name,
-        "model": spec.model,
-        "label": spec.label,
-        "stage": spec.stage,
-        "encoding": spec.encoding,
-        "seed": spec.seed,
-        "spec": dataclasses.asdict(spec),
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "train_seconds": outcome.seconds,
-        "tokens_per_second": outcome.tokens_per_second,
-        "resumed_at_step": outcome.resumed_at,
-        "compiled": outcome.compiled,
-        "compile_seconds": outcome.compile_seconds,
-        "final_loss": sum(recent) / len(recent) if recent else None,
-        "losses": outcome.losses,
-    }
-    # a learned table is sized to the longest evaluation length; its rows past L must be untouched
-    table = [
-        k
-        for k, v in model.state_dict().items()
-        if "embed_positions" in k and v.dim() == 2 and v.shape[0] > config.train_length
-    ]
-    if table and spec.stage == "pretrain":
-        initial = build_model(spec, config).state_dict()[table[0]]
-        trained = model.state_dict()[table[0]].cpu()
-        record["untrained_rows_unchanged"] = bool(
-            torch.equal(trained[config.train_length :], initial[config.train_length :])
-        )
-        record["trained_rows_changed"] = bool(
-            not torch.equal(trained[: config.train_length], initial[: config.train_length])
-        )
-    return record

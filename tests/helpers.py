@@ -164,7 +164,39 @@ def patch_each_language_once_per_launch():
     it._patch_lang, it.GridExecutor.__call__ = patch_once, launch
 
 
+def check_int_overflow_in_numpy():
+    # Triton's interpreter (3.9) sanitizes int32 overflow the way the compiler does: each integer add,
+    # subtract and multiply of 32 bits or fewer is redone in int64 (two casts, the operation, two constants,
+    # two comparisons and an `and`, each an interpreted op) and handed to device_assert, which does nothing
+    # unless the options' `debug` is on; the interpreter's options are built with debug=False and never
+    # changed, so the check cost half of an interpreted kernel's time and could never fail. Here the same
+    # condition is evaluated on the operands' NumPy arrays, and an overflow raises with Triton's message
+    # ("int32 overflow detected for operation mul"): cheaper, and a check that can fail. Every lane is
+    # checked, as Triton's compiled check does (no mask). Left as it is on another Triton.
+    import numpy as np
+    from triton.language import semantic
+
+    impl = getattr(getattr(semantic, "TritonSemantic", None), "binary_op_sanitize_overflow_impl", None)
+    if impl is None:
+        return
+    ops = {"add": np.add, "sub": np.subtract, "mul": np.multiply}
+
+    def sanitize(self, lhs, rhs, binary_op):
+        scalar = lhs.type.scalar
+        if scalar.int_bitwidth >= 64 or not self.builder.options.sanitize_overflow:
+            return
+        if scalar != rhs.type.scalar or not scalar.is_int() or binary_op.__name__ not in ops:
+            return impl(self, lhs, rhs, binary_op)  # what the checks below do not cover: Triton's own code
+        a, b = np.asarray(lhs.handle.data, np.int64), np.asarray(rhs.handle.data, np.int64)
+        exact = ops[binary_op.__name__](a, b)  # 32-bit operands: exact in int64
+        if exact.size and (exact.max() > scalar.get_int_max_value() or exact.min() < scalar.get_int_min_value()):
+            raise AssertionError(f"int{scalar.int_bitwidth} overflow detected for operation {binary_op.__name__}")
+
+    semantic.TritonSemantic.binary_op_sanitize_overflow_impl = sanitize
+
+
 patch_each_language_once_per_launch()
+check_int_overflow_in_numpy()
 for line in sys.stdin:  # a request: [script, args, cwd, stdout file, stderr file]
     script, args, cwd, out, err = json.loads(line)
     pid = os.fork()

@@ -340,3 +340,33 @@ def test_storages_of_2_31_elements_switch_the_kernels_to_int64_offsets():
     big = torch.empty(2**31, dtype=torch.bfloat16, device="meta")  # no memory: only its size is read
     assert wide_offsets(big) and wide_offsets(torch.ones(2), big[:10])  # a small view of a big storage too
     assert not wide_offsets(torch.empty(2**31 - 1, dtype=torch.bfloat16, device="meta"), torch.ones(3))
+
+
+OVERFLOW = textwrap.dedent(
+    """
+    import torch, triton, triton.language as tl
+
+    @triton.jit
+    def scale(x_ptr, out_ptr, factor):
+        i = tl.arange(0, 4)
+        tl.store(out_ptr + i, tl.load(x_ptr + i) * factor)  # int32 * int32
+
+    x = torch.full((4,), 2**20, dtype=torch.int32)
+    out = torch.empty_like(x)
+    scale[(1,)](x, out, 2**10)  # 2**30: fits
+    print("fits", out.tolist())
+    try:
+        scale[(1,)](x, out, 2**12)  # 2**32: wraps to 0 on a GPU without the check
+    except Exception as exc:
+        print("refused:", exc)
+    """
+)
+
+
+def test_the_interpreter_refuses_an_int32_overflow():
+    """The interpreter server's overflow check (``helpers.check_int_overflow_in_numpy``) fails a kernel whose
+    int32 arithmetic overflows, as Triton's compiled check does with ``debug=True``; Triton's own interpreter
+    computes the check and never reports it."""
+    stdout = run_interpreted(OVERFLOW)
+    assert f"fits {[2**30] * 4}" in stdout
+    assert "refused:" in stdout and "int32 overflow detected for operation mul" in stdout, stdout

@@ -551,7 +551,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         bases=(100.0, 10000.0),
         transfer_steps=4,
     ),
-    # what `make demo` runs: 9 to 11 minutes on 2 CPU cores (docs/experiment.md)
+    # what `make demo` runs: 9.5 minutes on 2 idle CPU cores (docs/experiment.md)
     "default": dict(preset="default"),
     # for one GPU, within 20 minutes (docs/experiment.md, "Presets", has the arithmetic): a bigger model at
     # L = 512, evaluated to 8L = 4096, on the standard library's sources; bf16 autocast, a compiled training step

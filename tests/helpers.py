@@ -188,7 +188,7 @@ def check_int_overflow_in_numpy():
         if scalar != rhs.type.scalar or not scalar.is_int() or binary_op.__name__ not in ops:
             return impl(self, lhs, rhs, binary_op)  # what the checks below do not cover: Triton's own code
         a, b = np.asarray(lhs.handle.data, np.int64), np.asarray(rhs.handle.data, np.int64)
-        exact = ops[binary_op.__name__](a, b)  # 32-bit operands: exact in int64
+        exact = ops[binary_op.__name__](a, b)  # exact in int64 (a uint32 product past 2**63 wraps negative: refused too)
         if exact.size and (exact.max() > scalar.get_int_max_value() or exact.min() < scalar.get_int_min_value()):
             raise AssertionError(f"int{scalar.int_bitwidth} overflow detected for operation {binary_op.__name__}")
 

@@ -359,6 +359,19 @@ OVERFLOW = textwrap.dedent(
         scale[(1,)](x, out, 2**12)  # 2**32: wraps to 0 on a GPU without the check
     except Exception as exc:
         print("refused:", exc)
+
+    @triton.jit
+    def shift(x_ptr, out_ptr, by):
+        i = tl.arange(0, 4)
+        tl.store(out_ptr + i, tl.load(x_ptr + i) - by)  # int32 - int32
+
+    low = torch.tensor([0, -1, -2**31 + 2, 5], dtype=torch.int32)
+    shift[(1,)](low, out, 2)  # -2**31: fits
+    print("fits", out.tolist())
+    try:
+        shift[(1,)](low, out, 3)  # one lane below -2**31
+    except Exception as exc:
+        print("refused:", exc)
     """
 )
 
@@ -369,4 +382,7 @@ def test_the_interpreter_refuses_an_int32_overflow():
     computes the check and never reports it."""
     stdout = run_interpreted(OVERFLOW)
     assert f"fits {[2**30] * 4}" in stdout
-    assert "refused:" in stdout and "int32 overflow detected for operation mul" in stdout, stdout
+    assert f"fits {[-2, -3, -(2**31), 3]}" in stdout
+    assert (
+        "int32 overflow detected for operation mul" in stdout and "int32 overflow detected for operation sub" in stdout
+    )

@@ -19,8 +19,15 @@
 // and rope_cache (rotary.rotate_and_cache: q and k rotated, the rotated k and v written into a KV cache at
 // their slots, in one pass over the tokens, after every check, so a call that fails writes nothing).
 
-#include <torch/extension.h>
+// The ATen and pybind11 headers this file uses, not <torch/extension.h> (the whole C++ frontend): a third
+// of the build's time went on parsing it.
+#include <ATen/Dispatch.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/csrc/utils/pybind.h>
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__F16C__))
 #include <immintrin.h>

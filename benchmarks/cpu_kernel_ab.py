@@ -1,6 +1,6 @@
 """The fused CPU kernel of this tree against the same kernel of an earlier commit: an A/B of two builds.
 
-Builds ``src/rotary/kernels/cpu/rotary.cpp`` as it was at ``--against`` (a git revision) into a scratch
+Builds the kernel's sources (``src/rotary/kernels/cpu``) as they were at ``--against`` (a git revision) into a scratch
 directory, with the flags the library builds with, loads it beside this tree's build and times their
 ``rmsnorm_rope`` (the C++ entry of :func:`rotary.rmsnorm_rotate`, called directly: no Python dispatch) on
 the same inputs, interleaved in one process as ``rotary bench`` samples them
@@ -37,22 +37,38 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def build_at(revision: str):
-    """The extension built from ``rotary.cpp`` as it was at ``revision``."""
-    path = extension.SOURCE.relative_to(ROOT).as_posix()
-    done = subprocess.run(["git", "-C", str(ROOT), "show", f"{revision}:{path}"], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"cpu_kernel_ab: cannot read {path} at {revision!r}: {done.stderr.strip()}")
-    digest = hashlib.sha256((done.stdout + " ".join(extension.CFLAGS)).encode()).hexdigest()[:12]
-    directory = Path(tempfile.gettempdir()) / f"rotary_ab_{digest}"
+    """The extension built from the kernel's sources as they were at ``revision`` (``rotary.cpp`` alone in
+    earlier trees; the files :data:`rotary.kernels.extension.UNITS` and ``HEADERS`` since the build was split)."""
+    folder = extension.SOURCE.parent.relative_to(ROOT).as_posix()
+    listing = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-tree", "--name-only", f"{revision}:{folder}"], capture_output=True, text=True
+    )
+    main = f"{folder}/{extension.SOURCE.name}"
+    if listing.returncode != 0 or extension.SOURCE.name not in listing.stdout.split():
+        reason = listing.stderr.strip() or f"no {extension.SOURCE.name} there"
+        raise SystemExit(f"cpu_kernel_ab: cannot read {main} at {revision!r}: {reason}")
+    names = [n for n in listing.stdout.split() if n.endswith((".cpp", ".h"))]
+    files = {}
+    for name in names:
+        done = subprocess.run(["git", "-C", str(ROOT), "show", f"{revision}:{folder}/{name}"], capture_output=True)
+        if done.returncode != 0:
+            raise SystemExit(
+                f"cpu_kernel_ab: cannot read {folder}/{name} at {revision!r}: {done.stderr.decode().strip()}"
+            )
+        files[name] = done.stdout
+    digest = hashlib.sha256(b"".join(n.encode() + b + b"\0" for n, b in sorted(files.items())))
+    digest.update(" ".join(extension.CFLAGS).encode())
+    directory = Path(tempfile.gettempdir()) / f"rotary_ab_{digest.hexdigest()[:12]}"
     directory.mkdir(exist_ok=True)
-    source = directory / "rotary_ab.cpp"
-    if not source.is_file() or source.read_text() != done.stdout:
-        source.write_text(done.stdout)
+    for name, data in files.items():
+        if not (directory / name).is_file() or (directory / name).read_bytes() != data:
+            (directory / name).write_bytes(data)
     from torch.utils import cpp_extension
 
     return cpp_extension.load(
-        name=f"rotary_ab_{digest}", sources=[str(source)], extra_cflags=list(extension.CFLAGS),
-        extra_ldflags=list(extension.LDFLAGS), build_directory=str(directory), verbose=False,
+        name=directory.name, sources=[str(directory / n) for n in names if n.endswith(".cpp")],
+        extra_cflags=list(extension.CFLAGS), extra_ldflags=list(extension.LDFLAGS), build_directory=str(directory),
+        verbose=False,
     )  # fmt: skip
 
 
@@ -104,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                         interleaved,
                         True,
                         1e-6,
+                        None,  # frequencies: the rows come from the tables
                     )
                     results[label] = (ext, call_args, outs)
                 for ext, call_args, _ in results.values():

@@ -127,17 +127,21 @@ def test_checkouts_of_one_source_share_one_build_compiled_from_its_own_copy(fake
     real_load, sources = cpp_extension.load, []
     monkeypatch.setattr(cpp_extension, "load", lambda **kw: sources.append(kw["sources"]) or real_load(**kw))
     path = extension.build_cpu_extension()
-    copy = tmp_path / "elsewhere" / "cpu" / "rotary.cpp"
-    copy.parent.mkdir(parents=True)
-    copy.write_bytes(extension.SOURCE.read_bytes())
-    monkeypatch.setattr(extension, "SOURCE", copy)
+    elsewhere = tmp_path / "elsewhere" / "cpu"
+    elsewhere.mkdir(parents=True)
+    for name in (*extension.UNITS, *extension.HEADERS):
+        (elsewhere / name).write_bytes(extension.SOURCE.with_name(name).read_bytes())
+    monkeypatch.setattr(extension, "SOURCE", elsewhere / "rotary.cpp")
     assert extension.cpu_extension_path() == path
-    built = path.parent / "rotary.cpp"
-    stamp = built.stat().st_mtime_ns
+    built = [path.parent / name for name in extension.UNITS]
+    stamps = [p.stat().st_mtime_ns for p in built]
     assert extension.build_cpu_extension() == path
-    assert sources == [[str(built)], [str(built)]] and built.read_bytes() == copy.read_bytes()
-    assert built.stat().st_mtime_ns == stamp  # the copy is written once: ninja finds nothing to rebuild
-    copy.write_bytes(copy.read_bytes() + b"// another revision\n")
+    assert sources == [[str(p) for p in built]] * 2
+    for name in (*extension.UNITS, *extension.HEADERS):
+        assert (path.parent / name).read_bytes() == (elsewhere / name).read_bytes(), name
+    assert [p.stat().st_mtime_ns for p in built] == stamps  # written once: ninja finds nothing to rebuild
+    header = elsewhere / "rotary.h"  # a change to any file of the build, the header's too, is another build
+    header.write_bytes(header.read_bytes() + b"// another revision\n")
     assert extension.cpu_extension_path() != path
 
 

@@ -1,6 +1,6 @@
 """The kernel contract, written once: :class:`Rotation`, what every backend is asked to do.
 
-The C++ kernel (``cpu/rotary.cpp``), the Triton kernel and the pure-torch path (:mod:`.eager`) all
+The C++ kernel (``cpu/rotary.h``), the Triton kernel and the pure-torch path (:mod:`.eager`) all
 take one :class:`Rotation`:
 
 - ``xs``: tensors viewed as ``[B, S, H, D]`` (any strides; the fused kernels want a unit stride over

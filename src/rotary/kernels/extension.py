@@ -30,9 +30,21 @@ from types import ModuleType
 
 import torch
 
-__all__ = ["build_cpu_extension", "cpu_extension_error", "cpu_extension_path", "load_cpu_extension", "SOURCE"]
+__all__ = [
+    "build_cpu_extension",
+    "cpu_extension_error",
+    "cpu_extension_path",
+    "load_cpu_extension",
+    "SOURCE",
+    "UNITS",
+    "HEADERS",
+]
 
 SOURCE = Path(__file__).with_name("cpu") / "rotary.cpp"
+#: the files of the build, beside :data:`SOURCE`: two translation units, compiled in parallel (ninja), and
+#: the kernels they share
+UNITS = ("rotary.cpp", "rotary_cache.cpp")
+HEADERS = ("rotary.h",)
 # -ffp-contract=off: no fused multiply-add, so results are bit-identical to the pure-torch path
 # (separate fp32 multiplies and adds), which the tests assert.
 CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-DNDEBUG"]
@@ -62,7 +74,7 @@ def _build_name() -> str:
     # torch, and two environments sharing the cache (two virtualenvs, or two checkouts sharing one
     # virtualenv) would otherwise rebuild over each other's build
     for part in (
-        SOURCE.read_bytes(),
+        *(path.read_bytes() for path in _files()),
         " ".join(CFLAGS).encode(),
         torch.__version__.encode(),
         os.path.dirname(torch.__file__).encode(),
@@ -71,6 +83,11 @@ def _build_name() -> str:
     ):
         h.update(part)
     return f"rotary_cpu_{h.hexdigest()[:16]}"
+
+
+def _files() -> list[Path]:
+    """The sources of the build (the units, then the headers), in the folder of :data:`SOURCE`."""
+    return [SOURCE.with_name(name) for name in (*UNITS, *HEADERS)]
 
 
 def _cache_dir() -> Path:
@@ -132,7 +149,7 @@ def _build() -> ModuleType:
         )
     return cpp_extension.load(
         name=target.parent.name,
-        sources=[str(_build_source(target.parent))],
+        sources=[str(path) for path in _build_sources(target.parent)],
         # copies: torch appends its libraries to extra_ldflags in place, and a changed argument list
         # makes its versioner build the kernel again under a new name (_v1, _v2, ...) on the next load
         extra_cflags=list(CFLAGS),
@@ -142,16 +159,19 @@ def _build() -> ModuleType:
     )
 
 
-def _build_source(directory: Path) -> Path:
-    """The copy of :data:`SOURCE` in the build folder ``directory`` that the build compiles (written once:
-    the folder's name carries the source's hash, so an existing copy holds these very bytes, and leaving
-    it untouched keeps its time stamp, which ninja compares)."""
-    copy = directory / SOURCE.name
-    if not copy.is_file():
-        partial = directory / f".{SOURCE.name}.{os.getpid()}"  # a rename: no build ever sees half a file
-        partial.write_bytes(SOURCE.read_bytes())
-        os.replace(partial, copy)
-    return copy
+def _build_sources(directory: Path) -> list[Path]:
+    """The copies of the build's files (:func:`_files`) in the build folder ``directory``, and the units among
+    them, which the build compiles. Each is written once: the folder's name carries the files' hash, so an
+    existing copy holds these very bytes, and leaving it untouched keeps its time stamp, which ninja compares."""
+    copies = []
+    for path in _files():
+        copy = directory / path.name
+        if not copy.is_file():
+            partial = directory / f".{path.name}.{os.getpid()}"  # a rename: no build ever sees half a file
+            partial.write_bytes(path.read_bytes())
+            os.replace(partial, copy)
+        copies.append(copy)
+    return copies[: len(UNITS)]
 
 
 def _reason(exc: BaseException) -> str:

@@ -15,7 +15,7 @@ the same places, so that the result is the unfused composition's.
 
 Backends (:func:`run`):
 
-- the CPU kernel ``rmsnorm_rope`` in ``cpu/rotary.cpp``: one pass, bit for bit the composition (it sums
+- the CPU kernel ``rmsnorm_rope`` in ``cpu/rotary.h``: one pass, bit for bit the composition (it sums
   the squares in the order of torch's CPU sum kernel);
 - the Triton kernel :func:`run_triton` on CUDA: one launch for q and k, one program per token and block
   of heads; the sum of squares in Triton's order (not torch's: rstd within a few ulps of the composition's);

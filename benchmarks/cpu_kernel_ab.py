@@ -12,7 +12,7 @@ to the kernel's speed must not change its results). Shapes: ``BxS`` with q ``Hq`
     PYTHONPATH=src python benchmarks/cpu_kernel_ab.py --against 01b918b [--threads 2] [--repeats 9]
         [--shapes 64x1,1x512] [--heads 32,8] [--head-dim 128]
 
-The first run for a revision compiles it (about a minute); later runs reuse the build.
+The first run for a revision compiles it (about a minute for a tree before the split into two units, else half a minute); later runs reuse the build.
 """
 
 from __future__ import annotations

@@ -33,22 +33,62 @@ def fake_compiler(monkeypatch, tmp_path):
     def load(name, build_directory, **kwargs):
         builds.append(name)
         target = Path(build_directory) / f"{name}.so"
-        target.write_bytes(b"")
+        target.write_bytes(FAKE_BUILD)
         return types.SimpleNamespace(__file__=str(target))
 
+    def load_built(path):  # what importing the fake build gives, and a file that does not import
+        if path.read_bytes() != FAKE_BUILD:
+            raise ImportError(f"{path}: invalid ELF header")
+        builds.append(f"loaded {path.name}")
+        return types.SimpleNamespace(__file__=str(path))
+
     monkeypatch.setattr(cpp_extension, "load", load)
+    monkeypatch.setattr(extension, "_load_built", load_built)
     return builds
+
+
+FAKE_BUILD = b"a fake build"
 
 
 def test_a_build_prints_one_notice_and_a_cached_build_none(fake_compiler, capsys):
     path = extension.build_cpu_extension()
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert "building the fused CPU kernel once, about a minute" in err and "ROTARY_NO_EXTENSION=1" in err
+    assert "building the fused CPU kernel once, about half a minute" in err and "ROTARY_NO_EXTENSION=1" in err
     assert path == extension.cpu_extension_path() and path.is_file()
     assert extension.build_cpu_extension() == path  # cached now
     assert capsys.readouterr().err == ""
-    assert len(fake_compiler) == 2  # ninja still runs (and finds nothing to do); only the notice is skipped
+    assert fake_compiler == [path.stem, f"loaded {path.name}"]  # built once, then imported without ninja
+
+
+def test_a_finished_build_loads_without_a_compiler_or_ninja(fake_compiler, monkeypatch):
+    """Another virtualenv's torch (the same build of it) or an image without a compiler: a finished build is
+    imported as it is; ninja would have compiled it again for this environment's include paths."""
+    import shutil
+
+    path = extension.build_cpu_extension()
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    assert extension.build_cpu_extension() == path
+    assert fake_compiler == [path.stem, f"loaded {path.name}"]
+
+
+def test_a_build_that_does_not_import_is_built_again(fake_compiler, capsys):
+    path = extension.cpu_extension_path()
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"half a file")  # a build killed while it linked, or a file damaged since
+    assert extension.build_cpu_extension() == path
+    assert fake_compiler == [path.stem] and path.read_bytes() == FAKE_BUILD
+    assert "building the fused CPU kernel once" in capsys.readouterr().err
+
+
+def test_while_a_build_holds_its_lock_the_file_is_left_to_torchs_loader(fake_compiler):
+    """A build in another process: torch's loader waits for its lock, then finds the build done; the file is
+    not imported while the linker may still be writing it."""
+    path = extension.build_cpu_extension()
+    (path.parent / "lock").write_text("")
+    assert extension.build_cpu_extension() == path
+    assert fake_compiler == [path.stem, path.stem]
 
 
 def test_torch_gets_copies_of_the_compiler_flags(fake_compiler, monkeypatch):
@@ -68,6 +108,7 @@ def test_torch_gets_copies_of_the_compiler_flags(fake_compiler, monkeypatch):
     monkeypatch.setattr(cpp_extension, "load", load)
     cflags, ldflags = list(extension.CFLAGS), list(extension.LDFLAGS)
     first = extension.build_cpu_extension()
+    first.unlink()  # built again in this process
     assert extension.build_cpu_extension() == first
     assert seen[0] == seen[1] == (cflags, ldflags)
     assert (extension.CFLAGS, extension.LDFLAGS) == (cflags, ldflags)
@@ -108,7 +149,7 @@ def test_rotary_build_exits_1_with_the_reason(monkeypatch, capsys, tmp_path):
 
 def test_build_in_a_subprocess_with_python_m(tmp_path):
     """``python -m rotary build`` against the real cache: the kernel the test suite already uses."""
-    extension.build_cpu_extension()  # cached by the suite's first kernel call (a minute otherwise)
+    extension.build_cpu_extension()  # cached by the suite's first kernel call (half a minute otherwise)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     done = subprocess.run(
         [sys.executable, "-m", "rotary", "build"], capture_output=True, text=True, env=env, timeout=600
@@ -136,7 +177,7 @@ def test_checkouts_of_one_source_share_one_build_compiled_from_its_own_copy(fake
     built = [path.parent / name for name in extension.UNITS]
     stamps = [p.stat().st_mtime_ns for p in built]
     assert extension.build_cpu_extension() == path
-    assert sources == [[str(p) for p in built]] * 2
+    assert sources == [[str(p) for p in built]] and fake_compiler[-1] == f"loaded {path.name}"
     for name in (*extension.UNITS, *extension.HEADERS):
         assert (path.parent / name).read_bytes() == (elsewhere / name).read_bytes(), name
     assert [p.stat().st_mtime_ns for p in built] == stamps  # written once: ninja finds nothing to rebuild
@@ -156,9 +197,16 @@ def test_build_name_carries_the_cpu_flags(monkeypatch):
     assert extension._build_name() != name
 
 
-def test_build_name_differs_per_torch_installation(monkeypatch):
+def test_build_name_is_one_per_build_of_torch_not_per_installation(monkeypatch):
+    """Each checkout's .venv installs the same torch somewhere else: one build for all of them; another
+    torch (version, commit or C++ ABI) is another build."""
     name = extension._build_name()
     monkeypatch.setattr(torch, "__file__", "/another/env/site-packages/torch/__init__.py")
+    assert extension._build_name() == name
+    monkeypatch.setattr(torch.version, "git_version", "0" * 40)
+    assert extension._build_name() != name
+    monkeypatch.undo()
+    monkeypatch.setattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", not torch._C._GLIBCXX_USE_CXX11_ABI)
     assert extension._build_name() != name
 
 

@@ -1,20 +1,23 @@
-"""Build (once, on first use) and load the fused CPU kernel in ``cpu/rotary.cpp``.
+"""Build (once, on first use) and load the fused CPU kernel in ``cpu/`` (:data:`UNITS`, :data:`HEADERS`).
 
-The source is compiled with ``torch.utils.cpp_extension.load`` (ninja, from the ``dev`` extra or
-any install) into a cache directory: ``$ROTARY_CACHE_DIR``, else ``~/.cache/rotary``. It is
-compiled for the instruction set of the machine that builds it (``-march=native``), so the build
-name carries a fingerprint of the CPU (model and instruction-set flags), the compiler flags, torch
-(version and install directory) and the source's bytes: a home directory shared by machines with
-different CPUs gets one build per CPU model, never a binary that would hit an illegal instruction,
-and two environments never rebuild over each other's build. The source is compiled from a copy
-inside the build folder, so every checkout of the same source (a fresh clone, a git worktree) loads
-the one build already made instead of compiling its own for a minute, and no two checkouts'
-paths ever meet in one build's ninja file. When the build is impossible (no compiler, no ninja) the library warns
-once, in one line, and every call takes the pure-torch path; with ``ROTARY_NO_EXTENSION=1`` it takes
-that path without a word (the user chose it).
+The sources are compiled with ``torch.utils.cpp_extension.load`` (ninja, from the ``dev`` extra or
+any install; the two units in parallel) into a cache directory: ``$ROTARY_CACHE_DIR``, else
+``~/.cache/rotary``. They are compiled for the instruction set of the machine that builds them
+(``-march=native``), so the build name carries a fingerprint of the CPU (model and instruction-set
+flags), the compiler flags, the build of torch (version, commit, C++ ABI), Python's version and the
+sources' bytes: a home directory shared by machines with different CPUs gets one build per CPU model,
+never a binary that would hit an illegal instruction. Where torch is installed is not in the name:
+every virtualenv with that torch (each checkout's ``.venv``) loads the same build, and a finished build
+is imported directly, without ninja (which would compile it again for another virtualenv's include
+paths) and without a compiler. The sources are compiled from copies inside the build folder, so every
+checkout of the same source (a fresh clone, a git worktree) loads the one build already made instead
+of compiling its own, and no two checkouts' paths ever meet in one build's ninja file. When the build
+is impossible (no compiler, no ninja) the library warns once, in one line, and every call takes the
+pure-torch path; with ``ROTARY_NO_EXTENSION=1`` it takes that path without a word (the user chose it).
 
-A build that is not cached yet prints a one-line notice on stderr first (it takes about a minute);
-``rotary build`` (:func:`build_cpu_extension`) compiles ahead of time, e.g. in a Docker image or CI cache.
+A build that is not cached yet prints a one-line notice on stderr first (it takes about half a minute on
+two cores); ``rotary build`` (:func:`build_cpu_extension`) compiles ahead of time, e.g. in a Docker image
+or CI cache.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ HEADERS = ("rotary.h",)
 CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-DNDEBUG"]
 LDFLAGS = ["-fopenmp"]
 
-#: a build lock older than this was left by a build that was killed (a build takes about a minute)
+#: a build lock older than this was left by a build that was killed (a build takes about half a minute)
 STALE_LOCK_SECONDS = 15 * 60
 
 _module: ModuleType | None = None
@@ -70,14 +73,15 @@ def _cpu_fingerprint() -> str:
 
 def _build_name() -> str:
     h = hashlib.sha256()
-    # torch's install directory and the source's absolute path too: the build links against that
-    # torch, and two environments sharing the cache (two virtualenvs, or two checkouts sharing one
-    # virtualenv) would otherwise rebuild over each other's build
+    # the build of torch it links against (version, commit, C++ ABI), not where it is installed: every
+    # virtualenv with that torch (each checkout's .venv, a fresh clone's) loads the one build, which
+    # resolves torch's libraries from the torch already imported (it records no path to them)
     for part in (
         *(path.read_bytes() for path in _files()),
         " ".join(CFLAGS).encode(),
         torch.__version__.encode(),
-        os.path.dirname(torch.__file__).encode(),
+        str(torch.version.git_version).encode(),
+        str(torch._C._GLIBCXX_USE_CXX11_ABI).encode(),
         platform.python_version().encode(),
         _cpu_fingerprint().encode(),
     ):
@@ -122,6 +126,19 @@ def _clear_stale_lock(directory: Path) -> None:
         )
 
 
+def _load_built(path: Path) -> ModuleType:
+    """Import the finished build at ``path`` as torch's loader does once ninja is done, without running ninja
+    (which would rebuild the kernel for another virtualenv's include paths) or needing a compiler."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _build() -> ModuleType:
     import shutil
 
@@ -133,6 +150,11 @@ def _build() -> ModuleType:
     target = cpu_extension_path()
     target.parent.mkdir(parents=True, exist_ok=True)
     _clear_stale_lock(target.parent)
+    if target.is_file() and not (target.parent / "lock").exists():  # built, and no build under way
+        try:
+            return _load_built(target)
+        except (ImportError, OSError):
+            target.unlink(missing_ok=True)  # a file that does not import: built again below
     if not target.is_file():  # a cached build loads in well under a second: no notice then
         # found missing before a build starts: no notice of a build that cannot happen, and none of
         # torch's own multi-line warnings about the compiler
@@ -142,7 +164,7 @@ def _build() -> ModuleType:
         if shutil.which("ninja") is None:
             raise RuntimeError("ninja is not installed (pip install ninja)")
         print(
-            f"rotary: building the fused CPU kernel once, about a minute (into {target.parent}); "
+            f"rotary: building the fused CPU kernel once, about half a minute (into {target.parent}); "
             "set ROTARY_NO_EXTENSION=1 to skip it and use the pure-torch path",
             file=sys.stderr,
             flush=True,
@@ -192,7 +214,7 @@ def build_cpu_extension() -> Path:
         RuntimeError: the kernel cannot be built; the message says why (no compiler, no ninja, ...).
 
     Example:
-        >>> path = build_cpu_extension()  # a minute the first time on this machine, then cached
+        >>> path = build_cpu_extension()  # half a minute the first time on this machine, then cached
         >>> path == cpu_extension_path() and path.is_file()
         True
     """

@@ -1,7 +1,7 @@
 """``rotary build``: compile the fused CPU kernel ahead of time and say where it lives.
 
-The library compiles the kernel on first use (about a minute, once per machine, torch and source);
-running ``rotary build`` in a Docker image or a CI cache step moves that minute out of the first
+The library compiles the kernel on first use (about half a minute, once per machine, torch and source);
+running ``rotary build`` in a Docker image or a CI cache step moves that time out of the first
 ``rope(q, k)``. Exit status 1, with the reason, when the kernel cannot be built.
 """
 

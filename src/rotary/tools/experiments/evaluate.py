@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 from collections.abc import Callable, Iterator
 from copy import deepcopy
@@ -407,10 +408,20 @@ def evaluate_model(
             return fixed  # type: ignore[return-value]
         return 1.0 if scaling == "none" else (fixed if fixed is not None else max(length / L, 1.0))
 
+    # one copy per rope_scaling block, used by every measurement with it: in eval mode without gradients a
+    # forward leaves a copy as it found it (RoPE's table cache holds rows equal to the rows it computes),
+    # except under dynamic NTK, which remembers the longest length it has seen: a fresh copy each time then
+    copies: dict[str, Decoder] = {}
+
     def copy_at(scaling: str, fixed: float | None, length: int) -> tuple[Decoder, float]:
         factor = factor_of(scaling, fixed, length)
         block = trained_scaling(spec, config) if spec.stage == "extend" else scaling_block(scaling, factor, L)
-        return scaled_copy(model, block), factor
+        if block is not None and block["rope_type"] == "dynamic":
+            return scaled_copy(model, block), factor
+        key = json.dumps(block, sort_keys=True)
+        if key not in copies:
+            copies[key] = scaled_copy(model, block)
+        return copies[key], factor
 
     # (what, length) -> (a copy measured at factor 1, its rows): what a later scaling that is the same
     # function there would measure again
@@ -455,7 +466,7 @@ def evaluate_model(
                     )
                 )
         if text.sliding:
-            # a fresh copy for each measurement: dynamic NTK would otherwise start from the state the last one left
+            # copy_at again: under dynamic NTK a fresh copy, which does not start from the state the last one left
             scaled, _ = copy_at(scaling, fixed, length)
             slid = sliding_losses(scaled, text.windows, length, config.stride, text.sliding)
             rows.perplexity.append(

@@ -21,8 +21,10 @@ demo: $(STAMP)
 	$(PY) -m rotary experiment --preset default
 
 # the whole suite on 2 processes; the 15 slowest tests are listed at the end (docs/testing.md)
+# PYTHONDONTWRITEBYTECODE emptied: the suite starts hundreds of Python processes (the CLI, torchrun, fresh
+# interpreters), and each would compile rotary from source again, and pytest would rewrite every test's asserts
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --doctest-modules --durations=15 src tests
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n 2 --doctest-modules --durations=15 src tests
 
 # the property tests with new random examples every run (make test draws the same ones each time)
 fuzz: $(STAMP)

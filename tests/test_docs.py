@@ -66,6 +66,9 @@ NOT_RUN = {
     "python benchmarks/cpu_kernel_ab.py --against 01b918b --threads 2 --repeats 9": (
         "builds a second copy of the CPU kernel, a minute; tests/test_bench.py checks its errors"
     ),
+    "python benchmarks/cpu_kernel_ab.py --against df6d45a --shapes 64x1,1x512,4x256 --repeats 9": (
+        "builds a second copy of the CPU kernel, a minute; tests/test_bench.py checks its errors"
+    ),
     "rotary bench --shapes none --suites generation_qk_norm --threads 2 --markdown --repeats 9": (
         "times six generation rows, half a minute; tests/test_bench_suites.py runs the suite at --quick's shapes"
     ),

@@ -228,7 +228,10 @@ _interpreter_lock = threading.Lock()
 
 
 def _interpreter_server() -> subprocess.Popen:
-    env = dict(os.environ, TRITON_INTERPRET="1")
+    # pytest names the running test in PYTEST_CURRENT_TEST, a new value at every test: left out, or the
+    # server would be started again (torch and triton imported again, about 3 s of CPU) for every script
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    env["TRITON_INTERPRET"] = "1"
     server = _interpreter.get("server")
     if server is None or server.poll() is not None or _interpreter.get("env") != env:
         if server is not None and server.poll() is None:
@@ -260,7 +263,7 @@ def run_interpreted(script: str, *args: str, timeout: float = 600) -> str:
     stands after those two imports (a copy: what one script changes, the next never sees), without paying
     about 2 s of CPU for them again; it leaves with ``os._exit`` once its output is flushed (the exit
     handlers of torch's copied heap would cost time and check nothing of the script). The server is started
-    once per test process, again if the environment has changed since.
+    once per test process, again if the environment has changed since (the name of the running test aside).
     """
     import tempfile
 

@@ -89,7 +89,10 @@ OVERRIDES: dict[str, dict] = {
     "seamless_m4t": {  # 24 layers of 8192-wide FFNs on each of four sides: 4.6 s to build for one RoPE-free forward
         **{f"{side}_layers": 1 for side in ("encoder", "decoder", "speech_encoder", "t2u_encoder", "t2u_decoder")},
         **{f"{side}_ffn_dim": 64 for side in ("encoder", "decoder", "t2u_encoder", "t2u_decoder")},
-        **{f"{side}_attention_heads": 4 for side in ("encoder", "decoder", "speech_encoder", "t2u_encoder", "t2u_decoder")},
+        **{
+            f"{side}_attention_heads": 4
+            for side in ("encoder", "decoder", "speech_encoder", "t2u_encoder", "t2u_decoder")
+        },
         "speech_encoder_intermediate_size": 64,
     },
     "idefics": {

@@ -5,6 +5,8 @@ import os
 import pytest
 import torch
 
+import inductor_paths
+
 # `make test` runs two xdist workers on a 2-core machine: each worker's torch would use as many intra-op
 # threads as there are cores (OpenMP threads that spin while they wait), two workers four threads on two
 # cores. Under xdist: one intra-op thread per worker, and OMP_NUM_THREADS=1 for the subprocesses they start
@@ -15,6 +17,10 @@ import torch
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
+
+
+# Inductor's C++ kernels compiled by another checkout are found from this one (tests/inductor_paths.py)
+inductor_paths.one_torch_path_for_every_checkout()
 
 try:
     from hypothesis import HealthCheck, settings

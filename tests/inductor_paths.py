@@ -28,6 +28,7 @@ def one_torch_path_for_every_checkout() -> None:
         real = os.path.dirname(torch.__file__)
         if cpp_extension._TORCH_PATH != real or cpp_extension.TORCH_LIB_PATH != os.path.join(real, "lib"):
             return  # another torch layout, or done already in this process
+        # rotary.kernels.extension._cache_dir's rule, not imported: that would import rotary
         root = os.environ.get("ROTARY_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "rotary")
         link = Path(root) / f"torch-{torch.__version__}-{(torch.version.git_version or 'unknown')[:12]}"
         if os.path.realpath(link) != os.path.realpath(real):

@@ -67,6 +67,8 @@ _TINY_SIDE = {
 
 _BLT_SIDE = {"hidden_size": 64, "hidden_size_global": 128, "num_hidden_layers": 1, "intermediate_size": 64}
 
+_SEAMLESS_SIDES = ("encoder", "decoder", "speech_encoder", "t2u_encoder", "t2u_decoder")
+
 #: per model_type: the defaults of its config class that TINY would break
 OVERRIDES: dict[str, dict] = {
     "mimo_v2_flash": {"num_key_value_heads": 2},
@@ -87,13 +89,10 @@ OVERRIDES: dict[str, dict] = {
     },
     "step3p5": {"sliding_window": 4},
     "seamless_m4t": {  # 24 layers of 8192-wide FFNs on each of four sides: 4.6 s to build for one RoPE-free forward
-        **{f"{side}_layers": 1 for side in ("encoder", "decoder", "speech_encoder", "t2u_encoder", "t2u_decoder")},
-        **{f"{side}_ffn_dim": 64 for side in ("encoder", "decoder", "t2u_encoder", "t2u_decoder")},
-        **{
-            f"{side}_attention_heads": 4
-            for side in ("encoder", "decoder", "speech_encoder", "t2u_encoder", "t2u_decoder")
-        },
-        "speech_encoder_intermediate_size": 64,
+        **{f"{side}_layers": 1 for side in _SEAMLESS_SIDES},
+        **{f"{side}_attention_heads": 4 for side in _SEAMLESS_SIDES},
+        **{f"{side}_ffn_dim": 64 for side in _SEAMLESS_SIDES if side != "speech_encoder"},
+        "speech_encoder_intermediate_size": 64,  # the speech encoder's FFN width has a name of its own
     },
     "idefics": {
         "vision_config": {

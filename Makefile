@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 
-# the main job: train short, test long (default preset, about 9.5 minutes on 2 idle CPU cores), into runs/
+# the main job: train short, test long (default preset, about 9 minutes on 2 idle CPU cores), into runs/
 demo: $(STAMP)
 	$(PY) -m rotary experiment --preset default
 

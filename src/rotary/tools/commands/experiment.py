@@ -232,7 +232,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--preset",
         choices=sorted(PRESETS),
         default="default",
-        help="tiny (seconds, for tests), default (what make demo runs; about 9.5 min on 2 idle CPU cores), large (one GPU within 20 minutes: bf16, compiled; builtin:stdlib)",
+        help="tiny (seconds, for tests), default (what make demo runs; about 9 min on 2 idle CPU cores), large (one GPU within 20 minutes: bf16, compiled; builtin:stdlib)",
     )
     p.add_argument(
         "-o", "--out", type=output_path, metavar="DIR", help="run directory (default runs/experiment-<UTC time>)"

@@ -146,7 +146,7 @@ class ExperimentConfig:
     encodings: tuple[str, ...] | None = None
     scalings: tuple[str, ...] = SCALINGS
     seeds: int = 2
-    extend_steps: int = 60
+    extend_steps: int = 48
     extend_length: int | None = None
     extend_scalings: tuple[str, ...] = EXTEND_SCALINGS
     extend_batch_size: int | None = None
@@ -158,10 +158,10 @@ class ExperimentConfig:
     num_heads: int = 4
     rope_base: float = 10000.0
     batch_size: int = 12
-    steps: int = 600
+    steps: int = 480
     learning_rate: float = 3e-3
     min_learning_rate: float = 3e-4
-    warmup_steps: int = 30
+    warmup_steps: int = 24
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     passkey_fraction: float = 0.5
@@ -551,7 +551,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         bases=(100.0, 10000.0),
         transfer_steps=4,
     ),
-    # what `make demo` runs: 9.5 minutes on 2 idle CPU cores (docs/experiment.md)
+    # what `make demo` runs: about 9 minutes on 2 idle CPU cores (docs/experiment.md)
     "default": dict(preset="default"),
     # for one GPU, within 20 minutes (docs/experiment.md, "Presets", has the arithmetic): a bigger model at
     # L = 512, evaluated to 8L = 4096, on the standard library's sources; bf16 autocast, a compiled training step

@@ -480,9 +480,9 @@ def report_markdown(
 BUDGET_NOTES = {
     "default": (
         "the default preset is what `make demo` runs within 10 minutes on 2 CPU cores. To train every method with two "
-        "seeds, fine-tune four scalings and train RoPE at 4L, it trains each model 600 steps where a single seed had "
+        "seeds, fine-tune four scalings and train RoPE at 4L, it trains each model 480 steps where a single seed had "
         "1,200, evaluates 16,384 bytes in non-overlapping windows (32,768 before) and 4,096 in sliding windows, 40 "
-        "passkey prompts and 16 retrieval spans per length or distance and seed, and fine-tunes for 60 steps (10% of "
+        "passkey prompts and 16 retrieval spans per length or distance and seed, and fine-tunes for 48 steps (10% of "
         "pretraining). Two seeds make a weak test of each difference (see Run-to-run spread); the smaller models are "
         "further from the papers' scale than before, and passkey retrieval, which these models learn late if at all, "
         "is rarer; the retrieval probe is there to rank them anyway."

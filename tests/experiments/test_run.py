@@ -9,6 +9,7 @@ import io
 import json
 import math
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -529,6 +530,27 @@ def test_resume_refuses_another_configuration_and_corrupted_checkpoints(capsys, 
     code = main(["experiment", "--preset", "tiny", "--device", "cpu", "--resume", str(copy)])
     err = capsys.readouterr().err
     assert code == 2 and "checkpoint" in err and "alibi-0" in err and "is corrupted" in err and "Traceback" not in err
+
+
+def test_resume_offers_the_run_s_own_settings_when_its_preset_has_changed_since(
+    capsys, tiny_run, tmp_path, monkeypatch
+):
+    """A run started before its preset changed (as the default's steps went from 600 to 480): the command
+    offered to continue it names the run's values, and that command resumes it."""
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_run, copy)
+    monkeypatch.setitem(PRESETS, "tiny", {**PRESETS["tiny"], "steps": 10, "warmup_steps": 1})  # a later version's
+    code = main(["experiment", "--preset", "tiny", "--device", "cpu", "--resume", str(copy)])
+    err = capsys.readouterr().err
+    assert code == 2 and "steps: the run has 12, this command 10" in err, err
+    offered = err.split("Continue it with the command it was started with: ", 1)[1].strip()
+    argv = shlex.split(offered)
+    assert argv[:4] == ["rotary", "experiment", "--preset", "tiny"] and argv[-2:] == ["--resume", str(copy)], offered
+    assert "--steps 12" in offered and "--warmup-steps 2" in offered and "--device cpu" in offered, offered
+    # the run recorded the command that reproduced it under the preset as it was, naming neither
+    assert "--steps" not in json.loads((copy / "config.json").read_text())["command"]
+    assert main(argv[1:]) == 0, capsys.readouterr().err  # the offered command passes the check
+    assert numbers(copy) == numbers(tiny_run)
 
 
 def _docs_writer(tmp_path):

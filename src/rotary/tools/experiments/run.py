@@ -139,6 +139,16 @@ def _stored_run(directory: Path) -> dict[str, Any]:
     return stored
 
 
+def _command_of(stored: dict[str, Any]) -> str:
+    """The command that continues a stored run: its preset and every setting that differs from that preset
+    as it is now. The command the run recorded names only what differed from the preset then, and a preset
+    changed since (the default's steps, 600 -> 480 on 2026-12-03) would make it another configuration."""
+    try:
+        return command_line(ExperimentConfig.from_dict(stored["config"]))
+    except (InputError, KeyError, TypeError, ValueError):  # settings of another version: what it recorded
+        return stored.get("command", "?")
+
+
 def _writable(directory: Path) -> None:
     """Create ``directory`` (and parents) and prove a file can be written in it."""
     try:
@@ -174,7 +184,7 @@ def prepare_run_dir(
         if diffs:
             raise ExperimentError(
                 f"--resume {directory} was started with other settings: {'; '.join(diffs)}. "
-                f"Continue it with the command it was started with: {stored.get('command', '?')} --resume {directory}"
+                f"Continue it with the command it was started with: {_command_of(stored)} --resume {directory}"
             )
         if dist.is_main:
             _writable(directory)

@@ -553,6 +553,20 @@ def test_resume_offers_the_run_s_own_settings_when_its_preset_has_changed_since(
     assert numbers(copy) == numbers(tiny_run)
 
 
+def test_resume_offers_the_recorded_command_for_settings_this_version_cannot_read(capsys, tiny_run, tmp_path):
+    """A stored configuration of a preset this version lacks cannot be written against today's presets:
+    the refusal offers the command the run recorded, in one line."""
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_run, copy)
+    stored = json.loads((copy / "config.json").read_text())
+    stored["config"]["preset"] = "renamed"
+    (copy / "config.json").write_text(json.dumps(stored))
+    code = main(["experiment", "--preset", "tiny", "--device", "cpu", "--resume", str(copy)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "preset: the run has 'renamed'" in err, err
+    assert err.strip().endswith(f"with: {stored['command']} --resume {copy}"), err
+
+
 def _docs_writer(tmp_path):
     import importlib.util
 

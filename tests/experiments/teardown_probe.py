@@ -1,11 +1,11 @@
-"""Run under ``torchrun --nproc_per_node=2`` by ``test_train.py``: a few DDP steps, then rank 0 stays
-busy for a while (as when it evaluates and writes the report) while rank 1 has nothing left to do.
-Both leave the process group through :meth:`Distributed.stop` on the training device; rank 1 must
-exit cleanly although its peer is still at work.
+"""Run under ``torchrun --nproc_per_node=4`` by ``test_train.py``: a few DDP steps, then rank 0 stays
+busy for a while (as when it evaluates and writes the report) while the other ranks have nothing left
+to do. All leave the process group through :meth:`Distributed.stop` on the training device; the ranks
+that leave first must exit cleanly although rank 0 is still at work.
 
 ``TEARDOWN_RAW=1`` keeps the DDP wrapper alive and calls ``destroy_process_group`` directly instead
-(what the experiment did before). Rank 1 then aborts in some runs with "terminate called without an
-active exception" (2 of 8 runs, then 0 of 6, on the 2-core development machine); the experiment's
+(what the experiment did before). A rank that leaves first then aborts in some runs with "terminate called without an
+active exception" (2 of 8 two-rank runs, then 0 of 6, on the 2-core development machine); the experiment's
 own torchrun test failed this way in CI.
 """
 
@@ -42,7 +42,7 @@ def main() -> None:
         dist.stop(sync=dist.device("cpu"))
     if dist.is_main:
         time.sleep(0.5)
-    print(f"rank {dist.rank} left the group", flush=True)
+    os.write(1, f"rank {dist.rank} left the group\n".encode())  # one write: four ranks share the pipe
 
 
 if __name__ == "__main__":  # pytest imports this file for its doctests: only torchrun runs it

@@ -4,6 +4,7 @@ torchrun with DDP against one process (the extension stage included)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from hashlib import sha256
@@ -105,36 +106,29 @@ PROBE = Path(__file__).with_name("torchrun_probe.py")
 TEARDOWN = Path(__file__).with_name("teardown_probe.py")
 
 
-def test_a_rank_that_finishes_first_leaves_the_group_cleanly_while_rank_0_is_still_busy():
-    """Rank 1 finishes training long before rank 0 has evaluated and written the report. Leaving the
+def test_a_rank_that_finishes_first_leaves_the_group_cleanly_while_rank_0_is_still_busy(tmp_path):
+    """Ranks 1 to 3 finish training long before rank 0 has evaluated and written the report. Leaving the
     group through :meth:`Distributed.stop` (the wrapper dropped, cycles collected, one last barrier)
-    must not abort either process; a direct ``destroy_process_group`` with DDP still alive sometimes
-    aborted rank 1 (``TEARDOWN_RAW=1`` in :mod:`teardown_probe`). Three runs, side by side (each
-    ``--standalone`` launch picks its own free port): their imports and rank 0's waits overlap."""
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(TEARDOWN)],
-            env=cli_env(OMP_NUM_THREADS="1"),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(3)
+    must not abort any process; a direct ``destroy_process_group`` with DDP still alive sometimes
+    aborted the rank that left first (``TEARDOWN_RAW=1`` in :mod:`teardown_probe`). One launch of four
+    ranks gives three ranks that leave while rank 0 is busy, the chances three two-rank launches gave,
+    from five processes instead of nine. torchrun's temporary directories go under ``tmp_path``."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", str(TEARDOWN)],
+        env=cli_env(OMP_NUM_THREADS="1", TMPDIR=str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(re.findall(r"rank \d+ left the group", proc.stdout)) == [
+        f"rank {rank} left the group" for rank in range(4)
     ]
-    try:
-        outputs = [proc.communicate(timeout=240) for proc in procs]
-    finally:
-        for proc in procs:
-            proc.kill()  # a no-op for a process that has ended
-    for run, (proc, (stdout, stderr)) in enumerate(zip(procs, outputs)):
-        assert proc.returncode == 0, f"run {run}: {stderr[-3000:]}"
-        assert sorted(line for line in stdout.splitlines() if "left the group" in line) == [
-            "rank 0 left the group",
-            "rank 1 left the group",
-        ]
 
 
-def test_two_torchrun_processes_train_on_their_shards_average_like_one_process_and_rank_1_writes_nothing(tmp_path):
+def test_two_torchrun_processes_train_on_their_shards_average_like_one_process_and_rank_1_writes_nothing(
+    tmp_path, tmp_path_factory
+):
     """A real ``torchrun --standalone --nproc_per_node=2`` (gloo, CPU) under :mod:`torchrun_probe`:
 
     - each rank trains on its own half of every global batch, rank 0 on the first rows;
@@ -185,7 +179,7 @@ def test_two_torchrun_processes_train_on_their_shards_average_like_one_process_a
             "experiment",
             *flags,
         ],
-        env=cli_env(OMP_NUM_THREADS="1", PROBE_ROOT=str(tmp_path)),
+        env=cli_env(OMP_NUM_THREADS="1", PROBE_ROOT=str(tmp_path), TMPDIR=str(tmp_path_factory.mktemp("torchrun"))),
         capture_output=True,
         text=True,
         timeout=300,

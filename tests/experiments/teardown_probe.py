@@ -4,9 +4,9 @@ to do. All leave the process group through :meth:`Distributed.stop` on the train
 that leave first must exit cleanly although rank 0 is still at work.
 
 ``TEARDOWN_RAW=1`` keeps the DDP wrapper alive and calls ``destroy_process_group`` directly instead
-(what the experiment did before). A rank that leaves first then aborts in some runs with "terminate called without an
-active exception" (2 of 8 two-rank runs, then 0 of 6, on the 2-core development machine); the experiment's
-own torchrun test failed this way in CI.
+(what the experiment did before). A rank that leaves first then aborts in some runs with "terminate
+called without an active exception" (2 of 8 two-rank runs, then 0 of 6, on the 2-core development
+machine); the experiment's own torchrun test failed this way in CI.
 """
 
 from __future__ import annotations

@@ -9,11 +9,12 @@ recorded with its inputs and outputs. Two things are then read off the model's o
 - the pairing: the Jacobian of the function's output with respect to one token of its input q
   shows which input channels are rotated together (2i and 2i+1, or i and i + r/2), whatever
   permutation the function applies on the way (DeepSeek de-interleaves before rotating);
-- the rotation itself: the Gram matrix of the rotated vectors of each head (their inner products,
-  the attention logits up to the softmax scale) must equal the one rotary's ``RoPE.from_hf_config``
-  of the same config gives for the same input. Inner products ignore a channel permutation applied
-  to every vector alike and an offset added to every position, and nothing else: a wrong pairing, a
-  wrong frequency, a wrong rotated width or a wrong attention scaling all change them.
+- the rotation itself: the rotated vectors must equal those rotary's ``RoPE.from_hf_config`` of the
+  same config gives for the same input at the positions the model ran at (its position_ids), channel for
+  channel, up to one permutation of the channels applied to every vector alike (DeepSeek's apply
+  function returns its rotated channels de-interleaved). A wrong pairing, frequency, rotated width,
+  attention scaling or a constant shift of every position all fail it
+  (``test_a_constant_position_shift_fails_the_rotation_check``).
 
 Architectures the table refuses (rotary.hf.config.UNSUPPORTED) are checked to be refused, and every
 RoPE-applying model_type must be in one of the tables (or be a multimodal wrapper whose text part is).
@@ -325,8 +326,9 @@ OVERRIDES: dict[str, dict] = {
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 2, 2, 2]}
     },
 }
-#: model types whose apply function indexes tables of S rows by position (CLVP): positions 0 .. S-1
-POSITIONS_FROM_0 = {"clvp_encoder"}
+#: model types run at positions 0 .. S-1: CLVP's apply function indexes tables of S rows by position, and CSM's
+#: depth decoder numbers its tokens itself (it warns that position_ids given to it are ignored)
+POSITIONS_FROM_0 = {"clvp_encoder", "csm_depth_decoder_model"}
 #: model types whose decoder takes one token per audio channel (Dia: 9 channels by default)
 AUDIO_CHANNELS = {"dia": 9, "dia_decoder": 9, "kyutai_speech_to_text": 3}  # Kyutai: text and 2 codebooks
 #: model types whose text model is run on embeddings (inputs_embeds), not token ids
@@ -389,6 +391,7 @@ class Call:
     kwargs: dict
     result: object
     caller: str
+    start: int = 0  # the position of the first token: the position_ids the model was given start there
 
 
 def _rope_functions(module) -> list[tuple[object, str]]:
@@ -408,8 +411,10 @@ def model_inputs(model_type: str, config, model, ids: torch.Tensor) -> dict:
     accepted = inspect.signature(model.forward).parameters
     start = 0 if model_type in POSITIONS_FROM_0 else 3
     inputs = {"input_ids": ids, "position_ids": torch.arange(start, start + S)[None], "use_cache": False}
-    if "decoder_input_ids" in accepted:  # an encoder-decoder: the same tokens on both sides
+    if "decoder_input_ids" in accepted:  # an encoder-decoder: the same tokens at the same positions on both sides
         inputs["decoder_input_ids"] = ids
+        if "decoder_position_ids" in accepted:
+            inputs["decoder_position_ids"] = inputs["position_ids"]
     if model_type in EMBEDDINGS_IN:  # a model that takes embeddings (it has no token embedding of its own)
         del inputs["input_ids"]
         inputs["inputs_embeds"] = torch.randn(1, S, config.hidden_size, generator=torch.Generator())
@@ -428,7 +433,10 @@ def model_inputs(model_type: str, config, model, ids: torch.Tensor) -> dict:
         width = getattr(config, "cross_hidden_size", None) or config.hidden_size
         inputs["encoder_hidden_states"] = torch.randn(1, 5, width, generator=torch.Generator())
     kwargs_ok = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
-    return {k: v for k, v in inputs.items() if k in accepted or (kwargs_ok and k != "position_ids")}
+    inputs = {k: v for k, v in inputs.items() if k in accepted or (kwargs_ok and k != "position_ids")}
+    if "position_ids" not in inputs:  # both sides at the model's own positions, 0 .. S-1 (Dia's encoder takes none)
+        inputs.pop("decoder_position_ids", None)
+    return inputs
 
 
 def record_rope_calls(model_type: str, config) -> list[Call]:
@@ -461,9 +469,12 @@ def record_rope_calls(model_type: str, config) -> list[Call]:
         torch.manual_seed(0)
         model = cls(config).eval()
         ids = torch.randint(1, 100, (1, S), generator=torch.Generator().manual_seed(0))
+        inputs = model_inputs(model_type, config, model, ids)
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model(**model_inputs(model_type, config, model, ids))
+            model(**inputs)
+        for call in calls:
+            call.start = int(inputs["position_ids"][0, 0]) if "position_ids" in inputs else 0
     finally:
         for (owner, attr), raw in originals.items():
             setattr(owner, attr, raw)
@@ -556,9 +567,30 @@ def _ropes_as(config, *, interleaved: bool | None) -> dict[str | None, rotary.Ro
         }  # fmt: skip
 
 
-def _gram(x: torch.Tensor) -> torch.Tensor:
-    x = x.double()
-    return x @ x.transpose(-1, -2)
+def same_up_to_channel_order(ours: torch.Tensor, theirs: torch.Tensor) -> bool:
+    """Whether ``theirs[..., c]`` equals ``ours[..., perm[c]]`` for one permutation ``perm`` of the channels.
+
+    Channels are equal within 1e-4 of the largest value across all heads and tokens; the permutation is found by
+    bipartite matching (channels that are equal to each other, such as all-zero keys, may be matched either way).
+    """
+    if ours.shape != theirs.shape:
+        return False
+    a = ours.double().reshape(-1, ours.shape[-1]).T  # [D, heads * tokens]
+    b = theirs.double().reshape(-1, theirs.shape[-1]).T
+    tol = 1e-4 * max(float(b.abs().max()), 1.0)
+    close = ((a[None, :, :] - b[:, None, :]).abs().amax(-1) <= tol).tolist()  # [their channel][our channel]
+    owner: dict[int, int] = {}  # our channel -> their channel matched to it
+
+    def augment(c: int, seen: set[int]) -> bool:  # Kuhn's augmenting path
+        for o, ok in enumerate(close[c]):
+            if ok and o not in seen:
+                seen.add(o)
+                if o not in owner or augment(owner[o], seen):
+                    owner[o] = c
+                    return True
+        return False
+
+    return all(augment(c, set()) for c in range(len(close)))
 
 
 #: model types whose apply function rotates the last rotated-width channels of the whole head ([nope | rope])
@@ -568,8 +600,11 @@ TRAILING_SLICE = {"deepseek_v4"}
 ROTATES_OUTPUT_BACK = {"deepseek_v4"}
 
 
-def rotation_matches(call: Call, rope: rotary.RoPE, *, trailing: bool = False, conjugate: bool = False) -> bool:
-    cos, sin = rope.cos_sin(torch.arange(3, 3 + S))
+def rotation_matches(
+    call: Call, rope: rotary.RoPE, *, trailing: bool = False, conjugate: bool = False, shift: int = 0
+) -> bool:
+    """Whether ``call`` rotated its tensors as ``rope`` does at the positions the model ran at, plus ``shift``."""
+    cos, sin = rope.cos_sin(torch.arange(call.start + shift, call.start + shift + S))
     sin = -sin if conjugate else sin
     for _, x, out in _tensors(call):
         x4, out4 = _bhsd(x.float()), _bhsd(out.float())
@@ -581,8 +616,7 @@ def rotation_matches(call: Call, rope: rotary.RoPE, *, trailing: bool = False, c
             ours = torch.cat([x4[..., :cut], rotated], dim=-1)
         else:
             ours = rotary.apply_rotary(x4, cos, sin, interleaved=rope.interleaved)
-        theirs = _gram(out4)
-        if (_gram(ours) - theirs).abs().max() > 1e-4 * max(float(theirs.abs().max()), 1.0):
+        if not same_up_to_channel_order(ours, out4):
             return False
     return True
 
@@ -630,6 +664,19 @@ def test_pairing_and_rotation_match_transformers(model_type):
             f"{model_type}: call {i} ({call.caller}) rotates differently from rotary's RoPE of the same config "
             f"(layer types {list(ropes)})"
         )
+
+
+@pytest.mark.parametrize("model_type", ["llama", "deepseek_v3", "glm"])
+def test_a_constant_position_shift_fails_the_rotation_check(model_type):
+    """The check compares rotations at the model's own positions: the same rotation one or three positions
+    later, or the other pairing, does not pass (half pairing, DeepSeek's de-interleaving, GLM's interleaving)."""
+    calls, config = probe(model_type)
+    (rope,) = _ropes(config).values()
+    assert all(rotation_matches(call, rope) for call in calls)
+    for shift in (1, 3):
+        assert not any(rotation_matches(call, rope, shift=shift) for call in calls), f"shift {shift} passed"
+    (other,) = _ropes_as(config, interleaved=not rope.interleaved).values()
+    assert not any(rotation_matches(call, other) for call in calls)
 
 
 def _text_part_type(model_type: str) -> str | None:
@@ -687,13 +734,10 @@ def test_refused_architectures_are_refused_for_the_stated_reason(model_type):
     elif category == "_NEGATIVE":
         calls, config = probe(model_type)
         (rope,) = _ropes_as(config, interleaved=False).values()
-        cos, sin = rope.cos_sin(torch.arange(3, 3 + S))
         for call in calls:
-            for _, x, out in _tensors(call):
-                # rotating by -theta: the conjugate rotation, i.e. sin negated
-                ours = rotary.apply_rotary(_bhsd(x.float()), cos, -sin)
-                assert torch.allclose(_gram(ours), _gram(_bhsd(out.float())), rtol=1e-4, atol=1e-4)
-                assert not rotation_matches(call, rope)
+            # rotating by -theta: the conjugate rotation, i.e. sin negated
+            assert rotation_matches(call, rope, conjugate=True)
+            assert not rotation_matches(call, rope)
     elif category == "_COMPONENTS":  # BLT: every component rotates at its own sub-config's heads and head width
         calls, config = probe(model_type)
         parts = {key: getattr(config, key) for key in ("encoder_config", "decoder_config", "global_config")}

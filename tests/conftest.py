@@ -12,8 +12,8 @@ import inductor_paths
 # cores. Under xdist: one intra-op thread per worker, and OMP_NUM_THREADS=1 for the subprocesses they start
 # (torch, NumPy and Triton's interpreter read it when they load; this process imported torch already).
 # Measured on a slice of 13 files (2026-11-29, in the history of docs/testing.md): about a third less wall
-# time and CPU at low load, more under load. A test about threads sets its own count (the one_intraop_thread fixture; bench's --threads);
-# a run without xdist keeps torch's default.
+# time and CPU at low load, more under load. A test about threads sets its own count (the one_intraop_thread
+# fixture; bench's --threads); a run without xdist keeps torch's default.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)

@@ -715,7 +715,7 @@ def axial_args(draw, wild=True):
     )
     if valid["coordinates"] == "grid" and draw(st.booleans()):
         valid["grid_offset"] = draw(st.sampled_from([1.0, -0.5]))
-    return spoiled(draw, valid, AXIAL_BAD)[0] if wild else valid
+    return spoiled(draw, valid, AXIAL_BAD) if wild else valid
 
 
 @st.composite

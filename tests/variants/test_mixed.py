@@ -251,7 +251,7 @@ def test_rope_mixed_is_right_or_a_named_error(data):
         head_dim=data.draw(st.sampled_from([8, 16])), num_heads=data.draw(st.integers(1, 3)),
         base=data.draw(st.sampled_from([10.0, 100.0])), rotate=data.draw(st.booleans()), interleaved=data.draw(st.booleans()),
     )  # fmt: skip
-    args, _ = spoiled(data.draw, valid, MIXED_BAD)
+    args = spoiled(data.draw, valid, MIXED_BAD)
     ok = valid_mixed(args)
     g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
     head_dim, num_heads = args.pop("head_dim"), args.pop("num_heads")

@@ -314,7 +314,7 @@ def test_xpos_is_right_or_a_named_error(data):
         head_dim=data.draw(st.sampled_from([8, 16])), scale_base=data.draw(st.sampled_from([512.0, 8.0])),
         interleaved=data.draw(st.booleans()), center=data.draw(st.sampled_from([None, None, 0, 20])),
     )  # fmt: skip
-    args, _ = spoiled(data.draw, valid, XPOS_BAD) if wild else (valid, [])
+    args = spoiled(data.draw, valid, XPOS_BAD) if wild else valid
     ok = valid_xpos(args)
     head_dim = args.pop("head_dim")
     rope = expect(ok, XPos, head_dim, **args)

@@ -602,11 +602,11 @@ AXIAL_BAD = {
 }
 
 
-AXIAL_KEYWORDS = {
-    "head_dim", "axes", "split", "base", "coordinates", "max_freq", "interleaved", "rotary_dim", "frequencies",
-    "block_order", "axis_slots", "frequency_scale", "frequency_dtype", "grid_offset", "reference_grid",
-    "normalize_coords", "prefix_tokens", "suffix_tokens", "shift_coords", "jitter_coords", "rescale_coords", "generator",
-}  # fmt: skip
+AXIAL_KEYWORDS = frozenset(
+    "head_dim axes split base coordinates max_freq interleaved rotary_dim frequencies block_order axis_slots "
+    "frequency_scale frequency_dtype grid_offset reference_grid normalize_coords prefix_tokens suffix_tokens "
+    "shift_coords jitter_coords rescale_coords generator".split()
+)  # AxialRoPE's keywords and CoordinateRoPE's
 
 
 def _sizes_ok(sizes, axes: int) -> bool:

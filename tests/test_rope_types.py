@@ -15,7 +15,7 @@ import rotary
 from helpers import assert_named_error
 from rotary import ConfigError, RoPE, frequencies
 from rotary.rope_types import ROPE_TYPES, register_rope_type, validate_rope_parameters
-from strategies import NASTY, PROPERTIES, VALID, perturbed_blocks
+from strategies import NASTY, PROPERTIES, perturbed_blocks, removal, without
 from variant_checks import is_int
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -351,18 +351,13 @@ def test_register_rope_type_refuses_a_non_function():
     assert "_guard_test2" not in rotary.rope_types.ROPE_TYPES
 
 
-def _without(rope_type: str, key: str) -> tuple[dict, str, None]:
-    """A valid block with ``key`` deleted, as perturbed_blocks draws it."""
-    return {k: v for k, v in VALID[rope_type].items() if k != key}, key, None
-
-
 @PROPERTIES
 @given(perturbed=perturbed_blocks(), rotary_dim=st.one_of(st.sampled_from([64, 2, 4, 62]), NASTY),
        strict=st.one_of(st.booleans(), NASTY))  # fmt: skip
-@example(perturbed=_without("yarn", "beta_fast"), rotary_dim=64, strict=True)  # valid: beta_fast has a default
-@example(perturbed=_without("proportional", "factor"), rotary_dim=64, strict=False)  # valid: factor is optional
-@example(perturbed=_without("linear", "factor"), rotary_dim=64, strict=False)  # invalid: a required key missing
-@example(perturbed=_without("longrope", "factor"), rotary_dim=64, strict=True)  # invalid: no factor, no length
+@example(perturbed=without("yarn", "beta_fast"), rotary_dim=64, strict=True)  # valid: beta_fast has a default
+@example(perturbed=without("proportional", "factor"), rotary_dim=64, strict=False)  # valid: factor is optional
+@example(perturbed=without("linear", "factor"), rotary_dim=64, strict=False)  # invalid: a required key missing
+@example(perturbed=without("longrope", "factor"), rotary_dim=64, strict=True)  # invalid: no factor, no length
 def test_validate_rope_parameters_on_perturbed_blocks(perturbed, rotary_dim, strict):
     block, key, value = perturbed
     # decided up front where the documented contract decides it without the per-type value checks:
@@ -370,15 +365,9 @@ def test_validate_rope_parameters_on_perturbed_blocks(perturbed, rotary_dim, str
     # are errors even with strict=False); valid: a valid block (strategies.VALID, for rotary_dim 64) without one
     # of its keys that is not required (rope_type aside: the other keys belong to the type it names).
     # Other draws (a key set to an arbitrary value) are right or a named error.
-    rope_type = block.get("rope_type") if key != "rope_type" else None
-    removed = key not in block and rope_type in ROPE_TYPES
     invalid = not isinstance(strict, bool) or not (is_int(rotary_dim) and rotary_dim > 0)
-    invalid = invalid or (removed and key in ROPE_TYPES[rope_type].required)
-    # LongRoPE's factor defaults to max_position_embeddings / original_max_position_embeddings: one of them is needed
-    invalid = invalid or (
-        removed and rope_type == "longrope" and key == "factor" and "max_position_embeddings" not in block
-    )
-    valid = not invalid and removed and rotary_dim == 64
+    invalid = invalid or removal(block, key) == "required"
+    valid = not invalid and removal(block, key) == "optional" and rotary_dim == 64
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:

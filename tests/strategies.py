@@ -96,6 +96,26 @@ VALID = {
 }  # fmt: skip
 
 
+def without(rope_type: str, key: str) -> tuple[dict, str, None]:
+    """A valid block with ``key`` deleted, as :func:`perturbed_blocks` draws it (for ``@example``)."""
+    return {k: v for k, v in VALID[rope_type].items() if k != key}, key, None
+
+
+def removal(block: dict, key: str) -> str | None:
+    """For a draw of :func:`perturbed_blocks`: ``"required"`` when it deleted a key the block's type cannot do
+    without (its ``required`` keys, and LongRoPE's factor when no max_position_embeddings gives it),
+    ``"optional"`` when it deleted another key (the block is still valid), ``None`` when it set a value or
+    deleted rope_type (the other keys belong to the type it named)."""
+    rope_type = block.get("rope_type") if key != "rope_type" else None
+    if key in block or rope_type not in ROPE_TYPES:
+        return None
+    if key in ROPE_TYPES[rope_type].required:
+        return "required"
+    if rope_type == "longrope" and key == "factor" and "max_position_embeddings" not in block:
+        return "required"
+    return "optional"
+
+
 @st.composite
 def perturbed_blocks(draw):
     rope_type = draw(st.sampled_from(sorted(VALID)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import cmath
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given
@@ -16,6 +17,7 @@ from rotary import RoPE, analysis, frequencies, reference
 from rotary.frequencies import Frequencies, default_inv_freq
 from rotary.tables import TableCache
 from strategies import FAST, odd_values
+from variant_checks import is_int, is_number
 
 
 # decay ---------------------------------------------------------------------------------------
@@ -232,22 +234,24 @@ def test_verify_catches_tables_built_for_the_other_pairing():
     head_dim=odd_values, base=odd_values, distances=st.sampled_from([None, [0, 3], [-2, 5], [1.5], "abc", [], range(4)])
 )
 def test_decay_bound_matches_its_formula_or_names_the_argument(head_dim, base, distances):
+    # valid: head_dim an even int > 0, base a finite number > 0, distances None or a sequence of ints (any sign),
+    # and the angles [len(distances), head_dim / 2] complex128 within the analyses' 4 GiB (rotary._limits)
+    m = list(range(257)) if distances is None else distances
+    valid = is_int(head_dim) and head_dim > 0 and head_dim % 2 == 0 and is_number(base) and base > 0
+    valid = valid and isinstance(m, (list, range)) and all(is_int(v) for v in m) and 16 * len(m) * head_dim <= 2**32
     try:
         bound = analysis.decay_bound(head_dim, base, distances)
     except NAMED as exc:
+        assert not valid, f"valid arguments were refused: {exc}"
         assert_named(exc, "head_dim", "base", "distances")
         return
+    assert valid, "invalid arguments were accepted"
     m = list(range(257)) if distances is None else list(distances)
     assert bound.shape == (len(m),) and bound.dtype == torch.float64
     half = head_dim // 2
-    for j, dist in enumerate(m[:3]):  # (1 / (d/2)) Σ_j |Σ_{i<j} e^{i m θ_i}|, written out
-        theta = [base ** (-2.0 * i / head_dim) for i in range(half)]
-        partial, total = 0j, 0.0
-        for t in theta:
-            partial += complex(
-                torch.polar(torch.tensor(1.0, dtype=torch.float64), torch.tensor(dist * t, dtype=torch.float64))
-            )
-            total += abs(partial)
+    theta = float(base) ** (-2.0 * np.arange(half) / head_dim)  # NumPy, float64
+    for j, dist in enumerate(m[:3]):  # (1 / (d/2)) Σ_j |Σ_{i<j} e^{i m θ_i}|
+        total = np.abs(np.cumsum(np.exp(1j * dist * theta))).sum()
         assert float(bound[j]) == pytest.approx(total / half, rel=1e-9, abs=1e-12)
 
 
@@ -260,26 +264,37 @@ def test_decay_bound_matches_its_formula_or_names_the_argument(head_dim, base, d
 def test_scores_and_decay_measurements_or_a_named_error(seq_len, samples, distances):
     rope = rotary.RoPE(8)
     q = torch.randn(8, generator=torch.Generator().manual_seed(0))
+    # valid: seq_len an int >= 1 (score_matrix) or >= 3 (position_pca, a 2-D PCA), samples an int >= 1,
+    # distances a non-empty list of ints >= 0; and the float64 arrays each builds within 4 GiB (rotary._limits):
+    # [S, max(S, 2 D)], [S, 3 D/2 + S], [samples, len(distances), D] for this D = 8
+    seq_ok = is_int(seq_len) and seq_len >= 1
+    scores_ok = seq_ok and 8 * seq_len * max(seq_len, 16) <= 2**32
+    pca_ok = seq_ok and seq_len >= 3 and 8 * seq_len * (12 + seq_len) <= 2**32
+    decay_ok = is_int(samples) and samples >= 1 and distances and all(is_int(v) and v >= 0 for v in distances)
+    decay_ok = decay_ok and 64 * samples * len(distances) <= 2**32
     try:
         scores = analysis.score_matrix(rope, q, q, seq_len)
     except NAMED as exc:
+        assert not scores_ok, f"a valid seq_len was refused: {exc}"
         assert_named(exc, "seq_len")
     else:
-        assert isinstance(seq_len, int) and not isinstance(seq_len, bool) and 1 <= seq_len <= 4096
+        assert scores_ok, "an invalid seq_len was accepted"
         qr = rope.rotate(q.double().expand(1, 1, seq_len, 8).contiguous())[0, 0]
         torch.testing.assert_close(scores, qr @ qr.T)
     try:
         pca = analysis.position_pca(rope, seq_len)
     except NAMED as exc:
+        assert not pca_ok, f"a valid seq_len was refused: {exc}"
         assert_named(exc, "seq_len")
     else:
-        assert isinstance(seq_len, int) and 3 <= seq_len <= 4096 and pca[0].shape == (seq_len, 2)
+        assert pca_ok and pca[0].shape == (seq_len, 2)
     try:
         decay = analysis.measured_decay(rope, distances, samples=samples)
     except NAMED as exc:
+        assert not decay_ok, f"valid samples and distances were refused: {exc}"
         assert_named(exc, "samples", "distances")
     else:
-        assert isinstance(samples, int) and 1 <= samples <= 10**6 and distances and min(distances) >= 0
+        assert decay_ok, "invalid samples or distances were accepted"
         assert decay.shape == (len(distances),) and bool((decay >= 0).all())
 
 
@@ -299,9 +314,12 @@ def test_analysis_names_a_rope_that_is_not_one(rope, seq_len):
     for name, call in calls.items():
         with pytest.raises(TypeError, match=f"{name} measures a rotary.RoPE, got rope={type(rope).__name__}"):
             call()
+    # valid: seq_len an int >= 1 whose checks fit in 4 GiB: 48 S (2 S + 12 D) bytes for D = 8
+    valid = is_int(seq_len) and seq_len >= 1 and 48 * seq_len * (2 * seq_len + 96) <= 2**32
     try:
         checks = analysis.verify(rotary.RoPE(8), seq_len=seq_len)
     except NAMED as exc:
+        assert not valid, f"a valid seq_len was refused: {exc}"
         assert_named(exc, "seq_len")
     else:
-        assert seq_len == 4 and all(c.passed for c in checks)
+        assert valid and all(c.passed for c in checks)

@@ -5,7 +5,8 @@ Only fenced blocks with a language are allowed (an indented code block, or a fen
 language, says nothing about what it holds). By language:
 
 - ``python``: executed on its own, in a fresh namespace, in an empty working directory; a value the
-  text shows is stated as an ``assert`` in the block;
+  text shows is stated as an ``assert`` in the block, and a block that asserts nothing fails (it would
+  only be run);
 - ``console``: each ``$ `` line is a command (a trailing ``\\`` continues it, ``# ...`` is a comment),
   and the lines up to the next ``$ `` are its output. ``rotary ...`` runs in process and must exit 0;
   the output shown, if any, must equal what it prints (or begin it, when the last line shown is
@@ -168,6 +169,12 @@ def registries_restored():
 
 @pytest.mark.parametrize("block", PYTHON, ids=[b.where for b in PYTHON])
 def test_python_block_runs(block, tmp_path, monkeypatch):
+    """Each Python block runs, and what it claims holds: a block states its claims (the shapes, values
+    and equalities its comments describe) as ``assert`` statements, which this run checks. A block
+    without one would only be run, so it fails here."""
+    assert re.search(r"^\s*assert ", block.body, re.MULTILINE), (
+        f"{block.where}: the block asserts nothing; state what its comments claim as asserts"
+    )
     monkeypatch.chdir(tmp_path)
     with registries_restored(), contextlib.redirect_stdout(io.StringIO()):
         exec(compile(block.body, block.where, "exec"), {"__name__": "__docs__"})

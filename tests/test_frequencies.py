@@ -4,7 +4,7 @@ import warnings
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS as HF_ROPE_INIT_FUNCTIONS
@@ -13,7 +13,8 @@ import rotary
 from helpers import assert_named_error, assert_sound
 from rotary import frequencies
 from rotary.frequencies import default_inv_freq
-from strategies import NASTY, PROPERTIES, VALID, perturbed_blocks
+from strategies import NASTY, PROPERTIES, VALID, perturbed_blocks, removal, without
+from variant_checks import is_number
 
 
 def test_seed_002_inv_freq_figures():
@@ -171,17 +172,30 @@ def hf_frequencies(head_dim: int, rotary_dim: int, base: float, block: dict):
 @PROPERTIES
 @given(perturbed=perturbed_blocks(), base=st.one_of(st.none(), st.sampled_from([10000.0, 500000.0]), NASTY),
        strict=st.booleans(), seq_len=st.one_of(st.none(), st.integers(1, 100_000)))  # fmt: skip
+@example(perturbed=without("yarn", "mscale"), base=None, strict=True, seq_len=None)  # valid: mscale has a default
+@example(perturbed=without("proportional", "partial_rotary_factor"), base=1e4, strict=True, seq_len=None)  # valid
+@example(perturbed=without("llama3", "low_freq_factor"), base=None, strict=False, seq_len=None)  # invalid
+@example(perturbed=without("linear", "type"), base=1.0, strict=True, seq_len=None)  # invalid: base 1
 def test_frequencies_on_perturbed_blocks(perturbed, base, strict, seq_len):
     block, key, value = perturbed
     original = copy.deepcopy(block)
+    # decided up front where the documented contract decides it without the per-type value checks:
+    # invalid: a base that is not a finite number > 1, or a required key of the type missing; valid: a valid
+    # block (strategies.VALID) without one of its keys that is not required, at base None, 1e4 or 5e5.
+    # Other draws (a key set to an arbitrary value, a base > 1 from NASTY) are right or a named error.
+    plain_base = base is None or (not isinstance(base, bool) and base in (10000.0, 500000.0))
+    invalid = not (base is None or (is_number(base) and base > 1)) or removal(block, key) == "required"
+    valid = not invalid and plain_base and removal(block, key) == "optional"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             f = frequencies(64, base=base, scaling=block, strict=strict, seq_len=seq_len)
         except Exception as exc:
-            suspects = [(key, value)] + ([] if base in (None, 10000.0, 500000.0) else [("base", base)])
+            assert not valid, f"a valid block was refused: {block}, base={base!r} ({exc})"
+            suspects = [(key, value)] + ([] if plain_base else [("base", base)])
             assert_named_error(exc, *suspects)
             return
+    assert not invalid, f"an invalid block or base was accepted: {block}, base={base!r}"
     assert block == original or math.isnan(value if isinstance(value, float) else 0.0), "frequencies modified its block"
     assert_sound(f)
     # where transformers computes the same block, the frequencies are transformers'

@@ -17,11 +17,21 @@ from strategies import tensors
     to=st.sampled_from(["half", "interleaved", "x"]),
 )
 def test_pairing_converters(w, head_dim, to):
+    # valid: head_dim an even int > 0, to "half" or "interleaved", w [n_heads * head_dim, in] or [n_heads * head_dim]
+    valid = type(head_dim) is int and head_dim > 0 and head_dim % 2 == 0 and to in ("half", "interleaved")
+    valid = valid and w.dim() in (1, 2) and w.shape[0] % head_dim == 0
     try:
         out = rotary.permute_qk_weight(w, head_dim, to)
     except NAMED as exc:
+        assert not valid, f"a valid call was refused: {exc}"
         assert str(exc)
         return
+    assert valid, "an invalid call was accepted"
+    # each head's rows in the other pairing: interleaved (2i, 2i+1) <-> half (i, i + d/2)
+    d = head_dim
+    order = [*range(0, d, 2), *range(1, d, 2)] if to == "half" else [j for i in range(d // 2) for j in (i, i + d // 2)]
+    heads = w.reshape(w.shape[0] // d, d, *w.shape[1:])
+    assert torch.equal(out, heads[:, order].reshape(w.shape))
     back = rotary.permute_qk_weight(out, head_dim, "interleaved" if to == "half" else "half")
     assert torch.equal(back, w)
 

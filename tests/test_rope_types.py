@@ -8,14 +8,15 @@ import warnings
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import rotary
 from helpers import assert_named_error
 from rotary import ConfigError, RoPE, frequencies
 from rotary.rope_types import ROPE_TYPES, register_rope_type, validate_rope_parameters
-from strategies import NASTY, PROPERTIES, perturbed_blocks
+from strategies import NASTY, PROPERTIES, perturbed_blocks, removal, without
+from variant_checks import is_int
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 8192}  # fmt: skip
@@ -353,13 +354,27 @@ def test_register_rope_type_refuses_a_non_function():
 @PROPERTIES
 @given(perturbed=perturbed_blocks(), rotary_dim=st.one_of(st.sampled_from([64, 2, 4, 62]), NASTY),
        strict=st.one_of(st.booleans(), NASTY))  # fmt: skip
+@example(perturbed=without("yarn", "beta_fast"), rotary_dim=64, strict=True)  # valid: beta_fast has a default
+@example(perturbed=without("proportional", "factor"), rotary_dim=64, strict=False)  # valid: factor is optional
+@example(perturbed=without("linear", "factor"), rotary_dim=64, strict=False)  # invalid: a required key missing
+@example(perturbed=without("longrope", "factor"), rotary_dim=64, strict=True)  # invalid: no factor, no length
 def test_validate_rope_parameters_on_perturbed_blocks(perturbed, rotary_dim, strict):
     block, key, value = perturbed
+    # decided up front where the documented contract decides it without the per-type value checks:
+    # invalid: strict not a bool, rotary_dim not an int > 0, or a required key of the type missing (missing keys
+    # are errors even with strict=False); valid: a valid block (strategies.VALID, for rotary_dim 64) without one
+    # of its keys that is not required (rope_type aside: the other keys belong to the type it names).
+    # Other draws (a key set to an arbitrary value) are right or a named error.
+    invalid = not isinstance(strict, bool) or not (is_int(rotary_dim) and rotary_dim > 0)
+    invalid = invalid or removal(block, key) == "required"
+    valid = not invalid and removal(block, key) == "optional" and rotary_dim == 64
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             out = validate_rope_parameters(block, rotary_dim=rotary_dim, strict=strict)
         except Exception as exc:
+            assert not valid, f"a valid block was refused: {block} ({exc})"
             assert_named_error(exc, (key, value), ("rotary_dim", rotary_dim), ("strict", strict))
             return
+    assert not invalid, f"an invalid block was accepted: {block}, rotary_dim={rotary_dim!r}, strict={strict!r}"
     assert isinstance(out, dict) and out["rope_type"] in ROPE_TYPES and out is not block

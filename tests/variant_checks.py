@@ -6,14 +6,20 @@ path where a variant reduces to it) or a named ``ValueError``/``TypeError`` rais
 a message — never a wrong tensor, never a bare internal exception (IndexError, RuntimeError from inside
 torch, AssertionError, ZeroDivisionError, a TypeError from a builtin, ...). The strategies mostly draw
 inputs that fit (so the results are checked) and sometimes anything (:data:`WILD`, :func:`spoiled`).
+Each test decides up front, from the documented contract and without calling rotary, whether a draw is
+valid: a valid draw must not be refused (its result is checked), an invalid one must be (:func:`expect`).
 
 - :func:`call` and :func:`assert_named`: a result, or an error raised by one of rotary's own ``raise``;
+- :func:`expect`: the result of a call the test classified as valid, or the named error of an invalid one;
+- :func:`is_int`, :func:`is_number`, :func:`is_bool`, :func:`valid_ids`: the contract's argument kinds, for
+  those classifications;
 - :func:`tensors`: tensors of a shape (or a drawn one), any dtype, sometimes non-contiguous views;
 - :func:`assert_close`, :func:`tolerance`, :data:`TOL`: the result against the float64 oracle;
 - :func:`expected_nd`, :func:`largest_angle`: the N-D oracle per batch row, and the angles it reaches.
 """
 
 import linecache
+import math
 import os
 
 import torch
@@ -62,6 +68,42 @@ def call(fn, *args, **kwargs):
         return None, exc
 
 
+def expect(valid: bool, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` for a draw the test classified up front: a valid one must return (its result is
+    returned, for the caller to check), an invalid one must raise a named error (``None`` is returned)."""
+    out, err = call(fn, *args, **kwargs)
+    if valid:
+        assert err is None, f"a valid input was refused: {err!r} (args {args!r}, kwargs {kwargs!r})"
+        return out
+    assert err is not None, f"an invalid input was accepted (args {args!r}, kwargs {kwargs!r})"
+    return None
+
+
+def is_int(v) -> bool:
+    """An int as rotary's arguments take one: not a bool, a float or a string (NumPy/torch integer scalars too)."""
+    return not isinstance(v, bool) and (isinstance(v, int) or type(v).__name__ in ("int32", "int64"))
+
+
+def is_number(v) -> bool:
+    """A finite real number: an int (as :func:`is_int`) or a float, not a bool."""
+    return (is_int(v) or isinstance(v, float)) and -math.inf < v < math.inf
+
+
+def is_bool(v) -> bool:
+    return isinstance(v, bool)
+
+
+def valid_ids(ids, ranks=(1, 2), top=2**53) -> bool:
+    """Positions as rotary.positions documents them: an int64/int32 tensor of one of ``ranks`` (any rank for
+    ``None``), every value in ``[0, top]`` (rotations: ``from_ids`` up to 2**53; ``top=None``: no bound, as
+    ``integer_positions``)."""
+    if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int64, torch.int32):
+        return False
+    if ranks is not None and ids.dim() not in ranks:
+        return False
+    return not ids.numel() or (int(ids.min()) >= 0 and (top is None or int(ids.max()) <= top))
+
+
 @st.composite
 def tensors(draw, shape=None, rank=None, dtype=None, max_size=4, last=None):
     """A tensor of ``shape`` (or a drawn one), any dtype, sometimes a non-contiguous view."""
@@ -107,7 +149,8 @@ WILD = st.sampled_from([False, False, True])  # a third of the draws may put any
 
 def spoiled(draw, valid: dict, bad: dict) -> dict:
     """``valid`` with, in about a third of the draws, one or two of its entries (or extra keywords)
-    replaced by a value from ``bad[name]``."""
+    replaced by a value from ``bad[name]``. Some of those values are valid with some of the other
+    arguments: the test's own predicate says whether the draw is valid."""
     n = draw(st.sampled_from([0] * 7 + [1, 1, 2]))
     out = dict(valid)
     for name in draw(st.lists(st.sampled_from(sorted(bad)), min_size=n, max_size=n, unique=True)):

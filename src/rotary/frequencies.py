@@ -249,7 +249,7 @@ def frequencies(
 
     Args:
         head_dim: channels per attention head ``D`` (even).
-        base: RoPE base ``theta`` (``rope_theta``), > 0; default the block's ``rope_theta`` or 10000.
+        base: RoPE base ``theta`` (``rope_theta``), > 1; default the block's ``rope_theta`` or 10000.
         rotary_dim: channels that rotate (even, ``<= head_dim``); default
             ``int(head_dim * partial_rotary_factor)`` or ``head_dim``.
         scaling: ``None`` or a Hugging Face-style block such as ``{"rope_type": "linear", "factor": 4.0}``

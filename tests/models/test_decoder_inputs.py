@@ -203,16 +203,26 @@ def _lm() -> Decoder:
 def test_decoder_runs_or_names_its_input(ids, dtype, max_new_tokens):
     lm = _lm()
     x = torch.tensor([ids], dtype=dtype)
-    try:
-        with torch.no_grad():
+    # valid (check_token_ids): int64 / int32 ids [B, S], each in 0 .. vocab_size - 1; generate also needs a prompt
+    # of at least one token and max_new_tokens an int >= 0
+    forward_ok = dtype in (torch.int64, torch.int32) and all(0 <= i < 20 for i in ids)
+    generate_ok = forward_ok and len(ids) >= 1 and type(max_new_tokens) is int and max_new_tokens >= 0
+    with torch.no_grad():
+        try:
             logits = lm(x)
+        except NAMED as exc:
+            assert not forward_ok, f"valid input_ids were refused: {exc}"
+            assert_named(exc, "input_ids")
+            return
+        assert forward_ok, "invalid input_ids were accepted"
+        try:
             out = lm.generate(x, max_new_tokens)
-    except NAMED as exc:
-        assert_named(exc, "input_ids", "max_new_tokens", "prompt")
-        return
-    assert dtype in (torch.int64, torch.int32) and all(0 <= i < 20 for i in ids) and len(ids) >= 1
+        except NAMED as exc:
+            assert not generate_ok, f"a valid prompt was refused: {exc}"
+            assert_named(exc, "input_ids", "max_new_tokens", "prompt")
+            return
+    assert generate_ok, "an invalid prompt or max_new_tokens was accepted"
     assert logits.shape == (1, len(ids), 20) and bool(torch.isfinite(logits).all())
-    assert max_new_tokens in (0, 1, 2) and max_new_tokens is not True
     assert out.shape == (1, len(ids) + max_new_tokens) and torch.equal(out[:, : len(ids)], x.long())
     if max_new_tokens:  # greedy: the first new token is the argmax of the prompt's last logits
         assert int(out[0, len(ids)]) == int(logits[0, -1].argmax())

@@ -10,6 +10,7 @@ import rotary
 from helpers import NAMED, assert_named, small_lm
 from rotary.nn import KVCache, RotaryAttention, RotaryLinearAttention, repeat_kv
 from strategies import FAST, odd_values, positions_strategy
+from variant_checks import is_int, valid_ids
 
 
 @pytest.mark.parametrize(
@@ -94,11 +95,17 @@ def test_attention_under_autocast_takes_mixed_dtypes(gen):
     positions=positions_strategy(),
 )
 def test_attention_is_right_shaped_or_a_named_error(hidden, heads, kv, causal, seq, mask, positions):
+    # valid (RotaryAttention's documented arguments): heads an int > 0 dividing hidden into an even head_dim,
+    # num_kv_heads None or dividing heads, causal a bool
+    valid = heads > 0 and hidden % heads == 0 and (hidden // heads) % 2 == 0 and (kv is None or heads % kv == 0)
+    valid = valid and isinstance(causal, bool)
     try:
         attn = rotary.nn.RotaryAttention(hidden, heads, num_kv_heads=kv, causal=causal)
     except NAMED as exc:
+        assert not valid, f"valid arguments were refused: {exc}"
         assert str(exc)
         return
+    assert valid, "invalid arguments were accepted"
     x = torch.randn(2, seq, hidden)
     masks = {
         "none": None,
@@ -110,11 +117,20 @@ def test_attention_is_right_shaped_or_a_named_error(hidden, heads, kv, causal, s
             :, :seq
         ],
     }
+    # the mask: None or a bool / integer [B, S] of 0 and 1; the positions: None or an int64/int32 tensor
+    # [S] / [1 or B, S], >= 0 (a list or float positions are not positions)
+    m = masks[mask]
+    valid = m is None or (not m.is_floating_point() and m.shape == (2, seq) and bool(((m == 0) | (m == 1)).all()))
+    if positions is not None:
+        valid = valid and valid_ids(positions) and positions.shape[-1] == seq
+        valid = valid and (positions.dim() == 1 or positions.shape[0] in (1, 2))
     try:
-        out = attn(x, attention_mask=masks[mask], position_ids=positions)
+        out = attn(x, attention_mask=m, position_ids=positions)
     except NAMED as exc:
+        assert not valid, f"a valid call was refused: {exc}"
         assert str(exc)
         return
+    assert valid, "an invalid call was accepted"
     assert out.shape == x.shape and torch.isfinite(out).all()
 
 
@@ -129,12 +145,15 @@ dtypes = st.sampled_from([torch.float32, torch.float64, torch.bfloat16, torch.in
 )
 def test_repeat_kv_equals_repeat_interleave_or_names_the_argument(shape, groups, dtype):
     x = torch.zeros(shape, dtype=dtype) if dtype != torch.bool else torch.zeros(shape, dtype=torch.bool)
+    # valid: x [B, Hk, T, D], groups a positive int giving at most MAX_NUM_HEADS (2**16) heads
+    valid = x.dim() == 4 and is_int(groups) and groups >= 1 and groups * x.shape[1] <= 2**16
     try:
         out = repeat_kv(x, groups)
     except NAMED as exc:
+        assert not valid, f"a valid call was refused: {exc}"
         assert_named(exc, "groups", "x must be")
         return
-    assert x.dim() == 4 and isinstance(groups, int) and not isinstance(groups, bool) and groups >= 1
+    assert valid, "an invalid call was accepted"
     assert torch.equal(out, x.repeat_interleave(groups, dim=1))
 
 
@@ -150,10 +169,12 @@ def test_rotary_attention_runs_or_names_hidden_states(batch, seq_len, width, dty
     attn = RotaryAttention(16, 2, causal=True)
     shape = [batch, seq_len, width][:rank] + [2] * max(0, rank - 3)
     x = torch.ones(shape, dtype=dtype)
+    valid = rank == 3 and width == 16 and dtype == torch.float32  # [B, S, E] in the layer's dtype
     try:
         out = attn(x)
     except NAMED as exc:
+        assert not valid, f"valid hidden states were refused: {exc}"
         assert_named(exc, "hidden_states")
         return
-    assert rank == 3 and width == 16 and dtype == torch.float32
+    assert valid, "invalid hidden states were accepted"
     assert out.shape == x.shape and bool(torch.isfinite(out).all())

@@ -87,12 +87,16 @@ def test_kv_cache_update_appends_or_names_the_mismatch(new_len, values_len, head
         "2d": torch.arange(2, 2 + new_len)[None],
         "negative": torch.arange(-new_len, 0),
     }[positions]
+    # valid: keys and values of the cache's heads and dtype and one length, positions [S] / [1, S] of that
+    # length (int64, >= 0: the negative ones are valid only when there are none)
+    valid = heads == 2 and values_len == new_len and value_dtype == torch.float32
+    valid = valid and (positions in ("match", "2d") or (positions == "negative" and new_len == 0))
     try:
         k, v, p = cache.update(keys, values, ids)
     except NAMED as exc:
+        assert not valid, f"a valid update was refused: {exc}"
         assert_named(exc, "keys", "values", "positions", "position_ids", "KVCache")
         return
-    assert heads == 2 and values_len == new_len and value_dtype == torch.float32
-    assert positions in ("match", "2d") or (positions == "negative" and new_len == 0)
+    assert valid, "an invalid update was accepted"
     assert torch.equal(k, torch.cat((first, keys), dim=2)) and torch.equal(v, torch.cat((first, values), dim=2))
     assert p.tolist() == [[0, 1] + list(range(2, 2 + new_len))]

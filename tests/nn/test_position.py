@@ -108,11 +108,14 @@ def test_absolute_embeddings_take_positions_without_reading_them_back(monkeypatc
 @FAST
 @given(num_heads=odd_values)
 def test_alibi_slopes_are_a_geometric_sequence_or_a_named_error(num_heads):
+    valid = isinstance(num_heads, int) and not isinstance(num_heads, bool) and 1 <= num_heads <= 2**16
     try:
         slopes = alibi_slopes(num_heads)
     except NAMED as exc:
+        assert not valid, f"a valid num_heads was refused: {exc}"
         assert_named(exc, "num_heads")
         return
+    assert valid, f"num_heads={num_heads!r} was accepted"
     assert slopes.shape == (num_heads,) and bool((slopes > 0).all()) and bool((slopes <= 1).all())
     if num_heads & (num_heads - 1) == 0:  # a power of two: ratio 2^(-8/n), starting at it
         ratio = 2.0 ** (-8.0 / num_heads)

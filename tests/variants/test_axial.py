@@ -18,7 +18,21 @@ from rotary import AxialRoPE
 from rotary import positions as P
 from rotary.kernels.extension import load_cpu_extension
 from rotary.variants import PRESETS, Coordinates, relative_scores
-from variant_checks import FLOATS, WILD, assert_close, call, expected_nd, largest_angle, spoiled, tensors, to_bhsd
+from variant_checks import (
+    FLOATS,
+    WILD,
+    assert_close,
+    call,
+    expect,
+    expected_nd,
+    is_bool,
+    is_int,
+    is_number,
+    largest_angle,
+    spoiled,
+    tensors,
+    to_bhsd,
+)
 
 needs_kernel = pytest.mark.skipif(load_cpu_extension() is None, reason="the fused CPU kernel is not built here")
 
@@ -564,7 +578,7 @@ def _grid_values(sizes, kind, offset):
 
 
 AXIAL_BAD = {
-    "head_dim": [0, -4, 7, 2**40, "8", 8.0, True, None],
+    "head_dim": [0, -4, 7, "8", 8.0, True, None],  # no upper bound is documented: 2**40 would be allocated
     "axes": [0, -1, True, "2", 2.0, 7],
     "split": [(3, 3), (0, 8), (True, True), "ab", 4, (2.0, 2.0), (2, 2, 2, 2), ()],
     "base": [1e300, 1.0, 0.5, 1e-300, 0.0, -10.0, math.nan, math.inf, "100", True],
@@ -586,6 +600,101 @@ AXIAL_BAD = {
     "generator": [0, "seed"],
     "nonsense": [1],
 }
+
+
+AXIAL_KEYWORDS = frozenset(
+    "head_dim axes split base coordinates max_freq interleaved rotary_dim frequencies block_order axis_slots "
+    "frequency_scale frequency_dtype grid_offset reference_grid normalize_coords prefix_tokens suffix_tokens "
+    "shift_coords jitter_coords rescale_coords generator".split()
+)  # AxialRoPE's keywords and CoordinateRoPE's
+
+
+def _sizes_ok(sizes, axes: int) -> bool:
+    """One positive int per axis, or one int for all (CoordinateRoPE's reference_grid, grid sizes)."""
+    if is_int(sizes):
+        sizes = (sizes,) * axes
+    if not isinstance(sizes, (list, tuple)) or len(sizes) != axes:
+        return False
+    return all(is_int(n) and n > 0 for n in sizes)
+
+
+def _axis_frequencies(a: dict, split: tuple, r: int) -> list[torch.Tensor]:
+    """Each axis's frequencies as AxialRoPE documents them, formed in ``frequency_dtype``, times frequency_scale."""
+    base, dtype = float(a["base"]), a.get("frequency_dtype", torch.float32)
+    axes, out = len(split), []
+    for axis, c in enumerate(split):
+        if a.get("frequencies", "per_axis") == "alternating":  # base^(-2j/r), j = axis, axis + A, ...
+            f = torch.tensor([base ** (-j / r) for j in range(0, r, 2)], dtype=torch.float64)[axis::axes]
+        elif a.get("max_freq") is not None:  # linspace(1, max_freq / 2, c / 2) · π
+            f = torch.linspace(1.0, float(a["max_freq"]) / 2, c // 2, dtype=torch.float64).to(dtype) * math.pi
+        else:  # base^(-2k/c)
+            f = torch.tensor([base ** (-k / c) for k in range(0, c, 2)], dtype=torch.float64)
+        out.append(f.to(dtype).double() * float(a.get("frequency_scale", 1.0)))
+    return out
+
+
+def valid_axial(a: dict) -> bool:
+    """AxialRoPE's documented contract (and CoordinateRoPE's for the keywords it passes on)."""
+    if set(a) - AXIAL_KEYWORDS:
+        return False
+    d, axes = a["head_dim"], a.get("axes", 2)
+    r = a.get("rotary_dim")
+    r = d if r is None else r
+    if not (is_int(d) and d > 0 and d % 2 == 0 and is_int(axes) and axes > 0):
+        return False
+    if not (is_int(r) and 0 < r <= d and r % 2 == 0 and is_bool(a["interleaved"])):
+        return False
+    kind, offset, grid = a.get("coordinates", "grid"), a.get("grid_offset", 0.0), a.get("reference_grid")
+    if kind not in ("grid", "normalized") or not is_number(offset):
+        return False
+    if kind == "normalized" and (offset or grid is not None):
+        return False
+    if grid is not None and not _sizes_ok(grid, axes):
+        return False
+    if a.get("normalize_coords", "separate") not in ("separate", "max", "min"):
+        return False
+    for name in ("prefix_tokens", "suffix_tokens"):
+        if not (is_int(a.get(name, 0)) and a.get(name, 0) >= 0):
+            return False
+    shift, generator = a.get("shift_coords"), a.get("generator")
+    if not (shift is None or (is_number(shift) and shift >= 0)):
+        return False
+    if any(not (a.get(n) is None or (is_number(a[n]) and a[n] >= 1)) for n in ("jitter_coords", "rescale_coords")):
+        return False
+    if not (generator is None or isinstance(generator, torch.Generator)):
+        return False
+    split = a.get("split")
+    if split is None:
+        if r % (2 * axes):
+            return False
+        split = (r // axes,) * axes
+    if not isinstance(split, (list, tuple)) or len(split) != axes:
+        return False
+    if not all(type(c) is int and c > 0 and c % 2 == 0 for c in split) or sum(split) != r:
+        return False
+    base, max_freq, scale = a["base"], a.get("max_freq"), a.get("frequency_scale", 1.0)
+    if not (is_number(base) and base > 0 and (max_freq is None or (is_number(max_freq) and max_freq > 0))):
+        return False
+    frequencies, slots = a.get("frequencies", "per_axis"), a.get("axis_slots", "blocks")
+    if frequencies not in ("per_axis", "alternating") or slots not in ("blocks", "alternating"):
+        return False
+    if (
+        (frequencies == "alternating" and max_freq is not None)
+        or ("alternating" in (frequencies, slots))
+        and (len(set(split)) != 1)
+    ):
+        return False
+    order = a.get("block_order")
+    if order is not None and not (
+        isinstance(order, (list, tuple)) and all(is_int(i) for i in order) and sorted(order) == list(range(axes))
+    ):
+        return False
+    if not (
+        is_number(scale) and scale > 0 and a.get("frequency_dtype", torch.float32) in (torch.float32, torch.float64)
+    ):
+        return False
+    f = torch.cat(_axis_frequencies(a, tuple(split), r))  # every pair must turn at a finite rate > 0
+    return bool((torch.isfinite(f) & (f > 0)).all())
 
 
 @st.composite
@@ -659,24 +768,47 @@ def axial_positions(draw, rope: AxialRoPE, wild=True):
     )
 
 
+def test_one_axis_positions_are_coordinates_of_a_one_axis_rope():
+    """A Positions with 1 axis (ids [S]) is what coordinates() documents for axes=1 (it was refused for its shape)."""
+    rope = AxialRoPE(8, axes=1)
+    assert rope.coordinates(P.arange(3)).values.tolist() == [[0.0], [1.0], [2.0]]
+    assert rope.coordinates(P.from_ids(torch.tensor([[4, 5]]))).values.tolist() == [[[4.0], [5.0]]]
+
+
+def test_max_freq_past_fp32_is_a_named_error():
+    """linspace(1, max_freq / 2) in fp32 raised torch's RuntimeError for max_freq=1e300; float64 forms it."""
+    with pytest.raises(ValueError, match=r"max_freq=1e\+300 puts the frequencies"):
+        AxialRoPE(8, axes=1, max_freq=1e300)
+    assert bool(torch.isfinite(AxialRoPE(8, axes=1, max_freq=1e300, frequency_dtype=torch.float64).inv_freq).all())
+
+
+def _overlaps(x: torch.Tensor) -> bool:
+    """An expanded view: elements shared by several indices (in-place rotation must refuse it)."""
+    return x.numel() > 0 and any(stride == 0 and n > 1 for stride, n in zip(x.stride(), x.shape))
+
+
 @settings(max_examples=100, deadline=None)
 @given(wild=WILD, data=st.data())
 def test_axial_rope_is_right_or_a_named_error(wild, data):
     args = data.draw(axial_args(wild))
-    rope, err = call(AxialRoPE, **args)
-    if err is not None:
+    ok = valid_axial(args)
+    rope = expect(ok, AxialRoPE, **args)
+    if not ok:
         return
     rope.eval()  # augmentation has its own test
     assert rope.head_dim == args["head_dim"] and rope.interleaved is args["interleaved"]
     inv_freq = rope.frequencies()
     assert inv_freq.dtype == torch.float64 and bool(torch.isfinite(inv_freq).all()) and bool((inv_freq >= 0).all())
     assert bool((inv_freq.ne(0).sum(0) == 1).all()), "each pair turns with exactly one axis"
+    a = rope.axes
     kind, pos = data.draw(axial_positions(rope, wild))
     identity = None
+    ok = True  # the positions (and below, q, k and the keywords) as CoordinateRoPE.coordinates / forward document
     if kind == "grid":
         sizes, prefix = pos
-        coords, err = call(rope.grid, *sizes, prefix=prefix)
-        if err is not None:
+        ok = _sizes_ok(tuple(sizes), a) and (prefix is None or (is_int(prefix) and prefix >= 0))
+        coords = expect(ok, rope.grid, *sizes, prefix=prefix)
+        if not ok:
             return
         values = coords.values
         p = rope.prefix_tokens if prefix is None else prefix
@@ -687,8 +819,18 @@ def test_axial_rope_is_right_or_a_named_error(wild, data):
         positions = coords
     elif kind == "explicit":
         positions, identity = pos
+        token_shape = tuple(positions.shape[:-1])
+        ok = bool(torch.isfinite(positions.double()).all()) and (
+            identity is None
+            or (identity.dtype == torch.bool and tuple(identity.shape) in (token_shape, token_shape[-1:]))
+        )
     else:
         positions = pos
+        if isinstance(positions, rotary.positions.Positions):  # arange(3): 1 axis, grid(2, 2): 2 axes
+            ok = positions.axes == a
+        else:  # a tensor [S, A] / [B, S, A] of numbers (a list or None is not coordinates)
+            ok = isinstance(positions, torch.Tensor) and positions.dim() in (2, 3) and positions.shape[-1] == a
+            ok = ok and positions.dtype != torch.bool
     seq = data.draw(st.integers(0, 5))
     if isinstance(positions, rotary.variants.Coordinates):
         seq = positions.seq_len
@@ -699,15 +841,28 @@ def test_axial_rope_is_right_or_a_named_error(wild, data):
     if isinstance(positions, torch.Tensor) and positions.dim() == 3:
         batch = positions.shape[0] if data.draw(st.booleans()) else batch
     shape = [batch, heads, seq, rope.head_dim] if layout != "bshd" else [batch, seq, heads, rope.head_dim]
-    fitting = tensors(shape=shape, dtype=data.draw(st.sampled_from(FLOATS)))
+    dtype = data.draw(st.sampled_from(FLOATS))
+    fitting = tensors(shape=shape, dtype=dtype)
     q = data.draw(st.one_of(fitting, tensors(max_size=3)) if wild else fitting)
     k = data.draw(st.one_of(st.just(q.clone()), fitting, *[tensors(max_size=3)] * wild))
     inplace = data.draw(st.sampled_from([False, True] + ["yes"] * wild))
     q0, k0 = q.clone(), k.clone()
-    out, err = call(rope, q, k, positions, identity=identity, layout=layout, inplace=inplace)
-    if err is not None:
+    if isinstance(positions, rotary.positions.Positions):  # ids [S] / [B, S], [S, A] / [B, S, A] with A axes
+        batched = positions.ids.dim() == 2 + (positions.axes > 1)
+        tokens, rows = positions.ids.shape[int(batched)], positions.ids.shape[0] if batched else None
+    elif isinstance(positions, torch.Tensor) and positions.dim() in (2, 3):
+        tokens, rows = positions.shape[-2], positions.shape[0] if positions.dim() == 3 else None
+    else:
+        tokens, rows = seq, None
+    # q and k: the shape drawn for the layout (a wild tensor never fits: its last dim is <= 3), one dtype;
+    # the positions cover S tokens of batch 1 or B; in place only into tensors that own their memory
+    ok = ok and layout in ("bhsd", "bshd") and tokens == seq and rows in (None, 1, batch)
+    ok = ok and all(x.shape == tuple(shape) and x.dtype == dtype for x in (q, k))
+    ok = ok and is_bool(inplace) and not (inplace and (_overlaps(q) or _overlaps(k)))
+    out = expect(ok, rope, q, k, positions, identity=identity, layout=layout, inplace=inplace)
+    if not ok:
         return
-    # it ran: every input was valid, so the result must be the rotation
+    # a valid draw: the result must be the rotation
     assert q.is_floating_point() and k.is_floating_point() and layout in ("bhsd", "bshd")
     coords = rope.coordinates(positions, identity=identity)
     values = coords.values
@@ -733,8 +888,21 @@ def test_axial_rope_is_right_or_a_named_error(wild, data):
     ),
 )
 def test_axial_presets_are_right_or_a_named_error(name, head_dim, overrides):
-    rope, err = call(AxialRoPE.preset, name, head_dim, **overrides)
-    if err is not None:
+    # a preset's name; head_dim (default the preset's) an int > 0 split into the preset's even blocks: D/2 and
+    # D/2 (D % 4 == 0), CogVideoX D/4, 3D/8, 3D/8 (D % 16 == 0), FLUX 16, 56, 56 (D = 128); overrides that are
+    # AxialRoPE keywords with valid values. axes=3: the 3-axis presets as they are; the 2-axis presets without a
+    # block order (x's block first: torchtune, llama4_vision) then need three equal even blocks (D % 6 == 0)
+    valid = isinstance(name, str) and name in PRESETS
+    if valid:
+        d = PRESETS[name].head_dim if head_dim is None else head_dim
+        blocks = {"flux": lambda: d == 128, "cogvideox": lambda: d % 16 == 0}.get(name, lambda: d % 4 == 0)
+        valid = is_int(d) and d > 0 and blocks()
+        if overrides == {"axes": 3} and name not in ("flux", "cogvideox"):
+            valid = valid and name not in ("torchtune", "llama4_vision") and d % 6 == 0
+        else:
+            valid = valid and overrides in ({}, {"prefix_tokens": 2}, {"axes": 3})
+    rope = expect(valid, AxialRoPE.preset, name, head_dim, **overrides)
+    if not valid:
         return
     rope.eval()
     a = rope.axes

@@ -18,7 +18,19 @@ from helpers import forbid_torch_path
 from rotary import AxialRoPE, RoPEMixed
 from rotary.kernels.extension import load_cpu_extension
 from rotary.variants import relative_scores
-from variant_checks import FLOATS, assert_close, call, expected_nd, largest_angle, spoiled, tensors, to_bhsd
+from variant_checks import (
+    FLOATS,
+    assert_close,
+    expect,
+    expected_nd,
+    is_bool,
+    is_int,
+    is_number,
+    largest_angle,
+    spoiled,
+    tensors,
+    to_bhsd,
+)
 
 needs_kernel = pytest.mark.skipif(load_cpu_extension() is None, reason="the fused CPU kernel is not built here")
 
@@ -209,6 +221,29 @@ MIXED_BAD = {
 }
 
 
+def valid_mixed(args: dict) -> bool:
+    """RoPEMixed's documented contract: an even head_dim, a rotary_dim (default head_dim) that is even,
+    <= head_dim and a multiple of 4, num_heads an int > 0, base a number > 0 whose magnitudes
+    1 / base^(4k/r) (k < r/4) are finite and > 0 in fp32, booleans, prefix_tokens an int >= 0, and no axes
+    (RoPE-Mixed is 2-D)."""
+    d, r = args["head_dim"], args.get("rotary_dim")
+    if not (is_int(d) and d > 0 and d % 2 == 0) or not (r is None or (is_int(r) and 0 < r <= d and r % 2 == 0)):
+        return False
+    r = d if r is None else r
+    base, heads = args["base"], args["num_heads"]
+    if r % 4 or not (is_int(heads) and heads > 0) or not (is_number(base) and base > 0):
+        return False
+    magnitudes = torch.tensor([float(base) ** (-4 * k / r) for k in range(r // 4)], dtype=torch.float64).float()
+    return (
+        bool((torch.isfinite(magnitudes) & (magnitudes > 0)).all())
+        and is_bool(args["rotate"])
+        and is_bool(args["interleaved"])
+        and is_int(args.get("prefix_tokens", 0))
+        and args.get("prefix_tokens", 0) >= 0
+        and "axes" not in args
+    )
+
+
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
 def test_rope_mixed_is_right_or_a_named_error(data):
@@ -217,10 +252,11 @@ def test_rope_mixed_is_right_or_a_named_error(data):
         base=data.draw(st.sampled_from([10.0, 100.0])), rotate=data.draw(st.booleans()), interleaved=data.draw(st.booleans()),
     )  # fmt: skip
     args = spoiled(data.draw, valid, MIXED_BAD)
+    ok = valid_mixed(args)
     g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
     head_dim, num_heads = args.pop("head_dim"), args.pop("num_heads")
-    rope, err = call(RoPEMixed, head_dim, num_heads, generator=g, **args)
-    if err is not None:
+    rope = expect(ok, RoPEMixed, head_dim, num_heads, generator=g, **args)
+    if not ok:
         return
     rope.eval()
     inv_freq = rope.frequencies()
@@ -233,11 +269,10 @@ def test_rope_mixed_is_right_or_a_named_error(data):
     s, d = coords.seq_len, rope.head_dim
     q = data.draw(tensors(shape=[2, num_heads, s, d] if layout == "bhsd" else [2, s, num_heads, d], dtype=dtype))
     k = data.draw(tensors(shape=[2, kv_heads, s, d] if layout == "bhsd" else [2, s, kv_heads, d], dtype=dtype))
-    out, err = call(rope, q, k, coords, layout=layout)
-    if err is not None:
-        assert kv_heads != num_heads, "fitting q and k were refused"
+    # the tables are per head: q and k must both have num_heads heads
+    out = expect(kv_heads == num_heads, rope, q, k, coords, layout=layout)
+    if out is None:
         return
-    assert kv_heads == num_heads, "per-head tables need q and k with the heads they were built for"
     values = (
         coords.values.masked_fill(coords.identity.unsqueeze(-1), 0.0) if coords.identity is not None else coords.values
     )

@@ -23,12 +23,16 @@ from variant_checks import (
     WILD,
     assert_close,
     assert_named,
-    call,
+    expect,
     expected_nd,
+    is_bool,
+    is_int,
+    is_number,
     largest_angle,
     tensors,
     to_bhsd,
     tolerance,
+    valid_ids,
 )
 
 transformers = pytest.importorskip("transformers")
@@ -693,12 +697,40 @@ def mrope_positions(draw, batch, seq, wild=True):
     return ids
 
 
+def valid_mrope(args: dict) -> bool:
+    """MRoPE's documented contract: head_dim an even int in (0, 2**16], rotary_dim an even int <= head_dim, base
+    None or a number > 1, a static scaling block (None, linear with factor > 0, yarn; not dynamic), boolean flags,
+    and mrope_section positive ints summing to rotary_dim / 2; interleaved: three sections with h, w taking
+    every third slot (3 h <= slots + 1, 3 w <= slots)."""
+    d, r, base = args["head_dim"], args["rotary_dim"], args["base"]
+    r = d if r is None else r
+    if not (is_int(d) and 0 < d <= 2**16 and d % 2 == 0 and is_int(r) and 0 < r <= d and r % 2 == 0):
+        return False
+    if not (base is None or (is_number(base) and base > 1)):
+        return False
+    scaling = args["scaling"]
+    if not (scaling is None or (isinstance(scaling, dict) and scaling["rope_type"] in ("linear", "yarn"))):
+        return False
+    if scaling is not None and scaling["rope_type"] == "linear" and not scaling["factor"] > 0:
+        return False
+    layout_interleaved, section = args["mrope_interleaved"], args["mrope_section"]
+    if not (is_bool(layout_interleaved) and is_bool(args["interleaved"]) and isinstance(section, (list, tuple))):
+        return False
+    slots = r // 2
+    if not section or not all(is_int(n) and n > 0 for n in section) or sum(section) != slots:
+        return False
+    if layout_interleaved:
+        return len(section) == 3 and 3 * section[1] <= slots + 1 and 3 * section[2] <= slots
+    return True
+
+
 @settings(max_examples=80, deadline=None)
 @given(wild=WILD, data=st.data())
 def test_mrope_is_right_or_a_named_error(wild, data):
     args = data.draw(mrope_args(wild))
-    rope, err = call(MRoPE, strict=True, **args)
-    if err is not None:
+    ok = valid_mrope(args)
+    rope = expect(ok, MRoPE, strict=True, **args)
+    if not ok:
         return
     section, layout_interleaved = list(args["mrope_section"]), args["mrope_interleaved"]
     assert rope.axes.tolist() == _slot_axes(section, layout_interleaved)
@@ -709,19 +741,14 @@ def test_mrope_is_right_or_a_named_error(wild, data):
     q = data.draw(st.one_of(tensors(shape=shape_q, dtype=dtype), *[tensors(max_size=3)] * wild))
     k = data.draw(tensors(shape=[batch, 1, seq, d] if layout != "bshd" else [batch, seq, 1, d], dtype=dtype))
     ids = data.draw(mrope_positions(batch, seq, wild))
-    out, err = call(rope, q, k, position_ids=ids, layout=layout)
-    if err is not None:
+    # valid: q and k as drawn for the layout (a wild q never fits: its last dim is <= 3), "bhsd"/"bshd", and
+    # ids [3, 1 or B, S] (int64/int32, in [0, 2**53])
+    ok = q.shape == tuple(shape_q) and q.dtype == dtype and layout in ("bhsd", "bshd")
+    ok = ok and isinstance(ids, torch.Tensor) and ids.dim() == 3 and ids.shape[0] == 3 and ids.shape[2] == seq
+    ok = ok and ids.shape[1] in (1, batch) and valid_ids(ids, ranks=(3,))
+    out = expect(ok, rope, q, k, position_ids=ids, layout=layout)
+    if not ok:
         return
-    assert (
-        isinstance(ids, torch.Tensor)
-        and ids.dtype in (torch.int64, torch.int32)
-        and int(
-            ids.min(),
-        )
-        >= 0
-        if ids.numel()
-        else True
-    )
     coords = ids.long().permute(1, 2, 0).double()  # [B, S, 3]
     slots = torch.arange(rope.rotary_dim // 2)
     inv = torch.zeros(3, slots.numel(), dtype=torch.float64)
@@ -759,15 +786,29 @@ def test_mrope_from_hf_config_is_right_or_a_named_error(model_type, hidden, head
     cfg["rope_scaling" if block != "rope_parameters" else "rope_parameters"] = inner
     if block == "text_config":
         cfg = {"model_type": model_type, "text_config": cfg}
+    # valid, from transformers' configs: a Qwen VL model_type; rope_theta absent (None) or a number > 1; Qwen2-VL and
+    # Qwen2.5-VL: head_dim = hidden_size // num_attention_heads (ints > 0, an even quotient) and an mrope_section
+    # of positive ints summing to head_dim / 2; Qwen3-VL: its defaults, head_dim 128 and [24, 20, 20] (hidden_size
+    # and the heads are not read), so only a missing section fits
+    valid = model_type in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl") and (theta is None or (is_number(theta) and theta > 1))
+    if model_type == "qwen3_vl":
+        valid = valid and section is None
+    elif valid:
+        head_dim = hidden // heads if is_int(hidden) and hidden > 0 and heads > 0 else 0
+        valid = head_dim > 0 and head_dim % 2 == 0 and isinstance(section, list)
+        valid = valid and all(is_int(n) and n > 0 for n in section) and sum(section) == head_dim // 2
     try:
         rope = MRoPE.from_hf_config(cfg)
     except ConfigError as exc:
+        assert not valid, f"a valid config was refused: {exc}"
         assert str(exc)
         return
     except NAMED as exc:
+        assert not valid, f"a valid config was refused: {exc}"
         assert_named(exc)
         return
-    assert model_type in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl") and rope.mrope_interleaved is (model_type == "qwen3_vl")
+    assert valid, f"an invalid config was accepted: {cfg}"
+    assert rope.mrope_interleaved is (model_type == "qwen3_vl")
     if model_type != "qwen3_vl":  # Qwen3-VL has transformers' defaults (head_dim 128, [24, 20, 20]) for what is missing
         assert rope.head_dim == hidden // heads and list(rope.mrope_section) == section
     if theta is not None:
@@ -878,16 +919,18 @@ def test_multimodal_positions_are_right_or_a_named_error(case, spoil):
         kwargs["image_grid_thw"] = torch.tensor([*images, [1, merge, merge]]).reshape(-1, 3)
     elif spoil == "grid_list":
         kwargs["image_grid_thw"] = images
-    mp, err = call(multimodal_positions, types, **kwargs)
-    if err is not None:
-        return
+    # decided up front: the spoils that leave the input as documented (no image or video to spoil, a video of
+    # one frame whose timing cannot overflow, an empty mask cut shorter) are valid and must not be refused;
+    # image_grid_thw is a tensor [N, 3] or None: a list (even an empty one) is not
     spoiled = spoil is not None and (
-        (spoil == "odd_grid" and images and merge == 2) or spoil in ("float_grid", "grid_list") and images
+        (spoil == "odd_grid" and images and merge == 2) or spoil == "float_grid" and images or spoil == "grid_list"
         or spoil in ("nan_seconds", "neg_seconds") and videos or spoil == "huge_tps" and any(t > 1 for t, _, _ in videos)
         or spoil == "types_3" and types.numel() or spoil in ("tps_str", "types_float", "mask_shape", "merge_0", "extra_grid")
         and (spoil != "mask_shape" or types.shape[1] > 0)
     )  # fmt: skip
-    assert not spoiled, f"spoiled input ({spoil}) was accepted"
+    mp = expect(not spoiled, multimodal_positions, types, **kwargs)
+    if spoiled:
+        return
     if kwargs.get("tokens_per_second") is not None:
         return  # time-aligned videos: checked in test_mrope.py against transformers
     want, nxt = _expected_positions(types, mask, images, videos, merge)

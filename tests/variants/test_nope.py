@@ -1,5 +1,6 @@
-"""NoPE layers and Llama 4's NoPE query temperature (variants/nope.py): the helpers and the temperature
-tables are right or a named error for arbitrary arguments."""
+"""NoPE layers and Llama 4's NoPE query temperature (variants/nope.py): for arbitrary arguments, the
+helpers and the temperature tables are right when the arguments meet the documented contract (decided
+by each test, without calling rotary) and a named error when they do not."""
 
 import math
 
@@ -9,7 +10,7 @@ from hypothesis import strategies as st
 
 import rotary
 from rotary.variants import default_no_rope_layers, nope_temperature, rope_layer_flags
-from variant_checks import EPS64, call
+from variant_checks import EPS64, expect, is_int, is_number, valid_ids
 
 
 @settings(max_examples=40, deadline=None)
@@ -25,11 +26,13 @@ from variant_checks import EPS64, call
     ),
 )
 def test_nope_temperature_tables_are_right_or_a_named_error(head_dim, floor_scale, positions):
-    module, err = call(rotary.variants.NoPETemperature, head_dim, floor_scale=floor_scale)
-    if err is not None:
+    # head_dim an even int > 0, floor_scale an int > 0; positions [S] or [B, S] (positions.from_ids)
+    valid = is_int(head_dim) and head_dim > 0 and head_dim % 2 == 0 and is_int(floor_scale) and floor_scale > 0
+    module = expect(valid, rotary.variants.NoPETemperature, head_dim, floor_scale=floor_scale)
+    if not valid:
         return
-    tables, err = call(module.tables, positions)
-    if err is not None:
+    tables = expect(valid_ids(positions), module.tables, positions)
+    if tables is None:
         return
     tau = torch.tensor(
         [1.0 + 0.1 * math.log1p((n + 1) // floor_scale) for n in positions.reshape(-1).tolist()], dtype=torch.float64
@@ -56,10 +59,12 @@ def test_nope_temperature_tables_are_right_or_a_named_error(head_dim, floor_scal
     attn_scale=st.sampled_from([0.1, 0.1, 0.0, 1.0, 1e300, -0.1, math.nan, math.inf, True, "0.1"]),
 )
 def test_nope_temperature_is_right_or_a_named_error(positions, floor_scale, attn_scale):
-    tau, err = call(nope_temperature, positions, floor_scale=floor_scale, attn_scale=attn_scale)
-    if err is not None:
+    # positions of any shape (integer_positions), floor_scale an int > 0, attn_scale a finite number >= 0
+    scale_ok = is_number(attn_scale) and attn_scale >= 0
+    valid = valid_ids(positions, ranks=None, top=None) and is_int(floor_scale) and floor_scale > 0 and scale_ok
+    tau = expect(valid, nope_temperature, positions, floor_scale=floor_scale, attn_scale=attn_scale)
+    if not valid:
         return
-    assert isinstance(positions, torch.Tensor) and not positions.is_floating_point() and positions.dtype != torch.bool
     assert tau.dtype == torch.float64 and tau.shape == positions.shape and bool(torch.isfinite(tau).all())
     for n, t in zip(positions.tolist(), tau.tolist()):
         assert n >= 0
@@ -79,14 +84,16 @@ def test_nope_temperature_is_right_or_a_named_error(positions, floor_scale, attn
     interval=st.sampled_from([4, 4, 1, 2, 0, -4, 4.0, True, "4"]),
 )
 def test_nope_layer_helpers_are_right_or_a_named_error(flags, num_layers, interval):
-    got, err = call(rope_layer_flags, flags, num_layers)
-    if err is None:
-        assert isinstance(num_layers, int) and not isinstance(num_layers, bool) and num_layers >= 0
-        want = [True] * num_layers if flags is None else [int(v) == 1 for v in flags]
+    # num_layers an int >= 0; flags None or a list/tuple of num_layers ints, each 0 or 1; interval an int > 0
+    layers_ok = is_int(num_layers) and num_layers >= 0
+    flags_ok = flags is None or (
+        isinstance(flags, (list, tuple)) and len(flags) == num_layers and all(is_int(v) and v in (0, 1) for v in flags)
+    )
+    got = expect(layers_ok and flags_ok, rope_layer_flags, flags, num_layers)
+    if got is not None:
+        want = [True] * num_layers if flags is None else [v == 1 for v in flags]
         assert got == want and len(got) == num_layers
-        if flags is not None:
-            assert all(type(v) is int and v in (0, 1) for v in flags), f"flags {flags!r} accepted"
-    layers, err = call(default_no_rope_layers, num_layers, interval)
-    if err is None:
+    layers = expect(layers_ok and is_int(interval) and interval > 0, default_no_rope_layers, num_layers, interval)
+    if layers is not None:
         assert layers == [0 if (i + 1) % interval == 0 else 1 for i in range(num_layers)]
         assert rope_layer_flags(layers, num_layers) == [v == 1 for v in layers]

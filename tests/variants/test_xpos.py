@@ -19,7 +19,20 @@ from rotary.kernels.eager import rotate_torch
 from rotary.models import POSITION_ENCODINGS, Decoder, DecoderConfig
 from rotary.nn import KVCache, RotaryAttention, RotaryLinearAttention
 from rotary.variants import XPos, xpos_zeta
-from variant_checks import EPS64, FLOATS, TOL, WILD, call, spoiled, tensors, to_bhsd
+from variant_checks import (
+    EPS64,
+    FLOATS,
+    TOL,
+    WILD,
+    expect,
+    is_bool,
+    is_int,
+    is_number,
+    spoiled,
+    tensors,
+    to_bhsd,
+    valid_ids,
+)
 
 
 def xpos_oracle(x: torch.Tensor, positions: list[int], *, scale_base: float, center: int, interleaved: bool, key: bool):
@@ -243,6 +256,45 @@ def _xpos_reference(x_bhsd, pos, rope, key):
     return out
 
 
+def test_no_tokens_are_not_refused_at_any_offset():
+    """Zero tokens have no position to be out of range (an offset past max_distance was refused, naming
+    the position offset - 1 that no token has)."""
+    xpos = XPos(8)
+    for dtype in (torch.float32, torch.float16):
+        q = torch.randn(1, 2, 0, 8, dtype=dtype)
+        q_rot, k_rot = xpos(q, q.clone(), offset=2**40)
+        assert q_rot.shape == k_rot.shape == q.shape
+    assert xpos.tables(rotary.positions.arange(0, offset=2**40)).cos.shape == (0, 8)
+
+
+def xpos_limits(scale_base: float) -> tuple[int, int]:
+    """XPos's documented ranges: ``max_distance``, the largest ``|n - c|`` whose scales ζ_0^(±(n - c)/γ) stay
+    in fp32's normal range (ζ_0 = 0.4 r / 1.4 r = 2/7, 2^-126), and ``fp16_max_distance`` (scales up to 2^14)."""
+    per_token = -math.log(2 / 7) / scale_base
+    return math.floor(126 * math.log(2) / per_token), math.floor(14 * math.log(2) / per_token)
+
+
+def valid_xpos(args: dict) -> bool:
+    """XPos(head_dim, ...)'s contract: head_dim an even int in (0, 2**16], rotary_dim an even int <= head_dim,
+    base a number > 1 whose frequencies base^(-2i/r) are > 0 in fp32, scale_base a finite number > 0,
+    interleaved a bool, max_position an int > 0, center an int in [0, max_distance]."""
+    d, r = args["head_dim"], args.get("rotary_dim")
+    if not (is_int(d) and 0 < d <= 2**16 and d % 2 == 0) or not (
+        r is None or (is_int(r) and 0 < r <= d and r % 2 == 0)
+    ):
+        return False
+    r = d if r is None else r
+    base, gamma, center = args.get("base", 10000.0), args["scale_base"], args["center"]
+    if not (is_number(base) and base > 1 and is_number(gamma) and gamma > 0):
+        return False
+    if not bool((torch.tensor([float(base) ** (-2 * i / r) for i in range(r // 2)]).float() > 0).all()):
+        return False
+    max_position = args.get("max_position", 2048)
+    if not (is_bool(args["interleaved"]) and is_int(max_position) and max_position > 0):
+        return False
+    return center is None or (is_int(center) and 0 <= center <= xpos_limits(gamma)[0])
+
+
 XPOS_BAD = {
     "head_dim": [6, 0, 7, "8", 8.0, 2**40],
     "scale_base": [1e300, 1e-300, 1e-3, 0.0, -1.0, math.nan, math.inf, "512", True],
@@ -263,9 +315,10 @@ def test_xpos_is_right_or_a_named_error(data):
         interleaved=data.draw(st.booleans()), center=data.draw(st.sampled_from([None, None, 0, 20])),
     )  # fmt: skip
     args = spoiled(data.draw, valid, XPOS_BAD) if wild else valid
+    ok = valid_xpos(args)
     head_dim = args.pop("head_dim")
-    rope, err = call(XPos, head_dim, **args)
-    if err is not None:
+    rope = expect(ok, XPos, head_dim, **args)
+    if not ok:
         return
     assert 0 <= rope.center <= rope.max_distance
     batch, seq = data.draw(st.integers(1, 2)), data.draw(st.integers(0, 4))
@@ -284,12 +337,27 @@ def test_xpos_is_right_or_a_named_error(data):
         )
     )
     offset = data.draw(st.sampled_from([0, 7] + [-1, 2**40, 1.5, True] * wild))
-    out, err = call(rope, q, k, position_ids=pos, offset=offset, layout=layout)
-    if err is not None:
-        return
-    assert pos is None or offset == 0
+    # valid: q as drawn for the layout (a wild q never fits: its last dim is <= 3), "bhsd"/"bshd", and either
+    # an int offset >= 0 or positions [S] / [B or 1, S] (int64/int32, >= 0) with offset 0; every position at
+    # most max_distance past the centre, and (float16) at most fp16_max_distance from it on either side
+    max_distance, fp16_max_distance = xpos_limits(rope.scale_base)
     if pos is None:
-        pos = torch.arange(offset, offset + seq)
+        ok = is_int(offset) and offset >= 0
+        ids = torch.arange(offset, offset + seq) if ok else None
+    else:
+        ok = offset == 0 and not isinstance(offset, bool) and valid_ids(pos) and pos.shape[-1] == seq
+        ok = ok and (pos.dim() == 1 or pos.shape[0] in (1, batch))
+        ids = pos
+    ok = ok and q.shape == tuple(shape) and q.dtype == dtype and layout in ("bhsd", "bshd")
+    if ok and ids.numel():
+        c = rope.center
+        ok = int(ids.max()) - c <= max_distance
+        if dtype == torch.float16:
+            ok = ok and max(int(ids.max()) - c, c - int(ids.min())) <= fp16_max_distance
+    out = expect(ok, rope, q, k, position_ids=pos, offset=offset, layout=layout)
+    if not ok:
+        return
+    pos = ids
     for got, x, key in zip(out, (q, k), (False, True)):
         ref = _xpos_reference(to_bhsd(x, layout), pos, rope, key)
         ref = ref if layout == "bhsd" else ref.transpose(1, 2)

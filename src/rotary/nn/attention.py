@@ -356,7 +356,7 @@ class RotaryAttention(nn.Module):
 
         Args:
             hidden_states: ``[B, S, E]``.
-            attention_mask: ``[B, T]`` of 1 (token) / 0 (padding) over the cached and new tokens
+            attention_mask: bool or integer ``[B, T]`` of 1 (token) / 0 (padding) over the cached and new tokens
                 (``T = cache.length + S``), as in Hugging Face. With a :class:`StaticKVCache`: ``[B, S]``,
                 the new tokens only (the cache keeps the padding of earlier ones).
             position_ids: integer ``[S]`` or ``[B, S]``, or :class:`~rotary.positions.Positions`;

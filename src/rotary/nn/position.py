@@ -55,7 +55,7 @@ def _check_pair(query_positions: torch.Tensor, key_positions: torch.Tensor) -> N
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:
-    """ALiBi head slopes (Press et al. 2022), fp32 ``[num_heads]``.
+    """ALiBi head slopes (Press et al. 2022), fp32 ``[num_heads]``; ``num_heads`` an int in ``[1, 2**16]``.
 
     For a power of two ``n`` the slopes are ``2^(-8/n), 2^(-16/n), ...``; otherwise the slopes of
     the next lower power of two are followed by every other slope of the next higher one (the

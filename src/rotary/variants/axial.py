@@ -148,6 +148,11 @@ class AxialRoPE(CoordinateRoPE):
         if frequency_dtype not in (torch.float32, torch.float64):
             raise InputTypeError(f"frequency_dtype must be torch.float32 or torch.float64, got {frequency_dtype}")
         self.frequency_dtype = frequency_dtype
+        if self.max_freq is not None and self.max_freq / 2 > torch.finfo(frequency_dtype).max:
+            raise InputError(
+                f"max_freq={max_freq:g} puts the frequencies linspace(1, max_freq / 2) · π past {frequency_dtype}'s "
+                "range; use a smaller max_freq (or frequency_dtype=torch.float64)"
+            )
         # the exact frequencies on the host; the buffer mirrors them on the module's device
         self._exact_inv_freq = self._build_inv_freq()
         self._check_frequencies()

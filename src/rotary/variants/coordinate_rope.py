@@ -265,7 +265,7 @@ class CoordinateRoPE(nn.Module):
                 raise InputError(
                     f"packed {name} are not supported by {type(self).__name__}: give [B, S, {self.axes}] coordinates"
                 )
-            positions = positions.ids
+            positions = positions.ids if positions.axes > 1 else positions.ids.unsqueeze(-1)  # 1 axis: ids [..., S]
         if not isinstance(positions, torch.Tensor):
             raise InputTypeError(
                 f"{name} must be a tensor [S, {self.axes}] or [B, S, {self.axes}], got {type(positions).__name__}"

@@ -189,7 +189,7 @@ class XPos(nn.Module):
         if bound is None and ids.numel() and not torch.compiler.is_compiling():
             if devices.host_checks(ids.device):  # the CPU: reading is free (elsewhere: the caller's contract)
                 bound = int(ids.max()) + 1
-        if bound is not None and bound - 1 - self.center > self.max_distance:
+        if bound is not None and ids.numel() and bound - 1 - self.center > self.max_distance:  # no tokens: no position
             n = bound - 1
             raise InputError(
                 f"position {n} is {n - self.center} from the xPos centre {self.center}, beyond max_distance="

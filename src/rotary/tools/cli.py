@@ -24,6 +24,8 @@ COMMAND_MODULES = [
     "rotary.tools.commands.verify",
     "rotary.tools.commands.report",
     "rotary.tools.commands.experiment",
+    "rotary.tools.commands.sweep",
+    "rotary.tools.commands.export",
     "rotary.tools.commands.bench",
     "rotary.tools.commands.build",
 ]
@@ -69,6 +71,8 @@ EXAMPLES = {
     "verify": "rotary verify path/to/config.json --seq-len 512",
     "report": "rotary report path/to/config.json -o report",
     "experiment": "rotary experiment --preset tiny -o runs/tiny",
+    "sweep": "rotary sweep path/to/checkpoint --lengths 2048,4096,8192 --scalings none,yarn -o sweep",
+    "export": "rotary export runs/tiny/models/rope-0 exported/rope-0",
     "bench": "rotary bench --quick --dtypes fp32",
     "build": "rotary build --json",
 }

@@ -27,7 +27,16 @@ import torch
 
 from ...errors import InputError
 from ..experiments.stats import wilson
-from .checkpoint import ALL_SCALINGS, Checkpoint, build_model, check_tables, factor_for, open_checkpoint, scaled_config
+from .checkpoint import (
+    ALL_SCALINGS,
+    Checkpoint,
+    build_model,
+    check_tables,
+    factor_for,
+    open_checkpoint,
+    scaled_config,
+    transformers_config,
+)
 from .data import Documents, load_documents
 from .measure import bootstrap, passkey_length, passkey_prompts, passkey_scores, perplexity
 
@@ -178,15 +187,16 @@ def prepare(settings: SweepSettings) -> Prepared:
         rotary.errors.InputError: any bad input (module docstring), one line naming it.
     """
     checkpoint = open_checkpoint(settings.model, original_length=settings.original_length)
-    admitted = checkpoint.admitted()
-    scalings = list(settings.scalings) if settings.scalings else list(admitted)
+    refused = refused_scalings(checkpoint, settings.full_attention)
+    admitted = [s for s in ALL_SCALINGS if s not in refused]
+    scalings = list(settings.scalings) if settings.scalings else admitted
     for s in scalings:
         if s not in ALL_SCALINGS:
             raise InputError(f"--scalings: unknown scaling {s!r}; known: {', '.join(ALL_SCALINGS)}")
-        if s not in admitted:
+        if s in refused:
             raise InputError(
-                f"--scalings {s}: this {checkpoint.model_type} checkpoint does not admit it (LongRoPE needs the model's "
-                f"own short_factor and long_factor); it admits {', '.join(admitted)}"
+                f"--scalings {s}: this {checkpoint.model_type} checkpoint does not admit it ({refused[s]}); it admits "
+                f"{', '.join(admitted)}"
             )
     lengths = sorted(set(settings.lengths or default_lengths(checkpoint.original_length)))
     if lengths[0] < 4:
@@ -208,6 +218,22 @@ def prepare(settings: SweepSettings) -> Prepared:
                 f"the longest length {lengths[-1]}; give longer --lengths or --no-passkey"
             )
     return Prepared(settings, checkpoint, lengths, scalings, documents, tokenizer, passkey_from)
+
+
+def refused_scalings(checkpoint: Checkpoint, full_attention: bool = False) -> dict[str, str]:
+    """The scalings the checkpoint's family does not admit, and why: LongRoPE without the model's own
+    factors, and every block transformers' config class refuses for it (Phi-3 takes LongRoPE only)."""
+    refused = {}
+    for scaling in ALL_SCALINGS:
+        if scaling == "longrope" and not checkpoint.has_longrope_factors:
+            refused[scaling] = "LongRoPE needs the model's own short_factor and long_factor"
+            continue
+        try:
+            transformers_config(checkpoint, scaled_config(checkpoint, scaling, 2.0), full_attention=full_attention)
+        except Exception as exc:  # transformers' config validation: ValueError or its own error classes
+            reason = str(exc).strip().splitlines()[-1].strip() if str(exc).strip() else type(exc).__name__
+            refused[scaling] = f"transformers' {checkpoint.model_type} config refuses it: {reason}"
+    return refused
 
 
 def _tokenizer(checkpoint: Checkpoint):
@@ -259,6 +285,20 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
+#: tokens per forward: windows of a length are batched up to it (one window when longer)
+BATCH_TOKENS = 4096
+
+
+def rows_for(length: int) -> int:
+    """Windows of ``length`` tokens per forward (:data:`BATCH_TOKENS`).
+
+    Example:
+        >>> rows_for(128), rows_for(8192)
+        (32, 1)
+    """
+    return max(1, BATCH_TOKENS // length)
+
+
 def measure_unit(p: Prepared, scaling: str, length: int, model=None) -> tuple[list[dict], list[dict], Any]:
     """The perplexity and passkey rows of one (scaling, length), on a fresh model (returned too)."""
     s = p.settings
@@ -273,7 +313,9 @@ def measure_unit(p: Prepared, scaling: str, length: int, model=None) -> tuple[li
     stride = s.stride or max(1, length // 4)
     ppl_rows = []
     for mode in ("first", "sliding"):
-        losses = perplexity(model, p.documents.tokens, length, mode, stride=stride, max_windows=s.max_windows)
+        losses = perplexity(
+            model, p.documents.tokens, length, mode, stride=stride, max_windows=s.max_windows, rows=rows_for(length)
+        )
         low, high = bootstrap(losses)
         loss = losses.loss
         ppl_rows.append(
@@ -443,8 +485,7 @@ def _figures(state: dict[str, Any], directory: Path) -> list[str]:
         ax.set_title("first L tokens of each document" if mode == "first" else "sliding windows")
     axes[0].set_ylabel("perplexity")
     axes[0].legend()
-    fig.tight_layout()
-    fig.savefig(figures / "perplexity.png", dpi=120)
+    fig.savefig(figures / "perplexity.png", dpi=100)
     plt.close(fig)
     names = ["figures/perplexity.png"]
     if state["passkey"]:
@@ -464,7 +505,7 @@ def _figures(state: dict[str, Any], directory: Path) -> list[str]:
             ax.set_xlabel("length")
         axes[0][0].set_ylabel("depth")
         fig.colorbar(image, ax=axes[0].tolist(), label="passkey accuracy")
-        fig.savefig(figures / "passkey.png", dpi=120)
+        fig.savefig(figures / "passkey.png", dpi=100)
         plt.close(fig)
         names.append("figures/passkey.png")
     return names

@@ -324,10 +324,7 @@ def build_model(
     ``patch``: run it through :func:`rotary.hf.patch` (the same numbers, rotary's kernels).
     """
     from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # the sweep prints its own progress, one line per measurement
-    hf_logging.set_verbosity_error()  # transformers logs its config checks; rotary checks the tables itself
     hf_config = transformers_config(checkpoint, config, full_attention=full_attention)
     kwargs: dict[str, Any] = {"config": hf_config, "dtype": dtype}
     if device_map is not None:

@@ -186,6 +186,7 @@ def prepare(settings: SweepSettings) -> Prepared:
     Raises:
         rotary.errors.InputError: any bad input (module docstring), one line naming it.
     """
+    quiet_transformers()
     checkpoint = open_checkpoint(settings.model, original_length=settings.original_length)
     refused = refused_scalings(checkpoint, settings.full_attention)
     admitted = [s for s in ALL_SCALINGS if s not in refused]
@@ -218,6 +219,16 @@ def prepare(settings: SweepSettings) -> Prepared:
                 f"the longest length {lengths[-1]}; give longer --lengths or --no-passkey"
             )
     return Prepared(settings, checkpoint, lengths, scalings, documents, tokenizer, passkey_from)
+
+
+def quiet_transformers() -> None:
+    """transformers' progress bars and config warnings off: the sweep prints one line per measurement, and
+    checks each model's tables itself (a warning such as Llama-3's "original_max_position_embeddings must be
+    less than max_position_embeddings" at factor 1 says nothing about the numbers)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
 
 
 def refused_scalings(checkpoint: Checkpoint, full_attention: bool = False) -> dict[str, str]:
@@ -492,7 +503,8 @@ def _figures(state: dict[str, Any], directory: Path) -> list[str]:
         depths = sorted({r["depth"] for r in state["passkey"]})
         lengths = settings["lengths"]
         scalings = settings["scalings"]
-        fig, axes = plt.subplots(1, len(scalings), figsize=(2.6 * len(scalings) + 1, 3), squeeze=False)
+        fig, axes = plt.subplots(1, len(scalings), figsize=(2.2 * len(scalings) + 1.5, 3.2), squeeze=False, sharey=True)
+        fig.subplots_adjust(bottom=0.25, wspace=0.08, left=0.08, right=0.86)
         for ax, scaling in zip(axes[0], scalings):
             grid = [[math.nan] * len(lengths) for _ in depths]
             for r in state["passkey"]:
@@ -504,7 +516,7 @@ def _figures(state: dict[str, Any], directory: Path) -> list[str]:
             ax.set_title(scaling)
             ax.set_xlabel("length")
         axes[0][0].set_ylabel("depth")
-        fig.colorbar(image, ax=axes[0].tolist(), label="passkey accuracy")
+        fig.colorbar(image, cax=fig.add_axes((0.88, 0.25, 0.015, 0.65)), label="passkey accuracy")
         fig.savefig(figures / "passkey.png", dpi=100)
         plt.close(fig)
         names.append("figures/passkey.png")
@@ -522,7 +534,9 @@ def write_report(state: dict[str, Any], directory: Path) -> Path:
         f"# rotary sweep: {settings['model']}",
         "",
         f"{model['model_type']} ({model['config_form']} config), original context {settings['original_length']} tokens, "
-        f"RoPE {model['rope']}; backend {model['backend']}; {settings['dtype']} on {settings['device']}.",
+        "RoPE "
+        + "; ".join(f"{k if k != 'None' else 'every layer'}: {v}" for k, v in model["rope"].items())
+        + f"; backend {model['backend']}; {settings['dtype']} on {settings['device']}.",
         f"Text: {model['data']} ({len(model['documents'])} documents, sha256 {settings['data_sha256'][:12]}).",
     ]
     if model["sliding_window"] is not None:

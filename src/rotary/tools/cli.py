@@ -38,6 +38,7 @@ OPTIONAL_PACKAGES = {
     "rich": "part of rotary's [plot] extra: pip install 'matplotlib>=3.8' 'rich>=13' (in a clone of rotary: pip install -e '.[plot]')",
     "matplotlib": "part of rotary's [plot] extra: pip install 'matplotlib>=3.8' 'rich>=13' (in a clone of rotary: pip install -e '.[plot]')",
     "transformers": "install it with: pip install transformers",
+    "accelerate": "install it with: pip install accelerate (transformers' device_map needs it)",
     "rotary_embedding_torch": "install it with: pip install rotary-embedding-torch",
 }
 

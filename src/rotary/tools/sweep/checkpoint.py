@@ -296,15 +296,18 @@ def scaled_config(checkpoint: Checkpoint, scaling: str, factor: float) -> dict[s
     return config
 
 
-def transformers_config(checkpoint: Checkpoint, config: dict[str, Any], *, full_attention: bool = False):
-    """A transformers config object read from the dict ``config`` (as ``from_pretrained`` reads config.json)."""
+def transformers_config(checkpoint: Checkpoint, config: dict[str, Any], *, window: int | None = None):
+    """A transformers config object read from the dict ``config`` (as ``from_pretrained`` reads config.json).
+
+    ``window``: a sliding window to use instead of the model's (``--full-attention`` passes one longer than
+    any sequence measured: every layer then attends to the whole sequence, Gemma 3's local layers included,
+    whose caches need a window).
+    """
     from transformers import AutoConfig
 
     d = dict(config)
-    if full_attention:
-        d["sliding_window"] = None
-        if "use_sliding_window" in d:
-            d["use_sliding_window"] = False
+    if window is not None and d.get("sliding_window") is not None:
+        d["sliding_window"] = window
     d.pop("model_type")
     return AutoConfig.for_model(checkpoint.model_type, **d)
 
@@ -316,16 +319,17 @@ def build_model(
     device: str = "cpu",
     dtype: torch.dtype = torch.float32,
     device_map: str | None = None,
-    full_attention: bool = False,
+    window: int | None = None,
     patch: bool = False,
 ):
     """The model transformers builds from ``checkpoint``'s weights and the (edited) ``config``, in eval mode.
 
-    ``patch``: run it through :func:`rotary.hf.patch` (the same numbers, rotary's kernels).
+    ``window``: see :func:`transformers_config`. ``patch``: run it through :func:`rotary.hf.patch` (the same
+    numbers, rotary's kernels).
     """
     from transformers import AutoModelForCausalLM
 
-    hf_config = transformers_config(checkpoint, config, full_attention=full_attention)
+    hf_config = transformers_config(checkpoint, config, window=window)
     kwargs: dict[str, Any] = {"config": hf_config, "dtype": dtype}
     if device_map is not None:
         kwargs["device_map"] = device_map

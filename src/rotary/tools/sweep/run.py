@@ -188,7 +188,9 @@ def prepare(settings: SweepSettings) -> Prepared:
     """
     quiet_transformers()
     checkpoint = open_checkpoint(settings.model, original_length=settings.original_length)
-    refused = refused_scalings(checkpoint, settings.full_attention)
+    if settings.device_map is not None:
+        import accelerate  # noqa: F401  (from_pretrained's device_map needs it; the CLI names the package to install)
+    refused = refused_scalings(checkpoint)
     admitted = [s for s in ALL_SCALINGS if s not in refused]
     scalings = list(settings.scalings) if settings.scalings else admitted
     for s in scalings:
@@ -231,7 +233,7 @@ def quiet_transformers() -> None:
     hf_logging.set_verbosity_error()
 
 
-def refused_scalings(checkpoint: Checkpoint, full_attention: bool = False) -> dict[str, str]:
+def refused_scalings(checkpoint: Checkpoint, window: int | None = None) -> dict[str, str]:
     """The scalings the checkpoint's family does not admit, and why: LongRoPE without the model's own
     factors, and every block transformers' config class refuses for it (Phi-3 takes LongRoPE only)."""
     refused = {}
@@ -240,7 +242,7 @@ def refused_scalings(checkpoint: Checkpoint, full_attention: bool = False) -> di
             refused[scaling] = "LongRoPE needs the model's own short_factor and long_factor"
             continue
         try:
-            transformers_config(checkpoint, scaled_config(checkpoint, scaling, 2.0), full_attention=full_attention)
+            transformers_config(checkpoint, scaled_config(checkpoint, scaling, 2.0), window=window)
         except Exception as exc:  # transformers' config validation: ValueError or its own error classes
             reason = str(exc).strip().splitlines()[-1].strip() if str(exc).strip() else type(exc).__name__
             refused[scaling] = f"transformers' {checkpoint.model_type} config refuses it: {reason}"
@@ -296,6 +298,12 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
+def full_window(p: Prepared) -> int:
+    """The sliding window ``--full-attention`` sets: longer than any sequence the sweep runs (the longest
+    length and the passkey answer), so every layer attends to all of it."""
+    return max(p.lengths) + 64
+
+
 #: tokens per forward: windows of a length are batched up to it (one window when longer)
 BATCH_TOKENS = 4096
 
@@ -318,7 +326,7 @@ def measure_unit(p: Prepared, scaling: str, length: int, model=None) -> tuple[li
     if model is None:
         model = build_model(
             p.checkpoint, config, device=s.device, dtype=DTYPES[s.dtype], device_map=s.device_map,
-            full_attention=s.full_attention, patch=s.patch,
+            window=full_window(p) if s.full_attention else None, patch=s.patch,
         )  # fmt: skip
     check_tables(model, p.checkpoint, config, length)
     stride = s.stride or max(1, length // 4)

@@ -125,9 +125,10 @@ def _available_bytes(device: str) -> int:
 def memory_needed(checkpoint: Checkpoint, length: int, dtype: torch.dtype, rows: int = 1) -> dict[str, int]:
     """Bytes one forward of ``rows`` windows of ``length`` tokens needs, by part (an estimate, on the high side).
 
-    Attention scores count ``heads x L x L`` fp32 values (the math kernel's; fused kernels need less),
-    the KV cache of a passkey prompt two ``L x kv_heads x head_dim`` tensors per layer, activations a
-    dozen ``L x hidden`` fp32 values per token, the logits :data:`~.measure.LOGIT_BUDGET`.
+    Attention: ``heads x L x L`` fp32 scores under eager attention; under SDPA (transformers' default)
+    the fused kernels hold no scores, and one ``L x L`` boolean mask is counted. The KV cache of a
+    passkey prompt: two ``L x kv_heads x head_dim`` tensors per layer; activations a dozen ``L x hidden``
+    fp32 values per token; the logits at most :data:`~.measure.LOGIT_BUDGET`.
     """
     from .measure import LOGIT_BUDGET
 
@@ -137,10 +138,11 @@ def memory_needed(checkpoint: Checkpoint, length: int, dtype: torch.dtype, rows:
     kv_heads = int(c.get("num_key_value_heads") or heads)
     head_dim = int(c.get("head_dim") or hidden // heads)
     itemsize = torch.finfo(dtype).bits // 8
+    eager = (c.get("attn_implementation") or c.get("_attn_implementation")) == "eager"
     weights = checkpoint.weights_bytes * itemsize // 4 if checkpoint.weights_bytes else 0
     return {
         "weights": weights,
-        "attention scores": rows * heads * length * length * 4,
+        "attention scores": rows * length * length * (heads * 4 if eager else 1),
         "KV cache": rows * 2 * checkpoint.num_layers * length * kv_heads * head_dim * itemsize,
         "activations": rows * length * max(hidden, 1) * 12 * 4,
         "logits": min(LOGIT_BUDGET, rows * length * max(checkpoint.vocab_size, 1)) * 4,
@@ -348,7 +350,7 @@ def measure_unit(p: Prepared, scaling: str, length: int, model=None) -> tuple[li
     passkey_rows = []
     if s.trials and length >= (p.passkey_from or 0):
         prompts = passkey_prompts(p.tokenizer, length, s.depths, s.trials)
-        for depth, (correct, trials) in passkey_scores(model, p.tokenizer, prompts, rows=len(s.depths)).items():
+        for depth, (correct, trials) in passkey_scores(model, p.tokenizer, prompts, rows=rows_for(length)).items():
             low, high = wilson(correct, trials)
             passkey_rows.append(
                 {

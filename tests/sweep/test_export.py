@@ -59,9 +59,10 @@ def test_export_cli_writes_a_checkpoint_with_the_models_logits_and_a_byte_tokeni
     [
         dict(rope_interleaved=True, num_kv_heads=1, tie_word_embeddings=True),
         dict(rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}),
+        dict(rope_scaling={"rope_type": "ntk", "factor": 4.0}),
         dict(position_encoding="none"),
     ],
-    ids=["interleaved-gqa-tied", "yarn", "nope"],
+    ids=["interleaved-gqa-tied", "yarn", "ntk", "nope"],
 )
 def test_logits_equal_for_pairing_scaling_gqa_tying_and_nope(config):
     torch.manual_seed(0)

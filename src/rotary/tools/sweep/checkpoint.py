@@ -23,8 +23,8 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,7 @@ class Checkpoint:
         nope_layers: indices of layers that apply no RoPE.
         num_layers: layers.
         vocab_size: output size ``V``.
+        weights_bytes: size of the weight files (0 for a hub id).
     """
 
     source: str
@@ -93,7 +94,6 @@ class Checkpoint:
     num_layers: int = 0
     vocab_size: int = 0
     weights_bytes: int = 0
-    notes: list[str] = field(default_factory=list)
 
     def admitted(self) -> tuple[str, ...]:
         """The scalings this checkpoint admits: every one but LongRoPE, which needs the model's own factors."""
@@ -122,8 +122,9 @@ def _read_config(model: str) -> tuple[dict[str, Any], int]:
             return json.loads(config_file.read_text(encoding="utf-8")), size
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise InputError(f"{config_file}: not a JSON config ({exc}); give a transformers checkpoint") from None
-    if path.exists() or os.sep in model.strip("/") and model.count("/") > 1:
-        raise InputError(f"{model}: not a checkpoint directory; give a directory written by save_pretrained")
+    if path.exists() or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", model) or model.startswith("."):
+        what = "not a directory" if path.exists() else "no such directory"
+        raise InputError(f"{model}: {what}; give a checkpoint directory written by save_pretrained (or a hub id)")
     try:  # a hub id: transformers downloads the config, where the network allows it
         from transformers import AutoConfig
 

@@ -10,7 +10,9 @@ model trained with interleaved pairs, q and k rows permuted to Llama's half pair
 (:func:`rotary.permute_qk_weight`; the scores are unchanged). A NoPE model (``position_encoding="none"``)
 maps onto SmolLM3, Llama's layout with a ``no_rope_layers`` flag per layer (0 = no rotation). Every other
 position encoding (learned or sinusoidal embeddings, ALiBi, xPos, p-RoPE, the hybrids) changes the
-computation in a way no transformers Llama config states: it is refused with :class:`ExportError`.
+computation in a way no transformers Llama config states: it is refused with :class:`ExportError`. A
+model fine-tuned with rotary's static NTK scaling (``rope_type="ntk"``, which transformers lacks) is plain
+RoPE at the raised base ``theta * factor ** (d / (d - 2))``, and is written so.
 
 The tokenizer is the experiment's: one token per byte (ids 0..255, no special tokens), written as a
 ``tokenizer.json`` (a byte-level BPE vocabulary without merges) that ``AutoTokenizer`` loads offline.
@@ -116,8 +118,17 @@ def hf_config_of(model: Decoder, original_length: int) -> dict[str, Any]:
     if c.rope_scaling:
         block = {k: v for k, v in c.rope_scaling.items() if k != "type"}
         block.setdefault("rope_type", c.rope_scaling.get("type", "default"))
-        theta = block.pop("rope_theta", c.rope_base)
-        rope = {**block, "rope_theta": float(theta)}
+        theta = float(block.pop("rope_theta", c.rope_base))
+        if block["rope_type"] == "ntk":  # static NTK (rotary's, not transformers'): plain RoPE at the raised base
+            width = c.head_dim * block.pop("partial_rotary_factor", 1.0)
+            theta = theta * block.pop("factor") ** (width / (width - 2))
+            block["rope_type"] = "default"
+        rope = {**block, "rope_theta": theta}
+        if rope["rope_type"] not in _transformers_rope_types():
+            raise ExportError(
+                f"this model's rope_type {rope['rope_type']!r} is rotary's own; transformers reads "
+                f"{', '.join(sorted(_transformers_rope_types()))}"
+            )
     config: dict[str, Any] = {
         "architectures": [EXPORTABLE[c.position_encoding]],
         "model_type": "llama",
@@ -149,6 +160,12 @@ def hf_config_of(model: Decoder, original_length: int) -> dict[str, Any]:
             sliding_window=None,
         )
     return config
+
+
+def _transformers_rope_types() -> set[str]:
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    return {"default", *ROPE_INIT_FUNCTIONS}
 
 
 def to_hf_state_dict(model: Decoder) -> dict[str, torch.Tensor]:

@@ -29,6 +29,9 @@ LONG, SHORT = [1.0 + 0.25 * i for i in range(8)], [1.0 + 0.05 * i for i in range
 FAMILIES = {
     "llama-4.x": dict(model_type="llama", rope_theta=500000.0, **TINY),
     "llama-5.x": dict(model_type="llama", rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, **TINY),
+    "llama-3.1": dict(model_type="llama", rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 4.0,
+                      "low_freq_factor": 2.0, "high_freq_factor": 8.0, "original_max_position_embeddings": 32},
+                      **{**TINY, "max_position_embeddings": 128}),
     "qwen3": dict(model_type="qwen3", rope_parameters={"rope_type": "default", "rope_theta": 1e6}, **TINY),
     "phi3": dict(model_type="phi3", rope_theta=10000.0, original_max_position_embeddings=32,
                  rope_scaling={"type": "longrope", "short_factor": SHORT, "long_factor": LONG},
@@ -53,6 +56,11 @@ def edited_by_hand(name: str, scaling: str) -> dict:
     """The oracle: the config a user would write for ``scaling`` at factor 2, key by key."""
     c = json.loads(json.dumps(FAMILIES[name]))
     block = BLOCKS[scaling]
+    if name == "llama-3.1":  # the origin is the original 32, not max_position_embeddings (128)
+        if scaling == "dynamic":
+            c["max_position_embeddings"] = 32  # dynamic NTK measures from here
+        if scaling == "llama3":
+            block = {**block, "low_freq_factor": 2.0, "high_freq_factor": 8.0}  # the model's own bands
     if name == "gemma3":
         c["rope_parameters"]["full_attention"] = {**block, "rope_theta": 1e6}
     elif "rope_parameters" in c:

@@ -10,7 +10,8 @@ The traps of scaling a pretrained model's RoPE (transformers 5.23), and where ea
   the new block is written with both carried over; a 4.x config keeps ``rope_theta`` beside its new
   ``rope_scaling``;
 - ``original_max_position_embeddings`` defaults to ``max_position_embeddings``: every block that
-  reads it (YaRN, Llama-3, LongRoPE) states it, and ``max_position_embeddings`` is never raised;
+  reads it (YaRN, Llama-3, LongRoPE) states it, and only then is ``max_position_embeddings`` set to the
+  target length;
 - dynamic NTK takes ``max_position_embeddings`` as its origin and remembers the longest length it has
   seen: its config gets the original length there, and the sweep builds a fresh model per length;
 - YaRN's attention factor and LongRoPE's short/long switch are transformers' own (the model is
@@ -264,8 +265,9 @@ def scaled_config(checkpoint: Checkpoint, scaling: str, factor: float) -> dict[s
     """config.json of ``checkpoint`` with ``scaling`` at ``factor``, in the checkpoint's own form (4.x or 5.x).
 
     Only the RoPE of :attr:`Checkpoint.layer_types` changes; ``rope_theta`` (and ``partial_rotary_factor``)
-    are carried into the new block, ``max_position_embeddings`` is kept (dynamic NTK: set to the
-    original length, its origin).
+    are carried into the new block. ``max_position_embeddings``: kept for ``none`` and ``linear``, the
+    original length for dynamic NTK (its origin), ``original x factor`` for the types whose block states
+    ``original_max_position_embeddings`` (so their ratio is the factor).
 
     Example:
         >>> ck = Checkpoint("m", {"model_type": "llama", "rope_theta": 5e5, "max_position_embeddings": 8192},
@@ -294,6 +296,10 @@ def scaled_config(checkpoint: Checkpoint, scaling: str, factor: float) -> dict[s
         config["original_max_position_embeddings"] = length
     if scaling == "dynamic":
         config["max_position_embeddings"] = length  # transformers' dynamic NTK measures from here
+    elif scaling in ("yarn", "llama3", "longrope"):
+        # the block states its origin, so this moves nothing; it makes max / original equal the factor, as
+        # rotary's reader requires of an unambiguous config (transformers would use factor and warn)
+        config["max_position_embeddings"] = max(length, round(length * factor))
     return config
 
 

@@ -1,6 +1,8 @@
-"""``rotary export RUN/models/NAME OUT``: a model of ``rotary experiment`` as a transformers checkpoint
-(Llama layout, safetensors, config.json with its rope_parameters, a byte-level tokenizer), so that
-``rotary sweep OUT`` or any Hugging Face tool loads it; its logits are the model's own."""
+"""``rotary export``: a model of ``rotary experiment`` as a transformers checkpoint.
+
+``rotary export RUN/models/NAME OUT`` writes it in Llama's layout (safetensors, config.json with its
+rope_parameters, a byte-level tokenizer), so that ``rotary sweep OUT`` or any Hugging Face tool loads it;
+its logits are the model's own. Position encodings no Llama config states are refused by name."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``rotary sweep MODEL``: perplexity and passkey retrieval of a pretrained causal LM at a list of lengths,
+"""``rotary sweep``: perplexity and passkey retrieval of a pretrained causal LM at a list of lengths,
 with each RoPE scaling its family admits, each model built by transformers from the edited config.
 
 Results stream into --out DIR (perplexity.csv, passkey.csv, sweep.json, then report.md and figures/);

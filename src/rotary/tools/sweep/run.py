@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from ...errors import InputError
+from ...rope import RoPE
 from ..experiments.stats import wilson
 from .checkpoint import (
     ALL_SCALINGS,
@@ -243,11 +244,18 @@ def refused_scalings(checkpoint: Checkpoint, window: int | None = None) -> dict[
         if scaling == "longrope" and not checkpoint.has_longrope_factors:
             refused[scaling] = "LongRoPE needs the model's own short_factor and long_factor"
             continue
+        config = scaled_config(checkpoint, scaling, 2.0)
         try:
-            transformers_config(checkpoint, scaled_config(checkpoint, scaling, 2.0), window=window)
+            transformers_config(checkpoint, config, window=window)
         except Exception as exc:  # transformers' config validation: ValueError or its own error classes
             reason = str(exc).strip().splitlines()[-1].strip() if str(exc).strip() else type(exc).__name__
             refused[scaling] = f"transformers' {checkpoint.model_type} config refuses it: {reason}"
+            continue
+        try:  # the tables every model is checked against: read here, before anything is written
+            for kind in checkpoint.layer_types:
+                RoPE.from_hf_config(config, layer_type=kind)
+        except InputError as exc:
+            refused[scaling] = f"rotary cannot read the edited config: {exc}"
     return refused
 
 

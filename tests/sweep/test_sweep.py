@@ -259,3 +259,18 @@ def test_sliding_window_attention_is_reported_and_switched_off_on_request(texts,
     # a random model's perplexity is near the vocabulary size either way: the window moves it by 4e-4,
     # forty times the tolerance each one met against its oracle
     assert abs(windowed["perplexity"] - full["perplexity"]) > 1e-4 * full["perplexity"]
+
+
+def test_longest_passing_length_is_where_accuracy_stops_staying_at_or_above_80_percent():
+    from rotary.tools.sweep.run import longest_passing
+
+    def rows(scaling, *counts):  # (length, correct, trials) summed over two depths
+        return [
+            {"scaling": scaling, "length": length, "depth": d, "correct": c // 2 + (c % 2) * (1 - d), "trials": t // 2}
+            for length, c, t in counts
+            for d in (0, 1)
+        ]
+
+    data = rows("yarn", (256, 10, 10), (512, 8, 10), (1024, 6, 10), (2048, 10, 10)) + rows("none", (256, 7, 10))
+    assert longest_passing(data, "yarn") == 512  # 2048 passes again, but accuracy did not stay up to it
+    assert longest_passing(data, "none") is None

@@ -46,11 +46,13 @@ def _names(text: str) -> list[str]:
 def _sweep(args: argparse.Namespace) -> int:
     from rotary.tools.sweep import SweepSettings, run_sweep
 
+    import torch
+
     device = args.device
     if device is None:
-        import torch
-
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     settings = SweepSettings(
         model=args.model,
         lengths=args.lengths,
@@ -105,6 +107,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda when there is one)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="weights' dtype")
+    p.add_argument("--threads", type=positive_int, help="torch CPU threads (default torch's; on a busy machine 1 is "
+                   "often faster for small models)")  # fmt: skip
     p.add_argument("--device-map", choices=("auto",), help="auto: spread a model larger than one device (accelerate)")
     p.add_argument("--json", action="store_true", help="print the summary and perplexities as JSON")
     add_output_argument(p, "dir", "sweep", "directory for the results")

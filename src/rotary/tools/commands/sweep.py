@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import add_output_argument, positive_int, print_json
+from ...errors import InputError
+from .common import add_output_argument, count, positive_int, print_json
 
 __all__ = ["register"]
 
@@ -44,13 +45,21 @@ def _names(text: str) -> list[str]:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from rotary.tools.sweep import SweepSettings, run_sweep
-
     import torch
+
+    from rotary.tools.sweep import SweepSettings, run_sweep
 
     device = args.device
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        raise InputError(f"--device {device!r} is not a device; give cpu, cuda or cuda:N") from None
+    if kind not in ("cpu", "cuda") or (kind == "cuda" and not torch.cuda.is_available()):
+        raise InputError(
+            f"--device {device}: not available here; give cpu{' or cuda' if torch.cuda.is_available() else ''}"
+        )
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     settings = SweepSettings(
@@ -99,7 +108,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stride", type=positive_int, help="tokens each sliding window scores (default: length / 4)")
     p.add_argument("--max-windows", type=positive_int, default=4, help="sliding windows per document (default 4)")
     p.add_argument("--depths", type=_floats, default=[0.0, 0.25, 0.5, 0.75, 1.0], help="passkey depths in [0, 1]")
-    p.add_argument("--trials", type=positive_int, default=4, help="passkey prompts per length and depth (default 4)")
+    p.add_argument(
+        "--trials",
+        type=count(10000, "a passkey interval is narrow long before"),
+        default=4,
+        help="passkey prompts per length and depth (default 4)",
+    )
     p.add_argument("--no-passkey", action="store_true", help="measure perplexity only")
     p.add_argument("--patch", action="store_true", help="run every model through rotary.hf.patch (the same numbers)")
     p.add_argument(
@@ -107,7 +121,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda when there is one)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="weights' dtype")
-    p.add_argument("--threads", type=positive_int, help="torch CPU threads (default torch's; on a busy machine 1 is "
+    p.add_argument("--threads", type=count(1024, "more than any CPU has"), help="torch CPU threads (default torch's; on a busy machine 1 is "
                    "often faster for small models)")  # fmt: skip
     p.add_argument("--device-map", choices=("auto",), help="auto: spread a model larger than one device (accelerate)")
     p.add_argument("--json", action="store_true", help="print the summary and perplexities as JSON")

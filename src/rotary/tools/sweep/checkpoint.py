@@ -123,7 +123,7 @@ def _read_config(model: str) -> tuple[dict[str, Any], int]:
             return json.loads(config_file.read_text(encoding="utf-8")), size
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise InputError(f"{config_file}: not a JSON config ({exc}); give a transformers checkpoint") from None
-    if path.exists() or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", model) or model.startswith("."):
+    if path.exists() or not re.fullmatch(r"[\w.-]+/[\w.-]+", model) or model.startswith("."):
         what = "not a directory" if path.exists() else "no such directory"
         raise InputError(f"{model}: {what}; give a checkpoint directory written by save_pretrained (or a hub id)")
     try:  # a hub id: transformers downloads the config, where the network allows it

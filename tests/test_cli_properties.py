@@ -349,9 +349,9 @@ BENCH_BASE = [
     "--dtypes",
     "fp32",
 ]
-#: always given to sweep (overridable): one length, one short document, no passkey: a valid run in seconds
-SWEEP_BASE = ["--data", str(FIXTURES / "llama3_1.json"), "--lengths", "32", "--no-passkey", "--documents", "1",
-              "--max-windows", "1"]  # fmt: skip  (--data takes several: not last, before MODEL)
+#: always given to sweep (overridable): one length, one short document, no passkey: a valid run in seconds;
+#: --data takes several values, so it is not last (the MODEL drawn after it would be read as one)
+SWEEP_BASE = ["--data", str(FIXTURES / "llama3_1.json"), "--lengths", "32", "--no-passkey", "--documents", "1"]
 #: always given to experiment (overridable); its training is replaced by ReachedTraining below
 EXPERIMENT_BASE = ["--preset", "tiny", "--device", "cpu"]
 

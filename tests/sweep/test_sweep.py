@@ -207,6 +207,10 @@ def test_passkey_rows_intervals_report_and_resume(checkpoints, texts, tmp_path, 
     again = json.loads((tmp_path / "out" / "sweep.json").read_text())
     assert again["perplexity"] == state["perplexity"] and again["passkey"] == state["passkey"]
     assert len((tmp_path / "out" / "perplexity.csv").read_text().splitlines()) == 1 + 8
+    # other settings into the same directory are refused, and leave it as it was
+    status, captured = sweep([*args, "--trials", "2"], capsys)
+    assert status == 2 and "holds a sweep of other settings" in captured.err
+    assert json.loads((tmp_path / "out" / "sweep.json").read_text()) == again
 
 
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(checkpoints, texts, tmp_path, capsys):

@@ -249,6 +249,9 @@ def export_model(source: str | os.PathLike, out: str | os.PathLike) -> Path:
         export_model("runs/default/models/rope-0", "exported/rope-0")
     """
     from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one line says what was written
 
     target = Path(out)
     if target.exists() and not (target.is_dir() and not any(target.iterdir())):

@@ -159,6 +159,7 @@ def pool(tmp_path_factory):
     (d / "raising_cases.py").write_text("raise RuntimeError('boom')\n")
     (d / "syntax_cases.py").write_text("def (:\n")
     (d / "exit_cases.py").write_text("import sys\nsys.exit(3)\n")
+    checkpoint, run_model = _sweep_inputs(d)
     fixtures = [
         str(FIXTURES / f)
         for f in ("llama3_1.json", "gemma3_nested.json", "phi3_longrope.json", "deepseek_v3.json", "gptj.json")
@@ -208,7 +209,33 @@ def pool(tmp_path_factory):
             str(d / n) for n in ("ok_cases.py", "raising_cases.py", "syntax_cases.py", "exit_cases.py", "missing.py")
         ]
         + [str(d / "vec.txt")],
+        "checkpoint": checkpoint,
+        "run model": run_model,
     }
+
+
+def _sweep_inputs(d: Path) -> tuple[str, str]:
+    """A tiny transformers checkpoint (rotary sweep's MODEL) and a run's model directory (rotary export's)."""
+    import dataclasses
+
+    import transformers
+
+    from rotary.tools.experiments.config import ExperimentConfig
+    from rotary.tools.experiments.plan import model_specs
+    from rotary.tools.experiments.train import CHECKPOINT, CHECKPOINT_FORMAT, build_model
+    from rotary.tools.sweep.export import byte_tokenizer
+
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                      num_attention_heads=2, max_position_embeddings=16)  # fmt: skip
+    transformers.LlamaForCausalLM(config).save_pretrained(d / "checkpoint")
+    byte_tokenizer().save_pretrained(d / "checkpoint")
+    run = ExperimentConfig(preset="tiny", train_length=64, hidden_size=16, num_layers=1, num_heads=2, seeds=1)
+    spec = next(s for s in model_specs(run) if s.encoding == "rope")
+    (d / "run_model").mkdir()
+    payload = {"format": CHECKPOINT_FORMAT, "spec": dataclasses.asdict(spec), "config": run.to_dict(), "step": 1,
+               "model": build_model(spec, run).state_dict(), "optimizer": {}, "losses": [0.0], "seconds": 0.0}  # fmt: skip
+    torch.save(payload, d / "run_model" / CHECKPOINT)
+    return str(d / "checkpoint"), str(d / "run_model")
 
 
 #: values that fit each option, by its dest: half the examples draw from these so that they get past
@@ -287,6 +314,12 @@ def value_for(action: argparse.Action, pool: dict, wild: bool) -> st.SearchStrat
         return st.sampled_from(SCALING_EXAMPLES) if not wild else SCALING
     if name in ("config", "configs", "data"):
         return st.sampled_from(pool["fixtures"] if not wild else pool["inputs"])
+    if name == "model":  # rotary sweep
+        return st.sampled_from([pool["checkpoint"]] if not wild else [pool["checkpoint"], *pool["inputs"]])
+    if name == "source":  # rotary export
+        return st.sampled_from([pool["run model"]] if not wild else [pool["run model"], *pool["inputs"]])
+    if name == "target":
+        return st.sampled_from(pool["plausible outputs"] if not wild else pool["outputs"])
     if name in ("q", "k"):
         return st.sampled_from(pool["vectors"] if not wild else pool["inputs"])
     if name == "resume":
@@ -316,6 +349,9 @@ BENCH_BASE = [
     "--dtypes",
     "fp32",
 ]
+#: always given to sweep (overridable): one length, one short document, no passkey: a valid run in seconds;
+#: --data takes several values, so it is not last (the MODEL drawn after it would be read as one)
+SWEEP_BASE = ["--data", str(FIXTURES / "llama3_1.json"), "--lengths", "32", "--no-passkey", "--documents", "1"]
 #: always given to experiment (overridable); its training is replaced by ReachedTraining below
 EXPERIMENT_BASE = ["--preset", "tiny", "--device", "cpu"]
 
@@ -329,7 +365,7 @@ class ReachedTraining(Exception):
 def argv_for(draw, command: str, pool: dict) -> list[str]:
     parser = leaf_parsers()[command]
     argv = command.split()
-    argv += {"bench": BENCH_BASE, "experiment": EXPERIMENT_BASE}.get(command, [])
+    argv += {"bench": BENCH_BASE, "experiment": EXPERIMENT_BASE, "sweep": SWEEP_BASE}.get(command, [])
     positionals = [a for a in parser._actions if not a.option_strings and not isinstance(a, argparse._SubParsersAction)]
     options = [
         a
@@ -337,8 +373,8 @@ def argv_for(draw, command: str, pool: dict) -> list[str]:
         if a.option_strings and not isinstance(a, argparse._HelpAction) and (command, a.option_strings[-1]) not in SKIP
     ]
     wild = draw(st.booleans())  # else every value fits its option on its own
-    for action in positionals:
-        if draw(st.booleans()):
+    for action in positionals:  # a required one (sweep's MODEL, export's two) always: argparse's "required" names none
+        if action.nargs is None or draw(st.booleans()):
             argv.append(draw(value_for(action, pool, wild)))
     for action in draw(st.lists(st.sampled_from(options), max_size=4)) if options else []:
         flag = draw(st.sampled_from(action.option_strings))
@@ -519,6 +555,8 @@ BUDGET = {
     "plot learnable": 8,
     "plot variants": 4,
     "experiment": 40,
+    "sweep": 8,
+    "export": 16,
 }
 
 

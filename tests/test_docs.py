@@ -73,6 +73,22 @@ NOT_RUN = {
     "rotary bench --shapes none --suites generation_qk_norm --threads 2 --markdown --repeats 9": (
         "times six generation rows, half a minute; tests/test_bench_suites.py runs the suite at --quick's shapes"
     ),
+    "rotary sweep path/to/checkpoint --lengths 2048,4096,8192,16384 -o sweeps/my-model": "needs a checkpoint of the reader's",
+    "rotary export runs/default/models/rope-0 exported/rope-0": (
+        "needs a finished default run; tests/sweep/test_export.py exports a run's model written by the test"
+    ),
+    "rotary sweep exported/rope-0 --lengths 128,256,512,1024 -o sweeps/rope-0": (
+        "needs the exported model above, a minute; tests/sweep/test_sweep.py sweeps tiny checkpoints"
+    ),
+    "rotary sweep huggyllama/llama-7b --data pg19/test --documents 100 --lengths 2048,4096,8192 --scalings none,linear "
+    "--stride 256 --max-windows 1000000 --no-passkey --dtype bfloat16 -o sweeps/pi-pg19": "a 7B model and PG19: a GPU, hours",
+    "rotary sweep meta-llama/Llama-2-7b-hf --data proof-pile/test --documents 10 --lengths "
+    "2048,4096,8192,16384,32768,65536,131072 --scalings none,linear,dynamic,yarn --no-passkey --dtype bfloat16 "
+    "--device-map auto -o sweeps/yarn-proofpile": "a 7B model at 128k tokens: GPUs, hours",
+    "rotary sweep microsoft/Phi-3-mini-128k-instruct --data proof-pile/test --documents 10 --lengths "
+    "4096,8192,16384,32768,65536,131072 --scalings none,longrope --dtype bfloat16 -o sweeps/longrope": (
+        "a 3.8B model at 128k tokens: a GPU, hours"
+    ),
     "python -m venv .venv": "creates an environment",
     ". .venv/bin/activate": "changes the shell's environment",
     "pip install torch==2.13.0": "installs packages",

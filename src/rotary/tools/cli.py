@@ -24,6 +24,8 @@ COMMAND_MODULES = [
     "rotary.tools.commands.verify",
     "rotary.tools.commands.report",
     "rotary.tools.commands.experiment",
+    "rotary.tools.commands.sweep",
+    "rotary.tools.commands.export",
     "rotary.tools.commands.bench",
     "rotary.tools.commands.build",
 ]
@@ -36,6 +38,7 @@ OPTIONAL_PACKAGES = {
     "rich": "part of rotary's [plot] extra: pip install 'matplotlib>=3.8' 'rich>=13' (in a clone of rotary: pip install -e '.[plot]')",
     "matplotlib": "part of rotary's [plot] extra: pip install 'matplotlib>=3.8' 'rich>=13' (in a clone of rotary: pip install -e '.[plot]')",
     "transformers": "install it with: pip install transformers",
+    "accelerate": "install it with: pip install accelerate (transformers' device_map needs it)",
     "rotary_embedding_torch": "install it with: pip install rotary-embedding-torch",
 }
 
@@ -69,6 +72,8 @@ EXAMPLES = {
     "verify": "rotary verify path/to/config.json --seq-len 512",
     "report": "rotary report path/to/config.json -o report",
     "experiment": "rotary experiment --preset tiny -o runs/tiny",
+    "sweep": "rotary sweep path/to/checkpoint --lengths 2048,4096,8192 --scalings none,yarn -o sweep",
+    "export": "rotary export runs/tiny/models/rope-0 exported/rope-0",
     "bench": "rotary bench --quick --dtypes fp32",
     "build": "rotary build --json",
 }

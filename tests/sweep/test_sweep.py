@@ -43,6 +43,7 @@ FAMILIES = {
 BLOCKS = {
     "none": {"rope_type": "default"},
     "linear": {"rope_type": "linear", "factor": 2.0},
+    "ntk": {"rope_type": "default"},  # at rope_theta x 2 ** (d / (d - 2)): edited_by_hand raises it
     "dynamic": {"rope_type": "dynamic", "factor": 2.0},
     "yarn": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32},
     "llama3": {"rope_type": "llama3", "factor": 2.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -61,12 +62,14 @@ def edited_by_hand(name: str, scaling: str) -> dict:
             c["max_position_embeddings"] = 32  # dynamic NTK measures from here
         if scaling == "llama3":
             block = {**block, "low_freq_factor": 2.0, "high_freq_factor": 8.0}  # the model's own bands
+    raise_base = 2.0 ** (16 / 14) if scaling == "ntk" else 1.0  # NTK-aware: d = head_dim = 16, every channel rotated
     if name == "gemma3":
-        c["rope_parameters"]["full_attention"] = {**block, "rope_theta": 1e6}
+        c["rope_parameters"]["full_attention"] = {**block, "rope_theta": 1e6 * raise_base}
     elif "rope_parameters" in c:
-        c["rope_parameters"] = {**block, "rope_theta": c["rope_parameters"]["rope_theta"]}
+        c["rope_parameters"] = {**block, "rope_theta": c["rope_parameters"]["rope_theta"] * raise_base}
     else:
-        c["rope_scaling"] = None if scaling == "none" else block
+        c["rope_theta"] *= raise_base
+        c["rope_scaling"] = None if scaling in ("none", "ntk") else block
     return c
 
 
@@ -131,7 +134,9 @@ def test_every_scaling_is_the_model_transformers_builds_from_the_edited_config_a
     assert sweep([*args, "--patch", "-o", str(tmp_path / "patched")], capsys)[0] == 0
     ours = json.loads((tmp_path / "hf" / "sweep.json").read_text())
     patched = json.loads((tmp_path / "patched" / "sweep.json").read_text())
-    expected_scalings = ["none", "longrope"] if name == "phi3" else ["none", "linear", "dynamic", "yarn", "llama3"]
+    expected_scalings = (
+        ["none", "ntk", "longrope"] if name == "phi3" else ["none", "linear", "ntk", "dynamic", "yarn", "llama3"]
+    )
     assert ours["settings"]["scalings"] == expected_scalings
     documents = [torch.tensor(list(p.read_bytes())) for p in sorted(texts.iterdir())]
     seen = set()
@@ -223,10 +228,11 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(checkpoints, texts, 
     short.write_text("too short")
     (tmp_path / "empty").mkdir()
     llama = str(checkpoints["llama-5.x"])
+    capsys.readouterr()  # what saving the model printed (transformers' progress bar, unless a sweep silenced it)
     cases = {
         "no config.json": [str(tmp_path / "empty")],
         "no layer of this smollm3 applies RoPE (no_rope_layers is 0 for layers 0-1)": [str(nope)],
-        "unknown scaling 'ntk'": [llama, "--scalings", "none,ntk"],
+        "unknown scaling 'pi'": [llama, "--scalings", "none,pi"],
         "does not admit it (LongRoPE": [llama, "--scalings", "longrope"],
         "does not admit it (transformers' phi3 config refuses it": [str(checkpoints["phi3"]), "--scalings", "yarn"],
         "GiB free": [llama, "--lengths", str(2**22)],

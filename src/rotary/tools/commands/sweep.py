@@ -98,7 +98,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", metavar="MODEL", help="a transformers checkpoint directory (or a hub id, network allowing)")
     p.add_argument("--lengths", type=_ints, help="comma-separated lengths in tokens (default: powers of two from half "
                    "the original context to 8x it)")  # fmt: skip
-    p.add_argument("--scalings", type=_names, help="comma-separated: none, linear, dynamic, yarn, llama3, longrope "
+    p.add_argument("--scalings", type=_names, help="comma-separated: none, linear, ntk, dynamic, yarn, llama3, longrope "
                    "(default: every one the checkpoint admits)")  # fmt: skip
     p.add_argument("--original-length", type=positive_int, help="the context the factors are measured from (default: "
                    "original_max_position_embeddings, else max_position_embeddings)")  # fmt: skip

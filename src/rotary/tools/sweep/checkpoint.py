@@ -25,7 +25,7 @@ import copy
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +46,12 @@ __all__ = [
 ]
 
 #: every scaling ``--scalings`` knows, in the order reports list them
-ALL_SCALINGS = ("none", "linear", "dynamic", "yarn", "llama3", "longrope")
+ALL_SCALINGS = ("none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope")
 #: what each name means, for errors and the docs
 SCALING_NAMES = {
     "none": "plain RoPE (rope_type default)",
     "linear": "Position Interpolation (rope_type linear)",
+    "ntk": "NTK-aware scaling, NTK-alpha (plain RoPE at base x factor ** (d / (d - 2)))",
     "dynamic": "dynamic NTK (rope_type dynamic)",
     "yarn": "YaRN (rope_type yarn)",
     "llama3": "Llama 3.1's frequency bands (rope_type llama3)",
@@ -81,6 +82,8 @@ class Checkpoint:
         num_layers: layers.
         vocab_size: output size ``V``.
         weights_bytes: size of the weight files (0 for a hub id).
+        rotary_dims: each such layer type's rotated width ``d`` (NTK-aware scaling raises the base by
+            ``factor ** (d / (d - 2))``).
     """
 
     source: str
@@ -95,6 +98,7 @@ class Checkpoint:
     num_layers: int = 0
     vocab_size: int = 0
     weights_bytes: int = 0
+    rotary_dims: dict[str | None, int] = field(default_factory=dict)
 
     def admitted(self) -> tuple[str, ...]:
         """The scalings this checkpoint admits: every one but LongRoPE, which needs the model's own factors."""
@@ -154,6 +158,7 @@ def open_checkpoint(model: str, *, original_length: int | None = None) -> Checkp
         open_checkpoint("exported/rope-0").original_length  # 128
     """
     from ...hf import read_hf_layers
+    from ...rope import RoPE
 
     config, weights_bytes = _read_config(model)
     model_type = config.get("model_type")
@@ -183,12 +188,13 @@ def open_checkpoint(model: str, *, original_length: int | None = None) -> Checkp
     layer_types: tuple[str | None, ...] = tuple(found)
     if None not in found and "full_attention" in found:
         layer_types = ("full_attention",)  # Gemma 3: the global layers carry the long range; local ones keep theirs
-    blocks = {}
+    blocks, rotary_dims = {}, {}
     for kind in layer_types:
         s = found[kind]
         if s.mrope_section is not None:
             raise InputError(f"{model}: {model_type} rotates by multimodal positions (M-RoPE); not a text model")
         blocks[kind] = {**s.scaling, "rope_theta": s.base}
+        rotary_dims[kind] = RoPE.from_hf_config(config, layer_type=kind, strict=False).rotary_dim
     first = blocks[layer_types[0]]
     length = original_length or first.get("original_max_position_embeddings") or settings.max_position_embeddings
     if not isinstance(length, int) or length < 2:
@@ -211,6 +217,7 @@ def open_checkpoint(model: str, *, original_length: int | None = None) -> Checkp
         num_layers=int(layers or 0),
         vocab_size=int(config.get("vocab_size") or 0),
         weights_bytes=weights_bytes,
+        rotary_dims=rotary_dims,
     )
 
 
@@ -240,7 +247,7 @@ def scaling_block(scaling: str, factor: float, original_length: int, current: di
     if scaling not in ALL_SCALINGS:
         raise InputError(f"unknown scaling {scaling!r}; known: {', '.join(ALL_SCALINGS)}")
     same = current.get("rope_type") == scaling
-    if scaling == "none":
+    if scaling in ("none", "ntk"):  # NTK-aware scaling is plain RoPE at a raised base (scaled_config raises it)
         return {"rope_type": "default"}
     if scaling in ("linear", "dynamic"):
         return {"rope_type": scaling, "factor": factor}
@@ -254,7 +261,7 @@ def scaling_block(scaling: str, factor: float, original_length: int, current: di
         if "short_factor" not in current or "long_factor" not in current:
             raise InputError(
                 "scaling 'longrope' needs the model's own short_factor and long_factor (LongRoPE searches them per "
-                "model); this checkpoint has none: choose among none, linear, dynamic, yarn, llama3"
+                "model); this checkpoint has none: choose among none, linear, ntk, dynamic, yarn, llama3"
             )
         block["short_factor"], block["long_factor"] = list(current["short_factor"]), list(current["long_factor"])
     block["original_max_position_embeddings"] = original_length
@@ -265,7 +272,9 @@ def scaled_config(checkpoint: Checkpoint, scaling: str, factor: float) -> dict[s
     """config.json of ``checkpoint`` with ``scaling`` at ``factor``, in the checkpoint's own form (4.x or 5.x).
 
     Only the RoPE of :attr:`Checkpoint.layer_types` changes; ``rope_theta`` (and ``partial_rotary_factor``)
-    are carried into the new block. ``max_position_embeddings``: kept for ``none`` and ``linear``, the
+    are carried into the new block. NTK-aware scaling (``ntk``, NTK-alpha) is plain RoPE with ``rope_theta``
+    raised to ``rope_theta * factor ** (d / (d - 2))`` (``d`` the rotated width), which every family reads.
+    ``max_position_embeddings``: kept for ``none``, ``linear`` and ``ntk``, the
     original length for dynamic NTK (its origin), ``original x factor`` for the types whose block states
     ``original_max_position_embeddings`` (so their ratio is the factor).
 
@@ -281,17 +290,20 @@ def scaled_config(checkpoint: Checkpoint, scaling: str, factor: float) -> dict[s
     for kind in checkpoint.layer_types:
         current = checkpoint.blocks[kind]
         block = scaling_block(scaling, factor, length, current)
+        theta = current["rope_theta"]
+        if scaling == "ntk":
+            width = checkpoint.rotary_dims[kind]
+            theta = theta * factor ** (width / (width - 2))
         if checkpoint.form == "5.x":
             keep = {k: current[k] for k in ("rope_theta", "partial_rotary_factor") if k in current}
+            keep["rope_theta"] = theta
             if kind is None:
                 config["rope_parameters"] = {**block, **keep}
             else:
                 config["rope_parameters"] = {**config["rope_parameters"], kind: {**block, **keep}}
         else:
-            config["rope_theta"] = (
-                current["rope_theta"] if kind is None else config.get("rope_theta", current["rope_theta"])
-            )
-            config["rope_scaling"] = None if scaling == "none" else block
+            config["rope_theta"] = theta if kind is None or scaling == "ntk" else config.get("rope_theta", theta)
+            config["rope_scaling"] = None if scaling in ("none", "ntk") else block
     if "original_max_position_embeddings" in config:  # Phi-3 states it at the top, where it wins over the block's
         config["original_max_position_embeddings"] = length
     if scaling == "dynamic":

@@ -27,6 +27,7 @@ from .tables import (
     passkey_table,
     retrieval_table,
     spread_table,
+    task_table,
 )
 
 __all__ = [
@@ -156,6 +157,24 @@ def observations(results: Results) -> list[str]:
                 + ", ".join(parts)
                 + "."
             )
+    base = results.config.task_length
+    for task in results.tasks:
+        name = "Copy" if task == "copy" else "Associative recall"
+        for e in results.task_lengths:
+            found = sorted(
+                (
+                    (v[0], m.label)
+                    for m in results.task_methods()
+                    if (v := results.task_interval(m.model, m.scaling, task, e))
+                ),
+                reverse=True,
+            )
+            if found:
+                lines.append(
+                    f"{name} at {e} bytes ({e / base:g}L of the task models), accuracy per byte: "
+                    + ", ".join(f"{label} {a:.0%}" for a, label in found)
+                    + "."
+                )
     for e in results.lengths:
         found = [(v, m.label) for m in methods if (v := results.passkey_interval(m.model, m.scaling, e)) is not None]
         if found:
@@ -224,6 +243,16 @@ def _setup(run: dict[str, Any], results: Results) -> list[str]:
             f"measured as it is and after {tune} more steps (fresh AdamW, {max(1, tune // 10)} warm-up steps to "
             f"{c.finetune_learning_rate:g}, the batches the sinusoidal model would have seen next)."
         )
+    if c.has_tasks:
+        lines.append(
+            f"- **Task models**: beside each text model, one per position encoding and seed trained from scratch on the "
+            f"synthetic copy and associative-recall tasks (`rotary.tools.experiments.tasks`, generated on the fly): "
+            f"width {c.task_hidden_size}, {c.num_layers} layers, {c.num_heads} heads, {c.task_steps} steps of "
+            f"{c.task_batch_size} rows of {c.task_length} bytes (half copy, half recall; loss on the answers only), "
+            f"learning rate {c.task_learning_rate:g} → {c.task_learning_rate / 10:g}. Evaluated at "
+            f"{', '.join(f'{e} ({e / c.task_length:g}L)' for e in c.task_lengths)} bytes on {c.task_trials} rows per task, "
+            f"length and seed (the same rows for every model), RoPE's with each scaling at factor E / {c.task_length}."
+        )
     evaluation = (
         f"- **Evaluation** at E = {', '.join(f'{e} ({e / L:g}L)' for e in results.lengths)}: perplexity on "
         f"{data['eval_tokens']:,} held-out bytes in non-overlapping windows of E"
@@ -233,12 +262,18 @@ def _setup(run: dict[str, Any], results: Results) -> list[str]:
             f", and {data['sliding_tokens']:,} of the same bytes (strides of {c.stride} spread over them) in sliding "
             f"windows of E, each scoring its last {c.stride} (every scored byte sees at least E − {c.stride} bytes of context)"
         )
-    evaluation += (
-        f"; the loss by query position in bins of {max(1, L // 8)} on the {results.lengths[-1]}-token windows; passkey "
-        f"retrieval ({c.passkey_trials} prompts per length and seed at depths {', '.join(f'{d:g}' for d in c.passkey_depths)}, "
-        f"greedy decoding, all 5 digits exact); the retrieval probe at distances {', '.join(str(d) for d in results.distances)} "
-        f"({c.retrieval_trials} random {c.retrieval_span}-byte spans each)."
-    )
+    evaluation += f"; the loss by query position in bins of {max(1, L // 8)} on the {results.lengths[-1]}-token windows"
+    if c.passkey_trials:
+        evaluation += (
+            f"; passkey retrieval ({c.passkey_trials} prompts per length and seed at depths "
+            f"{', '.join(f'{d:g}' for d in c.passkey_depths)}, greedy decoding, all 5 digits exact)"
+        )
+    if c.retrieval_trials:
+        evaluation += (
+            f"; the retrieval probe at distances {', '.join(str(d) for d in results.distances)} "
+            f"({c.retrieval_trials} random {c.retrieval_span}-byte spans each)"
+        )
+    evaluation += "."
     lines.append(evaluation)
     if c.study is None:
         lines.append(
@@ -304,16 +339,71 @@ def _main_sections(results: Results, figures: dict[str, list[Path]]) -> list[str
             f"Distances past L = {L} put the second copy past L as well.",
             "",
         ]
-    lines += [
-        "## Passkey retrieval",
+    if "passkey" in figures:
+        lines += [
+            "## Passkey retrieval",
+            "",
+            f"![passkey](figures/{figures['passkey'][0].name})",
+            "",
+            passkey_table(results),
+            "",
+            "Accuracy over every seed's prompts with its Wilson 95% interval.",
+            "",
+        ]
+    if results.tasks:
+        lines += _task_sections(results, figures)
+    return lines
+
+
+def _task_sections(results: Results, figures: dict[str, list[Path]]) -> list[str]:
+    from .claims import LEARNED_TASK_ACCURACY
+    from .tasks import CHANCE
+
+    c = results.config
+    lines = [
+        "## Copying and associative recall",
         "",
-        f"![passkey](figures/{figures['passkey'][0].name})",
+        f"![tasks](figures/{figures['tasks'][0].name})",
         "",
-        passkey_table(results),
-        "",
-        "Accuracy over every seed's prompts with its Wilson 95% interval.",
+        f"The task models (Setup) trained at L = {c.task_length} bytes. **Copy**: a string of random lowercase letters, "
+        f"'|', the string again; at E bytes the strings have (E − 1) / 4 to (E − 1) / 2 letters, so from 2L on every "
+        f"string is longer than any in training; scored: the copied letters (chance {CHANCE['copy']:.1%}). **Recall**: "
+        f"random letters a–p in which {c.task_pairs} uppercase keys are each followed by a value in the first half and "
+        f"asked again in the second half; scored: the byte after each repeated key (chance {CHANCE['induction']:.2%}); at "
+        "E the keys are up to E apart. Accuracy per answer byte (teacher forcing, top-1), every seed's rows pooled, "
+        "with its Wilson 95% interval (the bytes of one row are not independent, so the interval is narrower than the "
+        "seed-to-seed spread can be); exact match: rows with every answer right.",
         "",
     ]
+    for task, title in (("copy", "Copy"), ("induction", "Associative recall")):
+        if task not in results.tasks:
+            continue
+        lines += [
+            f"### {title}: accuracy per byte",
+            "",
+            task_table(results, task),
+            "",
+            f"### {title}: exact match (whole rows)",
+            "",
+            task_table(results, task, exact=True),
+            "",
+        ]
+    weak = [
+        (m.label, task)
+        for m in results.task_methods()
+        if m.scaling == "none"
+        for task in results.tasks
+        if (v := results.task_interval(m.model, "none", task, c.task_length)) is not None
+        and v[0] < LEARNED_TASK_ACCURACY
+    ]
+    if weak:
+        lines += [
+            f"Not learned within L (below {LEARNED_TASK_ACCURACY:.0%} per byte at {c.task_length} bytes): "
+            + ", ".join(f"{label} on {'copy' if t == 'copy' else 'recall'}" for label, t in weak)
+            + ". Their accuracies past L say nothing about extrapolation, and the comparisons with the papers "
+            "leave them out.",
+            "",
+        ]
     return lines
 
 
@@ -562,6 +652,7 @@ def _wall_time(timings: dict[str, float], results: Results) -> str:
         "extend": "fine-tuning",
         "scratch": "training at E",
         "transfer": "fine-tuning after the transfer",
+        "task": "task models",
     }
     totals: dict[str, float] = {}
     for key, seconds in timings.items():

@@ -475,10 +475,14 @@ def _task_series(r: Results, encoding: str, task: str, lengths: Sequence[int] | 
 def _above(r: Results, task: str, a: str, b: str | None, length: int, other_length: int | None = None) -> str | None:
     """Outcome of "task model ``a`` is more accurate at ``length`` than ``b`` (or than ``a`` itself at
     ``other_length``)": Wilson intervals apart agree or disagree, overlapping ones are within the spread;
-    None when not measured or when a model involved did not learn the task within L."""
+    ``withheld`` when a model involved did not learn the task within L, None when not measured. A claim
+    with some items withheld and the others agreeing is ``partly`` (:func:`~.stats.combine`)."""
     b = a if b is None else b
-    if not (task_learned(r, a, task) and task_learned(r, b, task)):
+    learned = (task_learned(r, a, task), task_learned(r, b, task))
+    if None in learned:
         return None
+    if not all(learned):
+        return WITHHELD
     x = r.task_interval(TASK_PREFIX + a, "none", task, length)
     y = r.task_interval(TASK_PREFIX + b, "none", task, other_length or length)
     if x is None or y is None:
@@ -501,9 +505,8 @@ def _task_finding(r: Results, task: str, encodings: Sequence[str], items: list[t
         values += f"; not learned within L (below {LEARNED_TASK_ACCURACY:.0%} per byte), so not judged: " + ", ".join(
             missed
         )
-    verdict = None
-    if present and not any(o is not None for _, o in items):
-        verdict = WITHHELD if len(learned) < len(present) else None
+    told = [o for _, o in items if o is not None]
+    verdict = WITHHELD if told and all(o == WITHHELD for o in told) else None
     return Finding(values or "not measured: no task model of these encodings", tuple(items), verdict=verdict)
 
 

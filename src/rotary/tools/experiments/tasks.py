@@ -124,8 +124,9 @@ def copy_range(length: int, *, training: bool) -> tuple[int, int]:
     return lo, hi
 
 
-def _rows(n: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.full((n, length + 1), PAD, dtype=torch.int64), torch.full((n, length), IGNORE, dtype=torch.int64)
+def _pick(n: int, count: int, k: int, generator: torch.Generator) -> torch.Tensor:
+    """int64 ``[n, k]``: per row, ``k`` distinct values of ``0 .. count - 1`` in random order."""
+    return torch.rand(n, count, generator=generator).argsort(dim=1)[:, :k]
 
 
 def copy_batch(n: int, length: int, generator: torch.Generator, *, training: bool = True) -> TaskBatch:
@@ -137,15 +138,16 @@ def copy_batch(n: int, length: int, generator: torch.Generator, *, training: boo
         (b'bqzr|bqzr.', 4)
     """
     lo, hi = copy_range(length, training=training)
-    tokens, targets = _rows(n, length)
-    sizes = torch.randint(lo, hi + 1, (n,), generator=generator).tolist()
-    letters = torch.tensor(list(LETTERS))
-    for i, size in enumerate(sizes):
-        s = letters[torch.randint(len(LETTERS), (size,), generator=generator)]
-        row = torch.cat((s, torch.tensor([SEPARATOR]), s, torch.tensor([END])))
-        tokens[i, : row.numel()] = row
-        # the byte at position size + 1 + k is the k-th copied letter, predicted at position size + k
-        targets[i, size : 2 * size] = s
+    sizes = torch.randint(lo, hi + 1, (n, 1), generator=generator)  # [n, 1]
+    letters = torch.tensor(list(LETTERS))[torch.randint(len(LETTERS), (n, hi), generator=generator)]  # [n, hi]
+    p = torch.arange(length + 1).expand(n, -1)  # [n, length + 1]
+    first, second = p < sizes, (p > sizes) & (p <= 2 * sizes)
+    index = torch.where(first, p, p - sizes - 1).clamp(0, hi - 1)
+    tokens = torch.where(first | second, letters.gather(1, index), PAD)
+    tokens = torch.where(p == sizes, SEPARATOR, torch.where(p == 2 * sizes + 1, END, tokens))
+    # the k-th copied letter sits at position size + 1 + k and is predicted at position size + k
+    q = p[:, :-1]
+    targets = torch.where((q >= sizes) & (q < 2 * sizes), tokens[:, 1:], IGNORE)
     return TaskBatch(tokens[:, :-1], targets)
 
 
@@ -155,7 +157,7 @@ def induction_batch(n: int, length: int, generator: torch.Generator, *, pairs: i
     Example:
         >>> b = induction_batch(1, 24, torch.Generator().manual_seed(0), pairs=2)
         >>> bytes(b.inputs[0].tolist()), [chr(v) for v in b.targets[0].tolist() if v != IGNORE]
-        (b'mpfaUbdhjdJaehgiJakbUbho', ['a', 'b'])
+        (b'mpfadldhKbSjSjgiimKbghho', ['j', 'b'])
     """
     if pairs < 1 or pairs > len(KEYS) or length < 4 * pairs:
         raise InputError(
@@ -163,20 +165,18 @@ def induction_batch(n: int, length: int, generator: torch.Generator, *, pairs: i
             f"{len(KEYS)} pairs and a length of at least {4 * max(pairs, 1)}"
         )
     values = torch.tensor(list(VALUES))
-    keys = torch.tensor(list(KEYS))
     tokens = values[torch.randint(len(VALUES), (n, length + 1), generator=generator)]
-    targets = torch.full((n, length), IGNORE, dtype=torch.int64)
     half = (length + 1) // 2
-    first_slots, second_slots = half // 2, (length + 1 - half) // 2
-    for i in range(n):
-        chosen = keys[torch.randperm(len(KEYS), generator=generator)[:pairs]]
-        answers = values[torch.randint(len(VALUES), (pairs,), generator=generator)]
-        writes = 2 * torch.randperm(first_slots, generator=generator)[:pairs]
-        queries = half + 2 * torch.randperm(second_slots, generator=generator)[:pairs]
-        order = torch.randperm(pairs, generator=generator)
-        tokens[i, writes], tokens[i, writes + 1] = chosen, answers
-        tokens[i, queries], tokens[i, queries + 1] = chosen[order], answers[order]
-        targets[i, queries] = answers[order]
+    keys = torch.tensor(list(KEYS))[_pick(n, len(KEYS), pairs, generator)]  # [n, pairs]
+    answers = values[torch.randint(len(VALUES), (n, pairs), generator=generator)]
+    writes = 2 * _pick(n, half // 2, pairs, generator)
+    queries = half + 2 * _pick(n, (length + 1 - half) // 2, pairs, generator)
+    order = _pick(n, pairs, pairs, generator)
+    tokens.scatter_(1, writes, keys)
+    tokens.scatter_(1, writes + 1, answers)
+    tokens.scatter_(1, queries, keys.gather(1, order))
+    tokens.scatter_(1, queries + 1, answers.gather(1, order))
+    targets = torch.full((n, length), IGNORE, dtype=torch.int64).scatter_(1, queries, answers.gather(1, order))
     return TaskBatch(tokens[:, :-1], targets)
 
 

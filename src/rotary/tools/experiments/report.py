@@ -244,6 +244,9 @@ def _setup(run: dict[str, Any], results: Results) -> list[str]:
             f"{c.finetune_learning_rate:g}, the batches the sinusoidal model would have seen next)."
         )
     if c.has_tasks:
+        task_sizes = ", ".join(
+            f"{m['model']} {m['parameters']:,}" for m in run["models"] if m["seed"] == c.seed and m["stage"] == "task"
+        )
         lines.append(
             f"- **Task models**: beside each text model, one per position encoding and seed trained from scratch on the "
             f"synthetic copy and associative-recall tasks (`rotary.tools.experiments.tasks`, generated on the fly): "
@@ -252,6 +255,7 @@ def _setup(run: dict[str, Any], results: Results) -> list[str]:
             f"learning rate {c.task_learning_rate:g} → {c.task_learning_rate / 10:g}. Evaluated at "
             f"{', '.join(f'{e} ({e / c.task_length:g}L)' for e in c.task_lengths)} bytes on {c.task_trials} rows per task, "
             f"length and seed (the same rows for every model), RoPE's with each scaling at factor E / {c.task_length}."
+            + (f" Parameters: {task_sizes}." if task_sizes else "")
         )
     evaluation = (
         f"- **Evaluation** at E = {', '.join(f'{e} ({e / L:g}L)' for e in results.lengths)}: perplexity on "

@@ -370,7 +370,7 @@ def _task_sections(results: Results, figures: dict[str, list[Path]]) -> list[str
         f"![tasks](figures/{figures['tasks'][0].name})",
         "",
         f"The task models (Setup) trained at L = {c.task_length} bytes. **Copy**: a string of random lowercase letters, "
-        f"'|', the string again; at E bytes the strings have (E − 1) / 4 to (E − 1) / 2 letters, so from 2L on every "
+        f"'|', the string again; at E bytes the strings have more than (E − 1) / 4 and at most (E − 1) / 2 letters, so from 2L on every "
         f"string is longer than any in training; scored: the copied letters (chance {CHANCE['copy']:.1%}). **Recall**: "
         f"random letters a–p in which {c.task_pairs} uppercase keys are each followed by a value in the first half and "
         f"asked again in the second half; scored: the byte after each repeated key (chance {CHANCE['induction']:.2%}); at "

@@ -11,7 +11,7 @@ small models on synthetic tasks instead; these two are theirs, in bytes, so that
 
       qhvbz|qhvbz.        scored: the 5 letters after '|' (each predicted from everything before it)
 
-  Chance is 1/26 per letter. Sequences of length ``E`` copy strings of ``(E - 1) // 4`` to
+  Chance is 1/26 per letter. Evaluation rows of length ``E`` copy strings of ``(E - 1) // 4 + 1`` to
   ``(E - 1) // 2`` letters, so at ``2L`` every string is longer than any seen in training.
 - **induction** (associative recall; the induction-heads task of "Mamba: Linear-Time Sequence Modeling
   with Selective State Spaces", Table 11, with several queries per sequence): filler of random letters
@@ -110,15 +110,15 @@ def min_task_length(pairs: int) -> int:
 
 def copy_range(length: int, *, training: bool) -> tuple[int, int]:
     """The string lengths ``(lo, hi)`` (both included) of copy rows of ``length`` tokens: in training
-    ``MIN_COPY .. (length - 1) // 2``; in evaluation the upper half of what fits, ``(length - 1) // 4 ..
+    ``MIN_COPY .. (length - 1) // 2``; in evaluation the upper half of what fits, ``(length - 1) // 4 + 1 ..
     (length - 1) // 2``, so that the strings at ``2L`` are all longer than any in training.
 
     Example:
         >>> copy_range(64, training=True), copy_range(64, training=False), copy_range(128, training=False)
-        ((4, 31), (15, 31), (31, 63))
+        ((4, 31), (16, 31), (32, 63))
     """
     hi = (length - 1) // 2
-    lo = MIN_COPY if training else max(MIN_COPY, (length - 1) // 4)
+    lo = MIN_COPY if training else max(MIN_COPY, (length - 1) // 4 + 1)
     if hi < lo:
         raise InputError(f"a copy row of {length} tokens holds no string of {lo} letters; use at least {2 * lo + 1}")
     return lo, hi

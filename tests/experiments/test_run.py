@@ -430,7 +430,7 @@ def test_a_corpus_smaller_than_one_batch(capsys, tmp_path):
         (["--task-length", "12"], "--task-length 12 is too short for a copy row and 4 key-value pairs"),
         (["--task-pairs", "27"], "--task-pairs 27 is more than the 26 keys"),
         (["--task-length", "8192"], "--task-length 8192 is evaluated up to 8 times that"),
-        (["--task-hidden-size", "36"], "--task-hidden-size 36 must split into --num-heads 2 heads of an even width"),
+        (["--task-hidden-size", "34"], "--task-hidden-size 34 must split into --num-heads 2 heads of an even width"),
         (["--task-steps", "-1"], "argument --task-steps"),
     ],
 )

@@ -434,7 +434,7 @@ def _spread_section(results: Results) -> list[str]:
     return lines
 
 
-def _claims_section(assessments: Sequence[Assessment], warnings: Sequence[str] = ()) -> list[str]:
+def _claims_section(assessments: Sequence[Assessment], warnings: Sequence[str] = (), tasks: bool = False) -> list[str]:
     withheld = [w for w in warnings if w.startswith("Not learned")]
     return [
         "## Compared with the published findings",
@@ -444,7 +444,14 @@ def _claims_section(assessments: Sequence[Assessment], warnings: Sequence[str] =
         "",
         "The papers trained far larger models on far more text (and the NoPE study used synthetic tasks, not language "
         "modelling); a verdict says whether this run's numbers point the same way, at this scale. **not measured** means "
-        "the run lacks what the claim needs.",
+        "the run lacks what the claim needs."
+        + (
+            " The claims on copying and recall (Gu & Dao, Kazemnejad et al., Jelassi et al.) are checked on the task "
+            "models, and only on those that learned their task within L (at least 50% per answer at their training "
+            "length); the others' items are **withheld**."
+            if tasks
+            else ""
+        ),
         "",
     ]
 
@@ -543,7 +550,7 @@ def report_markdown(
         lines += _main_sections(results, figures)
     lines += _spread_section(results)
     lines += ["## What this run shows", ""] + [f"- {o}" for o in caveats(results) + observations(results)] + [""]
-    lines += _claims_section(assessments, caveats(results))
+    lines += _claims_section(assessments, caveats(results), tasks=c.has_tasks)
     lines += _timing_section(run)
     lines += ["## Notes", ""]
     if c.study is None:

@@ -59,7 +59,12 @@ def readme_block(run: dict, results) -> str:
         )
     if "passkey 1L" in header:
         measured.append("passkey accuracy at L with its Wilson 95% interval")
-    also = "".join(f", {m}" for m in measured[:-1]) + (f" and {measured[-1]}" if measured else "")
+    also = "".join(f"; {m}" for m in measured)
+    if config.study is None and not config.passkey_trials and not config.retrieval_trials:
+        extension += (
+            " Passkey retrieval and the retrieval probe on text, which no model of this size learned (0 for every "
+            "method in every earlier run), are measured by `--preset large`, not here."
+        )
     return "\n".join(
         [
             START,

@@ -81,7 +81,7 @@ def summary_table(results: Results, spread: bool = True) -> tuple[list[str], lis
     longest = results.lengths[-1]
     inside = [d for d in results.distances if d <= L]
     past = [d for d in results.distances if d > L]
-    sliding = [e for e in (L, longest) if "sliding" in results.modes]
+    sliding = [e for e in dict.fromkeys((L, longest)) if "sliding" in results.modes]  # one column when L is the longest
     tasks = [(t, k) for t in results.tasks for k in SUMMARY_TASK_LENGTHS]
     header = (
         ["method"]

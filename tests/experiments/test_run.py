@@ -432,6 +432,7 @@ def test_a_corpus_smaller_than_one_batch(capsys, tmp_path):
         (["--task-length", "8192"], "--task-length 8192 is evaluated up to 8 times that"),
         (["--task-hidden-size", "34"], "--task-hidden-size 34 must split into --num-heads 2 heads of an even width"),
         (["--task-steps", "-1"], "argument --task-steps"),
+        (["--task-seeds", "3"], "--task-seeds 3 is more than the run's --seeds 2; use at most 2"),
     ],
 )
 def test_bad_settings_of_the_new_stages(capsys, tmp_path, flags, needle):

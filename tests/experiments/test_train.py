@@ -56,6 +56,8 @@ def test_pretraining_and_fine_tuning_have_their_own_schedules():
     assert (task.stage, task.length, task.steps, task.rows) == ("task", 32, 1000, 32)
     assert Schedule.of(task, cfg) == Schedule(1000, 50, 3e-3, pytest.approx(3e-4))
     assert build_model(task, cfg).config.hidden_size == 64 and build_model(specs["rope"], cfg).config.hidden_size == 128
+    default = ExperimentConfig(**PRESETS["default"])  # task models for the first seed only (the time budget)
+    assert [s.name for s in model_specs(default) if s.stage == "task"] == [f"task-{e}-0" for e in default.encodings]
 
 
 def test_a_fine_tune_starts_from_its_parent_and_a_transfer_from_its_non_position_weights():

@@ -151,6 +151,7 @@ SETTINGS: dict[str, tuple] = {
         _non_negative_int,
         "steps of each task model (copy and associative recall, one per encoding and seed; 0: no task models)",
     ),
+    "task_seeds": (positive_int, "how many of the seeds (the first) also train task models (default: all)"),
     "task_length": (positive_int, "training length of the task models (evaluated at 1, 2, 4 and 8 times it)"),
     "task_hidden_size": (positive_int, "width of the task models"),
     "task_batch_size": (positive_int, "rows per step of a task model, half copy, half recall"),

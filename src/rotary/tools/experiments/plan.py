@@ -156,7 +156,7 @@ def _main(config: ExperimentConfig, seed: int) -> list[ModelSpec]:
                 rows=config.extension_rows,
             )
         )
-    if config.has_tasks:
+    if config.has_tasks and (config.task_seeds is None or seed < config.seed + config.task_seeds):
         for e in config.encodings:
             specs.append(
                 _pretrain(

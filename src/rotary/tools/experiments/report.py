@@ -248,7 +248,13 @@ def _setup(run: dict[str, Any], results: Results) -> list[str]:
             f"{m['model']} {m['parameters']:,}" for m in run["models"] if m["seed"] == c.seed and m["stage"] == "task"
         )
         lines.append(
-            f"- **Task models**: beside each text model, one per position encoding and seed trained from scratch on the "
+            "- **Task models**: beside the text models, one per position encoding and seed"
+            + (
+                f" (the first {c.task_seeds} of the {c.seeds} seeds, seed {c.seed}{f' to {c.seed + c.task_seeds - 1}' if c.task_seeds > 1 else ''})"
+                if c.task_seeds is not None and c.task_seeds < c.seeds
+                else ""
+            )
+            + " trained from scratch on the "
             f"synthetic copy and associative-recall tasks (`rotary.tools.experiments.tasks`, generated on the fly): "
             f"width {c.task_hidden_size}, {c.num_layers} layers, {c.num_heads} heads, {c.task_steps} steps of "
             f"{c.task_batch_size} rows of {c.task_length} bytes (half copy, half recall; loss on the answers only), "
@@ -584,7 +590,8 @@ BUDGET_NOTES = {
         "seeds, fine-tune four scalings, train RoPE at 4L and train a task model per encoding and seed, it trains each "
         "text model 480 steps where a single seed had 1,200, evaluates 16,384 bytes in non-overlapping windows (32,768 "
         "before) and 4,096 in sliding windows, fine-tunes for 48 steps (10% of pretraining), and trains the task models "
-        "1,000 steps at 32 bytes, width 64. Passkey retrieval and the retrieval probe on text, which no model of this "
+        "1,000 steps at 32 bytes, width 64, for the first seed only (both seeds would take the run past 10 minutes; "
+        "`--task-seeds 2` adds the second). Passkey retrieval and the retrieval probe on text, which no model of this "
         "size learned (0% and a gain of 0.00 for every method in every earlier run), are left to the large preset "
         "(`--passkey-trials 40 --retrieval-trials 16` restore them here); the copy and recall tasks measure retrieval "
         "instead. Two seeds make a weak test of each difference (see Run-to-run spread)."

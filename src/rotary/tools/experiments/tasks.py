@@ -143,7 +143,7 @@ def copy_batch(n: int, length: int, generator: torch.Generator, *, training: boo
     p = torch.arange(length + 1).expand(n, -1)  # [n, length + 1]
     first, second = p < sizes, (p > sizes) & (p <= 2 * sizes)
     index = torch.where(first, p, p - sizes - 1).clamp(0, hi - 1)
-    tokens = torch.where(first | second, letters.gather(1, index), PAD)
+    tokens = torch.where(first | second, torch.take_along_dim(letters, index, dim=1), PAD)
     tokens = torch.where(p == sizes, SEPARATOR, torch.where(p == 2 * sizes + 1, END, tokens))
     # the k-th copied letter sits at position size + 1 + k and is predicted at position size + k
     q = p[:, :-1]
@@ -174,9 +174,11 @@ def induction_batch(n: int, length: int, generator: torch.Generator, *, pairs: i
     order = _pick(n, pairs, pairs, generator)
     tokens.scatter_(1, writes, keys)
     tokens.scatter_(1, writes + 1, answers)
-    tokens.scatter_(1, queries, keys.gather(1, order))
-    tokens.scatter_(1, queries + 1, answers.gather(1, order))
-    targets = torch.full((n, length), IGNORE, dtype=torch.int64).scatter_(1, queries, answers.gather(1, order))
+    tokens.scatter_(1, queries, torch.take_along_dim(keys, order, dim=1))
+    tokens.scatter_(1, queries + 1, torch.take_along_dim(answers, order, dim=1))
+    targets = torch.full((n, length), IGNORE, dtype=torch.int64).scatter_(
+        1, queries, torch.take_along_dim(answers, order, dim=1)
+    )
     return TaskBatch(tokens[:, :-1], targets)
 
 

@@ -14,7 +14,7 @@ from rotary.tools.experiments.figures import draw_figures
 from rotary.tools.experiments.plan import model_specs
 from rotary.tools.experiments.report import observations, report_markdown
 from rotary.tools.experiments.results import Results
-from rotary.tools.experiments.rows import Measurements, PositionRow, RetrievalRow, csv_text
+from rotary.tools.experiments.rows import Measurements, PasskeyRow, PositionRow, RetrievalRow, TaskRow, csv_text
 from rotary.tools.experiments.tables import render_table, spread_table, summary_table
 
 L = 128
@@ -43,6 +43,21 @@ def results(table=TABLE) -> Results:
             rows.positions.append(
                 PositionRow("rope", seed, "none", 1.0, 1024, a, min(a + 16, 1023), 1.5 if a < L else 3.0, 256)
             )
+        for model, scaling in [("rope", "none"), ("rope", "yarn"), ("alibi", "none"), ("none", "none")]:
+            rows.passkey.append(PasskeyRow(model, seed, scaling, 1.0, L, 0.5, 3 if model == "rope" else 0, 10))
+        # task models: copy and recall at 1L..8L of the task length; ALiBi holds, RoPE falls past L (YaRN less)
+        T = CFG.task_length
+        for model, scaling, accuracy in [
+            ("task-none", "none", [0.9, 0.6, 0.3, 0.1]),
+            ("task-alibi", "none", [0.95, 0.9, 0.8, 0.6]),
+            ("task-rope", "none", [1.0, 0.3, 0.05, 0.04]),
+            ("task-rope", "yarn", [1.0, 0.5, 0.2, 0.1]),
+        ]:
+            for k, a in zip((1, 2, 4, 8), accuracy):
+                for task in ("copy", "induction"):
+                    rows.tasks.append(
+                        TaskRow(model, seed, scaling, 1.0, task, k * T, round(a * 1000), 1000, 0, 64, 1.0)
+                    )
     return Results(rows, model_specs(CFG), CFG)
 
 
@@ -56,6 +71,10 @@ def test_the_summary_table_gives_mean_and_spread_per_method():
         "ppl 8L",
         "sliding 1L",
         "sliding 8L",
+        "copy 1L",
+        "copy 2L",
+        "recall 1L",
+        "recall 2L",
         "retrieval ≤ L",
         "retrieval > L",
         "passkey 1L",
@@ -64,8 +83,24 @@ def test_the_summary_table_gives_mean_and_spread_per_method():
     assert labels == ["NoPE", "ALiBi", "RoPE", "RoPE + YaRN", "RoPE + YaRN, fine-tuned at 4L"]
     rope = body[2]
     assert rope[1] == "4.102 ± 0.002" and rope[4] == "40.02 ± 0.02"  # mean of 4.1 and 4.1041, half their range
-    assert rope[7] == "2.05 ± 0.05" and rope[8] == "0.15 ± 0.05"  # retrieval gain up to L and past it
+    # the task model of the same encoding under the same scaling: 2000 bytes pooled over the seeds, Wilson interval
+    assert rope[7] == "100% [100%, 100%]" and rope[8] == "30% [28%, 32%]" and body[3][8] == "50% [48%, 52%]"
+    assert body[4][7:11] == ["–"] * 4  # a fine-tuned text model has no task model
+    assert rope[11] == "2.05 ± 0.05" and rope[12] == "0.15 ± 0.05"  # retrieval gain up to L and past it
+    assert rope[13] == "30% [15%, 52%]" and body[0][13] == "0% [0%, 16%]"  # passkey: 6 of 20, 0 of 20
     assert body[0][5] == "–"  # NoPE has no sliding row
+
+
+def test_the_summary_table_leaves_out_a_column_no_method_scores_on():
+    """Passkey at 0% for every method, and a retrieval probe not run, leave the table; the task columns stay."""
+    r = results()
+    zero = [
+        PasskeyRow(p.model, p.seed, p.scaling, p.factor, p.eval_length, p.depth, 0, p.trials) for p in r.rows.passkey
+    ]
+    rows = Measurements(perplexity=r.rows.perplexity, passkey=zero, tasks=r.rows.tasks)
+    header, body = summary_table(Results(rows, model_specs(CFG), CFG))
+    assert header[-5:] == ["sliding 8L", "copy 1L", "copy 2L", "recall 1L", "recall 2L"]
+    assert all(len(row) == len(header) for row in body)
 
 
 def test_one_seed_has_no_spread():
@@ -131,6 +166,9 @@ def test_the_report_is_built_from_the_rows_and_the_claims(tmp_path):
         "Sliding windows (stride 64",
         "## Retrieval at a distance",
         "## Passkey retrieval",
+        "## Copying and associative recall",
+        "![tasks](figures/tasks.png)",
+        "| RoPE + YaRN | 100% [100%, 100%] | 50% [48%, 52%] | 20% [18%, 22%] | 10% [9%, 11%] |",
         "## Run-to-run spread",
         "## Compared with the published findings",
         "| verdict | paper | claim | needs | measured as | this run |",

@@ -83,15 +83,16 @@ def test_writes_every_file_with_the_expected_shapes(tiny_run):
         "positions.csv",
         "passkey.csv",
         "retrieval.csv",
+        "tasks.csv",
         "report.md",
     ]:
         assert (tiny_run / name).is_file(), name
-    for figure in ["perplexity", "position_buckets", "passkey", "retrieval"]:
+    for figure in ["perplexity", "position_buckets", "passkey", "retrieval", "tasks"]:
         assert (tiny_run / "figures" / f"{figure}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert (tiny_run / "figures" / f"{figure}.svg").read_text().lstrip().startswith("<?xml")
     results = json.loads((tiny_run / "results.json").read_text())
     encodings = list(default_encodings())
-    stages = encodings + [f"rope-ft-{s}" for s in EXTEND_SCALINGS] + ["rope-scratch"]
+    stages = encodings + [f"rope-ft-{s}" for s in EXTEND_SCALINGS] + ["rope-scratch"] + [f"task-{e}" for e in encodings]
     models = [f"{m}-{seed}" for seed in (0, 1) for m in stages]
     assert [m["name"] for m in results["models"]] == models
     for name in models:
@@ -121,6 +122,24 @@ def test_writes_every_file_with_the_expected_shapes(tiny_run):
     )
     positions = results["rows"]["positions"]
     assert {(r["start"], r["end"]) for r in positions} == {(a, min(a + 14, 895)) for a in range(0, 895, 14)}
+    # the task models: each task at 1, 2, 4 and 8 times the task length, RoPE's under every scaling, nothing else
+    T = PRESETS["tiny"]["task_length"]
+    tasks = results["rows"]["tasks"]
+    task_methods = len(encodings) + len(SCALINGS) - 1
+    assert len(tasks) == 2 * task_methods * 2 * 4
+    assert {r["model"] for r in tasks} == {f"task-{e}" for e in encodings} and {r["task"] for r in tasks} == {
+        "copy",
+        "induction",
+    }
+    assert {r["scaling"] for r in tasks if r["model"] == "task-rope"} == set(SCALINGS)
+    for r in tasks:
+        assert r["eval_length"] in (T, 2 * T, 4 * T, 8 * T) and r["trials"] == PRESETS["tiny"]["task_trials"]
+        assert r["factor"] == (1.0 if r["scaling"] == "none" else r["eval_length"] / T)
+        assert 0 <= r["exact"] <= r["trials"] and 0 <= r["correct"] <= r["predictions"]
+        assert r["predictions"] == (4 * r["trials"] if r["task"] == "induction" else r["predictions"])
+    assert not any(
+        r["model"].startswith("task-") for kind in ("perplexity", "passkey", "retrieval") for r in results["rows"][kind]
+    )
     with open(tiny_run / "results.csv") as f:
         table = list(csv.DictReader(f))
     assert len(table) == len(rows) and list(table[0]) == [
@@ -148,6 +167,10 @@ def test_writes_every_file_with_the_expected_shapes(tiny_run):
         "figures/position_buckets.png",
         "figures/passkey.png",
         "figures/retrieval.png",
+        "figures/tasks.png",
+        "## Copying and associative recall",
+        "Mamba: Linear-Time Sequence Modeling with Selective State Spaces",
+        "Repeat After Me",
         "Train Short, Test Long",
         "The Impact of Positional Encoding",
         "Positional Interpolation",
@@ -203,10 +226,13 @@ def test_the_hybrid_encodings_run_through_the_experiment(tmp_path):
             "4",
             "--passkey-trials",
             "5",
+            "--task-steps",
+            "0",
         )
         == 0
     )
     results = json.loads((out / "results.json").read_text())
+    assert not results["rows"]["tasks"] and not (out / "figures" / "tasks.png").exists()
     assert [m["name"] for m in results["models"]] == [
         "rope_alibi-0",
         "rope_relative-0",
@@ -300,13 +326,13 @@ def test_killed_and_resumed_two_models_at_a_time_ends_with_the_numbers_of_one_un
     assert checkpoints(out) == before
     assert not (out / "results.json").exists()  # killed while training: not a finished run
     steps = {p.parent.name: torch.load(p, weights_only=True)["step"] for p in (out / "models").glob("*/checkpoint.pt")}
-    assert len(steps) < 2 * 11 or min(steps.values()) < PRESETS["tiny"]["steps"], steps
+    assert len(steps) < 2 * 17 or min(steps.values()) < PRESETS["tiny"]["steps"], steps
     capsys.readouterr()
     assert main(["experiment", "--preset", "tiny", "--device", "cpu", "--resume", str(out), "--jobs", "2"]) == 0
     one, two = (json.loads((run / "results.json").read_text()) for run in (tiny_run, out))
     assert any(m["resumed_at_step"] > 0 for m in two["models"]), two["models"]
     assert numbers(out) == numbers(tiny_run)
-    for name in ("results.csv", "positions.csv", "passkey.csv", "retrieval.csv"):
+    for name in ("results.csv", "positions.csv", "passkey.csv", "retrieval.csv", "tasks.csv"):
         assert (out / name).read_bytes() == (tiny_run / name).read_bytes(), name
     assert [m["name"] for m in one["models"]] == [m["name"] for m in two["models"]] and one["config"] == two["config"]
     assert list(one["timings"]) == list(two["timings"])
@@ -401,6 +427,12 @@ def test_a_corpus_smaller_than_one_batch(capsys, tmp_path):
         ),
         (["--bases", "1"], "--bases must be finite numbers > 1"),
         (["--eval-stride", "200"], "--eval-stride 200 is longer than L = 112"),
+        (["--task-length", "12"], "--task-length 12 is too short for a copy row and 4 key-value pairs"),
+        (["--task-pairs", "27"], "--task-pairs 27 is more than the 26 keys"),
+        (["--task-length", "8192"], "--task-length 8192 is evaluated up to 8 times that"),
+        (["--task-hidden-size", "34"], "--task-hidden-size 34 must split into --num-heads 2 heads of an even width"),
+        (["--task-steps", "-1"], "argument --task-steps"),
+        (["--task-seeds", "3"], "--task-seeds 3 is more than the run's --seeds 2; use at most 2"),
     ],
 )
 def test_bad_settings_of_the_new_stages(capsys, tmp_path, flags, needle):
@@ -600,8 +632,12 @@ def test_write_experiment_docs_renders_the_readme_block_and_report_from_a_run(ti
     assert f"| RoPE | {sum(rope_at_L) / 2:.4g} ± " in readme  # the table's numbers are the run's
     report = (tmp_path / "docs" / "experiment_report.md").read_text()
     assert report == (tiny_run / "report.md").read_text().replace("](figures/", "](figures/experiment_")
-    for name in ("perplexity", "position_buckets", "passkey", "retrieval"):
+    for name in ("perplexity", "position_buckets", "passkey", "retrieval", "tasks"):
         assert (tmp_path / "docs" / "figures" / f"experiment_{name}.png").read_bytes()[:4] == b"\x89PNG"
+    header = next(line for line in readme.splitlines() if line.startswith("| method |"))
+    assert (
+        "| copy 1L | copy 2L | recall 1L | recall 2L |" in header and "copy and associative-recall accuracy" in readme
+    )
     capsys.readouterr()
     assert module.main([str(tmp_path)]) == 2 and "not a finished run" in capsys.readouterr().err
 

@@ -51,6 +51,13 @@ def test_pretraining_and_fine_tuning_have_their_own_schedules():
     assert Schedule.of(specs["rope"], cfg) == Schedule(600, 30, 3e-3, cfg.min_learning_rate)
     assert Schedule.of(specs["rope-scratch"], cfg) == Schedule(600, 30, 3e-3, cfg.min_learning_rate)
     assert Schedule.of(specs["rope-ft-yarn"], cfg) == Schedule(60, 6, 1e-3, cfg.min_learning_rate)
+    # a task model: its own steps and peak, a twentieth of warm-up, decay to a tenth; its own width and length
+    task = specs["task-rope"]
+    assert (task.stage, task.length, task.steps, task.rows) == ("task", 32, 1000, 32)
+    assert Schedule.of(task, cfg) == Schedule(1000, 50, 3e-3, pytest.approx(3e-4))
+    assert build_model(task, cfg).config.hidden_size == 64 and build_model(specs["rope"], cfg).config.hidden_size == 128
+    default = ExperimentConfig(**PRESETS["default"])  # task models for the first seed only (the time budget)
+    assert [s.name for s in model_specs(default) if s.stage == "task"] == [f"task-{e}-0" for e in default.encodings]
 
 
 def test_a_fine_tune_starts_from_its_parent_and_a_transfer_from_its_non_position_weights():
@@ -166,6 +173,8 @@ def test_two_torchrun_processes_train_on_their_shards_average_like_one_process_a
         "yarn",
         "--finetune-learning-rate",
         "3e-4",
+        "--task-steps",
+        "0",
     ]
     proc = subprocess.run(
         [
@@ -206,6 +215,7 @@ def test_two_torchrun_processes_train_on_their_shards_average_like_one_process_a
             "extend_length": 224,
             "extend_scalings": ("yarn",),
             "finetune_learning_rate": 3e-4,
+            "task_steps": 0,
         }
     )
     specs = model_specs(cfg)

@@ -136,7 +136,7 @@ SETTINGS: dict[str, tuple] = {
     "weight_decay": (_float, "AdamW weight decay on linear layers"),
     "grad_clip": (positive_float, "gradient-norm clip"),
     "passkey_fraction": (_float, "fraction of training rows ending with a passkey sample"),
-    "passkey_trials": (positive_int, "passkey prompts per evaluation length and seed"),
+    "passkey_trials": (_non_negative_int, "passkey prompts per evaluation length and seed (0: no passkey evaluation)"),
     "passkey_depths": (_float_list, "key positions in the filler, fractions in [0, 1]"),
     "eval_tokens": (positive_int, "held-out tokens evaluated at every length in non-overlapping windows"),
     "eval_stride": (positive_int, "stride of the sliding-window evaluation (default L / 2)"),
@@ -144,9 +144,20 @@ SETTINGS: dict[str, tuple] = {
         _non_negative_int,
         "held-out tokens scored by the sliding-window evaluation at every length (0: none)",
     ),
-    "retrieval_trials": (positive_int, "random spans per distance of the retrieval probe"),
+    "retrieval_trials": (_non_negative_int, "random spans per distance of the retrieval probe (0: no probe)"),
     "retrieval_span": (positive_int, "bytes per span of the retrieval probe"),
     "retrieval_distances": (_int_list, "distances of the retrieval probe, comma-separated (default L/4 .. 8L)"),
+    "task_steps": (
+        _non_negative_int,
+        "steps of each task model (copy and associative recall, one per encoding and seed; 0: no task models)",
+    ),
+    "task_seeds": (positive_int, "how many of the seeds (the first) also train task models (default: all)"),
+    "task_length": (positive_int, "training length of the task models (evaluated at 1, 2, 4 and 8 times it)"),
+    "task_hidden_size": (positive_int, "width of the task models"),
+    "task_batch_size": (positive_int, "rows per step of a task model, half copy, half recall"),
+    "task_learning_rate": (positive_float, "peak learning rate of the task models"),
+    "task_trials": (positive_int, "evaluation rows per task, length and seed"),
+    "task_pairs": (positive_int, "key-value pairs per associative-recall row"),
     "held_out_fraction": (_float, "last fraction of the text kept for evaluation"),
     "seed": (
         seed,
@@ -212,7 +223,7 @@ def _experiment(args: argparse.Namespace) -> int:
         print_json({
             "directory": str(directory),
             "files": [str(directory / name) for name in ("report.md", "results.json", "results.csv", "positions.csv", "passkey.csv",
-                                                          "retrieval.csv", "config.json")],
+                                                          "retrieval.csv", "tasks.csv", "config.json")],
             "figures": sorted(str(f) for f in (directory / "figures").glob("*.png")),
         })  # fmt: skip
     return 0
@@ -223,10 +234,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "experiment",
         help="train short, test long: position encodings and RoPE scalings compared past the training length",
         description="Trains small Decoders per position encoding at length L on byte-level text, --seeds times each, "
-        "evaluates each at L, 2L, 4L, 8L (perplexity in non-overlapping and sliding windows, loss by position, a "
-        "retrieval probe, passkey retrieval) with the RoPE model also under inference-time scalings, fine-tuned at "
-        "--extend-length with each scaling and trained from scratch there, and writes results.json, CSV files, "
-        "figures and report.md. --study base and --study transfer run the two studies instead.",
+        "evaluates each at L, 2L, 4L, 8L (perplexity in non-overlapping and sliding windows, loss by position, and where "
+        "asked a retrieval probe and passkey retrieval) with the RoPE model also under inference-time scalings, "
+        "fine-tuned at --extend-length with each scaling and trained from scratch there; trains a small model per "
+        "encoding on synthetic copy and associative-recall tasks and measures them at 1 to 8 times their length; and "
+        "writes results.json, CSV files, figures and report.md. --study base and --study transfer run the two studies "
+        "instead.",
     )
     p.add_argument(
         "--preset",

@@ -18,11 +18,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .caveats import not_learned
+from .plan import ENCODING_LABELS, TASK_PREFIX
 from .results import Results, Values
-from .stats import DISAGREE, NOT_MEASURED, WITHHELD, WITHIN, at_least, at_most, combine, interval_outcome
+from .stats import AGREE, DISAGREE, NOT_MEASURED, WITHHELD, WITHIN, at_least, at_most, combine, interval_outcome
 
 __all__ = [
     "CLAIMS",
+    "LEARNED_TASK_ACCURACY",
+    "TASK_CLAIMS",
     "FLAT",
     "PAPERS",
     "Assessment",
@@ -33,6 +36,7 @@ __all__ = [
     "fmt",
     "lower",
     "series",
+    "task_learned",
 ]
 
 #: relative difference under which two perplexities count as the same (a tie, not a win)
@@ -51,6 +55,8 @@ PAPERS = {
     "yarn": ("Peng et al. 2023", "YaRN: Efficient Context Window Extension of Large Language Models"),
     "liu": ("Liu et al. 2023", "Scaling Laws of RoPE-based Extrapolation"),
     "roformer": ("Su et al. 2021", "RoFormer: Enhanced Transformer with Rotary Position Embedding"),
+    "mamba": ("Gu & Dao 2023", "Mamba: Linear-Time Sequence Modeling with Selective State Spaces"),
+    "copying": ("Jelassi et al. 2024", "Repeat After Me: Transformers are Better than State Space Models at Copying"),
     "question": ("this study", ""),
 }
 
@@ -437,6 +443,171 @@ def _yarn_past_finetuning(r: Results) -> Finding:
     )
     return Finding(values, tuple(items))
 
+
+# ------------------------------------------------------------------------------------------------
+# the synthetic tasks: copy and associative recall (task models, :mod:`.tasks`)
+
+#: in-distribution accuracy per byte (at the task models' L, every seed pooled) from which a task model
+#: counts as having learned its task: 13 times chance on copy (1/26), 8 times on recall (1/16). A claim
+#: about generalising past L says nothing of a model that never learned the task within L.
+LEARNED_TASK_ACCURACY = 0.5
+
+_TASK_NAMES = {"copy": "copy", "induction": "recall"}
+
+
+def task_learned(r: Results, encoding: str, task: str) -> bool | None:
+    """Whether the task model of ``encoding`` learned ``task`` within its length (pooled per-byte accuracy at
+    ``task_length`` of at least :data:`LEARNED_TASK_ACCURACY`); None when the run has no such model."""
+    found = r.task_interval(TASK_PREFIX + encoding, "none", task, r.config.task_length)
+    return None if found is None else found[0] >= LEARNED_TASK_ACCURACY
+
+
+def _task_series(r: Results, encoding: str, task: str, lengths: Sequence[int] | None = None) -> str:
+    base = r.config.task_length
+    parts = []
+    for e in lengths or r.task_lengths:
+        found = r.task_interval(TASK_PREFIX + encoding, "none", task, e)
+        if found is not None:
+            parts.append(f"{found[0]:.0%} [{found[1]:.0%}, {found[2]:.0%}] at {e / base:g}L")
+    return f"{ENCODING_LABELS.get(encoding, encoding)} " + ", ".join(parts) if parts else ""
+
+
+def _above(r: Results, task: str, a: str, b: str | None, length: int, other_length: int | None = None) -> str | None:
+    """Outcome of "task model ``a`` is more accurate at ``length`` than ``b`` (or than ``a`` itself at
+    ``other_length``)": Wilson intervals apart agree or disagree, overlapping ones are within the spread;
+    ``withheld`` when a model involved did not learn the task within L, None when not measured. A claim
+    with some items withheld and the others agreeing is ``partly`` (:func:`~.stats.combine`)."""
+    b = a if b is None else b
+    learned = (task_learned(r, a, task), task_learned(r, b, task))
+    if None in learned:
+        return None
+    if not all(learned):
+        return WITHHELD
+    x = r.task_interval(TASK_PREFIX + a, "none", task, length)
+    y = r.task_interval(TASK_PREFIX + b, "none", task, other_length or length)
+    if x is None or y is None:
+        return None
+    if x[1] > y[2]:
+        return AGREE
+    if x[2] < y[1]:
+        return DISAGREE
+    return WITHIN
+
+
+def _task_finding(r: Results, task: str, encodings: Sequence[str], items: list[tuple[str, str | None]]) -> Finding:
+    if not r.task_lengths:
+        return Finding("not measured: this run trains no task models (--task-steps 0)", verdict=NOT_MEASURED)
+    present = [e for e in encodings if task_learned(r, e, task) is not None]
+    learned = [e for e in present if task_learned(r, e, task)]
+    missed = [ENCODING_LABELS.get(e, e) for e in present if e not in learned]
+    values = "; ".join(s for e in present if (s := _task_series(r, e, task)))
+    if missed:
+        values += f"; not learned within L (below {LEARNED_TASK_ACCURACY:.0%} per byte), so not judged: " + ", ".join(
+            missed
+        )
+    told = [o for _, o in items if o is not None]
+    verdict = WITHHELD if told and all(o == WITHHELD for o in told) else None
+    return Finding(values or "not measured: no task model of these encodings", tuple(items), verdict=verdict)
+
+
+def _mamba_induction(r: Results) -> Finding:
+    base = r.config.task_length
+    longer = [e for e in r.task_lengths if e > base]
+    encodings = [e for e in ("rope", "learned", "xpos") if task_learned(r, e, "induction") is not None]
+    items = (
+        [
+            (f"{ENCODING_LABELS[e]} falls by {longer[-1] / base:g}L", _above(r, "induction", e, None, base, longer[-1]))
+            for e in encodings
+        ]
+        if longer
+        else []
+    )
+    items = [(label, outcome) for label, outcome in items]
+    two = longer[0] if longer else None
+    if two is not None:
+        for a, b in (("xpos", "rope"), ("rope", "learned")):
+            if a in encodings and b in encodings:
+                items.append(
+                    (
+                        f"{ENCODING_LABELS[a]} above {ENCODING_LABELS[b]} at {two / base:g}L",
+                        _above(r, "induction", a, b, two),
+                    )
+                )
+    return _task_finding(r, "induction", encodings, items)
+
+
+def _kazemnejad_copy(r: Results) -> Finding:
+    base = r.config.task_length
+    two = next((e for e in r.task_lengths if e > base), None)
+    items: list[tuple[str, str | None]] = []
+    if two is not None:
+        items += [
+            (f"NoPE above {ENCODING_LABELS[b]} at 2L", _above(r, "copy", "none", b, two)) for b in ("rope", "learned")
+        ]
+        items.append(("ALiBi lower at 2L than at L", _above(r, "copy", "alibi", None, base, two)))
+    return _task_finding(r, "copy", ("none", "alibi", "rope", "learned", "sinusoidal"), items)
+
+
+def _jelassi_copy(r: Results) -> Finding:
+    base = r.config.task_length
+    longer = [e for e in r.task_lengths if e > base]
+    items: list[tuple[str, str | None]] = []
+    if longer:
+        items.append(("RoPE lower at 2L than at L", _above(r, "copy", "rope", None, base, longer[0])))
+        for other in ("none", "alibi"):
+            items.append(
+                (
+                    f"{ENCODING_LABELS[other]} holds longer than RoPE: above it at 2L",
+                    _above(r, "copy", other, "rope", longer[0]),
+                )
+            )
+    finding = _task_finding(r, "copy", ("rope", "none", "alibi"), items)
+    return Finding(finding.values + "; Hard-ALiBi: not in this run (not measured)", finding.outcomes, finding.verdict)
+
+
+TASK_CLAIMS: list[Claim] = [
+    Claim(
+        "mamba",
+        "Table 11 (induction heads; 2-layer attention, width 128, vocabulary 16, trained at 256 tokens): accuracy falls "
+        "past the training length. At 2x / 4x / 8x / 64x the training length: learned absolute 58.6 / 26.6 / 18.8 / 7.8%, "
+        "RoPE 83.6 / 31.3 / 18.4 / 5.5%, xPos 99.6 / 67.6 / 25.4 / 7.8% (chance about 6%): xPos holds best, then RoPE, "
+        "then absolute.",
+        (),
+        "task models with learned absolute, RoPE and xPos encodings",
+        "associative recall (4 keys per row, values from 16 letters, chance 6.25%), accuracy per answer with all seeds "
+        "pooled: each model's accuracy at 8L below its accuracy at L, and at 2L xPos above RoPE above learned absolute, "
+        "Wilson 95% intervals apart; only models that learned the task within L (at least 50%) are judged. Differences "
+        "in setting: the task models are smaller and trained far shorter (Setup), at a shorter length, with 4 queries "
+        "per row where the paper has one, and evaluated up to 8x (not 64x)",
+        _mamba_induction,
+        past_L=False,
+    ),
+    Claim(
+        "nope",
+        "On the copy task (trained on lengths up to 20, tested to 40), NoPE and T5's relative bias keep working past "
+        "the training length, ALiBi degrades, and RoPE and absolute embeddings fall to about 0.",
+        (),
+        "task models with NoPE, ALiBi, RoPE and learned absolute encodings",
+        "copy accuracy per letter, all seeds pooled: NoPE above RoPE and above learned absolute at 2L, ALiBi lower at 2L "
+        "than at L, Wilson 95% intervals apart; only models that learned to copy within L (at least 50%) are judged. "
+        "Differences in setting: strings of letters in bytes, not their task's tokens; a small model trained for "
+        "minutes (Setup); T5's bias is not in this run",
+        _kazemnejad_copy,
+        past_L=False,
+    ),
+    Claim(
+        "copying",
+        "Copying strings in a 'prefix | copy' format: Hard-ALiBi generalises furthest past the trained length; NoPE, "
+        "ALiBi and RoPE fall off sooner, RoPE soonest.",
+        (),
+        "task models with RoPE, NoPE and ALiBi (Hard-ALiBi is not built)",
+        "copy accuracy per letter, all seeds pooled: RoPE lower at 2L than at L, NoPE and ALiBi above RoPE at 2L, "
+        "Wilson 95% intervals apart; only models that learned to copy within L are judged. Differences in setting: "
+        "a far smaller model trained for minutes (Setup), strings up to half the training length, no Hard-ALiBi",
+        _jelassi_copy,
+        past_L=False,
+    ),
+]
 
 _E = "the extension length E"
 CLAIMS: list[Claim] = [

@@ -13,7 +13,10 @@ For every evaluation length ``E`` (and every scaling, for models with RoPE):
   ``L / 8``: a model that breaks at positions past ``L`` gets worse to the right, one that only
   lacked context better;
 - passkey retrieval at ``E`` tokens (:mod:`rotary.tools.experiments.passkey`), by greedy decoding;
-- the retrieval probe (:mod:`rotary.tools.experiments.retrieval`) at distances inside and past ``L``.
+- the retrieval probe (:mod:`rotary.tools.experiments.retrieval`) at distances inside and past ``L``
+  (passkey and probe are skipped at 0 trials);
+- a task model (:mod:`rotary.tools.experiments.tasks`): copy and associative-recall accuracy at
+  ``task_length`` times 1, 2, 4 and 8 (:func:`evaluate_tasks`), and nothing else.
 
 Scalings of a pretrained model are applied at inference only, with factor ``E / L`` (the retrieval
 probe: its sequence length over ``L``); a model fine-tuned with a scaling is evaluated with that
@@ -56,7 +59,8 @@ from .plan import SCALING_LABELS, ModelSpec, scaling_block
 from .progress import Reporter
 from .retrieval import PREFIX, retrieval_scores
 from .retrieval import make_trials as make_retrieval_trials
-from .rows import CSV_FILES, Measurements, PasskeyRow, PerplexityRow, PositionRow, RetrievalRow
+from .rows import CSV_FILES, Measurements, PasskeyRow, PerplexityRow, PositionRow, RetrievalRow, TaskRow
+from .tasks import TASKS, task_scores, task_trials
 from .train import trained_scaling
 
 __all__ = [
@@ -64,6 +68,7 @@ __all__ = [
     "EvaluationText",
     "eval_rows",
     "evaluate_model",
+    "evaluate_tasks",
     "evaluation_scalings",
     "greedy_continuation",
     "passkey_at",
@@ -343,12 +348,13 @@ def greedy_continuation(model: Decoder, prompts: torch.Tensor, new_tokens: int) 
 def evaluation_scalings(spec: ModelSpec, model: Decoder, config: ExperimentConfig) -> list[tuple[str, float | None]]:
     """``(scaling, factor)`` pairs a model is measured with; factor None means ``E / L`` at each length.
 
-    A pretrained RoPE model of the main comparison: every ``--scalings`` at inference time. A model
+    A pretrained RoPE model of the main comparison (or its task model): every ``--scalings`` at inference
+    time. A model
     fine-tuned with a scaling: that scaling at its own factor. Everything else: as it is.
     """
     if spec.stage == "extend":
         return [(spec.scaling, spec.length / config.train_length if spec.scaling != "none" else 1.0)]
-    if spec.stage == "pretrain" and config.study is None and uses_rope(model):
+    if spec.stage in ("pretrain", "task") and config.study is None and uses_rope(model):
         return [(s, None) for s in config.scalings]
     return [("none", 1.0)]
 
@@ -474,12 +480,13 @@ def evaluate_model(
                     **key, factor=factor, mode="sliding", eval_length=length, stride=config.stride, **summarise(slid)
                 )
             )
-        scaled, _ = copy_at(scaling, fixed, length)
-        passkey = passkey_at(scaled, length, config)
-        for depth, (correct, trials) in passkey["counts"].items():
-            rows.passkey.append(
-                PasskeyRow(**key, factor=factor, eval_length=length, depth=depth, correct=correct, trials=trials)
-            )
+        if config.passkey_trials:
+            scaled, _ = copy_at(scaling, fixed, length)
+            passkey = passkey_at(scaled, length, config)
+            for depth, (correct, trials) in passkey["counts"].items():
+                rows.passkey.append(
+                    PasskeyRow(**key, factor=factor, eval_length=length, depth=depth, correct=correct, trials=trials)
+                )
         return rows
 
     def at_distance(scaling: str, fixed: float | None, distance: int) -> Measurements:
@@ -515,13 +522,71 @@ def evaluate_model(
         if config.mixed_precision(device.type)
         else contextlib.nullcontext()
     )
-    with reporter.task(f"evaluate {spec.name:<15}", total=len(scalings) * (len(lengths) + 1)) as task, autocast:
+    if spec.stage == "task":
+        with autocast:
+            return evaluate_tasks(spec, model, config, reporter)
+    distances = config.distances if config.retrieval_trials else ()
+    with (
+        reporter.task(f"evaluate {spec.name:<15}", total=len(scalings) * (len(lengths) + bool(distances))) as task,
+        autocast,
+    ):
         for scaling, fixed in scalings:
             for length in lengths:
                 once("length", length, scaling, fixed, at_length, length)
                 task.advance(scaling=scaling, length=length)
-            for distance in config.distances:
+            for distance in distances:
                 sequence = PREFIX + distance + config.retrieval_span  # the trials' length
                 once(f"distance {distance}", sequence, scaling, fixed, at_distance, distance)
-            task.advance(scaling=scaling, retrieval="done")
+            if distances:
+                task.advance(scaling=scaling, retrieval="done")
+    return out
+
+
+def _on_device(model: Decoder) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``ids -> model(ids)`` with ``ids`` moved to the model's device first."""
+    device = next(model.parameters()).device
+    return lambda ids: model(ids.to(device))
+
+
+def evaluate_tasks(spec: ModelSpec, model: Decoder, config: ExperimentConfig, reporter: Reporter) -> Measurements:
+    """A task model (:mod:`.tasks`) on every task at every length of :attr:`~.config.ExperimentConfig.task_lengths`,
+    with each of its scalings (factor ``E / task_length``, as perplexity has ``E / L``): one
+    :class:`~.rows.TaskRow` per task, length and scaling. At factor 1 a scaling whose RoPE tables equal
+    those of one already measured there (:func:`same_rope`: every scaling at ``E = task_length``) takes
+    its rows instead of being computed again. Every model gets the same trials (:func:`~.tasks.task_trials`).
+    """
+    base = config.task_length
+    lengths = config.task_lengths
+    out = Measurements()
+    at_factor_one: dict[int, tuple[Decoder, list[TaskRow]]] = {}
+    scalings = evaluation_scalings(spec, model, config)
+    with reporter.task(f"evaluate {spec.name:<15}", total=len(scalings) * len(lengths)) as task:
+        for scaling, _ in scalings:
+            for length in lengths:
+                factor = 1.0 if scaling == "none" else length / base
+                scaled = scaled_copy(model, scaling_block(scaling, factor, base))
+                found = at_factor_one.get(length) if factor == 1.0 else None
+                if found is not None and same_rope(found[0], scaled, length):
+                    out.tasks.extend(dataclasses.replace(r, scaling=scaling) for r in found[1])
+                    task.advance(scaling=scaling, length=length)
+                    continue
+                rows = []
+                for name in TASKS:
+                    trials = task_trials(name, length, config)
+                    scores = task_scores(_on_device(scaled), trials, batch_rows=eval_rows(scaled, length))
+                    rows.append(
+                        TaskRow(
+                            model=spec.model,
+                            seed=spec.seed,
+                            scaling=scaling,
+                            factor=factor,
+                            task=name,
+                            eval_length=length,
+                            **scores,
+                        )
+                    )
+                if factor == 1.0 and length not in at_factor_one:
+                    at_factor_one[length] = (scaled, rows)
+                out.tasks.extend(rows)
+                task.advance(scaling=scaling, length=length)
     return out

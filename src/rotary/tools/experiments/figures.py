@@ -8,6 +8,7 @@ trained from scratch there).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -253,15 +254,57 @@ def _retrieval_figure(results: Results, directory: Path) -> list[Path]:
     return save(fig, directory / "retrieval")
 
 
+def _tasks_figure(results: Results, directory: Path) -> list[Path]:
+    """Copy and recall accuracy against length, one panel per task: every task model as trained, and the
+    RoPE task model under each scaling; a band for the Wilson 95% interval, chance dotted."""
+    from ..plots import save
+    from .tasks import CHANCE
+
+    plt = _plt()
+    base = results.config.task_length
+    lengths = results.task_lengths
+    fig, axes = plt.subplots(1, len(results.tasks), figsize=(6.2 * len(results.tasks), 4.2), squeeze=False, sharey=True)
+    for j, task in enumerate(results.tasks):
+        ax = axes[0][j]
+        for m in results.task_methods():
+            found = [results.task_interval(m.model, m.scaling, task, e) for e in lengths]
+            xs = [e for e, v in zip(lengths, found) if v is not None]
+            if not xs:
+                continue
+            vs = [v for v in found if v is not None]
+            look = style(results, dataclasses.replace(m, stage="pretrain", model=m.encoding))
+            ax.plot(xs, [v[0] for v in vs], label=m.label, **look)
+            ax.fill_between(xs, [v[1] for v in vs], [v[2] for v in vs], color=look["color"], alpha=0.12, linewidth=0)
+        ax.axvline(base, color="#444444", linewidth=1, linestyle="--")
+        ax.axhline(CHANCE[task], color="#888888", linewidth=0.8, linestyle=":")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(lengths, [f"{e} ({e / base:g}L)" for e in lengths], fontsize=8)
+        ax.set_ylim(0, 1)
+        ax.set_xlabel(f"row length (trained at {base}, dashed; chance dotted)")
+        ax.set_title("copy" if task == "copy" else "associative recall", fontsize=10)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="upper right")
+    axes[0][0].set_ylabel("accuracy per answer byte")
+    fig.suptitle("Synthetic tasks: accuracy with its Wilson 95% interval, all seeds pooled", fontsize=11)
+    fig.tight_layout()
+    return save(fig, directory / "tasks")
+
+
 def draw_figures(results: Results, directory: Path, predicted: dict[str, float] | None = None) -> dict[str, list[Path]]:
-    """Perplexity (both modes), loss by position, passkey and retrieval: ``{"perplexity": [png, svg], ...}``."""
+    """Perplexity (both modes), loss by position, and where measured passkey, retrieval and the synthetic
+    tasks: ``{"perplexity": [png, svg], ...}``."""
     directory.mkdir(parents=True, exist_ok=True)
-    return {
+    figures = {
         "perplexity": _perplexity_figure(results, directory),
         "buckets": _positions_figure(results, directory, predicted),
-        "passkey": _passkey_figure(results, directory),
-        "retrieval": _retrieval_figure(results, directory),
     }
+    if results.rows.passkey:
+        figures["passkey"] = _passkey_figure(results, directory)
+    if results.distances:
+        figures["retrieval"] = _retrieval_figure(results, directory)
+    if results.tasks:
+        figures["tasks"] = _tasks_figure(results, directory)
+    return figures
 
 
 def loss_curves(

@@ -6,7 +6,9 @@ A run is a list of :class:`ModelSpec`, every method once per seed (``seed``, ``s
   extension stage is on, the RoPE model fine-tuned at ``E = extend_length`` with each of
   ``extend_scalings`` (stage ``extend``; ``none`` is direct fine-tuning, the scaling of the others is
   fixed at factor ``E / L``), and a RoPE model trained from scratch at ``E`` with the pretraining
-  budget in tokens (stage ``scratch``), the ceiling a fine-tune can hope to reach;
+  budget in tokens (stage ``scratch``), the ceiling a fine-tune can hope to reach; and, with
+  ``task_steps``, one model per position encoding trained on the synthetic copy and associative-recall
+  tasks (:mod:`.tasks`) at ``task_length`` (stage ``task``, named ``task-<encoding>``);
 - ``--study base``: a RoPE model per base in ``bases``;
 - ``--study transfer``: sinusoidal and RoPE models of ``steps`` steps, a sinusoidal model of
   ``steps - transfer_steps`` steps, and that model moved to RoPE (every other weight copied by
@@ -23,7 +25,15 @@ from dataclasses import dataclass
 from ...errors import InputError
 from .config import SCALINGS, ExperimentConfig
 
-__all__ = ["ENCODING_LABELS", "SCALING_LABELS", "STAGES", "ModelSpec", "model_specs", "scaling_block"]
+__all__ = [
+    "ENCODING_LABELS",
+    "SCALING_LABELS",
+    "STAGES",
+    "TASK_PREFIX",
+    "ModelSpec",
+    "model_specs",
+    "scaling_block",
+]
 
 #: how each position encoding is called in tables and figures
 ENCODING_LABELS = {
@@ -41,8 +51,12 @@ ENCODING_LABELS = {
 SCALING_LABELS = {"none": "", "linear": "PI (linear)", "ntk": "NTK", "dynamic": "dynamic NTK", "yarn": "YaRN"}
 
 #: pretrain: from a fresh initialisation at L; extend: fine-tuned at a longer length from a pretrained
-#: model; scratch: from a fresh initialisation at the longer length; transfer: another encoding's weights
-STAGES = ("pretrain", "extend", "scratch", "transfer")
+#: model; scratch: from a fresh initialisation at the longer length; transfer: another encoding's weights;
+#: task: from a fresh initialisation on the synthetic tasks (:mod:`.tasks`) at ``task_length``
+STAGES = ("pretrain", "extend", "scratch", "transfer", "task")
+
+#: the name of the task model of an encoding
+TASK_PREFIX = "task-"
 
 
 @dataclass(frozen=True)
@@ -142,6 +156,21 @@ def _main(config: ExperimentConfig, seed: int) -> list[ModelSpec]:
                 rows=config.extension_rows,
             )
         )
+    if config.has_tasks and (config.task_seeds is None or seed < config.seed + config.task_seeds):
+        for e in config.encodings:
+            specs.append(
+                _pretrain(
+                    config,
+                    e,
+                    seed,
+                    model=TASK_PREFIX + e,
+                    label=ENCODING_LABELS.get(e, e),
+                    stage="task",
+                    length=config.task_length,
+                    steps=config.task_steps,
+                    rows=config.task_batch_size,
+                )
+            )
     return specs
 
 
@@ -189,9 +218,11 @@ def model_specs(config: ExperimentConfig) -> list[ModelSpec]:
     """Every model of a run, seed after seed; a model after the one it starts from.
 
     Example:
-        >>> cfg = ExperimentConfig(encodings=("none", "rope"), seeds=2, extend_steps=10, extend_scalings=("yarn",))
+        >>> cfg = ExperimentConfig(encodings=("none", "rope"), seeds=2, extend_steps=10, extend_scalings=("yarn",), task_steps=0)
         >>> [s.name for s in model_specs(cfg)]
         ['none-0', 'rope-0', 'rope-ft-yarn-0', 'rope-scratch-0', 'none-1', 'rope-1', 'rope-ft-yarn-1', 'rope-scratch-1']
+        >>> [s.name for s in model_specs(ExperimentConfig(encodings=("rope",), seeds=1, extend_steps=0))]
+        ['rope-0', 'task-rope-0']
         >>> [s.name for s in model_specs(ExperimentConfig(study="base", bases=(100, 10000), seeds=1))]
         ['rope-base100-0', 'rope-base10000-0']
     """

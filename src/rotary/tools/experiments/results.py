@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import ExperimentConfig
-from .plan import SCALING_LABELS, ModelSpec
+from .plan import SCALING_LABELS, TASK_PREFIX, ModelSpec
 from .rows import Measurements
 from .stats import Stat, wilson
 
@@ -81,6 +81,11 @@ class Results:
         self.seeds = sorted({r.seed for r in measurements.perplexity})
         self.modes = [m for m in ("windows", "sliding") if any(r.mode == m for r in measurements.perplexity)]
         self.distances = sorted({r.distance for r in measurements.retrieval})
+        self.task_lengths = sorted({r.eval_length for r in measurements.tasks})
+        self.tasks = [t for t in ("copy", "induction") if any(r.task == t for r in measurements.tasks)]
+        self._tasks: dict[tuple[str, str, str, int], list] = {}
+        for r in measurements.tasks:
+            self._tasks.setdefault((r.model, r.scaling, r.task, r.eval_length), []).append(r)
 
     # ------------------------------------------------------------------------------------------------
     def methods(self) -> list[Method]:
@@ -176,6 +181,50 @@ class Results:
                 c[0] += r.correct
                 c[1] += r.trials
         return Values({s: c / t for s, (c, t) in found.items() if t}) or None
+
+    def task_model(self, model: str) -> str | None:
+        """The task model beside a text model: ``task-<encoding>`` of a pretrained model's encoding, when
+        the run has it (None for fine-tuned models, studies, and runs without tasks)."""
+        spec = self.specs.get(model)
+        if spec is None or spec.stage != "pretrain":
+            return None
+        name = TASK_PREFIX + spec.encoding
+        return name if any(k[0] == name for k in self._tasks) else None
+
+    def task(self, model: str, scaling: str, task: str, length: int, *, exact: bool = False) -> tuple[int, int] | None:
+        """``(correct, total)`` of task model ``model`` on ``task`` at ``length``, every seed pooled: scored
+        bytes, or with ``exact`` whole rows."""
+        rows = self._tasks.get((model, scaling, task, length))
+        if not rows:
+            return None
+        if exact:
+            return sum(r.exact for r in rows), sum(r.trials for r in rows)
+        return sum(r.correct for r in rows), sum(r.predictions for r in rows)
+
+    def task_interval(
+        self, model: str, scaling: str, task: str, length: int, *, exact: bool = False
+    ) -> tuple[float, float, float] | None:
+        """``(accuracy, low, high)``: the pooled accuracy (per byte, or ``exact`` per row) and its Wilson 95%
+        interval."""
+        counts = self.task(model, scaling, task, length, exact=exact)
+        if counts is None or not counts[1]:
+            return None
+        return (counts[0] / counts[1], *wilson(*counts))
+
+    def task_by_seed(self, model: str, scaling: str, task: str, length: int) -> Values | None:
+        """Per-byte accuracy per seed."""
+        rows = self._tasks.get((model, scaling, task, length)) or []
+        return Values({r.seed: r.correct / r.predictions for r in rows if r.predictions}) or None
+
+    def task_methods(self) -> list[Method]:
+        """The task models with their scalings, in the order their rows first appear."""
+        seen: dict[tuple[str, str], Method] = {}
+        for r in self.rows.tasks:
+            if (r.model, r.scaling) not in seen:
+                seen[(r.model, r.scaling)] = Method(
+                    r.model, r.scaling, self.label(r.model, r.scaling), *self._stage(r.model)
+                )
+        return list(seen.values())
 
     def retrieval(self, model: str, scaling: str, distance: int, field: str = "gain") -> Values | None:
         found = Values(

@@ -11,6 +11,7 @@ file               row                                  one row per
 ``positions.csv``  :class:`PositionRow`                 ... x range of query positions in the longest windows
 ``passkey.csv``    :class:`PasskeyRow`                  ... x length x depth of the key
 ``retrieval.csv``  :class:`RetrievalRow`                ... x distance between the two copies
+``tasks.csv``      :class:`TaskRow`                     task model x seed x scaling x task x length
 =================  ===================================  ==================================================
 """
 
@@ -23,7 +24,17 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CSV_FILES", "Measurements", "PasskeyRow", "PerplexityRow", "PositionRow", "RetrievalRow", "Row", "csv_text"]
+__all__ = [
+    "CSV_FILES",
+    "Measurements",
+    "PasskeyRow",
+    "PerplexityRow",
+    "PositionRow",
+    "RetrievalRow",
+    "Row",
+    "TaskRow",
+    "csv_text",
+]
 
 
 @dataclass(frozen=True)
@@ -114,12 +125,34 @@ class RetrievalRow(Row):
     predictions: int
 
 
+@dataclass(frozen=True)
+class TaskRow(Row):
+    """A task model (:mod:`rotary.tools.experiments.tasks`) on one task at one length.
+
+    Attributes:
+        task: ``copy`` or ``induction``.
+        eval_length: tokens per row.
+        correct, predictions: scored bytes predicted right (top-1, teacher forcing), and scored.
+        exact, trials: rows whose every scored byte is right, and rows.
+        loss: mean loss on the scored bytes, nats.
+    """
+
+    task: str
+    eval_length: int
+    correct: int
+    predictions: int
+    exact: int
+    trials: int
+    loss: float
+
+
 #: results.json key -> (row type, CSV file)
 CSV_FILES: dict[str, tuple[type, str]] = {
     "perplexity": (PerplexityRow, "results.csv"),
     "positions": (PositionRow, "positions.csv"),
     "passkey": (PasskeyRow, "passkey.csv"),
     "retrieval": (RetrievalRow, "retrieval.csv"),
+    "tasks": (TaskRow, "tasks.csv"),
 }
 
 
@@ -158,6 +191,7 @@ class Measurements:
     positions: list[PositionRow] = field(default_factory=list)
     passkey: list[PasskeyRow] = field(default_factory=list)
     retrieval: list[RetrievalRow] = field(default_factory=list)
+    tasks: list[TaskRow] = field(default_factory=list)
 
     def extend(self, other: Measurements) -> Measurements:
         for name in CSV_FILES:

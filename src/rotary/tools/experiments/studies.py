@@ -254,9 +254,10 @@ TRANSFER_CLAIMS: list[Claim] = [
 
 def study_claims(config: ExperimentConfig) -> list[Claim]:
     """The claims a run checks: the main comparison's, or a study's."""
-    from .claims import CLAIMS
+    from .claims import CLAIMS, TASK_CLAIMS
 
-    return {None: CLAIMS, "base": BASE_CLAIMS, "transfer": TRANSFER_CLAIMS}[config.study]
+    main = CLAIMS + TASK_CLAIMS if config.has_tasks else CLAIMS
+    return {None: main, "base": BASE_CLAIMS, "transfer": TRANSFER_CLAIMS}[config.study]
 
 
 def base_table(r: Results) -> tuple[list[str], list[list[str]]]:

@@ -12,6 +12,7 @@ from .claims import fmt, ppl
 from .results import Results
 
 __all__ = [
+    "SUMMARY_TASK_LENGTHS",
     "bucket_table",
     "markdown_table",
     "mode_table",
@@ -20,6 +21,7 @@ __all__ = [
     "retrieval_table",
     "spread_table",
     "summary_table",
+    "task_table",
 ]
 
 
@@ -49,19 +51,43 @@ def _gain(results: Results, model: str, scaling: str, distances: Sequence[int], 
     return f"{stat.mean:.2f}" if stat.n < 2 or not spread else f"{stat.mean:.2f} ± {stat.spread:.2f}"
 
 
+#: the task lengths (multiples of the task models' L) the main table shows; the report shows them all
+SUMMARY_TASK_LENGTHS = (1, 2)
+
+
+def _task_cell(results: Results, method: Any, task: str, k: int, spread: bool) -> str:
+    model = results.task_model(method.model)
+    if model is None:
+        return "–"
+    found = results.task_interval(model, method.scaling, task, k * results.config.task_length)
+    if found is None:
+        return "–"
+    return _percent_interval(found) if spread else f"{found[0]:.0%}"
+
+
+def _informative(values: list[str]) -> bool:
+    """Whether a column says anything: some cell is measured and not zero."""
+    return any(v not in ("–", "0%", "0.00", "-0.00") and not v.startswith(("0% ", "0.00 ±", "-0.00 ±")) for v in values)
+
+
 def summary_table(results: Results, spread: bool = True) -> tuple[list[str], list[list[str]]]:
     """The main table: perplexity at every length (non-overlapping windows), sliding windows at L and
-    at the longest length, the retrieval gain inside and past L, passkey at L. Mean ± half the range
-    over seeds (``spread=False``: the mean alone); passkey with its Wilson interval."""
+    at the longest length, copy and associative-recall accuracy of the method's task model at 1 and 2 times
+    its length (:data:`SUMMARY_TASK_LENGTHS`; per byte, every seed pooled, Wilson 95% interval), the
+    retrieval gain inside and past L and passkey at L. Mean ± half the range over seeds (``spread=False``:
+    the mean alone). A column in which no method has a measured value other than 0 is left out (the
+    retrieval probe and passkey of the default preset, which these models do not learn)."""
     L = results.config.train_length
     longest = results.lengths[-1]
     inside = [d for d in results.distances if d <= L]
     past = [d for d in results.distances if d > L]
-    sliding = [e for e in (L, longest) if "sliding" in results.modes]
+    sliding = [e for e in dict.fromkeys((L, longest)) if "sliding" in results.modes]  # one column when L is the longest
+    tasks = [(t, k) for t in results.tasks for k in SUMMARY_TASK_LENGTHS]
     header = (
         ["method"]
         + [f"ppl {e / L:g}L" for e in results.lengths]
         + [f"sliding {e / L:g}L" for e in sliding]
+        + [f"{'recall' if t == 'induction' else t} {k}L" for t, k in tasks]
         + ["retrieval ≤ L", "retrieval > L", "passkey 1L"]
     )
 
@@ -78,13 +104,16 @@ def summary_table(results: Results, spread: bool = True) -> tuple[list[str], lis
             [m.label]
             + [cell(m.model, m.scaling, e, "windows") for e in results.lengths]
             + [cell(m.model, m.scaling, e, "sliding") for e in sliding]
+            + [_task_cell(results, m, t, k, spread) for t, k in tasks]
             + [
                 _gain(results, m.model, m.scaling, inside, spread),
                 _gain(results, m.model, m.scaling, past, spread),
                 _percent_interval(passkey) if spread else ("–" if passkey is None else f"{passkey[0]:.0%}"),
             ]
         )
-    return header, body
+    first_optional = len(header) - 3  # retrieval and passkey: kept only where they say something
+    keep = [i for i in range(len(header)) if i < first_optional or _informative([row[i] for row in body])]
+    return [header[i] for i in keep], [[row[i] for i in keep] for row in body]
 
 
 def mode_table(results: Results, mode: str) -> str:
@@ -131,6 +160,23 @@ def passkey_table(results: Results) -> str:
     )
 
 
+def task_table(results: Results, task: str, *, exact: bool = False) -> str:
+    """One task's accuracy per task model and scaling at every task length: per byte (or ``exact``: whole
+    rows right), every seed pooled, with its Wilson 95% interval."""
+    base = results.config.task_length
+    return markdown_table(
+        ["method"] + [f"{e / base:g}L ({e})" for e in results.task_lengths],
+        [
+            [m.label]
+            + [
+                _percent_interval(results.task_interval(m.model, m.scaling, task, e, exact=exact))
+                for e in results.task_lengths
+            ]
+            for m in results.task_methods()
+        ],
+    )
+
+
 def spread_table(results: Results, mode: str = "windows") -> tuple[list[str], list[list[str]]]:
     """Per method and length: half the range of the loss over seeds (nats)."""
     L = results.config.train_length
@@ -150,7 +196,7 @@ def render_table(results: Results, console: Any) -> None:
 
     header, body = summary_table(results, spread=False)
     table = Table(
-        title=f"perplexity (bytes), retrieval gain (nats) and passkey; trained at L = {results.config.train_length}; "
+        title=f"perplexity (bytes) and task accuracy; trained at L = {results.config.train_length}; "
         f"mean over {len(results.seeds)} seed(s) (the spread is in report.md)",
         title_justify="left",
     )

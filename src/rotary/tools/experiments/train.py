@@ -47,6 +47,7 @@ from .data import derived_seed, training_batch
 from .distributed import Distributed, shard
 from .plan import ModelSpec, scaling_block
 from .progress import Reporter
+from .tasks import task_training_batch
 
 __all__ = [
     "CHECKPOINT",
@@ -88,17 +89,23 @@ COMPILING_CALLS = 1
 
 
 def decoder_config(
-    encoding: str, config: ExperimentConfig, rope_scaling: dict | None = None, rope_base: float | None = None
+    encoding: str,
+    config: ExperimentConfig,
+    rope_scaling: dict | None = None,
+    rope_base: float | None = None,
+    *,
+    stage: str = "pretrain",
 ) -> DecoderConfig:
     """The ``DecoderConfig`` of a model of this run. ``max_position`` is the longest evaluation length:
     a learned table gets rows up to ``8L`` (those past ``L`` are never trained) instead of an index
-    error, and RoPE's tables are built that long up front."""
+    error, and RoPE's tables are built that long up front. A task model (``stage="task"``) is
+    ``task_hidden_size`` wide, with the text models' layers and heads."""
     return DecoderConfig(
         vocab_size=256,
-        hidden_size=config.hidden_size,
+        hidden_size=config.task_hidden_size if stage == "task" else config.hidden_size,
         num_layers=config.num_layers,
         num_heads=config.num_heads,
-        max_position=max(config.longest, config.extension_length),
+        max_position=max(config.longest, config.extension_length, max(config.task_lengths) if config.has_tasks else 0),
         position_encoding=encoding,
         rope_base=config.rope_base if rope_base is None else rope_base,
         rope_scaling=rope_scaling,
@@ -107,7 +114,9 @@ def decoder_config(
 
 def trained_scaling(spec: ModelSpec, config: ExperimentConfig) -> dict | None:
     """The ``rope_scaling`` block a model is trained and evaluated with: its scaling at factor
-    ``length / L`` (None for ``none``)."""
+    ``length / L`` (None for ``none``; task models are trained without scaling)."""
+    if spec.stage == "task":
+        return None
     return scaling_block(spec.scaling, spec.length / config.train_length, config.train_length)
 
 
@@ -124,7 +133,9 @@ def build_model(spec: ModelSpec, config: ExperimentConfig) -> Decoder:
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derived_seed(spec.seed, "init", spec.encoding))
-        return Decoder(decoder_config(spec.encoding, config, trained_scaling(spec, config), spec.rope_base))
+        return Decoder(
+            decoder_config(spec.encoding, config, trained_scaling(spec, config), spec.rope_base, stage=spec.stage)
+        )
 
 
 def start_model(spec: ModelSpec, config: ExperimentConfig, parent: Decoder | None = None) -> Decoder:
@@ -176,7 +187,8 @@ class Schedule:
     @classmethod
     def of(cls, spec: ModelSpec, config: ExperimentConfig) -> Schedule:
         """Pretraining's schedule (``--warmup-steps``, ``--learning-rate``), or for a fine-tune a tenth of
-        its steps of warm-up to ``--finetune-learning-rate``; both decay to ``--min-learning-rate``.
+        its steps of warm-up to ``--finetune-learning-rate``; both decay to ``--min-learning-rate``. A task
+        model warms up over a twentieth of its steps to ``--task-learning-rate`` and decays to a tenth of it.
 
         Example:
             >>> from rotary.tools.experiments.plan import ModelSpec
@@ -185,6 +197,9 @@ class Schedule:
         """
         if spec.fine_tune:
             return cls(spec.steps, max(1, spec.steps // 10), config.finetune_learning_rate, config.min_learning_rate)
+        if spec.stage == "task":
+            peak = config.task_learning_rate
+            return cls(spec.steps, max(1, spec.steps // 20), peak, peak / 10)
         return cls(spec.steps, config.warmup_steps, config.learning_rate, config.min_learning_rate)
 
 
@@ -376,7 +391,11 @@ def diverged_message(
         'training rope (encoding rope, seed 0) diverged at step 2 of 3: loss nan, gradient norm inf at learning rate 5e+08; nothing was evaluated. Start a new run with a lower --learning-rate (this run: 1e+09)'
     """
     schedule = Schedule.of(spec, config)
-    flag = "--finetune-learning-rate" if spec.fine_tune else "--learning-rate"
+    flag = (
+        "--finetune-learning-rate"
+        if spec.fine_tune
+        else ("--task-learning-rate" if spec.stage == "task" else "--learning-rate")
+    )
     text = (
         f"training {spec.model} (encoding {spec.encoding}, seed {spec.seed}) diverged at step {step + 1} of {spec.steps}: "
         f"loss {loss:.4g}, gradient norm {norm:.4g} at learning rate {learning_rate(step, schedule):.3g}; nothing was "
@@ -497,17 +516,23 @@ def train_model(
         for step in range(start, spec.steps):
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, schedule)
-            batch = shard(
-                training_batch(
-                    train_tokens, spec.first_batch + step, config, spec.seed, rows=spec.rows, length=spec.length
-                ),
-                dist,
-            )
-            if device.type == "cuda":  # from pinned memory the copy does not wait for the queued steps
-                batch = batch.pin_memory().to(device, non_blocking=True)
+            if spec.stage == "task":  # inputs and targets apart: only the answers are scored
+                inputs, targets = (
+                    shard(t, dist) for t in task_training_batch(spec.first_batch + step, config, spec.seed, spec.rows)
+                )
             else:
-                batch = batch.to(device)
-            loss = forward_backward(batch[:, :-1], batch[:, 1:])
+                batch = shard(
+                    training_batch(
+                        train_tokens, spec.first_batch + step, config, spec.seed, rows=spec.rows, length=spec.length
+                    ),
+                    dist,
+                )
+                inputs, targets = batch[:, :-1], batch[:, 1:]
+            if device.type == "cuda":  # from pinned memory the copy does not wait for the queued steps
+                inputs, targets = (t.pin_memory().to(device, non_blocking=True) for t in (inputs, targets))
+            else:
+                inputs, targets = inputs.to(device), targets.to(device)
+            loss = forward_backward(inputs, targets)
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             pending.append((step, dist.mean(loss), norm))
             last = step + 1 == spec.steps

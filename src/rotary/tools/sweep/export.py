@@ -68,7 +68,8 @@ def load_experiment_model(directory: str | os.PathLike) -> tuple[Decoder, int]:
         state = torch.load(path, map_location="cpu", weights_only=True)
         spec = ModelSpec(**state["spec"])
         config = ExperimentConfig.from_dict(state["config"])
-        model = Decoder(decoder_config(spec.encoding, config, trained_scaling(spec, config), spec.rope_base))
+        scaling = trained_scaling(spec, config)
+        model = Decoder(decoder_config(spec.encoding, config, scaling, spec.rope_base, stage=spec.stage))
         model.load_state_dict(state["model"])
     except Exception as exc:  # a truncated file, another program's checkpoint, a state dict of another shape
         raise ExportError(

@@ -4,6 +4,8 @@ and in what form, and why each other RoPE-applying encoder is not built. Plain d
 
 from __future__ import annotations
 
+from .encoder_tables import NO_ROPE
+
 __all__ = ["COVERAGE", "ENCODER_STATUS", "FORMS", "VISION_ROPE"]
 
 #: form -> what the tower does (the coverage table shows it beside each model_type)
@@ -69,12 +71,12 @@ _OTHER = "other encoder (byte patches, feature matching, time series, an assista
 ENCODER_STATUS: dict[str, str] = {
     **dict.fromkeys(
         (
-            "dots3_note_audio_encoder gemma3n_audio gemma4_audio gemma4_unified_audio glmasr_encoder lasr_ctc "
-            "lasr_encoder moonshine_streaming_encoder muse_spark_audio nemotron3_5_transcribe_asr_audio "
+            "dots3_note_audio_encoder gemma3n_audio gemma4_audio gemma4_unified_audio lasr_ctc "
+            "muse_spark_audio "
             "nemotron3_5_transcribe_audio nemotron3_5_transcribe_word_timestamp nemotron3_diarization "
-            "nemotron3_diarization_audio nemotron_asr_streaming nemotron_asr_streaming_encoder parakeet_ctc "
-            "parakeet_encoder parakeet_rnnt parakeet_tdt pe_audio_encoder phi4_multimodal_audio "
-            "qwen2_5_omni_audio_encoder qwen3_omni_moe_audio_encoder voxtral_realtime_encoder wav2vec2-bert "
+            "nemotron_asr_streaming parakeet_ctc "
+            "parakeet_rnnt parakeet_tdt phi4_multimodal_audio "
+            "qwen2_5_omni_audio_encoder qwen3_omni_moe_audio_encoder wav2vec2-bert "
             "wav2vec2-conformer"
         ).split(),
         _AUDIO,
@@ -90,8 +92,8 @@ ENCODER_STATUS: dict[str, str] = {
     ),
     **dict.fromkeys(
         (
-            "mimi mimi_decoder mimi_encoder neucodec pocket_tts_audio_tokenizer pocket_tts_audio_tokenizer_decoder "
-            "pocket_tts_audio_tokenizer_encoder qwen2_5_omni_bigvgan qwen2_5_omni_dit qwen2_5_omni_token2wav xcodec2"
+            "mimi mimi_decoder neucodec pocket_tts_audio_tokenizer pocket_tts_audio_tokenizer_decoder "
+            "qwen2_5_omni_bigvgan qwen2_5_omni_dit qwen2_5_omni_token2wav xcodec2"
         ).split(),
         _CODEC,
     ),
@@ -115,8 +117,9 @@ ENCODER_STATUS: dict[str, str] = {
     ),
     **dict.fromkeys("qwen2_5_omni qwen3_omni_moe sam3 sam3_vision_model".split(), _WRAPPER),
     **dict.fromkeys(
-        "blt_global_transformer efficientloftr lightglue muse_glimmer_assistant timesfm2_5".split(), _OTHER
+        "efficientloftr lightglue muse_glimmer_assistant timesfm2_5".split(), _OTHER
     ),
+    **NO_ROPE,  # in a modeling file with a rotary embedding, but their forward pass applies none
 }
 
 

@@ -1,0 +1,47 @@
+"""The tables of the sequence encoders (audio frames, codec steps, patches of bytes, time series): which ones
+:meth:`rotary.RoPE.from_hf_config` builds and how they pair their channels, and which of the encoders whose
+modeling files hold a rotary embedding apply none in their forward pass, with what they use instead.
+
+Plain data, imported by :mod:`rotary.hf.architectures` (the pairing reader) and :mod:`rotary.hf.vision_tables`
+(the encoders' status). Every entry was established by running the type's tiny model with its RoPE functions
+recorded, and is checked that way by tests/hf/test_encoders.py (harness: tests/hf/encoder_models.py).
+"""
+
+from __future__ import annotations
+
+__all__ = ["COVERAGE", "NO_ROPE", "SEQUENCE_ROPE"]
+
+#: model_type -> how its attention pairs the rotated channels (``"half"``: (i, i + r/2), ``"interleaved"``:
+#: (2i, 2i + 1)). Each applies a 1-D RoPE over its sequence (audio frames, codec steps, patches), read from
+#: its config by :meth:`rotary.RoPE.from_hf_config` exactly as for a text model: ``rope_parameters``, the head
+#: width (``head_dim`` or ``hidden_size / num_attention_heads``), ``partial_rotary_factor``.
+SEQUENCE_ROPE: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "glmasr_encoder lasr_encoder mimi_encoder nemotron3_5_transcribe_asr_audio nemotron3_diarization_audio "
+            "pocket_tts_audio_tokenizer_encoder voxtral_realtime_encoder"
+        ).split(),
+        "half",
+    ),
+    **dict.fromkeys("blt_global_transformer pe_audio_encoder".split(), "interleaved"),
+}
+
+_REL_XL = (
+    "no RoPE: its forward pass applies none (run and recorded); its attention adds Transformer-XL-style relative "
+    "sinusoidal position scores (a projected relative_k and learned biases bias_u, bias_v), as in the paper "
+    "'Transformer-XL: Attentive Language Models Beyond a Fixed-Length Context'; the apply_rotary_pos_emb in its "
+    "modeling file is called by no layer"
+)
+_UNPOSITIONED = (
+    "no RoPE: its forward pass applies none (run and recorded); its encoder computes no position embeddings for "
+    "its sliding-window attention (the rotary embedding of its modeling file is the decoder's)"
+)
+
+#: model_type -> what it uses instead of RoPE (its forward pass, run and recorded, applies none)
+NO_ROPE: dict[str, str] = {
+    **dict.fromkeys("nemotron_asr_streaming_encoder parakeet_encoder".split(), _REL_XL),
+    "moonshine_streaming_encoder": _UNPOSITIONED,
+}
+
+#: the coverage table's entry (rotary.hf.coverage): the sequence encoders RoPE.from_hf_config builds
+COVERAGE = [("RoPE.from_hf_config", SEQUENCE_ROPE)]

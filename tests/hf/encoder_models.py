@@ -1,0 +1,205 @@
+"""Tiny models of transformers' non-text encoders (audio, vision, video, segmentation, codecs, others), run once
+with their RoPE recorded: the harness of tests/hf/test_encoders.py.
+
+For a model type, :func:`build` makes a tiny model (one layer, small widths, random weights) from its config
+class and the inputs one forward takes; :func:`record` runs that forward with every RoPE function of its modeling
+module replaced by a recording wrapper: the module's ``apply_*rot*/rope/pos*`` functions (and static methods) and
+the ``forward`` of its classes named ``*Rotary*``/``*Rope*``. A call is recorded only at the outermost level (an
+apply function calling ``rotate_half`` is one call). ``python tests/hf/encoder_models.py [TYPE ...]`` prints, for
+each type, the calls its forward made: the evidence behind the coverage table's encoder rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import inspect
+import re
+import sys
+import warnings
+from typing import Any
+
+import torch
+
+import transformers
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+transformers.logging.set_verbosity_error()
+
+#: small sizes for any config class (only the fields a class has are set)
+TINY: dict[str, Any] = dict(
+    hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+    num_heads=2, head_dim=16, depth=1, embed_dim=32, encoder_layers=1, encoder_attention_heads=2, d_model=32,
+    encoder_ffn_dim=32, num_mel_bins=16, output_dim=32, vocab_size=64,
+)  # fmt: skip
+
+#: model_type -> config keyword arguments on top of TINY (its own sizes, or a RoPE switched on)
+OVERRIDES: dict[str, dict[str, Any]] = {
+    "wav2vec2-bert": {"position_embeddings_type": "rotary"},
+    "wav2vec2-conformer": {"position_embeddings_type": "rotary"},
+}
+
+#: model_type -> the model class to build, where the config class has several or none of its own
+MODEL_CLASS: dict[str, str] = {}
+
+_APPLY = re.compile(r"^apply_.*(rot|rope|pos)")
+_EMBEDDING = re.compile(r"Rotary|Rope|RoPE")
+
+
+@dataclasses.dataclass
+class Call:
+    """One outermost call of a RoPE function or rotary-embedding module: what, from which module, args, result."""
+
+    name: str
+    caller: str
+    args: tuple
+    kwargs: dict
+    out: Any
+
+
+def modeling_module(model_type: str):
+    cfg = CONFIG_MAPPING[model_type]
+    return importlib.import_module(cfg.__module__.replace("configuration_", "modeling_"))
+
+
+def model_class(model_type: str):
+    module = modeling_module(model_type)
+    if model_type in MODEL_CLASS:
+        return getattr(module, MODEL_CLASS[model_type])
+    cfg = CONFIG_MAPPING[model_type]
+    classes = [
+        o for n, o in vars(module).items()
+        if inspect.isclass(o) and issubclass(o, transformers.PreTrainedModel) and getattr(o, "config_class", None) is cfg
+        and "PreTrained" not in n
+    ]  # fmt: skip
+    if not classes:
+        raise LookupError(f"{model_type}: no model class of its own config class in {module.__name__}")
+    return classes[0]
+
+
+def tiny_config(model_type: str):
+    cfg = CONFIG_MAPPING[model_type]
+    fields = set(inspect.signature(cfg.__init__).parameters) | set(getattr(cfg, "__dataclass_fields__", {}))
+    kwargs = {k: v for k, v in TINY.items() if k in fields}
+    kwargs.update(OVERRIDES.get(model_type, {}))
+    config = cfg(**kwargs)
+    config._attn_implementation = "eager"
+    return config
+
+
+def _mel_first(config, gen):  # Whisper-style features [B, mel, T]
+    return {"input_features": torch.randn(1, config.num_mel_bins, 40, generator=gen)}
+
+
+#: model_type -> the inputs of one forward, where the generic rule below does not fit
+INPUTS: dict[str, Any] = {
+    "glmasr_encoder": _mel_first,
+    "voxtral_realtime_encoder": _mel_first,
+}
+
+
+def inputs_for(model_type: str, config, model, gen: torch.Generator) -> dict:
+    if model_type in INPUTS:
+        return INPUTS[model_type](config, gen)
+    params = list(inspect.signature(model.forward).parameters)
+    first = params[1] if params[0] == "self" else params[0]
+    mel = getattr(config, "num_mel_bins", None) or getattr(config, "feature_size", None) or 16
+    if first == "input_features":
+        return {first: torch.randn(1, 40, mel, generator=gen)}
+    if first == "input_values":
+        return {first: torch.randn(1, 1, 4000, generator=gen)}
+    if first == "pixel_values":
+        size = getattr(config, "image_size", 32)
+        size = size[0] if isinstance(size, (list, tuple)) else size
+        return {first: torch.randn(1, getattr(config, "num_channels", 3), size, size, generator=gen)}
+    if first in ("inputs_embeds", "hidden_states"):
+        return {first: torch.randn(1, 11, config.hidden_size, generator=gen)}
+    raise NotImplementedError(f"{model_type}: no inputs for {first}")
+
+
+@functools.cache
+def build(model_type: str):
+    """The tiny model (eval mode) of ``model_type``, its modeling module and the inputs of one forward."""
+    config = tiny_config(model_type)
+    cls = model_class(model_type)
+    torch.manual_seed(0)
+    model = cls(config).eval()
+    return modeling_module(model_type), model, inputs_for(model_type, config, model, torch.Generator().manual_seed(1))
+
+
+def _targets(module) -> list[tuple[object, str]]:
+    found = [(module, n) for n, v in vars(module).items() if _APPLY.match(n) and inspect.isfunction(v)]
+    for cls in vars(module).values():
+        if inspect.isclass(cls) and cls.__module__ == module.__name__:
+            found += [(cls, n) for n, v in vars(cls).items() if _APPLY.match(n) and isinstance(v, staticmethod)]
+            if _EMBEDDING.search(cls.__name__) and issubclass(cls, torch.nn.Module) and "forward" in vars(cls):
+                if "Attention" not in cls.__name__:
+                    found.append((cls, "forward"))
+    return found
+
+
+@functools.cache
+def record(model_type: str) -> tuple[Any, dict, list[Call], Any]:
+    """``(model, inputs, calls, output)`` of one forward of the tiny model with its RoPE functions recorded."""
+    module, model, inputs = build(model_type)
+    calls: list[Call] = []
+    depth = [0]
+    originals = {}
+    for owner, attr in _targets(module):
+        raw = vars(owner)[attr]
+        fn = raw.__func__ if isinstance(raw, staticmethod) else raw
+        originals[(owner, attr)] = raw
+        name = f"{owner.__name__}.{attr}" if inspect.isclass(owner) else attr
+
+        def wrapper(*args, __fn=fn, __name=name, **kwargs):
+            caller = sys._getframe(1).f_locals.get("self")
+            depth[0] += 1
+            try:
+                result = __fn(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+            if depth[0] == 0:
+                who = type(caller).__name__ if caller is not None else ""
+                calls.append(Call(__name, who, args, kwargs, result))
+            return result
+
+        setattr(owner, attr, staticmethod(wrapper) if isinstance(raw, staticmethod) else wrapper)
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = model(**inputs)
+    finally:
+        for (owner, attr), raw in originals.items():
+            setattr(owner, attr, raw)
+    return model, inputs, calls, out
+
+
+def _describe(x: Any) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"{x.dtype}{list(x.shape)}"
+    if isinstance(x, (tuple, list)):
+        return "(" + ", ".join(_describe(v) for v in x) + ")"
+    return type(x).__name__
+
+
+def main(argv: list[str]) -> int:
+    from rotary.hf.vision_tables import ENCODER_STATUS
+
+    types = argv or sorted(ENCODER_STATUS)
+    for model_type in types:
+        try:
+            _, _, calls, _ = record(model_type)
+        except Exception as e:  # the probe reports; the tests are what fail
+            print(flush=True)
+            print(f"{model_type}: FAILED {type(e).__name__}: {str(e)[:300]}")
+            continue
+        names = sorted({(c.name, c.caller) for c in calls})
+        print(f"{model_type}: {len(calls)} calls {names}")
+        for c in calls[:2]:
+            print("   ", c.name, c.caller, _describe(c.args), "->", _describe(c.out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

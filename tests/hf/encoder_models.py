@@ -35,7 +35,10 @@ TINY: dict[str, Any] = dict(
 )  # fmt: skip
 
 #: model_type -> config keyword arguments on top of TINY (its own sizes, or a RoPE switched on)
+_CODEC = dict(upsample_groups=32, num_filters=8, codebook_dim=16, vector_quantization_hidden_dimension=16,
+              num_quantizers=2, codebook_size=16, upsampling_ratios=[4, 2])  # fmt: skip
 OVERRIDES: dict[str, dict[str, Any]] = {
+    **{t: _CODEC for t in ("mimi", "mimi_decoder", "pocket_tts_audio_tokenizer", "pocket_tts_audio_tokenizer_decoder")},
     "wav2vec2-bert": {"position_embeddings_type": "rotary"},
     "wav2vec2-conformer": {"position_embeddings_type": "rotary"},
 }
@@ -78,12 +81,19 @@ def model_class(model_type: str):
     return classes[0]
 
 
-def tiny_config(model_type: str):
-    cfg = CONFIG_MAPPING[model_type]
+def _tiny_kwargs(cfg, model_type: str | None) -> dict[str, Any]:
     fields = set(inspect.signature(cfg.__init__).parameters) | set(getattr(cfg, "__dataclass_fields__", {}))
     kwargs = {k: v for k, v in TINY.items() if k in fields}
+    for key, sub in (getattr(cfg, "sub_configs", None) or {}).items():  # a composite: each part tiny too
+        if inspect.isclass(sub) and issubclass(sub, transformers.PreTrainedConfig) and key in fields:
+            kwargs[key] = sub(**_tiny_kwargs(sub, getattr(sub, "model_type", None)))
     kwargs.update(OVERRIDES.get(model_type, {}))
-    config = cfg(**kwargs)
+    return kwargs
+
+
+def tiny_config(model_type: str):
+    cfg = CONFIG_MAPPING[model_type]
+    config = cfg(**_tiny_kwargs(cfg, model_type))
     config._attn_implementation = "eager"
     return config
 
@@ -92,10 +102,24 @@ def _mel_first(config, gen):  # Whisper-style features [B, mel, T]
     return {"input_features": torch.randn(1, config.num_mel_bins, 40, generator=gen)}
 
 
+def _transducer(config, gen):  # features [B, T, mel] and one decoder token
+    mel = config.encoder_config.num_mel_bins
+    return {
+        "input_features": torch.randn(1, 40, mel, generator=gen),
+        "decoder_input_ids": torch.zeros(1, 1, dtype=torch.long),
+    }
+
+
+def _latents(config, gen):  # a codec decoder's latent frames [B, hidden, T]
+    return {"latents": torch.randn(1, config.hidden_size, 6, generator=gen)}
+
+
 #: model_type -> the inputs of one forward, where the generic rule below does not fit
 INPUTS: dict[str, Any] = {
     "glmasr_encoder": _mel_first,
     "voxtral_realtime_encoder": _mel_first,
+    **dict.fromkeys(("parakeet_rnnt", "parakeet_tdt", "nemotron_asr_streaming"), _transducer),
+    **dict.fromkeys(("mimi_decoder", "pocket_tts_audio_tokenizer_decoder"), _latents),
 }
 
 

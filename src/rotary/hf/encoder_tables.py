@@ -9,7 +9,7 @@ recorded, and is checked that way by tests/hf/test_encoders.py (harness: tests/h
 
 from __future__ import annotations
 
-__all__ = ["COVERAGE", "NO_ROPE", "SEQUENCE_ROPE"]
+__all__ = ["COVERAGE", "ENCODER_PART", "NO_ROPE", "SEQUENCE_ROPE"]
 
 #: model_type -> how its attention pairs the rotated channels (``"half"``: (i, i + r/2), ``"interleaved"``:
 #: (2i, 2i + 1)). Each applies a 1-D RoPE over its sequence (audio frames, codec steps, patches), read from
@@ -18,13 +18,18 @@ __all__ = ["COVERAGE", "NO_ROPE", "SEQUENCE_ROPE"]
 SEQUENCE_ROPE: dict[str, str] = {
     **dict.fromkeys(
         (
-            "glmasr_encoder lasr_encoder mimi_encoder nemotron3_5_transcribe_asr_audio nemotron3_diarization_audio "
+            "glmasr_encoder lasr_ctc lasr_encoder mimi mimi_decoder mimi_encoder nemotron3_5_transcribe_asr_audio "
+            "nemotron3_diarization_audio pocket_tts_audio_tokenizer pocket_tts_audio_tokenizer_decoder "
             "pocket_tts_audio_tokenizer_encoder voxtral_realtime_encoder"
         ).split(),
         "half",
     ),
     **dict.fromkeys("blt_global_transformer pe_audio_encoder".split(), "interleaved"),
 }
+
+#: model_type of a composite (an encoder and a head, a transducer) -> the key of the sub-config that holds its
+#: encoder's RoPE: RoPE.from_hf_config(config) reads it there, as the model builds its encoder from it
+ENCODER_PART: dict[str, str] = {"lasr_ctc": "encoder_config"}
 
 _REL_XL = (
     "no RoPE: its forward pass applies none (run and recorded); its attention adds Transformer-XL-style relative "
@@ -39,7 +44,13 @@ _UNPOSITIONED = (
 
 #: model_type -> what it uses instead of RoPE (its forward pass, run and recorded, applies none)
 NO_ROPE: dict[str, str] = {
-    **dict.fromkeys("nemotron_asr_streaming_encoder parakeet_encoder".split(), _REL_XL),
+    **dict.fromkeys(
+        (
+            "nemotron_asr_streaming nemotron_asr_streaming_encoder parakeet_ctc parakeet_encoder parakeet_rnnt "
+            "parakeet_tdt"
+        ).split(),
+        _REL_XL,
+    ),
     "moonshine_streaming_encoder": _UNPOSITIONED,
 }
 

@@ -71,11 +71,11 @@ _OTHER = "other encoder (byte patches, feature matching, time series, an assista
 ENCODER_STATUS: dict[str, str] = {
     **dict.fromkeys(
         (
-            "dots3_note_audio_encoder gemma3n_audio gemma4_audio gemma4_unified_audio lasr_ctc "
+            "dots3_note_audio_encoder gemma3n_audio gemma4_audio gemma4_unified_audio "
             "muse_spark_audio "
             "nemotron3_5_transcribe_audio nemotron3_5_transcribe_word_timestamp nemotron3_diarization "
-            "nemotron_asr_streaming parakeet_ctc "
-            "parakeet_rnnt parakeet_tdt phi4_multimodal_audio "
+            ""
+            "phi4_multimodal_audio "
             "qwen2_5_omni_audio_encoder qwen3_omni_moe_audio_encoder wav2vec2-bert "
             "wav2vec2-conformer"
         ).split(),
@@ -91,10 +91,7 @@ ENCODER_STATUS: dict[str, str] = {
         _SEGMENT,
     ),
     **dict.fromkeys(
-        (
-            "mimi mimi_decoder neucodec pocket_tts_audio_tokenizer pocket_tts_audio_tokenizer_decoder "
-            "qwen2_5_omni_bigvgan qwen2_5_omni_dit qwen2_5_omni_token2wav xcodec2"
-        ).split(),
+        ("neucodec qwen2_5_omni_bigvgan qwen2_5_omni_dit qwen2_5_omni_token2wav xcodec2").split(),
         _CODEC,
     ),
     **dict.fromkeys(
@@ -116,9 +113,7 @@ ENCODER_STATUS: dict[str, str] = {
         _NO_ROPE_TOWER,
     ),
     **dict.fromkeys("qwen2_5_omni qwen3_omni_moe sam3 sam3_vision_model".split(), _WRAPPER),
-    **dict.fromkeys(
-        "efficientloftr lightglue muse_glimmer_assistant timesfm2_5".split(), _OTHER
-    ),
+    **dict.fromkeys("efficientloftr lightglue muse_glimmer_assistant timesfm2_5".split(), _OTHER),
     **NO_ROPE,  # in a modeling file with a rotary embedding, but their forward pass applies none
 }
 

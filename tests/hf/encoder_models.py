@@ -47,6 +47,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
 MODEL_CLASS: dict[str, str] = {}
 
 _APPLY = re.compile(r"^apply_.*(rot|rope|pos)")
+_METHOD = re.compile(r"^_apply_rotary")  # a method of the attention (wav2vec2-Conformer's)
 _EMBEDDING = re.compile(r"Rotary|Rope|RoPE")
 
 
@@ -91,9 +92,16 @@ def _tiny_kwargs(cfg, model_type: str | None) -> dict[str, Any]:
     return kwargs
 
 
+#: model types whose sizes are tied together in ways TINY breaks: their defaults, with one layer
+DEFAULT_SIZES = {"gemma4_audio", "gemma4_unified_audio"}
+
+
 def tiny_config(model_type: str):
     cfg = CONFIG_MAPPING[model_type]
-    config = cfg(**_tiny_kwargs(cfg, model_type))
+    if model_type in DEFAULT_SIZES:
+        config = cfg(num_hidden_layers=1, **OVERRIDES.get(model_type, {}))
+    else:
+        config = cfg(**_tiny_kwargs(cfg, model_type))
     config._attn_implementation = "eager"
     return config
 
@@ -120,6 +128,23 @@ INPUTS: dict[str, Any] = {
     "voxtral_realtime_encoder": _mel_first,
     **dict.fromkeys(("parakeet_rnnt", "parakeet_tdt", "nemotron_asr_streaming"), _transducer),
     **dict.fromkeys(("mimi_decoder", "pocket_tts_audio_tokenizer_decoder"), _latents),
+    "gemma3n_audio": lambda c, g: {
+        "audio_mel": torch.randn(1, 40, c.input_feat_size, generator=g),
+        "audio_mel_mask": torch.zeros(1, 40, dtype=torch.bool),
+    },
+    **dict.fromkeys(
+        ("qwen2_5_omni_audio_encoder", "qwen3_omni_moe_audio_encoder"),
+        lambda c, g: {
+            "input_features": torch.randn(c.num_mel_bins, 200, generator=g),
+            "feature_lens": torch.tensor([200]),
+        },
+    ),
+    "wav2vec2-conformer": lambda c, g: {"input_values": torch.randn(1, 4000, generator=g)},
+    "wav2vec2-bert": lambda c, g: {"input_features": torch.randn(1, 40, c.feature_projection_input_dim, generator=g)},
+    "phi4_multimodal_audio": lambda c, g: {
+        "hidden_states": torch.randn(1, 64, c.input_size, generator=g),
+        "mask": None,
+    },
 }
 
 
@@ -157,6 +182,7 @@ def _targets(module) -> list[tuple[object, str]]:
     for cls in vars(module).values():
         if inspect.isclass(cls) and cls.__module__ == module.__name__:
             found += [(cls, n) for n, v in vars(cls).items() if _APPLY.match(n) and isinstance(v, staticmethod)]
+            found += [(cls, n) for n, v in vars(cls).items() if _METHOD.match(n) and inspect.isfunction(v)]
             if _EMBEDDING.search(cls.__name__) and issubclass(cls, torch.nn.Module) and "forward" in vars(cls):
                 if "Attention" not in cls.__name__:
                     found.append((cls, "forward"))

@@ -16,7 +16,7 @@ import torch
 
 import rotary
 from rotary.hf import architectures
-from rotary.hf.encoder_tables import NO_ROPE, SEQUENCE_ROPE
+from rotary.hf.encoder_tables import NO_ROPE, REFUSED, SEQUENCE_ROPE
 from rotary.hf.vision_tables import ENCODER_STATUS
 
 pytest.importorskip("transformers")
@@ -70,6 +70,37 @@ def test_encoders_without_rope_apply_none(model_type):
     assert out is not None
     assert calls == [], f"{model_type} applied {[c.name for c in calls]}"
     assert ENCODER_STATUS[model_type] == NO_ROPE[model_type] and NO_ROPE[model_type].startswith("no RoPE: ")
+
+
+@pytest.mark.parametrize("model_type", sorted(REFUSED))
+def test_a_rotation_of_the_hidden_states_is_refused_with_the_numbers(model_type):
+    """wav2vec2-BERT / -Conformer with position_embeddings_type='rotary': the recorded rotation is a RoPE of the
+    hidden states (rotary's own, at positions 0..S-1, gives the same), applied before the q and k projections:
+    the attention logits then change when every position shifts by 3, which a RoPE of q and k never does."""
+    model, _, calls, _ = em.record(model_type)
+    config = model.config
+    (table,) = [c for c in calls if c.name.endswith(".forward")]  # computed once, for every layer
+    applies = [c for c in calls if c.name.endswith("._apply_rotary_embedding")]
+    assert len(applies) == config.num_hidden_layers
+    heads, width = config.num_attention_heads, config.hidden_size // config.num_attention_heads
+    rope = rotary.RoPE(width, base=config.rotary_embedding_base)
+    attention, hidden, _ = applies[0].args
+    b, s, _ = hidden.shape
+    ours = rope.rotate(hidden.double().view(b, s, heads, width), position_ids=torch.arange(s), layout="bshd")
+    torch.testing.assert_close(ours.reshape(b, s, -1).float(), applies[0].out, rtol=1e-5, atol=1e-5)
+
+    def logits(shift: int) -> torch.Tensor:
+        x = rope.rotate(hidden.double().view(b, s, heads, width), position_ids=torch.arange(s) + shift, layout="bshd")
+        x = x.reshape(b, s, -1).float()
+        q = attention.linear_q(x).view(b, s, heads, width).transpose(1, 2)
+        k = attention.linear_k(x).view(b, s, heads, width).transpose(1, 2)
+        return q @ k.transpose(-1, -2)
+
+    with torch.no_grad():
+        assert (logits(3) - logits(0)).abs().max() > 1e-2  # absolute positions: not a RoPE of q and k
+    assert ENCODER_STATUS[model_type] == REFUSED[model_type]
+    with pytest.raises(rotary.ConfigError, match=repr(model_type)):
+        rotary.RoPE.from_hf_config(config)
 
 
 def test_the_tables_are_disjoint_and_read():

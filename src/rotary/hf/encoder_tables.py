@@ -9,7 +9,7 @@ recorded, and is checked that way by tests/hf/test_encoders.py (harness: tests/h
 
 from __future__ import annotations
 
-__all__ = ["COVERAGE", "ENCODER_PART", "NO_ROPE", "SEQUENCE_ROPE"]
+__all__ = ["COVERAGE", "ENCODER_PART", "NO_ROPE", "REFUSED", "SEQUENCE_ROPE"]
 
 #: model_type -> how its attention pairs the rotated channels (``"half"``: (i, i + r/2), ``"interleaved"``:
 #: (2i, 2i + 1)). Each applies a 1-D RoPE over its sequence (audio frames, codec steps, patches), read from
@@ -42,6 +42,17 @@ _UNPOSITIONED = (
     "its sliding-window attention (the rotary embedding of its modeling file is the decoder's)"
 )
 
+_SINUSOIDS = (
+    "no RoPE: its forward pass applies none (run and recorded); it adds absolute sinusoidal position embeddings "
+    "to its input frames (SinusoidsPositionEmbedding, as Whisper's encoder); the RoPE of its modeling file belongs "
+    "to the thinker, talker and vision parts"
+)
+_REL_LOCAL = (
+    "no RoPE: its forward pass applies none (run and recorded); its chunked local attention adds relative "
+    "sinusoidal position logits (Gemma3nAudioRelativePositionEmbedding, Conformer-style); the RoPE of its modeling "
+    "file belongs to the text and vision parts"
+)
+
 #: model_type -> what it uses instead of RoPE (its forward pass, run and recorded, applies none)
 NO_ROPE: dict[str, str] = {
     **dict.fromkeys(
@@ -52,7 +63,20 @@ NO_ROPE: dict[str, str] = {
         _REL_XL,
     ),
     "moonshine_streaming_encoder": _UNPOSITIONED,
+    **dict.fromkeys("qwen2_5_omni_audio_encoder qwen3_omni_moe_audio_encoder".split(), _SINUSOIDS),
+    "gemma3n_audio": _REL_LOCAL,
 }
+
+_HIDDEN_ROTATION = (
+    "not a RoPE of q and k: with position_embeddings_type='rotary' it rotates the hidden states (pairs (i, i + D/2) "
+    "of each head's slice, base rotary_embedding_base) before the q and k projections, so its attention logits "
+    "depend on absolute positions (the tests shift every position by 3 and the logits change), which no rotation "
+    "of q and k reproduces; its default, 'relative_key' / 'relative', is Transformer-XL-style relative position "
+    "scores, no RoPE"
+)
+
+#: model_type -> why no RoPE rotary builds reproduces what its code does (run and recorded)
+REFUSED: dict[str, str] = dict.fromkeys(("wav2vec2-bert", "wav2vec2-conformer"), _HIDDEN_ROTATION)
 
 #: the coverage table's entry (rotary.hf.coverage): the sequence encoders RoPE.from_hf_config builds
 COVERAGE = [("RoPE.from_hf_config", SEQUENCE_ROPE)]

@@ -4,7 +4,7 @@ and in what form, and why each other RoPE-applying encoder is not built. Plain d
 
 from __future__ import annotations
 
-from .encoder_tables import NO_ROPE
+from .encoder_tables import NO_ROPE, REFUSED
 
 __all__ = ["COVERAGE", "ENCODER_STATUS", "FORMS", "VISION_ROPE"]
 
@@ -71,13 +71,9 @@ _OTHER = "other encoder (byte patches, feature matching, time series, an assista
 ENCODER_STATUS: dict[str, str] = {
     **dict.fromkeys(
         (
-            "dots3_note_audio_encoder gemma3n_audio gemma4_audio gemma4_unified_audio "
-            "muse_spark_audio "
+            "dots3_note_audio_encoder gemma4_audio gemma4_unified_audio muse_spark_audio "
             "nemotron3_5_transcribe_audio nemotron3_5_transcribe_word_timestamp nemotron3_diarization "
-            ""
-            "phi4_multimodal_audio "
-            "qwen2_5_omni_audio_encoder qwen3_omni_moe_audio_encoder wav2vec2-bert "
-            "wav2vec2-conformer"
+            "phi4_multimodal_audio"
         ).split(),
         _AUDIO,
     ),
@@ -115,6 +111,7 @@ ENCODER_STATUS: dict[str, str] = {
     **dict.fromkeys("qwen2_5_omni qwen3_omni_moe sam3 sam3_vision_model".split(), _WRAPPER),
     **dict.fromkeys("efficientloftr lightglue muse_glimmer_assistant timesfm2_5".split(), _OTHER),
     **NO_ROPE,  # in a modeling file with a rotary embedding, but their forward pass applies none
+    **REFUSED,  # what their code does is not a rotation of q and k
 }
 
 

@@ -40,6 +40,7 @@ _CODEC = dict(upsample_groups=32, num_filters=8, codebook_dim=16, vector_quantiz
 OVERRIDES: dict[str, dict[str, Any]] = {
     **{t: _CODEC for t in ("mimi", "mimi_decoder", "pocket_tts_audio_tokenizer", "pocket_tts_audio_tokenizer_decoder")},
     "wav2vec2-bert": {"position_embeddings_type": "rotary"},
+    "dots3_note_audio_encoder": {"adapter_input_size": 32, "adapter_out_dim": 32, "downsample_hidden_size": 8},
     "wav2vec2-conformer": {"position_embeddings_type": "rotary"},
 }
 
@@ -93,13 +94,17 @@ def _tiny_kwargs(cfg, model_type: str | None) -> dict[str, Any]:
 
 
 #: model types whose sizes are tied together in ways TINY breaks: their defaults, with one layer
-DEFAULT_SIZES = {"gemma4_audio", "gemma4_unified_audio"}
+DEFAULT_SIZES: dict[str, dict[str, Any]] = {
+    "gemma4_audio": {"num_hidden_layers": 1},
+    "muse_spark_audio": {},  # no attention at all: a convolutional pyramid
+    "phi4_multimodal_audio": {"num_blocks": 1},
+}
 
 
 def tiny_config(model_type: str):
     cfg = CONFIG_MAPPING[model_type]
     if model_type in DEFAULT_SIZES:
-        config = cfg(num_hidden_layers=1, **OVERRIDES.get(model_type, {}))
+        config = cfg(**DEFAULT_SIZES[model_type])
     else:
         config = cfg(**_tiny_kwargs(cfg, model_type))
     config._attn_implementation = "eager"
@@ -139,6 +144,12 @@ INPUTS: dict[str, Any] = {
             "feature_lens": torch.tensor([200]),
         },
     ),
+    "dots3_note_audio_encoder": lambda c, g: {  # features [chunks, mel, frames] and each chunk's samples
+        "input_features": torch.randn(1, c.feature_size, 64, generator=g),
+        "chunk_sample_lengths": torch.tensor([64 * c.hop_length]),
+    },
+    "gemma4_audio": lambda c, g: {"input_features": torch.randn(1, 40, 128, generator=g)},
+    "muse_spark_audio": lambda c, g: {"input_values": torch.randn(1, 3840, generator=g)},
     "wav2vec2-conformer": lambda c, g: {"input_values": torch.randn(1, 4000, generator=g)},
     "wav2vec2-bert": lambda c, g: {"input_features": torch.randn(1, 40, c.feature_projection_input_dim, generator=g)},
     "phi4_multimodal_audio": lambda c, g: {

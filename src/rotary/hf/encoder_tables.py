@@ -18,7 +18,7 @@ __all__ = ["COVERAGE", "ENCODER_PART", "NO_ROPE", "REFUSED", "SEQUENCE_ROPE"]
 SEQUENCE_ROPE: dict[str, str] = {
     **dict.fromkeys(
         (
-            "glmasr_encoder lasr_ctc lasr_encoder mimi mimi_decoder mimi_encoder nemotron3_5_transcribe_asr_audio "
+            "dots3_note_audio_encoder glmasr_encoder lasr_ctc lasr_encoder mimi mimi_decoder mimi_encoder nemotron3_5_transcribe_asr_audio "
             "nemotron3_diarization_audio pocket_tts_audio_tokenizer pocket_tts_audio_tokenizer_decoder "
             "pocket_tts_audio_tokenizer_encoder voxtral_realtime_encoder"
         ).split(),
@@ -53,6 +53,21 @@ _REL_LOCAL = (
     "file belongs to the text and vision parts"
 )
 
+_REL_CHUNKED = (
+    "no RoPE: its forward pass applies none (run and recorded); its chunked local attention adds relative "
+    "sinusoidal position logits (Gemma4AudioRelPositionalEncoding, Conformer-style); the RoPE of its modeling "
+    "file belongs to the text and vision parts"
+)
+_BUCKETS = (
+    "no RoPE: its forward pass applies none (run and recorded); its Conformer attention adds a learned relative "
+    "position bias per bucket of distances (Phi4MultimodalAudioRelativeAttentionBias, T5-style); the RoPE of its "
+    "modeling file belongs to the text model"
+)
+_CONV_ONLY = (
+    "no RoPE: its forward pass applies none (run and recorded); it has no attention at all, a causal "
+    "convolutional pyramid over the waveform; the RoPE of its modeling file belongs to the text and vision parts"
+)
+
 #: model_type -> what it uses instead of RoPE (its forward pass, run and recorded, applies none)
 NO_ROPE: dict[str, str] = {
     **dict.fromkeys(
@@ -65,6 +80,9 @@ NO_ROPE: dict[str, str] = {
     "moonshine_streaming_encoder": _UNPOSITIONED,
     **dict.fromkeys("qwen2_5_omni_audio_encoder qwen3_omni_moe_audio_encoder".split(), _SINUSOIDS),
     "gemma3n_audio": _REL_LOCAL,
+    "gemma4_audio": _REL_CHUNKED,
+    "phi4_multimodal_audio": _BUCKETS,
+    "muse_spark_audio": _CONV_ONLY,
 }
 
 _HIDDEN_ROTATION = (

@@ -71,9 +71,8 @@ _OTHER = "other encoder (byte patches, feature matching, time series, an assista
 ENCODER_STATUS: dict[str, str] = {
     **dict.fromkeys(
         (
-            "dots3_note_audio_encoder gemma4_audio gemma4_unified_audio muse_spark_audio "
-            "nemotron3_5_transcribe_audio nemotron3_5_transcribe_word_timestamp nemotron3_diarization "
-            "phi4_multimodal_audio"
+            "gemma4_unified_audio nemotron3_5_transcribe_audio nemotron3_5_transcribe_word_timestamp "
+            "nemotron3_diarization"
         ).split(),
         _AUDIO,
     ),

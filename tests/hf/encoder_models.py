@@ -40,6 +40,8 @@ _CODEC = dict(upsample_groups=32, num_filters=8, codebook_dim=16, vector_quantiz
 OVERRIDES: dict[str, dict[str, Any]] = {
     **{t: _CODEC for t in ("mimi", "mimi_decoder", "pocket_tts_audio_tokenizer", "pocket_tts_audio_tokenizer_decoder")},
     "wav2vec2-bert": {"position_embeddings_type": "rotary"},
+    "timesfm2_5": {"patch_length": 4, "context_length": 64},
+    "muse_glimmer_assistant": {"target_layer_ids": [0]},
     "dots3_note_audio_encoder": {"adapter_input_size": 32, "adapter_out_dim": 32, "downsample_hidden_size": 8},
     "wav2vec2-conformer": {"position_embeddings_type": "rotary"},
 }
@@ -147,6 +149,11 @@ INPUTS: dict[str, Any] = {
     "dots3_note_audio_encoder": lambda c, g: {  # features [chunks, mel, frames] and each chunk's samples
         "input_features": torch.randn(1, c.feature_size, 64, generator=g),
         "chunk_sample_lengths": torch.tensor([64 * c.hop_length]),
+    },
+    "timesfm2_5": lambda c, g: {"past_values": torch.randn(1, 5 * c.patch_length, generator=g)},
+    "muse_glimmer_assistant": lambda c, g: {
+        "noise_embeds": torch.randn(1, 4, c.hidden_size, generator=g),
+        "context_hidden_states": torch.randn(1, 7, len(c.target_layer_ids) * c.hidden_size, generator=g),
     },
     "gemma4_audio": lambda c, g: {"input_features": torch.randn(1, 40, 128, generator=g)},
     "muse_spark_audio": lambda c, g: {"input_values": torch.randn(1, 3840, generator=g)},

@@ -55,7 +55,8 @@ def test_sequence_encoder_rope_matches_the_model(model_type):
             continue
         assert "Attention" in call.caller and positions is not None, (call.name, call.caller)
         q, k = call.args[:2]
-        ours = rope(q.double(), k.double(), position_ids=positions)
+        # the queries hold the last positions when the keys also cover a context (Muse Glimmer's assistant)
+        ours = [rope.rotate(x.double(), position_ids=positions[-x.shape[-2] :]) for x in (q, k)]
         for mine, want, x in zip(ours, call.out[:2], (q, k)):
             torch.testing.assert_close(mine.float(), want, rtol=1e-5, atol=2e-5)
             rotated |= not torch.allclose(mine.float(), x, atol=1e-3)

@@ -136,7 +136,7 @@ UNSUPPORTED: dict[str, str] = {
             "hunyuan_vl_vision idefics_perciever idefics_vision inkling2_vision "
             "lightglue mlcd "
             "mlcd_vision_model mllama_vision_model molmo2_adapter molmo2_vision moonshine_streaming_encoder "
-            "muse_glimmer_assistant muse_glimmer_vision muse_spark_audio muse_spark_vision "
+            "muse_glimmer_vision muse_spark_audio muse_spark_vision "
             "nemotron3_5_transcribe_audio nemotron3_5_transcribe_word_timestamp "
             "nemotron3_diarization nemotron_asr_streaming nemotron_asr_streaming_encoder "
             "neucodec parakeet_ctc parakeet_encoder parakeet_rnnt parakeet_tdt "
@@ -146,7 +146,7 @@ UNSUPPORTED: dict[str, str] = {
             "sam2_video sam2_video_mask_decoder sam2_video_prompt_encoder sam3 "
             "sam3_detr_decoder sam3_detr_encoder sam3_geometry_encoder sam3_mask_decoder sam3_tracker_video "
             "sam3_tracker_video_mask_decoder sam3_tracker_video_prompt_encoder sam3_vision_model sapiens2 "
-            "sapiens2_head step3p5_vision t5_gemma_module timesfm2_5 unlimited_ocr_sam_vision_model unlimited_ocr_vision "
+            "sapiens2_head step3p5_vision t5_gemma_module unlimited_ocr_sam_vision_model unlimited_ocr_vision "
             "unlimited_ocr_vision_encoder vjepa2 wav2vec2-bert "
             "wav2vec2-conformer xcodec2"
         ).split(),

@@ -18,7 +18,7 @@ __all__ = ["COVERAGE", "ENCODER_PART", "NO_ROPE", "REFUSED", "SEQUENCE_ROPE"]
 SEQUENCE_ROPE: dict[str, str] = {
     **dict.fromkeys(
         (
-            "dots3_note_audio_encoder glmasr_encoder lasr_ctc lasr_encoder mimi mimi_decoder mimi_encoder nemotron3_5_transcribe_asr_audio "
+            "dots3_note_audio_encoder glmasr_encoder lasr_ctc muse_glimmer_assistant timesfm2_5 lasr_encoder mimi mimi_decoder mimi_encoder nemotron3_5_transcribe_asr_audio "
             "nemotron3_diarization_audio pocket_tts_audio_tokenizer pocket_tts_audio_tokenizer_decoder "
             "pocket_tts_audio_tokenizer_encoder voxtral_realtime_encoder"
         ).split(),

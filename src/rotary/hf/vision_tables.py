@@ -108,7 +108,7 @@ ENCODER_STATUS: dict[str, str] = {
         _NO_ROPE_TOWER,
     ),
     **dict.fromkeys("qwen2_5_omni qwen3_omni_moe sam3 sam3_vision_model".split(), _WRAPPER),
-    **dict.fromkeys("efficientloftr lightglue muse_glimmer_assistant timesfm2_5".split(), _OTHER),
+    **dict.fromkeys("efficientloftr lightglue".split(), _OTHER),
     **NO_ROPE,  # in a modeling file with a rotary embedding, but their forward pass applies none
     **REFUSED,  # what their code does is not a rotation of q and k
 }

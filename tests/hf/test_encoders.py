@@ -112,3 +112,48 @@ def test_the_tables_are_disjoint_and_read():
     for model_type in NO_ROPE:
         with pytest.raises(rotary.ConfigError, match=repr(model_type)):
             rotary.RoPE.from_hf_config({"model_type": model_type, "head_dim": 16})
+
+
+# ---- rotary.hf.patch on the sequence encoders ------------------------------------------------------------------
+PATCHED = sorted(t for t in SEQUENCE_ROPE if t in rotary.hf.SUPPORTED)
+
+
+def _tensors(out) -> dict[str, torch.Tensor]:
+    items = out.items() if hasattr(out, "items") else enumerate(out if isinstance(out, tuple) else (out,))
+    return {str(k): v for k, v in items if isinstance(v, torch.Tensor)}
+
+
+def test_patch_covers_the_sequence_encoders():
+    assert set(SEQUENCE_ROPE) - set(PATCHED) <= {"blt_global_transformer", "dots3_note_audio_encoder"}
+
+
+@pytest.mark.parametrize("model_type", PATCHED)
+def test_patched_encoder_outputs_equal_unpatched(model_type, monkeypatch):
+    """fp32: the patched model's outputs equal the unpatched ones, every apply call went through rotary.rotate,
+    and unpatch restores transformers' function (outputs bit-identical to before)."""
+    _, model, inputs = em.build(model_type)
+    applies = [c for c in em.record(model_type)[2] if not c.name.endswith(".forward")]
+    calls = []
+    real = rotary.rotate
+
+    def counting(xs, *args, **kwargs):
+        calls.append(len(xs))
+        return real(xs, *args, **kwargs)
+
+    monkeypatch.setattr(rotary, "rotate", counting)
+    with torch.no_grad():
+        torch.manual_seed(0)
+        before = _tensors(model(**inputs))
+        rotary.hf.patch(model)
+        try:
+            torch.manual_seed(0)
+            patched = _tensors(model(**inputs))
+        finally:
+            rotary.hf.unpatch(model)
+        torch.manual_seed(0)
+        after = _tensors(model(**inputs))
+    assert sum(calls) == 2 * len(applies) and calls  # q and k of every attention, through rotary
+    assert before and before.keys() == patched.keys() == after.keys()
+    for name, want in before.items():
+        torch.testing.assert_close(patched[name], want, rtol=1e-5, atol=1e-5)
+        assert after[name].equal(want)

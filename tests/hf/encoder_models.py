@@ -41,6 +41,29 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     **{t: _CODEC for t in ("mimi", "mimi_decoder", "pocket_tts_audio_tokenizer", "pocket_tts_audio_tokenizer_decoder")},
     "wav2vec2-bert": {"position_embeddings_type": "rotary"},
     "timesfm2_5": {"patch_length": 4, "context_length": 64},
+    "gemma3n_audio": {"conf_num_hidden_layers": 1, "conf_num_attention_heads": 2, "sscp_conv_channel_size": [8, 8]},
+    "qwen2_5_omni_bigvgan": {
+        "upsample_initial_channel": 16,
+        "resblock_kernel_sizes": [3],
+        "resblock_dilation_sizes": [[1, 3, 5]],
+        "upsample_rates": [2],
+        "upsample_kernel_sizes": [4],
+    },
+    "pe_audio_encoder": {
+        "dac_config": {
+            "model_type": "dac",
+            "encoder_hidden_size": 4,
+            "downsampling_ratios": [2, 2],
+            "decoder_hidden_size": 8,
+            "n_codebooks": 2,
+            "codebook_size": 16,
+            "codebook_dim": 4,
+            "hidden_size": 16,
+            "upsampling_ratios": [2, 2],
+            "hop_length": 4,
+        }
+    },
+    "nemotron3_5_transcribe_word_timestamp": {"blank_token_id": 63},
     "muse_glimmer_assistant": {"target_layer_ids": [0]},
     "dots3_note_audio_encoder": {"adapter_input_size": 32, "adapter_out_dim": 32, "downsample_hidden_size": 8},
     "wav2vec2-conformer": {"position_embeddings_type": "rotary"},
@@ -91,6 +114,10 @@ def _tiny_kwargs(cfg, model_type: str | None) -> dict[str, Any]:
     for key, sub in (getattr(cfg, "sub_configs", None) or {}).items():  # a composite: each part tiny too
         if inspect.isclass(sub) and issubclass(sub, transformers.PreTrainedConfig) and key in fields:
             kwargs[key] = sub(**_tiny_kwargs(sub, getattr(sub, "model_type", None)))
+    if "audio_hidden_size" in fields:  # a head reading an audio encoder's states (Nemotron diarization's)
+        kwargs["audio_hidden_size"] = TINY["hidden_size"]
+    if model_type == "nemotron3_5_transcribe_audio":  # its diarization model: an AutoConfig sub-config
+        kwargs["diarization_config"] = tiny_config("nemotron3_diarization")
     kwargs.update(OVERRIDES.get(model_type, {}))
     return kwargs
 
@@ -98,7 +125,7 @@ def _tiny_kwargs(cfg, model_type: str | None) -> dict[str, Any]:
 #: model types whose sizes are tied together in ways TINY breaks: their defaults, with one layer
 DEFAULT_SIZES: dict[str, dict[str, Any]] = {
     "gemma4_audio": {"num_hidden_layers": 1},
-    "muse_spark_audio": {},  # no attention at all: a convolutional pyramid
+    "muse_spark_audio": {"hidden_sizes": [8, 8, 8, 8], "depths": [1, 1, 1, 1], "out_hidden_size": 16},
     "phi4_multimodal_audio": {"num_blocks": 1},
 }
 
@@ -155,7 +182,11 @@ INPUTS: dict[str, Any] = {
         "noise_embeds": torch.randn(1, 4, c.hidden_size, generator=g),
         "context_hidden_states": torch.randn(1, 7, len(c.target_layer_ids) * c.hidden_size, generator=g),
     },
+    "qwen2_5_omni_bigvgan": lambda c, g: {"mel_spectrogram": torch.randn(1, c.mel_dim, 6, generator=g)},
+    "pe_video_encoder": lambda c, g: {"pixel_values_videos": torch.randn(1, 3, 3, 32, 32, generator=g)},
+    "nemotron3_5_transcribe_audio": lambda c, g: {"input_features": torch.randn(1, 40, 16, generator=g)},
     "gemma4_audio": lambda c, g: {"input_features": torch.randn(1, 40, 128, generator=g)},
+    "pe_audio_encoder": lambda c, g: {"input_values": torch.randn(1, 1, 400, generator=g)},
     "muse_spark_audio": lambda c, g: {"input_values": torch.randn(1, 3840, generator=g)},
     "wav2vec2-conformer": lambda c, g: {"input_values": torch.randn(1, 4000, generator=g)},
     "wav2vec2-bert": lambda c, g: {"input_features": torch.randn(1, 40, c.feature_projection_input_dim, generator=g)},

@@ -18,7 +18,8 @@ __all__ = ["COVERAGE", "ENCODER_PART", "NO_ROPE", "REFUSED", "SEQUENCE_ROPE"]
 SEQUENCE_ROPE: dict[str, str] = {
     **dict.fromkeys(
         (
-            "dots3_note_audio_encoder glmasr_encoder lasr_ctc muse_glimmer_assistant timesfm2_5 lasr_encoder mimi mimi_decoder mimi_encoder nemotron3_5_transcribe_asr_audio "
+            "dots3_note_audio_encoder glmasr_encoder lasr_ctc muse_glimmer_assistant nemotron3_5_transcribe_audio "
+            "nemotron3_5_transcribe_word_timestamp nemotron3_diarization timesfm2_5 lasr_encoder mimi mimi_decoder mimi_encoder nemotron3_5_transcribe_asr_audio "
             "nemotron3_diarization_audio pocket_tts_audio_tokenizer pocket_tts_audio_tokenizer_decoder "
             "pocket_tts_audio_tokenizer_encoder voxtral_realtime_encoder"
         ).split(),
@@ -29,7 +30,13 @@ SEQUENCE_ROPE: dict[str, str] = {
 
 #: model_type of a composite (an encoder and a head, a transducer) -> the key of the sub-config that holds its
 #: encoder's RoPE: RoPE.from_hf_config(config) reads it there, as the model builds its encoder from it
-ENCODER_PART: dict[str, str] = {"lasr_ctc": "encoder_config"}
+ENCODER_PART: dict[str, str] = {
+    "lasr_ctc": "encoder_config",
+    "nemotron3_diarization": "audio_config",
+    # its speech recogniser's encoder; its speaker-diarization model is a nemotron3_diarization of its own
+    # (RoPE.from_hf_config(config.diarization_config))
+    "nemotron3_5_transcribe_audio": "asr_config",
+}
 
 _REL_XL = (
     "no RoPE: its forward pass applies none (run and recorded); its attention adds Transformer-XL-style relative "
@@ -83,6 +90,11 @@ NO_ROPE: dict[str, str] = {
     "gemma4_audio": _REL_CHUNKED,
     "phi4_multimodal_audio": _BUCKETS,
     "muse_spark_audio": _CONV_ONLY,
+    "qwen2_5_omni_bigvgan": (
+        "no RoPE: its forward pass applies none (run and recorded); a BigVGAN vocoder, convolutions and "
+        "anti-aliased activations over the mel frames with no attention; the RoPE of its modeling file belongs to the "
+        "thinker, talker and DiT parts"
+    ),
 }
 
 _HIDDEN_ROTATION = (

@@ -54,8 +54,11 @@ _FAMILIES = {
     "timesfm2_5": (("timesfm2_5",), _apply_half),
     "voxtral_realtime": (("voxtral_realtime_encoder",), _apply_half),
     "glmasr": (("glmasr_encoder",), _apply_half),
-    "nemotron3_5_transcribe": (("nemotron3_5_transcribe_asr_audio",), _apply_half),
-    "nemotron3_diarization": (("nemotron3_diarization_audio",), _apply_half),
+    "nemotron3_5_transcribe": (
+        ("nemotron3_5_transcribe_asr_audio", "nemotron3_5_transcribe_audio", "nemotron3_5_transcribe_word_timestamp"),
+        _apply_half,
+    ),
+    "nemotron3_diarization": (("nemotron3_diarization", "nemotron3_diarization_audio"), _apply_half),
     "pe_audio": (("pe_audio_encoder",), _apply_pe),
     "muse_glimmer_assistant": (("muse_glimmer_assistant",), _apply_context),
 }

@@ -70,10 +70,7 @@ _OTHER = "other encoder (byte patches, feature matching, time series, an assista
 #: type that is not a text decoder and not in :data:`VISION_ROPE` is here (checked by the tests).
 ENCODER_STATUS: dict[str, str] = {
     **dict.fromkeys(
-        (
-            "gemma4_unified_audio nemotron3_5_transcribe_audio nemotron3_5_transcribe_word_timestamp "
-            "nemotron3_diarization"
-        ).split(),
+        ("gemma4_unified_audio").split(),
         _AUDIO,
     ),
     **dict.fromkeys("pe_audio_video_encoder pe_video_encoder vjepa2".split(), _VIDEO),
@@ -86,7 +83,7 @@ ENCODER_STATUS: dict[str, str] = {
         _SEGMENT,
     ),
     **dict.fromkeys(
-        ("neucodec qwen2_5_omni_bigvgan qwen2_5_omni_dit qwen2_5_omni_token2wav xcodec2").split(),
+        ("neucodec qwen2_5_omni_dit qwen2_5_omni_token2wav xcodec2").split(),
         _CODEC,
     ),
     **dict.fromkeys(

@@ -70,7 +70,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
 }
 
 #: model_type -> the model class to build, where the config class has several or none of its own
-MODEL_CLASS: dict[str, str] = {}
+MODEL_CLASS: dict[str, str] = {"sam3_geometry_encoder": "Sam3GeometryEncoder"}
 
 _APPLY = re.compile(r"^apply_.*(rot|rope|pos)")
 _METHOD = re.compile(r"^_apply_rotary")  # a method of the attention (wav2vec2-Conformer's)
@@ -187,6 +187,29 @@ INPUTS: dict[str, Any] = {
     "nemotron3_5_transcribe_audio": lambda c, g: {"input_features": torch.randn(1, 40, 16, generator=g)},
     "gemma4_audio": lambda c, g: {"input_features": torch.randn(1, 40, 128, generator=g)},
     "pe_audio_encoder": lambda c, g: {"input_values": torch.randn(1, 1, 400, generator=g)},
+    "sam3_detr_encoder": lambda c, g: {  # one level of 3 x 4 vision features, 5 text tokens
+        "vision_features": [torch.randn(1, c.hidden_size, 3, 4, generator=g)],
+        "text_features": torch.randn(1, 5, c.hidden_size, generator=g),
+        "vision_pos_embeds": [torch.randn(1, c.hidden_size, 3, 4, generator=g)],
+    },
+    "sam3_detr_decoder": lambda c, g: {  # 3 x 4 encoded vision tokens, 5 text tokens
+        "vision_features": torch.randn(1, 12, c.hidden_size, generator=g),
+        "text_features": torch.randn(1, 5, c.hidden_size, generator=g),
+        "vision_pos_encoding": torch.randn(1, 12, c.hidden_size, generator=g),
+        "spatial_shapes": torch.tensor([[3, 4]]),
+    },
+    "sam3_mask_decoder": lambda c, g: {  # 3 queries; features at three scales, the coarsest encoded
+        "decoder_queries": torch.randn(1, 3, c.hidden_size, generator=g),
+        "backbone_features": [torch.randn(1, c.hidden_size, 4 * 2**i, 4 * 2**i, generator=g) for i in (2, 1, 0)],
+        "encoder_hidden_states": torch.randn(1, 16, c.hidden_size, generator=g),
+    },
+    "sam3_geometry_encoder": lambda c, g: {  # two boxes (cx, cy, w, h) on a 4 x 4 feature map
+        "box_embeddings": torch.rand(1, 2, 4, generator=g) * 0.5 + 0.25,
+        "box_mask": torch.ones(1, 2, dtype=torch.bool),
+        "box_labels": torch.ones(1, 2, dtype=torch.long),
+        "img_feats": (torch.randn(1, c.hidden_size, 4, 4, generator=g),),
+        "img_pos_embeds": (torch.randn(1, c.hidden_size, 4, 4, generator=g),),
+    },
     "muse_spark_audio": lambda c, g: {"input_values": torch.randn(1, 3840, generator=g)},
     "wav2vec2-conformer": lambda c, g: {"input_values": torch.randn(1, 4000, generator=g)},
     "wav2vec2-bert": lambda c, g: {"input_features": torch.randn(1, 40, c.feature_projection_input_dim, generator=g)},

@@ -75,6 +75,12 @@ _CONV_ONLY = (
     "convolutional pyramid over the waveform; the RoPE of its modeling file belongs to the text and vision parts"
 )
 
+_SAM3_PART = (
+    "no RoPE: its forward pass applies none (run and recorded); its attention takes the sine position embeddings "
+    "the model hands it (Sam3SinePositionEmbedding) or none; the RoPE of its modeling file is the ViT backbone's "
+    "(sam3_vit_model, built by rotary.hf.vision_rope)"
+)
+
 #: model_type -> what it uses instead of RoPE (its forward pass, run and recorded, applies none)
 NO_ROPE: dict[str, str] = {
     **dict.fromkeys(
@@ -90,6 +96,7 @@ NO_ROPE: dict[str, str] = {
     "gemma4_audio": _REL_CHUNKED,
     "phi4_multimodal_audio": _BUCKETS,
     "muse_spark_audio": _CONV_ONLY,
+    **dict.fromkeys("sam3_detr_decoder sam3_detr_encoder sam3_mask_decoder".split(), _SAM3_PART),
     "qwen2_5_omni_bigvgan": (
         "no RoPE: its forward pass applies none (run and recorded); a BigVGAN vocoder, convolutions and "
         "anti-aliased activations over the mel frames with no attention; the RoPE of its modeling file belongs to the "

@@ -77,7 +77,7 @@ ENCODER_STATUS: dict[str, str] = {
     **dict.fromkeys(
         (
             "edgetam_video edgetam_video_mask_decoder edgetam_video_prompt_encoder sam2_video sam2_video_mask_decoder "
-            "sam2_video_prompt_encoder sam3_detr_decoder sam3_detr_encoder sam3_geometry_encoder sam3_mask_decoder "
+            "sam2_video_prompt_encoder sam3_geometry_encoder "
             "sam3_tracker_video sam3_tracker_video_mask_decoder sam3_tracker_video_prompt_encoder"
         ).split(),
         _SEGMENT,

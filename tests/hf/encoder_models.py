@@ -41,6 +41,13 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     **{t: _CODEC for t in ("mimi", "mimi_decoder", "pocket_tts_audio_tokenizer", "pocket_tts_audio_tokenizer_decoder")},
     "wav2vec2-bert": {"position_embeddings_type": "rotary"},
     "timesfm2_5": {"patch_length": 4, "context_length": 64},
+    **dict.fromkeys(
+        (
+            "deepseek_ocr2_sam_vision_model unlimited_ocr_sam_vision_model phi4_multimodal_vision "
+            "granite_docling_vision molmo2_vision step3p5_vision"
+        ).split(),
+        {"image_size": 32, "patch_size": 8, "output_channels": 32, "global_attn_indexes": [0], "window_size": 2},
+    ),
     "gemma3n_audio": {"conf_num_hidden_layers": 1, "conf_num_attention_heads": 2, "sscp_conv_channel_size": [8, 8]},
     "qwen2_5_omni_bigvgan": {
         "upsample_initial_channel": 16,

@@ -81,6 +81,16 @@ _SAM3_PART = (
     "(sam3_vit_model, built by rotary.hf.vision_rope)"
 )
 
+_SAM_VIT = (
+    "no RoPE: its forward pass applies none (run and recorded); a SAM ViT, whose attention adds decomposed "
+    "relative position biases (learned rel_pos_h, rel_pos_w tables) to absolute position embeddings; the RoPE of "
+    "its modeling file belongs to the text model and the vision encoder"
+)
+_LEARNED = (
+    "no RoPE: its forward pass applies none (run and recorded); a SigLIP-style tower with learned absolute "
+    "position embeddings (nn.Embedding over the patch grid); the RoPE of its modeling file belongs to the text model"
+)
+
 #: model_type -> what it uses instead of RoPE (its forward pass, run and recorded, applies none)
 NO_ROPE: dict[str, str] = {
     **dict.fromkeys(
@@ -97,6 +107,8 @@ NO_ROPE: dict[str, str] = {
     "phi4_multimodal_audio": _BUCKETS,
     "muse_spark_audio": _CONV_ONLY,
     **dict.fromkeys("sam3_detr_decoder sam3_detr_encoder sam3_mask_decoder".split(), _SAM3_PART),
+    **dict.fromkeys("deepseek_ocr2_sam_vision_model unlimited_ocr_sam_vision_model".split(), _SAM_VIT),
+    **dict.fromkeys("granite_docling_vision phi4_multimodal_vision".split(), _LEARNED),
     "qwen2_5_omni_bigvgan": (
         "no RoPE: its forward pass applies none (run and recorded); a BigVGAN vocoder, convolutions and "
         "anti-aliased activations over the mel frames with no attention; the RoPE of its modeling file belongs to the "

@@ -41,10 +41,12 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     **{t: _CODEC for t in ("mimi", "mimi_decoder", "pocket_tts_audio_tokenizer", "pocket_tts_audio_tokenizer_decoder")},
     "wav2vec2-bert": {"position_embeddings_type": "rotary"},
     "timesfm2_5": {"patch_length": 4, "context_length": 64},
+    "molmo2_vision": {"image_size": [32, 32], "patch_size": 8, "num_position_embeddings": 16},
+    "cosmos3_edge_vision": {"patch_size": 4, "num_patches": 16},
     **dict.fromkeys(
         (
             "deepseek_ocr2_sam_vision_model unlimited_ocr_sam_vision_model phi4_multimodal_vision "
-            "granite_docling_vision molmo2_vision step3p5_vision"
+            "granite_docling_vision step3p5_vision unlimited_ocr_vision_encoder"
         ).split(),
         {"image_size": 32, "patch_size": 8, "output_channels": 32, "global_attn_indexes": [0], "window_size": 2},
     ),
@@ -217,6 +219,12 @@ INPUTS: dict[str, Any] = {
         "img_feats": (torch.randn(1, c.hidden_size, 4, 4, generator=g),),
         "img_pos_embeds": (torch.randn(1, c.hidden_size, 4, 4, generator=g),),
     },
+    "cosmos3_edge_vision": lambda c, g: {  # one image of 4 x 6 patches (multiples of the 2 x 2 merge)
+        "pixel_values": torch.randn(24, 3 * c.patch_size**2, generator=g),
+        "grid_thw": torch.tensor([[1, 4, 6]]),
+    },
+    "unlimited_ocr_vision_encoder": lambda c, g: {"patch_embeds": torch.randn(1, c.hidden_size, 4, 4, generator=g)},
+    "molmo2_vision": lambda c, g: {"pixel_values": torch.randn(1, 16, 3 * c.patch_size**2, generator=g)},
     "muse_spark_audio": lambda c, g: {"input_values": torch.randn(1, 3840, generator=g)},
     "wav2vec2-conformer": lambda c, g: {"input_values": torch.randn(1, 4000, generator=g)},
     "wav2vec2-bert": lambda c, g: {"input_features": torch.randn(1, 40, c.feature_projection_input_dim, generator=g)},

@@ -87,7 +87,7 @@ _SAM_VIT = (
     "its modeling file belongs to the text model and the vision encoder"
 )
 _LEARNED = (
-    "no RoPE: its forward pass applies none (run and recorded); a SigLIP-style tower with learned absolute "
+    "no RoPE: its forward pass applies none (run and recorded); a SigLIP- or CLIP-style ViT with learned absolute "
     "position embeddings (nn.Embedding over the patch grid); the RoPE of its modeling file belongs to the text model"
 )
 
@@ -108,7 +108,13 @@ NO_ROPE: dict[str, str] = {
     "muse_spark_audio": _CONV_ONLY,
     **dict.fromkeys("sam3_detr_decoder sam3_detr_encoder sam3_mask_decoder".split(), _SAM3_PART),
     **dict.fromkeys("deepseek_ocr2_sam_vision_model unlimited_ocr_sam_vision_model".split(), _SAM_VIT),
-    **dict.fromkeys("granite_docling_vision phi4_multimodal_vision".split(), _LEARNED),
+    **dict.fromkeys(
+        (
+            "cosmos3_edge_vision granite_docling_vision molmo2_vision phi4_multimodal_vision "
+            "unlimited_ocr_vision_encoder"
+        ).split(),
+        _LEARNED,
+    ),
     "qwen2_5_omni_bigvgan": (
         "no RoPE: its forward pass applies none (run and recorded); a BigVGAN vocoder, convolutions and "
         "anti-aliased activations over the mel frames with no attention; the RoPE of its modeling file belongs to the "

@@ -88,11 +88,11 @@ ENCODER_STATUS: dict[str, str] = {
     ),
     **dict.fromkeys(
         (
-            "cosmos3_edge_vision deepseek_ocr2_encoder "
+            "deepseek_ocr2_encoder "
             "deepseek_ocr2_vision gemma3n_vision "
-            "inkling2_vision mlcd mlcd_vision_model molmo2_vision "
+            "inkling2_vision mlcd mlcd_vision_model "
             "muse_glimmer_vision muse_spark_vision sapiens2 step3p5_vision "
-            "unlimited_ocr_vision unlimited_ocr_vision_encoder"
+            "unlimited_ocr_vision"
         ).split(),
         _VISION_LATER,
     ),

@@ -16,7 +16,8 @@ import torch
 
 import rotary
 from rotary.hf import architectures
-from rotary.hf.encoder_tables import NO_ROPE, REFUSED, SEQUENCE_ROPE
+from rotary.hf import vision_tables
+from rotary.hf.encoder_tables import NO_ROPE, NOT_BUILT, REFUSED, SEQUENCE_ROPE
 from rotary.hf.vision_tables import ENCODER_STATUS
 
 pytest.importorskip("transformers")
@@ -102,6 +103,16 @@ def test_a_rotation_of_the_hidden_states_is_refused_with_the_numbers(model_type)
     assert ENCODER_STATUS[model_type] == REFUSED[model_type]
     with pytest.raises(rotary.ConfigError, match=repr(model_type)):
         rotary.RoPE.from_hf_config(config)
+
+
+def test_every_encoder_left_says_exactly_why():
+    """No encoder keeps a generic status ("not built yet" for a whole kind): each is built, applies no RoPE, is
+    refused, or has its own reason in NOT_BUILT."""
+    generic = {getattr(vision_tables, n) for n in ("_AUDIO", "_VIDEO", "_SEGMENT", "_CODEC", "_VISION_LATER", "_OTHER")}
+    assert not [t for t, why in ENCODER_STATUS.items() if why in generic]
+    assert set(NOT_BUILT) <= set(architectures.UNSUPPORTED)
+    assert not set(NOT_BUILT) & (set(NO_ROPE) | set(REFUSED) | set(SEQUENCE_ROPE))
+    assert all(ENCODER_STATUS[t] == why for t, why in NOT_BUILT.items())
 
 
 def test_the_tables_are_disjoint_and_read():

@@ -9,7 +9,7 @@ recorded, and is checked that way by tests/hf/test_encoders.py (harness: tests/h
 
 from __future__ import annotations
 
-__all__ = ["COVERAGE", "ENCODER_PART", "NO_ROPE", "REFUSED", "SEQUENCE_ROPE"]
+__all__ = ["COVERAGE", "ENCODER_PART", "NOT_BUILT", "NO_ROPE", "REFUSED", "SEQUENCE_ROPE"]
 
 #: model_type -> how its attention pairs the rotated channels (``"half"``: (i, i + r/2), ``"interleaved"``:
 #: (2i, 2i + 1)). Each applies a 1-D RoPE over its sequence (audio frames, codec steps, patches), read from
@@ -132,6 +132,124 @@ _HIDDEN_ROTATION = (
 
 #: model_type -> why no RoPE rotary builds reproduces what its code does (run and recorded)
 REFUSED: dict[str, str] = dict.fromkeys(("wav2vec2-bert", "wav2vec2-conformer"), _HIDDEN_ROTATION)
+
+_AUDIO = "audio encoder: "
+_VIDEO = "video encoder: "
+_SEGMENT = "segmentation / tracking part (mask decoder, prompt encoder, memory attention): "
+_CODEC = "audio codec / vocoder / speech tokenizer: "
+_VISION = "vision encoder: "
+_OTHER = "other encoder (byte patches, feature matching, time series, an assistant model): "
+_NOT_RUN = "not built yet, and not yet run with its RoPE recorded: "
+_TRACKER = (
+    _NOT_RUN + "its RoPE is the memory attention's, a 2-D axial RoPE over the memory feature map with the keys' "
+    "table repeated per memory frame (rope_k_repeat) and the object-pointer keys left unrotated "
+    "(num_k_exclude_rope); the model runs only through an inference session over video frames"
+)
+_TRACKER_PART = (
+    _NOT_RUN + "a part of the video tracker with no model class of its own (transformers builds it inside the video "
+    "model); the RoPE of its modeling file is the memory attention's"
+)
+_W2V_BERT_CODEC = (
+    _NOT_RUN + "its semantic encoder is a wav2vec2-BERT model (semantic_model_config) and its decoder a transformer "
+    "with a 1-D RoPE over codec frames; building it offline needs that semantic model's tiny config as well"
+)
+
+#: model_type -> exactly why it is not built (category first, as ENCODER_STATUS's): the types whose RoPE rotary
+#: has not reproduced yet, each with what its code does as far as it is known
+NOT_BUILT: dict[str, str] = {
+    "gemma4_unified_audio": _AUDIO
+    + _NOT_RUN
+    + (
+        "it has no model class of its own: transformers uses its config for Gemma4UnifiedMultimodalEmbedder, a norm "
+        "and a projection of audio soft tokens into the text model, which holds no attention"
+    ),
+    **dict.fromkeys(
+        ("pe_audio_video_encoder", "pe_video_encoder"),
+        _VIDEO + "cannot be built offline here: its video frames are encoded by a timm backbone "
+        "(TimmWrapperForImageClassification) and timm is not among rotary's dependencies; its transformer's RoPE is "
+        "PE audio's (pairs (2i, 2i+1) over frame positions)",
+    ),
+    "vjepa2": _VIDEO
+    + _NOT_RUN
+    + (
+        "a 3-D RoPE inside VJEPA2RopeAttention (no apply function): depth, height and width each rotate "
+        "2·⌊D/6⌋ channels of their own, the rest pass through, over the tubelets' (t, h, w)"
+    ),
+    **dict.fromkeys("edgetam_video sam2_video sam3_tracker_video".split(), _SEGMENT + _TRACKER),
+    **dict.fromkeys(
+        (
+            "edgetam_video_mask_decoder edgetam_video_prompt_encoder sam2_video_mask_decoder sam2_video_prompt_encoder "
+            "sam3_tracker_video_mask_decoder sam3_tracker_video_prompt_encoder"
+        ).split(),
+        _SEGMENT + _TRACKER_PART,
+    ),
+    "sam3_geometry_encoder": _SEGMENT
+    + (
+        "cannot be run offline here: its box pooling calls torchvision's roi_align and torchvision is not among "
+        "rotary's dependencies; its modeling file's RoPE is the ViT backbone's (sam3_vit_model)"
+    ),
+    **dict.fromkeys(("neucodec", "xcodec2"), _CODEC + _W2V_BERT_CODEC),
+    "qwen2_5_omni_dit": _CODEC
+    + _NOT_RUN
+    + (
+        "its DiT rotates the first attention head only (query[:, :1], key[:, :1]), de-interleaved first: pairs "
+        "(2i, 2i+1) of head 0 by Qwen2_5OmniDiTRotaryEmbedding, the other heads unrotated"
+    ),
+    "qwen2_5_omni_token2wav": _CODEC + _NOT_RUN + "its RoPE is its DiT's (qwen2_5_omni_dit); its BigVGAN applies none",
+    "lightglue": _OTHER
+    + (
+        "not built from its config: its angles are a learned linear projection of each keypoint's (x, y) "
+        "(LightGluePositionalEncoder.projector), checkpoint weights rather than config keys; rotary's RoPE-Mixed "
+        "(rotary.variants) takes such per-pair frequency vectors"
+    ),
+    "efficientloftr": _OTHER
+    + _NOT_RUN
+    + (
+        "a 2-D RoPE over the aggregated coarse feature map (EfficientLoFTRRotaryEmbedding, after "
+        "q_aggregation_kernel_size / q_aggregation_stride pooling)"
+    ),
+    **dict.fromkeys(
+        ("muse_glimmer_vision", "muse_spark_vision"),
+        _VISION
+        + _NOT_RUN
+        + (
+            "2-D axial RoPE with the frequencies of dots3's tower (a qwen_vl form), but its patches are permuted per "
+            "image before a pixel shuffle (get_vision_position_ids), a token order vision_rope has no form for yet"
+        ),
+    ),
+    "step3p5_vision": _VISION
+    + (
+        "not built yet (run: it applies a 2-D axial RoPE through apply_rotary_pos_emb_vision): pairs (i, i + D/2), "
+        "w's frequencies then h's (freq.flip), over the patch grid of each image; vision_rope has no form for that "
+        "block order yet"
+    ),
+    "inkling2_vision": _VISION + _NOT_RUN + "2-D axial RoPE with pairs (2i, 2i+1) (rotate_pairwise) over grid_thw",
+    **dict.fromkeys(
+        ("mlcd", "mlcd_vision_model"),
+        _VISION + _NOT_RUN + "2-D axial RoPE (MLCDRotaryEmbedding) over the patch grid, with a class token",
+    ),
+    "sapiens2": _VISION + _NOT_RUN + "2-D RoPE over patch positions (Sapiens2RopePositionEmbedding)",
+    "gemma3n_vision": _VISION
+    + (
+        "cannot be built offline here: a MobileNet-V5 built through timm (TimmWrapper), and timm is not among "
+        "rotary's dependencies; no model class of its own"
+    ),
+    **dict.fromkeys(
+        ("deepseek_ocr2_encoder", "deepseek_ocr2_vision"),
+        _VISION
+        + _NOT_RUN
+        + (
+            "a Qwen2-style decoder used as the vision encoder (DeepseekOcr2VisionRotaryEmbedding), over the SAM "
+            "tower's patches and learned queries"
+        ),
+    ),
+    "unlimited_ocr_vision": _VISION
+    + _NOT_RUN
+    + (
+        "a SAM tower and a CLIP-style encoder, each of which applies no RoPE (run and recorded: "
+        "unlimited_ocr_sam_vision_model, unlimited_ocr_vision_encoder)"
+    ),
+}
 
 #: the coverage table's entry (rotary.hf.coverage): the sequence encoders RoPE.from_hf_config builds
 COVERAGE = [("RoPE.from_hf_config", SEQUENCE_ROPE)]

@@ -4,7 +4,7 @@ and in what form, and why each other RoPE-applying encoder is not built. Plain d
 
 from __future__ import annotations
 
-from .encoder_tables import NO_ROPE, REFUSED
+from .encoder_tables import NOT_BUILT, NO_ROPE, REFUSED
 
 __all__ = ["COVERAGE", "ENCODER_STATUS", "FORMS", "VISION_ROPE"]
 
@@ -108,6 +108,7 @@ ENCODER_STATUS: dict[str, str] = {
     **dict.fromkeys("efficientloftr lightglue".split(), _OTHER),
     **NO_ROPE,  # in a modeling file with a rotary embedding, but their forward pass applies none
     **REFUSED,  # what their code does is not a rotation of q and k
+    **NOT_BUILT,  # exactly why each of the others is not built yet
 }
 
 

@@ -21,7 +21,6 @@ import warnings
 from typing import Any
 
 import torch
-
 import transformers
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 

@@ -15,13 +15,15 @@ import pytest
 import torch
 
 import rotary
-from rotary.hf import architectures
-from rotary.hf import vision_tables
+from rotary.hf import architectures, vision_tables
 from rotary.hf.encoder_tables import NO_ROPE, NOT_BUILT, REFUSED, SEQUENCE_ROPE
 from rotary.hf.vision_tables import ENCODER_STATUS
 
 pytest.importorskip("transformers")
 from hf import encoder_models as em  # noqa: E402
+
+#: the encoders rotary.hf.patch covers
+PATCHED = sorted(t for t in SEQUENCE_ROPE if t in rotary.hf.SUPPORTED)
 
 
 def _positions(call) -> torch.Tensor:
@@ -43,9 +45,9 @@ def _check_tables(rope, call, interleaved: bool) -> None:
 
 
 @pytest.mark.parametrize("model_type", sorted(SEQUENCE_ROPE))
-def test_sequence_encoder_rope_matches_the_model(model_type):
+def test_sequence_encoder_rope_matches_the_model(model_type, monkeypatch):
     """Every apply call of the forward, rotated by rotary at the positions of the rotary-embedding call before it
-    (a codec's encoder and decoder each make their own), gives the model's q and k."""
+    (a codec's encoder and decoder each make their own), gives the model's q and k; hf.patch keeps the outputs."""
     model, _, calls, _ = em.record(model_type)
     rope = rotary.RoPE.from_hf_config(model.config)
     positions, applied, rotated = None, 0, False
@@ -64,6 +66,8 @@ def test_sequence_encoder_rope_matches_the_model(model_type):
         applied += 1
     assert applied, f"{model_type}: the forward applied no RoPE ({[c.name for c in calls]})"
     assert rotated  # on inputs that are not all zero (a random codec's decoder may get zeros)
+    if model_type in PATCHED:  # in the same test: the tiny model is built once per xdist worker
+        _check_patch(model_type, monkeypatch)
 
 
 @pytest.mark.parametrize("model_type", sorted(NO_ROPE))
@@ -125,8 +129,7 @@ def test_the_tables_are_disjoint_and_read():
             rotary.RoPE.from_hf_config({"model_type": model_type, "head_dim": 16})
 
 
-# ---- rotary.hf.patch on the sequence encoders ------------------------------------------------------------------
-PATCHED = sorted(t for t in SEQUENCE_ROPE if t in rotary.hf.SUPPORTED)
+# ---- rotary.hf.patch on the sequence encoders (run inside test_sequence_encoder_rope_matches_the_model) ----------
 
 
 def _tensors(out) -> dict[str, torch.Tensor]:
@@ -138,8 +141,7 @@ def test_patch_covers_the_sequence_encoders():
     assert set(SEQUENCE_ROPE) - set(PATCHED) <= {"blt_global_transformer", "dots3_note_audio_encoder"}
 
 
-@pytest.mark.parametrize("model_type", PATCHED)
-def test_patched_encoder_outputs_equal_unpatched(model_type, monkeypatch):
+def _check_patch(model_type: str, monkeypatch) -> None:
     """fp32: the patched model's outputs equal the unpatched ones, every apply call went through rotary.rotate,
     and unpatch restores transformers' function (outputs bit-identical to before)."""
     _, model, inputs = em.build(model_type)

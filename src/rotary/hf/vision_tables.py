@@ -4,7 +4,7 @@ and in what form, and why each other RoPE-applying encoder is not built. Plain d
 
 from __future__ import annotations
 
-from .encoder_tables import NOT_BUILT, NO_ROPE, REFUSED
+from .encoder_tables import NO_ROPE, NOT_BUILT, REFUSED
 
 __all__ = ["COVERAGE", "ENCODER_STATUS", "FORMS", "VISION_ROPE"]
 

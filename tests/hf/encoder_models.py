@@ -40,11 +40,20 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     **{t: _CODEC for t in ("mimi", "mimi_decoder", "pocket_tts_audio_tokenizer", "pocket_tts_audio_tokenizer_decoder")},
     "wav2vec2-bert": {"position_embeddings_type": "rotary"},
     "timesfm2_5": {"patch_length": 4, "context_length": 64},
+    "deepseek_ocr2_sam_vision_model": {
+        "image_size": 64,
+        "patch_size": 8,
+        "output_channels": 16,
+        "global_attn_indexes": [0],
+        "window_size": 2,
+        "mlp_dim": 32,
+        "downsample_channels": [16, 32],
+    },
     "molmo2_vision": {"image_size": [32, 32], "patch_size": 8, "num_position_embeddings": 16},
     "cosmos3_edge_vision": {"patch_size": 4, "num_patches": 16},
     **dict.fromkeys(
         (
-            "deepseek_ocr2_sam_vision_model unlimited_ocr_sam_vision_model phi4_multimodal_vision "
+            "unlimited_ocr_sam_vision_model phi4_multimodal_vision "
             "granite_docling_vision step3p5_vision unlimited_ocr_vision_encoder"
         ).split(),
         {"image_size": 32, "patch_size": 8, "output_channels": 32, "global_attn_indexes": [0], "window_size": 2},
@@ -224,6 +233,11 @@ INPUTS: dict[str, Any] = {
     },
     "unlimited_ocr_vision_encoder": lambda c, g: {"patch_embeds": torch.randn(1, c.hidden_size, 4, 4, generator=g)},
     "molmo2_vision": lambda c, g: {"pixel_values": torch.randn(1, 16, 3 * c.patch_size**2, generator=g)},
+    "deepseek_ocr2_encoder": lambda c, g: {  # 6 image patches (bidirectional), then 5 queries (causal)
+        "inputs_embeds": torch.randn(1, 11, c.hidden_size, generator=g),
+        "num_patches": 6,
+    },
+    "deepseek_ocr2_vision": lambda c, g: {"pixel_values": torch.randn(1, 3, 64, 64, generator=g)},
     "muse_spark_audio": lambda c, g: {"input_values": torch.randn(1, 3840, generator=g)},
     "wav2vec2-conformer": lambda c, g: {"input_values": torch.randn(1, 4000, generator=g)},
     "wav2vec2-bert": lambda c, g: {"input_features": torch.randn(1, 40, c.feature_projection_input_dim, generator=g)},

@@ -127,8 +127,8 @@ _COORDINATES = (
 UNSUPPORTED: dict[str, str] = {
     **dict.fromkeys(
         (
-            "chameleon_vqgan cosmos3_edge_vision deepseek_ocr2_encoder "
-            "deepseek_ocr2_sam_vision_model deepseek_ocr2_vision "
+            "chameleon_vqgan cosmos3_edge_vision "
+            "deepseek_ocr2_sam_vision_model "
             "edgetam_video edgetam_video_mask_decoder edgetam_video_prompt_encoder "
             "efficientloftr emu3_vqgan gemma3n_audio gemma3n_vision "
             "gemma4_audio gemma4_unified_audio gemma4_unified_vision "

@@ -12,13 +12,14 @@ from __future__ import annotations
 __all__ = ["COVERAGE", "ENCODER_PART", "NOT_BUILT", "NO_ROPE", "REFUSED", "SEQUENCE_ROPE"]
 
 #: model_type -> how its attention pairs the rotated channels (``"half"``: (i, i + r/2), ``"interleaved"``:
-#: (2i, 2i + 1)). Each applies a 1-D RoPE over its sequence (audio frames, codec steps, patches), read from
+#: (2i, 2i + 1)). Each applies a 1-D RoPE over its sequence (audio frames, codec steps, patches; DeepSeek-OCR2's
+#: vision encoder, a Qwen2-style decoder, over its image patches then its learned queries), read from
 #: its config by :meth:`rotary.RoPE.from_hf_config` exactly as for a text model: ``rope_parameters``, the head
 #: width (``head_dim`` or ``hidden_size / num_attention_heads``), ``partial_rotary_factor``.
 SEQUENCE_ROPE: dict[str, str] = {
     **dict.fromkeys(
         (
-            "dots3_note_audio_encoder glmasr_encoder lasr_ctc muse_glimmer_assistant nemotron3_5_transcribe_audio "
+            "deepseek_ocr2_encoder deepseek_ocr2_vision dots3_note_audio_encoder glmasr_encoder lasr_ctc muse_glimmer_assistant nemotron3_5_transcribe_audio "
             "nemotron3_5_transcribe_word_timestamp nemotron3_diarization timesfm2_5 lasr_encoder mimi mimi_decoder mimi_encoder nemotron3_5_transcribe_asr_audio "
             "nemotron3_diarization_audio pocket_tts_audio_tokenizer pocket_tts_audio_tokenizer_decoder "
             "pocket_tts_audio_tokenizer_encoder voxtral_realtime_encoder"
@@ -32,6 +33,7 @@ SEQUENCE_ROPE: dict[str, str] = {
 #: encoder's RoPE: RoPE.from_hf_config(config) reads it there, as the model builds its encoder from it
 ENCODER_PART: dict[str, str] = {
     "lasr_ctc": "encoder_config",
+    "deepseek_ocr2_vision": "encoder_config",  # its SAM tower (sam_config) applies none
     "nemotron3_diarization": "audio_config",
     # its speech recogniser's encoder; its speaker-diarization model is a nemotron3_diarization of its own
     # (RoPE.from_hf_config(config.diarization_config))
@@ -233,15 +235,6 @@ NOT_BUILT: dict[str, str] = {
     + (
         "cannot be built offline here: a MobileNet-V5 built through timm (TimmWrapper), and timm is not among "
         "rotary's dependencies; no model class of its own"
-    ),
-    **dict.fromkeys(
-        ("deepseek_ocr2_encoder", "deepseek_ocr2_vision"),
-        _VISION
-        + _NOT_RUN
-        + (
-            "a Qwen2-style decoder used as the vision encoder (DeepseekOcr2VisionRotaryEmbedding), over the SAM "
-            "tower's patches and learned queries"
-        ),
     ),
     "unlimited_ocr_vision": _VISION
     + _NOT_RUN

@@ -60,6 +60,7 @@ _FAMILIES = {
     ),
     "nemotron3_diarization": (("nemotron3_diarization", "nemotron3_diarization_audio"), _apply_half),
     "pe_audio": (("pe_audio_encoder",), _apply_pe),
+    "deepseek_ocr2": (("deepseek_ocr2_encoder", "deepseek_ocr2_vision"), _apply_half),
     "muse_glimmer_assistant": (("muse_glimmer_assistant",), _apply_context),
 }
 for _module, (_types, _replacement) in _FAMILIES.items():

@@ -88,8 +88,7 @@ ENCODER_STATUS: dict[str, str] = {
     ),
     **dict.fromkeys(
         (
-            "deepseek_ocr2_encoder "
-            "deepseek_ocr2_vision gemma3n_vision "
+            "gemma3n_vision "
             "inkling2_vision mlcd mlcd_vision_model "
             "muse_glimmer_vision muse_spark_vision sapiens2 step3p5_vision "
             "unlimited_ocr_vision"

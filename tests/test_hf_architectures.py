@@ -38,6 +38,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING, CONFIG_M
 import rotary
 from rotary.hf.config import PAIRING, UNSUPPORTED, read_hf_config
 from rotary.hf.coverage import rope_model_types
+from rotary.hf.encoder_tables import SEQUENCE_ROPE
 from rotary.hf.layers import read_hf_layers
 from rotary.hf.own_keys import ROPE_SWITCHES
 from rotary.hf.vision import VISION_ROPE
@@ -692,7 +693,12 @@ def _text_part_type(model_type: str) -> str | None:
 def test_every_rope_model_type_is_in_a_table():
     missing = []
     for model_type in rope_model_types():
-        if model_type in PAIRING or model_type in UNSUPPORTED or model_type in VISION_ROPE:
+        if (
+            model_type in PAIRING
+            or model_type in UNSUPPORTED
+            or model_type in VISION_ROPE
+            or model_type in SEQUENCE_ROPE
+        ):
             continue  # VISION_ROPE: vision towers, built by rotary.hf.vision_rope (tests/hf/test_vision_encoders.py)
         text_type = _text_part_type(model_type)
         if text_type in PAIRING or text_type in UNSUPPORTED:
@@ -701,7 +707,9 @@ def test_every_rope_model_type_is_in_a_table():
     assert not missing, (
         f"model types that apply RoPE but are in neither rotary.hf.config.PAIRING nor UNSUPPORTED: {missing}"
     )
-    stale = sorted((set(PAIRING) | set(UNSUPPORTED) | set(VISION_ROPE)) - set(CONFIG_MAPPING_NAMES))
+    stale = sorted(
+        (set(PAIRING) | set(UNSUPPORTED) | set(VISION_ROPE) | set(SEQUENCE_ROPE)) - set(CONFIG_MAPPING_NAMES)
+    )
     assert not stale, f"table entries that transformers {transformers.__version__} does not know: {stale}"
 
 

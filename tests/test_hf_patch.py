@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import rotary
 from helpers import NAMED, assert_named
 from rotary.hf import patching as hf
+from rotary.hf.encoder_tables import SEQUENCE_ROPE
 from strategies import FAST
 
 transformers = pytest.importorskip("transformers")
@@ -132,6 +133,8 @@ VISION = {
     "sam3_vit_model",
     "gemma4_vision",
 } | {t for t, family in hf.SUPPORTED.items() if "apply_rotary_pos_emb_vision" in family.replacements}
+#: the sequence encoders (audio, codecs, time series): tests/hf/test_encoders.py
+ENCODERS = set(SEQUENCE_ROPE) & set(hf.SUPPORTED)
 
 
 def test_supported_list_is_the_issue_list():
@@ -152,10 +155,10 @@ def test_supported_list_is_the_issue_list():
         "cohere",
         "glm",
     }
-    assert set(hf.SUPPORTED) == text | MULTIMODAL | VISION | set(NEW_TEXT)
+    assert set(hf.SUPPORTED) == text | MULTIMODAL | VISION | set(NEW_TEXT) | ENCODERS
 
 
-@pytest.mark.parametrize("model_type", sorted(set(hf.SUPPORTED) - MULTIMODAL - VISION - set(NEW_TEXT)))
+@pytest.mark.parametrize("model_type", sorted(set(hf.SUPPORTED) - MULTIMODAL - VISION - set(NEW_TEXT) - ENCODERS))
 def test_patched_logits_equal_unpatched_and_unpatch_restores(model_type, rotate_calls):
     model = make_model(model_type)
     ids = torch.randint(64, (2, 11))

@@ -340,7 +340,7 @@ def test_every_encoder_is_built_or_has_a_status():
     categories = {status.split(":")[0] for status in ENCODER_STATUS.values()}
     assert categories == {
         "audio encoder", "video encoder", "vision encoder", "audio codec / vocoder / speech tokenizer", "wrapper",
-        "segmentation / tracking part (mask decoder, prompt encoder, memory attention)", "no RoPE in this part",
+        "segmentation / tracking part (mask decoder, prompt encoder, memory attention)", "no RoPE in this part", "no RoPE", "not a RoPE of q and k",
         "other encoder (byte patches, feature matching, time series, an assistant model)",
     }  # fmt: skip
 
@@ -351,7 +351,8 @@ def test_every_encoder_is_built_or_has_a_status():
         ({"model_type": "llama", "hidden_size": 64}, r"text decoder; build its RoPE with rotary\.RoPE\.from_hf_config"),
         ({"model_type": "gemma3n_vision"}, r"not built: vision encoder"),
         ({"model_type": "gemma4_unified_vision"}, r"not built: no RoPE in this part"),
-        ({"model_type": "qwen2_5_omni_audio_encoder"}, r"not built: audio encoder"),
+        ({"model_type": "qwen2_5_omni_audio_encoder"}, r"not built: no RoPE: its forward pass applies none"),
+        ({"model_type": "lasr_encoder"}, r"sequence encoder.*rotary\.RoPE\.from_hf_config"),
         ({"model_type": "nope"}, r"'nope' is not a vision encoder rotary builds"),
         ({"model_type": "qwen3_vl_vision", "hidden_size": 64, "num_heads": 4, "rope_parameters": {"rope_type": "yarn"}},
          r"rope_type 'yarn'.*'axial'"),

@@ -19,7 +19,7 @@ Nothing here imports transformers at import time: :func:`patch` imports the mode
 
 from __future__ import annotations
 
-from . import patching_vision  # noqa: F401  (adds the vision towers to SUPPORTED)
+from . import patching_encoders, patching_vision  # noqa: F401  (add the encoders and vision towers to SUPPORTED)
 from .architectures import MROPE_MODELS, NO_ROPE_DEFAULTS, PAIRING, TEXT_MODEL_TYPES, UNSUPPORTED
 from .config import MODEL_DEFAULTS, RopeSettings, model_defaults, read_hf_config
 from .layers import read_hf_layers

@@ -15,6 +15,7 @@ from typing import Any
 
 from .._checks import check_bool, is_int, is_number, is_positive_int
 from ..rope_types import ConfigError, complain
+from .encoder_tables import SEQUENCE_ROPE
 from .vision_tables import VISION_ROPE
 
 __all__ = [
@@ -126,28 +127,26 @@ _COORDINATES = (
 UNSUPPORTED: dict[str, str] = {
     **dict.fromkeys(
         (
-            "blt_global_transformer chameleon_vqgan cosmos3_edge_vision deepseek_ocr2_encoder "
-            "deepseek_ocr2_sam_vision_model deepseek_ocr2_vision dots3_note_audio_encoder "
+            "chameleon_vqgan cosmos3_edge_vision "
+            "deepseek_ocr2_sam_vision_model "
             "edgetam_video edgetam_video_mask_decoder edgetam_video_prompt_encoder "
             "efficientloftr emu3_vqgan gemma3n_audio gemma3n_vision "
             "gemma4_audio gemma4_unified_audio gemma4_unified_vision "
-            "glm_image_vision glm_image_vqmodel glmasr_encoder granite_docling_vision "
-            "hunyuan_vl_vision idefics_perciever idefics_vision inkling2_vision lasr_ctc lasr_encoder "
-            "lightglue mimi mimi_decoder mimi_encoder mlcd "
+            "glm_image_vision glm_image_vqmodel granite_docling_vision "
+            "hunyuan_vl_vision idefics_perciever idefics_vision inkling2_vision "
+            "lightglue mlcd "
             "mlcd_vision_model mllama_vision_model molmo2_adapter molmo2_vision moonshine_streaming_encoder "
-            "muse_glimmer_assistant muse_glimmer_vision muse_spark_audio muse_spark_vision "
-            "nemotron3_5_transcribe_asr_audio nemotron3_5_transcribe_audio nemotron3_5_transcribe_word_timestamp "
-            "nemotron3_diarization nemotron3_diarization_audio nemotron_asr_streaming nemotron_asr_streaming_encoder "
-            "neucodec parakeet_ctc parakeet_encoder parakeet_rnnt parakeet_tdt pe_audio_encoder "
+            "muse_glimmer_vision muse_spark_audio muse_spark_vision "
+            "nemotron_asr_streaming nemotron_asr_streaming_encoder "
+            "neucodec parakeet_ctc parakeet_encoder parakeet_rnnt parakeet_tdt "
             "pe_audio_video_encoder pe_video_encoder phi4_multimodal_audio phi4_multimodal_vision "
-            "pocket_tts_audio_tokenizer pocket_tts_audio_tokenizer_decoder pocket_tts_audio_tokenizer_encoder "
             "qwen2_5_omni qwen2_5_omni_audio_encoder qwen2_5_omni_bigvgan qwen2_5_omni_dit qwen2_5_omni_token2wav "
             "qwen3_omni_moe qwen3_omni_moe_audio_encoder "
             "sam2_video sam2_video_mask_decoder sam2_video_prompt_encoder sam3 "
             "sam3_detr_decoder sam3_detr_encoder sam3_geometry_encoder sam3_mask_decoder sam3_tracker_video "
             "sam3_tracker_video_mask_decoder sam3_tracker_video_prompt_encoder sam3_vision_model sapiens2 "
-            "sapiens2_head step3p5_vision t5_gemma_module timesfm2_5 unlimited_ocr_sam_vision_model unlimited_ocr_vision "
-            "unlimited_ocr_vision_encoder vjepa2 voxtral_realtime_encoder wav2vec2-bert "
+            "sapiens2_head step3p5_vision t5_gemma_module unlimited_ocr_sam_vision_model unlimited_ocr_vision "
+            "unlimited_ocr_vision_encoder vjepa2 wav2vec2-bert "
             "wav2vec2-conformer xcodec2"
         ).split(),
         _NOT_TEXT,
@@ -227,7 +226,7 @@ def read_pairing(d: Mapping[str, Any], model_type: str, interleaved: bool | None
         )
     if interleaved is not None:
         return check_bool(interleaved, "interleaved")
-    rule = PAIRING.get(model_type)
+    rule = PAIRING.get(model_type, SEQUENCE_ROPE.get(model_type))
     if rule is None:
         what = f"model_type {model_type!r} is not in rotary's pairing table" if model_type else "it has no model_type"
         raise ConfigError(

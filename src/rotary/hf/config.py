@@ -50,6 +50,7 @@ from .architectures import (
     read_pairing,
     read_rope_layers,
 )
+from .encoder_tables import ENCODER_PART
 from .ignored_keys import IGNORED_ROPE_KEYS, drop_ignored_keys
 from .own_keys import common_keys
 
@@ -284,7 +285,15 @@ _ROPE_KEYS = ("rope_parameters", "rope_scaling", "rope_theta", "head_dim")
 
 
 def text_part_of(d: dict[str, Any], label: str) -> dict[str, Any]:
-    """The text model's config of a multimodal one (``text_config``), else ``d`` itself."""
+    """The text model's config of a multimodal one (``text_config``), the encoder's config of a composite
+    sequence encoder (:data:`~rotary.hf.encoder_tables.ENCODER_PART`), else ``d`` itself."""
+    model_type = d.get("model_type")
+    part = ENCODER_PART.get(model_type) if isinstance(model_type, str) else None
+    if part is not None and d.get(part) is not None:
+        inner = d[part]
+        if not isinstance(inner, Mapping):
+            raise ConfigError(f"{label}: {part} must be a dict, got {inner!r:.80}")
+        return dict(inner)
     text = d.get("text_config")
     if text is None or any(k in d for k in _ROPE_KEYS):
         return d

@@ -30,6 +30,7 @@ from ..errors import ConfigError, InputError
 from ..tables import RotaryTables
 from ..variants.axial import AxialRoPE
 from ..variants.coordinates import Coordinates
+from .encoder_tables import SEQUENCE_ROPE
 from .vision_tables import ENCODER_STATUS, FORMS, VISION_ROPE
 
 __all__ = ["ENCODER_STATUS", "FORMS", "VISION_ROPE", "VisionRoPE", "vision_rope"]
@@ -89,6 +90,11 @@ def _refuse(model_type: object) -> ConfigError:
 
     if model_type in ENCODER_STATUS:
         return ConfigError(f"vision_rope: model_type {model_type!r} is not built: {ENCODER_STATUS[model_type]}")
+    if model_type in SEQUENCE_ROPE:
+        return ConfigError(
+            f"vision_rope: model_type {model_type!r} is a sequence encoder (its RoPE rotates audio frames, codec steps "
+            "or patches of a series, one position each); build it with rotary.RoPE.from_hf_config(config)"
+        )
     if model_type in PAIRING or model_type in MROPE_MODELS:
         return ConfigError(
             f"vision_rope: model_type {model_type!r} is a text decoder; build its RoPE with "

@@ -4,6 +4,8 @@ and in what form, and why each other RoPE-applying encoder is not built. Plain d
 
 from __future__ import annotations
 
+from .encoder_tables import NO_ROPE, NOT_BUILT, REFUSED
+
 __all__ = ["COVERAGE", "ENCODER_STATUS", "FORMS", "VISION_ROPE"]
 
 #: form -> what the tower does (the coverage table shows it beside each model_type)
@@ -68,40 +70,28 @@ _OTHER = "other encoder (byte patches, feature matching, time series, an assista
 #: type that is not a text decoder and not in :data:`VISION_ROPE` is here (checked by the tests).
 ENCODER_STATUS: dict[str, str] = {
     **dict.fromkeys(
-        (
-            "dots3_note_audio_encoder gemma3n_audio gemma4_audio gemma4_unified_audio glmasr_encoder lasr_ctc "
-            "lasr_encoder moonshine_streaming_encoder muse_spark_audio nemotron3_5_transcribe_asr_audio "
-            "nemotron3_5_transcribe_audio nemotron3_5_transcribe_word_timestamp nemotron3_diarization "
-            "nemotron3_diarization_audio nemotron_asr_streaming nemotron_asr_streaming_encoder parakeet_ctc "
-            "parakeet_encoder parakeet_rnnt parakeet_tdt pe_audio_encoder phi4_multimodal_audio "
-            "qwen2_5_omni_audio_encoder qwen3_omni_moe_audio_encoder voxtral_realtime_encoder wav2vec2-bert "
-            "wav2vec2-conformer"
-        ).split(),
+        ("gemma4_unified_audio").split(),
         _AUDIO,
     ),
     **dict.fromkeys("pe_audio_video_encoder pe_video_encoder vjepa2".split(), _VIDEO),
     **dict.fromkeys(
         (
             "edgetam_video edgetam_video_mask_decoder edgetam_video_prompt_encoder sam2_video sam2_video_mask_decoder "
-            "sam2_video_prompt_encoder sam3_detr_decoder sam3_detr_encoder sam3_geometry_encoder sam3_mask_decoder "
+            "sam2_video_prompt_encoder sam3_geometry_encoder "
             "sam3_tracker_video sam3_tracker_video_mask_decoder sam3_tracker_video_prompt_encoder"
         ).split(),
         _SEGMENT,
     ),
     **dict.fromkeys(
-        (
-            "mimi mimi_decoder mimi_encoder neucodec pocket_tts_audio_tokenizer pocket_tts_audio_tokenizer_decoder "
-            "pocket_tts_audio_tokenizer_encoder qwen2_5_omni_bigvgan qwen2_5_omni_dit qwen2_5_omni_token2wav xcodec2"
-        ).split(),
+        ("neucodec qwen2_5_omni_dit qwen2_5_omni_token2wav xcodec2").split(),
         _CODEC,
     ),
     **dict.fromkeys(
         (
-            "cosmos3_edge_vision deepseek_ocr2_encoder deepseek_ocr2_sam_vision_model "
-            "deepseek_ocr2_vision gemma3n_vision "
-            "granite_docling_vision inkling2_vision mlcd mlcd_vision_model molmo2_vision "
-            "muse_glimmer_vision muse_spark_vision phi4_multimodal_vision sapiens2 step3p5_vision "
-            "unlimited_ocr_sam_vision_model unlimited_ocr_vision unlimited_ocr_vision_encoder"
+            "gemma3n_vision "
+            "inkling2_vision mlcd mlcd_vision_model "
+            "muse_glimmer_vision muse_spark_vision sapiens2 step3p5_vision "
+            "unlimited_ocr_vision"
         ).split(),
         _VISION_LATER,
     ),
@@ -114,9 +104,10 @@ ENCODER_STATUS: dict[str, str] = {
         _NO_ROPE_TOWER,
     ),
     **dict.fromkeys("qwen2_5_omni qwen3_omni_moe sam3 sam3_vision_model".split(), _WRAPPER),
-    **dict.fromkeys(
-        "blt_global_transformer efficientloftr lightglue muse_glimmer_assistant timesfm2_5".split(), _OTHER
-    ),
+    **dict.fromkeys("efficientloftr lightglue".split(), _OTHER),
+    **NO_ROPE,  # in a modeling file with a rotary embedding, but their forward pass applies none
+    **REFUSED,  # what their code does is not a rotation of q and k
+    **NOT_BUILT,  # exactly why each of the others is not built yet
 }
 
 

@@ -1,0 +1,248 @@
+"""The tables of the sequence encoders (audio frames, codec steps, patches of bytes, time series): which ones
+:meth:`rotary.RoPE.from_hf_config` builds and how they pair their channels, and which of the encoders whose
+modeling files hold a rotary embedding apply none in their forward pass, with what they use instead.
+
+Plain data, imported by :mod:`rotary.hf.architectures` (the pairing reader) and :mod:`rotary.hf.vision_tables`
+(the encoders' status). Every entry was established by running the type's tiny model with its RoPE functions
+recorded, and is checked that way by tests/hf/test_encoders.py (harness: tests/hf/encoder_models.py).
+"""
+
+from __future__ import annotations
+
+__all__ = ["COVERAGE", "ENCODER_PART", "NOT_BUILT", "NO_ROPE", "REFUSED", "SEQUENCE_ROPE"]
+
+#: model_type -> how its attention pairs the rotated channels (``"half"``: (i, i + r/2), ``"interleaved"``:
+#: (2i, 2i + 1)). Each applies a 1-D RoPE over its sequence (audio frames, codec steps, patches; DeepSeek-OCR2's
+#: vision encoder, a Qwen2-style decoder, over its image patches then its learned queries), read from
+#: its config by :meth:`rotary.RoPE.from_hf_config` exactly as for a text model: ``rope_parameters``, the head
+#: width (``head_dim`` or ``hidden_size / num_attention_heads``), ``partial_rotary_factor``.
+SEQUENCE_ROPE: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "deepseek_ocr2_encoder deepseek_ocr2_vision dots3_note_audio_encoder glmasr_encoder lasr_ctc muse_glimmer_assistant nemotron3_5_transcribe_audio "
+            "nemotron3_5_transcribe_word_timestamp nemotron3_diarization timesfm2_5 lasr_encoder mimi mimi_decoder mimi_encoder nemotron3_5_transcribe_asr_audio "
+            "nemotron3_diarization_audio pocket_tts_audio_tokenizer pocket_tts_audio_tokenizer_decoder "
+            "pocket_tts_audio_tokenizer_encoder voxtral_realtime_encoder"
+        ).split(),
+        "half",
+    ),
+    **dict.fromkeys("blt_global_transformer pe_audio_encoder".split(), "interleaved"),
+}
+
+#: model_type of a composite (an encoder and a head, a transducer) -> the key of the sub-config that holds its
+#: encoder's RoPE: RoPE.from_hf_config(config) reads it there, as the model builds its encoder from it
+ENCODER_PART: dict[str, str] = {
+    "lasr_ctc": "encoder_config",
+    "deepseek_ocr2_vision": "encoder_config",  # its SAM tower (sam_config) applies none
+    "nemotron3_diarization": "audio_config",
+    # its speech recogniser's encoder; its speaker-diarization model is a nemotron3_diarization of its own
+    # (RoPE.from_hf_config(config.diarization_config))
+    "nemotron3_5_transcribe_audio": "asr_config",
+}
+
+_REL_XL = (
+    "no RoPE: its forward pass applies none (run and recorded); its attention adds Transformer-XL-style relative "
+    "sinusoidal position scores (a projected relative_k and learned biases bias_u, bias_v), as in the paper "
+    "'Transformer-XL: Attentive Language Models Beyond a Fixed-Length Context'; the apply_rotary_pos_emb in its "
+    "modeling file is called by no layer"
+)
+_UNPOSITIONED = (
+    "no RoPE: its forward pass applies none (run and recorded); its encoder computes no position embeddings for "
+    "its sliding-window attention (the rotary embedding of its modeling file is the decoder's)"
+)
+
+_SINUSOIDS = (
+    "no RoPE: its forward pass applies none (run and recorded); it adds absolute sinusoidal position embeddings "
+    "to its input frames (SinusoidsPositionEmbedding, as Whisper's encoder); the RoPE of its modeling file belongs "
+    "to the thinker, talker and vision parts"
+)
+_REL_LOCAL = (
+    "no RoPE: its forward pass applies none (run and recorded); its chunked local attention adds relative "
+    "sinusoidal position logits (Gemma3nAudioRelativePositionEmbedding, Conformer-style); the RoPE of its modeling "
+    "file belongs to the text and vision parts"
+)
+
+_REL_CHUNKED = (
+    "no RoPE: its forward pass applies none (run and recorded); its chunked local attention adds relative "
+    "sinusoidal position logits (Gemma4AudioRelPositionalEncoding, Conformer-style); the RoPE of its modeling "
+    "file belongs to the text and vision parts"
+)
+_BUCKETS = (
+    "no RoPE: its forward pass applies none (run and recorded); its Conformer attention adds a learned relative "
+    "position bias per bucket of distances (Phi4MultimodalAudioRelativeAttentionBias, T5-style); the RoPE of its "
+    "modeling file belongs to the text model"
+)
+_CONV_ONLY = (
+    "no RoPE: its forward pass applies none (run and recorded); it has no attention at all, a causal "
+    "convolutional pyramid over the waveform; the RoPE of its modeling file belongs to the text and vision parts"
+)
+
+_SAM3_PART = (
+    "no RoPE: its forward pass applies none (run and recorded); its attention takes the sine position embeddings "
+    "the model hands it (Sam3SinePositionEmbedding) or none; the RoPE of its modeling file is the ViT backbone's "
+    "(sam3_vit_model, built by rotary.hf.vision_rope)"
+)
+
+_SAM_VIT = (
+    "no RoPE: its forward pass applies none (run and recorded); a SAM ViT, whose attention adds decomposed "
+    "relative position biases (learned rel_pos_h, rel_pos_w tables) to absolute position embeddings; the RoPE of "
+    "its modeling file belongs to the text model and the vision encoder"
+)
+_LEARNED = (
+    "no RoPE: its forward pass applies none (run and recorded); a SigLIP- or CLIP-style ViT with learned absolute "
+    "position embeddings (nn.Embedding over the patch grid); the RoPE of its modeling file belongs to the text model"
+)
+
+#: model_type -> what it uses instead of RoPE (its forward pass, run and recorded, applies none)
+NO_ROPE: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "nemotron_asr_streaming nemotron_asr_streaming_encoder parakeet_ctc parakeet_encoder parakeet_rnnt "
+            "parakeet_tdt"
+        ).split(),
+        _REL_XL,
+    ),
+    "moonshine_streaming_encoder": _UNPOSITIONED,
+    **dict.fromkeys("qwen2_5_omni_audio_encoder qwen3_omni_moe_audio_encoder".split(), _SINUSOIDS),
+    "gemma3n_audio": _REL_LOCAL,
+    "gemma4_audio": _REL_CHUNKED,
+    "phi4_multimodal_audio": _BUCKETS,
+    "muse_spark_audio": _CONV_ONLY,
+    **dict.fromkeys("sam3_detr_decoder sam3_detr_encoder sam3_mask_decoder".split(), _SAM3_PART),
+    **dict.fromkeys("deepseek_ocr2_sam_vision_model unlimited_ocr_sam_vision_model".split(), _SAM_VIT),
+    **dict.fromkeys(
+        (
+            "cosmos3_edge_vision granite_docling_vision molmo2_vision phi4_multimodal_vision "
+            "unlimited_ocr_vision_encoder"
+        ).split(),
+        _LEARNED,
+    ),
+    "qwen2_5_omni_bigvgan": (
+        "no RoPE: its forward pass applies none (run and recorded); a BigVGAN vocoder, convolutions and "
+        "anti-aliased activations over the mel frames with no attention; the RoPE of its modeling file belongs to the "
+        "thinker, talker and DiT parts"
+    ),
+}
+
+_HIDDEN_ROTATION = (
+    "not a RoPE of q and k: with position_embeddings_type='rotary' it rotates the hidden states (pairs (i, i + D/2) "
+    "of each head's slice, base rotary_embedding_base) before the q and k projections, so its attention logits "
+    "depend on absolute positions (the tests shift every position by 3 and the logits change), which no rotation "
+    "of q and k reproduces; its default, 'relative_key' / 'relative', is Transformer-XL-style relative position "
+    "scores, no RoPE"
+)
+
+#: model_type -> why no RoPE rotary builds reproduces what its code does (run and recorded)
+REFUSED: dict[str, str] = dict.fromkeys(("wav2vec2-bert", "wav2vec2-conformer"), _HIDDEN_ROTATION)
+
+_AUDIO = "audio encoder: "
+_VIDEO = "video encoder: "
+_SEGMENT = "segmentation / tracking part (mask decoder, prompt encoder, memory attention): "
+_CODEC = "audio codec / vocoder / speech tokenizer: "
+_VISION = "vision encoder: "
+_OTHER = "other encoder (byte patches, feature matching, time series, an assistant model): "
+_NOT_RUN = "not built yet, and not yet run with its RoPE recorded: "
+_TRACKER = (
+    _NOT_RUN + "its RoPE is the memory attention's, a 2-D axial RoPE over the memory feature map with the keys' "
+    "table repeated per memory frame (rope_k_repeat) and the object-pointer keys left unrotated "
+    "(num_k_exclude_rope); the model runs only through an inference session over video frames"
+)
+_TRACKER_PART = (
+    _NOT_RUN + "a part of the video tracker with no model class of its own (transformers builds it inside the video "
+    "model); the RoPE of its modeling file is the memory attention's"
+)
+_W2V_BERT_CODEC = (
+    _NOT_RUN + "its semantic encoder is a wav2vec2-BERT model (semantic_model_config) and its decoder a transformer "
+    "with a 1-D RoPE over codec frames; building it offline needs that semantic model's tiny config as well"
+)
+
+#: model_type -> exactly why it is not built (category first, as ENCODER_STATUS's): the types whose RoPE rotary
+#: has not reproduced yet, each with what its code does as far as it is known
+NOT_BUILT: dict[str, str] = {
+    "gemma4_unified_audio": _AUDIO
+    + _NOT_RUN
+    + (
+        "it has no model class of its own: transformers uses its config for Gemma4UnifiedMultimodalEmbedder, a norm "
+        "and a projection of audio soft tokens into the text model, which holds no attention"
+    ),
+    **dict.fromkeys(
+        ("pe_audio_video_encoder", "pe_video_encoder"),
+        _VIDEO + "cannot be built offline here: its video frames are encoded by a timm backbone "
+        "(TimmWrapperForImageClassification) and timm is not among rotary's dependencies; its transformer's RoPE is "
+        "PE audio's (pairs (2i, 2i+1) over frame positions)",
+    ),
+    "vjepa2": _VIDEO
+    + _NOT_RUN
+    + (
+        "a 3-D RoPE inside VJEPA2RopeAttention (no apply function): depth, height and width each rotate "
+        "2·⌊D/6⌋ channels of their own, the rest pass through, over the tubelets' (t, h, w)"
+    ),
+    **dict.fromkeys("edgetam_video sam2_video sam3_tracker_video".split(), _SEGMENT + _TRACKER),
+    **dict.fromkeys(
+        (
+            "edgetam_video_mask_decoder edgetam_video_prompt_encoder sam2_video_mask_decoder sam2_video_prompt_encoder "
+            "sam3_tracker_video_mask_decoder sam3_tracker_video_prompt_encoder"
+        ).split(),
+        _SEGMENT + _TRACKER_PART,
+    ),
+    "sam3_geometry_encoder": _SEGMENT
+    + (
+        "cannot be run offline here: its box pooling calls torchvision's roi_align and torchvision is not among "
+        "rotary's dependencies; its modeling file's RoPE is the ViT backbone's (sam3_vit_model)"
+    ),
+    **dict.fromkeys(("neucodec", "xcodec2"), _CODEC + _W2V_BERT_CODEC),
+    "qwen2_5_omni_dit": _CODEC
+    + _NOT_RUN
+    + (
+        "its DiT rotates the first attention head only (query[:, :1], key[:, :1]), de-interleaved first: pairs "
+        "(2i, 2i+1) of head 0 by Qwen2_5OmniDiTRotaryEmbedding, the other heads unrotated"
+    ),
+    "qwen2_5_omni_token2wav": _CODEC + _NOT_RUN + "its RoPE is its DiT's (qwen2_5_omni_dit); its BigVGAN applies none",
+    "lightglue": _OTHER
+    + (
+        "not built from its config: its angles are a learned linear projection of each keypoint's (x, y) "
+        "(LightGluePositionalEncoder.projector), checkpoint weights rather than config keys; rotary's RoPE-Mixed "
+        "(rotary.variants) takes such per-pair frequency vectors"
+    ),
+    "efficientloftr": _OTHER
+    + _NOT_RUN
+    + (
+        "a 2-D RoPE over the aggregated coarse feature map (EfficientLoFTRRotaryEmbedding, after "
+        "q_aggregation_kernel_size / q_aggregation_stride pooling)"
+    ),
+    **dict.fromkeys(
+        ("muse_glimmer_vision", "muse_spark_vision"),
+        _VISION
+        + _NOT_RUN
+        + (
+            "2-D axial RoPE with the frequencies of dots3's tower (a qwen_vl form), but its patches are permuted per "
+            "image before a pixel shuffle (get_vision_position_ids), a token order vision_rope has no form for yet"
+        ),
+    ),
+    "step3p5_vision": _VISION
+    + (
+        "not built yet (run: it applies a 2-D axial RoPE through apply_rotary_pos_emb_vision): pairs (i, i + D/2), "
+        "w's frequencies then h's (freq.flip), over the patch grid of each image; vision_rope has no form for that "
+        "block order yet"
+    ),
+    "inkling2_vision": _VISION + _NOT_RUN + "2-D axial RoPE with pairs (2i, 2i+1) (rotate_pairwise) over grid_thw",
+    **dict.fromkeys(
+        ("mlcd", "mlcd_vision_model"),
+        _VISION + _NOT_RUN + "2-D axial RoPE (MLCDRotaryEmbedding) over the patch grid, with a class token",
+    ),
+    "sapiens2": _VISION + _NOT_RUN + "2-D RoPE over patch positions (Sapiens2RopePositionEmbedding)",
+    "gemma3n_vision": _VISION
+    + (
+        "cannot be built offline here: a MobileNet-V5 built through timm (TimmWrapper), and timm is not among "
+        "rotary's dependencies; no model class of its own"
+    ),
+    "unlimited_ocr_vision": _VISION
+    + _NOT_RUN
+    + (
+        "a SAM tower and a CLIP-style encoder, each of which applies no RoPE (run and recorded: "
+        "unlimited_ocr_sam_vision_model, unlimited_ocr_vision_encoder)"
+    ),
+}
+
+#: the coverage table's entry (rotary.hf.coverage): the sequence encoders RoPE.from_hf_config builds
+COVERAGE = [("RoPE.from_hf_config", SEQUENCE_ROPE)]

@@ -1,0 +1,172 @@
+"""The sequence encoders (audio, codecs, byte patches) against transformers 5.23's own code, run on tiny models.
+
+Each type of rotary.hf.encoder_tables is built once from a tiny config (one layer, random weights) and run
+once with its RoPE functions recorded (tests/hf/encoder_models.py):
+
+- SEQUENCE_ROPE: rotary's ``RoPE.from_hf_config`` of the model's config gives the cos/sin its rotary embedding
+  gave, at the positions the model used, and rotates the q and k of every recorded apply call into the model's
+  outputs (a wrong pairing, frequency, rotated width or scaling fails);
+- NO_ROPE: the forward pass ran and applied no RoPE function at all.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import rotary
+from rotary.hf import architectures, vision_tables
+from rotary.hf.encoder_tables import NO_ROPE, NOT_BUILT, REFUSED, SEQUENCE_ROPE
+from rotary.hf.vision_tables import ENCODER_STATUS
+
+pytest.importorskip("transformers")
+from hf import encoder_models as em  # noqa: E402
+
+#: the encoders rotary.hf.patch covers
+PATCHED = sorted(t for t in SEQUENCE_ROPE if t in rotary.hf.SUPPORTED)
+
+
+def _positions(call) -> torch.Tensor:
+    bound = dict(zip(("self", "x", "position_ids"), call.args)) | call.kwargs
+    return bound["position_ids"].reshape(-1)
+
+
+def _check_tables(rope, call, interleaved: bool) -> None:
+    """rotary's cos/sin at the positions of one call of the model's rotary embedding equal what it gave:
+    one angle per pair, in either layout the model hands its table over in (PE's is (i, i + r/2) for its
+    pairs (2i, 2i+1))."""
+    cos, sin = rope.cos_sin(_positions(call))
+    r = cos.shape[-1]
+    for ours, theirs in zip((cos, sin), call.out):
+        theirs = theirs.reshape(-1, theirs.shape[-1])[:, :r].float()
+        mine = ours[:, ::2] if interleaved else ours[:, : r // 2]
+        close = [torch.allclose(mine, t, rtol=1e-5, atol=1e-5) for t in (theirs[:, : r // 2], theirs[:, ::2])]
+        assert any(close), (mine[:2], theirs[:2])
+
+
+@pytest.mark.parametrize("model_type", sorted(SEQUENCE_ROPE))
+def test_sequence_encoder_rope_matches_the_model(model_type, monkeypatch):
+    """Every apply call of the forward, rotated by rotary at the positions of the rotary-embedding call before it
+    (a codec's encoder and decoder each make their own), gives the model's q and k; hf.patch keeps the outputs."""
+    model, _, calls, _ = em.record(model_type)
+    rope = rotary.RoPE.from_hf_config(model.config)
+    positions, applied, rotated = None, 0, False
+    for call in calls:
+        if call.name.endswith(".forward"):  # the model's rotary embedding: its table for the next layers
+            _check_tables(rope, call, SEQUENCE_ROPE[model_type] == "interleaved")
+            positions = _positions(call)
+            continue
+        assert "Attention" in call.caller and positions is not None, (call.name, call.caller)
+        q, k = call.args[:2]
+        # the queries hold the last positions when the keys also cover a context (Muse Glimmer's assistant)
+        ours = [rope.rotate(x.double(), position_ids=positions[-x.shape[-2] :]) for x in (q, k)]
+        for mine, want, x in zip(ours, call.out[:2], (q, k)):
+            torch.testing.assert_close(mine.float(), want, rtol=1e-5, atol=2e-5)
+            rotated |= not torch.allclose(mine.float(), x, atol=1e-3)
+        applied += 1
+    assert applied, f"{model_type}: the forward applied no RoPE ({[c.name for c in calls]})"
+    assert rotated  # on inputs that are not all zero (a random codec's decoder may get zeros)
+    if model_type in PATCHED:  # in the same test: the tiny model is built once per xdist worker
+        _check_patch(model_type, monkeypatch)
+
+
+@pytest.mark.parametrize("model_type", sorted(NO_ROPE))
+def test_encoders_without_rope_apply_none(model_type):
+    _, _, calls, out = em.record(model_type)
+    assert out is not None
+    assert calls == [], f"{model_type} applied {[c.name for c in calls]}"
+    assert ENCODER_STATUS[model_type] == NO_ROPE[model_type] and NO_ROPE[model_type].startswith("no RoPE: ")
+
+
+@pytest.mark.parametrize("model_type", sorted(REFUSED))
+def test_a_rotation_of_the_hidden_states_is_refused_with_the_numbers(model_type):
+    """wav2vec2-BERT / -Conformer with position_embeddings_type='rotary': the recorded rotation is a RoPE of the
+    hidden states (rotary's own, at positions 0..S-1, gives the same), applied before the q and k projections:
+    the attention logits then change when every position shifts by 3, which a RoPE of q and k never does."""
+    model, _, calls, _ = em.record(model_type)
+    config = model.config
+    (table,) = [c for c in calls if c.name.endswith(".forward")]  # computed once, for every layer
+    applies = [c for c in calls if c.name.endswith("._apply_rotary_embedding")]
+    assert len(applies) == config.num_hidden_layers
+    heads, width = config.num_attention_heads, config.hidden_size // config.num_attention_heads
+    rope = rotary.RoPE(width, base=config.rotary_embedding_base)
+    attention, hidden, _ = applies[0].args
+    b, s, _ = hidden.shape
+    ours = rope.rotate(hidden.double().view(b, s, heads, width), position_ids=torch.arange(s), layout="bshd")
+    torch.testing.assert_close(ours.reshape(b, s, -1).float(), applies[0].out, rtol=1e-5, atol=1e-5)
+
+    def logits(shift: int) -> torch.Tensor:
+        x = rope.rotate(hidden.double().view(b, s, heads, width), position_ids=torch.arange(s) + shift, layout="bshd")
+        x = x.reshape(b, s, -1).float()
+        q = attention.linear_q(x).view(b, s, heads, width).transpose(1, 2)
+        k = attention.linear_k(x).view(b, s, heads, width).transpose(1, 2)
+        return q @ k.transpose(-1, -2)
+
+    with torch.no_grad():
+        assert (logits(3) - logits(0)).abs().max() > 1e-2  # absolute positions: not a RoPE of q and k
+    assert ENCODER_STATUS[model_type] == REFUSED[model_type]
+    with pytest.raises(rotary.ConfigError, match=repr(model_type)):
+        rotary.RoPE.from_hf_config(config)
+
+
+def test_every_encoder_left_says_exactly_why():
+    """No encoder keeps a generic status ("not built yet" for a whole kind): each is built, applies no RoPE, is
+    refused, or has its own reason in NOT_BUILT."""
+    generic = {getattr(vision_tables, n) for n in ("_AUDIO", "_VIDEO", "_SEGMENT", "_CODEC", "_VISION_LATER", "_OTHER")}
+    assert not [t for t, why in ENCODER_STATUS.items() if why in generic]
+    assert set(NOT_BUILT) <= set(architectures.UNSUPPORTED)
+    assert not set(NOT_BUILT) & (set(NO_ROPE) | set(REFUSED) | set(SEQUENCE_ROPE))
+    assert all(ENCODER_STATUS[t] == why for t, why in NOT_BUILT.items())
+
+
+def test_the_tables_are_disjoint_and_read():
+    assert not set(SEQUENCE_ROPE) & set(architectures.UNSUPPORTED)
+    assert not set(SEQUENCE_ROPE) & set(architectures.PAIRING)
+    assert not set(SEQUENCE_ROPE) & set(ENCODER_STATUS)
+    assert set(NO_ROPE) <= set(architectures.UNSUPPORTED)
+    for model_type in NO_ROPE:
+        with pytest.raises(rotary.ConfigError, match=repr(model_type)):
+            rotary.RoPE.from_hf_config({"model_type": model_type, "head_dim": 16})
+
+
+# ---- rotary.hf.patch on the sequence encoders (run inside test_sequence_encoder_rope_matches_the_model) ----------
+
+
+def _tensors(out) -> dict[str, torch.Tensor]:
+    items = out.items() if hasattr(out, "items") else enumerate(out if isinstance(out, tuple) else (out,))
+    return {str(k): v for k, v in items if isinstance(v, torch.Tensor)}
+
+
+def test_patch_covers_the_sequence_encoders():
+    assert set(SEQUENCE_ROPE) - set(PATCHED) <= {"blt_global_transformer", "dots3_note_audio_encoder"}
+
+
+def _check_patch(model_type: str, monkeypatch) -> None:
+    """fp32: the patched model's outputs equal the unpatched ones, every apply call went through rotary.rotate,
+    and unpatch restores transformers' function (outputs bit-identical to before)."""
+    _, model, inputs = em.build(model_type)
+    applies = [c for c in em.record(model_type)[2] if not c.name.endswith(".forward")]
+    calls = []
+    real = rotary.rotate
+
+    def counting(xs, *args, **kwargs):
+        calls.append(len(xs))
+        return real(xs, *args, **kwargs)
+
+    monkeypatch.setattr(rotary, "rotate", counting)
+    with torch.no_grad():
+        torch.manual_seed(0)
+        before = _tensors(model(**inputs))
+        rotary.hf.patch(model)
+        try:
+            torch.manual_seed(0)
+            patched = _tensors(model(**inputs))
+        finally:
+            rotary.hf.unpatch(model)
+        torch.manual_seed(0)
+        after = _tensors(model(**inputs))
+    assert sum(calls) == 2 * len(applies) and calls  # q and k of every attention, through rotary
+    assert before and before.keys() == patched.keys() == after.keys()
+    for name, want in before.items():
+        torch.testing.assert_close(patched[name], want, rtol=1e-5, atol=1e-5)
+        assert after[name].equal(want)

@@ -25,6 +25,7 @@ from ._limits import MAX_TABLE_BYTES, check_bytes
 from ._sync import CopyableLock
 from .errors import InputError, InputTypeError
 from .frequencies import Frequencies, frequencies
+from .plans import PlanCache
 from .positions import Positions
 from .schedule import FrequencySchedule
 from .tables import RotaryTables, TableCache, cos_sin_table, indexed_device, row_frequencies
@@ -123,6 +124,7 @@ class TableSource(nn.Module):
         self._set_inv_freq(original.inv_freq)
         self._caches: dict[str, TableCache] = {}
         self._caches_lock = CopyableLock()
+        self._plans = PlanCache()  # rotary.RoPE's plans by call signature (rotary.plans)
         self.learnable_frequencies = check_bool(learnable_frequencies, "learnable_frequencies")
         self.log_frequency_scale: nn.Parameter | None = None
         if learnable_frequencies:
@@ -184,6 +186,7 @@ class TableSource(nn.Module):
         learned = [] if self.log_frequency_scale is None else [self.log_frequency_scale]
         keep_float32(learned, lambda: super(TableSource, self)._apply(fn, recurse))
         self._set_inv_freq(self.freqs.inv_freq)
+        self._plans.clear()
         return self
 
     # inv_freq, read-only -------------------------------------------------------------------------

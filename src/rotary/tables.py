@@ -506,10 +506,12 @@ class TableCache:
             return tables
         return self.get(_CPU, needed_length)
 
-    def ready(self, device: torch.device, needed_length: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """fp32 tables already on ``device`` (an indexed ``torch.device``, as a tensor's ``.device`` is)
-        with at least ``needed_length`` rows, or ``None``: a dictionary lookup that never grows them."""
-        tables = self._tables.get((device, torch.float32))
+    def ready(
+        self, device: torch.device, needed_length: int, dtype: torch.dtype = torch.float32
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Tables already on ``device`` (an indexed ``torch.device``, as a tensor's ``.device`` is) with at
+        least ``needed_length`` rows, or ``None``: a dictionary lookup that never grows them."""
+        tables = self._tables.get((device, dtype))
         return tables if tables is not None and tables[0].shape[0] >= needed_length else None
 
     def get(

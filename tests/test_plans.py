@@ -95,7 +95,11 @@ def test_a_plan_reaches_the_kernel_at_the_decode_shape_and_equals_hugging_face(r
     ids = torch.tensor([[4096]])
     expected = apply_rotary_pos_emb(q, k, *rope.cos_sin(ids))
     tables = rope.tables(ids)
-    for call in (lambda: rope(q, k, offset=4096), lambda: rope(q, k, position_ids=ids), lambda: rotary.rotate([q, k], tables)):
+    for call in (
+        lambda: rope(q, k, offset=4096),
+        lambda: rope(q, k, position_ids=ids),
+        lambda: rotary.rotate([q, k], tables),
+    ):
         call()  # records
         before = len(replays)
         got = call()
@@ -179,7 +183,11 @@ def test_each_change_of_the_signature_between_two_calls_gets_the_general_path_s_
                 with torch.no_grad():
                     a.detach().copy_(saved[0]), b.detach().copy_(saved[1])
                 got = _call(rope, a, b, **kwargs)
-            assert _same(want, got, strides=not inplace), (name, inplace, want if isinstance(want[0], type) else "tensors")
+            assert _same(want, got, strides=not inplace), (
+                name,
+                inplace,
+                want if isinstance(want[0], type) else "tensors",
+            )
     # grad mode and inference mode themselves, with the same tensors
     x, y = q.clone(), k.clone()
     rope(x, y, offset=5)

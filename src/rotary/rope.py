@@ -20,7 +20,7 @@ from . import positions as P
 from . import rotation as R
 from .errors import InputError, InputTypeError
 from .hf.config import read_hf_config
-from .plans import Plan, same_storage, tensor_key
+from .plans import Plan, same_storage
 from .positions import Positions
 from .rope_tables import CACHE_ROWS, TableSource, keep_float32
 from .rope_types import ConfigError
@@ -321,13 +321,28 @@ class RoPE(TableSource):
         if k is not None:
             if not isinstance(k, torch.Tensor):
                 return None
-            key += (type(k), k.shape, k.stride(), k.storage_offset(), k.dtype, k.device, k.requires_grad, k.is_inference())
+            key += (
+                type(k),
+                k.shape,
+                k.stride(),
+                k.storage_offset(),
+                k.dtype,
+                k.device,
+                k.requires_grad,
+                k.is_inference(),
+            )
             if inplace:  # overlap follows from sizes, strides and offsets within one storage
                 key += (same_storage(q, k),)
         if position_ids is not None:
             if not isinstance(position_ids, torch.Tensor):
                 return None
-            key += (type(position_ids), position_ids.shape, position_ids.stride(), position_ids.dtype, position_ids.device)
+            key += (
+                type(position_ids),
+                position_ids.shape,
+                position_ids.stride(),
+                position_ids.dtype,
+                position_ids.device,
+            )
         return key
 
     @property
@@ -366,7 +381,9 @@ class RoPE(TableSource):
             self._plans.put(key, plans.GENERAL)
             return
         frequencies = self._row_frequencies_on(self.original_freqs, device)
-        self._plans.put(key, Plan("cpu", R.layout_code(layout, False), self.interleaved, inplace, (*cached, frequencies)))
+        self._plans.put(
+            key, Plan("cpu", R.layout_code(layout, False), self.interleaved, inplace, (*cached, frequencies))
+        )
 
     def _run_plan(
         self, plan: Plan, xs: tuple[torch.Tensor, ...], position_ids: torch.Tensor | None, offset: object

@@ -266,7 +266,11 @@ def _signature(
     if type(tables) is not RotaryTables or type(inplace) is not bool or not xs or layout not in _LAYOUT_CODES:
         return None
     cos, sin, rows = tables.cos, tables.sin, tables.rows
-    if type(cos) is not torch.Tensor or type(sin) is not torch.Tensor or not (rows is None or type(rows) is torch.Tensor):
+    if (
+        type(cos) is not torch.Tensor
+        or type(sin) is not torch.Tensor
+        or not (rows is None or type(rows) is torch.Tensor)
+    ):
         return None
     if kinds is not None:
         kinds = tuple(kinds)

@@ -50,13 +50,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import plans
+from .. import rotation as R
 from ..errors import InputError, InputTypeError
 from ..kernels.eager import rotate_torch
 from ..pairing import to_half
-from ..qk_norm import rmsnorm_rotate
-from .. import plans
 from ..plans import GENERAL, PlanCache, tensor_key
-from .. import rotation as R
+from ..qk_norm import rmsnorm_rotate
 from ..rotation import rotate
 from ..tables import RotaryTables
 

@@ -25,7 +25,7 @@ from .kernels.contract import Rotation
 from .kernels.extension import load_cpu_extension
 from .kernels.ops import TRANSFORMED, transformed
 from .kernels.overlap import overlaps_itself, shares_elements
-from .plans import GENERAL, Plan, PlanCache, same_storage, tensor_key
+from .plans import GENERAL, Plan, PlanCache, same_storage
 from .tables import RotaryTables
 
 __all__ = [
@@ -274,17 +274,19 @@ def _signature(
         return None
     if kinds is not None:
         kinds = tuple(kinds)
-        if len(kinds) != len(xs) or not all(kind == "q" or kind == "k" for kind in kinds):
+        if kinds != ("q", "k") and (len(kinds) != len(xs) or not all(kind == "q" or kind == "k" for kind in kinds)):
             return None
+    # the tables' storage offsets and inference-ness decide nothing (the kernel reads them where they are)
     key = [
         layout, inplace, kinds, tables.interleaved, tables.heads, tables.k_cos is None, tables.frequencies is None,
-        tensor_key(cos), tensor_key(sin), None if rows is None else tensor_key(rows),
+        cos.shape, cos.stride(), cos.dtype, cos.device, cos.requires_grad, sin.stride(), sin.requires_grad,
+        None if rows is None else (rows.shape, rows.stride(), rows.dtype, rows.device),
         torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
     ]  # fmt: skip
     for x in xs:
         if type(x) is not torch.Tensor:
             return None
-        key.append(tensor_key(x))
+        key += (x.shape, x.stride(), x.storage_offset(), x.dtype, x.device, x.requires_grad, x.is_inference())
     if inplace:  # overlap follows from sizes, strides and offsets within one storage
         key.extend(same_storage(xs[0], x) for x in xs[1:])
     return tuple(key)

@@ -4,17 +4,23 @@ The first call with a given signature runs the general path (positions, tables, 
 named error, the backend choice) and records a :class:`Plan`; a later call with the same signature goes
 from the signature to the kernel. The signature is strictly finer than what the plan depends on:
 
-- per tensor: sizes, strides, storage offset, dtype, device, ``requires_grad``, inference-tensor-ness;
-- per call: the layout, ``inplace``, ``kinds``, grad mode and inference mode, and, in place, whether the
-  inputs share one storage (their overlap then follows from sizes, strides and offsets, all in the key);
+- per tensor (the inputs, the tables, the position ids): rank, sizes, strides, storage offset, dtype,
+  device, ``requires_grad``, inference-tensor-ness;
+- per call: the layout, ``inplace`` (and in place, whether the inputs share one storage: their overlap
+  then follows from sizes, strides and offsets), ``kinds``, the tables' pairing and form, grad mode and
+  inference mode; for a :class:`rotary.RoPE`, the identity and ``_version`` of its frequency buffer;
 - never planned (the general path every time): ``torch.compile`` tracing, tensor subclasses (fake
   tensors included), ``torch.func`` transforms, active torch function or dispatch modes.
 
+It is checked in two parts, each in one place: a key of host values in Python (the layout, the flags,
+the input shapes: a dictionary lookup picks the plan), and the rest where it is cheapest, in the compiled
+kernel's entry (``rope_layout``), which compares the call's tensors with the plan's recorded
+:class:`Signature` in one statement, as SGLang's ``TensorMatcher`` does, and does nothing when they differ:
+the general path then runs, and records the plan of the new signature.
+
 Values a plan does not depend on are not in the signature: positions that are values on the device (any
 int64 position is valid: a row the table does not hold is computed by the kernel), an ``offset`` (checked
-against the plan's table per call, one comparison of host ints), the values of tables a producer made.
-A value a plan does depend on is: a :class:`rotary.RoPE`'s frequency buffer (its identity and
-``_version``).
+against the plan's table per call, one comparison of host ints), the values of the tables.
 
 Caches are bounded (:data:`LIMIT` plans each, the oldest dropped first) and safe to share between
 threads (a lookup is one dictionary read; a plan is immutable once recorded). A plan is recorded only
@@ -32,7 +38,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["LIMIT", "Plan", "PlanCache", "general_path", "plannable", "tensor_key"]
+__all__ = ["GENERAL", "LIMIT", "Plan", "PlanCache", "general_path", "plannable"]
 
 #: the most plans one cache holds (a serving loop sees a handful of shapes; a sweep of lengths more)
 LIMIT = 256
@@ -79,24 +85,6 @@ def plannable() -> bool:
     )
 
 
-def tensor_key(t: torch.Tensor) -> tuple[Any, ...]:
-    """What a plan may depend on in one plain tensor: sizes, strides, storage offset, dtype, device,
-    ``requires_grad``, inference-tensor-ness.
-
-    Example:
-        >>> tensor_key(torch.zeros(2, 3))
-        (torch.Size([2, 3]), (3, 1), 0, torch.float32, device(type='cpu'), False, False)
-    """
-    return (t.shape, t.stride(), t.storage_offset(), t.dtype, t.device, t.requires_grad, t.is_inference())
-
-
-def same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors of one dtype start in one storage (the base address of each storage, from the
-    data pointer and the storage offset: no storage object made). Zero-sized tensors are in none."""
-    size = a.element_size()
-    return a.data_ptr() - a.storage_offset() * size == b.data_ptr() - b.storage_offset() * size
-
-
 @dataclass(frozen=True)
 class Plan:
     """What the general path decided for one signature, replayed by a later call.
@@ -110,6 +98,9 @@ class Plan:
         inplace: write into the inputs.
         tables: for a :class:`rotary.RoPE`'s plan, its cached ``(cos, sin)`` ``[N, r]`` and the frequencies
             of rows past them, else ``None`` (the call's tables are used).
+        signature: the compiled kernel's record of the call's tensors (``signature`` of the extension),
+            compared with each later call's in C++.
+        guard: for a :class:`rotary.RoPE`'s plan, its frequency buffer and that buffer's ``_version``.
     """
 
     backend: str
@@ -117,6 +108,8 @@ class Plan:
     interleaved: bool = False
     inplace: bool = False
     tables: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    signature: Any = None
+    guard: tuple[torch.Tensor, int] | None = None
 
 
 GENERAL = Plan("general")

@@ -20,7 +20,8 @@ from . import positions as P
 from . import rotation as R
 from .errors import InputError, InputTypeError
 from .hf.config import read_hf_config
-from .plans import Plan, same_storage
+from .kernels.extension import load_cpu_extension
+from .plans import Plan
 from .positions import Positions
 from .rope_tables import CACHE_ROWS, TableSource, keep_float32
 from .rope_types import ConfigError
@@ -282,13 +283,12 @@ class RoPE(TableSource):
         Returns:
             ``(q_rotated, k_rotated)`` with the shapes and dtypes of ``q`` and ``k``.
         """
-        key = None
-        if cu_seqlens is None and max_seqlen is None and plans.plannable():
-            key = self._signature(q, k, position_ids, layout, inplace)
+        key = self._key(q, k, position_ids, layout, inplace) if cu_seqlens is None and max_seqlen is None else None
+        if key is not None:
             recorded = self._plans.get(key)
             if recorded is not None and recorded.backend == "cpu":
                 out = self._run_plan(recorded, (q, k), position_ids, offset)
-                if out is not None:
+                if out:  # (None or empty: values or a signature the plan does not cover)
                     return out[0], out[1]
         flat = (q, k)
         q, k = self._split_flat(q, "q"), self._split_flat(k, "k")
@@ -297,53 +297,27 @@ class RoPE(TableSource):
         tables = self.tables(positions, dtype=table_dtype(q.dtype))
         q, k = rotate([q, k], tables, layout=layout, inplace=inplace, kinds=("q", "k"), names=("q", "k"))
         if key is not None:
-            self._record(key, (q, k), position_ids, layout, inplace)
+            self._record(key, flat, (q, k), position_ids, layout, inplace)
         if flat[0] is not q and flat[0].dim() == 2:  # back to [total_tokens, H * D]
             return (flat[0], flat[1]) if inplace else (q.reshape(flat[0].shape), k.reshape(flat[1].shape))
         return q, k
 
     # plans (rotary.plans) ------------------------------------------------------------------------
-    def _signature(
+    def _key(
         self, q: torch.Tensor, k: torch.Tensor | None, position_ids: object, layout: str, inplace: bool
     ) -> tuple | None:
-        """The signature of a call (see :mod:`rotary.plans`): the tensors' and the position ids' metadata and
-        types, the layout, ``inplace``, grad and inference mode, and the frequency buffer's identity and version
-        (an in-place edit of it must reach the general path, which names it). Spelled out rather than built
-        from :func:`rotary.plans.tensor_key`: at a decoding step each Python call costs a tenth of the kernel.
-        ``None`` for a call that is never planned (an ``inplace`` that is not a bool, non-tensor inputs)."""
-        if (inplace is not True and inplace is not False) or not isinstance(q, torch.Tensor):
+        """The Python part of a call's signature (see :mod:`rotary.plans`; the kernel's entry compares the rest:
+        strides, offsets, dtypes, devices, grad flags), or ``None`` for a call that is never planned (plans off
+        or not allowed here, an ``inplace`` that is not a bool, subclass tensors, :class:`Positions`)."""
+        if (
+            (inplace is not True and inplace is not False)
+            or type(q) is not torch.Tensor
+            or not (k is None or type(k) is torch.Tensor)
+            or not (position_ids is None or type(position_ids) is torch.Tensor)
+            or not plans.plannable()
+        ):
             return None
-        buffer = self._buffers["inv_freq"]
-        key: tuple = (
-            layout, inplace, torch.is_grad_enabled(), torch.is_inference_mode_enabled(), id(buffer), buffer._version,
-            type(q), q.shape, q.stride(), q.storage_offset(), q.dtype, q.device, q.requires_grad, q.is_inference(),
-        )  # fmt: skip
-        if k is not None:
-            if not isinstance(k, torch.Tensor):
-                return None
-            key += (
-                type(k),
-                k.shape,
-                k.stride(),
-                k.storage_offset(),
-                k.dtype,
-                k.device,
-                k.requires_grad,
-                k.is_inference(),
-            )
-            if inplace:  # overlap follows from sizes, strides and offsets within one storage
-                key += (same_storage(q, k),)
-        if position_ids is not None:
-            if not isinstance(position_ids, torch.Tensor):
-                return None
-            key += (
-                type(position_ids),
-                position_ids.shape,
-                position_ids.stride(),
-                position_ids.dtype,
-                position_ids.device,
-            )
-        return key
+        return layout, inplace, position_ids is None, q.shape, None if k is None else k.shape
 
     @property
     def _plannable(self) -> bool:
@@ -354,11 +328,17 @@ class RoPE(TableSource):
         )
 
     def _record(
-        self, key: tuple, outs: tuple[torch.Tensor, ...], position_ids: torch.Tensor | None, layout: str, inplace: bool
+        self,
+        key: tuple,
+        xs: tuple[torch.Tensor, ...],
+        outs: tuple[torch.Tensor, ...],
+        position_ids: torch.Tensor | None,
+        layout: str,
+        inplace: bool,
     ) -> None:
-        """After a general call succeeded: a plan of this RoPE's whole cached table when :func:`rotary.rotate`
-        recorded a kernel plan for the call's tables (the same tensors, the same decision) and the position ids
-        go to the kernel as they are (int64, on the inputs' device), else the general path."""
+        """After a general call on ``xs`` succeeded with ``outs``: a plan of this RoPE's whole cached table when
+        :func:`rotary.rotate` recorded a kernel plan for the call's tables (the same tensors, the same decision)
+        and the position ids go to the kernel as they are (int64, on the inputs' device), else the general path."""
         recorded = R.recorded_plan()
         device = outs[0].device
         cache = self._caches.get("original")
@@ -368,22 +348,20 @@ class RoPE(TableSource):
             or recorded.backend != "cpu"
             or cached is None
             or not self._plannable
-            or any(type(x) is not torch.Tensor or x.dim() != 4 for x in outs)
-            or (
-                position_ids is not None
-                and (
-                    type(position_ids) is not torch.Tensor
-                    or position_ids.dtype != torch.int64
-                    or position_ids.device != device
-                )
-            )
+            or any(x.dim() != 4 for x in xs)
+            or (position_ids is not None and (position_ids.dtype != torch.int64 or position_ids.device != device))
         ):
             self._plans.put(key, plans.GENERAL)
             return
-        frequencies = self._row_frequencies_on(self.original_freqs, device)
+        buffer = self._buffers["inv_freq"]
+        signature = load_cpu_extension().signature(list(xs), *cached, position_ids, inplace)  # type: ignore[union-attr]
         self._plans.put(
-            key, Plan("cpu", R.layout_code(layout, False), self.interleaved, inplace, (*cached, frequencies))
-        )
+            key,
+            Plan(
+                "cpu", R.layout_code(layout, False), self.interleaved, inplace,
+                (*cached, self._row_frequencies_on(self.original_freqs, device)), signature, (buffer, buffer._version),
+            ),
+        )  # fmt: skip
 
     def _run_plan(
         self, plan: Plan, xs: tuple[torch.Tensor, ...], position_ids: torch.Tensor | None, offset: object
@@ -391,7 +369,8 @@ class RoPE(TableSource):
         """A recorded plan's call, or ``None`` when the plan does not cover these values (an ``offset`` of another
         type, negative, or past the plan's table; ``offset`` with ``position_ids``): the general path then names
         the error, or grows the table and records a new plan."""
-        if type(offset) is not int:
+        buffer = self._buffers["inv_freq"]
+        if type(offset) is not int or plan.guard[0] is not buffer or plan.guard[1] != buffer._version:  # type: ignore[index]
             return None
         cos, sin, frequencies = plan.tables  # type: ignore[misc]
         if position_ids is not None:
@@ -428,13 +407,12 @@ class RoPE(TableSource):
             >>> torch.equal(rope.rotate(x), rope(x, x)[0])
             True
         """
-        key = None
-        if cu_seqlens is None and max_seqlen is None and plans.plannable():
-            key = self._signature(x, None, position_ids, layout, inplace)
+        key = self._key(x, None, position_ids, layout, inplace) if cu_seqlens is None and max_seqlen is None else None
+        if key is not None:
             recorded = self._plans.get(key)
             if recorded is not None and recorded.backend == "cpu":
                 done = self._run_plan(recorded, (x,), position_ids, offset)
-                if done is not None:
+                if done:
                     return done[0]
         original = x
         x = self._split_flat(x, "x")
@@ -443,7 +421,7 @@ class RoPE(TableSource):
         tables = self.tables(positions, dtype=table_dtype(x.dtype) if isinstance(x, torch.Tensor) else torch.float32)
         out = rotate([x], tables, layout=layout, inplace=inplace, names=("x",))[0]
         if key is not None:
-            self._record(key, (out,), position_ids, layout, inplace)
+            self._record(key, (original,), (out,), position_ids, layout, inplace)
         if original is not x:
             return original if inplace else out.reshape(original.shape)
         return out

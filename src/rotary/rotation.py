@@ -25,7 +25,7 @@ from .kernels.contract import Rotation
 from .kernels.extension import load_cpu_extension
 from .kernels.ops import TRANSFORMED, transformed
 from .kernels.overlap import overlaps_itself, shares_elements
-from .plans import GENERAL, Plan, PlanCache, same_storage
+from .plans import GENERAL, Plan, PlanCache
 from .tables import RotaryTables
 
 __all__ = [
@@ -212,10 +212,15 @@ def rotate(
     """
     if type(xs) not in (list, tuple):
         xs = _as_tensor_list(xs)
-    key = _signature(xs, tables, layout, inplace, kinds) if plans.plannable() else None
-    _last.plan = recorded = None if key is None else _PLANS.get(key)
-    if recorded is not None and recorded.backend == "cpu":
-        return run_plan(recorded, xs, tables.cos, tables.sin, tables.rows, tables.frequencies)
+    key = _key(xs, tables, layout, inplace, kinds) if plans.plannable() else None
+    if key is not None:
+        recorded = _PLANS.get(key)
+        if recorded is not None and recorded.backend == "cpu":
+            outs = run_plan(recorded, xs, tables.cos, tables.sin, tables.rows, tables.frequencies)
+            if outs:  # (empty: another signature under this key; the general path below records it)
+                _last.plan = recorded
+                return outs
+    _last.plan = None
     inplace = check_bool(inplace, "inplace")
     xs = list(xs)
     if not xs:
@@ -228,8 +233,8 @@ def rotate(
     if inplace and torch.is_grad_enabled() and not torch.compiler.is_compiling() and _needs_grad(xs, tables):
         targets = [_inplace_target(x, view, layout, packed) for x, view in zip(xs, rotation.xs)]
     outs = dispatch.rotate(rotation, inplace=inplace, targets=targets)  # the kernels, with autograd
-    if key is not None and recorded is None:
-        _last.plan = _decide(rotation, tables, layout_code(layout, packed), inplace)
+    if key is not None:
+        _last.plan = _decide(xs, rotation, tables, layout_code(layout, packed), inplace)
         _PLANS.put(key, _last.plan)
     if inplace and targets is None:
         return xs
@@ -258,41 +263,35 @@ def recorded_plan() -> Plan | None:
     return getattr(_last, "plan", None)
 
 
-def _signature(
+def _key(
     xs: Sequence[torch.Tensor], tables: RotaryTables, layout: str, inplace: bool, kinds: Sequence[str] | None
 ) -> tuple | None:
-    """The signature of a :func:`rotate` call (see :mod:`rotary.plans`), or ``None`` for a call that is never
-    planned (a tensor subclass, tables of a subclass, an argument of another type than the general path takes)."""
-    if type(tables) is not RotaryTables or type(inplace) is not bool or not xs or layout not in _LAYOUT_CODES:
+    """The Python part of a :func:`rotate` call's signature (see :mod:`rotary.plans`: the kernel's entry compares
+    the rest), or ``None`` for a call that is never planned (a tensor subclass, tables of a subclass, an
+    argument of another type than the general path takes)."""
+    if type(tables) is not RotaryTables or (inplace is not True and inplace is not False) or not xs:
         return None
-    cos, sin, rows = tables.cos, tables.sin, tables.rows
-    if (
-        type(cos) is not torch.Tensor
-        or type(sin) is not torch.Tensor
-        or not (rows is None or type(rows) is torch.Tensor)
-    ):
+    rows = tables.rows
+    if type(tables.cos) is not torch.Tensor or type(tables.sin) is not torch.Tensor:
         return None
+    if not (rows is None or type(rows) is torch.Tensor):
+        return None
+    for x in xs:
+        if type(x) is not torch.Tensor:
+            return None
     if kinds is not None:
         kinds = tuple(kinds)
         if kinds != ("q", "k") and (len(kinds) != len(xs) or not all(kind == "q" or kind == "k" for kind in kinds)):
             return None
-    # the tables' storage offsets and inference-ness decide nothing (the kernel reads them where they are)
-    key = [
-        layout, inplace, kinds, tables.interleaved, tables.heads, tables.k_cos is None, tables.frequencies is None,
-        cos.shape, cos.stride(), cos.dtype, cos.device, cos.requires_grad, sin.stride(), sin.requires_grad,
-        None if rows is None else (rows.shape, rows.stride(), rows.dtype, rows.device),
-        torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
-    ]  # fmt: skip
-    for x in xs:
-        if type(x) is not torch.Tensor:
-            return None
-        key += (x.shape, x.stride(), x.storage_offset(), x.dtype, x.device, x.requires_grad, x.is_inference())
-    if inplace:  # overlap follows from sizes, strides and offsets within one storage
-        key.extend(same_storage(xs[0], x) for x in xs[1:])
-    return tuple(key)
+    return (
+        layout, inplace, kinds, len(xs), xs[0].shape, tables.interleaved, tables.heads, tables.k_cos is None,
+        tables.frequencies is None, rows is None,
+    )  # fmt: skip
 
 
-def _decide(rotation: Rotation, tables: RotaryTables, layout: int, inplace: bool) -> Plan:
+def _decide(
+    xs: Sequence[torch.Tensor], rotation: Rotation, tables: RotaryTables, layout: int, inplace: bool
+) -> Plan:
     """The plan of a call whose general path built ``rotation`` and succeeded: the compiled CPU kernel's
     ``rope_layout`` when that is the backend the dispatcher ran, without autograd, and the kernel's tables
     were the call's own (no dtype conversion, no copy: ``[S, r]`` or ``[N, r]`` as given, per-token
@@ -314,7 +313,8 @@ def _decide(rotation: Rotation, tables: RotaryTables, layout: int, inplace: bool
         or ops.backend(rotation, (*rotation.xs, *rotation.outs)) != "cpu"
     ):
         return GENERAL
-    return Plan("cpu", layout, rotation.interleaved, inplace)
+    signature = load_cpu_extension().signature(list(xs), cos, sin, tables.rows, inplace)  # type: ignore[union-attr]
+    return Plan("cpu", layout, rotation.interleaved, inplace, signature=signature)
 
 
 def run_plan(
@@ -327,13 +327,11 @@ def run_plan(
     offset: int = 0,
 ) -> list[torch.Tensor]:
     """A recorded ``"cpu"`` plan's call: ``xs`` in their layout to the compiled kernel's ``rope_layout`` (rows
-    ``offset ..`` of ``cos``/``sin``, or ``rows``; a row the table does not hold computed from ``frequencies``)."""
-    outs = load_cpu_extension().rope_layout(  # type: ignore[union-attr]
-        xs, cos, sin, offset, rows, plan.layout, plan.interleaved, plan.inplace, frequencies
+    ``offset ..`` of ``cos``/``sin``, or ``rows``; a row the table does not hold computed from ``frequencies``).
+    Empty (nothing done) when the call's tensors do not match the plan's signature."""
+    return load_cpu_extension().rope_layout(  # type: ignore[union-attr]
+        plan.signature, xs, cos, sin, offset, rows, plan.layout, plan.interleaved, plan.inplace, frequencies
     )
-    if plan.inplace:
-        ops.mark_written(*xs)
-    return outs
 
 
 def unview(out: torch.Tensor, layout: str, packed: bool) -> torch.Tensor:

@@ -55,7 +55,7 @@ from .. import rotation as R
 from ..errors import InputError, InputTypeError
 from ..kernels.eager import rotate_torch
 from ..pairing import to_half
-from ..plans import GENERAL, PlanCache, tensor_key
+from ..plans import GENERAL, PlanCache
 from ..qk_norm import rmsnorm_rotate
 from ..rotation import rotate
 from ..tables import RotaryTables
@@ -88,21 +88,19 @@ def apply_pair(
         axis = 1 if layout == "bhsd" else 2
         cos, sin = cos.unsqueeze(axis), sin.unsqueeze(axis)
         return tuple(rotate_torch(x, cos, sin, interleaved=interleaved, inplace=False) for x in (q, k))
-    key = recorded = None
-    if plans.plannable() and type(q) is type(k) is type(cos) is type(sin) is torch.Tensor:
+    key = None
+    if type(q) is type(k) is type(cos) is type(sin) is torch.Tensor and plans.plannable():
         # one plan per signature of the layer's call (rotary.plans): every layer of a step shares it
-        key = (
-            layout, interleaved, torch.is_grad_enabled(), torch.is_inference_mode_enabled(), tensor_key(q),
-            tensor_key(k), tensor_key(cos), tensor_key(sin),
-        )  # fmt: skip
+        key = (layout, interleaved, q.shape, k.shape, cos.shape)
         recorded = _PAIR_PLANS.get(key)
         if recorded is not None and recorded.backend == "cpu":
             out = R.run_plan(recorded, (q, k), cos, sin, None, None)
-            return out[0], out[1]
+            if out:  # (empty: another signature under this key; the general path below records it)
+                return out[0], out[1]
     # the model's own tables, trusted as they are (no check on every layer of every step)
     tables = RotaryTables.from_tensors(cos, sin, interleaved=interleaved, validate=False)
     q, k = rotate([q, k], tables, layout=layout, kinds=("q", "k"), names=("q", "k"))
-    if key is not None and recorded is None:  # rotate's decision for these tables, when they are the model's own
+    if key is not None:  # rotate's decision (and signature) for these tables, when they are the model's own
         decided = R.recorded_plan()
         _PAIR_PLANS.put(key, decided if decided is not None and tables.cos is cos else GENERAL)
     return q, k

@@ -3,6 +3,8 @@
 
 #include "rotary.h"
 
+#include <c10/core/InferenceMode.h>
+
 // xs[i], outs[i]: [B, S, H_i, D] (outs[i] may be xs[i] itself: in place). cos[i]/sin[i]: the table of
 // xs[i], fp32 (or fp64 for fp64 inputs) [N, r] or per-head [N, H_i, r], unit column stride.
 // positions: int64 [B, S] (any strides) selecting the table row of (b, s), or undefined: row = b * batch_rows + s.
@@ -78,17 +80,67 @@ void rmsnorm_rope_cpu(const std::vector<at::Tensor>& xs, const std::vector<at::T
   });
 }
 
+// A call's signature (rotary.plans), computed and compared here, where it costs a tenth of what it costs from
+// Python: grad and inference mode, then per tensor its rank, sizes, strides, storage offset, dtype, device,
+// requires_grad and inference-ness (-1 for an absent one), and in place whether each input shares the first
+// one's storage (their overlap then follows from the rest). A recorded plan keeps its signature; the call
+// that does not match it does nothing here, and the general path runs (a new signature).
+struct Signature {
+  std::vector<int64_t> fields;
+};
+
+inline void add_tensor(std::vector<int64_t>& v, const at::Tensor& t) {
+  if (!t.defined()) {
+    v.push_back(-1);
+    return;
+  }
+  if (!t.has_storage()) {  // torch.func's wrappers: never the signature of a recorded plan
+    v.push_back(-2);
+    return;
+  }
+  v.push_back(t.dim());
+  for (const auto n : t.sizes()) v.push_back(n);
+  for (const auto n : t.strides()) v.push_back(n);
+  v.push_back(t.storage_offset());
+  v.push_back(static_cast<int64_t>(t.scalar_type()));
+  v.push_back(static_cast<int64_t>(t.device().type()));
+  v.push_back(t.device().index());
+  v.push_back(t.requires_grad());
+  v.push_back(t.is_inference());
+}
+
+Signature signature_of(const std::vector<at::Tensor>& xs, const at::Tensor& cos, const at::Tensor& sin,
+                       const std::optional<at::Tensor>& positions, bool inplace) {
+  Signature sig;
+  auto& v = sig.fields;
+  v.reserve(64);
+  v.push_back(at::GradMode::is_enabled());
+  v.push_back(c10::InferenceMode::is_enabled());
+  v.push_back(static_cast<int64_t>(xs.size()));
+  for (const auto& x : xs) add_tensor(v, x);
+  add_tensor(v, cos);
+  add_tensor(v, sin);
+  add_tensor(v, positions.has_value() ? *positions : at::Tensor());
+  if (inplace)
+    for (size_t i = 1; i < xs.size(); ++i)
+      v.push_back(xs[i].has_storage() && xs[0].has_storage() && xs[i].storage().is_alias_of(xs[0].storage()));
+  return sig;
+}
+
 // The entry a recorded plan calls (rotary.plans): the tensors of a call in the caller's layout, checked by the
-// general path when the plan was recorded, rotated by one table pair. xs[i]: [B, S, H_i, D] (layout 1), [B, H_i, S, D]
-// (layout 2) or packed [T, H_i, D] (layout 0, one sequence of T tokens). cos/sin: [N, r] (with positions: any int64
-// [S], [1, S] or [B, S] ([T] packed), a row the table does not hold computed from frequencies; without:
-// rows row_offset .. row_offset + S - 1), or the tokens' own rows [1, S, r] / [B, S, r] (batch_rows). The
-// views, the table window and the outputs are made here, where each costs a tenth of what it costs from Python;
-// what memory safety needs is checked here (and in prepare): the rows read lie inside the table, no input
-// written in place overlaps itself. Nothing is decided here: the plan decided it.
-std::vector<at::Tensor> rope_layout_cpu(const std::vector<at::Tensor>& xs, const at::Tensor& cos, const at::Tensor& sin,
-                                        int64_t row_offset, const std::optional<at::Tensor>& positions, int64_t layout,
-                                        bool interleaved, bool inplace, const std::optional<at::Tensor>& frequencies) {
+// general path when the plan was recorded, rotated by one table pair; {} (nothing done) when the call's
+// signature is not the plan's. xs[i]: [B, S, H_i, D] (layout 1), [B, H_i, S, D] (layout 2) or packed
+// [T, H_i, D] (layout 0, one sequence of T tokens). cos/sin: [N, r] (with positions: int64 [S], [1, S] or
+// [B, S] ([T] packed), a row the table does not hold computed from frequencies; without: rows row_offset ..
+// row_offset + S - 1), or the tokens' own rows [1, S, r] / [B, S, r]. The views, the table window and the
+// outputs are made here; what memory safety needs is checked here (and in prepare): the rows read lie inside
+// the table, no input written in place overlaps itself. In place, the inputs' version counters move on, as
+// after any in-place torch operation. Nothing is decided here: the plan decided it.
+std::vector<at::Tensor> rope_layout_cpu(const Signature& expected, const std::vector<at::Tensor>& xs, const at::Tensor& cos,
+                                        const at::Tensor& sin, int64_t row_offset,
+                                        const std::optional<at::Tensor>& positions, int64_t layout, bool interleaved,
+                                        bool inplace, const std::optional<at::Tensor>& frequencies) {
+  if (signature_of(xs, cos, sin, positions, inplace).fields != expected.fields) return {};
   TORCH_CHECK(!xs.empty() && (layout == 0 || layout == 1 || layout == 2), "rotary: rope_layout needs inputs and a layout");
   std::vector<at::Tensor> views;
   views.reserve(xs.size());
@@ -131,7 +183,10 @@ std::vector<at::Tensor> rope_layout_cpu(const std::vector<at::Tensor>& xs, const
   }
   const std::vector<at::Tensor> cs(views.size(), c), ss(views.size(), s);
   rope_cpu(views, outs, cs, ss, ids, batch_rows, interleaved, false, ids.has_value() ? frequencies : std::optional<at::Tensor>());
-  if (inplace) return xs;
+  if (inplace) {
+    for (const auto& x : xs) x.unsafeGetTensorImpl()->bump_version();  // (rotary.kernels.ops.mark_written)
+    return xs;
+  }
   for (auto& o : outs) o = layout == 0 ? o.squeeze(0) : layout == 2 ? o.transpose(1, 2) : o;
   return outs;
 }
@@ -144,6 +199,8 @@ std::tuple<std::vector<int64_t>, std::vector<at::Tensor>> rope_cache_cpu(
     bool cache_bhsd);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  py::class_<Signature>(m, "Signature");
+  m.def("signature", &signature_of, "a call's signature, for a plan to record (rotary.plans)");
   m.def("rope_layout", &rope_layout_cpu,
         "a recorded plan's call: tensors in the caller's layout rotated by one table, views and outputs made here");
   m.def("rope", &rope_cpu, "fused rotary embedding over a list of [B, S, H, D] views, one table per view");

@@ -7,12 +7,15 @@ are the caller's contract, and ``validate="sync"`` reads a few rows at once.
 
 from __future__ import annotations
 
+import threading
+import weakref
+
 import torch
 
 from . import devices
 from .errors import InputError
 
-__all__ = ["check_not_swapped", "check_row_range", "check_rows", "swapped_rows"]
+__all__ = ["CHECKED", "CheckedTables", "check_not_swapped", "check_row_range", "check_rows", "swapped_rows"]
 
 _PAIRING = {True: "interleaved (pairs 2i, 2i+1)", False: "half (pairs i, i + r/2)"}
 
@@ -115,3 +118,48 @@ def check_rows(cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, sample: 
         raise InputError(
             f"cos²+sin² is not constant over the table (spread {spread:.3g}): these are not rotation tables"
         )
+
+
+class CheckedTables:
+    """The caller tables whose values passed :meth:`RotaryTables.check`, by identity and ``_version``.
+
+    Held by weak reference: an entry goes when its tensor does, so a new tensor at a freed one's address is
+    never taken for the checked one; an in-place edit moves the version counter, and the tables are checked
+    again. Bounded (the oldest entries dropped first) and safe to share between threads.
+    """
+
+    LIMIT = 1024
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple] = {}
+        self._lock = threading.Lock()
+
+    def seen(self, cos: torch.Tensor, sin: torch.Tensor, settings: tuple) -> bool:
+        entry = self._entries.get(id(cos))
+        return (
+            entry is not None
+            and entry[0]() is cos
+            and entry[1]() is sin
+            and entry[2] == (cos._version, sin._version)
+            and entry[3] == settings
+        )
+
+    def add(self, cos: torch.Tensor, sin: torch.Tensor, settings: tuple) -> None:
+        if type(cos) is not torch.Tensor or type(sin) is not torch.Tensor:
+            return  # subclasses (fake tensors, wrappers): never remembered
+        key = id(cos)
+        entries = self._entries
+
+        def forget(_: object) -> None:  # when either tensor is freed
+            entry = entries.get(key)
+            if entry is not None and (entry[0]() is None or entry[1]() is None):
+                entries.pop(key, None)
+
+        with self._lock:
+            while len(entries) >= self.LIMIT:
+                entries.pop(next(iter(entries)))
+            entries[key] = (weakref.ref(cos, forget), weakref.ref(sin, forget), (cos._version, sin._version), settings)
+
+
+#: the caller tables checked so far (:meth:`rotary.tables.RotaryTables.from_tensors`)
+CHECKED = CheckedTables()

@@ -13,8 +13,6 @@ head ``[H, A, r/2]``, which gives per-head tables.
 
 from __future__ import annotations
 
-import threading
-import weakref
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +23,7 @@ from ._limits import MAX_TABLE_BYTES
 from ._sync import CopyableLock
 from .errors import InputError, InputTypeError
 from .table_checks import (
+    CHECKED,
     check_not_swapped,
     check_row_range,
     check_rows,
@@ -465,56 +464,12 @@ class RotaryTables:
         # are checked at the rows each call reads
         settings = (validate, interleaved, rtol, indexed_by_position)
         once = rows is None and not torch.compiler.is_compiling()  # (a graph reads no version counters)
-        if once and _checked.seen(*given, settings):
+        if once and CHECKED.seen(*given, settings):
             return tables
         tables.check(sample=None if validate == "full" else 4, rtol=rtol, position_zero=indexed_by_position)
         if once:
-            _checked.add(*given, settings)
+            CHECKED.add(*given, settings)
         return tables
-
-
-class _CheckedTables:
-    """The caller tables whose values passed :meth:`RotaryTables.check`, by identity and ``_version``.
-
-    Held by weak reference: an entry goes when its tensor does, so a new tensor at a freed one's address is
-    never taken for the checked one; an in-place edit moves the version counter, and the tables are checked
-    again. Bounded (the oldest entries dropped first) and safe to share between threads.
-    """
-
-    LIMIT = 1024
-
-    def __init__(self) -> None:
-        self._entries: dict[int, tuple] = {}
-        self._lock = threading.Lock()
-
-    def seen(self, cos: torch.Tensor, sin: torch.Tensor, settings: tuple) -> bool:
-        entry = self._entries.get(id(cos))
-        return (
-            entry is not None
-            and entry[0]() is cos
-            and entry[1]() is sin
-            and entry[2] == (cos._version, sin._version)
-            and entry[3] == settings
-        )
-
-    def add(self, cos: torch.Tensor, sin: torch.Tensor, settings: tuple) -> None:
-        if type(cos) is not torch.Tensor or type(sin) is not torch.Tensor:
-            return  # subclasses (fake tensors, wrappers): never remembered
-        key = id(cos)
-        entries = self._entries
-
-        def forget(_: object) -> None:  # when either tensor is freed
-            entry = entries.get(key)
-            if entry is not None and (entry[0]() is None or entry[1]() is None):
-                entries.pop(key, None)
-
-        with self._lock:
-            while len(entries) >= self.LIMIT:
-                entries.pop(next(iter(entries)))
-            entries[key] = (weakref.ref(cos, forget), weakref.ref(sin, forget), (cos._version, sin._version), settings)
-
-
-_checked = _CheckedTables()
 
 
 # ------------------------------------------------------------------------------------------------

@@ -292,7 +292,8 @@ class TableSource(nn.Module):
         """The tables that rotate tokens at ``positions``.
 
         Args:
-            positions: integer ``position_ids`` ``[S]`` or ``[B, S]`` (validated here), or a
+            positions: integer ``position_ids`` ``[S]`` or ``[B, S]`` (validated here; any int64, a negative one
+                the rotation by its negative angle, as in :meth:`rotary.RoPE.forward`), or a
                 :class:`rotary.positions.Positions` (trusted: validated where it was made; packed
                 positions from ``cu_seqlens`` included).
             dtype: fp32, or float64 for float64 inputs (see :func:`rotary.tables.table_dtype`).
@@ -307,8 +308,8 @@ class TableSource(nn.Module):
             >>> rope.tables(torch.tensor([[0, 0, 1, 2]])).addressing  # left padding: rows into the cache
             'indexed'
         """
-        if not isinstance(positions, Positions):
-            positions = P.from_ids(positions)
+        if not isinstance(positions, Positions):  # any int64 is a rotation (a negative one by its negative angle)
+            positions = P.from_ids(positions, kernel_checked=True)
         if positions.axes != 1:
             raise InputError(
                 f"positions have {positions.axes} coordinate axes but this RoPE is 1-D; use rotary.AxialRoPE "

@@ -40,24 +40,24 @@ def _best(calls: dict, repeats: int, inner: int) -> dict[str, float]:
     return best
 
 
+def _apply_calls(mine, theirs, q, k, cos, sin) -> dict:
+    return {
+        "pass": lambda: (q.mul_(1.0), k.mul_(1.0)),
+        "this": lambda: (mine.apply_rotary(q, cos, sin, inplace=True), mine.apply_rotary(k, cos, sin, inplace=True)),
+        "other": lambda: (
+            theirs.apply_rotary(q, cos, sin, inplace=True),
+            theirs.apply_rotary(k, cos, sin, inplace=True),
+        ),
+    }
+
+
 def apply_rows(mine, theirs, repeats: int) -> None:
     for dtype in (torch.float32, torch.bfloat16):
         g = torch.Generator().manual_seed(0)
         q = torch.randn(1, 32, 2048, 128, generator=g).to(dtype)
         k = torch.randn(1, 32, 2048, 128, generator=g).to(dtype)
         cos, sin = mine.RoPE(128).cos_sin(torch.arange(2048)[None])  # per-token [1, S, r], fp32
-        calls = {
-            "pass": lambda: (q.mul_(1.0), k.mul_(1.0)),  # noqa: B023
-            "this": lambda: (
-                mine.apply_rotary(q, cos, sin, inplace=True),
-                mine.apply_rotary(k, cos, sin, inplace=True),
-            ),  # noqa: B023
-            "other": lambda: (
-                theirs.apply_rotary(q, cos, sin, inplace=True),
-                theirs.apply_rotary(k, cos, sin, inplace=True),
-            ),  # noqa: B023
-        }
-        best = _best(calls, repeats, 3)
+        best = _best(_apply_calls(mine, theirs, q, k, cos, sin), repeats, 3)
         print(
             f"apply_rotary in place, q and k [1, 32, 2048, 128] {dtype}: pass {best['pass'] * 1e3:.2f} ms, "
             f"this {best['this'] / best['pass']:.2f}x, other {best['other'] / best['pass']:.2f}x the pass",

@@ -289,9 +289,7 @@ def _key(
     )  # fmt: skip
 
 
-def _decide(
-    xs: Sequence[torch.Tensor], rotation: Rotation, tables: RotaryTables, layout: int, inplace: bool
-) -> Plan:
+def _decide(xs: Sequence[torch.Tensor], rotation: Rotation, tables: RotaryTables, layout: int, inplace: bool) -> Plan:
     """The plan of a call whose general path built ``rotation`` and succeeded: the compiled CPU kernel's
     ``rope_layout`` when that is the backend the dispatcher ran, without autograd, and the kernel's tables
     were the call's own (no dtype conversion, no copy: ``[S, r]`` or ``[N, r]`` as given, per-token

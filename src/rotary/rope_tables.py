@@ -141,6 +141,11 @@ class TableSource(nn.Module):
             )  # meta under torch.device("meta")
             self.reset_parameters()
 
+    def __setstate__(self, state: dict) -> None:  # a RoPE pickled before plans existed gets an empty cache
+        super().__setstate__(state)
+        if "_plans" not in self.__dict__:
+            self._plans = PlanCache()
+
     def reset_parameters(self) -> None:
         """Learnable frequencies back to the configured ones (``α = 0``); nothing else has parameters.
 

@@ -8,8 +8,9 @@ tree's ``rotary`` (as :mod:`decode_ab` does). Prints:
   per-token tables (the same tables every call, as a model's layers get them), fp32 and bf16, over one
   in-place pass (``q.mul_(1.0); k.mul_(1.0)``), this tree and the other;
 - ``rotary.hf.patch`` on small models (width 512, 4 layers, random weights, fp32): one decoding step of 8
-  sequences after a 64-token prompt (a KV cache), and a prefill of 1,024 tokens, patched with this tree and
-  with the other tree over unpatched (outputs checked equal first).
+  sequences after a 64-token prompt (on a copy of the prompt's KV cache made before each sample, not timed),
+  and a prefill of 1,024 tokens, patched with this tree and with the other tree over unpatched (outputs
+  checked equal first).
 
 On a shared machine the ratios are the numbers to read (samples alternate), not the absolute times.
 For the decoding step's rotation alone, see :mod:`decode_ab`.
@@ -109,20 +110,14 @@ def model_rows(mine, theirs, model_types: list[str], repeats: int) -> None:
         for name in ("this", "other"):
             torch.testing.assert_close(outs[name], outs["unpatched"], rtol=1e-4, atol=1e-4)
 
-        def decode(name, models=models, states=states, step=step):
-            model, cache = models[name], states[name]
-
-            def run():  # one step, then the cache back to the prompt (the same work for every model)
+        # one decoding step per sample, on a fresh copy of the prompt's cache made before it (not timed)
+        best = dict.fromkeys(models, float("inf"))
+        for _ in range(5 * repeats):
+            for name, model in models.items():
+                cache = copy.deepcopy(states[name])
+                start = time.perf_counter()
                 model(step, past_key_values=cache)
-                cache.crop(64)
-
-            try:
-                run()
-            except Exception:  # a cache that cannot be cropped: a fresh copy per step instead
-                return lambda: model(step, past_key_values=copy.deepcopy(cache))
-            return run
-
-        best = _best({name: decode(name) for name in models}, repeats, 5)
+                best[name] = min(best[name], time.perf_counter() - start)
         prefill = _best(
             {name: (lambda m=m, ids=long: m(ids, use_cache=False)) for name, m in models.items()},
             max(repeats // 2, 3),

@@ -262,3 +262,22 @@ def test_the_plan_cache_is_bounded():
     for i in range(10):
         cache.put(i, plans.GENERAL)
     assert len(cache) == 3 and cache.get(9) is plans.GENERAL and cache.get(0) is None
+
+
+def test_caller_tables_are_checked_once_per_table_and_again_after_an_edit(monkeypatch):
+    from rotary import table_checks
+
+    checked = []
+    real = table_checks.check_rows
+    monkeypatch.setattr(rotary.tables, "check_rows", lambda *a: checked.append(1) or real(*a))
+    cos, sin = rotary.RoPE(8).cos_sin(torch.arange(4)[None])  # per-token [1, S, r], as Hugging Face hands them
+    q = torch.randn(1, 2, 4, 8)
+    for _ in range(3):
+        rotary.apply_rotary(q, cos, sin)
+    assert len(checked) == 1  # the same tensors, unchanged: checked once
+    good = cos.clone()
+    cos[0, 2, 0] = float("nan")  # an in-place edit moves the version counter: checked again, and named
+    with pytest.raises(ValueError, match="NaN"):
+        rotary.apply_rotary(q, cos, sin)
+    rotary.apply_rotary(q, good, sin.clone())  # new tensors (perhaps at a freed one's address): checked
+    assert len(checked) == 3

@@ -6,7 +6,7 @@ copied to a temporary folder and imported as ``rotary_other``, beside this tree'
 are timed in the same process, call after call: on a shared machine the ratio is the number to read,
 the absolute times move with the load. Its fused CPU kernel is built once for the copy (about a
 minute). ``--general`` turns off the other tree's decoding bypasses (``RoPE._fast`` and
-``rotation._fast_pair``, where it has them), to time its general path.
+``rotation._fast_pair``, where it has them) or its plans (``rotary.plans``), to time its general path.
 
 Shapes: Llama-3-8B's decoding step, q ``[1, 32, 1, 128]``, k ``[1, 8, 1, 128]``, position 4096, fp32 and
 bf16; Hugging Face's ``apply_rotary_pos_emb`` with the tables precomputed is the reference row.
@@ -34,6 +34,8 @@ def _other(tree: str, general: bool):
             rotary_other.rotation._fast_pair = lambda *args: None
         if hasattr(rotary_other.rope.RoPE, "_fast"):
             rotary_other.rope.RoPE._fast = lambda self, *args: None
+        if hasattr(rotary_other, "plans"):
+            rotary_other.plans._state.off = True
     return rotary_other
 
 

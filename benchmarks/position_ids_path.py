@@ -3,7 +3,8 @@
 A call counts when a function of a ``rotary`` module is entered with the ids tensor itself, or a
 ``Positions`` / ``RotaryTables`` / ``Rotation`` (or a list or tuple) holding that very tensor, as an
 argument. Prints the functions in call order, the modules entered, and how many times the path
-returns to a module it had left (issue 34 asks for at most 4 modules and at most 1 return).
+returns to a module it had left (issues 34 and 46 ask for at most 4 modules and at most 1 return): on the
+general path (the first call of a signature) and through a recorded plan (later calls).
 
 Run: ``python benchmarks/position_ids_path.py`` (CPU; positions past the cached table and inside it).
 """
@@ -68,9 +69,15 @@ def main() -> None:
     for label, ids in (("inside the cache", torch.tensor([[5, 6, 7]])), ("past it", torch.tensor([[5, 6, 7000]]))):
         for grad in (False, True):
             qi = q.clone().requires_grad_(grad)
-            functions, modules, back = follow(lambda: rope(qi, k, position_ids=ids), ids)  # noqa: B023
+            with rotary.plans.general_path():  # the general path: what the first call of a signature runs
+                functions, modules, back = follow(lambda: rope(qi, k, position_ids=ids), ids)  # noqa: B023
             print(f"{label}, {'autograd' if grad else 'no grad'}: {len(modules)} modules, {back} returns")
             print("   ", " -> ".join(functions))
+            if not grad:  # a later call with the same signature: its recorded plan (rotary.plans)
+                rope(qi, k, position_ids=ids)
+                functions, modules, back = follow(lambda: rope(qi, k, position_ids=ids), ids)  # noqa: B023
+                print(f"{label}, no grad, a recorded plan: {len(modules)} modules, {back} returns")
+                print("   ", " -> ".join(functions))
 
 
 if __name__ == "__main__":

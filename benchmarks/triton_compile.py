@@ -222,49 +222,7 @@ def configurations(hot: bool):
 
         calls.append((f"rmsnorm_rotate {name}", call))
 
-    def decode_case(name, dtype, interleaved=False, kind="offset", layout="bhsd"):
-        def call():
-            from rotary.rotation import decode_triton
-
-            B, S, D = 8, 1, 128
-            shape = (lambda h: (B, h, S, D)) if layout == "bhsd" else (lambda h: (B, S, h, D))
-            q, k = torch.randn(shape(32)).to(dtype), torch.randn(shape(8)).to(dtype)
-            cos, sin = _tables(D, interleaved, torch.float32, rows=64)
-            rows = torch.randint(0, 64, (B, S)) if kind == "rows" else None
-            got = decode_triton(
-                q,
-                k,
-                cos,
-                sin,
-                2 if layout == "bhsd" else 1,
-                interleaved,
-                False,
-                None,
-                5 if rows is None else 0,
-                rows,
-                0,
-            )
-            assert got is not None, f"the decoding fast path declined {name}"
-
-        calls.append((f"decode {name}", call))
-
-    def model_tables_case(name, dtype):
-        def call():  # rotary.hf.patch on CUDA: a Hugging Face model's per-token tables, in its dtype
-            from rotary.rotation import model_tables_fast
-
-            B, S, D = 8, 1, 128
-            q, k = torch.randn(B, 32, S, D).to(dtype), torch.randn(B, 8, S, D).to(dtype)
-            cos, sin = (t.expand(B, S, D).to(dtype) for t in _tables(D, False, torch.float32, rows=S))
-            got = model_tables_fast(q, k, cos, sin, layout="bhsd", interleaved=False)
-            assert got is not None, f"the model-tables path declined {name}"
-
-        calls.append((f"hf.patch {name}", call))
-
     # the serving shapes: bf16, head_dim 128, 32 query / 8 key-value heads
-    decode_case("bf16 half offset bhsd", torch.bfloat16)
-    decode_case("bf16 half rows bshd", torch.bfloat16, kind="rows", layout="bshd")
-    decode_case("fp16 interleaved offset", torch.float16, interleaved=True)
-    model_tables_case("bf16 model tables", torch.bfloat16)
     rotation_case("bf16 half", torch.bfloat16)
     rotation_case("bf16 half positions", torch.bfloat16, positions="per_batch")
     rotation_case("bf16 half in place qkv views", torch.bfloat16, inplace=True, qkv=True)
@@ -434,7 +392,6 @@ def host_costs(repeats: int = 5, calls: int = 2000) -> list[tuple[str, float]]:
     from rotary import devices, serving
     from rotary.kernels import triton as tk
     from rotary.kernels.contract import Rotation
-    from rotary.rotation import decode_triton, model_tables_fast
     from rotary.tables import cos_sin_table
 
     devices.host_checks = lambda device: False  # as on an accelerator: nothing read on the host
@@ -457,12 +414,6 @@ def host_costs(repeats: int = 5, calls: int = 2000) -> list[tuple[str, float]]:
     weight = torch.rand(D).to(torch.bfloat16)  # a QK-norm's weight in a bf16 model
     cases = {
         "Triton launch of the rotation (run_triton)": lambda: tk.run_triton(rotation),
-        "rope(q, k, offset)'s CUDA fast path (decode_triton)": lambda: decode_triton(
-            q, k, cos, sin, 2, False, False, None, 300, None, 0
-        ),
-        "hf.patch's apply on CUDA (model_tables_fast, bf16 tables)": lambda: model_tables_fast(
-            q, k, model_cos, model_sin, layout="bhsd", interleaved=False
-        ),
         "Triton launch of rotate_and_cache": lambda: tk.rotate_and_cache_triton(
             cache_rotation, vv, k_cache, v_cache, slots
         ),
@@ -489,9 +440,7 @@ def host_costs(repeats: int = 5, calls: int = 2000) -> list[tuple[str, float]]:
         pass
     results = []
     for name, call in cases.items():
-        first = call()  # compiles once
-        if "fast path" in name or "model_tables_fast" in name:
-            assert first is not None, f"{name}: the path declined these inputs (nothing would be timed)"
+        call()  # compiles once
         best = float("inf")
         for _ in range(repeats):
             start = time.perf_counter()

@@ -78,15 +78,15 @@ def one_intraop_thread():
 
 @pytest.fixture
 def rotate_calls(monkeypatch):
-    """Counts the tensors rotary rotates: through its backend dispatcher, through the decoding fast
-    path (``rope_decode``, taken for q and k with Hugging Face's fp32 tables when autograd is off), or
-    normalised and rotated by ``rotary.rmsnorm_rotate`` (QK-norm families)."""
+    """Counts the tensors rotary rotates: through its backend dispatcher, through a recorded plan
+    (``rotary.rotation.run_plan``, the compiled kernel's ``rope_layout``), or normalised and rotated by
+    ``rotary.rmsnorm_rotate`` (QK-norm families)."""
     import rotary.kernels.dispatch as dispatch
     import rotary.kernels.norm as norm
     import rotary.rotation as apply
 
     calls = []
-    real, real_fast, real_norm = dispatch.rotate, apply._fast_pair, norm.apply
+    real, real_plan, real_norm = dispatch.rotate, apply.run_plan, norm.apply
 
     def counting_norm(rotation, *args, **kwargs):
         calls.extend(x.shape for x in rotation.xs)
@@ -96,13 +96,13 @@ def rotate_calls(monkeypatch):
         calls.extend(x.shape for x in rotation.xs)
         return real(rotation, *args, **kwargs)
 
-    def counting_fast(q, k, *args):
-        out = real_fast(q, k, *args)
-        if out is not None:
-            calls.extend((q.shape, k.shape))
-        return out
+    def counting_plan(plan, xs, *args):
+        outs = real_plan(plan, xs, *args)
+        if outs:  # (empty: the call's signature is not the plan's, and the general path runs)
+            calls.extend(x.shape for x in xs)
+        return outs
 
     monkeypatch.setattr(dispatch, "rotate", counting)
-    monkeypatch.setattr(apply, "_fast_pair", counting_fast)
+    monkeypatch.setattr(apply, "run_plan", counting_plan)
     monkeypatch.setattr(norm, "apply", counting_norm)
     return calls

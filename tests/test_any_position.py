@@ -119,7 +119,6 @@ INTERPRETED = textwrap.dedent(
     from rotary import reference
     from rotary.kernels.triton import rotate_and_cache_triton, run_triton
     from rotary.kernels import norm
-    from rotary.decoding import decode_triton
     from rotary.rotation import plan
 
     eps = torch.finfo(torch.float32).eps
@@ -167,12 +166,6 @@ INTERPRETED = textwrap.dedent(
         for out, x, r in zip(outs, xs, rstds):
             normed = (x.double() * r.double()[..., None]).float()
             assert ulps(out, normed, ids[0], rope) <= slack + 1, ("norm", start, interleaved)
-        # the decoding fast path's CUDA launch (RoPE.forward with position_ids), with the RoPE's frequencies
-        cos, sin = rope._caches["original"].get("cpu", 2048)
-        q0, k0 = (x.transpose(1, 2) for x in xs)  # unrotated [B, H, S, D] (q and k may have been rotated in place)
-        got = decode_triton(q0, k0, cos, sin, 2, interleaved, False, None, 0, ids, 0, tables.frequencies)
-        for out, x in zip(got, xs):
-            assert ulps(out.transpose(1, 2), x, ids[0], rope) <= slack, ("decode", start)
         checked += 1
     # every angle: the kernel's float64 sin/cos against torch's, rounded to fp32 (a rotation of unit pairs
     # reads the row out: 1 * c - 0 * s is c exactly)

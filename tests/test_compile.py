@@ -435,3 +435,28 @@ def test_a_fresh_module_is_traced_once(call: str) -> None:
             again = fn(*args)
     assert counter.frame_count == 1
     torch.testing.assert_close(again, first, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("form", ["offset", "position_ids"])
+def test_a_decoding_loop_compiles_whole_with_dynamic_shapes(form: str) -> None:
+    """``torch.compile(..., dynamic=True, fullgraph=True)`` of ``rope(q, k, offset=off)`` (the offset a
+    symbolic int: no message is formatted unless a check fails) and of ``rope(q, k, position_ids=ids)``
+    equals eager over varying lengths and offsets, past the table cache too, and for negative ids (the
+    rotation by the negative angle, compiled and eager)."""
+    torch._dynamo.reset()
+    rope = rotary.RoPE(D, max_position=16)
+    if form == "offset":
+        fn = torch.compile(lambda q, k, off: rope(q, k, offset=off), backend="aot_eager", dynamic=True, fullgraph=True)
+    else:
+        fn = torch.compile(
+            lambda q, k, ids: rope(q, k, position_ids=ids), backend="aot_eager", dynamic=True, fullgraph=True
+        )
+    for seq_len, offset in ((3, 5), (4, 9), (2, 40), (5, 7)) + (((2, -9),) if form == "position_ids" else ()):
+        q, k = _randn(B, H, seq_len, D, seed=seq_len), _randn(B, HK, seq_len, D, seed=offset)
+        if form == "offset":
+            got, want = fn(q, k, offset), rope(q, k, offset=offset)
+        else:
+            ids = torch.arange(offset, offset + seq_len).expand(B, seq_len)
+            got, want = fn(q, k, ids), rope(q, k, position_ids=ids)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=0, atol=2e-6)

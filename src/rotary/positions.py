@@ -339,7 +339,10 @@ def arange(seq_len: int, *, offset: int = 0, device: torch.device | str | None =
     """
     check_int(seq_len, "seq_len", minimum=0)
     check_int(offset, "offset", minimum=0)
-    _check_max_position(offset + seq_len - 1, f"offset={offset} with {seq_len} tokens")
+    if (
+        offset + seq_len - 1 > MAX_POSITION
+    ):  # the message is formatted only then (a symbolic offset under torch.compile)
+        _check_max_position(offset + seq_len - 1, f"offset={offset} with {seq_len} tokens")
     ids = torch.arange(offset, offset + seq_len, device=device)
     return Positions.unchecked(ids, offset + seq_len, 1, offset)
 
@@ -477,9 +480,10 @@ def from_call(
         for n, v in (("position_ids", position_ids), ("seqlen_offsets", seqlen_offsets), ("cu_seqlens", cu_seqlens))
         if v is not None
     ]
-    if type(offset) is not int or offset != 0:
-        named.append(f"offset={offset!r}")
+    if not isinstance(offset, int) or isinstance(offset, bool) or offset != 0:
+        named.append("offset")
     if len(named) > 1 and named != ["seqlen_offsets", "cu_seqlens"]:
+        named = [f"offset={offset!r}" if n == "offset" else n for n in named]  # formatted only for the message
         raise InputError(
             f"{' and '.join(named)} each give positions; pass one (position_ids = offset + arange(S) for a shifted "
             "start; seqlen_offsets may go with cu_seqlens, one offset per packed sequence)"

@@ -15,13 +15,17 @@ from typing import Any, Literal
 
 import torch
 
+from . import plans
 from . import positions as P
+from . import rotation as R
 from .errors import InputError, InputTypeError
 from .hf.config import read_hf_config
+from .kernels.extension import load_cpu_extension
+from .plans import Plan
 from .positions import Positions
 from .rope_tables import CACHE_ROWS, TableSource, keep_float32
 from .rope_types import ConfigError
-from .rotation import Layout, check_layout, decode_fast, decode_seq_axis, rotate, split_heads
+from .rotation import Layout, check_layout, rotate, split_heads
 from .tables import table_dtype
 
 __all__ = ["CACHE_ROWS", "RoPE", "keep_float32"]
@@ -279,82 +283,103 @@ class RoPE(TableSource):
         Returns:
             ``(q_rotated, k_rotated)`` with the shapes and dtypes of ``q`` and ``k``.
         """
-        if cu_seqlens is None and (position_ids is None or offset == 0):
-            fast = self._fast(q, k, position_ids, offset, layout, inplace)
-            if fast is not None:
-                return fast
+        key = self._key(q, k, position_ids, layout, inplace) if cu_seqlens is None and max_seqlen is None else None
+        if key is not None:
+            recorded = self._plans.get(key)
+            if recorded is not None and recorded.backend == "cpu":
+                out = self._run_plan(recorded, (q, k), position_ids, offset)
+                if out:  # (None or empty: values or a signature the plan does not cover)
+                    return out[0], out[1]
         flat = (q, k)
         q, k = self._split_flat(q, "q"), self._split_flat(k, "k")
         self._check_head_dim((q, k), ("q", "k"))
         positions = self._positions(q, position_ids, offset, layout, cu_seqlens, max_seqlen, "q")
         tables = self.tables(positions, dtype=table_dtype(q.dtype))
         q, k = rotate([q, k], tables, layout=layout, inplace=inplace, kinds=("q", "k"), names=("q", "k"))
+        if key is not None:
+            self._record(key, flat, (q, k), position_ids, layout, inplace)
         if flat[0] is not q and flat[0].dim() == 2:  # back to [total_tokens, H * D]
             return (flat[0], flat[1]) if inplace else (q.reshape(flat[0].shape), k.reshape(flat[1].shape))
         return q, k
 
-    def _fast(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        position_ids: torch.Tensor | Positions | None,
-        offset: int,
-        layout: str,
-        inplace: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The decoding fast path: straight to the CPU kernel's ``rope_decode``, or ``None``.
-
-        Taken for plain tensors without autograd or ``torch.compile``, static frequencies and a filled
-        table cache; ``rope_decode`` then checks, in C++, everything else the general path would (4-D
-        CPU tensors of one dtype, fp32/bf16/fp16, unit channel stride, matching B/S/D, int64
-        position ids of a fitting shape, all inside the cached table, no overlap in place) and does
-        nothing when a check fails: ``None`` here, and the general path runs, with its messages
-        (and grows the table). No position tensor is built and nothing is gathered: the kernel reads
-        rows ``offset .. offset + S - 1`` of a slice of the cached table, or the rows ``position_ids``
-        give (a :class:`~rotary.positions.Positions` made by ``arange`` is an offset: validated
-        upstream, not read again). Same kernel, same tables: same results.
-        """
-        if type(offset) is not int or offset < 0 or type(inplace) is not bool or not self._fast_ok:
+    # plans (rotary.plans) ------------------------------------------------------------------------
+    def _key(
+        self, q: torch.Tensor, k: torch.Tensor | None, position_ids: object, layout: str, inplace: bool
+    ) -> tuple | None:
+        """The Python part of a call's signature (see :mod:`rotary.plans`; the kernel's entry compares the rest:
+        strides, offsets, dtypes, devices, grad flags), or ``None`` for a call that is never planned (plans off
+        or not allowed here, an ``inplace`` that is not a bool, subclass tensors, :class:`Positions`)."""
+        if (
+            (inplace is not True and inplace is not False)
+            or type(q) is not torch.Tensor
+            or not (k is None or type(k) is torch.Tensor)
+            or not (position_ids is None or type(position_ids) is torch.Tensor)
+            or not plans.plannable()
+        ):
             return None
-        seq_axis = decode_seq_axis(q, k, layout)  # None under torch.compile
-        cache = self._caches.get("original")
-        if cache is None or seq_axis is None:
-            return None
-        self._check_inv_freq(eager=True)
-        ids = None
-        if position_ids is not None:
-            if type(position_ids) is Positions:
-                if position_ids.axes != 1 or position_ids.packed:
-                    return None
-                if position_ids.start is not None:
-                    offset = position_ids.start
-                else:
-                    ids = position_ids.ids
-            elif type(position_ids) is torch.Tensor:
-                ids = position_ids
-            else:
-                return None
-        seq_len = q.shape[seq_axis]
-        if type(position_ids) is Positions and position_ids.seq_len != seq_len:
-            return None
-        needed = 0 if ids is not None else offset + seq_len
-        cached = cache.cpu(needed) if q.is_cpu else cache.ready(q.device, needed)
-        if cached is None:
-            return None
-        out = decode_fast(
-            q, k, cached[0], cached[1], seq_axis, interleaved=self.interleaved, inplace=inplace,
-            head_dim=self.original_freqs.head_dim, offset=offset, rows=ids,
-            # the CUDA launch computes rows past the cache (the CPU grows it: the ids are read there)
-            frequencies=self._row_frequencies_on(self.original_freqs, q.device) if ids is not None and q.is_cuda else None,
-        )  # fmt: skip
-        return (out[0], out[1]) if out else None
+        return layout, inplace, position_ids is None, q.shape, None if k is None else k.shape
 
     @property
-    def _fast_ok(self) -> bool:
-        """Static frequencies and this class's own tables: the cached table is the whole story."""
+    def _plannable(self) -> bool:
+        """Static frequencies and this class's own tables: the cached table and the frequencies are the whole
+        story of a call's tables (length-dependent and learned frequencies are the general path's, every call)."""
         return (
             self.log_frequency_scale is None and not self.schedule.length_dependent and type(self).tables is RoPE.tables
         )
+
+    def _record(
+        self,
+        key: tuple,
+        xs: tuple[torch.Tensor, ...],
+        outs: tuple[torch.Tensor, ...],
+        position_ids: torch.Tensor | None,
+        layout: str,
+        inplace: bool,
+    ) -> None:
+        """After a general call on ``xs`` succeeded with ``outs``: a plan of this RoPE's whole cached table when
+        :func:`rotary.rotate` recorded a kernel plan for the call's tables (the same tensors, the same decision)
+        and the position ids go to the kernel as they are (int64, on the inputs' device), else the general path."""
+        recorded = R.recorded_plan()
+        device = outs[0].device
+        cache = self._caches.get("original")
+        cached = None if cache is None else cache.ready(device, 0, table_dtype(outs[0].dtype))
+        if (
+            recorded is None
+            or recorded.backend != "cpu"
+            or cached is None
+            or not self._plannable
+            or any(x.dim() != 4 for x in xs)
+            or (position_ids is not None and (position_ids.dtype != torch.int64 or position_ids.device != device))
+        ):
+            self._plans.put(key, plans.GENERAL)
+            return
+        buffer = self._buffers["inv_freq"]
+        signature = load_cpu_extension().signature(list(xs), *cached, position_ids, inplace)  # type: ignore[union-attr]
+        self._plans.put(
+            key,
+            Plan(
+                "cpu", R.layout_code(layout, False), self.interleaved, inplace,
+                (*cached, self._row_frequencies_on(self.original_freqs, device)), signature, (buffer, buffer._version),
+            ),
+        )  # fmt: skip
+
+    def _run_plan(
+        self, plan: Plan, xs: tuple[torch.Tensor, ...], position_ids: torch.Tensor | None, offset: object
+    ) -> list[torch.Tensor] | None:
+        """A recorded plan's call, or ``None`` when the plan does not cover these values (an ``offset`` of another
+        type, negative, or past the plan's table; ``offset`` with ``position_ids``): the general path then names
+        the error, or grows the table and records a new plan."""
+        buffer = self._buffers["inv_freq"]
+        if type(offset) is not int or plan.guard[0] is not buffer or plan.guard[1] != buffer._version:  # type: ignore[index]
+            return None
+        cos, sin, frequencies = plan.tables  # type: ignore[misc]
+        if position_ids is not None:
+            if offset:
+                return None
+            return R.run_plan(plan, xs, cos, sin, position_ids, frequencies)
+        if offset < 0 or offset + xs[0].shape[plan.layout] > cos.shape[0]:
+            return None
+        return R.run_plan(plan, xs, cos, sin, None, None, offset)
 
     def _split_flat(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """vLLM's ``[total_tokens, H * D]`` as packed ``[total_tokens, H, D]`` (other inputs unchanged)."""
@@ -382,12 +407,21 @@ class RoPE(TableSource):
             >>> torch.equal(rope.rotate(x), rope(x, x)[0])
             True
         """
+        key = self._key(x, None, position_ids, layout, inplace) if cu_seqlens is None and max_seqlen is None else None
+        if key is not None:
+            recorded = self._plans.get(key)
+            if recorded is not None and recorded.backend == "cpu":
+                done = self._run_plan(recorded, (x,), position_ids, offset)
+                if done:
+                    return done[0]
         original = x
         x = self._split_flat(x, "x")
         self._check_head_dim((x,), ("x",))
         positions = self._positions(x, position_ids, offset, layout, cu_seqlens, max_seqlen, "x")
         tables = self.tables(positions, dtype=table_dtype(x.dtype) if isinstance(x, torch.Tensor) else torch.float32)
         out = rotate([x], tables, layout=layout, inplace=inplace, names=("x",))[0]
+        if key is not None:
+            self._record(key, (original,), (out,), position_ids, layout, inplace)
         if original is not x:
             return original if inplace else out.reshape(original.shape)
         return out

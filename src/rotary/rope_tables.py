@@ -25,6 +25,7 @@ from ._limits import MAX_TABLE_BYTES, check_bytes
 from ._sync import CopyableLock
 from .errors import InputError, InputTypeError
 from .frequencies import Frequencies, frequencies
+from .plans import PlanCache
 from .positions import Positions
 from .schedule import FrequencySchedule
 from .tables import RotaryTables, TableCache, cos_sin_table, indexed_device, row_frequencies
@@ -123,6 +124,7 @@ class TableSource(nn.Module):
         self._set_inv_freq(original.inv_freq)
         self._caches: dict[str, TableCache] = {}
         self._caches_lock = CopyableLock()
+        self._plans = PlanCache()  # rotary.RoPE's plans by call signature (rotary.plans)
         self.learnable_frequencies = check_bool(learnable_frequencies, "learnable_frequencies")
         self.log_frequency_scale: nn.Parameter | None = None
         if learnable_frequencies:
@@ -138,6 +140,11 @@ class TableSource(nn.Module):
                 torch.zeros(original.rotary_dim // 2)
             )  # meta under torch.device("meta")
             self.reset_parameters()
+
+    def __setstate__(self, state: dict) -> None:  # a RoPE pickled before plans existed gets an empty cache
+        super().__setstate__(state)
+        if "_plans" not in self.__dict__:
+            self._plans = PlanCache()
 
     def reset_parameters(self) -> None:
         """Learnable frequencies back to the configured ones (``α = 0``); nothing else has parameters.
@@ -184,6 +191,7 @@ class TableSource(nn.Module):
         learned = [] if self.log_frequency_scale is None else [self.log_frequency_scale]
         keep_float32(learned, lambda: super(TableSource, self)._apply(fn, recurse))
         self._set_inv_freq(self.freqs.inv_freq)
+        self._plans.clear()
         return self
 
     # inv_freq, read-only -------------------------------------------------------------------------
@@ -289,7 +297,8 @@ class TableSource(nn.Module):
         """The tables that rotate tokens at ``positions``.
 
         Args:
-            positions: integer ``position_ids`` ``[S]`` or ``[B, S]`` (validated here), or a
+            positions: integer ``position_ids`` ``[S]`` or ``[B, S]`` (validated here; any int64, a negative one
+                the rotation by its negative angle, as in :meth:`rotary.RoPE.forward`), or a
                 :class:`rotary.positions.Positions` (trusted: validated where it was made; packed
                 positions from ``cu_seqlens`` included).
             dtype: fp32, or float64 for float64 inputs (see :func:`rotary.tables.table_dtype`).
@@ -304,8 +313,8 @@ class TableSource(nn.Module):
             >>> rope.tables(torch.tensor([[0, 0, 1, 2]])).addressing  # left padding: rows into the cache
             'indexed'
         """
-        if not isinstance(positions, Positions):
-            positions = P.from_ids(positions)
+        if not isinstance(positions, Positions):  # any int64 is a rotation (a negative one by its negative angle)
+            positions = P.from_ids(positions, kernel_checked=True)
         if positions.axes != 1:
             raise InputError(
                 f"positions have {positions.axes} coordinate axes but this RoPE is 1-D; use rotary.AxialRoPE "

@@ -1,28 +1,31 @@
 """The rotate stage: :func:`rotate` applies one :class:`~rotary.tables.RotaryTables` to any tensors.
 
 This is the one rotate path: :class:`rotary.RoPE`, :func:`rotary.apply_rotary`, the attention layers
-and ``rotary.hf.patch`` all end here. A short pipeline: check the inputs, bring every tensor to the
-kernels' ``[B, S, H, D]`` view, turn the tables' addressing into a
-:class:`~rotary.kernels.contract.Rotation`, hand it to the dispatcher, and view the results back.
-Arithmetic is fp32 (or float64 for float64 inputs), whatever ``x.dtype``; the result is cast back to
-``x.dtype`` once.
+and ``rotary.hf.patch`` all end here. The general path is a short pipeline: check the inputs, bring
+every tensor to the kernels' ``[B, S, H, D]`` view, turn the tables' addressing into a
+:class:`~rotary.kernels.contract.Rotation`, hand it to the dispatcher, and view the results back. Its
+decision is recorded as a plan per call signature (:mod:`rotary.plans`): a later call with the same
+signature goes from the signature to the kernel. Arithmetic is fp32 (or float64 for float64 inputs),
+whatever ``x.dtype``; the result is cast back to ``x.dtype`` once.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
 
+from . import plans
 from ._checks import check_bool, check_positive_int
-from .decoding import decode_fast, decode_seq_axis, decode_triton, kernel_tables, model_tables_fast  # noqa: F401
-from .decoding import fast_pair as _fast_pair  # rotate's decoding fast path (a name tests replace)
 from .errors import InputError, InputTypeError
-from .kernels import dispatch
+from .kernels import dispatch, ops
 from .kernels.contract import Rotation
+from .kernels.extension import load_cpu_extension
 from .kernels.ops import TRANSFORMED, transformed
 from .kernels.overlap import overlaps_itself, shares_elements
+from .plans import GENERAL, Plan, PlanCache
 from .tables import RotaryTables
 
 __all__ = [
@@ -33,10 +36,8 @@ __all__ = [
     "check_inputs",
     "check_layout",
     "check_writable",
-    "decode_fast",
-    "decode_seq_axis",
     "kernel_tables",
-    "model_tables_fast",
+    "layout_code",
     "plan",
     "rotate",
     "split_heads",
@@ -46,6 +47,33 @@ __all__ = [
 Layout = Literal["bhsd", "bshd"]
 #: layout -> (batch dim, sequence dim) of a 4-D q/k tensor
 LAYOUTS: dict[str, tuple[int, int]] = {"bhsd": (0, 2), "bshd": (0, 1)}
+#: layout -> the kernels' layout code (0 is packed ``[T, H, D]``), which is also the sequence axis of 4-D tensors
+_LAYOUT_CODES = {"bhsd": 2, "bshd": 1}
+
+
+def layout_code(layout: str, packed: bool) -> int:
+    """The C++ entry's layout code: 0 packed ``[T, H, D]``, 1 ``[B, S, H, D]``, 2 ``[B, H, S, D]``.
+
+    Example:
+        >>> layout_code("bhsd", False), layout_code("bshd", True)
+        (2, 0)
+    """
+    return 0 if packed else _LAYOUT_CODES[layout]
+
+
+def kernel_tables(
+    pair: tuple[torch.Tensor, torch.Tensor], tables: RotaryTables, batch: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's ``[N, r]`` (``[N, H, r]``) form of a pair of tables in ``tables``' addressing."""
+    cos, sin = pair
+    if tables.addressing == "per_token":
+        if cos.shape[0] == 1:
+            cos, sin = cos[0], sin[0]
+        else:
+            cos, sin = cos.flatten(0, 1), sin.flatten(0, 1)
+    if cos.stride(-1) != 1 or sin.stride() != cos.stride():
+        cos, sin = cos.contiguous(), sin.contiguous()
+    return cos, sin
 
 
 def check_layout(layout: str) -> tuple[int, int]:
@@ -184,15 +212,15 @@ def rotate(
     """
     if type(xs) not in (list, tuple):
         xs = _as_tensor_list(xs)
-    if (
-        len(xs) == 2
-        and type(inplace) is bool
-        and type(tables) is RotaryTables
-        and (kinds is None or len(kinds) == 2 and all(k in ("q", "k") for k in kinds))
-    ):
-        fast = _fast_pair(xs[0], xs[1], tables, layout, inplace)  # the decoding fast path (rotary.decoding)
-        if fast is not None:
-            return fast
+    key = _key(xs, tables, layout, inplace, kinds) if plans.plannable() else None
+    if key is not None:
+        recorded = _PLANS.get(key)
+        if recorded is not None and recorded.backend == "cpu":
+            outs = run_plan(recorded, xs, tables.cos, tables.sin, tables.rows, tables.frequencies)
+            if outs:  # (empty: another signature under this key; the general path below records it)
+                _last.plan = recorded
+                return outs
+    _last.plan = None
     inplace = check_bool(inplace, "inplace")
     xs = list(xs)
     if not xs:
@@ -205,6 +233,9 @@ def rotate(
     if inplace and torch.is_grad_enabled() and not torch.compiler.is_compiling() and _needs_grad(xs, tables):
         targets = [_inplace_target(x, view, layout, packed) for x, view in zip(xs, rotation.xs)]
     outs = dispatch.rotate(rotation, inplace=inplace, targets=targets)  # the kernels, with autograd
+    if key is not None:
+        _last.plan = _decide(xs, rotation, tables, layout_code(layout, packed), inplace)
+        _PLANS.put(key, _last.plan)
     if inplace and targets is None:
         return xs
     results = []  # back from the kernels' [B, S, H, D] views
@@ -219,6 +250,86 @@ def rotate(
         else:
             results.append(unview(out, layout, packed))
     return results
+
+
+#: the plans of :func:`rotate`, by call signature (:mod:`rotary.plans`)
+_PLANS = PlanCache()
+_last = threading.local()
+
+
+def recorded_plan() -> Plan | None:
+    """The plan of this thread's latest :func:`rotate` call (recorded or found), ``None`` if it had none: what
+    an entry that calls :func:`rotate` with tables it made records for its own signature."""
+    return getattr(_last, "plan", None)
+
+
+def _key(
+    xs: Sequence[torch.Tensor], tables: RotaryTables, layout: str, inplace: bool, kinds: Sequence[str] | None
+) -> tuple | None:
+    """The Python part of a :func:`rotate` call's signature (see :mod:`rotary.plans`: the kernel's entry compares
+    the rest), or ``None`` for a call that is never planned (a tensor subclass, tables of a subclass, an
+    argument of another type than the general path takes)."""
+    if type(tables) is not RotaryTables or (inplace is not True and inplace is not False) or not xs:
+        return None
+    rows = tables.rows
+    if type(tables.cos) is not torch.Tensor or type(tables.sin) is not torch.Tensor:
+        return None
+    if not (rows is None or type(rows) is torch.Tensor):
+        return None
+    for x in xs:
+        if type(x) is not torch.Tensor:
+            return None
+    if kinds is not None:
+        kinds = tuple(kinds)
+        if kinds != ("q", "k") and (len(kinds) != len(xs) or not all(kind == "q" or kind == "k" for kind in kinds)):
+            return None
+    return (
+        layout, inplace, kinds, len(xs), xs[0].shape, tables.interleaved, tables.heads, tables.k_cos is None,
+        tables.frequencies is None, rows is None,
+    )  # fmt: skip
+
+
+def _decide(xs: Sequence[torch.Tensor], rotation: Rotation, tables: RotaryTables, layout: int, inplace: bool) -> Plan:
+    """The plan of a call whose general path built ``rotation`` and succeeded: the compiled CPU kernel's
+    ``rope_layout`` when that is the backend the dispatcher ran, without autograd, and the kernel's tables
+    were the call's own (no dtype conversion, no copy: ``[S, r]`` or ``[N, r]`` as given, per-token
+    ``[1 or B, S, r]`` viewed as rows); the general path at every call otherwise."""
+    cos, sin = tables.cos, tables.sin
+    as_given = rotation.cos[0] is cos or (
+        tables.rows is None
+        and cos.dim() == 3
+        and rotation.cos[0].dtype == cos.dtype
+        and cos.stride(-1) == 1
+        and sin.stride() == cos.stride()
+    )
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (*rotation.xs, *rotation.cos, *rotation.sin))
+    if (
+        grad
+        or not as_given
+        or tables.k_cos is not None
+        or tables.heads is not None
+        or ops.backend(rotation, (*rotation.xs, *rotation.outs)) != "cpu"
+    ):
+        return GENERAL
+    signature = load_cpu_extension().signature(list(xs), cos, sin, tables.rows, inplace)  # type: ignore[union-attr]
+    return Plan("cpu", layout, rotation.interleaved, inplace, signature=signature)
+
+
+def run_plan(
+    plan: Plan,
+    xs: Sequence[torch.Tensor],
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    rows: torch.Tensor | None,
+    frequencies: torch.Tensor | None,
+    offset: int = 0,
+) -> list[torch.Tensor]:
+    """A recorded ``"cpu"`` plan's call: ``xs`` in their layout to the compiled kernel's ``rope_layout`` (rows
+    ``offset ..`` of ``cos``/``sin``, or ``rows``; a row the table does not hold computed from ``frequencies``).
+    Empty (nothing done) when the call's tensors do not match the plan's signature."""
+    return load_cpu_extension().rope_layout(  # type: ignore[union-attr]
+        plan.signature, xs, cos, sin, offset, rows, plan.layout, plan.interleaved, plan.inplace, frequencies
+    )
 
 
 def unview(out: torch.Tensor, layout: str, packed: bool) -> torch.Tensor:

@@ -7,12 +7,15 @@ are the caller's contract, and ``validate="sync"`` reads a few rows at once.
 
 from __future__ import annotations
 
+import threading
+import weakref
+
 import torch
 
 from . import devices
 from .errors import InputError
 
-__all__ = ["check_not_swapped", "check_row_range", "check_rows", "swapped_rows"]
+__all__ = ["CHECKED", "CheckedTables", "check_not_swapped", "check_row_range", "check_rows", "swapped_rows"]
 
 _PAIRING = {True: "interleaved (pairs 2i, 2i+1)", False: "half (pairs i, i + r/2)"}
 
@@ -62,7 +65,12 @@ def swapped_rows(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 
 def check_not_swapped(cos: torch.Tensor, sin: torch.Tensor, where: str) -> None:
-    """Raise when a row has the signature of cos and sin swapped (:func:`swapped_rows`); reads one bool."""
+    """Raise when a row has the signature of cos and sin swapped (:func:`swapped_rows`); reads one bool.
+
+    Channel 0 first (one pass over a column of the table, not over the table): a swapped row has cos 0 and
+    sin non-zero there; whole rows are compared only when some row does."""
+    if not bool(((cos[..., 0] == 0) & (sin[..., 0] != 0)).any()):
+        return
     if bool(swapped_rows(cos, sin).any()):
         raise InputError(
             f"cos and sin swapped: at position 0 ({where}) a cos table holds the attention scaling and a sin table "
@@ -70,25 +78,33 @@ def check_not_swapped(cos: torch.Tensor, sin: torch.Tensor, where: str) -> None:
         )
 
 
+def _pairs(t: torch.Tensor, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return (t[..., 0::2], t[..., 1::2]) if interleaved else t.chunk(2, dim=-1)
+
+
 def check_rows(cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, sample: int | None, rtol: float) -> None:
+    """The values of ``sample`` rows (every row for ``None``): finite, not all zero, laid out for the pairing,
+    cos²+sin² constant. Every figure the checks need is computed on the device and read in one transfer."""
     if torch.compiler.is_compiling() or not cos.numel():
         return
     c, s = _sample_rows(cos.detach(), sample).double(), _sample_rows(sin.detach(), sample).double()
-    if not (bool(torch.isfinite(c).all()) and bool(torch.isfinite(s).all())):
-        raise InputError("cos/sin hold NaN or inf values: these are not rotation tables")
     norm = c * c + s * s
-    top = float(norm.max())
+
+    def mismatch(inter: bool) -> torch.Tensor:
+        (ca, cb), (sa, sb) = _pairs(c, inter), _pairs(s, inter)
+        return torch.maximum((ca - cb).abs().max(), (sa - sb).abs().max())
+
+    finite, top, largest, wanted, other, spread = torch.stack((
+        (torch.isfinite(c).all() & torch.isfinite(s).all()).double(), norm.max(),
+        torch.maximum(c.abs().max(), s.abs().max()), mismatch(interleaved), mismatch(not interleaved),
+        (norm - norm.flatten()[0]).abs().max(),
+    )).tolist()  # fmt: skip
+    if not finite:
+        raise InputError("cos/sin hold NaN or inf values: these are not rotation tables")
     if top == 0.0:
         raise InputError("cos/sin are all zeros: cos²+sin² must be the (constant) attention scaling squared, not 0")
-
-    def mismatch(t: torch.Tensor, inter: bool) -> float:
-        a, b = (t[..., 0::2], t[..., 1::2]) if inter else t.chunk(2, dim=-1)
-        return float((a - b).abs().max())
-
-    tol = rtol * max(float(c.abs().max()), float(s.abs().max()), 1e-30)
-    wanted = max(mismatch(c, interleaved), mismatch(s, interleaved))
+    tol = rtol * max(largest, 1e-30)
     if wanted > tol:
-        other = max(mismatch(c, not interleaved), mismatch(s, not interleaved))
         if other <= tol:
             raise InputError(
                 f"cos/sin are laid out for the {_PAIRING[not interleaved]} pairing but interleaved={interleaved} "
@@ -98,8 +114,52 @@ def check_rows(cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, sample: 
             f"cos/sin fit neither pairing: the two channels of a pair differ by up to {wanted:.3g} for the "
             f"{_PAIRING[interleaved]} pairing (half-width tables such as cos[:, 0::2] rotate the wrong channels)"
         )
-    spread = float((norm - norm.flatten()[0]).abs().max())
     if spread > 10 * rtol * top:
         raise InputError(
             f"cos²+sin² is not constant over the table (spread {spread:.3g}): these are not rotation tables"
         )
+
+
+class CheckedTables:
+    """The caller tables whose values passed :meth:`RotaryTables.check`, by identity and ``_version``.
+
+    Held by weak reference: an entry goes when its tensor does, so a new tensor at a freed one's address is
+    never taken for the checked one; an in-place edit moves the version counter, and the tables are checked
+    again. Bounded (the oldest entries dropped first) and safe to share between threads.
+    """
+
+    LIMIT = 1024
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple] = {}
+        self._lock = threading.Lock()
+
+    def seen(self, cos: torch.Tensor, sin: torch.Tensor, settings: tuple) -> bool:
+        entry = self._entries.get(id(cos))
+        return (
+            entry is not None
+            and entry[0]() is cos
+            and entry[1]() is sin
+            and entry[2] == (cos._version, sin._version)
+            and entry[3] == settings
+        )
+
+    def add(self, cos: torch.Tensor, sin: torch.Tensor, settings: tuple) -> None:
+        if type(cos) is not torch.Tensor or type(sin) is not torch.Tensor:
+            return  # subclasses (fake tensors, wrappers): never remembered
+        key = id(cos)
+        entries = self._entries
+
+        def forget(_: object) -> None:  # when either tensor is freed
+            entry = entries.get(key)
+            if entry is not None and (entry[0]() is None or entry[1]() is None):
+                entries.pop(key, None)
+
+        with self._lock:
+            while len(entries) >= self.LIMIT:
+                entries.pop(next(iter(entries)))
+            entries[key] = (weakref.ref(cos, forget), weakref.ref(sin, forget), (cos._version, sin._version), settings)
+
+
+#: the caller tables checked so far (:meth:`rotary.tables.RotaryTables.from_tensors`)
+CHECKED = CheckedTables()

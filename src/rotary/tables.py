@@ -23,6 +23,7 @@ from ._limits import MAX_TABLE_BYTES
 from ._sync import CopyableLock
 from .errors import InputError, InputTypeError
 from .table_checks import (
+    CHECKED,
     check_not_swapped,
     check_row_range,
     check_rows,
@@ -452,12 +453,22 @@ class RotaryTables:
                 raise InputTypeError(
                     f"cos/sin of dtype {cos.dtype} cannot hold rotation tables; give fp32, float64, bf16 or fp16"
                 )
+        given = cos, sin
         tables = cls.unchecked(cos, sin, interleaved, rows)
         if not validate:
             return tables
         if validate is True and not devices.host_checks(cos.device):
             return tables  # the caller's contract on an accelerator: validate="sync" reads them at once
+        # tables of the tokens' own rows (what Hugging Face hands every layer) are checked once per table: the
+        # same tensors, unchanged since (version counters), with the same settings; tables indexed by rows
+        # are checked at the rows each call reads
+        settings = (validate, interleaved, rtol, indexed_by_position)
+        once = rows is None and not torch.compiler.is_compiling()  # (a graph reads no version counters)
+        if once and CHECKED.seen(*given, settings):
+            return tables
         tables.check(sample=None if validate == "full" else 4, rtol=rtol, position_zero=indexed_by_position)
+        if once:
+            CHECKED.add(*given, settings)
         return tables
 
 
@@ -506,10 +517,12 @@ class TableCache:
             return tables
         return self.get(_CPU, needed_length)
 
-    def ready(self, device: torch.device, needed_length: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """fp32 tables already on ``device`` (an indexed ``torch.device``, as a tensor's ``.device`` is)
-        with at least ``needed_length`` rows, or ``None``: a dictionary lookup that never grows them."""
-        tables = self._tables.get((device, torch.float32))
+    def ready(
+        self, device: torch.device, needed_length: int, dtype: torch.dtype = torch.float32
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Tables already on ``device`` (an indexed ``torch.device``, as a tensor's ``.device`` is) with at
+        least ``needed_length`` rows, or ``None``: a dictionary lookup that never grows them."""
+        tables = self._tables.get((device, dtype))
         return tables if tables is not None and tables[0].shape[0] >= needed_length else None
 
     def get(

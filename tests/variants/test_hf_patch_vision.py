@@ -19,15 +19,30 @@ VISION = {"pixtral", "llama4", "llama4_text", "llama4_vision_model"}
 
 @pytest.fixture
 def rotary_calls(monkeypatch):
-    """The shapes the patched models hand to rotary's ``rotate`` (every replacement calls it)."""
+    """The shapes the patched models hand to rotary's ``rotate`` (every replacement calls it), or to a plan
+    recorded by an earlier call with the same signature (``rotary.rotation.run_plan``)."""
+    import rotary.rotation
+
     calls = []
-    real = hf.rotate
+    real, real_plan = hf.rotate, rotary.rotation.run_plan
+    inside = []  # a plan run by rotate itself is that rotate call, counted once
 
     def counting(xs, *args, **kwargs):
         calls.append([tuple(x.shape) for x in xs])
-        return real(xs, *args, **kwargs)
+        inside.append(1)
+        try:
+            return real(xs, *args, **kwargs)
+        finally:
+            inside.pop()
+
+    def counting_plan(plan, xs, *args):
+        outs = real_plan(plan, xs, *args)
+        if outs and not inside:
+            calls.append([tuple(x.shape) for x in xs])
+        return outs
 
     monkeypatch.setattr(hf, "rotate", counting)
+    monkeypatch.setattr(rotary.rotation, "run_plan", counting_plan)
     return calls
 
 

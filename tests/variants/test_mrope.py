@@ -556,6 +556,10 @@ def test_hf_patch_gives_the_same_logits_with_an_image(name, monkeypatch):
         calls = []
         rotate = rotary.hf.patching.rotate
         monkeypatch.setattr(rotary.hf.patching, "rotate", lambda *a, **k: calls.append(1) or rotate(*a, **k))
+        run_plan = rotary.rotation.run_plan  # a later layer's call with the same signature: its recorded plan
+        monkeypatch.setattr(
+            rotary.rotation, "run_plan", lambda *a: (lambda o: o and calls.append(1) or o)(run_plan(*a))
+        )
         rotary.hf.patch(model)
         patched = model(**inputs).logits
         # every text layer and every vision block (its tower's apply_rotary_pos_emb_vision), through rotary

@@ -308,6 +308,10 @@ def test_hf_patch_gives_the_same_hidden_states_with_per_axis_positions(model_typ
     with torch.no_grad():
         before = model(**inputs).last_hidden_state
         monkeypatch.setattr(rotary.hf.patching, "rotate", lambda *a, **k: calls.append(1) or rotate(*a, **k))
+        run_plan = rotary.rotation.run_plan  # a later layer's call with the same signature: its recorded plan
+        monkeypatch.setattr(
+            rotary.rotation, "run_plan", lambda *a: (lambda o: o and calls.append(1) or o)(run_plan(*a))
+        )
         rotary.hf.patch(model)
         patched = model(**inputs).last_hidden_state
         attention_layers = sum(1 for m in model.modules() if rotary.hf.patching._MARK in m.__dict__)

@@ -22,10 +22,10 @@ SCRIPT = textwrap.dedent(
     from rotary.kernels.eager import run_torch
     from rotary.variants import MRoPE, NoPETemperature, XPos
 
-    # rotary.rotate hands fp32 q, k with shared [S, r] tables to the C++ decode kernel (rope_decode)
-    # before the dispatcher is reached; on CUDA that path is never taken. Turned off here, so every
-    # case reaches ops.run, pinned below to one backend whose calls are counted.
-    rotary.rotation._fast_pair = lambda *args: None
+    # a recorded plan (rotary.plans) hands CPU tensors to the C++ kernel's rope_layout before the dispatcher
+    # is reached; on CUDA no such plan is made. Plans off here, so every case reaches ops.run, pinned below to
+    # one backend whose calls are counted.
+    rotary.plans._state.off = True
     calls = {"triton": 0, "torch": 0}
 
     def counted(name, backend):

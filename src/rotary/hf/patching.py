@@ -50,11 +50,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import plans
+from .. import rotation as R
 from ..errors import InputError, InputTypeError
 from ..kernels.eager import rotate_torch
 from ..pairing import to_half
+from ..plans import GENERAL, PlanCache
 from ..qk_norm import rmsnorm_rotate
-from ..rotation import model_tables_fast, rotate
+from ..rotation import rotate
 from ..tables import RotaryTables
 
 __all__ = ["SUPPORTED", "is_patched", "patch", "unpatch"]
@@ -85,14 +88,26 @@ def apply_pair(
         axis = 1 if layout == "bhsd" else 2
         cos, sin = cos.unsqueeze(axis), sin.unsqueeze(axis)
         return tuple(rotate_torch(x, cos, sin, interleaved=interleaved, inplace=False) for x in (q, k))
-    if q.is_cuda:  # the model's tables straight to the kernel, in their own dtype (widened as it loads them)
-        fast = model_tables_fast(q, k, cos, sin, layout=layout, interleaved=interleaved)
-        if fast is not None:
-            return fast[0], fast[1]
+    key = None
+    if type(q) is type(k) is type(cos) is type(sin) is torch.Tensor and plans.plannable():
+        # one plan per signature of the layer's call (rotary.plans): every layer of a step shares it
+        key = (layout, interleaved, q.shape, k.shape, cos.shape)
+        recorded = _PAIR_PLANS.get(key)
+        if recorded is not None and recorded.backend == "cpu":
+            out = R.run_plan(recorded, (q, k), cos, sin, None, None)
+            if out:  # (empty: another signature under this key; the general path below records it)
+                return out[0], out[1]
     # the model's own tables, trusted as they are (no check on every layer of every step)
     tables = RotaryTables.from_tensors(cos, sin, interleaved=interleaved, validate=False)
     q, k = rotate([q, k], tables, layout=layout, kinds=("q", "k"), names=("q", "k"))
+    if key is not None:  # rotate's decision (and signature) for these tables, when they are the model's own
+        decided = R.recorded_plan()
+        _PAIR_PLANS.put(key, decided if decided is not None and tables.cos is cos else GENERAL)
     return q, k
+
+
+#: the plans of :func:`apply_pair`, by the signature of a layer's call
+_PAIR_PLANS = PlanCache()
 
 
 def apply_half(q, k, cos, sin, unsqueeze_dim=1):

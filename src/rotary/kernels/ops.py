@@ -25,6 +25,7 @@ from .eager import run_torch, table_grad_torch
 from .extension import load_cpu_extension
 
 __all__ = [
+    "backend",
     "mark_written",
     "run",
     "transformed",
@@ -71,8 +72,8 @@ def mark_written(*tensors: torch.Tensor) -> None:
     torch.autograd.graph.increment_version(tensors)
 
 
-def _fused(rotation: Rotation, tensors: tuple[torch.Tensor, ...]) -> str | None:
-    """``"cpu"``, ``"triton"`` or ``None`` (pure torch) for these tensors."""
+def backend(rotation: Rotation, tensors: tuple[torch.Tensor, ...]) -> str | None:
+    """The kernel :func:`run` takes for ``rotation`` writing ``tensors``: ``"cpu"``, ``"triton"`` or ``None`` (pure torch)."""
     x0 = rotation.xs[0]
     if not all(t.stride(-1) == 1 or t.shape[-1] == 1 for t in tensors):
         return None
@@ -87,22 +88,22 @@ def _fused(rotation: Rotation, tensors: tuple[torch.Tensor, ...]) -> str | None:
 
 def run(rotation: Rotation) -> None:
     """Write the rotation of each x into the matching out (which may be x itself) with the best kernel."""
-    backend = _fused(rotation, (*rotation.xs, *rotation.outs))
-    if backend == "cpu":
+    chosen = backend(rotation, (*rotation.xs, *rotation.outs))
+    if chosen == "cpu":
         ext = load_cpu_extension()
         ext.rope(  # type: ignore[union-attr]
             list(rotation.xs), list(rotation.outs), list(rotation.cos), list(rotation.sin), rotation.positions,
             rotation.batch_rows, rotation.interleaved, rotation.conjugate, rotation.frequencies,
         )  # fmt: skip
-    elif backend == "triton":
+    elif chosen == "triton":
         triton_kernel.run_triton(rotation)
     else:
         run_torch(rotation)
 
 
 def _token_table_grads(rotation: Rotation, grads: tuple[torch.Tensor, ...]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    backend = _fused(rotation, (*rotation.xs, *grads))
-    if backend is None:
+    chosen = backend(rotation, (*rotation.xs, *grads))
+    if chosen is None:
         return table_grad_torch(rotation, grads)
     buffers = []
     for x, cos in zip(rotation.xs, rotation.cos):
@@ -111,7 +112,7 @@ def _token_table_grads(rotation: Rotation, grads: tuple[torch.Tensor, ...]) -> l
         buffers.append(
             (torch.empty(shape, dtype=cos.dtype, device=x.device), torch.empty(shape, dtype=cos.dtype, device=x.device))
         )
-    if backend == "cpu":
+    if chosen == "cpu":
         load_cpu_extension().rope_table_grad(  # type: ignore[union-attr]
             list(rotation.xs), list(grads), list(rotation.cos), list(rotation.sin), [b[0] for b in buffers],
             [b[1] for b in buffers], rotation.interleaved, rotation.conjugate,

@@ -3,6 +3,8 @@
 
 #include "rotary.h"
 
+#include <c10/core/InferenceMode.h>
+
 // xs[i], outs[i]: [B, S, H_i, D] (outs[i] may be xs[i] itself: in place). cos[i]/sin[i]: the table of
 // xs[i], fp32 (or fp64 for fp64 inputs) [N, r] or per-head [N, H_i, r], unit column stride.
 // positions: int64 [B, S] (any strides) selecting the table row of (b, s), or undefined: row = b * batch_rows + s.
@@ -78,66 +80,115 @@ void rmsnorm_rope_cpu(const std::vector<at::Tensor>& xs, const std::vector<at::T
   });
 }
 
-// The decoding fast path of RoPE.forward: q [B, Hq, S, D] / k [B, Hk, S, D] (seq_axis 2) or [B, S, H, D]
-// (seq_axis 1), rotated by rows of the full fp32 tables cos/sin [N, r]: rows offset .. offset + S - 1, or
-// the rows positions gives (int64 [S] or [1 or B, S], read here: no device sync on the CPU), or with
-// batch_rows == S > 0 the per-token tables [B * S, r] (Hugging Face's [B, S, r], flattened): row b * S + s. The
-// transposes, the table slices and the outputs are made here, where each costs a tenth of what it
-// costs from Python. Returns {} (nothing done) when any check of the general path would not pass
-// (including a position outside the table: the general path grows it): the caller then takes that
-// path, with its checks and messages. Results are the general path's: the same kernel on the same rows.
-std::vector<at::Tensor> rope_decode_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
-                                        const at::Tensor& sin, int64_t offset, const std::optional<at::Tensor>& positions,
-                                        int64_t seq_axis, int64_t head_dim, bool interleaved, bool inplace,
-                                        int64_t batch_rows) {
-  if (q.dim() != 4 || k.dim() != 4 || !q.device().is_cpu() || !k.device().is_cpu() || (seq_axis != 1 && seq_axis != 2))
-    return {};
-  if (!q.has_storage() || !k.has_storage()) return {};  // e.g. torch.func's batched tensors: the general path says why
-  const auto dtype = q.scalar_type();
-  if (k.scalar_type() != dtype || !(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf)) return {};
-  if (q.stride(3) != 1 || k.stride(3) != 1 || q.numel() == 0 || k.numel() == 0) return {};
-  if (cos.scalar_type() != at::kFloat || sin.scalar_type() != at::kFloat || cos.dim() != 2 || !cos.device().is_cpu() ||
-      cos.sizes() != sin.sizes() || cos.strides() != sin.strides() || cos.stride(1) != 1)
-    return {};
-  const int64_t B = q.size(0), S = q.size(seq_axis), r = cos.size(1), rows = cos.size(0);
-  if (q.size(3) != head_dim || k.size(3) != head_dim || k.size(0) != B || k.size(seq_axis) != S || r <= 0 || r % 2 ||
-      r > head_dim)
-    return {};
-  std::optional<at::Tensor> ids;
+// A call's signature (rotary.plans), computed and compared here, where it costs a tenth of what it costs from
+// Python: grad and inference mode, then per tensor its rank, sizes, strides, storage offset, dtype, device,
+// requires_grad and inference-ness (-1 for an absent one), and in place whether each input shares the first
+// one's storage (their overlap then follows from the rest). A recorded plan keeps its signature; the call
+// that does not match it does nothing here, and the general path runs (a new signature).
+struct Signature {
+  std::vector<int64_t> fields;
+};
+
+inline void add_tensor(std::vector<int64_t>& v, const at::Tensor& t) {
+  if (!t.defined()) {
+    v.push_back(-1);
+    return;
+  }
+  if (!t.has_storage()) {  // torch.func's wrappers: never the signature of a recorded plan
+    v.push_back(-2);
+    return;
+  }
+  v.push_back(t.dim());
+  for (const auto n : t.sizes()) v.push_back(n);
+  for (const auto n : t.strides()) v.push_back(n);
+  v.push_back(t.storage_offset());
+  v.push_back(static_cast<int64_t>(t.scalar_type()));
+  v.push_back(static_cast<int64_t>(t.device().type()));
+  v.push_back(t.device().index());
+  v.push_back(t.requires_grad());
+  v.push_back(t.is_inference());
+}
+
+Signature signature_of(const std::vector<at::Tensor>& xs, const at::Tensor& cos, const at::Tensor& sin,
+                       const std::optional<at::Tensor>& positions, bool inplace) {
+  Signature sig;
+  auto& v = sig.fields;
+  v.reserve(64);
+  v.push_back(at::GradMode::is_enabled());
+  v.push_back(c10::InferenceMode::is_enabled());
+  v.push_back(static_cast<int64_t>(xs.size()));
+  for (const auto& x : xs) add_tensor(v, x);
+  add_tensor(v, cos);
+  add_tensor(v, sin);
+  add_tensor(v, positions.has_value() ? *positions : at::Tensor());
+  if (inplace)
+    for (size_t i = 1; i < xs.size(); ++i)
+      v.push_back(xs[i].has_storage() && xs[0].has_storage() && xs[i].storage().is_alias_of(xs[0].storage()));
+  return sig;
+}
+
+// The entry a recorded plan calls (rotary.plans): the tensors of a call in the caller's layout, checked by the
+// general path when the plan was recorded, rotated by one table pair; {} (nothing done) when the call's
+// signature is not the plan's. xs[i]: [B, S, H_i, D] (layout 1), [B, H_i, S, D] (layout 2) or packed
+// [T, H_i, D] (layout 0, one sequence of T tokens). cos/sin: [N, r] (with positions: int64 [S], [1, S] or
+// [B, S] ([T] packed), a row the table does not hold computed from frequencies; without: rows row_offset ..
+// row_offset + S - 1), or the tokens' own rows [1, S, r] / [B, S, r]. The views, the table window and the
+// outputs are made here; what memory safety needs is checked here (and in prepare): the rows read lie inside
+// the table, no input written in place overlaps itself. In place, the inputs' version counters move on, as
+// after any in-place torch operation. Nothing is decided here: the plan decided it.
+std::vector<at::Tensor> rope_layout_cpu(const Signature& expected, const std::vector<at::Tensor>& xs, const at::Tensor& cos,
+                                        const at::Tensor& sin, int64_t row_offset,
+                                        const std::optional<at::Tensor>& positions, int64_t layout, bool interleaved,
+                                        bool inplace, const std::optional<at::Tensor>& frequencies) {
+  if (signature_of(xs, cos, sin, positions, inplace).fields != expected.fields) return {};
+  TORCH_CHECK(!xs.empty() && (layout == 0 || layout == 1 || layout == 2), "rotary: rope_layout needs inputs and a layout");
+  std::vector<at::Tensor> views;
+  views.reserve(xs.size());
+  for (const auto& x : xs) views.push_back(layout == 0 ? x.unsqueeze(0) : layout == 2 ? x.transpose(1, 2) : x);
+  const int64_t B = views[0].size(0), S = views[0].size(1);
   at::Tensor c = cos, s = sin;
+  int64_t batch_rows = 0;
+  std::optional<at::Tensor> ids;
   if (positions.has_value() && positions->defined()) {
     const at::Tensor& p = *positions;
-    if (p.scalar_type() != at::kLong || !p.device().is_cpu() || p.dim() < 1 || p.dim() > 2 || p.size(-1) != S ||
-        (p.dim() == 2 && p.size(0) != 1 && p.size(0) != B))
-      return {};
-    const at::Tensor expanded = p.expand({B, S});
-    const int64_t* data = expanded.data_ptr<int64_t>();
-    for (int64_t b = 0; b < (p.dim() == 2 ? p.size(0) : 1); ++b)
-      for (int64_t j = 0; j < S; ++j) {
-        const int64_t t = data[b * expanded.stride(0) + j * expanded.stride(1)];
-        if (t < 0 || t >= rows) return {};
-      }
-    ids = expanded;
-  } else if (batch_rows != 0) {
-    if (batch_rows != S || offset != 0 || rows != B * S) return {};
+    TORCH_CHECK(p.scalar_type() == at::kLong && p.dim() >= 1 && p.dim() <= 2, "rotary: positions must be int64 [S] or [B, S]");
+    ids = layout == 0 ? p.unsqueeze(0) : p.expand({B, S});
+  } else if (cos.dim() == 3) {  // the tokens' own rows [1 or B, S, r]
+    TORCH_CHECK(cos.size(1) == S && (cos.size(0) == 1 || cos.size(0) == B), "rotary: per-token tables must be [1 or B, S, r]");
+    if (cos.size(0) == 1) {
+      c = cos.select(0, 0);
+      s = sin.select(0, 0);
+    } else {
+      c = cos.flatten(0, 1);
+      s = sin.flatten(0, 1);
+      batch_rows = S;
+    }
   } else {
-    if (offset < 0 || offset + S > rows) return {};
-    c = cos.narrow(0, offset, S);
-    s = sin.narrow(0, offset, S);
+    TORCH_CHECK(row_offset >= 0 && row_offset + S <= cos.size(0), "rotary: rows ", row_offset, " .. ", row_offset + S - 1,
+                " are outside the cos/sin table of ", cos.size(0), " rows");
+    if (row_offset != 0 || cos.size(0) != S) {
+      c = cos.narrow(0, row_offset, S);
+      s = sin.narrow(0, row_offset, S);
+    }
   }
-  const at::Tensor qv = seq_axis == 2 ? q.transpose(1, 2) : q;
-  const at::Tensor kv = seq_axis == 2 ? k.transpose(1, 2) : k;
+  std::vector<at::Tensor> outs;
+  outs.reserve(views.size());
+  for (const auto& v : views) {
+    if (inplace) {
+      TORCH_CHECK(at::has_internal_overlap(v) != at::MemOverlap::Yes, "rotary: an input rotated in place overlaps itself");
+      outs.push_back(v);
+    } else {
+      outs.push_back(at::empty_like(v));
+    }
+  }
+  const std::vector<at::Tensor> cs(views.size(), c), ss(views.size(), s);
+  rope_cpu(views, outs, cs, ss, ids, batch_rows, interleaved, false, ids.has_value() ? frequencies : std::optional<at::Tensor>());
   if (inplace) {
-    if (at::has_internal_overlap(q) != at::MemOverlap::No || at::has_internal_overlap(k) != at::MemOverlap::No ||
-        q.storage().is_alias_of(k.storage()))
-      return {};  // the general path checks exactly which elements are shared
-    rope_cpu({qv, kv}, {qv, kv}, {c, c}, {s, s}, ids, batch_rows, interleaved, false, std::nullopt);
-    return {q, k};
+    for (const auto& x : xs) x.unsafeGetTensorImpl()->bump_version();  // (rotary.kernels.ops.mark_written)
+    return xs;
   }
-  const at::Tensor qo = at::empty_like(qv), ko = at::empty_like(kv);
-  rope_cpu({qv, kv}, {qo, ko}, {c, c}, {s, s}, ids, batch_rows, interleaved, false, std::nullopt);
-  if (seq_axis == 2) return {qo.transpose(1, 2), ko.transpose(1, 2)};
-  return {qo, ko};
+  for (auto& o : outs) o = layout == 0 ? o.squeeze(0) : layout == 2 ? o.transpose(1, 2) : o;
+  return outs;
 }
 
 // in rotary_cache.cpp
@@ -148,8 +199,10 @@ std::tuple<std::vector<int64_t>, std::vector<at::Tensor>> rope_cache_cpu(
     bool cache_bhsd);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("rope_decode", &rope_decode_cpu,
-        "decoding fast path: q, k at positions offset.. or given; [] when the general path is needed");
+  py::class_<Signature>(m, "Signature");
+  m.def("signature", &signature_of, "a call's signature, for a plan to record (rotary.plans)");
+  m.def("rope_layout", &rope_layout_cpu,
+        "a recorded plan's call: tensors in the caller's layout rotated by one table, views and outputs made here");
   m.def("rope", &rope_cpu, "fused rotary embedding over a list of [B, S, H, D] views, one table per view");
   m.def("rope_table_grad", &rope_table_grad_cpu, "per-token gradients of the cos/sin tables");
   m.def("rmsnorm_rope", &rmsnorm_rope_cpu, "per-head RMSNorm of each [B, S, H, D] view, then its rotation");

@@ -17,8 +17,8 @@
 // spread over threads with at::parallel_for.
 //
 // This header holds the kernels; the entry points are in rotary.cpp (bound there): rope (the rotation),
-// rope_table_grad (its tables' gradients), rmsnorm_rope (per-head RMSNorm, then the rotation), rope_decode
-// (RoPE.forward's decoding fast path); and in rotary_cache.cpp, rope_cache (rotary.rotate_and_cache: q and k
+// rope_table_grad (its tables' gradients), rmsnorm_rope (per-head RMSNorm, then the rotation), rope_layout
+// (the call a recorded plan makes: the caller's layout, views and outputs made in C++); and in rotary_cache.cpp, rope_cache (rotary.rotate_and_cache: q and k
 // rotated, the rotated k and v written into a KV cache at their slots, in one pass over the tokens, after every
 // check, so a call that fails writes nothing). The two .cpp files are compiled in parallel.
 

@@ -449,7 +449,7 @@ def decode_suite(options) -> list[Result]:
     :func:`rotary.rotate` with tables computed once per model forward (the path of
     :class:`rotary.models.Decoder`'s layers), against transformers' ``apply_rotary_pos_emb`` with
     cos/sin precomputed once per forward (what Llama runs per layer). Results are identical (tested
-    in ``tests/kernels/test_decode_fast_path.py``); the ratio is HF's time over the row's. Skipped
+    in ``tests/test_plans.py``); the ratio is HF's time over the row's. Skipped
     by ``--quick`` unless named in ``--suites``.
     """
     from rotary.rope import RoPE

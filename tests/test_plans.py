@@ -1,0 +1,283 @@
+"""Plans per call signature (rotary.plans): a recorded plan's call is bit-identical to the general path for
+every position form and table form it takes, and any change of the signature between two calls on one module
+gets the general path's answer or its error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import rotary
+from rotary import plans
+from rotary import positions as P
+from rotary.kernels import extension
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _extension_built():
+    assert extension.load_cpu_extension() is not None, extension.cpu_extension_error()
+
+
+@pytest.fixture
+def replays(monkeypatch):
+    """The tensors of every call a recorded plan ran (``rotary.rotation.run_plan``)."""
+    from rotary import rotation
+
+    calls = []
+    real = rotation.run_plan
+
+    def counting(plan, xs, *args):
+        outs = real(plan, xs, *args)
+        if outs:  # (empty: another signature, left to the general path)
+            calls.append(len(xs))
+        return outs
+
+    monkeypatch.setattr(rotation, "run_plan", counting)
+    return calls
+
+
+def general(f, *args, **kwargs):
+    """``f``'s result on the general path (plans off)."""
+    with plans.general_path():
+        return f(*args, **kwargs)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    batch=st.integers(1, 3),
+    seq_len=st.integers(1, 5),
+    kv_heads=st.integers(1, 2),
+    groups=st.integers(1, 3),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.float64]),
+    layout=st.sampled_from(["bhsd", "bshd"]),
+    interleaved=st.booleans(),
+    partial=st.booleans(),
+    form=st.sampled_from(["offset", "ids_1d", "ids_2d", "ids_row", "arange"]),
+    inplace=st.booleans(),
+    start=st.integers(0, 5000),
+    seed=st.integers(0, 2**16),
+)
+def test_a_plan_is_bit_identical_to_the_general_path(
+    batch, seq_len, kv_heads, groups, dtype, layout, interleaved, partial, form, inplace, start, seed
+):
+    g = torch.Generator().manual_seed(seed)
+    rope = rotary.RoPE(64, rotary_dim=32 if partial else 64, interleaved=interleaved, max_position=2048)
+    shape = (lambda h: (batch, h, seq_len, 64)) if layout == "bhsd" else (lambda h: (batch, seq_len, h, 64))
+    q = torch.randn(shape(kv_heads * groups), generator=g).to(dtype)
+    k = torch.randn(shape(kv_heads), generator=g).to(dtype)
+    ids = torch.randint(0, 6000, (batch, seq_len), generator=g)
+    kwargs: dict = {"layout": layout, "inplace": inplace}
+    if form == "offset":
+        kwargs["offset"] = start
+    elif form == "ids_1d":
+        kwargs["position_ids"] = ids[0]
+    elif form == "ids_2d":
+        kwargs["position_ids"] = ids
+    elif form == "ids_row":
+        kwargs["position_ids"] = ids[:1]
+    else:
+        kwargs["position_ids"] = P.arange(seq_len, offset=start)
+    expected = general(rope, q.clone(), k.clone(), **kwargs)
+    rope(q.clone(), k.clone(), **kwargs)  # records the plan
+    q_in, k_in = q.clone(), k.clone()
+    got = rope(q_in, k_in, **kwargs)
+    for e, o, x in zip(expected, got, (q_in, k_in)):
+        assert torch.equal(e, o) and e.dtype == o.dtype and e.shape == o.shape
+        assert (o is x) == inplace
+        assert o.stride() == e.stride()
+
+
+def test_a_plan_reaches_the_kernel_at_the_decode_shape_and_equals_hugging_face(replays):
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    rope = rotary.RoPE(128, max_position=8192)
+    q, k = torch.randn(1, 32, 1, 128), torch.randn(1, 8, 1, 128)
+    ids = torch.tensor([[4096]])
+    expected = apply_rotary_pos_emb(q, k, *rope.cos_sin(ids))
+    tables = rope.tables(ids)
+    for call in (
+        lambda: rope(q, k, offset=4096),
+        lambda: rope(q, k, position_ids=ids),
+        lambda: rotary.rotate([q, k], tables),
+    ):
+        call()  # records
+        before = len(replays)
+        got = call()
+        assert len(replays) == before + 1
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+
+
+def test_positions_past_the_plan_s_table_are_rotated_as_the_general_path_does(replays):
+    rope = rotary.RoPE(64, max_position=64)
+    q, k = torch.randn(1, 4, 2, 64), torch.randn(1, 2, 2, 64)
+    rope(q, k)
+    rope(q, k, offset=100)  # past the table: the general path grows it, and records a plan with it
+    assert torch.equal(rope(q, k, offset=100)[0], general(rope, q, k, offset=100)[0])
+    ids = torch.tensor([0, 1])
+    rope(q, k, position_ids=ids)
+    for far in (torch.tensor([1000, 70000]), torch.tensor([-5, 2**40])):  # the kernel computes these rows
+        before = len(replays)
+        got = rope(q, k, position_ids=far)
+        assert len(replays) == before + 1
+        want = rotary.reference.rotate_complex(q.double(), far, rope.inv_freq)
+        assert float((got[0].double() - want).abs().max()) < 1e-4
+        assert torch.equal(got[0], general(rope, q, k, position_ids=far)[0])
+    with pytest.raises(ValueError, match="offset must be"):
+        rope(q, k, offset=-1)
+    with pytest.raises(ValueError, match="each give positions"):
+        rope(q, k, position_ids=ids, offset=3)
+
+
+def _call(rope, q, k, **kwargs):
+    try:
+        return rope(q, k, **kwargs)
+    except (ValueError, TypeError, RuntimeError) as error:
+        return type(error), str(error)
+
+
+def _same(a, b, strides=True):
+    if isinstance(a, tuple) and isinstance(a[0], type):
+        return a == b
+    return all(torch.equal(x, y) and (not strides or x.stride() == y.stride()) for x, y in zip(a, b))
+
+
+def test_each_change_of_the_signature_between_two_calls_gets_the_general_path_s_answer():
+    rope = rotary.RoPE(64, max_position=64)
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(2, 8, 3, 64, generator=g)
+    q, k = base[:, :6], base[:, 6:]
+    qkv = torch.randn(2, 3, 12, 64, generator=g)
+    with torch.inference_mode():
+        inference_q = torch.randn(2, 6, 3, 64)
+    leaf = torch.randn(2, 6, 3, 64, requires_grad=True)
+    changes = {
+        "shape": lambda: (torch.randn(2, 6, 4, 64), torch.randn(2, 2, 4, 64)),
+        "strides": lambda: (q.transpose(1, 2).contiguous().transpose(1, 2), k),
+        "storage offset": lambda: (torch.randn(50000)[7 : 7 + q.numel()].view(q.shape), k.clone()),
+        "dtype": lambda: (q.bfloat16(), k.bfloat16()),
+        "another dtype for k": lambda: (q, k.half()),
+        "layout": lambda: (q.transpose(1, 2), k.transpose(1, 2)),
+        "views of one qkv": lambda: (qkv[:, :, :6].transpose(1, 2), qkv[:, :, 6:8].transpose(1, 2)),
+        "in place, overlapping q and k": lambda: (base[:, :6], base[:, 4:6]),
+        "in place, the same tensor": lambda: (q.clone(), None),
+        "grad mode": lambda: (leaf, k),
+        "inference tensor": lambda: (inference_q, k),
+        "head_dim": lambda: (q[..., :32], k[..., :32]),
+    }
+    layouts = {"layout": "bshd", "views of one qkv": "bhsd"}
+    for inplace in (False, True):
+        for name, make in changes.items():
+            a, b = make()
+            b = a if b is None else b
+            kwargs = {"offset": 5, "inplace": inplace, "layout": layouts.get(name, "bhsd")}
+            first = (q.clone(), k.clone())
+            _call(rope, *first, offset=5, inplace=inplace)  # records a plan for the first signature
+            _call(rope, *(t.clone() for t in first), offset=5, inplace=inplace)  # and runs it
+            want = general(_call, rope, *(t.clone() if isinstance(t, torch.Tensor) else t for t in (a, b)), **kwargs)
+            got = _call(rope, *(t.clone() for t in (a, b)), **kwargs) if not inplace else None
+            if inplace:  # in place the tensors themselves matter (overlap): the same ones on both paths
+                saved = a.detach().clone(), b.detach().clone()
+                want = general(_call, rope, a, b, **kwargs)
+                if not isinstance(want[0], type):
+                    want = tuple(t.detach().clone() for t in want)
+                with torch.no_grad():
+                    a.detach().copy_(saved[0]), b.detach().copy_(saved[1])
+                got = _call(rope, a, b, **kwargs)
+            assert _same(want, got, strides=not inplace), (
+                name,
+                inplace,
+                want if isinstance(want[0], type) else "tensors",
+            )
+    # grad mode and inference mode themselves, with the same tensors
+    x, y = q.clone(), k.clone()
+    rope(x, y, offset=5)
+    with torch.no_grad():
+        assert _same(rope(x, y, offset=5), general(rope, x, y, offset=5))
+    with torch.inference_mode():
+        assert _same(rope(x, y, offset=5), general(rope, x, y, offset=5))
+    # the frequency buffer edited in place: the general path's error
+    rope.inv_freq.mul_(2)
+    with pytest.raises(RuntimeError, match="modified in place"):
+        rope(x, y, offset=5)
+
+
+def test_a_table_edited_in_place_is_read_again_by_the_plan():
+    rope = rotary.RoPE(64)
+    q, k = torch.randn(1, 4, 3, 64), torch.randn(1, 2, 3, 64)
+    cos, sin = rope.cos_sin(torch.arange(3))
+    tables = rotary.RotaryTables.from_tensors(cos, sin, interleaved=False)
+    rotary.rotate([q, k], tables)
+    rotary.rotate([q, k], tables)
+    cos[1].neg_()
+    sin[1].neg_()  # a rotation by -θ at position 1
+    got = rotary.rotate([q, k], tables)
+    assert torch.equal(got[0], general(rotary.rotate, [q, k], tables)[0])
+
+
+@pytest.mark.parametrize("form", ["shared", "indexed_1d", "indexed_2d", "per_token", "per_token_batch_1"])
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_rotate_with_upstream_tables_records_a_plan_bit_identical_to_the_general_path(form, layout, inplace, replays):
+    rope = rotary.RoPE(64, rotary_dim=48, max_position=8192)
+    g = torch.Generator().manual_seed(0)
+    shape = (lambda h: (2, h, 3, 64)) if layout == "bhsd" else (lambda h: (2, 3, h, 64))
+    q, k = torch.randn(shape(8), generator=g), torch.randn(shape(2), generator=g)
+    ids = torch.randint(0, 5000, (2, 3), generator=g)
+    if form.startswith("per_token"):  # Hugging Face's [B, S, r] tables (rotary.hf.patch), or [1, S, r]
+        cos, sin = rope.cos_sin(ids[:1] if form == "per_token_batch_1" else ids)
+        tables = rotary.RotaryTables.from_tensors(cos, sin, interleaved=False)
+    else:
+        positions = {"shared": P.arange(3, offset=4000), "indexed_1d": ids[0], "indexed_2d": ids}[form]
+        tables = rope.tables(positions)
+    args = dict(layout=layout, inplace=inplace, kinds=("q", "k"))
+    rotary.rotate([q.clone(), k.clone()], tables, **args)
+    before = len(replays)
+    got = rotary.rotate([q.clone(), k.clone()], tables, **args)
+    assert len(replays) == before + 1
+    expected = general(rotary.rotate, [q.clone(), k.clone()], tables, **args)
+    for e, o in zip(expected, got):
+        assert torch.equal(e, o) and o.stride() == e.stride()
+
+
+def test_rotate_leaves_mismatches_to_the_general_path_s_messages():
+    rope = rotary.RoPE(64)
+    q, k = torch.randn(1, 4, 3, 64), torch.randn(1, 2, 3, 64)
+    rotary.rotate([q, k], rope.tables(P.arange(3)))
+    rotary.rotate([q, k], rope.tables(P.arange(3)))
+    per_token = rotary.RotaryTables.from_tensors(*rope.cos_sin(torch.zeros(2, 3, dtype=torch.long)), interleaved=False)
+    with pytest.raises(ValueError, match="cos/sin have batch 2 but x has batch 1"):
+        rotary.rotate([q, k], per_token)
+    with pytest.raises(ValueError, match="cover S=2 positions but"):
+        rotary.rotate([q, k], rope.tables(P.arange(2)))
+    with pytest.raises(ValueError, match="kinds must give"):
+        rotary.rotate([q, k], rope.tables(P.arange(3)), kinds=("q", "v"))
+    with pytest.raises(TypeError, match="inplace must be"):
+        rotary.rotate([q, k], rope.tables(P.arange(3)), inplace=1)
+
+
+def test_the_plan_cache_is_bounded():
+    cache = plans.PlanCache(limit=3)
+    for i in range(10):
+        cache.put(i, plans.GENERAL)
+    assert len(cache) == 3 and cache.get(9) is plans.GENERAL and cache.get(0) is None
+
+
+def test_caller_tables_are_checked_once_per_table_and_again_after_an_edit(monkeypatch):
+    from rotary import table_checks
+
+    checked = []
+    real = table_checks.check_rows
+    monkeypatch.setattr(rotary.tables, "check_rows", lambda *a: checked.append(1) or real(*a))
+    cos, sin = rotary.RoPE(8).cos_sin(torch.arange(4)[None])  # per-token [1, S, r], as Hugging Face hands them
+    q = torch.randn(1, 2, 4, 8)
+    for _ in range(3):
+        rotary.apply_rotary(q, cos, sin)
+    assert len(checked) == 1  # the same tensors, unchanged: checked once
+    good = cos.clone()
+    cos[0, 2, 0] = float("nan")  # an in-place edit moves the version counter: checked again, and named
+    with pytest.raises(ValueError, match="NaN"):
+        rotary.apply_rotary(q, cos, sin)
+    rotary.apply_rotary(q, good, sin.clone())  # new tensors (perhaps at a freed one's address): checked
+    assert len(checked) == 3

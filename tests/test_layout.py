@@ -79,11 +79,6 @@ def test_importing_and_using_the_library_loads_no_tool():
     assert done.stdout.strip() == "[]", done.stdout
 
 
-def test_no_module_in_src_is_longer_than_600_lines():
-    long = {_module_name(p): n for p in SRC.rglob("*.py") if (n := len(p.read_text().splitlines())) > 600}
-    assert not long, f"split these along their ideas: {long}"
-
-
 # ---- no import cycle -------------------------------------------------------------------------------
 def _dependencies(modules: dict[str, Path]) -> dict[str, dict[str, int]]:
     """module -> {module of src it imports: first line}, deferred imports inside functions included.

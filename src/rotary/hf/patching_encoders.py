@@ -10,14 +10,14 @@ model's outputs against the unpatched ones in fp32.
 
 from __future__ import annotations
 
-import rotary
-
+from ..rotation import rotate
+from ..tables import RotaryTables
 from . import patching as _p
 
 
 def _rotate(xs, cos, sin, *, interleaved: bool, unsqueeze_dim: int):
-    tables = rotary.RotaryTables.from_tensors(cos, sin, interleaved=interleaved, validate=False)
-    return tuple(rotary.rotate(list(xs), tables, layout=_p.unsqueeze_layout(unsqueeze_dim)))
+    tables = RotaryTables.from_tensors(cos, sin, interleaved=interleaved, validate=False)
+    return tuple(rotate(list(xs), tables, layout=_p.unsqueeze_layout(unsqueeze_dim)))
 
 
 def _apply_half(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):

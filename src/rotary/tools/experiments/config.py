@@ -74,6 +74,21 @@ def default_encodings() -> tuple[str, ...]:
     return DEFAULT_ENCODINGS + (("xpos",) if "xpos" in POSITION_ENCODINGS else ())
 
 
+#: shortest copy string in training
+MIN_COPY = 4
+
+
+def min_task_length(pairs: int) -> int:
+    """The shortest length a task row fits in: copy needs ``2 * MIN_COPY + 2`` bytes, induction
+    ``pairs`` key-value pairs in each half.
+
+    Example:
+        >>> min_task_length(4)
+        16
+    """
+    return max(2 * MIN_COPY + 2, 4 * pairs)
+
+
 @dataclass
 class ExperimentConfig:
     """Every setting of a run. Lengths are in tokens, and tokens are bytes (vocabulary 256).
@@ -436,8 +451,6 @@ class ExperimentConfig:
         return self
 
     def _validate_tasks(self) -> None:
-        from .tasks import min_task_length
-
         def positive(value: Any, flag: str) -> None:
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ExperimentError(f"{flag} must be a positive integer, got {value!r}")

@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from ...errors import InputError
+from .config import MIN_COPY, min_task_length
 from .data import derived_seed
 
 __all__ = [
@@ -73,8 +74,6 @@ KEYS = bytes(range(ord("A"), ord("Z") + 1))
 SEPARATOR, END, PAD = ord("|"), ord("."), 0
 #: targets nobody scores
 IGNORE = -100
-#: shortest copy string in training
-MIN_COPY = 4
 #: per-answer chance of a model that only knows the alphabet
 CHANCE = {"copy": 1 / len(LETTERS), "induction": 1 / len(VALUES)}
 
@@ -95,17 +94,6 @@ class TaskBatch:
     def scored(self) -> torch.Tensor:
         """bool ``[N, E]``: the positions whose next byte is scored."""
         return self.targets != IGNORE
-
-
-def min_task_length(pairs: int) -> int:
-    """The shortest length a task row fits in: copy needs ``2 * MIN_COPY + 2`` bytes, induction
-    ``pairs`` key-value pairs in each half.
-
-    Example:
-        >>> min_task_length(4)
-        16
-    """
-    return max(2 * MIN_COPY + 2, 4 * pairs)
 
 
 def copy_range(length: int, *, training: bool) -> tuple[int, int]:

@@ -45,7 +45,7 @@ def _check_tables(rope, call, interleaved: bool) -> None:
 
 
 @pytest.mark.parametrize("model_type", sorted(SEQUENCE_ROPE))
-def test_sequence_encoder_rope_matches_the_model(model_type, monkeypatch):
+def test_sequence_encoder_rope_matches_the_model(model_type, rotate_calls):
     """Every apply call of the forward, rotated by rotary at the positions of the rotary-embedding call before it
     (a codec's encoder and decoder each make their own), gives the model's q and k; hf.patch keeps the outputs."""
     model, _, calls, _ = em.record(model_type)
@@ -67,7 +67,7 @@ def test_sequence_encoder_rope_matches_the_model(model_type, monkeypatch):
     assert applied, f"{model_type}: the forward applied no RoPE ({[c.name for c in calls]})"
     assert rotated  # on inputs that are not all zero (a random codec's decoder may get zeros)
     if model_type in PATCHED:  # in the same test: the tiny model is built once per xdist worker
-        _check_patch(model_type, monkeypatch)
+        _check_patch(model_type, rotate_calls)
 
 
 @pytest.mark.parametrize("model_type", sorted(NO_ROPE))
@@ -141,31 +141,26 @@ def test_patch_covers_the_sequence_encoders():
     assert set(SEQUENCE_ROPE) - set(PATCHED) <= {"blt_global_transformer", "dots3_note_audio_encoder"}
 
 
-def _check_patch(model_type: str, monkeypatch) -> None:
-    """fp32: the patched model's outputs equal the unpatched ones, every apply call went through rotary.rotate,
-    and unpatch restores transformers' function (outputs bit-identical to before)."""
+def _check_patch(model_type: str, rotate_calls: list) -> None:
+    """fp32: the patched model's outputs equal the unpatched ones, every apply call's q and k went through
+    rotary's rotation (``rotate_calls``: the tensors rotary rotated), and unpatch restores transformers' function
+    (outputs bit-identical to before)."""
     _, model, inputs = em.build(model_type)
     applies = [c for c in em.record(model_type)[2] if not c.name.endswith(".forward")]
-    calls = []
-    real = rotary.rotate
-
-    def counting(xs, *args, **kwargs):
-        calls.append(len(xs))
-        return real(xs, *args, **kwargs)
-
-    monkeypatch.setattr(rotary, "rotate", counting)
     with torch.no_grad():
         torch.manual_seed(0)
         before = _tensors(model(**inputs))
         rotary.hf.patch(model)
         try:
             torch.manual_seed(0)
+            start = len(rotate_calls)
             patched = _tensors(model(**inputs))
+            rotated = len(rotate_calls) - start
         finally:
             rotary.hf.unpatch(model)
         torch.manual_seed(0)
         after = _tensors(model(**inputs))
-    assert sum(calls) == 2 * len(applies) and calls  # q and k of every attention, through rotary
+    assert rotated == 2 * len(applies) and applies  # q and k of every attention, through rotary
     assert before and before.keys() == patched.keys() == after.keys()
     for name, want in before.items():
         torch.testing.assert_close(patched[name], want, rtol=1e-5, atol=1e-5)

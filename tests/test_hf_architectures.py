@@ -440,6 +440,17 @@ def model_inputs(model_type: str, config, model, ids: torch.Tensor) -> dict:
     return inputs
 
 
+def _snapshot(value):
+    """``value`` with every tensor in it (in tuples, lists and dicts) copied."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_snapshot(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _snapshot(v) for k, v in value.items()}
+    return value
+
+
 def record_rope_calls(model_type: str, config) -> list[Call]:
     """Run a tiny model of ``config`` once and record the calls its attention makes to the RoPE functions."""
     name = model_type_to_module_name(model_type)
@@ -454,13 +465,16 @@ def record_rope_calls(model_type: str, config) -> list[Call]:
 
         def wrapper(*args, __fn=fn, **kwargs):
             caller = sys._getframe(1).f_locals.get("self")
+            # the inputs and outputs as they were at the call: the model may change them in place afterwards
+            seen = (_snapshot(args), _snapshot(kwargs)) if depth[0] == 0 else None
             depth[0] += 1
             try:
                 result = __fn(*args, **kwargs)
             finally:
                 depth[0] -= 1
-            if depth[0] == 0:
-                calls.append(Call(__fn, args, kwargs, result, type(caller).__name__ if caller is not None else ""))
+            if seen is not None:
+                name = type(caller).__name__ if caller is not None else ""
+                calls.append(Call(__fn, seen[0], seen[1], _snapshot(result), name))
             return result
 
         setattr(owner, attr, staticmethod(wrapper) if isinstance(raw, staticmethod) else wrapper)

@@ -85,7 +85,9 @@ def _sweep(args: argparse.Namespace) -> int:
     else:
         print(f"wrote {args.out}/report.md, perplexity.csv, passkey.csv, sweep.json", file=sys.stderr)
         for scaling, s in state["summary"].items():
-            print(f"{scaling:<9} longest passkey length at >= 80%: {s['longest_passkey_length']}")
+            longest = s["longest_passkey_length"]
+            found = "none of the lengths measured" if longest is None else f"{longest} tokens"
+            print(f"{scaling:<9} longest passkey length at >= 80%: {found}")
     return 0
 
 

@@ -36,7 +36,7 @@ from rotary.rope_types import ROPE_TYPES
 from ...errors import InputError
 
 __all__ = [
-    "MAX_HEAD_DIM",
+    "COMMAND_MAX_HEAD_DIM",
     "MAX_LENGTH",
     "MAX_SEQ_LEN",
     "PAIRINGS",
@@ -85,7 +85,9 @@ def positive_float(text: str) -> float:
 
 
 #: the largest sizes the commands accept; beyond them a command needs gigabytes of memory or minutes
-MAX_HEAD_DIM = 1024  # published models use 64 to 256 channels per head (DeepSeek's MLA: 192 with 64 rotated)
+# the commands' own limit (the library accepts up to _checks.MAX_HEAD_DIM); published models use 64 to 256
+# channels per head (DeepSeek's MLA: 192 with 64 rotated)
+COMMAND_MAX_HEAD_DIM = 1024
 MAX_SEQ_LEN = 2048  # verify's block-diagonal reference and the [S, S] score matrices grow with seq_len and seq_len²
 MAX_LENGTH = 2**40  # context lengths and positions: far beyond any model, still exact in float64 angles
 
@@ -128,7 +130,7 @@ def seed(text: str) -> int:
     return value
 
 
-head_dim_count = count(MAX_HEAD_DIM, "published models use 64 to 256 channels per head")
+head_dim_count = count(COMMAND_MAX_HEAD_DIM, "published models use 64 to 256 channels per head")
 seq_len_count = count(MAX_SEQ_LEN, "the reference forms and the [S, S] score matrices grow with it")
 length_count = count(MAX_LENGTH, "2**40 positions")
 
@@ -473,9 +475,9 @@ def _build(settings: RopeSettings, args: argparse.Namespace, layer_type: str | N
         scaling.pop("partial_rotary_factor", None)
     asked = interleaved_from_args(args)
     interleaved = settings.interleaved if asked is None else asked
-    if head_dim > MAX_HEAD_DIM:
+    if head_dim > COMMAND_MAX_HEAD_DIM:
         raise InputError(
-            f"head_dim {head_dim} of {args.config} is more than the {MAX_HEAD_DIM} channels these commands handle"
+            f"head_dim {head_dim} of {args.config} is more than the {COMMAND_MAX_HEAD_DIM} channels these commands handle"
         )
     try:
         rope = RoPE(

@@ -173,15 +173,6 @@ class Results:
             return None
         return (counts[0] / counts[1], *wilson(*counts))
 
-    def passkey_by_seed(self, model: str, scaling: str, length: int) -> Values | None:
-        found: dict[int, list[int]] = {}
-        for r in self.rows.passkey:
-            if r.model == model and r.scaling == scaling and r.eval_length == length:
-                c = found.setdefault(r.seed, [0, 0])
-                c[0] += r.correct
-                c[1] += r.trials
-        return Values({s: c / t for s, (c, t) in found.items() if t}) or None
-
     def task_model(self, model: str) -> str | None:
         """The task model beside a text model: ``task-<encoding>`` of a pretrained model's encoding, when
         the run has it (None for fine-tuned models, studies, and runs without tasks)."""

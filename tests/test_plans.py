@@ -426,3 +426,147 @@ def test_each_change_of_an_rmsnorm_rotate_signature_gets_the_general_path_s_answ
     rope.inv_freq.mul_(2)
     with pytest.raises(RuntimeError, match="modified in place"):
         rotary.rmsnorm_rotate(q, k, wq, wk, rope, offset=5)
+
+
+# rotate_and_cache (rotary.serving): the one-pass kernel's call replayed from the signature -------------------
+
+
+@pytest.fixture
+def cache_replays(monkeypatch):
+    """The status of every rotate_and_cache call a recorded plan handed to the kernel (``[-1]``: another signature)."""
+    ext = extension.load_cpu_extension()
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(ext, name)
+
+        def rope_cache_plan(self, *args):
+            status, outs = ext.rope_cache_plan(*args)
+            calls.append(list(status))
+            return status, outs
+
+    calls = []
+    monkeypatch.setattr(rotary.serving, "load_cpu_extension", lambda: Counting())
+    return calls
+
+
+def _cache_call(q, k, v, k_cache, v_cache, slots, **kwargs):
+    """``rotate_and_cache``'s outputs and the caches it wrote, or its error."""
+    try:
+        out = rotary.rotate_and_cache(q, k, v, k_cache, v_cache, slots, **kwargs)
+    except (ValueError, TypeError, RuntimeError) as error:
+        return type(error), str(error)
+    return (*out, k_cache, v_cache)
+
+
+def test_each_change_of_a_rotate_and_cache_signature_gets_the_general_path_s_answer(cache_replays):
+    rope = rotary.RoPE(16)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.tensor([[3, 4], [7, 8]])
+    half = rope.cos_sin(torch.arange(32))
+    cos_sin_cache = torch.cat((half[0][:, :8], half[1][:, :8]), dim=-1)
+    forms = {
+        "tables": lambda: {"tables": rope.tables(ids)},
+        "model tables": lambda: {"tables": rotary.RotaryTables.from_tensors(*rope.cos_sin(ids), interleaved=False)},
+        "cos_sin_cache": lambda: {"positions": ids, "cos_sin_cache": cos_sin_cache},
+    }
+    q, k, v = (torch.randn(2, 2, h, 16, generator=g) for h in (4, 2, 2))  # [B, S, H, D]
+    qkv = torch.randn(2, 2, 8, 16, generator=g)
+    with torch.inference_mode():
+        inference_k = torch.randn(2, 2, 2, 16)
+    leaf = torch.randn(2, 2, 2, 16, requires_grad=True)
+    slots = torch.tensor([[0, 1], [5, 6]])
+    caches = lambda dtype=torch.float32: [torch.zeros(2, 8, 2, 16, dtype=dtype) for _ in range(2)]  # noqa: E731
+    changes = {  # name -> (q, k, v, k_cache, v_cache, slots, extra keyword arguments)
+        "shape": lambda: (q[:, :1], k[:, :1], v[:, :1], *caches(), slots[:, :1], {}),
+        "strides": lambda: (q.transpose(1, 2).contiguous().transpose(1, 2), k, v, *caches(), slots, {}),
+        "storage offset": lambda: (torch.randn(9000)[5 : 5 + q.numel()].view(q.shape), k, v, *caches(), slots, {}),
+        "dtype": lambda: (q.bfloat16(), k.bfloat16(), v.bfloat16(), *caches(torch.bfloat16), slots, {}),
+        "cache dtype": lambda: (q, k, v, *caches(torch.bfloat16), slots, {}),
+        "layout": lambda: (
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            *caches(),
+            slots,
+            {"layout": "bhsd"},
+        ),
+        "in place, q, k and v views of one qkv": lambda: (
+            qkv[:, :, :4],
+            qkv[:, :, 4:6],
+            qkv[:, :, 6:],
+            *caches(),
+            slots,
+            {"inplace": True},
+        ),
+        "in place, overlapping q and k": lambda: (
+            qkv[:, :, :4],
+            qkv[:, :, 2:4],
+            v,
+            *caches(),
+            slots,
+            {"inplace": True},
+        ),
+        "in place, v is k": lambda: (q, k, k, *caches(), slots, {"inplace": True}),
+        "caches sharing memory": lambda: (
+            q,
+            k,
+            v,
+            (big := torch.zeros(2, 8, 4, 16))[:, :, :2],
+            big[:, :, 1:3],
+            slots,
+            {},
+        ),
+        "grad mode": lambda: (q, leaf, v, *caches(), slots, {}),
+        "inference tensor": lambda: (q, k, v, *caches(), slots, {"inplace": True, "_k": inference_k}),
+        "slots outside the cache": lambda: (q, k, v, *caches(), torch.tensor([[0, 1], [5, 8]]), {}),
+        "two tokens, one row": lambda: (q, k, v, *caches(), torch.tensor([[0, 0], [5, 6]]), {}),
+    }
+    for form, make_tables in forms.items():
+        for name, make in changes.items():
+            a, b, c, kc, vc, s, extra = make()
+            if "_k" in extra:
+                b = extra.pop("_k")
+            kwargs = {**make_tables(), **extra}
+            first = (q.clone(), k.clone(), v.clone(), *caches(), slots)
+            _cache_call(*first, **make_tables(), inplace=extra.get("inplace", False))  # records a plan
+            before = len(cache_replays)
+            _cache_call(*(t.clone() for t in first), **make_tables(), inplace=extra.get("inplace", False))  # runs it
+            assert cache_replays[before:] == [[]], (form, name)
+            tensors = (a, b, c, kc, vc)
+            saved = [t.detach().clone() for t in tensors]
+            want = general(_cache_call, *tensors, s, **kwargs)
+            if not isinstance(want[0], type):
+                want = tuple(t.detach().clone() for t in want)
+            with torch.no_grad():
+                for t, value in zip(tensors, saved):
+                    if not t.is_inference():  # (an inference tensor is refused before anything is written)
+                        t.detach().copy_(value)
+            got = _cache_call(*tensors, s, **kwargs)
+            assert _same(want, got, strides=False), (form, name, want if isinstance(want[0], type) else "tensors")
+    # inference mode and grad mode themselves, and a table edited in place, with the same tensors
+    for form, make_tables in forms.items():
+        kwargs = make_tables()
+        for mode in (torch.no_grad, torch.inference_mode, torch.enable_grad):
+            with mode():
+                kc, vc = caches()
+                got = _cache_call(q, k, v, kc, vc, slots, **kwargs)
+                want = general(_cache_call, q, k, v, *caches(), slots, **kwargs)
+                assert _same(want, got), (form, mode)
+        # the row token (1, 0) reads, edited in place: a rotation by -θ there
+        row = (
+            kwargs["cos_sin_cache"][7]
+            if "cos_sin_cache" in kwargs
+            else kwargs["tables"].cos[(7,) if form == "tables" else (1, 0)]
+        )
+        row.neg_()
+        before = len(cache_replays)
+        got = _cache_call(q, k, v, *caches(), slots, **kwargs)
+        assert cache_replays[before:] == [[]], form
+        assert _same(got, general(_cache_call, q, k, v, *caches(), slots, **kwargs))
+        row.neg_()
+    # NaN in a cos_sin_cache row a token reads, after a plan was recorded: the general path's error
+    cos_sin_cache[7, 0] = float("nan")
+    want = general(_cache_call, q, k, v, *caches(), slots, **forms["cos_sin_cache"]())
+    assert isinstance(want[0], type) and "cos_sin_cache row 7" in want[1]
+    assert _same(want, _cache_call(q, k, v, *caches(), slots, **forms["cos_sin_cache"]()))

@@ -203,7 +203,9 @@ def rmsnorm_rotate(
     (the mean square is summed in another order). Channels past the rotary dim ``r`` are normalised and not
     rotated. Gradients flow to q, k and both weights; tables that require grad (learnable frequencies)
     take the unfused composition. Nothing is read on the host on a GPU: a position past a RoPE's cached
-    table gets its row computed in the kernel, as in :func:`rotary.rotate`.
+    table gets its row computed in the kernel, as in :func:`rotary.rotate`. On the CPU, the first call with a
+    signature (shapes, strides, dtypes, the weights', the tables', grad and inference mode: :mod:`rotary.plans`)
+    runs every check and records a plan; later calls with that signature go from it to the kernel.
 
     Args:
         q: ``[B, Hq, S, D]`` (``layout="bhsd"``) or ``[B, S, Hq, D]`` (``"bshd"``), any strides with
@@ -319,7 +321,7 @@ def _decide(
             return GENERAL
         signature = load_cpu_extension().norm_signature([q, k], [q_weight, k_weight], rope.cos, rope.sin, rope.rows)  # type: ignore[union-attr]
         return Plan("cpu", code, rope.interleaved, False, signature=signature)
-    tables = rope._plan_tables(q.device, table_dtype(q.dtype), position_ids)
+    tables = None if hasattr(rope, "input_tables") else rope._plan_tables(q.device, table_dtype(q.dtype), position_ids)
     if tables is None:
         return GENERAL
     signature = load_cpu_extension().norm_signature([q, k], [q_weight, k_weight], *tables[:2], position_ids)  # type: ignore[union-attr]

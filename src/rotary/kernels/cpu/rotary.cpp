@@ -268,6 +268,25 @@ std::tuple<std::vector<int64_t>, std::vector<at::Tensor>> rope_cache_cpu(
     const std::optional<at::Tensor>& rows, bool interleaved, bool inplace, bool memory_checked, int64_t layout,
     bool cache_bhsd);
 
+// The signature of a rotate_and_cache call (rotary.serving): xs are q, k, v, the caches and the slots; sin is
+// absent for vLLM's cos_sin_cache, rows are its positions (or the tables' rows).
+Signature cache_signature_of(const std::vector<at::Tensor>& xs, const at::Tensor& cos, const std::optional<at::Tensor>& sin,
+                             const std::optional<at::Tensor>& rows, bool inplace) {
+  return signature_of(xs, cos, sin.has_value() ? *sin : at::Tensor(), rows, inplace);
+}
+
+// A recorded rotate_and_cache plan's call: rope_cache (which checks the values, slots and positions, and the
+// memory, itself, and returns its status) when the call's signature is the plan's; status {-1} (nothing done, the
+// general path runs) when it is not. xs: q, k, v, k_cache, v_cache, slots, as the caller holds them.
+std::tuple<std::vector<int64_t>, std::vector<at::Tensor>> rope_cache_plan_cpu(
+    const Signature& expected, const std::vector<at::Tensor>& xs, const at::Tensor& cos,
+    const std::optional<at::Tensor>& sin, const std::optional<at::Tensor>& rows, bool interleaved, bool inplace,
+    int64_t layout, bool cache_bhsd) {
+  if (xs.size() != 6 || cache_signature_of(xs, cos, sin, rows, inplace).fields != expected.fields) return {{-1}, {}};
+  return rope_cache_cpu(xs[0], xs[1], xs[2], xs[3], xs[4], xs[5], cos, sin, rows, interleaved, inplace, false, layout,
+                        cache_bhsd);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Signature>(m, "Signature");
   m.def("signature", &signature_of, "a call's signature, for a plan to record (rotary.plans)");
@@ -279,6 +298,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope", &rope_cpu, "fused rotary embedding over a list of [B, S, H, D] views, one table per view");
   m.def("rope_table_grad", &rope_table_grad_cpu, "per-token gradients of the cos/sin tables");
   m.def("rmsnorm_rope", &rmsnorm_rope_cpu, "per-head RMSNorm of each [B, S, H, D] view, then its rotation");
+  m.def("cache_signature", &cache_signature_of, "a rotate_and_cache call's signature, for a plan to record");
+  m.def("rope_cache_plan", &rope_cache_plan_cpu, "a recorded rotate_and_cache plan's call: rope_cache if the signature is the plan's");
   m.def("rope_cache", &rope_cache_cpu,
         "rotate_and_cache: q and k rotated, the rotated k and v written into the KV cache, in one pass");
 }

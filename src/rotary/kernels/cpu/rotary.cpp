@@ -288,7 +288,7 @@ std::tuple<std::vector<int64_t>, std::vector<at::Tensor>> rope_cache_plan_cpu(
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  py::class_<Signature>(m, "Signature");
+  py::class_<Signature>(m, "Signature", py::module_local());  // local: another build of rotary may share the process
   m.def("signature", &signature_of, "a call's signature, for a plan to record (rotary.plans)");
   m.def("norm_signature", &norm_signature_of, "a rmsnorm_rotate call's signature, for a plan to record");
   m.def("rmsnorm_rope_layout", &rmsnorm_rope_layout_cpu,

@@ -256,6 +256,8 @@ def rmsnorm_rotate(
 #: :class:`rotary.RoPE` keeps its own plans of this function beside its forward's
 _PLANS = PlanCache()
 _last = threading.local()
+#: the weights a plan takes: tensors, and a model's norm weights as they are (``nn.Parameter``, a plain subclass)
+_WEIGHT_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 def _key(
@@ -270,8 +272,8 @@ def _key(
     if (
         type(q) is not torch.Tensor
         or type(k) is not torch.Tensor
-        or type(q_weight) is not torch.Tensor
-        or type(k_weight) is not torch.Tensor
+        or type(q_weight) not in _WEIGHT_TYPES
+        or type(k_weight) not in _WEIGHT_TYPES
         or type(eps) is not float
         or type(style) is not str
         or type(layout) is not str

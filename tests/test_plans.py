@@ -403,6 +403,12 @@ def test_each_change_of_an_rmsnorm_rotate_signature_gets_the_general_path_s_answ
                     rotary.rmsnorm_rotate(q, k, wq, wk, source, **kwargs),
                     general(rotary.rmsnorm_rotate, q, k, wq, wk, source, **kwargs),
                 )
+    # eps and the style (the key's values) changed after a plan was recorded
+    for source, kwargs in ((rope, {"offset": 5}), (_model_tables(rope, ids, torch.float32), {})):
+        rotary.rmsnorm_rotate(q, k, wq, wk, source, **kwargs)
+        for extra in ({"eps": 0.5}, {"style": "gemma3"}, {"style": "gemma3", "eps": 0.25}):
+            got = rotary.rmsnorm_rotate(q, k, wq, wk, source, **kwargs, **extra)
+            assert _same(got, general(rotary.rmsnorm_rotate, q, k, wq, wk, source, **kwargs, **extra)), extra
     # the model's table edited in place: read again by the plan
     tables = _model_tables(rope, ids, torch.float32)
     rotary.rmsnorm_rotate(q, k, wq, wk, tables)

@@ -9,7 +9,9 @@ minute). ``--general`` turns off the other tree's decoding bypasses (``RoPE._fas
 ``rotation._fast_pair``, where it has them) or its plans (``rotary.plans``), to time its general path.
 
 Shapes: Llama-3-8B's decoding step, q ``[1, 32, 1, 128]``, k ``[1, 8, 1, 128]``, position 4096, fp32 and
-bf16; Hugging Face's ``apply_rotary_pos_emb`` with the tables precomputed is the reference row.
+bf16; Hugging Face's ``apply_rotary_pos_emb`` with the tables precomputed is the reference row. The
+``rmsnorm_rotate`` rows (Qwen3's QK-norm then RoPE) use the same q and k, with a RoPE and with the model's own
+tables as ``rotary.hf.patch`` passes them.
 """
 
 from __future__ import annotations
@@ -52,11 +54,20 @@ def _calls(module, q, k):
     rope = module.RoPE(128, max_position=8192)
     ids = torch.tensor([[4096]])
     tables = rope.tables(ids)
+    wq, wk = torch.rand(128).to(q.dtype), torch.rand(128).to(q.dtype)  # QK-norm weights, the model's dtype
+    cos, sin = (t.to(q.dtype) for t in rope.cos_sin(ids))
     return {
         "rope(q, k, offset=4096)": lambda: rope(q, k, offset=4096),
         "rope(q, k, position_ids=ids)": lambda: rope(q, k, position_ids=ids),
         "rope(q, k, offset=4096, inplace=True)": lambda: rope(q, k, offset=4096, inplace=True),
         "rotate([q, k], tables)": lambda: module.rotate([q, k], tables, kinds=("q", "k")),
+        "rmsnorm_rotate(q, k, wq, wk, rope, offset=4096)": lambda: module.rmsnorm_rotate(
+            q, k, wq, wk, rope, offset=4096
+        ),
+        # as rotary.hf.patch calls it for Qwen3 and Gemma 3: the model's own [B, S, r] tables in its dtype
+        "rmsnorm_rotate(..., model tables)": lambda: module.rmsnorm_rotate(
+            q, k, wq, wk, module.RotaryTables.unchecked(cos, sin, False)
+        ),
     }
 
 

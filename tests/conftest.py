@@ -80,9 +80,10 @@ def one_intraop_thread():
 def rotate_calls(monkeypatch):
     """Counts the tensors rotary rotates: through its backend dispatcher, through a recorded plan
     (``rotary.rotation.run_plan``, the compiled kernel's ``rope_layout``), or normalised and rotated by
-    ``rotary.rmsnorm_rotate`` (QK-norm families)."""
+    ``rotary.rmsnorm_rotate`` (QK-norm families; its general path or a recorded plan, ``rmsnorm_rope_layout``)."""
     import rotary.kernels.dispatch as dispatch
     import rotary.kernels.norm as norm
+    import rotary.qk_norm as qk_norm
     import rotary.rotation as apply
 
     calls = []
@@ -102,7 +103,15 @@ def rotate_calls(monkeypatch):
             calls.extend(x.shape for x in xs)
         return outs
 
+    def counting_norm_plan(plan, q, k, *args):  # a recorded rmsnorm_rotate plan's call (rotary.qk_norm)
+        outs = real_norm_plan(plan, q, k, *args)
+        if outs:
+            calls.extend((q.shape, k.shape))
+        return outs
+
+    real_norm_plan = qk_norm._run_plan
     monkeypatch.setattr(dispatch, "rotate", counting)
     monkeypatch.setattr(apply, "run_plan", counting_plan)
     monkeypatch.setattr(norm, "apply", counting_norm)
+    monkeypatch.setattr(qk_norm, "_run_plan", counting_norm_plan)
     return calls

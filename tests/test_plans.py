@@ -281,3 +281,299 @@ def test_caller_tables_are_checked_once_per_table_and_again_after_an_edit(monkey
         rotary.apply_rotary(q, cos, sin)
     rotary.apply_rotary(q, good, sin.clone())  # new tensors (perhaps at a freed one's address): checked
     assert len(checked) == 3
+
+
+# rmsnorm_rotate (rotary.qk_norm): the same design, with the norm weights in the signature ------------------
+
+
+@pytest.fixture
+def norm_replays(monkeypatch):
+    """One entry per rmsnorm_rotate call a recorded plan ran (``rotary.qk_norm._run_plan``)."""
+    from rotary import qk_norm
+
+    calls = []
+    real = qk_norm._run_plan
+
+    def counting(*args):
+        outs = real(*args)
+        if outs:
+            calls.append(1)
+        return outs
+
+    monkeypatch.setattr(qk_norm, "_run_plan", counting)
+    return calls
+
+
+def _model_tables(rope, ids, dtype):
+    """Hugging Face's per-token tables in the model's dtype, as ``hf.patch`` hands them to rmsnorm_rotate."""
+    cos, sin = rope.cos_sin(ids)
+    return rotary.RotaryTables.unchecked(cos.to(dtype), sin.to(dtype), False)
+
+
+@pytest.mark.parametrize("form", ["model_tables", "offset", "position_ids", "far_ids"])
+@pytest.mark.parametrize("style", ["qwen3", "gemma3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_an_rmsnorm_rotate_plan_is_bit_identical_to_the_general_path(form, style, dtype, norm_replays):
+    rope = rotary.RoPE(64, rotary_dim=48, max_position=64)
+    g = torch.Generator().manual_seed(1)
+    layout = "bshd" if form == "offset" else "bhsd"
+    shape = (lambda h: (2, 3, h, 64)) if layout == "bshd" else (lambda h: (2, h, 3, 64))
+    q, k = torch.randn(shape(8), generator=g).to(dtype), torch.randn(shape(2), generator=g).to(dtype)
+    wq, wk = torch.rand(64, generator=g).to(dtype), torch.rand(64, generator=g)  # the weight's dtype or fp32
+    wk = torch.nn.Parameter(wk, requires_grad=False)  # a model's norm weight (hf.patch passes the Parameter)
+    ids = torch.tensor([[3, 9, 40], [0, 1, 2]])
+    kwargs: dict = {"style": style, "layout": layout}
+    if form == "model_tables":
+        source = _model_tables(rope, ids, torch.float32 if dtype == torch.float64 else dtype)
+    else:
+        source = rope
+        kwargs.update(
+            {"offset": {"offset": 17}, "position_ids": {"position_ids": ids}, "far_ids": {"position_ids": ids * 1000}}[
+                form
+            ]
+        )
+    expected = general(rotary.rmsnorm_rotate, q, k, wq, wk, source, **kwargs)
+    rotary.rmsnorm_rotate(q, k, wq, wk, source, **kwargs)  # records
+    before = len(norm_replays)
+    got = rotary.rmsnorm_rotate(q, k, wq, wk, source, **kwargs)
+    assert len(norm_replays) == before + 1
+    for e, o in zip(expected, got):
+        assert torch.equal(e, o) and o.dtype == e.dtype and o.stride() == e.stride()
+
+
+def _norm_call(q, k, wq, wk, source, **kwargs):
+    try:
+        return rotary.rmsnorm_rotate(q, k, wq, wk, source, **kwargs)
+    except (ValueError, TypeError, RuntimeError) as error:
+        return type(error), str(error)
+
+
+def test_each_change_of_an_rmsnorm_rotate_signature_gets_the_general_path_s_answer(norm_replays):
+    rope = rotary.RoPE(64, max_position=64)
+    g = torch.Generator().manual_seed(2)
+    q, k = torch.randn(2, 6, 3, 64, generator=g), torch.randn(2, 2, 3, 64, generator=g)
+    wq, wk = torch.rand(64, generator=g), torch.rand(64, generator=g)
+    qkv = torch.randn(2, 3, 12, 64, generator=g)
+    with torch.inference_mode():
+        inference_q = torch.randn(2, 6, 3, 64)
+    leaf = torch.randn(2, 6, 3, 64, requires_grad=True)
+    changes = {  # name -> (q, k, q_weight, k_weight, layout)
+        "shape": lambda: (torch.randn(2, 6, 4, 64), torch.randn(2, 2, 4, 64), wq, wk, "bhsd"),
+        "strides": lambda: (q.transpose(1, 2).contiguous().transpose(1, 2), k, wq, wk, "bhsd"),
+        "storage offset": lambda: (torch.randn(50000)[7 : 7 + q.numel()].view(q.shape), k, wq, wk, "bhsd"),
+        "dtype": lambda: (q.bfloat16(), k.bfloat16(), wq, wk, "bhsd"),
+        "another dtype for k": lambda: (q, k.half(), wq, wk, "bhsd"),
+        "weight dtype": lambda: (q, k, wq.half(), wk, "bhsd"),
+        "weight shape": lambda: (q, k, torch.rand(128), wk, "bhsd"),
+        "layout": lambda: (q.transpose(1, 2), k.transpose(1, 2), wq, wk, "bshd"),
+        "views of one qkv, overlapping q and k": lambda: (
+            qkv[:, :, :6].transpose(1, 2),
+            qkv[:, :, 4:6].transpose(1, 2),
+            wq,
+            wk,
+            "bhsd",
+        ),
+        "no unit channel stride": lambda: (q.transpose(2, 3).contiguous().transpose(2, 3), k, wq, wk, "bhsd"),
+        "grad mode": lambda: (leaf, k, wq, wk, "bhsd"),
+        "a weight that requires grad": lambda: (q, k, wq.clone().requires_grad_(), wk, "bhsd"),
+        "inference tensor": lambda: (inference_q, k, wq, wk, "bhsd"),
+        "head_dim": lambda: (q[..., :32], k[..., :32], wq[:32], wk[:32], "bhsd"),
+    }
+    ids = torch.tensor([[0, 1, 2], [5, 6, 7]])
+    for form in ("rope", "tables"):
+        for name, make in changes.items():
+            a, b, w1, w2, layout = make()
+            source = rope if form == "rope" else _model_tables(rope, ids, torch.float32)
+            kwargs = {"offset": 5} if form == "rope" else {}
+            _norm_call(q, k, wq, wk, source, **kwargs)  # records a plan for the first signature
+            before = len(norm_replays)
+            _norm_call(q, k, wq, wk, source, **kwargs)  # and runs it
+            assert len(norm_replays) == before + 1, (form, name)
+            want = general(_norm_call, a, b, w1, w2, source, layout=layout, **kwargs)
+            got = _norm_call(a, b, w1, w2, source, layout=layout, **kwargs)
+            assert _same(want, got), (form, name, want if isinstance(want[0], type) else "tensors")
+            if not isinstance(got[0], type) and got[0].requires_grad:  # autograd: the general path's gradients
+                got[0].sum().backward()
+    # grad mode and inference mode themselves, with the same tensors
+    for source, kwargs in ((rope, {"offset": 5}), (_model_tables(rope, ids, torch.float32), {})):
+        rotary.rmsnorm_rotate(q, k, wq, wk, source, **kwargs)
+        for mode in (torch.no_grad, torch.inference_mode, torch.enable_grad):
+            with mode():
+                assert _same(
+                    rotary.rmsnorm_rotate(q, k, wq, wk, source, **kwargs),
+                    general(rotary.rmsnorm_rotate, q, k, wq, wk, source, **kwargs),
+                )
+    # eps and the style (the key's values) changed after a plan was recorded
+    for source, kwargs in ((rope, {"offset": 5}), (_model_tables(rope, ids, torch.float32), {})):
+        rotary.rmsnorm_rotate(q, k, wq, wk, source, **kwargs)
+        for extra in ({"eps": 0.5}, {"style": "gemma3"}, {"style": "gemma3", "eps": 0.25}):
+            got = rotary.rmsnorm_rotate(q, k, wq, wk, source, **kwargs, **extra)
+            assert _same(got, general(rotary.rmsnorm_rotate, q, k, wq, wk, source, **kwargs, **extra)), extra
+    # the model's table edited in place: read again by the plan
+    tables = _model_tables(rope, ids, torch.float32)
+    rotary.rmsnorm_rotate(q, k, wq, wk, tables)
+    tables.cos[1].neg_()
+    before = len(norm_replays)
+    got = rotary.rmsnorm_rotate(q, k, wq, wk, tables)
+    assert len(norm_replays) == before + 1 and _same(got, general(rotary.rmsnorm_rotate, q, k, wq, wk, tables))
+    # a weight edited in place (training): read again
+    wq.mul_(3)
+    assert _same(
+        rotary.rmsnorm_rotate(q, k, wq, wk, rope, offset=5),
+        general(rotary.rmsnorm_rotate, q, k, wq, wk, rope, offset=5),
+    )
+    # the errors the general path names, after a plan was recorded
+    with pytest.raises(ValueError, match="eps must be"):
+        rotary.rmsnorm_rotate(q, k, wq, wk, rope, offset=5, eps=-1.0)
+    with pytest.raises(ValueError, match="offset must be"):
+        rotary.rmsnorm_rotate(q, k, wq, wk, rope, offset=-1)
+    with pytest.raises(ValueError, match="already say where each token is"):
+        rotary.rmsnorm_rotate(q, k, wq, wk, tables, offset=5)
+    # the frequency buffer edited in place: the general path's error
+    rope.inv_freq.mul_(2)
+    with pytest.raises(RuntimeError, match="modified in place"):
+        rotary.rmsnorm_rotate(q, k, wq, wk, rope, offset=5)
+
+
+# rotate_and_cache (rotary.serving): the one-pass kernel's call replayed from the signature -------------------
+
+
+@pytest.fixture
+def cache_replays(monkeypatch):
+    """The status of every rotate_and_cache call a recorded plan handed to the kernel (``[-1]``: another signature)."""
+    ext = extension.load_cpu_extension()
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(ext, name)
+
+        def rope_cache_plan(self, *args):
+            status, outs = ext.rope_cache_plan(*args)
+            calls.append(list(status))
+            return status, outs
+
+    calls = []
+    monkeypatch.setattr(rotary.serving, "load_cpu_extension", lambda: Counting())
+    return calls
+
+
+def _cache_call(q, k, v, k_cache, v_cache, slots, **kwargs):
+    """``rotate_and_cache``'s outputs and the caches it wrote, or its error."""
+    try:
+        out = rotary.rotate_and_cache(q, k, v, k_cache, v_cache, slots, **kwargs)
+    except (ValueError, TypeError, RuntimeError) as error:
+        return type(error), str(error)
+    return (*out, k_cache, v_cache)
+
+
+def test_each_change_of_a_rotate_and_cache_signature_gets_the_general_path_s_answer(cache_replays):
+    rope = rotary.RoPE(16)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.tensor([[3, 4], [7, 8]])
+    half = rope.cos_sin(torch.arange(32))
+    cos_sin_cache = torch.cat((half[0][:, :8], half[1][:, :8]), dim=-1)
+    forms = {
+        "tables": lambda: {"tables": rope.tables(ids)},
+        "model tables": lambda: {"tables": rotary.RotaryTables.from_tensors(*rope.cos_sin(ids), interleaved=False)},
+        "cos_sin_cache": lambda: {"positions": ids, "cos_sin_cache": cos_sin_cache},
+    }
+    q, k, v = (torch.randn(2, 2, h, 16, generator=g) for h in (4, 2, 2))  # [B, S, H, D]
+    qkv = torch.randn(2, 2, 8, 16, generator=g)
+    with torch.inference_mode():
+        inference_k = torch.randn(2, 2, 2, 16)
+    leaf = torch.randn(2, 2, 2, 16, requires_grad=True)
+    slots = torch.tensor([[0, 1], [5, 6]])
+    caches = lambda dtype=torch.float32: [torch.zeros(2, 8, 2, 16, dtype=dtype) for _ in range(2)]  # noqa: E731
+    changes = {  # name -> (q, k, v, k_cache, v_cache, slots, extra keyword arguments)
+        "shape": lambda: (q[:, :1], k[:, :1], v[:, :1], *caches(), slots[:, :1], {}),
+        "strides": lambda: (q.transpose(1, 2).contiguous().transpose(1, 2), k, v, *caches(), slots, {}),
+        "storage offset": lambda: (torch.randn(9000)[5 : 5 + q.numel()].view(q.shape), k, v, *caches(), slots, {}),
+        "dtype": lambda: (q.bfloat16(), k.bfloat16(), v.bfloat16(), *caches(torch.bfloat16), slots, {}),
+        "cache dtype": lambda: (q, k, v, *caches(torch.bfloat16), slots, {}),
+        "layout": lambda: (
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            *caches(),
+            slots,
+            {"layout": "bhsd"},
+        ),
+        "in place, q, k and v views of one qkv": lambda: (
+            qkv[:, :, :4],
+            qkv[:, :, 4:6],
+            qkv[:, :, 6:],
+            *caches(),
+            slots,
+            {"inplace": True},
+        ),
+        "in place, overlapping q and k": lambda: (
+            qkv[:, :, :4],
+            qkv[:, :, 2:4],
+            v,
+            *caches(),
+            slots,
+            {"inplace": True},
+        ),
+        "in place, v is k": lambda: (q, k, k, *caches(), slots, {"inplace": True}),
+        "caches sharing memory": lambda: (
+            q,
+            k,
+            v,
+            (big := torch.zeros(2, 8, 4, 16))[:, :, :2],
+            big[:, :, 1:3],
+            slots,
+            {},
+        ),
+        "grad mode": lambda: (q, leaf, v, *caches(), slots, {}),
+        "inference tensor": lambda: (q, k, v, *caches(), slots, {"inplace": True, "_k": inference_k}),
+        "slots outside the cache": lambda: (q, k, v, *caches(), torch.tensor([[0, 1], [5, 8]]), {}),
+        "two tokens, one row": lambda: (q, k, v, *caches(), torch.tensor([[0, 0], [5, 6]]), {}),
+    }
+    for form, make_tables in forms.items():
+        for name, make in changes.items():
+            a, b, c, kc, vc, s, extra = make()
+            if "_k" in extra:
+                b = extra.pop("_k")
+            kwargs = {**make_tables(), **extra}
+            first = (q.clone(), k.clone(), v.clone(), *caches(), slots)
+            _cache_call(*first, **make_tables(), inplace=extra.get("inplace", False))  # records a plan
+            before = len(cache_replays)
+            _cache_call(*(t.clone() for t in first), **make_tables(), inplace=extra.get("inplace", False))  # runs it
+            assert cache_replays[before:] == [[]], (form, name)
+            tensors = (a, b, c, kc, vc)
+            saved = [t.detach().clone() for t in tensors]
+            want = general(_cache_call, *tensors, s, **kwargs)
+            if not isinstance(want[0], type):
+                want = tuple(t.detach().clone() for t in want)
+            with torch.no_grad():
+                for t, value in zip(tensors, saved):
+                    if not t.is_inference():  # (an inference tensor is refused before anything is written)
+                        t.detach().copy_(value)
+            got = _cache_call(*tensors, s, **kwargs)
+            assert _same(want, got, strides=False), (form, name, want if isinstance(want[0], type) else "tensors")
+    # inference mode and grad mode themselves, and a table edited in place, with the same tensors
+    for form, make_tables in forms.items():
+        kwargs = make_tables()
+        for mode in (torch.no_grad, torch.inference_mode, torch.enable_grad):
+            with mode():
+                kc, vc = caches()
+                got = _cache_call(q, k, v, kc, vc, slots, **kwargs)
+                want = general(_cache_call, q, k, v, *caches(), slots, **kwargs)
+                assert _same(want, got), (form, mode)
+        # the row token (1, 0) reads, edited in place: a rotation by -θ there
+        row = (
+            kwargs["cos_sin_cache"][7]
+            if "cos_sin_cache" in kwargs
+            else kwargs["tables"].cos[(7,) if form == "tables" else (1, 0)]
+        )
+        row.neg_()
+        before = len(cache_replays)
+        got = _cache_call(q, k, v, *caches(), slots, **kwargs)
+        assert cache_replays[before:] == [[]], form
+        assert _same(got, general(_cache_call, q, k, v, *caches(), slots, **kwargs))
+        row.neg_()
+    # NaN in a cos_sin_cache row a token reads, after a plan was recorded: the general path's error
+    cos_sin_cache[7, 0] = float("nan")
+    want = general(_cache_call, q, k, v, *caches(), slots, **forms["cos_sin_cache"]())
+    assert isinstance(want[0], type) and "cos_sin_cache row 7" in want[1]
+    assert _same(want, _cache_call(q, k, v, *caches(), slots, **forms["cos_sin_cache"]()))

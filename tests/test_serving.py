@@ -383,33 +383,52 @@ def test_the_vllm_form_compiles_in_one_graph_and_equals_eager(table_dtype):
         assert torch.equal(g, w)
 
 
-def test_compiled_bad_slots_and_positions_fail_when_the_graph_runs():
-    # compiled, a slot outside the cache was dropped and a position outside cos_sin_cache gave NaN, neither flagged
+def test_compiled_and_eager_raise_the_same_error_for_bad_slots_positions_and_cos_sin_cache_rows():
+    # compiled, a bad slot, position or NaN row raised torch's RuntimeError from an assertion in the graph, where
+    # eager raised rotary's InputError naming the value; now both raise the same error with the same message
     rope = rotary.RoPE(D)
     cos, sin = rope.cos_sin(torch.arange(32))
     cos_sin_cache = torch.cat((cos[:, : D // 2], sin[:, : D // 2]), dim=-1)
 
-    def step(q, k, v, kc, vc, slots, pos):
-        return rotary.rotate_and_cache(q, k, v, kc, vc, slots, positions=pos, cos_sin_cache=cos_sin_cache)
+    def step(q, k, v, kc, vc, slots, pos, table):
+        return rotary.rotate_and_cache(q, k, v, kc, vc, slots, positions=pos, cos_sin_cache=table)
 
-    def step_with_tables(q, k, v, kc, vc, slots, pos):
+    def step_with_tables(q, k, v, kc, vc, slots, pos, table):
         return rotary.rotate_and_cache(q, k, v, kc, vc, slots, rope.tables(pos))
+
+    def outcome(f, *args):
+        try:
+            return f(*args)
+        except Exception as error:  # noqa: BLE001  (the type and message are compared)
+            return type(error), str(error)
 
     rope.prepare(64)
     q, k, v = _inputs(torch.float32)
     positions = torch.tensor([[3, 4, 5], [7, 8, 9]])
+    nan_row = cos_sin_cache.clone()
+    nan_row[8, 1] = float("nan")
+    cases = [  # (slots, positions, cos_sin_cache): one bad value each, and good input last
+        (torch.tensor([[4, 5, 6], [0, 1, T]]), positions, cos_sin_cache),
+        (torch.tensor([[4, 5, 4], [0, 1, 2]]), positions, cos_sin_cache),
+        (SLOTS, torch.tensor([[3, 4, 5], [7, 8, 32]]), cos_sin_cache),
+        (SLOTS, torch.tensor([[3, 4, 5], [7, -1, 9]]), cos_sin_cache),
+        (SLOTS, positions, nan_row),
+        (SLOTS, positions, cos_sin_cache),
+    ]
     torch._dynamo.reset()
-    with pytest.raises(RuntimeError, match="slots given to rotate_and_cache must be in 0 .. T_max - 1"):
-        bad = torch.tensor([[4, 5, 6], [0, 1, T]])
-        torch.compile(step_with_tables, backend="aot_eager", fullgraph=True)(
-            q, k, v, *_caches(torch.float32), bad, positions
-        )
-    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
-    with pytest.raises(RuntimeError, match="positions given with cos_sin_cache must be in 0 .. max_position - 1"):
-        compiled(q, k, v, *_caches(torch.float32), SLOTS, torch.tensor([[3, 4, 5], [7, 8, 32]]))
-    caches = _caches(torch.float32)
-    compiled(q, k, v, *caches, SLOTS, positions)  # and good input still runs
-    assert torch.equal(caches[1][1, 9], v[1, 2])
+    for f in (step, step_with_tables):
+        compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+        for i, (slots, pos, table) in enumerate(cases):
+            if f is step_with_tables and (pos.min() < 0 or pos.max() >= 32 or table is nan_row):
+                continue  # a RoPE's tables take any position, and have no NaN row
+            want_caches, got_caches = _caches(torch.float32), _caches(torch.float32)
+            want = outcome(f, q, k, v, *want_caches, slots, pos, table)
+            got = outcome(compiled, q, k, v, *got_caches, slots, pos, table)
+            if i < len(cases) - 1:  # rotary's InputError, named
+                assert isinstance(want[0], type) and issubclass(want[0], ValueError), (f.__name__, i, want)
+            for a, b in zip(got, want):
+                assert a == b if not isinstance(a, torch.Tensor) else torch.equal(a, b), (f.__name__, i, got, want)
+            assert all(torch.equal(a, b) for a, b in zip(got_caches, want_caches))
 
 
 @pytest.mark.parametrize("shared", [False, True])
@@ -514,8 +533,8 @@ def test_a_non_finite_cos_sin_cache_row_fails_when_the_compiled_graph_runs():
     caches = _caches(torch.float32)
     compiled(q, k, v, *caches, SLOTS, torch.tensor([[3, 4, 5], [7, 6, 9]]))
     assert torch.isfinite(caches[0]).all()
-    with pytest.raises(RuntimeError, match="cos_sin_cache rows read by these positions hold NaN or inf"):
-        compiled(q, k, v, *_caches(torch.float32), SLOTS, torch.tensor([[3, 4, 5], [7, 8, 9]]))
+    with pytest.raises(ValueError, match=r"cos_sin_cache row 8 \(the position of token \(1, 1\)\) holds NaN or inf"):
+        compiled(q, k, v, *_caches(torch.float32), SLOTS, torch.tensor([[3, 4, 5], [7, 8, 9]]))  # eager's error
 
 
 VLLM_FORM = textwrap.dedent(

@@ -34,6 +34,15 @@ class Kernel:
         self.statuses.append(list(status))
         return status, outs
 
+    def rope_cache_plan(self, *args):  # a recorded plan's call (rotary.plans): rope_cache when its signature holds
+        status, outs = EXT.rope_cache_plan(*args)
+        if list(status) != [-1]:  # (-1: another signature, nothing called)
+            self.statuses.append(list(status))
+        return status, outs
+
+    def cache_signature(self, *args):
+        return EXT.cache_signature(*args)
+
 
 @pytest.fixture
 def kernel(monkeypatch) -> Kernel:

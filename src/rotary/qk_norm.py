@@ -21,17 +21,21 @@ The backward is the composition's gradient, written out (:func:`rotary.kernels.n
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any, Literal
 
 import torch
 
+from . import plans
 from . import positions as P
 from ._checks import check_choice, is_int
 from .errors import InputError, InputTypeError
 from .kernels import norm as kernels
 from .kernels.contract import Rotation
+from .kernels.extension import load_cpu_extension
+from .plans import GENERAL, Plan, PlanCache
 from .positions import Positions
-from .rotation import Layout, addressing, check_inputs, check_layout, kernel_tables, rotate
+from .rotation import Layout, addressing, check_inputs, check_layout, kernel_tables, layout_code, rotate
 from .tables import RotaryTables, table_dtype
 
 __all__ = ["STYLES", "Style", "rms_norm", "rmsnorm_rotate"]
@@ -199,7 +203,9 @@ def rmsnorm_rotate(
     (the mean square is summed in another order). Channels past the rotary dim ``r`` are normalised and not
     rotated. Gradients flow to q, k and both weights; tables that require grad (learnable frequencies)
     take the unfused composition. Nothing is read on the host on a GPU: a position past a RoPE's cached
-    table gets its row computed in the kernel, as in :func:`rotary.rotate`.
+    table gets its row computed in the kernel, as in :func:`rotary.rotate`. On the CPU, the first call with a
+    signature (shapes, strides, dtypes, the weights', the tables', grad and inference mode: :mod:`rotary.plans`)
+    runs every check and records a plan; later calls with that signature go from it to the kernel.
 
     Args:
         q: ``[B, Hq, S, D]`` (``layout="bhsd"``) or ``[B, S, Hq, D]`` (``"bshd"``), any strides with
@@ -232,6 +238,124 @@ def rmsnorm_rotate(
         >>> torch.equal(q_out, unfused[0]) and torch.equal(k_out, unfused[1])
         True
     """
+    key = _key(q, k, q_weight, k_weight, rope, position_ids, offset, eps, style, layout)
+    if key is not None:
+        recorded = (_PLANS if key[0] else rope._plans).get(key)
+        if recorded is not None and recorded.backend == "cpu":
+            outs = _run_plan(recorded, q, k, q_weight, k_weight, rope, position_ids, offset, eps, style)
+            if outs:  # (None or empty: values or a signature the plan does not cover)
+                return outs[0], outs[1]
+    _last.rotation = None
+    q_out, k_out = _general(q, k, q_weight, k_weight, rope, position_ids, offset, eps, style, layout)
+    if key is not None:
+        (_PLANS if key[0] else rope._plans).put(key, _decide(q, k, q_weight, k_weight, rope, position_ids, layout))
+    return q_out, k_out
+
+
+#: the plans of :func:`rmsnorm_rotate` given :class:`RotaryTables`, by call signature (:mod:`rotary.plans`); a
+#: :class:`rotary.RoPE` keeps its own plans of this function beside its forward's
+_PLANS = PlanCache()
+_last = threading.local()
+#: the weights a plan takes: tensors, and a model's norm weights as they are (``nn.Parameter``, a plain subclass)
+_WEIGHT_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def _key(
+    q: Any, k: Any, q_weight: Any, k_weight: Any, rope: Any, position_ids: Any, offset: Any, eps: Any, style: Any,
+    layout: Any,
+) -> tuple | None:  # fmt: skip
+    """The Python part of a call's signature (the compiled kernel's entry compares the tensors' metadata), or
+    ``None`` for a call that is never planned: plans off or not allowed here (:func:`rotary.plans.plannable`),
+    tensor subclasses, arguments of other types than the general path takes as they are, a table producer other
+    than :class:`rotary.RoPE` or :class:`RotaryTables`. Its first item says whose cache holds the plan: ``True``
+    this module's (tables given), ``False`` the RoPE's."""
+    if (
+        type(q) is not torch.Tensor
+        or type(k) is not torch.Tensor
+        or type(q_weight) not in _WEIGHT_TYPES
+        or type(k_weight) not in _WEIGHT_TYPES
+        or type(eps) is not float
+        or type(style) is not str
+        or type(layout) is not str
+        or type(offset) is not int
+        or not plans.plannable()
+    ):
+        return None
+    if type(rope) is RotaryTables:
+        rows = rope.rows
+        if (
+            position_ids is not None
+            or offset != 0
+            or type(rope.cos) is not torch.Tensor
+            or type(rope.sin) is not torch.Tensor
+            or not (rows is None or type(rows) is torch.Tensor)
+        ):
+            return None
+        return (
+            True, layout, style, eps, q.shape, k.shape, rope.interleaved, rope.heads, rope.k_cos is None,
+            rope.frequencies is None, rows is None,
+        )  # fmt: skip
+    if hasattr(rope, "_plan_tables") and (position_ids is None or type(position_ids) is torch.Tensor):
+        return False, "rmsnorm_rotate", layout, style, eps, position_ids is None, q.shape, k.shape
+    return None
+
+
+def _decide(
+    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, rope: Any,
+    position_ids: torch.Tensor | None, layout: str,
+) -> Plan:  # fmt: skip
+    """The plan of a call whose general path succeeded: the compiled CPU kernel's ``rmsnorm_rope_layout`` when
+    the general path ran that kernel without autograd on tables the plan can name (the call's own
+    :class:`RotaryTables`, without key or per-head tables, rows int64 if any; or the RoPE's cached table), else
+    the general path at every call."""
+    rotation = getattr(_last, "rotation", None)
+    if rotation is None or kernels._backend(rotation) != "cpu":
+        return GENERAL
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, q_weight, k_weight, *rotation.cos)):
+        return GENERAL
+    code = layout_code(layout, False)
+    if type(rope) is RotaryTables:
+        if (
+            rope.k_cos is not None
+            or rope.heads is not None
+            or (rope.rows is not None and rope.rows.dtype != torch.int64)
+        ):
+            return GENERAL
+        signature = load_cpu_extension().norm_signature([q, k], [q_weight, k_weight], rope.cos, rope.sin, rope.rows)  # type: ignore[union-attr]
+        return Plan("cpu", code, rope.interleaved, False, signature=signature)
+    tables = None if hasattr(rope, "input_tables") else rope._plan_tables(q.device, table_dtype(q.dtype), position_ids)
+    if tables is None:
+        return GENERAL
+    signature = load_cpu_extension().norm_signature([q, k], [q_weight, k_weight], *tables[:2], position_ids)  # type: ignore[union-attr]
+    return Plan("cpu", code, rope.interleaved, False, tables, signature, rope._guard())
+
+
+def _run_plan(
+    plan: Plan, q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, rope: Any,
+    position_ids: torch.Tensor | None, offset: int, eps: float, style: str,
+) -> list[torch.Tensor] | None:  # fmt: skip
+    """A recorded plan's call (``rmsnorm_rope_layout``), or ``None``/empty when the plan does not cover the call's
+    values or signature: the general path then runs."""
+    gemma = kernels.STYLES[style][0]
+    if plan.tables is None:  # the call's own RotaryTables
+        cos, sin, ids, frequencies, row_offset = rope.cos, rope.sin, rope.rows, rope.frequencies, 0
+    else:
+        window = rope._plan_window(plan, q.shape[plan.layout], position_ids, offset)
+        if window is None:
+            return None
+        (row_offset, ids, frequencies), (cos, sin) = window, plan.tables[:2]
+    return load_cpu_extension().rmsnorm_rope_layout(  # type: ignore[union-attr]
+        plan.signature, [q, k], [q_weight, k_weight], cos, sin, row_offset, ids, plan.layout, plan.interleaved, gemma,
+        eps, frequencies,
+    )  # fmt: skip
+
+
+def _general(
+    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, rope: Any,
+    position_ids: torch.Tensor | Positions | None, offset: int, eps: float, style: str, layout: str,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """:func:`rmsnorm_rotate`'s general path: every check, the tables, the kernels (with autograd and
+    ``torch.compile``). The rotation it hands the kernels without autograd is kept in ``_last`` for :func:`_decide`."""
     gemma = _check_style(style)
     eps = _check_eps(eps)
     check_inputs((q, k), ("q", "k"), packed=False)
@@ -272,6 +396,7 @@ def rmsnorm_rotate(
         views, views, (flat[0], key_flat[0]), (flat[1], key_flat[1]), positions, batch_rows, tables.interleaved,
         False, frequencies,
     )  # fmt: skip
+    _last.rotation = rotation
     q_out, k_out = kernels.apply(rotation, kernels.Norm((q_weight, k_weight), eps, gemma))
     if layout == "bhsd":
         return q_out.transpose(1, 2), k_out.transpose(1, 2)

@@ -340,28 +340,51 @@ class RoPE(TableSource):
         :func:`rotary.rotate` recorded a kernel plan for the call's tables (the same tensors, the same decision)
         and the position ids go to the kernel as they are (int64, on the inputs' device), else the general path."""
         recorded = R.recorded_plan()
-        device = outs[0].device
-        cache = self._caches.get("original")
-        cached = None if cache is None else cache.ready(device, 0, table_dtype(outs[0].dtype))
-        if (
-            recorded is None
-            or recorded.backend != "cpu"
-            or cached is None
-            or not self._plannable
-            or any(x.dim() != 4 for x in xs)
-            or (position_ids is not None and (position_ids.dtype != torch.int64 or position_ids.device != device))
-        ):
+        tables = self._plan_tables(outs[0].device, table_dtype(outs[0].dtype), position_ids)
+        if recorded is None or recorded.backend != "cpu" or tables is None or any(x.dim() != 4 for x in xs):
             self._plans.put(key, plans.GENERAL)
             return
-        buffer = self._buffers["inv_freq"]
-        signature = load_cpu_extension().signature(list(xs), *cached, position_ids, inplace)  # type: ignore[union-attr]
+        signature = load_cpu_extension().signature(list(xs), *tables[:2], position_ids, inplace)  # type: ignore[union-attr]
         self._plans.put(
-            key,
-            Plan(
-                "cpu", R.layout_code(layout, False), self.interleaved, inplace,
-                (*cached, self._row_frequencies_on(self.original_freqs, device)), signature, (buffer, buffer._version),
-            ),
-        )  # fmt: skip
+            key, Plan("cpu", R.layout_code(layout, False), self.interleaved, inplace, tables, signature, self._guard())
+        )
+
+    def _plan_tables(
+        self, device: torch.device, dtype: torch.dtype, position_ids: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The tables a plan of this RoPE replays on ``device``: its whole cached ``(cos, sin)`` in ``dtype`` and the
+        frequencies of rows past them; ``None`` when a plan cannot stand for the general path's tables (frequencies
+        that depend on the length or are learned, another ``tables``, no cached table yet, position ids that are
+        not int64 on ``device``). Shared by :meth:`forward` and :func:`rotary.rmsnorm_rotate`."""
+        cache = self._caches.get("original")
+        cached = None if cache is None else cache.ready(device, 0, dtype)
+        if (
+            cached is None
+            or not self._plannable
+            or (position_ids is not None and (position_ids.dtype != torch.int64 or position_ids.device != device))
+        ):
+            return None
+        return (*cached, self._row_frequencies_on(self.original_freqs, device))
+
+    def _guard(self) -> tuple[torch.Tensor, int]:
+        """What a plan of this RoPE holds for its frequency buffer: the buffer and its ``_version``."""
+        buffer = self._buffers["inv_freq"]
+        return buffer, buffer._version
+
+    def _plan_window(
+        self, plan: Plan, seq_len: int, position_ids: torch.Tensor | None, offset: object
+    ) -> tuple[int, torch.Tensor | None, torch.Tensor | None] | None:
+        """``(row_offset, position_ids, frequencies)`` of a recorded plan's call, or ``None`` when the plan does not
+        cover these values (its frequency buffer replaced or edited in place; an ``offset`` of another type,
+        negative, past the plan's table, or given with ``position_ids``)."""
+        buffer = self._buffers["inv_freq"]
+        if type(offset) is not int or plan.guard[0] is not buffer or plan.guard[1] != buffer._version:  # type: ignore[index]
+            return None
+        if position_ids is not None:
+            return None if offset else (0, position_ids, plan.tables[2])  # type: ignore[index]
+        if offset < 0 or offset + seq_len > plan.tables[0].shape[0]:  # type: ignore[index]
+            return None
+        return offset, None, None
 
     def _run_plan(
         self, plan: Plan, xs: tuple[torch.Tensor, ...], position_ids: torch.Tensor | None, offset: object
@@ -369,17 +392,11 @@ class RoPE(TableSource):
         """A recorded plan's call, or ``None`` when the plan does not cover these values (an ``offset`` of another
         type, negative, or past the plan's table; ``offset`` with ``position_ids``): the general path then names
         the error, or grows the table and records a new plan."""
-        buffer = self._buffers["inv_freq"]
-        if type(offset) is not int or plan.guard[0] is not buffer or plan.guard[1] != buffer._version:  # type: ignore[index]
+        window = self._plan_window(plan, xs[0].shape[plan.layout], position_ids, offset)
+        if window is None:
             return None
-        cos, sin, frequencies = plan.tables  # type: ignore[misc]
-        if position_ids is not None:
-            if offset:
-                return None
-            return R.run_plan(plan, xs, cos, sin, position_ids, frequencies)
-        if offset < 0 or offset + xs[0].shape[plan.layout] > cos.shape[0]:
-            return None
-        return R.run_plan(plan, xs, cos, sin, None, None, offset)
+        row_offset, ids, frequencies = window
+        return R.run_plan(plan, xs, plan.tables[0], plan.tables[1], ids, frequencies, row_offset)  # type: ignore[index]
 
     def _split_flat(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """vLLM's ``[total_tokens, H * D]`` as packed ``[total_tokens, H, D]`` (other inputs unchanged)."""

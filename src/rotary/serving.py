@@ -19,7 +19,7 @@ from typing import Literal
 
 import torch
 
-from . import devices
+from . import devices, plans
 from ._checks import check_bool
 from .errors import InputError, InputTypeError
 from .kernels import ops
@@ -27,6 +27,7 @@ from .kernels import triton as triton_kernel
 from .kernels.contract import Rotation
 from .kernels.extension import load_cpu_extension
 from .kernels.overlap import overlaps_itself, shares_elements
+from .plans import Plan, PlanCache
 from .rotation import Layout, check_inplace_targets, check_layout, check_writable, plan, rotate, unview
 from .tables import RotaryTables
 
@@ -52,7 +53,8 @@ def tables_from_cos_sin_cache(
         rotary.errors.InputError: (on the CPU) a position outside the cache's rows, or a gathered row holding
             NaN or inf (one sum of the gathered rows). Elsewhere nothing is read: a position outside gives
             NaN for that token and a NaN/inf row NaN or inf in its tokens' rotations (both the caller's
-            contract); under ``torch.compile`` an assertion in the graph.
+            contract); under ``torch.compile`` the same: on the CPU the same error, raised when the graph runs
+            (an op in the graph checks them: ``rotary::checked_positions``), elsewhere an assertion in the graph.
             The rows no token reads are not checked.
 
     Example:
@@ -72,7 +74,12 @@ def _gather_tables(cos_sin_cache: torch.Tensor, positions: torch.Tensor, interle
     rows = cos_sin_cache.shape[0]
     ids = positions.long()
     host = devices.host_checks(ids.device) and not torch.compiler.is_compiling()
-    if host:
+    traced_host = torch.compiler.is_compiling() and devices.host_checks(ids.device)
+    if traced_host:  # eager's checks and errors, in the graph (an op: the values exist only when the graph runs)
+        ids = checked_positions(cos_sin_cache, ids)
+        safe = ids
+        nan = None
+    elif host:
         if ids.numel():
             low, high = (int(x) for x in torch.aminmax(ids))
             if low < 0 or high >= rows:
@@ -88,7 +95,8 @@ def _gather_tables(cos_sin_cache: torch.Tensor, positions: torch.Tensor, interle
     gathered = cos_sin_cache[safe]  # [..., r]: the tokens' rows, the only ones checked (and widened)
     if gathered.dtype != torch.float32:
         gathered = gathered.float()
-    _check_gathered_rows(gathered, ids, host)
+    if not traced_host:
+        _check_gathered_rows(gathered, ids, host)
     # cos and sin [..., r/2] laid out per channel for the pairing, as expand_pairs does, in one copy: [..., 2, r]
     # (at 64 tokens of r = 128: 4.2 µs for the half pairing, 14.5 µs interleaved; 6.2 and 19.4 µs one by one)
     halves = gathered.unflatten(-1, (2, -1))
@@ -142,6 +150,24 @@ def _check_gathered_rows(gathered: torch.Tensor, ids: torch.Tensor, host: bool) 
         torch._assert_async(~bad.any(), "cos_sin_cache rows read by these positions hold NaN or inf")
 
 
+@torch.library.custom_op("rotary::checked_positions", mutates_args=())
+def checked_positions(cos_sin_cache: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The int64 positions of a compiled call with vLLM's ``cos_sin_cache`` on the CPU, checked as the eager call
+    checks them (an :class:`~rotary.errors.InputError` naming positions outside the cache, or a row they read
+    that holds NaN or inf), returned as a new tensor that the gather reads (so the check stays in the graph)."""
+    if ids.numel():
+        low, high = (int(x) for x in torch.aminmax(ids))
+        if low < 0 or high >= cos_sin_cache.shape[0]:
+            raise InputError(_positions_outside(low, high, cos_sin_cache.shape[0]))
+        _check_gathered_rows(cos_sin_cache[ids].float(), ids, True)
+    return ids.clone()
+
+
+@checked_positions.register_fake
+def _(cos_sin_cache, ids):
+    return torch.empty_like(ids)
+
+
 def _positions_outside(low: int, high: int, rows: int) -> str:
     return f"positions must be in 0 .. {rows - 1} (the rows of cos_sin_cache), got {low} .. {high}"
 
@@ -192,8 +218,9 @@ def rotate_and_cache(
             ``cos_sin_cache`` is used as given, except that the rows the tokens read are checked for NaN
             and inf at every call: on the CPU an :class:`~rotary.errors.InputError` naming the row (one
             pass over those rows in the C++ kernel, a sum of the gathered rows without it), elsewhere the
-            caller's contract (those tokens' rotations are NaN or inf; nothing is read), under
-            ``torch.compile`` an assertion in the graph. On CUDA (eager, an fp32/bf16/fp16
+            caller's contract (those tokens' rotations are NaN or inf; nothing is read); under
+            ``torch.compile`` the same on the CPU (raised when the graph runs), an assertion in the graph
+            elsewhere. On CUDA (eager, an fp32/bf16/fp16
             cache) the kernel reads each token's row of the cache itself, at its position, and checks it
             there: no table is gathered first. The whole table is never scanned: rows no token reads are
             not checked, nor whether the values are rotations (cos² + sin² = 1); check the table once
@@ -214,9 +241,11 @@ def rotate_and_cache(
             contract, as vLLM's padding slots). NaN or inf in a row of ``cos_sin_cache`` that a
             token reads: NaN or inf in that token's rotation there (the caller's contract). A position outside ``cos_sin_cache``: an error on the CPU, NaN in that
             token's rotation elsewhere (the caller's contract). A RoPE's ``tables`` take any position.
-            Under ``torch.compile`` a bad slot (off the fused CUDA kernel, which skips bad slots),
-            a position outside ``cos_sin_cache`` or NaN/inf in a row read from it is checked in the graph:
-            a ``RuntimeError`` when it runs.
+            Under ``torch.compile`` on the CPU, each of these is the same ``InputError``, with the same
+            message, raised when the graph runs (ops in the graph check the values: ``rotary::checked_slots``,
+            ``rotary::checked_positions``); elsewhere a bad slot (off the fused CUDA kernel, which skips bad
+            slots), a position outside ``cos_sin_cache`` or NaN/inf in a row read from it is checked in the
+            graph: a ``RuntimeError`` when it runs.
 
     Example:
         >>> import rotary
@@ -228,6 +257,15 @@ def rotate_and_cache(
         >>> torch.equal(k_cache[1, 5], k_rot[1, 0]) and torch.equal(v_cache[0, 3], v[0, 0])
         True
     """
+    key = _key(
+        q, k, v, k_cache, v_cache, slots, tables, positions, cos_sin_cache, interleaved, layout, cache_layout, inplace
+    )
+    if key is not None:
+        recorded = _PLANS.get(key)
+        if recorded is not None:
+            done = _run_plan(recorded, q, k, v, k_cache, v_cache, slots, tables, positions, cos_sin_cache, cache_layout)
+            if done is not None:
+                return done
     for name, t in (("q", q), ("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache), ("slots", slots)):
         if not isinstance(t, torch.Tensor):
             raise InputTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -279,6 +317,9 @@ def rotate_and_cache(
             args = (q, k, v, k_cache, v_cache, slots, *table, inplace)
             views = (2 if packed else 1 if layout == "bhsd" else 0, cache_layout == "bhsd")
             status, outs = cpu.rope_cache(*args, False, *views)
+            if not status and key is not None:  # every check passed in C++: a plan of this signature
+                signature = cpu.cache_signature([q, k, v, k_cache, v_cache, slots], *table[:3], inplace)
+                _PLANS.put(key, Plan("cpu", views[0], table[3], inplace, signature=signature))
             if status == _CHECK_MEMORY:  # memory that may be shared: which elements are, the general path's checks
                 _check_memory(q, k, v, k_cache, v_cache)
                 if inplace and not _one_pass_in_place(q, k, v):
@@ -294,7 +335,7 @@ def rotate_and_cache(
     qv, kv, vv = (t.unsqueeze(0) if packed else (t.transpose(1, 2) if layout == "bhsd" else t) for t in (q, k, v))
     kc, vc = (c.transpose(1, 2) if cache_layout == "bhsd" and c.dim() == 4 else c for c in (k_cache, v_cache))
     slot_ids = slots.unsqueeze(0) if packed and slots.dim() == 1 else slots
-    _check_shapes(qv, kv, vv, kc, vc, slot_ids)
+    slot_ids = _check_shapes(qv, kv, vv, kc, vc, slot_ids)
     if not torch.compiler.is_compiling():
         _check_memory(q, k, v, k_cache, v_cache)
     fused = pair_tables = False
@@ -342,6 +383,67 @@ def rotate_and_cache(
     _write_rows(kc, k_new, slot_ids)
     _write_rows(vc, vv, slot_ids)
     return q_rot, k_rot
+
+
+#: the plans of :func:`rotate_and_cache`, by call signature (:mod:`rotary.plans`)
+_PLANS = PlanCache()
+
+
+def _key(
+    q, k, v, k_cache, v_cache, slots, tables, positions, cos_sin_cache, interleaved, layout, cache_layout, inplace
+) -> tuple | None:
+    """The Python part of a :func:`rotate_and_cache` call's signature (the compiled kernel's entry compares the
+    tensors' metadata), or ``None`` for a call that is never planned (plans off or not allowed here, tensor
+    subclasses, arguments of other types than the general path takes as they are, tables with key or per-head
+    tables or rows computed past them)."""
+    for t in (q, k, v, k_cache, v_cache, slots):
+        if type(t) is not torch.Tensor:
+            return None
+    if (
+        (inplace is not True and inplace is not False)
+        or (interleaved is not True and interleaved is not False)
+        or type(layout) is not str
+        or type(cache_layout) is not str
+        or not plans.plannable()
+    ):
+        return None
+    if tables is None:
+        if type(cos_sin_cache) is not torch.Tensor or type(positions) is not torch.Tensor:
+            return None
+        return inplace, layout, cache_layout, interleaved, None, q.shape, k.shape
+    if (
+        type(tables) is not RotaryTables
+        or positions is not None
+        or cos_sin_cache is not None
+        or type(tables.cos) is not torch.Tensor
+        or type(tables.sin) is not torch.Tensor
+        or not (tables.rows is None or type(tables.rows) is torch.Tensor)
+        or not (tables.k_cos is tables.heads is tables.frequencies is None)
+    ):
+        return None
+    return inplace, layout, cache_layout, interleaved, tables.interleaved, q.shape, k.shape
+
+
+def _run_plan(
+    plan: Plan, q, k, v, k_cache, v_cache, slots, tables, positions, cos_sin_cache, cache_layout
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A recorded plan's call: the compiled kernel's ``rope_cache`` (which checks the values, the slots, the
+    positions and the memory itself, and names a bad one as the general path does), or ``None`` when the call's
+    signature is not the plan's or the kernel leaves the call to the general path."""
+    cpu = load_cpu_extension() if plan.backend == "cpu" else None
+    if cpu is None:
+        return None
+    table = (cos_sin_cache, None, positions) if tables is None else (tables.cos, tables.sin, tables.rows)
+    xs = [q, k, v, k_cache, v_cache, slots]
+    status, outs = cpu.rope_cache_plan(
+        plan.signature, xs, *table, plan.interleaved, plan.inplace, plan.layout, cache_layout == "bhsd"
+    )
+    if not status:
+        ops.mark_written(k_cache, v_cache, *((q, k) if plan.inplace else ()))
+        return outs[0], outs[1]
+    if status[0] > 0 and status != _CHECK_MEMORY:  # (-1: another signature; 0: the kernel leaves it)
+        raise _kernel_error(status, cos_sin_cache, positions, k_cache.shape[2 if cache_layout == "bhsd" else 1])
+    return None
 
 
 def _reads_cos_sin_cache(q, k, v, k_cache, v_cache, qv, kv, vv, kc, vc, positions, cos_sin_cache, packed) -> bool:
@@ -436,9 +538,10 @@ def _fused_kernel_device(q: torch.Tensor) -> bool:
     return q.device.type == "cuda" and triton_kernel.available()
 
 
-def _check_shapes(q, k, v, k_cache, v_cache, slots) -> None:
+def _check_shapes(q, k, v, k_cache, v_cache, slots) -> torch.Tensor:
     """q, k, v ``[B, S, H, D]``; caches ``[Bc, T, Hk, D]``; slots ``[B, S]``: do they fit each other? (And the
-    slots' values, :func:`_check_slots`.)"""
+    slots' values, :func:`_check_slots`.) Returns the slots to write with: ``slots``, or, while ``torch.compile``
+    traces a call on the CPU, the output of the op that checks their values in the graph."""
     batch, seq_len, heads, head_dim = k.shape
     if k_cache.dim() != 4 or v_cache.dim() != 4:
         raise InputError(
@@ -474,7 +577,11 @@ def _check_shapes(q, k, v, k_cache, v_cache, slots) -> None:
             f"slots must be an int64 tensor [{batch}, {seq_len}] on {k.device} (the cache row of every token), got "
             f"{tuple(slots.shape)} {slots.dtype} on {slots.device}"
         )
+    if torch.compiler.is_compiling() and devices.host_checks(slots.device):
+        # eager's checks and errors, in the graph (an op: the values exist only when the graph runs)
+        return checked_slots(slots, k_cache.shape[0], k_cache.shape[1])
     _check_slots(slots, k_cache, seq_len)
+    return slots
 
 
 def _check_slots(slots: torch.Tensor, k_cache: torch.Tensor, seq_len: int) -> None:
@@ -485,6 +592,25 @@ def _check_slots(slots: torch.Tensor, k_cache: torch.Tensor, seq_len: int) -> No
             raise InputError(_slots_outside(low, high, k_cache.shape[1]))
         if slots.numel() > 1 and not (seq_len == 1 and k_cache.shape[0] > 1):  # (decoding: a row per sequence)
             _check_distinct_rows(slots, k_cache.shape[0] > 1, k_cache.shape[1])
+
+
+@torch.library.custom_op("rotary::checked_slots", mutates_args=())
+def checked_slots(slots: torch.Tensor, cache_batch: int, length: int) -> torch.Tensor:
+    """The slots of a compiled :func:`rotate_and_cache` call on the CPU, checked as the eager call checks them
+    (:func:`_check_slots`: an :class:`~rotary.errors.InputError` naming a slot outside the cache, or a cache row
+    given to two tokens), returned as a new tensor that the cache writes read (so the check stays in the graph)."""
+    if slots.numel():
+        low, high = (int(x) for x in torch.aminmax(slots))
+        if low < 0 or high >= length:
+            raise InputError(_slots_outside(low, high, length))
+        if slots.numel() > 1 and not (slots.shape[1] == 1 and cache_batch > 1):
+            _check_distinct_rows(slots, cache_batch > 1, length)
+    return slots.clone()
+
+
+@checked_slots.register_fake
+def _(slots, cache_batch, length):
+    return torch.empty_like(slots)
 
 
 def _slots_outside(low: int, high: int, length: int) -> str:

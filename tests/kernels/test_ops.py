@@ -30,6 +30,16 @@ def test_opcheck(interleaved):
         )
 
 
+def test_opcheck_of_the_value_checks_compiled_rotate_and_cache_runs_on_the_cpu():
+    from rotary import serving
+
+    torch.library.opcheck(torch.ops.rotary.checked_slots.default, (torch.tensor([[0, 3], [1, 2]]), 2, 4))
+    cos_sin_cache = torch.cat(rotary.RoPE(8).cos_sin(torch.arange(6)), dim=-1)[:, ::2]
+    torch.library.opcheck(torch.ops.rotary.checked_positions.default, (cos_sin_cache, torch.tensor([[0, 5], [2, 1]])))
+    with pytest.raises(ValueError, match=r"slots must be in 0 \.\. 3 .*got 0 \.\. 4"):
+        serving.checked_slots(torch.tensor([[0, 4]]), 1, 4)
+
+
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_gradcheck(layout, interleaved):

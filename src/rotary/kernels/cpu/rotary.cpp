@@ -127,53 +127,72 @@ Signature signature_of(const std::vector<at::Tensor>& xs, const at::Tensor& cos,
   return sig;
 }
 
-// The entry a recorded plan calls (rotary.plans): the tensors of a call in the caller's layout, checked by the
-// general path when the plan was recorded, rotated by one table pair; {} (nothing done) when the call's
-// signature is not the plan's. xs[i]: [B, S, H_i, D] (layout 1), [B, H_i, S, D] (layout 2) or packed
-// [T, H_i, D] (layout 0, one sequence of T tokens). cos/sin: [N, r] (with positions: int64 [S], [1, S] or
-// [B, S] ([T] packed), a row the table does not hold computed from frequencies; without: rows row_offset ..
-// row_offset + S - 1), or the tokens' own rows [1, S, r] / [B, S, r]. The views, the table window and the
-// outputs are made here; what memory safety needs is checked here (and in prepare): the rows read lie inside
-// the table, no input written in place overlaps itself. In place, the inputs' version counters move on, as
-// after any in-place torch operation. Nothing is decided here: the plan decided it.
-std::vector<at::Tensor> rope_layout_cpu(const Signature& expected, const std::vector<at::Tensor>& xs, const at::Tensor& cos,
-                                        const at::Tensor& sin, int64_t row_offset,
-                                        const std::optional<at::Tensor>& positions, int64_t layout, bool interleaved,
-                                        bool inplace, const std::optional<at::Tensor>& frequencies) {
-  if (signature_of(xs, cos, sin, positions, inplace).fields != expected.fields) return {};
-  TORCH_CHECK(!xs.empty() && (layout == 0 || layout == 1 || layout == 2), "rotary: rope_layout needs inputs and a layout");
+// The views and the table window of a recorded plan's call (rope_layout, rmsnorm_rope_layout): xs[i] as
+// [B, S, H_i, D] views of [B, S, H_i, D] (layout 1), [B, H_i, S, D] (layout 2) or packed [T, H_i, D] (layout 0, one
+// sequence of T tokens); cos/sin: [N, r] (with positions: int64 [S], [1, S] or [B, S] ([T] packed); without: rows
+// row_offset .. row_offset + S - 1, checked to lie inside the table), or the tokens' own rows [1, S, r] / [B, S, r].
+struct LayoutCall {
   std::vector<at::Tensor> views;
-  views.reserve(xs.size());
-  for (const auto& x : xs) views.push_back(layout == 0 ? x.unsqueeze(0) : layout == 2 ? x.transpose(1, 2) : x);
-  const int64_t B = views[0].size(0), S = views[0].size(1);
-  at::Tensor c = cos, s = sin;
+  at::Tensor cos, sin;
   int64_t batch_rows = 0;
   std::optional<at::Tensor> ids;
+};
+
+LayoutCall layout_call(const std::vector<at::Tensor>& xs, const at::Tensor& cos, const at::Tensor& sin,
+                       int64_t row_offset, const std::optional<at::Tensor>& positions, int64_t layout) {
+  TORCH_CHECK(!xs.empty() && (layout == 0 || layout == 1 || layout == 2), "rotary: a plan's call needs inputs and a layout");
+  LayoutCall call;
+  call.views.reserve(xs.size());
+  for (const auto& x : xs) call.views.push_back(layout == 0 ? x.unsqueeze(0) : layout == 2 ? x.transpose(1, 2) : x);
+  const int64_t B = call.views[0].size(0), S = call.views[0].size(1);
+  call.cos = cos;
+  call.sin = sin;
   if (positions.has_value() && positions->defined()) {
     const at::Tensor& p = *positions;
     TORCH_CHECK(p.scalar_type() == at::kLong && p.dim() >= 1 && p.dim() <= 2, "rotary: positions must be int64 [S] or [B, S]");
-    ids = layout == 0 ? p.unsqueeze(0) : p.expand({B, S});
+    call.ids = layout == 0 ? p.unsqueeze(0) : p.expand({B, S});
   } else if (cos.dim() == 3) {  // the tokens' own rows [1 or B, S, r]
     TORCH_CHECK(cos.size(1) == S && (cos.size(0) == 1 || cos.size(0) == B), "rotary: per-token tables must be [1 or B, S, r]");
     if (cos.size(0) == 1) {
-      c = cos.select(0, 0);
-      s = sin.select(0, 0);
+      call.cos = cos.select(0, 0);
+      call.sin = sin.select(0, 0);
     } else {
-      c = cos.flatten(0, 1);
-      s = sin.flatten(0, 1);
-      batch_rows = S;
+      call.cos = cos.flatten(0, 1);
+      call.sin = sin.flatten(0, 1);
+      call.batch_rows = S;
     }
   } else {
     TORCH_CHECK(row_offset >= 0 && row_offset + S <= cos.size(0), "rotary: rows ", row_offset, " .. ", row_offset + S - 1,
                 " are outside the cos/sin table of ", cos.size(0), " rows");
     if (row_offset != 0 || cos.size(0) != S) {
-      c = cos.narrow(0, row_offset, S);
-      s = sin.narrow(0, row_offset, S);
+      call.cos = cos.narrow(0, row_offset, S);
+      call.sin = sin.narrow(0, row_offset, S);
     }
   }
+  return call;
+}
+
+// A kernel view's result back in the caller's layout.
+inline at::Tensor unview(const at::Tensor& o, int64_t layout) {
+  return layout == 0 ? o.squeeze(0) : layout == 2 ? o.transpose(1, 2) : o;
+}
+
+// The entry a recorded plan calls (rotary.plans): the tensors of a call in the caller's layout (layout_call),
+// checked by the general path when the plan was recorded, rotated by one table pair; {} (nothing done) when the
+// call's signature is not the plan's. A row the table does not hold (positions given) is computed from
+// frequencies. The views, the table window and the outputs are made here; what memory safety needs is checked
+// here (and in prepare): the rows read lie inside the table, no input written in place overlaps itself. In place,
+// the inputs' version counters move on, as after any in-place torch operation. Nothing is decided here: the plan
+// decided it.
+std::vector<at::Tensor> rope_layout_cpu(const Signature& expected, const std::vector<at::Tensor>& xs, const at::Tensor& cos,
+                                        const at::Tensor& sin, int64_t row_offset,
+                                        const std::optional<at::Tensor>& positions, int64_t layout, bool interleaved,
+                                        bool inplace, const std::optional<at::Tensor>& frequencies) {
+  if (signature_of(xs, cos, sin, positions, inplace).fields != expected.fields) return {};
+  const LayoutCall call = layout_call(xs, cos, sin, row_offset, positions, layout);
   std::vector<at::Tensor> outs;
-  outs.reserve(views.size());
-  for (const auto& v : views) {
+  outs.reserve(call.views.size());
+  for (const auto& v : call.views) {
     if (inplace) {
       TORCH_CHECK(at::has_internal_overlap(v) != at::MemOverlap::Yes, "rotary: an input rotated in place overlaps itself");
       outs.push_back(v);
@@ -181,13 +200,64 @@ std::vector<at::Tensor> rope_layout_cpu(const Signature& expected, const std::ve
       outs.push_back(at::empty_like(v));
     }
   }
-  const std::vector<at::Tensor> cs(views.size(), c), ss(views.size(), s);
-  rope_cpu(views, outs, cs, ss, ids, batch_rows, interleaved, false, ids.has_value() ? frequencies : std::optional<at::Tensor>());
+  const std::vector<at::Tensor> cs(call.views.size(), call.cos), ss(call.views.size(), call.sin);
+  rope_cpu(call.views, outs, cs, ss, call.ids, call.batch_rows, interleaved, false,
+           call.ids.has_value() ? frequencies : std::optional<at::Tensor>());
   if (inplace) {
     for (const auto& x : xs) x.unsafeGetTensorImpl()->bump_version();  // (rotary.kernels.ops.mark_written)
     return xs;
   }
-  for (auto& o : outs) o = layout == 0 ? o.squeeze(0) : layout == 2 ? o.transpose(1, 2) : o;
+  for (auto& o : outs) o = unview(o, layout);
+  return outs;
+}
+
+// The signature of a rmsnorm_rotate call (rotary.qk_norm): the rotation's (never in place), then the norm weights'.
+Signature norm_signature_of(const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& weights,
+                            const at::Tensor& cos, const at::Tensor& sin, const std::optional<at::Tensor>& positions) {
+  Signature sig = signature_of(xs, cos, sin, positions, false);
+  sig.fields.push_back(static_cast<int64_t>(weights.size()));
+  for (const auto& w : weights) add_tensor(sig.fields, w);
+  return sig;
+}
+
+// A recorded rmsnorm_rotate plan's call (rotary.qk_norm): as rope_layout, out of place, each x normalised with
+// weights[i] (as given: widened to the arithmetic dtype here, and 1 + weight for Gemma's convention, as
+// kernels.norm.effective_weight forms it) before its rotation; tables of another dtype than the arithmetic one
+// (a 16-bit model's own) widened here, as kernels.norm.run widens them. {} when the signature is not the plan's.
+std::vector<at::Tensor> rmsnorm_rope_layout_cpu(const Signature& expected, const std::vector<at::Tensor>& xs,
+                                                const std::vector<at::Tensor>& weights, const at::Tensor& cos,
+                                                const at::Tensor& sin, int64_t row_offset,
+                                                const std::optional<at::Tensor>& positions, int64_t layout,
+                                                bool interleaved, bool gemma, double eps,
+                                                const std::optional<at::Tensor>& frequencies) {
+  if (norm_signature_of(xs, weights, cos, sin, positions).fields != expected.fields) return {};
+  TORCH_CHECK(weights.size() == xs.size(), "rotary: need one norm weight per input");
+  LayoutCall call = layout_call(xs, cos, sin, row_offset, positions, layout);
+  const auto acc = xs[0].scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  if (call.cos.scalar_type() != acc) {
+    call.cos = call.cos.to(acc);
+    call.sin = call.sin.to(acc);
+  }
+  if (call.cos.stride(-1) != 1 || call.sin.strides() != call.cos.strides()) {
+    call.cos = call.cos.contiguous();
+    call.sin = call.sin.contiguous();
+  }
+  std::vector<at::Tensor> outs, rstds, ws;
+  outs.reserve(xs.size());
+  rstds.reserve(xs.size());
+  ws.reserve(xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const at::Tensor& v = call.views[i];
+    outs.push_back(at::empty_like(v));
+    rstds.push_back(v.new_empty({v.size(0), v.size(1), v.size(2)}, v.options().dtype(acc)));
+    at::Tensor w = weights[i].to(acc);
+    if (gemma) w = w.add(1.0);
+    ws.push_back(w.contiguous());
+  }
+  const std::vector<at::Tensor> cs(xs.size(), call.cos), ss(xs.size(), call.sin);
+  rmsnorm_rope_cpu(call.views, outs, rstds, ws, cs, ss, call.ids, call.batch_rows, interleaved, !gemma, eps,
+                   call.ids.has_value() ? frequencies : std::optional<at::Tensor>());
+  for (auto& o : outs) o = unview(o, layout);
   return outs;
 }
 
@@ -198,14 +268,38 @@ std::tuple<std::vector<int64_t>, std::vector<at::Tensor>> rope_cache_cpu(
     const std::optional<at::Tensor>& rows, bool interleaved, bool inplace, bool memory_checked, int64_t layout,
     bool cache_bhsd);
 
+// The signature of a rotate_and_cache call (rotary.serving): xs are q, k, v, the caches and the slots; sin is
+// absent for vLLM's cos_sin_cache, rows are its positions (or the tables' rows).
+Signature cache_signature_of(const std::vector<at::Tensor>& xs, const at::Tensor& cos, const std::optional<at::Tensor>& sin,
+                             const std::optional<at::Tensor>& rows, bool inplace) {
+  return signature_of(xs, cos, sin.has_value() ? *sin : at::Tensor(), rows, inplace);
+}
+
+// A recorded rotate_and_cache plan's call: rope_cache (which checks the values, slots and positions, and the
+// memory, itself, and returns its status) when the call's signature is the plan's; status {-1} (nothing done, the
+// general path runs) when it is not. xs: q, k, v, k_cache, v_cache, slots, as the caller holds them.
+std::tuple<std::vector<int64_t>, std::vector<at::Tensor>> rope_cache_plan_cpu(
+    const Signature& expected, const std::vector<at::Tensor>& xs, const at::Tensor& cos,
+    const std::optional<at::Tensor>& sin, const std::optional<at::Tensor>& rows, bool interleaved, bool inplace,
+    int64_t layout, bool cache_bhsd) {
+  if (xs.size() != 6 || cache_signature_of(xs, cos, sin, rows, inplace).fields != expected.fields) return {{-1}, {}};
+  return rope_cache_cpu(xs[0], xs[1], xs[2], xs[3], xs[4], xs[5], cos, sin, rows, interleaved, inplace, false, layout,
+                        cache_bhsd);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  py::class_<Signature>(m, "Signature");
+  py::class_<Signature>(m, "Signature", py::module_local());  // local: another build of rotary may share the process
   m.def("signature", &signature_of, "a call's signature, for a plan to record (rotary.plans)");
+  m.def("norm_signature", &norm_signature_of, "a rmsnorm_rotate call's signature, for a plan to record");
+  m.def("rmsnorm_rope_layout", &rmsnorm_rope_layout_cpu,
+        "a recorded rmsnorm_rotate plan's call: the norm and the rotation, views, tables and outputs made here");
   m.def("rope_layout", &rope_layout_cpu,
         "a recorded plan's call: tensors in the caller's layout rotated by one table, views and outputs made here");
   m.def("rope", &rope_cpu, "fused rotary embedding over a list of [B, S, H, D] views, one table per view");
   m.def("rope_table_grad", &rope_table_grad_cpu, "per-token gradients of the cos/sin tables");
   m.def("rmsnorm_rope", &rmsnorm_rope_cpu, "per-head RMSNorm of each [B, S, H, D] view, then its rotation");
+  m.def("cache_signature", &cache_signature_of, "a rotate_and_cache call's signature, for a plan to record");
+  m.def("rope_cache_plan", &rope_cache_plan_cpu, "a recorded rotate_and_cache plan's call: rope_cache if the signature is the plan's");
   m.def("rope_cache", &rope_cache_cpu,
         "rotate_and_cache: q and k rotated, the rotated k and v written into the KV cache, in one pass");
 }

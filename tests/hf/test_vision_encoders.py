@@ -58,6 +58,7 @@ TINY = dict(
 MODEL_CLASS = {
     "dinov3_vit": "DINOv3ViTModel",
     "eomt_dinov3": "EomtDinov3ForUniversalSegmentation",
+    "sapiens2": "Sapiens2Model",
     "pixtral": "PixtralVisionModel",
     "paddleocr_vl_vision": "PaddleOCRVisionModel",
     "ernie4_5_vl_moe_vision": "Ernie4_5_VLMoeVisionTransformerPretrainedModel",
@@ -85,7 +86,7 @@ def _config(model_type: str):
         kwargs.update(
             image_size=24, intermediate_size=256, vision_output_dim=64, projector_input_dim=64, projector_output_dim=64
         )
-    if model_type in ("dinov3_vit", "eomt_dinov3"):
+    if model_type in ("dinov3_vit", "eomt_dinov3", "sapiens2"):
         kwargs.update(image_size=32, num_register_tokens=2)
     if model_type == "eomt_dinov3":
         kwargs.update(num_queries=3, num_blocks=1)
@@ -134,7 +135,7 @@ def _inputs(model_type: str, config, gen: torch.Generator) -> dict:
             "pixel_values": torch.rand(1, h * w, 3 * p * p, generator=gen),
             "pixel_position_ids": torch.stack([xs.flatten(), ys.flatten()], dim=-1)[None],
         }
-    if model_type == "dinov3_vit":  # a 5 x 7 grid
+    if model_type in ("dinov3_vit", "sapiens2"):  # a 5 x 7 grid
         return {"pixel_values": torch.randn(1, 3, 5 * p, 7 * p, generator=gen)}
     size = config.image_size
     return {"pixel_values": torch.randn(1, 3, size, size, generator=gen)}

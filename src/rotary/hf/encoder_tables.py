@@ -230,7 +230,6 @@ NOT_BUILT: dict[str, str] = {
         ("mlcd", "mlcd_vision_model"),
         _VISION + _NOT_RUN + "2-D axial RoPE (MLCDRotaryEmbedding) over the patch grid, with a class token",
     ),
-    "sapiens2": _VISION + _NOT_RUN + "2-D RoPE over patch positions (Sapiens2RopePositionEmbedding)",
     "gemma3n_vision": _VISION
     + (
         "cannot be built offline here: a MobileNet-V5 built through timm (TimmWrapper), and timm is not among "

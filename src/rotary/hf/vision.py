@@ -57,7 +57,13 @@ CONFIG_DEFAULTS: dict[str, dict[str, int]] = {
 #: form -> the rope_type its rotary embedding accepts (else "axial"); DINOv3's config has none
 _ROPE_TYPE = {"llama4": "default", "dinov3": "default"}
 #: model_type -> rope_theta when the config states none (transformers' config-class default; else 10000)
-_DEFAULT_THETA = {"dinov3_vit": 100.0, "eomt_dinov3": 100.0, "lfm3_vl_vision": 1e6, "gemma4_vision": 100.0}
+_DEFAULT_THETA = {
+    "dinov3_vit": 100.0,
+    "eomt_dinov3": 100.0,
+    "sapiens2": 100.0,
+    "lfm3_vl_vision": 1e6,
+    "gemma4_vision": 100.0,
+}
 
 
 def _as_dict(config: Any, label: str) -> dict[str, Any]:

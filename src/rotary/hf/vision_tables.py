@@ -46,7 +46,7 @@ VISION_ROPE: dict[str, str] = {
     "minimax_m3_vl_vision": "minimax",
     "pixtral": "pixtral",
     "llama4_vision_model": "llama4",
-    **dict.fromkeys("dinov3_vit eomt_dinov3".split(), "dinov3"),
+    **dict.fromkeys("dinov3_vit eomt_dinov3 sapiens2".split(), "dinov3"),
     "sam3_vit_model": "sam3",
     "gemma4_vision": "gemma4",
 }
@@ -90,7 +90,7 @@ ENCODER_STATUS: dict[str, str] = {
         (
             "gemma3n_vision "
             "inkling2_vision mlcd mlcd_vision_model "
-            "muse_glimmer_vision muse_spark_vision sapiens2 step3p5_vision "
+            "muse_glimmer_vision muse_spark_vision step3p5_vision "
             "unlimited_ocr_vision"
         ).split(),
         _VISION_LATER,

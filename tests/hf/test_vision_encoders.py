@@ -340,7 +340,7 @@ def test_every_encoder_is_built_or_has_a_status():
     assert set(VISION_ROPE.values()) == set(FORMS)
     categories = {status.split(":")[0] for status in ENCODER_STATUS.values()}
     assert categories == {
-        "audio encoder", "video encoder", "vision encoder", "audio codec / vocoder / speech tokenizer", "wrapper",
+        "video encoder", "vision encoder", "audio codec / vocoder / speech tokenizer", "wrapper",
         "segmentation / tracking part (mask decoder, prompt encoder, memory attention)", "no RoPE in this part", "no RoPE", "not a RoPE of q and k",
         "other encoder (byte patches, feature matching, time series, an assistant model)",
     }  # fmt: skip

@@ -117,6 +117,16 @@ NO_ROPE: dict[str, str] = {
         ).split(),
         _LEARNED,
     ),
+    "unlimited_ocr_vision": (
+        "no RoPE: its forward pass applies none (run and recorded); its SAM tower (decomposed relative position "
+        "biases over absolute position embeddings) feeds its CLIP-style encoder (learned absolute position "
+        "embeddings, interpolated), and neither applies one; the RoPE of its modeling file belongs to the text model"
+    ),
+    "gemma4_unified_audio": (
+        "no RoPE: its forward pass applies none (run and recorded); it has no model class of its own: transformers "
+        "builds Gemma4UnifiedMultimodalEmbedder from it, an RMS norm and a linear projection of audio soft tokens "
+        "into the text model, with no attention; the RoPE of its modeling file belongs to the text and vision parts"
+    ),
     "qwen2_5_omni_bigvgan": (
         "no RoPE: its forward pass applies none (run and recorded); a BigVGAN vocoder, convolutions and "
         "anti-aliased activations over the mel frames with no attention; the RoPE of its modeling file belongs to the "
@@ -159,12 +169,6 @@ _W2V_BERT_CODEC = (
 #: model_type -> exactly why it is not built (category first, as ENCODER_STATUS's): the types whose RoPE rotary
 #: has not reproduced yet, each with what its code does as far as it is known
 NOT_BUILT: dict[str, str] = {
-    "gemma4_unified_audio": _AUDIO
-    + _NOT_RUN
-    + (
-        "it has no model class of its own: transformers uses its config for Gemma4UnifiedMultimodalEmbedder, a norm "
-        "and a projection of audio soft tokens into the text model, which holds no attention"
-    ),
     **dict.fromkeys(
         ("pe_audio_video_encoder", "pe_video_encoder"),
         _VIDEO + "cannot be built offline here: its video frames are encoded by a timm backbone "
@@ -234,12 +238,6 @@ NOT_BUILT: dict[str, str] = {
     + (
         "cannot be built offline here: a MobileNet-V5 built through timm (TimmWrapper), and timm is not among "
         "rotary's dependencies; no model class of its own"
-    ),
-    "unlimited_ocr_vision": _VISION
-    + _NOT_RUN
-    + (
-        "a SAM tower and a CLIP-style encoder, each of which applies no RoPE (run and recorded: "
-        "unlimited_ocr_sam_vision_model, unlimited_ocr_vision_encoder)"
     ),
 }
 

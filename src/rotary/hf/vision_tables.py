@@ -69,10 +69,6 @@ _OTHER = "other encoder (byte patches, feature matching, time series, an assista
 #: model_type -> why :func:`vision_rope` does not build it (category first). Every RoPE-applying model
 #: type that is not a text decoder and not in :data:`VISION_ROPE` is here (checked by the tests).
 ENCODER_STATUS: dict[str, str] = {
-    **dict.fromkeys(
-        ("gemma4_unified_audio").split(),
-        _AUDIO,
-    ),
     **dict.fromkeys("pe_audio_video_encoder pe_video_encoder vjepa2".split(), _VIDEO),
     **dict.fromkeys(
         (
@@ -88,10 +84,7 @@ ENCODER_STATUS: dict[str, str] = {
     ),
     **dict.fromkeys(
         (
-            "gemma3n_vision "
-            "inkling2_vision mlcd mlcd_vision_model "
-            "muse_glimmer_vision muse_spark_vision step3p5_vision "
-            "unlimited_ocr_vision"
+            "gemma3n_vision inkling2_vision mlcd mlcd_vision_model muse_glimmer_vision muse_spark_vision step3p5_vision"
         ).split(),
         _VISION_LATER,
     ),

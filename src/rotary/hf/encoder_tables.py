@@ -142,8 +142,18 @@ _HIDDEN_ROTATION = (
     "scores, no RoPE"
 )
 
+_LEARNED_CLASS_ANGLES = (
+    "vision encoder: not built from its config: its patches are rotated as Qwen-VL's tower (2-D axial RoPE over (h, w) row by row, "
+    "pairs (i, i + D/2), h's frequencies then w's, base^(-4k/D); run and recorded, rotary's AxialRoPE gives the "
+    "same tables), but its class token, first, is rotated by angles that are a learned parameter "
+    "(MLCDVisionModel.class_pos_emb, one angle per pair, D/2 of them), checkpoint weights rather than config keys"
+)
+
 #: model_type -> why no RoPE rotary builds reproduces what its code does (run and recorded)
-REFUSED: dict[str, str] = dict.fromkeys(("wav2vec2-bert", "wav2vec2-conformer"), _HIDDEN_ROTATION)
+REFUSED: dict[str, str] = {
+    **dict.fromkeys(("wav2vec2-bert", "wav2vec2-conformer"), _HIDDEN_ROTATION),
+    **dict.fromkeys(("mlcd", "mlcd_vision_model"), _LEARNED_CLASS_ANGLES),
+}
 
 _AUDIO = "audio encoder: "
 _VIDEO = "video encoder: "
@@ -230,10 +240,6 @@ NOT_BUILT: dict[str, str] = {
         "block order yet"
     ),
     "inkling2_vision": _VISION + _NOT_RUN + "2-D axial RoPE with pairs (2i, 2i+1) (rotate_pairwise) over grid_thw",
-    **dict.fromkeys(
-        ("mlcd", "mlcd_vision_model"),
-        _VISION + _NOT_RUN + "2-D axial RoPE (MLCDRotaryEmbedding) over the patch grid, with a class token",
-    ),
     "gemma3n_vision": _VISION
     + (
         "cannot be built offline here: a MobileNet-V5 built through timm (TimmWrapper), and timm is not among "

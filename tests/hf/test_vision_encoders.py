@@ -33,6 +33,7 @@ APPLY = {
     "llama4": ("vision_apply_rotary_emb", "bshd"),
     "dinov3": ("apply_rotary_pos_emb", "bhsd"),
     "sam3": ("apply_rotary_pos_emb_2d", "bhsd"),
+    "step3p5": ("apply_rotary_pos_emb_vision", "bshd"),
     "gemma4": ("apply_multidimensional_rope", "bshd"),  # called once for q, once for k
 }
 #: the towers whose tables are one RotaryTables (Gemma 4's are one per half of the head: tested below)
@@ -135,7 +136,7 @@ def _inputs(model_type: str, config, gen: torch.Generator) -> dict:
             "pixel_values": torch.rand(1, h * w, 3 * p * p, generator=gen),
             "pixel_position_ids": torch.stack([xs.flatten(), ys.flatten()], dim=-1)[None],
         }
-    if model_type in ("dinov3_vit", "sapiens2"):  # a 5 x 7 grid
+    if model_type in ("dinov3_vit", "sapiens2", "step3p5_vision"):  # a 5 x 7 grid
         return {"pixel_values": torch.randn(1, 3, 5 * p, 7 * p, generator=gen)}
     size = config.image_size
     return {"pixel_values": torch.randn(1, 3, size, size, generator=gen)}
@@ -213,6 +214,8 @@ def _grids(model_type: str, config, inputs, call_q: torch.Tensor, layout: str):
         h, w = (n // p for n in inputs["pixel_values"].shape[-2:])
         seq = _as_bshd(call_q, layout).shape[1]
         return (h, w), seq - h * w
+    if form == "step3p5":
+        return tuple(n // p for n in inputs["pixel_values"].shape[-2:]), None
     if form == "sam3":
         seq = _as_bshd(call_q, layout).shape[1]
         side = int(round(seq**0.5))

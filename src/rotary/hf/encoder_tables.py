@@ -233,12 +233,6 @@ NOT_BUILT: dict[str, str] = {
             "image before a pixel shuffle (get_vision_position_ids), a token order vision_rope has no form for yet"
         ),
     ),
-    "step3p5_vision": _VISION
-    + (
-        "not built yet (run: it applies a 2-D axial RoPE through apply_rotary_pos_emb_vision): pairs (i, i + D/2), "
-        "w's frequencies then h's (freq.flip), over the patch grid of each image; vision_rope has no form for that "
-        "block order yet"
-    ),
     "inkling2_vision": _VISION + _NOT_RUN + "2-D axial RoPE with pairs (2i, 2i+1) (rotate_pairwise) over grid_thw",
     "gemma3n_vision": _VISION
     + (

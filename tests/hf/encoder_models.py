@@ -245,6 +245,14 @@ INPUTS: dict[str, Any] = {
     },
     "deepseek_ocr2_vision": lambda c, g: {"pixel_values": torch.randn(1, 3, 64, 64, generator=g)},
     "muse_spark_audio": lambda c, g: {"input_values": torch.randn(1, 3840, generator=g)},
+    "inkling2_vision": lambda c, g: {  # two images of 2 x 3 and 1 x 2 merged tokens (4 x 6, 2 x 4 patches)
+        "pixel_values": torch.rand(
+            8, c.patch_size * c.spatial_merge_size, c.patch_size * c.spatial_merge_size, 3, generator=g
+        )
+        * 2
+        - 1,
+        "image_grid_thw": torch.tensor([[1, 2, 3], [1, 1, 2]]),
+    },
     "gemma4_unified_audio": lambda c, g: {"inputs_embeds": torch.randn(1, 5, c.output_proj_dims, generator=g)},
     "wav2vec2-conformer": lambda c, g: {"input_values": torch.randn(1, 4000, generator=g)},
     "wav2vec2-bert": lambda c, g: {"input_features": torch.randn(1, 40, c.feature_projection_input_dim, generator=g)},

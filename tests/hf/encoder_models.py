@@ -84,6 +84,16 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "muse_glimmer_assistant": {"target_layer_ids": [0]},
     "dots3_note_audio_encoder": {"adapter_input_size": 32, "adapter_out_dim": 32, "downsample_hidden_size": 8},
     "wav2vec2-conformer": {"position_embeddings_type": "rotary"},
+    "vjepa2": {
+        "crop_size": 32,
+        "patch_size": 8,
+        "frames_per_clip": 4,
+        "tubelet_size": 2,
+        "pred_hidden_size": 32,
+        "pred_num_hidden_layers": 1,
+        "pred_num_attention_heads": 2,
+        "pred_num_mask_tokens": 2,
+    },
 }
 
 #: model_type -> the model class to build, where the config class has several or none of its own
@@ -253,6 +263,7 @@ INPUTS: dict[str, Any] = {
         - 1,
         "image_grid_thw": torch.tensor([[1, 2, 3], [1, 1, 2]]),
     },
+    "vjepa2": lambda c, g: {"pixel_values_videos": torch.randn(1, 4, 3, 32, 32, generator=g)},  # 2 x 4 x 4 tubelets
     "gemma4_unified_audio": lambda c, g: {"inputs_embeds": torch.randn(1, 5, c.output_proj_dims, generator=g)},
     "wav2vec2-conformer": lambda c, g: {"input_values": torch.randn(1, 4000, generator=g)},
     "wav2vec2-bert": lambda c, g: {"input_features": torch.randn(1, 40, c.feature_projection_input_dim, generator=g)},

@@ -140,6 +140,34 @@ def test_a_learned_class_token_angle_is_refused_with_the_numbers(model_type):
         rotary.hf.vision_rope({**config.to_dict(), "model_type": model_type})
 
 
+def test_vjepa2_turns_the_two_channels_of_a_pair_by_different_angles():
+    """V-JEPA 2's refusal, with the numbers: every call of its rotate_queries_or_keys in one forward changes the norms
+    of the q and k rows it is given (a rotation never does), at positions that differ per axis."""
+    module, model, inputs = em.build("vjepa2")
+    real, calls = module.rotate_queries_or_keys, []
+
+    def recording(x, pos):
+        out = real(x, pos)
+        calls.append((x, pos, out))
+        return out
+
+    module.rotate_queries_or_keys = recording
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        module.rotate_queries_or_keys = real
+    assert len(calls) == 3 * 2 * (model.config.num_hidden_layers + model.config.pred_num_hidden_layers)  # d, h, w
+    assert len({tuple(pos.reshape(-1).tolist()) for _, pos, _ in calls[:3]}) == 3  # depth, height, width
+    for x, pos, out in calls:
+        change = (out.norm(dim=-1) - x.norm(dim=-1)).abs()
+        change = change[(pos != 0).expand_as(change)]  # the rows at a position other than 0
+        assert change.max() > 1e-2, change.max()  # no rotation: norms change
+    assert ENCODER_STATUS["vjepa2"] == REFUSED["vjepa2"]
+    with pytest.raises(rotary.ConfigError, match="'vjepa2'"):
+        rotary.hf.vision_rope(model.config)
+
+
 def test_inkling2_is_an_axial_rope_at_its_positions():
     """What inkling2_vision's NOT_BUILT reason states: at the positions the model used (a class token at (0, 0)
     before each image, patches at (row + 1, col + 1)), rotary's AxialRoPE (pairs (2i, 2i+1), w's block first) gives

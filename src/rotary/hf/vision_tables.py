@@ -74,7 +74,7 @@ _OTHER = "other encoder (byte patches, feature matching, time series, an assista
 #: model_type -> why :func:`vision_rope` does not build it (category first). Every RoPE-applying model
 #: type that is not a text decoder and not in :data:`VISION_ROPE` is here (checked by the tests).
 ENCODER_STATUS: dict[str, str] = {
-    **dict.fromkeys("pe_audio_video_encoder pe_video_encoder vjepa2".split(), _VIDEO),
+    **dict.fromkeys("pe_audio_video_encoder pe_video_encoder".split(), _VIDEO),
     **dict.fromkeys(
         (
             "edgetam_video edgetam_video_mask_decoder edgetam_video_prompt_encoder sam2_video sam2_video_mask_decoder "

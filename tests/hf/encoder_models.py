@@ -84,10 +84,20 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "muse_glimmer_assistant": {"target_layer_ids": [0]},
     "dots3_note_audio_encoder": {"adapter_input_size": 32, "adapter_out_dim": 32, "downsample_hidden_size": 8},
     "wav2vec2-conformer": {"position_embeddings_type": "rotary"},
+    "vjepa2": {
+        "crop_size": 32,
+        "patch_size": 8,
+        "frames_per_clip": 4,
+        "tubelet_size": 2,
+        "pred_hidden_size": 32,
+        "pred_num_hidden_layers": 1,
+        "pred_num_attention_heads": 2,
+        "pred_num_mask_tokens": 2,
+    },
 }
 
 #: model_type -> the model class to build, where the config class has several or none of its own
-MODEL_CLASS: dict[str, str] = {"sam3_geometry_encoder": "Sam3GeometryEncoder"}
+MODEL_CLASS: dict[str, str] = {"sam3_geometry_encoder": "Sam3GeometryEncoder", "sapiens2": "Sapiens2Model"}
 
 _APPLY = re.compile(r"^apply_.*(rot|rope|pos)")
 _METHOD = re.compile(r"^_apply_rotary")  # a method of the attention (wav2vec2-Conformer's)
@@ -135,6 +145,12 @@ def _tiny_kwargs(cfg, model_type: str | None) -> dict[str, Any]:
         kwargs["audio_hidden_size"] = TINY["hidden_size"]
     if model_type == "nemotron3_5_transcribe_audio":  # its diarization model: an AutoConfig sub-config
         kwargs["diarization_config"] = tiny_config("nemotron3_diarization")
+    if model_type == "unlimited_ocr_vision":  # its SAM tower feeds its CLIP-style encoder: widths must meet
+        kwargs["sam_config"] = {
+            **tiny_config("unlimited_ocr_sam_vision_model").to_dict(),
+            "downsample_channels": [16, 32],
+        }
+        kwargs["encoder_config"] = tiny_config("unlimited_ocr_vision_encoder").to_dict()
     kwargs.update(OVERRIDES.get(model_type, {}))
     return kwargs
 
@@ -239,6 +255,16 @@ INPUTS: dict[str, Any] = {
     },
     "deepseek_ocr2_vision": lambda c, g: {"pixel_values": torch.randn(1, 3, 64, 64, generator=g)},
     "muse_spark_audio": lambda c, g: {"input_values": torch.randn(1, 3840, generator=g)},
+    "inkling2_vision": lambda c, g: {  # two images of 2 x 3 and 1 x 2 merged tokens (4 x 6, 2 x 4 patches)
+        "pixel_values": torch.rand(
+            8, c.patch_size * c.spatial_merge_size, c.patch_size * c.spatial_merge_size, 3, generator=g
+        )
+        * 2
+        - 1,
+        "image_grid_thw": torch.tensor([[1, 2, 3], [1, 1, 2]]),
+    },
+    "vjepa2": lambda c, g: {"pixel_values_videos": torch.randn(1, 4, 3, 32, 32, generator=g)},  # 2 x 4 x 4 tubelets
+    "gemma4_unified_audio": lambda c, g: {"inputs_embeds": torch.randn(1, 5, c.output_proj_dims, generator=g)},
     "wav2vec2-conformer": lambda c, g: {"input_values": torch.randn(1, 4000, generator=g)},
     "wav2vec2-bert": lambda c, g: {"input_features": torch.randn(1, 40, c.feature_projection_input_dim, generator=g)},
     "phi4_multimodal_audio": lambda c, g: {
@@ -267,11 +293,21 @@ def inputs_for(model_type: str, config, model, gen: torch.Generator) -> dict:
     raise NotImplementedError(f"{model_type}: no inputs for {first}")
 
 
+def _gemma4_unified_embedder(config):
+    """Gemma 4 unified's audio config has no model class: transformers builds its multimodal embedder from it."""
+    text = tiny_config("gemma4_unified_text")
+    return modeling_module("gemma4_unified_audio").Gemma4UnifiedMultimodalEmbedder(config, text)
+
+
+#: model_type -> how to build its module, where it has no model class (a part transformers builds from its config)
+BUILDERS: dict[str, Any] = {"gemma4_unified_audio": _gemma4_unified_embedder}
+
+
 @functools.cache
 def build(model_type: str):
     """The tiny model (eval mode) of ``model_type``, its modeling module and the inputs of one forward."""
     config = tiny_config(model_type)
-    cls = model_class(model_type)
+    cls = BUILDERS.get(model_type) or model_class(model_type)
     torch.manual_seed(0)
     model = cls(config).eval()
     return modeling_module(model_type), model, inputs_for(model_type, config, model, torch.Generator().manual_seed(1))

@@ -78,7 +78,7 @@ def test_encoders_without_rope_apply_none(model_type):
     assert ENCODER_STATUS[model_type] == NO_ROPE[model_type] and NO_ROPE[model_type].startswith("no RoPE: ")
 
 
-@pytest.mark.parametrize("model_type", sorted(REFUSED))
+@pytest.mark.parametrize("model_type", ["wav2vec2-bert", "wav2vec2-conformer"])
 def test_a_rotation_of_the_hidden_states_is_refused_with_the_numbers(model_type):
     """wav2vec2-BERT / -Conformer with position_embeddings_type='rotary': the recorded rotation is a RoPE of the
     hidden states (rotary's own, at positions 0..S-1, gives the same), applied before the q and k projections:
@@ -107,6 +107,87 @@ def test_a_rotation_of_the_hidden_states_is_refused_with_the_numbers(model_type)
     assert ENCODER_STATUS[model_type] == REFUSED[model_type]
     with pytest.raises(rotary.ConfigError, match=repr(model_type)):
         rotary.RoPE.from_hf_config(config)
+
+
+@pytest.mark.parametrize("model_type", ["mlcd", "mlcd_vision_model"])
+def test_a_learned_class_token_angle_is_refused_with_the_numbers(model_type):
+    """MLCD: rotary's 2-D axial RoPE (Qwen-VL's tower's, row by row) gives the cos/sin of its patches and rotates
+    them into the model's q and k; its class token's angles are its parameter class_pos_emb (checkpoint weights),
+    not a rotation rotary derives from the config, so vision_rope refuses it."""
+    model, inputs, calls, _ = em.record(model_type)
+    config = model.config
+    (table,) = [c for c in calls if c.name.endswith(".forward")]
+    applies = [c for c in calls if c.name == "apply_rotary_pos_emb_vision"]
+    assert len(applies) == config.num_hidden_layers
+    q, k, cos, sin = applies[0].args
+    head_dim = q.shape[-1]
+    h, w = (n // config.patch_size for n in inputs["pixel_values"].shape[-2:])
+    rope = rotary.AxialRoPE(head_dim, axes=2, base=config.rope_parameters["rope_theta"])
+    tables = rope.tables(rope.grid(h, w), dtype=torch.float64)
+    cos, sin = cos.reshape(-1, head_dim), sin.reshape(-1, head_dim)
+    torch.testing.assert_close(tables.cos.float(), cos[1:], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(tables.sin.float(), sin[1:], rtol=1e-5, atol=1e-5)
+    for x, want in zip((q, k), applies[0].out):  # the patches, rotated by rotary, are the model's
+        mine = rotary.rotate([x[:, 1:].double()], tables, layout="bshd")[0]
+        torch.testing.assert_close(mine.float(), want[:, 1:], rtol=1e-5, atol=2e-5)
+    (learned,) = [p for n, p in model.named_parameters() if n.endswith("class_pos_emb")]
+    angles = learned.detach().reshape(-1).repeat(2)  # one angle per pair (i, i + D/2)
+    torch.testing.assert_close(cos[0], angles.cos(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(sin[0], angles.sin(), rtol=1e-6, atol=1e-6)
+    assert (sin[0].abs() > 1e-3).any()  # the class token is rotated: no unrotated prefix token reproduces it
+    assert ENCODER_STATUS[model_type] == REFUSED[model_type]
+    with pytest.raises(rotary.ConfigError, match=repr(model_type)):
+        rotary.hf.vision_rope({**config.to_dict(), "model_type": model_type})
+
+
+def test_vjepa2_turns_the_two_channels_of_a_pair_by_different_angles():
+    """V-JEPA 2's refusal, with the numbers: every call of its rotate_queries_or_keys in one forward changes the norms
+    of the q and k rows it is given (a rotation never does), at positions that differ per axis."""
+    module, model, inputs = em.build("vjepa2")
+    real, calls = module.rotate_queries_or_keys, []
+
+    def recording(x, pos):
+        out = real(x, pos)
+        calls.append((x, pos, out))
+        return out
+
+    module.rotate_queries_or_keys = recording
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        module.rotate_queries_or_keys = real
+    assert len(calls) == 3 * 2 * (model.config.num_hidden_layers + model.config.pred_num_hidden_layers)  # d, h, w
+    assert len({tuple(pos.reshape(-1).tolist()) for _, pos, _ in calls[:3]}) == 3  # depth, height, width
+    for x, pos, out in calls:
+        change = (out.norm(dim=-1) - x.norm(dim=-1)).abs()
+        change = change[(pos != 0).expand_as(change)]  # the rows at a position other than 0
+        assert change.max() > 1e-2, change.max()  # no rotation: norms change
+    assert ENCODER_STATUS["vjepa2"] == REFUSED["vjepa2"]
+    with pytest.raises(rotary.ConfigError, match="'vjepa2'"):
+        rotary.hf.vision_rope(model.config)
+
+
+def test_inkling2_is_an_axial_rope_at_its_positions():
+    """What inkling2_vision's NOT_BUILT reason states: at the positions the model used (a class token at (0, 0)
+    before each image, patches at (row + 1, col + 1)), rotary's AxialRoPE (pairs (2i, 2i+1), w's block first) gives
+    its cos/sin and rotates its q and k into the model's."""
+    model, _, calls, _ = em.record("inkling2_vision")
+    (table,) = [c for c in calls if c.name.endswith(".forward")]
+    applies = [c for c in calls if c.name == "apply_rotary_pos_emb_vision"]
+    positions = table.args[2]
+    assert positions[0].tolist() == [0, 0] and not torch.equal(positions[:, 0], positions[:, 1])
+    head_dim = table.out[0].shape[-1]
+    base = model.config.rope_parameters["rope_theta"]
+    rope = rotary.AxialRoPE(head_dim, axes=2, base=base, interleaved=True, block_order=(1, 0))
+    tables = rope.tables(rope.coordinates(positions.double()), dtype=torch.float64)
+    torch.testing.assert_close(tables.cos.float(), table.out[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(tables.sin.float(), table.out[1], rtol=1e-5, atol=1e-5)
+    assert len(applies) == model.config.num_hidden_layers
+    for x, want in zip(applies[0].args[:2], applies[0].out):
+        mine = rotary.rotate([x[None].double()], tables, layout="bshd")[0][0]
+        torch.testing.assert_close(mine.float(), want, rtol=1e-5, atol=2e-5)
+    assert "inkling2_vision" in NOT_BUILT
 
 
 def test_every_encoder_left_says_exactly_why():

@@ -33,6 +33,7 @@ APPLY = {
     "llama4": ("vision_apply_rotary_emb", "bshd"),
     "dinov3": ("apply_rotary_pos_emb", "bhsd"),
     "sam3": ("apply_rotary_pos_emb_2d", "bhsd"),
+    "step3p5": ("apply_rotary_pos_emb_vision", "bshd"),
     "gemma4": ("apply_multidimensional_rope", "bshd"),  # called once for q, once for k
 }
 #: the towers whose tables are one RotaryTables (Gemma 4's are one per half of the head: tested below)
@@ -58,6 +59,7 @@ TINY = dict(
 MODEL_CLASS = {
     "dinov3_vit": "DINOv3ViTModel",
     "eomt_dinov3": "EomtDinov3ForUniversalSegmentation",
+    "sapiens2": "Sapiens2Model",
     "pixtral": "PixtralVisionModel",
     "paddleocr_vl_vision": "PaddleOCRVisionModel",
     "ernie4_5_vl_moe_vision": "Ernie4_5_VLMoeVisionTransformerPretrainedModel",
@@ -85,7 +87,7 @@ def _config(model_type: str):
         kwargs.update(
             image_size=24, intermediate_size=256, vision_output_dim=64, projector_input_dim=64, projector_output_dim=64
         )
-    if model_type in ("dinov3_vit", "eomt_dinov3"):
+    if model_type in ("dinov3_vit", "eomt_dinov3", "sapiens2"):
         kwargs.update(image_size=32, num_register_tokens=2)
     if model_type == "eomt_dinov3":
         kwargs.update(num_queries=3, num_blocks=1)
@@ -134,7 +136,7 @@ def _inputs(model_type: str, config, gen: torch.Generator) -> dict:
             "pixel_values": torch.rand(1, h * w, 3 * p * p, generator=gen),
             "pixel_position_ids": torch.stack([xs.flatten(), ys.flatten()], dim=-1)[None],
         }
-    if model_type == "dinov3_vit":  # a 5 x 7 grid
+    if model_type in ("dinov3_vit", "sapiens2", "step3p5_vision"):  # a 5 x 7 grid
         return {"pixel_values": torch.randn(1, 3, 5 * p, 7 * p, generator=gen)}
     size = config.image_size
     return {"pixel_values": torch.randn(1, 3, size, size, generator=gen)}
@@ -212,6 +214,8 @@ def _grids(model_type: str, config, inputs, call_q: torch.Tensor, layout: str):
         h, w = (n // p for n in inputs["pixel_values"].shape[-2:])
         seq = _as_bshd(call_q, layout).shape[1]
         return (h, w), seq - h * w
+    if form == "step3p5":
+        return tuple(n // p for n in inputs["pixel_values"].shape[-2:]), None
     if form == "sam3":
         seq = _as_bshd(call_q, layout).shape[1]
         side = int(round(seq**0.5))
@@ -339,7 +343,7 @@ def test_every_encoder_is_built_or_has_a_status():
     assert set(VISION_ROPE.values()) == set(FORMS)
     categories = {status.split(":")[0] for status in ENCODER_STATUS.values()}
     assert categories == {
-        "audio encoder", "video encoder", "vision encoder", "audio codec / vocoder / speech tokenizer", "wrapper",
+        "video encoder", "vision encoder", "audio codec / vocoder / speech tokenizer", "wrapper",
         "segmentation / tracking part (mask decoder, prompt encoder, memory attention)", "no RoPE in this part", "no RoPE", "not a RoPE of q and k",
         "other encoder (byte patches, feature matching, time series, an assistant model)",
     }  # fmt: skip

@@ -144,8 +144,8 @@ UNSUPPORTED: dict[str, str] = {
             "qwen3_omni_moe qwen3_omni_moe_audio_encoder "
             "sam2_video sam2_video_mask_decoder sam2_video_prompt_encoder sam3 "
             "sam3_detr_decoder sam3_detr_encoder sam3_geometry_encoder sam3_mask_decoder sam3_tracker_video "
-            "sam3_tracker_video_mask_decoder sam3_tracker_video_prompt_encoder sam3_vision_model sapiens2 "
-            "sapiens2_head step3p5_vision t5_gemma_module unlimited_ocr_sam_vision_model unlimited_ocr_vision "
+            "sam3_tracker_video_mask_decoder sam3_tracker_video_prompt_encoder sam3_vision_model "
+            "sapiens2_head t5_gemma_module unlimited_ocr_sam_vision_model unlimited_ocr_vision "
             "unlimited_ocr_vision_encoder vjepa2 wav2vec2-bert "
             "wav2vec2-conformer xcodec2"
         ).split(),

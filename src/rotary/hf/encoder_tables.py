@@ -117,6 +117,16 @@ NO_ROPE: dict[str, str] = {
         ).split(),
         _LEARNED,
     ),
+    "unlimited_ocr_vision": (
+        "no RoPE: its forward pass applies none (run and recorded); its SAM tower (decomposed relative position "
+        "biases over absolute position embeddings) feeds its CLIP-style encoder (learned absolute position "
+        "embeddings, interpolated), and neither applies one; the RoPE of its modeling file belongs to the text model"
+    ),
+    "gemma4_unified_audio": (
+        "no RoPE: its forward pass applies none (run and recorded); it has no model class of its own: transformers "
+        "builds Gemma4UnifiedMultimodalEmbedder from it, an RMS norm and a linear projection of audio soft tokens "
+        "into the text model, with no attention; the RoPE of its modeling file belongs to the text and vision parts"
+    ),
     "qwen2_5_omni_bigvgan": (
         "no RoPE: its forward pass applies none (run and recorded); a BigVGAN vocoder, convolutions and "
         "anti-aliased activations over the mel frames with no attention; the RoPE of its modeling file belongs to the "
@@ -132,8 +142,27 @@ _HIDDEN_ROTATION = (
     "scores, no RoPE"
 )
 
+_LEARNED_CLASS_ANGLES = (
+    "vision encoder: not built from its config: its patches are rotated as Qwen-VL's tower (2-D axial RoPE over (h, w) row by row, "
+    "pairs (i, i + D/2), h's frequencies then w's, base^(-4k/D); run and recorded, rotary's AxialRoPE gives the "
+    "same tables), but its class token, first, is rotated by angles that are a learned parameter "
+    "(MLCDVisionModel.class_pos_emb, one angle per pair, D/2 of them), checkpoint weights rather than config keys"
+)
+
+_UNEQUAL_PAIR_ANGLES = (
+    "not a RoPE of q and k: VJEPA2RopeAttention's rotate_queries_or_keys, on each axis's 2·⌊D/6⌋ channels (depth, "
+    "height, width), pairs channels (2i, 2i+1) (rotate_pairwise) but lays its angles out as (f_0 … f_{n-1}, f_0 … "
+    "f_{n-1}) (repeat, not repeat_interleave), so the two channels of a pair turn by different angles: the matrix "
+    "[[cos a, -sin a], [sin b, cos b]] is no rotation (it changes the norm of q and k: by up to 0.16 in the tests' "
+    "tiny model), and its base 10000 is fixed in the code, not a config key"
+)
+
 #: model_type -> why no RoPE rotary builds reproduces what its code does (run and recorded)
-REFUSED: dict[str, str] = dict.fromkeys(("wav2vec2-bert", "wav2vec2-conformer"), _HIDDEN_ROTATION)
+REFUSED: dict[str, str] = {
+    "vjepa2": _UNEQUAL_PAIR_ANGLES,
+    **dict.fromkeys(("wav2vec2-bert", "wav2vec2-conformer"), _HIDDEN_ROTATION),
+    **dict.fromkeys(("mlcd", "mlcd_vision_model"), _LEARNED_CLASS_ANGLES),
+}
 
 _AUDIO = "audio encoder: "
 _VIDEO = "video encoder: "
@@ -159,23 +188,11 @@ _W2V_BERT_CODEC = (
 #: model_type -> exactly why it is not built (category first, as ENCODER_STATUS's): the types whose RoPE rotary
 #: has not reproduced yet, each with what its code does as far as it is known
 NOT_BUILT: dict[str, str] = {
-    "gemma4_unified_audio": _AUDIO
-    + _NOT_RUN
-    + (
-        "it has no model class of its own: transformers uses its config for Gemma4UnifiedMultimodalEmbedder, a norm "
-        "and a projection of audio soft tokens into the text model, which holds no attention"
-    ),
     **dict.fromkeys(
         ("pe_audio_video_encoder", "pe_video_encoder"),
         _VIDEO + "cannot be built offline here: its video frames are encoded by a timm backbone "
         "(TimmWrapperForImageClassification) and timm is not among rotary's dependencies; its transformer's RoPE is "
         "PE audio's (pairs (2i, 2i+1) over frame positions)",
-    ),
-    "vjepa2": _VIDEO
-    + _NOT_RUN
-    + (
-        "a 3-D RoPE inside VJEPA2RopeAttention (no apply function): depth, height and width each rotate "
-        "2·⌊D/6⌋ channels of their own, the rest pass through, over the tubelets' (t, h, w)"
     ),
     **dict.fromkeys("edgetam_video sam2_video sam3_tracker_video".split(), _SEGMENT + _TRACKER),
     **dict.fromkeys(
@@ -219,28 +236,17 @@ NOT_BUILT: dict[str, str] = {
             "image before a pixel shuffle (get_vision_position_ids), a token order vision_rope has no form for yet"
         ),
     ),
-    "step3p5_vision": _VISION
+    "inkling2_vision": _VISION
     + (
-        "not built yet (run: it applies a 2-D axial RoPE through apply_rotary_pos_emb_vision): pairs (i, i + D/2), "
-        "w's frequencies then h's (freq.flip), over the patch grid of each image; vision_rope has no form for that "
-        "block order yet"
+        "not built yet (run and recorded: rotary's AxialRoPE with pairs (2i, 2i+1), w's frequencies then h's, "
+        "base^(-4k/D), at the model's positions gives its cos/sin and its rotated q and k); vision_rope has no form "
+        "for its token order yet: a class token at (0, 0) before each image, the patches at (row + 1, col + 1) in "
+        "spatial_merge_size blocks, image_grid_thw counted in merged tokens"
     ),
-    "inkling2_vision": _VISION + _NOT_RUN + "2-D axial RoPE with pairs (2i, 2i+1) (rotate_pairwise) over grid_thw",
-    **dict.fromkeys(
-        ("mlcd", "mlcd_vision_model"),
-        _VISION + _NOT_RUN + "2-D axial RoPE (MLCDRotaryEmbedding) over the patch grid, with a class token",
-    ),
-    "sapiens2": _VISION + _NOT_RUN + "2-D RoPE over patch positions (Sapiens2RopePositionEmbedding)",
     "gemma3n_vision": _VISION
     + (
         "cannot be built offline here: a MobileNet-V5 built through timm (TimmWrapper), and timm is not among "
         "rotary's dependencies; no model class of its own"
-    ),
-    "unlimited_ocr_vision": _VISION
-    + _NOT_RUN
-    + (
-        "a SAM tower and a CLIP-style encoder, each of which applies no RoPE (run and recorded: "
-        "unlimited_ocr_sam_vision_model, unlimited_ocr_vision_encoder)"
     ),
 }
 

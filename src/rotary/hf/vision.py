@@ -57,7 +57,13 @@ CONFIG_DEFAULTS: dict[str, dict[str, int]] = {
 #: form -> the rope_type its rotary embedding accepts (else "axial"); DINOv3's config has none
 _ROPE_TYPE = {"llama4": "default", "dinov3": "default"}
 #: model_type -> rope_theta when the config states none (transformers' config-class default; else 10000)
-_DEFAULT_THETA = {"dinov3_vit": 100.0, "eomt_dinov3": 100.0, "lfm3_vl_vision": 1e6, "gemma4_vision": 100.0}
+_DEFAULT_THETA = {
+    "dinov3_vit": 100.0,
+    "eomt_dinov3": 100.0,
+    "sapiens2": 100.0,
+    "lfm3_vl_vision": 1e6,
+    "gemma4_vision": 100.0,
+}
 
 
 def _as_dict(config: Any, label: str) -> dict[str, Any]:
@@ -219,6 +225,9 @@ def vision_rope(config: Any) -> VisionRoPE:
     elif form == "gemma4":  # each half of the head is a 1-D RoPE of one axis, with Qwen-VL's frequencies
         _even_quarters(head_dim, label)
         rope = AxialRoPE(head_dim, axes=2, base=theta)
+    elif form == "step3p5":  # Qwen-VL's frequencies and pairing, w's block first
+        _even_quarters(head_dim, label)
+        rope = AxialRoPE(head_dim, axes=2, base=theta, block_order=(1, 0))
     elif form == "sam3":
         _even_quarters(head_dim, label)
         rope = AxialRoPE(head_dim, axes=2, base=theta, interleaved=True, block_order=(1, 0))
@@ -265,6 +274,7 @@ class VisionRoPE(nn.Module):
     - ``llama4``: ``(h, w)`` must be the config's ``image_size / patch_size`` grid (default), class token last;
     - ``sam3``: ``(h, w)`` of one attention's tokens: ``(window_size, window_size)`` for the windowed
       layers, the whole patch grid (default) for the global ones;
+    - ``step3p5``: ``(h, w)`` patches of one image (every image of a batch has that grid), row by row;
     - ``gemma4``: ``(h, w)`` patches of one image, row by row, at coordinates ``(x, y)`` = (column, row) as
       the processor's ``image_position_ids`` (its padding patches, at -1, are masked out of attention). Its
       :meth:`tables` are two tables ``[N, D/2]``, one per half of the head (see there).
@@ -378,6 +388,10 @@ class VisionRoPE(nn.Module):
             return self.rope.grid(*self._image(grid), prefix=prefix)
         if self.form == "llama4":
             return self.rope.grid(*self._image(grid))
+        if self.form == "step3p5":  # row by row at (h, w)
+            h, w = self._image(grid)
+            ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+            return self.rope.coordinates(torch.stack([ys.flatten(), xs.flatten()], dim=-1))
         if self.form == "gemma4":
             h, w = self._image(grid)
             ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")

@@ -24,6 +24,10 @@ FORMS: dict[str, str] = {
     "llama4": "2-D axial RoPE over (y + 1, x + 1), pairs (2i, 2i+1), x's block first; the class token last, unrotated",
     "dinov3": "2-D axial RoPE over patch centres in [-1, 1], pairs (i, i + D/2); class and register tokens first, unrotated",
     "sam3": "2-D axial RoPE over (w, h) scaled to the window size, pairs (2i, 2i+1); windowed and global layers",
+    "step3p5": (
+        "2-D axial RoPE over (h, w), pairs (i, i + D/2), w's frequencies then h's (base^(-4k/D) each); one image "
+        "grid per call (a batch shares it), patches row by row, no merge"
+    ),
     "gemma4": (
         "2-D axial RoPE over (x, y) = (column, row), each axis on its own half of the head: x rotates "
         "channels [0, D/2), y channels [D/2, D), pairs (i, i + D/4) within each half, base^(-4k/D) for both; "
@@ -46,9 +50,10 @@ VISION_ROPE: dict[str, str] = {
     "minimax_m3_vl_vision": "minimax",
     "pixtral": "pixtral",
     "llama4_vision_model": "llama4",
-    **dict.fromkeys("dinov3_vit eomt_dinov3".split(), "dinov3"),
+    **dict.fromkeys("dinov3_vit eomt_dinov3 sapiens2".split(), "dinov3"),
     "sam3_vit_model": "sam3",
     "gemma4_vision": "gemma4",
+    "step3p5_vision": "step3p5",
 }
 
 _AUDIO = "audio encoder: RoPE over audio frames; not built from its config yet"
@@ -69,11 +74,7 @@ _OTHER = "other encoder (byte patches, feature matching, time series, an assista
 #: model_type -> why :func:`vision_rope` does not build it (category first). Every RoPE-applying model
 #: type that is not a text decoder and not in :data:`VISION_ROPE` is here (checked by the tests).
 ENCODER_STATUS: dict[str, str] = {
-    **dict.fromkeys(
-        ("gemma4_unified_audio").split(),
-        _AUDIO,
-    ),
-    **dict.fromkeys("pe_audio_video_encoder pe_video_encoder vjepa2".split(), _VIDEO),
+    **dict.fromkeys("pe_audio_video_encoder pe_video_encoder".split(), _VIDEO),
     **dict.fromkeys(
         (
             "edgetam_video edgetam_video_mask_decoder edgetam_video_prompt_encoder sam2_video sam2_video_mask_decoder "
@@ -87,12 +88,7 @@ ENCODER_STATUS: dict[str, str] = {
         _CODEC,
     ),
     **dict.fromkeys(
-        (
-            "gemma3n_vision "
-            "inkling2_vision mlcd mlcd_vision_model "
-            "muse_glimmer_vision muse_spark_vision sapiens2 step3p5_vision "
-            "unlimited_ocr_vision"
-        ).split(),
+        ("gemma3n_vision inkling2_vision muse_glimmer_vision muse_spark_vision").split(),
         _VISION_LATER,
     ),
     **dict.fromkeys(

@@ -12,7 +12,8 @@ to the kernel's speed must not change its results). Shapes: ``BxS`` with q ``Hq`
     PYTHONPATH=src python benchmarks/cpu_kernel_ab.py --against 01b918b [--threads 2] [--repeats 9]
         [--shapes 64x1,1x512] [--heads 32,8] [--head-dim 128]
 
-The first run for a revision compiles it (about a minute for a tree before the split into two units, else half a minute); later runs reuse the build.
+The first run for a revision compiles it (about a minute for a tree before the split into two units, else half a
+minute); later runs reuse the build.
 """
 
 from __future__ import annotations
@@ -66,10 +67,13 @@ def build_at(revision: str):
     from torch.utils import cpp_extension
 
     return cpp_extension.load(
-        name=directory.name, sources=[str(directory / n) for n in names if n.endswith(".cpp")],
-        extra_cflags=list(extension.CFLAGS), extra_ldflags=list(extension.LDFLAGS), build_directory=str(directory),
+        name=directory.name,
+        sources=[str(directory / n) for n in names if n.endswith(".cpp")],
+        extra_cflags=list(extension.CFLAGS),
+        extra_ldflags=list(extension.LDFLAGS),
+        build_directory=str(directory),
         verbose=False,
-    )  # fmt: skip
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                 pairing = "interleaved" if interleaved else "half"
                 b_us, a_us = times["before"] * 1e6, times["after"] * 1e6
                 print(
-                    f"| {text} ({hq}/{hk} heads, D {D}) | {name} | {pairing} | {b_us:.1f} | {a_us:.1f} | {a_us / b_us:.2f} |"
+                    f"| {text} ({hq}/{hk} heads, D {D}) | {name} | {pairing} | {b_us:.1f} | "
+                    f"{a_us:.1f} | {a_us / b_us:.2f} |"
                 )
     return 0
 

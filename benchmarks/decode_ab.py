@@ -103,8 +103,10 @@ def main() -> None:
         print(f"{dtype}: HF {hf:.1f} µs")
         for name in mine:
             this, that = best["this " + name], best["other " + name]
-            print(f"  {name:40s} this {this:6.1f} µs  other {that:6.1f} µs  this/other {this / that:.2f}  "
-                  f"HF/this {hf / this:.2f}  HF/other {hf / that:.2f}")  # fmt: skip
+            print(
+                f"  {name:40s} this {this:6.1f} µs  other {that:6.1f} µs  this/other {this / that:.2f}  "
+                f"HF/this {hf / this:.2f}  HF/other {hf / that:.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -67,9 +67,15 @@ def apply_rows(mine, theirs, repeats: int) -> None:
 
 
 _SIZES = dict(
-    hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
-    head_dim=64, vocab_size=1000, max_position_embeddings=4096,
-)  # fmt: skip
+    hidden_size=512,
+    intermediate_size=1024,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=64,
+    vocab_size=1000,
+    max_position_embeddings=4096,
+)
 
 
 def build(model_type: str):

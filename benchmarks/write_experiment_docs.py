@@ -35,7 +35,10 @@ def readme_block(run: dict, results) -> str:
     L = config.train_length
     load = ""
     if env.get("load_average_at_start"):
-        load = f"; load average {env['load_average_at_start'][0]:g} at the start, {env['load_average_at_end'][0]:g} at the end"
+        load = (
+            f"; load average {env['load_average_at_start'][0]:g} at the start, "
+            f"{env['load_average_at_end'][0]:g} at the end"
+        )
     extension = (
         f" The RoPE model is also fine-tuned at {config.extension_length} ({config.extension_length / L:g}L) for "
         f"{config.extend_steps} steps with each scaling, beside a RoPE model trained from scratch there."
@@ -47,15 +50,15 @@ def readme_block(run: dict, results) -> str:
     if any(h.startswith(("copy ", "recall ")) for h in header):
         c = config
         measured.append(
-            f"copy and associative-recall accuracy per answer byte at 1 and 2 times the length of each encoding's task model "
-            f"(width {c.task_hidden_size}, {c.task_steps} steps at {c.task_length} bytes on the synthetic tasks alone; "
-            "every seed pooled, Wilson 95% interval; RoPE's scalings applied at evaluation as for perplexity; chance 4% on "
-            "copy, 6% on recall)"
+            "copy and associative-recall accuracy per answer byte at 1 and 2 times the length of each encoding's "
+            f"task model (width {c.task_hidden_size}, {c.task_steps} steps at {c.task_length} bytes on the synthetic "
+            "tasks alone; every seed pooled, Wilson 95% interval; RoPE's scalings applied at evaluation as for "
+            "perplexity; chance 4% on copy, 6% on recall)"
         )
     if any(h.startswith("retrieval") for h in header):
         measured.append(
-            "the retrieval gain on a repeated random span (nats per byte, mean over the distances up to L and past it; 0: "
-            "nothing retrieved)"
+            "the retrieval gain on a repeated random span (nats per byte, mean over the distances up to L and past "
+            "it; 0: nothing retrieved)"
         )
     if "passkey 1L" in header:
         measured.append("passkey accuracy at L with its Wilson 95% interval")
@@ -73,14 +76,14 @@ def readme_block(run: dict, results) -> str:
             markdown_table(header, body),
             "",
             f"Perplexity per byte on held-out text (lower is better) in non-overlapping and sliding windows{also}, for "
-            f"small decoders trained at L = {L} bytes and evaluated at up to {results.lengths[-1]}; mean ± half the range "
-            f"over {len(results.seeds)} seeds.{extension} Made by "
+            f"small decoders trained at L = {L} bytes and evaluated at up to {results.lengths[-1]}; mean ± half the "
+            f"range over {len(results.seeds)} seeds.{extension} Made by "
             + ("`make demo`, i.e. " if config.preset == "default" and config.study is None else "")
             + f"`{run['command']}`, on {env['cpu']} with {threads_used(env)} in {run['wall_seconds'] / 60:.1f} min "
-            f"({run['finished']}{load}). The whole report, with the loss by position, the task accuracies at every length "
-            "with exact matches, the spread over seeds and the comparison with the published findings: "
-            "[docs/experiment_report.md](docs/experiment_report.md); what is measured and how, and what the default preset trades "
-            "for its 10 minutes: [docs/experiment.md](docs/experiment.md).",
+            f"({run['finished']}{load}). The whole report, with the loss by position, the task accuracies at every "
+            "length with exact matches, the spread over seeds and the comparison with the published findings: "
+            "[docs/experiment_report.md](docs/experiment_report.md); what is measured and how, and what the default "
+            "preset trades for its 10 minutes: [docs/experiment.md](docs/experiment.md).",
             END,
         ]
     )

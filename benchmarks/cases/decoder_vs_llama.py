@@ -81,7 +81,10 @@ def suite(options) -> list[bench.Result]:
         )
     repeats = options.repeats or 3
     medians = bench.time_interleaved({name: train_step(m, ids) for name, m in models.items()}, repeats)
-    group = f"training step (fwd + loss + bwd + AdamW), width {SHAPE['hidden_size']}, {SHAPE['num_layers']} layers, {SHAPE['num_heads']} heads, {batch}x{seq} fp32"
+    group = (
+        f"training step (fwd + loss + bwd + AdamW), width {SHAPE['hidden_size']}, {SHAPE['num_layers']} layers, "
+        f"{SHAPE['num_heads']} heads, {batch}x{seq} fp32"
+    )
     results = []
     for name, label in (("decoder", "rotary.models.Decoder"), ("llama", "transformers LlamaForCausalLM (sdpa)")):
         r = bench.Result(

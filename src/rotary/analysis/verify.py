@@ -40,7 +40,8 @@ def verify(rope: RoPE, *, seq_len: int = 64, offset: int | None = None, seed: in
     """Check RoPE's defining properties for one configuration, through its fast path.
 
     Checks: norms scaled exactly by ``attention_scaling``; scores depend on ``m - n`` only (the
-    same vectors at positions ``offset ..``, default 4096, e.g. the end of the context); fast == block-diagonal matrix ==
+    same vectors at positions ``offset ..``, default 4096, e.g. the end of the context); fast == block-diagonal matrix
+    ==
     complex form (the references, times ``attention_scaling``); the cos/sin tables match the
     module's pairing and are rotations; the fp32 tables agree with float64 angles.
 
@@ -205,7 +206,8 @@ def verify_mrope(mrope: Any, *, seq_len: int = 64, shift: int = 4096, seed: int 
     """Check a multimodal RoPE (:class:`rotary.MRoPE`: Qwen-VL, GLM-4V, ERNIE-4.5-VL, HunYuan-VL's XD-RoPE, ...)
     through its fast path.
 
-    Tokens get random temporal, height and width ids (``[3, 2, seq_len]``; XD-RoPE: ``[4, 2, seq_len]``, each in ``0 .. seq_len - 1``,
+    Tokens get random temporal, height and width ids (``[3, 2, seq_len]``; XD-RoPE: ``[4, 2, seq_len]``, each in ``0 ..
+    seq_len - 1``,
     independent per axis, as image and video tokens have them). Checks: norms scaled exactly by
     ``attention_scaling``; the N-D relative property, per axis and jointly (every token moved by
     ``shift`` along t, along h, along w, then along all three keeps every score: scores depend only on
@@ -264,10 +266,12 @@ def verify_mrope(mrope: Any, *, seq_len: int = 64, shift: int = 4096, seed: int 
             checks.append(Check(f"scores depend on ({deltas}) only (tokens moved {shift} along {where})", err, tol))
         freq = mrope.inv_freq_axes.double()  # [3, r/2]: slot i's frequency in the row of the axis it reads
         n = min(seq_len, 16)  # the explicit matrices cost D² per token and axis: the first 16 tokens of each row
-        ref = torch.stack([
-            s * reference.rotate_matrix_nd(q[b, :, :n], ids[:, b, :n].T.double(), freq, interleaved=interleaved)
-            for b in range(2)
-        ])  # fmt: skip
+        ref = torch.stack(
+            [
+                s * reference.rotate_matrix_nd(q[b, :, :n], ids[:, b, :n].T.double(), freq, interleaved=interleaved)
+                for b in range(2)
+            ]
+        )
         scale = max(1.0, float(q.abs().max())) * max(s, 1.0)
         checks.append(
             Check("fast == block-diagonal N-D matrix", float((qr[:, :, :n] - ref).abs().max()), 1e-12 * scale)

@@ -4,7 +4,8 @@ An id outside an embedding table fails inside ``nn.Embedding`` as ``IndexError: 
 in self``, which names neither the id, the table nor the fix (on a GPU it is a device-side assert
 that poisons the process). On the CPU one ``aminmax`` per call names all three (:func:`check_token_ids`);
 on accelerators :func:`embedding_ids` reads nothing: it clamps bad ids into the table (memory-safe by
-construction) and marks them, to be embedded as 0 (ids in the vocabulary are the caller's contract there). Nothing is read under
+construction) and marks them, to be embedded as 0 (ids in the vocabulary are the caller's contract there). Nothing is
+read under
 ``torch.compile``, where a device read would break the graph.
 """
 
@@ -37,10 +38,10 @@ def check_token_ids(
     Example:
         >>> check_token_ids(torch.tensor([[3, 7]]), 8).tolist()
         [[3, 7]]
-        >>> check_token_ids(torch.tensor([[3, 8]]), 8)
+        >>> check_token_ids(torch.tensor([[3, 8]]), 8)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        rotary.errors.InputError: input_ids hold id 8, but vocab_size is 8 (ids must be in 0 .. 7); the tokenizer does not match this model, or build it with vocab_size >= 9
+        rotary.errors.InputError: input_ids hold id 8, but vocab_size is 8 (ids must be in 0 .. 7); the tokenizer ...
     """
     _check_form(ids, name, shape)
     assert isinstance(ids, torch.Tensor)
@@ -81,7 +82,8 @@ def embedding_ids(
 
     On the CPU: :func:`check_token_ids` (an id out of range is a ``ValueError`` at once). Under
     ``torch.compile``: the ids unchecked, as there. On other devices nothing is read: ids outside
-    ``0 .. size - 1`` (the caller's contract there) are clamped into the table so that the lookup never reads past it, and come back as ``unknown``, whose
+    ``0 .. size - 1`` (the caller's contract there) are clamped into the table so that the lookup never reads past it,
+    and come back as ``unknown``, whose
     embeddings the caller must zero.
 
     Args:

@@ -140,7 +140,8 @@ class DecoderConfig:
             check_bool(getattr(self, name), name)
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, dict):
             raise InputError(
-                f"rope_scaling must be a dict such as {{'rope_type': 'linear', 'factor': 2.0}}, got {self.rope_scaling!r}"
+                f"rope_scaling must be a dict such as {{'rope_type': 'linear', 'factor': "
+                f"2.0}}, got {self.rope_scaling!r}"
             )
         if not isinstance(self.position_encoding, str) or self.position_encoding not in POSITION_ENCODINGS:
             raise InputError(
@@ -220,8 +221,8 @@ def _p_rope(c: DecoderConfig) -> PositionEncoding:
     scaling = {"rope_type": "proportional", "partial_rotary_factor": c.p_rope_fraction, **(c.rope_scaling or {})}
     if scaling["rope_type"] != "proportional":
         raise InputError(
-            f"position_encoding='p_rope' is the 'proportional' rope_type; rope_scaling has rope_type {scaling['rope_type']!r} "
-            "(use position_encoding='rope' for other scaling types)"
+            "position_encoding='p_rope' is the 'proportional' rope_type; rope_scaling has rope_type "
+            f"{scaling['rope_type']!r} (use position_encoding='rope' for other scaling types)"
         )
     rope = RoPE(
         c.head_dim, base=c.rope_base, scaling=scaling, interleaved=c.rope_interleaved, max_position=c.max_position
@@ -554,9 +555,13 @@ class Decoder(GenerationMixin, nn.Module):
         step = None if cache is None else StaticStep.of(cache)  # static caches of one group: one mask for all layers
         for i, layer in enumerate(self.layers):
             x = layer(
-                x, attention_mask=attention_mask, positions=positions, tables=tables if self.rope_layers[i] else nope_tables,
-                cache=None if cache is None else cache[i], static_step=step,
-            )  # fmt: skip
+                x,
+                attention_mask=attention_mask,
+                positions=positions,
+                tables=tables if self.rope_layers[i] else nope_tables,
+                cache=None if cache is None else cache[i],
+                static_step=step,
+            )
         return self.lm_head(self.norm(x))
 
     def loss(self, input_ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -35,9 +35,11 @@ def position_state_names(model: Decoder) -> set[str]:
 
     Example:
         >>> from rotary.models import DecoderConfig
-        >>> sorted(position_state_names(Decoder(DecoderConfig(hidden_size=32, num_layers=1, num_heads=2, position_encoding="learned"))))
+        >>> learned = DecoderConfig(hidden_size=32, num_layers=1, num_heads=2, position_encoding="learned")
+        >>> sorted(position_state_names(Decoder(learned)))
         ['embed_positions.embedding.weight']
-        >>> position_state_names(Decoder(DecoderConfig(hidden_size=32, num_layers=1, num_heads=2)))  # RoPE: buffers only
+        >>> default = DecoderConfig(hidden_size=32, num_layers=1, num_heads=2)
+        >>> position_state_names(Decoder(default))  # RoPE: buffers only
         set()
     """
     owners = {id(m) for m in _position_modules(model)}
@@ -65,7 +67,8 @@ def transfer_position_encoding(source: Decoder, position_encoding: str, **change
 
     Example:
         >>> from rotary.models import DecoderConfig
-        >>> sinusoidal = Decoder(DecoderConfig(hidden_size=32, num_layers=1, num_heads=2, position_encoding="sinusoidal"))
+        >>> config = DecoderConfig(hidden_size=32, num_layers=1, num_heads=2, position_encoding="sinusoidal")
+        >>> sinusoidal = Decoder(config)
         >>> rope = transfer_position_encoding(sinusoidal, "rope")
         >>> rope.config.position_encoding, torch.equal(rope.lm_head.weight, sinusoidal.lm_head.weight)
         ('rope', True)
@@ -77,8 +80,9 @@ def transfer_position_encoding(source: Decoder, position_encoding: str, **change
     offered = set(target_state) - position_state_names(target)
     if wanted != offered:
         raise InputError(
-            f"the models differ outside their position encodings: only in the source {sorted(wanted - offered)[:6]}, only in the "
-            f"new model {sorted(offered - wanted)[:6]}; transfer_position_encoding changes the encoding, not the architecture"
+            f"the models differ outside their position encodings: only in the source {sorted(wanted - offered)[:6]}, "
+            f"only in the new model {sorted(offered - wanted)[:6]}; transfer_position_encoding changes the "
+            "encoding, not the architecture"
         )
     shapes = [k for k in wanted if source_state[k].shape != target_state[k].shape]
     if shapes:

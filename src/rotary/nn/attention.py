@@ -217,7 +217,8 @@ class RotaryAttention(nn.Module):
             rope = None
         elif not (isinstance(rope, nn.Module) and callable(getattr(rope, "tables", None))):
             raise InputTypeError(
-                f"rope must be True, False or an nn.Module with tables(positions) like rotary.RoPE, got {type(rope).__name__}"
+                "rope must be True, False or an nn.Module with tables(positions) like "
+                f"rotary.RoPE, got {type(rope).__name__}"
             )
         self.rope = rope
         check_causal_rope(rope, self.causal, type(self).__name__)  # a producer valid only under a causal mask (xPos)
@@ -225,8 +226,9 @@ class RotaryAttention(nn.Module):
         if per_head is not None and (num_heads != per_head or num_kv_heads != per_head):
             raise InputError(
                 f"{type(rope).__name__} has per-head frequencies for {per_head} heads, but this layer has num_heads="
-                f"{num_heads} and num_kv_heads={num_kv_heads}: q and k both need {per_head} heads (build the layer with "
-                f"num_heads={per_head} and num_kv_heads={per_head}, or the producer with num_heads={num_heads} and no GQA)"
+                f"{num_heads} and num_kv_heads={num_kv_heads}: q and k both need {per_head} heads (build the layer "
+                f"with num_heads={per_head} and num_kv_heads={per_head}, or the producer with "
+                f"num_heads={num_heads} and no GQA)"
             )
         if self.rotary_value and self.rope is None:
             raise InputError("rotary_value=True needs a rope; pass rope=True or a RoPE module")
@@ -388,12 +390,14 @@ class RotaryAttention(nn.Module):
             cache.claim(self)
             if static and cache.batch != batch:  # type: ignore[union-attr]
                 raise InputError(
-                    f"the StaticKVCache is built for a batch of {cache.batch} but hidden_states has batch {batch}; "  # type: ignore[union-attr]
+                    f"the StaticKVCache is built for a batch of {cache.batch} but "
+                    f"hidden_states has batch {batch}; "  # type: ignore[union-attr]
                     "build one for this batch"
                 )
             if not static and cache.length and cache.keys.shape[0] != batch:  # type: ignore[union-attr]
                 raise InputError(
-                    f"the cache holds a batch of {cache.keys.shape[0]} but hidden_states has batch {batch}; "  # type: ignore[union-attr]
+                    f"the cache holds a batch of {cache.keys.shape[0]} but "
+                    f"hidden_states has batch {batch}; "  # type: ignore[union-attr]
                     "use a fresh KVCache for a new batch"
                 )
         q = self.q_proj(hidden_states).view(batch, seq_len, self.num_heads, self.head_dim).transpose(1, 2)

@@ -121,8 +121,9 @@ class KVCache:
                 or values.shape[-1] != self.values.shape[-1]
             ):
                 raise InputError(
-                    f"new keys/values ({keys.dtype}, {keys.device}, value dim {values.shape[-1]}) do not match the cache "
-                    f"({self.keys.dtype}, {self.keys.device}, value dim {self.values.shape[-1]}); use a fresh KVCache"
+                    f"new keys/values ({keys.dtype}, {keys.device}, value dim {values.shape[-1]}) do not match the "
+                    f"cache ({self.keys.dtype}, {self.keys.device}, value dim "
+                    f"{self.values.shape[-1]}); use a fresh KVCache"
                 )
             self.keys = torch.cat((self.keys, keys), dim=2)
             self.values = torch.cat((self.values, values), dim=2)
@@ -425,9 +426,17 @@ class StaticKVCache:
         start, slots, overflow = self._next_slots(keys.shape[2], step)
         # the spill slot (index max_len) is a row of the buffers: rotate_and_cache writes every token
         queries, _ = rotate_and_cache(
-            queries, keys, values, self._keys, self._values, slots.expand(self.batch, -1), tables,
-            layout="bhsd", cache_layout="bhsd", inplace=inplace,
-        )  # fmt: skip
+            queries,
+            keys,
+            values,
+            self._keys,
+            self._values,
+            slots.expand(self.batch, -1),
+            tables,
+            layout="bhsd",
+            cache_layout="bhsd",
+            inplace=inplace,
+        )
         return queries, self._commit(start, slots, overflow, ids, valid)
 
     def _check_new(
@@ -444,8 +453,8 @@ class StaticKVCache:
             )
         if keys.dtype != self.dtype or keys.device != self.device:
             raise InputError(
-                f"new keys are {keys.dtype} on {keys.device} but this StaticKVCache holds {self.dtype} on {self.device}; "
-                f"build it with dtype={keys.dtype} and device='{keys.device}'"
+                f"new keys are {keys.dtype} on {keys.device} but this StaticKVCache holds {self.dtype} on "
+                f"{self.device}; build it with dtype={keys.dtype} and device='{keys.device}'"
             )
         if torch.is_grad_enabled() and (keys.requires_grad or values.requires_grad):
             raise RuntimeError(
@@ -460,7 +469,8 @@ class StaticKVCache:
             valid = torch.ones(self.batch, seq_len, dtype=torch.bool, device=self.device)
         elif valid.dtype != torch.bool or tuple(valid.shape) != (self.batch, seq_len):
             raise InputError(
-                f"valid must be a bool [B, S] = [{self.batch}, {seq_len}] tensor, got {valid.dtype} {tuple(valid.shape)}"
+                f"valid must be a bool [B, S] = [{self.batch}, {seq_len}] tensor, got "
+                f"{valid.dtype} {tuple(valid.shape)}"
             )
         return ids, valid
 

@@ -169,9 +169,16 @@ def rotary_linear_attention(
     """
     tables = RotaryTables.from_tensors(cos, sin, interleaved=interleaved)
     return _linear_attention(
-        q, k, v, tables, feature_map=feature_map, causal=causal, key_padding_mask=key_padding_mask,
-        chunk_size=chunk_size, eps=eps,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        tables,
+        feature_map=feature_map,
+        causal=causal,
+        key_padding_mask=key_padding_mask,
+        chunk_size=chunk_size,
+        eps=eps,
+    )
 
 
 def _linear_attention(
@@ -350,7 +357,14 @@ class RotaryLinearAttention(nn.Module):
                 positions = P.from_ids(position_ids, batch=batch, seq_len=seq_len, device=device)
             tables = self.rope.tables(positions, dtype=table_dtype(q.dtype))
         out = _linear_attention(
-            q, k, v, tables, feature_map=self.feature_map, causal=self.causal, key_padding_mask=attention_mask,
-            chunk_size=self.chunk_size, eps=self.eps,
-        )  # fmt: skip
+            q,
+            k,
+            v,
+            tables,
+            feature_map=self.feature_map,
+            causal=self.causal,
+            key_padding_mask=attention_mask,
+            chunk_size=self.chunk_size,
+            eps=self.eps,
+        )
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq_len, self.hidden_size))

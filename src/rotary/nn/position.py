@@ -143,7 +143,8 @@ class RelativePositionBias(nn.Module):
             raise InputError(
                 f"RelativePositionBias(num_heads={num_heads}, max_distance={max_distance}) would learn a table of "
                 f"{format_bytes(4 * (2 * max_distance + 1) * num_heads)}; at most {MAX_NUM_HEADS} heads and "
-                f"max_distance <= {MAX_RELATIVE_DISTANCE} (T5 clips at 128): distances beyond max_distance share one bias"
+                f"max_distance <= {MAX_RELATIVE_DISTANCE} (T5 clips at 128): distances "
+                "beyond max_distance share one bias"
             )
         # zero init: the model starts as plain RoPE attention and learns the bias it needs
         self.bias = nn.Parameter(torch.zeros(2 * max_distance + 1, num_heads))
@@ -175,7 +176,8 @@ class LearnedPositionEmbedding(nn.Module):
             raise InputError(
                 f"LearnedPositionEmbedding(max_position={max_position}, hidden_size={hidden_size}) would need "
                 f"{format_bytes(4 * max_position * hidden_size)} for its table, more than "
-                f"{format_bytes(MAX_POSITION_TABLE_BYTES)}; check both (GPT-2 uses 1024 x 768), or use RoPE, which has no table to learn"
+                f"{format_bytes(MAX_POSITION_TABLE_BYTES)}; check both (GPT-2 uses 1024 x 768), or use "
+                "RoPE, which has no table to learn"
             )
         self.embedding = nn.Embedding(max_position, hidden_size)
         nn.init.normal_(self.embedding.weight, std=0.02)
@@ -232,7 +234,8 @@ class SinusoidalPositionEmbedding(nn.Module):
         self.base = float(base)
 
     def forward(self, position_ids: torch.Tensor | Positions) -> torch.Tensor:
-        """``position_ids``: integer ``[...]`` (>= 0) or :class:`~rotary.positions.Positions` -> fp32 ``[..., hidden_size]``."""
+        """``position_ids``: integer ``[...]`` (>= 0) or :class:`~rotary.positions.Positions` -> fp32
+        ``[..., hidden_size]``."""
         ids = position_ids.ids if isinstance(position_ids, Positions) else P.integer_positions(position_ids)
         exponent = torch.arange(0, self.hidden_size, 2, dtype=torch.float64, device=ids.device) / self.hidden_size
         angle = ids.to(torch.float64)[..., None] / self.base**exponent

@@ -23,8 +23,8 @@ from .registry import (
 def _check_ntk_width(rope_type: str, rotary_dim: int) -> None:
     if rotary_dim <= 2:
         raise ConfigError(
-            f"rope_type {rope_type!r} scales the base by factor ** (d / (d - 2)), undefined for rotary_dim={rotary_dim}; "
-            "use rotary_dim >= 4"
+            f"rope_type {rope_type!r} scales the base by factor ** (d / (d - 2)), undefined for "
+            f"rotary_dim={rotary_dim}; use rotary_dim >= 4"
         )
 
 

@@ -47,7 +47,7 @@ def _check_llama3(p: dict[str, Any], rotary_dim: int, complain: Callable[[str], 
         },
         base=500000.0,
         max_position=131072,
-    ),  # fmt: skip
+    ),
 )
 def _llama3(head_dim: int, base: float, rotary_dim: int, params: Mapping[str, Any], seq_len: Any):
     inv_freq = default_inv_freq(base, rotary_dim)
@@ -82,7 +82,8 @@ def _check_proportional(p: dict[str, Any], rotary_dim: int, complain: Callable[[
 
 
 def proportional_pairs(head_dim: int, params: Mapping[str, Any]) -> int:
-    """Pairs that turn under ``proportional``: ``int(partial_rotary_factor * head_dim // 2)`` (transformers' rounding)."""
+    """Pairs that turn under ``proportional``: ``int(partial_rotary_factor * head_dim // 2)``
+    (transformers' rounding)."""
     fraction = params.get("partial_rotary_factor")
     return int((1.0 if fraction is None else fraction) * head_dim // 2)
 

@@ -196,9 +196,20 @@ def register_rope_type(
         if not callable(fn):
             raise InputTypeError(f"register_rope_type({name!r}) decorates an init function, got {fn!r}")
         ROPE_TYPES[name] = RopeType(
-            name, fn, keys["required"], keys["optional"], check, length_dependent, trained_length,
-            rotates_every_pair, example, target_length, update, trained_key, check_keys,
-        )  # fmt: skip
+            name,
+            fn,
+            keys["required"],
+            keys["optional"],
+            check,
+            length_dependent,
+            trained_length,
+            rotates_every_pair,
+            example,
+            target_length,
+            update,
+            trained_key,
+            check_keys,
+        )
         return fn
 
     return deco
@@ -409,7 +420,8 @@ def optional_number(p: Mapping[str, Any], key: str, rope_type: str, *, allowed: 
         return None
     if not is_number(value):
         raise ConfigError(
-            f"{key} of rope_type {rope_type!r} must be a finite number ({allowed}), got {value!r} ({type(value).__name__})"
+            f"{key} of rope_type {rope_type!r} must be a finite number ({allowed}), got "
+            f"{value!r} ({type(value).__name__})"
         )
     return value
 

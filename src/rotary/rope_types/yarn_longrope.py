@@ -76,8 +76,10 @@ def _check_yarn(p: dict[str, Any], rotary_dim: int, complain: Callable[[str], No
                 f"default is {default}); a negative count has no ramp position"
             )
         if value == 0:
-            complain(f"{key}=0 for rope_type 'yarn' is read as unset (the default {default}, as transformers does); "
-                     f"remove it or give a positive number")  # fmt: skip
+            complain(
+                f"{key}=0 for rope_type 'yarn' is read as unset (the default {default}, as transformers does); "
+                f"remove it or give a positive number"
+            )
     # transformers reads a missing (or falsy) beta as its default: 32 / 1
     beta_fast, beta_slow = p.get("beta_fast") or 32, p.get("beta_slow") or 1
     if beta_fast <= beta_slow:
@@ -99,8 +101,10 @@ def _check_yarn(p: dict[str, Any], rotary_dim: int, complain: Callable[[str], No
             "lengths (transformers uses factor and warns)"
         )
     if factor is not None and factor <= 0:
-        raise ConfigError(f"rope_type 'yarn' factor (max_position_embeddings / original_max_position_embeddings) must be "
-                          f"> 0, got {factor}")  # fmt: skip
+        raise ConfigError(
+            f"rope_type 'yarn' factor (max_position_embeddings / original_max_position_embeddings) must be "
+            f"> 0, got {factor}"
+        )
     mscale, mscale_all_dim = (
         optional_number(p, key, "yarn", allowed="> 0, DeepSeek uses 1.0 or 0.707")
         for key in ("mscale", "mscale_all_dim")
@@ -198,15 +202,16 @@ def _check_longrope(p: dict[str, Any], rotary_dim: int, complain: Callable[[str]
         bad = [(i, x) for i, x in enumerate(value) if x <= 0]
         if bad:
             raise ConfigError(
-                f"{key} entries divide the frequencies and must be > 0, got {', '.join(f'{key}[{i}]={x}' for i, x in bad[:4])}"
-                f"{' ...' if len(bad) > 4 else ''}; fix the list (Phi-3's lie between 1 and about 64)"
+                f"{key} entries divide the frequencies and must be > 0, got "
+                f"{', '.join(f'{key}[{i}]={x}' for i, x in bad[:4])}{' ...' if len(bad) > 4 else ''}; fix the list "
+                "(Phi-3's lie between 1 and about 64)"
             )
     for key in ("short_mscale", "long_mscale"):
         value = optional_number(p, key, "longrope", allowed="> 0, the attention factor of that set of factors")
         if value is not None and value <= 0:
             raise ConfigError(
-                f"{key}={value} for rope_type 'longrope' must be > 0 (it multiplies cos and sin of that set of factors; "
-                "Phi-3.5-MoE uses 1.243); remove it to use the default attention factor"
+                f"{key}={value} for rope_type 'longrope' must be > 0 (it multiplies cos and sin of that set of "
+                "factors; Phi-3.5-MoE uses 1.243); remove it to use the default attention factor"
             )
     mscales = [k for k in ("short_mscale", "long_mscale") if p.get(k) is not None]
     if mscales and p.get("attention_factor") is not None:
@@ -218,8 +223,10 @@ def _check_longrope(p: dict[str, Any], rotary_dim: int, complain: Callable[[str]
     if factor is None:
         factor = _implicit_factor(p)
     if factor is not None and factor <= 0:
-        raise ConfigError(f"rope_type 'longrope' factor (max_position_embeddings / original_max_position_embeddings) must "
-                          f"be > 0, got {factor}")  # fmt: skip
+        raise ConfigError(
+            f"rope_type 'longrope' factor (max_position_embeddings / original_max_position_embeddings) must "
+            f"be > 0, got {factor}"
+        )
     trained = p.get("original_max_position_embeddings")
     if p.get("attention_factor") is None and factor is not None and factor > 1 and trained == 1:
         raise ConfigError(
@@ -233,8 +240,13 @@ def _longrope_example(head_dim: int) -> RopeExample:
     # illustrative long_factor: 1 for the fast pairs rising to 4 for the slow ones (shape of Phi-3's)
     n = head_dim // 2
     long_factor = [1.0 + 3.0 * (i / max(n - 1, 1)) ** 2 for i in range(n)]
-    block = {"rope_type": "longrope", "factor": 4.0, "original_max_position_embeddings": 4096,
-             "short_factor": [1.0] * n, "long_factor": long_factor}  # fmt: skip
+    block = {
+        "rope_type": "longrope",
+        "factor": 4.0,
+        "original_max_position_embeddings": 4096,
+        "short_factor": [1.0] * n,
+        "long_factor": long_factor,
+    }
     return RopeExample(block, max_position=16384, seq_len=16384, note="illustrative long_factor")
 
 
@@ -320,6 +332,7 @@ def longrope_serving_block(block: Mapping[str, Any], max_model_len: int) -> dict
     mscale = block.get("long_mscale" if use_long else "short_mscale")
     mscale = default if mscale is None else mscale
     out = {k: v for k, v in block.items() if k not in ("factor", "attention_factor", "type")}
-    out.update(rope_type="longrope", short_factor=factors, long_factor=list(factors), short_mscale=mscale,
-               long_mscale=mscale)  # fmt: skip
+    out.update(
+        rope_type="longrope", short_factor=factors, long_factor=list(factors), short_mscale=mscale, long_mscale=mscale
+    )
     return out

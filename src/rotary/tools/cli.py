@@ -35,8 +35,10 @@ COMMAND_MODULES = [
 #: (it is not on PyPI), so an extra is named with the command that works there, and the packages
 #: themselves with theirs.
 OPTIONAL_PACKAGES = {
-    "rich": "part of rotary's [plot] extra: pip install 'matplotlib>=3.8' 'rich>=13' (in a clone of rotary: pip install -e '.[plot]')",
-    "matplotlib": "part of rotary's [plot] extra: pip install 'matplotlib>=3.8' 'rich>=13' (in a clone of rotary: pip install -e '.[plot]')",
+    "rich": "part of rotary's [plot] extra: pip install 'matplotlib>=3.8' 'rich>=13' "
+    "(in a clone of rotary: pip install -e '.[plot]')",
+    "matplotlib": "part of rotary's [plot] extra: pip install 'matplotlib>=3.8' 'rich>=13' "
+    "(in a clone of rotary: pip install -e '.[plot]')",
     "transformers": "install it with: pip install transformers",
     "accelerate": "install it with: pip install accelerate (transformers' device_map needs it)",
     "rotary_embedding_torch": "install it with: pip install rotary-embedding-torch",

@@ -101,9 +101,14 @@ def plot_axial_scores(maps: Mapping[str, torch.Tensor], *, extent: int, title: s
         s = scores.double()
         s = s / s[extent, extent]
         im = ax.imshow(
-            s.numpy(), cmap="RdBu_r", vmin=-1, vmax=1, origin="lower", interpolation="nearest",
+            s.numpy(),
+            cmap="RdBu_r",
+            vmin=-1,
+            vmax=1,
+            origin="lower",
+            interpolation="nearest",
             extent=(-extent - 0.5, extent + 0.5, -extent - 0.5, extent + 0.5),
-        )  # fmt: skip
+        )
         ax.set_title(label, fontsize=10)
         ax.set_xlabel("Δw (patches)")
         ax.set_ylabel("Δh (patches)")
@@ -123,8 +128,15 @@ def plot_learned_frequencies(
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     markers = "os^vD"
     for j, (label, series) in enumerate(wavelengths.items()):
-        ax.plot(range(len(series)), list(series), color=PALETTE[j % len(PALETTE)], marker=markers[j % len(markers)],
-                ms=5 - j, lw=1.2, label=label)  # fmt: skip
+        ax.plot(
+            range(len(series)),
+            list(series),
+            color=PALETTE[j % len(PALETTE)],
+            marker=markers[j % len(markers)],
+            ms=5 - j,
+            lw=1.2,
+            label=label,
+        )
     ax.set_yscale("log")
     ax.set_xlabel("pair index i")
     ax.set_ylabel("wavelength 2π/θ_i (tokens)")
@@ -328,8 +340,14 @@ def plot_xpos(
     ax.set_title(f"xPos factor per pair (γ = {scale_base:g})")
     ax.legend(fontsize=8)
     for j, (label, values) in enumerate(scores.items()):
-        ax2.plot(x, [abs(v) for v in values], color=PALETTE[(j + 3) % len(PALETTE)], lw=1.0 if j else 1.8, label=label,
-                 zorder=3 - j)  # fmt: skip
+        ax2.plot(
+            x,
+            [abs(v) for v in values],
+            color=PALETTE[(j + 3) % len(PALETTE)],
+            lw=1.0 if j else 1.8,
+            label=label,
+            zorder=3 - j,
+        )
     ax2.set_yscale("log")
     ax2.set_xlabel("distance Δ = n − m (tokens)")
     ax2.set_ylabel("|⟨q, k⟩| after rotation")

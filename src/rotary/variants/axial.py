@@ -217,8 +217,9 @@ class AxialRoPE(CoordinateRoPE):
             j = int(bad.nonzero()[0])
             raise InputError(
                 f"pair {j}'s frequency is {float(per_pair[j])!r} (base={self.base:g}, max_freq={self.max_freq}, "
-                f"frequency_scale={self.frequency_scale:g}, frequency_dtype={self.frequency_dtype}): the frequencies must "
-                "be finite and > 0; use a smaller base, max_freq or frequency_scale (or frequency_dtype=torch.float64)"
+                f"frequency_scale={self.frequency_scale:g}, frequency_dtype={self.frequency_dtype}): the frequencies "
+                "must be finite and > 0; use a smaller base, max_freq or frequency_scale (or "
+                "frequency_dtype=torch.float64)"
             )
 
     def frequencies(self) -> torch.Tensor:
@@ -328,7 +329,8 @@ def _flux(head_dim: int) -> dict[str, Any]:
 def _cogvideox(head_dim: int) -> dict[str, Any]:
     if not isinstance(head_dim, int) or head_dim % 16:
         raise InputError(
-            f"the cogvideox preset splits head_dim into D/4, 3D/8, 3D/8 even blocks: head_dim must be a multiple of 16, got {head_dim!r}"
+            "the cogvideox preset splits head_dim into D/4, 3D/8, 3D/8 even blocks: head_dim must be a "
+            f"multiple of 16, got {head_dim!r}"
         )
     return dict(axes=3, split=(head_dim // 4, head_dim // 8 * 3, head_dim // 8 * 3), base=10000.0, interleaved=True)
 
@@ -337,40 +339,106 @@ def _cogvideox(head_dim: int) -> dict[str, Any]:
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
-        Preset("torchtune", "torchtune's VisionRotaryPositionalEmbeddings (Llama 3.2 Vision-style encoders)", 64, {
-            "axes": "(y, x); x's block first", "channels": "D/2, D/2", "frequencies": "base^(-4k/D), base 10000",
-            "coordinates": "grid + 1: angles (x+1)θ, (y+1)θ", "pairing": "interleaved", "identity": "CLS appended last",
-        }, _torchtune),
-        Preset("llama4_vision", "Llama 4 vision encoder (transformers Llama4VisionRotaryEmbedding)", 88, {
-            "axes": "(y, x); x's block first", "channels": "D/2, D/2", "frequencies": "base^(-4k/D), base 10000",
-            "coordinates": "grid + 1", "pairing": "interleaved (complex)", "identity": "CLS appended last",
-        }, _torchtune),
-        Preset("pixtral", "Pixtral / Mistral vision encoders (transformers PixtralVisionRotaryEmbedding)", 64, {
-            "axes": "(h, w); h's block first", "channels": "D/2, D/2",
-            "frequencies": "one set base^(-2j/D): h takes [::2], w [1::2]; base 10000",
-            "coordinates": "grid", "pairing": "half", "identity": "none",
-        }, _pixtral),
-        Preset("dinov3", "DINOv3 ViTs (facebookresearch/dinov3 RopePositionEmbedding)", 64, {
-            "axes": "(h, w); h's block first", "channels": "D/2, D/2",
-            "frequencies": "2π / periods, periods base^(4k/D), base 100",
-            "coordinates": "cell centres in [-1, 1]; train-time shift / jitter / rescale", "pairing": "half",
-            "identity": "CLS + registers first",
-        }, _dinov3),
-        Preset("eva02", "EVA-02 (baaivision/EVA VisionRotaryEmbeddingFast)", 64, {
-            "axes": "(h, w); h's block first", "channels": "D/2, D/2", "frequencies": "base^(-4k/D), base 10000",
-            "coordinates": "grid · pretrain / finetune (reference_grid)", "pairing": "interleaved",
-            "identity": "CLS first",
-        }, _eva02),
-        Preset("flux", "FLUX.1 (black-forest-labs/flux EmbedND)", 128, {
-            "axes": "(t, h, w)", "channels": "16, 56, 56", "frequencies": "base^(-2k/c) per axis, float64; base 10000",
-            "coordinates": "grid (t = 0 for images)", "pairing": "interleaved", "identity": "text tokens (ids 0)",
-        }, _flux),
-        Preset("cogvideox", "CogVideoX (diffusers get_3d_rotary_pos_embed)", 64, {
-            "axes": "(t, h, w)", "channels": "D/4, 3D/8, 3D/8", "frequencies": "base^(-2k/c) per axis, base 10000",
-            "coordinates": "grid", "pairing": "interleaved", "identity": "text tokens first",
-        }, _cogvideox),
+        Preset(
+            "torchtune",
+            "torchtune's VisionRotaryPositionalEmbeddings (Llama 3.2 Vision-style encoders)",
+            64,
+            {
+                "axes": "(y, x); x's block first",
+                "channels": "D/2, D/2",
+                "frequencies": "base^(-4k/D), base 10000",
+                "coordinates": "grid + 1: angles (x+1)θ, (y+1)θ",
+                "pairing": "interleaved",
+                "identity": "CLS appended last",
+            },
+            _torchtune,
+        ),
+        Preset(
+            "llama4_vision",
+            "Llama 4 vision encoder (transformers Llama4VisionRotaryEmbedding)",
+            88,
+            {
+                "axes": "(y, x); x's block first",
+                "channels": "D/2, D/2",
+                "frequencies": "base^(-4k/D), base 10000",
+                "coordinates": "grid + 1",
+                "pairing": "interleaved (complex)",
+                "identity": "CLS appended last",
+            },
+            _torchtune,
+        ),
+        Preset(
+            "pixtral",
+            "Pixtral / Mistral vision encoders (transformers PixtralVisionRotaryEmbedding)",
+            64,
+            {
+                "axes": "(h, w); h's block first",
+                "channels": "D/2, D/2",
+                "frequencies": "one set base^(-2j/D): h takes [::2], w [1::2]; base 10000",
+                "coordinates": "grid",
+                "pairing": "half",
+                "identity": "none",
+            },
+            _pixtral,
+        ),
+        Preset(
+            "dinov3",
+            "DINOv3 ViTs (facebookresearch/dinov3 RopePositionEmbedding)",
+            64,
+            {
+                "axes": "(h, w); h's block first",
+                "channels": "D/2, D/2",
+                "frequencies": "2π / periods, periods base^(4k/D), base 100",
+                "coordinates": "cell centres in [-1, 1]; train-time shift / jitter / rescale",
+                "pairing": "half",
+                "identity": "CLS + registers first",
+            },
+            _dinov3,
+        ),
+        Preset(
+            "eva02",
+            "EVA-02 (baaivision/EVA VisionRotaryEmbeddingFast)",
+            64,
+            {
+                "axes": "(h, w); h's block first",
+                "channels": "D/2, D/2",
+                "frequencies": "base^(-4k/D), base 10000",
+                "coordinates": "grid · pretrain / finetune (reference_grid)",
+                "pairing": "interleaved",
+                "identity": "CLS first",
+            },
+            _eva02,
+        ),
+        Preset(
+            "flux",
+            "FLUX.1 (black-forest-labs/flux EmbedND)",
+            128,
+            {
+                "axes": "(t, h, w)",
+                "channels": "16, 56, 56",
+                "frequencies": "base^(-2k/c) per axis, float64; base 10000",
+                "coordinates": "grid (t = 0 for images)",
+                "pairing": "interleaved",
+                "identity": "text tokens (ids 0)",
+            },
+            _flux,
+        ),
+        Preset(
+            "cogvideox",
+            "CogVideoX (diffusers get_3d_rotary_pos_embed)",
+            64,
+            {
+                "axes": "(t, h, w)",
+                "channels": "D/4, 3D/8, 3D/8",
+                "frequencies": "base^(-2k/c) per axis, base 10000",
+                "coordinates": "grid",
+                "pairing": "interleaved",
+                "identity": "text tokens first",
+            },
+            _cogvideox,
+        ),
     )
-}  # fmt: skip
+}
 
 
 # ------------------------------------------------------------------------------------------------

@@ -179,9 +179,15 @@ class CoordinateRoPE(nn.Module):
         prefix = self.prefix_tokens if prefix is None else check_int(prefix, "prefix", minimum=0)
         suffix = self.suffix_tokens if suffix is None else check_int(suffix, "suffix", minimum=0)
         key = (
-            sizes_t, prefix, suffix, None if device is None else torch.device(device), self.coordinate_kind,
-            self.grid_offset, self.reference_grid, self.normalize_coords,
-        )  # fmt: skip
+            sizes_t,
+            prefix,
+            suffix,
+            None if device is None else torch.device(device),
+            self.coordinate_kind,
+            self.grid_offset,
+            self.reference_grid,
+            self.normalize_coords,
+        )
         found = self._grids.get(key)
         if torch.compiler.is_compiling():  # version counters are not traceable: a grid made eagerly is used
             return found if found is not None else self._build_grid(sizes_t, prefix, suffix, device)
@@ -258,8 +264,8 @@ class CoordinateRoPE(nn.Module):
         if isinstance(positions, Positions):
             if positions.axes != self.axes:
                 raise InputError(
-                    f"{name} have {positions.axes} coordinate axes but this {type(self).__name__} has axes={self.axes}; "
-                    f"give [S, {self.axes}] or [B, S, {self.axes}] coordinates"
+                    f"{name} have {positions.axes} coordinate axes but this {type(self).__name__} has "
+                    f"axes={self.axes}; give [S, {self.axes}] or [B, S, {self.axes}] coordinates"
                 )
             if positions.packed:
                 raise InputError(
@@ -274,8 +280,8 @@ class CoordinateRoPE(nn.Module):
             raise InputTypeError(f"{name} must hold integer or floating coordinates, got dtype {positions.dtype}")
         if positions.dim() not in (2, 3) or positions.shape[-1] != self.axes:
             raise InputError(
-                f"{name} must be [S, {self.axes}] or [B, S, {self.axes}] ({self.axes} coordinates per token), got shape "
-                f"{tuple(positions.shape)}; give {self.axes} coordinates per token"
+                f"{name} must be [S, {self.axes}] or [B, S, {self.axes}] ({self.axes} coordinates per token), got "
+                f"shape {tuple(positions.shape)}; give {self.axes} coordinates per token"
                 + (f" or build the module with axes={positions.shape[-1]}" if positions.dim() in (2, 3) else "")
             )
         values = positions.to(torch.float64)
@@ -392,8 +398,9 @@ class CoordinateRoPE(nn.Module):
                 else ""
             )
             raise InputError(
-                f"coordinates up to {top:g}{augment} times frequencies up to {rate:g} rad per unit give rotation angles "
-                "beyond float64's range (cos/sin would be NaN); use smaller coordinates, augmentation ranges or frequencies"
+                f"coordinates up to {top:g}{augment} times frequencies up to {rate:g} rad per unit give rotation "
+                "angles beyond float64's range (cos/sin would be NaN); use smaller coordinates, "
+                "augmentation ranges or frequencies"
             )
 
     def input_tables(
@@ -428,8 +435,9 @@ class CoordinateRoPE(nn.Module):
         """
         if position_ids is None:
             raise InputError(
-                f"{type(self).__name__} rotates tokens by their {self.axes} coordinates: pass position_ids=rope.grid(...) "
-                f"(identity tokens with prefix=/suffix=) or coordinates [S, {self.axes}] / [B, S, {self.axes}]"
+                f"{type(self).__name__} rotates tokens by their {self.axes} coordinates: pass "
+                "position_ids=rope.grid(...) (identity tokens with prefix=/suffix=) or coordinates [S, "
+                f"{self.axes}] / [B, S, {self.axes}]"
             )
         coords = self.coordinates(position_ids, name="position_ids")
         self._check_tokens(coords, batch, seq_len, "the input")
@@ -439,8 +447,8 @@ class CoordinateRoPE(nn.Module):
     def _check_tokens(self, coords: Coordinates, batch: int, seq_len: int, what: str, detail: str = "") -> None:
         if coords.seq_len != seq_len:
             raise InputError(
-                f"the coordinates cover S={coords.seq_len} tokens but {what} has S={seq_len}{detail}; tokens without a place "
-                "on the grid (CLS, registers) need an identity row: grid(..., prefix=, suffix=)"
+                f"the coordinates cover S={coords.seq_len} tokens but {what} has S={seq_len}{detail}; tokens without "
+                "a place on the grid (CLS, registers) need an identity row: grid(..., prefix=, suffix=)"
             )
         if coords.batch is not None and coords.batch not in (1, batch):
             raise InputError(f"the coordinates have batch {coords.batch} but {what} has batch {batch}")
@@ -453,7 +461,8 @@ class CoordinateRoPE(nn.Module):
                 raise InputError(f"{name} must be 4-D ([B, H, S, D] or [B, S, H, D]), got {shape}")
             if x.shape[-1] != self.head_dim:
                 raise InputError(
-                    f"{name} has head_dim {x.shape[-1]} but this {type(self).__name__} was built for head_dim={self.head_dim}"
+                    f"{name} has head_dim {x.shape[-1]} but this {type(self).__name__} was "
+                    f"built for head_dim={self.head_dim}"
                 )
             self._check_tokens(coords, x.shape[batch_dim], x.shape[seq_dim], name, f" (layout {layout!r})")
 

@@ -253,9 +253,11 @@ class FoPE(nn.Module):
         out = table_dtype(dtype)
         heads = self.num_key_value_heads if self.separate_heads else None
         return RotaryTables.unchecked(
-            expand_pairs(cos.to(out), self.interleaved), expand_pairs(sin.to(out), self.interleaved),
-            self.interleaved, heads=heads,
-        )  # fmt: skip
+            expand_pairs(cos.to(out), self.interleaved),
+            expand_pairs(sin.to(out), self.interleaved),
+            self.interleaved,
+            heads=heads,
+        )
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, *, position_ids: torch.Tensor | None = None, layout: Layout = "bhsd"
@@ -287,7 +289,9 @@ class FoPE(nn.Module):
             return q_out, k_out
         group = hq // hk
         q_tables = RotaryTables.unchecked(
-            tables.cos.repeat_interleave(group, dim=-2), tables.sin.repeat_interleave(group, dim=-2),
-            tables.interleaved, heads=hq,
-        )  # fmt: skip
+            tables.cos.repeat_interleave(group, dim=-2),
+            tables.sin.repeat_interleave(group, dim=-2),
+            tables.interleaved,
+            heads=hq,
+        )
         return rotate([q], q_tables, layout=layout)[0], rotate([k], tables, layout=layout)[0]

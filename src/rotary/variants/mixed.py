@@ -77,8 +77,9 @@ class RoPEMixed(CoordinateRoPE):
         magnitude = default_inv_freq(self.base, self.rotary_dim // 2)
         if not bool((torch.isfinite(magnitude) & (magnitude > 0)).all()):
             raise InputError(
-                f"base={base!r} gives frequency magnitudes 1 / base^(4k/r) of {magnitude.tolist()} in fp32: they must be "
-                "finite and > 0 (a pair with 0 never rotates, inf makes the tables NaN); use a base nearer the paper's 10"
+                f"base={base!r} gives frequency magnitudes 1 / base^(4k/r) of {magnitude.tolist()} in fp32: they must "
+                "be finite and > 0 (a pair with 0 never rotates, inf makes the tables NaN); "
+                "use a base nearer the paper's 10"
             )
         # meta under torch.device("meta"); filled by reset_parameters()
         self.inv_freq = nn.Parameter(torch.empty(num_heads, 2, self.rotary_dim // 2))

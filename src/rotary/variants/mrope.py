@@ -79,7 +79,8 @@ def _layout(mrope_layout: str | None, mrope_interleaved: bool) -> str:
     check_choice(mrope_layout, "mrope_layout", LAYOUTS)
     if interleaved and mrope_layout != "interleaved":
         raise InputError(
-            f"mrope_interleaved=True asks for the interleaved layout but mrope_layout={mrope_layout!r}; pass one of them"
+            "mrope_interleaved=True asks for the interleaved layout but "
+            f"mrope_layout={mrope_layout!r}; pass one of them"
         )
     return mrope_layout
 
@@ -209,8 +210,8 @@ class MRoPE(nn.Module):
         self.freqs = frequencies(head_dim, base=base, rotary_dim=rotary_dim, scaling=scaling, strict=strict)
         if ROPE_TYPES[self.freqs.rope_type].length_dependent:
             raise InputError(
-                f"rope_type {self.freqs.rope_type!r} changes the frequencies with the sequence length, which M-RoPE does "
-                "not support here; use a static rope_type (default, linear, yarn, ...)"
+                f"rope_type {self.freqs.rope_type!r} changes the frequencies with the sequence length, which M-RoPE "
+                "does not support here; use a static rope_type (default, linear, yarn, ...)"
             )
         #: the slot layout: ``"chunked"``, ``"interleaved"`` or ``"paired_hw"``
         self.mrope_layout = _layout(mrope_layout, mrope_interleaved)
@@ -233,7 +234,8 @@ class MRoPE(nn.Module):
 
     @classmethod
     def from_hf_config(cls, config: Any, *, strict: bool = True) -> MRoPE:
-        """The M-RoPE of a vision-language text model (:data:`rotary.hf.MROPE_MODELS`), from its config (never modified).
+        """The M-RoPE of a vision-language text model (:data:`rotary.hf.MROPE_MODELS`), from its config (never
+        modified).
 
         Reads what :meth:`rotary.RoPE.from_hf_config` reads (head width, rotated width, ``rope_theta``,
         the scaling block, 4.x ``rope_scaling`` with ``"type": "mrope"`` or 5.x ``rope_parameters``)
@@ -269,10 +271,15 @@ class MRoPE(nn.Module):
             )
         try:
             return cls(
-                settings.head_dim, mrope_section=settings.mrope_section, mrope_layout=settings.mrope_layout,
-                base=settings.base, rotary_dim=settings.rotary_dim, scaling=settings.scaling,
-                interleaved=settings.interleaved, strict=strict,
-            )  # fmt: skip
+                settings.head_dim,
+                mrope_section=settings.mrope_section,
+                mrope_layout=settings.mrope_layout,
+                base=settings.base,
+                rotary_dim=settings.rotary_dim,
+                scaling=settings.scaling,
+                interleaved=settings.interleaved,
+                strict=strict,
+            )
         except ConfigError:
             raise
         except ValueError as exc:
@@ -293,7 +300,8 @@ class MRoPE(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, mrope_section={list(self.mrope_section)}, "
-            f"layout={self.mrope_layout}, base={self.freqs.base:g}, rope_type={self.freqs.rope_type!r}, interleaved={self.interleaved}"
+            f"layout={self.mrope_layout}, base={self.freqs.base:g}, rope_type={self.freqs.rope_type!r}, "
+            f"interleaved={self.interleaved}"
         )
 
     def slot_axes(self) -> str:

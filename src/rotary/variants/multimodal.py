@@ -311,9 +311,9 @@ def multimodal_positions(
             t, h, w = grids[kind][used[kind]].tolist()
             if h % spatial_merge_size or w % spatial_merge_size:
                 raise InputError(
-                    f"{names[kind]}_grid_thw entry {used[kind]} is {[t, h, w]}: its height and width must be multiples of "
-                    f"spatial_merge_size={spatial_merge_size} (the vision tower merges {spatial_merge_size} x "
-                    f"{spatial_merge_size} patches into one token)"
+                    f"{names[kind]}_grid_thw entry {used[kind]} is {[t, h, w]}: its height and width must be "
+                    f"multiples of spatial_merge_size={spatial_merge_size} (the vision tower merges "
+                    f"{spatial_merge_size} x {spatial_merge_size} patches into one token)"
                 )
             h, w = h // spatial_merge_size, w // spatial_merge_size
             if kind == 2:
@@ -334,7 +334,8 @@ def multimodal_positions(
                 if not (t - 1) * tokens_per_second * float(second) < 2**53:
                     raise InputError(
                         f"video {used[kind]}: {t} temporal steps at tokens_per_second={tokens_per_second!r} x "
-                        f"second_per_grid_ts={float(second)!r} give temporal ids beyond 2**53, which positions cannot hold"
+                        f"second_per_grid_ts={float(second)!r} give temporal ids beyond "
+                        "2**53, which positions cannot hold"
                     )
                 steps = (steps * (tokens_per_second * second)).long()
             used[kind] += 1
@@ -356,8 +357,9 @@ def multimodal_positions(
     for kind in (1, 2):
         if used[kind] != grids[kind].shape[0]:
             raise InputError(
-                f"{names[kind]}_grid_thw holds {grids[kind].shape[0]} {'frames' if kind == 2 and split_video_frames else 'entries'} "
-                f"but the token types hold only {used[kind]} {names[kind]} runs"
+                f"{names[kind]}_grid_thw holds {grids[kind].shape[0]} "
+                f"{'frames' if kind == 2 and split_video_frames else 'entries'} but the token types hold only "
+                f"{used[kind]} {names[kind]} runs"
             )
     device = token_types.device
     bound = int(next_position.max()) if batch else 0
@@ -487,7 +489,8 @@ def _config_dict(config: Any) -> dict[str, Any]:
 
 
 def _pick(given: Any, rule: Any, default: Any, name: str, rules: dict[str, Any]) -> Any:
-    """The keyword's value: the one given (unless it contradicts the family's rule), else the rule's, else the default."""
+    """The keyword's value: the one given (unless it contradicts the family's rule), else the rule's, else the
+    default."""
     if given is None:
         return default if rule is None else rule
     if rule is not None and given != rule and name in ("split_video_frames", "temporal_merge_size"):

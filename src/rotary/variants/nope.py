@@ -51,7 +51,8 @@ def rope_layer_flags(no_rope_layers: Sequence[int] | None, num_layers: int) -> l
     """Which layers rotate, from Llama 4's ``no_rope_layers`` (1 = RoPE, 0 = NoPE; ``None``: all rotate).
 
     Raises:
-        rotary.errors.InputError: a ``num_layers`` that is not an int >= 0, a list of another length, or values other than the ints 0 and 1.
+        rotary.errors.InputError: a ``num_layers`` that is not an int >= 0, a list of another length, or values other
+        than the ints 0 and 1.
 
     Example:
         >>> rope_layer_flags([1, 1, 1, 0], 4)
@@ -91,7 +92,8 @@ def nope_temperature(position_ids: torch.Tensor, *, floor_scale: int = 8192, att
     if not is_number(attn_scale) or attn_scale < 0:
         raise InputError(f"attn_scale must be a finite number >= 0, got {attn_scale!r}")
     ids = P.integer_positions(position_ids)
-    # floor((n + 1) / f) = floor(n / f) + floor((n mod f + 1) / f), summed in float64: no int64 overflow at n = 2**63 - 1
+    # floor((n + 1) / f) = floor(n / f) + floor((n mod f + 1) / f), summed in float64: no int64 overflow at n = 2**63 -
+    # 1
     whole = torch.div(ids, floor_scale, rounding_mode="floor")
     carry = torch.div(ids - whole * floor_scale + 1, floor_scale, rounding_mode="floor")
     steps = whole.to(torch.float64) + carry.to(torch.float64)

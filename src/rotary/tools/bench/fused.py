@@ -235,9 +235,13 @@ def _dtypes(options: argparse.Namespace) -> list[str]:
 
 
 def _group_results(
-    group: str, calls: dict[str, Callable[[], object]], notes: dict[str, str], limit_s: float, limit_note: str,
+    group: str,
+    calls: dict[str, Callable[[], object]],
+    notes: dict[str, str],
+    limit_s: float,
+    limit_note: str,
     options: argparse.Namespace,
-) -> list[Result]:  # fmt: skip
+) -> list[Result]:
     """Time ``calls``, then one row each and the traffic-limit row, with "x traffic limit" ratios."""
     timed = _time(options, calls)
     repeats = suite_repeats(options)
@@ -291,8 +295,10 @@ def _rotate_and_cache_group(
 
     dtype = DTYPE_NAMES[dtype_name]
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(shape.batch, shape.seq, h, shape.head_dim, generator=g).to(device, dtype)
-               for h in (shape.q_heads, shape.kv_heads, shape.kv_heads))  # fmt: skip
+    q, k, v = (
+        torch.randn(shape.batch, shape.seq, h, shape.head_dim, generator=g).to(device, dtype)
+        for h in (shape.q_heads, shape.kv_heads, shape.kv_heads)
+    )
     positions = shape.positions(device)
     capacity = DECODE_START + shape.batch + shape.seq
     k_cache = torch.zeros(shape.batch, capacity, shape.kv_heads, shape.head_dim, dtype=dtype, device=device)

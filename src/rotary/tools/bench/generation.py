@@ -47,9 +47,19 @@ import torch
 from .harness import DTYPE_NAMES, Result, installed, register_suite, suite_device, suite_repeats
 
 __all__ = [
-    "COMPILED", "CPU_ONLY", "GenerationShape", "QK_NORM_ROWS", "SHAPES", "ROWS", "build_models", "build_qwen3",
-    "generation_suite", "llama_state", "qk_norm_generation_suite", "row_calls",
-]  # fmt: skip
+    "COMPILED",
+    "CPU_ONLY",
+    "GenerationShape",
+    "QK_NORM_ROWS",
+    "SHAPES",
+    "ROWS",
+    "build_models",
+    "build_qwen3",
+    "generation_suite",
+    "llama_state",
+    "qk_norm_generation_suite",
+    "row_calls",
+]
 
 
 @dataclass(frozen=True)
@@ -84,10 +94,17 @@ SHAPES = {
 }
 #: every row, in table order
 ROWS = (
-    "rotary dynamic", "rotary static", "rotary static + torch.compile", "rotary static + CUDA graph",
-    "HF dynamic", "HF static", "HF static + torch.compile", "HF dynamic + rotary.hf.patch",
-    "HF static + rotary.hf.patch", "HF static + torch.compile + rotary.hf.patch",
-)  # fmt: skip
+    "rotary dynamic",
+    "rotary static",
+    "rotary static + torch.compile",
+    "rotary static + CUDA graph",
+    "HF dynamic",
+    "HF static",
+    "HF static + torch.compile",
+    "HF dynamic + rotary.hf.patch",
+    "HF static + rotary.hf.patch",
+    "HF static + torch.compile + rotary.hf.patch",
+)
 HF_STATIC = "HF static"
 #: the rows compiled by torch.compile: left out by --no-compile (and --quick without --compile)
 COMPILED = ("rotary static + torch.compile", "HF static + torch.compile", "HF static + torch.compile + rotary.hf.patch")
@@ -106,9 +123,14 @@ def build_models(
     from rotary.models import Decoder, DecoderConfig
 
     config = DecoderConfig(
-        vocab_size=shape.vocab, hidden_size=shape.hidden, num_layers=shape.layers, num_heads=shape.heads,
-        num_kv_heads=shape.kv_heads, intermediate_size=shape.intermediate, max_position=max(2048, shape.prompt + shape.new),
-    )  # fmt: skip
+        vocab_size=shape.vocab,
+        hidden_size=shape.hidden,
+        num_layers=shape.layers,
+        num_heads=shape.heads,
+        num_kv_heads=shape.kv_heads,
+        intermediate_size=shape.intermediate,
+        max_position=max(2048, shape.prompt + shape.new),
+    )
     torch.manual_seed(0)
     decoder = Decoder(config).eval()
     llama = None
@@ -116,12 +138,19 @@ def build_models(
         import transformers
 
         hf_config = transformers.LlamaConfig(
-            vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
-            num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads,
-            num_key_value_heads=config.num_kv_heads, max_position_embeddings=config.max_position,
-            rms_norm_eps=config.rms_norm_eps, rope_parameters={"rope_type": "default", "rope_theta": config.rope_base},
-            tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
-        )  # fmt: skip
+            vocab_size=config.vocab_size,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            num_hidden_layers=config.num_layers,
+            num_attention_heads=config.num_heads,
+            num_key_value_heads=config.num_kv_heads,
+            max_position_embeddings=config.max_position,
+            rms_norm_eps=config.rms_norm_eps,
+            rope_parameters={"rope_type": "default", "rope_theta": config.rope_base},
+            tie_word_embeddings=False,
+            attention_bias=False,
+            mlp_bias=False,
+        )
         hf_config._attn_implementation = "sdpa"
         llama = transformers.LlamaForCausalLM(hf_config).eval()
         llama.load_state_dict(llama_state(decoder), strict=True)
@@ -137,11 +166,18 @@ def build_qwen3(shape: GenerationShape, device: torch.device) -> torch.nn.Module
     import transformers
 
     config = transformers.Qwen3Config(
-        vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
-        num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
-        head_dim=shape.hidden // shape.heads, max_position_embeddings=max(2048, shape.prompt + shape.new),
-        tie_word_embeddings=False, attention_bias=False, use_sliding_window=False,
-    )  # fmt: skip
+        vocab_size=shape.vocab,
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        head_dim=shape.hidden // shape.heads,
+        max_position_embeddings=max(2048, shape.prompt + shape.new),
+        tie_word_embeddings=False,
+        attention_bias=False,
+        use_sliding_window=False,
+    )
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     model = transformers.Qwen3ForCausalLM(config).eval()
@@ -165,9 +201,13 @@ def llama_state(decoder: torch.nn.Module) -> dict[str, torch.Tensor]:
         (True, True)
     """
     names = {
-        "embed_tokens": "model.embed_tokens", "norm": "model.norm", "lm_head": "lm_head",
-        "attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm", "attn": "self_attn",
-    }  # fmt: skip
+        "embed_tokens": "model.embed_tokens",
+        "norm": "model.norm",
+        "lm_head": "lm_head",
+        "attn_norm": "input_layernorm",
+        "mlp_norm": "post_attention_layernorm",
+        "attn": "self_attn",
+    }
     out = {}
     for key, value in decoder.state_dict().items():
         parts = key.split(".")
@@ -294,9 +334,15 @@ def qk_norm_generation_suite(options: argparse.Namespace) -> list[Result]:
 
 
 def _time_rows(
-    shape: GenerationShape, group: str, order: tuple[str, ...], static: str,
-    calls: dict[str, Callable[[], torch.Tensor]], failed: dict[str, str], repeats: int, device: torch.device,
-) -> list[Result]:  # fmt: skip
+    shape: GenerationShape,
+    group: str,
+    order: tuple[str, ...],
+    static: str,
+    calls: dict[str, Callable[[], torch.Tensor]],
+    failed: dict[str, str],
+    repeats: int,
+    device: torch.device,
+) -> list[Result]:
     """Each call once (its first call, compiling included), then ``repeats`` rounds of all of them in turn;
     a call that raises is a row with a note."""
     first: dict[str, float] = {}

@@ -215,7 +215,7 @@ def _builtin_methods() -> list[Method]:
             lambda i: lambda: i.rope(i.q, i.k, offset=i.shape.start, inplace=True),
             devices=BOTH,
             inplace=True,
-        ),  # fmt: skip
+        ),
         Method("rotary fused, out of place", lambda i: lambda: i.rope(i.q, i.k, offset=i.shape.start), devices=BOTH),
         Method("rotary pure-torch path", lambda i: (lambda f: lambda: f(i.q, i.k))(_torch_path(i))),
         Method(
@@ -223,13 +223,13 @@ def _builtin_methods() -> list[Method]:
             _half_pairing(lambda i: lambda: _hf()(i.q, i.k, i.hf_cos, i.hf_sin)),
             requires=HF,
             devices=BOTH,
-        ),  # fmt: skip
+        ),
         Method(
             "HF under torch.compile",
             _half_pairing(lambda i: lambda: _hf_compiled()(i.q, i.k, i.hf_cos, i.hf_sin)),
             requires=HF,
             devices=BOTH,
-        ),  # fmt: skip
+        ),
         Method("rotary-embedding-torch 0.9.1", lambda i: (lambda f: lambda: f(i.q, i.k))(_ret(i)), requires=RET),
         Method(
             "rotary RoPE module under torch.compile", lambda i: (lambda f: lambda: f(i.q, i.k))(_compiled_module(i))
@@ -247,7 +247,7 @@ def _builtin_methods() -> list[Method]:
             backward=True,
             devices=BOTH,
             inplace=True,
-        ),  # fmt: skip
+        ),
         Method(OUT_OF_PLACE_TRAINING, lambda i: _training_step(i, i.rope), backward=True, devices=BOTH),
         Method("rotary pure-torch path", lambda i: _fwd_bwd(_torch_path(i), i), backward=True),
         Method(
@@ -398,14 +398,14 @@ def _gpu_methods() -> list[Method]:
             note=_LIGER_NOTE,
             requires=LIGER,
             devices=cuda,
-        ),  # fmt: skip
+        ),
         Method(
             "flash-attn Triton rotary, out of place",
             lambda i: (lambda f: lambda: f(i.q, i.k))(_flash(i)),
             note=_FLASH_NOTE,
             requires=FLASH,
             devices=cuda,
-        ),  # fmt: skip
+        ),
         Method(
             "flash-attn Triton rotary, in place",
             lambda i: (lambda f: lambda: f(i.q, i.k))(_flash(i, inplace=True)),
@@ -413,7 +413,7 @@ def _gpu_methods() -> list[Method]:
             requires=FLASH,
             devices=cuda,
             inplace=True,
-        ),  # fmt: skip
+        ),
         # forward + backward
         Method(
             "Liger rope (LigerRopeFunction)",
@@ -422,7 +422,7 @@ def _gpu_methods() -> list[Method]:
             note=_LIGER_NOTE,
             requires=LIGER,
             devices=cuda,
-        ),  # fmt: skip
+        ),
         Method(
             "flash-attn Triton rotary, out of place",
             lambda i: _fwd_bwd(_flash(i, autograd=True), i),
@@ -430,7 +430,7 @@ def _gpu_methods() -> list[Method]:
             note=_FLASH_NOTE + "; backward: the conjugate rotation, as flash_attn.layers.rotary",
             requires=FLASH,
             devices=cuda,
-        ),  # fmt: skip
+        ),
     ]
 
 

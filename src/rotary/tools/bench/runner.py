@@ -96,7 +96,8 @@ def run(options: argparse.Namespace) -> tuple[dict[str, Any], list[Result]]:
     suites = _selected_suites(options, kind)
     if options.shapes == NO_SHAPES and not suites:
         raise InputError(
-            "--shapes none --suites none: nothing to time; leave out --shapes none (the RoPE groups) or --suites none (the suites)"
+            "--shapes none --suites none: nothing to time; leave out --shapes none (the RoPE "
+            "groups) or --suites none (the suites)"
         )
     if backend is not None:
         machine, results = run_on_device(options, backend)
@@ -345,7 +346,7 @@ def run_on_device(options: argparse.Namespace, backend: Any) -> tuple[dict[str, 
                         note=note,
                         host_s=t.host_s,
                         gpu_timing=t.gpu_timing,
-                    )  # fmt: skip
+                    )
                 )
             _device_ratios(group_results, inplace)
             results.extend(group_results)

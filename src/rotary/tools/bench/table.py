@@ -59,7 +59,8 @@ def generation_row(r: Result) -> list[str]:
     """A generation row's cells (:data:`GENERATION_HEADER`); a failed row has its note and no figures.
 
     Example:
-        >>> values = {"tokens/s": 5000.0, "ms per step": 1.6, "first call s": 9.1, "vs HF static": 0.9, "same tokens": 1.0}
+        >>> values = {"tokens/s": 5000.0, "ms per step": 1.6, "first call s": 9.1, "vs HF static": 0.9,
+        ...           "same tokens": 1.0}
         >>> generation_row(Result("g", "rotary static", False, 0.2, 3, kind="generation", values=values))
         ['rotary static', '5,000', '1.60', '9.10', '0.90', 'yes', '']
     """
@@ -86,8 +87,10 @@ def _fused_table(group: str, rows: list[Result], markdown: bool) -> list[str]:
     if any(r.gpu_timing for r in rows):
         header = [FUSED_RATIO if c == "x copy" else c for c in DEVICE_HEADER]
         return group_table(group, header, [device_row(r, FUSED_RATIO) for r in rows], markdown, left=(0, 4))
-    table = [[r.method, _micro(r.median_s), f"{r.ratios[FUSED_RATIO]:.2f}" if FUSED_RATIO in r.ratios else "", r.note]
-             for r in rows]  # fmt: skip
+    table = [
+        [r.method, _micro(r.median_s), f"{r.ratios[FUSED_RATIO]:.2f}" if FUSED_RATIO in r.ratios else "", r.note]
+        for r in rows
+    ]
     return group_table(group, ["method", "µs/call", FUSED_RATIO, "note"], table, markdown, left=(0, 3))
 
 

@@ -1,4 +1,5 @@
-"""``rotary bench``: time RoPE application against Hugging Face and the memory-traffic limit (see :mod:`rotary.tools.bench`).
+"""``rotary bench``: time RoPE application against Hugging Face and the memory-traffic limit (see
+:mod:`rotary.tools.bench`).
 
 With ``--device cuda`` the GPU groups (prefill, training fwd+bwd, decode, interleaved; q 32 heads,
 k 8 heads, head_dim 128) are timed on the GPU, each row two ways: GPU time per call under CUDA-graph
@@ -46,22 +47,26 @@ def _bench(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="time RoPE application against Hugging Face and the memory-traffic limit")
     p.add_argument(
-        "--device", choices=["cpu", "cuda"], default="cpu",
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
         help="cpu (default), or cuda: the GPU groups, GPU time under CUDA-graph replay and host time per call",
-    )  # fmt: skip
+    )
     p.add_argument("--quick", action="store_true", help="small shapes, 3 repeats, no torch.compile baseline")
     output = p.add_mutually_exclusive_group()  # one format: neither silently wins
     output.add_argument("--json", action="store_true", help="print machine-readable results")
     output.add_argument("--markdown", action="store_true", help="print markdown tables (docs/benchmarks.md)")
     p.add_argument(
-        "--dtypes", default=None,
+        "--dtypes",
+        default=None,
         help="comma-separated: fp32, bf16, fp16 (default fp32,bf16; with --device cuda each group's own: bf16, "
         "training also fp32; the generation suite keeps its model's dtype)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--shapes", default=None,
+        "--shapes",
+        default=None,
         help="comma-separated shape names, each once (default: all; none, alone: no RoPE group, only the suites)",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--repeats",
         type=count(100, "each sample of each method lasts about 2 ms; the median settles long before"),
@@ -81,14 +86,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     p.add_argument("--cases", action="append", help="a .py file registering extra methods or suites (repeatable)")
     p.add_argument(
-        "--suites", default=None,
+        "--suites",
+        default=None,
         help="comma-separated suites to run, each once (default: all that run on the device; none, alone: no suite; "
         "not both --shapes none and --suites none). Built in: "
         "decode (cpu), rotate_and_cache, rmsnorm_rotate, generation (cpu and cuda)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--progress", action="store_true",
+        "--progress",
+        action="store_true",
         help="print each group's line (on a GPU, its table) and each suite's tables to stderr as they finish",
-    )  # fmt: skip
+    )
     add_output_argument(p, "file", None, "write the table (or JSON) to this file")
     p.set_defaults(func=_bench)

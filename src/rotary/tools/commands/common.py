@@ -477,7 +477,8 @@ def _build(settings: RopeSettings, args: argparse.Namespace, layer_type: str | N
     interleaved = settings.interleaved if asked is None else asked
     if head_dim > COMMAND_MAX_HEAD_DIM:
         raise InputError(
-            f"head_dim {head_dim} of {args.config} is more than the {COMMAND_MAX_HEAD_DIM} channels these commands handle"
+            f"head_dim {head_dim} of {args.config} is more than the {COMMAND_MAX_HEAD_DIM} "
+            "channels these commands handle"
         )
     try:
         rope = RoPE(
@@ -508,9 +509,14 @@ def _build(settings: RopeSettings, args: argparse.Namespace, layer_type: str | N
 
         try:
             mrope = MRoPE(
-                head_dim, mrope_section=settings.mrope_section, mrope_layout=settings.mrope_layout, base=base,
-                rotary_dim=rotary_dim, scaling=scaling or None, interleaved=interleaved,
-            )  # fmt: skip
+                head_dim,
+                mrope_section=settings.mrope_section,
+                mrope_layout=settings.mrope_layout,
+                base=base,
+                rotary_dim=rotary_dim,
+                scaling=scaling or None,
+                interleaved=interleaved,
+            )
         except InputError as exc:  # e.g. --head-dim that the config's mrope_section does not fit
             origin = _origin(args)
             raise type(exc)(f"{exc} (settings from {origin})" if origin else str(exc)) from None

@@ -207,8 +207,10 @@ def _experiment(args: argparse.Namespace) -> int:
 
         from rotary.tools.experiments.progress import Reporter
 
-        quiet = {"reporter": Reporter(enabled=os.environ.get("RANK", "0") == "0", stream=sys.stderr),
-                 "console": Console(file=sys.stderr, width=120)}  # fmt: skip
+        quiet = {
+            "reporter": Reporter(enabled=os.environ.get("RANK", "0") == "0", stream=sys.stderr),
+            "console": Console(file=sys.stderr, width=120),
+        }
     try:
         directory = run_experiment(config_from_args(args), out=args.out, resume=args.resume, jobs=args.jobs, **quiet)
     except ExperimentError:
@@ -220,12 +222,25 @@ def _experiment(args: argparse.Namespace) -> int:
             return 1
         raise
     if args.json and os.environ.get("RANK", "0") == "0":
-        print_json({
-            "directory": str(directory),
-            "files": [str(directory / name) for name in ("report.md", "results.json", "results.csv", "positions.csv", "passkey.csv",
-                                                          "retrieval.csv", "tasks.csv", "config.json")],
-            "figures": sorted(str(f) for f in (directory / "figures").glob("*.png")),
-        })  # fmt: skip
+        print_json(
+            {
+                "directory": str(directory),
+                "files": [
+                    str(directory / name)
+                    for name in (
+                        "report.md",
+                        "results.json",
+                        "results.csv",
+                        "positions.csv",
+                        "passkey.csv",
+                        "retrieval.csv",
+                        "tasks.csv",
+                        "config.json",
+                    )
+                ],
+                "figures": sorted(str(f) for f in (directory / "figures").glob("*.png")),
+            }
+        )
     return 0
 
 
@@ -234,8 +249,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "experiment",
         help="train short, test long: position encodings and RoPE scalings compared past the training length",
         description="Trains small Decoders per position encoding at length L on byte-level text, --seeds times each, "
-        "evaluates each at L, 2L, 4L, 8L (perplexity in non-overlapping and sliding windows, loss by position, and where "
-        "asked a retrieval probe and passkey retrieval) with the RoPE model also under inference-time scalings, "
+        "evaluates each at L, 2L, 4L, 8L (perplexity in non-overlapping and sliding windows, loss by position, and "
+        "where asked a retrieval probe and passkey retrieval) with the RoPE model also under inference-time scalings, "
         "fine-tuned at --extend-length with each scaling and trained from scratch there; trains a small model per "
         "encoding on synthetic copy and associative-recall tasks and measures them at 1 to 8 times their length; and "
         "writes results.json, CSV files, figures and report.md. --study base and --study transfer run the two studies "
@@ -245,7 +260,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--preset",
         choices=sorted(PRESETS),
         default="default",
-        help="tiny (seconds, for tests), default (what make demo runs; about 9 min on 2 idle CPU cores), large (one GPU within 20 minutes: bf16, compiled; builtin:stdlib)",
+        help="tiny (seconds, for tests), default (what make demo runs; about 9 min on 2 idle CPU cores), large (one "
+        "GPU within 20 minutes: bf16, compiled; builtin:stdlib)",
     )
     p.add_argument(
         "-o", "--out", type=output_path, metavar="DIR", help="run directory (default runs/experiment-<UTC time>)"

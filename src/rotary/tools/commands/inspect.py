@@ -63,12 +63,20 @@ def layer_details(path: str | None, layer_type: str | None, context: int) -> dic
     s = read_hf_config(path, layer_type=layer_type)
     out: dict[str, Any] = {}
     if s.mrope_section is not None:
-        mrope = MRoPE(s.head_dim, mrope_section=s.mrope_section, mrope_layout=s.mrope_layout, base=s.base,
-                      rotary_dim=s.rotary_dim, scaling=s.scaling, interleaved=s.interleaved)  # fmt: skip
+        mrope = MRoPE(
+            s.head_dim,
+            mrope_section=s.mrope_section,
+            mrope_layout=s.mrope_layout,
+            base=s.base,
+            rotary_dim=s.rotary_dim,
+            scaling=s.scaling,
+            interleaved=s.interleaved,
+        )
         out["mrope"] = {
-            "mrope_section": list(s.mrope_section), "layout": s.mrope_layout,
+            "mrope_section": list(s.mrope_section),
+            "layout": s.mrope_layout,
             "axes": mrope.slot_axes(),
-        }  # fmt: skip
+        }
     if s.rope_layers is not None:
         out["nope_layers"] = [i for i, uses_rope in enumerate(s.rope_layers) if not uses_rope]
         out["num_layers"] = len(s.rope_layers)
@@ -122,8 +130,9 @@ def render(
     scaled = any(k not in ("unchanged",) for k in info.profile.kind)
     params = ", ".join(f"{k}={_param(v)}" for k, v in info.scaling.items() if k not in ("rope_type", "type"))
     out.print(
-        f"[bold]rope_type[/] {info.rope_type}  [bold]head_dim[/] {info.head_dim}  [bold]rotary_dim[/] {info.rotary_dim}  "
-        f"[bold]base[/] {info.base:g}  [bold]pairing[/] {'interleaved (2i, 2i+1)' if info.interleaved else 'half (i, i+d/2)'}"
+        f"[bold]rope_type[/] {info.rope_type}  [bold]head_dim[/] {info.head_dim}  [bold]rotary_dim[/] "
+        f"{info.rotary_dim}  [bold]base[/] {info.base:g}  [bold]pairing[/] "
+        f"{'interleaved (2i, 2i+1)' if info.interleaved else 'half (i, i+d/2)'}"
     )
     out.print(f"[bold]context[/] {info.context}" + (f" (from {context_source})" if context_source else ""))
     out.print(
@@ -133,16 +142,20 @@ def render(
     )
     if axes:
         m = details["mrope"]
-        out.print(f"[bold]multimodal RoPE[/] mrope_section {m['mrope_section']} ({m['layout']}): pairs by axis "
-                  f"({'T temporal, H height, W width' if 'T' in axes else 'XD-RoPE axis numbers'}) {_runs(axes)}")  # fmt: skip
+        out.print(
+            f"[bold]multimodal RoPE[/] mrope_section {m['mrope_section']} ({m['layout']}): pairs by axis "
+            f"({'T temporal, H height, W width' if 'T' in axes else 'XD-RoPE axis numbers'}) {_runs(axes)}"
+        )
     if "nope_layers" in details:
         layers = details["nope_layers"]
         shown = ", ".join(map(str, layers)) if layers else "none"
         out.print(f"[bold]NoPE layers[/] (no rotation) {shown} of {details['num_layers']}")
         if "nope_temperature" in details:
             t = details["nope_temperature"]
-            out.print(f"[bold]NoPE query temperature[/] 1 + {t['attn_scale']:g}·log(1 + ⌊(n+1)/{t['floor_scale']}⌋): "
-                      f"{t['at_context']:.5g} at position {info.context - 1}")  # fmt: skip
+            out.print(
+                f"[bold]NoPE query temperature[/] 1 + {t['attn_scale']:g}·log(1 + ⌊(n+1)/{t['floor_scale']}⌋): "
+                f"{t['at_context']:.5g} at position {info.context - 1}"
+            )
     what = f"{info.rope_type} RoPE" + (f" ({layer_type} layers)" if layer_type else "")
     table = Table(title=f"pairs of {what}", title_justify="left")
     for col in ["pair", *(["axis"] if axes else []), "inv_freq θ", "wavelength (tokens)", f"turns in {info.context}"]:
@@ -190,12 +203,20 @@ def axial_details(preset: str, head_dim: int | None = None) -> dict[str, Any]:
     rope = AxialRoPE.preset(preset, head_dim)
     slots = rope.slot_axes
     wavelengths = rope.wavelengths.tolist()
-    pairs = [{"pair": i, "axis": int(a), "wavelength": w, "inv_freq": 2 * math.pi / w if w else math.inf}
-             for i, (a, w) in enumerate(zip(slots, wavelengths))]  # fmt: skip
+    pairs = [
+        {"pair": i, "axis": int(a), "wavelength": w, "inv_freq": 2 * math.pi / w if w else math.inf}
+        for i, (a, w) in enumerate(zip(slots, wavelengths))
+    ]
     return {
-        "preset": preset, "head_dim": rope.head_dim, "rotary_dim": rope.rotary_dim, "axes": rope.axes,
-        "split": list(rope.split), "coordinates": rope.coordinate_kind, "interleaved": rope.interleaved, "pairs": pairs,
-    }  # fmt: skip
+        "preset": preset,
+        "head_dim": rope.head_dim,
+        "rotary_dim": rope.rotary_dim,
+        "axes": rope.axes,
+        "split": list(rope.split),
+        "coordinates": rope.coordinate_kind,
+        "interleaved": rope.interleaved,
+        "pairs": pairs,
+    }
 
 
 def _inspect_axial(args: argparse.Namespace) -> int:
@@ -208,9 +229,11 @@ def _inspect_axial(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     out = console()
-    out.print(f"[bold]axial RoPE preset[/] {d['preset']}  [bold]head_dim[/] {d['head_dim']}  [bold]rotary_dim[/] "
-              f"{d['rotary_dim']}  [bold]axes[/] {d['axes']} (split {d['split']})  [bold]coordinates[/] {d['coordinates']}  "
-              f"[bold]pairing[/] {'interleaved (2i, 2i+1)' if d['interleaved'] else 'half (i, i+d/2)'}")  # fmt: skip
+    out.print(
+        f"[bold]axial RoPE preset[/] {d['preset']}  [bold]head_dim[/] {d['head_dim']}  [bold]rotary_dim[/] "
+        f"{d['rotary_dim']}  [bold]axes[/] {d['axes']} (split {d['split']})  [bold]coordinates[/] {d['coordinates']}  "
+        f"[bold]pairing[/] {'interleaved (2i, 2i+1)' if d['interleaved'] else 'half (i, i+d/2)'}"
+    )
     table = Table(title=f"pairs of axial preset {d['preset']}: the axis each pair reads", title_justify="left")
     for col in ("pair", "axis", "frequency", "wavelength (coordinate units)"):
         table.add_column(col, justify="right")
@@ -259,8 +282,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     from rotary.variants import PRESETS
 
-    p.add_argument("--axial", choices=sorted(PRESETS), metavar="PRESET",
-                   help="an axial RoPE preset instead of a config: the axis, frequency and wavelength of each pair "
-                   f"(--head-dim overrides its width; one of {', '.join(sorted(PRESETS))})")  # fmt: skip
+    p.add_argument(
+        "--axial",
+        choices=sorted(PRESETS),
+        metavar="PRESET",
+        help="an axial RoPE preset instead of a config: the axis, frequency and wavelength of each pair "
+        f"(--head-dim overrides its width; one of {', '.join(sorted(PRESETS))})",
+    )
     add_output_argument(p, "file", None, "write the output to this file")
     p.set_defaults(func=_inspect)

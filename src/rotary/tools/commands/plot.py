@@ -273,8 +273,8 @@ def _decay(args: argparse.Namespace) -> int:
     elements = args.samples * (args.max_distance + 1) * args.head_dim
     if args.measured and elements > _MEASURED_ELEMENTS:
         raise InputError(
-            f"--measured with --samples {args.samples}, --max-distance {args.max_distance} and --head-dim {args.head_dim} "
-            f"rotates {elements * 8 / 2**30:.1f} GiB of vectors at once; lower one of them"
+            f"--measured with --samples {args.samples}, --max-distance {args.max_distance} and --head-dim "
+            f"{args.head_dim} rotates {elements * 8 / 2**30:.1f} GiB of vectors at once; lower one of them"
         )
     out = output_stem(args.out, "decay")
     files, numbers = make_decay(out, args.head_dim, args.base, args.max_distance, args.measured, args.samples)

@@ -146,7 +146,8 @@ def write_report(
     context: int | None = None,
     seq_len: int = 64,
 ) -> tuple[list[Path], dict[str, Any]]:
-    """Write figures, ``report.json`` and ``report.html`` into ``out_dir`` (created if missing); return (files, numbers).
+    """Write figures, ``report.json`` and ``report.html`` into ``out_dir`` (created if missing); return (files,
+    numbers).
 
     ``rope`` is one RoPE (with its ``context``), or ``{layer type: (RoPE, context)}`` for a config with one
     RoPE block per layer type (Gemma-3): then the page has one section per layer type, the figures are

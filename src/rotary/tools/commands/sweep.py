@@ -98,14 +98,30 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
     )
     p.add_argument("model", metavar="MODEL", help="a transformers checkpoint directory (or a hub id, network allowing)")
-    p.add_argument("--lengths", type=_ints, help="comma-separated lengths in tokens (default: powers of two from half "
-                   "the original context to 8x it)")  # fmt: skip
-    p.add_argument("--scalings", type=_names, help="comma-separated: none, linear, ntk, dynamic, yarn, llama3, longrope "
-                   "(default: every one the checkpoint admits)")  # fmt: skip
-    p.add_argument("--original-length", type=positive_int, help="the context the factors are measured from (default: "
-                   "original_max_position_embeddings, else max_position_embeddings)")  # fmt: skip
-    p.add_argument("--data", nargs="+", metavar="PATH", help="text files, directories or globs, one document per file "
-                   "(default: the largest files of the Python standard library, offline)")  # fmt: skip
+    p.add_argument(
+        "--lengths",
+        type=_ints,
+        help="comma-separated lengths in tokens (default: powers of two from half the original context to 8x it)",
+    )
+    p.add_argument(
+        "--scalings",
+        type=_names,
+        help="comma-separated: none, linear, ntk, dynamic, yarn, llama3, longrope "
+        "(default: every one the checkpoint admits)",
+    )
+    p.add_argument(
+        "--original-length",
+        type=positive_int,
+        help="the context the factors are measured from (default: "
+        "original_max_position_embeddings, else max_position_embeddings)",
+    )
+    p.add_argument(
+        "--data",
+        nargs="+",
+        metavar="PATH",
+        help="text files, directories or globs, one document per file "
+        "(default: the largest files of the Python standard library, offline)",
+    )
     p.add_argument("--documents", type=positive_int, default=4, help="documents at most (default 4)")
     p.add_argument("--stride", type=positive_int, help="tokens each sliding window scores (default: length / 4)")
     p.add_argument("--max-windows", type=positive_int, default=4, help="sliding windows per document (default 4)")
@@ -123,8 +139,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda when there is one)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32", help="weights' dtype")
-    p.add_argument("--threads", type=count(1024, "more than any CPU has"), help="torch CPU threads (default torch's; on a busy machine 1 is "
-                   "often faster for small models)")  # fmt: skip
+    p.add_argument(
+        "--threads",
+        type=count(1024, "more than any CPU has"),
+        help="torch CPU threads (default torch's; on a busy machine 1 is often faster for small models)",
+    )
     p.add_argument("--device-map", choices=("auto",), help="auto: spread a model larger than one device (accelerate)")
     p.add_argument("--json", action="store_true", help="print the summary and perplexities as JSON")
     add_output_argument(p, "dir", "sweep", "directory for the results")

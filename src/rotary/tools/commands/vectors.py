@@ -91,8 +91,9 @@ def load_vector(path: str, head_dim: int) -> torch.Tensor:
             raise
         except Exception as exc:  # noqa: BLE001 - torch raises UnpicklingError, RuntimeError, struct.error, ... on junk
             message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise InputError(f"{path} cannot be read by torch.load(weights_only=True) ({message}); write q/k with "
-                             f"{_SAVE_VECTOR}") from None  # fmt: skip
+            raise InputError(
+                f"{path} cannot be read by torch.load(weights_only=True) ({message}); write q/k with {_SAVE_VECTOR}"
+            ) from None
     else:
         raise InputError(f"{path}: q/k files must be .npy or .pt holding a [{head_dim}] vector")
     if not isinstance(v, torch.Tensor) or v.shape != (head_dim,):

@@ -53,7 +53,7 @@ def caveats(results: Results) -> list[str]:
         shown = ", ".join(f"{label} {value:.3g}" for label, value in weak[:6]) + (" ..." if len(weak) > 6 else "")
         out.append(
             f"Not learned enough to judge: perplexity per byte at L above {LEARNED_PERPLEXITY:g} ({shown}; uniform "
-            f"guessing is 256, the byte frequencies alone about 23 to 32), so the comparison with the papers is withheld: "
-            "its verdicts would read noise as findings."
+            "guessing is 256, the byte frequencies alone about 23 to 32), so the comparison with the papers is "
+            "withheld: its verdicts would read noise as findings."
         )
     return out

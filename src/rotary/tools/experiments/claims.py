@@ -286,9 +286,9 @@ def _alibi_sliding(r: Results) -> Finding:
     longest = r.lengths[-1]
     gain = {mode: r.change("alibi", "none", L, longest, mode).stat.mean for mode in ("windows", "sliding")}
     values = (
-        f"ALiBi, sliding windows: {series(r, 'alibi', 'none', 'sliding')}; non-overlapping: {series(r, 'alibi', 'none', 'windows')}; "
-        f"from L to {_at(r, longest)} the loss falls by {gain['windows']:.3f} nats with non-overlapping windows and by "
-        f"{gain['sliding']:.3f} nats with sliding ones"
+        f"ALiBi, sliding windows: {series(r, 'alibi', 'none', 'sliding')}; non-overlapping: "
+        f"{series(r, 'alibi', 'none', 'windows')}; from L to {_at(r, longest)} the loss falls by "
+        f"{gain['windows']:.3f} nats with non-overlapping windows and by {gain['sliding']:.3f} nats with sliding ones"
     )
     return Finding(values, tuple(items))
 
@@ -310,8 +310,8 @@ def _nope_generalises(r: Results) -> Finding:
     )
     place = 1 + sum(o == DISAGREE for _, o in items)
     values = (
-        f"at {_at(r, e)} NoPE ranks {place} of {len(ranking)} (counting only rivals lower by more than {FLAT:.0%} in every seed): "
-        + ", ".join(f"{label} {fmt(v)}" for v, label in ranking)
+        f"at {_at(r, e)} NoPE ranks {place} of {len(ranking)} (counting only rivals lower by more "
+        f"than {FLAT:.0%} in every seed): " + ", ".join(f"{label} {fmt(v)}" for v, label in ranking)
     )
     return Finding(values, tuple(items))
 
@@ -322,7 +322,8 @@ def _nope_positions(r: Results) -> Finding:
     best = min(others, key=lambda m: r.perplexity(m, "none", L, "windows").mean)
     d = r.loss("none", "none", L).minus(r.loss(best, "none", L))
     return Finding(
-        f"at L NoPE {ppl(r, 'none', 'none', L, 'windows')}, the best encoding ({r.label(best)}) {ppl(r, best, 'none', L, 'windows')}",
+        f"at L NoPE {ppl(r, 'none', 'none', L, 'windows')}, the best encoding ({r.label(best)}) "
+        f"{ppl(r, best, 'none', L, 'windows')}",
         (("at L, against 10% above the best", at_most(d.stat, math.log(1.10))),),
     )
 
@@ -367,8 +368,8 @@ def _pi_keeps_quality(r: Results) -> Finding:
     L = r.config.train_length
     d = r.loss("rope-ft-linear", "linear", L, "sliding").minus(r.loss("rope", "none", L, "sliding"))
     return Finding(
-        f"at L: {ppl(r, 'rope-ft-linear', 'linear', L, 'sliding')} fine-tuned with PI, {ppl(r, 'rope', 'none', L, 'sliding')} "
-        f"as pretrained (mean change {d.stat.mean:+.3f} nats)",
+        f"at L: {ppl(r, 'rope-ft-linear', 'linear', L, 'sliding')} fine-tuned with PI, "
+        f"{ppl(r, 'rope', 'none', L, 'sliding')} as pretrained (mean change {d.stat.mean:+.3f} nats)",
         (("at L", at_most(d.stat, math.log(1.05))),),
     )
 
@@ -568,17 +569,17 @@ def _jelassi_copy(r: Results) -> Finding:
 TASK_CLAIMS: list[Claim] = [
     Claim(
         "mamba",
-        "Table 11 (induction heads; 2-layer attention, width 128, vocabulary 16, trained at 256 tokens): accuracy falls "
-        "past the training length. At 2x / 4x / 8x / 64x the training length: learned absolute 58.6 / 26.6 / 18.8 / 7.8%, "
-        "RoPE 83.6 / 31.3 / 18.4 / 5.5%, xPos 99.6 / 67.6 / 25.4 / 7.8% (chance about 6%): xPos holds best, then RoPE, "
-        "then absolute.",
+        "Table 11 (induction heads; 2-layer attention, width 128, vocabulary 16, trained at 256 tokens): accuracy "
+        "falls past the training length. At 2x / 4x / 8x / 64x the training length: learned absolute 58.6 / 26.6 / "
+        "18.8 / 7.8%, RoPE 83.6 / 31.3 / 18.4 / 5.5%, xPos 99.6 / 67.6 / 25.4 / 7.8% (chance about 6%): xPos holds "
+        "best, then RoPE, then absolute.",
         (),
         "task models with learned absolute, RoPE and xPos encodings",
         "associative recall (4 keys per row, values from 16 letters, chance 6.25%), accuracy per answer with all seeds "
-        "pooled: each model's accuracy at 8L below its accuracy at L, and at 2L xPos above RoPE above learned absolute, "
-        "Wilson 95% intervals apart; only models that learned the task within L (at least 50%) are judged. Differences "
-        "in setting: the task models are smaller and trained far shorter (Setup), at a shorter length, with 4 queries "
-        "per row where the paper has one, and evaluated up to 8x (not 64x)",
+        "pooled: each model's accuracy at 8L below its accuracy at L, and at 2L xPos above RoPE above learned "
+        "absolute, Wilson 95% intervals apart; only models that learned the task within L (at least 50%) are judged. "
+        "Differences in setting: the task models are smaller and trained far shorter (Setup), at a shorter length, "
+        "with 4 queries per row where the paper has one, and evaluated up to 8x (not 64x)",
         _mamba_induction,
         past_L=False,
     ),
@@ -588,10 +589,10 @@ TASK_CLAIMS: list[Claim] = [
         "the training length, ALiBi degrades, and RoPE and absolute embeddings fall to about 0.",
         (),
         "task models with NoPE, ALiBi, RoPE and learned absolute encodings",
-        "copy accuracy per letter, all seeds pooled: NoPE above RoPE and above learned absolute at 2L, ALiBi lower at 2L "
-        "than at L, Wilson 95% intervals apart; only models that learned to copy within L (at least 50%) are judged. "
-        "Differences in setting: strings of letters in bytes, not their task's tokens; a small model trained for "
-        "minutes (Setup); T5's bias is not in this run",
+        "copy accuracy per letter, all seeds pooled: NoPE above RoPE and above learned absolute at 2L, ALiBi lower at "
+        "2L than at L, Wilson 95% intervals apart; only models that learned to copy within L (at least 50%) are "
+        "judged. Differences in setting: strings of letters in bytes, not their task's tokens; a small model trained "
+        "for minutes (Setup); T5's bias is not in this run",
         _kazemnejad_copy,
         past_L=False,
     ),
@@ -653,8 +654,8 @@ CLAIMS: list[Claim] = [
         "early tokens more context (the early token curse), not from using context beyond L.",
         (("alibi", "none"), ("sliding", "")),
         "an ALiBi model and sliding-window evaluation",
-        "sliding windows: at every length past L, the loss at L minus the loss there, seed by seed; a gain of at most 2% "
-        "agrees",
+        "sliding windows: at every length past L, the loss at L minus the loss there, seed by seed; a gain of at most "
+        "2% agrees",
         _alibi_sliding,
     ),
     Claim(
@@ -683,7 +684,8 @@ CLAIMS: list[Claim] = [
         "lengths than one fine-tuned there without interpolation (direct extrapolation), in as many steps.",
         (("rope-ft-linear", "linear"), ("rope-ft-none", "none"), ("sliding", "")),
         f"RoPE fine-tuned at {_E} with PI and without scaling",
-        "sliding windows, as the paper evaluates, at the lengths past L up to E: PI lower by more than 2%, seed by seed",
+        "sliding windows, as the paper evaluates, at the lengths past L up to E: PI "
+        "lower by more than 2%, seed by seed",
         _pi_beats_direct,
     ),
     Claim(

@@ -438,8 +438,8 @@ class ExperimentConfig:
             if self.eval_tokens < self.longest + self.sliding_tokens:
                 need = self.longest * math.ceil((self.longest + self.sliding_tokens) / self.longest)
                 raise ExperimentError(
-                    f"--eval-tokens {self.eval_tokens} leaves no room for --sliding-tokens {self.sliding_tokens} past the first window "
-                    f"of {self.longest}; use --eval-tokens {need} or fewer --sliding-tokens"
+                    f"--eval-tokens {self.eval_tokens} leaves no room for --sliding-tokens {self.sliding_tokens} past "
+                    f"the first window of {self.longest}; use --eval-tokens {need} or fewer --sliding-tokens"
                 )
         self._validate_sliding_and_retrieval(longest_distance)
         if self.device not in ("cpu", "cuda"):
@@ -464,20 +464,21 @@ class ExperimentConfig:
             positive(self.task_seeds, "--task-seeds")
             if self.task_seeds > self.seeds:
                 raise ExperimentError(
-                    f"--task-seeds {self.task_seeds} is more than the run's --seeds {self.seeds}; use at most {self.seeds}"
+                    f"--task-seeds {self.task_seeds} is more than the run's --seeds "
+                    f"{self.seeds}; use at most {self.seeds}"
                 )
         if self.task_pairs > 26:
             raise ExperimentError(f"--task-pairs {self.task_pairs} is more than the 26 keys (A-Z); use at most 26")
         needed = min_task_length(self.task_pairs)
         if self.task_length < needed:
             raise ExperimentError(
-                f"--task-length {self.task_length} is too short for a copy row and {self.task_pairs} key-value pairs in each "
-                f"half of a recall row; use --task-length {needed} or more"
+                f"--task-length {self.task_length} is too short for a copy row and {self.task_pairs} key-value pairs "
+                f"in each half of a recall row; use --task-length {needed} or more"
             )
         if 8 * self.task_length > MAX_EVAL_LENGTH:
             raise ExperimentError(
-                f"--task-length {self.task_length} is evaluated up to 8 times that, past the {MAX_EVAL_LENGTH} tokens models "
-                f"are built for; use at most {MAX_EVAL_LENGTH // 8}"
+                f"--task-length {self.task_length} is evaluated up to 8 times that, past the {MAX_EVAL_LENGTH} tokens "
+                f"models are built for; use at most {MAX_EVAL_LENGTH // 8}"
             )
         if self.task_hidden_size % self.num_heads or (self.task_hidden_size // self.num_heads) % 2:
             raise ExperimentError(
@@ -513,13 +514,14 @@ class ExperimentConfig:
                 raise ExperimentError(f"--extend-length must be a positive integer, got {self.extend_length!r}")
             if self.extend_length <= self.train_length:
                 raise ExperimentError(
-                    f"--extend-length {self.extend_length} is not longer than the training length L = {self.train_length}: "
-                    f"the extension stage fine-tunes at a longer length; use e.g. --extend-length {4 * self.train_length}, "
-                    "or --extend-steps 0 to skip the stage"
+                    f"--extend-length {self.extend_length} is not longer than the training length L = "
+                    f"{self.train_length}: the extension stage fine-tunes at a longer length; use e.g. "
+                    f"--extend-length {4 * self.train_length}, or --extend-steps 0 to skip the stage"
                 )
             if self.extend_length > MAX_EVAL_LENGTH:
                 raise ExperimentError(
-                    f"--extend-length {self.extend_length} is longer than the {MAX_EVAL_LENGTH} tokens models are built for"
+                    f"--extend-length {self.extend_length} is longer than the "
+                    f"{MAX_EVAL_LENGTH} tokens models are built for"
                 )
         if self.extend_batch_size is not None and (
             isinstance(self.extend_batch_size, bool)
@@ -541,8 +543,8 @@ class ExperimentConfig:
             raise ExperimentError(f"--extend-scalings names a scaling twice: {','.join(self.extend_scalings)}")
         if self.study is None and self.extend_steps > 0 and "rope" not in self.encodings:
             raise ExperimentError(
-                f"the extension stage fine-tunes the RoPE model, but --encodings {','.join(self.encodings)} has no rope; "
-                "add rope or use --extend-steps 0"
+                f"the extension stage fine-tunes the RoPE model, but --encodings {','.join(self.encodings)} has no "
+                "rope; add rope or use --extend-steps 0"
             )
 
     def _validate_studies(self) -> None:
@@ -561,33 +563,35 @@ class ExperimentConfig:
             raise ExperimentError(f"--transfer-steps must be a positive integer, got {self.transfer_steps!r}")
         if self.study == "transfer" and self.transfer_finetune_steps >= self.steps:
             raise ExperimentError(
-                f"--study transfer fine-tunes {self.transfer_finetune_steps} of the --steps {self.steps} with RoPE (--transfer-steps) "
-                f"and needs at least one sinusoidal step before them; use more --steps or fewer --transfer-steps "
-                f"(e.g. --steps {self.transfer_finetune_steps + 1})"
+                f"--study transfer fine-tunes {self.transfer_finetune_steps} of the --steps {self.steps} with RoPE "
+                "(--transfer-steps) and needs at least one sinusoidal step before them; use more --steps or fewer "
+                f"--transfer-steps (e.g. --steps {self.transfer_finetune_steps + 1})"
             )
 
     def _validate_sliding_and_retrieval(self, longest_distance) -> None:
         if isinstance(self.sliding_tokens, bool) or not isinstance(self.sliding_tokens, int) or self.sliding_tokens < 0:
             raise ExperimentError(
-                f"--sliding-tokens must be an integer >= 0 (0: no sliding-window evaluation), got {self.sliding_tokens!r}"
+                "--sliding-tokens must be an integer >= 0 (0: no sliding-window "
+                f"evaluation), got {self.sliding_tokens!r}"
             )
         if self.eval_stride is not None:
             if isinstance(self.eval_stride, bool) or not isinstance(self.eval_stride, int) or self.eval_stride <= 0:
                 raise ExperimentError(f"--eval-stride must be a positive integer, got {self.eval_stride!r}")
             if self.eval_stride > self.train_length:
                 raise ExperimentError(
-                    f"--eval-stride {self.eval_stride} is longer than L = {self.train_length}: at E = L a window would skip "
-                    f"tokens; use at most {self.train_length} (L // 2 = {self.train_length // 2} by default)"
+                    f"--eval-stride {self.eval_stride} is longer than L = {self.train_length}: at E = L a window "
+                    f"would skip tokens; use at most {self.train_length} (L // 2 = {self.train_length // 2} by default)"
                 )
         if self.sliding_tokens and self.sliding_tokens < self.stride:
             raise ExperimentError(
-                f"--sliding-tokens {self.sliding_tokens} is fewer than one stride ({self.stride}); use at least {self.stride}, or 0 for none"
+                f"--sliding-tokens {self.sliding_tokens} is fewer than one stride ({self.stride}); use at "
+                f"least {self.stride}, or 0 for none"
             )
         most = longest_distance(self.longest, self.retrieval_span)
         if most < 2 * self.retrieval_span:
             raise ExperimentError(
-                f"--retrieval-span {self.retrieval_span} is too long for sequences of at most {self.longest} tokens; use at most "
-                f"{self.longest // 4}"
+                f"--retrieval-span {self.retrieval_span} is too long for sequences of at most {self.longest} tokens; "
+                f"use at most {self.longest // 4}"
             )
         if self.retrieval_distances is not None:
             bad = [
@@ -597,8 +601,8 @@ class ExperimentConfig:
             ]
             if bad or not self.retrieval_distances:
                 raise ExperimentError(
-                    f"--retrieval-distances must lie in {2 * self.retrieval_span}..{most} (twice the span, up to what fits in "
-                    f"{self.longest} tokens), got {', '.join(map(str, bad)) or 'nothing'}"
+                    f"--retrieval-distances must lie in {2 * self.retrieval_span}..{most} (twice the span, up to what "
+                    f"fits in {self.longest} tokens), got {', '.join(map(str, bad)) or 'nothing'}"
                 )
 
     # ------------------------------------------------------------------------------------------

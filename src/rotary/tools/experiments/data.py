@@ -116,10 +116,11 @@ def load_corpus(config: ExperimentConfig) -> Corpus:
     if len(text.data) < needed:
         extension = f" and {config.extension_rows} rows of {config.extension_length + 1}" if config.extends else ""
         raise ExperimentError(
-            f"--data {text.source} has {len(text.data)} bytes, too short: one training batch ({config.batch_size} rows of "
-            f"{config.train_length + 1} bytes{extension}) in the first {1 - config.held_out_fraction:g} of the text, and a window "
-            f"of {config.longest} plus {config.sliding_tokens} sliding-window bytes in the held-out rest, need at least "
-            f"{needed} bytes; give a longer text, or a smaller --batch-size, --train-length, --eval-lengths or --sliding-tokens"
+            f"--data {text.source} has {len(text.data)} bytes, too short: one training batch ({config.batch_size} "
+            f"rows of {config.train_length + 1} bytes{extension}) in the first {1 - config.held_out_fraction:g} of "
+            f"the text, and a window of {config.longest} plus {config.sliding_tokens} sliding-window bytes in the "
+            f"held-out rest, need at least {needed} bytes; give a longer text, or a smaller --batch-size, "
+            "--train-length, --eval-lengths or --sliding-tokens"
         )
     return split(text.data, text.source, config.held_out_fraction, text.files, text.skipped)
 

@@ -3,8 +3,10 @@ filler text, asked for at the end, scored by exact match of the digits the model
 
 One sample is a byte sequence of an exact length::
 
-    filler | "The pass key is 41279. Remember it. 41279 is the pass key. " | filler | "What is the pass key? The pass key is " | 41279
-    <---------------------------------------------------- prompt ------------------------------------------------------> <answer>
+    filler | "The pass key is 41279. Remember it. 41279 is the pass key. " | filler |
+        "What is the pass key? The pass key is " | 41279 (the answer)
+
+Everything before the answer is the prompt.
 
 ``depth`` is the fraction of the filler placed before the key sentence (0: at the start, 1: just before
 the question). The key sentence states the key twice, as in the paper's prompt; the filler is a fixed

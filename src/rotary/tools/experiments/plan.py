@@ -218,7 +218,9 @@ def model_specs(config: ExperimentConfig) -> list[ModelSpec]:
     """Every model of a run, seed after seed; a model after the one it starts from.
 
     Example:
-        >>> cfg = ExperimentConfig(encodings=("none", "rope"), seeds=2, extend_steps=10, extend_scalings=("yarn",), task_steps=0)
+        >>> cfg = ExperimentConfig(
+        ...     encodings=("none", "rope"), seeds=2, extend_steps=10, extend_scalings=("yarn",), task_steps=0
+        ... )
         >>> [s.name for s in model_specs(cfg)]
         ['none-0', 'rope-0', 'rope-ft-yarn-0', 'rope-scratch-0', 'none-1', 'rope-1', 'rope-ft-yarn-1', 'rope-scratch-1']
         >>> [s.name for s in model_specs(ExperimentConfig(encodings=("rope",), seeds=1, extend_steps=0))]

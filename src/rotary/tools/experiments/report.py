@@ -108,9 +108,8 @@ def observations(results: Results) -> list[str]:
         deltas.sort()
         if deltas:
             lines.append(
-                f"On {longest}-token windows, the loss at positions [{last[-2]}, {last[-1]}) minus the loss at [0, {L}) (nats): "
-                + ", ".join(f"{label} {d:+.3f}" for d, label in deltas)
-                + "."
+                f"On {longest}-token windows, the loss at positions [{last[-2]}, {last[-1]}) "
+                f"minus the loss at [0, {L}) (nats): " + ", ".join(f"{label} {d:+.3f}" for d, label in deltas) + "."
             )
     inside = [d for d in results.distances if d <= L]
     past = [d for d in results.distances if d > L]
@@ -129,9 +128,10 @@ def observations(results: Results) -> list[str]:
         )
         if largest[0] < 0.25:
             lines.append(
-                f"No method retrieves the planted span at any distance, inside L or past it: the largest mean retrieval gain "
-                f"is {largest[0]:.2f} nats per byte ({largest[1]} at distance {largest[2]}), against up to 4.1 for a model that "
-                "copies: at this budget the probe, like passkey retrieval, finds nothing to rank."
+                "No method retrieves the planted span at any distance, inside L or past it: the largest mean "
+                f"retrieval gain is {largest[0]:.2f} nats per byte ({largest[1]} at distance {largest[2]}), against "
+                "up to 4.1 for a model that copies: at this budget the probe, like passkey "
+                "retrieval, finds nothing to rank."
             )
         if gains:
             lines.append(
@@ -153,9 +153,8 @@ def observations(results: Results) -> list[str]:
                     parts.append(f"{m.label} {s.mean / scratch.mean:.2f}x")
         if parts:
             lines.append(
-                f"At the extension length {ext} ({names[mode]}), against RoPE trained from scratch there ({fmt(scratch.mean)}): "
-                + ", ".join(parts)
-                + "."
+                f"At the extension length {ext} ({names[mode]}), against RoPE trained from "
+                f"scratch there ({fmt(scratch.mean)}): " + ", ".join(parts) + "."
             )
     base = results.config.task_length
     for task in results.tasks:
@@ -181,7 +180,8 @@ def observations(results: Results) -> list[str]:
             best = max(v[0] for v, _ in found)
             leaders = [label for v, label in found if v[0] == best]
             lines.append(
-                f"Passkey retrieval at {e} tokens: best {best:.0%} ({', '.join(leaders[:4])}{' ...' if len(leaders) > 4 else ''})."
+                f"Passkey retrieval at {e} tokens: best {best:.0%} "
+                f"({', '.join(leaders[:4])}{' ...' if len(leaders) > 4 else ''})."
             )
     return lines
 
@@ -212,28 +212,32 @@ def _setup(run: dict[str, Any], results: Results) -> list[str]:
         "",
         f"- **Text**: {data['source']} ({data['bytes']:,} bytes from {data['files']:,} file(s)"
         + (f", {data['skipped']:,} skipped as not UTF-8 text" if data.get("skipped") else "")
-        + f", sha256 `{data['sha256'][:16]}…`), one token per byte (vocabulary 256). The first {1 - c.held_out_fraction:.0%} "
+        + f", sha256 `{data['sha256'][:16]}…`), one token per byte (vocabulary 256). The first "
+        f"{1 - c.held_out_fraction:.0%} "
         f"trains; the last {c.held_out_fraction:.0%} is held out.",
         f"- **Models**: `rotary.models.Decoder`, {c.num_layers} layers, width {c.hidden_size}, {c.num_heads} heads of "
         f"{c.hidden_size // c.num_heads}, SwiGLU, RMSNorm; parameters: {sizes}.",
-        f"- **Training**: L = {L} tokens, {c.steps} AdamW steps of {c.batch_size} rows ({c.steps * c.batch_size * L:,} tokens per "
-        f"model), learning rate {c.learning_rate:g} → {c.min_learning_rate:g} (cosine, {c.warmup_steps} warm-up steps). "
-        f"{c.passkey_fraction:.0%} of the rows end with a passkey sample no longer than the row.",
-        f"- **Seeds**: every method is trained {c.seeds} time(s), seeds {c.seed} to {c.seed + c.seeds - 1} (initialisation and "
-        "batch order); tables give the mean ± half the range over the seeds, and every comparison with a paper is made "
-        "seed by seed.",
+        f"- **Training**: L = {L} tokens, {c.steps} AdamW steps of {c.batch_size} rows "
+        f"({c.steps * c.batch_size * L:,} tokens per model), learning rate {c.learning_rate:g} → "
+        f"{c.min_learning_rate:g} (cosine, {c.warmup_steps} warm-up steps). {c.passkey_fraction:.0%} of the rows end "
+        "with a passkey sample no longer than the row.",
+        f"- **Seeds**: every method is trained {c.seeds} time(s), seeds {c.seed} to {c.seed + c.seeds - 1} "
+        "(initialisation and batch order); tables give the mean ± half the range over the seeds, and every comparison "
+        "with a paper is made seed by seed.",
     ]
     if c.extends:
         E, rows, n = c.extension_length, c.extension_rows, c.extend_steps
         lines.append(
-            f"- **Extension stage**: the RoPE model of each seed fine-tuned at E = {E} ({E / L:g}L) for {n} steps of {rows} rows "
-            f"({n / c.steps:.0%} of the pretraining steps, {n * rows * E / (c.steps * c.batch_size * L):.0%} of its tokens), fresh AdamW, "
-            f"{max(1, n // 10)} warm-up steps to {c.finetune_learning_rate:g}, cosine to {c.min_learning_rate:g}; with "
+            f"- **Extension stage**: the RoPE model of each seed fine-tuned at E = {E} ({E / L:g}L) for {n} steps of "
+            f"{rows} rows ({n / c.steps:.0%} of the pretraining steps, "
+            f"{n * rows * E / (c.steps * c.batch_size * L):.0%} of its tokens), fresh AdamW, {max(1, n // 10)} "
+            f"warm-up steps to {c.finetune_learning_rate:g}, cosine to {c.min_learning_rate:g}; with "
             + ", ".join(
                 "no scaling (direct fine-tuning)" if s == "none" else f"{SCALING_LABELS[s]} at factor {E / L:g}"
                 for s in c.extend_scalings
             )
-            + f". Beside them, RoPE trained from scratch at E: {c.steps} steps of {rows} rows ({c.steps * rows * E:,} tokens)."
+            + f". Beside them, RoPE trained from scratch at E: {c.steps} steps of {rows} rows "
+            f"({c.steps * rows * E:,} tokens)."
         )
     if c.study == "transfer":
         tune = c.transfer_finetune_steps
@@ -250,7 +254,8 @@ def _setup(run: dict[str, Any], results: Results) -> list[str]:
         lines.append(
             "- **Task models**: beside the text models, one per position encoding and seed"
             + (
-                f" (the first {c.task_seeds} of the {c.seeds} seeds, seed {c.seed}{f' to {c.seed + c.task_seeds - 1}' if c.task_seeds > 1 else ''})"
+                f" (the first {c.task_seeds} of the {c.seeds} seeds, seed "
+                f"{c.seed}{f' to {c.seed + c.task_seeds - 1}' if c.task_seeds > 1 else ''})"
                 if c.task_seeds is not None and c.task_seeds < c.seeds
                 else ""
             )
@@ -259,9 +264,9 @@ def _setup(run: dict[str, Any], results: Results) -> list[str]:
             f"width {c.task_hidden_size}, {c.num_layers} layers, {c.num_heads} heads, {c.task_steps} steps of "
             f"{c.task_batch_size} rows of {c.task_length} bytes (half copy, half recall; loss on the answers only), "
             f"learning rate {c.task_learning_rate:g} → {c.task_learning_rate / 10:g}. Evaluated at "
-            f"{', '.join(f'{e} ({e / c.task_length:g}L)' for e in c.task_lengths)} bytes on {c.task_trials} rows per task, "
-            f"length and seed (the same rows for every model), RoPE's with each scaling at factor E / {c.task_length}."
-            + (f" Parameters: {task_sizes}." if task_sizes else "")
+            f"{', '.join(f'{e} ({e / c.task_length:g}L)' for e in c.task_lengths)} bytes on {c.task_trials} rows per "
+            "task, length and seed (the same rows for every model), RoPE's with each scaling "
+            f"at factor E / {c.task_length}." + (f" Parameters: {task_sizes}." if task_sizes else "")
         )
     evaluation = (
         f"- **Evaluation** at E = {', '.join(f'{e} ({e / L:g}L)' for e in results.lengths)}: perplexity on "
@@ -270,7 +275,8 @@ def _setup(run: dict[str, Any], results: Results) -> list[str]:
     if "sliding" in results.modes:
         evaluation += (
             f", and {data['sliding_tokens']:,} of the same bytes (strides of {c.stride} spread over them) in sliding "
-            f"windows of E, each scoring its last {c.stride} (every scored byte sees at least E − {c.stride} bytes of context)"
+            f"windows of E, each scoring its last {c.stride} (every scored byte sees at least E "
+            f"− {c.stride} bytes of context)"
         )
     evaluation += f"; the loss by query position in bins of {max(1, L // 8)} on the {results.lengths[-1]}-token windows"
     if c.passkey_trials:
@@ -298,8 +304,9 @@ def _setup(run: dict[str, Any], results: Results) -> list[str]:
                 else "NOT identical to their initial values"
             )
             lines.append(
-                f"- **Learned absolute table**: sized to {results.lengths[-1]} positions; rows {L}..{results.lengths[-1] - 1} "
-                f"never receive a gradient and are not weight-decayed: checked after training, {state}."
+                f"- **Learned absolute table**: sized to {results.lengths[-1]} positions; rows "
+                f"{L}..{results.lengths[-1] - 1} never receive a gradient and are not weight-decayed: "
+                f"checked after training, {state}."
             )
     return lines
 
@@ -320,7 +327,8 @@ def _main_sections(results: Results, figures: dict[str, list[Path]]) -> list[str
     ]
     if "sliding" in results.modes:
         lines += [
-            f"Sliding windows (stride {results.config.stride}: every scored byte sees at least E − {results.config.stride} bytes):",
+            f"Sliding windows (stride {results.config.stride}: every scored byte sees at least E − "
+            f"{results.config.stride} bytes):",
             "",
             mode_table(results, "sliding"),
             "",
@@ -332,8 +340,8 @@ def _main_sections(results: Results, figures: dict[str, list[Path]]) -> list[str
         "",
         bucket_table(results),
         "",
-        "Mean next-byte loss (nats) of queries in each range of positions. A method that only lacks context gets better "
-        "to the right; a method that breaks at positions it never saw gets worse.",
+        "Mean next-byte loss (nats) of queries in each range of positions. A method that only lacks context gets "
+        "better to the right; a method that breaks at positions it never saw gets worse.",
         "",
     ]
     if results.distances:
@@ -345,8 +353,8 @@ def _main_sections(results: Results, figures: dict[str, list[Path]]) -> list[str
             retrieval_table(results),
             "",
             f"Retrieval gain in nats per byte (control loss minus copy loss on the second copy of a random "
-            f"{results.config.retrieval_span}-byte span) at each distance between the copies; 0 means nothing is retrieved. "
-            f"Distances past L = {L} put the second copy past L as well.",
+            f"{results.config.retrieval_span}-byte span) at each distance between the copies; 0 means nothing is "
+            f"retrieved. Distances past L = {L} put the second copy past L as well.",
             "",
         ]
     if "passkey" in figures:
@@ -375,14 +383,15 @@ def _task_sections(results: Results, figures: dict[str, list[Path]]) -> list[str
         "",
         f"![tasks](figures/{figures['tasks'][0].name})",
         "",
-        f"The task models (Setup) trained at L = {c.task_length} bytes. **Copy**: a string of random lowercase letters, "
-        f"'|', the string again; at E bytes the strings have more than (E − 1) / 4 and at most (E − 1) / 2 letters, so from 2L on every "
-        f"string is longer than any in training; scored: the copied letters (chance {CHANCE['copy']:.1%}). **Recall**: "
-        f"random letters a–p in which {c.task_pairs} uppercase keys are each followed by a value in the first half and "
-        f"asked again in the second half; scored: the byte after each repeated key (chance {CHANCE['induction']:.2%}); at "
-        "E the keys are up to E apart. Accuracy per answer byte (teacher forcing, top-1), every seed's rows pooled, "
-        "with its Wilson 95% interval (the bytes of one row are not independent, so the interval is narrower than the "
-        "seed-to-seed spread can be); exact match: rows with every answer right.",
+        f"The task models (Setup) trained at L = {c.task_length} bytes. **Copy**: a string of random lowercase "
+        "letters, '|', the string again; at E bytes the strings have more than (E − 1) / 4 and at most (E − 1) / 2 "
+        "letters, so from 2L on every string is longer than any in training; scored: the copied letters (chance "
+        f"{CHANCE['copy']:.1%}). **Recall**: random letters a–p in which {c.task_pairs} uppercase keys are each "
+        "followed by a value in the first half and asked again in the second half; scored: the byte after each "
+        f"repeated key (chance {CHANCE['induction']:.2%}); at E the keys are up to E apart. Accuracy per answer byte "
+        "(teacher forcing, top-1), every seed's rows pooled, with its Wilson 95% interval (the bytes of one row are "
+        "not independent, so the interval is narrower than the seed-to-seed spread can be); exact "
+        "match: rows with every answer right.",
         "",
     ]
     for task, title in (("copy", "Copy"), ("induction", "Associative recall")):
@@ -449,8 +458,8 @@ def _claims_section(assessments: Sequence[Assessment], warnings: Sequence[str] =
         claims_table(assessments),
         "",
         "The papers trained far larger models on far more text (and the NoPE study used synthetic tasks, not language "
-        "modelling); a verdict says whether this run's numbers point the same way, at this scale. **not measured** means "
-        "the run lacks what the claim needs."
+        "modelling); a verdict says whether this run's numbers point the same way, at this scale. **not measured** "
+        "means the run lacks what the claim needs."
         + (
             " The claims on copying and recall (Gu & Dao, Kazemnejad et al., Jelassi et al.) are checked on the task "
             "models, and only on those that learned their task within L (at least 50% per answer at their training "
@@ -473,9 +482,9 @@ def _base_sections(results: Results, figures: dict[str, list[Path]]) -> list[str
         "",
         f"Pair i of a head of width d = {d} rotates by base^(−2i/d) per token, a period of 2π·base^(2i/d) tokens. "
         f'Liu et al. ("Scaling Laws of RoPE-based Extrapolation") count the dimensions whose pairs complete a period '
-        f"within the training length, the critical dimension d_extra = 2·ceil((d/2)·log_base(L/2π)); the next pair is the "
-        f"first whose period exceeds L, and its period T_extra = 2π·base^(d_extra/d) is their extrapolation bound. Below "
-        f"base (L/2π)^(d/(d−2)) = {critical:.1f} every pair completes a period within L = {L}.",
+        "within the training length, the critical dimension d_extra = 2·ceil((d/2)·log_base(L/2π)); the next pair is "
+        "the first whose period exceeds L, and its period T_extra = 2π·base^(d_extra/d) is their extrapolation "
+        f"bound. Below base (L/2π)^(d/(d−2)) = {critical:.1f} every pair completes a period within L = {L}.",
         "",
         f"![perplexity](figures/{figures['perplexity'][0].name})",
         "",
@@ -483,15 +492,18 @@ def _base_sections(results: Results, figures: dict[str, list[Path]]) -> list[str
         "",
         markdown_table(header, body),
         "",
-        f'"Rise observed at": per seed, the first position at or past L/2 where two consecutive bins of {max(1, L // 8)} '
+        '"Rise observed at": per seed, the first position at or past L/2 where two '
+        f"consecutive bins of {max(1, L // 8)} "
         f"positions lie more than {RISE_NATS} nats above the mean loss of [L/2, L) on the {results.lengths[-1]}-token "
         'windows; "none": no rise up to there.',
         "",
         f"Best at L: {best_at(results, list(results.specs), L)}. Best at {results.lengths[-1] / L:g}L: "
         f"{best_at(results, list(results.specs), results.lengths[-1])}.",
         "",
-        "A table of bases 100, 1,000, 10,000 and 100,000 circulates with write-ups of RoFormer as that paper's ablation. It "
-        'is not in the RoFormer paper ("RoFormer: Enhanced Transformer with Rotary Position Embedding") and could not be '
+        "A table of bases 100, 1,000, 10,000 and 100,000 circulates with write-ups of "
+        "RoFormer as that paper's ablation. It "
+        'is not in the RoFormer paper ("RoFormer: Enhanced Transformer with Rotary '
+        'Position Embedding") and could not be '
         "verified, so it is not compared with here; the table above measures those bases.",
         "",
     ]
@@ -536,7 +548,10 @@ def report_markdown(
     env = run["environment"]
     load = ""
     if env.get("load_average_at_start"):
-        load = f" Load average (1 min) {env['load_average_at_start'][0]:g} at the start, {env['load_average_at_end'][0]:g} at the end."
+        load = (
+            f" Load average (1 min) {env['load_average_at_start'][0]:g} at the start, "
+            f"{env['load_average_at_end'][0]:g} at the end."
+        )
     lines = [
         f"# {_title(results)}",
         "",
@@ -561,12 +576,13 @@ def report_markdown(
     lines += ["## Notes", ""]
     if c.study is None:
         lines += [
-            "- Dynamic NTK is transformers' `dynamic` rope_type with factor E / L: at n tokens it raises RoPE's base as static NTK "
-            "with alpha = factor·n/L − (factor − 1) would, i.e. alpha = factor² − factor + 1 at n = E (static NTK uses alpha = "
-            "factor). Keys cached during decoding keep the frequencies they were rotated with.",
+            "- Dynamic NTK is transformers' `dynamic` rope_type with factor E / L: at n tokens it raises RoPE's base "
+            "as static NTK with alpha = factor·n/L − (factor − 1) would, i.e. alpha = factor² − factor + 1 at n = E "
+            "(static NTK uses alpha = factor). Keys cached during decoding keep the "
+            "frequencies they were rotated with.",
             "- YaRN uses beta_fast = 32, beta_slow = 1 and the attention temperature 0.1·ln(factor) + 1.",
-            "- A fine-tuned scaling keeps its factor (extension length / L) at every evaluation length, as a model extended "
-            "that way would be used; past the extension length it extrapolates again.",
+            "- A fine-tuned scaling keeps its factor (extension length / L) at every evaluation length, as a model "
+            "extended that way would be used; past the extension length it extrapolates again.",
         ]
     if c.preset in BUDGET_NOTES and c.study is None:
         lines.append(f"- Budget: {BUDGET_NOTES[c.preset]}")
@@ -589,12 +605,12 @@ BUDGET_NOTES = {
         "the default preset is what `make demo` runs within 10 minutes on 2 CPU cores. To train every method with two "
         "seeds, fine-tune four scalings, train RoPE at 4L and train a task model per encoding and seed, it trains each "
         "text model 480 steps where a single seed had 1,200, evaluates 16,384 bytes in non-overlapping windows (32,768 "
-        "before) and 4,096 in sliding windows, fine-tunes for 48 steps (10% of pretraining), and trains the task models "
-        "1,000 steps at 32 bytes, width 64, for the first seed only (both seeds would take the run past 10 minutes; "
-        "`--task-seeds 2` adds the second). Passkey retrieval and the retrieval probe on text, which no model of this "
-        "size learned (0% and a gain of 0.00 for every method in every earlier run), are left to the large preset "
-        "(`--passkey-trials 40 --retrieval-trials 16` restore them here); the copy and recall tasks measure retrieval "
-        "instead. Two seeds make a weak test of each difference (see Run-to-run spread)."
+        "before) and 4,096 in sliding windows, fine-tunes for 48 steps (10% of pretraining), and trains the task "
+        "models 1,000 steps at 32 bytes, width 64, for the first seed only (both seeds would take the run past 10 "
+        "minutes; `--task-seeds 2` adds the second). Passkey retrieval and the retrieval probe on text, which no "
+        "model of this size learned (0% and a gain of 0.00 for every method in every earlier run), are left to the "
+        "large preset (`--passkey-trials 40 --retrieval-trials 16` restore them here); the copy and recall tasks "
+        "measure retrieval instead. Two seeds make a weak test of each difference (see Run-to-run spread)."
     ),
     "large": (
         "the large preset is sized for one GPU within 20 minutes (docs/experiment.md, Presets, has the arithmetic): "

@@ -93,7 +93,8 @@ def make_trials(
     Example:
         >>> text = torch.tensor(list(b"the quick brown fox jumps over the lazy dog. " * 8))
         >>> t = make_trials(text, 20, trials=2, span=4, generator=torch.Generator().manual_seed(0))
-        >>> t.copy.shape, torch.equal(t.copy[:, 32:36], t.copy[:, 52:56]), bool((t.control[:, 32:36] != t.copy[:, 32:36]).all())
+        >>> same = torch.equal(t.copy[:, 32:36], t.copy[:, 52:56])
+        >>> t.copy.shape, same, bool((t.control[:, 32:36] != t.copy[:, 32:36]).all())
         (torch.Size([2, 56]), True, True)
     """
     if distance < span:

@@ -179,7 +179,8 @@ def prepare_run_dir(
         diffs = differences(stored["config"], config.to_dict())
         if stored.get("data", {}).get("sha256") != corpus.sha256:
             diffs.append(
-                f"data: the run's text has sha256 {stored.get('data', {}).get('sha256', '?')[:12]}…, this one {corpus.sha256[:12]}…"
+                f"data: the run's text has sha256 {stored.get('data', {}).get('sha256', '?')[:12]}…, "
+                f"this one {corpus.sha256[:12]}…"
             )
         if diffs:
             raise ExperimentError(
@@ -194,7 +195,8 @@ def prepare_run_dir(
         raise ExperimentError(f"--out {directory} is a file; give a directory")
     if directory.is_dir() and any(directory.iterdir()):
         raise ExperimentError(
-            f"--out {directory} already holds files; choose a new directory, or continue a run there with --resume {directory}"
+            f"--out {directory} already holds files; choose a new directory, or continue a run "
+            f"there with --resume {directory}"
         )
     if dist.is_main:
         _writable(directory)
@@ -251,8 +253,8 @@ def run_experiment(
     odd = next((s for s in specs if s.rows % dist.world_size), None)
     if odd is not None:
         raise ExperimentError(
-            f"torchrun runs {dist.world_size} processes but {odd.model} trains on {odd.rows} rows of {odd.length} tokens "
-            f"(--batch-size x L / --extend-length), which do not split into {dist.world_size} equal shards; set "
+            f"torchrun runs {dist.world_size} processes but {odd.model} trains on {odd.rows} rows of {odd.length} "
+            f"tokens (--batch-size x L / --extend-length), which do not split into {dist.world_size} equal shards; set "
             f"--extend-batch-size to a multiple of {dist.world_size}, or --extend-steps 0"
         )
     jobs = choose_jobs(config, dist, jobs, models=len(specs))  # and each model's threads, where not given

@@ -59,8 +59,10 @@ def first_invalid_utf8(data: bytes, chunk: int | None = None) -> int | None:
     time (default :data:`UTF8_CHUNK`), so a large text is never held twice (once as a str).
 
     Example:
-        >>> first_invalid_utf8("Grüße".encode()), first_invalid_utf8(b"caf\xe9 au lait"), first_invalid_utf8(b"ab\xc3", chunk=2)
-        (None, 3, 2)
+        >>> first_invalid_utf8("Grüße".encode()), first_invalid_utf8(b"caf\xe9 au lait")
+        (None, 3)
+        >>> first_invalid_utf8(b"ab\xc3", chunk=2)
+        2
     """
     import codecs
 
@@ -147,7 +149,8 @@ def read_text(path: str) -> bytes:
     bad = first_invalid_utf8(data)
     if bad is not None:
         raise ExperimentError(
-            f"--data {path} is not UTF-8 text (byte 0x{data[bad]:02x} at offset {bad}); convert it, e.g. with iconv -t UTF-8"
+            f"--data {path} is not UTF-8 text (byte 0x{data[bad]:02x} at offset {bad}); "
+            "convert it, e.g. with iconv -t UTF-8"
         )
     return data
 

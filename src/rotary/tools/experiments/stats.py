@@ -174,7 +174,8 @@ def combine(outcomes: Sequence[str | None]) -> str:
     ``within run-to-run spread`` when no item can be told, ``not measured`` when none was measured.
 
     Example:
-        >>> combine([AGREE, AGREE]), combine([AGREE, WITHIN]), combine([DISAGREE, WITHIN]), combine([WITHIN]), combine([None])
+        >>> (combine([AGREE, AGREE]), combine([AGREE, WITHIN]), combine([DISAGREE, WITHIN]), combine([WITHIN]),
+        ...  combine([None]))
         ('agrees', 'partly', 'does not agree', 'within run-to-run spread', 'not measured')
     """
     told = [o for o in outcomes if o is not None]

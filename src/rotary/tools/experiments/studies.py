@@ -170,8 +170,8 @@ def _transfer_extrapolates(r: Results) -> Finding:
         d = r.change("transfer", "none", e, L).minus(r.change("sinusoidal", "none", e, L))
         items.append((f"{e / L:g}L", at_most(d.stat, LOWER_NATS)))
     return Finding(
-        f"transferred: {series(r, 'transfer', 'none', 'windows')}; sinusoidal: {series(r, 'sinusoidal', 'none', 'windows')}; "
-        f"RoPE: {series(r, 'rope', 'none', 'windows')}",
+        f"transferred: {series(r, 'transfer', 'none', 'windows')}; sinusoidal: "
+        f"{series(r, 'sinusoidal', 'none', 'windows')}; RoPE: {series(r, 'rope', 'none', 'windows')}",
         tuple(items),
     )
 

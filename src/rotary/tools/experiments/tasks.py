@@ -189,7 +189,8 @@ def task_training_batch(step: int, config: Any, seed: int, rows: int) -> tuple[t
     Example:
         >>> from rotary.tools.experiments.config import ExperimentConfig
         >>> x, y = task_training_batch(0, ExperimentConfig(task_length=32), 0, 4)
-        >>> x.shape, bytes(x[0].tolist()).count(b"|"), torch.equal(x, task_training_batch(0, ExperimentConfig(task_length=32), 0, 4)[0])
+        >>> again, _ = task_training_batch(0, ExperimentConfig(task_length=32), 0, 4)
+        >>> x.shape, bytes(x[0].tolist()).count(b"|"), torch.equal(x, again)
         (torch.Size([4, 32]), 1, True)
     """
     generator = torch.Generator().manual_seed(derived_seed(seed, "tasks", config.task_length, step))

@@ -148,7 +148,8 @@ def start_model(spec: ModelSpec, config: ExperimentConfig, parent: Decoder | Non
     """
     if (spec.parent is None) != (parent is None):
         raise InputError(
-            f"model {spec.name} starts from {spec.parent_name or 'nothing'}, got {'a parent' if parent is not None else 'none'}"
+            f"model {spec.name} starts from {spec.parent_name or 'nothing'}, got "
+            f"{'a parent' if parent is not None else 'none'}"
         )
     if parent is None:
         return build_model(spec, config)
@@ -348,7 +349,8 @@ def load_checkpoint(path: Path, spec: ModelSpec, config: ExperimentConfig) -> di
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # a truncated zip, a garbage file, a pickle error: all one message
         raise ExperimentError(
-            f"checkpoint {path} is corrupted ({type(exc).__name__}); delete it to train {spec.name} again from the start"
+            f"checkpoint {path} is corrupted ({type(exc).__name__}); delete it to train "
+            f"{spec.name} again from the start"
         ) from None
     if (
         not isinstance(state, dict)
@@ -387,8 +389,10 @@ def diverged_message(
     Example:
         >>> from rotary.tools.experiments.plan import ModelSpec
         >>> cfg = ExperimentConfig(learning_rate=1e9, steps=3, warmup_steps=0)
-        >>> diverged_message(ModelSpec("rope", "rope", 0, "RoPE", steps=3), cfg, 1, float("nan"), float("inf"))
-        'training rope (encoding rope, seed 0) diverged at step 2 of 3: loss nan, gradient norm inf at learning rate 5e+08; nothing was evaluated. Start a new run with a lower --learning-rate (this run: 1e+09)'
+        >>> spec = ModelSpec("rope", "rope", 0, "RoPE", steps=3)
+        >>> print(diverged_message(spec, cfg, 1, float("nan"), float("inf")))  # doctest: +NORMALIZE_WHITESPACE
+        training rope (encoding rope, seed 0) diverged at step 2 of 3: loss nan, gradient norm inf at learning rate
+        5e+08; nothing was evaluated. Start a new run with a lower --learning-rate (this run: 1e+09)
     """
     schedule = Schedule.of(spec, config)
     flag = (
@@ -397,10 +401,11 @@ def diverged_message(
         else ("--task-learning-rate" if spec.stage == "task" else "--learning-rate")
     )
     text = (
-        f"training {spec.model} (encoding {spec.encoding}, seed {spec.seed}) diverged at step {step + 1} of {spec.steps}: "
-        f"loss {loss:.4g}, gradient norm {norm:.4g} at learning rate {learning_rate(step, schedule):.3g}; nothing was "
-        f"evaluated{'' if run_dir is None else f' and {run_dir} has no results.json (not a finished run)'}. "
-        f"Start a new run with a lower {flag} (this run: {schedule.peak:g})"
+        f"training {spec.model} (encoding {spec.encoding}, seed {spec.seed}) diverged at step {step + 1} of "
+        f"{spec.steps}: loss {loss:.4g}, gradient norm {norm:.4g} at learning rate "
+        f"{learning_rate(step, schedule):.3g}; nothing was "
+        f"evaluated{'' if run_dir is None else f' and {run_dir} has no results.json (not a finished run)'}. Start a "
+        f"new run with a lower {flag} (this run: {schedule.peak:g})"
     )
     if config.weight_decay > 1 and schedule.peak * config.weight_decay >= 0.5:
         text += (

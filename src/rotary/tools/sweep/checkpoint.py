@@ -405,9 +405,9 @@ def check_tables(model, checkpoint: Checkpoint, config: dict[str, Any], length: 
             if not math.isfinite(diff) or diff > tolerance:
                 where = "" if kind is None else f" ({kind} layers)"
                 raise InputError(
-                    f"{checkpoint.model_type}{where}: the model transformers builds with rope {config_rope(config, kind)} "
-                    f"rotates differently from rotary's tables for the same config (max difference {diff:.3g} at length "
-                    f"{length}); this family does not admit that scaling"
+                    f"{checkpoint.model_type}{where}: the model transformers builds with rope "
+                    f"{config_rope(config, kind)} rotates differently from rotary's tables for the same config (max "
+                    f"difference {diff:.3g} at length {length}); this family does not admit that scaling"
                 )
     return worst
 

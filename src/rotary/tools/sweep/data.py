@@ -1,7 +1,8 @@
 """The documents a sweep measures perplexity on: the user's text files, or a built-in text that needs no network.
 
 ``--data`` takes files, directories (every regular file under them, sorted, hidden files and files that
-are not UTF-8 text left out) and glob patterns; each file is one document (a book of PG19, a paper of Proof-pile). Without ``--data`` the
+are not UTF-8 text left out) and glob patterns; each file is one document (a book of PG19, a paper of Proof-pile).
+Without ``--data`` the
 documents are the largest ``*.py`` files of the running Python's standard library (``builtin:stdlib``):
 offline and long, though code, not prose; published tables need their own corpus (docs/sweep.md).
 """

@@ -157,7 +157,8 @@ def perplexity(
     if not usable:
         longest = max((d.numel() for d in documents), default=0)
         raise InputError(
-            f"no document has {length} tokens (the longest has {longest}); give longer text with --data or shorter --lengths"
+            f"no document has {length} tokens (the longest has {longest}); give longer text "
+            "with --data or shorter --lengths"
         )
     if mode == "first":
         wins = [(i, d[:length]) for i, d in enumerate(usable)]
@@ -191,7 +192,8 @@ def bootstrap(losses: DocumentLosses, *, resamples: int = 1000, seed: int = 0) -
     Example:
         >>> d = DocumentLosses(torch.tensor([10.0, 30.0], dtype=torch.float64), torch.tensor([10, 10]))
         >>> low, high = bootstrap(d)
-        >>> round(math.exp(1.0), 3) <= round(low, 3) <= round(math.exp(2.0), 3) <= round(high, 3) <= round(math.exp(3.0), 3)
+        >>> e1, e2, e3 = (round(math.exp(x), 3) for x in (1.0, 2.0, 3.0))
+        >>> e1 <= round(low, 3) <= e2 <= round(high, 3) <= e3
         True
     """
     d = losses.sums.numel()

@@ -164,9 +164,9 @@ def check_memory(checkpoint: Checkpoint, settings: SweepSettings, lengths: Seque
     if needed > available:
         detail = ", ".join(f"{k} {v / 2**30:.3g}" for k, v in parts.items() if v)
         raise InputError(
-            f"--lengths {longest}: one window of {longest} tokens needs about {needed / 2**30:.3g} GiB ({detail} GiB) and "
-            f"{settings.device} has {available / 2**30:.3g} GiB free; give shorter --lengths, a smaller --dtype, or "
-            "--device-map auto"
+            f"--lengths {longest}: one window of {longest} tokens needs about {needed / 2**30:.3g} GiB ({detail} GiB) "
+            f"and {settings.device} has {available / 2**30:.3g} GiB free; give shorter --lengths, a smaller --dtype, "
+            "or --device-map auto"
         )
 
 
@@ -266,8 +266,8 @@ def _tokenizer(checkpoint: Checkpoint):
         return AutoTokenizer.from_pretrained(checkpoint.source)
     except Exception as exc:  # no tokenizer files, an unknown tokenizer class: one line
         raise InputError(
-            f"{checkpoint.source}: no tokenizer transformers can load ({type(exc).__name__}); save the model's tokenizer "
-            "beside it (tokenizer.save_pretrained)"
+            f"{checkpoint.source}: no tokenizer transformers can load ({type(exc).__name__}); save the model's "
+            "tokenizer beside it (tokenizer.save_pretrained)"
         ) from None
 
 
@@ -335,9 +335,14 @@ def measure_unit(p: Prepared, scaling: str, length: int, model=None) -> tuple[li
     config = scaled_config(p.checkpoint, scaling, factor)
     if model is None:
         model = build_model(
-            p.checkpoint, config, device=s.device, dtype=DTYPES[s.dtype], device_map=s.device_map,
-            window=full_window(p) if s.full_attention else None, patch=s.patch,
-        )  # fmt: skip
+            p.checkpoint,
+            config,
+            device=s.device,
+            dtype=DTYPES[s.dtype],
+            device_map=s.device_map,
+            window=full_window(p) if s.full_attention else None,
+            patch=s.patch,
+        )
     check_tables(model, p.checkpoint, config, length)
     stride = s.stride or max(1, length // 4)
     ppl_rows = []
@@ -349,12 +354,19 @@ def measure_unit(p: Prepared, scaling: str, length: int, model=None) -> tuple[li
         loss = losses.loss
         ppl_rows.append(
             {
-                "scaling": scaling, "factor": factor, "length": length, "mode": mode,
-                "stride": length if mode == "first" else stride, "documents": losses.counts.numel(),
-                "tokens": int(losses.counts.sum()), "loss": loss,
-                "perplexity": math.inf if loss > 700 else math.exp(loss), "low": low, "high": high,
+                "scaling": scaling,
+                "factor": factor,
+                "length": length,
+                "mode": mode,
+                "stride": length if mode == "first" else stride,
+                "documents": losses.counts.numel(),
+                "tokens": int(losses.counts.sum()),
+                "loss": loss,
+                "perplexity": math.inf if loss > 700 else math.exp(loss),
+                "low": low,
+                "high": high,
             }
-        )  # fmt: skip
+        )
     passkey_rows = []
     if s.trials and length >= (p.passkey_from or 0):
         prompts = passkey_prompts(p.tokenizer, length, s.depths, s.trials)
@@ -362,10 +374,17 @@ def measure_unit(p: Prepared, scaling: str, length: int, model=None) -> tuple[li
             low, high = wilson(correct, trials)
             passkey_rows.append(
                 {
-                    "scaling": scaling, "factor": factor, "length": length, "depth": depth, "correct": correct,
-                    "trials": trials, "accuracy": correct / trials, "low": low, "high": high,
+                    "scaling": scaling,
+                    "factor": factor,
+                    "length": length,
+                    "depth": depth,
+                    "correct": correct,
+                    "trials": trials,
+                    "accuracy": correct / trials,
+                    "low": low,
+                    "high": high,
                 }
-            )  # fmt: skip
+            )
     return ppl_rows, passkey_rows, model
 
 
@@ -398,12 +417,19 @@ def run_sweep(settings: SweepSettings, out: str | os.PathLike, *, log=None) -> d
     directory.mkdir(parents=True, exist_ok=True)
     ck = p.checkpoint
     state["model"] = {
-        "model_type": ck.model_type, "config_form": ck.form, "original_length": ck.original_length,
-        "rope": {str(k): v for k, v in ck.blocks.items()}, "layer_types_scaled": [str(k) for k in ck.layer_types],
-        "sliding_window": ck.sliding_window, "sliding_window_off": settings.full_attention,
-        "nope_layers": list(ck.nope_layers), "backend": "rotary.hf.patch" if settings.patch else "transformers",
-        "documents": p.documents.names, "data": p.documents.source, "passkey_from": p.passkey_from,
-    }  # fmt: skip
+        "model_type": ck.model_type,
+        "config_form": ck.form,
+        "original_length": ck.original_length,
+        "rope": {str(k): v for k, v in ck.blocks.items()},
+        "layer_types_scaled": [str(k) for k in ck.layer_types],
+        "sliding_window": ck.sliding_window,
+        "sliding_window_off": settings.full_attention,
+        "nope_layers": list(ck.nope_layers),
+        "backend": "rotary.hf.patch" if settings.patch else "transformers",
+        "documents": p.documents.names,
+        "data": p.documents.source,
+        "passkey_from": p.passkey_from,
+    }
     _write_csv(directory / "perplexity.csv", PERPLEXITY_FIELDS, state["perplexity"])
     _write_csv(directory / "passkey.csv", PASSKEY_FIELDS, state["passkey"])
     _write_json(state_file, state)
@@ -411,7 +437,8 @@ def run_sweep(settings: SweepSettings, out: str | os.PathLike, *, log=None) -> d
     if ck.sliding_window is not None:
         if settings.full_attention:
             log(
-                f"sliding-window attention ({ck.sliding_window} tokens) switched off: every layer attends to the whole window"
+                f"sliding-window attention ({ck.sliding_window} tokens) switched off: every "
+                "layer attends to the whole window"
             )
         elif ck.sliding_window < max(p.lengths):
             log(
@@ -446,8 +473,8 @@ def run_sweep(settings: SweepSettings, out: str | os.PathLike, *, log=None) -> d
             trials = sum(r["trials"] for r in passkey_rows)
             key = f", passkey {correct}/{trials}"
         log(
-            f"[{len(units) - len(todo) + i}/{len(units)}] {scaling:<8} L={length:<7} ppl {first['perplexity']:.4g} (first L), "
-            f"{slid['perplexity']:.4g} (sliding){key} | {_duration(elapsed)} elapsed, ETA {_duration(eta)}"
+            f"[{len(units) - len(todo) + i}/{len(units)}] {scaling:<8} L={length:<7} ppl {first['perplexity']:.4g} "
+            f"(first L), {slid['perplexity']:.4g} (sliding){key} | {_duration(elapsed)} elapsed, ETA {_duration(eta)}"
         )
     state["status"] = "finished"
     state["summary"] = summary(state)
@@ -551,8 +578,8 @@ def write_report(state: dict[str, Any], directory: Path) -> Path:
     lines = [
         f"# rotary sweep: {settings['model']}",
         "",
-        f"{model['model_type']} ({model['config_form']} config), original context {settings['original_length']} tokens, "
-        "RoPE "
+        f"{model['model_type']} ({model['config_form']} config), original context {settings['original_length']} "
+        "tokens, RoPE "
         + "; ".join(f"{k if k != 'None' else 'every layer'}: {v}" for k, v in model["rope"].items())
         + f"; backend {model['backend']}; {settings['dtype']} on {settings['device']}.",
         f"Text: {model['data']} ({len(model['documents'])} documents, sha256 {settings['data_sha256'][:12]}).",
@@ -562,9 +589,13 @@ def write_report(state: dict[str, Any], directory: Path) -> Path:
         lines.append(f"Sliding-window attention: {model['sliding_window']} tokens{off}.")
     if model["nope_layers"]:
         lines.append(f"Layers without RoPE: {model['nope_layers']}.")
-    lines += ["", "Each model is built by transformers from the config edited for the scaling at factor max(1, length / "
-              "original); its tables matched rotary's. Perplexity: token-weighted mean, 95% interval from resampling "
-              "documents.", ""]  # fmt: skip
+    lines += [
+        "",
+        "Each model is built by transformers from the config edited for the scaling at factor max(1, length / "
+        "original); its tables matched rotary's. Perplexity: token-weighted mean, 95% interval from resampling "
+        "documents.",
+        "",
+    ]
     try:
         figures = _figures(state, directory)
     except ImportError:
@@ -597,8 +628,13 @@ def write_report(state: dict[str, Any], directory: Path) -> Path:
     if "figures/perplexity.png" in figures:
         lines += ["![perplexity against length](figures/perplexity.png)", ""]
     if state["passkey"]:
-        lines += ["## Passkey retrieval", "", "Accuracy over all depths, 95% Wilson interval; last column: the longest "
-                  f"length up to which accuracy stays at or above {PASS_ACCURACY:.0%}.", ""]  # fmt: skip
+        lines += [
+            "## Passkey retrieval",
+            "",
+            "Accuracy over all depths, 95% Wilson interval; last column: the longest "
+            f"length up to which accuracy stays at or above {PASS_ACCURACY:.0%}.",
+            "",
+        ]
         lines.append("| scaling | " + " | ".join(str(L) for L in settings["lengths"]) + " | longest passing |")
         lines.append("|---" * (len(settings["lengths"]) + 2) + "|")
         for scaling in settings["scalings"]:

@@ -194,7 +194,7 @@ def test_16_bit_tables_equal_their_fp32_copies(table_dtype, monkeypatch):
     wq, wk = _weights(torch.bfloat16)
     for pure_torch in (False, True):
         if pure_torch:  # (plans off: a plan recorded above would replay the CPU kernel)
-            monkeypatch.setattr(K, "_backend", lambda rotation: None)
+            monkeypatch.setattr(K, "backend", lambda rotation: None)
             monkeypatch.setattr(plans, "plannable", lambda: False)
         got = rotary.rmsnorm_rotate(q, k, wq, wk, narrow)
         want = rotary.rmsnorm_rotate(q, k, wq, wk, wide)
@@ -583,7 +583,7 @@ INTERPRETED = textwrap.dedent(
     seen = []
     launch = K.run_triton
     K.run_triton = lambda rotation, *a: (seen.append(rotation.cos[0].dtype), launch(rotation, *a))[1]
-    K._backend = lambda rotation: "triton"  # as for CUDA tensors
+    K.backend = lambda rotation: "triton"  # as for CUDA tensors
     narrow = 0
     for dtype, table_dtype, interleaved, r, gemma in itertools.product(
         (torch.float32, torch.bfloat16, torch.float16), (torch.bfloat16, torch.float16), (False, True), (8, 6),

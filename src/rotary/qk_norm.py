@@ -309,7 +309,7 @@ def _decide(
     :class:`RotaryTables`, without key or per-head tables, rows int64 if any; or the RoPE's cached table), else
     the general path at every call."""
     rotation = getattr(_last, "rotation", None)
-    if rotation is None or kernels._backend(rotation) != "cpu":
+    if rotation is None or kernels.backend(rotation) != "cpu":
         return GENERAL
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, q_weight, k_weight, *rotation.cos)):
         return GENERAL

@@ -88,7 +88,7 @@ def effective_weight(weight: torch.Tensor, gemma: bool, compute: torch.dtype) ->
     return (1.0 + w if gemma else w).contiguous()
 
 
-def _backend(rotation: Rotation) -> str | None:
+def backend(rotation: Rotation) -> str | None:
     """``"cpu"``, ``"triton"`` or ``None`` (pure torch) for this call."""
     x0 = rotation.xs[0]
     for t in (*rotation.xs, *rotation.outs):  # loops, not all(...): this runs at every decoding step
@@ -107,9 +107,9 @@ def _backend(rotation: Rotation) -> str | None:
 def run(rotation: Rotation, norm: Norm, rstds: tuple[torch.Tensor, ...]) -> None:
     """Normalise and rotate each x of ``rotation`` into its out with the best kernel; ``rstds[i]``
     (``[B, S, H_i]``, the arithmetic dtype) receives each vector's ``1 / sqrt(mean(x²) + eps)``."""
-    backend = _backend(rotation)
+    backend_name = backend(rotation)
     compute = compute_dtype(rotation.xs[0])
-    if backend != "triton" and rotation.cos[0].dtype != compute:  # q's and k's tables share a dtype (RotaryTables)
+    if backend_name != "triton" and rotation.cos[0].dtype != compute:  # q's and k's tables share a dtype (RotaryTables)
         # 16-bit tables (rotary.rmsnorm_rotate passes a model's own to the Triton kernel, which widens
         # them as it loads them): widened here for the other backends, exactly; a table q and k share, once
         wide: dict[int, torch.Tensor] = {}
@@ -120,14 +120,14 @@ def run(rotation: Rotation, norm: Norm, rstds: tuple[torch.Tensor, ...]) -> None
             return wide[id(t)]
 
         rotation = rotation.replace(cos=tuple(map(widen, rotation.cos)), sin=tuple(map(widen, rotation.sin)))
-    if backend == "cpu":
+    if backend_name == "cpu":
         weights = [effective_weight(w, norm.gemma, compute_dtype(x)) for w, x in zip(norm.weights, rotation.xs)]
         load_cpu_extension().rmsnorm_rope(  # type: ignore[union-attr]
             list(rotation.xs), list(rotation.outs), list(rstds), weights, list(rotation.cos), list(rotation.sin),
             rotation.positions, rotation.batch_rows, rotation.interleaved, norm.round_normed, norm.eps,
             rotation.frequencies,
         )  # fmt: skip
-    elif backend == "triton":  # the weights as they are: the kernel widens them (and adds Gemma's 1) itself
+    elif backend_name == "triton":  # the weights as they are: the kernel widens them (and adds Gemma's 1) itself
         run_triton(rotation, [w.contiguous() for w in norm.weights], rstds, norm.round_normed, norm.eps)
     else:
         run_torch(rotation, norm, rstds)

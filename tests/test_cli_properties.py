@@ -225,15 +225,29 @@ def _sweep_inputs(d: Path) -> tuple[str, str]:
     from rotary.tools.experiments.train import CHECKPOINT, CHECKPOINT_FORMAT, build_model
     from rotary.tools.sweep.export import byte_tokenizer
 
-    config = transformers.LlamaConfig(vocab_size=256, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                      num_attention_heads=2, max_position_embeddings=16)  # fmt: skip
+    config = transformers.LlamaConfig(
+        vocab_size=256,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        max_position_embeddings=16,
+    )
     transformers.LlamaForCausalLM(config).save_pretrained(d / "checkpoint")
     byte_tokenizer().save_pretrained(d / "checkpoint")
     run = ExperimentConfig(preset="tiny", train_length=64, hidden_size=16, num_layers=1, num_heads=2, seeds=1)
     spec = next(s for s in model_specs(run) if s.encoding == "rope")
     (d / "run_model").mkdir()
-    payload = {"format": CHECKPOINT_FORMAT, "spec": dataclasses.asdict(spec), "config": run.to_dict(), "step": 1,
-               "model": build_model(spec, run).state_dict(), "optimizer": {}, "losses": [0.0], "seconds": 0.0}  # fmt: skip
+    payload = {
+        "format": CHECKPOINT_FORMAT,
+        "spec": dataclasses.asdict(spec),
+        "config": run.to_dict(),
+        "step": 1,
+        "model": build_model(spec, run).state_dict(),
+        "optimizer": {},
+        "losses": [0.0],
+        "seconds": 0.0,
+    }
     torch.save(payload, d / "run_model" / CHECKPOINT)
     return str(d / "checkpoint"), str(d / "run_model")
 

@@ -261,9 +261,17 @@ _WEIGHT_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 def _key(
-    q: Any, k: Any, q_weight: Any, k_weight: Any, rope: Any, position_ids: Any, offset: Any, eps: Any, style: Any,
+    q: Any,
+    k: Any,
+    q_weight: Any,
+    k_weight: Any,
+    rope: Any,
+    position_ids: Any,
+    offset: Any,
+    eps: Any,
+    style: Any,
     layout: Any,
-) -> tuple | None:  # fmt: skip
+) -> tuple | None:
     """The Python part of a call's signature (the compiled kernel's entry compares the tensors' metadata), or
     ``None`` for a call that is never planned: plans off or not allowed here (:func:`rotary.plans.plannable`),
     tensor subclasses, arguments of other types than the general path takes as they are, a table producer other
@@ -292,18 +300,32 @@ def _key(
         ):
             return None
         return (
-            True, layout, style, eps, q.shape, k.shape, rope.interleaved, rope.heads, rope.k_cos is None,
-            rope.frequencies is None, rows is None,
-        )  # fmt: skip
+            True,
+            layout,
+            style,
+            eps,
+            q.shape,
+            k.shape,
+            rope.interleaved,
+            rope.heads,
+            rope.k_cos is None,
+            rope.frequencies is None,
+            rows is None,
+        )
     if hasattr(rope, "_plan_tables") and (position_ids is None or type(position_ids) is torch.Tensor):
         return False, "rmsnorm_rotate", layout, style, eps, position_ids is None, q.shape, k.shape
     return None
 
 
 def _decide(
-    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, rope: Any,
-    position_ids: torch.Tensor | None, layout: str,
-) -> Plan:  # fmt: skip
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    rope: Any,
+    position_ids: torch.Tensor | None,
+    layout: str,
+) -> Plan:
     """The plan of a call whose general path succeeded: the compiled CPU kernel's ``rmsnorm_rope_layout`` when
     the general path ran that kernel without autograd on tables the plan can name (the call's own
     :class:`RotaryTables`, without key or per-head tables, rows int64 if any; or the RoPE's cached table), else
@@ -331,9 +353,17 @@ def _decide(
 
 
 def _run_plan(
-    plan: Plan, q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, rope: Any,
-    position_ids: torch.Tensor | None, offset: int, eps: float, style: str,
-) -> list[torch.Tensor] | None:  # fmt: skip
+    plan: Plan,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    rope: Any,
+    position_ids: torch.Tensor | None,
+    offset: int,
+    eps: float,
+    style: str,
+) -> list[torch.Tensor] | None:
     """A recorded plan's call (``rmsnorm_rope_layout``), or ``None``/empty when the plan does not cover the call's
     values or signature: the general path then runs."""
     gemma = kernels.STYLES[style][0]
@@ -345,15 +375,33 @@ def _run_plan(
             return None
         (row_offset, ids, frequencies), (cos, sin) = window, plan.tables[:2]
     return load_cpu_extension().rmsnorm_rope_layout(  # type: ignore[union-attr]
-        plan.signature, [q, k], [q_weight, k_weight], cos, sin, row_offset, ids, plan.layout, plan.interleaved, gemma,
-        eps, frequencies,
-    )  # fmt: skip
+        plan.signature,
+        [q, k],
+        [q_weight, k_weight],
+        cos,
+        sin,
+        row_offset,
+        ids,
+        plan.layout,
+        plan.interleaved,
+        gemma,
+        eps,
+        frequencies,
+    )
 
 
 def _general(
-    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, rope: Any,
-    position_ids: torch.Tensor | Positions | None, offset: int, eps: float, style: str, layout: str,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    rope: Any,
+    position_ids: torch.Tensor | Positions | None,
+    offset: int,
+    eps: float,
+    style: str,
+    layout: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`rmsnorm_rotate`'s general path: every check, the tables, the kernels (with autograd and
     ``torch.compile``). The rotation it hands the kernels without autograd is kept in ``_last`` for :func:`_decide`."""
     gemma = _check_style(style)
@@ -393,9 +441,16 @@ def _general(
     views = (q.transpose(1, 2), k.transpose(1, 2)) if layout == "bhsd" else (q, k)
     frequencies = tables.frequencies if positions is not None else None
     rotation = Rotation(
-        views, views, (flat[0], key_flat[0]), (flat[1], key_flat[1]), positions, batch_rows, tables.interleaved,
-        False, frequencies,
-    )  # fmt: skip
+        views,
+        views,
+        (flat[0], key_flat[0]),
+        (flat[1], key_flat[1]),
+        positions,
+        batch_rows,
+        tables.interleaved,
+        False,
+        frequencies,
+    )
     _last.rotation = rotation
     q_out, k_out = kernels.apply(rotation, kernels.Norm((q_weight, k_weight), eps, gemma))
     if layout == "bhsd":

@@ -284,9 +284,17 @@ def _key(
         if kinds != ("q", "k") and (len(kinds) != len(xs) or not all(kind == "q" or kind == "k" for kind in kinds)):
             return None
     return (
-        layout, inplace, kinds, len(xs), xs[0].shape, tables.interleaved, tables.heads, tables.k_cos is None,
-        tables.frequencies is None, rows is None,
-    )  # fmt: skip
+        layout,
+        inplace,
+        kinds,
+        len(xs),
+        xs[0].shape,
+        tables.interleaved,
+        tables.heads,
+        tables.k_cos is None,
+        tables.frequencies is None,
+        rows is None,
+    )
 
 
 def _decide(xs: Sequence[torch.Tensor], rotation: Rotation, tables: RotaryTables, layout: int, inplace: bool) -> Plan:

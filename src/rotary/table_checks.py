@@ -94,11 +94,16 @@ def check_rows(cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, sample: 
         (ca, cb), (sa, sb) = _pairs(c, inter), _pairs(s, inter)
         return torch.maximum((ca - cb).abs().max(), (sa - sb).abs().max())
 
-    finite, top, largest, wanted, other, spread = torch.stack((
-        (torch.isfinite(c).all() & torch.isfinite(s).all()).double(), norm.max(),
-        torch.maximum(c.abs().max(), s.abs().max()), mismatch(interleaved), mismatch(not interleaved),
-        (norm - norm.flatten()[0]).abs().max(),
-    )).tolist()  # fmt: skip
+    finite, top, largest, wanted, other, spread = torch.stack(
+        (
+            (torch.isfinite(c).all() & torch.isfinite(s).all()).double(),
+            norm.max(),
+            torch.maximum(c.abs().max(), s.abs().max()),
+            mismatch(interleaved),
+            mismatch(not interleaved),
+            (norm - norm.flatten()[0]).abs().max(),
+        )
+    ).tolist()
     if not finite:
         raise InputError("cos/sin hold NaN or inf values: these are not rotation tables")
     if top == 0.0:

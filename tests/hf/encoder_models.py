@@ -28,14 +28,34 @@ transformers.logging.set_verbosity_error()
 
 #: small sizes for any config class (only the fields a class has are set)
 TINY: dict[str, Any] = dict(
-    hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
-    num_heads=2, head_dim=16, depth=1, embed_dim=32, encoder_layers=1, encoder_attention_heads=2, d_model=32,
-    encoder_ffn_dim=32, num_mel_bins=16, output_dim=32, vocab_size=64,
-)  # fmt: skip
+    hidden_size=32,
+    intermediate_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    num_heads=2,
+    head_dim=16,
+    depth=1,
+    embed_dim=32,
+    encoder_layers=1,
+    encoder_attention_heads=2,
+    d_model=32,
+    encoder_ffn_dim=32,
+    num_mel_bins=16,
+    output_dim=32,
+    vocab_size=64,
+)
 
 #: model_type -> config keyword arguments on top of TINY (its own sizes, or a RoPE switched on)
-_CODEC = dict(upsample_groups=32, num_filters=8, codebook_dim=16, vector_quantization_hidden_dimension=16,
-              num_quantizers=2, codebook_size=16, upsampling_ratios=[4, 2])  # fmt: skip
+_CODEC = dict(
+    upsample_groups=32,
+    num_filters=8,
+    codebook_dim=16,
+    vector_quantization_hidden_dimension=16,
+    num_quantizers=2,
+    codebook_size=16,
+    upsampling_ratios=[4, 2],
+)
 OVERRIDES: dict[str, dict[str, Any]] = {
     **{t: _CODEC for t in ("mimi", "mimi_decoder", "pocket_tts_audio_tokenizer", "pocket_tts_audio_tokenizer_decoder")},
     "wav2vec2-bert": {"position_embeddings_type": "rotary"},
@@ -126,10 +146,13 @@ def model_class(model_type: str):
         return getattr(module, MODEL_CLASS[model_type])
     cfg = CONFIG_MAPPING[model_type]
     classes = [
-        o for n, o in vars(module).items()
-        if inspect.isclass(o) and issubclass(o, transformers.PreTrainedModel) and getattr(o, "config_class", None) is cfg
+        o
+        for n, o in vars(module).items()
+        if inspect.isclass(o)
+        and issubclass(o, transformers.PreTrainedModel)
+        and getattr(o, "config_class", None) is cfg
         and "PreTrained" not in n
-    ]  # fmt: skip
+    ]
     if not classes:
         raise LookupError(f"{model_type}: no model class of its own config class in {module.__name__}")
     return classes[0]

@@ -23,8 +23,16 @@ def save_run_model(root, encoding="rope"):
     model = build_model(spec, CONFIG)
     directory = root / "run" / "models" / spec.name
     directory.mkdir(parents=True)
-    payload = {"format": CHECKPOINT_FORMAT, "spec": dataclasses.asdict(spec), "config": CONFIG.to_dict(), "step": 1,
-               "model": model.state_dict(), "optimizer": {}, "losses": [0.0], "seconds": 0.0}  # fmt: skip
+    payload = {
+        "format": CHECKPOINT_FORMAT,
+        "spec": dataclasses.asdict(spec),
+        "config": CONFIG.to_dict(),
+        "step": 1,
+        "model": model.state_dict(),
+        "optimizer": {},
+        "losses": [0.0],
+        "seconds": 0.0,
+    }
     torch.save(payload, directory / CHECKPOINT)
     return directory, model.eval()
 

@@ -20,37 +20,77 @@ from rotary.tools.sweep.measure import perplexity
 
 transformers = pytest.importorskip("transformers")
 
-TINY = dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-            num_key_value_heads=1, head_dim=16, max_position_embeddings=32, bos_token_id=None, eos_token_id=None,
-            pad_token_id=None)  # fmt: skip
+TINY = dict(
+    vocab_size=256,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=16,
+    max_position_embeddings=32,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
 LONG, SHORT = [1.0 + 0.25 * i for i in range(8)], [1.0 + 0.05 * i for i in range(8)]
 
 #: name -> (config.json, the RoPE block of each scaling at factor 2 as the test writes it by hand)
 FAMILIES = {
     "llama-4.x": dict(model_type="llama", rope_theta=500000.0, **TINY),
     "llama-5.x": dict(model_type="llama", rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, **TINY),
-    "llama-3.1": dict(model_type="llama", rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 4.0,
-                      "low_freq_factor": 2.0, "high_freq_factor": 8.0, "original_max_position_embeddings": 32},
-                      **{**TINY, "max_position_embeddings": 128}),
+    "llama-3.1": dict(
+        model_type="llama",
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 4.0,
+            "low_freq_factor": 2.0,
+            "high_freq_factor": 8.0,
+            "original_max_position_embeddings": 32,
+        },
+        **{**TINY, "max_position_embeddings": 128},
+    ),
     "qwen3": dict(model_type="qwen3", rope_parameters={"rope_type": "default", "rope_theta": 1e6}, **TINY),
-    "phi3": dict(model_type="phi3", rope_theta=10000.0, original_max_position_embeddings=32,
-                 rope_scaling={"type": "longrope", "short_factor": SHORT, "long_factor": LONG},
-                 **{**TINY, "max_position_embeddings": 128}),
-    "gemma3": dict(model_type="gemma3_text", sliding_window=16, layer_types=["sliding_attention", "full_attention"],
-                   rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                                    "full_attention": {"rope_type": "default", "rope_theta": 1e6}}, **TINY),
-}  # fmt: skip
+    "phi3": dict(
+        model_type="phi3",
+        rope_theta=10000.0,
+        original_max_position_embeddings=32,
+        rope_scaling={"type": "longrope", "short_factor": SHORT, "long_factor": LONG},
+        **{**TINY, "max_position_embeddings": 128},
+    ),
+    "gemma3": dict(
+        model_type="gemma3_text",
+        sliding_window=16,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+        },
+        **TINY,
+    ),
+}
 BLOCKS = {
     "none": {"rope_type": "default"},
     "linear": {"rope_type": "linear", "factor": 2.0},
     "ntk": {"rope_type": "default"},  # at rope_theta x 2 ** (d / (d - 2)): edited_by_hand raises it
     "dynamic": {"rope_type": "dynamic", "factor": 2.0},
     "yarn": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32},
-    "llama3": {"rope_type": "llama3", "factor": 2.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 32},
-    "longrope": {"rope_type": "longrope", "factor": 2.0, "short_factor": SHORT, "long_factor": LONG,
-                 "original_max_position_embeddings": 32},
-}  # fmt: skip
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 2.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32,
+    },
+    "longrope": {
+        "rope_type": "longrope",
+        "factor": 2.0,
+        "short_factor": SHORT,
+        "long_factor": LONG,
+        "original_max_position_embeddings": 32,
+    },
+}
 
 
 def edited_by_hand(name: str, scaling: str) -> dict:
@@ -98,8 +138,13 @@ def checkpoints(tmp_path_factory):
         raw = json.loads((root / name / "config.json").read_text())
         for key in ("rope_scaling", "rope_parameters", "rope_theta", "original_max_position_embeddings"):
             raw.pop(key, None)  # save_pretrained writes the 5.x form: put back the form this case is about
-        raw.update({k: v for k, v in config.items() if k in ("rope_scaling", "rope_parameters", "rope_theta",
-                                                              "original_max_position_embeddings")})  # fmt: skip
+        raw.update(
+            {
+                k: v
+                for k, v in config.items()
+                if k in ("rope_scaling", "rope_parameters", "rope_theta", "original_max_position_embeddings")
+            }
+        )
         (root / name / "config.json").write_text(json.dumps(raw))
         out[name] = root / name
     return out
@@ -190,8 +235,23 @@ def test_exported_experiment_model_gives_the_experiments_own_perplexities_in_the
 def test_passkey_rows_intervals_report_and_resume(checkpoints, texts, tmp_path, capsys):
     long_text = tmp_path / "long.txt"
     long_text.write_text((texts / "doc0.txt").read_text() * 3)
-    args = [str(checkpoints["llama-5.x"]), "--lengths", "256,512", "--scalings", "none,yarn", "--trials", "1",
-            "--depths", "0,1", "--data", str(long_text), "--documents", "1", "-o", str(tmp_path / "out")]  # fmt: skip
+    args = [
+        str(checkpoints["llama-5.x"]),
+        "--lengths",
+        "256,512",
+        "--scalings",
+        "none,yarn",
+        "--trials",
+        "1",
+        "--depths",
+        "0,1",
+        "--data",
+        str(long_text),
+        "--documents",
+        "1",
+        "-o",
+        str(tmp_path / "out"),
+    ]
     status, captured = sweep(args, capsys)
     assert status == 0 and "[4/4] yarn" in captured.err and "ETA" in captured.err
     state = json.loads((tmp_path / "out" / "sweep.json").read_text())
@@ -240,8 +300,9 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(checkpoints, texts, 
     }
     for i, (message, argv) in enumerate(cases.items()):
         out = tmp_path / f"out{i}"
-        status, captured = sweep([*argv, "--data", str(texts), "-o", str(out)] if "--data" not in argv else
-                                 [*argv, "-o", str(out)], capsys)  # fmt: skip
+        status, captured = sweep(
+            [*argv, "--data", str(texts), "-o", str(out)] if "--data" not in argv else [*argv, "-o", str(out)], capsys
+        )
         assert status == 2, message
         assert captured.err.count("\n") == 1 and message in captured.err, captured.err
         assert not out.exists()

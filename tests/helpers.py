@@ -239,8 +239,13 @@ def _interpreter_server() -> subprocess.Popen:
         if server is not None and server.poll() is None:
             server.kill()
             server.wait()
+        # tests/ first on the scripts' path: they import covering (rows of a product, tests/covering.py)
         server = subprocess.Popen(
-            [sys.executable, "-c", _INTERPRETER], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n" + _INTERPRETER],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         _interpreter.update(server=server, env=env)
     return server

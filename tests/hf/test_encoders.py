@@ -168,28 +168,6 @@ def test_vjepa2_turns_the_two_channels_of_a_pair_by_different_angles():
         rotary.hf.vision_rope(model.config)
 
 
-def test_inkling2_is_an_axial_rope_at_its_positions():
-    """What inkling2_vision's NOT_BUILT reason states: at the positions the model used (a class token at (0, 0)
-    before each image, patches at (row + 1, col + 1)), rotary's AxialRoPE (pairs (2i, 2i+1), w's block first) gives
-    its cos/sin and rotates its q and k into the model's."""
-    model, _, calls, _ = em.record("inkling2_vision")
-    (table,) = [c for c in calls if c.name.endswith(".forward")]
-    applies = [c for c in calls if c.name == "apply_rotary_pos_emb_vision"]
-    positions = table.args[2]
-    assert positions[0].tolist() == [0, 0] and not torch.equal(positions[:, 0], positions[:, 1])
-    head_dim = table.out[0].shape[-1]
-    base = model.config.rope_parameters["rope_theta"]
-    rope = rotary.AxialRoPE(head_dim, axes=2, base=base, interleaved=True, block_order=(1, 0))
-    tables = rope.tables(rope.coordinates(positions.double()), dtype=torch.float64)
-    torch.testing.assert_close(tables.cos.float(), table.out[0], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(tables.sin.float(), table.out[1], rtol=1e-5, atol=1e-5)
-    assert len(applies) == model.config.num_hidden_layers
-    for x, want in zip(applies[0].args[:2], applies[0].out):
-        mine = rotary.rotate([x[None].double()], tables, layout="bshd")[0][0]
-        torch.testing.assert_close(mine.float(), want, rtol=1e-5, atol=2e-5)
-    assert "inkling2_vision" in NOT_BUILT
-
-
 def test_every_encoder_left_says_exactly_why():
     """No encoder keeps a generic status ("not built yet" for a whole kind): each is built, applies no RoPE, is
     refused, or has its own reason in NOT_BUILT."""

@@ -34,6 +34,7 @@ APPLY = {
     "dinov3": ("apply_rotary_pos_emb", "bhsd"),
     "sam3": ("apply_rotary_pos_emb_2d", "bhsd"),
     "step3p5": ("apply_rotary_pos_emb_vision", "bshd"),
+    "inkling2": ("apply_rotary_pos_emb_vision", "shd"),
     "gemma4": ("apply_multidimensional_rope", "bshd"),  # called once for q, once for k
 }
 #: the towers whose tables are one RotaryTables (Gemma 4's are one per half of the head: tested below)
@@ -103,6 +104,8 @@ def _config(model_type: str):
         kwargs.update(num_key_value_heads=2)
     if model_type == "qwen2_5_omni_vision_encoder":
         kwargs.update(fullatt_block_indexes=[1])
+    if model_type == "inkling2_vision":  # a small projection into a small text width
+        kwargs.update(posemb_grid_size=4, projection_hidden_dim=64, text_hidden_size=64)
     config = cfg(**kwargs)
     config._attn_implementation = "eager"
     return config
@@ -128,6 +131,13 @@ def _inputs(model_type: str, config, gen: torch.Generator) -> dict:
         return {
             "pixel_values": torch.randn(2, 3, 4 * p, 5 * p, generator=gen),
             "image_sizes": torch.tensor([[3 * p, 5 * p], [4 * p, 2 * p]]),
+        }
+    if form == "inkling2":  # two images of 2 x 3 and 1 x 2 merged tokens (4 x 6 and 2 x 4 patches)
+        grid, m = torch.tensor([[1, 2, 3], [1, 1, 2]]), config.spatial_merge_size
+        side = p * m  # one merged token's pixels, in [-1, 1]
+        return {
+            "pixel_values": torch.rand(int(grid.prod(-1).sum()), side, side, 3, generator=gen) * 2 - 1,
+            "image_grid_thw": grid,
         }
     if form == "gemma4":  # the processor's patches, row by row, at (x, y) = (column, row)
         h, w = GEMMA4_GRID
@@ -222,6 +232,8 @@ def _grids(model_type: str, config, inputs, call_q: torch.Tensor, layout: str):
         return (side, side), None
     if form == "llama4":
         return None, None
+    if form == "inkling2":
+        return inputs["image_grid_thw"], None
     return inputs["grid_thw"], None
 
 

@@ -133,7 +133,7 @@ UNSUPPORTED: dict[str, str] = {
             "efficientloftr emu3_vqgan gemma3n_audio gemma3n_vision "
             "gemma4_audio gemma4_unified_audio gemma4_unified_vision "
             "glm_image_vision glm_image_vqmodel granite_docling_vision "
-            "hunyuan_vl_vision idefics_perciever idefics_vision inkling2_vision "
+            "hunyuan_vl_vision idefics_perciever idefics_vision "
             "lightglue mlcd "
             "mlcd_vision_model mllama_vision_model molmo2_adapter molmo2_vision moonshine_streaming_encoder "
             "muse_glimmer_vision muse_spark_audio muse_spark_vision "

@@ -236,13 +236,6 @@ NOT_BUILT: dict[str, str] = {
             "image before a pixel shuffle (get_vision_position_ids), a token order vision_rope has no form for yet"
         ),
     ),
-    "inkling2_vision": _VISION
-    + (
-        "not built yet (run and recorded: rotary's AxialRoPE with pairs (2i, 2i+1), w's frequencies then h's, "
-        "base^(-4k/D), at the model's positions gives its cos/sin and its rotated q and k); vision_rope has no form "
-        "for its token order yet: a class token at (0, 0) before each image, the patches at (row + 1, col + 1) in "
-        "spatial_merge_size blocks, image_grid_thw counted in merged tokens"
-    ),
     "gemma3n_vision": _VISION
     + (
         "cannot be built offline here: a MobileNet-V5 built through timm (TimmWrapper), and timm is not among "

@@ -46,7 +46,7 @@ CONFIG_DEFAULTS: dict[str, dict[str, int]] = {
     **{
         t: {"spatial_merge_size": 2}
         for t in VISION_ROPE
-        if VISION_ROPE[t] in ("qwen_vl", "minimax") and t not in _MERGE_ONE | _MERGE_PER_CALL
+        if VISION_ROPE[t] in ("qwen_vl", "minimax", "inkling2") and t not in _MERGE_ONE | _MERGE_PER_CALL
     },
     **{
         t: {"spatial_merge_size": 2, "window_size": 112, "patch_size": 14}
@@ -54,6 +54,8 @@ CONFIG_DEFAULTS: dict[str, dict[str, int]] = {
         if VISION_ROPE[t] == "qwen_vl_window"
     },
 }
+#: the forms whose towers merge spatial_merge_size x spatial_merge_size blocks of patches (grid rows per image)
+_MERGING = ("qwen_vl", "qwen_vl_window", "kimi", "minimax", "inkling2")
 #: form -> the rope_type its rotary embedding accepts (else "axial"); DINOv3's config has none
 _ROPE_TYPE = {"llama4": "default", "dinov3": "default"}
 #: model_type -> rope_theta when the config states none (transformers' config-class default; else 10000)
@@ -193,7 +195,7 @@ def vision_rope(config: Any) -> VisionRoPE:
     merge, window, temporal = 1, None, False
     if model_type in _MERGE_PER_CALL:
         merge = None
-    elif form in ("qwen_vl", "qwen_vl_window", "kimi", "minimax"):
+    elif form in _MERGING:
         if model_type not in _MERGE_ONE:
             merge = _int(d, ("spatial_merge_size",), label)
     if form == "minimax":
@@ -228,6 +230,9 @@ def vision_rope(config: Any) -> VisionRoPE:
     elif form == "step3p5":  # Qwen-VL's frequencies and pairing, w's block first
         _even_quarters(head_dim, label)
         rope = AxialRoPE(head_dim, axes=2, base=theta, block_order=(1, 0))
+    elif form == "inkling2":  # Qwen-VL's frequencies, pairs (2i, 2i+1), w's block first
+        _even_quarters(head_dim, label)
+        rope = AxialRoPE(head_dim, axes=2, base=theta, interleaved=True, block_order=(1, 0))
     elif form == "sam3":
         _even_quarters(head_dim, label)
         rope = AxialRoPE(head_dim, axes=2, base=theta, interleaved=True, block_order=(1, 0))
@@ -274,6 +279,9 @@ class VisionRoPE(nn.Module):
     - ``llama4``: ``(h, w)`` must be the config's ``image_size / patch_size`` grid (default), class token last;
     - ``sam3``: ``(h, w)`` of one attention's tokens: ``(window_size, window_size)`` for the windowed
       layers, the whole patch grid (default) for the global ones;
+    - ``inkling2``: one row per image, ``(t, h, w)`` counted in merged tokens (the model's ``image_grid_thw``:
+      ``spatial_merge_size`` x ``spatial_merge_size`` patches each), packed; each image is a class token at
+      (0, 0), then its patches at (row + 1, col + 1) in merge blocks;
     - ``step3p5``: ``(h, w)`` patches of one image (every image of a batch has that grid), row by row;
     - ``gemma4``: ``(h, w)`` patches of one image, row by row, at coordinates ``(x, y)`` = (column, row) as
       the processor's ``image_position_ids`` (its padding patches, at -1, are masked out of attention). Its
@@ -325,7 +333,9 @@ class VisionRoPE(nn.Module):
             )
         return [int(m) for m in merge_sizes]
 
-    def _rows(self, grid: Any, merge_sizes: Any = None) -> list[tuple[int, int, int, int]]:
+    def _rows(self, grid: Any, merge_sizes: Any = None, *, in_blocks: bool = False) -> list[tuple[int, int, int, int]]:
+        """``(t, h, w, merge)`` per grid row, ``h`` and ``w`` in patches (``in_blocks``: the rows count merged
+        tokens, as Inkling2's ``image_grid_thw``, and are scaled by the merge size here)."""
         if isinstance(grid, torch.Tensor):
             if grid.dtype.is_floating_point or grid.dtype == torch.bool or grid.dim() not in (1, 2):
                 raise InputError(
@@ -346,6 +356,8 @@ class VisionRoPE(nn.Module):
                 raise InputError(f"grid[{i}] = {row!r:.60}: give (t, h, w) or (h, w) as positive ints (patches)")
             rows.append((1, *row) if len(row) == 2 else tuple(row))
         merges = self._merges(merge_sizes, len(rows))
+        if in_blocks:
+            rows = [(t, h * m, w * m) for (t, h, w), m in zip(rows, merges)]
         for i, ((t, h, w), m) in enumerate(zip(rows, merges)):
             if h % m or w % m:
                 raise InputError(
@@ -380,7 +392,7 @@ class VisionRoPE(nn.Module):
         Returns:
             :class:`~rotary.variants.Coordinates` ``[N, A]`` (``A`` = 3 for ``minimax``'s (t, h, w), else 2).
         """
-        if merge_sizes is not None and self.form not in ("qwen_vl", "qwen_vl_window", "kimi", "minimax"):
+        if merge_sizes is not None and self.form not in _MERGING:
             raise InputError(f"merge_sizes= is for towers that merge patches; {self.model_type} does not")
         if prefix is not None and self.form != "dinov3":
             raise InputError(f"prefix= is for DINOv3-style towers; {self.model_type} has no unrotated prefix tokens")
@@ -402,13 +414,15 @@ class VisionRoPE(nn.Module):
             scale = self.window / w  # transformers scales both axes by the width's factor
             values = torch.stack([ys.flatten(), xs.flatten()], dim=-1).to(torch.float64) * scale
             return self.rope.coordinates(values)
+        if self.form == "inkling2":  # per image: its class token at (0, 0), then its patches from (1, 1)
+            images = [
+                torch.cat([torch.zeros(1, 2, dtype=torch.long), _block_major(h, w, m).repeat(t, 1) + 1])
+                for t, h, w, m in self._rows(grid, merge_sizes, in_blocks=True)
+            ]
+            return self.rope.coordinates(torch.cat(images))
         parts, blocks = [], 0
         for t, h, w, m in self._rows(grid, merge_sizes):
-            ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
-            # patches in m x m blocks, block-major: [h/m, m, w/m, m] -> [h/m, w/m, m, m]
-            ys = ys.reshape(h // m, m, w // m, m).transpose(1, 2).flatten()
-            xs = xs.reshape(h // m, m, w // m, m).transpose(1, 2).flatten()
-            frame = torch.stack([ys, xs], dim=-1)  # [h w, 2]
+            frame = _block_major(h, w, m)  # [h w, 2]
             if self.temporal:
                 ts = torch.arange(t).repeat_interleave(h * w)
                 coords = torch.cat([ts[:, None], frame.repeat(t, 1)], dim=-1)
@@ -458,6 +472,15 @@ class VisionRoPE(nn.Module):
             for cos, sin in [(tables.cos, tables.sin)]
             for a in (0, 1)
         )
+
+
+def _block_major(h: int, w: int, m: int) -> torch.Tensor:
+    """``(row, col)`` ``[h w, 2]`` of an ``h x w`` grid of patches read in ``m x m`` blocks, block by block."""
+    ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    # [h/m, m, w/m, m] -> [h/m, w/m, m, m]
+    ys = ys.reshape(h // m, m, w // m, m).transpose(1, 2).flatten()
+    xs = xs.reshape(h // m, m, w // m, m).transpose(1, 2).flatten()
+    return torch.stack([ys, xs], dim=-1)
 
 
 def _window_order(t: int, h: int, w: int, window: int) -> torch.Tensor:

@@ -28,6 +28,11 @@ FORMS: dict[str, str] = {
         "2-D axial RoPE over (h, w), pairs (i, i + D/2), w's frequencies then h's (base^(-4k/D) each); one image "
         "grid per call (a batch shares it), patches row by row, no merge"
     ),
+    "inkling2": (
+        "2-D axial RoPE over (h, w), pairs (2i, 2i+1), w's frequencies then h's (base^(-4k/D) each); per image a "
+        "class token at (0, 0), then its patches at (row + 1, col + 1) in spatial_merge_size blocks; images packed "
+        "(image_grid_thw, counted in merged tokens)"
+    ),
     "gemma4": (
         "2-D axial RoPE over (x, y) = (column, row), each axis on its own half of the head: x rotates "
         "channels [0, D/2), y channels [D/2, D), pairs (i, i + D/4) within each half, base^(-4k/D) for both; "
@@ -54,6 +59,7 @@ VISION_ROPE: dict[str, str] = {
     "sam3_vit_model": "sam3",
     "gemma4_vision": "gemma4",
     "step3p5_vision": "step3p5",
+    "inkling2_vision": "inkling2",
 }
 
 _AUDIO = "audio encoder: RoPE over audio frames; not built from its config yet"
@@ -88,7 +94,7 @@ ENCODER_STATUS: dict[str, str] = {
         _CODEC,
     ),
     **dict.fromkeys(
-        ("gemma3n_vision inkling2_vision muse_glimmer_vision muse_spark_vision").split(),
+        ("gemma3n_vision muse_glimmer_vision muse_spark_vision").split(),
         _VISION_LATER,
     ),
     **dict.fromkeys(

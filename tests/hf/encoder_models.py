@@ -104,6 +104,14 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "muse_glimmer_assistant": {"target_layer_ids": [0]},
     "dots3_note_audio_encoder": {"adapter_input_size": 32, "adapter_out_dim": 32, "downsample_hidden_size": 8},
     "wav2vec2-conformer": {"position_embeddings_type": "rotary"},
+    "efficientloftr": {  # 8 heads: its rotary embedding needs head_dim * partial_rotary_factor (4) = hidden_size / 2
+        "hidden_size": 32,
+        "num_attention_heads": 8,
+        "out_features": [8, 8, 16, 32],
+        "stage_num_blocks": [1, 1, 1, 1],
+        "num_attention_layers": 1,
+        "initializer_range": 0.2,  # q and k of order 1 (0.02: of order 1e-9, through the convolutional backbone)
+    },
     "vjepa2": {
         "crop_size": 32,
         "patch_size": 8,
@@ -286,6 +294,8 @@ INPUTS: dict[str, Any] = {
         - 1,
         "image_grid_thw": torch.tensor([[1, 2, 3], [1, 1, 2]]),
     },
+    # two grey 64 x 96 images: an 8 x 12 coarse map (stride 8), 2 x 3 tokens after the 4 x 4 aggregation
+    "efficientloftr": lambda c, g: {"pixel_values": torch.rand(1, 2, 3, 64, 96, generator=g)},
     "vjepa2": lambda c, g: {"pixel_values_videos": torch.randn(1, 4, 3, 32, 32, generator=g)},  # 2 x 4 x 4 tubelets
     "gemma4_unified_audio": lambda c, g: {"inputs_embeds": torch.randn(1, 5, c.output_proj_dims, generator=g)},
     "wav2vec2-conformer": lambda c, g: {"input_values": torch.randn(1, 4000, generator=g)},

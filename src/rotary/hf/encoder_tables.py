@@ -221,12 +221,6 @@ NOT_BUILT: dict[str, str] = {
         "(LightGluePositionalEncoder.projector), checkpoint weights rather than config keys; rotary's RoPE-Mixed "
         "(rotary.variants) takes such per-pair frequency vectors"
     ),
-    "efficientloftr": _OTHER
-    + _NOT_RUN
-    + (
-        "a 2-D RoPE over the aggregated coarse feature map (EfficientLoFTRRotaryEmbedding, after "
-        "q_aggregation_kernel_size / q_aggregation_stride pooling)"
-    ),
     **dict.fromkeys(
         ("muse_glimmer_vision", "muse_spark_vision"),
         _VISION

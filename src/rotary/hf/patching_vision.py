@@ -39,6 +39,12 @@ def _apply_vision_pairwise(q, k, cos, sin):
     return q[0], k[0]
 
 
+def _apply_loftr(q, k, cos, sin, unsqueeze_dim=1):
+    """EfficientLoFTR's ``apply_rotary_pos_emb`` (Cohere's): q, k ``[B, S, 1, hidden]`` (before the heads split),
+    tables ``[B, S, hidden]`` with each angle repeated for its pair (2i, 2i+1); fp32, returned in q's dtype."""
+    return _p.apply_pair(q, k, cos, sin, interleaved=True, layout=_p.unsqueeze_layout(unsqueeze_dim))
+
+
 def _apply_dinov3(q, k, cos, sin, **kwargs):
     """DINOv3's (and EoMT's) attention: q, k ``[B, H, S, D]``, tables ``[P, D]`` (half layout) for the last
     ``P`` tokens, the patches; the class, register (and EoMT's query) tokens before them are not rotated.
@@ -77,7 +83,7 @@ def _apply_llama4_vision(query, key, freqs_ci):
     return q, k
 
 
-# vision towers with 2-D RoPE: Pixtral's PixtralVisionModel, DINOv3, SAM 3, Inkling2's, Gemma 4's, and Llama 4 (text,
+# vision towers with 2-D RoPE: Pixtral's PixtralVisionModel, DINOv3, SAM 3, Inkling2's, EfficientLoFTR's, Gemma 4's, and Llama 4 (text,
 # vision tower, or both)
 _p.SUPPORTED.update(
     {
@@ -91,6 +97,9 @@ _p.SUPPORTED.update(
         "sam3_vit_model": _p.Family("transformers.models.sam3.modeling_sam3", {"apply_rotary_pos_emb_2d": _apply_sam3}),
         "inkling2_vision": _p.Family(
             "transformers.models.inkling2.modeling_inkling2", {"apply_rotary_pos_emb_vision": _apply_vision_pairwise}
+        ),
+        "efficientloftr": _p.Family(
+            "transformers.models.efficientloftr.modeling_efficientloftr", {"apply_rotary_pos_emb": _apply_loftr}
         ),
         "gemma4_vision": _p.Family(
             "transformers.models.gemma4.modeling_gemma4", {"apply_multidimensional_rope": _apply_xy}

@@ -53,11 +53,12 @@ CONFIG_DEFAULTS: dict[str, dict[str, int]] = {
         for t in VISION_ROPE
         if VISION_ROPE[t] == "qwen_vl_window"
     },
+    "efficientloftr": {"q_aggregation_kernel_size": 4, "q_aggregation_stride": 4},
 }
 #: the forms whose towers merge spatial_merge_size x spatial_merge_size blocks of patches (grid rows per image)
 _MERGING = ("qwen_vl", "qwen_vl_window", "kimi", "minimax", "inkling2")
 #: form -> the rope_type its rotary embedding accepts (else "axial"); DINOv3's config has none
-_ROPE_TYPE = {"llama4": "default", "dinov3": "default"}
+_ROPE_TYPE = {"llama4": "default", "dinov3": "default", "loftr": "default"}
 #: model_type -> rope_theta when the config states none (transformers' config-class default; else 10000)
 _DEFAULT_THETA = {
     "dinov3_vit": 100.0,
@@ -233,6 +234,8 @@ def vision_rope(config: Any) -> VisionRoPE:
     elif form == "inkling2":  # Qwen-VL's frequencies, pairs (2i, 2i+1), w's block first
         _even_quarters(head_dim, label)
         rope = AxialRoPE(head_dim, axes=2, base=theta, interleaved=True, block_order=(1, 0))
+    elif form == "loftr":
+        rope = _loftr(d, head_dim, theta, label)
     elif form == "sam3":
         _even_quarters(head_dim, label)
         rope = AxialRoPE(head_dim, axes=2, base=theta, interleaved=True, block_order=(1, 0))
@@ -258,8 +261,29 @@ def vision_rope(config: Any) -> VisionRoPE:
         if not (is_int(image) and is_int(patch) and 0 < patch <= image):
             raise ConfigError(f"{label}: image_size and patch_size must be ints with patch_size <= image_size")
         fixed = (image // patch, image // patch)
+    if form == "loftr":  # the aggregation of the coarse feature map before the attention: (kernel, stride)
+        window = (_int(d, ("q_aggregation_kernel_size",), label), _int(d, ("q_aggregation_stride",), label))
     producer = VisionRoPE(model_type, form, rope, merge_size=merge, window=window, temporal=temporal, fixed_grid=fixed)
     return producer.eval()  # as a loaded model: DINOv3's coordinate augmentation only after .train()
+
+
+def _loftr(d: Mapping[str, Any], head_dim: int, theta: float, label: str) -> AxialRoPE:
+    """EfficientLoFTR's RoPE: one 2-D axial RoPE over the whole hidden width (q and k rotated before the heads
+    split), pairs (2i, 2i+1) dealt to h and w in turn, ``hidden_size / 4`` frequencies ``base^(-4k/hidden_size)``
+    per axis. The model computes them as a 1-D RoPE of ``head_dim * partial_rotary_factor`` channels, which must
+    be ``hidden_size / 2`` for its tables to be formed at all."""
+    hidden = _int(d, ("hidden_size",), label)
+    params = d.get("rope_parameters") or {}
+    factor = params.get("partial_rotary_factor", d.get("partial_rotary_factor", 4.0))
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or int(head_dim * factor) * 2 != hidden:
+        raise ConfigError(
+            f"{label}: head_dim {head_dim} x partial_rotary_factor {factor!r} must be hidden_size / 2 = {hidden / 2:g}: "
+            "its rotary embedding lays hidden_size / 4 frequencies per axis over the whole hidden width (the "
+            "model cannot form its tables otherwise)"
+        )
+    if hidden % 4:
+        raise ConfigError(f"{label}: hidden_size {hidden} is not a multiple of 4 (two axes of channel pairs)")
+    return AxialRoPE(hidden, axes=2, base=theta, interleaved=True, axis_slots="alternating")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -282,6 +306,10 @@ class VisionRoPE(nn.Module):
     - ``inkling2``: one row per image, ``(t, h, w)`` counted in merged tokens (the model's ``image_grid_thw``:
       ``spatial_merge_size`` x ``spatial_merge_size`` patches each), packed; each image is a class token at
       (0, 0), then its patches at (row + 1, col + 1) in merge blocks;
+    - ``loftr``: ``(h, w)`` of the coarse feature map (the backbone's last stage, as EfficientLoFTR's rotary
+      embedding takes it); its tokens are the aggregated map's, ``(h - kernel) // stride + 1`` rows of
+      ``(w - kernel) // stride + 1``, row by row at (row + 1, col + 1). Its tables ``[N, hidden_size]`` rotate q
+      and k before the heads split (``[B, N, 1, hidden_size]``, as the model's attention rotates them);
     - ``step3p5``: ``(h, w)`` patches of one image (every image of a batch has that grid), row by row;
     - ``gemma4``: ``(h, w)`` patches of one image, row by row, at coordinates ``(x, y)`` = (column, row) as
       the processor's ``image_position_ids`` (its padding patches, at -1, are masked out of attention). Its
@@ -400,6 +428,17 @@ class VisionRoPE(nn.Module):
             return self.rope.grid(*self._image(grid), prefix=prefix)
         if self.form == "llama4":
             return self.rope.grid(*self._image(grid))
+        if self.form == "loftr":  # the aggregated coarse map, row by row, from (1, 1)
+            (h, w), (kernel, stride) = self._image(grid), self.window
+            if h < kernel or w < kernel:
+                raise InputError(
+                    f"{self.model_type}: the coarse feature map {(h, w)} is smaller than its aggregation kernel "
+                    f"{kernel} (q_aggregation_kernel_size); give a map of at least {kernel} x {kernel}"
+                )
+            ys, xs = torch.meshgrid(
+                torch.arange((h - kernel) // stride + 1), torch.arange((w - kernel) // stride + 1), indexing="ij"
+            )
+            return self.rope.coordinates(torch.stack([ys.flatten(), xs.flatten()], dim=-1) + 1)
         if self.form == "step3p5":  # row by row at (h, w)
             h, w = self._image(grid)
             ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")

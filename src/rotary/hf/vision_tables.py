@@ -33,6 +33,11 @@ FORMS: dict[str, str] = {
         "class token at (0, 0), then its patches at (row + 1, col + 1) in spatial_merge_size blocks; images packed "
         "(image_grid_thw, counted in merged tokens)"
     ),
+    "loftr": (
+        "2-D axial RoPE over (row + 1, col + 1) of the aggregated coarse feature map (q_aggregation_kernel_size, "
+        "q_aggregation_stride), on the whole hidden width before the heads split (each head turns by its own "
+        "slice of the frequencies), pairs (2i, 2i+1) dealt to h and w in turn, base^(-4k/hidden_size)"
+    ),
     "gemma4": (
         "2-D axial RoPE over (x, y) = (column, row), each axis on its own half of the head: x rotates "
         "channels [0, D/2), y channels [D/2, D), pairs (i, i + D/4) within each half, base^(-4k/D) for both; "
@@ -60,6 +65,7 @@ VISION_ROPE: dict[str, str] = {
     "gemma4_vision": "gemma4",
     "step3p5_vision": "step3p5",
     "inkling2_vision": "inkling2",
+    "efficientloftr": "loftr",
 }
 
 _AUDIO = "audio encoder: RoPE over audio frames; not built from its config yet"
@@ -106,7 +112,7 @@ ENCODER_STATUS: dict[str, str] = {
         _NO_ROPE_TOWER,
     ),
     **dict.fromkeys("qwen2_5_omni qwen3_omni_moe sam3 sam3_vision_model".split(), _WRAPPER),
-    **dict.fromkeys("efficientloftr lightglue".split(), _OTHER),
+    "lightglue": _OTHER,
     **NO_ROPE,  # in a modeling file with a rotary embedding, but their forward pass applies none
     **REFUSED,  # what their code does is not a rotation of q and k
     **NOT_BUILT,  # exactly why each of the others is not built yet

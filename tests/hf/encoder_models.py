@@ -182,6 +182,8 @@ def _tiny_kwargs(cfg, model_type: str | None) -> dict[str, Any]:
             "downsample_channels": [16, 32],
         }
         kwargs["encoder_config"] = tiny_config("unlimited_ocr_vision_encoder").to_dict()
+    if model_type in ("neucodec", "xcodec2"):  # their semantic encoder: a tiny wav2vec2-BERT (an AutoConfig part)
+        kwargs["semantic_model_config"] = tiny_config("wav2vec2-bert").to_dict()
     kwargs.update(OVERRIDES.get(model_type, {}))
     return kwargs
 
@@ -296,6 +298,11 @@ INPUTS: dict[str, Any] = {
     },
     # two grey 64 x 96 images: an 8 x 12 coarse map (stride 8), 2 x 3 tokens after the 4 x 4 aggregation
     "efficientloftr": lambda c, g: {"pixel_values": torch.rand(1, 2, 3, 64, 96, generator=g)},
+    # 6 latent frames of the acoustic and semantic features, the input of their decoder
+    **dict.fromkeys(
+        ("neucodec", "xcodec2"),
+        lambda c, g: {"latents": torch.randn(1, c.hidden_size + c.semantic_model_config.hidden_size, 6, generator=g)},
+    ),
     "vjepa2": lambda c, g: {"pixel_values_videos": torch.randn(1, 4, 3, 32, 32, generator=g)},  # 2 x 4 x 4 tubelets
     "gemma4_unified_audio": lambda c, g: {"inputs_embeds": torch.randn(1, 5, c.output_proj_dims, generator=g)},
     "wav2vec2-conformer": lambda c, g: {"input_values": torch.randn(1, 4000, generator=g)},
@@ -332,8 +339,27 @@ def _gemma4_unified_embedder(config):
     return modeling_module("gemma4_unified_audio").Gemma4UnifiedMultimodalEmbedder(config, text)
 
 
+class Decoding(torch.nn.Module):
+    """A codec's ``decode(latents=...)`` as a forward: the part of NeuCodec and XCodec2 that holds their RoPE (their
+    encoders, a convolutional one and a wav2vec2-BERT, apply none of their modeling file's)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.config = model, model.config
+
+    def forward(self, latents):
+        return self.model.decode(latents=latents)
+
+
+def _decoding(config):
+    return Decoding(model_class(config.model_type)(config))
+
+
 #: model_type -> how to build its module, where it has no model class (a part transformers builds from its config)
-BUILDERS: dict[str, Any] = {"gemma4_unified_audio": _gemma4_unified_embedder}
+BUILDERS: dict[str, Any] = {
+    "gemma4_unified_audio": _gemma4_unified_embedder,
+    **dict.fromkeys(("neucodec", "xcodec2"), _decoding),
+}
 
 
 @functools.cache

@@ -140,6 +140,31 @@ def test_a_learned_class_token_angle_is_refused_with_the_numbers(model_type):
         rotary.hf.vision_rope({**config.to_dict(), "model_type": model_type})
 
 
+@pytest.mark.parametrize("model_type", ["neucodec", "xcodec2"])
+def test_a_rotation_by_head_index_is_refused_with_the_numbers(model_type):
+    """NeuCodec / XCodec2's decoder: its rotary embedding gets positions 0 .. H-1 (one per head), and its apply
+    turns every frame of head h by position h's angles: rotary's RoPE along the head axis reproduces q and k, and
+    the logits equal the unrotated ones (a rotation shared by a head's queries and keys cancels)."""
+    model, _, calls, _ = em.record(model_type)
+    config = model.config
+    (table,) = [c for c in calls if c.name.endswith(".forward")]
+    applies = [c for c in calls if c.name == "apply_rotary_pos_emb"]
+    heads, frames = config.num_attention_heads, 6
+    assert table.args[2].tolist() == [list(range(heads))] and len(applies) == config.num_hidden_layers
+    rope = rotary.RoPE(config.head_dim, base=config.rope_parameters["rope_theta"])
+    q, k = applies[0].args[:2]  # [B, H, S, D]
+    assert q.shape == (1, heads, frames, config.head_dim)
+    for x, want in zip((q, k), applies[0].out):  # the heads as the positions: layout bshd reads H as S
+        mine = rope.rotate(x.double(), position_ids=torch.arange(heads), layout="bshd")
+        torch.testing.assert_close(mine.float(), want, rtol=1e-5, atol=2e-5)
+    assert not torch.allclose(applies[0].out[0], q, atol=1e-3)  # head 1 turns
+    logits, unrotated = applies[0].out[0] @ applies[0].out[1].transpose(-1, -2), q @ k.transpose(-1, -2)
+    torch.testing.assert_close(logits, unrotated, rtol=1e-5, atol=1e-5)  # no position reaches the scores
+    assert ENCODER_STATUS[model_type] == REFUSED[model_type]
+    with pytest.raises(rotary.ConfigError, match=repr(model_type)):
+        rotary.RoPE.from_hf_config(config)
+
+
 def test_vjepa2_turns_the_two_channels_of_a_pair_by_different_angles():
     """V-JEPA 2's refusal, with the numbers: every call of its rotate_queries_or_keys in one forward changes the norms
     of the q and k rows it is given (a rotation never does), at positions that differ per axis."""

@@ -157,11 +157,23 @@ _UNEQUAL_PAIR_ANGLES = (
     "tiny model), and its base 10000 is fixed in the code, not a config key"
 )
 
+_HEAD_INDEX = (
+    "audio codec / vocoder / speech tokenizer: not a RoPE over its frames (its decoder run and recorded): its "
+    "rotary embedding is given position_ids = arange(num_attention_heads), and its apply (unsqueeze_dim=2) turns "
+    "every frame of head h of q and k by the angles of position h (pairs (i, i + D/2), rope_theta): the same "
+    "rotation for a head's queries and keys at every frame, which cancels in each attention score (the tests: the "
+    "logits equal those of the unrotated q and k), so its attention carries no position from it. rotary's "
+    "RoPE(head_dim, base=rope_theta) at positions 0 .. H-1 along the head axis reproduces the rotation; its "
+    "semantic encoder is a wav2vec2-BERT model (semantic_model_config, a type of its own) and its acoustic "
+    "encoder is convolutional"
+)
+
 #: model_type -> why no RoPE rotary builds reproduces what its code does (run and recorded)
 REFUSED: dict[str, str] = {
     "vjepa2": _UNEQUAL_PAIR_ANGLES,
     **dict.fromkeys(("wav2vec2-bert", "wav2vec2-conformer"), _HIDDEN_ROTATION),
     **dict.fromkeys(("mlcd", "mlcd_vision_model"), _LEARNED_CLASS_ANGLES),
+    **dict.fromkeys(("neucodec", "xcodec2"), _HEAD_INDEX),
 }
 
 _AUDIO = "audio encoder: "
@@ -180,11 +192,6 @@ _TRACKER_PART = (
     _NOT_RUN + "a part of the video tracker with no model class of its own (transformers builds it inside the video "
     "model); the RoPE of its modeling file is the memory attention's"
 )
-_W2V_BERT_CODEC = (
-    _NOT_RUN + "its semantic encoder is a wav2vec2-BERT model (semantic_model_config) and its decoder a transformer "
-    "with a 1-D RoPE over codec frames; building it offline needs that semantic model's tiny config as well"
-)
-
 #: model_type -> exactly why it is not built (category first, as ENCODER_STATUS's): the types whose RoPE rotary
 #: has not reproduced yet, each with what its code does as far as it is known
 NOT_BUILT: dict[str, str] = {
@@ -207,7 +214,6 @@ NOT_BUILT: dict[str, str] = {
         "cannot be run offline here: its box pooling calls torchvision's roi_align and torchvision is not among "
         "rotary's dependencies; its modeling file's RoPE is the ViT backbone's (sam3_vit_model)"
     ),
-    **dict.fromkeys(("neucodec", "xcodec2"), _CODEC + _W2V_BERT_CODEC),
     "qwen2_5_omni_dit": _CODEC
     + _NOT_RUN
     + (

@@ -96,7 +96,7 @@ ENCODER_STATUS: dict[str, str] = {
         _SEGMENT,
     ),
     **dict.fromkeys(
-        ("neucodec qwen2_5_omni_dit qwen2_5_omni_token2wav xcodec2").split(),
+        ("qwen2_5_omni_dit qwen2_5_omni_token2wav").split(),
         _CODEC,
     ),
     **dict.fromkeys(

@@ -80,6 +80,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     ),
     "gemma3n_audio": {"conf_num_hidden_layers": 1, "conf_num_attention_heads": 2, "sscp_conv_channel_size": [8, 8]},
     "qwen2_5_omni_bigvgan": {
+        "mel_dim": 16,  # the tiny DiT's (token2wav feeds it the DiT's mel frames)
         "upsample_initial_channel": 16,
         "resblock_kernel_sizes": [3],
         "resblock_dilation_sizes": [[1, 3, 5]],
@@ -111,6 +112,20 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "stage_num_blocks": [1, 1, 1, 1],
         "num_attention_layers": 1,
         "initializer_range": 0.2,  # q and k of order 1 (0.02: of order 1e-9, through the convolutional backbone)
+    },
+    "qwen2_5_omni_dit": {
+        "head_dim": 16,
+        "emb_dim": 8,
+        "mel_dim": 16,
+        "enc_emb_dim": 8,
+        "enc_dim": 8,
+        "enc_channels": [16, 16, 16, 16, 48],
+        "enc_attention_channels": 8,
+        "enc_se_channels": 8,
+        "num_embeds": 64,
+        "block_size": 4,
+        "look_ahead_layers": [0],
+        "look_backward_layers": [0],
     },
     "vjepa2": {
         "crop_size": 32,
@@ -202,7 +217,10 @@ def tiny_config(model_type: str):
         config = cfg(**DEFAULT_SIZES[model_type])
     else:
         config = cfg(**_tiny_kwargs(cfg, model_type))
-    config._attn_implementation = "eager"
+    # the DiT looks its attention up in ALL_ATTENTION_FUNCTIONS, which holds no "eager"
+    config._attn_implementation = (
+        "sdpa" if model_type.startswith(("qwen2_5_omni_dit", "qwen2_5_omni_token2wav")) else "eager"
+    )
     return config
 
 
@@ -303,6 +321,19 @@ INPUTS: dict[str, Any] = {
         ("neucodec", "xcodec2"),
         lambda c, g: {"latents": torch.randn(1, c.hidden_size + c.semantic_model_config.hidden_size, 6, generator=g)},
     ),
+    "qwen2_5_omni_dit": lambda c, g: {  # one step of its flow: 12 mel frames from 6 codes (repeats 2)
+        "hidden_states": torch.randn(1, 6 * c.repeats, c.mel_dim, generator=g),
+        "condition_vector": torch.randn(1, 10, c.mel_dim, generator=g),  # a reference mel
+        "speaker_embedding": torch.randn(1, 6 * c.repeats, c.enc_emb_dim, generator=g),
+        "quantized_code": torch.randint(0, c.num_embeds, (1, 6), generator=g),
+        "time_step": torch.tensor(0.5),
+    },
+    "qwen2_5_omni_token2wav": lambda c, g: {  # 6 codes, a reference mel, two steps of its flow
+        "code": torch.randint(0, c.dit_config.num_embeds, (1, 6), generator=g),
+        "conditioning": torch.randn(1, c.dit_config.enc_emb_dim, generator=g),
+        "reference_mel": torch.randn(1, 10, c.dit_config.mel_dim, generator=g),
+        "num_steps": 2,
+    },
     "vjepa2": lambda c, g: {"pixel_values_videos": torch.randn(1, 4, 3, 32, 32, generator=g)},  # 2 x 4 x 4 tubelets
     "gemma4_unified_audio": lambda c, g: {"inputs_embeds": torch.randn(1, 5, c.output_proj_dims, generator=g)},
     "wav2vec2-conformer": lambda c, g: {"input_values": torch.randn(1, 4000, generator=g)},

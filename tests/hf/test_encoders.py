@@ -16,7 +16,7 @@ import torch
 
 import rotary
 from rotary.hf import architectures, vision_tables
-from rotary.hf.encoder_tables import NO_ROPE, NOT_BUILT, REFUSED, SEQUENCE_ROPE
+from rotary.hf.encoder_tables import NO_ROPE, NOT_BUILT, REFUSED, ROTATED_HEADS, SEQUENCE_ROPE
 from rotary.hf.vision_tables import ENCODER_STATUS
 
 pytest.importorskip("transformers")
@@ -44,6 +44,12 @@ def _check_tables(rope, call, interleaved: bool) -> None:
         assert any(close), (mine[:2], theirs[:2])
 
 
+def _interleave(x: torch.Tensor) -> torch.Tensor:
+    """The inverse of Qwen2.5-Omni's deinterleave_head_dim: channels (0, 2, 4, …, 1, 3, 5, …) back in order."""
+    half = x.shape[-1] // 2
+    return torch.stack([x[..., :half], x[..., half:]], dim=-1).flatten(-2)
+
+
 @pytest.mark.parametrize("model_type", sorted(SEQUENCE_ROPE))
 def test_sequence_encoder_rope_matches_the_model(model_type, rotate_calls):
     """Every apply call of the forward, rotated by rotary at the positions of the rotary-embedding call before it
@@ -58,8 +64,14 @@ def test_sequence_encoder_rope_matches_the_model(model_type, rotate_calls):
             continue
         assert "Attention" in call.caller and positions is not None, (call.name, call.caller)
         q, k = call.args[:2]
+        if model_type in ROTATED_HEADS:  # the DiT hands over its first heads, de-interleaved: as the model has them
+            heads = getattr(model.config, "dit_config", model.config).num_attention_heads  # token2wav: its DiT's
+            assert q.shape[1] == ROTATED_HEADS[model_type] < heads, q.shape
+            q, k = (_interleave(x) for x in (q, k))
         # the queries hold the last positions when the keys also cover a context (Muse Glimmer's assistant)
         ours = [rope.rotate(x.double(), position_ids=positions[-x.shape[-2] :]) for x in (q, k)]
+        if model_type in ROTATED_HEADS:  # its code leaves them de-interleaved (the same order for q and k)
+            ours = [torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1) for x in ours]
         for mine, want, x in zip(ours, call.out[:2], (q, k)):
             torch.testing.assert_close(mine.float(), want, rtol=1e-5, atol=2e-5)
             rotated |= not torch.allclose(mine.float(), x, atol=1e-3)

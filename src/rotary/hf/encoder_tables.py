@@ -9,7 +9,7 @@ recorded, and is checked that way by tests/hf/test_encoders.py (harness: tests/h
 
 from __future__ import annotations
 
-__all__ = ["COVERAGE", "ENCODER_PART", "NOT_BUILT", "NO_ROPE", "REFUSED", "SEQUENCE_ROPE"]
+__all__ = ["COVERAGE", "ENCODER_PART", "NOT_BUILT", "NO_ROPE", "REFUSED", "ROTATED_HEADS", "SEQUENCE_ROPE"]
 
 #: model_type -> how its attention pairs the rotated channels (``"half"``: (i, i + r/2), ``"interleaved"``:
 #: (2i, 2i + 1)). Each applies a 1-D RoPE over its sequence (audio frames, codec steps, patches; DeepSeek-OCR2's
@@ -27,7 +27,16 @@ SEQUENCE_ROPE: dict[str, str] = {
         "half",
     ),
     **dict.fromkeys("blt_global_transformer pe_audio_encoder".split(), "interleaved"),
+    # Qwen2.5-Omni's DiT (and token2wav, through its dit_config): the first head only (ROTATED_HEADS)
+    **dict.fromkeys("qwen2_5_omni_dit qwen2_5_omni_token2wav".split(), "interleaved"),
 }
+
+#: model_type -> how many of its attention's heads, the first ones, the RoPE rotates; the others pass through
+#: unrotated. Qwen2.5-Omni's DiT rotates head 0 only (``query[:, :1]``, "due to training process", says its code):
+#: pairs (2i, 2i+1) of that head's channels, which its code de-interleaves (channels 0, 2, 4, …, then 1, 3, 5, …)
+#: before Llama's half-split apply and leaves in that order, the same permutation for q and k, so every score is
+#: that of the interleaved RoPE. Rotate ``q[:, :1]`` and ``k[:, :1]`` ([B, H, S, D]) with RoPE.from_hf_config's.
+ROTATED_HEADS: dict[str, int] = {"qwen2_5_omni_dit": 1, "qwen2_5_omni_token2wav": 1}
 
 #: model_type of a composite (an encoder and a head, a transducer) -> the key of the sub-config that holds its
 #: encoder's RoPE: RoPE.from_hf_config(config) reads it there, as the model builds its encoder from it
@@ -38,6 +47,7 @@ ENCODER_PART: dict[str, str] = {
     # its speech recogniser's encoder; its speaker-diarization model is a nemotron3_diarization of its own
     # (RoPE.from_hf_config(config.diarization_config))
     "nemotron3_5_transcribe_audio": "asr_config",
+    "qwen2_5_omni_token2wav": "dit_config",  # its BigVGAN (bigvgan_config) applies none
 }
 
 _REL_XL = (
@@ -179,7 +189,6 @@ REFUSED: dict[str, str] = {
 _AUDIO = "audio encoder: "
 _VIDEO = "video encoder: "
 _SEGMENT = "segmentation / tracking part (mask decoder, prompt encoder, memory attention): "
-_CODEC = "audio codec / vocoder / speech tokenizer: "
 _VISION = "vision encoder: "
 _OTHER = "other encoder (byte patches, feature matching, time series, an assistant model): "
 _NOT_RUN = "not built yet, and not yet run with its RoPE recorded: "
@@ -214,13 +223,6 @@ NOT_BUILT: dict[str, str] = {
         "cannot be run offline here: its box pooling calls torchvision's roi_align and torchvision is not among "
         "rotary's dependencies; its modeling file's RoPE is the ViT backbone's (sam3_vit_model)"
     ),
-    "qwen2_5_omni_dit": _CODEC
-    + _NOT_RUN
-    + (
-        "its DiT rotates the first attention head only (query[:, :1], key[:, :1]), de-interleaved first: pairs "
-        "(2i, 2i+1) of head 0 by Qwen2_5OmniDiTRotaryEmbedding, the other heads unrotated"
-    ),
-    "qwen2_5_omni_token2wav": _CODEC + _NOT_RUN + "its RoPE is its DiT's (qwen2_5_omni_dit); its BigVGAN applies none",
     "lightglue": _OTHER
     + (
         "not built from its config: its angles are a learned linear projection of each keypoint's (x, y) "

@@ -96,10 +96,6 @@ ENCODER_STATUS: dict[str, str] = {
         _SEGMENT,
     ),
     **dict.fromkeys(
-        ("qwen2_5_omni_dit qwen2_5_omni_token2wav").split(),
-        _CODEC,
-    ),
-    **dict.fromkeys(
         ("gemma3n_vision muse_glimmer_vision muse_spark_vision").split(),
         _VISION_LATER,
     ),

@@ -35,6 +35,7 @@ APPLY = {
     "sam3": ("apply_rotary_pos_emb_2d", "bhsd"),
     "step3p5": ("apply_rotary_pos_emb_vision", "bshd"),
     "inkling2": ("apply_rotary_pos_emb_vision", "shd"),
+    "muse": ("apply_rotary_pos_emb_vision", "bshd"),
     "loftr": ("apply_rotary_pos_emb", "bshd"),  # [B, S, 1, hidden]: before the heads split
     "gemma4": ("apply_multidimensional_rope", "bshd"),  # called once for q, once for k
 }
@@ -109,6 +110,8 @@ def _config(model_type: str):
     if model_type == "efficientloftr":  # 8 heads: head_dim x partial_rotary_factor (4) must be hidden_size / 2
         kwargs.update(num_attention_heads=8, out_features=[8, 8, 16, 64], stage_num_blocks=[1, 1, 1, 1])
         kwargs.update(num_attention_layers=1, initializer_range=0.2)  # q and k of order 1 (0.02: of order 1e-9)
+    if VISION_ROPE.get(model_type) == "muse":  # 4 x 4-patch windows, a windowed layer then a global one
+        kwargs.update(pos_emb_height=4, pos_emb_width=4, layer_types=["window_attention", "full_attention"])
     if model_type == "inkling2_vision":  # a small projection into a small text width
         kwargs.update(posemb_grid_size=4, projection_hidden_dim=64, text_hidden_size=64)
     config = cfg(**kwargs)
@@ -119,10 +122,10 @@ def _config(model_type: str):
 def _inputs(model_type: str, config, gen: torch.Generator) -> dict:
     form = VISION_ROPE[model_type]
     p = getattr(config, "patch_size", None)  # EfficientLoFTR has none: a convolutional backbone
-    if form in ("qwen_vl", "qwen_vl_window", "kimi", "minimax"):
+    if form in ("qwen_vl", "qwen_vl_window", "kimi", "minimax", "muse"):
         grid = torch.tensor(GRID_FRAMES if model_type in GLM else GRID_CLIPS if form == "kimi" else GRID_THW)
         channels = getattr(config, "in_channels", None) or getattr(config, "num_channels", 3)
-        temporal = getattr(config, "temporal_patch_size", 1) or 1
+        temporal = getattr(config, "temporal_patch_size", None) or getattr(config, "patch_temporal", 1) or 1
         n = int(grid.prod(-1).sum())
         shape = {
             "kimi_k25_vision": (n, channels, p, p),  # one image of p x p pixels per patch

@@ -136,7 +136,7 @@ UNSUPPORTED: dict[str, str] = {
             "hunyuan_vl_vision idefics_perciever idefics_vision "
             "lightglue mlcd "
             "mlcd_vision_model mllama_vision_model molmo2_adapter molmo2_vision moonshine_streaming_encoder "
-            "muse_glimmer_vision muse_spark_audio muse_spark_vision "
+            "muse_spark_audio "
             "nemotron_asr_streaming nemotron_asr_streaming_encoder "
             "neucodec parakeet_ctc parakeet_encoder parakeet_rnnt parakeet_tdt "
             "pe_audio_video_encoder pe_video_encoder phi4_multimodal_audio phi4_multimodal_vision "

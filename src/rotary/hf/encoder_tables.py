@@ -229,15 +229,6 @@ NOT_BUILT: dict[str, str] = {
         "(LightGluePositionalEncoder.projector), checkpoint weights rather than config keys; rotary's RoPE-Mixed "
         "(rotary.variants) takes such per-pair frequency vectors"
     ),
-    **dict.fromkeys(
-        ("muse_glimmer_vision", "muse_spark_vision"),
-        _VISION
-        + _NOT_RUN
-        + (
-            "2-D axial RoPE with the frequencies of dots3's tower (a qwen_vl form), but its patches are permuted per "
-            "image before a pixel shuffle (get_vision_position_ids), a token order vision_rope has no form for yet"
-        ),
-    ),
     "gemma3n_vision": _VISION
     + (
         "cannot be built offline here: a MobileNet-V5 built through timm (TimmWrapper), and timm is not among "

@@ -145,6 +145,8 @@ _VISION_TOWERS = {
     "dots3_note": ("dots3_note_vision_encoder",),
     "lfm3_vl": ("lfm3_vl_vision",),
     "video_llama_3": ("video_llama_3_vision",),
+    "muse_glimmer": ("muse_glimmer_vision",),
+    "muse_spark": ("muse_spark_vision",),
     "minimax_m3_vl": ("minimax_m3_vl_vision",),  # its own form: the first 3·2⌊D/6⌋ channels, in q's dtype
 }
 for _name, _types in _VISION_TOWERS.items():

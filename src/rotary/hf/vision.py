@@ -231,6 +231,10 @@ def vision_rope(config: Any) -> VisionRoPE:
     elif form == "step3p5":  # Qwen-VL's frequencies and pairing, w's block first
         _even_quarters(head_dim, label)
         rope = AxialRoPE(head_dim, axes=2, base=theta, block_order=(1, 0))
+    elif form == "muse":  # Qwen-VL's frequencies and pairing, w's block first, at (row + 1, col + 1)
+        _even_quarters(head_dim, label)
+        rope = AxialRoPE(head_dim, axes=2, base=theta, block_order=(1, 0))
+        window = _int(d, ("pos_emb_height",), label)  # its attention windows, in patches (no merge before them)
     elif form == "inkling2":  # Qwen-VL's frequencies, pairs (2i, 2i+1), w's block first
         _even_quarters(head_dim, label)
         rope = AxialRoPE(head_dim, axes=2, base=theta, interleaved=True, block_order=(1, 0))
@@ -303,6 +307,9 @@ class VisionRoPE(nn.Module):
     - ``llama4``: ``(h, w)`` must be the config's ``image_size / patch_size`` grid (default), class token last;
     - ``sam3``: ``(h, w)`` of one attention's tokens: ``(window_size, window_size)`` for the windowed
       layers, the whole patch grid (default) for the global ones;
+    - ``muse``: one row per image or video, ``(t, h, w)`` patches (the model's ``grid_thw``), packed, read
+      window by window (``pos_emb_height`` x ``pos_emb_height`` patches, as Qwen2.5-VL's windows with no merge
+      before them; its ``merge_size`` pixel shuffle comes after the attention), at (row + 1, col + 1);
     - ``inkling2``: one row per image, ``(t, h, w)`` counted in merged tokens (the model's ``image_grid_thw``:
       ``spatial_merge_size`` x ``spatial_merge_size`` patches each), packed; each image is a class token at
       (0, 0), then its patches at (row + 1, col + 1) in merge blocks;
@@ -478,6 +485,8 @@ class VisionRoPE(nn.Module):
             m = self.merge_size
             order = torch.cat([o for _, o in parts])
             values = values.reshape(blocks, m * m, -1)[order].reshape(values.shape)
+        if self.form == "muse":  # its patches count from (1, 1)
+            values = values + 1
         return self.rope.coordinates(values)
 
     def tables(

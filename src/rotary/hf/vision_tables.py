@@ -28,6 +28,11 @@ FORMS: dict[str, str] = {
         "2-D axial RoPE over (h, w), pairs (i, i + D/2), w's frequencies then h's (base^(-4k/D) each); one image "
         "grid per call (a batch shares it), patches row by row, no merge"
     ),
+    "muse": (
+        "2-D axial RoPE over (row + 1, col + 1), pairs (i, i + D/2), w's frequencies then h's (base^(-4k/D) each); "
+        "patches read window by window (pos_emb_height x pos_emb_height, no merge before the attention), images "
+        "and videos packed (grid_thw)"
+    ),
     "inkling2": (
         "2-D axial RoPE over (h, w), pairs (2i, 2i+1), w's frequencies then h's (base^(-4k/D) each); per image a "
         "class token at (0, 0), then its patches at (row + 1, col + 1) in spatial_merge_size blocks; images packed "
@@ -66,6 +71,7 @@ VISION_ROPE: dict[str, str] = {
     "step3p5_vision": "step3p5",
     "inkling2_vision": "inkling2",
     "efficientloftr": "loftr",
+    **dict.fromkeys(("muse_glimmer_vision", "muse_spark_vision"), "muse"),
 }
 
 _AUDIO = "audio encoder: RoPE over audio frames; not built from its config yet"
@@ -96,7 +102,7 @@ ENCODER_STATUS: dict[str, str] = {
         _SEGMENT,
     ),
     **dict.fromkeys(
-        ("gemma3n_vision muse_glimmer_vision muse_spark_vision").split(),
+        ("gemma3n_vision",),
         _VISION_LATER,
     ),
     **dict.fromkeys(

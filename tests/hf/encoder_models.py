@@ -127,6 +127,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "look_ahead_layers": [0],
         "look_backward_layers": [0],
     },
+    # no early stop, no pruning; its projector (the angles) drawn with std 1, so that the keypoints turn by radians
+    "lightglue": {"descriptor_dim": 32, "depth_confidence": -1.0, "width_confidence": -1.0, "initializer_range": 1.0},
     "vjepa2": {
         "crop_size": 32,
         "patch_size": 8,
@@ -334,6 +336,7 @@ INPUTS: dict[str, Any] = {
         "reference_mel": torch.randn(1, 10, c.dit_config.mel_dim, generator=g),
         "num_steps": 2,
     },
+    "lightglue": lambda c, g: {"pixel_values": torch.rand(1, 2, 3, 64, 80, generator=g)},  # a pair of images
     "vjepa2": lambda c, g: {"pixel_values_videos": torch.randn(1, 4, 3, 32, 32, generator=g)},  # 2 x 4 x 4 tubelets
     "gemma4_unified_audio": lambda c, g: {"inputs_embeds": torch.randn(1, 5, c.output_proj_dims, generator=g)},
     "wav2vec2-conformer": lambda c, g: {"input_values": torch.randn(1, 4000, generator=g)},

@@ -16,7 +16,7 @@ import torch
 
 import rotary
 from rotary.hf import architectures, vision_tables
-from rotary.hf.encoder_tables import NO_ROPE, NOT_BUILT, REFUSED, ROTATED_HEADS, SEQUENCE_ROPE
+from rotary.hf.encoder_tables import LEARNED_FREQUENCIES, NO_ROPE, NOT_BUILT, REFUSED, ROTATED_HEADS, SEQUENCE_ROPE
 from rotary.hf.vision_tables import ENCODER_STATUS
 
 pytest.importorskip("transformers")
@@ -175,6 +175,39 @@ def test_a_rotation_by_head_index_is_refused_with_the_numbers(model_type):
     assert ENCODER_STATUS[model_type] == REFUSED[model_type]
     with pytest.raises(rotary.ConfigError, match=repr(model_type)):
         rotary.RoPE.from_hf_config(config)
+
+
+def test_lightglue_is_rope_mixed_with_its_learned_frequencies(rotate_calls):
+    """LightGlue's angles are its projector's weights times each keypoint's (x, y): rotary.RoPEMixed with those weights
+    as its frequencies (every head) rotates q and k into the model's, at keypoints whose x and y differ; hf.patch
+    keeps its fp32 outputs."""
+    _, model, inputs = em.build("lightglue")
+    _, _, calls, _ = em.record("lightglue")
+    keypoints = []
+    hook = model.positional_encoder.register_forward_hook(lambda m, args, out: keypoints.append(args[0]))
+    try:
+        with torch.no_grad():
+            model(**inputs)  # the recorded forward again (deterministic), for the keypoints it encodes
+    finally:
+        hook.remove()
+    (xy,) = keypoints  # [2 images, S, 2]: normalized (x, y)
+    assert not torch.allclose(xy[..., 0], xy[..., 1])
+    weight = model.positional_encoder.projector.weight.detach()  # [D/2, 2]
+    heads, head_dim = model.config.num_attention_heads, 2 * weight.shape[0]
+    mixed = rotary.RoPEMixed(head_dim, heads, interleaved=True, rotate=False)
+    with torch.no_grad():
+        mixed.inv_freq.copy_(weight.T.expand(heads, 2, head_dim // 2))
+    applies = [c for c in calls if c.name == "apply_rotary_pos_emb"]
+    assert len(applies) == model.config.num_hidden_layers  # the self-attention of each layer (not the cross)
+    for call in applies:
+        for x, want in zip(call.args[:2], call.out):  # [B, H, S, D]
+            with torch.no_grad():
+                mine = mixed.rotate(x.double(), xy.double(), layout="bhsd")
+            scale = x.abs().max()  # fp32 rounding of values of this size
+            torch.testing.assert_close(mine.float() / scale, want / scale, rtol=1e-5, atol=2e-6)
+            assert (mine.float() - x).abs().max() > 0.1 * x.abs().max()  # it rotates
+    assert "lightglue" in LEARNED_FREQUENCIES and ENCODER_STATUS["lightglue"].endswith(LEARNED_FREQUENCIES["lightglue"])
+    _check_patch("lightglue", rotate_calls)
 
 
 def test_vjepa2_turns_the_two_channels_of_a_pair_by_different_angles():

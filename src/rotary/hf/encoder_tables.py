@@ -9,7 +9,16 @@ recorded, and is checked that way by tests/hf/test_encoders.py (harness: tests/h
 
 from __future__ import annotations
 
-__all__ = ["COVERAGE", "ENCODER_PART", "NOT_BUILT", "NO_ROPE", "REFUSED", "ROTATED_HEADS", "SEQUENCE_ROPE"]
+__all__ = [
+    "COVERAGE",
+    "ENCODER_PART",
+    "LEARNED_FREQUENCIES",
+    "NOT_BUILT",
+    "NO_ROPE",
+    "REFUSED",
+    "ROTATED_HEADS",
+    "SEQUENCE_ROPE",
+]
 
 #: model_type -> how its attention pairs the rotated channels (``"half"``: (i, i + r/2), ``"interleaved"``:
 #: (2i, 2i + 1)). Each applies a 1-D RoPE over its sequence (audio frames, codec steps, patches; DeepSeek-OCR2's
@@ -223,12 +232,6 @@ NOT_BUILT: dict[str, str] = {
         "cannot be run offline here: its box pooling calls torchvision's roi_align and torchvision is not among "
         "rotary's dependencies; its modeling file's RoPE is the ViT backbone's (sam3_vit_model)"
     ),
-    "lightglue": _OTHER
-    + (
-        "not built from its config: its angles are a learned linear projection of each keypoint's (x, y) "
-        "(LightGluePositionalEncoder.projector), checkpoint weights rather than config keys; rotary's RoPE-Mixed "
-        "(rotary.variants) takes such per-pair frequency vectors"
-    ),
     "gemma3n_vision": _VISION
     + (
         "cannot be built offline here: a MobileNet-V5 built through timm (TimmWrapper), and timm is not among "
@@ -236,5 +239,19 @@ NOT_BUILT: dict[str, str] = {
     ),
 }
 
-#: the coverage table's entry (rotary.hf.coverage): the sequence encoders RoPE.from_hf_config builds
-COVERAGE = [("RoPE.from_hf_config", SEQUENCE_ROPE)]
+#: model_type -> how rotary builds its RoPE, whose frequencies are checkpoint weights rather than config keys:
+#: the form of RoPE-Mixed (rotary.RoPEMixed, the paper "Rotary Position Embedding for Vision Transformer"), a
+#: frequency vector over the axes per pair, loaded from the model's parameter (run and recorded; checked by
+#: tests/hf/test_encoders.py)
+LEARNED_FREQUENCIES: dict[str, str] = {
+    "lightglue": (
+        "its self-attention turns pair j (channels 2j, 2j+1) of every head of q and k by w_j · (x, y), the keypoint's "
+        "normalized coordinates and w = positional_encoder.projector.weight [head_dim/2, 2], a learned linear "
+        "projection; rotary.RoPEMixed(head_dim, num_attention_heads, interleaved=True, rotate=False) with inv_freq "
+        "set to w.T for every head ([H, 2, head_dim/2]) and the keypoints as its coordinates gives the same q and k"
+    ),
+}
+
+#: the coverage table's entries (rotary.hf.coverage): the sequence encoders RoPE.from_hf_config builds, and
+#: the encoders whose learned frequencies rotary.RoPEMixed takes
+COVERAGE = [("RoPE.from_hf_config", SEQUENCE_ROPE), ("rotary.RoPEMixed (learned frequencies)", LEARNED_FREQUENCIES)]

@@ -40,8 +40,9 @@ def _apply_vision_pairwise(q, k, cos, sin):
 
 
 def _apply_loftr(q, k, cos, sin, unsqueeze_dim=1):
-    """EfficientLoFTR's ``apply_rotary_pos_emb`` (Cohere's): q, k ``[B, S, 1, hidden]`` (before the heads split),
-    tables ``[B, S, hidden]`` with each angle repeated for its pair (2i, 2i+1); fp32, returned in q's dtype."""
+    """EfficientLoFTR's and LightGlue's ``apply_rotary_pos_emb`` (Cohere's): q, k ``[B, S, 1, hidden]`` (EfficientLoFTR,
+    before the heads split) or ``[B, H, S, D]`` (LightGlue), tables ``[B, S, r]`` with each angle repeated for its
+    pair (2i, 2i+1); fp32, returned in q's dtype."""
     return _p.apply_pair(q, k, cos, sin, interleaved=True, layout=_p.unsqueeze_layout(unsqueeze_dim))
 
 
@@ -100,6 +101,9 @@ _p.SUPPORTED.update(
         ),
         "efficientloftr": _p.Family(
             "transformers.models.efficientloftr.modeling_efficientloftr", {"apply_rotary_pos_emb": _apply_loftr}
+        ),
+        "lightglue": _p.Family(  # Cohere's apply, as EfficientLoFTR's: q, k [B, H, S, D], tables [B, S, D]
+            "transformers.models.lightglue.modeling_lightglue", {"apply_rotary_pos_emb": _apply_loftr}
         ),
         "gemma4_vision": _p.Family(
             "transformers.models.gemma4.modeling_gemma4", {"apply_multidimensional_rope": _apply_xy}

@@ -4,7 +4,7 @@ and in what form, and why each other RoPE-applying encoder is not built. Plain d
 
 from __future__ import annotations
 
-from .encoder_tables import NO_ROPE, NOT_BUILT, REFUSED
+from .encoder_tables import LEARNED_FREQUENCIES, NO_ROPE, NOT_BUILT, REFUSED
 
 __all__ = ["COVERAGE", "ENCODER_STATUS", "FORMS", "VISION_ROPE"]
 
@@ -114,7 +114,11 @@ ENCODER_STATUS: dict[str, str] = {
         _NO_ROPE_TOWER,
     ),
     **dict.fromkeys("qwen2_5_omni qwen3_omni_moe sam3 sam3_vision_model".split(), _WRAPPER),
-    "lightglue": _OTHER,
+    **{  # built by rotary.RoPEMixed from the checkpoint's weights, not by vision_rope from the config
+        t: "other encoder (byte patches, feature matching, time series, an assistant model): not read from its "
+        "config, its frequencies are learned: " + how
+        for t, how in LEARNED_FREQUENCIES.items()
+    },
     **NO_ROPE,  # in a modeling file with a rotary embedding, but their forward pass applies none
     **REFUSED,  # what their code does is not a rotation of q and k
     **NOT_BUILT,  # exactly why each of the others is not built yet

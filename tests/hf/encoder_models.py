@@ -454,6 +454,87 @@ def record(model_type: str) -> tuple[Any, dict, list[Call], Any]:
     return model, inputs, calls, out
 
 
+def tiny_sam2_video_config(size: int = 64):
+    """A tiny SAM 2 video config: a 4-stage Hiera of one to two blocks, 128-wide features (twice the memory's 64
+    channels: with equal widths transformers' object pointers do not stack), a ``size / 16`` memory grid."""
+    config = CONFIG_MAPPING["sam2_video"](
+        vision_config=dict(
+            model_type="sam2_vision_model",
+            backbone_config=dict(
+                model_type="sam2_hiera_det_model",
+                hidden_size=16,
+                blocks_per_stage=[1, 1, 2, 1],
+                embed_dim_per_stage=[16, 32, 64, 128],
+                num_attention_heads_per_stage=[1, 1, 1, 1],
+                image_size=[size, size],
+                window_size_per_stage=[8, 8, 8, 8],
+                global_attention_blocks=[3],
+                window_positional_embedding_background_size=[2, 2],
+            ),
+            backbone_channel_list=[128, 64, 32, 16],
+            backbone_feature_sizes=[[size // 4] * 2, [size // 8] * 2, [size // 16] * 2],
+            fpn_hidden_size=128,
+        ),
+        prompt_encoder_config=dict(hidden_size=128, image_size=size, mask_input_channels=4),
+        mask_decoder_config=dict(hidden_size=128, mlp_dim=32, num_attention_heads=2, iou_head_hidden_dim=16),
+        image_size=size,
+        memory_attention_hidden_size=128,
+        memory_attention_num_layers=1,
+        memory_attention_num_attention_heads=2,
+        memory_attention_feed_forward_hidden_size=32,
+        memory_attention_rope_feat_sizes=[size // 16, size // 16],
+        memory_encoder_hidden_size=128,
+        memory_encoder_output_channels=64,
+        mask_downsampler_embed_dim=128,
+        memory_fuser_embed_dim=128,
+        memory_fuser_intermediate_dim=32,
+        num_maskmem=3,
+    )
+    config._attn_implementation = "eager"
+    return config
+
+
+@functools.cache
+def sam2_video_session(frames: int = 3):
+    """SAM 2 video run as it only runs, through an inference session: a point on frame 0 of a random ``frames``-frame
+    clip, then every frame tracked. Returns ``(model, calls, ran)``: the calls of ``apply_rotary_pos_emb_2d`` (with
+    the class of the module that made each) and how many times the prompt encoder and the mask decoder ran."""
+    module = importlib.import_module("transformers.models.sam2_video.modeling_sam2_video")
+    config = tiny_sam2_video_config()
+    torch.manual_seed(0)
+    model = module.Sam2VideoModel(config).eval()
+    size = config.image_size
+    video = torch.randn(frames, 3, size, size, generator=torch.Generator().manual_seed(1))
+    session = module.Sam2VideoInferenceSession(video=video, video_height=size, video_width=size, dtype=torch.float32)
+    obj = session.obj_id_to_idx(1)
+    point = {"point_coords": torch.tensor([[[[size * 0.3, size * 0.6]]]]), "point_labels": torch.tensor([[[1]]])}
+    session.add_point_inputs(obj, 0, point)
+    session.obj_with_new_inputs = [1]
+    calls: list[Call] = []
+    real = module.apply_rotary_pos_emb_2d
+
+    def recording(*args, **kwargs):
+        out = real(*args, **kwargs)
+        caller = sys._getframe(1).f_locals.get("self")
+        calls.append(Call("apply_rotary_pos_emb_2d", type(caller).__name__, args, kwargs, out))
+        return out
+
+    ran = {"prompt_encoder": 0, "mask_decoder": 0}
+    hooks = [
+        getattr(model, name).register_forward_hook(lambda *_, n=name: ran.__setitem__(n, ran[n] + 1)) for name in ran
+    ]
+    module.apply_rotary_pos_emb_2d = recording
+    try:
+        with torch.no_grad():
+            for frame in range(frames):
+                model(session, frame_idx=frame)
+    finally:
+        module.apply_rotary_pos_emb_2d = real
+        for hook in hooks:
+            hook.remove()
+    return model, calls, ran
+
+
 def _describe(x: Any) -> str:
     if isinstance(x, torch.Tensor):
         return f"{x.dtype}{list(x.shape)}"

@@ -11,6 +11,10 @@ once with its RoPE functions recorded (tests/hf/encoder_models.py):
 
 from __future__ import annotations
 
+import inspect
+import re
+import sys
+
 import pytest
 import torch
 
@@ -19,7 +23,7 @@ from rotary.hf import architectures, vision_tables
 from rotary.hf.encoder_tables import LEARNED_FREQUENCIES, NO_ROPE, NOT_BUILT, REFUSED, ROTATED_HEADS, SEQUENCE_ROPE
 from rotary.hf.vision_tables import ENCODER_STATUS
 
-pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers")
 from hf import encoder_models as em  # noqa: E402
 
 #: the encoders rotary.hf.patch covers
@@ -82,7 +86,11 @@ def test_sequence_encoder_rope_matches_the_model(model_type, rotate_calls):
         _check_patch(model_type, rotate_calls)
 
 
-@pytest.mark.parametrize("model_type", sorted(NO_ROPE))
+#: the video trackers' parts, with no model class: run inside SAM 2 video's inference session (tested below)
+TRACKER_PARTS = sorted(t for t in NO_ROPE if t.endswith(("_video_mask_decoder", "_video_prompt_encoder")))
+
+
+@pytest.mark.parametrize("model_type", sorted(set(NO_ROPE) - set(TRACKER_PARTS)))
 def test_encoders_without_rope_apply_none(model_type):
     _, _, calls, out = em.record(model_type)
     assert out is not None
@@ -208,6 +216,107 @@ def test_lightglue_is_rope_mixed_with_its_learned_frequencies(rotate_calls):
             assert (mine.float() - x).abs().max() > 0.1 * x.abs().max()  # it rotates
     assert "lightglue" in LEARNED_FREQUENCIES and ENCODER_STATUS["lightglue"].endswith(LEARNED_FREQUENCIES["lightglue"])
     _check_patch("lightglue", rotate_calls)
+
+
+def _check_memory_attention(rope, calls, grid_tokens: int) -> set:
+    """Every recorded apply_rotary_pos_emb_2d call of a memory attention: rotary's tables (the queries' grid; the
+    keys' grid once per memory frame, then the object pointers unrotated) give its cos/sin and its q and k."""
+    queries = rope.tables(dtype=torch.float64)
+    values = rope.positions().values
+    assert queries.cos.shape[0] == grid_tokens and not torch.equal(values[:, 0], values[:, 1])
+    seen = set()
+    for call in calls:
+        assert call.caller.endswith("RoPEAttention"), call.caller  # the memory attention's, nothing else
+        q, k, cos, sin = call.args[:4]  # [B, H, S, D]; tables [1, S, D], each angle twice (pairs (2i, 2i+1))
+        torch.testing.assert_close(queries.cos.float(), cos[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(queries.sin.float(), sin[0], rtol=1e-5, atol=1e-5)
+        pointers = call.kwargs.get("num_k_exclude_rope", 0)
+        frames = (k.shape[-2] - pointers) // grid_tokens
+        keys = rope.tables(memory_frames=frames, object_pointers=pointers, dtype=torch.float64)
+        for x, tables, want in ((q, queries, call.out[0]), (k, keys, call.out[1])):
+            (mine,) = rotary.rotate([x.double()], tables, layout="bhsd")
+            torch.testing.assert_close(mine.float(), want, rtol=1e-5, atol=2e-5)
+            assert not torch.allclose(mine.float(), x, atol=1e-3)
+        seen.add((frames, pointers))
+    return seen
+
+
+def test_sam2_video_memory_attention_through_its_inference_session():
+    """SAM 2 video, run through an inference session (three frames, a point on the first): vision_rope's
+    'sam2_memory' form gives every rotation of its memory attention, over the current frame (self-attention) and over
+    one then two memory frames with their object pointers (cross-attention); its prompt encoder and mask decoder ran
+    on every frame and applied none."""
+    model, calls, ran = em.sam2_video_session()
+    rope = rotary.hf.vision_rope(model.config)
+    assert rope.form == "sam2_memory" and rope.fixed_grid == (4, 4)
+    seen = _check_memory_attention(rope, calls, 16)
+    assert seen == {(1, 0), (1, 2), (2, 4)}  # self-attention; one memory frame + 2 pointer tokens; two + 4
+    assert ran == {"prompt_encoder": 3, "mask_decoder": 3}
+    for model_type in TRACKER_PARTS:
+        assert ENCODER_STATUS[model_type] == NO_ROPE[model_type]
+
+
+def _source(cls, prefix: str) -> str:
+    """A class's source with its model's name (and the model name in its docstring) replaced."""
+    text = inspect.getsource(cls).replace(prefix, "X")
+    return re.sub(r"[A-Z0-9_]+'s attention layer", "X's attention layer", text)
+
+
+def test_sam3_tracker_and_edgetam_share_sam2_videos_parts():
+    """SAM 3's tracker and EdgeTAM: their prompt encoders and mask decoders (and every module inside them) are SAM 2
+    video's code, run in its session above; SAM 3's tracker's memory attention is too."""
+    import transformers.models.edgetam_video.modeling_edgetam_video as edgetam
+    import transformers.models.sam2_video.modeling_sam2_video as sam2
+    import transformers.models.sam3_tracker_video.modeling_sam3_tracker_video as sam3
+
+    parts = "PromptEncoder MaskDecoder MaskEmbedding PositionalEmbedding TwoWayTransformer TwoWayAttentionBlock".split()
+    parts += ["Attention", "FeedForward", "LayerNorm"]
+    for module, prefix, extra in (
+        (sam3, "Sam3TrackerVideo", ["MemoryAttention", "MemoryAttentionLayer", "RoPEAttention"]),
+        (edgetam, "EdgeTamVideo", []),
+    ):
+        for part in parts + extra:
+            ours = _source(getattr(module, prefix + part), prefix)
+            assert ours == _source(getattr(sam2, "Sam2Video" + part), "Sam2Video"), (prefix, part)
+
+
+def test_sam3_tracker_video_memory_attention_run_on_its_own():
+    """SAM 3's tracker: its memory attention, built from a tiny config and run on a frame and two memory frames with
+    four object-pointer tokens, rotates as vision_rope's 'sam2_memory' form says (the whole tracker needs SAM 3's ViT,
+    too large to build in a test; the rest is SAM 2 video's code, checked above)."""
+    import transformers.models.sam3_tracker_video.modeling_sam3_tracker_video as module
+
+    config = transformers.Sam3TrackerVideoConfig(
+        memory_attention_hidden_size=64,
+        memory_attention_num_layers=1,
+        memory_attention_num_attention_heads=2,
+        memory_attention_feed_forward_hidden_size=32,
+    )
+    config.memory_attention_rope_feat_sizes = [5, 3]  # (w, h): a 3 x 5 grid (its image_size sets it at init)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    attention = module.Sam3TrackerVideoMemoryAttention(config).eval()
+    gen = torch.Generator().manual_seed(1)
+    tokens, pointers = 15, 4
+    current = torch.randn(tokens, 1, 64, generator=gen)
+    memory = torch.randn(2 * tokens + pointers, 1, 64, generator=gen)  # [S, B, C], the memory encoder's 64 channels
+    calls, real = [], module.apply_rotary_pos_emb_2d
+
+    def recording(*args, **kwargs):
+        out = real(*args, **kwargs)
+        caller = type(sys._getframe(1).f_locals.get("self")).__name__
+        calls.append(em.Call("apply_rotary_pos_emb_2d", caller, args, kwargs, out))
+        return out
+
+    module.apply_rotary_pos_emb_2d = recording
+    try:
+        with torch.no_grad():
+            attention(current, memory, torch.randn_like(current), torch.randn_like(memory), num_object_pointer_tokens=4)
+    finally:
+        module.apply_rotary_pos_emb_2d = real
+    rope = rotary.hf.vision_rope(config)
+    assert rope.fixed_grid == (3, 5)
+    assert _check_memory_attention(rope, calls, tokens) == {(1, 0), (2, pointers)}
 
 
 def test_vjepa2_turns_the_two_channels_of_a_pair_by_different_angles():

@@ -39,8 +39,9 @@ APPLY = {
     "loftr": ("apply_rotary_pos_emb", "bshd"),  # [B, S, 1, hidden]: before the heads split
     "gemma4": ("apply_multidimensional_rope", "bshd"),  # called once for q, once for k
 }
-#: the towers whose tables are one RotaryTables (Gemma 4's are one per half of the head: tested below)
-SINGLE = sorted(t for t, form in VISION_ROPE.items() if form != "gemma4")
+#: the towers whose tables are one RotaryTables (Gemma 4's are one per half of the head: tested below), and that a
+#: plain forward runs (SAM 2 video's memory attention runs through an inference session: tests/hf/test_encoders.py)
+SINGLE = sorted(t for t, form in VISION_ROPE.items() if form not in ("gemma4", "sam2_memory"))
 # Gemma 4: one image of 3 x 6 patches (multiples of its 3 x 3 pooling)
 GEMMA4_GRID = (3, 6)
 
@@ -445,6 +446,21 @@ def test_loftr_takes_a_coarse_map_at_least_its_aggregation_kernel():
         rotary.InputError, match=r"coarse feature map \(3, 8\) is smaller than its aggregation kernel 4"
     ):
         rope.tables((3, 8))
+
+
+def test_sam2_memory_takes_its_config_grid_and_memory_frames():
+    rope = vision_rope({"model_type": "sam2_video", "memory_attention_rope_feat_sizes": [3, 2]})
+    keys = rope.positions(memory_frames=2, object_pointers=1)
+    assert keys.values.tolist() == [[0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [1, 2]] * 2 + [[0, 0]]
+    assert rope.tables(memory_frames=2, object_pointers=1).cos[-1].eq(1).all()  # the pointer: no rotation
+    with pytest.raises(rotary.InputError, match=r"rotates the fixed grid .* \(2, 3\); got \(3, 2\)"):
+        rope.tables((3, 2))
+    with pytest.raises(rotary.InputError, match=r"give memory_frames= too"):
+        rope.tables(object_pointers=2)
+    with pytest.raises(rotary.InputError, match=r"memory_frames= and object_pointers= are for SAM 2 video"):
+        vision_rope({"model_type": "qwen3_vl_vision", "hidden_size": 64, "num_heads": 4}).tables(
+            [[1, 2, 2]], memory_frames=1
+        )
 
 
 def test_merge_sizes_are_given_where_the_tower_takes_them():

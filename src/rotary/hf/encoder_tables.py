@@ -112,6 +112,15 @@ _LEARNED = (
     "position embeddings (nn.Embedding over the patch grid); the RoPE of its modeling file belongs to the text model"
 )
 
+_TRACKER_PARTS = (
+    "no RoPE: its forward pass applies none (SAM 2 video run through its inference session, a point on the first "
+    "frame and every frame tracked, with apply_rotary_pos_emb_2d recorded: the prompt encoder and the mask decoder "
+    "ran on every frame and every call came from the memory attention); its two-way transformer adds the point "
+    "embeddings (random Fourier features of the coordinates, Sam2VideoPositionalEmbedding) to q and k. SAM 3's "
+    "tracker's and EdgeTAM's are the same code (the tests compare it); the RoPE of its modeling file is the memory "
+    "attention's"
+)
+
 #: model_type -> what it uses instead of RoPE (its forward pass, run and recorded, applies none)
 NO_ROPE: dict[str, str] = {
     **dict.fromkeys(
@@ -145,6 +154,13 @@ NO_ROPE: dict[str, str] = {
         "no RoPE: its forward pass applies none (run and recorded); it has no model class of its own: transformers "
         "builds Gemma4UnifiedMultimodalEmbedder from it, an RMS norm and a linear projection of audio soft tokens "
         "into the text model, with no attention; the RoPE of its modeling file belongs to the text and vision parts"
+    ),
+    **dict.fromkeys(
+        (
+            "edgetam_video_mask_decoder edgetam_video_prompt_encoder sam2_video_mask_decoder sam2_video_prompt_encoder "
+            "sam3_tracker_video_mask_decoder sam3_tracker_video_prompt_encoder"
+        ).split(),
+        _TRACKER_PARTS,
     ),
     "qwen2_5_omni_bigvgan": (
         "no RoPE: its forward pass applies none (run and recorded); a BigVGAN vocoder, convolutions and "
@@ -201,15 +217,6 @@ _SEGMENT = "segmentation / tracking part (mask decoder, prompt encoder, memory a
 _VISION = "vision encoder: "
 _OTHER = "other encoder (byte patches, feature matching, time series, an assistant model): "
 _NOT_RUN = "not built yet, and not yet run with its RoPE recorded: "
-_TRACKER = (
-    _NOT_RUN + "its RoPE is the memory attention's, a 2-D axial RoPE over the memory feature map with the keys' "
-    "table repeated per memory frame (rope_k_repeat) and the object-pointer keys left unrotated "
-    "(num_k_exclude_rope); the model runs only through an inference session over video frames"
-)
-_TRACKER_PART = (
-    _NOT_RUN + "a part of the video tracker with no model class of its own (transformers builds it inside the video "
-    "model); the RoPE of its modeling file is the memory attention's"
-)
 #: model_type -> exactly why it is not built (category first, as ENCODER_STATUS's): the types whose RoPE rotary
 #: has not reproduced yet, each with what its code does as far as it is known
 NOT_BUILT: dict[str, str] = {
@@ -219,13 +226,13 @@ NOT_BUILT: dict[str, str] = {
         "(TimmWrapperForImageClassification) and timm is not among rotary's dependencies; its transformer's RoPE is "
         "PE audio's (pairs (2i, 2i+1) over frame positions)",
     ),
-    **dict.fromkeys("edgetam_video sam2_video sam3_tracker_video".split(), _SEGMENT + _TRACKER),
-    **dict.fromkeys(
-        (
-            "edgetam_video_mask_decoder edgetam_video_prompt_encoder sam2_video_mask_decoder sam2_video_prompt_encoder "
-            "sam3_tracker_video_mask_decoder sam3_tracker_video_prompt_encoder"
-        ).split(),
-        _SEGMENT + _TRACKER_PART,
+    "edgetam_video": _SEGMENT
+    + _NOT_RUN
+    + (
+        "its memory attention rotates with a 2-D axial RoPE too, but of its own layout (self-attention over the "
+        "memory_attention_rope_feat_sizes grid, cross-attention keys over the memory_attention_rope_k_sizes grid of "
+        "the memory its spatial perceiver compresses, repeated per memory frame); its vision backbone is built through timm "
+        "(TimmWrapper), which is not among rotary's dependencies, so the model cannot run here"
     ),
     "sam3_geometry_encoder": _SEGMENT
     + (

@@ -54,6 +54,15 @@ CONFIG_DEFAULTS: dict[str, dict[str, int]] = {
         if VISION_ROPE[t] == "qwen_vl_window"
     },
     "efficientloftr": {"q_aggregation_kernel_size": 4, "q_aggregation_stride": 4},
+    **{
+        t: {
+            "memory_attention_hidden_size": 256,
+            "memory_attention_downsample_rate": 1,
+            "memory_attention_num_attention_heads": 1,
+        }
+        for t in VISION_ROPE
+        if VISION_ROPE[t] == "sam2_memory"
+    },
 }
 #: the forms whose towers merge spatial_merge_size x spatial_merge_size blocks of patches (grid rows per image)
 _MERGING = ("qwen_vl", "qwen_vl_window", "kimi", "minimax", "inkling2")
@@ -153,6 +162,14 @@ def _theta(d: Mapping[str, Any], form: str, label: str) -> float:
     return float(theta)
 
 
+def _memory_head_dim(d: Mapping[str, Any], label: str) -> int:
+    """SAM 2 video's memory attention: ``memory_attention_hidden_size / (downsample_rate * heads)``."""
+    width = _int(d, ("memory_attention_hidden_size",), label)
+    rate = _int(d, ("memory_attention_downsample_rate",), label)
+    heads = _int(d, ("memory_attention_num_attention_heads",), label)
+    return width // (rate * heads)
+
+
 def _even_quarters(head_dim: int, label: str) -> None:
     if head_dim % 4:
         raise ConfigError(
@@ -191,7 +208,7 @@ def vision_rope(config: Any) -> VisionRoPE:
     d = {**CONFIG_DEFAULTS.get(model_type, {}), **{k: v for k, v in d.items() if v is not None}}
     form = VISION_ROPE[model_type]
     label = f"vision_rope({model_type})"
-    head_dim = _head_dim(d, model_type, label)
+    head_dim = _memory_head_dim(d, label) if form == "sam2_memory" else _head_dim(d, model_type, label)
     theta = _theta(d, form, label)
     merge, window, temporal = 1, None, False
     if model_type in _MERGE_PER_CALL:
@@ -231,6 +248,9 @@ def vision_rope(config: Any) -> VisionRoPE:
     elif form == "step3p5":  # Qwen-VL's frequencies and pairing, w's block first
         _even_quarters(head_dim, label)
         rope = AxialRoPE(head_dim, axes=2, base=theta, block_order=(1, 0))
+    elif form == "sam2_memory":  # the memory attention's: pairs (2i, 2i+1), w's block first, one fixed grid
+        _even_quarters(head_dim, label)
+        rope = AxialRoPE(head_dim, axes=2, base=theta, interleaved=True, block_order=(1, 0))
     elif form == "muse":  # Qwen-VL's frequencies and pairing, w's block first, at (row + 1, col + 1)
         _even_quarters(head_dim, label)
         rope = AxialRoPE(head_dim, axes=2, base=theta, block_order=(1, 0))
@@ -260,6 +280,11 @@ def vision_rope(config: Any) -> VisionRoPE:
                 )
             window = size // merge // patch
     fixed = None
+    if form == "sam2_memory":  # memory_attention_rope_feat_sizes is (w, h)
+        sizes = d.get("memory_attention_rope_feat_sizes", [64, 64])
+        if not (isinstance(sizes, Sequence) and len(sizes) == 2 and all(is_int(n) and n > 0 for n in sizes)):
+            raise ConfigError(f"{label}: memory_attention_rope_feat_sizes must be two positive ints, got {sizes!r:.60}")
+        fixed = (int(sizes[1]), int(sizes[0]))
     if form in ("llama4", "sam3"):
         image, patch = d.get("image_size"), d.get("patch_size")
         if not (is_int(image) and is_int(patch) and 0 < patch <= image):
@@ -307,6 +332,10 @@ class VisionRoPE(nn.Module):
     - ``llama4``: ``(h, w)`` must be the config's ``image_size / patch_size`` grid (default), class token last;
     - ``sam3``: ``(h, w)`` of one attention's tokens: ``(window_size, window_size)`` for the windowed
       layers, the whole patch grid (default) for the global ones;
+    - ``sam2_memory``: SAM 2 video's memory attention (and SAM 3's tracker's): ``(h, w)`` must be the config's
+      ``memory_attention_rope_feat_sizes`` grid (default), row by row; that table rotates the current frame's
+      queries. Its keys, ``memory_frames=`` frames of that grid and then ``object_pointers=`` object-pointer tokens
+      (unrotated), as the model's cross-attention lays them out: ``tables(memory_frames=2, object_pointers=4)``;
     - ``muse``: one row per image or video, ``(t, h, w)`` patches (the model's ``grid_thw``), packed, read
       window by window (``pos_emb_height`` x ``pos_emb_height`` patches, as Qwen2.5-VL's windows with no merge
       before them; its ``merge_size`` pixel shuffle comes after the attention), at (row + 1, col + 1);
@@ -410,19 +439,31 @@ class VisionRoPE(nn.Module):
         if len(rows) != 1 or rows[0][0] != 1:
             raise InputError(f"{self.model_type} takes one image grid (h, w) per call, got {grid!r:.80}")
         h, w = rows[0][1:3]
-        if self.form == "llama4" and (h, w) != self.fixed_grid:
+        if self.form in ("llama4", "sam2_memory") and (h, w) != self.fixed_grid:
             raise InputError(
-                f"{self.model_type} rotates the fixed grid of its image_size / patch_size = {self.fixed_grid}; got {(h, w)}"
+                f"{self.model_type} rotates the fixed grid of its "
+                f"{'memory_attention_rope_feat_sizes' if self.form == 'sam2_memory' else 'image_size / patch_size'} "
+                f"= {self.fixed_grid}; got {(h, w)}"
             )
         return h, w
 
-    def positions(self, grid: Any = None, *, prefix: int | None = None, merge_sizes: Any = None) -> Coordinates:
+    def positions(
+        self,
+        grid: Any = None,
+        *,
+        prefix: int | None = None,
+        merge_sizes: Any = None,
+        memory_frames: int | None = None,
+        object_pointers: int = 0,
+    ) -> Coordinates:
         """The coordinates of the tower's tokens, in the model's order.
 
         Args:
             grid: see the class docstring (``grid_thw`` rows, or one ``(h, w)``).
             prefix: ``dinov3`` only: unrotated tokens before the patches (default 1 + registers).
             merge_sizes: VideoLLaMA3 only: the merge size of each grid row (the model's ``merge_sizes``).
+            memory_frames: ``sam2_memory`` only: the keys of its cross-attention, this many frames of the grid.
+            object_pointers: ``sam2_memory`` only, with ``memory_frames``: unrotated object-pointer tokens after them.
 
         Returns:
             :class:`~rotary.variants.Coordinates` ``[N, A]`` (``A`` = 3 for ``minimax``'s (t, h, w), else 2).
@@ -431,6 +472,12 @@ class VisionRoPE(nn.Module):
             raise InputError(f"merge_sizes= is for towers that merge patches; {self.model_type} does not")
         if prefix is not None and self.form != "dinov3":
             raise InputError(f"prefix= is for DINOv3-style towers; {self.model_type} has no unrotated prefix tokens")
+        if (memory_frames is not None or object_pointers) and self.form != "sam2_memory":
+            raise InputError(
+                f"memory_frames= and object_pointers= are for SAM 2 video's memory attention, not {self.model_type}"
+            )
+        if self.form == "sam2_memory":
+            return self._memory(grid, memory_frames, object_pointers)
         if self.form == "dinov3":
             return self.rope.grid(*self._image(grid), prefix=prefix)
         if self.form == "llama4":
@@ -489,12 +536,32 @@ class VisionRoPE(nn.Module):
             values = values + 1
         return self.rope.coordinates(values)
 
+    def _memory(self, grid: Any, frames: int | None, pointers: int) -> Coordinates:
+        """SAM 2 video's memory attention: its grid row by row; for keys, ``frames`` copies and ``pointers`` rows
+        taking no rotation."""
+        h, w = self._image(grid)
+        ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+        values = torch.stack([ys.flatten(), xs.flatten()], dim=-1)
+        if frames is None:
+            if pointers:
+                raise InputError("object_pointers= follow the memory frames of the keys: give memory_frames= too")
+            return self.rope.coordinates(values)
+        if not is_int(frames) or frames < 1 or not is_int(pointers) or pointers < 0:
+            raise InputError(
+                f"memory_frames must be an int >= 1 and object_pointers an int >= 0, got {frames!r} and {pointers!r}"
+            )
+        values = torch.cat([values.repeat(frames, 1), values.new_zeros(pointers, 2)])
+        identity = torch.arange(len(values)) >= frames * h * w
+        return self.rope.coordinates(values, identity=identity)
+
     def tables(
         self,
         grid: Any = None,
         *,
         prefix: int | None = None,
         merge_sizes: Any = None,
+        memory_frames: int | None = None,
+        object_pointers: int = 0,
         dtype: torch.dtype = torch.float32,
     ) -> RotaryTables | tuple[RotaryTables, RotaryTables]:
         """The tables the tower's attention applies to its tokens (see :meth:`positions`).
@@ -506,7 +573,10 @@ class VisionRoPE(nn.Module):
             ``q[..., D/2:]``: Gemma 4 rotates each half of the head as a RoPE of its own. They are the halves'
             share of :attr:`rope`'s tables (x's frequencies, then y's), each laid out for its half.
         """
-        tables = self.rope.tables(self.positions(grid, prefix=prefix, merge_sizes=merge_sizes), dtype=dtype)
+        positions = self.positions(
+            grid, prefix=prefix, merge_sizes=merge_sizes, memory_frames=memory_frames, object_pointers=object_pointers
+        )
+        tables = self.rope.tables(positions, dtype=dtype)
         if self.form != "gemma4":
             return tables
         quarter = tables.cos.shape[-1] // 4

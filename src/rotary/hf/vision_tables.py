@@ -28,6 +28,11 @@ FORMS: dict[str, str] = {
         "2-D axial RoPE over (h, w), pairs (i, i + D/2), w's frequencies then h's (base^(-4k/D) each); one image "
         "grid per call (a batch shares it), patches row by row, no merge"
     ),
+    "sam2_memory": (
+        "the memory attention's 2-D axial RoPE over (h, w) of the memory_attention_rope_feat_sizes grid, row by row, "
+        "pairs (2i, 2i+1), w's frequencies then h's (base^(-4k/D) each); the keys repeat the grid's table once per "
+        "memory frame and leave the object-pointer tokens after them unrotated"
+    ),
     "muse": (
         "2-D axial RoPE over (row + 1, col + 1), pairs (i, i + D/2), w's frequencies then h's (base^(-4k/D) each); "
         "patches read window by window (pos_emb_height x pos_emb_height, no merge before the attention), images "
@@ -72,6 +77,7 @@ VISION_ROPE: dict[str, str] = {
     "inkling2_vision": "inkling2",
     "efficientloftr": "loftr",
     **dict.fromkeys(("muse_glimmer_vision", "muse_spark_vision"), "muse"),
+    **dict.fromkeys(("sam2_video", "sam3_tracker_video"), "sam2_memory"),
 }
 
 _AUDIO = "audio encoder: RoPE over audio frames; not built from its config yet"
@@ -94,11 +100,7 @@ _OTHER = "other encoder (byte patches, feature matching, time series, an assista
 ENCODER_STATUS: dict[str, str] = {
     **dict.fromkeys("pe_audio_video_encoder pe_video_encoder".split(), _VIDEO),
     **dict.fromkeys(
-        (
-            "edgetam_video edgetam_video_mask_decoder edgetam_video_prompt_encoder sam2_video sam2_video_mask_decoder "
-            "sam2_video_prompt_encoder sam3_geometry_encoder "
-            "sam3_tracker_video sam3_tracker_video_mask_decoder sam3_tracker_video_prompt_encoder"
-        ).split(),
+        ("edgetam_video sam3_geometry_encoder").split(),
         _SEGMENT,
     ),
     **dict.fromkeys(

@@ -84,7 +84,7 @@ def _apply_llama4_vision(query, key, freqs_ci):
     return q, k
 
 
-# vision towers with 2-D RoPE: Pixtral's PixtralVisionModel, DINOv3, SAM 3, Inkling2's, EfficientLoFTR's, Gemma 4's, and Llama 4 (text,
+# vision towers with 2-D RoPE: Pixtral's PixtralVisionModel, DINOv3 (and Sapiens2), SAM 3, Inkling2's, EfficientLoFTR's, Gemma 4's, and Llama 4 (text,
 # vision tower, or both)
 _p.SUPPORTED.update(
     {
@@ -94,6 +94,9 @@ _p.SUPPORTED.update(
         ),
         "eomt_dinov3": _p.Family(
             "transformers.models.eomt_dinov3.modeling_eomt_dinov3", {"apply_rotary_pos_emb": _apply_dinov3}
+        ),
+        "sapiens2": _p.Family(  # DINOv3's apply, the same source
+            "transformers.models.sapiens2.modeling_sapiens2", {"apply_rotary_pos_emb": _apply_dinov3}
         ),
         "sam3_vit_model": _p.Family("transformers.models.sam3.modeling_sam3", {"apply_rotary_pos_emb_2d": _apply_sam3}),
         "inkling2_vision": _p.Family(
@@ -151,6 +154,7 @@ _VISION_TOWERS = {
     "video_llama_3": ("video_llama_3_vision",),
     "muse_glimmer": ("muse_glimmer_vision",),
     "muse_spark": ("muse_spark_vision",),
+    "step3p7": ("step3p5_vision",),  # [B, S, H, D]: one image grid per call, a batch shares it
     "minimax_m3_vl": ("minimax_m3_vl_vision",),  # its own form: the first 3·2⌊D/6⌋ channels, in q's dtype
 }
 for _name, _types in _VISION_TOWERS.items():

@@ -217,32 +217,40 @@ _SEGMENT = "segmentation / tracking part (mask decoder, prompt encoder, memory a
 _VISION = "vision encoder: "
 _OTHER = "other encoder (byte patches, feature matching, time series, an assistant model): "
 _NOT_RUN = "not built yet, and not yet run with its RoPE recorded: "
+_NO_TORCHVISION = (
+    "timm needs torchvision, whose wheel on PyPI for the pinned torch 2.13.0 (torchvision 0.28.0) is a CUDA build: "
+    "its operators do not load with the CPU torch rotary is tested with (its _C.so needs libtorch_cuda.so), and the "
+    "CPU build is published only on PyTorch's own package index"
+)
 #: model_type -> exactly why it is not built (category first, as ENCODER_STATUS's): the types whose RoPE rotary
 #: has not reproduced yet, each with what its code does as far as it is known
 NOT_BUILT: dict[str, str] = {
     **dict.fromkeys(
         ("pe_audio_video_encoder", "pe_video_encoder"),
-        _VIDEO + "cannot be built offline here: its video frames are encoded by a timm backbone "
-        "(TimmWrapperForImageClassification) and timm is not among rotary's dependencies; its transformer's RoPE is "
-        "PE audio's (pairs (2i, 2i+1) over frame positions)",
+        _VIDEO + "cannot be run here: its video frames are encoded by a timm backbone "
+        "(TimmWrapperForImageClassification), and " + _NO_TORCHVISION + "; its transformer's RoPE is PE audio's "
+        "(pairs (2i, 2i+1) over frame positions)",
     ),
     "edgetam_video": _SEGMENT
     + _NOT_RUN
     + (
         "its memory attention rotates with a 2-D axial RoPE too, but of its own layout (self-attention over the "
         "memory_attention_rope_feat_sizes grid, cross-attention keys over the memory_attention_rope_k_sizes grid of "
-        "the memory its spatial perceiver compresses, repeated per memory frame); its vision backbone is built through timm "
-        "(TimmWrapper), which is not among rotary's dependencies, so the model cannot run here"
-    ),
+        "the memory its spatial perceiver compresses, repeated per memory frame); its vision backbone is built through "
+        "timm (TimmWrapper), and "
+    )
+    + _NO_TORCHVISION,
     "sam3_geometry_encoder": _SEGMENT
     + (
-        "cannot be run offline here: its box pooling calls torchvision's roi_align and torchvision is not among "
-        "rotary's dependencies; its modeling file's RoPE is the ViT backbone's (sam3_vit_model)"
+        "cannot be run here: its box pooling calls torchvision's roi_align, and "
+        + _NO_TORCHVISION
+        + "; its modeling file's RoPE is the ViT backbone's (sam3_vit_model)"
     ),
     "gemma3n_vision": _VISION
     + (
-        "cannot be built offline here: a MobileNet-V5 built through timm (TimmWrapper), and timm is not among "
-        "rotary's dependencies; no model class of its own"
+        "cannot be run here: a MobileNet-V5 built through timm (TimmWrapper), and "
+        + _NO_TORCHVISION
+        + "; no model class of its own"
     ),
 }
 

@@ -17,6 +17,7 @@ import importlib
 import inspect
 import re
 import sys
+import types
 import warnings
 from typing import Any
 
@@ -418,6 +419,29 @@ def _targets(module) -> list[tuple[object, str]]:
     return found
 
 
+def _roi_align_stand_in(features: torch.Tensor, boxes: list[torch.Tensor], size) -> torch.Tensor:
+    """Stands in for torchvision's roi_align (torchvision's wheel does not load with the CPU torch here): each box's
+    cell of the feature map, average-pooled to ``size``. Not roi_align's bilinear sampling, and no part of any RoPE:
+    it lets SAM 3's geometry encoder run its attention layers."""
+    size = (size, size) if isinstance(size, int) else tuple(size)
+    height, width = features.shape[-2:]
+    crops = []
+    for image, image_boxes in zip(features, boxes):
+        for x0, y0, x1, y1 in image_boxes.tolist():
+            x0, y0 = min(max(int(x0), 0), width - 1), min(max(int(y0), 0), height - 1)
+            x1, y1 = max(min(int(x1) + 1, width), x0 + 1), max(min(int(y1) + 1, height), y0 + 1)
+            crops.append(torch.nn.functional.adaptive_avg_pool2d(image[:, y0:y1, x0:x1], size))
+    return torch.stack(crops)
+
+
+#: model_type -> names its modeling module reads that cannot be had here, and what stands in for them during its run
+STAND_INS: dict[str, dict[str, Any]] = {
+    "sam3_geometry_encoder": {
+        "torchvision": types.SimpleNamespace(ops=types.SimpleNamespace(roi_align=_roi_align_stand_in))
+    },
+}
+
+
 @functools.cache
 def record(model_type: str) -> tuple[Any, dict, list[Call], Any]:
     """``(model, inputs, calls, output)`` of one forward of the tiny model with its RoPE functions recorded."""
@@ -444,6 +468,10 @@ def record(model_type: str) -> tuple[Any, dict, list[Call], Any]:
             return result
 
         setattr(owner, attr, staticmethod(wrapper) if isinstance(raw, staticmethod) else wrapper)
+    missing = object()
+    saved = {name: getattr(module, name, missing) for name in STAND_INS.get(model_type, {})}
+    for name, value in STAND_INS.get(model_type, {}).items():
+        setattr(module, name, value)
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -451,6 +479,11 @@ def record(model_type: str) -> tuple[Any, dict, list[Call], Any]:
     finally:
         for (owner, attr), raw in originals.items():
             setattr(owner, attr, raw)
+        for name, value in saved.items():
+            if value is missing:
+                delattr(module, name)
+            else:
+                setattr(module, name, value)
     return model, inputs, calls, out
 
 

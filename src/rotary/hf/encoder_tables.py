@@ -137,6 +137,13 @@ NO_ROPE: dict[str, str] = {
     "phi4_multimodal_audio": _BUCKETS,
     "muse_spark_audio": _CONV_ONLY,
     **dict.fromkeys("sam3_detr_decoder sam3_detr_encoder sam3_mask_decoder".split(), _SAM3_PART),
+    "sam3_geometry_encoder": (
+        "no RoPE: its forward pass applies none (run and recorded, with torchvision's roi_align, which its box pooling "
+        "calls and which cannot load here, replaced by an average pool of each box's cells: no part of any RoPE); its "
+        "self-attention over the box prompts adds sine embeddings of the box centres (Sam3SinePositionEmbedding), its "
+        "cross-attention the image's sine position embeddings to the keys; the RoPE of its modeling file is the ViT "
+        "backbone's (sam3_vit_model, built by rotary.hf.vision_rope)"
+    ),
     **dict.fromkeys("deepseek_ocr2_sam_vision_model unlimited_ocr_sam_vision_model".split(), _SAM_VIT),
     **dict.fromkeys(
         (
@@ -240,12 +247,6 @@ NOT_BUILT: dict[str, str] = {
         "timm (TimmWrapper), and "
     )
     + _NO_TORCHVISION,
-    "sam3_geometry_encoder": _SEGMENT
-    + (
-        "cannot be run here: its box pooling calls torchvision's roi_align, and "
-        + _NO_TORCHVISION
-        + "; its modeling file's RoPE is the ViT backbone's (sam3_vit_model)"
-    ),
     "gemma3n_vision": _VISION
     + (
         "cannot be run here: a MobileNet-V5 built through timm (TimmWrapper), and "

@@ -99,10 +99,7 @@ _OTHER = "other encoder (byte patches, feature matching, time series, an assista
 #: type that is not a text decoder and not in :data:`VISION_ROPE` is here (checked by the tests).
 ENCODER_STATUS: dict[str, str] = {
     **dict.fromkeys("pe_audio_video_encoder pe_video_encoder".split(), _VIDEO),
-    **dict.fromkeys(
-        ("edgetam_video sam3_geometry_encoder").split(),
-        _SEGMENT,
-    ),
+    "edgetam_video": _SEGMENT,
     **dict.fromkeys(
         ("gemma3n_vision",),
         _VISION_LATER,

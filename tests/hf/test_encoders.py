@@ -319,6 +319,76 @@ def test_sam3_tracker_video_memory_attention_run_on_its_own():
     assert _check_memory_attention(rope, calls, tokens) == {(1, 0), (2, pointers)}
 
 
+def test_edgetam_video_memory_attention_run_on_its_own():
+    """EdgeTAM video: its memory attention, built from a tiny config and run on a 3 x 5 frame and two memory frames
+    (each: 3 perceiver latents, then a 2 x 4 grid) with 4 object-pointer tokens, rotates as vision_rope's
+    'edgetam_memory' form says (the whole model needs timm: see its backbone; the rest is SAM 2 video's code)."""
+    import transformers.models.edgetam_video.modeling_edgetam_video as module
+
+    config = transformers.EdgeTamVideoConfig(
+        memory_attention_hidden_size=64,
+        memory_attention_num_layers=1,
+        memory_attention_num_attention_heads=2,
+        memory_attention_mlp_hidden_size=32,
+        memory_attention_rope_feat_sizes=[5, 3],  # (w, h)
+        memory_attention_rope_k_sizes=[4, 2],
+        perceiver_resampler_num_latents=3,
+    )
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    attention = module.EdgeTamVideoMemoryAttention(config).eval()
+    gen = torch.Generator().manual_seed(1)
+    tokens, frames, pointers = 15, 2, 4
+    current = torch.randn(tokens, 1, 64, generator=gen)
+    memory = torch.randn(frames * (3 + 8) + pointers, 1, 64, generator=gen)  # [S, B, C]
+    calls = []
+    reals = {
+        name: getattr(module, name)
+        for name in ("apply_rotary_pos_emb_2d_self_attn", "apply_rotary_pos_emb_2d_cross_attn")
+    }
+
+    def recorder(name):
+        def recording(*args, **kwargs):
+            out = reals[name](*args, **kwargs)
+            bound = inspect.signature(reals[name]).bind(*args, **kwargs)
+            bound.apply_defaults()
+            calls.append((name, bound.arguments, out))
+            return out
+
+        return recording
+
+    for name in reals:
+        setattr(module, name, recorder(name))
+    try:
+        with torch.no_grad():
+            attention(
+                current,
+                memory,
+                torch.randn_like(current),
+                torch.randn_like(memory),
+                num_object_pointer_tokens=pointers,
+                num_spatial_memory_tokens=frames,
+            )
+    finally:
+        for name, real in reals.items():
+            setattr(module, name, real)
+    rope = rotary.hf.vision_rope(config)
+    assert rope.form == "edgetam_memory" and rope.fixed_grid == (3, 5) and rope.memory_keys == ((2, 4), 3)
+    queries = rope.tables(dtype=torch.float64)
+    keys = rope.tables(memory_frames=frames, object_pointers=pointers, dtype=torch.float64)
+    assert [name for name, *_ in calls] == list(reals)  # self-attention, then cross-attention
+    for name, kwargs, out in calls:
+        q, k, cos, sin = (kwargs[key] for key in ("q", "k", "cos", "sin"))
+        torch.testing.assert_close(queries.cos.float(), cos[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(queries.sin.float(), sin[0], rtol=1e-5, atol=1e-5)
+        if name.endswith("cross_attn"):
+            assert k.shape[-2] == frames * 11 + pointers and kwargs["repeat_freqs_k"] == frames
+        for x, tables, want in ((q, queries, out[0]), (k, keys if name.endswith("cross_attn") else queries, out[1])):
+            (mine,) = rotary.rotate([x.double()], tables, layout="bhsd")
+            torch.testing.assert_close(mine.float(), want, rtol=1e-5, atol=2e-5)
+            assert not torch.allclose(mine.float(), x, atol=1e-3)
+
+
 def test_vjepa2_turns_the_two_channels_of_a_pair_by_different_angles():
     """V-JEPA 2's refusal, with the numbers: every call of its rotate_queries_or_keys in one forward changes the norms
     of the q and k rows it is given (a rotation never does), at positions that differ per axis."""

@@ -41,7 +41,7 @@ APPLY = {
 }
 #: the towers whose tables are one RotaryTables (Gemma 4's are one per half of the head: tested below), and that a
 #: plain forward runs (SAM 2 video's memory attention runs through an inference session: tests/hf/test_encoders.py)
-SINGLE = sorted(t for t, form in VISION_ROPE.items() if form not in ("gemma4", "sam2_memory"))
+SINGLE = sorted(t for t, form in VISION_ROPE.items() if form not in ("gemma4", "sam2_memory", "edgetam_memory"))
 # Gemma 4: one image of 3 x 6 patches (multiples of its 3 x 3 pooling)
 GEMMA4_GRID = (3, 6)
 
@@ -372,10 +372,15 @@ def test_every_encoder_is_built_or_has_a_status():
     assert set(VISION_ROPE.values()) == set(FORMS)
     categories = {status.split(":")[0] for status in ENCODER_STATUS.values()}
     assert categories == {
-        "video encoder", "vision encoder", "audio codec / vocoder / speech tokenizer", "wrapper",
-        "segmentation / tracking part (mask decoder, prompt encoder, memory attention)", "no RoPE in this part", "no RoPE", "not a RoPE of q and k",
+        "video encoder",
+        "vision encoder",
+        "audio codec / vocoder / speech tokenizer",
+        "wrapper",
+        "no RoPE in this part",
+        "no RoPE",
+        "not a RoPE of q and k",
         "other encoder (byte patches, feature matching, time series, an assistant model)",
-    }  # fmt: skip
+    }
 
 
 @pytest.mark.parametrize(

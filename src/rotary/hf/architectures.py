@@ -129,7 +129,7 @@ UNSUPPORTED: dict[str, str] = {
         (
             "chameleon_vqgan cosmos3_edge_vision "
             "deepseek_ocr2_sam_vision_model "
-            "edgetam_video edgetam_video_mask_decoder edgetam_video_prompt_encoder "
+            "edgetam_video_mask_decoder edgetam_video_prompt_encoder "
             "emu3_vqgan gemma3n_audio gemma3n_vision "
             "gemma4_audio gemma4_unified_audio gemma4_unified_vision "
             "glm_image_vision glm_image_vqmodel granite_docling_vision "

@@ -220,10 +220,8 @@ REFUSED: dict[str, str] = {
 
 _AUDIO = "audio encoder: "
 _VIDEO = "video encoder: "
-_SEGMENT = "segmentation / tracking part (mask decoder, prompt encoder, memory attention): "
 _VISION = "vision encoder: "
 _OTHER = "other encoder (byte patches, feature matching, time series, an assistant model): "
-_NOT_RUN = "not built yet, and not yet run with its RoPE recorded: "
 _NO_TORCHVISION = (
     "timm needs torchvision, whose wheel on PyPI for the pinned torch 2.13.0 (torchvision 0.28.0) is a CUDA build: "
     "its operators do not load with the CPU torch rotary is tested with (its _C.so needs libtorch_cuda.so), and the "
@@ -238,15 +236,6 @@ NOT_BUILT: dict[str, str] = {
         "(TimmWrapperForImageClassification), and " + _NO_TORCHVISION + "; its transformer's RoPE is PE audio's "
         "(pairs (2i, 2i+1) over frame positions)",
     ),
-    "edgetam_video": _SEGMENT
-    + _NOT_RUN
-    + (
-        "its memory attention rotates with a 2-D axial RoPE too, but of its own layout (self-attention over the "
-        "memory_attention_rope_feat_sizes grid, cross-attention keys over the memory_attention_rope_k_sizes grid of "
-        "the memory its spatial perceiver compresses, repeated per memory frame); its vision backbone is built through "
-        "timm (TimmWrapper), and "
-    )
-    + _NO_TORCHVISION,
     "gemma3n_vision": _VISION
     + (
         "cannot be run here: a MobileNet-V5 built through timm (TimmWrapper), and "

@@ -61,8 +61,9 @@ CONFIG_DEFAULTS: dict[str, dict[str, int]] = {
             "memory_attention_num_attention_heads": 1,
         }
         for t in VISION_ROPE
-        if VISION_ROPE[t] == "sam2_memory"
+        if VISION_ROPE[t] in ("sam2_memory", "edgetam_memory")
     },
+    **{t: {"perceiver_resampler_num_latents": 256} for t in VISION_ROPE if VISION_ROPE[t] == "edgetam_memory"},
 }
 #: the forms whose towers merge spatial_merge_size x spatial_merge_size blocks of patches (grid rows per image)
 _MERGING = ("qwen_vl", "qwen_vl_window", "kimi", "minimax", "inkling2")
@@ -162,6 +163,14 @@ def _theta(d: Mapping[str, Any], form: str, label: str) -> float:
     return float(theta)
 
 
+def _feat_grid(d: Mapping[str, Any], key: str, default: list[int], label: str) -> tuple[int, int]:
+    """A SAM 2-style ``[w, h]`` config key as ``(h, w)``."""
+    sizes = d.get(key, default)
+    if not (isinstance(sizes, Sequence) and len(sizes) == 2 and all(is_int(n) and n > 0 for n in sizes)):
+        raise ConfigError(f"{label}: {key} must be two positive ints [w, h], got {sizes!r:.60}")
+    return int(sizes[1]), int(sizes[0])
+
+
 def _memory_head_dim(d: Mapping[str, Any], label: str) -> int:
     """SAM 2 video's memory attention: ``memory_attention_hidden_size / (downsample_rate * heads)``."""
     width = _int(d, ("memory_attention_hidden_size",), label)
@@ -208,7 +217,8 @@ def vision_rope(config: Any) -> VisionRoPE:
     d = {**CONFIG_DEFAULTS.get(model_type, {}), **{k: v for k, v in d.items() if v is not None}}
     form = VISION_ROPE[model_type]
     label = f"vision_rope({model_type})"
-    head_dim = _memory_head_dim(d, label) if form == "sam2_memory" else _head_dim(d, model_type, label)
+    memory_form = form in ("sam2_memory", "edgetam_memory")
+    head_dim = _memory_head_dim(d, label) if memory_form else _head_dim(d, model_type, label)
     theta = _theta(d, form, label)
     merge, window, temporal = 1, None, False
     if model_type in _MERGE_PER_CALL:
@@ -248,7 +258,7 @@ def vision_rope(config: Any) -> VisionRoPE:
     elif form == "step3p5":  # Qwen-VL's frequencies and pairing, w's block first
         _even_quarters(head_dim, label)
         rope = AxialRoPE(head_dim, axes=2, base=theta, block_order=(1, 0))
-    elif form == "sam2_memory":  # the memory attention's: pairs (2i, 2i+1), w's block first, one fixed grid
+    elif memory_form:  # the memory attention's: pairs (2i, 2i+1), w's block first, one fixed grid
         _even_quarters(head_dim, label)
         rope = AxialRoPE(head_dim, axes=2, base=theta, interleaved=True, block_order=(1, 0))
     elif form == "muse":  # Qwen-VL's frequencies and pairing, w's block first, at (row + 1, col + 1)
@@ -279,12 +289,15 @@ def vision_rope(config: Any) -> VisionRoPE:
                     f"window_size must be at least spatial_merge_size * patch_size = {merge * patch}"
                 )
             window = size // merge // patch
-    fixed = None
-    if form == "sam2_memory":  # memory_attention_rope_feat_sizes is (w, h)
-        sizes = d.get("memory_attention_rope_feat_sizes", [64, 64])
-        if not (isinstance(sizes, Sequence) and len(sizes) == 2 and all(is_int(n) and n > 0 for n in sizes)):
-            raise ConfigError(f"{label}: memory_attention_rope_feat_sizes must be two positive ints, got {sizes!r:.60}")
-        fixed = (int(sizes[1]), int(sizes[0]))
+    fixed, keys = None, None
+    if memory_form:  # memory_attention_rope_feat_sizes is (w, h); so are EdgeTAM's key sizes
+        fixed = _feat_grid(d, "memory_attention_rope_feat_sizes", [64, 64], label)
+        keys = (fixed, 0)  # SAM 2: the keys of a memory frame are the queries' grid
+        if form == "edgetam_memory":  # its perceiver's latents: the 1-D ones unrotated, then the 2-D grid
+            keys = (
+                _feat_grid(d, "memory_attention_rope_k_sizes", [16, 16], label),
+                _int(d, ("perceiver_resampler_num_latents",), label),
+            )
     if form in ("llama4", "sam3"):
         image, patch = d.get("image_size"), d.get("patch_size")
         if not (is_int(image) and is_int(patch) and 0 < patch <= image):
@@ -292,7 +305,9 @@ def vision_rope(config: Any) -> VisionRoPE:
         fixed = (image // patch, image // patch)
     if form == "loftr":  # the aggregation of the coarse feature map before the attention: (kernel, stride)
         window = (_int(d, ("q_aggregation_kernel_size",), label), _int(d, ("q_aggregation_stride",), label))
-    producer = VisionRoPE(model_type, form, rope, merge_size=merge, window=window, temporal=temporal, fixed_grid=fixed)
+    producer = VisionRoPE(
+        model_type, form, rope, merge_size=merge, window=window, temporal=temporal, fixed_grid=fixed, memory_keys=keys
+    )
     return producer.eval()  # as a loaded model: DINOv3's coordinate augmentation only after .train()
 
 
@@ -336,6 +351,9 @@ class VisionRoPE(nn.Module):
       ``memory_attention_rope_feat_sizes`` grid (default), row by row; that table rotates the current frame's
       queries. Its keys, ``memory_frames=`` frames of that grid and then ``object_pointers=`` object-pointer tokens
       (unrotated), as the model's cross-attention lays them out: ``tables(memory_frames=2, object_pointers=4)``;
+    - ``edgetam_memory``: EdgeTAM video's memory attention, as ``sam2_memory``, but each memory frame's keys are its
+      perceiver's ``perceiver_resampler_num_latents`` latents (unrotated), then the ``memory_attention_rope_k_sizes``
+      grid, row by row;
     - ``muse``: one row per image or video, ``(t, h, w)`` patches (the model's ``grid_thw``), packed, read
       window by window (``pos_emb_height`` x ``pos_emb_height`` patches, as Qwen2.5-VL's windows with no merge
       before them; its ``merge_size`` pixel shuffle comes after the attention), at (row + 1, col + 1);
@@ -367,10 +385,13 @@ class VisionRoPE(nn.Module):
         window: int | None = None,
         temporal: bool = False,
         fixed_grid: tuple[int, int] | None = None,
+        memory_keys: tuple[tuple[int, int], int] | None = None,
     ) -> None:
         super().__init__()
         self.model_type, self.form, self.rope = model_type, form, rope
         self.merge_size, self.window, self.temporal, self.fixed_grid = merge_size, window, temporal, fixed_grid
+        #: the memory attentions': the (h, w) grid of a memory frame's keys, and the unrotated tokens before it
+        self.memory_keys = memory_keys
 
     def extra_repr(self) -> str:
         return f"model_type={self.model_type!r}, form={self.form!r}, merge_size={self.merge_size}, window={self.window}"
@@ -439,10 +460,10 @@ class VisionRoPE(nn.Module):
         if len(rows) != 1 or rows[0][0] != 1:
             raise InputError(f"{self.model_type} takes one image grid (h, w) per call, got {grid!r:.80}")
         h, w = rows[0][1:3]
-        if self.form in ("llama4", "sam2_memory") and (h, w) != self.fixed_grid:
+        if (self.form == "llama4" or self.memory_keys is not None) and (h, w) != self.fixed_grid:
             raise InputError(
                 f"{self.model_type} rotates the fixed grid of its "
-                f"{'memory_attention_rope_feat_sizes' if self.form == 'sam2_memory' else 'image_size / patch_size'} "
+                f"{'image_size / patch_size' if self.memory_keys is None else 'memory_attention_rope_feat_sizes'} "
                 f"= {self.fixed_grid}; got {(h, w)}"
             )
         return h, w
@@ -462,8 +483,9 @@ class VisionRoPE(nn.Module):
             grid: see the class docstring (``grid_thw`` rows, or one ``(h, w)``).
             prefix: ``dinov3`` only: unrotated tokens before the patches (default 1 + registers).
             merge_sizes: VideoLLaMA3 only: the merge size of each grid row (the model's ``merge_sizes``).
-            memory_frames: ``sam2_memory`` only: the keys of its cross-attention, this many frames of the grid.
-            object_pointers: ``sam2_memory`` only, with ``memory_frames``: unrotated object-pointer tokens after them.
+            memory_frames: ``sam2_memory`` and ``edgetam_memory`` only: the keys of the cross-attention, this many
+                memory frames.
+            object_pointers: with ``memory_frames``: the unrotated object-pointer tokens after them.
 
         Returns:
             :class:`~rotary.variants.Coordinates` ``[N, A]`` (``A`` = 3 for ``minimax``'s (t, h, w), else 2).
@@ -472,11 +494,11 @@ class VisionRoPE(nn.Module):
             raise InputError(f"merge_sizes= is for towers that merge patches; {self.model_type} does not")
         if prefix is not None and self.form != "dinov3":
             raise InputError(f"prefix= is for DINOv3-style towers; {self.model_type} has no unrotated prefix tokens")
-        if (memory_frames is not None or object_pointers) and self.form != "sam2_memory":
+        if (memory_frames is not None or object_pointers) and self.memory_keys is None:
             raise InputError(
                 f"memory_frames= and object_pointers= are for SAM 2 video's memory attention, not {self.model_type}"
             )
-        if self.form == "sam2_memory":
+        if self.memory_keys is not None:
             return self._memory(grid, memory_frames, object_pointers)
         if self.form == "dinov3":
             return self.rope.grid(*self._image(grid), prefix=prefix)
@@ -537,22 +559,24 @@ class VisionRoPE(nn.Module):
         return self.rope.coordinates(values)
 
     def _memory(self, grid: Any, frames: int | None, pointers: int) -> Coordinates:
-        """SAM 2 video's memory attention: its grid row by row; for keys, ``frames`` copies and ``pointers`` rows
-        taking no rotation."""
+        """A memory attention's queries (its grid, row by row); its keys (``frames`` times: the unrotated tokens a
+        memory frame starts with, then its key grid row by row; then ``pointers`` unrotated tokens)."""
         h, w = self._image(grid)
-        ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
-        values = torch.stack([ys.flatten(), xs.flatten()], dim=-1)
         if frames is None:
             if pointers:
                 raise InputError("object_pointers= follow the memory frames of the keys: give memory_frames= too")
-            return self.rope.coordinates(values)
+            return self.rope.coordinates(_row_major(h, w))
         if not is_int(frames) or frames < 1 or not is_int(pointers) or pointers < 0:
             raise InputError(
                 f"memory_frames must be an int >= 1 and object_pointers an int >= 0, got {frames!r} and {pointers!r}"
             )
-        values = torch.cat([values.repeat(frames, 1), values.new_zeros(pointers, 2)])
-        identity = torch.arange(len(values)) >= frames * h * w
-        return self.rope.coordinates(values, identity=identity)
+        (kh, kw), latents = self.memory_keys
+        frame = torch.cat([torch.zeros(latents, 2, dtype=torch.long), _row_major(kh, kw)])
+        values = torch.cat([frame.repeat(frames, 1), frame.new_zeros(pointers, 2)])
+        rotated = torch.cat(
+            [torch.arange(latents + kh * kw) >= latents] * frames + [torch.zeros(pointers, dtype=torch.bool)]
+        )
+        return self.rope.coordinates(values, identity=~rotated)
 
     def tables(
         self,
@@ -590,6 +614,12 @@ class VisionRoPE(nn.Module):
             for cos, sin in [(tables.cos, tables.sin)]
             for a in (0, 1)
         )
+
+
+def _row_major(h: int, w: int) -> torch.Tensor:
+    """``(row, col)`` ``[h w, 2]`` of an ``h x w`` grid, row by row."""
+    ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    return torch.stack([ys.flatten(), xs.flatten()], dim=-1)
 
 
 def _block_major(h: int, w: int, m: int) -> torch.Tensor:

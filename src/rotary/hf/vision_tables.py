@@ -33,6 +33,11 @@ FORMS: dict[str, str] = {
         "pairs (2i, 2i+1), w's frequencies then h's (base^(-4k/D) each); the keys repeat the grid's table once per "
         "memory frame and leave the object-pointer tokens after them unrotated"
     ),
+    "edgetam_memory": (
+        "sam2_memory's RoPE (pairs (2i, 2i+1), w's frequencies then h's) over the memory_attention_rope_feat_sizes grid "
+        "for the queries; each memory frame's keys: its perceiver_resampler_num_latents latents unrotated, then the "
+        "memory_attention_rope_k_sizes grid row by row; the object-pointer tokens after them unrotated"
+    ),
     "muse": (
         "2-D axial RoPE over (row + 1, col + 1), pairs (i, i + D/2), w's frequencies then h's (base^(-4k/D) each); "
         "patches read window by window (pos_emb_height x pos_emb_height, no merge before the attention), images "
@@ -78,6 +83,7 @@ VISION_ROPE: dict[str, str] = {
     "efficientloftr": "loftr",
     **dict.fromkeys(("muse_glimmer_vision", "muse_spark_vision"), "muse"),
     **dict.fromkeys(("sam2_video", "sam3_tracker_video"), "sam2_memory"),
+    "edgetam_video": "edgetam_memory",
 }
 
 _AUDIO = "audio encoder: RoPE over audio frames; not built from its config yet"
@@ -99,7 +105,6 @@ _OTHER = "other encoder (byte patches, feature matching, time series, an assista
 #: type that is not a text decoder and not in :data:`VISION_ROPE` is here (checked by the tests).
 ENCODER_STATUS: dict[str, str] = {
     **dict.fromkeys("pe_audio_video_encoder pe_video_encoder".split(), _VIDEO),
-    "edgetam_video": _SEGMENT,
     **dict.fromkeys(
         ("gemma3n_vision",),
         _VISION_LATER,

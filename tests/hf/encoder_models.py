@@ -202,8 +202,21 @@ def _tiny_kwargs(cfg, model_type: str | None) -> dict[str, Any]:
         kwargs["encoder_config"] = tiny_config("unlimited_ocr_vision_encoder").to_dict()
     if model_type in ("neucodec", "xcodec2"):  # their semantic encoder: a tiny wav2vec2-BERT (an AutoConfig part)
         kwargs["semantic_model_config"] = tiny_config("wav2vec2-bert").to_dict()
+    if model_type == "pe_audio_video_encoder":  # its audio and video encoders: AutoConfig parts
+        kwargs["audio_config"] = tiny_config("pe_audio_encoder").to_dict()
+        kwargs["video_config"] = tiny_config("pe_video_encoder")
+    if model_type in FRAME_CLASSIFIER:  # a transformers image classifier for its frames, in place of timm's
+        kwargs[FRAME_CLASSIFIER[model_type]] = CONFIG_MAPPING["resnet"](
+            embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=16
+        )
     kwargs.update(OVERRIDES.get(model_type, {}))
     return kwargs
+
+
+#: model_type -> the key of its sub-config that names a timm image classifier for its video frames (timm needs
+#: torchvision, which cannot load with the CPU torch here): a tiny transformers ResNet classifier stands in, which
+#: AutoModelForImageClassification builds as it would build timm's; the frames' logits are all the rest reads
+FRAME_CLASSIFIER: dict[str, str] = {"pe_video_encoder": "vision_config"}
 
 
 #: model types whose sizes are tied together in ways TINY breaks: their defaults, with one layer
@@ -271,6 +284,10 @@ INPUTS: dict[str, Any] = {
     },
     "qwen2_5_omni_bigvgan": lambda c, g: {"mel_spectrogram": torch.randn(1, c.mel_dim, 6, generator=g)},
     "pe_video_encoder": lambda c, g: {"pixel_values_videos": torch.randn(1, 3, 3, 32, 32, generator=g)},
+    "pe_audio_video_encoder": lambda c, g: {  # 400 samples of audio, 3 frames of video
+        "input_values": torch.randn(1, 1, 400, generator=g),
+        "pixel_values_videos": torch.randn(1, 3, 3, 32, 32, generator=g),
+    },
     "nemotron3_5_transcribe_audio": lambda c, g: {"input_features": torch.randn(1, 40, 16, generator=g)},
     "gemma4_audio": lambda c, g: {"input_features": torch.randn(1, 40, 128, generator=g)},
     "pe_audio_encoder": lambda c, g: {"input_values": torch.randn(1, 1, 400, generator=g)},

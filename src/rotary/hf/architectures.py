@@ -139,7 +139,7 @@ UNSUPPORTED: dict[str, str] = {
             "muse_spark_audio "
             "nemotron_asr_streaming nemotron_asr_streaming_encoder "
             "neucodec parakeet_ctc parakeet_encoder parakeet_rnnt parakeet_tdt "
-            "pe_audio_video_encoder pe_video_encoder phi4_multimodal_audio phi4_multimodal_vision "
+            "phi4_multimodal_audio phi4_multimodal_vision "
             "qwen2_5_omni qwen2_5_omni_audio_encoder qwen2_5_omni_bigvgan "
             "qwen3_omni_moe qwen3_omni_moe_audio_encoder "
             "sam2_video_mask_decoder sam2_video_prompt_encoder sam3 "

@@ -35,7 +35,9 @@ SEQUENCE_ROPE: dict[str, str] = {
         ).split(),
         "half",
     ),
-    **dict.fromkeys("blt_global_transformer pe_audio_encoder".split(), "interleaved"),
+    **dict.fromkeys(
+        "blt_global_transformer pe_audio_encoder pe_audio_video_encoder pe_video_encoder".split(), "interleaved"
+    ),
     # Qwen2.5-Omni's DiT (and token2wav, through its dit_config): the first head only (ROTATED_HEADS)
     **dict.fromkeys("qwen2_5_omni_dit qwen2_5_omni_token2wav".split(), "interleaved"),
 }
@@ -219,7 +221,6 @@ REFUSED: dict[str, str] = {
 }
 
 _AUDIO = "audio encoder: "
-_VIDEO = "video encoder: "
 _VISION = "vision encoder: "
 _OTHER = "other encoder (byte patches, feature matching, time series, an assistant model): "
 _NO_TORCHVISION = (
@@ -230,12 +231,6 @@ _NO_TORCHVISION = (
 #: model_type -> exactly why it is not built (category first, as ENCODER_STATUS's): the types whose RoPE rotary
 #: has not reproduced yet, each with what its code does as far as it is known
 NOT_BUILT: dict[str, str] = {
-    **dict.fromkeys(
-        ("pe_audio_video_encoder", "pe_video_encoder"),
-        _VIDEO + "cannot be run here: its video frames are encoded by a timm backbone "
-        "(TimmWrapperForImageClassification), and " + _NO_TORCHVISION + "; its transformer's RoPE is PE audio's "
-        "(pairs (2i, 2i+1) over frame positions)",
-    ),
     "gemma3n_vision": _VISION
     + (
         "cannot be run here: a MobileNet-V5 built through timm (TimmWrapper), and "

@@ -104,7 +104,6 @@ _OTHER = "other encoder (byte patches, feature matching, time series, an assista
 #: model_type -> why :func:`vision_rope` does not build it (category first). Every RoPE-applying model
 #: type that is not a text decoder and not in :data:`VISION_ROPE` is here (checked by the tests).
 ENCODER_STATUS: dict[str, str] = {
-    **dict.fromkeys("pe_audio_video_encoder pe_video_encoder".split(), _VIDEO),
     **dict.fromkeys(
         ("gemma3n_vision",),
         _VISION_LATER,

@@ -129,6 +129,10 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "look_backward_layers": [0],
     },
     # no early stop, no pruning; its projector (the angles) drawn with std 1, so that the keypoints turn by radians
+    # small acoustic encoders and quantizers (their defaults, 768 to 2048 wide, take a second to initialise)
+    **dict.fromkeys(
+        ("neucodec", "xcodec2"), {"encoder_hidden_size": 4, "downsampling_ratios": [2, 2], "quantization_dim": 16}
+    ),
     "lightglue": {"descriptor_dim": 32, "depth_confidence": -1.0, "width_confidence": -1.0, "initializer_range": 1.0},
     "vjepa2": {
         "crop_size": 32,

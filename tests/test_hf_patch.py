@@ -132,6 +132,9 @@ VISION = {
     "eomt_dinov3",
     "sam3_vit_model",
     "gemma4_vision",
+    "sapiens2",  # DINOv3's apply; EfficientLoFTR's and LightGlue's Cohere-style apply (tests/hf/)
+    "efficientloftr",
+    "lightglue",
 } | {t for t, family in hf.SUPPORTED.items() if "apply_rotary_pos_emb_vision" in family.replacements}
 #: the sequence encoders (audio, codecs, time series): tests/hf/test_encoders.py
 ENCODERS = set(SEQUENCE_ROPE) & set(hf.SUPPORTED)

@@ -17,6 +17,7 @@ import importlib
 import inspect
 import re
 import sys
+import types
 import warnings
 from typing import Any
 
@@ -80,6 +81,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     ),
     "gemma3n_audio": {"conf_num_hidden_layers": 1, "conf_num_attention_heads": 2, "sscp_conv_channel_size": [8, 8]},
     "qwen2_5_omni_bigvgan": {
+        "mel_dim": 16,  # the tiny DiT's (token2wav feeds it the DiT's mel frames)
         "upsample_initial_channel": 16,
         "resblock_kernel_sizes": [3],
         "resblock_dilation_sizes": [[1, 3, 5]],
@@ -104,6 +106,34 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "muse_glimmer_assistant": {"target_layer_ids": [0]},
     "dots3_note_audio_encoder": {"adapter_input_size": 32, "adapter_out_dim": 32, "downsample_hidden_size": 8},
     "wav2vec2-conformer": {"position_embeddings_type": "rotary"},
+    "efficientloftr": {  # 8 heads: its rotary embedding needs head_dim * partial_rotary_factor (4) = hidden_size / 2
+        "hidden_size": 32,
+        "num_attention_heads": 8,
+        "out_features": [8, 8, 16, 32],
+        "stage_num_blocks": [1, 1, 1, 1],
+        "num_attention_layers": 1,
+        "initializer_range": 0.2,  # q and k of order 1 (0.02: of order 1e-9, through the convolutional backbone)
+    },
+    "qwen2_5_omni_dit": {
+        "head_dim": 16,
+        "emb_dim": 8,
+        "mel_dim": 16,
+        "enc_emb_dim": 8,
+        "enc_dim": 8,
+        "enc_channels": [16, 16, 16, 16, 48],
+        "enc_attention_channels": 8,
+        "enc_se_channels": 8,
+        "num_embeds": 64,
+        "block_size": 4,
+        "look_ahead_layers": [0],
+        "look_backward_layers": [0],
+    },
+    # no early stop, no pruning; its projector (the angles) drawn with std 1, so that the keypoints turn by radians
+    # small acoustic encoders and quantizers (their defaults, 768 to 2048 wide, take a second to initialise)
+    **dict.fromkeys(
+        ("neucodec", "xcodec2"), {"encoder_hidden_size": 4, "downsampling_ratios": [2, 2], "quantization_dim": 16}
+    ),
+    "lightglue": {"descriptor_dim": 32, "depth_confidence": -1.0, "width_confidence": -1.0, "initializer_range": 1.0},
     "vjepa2": {
         "crop_size": 32,
         "patch_size": 8,
@@ -174,8 +204,23 @@ def _tiny_kwargs(cfg, model_type: str | None) -> dict[str, Any]:
             "downsample_channels": [16, 32],
         }
         kwargs["encoder_config"] = tiny_config("unlimited_ocr_vision_encoder").to_dict()
+    if model_type in ("neucodec", "xcodec2"):  # their semantic encoder: a tiny wav2vec2-BERT (an AutoConfig part)
+        kwargs["semantic_model_config"] = tiny_config("wav2vec2-bert").to_dict()
+    if model_type == "pe_audio_video_encoder":  # its audio and video encoders: AutoConfig parts
+        kwargs["audio_config"] = tiny_config("pe_audio_encoder").to_dict()
+        kwargs["video_config"] = tiny_config("pe_video_encoder")
+    if model_type in FRAME_CLASSIFIER:  # a transformers image classifier for its frames, in place of timm's
+        kwargs[FRAME_CLASSIFIER[model_type]] = CONFIG_MAPPING["resnet"](
+            embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=16
+        )
     kwargs.update(OVERRIDES.get(model_type, {}))
     return kwargs
+
+
+#: model_type -> the key of its sub-config that names a timm image classifier for its video frames (timm needs
+#: torchvision, which cannot load with the CPU torch here): a tiny transformers ResNet classifier stands in, which
+#: AutoModelForImageClassification builds as it would build timm's; the frames' logits are all the rest reads
+FRAME_CLASSIFIER: dict[str, str] = {"pe_video_encoder": "vision_config"}
 
 
 #: model types whose sizes are tied together in ways TINY breaks: their defaults, with one layer
@@ -192,7 +237,10 @@ def tiny_config(model_type: str):
         config = cfg(**DEFAULT_SIZES[model_type])
     else:
         config = cfg(**_tiny_kwargs(cfg, model_type))
-    config._attn_implementation = "eager"
+    # the DiT looks its attention up in ALL_ATTENTION_FUNCTIONS, which holds no "eager"
+    config._attn_implementation = (
+        "sdpa" if model_type.startswith(("qwen2_5_omni_dit", "qwen2_5_omni_token2wav")) else "eager"
+    )
     return config
 
 
@@ -240,6 +288,10 @@ INPUTS: dict[str, Any] = {
     },
     "qwen2_5_omni_bigvgan": lambda c, g: {"mel_spectrogram": torch.randn(1, c.mel_dim, 6, generator=g)},
     "pe_video_encoder": lambda c, g: {"pixel_values_videos": torch.randn(1, 3, 3, 32, 32, generator=g)},
+    "pe_audio_video_encoder": lambda c, g: {  # 400 samples of audio, 3 frames of video
+        "input_values": torch.randn(1, 1, 400, generator=g),
+        "pixel_values_videos": torch.randn(1, 3, 3, 32, 32, generator=g),
+    },
     "nemotron3_5_transcribe_audio": lambda c, g: {"input_features": torch.randn(1, 40, 16, generator=g)},
     "gemma4_audio": lambda c, g: {"input_features": torch.randn(1, 40, 128, generator=g)},
     "pe_audio_encoder": lambda c, g: {"input_values": torch.randn(1, 1, 400, generator=g)},
@@ -286,6 +338,27 @@ INPUTS: dict[str, Any] = {
         - 1,
         "image_grid_thw": torch.tensor([[1, 2, 3], [1, 1, 2]]),
     },
+    # two grey 64 x 96 images: an 8 x 12 coarse map (stride 8), 2 x 3 tokens after the 4 x 4 aggregation
+    "efficientloftr": lambda c, g: {"pixel_values": torch.rand(1, 2, 3, 64, 96, generator=g)},
+    # 6 latent frames of the acoustic and semantic features, the input of their decoder
+    **dict.fromkeys(
+        ("neucodec", "xcodec2"),
+        lambda c, g: {"latents": torch.randn(1, c.hidden_size + c.semantic_model_config.hidden_size, 6, generator=g)},
+    ),
+    "qwen2_5_omni_dit": lambda c, g: {  # one step of its flow: 12 mel frames from 6 codes (repeats 2)
+        "hidden_states": torch.randn(1, 6 * c.repeats, c.mel_dim, generator=g),
+        "condition_vector": torch.randn(1, 10, c.mel_dim, generator=g),  # a reference mel
+        "speaker_embedding": torch.randn(1, 6 * c.repeats, c.enc_emb_dim, generator=g),
+        "quantized_code": torch.randint(0, c.num_embeds, (1, 6), generator=g),
+        "time_step": torch.tensor(0.5),
+    },
+    "qwen2_5_omni_token2wav": lambda c, g: {  # 6 codes, a reference mel, two steps of its flow
+        "code": torch.randint(0, c.dit_config.num_embeds, (1, 6), generator=g),
+        "conditioning": torch.randn(1, c.dit_config.enc_emb_dim, generator=g),
+        "reference_mel": torch.randn(1, 10, c.dit_config.mel_dim, generator=g),
+        "num_steps": 2,
+    },
+    "lightglue": lambda c, g: {"pixel_values": torch.rand(1, 2, 3, 64, 80, generator=g)},  # a pair of images
     "vjepa2": lambda c, g: {"pixel_values_videos": torch.randn(1, 4, 3, 32, 32, generator=g)},  # 2 x 4 x 4 tubelets
     "gemma4_unified_audio": lambda c, g: {"inputs_embeds": torch.randn(1, 5, c.output_proj_dims, generator=g)},
     "wav2vec2-conformer": lambda c, g: {"input_values": torch.randn(1, 4000, generator=g)},
@@ -322,8 +395,27 @@ def _gemma4_unified_embedder(config):
     return modeling_module("gemma4_unified_audio").Gemma4UnifiedMultimodalEmbedder(config, text)
 
 
+class Decoding(torch.nn.Module):
+    """A codec's ``decode(latents=...)`` as a forward: the part of NeuCodec and XCodec2 that holds their RoPE (their
+    encoders, a convolutional one and a wav2vec2-BERT, apply none of their modeling file's)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.config = model, model.config
+
+    def forward(self, latents):
+        return self.model.decode(latents=latents)
+
+
+def _decoding(config):
+    return Decoding(model_class(config.model_type)(config))
+
+
 #: model_type -> how to build its module, where it has no model class (a part transformers builds from its config)
-BUILDERS: dict[str, Any] = {"gemma4_unified_audio": _gemma4_unified_embedder}
+BUILDERS: dict[str, Any] = {
+    "gemma4_unified_audio": _gemma4_unified_embedder,
+    **dict.fromkeys(("neucodec", "xcodec2"), _decoding),
+}
 
 
 @functools.cache
@@ -346,6 +438,29 @@ def _targets(module) -> list[tuple[object, str]]:
                 if "Attention" not in cls.__name__:
                     found.append((cls, "forward"))
     return found
+
+
+def _roi_align_stand_in(features: torch.Tensor, boxes: list[torch.Tensor], size) -> torch.Tensor:
+    """Stands in for torchvision's roi_align (torchvision's wheel does not load with the CPU torch here): each box's
+    cell of the feature map, average-pooled to ``size``. Not roi_align's bilinear sampling, and no part of any RoPE:
+    it lets SAM 3's geometry encoder run its attention layers."""
+    size = (size, size) if isinstance(size, int) else tuple(size)
+    height, width = features.shape[-2:]
+    crops = []
+    for image, image_boxes in zip(features, boxes):
+        for x0, y0, x1, y1 in image_boxes.tolist():
+            x0, y0 = min(max(int(x0), 0), width - 1), min(max(int(y0), 0), height - 1)
+            x1, y1 = max(min(int(x1) + 1, width), x0 + 1), max(min(int(y1) + 1, height), y0 + 1)
+            crops.append(torch.nn.functional.adaptive_avg_pool2d(image[:, y0:y1, x0:x1], size))
+    return torch.stack(crops)
+
+
+#: model_type -> names its modeling module reads that cannot be had here, and what stands in for them during its run
+STAND_INS: dict[str, dict[str, Any]] = {
+    "sam3_geometry_encoder": {
+        "torchvision": types.SimpleNamespace(ops=types.SimpleNamespace(roi_align=_roi_align_stand_in))
+    },
+}
 
 
 @functools.cache
@@ -374,6 +489,10 @@ def record(model_type: str) -> tuple[Any, dict, list[Call], Any]:
             return result
 
         setattr(owner, attr, staticmethod(wrapper) if isinstance(raw, staticmethod) else wrapper)
+    missing = object()
+    saved = {name: getattr(module, name, missing) for name in STAND_INS.get(model_type, {})}
+    for name, value in STAND_INS.get(model_type, {}).items():
+        setattr(module, name, value)
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -381,7 +500,93 @@ def record(model_type: str) -> tuple[Any, dict, list[Call], Any]:
     finally:
         for (owner, attr), raw in originals.items():
             setattr(owner, attr, raw)
+        for name, value in saved.items():
+            if value is missing:
+                delattr(module, name)
+            else:
+                setattr(module, name, value)
     return model, inputs, calls, out
+
+
+def tiny_sam2_video_config(size: int = 64):
+    """A tiny SAM 2 video config: a 4-stage Hiera of one to two blocks, 128-wide features (twice the memory's 64
+    channels: with equal widths transformers' object pointers do not stack), a ``size / 16`` memory grid."""
+    config = CONFIG_MAPPING["sam2_video"](
+        vision_config=dict(
+            model_type="sam2_vision_model",
+            backbone_config=dict(
+                model_type="sam2_hiera_det_model",
+                hidden_size=16,
+                blocks_per_stage=[1, 1, 2, 1],
+                embed_dim_per_stage=[16, 32, 64, 128],
+                num_attention_heads_per_stage=[1, 1, 1, 1],
+                image_size=[size, size],
+                window_size_per_stage=[8, 8, 8, 8],
+                global_attention_blocks=[3],
+                window_positional_embedding_background_size=[2, 2],
+            ),
+            backbone_channel_list=[128, 64, 32, 16],
+            backbone_feature_sizes=[[size // 4] * 2, [size // 8] * 2, [size // 16] * 2],
+            fpn_hidden_size=128,
+        ),
+        prompt_encoder_config=dict(hidden_size=128, image_size=size, mask_input_channels=4),
+        mask_decoder_config=dict(hidden_size=128, mlp_dim=32, num_attention_heads=2, iou_head_hidden_dim=16),
+        image_size=size,
+        memory_attention_hidden_size=128,
+        memory_attention_num_layers=1,
+        memory_attention_num_attention_heads=2,
+        memory_attention_feed_forward_hidden_size=32,
+        memory_attention_rope_feat_sizes=[size // 16, size // 16],
+        memory_encoder_hidden_size=128,
+        memory_encoder_output_channels=64,
+        mask_downsampler_embed_dim=128,
+        memory_fuser_embed_dim=128,
+        memory_fuser_intermediate_dim=32,
+        num_maskmem=3,
+    )
+    config._attn_implementation = "eager"
+    return config
+
+
+@functools.cache
+def sam2_video_session(frames: int = 3):
+    """SAM 2 video run as it only runs, through an inference session: a point on frame 0 of a random ``frames``-frame
+    clip, then every frame tracked. Returns ``(model, calls, ran)``: the calls of ``apply_rotary_pos_emb_2d`` (with
+    the class of the module that made each) and how many times the prompt encoder and the mask decoder ran."""
+    module = importlib.import_module("transformers.models.sam2_video.modeling_sam2_video")
+    config = tiny_sam2_video_config()
+    torch.manual_seed(0)
+    model = module.Sam2VideoModel(config).eval()
+    size = config.image_size
+    video = torch.randn(frames, 3, size, size, generator=torch.Generator().manual_seed(1))
+    session = module.Sam2VideoInferenceSession(video=video, video_height=size, video_width=size, dtype=torch.float32)
+    obj = session.obj_id_to_idx(1)
+    point = {"point_coords": torch.tensor([[[[size * 0.3, size * 0.6]]]]), "point_labels": torch.tensor([[[1]]])}
+    session.add_point_inputs(obj, 0, point)
+    session.obj_with_new_inputs = [1]
+    calls: list[Call] = []
+    real = module.apply_rotary_pos_emb_2d
+
+    def recording(*args, **kwargs):
+        out = real(*args, **kwargs)
+        caller = sys._getframe(1).f_locals.get("self")
+        calls.append(Call("apply_rotary_pos_emb_2d", type(caller).__name__, args, kwargs, out))
+        return out
+
+    ran = {"prompt_encoder": 0, "mask_decoder": 0}
+    hooks = [
+        getattr(model, name).register_forward_hook(lambda *_, n=name: ran.__setitem__(n, ran[n] + 1)) for name in ran
+    ]
+    module.apply_rotary_pos_emb_2d = recording
+    try:
+        with torch.no_grad():
+            for frame in range(frames):
+                model(session, frame_idx=frame)
+    finally:
+        module.apply_rotary_pos_emb_2d = real
+        for hook in hooks:
+            hook.remove()
+    return model, calls, ran
 
 
 def _describe(x: Any) -> str:

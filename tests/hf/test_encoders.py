@@ -11,15 +11,20 @@ once with its RoPE functions recorded (tests/hf/encoder_models.py):
 
 from __future__ import annotations
 
+import ast
+import inspect
+import re
+import sys
+
 import pytest
 import torch
 
 import rotary
 from rotary.hf import architectures, vision_tables
-from rotary.hf.encoder_tables import NO_ROPE, NOT_BUILT, REFUSED, SEQUENCE_ROPE
+from rotary.hf.encoder_tables import LEARNED_FREQUENCIES, NO_ROPE, NOT_BUILT, REFUSED, ROTATED_HEADS, SEQUENCE_ROPE
 from rotary.hf.vision_tables import ENCODER_STATUS
 
-pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers")
 from hf import encoder_models as em  # noqa: E402
 
 #: the encoders rotary.hf.patch covers
@@ -44,6 +49,12 @@ def _check_tables(rope, call, interleaved: bool) -> None:
         assert any(close), (mine[:2], theirs[:2])
 
 
+def _interleave(x: torch.Tensor) -> torch.Tensor:
+    """The inverse of Qwen2.5-Omni's deinterleave_head_dim: channels (0, 2, 4, …, 1, 3, 5, …) back in order."""
+    half = x.shape[-1] // 2
+    return torch.stack([x[..., :half], x[..., half:]], dim=-1).flatten(-2)
+
+
 @pytest.mark.parametrize("model_type", sorted(SEQUENCE_ROPE))
 def test_sequence_encoder_rope_matches_the_model(model_type, rotate_calls):
     """Every apply call of the forward, rotated by rotary at the positions of the rotary-embedding call before it
@@ -58,8 +69,14 @@ def test_sequence_encoder_rope_matches_the_model(model_type, rotate_calls):
             continue
         assert "Attention" in call.caller and positions is not None, (call.name, call.caller)
         q, k = call.args[:2]
+        if model_type in ROTATED_HEADS:  # the DiT hands over its first heads, de-interleaved: as the model has them
+            heads = getattr(model.config, "dit_config", model.config).num_attention_heads  # token2wav: its DiT's
+            assert q.shape[1] == ROTATED_HEADS[model_type] < heads, q.shape
+            q, k = (_interleave(x) for x in (q, k))
         # the queries hold the last positions when the keys also cover a context (Muse Glimmer's assistant)
         ours = [rope.rotate(x.double(), position_ids=positions[-x.shape[-2] :]) for x in (q, k)]
+        if model_type in ROTATED_HEADS:  # its code leaves them de-interleaved (the same order for q and k)
+            ours = [torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1) for x in ours]
         for mine, want, x in zip(ours, call.out[:2], (q, k)):
             torch.testing.assert_close(mine.float(), want, rtol=1e-5, atol=2e-5)
             rotated |= not torch.allclose(mine.float(), x, atol=1e-3)
@@ -70,7 +87,11 @@ def test_sequence_encoder_rope_matches_the_model(model_type, rotate_calls):
         _check_patch(model_type, rotate_calls)
 
 
-@pytest.mark.parametrize("model_type", sorted(NO_ROPE))
+#: the video trackers' parts, with no model class: run inside SAM 2 video's inference session (tested below)
+TRACKER_PARTS = sorted(t for t in NO_ROPE if t.endswith(("_video_mask_decoder", "_video_prompt_encoder")))
+
+
+@pytest.mark.parametrize("model_type", sorted(set(NO_ROPE) - set(TRACKER_PARTS)))
 def test_encoders_without_rope_apply_none(model_type):
     _, _, calls, out = em.record(model_type)
     assert out is not None
@@ -140,6 +161,242 @@ def test_a_learned_class_token_angle_is_refused_with_the_numbers(model_type):
         rotary.hf.vision_rope({**config.to_dict(), "model_type": model_type})
 
 
+@pytest.mark.parametrize("model_type", ["neucodec", "xcodec2"])
+def test_a_rotation_by_head_index_is_refused_with_the_numbers(model_type):
+    """NeuCodec / XCodec2's decoder: its rotary embedding gets positions 0 .. H-1 (one per head), and its apply
+    turns every frame of head h by position h's angles: rotary's RoPE along the head axis reproduces q and k, and
+    the logits equal the unrotated ones (a rotation shared by a head's queries and keys cancels)."""
+    model, _, calls, _ = em.record(model_type)
+    config = model.config
+    (table,) = [c for c in calls if c.name.endswith(".forward")]
+    applies = [c for c in calls if c.name == "apply_rotary_pos_emb"]
+    heads, frames = config.num_attention_heads, 6
+    assert table.args[2].tolist() == [list(range(heads))] and len(applies) == config.num_hidden_layers
+    rope = rotary.RoPE(config.head_dim, base=config.rope_parameters["rope_theta"])
+    q, k = applies[0].args[:2]  # [B, H, S, D]
+    assert q.shape == (1, heads, frames, config.head_dim)
+    for x, want in zip((q, k), applies[0].out):  # the heads as the positions: layout bshd reads H as S
+        mine = rope.rotate(x.double(), position_ids=torch.arange(heads), layout="bshd")
+        torch.testing.assert_close(mine.float(), want, rtol=1e-5, atol=2e-5)
+    assert not torch.allclose(applies[0].out[0], q, atol=1e-3)  # head 1 turns
+    logits, unrotated = applies[0].out[0] @ applies[0].out[1].transpose(-1, -2), q @ k.transpose(-1, -2)
+    torch.testing.assert_close(logits, unrotated, rtol=1e-5, atol=1e-5)  # no position reaches the scores
+    assert ENCODER_STATUS[model_type] == REFUSED[model_type]
+    with pytest.raises(rotary.ConfigError, match=repr(model_type)):
+        rotary.RoPE.from_hf_config(config)
+
+
+def test_lightglue_is_rope_mixed_with_its_learned_frequencies(rotate_calls):
+    """LightGlue's angles are its projector's weights times each keypoint's (x, y): rotary.RoPEMixed with those weights
+    as its frequencies (every head) rotates q and k into the model's, at keypoints whose x and y differ; hf.patch
+    keeps its fp32 outputs."""
+    _, model, inputs = em.build("lightglue")
+    _, _, calls, _ = em.record("lightglue")
+    keypoints = []
+    hook = model.positional_encoder.register_forward_hook(lambda m, args, out: keypoints.append(args[0]))
+    try:
+        with torch.no_grad():
+            model(**inputs)  # the recorded forward again (deterministic), for the keypoints it encodes
+    finally:
+        hook.remove()
+    (xy,) = keypoints  # [2 images, S, 2]: normalized (x, y)
+    assert not torch.allclose(xy[..., 0], xy[..., 1])
+    weight = model.positional_encoder.projector.weight.detach()  # [D/2, 2]
+    heads, head_dim = model.config.num_attention_heads, 2 * weight.shape[0]
+    mixed = rotary.RoPEMixed(head_dim, heads, interleaved=True, rotate=False)
+    with torch.no_grad():
+        mixed.inv_freq.copy_(weight.T.expand(heads, 2, head_dim // 2))
+    applies = [c for c in calls if c.name == "apply_rotary_pos_emb"]
+    assert len(applies) == model.config.num_hidden_layers  # the self-attention of each layer (not the cross)
+    for call in applies:
+        for x, want in zip(call.args[:2], call.out):  # [B, H, S, D]
+            with torch.no_grad():
+                mine = mixed.rotate(x.double(), xy.double(), layout="bhsd")
+            scale = x.abs().max()  # fp32 rounding of values of this size
+            torch.testing.assert_close(mine.float() / scale, want / scale, rtol=1e-5, atol=2e-6)
+            assert (mine.float() - x).abs().max() > 0.1 * x.abs().max()  # it rotates
+    assert "lightglue" in LEARNED_FREQUENCIES and ENCODER_STATUS["lightglue"].endswith(LEARNED_FREQUENCIES["lightglue"])
+    _check_patch("lightglue", rotate_calls)
+
+
+def _check_memory_attention(rope, calls, grid_tokens: int) -> set:
+    """Every recorded apply_rotary_pos_emb_2d call of a memory attention: rotary's tables (the queries' grid; the
+    keys' grid once per memory frame, then the object pointers unrotated) give its cos/sin and its q and k."""
+    queries = rope.tables(dtype=torch.float64)
+    values = rope.positions().values
+    assert queries.cos.shape[0] == grid_tokens and not torch.equal(values[:, 0], values[:, 1])
+    seen = set()
+    for call in calls:
+        assert call.caller.endswith("RoPEAttention"), call.caller  # the memory attention's, nothing else
+        q, k, cos, sin = call.args[:4]  # [B, H, S, D]; tables [1, S, D], each angle twice (pairs (2i, 2i+1))
+        torch.testing.assert_close(queries.cos.float(), cos[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(queries.sin.float(), sin[0], rtol=1e-5, atol=1e-5)
+        pointers = call.kwargs.get("num_k_exclude_rope", 0)
+        frames = (k.shape[-2] - pointers) // grid_tokens
+        keys = rope.tables(memory_frames=frames, object_pointers=pointers, dtype=torch.float64)
+        for x, tables, want in ((q, queries, call.out[0]), (k, keys, call.out[1])):
+            (mine,) = rotary.rotate([x.double()], tables, layout="bhsd")
+            torch.testing.assert_close(mine.float(), want, rtol=1e-5, atol=2e-5)
+            assert not torch.allclose(mine.float(), x, atol=1e-3)
+        seen.add((frames, pointers))
+    return seen
+
+
+def test_sam2_video_memory_attention_through_its_inference_session():
+    """SAM 2 video, run through an inference session (three frames, a point on the first): vision_rope's
+    'sam2_memory' form gives every rotation of its memory attention, over the current frame (self-attention) and over
+    one then two memory frames with their object pointers (cross-attention); its prompt encoder and mask decoder ran
+    on every frame and applied none."""
+    model, calls, ran = em.sam2_video_session()
+    rope = rotary.hf.vision_rope(model.config)
+    assert rope.form == "sam2_memory" and rope.fixed_grid == (4, 4)
+    seen = _check_memory_attention(rope, calls, 16)
+    assert seen == {(1, 0), (1, 2), (2, 4)}  # self-attention; one memory frame + 2 pointer tokens; two + 4
+    assert ran == {"prompt_encoder": 3, "mask_decoder": 3}
+    for model_type in TRACKER_PARTS:
+        assert ENCODER_STATUS[model_type] == NO_ROPE[model_type]
+
+
+def _classes(module, prefix: str) -> dict[str, str]:
+    """The source of each class of a modeling module, by name without ``prefix``, with the model's name replaced (in
+    its docstrings too). One parse of the file (inspect.getsource parses it again for every class)."""
+    text = open(module.__file__, encoding="utf-8").read()
+    lines, found = text.splitlines(), {}
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.ClassDef) and node.name.startswith(prefix):
+            source = "\n".join(lines[node.lineno - 1 : node.end_lineno]).replace(prefix, "X")
+            found[node.name[len(prefix) :]] = re.sub(r"[A-Z0-9_]+'s attention layer", "X's attention layer", source)
+    return found
+
+
+def test_sam3_tracker_and_edgetam_share_sam2_videos_parts():
+    """SAM 3's tracker and EdgeTAM: their prompt encoders and mask decoders (and every module inside them) are SAM 2
+    video's code, run in its session above; SAM 3's tracker's memory attention is too."""
+    import transformers.models.edgetam_video.modeling_edgetam_video as edgetam
+    import transformers.models.sam2_video.modeling_sam2_video as sam2
+    import transformers.models.sam3_tracker_video.modeling_sam3_tracker_video as sam3
+
+    parts = "PromptEncoder MaskDecoder MaskEmbedding PositionalEmbedding TwoWayTransformer TwoWayAttentionBlock".split()
+    parts += ["Attention", "FeedForward", "LayerNorm"]
+    reference = _classes(sam2, "Sam2Video")
+    for module, prefix, extra in (
+        (sam3, "Sam3TrackerVideo", ["MemoryAttention", "MemoryAttentionLayer", "RoPEAttention"]),
+        (edgetam, "EdgeTamVideo", []),
+    ):
+        theirs = _classes(module, prefix)
+        for part in parts + extra:
+            assert theirs[part] == reference[part], (prefix, part)
+
+
+def test_sam3_tracker_video_memory_attention_run_on_its_own():
+    """SAM 3's tracker: its memory attention, built from a tiny config and run on a frame and two memory frames with
+    four object-pointer tokens, rotates as vision_rope's 'sam2_memory' form says (the whole tracker needs SAM 3's ViT,
+    too large to build in a test; the rest is SAM 2 video's code, checked above)."""
+    import transformers.models.sam3_tracker_video.modeling_sam3_tracker_video as module
+
+    config = transformers.Sam3TrackerVideoConfig(
+        memory_attention_hidden_size=64,
+        memory_attention_num_layers=1,
+        memory_attention_num_attention_heads=2,
+        memory_attention_feed_forward_hidden_size=32,
+    )
+    config.memory_attention_rope_feat_sizes = [5, 3]  # (w, h): a 3 x 5 grid (its image_size sets it at init)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    attention = module.Sam3TrackerVideoMemoryAttention(config).eval()
+    gen = torch.Generator().manual_seed(1)
+    tokens, pointers = 15, 4
+    current = torch.randn(tokens, 1, 64, generator=gen)
+    memory = torch.randn(2 * tokens + pointers, 1, 64, generator=gen)  # [S, B, C], the memory encoder's 64 channels
+    calls, real = [], module.apply_rotary_pos_emb_2d
+
+    def recording(*args, **kwargs):
+        out = real(*args, **kwargs)
+        caller = type(sys._getframe(1).f_locals.get("self")).__name__
+        calls.append(em.Call("apply_rotary_pos_emb_2d", caller, args, kwargs, out))
+        return out
+
+    module.apply_rotary_pos_emb_2d = recording
+    try:
+        with torch.no_grad():
+            attention(current, memory, torch.randn_like(current), torch.randn_like(memory), num_object_pointer_tokens=4)
+    finally:
+        module.apply_rotary_pos_emb_2d = real
+    rope = rotary.hf.vision_rope(config)
+    assert rope.fixed_grid == (3, 5)
+    assert _check_memory_attention(rope, calls, tokens) == {(1, 0), (2, pointers)}
+
+
+def test_edgetam_video_memory_attention_run_on_its_own():
+    """EdgeTAM video: its memory attention, built from a tiny config and run on a 3 x 5 frame and two memory frames
+    (each: 3 perceiver latents, then a 2 x 4 grid) with 4 object-pointer tokens, rotates as vision_rope's
+    'edgetam_memory' form says (the whole model needs timm: see its backbone; the rest is SAM 2 video's code)."""
+    import transformers.models.edgetam_video.modeling_edgetam_video as module
+
+    config = transformers.EdgeTamVideoConfig(
+        memory_attention_hidden_size=64,
+        memory_attention_num_layers=1,
+        memory_attention_num_attention_heads=2,
+        memory_attention_mlp_hidden_size=32,
+        memory_attention_rope_feat_sizes=[5, 3],  # (w, h)
+        memory_attention_rope_k_sizes=[4, 2],
+        perceiver_resampler_num_latents=3,
+    )
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    attention = module.EdgeTamVideoMemoryAttention(config).eval()
+    gen = torch.Generator().manual_seed(1)
+    tokens, frames, pointers = 15, 2, 4
+    current = torch.randn(tokens, 1, 64, generator=gen)
+    memory = torch.randn(frames * (3 + 8) + pointers, 1, 64, generator=gen)  # [S, B, C]
+    calls = []
+    reals = {
+        name: getattr(module, name)
+        for name in ("apply_rotary_pos_emb_2d_self_attn", "apply_rotary_pos_emb_2d_cross_attn")
+    }
+
+    def recorder(name):
+        def recording(*args, **kwargs):
+            out = reals[name](*args, **kwargs)
+            bound = inspect.signature(reals[name]).bind(*args, **kwargs)
+            bound.apply_defaults()
+            calls.append((name, bound.arguments, out))
+            return out
+
+        return recording
+
+    for name in reals:
+        setattr(module, name, recorder(name))
+    try:
+        with torch.no_grad():
+            attention(
+                current,
+                memory,
+                torch.randn_like(current),
+                torch.randn_like(memory),
+                num_object_pointer_tokens=pointers,
+                num_spatial_memory_tokens=frames,
+            )
+    finally:
+        for name, real in reals.items():
+            setattr(module, name, real)
+    rope = rotary.hf.vision_rope(config)
+    assert rope.form == "edgetam_memory" and rope.fixed_grid == (3, 5) and rope.memory_keys == ((2, 4), 3)
+    queries = rope.tables(dtype=torch.float64)
+    keys = rope.tables(memory_frames=frames, object_pointers=pointers, dtype=torch.float64)
+    assert [name for name, *_ in calls] == list(reals)  # self-attention, then cross-attention
+    for name, kwargs, out in calls:
+        q, k, cos, sin = (kwargs[key] for key in ("q", "k", "cos", "sin"))
+        torch.testing.assert_close(queries.cos.float(), cos[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(queries.sin.float(), sin[0], rtol=1e-5, atol=1e-5)
+        if name.endswith("cross_attn"):
+            assert k.shape[-2] == frames * 11 + pointers and kwargs["repeat_freqs_k"] == frames
+        for x, tables, want in ((q, queries, out[0]), (k, keys if name.endswith("cross_attn") else queries, out[1])):
+            (mine,) = rotary.rotate([x.double()], tables, layout="bhsd")
+            torch.testing.assert_close(mine.float(), want, rtol=1e-5, atol=2e-5)
+            assert not torch.allclose(mine.float(), x, atol=1e-3)
+
+
 def test_vjepa2_turns_the_two_channels_of_a_pair_by_different_angles():
     """V-JEPA 2's refusal, with the numbers: every call of its rotate_queries_or_keys in one forward changes the norms
     of the q and k rows it is given (a rotation never does), at positions that differ per axis."""
@@ -166,28 +423,6 @@ def test_vjepa2_turns_the_two_channels_of_a_pair_by_different_angles():
     assert ENCODER_STATUS["vjepa2"] == REFUSED["vjepa2"]
     with pytest.raises(rotary.ConfigError, match="'vjepa2'"):
         rotary.hf.vision_rope(model.config)
-
-
-def test_inkling2_is_an_axial_rope_at_its_positions():
-    """What inkling2_vision's NOT_BUILT reason states: at the positions the model used (a class token at (0, 0)
-    before each image, patches at (row + 1, col + 1)), rotary's AxialRoPE (pairs (2i, 2i+1), w's block first) gives
-    its cos/sin and rotates its q and k into the model's."""
-    model, _, calls, _ = em.record("inkling2_vision")
-    (table,) = [c for c in calls if c.name.endswith(".forward")]
-    applies = [c for c in calls if c.name == "apply_rotary_pos_emb_vision"]
-    positions = table.args[2]
-    assert positions[0].tolist() == [0, 0] and not torch.equal(positions[:, 0], positions[:, 1])
-    head_dim = table.out[0].shape[-1]
-    base = model.config.rope_parameters["rope_theta"]
-    rope = rotary.AxialRoPE(head_dim, axes=2, base=base, interleaved=True, block_order=(1, 0))
-    tables = rope.tables(rope.coordinates(positions.double()), dtype=torch.float64)
-    torch.testing.assert_close(tables.cos.float(), table.out[0], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(tables.sin.float(), table.out[1], rtol=1e-5, atol=1e-5)
-    assert len(applies) == model.config.num_hidden_layers
-    for x, want in zip(applies[0].args[:2], applies[0].out):
-        mine = rotary.rotate([x[None].double()], tables, layout="bshd")[0][0]
-        torch.testing.assert_close(mine.float(), want, rtol=1e-5, atol=2e-5)
-    assert "inkling2_vision" in NOT_BUILT
 
 
 def test_every_encoder_left_says_exactly_why():

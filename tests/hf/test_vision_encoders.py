@@ -34,10 +34,14 @@ APPLY = {
     "dinov3": ("apply_rotary_pos_emb", "bhsd"),
     "sam3": ("apply_rotary_pos_emb_2d", "bhsd"),
     "step3p5": ("apply_rotary_pos_emb_vision", "bshd"),
+    "inkling2": ("apply_rotary_pos_emb_vision", "shd"),
+    "muse": ("apply_rotary_pos_emb_vision", "bshd"),
+    "loftr": ("apply_rotary_pos_emb", "bshd"),  # [B, S, 1, hidden]: before the heads split
     "gemma4": ("apply_multidimensional_rope", "bshd"),  # called once for q, once for k
 }
-#: the towers whose tables are one RotaryTables (Gemma 4's are one per half of the head: tested below)
-SINGLE = sorted(t for t, form in VISION_ROPE.items() if form != "gemma4")
+#: the towers whose tables are one RotaryTables (Gemma 4's are one per half of the head: tested below), and that a
+#: plain forward runs (SAM 2 video's memory attention runs through an inference session: tests/hf/test_encoders.py)
+SINGLE = sorted(t for t, form in VISION_ROPE.items() if form not in ("gemma4", "sam2_memory", "edgetam_memory"))
 # Gemma 4: one image of 3 x 6 patches (multiples of its 3 x 3 pooling)
 GEMMA4_GRID = (3, 6)
 
@@ -60,6 +64,7 @@ MODEL_CLASS = {
     "dinov3_vit": "DINOv3ViTModel",
     "eomt_dinov3": "EomtDinov3ForUniversalSegmentation",
     "sapiens2": "Sapiens2Model",
+    "efficientloftr": "EfficientLoFTRModel",
     "pixtral": "PixtralVisionModel",
     "paddleocr_vl_vision": "PaddleOCRVisionModel",
     "ernie4_5_vl_moe_vision": "Ernie4_5_VLMoeVisionTransformerPretrainedModel",
@@ -103,6 +108,13 @@ def _config(model_type: str):
         kwargs.update(num_key_value_heads=2)
     if model_type == "qwen2_5_omni_vision_encoder":
         kwargs.update(fullatt_block_indexes=[1])
+    if model_type == "efficientloftr":  # 8 heads: head_dim x partial_rotary_factor (4) must be hidden_size / 2
+        kwargs.update(num_attention_heads=8, out_features=[8, 8, 16, 64], stage_num_blocks=[1, 1, 1, 1])
+        kwargs.update(num_attention_layers=1, initializer_range=0.2)  # q and k of order 1 (0.02: of order 1e-9)
+    if VISION_ROPE.get(model_type) == "muse":  # 4 x 4-patch windows, a windowed layer then a global one
+        kwargs.update(pos_emb_height=4, pos_emb_width=4, layer_types=["window_attention", "full_attention"])
+    if model_type == "inkling2_vision":  # a small projection into a small text width
+        kwargs.update(posemb_grid_size=4, projection_hidden_dim=64, text_hidden_size=64)
     config = cfg(**kwargs)
     config._attn_implementation = "eager"
     return config
@@ -110,11 +122,11 @@ def _config(model_type: str):
 
 def _inputs(model_type: str, config, gen: torch.Generator) -> dict:
     form = VISION_ROPE[model_type]
-    p = config.patch_size
-    if form in ("qwen_vl", "qwen_vl_window", "kimi", "minimax"):
+    p = getattr(config, "patch_size", None)  # EfficientLoFTR has none: a convolutional backbone
+    if form in ("qwen_vl", "qwen_vl_window", "kimi", "minimax", "muse"):
         grid = torch.tensor(GRID_FRAMES if model_type in GLM else GRID_CLIPS if form == "kimi" else GRID_THW)
         channels = getattr(config, "in_channels", None) or getattr(config, "num_channels", 3)
-        temporal = getattr(config, "temporal_patch_size", 1) or 1
+        temporal = getattr(config, "temporal_patch_size", None) or getattr(config, "patch_temporal", 1) or 1
         n = int(grid.prod(-1).sum())
         shape = {
             "kimi_k25_vision": (n, channels, p, p),  # one image of p x p pixels per patch
@@ -129,6 +141,15 @@ def _inputs(model_type: str, config, gen: torch.Generator) -> dict:
             "pixel_values": torch.randn(2, 3, 4 * p, 5 * p, generator=gen),
             "image_sizes": torch.tensor([[3 * p, 5 * p], [4 * p, 2 * p]]),
         }
+    if form == "inkling2":  # two images of 2 x 3 and 1 x 2 merged tokens (4 x 6 and 2 x 4 patches)
+        grid, m = torch.tensor([[1, 2, 3], [1, 1, 2]]), config.spatial_merge_size
+        side = p * m  # one merged token's pixels, in [-1, 1]
+        return {
+            "pixel_values": torch.rand(int(grid.prod(-1).sum()), side, side, 3, generator=gen) * 2 - 1,
+            "image_grid_thw": grid,
+        }
+    if form == "loftr":  # two grey 64 x 96 images: an 8 x 12 coarse map (stride 8), 2 x 3 tokens aggregated
+        return {"pixel_values": torch.rand(1, 2, 3, 64, 96, generator=gen)}
     if form == "gemma4":  # the processor's patches, row by row, at (x, y) = (column, row)
         h, w = GEMMA4_GRID
         ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
@@ -207,7 +228,7 @@ def _as_bshd(x: torch.Tensor, layout: str) -> torch.Tensor:
 def _grids(model_type: str, config, inputs, call_q: torch.Tensor, layout: str):
     """The grid argument(s) of rotary's producer for one recorded call, and its prefix."""
     form = VISION_ROPE[model_type]
-    p = config.patch_size
+    p = getattr(config, "patch_size", None)
     if form == "pixtral":
         return [[3, 5], [4, 2]], None
     if form == "dinov3":  # EoMT's mask head needs its config's square grid
@@ -222,6 +243,11 @@ def _grids(model_type: str, config, inputs, call_q: torch.Tensor, layout: str):
         return (side, side), None
     if form == "llama4":
         return None, None
+    if form == "inkling2":
+        return inputs["image_grid_thw"], None
+    if form == "loftr":  # the coarse feature map: the backbone's strides
+        stride = int(torch.tensor(config.stage_stride).prod())
+        return tuple(n // stride for n in inputs["pixel_values"].shape[-2:]), None
     return inputs["grid_thw"], None
 
 
@@ -262,6 +288,9 @@ def test_positions_differ_per_axis_and_tables_are_the_models_cos_sin(model_type)
         cos, sin = freqs.real.repeat_interleave(2, -1), freqs.imag.repeat_interleave(2, -1)
     else:
         cos, sin = args[2], args[3]
+    if form == "loftr":  # [B, S, hidden]: the same for both images of the pair
+        assert torch.equal(cos[0], cos[-1])
+        cos, sin = cos[0], sin[0]
     cos, sin = cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1])
     grid, prefix = _grids(model_type, config, inputs, args[0], APPLY[form][1])
     rope = vision_rope(config)
@@ -343,10 +372,14 @@ def test_every_encoder_is_built_or_has_a_status():
     assert set(VISION_ROPE.values()) == set(FORMS)
     categories = {status.split(":")[0] for status in ENCODER_STATUS.values()}
     assert categories == {
-        "video encoder", "vision encoder", "audio codec / vocoder / speech tokenizer", "wrapper",
-        "segmentation / tracking part (mask decoder, prompt encoder, memory attention)", "no RoPE in this part", "no RoPE", "not a RoPE of q and k",
+        "vision encoder",
+        "audio codec / vocoder / speech tokenizer",
+        "wrapper",
+        "no RoPE in this part",
+        "no RoPE",
+        "not a RoPE of q and k",
         "other encoder (byte patches, feature matching, time series, an assistant model)",
-    }  # fmt: skip
+    }
 
 
 @pytest.mark.parametrize(
@@ -364,6 +397,8 @@ def test_every_encoder_is_built_or_has_a_status():
         ({"model_type": "eomt_dinov3", "hidden_size": 64, "num_attention_heads": 4,
           "rope_parameters": {"rope_type": "yarn", "rope_theta": 100.0}}, r"rope_type 'yarn'.*'default'"),
         ({"model_type": "qwen3_vl_vision", "num_heads": 4}, r"none of hidden_size"),
+        ({"model_type": "efficientloftr", "hidden_size": 64, "num_attention_heads": 4},
+         r"head_dim 16 x partial_rotary_factor 4.0 must be hidden_size / 2 = 32"),
     ],
 )  # fmt: skip
 def test_bad_configs_name_the_producer_or_the_key(config, match):
@@ -406,6 +441,30 @@ def test_bad_grids_say_what_to_give(grid, match):
     rope = vision_rope({"model_type": "qwen3_vl_vision", "hidden_size": 64, "num_heads": 4})
     with pytest.raises(rotary.InputError, match=match):
         rope.tables(grid)
+
+
+def test_loftr_takes_a_coarse_map_at_least_its_aggregation_kernel():
+    rope = vision_rope({"model_type": "efficientloftr", "hidden_size": 64, "num_attention_heads": 8})
+    assert rope.positions((8, 13)).values.tolist()[:4] == [[1, 1], [1, 2], [1, 3], [2, 1]]  # (8 - 4) // 4 + 1 = 2
+    with pytest.raises(
+        rotary.InputError, match=r"coarse feature map \(3, 8\) is smaller than its aggregation kernel 4"
+    ):
+        rope.tables((3, 8))
+
+
+def test_sam2_memory_takes_its_config_grid_and_memory_frames():
+    rope = vision_rope({"model_type": "sam2_video", "memory_attention_rope_feat_sizes": [3, 2]})
+    keys = rope.positions(memory_frames=2, object_pointers=1)
+    assert keys.values.tolist() == [[0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [1, 2]] * 2 + [[0, 0]]
+    assert rope.tables(memory_frames=2, object_pointers=1).cos[-1].eq(1).all()  # the pointer: no rotation
+    with pytest.raises(rotary.InputError, match=r"rotates the fixed grid .* \(2, 3\); got \(3, 2\)"):
+        rope.tables((3, 2))
+    with pytest.raises(rotary.InputError, match=r"give memory_frames= too"):
+        rope.tables(object_pointers=2)
+    with pytest.raises(rotary.InputError, match=r"memory_frames= and object_pointers= are for SAM 2 video"):
+        vision_rope({"model_type": "qwen3_vl_vision", "hidden_size": 64, "num_heads": 4}).tables(
+            [[1, 2, 2]], memory_frames=1
+        )
 
 
 def test_merge_sizes_are_given_where_the_tower_takes_them():
@@ -470,10 +529,13 @@ def test_patched_tower_outputs_equal_unpatched(model_type, monkeypatch):
         assert calls == [1] * (2 * layers)
     else:
         assert calls == [2] * layers  # q and k of every block went through rotary, in one call each
-    for name in ("last_hidden_state", "pooler_output"):
+    compared = 0
+    for name in ("last_hidden_state", "pooler_output", "feature_maps"):  # EfficientLoFTR's: its feature maps
         if getattr(before, name, None) is not None:
             torch.testing.assert_close(getattr(patched, name), getattr(before, name), rtol=1e-5, atol=1e-5)
-            assert getattr(after, name).equal(getattr(before, name))
+            torch.testing.assert_close(getattr(after, name), getattr(before, name), rtol=0, atol=0)
+            compared += 1
+    assert compared
 
 
 def test_gemma4_replacement_equals_transformers(gen):

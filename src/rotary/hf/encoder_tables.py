@@ -9,7 +9,16 @@ recorded, and is checked that way by tests/hf/test_encoders.py (harness: tests/h
 
 from __future__ import annotations
 
-__all__ = ["COVERAGE", "ENCODER_PART", "NOT_BUILT", "NO_ROPE", "REFUSED", "SEQUENCE_ROPE"]
+__all__ = [
+    "COVERAGE",
+    "ENCODER_PART",
+    "LEARNED_FREQUENCIES",
+    "NOT_BUILT",
+    "NO_ROPE",
+    "REFUSED",
+    "ROTATED_HEADS",
+    "SEQUENCE_ROPE",
+]
 
 #: model_type -> how its attention pairs the rotated channels (``"half"``: (i, i + r/2), ``"interleaved"``:
 #: (2i, 2i + 1)). Each applies a 1-D RoPE over its sequence (audio frames, codec steps, patches; DeepSeek-OCR2's
@@ -26,8 +35,19 @@ SEQUENCE_ROPE: dict[str, str] = {
         ).split(),
         "half",
     ),
-    **dict.fromkeys("blt_global_transformer pe_audio_encoder".split(), "interleaved"),
+    **dict.fromkeys(
+        "blt_global_transformer pe_audio_encoder pe_audio_video_encoder pe_video_encoder".split(), "interleaved"
+    ),
+    # Qwen2.5-Omni's DiT (and token2wav, through its dit_config): the first head only (ROTATED_HEADS)
+    **dict.fromkeys("qwen2_5_omni_dit qwen2_5_omni_token2wav".split(), "interleaved"),
 }
+
+#: model_type -> how many of its attention's heads, the first ones, the RoPE rotates; the others pass through
+#: unrotated. Qwen2.5-Omni's DiT rotates head 0 only (``query[:, :1]``, "due to training process", says its code):
+#: pairs (2i, 2i+1) of that head's channels, which its code de-interleaves (channels 0, 2, 4, …, then 1, 3, 5, …)
+#: before Llama's half-split apply and leaves in that order, the same permutation for q and k, so every score is
+#: that of the interleaved RoPE. Rotate ``q[:, :1]`` and ``k[:, :1]`` ([B, H, S, D]) with RoPE.from_hf_config's.
+ROTATED_HEADS: dict[str, int] = {"qwen2_5_omni_dit": 1, "qwen2_5_omni_token2wav": 1}
 
 #: model_type of a composite (an encoder and a head, a transducer) -> the key of the sub-config that holds its
 #: encoder's RoPE: RoPE.from_hf_config(config) reads it there, as the model builds its encoder from it
@@ -38,6 +58,7 @@ ENCODER_PART: dict[str, str] = {
     # its speech recogniser's encoder; its speaker-diarization model is a nemotron3_diarization of its own
     # (RoPE.from_hf_config(config.diarization_config))
     "nemotron3_5_transcribe_audio": "asr_config",
+    "qwen2_5_omni_token2wav": "dit_config",  # its BigVGAN (bigvgan_config) applies none
 }
 
 _REL_XL = (
@@ -93,6 +114,15 @@ _LEARNED = (
     "position embeddings (nn.Embedding over the patch grid); the RoPE of its modeling file belongs to the text model"
 )
 
+_TRACKER_PARTS = (
+    "no RoPE: its forward pass applies none (SAM 2 video run through its inference session, a point on the first "
+    "frame and every frame tracked, with apply_rotary_pos_emb_2d recorded: the prompt encoder and the mask decoder "
+    "ran on every frame and every call came from the memory attention); its two-way transformer adds the point "
+    "embeddings (random Fourier features of the coordinates, Sam2VideoPositionalEmbedding) to q and k. SAM 3's "
+    "tracker's and EdgeTAM's are the same code (the tests compare it); the RoPE of its modeling file is the memory "
+    "attention's"
+)
+
 #: model_type -> what it uses instead of RoPE (its forward pass, run and recorded, applies none)
 NO_ROPE: dict[str, str] = {
     **dict.fromkeys(
@@ -109,6 +139,13 @@ NO_ROPE: dict[str, str] = {
     "phi4_multimodal_audio": _BUCKETS,
     "muse_spark_audio": _CONV_ONLY,
     **dict.fromkeys("sam3_detr_decoder sam3_detr_encoder sam3_mask_decoder".split(), _SAM3_PART),
+    "sam3_geometry_encoder": (
+        "no RoPE: its forward pass applies none (run and recorded, with torchvision's roi_align, which its box pooling "
+        "calls and which cannot load here, replaced by an average pool of each box's cells: no part of any RoPE); its "
+        "self-attention over the box prompts adds sine embeddings of the box centres (Sam3SinePositionEmbedding), its "
+        "cross-attention the image's sine position embeddings to the keys; the RoPE of its modeling file is the ViT "
+        "backbone's (sam3_vit_model, built by rotary.hf.vision_rope)"
+    ),
     **dict.fromkeys("deepseek_ocr2_sam_vision_model unlimited_ocr_sam_vision_model".split(), _SAM_VIT),
     **dict.fromkeys(
         (
@@ -126,6 +163,13 @@ NO_ROPE: dict[str, str] = {
         "no RoPE: its forward pass applies none (run and recorded); it has no model class of its own: transformers "
         "builds Gemma4UnifiedMultimodalEmbedder from it, an RMS norm and a linear projection of audio soft tokens "
         "into the text model, with no attention; the RoPE of its modeling file belongs to the text and vision parts"
+    ),
+    **dict.fromkeys(
+        (
+            "edgetam_video_mask_decoder edgetam_video_prompt_encoder sam2_video_mask_decoder sam2_video_prompt_encoder "
+            "sam3_tracker_video_mask_decoder sam3_tracker_video_prompt_encoder"
+        ).split(),
+        _TRACKER_PARTS,
     ),
     "qwen2_5_omni_bigvgan": (
         "no RoPE: its forward pass applies none (run and recorded); a BigVGAN vocoder, convolutions and "
@@ -157,98 +201,57 @@ _UNEQUAL_PAIR_ANGLES = (
     "tiny model), and its base 10000 is fixed in the code, not a config key"
 )
 
+_HEAD_INDEX = (
+    "audio codec / vocoder / speech tokenizer: not a RoPE over its frames (its decoder run and recorded): its "
+    "rotary embedding is given position_ids = arange(num_attention_heads), and its apply (unsqueeze_dim=2) turns "
+    "every frame of head h of q and k by the angles of position h (pairs (i, i + D/2), rope_theta): the same "
+    "rotation for a head's queries and keys at every frame, which cancels in each attention score (the tests: the "
+    "logits equal those of the unrotated q and k), so its attention carries no position from it. rotary's "
+    "RoPE(head_dim, base=rope_theta) at positions 0 .. H-1 along the head axis reproduces the rotation; its "
+    "semantic encoder is a wav2vec2-BERT model (semantic_model_config, a type of its own) and its acoustic "
+    "encoder is convolutional"
+)
+
 #: model_type -> why no RoPE rotary builds reproduces what its code does (run and recorded)
 REFUSED: dict[str, str] = {
     "vjepa2": _UNEQUAL_PAIR_ANGLES,
     **dict.fromkeys(("wav2vec2-bert", "wav2vec2-conformer"), _HIDDEN_ROTATION),
     **dict.fromkeys(("mlcd", "mlcd_vision_model"), _LEARNED_CLASS_ANGLES),
+    **dict.fromkeys(("neucodec", "xcodec2"), _HEAD_INDEX),
 }
 
 _AUDIO = "audio encoder: "
-_VIDEO = "video encoder: "
-_SEGMENT = "segmentation / tracking part (mask decoder, prompt encoder, memory attention): "
-_CODEC = "audio codec / vocoder / speech tokenizer: "
 _VISION = "vision encoder: "
 _OTHER = "other encoder (byte patches, feature matching, time series, an assistant model): "
-_NOT_RUN = "not built yet, and not yet run with its RoPE recorded: "
-_TRACKER = (
-    _NOT_RUN + "its RoPE is the memory attention's, a 2-D axial RoPE over the memory feature map with the keys' "
-    "table repeated per memory frame (rope_k_repeat) and the object-pointer keys left unrotated "
-    "(num_k_exclude_rope); the model runs only through an inference session over video frames"
+_NO_TORCHVISION = (
+    "timm needs torchvision, whose wheel on PyPI for the pinned torch 2.13.0 (torchvision 0.28.0) is a CUDA build: "
+    "its operators do not load with the CPU torch rotary is tested with (its _C.so needs libtorch_cuda.so), and the "
+    "CPU build is published only on PyTorch's own package index"
 )
-_TRACKER_PART = (
-    _NOT_RUN + "a part of the video tracker with no model class of its own (transformers builds it inside the video "
-    "model); the RoPE of its modeling file is the memory attention's"
-)
-_W2V_BERT_CODEC = (
-    _NOT_RUN + "its semantic encoder is a wav2vec2-BERT model (semantic_model_config) and its decoder a transformer "
-    "with a 1-D RoPE over codec frames; building it offline needs that semantic model's tiny config as well"
-)
-
 #: model_type -> exactly why it is not built (category first, as ENCODER_STATUS's): the types whose RoPE rotary
 #: has not reproduced yet, each with what its code does as far as it is known
 NOT_BUILT: dict[str, str] = {
-    **dict.fromkeys(
-        ("pe_audio_video_encoder", "pe_video_encoder"),
-        _VIDEO + "cannot be built offline here: its video frames are encoded by a timm backbone "
-        "(TimmWrapperForImageClassification) and timm is not among rotary's dependencies; its transformer's RoPE is "
-        "PE audio's (pairs (2i, 2i+1) over frame positions)",
-    ),
-    **dict.fromkeys("edgetam_video sam2_video sam3_tracker_video".split(), _SEGMENT + _TRACKER),
-    **dict.fromkeys(
-        (
-            "edgetam_video_mask_decoder edgetam_video_prompt_encoder sam2_video_mask_decoder sam2_video_prompt_encoder "
-            "sam3_tracker_video_mask_decoder sam3_tracker_video_prompt_encoder"
-        ).split(),
-        _SEGMENT + _TRACKER_PART,
-    ),
-    "sam3_geometry_encoder": _SEGMENT
-    + (
-        "cannot be run offline here: its box pooling calls torchvision's roi_align and torchvision is not among "
-        "rotary's dependencies; its modeling file's RoPE is the ViT backbone's (sam3_vit_model)"
-    ),
-    **dict.fromkeys(("neucodec", "xcodec2"), _CODEC + _W2V_BERT_CODEC),
-    "qwen2_5_omni_dit": _CODEC
-    + _NOT_RUN
-    + (
-        "its DiT rotates the first attention head only (query[:, :1], key[:, :1]), de-interleaved first: pairs "
-        "(2i, 2i+1) of head 0 by Qwen2_5OmniDiTRotaryEmbedding, the other heads unrotated"
-    ),
-    "qwen2_5_omni_token2wav": _CODEC + _NOT_RUN + "its RoPE is its DiT's (qwen2_5_omni_dit); its BigVGAN applies none",
-    "lightglue": _OTHER
-    + (
-        "not built from its config: its angles are a learned linear projection of each keypoint's (x, y) "
-        "(LightGluePositionalEncoder.projector), checkpoint weights rather than config keys; rotary's RoPE-Mixed "
-        "(rotary.variants) takes such per-pair frequency vectors"
-    ),
-    "efficientloftr": _OTHER
-    + _NOT_RUN
-    + (
-        "a 2-D RoPE over the aggregated coarse feature map (EfficientLoFTRRotaryEmbedding, after "
-        "q_aggregation_kernel_size / q_aggregation_stride pooling)"
-    ),
-    **dict.fromkeys(
-        ("muse_glimmer_vision", "muse_spark_vision"),
-        _VISION
-        + _NOT_RUN
-        + (
-            "2-D axial RoPE with the frequencies of dots3's tower (a qwen_vl form), but its patches are permuted per "
-            "image before a pixel shuffle (get_vision_position_ids), a token order vision_rope has no form for yet"
-        ),
-    ),
-    "inkling2_vision": _VISION
-    + (
-        "not built yet (run and recorded: rotary's AxialRoPE with pairs (2i, 2i+1), w's frequencies then h's, "
-        "base^(-4k/D), at the model's positions gives its cos/sin and its rotated q and k); vision_rope has no form "
-        "for its token order yet: a class token at (0, 0) before each image, the patches at (row + 1, col + 1) in "
-        "spatial_merge_size blocks, image_grid_thw counted in merged tokens"
-    ),
     "gemma3n_vision": _VISION
     + (
-        "cannot be built offline here: a MobileNet-V5 built through timm (TimmWrapper), and timm is not among "
-        "rotary's dependencies; no model class of its own"
+        "cannot be run here: a MobileNet-V5 built through timm (TimmWrapper), and "
+        + _NO_TORCHVISION
+        + "; no model class of its own"
     ),
 }
 
-#: the coverage table's entry (rotary.hf.coverage): the sequence encoders RoPE.from_hf_config builds
-COVERAGE = [("RoPE.from_hf_config", SEQUENCE_ROPE)]
+#: model_type -> how rotary builds its RoPE, whose frequencies are checkpoint weights rather than config keys:
+#: the form of RoPE-Mixed (rotary.RoPEMixed, the paper "Rotary Position Embedding for Vision Transformer"), a
+#: frequency vector over the axes per pair, loaded from the model's parameter (run and recorded; checked by
+#: tests/hf/test_encoders.py)
+LEARNED_FREQUENCIES: dict[str, str] = {
+    "lightglue": (
+        "its self-attention turns pair j (channels 2j, 2j+1) of every head of q and k by w_j · (x, y), the keypoint's "
+        "normalized coordinates and w = positional_encoder.projector.weight [head_dim/2, 2], a learned linear "
+        "projection; rotary.RoPEMixed(head_dim, num_attention_heads, interleaved=True, rotate=False) with inv_freq "
+        "set to w.T for every head ([H, 2, head_dim/2]) and the keypoints as its coordinates gives the same q and k"
+    ),
+}
+
+#: the coverage table's entries (rotary.hf.coverage): the sequence encoders RoPE.from_hf_config builds, and
+#: the encoders whose learned frequencies rotary.RoPEMixed takes
+COVERAGE = [("RoPE.from_hf_config", SEQUENCE_ROPE), ("rotary.RoPEMixed (learned frequencies)", LEARNED_FREQUENCIES)]

@@ -60,8 +60,12 @@ _FAMILIES = {
     ),
     "nemotron3_diarization": (("nemotron3_diarization", "nemotron3_diarization_audio"), _apply_half),
     "pe_audio": (("pe_audio_encoder",), _apply_pe),
+    "pe_video": (("pe_video_encoder",), _apply_pe),  # the same apply as PE audio's
+    "pe_audio_video": (("pe_audio_video_encoder",), _apply_pe),
     "deepseek_ocr2": (("deepseek_ocr2_encoder", "deepseek_ocr2_vision"), _apply_half),
     "muse_glimmer_assistant": (("muse_glimmer_assistant",), _apply_context),
+    # the DiT's head 0, de-interleaved by its attention before this call (encoder_tables.ROTATED_HEADS)
+    "qwen2_5_omni": (("qwen2_5_omni_dit", "qwen2_5_omni_token2wav"), _apply_half),
 }
 for _module, (_types, _replacement) in _FAMILIES.items():
     for _model_type in _types:

@@ -32,6 +32,20 @@ def _apply_vision(q, k, cos, sin):
     return _p.apply_pair(q, k, cos, sin, interleaved=False, layout="bshd")
 
 
+def _apply_vision_pairwise(q, k, cos, sin):
+    """Inkling2's ``apply_rotary_pos_emb_vision``: q, k ``[N, H, D]`` (the packed class tokens and patches of every
+    image), tables ``[N, D]`` with each angle repeated for its pair (2i, 2i+1); fp32, returned in q's dtype."""
+    q, k = _p.apply_pair(q[None], k[None], cos, sin, interleaved=True, layout="bshd")
+    return q[0], k[0]
+
+
+def _apply_loftr(q, k, cos, sin, unsqueeze_dim=1):
+    """EfficientLoFTR's and LightGlue's ``apply_rotary_pos_emb`` (Cohere's): q, k ``[B, S, 1, hidden]`` (EfficientLoFTR,
+    before the heads split) or ``[B, H, S, D]`` (LightGlue), tables ``[B, S, r]`` with each angle repeated for its
+    pair (2i, 2i+1); fp32, returned in q's dtype."""
+    return _p.apply_pair(q, k, cos, sin, interleaved=True, layout=_p.unsqueeze_layout(unsqueeze_dim))
+
+
 def _apply_dinov3(q, k, cos, sin, **kwargs):
     """DINOv3's (and EoMT's) attention: q, k ``[B, H, S, D]``, tables ``[P, D]`` (half layout) for the last
     ``P`` tokens, the patches; the class, register (and EoMT's query) tokens before them are not rotated.
@@ -70,7 +84,7 @@ def _apply_llama4_vision(query, key, freqs_ci):
     return q, k
 
 
-# vision towers with 2-D RoPE: Pixtral's PixtralVisionModel, DINOv3, SAM 3, Gemma 4's, and Llama 4 (text,
+# vision towers with 2-D RoPE: Pixtral's PixtralVisionModel, DINOv3 (and Sapiens2), SAM 3, Inkling2's, EfficientLoFTR's, Gemma 4's, and Llama 4 (text,
 # vision tower, or both)
 _p.SUPPORTED.update(
     {
@@ -81,7 +95,19 @@ _p.SUPPORTED.update(
         "eomt_dinov3": _p.Family(
             "transformers.models.eomt_dinov3.modeling_eomt_dinov3", {"apply_rotary_pos_emb": _apply_dinov3}
         ),
+        "sapiens2": _p.Family(  # DINOv3's apply, the same source
+            "transformers.models.sapiens2.modeling_sapiens2", {"apply_rotary_pos_emb": _apply_dinov3}
+        ),
         "sam3_vit_model": _p.Family("transformers.models.sam3.modeling_sam3", {"apply_rotary_pos_emb_2d": _apply_sam3}),
+        "inkling2_vision": _p.Family(
+            "transformers.models.inkling2.modeling_inkling2", {"apply_rotary_pos_emb_vision": _apply_vision_pairwise}
+        ),
+        "efficientloftr": _p.Family(
+            "transformers.models.efficientloftr.modeling_efficientloftr", {"apply_rotary_pos_emb": _apply_loftr}
+        ),
+        "lightglue": _p.Family(  # Cohere's apply, as EfficientLoFTR's: q, k [B, H, S, D], tables [B, S, D]
+            "transformers.models.lightglue.modeling_lightglue", {"apply_rotary_pos_emb": _apply_loftr}
+        ),
         "gemma4_vision": _p.Family(
             "transformers.models.gemma4.modeling_gemma4", {"apply_multidimensional_rope": _apply_xy}
         ),
@@ -126,6 +152,9 @@ _VISION_TOWERS = {
     "dots3_note": ("dots3_note_vision_encoder",),
     "lfm3_vl": ("lfm3_vl_vision",),
     "video_llama_3": ("video_llama_3_vision",),
+    "muse_glimmer": ("muse_glimmer_vision",),
+    "muse_spark": ("muse_spark_vision",),
+    "step3p7": ("step3p5_vision",),  # [B, S, H, D]: one image grid per call, a batch shares it
     "minimax_m3_vl": ("minimax_m3_vl_vision",),  # its own form: the first 3·2⌊D/6⌋ channels, in q's dtype
 }
 for _name, _types in _VISION_TOWERS.items():

@@ -46,16 +46,29 @@ CONFIG_DEFAULTS: dict[str, dict[str, int]] = {
     **{
         t: {"spatial_merge_size": 2}
         for t in VISION_ROPE
-        if VISION_ROPE[t] in ("qwen_vl", "minimax") and t not in _MERGE_ONE | _MERGE_PER_CALL
+        if VISION_ROPE[t] in ("qwen_vl", "minimax", "inkling2") and t not in _MERGE_ONE | _MERGE_PER_CALL
     },
     **{
         t: {"spatial_merge_size": 2, "window_size": 112, "patch_size": 14}
         for t in VISION_ROPE
         if VISION_ROPE[t] == "qwen_vl_window"
     },
+    "efficientloftr": {"q_aggregation_kernel_size": 4, "q_aggregation_stride": 4},
+    **{
+        t: {
+            "memory_attention_hidden_size": 256,
+            "memory_attention_downsample_rate": 1,
+            "memory_attention_num_attention_heads": 1,
+        }
+        for t in VISION_ROPE
+        if VISION_ROPE[t] in ("sam2_memory", "edgetam_memory")
+    },
+    **{t: {"perceiver_resampler_num_latents": 256} for t in VISION_ROPE if VISION_ROPE[t] == "edgetam_memory"},
 }
+#: the forms whose towers merge spatial_merge_size x spatial_merge_size blocks of patches (grid rows per image)
+_MERGING = ("qwen_vl", "qwen_vl_window", "kimi", "minimax", "inkling2")
 #: form -> the rope_type its rotary embedding accepts (else "axial"); DINOv3's config has none
-_ROPE_TYPE = {"llama4": "default", "dinov3": "default"}
+_ROPE_TYPE = {"llama4": "default", "dinov3": "default", "loftr": "default"}
 #: model_type -> rope_theta when the config states none (transformers' config-class default; else 10000)
 _DEFAULT_THETA = {
     "dinov3_vit": 100.0,
@@ -150,6 +163,22 @@ def _theta(d: Mapping[str, Any], form: str, label: str) -> float:
     return float(theta)
 
 
+def _feat_grid(d: Mapping[str, Any], key: str, default: list[int], label: str) -> tuple[int, int]:
+    """A SAM 2-style ``[w, h]`` config key as ``(h, w)``."""
+    sizes = d.get(key, default)
+    if not (isinstance(sizes, Sequence) and len(sizes) == 2 and all(is_int(n) and n > 0 for n in sizes)):
+        raise ConfigError(f"{label}: {key} must be two positive ints [w, h], got {sizes!r:.60}")
+    return int(sizes[1]), int(sizes[0])
+
+
+def _memory_head_dim(d: Mapping[str, Any], label: str) -> int:
+    """SAM 2 video's memory attention: ``memory_attention_hidden_size / (downsample_rate * heads)``."""
+    width = _int(d, ("memory_attention_hidden_size",), label)
+    rate = _int(d, ("memory_attention_downsample_rate",), label)
+    heads = _int(d, ("memory_attention_num_attention_heads",), label)
+    return width // (rate * heads)
+
+
 def _even_quarters(head_dim: int, label: str) -> None:
     if head_dim % 4:
         raise ConfigError(
@@ -188,12 +217,13 @@ def vision_rope(config: Any) -> VisionRoPE:
     d = {**CONFIG_DEFAULTS.get(model_type, {}), **{k: v for k, v in d.items() if v is not None}}
     form = VISION_ROPE[model_type]
     label = f"vision_rope({model_type})"
-    head_dim = _head_dim(d, model_type, label)
+    memory_form = form in ("sam2_memory", "edgetam_memory")
+    head_dim = _memory_head_dim(d, label) if memory_form else _head_dim(d, model_type, label)
     theta = _theta(d, form, label)
     merge, window, temporal = 1, None, False
     if model_type in _MERGE_PER_CALL:
         merge = None
-    elif form in ("qwen_vl", "qwen_vl_window", "kimi", "minimax"):
+    elif form in _MERGING:
         if model_type not in _MERGE_ONE:
             merge = _int(d, ("spatial_merge_size",), label)
     if form == "minimax":
@@ -228,6 +258,18 @@ def vision_rope(config: Any) -> VisionRoPE:
     elif form == "step3p5":  # Qwen-VL's frequencies and pairing, w's block first
         _even_quarters(head_dim, label)
         rope = AxialRoPE(head_dim, axes=2, base=theta, block_order=(1, 0))
+    elif memory_form:  # the memory attention's: pairs (2i, 2i+1), w's block first, one fixed grid
+        _even_quarters(head_dim, label)
+        rope = AxialRoPE(head_dim, axes=2, base=theta, interleaved=True, block_order=(1, 0))
+    elif form == "muse":  # Qwen-VL's frequencies and pairing, w's block first, at (row + 1, col + 1)
+        _even_quarters(head_dim, label)
+        rope = AxialRoPE(head_dim, axes=2, base=theta, block_order=(1, 0))
+        window = _int(d, ("pos_emb_height",), label)  # its attention windows, in patches (no merge before them)
+    elif form == "inkling2":  # Qwen-VL's frequencies, pairs (2i, 2i+1), w's block first
+        _even_quarters(head_dim, label)
+        rope = AxialRoPE(head_dim, axes=2, base=theta, interleaved=True, block_order=(1, 0))
+    elif form == "loftr":
+        rope = _loftr(d, head_dim, theta, label)
     elif form == "sam3":
         _even_quarters(head_dim, label)
         rope = AxialRoPE(head_dim, axes=2, base=theta, interleaved=True, block_order=(1, 0))
@@ -247,14 +289,45 @@ def vision_rope(config: Any) -> VisionRoPE:
                     f"window_size must be at least spatial_merge_size * patch_size = {merge * patch}"
                 )
             window = size // merge // patch
-    fixed = None
+    fixed, keys = None, None
+    if memory_form:  # memory_attention_rope_feat_sizes is (w, h); so are EdgeTAM's key sizes
+        fixed = _feat_grid(d, "memory_attention_rope_feat_sizes", [64, 64], label)
+        keys = (fixed, 0)  # SAM 2: the keys of a memory frame are the queries' grid
+        if form == "edgetam_memory":  # its perceiver's latents: the 1-D ones unrotated, then the 2-D grid
+            keys = (
+                _feat_grid(d, "memory_attention_rope_k_sizes", [16, 16], label),
+                _int(d, ("perceiver_resampler_num_latents",), label),
+            )
     if form in ("llama4", "sam3"):
         image, patch = d.get("image_size"), d.get("patch_size")
         if not (is_int(image) and is_int(patch) and 0 < patch <= image):
             raise ConfigError(f"{label}: image_size and patch_size must be ints with patch_size <= image_size")
         fixed = (image // patch, image // patch)
-    producer = VisionRoPE(model_type, form, rope, merge_size=merge, window=window, temporal=temporal, fixed_grid=fixed)
+    if form == "loftr":  # the aggregation of the coarse feature map before the attention: (kernel, stride)
+        window = (_int(d, ("q_aggregation_kernel_size",), label), _int(d, ("q_aggregation_stride",), label))
+    producer = VisionRoPE(
+        model_type, form, rope, merge_size=merge, window=window, temporal=temporal, fixed_grid=fixed, memory_keys=keys
+    )
     return producer.eval()  # as a loaded model: DINOv3's coordinate augmentation only after .train()
+
+
+def _loftr(d: Mapping[str, Any], head_dim: int, theta: float, label: str) -> AxialRoPE:
+    """EfficientLoFTR's RoPE: one 2-D axial RoPE over the whole hidden width (q and k rotated before the heads
+    split), pairs (2i, 2i+1) dealt to h and w in turn, ``hidden_size / 4`` frequencies ``base^(-4k/hidden_size)``
+    per axis. The model computes them as a 1-D RoPE of ``head_dim * partial_rotary_factor`` channels, which must
+    be ``hidden_size / 2`` for its tables to be formed at all."""
+    hidden = _int(d, ("hidden_size",), label)
+    params = d.get("rope_parameters") or {}
+    factor = params.get("partial_rotary_factor", d.get("partial_rotary_factor", 4.0))
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or int(head_dim * factor) * 2 != hidden:
+        raise ConfigError(
+            f"{label}: head_dim {head_dim} x partial_rotary_factor {factor!r} must be hidden_size / 2 = {hidden / 2:g}: "
+            "its rotary embedding lays hidden_size / 4 frequencies per axis over the whole hidden width (the "
+            "model cannot form its tables otherwise)"
+        )
+    if hidden % 4:
+        raise ConfigError(f"{label}: hidden_size {hidden} is not a multiple of 4 (two axes of channel pairs)")
+    return AxialRoPE(hidden, axes=2, base=theta, interleaved=True, axis_slots="alternating")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -274,6 +347,23 @@ class VisionRoPE(nn.Module):
     - ``llama4``: ``(h, w)`` must be the config's ``image_size / patch_size`` grid (default), class token last;
     - ``sam3``: ``(h, w)`` of one attention's tokens: ``(window_size, window_size)`` for the windowed
       layers, the whole patch grid (default) for the global ones;
+    - ``sam2_memory``: SAM 2 video's memory attention (and SAM 3's tracker's): ``(h, w)`` must be the config's
+      ``memory_attention_rope_feat_sizes`` grid (default), row by row; that table rotates the current frame's
+      queries. Its keys, ``memory_frames=`` frames of that grid and then ``object_pointers=`` object-pointer tokens
+      (unrotated), as the model's cross-attention lays them out: ``tables(memory_frames=2, object_pointers=4)``;
+    - ``edgetam_memory``: EdgeTAM video's memory attention, as ``sam2_memory``, but each memory frame's keys are its
+      perceiver's ``perceiver_resampler_num_latents`` latents (unrotated), then the ``memory_attention_rope_k_sizes``
+      grid, row by row;
+    - ``muse``: one row per image or video, ``(t, h, w)`` patches (the model's ``grid_thw``), packed, read
+      window by window (``pos_emb_height`` x ``pos_emb_height`` patches, as Qwen2.5-VL's windows with no merge
+      before them; its ``merge_size`` pixel shuffle comes after the attention), at (row + 1, col + 1);
+    - ``inkling2``: one row per image, ``(t, h, w)`` counted in merged tokens (the model's ``image_grid_thw``:
+      ``spatial_merge_size`` x ``spatial_merge_size`` patches each), packed; each image is a class token at
+      (0, 0), then its patches at (row + 1, col + 1) in merge blocks;
+    - ``loftr``: ``(h, w)`` of the coarse feature map (the backbone's last stage, as EfficientLoFTR's rotary
+      embedding takes it); its tokens are the aggregated map's, ``(h - kernel) // stride + 1`` rows of
+      ``(w - kernel) // stride + 1``, row by row at (row + 1, col + 1). Its tables ``[N, hidden_size]`` rotate q
+      and k before the heads split (``[B, N, 1, hidden_size]``, as the model's attention rotates them);
     - ``step3p5``: ``(h, w)`` patches of one image (every image of a batch has that grid), row by row;
     - ``gemma4``: ``(h, w)`` patches of one image, row by row, at coordinates ``(x, y)`` = (column, row) as
       the processor's ``image_position_ids`` (its padding patches, at -1, are masked out of attention). Its
@@ -295,10 +385,13 @@ class VisionRoPE(nn.Module):
         window: int | None = None,
         temporal: bool = False,
         fixed_grid: tuple[int, int] | None = None,
+        memory_keys: tuple[tuple[int, int], int] | None = None,
     ) -> None:
         super().__init__()
         self.model_type, self.form, self.rope = model_type, form, rope
         self.merge_size, self.window, self.temporal, self.fixed_grid = merge_size, window, temporal, fixed_grid
+        #: the memory attentions': the (h, w) grid of a memory frame's keys, and the unrotated tokens before it
+        self.memory_keys = memory_keys
 
     def extra_repr(self) -> str:
         return f"model_type={self.model_type!r}, form={self.form!r}, merge_size={self.merge_size}, window={self.window}"
@@ -325,7 +418,9 @@ class VisionRoPE(nn.Module):
             )
         return [int(m) for m in merge_sizes]
 
-    def _rows(self, grid: Any, merge_sizes: Any = None) -> list[tuple[int, int, int, int]]:
+    def _rows(self, grid: Any, merge_sizes: Any = None, *, in_blocks: bool = False) -> list[tuple[int, int, int, int]]:
+        """``(t, h, w, merge)`` per grid row, ``h`` and ``w`` in patches (``in_blocks``: the rows count merged
+        tokens, as Inkling2's ``image_grid_thw``, and are scaled by the merge size here)."""
         if isinstance(grid, torch.Tensor):
             if grid.dtype.is_floating_point or grid.dtype == torch.bool or grid.dim() not in (1, 2):
                 raise InputError(
@@ -346,6 +441,8 @@ class VisionRoPE(nn.Module):
                 raise InputError(f"grid[{i}] = {row!r:.60}: give (t, h, w) or (h, w) as positive ints (patches)")
             rows.append((1, *row) if len(row) == 2 else tuple(row))
         merges = self._merges(merge_sizes, len(rows))
+        if in_blocks:
+            rows = [(t, h * m, w * m) for (t, h, w), m in zip(rows, merges)]
         for i, ((t, h, w), m) in enumerate(zip(rows, merges)):
             if h % m or w % m:
                 raise InputError(
@@ -363,31 +460,61 @@ class VisionRoPE(nn.Module):
         if len(rows) != 1 or rows[0][0] != 1:
             raise InputError(f"{self.model_type} takes one image grid (h, w) per call, got {grid!r:.80}")
         h, w = rows[0][1:3]
-        if self.form == "llama4" and (h, w) != self.fixed_grid:
+        if (self.form == "llama4" or self.memory_keys is not None) and (h, w) != self.fixed_grid:
             raise InputError(
-                f"{self.model_type} rotates the fixed grid of its image_size / patch_size = {self.fixed_grid}; got {(h, w)}"
+                f"{self.model_type} rotates the fixed grid of its "
+                f"{'image_size / patch_size' if self.memory_keys is None else 'memory_attention_rope_feat_sizes'} "
+                f"= {self.fixed_grid}; got {(h, w)}"
             )
         return h, w
 
-    def positions(self, grid: Any = None, *, prefix: int | None = None, merge_sizes: Any = None) -> Coordinates:
+    def positions(
+        self,
+        grid: Any = None,
+        *,
+        prefix: int | None = None,
+        merge_sizes: Any = None,
+        memory_frames: int | None = None,
+        object_pointers: int = 0,
+    ) -> Coordinates:
         """The coordinates of the tower's tokens, in the model's order.
 
         Args:
             grid: see the class docstring (``grid_thw`` rows, or one ``(h, w)``).
             prefix: ``dinov3`` only: unrotated tokens before the patches (default 1 + registers).
             merge_sizes: VideoLLaMA3 only: the merge size of each grid row (the model's ``merge_sizes``).
+            memory_frames: ``sam2_memory`` and ``edgetam_memory`` only: the keys of the cross-attention, this many
+                memory frames.
+            object_pointers: with ``memory_frames``: the unrotated object-pointer tokens after them.
 
         Returns:
             :class:`~rotary.variants.Coordinates` ``[N, A]`` (``A`` = 3 for ``minimax``'s (t, h, w), else 2).
         """
-        if merge_sizes is not None and self.form not in ("qwen_vl", "qwen_vl_window", "kimi", "minimax"):
+        if merge_sizes is not None and self.form not in _MERGING:
             raise InputError(f"merge_sizes= is for towers that merge patches; {self.model_type} does not")
         if prefix is not None and self.form != "dinov3":
             raise InputError(f"prefix= is for DINOv3-style towers; {self.model_type} has no unrotated prefix tokens")
+        if (memory_frames is not None or object_pointers) and self.memory_keys is None:
+            raise InputError(
+                f"memory_frames= and object_pointers= are for SAM 2 video's memory attention, not {self.model_type}"
+            )
+        if self.memory_keys is not None:
+            return self._memory(grid, memory_frames, object_pointers)
         if self.form == "dinov3":
             return self.rope.grid(*self._image(grid), prefix=prefix)
         if self.form == "llama4":
             return self.rope.grid(*self._image(grid))
+        if self.form == "loftr":  # the aggregated coarse map, row by row, from (1, 1)
+            (h, w), (kernel, stride) = self._image(grid), self.window
+            if h < kernel or w < kernel:
+                raise InputError(
+                    f"{self.model_type}: the coarse feature map {(h, w)} is smaller than its aggregation kernel "
+                    f"{kernel} (q_aggregation_kernel_size); give a map of at least {kernel} x {kernel}"
+                )
+            ys, xs = torch.meshgrid(
+                torch.arange((h - kernel) // stride + 1), torch.arange((w - kernel) // stride + 1), indexing="ij"
+            )
+            return self.rope.coordinates(torch.stack([ys.flatten(), xs.flatten()], dim=-1) + 1)
         if self.form == "step3p5":  # row by row at (h, w)
             h, w = self._image(grid)
             ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
@@ -402,13 +529,15 @@ class VisionRoPE(nn.Module):
             scale = self.window / w  # transformers scales both axes by the width's factor
             values = torch.stack([ys.flatten(), xs.flatten()], dim=-1).to(torch.float64) * scale
             return self.rope.coordinates(values)
+        if self.form == "inkling2":  # per image: its class token at (0, 0), then its patches from (1, 1)
+            images = [
+                torch.cat([torch.zeros(1, 2, dtype=torch.long), _block_major(h, w, m).repeat(t, 1) + 1])
+                for t, h, w, m in self._rows(grid, merge_sizes, in_blocks=True)
+            ]
+            return self.rope.coordinates(torch.cat(images))
         parts, blocks = [], 0
         for t, h, w, m in self._rows(grid, merge_sizes):
-            ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
-            # patches in m x m blocks, block-major: [h/m, m, w/m, m] -> [h/m, w/m, m, m]
-            ys = ys.reshape(h // m, m, w // m, m).transpose(1, 2).flatten()
-            xs = xs.reshape(h // m, m, w // m, m).transpose(1, 2).flatten()
-            frame = torch.stack([ys, xs], dim=-1)  # [h w, 2]
+            frame = _block_major(h, w, m)  # [h w, 2]
             if self.temporal:
                 ts = torch.arange(t).repeat_interleave(h * w)
                 coords = torch.cat([ts[:, None], frame.repeat(t, 1)], dim=-1)
@@ -425,7 +554,29 @@ class VisionRoPE(nn.Module):
             m = self.merge_size
             order = torch.cat([o for _, o in parts])
             values = values.reshape(blocks, m * m, -1)[order].reshape(values.shape)
+        if self.form == "muse":  # its patches count from (1, 1)
+            values = values + 1
         return self.rope.coordinates(values)
+
+    def _memory(self, grid: Any, frames: int | None, pointers: int) -> Coordinates:
+        """A memory attention's queries (its grid, row by row); its keys (``frames`` times: the unrotated tokens a
+        memory frame starts with, then its key grid row by row; then ``pointers`` unrotated tokens)."""
+        h, w = self._image(grid)
+        if frames is None:
+            if pointers:
+                raise InputError("object_pointers= follow the memory frames of the keys: give memory_frames= too")
+            return self.rope.coordinates(_row_major(h, w))
+        if not is_int(frames) or frames < 1 or not is_int(pointers) or pointers < 0:
+            raise InputError(
+                f"memory_frames must be an int >= 1 and object_pointers an int >= 0, got {frames!r} and {pointers!r}"
+            )
+        (kh, kw), latents = self.memory_keys
+        frame = torch.cat([torch.zeros(latents, 2, dtype=torch.long), _row_major(kh, kw)])
+        values = torch.cat([frame.repeat(frames, 1), frame.new_zeros(pointers, 2)])
+        rotated = torch.cat(
+            [torch.arange(latents + kh * kw) >= latents] * frames + [torch.zeros(pointers, dtype=torch.bool)]
+        )
+        return self.rope.coordinates(values, identity=~rotated)
 
     def tables(
         self,
@@ -433,6 +584,8 @@ class VisionRoPE(nn.Module):
         *,
         prefix: int | None = None,
         merge_sizes: Any = None,
+        memory_frames: int | None = None,
+        object_pointers: int = 0,
         dtype: torch.dtype = torch.float32,
     ) -> RotaryTables | tuple[RotaryTables, RotaryTables]:
         """The tables the tower's attention applies to its tokens (see :meth:`positions`).
@@ -444,7 +597,10 @@ class VisionRoPE(nn.Module):
             ``q[..., D/2:]``: Gemma 4 rotates each half of the head as a RoPE of its own. They are the halves'
             share of :attr:`rope`'s tables (x's frequencies, then y's), each laid out for its half.
         """
-        tables = self.rope.tables(self.positions(grid, prefix=prefix, merge_sizes=merge_sizes), dtype=dtype)
+        positions = self.positions(
+            grid, prefix=prefix, merge_sizes=merge_sizes, memory_frames=memory_frames, object_pointers=object_pointers
+        )
+        tables = self.rope.tables(positions, dtype=dtype)
         if self.form != "gemma4":
             return tables
         quarter = tables.cos.shape[-1] // 4
@@ -458,6 +614,21 @@ class VisionRoPE(nn.Module):
             for cos, sin in [(tables.cos, tables.sin)]
             for a in (0, 1)
         )
+
+
+def _row_major(h: int, w: int) -> torch.Tensor:
+    """``(row, col)`` ``[h w, 2]`` of an ``h x w`` grid, row by row."""
+    ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    return torch.stack([ys.flatten(), xs.flatten()], dim=-1)
+
+
+def _block_major(h: int, w: int, m: int) -> torch.Tensor:
+    """``(row, col)`` ``[h w, 2]`` of an ``h x w`` grid of patches read in ``m x m`` blocks, block by block."""
+    ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    # [h/m, m, w/m, m] -> [h/m, w/m, m, m]
+    ys = ys.reshape(h // m, m, w // m, m).transpose(1, 2).flatten()
+    xs = xs.reshape(h // m, m, w // m, m).transpose(1, 2).flatten()
+    return torch.stack([ys, xs], dim=-1)
 
 
 def _window_order(t: int, h: int, w: int, window: int) -> torch.Tensor:

@@ -4,7 +4,7 @@ and in what form, and why each other RoPE-applying encoder is not built. Plain d
 
 from __future__ import annotations
 
-from .encoder_tables import NO_ROPE, NOT_BUILT, REFUSED
+from .encoder_tables import LEARNED_FREQUENCIES, NO_ROPE, NOT_BUILT, REFUSED
 
 __all__ = ["COVERAGE", "ENCODER_STATUS", "FORMS", "VISION_ROPE"]
 
@@ -27,6 +27,31 @@ FORMS: dict[str, str] = {
     "step3p5": (
         "2-D axial RoPE over (h, w), pairs (i, i + D/2), w's frequencies then h's (base^(-4k/D) each); one image "
         "grid per call (a batch shares it), patches row by row, no merge"
+    ),
+    "sam2_memory": (
+        "the memory attention's 2-D axial RoPE over (h, w) of the memory_attention_rope_feat_sizes grid, row by row, "
+        "pairs (2i, 2i+1), w's frequencies then h's (base^(-4k/D) each); the keys repeat the grid's table once per "
+        "memory frame and leave the object-pointer tokens after them unrotated"
+    ),
+    "edgetam_memory": (
+        "sam2_memory's RoPE (pairs (2i, 2i+1), w's frequencies then h's) over the memory_attention_rope_feat_sizes grid "
+        "for the queries; each memory frame's keys: its perceiver_resampler_num_latents latents unrotated, then the "
+        "memory_attention_rope_k_sizes grid row by row; the object-pointer tokens after them unrotated"
+    ),
+    "muse": (
+        "2-D axial RoPE over (row + 1, col + 1), pairs (i, i + D/2), w's frequencies then h's (base^(-4k/D) each); "
+        "patches read window by window (pos_emb_height x pos_emb_height, no merge before the attention), images "
+        "and videos packed (grid_thw)"
+    ),
+    "inkling2": (
+        "2-D axial RoPE over (h, w), pairs (2i, 2i+1), w's frequencies then h's (base^(-4k/D) each); per image a "
+        "class token at (0, 0), then its patches at (row + 1, col + 1) in spatial_merge_size blocks; images packed "
+        "(image_grid_thw, counted in merged tokens)"
+    ),
+    "loftr": (
+        "2-D axial RoPE over (row + 1, col + 1) of the aggregated coarse feature map (q_aggregation_kernel_size, "
+        "q_aggregation_stride), on the whole hidden width before the heads split (each head turns by its own "
+        "slice of the frequencies), pairs (2i, 2i+1) dealt to h and w in turn, base^(-4k/hidden_size)"
     ),
     "gemma4": (
         "2-D axial RoPE over (x, y) = (column, row), each axis on its own half of the head: x rotates "
@@ -54,6 +79,11 @@ VISION_ROPE: dict[str, str] = {
     "sam3_vit_model": "sam3",
     "gemma4_vision": "gemma4",
     "step3p5_vision": "step3p5",
+    "inkling2_vision": "inkling2",
+    "efficientloftr": "loftr",
+    **dict.fromkeys(("muse_glimmer_vision", "muse_spark_vision"), "muse"),
+    **dict.fromkeys(("sam2_video", "sam3_tracker_video"), "sam2_memory"),
+    "edgetam_video": "edgetam_memory",
 }
 
 _AUDIO = "audio encoder: RoPE over audio frames; not built from its config yet"
@@ -74,21 +104,8 @@ _OTHER = "other encoder (byte patches, feature matching, time series, an assista
 #: model_type -> why :func:`vision_rope` does not build it (category first). Every RoPE-applying model
 #: type that is not a text decoder and not in :data:`VISION_ROPE` is here (checked by the tests).
 ENCODER_STATUS: dict[str, str] = {
-    **dict.fromkeys("pe_audio_video_encoder pe_video_encoder".split(), _VIDEO),
     **dict.fromkeys(
-        (
-            "edgetam_video edgetam_video_mask_decoder edgetam_video_prompt_encoder sam2_video sam2_video_mask_decoder "
-            "sam2_video_prompt_encoder sam3_geometry_encoder "
-            "sam3_tracker_video sam3_tracker_video_mask_decoder sam3_tracker_video_prompt_encoder"
-        ).split(),
-        _SEGMENT,
-    ),
-    **dict.fromkeys(
-        ("neucodec qwen2_5_omni_dit qwen2_5_omni_token2wav xcodec2").split(),
-        _CODEC,
-    ),
-    **dict.fromkeys(
-        ("gemma3n_vision inkling2_vision muse_glimmer_vision muse_spark_vision").split(),
+        ("gemma3n_vision",),
         _VISION_LATER,
     ),
     **dict.fromkeys(
@@ -100,7 +117,11 @@ ENCODER_STATUS: dict[str, str] = {
         _NO_ROPE_TOWER,
     ),
     **dict.fromkeys("qwen2_5_omni qwen3_omni_moe sam3 sam3_vision_model".split(), _WRAPPER),
-    **dict.fromkeys("efficientloftr lightglue".split(), _OTHER),
+    **{  # built by rotary.RoPEMixed from the checkpoint's weights, not by vision_rope from the config
+        t: "other encoder (byte patches, feature matching, time series, an assistant model): not read from its "
+        "config, its frequencies are learned: " + how
+        for t, how in LEARNED_FREQUENCIES.items()
+    },
     **NO_ROPE,  # in a modeling file with a rotary embedding, but their forward pass applies none
     **REFUSED,  # what their code does is not a rotation of q and k
     **NOT_BUILT,  # exactly why each of the others is not built yet

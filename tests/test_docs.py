@@ -20,7 +20,6 @@ language, says nothing about what it holds). By language:
 from __future__ import annotations
 
 import contextlib
-import copy
 import io
 import re
 import shlex
@@ -164,23 +163,16 @@ def test_the_docs_have_code_to_check():
     }
 
 
-@contextlib.contextmanager
-def registries_restored():
+def registries_scoped() -> contextlib.ExitStack:
     """A block may register a rope_type, a position encoding or a benchmark; the rest of the suite must not see it."""
-    from rotary import rope_types
-    from rotary.models import decoder
-    from rotary.tools.bench import harness
+    from rotary.models import POSITION_ENCODINGS
+    from rotary.rope_types import ROPE_TYPES  # (ROPE_INIT_FUNCTIONS is a view of it)
+    from rotary.tools.bench import scoped_registrations
 
-    # (ROPE_INIT_FUNCTIONS is a view of ROPE_TYPES)
-    saved = [(d, copy.copy(d)) for d in (rope_types.ROPE_TYPES, decoder.POSITION_ENCODINGS, harness.SUITES)]
-    methods = list(harness.METHODS)
-    try:
-        yield
-    finally:
-        for d, before in saved:
-            d.clear()
-            d.update(before)
-        harness.METHODS[:] = methods
+    stack = contextlib.ExitStack()
+    for scope in (ROPE_TYPES.scope(), POSITION_ENCODINGS.scope(), scoped_registrations()):
+        stack.enter_context(scope)
+    return stack
 
 
 @pytest.mark.parametrize("block", PYTHON, ids=[b.where for b in PYTHON])
@@ -192,7 +184,7 @@ def test_python_block_runs(block, tmp_path, monkeypatch):
         f"{block.where}: the block asserts nothing; state what its comments claim as asserts"
     )
     monkeypatch.chdir(tmp_path)
-    with registries_restored(), contextlib.redirect_stdout(io.StringIO()):
+    with registries_scoped(), contextlib.redirect_stdout(io.StringIO()):
         exec(compile(block.body, block.where, "exec"), {"__name__": "__docs__"})
 
 
@@ -288,7 +280,7 @@ def test_console_block_runs_and_prints_what_it_shows(block, tmp_path, monkeypatc
         rotary_args = _rotary_argv(command.argv)
         assert rotary_args is not None, f"{block.where}: {shown!r} is neither a rotary command nor in NOT_RUN"
         out, err = io.StringIO(), io.StringIO()
-        with registries_restored(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with registries_scoped(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             status = main(rotary_args)
         assert status == 0, f"{block.where}: {shown!r} exited {status}: {err.getvalue()}"
         if command.output:

@@ -204,23 +204,22 @@ def test_argument_types_are_checked():
 def test_a_registered_type_returning_nan_is_refused():
     from rotary.rope_types import ROPE_TYPES, default_inv_freq, register_rope_type
 
-    @register_rope_type("test-nan")
     def _nan(head_dim, base, rotary_dim, params, seq_len):
         inv_freq = default_inv_freq(base, rotary_dim)
         inv_freq[3] = float("nan")
         return inv_freq, 1.0
 
-    @register_rope_type("test-zero-division")
     def _zero(head_dim, base, rotary_dim, params, seq_len):
         return default_inv_freq(base, rotary_dim), 1 / 0
 
-    try:
+    with ROPE_TYPES.scope():
+        register_rope_type("test-nan")(_nan)
+        register_rope_type("test-zero-division")(_zero)
         with pytest.raises(ConfigError, match=r"rope_type 'test-nan' .*non-finite frequencies for pairs \[3\]"):
             frequencies(64, scaling={"rope_type": "test-nan"})
         with pytest.raises(ConfigError, match=r"rope_type 'test-zero-division' cannot compute .*ZeroDivisionError"):
             frequencies(64, scaling={"rope_type": "test-zero-division"})
-    finally:
-        del ROPE_TYPES["test-nan"], ROPE_TYPES["test-zero-division"]
+    assert "test-nan" not in ROPE_TYPES and "test-zero-division" not in ROPE_TYPES
 
 
 @pytest.mark.parametrize("mode", ["hf", "stateless"])
@@ -245,15 +244,15 @@ def test_a_registered_length_dependent_type_follows_the_length_like_the_builtin(
     from rotary.rope_types import ROPE_TYPES, register_rope_type
 
     spec = ROPE_TYPES[builtin]
-    register_rope_type(
-        "test-mine",
-        required=spec.required,
-        optional=spec.optional,
-        length_dependent=True,
-        update=update,
-        trained_length=spec.trained_length,
-    )(spec.init)
-    try:
+    with ROPE_TYPES.scope():
+        register_rope_type(
+            "test-mine",
+            required=spec.required,
+            optional=spec.optional,
+            length_dependent=True,
+            update=update,
+            trained_length=spec.trained_length,
+        )(spec.init)
         mine = RoPE(16, scaling={"rope_type": "test-mine", **block}, dynamic=mode)
         theirs = RoPE(16, scaling={"rope_type": builtin, **block}, dynamic=mode)
         g = torch.Generator().manual_seed(0)
@@ -261,8 +260,6 @@ def test_a_registered_length_dependent_type_follows_the_length_like_the_builtin(
             q = torch.randn(1, 2, length, 16, generator=g)
             assert torch.equal(mine(q, q)[0], theirs(q, q)[0]), length
             assert torch.equal(mine.schedule.current.inv_freq, theirs.schedule.current.inv_freq), length
-    finally:
-        del ROPE_TYPES["test-mine"]
 
 
 def test_a_length_dependent_type_must_name_its_trained_length():
@@ -309,11 +306,11 @@ def test_which_registered_types_check_their_keys():
     def init(head_dim, base, rotary_dim, params, seq_len):
         return default_inv_freq(base, rotary_dim) / params.get("factor", 1.0), 1.0
 
-    register_rope_type("test-bare")(init)
-    register_rope_type("test-keyless", check_keys=True)(init)
-    register_rope_type("test-keyed", optional={"factor"})(init)
-    ROPE_INIT_FUNCTIONS["test-assigned"] = init
-    try:
+    with ROPE_TYPES.scope():
+        register_rope_type("test-bare")(init)
+        register_rope_type("test-keyless", check_keys=True)(init)
+        register_rope_type("test-keyed", optional={"factor"})(init)
+        ROPE_INIT_FUNCTIONS["test-assigned"] = init
         assert not ROPE_TYPES["test-bare"].check_keys and not ROPE_TYPES["test-assigned"].check_keys
         assert ROPE_TYPES["test-keyless"].check_keys and ROPE_TYPES["test-keyed"].check_keys
         for name in ("test-bare", "test-assigned"):
@@ -325,9 +322,6 @@ def test_which_registered_types_check_their_keys():
             frequencies(64, scaling={"rope_type": "test-keyed", "factr": 2.0})
         with pytest.raises(TypeError, match="check_keys must be True or False"):
             register_rope_type("test-bad", check_keys="yes")
-    finally:
-        for name in ("test-bare", "test-keyless", "test-keyed", "test-assigned", "test-bad"):
-            ROPE_TYPES.pop(name, None)
 
 
 @pytest.mark.parametrize(

@@ -686,12 +686,12 @@ def test_report_into_an_existing_file_is_an_error(tmp_path, capsys):
 def test_plot_into_a_read_only_directory(tmp_path, capsys, monkeypatch):
     """The permission check itself (root may write anywhere, so the permission answer is simulated;
     the /proc cases in BAD are real failures)."""
-    import rotary.tools.commands.common as common
+    import rotary.tools.commands.output as output
 
     locked = tmp_path / "locked"
     locked.mkdir()
     real_access = os.access
-    monkeypatch.setattr(common.os, "access", lambda p, mode: False if Path(p) == locked else real_access(p, mode))
+    monkeypatch.setattr(output.os, "access", lambda p, mode: False if Path(p) == locked else real_access(p, mode))
     assert main(["plot", "decay", "-o", str(locked / "decay")]) == 2
     assert capsys.readouterr().err == (
         f"rotary plot decay: error: -o {locked / 'decay'}: the directory {locked} is not writable; choose another -o\n"

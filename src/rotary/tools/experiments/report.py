@@ -1,5 +1,5 @@
 """What a run leaves behind besides its rows: ``report.md`` (its tables are :mod:`.tables`) and the
-helpers that write files.
+text of ``results.json``.
 
 The report is built from the run's :class:`~rotary.tools.experiments.results.Results` (the numbers) and
 its :class:`~rotary.tools.experiments.claims.Assessment` list (the published claims checked against them);
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -35,18 +34,7 @@ __all__ = [
     "report_markdown",
     "results_json",
     "threads_used",
-    "write_atomic",
 ]
-
-
-def write_atomic(path: Path, data: str | bytes) -> None:
-    """Write ``path`` through a temporary file and a rename: never half a file under its real name."""
-    tmp = path.with_name(path.name + ".tmp")
-    if isinstance(data, str):
-        tmp.write_text(data, encoding="utf-8")
-    else:
-        tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def results_json(results: dict[str, Any]) -> str:

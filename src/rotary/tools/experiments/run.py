@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from ...errors import InputError
+from ..io import write_atomic
 from .caveats import caveats
 from .claims import Assessment, assess
 from .config import ExperimentConfig, ExperimentError
@@ -39,7 +40,7 @@ from .jobs import ModelResult, evaluate_cached, model_record
 from .parallel import choose_jobs, run_in_parallel
 from .plan import ModelSpec, model_specs
 from .progress import Reporter, table_console
-from .report import report_markdown, results_json, write_atomic
+from .report import report_markdown, results_json
 from .reproduce import command_line, differences
 from .results import Results
 from .rows import Measurements

@@ -65,8 +65,7 @@ SETUP_TASKS = (
 TASK_SEEDS = " (the first {task_seeds} of the {seeds} seeds, seed {seed}{last})"
 TASK_SIZES = " Parameters: {sizes}."
 EVALUATION = (
-    "- **Evaluation** at E = {lengths}: perplexity on {eval_tokens:,} held-out bytes in non-overlapping windows "
-    "of E"
+    "- **Evaluation** at E = {lengths}: perplexity on {eval_tokens:,} held-out bytes in non-overlapping windows of E"
 )
 EVALUATION_SLIDING = (
     ", and {sliding_tokens:,} of the same bytes (strides of {stride} spread over them) in sliding windows of E, "
@@ -74,13 +73,11 @@ EVALUATION_SLIDING = (
 )
 EVALUATION_BUCKETS = "; the loss by query position in bins of {bin} on the {longest}-token windows"
 EVALUATION_PASSKEY = (
-    "; passkey retrieval ({trials} prompts per length and seed at depths {depths}, greedy decoding, all 5 digits "
-    "exact)"
+    "; passkey retrieval ({trials} prompts per length and seed at depths {depths}, greedy decoding, all 5 digits exact)"
 )
 EVALUATION_RETRIEVAL = "; the retrieval probe at distances {distances} ({trials} random {span}-byte spans each)"
 SETUP_SCALINGS = (
-    "- **RoPE scalings** of the pretrained RoPE model at inference time, factor E / L, weights unchanged: "
-    "{scalings}."
+    "- **RoPE scalings** of the pretrained RoPE model at inference time, factor E / L, weights unchanged: {scalings}."
 )
 LEARNED_TABLE = (
     "- **Learned absolute table**: sized to {longest} positions; rows {L}..{last} never receive a gradient and are "
@@ -239,8 +236,7 @@ OBSERVED_RANGE = (
 OBSERVED_GROWTH = "{label}: perplexity at {factor:g}L is {ratios} its value at L."
 OBSERVED_GROWTH_RATIO = "{ratio:.2f}x with {mode}"
 OBSERVED_POSITIONS = (
-    "On {longest}-token windows, the loss at positions [{start}, {end}) minus the loss at [0, {L}) (nats): "
-    "{deltas}."
+    "On {longest}-token windows, the loss at positions [{start}, {end}) minus the loss at [0, {L}) (nats): {deltas}."
 )
 OBSERVED_NO_RETRIEVAL = (
     "No method retrieves the planted span at any distance, inside L or past it: the largest mean retrieval gain "
@@ -248,6 +244,8 @@ OBSERVED_NO_RETRIEVAL = (
     "this budget the probe, like passkey retrieval, finds nothing to rank."
 )
 OBSERVED_RETRIEVAL = "Retrieval gain (nats per byte), mean over the distances up to L / past L: {gains}."
-OBSERVED_EXTENSION = "At the extension length {E} ({mode}), against RoPE trained from scratch there ({scratch}): {ratios}."
+OBSERVED_EXTENSION = (
+    "At the extension length {E} ({mode}), against RoPE trained from scratch there ({scratch}): {ratios}."
+)
 OBSERVED_TASK = "{name} at {length} bytes ({factor:g}L of the task models), accuracy per byte: {accuracies}."
 OBSERVED_PASSKEY = "Passkey retrieval at {length} tokens: best {best:.0%} ({leaders}{more})."

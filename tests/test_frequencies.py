@@ -13,7 +13,7 @@ import rotary
 from helpers import assert_named_error, assert_sound
 from rotary import frequencies
 from rotary.frequencies import default_inv_freq
-from strategies import NASTY, PROPERTIES, VALID, perturbed_blocks, removal, without
+from strategies import NASTY, PROPERTIES, UNKNOWN_KEY, VALID, perturbed_blocks, removal, replaced, spoiled, without
 from variant_checks import is_number
 
 
@@ -180,12 +180,18 @@ def test_frequencies_on_perturbed_blocks(perturbed, base, strict, seq_len):
     block, key, value = perturbed
     original = copy.deepcopy(block)
     # decided up front where the documented contract decides it without the per-type value checks:
-    # invalid: a base that is not a finite number > 1, or a required key of the type missing; valid: a valid
-    # block (strategies.VALID) without one of its keys that is not required, at base None, 1e4 or 5e5.
+    # invalid: a base that is not a finite number > 1, a required key of the type missing or set to what is not
+    # a finite number (strategies.spoiled); valid: a valid block (strategies.VALID) without one of its keys that
+    # is not required, or with a key set to another valid value (strategies.replaced), at base None, 1e4 or 5e5; a
+    # key no type takes is refused when strict, else ignored.
     # Other draws (a key set to an arbitrary value, a base > 1 from NASTY) are right or a named error.
     plain_base = base is None or (not isinstance(base, bool) and base in (10000.0, 500000.0))
     invalid = not (base is None or (is_number(base) and base > 1)) or removal(block, key) == "required"
-    valid = not invalid and plain_base and removal(block, key) == "optional"
+    # strict=False turns the value checks of the type into warnings; partial_rotary_factor is checked either way
+    spoiled_value = spoiled(block, key, value) and (strict or key in ("partial_rotary_factor", "rope_type"))
+    invalid = invalid or spoiled_value or (UNKNOWN_KEY in block and strict)
+    kept = removal(block, key) == "optional" or replaced(block, key, value) or UNKNOWN_KEY in block
+    valid = not invalid and plain_base and kept
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:

@@ -15,7 +15,7 @@ import rotary
 from helpers import assert_named_error
 from rotary import ConfigError, RoPE, frequencies
 from rotary.rope_types import ROPE_TYPES, register_rope_type, validate_rope_parameters
-from strategies import NASTY, PROPERTIES, perturbed_blocks, removal, without
+from strategies import NASTY, PROPERTIES, UNKNOWN_KEY, perturbed_blocks, removal, replaced, spoiled, without
 from variant_checks import is_int
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -355,13 +355,19 @@ def test_register_rope_type_refuses_a_non_function():
 def test_validate_rope_parameters_on_perturbed_blocks(perturbed, rotary_dim, strict):
     block, key, value = perturbed
     # decided up front where the documented contract decides it without the per-type value checks:
-    # invalid: strict not a bool, rotary_dim not an int > 0, or a required key of the type missing (missing keys
-    # are errors even with strict=False); valid: a valid block (strategies.VALID, for rotary_dim 64) without one
-    # of its keys that is not required (rope_type aside: the other keys belong to the type it names).
-    # Other draws (a key set to an arbitrary value) are right or a named error.
+    # invalid: strict not a bool, rotary_dim not an int > 0, a required key of the type missing (missing keys
+    # are errors even with strict=False), or with strict a key set to what is not a finite number
+    # (strategies.spoiled) or a key no type takes; valid: a
+    # valid block (strategies.VALID, for rotary_dim 64) without one of its keys that is not required, or with
+    # a key set to another valid value (strategies.replaced), or a key no type takes when not strict. Other
+    # draws (a key set to an arbitrary value) are right or a named error.
     invalid = not isinstance(strict, bool) or not (is_int(rotary_dim) and rotary_dim > 0)
     invalid = invalid or removal(block, key) == "required"
-    valid = not invalid and removal(block, key) == "optional" and rotary_dim == 64
+    # strict=False turns the value checks into warnings; partial_rotary_factor is rotary_dim's, given here
+    spoiled_value = spoiled(block, key, value) and key != "partial_rotary_factor"
+    invalid = invalid or (strict is True and (spoiled_value or UNKNOWN_KEY in block))
+    kept = removal(block, key) == "optional" or replaced(block, key, value) or UNKNOWN_KEY in block
+    valid = not invalid and kept and rotary_dim == 64
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -372,3 +378,5 @@ def test_validate_rope_parameters_on_perturbed_blocks(perturbed, rotary_dim, str
             return
     assert not invalid, f"an invalid block was accepted: {block}, rotary_dim={rotary_dim!r}, strict={strict!r}"
     assert isinstance(out, dict) and out["rope_type"] in ROPE_TYPES and out is not block
+    if valid and replaced(block, key, value):
+        assert out[key] == value, (key, value, out)  # the value given is the value used

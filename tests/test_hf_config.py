@@ -834,10 +834,18 @@ def perturbed_configs(draw):
     else:
         value = draw(NASTY)
         where[key] = value
-    return d, key, value
+    return d, key, value, (CONFIGS[name], inside)
 
 
 LAYER_TYPES = st.sampled_from([None, "sliding_attention", "full_attention"])
+
+
+def _read(d, strict, layer_type, interleaved):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        settings_ = read_hf_config(d, layer_type=layer_type, strict=strict, interleaved=interleaved)
+        rope = RoPE.from_hf_config(d, layer_type=layer_type, strict=strict, interleaved=interleaved, max_position=16)
+    return settings_, rope
 
 
 @PROPERTIES
@@ -848,16 +856,25 @@ LAYER_TYPES = st.sampled_from([None, "sliding_attention", "full_attention"])
     interleaved=st.sampled_from([None, False]),
 )
 def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, strict, layer_type, interleaved):
-    d, key, value = perturbed
+    d, key, value, (unperturbed, inside) = perturbed
     original = copy.deepcopy(d)
+    # decided up front: a top-level key rotary does not read (outside ROPE_CONFIG_KEYS) changes nothing: the
+    # config reads as the unperturbed one does (the same frequencies, or refused alike). Other draws are right
+    # or a named error.
+    unread = not inside and key not in ROPE_CONFIG_KEYS
+    if unread:
+        try:
+            want = _read(unperturbed, strict, layer_type, interleaved)[1]
+        except Exception as exc:  # noqa: BLE001 - the unperturbed config refused: the perturbed one must be too
+            want = exc
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            settings_ = read_hf_config(d, layer_type=layer_type, strict=strict, interleaved=interleaved)
-            rope = RoPE.from_hf_config(
-                d, layer_type=layer_type, strict=strict, interleaved=interleaved, max_position=16
-            )
+            settings_, rope = _read(d, strict, layer_type, interleaved)
         except Exception as exc:
+            if unread:
+                assert isinstance(want, Exception), f"{key}={value!r}, a key rotary does not read, was refused: {exc}"
+                assert type(exc) is type(want), (exc, want)
             # a layer type the config lacks, or a config the perturbation made ambiguous, names itself;
             # anything else must name the perturbed key or value
             message = str(exc)
@@ -867,6 +884,10 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
                 assert_named_error(exc, (key, value))
             return
     assert json.dumps(d, sort_keys=True, default=repr) == json.dumps(original, sort_keys=True, default=repr)
+    if unread:
+        assert not isinstance(want, Exception), f"{key}={value!r} made a refused config acceptable: {want}"
+        assert torch.equal(rope.inv_freq, want.inv_freq) and rope.interleaved == want.interleaved, (key, value)
+        assert rope.attention_scaling == want.attention_scaling
     assert isinstance(settings_.interleaved, bool) and settings_.interleaved == rope.interleaved
     assert_sound(rope.freqs)
     cos, sin = rope.cos_sin(torch.arange(0, 40))

@@ -113,3 +113,18 @@ def test_ministral3_config_with_llama_4_scaling_beta_reads():
     )  # fmt: skip
     s = read_hf_config(cfg)
     assert s.scaling["rope_type"] == "yarn" and "llama_4_scaling_beta" not in s.scaling
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_rope_type_that_is_not_a_string_is_refused_by_name(strict):
+    """The ignored-keys pass looked the type up in a dict: a list raised 'unhashable type' from inside rotary."""
+    config = {
+        "model_type": "mistral",
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "head_dim": 128,
+        "max_position_embeddings": 32768,
+        "rope_parameters": {"rope_type": [], "rope_theta": 1e6},
+    }
+    with pytest.raises(ConfigError, match=r"unknown rope_type \[\]"):
+        RoPE.from_hf_config(config, strict=strict)

@@ -429,10 +429,19 @@ def _expected(rope, x, pos, layout):
 
 
 #: what :func:`rotate_calls` spoils in a valid call, one thing at a time (None: nothing, the call is valid)
-SPOILS = [
-    None, None, None, None, None, "dtype", "head_dim", "rank", "layout", "inplace", "offset",
-    "float_ids", "list_ids", "ids_shape", "ids_and_offset", "packed_without_ids",
-]  # fmt: skip
+SPOILS = [None] * 5 + [
+    "dtype",
+    "head_dim",
+    "rank",
+    "layout",
+    "inplace",
+    "offset",
+    "float_ids",
+    "list_ids",
+    "ids_shape",
+    "ids_and_offset",
+    "packed_without_ids",
+]
 
 
 @st.composite

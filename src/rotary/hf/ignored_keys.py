@@ -107,9 +107,10 @@ def drop_ignored_keys(
     if rope_type in ("longrope", "su") and mscales and model_type not in LONGROPE_MSCALE_READERS:
         complain(
             f"{label}: the longrope block has {', '.join(f'{k}={block[k]!r}' for k in mscales)}, which transformers' "
-            f"{model_type or 'model'} code ignores (it scales by attention_factor) while vLLM applies them to the short "
-            "and long tables; remove them to rotate as transformers does, or build rotary.RoPE(scaling=block) from "
-            "the block to apply them as vLLM does (strict=False drops them, as transformers)",
+            f"{model_type or 'model'} code ignores (it scales by attention_factor) while vLLM applies them to the "
+            "short and long tables; remove them to rotate as transformers does, or build "
+            "rotary.RoPE(scaling=block) from the block to apply them as vLLM does (strict=False drops them, as "
+            "transformers)",
             strict,
         )
         for key in mscales:

@@ -161,17 +161,28 @@ def hf_frequencies(head_dim: int, rotary_dim: int, base: float, block: dict):
     """transformers' inv_freq and scaling for a block (the init functions read head_dim and the block)."""
     params = {k: v for k, v in block.items() if k != "max_position_embeddings"}
     params["rope_theta"] = base
-    cfg = LlamaConfig(hidden_size=2 * head_dim, num_attention_heads=2, head_dim=head_dim, num_hidden_layers=1,
-                      intermediate_size=8, vocab_size=8, rope_parameters=params,
-                      max_position_embeddings=block.get("max_position_embeddings", 4096))  # fmt: skip
+    cfg = LlamaConfig(
+        hidden_size=2 * head_dim,
+        num_attention_heads=2,
+        head_dim=head_dim,
+        num_hidden_layers=1,
+        intermediate_size=8,
+        vocab_size=8,
+        rope_parameters=params,
+        max_position_embeddings=block.get("max_position_embeddings", 4096),
+    )
     if block["rope_type"] == "default":  # transformers' default lives in each model's class: its formula
         return 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim)), 1.0
     return HF_ROPE_INIT_FUNCTIONS[block["rope_type"]](cfg, "cpu")
 
 
 @PROPERTIES
-@given(perturbed=perturbed_blocks(), base=st.one_of(st.none(), st.sampled_from([10000.0, 500000.0]), NASTY),
-       strict=st.booleans(), seq_len=st.one_of(st.none(), st.integers(1, 100_000)))  # fmt: skip
+@given(
+    perturbed=perturbed_blocks(),
+    base=st.one_of(st.none(), st.sampled_from([10000.0, 500000.0]), NASTY),
+    strict=st.booleans(),
+    seq_len=st.one_of(st.none(), st.integers(1, 100_000)),
+)
 @example(perturbed=without("yarn", "mscale"), base=None, strict=True, seq_len=None)  # valid: mscale has a default
 @example(perturbed=without("proportional", "partial_rotary_factor"), base=1e4, strict=True, seq_len=None)  # valid
 @example(perturbed=without("llama3", "low_freq_factor"), base=None, strict=False, seq_len=None)  # invalid

@@ -287,9 +287,12 @@ def test_a_2d_axial_producer_needs_only_tables(monkeypatch, gen):
     y, x = grid.ids[:, 0], grid.ids[:, 1]
     half = axial.inv_freq[0, :8]
     ref = torch.cat(
-        (rotary.reference.rotate_complex(q[..., [*range(8), *range(16, 24)]].double(), y, half),
-         rotary.reference.rotate_complex(q[..., [*range(8, 16), *range(24, 32)]].double(), x, half)), dim=-1
-    )  # fmt: skip
+        (
+            rotary.reference.rotate_complex(q[..., [*range(8), *range(16, 24)]].double(), y, half),
+            rotary.reference.rotate_complex(q[..., [*range(8, 16), *range(24, 32)]].double(), x, half),
+        ),
+        dim=-1,
+    )
     got = qr[..., [*range(8), *range(16, 24), *range(8, 16), *range(24, 32)]].double()
     assert float((got - ref).abs().max()) < 1e-5
 

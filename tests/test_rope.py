@@ -130,9 +130,12 @@ def test_editing_the_inv_freq_buffer_cannot_make_paths_disagree(gen):
     want = rope.freqs.inv_freq.clone()
     with torch.no_grad():
         rope.inv_freq.mul_(0.5)
-    with pytest.raises(RuntimeError, match=r"rope.inv_freq was modified in place .*the edit would be ignored; "
-                                           r"inv_freq is read-only and has been restored. To rotate with other "
-                                           r"frequencies build a new RoPE \(rotary.RoPE\(head_dim, base="):  # fmt: skip
+    with pytest.raises(
+        RuntimeError,
+        match=r"rope.inv_freq was modified in place .*the edit would be ignored; "
+        r"inv_freq is read-only and has been restored. To rotate with other "
+        r"frequencies build a new RoPE \(rotary.RoPE\(head_dim, base=",
+    ):
         rope.rotate(q, offset=3)
     assert torch.equal(rope.inv_freq, want) and torch.equal(rope.freqs.inv_freq, want)
     compiled = torch.compile(lambda x: rope.rotate(x, offset=3), fullgraph=True, backend="eager")

@@ -169,8 +169,16 @@ def test_yarn_factor_disagreeing_with_the_lengths_uses_factor_like_transformers(
 
     transformers.logging.set_verbosity_error()
     block = {**YARN, "rope_theta": 10000.0}
-    cfg = LlamaConfig(hidden_size=128, num_attention_heads=2, head_dim=64, max_position_embeddings=65536,
-                      num_hidden_layers=1, intermediate_size=8, vocab_size=8, rope_parameters=dict(block))  # fmt: skip
+    cfg = LlamaConfig(
+        hidden_size=128,
+        num_attention_heads=2,
+        head_dim=64,
+        max_position_embeddings=65536,
+        num_hidden_layers=1,
+        intermediate_size=8,
+        vocab_size=8,
+        rope_parameters=dict(block),
+    )
     hf_inv_freq, hf_scaling = ROPE_INIT_FUNCTIONS["yarn"](cfg, "cpu")
     with pytest.warns(UserWarning, match="disagrees with"):
         f = frequencies(64, scaling={**block, "max_position_embeddings": 65536}, strict=False)
@@ -346,8 +354,11 @@ def test_register_rope_type_refuses_a_non_function():
 
 
 @PROPERTIES
-@given(perturbed=perturbed_blocks(), rotary_dim=st.one_of(st.sampled_from([64, 2, 4, 62]), NASTY),
-       strict=st.one_of(st.booleans(), NASTY))  # fmt: skip
+@given(
+    perturbed=perturbed_blocks(),
+    rotary_dim=st.one_of(st.sampled_from([64, 2, 4, 62]), NASTY),
+    strict=st.one_of(st.booleans(), NASTY),
+)
 @example(perturbed=without("yarn", "beta_fast"), rotary_dim=64, strict=True)  # valid: beta_fast has a default
 @example(perturbed=without("proportional", "factor"), rotary_dim=64, strict=False)  # valid: factor is optional
 @example(perturbed=without("linear", "factor"), rotary_dim=64, strict=False)  # invalid: a required key missing

@@ -92,9 +92,15 @@ def test_cpu_kernel_refuses_to_write_an_inference_cache_outside_inference_mode()
     q, k, v = torch.randn(1, 3, 2, 8), torch.randn(1, 3, 1, 8), torch.randn(1, 3, 1, 8)
     with pytest.raises(rotary.InputError, match="k_cache is an inference tensor"):
         rotary.rotate_and_cache(
-            q, k, v, k_cache, v_cache, torch.arange(3)[None], positions=torch.arange(3)[None],
+            q,
+            k,
+            v,
+            k_cache,
+            v_cache,
+            torch.arange(3)[None],
+            positions=torch.arange(3)[None],
             cos_sin_cache=torch.cat((cos[:, :4], sin[:, :4]), -1),
-        )  # fmt: skip
+        )
 
 
 @pytest.mark.parametrize(

@@ -137,9 +137,11 @@ def test_axial_runs_on_the_fused_kernel(monkeypatch, gen):
         q = torch.randn(2, 4, coords.seq_len, rope.head_dim, generator=gen, dtype=torch.float64)
         q_rot, k_rot = rope(q, q.clone(), coords)
         want = rotary.reference.rotate_matrix_nd(
-            q, coords.values.masked_fill(coords.identity[:, None], 0.0) if coords.identity is not None else coords.values,
-            rope.inv_freq, interleaved=rope.interleaved,
-        )  # fmt: skip
+            q,
+            coords.values.masked_fill(coords.identity[:, None], 0.0) if coords.identity is not None else coords.values,
+            rope.inv_freq,
+            interleaved=rope.interleaved,
+        )
         assert float((q_rot - want).abs().max()) < 1e-12, name
         assert torch.equal(q_rot, k_rot)
         # bf16 and the bshd layout, in place
@@ -229,9 +231,16 @@ def test_dinov3_vit_rope_position_embedding(hidden_size, heads, gen):
     from rotary.nn import RotaryAttention
 
     config = transformers.DINOv3ViTConfig(
-        hidden_size=hidden_size, num_attention_heads=heads, patch_size=16, image_size=64, num_register_tokens=4,
-        query_bias=True, key_bias=True, value_bias=True, proj_bias=True,
-    )  # fmt: skip
+        hidden_size=hidden_size,
+        num_attention_heads=heads,
+        patch_size=16,
+        image_size=64,
+        num_register_tokens=4,
+        query_bias=True,
+        key_bias=True,
+        value_bias=True,
+        proj_bias=True,
+    )
     config._attn_implementation = "sdpa"
     head_dim, prefix = hidden_size // heads, 1 + config.num_register_tokens  # CLS and the registers come first
     hf = md.DINOv3ViTRopePositionEmbedding(config).eval()  # eval: no coordinate augmentation (random in training)
@@ -439,9 +448,13 @@ def test_cogvideox_3d_formula():
     grids = (torch.arange(T).float(), torch.arange(H).float(), torch.arange(W).float())
     per_axis = [g[:, None] * (1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))) for g, d in zip(grids, dims)]
     angles = torch.cat(
-        (per_axis[0][:, None, None].expand(T, H, W, -1), per_axis[1][None, :, None].expand(T, H, W, -1),
-         per_axis[2][None, None, :].expand(T, H, W, -1)), dim=-1,
-    ).reshape(T * H * W, head_dim // 2)  # fmt: skip
+        (
+            per_axis[0][:, None, None].expand(T, H, W, -1),
+            per_axis[1][None, :, None].expand(T, H, W, -1),
+            per_axis[2][None, None, :].expand(T, H, W, -1),
+        ),
+        dim=-1,
+    ).reshape(T * H * W, head_dim // 2)
     ours = AxialRoPE.preset("cogvideox", head_dim)
     assert ours.split == (16, 24, 24)
     cos, sin = tables64(ours, ours.grid(T, H, W))

@@ -190,7 +190,8 @@ def check_int_overflow_in_numpy():
         if scalar != rhs.type.scalar or not scalar.is_int() or binary_op.__name__ not in ops:
             return impl(self, lhs, rhs, binary_op)  # what the checks below do not cover: Triton's own code
         a, b = np.asarray(lhs.handle.data, np.int64), np.asarray(rhs.handle.data, np.int64)
-        exact = ops[binary_op.__name__](a, b)  # exact in int64 (a uint32 product past 2**63 wraps negative: refused too)
+        # exact in int64 (a uint32 product past 2**63 wraps negative: refused too)
+        exact = ops[binary_op.__name__](a, b)
         if exact.size and (exact.max() > scalar.get_int_max_value() or exact.min() < scalar.get_int_min_value()):
             raise AssertionError(f"int{scalar.int_bitwidth} overflow detected for operation {binary_op.__name__}")
 
@@ -339,7 +340,9 @@ while todo or running:
                 sys.stderr.flush()
                 threads = [t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
                 if threads:
-                    raise RuntimeError(f"importing {name} left threads that would keep the interpreter alive: {threads}")
+                    raise RuntimeError(
+                        f"importing {name} left threads that would keep the interpreter alive: {threads}"
+                    )
             except BaseException:
                 report = {"error": traceback.format_exc()[-2000:], "loaded": []}
                 code = 1
@@ -633,7 +636,8 @@ def experiment_rows(
 
 
 def small_lm(**over):
-    """A small ``Decoder`` (vocab_size 50, hidden_size 32, 2 layers, 4 heads) in eval mode; ``over``: DecoderConfig fields."""
+    """A small ``Decoder`` (vocab_size 50, hidden_size 32, 2 layers, 4 heads) in eval mode; ``over``: DecoderConfig
+    fields."""
     return Decoder(DecoderConfig(**dict(dict(vocab_size=50, hidden_size=32, num_layers=2, num_heads=4), **over))).eval()
 
 

@@ -653,7 +653,8 @@ def test_gpu_rows_as_markdown_have_both_times_the_ratio_and_the_note():
     runner._device_ratios(rows, inplace=set())
     text = bench.format_table(_GPU_MACHINE, rows, markdown=True)
     assert text.splitlines() == [
-        "machine: NVIDIA H100 80GB HBM3 (CUDA 13.0), torch 2.11.0+cu130, triton 3.6.0; host Intel Xeon, 16 logical CPUs",
+        "machine: NVIDIA H100 80GB HBM3 (CUDA 13.0), torch 2.11.0+cu130, triton 3.6.0; "
+        "host Intel Xeon, 16 logical CPUs",
         "baselines: transformers 5.17.0, liger_kernel.ops.rope not installed",
         "",
         "### decode 64x32/8x1x128 at position 4096 bf16",
@@ -880,8 +881,8 @@ def test_device_cuda_skips_the_baselines_it_cannot_import_in_one_line(stand_in, 
     assert len(err.splitlines()) == 1 and err.startswith("rotary bench: skipped, not installed: ")
     assert "Liger rope (LigerRopeFunction) (needs liger_kernel.ops.rope)" in err
     assert (
-        "flash-attn Triton rotary, out of place, flash-attn Triton rotary, in place (needs flash_attn.ops.triton.rotary)"
-        in err
+        "flash-attn Triton rotary, out of place, flash-attn Triton rotary, in place "
+        "(needs flash_attn.ops.triton.rotary)" in err
     )
     assert "HF eager apply_rotary_pos_emb (needs transformers)" in err
     assert err.rstrip().endswith("pip install transformers liger-kernel flash-attn")

@@ -546,11 +546,14 @@ def test_config_value_errors():
 
 # ---- published config.json files, as published (tests/fixtures/published) ------------------------
 PUBLISHED = FIXTURES / "published"
-# file -> (RotaryEmbedding class in transformers, layer types, head_dim, rotary_dim, interleaved, rope_type per layer type)
+# file -> (RotaryEmbedding class in transformers, layer types, head_dim, rotary_dim, interleaved,
+# rope_type per layer type)
 PUBLISHED_FILES = {
     "llama-3.1-8b-instruct": ("llama.modeling_llama.LlamaRotaryEmbedding", [None], 128, 128, False, ["llama3"]),
     "qwen2.5-7b-instruct-yarn": ("qwen2.modeling_qwen2.Qwen2RotaryEmbedding", [None], 128, 128, False, ["yarn"]),
-    "mistral-7b-instruct-v0.3": ("mistral.modeling_mistral.MistralRotaryEmbedding", [None], 128, 128, False, ["default"]),
+    "mistral-7b-instruct-v0.3": (
+        "mistral.modeling_mistral.MistralRotaryEmbedding", [None], 128, 128, False, ["default"]
+    ),
     "phi-3.5-mini-instruct": ("phi3.modeling_phi3.Phi3RotaryEmbedding", [None], 96, 96, False, ["longrope"]),
     "deepseek-v3": ("deepseek_v3.modeling_deepseek_v3.DeepseekV3RotaryEmbedding", [None], 64, 64, True, ["yarn"]),
     "gemma-3-4b-it": ("gemma3.modeling_gemma3.Gemma3RotaryEmbedding", ["sliding_attention", "full_attention"], 256, 256,

@@ -211,7 +211,8 @@ def test_new_encoding_is_one_registration():
     [
         (
             dict(position_encoding="t5"),
-            "unknown position_encoding 't5'; registered: alibi, learned, none, p_rope, rope, rope_alibi, rope_relative, sinusoidal, xpos",
+            "unknown position_encoding 't5'; registered: alibi, learned, none, p_rope, rope, rope_alibi, "
+            "rope_relative, sinusoidal, xpos",
         ),
         (dict(hidden_size=30), "hidden_size=30 is not divisible by num_heads=4"),
         (dict(num_layers=0), "num_layers must be a positive int, got 0"),

@@ -521,7 +521,8 @@ def test_slot_axes_and_presets_table():
         ),
         (
             lambda: AxialRoPE(64, 3),
-            r"rotary_dim=64 does not split into 3 equal blocks.*pass split=\(\.\.\.\) with 3 even numbers summing to 64",
+            r"rotary_dim=64 does not split into 3 equal blocks.*"
+            r"pass split=\(\.\.\.\) with 3 even numbers summing to 64",
         ),
         (lambda: AxialRoPE(64, 2, split=(32, 16, 16)), r"split gives 3 blocks but axes=2"),
         (lambda: AxialRoPE(64, 2, block_order=(0, 0)), r"block_order must be a permutation"),
@@ -531,7 +532,8 @@ def test_slot_axes_and_presets_table():
         (lambda: AxialRoPE.preset("sd3"), r"unknown axial preset 'sd3'; presets: torchtune, llama4_vision"),
         (
             lambda: AxialRoPE(64).tables(torch.zeros(10, 3)),
-            r"must be \[S, 2\] or \[B, S, 2\].*got shape \(10, 3\); give 2 coordinates per token or build the module with axes=3",
+            r"must be \[S, 2\] or \[B, S, 2\].*got shape \(10, 3\); "
+            r"give 2 coordinates per token or build the module with axes=3",
         ),
         (
             lambda: AxialRoPE(64, 3, split=(16, 24, 24)).tables(P.grid(3, 4)),

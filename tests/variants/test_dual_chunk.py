@@ -91,7 +91,8 @@ def test_batched_positions_and_errors():
 QWEN_1M = {
     "model_type": "qwen2", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
     "rope_theta": 10000000.0, "max_position_embeddings": 1010000,
-    "dual_chunk_attention_config": {"chunk_size": 262144, "local_size": 8192, "original_max_position_embeddings": 262144},
+    "dual_chunk_attention_config": {"chunk_size": 262144, "local_size": 8192,
+                                    "original_max_position_embeddings": 262144},
 }  # fmt: skip
 
 

@@ -108,7 +108,8 @@ LAYOUTS = {
     "qwen2_vl": {},
     "paddleocr_vl": {},
     "ernie4_5_vl_moe": {"frames_per_step": 2},
-    **{t: {"frames_apart": True} for t in "qwen3_vl qwen3_vl_moe qwen3_5 qwen3_5_moe glm4v glm4v_moe glm_ocr cosmos3_edge".split()},
+    **{t: {"frames_apart": True}
+       for t in "qwen3_vl qwen3_vl_moe qwen3_5 qwen3_5_moe glm4v glm4v_moe glm_ocr cosmos3_edge".split()},
 }  # fmt: skip
 
 
@@ -221,7 +222,8 @@ def test_hunyuan_vl_positions_equal_get_rope_index(axes, seed):
     got = multimodal_positions(types, image_grid_thw=images, attention_mask=mask, config=model.config)
     assert got.position_ids.shape[0] == axes
     assert torch.equal(got.position_ids, want_ids) and torch.equal(got.rope_deltas, want_deltas)
-    # decoding: HunYuanVLForConditionalGeneration gives the next tokens (cache length + step + rope_deltas) on every axis
+    # decoding: HunYuanVLForConditionalGeneration gives the next tokens (cache length + step + rope_deltas) on
+    # every axis
     steps = mask.sum(-1, keepdim=True) + torch.arange(2) + want_deltas
     assert torch.equal(got.continuation(2).position_ids, steps.expand(axes, -1, -1))
 

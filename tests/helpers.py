@@ -190,7 +190,8 @@ def check_int_overflow_in_numpy():
         if scalar != rhs.type.scalar or not scalar.is_int() or binary_op.__name__ not in ops:
             return impl(self, lhs, rhs, binary_op)  # what the checks below do not cover: Triton's own code
         a, b = np.asarray(lhs.handle.data, np.int64), np.asarray(rhs.handle.data, np.int64)
-        exact = ops[binary_op.__name__](a, b)  # exact in int64 (a uint32 product past 2**63 wraps negative: refused too)
+        # exact in int64 (a uint32 product past 2**63 wraps negative: refused too)
+        exact = ops[binary_op.__name__](a, b)
         if exact.size and (exact.max() > scalar.get_int_max_value() or exact.min() < scalar.get_int_min_value()):
             raise AssertionError(f"int{scalar.int_bitwidth} overflow detected for operation {binary_op.__name__}")
 
@@ -339,7 +340,9 @@ while todo or running:
                 sys.stderr.flush()
                 threads = [t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
                 if threads:
-                    raise RuntimeError(f"importing {name} left threads that would keep the interpreter alive: {threads}")
+                    raise RuntimeError(
+                        f"importing {name} left threads that would keep the interpreter alive: {threads}"
+                    )
             except BaseException:
                 report = {"error": traceback.format_exc()[-2000:], "loaded": []}
                 code = 1
@@ -633,7 +636,8 @@ def experiment_rows(
 
 
 def small_lm(**over):
-    """A small ``Decoder`` (vocab_size 50, hidden_size 32, 2 layers, 4 heads) in eval mode; ``over``: DecoderConfig fields."""
+    """A small ``Decoder`` (vocab_size 50, hidden_size 32, 2 layers, 4 heads) in eval mode; ``over``: DecoderConfig
+    fields."""
     return Decoder(DecoderConfig(**dict(dict(vocab_size=50, hidden_size=32, num_layers=2, num_heads=4), **over))).eval()
 
 
@@ -717,6 +721,34 @@ def assert_sound(f: rotary.Frequencies) -> None:
     turning = proportional_pairs(f.head_dim, f.scaling) if ROPE_TYPES[f.rope_type].rotates_every_pair else len(inv_freq)
     assert bool((inv_freq[:turning] > 0).all()), inv_freq
     assert math.isfinite(f.attention_scaling) and f.attention_scaling > 0
+
+
+def numpy_cos_sin(
+    ids: torch.Tensor, inv_freq: torch.Tensor, *, attention_scaling: float = 1.0, interleaved: bool = False
+):
+    """The tables' oracle in NumPy float64: ``cos`` and ``sin`` of ``ids x inv_freq`` times ``attention_scaling``,
+    each pair's value on both of its channels (``(i, i + r/2)`` or ``(2i, 2i + 1)``), and per entry the bound a
+    result in fp32 may differ by: the fp32 rounding plus the float64 rounding of the angle (its ulp grows with
+    the position: 2**40 rad carries 2**-12)."""
+    import numpy as np
+
+    angle = ids.to(torch.float64).numpy()[..., None] * inv_freq.detach().to(torch.float64).numpy()
+    cos, sin = np.cos(angle) * attention_scaling, np.sin(angle) * attention_scaling
+    bound = (4 * np.abs(angle) * 2.0**-52 + 2.0**-23) * max(1.0, abs(attention_scaling))
+
+    def channels(a):
+        return np.repeat(a, 2, axis=-1) if interleaved else np.concatenate([a, a], axis=-1)
+
+    return tuple(torch.from_numpy(channels(a)) for a in (cos, sin, bound))
+
+
+def assert_tables_match(got: tuple[torch.Tensor, torch.Tensor], want: tuple) -> None:
+    """``got`` (cos, sin) against :func:`numpy_cos_sin`'s ``(cos, sin, bound)``, entry by entry."""
+    cos, sin, bound = want
+    for table, oracle in zip(got, (cos, sin)):
+        assert table.shape == oracle.shape, (table.shape, oracle.shape)
+        excess = (table.double() - oracle).abs() - bound
+        assert float(excess.max()) <= 0 if excess.numel() else True, float(excess.max())
 
 
 def build_tiny(cls, config, *, seed: int = 0):

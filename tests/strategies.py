@@ -116,6 +116,59 @@ def removal(block: dict, key: str) -> str | None:
     return "optional"
 
 
+#: values that keep a :data:`VALID` block valid (at rotary_dim 64) when they replace its key's value; a draw
+#: of :func:`perturbed_blocks` that sets one is classified valid up front (:func:`replaced`)
+REPLACEMENTS = {
+    "factor": [2.0, 8.0, 16],
+    "original_max_position_embeddings": [2048, 8192],
+    "beta_fast": [16.0, 64.0],
+    "beta_slow": [0.5, 2.0],
+    "mscale": [0.5, 1.0],
+    "mscale_all_dim": [0.707, 1.0],
+    "low_freq_factor": [0.5, 2.0],
+    "high_freq_factor": [8.0],
+    "partial_rotary_factor": [1.0],
+    "attention_factor": [0.5, 1.0],
+    "truncate": [True, False],
+}
+
+#: the keys whose value is one real number (or, for truncate, a bool)
+NUMBER_KEYS = frozenset(REPLACEMENTS) - {"truncate"} | {"max_position_embeddings", "short_mscale", "long_mscale"}
+
+
+def replaced(block: dict, key: str, value) -> bool:
+    """For a draw of :func:`perturbed_blocks`: ``key`` set to one of :data:`REPLACEMENTS` (same type, same value)
+    in a block of a built-in type that takes the key (the block is still valid)."""
+    rope_type = block.get("rope_type")
+    if not isinstance(rope_type, str) or rope_type not in VALID:
+        return False
+    spec = ROPE_TYPES[rope_type]
+    if key not in spec.required | spec.optional | {"partial_rotary_factor"}:
+        return False
+    return any(type(value) is type(r) and value == r for r in REPLACEMENTS.get(key, ()))
+
+
+#: the key :func:`perturbed_blocks` adds that no type takes (a typo of factor): refused when strict, else ignored
+UNKNOWN_KEY = "facter"
+
+
+def spoiled(block: dict, key: str, value) -> bool:
+    """For a draw of :func:`perturbed_blocks`: ``key``, one number in a block of a built-in type that takes it,
+    set to something that is not a finite real number (a string, a bool, a list, a dict, NaN or ±inf; None, which
+    reads as "not given" for an optional key, is left out); or ``rope_type`` set to what names no registered type."""
+    if key == "rope_type":  # set to what is not the name of a registered type
+        return key in block and (not isinstance(value, str) or value not in ROPE_TYPES)
+    rope_type = block.get("rope_type")
+    if not isinstance(rope_type, str) or rope_type not in VALID:
+        return False
+    spec = ROPE_TYPES[rope_type]
+    if key not in NUMBER_KEYS or key not in spec.required | spec.optional | {"partial_rotary_factor"}:
+        return False
+    if isinstance(value, float):
+        return value != value or value in (float("inf"), float("-inf"))
+    return isinstance(value, (bool, str, list, dict))
+
+
 @st.composite
 def perturbed_blocks(draw):
     rope_type = draw(st.sampled_from(sorted(VALID)))
@@ -123,12 +176,16 @@ def perturbed_blocks(draw):
     keys = sorted(
         ROPE_TYPES[rope_type].required | ROPE_TYPES[rope_type].optional | {"rope_type", "partial_rotary_factor"}
     )
-    key = draw(st.sampled_from([*keys, "type", "rope_theta", "facter"]))
-    action = draw(st.sampled_from(["set", "set", "set", "delete", "entry"]))
+    key = draw(st.sampled_from([*keys, "type", "rope_theta", UNKNOWN_KEY]))
+    action = draw(st.sampled_from(["set", "set", "replace", "delete", "entry"]))
     value = None
     if action == "delete":
         block.pop(key, None)
         value = None
+    elif action == "replace":
+        key = draw(st.sampled_from([k for k in sorted(REPLACEMENTS) if k in keys]))
+        value = draw(st.sampled_from(REPLACEMENTS[key]))
+        block[key] = value
     elif action == "entry" and rope_type == "longrope":
         key = draw(st.sampled_from(["short_factor", "long_factor"]))
         value = draw(NASTY)

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import rotary
-from helpers import accelerator_rules, run_interpreted
+from helpers import accelerator_rules, assert_tables_match, numpy_cos_sin, run_interpreted
 from rotary import reference
 
 FP32_EPS = torch.finfo(torch.float32).eps
@@ -76,8 +76,7 @@ def test_a_computed_row_is_the_cached_row():
         c, s = tables.gather()
     assert tables.cos.shape[0] == 16
     assert torch.equal(c, cos) and torch.equal(s, sin)
-    want = rotary.tables.cos_sin_table(ids, rope.inv_freq)
-    assert torch.equal(cos, want[0]) and torch.equal(sin, want[1])
+    assert_tables_match((cos, sin), numpy_cos_sin(ids, rope.inv_freq))  # and both are NumPy's float64 cos, sin
 
 
 def test_no_position_gives_nan_and_negative_positions_rotate_by_the_negative_angle():

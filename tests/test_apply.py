@@ -132,10 +132,20 @@ def test_batched_position_ids_with_left_padding(gen):
     # sequence 0 has 2 pad tokens on the left; its real tokens start at position 0
     position_ids = torch.tensor([[0, 0, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5]])
     qr, kr = rope(q, k, position_ids=position_ids)
-    assert torch.equal(qr[0, :, 2:], rope.rotate(q[:1, :, 2:])[0])
-    assert torch.equal(qr[1], rope.rotate(q[1:])[0])
+    # each row at its own positions, against the float64 reference (not another path of the library)
+    for x, out in ((q, qr), (k, kr)):
+        for b in range(2):
+            want = reference.rotate_complex(x[b].double(), position_ids[b], rope.inv_freq)
+            torch.testing.assert_close(out[b].double(), want, rtol=0, atol=2e-5 * max(1.0, float(x.abs().max())))
+    # the real tokens of the padded row are rotated as the unpadded sequence from position 0
+    torch.testing.assert_close(
+        qr[0, :, 2:].double(),
+        reference.rotate_complex(q[0, :, 2:].double(), torch.arange(4), rope.inv_freq),
+        rtol=0,
+        atol=2e-5 * max(1.0, float(q.abs().max())),
+    )
     cos, sin = rope.cos_sin(position_ids)
-    assert torch.equal(rotary.apply_rotary(k, cos, sin), kr)
+    assert torch.equal(rotary.apply_rotary(k, cos, sin), kr)  # the functional form, from the same tables
 
 
 def test_inplace_rotates_only_the_rotary_channels(gen):

@@ -67,9 +67,19 @@ def test_json_output_and_extra_cases(tmp_path):
         )
     )
     done = run_bench(
-        "--quick", "--repeats", "1", "--dtypes", "bf16", "--shapes", "decode", "--json", "--cases", str(cases),
-        "--suites", "mine",
-    )  # fmt: skip
+        "--quick",
+        "--repeats",
+        "1",
+        "--dtypes",
+        "bf16",
+        "--shapes",
+        "decode",
+        "--json",
+        "--cases",
+        str(cases),
+        "--suites",
+        "mine",
+    )
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["machine"]["torch_threads"] >= 1
@@ -581,9 +591,11 @@ def test_time_on_device_captures_notes_what_cannot_be_captured_and_goes_on_after
     backend = StandIn(clock, refuse=lambda call: call is reads_the_host)
     prepared = harness.Prepared(lambda: lambda: clock.advance(2e-3))
     timings = cuda.time_on_device(
-        {"graph": capturable, "eager": reads_the_host, "broken": broken, "prepared": prepared}, 3, backend,
+        {"graph": capturable, "eager": reads_the_host, "broken": broken, "prepared": prepared},
+        3,
+        backend,
         prepared_type=harness.Prepared,
-    )  # fmt: skip
+    )
     graph, eager, failed, per_call = (timings[k] for k in ("graph", "eager", "broken", "prepared"))
     assert (graph.gpu_timing, graph.note, graph.gpu_s) == ("graph", "", pytest.approx(1e-3, rel=1e-9))
     assert graph.host_s >= 0 and backend.captured == [cuda.MAX_GRAPH_CALLS]
@@ -641,7 +653,8 @@ def test_gpu_rows_as_markdown_have_both_times_the_ratio_and_the_note():
     runner._device_ratios(rows, inplace=set())
     text = bench.format_table(_GPU_MACHINE, rows, markdown=True)
     assert text.splitlines() == [
-        "machine: NVIDIA H100 80GB HBM3 (CUDA 13.0), torch 2.11.0+cu130, triton 3.6.0; host Intel Xeon, 16 logical CPUs",
+        "machine: NVIDIA H100 80GB HBM3 (CUDA 13.0), torch 2.11.0+cu130, triton 3.6.0; "
+        "host Intel Xeon, 16 logical CPUs",
         "baselines: transformers 5.17.0, liger_kernel.ops.rope not installed",
         "",
         "### decode 64x32/8x1x128 at position 4096 bf16",
@@ -679,10 +692,17 @@ def test_gpu_ratios_divide_by_the_limit_measured_the_same_way():
     runner._device_ratios(rows, inplace={("in place", False), (methods.INPLACE_PASS, False)})
     ratios = {r.method: r.ratios.get("x copy") for r in rows}
     assert ratios == {
-        methods.INPLACE_PASS: 1.0, methods.COPY: 1.0, "in place": 1.5, "out of place": 1.5, "not captured": None,
-        "failed": None, methods.TWO_COPIES: 1.0, "fwd+bwd": 1.5, methods.TRAINING_PASSES: 1.0,
+        methods.INPLACE_PASS: 1.0,
+        methods.COPY: 1.0,
+        "in place": 1.5,
+        "out of place": 1.5,
+        "not captured": None,
+        "failed": None,
+        methods.TWO_COPIES: 1.0,
+        "fwd+bwd": 1.5,
+        methods.TRAINING_PASSES: 1.0,
         methods.INPLACE_TRAINING: 1.2,
-    }  # fmt: skip
+    }
 
 
 def test_the_cpu_run_has_the_cpu_methods_only_and_the_same_inputs():
@@ -759,8 +779,13 @@ def _check_gpu_rows_rotate_like_rope(device: str, interleaved: bool, compiled: b
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_the_gpu_rows_rotate_like_rope_on_the_cpu(interleaved):
     checked = _check_gpu_rows_rotate_like_rope("cpu", interleaved)
-    rotary_rows = {"rotary fused, in place", "rotary fused, out of place", "rope(q, k, position_ids=device ids)",
-                   "rotary.apply_rotary, device cos/sin [S, D]", "rotary.apply_rotary, device tables [T, D] + position_ids"}  # fmt: skip
+    rotary_rows = {
+        "rotary fused, in place",
+        "rotary fused, out of place",
+        "rope(q, k, position_ids=device ids)",
+        "rotary.apply_rotary, device cos/sin [S, D]",
+        "rotary.apply_rotary, device tables [T, D] + position_ids",
+    }
     assert rotary_rows <= set(checked)
     assert ("HF eager apply_rotary_pos_emb" in checked) == (not interleaved)
 
@@ -856,8 +881,8 @@ def test_device_cuda_skips_the_baselines_it_cannot_import_in_one_line(stand_in, 
     assert len(err.splitlines()) == 1 and err.startswith("rotary bench: skipped, not installed: ")
     assert "Liger rope (LigerRopeFunction) (needs liger_kernel.ops.rope)" in err
     assert (
-        "flash-attn Triton rotary, out of place, flash-attn Triton rotary, in place (needs flash_attn.ops.triton.rotary)"
-        in err
+        "flash-attn Triton rotary, out of place, flash-attn Triton rotary, in place "
+        "(needs flash_attn.ops.triton.rotary)" in err
     )
     assert "HF eager apply_rotary_pos_emb (needs transformers)" in err
     assert err.rstrip().endswith("pip install transformers liger-kernel flash-attn")

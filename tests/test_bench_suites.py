@@ -331,8 +331,22 @@ def test_progress_prints_each_suite_as_it_ends(capsys, tmp_path):
     """--progress: a suite's tables reach stderr when it ends (a run killed later keeps them), and the
     output file still gets everything."""
     out = tmp_path / "t.md"
-    argv = ["bench", "--quick", "--shapes", "none", "--suites", "rmsnorm_rotate", "--repeats", "1", "--dtypes", "fp32",
-            "--progress", "--markdown", "-o", str(out)]  # fmt: skip
+    argv = [
+        "bench",
+        "--quick",
+        "--shapes",
+        "none",
+        "--suites",
+        "rmsnorm_rotate",
+        "--repeats",
+        "1",
+        "--dtypes",
+        "fp32",
+        "--progress",
+        "--markdown",
+        "-o",
+        str(out),
+    ]
     assert main(argv) == 0
     err = capsys.readouterr().err
     assert err.startswith("  timed suite rmsnorm_rotate_suite (")

@@ -686,12 +686,12 @@ def test_report_into_an_existing_file_is_an_error(tmp_path, capsys):
 def test_plot_into_a_read_only_directory(tmp_path, capsys, monkeypatch):
     """The permission check itself (root may write anywhere, so the permission answer is simulated;
     the /proc cases in BAD are real failures)."""
-    import rotary.tools.commands.common as common
+    import rotary.tools.commands.output as output
 
     locked = tmp_path / "locked"
     locked.mkdir()
     real_access = os.access
-    monkeypatch.setattr(common.os, "access", lambda p, mode: False if Path(p) == locked else real_access(p, mode))
+    monkeypatch.setattr(output.os, "access", lambda p, mode: False if Path(p) == locked else real_access(p, mode))
     assert main(["plot", "decay", "-o", str(locked / "decay")]) == 2
     assert capsys.readouterr().err == (
         f"rotary plot decay: error: -o {locked / 'decay'}: the directory {locked} is not writable; choose another -o\n"
@@ -840,16 +840,31 @@ def test_plot_scores_reads_any_real_vector_and_refuses_overflowing_logits(tmp_pa
     import torch
 
     files = {
-        "big_endian.npy": np.ones(8, dtype=">f8"), "half.npy": np.ones(8, dtype=np.float16),
-        "int.npy": np.ones(8, dtype=np.int64), "fortran.npy": np.asfortranarray(np.ones(8)),
-    }  # fmt: skip
+        "big_endian.npy": np.ones(8, dtype=">f8"),
+        "half.npy": np.ones(8, dtype=np.float16),
+        "int.npy": np.ones(8, dtype=np.int64),
+        "fortran.npy": np.asfortranarray(np.ones(8)),
+    }
     for name, array in files.items():
         np.save(tmp_path / name, array)
     torch.save(torch.nn.Parameter(torch.ones(8)), tmp_path / "param.pt")  # requires grad
     inv = [10000 ** (-2 * i / 8) for i in range(4)]
     for name in [*files, "param.pt"]:
-        argv = ["plot", "scores", "--head-dim", "8", "--seq-len", "6", "--q", str(tmp_path / name), "--k",
-                str(tmp_path / name), "-o", str(tmp_path / "s"), "--json"]  # fmt: skip
+        argv = [
+            "plot",
+            "scores",
+            "--head-dim",
+            "8",
+            "--seq-len",
+            "6",
+            "--q",
+            str(tmp_path / name),
+            "--k",
+            str(tmp_path / name),
+            "-o",
+            str(tmp_path / "s"),
+            "--json",
+        ]
         assert main(argv) == 0, name
         numbers = json.loads(capsys.readouterr().out)
         assert numbers["logit_by_distance"] == pytest.approx([sum(2 * math.cos(m * t) for t in inv) for m in range(6)])

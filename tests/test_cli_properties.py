@@ -475,7 +475,7 @@ def run_in_process(argv: list[str], figures: DrawnOnce | None = None) -> tuple[i
     """``main(argv)`` in a fresh working directory; returns (status, stderr). Registries and torch's
     thread count that a run may change are restored. A run that exits 0 has written, as PNG and SVG,
     every figure it saved (``figures``: each distinct figure drawn once, see :class:`DrawnOnce`)."""
-    methods, suites, threads = list(harness.METHODS), dict(harness.SUITES), torch.get_num_threads()
+    threads = torch.get_num_threads()
     cwd = os.getcwd()
     err = io.StringIO()
     saved: list[Path] = []
@@ -491,6 +491,7 @@ def run_in_process(argv: list[str], figures: DrawnOnce | None = None) -> tuple[i
         os.chdir(work)
         try:
             with contextlib.ExitStack() as stack:
+                stack.enter_context(harness.scoped_registrations())  # --cases FILE.py registers methods, suites
                 stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
                 stack.enter_context(contextlib.redirect_stderr(err))
                 stack.enter_context(mock.patch("rotary.tools.experiments.run.train_model", side_effect=ReachedTraining))
@@ -511,9 +512,6 @@ def run_in_process(argv: list[str], figures: DrawnOnce | None = None) -> tuple[i
             pytest.fail(f"rotary {' '.join(argv)!s} raised {type(exc).__name__}: {exc}")
         finally:
             os.chdir(cwd)
-            harness.METHODS[:] = methods
-            harness.SUITES.clear()
-            harness.SUITES.update(suites)
             torch.set_num_threads(threads)
         if status == 0 and figures is not None:  # every figure drawn was written, as PNG and SVG
             drawn = figures.calls - drawn_before

@@ -47,9 +47,12 @@ def oracle(x: torch.Tensor, positions: torch.Tensor, rope: rotary.RoPE, layout: 
     x = x.double()
     x = x.transpose(1, 2) if layout == "bshd" else x  # [B, H, S, D]
     positions = positions.expand(x.shape[0], x.shape[2])
-    out = torch.stack([
-        reference.rotate_complex(x[b], positions[b], rope.inv_freq, interleaved=rope.interleaved) for b in range(x.shape[0])
-    ])  # fmt: skip
+    out = torch.stack(
+        [
+            reference.rotate_complex(x[b], positions[b], rope.inv_freq, interleaved=rope.interleaved)
+            for b in range(x.shape[0])
+        ]
+    )
     return out.transpose(1, 2) if layout == "bshd" else out
 
 
@@ -252,7 +255,7 @@ CASES = [
         QK_BSHD,
         _strided_ids,
         lambda q, k: tuple(oracle(t.transpose(1, 2), IDS, ROPE_I, "bhsd") for t in (q, k)),
-    ),  # fmt: skip
+    ),
     Case(
         "rope offset",
         QK_BSHD,
@@ -311,10 +314,12 @@ def _modes(index: int, case: Case) -> list[tuple[bool, bool]]:
 
 
 PARAMS = [
-    pytest.param(case, inplace, dynamic, id=f"{case.name}-{'inplace' if inplace else 'out'}-{'dynamic' if dynamic else 'static'}")
+    pytest.param(
+        case, inplace, dynamic, id=f"{case.name}-{'inplace' if inplace else 'out'}-{'dynamic' if dynamic else 'static'}"
+    )
     for index, case in enumerate(CASES)
     for inplace, dynamic in _modes(index, case)
-]  # fmt: skip
+]
 
 
 def _assert_equal(got_outs, got_grads, eager_outs, eager_grads, n_inputs: int) -> None:

@@ -1,6 +1,7 @@
 """The GPU hot path, where a GPU is present: no host synchronisation (``torch.cuda.set_sync_debug_mode``),
 CUDA-graph capture with replay equal to eager, ``torch.compile(mode="reduce-overhead")``, and bad
-device values as the documented contract (nothing raised, nothing to poll). Skipped without CUDA (CI has none); run on a GPU machine with
+device values as the documented contract (nothing raised, nothing to poll). Skipped without CUDA (CI has none);
+run on a GPU machine with
 ``python -m pytest -q tests/test_cuda.py`` (docs/benchmarks.md says where it was run last).
 
 The same rule is proven on the CPU in ``tests/test_no_sync.py`` (every hot path as on an accelerator,

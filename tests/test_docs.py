@@ -20,7 +20,6 @@ language, says nothing about what it holds). By language:
 from __future__ import annotations
 
 import contextlib
-import copy
 import io
 import re
 import shlex
@@ -50,11 +49,17 @@ NOT_RUN = {
         "needs a finished default run; tests/experiments/test_run.py runs it on a tiny run, into a copy of the docs"
     ),
     "rotary experiment --preset large --device cuda": "needs a GPU",
-    "rotary experiment --data notes/ 'papers/**/*.txt' --encodings rope,alibi --extend-steps 0": "trains on files of the reader's",
-    "torchrun --standalone --nproc_per_node=2 -m rotary experiment --preset default --extend-batch-size 4": "two processes, minutes",
+    "rotary experiment --data notes/ 'papers/**/*.txt' --encodings rope,alibi --extend-steps 0": (
+        "trains on files of the reader's"
+    ),
+    "torchrun --standalone --nproc_per_node=2 -m rotary experiment --preset default --extend-batch-size 4": (
+        "two processes, minutes"
+    ),
     "rotary bench --device cuda --markdown": "needs a GPU (tests/test_bench.py runs the GPU path on a CPU stand-in)",
     "bash benchmarks/gpu_check.sh": "needs a GPU; minutes",
-    "rotary bench --no-compile --no-memory --shapes prefill --dtypes fp32 --repeats 9 --threads 2 --json": "times the CPU kernels, a minute",
+    "rotary bench --no-compile --no-memory --shapes prefill --dtypes fp32 --repeats 9 --threads 2 --json": (
+        "times the CPU kernels, a minute"
+    ),
     "rotary bench --device cuda --markdown --shapes interleaved --no-compile --no-memory --repeats 5": "needs a GPU",
     "rotary bench --shapes none --suites rotate_and_cache,rmsnorm_rotate,generation --threads 2 --markdown": (
         "times three suites, half a minute; tests/test_bench_suites.py runs them at --quick's shapes"
@@ -77,7 +82,9 @@ NOT_RUN = {
     "rotary bench --shapes none --suites generation_qk_norm --threads 2 --markdown --repeats 9": (
         "times six generation rows, half a minute; tests/test_bench_suites.py runs the suite at --quick's shapes"
     ),
-    "rotary sweep path/to/checkpoint --lengths 2048,4096,8192,16384 -o sweeps/my-model": "needs a checkpoint of the reader's",
+    "rotary sweep path/to/checkpoint --lengths 2048,4096,8192,16384 -o sweeps/my-model": (
+        "needs a checkpoint of the reader's"
+    ),
     "rotary export runs/default/models/rope-0 exported/rope-0": (
         "needs a finished default run; tests/sweep/test_export.py exports a run's model written by the test"
     ),
@@ -85,7 +92,9 @@ NOT_RUN = {
         "needs the exported model above, a minute; tests/sweep/test_sweep.py sweeps tiny checkpoints"
     ),
     "rotary sweep huggyllama/llama-7b --data pg19/test --documents 100 --lengths 2048,4096,8192 --scalings none,linear "
-    "--stride 256 --max-windows 1000000 --no-passkey --dtype bfloat16 -o sweeps/pi-pg19": "a 7B model and PG19: a GPU, hours",
+    "--stride 256 --max-windows 1000000 --no-passkey --dtype bfloat16 -o sweeps/pi-pg19": (
+        "a 7B model and PG19: a GPU, hours"
+    ),
     "rotary sweep meta-llama/Llama-2-7b-hf --data proof-pile/test --documents 10 --lengths "
     "2048,4096,8192,16384,32768,65536,131072 --scalings none,linear,dynamic,yarn --no-passkey --dtype bfloat16 "
     "--device-map auto -o sweeps/yarn-proofpile": "a 7B model at 128k tokens: GPUs, hours",
@@ -168,23 +177,16 @@ def test_the_docs_have_code_to_check():
     }
 
 
-@contextlib.contextmanager
-def registries_restored():
+def registries_scoped() -> contextlib.ExitStack:
     """A block may register a rope_type, a position encoding or a benchmark; the rest of the suite must not see it."""
-    from rotary import rope_types
-    from rotary.models import decoder
-    from rotary.tools.bench import harness
+    from rotary.models import POSITION_ENCODINGS
+    from rotary.rope_types import ROPE_TYPES  # (ROPE_INIT_FUNCTIONS is a view of it)
+    from rotary.tools.bench import scoped_registrations
 
-    # (ROPE_INIT_FUNCTIONS is a view of ROPE_TYPES)
-    saved = [(d, copy.copy(d)) for d in (rope_types.ROPE_TYPES, decoder.POSITION_ENCODINGS, harness.SUITES)]
-    methods = list(harness.METHODS)
-    try:
-        yield
-    finally:
-        for d, before in saved:
-            d.clear()
-            d.update(before)
-        harness.METHODS[:] = methods
+    stack = contextlib.ExitStack()
+    for scope in (ROPE_TYPES.scope(), POSITION_ENCODINGS.scope(), scoped_registrations()):
+        stack.enter_context(scope)
+    return stack
 
 
 @pytest.mark.parametrize("block", PYTHON, ids=[b.where for b in PYTHON])
@@ -196,7 +198,7 @@ def test_python_block_runs(block, tmp_path, monkeypatch):
         f"{block.where}: the block asserts nothing; state what its comments claim as asserts"
     )
     monkeypatch.chdir(tmp_path)
-    with registries_restored(), contextlib.redirect_stdout(io.StringIO()):
+    with registries_scoped(), contextlib.redirect_stdout(io.StringIO()):
         exec(compile(block.body, block.where, "exec"), {"__name__": "__docs__"})
 
 
@@ -292,7 +294,7 @@ def test_console_block_runs_and_prints_what_it_shows(block, tmp_path, monkeypatc
         rotary_args = _rotary_argv(command.argv)
         assert rotary_args is not None, f"{block.where}: {shown!r} is neither a rotary command nor in NOT_RUN"
         out, err = io.StringIO(), io.StringIO()
-        with registries_restored(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with registries_scoped(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             status = main(rotary_args)
         assert status == 0, f"{block.where}: {shown!r} exited {status}: {err.getvalue()}"
         if command.output:

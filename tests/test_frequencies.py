@@ -13,7 +13,7 @@ import rotary
 from helpers import assert_named_error, assert_sound
 from rotary import frequencies
 from rotary.frequencies import default_inv_freq
-from strategies import NASTY, PROPERTIES, VALID, perturbed_blocks, removal, without
+from strategies import NASTY, PROPERTIES, UNKNOWN_KEY, VALID, perturbed_blocks, removal, replaced, spoiled, without
 from variant_checks import is_number
 
 
@@ -161,17 +161,28 @@ def hf_frequencies(head_dim: int, rotary_dim: int, base: float, block: dict):
     """transformers' inv_freq and scaling for a block (the init functions read head_dim and the block)."""
     params = {k: v for k, v in block.items() if k != "max_position_embeddings"}
     params["rope_theta"] = base
-    cfg = LlamaConfig(hidden_size=2 * head_dim, num_attention_heads=2, head_dim=head_dim, num_hidden_layers=1,
-                      intermediate_size=8, vocab_size=8, rope_parameters=params,
-                      max_position_embeddings=block.get("max_position_embeddings", 4096))  # fmt: skip
+    cfg = LlamaConfig(
+        hidden_size=2 * head_dim,
+        num_attention_heads=2,
+        head_dim=head_dim,
+        num_hidden_layers=1,
+        intermediate_size=8,
+        vocab_size=8,
+        rope_parameters=params,
+        max_position_embeddings=block.get("max_position_embeddings", 4096),
+    )
     if block["rope_type"] == "default":  # transformers' default lives in each model's class: its formula
         return 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim)), 1.0
     return HF_ROPE_INIT_FUNCTIONS[block["rope_type"]](cfg, "cpu")
 
 
 @PROPERTIES
-@given(perturbed=perturbed_blocks(), base=st.one_of(st.none(), st.sampled_from([10000.0, 500000.0]), NASTY),
-       strict=st.booleans(), seq_len=st.one_of(st.none(), st.integers(1, 100_000)))  # fmt: skip
+@given(
+    perturbed=perturbed_blocks(),
+    base=st.one_of(st.none(), st.sampled_from([10000.0, 500000.0]), NASTY),
+    strict=st.booleans(),
+    seq_len=st.one_of(st.none(), st.integers(1, 100_000)),
+)
 @example(perturbed=without("yarn", "mscale"), base=None, strict=True, seq_len=None)  # valid: mscale has a default
 @example(perturbed=without("proportional", "partial_rotary_factor"), base=1e4, strict=True, seq_len=None)  # valid
 @example(perturbed=without("llama3", "low_freq_factor"), base=None, strict=False, seq_len=None)  # invalid
@@ -180,12 +191,18 @@ def test_frequencies_on_perturbed_blocks(perturbed, base, strict, seq_len):
     block, key, value = perturbed
     original = copy.deepcopy(block)
     # decided up front where the documented contract decides it without the per-type value checks:
-    # invalid: a base that is not a finite number > 1, or a required key of the type missing; valid: a valid
-    # block (strategies.VALID) without one of its keys that is not required, at base None, 1e4 or 5e5.
+    # invalid: a base that is not a finite number > 1, a required key of the type missing or set to what is not
+    # a finite number (strategies.spoiled); valid: a valid block (strategies.VALID) without one of its keys that
+    # is not required, or with a key set to another valid value (strategies.replaced), at base None, 1e4 or 5e5; a
+    # key no type takes is refused when strict, else ignored.
     # Other draws (a key set to an arbitrary value, a base > 1 from NASTY) are right or a named error.
     plain_base = base is None or (not isinstance(base, bool) and base in (10000.0, 500000.0))
     invalid = not (base is None or (is_number(base) and base > 1)) or removal(block, key) == "required"
-    valid = not invalid and plain_base and removal(block, key) == "optional"
+    # strict=False turns the value checks of the type into warnings; partial_rotary_factor is checked either way
+    spoiled_value = spoiled(block, key, value) and (strict or key in ("partial_rotary_factor", "rope_type"))
+    invalid = invalid or spoiled_value or (UNKNOWN_KEY in block and strict)
+    kept = removal(block, key) == "optional" or replaced(block, key, value) or UNKNOWN_KEY in block
+    valid = not invalid and plain_base and kept
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:

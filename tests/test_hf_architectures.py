@@ -33,10 +33,10 @@ import warnings
 import pytest
 import torch
 import transformers
-from helpers import build_tiny
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING, CONFIG_MAPPING_NAMES, model_type_to_module_name
 
 import rotary
+from helpers import build_tiny
 from rotary.hf.config import PAIRING, UNSUPPORTED, read_hf_config
 from rotary.hf.coverage import rope_model_types
 from rotary.hf.encoder_tables import SEQUENCE_ROPE
@@ -283,7 +283,7 @@ OVERRIDES: dict[str, dict] = {
             "mrope_section": [4, 2, 2],
             "mrope_interleaved": True,
         }
-    },  # fmt: skip
+    },
     # the other multimodal-RoPE text models (rotary.hf.MROPE_MODELS; per-axis positions: tests/variants/
     # test_mrope_families.py): sections that fit head_dim 16, the rotated width of their checkpoints
     **{
@@ -300,7 +300,7 @@ OVERRIDES: dict[str, dict] = {
             }
         }
         for t in "glm4v_moe_text glm4v_text glm_image_text glm_ocr_text".split()
-    },  # fmt: skip
+    },
     **{
         t: {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2]}}
         for t in "cosmos3_edge_text qwen3_omni_moe_text qwen3_vl_moe_text".split()
@@ -315,7 +315,7 @@ OVERRIDES: dict[str, dict] = {
             }
         }
         for t in "qwen3_5_moe_text qwen3_5_text".split()
-    },  # fmt: skip
+    },
     "ernie4_5_vl_moe_text": {
         "moe_intermediate_size": [32, 32],
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [3, 3, 2]},
@@ -374,12 +374,16 @@ def _text_model_class(model_type: str, config):
 
     name = MODEL_CLASSES.get(model_type) or MODEL_MAPPING_NAMES.get(model_type)
     candidates = [getattr(transformers, name)] if name and hasattr(transformers, name) else []
-    module = importlib.import_module(f"transformers.models.{model_type_to_module_name(model_type)}.modeling_"
-                                     f"{model_type_to_module_name(model_type)}")  # fmt: skip
+    module = importlib.import_module(
+        f"transformers.models.{model_type_to_module_name(model_type)}.modeling_{model_type_to_module_name(model_type)}"
+    )
     candidates += [
-        c for c in vars(module).values()
-        if isinstance(c, type) and issubclass(c, transformers.PreTrainedModel) and c.__dict__.get("config_class") is type(config)
-    ]  # fmt: skip
+        c
+        for c in vars(module).values()
+        if isinstance(c, type)
+        and issubclass(c, transformers.PreTrainedModel)
+        and c.__dict__.get("config_class") is type(config)
+    ]
     for cls in candidates:
         if "input_ids" in inspect.signature(cls.forward).parameters:
             return cls
@@ -576,10 +580,17 @@ def _ropes_as(config, *, interleaved: bool | None) -> dict[str | None, rotary.Ro
             kinds = sorted({t for t in d.get("layer_types") or [] if isinstance(block.get(t), dict)}) or [None]
             settings = {t: read_hf_config(d, layer_type=t, strict=False, interleaved=interleaved) for t in kinds}
         return {
-            layer_type: rotary.RoPE(s.head_dim, base=s.base, rotary_dim=s.rotary_dim, scaling=s.scaling,
-                                    interleaved=s.interleaved, max_position=64, strict=False)
+            layer_type: rotary.RoPE(
+                s.head_dim,
+                base=s.base,
+                rotary_dim=s.rotary_dim,
+                scaling=s.scaling,
+                interleaved=s.interleaved,
+                max_position=64,
+                strict=False,
+            )
             for layer_type, s in settings.items()
-        }  # fmt: skip
+        }
 
 
 def same_up_to_channel_order(ours: torch.Tensor, theirs: torch.Tensor) -> bool:
@@ -731,9 +742,20 @@ def test_every_rope_model_type_is_in_a_table():
 
 
 def _category(reason: str) -> str:
-    return next(name for name in ("_NOT_TEXT", "_NO_ROPE", "_NO_ROPE_AT_ALL", "_NOPE_ONLY", "_SPEECH_ONLY", "_NEGATIVE",
-                                      "_COMPONENTS", "_COORDINATES")
-                if getattr(rotary.hf.architectures, name) == reason)  # fmt: skip
+    return next(
+        name
+        for name in (
+            "_NOT_TEXT",
+            "_NO_ROPE",
+            "_NO_ROPE_AT_ALL",
+            "_NOPE_ONLY",
+            "_SPEECH_ONLY",
+            "_NEGATIVE",
+            "_COMPONENTS",
+            "_COORDINATES",
+        )
+        if getattr(rotary.hf.architectures, name) == reason
+    )
 
 
 @pytest.mark.slow

@@ -338,8 +338,13 @@ def test_each_mistake_is_a_config_error_naming_the_fix(block, head_dim, message,
 @pytest.mark.parametrize("where", ["rope_parameters", "rope_scaling"])
 def test_a_default_block_from_a_config_names_its_unknown_keys(key, value, message, where):
     """issue 24: a config whose default block carries a key of another type (or none) is refused strictly."""
-    config = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 4, "rope_theta": 1e4,
-              where: {"rope_type": "default", key: value}}  # fmt: skip
+    config = {
+        "model_type": "llama",
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "rope_theta": 1e4,
+        where: {"rope_type": "default", key: value},
+    }
     with pytest.raises(ConfigError, match=message):
         RoPE.from_hf_config(config)
     with pytest.warns(UserWarning, match=message):
@@ -349,19 +354,39 @@ def test_a_default_block_from_a_config_names_its_unknown_keys(key, value, messag
 
 def test_the_keys_real_configs_put_in_a_default_block_are_accepted_strictly():
     """rope_theta and partial_rotary_factor (any model), mrope_section / mrope_interleaved (Qwen-VL)."""
-    llama = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 4,
-             "rope_parameters": {"rope_type": "default", "rope_theta": 5e5, "partial_rotary_factor": 0.5}}  # fmt: skip
+    llama = {
+        "model_type": "llama",
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 5e5, "partial_rotary_factor": 0.5},
+    }
     rope = RoPE.from_hf_config(llama)
     assert rope.rotary_dim == 32 and torch.equal(rope.inv_freq, frequencies(32, base=5e5).inv_freq)
-    qwen3_vl = {"model_type": "qwen3_vl", "text_config": {
-        "model_type": "qwen3_vl_text", "head_dim": 128, "hidden_size": 4096, "num_attention_heads": 32,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 5e6, "mrope_section": [24, 20, 20],
-                            "mrope_interleaved": True}}}  # fmt: skip
+    qwen3_vl = {
+        "model_type": "qwen3_vl",
+        "text_config": {
+            "model_type": "qwen3_vl_text",
+            "head_dim": 128,
+            "hidden_size": 4096,
+            "num_attention_heads": 32,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 5e6,
+                "mrope_section": [24, 20, 20],
+                "mrope_interleaved": True,
+            },
+        },
+    }
     assert read_hf_config(qwen3_vl).scaling == {"rope_type": "default"}  # the mrope keys are read, not passed on
     mrope = rotary.MRoPE.from_hf_config(qwen3_vl)
     assert mrope.mrope_section == (24, 20, 20) and mrope.mrope_interleaved and mrope.freqs.base == 5e6
-    qwen2_vl = {"model_type": "qwen2_vl", "hidden_size": 1536, "num_attention_heads": 12, "rope_theta": 1e6,
-                "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}}  # fmt: skip
+    qwen2_vl = {
+        "model_type": "qwen2_vl",
+        "hidden_size": 1536,
+        "num_attention_heads": 12,
+        "rope_theta": 1e6,
+        "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+    }
     mrope = rotary.MRoPE.from_hf_config(qwen2_vl)
     assert mrope.mrope_section == (16, 24, 24) and not mrope.mrope_interleaved
 
@@ -521,11 +546,14 @@ def test_config_value_errors():
 
 # ---- published config.json files, as published (tests/fixtures/published) ------------------------
 PUBLISHED = FIXTURES / "published"
-# file -> (RotaryEmbedding class in transformers, layer types, head_dim, rotary_dim, interleaved, rope_type per layer type)
+# file -> (RotaryEmbedding class in transformers, layer types, head_dim, rotary_dim, interleaved,
+# rope_type per layer type)
 PUBLISHED_FILES = {
     "llama-3.1-8b-instruct": ("llama.modeling_llama.LlamaRotaryEmbedding", [None], 128, 128, False, ["llama3"]),
     "qwen2.5-7b-instruct-yarn": ("qwen2.modeling_qwen2.Qwen2RotaryEmbedding", [None], 128, 128, False, ["yarn"]),
-    "mistral-7b-instruct-v0.3": ("mistral.modeling_mistral.MistralRotaryEmbedding", [None], 128, 128, False, ["default"]),
+    "mistral-7b-instruct-v0.3": (
+        "mistral.modeling_mistral.MistralRotaryEmbedding", [None], 128, 128, False, ["default"]
+    ),
     "phi-3.5-mini-instruct": ("phi3.modeling_phi3.Phi3RotaryEmbedding", [None], 96, 96, False, ["longrope"]),
     "deepseek-v3": ("deepseek_v3.modeling_deepseek_v3.DeepseekV3RotaryEmbedding", [None], 64, 64, True, ["yarn"]),
     "gemma-3-4b-it": ("gemma3.modeling_gemma3.Gemma3RotaryEmbedding", ["sliding_attention", "full_attention"], 256, 256,
@@ -553,7 +581,11 @@ def test_published_configs_read_as_transformers_reads_them(name):
                 assert torch.equal(again.freqs.inv_freq, rope.freqs.inv_freq), type(source).__name__
                 assert again.attention_scaling == rope.attention_scaling and again.interleaved == rope.interleaved
         assert (rope.head_dim, rope.rotary_dim, rope.interleaved, rope.freqs.rope_type) == (
-            head_dim, rotary_dim, interleaved, rope_type)  # fmt: skip
+            head_dim,
+            rotary_dim,
+            interleaved,
+            rope_type,
+        )
         assert torch.equal(rope.freqs.inv_freq, getattr(hf, f"{layer_type or ''}{'_' if layer_type else ''}inv_freq"))
         hf_scaling = hf.attention_scaling if layer_type is None else getattr(hf, f"{layer_type}_attention_scaling")
         assert rope.attention_scaling == hf_scaling
@@ -796,8 +828,13 @@ def test_defaults_of_every_transformers_model_type_read_without_an_error():
 
     from rotary.hf.config import DEFAULTED_KEYS, model_defaults
 
-    allowed = set(DEFAULTED_KEYS) | {"rope_theta", "partial_rotary_factor", "layer_rope_theta", "rope_parameters",
-                                     "rope_ignore_keys"}  # fmt: skip
+    allowed = set(DEFAULTED_KEYS) | {
+        "rope_theta",
+        "partial_rotary_factor",
+        "layer_rope_theta",
+        "rope_parameters",
+        "rope_ignore_keys",
+    }
     for model_type in CONFIG_MAPPING_NAMES:
         defaults = model_defaults(model_type, source="transformers")
         assert set(defaults) <= allowed, (model_type, set(defaults) - allowed)
@@ -834,10 +871,18 @@ def perturbed_configs(draw):
     else:
         value = draw(NASTY)
         where[key] = value
-    return d, key, value
+    return d, key, value, (CONFIGS[name], inside)
 
 
 LAYER_TYPES = st.sampled_from([None, "sliding_attention", "full_attention"])
+
+
+def _read(d, strict, layer_type, interleaved):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        settings_ = read_hf_config(d, layer_type=layer_type, strict=strict, interleaved=interleaved)
+        rope = RoPE.from_hf_config(d, layer_type=layer_type, strict=strict, interleaved=interleaved, max_position=16)
+    return settings_, rope
 
 
 @PROPERTIES
@@ -848,16 +893,25 @@ LAYER_TYPES = st.sampled_from([None, "sliding_attention", "full_attention"])
     interleaved=st.sampled_from([None, False]),
 )
 def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, strict, layer_type, interleaved):
-    d, key, value = perturbed
+    d, key, value, (unperturbed, inside) = perturbed
     original = copy.deepcopy(d)
+    # decided up front: a top-level key rotary does not read (outside ROPE_CONFIG_KEYS) changes nothing: the
+    # config reads as the unperturbed one does (the same frequencies, or refused alike). Other draws are right
+    # or a named error.
+    unread = not inside and key not in ROPE_CONFIG_KEYS
+    if unread:
+        try:
+            want = _read(unperturbed, strict, layer_type, interleaved)[1]
+        except Exception as exc:  # noqa: BLE001 - the unperturbed config refused: the perturbed one must be too
+            want = exc
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            settings_ = read_hf_config(d, layer_type=layer_type, strict=strict, interleaved=interleaved)
-            rope = RoPE.from_hf_config(
-                d, layer_type=layer_type, strict=strict, interleaved=interleaved, max_position=16
-            )
+            settings_, rope = _read(d, strict, layer_type, interleaved)
         except Exception as exc:
+            if unread:
+                assert isinstance(want, Exception), f"{key}={value!r}, a key rotary does not read, was refused: {exc}"
+                assert type(exc) is type(want), (exc, want)
             # a layer type the config lacks, or a config the perturbation made ambiguous, names itself;
             # anything else must name the perturbed key or value
             message = str(exc)
@@ -867,6 +921,10 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
                 assert_named_error(exc, (key, value))
             return
     assert json.dumps(d, sort_keys=True, default=repr) == json.dumps(original, sort_keys=True, default=repr)
+    if unread:
+        assert not isinstance(want, Exception), f"{key}={value!r} made a refused config acceptable: {want}"
+        assert torch.equal(rope.inv_freq, want.inv_freq) and rope.interleaved == want.interleaved, (key, value)
+        assert rope.attention_scaling == want.attention_scaling
     assert isinstance(settings_.interleaved, bool) and settings_.interleaved == rope.interleaved
     assert_sound(rope.freqs)
     cos, sin = rope.cos_sin(torch.arange(0, 40))
@@ -924,8 +982,10 @@ def test_deepseek_v4_has_a_main_and_a_compress_rope():
     compress = read_hf_config(config, layer_type="compress")
     assert (main.head_dim, main.interleaved, main.base, main.scaling["rope_type"]) == (64, True, 10000.0, "default")
     assert (compress.base, compress.scaling["rope_type"], compress.scaling["attention_factor"]) == (
-        160000.0, "yarn", 1.0,
-    )  # fmt: skip
+        160000.0,
+        "yarn",
+        1.0,
+    )
     assert read_hf_config(config, layer_type="heavily_compressed_attention") == compress
     with pytest.raises(ConfigError, match="'main'"):
         read_hf_config(config)
@@ -938,8 +998,12 @@ def test_attribute_map_names_are_read_and_the_fallback_table_agrees_with_transfo
 
     for model_type, table in ATTRIBUTE_MAPS.items():
         assert attribute_map(model_type) == table
-    assert read_hf_config({"model_type": "jetmoe", "kv_channels": 96, "hidden_size": 64,
-                           "num_attention_heads": 4}).head_dim == 96  # fmt: skip
+    assert (
+        read_hf_config(
+            {"model_type": "jetmoe", "kv_channels": 96, "hidden_size": 64, "num_attention_heads": 4}
+        ).head_dim
+        == 96
+    )
 
 
 def test_dbrx_base_stated_only_in_attn_config_is_not_silently_dropped():

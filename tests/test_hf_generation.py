@@ -20,9 +20,14 @@ FAMILIES = {
 def _model(family: str, seed: int = 0):
     config_cls, model_cls = FAMILIES[family]
     config = config_cls(
-        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128,
-    )  # fmt: skip
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
     torch.manual_seed(seed)
     return model_cls(config).eval(), config
 

@@ -55,8 +55,15 @@ def test_read_keys_are_keys_rotary_reads():
 
 
 def _hunyuan(block: dict) -> dict:
-    return {"model_type": "hunyuan_v1_dense", "hidden_size": 64, "num_attention_heads": 4, "head_dim": 16,
-            "max_position_embeddings": 64, "rope_theta": 10000.0, "rope_scaling": block}  # fmt: skip
+    return {
+        "model_type": "hunyuan_v1_dense",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "head_dim": 16,
+        "max_position_embeddings": 64,
+        "rope_theta": 10000.0,
+        "rope_scaling": block,
+    }
 
 
 def _skipping(monkeypatch, keys: list[str]) -> None:
@@ -74,8 +81,15 @@ def _skipping(monkeypatch, keys: list[str]) -> None:
 def test_alpha_skipped_by_transformers_is_read_not_dropped(monkeypatch):
     """HunYuan-VL's config class skips alpha (and YaRN's keys) at validation: alpha still sets the tables."""
     _skipping(monkeypatch, ["alpha", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"])
-    block = {"type": "dynamic", "alpha": 1000.0, "factor": 1.0, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0,
-             "mscale_all_dim": 1.0}  # fmt: skip
+    block = {
+        "type": "dynamic",
+        "alpha": 1000.0,
+        "factor": 1.0,
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+    }
     s = read_hf_config(_hunyuan(block))
     assert s.scaling["rope_type"] == "ntk_alpha" and s.scaling["alpha"] == 1000.0
     assert not {"beta_fast", "beta_slow", "mscale", "mscale_all_dim"} & set(s.scaling)
@@ -96,8 +110,13 @@ def test_unaudited_skipped_key_is_refused_by_name(monkeypatch):
 
 
 def test_inert_keys_are_dropped_with_their_reason():
-    block = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "llama_4_scaling_beta": 0.1,
-             "max_position_embeddings": 64}  # fmt: skip
+    block = {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 16,
+        "llama_4_scaling_beta": 0.1,
+        "max_position_embeddings": 64,
+    }
     drop_ignored_keys(block, ["llama_4_scaling_beta", "max_position_embeddings"], "ministral3", "the config")
     # dropped: the query temperature; kept: a key the yarn type takes
     assert "llama_4_scaling_beta" not in block and block["max_position_embeddings"] == 64
@@ -106,10 +125,38 @@ def test_inert_keys_are_dropped_with_their_reason():
 
 def test_ministral3_config_with_llama_4_scaling_beta_reads():
     cfg = transformers.AutoConfig.for_model(
-        "ministral3", hidden_size=64, num_attention_heads=4, head_dim=16, num_key_value_heads=2,
-        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0,
-                         "beta_slow": 1.0, "original_max_position_embeddings": 16, "max_position_embeddings": 64,
-                         "llama_4_scaling_beta": 0.1, "mscale": 1.0, "mscale_all_dim": 1.0},
-    )  # fmt: skip
+        "ministral3",
+        hidden_size=64,
+        num_attention_heads=4,
+        head_dim=16,
+        num_key_value_heads=2,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "original_max_position_embeddings": 16,
+            "max_position_embeddings": 64,
+            "llama_4_scaling_beta": 0.1,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
+    )
     s = read_hf_config(cfg)
     assert s.scaling["rope_type"] == "yarn" and "llama_4_scaling_beta" not in s.scaling
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_rope_type_that_is_not_a_string_is_refused_by_name(strict):
+    """The ignored-keys pass looked the type up in a dict: a list raised 'unhashable type' from inside rotary."""
+    config = {
+        "model_type": "mistral",
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "head_dim": 128,
+        "max_position_embeddings": 32768,
+        "rope_parameters": {"rope_type": [], "rope_theta": 1e6},
+    }
+    with pytest.raises(ConfigError, match=r"unknown rope_type \[\]"):
+        RoPE.from_hf_config(config, strict=strict)

@@ -113,10 +113,29 @@ def attention_modules(model):
 #: and with per-axis positions in tests/variants/test_mrope_families.py (the others)
 MULTIMODAL = {
     f"{name}{suffix}"
-    for name in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "paddleocr_vl",
-                 "glm4v", "glm4v_moe", "glm_image", "glm_ocr", "cosmos3_edge", "ernie4_5_vl_moe")
+    for name in (
+        "qwen2_vl",
+        "qwen2_5_vl",
+        "qwen3_vl",
+        "qwen3_vl_moe",
+        "qwen3_5",
+        "qwen3_5_moe",
+        "paddleocr_vl",
+        "glm4v",
+        "glm4v_moe",
+        "glm_image",
+        "glm_ocr",
+        "cosmos3_edge",
+        "ernie4_5_vl_moe",
+    )
     for suffix in ("", "_text")
-} | {"qwen2_5_omni_thinker", "qwen2_5_omni_text", "qwen2_5_omni_talker", "qwen3_omni_moe_thinker", "qwen3_omni_moe_text"}  # fmt: skip
+} | {
+    "qwen2_5_omni_thinker",
+    "qwen2_5_omni_text",
+    "qwen2_5_omni_talker",
+    "qwen3_omni_moe_thinker",
+    "qwen3_omni_moe_text",
+}
 #: the text families of the 2026 model types: tested in tests/test_hf_patch_text.py
 from test_hf_patch_text import NEW_TEXT  # noqa: E402
 

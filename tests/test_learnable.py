@@ -164,7 +164,8 @@ def test_changed_frequencies_change_the_tables_and_carry_over_to_a_new_scaling()
 def test_length_dependent_scaling_is_an_error_that_says_why(scaling):
     with pytest.raises(
         ValueError,
-        match=rf"cannot be combined with rope_type '{scaling['rope_type']}': its frequencies are recomputed for each sequence length.*learnable_frequencies=False",
+        match=rf"cannot be combined with rope_type '{scaling['rope_type']}': its frequencies are recomputed for "
+        r"each sequence length.*learnable_frequencies=False",
     ):
         rotary.RoPE(8, scaling=scaling, max_position=128, learnable_frequencies=True)
     with pytest.raises(TypeError, match="learnable_frequencies must be True or False"):

@@ -22,8 +22,13 @@ TRAINED = 16
 
 
 def block(**extra) -> dict:
-    return {"rope_type": "longrope", "short_factor": SHORT, "long_factor": LONG,
-            "original_max_position_embeddings": TRAINED, **extra}  # fmt: skip
+    return {
+        "rope_type": "longrope",
+        "short_factor": SHORT,
+        "long_factor": LONG,
+        "original_max_position_embeddings": TRAINED,
+        **extra,
+    }
 
 
 def reference(positions: torch.Tensor, factors: list[float], mscale: float, base: float = 10000.0):
@@ -50,8 +55,12 @@ def test_each_set_takes_its_mscale():
     default = math.sqrt(1 + math.log(64 / TRAINED) / math.log(TRAINED))
     only_long = frequencies(2 * N, scaling=block(long_mscale=1.4, max_position_embeddings=64))
     assert math.isclose(only_long.attention_scaling, default)
-    assert frequencies(2 * N, scaling=block(long_mscale=1.4, max_position_embeddings=64),
-                       seq_len=TRAINED + 1).attention_scaling == 1.4  # fmt: skip
+    assert (
+        frequencies(
+            2 * N, scaling=block(long_mscale=1.4, max_position_embeddings=64), seq_len=TRAINED + 1
+        ).attention_scaling
+        == 1.4
+    )
 
 
 def test_mscale_errors():
@@ -66,8 +75,18 @@ def test_mscale_errors():
 
 
 def _tiny(model_type: str, rope_parameters: dict, **extra):
-    sizes = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=2 * N, num_hidden_layers=1,
-                 intermediate_size=32, num_local_experts=2, vocab_size=32, max_position_embeddings=64, pad_token_id=0)  # fmt: skip
+    sizes = dict(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=2 * N,
+        num_hidden_layers=1,
+        intermediate_size=32,
+        num_local_experts=2,
+        vocab_size=32,
+        max_position_embeddings=64,
+        pad_token_id=0,
+    )
     return transformers.AutoConfig.for_model(model_type, rope_parameters=dict(rope_parameters), **sizes, **extra)
 
 
@@ -124,8 +143,9 @@ def test_serving_block_is_vllms_rule(max_model_len, uses_long):
         want = reference(positions, LONG if uses_long else SHORT, vllm_default)
         for got, w in zip(rope.cos_sin(positions), want):
             close(got, w)
-    with_mscale = longrope_serving_block(block(max_position_embeddings=64, short_mscale=1.1, long_mscale=1.3),
-                                         max_model_len)  # fmt: skip
+    with_mscale = longrope_serving_block(
+        block(max_position_embeddings=64, short_mscale=1.1, long_mscale=1.3), max_model_len
+    )
     assert with_mscale["short_mscale"] == with_mscale["long_mscale"] == (1.3 if uses_long else 1.1)
     assert given == block(max_position_embeddings=64, factor=2.0, attention_factor=1.05)  # not edited
 

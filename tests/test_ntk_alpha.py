@@ -78,9 +78,17 @@ def test_alpha_errors_name_the_value():
 
 def _tiny(model_type: str, block: dict) -> transformers.PretrainedConfig:
     sizes = dict(
-        hidden_size=64, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=16, vocab_size=64, max_position_embeddings=64, num_experts=2, moe_topk=1,
-    )  # fmt: skip
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=64,
+        max_position_embeddings=64,
+        num_experts=2,
+        moe_topk=1,
+    )
     return transformers.AutoConfig.for_model(model_type, rope_scaling=dict(block), **sizes)
 
 
@@ -93,9 +101,12 @@ def test_hunyuan_model_matches(model_type):
         warnings.simplefilter("ignore")
         model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
     rope = RoPE.from_hf_config(cfg)
-    assert rope.freqs.rope_type == "ntk_alpha" and dict(rope.freqs.scaling) == {"rope_type": "ntk_alpha",
-                                                                                 "alpha": 1000.0, "factor": 1.0,
-                                                                                 "max_position_embeddings": 64}  # fmt: skip
+    assert rope.freqs.rope_type == "ntk_alpha" and dict(rope.freqs.scaling) == {
+        "rope_type": "ntk_alpha",
+        "alpha": 1000.0,
+        "factor": 1.0,
+        "max_position_embeddings": 64,
+    }
     hf_rotary = model.model.rotary_emb
     assert hf_rotary.rope_type == "ntk_alpha"
     assert torch.equal(rope.inv_freq, hf_rotary.inv_freq)  # bit-identical
@@ -116,8 +127,15 @@ def test_hunyuan_model_matches(model_type):
 
 
 def test_read_hf_config_drops_yarn_keys_of_alpha_blocks_only():
-    d = {"model_type": "hunyuan_v1_dense", "hidden_size": 64, "num_attention_heads": 4, "head_dim": 16,
-         "max_position_embeddings": 64, "rope_theta": 10000.0, "rope_scaling": dict(HUNYUAN_BLOCK)}  # fmt: skip
+    d = {
+        "model_type": "hunyuan_v1_dense",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "head_dim": 16,
+        "max_position_embeddings": 64,
+        "rope_theta": 10000.0,
+        "rope_scaling": dict(HUNYUAN_BLOCK),
+    }
     s = read_hf_config(d)
     assert s.scaling == {"rope_type": "ntk_alpha", "alpha": 1000.0, "factor": 1.0, "max_position_embeddings": 64}
     # the same keys on a plain dynamic block (no alpha) are refused by name, not dropped
@@ -131,5 +149,6 @@ def test_vllm_rule_is_the_same_frequencies():
     rotary_dim, base, alpha = 128, 10000.0, 1000.0
     stretched = base * alpha ** (rotary_dim / (rotary_dim - 2))
     vllm_inv_freq = 1.0 / (stretched ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
-    assert torch.equal(frequencies(rotary_dim, base=base, scaling={"rope_type": "ntk_alpha", "alpha": alpha}).inv_freq,
-                       vllm_inv_freq)  # fmt: skip
+    assert torch.equal(
+        frequencies(rotary_dim, base=base, scaling={"rope_type": "ntk_alpha", "alpha": alpha}).inv_freq, vllm_inv_freq
+    )

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import rotary
+from helpers import assert_tables_match, numpy_cos_sin
 from rotary import positions as P
 from rotary.kernels import eager, ops
 from rotary.kernels.contract import Rotation
@@ -47,9 +48,9 @@ def test_every_addressing_mode_equals_the_direct_tables(positions, addressing, i
     tables = rope.tables(positions)
     assert tables.addressing == addressing and tables.interleaved is interleaved
     ids = positions.ids if isinstance(positions, P.Positions) else positions
-    want = cos_sin_table(ids, rope.inv_freq, attention_scaling=rope.attention_scaling, interleaved=interleaved)
-    got = tables.gather()
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    # against NumPy's float64 cos and sin, not the library's own cos_sin_table
+    want = numpy_cos_sin(ids, rope.inv_freq, attention_scaling=rope.attention_scaling, interleaved=interleaved)
+    assert_tables_match(tables.gather(), want)
 
 
 def test_tables_refuse_structures_that_cannot_be_applied():
@@ -286,9 +287,12 @@ def test_a_2d_axial_producer_needs_only_tables(monkeypatch, gen):
     y, x = grid.ids[:, 0], grid.ids[:, 1]
     half = axial.inv_freq[0, :8]
     ref = torch.cat(
-        (rotary.reference.rotate_complex(q[..., [*range(8), *range(16, 24)]].double(), y, half),
-         rotary.reference.rotate_complex(q[..., [*range(8, 16), *range(24, 32)]].double(), x, half)), dim=-1
-    )  # fmt: skip
+        (
+            rotary.reference.rotate_complex(q[..., [*range(8), *range(16, 24)]].double(), y, half),
+            rotary.reference.rotate_complex(q[..., [*range(8, 16), *range(24, 32)]].double(), x, half),
+        ),
+        dim=-1,
+    )
     got = qr[..., [*range(8), *range(16, 24), *range(8, 16), *range(24, 32)]].double()
     assert float((got - ref).abs().max()) < 1e-5
 

@@ -562,7 +562,8 @@ INTERPRETED = textwrap.dedent(
         # away moves each channel by a few ulps of the vector's largest
         if dtype != torch.bfloat16:
             expected = tuple(torch.empty_like(x) for x in (q, k))
-            K.run_torch(rotation.replace(outs=expected), K.Norm(weights, 1e-6, gemma), tuple(torch.empty_like(r) for r in rstds))
+            scratch = tuple(torch.empty_like(r) for r in rstds)
+            K.run_torch(rotation.replace(outs=expected), K.Norm(weights, 1e-6, gemma), scratch)
             for out, e in zip(outs, expected):
                 bound = 4 * torch.finfo(dtype).eps * e.abs().amax(-1, keepdim=True)
                 assert ((out - e).abs() <= bound).all(), (dtype, (out - e).abs().max())

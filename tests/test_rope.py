@@ -9,9 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rotary
-from helpers import NAMED, outputs_from_threads
+from helpers import outputs_from_threads
 from rotary import reference
-from strategies import DTYPES, positions_strategy, tensors
+from strategies import DTYPES
+from variant_checks import expect
 
 
 def test_to_bfloat16_keeps_inv_freq_and_tables_fp32(gen):
@@ -129,9 +130,12 @@ def test_editing_the_inv_freq_buffer_cannot_make_paths_disagree(gen):
     want = rope.freqs.inv_freq.clone()
     with torch.no_grad():
         rope.inv_freq.mul_(0.5)
-    with pytest.raises(RuntimeError, match=r"rope.inv_freq was modified in place .*the edit would be ignored; "
-                                           r"inv_freq is read-only and has been restored. To rotate with other "
-                                           r"frequencies build a new RoPE \(rotary.RoPE\(head_dim, base="):  # fmt: skip
+    with pytest.raises(
+        RuntimeError,
+        match=r"rope.inv_freq was modified in place .*the edit would be ignored; "
+        r"inv_freq is read-only and has been restored. To rotate with other "
+        r"frequencies build a new RoPE \(rotary.RoPE\(head_dim, base=",
+    ):
         rope.rotate(q, offset=3)
     assert torch.equal(rope.inv_freq, want) and torch.equal(rope.freqs.inv_freq, want)
     compiled = torch.compile(lambda x: rope.rotate(x, offset=3), fullgraph=True, backend="eager")
@@ -427,53 +431,120 @@ def _expected(rope, x, pos, layout):
     return out if layout == "bhsd" else out.transpose(1, 2)
 
 
+#: what :func:`rotate_calls` spoils in a valid call, one thing at a time (None: nothing, the call is valid)
+SPOILS = [None] * 5 + [
+    "dtype",
+    "head_dim",
+    "rank",
+    "layout",
+    "inplace",
+    "offset",
+    "float_ids",
+    "list_ids",
+    "ids_shape",
+    "ids_and_offset",
+    "packed_without_ids",
+]
+
+
 @st.composite
-def rope_inputs(draw):
-    """Mostly inputs that fit (so the results are checked), the rest anything."""
+def rotate_calls(draw):
+    """``(head_dim, x, kwargs, spoil)``: a call of ``RoPE(head_dim).rotate(x, **kwargs)``, valid by construction
+    unless ``spoil`` names the one thing made wrong. Valid: a floating ``x`` of ``head_dim`` channels, 4-D in
+    ``bhsd`` or ``bshd`` (sometimes a strided view) or packed ``[T, H, D]`` / ``[T, H * D]`` with per-token ids;
+    positions as ids ``[S]``, ``[1, S]`` or ``[B, S]`` (int64 or int32, negative and huge ones too) or an
+    ``offset >= 0``; ``inplace`` a bool."""
     head_dim = draw(st.sampled_from([2, 4, 6]))
-    fitting = tensors(rank=4, max_size=4, last=head_dim, dtype=draw(st.sampled_from(DTYPES[:4])))
-    return head_dim, draw(st.one_of(fitting, fitting, fitting, tensors()))
+    dtype = draw(st.sampled_from(DTYPES[:4]))
+    kind = draw(st.sampled_from(["bhsd", "bhsd", "bshd", "packed", "flat"]))
+    b, h, s = draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(0, 5))
+    spoil = draw(st.sampled_from(SPOILS))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    if kind in ("bhsd", "bshd"):
+        shape = (b, h, s, head_dim) if kind == "bhsd" else (b, s, h, head_dim)
+        strided = draw(st.booleans())
+        seq_dim = 2 if kind == "bhsd" else 1
+        if strided:  # every other token of a twice longer tensor: a non-contiguous view
+            longer = list(shape)
+            longer[seq_dim] *= 2
+            every_other = (slice(None),) * seq_dim + (slice(None, None, 2),)
+            x = torch.randn(longer, generator=g).to(dtype)[every_other]
+        else:
+            x = torch.randn(shape, generator=g).to(dtype)
+        kwargs = {"layout": kind}
+        if draw(st.booleans()):
+            rows = draw(st.sampled_from([None, 1, b]))
+            top = 2**31 - 1 if draw(st.booleans()) else 2**41
+            values = draw(st.lists(st.integers(-3, top), min_size=s, max_size=s))
+            ids = torch.tensor(values, dtype=torch.int64)
+            if top < 2**31 and draw(st.booleans()):
+                ids = ids.to(torch.int32)
+            kwargs["position_ids"] = ids if rows is None else ids.expand(rows, s)
+        else:
+            kwargs["offset"] = draw(st.sampled_from([0, 5, 2**40]))
+    else:
+        t = s
+        x = torch.randn((t, h, head_dim), generator=g).to(dtype)
+        if kind == "flat":
+            x = x.reshape(t, h * head_dim)
+        ids = torch.tensor(draw(st.lists(st.integers(-3, 70), min_size=t, max_size=t)), dtype=torch.int64)
+        kwargs = {"position_ids": ids, "layout": draw(st.sampled_from(["bhsd", "bshd"]))}
+    kwargs["inplace"] = draw(st.booleans())
+    if spoil == "dtype":
+        x = x.to(draw(st.sampled_from([torch.int64, torch.bool])))
+    elif spoil == "head_dim":
+        x = torch.randn(*x.shape[:-1], x.shape[-1] + 2) if kind != "flat" else torch.randn(x.shape[0], 2 * h + 1)
+    elif spoil == "rank":
+        x = x.reshape(1, *x.shape) if kind in ("bhsd", "bshd") else x.reshape(-1)
+    elif spoil == "layout" and kind in ("bhsd", "bshd"):  # a packed input has no layout to read
+        kwargs["layout"] = draw(st.sampled_from(["sbhd", None, "BHSD"]))
+    elif spoil == "inplace":
+        kwargs["inplace"] = draw(st.sampled_from(["yes", 1, None]))
+    elif spoil == "offset":
+        kwargs.pop("position_ids", None)
+        kwargs["offset"] = draw(st.sampled_from([-1, 1.5, True]))
+        x = x if kind in ("bhsd", "bshd") else x.reshape(1, x.shape[0], h, head_dim)  # 4-D, offset alone
+    elif spoil == "float_ids" and "position_ids" in kwargs:
+        kwargs["position_ids"] = kwargs["position_ids"].float()
+    elif spoil == "list_ids" and "position_ids" in kwargs:
+        kwargs["position_ids"] = kwargs["position_ids"].tolist()
+    elif spoil == "ids_shape" and "position_ids" in kwargs:
+        kwargs["position_ids"] = torch.zeros(1, 1, s + 1, dtype=torch.int64)
+    elif spoil == "ids_and_offset":
+        kwargs.setdefault("position_ids", torch.zeros(s, dtype=torch.int64))
+        kwargs["offset"] = draw(st.sampled_from([1, 5]))
+    elif spoil == "packed_without_ids" and kind in ("packed", "flat"):
+        del kwargs["position_ids"]
+    else:
+        spoil = None  # the spoil does not apply to this call: it stays valid
+    return head_dim, x, kwargs, spoil
 
 
 @settings(max_examples=150, deadline=None)
-@given(
-    case=rope_inputs(),
-    interleaved=st.booleans(),
-    layout=st.sampled_from(["bhsd", "bhsd", "bshd", "sbhd", None]),
-    inplace=st.sampled_from([False, False, True, "yes"]),
-    positions=st.one_of(st.none(), st.none(), positions_strategy()),
-    offset=st.sampled_from([0, 0, 5, -1, 2**40, 1.5, True]),
-)
-def test_rope_rotate_is_right_or_a_named_error(case, interleaved, layout, inplace, positions, offset):
-    head_dim, x = case
+@given(call=rotate_calls(), interleaved=st.booleans())
+def test_rope_rotate_is_the_rotation_and_refuses_what_the_contract_refuses(call, interleaved):
+    """A valid call (classified up front, :func:`rotate_calls`) returns the float64 reference rotation; a call
+    with one thing wrong raises a named error."""
+    head_dim, x, kwargs, spoil = call
     rope = rotary.RoPE(head_dim, interleaved=interleaved, max_position=8)
-    before = x.clone() if isinstance(x, torch.Tensor) else x
-    kwargs = dict(layout=layout, inplace=inplace, offset=offset)
-    if positions is not None:
-        kwargs["position_ids"] = positions
-    try:
-        out = rope.rotate(x, **kwargs)
-    except NAMED as exc:
-        assert str(exc), "an error must say what is wrong"
+    before = x.clone()
+    out = expect(spoil is None, rope.rotate, x, **kwargs)
+    if spoil is not None:
         return
-    # it ran: then every input was valid, and the result must be the rotation
-    assert x.is_floating_point() and out.shape == x.shape and out.dtype == x.dtype
+    assert out.shape == x.shape and out.dtype == x.dtype
+    positions, layout = kwargs.get("position_ids"), kwargs["layout"]
     if x.dim() == 4:
-        assert layout in ("bhsd", "bshd")
         view, view_layout = before, layout
     else:  # packed [T, H, D] or vLLM's flat [T, H * D]: one sequence of T tokens, per-token positions
-        assert x.dim() in (2, 3) and positions is not None and offset in (0, False)
-        view, view_layout = before.reshape(1, x.shape[0], -1, head_dim), "bshd"
-    if positions is not None:
-        assert offset == 0 or offset is False
-        ref = _expected(rope, view, positions, view_layout)
-    else:
+        heads = x.shape[1] if x.dim() == 3 else x.shape[1] // head_dim
+        view, view_layout = before.reshape(1, x.shape[0], heads, head_dim), "bshd"
+    if positions is None:
         seq_dim = 2 if view_layout == "bhsd" else 1
-        ref = _expected(rope, view, torch.arange(offset, offset + view.shape[seq_dim]), view_layout)
-    ref = ref.reshape(x.shape)
+        positions = torch.arange(kwargs["offset"], kwargs["offset"] + view.shape[seq_dim])
+    ref = _expected(rope, view, positions, view_layout).reshape(x.shape)
     scale = max(1.0, float(before.double().abs().max())) if before.numel() else 1.0
-    big = positions is not None and positions.numel() and int(positions.max()) > 2**20 or offset == 2**40
+    big = bool(positions.numel()) and int(positions.abs().max()) > 2**20
     tol = TOL[x.dtype] * scale * (1e4 if big else 1)  # fp32 of angles ~1e12 rad: the reference differs too
     assert float((out.double() - ref).abs().max()) <= tol if out.numel() else True
-    if inplace is True:
+    if kwargs["inplace"]:
         assert out is x

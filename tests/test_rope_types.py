@@ -15,7 +15,7 @@ import rotary
 from helpers import assert_named_error
 from rotary import ConfigError, RoPE, frequencies
 from rotary.rope_types import ROPE_TYPES, register_rope_type, validate_rope_parameters
-from strategies import NASTY, PROPERTIES, perturbed_blocks, removal, without
+from strategies import NASTY, PROPERTIES, UNKNOWN_KEY, perturbed_blocks, removal, replaced, spoiled, without
 from variant_checks import is_int
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -169,8 +169,16 @@ def test_yarn_factor_disagreeing_with_the_lengths_uses_factor_like_transformers(
 
     transformers.logging.set_verbosity_error()
     block = {**YARN, "rope_theta": 10000.0}
-    cfg = LlamaConfig(hidden_size=128, num_attention_heads=2, head_dim=64, max_position_embeddings=65536,
-                      num_hidden_layers=1, intermediate_size=8, vocab_size=8, rope_parameters=dict(block))  # fmt: skip
+    cfg = LlamaConfig(
+        hidden_size=128,
+        num_attention_heads=2,
+        head_dim=64,
+        max_position_embeddings=65536,
+        num_hidden_layers=1,
+        intermediate_size=8,
+        vocab_size=8,
+        rope_parameters=dict(block),
+    )
     hf_inv_freq, hf_scaling = ROPE_INIT_FUNCTIONS["yarn"](cfg, "cpu")
     with pytest.warns(UserWarning, match="disagrees with"):
         f = frequencies(64, scaling={**block, "max_position_embeddings": 65536}, strict=False)
@@ -204,23 +212,22 @@ def test_argument_types_are_checked():
 def test_a_registered_type_returning_nan_is_refused():
     from rotary.rope_types import ROPE_TYPES, default_inv_freq, register_rope_type
 
-    @register_rope_type("test-nan")
     def _nan(head_dim, base, rotary_dim, params, seq_len):
         inv_freq = default_inv_freq(base, rotary_dim)
         inv_freq[3] = float("nan")
         return inv_freq, 1.0
 
-    @register_rope_type("test-zero-division")
     def _zero(head_dim, base, rotary_dim, params, seq_len):
         return default_inv_freq(base, rotary_dim), 1 / 0
 
-    try:
+    with ROPE_TYPES.scope():
+        register_rope_type("test-nan")(_nan)
+        register_rope_type("test-zero-division")(_zero)
         with pytest.raises(ConfigError, match=r"rope_type 'test-nan' .*non-finite frequencies for pairs \[3\]"):
             frequencies(64, scaling={"rope_type": "test-nan"})
         with pytest.raises(ConfigError, match=r"rope_type 'test-zero-division' cannot compute .*ZeroDivisionError"):
             frequencies(64, scaling={"rope_type": "test-zero-division"})
-    finally:
-        del ROPE_TYPES["test-nan"], ROPE_TYPES["test-zero-division"]
+    assert "test-nan" not in ROPE_TYPES and "test-zero-division" not in ROPE_TYPES
 
 
 @pytest.mark.parametrize("mode", ["hf", "stateless"])
@@ -245,15 +252,15 @@ def test_a_registered_length_dependent_type_follows_the_length_like_the_builtin(
     from rotary.rope_types import ROPE_TYPES, register_rope_type
 
     spec = ROPE_TYPES[builtin]
-    register_rope_type(
-        "test-mine",
-        required=spec.required,
-        optional=spec.optional,
-        length_dependent=True,
-        update=update,
-        trained_length=spec.trained_length,
-    )(spec.init)
-    try:
+    with ROPE_TYPES.scope():
+        register_rope_type(
+            "test-mine",
+            required=spec.required,
+            optional=spec.optional,
+            length_dependent=True,
+            update=update,
+            trained_length=spec.trained_length,
+        )(spec.init)
         mine = RoPE(16, scaling={"rope_type": "test-mine", **block}, dynamic=mode)
         theirs = RoPE(16, scaling={"rope_type": builtin, **block}, dynamic=mode)
         g = torch.Generator().manual_seed(0)
@@ -261,8 +268,6 @@ def test_a_registered_length_dependent_type_follows_the_length_like_the_builtin(
             q = torch.randn(1, 2, length, 16, generator=g)
             assert torch.equal(mine(q, q)[0], theirs(q, q)[0]), length
             assert torch.equal(mine.schedule.current.inv_freq, theirs.schedule.current.inv_freq), length
-    finally:
-        del ROPE_TYPES["test-mine"]
 
 
 def test_a_length_dependent_type_must_name_its_trained_length():
@@ -309,11 +314,11 @@ def test_which_registered_types_check_their_keys():
     def init(head_dim, base, rotary_dim, params, seq_len):
         return default_inv_freq(base, rotary_dim) / params.get("factor", 1.0), 1.0
 
-    register_rope_type("test-bare")(init)
-    register_rope_type("test-keyless", check_keys=True)(init)
-    register_rope_type("test-keyed", optional={"factor"})(init)
-    ROPE_INIT_FUNCTIONS["test-assigned"] = init
-    try:
+    with ROPE_TYPES.scope():
+        register_rope_type("test-bare")(init)
+        register_rope_type("test-keyless", check_keys=True)(init)
+        register_rope_type("test-keyed", optional={"factor"})(init)
+        ROPE_INIT_FUNCTIONS["test-assigned"] = init
         assert not ROPE_TYPES["test-bare"].check_keys and not ROPE_TYPES["test-assigned"].check_keys
         assert ROPE_TYPES["test-keyless"].check_keys and ROPE_TYPES["test-keyed"].check_keys
         for name in ("test-bare", "test-assigned"):
@@ -325,9 +330,6 @@ def test_which_registered_types_check_their_keys():
             frequencies(64, scaling={"rope_type": "test-keyed", "factr": 2.0})
         with pytest.raises(TypeError, match="check_keys must be True or False"):
             register_rope_type("test-bad", check_keys="yes")
-    finally:
-        for name in ("test-bare", "test-keyless", "test-keyed", "test-assigned", "test-bad"):
-            ROPE_TYPES.pop(name, None)
 
 
 @pytest.mark.parametrize(
@@ -352,8 +354,11 @@ def test_register_rope_type_refuses_a_non_function():
 
 
 @PROPERTIES
-@given(perturbed=perturbed_blocks(), rotary_dim=st.one_of(st.sampled_from([64, 2, 4, 62]), NASTY),
-       strict=st.one_of(st.booleans(), NASTY))  # fmt: skip
+@given(
+    perturbed=perturbed_blocks(),
+    rotary_dim=st.one_of(st.sampled_from([64, 2, 4, 62]), NASTY),
+    strict=st.one_of(st.booleans(), NASTY),
+)
 @example(perturbed=without("yarn", "beta_fast"), rotary_dim=64, strict=True)  # valid: beta_fast has a default
 @example(perturbed=without("proportional", "factor"), rotary_dim=64, strict=False)  # valid: factor is optional
 @example(perturbed=without("linear", "factor"), rotary_dim=64, strict=False)  # invalid: a required key missing
@@ -361,13 +366,19 @@ def test_register_rope_type_refuses_a_non_function():
 def test_validate_rope_parameters_on_perturbed_blocks(perturbed, rotary_dim, strict):
     block, key, value = perturbed
     # decided up front where the documented contract decides it without the per-type value checks:
-    # invalid: strict not a bool, rotary_dim not an int > 0, or a required key of the type missing (missing keys
-    # are errors even with strict=False); valid: a valid block (strategies.VALID, for rotary_dim 64) without one
-    # of its keys that is not required (rope_type aside: the other keys belong to the type it names).
-    # Other draws (a key set to an arbitrary value) are right or a named error.
+    # invalid: strict not a bool, rotary_dim not an int > 0, a required key of the type missing (missing keys
+    # are errors even with strict=False), or with strict a key set to what is not a finite number
+    # (strategies.spoiled) or a key no type takes; valid: a
+    # valid block (strategies.VALID, for rotary_dim 64) without one of its keys that is not required, or with
+    # a key set to another valid value (strategies.replaced), or a key no type takes when not strict. Other
+    # draws (a key set to an arbitrary value) are right or a named error.
     invalid = not isinstance(strict, bool) or not (is_int(rotary_dim) and rotary_dim > 0)
     invalid = invalid or removal(block, key) == "required"
-    valid = not invalid and removal(block, key) == "optional" and rotary_dim == 64
+    # strict=False turns the value checks into warnings; partial_rotary_factor is rotary_dim's, given here
+    spoiled_value = spoiled(block, key, value) and key != "partial_rotary_factor"
+    invalid = invalid or (strict is True and (spoiled_value or UNKNOWN_KEY in block))
+    kept = removal(block, key) == "optional" or replaced(block, key, value) or UNKNOWN_KEY in block
+    valid = not invalid and kept and rotary_dim == 64
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -378,3 +389,5 @@ def test_validate_rope_parameters_on_perturbed_blocks(perturbed, rotary_dim, str
             return
     assert not invalid, f"an invalid block was accepted: {block}, rotary_dim={rotary_dim!r}, strict={strict!r}"
     assert isinstance(out, dict) and out["rope_type"] in ROPE_TYPES and out is not block
+    if valid and replaced(block, key, value):
+        assert out[key] == value, (key, value, out)  # the value given is the value used

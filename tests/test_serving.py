@@ -228,10 +228,12 @@ TRITON = textwrap.dedent(
         if inplace:
             rotation = rotation.replace(xs=outs)
         tk.rotate_and_cache_triton(rotation.replace(outs=outs), v, kc, vc, slots)
-        assert torch.equal(outs[0], want_q) and torch.equal(outs[1], want_k), (dtype, interleaved, r, positions_kind, inplace)
+        same = torch.equal(outs[0], want_q) and torch.equal(outs[1], want_k)
+        assert same, (dtype, interleaved, r, positions_kind, inplace)
         rows = torch.arange(B)[:, None].expand(B, S) if bc > 1 else torch.zeros(B, S, dtype=torch.long)
         good = (slots >= 0) & (slots < T)
-        assert torch.equal(kc[rows[good], slots[good]], want_k[good]) and torch.equal(vc[rows[good], slots[good]], v[good])
+        assert torch.equal(kc[rows[good], slots[good]], want_k[good])
+        assert torch.equal(vc[rows[good], slots[good]], v[good])
         written = torch.zeros(bc, T, dtype=torch.bool)
         written[rows[good], slots[good]] = True
         assert (kc[~written] == 0).all() and (vc[~written] == 0).all()
@@ -583,11 +585,13 @@ VLLM_FORM = textwrap.dedent(
             qi, ki = (q.clone(), k.clone()) if inplace else (q, k)
             launches.clear()
             if direct:
-                out = rotary.rotate_and_cache(qi, ki, v, kc, vc, slots, positions=positions, cos_sin_cache=cache_form,
-                                              interleaved=interleaved, inplace=inplace, layout=layout, cache_layout=layout)
+                out = rotary.rotate_and_cache(qi, ki, v, kc, vc, slots, positions=positions,
+                                              cos_sin_cache=cache_form, interleaved=interleaved, inplace=inplace,
+                                              layout=layout, cache_layout=layout)
             else:  # the tables gathered first, then the kernel
                 tables = serving.tables_from_cos_sin_cache(cache_form, positions, interleaved=interleaved)
-                out = rotary.rotate_and_cache(qi, ki, v, kc, vc, slots, tables, inplace=inplace, layout=layout, cache_layout=layout)
+                out = rotary.rotate_and_cache(qi, ki, v, kc, vc, slots, tables, inplace=inplace, layout=layout,
+                                              cache_layout=layout)
             assert launches == [direct], (launches, direct)
             if inplace:
                 assert out[0] is qi and out[1] is ki

@@ -32,7 +32,8 @@ CUDA_BRANCH = textwrap.dedent(
         if form == "csc":
             rotary.rotate_and_cache(q, k, k, kc, vc, pos.clone(), positions=pos, cos_sin_cache=csc, inplace=True)
         else:
-            rotary.rotate_and_cache(q, k, k, kc, vc, pos.clone(), serving.tables_from_cos_sin_cache(csc, pos), inplace=True)
+            tables = serving.tables_from_cos_sin_cache(csc, pos)
+            rotary.rotate_and_cache(q, k, k, kc, vc, pos.clone(), tables, inplace=True)
         return vc
 
     general = v_is_k(False, "tables")
@@ -44,18 +45,19 @@ CUDA_BRANCH = textwrap.dedent(
         q = q0.clone()
         try:
             if form == "csc":
-                rotary.rotate_and_cache(q, q[:, :, :2], k0, torch.zeros(2, T, 2, D), torch.zeros(2, T, 2, D), pos.clone(),
-                                        positions=pos, cos_sin_cache=csc, inplace=True)
+                rotary.rotate_and_cache(q, q[:, :, :2], k0, torch.zeros(2, T, 2, D), torch.zeros(2, T, 2, D),
+                                        pos.clone(), positions=pos, cos_sin_cache=csc, inplace=True)
             else:
-                rotary.rotate_and_cache(q, q[:, :, :2], k0, torch.zeros(2, T, 2, D), torch.zeros(2, T, 2, D), pos.clone(),
-                                        serving.tables_from_cos_sin_cache(csc, pos), inplace=True)
+                rotary.rotate_and_cache(q, q[:, :, :2], k0, torch.zeros(2, T, 2, D), torch.zeros(2, T, 2, D),
+                                        pos.clone(), serving.tables_from_cos_sin_cache(csc, pos), inplace=True)
             print("overlap", form, False)
         except rotary.errors.InputError:
             print("overlap", form, True)
 
     qp, kp, vp = (torch.randn(5, h, D, generator=g) for h in (4, 2, 2))
     try:
-        rotary.rotate_and_cache(qp, kp, vp, torch.zeros(1, T, 2, D), torch.zeros(1, T, 2, D), torch.tensor([0, 2, 4, 6, 7]),
+        rotary.rotate_and_cache(qp, kp, vp, torch.zeros(1, T, 2, D), torch.zeros(1, T, 2, D),
+                                torch.tensor([0, 2, 4, 6, 7]),
                                 positions=torch.tensor([[1, 9, 3, 0, 15]]), cos_sin_cache=csc)
         print("packed_2d_positions", False)
     except rotary.errors.InputError:
@@ -92,9 +94,15 @@ def test_cpu_kernel_refuses_to_write_an_inference_cache_outside_inference_mode()
     q, k, v = torch.randn(1, 3, 2, 8), torch.randn(1, 3, 1, 8), torch.randn(1, 3, 1, 8)
     with pytest.raises(rotary.InputError, match="k_cache is an inference tensor"):
         rotary.rotate_and_cache(
-            q, k, v, k_cache, v_cache, torch.arange(3)[None], positions=torch.arange(3)[None],
+            q,
+            k,
+            v,
+            k_cache,
+            v_cache,
+            torch.arange(3)[None],
+            positions=torch.arange(3)[None],
             cos_sin_cache=torch.cat((cos[:, :4], sin[:, :4]), -1),
-        )  # fmt: skip
+        )
 
 
 @pytest.mark.parametrize(

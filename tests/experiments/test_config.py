@@ -8,7 +8,7 @@ import math
 import pytest
 
 from rotary.tools.cli import main
-from rotary.tools.commands.common import positive_float
+from rotary.tools.commands.argument_types import positive_float
 from rotary.tools.commands.experiment import SETTINGS, _float, _float_list
 from rotary.tools.experiments.config import PRESETS, ExperimentConfig, ExperimentError
 

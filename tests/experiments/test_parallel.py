@@ -43,25 +43,29 @@ def test_a_divergence_in_a_worker_is_one_line_naming_the_first_model(tmp_path, c
 
 
 def test_choose_jobs():
-    alone = Distributed()
-    cfg = ExperimentConfig(device="cpu", threads=1)
-    assert choose_jobs(cfg, alone, None, models=1) == 1  # never more than there are models
-    cfg = ExperimentConfig(device="cpu")
-    assert choose_jobs(cfg, alone, 3, models=22) == 3 and cfg.threads >= 1
-    cfg = ExperimentConfig(device="cpu")
-    assert choose_jobs(cfg, alone, 1, models=22) == 1  # one at a time on every thread: as before --jobs
     import torch
 
-    assert cfg.threads == torch.get_num_threads()
-    cfg = ExperimentConfig(device="cpu")
-    assert choose_jobs(cfg, alone, None, models=22) == max(1, torch.get_num_threads()) and cfg.threads == 1
+    alone, budget = Distributed(), torch.get_num_threads()
+    assert choose_jobs(ExperimentConfig(device="cpu", threads=1), alone, None, models=1) == (
+        1,
+        1,
+    )  # never more than there are models
+    jobs, threads = choose_jobs(ExperimentConfig(device="cpu"), alone, 3, models=22)
+    assert jobs == 3 and threads == max(1, budget // 3)
+    assert choose_jobs(ExperimentConfig(device="cpu"), alone, 1, models=22) == (
+        1,
+        budget,
+    )  # one at a time on every thread
+    assert choose_jobs(ExperimentConfig(device="cpu"), alone, None, models=22) == (max(1, budget), 1)
     with pytest.raises(ExperimentError, match="under torchrun the 2 processes train each model together"):
         choose_jobs(ExperimentConfig(device="cpu"), Distributed(0, 2, 0), 2, models=22)
     with pytest.raises(ExperimentError, match="--device cuda trains them one at a time"):
         choose_jobs(ExperimentConfig(device="cuda"), alone, 2, models=22)
-    cfg = ExperimentConfig(device="cuda")
-    assert choose_jobs(cfg, alone, None, models=22) == 1 and cfg.threads == torch.get_num_threads()
-    assert choose_jobs(ExperimentConfig(device="cpu"), Distributed(0, 2, 0), None, models=22) == 1
+    assert choose_jobs(ExperimentConfig(device="cuda"), alone, None, models=22) == (1, budget)
+    assert choose_jobs(ExperimentConfig(device="cpu"), Distributed(0, 2, 0), None, models=22) == (1, budget)
+    given = ExperimentConfig(device="cpu")
+    choose_jobs(given, alone, 2, models=22)
+    assert given.threads is None  # the caller's config is left as given
 
 
 def test_bars_of_tasks_that_run_side_by_side():

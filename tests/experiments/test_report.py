@@ -112,8 +112,8 @@ def test_one_seed_has_no_spread():
 def test_observations_state_the_numbers():
     lines = observations(results())
     assert (
-        "At 1024 tokens (8L), non-overlapping windows: the lowest perplexity is ALiBi's, 3.962; the highest RoPE's, 40.02."
-        in lines
+        "At 1024 tokens (8L), non-overlapping windows: the lowest perplexity is ALiBi's, 3.962; "
+        "the highest RoPE's, 40.02." in lines
     )
     assert any(
         line.startswith("RoPE: perplexity at 8L is 9.76x with non-overlapping windows and 10.00x with sliding windows")

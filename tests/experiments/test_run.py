@@ -677,3 +677,19 @@ def test_the_library_never_imports_the_command_line():
             if any(name == prefix or name.startswith(prefix + ".") for name in names for prefix in command_line):
                 found.append(f"{module}:{node.lineno}")
     assert not found, f"library modules import the command line: {found}"
+
+
+def test_the_run_settles_device_and_threads_on_a_copy_and_leaves_the_caller_s_config_as_given():
+    from rotary.tools.experiments.config import ExperimentConfig
+    from rotary.tools.experiments.distributed import Distributed
+    from rotary.tools.experiments.run import settle_config
+
+    given = ExperimentConfig(**{**PRESETS["tiny"], "device": None, "threads": None})
+    before = given.to_dict()
+    settled, specs, jobs = settle_config(given, Distributed(), None)
+    assert given.to_dict() == before and given.device is None and given.threads is None
+    assert settled is not given and settled.device == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert settled.threads >= 1 and jobs >= 1 and len(specs) > 0
+    assert {k: v for k, v in settled.to_dict().items() if k not in ("device", "threads")} == {
+        k: v for k, v in before.items() if k not in ("device", "threads")
+    }

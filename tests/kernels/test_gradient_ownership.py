@@ -211,6 +211,11 @@ assert kept and torch.equal(kept[0], torch.full_like(kept[0], 2.0))
 print("ok")
 """
     src = Path(rotary.__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                          env={**__import__("os").environ, "PYTHONPATH": str(src)})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**__import__("os").environ, "PYTHONPATH": str(src)},
+    )
     assert done.returncode == 0 and done.stdout.strip() == "ok", (done.returncode, done.stderr[-2000:])

@@ -70,10 +70,15 @@ def test_the_serving_kernels_compile_for_sm80_and_move_bf16_in_16_byte_accesses(
     # channel's partner with 2- and 4-byte loads before)
     counts = {}
     for config in (
-        "rotate bf16 half", "rotate bf16 half positions", "rotate_and_cache bf16 half",
-        "rotate_and_cache bf16 half positions", "rmsnorm_rotate bf16 half", "rotate bf16 interleaved",
-        "rotate_and_cache bf16 interleaved", "rmsnorm_rotate bf16 interleaved",
-    ):  # fmt: skip
+        "rotate bf16 half",
+        "rotate bf16 half positions",
+        "rotate_and_cache bf16 half",
+        "rotate_and_cache bf16 half positions",
+        "rmsnorm_rotate bf16 half",
+        "rotate bf16 interleaved",
+        "rotate_and_cache bf16 interleaved",
+        "rmsnorm_rotate bf16 interleaved",
+    ):
         line = lines[config]
         accesses = dict((k, int(n)) for k, n in re.findall(r"((?:ld|st)(?:\.v\d)?\.b\d+)x(\d+)", line))
         assert accesses.get("ld.v4.b32", 0) >= 12 and accesses.get("st.v4.b32", 0) >= 4, line

@@ -69,7 +69,8 @@ SCRIPT = textwrap.dedent(
         outs = tuple(torch.empty_like(x) for x in xs)
         run_triton(Rotation(xs, outs, **spec))
         for o, e in zip(outs, expected):
-            assert torch.equal(o, e), (dtype, interleaved, r, positions_kind, tables_kind, (o.double() - e.double()).abs().max())
+            difference = (o.double() - e.double()).abs().max()
+            assert torch.equal(o, e), (dtype, interleaved, r, positions_kind, tables_kind, difference)
         # table gradients, per token: against the pure-torch sums (fp32 sums in another order: close, not equal)
         grads = tuple(torch.randn(x.shape, generator=gen).to(dtype) for x in xs)
         want = table_grad_torch(Rotation(xs, xs, **spec), grads)
@@ -96,7 +97,8 @@ SCRIPT = textwrap.dedent(
         x = torch.randn(2, 2, 5, 8, generator=gen).to(dtype)
         g = torch.randn(2, 2, 5, 8, generator=gen).to(dtype)
         if per_head:
-            cos, sin = cos_sin_table(torch.arange(4)[:, None], torch.rand(5, 1, r // 2, generator=gen) + 0.1, interleaved=interleaved)
+            inv_freq = torch.rand(5, 1, r // 2, generator=gen) + 0.1
+            cos, sin = cos_sin_table(torch.arange(4)[:, None], inv_freq, interleaved=interleaved)
         else:
             cos, sin = cos_sin_table(torch.arange(4), torch.rand(r // 2, generator=gen) + 0.1, interleaved=interleaved)
         rotation = Rotation((x,), (x,), (cos,), (sin,), None, 2, interleaved, conjugate)
@@ -105,7 +107,8 @@ SCRIPT = textwrap.dedent(
         table_grad_triton(rotation, (g,), buffers)
         for (gc, gs), (wc, ws) in zip(buffers, want):
             assert torch.allclose(gc, wc, atol=1e-5, rtol=1e-5) and torch.allclose(gs, ws, atol=1e-5, rtol=1e-5), (
-                "table grad blocks", dtype, interleaved, r, per_head, conjugate, (gc - wc).abs().max(), (gs - ws).abs().max())
+                "table grad blocks", dtype, interleaved, r, per_head, conjugate,
+                (gc - wc).abs().max(), (gs - ws).abs().max())
         blocks += 1
     print("checked", checked, "blocks", blocks)
     """
@@ -189,7 +192,8 @@ WIDE = textwrap.dedent(
         B, S, D, Hq, Hk = 2, 3, 8, 3, 1
         base = torch.randn(B, S, Hq + 2 * Hk, D, generator=gen).to(dtype)
         q, k, v = base[:, :, :Hq], base[:, :, Hq : Hq + Hk], base[:, :, Hq + Hk :]
-        cos, sin = cos_sin_table(torch.arange(9), torch.rand(3, generator=gen) + 0.1, interleaved=interleaved, dtype=torch.float32)
+        inv_freq = torch.rand(3, generator=gen) + 0.1
+        cos, sin = cos_sin_table(torch.arange(9), inv_freq, interleaved=interleaved, dtype=torch.float32)
         positions = torch.randint(0, 9, (B, S), generator=gen) if positions_kind == "per_batch" else None
         rotation = Rotation((q, k), (q, k), (cos, cos), (sin, sin), positions, 0, interleaved)
 
@@ -214,12 +218,14 @@ WIDE = textwrap.dedent(
         def table_grads():
             grads = (torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(dtype),)
             buffers = [(torch.empty(B, S, 6), torch.empty(B, S, 6))]
-            tk.table_grad_triton(Rotation((q,), (q,), (cos[:, :6],), (sin[:, :6],), None, 0, interleaved), grads, buffers)
+            rotation = Rotation((q,), (q,), (cos[:, :6],), (sin[:, :6],), None, 0, interleaved)
+            tk.table_grad_triton(rotation, grads, buffers)
             return buffers[0]
 
         for call in (rotate, cache, normed, table_grads):
             narrow, wide = both(call)
-            assert all(torch.equal(a, b) for a, b in zip(narrow, wide)), (call.__name__, dtype, interleaved, positions_kind)
+            same = all(torch.equal(a, b) for a, b in zip(narrow, wide))
+            assert same, (call.__name__, dtype, interleaved, positions_kind)
             checked += 1
     print("wide ok", checked)
     """

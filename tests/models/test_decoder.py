@@ -101,21 +101,20 @@ def test_rope_scaling_and_interleaving_are_passed_on():
 
 def test_any_registered_rope_scaling_reaches_the_tables():
     """Scaling methods plug in through rotary's rope_type registry; a stand-in type proves the wiring."""
-    from rotary.frequencies import ROPE_INIT_FUNCTIONS, default_inv_freq, register_rope_type
+    from rotary.frequencies import ROPE_TYPES, default_inv_freq, register_rope_type
 
-    @register_rope_type("test-halved")
     def _halved(head_dim, base, rotary_dim, params, seq_len):
         return default_inv_freq(base, rotary_dim) / params["factor"], 1.5
 
-    try:
+    with ROPE_TYPES.scope():
+        register_rope_type("test-halved")(_halved)
         model = small("rope", rope_scaling={"rope_type": "test-halved", "factor": 2.0})
         rope = model.layers[0].attn.rope
         torch.testing.assert_close(rope.inv_freq, rotary.frequencies(8).inv_freq / 2)
         assert rope.attention_scaling == 1.5
         ids = torch.randint(50, (1, 6))
         assert model.generate(ids, 4).equal(model.generate(ids, 4, use_cache=False))
-    finally:
-        del ROPE_INIT_FUNCTIONS["test-halved"]
+    assert "test-halved" not in ROPE_TYPES
     with pytest.raises(ValueError, match="unknown rope_type 'nope'"):
         small("rope", rope_scaling={"rope_type": "nope"})
 
@@ -196,14 +195,15 @@ def test_new_encoding_is_one_registration():
     class HalfAngleRoPE(rotary.RoPE):  # a stand-in for a future variant
         pass
 
-    register_position_encoding("test-variant")(lambda c: PositionEncoding(rope=HalfAngleRoPE(c.head_dim, base=77.0)))
-    try:
+    with POSITION_ENCODINGS.scope():
+        register_position_encoding("test-variant")(
+            lambda c: PositionEncoding(rope=HalfAngleRoPE(c.head_dim, base=77.0))
+        )
         model = small("test-variant")
         assert isinstance(model.layers[0].attn.rope, HalfAngleRoPE)
         ids = torch.randint(50, (1, 6))
         assert model.generate(ids, 4).equal(model.generate(ids, 4, use_cache=False))
-    finally:
-        del POSITION_ENCODINGS["test-variant"]
+    assert "test-variant" not in POSITION_ENCODINGS
 
 
 @pytest.mark.parametrize(
@@ -211,7 +211,8 @@ def test_new_encoding_is_one_registration():
     [
         (
             dict(position_encoding="t5"),
-            "unknown position_encoding 't5'; registered: alibi, learned, none, p_rope, rope, rope_alibi, rope_relative, sinusoidal, xpos",
+            "unknown position_encoding 't5'; registered: alibi, learned, none, p_rope, rope, rope_alibi, "
+            "rope_relative, sinusoidal, xpos",
         ),
         (dict(hidden_size=30), "hidden_size=30 is not divisible by num_heads=4"),
         (dict(num_layers=0), "num_layers must be a positive int, got 0"),

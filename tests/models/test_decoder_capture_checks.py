@@ -123,7 +123,10 @@ def _run_script() -> str:
     else:
         paths = ["torch", "fused"]
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    share = f"import sys; sys.path.insert(0, {tests!r}); import inductor_paths; inductor_paths.one_torch_path_for_every_checkout()\n"
+    share = (
+        f"import sys; sys.path.insert(0, {tests!r}); import inductor_paths; "
+        "inductor_paths.one_torch_path_for_every_checkout()\n"
+    )
     done = subprocess.run(
         [sys.executable, "-c", share + SCRIPT, *paths],  # its kernels shared with other checkouts, as in conftest.py
         env=dict(os.environ, TRITON_INTERPRET="1"),

@@ -45,9 +45,15 @@ def test_temperature_matches_transformers_llama4_attention():
 
     AttentionInterface.register("rotary_test_capture_query", capture)
     config = transformers.Llama4TextConfig(
-        hidden_size=16, num_attention_heads=2, num_key_value_heads=1, head_dim=8, num_hidden_layers=4,
-        intermediate_size=32, intermediate_size_mlp=32, vocab_size=32,
-    )  # fmt: skip
+        hidden_size=16,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        num_hidden_layers=4,
+        intermediate_size=32,
+        intermediate_size_mlp=32,
+        vocab_size=32,
+    )
     config._attn_implementation = "rotary_test_capture_query"
     attention = Llama4TextAttention(config, layer_idx=3)  # a NoPE layer by default
     assert not attention.use_rope

@@ -287,10 +287,17 @@ def test_the_meta_device_gives_shapes_and_reads_nothing():
         nexts = [cache.next_positions(2), cache.next_positions(2, mask), cache.token_indices(2)]
         cache.reset()
     for got, shape in (
-        (entries.keys, (2, 1, 8, 4)), (entries.values, (2, 1, 8, 6)), (entries.positions, (2, 8)),
-        (entries.valid, (2, 8)), (entries.overflow, (3,)), (again.start, ()), (q_rot, (2, 2, 3, 4)),
-        (cache.valid, (2, 8)), (cache.filled, ()), *((p.ids, (2, 2) if i < 2 else (2,)) for i, p in enumerate(nexts)),
-    ):  # fmt: skip
+        (entries.keys, (2, 1, 8, 4)),
+        (entries.values, (2, 1, 8, 6)),
+        (entries.positions, (2, 8)),
+        (entries.valid, (2, 8)),
+        (entries.overflow, (3,)),
+        (again.start, ()),
+        (q_rot, (2, 2, 3, 4)),
+        (cache.valid, (2, 8)),
+        (cache.filled, ()),
+        *((p.ids, (2, 2) if i < 2 else (2,)) for i, p in enumerate(nexts)),
+    ):
         assert got.is_meta and tuple(got.shape) == shape
 
 

@@ -137,9 +137,11 @@ def test_axial_runs_on_the_fused_kernel(monkeypatch, gen):
         q = torch.randn(2, 4, coords.seq_len, rope.head_dim, generator=gen, dtype=torch.float64)
         q_rot, k_rot = rope(q, q.clone(), coords)
         want = rotary.reference.rotate_matrix_nd(
-            q, coords.values.masked_fill(coords.identity[:, None], 0.0) if coords.identity is not None else coords.values,
-            rope.inv_freq, interleaved=rope.interleaved,
-        )  # fmt: skip
+            q,
+            coords.values.masked_fill(coords.identity[:, None], 0.0) if coords.identity is not None else coords.values,
+            rope.inv_freq,
+            interleaved=rope.interleaved,
+        )
         assert float((q_rot - want).abs().max()) < 1e-12, name
         assert torch.equal(q_rot, k_rot)
         # bf16 and the bshd layout, in place
@@ -229,9 +231,16 @@ def test_dinov3_vit_rope_position_embedding(hidden_size, heads, gen):
     from rotary.nn import RotaryAttention
 
     config = transformers.DINOv3ViTConfig(
-        hidden_size=hidden_size, num_attention_heads=heads, patch_size=16, image_size=64, num_register_tokens=4,
-        query_bias=True, key_bias=True, value_bias=True, proj_bias=True,
-    )  # fmt: skip
+        hidden_size=hidden_size,
+        num_attention_heads=heads,
+        patch_size=16,
+        image_size=64,
+        num_register_tokens=4,
+        query_bias=True,
+        key_bias=True,
+        value_bias=True,
+        proj_bias=True,
+    )
     config._attn_implementation = "sdpa"
     head_dim, prefix = hidden_size // heads, 1 + config.num_register_tokens  # CLS and the registers come first
     hf = md.DINOv3ViTRopePositionEmbedding(config).eval()  # eval: no coordinate augmentation (random in training)
@@ -439,9 +448,13 @@ def test_cogvideox_3d_formula():
     grids = (torch.arange(T).float(), torch.arange(H).float(), torch.arange(W).float())
     per_axis = [g[:, None] * (1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))) for g, d in zip(grids, dims)]
     angles = torch.cat(
-        (per_axis[0][:, None, None].expand(T, H, W, -1), per_axis[1][None, :, None].expand(T, H, W, -1),
-         per_axis[2][None, None, :].expand(T, H, W, -1)), dim=-1,
-    ).reshape(T * H * W, head_dim // 2)  # fmt: skip
+        (
+            per_axis[0][:, None, None].expand(T, H, W, -1),
+            per_axis[1][None, :, None].expand(T, H, W, -1),
+            per_axis[2][None, None, :].expand(T, H, W, -1),
+        ),
+        dim=-1,
+    ).reshape(T * H * W, head_dim // 2)
     ours = AxialRoPE.preset("cogvideox", head_dim)
     assert ours.split == (16, 24, 24)
     cos, sin = tables64(ours, ours.grid(T, H, W))
@@ -508,7 +521,8 @@ def test_slot_axes_and_presets_table():
         ),
         (
             lambda: AxialRoPE(64, 3),
-            r"rotary_dim=64 does not split into 3 equal blocks.*pass split=\(\.\.\.\) with 3 even numbers summing to 64",
+            r"rotary_dim=64 does not split into 3 equal blocks.*"
+            r"pass split=\(\.\.\.\) with 3 even numbers summing to 64",
         ),
         (lambda: AxialRoPE(64, 2, split=(32, 16, 16)), r"split gives 3 blocks but axes=2"),
         (lambda: AxialRoPE(64, 2, block_order=(0, 0)), r"block_order must be a permutation"),
@@ -518,7 +532,8 @@ def test_slot_axes_and_presets_table():
         (lambda: AxialRoPE.preset("sd3"), r"unknown axial preset 'sd3'; presets: torchtune, llama4_vision"),
         (
             lambda: AxialRoPE(64).tables(torch.zeros(10, 3)),
-            r"must be \[S, 2\] or \[B, S, 2\].*got shape \(10, 3\); give 2 coordinates per token or build the module with axes=3",
+            r"must be \[S, 2\] or \[B, S, 2\].*got shape \(10, 3\); "
+            r"give 2 coordinates per token or build the module with axes=3",
         ),
         (
             lambda: AxialRoPE(64, 3, split=(16, 24, 24)).tables(P.grid(3, 4)),

@@ -44,7 +44,10 @@ def test_quoted_numbers():
     assert XPos(64).fp16_max_distance == math.floor(512 * 14 * math.log(2) / math.log(3.5))
     assert f"{XPos(64).fp16_max_distance:,} for `γ = 512`" in text
     spans = mrope_layout(MRoPE(128, mrope_section=[16, 24, 24], base=1e6)).span
-    quoted = f"{spans['T'][0]:.1f}–{spans['T'][1]:.0f}, {spans['H'][0]:.0f}–{spans['H'][1]:,.0f} and {spans['W'][0]:,.0f}–{spans['W'][1]:,.0f}"
+    quoted = (
+        f"{spans['T'][0]:.1f}–{spans['T'][1]:.0f}, {spans['H'][0]:.0f}–{spans['H'][1]:,.0f} "
+        f"and {spans['W'][0]:,.0f}–{spans['W'][1]:,.0f}"
+    )
     assert quoted in " ".join(section(SECTIONS[0]).split()), quoted
 
 

@@ -88,9 +88,15 @@ def test_quoted_dinov3_numbers():
     torch.manual_seed(0)
     for hidden_size, heads in ((384, 6), (128, 4)):
         config = transformers.DINOv3ViTConfig(
-            hidden_size=hidden_size, num_attention_heads=heads, patch_size=16, num_register_tokens=4,
-            query_bias=True, key_bias=True, value_bias=True, proj_bias=True,
-        )  # fmt: skip
+            hidden_size=hidden_size,
+            num_attention_heads=heads,
+            patch_size=16,
+            num_register_tokens=4,
+            query_bias=True,
+            key_bias=True,
+            value_bias=True,
+            proj_bias=True,
+        )
         config._attn_implementation = "sdpa"
         hf = md.DINOv3ViTRopePositionEmbedding(config).eval()
         rope = AxialRoPE.preset("dinov3", hidden_size // heads, prefix_tokens=5)

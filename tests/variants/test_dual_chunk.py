@@ -67,8 +67,9 @@ def test_tables_and_rotations_follow_the_rule(interleaved):
         half = cos[:, 0::2] if interleaved else cos[:, :8]
         torch.testing.assert_close(half, torch.cos(angle), rtol=0, atol=1e-6)
         x = k if name == "key" else q
-        torch.testing.assert_close(rotated[name].double(), rotate_float64(x, want, dc.freqs.inv_freq, interleaved),
-                                   rtol=0, atol=1e-5)  # fmt: skip
+        torch.testing.assert_close(
+            rotated[name].double(), rotate_float64(x, want, dc.freqs.inv_freq, interleaved), rtol=0, atol=1e-5
+        )
 
 
 def test_batched_positions_and_errors():
@@ -90,7 +91,8 @@ def test_batched_positions_and_errors():
 QWEN_1M = {
     "model_type": "qwen2", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
     "rope_theta": 10000000.0, "max_position_embeddings": 1010000,
-    "dual_chunk_attention_config": {"chunk_size": 262144, "local_size": 8192, "original_max_position_embeddings": 262144},
+    "dual_chunk_attention_config": {"chunk_size": 262144, "local_size": 8192,
+                                    "original_max_position_embeddings": 262144},
 }  # fmt: skip
 
 

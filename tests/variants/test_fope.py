@@ -44,8 +44,15 @@ def reference(fope: FoPE, x: torch.Tensor, positions: torch.Tensor, query: bool)
 @pytest.mark.parametrize("separate_heads", [True, False])
 def test_matches_float64_form(interleaved, separate_heads):
     g = torch.Generator().manual_seed(0)
-    fope = FoPE(D, num_key_value_heads=HKV, max_position_embeddings=N, init_std=0.3, interleaved=interleaved,
-                separate_heads=separate_heads, generator=g)  # fmt: skip
+    fope = FoPE(
+        D,
+        num_key_value_heads=HKV,
+        max_position_embeddings=N,
+        init_std=0.3,
+        interleaved=interleaved,
+        separate_heads=separate_heads,
+        generator=g,
+    )
     assert fope.inv_freq.shape == (3,) and fope.cos_coef.shape == (HKV if separate_heads else 1, 3, 3)
     positions = torch.tensor([[0, 1, 7, 100], [3, 64, 65, 4000]])  # past the training length too
     q, k = torch.randn(2, HQ, 4, D, generator=g), torch.randn(2, HKV, 4, D, generator=g)

@@ -57,18 +57,32 @@ def pixtral():
 def llama4_vision():
     torch.manual_seed(0)
     config = transformers.Llama4VisionConfig(
-        hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, image_size=56, patch_size=14,
-        vision_output_dim=64, projector_input_dim=64, projector_output_dim=64,
-    )  # fmt: skip
+        hidden_size=64,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        image_size=56,
+        patch_size=14,
+        vision_output_dim=64,
+        projector_input_dim=64,
+        projector_output_dim=64,
+    )
     return transformers.Llama4VisionModel(config).eval()
 
 
 def llama4_text():
     torch.manual_seed(0)
     config = transformers.Llama4TextConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, intermediate_size_mlp=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=2,
-    )  # fmt: skip
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        intermediate_size_mlp=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_local_experts=2,
+    )
     return transformers.AutoModelForCausalLM.from_config(config).eval()
 
 
@@ -83,13 +97,16 @@ def test_supported_model_types():
     "build, call, rotated",
     [
         # Pixtral: one 3 x 4 grid of patches (an image 48 x 64), q and k [1, 4 heads, 12, 16]
-        (pixtral, lambda m: m(torch.randn(1, 3, 48, 64), image_sizes=torch.tensor([[48, 64]])).last_hidden_state,
-         [(1, 4, 12, 16)] * 2),
+        (
+            pixtral,
+            lambda m: m(torch.randn(1, 3, 48, 64), image_sizes=torch.tensor([[48, 64]])).last_hidden_state,
+            [(1, 4, 12, 16)] * 2,
+        ),
         # Llama 4 vision: 4 x 4 patches and the class token, q and k [2, 17, 4 heads, 16]
         (llama4_vision, lambda m: m(torch.randn(2, 3, 56, 56)).last_hidden_state, [(2, 17, 4, 16)] * 2),
     ],
     ids=["pixtral", "llama4_vision"],
-)  # fmt: skip
+)
 def test_vision_tower_outputs_equal_unpatched(build, call, rotated, rotary_calls):
     model = build()
     with torch.no_grad():
@@ -149,13 +166,27 @@ def test_llama4_with_an_image_patches_both_towers(rotary_calls):
     """Llama4ForConditionalGeneration (model_type llama4): the vision attention and the text attention."""
     torch.manual_seed(0)
     vision = dict(
-        hidden_size=64, intermediate_size=256, num_hidden_layers=1, num_attention_heads=4, image_size=56, patch_size=14,
-        vision_output_dim=32, projector_input_dim=32, projector_output_dim=32,
-    )  # fmt: skip
+        hidden_size=64,
+        intermediate_size=256,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        image_size=56,
+        patch_size=14,
+        vision_output_dim=32,
+        projector_input_dim=32,
+        projector_output_dim=32,
+    )
     text = dict(
-        vocab_size=64, hidden_size=32, intermediate_size=64, intermediate_size_mlp=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=2,
-    )  # fmt: skip
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        intermediate_size_mlp=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_local_experts=2,
+    )
     config = transformers.Llama4Config(
         vision_config=vision, text_config=text, image_token_index=63, boi_token_index=61, eoi_token_index=62
     )
@@ -178,11 +209,26 @@ def test_qwen2_5_vl_with_images_and_a_video_patches_both_towers(rotary_calls):
     """Qwen2_5_VLForConditionalGeneration: the vision blocks (apply_rotary_pos_emb_vision, windowed and
     full attention) and the text attention (M-RoPE) both run through rotary; logits equal unpatched."""
     torch.manual_seed(0)
-    vision = dict(depth=2, hidden_size=32, out_hidden_size=32, intermediate_size=32, num_heads=2, patch_size=2,
-                  window_size=8, fullatt_block_indexes=[1])  # fmt: skip
-    text = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                num_key_value_heads=1, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 1e4,
-                "mrope_section": [2, 3, 3]})  # fmt: skip
+    vision = dict(
+        depth=2,
+        hidden_size=32,
+        out_hidden_size=32,
+        intermediate_size=32,
+        num_heads=2,
+        patch_size=2,
+        window_size=8,
+        fullatt_block_indexes=[1],
+    )
+    text = dict(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]},
+    )
     config = transformers.Qwen2_5_VLConfig(
         text_config=text, vision_config=vision, image_token_id=60, video_token_id=61, vision_start_token_id=62
     )
@@ -195,8 +241,9 @@ def test_qwen2_5_vl_with_images_and_a_video_patches_both_towers(rotary_calls):
     patch_dim = 3 * 2 * 2 * 2  # channels x temporal_patch_size x patch_size^2
     pixels = torch.randn(int(images.prod(-1).sum()), patch_dim, generator=gen)
     frames = torch.randn(int(video.prod(-1).sum()), patch_dim, generator=gen)
-    kwargs = dict(input_ids=ids, pixel_values=pixels, image_grid_thw=images, pixel_values_videos=frames,
-                  video_grid_thw=video)  # fmt: skip
+    kwargs = dict(
+        input_ids=ids, pixel_values=pixels, image_grid_thw=images, pixel_values_videos=frames, video_grid_thw=video
+    )
     with torch.no_grad():
         before = model(**kwargs).logits
         hf.patch(model)

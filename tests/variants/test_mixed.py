@@ -248,9 +248,12 @@ def valid_mixed(args: dict) -> bool:
 @given(data=st.data())
 def test_rope_mixed_is_right_or_a_named_error(data):
     valid = dict(
-        head_dim=data.draw(st.sampled_from([8, 16])), num_heads=data.draw(st.integers(1, 3)),
-        base=data.draw(st.sampled_from([10.0, 100.0])), rotate=data.draw(st.booleans()), interleaved=data.draw(st.booleans()),
-    )  # fmt: skip
+        head_dim=data.draw(st.sampled_from([8, 16])),
+        num_heads=data.draw(st.integers(1, 3)),
+        base=data.draw(st.sampled_from([10.0, 100.0])),
+        rotate=data.draw(st.booleans()),
+        interleaved=data.draw(st.booleans()),
+    )
     args = spoiled(data.draw, valid, MIXED_BAD)
     ok = valid_mixed(args)
     g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))

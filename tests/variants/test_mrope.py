@@ -47,9 +47,15 @@ def text_config(section, *, interleaved=None, head_dim=32, rope_type="default", 
     if interleaved is not None:
         block["mrope_interleaved"] = interleaved
     return dict(
-        vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=head_dim, rope_parameters=block,
-    )  # fmt: skip
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=head_dim,
+        rope_parameters=block,
+    )
 
 
 def qwen2_vl(section=(4, 6, 6), **kw):
@@ -60,15 +66,31 @@ def qwen2_vl(section=(4, 6, 6), **kw):
 
 
 def qwen2_5_vl(section=(4, 6, 6), tokens_per_second=3):
-    vision = dict(depth=1, hidden_size=16, out_hidden_size=64, intermediate_size=16, num_heads=2, patch_size=2,
-                  tokens_per_second=tokens_per_second, fullatt_block_indexes=[0])  # fmt: skip
+    vision = dict(
+        depth=1,
+        hidden_size=16,
+        out_hidden_size=64,
+        intermediate_size=16,
+        num_heads=2,
+        patch_size=2,
+        tokens_per_second=tokens_per_second,
+        fullatt_block_indexes=[0],
+    )
     config = transformers.Qwen2_5_VLConfig(text_config=text_config(section), vision_config=vision)
     return transformers.Qwen2_5_VLModel(config).eval()
 
 
 def qwen3_vl(section=(8, 4, 4)):
-    vision = dict(depth=1, hidden_size=16, out_hidden_size=64, intermediate_size=16, num_heads=2, patch_size=2,
-                  num_position_embeddings=16, deepstack_visual_indexes=[0])  # fmt: skip
+    vision = dict(
+        depth=1,
+        hidden_size=16,
+        out_hidden_size=64,
+        intermediate_size=16,
+        num_heads=2,
+        patch_size=2,
+        num_position_embeddings=16,
+        deepstack_visual_indexes=[0],
+    )
     config = transformers.Qwen3VLConfig(text_config=text_config(section, interleaved=True), vision_config=vision)
     return transformers.Qwen3VLModel(config).eval()
 
@@ -219,9 +241,13 @@ def test_positions_match_qwen2_5_vl_get_rope_index_with_time_alignment(seed):
             attention_mask=mask,
         )
         got = multimodal_positions(
-            types, image_grid_thw=images, video_grid_thw=videos, attention_mask=mask, tokens_per_second=3,
+            types,
+            image_grid_thw=images,
+            video_grid_thw=videos,
+            attention_mask=mask,
+            tokens_per_second=3,
             second_per_grid_ts=given_seconds,
-        )  # fmt: skip
+        )
         assert torch.equal(got.position_ids, want_ids) and torch.equal(got.rope_deltas, want_deltas)
 
 
@@ -302,12 +328,21 @@ def test_kv_cache_decoding_equals_the_full_pass():
     with torch.no_grad():
         full = text_model(input_ids=ids, position_ids=full_positions).last_hidden_state
         cache = transformers.DynamicCache(config=text_model.config)
-        out = [text_model(input_ids=ids[:, : types.shape[1]], position_ids=prompt.position_ids, past_key_values=cache,
-                          use_cache=True).last_hidden_state]  # fmt: skip
+        out = [
+            text_model(
+                input_ids=ids[:, : types.shape[1]],
+                position_ids=prompt.position_ids,
+                past_key_values=cache,
+                use_cache=True,
+            ).last_hidden_state
+        ]
         for i, s in enumerate(steps):
             col = types.shape[1] + i
-            out.append(text_model(input_ids=ids[:, col : col + 1], position_ids=s.position_ids, past_key_values=cache,
-                                  use_cache=True).last_hidden_state)  # fmt: skip
+            out.append(
+                text_model(
+                    input_ids=ids[:, col : col + 1], position_ids=s.position_ids, past_key_values=cache, use_cache=True
+                ).last_hidden_state
+            )
     torch.testing.assert_close(torch.cat(out, dim=1), full, rtol=1e-5, atol=1e-5)
 
 
@@ -318,8 +353,11 @@ def test_each_prompt_continues_from_its_own_positions():
     # computing another prompt's positions in between changes nothing: no module keeps rope_deltas
     assert text_only.continuation(2).position_ids[0].tolist() == [[3, 4]]
     assert with_image.continuation(2).position_ids[0].tolist() == [[4, 5]]
-    padded = multimodal_positions(torch.tensor([[0, 0, 0, 1, 1, 1, 1]]), image_grid_thw=torch.tensor([[1, 4, 4]]),
-                                  attention_mask=torch.tensor([[0, 1, 1, 1, 1, 1, 1]]))  # fmt: skip
+    padded = multimodal_positions(
+        torch.tensor([[0, 0, 0, 1, 1, 1, 1]]),
+        image_grid_thw=torch.tensor([[1, 4, 4]]),
+        attention_mask=torch.tensor([[0, 1, 1, 1, 1, 1, 1]]),
+    )
     assert padded.position_ids[:, 0, 0].tolist() == [0, 0, 0] and padded.next_position.tolist() == [4]
 
 
@@ -347,8 +385,12 @@ def test_each_slot_turns_with_its_own_axis(gen):
     t, h, w = 5, 11, 17
     theta = torch.atan2(*reversed(mrope.tables(torch.tensor([t, h, w]).view(3, 1, 1)).gather()))[0, 0, :8].double()
     want = torch.tensor([[t, h, w][a] for a in mrope.axes.tolist()]) * mrope.inv_freq.double()
-    torch.testing.assert_close(torch.remainder(theta - want + torch.pi, 2 * torch.pi) - torch.pi, torch.zeros(8, dtype=torch.float64),
-                               atol=1e-6, rtol=0)  # fmt: skip
+    torch.testing.assert_close(
+        torch.remainder(theta - want + torch.pi, 2 * torch.pi) - torch.pi,
+        torch.zeros(8, dtype=torch.float64),
+        atol=1e-6,
+        rtol=0,
+    )
 
 
 @pytest.mark.parametrize("interleaved_layout", [False, True])
@@ -488,8 +530,14 @@ def test_from_hf_config_matches_transformers(name, build, kw):
 
 
 def test_from_a_flat_4x_config_with_type_mrope():
-    flat = {"model_type": "qwen2_5_vl", "hidden_size": 2048, "num_attention_heads": 16, "rope_theta": 1e6,
-            "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}, "vision_config": {"depth": 32}}  # fmt: skip
+    flat = {
+        "model_type": "qwen2_5_vl",
+        "hidden_size": 2048,
+        "num_attention_heads": 16,
+        "rope_theta": 1e6,
+        "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+        "vision_config": {"depth": 32},
+    }
     mrope = MRoPE.from_hf_config(flat)
     assert (mrope.head_dim, mrope.freqs.base, mrope.mrope_section, mrope.mrope_interleaved) == (
         128,
@@ -501,8 +549,12 @@ def test_from_a_flat_4x_config_with_type_mrope():
 
 
 def test_from_hf_config_errors():
-    bad = {"model_type": "qwen2_vl", "hidden_size": 2048, "num_attention_heads": 16,
-           "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 20]}}  # fmt: skip
+    bad = {
+        "model_type": "qwen2_vl",
+        "hidden_size": 2048,
+        "num_attention_heads": 16,
+        "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 20]},
+    }
     with pytest.raises(
         rotary.ConfigError, match=r"qwen2_vl_text.*mrope_section \[16, 24, 20\] sums to 60 but rotary_dim=128"
     ):
@@ -513,8 +565,13 @@ def test_from_hf_config_errors():
         rotary.RoPE.from_hf_config(
             {"model_type": "llama", "head_dim": 64, "rope_parameters": {"mrope_section": [16, 8, 8]}}
         )
-    qwen3 = {"model_type": "qwen3_vl_text", "head_dim": 128, "hidden_size": 512, "num_attention_heads": 4,
-             "rope_parameters": {"rope_type": "default", "mrope_section": [24, 20, 20], "mrope_interleaved": False}}  # fmt: skip
+    qwen3 = {
+        "model_type": "qwen3_vl_text",
+        "head_dim": 128,
+        "hidden_size": 512,
+        "num_attention_heads": 4,
+        "rope_parameters": {"rope_type": "default", "mrope_section": [24, 20, 20], "mrope_interleaved": False},
+    }
     with pytest.raises(rotary.ConfigError, match="lays its frequency slots out interleaved whatever the flag says"):
         MRoPE.from_hf_config(qwen3)
     with pytest.warns(UserWarning, match="interleaved whatever the flag"):
@@ -532,12 +589,28 @@ def vl_for_generation(name: str):
         config = transformers.Qwen2VLConfig(text_config=text_config((4, 6, 6)), vision_config=vision, **tokens)
         return transformers.Qwen2VLForConditionalGeneration(config).eval()
     if name == "qwen2_5_vl":
-        vision = dict(depth=1, hidden_size=16, out_hidden_size=64, intermediate_size=16, num_heads=2, patch_size=2,
-                      fullatt_block_indexes=[0], window_size=8)  # fmt: skip
+        vision = dict(
+            depth=1,
+            hidden_size=16,
+            out_hidden_size=64,
+            intermediate_size=16,
+            num_heads=2,
+            patch_size=2,
+            fullatt_block_indexes=[0],
+            window_size=8,
+        )
         config = transformers.Qwen2_5_VLConfig(text_config=text_config((4, 6, 6)), vision_config=vision, **tokens)
         return transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
-    vision = dict(depth=1, hidden_size=16, out_hidden_size=64, intermediate_size=16, num_heads=2, patch_size=2,
-                  num_position_embeddings=16, deepstack_visual_indexes=[0])  # fmt: skip
+    vision = dict(
+        depth=1,
+        hidden_size=16,
+        out_hidden_size=64,
+        intermediate_size=16,
+        num_heads=2,
+        patch_size=2,
+        num_position_embeddings=16,
+        deepstack_visual_indexes=[0],
+    )
     config = transformers.Qwen3VLConfig(
         text_config=text_config((8, 4, 4), interleaved=True), vision_config=vision, **tokens
     )
@@ -549,8 +622,12 @@ def test_hf_patch_gives_the_same_logits_with_an_image(name, monkeypatch):
     torch.manual_seed(0)
     model = vl_for_generation(name)
     ids = torch.tensor([[1, 2, 62] + [60] * 4 + [3, 4, 5], [1, 62] + [60] * 4 + [6, 7, 8, 9]])
-    inputs = dict(input_ids=ids, pixel_values=torch.randn(32, 24), image_grid_thw=torch.tensor([[1, 4, 4], [1, 4, 4]]),
-                  mm_token_type_ids=(ids == 60).long())  # fmt: skip
+    inputs = dict(
+        input_ids=ids,
+        pixel_values=torch.randn(32, 24),
+        image_grid_thw=torch.tensor([[1, 4, 4], [1, 4, 4]]),
+        mm_token_type_ids=(ids == 60).long(),
+    )
     with torch.no_grad():
         before = model(**inputs).logits
         calls = []
@@ -573,8 +650,13 @@ def test_hf_patch_generates_the_same_tokens():
     torch.manual_seed(0)
     model = vl_for_generation("qwen2_5_vl")
     ids = torch.tensor([[1, 2, 62] + [60] * 4 + [3, 4, 5]])
-    inputs = dict(input_ids=ids, pixel_values=torch.randn(16, 24), image_grid_thw=torch.tensor([[1, 4, 4]]),
-                  mm_token_type_ids=(ids == 60).long(), attention_mask=torch.ones_like(ids))  # fmt: skip
+    inputs = dict(
+        input_ids=ids,
+        pixel_values=torch.randn(16, 24),
+        image_grid_thw=torch.tensor([[1, 4, 4]]),
+        mm_token_type_ids=(ids == 60).long(),
+        attention_mask=torch.ones_like(ids),
+    )
     settings = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
     before = model.generate(**inputs, **settings)
     rotary.hf.patch(model)
@@ -651,10 +733,14 @@ def mrope_args(draw, wild=True):
         )
     )
     args = dict(
-        head_dim=head_dim, mrope_section=section, mrope_interleaved=interleaved_layout,
-        base=draw(st.sampled_from([None] * 5 + [10000.0] * 5 + [1e6] * 5 + [0.5, -1.0, math.nan, "1e6"])), rotary_dim=r if r != d else None,
-        scaling=scaling, interleaved=draw(st.sampled_from([False] * 5 + [True] * 5 + ["false"])),
-    )  # fmt: skip
+        head_dim=head_dim,
+        mrope_section=section,
+        mrope_interleaved=interleaved_layout,
+        base=draw(st.sampled_from([None] * 5 + [10000.0] * 5 + [1e6] * 5 + [0.5, -1.0, math.nan, "1e6"])),
+        rotary_dim=r if r != d else None,
+        scaling=scaling,
+        interleaved=draw(st.sampled_from([False] * 5 + [True] * 5 + ["false"])),
+    )
     if not wild:  # every argument valid
         args.update(
             head_dim=d,
@@ -896,8 +982,9 @@ def test_multimodal_positions_are_right_or_a_named_error(case, spoil):
     kwargs = dict(
         image_grid_thw=torch.tensor(images, dtype=torch.int64).reshape(-1, 3) if images else None,
         video_grid_thw=torch.tensor(videos, dtype=torch.int64).reshape(-1, 3) if videos else None,
-        spatial_merge_size=merge, attention_mask=mask,
-    )  # fmt: skip
+        spatial_merge_size=merge,
+        attention_mask=mask,
+    )
     if spoil == "odd_grid" and images and merge == 2:
         kwargs["image_grid_thw"] = kwargs["image_grid_thw"] + torch.tensor([0, 1, 0])  # h not a multiple of the merge
     elif spoil == "float_grid" and images:
@@ -927,11 +1014,19 @@ def test_multimodal_positions_are_right_or_a_named_error(case, spoil):
     # one frame whose timing cannot overflow, an empty mask cut shorter) are valid and must not be refused;
     # image_grid_thw is a tensor [N, 3] or None: a list (even an empty one) is not
     spoiled = spoil is not None and (
-        (spoil == "odd_grid" and images and merge == 2) or spoil == "float_grid" and images or spoil == "grid_list"
-        or spoil in ("nan_seconds", "neg_seconds") and videos or spoil == "huge_tps" and any(t > 1 for t, _, _ in videos)
-        or spoil == "types_3" and types.numel() or spoil in ("tps_str", "types_float", "mask_shape", "merge_0", "extra_grid")
+        (spoil == "odd_grid" and images and merge == 2)
+        or spoil == "float_grid"
+        and images
+        or spoil == "grid_list"
+        or spoil in ("nan_seconds", "neg_seconds")
+        and videos
+        or spoil == "huge_tps"
+        and any(t > 1 for t, _, _ in videos)
+        or spoil == "types_3"
+        and types.numel()
+        or spoil in ("tps_str", "types_float", "mask_shape", "merge_0", "extra_grid")
         and (spoil != "mask_shape" or types.shape[1] > 0)
-    )  # fmt: skip
+    )
     mp = expect(not spoiled, multimodal_positions, types, **kwargs)
     if spoiled:
         return

@@ -185,8 +185,12 @@ def test_xdrope_equals_the_release_form_in_float64(section):
 
 
 def test_xdrope_reads_its_legacy_key_and_float_sections():
-    config = {"model_type": "hunyuan_vl_text", "hidden_size": 128, "num_attention_heads": 4,
-              "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "xdrope_section": [4.0, 4.0, 4.0, 4.0]}}  # fmt: skip
+    config = {
+        "model_type": "hunyuan_vl_text",
+        "hidden_size": 128,
+        "num_attention_heads": 4,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "xdrope_section": [4.0, 4.0, 4.0, 4.0]},
+    }
     assert MRoPE.from_hf_config(config).slot_axes() == "0000111122223333"
 
 
@@ -222,10 +226,13 @@ def test_the_docs_table_says_what_the_tables_say():
     start = doc.index("| model_type | layout | default `mrope_section` | pairs |")
     rows = re.findall(r"^\| `(\w+)` \| `(\w+)` \| (.+?) \| (.+?) \|$", doc[start : doc.index("\n\n", start)], re.M)
     want = {
-        t: (layout, f"`{list(section)}`" if section else "none: the config states it",
-            "(2i, 2i+1)" if PAIRING[t] == "interleaved" else "(i, i + r/2)")
+        t: (
+            layout,
+            f"`{list(section)}`" if section else "none: the config states it",
+            "(2i, 2i+1)" if PAIRING[t] == "interleaved" else "(i, i + r/2)",
+        )
         for t, (section, layout) in MROPE_MODELS.items()
-    }  # fmt: skip
+    }
     assert {t: (layout, section, pairs) for t, layout, section, pairs in rows} == want
 
 
@@ -233,18 +240,25 @@ def test_the_docs_table_says_what_the_tables_say():
     "model_type, section, layout, moved",
     [
         ("ernie4_5_vl_moe_text", [6, 6, 4], "paired_hw", ["t", "h", "w", "t, h and w at once"]),
-        ("hunyuan_vl_text", [4, 4, 4, 4], "chunked",
-         ["axis 0", "axis 1", "axis 2", "axis 3", "axis 0, axis 1, axis 2 and axis 3 at once"]),
+        (
+            "hunyuan_vl_text",
+            [4, 4, 4, 4],
+            "chunked",
+            ["axis 0", "axis 1", "axis 2", "axis 3", "axis 0, axis 1, axis 2 and axis 3 at once"],
+        ),
     ],
-)  # fmt: skip
+)
 def test_rotary_verify_and_inspect_build_the_models_layout(capsys, tmp_path, model_type, section, layout, moved):
     import json
 
     from rotary.tools.cli import main
 
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"model_type": model_type, "hidden_size": 64, "num_attention_heads": 2,
-                                "rope_parameters": block(section)}))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {"model_type": model_type, "hidden_size": 64, "num_attention_heads": 2, "rope_parameters": block(section)}
+        )
+    )
     assert main(["verify", str(path), "--seq-len", "16", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     names = [c["name"] for c in report["checks"]]
@@ -259,8 +273,13 @@ def test_rotary_verify_and_inspect_build_the_models_layout(capsys, tmp_path, mod
 def test_hunyuan_ocr_xdrope_type_reads_as_transformers_renames_it():
     """HunyuanOCR's config.json says ``"type": "xdrope"``, which transformers' config class renames "dynamic"
     (with ``alpha``: NTK by alpha, static; without: dynamic NTK, which M-RoPE refuses by name)."""
-    config = {"model_type": "hunyuan_vl_text", "hidden_size": 1024, "num_attention_heads": 16, "rope_theta": 1e4,
-              "rope_scaling": {"type": "xdrope", "factor": 1.0, "xdrope_section": [8, 8, 8, 8]}}  # fmt: skip
+    config = {
+        "model_type": "hunyuan_vl_text",
+        "hidden_size": 1024,
+        "num_attention_heads": 16,
+        "rope_theta": 1e4,
+        "rope_scaling": {"type": "xdrope", "factor": 1.0, "xdrope_section": [8, 8, 8, 8]},
+    }
     assert read_hf_config(config).scaling["rope_type"] == "dynamic"
     with pytest.raises(
         rotary.ConfigError, match="rope_type 'dynamic' changes the frequencies with the sequence length"
@@ -277,10 +296,14 @@ def test_hunyuan_ocr_xdrope_type_reads_as_transformers_renames_it():
 def text_model(model_type: str, config):
     module = modeling(model_type)
     for cls in vars(module).values():
-        if (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)
-                and cls.__dict__.get("config_class") is type(config) and hasattr(cls, "get_input_embeddings")
-                and "input_ids" in inspect.signature(cls.forward).parameters
-                and not hasattr(cls, "generate") | hasattr(cls, "lm_head")):  # fmt: skip
+        if (
+            isinstance(cls, type)
+            and issubclass(cls, transformers.PreTrainedModel)
+            and cls.__dict__.get("config_class") is type(config)
+            and hasattr(cls, "get_input_embeddings")
+            and "input_ids" in inspect.signature(cls.forward).parameters
+            and not hasattr(cls, "generate") | hasattr(cls, "lm_head")
+        ):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 torch.manual_seed(0)

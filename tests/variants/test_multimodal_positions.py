@@ -108,7 +108,8 @@ LAYOUTS = {
     "qwen2_vl": {},
     "paddleocr_vl": {},
     "ernie4_5_vl_moe": {"frames_per_step": 2},
-    **{t: {"frames_apart": True} for t in "qwen3_vl qwen3_vl_moe qwen3_5 qwen3_5_moe glm4v glm4v_moe glm_ocr cosmos3_edge".split()},
+    **{t: {"frames_apart": True}
+       for t in "qwen3_vl qwen3_vl_moe qwen3_5 qwen3_5_moe glm4v glm4v_moe glm_ocr cosmos3_edge".split()},
 }  # fmt: skip
 
 
@@ -137,8 +138,13 @@ def test_continuation_equals_the_models_decode_positions(model_type):
     (types, _), images, videos = random_batch(random.Random(7), 1, **LAYOUTS[model_type])
     ids = torch.randint(1, 64, types.shape)
     embeds = torch.zeros(1, types.shape[1], 64)
-    model.compute_3d_position_ids(ids, embeds, image_grid_thw=images,
-                                  video_grid_thw=None if videos is None else videos.clone(), mm_token_type_ids=types)  # fmt: skip
+    model.compute_3d_position_ids(
+        ids,
+        embeds,
+        image_grid_thw=images,
+        video_grid_thw=None if videos is None else videos.clone(),
+        mm_token_type_ids=types,
+    )
 
     class Past:
         def get_seq_length(self, layer_idx=0):
@@ -158,8 +164,14 @@ def test_qwen2_5_vl_takes_tokens_per_second_from_its_config():
     want_ids, want_deltas = model.get_rope_index(
         ids, types, image_grid_thw=images, video_grid_thw=videos, second_per_grid_ts=seconds, attention_mask=mask
     )
-    got = multimodal_positions(types, image_grid_thw=images, video_grid_thw=videos, attention_mask=mask,
-                               second_per_grid_ts=seconds, config=model.config)  # fmt: skip
+    got = multimodal_positions(
+        types,
+        image_grid_thw=images,
+        video_grid_thw=videos,
+        attention_mask=mask,
+        second_per_grid_ts=seconds,
+        config=model.config,
+    )
     assert torch.equal(got.position_ids, want_ids) and torch.equal(got.rope_deltas, want_deltas)
 
 
@@ -210,7 +222,8 @@ def test_hunyuan_vl_positions_equal_get_rope_index(axes, seed):
     got = multimodal_positions(types, image_grid_thw=images, attention_mask=mask, config=model.config)
     assert got.position_ids.shape[0] == axes
     assert torch.equal(got.position_ids, want_ids) and torch.equal(got.rope_deltas, want_deltas)
-    # decoding: HunYuanVLForConditionalGeneration gives the next tokens (cache length + step + rope_deltas) on every axis
+    # decoding: HunYuanVLForConditionalGeneration gives the next tokens (cache length + step + rope_deltas) on
+    # every axis
     steps = mask.sum(-1, keepdim=True) + torch.arange(2) + want_deltas
     assert torch.equal(got.continuation(2).position_ids, steps.expand(axes, -1, -1))
 
@@ -251,17 +264,26 @@ AUDIO = dict(d_model=16, encoder_layers=1, encoder_attention_heads=2, encoder_ff
 def tiny_thinker(model_type: str):
     name = {"qwen3_omni_moe": "Qwen3OmniMoe", "qwen2_5_omni": "Qwen2_5Omni"}[model_type]
     module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
-    cls = getattr(importlib.import_module(f"transformers.models.{model_type}.configuration_{model_type}"),
-                  f"{name}ThinkerConfig")  # fmt: skip
+    cls = getattr(
+        importlib.import_module(f"transformers.models.{model_type}.configuration_{model_type}"), f"{name}ThinkerConfig"
+    )
     subs = cls.sub_configs
     section = [8, 4, 4] if model_type == "qwen3_omni_moe" else [4, 6, 6]
-    text = sub_config(subs["text_config"], TEXT, {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
-                                                                        "mrope_section": section}})  # fmt: skip
+    text = sub_config(
+        subs["text_config"],
+        TEXT,
+        {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "mrope_section": section}},
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        config = cls(text_config=text, vision_config=sub_config(subs["vision_config"], VISION, {}),
-                     audio_config=sub_config(subs["audio_config"], AUDIO, {}), vision_start_token_id=VS,
-                     vision_end_token_id=VE, audio_end_token_id=AE)  # fmt: skip
+        config = cls(
+            text_config=text,
+            vision_config=sub_config(subs["vision_config"], VISION, {}),
+            audio_config=sub_config(subs["audio_config"], AUDIO, {}),
+            vision_start_token_id=VS,
+            vision_end_token_id=VE,
+            audio_end_token_id=AE,
+        )
         return getattr(module, f"{name}ThinkerModel")(config).eval(), module
 
 
@@ -343,13 +365,24 @@ def test_omni_positions_equal_the_thinkers_get_rope_index(model_type, audio_in_v
         audio_in_video=audio_in_video,
     )
     want_ids, want_deltas = model.get_rope_index(
-        ids, image_grid_thw=images, video_grid_thw=videos, attention_mask=mask, use_audio_in_video=audio_in_video,
-        audio_seqlens=seqlens, second_per_grids=seconds,
-    )  # fmt: skip
+        ids,
+        image_grid_thw=images,
+        video_grid_thw=videos,
+        attention_mask=mask,
+        use_audio_in_video=audio_in_video,
+        audio_seqlens=seqlens,
+        second_per_grids=seconds,
+    )
     types = (ids == IMG).long() + 2 * (ids == VID).long() + 3 * (ids == AUD).long()
     assert (types == 3).any() and (types == 2).any() and (types == 1).any()
-    got = multimodal_positions(types, image_grid_thw=images, video_grid_thw=videos, attention_mask=mask,
-                               second_per_grid_ts=seconds, config=model.config)  # fmt: skip
+    got = multimodal_positions(
+        types,
+        image_grid_thw=images,
+        video_grid_thw=videos,
+        attention_mask=mask,
+        second_per_grid_ts=seconds,
+        config=model.config,
+    )
     kept = mask.bool()  # Qwen2.5-Omni writes 1 on padding, Qwen3-Omni 0; no token reads it
     assert torch.equal(want_ids, want_ids.round()) and torch.equal(got.position_ids[:, kept], want_ids[:, kept].long())
     assert torch.equal(got.rope_deltas, want_deltas.long()) and bool((got.position_ids[:, ~kept] == 0).all())
@@ -358,8 +391,10 @@ def test_omni_positions_equal_the_thinkers_get_rope_index(model_type, audio_in_v
 def test_qwen3_omni_fractional_temporal_ids_are_refused():
     types = torch.tensor([[0, 2, 2, 0]])  # a video of 2 temporal steps of one merged token each
     with pytest.raises(InputError, match=r"fractional \(\[0.0, 12.5\]"):
-        multimodal_positions(types, video_grid_thw=torch.tensor([[2, 2, 2]]), second_per_grid_ts=[0.5],
-                             model_type="qwen3_omni_moe")  # fmt: skip
-    got = multimodal_positions(types, video_grid_thw=torch.tensor([[2, 2, 2]]), second_per_grid_ts=[0.5],
-                               model_type="qwen2_5_omni")  # fmt: skip
+        multimodal_positions(
+            types, video_grid_thw=torch.tensor([[2, 2, 2]]), second_per_grid_ts=[0.5], model_type="qwen3_omni_moe"
+        )
+    got = multimodal_positions(
+        types, video_grid_thw=torch.tensor([[2, 2, 2]]), second_per_grid_ts=[0.5], model_type="qwen2_5_omni"
+    )
     assert got.position_ids[0, 0].tolist() == [0, 1, 13, 14]  # Qwen2.5-Omni truncates 12.5 to 12

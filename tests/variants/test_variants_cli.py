@@ -77,8 +77,14 @@ def qwen_vl_config(tmp_path, model_type: str, section: list[int]) -> str:
     """A small Qwen-VL config.json (head_dim 32), as transformers writes it."""
     from helpers import hf_config
 
-    text = dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32, num_hidden_layers=1,
-                rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": section})  # fmt: skip
+    text = dict(
+        hidden_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        num_hidden_layers=1,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": section},
+    )
     hf_config({"model_type": model_type, "text_config": text}).save_pretrained(tmp_path / model_type)
     return str(tmp_path / model_type / "config.json")
 

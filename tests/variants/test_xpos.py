@@ -222,8 +222,15 @@ def test_decoder_entry_trains_and_generates():
     uncached = model.generate(ids[:, :4], max_new_tokens=6, use_cache=False)
     assert torch.equal(cached, uncached)
     with pytest.raises(ValueError, match="xpos' takes no rope_scaling"):
-        Decoder(DecoderConfig(vocab_size=40, hidden_size=32, num_layers=1, position_encoding="xpos",
-                              rope_scaling={"rope_type": "linear", "factor": 2.0}))  # fmt: skip
+        Decoder(
+            DecoderConfig(
+                vocab_size=40,
+                hidden_size=32,
+                num_layers=1,
+                position_encoding="xpos",
+                rope_scaling={"rope_type": "linear", "factor": 2.0},
+            )
+        )
 
 
 def test_score_decay_behind_the_figure():
@@ -311,9 +318,11 @@ XPOS_BAD = {
 def test_xpos_is_right_or_a_named_error(data):
     wild = data.draw(WILD)
     valid = dict(
-        head_dim=data.draw(st.sampled_from([8, 16])), scale_base=data.draw(st.sampled_from([512.0, 8.0])),
-        interleaved=data.draw(st.booleans()), center=data.draw(st.sampled_from([None, None, 0, 20])),
-    )  # fmt: skip
+        head_dim=data.draw(st.sampled_from([8, 16])),
+        scale_base=data.draw(st.sampled_from([512.0, 8.0])),
+        interleaved=data.draw(st.booleans()),
+        center=data.draw(st.sampled_from([None, None, 0, 20])),
+    )
     args = spoiled(data.draw, valid, XPOS_BAD) if wild else valid
     ok = valid_xpos(args)
     head_dim = args.pop("head_dim")

@@ -64,7 +64,8 @@ PAIRING: dict[str, str] = {
     ),
     **dict.fromkeys(
         (
-            "axk2 blt_local_decoder blt_local_encoder blt_patcher codegen cohere cohere2 cohere2_moe deepseek_v32 deepseek_v4 dots3_note_text ernie4_5 "
+            "axk2 blt_local_decoder blt_local_encoder blt_patcher codegen cohere cohere2 cohere2_moe deepseek_v32 "
+            "deepseek_v4 dots3_note_text ernie4_5 "
             "ernie4_5_moe glm glm4 gptj helium llama4_text longcat_flash moonshine moonshine_streaming "
             "openai_privacy_filter roformer"
         ).split(),

@@ -341,8 +341,10 @@ def _head_dim(d: Mapping[str, Any], label: str) -> int:
             if not is_positive_int(value):
                 raise ConfigError(f"{label}: config {key} must be a positive int, got {value!r}")
             if value > MAX_HEAD_DIM:
-                raise ConfigError(f"{label}: config {key}={value} is wider than any attention head (at most "
-                                  f"{MAX_HEAD_DIM} channels); check the config")  # fmt: skip
+                raise ConfigError(
+                    f"{label}: config {key}={value} is wider than any attention head (at most "
+                    f"{MAX_HEAD_DIM} channels); check the config"
+                )
             return value
     hidden = d.get("hidden_size", d.get("n_embd"))
     heads = d.get("num_attention_heads", d.get("n_head"))

@@ -84,7 +84,9 @@ def drop_ignored_keys(
         >>> block
         {'rope_type': 'default'}
     """
-    spec = ROPE_TYPES.get(block["rope_type"]) if isinstance(block["rope_type"], str) else None
+    # a rope_type that is not a string (a list, a dict) is refused, naming it, where the block is validated
+    rope_type = block["rope_type"] if isinstance(block["rope_type"], str) else None
+    spec = ROPE_TYPES.get(rope_type) if rope_type is not None else None
     takes = spec.required | spec.optional if spec is not None else frozenset()
     for key in ignored:
         if key not in block or key in takes:
@@ -98,16 +100,17 @@ def drop_ignored_keys(
             )
         if reason != READ:
             del block[key]
-    for key in INERT_KEYS_BY_TYPE.get(block["rope_type"], ()):
+    for key in INERT_KEYS_BY_TYPE.get(rope_type, ()):
         if key not in takes:
             block.pop(key, None)
     mscales = sorted(k for k in ("short_mscale", "long_mscale") if k in block)
-    if block["rope_type"] in ("longrope", "su") and mscales and model_type not in LONGROPE_MSCALE_READERS:
+    if rope_type in ("longrope", "su") and mscales and model_type not in LONGROPE_MSCALE_READERS:
         complain(
             f"{label}: the longrope block has {', '.join(f'{k}={block[k]!r}' for k in mscales)}, which transformers' "
-            f"{model_type or 'model'} code ignores (it scales by attention_factor) while vLLM applies them to the short "
-            "and long tables; remove them to rotate as transformers does, or build rotary.RoPE(scaling=block) from "
-            "the block to apply them as vLLM does (strict=False drops them, as transformers)",
+            f"{model_type or 'model'} code ignores (it scales by attention_factor) while vLLM applies them to the "
+            "short and long tables; remove them to rotate as transformers does, or build "
+            "rotary.RoPE(scaling=block) from the block to apply them as vLLM does (strict=False drops them, as "
+            "transformers)",
             strict,
         )
         for key in mscales:

@@ -157,8 +157,10 @@ def _rope_slice(d: dict[str, Any], label: str) -> int:
         )
     width = int(head_dim * partial)
     if width < 2 or width % 2:
-        raise ConfigError(f"{label}: DeepSeek-V4's rotated slice head_dim * partial_rotary_factor = {width} must be "
-                          "even and at least 2")  # fmt: skip
+        raise ConfigError(
+            f"{label}: DeepSeek-V4's rotated slice head_dim * partial_rotary_factor = {width} must be "
+            "even and at least 2"
+        )
     return width
 
 
@@ -203,8 +205,10 @@ def _clvp(d: dict[str, Any], label: str) -> None:
         d.get("projection_dim", 768),
     )
     if not all(is_positive_int(v) for v in (hidden, heads, projection)) or hidden % heads:
-        raise ConfigError(f"{label}: CLVP needs positive ints hidden_size={hidden!r} (a multiple of "
-                          f"num_attention_heads={heads!r}) and projection_dim={projection!r}")  # fmt: skip
+        raise ConfigError(
+            f"{label}: CLVP needs positive ints hidden_size={hidden!r} (a multiple of "
+            f"num_attention_heads={heads!r}) and projection_dim={projection!r}"
+        )
     width, head = max(projection // (2 * heads), 32), hidden // heads
     if width > head:
         raise ConfigError(

@@ -292,7 +292,7 @@ SUPPORTED: dict[str, Family] = {
             "phi4_multimodal": "phi4_multimodal",
             "zaya": "zaya",
         }.items()
-    },  # fmt: skip
+    },
     "step3p5": Family("transformers.models.step3p7.modeling_step3p7", _HALF),  # the text model of Step3p7
     # one tensor per call (q, then k), pairs (i, i + r/2)
     **{

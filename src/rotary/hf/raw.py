@@ -43,7 +43,8 @@ def config_as_dict(config: Any) -> dict[str, Any]:
         data = config.to_dict()
     else:
         raise InputTypeError(
-            f"config must be a transformers PretrainedConfig, a dict or a path to config.json, got {type(config).__name__}"
+            "config must be a transformers PretrainedConfig, a dict or a path to config.json, got "
+            f"{type(config).__name__}"
         )
     if not isinstance(data, Mapping):
         raise ConfigError("the config does not hold a JSON object; pass a Hugging Face config.json")

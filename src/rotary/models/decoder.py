@@ -33,6 +33,7 @@ from torch import nn
 
 from .. import positions as P
 from .._checks import check_bool, check_positive_float, check_positive_int, check_probability, is_number
+from .._registry import Registry
 from ..errors import InputError, InputTypeError
 from ..nn.attention import RotaryAttention
 from ..nn.cache import KVCache, StaticKVCache, StaticStep
@@ -188,8 +189,9 @@ class PositionEncoding:
     bias: nn.Module | None = None
 
 
-#: ``position_encoding`` name -> builder ``(DecoderConfig) -> PositionEncoding``
-POSITION_ENCODINGS: dict[str, Callable[[DecoderConfig], PositionEncoding]] = {}
+#: ``position_encoding`` name -> builder ``(DecoderConfig) -> PositionEncoding``; ``with
+#: POSITION_ENCODINGS.scope():`` undoes the registrations made inside the block.
+POSITION_ENCODINGS: Registry[Callable[[DecoderConfig], PositionEncoding]] = Registry()
 
 
 def register_position_encoding(name: str) -> Callable:

@@ -29,6 +29,7 @@ from typing import Any, Literal
 import torch
 
 from .._checks import check_bool, check_positive_int, is_int, is_number
+from .._registry import Registry
 from ..errors import ConfigError, InputError, InputTypeError
 
 __all__ = [
@@ -118,8 +119,9 @@ class RopeType:
 #: the update rules of length-dependent types, and the block key each reads the trained length from by default
 UPDATE_RULES = {"grow": "max_position_embeddings", "switch": "original_max_position_embeddings"}
 
-#: ``rope_type`` -> :class:`RopeType`. Extended by :func:`register_rope_type`.
-ROPE_TYPES: dict[str, RopeType] = {}
+#: ``rope_type`` -> :class:`RopeType`. Extended by :func:`register_rope_type`; ``with ROPE_TYPES.scope():``
+#: undoes the registrations made inside the block.
+ROPE_TYPES: Registry[RopeType] = Registry()
 
 #: keys any block may carry, whatever its type
 COMMON_KEYS = frozenset({"rope_type", "type", "rope_theta", "partial_rotary_factor"})

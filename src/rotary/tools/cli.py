@@ -1,6 +1,6 @@
 """The ``rotary`` command. Each subcommand lives in its own module exposing ``register(subparsers)``;
 the module's parser sets ``func(args) -> int`` as its default. The conventions every subcommand
-follows (``-o/--out``, CONFIG + flags, ``--json``, exit status) are in :mod:`rotary.tools.commands.common`.
+follows (``-o/--out``, CONFIG + flags, ``--json``, exit status) are in :mod:`rotary.tools.commands`.
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with contextlib.ExitStack() as stack:
             if getattr(args, "out_kind", None) == "file" and args.out is not None:
-                from .commands.common import open_output_file
+                from .commands.output import open_output_file
 
                 stack.enter_context(contextlib.redirect_stdout(stack.enter_context(open_output_file(args.out))))
             status = int(args.func(args) or 0)

@@ -11,7 +11,8 @@ callable to time (see :class:`Inputs`); register it with :func:`register_method`
 different kind of measurement (e.g. a patched vs unpatched model forward) is a *suite*: a function
 ``suite(options) -> list[Result]`` registered with :func:`register_suite`; it can use
 :func:`time_interleaved` and :func:`extra_peak_bytes`. Files defining either are loaded with
-``rotary bench --cases FILE.py`` (see ``benchmarks/``).
+``rotary bench --cases FILE.py`` (see ``benchmarks/``); ``with scoped_registrations():`` undoes the
+registrations made inside the block.
 
 Built-in suites: ``decode`` (CPU), ``rotate_and_cache`` and ``rmsnorm_rotate`` (:mod:`.fused`: each
 fused op against its composition, eager and compiled, and the traffic limit), ``generation``
@@ -41,6 +42,7 @@ from .harness import (
     make_inputs,
     register_method,
     register_suite,
+    scoped_registrations,
     suite_device,
     suite_repeats,
     time_interleaved,
@@ -61,6 +63,7 @@ __all__ = [
     "SUITES",
     "register_method",
     "register_suite",
+    "scoped_registrations",
     "suite_device",
     "suite_repeats",
     "time_interleaved",

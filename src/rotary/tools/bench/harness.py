@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from ..._registry import scoped
+
 __all__ = [
     "DTYPE_NAMES",
     "Inputs",
@@ -33,6 +35,7 @@ __all__ = [
     "SUITE_DEVICES",
     "register_method",
     "register_suite",
+    "scoped_registrations",
     "suite_device",
     "suite_repeats",
     "time_interleaved",
@@ -211,6 +214,18 @@ METHODS: list[Method] = []
 SUITES: dict[str, Callable[[argparse.Namespace], list[Result]]] = {}
 #: the device types each suite runs on (``register_suite(..., devices=...)``)
 SUITE_DEVICES: dict[str, tuple[str, ...]] = {}
+
+
+def scoped_registrations() -> contextlib.AbstractContextManager[None]:
+    """Undo, on leaving the block, the methods and suites registered inside it (e.g. by ``--cases FILE.py``).
+
+    Example:
+        >>> with scoped_registrations():
+        ...     register_suite("mine", lambda options: [])
+        >>> "mine" in SUITES
+        False
+    """
+    return scoped(METHODS, SUITES, SUITE_DEVICES)
 
 
 def register_method(method: Method) -> Method:

@@ -19,7 +19,8 @@ from typing import Any
 
 from rotary.tools.bench import format_table, run
 
-from .common import add_output_argument, count
+from .argument_types import count
+from .output import add_output_argument
 
 __all__ = ["register"]
 

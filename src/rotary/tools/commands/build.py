@@ -12,7 +12,8 @@ import os
 import sys
 import time
 
-from .common import add_output_argument, print_json
+from .output import add_output_argument
+from .printing import print_json
 
 __all__ = ["register"]
 

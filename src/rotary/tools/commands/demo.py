@@ -11,7 +11,9 @@ from rotary import reference
 from rotary.pairing import permute_qk_weight
 from rotary.rope import RoPE
 
-from .common import add_output_argument, head_dim_count, print_json, seq_len_count
+from .argument_types import head_dim_count, seq_len_count
+from .output import add_output_argument
+from .printing import print_json
 
 __all__ = ["run_checks", "register"]
 

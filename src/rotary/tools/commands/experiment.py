@@ -19,7 +19,9 @@ from rotary.tools.experiments.config import (
     default_encodings,
 )
 
-from .common import count, output_path, positive_float, positive_int, print_json, seed
+from .argument_types import count, positive_float, positive_int, seed
+from .output import output_path
+from .printing import print_json
 
 __all__ = ["register", "config_from_args"]
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 
 from ...errors import InputError
-from .common import output_path, print_json
+from .output import output_path
+from .printing import print_json
 
 __all__ = ["register"]
 

@@ -15,15 +15,10 @@ from rotary.rope_types import ROPE_TYPES
 from rotary.variants import MRoPE, nope_temperature
 
 from ...errors import InputError
-from .common import (
-    Configuration,
-    add_config_arguments,
-    add_output_argument,
-    configurations,
-    console,
-    length_count,
-    print_json,
-)
+from .argument_types import length_count
+from .configuration import Configuration, add_config_arguments, configurations
+from .output import add_output_argument
+from .printing import console, print_json
 
 __all__ = ["register", "inspect_configuration", "layer_details", "render"]
 
@@ -32,7 +27,7 @@ def inspect_configuration(configuration: Configuration, seq_len: int | None = No
     """The inspection of one configuration; length-dependent types at ``seq_len`` (default: the context).
 
     Example:
-        >>> from rotary.tools.commands.common import Configuration
+        >>> from rotary.tools.commands.configuration import Configuration
         >>> info = inspect_configuration(Configuration(rotary.RoPE(64), 4096, "--max-position"))
         >>> info.context, len(info.pairs())
         (4096, 32)

@@ -14,25 +14,18 @@ from rotary.rope import RoPE
 from rotary.rope_types import ROPE_TYPES
 
 from ...errors import InputError
-from .common import (
+from .argument_types import count, head_dim_count, length_count, positive_float, seed, seq_len_count
+from .configuration import (
     FLAG_DEFAULTS,
     add_config_arguments,
-    add_output_argument,
     config_label,
     configurations,
-    count,
     every_layer_type,
     flag_as_given,
-    head_dim_count,
     layer_type_suffix,
-    length_count,
-    output_directory,
-    output_stem,
-    positive_float,
-    print_json,
-    seed,
-    seq_len_count,
 )
+from .output import add_output_argument, output_directory, output_stem
+from .printing import print_json
 from .vectors import load_vector
 
 __all__ = [

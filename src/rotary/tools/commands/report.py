@@ -16,15 +16,10 @@ from rotary.rope import RoPE
 
 from ...errors import InputTypeError
 from . import plot
-from .common import (
-    add_config_arguments,
-    add_output_argument,
-    config_label,
-    every_layer_type,
-    output_directory,
-    print_json,
-    seq_len_count,
-)
+from .argument_types import seq_len_count
+from .configuration import add_config_arguments, config_label, every_layer_type
+from .output import add_output_argument, output_directory
+from .printing import print_json
 
 __all__ = ["register", "write_report"]
 

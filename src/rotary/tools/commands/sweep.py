@@ -11,7 +11,9 @@ import argparse
 import sys
 
 from ...errors import InputError
-from .common import add_output_argument, count, positive_int, print_json
+from .argument_types import count, positive_int
+from .output import add_output_argument
+from .printing import print_json
 
 __all__ = ["register"]
 

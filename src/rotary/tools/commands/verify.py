@@ -14,16 +14,10 @@ import torch
 from rotary.analysis import Check, verify, verify_axial, verify_mrope
 
 from ...errors import InputError
-from .common import (
-    add_config_arguments,
-    add_output_argument,
-    console,
-    count,
-    every_layer_type,
-    print_json,
-    seed,
-    seq_len_count,
-)
+from .argument_types import count, seed, seq_len_count
+from .configuration import add_config_arguments, every_layer_type
+from .output import add_output_argument
+from .printing import console, print_json
 
 __all__ = ["register", "render"]
 

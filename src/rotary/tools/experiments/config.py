@@ -93,128 +93,128 @@ def min_task_length(pairs: int) -> int:
 class ExperimentConfig:
     """Every setting of a run. Lengths are in tokens, and tokens are bytes (vocabulary 256).
 
-    Attributes:
-        preset: the preset the settings started from (``tiny``, ``default``, ``large``).
-        study: None for the main comparison, or one of :data:`STUDIES`: ``base`` (RoPE at each of
-            ``bases``) or ``transfer`` (sinusoidal -> RoPE by copying the other weights).
-        train_length: ``L``, the length of every training window.
-        eval_lengths: evaluation lengths ``E``, ``L`` among them and none below it; None (the default):
-            ``L, 2L, 4L, 8L``.
-        encodings: position encodings to train (keys of ``rotary.models.POSITION_ENCODINGS``); None
-            (the default): :func:`default_encodings`. An empty tuple is an error, not the default.
-        scalings: inference-time scalings applied to the RoPE-based models (:data:`SCALINGS`).
-        seeds: how many times every method is trained (seeds ``seed .. seed + seeds - 1``); the
-            tables show the mean and half the range over them.
-        extend_steps: fine-tuning steps of the extension stage at ``extend_length`` (0: no stage).
-        extend_length: the length the extension stage fine-tunes at (and the RoPE model trained from
-            scratch is trained at); None: ``4L``. Must be longer than ``L``.
-        extend_scalings: the scalings fine-tuned (:data:`EXTEND_SCALINGS`), factor ``extend_length / L``.
-        extend_batch_size: rows per step at ``extend_length``; None: the pretraining batch's tokens,
-            ``batch_size * L // extend_length`` rows (at least 1).
-        finetune_learning_rate: peak learning rate of every fine-tuning (extension, transfer): warm-up
-            over a tenth of its steps, then cosine decay to ``min_learning_rate``.
-        bases: RoPE bases of ``--study base``.
-        transfer_steps: RoPE fine-tuning steps after the transfer (``--study transfer``); the
-            sinusoidal model it starts from trains ``steps - transfer_steps``. None: ``steps // 10``.
-        hidden_size, num_layers, num_heads: the ``Decoder``'s shape (SwiGLU width 8/3 E).
-        rope_base: RoPE's base ``theta``.
-        batch_size: rows per optimizer step (all ranks together).
-        steps: optimizer steps per model.
-        learning_rate, min_learning_rate, warmup_steps: linear warm-up, then cosine decay.
-        weight_decay: AdamW's decay on the linear layers (embeddings, norms and biases are not
-            decayed, so the rows of a learned table past ``L`` stay exactly as initialised).
-        grad_clip: global gradient-norm clip.
-        passkey_fraction: fraction of training rows that end with a passkey sample (<= L tokens).
-        passkey_trials: passkey prompts per evaluation length (spread evenly over the depths; 0: no passkey
-            evaluation).
-        passkey_depths: where the key sits in the filler, 0 = start, 1 = just before the question.
-        eval_tokens: held-out tokens evaluated at every length in non-overlapping windows (a
-            multiple of the longest length); ``None``: all of the held-out text.
-        eval_stride: the stride of the sliding-window evaluation: every scored token sees at least
-            ``E - eval_stride`` tokens of context. None: ``L // 2``.
-        sliding_tokens: tokens scored by the sliding-window evaluation at every length (0: none), whole
-            strides spread over the non-overlapping windows' text past its first window.
-        retrieval_trials: random spans per distance of the retrieval probe (0: no probe).
-        retrieval_span: length of each span (bytes).
-        retrieval_distances: distances between the two copies; None: ``L/4 .. 8L`` (see
-            :attr:`distances`).
-        task_seeds: how many of the seeds (the first ones) also train task models; None: every seed.
-        task_steps: optimizer steps of each task model (:mod:`.tasks`: copy and associative recall, one
-            model per encoding and seed, trained on both tasks at ``task_length``); 0: no task models. The main
-            comparison only.
-        task_length: ``L`` of the task models; they are evaluated at ``1, 2, 4, 8`` times it.
-        task_hidden_size: width of the task models (their layers and heads are the text models').
-        task_batch_size: rows per step of a task model, half copy, half associative recall.
-        task_learning_rate: peak learning rate of the task models (warm-up over a twentieth of their steps,
-            cosine decay to a tenth of it).
-        task_trials: rows per task, evaluation length and seed.
-        task_pairs: key-value pairs per associative-recall row.
-        held_out_fraction: the last part of the text, by position, kept for evaluation.
-        seed: the first seed: model initialisation and training batches of the first run of every
-            method, and every evaluation prompt.
-        checkpoint_every: steps between checkpoints (and at the end of training).
-        device: ``cpu`` or ``cuda``; None: CUDA when available (chosen when the run starts).
-        precision: :data:`PRECISIONS`: ``auto`` (bf16 autocast on CUDA, fp32 on the CPU), ``fp32`` or
-            ``bf16``; training and evaluation alike, fp32 weights and optimizer state in every mode.
-        compile: :data:`COMPILE_MODES`: ``off``, ``auto`` (``torch.compile`` of the model in training on
-            CUDA, eager on the CPU) or ``on`` (every device). Evaluation stays eager (its shapes change
-            with every length); a compile that fails falls back to eager with one line.
-        threads: torch CPU threads of each model (results are bit-identical only at the same count); None:
-            chosen when the run starts (one per model when models train side by side on the CPU, ``--jobs``;
-            else torch's default). How many models train at a time is no setting: it changes no number.
-        data: files, directories or glob patterns of UTF-8 text, or a built-in corpus
-            (``builtin:pydoc``, ``builtin:stdlib``); None: ``builtin:pydoc``.
+    Each field is described by the comment above it (``#:``). :meth:`validate` checks every setting,
+    and :data:`PRESETS` holds the presets the command starts from.
+
+    Example:
+        >>> ExperimentConfig(train_length=64).eval_lengths  # None: L, 2L, 4L, 8L
+        (64, 128, 256, 512)
     """
 
+    #: the preset the settings started from (``tiny``, ``default``, ``large``).
     preset: str = "default"
+    #: None for the main comparison, or one of :data:`STUDIES`: ``base`` (RoPE at each of ``bases``) or ``transfer``
+    #: (sinusoidal -> RoPE by copying the other weights).
     study: str | None = None
+    #: ``L``, the length of every training window.
     train_length: int = 128
+    #: evaluation lengths ``E``, ``L`` among them and none below it; None (the default): ``L, 2L, 4L, 8L``.
     eval_lengths: tuple[int, ...] | None = None
+    #: position encodings to train (keys of ``rotary.models.POSITION_ENCODINGS``); None (the default):
+    #: :func:`default_encodings`. An empty tuple is an error, not the default.
     encodings: tuple[str, ...] | None = None
+    #: inference-time scalings applied to the RoPE-based models (:data:`SCALINGS`).
     scalings: tuple[str, ...] = SCALINGS
+    #: how many times every method is trained (seeds ``seed .. seed + seeds - 1``); the tables show the mean and half
+    #: the range over them.
     seeds: int = 2
+    #: fine-tuning steps of the extension stage at ``extend_length`` (0: no stage).
     extend_steps: int = 48
+    #: the length the extension stage fine-tunes at (and the RoPE model trained from scratch is trained at); None:
+    #: ``4L``. Must be longer than ``L``.
     extend_length: int | None = None
+    #: the scalings fine-tuned (:data:`EXTEND_SCALINGS`), factor ``extend_length / L``.
     extend_scalings: tuple[str, ...] = EXTEND_SCALINGS
+    #: rows per step at ``extend_length``; None: the pretraining batch's tokens, ``batch_size * L // extend_length``
+    #: rows (at least 1).
     extend_batch_size: int | None = None
+    #: peak learning rate of every fine-tuning (extension, transfer): warm-up over a tenth of its steps, then cosine
+    #: decay to ``min_learning_rate``.
     finetune_learning_rate: float = 1e-3
+    #: RoPE bases of ``--study base``.
     bases: tuple[float, ...] = (20.0, 100.0, 1000.0, 10000.0, 100000.0)
+    #: RoPE fine-tuning steps after the transfer (``--study transfer``); the sinusoidal model it starts from trains
+    #: ``steps - transfer_steps``. None: ``steps // 10``.
     transfer_steps: int | None = None
+    #: (hidden_size, num_layers, num_heads) the ``Decoder``'s shape (SwiGLU width 8/3 E).
     hidden_size: int = 128
     num_layers: int = 2
     num_heads: int = 4
+    #: RoPE's base ``theta``.
     rope_base: float = 10000.0
+    #: rows per optimizer step (all ranks together).
     batch_size: int = 12
+    #: optimizer steps per model.
     steps: int = 480
+    #: (learning_rate, min_learning_rate, warmup_steps) linear warm-up, then cosine decay.
     learning_rate: float = 3e-3
     min_learning_rate: float = 3e-4
     warmup_steps: int = 24
+    #: AdamW's decay on the linear layers (embeddings, norms and biases are not decayed, so the rows of a learned table
+    #: past ``L`` stay exactly as initialised).
     weight_decay: float = 0.1
+    #: global gradient-norm clip.
     grad_clip: float = 1.0
+    #: fraction of training rows that end with a passkey sample (<= L tokens).
     passkey_fraction: float = 0.5
+    #: passkey prompts per evaluation length (spread evenly over the depths; 0: no passkey evaluation).
     passkey_trials: int = 40
+    #: where the key sits in the filler, 0 = start, 1 = just before the question.
     passkey_depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+    #: held-out tokens evaluated at every length in non-overlapping windows (a multiple of the longest length);
+    #: ``None``: all of the held-out text.
     eval_tokens: int | None = 16384
+    #: the stride of the sliding-window evaluation: every scored token sees at least ``E - eval_stride`` tokens of
+    #: context. None: ``L // 2``.
     eval_stride: int | None = None
+    #: tokens scored by the sliding-window evaluation at every length (0: none), whole strides spread over the non-
+    #: overlapping windows' text past its first window.
     sliding_tokens: int = 4096
+    #: random spans per distance of the retrieval probe (0: no probe).
     retrieval_trials: int = 16
+    #: length of each span (bytes).
     retrieval_span: int = 16
+    #: distances between the two copies; None: ``L/4 .. 8L`` (see :attr:`distances`).
     retrieval_distances: tuple[int, ...] | None = None
+    #: how many of the seeds (the first ones) also train task models; None: every seed.
     task_seeds: int | None = None
+    #: optimizer steps of each task model (:mod:`.tasks`: copy and associative recall, one model per encoding and seed,
+    #: trained on both tasks at ``task_length``); 0: no task models. The main comparison only.
     task_steps: int = 1000
+    #: ``L`` of the task models; they are evaluated at ``1, 2, 4, 8`` times it.
     task_length: int = 32
+    #: width of the task models (their layers and heads are the text models').
     task_hidden_size: int = 64
+    #: rows per step of a task model, half copy, half associative recall.
     task_batch_size: int = 32
+    #: peak learning rate of the task models (warm-up over a twentieth of their steps, cosine decay to a tenth of it).
     task_learning_rate: float = 3e-3
+    #: rows per task, evaluation length and seed.
     task_trials: int = 48
+    #: key-value pairs per associative-recall row.
     task_pairs: int = 4
+    #: the last part of the text, by position, kept for evaluation.
     held_out_fraction: float = 0.1
+    #: the first seed: model initialisation and training batches of the first run of every method, and every evaluation
+    #: prompt.
     seed: int = 0
+    #: steps between checkpoints (and at the end of training).
     checkpoint_every: int = 200
+    #: ``cpu`` or ``cuda``; None: CUDA when available (chosen when the run starts).
     device: str | None = None
+    #: :data:`PRECISIONS`: ``auto`` (bf16 autocast on CUDA, fp32 on the CPU), ``fp32`` or ``bf16``; training and
+    #: evaluation alike, fp32 weights and optimizer state in every mode.
     precision: str = "auto"
+    #: :data:`COMPILE_MODES`: ``off``, ``auto`` (``torch.compile`` of the model in training on CUDA, eager on the CPU)
+    #: or ``on`` (every device). Evaluation stays eager (its shapes change with every length); a compile that fails
+    #: falls back to eager with one line.
     compile: str = "off"
+    #: torch CPU threads of each model (results are bit-identical only at the same count); None: chosen when the run
+    #: starts (one per model when models train side by side on the CPU, ``--jobs``; else torch's default). How many
+    #: models train at a time is no setting: it changes no number.
     threads: int | None = None
+    #: files, directories or glob patterns of UTF-8 text, or a built-in corpus (``builtin:pydoc``, ``builtin:stdlib``);
+    #: None: ``builtin:pydoc``.
     data: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:

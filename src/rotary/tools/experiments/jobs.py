@@ -17,11 +17,12 @@ import torch
 
 from rotary.models import Decoder
 
+from ..io import write_atomic
 from .config import ExperimentConfig
 from .evaluate import EvaluationText, evaluate_model
 from .plan import ModelSpec
 from .progress import Reporter
-from .report import results_json, write_atomic
+from .report import results_json
 from .rows import Measurements
 from .train import TrainOutcome, build_model
 

@@ -67,22 +67,21 @@ __all__ = ["choose_jobs", "run_in_parallel"]
 FORWARD_EVERY = 0.25
 
 
-def choose_jobs(config: ExperimentConfig, dist: Distributed, jobs: int | None, models: int) -> int:
-    """How many models train at a time; sets ``config.threads`` (each model's threads) where it is None.
+def choose_jobs(config: ExperimentConfig, dist: Distributed, jobs: int | None, models: int) -> tuple[int, int]:
+    """How many models train at a time, and each one's torch threads (``config.threads`` where given).
 
     The CPU budget is torch's thread count in this process (the cores, or ``OMP_NUM_THREADS``). Alone on
     the CPU, by default every model gets one thread and as many run at once as the budget holds;
     ``--threads T`` alone runs ``budget // T`` at once, ``--jobs J`` alone gives each ``budget // J``
-    threads (``--jobs 1``: one model at a time on every thread, as before ``--jobs`` existed). Under
-    torchrun or on CUDA one model at a time, on torch's threads. Never more than ``models`` at once.
+    threads (``--jobs 1``: one model at a time on every thread). Under torchrun or on CUDA one model at
+    a time, on torch's threads. Never more than ``models`` at once. ``config`` is left as given.
 
     Raises:
-        ExperimentError: ``--jobs`` above 1 under torchrun or on CUDA.
+        ExperimentError: ``--jobs`` not a positive integer, or above 1 under torchrun or on CUDA.
 
     Example:
-        >>> cfg = ExperimentConfig(device="cpu")
-        >>> jobs = choose_jobs(cfg, Distributed(), 2, models=22)
-        >>> jobs, cfg.threads == max(1, torch.get_num_threads() // 2)
+        >>> jobs, threads = choose_jobs(ExperimentConfig(device="cpu"), Distributed(), 2, models=22)
+        >>> jobs, threads == max(1, torch.get_num_threads() // 2)
         (2, True)
     """
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
@@ -99,17 +98,15 @@ def choose_jobs(config: ExperimentConfig, dist: Distributed, jobs: int | None, m
                 f"--jobs {jobs} trains models side by side on the CPU, but --device {config.device} trains them one "
                 "at a time; leave --jobs out or use --device cpu"
             )
+    threads = config.threads
     if config.device != "cpu" or dist.world_size > 1:
-        if config.threads is None:
-            config.threads = budget
-        return 1
+        return 1, budget if threads is None else threads
     if jobs is None:
-        if config.threads is None:
-            config.threads = 1
-        jobs = budget // config.threads
-    elif config.threads is None:
-        config.threads = max(1, budget // jobs)
-    return max(1, min(jobs, models))
+        threads = 1 if threads is None else threads
+        jobs = budget // threads
+    elif threads is None:
+        threads = max(1, budget // jobs)
+    return max(1, min(jobs, models)), threads
 
 
 # ------------------------------------------------------------------------------------------------

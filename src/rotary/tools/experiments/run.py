@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import time
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -27,8 +28,9 @@ from typing import Any
 import torch
 
 from ...errors import InputError
+from ..io import write_atomic
 from .caveats import caveats
-from .claims import assess
+from .claims import Assessment, assess
 from .config import ExperimentConfig, ExperimentError
 from .data import Corpus, evaluation_tokens, load_corpus, sliding_starts
 from .distributed import Distributed
@@ -38,7 +40,7 @@ from .jobs import ModelResult, evaluate_cached, model_record
 from .parallel import choose_jobs, run_in_parallel
 from .plan import ModelSpec, model_specs
 from .progress import Reporter, table_console
-from .report import report_markdown, results_json, write_atomic
+from .report import report_markdown, results_json
 from .reproduce import command_line, differences
 from .results import Results
 from .rows import Measurements
@@ -52,8 +54,15 @@ __all__ = [
     "load_run",
     "prepare_run_dir",
     "require_report_packages",
+    "load_text",
+    "open_run_dir",
+    "print_summary",
     "run_experiment",
+    "run_record",
+    "settle_config",
+    "train_and_evaluate",
     "write_figures",
+    "write_run",
 ]
 
 RUN_FORMAT = 2
@@ -212,31 +221,97 @@ def run_experiment(
     console: Any = None,
     jobs: int | None = None,
 ) -> Path:
-    """Run the experiment ``config`` describes and return its directory.
+    """Run the experiment ``config`` describes and return its directory; ``config`` is left as given.
 
-    Works the same on one process and under torchrun (rank 0 writes; the others only train).
+    Works the same on one process and under torchrun (rank 0 writes; the others only train). The steps:
+    :func:`settle_config`, :func:`load_text`, :func:`open_run_dir`, :func:`train_and_evaluate`,
+    :func:`run_record`, :func:`write_run`, :func:`print_summary`.
 
     Args:
-        config: the settings (``device`` / ``threads`` None: chosen here).
+        config: the settings (``device`` / ``threads`` None: chosen for this run).
         out: the run directory (default ``runs/experiment-<UTC time>``).
         resume: continue the run in this directory (its settings must equal ``config``).
         reporter: progress output (default: bars on a terminal, lines otherwise; silent off rank 0).
         console: a rich console for the final table (default: one on stdout).
-        jobs: models trained and evaluated at a time, each in a process of its own
-            (:func:`~rotary.tools.experiments.parallel.choose_jobs`; None: as many as the CPU threads
-            hold, one thread each, alone on the CPU; one under torchrun or on CUDA). The numbers depend
-            on ``config.threads``, not on ``jobs``.
+        jobs: models trained and evaluated at a time, each in a process of its own (:func:`choose_jobs`;
+            None: as many as the CPU threads hold, one thread each; one under torchrun or on CUDA).
 
     Raises:
         ExperimentError: any bad input, before anything is written; a training that diverges
             (:class:`~rotary.tools.experiments.train.TrainingDiverged`).
         ImportError: matplotlib or rich missing (:func:`require_report_packages`), before anything is written.
+
+    Example (minutes of training, so not run here)::
+
+        config = ExperimentConfig(**PRESETS["tiny"])
+        directory = run_experiment(config, out="runs/tiny")  # runs/tiny/report.md, results.json, ...
     """
     started, wall = _utc_now(), time.perf_counter()
     load_at_start = _load_average()
     dist = Distributed.from_env()
+    config, specs, jobs = settle_config(config, dist, jobs)
+    torch.set_num_threads(config.threads)
+    reporter = reporter or Reporter(enabled=dist.is_main)
+    t = time.perf_counter()
+    corpus, text = load_text(config)
+    command = command_line(config)
+    directory, resumed = open_run_dir(config, corpus, command, out=out, resume=resume, dist=dist)
+    timings = {"load data": time.perf_counter() - t}
+    reporter.log(_announcement(config, specs, directory, jobs))
+    try:
+        t = time.perf_counter()
+        done = train_and_evaluate(specs, config, corpus, text, directory, resumed, reporter, dist, jobs)
+        if done is None:  # a rank other than 0: it trained its shards, rank 0 writes
+            return directory
+        models_seconds = time.perf_counter() - t if jobs > 1 else None
+        # one model's phases after another's, in plan order, however many ran at a time
+        for phase in ("train", "evaluate"):
+            for spec in specs:
+                timings[f"{phase} {spec.name}"] = getattr(done[spec.name], f"{phase}_seconds")
+        t = time.perf_counter()
+        measurements = Measurements()
+        for spec in specs:
+            measurements.extend(done[spec.name].rows)
+        results = Results(measurements, specs, config)
+        assessments = assess(study_claims(config), results)
+        machine = {
+            **environment(config, dist, jobs),
+            "load_average_at_start": load_at_start,
+            "load_average_at_end": _load_average(),
+        }
+        run = run_record(
+            results, specs, done, assessments, corpus, text, command=command, environment=machine, started=started
+        )
+        run["timings"] = timings
+        if jobs > 1:  # the models' phases overlapped: their sum is more than the wall time they took
+            run["parallel"] = {"jobs": jobs, "threads": config.threads, "seconds": models_seconds}
+        figures = write_figures(run, results, directory / "figures")
+        timings["report"] = time.perf_counter() - t
+        run["finished"] = _utc_now().isoformat(timespec="seconds")
+        run["wall_seconds"] = time.perf_counter() - wall
+        write_run(run, results, assessments, figures, directory)
+        print_summary(run, results, directory, console if console is not None else table_console())
+        return directory
+    finally:
+        dist.stop()
+
+
+def settle_config(
+    config: ExperimentConfig, dist: Distributed, jobs: int | None
+) -> tuple[ExperimentConfig, list[ModelSpec], int]:
+    """Check every input and decide what the caller left open; ``config`` itself is left as given.
+
+    Returns:
+        A copy of ``config`` with its device (CUDA where available) and threads (:func:`choose_jobs`)
+        chosen where None; the models in plan order; how many train at a time.
+
+    Raises:
+        ExperimentError: a bad setting, CUDA asked for and missing, a batch or a model's rows that do not
+            split into torchrun's processes, a bad ``jobs``.
+        ImportError: matplotlib or rich missing (:func:`require_report_packages`).
+    """
     if config.device is None:
-        config.device = "cuda" if torch.cuda.is_available() else "cpu"
+        config = dataclasses.replace(config, device="cuda" if torch.cuda.is_available() else "cpu")
     config.validate()
     if config.device == "cuda" and not torch.cuda.is_available():
         build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
@@ -257,14 +332,33 @@ def run_experiment(
             f"tokens (--batch-size x L / --extend-length), which do not split into {dist.world_size} equal shards; set "
             f"--extend-batch-size to a multiple of {dist.world_size}, or --extend-steps 0"
         )
-    jobs = choose_jobs(config, dist, jobs, models=len(specs))  # and each model's threads, where not given
-    torch.set_num_threads(config.threads)
-    reporter = reporter or Reporter(enabled=dist.is_main)
-    timings: dict[str, float] = {}
-    t = time.perf_counter()
+    jobs, threads = choose_jobs(config, dist, jobs, models=len(specs))
+    if threads != config.threads:
+        config = dataclasses.replace(config, threads=threads)
+    return config, specs, jobs
+
+
+def load_text(config: ExperimentConfig) -> tuple[Corpus, EvaluationText]:
+    """The text the run trains on and the held-out text it is measured on.
+
+    Raises:
+        ExperimentError: the text is missing, not text, or too small (:func:`~.data.load_corpus`).
+    """
     corpus = load_corpus(config)
     tokens = evaluation_tokens(corpus, config)
-    command = command_line(config)
+    return corpus, EvaluationText(tokens, sliding_starts(config, tokens.numel()), corpus.held_out)
+
+
+def open_run_dir(
+    config: ExperimentConfig, corpus: Corpus, command: str, *, out: str | None, resume: str | None, dist: Distributed
+) -> tuple[Path, bool]:
+    """The run directory and whether it is resumed: rank 0 checks it and, for a new run, creates it
+    with its ``config.json``; then every rank learns whether to go on.
+
+    Raises:
+        ExperimentError: on every rank, when rank 0 refused the directory (:func:`prepare_run_dir`; only
+            rank 0 names why).
+    """
     # the run directory is rank 0's to check and create; the ranks then agree, so that bad input stops
     # every process (none is left waiting for the others) and only rank 0 names it
     dist.start(config.device)
@@ -274,136 +368,155 @@ def run_experiment(
         try:
             directory, resumed = prepare_run_dir(config, corpus, out=out, resume=resume, dist=dist)
             if not resumed:
-                write_atomic(
-                    directory / "config.json",
-                    json.dumps(
-                        {
-                            "format": RUN_FORMAT,
-                            "command": command,
-                            "config": config.to_dict(),
-                            "data": {"source": corpus.source, "sha256": corpus.sha256, "bytes": corpus.num_bytes},
-                        },
-                        indent=1,
-                    )
-                    + "\n",
-                )
+                stored = {
+                    "format": RUN_FORMAT,
+                    "command": command,
+                    "config": config.to_dict(),
+                    "data": {"source": corpus.source, "sha256": corpus.sha256, "bytes": corpus.num_bytes},
+                }
+                write_atomic(directory / "config.json", json.dumps(stored, indent=1) + "\n")
         except ExperimentError as exc:
             failure = exc
     if not dist.agree(failure is None, dist.device(config.device)):
         dist.stop(sync=dist.device(config.device))
         raise failure or ExperimentError("rank 0 stopped on bad input")
-    timings["load data"] = time.perf_counter() - t
+    return directory, resumed
+
+
+def _announcement(config: ExperimentConfig, specs: list[ModelSpec], directory: Path, jobs: int) -> str:
+    """The line that opens a run's progress: what it trains and evaluates, and where it writes."""
     what = {
         None: f"{len(config.encodings)} encodings",
         "base": f"the base study ({len(config.bases)} bases)",
         "transfer": "the transfer study",
     }[config.study]
-    reporter.log(
+    return (
         f"rotary experiment: {what}, {config.seeds} seed(s), {len(specs)} models, L = {config.train_length}, "
         f"evaluated at {', '.join(map(str, sorted(config.eval_lengths)))}; writing {directory}"
         + (f"; {jobs} models at a time, {config.threads} torch thread(s) each" if jobs > 1 else "")
     )
 
-    try:
-        if jobs > 1:
-            text = EvaluationText(tokens, sliding_starts(config, tokens.numel()), corpus.held_out)
-            t = time.perf_counter()
-            done = run_in_parallel(specs, config, jobs, corpus.train, text, directory, resumed, reporter)
-            models_seconds = time.perf_counter() - t
-        else:
-            trained = {}
-            for spec in specs:
-                parent = trained[spec.parent_name].model if spec.parent else None
-                trained[spec.name] = train_model(
-                    spec,
-                    config,
-                    corpus.train,
-                    parent=parent,
-                    run_dir=directory,
-                    resume=resumed,
-                    reporter=reporter,
-                    dist=dist,
-                )
-            # the last collective is behind every rank: they leave the group together, and rank 0
-            # evaluates and writes the report alone
-            dist.stop(sync=dist.device(config.device))
-            if not dist.is_main:
-                return directory
-            text = EvaluationText(tokens, sliding_starts(config, tokens.numel()), corpus.held_out)
-            done = {}
-            for spec in specs:
-                outcome = trained[spec.name]
-                rows, seconds = evaluate_cached(spec, outcome.model, text, config, directory, resumed, reporter)
-                done[spec.name] = ModelResult(model_record(spec, outcome, config), rows, outcome.seconds, seconds)
-            models_seconds = None
-        # one model's phases after another's, in plan order, however many ran at a time
-        for phase in ("train", "evaluate"):
-            for spec in specs:
-                timings[f"{phase} {spec.name}"] = getattr(done[spec.name], f"{phase}_seconds")
-        measurements, models = Measurements(), []
-        for spec in specs:
-            measurements.extend(done[spec.name].rows)
-            models.append(done[spec.name].record)
-        t = time.perf_counter()
-        results = Results(measurements, specs, config)
-        assessments = assess(study_claims(config), results)
-        run = {
-            "format": RUN_FORMAT,
-            "command": command,
-            "config": config.to_dict(),
-            "data": {
-                "source": corpus.source,
-                "sha256": corpus.sha256,
-                "bytes": corpus.num_bytes,
-                "files": corpus.files,
-                "skipped": corpus.skipped,
-                "train_bytes": corpus.train.numel(),
-                "held_out_bytes": corpus.held_out.numel(),
-                "eval_tokens": tokens.numel(),
-                "sliding_tokens": len(text.sliding) * config.stride,
-            },
-            "environment": {
-                **environment(config, dist, jobs),
-                "load_average_at_start": load_at_start,
-                "load_average_at_end": _load_average(),
-            },
-            "models": models,
-            "rows": measurements.to_json(),
-            "claims": [dataclasses.asdict(a) for a in assessments],
-            "started": started.isoformat(timespec="seconds"),
-            "timings": timings,
-        }
-        if jobs > 1:  # the models' phases overlapped: their sum is more than the wall time they took
-            run["parallel"] = {"jobs": jobs, "threads": config.threads, "seconds": models_seconds}
-        figures = write_figures(run, results, directory / "figures")
-        timings["report"] = time.perf_counter() - t
-        run["finished"] = _utc_now().isoformat(timespec="seconds")
-        run["wall_seconds"] = time.perf_counter() - wall
-        for name, content in measurements.csv_files().items():
-            write_atomic(directory / name, content)
-        write_atomic(directory / "report.md", report_markdown(run, results, assessments, figures))
-        write_atomic(directory / "results.json", results_json(run))  # last: marks the run finished
-        if console is None:
-            console = table_console()
-        render_table(results, console)
-        for caveat in caveats(results):
-            console.print(f"[bold yellow]{caveat.split(':', 1)[0]}:[/]{caveat.split(':', 1)[1]}")
-        train = sum(v for k, v in timings.items() if k.startswith("train "))
-        evaluate = sum(v for k, v in timings.items() if k.startswith("evaluate "))
-        if jobs > 1:
-            spent = (
-                f"{jobs} models at a time for {models_seconds:.0f} s: training {train:.0f} s and evaluation "
-                f"{evaluate:.0f} s, summed over the models"
-            )
-        else:
-            spent = f"training {train:.0f} s, evaluation {evaluate:.0f} s"
-        console.print(
-            f"wrote {directory}/report.md, results.json, the CSV files and figures/ in {run['wall_seconds']:.0f} s "
-            f"({spent})"
+
+def train_and_evaluate(
+    specs: list[ModelSpec],
+    config: ExperimentConfig,
+    corpus: Corpus,
+    text: EvaluationText,
+    directory: Path,
+    resumed: bool,
+    reporter: Reporter,
+    dist: Distributed,
+    jobs: int,
+) -> dict[str, ModelResult] | None:
+    """Every model trained (or its checkpoint resumed) and evaluated, by name; None off rank 0.
+
+    ``jobs`` above 1: that many models at a time, each in a process of its own
+    (:func:`~rotary.tools.experiments.parallel.run_in_parallel`). Otherwise one after the other in this
+    process, every rank training its shard; rank 0 alone evaluates.
+
+    Raises:
+        ExperimentError: a training that diverges (:class:`~rotary.tools.experiments.train.TrainingDiverged`).
+    """
+    if jobs > 1:
+        return run_in_parallel(specs, config, jobs, corpus.train, text, directory, resumed, reporter)
+    trained = {}
+    for spec in specs:
+        parent = trained[spec.parent_name].model if spec.parent else None
+        trained[spec.name] = train_model(
+            spec,
+            config,
+            corpus.train,
+            parent=parent,
+            run_dir=directory,
+            resume=resumed,
+            reporter=reporter,
+            dist=dist,
         )
-        return directory
-    finally:
-        dist.stop()
+    # the last collective is behind every rank: they leave the group together, and rank 0
+    # evaluates and writes the report alone
+    dist.stop(sync=dist.device(config.device))
+    if not dist.is_main:
+        return None
+    done = {}
+    for spec in specs:
+        outcome = trained[spec.name]
+        rows, seconds = evaluate_cached(spec, outcome.model, text, config, directory, resumed, reporter)
+        done[spec.name] = ModelResult(model_record(spec, outcome, config), rows, outcome.seconds, seconds)
+    return done
+
+
+def run_record(
+    results: Results,
+    specs: list[ModelSpec],
+    done: dict[str, ModelResult],
+    assessments: Sequence[Assessment],
+    corpus: Corpus,
+    text: EvaluationText,
+    *,
+    command: str,
+    environment: dict[str, Any],
+    started: datetime,
+) -> dict[str, Any]:
+    """The start of a run's ``results.json``: its command, settings, text, machine, models, rows and
+    claims. The caller adds ``timings``, ``parallel``, ``finished`` and ``wall_seconds``."""
+    config = results.config
+    return {
+        "format": RUN_FORMAT,
+        "command": command,
+        "config": config.to_dict(),
+        "data": {
+            "source": corpus.source,
+            "sha256": corpus.sha256,
+            "bytes": corpus.num_bytes,
+            "files": corpus.files,
+            "skipped": corpus.skipped,
+            "train_bytes": corpus.train.numel(),
+            "held_out_bytes": corpus.held_out.numel(),
+            "eval_tokens": text.windows.numel(),
+            "sliding_tokens": len(text.sliding) * config.stride,
+        },
+        "environment": environment,
+        "models": [done[spec.name].record for spec in specs],
+        "rows": results.rows.to_json(),
+        "claims": [dataclasses.asdict(a) for a in assessments],
+        "started": started.isoformat(timespec="seconds"),
+    }
+
+
+def write_run(
+    run: dict[str, Any],
+    results: Results,
+    assessments: Sequence[Assessment],
+    figures: dict[str, list[Path]],
+    directory: Path,
+) -> None:
+    """Write a run's CSV files, ``report.md`` and, last (it marks the run finished), ``results.json``."""
+    for name, content in results.rows.csv_files().items():
+        write_atomic(directory / name, content)
+    write_atomic(directory / "report.md", report_markdown(run, results, assessments, figures))
+    write_atomic(directory / "results.json", results_json(run))
+
+
+def print_summary(run: dict[str, Any], results: Results, directory: Path, console: Any) -> None:
+    """Print a finished run's table, its caveats and what it wrote in how long, on ``console`` (rich)."""
+    render_table(results, console)
+    for caveat in caveats(results):
+        console.print(f"[bold yellow]{caveat.split(':', 1)[0]}:[/]{caveat.split(':', 1)[1]}")
+    timings = run["timings"]
+    train = sum(v for k, v in timings.items() if k.startswith("train "))
+    evaluate = sum(v for k, v in timings.items() if k.startswith("evaluate "))
+    parallel = run.get("parallel")
+    if parallel:
+        spent = (
+            f"{parallel['jobs']} models at a time for {parallel['seconds']:.0f} s: training {train:.0f} s and "
+            f"evaluation {evaluate:.0f} s, summed over the models"
+        )
+    else:
+        spent = f"training {train:.0f} s, evaluation {evaluate:.0f} s"
+    console.print(
+        f"wrote {directory}/report.md, results.json, the CSV files and figures/ in {run['wall_seconds']:.0f} s "
+        f"({spent})"
+    )
 
 
 def write_figures(run: dict[str, Any], results: Results, directory: Path) -> dict[str, list[Path]]:

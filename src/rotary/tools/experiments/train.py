@@ -248,8 +248,7 @@ class ForwardBackward:
     torch.compile does its work in the first :data:`COMPILING_CALLS` call (a model traces once: RoPE's
     per-device frequency copy, which the guards check, exists before the first trace). When it raises,
     ``log`` gets one line naming the error, the gradients are cleared and the step is done again
-    eagerly, as are all later steps. :attr:`compile_seconds` is the
-    wall time of those calls (compiling plus their steps).
+    eagerly, as are all later steps. :attr:`compile_seconds` is the wall time of those calls.
 
     Args:
         module: the model, or its DDP wrapper: ``input_ids [B, S] -> logits [B, S, V]``.

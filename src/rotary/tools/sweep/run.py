@@ -28,6 +28,7 @@ import torch
 from ...errors import InputError
 from ...rope import RoPE
 from ..experiments.stats import wilson
+from ..io import write_atomic
 from .checkpoint import (
     ALL_SCALINGS,
     Checkpoint,
@@ -286,9 +287,7 @@ def _settings_record(p: Prepared) -> dict[str, Any]:
 
 
 def _write_json(path: Path, value: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(value, indent=1, allow_nan=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(value, indent=1, allow_nan=True) + "\n")
 
 
 def _write_csv(path: Path, fields: Sequence[str], rows: list[dict]) -> None:

@@ -1,20 +1,6 @@
-"""What the subcommands share: the argparse value types, the configuration arguments (CONFIG and the
-flags that override it), the ``-o/--out`` convention, and printing JSON / rich tables.
-
-The command-line conventions, the same for every subcommand:
-
-- ``-o/--out PATH``: where the command writes. A file stem for a command that draws one figure
-  (``rotary plot decay -o figs/decay`` writes ``figs/decay.png`` and ``figs/decay.svg``; an existing
-  directory or a path ending in ``/`` gets the default name inside it), a directory for a command
-  that writes several files (``plot scaling``, ``report``), and for a command that prints (``inspect``,
-  ``verify``, ``demo``, ``bench``, ``build``) a file to write the printed text or JSON to instead of
-  stdout. Missing directories are created. Defaults are names under the current directory.
-- ``CONFIG`` (a Hugging Face config.json) and the configuration flags combine: the flags override
-  the file (``rotary inspect config.json --base 1e6``).
-- ``--json`` on every command.
-- Exit status 0 on success, 1 when a check fails (``verify``, ``demo``) or something could not be
-  done (``build``), 2 for bad input; errors are one line naming the subcommand.
-"""
+"""CONFIG (a Hugging Face config.json) and the configuration flags that override it, read into the
+RoPE a subcommand analyses: ``rotary inspect config.json --base 1e6`` reads the file, then applies the
+flag."""
 
 from __future__ import annotations
 
@@ -23,202 +9,31 @@ import json
 import math
 import os
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rotary.analysis import jsonable
 from rotary.hf.config import ConfigError, RopeSettings, read_hf_config
 from rotary.rope import RoPE
 from rotary.rope_types import ROPE_TYPES
 
 from ...errors import InputError
+from .argument_types import COMMAND_MAX_HEAD_DIM, MAX_LENGTH, head_dim_count, length_count, positive_float
 
 __all__ = [
-    "COMMAND_MAX_HEAD_DIM",
-    "MAX_LENGTH",
-    "MAX_SEQ_LEN",
+    "FLAG_DEFAULTS",
     "PAIRINGS",
     "Configuration",
-    "FLAG_DEFAULTS",
     "add_config_arguments",
-    "add_output_argument",
     "config_label",
     "configurations",
-    "count",
-    "console",
     "every_layer_type",
+    "flag_as_given",
     "interleaved_from_args",
     "layer_type_suffix",
-    "output_directory",
-    "output_path",
-    "output_stem",
-    "positive_float",
-    "positive_int",
-    "print_json",
     "rope_from_args",
-    "seed",
 ]
 
-
-def positive_int(text: str) -> int:
-    """argparse type: an int > 0 (argparse turns the error into a one-line usage message, status 2)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a finite float > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
-
-
-#: the largest sizes the commands accept; beyond them a command needs gigabytes of memory or minutes
-# the commands' own limit (the library accepts up to _checks.MAX_HEAD_DIM); published models use 64 to 256
-# channels per head (DeepSeek's MLA: 192 with 64 rotated)
-COMMAND_MAX_HEAD_DIM = 1024
-MAX_SEQ_LEN = 2048  # verify's block-diagonal reference and the [S, S] score matrices grow with seq_len and seq_len²
-MAX_LENGTH = 2**40  # context lengths and positions: far beyond any model, still exact in float64 angles
-
-
-def count(maximum: int, why: str):
-    """argparse type: an int in ``1 .. maximum`` (``why`` explains the maximum in the error).
-
-    Example:
-        >>> steps = count(100, "a hundred is plenty")
-        >>> steps("7")
-        7
-        >>> steps("101")
-        Traceback (most recent call last):
-        argparse.ArgumentTypeError: must be at most 100 (a hundred is plenty), got 101
-    """
-
-    def parse(text: str) -> int:
-        value = positive_int(text)
-        if value > maximum:
-            raise argparse.ArgumentTypeError(f"must be at most {maximum} ({why}), got {text}")
-        return value
-
-    parse.__name__ = "count"
-    return parse
-
-
-def seed(text: str) -> int:
-    """argparse type: a random seed, an int in ``0 .. 2**63 - 1`` (what ``torch.manual_seed`` takes).
-
-    Example:
-        >>> seed("0"), seed("1234")
-        (0, 1234)
-    """
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer seed, got {text!r}") from None
-    if not 0 <= value < 2**63:
-        raise argparse.ArgumentTypeError(f"must be an integer seed in 0 .. 2**63 - 1, got {text}")
-    return value
-
-
-head_dim_count = count(COMMAND_MAX_HEAD_DIM, "published models use 64 to 256 channels per head")
-seq_len_count = count(MAX_SEQ_LEN, "the reference forms and the [S, S] score matrices grow with it")
-length_count = count(MAX_LENGTH, "2**40 positions")
-
-
-# -o/--out ------------------------------------------------------------------------------------------
-
-
-def output_path(text: str) -> str:
-    """argparse type of ``-o``: a non-empty path (an empty one would silently mean the current directory).
-
-    Example:
-        >>> output_path("figs/decay")
-        'figs/decay'
-    """
-    if not text.strip():
-        raise argparse.ArgumentTypeError(f"must name a file or directory, got {text!r}")
-    return text
-
-
-def add_output_argument(p: argparse.ArgumentParser, kind: str, default: str | None, what: str) -> None:
-    """Add ``-o/--out PATH``. ``kind``: ``"stem"`` (one figure), ``"dir"`` (several files) or
-    ``"file"`` (the printed output; default stdout)."""
-    metavar = {"stem": "PATH", "dir": "DIR", "file": "FILE"}[kind]
-    where = f"default {default}" if default else "default: stdout"
-    p.add_argument(
-        "-o",
-        "--out",
-        type=output_path,
-        metavar=metavar,
-        default=default,
-        help=f"{what} ({where}; directories are created)",
-    )
-    p.set_defaults(out_kind=kind)
-
-
-def _make_directory(directory: Path, given: str) -> None:
-    if directory.exists() and not directory.is_dir():
-        raise InputError(f"-o {given}: {directory} exists and is not a directory; choose another -o")
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError(
-            f"-o {given}: cannot create the directory {directory} ({exc.strerror}); choose another -o"
-        ) from None
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise InputError(f"-o {given}: the directory {directory} is not writable; choose another -o")
-
-
-def output_stem(given: str, default_name: str) -> Path:
-    """The file stem ``-o`` names for one figure; an existing directory (or ``dir/``) gets ``default_name``.
-
-    A ``.png`` / ``.svg`` suffix is dropped (both files are written). The parent directory is created.
-    """
-    stem = Path(given)
-    if given.endswith(("/", os.sep)) or stem.is_dir():
-        stem = stem / default_name
-    if stem.suffix.lower() in (".png", ".svg"):
-        stem = stem.with_suffix("")
-    _make_directory(stem.parent, given)
-    for suffix in (".png", ".svg"):
-        target = stem.with_name(stem.name + suffix)
-        if target.is_dir():
-            raise InputError(
-                f"-o {given}: {target} is a directory; give a file stem such as {stem.parent / default_name}"
-            )
-    return stem
-
-
-def output_directory(given: str) -> Path:
-    """The directory ``-o`` names for several files, created if missing."""
-    directory = Path(given)
-    _make_directory(directory, given)
-    return directory
-
-
-def open_output_file(given: str):
-    """The file ``-o`` names for a printing command, opened for writing (its directory created)."""
-    path = Path(given)
-    if path.is_dir():
-        raise InputError(f"-o {given}: is a directory; give a file name for the output")
-    _make_directory(path.parent, given)
-    try:
-        return open(path, "w", encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"-o {given}: cannot write ({exc.strerror}); choose another -o") from None
-
-
-# CONFIG and the configuration flags --------------------------------------------------------------
 
 #: the configuration when neither CONFIG nor a flag says otherwise (public: ``plot`` and variants use it)
 FLAG_DEFAULTS = {"head_dim": 128, "base": 10000.0, "rotary_dim": None, "scaling": None, "max_position": 4096}
@@ -567,17 +382,3 @@ def config_label(path: str) -> str:
     """A config's name for legends and titles: its folder for .../config.json, else the file name."""
     p = Path(path)
     return p.parent.name if p.name == "config.json" and p.parent.name else p.stem
-
-
-def print_json(obj: Any) -> None:
-    """JSON on stdout; inf/nan (not JSON) become null."""
-    json.dump(jsonable(obj), sys.stdout, indent=2)
-    sys.stdout.write("\n")
-
-
-def console():
-    """A rich console on stdout, at least 100 columns wide so tables don't wrap when piped
-    (:func:`rotary.tools.experiments.progress.table_console`: the library's, shared with the experiment)."""
-    from rotary.tools.experiments.progress import table_console
-
-    return table_console(sys.stdout)

@@ -1,0 +1,73 @@
+"""Registries whose registrations a block can scope.
+
+rotary's extension points are global tables filled by decorators at import time
+(:data:`rotary.rope_types.ROPE_TYPES`, :data:`rotary.models.POSITION_ENCODINGS`, the bench's methods
+and suites). A test, a docs example or a one-off script that registers an entry for a while scopes it
+instead of saving and restoring the table by hand::
+
+    with ROPE_TYPES.scope():
+        register_rope_type("halved", required={"factor"})(init)
+        ...  # "halved" is registered here
+    # and gone here; a built-in it replaced is back
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TypeVar
+
+__all__ = ["Registry", "scoped"]
+
+V = TypeVar("V")
+
+
+@contextlib.contextmanager
+def scoped(*registries: dict | list) -> Iterator[None]:
+    """Undo, on leaving the block, every change made inside it to ``registries`` (dicts or lists).
+
+    Each registry is restored in place (the same object, which importers hold), also when the block
+    raises: entries added inside are removed, entries replaced or removed are put back.
+
+    Args:
+        registries: the tables to restore, each a ``dict`` or a ``list``.
+
+    Raises:
+        TypeError: a registry that is neither a dict nor a list.
+
+    Example:
+        >>> table = {"a": 1}
+        >>> with scoped(table):
+        ...     table["b"] = 2
+        >>> table
+        {'a': 1}
+    """
+    for registry in registries:
+        if not isinstance(registry, (dict, list)):
+            raise TypeError(f"scoped() restores dicts and lists, got {type(registry).__name__}")
+    saved = [registry.copy() for registry in registries]
+    try:
+        yield
+    finally:
+        for registry, before in zip(registries, saved):
+            if isinstance(registry, dict):
+                registry.clear()
+                registry.update(before)
+            else:
+                registry[:] = before
+
+
+class Registry(dict[str, V]):
+    """A name -> entry table (a ``dict``) whose changes a block can scope with :meth:`scope`.
+
+    Example:
+        >>> encodings = Registry(rope=1)
+        >>> with encodings.scope():
+        ...     encodings["mine"] = 2
+        >>> sorted(encodings)
+        ['rope']
+    """
+
+    def scope(self) -> contextlib.AbstractContextManager[None]:
+        """Undo, on leaving the block, every registration, replacement and removal made inside it."""
+        return scoped(self)

@@ -203,8 +203,7 @@ def rotate_and_cache(
     """Rotate q and k and write the rotated k and v into a preallocated KV cache, in one kernel (CUDA, CPU).
 
     Args:
-        q: ``[B, S, Hq, D]`` (``layout="bshd"``) or ``[B, Hq, S, D]`` (``"bhsd"``); or packed ``[T, Hq, D]``.
-        k: the same layout with ``Hk`` heads (GQA); v: like k, any head size ``Dv``, its own float dtype.
+        q, k, v: ``[B, S, H, D]`` (``"bshd"``), ``[B, H, S, D]`` or packed ``[T, H, D]``; k ``Hk`` heads, v any ``Dv``.
         k_cache, v_cache: ``[Bc, T_max, Hk, D]`` (``"bshd"``) or ``[Bc, Hk, T_max, D]``, ``Bc`` = B or 1, k's (v's)
         dtype.
         slots: int64 ``[B, S]`` (packed: ``[T]``): the row of cache batch row ``b`` (or of the only one) token b, s goes
@@ -215,7 +214,7 @@ def rotate_and_cache(
         layout, cache_layout, inplace: of q, k and v; of the caches; rotate q and k in place (and return them).
 
     Returns:
-        ``(q_rot, k_rot)`` in q's and k's shapes; the caches are written in place.
+        ``(q_rot, k_rot)`` in q's and k's shapes (the caches are written in place).
 
     Raises:
         rotary.errors.InputError: what does not fit (ranks, devices, shapes, dtypes); caches that share memory or
@@ -223,11 +222,11 @@ def rotate_and_cache(
 
     Example:
         >>> import rotary
-        >>> rope = rotary.RoPE(16)
         >>> q, k, v = torch.randn(2, 1, 4, 16), torch.randn(2, 1, 2, 16), torch.randn(2, 1, 2, 16)
         >>> k_cache, v_cache = torch.zeros(2, 8, 2, 16), torch.zeros(2, 8, 2, 16)
         >>> lengths = torch.tensor([[3], [5]])                  # one new token per sequence, after 3 and 5 cached
-        >>> q_rot, k_rot = rotary.rotate_and_cache(q, k, v, k_cache, v_cache, lengths, rope.tables(lengths))
+        >>> tables = rotary.RoPE(16).tables(lengths)
+        >>> q_rot, k_rot = rotary.rotate_and_cache(q, k, v, k_cache, v_cache, lengths, tables)
         >>> torch.equal(k_cache[1, 5], k_rot[1, 0]) and torch.equal(v_cache[0, 3], v[0, 0])
         True
     """

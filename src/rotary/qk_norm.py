@@ -187,10 +187,8 @@ def rmsnorm_rotate(
         q_weight, k_weight: ``[D]``, the norms' weights (``attention.q_norm.weight``), q's dtype or fp32.
         rope: a :class:`rotary.RoPE` (or variant) with ``position_ids`` / ``offset``, a producer with its own
             positions (:class:`rotary.MRoPE`), or :class:`~rotary.tables.RotaryTables` for these tokens.
-        position_ids: ``[S]`` or ``[B, S]`` (default ``offset + arange(S)``), or the producer's own ids.
-        offset: first position when ``position_ids`` is None (decoding with a KV cache).
-        eps: added to the mean square (``config.rms_norm_eps``), a finite number > 0.
-        style: ``"qwen3"`` or ``"gemma3"`` (see :func:`rms_norm`).
+        position_ids, offset: ``[S]`` or ``[B, S]`` (or the producer's own ids); else ``offset + arange(S)``.
+        eps, style: ``config.rms_norm_eps`` (> 0); ``"qwen3"`` or ``"gemma3"`` (see :func:`rms_norm`).
         layout: ``"bhsd"`` or ``"bshd"``.
 
     Returns:

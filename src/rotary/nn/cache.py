@@ -380,11 +380,10 @@ class StaticKVCache:
         """Rotate new queries and keys by ``tables`` and write keys and values as :meth:`update`, in one launch on CUDA.
 
         Args:
-            queries: ``[B, H, S, D]``; keys: unrotated ``[B, Hk, S, D]`` in the cache's dtype.
-            values: ``[B, Hk, S, Dv]``.
+            queries, keys, values: ``[B, H, S, D]``; unrotated ``[B, Hk, S, D]`` and ``[B, Hk, S, Dv]`` in the cache's
+                dtype.
             tables: the new tokens' rotary tables (``rope.tables(positions)``).
-            positions, valid, step: as for :meth:`update`.
-            inplace: rotate ``queries`` and ``keys`` in place.
+            positions, valid, step: as for :meth:`update`; inplace: rotate ``queries`` and ``keys`` in place.
 
         Returns:
             ``(rotated queries [B, H, S, D], StaticEntries)``.

@@ -48,13 +48,20 @@ class Stats:
         return sorted(long, key=lambda d: -d.lines)
 
 
+def _scopes(node: ast.AST):
+    """The module, classes and functions in ``node``, found through statements only (no expression holds one)."""
+    if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+        yield node
+    for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+        for child in getattr(node, field, ()):
+            if isinstance(child, ast.stmt | ast.excepthandler | ast.match_case):
+                yield from _scopes(child)
+
+
 def _docstrings(path: Path) -> tuple[int, list[Docstring]]:
     text = path.read_text(encoding="utf-8")
-    tree = ast.parse(text, filename=str(path))
     found = []
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
-            continue
+    for node in _scopes(ast.parse(text, filename=str(path))):
         body = node.body
         if not (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)):
             continue

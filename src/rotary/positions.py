@@ -195,7 +195,11 @@ def _integer_ids(position_ids: object, name: str) -> torch.Tensor:
 
 
 def _read_range(ids: torch.Tensor, name: str, signed: bool = False) -> int | None:
-    """``max(ids) + 1`` with one read on the CPU, ``None`` elsewhere; unless ``signed``, negative ids are refused."""
+    """``max(ids) + 1`` with one read on the CPU; ``None`` elsewhere (accelerators, the meta device,
+    ``torch.compile``), where nothing is read. Unless ``signed`` the ids must be >= 0: raised on the
+    CPU, the caller's contract on accelerators (nothing read), an assertion in a compiled graph.
+    ``signed`` (ids that only address rotations, any integer valid): no check, and ``None`` when an id
+    is negative (no cached row holds it: its row is computed)."""
     if torch.compiler.is_compiling():
         if not signed:
             torch._assert_async((ids >= 0).all(), name + " must be >= 0")

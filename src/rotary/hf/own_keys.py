@@ -182,7 +182,7 @@ def _deepseek_v4(d: dict[str, Any], layer_type: str | None, label: str, strict: 
 
 
 def _clvp(d: dict[str, Any], label: str) -> None:
-    """CLVP's encoder: base 10 000 and ``max(projection_dim // (2 * heads), 32)`` rotated channels, fixed in its code."""
+    """CLVP's encoder: base 10 000, ``max(projection_dim // (2 * heads), 32)`` rotated channels (fixed in its code)."""
     hidden, heads, projection = (
         d.get("hidden_size", 768),
         d.get("num_attention_heads", 12),

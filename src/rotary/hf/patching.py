@@ -61,8 +61,8 @@ def apply_pair(
 ):
     """q and k rotated in one kernel call (tables ``[B, S, r]`` or ``[S, r]``); plain torch operations under tracing.
 
-    While ``torch.compile`` traces, Inductor fuses the plain fp32 operations with the casts and projections around
-    them, which an opaque kernel call would split into separate launches (docs/benchmarks.md, "Generation").
+    Under ``torch.compile`` Inductor fuses those with the casts and projections around them, which an opaque kernel
+    call would split (docs/benchmarks.md, "Fused ops and generation").
     """
     if torch.compiler.is_compiling():
         if cos.dim() == 2:  # [S, r]: one row per position, shared by the batch

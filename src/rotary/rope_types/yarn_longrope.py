@@ -285,7 +285,7 @@ def longrope_serving_block(block: Mapping[str, Any], max_model_len: int) -> dict
 
     vLLM picks the long set for every position when ``max_model_len > original_max_position_embeddings``, takes
     ``sqrt(1 + ln(s) / ln(L))`` as the attention factor and applies ``short_mscale`` / ``long_mscale``; how that
-    differs from transformers: docs/scaling.md, "LongRoPE in vLLM".
+    differs from transformers: docs/scaling.md, "longrope".
 
     Args:
         block: a ``longrope`` block with ``short_factor``, ``long_factor``, ``original_max_position_embeddings``

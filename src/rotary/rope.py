@@ -338,9 +338,9 @@ class RoPE(TableSource):
     def _run_plan(
         self, plan: Plan, xs: tuple[torch.Tensor, ...], position_ids: torch.Tensor | None, offset: object
     ) -> list[torch.Tensor] | None:
-        """A recorded plan's call, or ``None`` when the plan does not cover these values (the general path then
-        runs).
-        """
+        """A recorded plan's call, or ``None`` when the plan does not cover these values (an ``offset`` of another
+        type, negative, or past the plan's table; ``offset`` with ``position_ids``): the general path then names
+        the error, or grows the table and records a new plan."""
         window = self._plan_window(plan, xs[0].shape[plan.layout], position_ids, offset)
         if window is None:
             return None

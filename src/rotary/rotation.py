@@ -328,9 +328,9 @@ def run_plan(
     frequencies: torch.Tensor | None,
     offset: int = 0,
 ) -> list[torch.Tensor]:
-    """A recorded ``"cpu"`` plan's call to ``rope_layout``; empty (nothing done) when the tensors do not match the
-    plan.
-    """
+    """A recorded ``"cpu"`` plan's call: ``xs`` in their layout to the compiled kernel's ``rope_layout`` (rows
+    ``offset ..`` of ``cos``/``sin``, or ``rows``; a row the table does not hold computed from ``frequencies``).
+    Empty (nothing done) when the call's tensors do not match the plan's signature."""
     return load_cpu_extension().rope_layout(  # type: ignore[union-attr]
         plan.signature, xs, cos, sin, offset, rows, plan.layout, plan.interleaved, plan.inplace, frequencies
     )

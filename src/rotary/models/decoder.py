@@ -5,18 +5,11 @@
                                RMSNorm -> SwiGLU MLP                       -> residual ]
               -> RMSNorm -> lm_head (optionally tied to the embedding) -> logits
 
-The position encoding is one switch, ``DecoderConfig.position_encoding``, looked up in
-:data:`POSITION_ENCODINGS`. Each entry builds a :class:`PositionEncoding` saying where it acts: on the
-token embeddings (learned, sinusoidal), on q and k in every layer (RoPE, p-RoPE, xPos), or on the
-attention scores (ALiBi). A new variant is one registration, e.g.::
-
-    POSITION_ENCODINGS["scaled"] = lambda c: PositionEncoding(rope=RoPE(c.head_dim, scaling={...}))
-
-``DecoderConfig.no_rope_layers`` turns the rotation off in some layers (NoPE layers, as in Llama 4),
-whose queries Llama 4 scales by a temperature at long range (:mod:`rotary.variants.nope`).
-
-Decoding (caches, the decoding step, sampling, ``generate`` and its capture) is in
-:mod:`rotary.models.generation`, which :class:`Decoder` inherits as :class:`GenerationMixin`.
+The position encoding is one switch, ``DecoderConfig.position_encoding``, a key of :data:`POSITION_ENCODINGS`
+whose builder says where it acts (:class:`PositionEncoding`): on the embeddings, on q and k in every layer,
+or on the scores; a new variant is one registration. ``no_rope_layers`` turns the rotation off in some layers
+(Llama 4's NoPE layers, :mod:`rotary.variants.nope`). Decoding is :class:`GenerationMixin`
+(:mod:`rotary.models.generation`).
 """
 
 from __future__ import annotations

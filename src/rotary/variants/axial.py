@@ -1,24 +1,12 @@
 """Axial RoPE for images and video: each channel pair turns with one axis (R(h, w) = R_h ⊕ R_w).
 
     coordinates [..., A] ──► CoordinateRoPE.tables ──► RotaryTables ──► rotary.rotate (fused kernels)
-    (grid(h, w[, t]),         (augment in train mode,
-     or explicit, float        identity rows, angles
-     or integer)               c · inv_freq[A, r/2])
 
-A token at coordinates ``c = (c_0, …, c_{A-1})`` turns pair ``j`` by ``Σ_a c_a · inv_freq[a, j]``. In
-axial RoPE each pair belongs to one axis (its column of ``inv_freq`` is zero elsewhere), so attention
-scores depend only on the offsets ``(Δc_0, …, Δc_{A-1})``; RoPE-Mixed (:mod:`rotary.variants.mixed`)
-fills the whole column, per head. Both are producers of :class:`~rotary.tables.RotaryTables`: the
-rotation itself is the one fused kernel every RoPE runs on.
-
-Published conventions differ in the coordinates (integer grid, +1 offsets, cell centres in
-[-1, 1], a fine-tuning grid squeezed into the pre-training range), the channels given to each axis,
-the frequencies, the order of the axes' blocks and the pairing; :data:`PRESETS` reproduces each
-exactly (see ``docs/variants.md``).
-
-This module holds :class:`AxialRoPE`'s frequencies, the presets and :func:`relative_scores`; what it
-shares with RoPE-Mixed (grids, coordinate conventions, augmentation, identity rows, tables, rotation)
-is :class:`~rotary.variants.coordinate_rope.CoordinateRoPE`, over :class:`~rotary.variants.coordinates.Coordinates`.
+A token at ``c = (c_0, …, c_{A-1})`` turns pair ``j`` by ``Σ_a c_a · inv_freq[a, j]``; in axial RoPE each pair
+belongs to one axis, so scores depend only on the offsets per axis (RoPE-Mixed, :mod:`.mixed`, fills the whole
+column, per head). The published conventions (coordinates, channel split, frequencies, block order, pairing)
+are :data:`PRESETS`, reproduced exactly (docs/variants.md, "Presets"). What axial RoPE shares with RoPE-Mixed
+(grids, augmentation, identity rows, tables) is :class:`~rotary.variants.coordinate_rope.CoordinateRoPE`.
 """
 
 from __future__ import annotations

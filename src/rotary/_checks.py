@@ -115,10 +115,7 @@ def check_probability(value: Any, name: str) -> float:
 
 
 def check_bool(value: Any, name: str) -> bool:
-    """``True`` or ``False`` (also NumPy/torch booleans), never a string or a number.
-
-    ``bool("false")`` is ``True``: a flag read from a config file as a string must be an error here,
-    not a silent ``True``.
+    """``True`` or ``False`` (also NumPy/torch booleans), never a string (``bool("false")`` is ``True``) or a number.
 
     Example:
         >>> check_bool(False, "interleaved")
@@ -145,11 +142,8 @@ def check_choice(value: T, name: str, choices: Collection[T]) -> T:
 
 
 def check_causal_rope(rope: Any, causal: bool, layer: str) -> None:
-    """Refuse a table producer that is valid only under a causal mask (its ``requires_causal`` says
-    why, e.g. :class:`rotary.XPos`) in a layer whose ``causal`` is ``False``.
-
-    Called when an attention layer is built and again on every forward (``causal`` and ``rope`` are
-    plain attributes and may be changed after construction).
+    """Refuse a producer valid only under a causal mask (``requires_causal``, e.g. :class:`rotary.XPos`) if not
+    causal.
     """
     reason = getattr(rope, "requires_causal", None)
     if reason and not causal:

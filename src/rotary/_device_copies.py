@@ -24,11 +24,7 @@ def version_of(t: torch.Tensor) -> int | None:
 
 
 class DeviceCopies:
-    """Per-device copies of named host tensors, made once and reused.
-
-    Copies are detached (constants, not parameters: a tensor that requires grad must be moved
-    per call, with autograd, or live on the device). Deep copies and pickles of the owner carry the
-    copies along; nothing breaks if they are dropped.
+    """Per-device copies of named host tensors, made once and reused (detached: constants, not parameters).
 
     Example:
         >>> copies = DeviceCopies()
@@ -44,20 +40,10 @@ class DeviceCopies:
         self._copies: dict[tuple[str, torch.device], tuple[torch.Tensor, int | None, torch.Tensor]] = {}
 
     def on(self, name: str, host: torch.Tensor, device: torch.device | str) -> torch.Tensor:
-        """``host`` on ``device``: ``host`` itself when it is already there, else the copy kept for
-        ``(name, device)`` (made now if there is none, or if ``host`` was replaced or edited since).
+        """``host`` on ``device`` (do not modify it): ``host`` itself there, else the copy for ``(name, device)``.
 
-        Under ``torch.compile`` tracing a missing copy is made in the graph and not kept (a traced
-        tensor must not outlive its trace); an existing one is used if ``host`` is the same object
-        (version counters cannot be traced: an in-place edit is noticed by the next eager call).
-
-        Args:
-            name: what the constant is (one entry per name and device).
-            host: the constant, any shape.
-            device: where it is needed.
-
-        Returns:
-            A tensor equal to ``host`` on ``device`` (do not modify it).
+        The copy is made again when ``host`` was replaced or edited; under ``torch.compile`` a missing copy is made in
+        the graph and not kept.
         """
         device = torch.device(device)
         if host.device == device:

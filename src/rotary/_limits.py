@@ -1,10 +1,8 @@
 """Size limits for what rotary allocates because an argument asked for it, and their wording.
 
-A size argument (``seq_len``, ``num_heads``, a number of samples) multiplies into an allocation; a
-value off by a few powers of ten is a typo, and the process is killed by the operating system (or
-torch fails deep inside its allocator) before any message can be printed. Functions whose memory
-grows with an argument check the bytes they are about to need here, first, and name the argument,
-the memory it would take and the largest value that fits.
+A size argument off by a few powers of ten would get the process killed before any message; functions whose
+memory grows with an argument check the bytes first, naming the argument, the memory and the largest value
+that fits.
 """
 
 from __future__ import annotations
@@ -42,7 +40,7 @@ def format_bytes(n: float) -> str:
 
 
 def check_bytes(nbytes: float, what: str, fix: str, *, limit: int = MAX_ANALYSIS_BYTES) -> None:
-    """Raise a ValueError when ``what`` would need more than ``limit`` bytes.
+    """Raise an InputError (a ValueError) when ``what`` would need more than ``limit`` bytes.
 
     Args:
         nbytes: the memory about to be allocated (a float is fine: products of sizes may be huge).
@@ -51,10 +49,10 @@ def check_bytes(nbytes: float, what: str, fix: str, *, limit: int = MAX_ANALYSIS
         limit: the largest allowed.
 
     Example:
-        >>> check_bytes(2**40, "score_matrix(seq_len=370727)", "use seq_len <= 16384")
+        >>> check_bytes(2**40, "score_matrix(seq_len=370727)", "use seq_len <= 16384")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        rotary.errors.InputError: score_matrix(seq_len=370727) would need 1.0 TiB, more than the limit of 4.0 GiB; use seq_len <= 16384
+        rotary.errors.InputError: score_matrix(seq_len=370727) would need 1.0 TiB, more than the limit of 4.0 GiB; ...
     """
     if nbytes > limit:
         raise InputError(

@@ -13,17 +13,10 @@ __all__ = ["host_checks"]
 
 
 def host_checks(device: torch.device) -> bool:
-    """Whether checks of values on ``device`` read them on the host: the CPU, where a read is free and a
-    bad value raises a named error at once. Elsewhere (accelerators, the meta device) nothing is read: a
-    read would synchronise the device and could not be captured in a CUDA graph; there a value that only
-    the device holds is valid by construction, refused by a device-side assertion of the op that reads it
-    (as PyTorch's own indexing kernels do), or the caller's contract stated in the docstring.
+    """Whether checks of values on ``device`` read them on the host: ``True`` on the CPU, ``False`` elsewhere.
 
-    Args:
-        device: the device the values live on.
-
-    Returns:
-        ``True`` on the CPU, ``False`` elsewhere.
+    Elsewhere a read would synchronise the device and break CUDA-graph capture; what that means for each value:
+    :mod:`rotary.errors`.
 
     Example:
         >>> host_checks(torch.device("cpu")), host_checks(torch.device("meta"))

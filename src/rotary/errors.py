@@ -1,17 +1,10 @@
 """The exception types of bad input: what the caller must change, as opposed to a bug in rotary.
 
-Every check in rotary raises one of these; anything else (a ``RuntimeError``, or a ``ValueError`` from
-inside torch) is a bug, in rotary or below it. The ``rotary`` command prints an :class:`InputError` as one
-line and exits with status 2, and shows the traceback of anything else.
-
-- :class:`InputError` is a ``ValueError`` (code that catches ``ValueError`` keeps working);
-- :class:`InputTypeError` is an argument of the wrong type, and also a ``TypeError``;
-- :class:`ConfigError` is a RoPE configuration (a scaling block, a Hugging Face config) that cannot be right.
-
-On an accelerator nothing is read back to check a value only the device holds (a read would
-synchronise): such a value is valid by construction (any integer position is a rotation), refused
-by a device-side assertion where memory safety needs one, or the caller's contract, stated where
-the argument is documented.
+Every check in rotary raises one of these; anything else is a bug. :class:`InputError` is a ``ValueError``,
+:class:`InputTypeError` also a ``TypeError``, :class:`ConfigError` a RoPE configuration that cannot be right.
+The ``rotary`` command prints an ``InputError`` as one line and exits with status 2. On an accelerator a value
+only the device holds is never read to be checked: it is valid by construction, refused by a device-side
+assertion where memory safety needs one, or the caller's contract, stated where the argument is documented.
 
 Example:
     >>> import rotary

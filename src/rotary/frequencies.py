@@ -41,10 +41,8 @@ __all__ = [
 class FrozenBlock(dict):
     """A read-only dict: the scaling block a :class:`Frequencies` was computed from.
 
-    It is a deep copy made when the frequencies are computed (lists become tuples, nested dicts
-    become read-only too), so editing the block given to :func:`frequencies` afterwards changes
-    nothing. It compares equal to a dict with the same items (lists compare as tuples) and
-    serialises to JSON as the dict it holds; ``dict(block)`` gives an editable copy.
+    A deep copy (lists become tuples, nested dicts read-only), so editing the block given to :func:`frequencies`
+    changes nothing; it compares equal to the dict, serialises as it, and ``dict(block)`` is an editable copy.
 
     Example:
         >>> b = FrozenBlock.of({"rope_type": "longrope", "short_factor": [1.0, 1.5]})
@@ -101,9 +99,7 @@ class Frequencies:
         rotary_dim: channels rotated ``r`` (``r <= D``, even); the rest pass through.
         base: the base ``theta`` the frequencies were derived from.
         rope_type: name of the init function in :data:`ROPE_INIT_FUNCTIONS`.
-        scaling: the scaling parameters used: a :class:`FrozenBlock`, a read-only deep copy (lists
-            become tuples), so the block given to :func:`frequencies` can be edited afterwards
-            without changing these frequencies.
+        scaling: the scaling parameters used, a :class:`FrozenBlock`.
     """
 
     inv_freq: torch.Tensor
@@ -236,26 +232,17 @@ def frequencies(
 ) -> Frequencies:
     """Compute the rotation frequencies of a RoPE configuration.
 
-    ``scaling`` uses Hugging Face's names and defaults (transformers 5.23 is the reference):
-    ``default``; ``linear`` (``factor``); ``dynamic`` (``factor``, ``max_position_embeddings``);
-    ``yarn`` (``factor``, ``original_max_position_embeddings``, ``beta_fast``, ``beta_slow``,
-    ``attention_factor``, ``mscale``, ``mscale_all_dim``, ``truncate``); ``longrope``
-    (``short_factor``, ``long_factor``, ``factor``, ``original_max_position_embeddings``,
-    ``attention_factor``, ``short_mscale``, ``long_mscale``); ``llama3`` (``factor``, ``low_freq_factor``, ``high_freq_factor``,
-    ``original_max_position_embeddings``); ``proportional`` (``partial_rotary_factor``, ``factor``);
-    ``ntk`` (static NTK-aware: base' = base * factor ** (r / (r - 2))); ``ntk_alpha`` (HunYuan:
-    the same with ``alpha``; a ``dynamic`` block with ``alpha`` is read as it). Any block may carry
-    ``rope_theta`` (the base) and ``partial_rotary_factor``. See docs/scaling.md.
+    ``scaling`` uses Hugging Face's names and defaults (transformers 5.23): ``default``, ``linear``, ``dynamic``,
+    ``yarn``, ``longrope``, ``llama3``, ``proportional``, and ``ntk`` / ``ntk_alpha`` (static NTK-aware, HunYuan's
+    ``alpha``); each type's parameters are in docs/scaling.md. Any block may carry ``rope_theta`` and
+    ``partial_rotary_factor``.
 
     Args:
         head_dim: channels per attention head ``D`` (even).
         base: RoPE base ``theta`` (``rope_theta``), > 1; default the block's ``rope_theta`` or 10000.
-        rotary_dim: channels that rotate (even, ``<= head_dim``); default
-            ``int(head_dim * partial_rotary_factor)`` or ``head_dim``.
-        scaling: ``None`` or a Hugging Face-style block such as ``{"rope_type": "linear", "factor": 4.0}``
-            (the 4.x key ``type`` is accepted too).
-        seq_len: current sequence length, for the length-dependent types (``dynamic``, ``longrope``).
-            A 0-dim integer tensor reproduces transformers' module, which passes one.
+        rotary_dim: channels that rotate (even, ``<= head_dim``); default ``int(head_dim * partial_rotary_factor)``.
+        scaling: ``None`` or a block such as ``{"rope_type": "linear", "factor": 4.0}`` (4.x ``type`` too).
+        seq_len: current length, for ``dynamic`` and ``longrope`` (a 0-dim tensor, as transformers passes).
         strict: ``False`` turns value errors in ``scaling`` into warnings.
 
     Returns:

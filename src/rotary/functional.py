@@ -86,45 +86,30 @@ def apply_rotary(
 ) -> torch.Tensor:
     """Rotate the first ``r = cos.shape[-1]`` channels of ``x``; the rest pass through unchanged.
 
-    A 4-D ``x`` is ``[B, H, S, D]`` unless ``layout="bshd"``; when ``S == H`` no check can tell the two
-    apart, so pass ``layout`` whenever ``x`` is not ``[B, H, S, D]``. The ways to say which position each
-    token has (rows of ``x``'s tokens, ``position_ids``, ``seqlen_offsets``, packed sequences with
-    ``cu_seqlens``, vLLM's flat layout) and how the tables are laid out are in docs/core.md, "Tables you
-    made: apply_rotary". Tables made by :class:`rotary.RoPE` are better passed whole to :func:`rotate`.
+    Positions and tables: docs/core.md, "Tables you made". Pass ``layout`` unless ``x`` is ``[B, H, S, D]``.
 
     Args:
-        x: ``[B, H, S, D]`` (``layout="bhsd"``), ``[B, S, H, D]`` (``"bshd"``), packed
-            ``[total_tokens, H, D]``, or flat ``[total_tokens, H * D]``; fp32, bf16, fp16 or fp64; any
-            strides (e.g. a view into a fused qkv tensor).
-        cos, sin: the rows of ``x``'s tokens ``[S, r]`` / ``[B, S, r]``, or tables ``[T, r]`` indexed by
-            position (with ``position_ids``, ``seqlen_offsets`` or ``cu_seqlens``); fp32, or float64 for float64 accuracy with float64 ``x`` (fp32 tables
-            give fp32's, about 1e-7); bf16/fp16 tables are converted to fp32.
-        interleaved: pairing; ``False`` pairs channels (i, i + r/2) (Hugging Face / GPT-NeoX),
-            ``True`` pairs (2i, 2i + 1) (the paper, RoFormer, GPT-J, Meta LLaMA).
-        layout: ``"bhsd"`` or ``"bshd"`` (ignored for packed x).
-        inplace: write the result into ``x`` and return ``x``; pass-through channels are neither
-            read nor written, and nothing of ``x``'s size is allocated.
-        validate: ``True`` (default): check a few rows of the tables — finite, rotations, laid out
-            for ``interleaved``, not a swapped ``(sin, cos)`` pair — and that positions stay inside
-            them, on the CPU; on an accelerator nothing is read (a read would synchronise): the tables
-            are the caller's contract and a position outside them gives NaN for that token;
-            ``"sync"``: a few rows, read at once on any device; ``"full"``: every row, at once;
-            ``False``: no check (only for tables known to be right).
-        position_ids: integer ``[S]`` / ``[B, S]`` (or ``[total_tokens]`` for packed x) rows of cos/sin.
-        cu_seqlens: integer ``[N + 1]`` sequence boundaries of packed x.
-        max_seqlen: the longest packed sequence (optional).
-        seqlen_offsets: the first position of each sequence (int or int ``[B]`` / ``[N]``).
-        head_dim: ``D`` for flat ``[total_tokens, H * D]`` inputs.
+        x: ``[B, H, S, D]``, ``[B, S, H, D]``, packed ``[total_tokens, H, D]`` or flat ``[total_tokens, H * D]``;
+            fp32, bf16, fp16 or fp64; any strides (e.g. a view into a fused qkv tensor).
+        cos, sin: the tokens' rows ``[S, r]`` / ``[B, S, r]``, or tables ``[T, r]`` indexed by position; fp32
+            (float64 for float64 accuracy); bf16/fp16 tables are converted to fp32.
+        interleaved: ``False`` pairs (i, i + r/2) (Hugging Face), ``True`` pairs (2i, 2i + 1) (RoFormer, GPT-J).
+        layout, head_dim: ``"bhsd"`` or ``"bshd"`` (ignored for packed x); ``D`` of flat ``[total_tokens, H * D]``.
+        inplace: write the result into ``x`` and return it (pass-through channels untouched, nothing allocated).
+        validate: ``True``: a few rows checked and positions inside the tables, on the CPU (the caller's
+            contract on an accelerator); ``"sync"``: a few rows on any device; ``"full"``: every row; ``False``.
+        position_ids, seqlen_offsets: integer ``[S]`` / ``[B, S]`` / ``[total_tokens]`` rows of cos/sin; or the first
+            position of each sequence (int or int ``[B]`` / ``[N]``).
+        cu_seqlens, max_seqlen: integer ``[N + 1]`` boundaries of packed x; the longest sequence (optional).
 
     Returns:
         Tensor of ``x``'s shape and dtype; arithmetic in fp32 (float64 for float64 ``x``).
 
+    Raises:
+        rotary.errors.InputError: shapes that do not fit, or tables that fail ``validate``'s checks.
+
     Example:
-        >>> rope = RoPE(64)
-        >>> q = torch.randn(1, 8, 16, 64)
-        >>> cos, sin = rope.cos_sin(torch.arange(16))
-        >>> apply_rotary(q, cos, sin).shape
-        torch.Size([1, 8, 16, 64])
+        >>> q, (cos, sin) = torch.randn(1, 8, 16, 64), RoPE(64).cos_sin(torch.arange(16))
         >>> q_bshd = q.transpose(1, 2)  # [B, S, H, D], flash-attn's layout
         >>> torch.equal(apply_rotary(q_bshd, cos, sin, layout="bshd"), apply_rotary(q, cos, sin).transpose(1, 2))
         True
@@ -198,12 +183,9 @@ def apply_rotary_qkv_(
     """Rotate q and k in place inside a packed projection output; v is left alone (flash-attn's interface).
 
     Args:
-        qkv: ``[B, S, 3, H, D]``; or ``[B, S, Hq + 2 * Hk, D]`` with ``num_heads_q=Hq`` (GQA: q heads,
-            then k heads, then v heads); packed sequences: ``[T, 3, H, D]`` / ``[T, Hq + 2 * Hk, D]``
-            with ``cu_seqlens``.
-        cos, sin: tables as in :func:`apply_rotary` (the tokens' rows, or indexed by position with
-            ``seqlen_offsets`` / ``cu_seqlens``).
-        cos_k, sin_k: separate tables for k (e.g. xPos); default ``cos``/``sin``.
+        qkv: ``[B, S, 3, H, D]``; or ``[B, S, Hq + 2 * Hk, D]`` with ``num_heads_q=Hq`` (GQA); packed
+            sequences: ``[T, 3, H, D]`` / ``[T, Hq + 2 * Hk, D]`` with ``cu_seqlens``.
+        cos, sin: tables as in :func:`apply_rotary`; cos_k, sin_k: separate tables for k (default ``cos``/``sin``).
         interleaved, validate, seqlen_offsets, cu_seqlens, max_seqlen: as in :func:`apply_rotary`.
         num_heads_q: the q heads of a ``[..., Hq + 2 * Hk, D]`` layout.
 
@@ -251,7 +233,7 @@ def apply_rotary_kv_(
     cu_seqlens: torch.Tensor | None = None,
     max_seqlen: int | None = None,
 ) -> torch.Tensor:
-    """Rotate k in place inside a packed ``kv`` ``[B, S, 2, H, D]`` (or ``[T, 2, H, D]`` with ``cu_seqlens``); v is left alone.
+    """Rotate k in place inside a packed ``kv`` ``[B, S, 2, H, D]`` (or ``[T, 2, H, D]``); v is left alone.
 
     Example:
         >>> kv = torch.randn(1, 4, 2, 2, 8)
@@ -293,10 +275,6 @@ def _rotate_packed_pair(
 
 def check_tables(cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool, rtol: float = 1e-5) -> None:
     """Check every row of cos/sin tables: finite, rotations, laid out for ``interleaved``.
-
-    A table built for one pairing and applied with the other mixes channels of different pairs: the
-    "rotation" is then not orthogonal and changes vector norms (the mistake in the PyTorch tutorial
-    this library's tests reproduce).
 
     Raises:
         rotary.errors.InputError: naming the pairing the tables were built for, NaN/inf, all-zero tables, or the

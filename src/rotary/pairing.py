@@ -21,11 +21,7 @@ __all__ = ["pair_permutation", "permute_qk_weight", "to_half", "to_interleaved"]
 def pair_permutation(
     head_dim: int, *, to: Literal["half", "interleaved"], rotary_dim: int | None = None
 ) -> torch.Tensor:
-    """Channel order (int64 ``[head_dim]``) that converts one pairing's layout into the other.
-
-    ``x[..., pair_permutation(D, to="half")]`` takes interleaved channels (2i, 2i+1) to half
-    channels (i, i + r/2); pass-through channels ``r..D-1`` keep their place.
-    """
+    """Channel order (int64 ``[head_dim]``) that converts one pairing's layout into the other (pass-through kept)."""
     r = _rotary_dim(head_dim, rotary_dim)
     rot = torch.arange(r)
     if to == "half":
@@ -68,13 +64,9 @@ def _reorder(x: torch.Tensor, rotary_dim: int | None, to: Literal["half", "inter
 
 
 def to_interleaved(x: torch.Tensor, rotary_dim: int | None = None) -> torch.Tensor:
-    """Reorder the last dim of ``x`` ``[..., D]`` from the half layout to the interleaved layout.
+    """Reorder the last dim of ``x`` ``[..., D]`` from the half layout to the interleaved one (a new contiguous tensor).
 
-    The channels ``rotary_dim..D-1`` keep their place. Reshapes and one copy, no index tensor (nothing
-    is copied host-to-device on an accelerator).
-
-    Returns:
-        A new contiguous tensor ``[..., D]``, equal to ``x[..., pair_permutation(D, to="interleaved")]``.
+    Equal to ``x[..., pair_permutation(D, to="interleaved")]``, without an index tensor; channels past r stay.
 
     Example:
         >>> to_interleaved(torch.tensor([0, 1, 2, 3]))  # pairs (0, 2), (1, 3) become adjacent
@@ -85,13 +77,9 @@ def to_interleaved(x: torch.Tensor, rotary_dim: int | None = None) -> torch.Tens
 
 
 def to_half(x: torch.Tensor, rotary_dim: int | None = None) -> torch.Tensor:
-    """Reorder the last dim of ``x`` ``[..., D]`` from the interleaved layout to the half layout.
+    """Reorder the last dim of ``x`` ``[..., D]`` from the interleaved layout to the half one (a new contiguous tensor).
 
-    The channels ``rotary_dim..D-1`` keep their place. Reshapes and one copy, no index tensor (nothing
-    is copied host-to-device on an accelerator).
-
-    Returns:
-        A new contiguous tensor ``[..., D]``, equal to ``x[..., pair_permutation(D, to="half")]``.
+    Equal to ``x[..., pair_permutation(D, to="half")]``, without an index tensor; channels past r stay.
 
     Example:
         >>> to_half(torch.tensor([0, 2, 1, 3]))

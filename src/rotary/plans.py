@@ -1,31 +1,14 @@
 """Decide once, run many times: a plan per call signature for the entries that rotate.
 
-The first call with a given signature runs the general path (positions, tables, every check with its
-named error, the backend choice) and records a :class:`Plan`; a later call with the same signature goes
-from the signature to the kernel. The signature is strictly finer than what the plan depends on:
-
-- per tensor (the inputs, the tables, the position ids): rank, sizes, strides, storage offset, dtype,
-  device, ``requires_grad``, inference-tensor-ness;
-- per call: the layout, ``inplace`` (and in place, whether the inputs share one storage: their overlap
-  then follows from sizes, strides and offsets), ``kinds``, the tables' pairing and form, grad mode and
-  inference mode; for a :class:`rotary.RoPE`, the identity and ``_version`` of its frequency buffer;
-- never planned (the general path every time): ``torch.compile`` tracing, tensor subclasses (fake
-  tensors included), ``torch.func`` transforms, active torch function or dispatch modes.
-
-It is checked in two parts, each in one place: a key of host values in Python (the layout, the flags,
-the input shapes: a dictionary lookup picks the plan), and the rest where it is cheapest, in the compiled
-kernel's entry (``rope_layout``), which compares the call's tensors with the plan's recorded
-:class:`Signature` in one statement, as SGLang's ``TensorMatcher`` does, and does nothing when they differ:
-the general path then runs, and records the plan of the new signature.
-
-Values a plan does not depend on are not in the signature: positions that are values on the device (any
-int64 position is valid: a row the table does not hold is computed by the kernel), an ``offset`` (checked
-against the plan's table per call, one comparison of host ints), the values of the tables.
-
-Caches are bounded (:data:`LIMIT` plans each, the oldest dropped first) and safe to share between
-threads (a lookup is one dictionary read; a plan is immutable once recorded). A plan is recorded only
-after the general path succeeded; a plan's call that fails raises (the kernel's error), it never falls
-back to another path. :func:`general_path` turns plans off, to compare a plan with the general path.
+The first call with a given signature runs the general path (positions, tables, every check with its named
+error, the backend choice) and records a :class:`Plan`; a later call with the same signature goes from the
+signature to the kernel. The signature (each tensor's metadata, the call's flags, grad and inference mode, a
+``RoPE``'s frequency buffer) is checked in two parts: a key of host values looked up here, and the tensors'
+metadata compared in the compiled kernel's entry (``rope_layout``), which does nothing when they differ.
+Values (positions, an ``offset``, the tables' values) are not in it. Never planned: ``torch.compile`` tracing,
+tensor subclasses, ``torch.func`` transforms, torch function or dispatch modes. Caches are bounded
+(:data:`LIMIT`) and thread-safe; a plan's call that fails raises, it never falls back. What is in the
+signature and why: docs/core.md, "Plans: check once, run fast".
 """
 
 from __future__ import annotations
@@ -90,16 +73,12 @@ class Plan:
     """What the general path decided for one signature, replayed by a later call.
 
     Attributes:
-        backend: ``"cpu"`` (the compiled extension's ``rope_layout``), or ``"general"``: the general path
-            runs at every call of this signature (autograd, key or per-head tables, backends without a
-            replay); recorded so the decision is not made again.
+        backend: ``"cpu"`` (the compiled extension's ``rope_layout``), or ``"general"``: the general path runs
+            at every call of this signature (recorded so the decision is not made again).
         layout: 0 packed ``[T, H, D]``, 1 ``[B, S, H, D]``, 2 ``[B, H, S, D]``.
-        interleaved: the pairing.
-        inplace: write into the inputs.
-        tables: for a :class:`rotary.RoPE`'s plan, its cached ``(cos, sin)`` ``[N, r]`` and the frequencies
-            of rows past them, else ``None`` (the call's tables are used).
-        signature: the compiled kernel's record of the call's tensors (``signature`` of the extension),
-            compared with each later call's in C++.
+        interleaved, inplace: the pairing; write into the inputs.
+        tables: a :class:`rotary.RoPE`'s cached ``(cos, sin)`` ``[N, r]`` and the frequencies past them, or ``None``.
+        signature: the compiled kernel's record of the call's tensors, compared with each later call's in C++.
         guard: for a :class:`rotary.RoPE`'s plan, its frequency buffer and that buffer's ``_version``.
     """
 

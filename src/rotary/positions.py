@@ -1,24 +1,14 @@
 """Positions: where each token sits, validated once where they enter and passed on as :class:`Positions`.
 
-Every way a model says where its tokens are ends up here:
+Every way a model says where its tokens are ends up here: explicit ``position_ids`` (:func:`from_ids`), the
+default ``offset + arange(S)`` (:func:`arange`, no device read), left padding from an attention mask
+(:func:`from_attention_mask`), packed sequences from ``cu_seqlens`` (:func:`from_cu_seqlens`), continuation
+after a KV cache (:func:`continuation`), N-D coordinates and grids (:func:`grid`); :func:`from_call` picks one.
 
-- explicit ``position_ids`` (``[S]``, ``[B, S]``, packed ``[T]``), checked for dtype, rank, batch
-  agreement and sign (:func:`from_ids`);
-- the default ``offset + arange(S)`` (:func:`arange`), no device read at all;
-- left padding from an attention mask (:func:`from_attention_mask`);
-- packed variable-length sequences from ``cu_seqlens`` (:func:`from_cu_seqlens`), positions
-  restarting at 0 in every sequence, as in flash-attn's varlen API;
-- continuation after a KV cache (:func:`continuation`);
-- N-D coordinates ``[..., A]`` for A axes, and grids of images and video (:func:`grid`).
-
-A :class:`Positions` carries ``bound``, a host-side integer with every id ``< bound``. Tables are sized
-from it, so downstream code never reads positions back from the device (each ``int(t.max())`` is a
-device-to-host synchronisation on a GPU). Whatever holds a :class:`Positions` may trust it: nothing
-downstream validates positions again. That trust is earned where a value is made: the factories
-here validate what they are given, ``Positions(...)`` written by hand is checked against its own
-claims (ids >= 0, below ``bound``, equal to ``start + arange(S)`` when ``start`` is set) with one device
-read, and :meth:`Positions.unchecked` is the one door without checks, for producers deriving
-positions from positions already validated (a KV cache's, a slice of a model's).
+A :class:`Positions` carries ``bound``, a host int with every id ``< bound``: tables are sized from it, so
+nothing downstream reads positions back from the device or validates them again. The factories validate what
+they are given, ``Positions(...)`` made by hand is checked against its own claims with one device read, and
+:meth:`Positions.unchecked` is the one door without checks, for producers deriving positions from validated ones.
 """
 
 from __future__ import annotations
@@ -61,37 +51,30 @@ __all__ = [
 
 @dataclass(frozen=True, eq=False)  # tensors inside: equality is identity, not an ambiguous tensor comparison
 class Positions:
-    """Validated positions of the tokens of one call.
+    """Validated positions of the tokens of one call (made by this module's factories; see the module docstring).
 
     Attributes:
-        ids: int64 positions: ``[S]`` (shared by the batch), ``[B, S]``, or packed ``[T]``; with
-            ``axes > 1``, a trailing axis of coordinates: ``[S, A]``, ``[B, S, A]``, ``[T, A]``.
-        bound: every id is ``< bound`` (a host int, exact or an upper bound); ``None`` when not known
-            without a device read (under ``torch.compile``).
-        axes: the number of coordinates per token ``A`` (1 for text).
-        start: for positions made by :func:`arange`, the first position (the ids are
-            ``start .. start + S - 1``); tables for them are a slice, no gather. ``None`` otherwise.
-        packed: the ids belong to packed sequences ``[T]`` (tokens of several sequences concatenated).
-        exact: ``bound`` is exactly ``max(ids) + 1`` (length-dependent scaling needs that), not just
-            an upper bound (e.g. the mask length for left-padded rows).
-
-    Made by the factories of this module (:func:`from_ids`, :func:`arange`, ...). Made by hand, the
-    value is checked against its own claims (one device read; nothing under ``torch.compile``).
+        ids: int64 ``[S]`` (shared by the batch), ``[B, S]`` or packed ``[T]``; with ``axes > 1`` a trailing
+            axis of coordinates ``[..., A]``.
+        bound: every id is ``< bound`` (a host int); ``None`` when unknown without a device read (``torch.compile``).
+        axes: coordinates per token ``A`` (1 for text).
+        start: for :func:`arange` positions, the first one (ids ``start .. start + S - 1``: tables are a slice).
+        packed: the ids belong to packed sequences ``[T]``.
+        exact: ``bound`` is exactly ``max(ids) + 1`` (length-dependent scaling needs that), not an upper bound.
 
     Raises:
         rotary.errors.InputTypeError: ids that are not an int64/int32 tensor; a flag that is not a bool.
         rotary.errors.InputError: a shape that does not fit ``axes``/``packed``, a negative id, an id at or past
-            ``bound``, an ``exact`` bound that is not ``max(ids) + 1``, ids that are not
-            ``start .. start + S - 1``.
+            ``bound``, an ``exact`` bound that is not ``max(ids) + 1``, ids that are not ``start .. start + S - 1``.
 
     Example:
         >>> p = arange(4, offset=10)
         >>> p.ids.tolist(), p.bound, p.start
         ([10, 11, 12, 13], 14, 10)
-        >>> Positions(torch.tensor([5, 6, 7]), 8, start=0)
+        >>> Positions(torch.tensor([5, 6, 7]), 8, start=0)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        rotary.errors.InputError: Positions: start=0 says the ids are 0 .. 2, but they are not (first id 5); pass start=None or start=5
+        rotary.errors.InputError: Positions: start=0 says the ids are 0 .. 2, but they are not (first id 5); pass ...
     """
 
     ids: torch.Tensor
@@ -156,11 +139,7 @@ class Positions:
         packed: bool = False,
         exact: bool = True,
     ) -> Positions:
-        """Positions made without any check, for producers deriving them from validated positions.
-
-        The caller vouches for every claim the constructor would check (int64 ids of a fitting shape,
-        ``0 <= ids < bound``, ...): a KV cache continuing its own positions, a model slicing the
-        positions it validated. Anything from a user goes through the factories or the constructor.
+        """Positions made without any check, for producers deriving them from validated positions (the caller vouches).
 
         Example:
             >>> p = arange(3)
@@ -236,10 +215,9 @@ def _read_range(ids: torch.Tensor, name: str, signed: bool = False) -> int | Non
 
 
 def integer_positions(position_ids: torch.Tensor, *, name: str = "position_ids") -> torch.Tensor:
-    """Validate integer positions of any shape (int64/int32, >= 0) and return them as int64.
+    """Validate integer positions of any shape (int64/int32, >= 0) and return them as int64 (one device read).
 
-    For position-dependent values that are not rotations (e.g. Llama 4's NoPE temperature ``[...]``);
-    rotations take :func:`from_ids`. One device read (none under ``torch.compile``).
+    For position-dependent values that are not rotations (Llama 4's NoPE temperature); rotations take :func:`from_ids`.
 
     Example:
         >>> integer_positions(torch.tensor([[3], [4]], dtype=torch.int32)).dtype
@@ -274,18 +252,13 @@ def from_ids(
     """Validate explicit positions.
 
     Args:
-        position_ids: int64/int32 ``[S]`` or ``[B, S]`` (``[T]`` when ``packed``), with a trailing
-            axis ``[..., A]`` when ``axes > 1``; all ``>= 0``. A :class:`Positions` is checked
-            against ``batch``/``seq_len`` only (it was validated when it was made).
-        batch: the batch size ``B`` of the inputs they belong to (``[B, S]`` ids must match it, or be 1).
-        seq_len: the inputs' ``S`` (or packed ``T``).
-        axes: coordinates per token ``A``.
-        packed: ids are per packed token ``[T]``.
-        device: move the ids there.
-        name: the argument's name, for messages.
-        kernel_checked: the ids only address rotation tables whose rows the kernels compute for any
-            position the table does not hold: every integer is valid (a negative position is the
-            rotation by its negative angle, on every device), and ids are read only on the CPU.
+        position_ids: int64/int32 ``[S]`` or ``[B, S]`` (``[T]`` when ``packed``), ``[..., A]`` when ``axes > 1``;
+            all ``>= 0``. A :class:`Positions` is checked against ``batch``/``seq_len`` only.
+        batch, seq_len: the inputs' ``B`` (``[B, S]`` ids must match it, or be 1) and ``S`` (or packed ``T``).
+        axes: coordinates per token ``A``; packed: ids are per packed token ``[T]``.
+        device: move the ids there; name: the argument's name, for messages.
+        kernel_checked: the ids only address tables whose rows the kernels compute for any position: every
+            integer is valid (a negative one turns by its negative angle), and ids are read only on the CPU.
 
     Returns:
         :class:`Positions` with int64 ids and the exact ``bound`` (one device read of min and max).
@@ -365,10 +338,8 @@ def from_attention_mask(attention_mask: torch.Tensor) -> Positions:
 
 
 def check_attention_mask(attention_mask: torch.Tensor, *, name: str = "attention_mask") -> torch.Tensor:
-    """A ``[B, T]`` mask of 1 (attend) / 0 (padding), bool or integer; returned as bool.
-
-    Additive float masks (0 / -inf) are rejected: mixing the two conventions is how a mask value
-    of 2 quietly double-weights a key.
+    """A ``[B, T]`` mask of 1 (attend) / 0 (padding), bool or integer, returned as bool; additive float masks are
+    refused.
     """
     if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
         raise InputError(
@@ -393,9 +364,8 @@ def check_attention_mask(attention_mask: torch.Tensor, *, name: str = "attention
 def from_cu_seqlens(cu_seqlens: torch.Tensor, total: int, *, max_seqlen: int | None = None) -> Positions:
     """Per-token positions ``[total]`` of packed sequences, restarting at 0 at every boundary.
 
-    Checked at once on the CPU; on accelerators no value is read and well-formed ``cu_seqlens`` are the
-    caller's contract: the bound is ``max_seqlen`` when given, else unknown (a position a table does
-    not hold is computed by a RoPE, NaN in a caller's table; never read outside it).
+    Checked at once on the CPU; elsewhere nothing is read (well-formed ``cu_seqlens`` are the caller's contract)
+    and the bound is ``max_seqlen`` when given, else unknown.
 
     Args:
         cu_seqlens: integer ``[N + 1]``: ``0, len_0, len_0 + len_1, ..., total``.
@@ -446,18 +416,12 @@ def from_call(
     max_seqlen: int | None = None,
     default: bool = True,
 ) -> Positions | None:
-    """The positions of a call's tokens, from whichever argument names them (at most one way).
+    """The positions of a call's tokens, from whichever one argument names them (``RoPE.forward``, ``apply_rotary``).
 
-    The one place where :meth:`rotary.RoPE.forward` and :func:`rotary.apply_rotary` turn their
-    arguments into :class:`Positions`:
-
-    - ``position_ids``: ``[S]`` / ``[B, S]`` (packed: ``[T]``), or a :class:`Positions`;
-    - ``offset`` (an int): ``offset + arange(S)``, shared by the batch (no device read anywhere);
-    - ``seqlen_offsets`` (an int, or int ``[B]`` / ``[N]``): sequence b starts at its offset, as in
-      flash-attn (with ``cu_seqlens``: per packed sequence);
-    - ``cu_seqlens`` (with ``max_seqlen`` when known): packed sequences, positions restarting at 0;
-    - none of them: ``arange(S)`` when ``default``, else ``None`` (the caller's tables hold the
-      tokens' own rows).
+    ``position_ids`` (``[S]`` / ``[B, S]`` / packed ``[T]``, or :class:`Positions`); ``offset`` (int:
+    ``offset + arange(S)``); ``seqlen_offsets`` (int or int ``[B]`` / ``[N]``: each sequence's start, as
+    flash-attn); ``cu_seqlens`` (with ``max_seqlen``): packed sequences; none: ``arange(S)`` when ``default``,
+    else ``None`` (the caller's tables hold the tokens' own rows).
 
     Args:
         batch, seq_len: the inputs' ``B`` and ``S`` (packed: ``1`` and ``T``).
@@ -465,13 +429,13 @@ def from_call(
         device: where the positions must live (the inputs' device).
 
     Returns:
-        :class:`Positions` on ``device`` (validated on the CPU; elsewhere nothing is read),
-        or ``None``.
+        :class:`Positions` on ``device`` (validated on the CPU; elsewhere nothing is read), or ``None``.
 
     Example:
-        >>> from_call(batch=2, seq_len=3, packed=False, device=torch.device("cpu"), offset=4).ids.tolist()
+        >>> cpu = torch.device("cpu")
+        >>> from_call(batch=2, seq_len=3, packed=False, device=cpu, offset=4).ids.tolist()
         [4, 5, 6]
-        >>> p = from_call(batch=1, seq_len=5, packed=True, device=torch.device("cpu"), cu_seqlens=torch.tensor([0, 2, 5]))
+        >>> p = from_call(batch=1, seq_len=5, packed=True, device=cpu, cu_seqlens=torch.tensor([0, 2, 5]))
         >>> p.ids.tolist(), p.bound
         ([0, 1, 0, 1, 2], 3)
     """

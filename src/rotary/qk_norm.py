@@ -1,21 +1,11 @@
 """QK-norm then RoPE in one pass: :func:`rmsnorm_rotate`, and :func:`rms_norm`, the norm it fuses.
 
-Qwen3, Qwen3-MoE and Gemma-3 attention normalise every head of q and k before rotating them (QK
-normalisation, from "Query-Key Normalization for Transformers" and "Scaling Vision Transformers to 22
-Billion Parameters"; the norm is RMSNorm, "Root Mean Square Layer Normalization"). Unfused, that is a
-normalisation of q, one of k, then the rotation ("RoFormer: Enhanced Transformer with Rotary Position
-Embedding"): the norm writes q and k, the rotation reads them back (and eager torch adds fp32
-intermediates). :func:`rmsnorm_rotate` reads each once and writes each once, and returns what the
-composition returns:
-
-- on the CPU, the compiled kernel gives the composition (Hugging Face's ``Qwen3RMSNorm`` or
-  ``Gemma3RMSNorm``, then :func:`rotary.rotate`) bit for bit, for fp32, bf16, fp16 and float64;
-- on CUDA, one Triton launch normalises and rotates q and k; the mean of the squares is summed in another
-  order than torch's, so results may differ from the composition by a few fp32 ulps (in bf16, now and then
-  a rounding by one ulp);
-- without either (no C++ compiler, no Triton), the pure-torch composition runs.
-
-The backward is the composition's gradient, written out (:func:`rotary.kernels.norm.backward`).
+Qwen3, Qwen3-MoE and Gemma-3 attention normalise every head of q and k (RMSNorm) before rotating them;
+:func:`rmsnorm_rotate` reads and writes q and k once and returns what the composition returns: bit for bit
+on the CPU (the compiled kernel), to a few fp32 ulps on CUDA (one Triton launch, the squares summed in
+another order), the pure-torch composition without either. The backward is the composition's gradient,
+written out (:func:`rotary.kernels.norm.backward`). Papers, numerics and an example: docs/core.md,
+"QK-norm then RoPE".
 """
 
 from __future__ import annotations
@@ -53,8 +43,9 @@ def _check_style(style: Any) -> bool:
 
 
 def _check_eps(eps: Any) -> float:
-    """A finite number > 0, by comparisons only: under ``torch.compile(dynamic=True)`` dynamo passes a
-    float argument as a symbolic float, which comparisons guard and ``math.isfinite`` cannot trace."""
+    """A finite number > 0, by comparisons only (traceable as a symbolic float under
+    ``torch.compile(dynamic=True)``).
+    """
     if isinstance(eps, torch.Tensor):
         raise InputTypeError(
             f"eps must be a Python number > 0 (e.g. config.rms_norm_eps), got a tensor of shape {tuple(eps.shape)}"
@@ -66,17 +57,11 @@ def _check_eps(eps: Any) -> float:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, *, eps: float = 1e-6, style: Style = "qwen3") -> torch.Tensor:
-    """RMSNorm over the last dim of ``x``, exactly as Hugging Face's modules compute it.
+    """RMSNorm over the last dim of ``x``, exactly as Hugging Face's modules compute it (a plain torch function).
 
-    ``x / sqrt(mean(x²) + eps)`` in fp32 (float64 for float64 inputs), then the weight:
-
-    - ``style="qwen3"`` (``Qwen3RMSNorm``, also Qwen3-MoE's and Llama's): ``weight * n``, with
-      the normalised ``n`` rounded to ``x.dtype`` first;
-    - ``style="gemma3"`` (``Gemma3RMSNorm``): ``n * (1 + weight)`` in fp32, weights stored as offsets
-      from 1 (initialised to 0).
-
-    The result has ``x``'s dtype. This is the norm :func:`rmsnorm_rotate` fuses, as a plain torch
-    function (differentiable, traceable by ``torch.compile``).
+    ``n = x / sqrt(mean(x²) + eps)`` in fp32 (float64 for float64 inputs), then ``style="qwen3"``
+    (``Qwen3RMSNorm``, Llama's): ``weight * n`` with ``n`` rounded to ``x.dtype`` first, or ``style="gemma3"``
+    (``Gemma3RMSNorm``): ``n * (1 + weight)`` in fp32.
 
     Args:
         x: ``[..., D]``, fp32, bf16, fp16 or float64.
@@ -169,11 +154,7 @@ def _tables(
 
 
 def _kernel_widens(tables: RotaryTables, wanted: torch.dtype, tensors: tuple[torch.Tensor, ...]) -> bool:
-    """Whether 16-bit tables (a bf16 model's own, as :mod:`rotary.hf` passes them) go to the kernels as
-    they are: for fp32 arithmetic, without autograd or ``torch.compile``. The Triton kernel widens each
-    value as it loads it, which is exact, and the other backends widen the tables first
-    (:func:`rotary.kernels.norm.run`): the result is that of fp32 copies either way, without the two
-    copies per call on a GPU."""
+    """Whether 16-bit tables go to the kernels as they are (fp32 arithmetic, no autograd or ``torch.compile``)."""
     return (
         wanted == torch.float32
         and tables.cos.dtype in (torch.bfloat16, torch.float16)  # sin and the key tables share it (RotaryTables)
@@ -197,37 +178,24 @@ def rmsnorm_rotate(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-head RMSNorm of q and k (each with its weight), then RoPE: one pass over q and k.
 
-    Equals ``rotary.rotate([rms_norm(q, q_weight), rms_norm(k, k_weight)], tables)``, i.e. what Qwen3's
-    and Gemma-3's attention compute with ``q_norm``, ``k_norm`` and ``apply_rotary_pos_emb`` (see
-    :func:`rms_norm` for the two weight conventions): bit for bit on the CPU, to a few fp32 ulps on CUDA
-    (the mean square is summed in another order). Channels past the rotary dim ``r`` are normalised and not
-    rotated. Gradients flow to q, k and both weights; tables that require grad (learnable frequencies)
-    take the unfused composition. Nothing is read on the host on a GPU: a position past a RoPE's cached
-    table gets its row computed in the kernel, as in :func:`rotary.rotate`. On the CPU, the first call with a
-    signature (shapes, strides, dtypes, the weights', the tables', grad and inference mode: :mod:`rotary.plans`)
-    runs every check and records a plan; later calls with that signature go from it to the kernel.
+    Equals ``rotary.rotate([rms_norm(q, q_weight), rms_norm(k, k_weight)], tables)`` (module docstring: how
+    exactly); channels past ``r`` are normalised, not rotated; gradients flow to q, k and both weights.
 
     Args:
-        q: ``[B, Hq, S, D]`` (``layout="bhsd"``) or ``[B, S, Hq, D]`` (``"bshd"``), any strides with
-            a unit stride over D (views of a projection output are read in place).
-        k: same layout, ``Hk`` heads (GQA: ``Hk`` may differ from ``Hq``), same B, S, D and dtype.
-        q_weight: ``[D]``, the q norm's weight (e.g. ``attention.q_norm.weight``), q's dtype or fp32.
-        k_weight: ``[D]``, the k norm's weight.
-        rope: where the tables come from, as :meth:`rotary.RoPE.forward` takes positions: a
-            :class:`rotary.RoPE` (or a variant with ``tables(positions)``) with ``position_ids`` /
-            ``offset``; a producer with its own positions, such as :class:`rotary.MRoPE` with ids
-            ``[3, B, S]``; or :class:`~rotary.tables.RotaryTables` made for these tokens
-            (``rope.tables(...)``, per-token M-RoPE tables ``[B, S, r]`` included). bf16/fp16 tables (a
-            16-bit model's own) give what fp32 copies of them give; on CUDA the kernel reads them as they are.
-        position_ids: ``[S]`` or ``[B, S]`` (default ``offset + arange(S)``), or the producer's own ids.
-        offset: first position when ``position_ids`` is None (decoding with a KV cache).
-        eps: added to the mean square (``config.rms_norm_eps``), a finite number > 0.
-        style: ``"qwen3"`` (``Qwen3RMSNorm``: ``weight * round(n)``) or ``"gemma3"``
-            (``Gemma3RMSNorm``: ``(1 + weight) * n`` in fp32).
+        q: ``[B, Hq, S, D]`` (``layout="bhsd"``) or ``[B, S, Hq, D]`` (``"bshd"``), unit stride over D.
+        k: same layout, ``Hk`` heads (GQA), same B, S, D and dtype.
+        q_weight, k_weight: ``[D]``, the norms' weights (``attention.q_norm.weight``), q's dtype or fp32.
+        rope: a :class:`rotary.RoPE` (or variant) with ``position_ids`` / ``offset``, a producer with its own
+            positions (:class:`rotary.MRoPE`), or :class:`~rotary.tables.RotaryTables` for these tokens.
+        position_ids, offset: ``[S]`` or ``[B, S]`` (or the producer's own ids); else ``offset + arange(S)``.
+        eps, style: ``config.rms_norm_eps`` (> 0); ``"qwen3"`` or ``"gemma3"`` (see :func:`rms_norm`).
         layout: ``"bhsd"`` or ``"bshd"``.
 
     Returns:
         ``(q_out, k_out)``, new tensors with the shapes and dtypes of ``q`` and ``k``.
+
+    Raises:
+        rotary.errors.InputError: shapes, dtypes, weights, ``eps`` or positions that do not fit (named).
 
     Example:
         >>> rope = rotary.RoPE(64)
@@ -272,11 +240,9 @@ def _key(
     style: Any,
     layout: Any,
 ) -> tuple | None:
-    """The Python part of a call's signature (the compiled kernel's entry compares the tensors' metadata), or
-    ``None`` for a call that is never planned: plans off or not allowed here (:func:`rotary.plans.plannable`),
-    tensor subclasses, arguments of other types than the general path takes as they are, a table producer other
-    than :class:`rotary.RoPE` or :class:`RotaryTables`. Its first item says whose cache holds the plan: ``True``
-    this module's (tables given), ``False`` the RoPE's."""
+    """The Python part of a call's signature, or ``None`` if never planned; its first item: whose cache holds the
+    plan.
+    """
     if (
         type(q) is not torch.Tensor
         or type(k) is not torch.Tensor
@@ -326,10 +292,7 @@ def _decide(
     position_ids: torch.Tensor | None,
     layout: str,
 ) -> Plan:
-    """The plan of a call whose general path succeeded: the compiled CPU kernel's ``rmsnorm_rope_layout`` when
-    the general path ran that kernel without autograd on tables the plan can name (the call's own
-    :class:`RotaryTables`, without key or per-head tables, rows int64 if any; or the RoPE's cached table), else
-    the general path at every call."""
+    """The plan of a call whose general path succeeded: the CPU kernel when it ran on nameable tables, else general."""
     rotation = getattr(_last, "rotation", None)
     if rotation is None or kernels.backend(rotation) != "cpu":
         return GENERAL
@@ -364,8 +327,7 @@ def _run_plan(
     eps: float,
     style: str,
 ) -> list[torch.Tensor] | None:
-    """A recorded plan's call (``rmsnorm_rope_layout``), or ``None``/empty when the plan does not cover the call's
-    values or signature: the general path then runs."""
+    """A recorded plan's call, or ``None``/empty when the plan does not cover the call (the general path runs)."""
     gemma = kernels.STYLES[style][0]
     if plan.tables is None:  # the call's own RotaryTables
         cos, sin, ids, frequencies, row_offset = rope.cos, rope.sin, rope.rows, rope.frequencies, 0
@@ -402,8 +364,9 @@ def _general(
     style: str,
     layout: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`rmsnorm_rotate`'s general path: every check, the tables, the kernels (with autograd and
-    ``torch.compile``). The rotation it hands the kernels without autograd is kept in ``_last`` for :func:`_decide`."""
+    """:func:`rmsnorm_rotate`'s general path: every check, the tables, the kernels; keeps ``_last`` for
+    :func:`_decide`.
+    """
     gemma = _check_style(style)
     eps = _check_eps(eps)
     check_inputs((q, k), ("q", "k"), packed=False)

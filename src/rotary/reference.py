@@ -37,9 +37,6 @@ def rotation_matrix(
 ) -> torch.Tensor:
     """The paper's block-diagonal matrix R_m (float64 ``[D, D]``), so that ``f(x, m) = R_m @ x``.
 
-    Pair i of channels (a, b) gets the 2x2 block [[cos mθ_i, -sin mθ_i], [sin mθ_i, cos mθ_i]];
-    pass-through channels get 1. With the half pairing the "blocks" interlock, (i, i + r/2).
-
     Example:
         >>> R = rotation_matrix(1, torch.tensor([1.0]), 2)
         >>> torch.allclose(R @ R.T, torch.eye(2, dtype=torch.float64))
@@ -103,12 +100,7 @@ def rotate_numpy(
 def rotation_matrix_nd(
     coordinates: torch.Tensor, inv_freq: torch.Tensor, head_dim: int, *, interleaved: bool = False
 ) -> torch.Tensor:
-    """The N-D rotation ``R(c) = R_0(c_0) R_1(c_1) … R_{A-1}(c_{A-1})`` (float64 ``[D, D]``).
-
-    ``R_a(c_a)`` is the 1-D block-diagonal matrix (:func:`rotation_matrix`) of axis ``a``'s frequency
-    row ``inv_freq[a]``; the blocks of all axes share their planes, so the product turns pair ``i`` by
-    ``Σ_a c_a · inv_freq[a, i]``. Axial RoPE (one axis per pair) is R_h ⊕ R_w; RoPE-Mixed fills
-    every row.
+    """The N-D rotation ``R(c) = R_0(c_0) R_1(c_1) … R_{A-1}(c_{A-1})`` (float64 ``[D, D]``), one factor per axis.
 
     Args:
         coordinates: ``[A]``, one token's coordinates (any real numbers).
@@ -134,16 +126,13 @@ def rotation_matrix_nd(
 def rotate_matrix_nd(
     x: torch.Tensor, coordinates: torch.Tensor, inv_freq: torch.Tensor, *, interleaved: bool = False
 ) -> torch.Tensor:
-    """Apply ``R(c)`` to each token's vector by explicit matrix products; float64.
+    """Apply ``R(c)`` to each token's vector by explicit matrix products: float64 in the shape of ``x``.
 
     Args:
         x: ``[..., S, D]``; with per-head frequencies ``[..., H, S, D]``.
         coordinates: ``[S, A]``.
         inv_freq: ``[A, r/2]``, or per head ``[H, A, r/2]``.
         interleaved: the pairing.
-
-    Returns:
-        float64, the shape of ``x``.
     """
     x = x.double()
     out = torch.empty_like(x)

@@ -58,52 +58,26 @@ def _mrope_message(settings: Any) -> str:
 class RoPE(TableSource):
     """Rotary position embedding for the q and k of attention.
 
-    Tables are fp32 (float64 for float64 inputs) and built from float64 angles. Any int64 position
-    is rotated, on every device: rows for positions below ``max(max_position, 65536)`` are cached per
-    device, and the row of a position the cache does not hold is computed for the tokens at hand, to
-    the same value (one decoding step at position 2**40 costs microseconds, not a table of 2**40
-    rows). When the host knows the positions (an ``offset``, ids on the CPU) the cache grows by
-    doubling to cover them; with ``position_ids`` on an accelerator, which are never read on the host,
-    the kernel computes the rows past the cache itself (nothing to poll, no NaN). A negative position is
-    the rotation by its negative angle, as ``position * inv_freq`` gives it in Hugging Face's code.
-    ``.to(bfloat16)`` on a model leaves ``inv_freq`` and the tables in fp32. One ``RoPE`` may be
-    shared by layers and by threads.
+    Tables are fp32 (float64 for float64 inputs), from float64 angles, for any int64 position on every device;
+    ``.to(bfloat16)`` leaves them fp32; shareable by layers and threads. Caching, numerics: docs/core.md.
 
     Args:
-        head_dim: channels per head ``D`` (even).
+        head_dim, rotary_dim: channels per head ``D`` (even); channels rotated ``r`` (even, ``<= D``; default ``D``).
         base: RoPE base ``theta`` (> 0); default the scaling block's ``rope_theta``, else 10000.
-        rotary_dim: channels rotated ``r`` (even, ``<= D``); the other ``D - r`` pass through.
         scaling: Hugging Face-style scaling block, e.g. ``{"rope_type": "yarn", "factor": 4.0, ...}``.
-        interleaved: ``False``: pairs (i, i + r/2) (Hugging Face, GPT-NeoX); ``True``: pairs
-            (2i, 2i + 1) (the paper, RoFormer, GPT-J, Meta LLaMA).
-        max_position: initial cache length: the first call builds the tables of positions
-            ``0 .. max_position - 1`` (fp32 cos and sin, ``8 * max_position * rotary_dim`` bytes, at
-            most 4 GiB: a larger value is a ``ValueError`` here). A cache size, never a limit on
-            positions: a position past the cache is rotated correctly on every device.
-        dynamic: how length-dependent types (``dynamic``, ``longrope``) follow the sequence length.
-            ``"hf"`` (default) replays transformers' state machine call for call: dynamic NTK
-            recomputes when ``max(position_ids) + 1`` exceeds the longest length seen so far and resets
-            to the trained frequencies when a call is shorter than ``max_position_embeddings``;
-            LongRoPE uses the long factors while the length exceeds
-            ``original_max_position_embeddings``. ``"stateless"`` computes the frequencies from the
-            current call's length only (see docs/scaling.md on huggingface/transformers#25104).
-        strict: ``False`` turns value errors in ``scaling`` into warnings.
-        learnable_frequencies: train the frequencies: pair ``i`` turns with ``θ_i · exp(α_i)``, ``α``
-            (``log_frequency_scale``, ``[rotary_dim // 2]``) an fp32 ``Parameter`` initialised to 0, in
-            the state dict, kept fp32 by ``.to(bfloat16)``. Tables are computed per call with
-            gradients (never cached) and run through the fused kernels' table-gradient path. Not
-            with length-dependent scaling types (``dynamic``, ``longrope``).
+        interleaved: ``False``: pairs (i, i + r/2) (Hugging Face); ``True``: (2i, 2i + 1) (RoFormer, GPT-J).
+        max_position: initial cache length (a size, never a limit on positions).
+        dynamic: how ``dynamic`` / ``longrope`` follow the length: ``"hf"`` replays transformers' state call for
+            call, ``"stateless"`` uses the current call's length only (docs/scaling.md).
+        strict: ``False`` turns its value errors into warnings.
+        learnable_frequencies: train ``α`` (``log_frequency_scale``, fp32 ``[r/2]``, init 0): pair ``i`` turns with
+            ``θ_i · exp(α_i)``; tables computed per call with gradients; not with length-dependent types.
 
     Attributes:
-        inv_freq: fp32 ``[rotary_dim // 2]``, a non-persistent buffer on the module's device: the
-            frequencies of the latest call, for code that reads Hugging Face's buffer. Read-only:
-            the tables are computed from the frequencies the ``RoPE`` was made with
-            (``rope.freqs``), so an edit could only be ignored. Assigning it
-            (``rope.inv_freq = t``, ``rope.inv_freq /= 4``) raises ``AttributeError``; an in-place
-            edit (``rope.inv_freq.mul_(0.5)``, through a view or ``detach()`` too) raises
-            ``RuntimeError`` at the next eager call. Both restore the buffer. For other frequencies build a
-            new ``RoPE`` (other ``base`` or ``scaling``, :meth:`with_scaling`) or learn them
-            (``learnable_frequencies=True``).
+        inv_freq: fp32 ``[r/2]``, the latest call's frequencies (Hugging Face's buffer); read-only (docs/core.md).
+
+    Raises:
+        rotary.errors.InputError: a bad argument, or tables over 4 GiB; ConfigError: a bad scaling block.
 
     Example:
         >>> rope = RoPE(64)
@@ -124,32 +98,19 @@ class RoPE(TableSource):
         max_position: int = 2048,
         interleaved: bool | None = None,
     ) -> RoPE:
-        """Build the RoPE a Hugging Face model uses, from its config (the config is never modified).
+        """Build the RoPE a Hugging Face model uses, from its config (never modified); the keys read: docs/scaling.md.
 
-        Reads ``head_dim`` (or ``hidden_size // num_attention_heads``; DeepSeek's ``qk_rope_head_dim``),
-        ``rope_theta`` (GPT-NeoX: ``rotary_emb_base``), ``partial_rotary_factor`` (GPT-NeoX:
-        ``rotary_pct``; GPT-J: ``rotary_dim``), ``max_position_embeddings`` and the scaling block
-        (5.x ``rope_parameters`` or 4.x ``rope_scaling``); values the file omits are filled as
-        transformers fills them. The pairing comes from ``rotary.hf.PAIRING`` (checked against
-        transformers for every architecture it lists); any other ``model_type`` needs ``interleaved=``.
-        Multimodal-RoPE configs (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) are refused: each of their
-        frequency slots reads a temporal, height or width position (``mrope_section``), which a 1-D
-        RoPE cannot represent. Load them with :meth:`rotary.MRoPE.from_hf_config`; the error names
-        the call, and the 1-D ``RoPE(...)`` its tables equal on text positions (t = h = w).
+        The pairing comes from ``rotary.hf.PAIRING``; another ``model_type`` needs ``interleaved=``. Multimodal-RoPE
+        configs are refused with an error naming :meth:`rotary.MRoPE.from_hf_config` and the equal 1-D ``RoPE``.
 
         Args:
-            config: a transformers ``PretrainedConfig`` (4.x or 5.x), a path to a config.json (or its
-                folder), or a dict of one.
-            layer_type: for configs with one block per layer type (Gemma-3: ``"sliding_attention"``,
-                ``"full_attention"``), which layer's RoPE to build. Heterogeneous configs read that
-                layer type's own keys too: Gemma 4's ``per_layer_config`` (512-wide full-attention
-                heads), DeepSeek-V4's ``main`` / ``compress`` RoPEs (by attention type or by name).
-                ``rotary.hf.read_hf_layers(config)`` lists every layer type's settings.
+            config: a transformers ``PretrainedConfig`` (4.x or 5.x), a path to a config.json (or its folder), or a
+                dict.
+            layer_type: for configs with one block per layer type (Gemma-3's ``"sliding_attention"``, Gemma 4's
+                ``per_layer_config``, DeepSeek-V4's ``main`` / ``compress``): which layer's RoPE to build.
             strict: ``False`` turns configuration mistakes into warnings (odd real checkpoints).
-            dynamic: see :class:`RoPE`.
-            max_position: initial cache length.
-            interleaved: the pairing of a ``model_type`` the table does not list (a custom
-                architecture): ``True`` for pairs (2i, 2i+1), ``False`` for (i, i + r/2).
+            dynamic, max_position: see :class:`RoPE`.
+            interleaved: the pairing of a ``model_type`` the table does not list (``True``: pairs (2i, 2i+1)).
 
         Returns:
             :class:`RoPE`.
@@ -182,7 +143,7 @@ class RoPE(TableSource):
         )
 
     def with_scaling(self, scaling: Mapping[str, Any] | None) -> RoPE:
-        """A new :class:`RoPE` with this one's head_dim, base, rotary_dim, pairing and options, and another scaling block.
+        """A new :class:`RoPE` with this one's settings and another scaling block.
 
         Example:
             >>> trained = RoPE(64, max_position=512)
@@ -257,31 +218,24 @@ class RoPE(TableSource):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate queries and keys, both in one fused kernel call.
 
-        Packed variable-length batches (as in flash-attn's varlen API): q ``[total_tokens, Hq, D]``
-        and k ``[total_tokens, Hk, D]`` with ``cu_seqlens`` (int ``[N + 1]`` sequence boundaries;
-        positions restart at 0 in each sequence) or per-token ``position_ids`` ``[total_tokens]``.
-        vLLM's flat layout, q ``[total_tokens, Hq * D]`` and k ``[total_tokens, Hk * D]`` with
-        per-token ``position_ids``, is split into heads of this RoPE's ``head_dim``.
-
         Args:
-            q: ``[B, Hq, S, D]`` (``layout="bhsd"``) or ``[B, S, Hq, D]`` (``"bshd"``).
-            k: same layout, ``Hk`` heads (``Hk`` may be smaller than ``Hq``: GQA/MQA), same S and D.
-            position_ids: integer ``[S]`` or ``[B, S]`` (e.g. left padding), or a
+            q: ``[B, Hq, S, D]`` (``layout="bhsd"``), ``[B, S, Hq, D]`` (``"bshd"``), packed ``[total_tokens, Hq, D]``,
+                or vLLM's flat ``[total_tokens, Hq * D]`` (split into heads of ``head_dim``).
+            k: same layout, ``Hk`` heads (GQA/MQA: ``Hk`` divides ``Hq``), same S and D.
+            position_ids: integer ``[S]``, ``[B, S]`` or packed ``[total_tokens]``, or a
                 :class:`~rotary.positions.Positions`; default ``offset + arange(S)``.
-            offset: first position when ``position_ids`` is None (decoding with a KV cache); giving
-                both is an error.
+            offset: first position when ``position_ids`` is None (decoding with a KV cache); both is an error.
             layout: ``"bhsd"`` or ``"bshd"``.
-            inplace: rotate q and k in place and return them. Under autograd (non-leaf q and k,
-                e.g. projection outputs) the backward writes each gradient into one new tensor;
-                results are bit-identical to rotating out of place. Not for q or k needed unrotated
-                elsewhere (autograd
-                raises if another operation saved them for its backward; other readers would see
-                them rotated); leaf tensors that require grad cannot be modified in place.
-            cu_seqlens: boundaries of packed sequences (see above).
+            inplace: rotate q and k (and, under autograd, their gradients) in place, bit-identical to out of place;
+                not for q or k needed unrotated elsewhere, nor leaves that require grad.
+            cu_seqlens: int ``[N + 1]`` boundaries of packed sequences (flash-attn's varlen; positions restart at 0).
             max_seqlen: the longest packed sequence (optional, spares reading ``cu_seqlens``).
 
         Returns:
             ``(q_rotated, k_rotated)`` with the shapes and dtypes of ``q`` and ``k``.
+
+        Raises:
+            rotary.errors.InputError: shapes, layouts or positions that do not fit (the message names them).
         """
         key = self._key(q, k, position_ids, layout, inplace) if cu_seqlens is None and max_seqlen is None else None
         if key is not None:
@@ -306,9 +260,7 @@ class RoPE(TableSource):
     def _key(
         self, q: torch.Tensor, k: torch.Tensor | None, position_ids: object, layout: str, inplace: bool
     ) -> tuple | None:
-        """The Python part of a call's signature (see :mod:`rotary.plans`; the kernel's entry compares the rest:
-        strides, offsets, dtypes, devices, grad flags), or ``None`` for a call that is never planned (plans off
-        or not allowed here, an ``inplace`` that is not a bool, subclass tensors, :class:`Positions`)."""
+        """The Python part of a call's signature (:mod:`rotary.plans`), or ``None`` for a call that is never planned."""
         if (
             (inplace is not True and inplace is not False)
             or type(q) is not torch.Tensor
@@ -321,8 +273,7 @@ class RoPE(TableSource):
 
     @property
     def _plannable(self) -> bool:
-        """Static frequencies and this class's own tables: the cached table and the frequencies are the whole
-        story of a call's tables (length-dependent and learned frequencies are the general path's, every call)."""
+        """Static frequencies and this class's own tables: the cached table is the whole story of a call's tables."""
         return (
             self.log_frequency_scale is None and not self.schedule.length_dependent and type(self).tables is RoPE.tables
         )
@@ -336,9 +287,7 @@ class RoPE(TableSource):
         layout: str,
         inplace: bool,
     ) -> None:
-        """After a general call on ``xs`` succeeded with ``outs``: a plan of this RoPE's whole cached table when
-        :func:`rotary.rotate` recorded a kernel plan for the call's tables (the same tensors, the same decision)
-        and the position ids go to the kernel as they are (int64, on the inputs' device), else the general path."""
+        """After a general call succeeded: record a plan of the whole cached table when the kernel plan allows it."""
         recorded = R.recorded_plan()
         tables = self._plan_tables(outs[0].device, table_dtype(outs[0].dtype), position_ids)
         if recorded is None or recorded.backend != "cpu" or tables is None or any(x.dim() != 4 for x in xs):
@@ -352,10 +301,10 @@ class RoPE(TableSource):
     def _plan_tables(
         self, device: torch.device, dtype: torch.dtype, position_ids: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """The tables a plan of this RoPE replays on ``device``: its whole cached ``(cos, sin)`` in ``dtype`` and the
-        frequencies of rows past them; ``None`` when a plan cannot stand for the general path's tables (frequencies
-        that depend on the length or are learned, another ``tables``, no cached table yet, position ids that are
-        not int64 on ``device``). Shared by :meth:`forward` and :func:`rotary.rmsnorm_rotate`."""
+        """The whole cached ``(cos, sin)`` and the frequencies past them that a plan replays, or ``None``.
+
+        Shared by :meth:`forward` and :func:`rotary.rmsnorm_rotate`.
+        """
         cache = self._caches.get("original")
         cached = None if cache is None else cache.ready(device, 0, dtype)
         if (
@@ -374,9 +323,9 @@ class RoPE(TableSource):
     def _plan_window(
         self, plan: Plan, seq_len: int, position_ids: torch.Tensor | None, offset: object
     ) -> tuple[int, torch.Tensor | None, torch.Tensor | None] | None:
-        """``(row_offset, position_ids, frequencies)`` of a recorded plan's call, or ``None`` when the plan does not
-        cover these values (its frequency buffer replaced or edited in place; an ``offset`` of another type,
-        negative, past the plan's table, or given with ``position_ids``)."""
+        """``(row_offset, position_ids, frequencies)`` of a plan's call, or ``None`` when the plan does not cover
+        them.
+        """
         buffer = self._buffers["inv_freq"]
         if type(offset) is not int or plan.guard[0] is not buffer or plan.guard[1] != buffer._version:  # type: ignore[index]
             return None
@@ -415,8 +364,8 @@ class RoPE(TableSource):
         cu_seqlens: torch.Tensor | None = None,
         max_seqlen: int | None = None,
     ) -> torch.Tensor:
-        """Rotate one tensor ``x`` (``[B, H, S, D]``, ``[B, S, H, D]`` or packed ``[total_tokens, H, D]``);
-        arguments as in :meth:`forward`.
+        """Rotate one tensor ``x`` (``[B, H, S, D]``, ``[B, S, H, D]`` or packed ``[total_tokens, H, D]``), as
+        :meth:`forward`.
 
         Example:
             >>> rope = RoPE(8)

@@ -45,10 +45,8 @@ _OTHER_FREQUENCIES = (
 def keep_float32(parameters: Sequence[nn.Parameter], apply: Callable[[], Any]) -> None:
     """Run ``apply`` (a module's ``nn.Module._apply``) and keep ``parameters`` fp32 with their values.
 
-    ``model.to(torch.bfloat16)`` casts every floating parameter; learned frequencies rounded to bf16
-    (8 bits of mantissa) move every angle by up to 0.4%. The parameters keep their fp32 values and
-    follow the device change; device moves, ``to_empty()`` (meta-device models) and dtype-free calls
-    are left as ``apply`` made them. The ``Parameter`` objects stay the same (optimizers keep them).
+    ``model.to(torch.bfloat16)`` would round learned frequencies to bf16 (angles off by up to 0.4%); the same
+    ``Parameter`` objects keep their fp32 values and follow device moves.
 
     Example:
         >>> m = torch.nn.Linear(2, 2)
@@ -69,11 +67,7 @@ def keep_float32(parameters: Sequence[nn.Parameter], apply: Callable[[], Any]) -
 
 
 class TableSource(nn.Module):
-    """Frequencies, length schedule and table caches of a :class:`rotary.RoPE`, and the tables they give.
-
-    The arguments, attributes and behaviour are those of :class:`rotary.RoPE`, which adds the
-    rotation; build a ``RoPE``.
-    """
+    """Frequencies, length schedule and table caches of a :class:`rotary.RoPE` (its arguments), and their tables."""
 
     inv_freq: torch.Tensor
 
@@ -147,9 +141,8 @@ class TableSource(nn.Module):
             self._plans = PlanCache()
 
     def reset_parameters(self) -> None:
-        """Learnable frequencies back to the configured ones (``α = 0``); nothing else has parameters.
-
-        Call it after ``to_empty()`` on a model built on the meta device (or load a state dict).
+        """Learnable frequencies back to the configured ones (``α = 0``), e.g. after ``to_empty()`` on the meta
+        device.
         """
         if self.log_frequency_scale is not None:
             with torch.no_grad():
@@ -157,8 +150,8 @@ class TableSource(nn.Module):
 
     @property
     def learned_inv_freq(self) -> torch.Tensor:
-        """The frequencies in use, fp32 ``[rotary_dim // 2]`` on the module's device, detached:
-        ``θ_i · exp(α_i)`` with learnable frequencies, else ``inv_freq``.
+        """The frequencies in use, fp32 ``[rotary_dim // 2]``, detached: ``θ_i · exp(α_i)`` if learnable, else
+        ``inv_freq``.
 
         Example:
             >>> rope = RoPE(8, learnable_frequencies=True)
@@ -205,8 +198,9 @@ class TableSource(nn.Module):
         super().__setattr__(name, value)
 
     def _set_inv_freq(self, inv_freq: torch.Tensor) -> None:
-        """Make the buffer a copy of ``inv_freq`` on the buffer's device (never the frozen Frequencies' own
-        tensor, which an edit would corrupt), marked with its version counter for :meth:`_check_inv_freq`."""
+        """Make the buffer a copy of ``inv_freq`` on its device, its version counter noted for
+        :meth:`_check_inv_freq`.
+        """
         old = self._buffers.get("inv_freq")
         copy_ = inv_freq.detach().to(old.device if old is not None else inv_freq.device, copy=True)
         copy_._rotary_version = copy_._version  # in-place ops bump it, also through views and detach()
@@ -217,9 +211,9 @@ class TableSource(nn.Module):
         self._row_frequencies_on(self.original_freqs, copy_.device)
 
     def _check_inv_freq(self, eager: bool = False) -> None:
-        """Raise if ``inv_freq`` was edited in place (its version moved): the tables would ignore the edit.
-        Not under ``torch.compile`` (a graph does not read version counters; the next eager call checks);
-        ``eager=True``: the caller knows it is not compiling."""
+        """Raise if ``inv_freq`` was edited in place (not under ``torch.compile``; ``eager=True``: known not
+        compiling).
+        """
         if not eager and torch.compiler.is_compiling():
             return
         buffer = self._buffers.get("inv_freq")
@@ -248,13 +242,11 @@ class TableSource(nn.Module):
 
     # length-dependent frequencies ----------------------------------------------------------------
     def update_length(self, seq_len: int | torch.Tensor) -> Frequencies:
-        """Adapt length-dependent frequencies to a call covering positions ``0 .. seq_len - 1``.
-
-        A no-op for static types. Called by :meth:`tables`; with ``dynamic="hf"`` it is transformers'
-        ``dynamic_rope_update``, step for step (see :class:`rotary.schedule.FrequencySchedule`).
+        """Adapt length-dependent frequencies to positions ``0 .. seq_len - 1``
+        (:class:`rotary.schedule.FrequencySchedule`).
 
         Returns:
-            The frequencies of that call (also left in ``rope.freqs`` / ``rope.inv_freq``).
+            The frequencies of that call (also left in ``rope.freqs`` / ``rope.inv_freq``); static types: unchanged.
 
         Example:
             >>> rope = RoPE(64, scaling={"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 8})
@@ -297,16 +289,13 @@ class TableSource(nn.Module):
         """The tables that rotate tokens at ``positions``.
 
         Args:
-            positions: integer ``position_ids`` ``[S]`` or ``[B, S]`` (validated here; any int64, a negative one
-                the rotation by its negative angle, as in :meth:`rotary.RoPE.forward`), or a
-                :class:`rotary.positions.Positions` (trusted: validated where it was made; packed
-                positions from ``cu_seqlens`` included).
+            positions: integer ``position_ids`` ``[S]`` or ``[B, S]`` (validated here; any int64), or a
+                :class:`rotary.positions.Positions` (trusted).
             dtype: fp32, or float64 for float64 inputs (see :func:`rotary.tables.table_dtype`).
 
         Returns:
-            :class:`~rotary.tables.RotaryTables` on the positions' device: a slice of the cache for
-            consecutive positions, the cache with per-token rows otherwise, or rows computed for these
-            positions (beyond the cache, dynamic NTK past the trained length, ``torch.compile``).
+            :class:`~rotary.tables.RotaryTables` on the positions' device: a slice of the cache, the cache with
+            per-token rows, or rows computed for these positions.
 
         Example:
             >>> rope = RoPE(8)
@@ -362,8 +351,7 @@ class TableSource(nn.Module):
         return RotaryTables.unchecked(cos, sin, self.interleaved, rows=ids, frequencies=frequencies)
 
     def _row_frequencies_on(self, freqs: Frequencies, device: torch.device) -> torch.Tensor:
-        """:func:`rotary.tables.row_frequencies` of ``freqs`` on ``device``, made once per device (e.g. by
-        :meth:`prepare`), so a call copies nothing host-to-device."""
+        """:func:`rotary.tables.row_frequencies` of ``freqs`` on ``device``, made once per device."""
         device = indexed_device(device)
         key = (id(freqs), device)
         found = self._device_row_freqs.get(key)
@@ -373,9 +361,7 @@ class TableSource(nn.Module):
         return found[1]
 
     def _inv_freq_on(self, freqs: Frequencies, device: torch.device) -> torch.Tensor:
-        """``freqs.inv_freq`` (fp32 ``[r/2]``) on ``device``: a copy kept per device (made once, e.g. by
-        :meth:`prepare`), so a call copies nothing host-to-device. Not the ``inv_freq`` buffer, which
-        ``.to()`` and users may change."""
+        """``freqs.inv_freq`` on ``device``, a copy made once per device (not the buffer, which users may change)."""
         device = indexed_device(device)
         key = (id(freqs), device)
         found = self._device_inv_freq.get(key)
@@ -387,22 +373,14 @@ class TableSource(nn.Module):
     def prepare(
         self, max_position: int, *, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
     ) -> TableSource:
-        """Build the cached tables for positions ``0 .. max_position - 1`` on ``device`` now.
+        """Build the cached tables for positions ``0 .. max_position - 1`` on ``device`` now; returns ``self``.
 
-        An optimisation, never needed for correctness: on an accelerator, a call whose positions come
-        as a device tensor (``position_ids``) reads the cached table as it is, at least
-        ``RoPE(max_position=...)`` rows, without reading the ids on the host, and the kernel computes the
-        row of any position the table does not hold (the same values, at the cost of a cos and a sin per
-        pair). Prepare the tables for the longest position a run will usually see, before capturing a
-        CUDA graph: growing them allocates and copies, which a capture cannot record.
+        An optimisation, never needed for correctness: do it before capturing a CUDA graph (growing the cache allocates
+        and copies), for the longest position a run usually sees.
 
         Args:
-            max_position: rows to cache (positions ``0 .. max_position - 1``).
-            device: where the tables live (default: the module's device).
-            dtype: fp32 (default) or float64 (for float64 inputs).
-
-        Returns:
-            ``self``.
+            max_position: rows to cache.
+            device, dtype: where the tables live (default: the module's device); fp32 (default) or float64.
 
         Example:
             >>> rope = RoPE(64).prepare(8192)
@@ -429,15 +407,14 @@ class TableSource(nn.Module):
     def cos_sin(
         self, position_ids: torch.Tensor, *, dtype: torch.dtype = torch.float32
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin tables for ``position_ids``, laid out for this module's pairing.
+        """cos and sin tables for ``position_ids``, laid out for this module's pairing, times ``attention_scaling``.
 
         Args:
             position_ids: integer ``[S]`` or ``[B, S]``, >= 0.
             dtype: fp32, or float64 for float64 inputs.
 
         Returns:
-            ``(cos, sin)`` in ``dtype``, ``[S, rotary_dim]`` or ``[B, S, rotary_dim]``, multiplied by
-            ``attention_scaling``, on ``position_ids.device``.
+            ``(cos, sin)`` in ``dtype``, ``[S, rotary_dim]`` or ``[B, S, rotary_dim]``, on ``position_ids.device``.
 
         Example:
             >>> cos, sin = RoPE(8).cos_sin(torch.arange(3))

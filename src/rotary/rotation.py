@@ -116,8 +116,7 @@ def check_inputs(xs: Sequence[torch.Tensor], names: Sequence[str], packed: bool)
 
 
 def check_writable(xs: Sequence[torch.Tensor], names: Sequence[str]) -> None:
-    """Tensors about to be written in place by a kernel: outside ``torch.inference_mode()`` none may be an
-    inference tensor (torch refuses to update one there; a kernel writing its memory would not).
+    """Tensors a kernel is about to write in place: outside ``torch.inference_mode()`` none may be an inference tensor.
 
     Example:
         >>> with torch.inference_mode():
@@ -139,9 +138,7 @@ def check_writable(xs: Sequence[torch.Tensor], names: Sequence[str]) -> None:
 
 
 def check_inplace_targets(xs: Sequence[torch.Tensor], names: Sequence[str]) -> None:
-    """In place, every element must be written once: no expanded views, no memory shared by two inputs;
-    and autograd must be able to record the change (no leaf that requires grad); no inference tensor
-    outside inference mode (:func:`check_writable`)."""
+    """In place: no expanded views, no memory shared by two inputs, no leaf requiring grad, no inference tensor."""
     check_writable(xs, names)
     for x, name in zip(xs, names):
         if x.is_leaf and x.requires_grad and torch.is_grad_enabled():
@@ -190,8 +187,7 @@ def rotate(
 
     Args:
         xs: tensors ``[B, H_i, S, D]`` (``layout="bhsd"``), ``[B, S, H_i, D]`` (``"bshd"``), or packed
-            ``[T, H_i, D]`` (when the tables address packed rows); the same B, S, D and dtype, any head
-            counts (GQA), any strides.
+            ``[T, H_i, D]``; the same B, S, D and dtype, any head counts (GQA), any strides.
         tables: from a table producer such as :meth:`rotary.RoPE.tables`.
         layout: ``"bhsd"`` or ``"bshd"`` (ignored for packed inputs).
         inplace: write the results into ``xs`` and return them.
@@ -199,7 +195,10 @@ def rotate(
         names: names for error messages; default ``x0, x1, ...``.
 
     Returns:
-        The rotated tensors, shapes and dtypes of ``xs``.
+        The rotated tensors, shapes and dtypes of ``xs`` (arithmetic in fp32, float64 for float64).
+
+    Raises:
+        rotary.errors.InputError: tensors that do not fit each other or the tables (the message names them).
 
     Example:
         >>> import rotary
@@ -266,9 +265,7 @@ def recorded_plan() -> Plan | None:
 def _key(
     xs: Sequence[torch.Tensor], tables: RotaryTables, layout: str, inplace: bool, kinds: Sequence[str] | None
 ) -> tuple | None:
-    """The Python part of a :func:`rotate` call's signature (see :mod:`rotary.plans`: the kernel's entry compares
-    the rest), or ``None`` for a call that is never planned (a tensor subclass, tables of a subclass, an
-    argument of another type than the general path takes)."""
+    """The Python part of a :func:`rotate` call's signature, or ``None`` for a call that is never planned."""
     if type(tables) is not RotaryTables or (inplace is not True and inplace is not False) or not xs:
         return None
     rows = tables.rows
@@ -298,10 +295,9 @@ def _key(
 
 
 def _decide(xs: Sequence[torch.Tensor], rotation: Rotation, tables: RotaryTables, layout: int, inplace: bool) -> Plan:
-    """The plan of a call whose general path built ``rotation`` and succeeded: the compiled CPU kernel's
-    ``rope_layout`` when that is the backend the dispatcher ran, without autograd, and the kernel's tables
-    were the call's own (no dtype conversion, no copy: ``[S, r]`` or ``[N, r]`` as given, per-token
-    ``[1 or B, S, r]`` viewed as rows); the general path at every call otherwise."""
+    """The plan of a call whose general path succeeded: the CPU kernel's ``rope_layout`` on the call's own tables,
+    else general.
+    """
     cos, sin = tables.cos, tables.sin
     as_given = rotation.cos[0] is cos or (
         tables.rows is None
@@ -453,13 +449,9 @@ def split_heads(x: torch.Tensor, head_dim: int | None, name: str) -> torch.Tenso
 def _inplace_target(
     x: torch.Tensor, view: torch.Tensor, layout: str, packed: bool
 ) -> tuple[torch.Tensor, tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]] | None:
-    """Where autograd should record an in-place rotation of ``x`` (kernel view ``view``), or ``None``.
+    """Where autograd should record an in-place rotation of ``x``: ``x``, its whole base (reshaped), or ``None``.
 
-    ``x`` itself when it is no view; the base of ``x`` when ``x`` is that whole base reshaped (q as
-    ``proj(h).view(B, S, H, D)``, possibly transposed to ``[B, H, S, D]``): a Function marking a view
-    dirty makes autograd copy the base and clone the gradient in every backward (CopySlices), and
-    the base, rotated in place, is viewed again instead. ``None`` for other views (slices of a
-    fused qkv): CopySlices it is.
+    Recording on the base avoids autograd's CopySlices (a copy of the base and of the gradient every backward).
     """
     base = x._base
     if base is None:

@@ -1,15 +1,25 @@
 """Fused operations for decoding and serving: RoPE together with writing the KV cache.
 
-:func:`rotate_and_cache` rotates q and k at the tokens' positions and writes the rotated keys and the
-values into a preallocated KV cache at given slots: on CUDA one Triton launch (it reads q, k, v once
-and writes q, k and the cache rows; given vLLM's ``cos_sin_cache``, it reads the tokens' rows of it
-too), on the CPU one pass of the compiled extension's ``rope_cache`` (the same reads and writes,
-after every check of the slots, positions and memory, so a call that fails writes nothing), elsewhere
-(under ``torch.compile``, with autograd, or tables it does not take) the same result from the rotation
-kernel and one indexed write per cache. It takes positions the way vLLM and FlashInfer do (per-token
-``positions`` and a ``cos_sin_cache``, which both kernels read in place: nothing gathered) as well as
-:class:`~rotary.tables.RotaryTables`. Kernels write the caches (and q and k, in place) through their
-memory, and move their version counters as torch's in-place operations do.
+:func:`rotate_and_cache` rotates q and k at the tokens' positions and writes the rotated keys and the values
+into a preallocated KV cache at given slots: on CUDA one Triton launch (q, k, v read once; given vLLM's
+``cos_sin_cache``, the tokens' rows of it read in place), on the CPU one pass of the compiled extension's
+``rope_cache`` (after every check, so a call that fails writes nothing), elsewhere (``torch.compile``,
+autograd, other tables) the same result from the rotation kernel and one indexed write per cache. It takes
+vLLM's and FlashInfer's per-token ``positions`` with a ``cos_sin_cache`` as well as
+:class:`~rotary.tables.RotaryTables`. Kernels write through memory and move version counters as torch's
+in-place operations do.
+
+What is checked where (values only the device sees are never read on the host):
+
+- on the CPU, a slot outside the cache, two tokens given one cache row, a position outside ``cos_sin_cache``
+  and NaN or inf in a row a token reads are an :class:`~rotary.errors.InputError` naming the value;
+- on an accelerator they are the caller's contract: a bad slot's k and v are not written (as vLLM's padding
+  slots), a position outside gives NaN in that token's rotation, a NaN/inf row gives NaN or inf there;
+- under ``torch.compile``, on the CPU the same ``InputError`` when the graph runs (ops in the graph:
+  ``rotary::checked_slots``, ``rotary::checked_positions``), elsewhere an assertion in the graph
+  (a ``RuntimeError``);
+- rows no token reads are never checked, nor whether the values are rotations (cos² + sin² = 1): check a
+  table once where you build it.
 """
 
 from __future__ import annotations
@@ -37,25 +47,20 @@ __all__ = ["rotate_and_cache", "tables_from_cos_sin_cache"]
 def tables_from_cos_sin_cache(
     cos_sin_cache: torch.Tensor, positions: torch.Tensor, *, interleaved: bool = False
 ) -> RotaryTables:
-    """The tokens' tables from vLLM's / FlashInfer's ``cos_sin_cache``.
+    """The tokens' tables from vLLM's / FlashInfer's ``cos_sin_cache`` (only their rows are gathered).
 
     Args:
         cos_sin_cache: ``[max_position, r]``: row ``p`` holds ``cos(p θ_i)`` for the ``r/2`` pairs, then
-            ``sin(p θ_i)`` (one value per pair), fp32 (bf16/fp16 are widened).
-        positions: int64 (or int32) ``[B, S]`` or ``[T]``: the position of every token (on the cache's device).
+            ``sin(p θ_i)``; fp32 (bf16/fp16 are widened).
+        positions: int64 (or int32) ``[B, S]`` or ``[T]``, on the cache's device.
         interleaved: the pairing of the heads the tables will rotate.
 
     Returns:
-        :class:`RotaryTables` holding the tokens' own rows ``[B, S, r]`` (``[T, r]`` for ``[T]``), laid
-        out for ``interleaved``. Only the rows of these tokens are gathered, never the whole cache.
+        :class:`RotaryTables` ``[B, S, r]`` (``[T, r]`` for ``[T]``), laid out for ``interleaved``.
 
     Raises:
-        rotary.errors.InputError: (on the CPU) a position outside the cache's rows, or a gathered row holding
-            NaN or inf (one sum of the gathered rows). Elsewhere nothing is read: a position outside gives
-            NaN for that token and a NaN/inf row NaN or inf in its tokens' rotations (both the caller's
-            contract); under ``torch.compile`` the same: on the CPU the same error, raised when the graph runs
-            (an op in the graph checks them: ``rotary::checked_positions``), elsewhere an assertion in the graph.
-            The rows no token reads are not checked.
+        rotary.errors.InputError: (CPU) a position outside the cache, a gathered row holding NaN or inf;
+            elsewhere see the module docstring.
 
     Example:
         >>> import rotary
@@ -113,8 +118,7 @@ def _gather_tables(cos_sin_cache: torch.Tensor, positions: torch.Tensor, interle
 
 
 def _check_cos_sin_cache(cos_sin_cache: torch.Tensor, positions: torch.Tensor) -> None:
-    """Host-side checks of vLLM's form (no value is read): ``cos_sin_cache`` ``[max_position, r]``
-    floating point, ``positions`` int64/int32 ``[B, S]`` or ``[T]`` on its device."""
+    """Host-side checks of vLLM's form: ``cos_sin_cache`` ``[max_position, r]``, positions ``[B, S]`` or ``[T]``."""
     if not isinstance(cos_sin_cache, torch.Tensor) or cos_sin_cache.dim() != 2 or cos_sin_cache.shape[-1] % 2:
         raise InputError(
             "cos_sin_cache must be [max_position, r] (cos of the r/2 pairs, then their sin), got "
@@ -133,8 +137,7 @@ def _check_cos_sin_cache(cos_sin_cache: torch.Tensor, positions: torch.Tensor) -
 
 
 def _check_gathered_rows(gathered: torch.Tensor, ids: torch.Tensor, host: bool) -> None:
-    """NaN or inf in the cos_sin_cache rows the tokens read (``gathered`` ``[..., r]``, at ``ids``): named on
-    the CPU, the caller's contract elsewhere (those tokens' rotations are NaN or inf), asserted in a compiled graph."""
+    """NaN or inf in the ``cos_sin_cache`` rows the tokens read, handled as the module docstring says."""
     if not gathered.numel():
         return
     if host:  # one sum (NaN and inf survive it); the rows are looked at only when it is not finite
@@ -197,63 +200,33 @@ def rotate_and_cache(
     cache_layout: Literal["bshd", "bhsd"] = "bshd",
     inplace: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate q and k, and write the rotated k and v into a preallocated KV cache, in one kernel on CUDA and
-    on the CPU (without autograd and outside ``torch.compile``).
-
-    Token (b, s) is written to row ``slots[b, s]`` of cache batch row ``b`` (or of the only batch row,
-    for a cache with one: a flat or paged cache, viewed as ``[1, num_slots, Hk, D]``).
+    """Rotate q and k and write the rotated k and v into a preallocated KV cache, in one kernel (CUDA, CPU).
 
     Args:
-        q: ``[B, S, Hq, D]`` (``layout="bshd"``) or ``[B, Hq, S, D]`` (``"bhsd"``); or packed ``[T, Hq, D]``.
-        k: the same layout with ``Hk`` heads (GQA).
-        v: like k, with any head size ``Dv`` (floating point, on k's device; its own dtype).
-        k_cache: ``[Bc, T_max, Hk, D]`` (``cache_layout="bshd"``) or ``[Bc, Hk, T_max, D]`` (``"bhsd"``),
-            ``Bc`` = B or 1; k's dtype.
-        v_cache: the same for values, ``Dv``.
-        slots: int64 ``[B, S]`` (packed: ``[T]``): the cache row each token is written to.
-        tables: from a table producer (``rope.tables(positions)``); or instead:
-        positions: int64 ``[B, S]`` / ``[T]`` with ``cos_sin_cache`` ``[max_position, r]`` (vLLM's and
-            FlashInfer's form: cos of the r/2 pairs, then their sin) and ``interleaved`` (the pairing;
-            tables carry their own: with tables, ``interleaved=True`` is an error for half-pairing tables).
-            ``cos_sin_cache`` is used as given, except that the rows the tokens read are checked for NaN
-            and inf at every call: on the CPU an :class:`~rotary.errors.InputError` naming the row (one
-            pass over those rows in the C++ kernel, a sum of the gathered rows without it), elsewhere the
-            caller's contract (those tokens' rotations are NaN or inf; nothing is read); under
-            ``torch.compile`` the same on the CPU (raised when the graph runs), an assertion in the graph
-            elsewhere. On CUDA (eager, an fp32/bf16/fp16
-            cache) the kernel reads each token's row of the cache itself, at its position, and checks it
-            there: no table is gathered first. The whole table is never scanned: rows no token reads are
-            not checked, nor whether the values are rotations (cos² + sin² = 1); check the table once
-            where you build it.
-        layout: of q, k and v.
-        cache_layout: of the caches.
-        inplace: rotate q and k in place (and return them).
+        q, k, v: ``[B, S, H, D]`` (``"bshd"``), ``[B, H, S, D]`` or packed ``[T, H, D]``; k ``Hk`` heads, v any ``Dv``.
+        k_cache, v_cache: ``[Bc, T_max, Hk, D]`` (``"bshd"``) or ``[Bc, Hk, T_max, D]``, ``Bc`` = B or 1, k's (v's)
+        dtype.
+        slots: int64 ``[B, S]`` (packed: ``[T]``): the row of cache batch row ``b`` (or of the only one) token b, s goes
+            to.
+        tables: from a table producer (``rope.tables(positions)``), which take any position; or instead
+            ``positions`` (int64 ``[B, S]`` / ``[T]``) with ``cos_sin_cache`` ``[max_position, r]`` and
+            ``interleaved`` (the pairing; with tables, ``interleaved=True`` is an error for half-pairing ones).
+        layout, cache_layout, inplace: of q, k and v; of the caches; rotate q and k in place (and return them).
 
     Returns:
-        ``(q_rot, k_rot)`` in q's and k's shapes; the caches are written in place.
+        ``(q_rot, k_rot)`` in q's and k's shapes (the caches are written in place).
 
     Raises:
-        rotary.errors.InputError: naming what does not fit (q, k and v of different ranks, devices or batch
-            shapes; caches of another dtype, device or shape; slots not int64/int32 ``[B, S]``); caches that
-            share memory with each other, with q, k or v, or within themselves (expanded), or are leaves that
-            require grad. On the CPU also two tokens given one cache row (on CUDA which one is kept is undefined). A slot outside ``0 .. T_max - 1`` is an error on the CPU; on
-            an accelerator nothing is read: that token's k and v are not written (the caller's
-            contract, as vLLM's padding slots). NaN or inf in a row of ``cos_sin_cache`` that a
-            token reads: NaN or inf in that token's rotation there (the caller's contract). A position outside ``cos_sin_cache``: an error on the CPU, NaN in that
-            token's rotation elsewhere (the caller's contract). A RoPE's ``tables`` take any position.
-            Under ``torch.compile`` on the CPU, each of these is the same ``InputError``, with the same
-            message, raised when the graph runs (ops in the graph check the values: ``rotary::checked_slots``,
-            ``rotary::checked_positions``); elsewhere a bad slot (off the fused CUDA kernel, which skips bad
-            slots), a position outside ``cos_sin_cache`` or NaN/inf in a row read from it is checked in the
-            graph: a ``RuntimeError`` when it runs.
+        rotary.errors.InputError: what does not fit (ranks, devices, shapes, dtypes); caches that share memory or
+            are leaves requiring grad; bad slots, positions or ``cos_sin_cache`` rows (the module docstring).
 
     Example:
         >>> import rotary
-        >>> rope = rotary.RoPE(16)
         >>> q, k, v = torch.randn(2, 1, 4, 16), torch.randn(2, 1, 2, 16), torch.randn(2, 1, 2, 16)
         >>> k_cache, v_cache = torch.zeros(2, 8, 2, 16), torch.zeros(2, 8, 2, 16)
         >>> lengths = torch.tensor([[3], [5]])                  # one new token per sequence, after 3 and 5 cached
-        >>> q_rot, k_rot = rotary.rotate_and_cache(q, k, v, k_cache, v_cache, lengths, rope.tables(lengths))
+        >>> tables = rotary.RoPE(16).tables(lengths)
+        >>> q_rot, k_rot = rotary.rotate_and_cache(q, k, v, k_cache, v_cache, lengths, tables)
         >>> torch.equal(k_cache[1, 5], k_rot[1, 0]) and torch.equal(v_cache[0, 3], v[0, 0])
         True
     """
@@ -392,10 +365,7 @@ _PLANS = PlanCache()
 def _key(
     q, k, v, k_cache, v_cache, slots, tables, positions, cos_sin_cache, interleaved, layout, cache_layout, inplace
 ) -> tuple | None:
-    """The Python part of a :func:`rotate_and_cache` call's signature (the compiled kernel's entry compares the
-    tensors' metadata), or ``None`` for a call that is never planned (plans off or not allowed here, tensor
-    subclasses, arguments of other types than the general path takes as they are, tables with key or per-head
-    tables or rows computed past them)."""
+    """The Python part of a call's plan signature, or ``None`` for a call that is never planned."""
     for t in (q, k, v, k_cache, v_cache, slots):
         if type(t) is not torch.Tensor:
             return None
@@ -427,9 +397,7 @@ def _key(
 def _run_plan(
     plan: Plan, q, k, v, k_cache, v_cache, slots, tables, positions, cos_sin_cache, cache_layout
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """A recorded plan's call: the compiled kernel's ``rope_cache`` (which checks the values, the slots, the
-    positions and the memory itself, and names a bad one as the general path does), or ``None`` when the call's
-    signature is not the plan's or the kernel leaves the call to the general path."""
+    """A recorded plan's call to ``rope_cache``, or ``None`` when the signature differs or the kernel declines."""
     cpu = load_cpu_extension() if plan.backend == "cpu" else None
     if cpu is None:
         return None
@@ -447,9 +415,9 @@ def _run_plan(
 
 
 def _reads_cos_sin_cache(q, k, v, k_cache, v_cache, qv, kv, vv, kc, vc, positions, cos_sin_cache, packed) -> bool:
-    """Whether the fused CUDA kernel takes vLLM's form as it is (eager, no autograd, plain tensors of the
-    kernel's dtypes, unit channel strides, positions one per token); otherwise the tables are gathered
-    first and the general checks name what does not fit. Host-side attributes only."""
+    """Whether the fused CUDA kernel takes vLLM's form as it is (host-side attributes only); else tables are
+    gathered.
+    """
     r = cos_sin_cache.shape[-1]
     return (
         _fused_kernel_device(q)
@@ -477,10 +445,10 @@ _CHECK_MEMORY = [5]
 
 
 def _cpu_kernel(q, k, v, k_cache, v_cache, slots):
-    """The compiled extension when its one-pass ``rope_cache`` may be asked to take this call, else ``None``:
-    plain tensors (no subclass) on the CPU, whose values are read on the host, not under ``torch.compile``
-    (which traces the composition). ``rope_cache`` checks everything else (dtypes, shapes, strides, autograd,
-    tables) and does nothing when a check fails: the general path runs then, with its messages."""
+    """The compiled extension if its ``rope_cache`` may take this call (plain CPU tensors, not traced), else ``None``.
+
+    ``rope_cache`` checks the rest and does nothing when a check fails: the general path runs then.
+    """
     if (
         not torch.compiler.is_compiling()
         and type(q) is torch.Tensor
@@ -497,10 +465,7 @@ def _cpu_kernel(q, k, v, k_cache, v_cache, slots):
 
 
 def _kernel_reads_cos_sin_cache(cos_sin_cache: torch.Tensor, positions: torch.Tensor) -> bool:
-    """Whether ``rope_cache`` may read ``cos_sin_cache`` as it is (an fp32 CPU tensor, int64 positions; it
-    checks the shapes): it then checks the positions and the rows they read as
-    :func:`tables_from_cos_sin_cache` does, with its messages, and gathers nothing. Other tables (including
-    every input that function refuses) go through it."""
+    """Whether ``rope_cache`` may read ``cos_sin_cache`` as it is (fp32 CPU, int64 positions), checking as ours does."""
     return (
         type(cos_sin_cache) is torch.Tensor
         and type(positions) is torch.Tensor
@@ -524,24 +489,20 @@ def _kernel_error(
 
 
 def _one_pass_in_place(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """In place, after :func:`check_inplace_targets` (every element of q and k written once, named
-    otherwise): whether one kernel pass (CUDA or CPU) gives the general path's result. Not when v shares
-    memory with q or k: a kernel reads v after storing some rotated k (or before, on CUDA, where programs
-    run in any order), where the general path writes the caches after rotating all of k."""
+    """In place: whether one kernel pass gives the general path's result (not when v shares memory with q or k)."""
     check_inplace_targets([q, k], ("q", "k"))
     return not (shares_elements(v, q) or shares_elements(v, k))
 
 
 def _fused_kernel_device(q: torch.Tensor) -> bool:
-    """Whether ``q``'s device runs the one-launch Triton kernel (CUDA, with Triton installed); tests make
-    the CPU answer yes under Triton's interpreter, to trace the CUDA path's graph on this machine."""
+    """Whether ``q``'s device runs the one-launch Triton kernel (tests make the CPU say yes under the interpreter)."""
     return q.device.type == "cuda" and triton_kernel.available()
 
 
 def _check_shapes(q, k, v, k_cache, v_cache, slots) -> torch.Tensor:
-    """q, k, v ``[B, S, H, D]``; caches ``[Bc, T, Hk, D]``; slots ``[B, S]``: do they fit each other? (And the
-    slots' values, :func:`_check_slots`.) Returns the slots to write with: ``slots``, or, while ``torch.compile``
-    traces a call on the CPU, the output of the op that checks their values in the graph."""
+    """Whether q, k, v, the caches and the slots fit each other; returns the slots to write with (checked when
+    traced).
+    """
     batch, seq_len, heads, head_dim = k.shape
     if k_cache.dim() != 4 or v_cache.dim() != 4:
         raise InputError(
@@ -634,9 +595,7 @@ def _check_distinct_rows(slots: torch.Tensor, batched: bool, length: int) -> Non
 
 
 def _check_memory(q, k, v, k_cache, v_cache) -> None:
-    """Every cache row is its own memory, written once, and nothing written is read: the caches overlap
-    neither themselves (expanded views), nor each other, nor q, k or v; and autograd may write them.
-    Tensors of different storages share nothing: only those of one storage are compared element-wise."""
+    """The caches overlap neither themselves, nor each other, nor q, k or v, and autograd may write them."""
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
         if cache.requires_grad and cache.is_leaf and torch.is_grad_enabled():
             raise InputError(
@@ -665,8 +624,7 @@ def _check_memory(q, k, v, k_cache, v_cache) -> None:
 
 
 def _write_rows(cache: torch.Tensor, new: torch.Tensor, slots: torch.Tensor) -> None:
-    """``cache[b or 0, slots[b, s]] = new[b, s]`` for every token; on accelerators a slot outside the
-    cache writes nothing (no read: it repeats another token's write; the caller's contract)."""
+    """``cache[b or 0, slots[b, s]] = new[b, s]`` for every token (on accelerators a slot outside writes nothing)."""
     slots = slots.long()
     host = devices.host_checks(slots.device) and not torch.compiler.is_compiling()
     if host and slots.shape[0] > 1 and slots.stride(0) == 0 and cache.shape[0] == slots.shape[0]:

@@ -21,11 +21,7 @@ _PAIRING = {True: "interleaved (pairs 2i, 2i+1)", False: "half (pairs i, i + r/2
 
 
 def check_row_range(rows: torch.Tensor, table_rows: int) -> None:
-    """Every row inside the table: every backend then reads the same rows (indexing would wrap a
-    negative row to the end of the table on the pure-torch path). On the CPU a check of ``[B, S]``
-    integers; on an accelerator nothing here: a row outside the table gives NaN in that token's rotated
-    channels (the kernels never read outside a table: the caller's contract); nothing under
-    ``torch.compile``, whose positions were checked in the graph where they entered."""
+    """Every row inside the table, checked on the CPU; on an accelerator the caller's contract (outside: NaN)."""
     if torch.compiler.is_compiling() or not rows.numel() or not devices.host_checks(rows.device):
         return  # on accelerators the kernels give NaN for a row outside the table, never read it
     low, high = (int(v) for v in torch.aminmax(rows))
@@ -47,12 +43,10 @@ def _sample_rows(t: torch.Tensor, sample: int | None) -> torch.Tensor:
 
 
 def swapped_rows(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Which rows of ``cos``/``sin`` ``[..., r]`` carry the exact signature of a swapped pair: rows where
-    every ``cos`` is 0 and every ``sin`` has one same non-zero magnitude. That is position 0 of a real
-    table passed as ``(sin, cos)`` (its cos row is the attention scaling, its sin row 0, exactly, in any
-    float dtype); a real table's row is never so (it would turn every pair by exactly ±90°, which no
-    frequencies give: cos of a float64 angle is never exactly 0 in fp32). Device operations: a bool
-    tensor ``[...]``, nothing read.
+    """Which rows of ``cos``/``sin`` ``[..., r]`` carry the exact signature of a swapped pair (bool ``[...]``, no read).
+
+    A swapped row has every ``cos`` 0 and every ``sin`` one same non-zero magnitude: position 0 of a real table
+    passed as ``(sin, cos)``; no real table's row turns every pair by exactly ±90°.
 
     Example:
         >>> from rotary.tables import cos_sin_table
@@ -65,10 +59,7 @@ def swapped_rows(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 
 def check_not_swapped(cos: torch.Tensor, sin: torch.Tensor, where: str) -> None:
-    """Raise when a row has the signature of cos and sin swapped (:func:`swapped_rows`); reads one bool.
-
-    Channel 0 first (one pass over a column of the table, not over the table): a swapped row has cos 0 and
-    sin non-zero there; whole rows are compared only when some row does."""
+    """Raise when a row has the signature of cos and sin swapped (:func:`swapped_rows`); channel 0 first."""
     if not bool(((cos[..., 0] == 0) & (sin[..., 0] != 0)).any()):
         return
     if bool(swapped_rows(cos, sin).any()):
@@ -126,12 +117,7 @@ def check_rows(cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, sample: 
 
 
 class CheckedTables:
-    """The caller tables whose values passed :meth:`RotaryTables.check`, by identity and ``_version``.
-
-    Held by weak reference: an entry goes when its tensor does, so a new tensor at a freed one's address is
-    never taken for the checked one; an in-place edit moves the version counter, and the tables are checked
-    again. Bounded (the oldest entries dropped first) and safe to share between threads.
-    """
+    """Caller tables that passed :meth:`RotaryTables.check`, by weak identity and ``_version``; bounded, thread-safe."""
 
     LIMIT = 1024
 

@@ -117,12 +117,9 @@ def cos_sin_table(
 
 
 def row_frequencies(inv_freq: torch.Tensor, attention_scaling: float, device: torch.device | str) -> torch.Tensor:
-    """What a kernel needs to compute a table row itself: float64 ``[r/2 + 1]``, the frequencies (fp32
-    values, exact in float64) followed by the attention scaling.
+    """What a kernel needs to compute a table row: float64 ``[r/2 + 1]``, the frequencies then the attention scaling.
 
-    A row computed from it is :func:`cos_sin_table`'s row: ``cos(position * inv_freq)`` in float64 (the
-    product exact for ``|position| < 2**29``, rounded to float64 beyond, as the cached rows are) times
-    the scaling, rounded once to the table dtype.
+    A row computed from it is :func:`cos_sin_table`'s row (the float64 product exact for ``|position| < 2**29``).
 
     Example:
         >>> row_frequencies(torch.tensor([1.0, 0.5]), 2.0, "cpu")
@@ -136,10 +133,10 @@ def row_frequencies(inv_freq: torch.Tensor, attention_scaling: float, device: to
 def gather_rows(
     cos: torch.Tensor, sin: torch.Tensor, rows: torch.Tensor, frequencies: torch.Tensor | None, interleaved: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows ``rows`` ``[...]`` of the tables ``[N, r]``, as ``[..., r]``; with ``frequencies`` (see
-    :func:`row_frequencies`) a row the table does not hold (any int64, negative ones included) is
-    computed, as the kernels compute it. Without, the rows must be inside the table (the caller's contract):
-    a row outside is NaN, never another row's values. No value is read on the host.
+    """Rows ``rows`` ``[...]`` of the tables ``[N, r]``, as ``[..., r]``; no value is read on the host.
+
+    With ``frequencies`` (:func:`row_frequencies`) a row the table does not hold (any int64) is computed, as the
+    kernels compute it; without, a row outside is NaN (the caller's contract), never another row's values.
 
     Example:
         >>> cos, sin = cos_sin_table(torch.arange(4), torch.tensor([1.0]))
@@ -176,33 +173,19 @@ _CPU_FP32 = (_CPU, torch.float32)  # the key of the tables decoding on the CPU r
 class RotaryTables:
     """cos/sin tables and how the tokens of a call find their rows: what :func:`rotary.rotate` applies.
 
-    Made by a table producer (:meth:`rotary.RoPE.tables`, the variants) from :class:`~rotary.positions.Positions`,
-    or from raw tensors by :meth:`from_tensors`. The tables carry the pairing they were built for, so
-    a table of one pairing cannot be applied with the other.
-
-    Addressing (``rows`` decides):
-
-    - ``rows is None``: ``cos`` holds the tokens' own rows, shared by the batch ``[S, r]`` or per
-      batch row ``[B, S, r]``;
-    - ``rows`` int64 ``[S]``, ``[B, S]`` (or packed ``[T]``): ``cos`` is a table ``[N, r]`` and token
-      (b, s) reads row ``rows[b, s]``; the kernel reads the rows it needs, nothing is gathered.
-
-    Per-head tables (``heads`` set) have a head axis before ``r``: ``[S, H, r]``, ``[B, S, H, r]``,
-    ``[N, H, r]``.
+    Made by a table producer (:meth:`rotary.RoPE.tables`, the variants) or from raw tensors (:meth:`from_tensors`);
+    they carry their pairing, so a table of one pairing cannot be applied with the other.
 
     Attributes:
-        cos: fp32 (float64 for float64 inputs), see above.
-        sin: same shape, dtype and device.
+        cos, sin: fp32 (float64 for float64 inputs), same shape and device: the tokens' own rows ``[S, r]`` /
+            ``[B, S, r]`` when ``rows`` is None, else a table ``[N, r]``; per-head tables add ``H`` before ``r``.
         interleaved: the pairing the tables were built for.
-        rows: the row of each token, or ``None``.
-        k_cos: separate tables for keys (xPos scales q and k differently), or ``None`` (keys use ``cos``).
-        k_sin: with ``k_cos``.
+        rows: int64 ``[S]``, ``[B, S]`` or packed ``[T]``: token (b, s) reads row ``rows[b, s]`` (nothing
+            gathered), or ``None``.
+        k_cos, k_sin: separate tables for keys (xPos), or ``None`` (keys use ``cos``/``sin``).
         heads: the head count of per-head tables, else ``None``.
-        frequencies: float64 ``[r/2 + 1]`` (:func:`row_frequencies`: the frequencies and attention
-            scaling ``cos`` was made from), or ``None``. With it, ``rows`` may be any int64, negative
-            included: a row past the table ``[N, r]`` is computed by the kernel from the position,
-            as the table's own rows were (so ``max_position`` is a cache size, never a limit).
-            Without it, ``rows`` must lie inside the table.
+        frequencies: float64 ``[r/2 + 1]`` (:func:`row_frequencies`), or ``None``; with it ``rows`` may be any
+            int64 (rows past the table are computed by the kernel), without it ``rows`` must lie inside.
 
     Example:
         >>> import rotary
@@ -236,12 +219,10 @@ class RotaryTables:
         heads: int | None = None,
         frequencies: torch.Tensor | None = None,
     ) -> RotaryTables:
-        """Tables whose values are not checked, for table producers (shapes, dtypes and rows still are).
+        """Tables whose values are not checked (shapes, dtypes and rows still are), for producers that vouch for them.
 
-        A producer that computes its tables from frequencies vouches for their values; checking a few
-        rows costs more than a decoding step's rotation. xPos-like tables, whose cos²+sin² varies with
-        the position, can only be made this way. Tables from anywhere else: the constructor or
-        :meth:`from_tensors`.
+        xPos-like tables (cos²+sin² varies with the position) can only be made this way; tables from anywhere else go
+        through the constructor or :meth:`from_tensors`.
 
         Example:
             >>> cos, sin = torch.ones(3, 8), torch.zeros(3, 8)
@@ -372,17 +353,13 @@ class RotaryTables:
         )
 
     def check(self, *, sample: int | None = 4, rtol: float = 1e-5, position_zero: bool = False) -> None:
-        """Check that the tables are finite rotation tables laid out for their pairing (reads the values
-        on the host: a synchronisation on a GPU).
+        """Check that the tables are finite rotations laid out for their pairing (a host read: a GPU synchronisation).
 
         Args:
-            sample: check this many rows spread over the table (a cheap check, the default of
-                :func:`rotary.apply_rotary`), or ``None`` for every row.
+            sample: check this many rows spread over the table, or ``None`` for every row.
             rtol: relative tolerance between the two channels of a pair.
-            position_zero: row 0 of ``cos``/``sin`` is position 0 (tables indexed by position): it is
-                checked for the signature of cos and sin swapped (:func:`swapped_rows`), whatever
-                ``sample``; per-token tables (no ``rows``) are checked so in every row, since any of
-                them may be position 0. Any other angle in any row is the caller's to choose.
+            position_zero: row 0 is position 0 (tables indexed by position): it is checked for cos and sin swapped
+                (:func:`swapped_rows`); per-token tables are so checked in every row.
 
         Raises:
             rotary.errors.InputError: naming the pairing the tables were built for, a non-finite value, a table
@@ -422,16 +399,12 @@ class RotaryTables:
         validate: bool | str = True,
         indexed_by_position: bool = False,
     ) -> RotaryTables:
-        """Tables from raw cos/sin tensors (e.g. Hugging Face's ``position_embeddings``).
+        """Tables from raw cos/sin tensors (e.g. Hugging Face's ``position_embeddings``); other float dtypes become
+        fp32.
 
-        ``validate``: ``True`` checks a few rows at once on the CPU; on an accelerator it reads
-        nothing (tables made on a GPU are the caller's contract: a read would synchronise);
-        ``"sync"``: a few rows, at once on every device (a device-to-host read on a GPU, for
-        debugging); ``"full"``: every row, at once;
-        ``False``: nothing. ``indexed_by_position``: row ``p`` of the tables is position ``p`` (tables
-        ``[T, r]`` addressed by position ids): row 0 is checked for the signature of cos and sin swapped
-        (:func:`swapped_rows`), never for any particular angle (tables of any angles are the caller's);
-        per-token tables are checked for it in every row. Tables in another float dtype than fp32/float64 are converted to fp32.
+        ``validate``: ``True`` a few rows on the CPU (nothing read on an accelerator: the caller's contract),
+        ``"sync"`` a few rows on every device, ``"full"`` every row, ``False`` nothing. ``indexed_by_position``: row
+        ``p`` is position ``p``, so row 0 is checked for cos and sin swapped (:meth:`check`).
         """
         if validate not in (True, False, "full", "sync"):
             raise InputError(
@@ -486,16 +459,12 @@ def indexed_device(device: torch.device | str) -> torch.device:
 
 
 class TableCache:
-    """cos/sin tables for positions ``0 .. length-1`` of one frequency set, per device and dtype.
+    """cos/sin tables for positions ``0 .. length-1`` of one frequency set, per device and dtype; thread-safe.
 
-    Tables are built on the CPU in float64 and moved, so devices without float64 (MPS) get the same
-    values; growth doubles the length (a long generation rebuilds O(log S) times) up to ``limit``
-    rows and :data:`~rotary._limits.MAX_TABLE_BYTES` of cos and sin, beyond which :meth:`get`
-    returns ``None`` and callers compute the rows a call needs.
-
-    Safe to share between threads: lookups read an immutable snapshot; growth happens under a lock
-    and never replaces a longer table by a shorter one. Tables are built outside inference mode, so
-    a cache filled under ``torch.inference_mode()`` still serves training.
+    Built on the CPU in float64 and moved (devices without float64 get the same values); growth doubles the
+    length up to ``limit`` rows and :data:`~rotary._limits.MAX_TABLE_BYTES`, beyond which :meth:`get` returns
+    ``None`` and callers compute the rows they need. Lookups read an immutable snapshot, growth happens under a
+    lock, and tables are built outside inference mode (a cache filled under it still serves training).
     """
 
     def __init__(

@@ -33,10 +33,8 @@ def _distances(distances: object, *, allow_negative: bool) -> torch.Tensor:
 def decay_bound(head_dim: int = 128, base: float = 10000.0, distances: Sequence[int] | None = None) -> torch.Tensor:
     """The long-range decay bound of the RoFormer paper: ``(1 / (d/2)) Σ_j |S_j|`` against relative distance.
 
-    Abel summation bounds ``|Σ_i q_i k_i* e^{i m θ_i}|`` by ``max_i |h_{i+1} - h_i| · Σ_j |S_j|`` with
-    ``S_j = Σ_{i<j} e^{i m θ_i}`` and ``θ_i = base^(-2i/d)``; the mean of ``|S_j|`` over ``j = 1..d/2``
-    is the curve in the RoFormer blog post. At distance 0 every ``|S_j| = j``, so the value is
-    ``(d/2 + 1) / 2`` (32.5 for d = 128). Angles are float64.
+    ``S_j = Σ_{i<j} e^{i m θ_i}`` with ``θ_i = base^(-2i/d)`` (Abel summation); at distance 0 the value is
+    ``(d/2 + 1) / 2``. Angles are float64.
 
     Args:
         head_dim: ``d`` (even).
@@ -67,10 +65,7 @@ def decay_bound(head_dim: int = 128, base: float = 10000.0, distances: Sequence[
 def measured_decay(
     rope: RoPE, distances: Sequence[int], *, kind: str = "random", samples: int = 256, seed: int = 0
 ) -> torch.Tensor:
-    """Mean ``|⟨R_m q, R_n k⟩|`` over samples, for each relative distance ``m - n``.
-
-    The score is taken between vectors actually rotated by ``rope`` (q at position ``m = distance``,
-    k at position ``n = 0``), not read off the cos/sin tables.
+    """Mean ``|⟨R_m q, R_n k⟩|`` over samples for each relative distance ``m - n``, rotated by ``rope`` itself.
 
     Args:
         rope: the RoPE to measure.

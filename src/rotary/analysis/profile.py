@@ -25,24 +25,16 @@ __all__ = [
 
 @dataclass
 class PairProfile:
-    """How a configuration treats each pair, relative to the unscaled default frequencies.
-
-    All lists have one entry per pair ``i`` (``rotary_dim // 2`` entries).
+    """How a configuration treats each pair ``i`` relative to the unscaled default frequencies (lists of ``r/2``).
 
     Attributes:
-        inv_freq: the configured ``θ_i`` (rad per token).
-        original_inv_freq: ``θ_i`` of ``rope_type="default"`` with the same head_dim, base, rotary_dim.
-        wavelength: ``2π / θ_i`` in tokens (``inf`` for a pair that does not rotate).
-        original_wavelength: the same for the default frequencies.
+        inv_freq, original_inv_freq: the configured ``θ_i`` (rad per token); ``rope_type="default"``'s.
+        wavelength, original_wavelength: ``2π / θ_i`` in tokens (``inf`` for a pair that does not rotate).
         factor: ``original_inv_freq / inv_freq``, how much the pair was slowed (1 = unchanged).
-        kind: ``"unchanged"`` (no scaling at all), ``"extrapolated"`` (factor 1 under a scaling
-            method: the pair sees positions beyond its training range), ``"interpolated"`` (slowed by
-            the method's full factor), ``"blended"`` (in between), ``"raised"`` (sped up) or
-            ``"not rotated"`` (θ = 0).
-        ramp: interpolation fraction ``(1 - 1/factor_i) / (1 - 1/F)`` with ``F`` the largest factor
-            applied: 0 = original frequency, 1 = fully interpolated. For YaRN this is its linear
-            ramp; for Llama 3 its smooth factor's complement.
-        full_factor: ``F``.
+        kind: ``"unchanged"``, ``"extrapolated"`` (factor 1 under a scaling method), ``"interpolated"`` (the full
+            factor), ``"blended"``, ``"raised"`` (sped up) or ``"not rotated"`` (θ = 0).
+        ramp: ``(1 - 1/factor_i) / (1 - 1/F)``: 0 = original frequency, 1 = fully interpolated (YaRN's ramp).
+        full_factor: ``F``, the largest factor applied.
     """
 
     inv_freq: list[float]
@@ -64,8 +56,7 @@ def scaling_profile(freqs: Frequencies, *, rtol: float = 1e-4) -> PairProfile:
 
     Args:
         freqs: the configured frequencies.
-        rtol: relative tolerance for "same as the original" and "scaled by the full factor"
-            (fp32 ``inv_freq`` computed along different paths differ by ~1e-7).
+        rtol: relative tolerance for "same as the original" and "scaled by the full factor".
 
     Example:
         >>> p = scaling_profile(frequencies(8, scaling={"rope_type": "default"}))
@@ -128,10 +119,8 @@ class PrecisionLimit:
     Attributes:
         dtype: format name.
         exact_positions: every integer position below this is exact (``2^(mantissa + 1)``).
-        position_error: worst rounding of a position ``< length`` in tokens (half the spacing at
-            ``length - 1``; 0 while positions are exact).
-        angle_error: worst rounding, in rad, of pair 0's angle ``position · θ_0`` at ``length - 1``
-            (what forming angles in this dtype costs; rotary forms them in float64).
+        position_error: worst rounding of a position ``< length``, in tokens.
+        angle_error: worst rounding, in rad, of pair 0's angle at ``length - 1`` (rotary forms angles in float64).
     """
 
     dtype: str
@@ -252,8 +241,7 @@ def inspect_rope(rope: RoPE, *, freqs: Frequencies | None = None, context: int |
     Args:
         rope: the configuration (its pairing is reported too).
         freqs: frequencies to inspect instead of ``rope.freqs`` (e.g. dynamic NTK at a given length).
-        context: context length in tokens (a config's ``max_position_embeddings``); default
-            ``rope.max_position``.
+        context: context length in tokens; default ``rope.max_position``.
 
     Example:
         >>> info = inspect_rope(RoPE(128, max_position=4096))

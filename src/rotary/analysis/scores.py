@@ -15,13 +15,7 @@ __all__ = ["score_matrix", "position_pca"]
 
 
 def score_matrix(rope: RoPE, q: torch.Tensor, k: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """Attention logits ``⟨R_m q, R_n k⟩`` for query positions ``m`` and key positions ``n``.
-
-    The same content vectors ``q``, ``k`` (``[D]``) are placed at every position and rotated by
-    ``rope``; the logits therefore depend on ``m - n`` only (the relative property).
-
-    Returns:
-        float64 ``[seq_len, seq_len]`` (rows: query position, columns: key position).
+    """Logits ``⟨R_m q, R_n k⟩`` of the same ``q``, ``k`` ``[D]`` at every position: float64 ``[seq_len, seq_len]``.
 
     Example:
         >>> s = score_matrix(RoPE(8), torch.ones(8), torch.ones(8), 4)
@@ -42,11 +36,7 @@ def score_matrix(rope: RoPE, q: torch.Tensor, k: torch.Tensor, seq_len: int) -> 
 
 
 def position_pca(rope: RoPE, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A 2-D PCA of the position tables (each position's ``[cos θ_i m, sin θ_i m]`` over all pairs).
-
-    PCA (a linear projection) keeps distances meaningful, unlike t-SNE (whose distances mean something
-    only locally). The features are float64 ``cos``/``sin`` of the angles, one of each per pair (no
-    attention scaling).
+    """A 2-D PCA of the position tables (each position's float64 ``[cos θ_i m, sin θ_i m]`` over all pairs).
 
     Returns:
         ``(coords [seq_len, 2], explained_variance_ratio [2])``, float64.

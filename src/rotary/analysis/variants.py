@@ -52,11 +52,8 @@ def mrope_layout(mrope: MRoPE) -> MRoPELayout:
 
 
 def xpos_scores(xpos: XPos, distances: Sequence[int]) -> torch.Tensor:
-    """``⟨q, k⟩`` after xPos for ``q = k = all ones``, query ``Δ`` tokens after the key, float64 ``[len(distances)]``.
-
-    The vectors are really rotated and scaled (key at the centre, query at ``centre + Δ``), through the
-    same tables and kernels as a model; :func:`rotary.analysis.measured_decay` with ``kind="ones"`` is
-    the same measure for plain RoPE.
+    """``⟨q, k⟩`` after xPos for ``q = k = all ones``, query ``Δ`` after the key (at the centre): float64
+    ``[len(distances)]``.
 
     Example:
         >>> xpos_scores(XPos(8), [0]).tolist()  # ⟨1, 1⟩ = 8 at distance 0

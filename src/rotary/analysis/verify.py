@@ -39,11 +39,9 @@ class Check:
 def verify(rope: RoPE, *, seq_len: int = 64, offset: int | None = None, seed: int = 0) -> list[Check]:
     """Check RoPE's defining properties for one configuration, through its fast path.
 
-    Checks: norms scaled exactly by ``attention_scaling``; scores depend on ``m - n`` only (the
-    same vectors at positions ``offset ..``, default 4096, e.g. the end of the context); fast == block-diagonal matrix
-    ==
-    complex form (the references, times ``attention_scaling``); the cos/sin tables match the
-    module's pairing and are rotations; the fp32 tables agree with float64 angles.
+    Checks: norms scaled exactly by ``attention_scaling``; scores depend on ``m - n`` only (at positions
+    ``offset ..``); fast == block-diagonal matrix == complex form; the tables are rotations laid out for the
+    module's pairing; fp32 tables agree with float64 angles.
 
     Example:
         >>> all(c.passed for c in verify(RoPE(16), seq_len=8))
@@ -114,12 +112,9 @@ def verify_axial(
 ) -> list[Check]:
     """Check an N-D RoPE (:class:`rotary.AxialRoPE`, :class:`rotary.RoPEMixed`) through its fast path.
 
-    Checks, on a small grid plus one identity token: norms preserved; the N-D relative property per
-    axis (every token moved by ``shift`` coordinate units along one axis, then along all axes at
-    once, keeps every score: scores depend only on the offsets (Δt, Δh, Δw)); fast == the
-    block-diagonal N-D matrix (:func:`rotary.reference.rotate_matrix_nd`; per-head frequencies on four
-    heads spread over all of them); identity tokens
-    unchanged; the tables are rotations laid out for the module's pairing.
+    Checks, on a small grid plus one identity token: norms preserved; scores unchanged when every token moves by
+    ``shift`` along each axis and all at once; fast == the block-diagonal N-D matrix; identity tokens unchanged;
+    the tables are rotations laid out for the pairing.
 
     Args:
         rope: the module (evaluated in eval mode: no coordinate augmentation).
@@ -203,20 +198,11 @@ def _verify_axial(rope: Any, sizes: tuple[int, ...], shift: float, seed: int) ->
 
 
 def verify_mrope(mrope: Any, *, seq_len: int = 64, shift: int = 4096, seed: int = 0) -> list[Check]:
-    """Check a multimodal RoPE (:class:`rotary.MRoPE`: Qwen-VL, GLM-4V, ERNIE-4.5-VL, HunYuan-VL's XD-RoPE, ...)
-    through its fast path.
+    """Check a multimodal RoPE (:class:`rotary.MRoPE`, XD-RoPE included) through its fast path, on random ids.
 
-    Tokens get random temporal, height and width ids (``[3, 2, seq_len]``; XD-RoPE: ``[4, 2, seq_len]``, each in ``0 ..
-    seq_len - 1``,
-    independent per axis, as image and video tokens have them). Checks: norms scaled exactly by
-    ``attention_scaling``; the N-D relative property, per axis and jointly (every token moved by
-    ``shift`` along t, along h, along w, then along all three keeps every score: scores depend only on
-    (Δt, Δh, Δw)); fast == the block-diagonal N-D matrix (:func:`rotary.reference.rotate_matrix_nd` with
-    the ``[3, r/2]`` slot frequencies, times ``attention_scaling``; the first 16 tokens of each row); one
-    step along an axis turns exactly the slots ``mrope_section`` gives it (:attr:`rotary.MRoPE.axes`), each
-    by its frequency; text ids (t = h = w) give the 1-D
-    RoPE's tables bit for bit; the fp32 tables agree with float64 angles and are rotations laid out
-    for the module's pairing.
+    Checks: norms scaled by ``attention_scaling``; scores unchanged when every token moves by ``shift`` along t,
+    h, w and all three; fast == the block-diagonal N-D matrix; one step along an axis turns exactly its
+    ``mrope_section`` slots; text ids (t = h = w) give the 1-D RoPE's tables bit for bit; tables are rotations.
 
     Args:
         mrope: the module.

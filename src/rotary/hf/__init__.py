@@ -1,20 +1,10 @@
 """Hugging Face transformers: reading configs, the table of model types, and patching a loaded model.
 
-- :mod:`rotary.hf.config`: :func:`read_hf_config` (transformers 4.x and 5.x configs, per-layer
-  configs, model defaults) -> :class:`RopeSettings`, what :meth:`rotary.RoPE.from_hf_config` builds from;
-- :mod:`rotary.hf.layers`: :func:`read_hf_layers`, the RoPE of each layer type of models whose layers
-  differ (Gemma 2/3/4, DeepSeek-V4);
-- :mod:`rotary.hf.own_keys`: the architectures that state their RoPE in keys of their own;
-- :mod:`rotary.hf.coverage`: every RoPE-applying model type of transformers and what builds it;
-- :mod:`rotary.hf.architectures`: per ``model_type``, the pairing of the rotated channels, the
-  multimodal (M-RoPE) types, the types refused and why;
-- :mod:`rotary.hf.vision`: :func:`vision_rope`, the RoPE of vision encoders (Qwen-VL, GLM-4V, Pixtral,
-  DINOv3, …) from their vision configs; :data:`VISION_ROPE` the towers built, :data:`ENCODER_STATUS` why
-  the other encoders are not;
-- :mod:`rotary.hf.patching`: :func:`patch` / :func:`unpatch` run a loaded model's rotary application
-  through rotary (``rotary.hf.patch(model)``).
-
-Nothing here imports transformers at import time: :func:`patch` imports the model's own modeling module.
+:mod:`.config` (:func:`read_hf_config` -> :class:`RopeSettings`, what :meth:`rotary.RoPE.from_hf_config` builds
+from), :mod:`.layers` (the RoPE of each layer type), :mod:`.own_keys` (architectures with keys of their own),
+:mod:`.architectures` (per ``model_type``: pairing, M-RoPE types, refusals), :mod:`.coverage` (every RoPE model
+type of transformers and what builds it), :mod:`.vision` (:func:`vision_rope`, the vision encoders' RoPE), and
+:mod:`.patching` (:func:`patch` / :func:`unpatch`). Nothing here imports transformers at import time.
 """
 
 from __future__ import annotations

@@ -1,28 +1,11 @@
-"""Reading RoPE settings from Hugging Face configs (transformers 4.x and 5.x).
+"""Reading RoPE settings from Hugging Face configs (transformers 4.x and 5.x) into one :class:`RopeSettings`.
 
-Two config generations exist on the Hub. 4.x writes ``rope_theta`` next to a ``rope_scaling`` block
-whose type key is ``type`` (later ``rope_type``); 5.x writes ``rope_parameters`` with ``rope_theta``
-(and ``partial_rotary_factor``) inside, possibly nested per attention layer type (Gemma-3:
-``{"sliding_attention": {...}, "full_attention": {...}}``). Both are read here into one
-:class:`RopeSettings`, without touching the object given (transformers' own standardisation
-mutates the config in place).
-
-Three tables make the reading explicit rather than guessed:
-
-- :data:`PAIRING` (in :mod:`rotary.hf.architectures`, with the other tables per ``model_type``): how
-  each architecture's attention pairs the rotated channels, checked against
-  transformers' own modeling code for every ``model_type`` of the pinned release that applies RoPE
-  (``tests/test_hf_architectures.py``); :data:`UNSUPPORTED` names the architectures whose RoPE
-  :func:`read_hf_config` does not build, and why. Any other ``model_type`` is an error unless the
-  caller states the pairing (``interleaved=``).
-- :func:`model_defaults`: values a published config.json may leave out because transformers fills
-  them from the model's config class (Gemma-3's ``head_dim`` and per-layer-type bases, Phi-2's
-  ``partial_rotary_factor``, ...); read from transformers when it is installed, else from
-  :data:`MODEL_DEFAULTS` (which the tests compare with transformers).
-
-transformers only logs most mistakes in these blocks; here each one is a :class:`ConfigError`
-whose message says what to change, unless ``strict=False`` turns it into a warning (the checks of
-each ``rope_type`` are in :mod:`rotary.rope_types`).
+4.x writes ``rope_theta`` beside a ``rope_scaling`` block (type key ``type``, later ``rope_type``); 5.x writes
+``rope_parameters`` with ``rope_theta`` inside, possibly per attention layer type (Gemma-3). The object given is
+never modified. The pairing comes from :data:`PAIRING` (checked against transformers' modeling code,
+tests/test_hf_architectures.py; :data:`UNSUPPORTED` says which architectures are not built and why), the values
+a config.json may omit from :func:`model_defaults`. Mistakes transformers only logs are a :class:`ConfigError`
+naming the fix (``strict=False``: a warning). The keys read: docs/scaling.md.
 """
 
 from __future__ import annotations
@@ -74,22 +57,16 @@ class RopeSettings:
     """What :meth:`rotary.RoPE.from_hf_config` needs, read from one config (one layer type).
 
     Attributes:
-        head_dim: channels per head.
-        base: ``rope_theta``.
-        scaling: the validated-to-be block (``rope_type`` and its keys, ``partial_rotary_factor``).
+        head_dim, base: channels per head; ``rope_theta``.
+        scaling: the block (``rope_type`` and its keys, ``partial_rotary_factor``).
         rotary_dim: an explicit rotated width (GPT-J's ``rotary_dim``), else ``None``.
         interleaved: the architecture's pairing (from :data:`PAIRING`, or as the caller stated it).
         max_position_embeddings: the model's context length, if the config states one.
         model_type: the config's ``model_type`` (``""`` when absent).
-        mrope_section: for multimodal RoPE (:data:`MROPE_MODELS`), the frequency slots per axis
-            (t, h, w); ``None`` otherwise. :meth:`rotary.MRoPE.from_hf_config` builds it.
-        mrope_interleaved: the slot layout of that multimodal RoPE is Qwen3-VL's interleaved one.
-        rope_layers: one flag per layer, ``False`` for layers without RoPE (NoPE layers: Llama 4's
-            and SmolLM3's ``no_rope_layers``); ``None`` when every layer rotates.
-        nope_temperature: Llama 4's query temperature in its NoPE layers, ``{"floor_scale": ...,
-            "attn_scale": ...}`` (see :func:`rotary.variants.nope_temperature`), or ``None``.
-        mrope_layout: the slot layout of that multimodal RoPE: ``"chunked"``, ``"interleaved"`` or
-            ``"paired_hw"`` (ERNIE-4.5-VL), see :mod:`rotary.variants.mrope`.
+        mrope_section, mrope_interleaved, mrope_layout: multimodal RoPE's slots per axis and layout
+            (:data:`MROPE_MODELS`, built by :meth:`rotary.MRoPE.from_hf_config`); ``None`` otherwise.
+        rope_layers: one flag per layer, ``False`` for NoPE layers (``no_rope_layers``); ``None``: all rotate.
+        nope_temperature: Llama 4's ``{"floor_scale": ..., "attn_scale": ...}`` for its NoPE layers, or ``None``.
     """
 
     head_dim: int
@@ -203,14 +180,12 @@ def model_defaults(model_type: str, *, source: Literal["auto", "transformers", "
 
     Args:
         model_type: e.g. ``"gemma3_text"``.
-        source: ``"transformers"`` reads the model's config class in the installed transformers
-            (nothing is downloaded); ``"table"`` uses :data:`MODEL_DEFAULTS`; ``"auto"`` the first
-            when transformers is installed, else the second.
+        source: ``"transformers"`` (the installed config class; nothing downloaded), ``"table"``
+            (:data:`MODEL_DEFAULTS`), or ``"auto"``: the first when transformers is installed.
 
     Returns:
         A new dict: keys of :data:`DEFAULTED_KEYS`, and ``rope_theta``, ``partial_rotary_factor``,
-        ``layer_rope_theta``, ``rope_parameters``, ``rope_ignore_keys`` where the model has them (empty
-        when unknown).
+        ``layer_rope_theta``, ``rope_parameters``, ``rope_ignore_keys`` where the model has them (empty if unknown).
 
     Example:
         >>> d = model_defaults("gemma3_text", source="table")
@@ -376,13 +351,7 @@ def _normalised(block: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _one_block(d: dict[str, Any], model_type: str, defaults: Mapping[str, Any], label: str, strict: bool) -> Any:
-    """The RoPE block of the config: ``rope_parameters`` (5.x), ``rope_scaling`` (4.x), or both reconciled.
-
-    transformers 5.23 reads a truthy ``rope_scaling`` *instead of* ``rope_parameters`` (Gemma-3: merged
-    into the ``full_attention`` block), so the ``rope_parameters`` block, its ``rope_theta`` included,
-    is dropped without a word. Here that is an error when the two disagree; ``strict=False`` warns and
-    does what transformers does.
-    """
+    """The RoPE block: ``rope_parameters``, ``rope_scaling``, or both reconciled (disagreeing: an error, as strict)."""
     params, legacy = d.get("rope_parameters"), d.get("rope_scaling")
     for key, value in (("rope_parameters", params), ("rope_scaling", legacy)):
         if value is not None and not isinstance(value, Mapping):
@@ -430,22 +399,14 @@ def _gemma3_blocks(d: dict[str, Any], block: Mapping[str, Any], defaults: Mappin
 def read_hf_config(
     config: Any, *, layer_type: str | None = None, strict: bool = True, interleaved: bool | None = None
 ) -> RopeSettings:
-    """Read the RoPE settings of a Hugging Face config without modifying it.
-
-    Values the file leaves out are filled as transformers fills them, from the model's config class
-    (:func:`model_defaults`): the published gemma-3-4b-it config.json, for one, states neither
-    ``head_dim`` nor the bases of its two layer types.
+    """Read the RoPE settings of a Hugging Face config without modifying it (omitted values: :func:`model_defaults`).
 
     Args:
-        config: a transformers ``PretrainedConfig`` (4.x or 5.x), a path to a config.json (or to its
-            folder), or a dict of its contents. Multimodal configs are read from ``text_config``.
+        config: a transformers ``PretrainedConfig`` (4.x or 5.x), a path to a config.json (or its folder), or a
+            dict. Multimodal configs are read from ``text_config``.
         layer_type: for configs with one block per attention layer type (Gemma-3), which one.
-        strict: ``False`` turns value mistakes into warnings where the frequencies stay computable
-            (e.g. it fills a missing ``original_max_position_embeddings`` from
-            ``max_position_embeddings``, as transformers does silently).
-        interleaved: the pairing, for a ``model_type`` that :data:`PAIRING` does not list (a custom
-            architecture): ``True`` for pairs (2i, 2i+1), ``False`` for (i, i + r/2). ``None`` (the
-            default) takes it from :data:`PAIRING` and raises for an unknown ``model_type``.
+        strict: ``False`` turns value mistakes into warnings where the frequencies stay computable.
+        interleaved: the pairing of a ``model_type`` :data:`PAIRING` does not list (``True``: (2i, 2i+1)).
 
     Returns:
         :class:`RopeSettings`.

@@ -68,15 +68,12 @@ def drop_ignored_keys(
     Args:
         block: the normalised RoPE block (``rope_type`` set), edited in place.
         ignored: the keys transformers skips for this model (``model_defaults(model_type)["rope_ignore_keys"]``).
-        model_type: for the message.
-        label: names the config in the message.
-        strict: ``False`` warns instead of refusing LongRoPE's ``short_mscale`` / ``long_mscale`` for a
-            model whose transformers code ignores them (and drops them, as transformers does).
+        model_type, label: for the message.
+        strict: ``False`` warns about (and drops) LongRoPE's ``short_mscale`` / ``long_mscale`` where refused.
 
     Raises:
-        ConfigError: for a skipped key that :data:`IGNORED_ROPE_KEYS` does not list, or for LongRoPE's
-            ``short_mscale`` / ``long_mscale`` on a model whose transformers code ignores them (vLLM
-            applies them: the two stacks disagree, and rotary does not choose silently).
+        ConfigError: a skipped key :data:`IGNORED_ROPE_KEYS` does not list; LongRoPE's ``short_mscale`` /
+            ``long_mscale`` on a model whose transformers code ignores them (vLLM applies them).
 
     Example:
         >>> block = {"rope_type": "default", "llama_4_scaling_beta": 0.1}

@@ -1,11 +1,8 @@
-"""The RoPE of each layer type of a model whose layers do not all rotate alike.
+"""The RoPE of each layer type of a model whose layers do not all rotate alike (Gemma 2/3/4, DeepSeek-V4, ...).
 
-Gemma 2/3/4, T5Gemma 2, DeepSeek-V4 and others have more than one RoPE: Gemma 3's sliding-window
-layers use base 10 000 and its full-attention layers base 1 000 000; Gemma 4's full-attention layers
-also have wider heads (``per_layer_config``) and rotate a quarter of them (proportional RoPE);
-DeepSeek-V4's sliding-window layers use its ``main`` RoPE and its compressed layers the YaRN
-``compress`` one. :func:`read_hf_layers` returns every one of them, keyed by layer type; each is what
-``read_hf_config(config, layer_type=...)`` (and ``RoPE.from_hf_config(config, layer_type=...)``) reads.
+:func:`read_hf_layers` returns each one keyed by layer type, as ``read_hf_config(config, layer_type=...)``
+reads it: Gemma 3's sliding layers use base 10 000 and its full-attention layers 1 000 000; Gemma 4's full
+layers also have wider heads and proportional RoPE; DeepSeek-V4 has its ``main`` and ``compress`` RoPEs.
 """
 
 from __future__ import annotations
@@ -38,14 +35,11 @@ def read_hf_layers(
     """The RoPE settings of every layer type of ``config`` that has its own (``{None: ...}`` when all share one).
 
     Args:
-        config: as for :func:`rotary.hf.read_hf_config`.
-        strict: as for :func:`rotary.hf.read_hf_config`.
-        interleaved: as for :func:`rotary.hf.read_hf_config`.
+        config, strict, interleaved: as for :func:`rotary.hf.read_hf_config`.
 
     Returns:
-        ``{layer_type: RopeSettings}`` for each layer type whose RoPE ``read_hf_config`` builds (layer types
-        without one, such as linear-attention layers, are left out), or ``{None: settings}`` when the model
-        has one RoPE for all its layers.
+        ``{layer_type: RopeSettings}`` for each layer type whose RoPE is built (layer types without one, such as
+        linear-attention layers, left out), or ``{None: settings}`` when the model has one RoPE.
 
     Raises:
         ConfigError: what ``read_hf_config`` raises, when no layer type can be read.

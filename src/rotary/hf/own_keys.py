@@ -1,25 +1,11 @@
 """Architectures that state their RoPE in their own keys or layouts, turned into the common ones.
 
-:func:`rotary.hf.config.read_hf_config` reads ``head_dim``, ``hidden_size``, ``num_attention_heads``,
-``rope_parameters`` (flat, or one block per layer type) and ``partial_rotary_factor``. A few model
-types say the same things differently; :func:`common_keys` rewrites a copy of their config dict into
-those keys first, as each one's transformers config class does:
-
-- heterogeneous configs (Gemma 4 and its relatives): ``per_layer_config`` maps a layer index to the
-  keys that differ in that layer (Gemma 4's full-attention layers have ``head_dim = global_head_dim``,
-  512 by default, where its sliding layers have 256). Given a ``layer_type``, the overrides of the
-  layers of that type (which must agree) replace the top-level keys, as transformers'
-  ``config.per_layer_config[layer_type]`` does;
-- DeepSeek-V4: two RoPE blocks named by their frequencies, ``main`` (the sliding-window layers) and
-  ``compress`` (the compressed-attention layers and their compressors), and a rotated slice of
-  ``head_dim * partial_rotary_factor`` channels at the end of each head;
-- encoder-decoder models (T5Gemma, T5Gemma 2, Dia): the RoPE of the decoder sub-config;
-- a key that turns RoPE on (Zamba2's ``use_mem_rope``, ESM's and GraniteMoeHybrid's
-  ``position_embedding_type``, off by default): with it off there is no RoPE to build;
-- CLVP's encoder: its base and rotated width are fixed in its code (10 000, and
-  ``max(projection_dim // (2 * num_attention_heads), 32)`` channels; it rotates the values too);
-- own names for the common keys (DBRX's ``d_model``, ``n_heads``, ``max_seq_len``; JetMoE's ``kv_channels``
-  for ``head_dim``): the config class's ``attribute_map``.
+:func:`common_keys` rewrites a copy of such a config dict into the keys :func:`rotary.hf.config.read_hf_config`
+reads, as each one's transformers config class does: Gemma 4's ``per_layer_config`` (the overrides of a layer
+type's layers, e.g. ``head_dim = global_head_dim``); DeepSeek-V4's ``main`` and ``compress`` blocks and its
+rotated slice at the end of each head; the decoder sub-config of encoder-decoder models (T5Gemma, Dia); keys
+that turn RoPE on (Zamba2's ``use_mem_rope``, ESM's ``position_embedding_type``); CLVP's fixed base and width;
+own names for the common keys (the config class's ``attribute_map``: DBRX's ``d_model``, JetMoE's ``kv_channels``).
 """
 
 from __future__ import annotations
@@ -198,7 +184,7 @@ def _deepseek_v4(d: dict[str, Any], layer_type: str | None, label: str, strict: 
 
 
 def _clvp(d: dict[str, Any], label: str) -> None:
-    """CLVP's encoder: base 10 000 and ``max(projection_dim // (2 * heads), 32)`` rotated channels, fixed in its code."""
+    """CLVP's encoder: base 10 000, ``max(projection_dim // (2 * heads), 32)`` rotated channels (fixed in its code)."""
     hidden, heads, projection = (
         d.get("hidden_size", 768),
         d.get("num_attention_heads", 12),

@@ -1,41 +1,24 @@
 """Run a loaded Hugging Face transformers model's rotary application through ``rotary.apply_rotary``.
 
-``patch(model)`` changes *that model only*. Each supported transformers family rotates q and k by
-calling a module-level function (``apply_rotary_pos_emb``; DeepSeek-V3 also
-``apply_rotary_pos_emb_interleave``) from its attention module's ``forward``. For every attention
-module of the model, ``patch`` gives the module its own copy of the class's ``forward``: the same
-code object, run with a copy of the modeling module's globals in which those names are bound to
-rotary's implementation. Nothing in transformers (files, classes, module globals) is modified, so
-other models in the process, even of the same class, are unaffected; ``unpatch(model)`` removes the
-per-instance ``forward`` and the class method is used again, exactly as before.
+``patch(model)`` changes *that model only*. Each supported family rotates q and k by calling a module-level
+function (``apply_rotary_pos_emb``; DeepSeek-V3 also ``apply_rotary_pos_emb_interleave``) from its attention's
+``forward``. ``patch`` gives every attention module its own copy of the class's ``forward``: the same code
+object, run with a copy of the modeling module's globals in which those names are bound to rotary's. Nothing
+in transformers is modified, so other models, even of the same class, are unaffected; ``unpatch(model)``
+removes the instance ``forward``. The patched ``forward`` sees the modeling module's globals as they were when
+``patch`` ran.
 
-Tables are left to the model: the cos/sin its rotary-embedding module produces are applied by
-rotary (which computes in fp32 and dispatches to the fused kernel when one is available), so the
-logits equal the unpatched model's up to fp32 rounding. Each replacement produces transformers'
-output channel for channel, including DeepSeek-V3's de-interleaving, so a KV cache filled by a
-patched model can be read by an unpatched one and the other way round.
+Tables are left to the model: rotary applies the cos/sin its rotary embedding produces (fp32, the fused kernel
+when available), so the logits equal the unpatched model's up to fp32 rounding, and the outputs are
+transformers' channel for channel (a KV cache is interchangeable between patched and unpatched models).
 
-QK-norm families (Qwen3, Qwen3-MoE, Gemma-3), whose attention normalises every head of q and k
-(``q_norm``, ``k_norm``) and then calls ``apply_rotary_pos_emb``: both steps become one
-:func:`rotary.rmsnorm_rotate` call, q and k read and written once. The attention module's instance
-``forward`` runs the class's code as above, its ``apply_rotary_pos_emb`` normalising with that module's
-norms (found through a thread-local record of the attention module running); its ``q_norm`` and
-``k_norm`` get an instance ``forward`` that, inside that attention's forward, returns its input (the
-normalisation happens in the fused call) and elsewhere normalises as before. Weights of another dtype than q (an fp32 Qwen3 weight under autocast, where Hugging
-Face's norm returns fp32) or norms with different ``eps`` take the norms' own ``forward`` and rotary's
-rotation instead. While ``torch.compile`` traces (Hugging Face's compiled static-cache generation), the
-norms' own ``forward`` and the rotation run as plain torch operations, which Inductor fuses with the
-projections around them: the opaque fused call measured slower there (docs/benchmarks.md). ``unpatch``
-removes the instance ``forward`` of the norms too.
-
-A ``q_norm``/``k_norm`` with forward hooks runs its own forward (its hooks see, and may change, the
-normalised output) and the attention then only rotates.
-
-The vision towers' replacements and entries live in :mod:`rotary.hf.patching_vision` (imported by
-``rotary.hf``, which adds them to :data:`SUPPORTED`).
-
-Caveat: the patched ``forward`` sees the modeling module's globals as they were when ``patch`` ran
-(anything monkey-patched into transformers later is not seen until ``unpatch``/``patch`` again).
+QK-norm families (Qwen3, Qwen3-MoE, Gemma-3): ``q_norm``/``k_norm`` and the rotation become one
+:func:`rotary.rmsnorm_rotate` call. The norms get an instance ``forward`` that, inside their attention's
+forward (a thread-local record), returns its input, and the attention's ``apply_rotary_pos_emb`` normalises
+and rotates; elsewhere they normalise as before. Norm weights of another dtype than q, norms with different
+``eps``, and norms with forward hooks take the norms' own ``forward`` and rotary's rotation; under
+``torch.compile`` both run as plain torch operations, which Inductor fuses with the projections (faster there:
+docs/benchmarks.md). The vision towers' replacements live in :mod:`rotary.hf.patching_vision`.
 """
 
 from __future__ import annotations
@@ -76,12 +59,11 @@ def unsqueeze_layout(unsqueeze_dim: int) -> str:
 def apply_pair(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool, layout: str
 ):
-    """q and k rotated in one kernel call (transformers passes ``[B, S, r]`` or ``[S, r]`` tables).
+    """q and k rotated in one kernel call (tables ``[B, S, r]`` or ``[S, r]``); plain torch operations under tracing.
 
-    While ``torch.compile`` traces (Hugging Face's static-cache generation compiles the decoding
-    step), the same arithmetic as plain torch operations instead: fp32, rounded once, as the kernel.
-    Inductor fuses them with the casts and the projections around them, which an opaque kernel call
-    would split into separate launches (measured: docs/benchmarks.md, "Generation")."""
+    Under ``torch.compile`` Inductor fuses those with the casts and projections around them, which an opaque kernel
+    call would split (docs/benchmarks.md, "Fused ops and generation").
+    """
     if torch.compiler.is_compiling():
         if cos.dim() == 2:  # [S, r]: one row per position, shared by the batch
             cos, sin = cos[None], sin[None]
@@ -133,11 +115,10 @@ def _apply_gpt_oss(q, k, cos, sin, unsqueeze_dim=1):
 
 
 def _apply_deepseek_interleave(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
-    """DeepSeek-V3 with ``rope_interleave`` (the default): the checkpoint's rope channels hold pairs
-    (2i, 2i+1); transformers returns them *de-interleaved* (even channels, then odd ones) and rotated
-    with the half pairing. The same here: :func:`rotary.to_half`, then the half rotation of the
-    ``[θ, θ]`` tables, so the output (and a KV cache of it) equals transformers' channel for channel.
-    ``position_ids`` is accepted and unused, as in transformers."""
+    """DeepSeek-V3's ``rope_interleave``: :func:`rotary.to_half`, then the half rotation, as transformers returns it.
+
+    The output (and a KV cache of it) equals transformers' channel for channel; ``position_ids`` is unused, as there.
+    """
     return apply_half(to_half(q), to_half(k), cos, sin, unsqueeze_dim)
 
 
@@ -325,9 +306,7 @@ _FUSED = "_rotary_hf_qk_norm"  # on a fused QK-norm attention: (its forward's co
 
 
 def _deferred_norm(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    """The ``forward`` of a patched attention's ``q_norm`` / ``k_norm``: inside that attention's forward
-    (in this thread), the input as it is, which the attention's ``apply_rotary_pos_emb`` normalises and
-    rotates in one call (:func:`_norm_and_rotate`); called from anywhere else, the norm's own forward."""
+    """A patched ``q_norm``/``k_norm`` forward: in its attention's forward, the input as is; elsewhere, the norm."""
     running = getattr(_RUNNING, "attention", None)
     if running is None or not (running[0].q_norm is self or running[0].k_norm is self):
         return _own_norm(self, hidden_states)
@@ -338,20 +317,13 @@ def _deferred_norm(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor
 
 
 def _own_norm(norm: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    """What a deferred norm's ``forward`` before :func:`patch` (an instance one, or its class's) returns
-    for ``hidden_states`` (a plain call of the class's function: dynamo traces it, not a bound method
-    made on the fly)."""
+    """What the norm's ``forward`` before :func:`patch` returns (a plain call of the class's function, for dynamo)."""
     previous = norm.__dict__.get(_NORM_MARK)
     return previous(hidden_states) if previous is not None else type(norm).forward(norm, hidden_states)
 
 
 def _norm_and_rotate(q, k, cos, sin, unsqueeze_dim=1):
-    """``apply_rotary_pos_emb`` of a patched QK-norm attention (the one whose ``forward`` runs in this
-    thread: :func:`_fused_attention_forward`), whose norms were deferred: q and k arrive unnormalised;
-    :func:`rotary.rmsnorm_rotate` normalises them with ``attention.q_norm`` / ``attention.k_norm`` and
-    rotates them with the model's tables. Weights of another dtype than the tensor they normalise
-    (Hugging Face's Qwen3 norm would then return the weight's dtype) and norms with different ``eps`` take
-    the norms' own forward and rotary's rotation."""
+    """``apply_rotary_pos_emb`` of a patched QK-norm attention: its deferred norms and the rotation in one call."""
     attention, spec, normalised = _RUNNING.attention
     q_norm, k_norm = attention.q_norm, attention.k_norm
     layout = unsqueeze_layout(unsqueeze_dim)
@@ -384,10 +356,7 @@ _RUNNING = threading.local()
 
 
 def _fused_attention_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    """The instance ``forward`` of a patched QK-norm attention: its class's ``forward`` code, run with the
-    family's replacements and ``apply_rotary_pos_emb`` = :func:`_norm_and_rotate`, which finds this
-    module's norms in :data:`_RUNNING` (a module-level function: a deep copy of the model, sharing the
-    code, uses its own norms; thread-local: models may run in several threads)."""
+    """The instance ``forward`` of a patched QK-norm attention (its norms found in :data:`_RUNNING`, thread-local)."""
     function, spec = self.__dict__[_FUSED]
     outer = getattr(_RUNNING, "attention", None)
     _RUNNING.attention = (self, spec, [])  # the list: norms that ran their own forward (for their hooks)
@@ -458,21 +427,13 @@ def is_patched(model: nn.Module) -> bool:
 def patch(model: nn.Module) -> nn.Module:
     """Route the rotary application of a transformers ``model`` through :func:`rotary.apply_rotary`.
 
-    Only this model changes (see the module docstring); calling ``patch`` twice is harmless.
+    Only this model changes (see the module docstring); calling ``patch`` twice is harmless. An instance
+    ``forward`` set by someone else (an accelerate hook) is put aside and restored by :func:`unpatch`.
 
     Args:
-        model: a transformers model of a type in :data:`SUPPORTED` (any head): Llama, Mistral, Mixtral,
-            Qwen2, Qwen3, Qwen3-MoE, Phi-3, Gemma-3 (both layer types), GPT-NeoX, gpt-oss, DeepSeek-V3,
-            GPT-J, Cohere or GLM, the 2026 text families (Chameleon to Zamba2, Bamba, ESM, Evolla,
-            Phi-4-multimodal, Step-3.5, ZAYA, the Gemma 3n / Gemma 4 / DiffusionGemma text models, Qwen4-exp text,
-            Moonshine, LongCat-Flash, DeepSeek-V4), a vision-language model with multimodal RoPE (its text attention: Qwen-VL,
-            Qwen3.5, the Omni thinkers, GLM-4V, GLM-OCR, GLM-Image, ERNIE-4.5-VL, PaddleOCR-VL, Cosmos 3), a
-            Pixtral vision tower (``PixtralVisionModel``), or a Llama 4 model (text, vision tower, or both);
-            the vision towers that rotate through ``apply_rotary_pos_emb_vision`` (Qwen2-VL to Qwen3.5 and
-            Qwen-Omni, GLM-4V, GLM-OCR, GLM-5-Next, ERNIE-4.5-VL, PaddleOCR-VL, Kimi-K2.5, Cohere Compass,
-            EXAONE 4.5, dots3-note, LFM3-VL, VideoLLaMA3, MiniMax-M3-VL),
-            the ViTs of DINOv3 (``DINOv3ViTModel``, EoMT-DINOv3), SAM 3 (``Sam3ViTModel``), Gemma 4's (alone),
-            on their own or inside their multimodal model (whose text attention is patched where listed above).
+        model: a transformers model of a type in :data:`SUPPORTED` (any head): the text families, the text
+            attention of the multimodal-RoPE vision-language models, and the vision towers (Pixtral, Llama 4,
+            the ``apply_rotary_pos_emb_vision`` towers, DINOv3, SAM 3, Gemma 4), alone or in their model.
 
     Returns:
         ``model`` itself.
@@ -480,10 +441,6 @@ def patch(model: nn.Module) -> nn.Module:
     Raises:
         rotary.errors.InputError: unsupported ``model_type`` (the message lists the supported ones).
         RuntimeError: no attention module calls the expected function (an incompatible transformers).
-
-    An instance ``forward`` set by someone else (e.g. an accelerate hook) is put aside while
-    patched and restored by :func:`unpatch`. For Qwen3, Qwen3-MoE and Gemma-3, ``q_norm``, ``k_norm``
-    and the rotation become one :func:`rotary.rmsnorm_rotate` call (see the module docstring).
 
     Example:
         >>> import transformers

@@ -1,34 +1,23 @@
 """The kernel contract, written once: :class:`Rotation`, what every backend is asked to do.
 
-The C++ kernel (``cpu/rotary.h``), the Triton kernel and the pure-torch path (:mod:`.eager`) all
-take one :class:`Rotation`:
+The C++ kernel (``cpu/rotary.h``), the Triton kernel and the pure-torch path (:mod:`.eager`) all take one
+:class:`Rotation`:
 
-- ``xs``: tensors viewed as ``[B, S, H, D]`` (any strides; the fused kernels want a unit stride over
-  D), possibly different head counts (GQA), the same B, S and D;
-- ``outs``: where each rotation goes, same shapes; an ``out`` that *is* its ``x`` means in place;
-- ``cos[i]``, ``sin[i]``: the tables of ``xs[i]`` (keys may have their own, as xPos needs; usually
-  the same tensors for all). A table is ``[N, r]``: rows of ``r`` channels with a unit stride over
-  r; or per head ``[N, H, r]`` (RoPE-Mixed). fp32, or float64 for float64 inputs;
-- ``positions``: int64 ``[B, S]`` (any strides, e.g. an expanded ``[S]``) giving the table row of
-  token (b, s); or ``None``, when the row is ``b * batch_rows + s`` (``batch_rows`` is 0 for one
-  table shared by the batch, S for per-batch tables stacked as ``[B * S, r]``);
-- ``interleaved``: pairs (2i, 2i + 1) instead of (i, i + r/2); ``conjugate``: rotate by -θ (the
-  backward of a rotation);
-- ``frequencies``: ``None``, or float64 ``[r/2 + 1]`` (:func:`rotary.tables.row_frequencies`: the
-  frequencies every table of the call was made from, then its attention scaling), with ``positions``:
-  a token whose position is not a row of the table (past its end, or negative) gets its row computed
-  from the position, ``cos(position * inv_freq)`` in float64 times the scaling, rounded once to the
-  table dtype (a cached row is the same number). Without ``frequencies``, every position must be a row
-  of the table (the caller's contract): a token outside reads nothing outside the table and comes out
-  NaN (the C++ kernel, on CPU memory, raises instead).
+- ``xs``: tensors viewed as ``[B, S, H, D]`` (any strides; the fused kernels want a unit stride over D), head
+  counts may differ (GQA), the same B, S and D; ``outs``: same shapes, an ``out`` that *is* its ``x`` means in place;
+- ``cos[i]``, ``sin[i]``: the tables of ``xs[i]`` (keys may have their own, xPos), ``[N, r]`` with a unit stride
+  over r, or per head ``[N, H, r]``; fp32, or float64 for float64 inputs;
+- ``positions``: int64 ``[B, S]`` (any strides) giving token (b, s)'s table row; or ``None``, the row is
+  ``b * batch_rows + s`` (``batch_rows`` 0 for a shared table, S for per-batch tables ``[B * S, r]``);
+- ``interleaved``: pairs (2i, 2i + 1) instead of (i, i + r/2); ``conjugate``: rotate by -θ (the backward);
+- ``frequencies``: ``None``, or float64 ``[r/2 + 1]`` (:func:`rotary.tables.row_frequencies`): a token whose
+  position is not a row of the table gets its row computed, as the cached rows were; without it every position
+  must be a row (the caller's contract): a token outside reads nothing and comes out NaN (the C++ kernel raises).
 
-Rotating pair (a, b) by θ gives (a cos - b sin, b cos + a sin); channels past ``r`` are copied (out of
-place) or left alone (in place).
-
-The gradient with respect to the tables is part of the contract too: for an output gradient ``g``
-of ``xs[i]``, ``d cos[row] += Σ_heads g · x`` and ``d sin[row] += Σ_heads g · turn(x)`` per channel,
-where ``turn`` is the 90° turn of each pair, (a, b) -> (-b, a) (negated for ``conjugate``). Backends
-compute it per token; :func:`rotary.kernels.ops.table_grads` sums tokens into table rows.
+Rotating pair (a, b) by θ gives (a cos - b sin, b cos + a sin); channels past ``r`` are copied (out of place) or
+left alone (in place). The table gradient: for an output gradient ``g`` of ``xs[i]``, ``d cos[row] += Σ_heads g · x``
+and ``d sin[row] += Σ_heads g · turn(x)``, ``turn`` the 90° turn (a, b) -> (-b, a) (negated for ``conjugate``),
+per token from the backends, summed into rows by :func:`rotary.kernels.ops.table_grads`.
 """
 
 from __future__ import annotations

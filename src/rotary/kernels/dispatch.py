@@ -30,15 +30,11 @@ INPLACE_LEARNED_TABLES_COMPILED = (
 def rotate(
     rotation: Rotation, *, inplace: bool, targets: Sequence[tuple[torch.Tensor, ops.Views] | None] | None = None
 ) -> list[torch.Tensor]:
-    """Rotate every ``[B, S, H, D]`` tensor of ``rotation.xs`` (its ``outs`` are ignored).
+    """Rotate every ``[B, S, H, D]`` tensor of ``rotation.xs`` (its ``outs`` ignored): new tensors, or the inputs in
+    place.
 
-    Returns the results: new tensors, or the inputs themselves when ``inplace``.
-
-    ``targets`` (in place under eager autograd): per tensor, ``(target, (to_kernel, from_kernel))``
-    when the in-place rotation should be recorded on ``target`` (the tensor the caller holds, or the
-    base it is a reshaped view of) rather than on the kernel view, which autograd would rebase with
-    CopySlices (a copy of the base and a clone of the gradient in every backward). The result for
-    such a tensor is then ``to_kernel(target)``, a view of the rotated target.
+    ``targets`` (in place under eager autograd): per tensor, ``(target, (to_kernel, from_kernel))`` to record the
+    rotation on ``target`` rather than the kernel view (avoiding CopySlices); its result is ``to_kernel(target)``.
     """
     xs = rotation.xs
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (*xs, *rotation.cos, *rotation.sin))

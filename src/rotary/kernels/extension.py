@@ -1,23 +1,14 @@
 """Build (once, on first use) and load the fused CPU kernel in ``cpu/`` (:data:`UNITS`, :data:`HEADERS`).
 
-The sources are compiled with ``torch.utils.cpp_extension.load`` (ninja, from the ``dev`` extra or
-any install; the two units in parallel) into a cache directory: ``$ROTARY_CACHE_DIR``, else
-``~/.cache/rotary``. They are compiled for the instruction set of the machine that builds them
-(``-march=native``), so the build name carries a fingerprint of the CPU (model and instruction-set
-flags), the compiler flags, the build of torch (version, commit, C++ ABI), Python's version and the
-sources' bytes: a home directory shared by machines with different CPUs gets one build per CPU model,
-never a binary that would hit an illegal instruction. Where torch is installed is not in the name:
-every virtualenv with that torch (each checkout's ``.venv``) loads the same build, and a finished build
-is imported directly, without ninja (which would compile it again for another virtualenv's include
-paths) and without a compiler. The sources are compiled from copies inside the build folder, so every
-checkout of the same source (a fresh clone, a git worktree) loads the one build already made instead
-of compiling its own, and no two checkouts' paths ever meet in one build's ninja file. When the build
-is impossible (no compiler, no ninja) the library warns once, in one line, and every call takes the
-pure-torch path; with ``ROTARY_NO_EXTENSION=1`` it takes that path without a word (the user chose it).
-
-A build that is not cached yet prints a one-line notice on stderr first (it takes about half a minute on
-two cores); ``rotary build`` (:func:`build_cpu_extension`) compiles ahead of time, e.g. in a Docker image
-or CI cache.
+The sources are compiled with ``torch.utils.cpp_extension.load`` (ninja) into ``$ROTARY_CACHE_DIR``, else
+``~/.cache/rotary``, for the instruction set of the building machine (``-march=native``). The build name
+fingerprints the CPU, the compiler flags, torch's build, Python's version and the sources' bytes, so machines
+sharing a home directory get one build per CPU model; it omits where torch is installed, and sources are
+compiled from copies inside the build folder, so every virtualenv and checkout of the same sources loads the
+one build (imported directly, without ninja or a compiler). When the build is impossible (no compiler, no
+ninja) the library warns once and takes the pure-torch path (silently with ``ROTARY_NO_EXTENSION=1``). A new
+build prints a one-line notice (about half a minute on two cores); ``rotary build`` (:func:`build_cpu_extension`)
+compiles ahead of time.
 """
 
 from __future__ import annotations
@@ -106,12 +97,7 @@ def cpu_extension_path() -> Path:
 
 
 def _clear_stale_lock(directory: Path) -> None:
-    """Remove the build lock a killed build left behind.
-
-    torch's loader takes ``<build dir>/lock`` around every build and, finding it taken, waits for it
-    to go away, forever: one interrupted build (Ctrl-C, a killed job) would hang every later import
-    of the kernel. A lock older than :data:`STALE_LOCK_SECONDS` cannot belong to a running build.
-    """
+    """Remove a build lock older than :data:`STALE_LOCK_SECONDS`: torch's loader would wait for it forever."""
     lock = directory / "lock"
     try:
         age = time.time() - lock.stat().st_mtime
@@ -204,11 +190,7 @@ def _reason(exc: BaseException) -> str:
 def build_cpu_extension() -> Path:
     """Compile the fused CPU kernel now (or load the cached build) and return the compiled file's path.
 
-    What ``rotary build`` runs. It builds even when ``ROTARY_NO_EXTENSION`` is set (the variable only
-    stops the library from loading the kernel).
-
-    Returns:
-        the path of the compiled extension (``cpu_extension_path()``).
+    What ``rotary build`` runs; it builds even when ``ROTARY_NO_EXTENSION`` is set.
 
     Raises:
         RuntimeError: the kernel cannot be built; the message says why (no compiler, no ninja, ...).

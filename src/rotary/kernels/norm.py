@@ -1,8 +1,8 @@
-"""Per-head RMSNorm, then the rotation: the kernels of :func:`rotary.rmsnorm_rotate`, with autograd and ``torch.compile``.
+"""Per-head RMSNorm, then the rotation: the kernels of :func:`rotary.rmsnorm_rotate`, with autograd and
+``torch.compile``.
 
-The contract is a :class:`~.contract.Rotation` (``xs`` viewed as ``[B, S, H, D]``, their ``outs``, tables,
-positions; never ``conjugate``) and a :class:`Norm`: per x, a weight ``[D]``; ``eps``; the weight
-convention. Every vector ``x`` of D channels (one head of one token) becomes::
+The contract is a :class:`~.contract.Rotation` (never ``conjugate``) and a :class:`Norm` (per x a weight
+``[D]``, ``eps``, the weight convention). Every vector ``x`` of D channels (one head of one token) becomes::
 
     rstd = 1 / sqrt(mean(x²) + eps)                 # fp32 (fp64 for fp64 inputs)
     n = x * rstd
@@ -10,24 +10,12 @@ convention. Every vector ``x`` of D channels (one head of one token) becomes::
     y = (1 + w) * n          (style "gemma3": Gemma3RMSNorm, weight 1 + w, fp32)
     out = round(rotate(round(y)))                    # the rotation of :mod:`.contract`
 
-``round`` is the cast to x's dtype: the roundings Hugging Face's modules and rotary's rotation make, at
-the same places, so that the result is the unfused composition's.
-
-Backends (:func:`run`):
-
-- the CPU kernel ``rmsnorm_rope`` in ``cpu/rotary.h``: one pass, bit for bit the composition (it sums
-  the squares in the order of torch's CPU sum kernel);
-- the Triton kernel :func:`run_triton` on CUDA: one launch for q and k, one program per token and block
-  of heads; the sum of squares in Triton's order (not torch's: rstd within a few ulps of the composition's);
-- the pure-torch composition :func:`run_torch` everywhere else (no compiler, no Triton).
-
-Each writes ``rstd`` per vector, which the backward reuses.
-
-Backward (:func:`backward`): the autograd composition, written out: the gradient is rotated back by -θ
-(the rotation kernel, ``conjugate``), then RMSNorm's backward in fp32 torch operations, one expression per
-tensor; on every device. Eager autograd goes through :class:`NormRotate` (an ``autograd.Function``);
-``torch.compile`` through the custom op ``rotary::rmsnorm_rope``, whose fake implementation traces with
-``fullgraph=True``. Out of place only: no in-place Function on views under ``torch.compile``.
+``round`` is the cast to x's dtype, where Hugging Face's modules and rotary's rotation round. Backends
+(:func:`run`): the CPU kernel ``rmsnorm_rope`` (bit for bit the composition: torch's order of the sum), the
+Triton kernel :func:`run_triton` (one launch for q and k; Triton's order of the sum, a few ulps), the pure-torch
+:func:`run_torch` elsewhere. Each writes ``rstd`` per vector for the backward (:func:`backward`), the
+composition's gradient written out: eager autograd through :class:`NormRotate`, ``torch.compile`` through the
+custom op ``rotary::rmsnorm_rope``. Out of place only.
 """
 
 from __future__ import annotations
@@ -178,10 +166,9 @@ if triton is not None:
         HALF: tl.constexpr, D: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_REST: tl.constexpr,
         INTERLEAVED: tl.constexpr, ROUND_NORMED: tl.constexpr, FP64: tl.constexpr, COMPUTE: tl.constexpr,
     ):  # fmt: skip
-        """Normalise and rotate ``heads`` (a block of head indices, masked by ``< H``) of token (b, s)
-        with table row ``t`` (or the row computed at position ``p``: :func:`.triton.table_pairs`);
-        ``poison`` is 0, or NaN for a token outside a table that cannot compute its rows. Each channel is
-        loaded once: the pairs' two halves, and the channels past the rotated ones."""
+        """Normalise and rotate a block of heads of token (b, s) with row ``t`` (or position ``p``); each channel
+        loaded once.
+        """
         compute = tl.float64 if FP64 else tl.float32
         dtype = OUT.dtype.element_ty
         live = heads < H
@@ -296,11 +283,9 @@ if triton is not None:
 def run_triton(
     rotation: Rotation, weights: list[torch.Tensor], rstds: tuple[torch.Tensor, ...], round_normed: bool, eps: float
 ) -> None:
-    """Normalise and rotate each ``[B, S, H, D]`` x (unit stride over D) into its out, two tensors (q and
-    k) per launch; ``weights[i]`` is the norm's weight as given, contiguous ``[D]`` (any float dtype: the
-    kernel widens it, and with ``round_normed`` off, Gemma's convention, multiplies by ``1 + weight``).
-    Positions are handled in the kernel as in :func:`.triton.run_triton` (rows past the table computed
-    when the rotation carries its frequencies, NaN otherwise)."""
+    """Normalise and rotate each ``[B, S, H, D]`` x into its out, q and k per launch; positions as
+    :func:`.triton.run_triton`.
+    """
     if triton is None:
         raise RuntimeError("rotary: Triton is not installed")
     n = len(rotation.xs)
@@ -366,13 +351,9 @@ def backward(
 ) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
     """Gradients ``(d xs, d weights)`` for output gradients ``grads`` (``None``: that output got none).
 
-    The autograd composition, written out in the arithmetic dtype: ``g_y`` is the gradient rotated back
-    by -θ (the rotation kernel, ``conjugate``); with ``n = x * rstd``, the factor ``f`` (weight, or
-    ``1 + weight``) and ``m`` the value it multiplied (``n``, rounded to x's dtype for Qwen3):
-    ``d weight = Σ_tokens,heads g_y * m``, ``g_n = g_y * f`` and
-    ``d x = rstd * (g_n - n * mean(g_n * n))`` (the roundings count as identities, as autograd counts
-    casts). Differentiable when grad mode is on (``create_graph=True``). ``op``: rotate through the
-    custom op ``rotary::rope`` (the backward of ``rotary::rmsnorm_rope``, traced by AOT autograd).
+    With ``g_y`` the gradient rotated back by -θ, ``n = x * rstd``, the factor ``f`` (``w`` or ``1 + w``) and ``m``
+    the value it multiplied: ``d w = Σ g_y * m``, ``g_n = g_y * f``, ``d x = rstd * (g_n - n * mean(g_n * n))``.
+    Differentiable under grad mode; ``op``: rotate through ``rotary::rope`` (traced by AOT autograd).
     """
     present = [i for i, g in enumerate(grads) if g is not None]
     grad_xs: list[torch.Tensor | None] = [None] * len(grads)
@@ -411,12 +392,7 @@ def backward(
 
 
 class NormRotate(torch.autograd.Function):
-    """Eager autograd: ``NormRotate.apply(rotation, norm, *xs, *weights)`` -> the outputs.
-
-    The tables (in ``rotation``) do not require grad here (:func:`rotary.rmsnorm_rotate` takes the
-    unfused composition for tables that do). Saves the inputs and the rstds; the backward is
-    :func:`backward`.
-    """
+    """Eager autograd: ``NormRotate.apply(rotation, norm, *xs, *weights)`` -> the outputs (tables without grad)."""
 
     @staticmethod
     def forward(ctx, rotation: Rotation, norm: Norm, *tensors):  # type: ignore[override]

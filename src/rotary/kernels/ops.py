@@ -57,10 +57,7 @@ def transformed(x: torch.Tensor) -> bool:
 
 
 def mark_written(*tensors: torch.Tensor) -> None:
-    """Tell autograd that a kernel wrote ``tensors`` in place (through their memory, which torch does not
-    see): their version counters move on, as after any in-place torch operation, so a backward that saved
-    one of them before the write raises instead of using the new values. Call it after every in-place
-    write outside autograd's own in-place Functions (which mark their outputs dirty).
+    """Tell autograd that a kernel wrote ``tensors`` in place: their version counters move on, as after torch's ops.
 
     Example:
         >>> x = torch.zeros(3)
@@ -73,7 +70,9 @@ def mark_written(*tensors: torch.Tensor) -> None:
 
 
 def backend(rotation: Rotation, tensors: tuple[torch.Tensor, ...]) -> str | None:
-    """The kernel :func:`run` takes for ``rotation`` writing ``tensors``: ``"cpu"``, ``"triton"`` or ``None`` (pure torch)."""
+    """The kernel :func:`run` takes for ``rotation`` writing ``tensors``: ``"cpu"``, ``"triton"`` or ``None``
+    (torch).
+    """
     x0 = rotation.xs[0]
     if not all(t.stride(-1) == 1 or t.shape[-1] == 1 for t in tensors):
         return None
@@ -140,11 +139,7 @@ def _into_rows(rotation: Rotation, table: torch.Tensor, per_token: torch.Tensor)
 
 
 def table_grads(rotation: Rotation, grads: tuple[torch.Tensor, ...]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """``(d cos[i], d sin[i])`` shaped like each x's tables, for output gradients ``grads``.
-
-    Differentiable (a pure-torch computation) when grad mode is on, i.e. inside a backward with
-    ``create_graph=True``; otherwise computed per token by the kernel.
-    """
+    """``(d cos[i], d sin[i])`` shaped like each x's tables (per token from the kernel; pure torch under grad mode)."""
     if torch.is_grad_enabled() or torch.compiler.is_compiling():
         per_token = table_grad_torch(rotation, grads)
     else:
@@ -167,14 +162,9 @@ def _split(rotation: Rotation, tensors: tuple[torch.Tensor, ...]) -> Rotation:
 class Rotate(torch.autograd.Function):
     """Out-of-place rotation under eager autograd: ``Rotate.apply(rotation, *xs, *cos, *sin)``.
 
-    Same kernel and same backward as the registered op ``rotary::rope`` (which ``torch.compile``
-    uses), minus the custom op's Python dispatch: at decode shapes that dispatch costs more than
-    the kernel. Gradients flow to the tables when they require them (learnable frequencies).
-
-    Memory: the forward allocates one output per input; nothing else of q/k's size. The backward
-    never writes into an incoming gradient (autograd may hand the same tensor to other consumers, a
-    hook or ``retain_grad``): it rotates it (any strides) into one new tensor laid out like the
-    input, so that autograd keeps it as ``x.grad`` without a copy.
+    The kernel and backward of ``rotary::rope`` without the custom op's dispatch (which costs more than the kernel
+    at decode shapes); gradients reach tables that require them. The backward rotates the incoming gradient into
+    one new tensor laid out like the input, never in place.
     """
 
     @staticmethod
@@ -221,12 +211,7 @@ def _rotate_back(
     sin: tuple[torch.Tensor, ...],
     strides: tuple[tuple[int, ...], ...] | None,
 ) -> list[torch.Tensor | None]:
-    """A backward's rotation by -θ of each gradient in one kernel call. ``None`` (an output that got no
-    gradient) stays ``None``; the others are rotated into a new tensor with ``strides[i]`` (the
-    input's layout), or laid out like the gradient when ``strides`` is ``None``. Incoming gradients
-    are never written to: autograd may share one with other consumers (the two inputs of an
-    addition), a hook or ``retain_grad``, and nothing a backward can see says when it does not.
-    Differentiable (:class:`Rotate`) when grad mode is on (``create_graph=True``)."""
+    """A backward's rotation by -θ of each gradient into new tensors (``strides[i]``), never into the incoming ones."""
     present = [i for i, g in enumerate(grads) if g is not None]
     results: list[torch.Tensor | None] = [None] * len(grads)
     if not present:
@@ -258,25 +243,12 @@ Views = tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], t
 
 
 class RotateInplace(torch.autograd.Function):
-    """In-place rotation under autograd: ``RotateInplace.apply(rotation, views, *xs, *cos, *sin)``.
+    """In-place rotation under eager autograd: ``RotateInplace.apply(rotation, views, *xs, *cos, *sin)``.
 
-    ``views``: per x, ``(to_kernel, from_kernel)``, functions mapping ``x`` (and a gradient shaped like
-    it) to the kernel's ``[B, S, H, D]`` view and back by view operations only, e.g.
-    ``transpose(1, 2)`` for ``[B, H, S, D]`` storage, or splitting the last dim of a projection output
-    ``[B, S, H * D]`` into heads; ``None``: that x already is the kernel view. Returns the xs (one
-    tensor when there is one). All xs are rotated in one kernel call.
-
-    The backward rotates each incoming gradient into one new tensor (never in place: see
-    :func:`_rotate_back`).
-
-    Eager autograd only: under ``torch.compile`` an in-place rotation is the out-of-place op
-    ``rotary::rope`` followed by ``copy_`` (see :func:`rotary.kernels.dispatch.rotate`), which AOT
-    autograd differentiates correctly for views of a graph input; a Function that marks such a view
-    dirty lost its backward there.
-
-    A view (q as a slice of qkv) must be rotated alone: autograd rebases the view's history onto its
-    base with CopySlices, which expects the dirty view to be the first tensor input, and accepts an
-    in-place Function on a view only if it returns a single tensor.
+    ``views``: per x, ``(to_kernel, from_kernel)`` view-only maps to the kernel's ``[B, S, H, D]`` and back, or
+    ``None``. All xs rotate in one kernel call; the backward as :class:`Rotate`'s. Under ``torch.compile`` an
+    in-place rotation is ``rotary::rope`` then ``copy_`` instead. A view (q sliced from qkv) must be rotated alone:
+    autograd's CopySlices accepts an in-place Function on a view only with a single output.
     """
 
     @staticmethod

@@ -14,11 +14,7 @@ __all__ = ["overlaps_itself", "shares_elements"]
 
 
 def shares_elements(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two strided tensors have at least one element in common (exact, not an extent test).
-
-    Views of one buffer that interleave without sharing elements (q and k sliced from a fused qkv
-    projection) do not count.
-    """
+    """Whether two strided tensors have at least one element in common (exact; interleaved views do not count)."""
     if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
         return False
     if a.device.type == "meta":  # no memory: every meta storage has address 0, so the storages themselves
@@ -80,11 +76,7 @@ def _element_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def overlaps_itself(x: torch.Tensor) -> bool:
-    """Whether two elements of ``x`` are one element of memory (an expanded or ``as_strided`` view).
-
-    Exact: torch's quick test first; where it cannot tell (views such as ``unfold`` windows or
-    ``as_strided`` rows that run into each other), a stride test that holds for every view of a
-    contiguous buffer, and element offsets listed as the last resort.
+    """Whether two elements of ``x`` are one element of memory (an expanded or ``as_strided`` view), exactly.
 
     Example:
         >>> overlaps_itself(torch.zeros(4, 8)), overlaps_itself(torch.zeros(8)[None].expand(4, 8))

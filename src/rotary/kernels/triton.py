@@ -41,8 +41,7 @@ def available() -> bool:
 
 
 def next_power_of_2(n: int) -> int:
-    """The smallest power of two ``>= n`` (1 for ``n <= 1``): ``triton.next_power_of_2`` for the launch
-    parameters, without the host cost of calling a Triton constexpr function (about 1 µs each, six per launch).
+    """The smallest power of two ``>= n`` (1 for ``n <= 1``), without a Triton constexpr call's host cost.
 
     Example:
         >>> [next_power_of_2(n) for n in (0, 1, 2, 3, 64, 65)]
@@ -73,15 +72,10 @@ if triton is not None:
         INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, INPLACE: tl.constexpr, FP64: tl.constexpr,
         TWO: tl.constexpr, PAIR_TABLES: tl.constexpr, COMPUTE: tl.constexpr,
     ):  # fmt: skip
-        """Rotate ``heads`` (a block of head indices, masked by ``< H``) of one token with table row ``t``:
-        ``x`` and ``o`` point at the token's row of the input and the output (head strides ``sxh``,
-        ``soh``); with ``TWO`` the result is also stored at ``o2`` (head stride ``so2h``, heads ``< H2``,
-        pass-through channels always: a cache row). The token's cos and sin come from :func:`table_pairs`
-        (row ``t``, or computed at position ``p``); ``poison`` is 0, or NaN for a token outside a table
-        that cannot compute its rows.
+        """Rotate a block of heads of one token with row ``t`` (or position ``p``), also into ``o2`` with ``TWO``.
 
-        Every load (x, the tables) is issued before any store: a store may alias what a later load reads,
-        so the GPU would wait for it, one memory round trip more per program."""
+        Every load is issued before any store: a store may alias a later load, costing a memory round trip.
+        """
         compute = tl.float64 if FP64 else tl.float32
         dtype = o.dtype.element_ty
         live = heads < H
@@ -310,12 +304,9 @@ if triton is not None:
 
 
 def run_triton(rotation: Rotation) -> None:
-    """Rotate each ``[B, S, H, D]`` x (unit stride over D) into its out (may be x itself): two tensors
-    (q and k) per launch, one program per token and block of heads.
+    """Rotate each ``[B, S, H, D]`` x (unit stride over D) into its out: q and k per launch, nothing read on the host.
 
-    With ``positions``, each token's row is checked against the table in the kernel: a token outside it
-    gets its row computed when the rotation carries its ``frequencies``, and NaN in its rotated channels
-    otherwise (see :mod:`.contract`). Nothing is read on the host, nothing is allocated.
+    A token outside the table gets its row computed when the rotation carries ``frequencies``, else NaN.
     """
     if triton is None:
         raise RuntimeError("rotary: Triton is not installed")
@@ -394,15 +385,11 @@ def rotate_and_cache_triton(
     *,
     pair_tables: bool = False,
 ) -> None:
-    """One launch: rotate ``xs[0]`` (q) and ``xs[1]`` (k) into their outs and write the rotated k and ``v``
-    into row ``slots[b, s]`` of the caches.
+    """One launch: rotate q and k and write the rotated k and ``v`` into row ``slots[b, s]`` of the caches.
 
-    Shapes: q ``[B, S, Hq, D]``, k ``[B, S, Hk, D]``, v ``[B, S, Hk, Dv]`` (any strides, unit stride over
-    the last dim), caches ``[B or 1, T, Hk, D or Dv]``, ``slots`` int64 ``[B, S]``. A slot outside
-    ``0 .. T - 1`` writes nothing (that token's k and v). ``pair_tables``:
-    the tables are the two halves of vLLM's ``cos_sin_cache`` ``[N, r]`` (cos ``[:, :r/2]``, sin
-    ``[:, r/2:]``, one value per pair, read in their own dtype) at int64 ``positions``; a row holding NaN
-    or inf gives NaN or inf in its tokens' rotated channels (the caller's contract).
+    Shapes: q ``[B, S, Hq, D]``, k ``[B, S, Hk, D]``, v ``[B, S, Hk, Dv]``, caches ``[B or 1, T, Hk, D or Dv]``,
+    ``slots`` int64 ``[B, S]`` (outside ``0 .. T - 1``: nothing written). ``pair_tables``: vLLM's ``cos_sin_cache``
+    halves at int64 ``positions``, read in their own dtype.
     """
     if triton is None:
         raise RuntimeError("rotary: Triton is not installed")

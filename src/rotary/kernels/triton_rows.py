@@ -52,12 +52,11 @@ if triton is not None:
 
     @triton.jit
     def sin_cos_f64(theta):
-        """``(cos θ, sin θ)`` in float64 for float64 ``θ`` of any size, with mul/add only (the same code on
-        every backend, the interpreter included): ``θ`` reduced modulo 2π twice (the second pass bounds
-        what the first leaves for huge angles), then by the quadrant, and the kernel polynomials of
-        fdlibm's ``__kernel_sin``/``__kernel_cos`` on ``[-π/4, π/4]``. Accurate to a few float64 ulp of 1
-        for angles whose reduction is exact (``|θ| < 2**31``), which is far below the fp32 rounding of a
-        table value; bounded (never NaN) for any finite ``θ``."""
+        """``(cos θ, sin θ)`` in float64 with mul/add only (every backend the same): fdlibm's kernels after reduction.
+
+        Accurate to a few float64 ulp for ``|θ| < 2**31`` (far below a table value's fp32 rounding), never NaN for
+        finite ``θ``.
+        """
         r = _reduce_2pi(_reduce_2pi(theta))
         q = _nearest(r * _f64(0.6366197723675814))  # -2 .. 2
         qf = q.to(tl.float64)
@@ -106,13 +105,12 @@ if triton is not None:
         HALF: tl.constexpr, BLOCK_P: tl.constexpr, INTERLEAVED: tl.constexpr, PAIR_TABLES: tl.constexpr,
         COMPUTE: tl.constexpr, FP64: tl.constexpr,
     ):  # fmt: skip
-        """The cos and sin of each pair of ``heads`` (masked by ``live``) at table row ``t``, ``[BLOCK_H,
-        BLOCK_P]`` in the arithmetic dtype. With ``COMPUTE``, a token whose position ``p`` is not a row of
-        the table (``computed``) gets them computed from the frequencies instead: ``FREQ`` is float64
-        ``[HALF + 1]`` (the frequencies, then the attention scaling), the angle ``p * f`` is formed in
-        float64 and the value rounded to the table dtype, as the table's own rows were made.
-        Table rows hold one value per channel (``c[2i] == c[2i + 1]`` interleaved, read as contiguous rows
-        and split in registers), or with ``PAIR_TABLES`` one per pair (vLLM's ``cos_sin_cache`` halves)."""
+        """cos and sin ``[BLOCK_H, BLOCK_P]`` of each pair of ``heads`` at row ``t``, or computed at ``p``
+        (``COMPUTE``).
+
+        ``FREQ`` is float64 ``[HALF + 1]`` (frequencies, then the scaling); ``PAIR_TABLES``: one value per pair
+        (vLLM's ``cos_sin_cache`` halves), else one per channel.
+        """
         compute = tl.float64 if FP64 else tl.float32
         pair = tl.arange(0, BLOCK_P)
         if INTERLEAVED and not PAIR_TABLES:
@@ -145,12 +143,11 @@ if triton is not None:
         POS, row, S, table_rows, batch_rows, spb, sps, HAS_POSITIONS: tl.constexpr, COMPUTE: tl.constexpr,
         FP64: tl.constexpr,
     ):  # fmt: skip
-        """The per-token prologue of every kernel: program row ``row`` is token (b, s); returns
-        ``(b, s, t, p, computed, poison)``: ``t`` the token's table row, ``p`` its position, ``computed``
-        whether the position is not a row of the table and its row is computed (``COMPUTE``: the call's
-        tables come with their frequencies), and ``poison`` 0, or NaN for a position outside a table that
-        cannot compute its rows (a caller's table: the position breaks the caller's contract). A token
-        outside the table reads row 0, never memory past the table."""
+        """Per-token prologue: ``(b, s, t, p, computed, poison)`` of program row ``row``; outside the table, row 0 is
+        read.
+
+        ``computed``: the row is computed from the position (``COMPUTE``); ``poison``: 0, or NaN where it cannot be.
+        """
         b = row // S
         s = row % S
         compute = tl.float64 if FP64 else tl.float32

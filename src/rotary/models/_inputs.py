@@ -1,12 +1,9 @@
 """Checks of what a model is fed: token ids against the embedding tables they index.
 
-An id outside an embedding table fails inside ``nn.Embedding`` as ``IndexError: index out of range
-in self``, which names neither the id, the table nor the fix (on a GPU it is a device-side assert
-that poisons the process). On the CPU one ``aminmax`` per call names all three (:func:`check_token_ids`);
-on accelerators :func:`embedding_ids` reads nothing: it clamps bad ids into the table (memory-safe by
-construction) and marks them, to be embedded as 0 (ids in the vocabulary are the caller's contract there). Nothing is
-read under
-``torch.compile``, where a device read would break the graph.
+``nn.Embedding`` reports an id outside its table as ``IndexError: index out of range in self`` (on a GPU a
+device-side assert that poisons the process). On the CPU one ``aminmax`` per call names the id, the table and
+the fix (:func:`check_token_ids`); on accelerators and under ``torch.compile`` nothing is read:
+:func:`embedding_ids` clamps bad ids into the table and marks them, to be embedded as 0.
 """
 
 from __future__ import annotations
@@ -25,10 +22,8 @@ def check_token_ids(
     """Integer ids ``[B, S]`` with every id in ``0 .. size - 1``; returned unchanged.
 
     Args:
-        ids: the ids.
-        size: the number of rows of the embedding they index.
-        name: the argument's name, for messages.
-        table: the config field that sets ``size``, for messages.
+        ids: the ids; size: the number of rows of the embedding they index.
+        name, table: the argument and the config field that sets ``size``, for messages.
         shape: the shape the ids must have (e.g. ``input_ids``' for ``token_type_ids``).
 
     Raises:
@@ -80,20 +75,16 @@ def embedding_ids(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Token ids ready for an embedding lookup, checked without a host read where a read would synchronise.
 
-    On the CPU: :func:`check_token_ids` (an id out of range is a ``ValueError`` at once). Under
-    ``torch.compile``: the ids unchecked, as there. On other devices nothing is read: ids outside
-    ``0 .. size - 1`` (the caller's contract there) are clamped into the table so that the lookup never reads past it,
-    and come back as ``unknown``, whose
-    embeddings the caller must zero.
-
     Args:
-        ids: integer ids ``[B, S]``.
-        size: rows of the embedding they index.
+        ids: integer ids ``[B, S]``; size: rows of the embedding they index.
         name, table: the argument and the config field that sets ``size``, for messages.
 
     Returns:
-        ``(ids, unknown)``: ids safe to look up, and a bool ``[B, S]`` of the out-of-range ones (``None``
-        where they were checked on the host or not at all).
+        ``(ids, unknown)``: ids safe to look up (off the CPU, bad ones clamped), and a bool ``[B, S]`` of the
+        out-of-range ones, whose embeddings the caller zeroes (``None`` where checked on the host or not at all).
+
+    Raises:
+        rotary.errors.InputError: (CPU) an id out of range, as :func:`check_token_ids`.
 
     Example:
         >>> embedding_ids(torch.tensor([[3, 7]]), 8)

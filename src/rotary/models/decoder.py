@@ -5,18 +5,11 @@
                                RMSNorm -> SwiGLU MLP                       -> residual ]
               -> RMSNorm -> lm_head (optionally tied to the embedding) -> logits
 
-The position encoding is one switch, ``DecoderConfig.position_encoding``, looked up in
-:data:`POSITION_ENCODINGS`. Each entry builds a :class:`PositionEncoding` saying where it acts: on the
-token embeddings (learned, sinusoidal), on q and k in every layer (RoPE, p-RoPE, xPos), or on the
-attention scores (ALiBi). A new variant is one registration, e.g.::
-
-    POSITION_ENCODINGS["scaled"] = lambda c: PositionEncoding(rope=RoPE(c.head_dim, scaling={...}))
-
-``DecoderConfig.no_rope_layers`` turns the rotation off in some layers (NoPE layers, as in Llama 4),
-whose queries Llama 4 scales by a temperature at long range (:mod:`rotary.variants.nope`).
-
-Decoding (caches, the decoding step, sampling, ``generate`` and its capture) is in
-:mod:`rotary.models.generation`, which :class:`Decoder` inherits as :class:`GenerationMixin`.
+The position encoding is one switch, ``DecoderConfig.position_encoding``, a key of :data:`POSITION_ENCODINGS`
+whose builder says where it acts (:class:`PositionEncoding`): on the embeddings, on q and k in every layer,
+or on the scores; a new variant is one registration. ``no_rope_layers`` turns the rotation off in some layers
+(Llama 4's NoPE layers, :mod:`rotary.variants.nope`). Decoding is :class:`GenerationMixin`
+(:mod:`rotary.models.generation`).
 """
 
 from __future__ import annotations
@@ -78,22 +71,14 @@ class DecoderConfig:
         max_position: initial RoPE table length, and the size of a learned position table.
         position_encoding: a key of :data:`POSITION_ENCODINGS` (``rope``, ``p_rope``, ``xpos``, ``none``,
             ``learned``, ``sinusoidal``, ``alibi``, ...).
-        rope_base: RoPE base ``theta``.
-        rope_scaling: Hugging Face-style scaling block for RoPE (any ``rope_type`` of
-            :data:`rotary.ROPE_INIT_FUNCTIONS`).
-        rope_interleaved: RoPE pairing (``False``: Hugging Face halves).
-        p_rope_fraction: p-RoPE's ``p`` (``position_encoding="p_rope"``): the fraction of pairs, the
-            fastest, that rotate; the others carry no position.
-        xpos_scale_base: xPos's ``γ`` (``position_encoding="xpos"``).
-        no_rope_layers: NoPE layers, Llama 4's convention: one flag per layer, 1 = the layer rotates,
-            0 = it uses no position encoding; ``True`` for Llama 4's default (every
-            ``no_rope_layer_interval``-th layer is NoPE: layers 3, 7, ... for 4); ``None``/``False``:
-            every layer rotates. Stored as the list.
+        rope_base, rope_scaling, rope_interleaved: RoPE's base ``theta``, Hugging Face-style scaling block, pairing.
+        p_rope_fraction: p-RoPE's ``p``: the fraction of pairs, the fastest, that rotate.
+        xpos_scale_base: xPos's ``γ``.
+        no_rope_layers: NoPE layers (Llama 4's convention): one flag per layer, 0 = no position encoding;
+            ``True``: every ``no_rope_layer_interval``-th layer is NoPE; ``None``/``False``: every layer rotates.
         no_rope_layer_interval: see ``no_rope_layers=True``.
-        attn_temperature_tuning: Llama 4's query temperature in NoPE layers,
+        attn_temperature_tuning, floor_scale, attn_scale: Llama 4's query temperature in NoPE layers,
             ``1 + attn_scale · log1p(floor((n + 1) / floor_scale))``.
-        floor_scale: its step length in tokens.
-        attn_scale: its strength.
         rms_norm_eps: RMSNorm epsilon.
         tie_word_embeddings: share the embedding matrix with the output head.
         dropout: dropout on attention probabilities and residual branches (training only).
@@ -178,9 +163,8 @@ class PositionEncoding:
 
     Attributes:
         embedding: ``position_ids [B, S] -> [B, S, E]``, added to the token embeddings.
-        rope: rotates q and k in every layer: a producer of tables, ``rope.tables(positions, dtype=)
-            -> RotaryTables`` (:class:`rotary.RoPE`, or a variant such as xPos); the model calls it
-            once per forward and hands the tables to every layer.
+        rope: a producer of tables (``rope.tables(positions, dtype=)``) rotating q and k in every layer; the
+            model calls it once per forward and hands the tables to every layer.
         bias: attention-score bias ``(query_positions [B, S], key_positions [B, T]) -> [B, H, S, T]``.
     """
 
@@ -352,12 +336,8 @@ class Block(nn.Module):
 class Decoder(GenerationMixin, nn.Module):
     """A LLaMA-style causal language model with a pluggable position encoding.
 
-    Every layer rotates its fresh q/k projections in place, and their gradients in place in the
-    backward (:class:`~rotary.nn.RotaryAttention`'s ``inplace_rope``): bit-identical to rotating out
-    of place, with no q/k-sized allocation for RoPE. A forward hook on a layer's ``q_proj`` or
-    ``k_proj`` turns it off for that layer (the hook would otherwise see its output rotated later);
-    so does ``torch.compile``. To keep q and k unrotated for other uses, set
-    ``layer.attn.inplace_rope = False``.
+    Layers rotate q and k (and their gradients) in place (:class:`~rotary.nn.RotaryAttention`'s ``inplace_rope``);
+    set ``layer.attn.inplace_rope = False`` to keep q and k unrotated for other uses.
 
     Example:
         >>> from rotary.models import Decoder, DecoderConfig
@@ -408,20 +388,15 @@ class Decoder(GenerationMixin, nn.Module):
     def set_rope_scaling(self, scaling: dict[str, Any] | None) -> None:
         """Change the RoPE scaling of this (trained) model, e.g. for evaluation past the trained length.
 
-        The weights are untouched (RoPE has no parameters); every layer gets the new RoPE, exactly as
-        if the model had been built with ``DecoderConfig(rope_scaling=scaling)`` and this state dict.
+        The weights are untouched; every layer gets the RoPE that ``DecoderConfig(rope_scaling=scaling)`` would build
+        (the same builder, so ``p_rope`` stays p-RoPE and ``xpos`` takes no block); learned factors carry over.
 
         Args:
-            scaling: a Hugging Face-style block (``{"rope_type": "yarn", "factor": 4.0,
-                "original_max_position_embeddings": 512}``), or ``None`` for plain RoPE.
-
-        The new RoPE comes from the same builder as at construction (:data:`POSITION_ENCODINGS`), so
-        everything the constructor would do or refuse happens here too: ``p_rope`` stays p-RoPE (the
-        block is merged into its ``proportional`` one), a ``rope_theta`` that contradicts
-        ``rope_base`` is an error, ``xpos`` takes no block. Learned frequency factors carry over.
+            scaling: a Hugging Face-style block (``{"rope_type": "yarn", "factor": 4.0, ...}``), or ``None``.
 
         Raises:
-            rotary.errors.InputError: the model's position encoding has no RoPE, or the block is invalid for it.
+            rotary.errors.InputError: the model's position encoding has no RoPE, or the block is invalid for it
+                (a ``rope_theta`` that contradicts ``rope_base`` too).
 
         Example:
             >>> from rotary.models import Decoder, DecoderConfig
@@ -491,22 +466,17 @@ class Decoder(GenerationMixin, nn.Module):
         position_ids: torch.Tensor | Positions | None = None,
         cache: list[KVCache] | list[StaticKVCache] | None = None,
     ) -> torch.Tensor:
-        """Next-token logits.
-
-        Positions are computed (and validated) once, and the rotary tables once, for all layers. Nothing
-        is read back on the host on devices other than the CPU: an id outside the vocabulary is embedded
-        as 0 there (the caller's contract), where the CPU raises at once.
+        """Next-token logits ``[B, S, V]`` (fp32 or the model's dtype); positions and tables computed once.
 
         Args:
-            input_ids: int64 ``[B, S]``.
+            input_ids: int64 ``[B, S]`` (off the CPU an id outside the vocabulary is the caller's contract).
             attention_mask: ``[B, T]`` 1 = token / 0 = padding over cached + new tokens (``T = past + S``);
-                with static caches, ``[B, S]`` over the new tokens only (the caches keep earlier padding).
-            position_ids: ``[B, S]``; default: ``cumsum(attention_mask) - 1`` (left padding starts real
-                tokens at 0), else continuing the cache, else ``0..S-1``.
+                with static caches, ``[B, S]`` over the new tokens only.
+            position_ids: ``[B, S]``; default ``cumsum(attention_mask) - 1``, else after the cache, else ``0..S-1``.
             cache: from :meth:`new_cache`; extended (or, static, written) in place.
 
-        Returns:
-            fp32-or-model-dtype logits ``[B, S, V]``.
+        Raises:
+            rotary.errors.InputError: (CPU) an id outside the vocabulary; a cache that is not one per layer; a bad mask.
         """
         input_ids, unknown = embedding_ids(input_ids, self.config.vocab_size)
         return self._logits(

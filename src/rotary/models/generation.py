@@ -4,7 +4,15 @@
            -> decode_step(token, caches) per new token (static caches: captured by torch.compile or a
               CUDA graph when asked) -> next_token ...
 
-Sampling and stopping happen on the device: nothing is read back on the host per token.
+Sampling and stopping happen on the device: nothing is read back on the host per token, so the prompt's
+ids, left padding and mask are the caller's contract on a GPU (checked at once on the CPU), and a row that
+emits ``eos_token_id`` emits ``pad_token_id`` afterwards rather than stopping the loop early. Sampling draws
+``argmax(probs / q)`` with ``q ~ Exp(1)``: the numbers ``torch.multinomial`` draws from the same generator,
+without its host check of the probabilities. Capture (``generate(capture=...)``): ``"compile"`` is
+``torch.compile(decode_step, fullgraph=True)`` (``mode="reduce-overhead"`` on CUDA); ``"cuda_graph"`` records
+the eager step once in a ``torch.cuda.CUDAGraph`` (CUDA only). The prefill stays eager and sampling outside
+the captured step; the captured step and its static caches (a multiple of 64 slots) are kept for the next
+call of the same batch size and length bucket until :meth:`GenerationMixin.release_captured`.
 """
 
 from __future__ import annotations
@@ -58,16 +66,11 @@ def next_token(
     top_k: int | None = None,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """The next token of every row from its logits, on the device (nothing read on the host).
-
-    Greedy (``temperature=0``): the argmax. Otherwise a sample of ``softmax(logits / temperature)``, over
-    the ``top_k`` most likely tokens when given, drawn as ``torch.multinomial(probs, 1, generator=...)``
-    draws it (``argmax(probs / q)`` with ``q ~ Exp(1)``, the same numbers from the same generator) but
-    without multinomial's host check of the probabilities, a synchronisation on a GPU.
+    """The next token of every row from its logits, on the device (module docstring: how it samples).
 
     Args:
         logits: ``[B, V]``.
-        temperature: 0 for greedy, else > 0.
+        temperature: 0 for greedy (argmax), else > 0: a sample of ``softmax(logits / temperature)``.
         top_k: keep the ``k`` largest logits of each row (``None``: all).
         generator: the random generator of the samples (on the logits' device).
 
@@ -91,8 +94,7 @@ def next_token(
 
 
 class GenerationMixin:
-    """Decoding for :class:`~rotary.models.Decoder`: its caches, one decoding step on static caches,
-    sampling and stopping on the device, :meth:`generate` and the capture of its decoding step.
+    """Decoding for :class:`~rotary.models.Decoder`: caches, the decoding step, :meth:`generate` and its capture.
 
     The model class provides ``config``, ``layers``, ``embed_tokens``, ``rope``, ``nope``, ``forward`` and
     ``_logits`` (``forward`` for ids already checked), and sets ``self._captured = CapturedDecoding()``.
@@ -108,10 +110,8 @@ class GenerationMixin:
     ) -> list[KVCache] | list[StaticKVCache]:
         """One cache per layer, for :meth:`forward` ``(cache=...)`` and :meth:`decode_step`.
 
-        Without ``max_len``: empty :class:`rotary.nn.KVCache` s, which grow with every call. With
-        ``max_len``: :class:`rotary.nn.StaticKVCache` s of ``max_len`` slots for a batch of ``batch`` (keys
-        ``[batch, num_kv_heads, max_len, head_dim]`` per layer): the same shapes at every step, so that a
-        decoding step can be captured in a CUDA graph or by ``torch.compile(mode="reduce-overhead")``.
+        Without ``max_len``: empty :class:`rotary.nn.KVCache` s; with it, :class:`rotary.nn.StaticKVCache` s of
+        ``max_len`` slots (keys ``[batch, num_kv_heads, max_len, head_dim]``), the same shapes at every step.
 
         Args:
             batch: rows ``B`` (static caches only; required with ``max_len``).
@@ -172,10 +172,8 @@ class GenerationMixin:
     def decode_step(self, input_ids: torch.Tensor, cache: list[StaticKVCache]) -> torch.Tensor:
         """One decoding step on static caches: the fp32 logits ``[B, V]`` of the token after ``input_ids``.
 
-        ``input_ids`` ``[B, 1]`` (the last sampled tokens) are written to the next slot of every layer's
-        cache, at the position after each row's last one. Shapes are the same at every step and nothing is
-        read on the host (off the CPU), so the step can be captured in a CUDA graph or compiled with
-        ``torch.compile(mode="reduce-overhead")``: :meth:`generate` does either with ``capture=``.
+        The tokens go to the next slot of every layer's cache, at the position after each row's last one; the
+        step reads nothing on the host (off the CPU), so it can be captured (:meth:`generate` ``capture=``).
 
         Args:
             input_ids: int64 ``[B, 1]`` (or ``[B, S]``: S tokens at once, the logits of the last).
@@ -218,43 +216,23 @@ class GenerationMixin:
     ) -> torch.Tensor:
         """Continue ``input_ids`` ``[B, S]`` by ``max_new_tokens`` tokens; returns int64 ``[B, S + max_new_tokens]``.
 
-        The prompt is run once and every new token is one cached step. ``temperature=0`` is greedy;
-        otherwise tokens are sampled from ``softmax(logits / temperature)``, restricted to the ``top_k``
-        most likely when given (the same draws as ``torch.multinomial`` with ``generator``, see
-        :func:`next_token`). ``attention_mask`` marks left padding in the prompt.
-
-        Sampling and stopping happen on the device: on a GPU nothing is read back, and the prompt's
-        ids in the vocabulary, left padding and 0/1 mask are the caller's contract (on the CPU they are
-        checked and raise at once, before any work).
+        The prompt runs once, then one cached step per token; sampling, stopping and capture: the module docstring.
 
         Args:
             input_ids: int64/int32 ``[B, S]``, ``S >= 1``.
-            max_new_tokens: tokens to add to every row.
+            max_new_tokens: tokens to add to every row (always all of them, finished rows get ``pad_token_id``).
             attention_mask: ``[B, S]`` 1 = token / 0 = left padding.
-            temperature: 0 = greedy, else the sampling temperature.
-            top_k: sample among the ``top_k`` most likely tokens.
-            generator: the random generator of the samples (on the model's device).
+            temperature, top_k, generator: as :func:`next_token` (0 = greedy).
             use_cache: ``False`` recomputes the whole sequence every step (slow; a check of the cache).
-            cache: ``"dynamic"`` (:class:`rotary.nn.KVCache`, grown by concatenation; the default without
-                ``capture``) or ``"static"`` (:class:`rotary.nn.StaticKVCache` of ``S + max_new_tokens - 1``
-                slots, written in place: the same shapes at every step).
-            capture: the switch to capture the decoding step (static cache implied); the prefill runs
-                eagerly, sampling stays outside the captured step (the generator's draws are unchanged):
+            cache: ``"dynamic"`` (:class:`rotary.nn.KVCache`, the default without ``capture``) or ``"static"``
+                (:class:`rotary.nn.StaticKVCache` of ``S + max_new_tokens - 1`` slots).
+            capture: ``"compile"`` or ``"cuda_graph"``: capture the decoding step (static cache implied); greedy
+                tokens equal the eager ones (fp32).
+            eos_token_id: a row that emits it is finished; pad_token_id: what it emits then (default ``eos_token_id``).
 
-                - ``"compile"``: ``torch.compile(model.decode_step, fullgraph=True)``, with
-                  ``mode="reduce-overhead"`` on CUDA (Inductor's kernels replayed as CUDA graphs), plain
-                  Inductor elsewhere (the CPU included);
-                - ``"cuda_graph"``: the eager step recorded once in a ``torch.cuda.CUDAGraph`` and replayed
-                  (no compilation: ready in well under a second; CUDA only, a ``ValueError`` elsewhere).
-
-                The captured step and its caches (sized to a multiple of 64 slots) are kept for the next
-                call of the same batch size and length bucket; :meth:`release_captured` frees them. Greedy
-                tokens equal the eager ones (fp32; logits may differ in the last bits, attention then
-                reads every slot of the cache).
-            eos_token_id: a row that emits it is finished: its later tokens are ``pad_token_id``.
-                Generation still runs ``max_new_tokens`` steps (stopping early would read a flag on the
-                host every step).
-            pad_token_id: what finished rows emit (default ``eos_token_id``).
+        Raises:
+            rotary.errors.InputError: a bad temperature, ``cache`` or ``capture`` (``"cuda_graph"`` off CUDA); on the
+                CPU, ids outside the vocabulary or a bad mask.
 
         Example:
             >>> from rotary.models import Decoder, DecoderConfig
@@ -469,9 +447,7 @@ class GenerationMixin:
     def _cuda_graph_step(
         self, caches: list[StaticKVCache], batch: int, device: torch.device
     ) -> tuple[Callable[[torch.Tensor], torch.Tensor], list[Any]]:
-        """:meth:`decode_step` recorded in a ``torch.cuda.CUDAGraph``: warmed up on a side stream (kernel
-        compilation, library handles), the caches emptied, then captured; a call copies the token into the
-        graph's input and replays it."""
+        """:meth:`decode_step` recorded in a ``torch.cuda.CUDAGraph`` after a warm-up on a side stream."""
         token = torch.zeros(batch, 1, dtype=torch.int64, device=device)
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))

@@ -219,13 +219,13 @@ class RoFormer(nn.Module):
             self.mlm_head.decoder.weight = self.embeddings.word_embeddings.weight
 
     def set_rope_scaling(self, scaling: Mapping[str, Any] | None) -> None:
-        """Change the RoPE scaling of this (trained) encoder, e.g. for inputs longer than it was trained on.
-
-        The weights are untouched (RoPE has no parameters); every layer gets the new RoPE, built by
-        :meth:`rotary.RoPE.with_scaling` (same head size, base, pairing), which checks the block.
+        """Change the RoPE scaling of this (trained) encoder: every layer gets :meth:`rotary.RoPE.with_scaling`'s RoPE.
 
         Args:
             scaling: a Hugging Face-style block (``{"rope_type": "linear", "factor": 2.0}``), or ``None``.
+
+        Raises:
+            ConfigError: an invalid block.
 
         Example:
             >>> from rotary.models import RoFormer, RoFormerConfig
@@ -257,17 +257,14 @@ class RoFormer(nn.Module):
         token_type_ids: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Encode.
+        """Encode: hidden states ``[B, S, hidden_size]``, or the head's logits (``[B, S, vocab_size]``, ``[B,
+        num_labels]``).
 
         Args:
             input_ids: int64 ``[B, S]``.
             attention_mask: ``[B, S]`` 1 = token, 0 = padding.
             token_type_ids: ``[B, S]`` segment ids; default 0.
             position_ids: ``[S]`` or ``[B, S]``; default ``0..S-1``.
-
-        Returns:
-            hidden states ``[B, S, hidden_size]``; with ``head="masked_lm"`` logits ``[B, S, vocab_size]``;
-            with ``head="sequence_classification"`` logits ``[B, num_labels]``.
         """
         check_token_ids(input_ids, self.config.vocab_size)
         if token_type_ids is None:
@@ -303,20 +300,15 @@ class RoFormer(nn.Module):
     def from_hf(
         cls, model_or_state_dict: Any, config: Any = None, *, head: Head | None | Literal["auto"] = "auto"
     ) -> RoFormer:
-        """Build a RoFormer from Hugging Face RoFormer weights.
+        """Build a RoFormer from Hugging Face RoFormer weights; in eval mode, equal to transformers' (~1e-5 in fp32).
 
         Args:
-            model_or_state_dict: a transformers ``RoFormerModel`` / ``RoFormerForMaskedLM`` /
-                ``RoFormerForSequenceClassification``, its ``state_dict()``, or a path to a
-                ``.safetensors`` / ``.bin`` file or to a directory holding one (and ``config.json``).
-                Files are read only with safetensors or ``torch.load(weights_only=True)``.
-            config: transformers ``RoFormerConfig``, dict, or path; default: the model's own
-                ``config`` or the directory's ``config.json``.
-            head: ``"auto"`` picks the head the weights contain; or force ``None`` /
-                ``"masked_lm"`` / ``"sequence_classification"``.
-
-        Returns:
-            a :class:`RoFormer` in eval mode whose outputs equal transformers' (to ~1e-5 in fp32).
+            model_or_state_dict: a transformers ``RoFormerModel`` / ``...ForMaskedLM`` /
+                ``...ForSequenceClassification``,
+                its ``state_dict()``, or a path to a ``.safetensors`` / ``.bin`` file or a directory holding one (read
+                only with safetensors or ``torch.load(weights_only=True)``).
+            config: transformers ``RoFormerConfig``, dict, or path; default the model's own or the directory's.
+            head: ``"auto"`` (the head the weights contain), ``None``, ``"masked_lm"`` or ``"sequence_classification"``.
         """
         directory = None
         if isinstance(model_or_state_dict, (str, Path)):

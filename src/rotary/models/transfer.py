@@ -1,11 +1,9 @@
 """Moving a trained :class:`~rotary.models.Decoder` to another position encoding.
 
-Everything a ``Decoder`` learns outside its position encoding (token embeddings, q/k/v/o projections,
-MLPs, norms, output head) does not depend on which encoding it was trained with, as far as shapes go.
-:func:`transfer_position_encoding` builds the same model with another encoding and copies every one of
-those weights; the new encoding's own weights (a learned table, a learned bias) are left as
-initialised, and RoPE has none. The copy is a starting point for fine-tuning: the attention was
-trained to read positions one way and must learn the other.
+Everything a ``Decoder`` learns outside its position encoding (embeddings, projections, MLPs, norms, head)
+keeps its shape under another encoding: :func:`transfer_position_encoding` copies those weights into the same
+model with the new encoding, a starting point for fine-tuning (the attention must learn to read positions the
+new way).
 """
 
 from __future__ import annotations
@@ -48,22 +46,19 @@ def position_state_names(model: Decoder) -> set[str]:
 
 
 def transfer_position_encoding(source: Decoder, position_encoding: str, **changes) -> Decoder:
-    """A new ``Decoder`` with ``position_encoding`` and every weight of ``source`` that is not part of
-    ``source``'s position encoding.
+    """A new ``Decoder`` with ``position_encoding`` and every weight of ``source`` outside its position encoding.
 
     Args:
         source: a trained model (left untouched).
         position_encoding: the new encoding (a key of :data:`rotary.models.POSITION_ENCODINGS`).
-        **changes: other ``DecoderConfig`` fields of the new model (``rope_base``, ``rope_scaling``,
-            ...); the shapes of the copied weights must not change.
+        **changes: other ``DecoderConfig`` fields of the new model; the shapes of the copied weights must not change.
 
     Returns:
-        The new model, on ``source``'s device and dtype, in ``source``'s train/eval mode. Its position
-        encoding's weights, if any, keep their fresh initialisation (drawn from torch's global RNG).
+        The new model, on ``source``'s device, dtype and train/eval mode; the new encoding's own weights, if any,
+        freshly initialised (torch's global RNG).
 
     Raises:
-        rotary.errors.InputError: the two models' non-position weights differ in names or shapes (``changes`` that
-            alter the width, the layers or the vocabulary).
+        rotary.errors.InputError: the two models' non-position weights differ in names or shapes.
 
     Example:
         >>> from rotary.models import DecoderConfig

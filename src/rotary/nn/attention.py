@@ -48,10 +48,7 @@ def padding_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
-    """``[B, Hk, T, D]`` -> ``[B, Hk * groups, T, D]``: each KV head serves ``groups`` query heads.
-
-    Head ``h`` of the result is KV head ``h // groups`` (the layout of grouped-query attention, as
-    in transformers' ``repeat_kv``).
+    """``[B, Hk, T, D]`` -> ``[B, Hk * groups, T, D]``: head ``h`` of the result is KV head ``h // groups`` (GQA).
 
     Args:
         x: keys or values ``[B, Hk, T, D]``.
@@ -78,11 +75,7 @@ def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
 
 
 def check_hidden_states(hidden_states: torch.Tensor, hidden_size: int, projection: nn.Module) -> None:
-    """Check an attention layer's input ``[B, S, E]`` against the layer: width, dtype and device.
-
-    A dtype that differs from the projection's weights (bf16 activations into an fp32 layer, token ids
-    where embeddings belong) would otherwise fail inside the matrix multiply with a message naming
-    none of this; under ``torch.autocast`` mixed dtypes are the point, and are let through.
+    """Check an attention layer's input ``[B, S, E]`` against the layer: width, dtype (outside autocast) and device.
 
     Raises:
         rotary.errors.InputError: not a 3-D tensor, another width, another device than the weights.
@@ -124,39 +117,28 @@ class RotaryAttention(nn.Module):
 
     Args:
         hidden_size: model width ``E``.
-        num_heads: query heads ``H``.
-        num_kv_heads: key/value heads ``Hk`` (divides ``H``; 1 = MQA, ``H`` = MHA). Default ``H``.
+        num_heads, num_kv_heads: query heads ``H``; key/value heads ``Hk`` (divides ``H``; default ``H``).
         head_dim: channels per head ``D``; default ``E // H``.
-        rope: the position encoding of q and k: ``True`` (a default ``RoPE(head_dim)``), ``False``
-            (none: NoPE), or a module producing tables, ``rope.tables(positions, dtype=) ->
-            RotaryTables`` — a :class:`rotary.RoPE` with any scaling and pairing (e.g. one shared by
-            every layer) or a variant such as xPos. A producer whose positions are not 1-D token
-            positions (:class:`rotary.AxialRoPE` and :class:`rotary.RoPEMixed`: coordinates
-            ``[S, A]`` / ``[B, S, A]``; :class:`rotary.MRoPE`: ids ``[3, B, S]``) has
-            ``input_tables(position_ids, batch=, seq_len=, device=, dtype=)``; ``position_ids`` are
-            then its positions, handed to it unread, and must be given (or ``tables=``).
+        rope: ``True`` (a default ``RoPE(head_dim)``), ``False`` (NoPE), or a producer of tables
+            (``rope.tables(positions, dtype=)``): a :class:`rotary.RoPE` or a variant. Producers of N-D positions
+            (:class:`rotary.AxialRoPE`, :class:`rotary.RoPEMixed`, :class:`rotary.MRoPE`) take ``position_ids``
+            unread through ``input_tables(...)``, and ``position_ids`` (or ``tables=``) must be given.
         rotary_value: also rotate v at the key's position (RoFormer's ``rotary_value``).
-        position_bias: score bias added to the RoPE scores: ``None``, ``"alibi"``,
-            ``"relative"`` (learned ``b(i-j)``), or a module ``(query_positions [B,S], key_positions [B,T])
-            -> [B, H, S, T]``.
-        max_relative_distance: clipping distance of ``"relative"``.
-        causal: mask future keys.
-        dropout: attention-probability dropout (training only).
-        bias: biases on the q/k/v/o projections.
-        inplace_rope: rotate the projection outputs in place (forward) and their gradients in place
-            (backward, when autograd holds them nowhere else): no q/k-sized allocation for RoPE in
-            a training step, results bit-identical to rotating out of place. Used only when it is
-            safe: the projections are plain ``nn.Linear`` modules without forward hooks (a hook, or
-            a projection that keeps its output, would see q or k rotated afterwards: set it
-            ``False`` when q or k is needed unrotated elsewhere), and not while ``torch.compile``
-            traces (the compiled graph rotates out of place and lets the compiler reuse memory).
+        position_bias: ``None``, ``"alibi"``, ``"relative"`` (learned ``b(i-j)``, clipped at ``max_relative_distance``),
+            or a module ``(query_positions [B, S], key_positions [B, T]) -> [B, H, S, T]`` added to the scores.
+        causal, dropout, bias: mask future keys; attention dropout (training only); biases on the projections.
+        inplace_rope: rotate q and k (and their gradients) in place, bit-identical to out of place; used only
+            for plain ``nn.Linear`` projections without hooks and not under ``torch.compile`` tracing.
+
+    Raises:
+        rotary.errors.InputError: heads that do not divide, a producer that does not fit the layer, a bad bias.
+        rotary.errors.InputTypeError: ``rope`` that is not a bool or a producer of tables.
 
     Example:
         >>> from rotary.nn import RotaryAttention, KVCache
         >>> attn = RotaryAttention(64, 8, num_kv_heads=2, causal=True).eval()
         >>> x = torch.randn(2, 10, 64)
-        >>> full = attn(x)
-        >>> cache = KVCache()
+        >>> full, cache = attn(x), KVCache()
         >>> steps = torch.cat([attn(x[:, i : i + 1], cache=cache) for i in range(10)], dim=1)
         >>> torch.allclose(full, steps, atol=1e-5)
         True
@@ -354,30 +336,19 @@ class RotaryAttention(nn.Module):
         tables: RotaryTables | None = None,
         static_step: StaticStep | None = None,
     ) -> torch.Tensor:
-        """Attend.
+        """Attend: ``[B, S, E]`` -> ``[B, S, E]`` in the dtype of ``hidden_states``.
 
         Args:
             hidden_states: ``[B, S, E]``.
-            attention_mask: bool or integer ``[B, T]`` of 1 (token) / 0 (padding) over the cached and new tokens
-                (``T = cache.length + S``), as in Hugging Face. With a :class:`StaticKVCache`: ``[B, S]``,
-                the new tokens only (the cache keeps the padding of earlier ones).
-            position_ids: integer ``[S]`` or ``[B, S]``, or :class:`~rotary.positions.Positions`;
-                default: continue the cache, else ``0..S-1``. With left padding pass
-                :func:`padding_position_ids` so real tokens start at 0. For a producer with N-D
-                positions (see ``rope``), its positions (required unless ``tables`` is given): the
-                coordinates of :class:`rotary.AxialRoPE` / :class:`rotary.RoPEMixed` (e.g.
-                ``rope.grid(h, w, prefix=1)``), the ``[3, B, S]`` ids of :class:`rotary.MRoPE`.
-            cache: a :class:`KVCache` to read and extend (incremental decoding), or a
-                :class:`StaticKVCache` to write into (static shapes: attention reads all its slots, and
-                nothing is read back on the host, so the call can be captured in a CUDA graph).
-            tables: the rotary tables of these positions, computed once per model forward (see
-                :class:`rotary.models.Decoder`); default: ``self.rope.tables(positions)``.
-            static_step: with a :class:`StaticKVCache` of a group whose layers advance together, the
-                :class:`~rotary.nn.cache.StaticStep` of this model forward: the attention mask over the
-                cache slots is built by the first layer and reused by the others (``Decoder`` passes one).
-
-        Returns:
-            ``[B, S, E]`` in the dtype of ``hidden_states``.
+            attention_mask: bool or integer 1 (token) / 0 (padding) ``[B, T]`` over the cached and new tokens
+                (``T = cache.length + S``); with a :class:`StaticKVCache`, ``[B, S]``, the new tokens only.
+            position_ids: integer ``[S]`` or ``[B, S]``, or :class:`~rotary.positions.Positions`; default: continue
+                the cache, else ``0..S-1`` (left padding: :func:`padding_position_ids`). For an N-D producer, its
+                positions: coordinates (``rope.grid(h, w)``) or M-RoPE's ``[3, B, S]`` ids.
+            cache: a :class:`KVCache` to read and extend, or a :class:`StaticKVCache` to write into.
+            tables: the rotary tables of these positions, computed once per model forward; default
+                ``self.rope.tables(positions)``.
+            static_step: the model forward's :class:`~rotary.nn.cache.StaticStep` (shares the mask between layers).
         """
         check_hidden_states(hidden_states, self.hidden_size, self.q_proj)
         check_causal_rope(self.rope, self.causal, type(self).__name__)  # causal or rope may have been reassigned

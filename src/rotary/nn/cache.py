@@ -1,9 +1,18 @@
 """KV caches of an attention layer: :class:`KVCache`, grown by concatenation, and :class:`StaticKVCache`,
-preallocated and written in place (the same shapes at every decoding step, for CUDA graphs and
-``torch.compile``).
+preallocated and written in place.
 
 Both hold keys already rotated: RoPE scores depend only on the positions of the two tokens, so a key is
 rotated once, when it enters the cache, at its own position.
+
+:class:`StaticKVCache` keeps the same shapes at every decoding step, so a step can be captured in a CUDA
+graph or by ``torch.compile(mode="reduce-overhead")``: it holds ``max_len`` slots from the start, writes new
+tokens with ``index_copy_`` at a write index that lives on the device (``filled``), and attention reads every
+slot through a mask (``valid``) that hides unfilled slots and padding. Nothing is read back on the host, so a
+write past the end is an error at once only on the CPU; elsewhere the extra tokens go to a spill slot that
+attention never reads and their outputs are NaN. It is for inference (buffers written in place carry no
+gradient). :class:`StaticStep` shares the slots and the mask between the layers of one model forward: every
+layer writes the same slots, so the first works them out and the others reuse them (about 18 small kernels
+fewer per layer and step on an accelerator); a cache written without the step leaves its group.
 """
 
 from __future__ import annotations
@@ -32,15 +41,13 @@ T = TypeVar("T")
 class KVCache:
     """Keys (rotated), values and key positions of one attention layer, grown by :meth:`update`.
 
-    A cache belongs to the first layer that fills it: handing the same cache to a second layer
-    (``[KVCache()] * n_layers``) is an error, not a silently mixed history.
+    A cache belongs to the first layer that fills it: handing it to a second layer is an error.
 
     Attributes:
         keys: ``[B, Hk, T, D]`` rotated keys, or None before the first call.
         values: ``[B, Hk, T, Dv]``.
-        positions: int64 ``[B, T]`` position of every cached key (needed by ALiBi / relative biases
-            and to continue positions after a left-padded prompt).
-        bound: every cached position is ``< bound`` (a host int; spares reading positions back).
+        positions: int64 ``[B, T]`` position of every cached key.
+        bound: every cached position is ``< bound`` (a host int).
         exact: ``bound`` is exactly the largest position + 1.
     """
 
@@ -144,14 +151,12 @@ class StaticEntries(NamedTuple):
     """What :meth:`StaticKVCache.update` hands the attention layer: every slot, and where the new tokens went.
 
     Attributes:
-        keys: ``[B, Hk, L, D]`` rotated keys of all ``L`` slots (the slots at or past ``filled`` hold stale
-            data: the mask hides them).
+        keys: ``[B, Hk, L, D]`` rotated keys of all ``L`` slots (unfilled slots hold stale data the mask hides).
         values: ``[B, Hk, L, Dv]``.
         positions: int64 ``[B, L]``, the position of every slot's key.
         valid: bool ``[B, L]``: the slot holds a token (not padding, not unfilled).
-        start: int64 0-dim tensor, the slot of the first new token (the number filled before this write).
-        overflow: bool ``[S]``, the new tokens that did not fit (accelerators and ``torch.compile``: their
-            outputs must be NaN); ``None`` on the CPU, where a write past the end is an error at once.
+        start: int64 0-dim tensor, the slot of the first new token.
+        overflow: bool ``[S]``, the new tokens that did not fit (their outputs must be NaN); ``None`` on the CPU.
     """
 
     keys: torch.Tensor
@@ -163,40 +168,23 @@ class StaticEntries(NamedTuple):
 
 
 class StaticKVCache:
-    """A preallocated KV cache of one attention layer: the same shapes at every decoding step, so that a
-    step can be captured in a CUDA graph or by ``torch.compile(mode="reduce-overhead")``.
-
-    :class:`KVCache` grows by ``torch.cat`` (new shapes and new memory at every step). This cache holds
-    ``max_len`` slots from the start and writes new tokens into them with ``index_copy_`` at a write index
-    that lives on the device (:attr:`filled`), so nothing is read back on the host. Attention reads all
-    ``max_len`` slots through a mask that hides the unfilled slots and the padding (:attr:`valid`).
+    """A preallocated KV cache of one attention layer, the same shapes at every step (module docstring: how).
 
     Args:
-        batch: ``B``.
-        num_kv_heads: ``Hk``.
+        batch, num_kv_heads: ``B``, ``Hk``.
         max_len: slots ``L``: the most tokens the cache holds (prompt and new tokens, padding included).
-        head_dim: channels ``D`` of a key.
-        value_dim: channels ``Dv`` of a value (default ``D``).
-        dtype: of keys and values: the layer's activations (``torch.bfloat16`` for a bf16 model).
-        device: where the buffers live (default: the CPU). On ``"meta"`` every call gives meta tensors of the
-            right shapes (shape inference; nothing is read or checked: meta tensors have no values).
+        head_dim, value_dim: ``D`` and ``Dv`` (default ``D``).
+        dtype: of keys and values (the layer's activations).
+        device: where the buffers live (default CPU); on ``"meta"`` every call gives meta tensors (shape inference).
 
     Attributes:
-        keys: ``[B, Hk, L, D]`` rotated keys (a view of the buffer).
-        values: ``[B, Hk, L, Dv]``.
-        positions: int64 ``[B, L]``, the position of every slot's key.
-        valid: bool ``[B, L]``: the slot holds a token (``False``: padding, or not written yet).
+        keys, values: ``[B, Hk, L, D]`` rotated keys, ``[B, Hk, L, Dv]`` values (views of the buffers).
+        positions: int64 ``[B, L]``; valid: bool ``[B, L]`` (``False``: padding or not written yet).
         filled: int64 0-dim tensor on ``device``: the slots written so far, the next write index.
-        max_len: ``L``, a host int.
 
-    Writing more than ``max_len`` tokens is an :class:`rotary.errors.InputError` at once on the CPU. On other
-    devices nothing is read to find out: the extra tokens go to a spill slot that attention never reads,
-    their outputs are NaN (size the cache for every token you write: the caller's contract there).
-
-    The cache is for inference: its buffers are written in place, so it carries no gradient (keys or
-    values that require one are refused while grad mode is on; use :class:`KVCache` to backpropagate
-    through decoding). :meth:`reset` empties it for the next batch without reallocating (a captured
-    graph keeps working, its buffers stay where they are).
+    Raises:
+        rotary.errors.InputError: (CPU) writing more than ``max_len`` tokens; keys or values that require grad
+            while grad mode is on (use :class:`KVCache` to backpropagate through decoding).
 
     Example:
         >>> from rotary.nn import RotaryAttention, StaticKVCache
@@ -313,11 +301,8 @@ class StaticKVCache:
     def next_positions(self, seq_len: int, attention_mask: torch.Tensor | None = None) -> Positions:
         """Positions ``[B, S]`` of ``seq_len`` new tokens, computed on the device.
 
-        Without ``attention_mask``: each row continues after its last cached position (``0 .. S - 1`` for an
-        empty cache; on the CPU, which sees that it is empty, the shared ``[S]`` of :func:`rotary.positions.arange`).
-        With the new tokens' 0/1 mask ``[B, S]``: padding-skipping positions, the number of valid cached
-        tokens plus ``cumsum(mask) - 1`` (clamped at 0), as :func:`padding_position_ids` gives over the
-        whole sequence.
+        Without ``attention_mask``, each row continues after its last cached position; with the new tokens' 0/1
+        mask ``[B, S]``, padding-skipping positions (valid cached tokens plus ``cumsum(mask) - 1``).
 
         Example:
             >>> cache = StaticKVCache(1, 1, 8, 4)
@@ -364,12 +349,10 @@ class StaticKVCache:
             values: ``[B, Hk, S, Dv]``.
             positions: the new keys' positions ``[S]`` or ``[B, S]`` (ids or :class:`Positions`).
             valid: bool ``[B, S]``, ``False`` for padding (default: all tokens).
-            step: the :class:`StaticStep` of a model forward over caches of one group (see there): the
-                slots of the new tokens are worked out once for the group.
+            step: the model forward's :class:`StaticStep`, shared by the caches of one group.
 
         Returns:
-            :class:`StaticEntries`: all ``L`` slots (keys, values, positions, valid), the first new slot,
-            and which new tokens did not fit (``None`` on the CPU).
+            :class:`StaticEntries`: all ``L`` slots, the first new slot, and which new tokens did not fit.
 
         Raises:
             InputError: (on the CPU) more tokens than free slots.
@@ -394,21 +377,16 @@ class StaticKVCache:
         inplace: bool = False,
         step: StaticStep | None = None,
     ) -> tuple[torch.Tensor, StaticEntries]:
-        """Rotate the new queries and keys by ``tables`` and write the rotated keys and the values, as
-        :meth:`update` writes them, in one :func:`rotary.rotate_and_cache` call (one launch on CUDA).
+        """Rotate new queries and keys by ``tables`` and write keys and values as :meth:`update`, in one launch on CUDA.
 
         Args:
-            queries: ``[B, H, S, D]``.
-            keys: unrotated keys ``[B, Hk, S, D]`` in the cache's dtype, on its device.
-            values: ``[B, Hk, S, Dv]``.
+            queries, keys, values: ``[B, H, S, D]``; unrotated ``[B, Hk, S, D]`` and ``[B, Hk, S, Dv]`` in the cache's
+                dtype.
             tables: the new tokens' rotary tables (``rope.tables(positions)``).
-            positions: the new keys' positions ``[S]`` or ``[B, S]`` (ids or :class:`Positions`).
-            valid: bool ``[B, S]``, ``False`` for padding (default: all tokens).
-            inplace: rotate ``queries`` and ``keys`` in place.
-            step: as for :meth:`update`.
+            positions, valid, step: as for :meth:`update`; inplace: rotate ``queries`` and ``keys`` in place.
 
         Returns:
-            ``(rotated queries [B, H, S, D], StaticEntries)``: the same as rotating, then :meth:`update`.
+            ``(rotated queries [B, H, S, D], StaticEntries)``.
 
         Raises:
             as :meth:`update`; positions outside the tables as :func:`rotary.rotate`.
@@ -477,11 +455,7 @@ class StaticKVCache:
     def _next_slots(
         self, seq_len: int, step: StaticStep | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """The first new slot (0-dim), the slots ``[S]`` of ``seq_len`` new tokens, and which do not fit;
-        with ``step`` (off the host path), those the first cache of the group worked out. A write without
-        the model's ``step`` (a layer called alone) may leave this cache's slots, positions or padding
-        unlike the others' even at an equal fill, which is all :meth:`StaticStep.of` compares: the cache
-        leaves its group, and the model's layers read it through its own mask from then on."""
+        """The first new slot, the slots ``[S]`` of ``seq_len`` new tokens, and which do not fit."""
         if step is None:
             self.group = None
         elif not self._host_mode():
@@ -523,18 +497,9 @@ class StaticKVCache:
 
 
 class StaticStep:
-    """What the attention layers of one model forward over :class:`StaticKVCache` s of one group (made by
-    one ``Decoder.new_cache`` call) have in common: the new tokens' slots and the attention mask over them.
+    """What the attention layers of one model forward over one group of :class:`StaticKVCache` s share: slots and mask.
 
-    Every layer writes the same slots with the same positions and padding, so every layer would work out
-    the same slots (and overflow flags) and build the same mask; with a ``StaticStep``
-    (``RotaryAttention(..., static_step=...)``, ``StaticKVCache.update(..., step=...)``) the first layer
-    does and the others reuse its results: about 18 small kernels fewer per layer and decoding step on an
-    accelerator. On the CPU, eagerly, the caches are read directly and nothing is shared. The model makes
-    one per forward (:class:`rotary.models.Decoder` does); the caches of a group must be filled together (the
-    caller's contract where values are not read on the host): caches written or reset one by one would not
-    share the mask. A cache written without the step (its
-    layer called alone) leaves the group, so the model no longer shares a mask over it.
+    The group is made by one ``Decoder.new_cache`` call and must be filled together; see the module docstring.
 
     Example:
         >>> step = StaticStep()

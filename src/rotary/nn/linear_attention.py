@@ -1,23 +1,14 @@
 """Linear attention with RoPE in true O(N) (Su's scheme), and its O(N²) reference.
 
-Softmax-free attention writes the score as a product of feature maps, ``sim(q_i, k_j) = φ(q_i)ᵀφ(k_j)``,
-so ``Σ_j sim(q_i, k_j) v_j = φ(q_i)ᵀ [Σ_j φ(k_j) v_jᵀ]``: the bracket is a ``d × d`` state summed
-once, and the cost is O(N·d²) instead of O(N²·d).
-
-RoPE enters the numerator only (Su, "Transformer upgrade road 2"): rotating φ(q_i) and φ(k_j) makes
-the numerator a function of ``i - j``, but rotated features can have negative inner products, so the
-denominator stays ``Σ_j φ(q_i)ᵀφ(k_j)`` with unrotated, non-negative features::
+With a feature map φ, ``Σ_j φ(q_i)ᵀφ(k_j) v_j = φ(q_i)ᵀ [Σ_j φ(k_j) v_jᵀ]``: a ``d × d`` state summed once.
+RoPE enters the numerator only (rotated features can have negative inner products)::
 
     out_i = Σ_j [R_i φ(q_i)]ᵀ[R_j φ(k_j)] v_j  /  Σ_j φ(q_i)ᵀ φ(k_j)
 
-The other scheme of the same article uses ``sim = 1 + cos(R_i q_i, R_j k_j)``, which is >= 0 by itself, so
-numerator and denominator share it. It factorises as ``[R_i q̂_i, 1]ᵀ[R_j k̂_j, 1]`` (hats: unit
-vectors), i.e. a feature map with one extra constant channel.
-
-Causal attention sums over ``j <= i`` only. It is computed chunk by chunk: a prefix sum over chunks
-of the state ``Σ_{j < chunk start} k_j v_jᵀ``, plus a lower-triangular ``chunk × chunk`` block for the
-terms inside the chunk, so memory is O(chunk² + d²) per head whatever N is. The N × N score matrix is
-never formed outside :func:`linear_attention_reference`.
+``feature_map="cosine"`` is the article's other scheme, ``sim = 1 + cos(R_i q_i, R_j k_j)`` (a feature map
+with one constant channel). Causal attention is summed chunk by chunk (a prefix state over earlier chunks plus
+a lower-triangular block inside the chunk): memory O(chunk² + d²) per head whatever N is. docs/attention.md
+has the sources.
 """
 
 from __future__ import annotations
@@ -88,12 +79,7 @@ def _global_sum(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tens
 
 
 def _causal_sum(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int) -> torch.Tensor:
-    """``out_i = Σ_{j<=i} (q_i·k_j) v_j`` chunk by chunk.
-
-    Before a chunk, ``state = Σ_{j < start} k_j v_jᵀ`` (``[D, Dv]``) covers every earlier chunk; inside
-    the chunk the few remaining terms go through a lower-triangular ``[chunk, chunk]`` block. Memory
-    is O(chunk² + chunk·D + D·Dv) per head and time O(N·(chunk·D + D·Dv)): linear in N.
-    """
+    """``out_i = Σ_{j<=i} (q_i·k_j) v_j`` chunk by chunk: an earlier-chunk state ``[D, Dv]`` plus a triangular block."""
     seq_len = q.shape[2]
     state = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1])
     inside = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).tril()
@@ -151,9 +137,8 @@ def rotary_linear_attention(
         v: ``[B, H, S, Dv]``.
         cos, sin: ``[S, r]`` or ``[B, S, r]`` from :meth:`rotary.RoPE.cos_sin` for the pairing ``interleaved``.
         feature_map: ``"elu"`` (elu+1), ``"relu"``, or ``"cosine"`` (sim = 1 + cosine similarity).
-        causal: sum over ``j <= i`` only.
+        causal: sum over ``j <= i`` only; chunk_size: its chunk length.
         key_padding_mask: ``[B, S]`` bool/0-1, 0 = padding key (excluded from both sums).
-        chunk_size: causal chunk length; memory O(chunk_size² + D · Dv) per head.
         eps: added to the denominator (relu features can all be 0).
 
     Returns:
@@ -233,10 +218,7 @@ def linear_attention_reference(
     key_padding_mask: torch.Tensor | None = None,
     eps: float = 1e-6,
 ) -> torch.Tensor:
-    """The same attention through the explicit ``[S, S]`` similarity matrix: O(N²), a test oracle.
-
-    Shares the feature maps with :func:`rotary_linear_attention` but none of the summation code.
-    """
+    """The same attention through the explicit ``[S, S]`` similarity matrix: O(N²), a test oracle."""
     _check_qkv(q, k, v)
     if feature_map not in FEATURE_MAPS:
         raise InputError(f"unknown feature_map {feature_map!r}; choose one of {', '.join(FEATURE_MAPS)}")
@@ -267,13 +249,10 @@ class RotaryLinearAttention(nn.Module):
     """Multi-head linear attention with RoPE in the numerator, O(N) in sequence length.
 
     Args:
-        hidden_size: model width ``E``.
-        num_heads: heads ``H`` (``head_dim = E // H``, even).
+        hidden_size, num_heads: model width ``E``; heads ``H`` (``head_dim = E // H``, even).
         feature_map: ``"elu"`` (default), ``"relu"`` or ``"cosine"``.
-        causal: each token attends to itself and earlier tokens only.
-        chunk_size: causal chunk length (memory O(chunk_size² + D²) per head).
-        rope: ``True`` (a default ``RoPE(head_dim)``) or a table producer such as a configured
-            :class:`rotary.RoPE`; :class:`rotary.XPos` only with ``causal=True``.
+        causal, chunk_size: attend to earlier tokens only; the causal chunk length.
+        rope: ``True`` (a default ``RoPE(head_dim)``) or a table producer; :class:`rotary.XPos` only when causal.
         bias: biases on the projections.
 
     Example:
@@ -336,11 +315,9 @@ class RotaryLinearAttention(nn.Module):
         """``hidden_states: [B, S, E]`` -> ``[B, S, E]``.
 
         Args:
-            position_ids: integer ``[S]`` or ``[B, S]`` (or :class:`~rotary.positions.Positions`);
-                default ``0..S-1``.
+            position_ids: integer ``[S]`` or ``[B, S]`` (or :class:`~rotary.positions.Positions`); default ``0..S-1``.
             attention_mask: ``[B, S]`` 1 = token, 0 = padding (padding keys are ignored).
-            tables: tables of these positions computed by the caller (once per model forward);
-                default ``self.rope.tables(positions)``.
+            tables: tables of these positions computed once per model forward; default ``self.rope.tables(positions)``.
         """
         check_hidden_states(hidden_states, self.hidden_size, self.q_proj)
         check_causal_rope(self.rope, self.causal, type(self).__name__)  # causal or rope may have been reassigned

@@ -1,17 +1,10 @@
 """Position encodings other than RoPE, for comparison and for the ``Decoder``'s switch.
 
-Two kinds exist:
-
-- absolute encodings added to the token embeddings: :class:`LearnedPositionEmbedding`,
-  :class:`SinusoidalPositionEmbedding` (and NoPE, which adds nothing);
-- additive biases on the attention scores, functions of the query and key positions:
-  :class:`ALiBi` (a fixed linear penalty per head, from "Train Short, Test Long: Attention with
-  Linear Biases Enables Input Length Extrapolation") and :class:`RelativePositionBias` (a learned
-  ``b(i - j)`` like T5's, clipped rather than bucketed); either can be added to RoPE.
-
-A score bias takes ``query_positions`` ``[B, S]`` and ``key_positions`` ``[B, T]`` and returns
-``[B, H, S, T]`` in fp32, so it stays correct with left padding and a KV cache (positions are not
-the same as indices there).
+Absolute encodings added to the token embeddings (:class:`LearnedPositionEmbedding`,
+:class:`SinusoidalPositionEmbedding`), and additive score biases (:class:`ALiBi`, from "Train Short, Test
+Long: Attention with Linear Biases Enables Input Length Extrapolation", and :class:`RelativePositionBias`, a
+learned clipped ``b(i - j)``), which can be added to RoPE. A score bias maps ``query_positions`` ``[B, S]`` and
+``key_positions`` ``[B, T]`` to fp32 ``[B, H, S, T]``, so it stays right with left padding and a KV cache.
 """
 
 from __future__ import annotations
@@ -55,11 +48,7 @@ def _check_pair(query_positions: torch.Tensor, key_positions: torch.Tensor) -> N
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:
-    """ALiBi head slopes (Press et al. 2022), fp32 ``[num_heads]``; ``num_heads`` an int in ``[1, 2**16]``.
-
-    For a power of two ``n`` the slopes are ``2^(-8/n), 2^(-16/n), ...``; otherwise the slopes of
-    the next lower power of two are followed by every other slope of the next higher one (the
-    paper's recipe, so checkpoints agree).
+    """ALiBi head slopes, fp32 ``[num_heads]`` (``num_heads`` in ``[1, 2**16]``), by the paper's recipe.
 
     Example:
         >>> from rotary.nn import alibi_slopes
@@ -87,10 +76,7 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
 
 
 class ALiBi(nn.Module):
-    """Attention with Linear Biases: score bias ``-slope_h * |i - j|`` (no parameters).
-
-    The distance is symmetric so the same module serves encoders; in a causal model only ``j <= i``
-    is visible and the bias is the paper's ``-slope_h * (i - j)``.
+    """Attention with Linear Biases: score bias ``-slope_h * |i - j|`` (symmetric, so encoders work too).
 
     Args:
         num_heads: number of query heads ``H``.
@@ -160,8 +146,6 @@ class RelativePositionBias(nn.Module):
 class LearnedPositionEmbedding(nn.Module):
     """Absolute learned position embedding (BERT, GPT-2): ``position_ids -> [..., hidden_size]``.
 
-    Positions at or beyond ``max_position`` raise an error: a learned table cannot extrapolate.
-
     Example:
         >>> from rotary.nn import LearnedPositionEmbedding
         >>> LearnedPositionEmbedding(16, 8)(torch.arange(4)[None]).shape
@@ -183,13 +167,11 @@ class LearnedPositionEmbedding(nn.Module):
         nn.init.normal_(self.embedding.weight, std=0.02)
 
     def forward(self, position_ids: torch.Tensor | Positions) -> torch.Tensor:
-        """``position_ids``: integer ``[...]`` (>= 0), or :class:`~rotary.positions.Positions` (whose
-        bound spares reading the ids back) -> ``[..., hidden_size]``.
+        """``position_ids``: integer ``[...]`` (>= 0) or :class:`~rotary.positions.Positions` -> ``[..., hidden_size]``.
 
-        A position at or past ``max_position`` is a ``ValueError`` when the host knows it (the CPU
-        reads the ids; elsewhere a ``Positions`` bound); on accelerators, ids whose bound the host does
-        not know are not read (the caller's contract): such tokens get NaN embeddings, never another
-        row of the table (nor a device-side assert that would end the CUDA context).
+        Raises:
+            ValueError: a position at or past ``max_position`` (a learned table cannot extrapolate), when the host
+                knows it; on accelerators unknown ids are not read and such tokens get NaN embeddings.
         """
         if isinstance(position_ids, Positions):
             ids, bound = position_ids.ids, position_ids.bound
@@ -210,10 +192,7 @@ class LearnedPositionEmbedding(nn.Module):
 
 
 class SinusoidalPositionEmbedding(nn.Module):
-    """The fixed sinusoidal encoding of "Attention is all you need", computed for any position.
-
-    Channel ``2i`` holds ``sin(p / base^(2i/E))`` and ``2i + 1`` holds ``cos(...)``; angles are
-    formed in float64 and rounded once to fp32 (like the RoPE tables).
+    """The fixed sinusoidal encoding of "Attention is all you need" for any position (float64 angles, fp32 values).
 
     Example:
         >>> from rotary.nn import SinusoidalPositionEmbedding

@@ -1,21 +1,17 @@
-"""The ``rope_type`` registry: per type, its init function, accepted keys, value checks, length
-dependence and an example for plots; and the value checks the built-in types share (the types
-themselves are in the sibling modules, each init function beside its checks).
+"""The ``rope_type`` registry: per type, its init function, accepted keys, value checks, length dependence and
+an example for plots; and the value checks the built-in types share (the types live in the sibling modules).
 
-An init function has Hugging Face's ``modeling_rope_utils`` shape, but takes plain values instead of
-reading (and mutating) a config object::
+An init function has Hugging Face's ``modeling_rope_utils`` shape, with plain values instead of a config::
 
     fn(head_dim, base, rotary_dim, params, seq_len) -> (inv_freq [rotary_dim // 2] fp32, attention_scaling)
 
-A user type is one decorator away::
+A user type is one decorator away, and gets the built-ins' key checks, messages, config reading and plots::
 
     @register_rope_type("halved", required={"factor"}, check=my_check)
     def _halved(head_dim, base, rotary_dim, params, seq_len):
         return default_inv_freq(base, rotary_dim) / params["factor"], 1.0
 
-and then gets the same key checks, error messages, ``from_hf_config`` reading and plotting as the
-built-ins. Types with ``length_dependent=True`` are recomputed for the current sequence length by
-:mod:`rotary.schedule`.
+Types with ``length_dependent=True`` are recomputed for the current length by :mod:`rotary.schedule`.
 """
 
 from __future__ import annotations
@@ -73,32 +69,22 @@ class RopeType:
     """One registered ``rope_type``.
 
     Attributes:
-        name: the ``rope_type`` string.
-        init: the init function (see the module docstring).
-        required: keys the block must carry.
-        optional: further keys it may carry (any block may carry ``rope_type``, ``type``,
-            ``rope_theta`` and ``partial_rotary_factor``).
+        name, init: the ``rope_type`` string; the init function (see the module docstring).
+        required, optional: keys the block must carry; further keys it may carry (besides the common keys).
         check: value checks beyond presence, or ``None``.
         length_dependent: the frequencies depend on the current sequence length (``seq_len``).
-        trained_length: the type needs ``original_max_position_embeddings`` (reading a config fills
-            it from the config's top level, as transformers does).
-        rotates_every_pair: ``partial_rotary_factor`` is a parameter of the frequencies (pairs past
-            it get frequency 0), not the rotated width (Gemma's ``proportional``).
+        trained_length: the type needs ``original_max_position_embeddings`` (filled from the config's top level).
+        rotates_every_pair: ``partial_rotary_factor`` parameterises the frequencies (pairs past it get 0), not
+            the rotated width (Gemma's ``proportional``).
         example: ``head_dim -> RopeExample`` for plots, or ``None``.
-        target_length: for length-dependent types, ``params -> the longest sequence length the block
-            is meant for``; :func:`rotary.frequencies` checks the frequencies there too, so a block
-            whose frequencies overflow only at long lengths is refused when it is read.
-        update: for length-dependent types, how the frequencies follow the length (one of
-            transformers' two rules, replayed by :class:`rotary.schedule.FrequencySchedule`):
-            ``"grow"`` (dynamic NTK: recomputed when a call is longer than any before and past the
-            trained length, back to the trained frequencies when a call is shorter than it) or
-            ``"switch"`` (LongRoPE: one set up to the trained length, another past it).
-        trained_key: the key of the block holding the trained length the rule compares with (default
-            ``"max_position_embeddings"`` for ``"grow"``, ``"original_max_position_embeddings"`` for
-            ``"switch"``); it must be one of the type's ``required`` keys.
-        check_keys: a key the block carries outside ``required``, ``optional`` and the common keys is
-            an error (a warning with ``strict=False``). ``False`` only for a type registered without
-            any key sets or checks (``ROPE_INIT_FUNCTIONS[name] = fn``), whose keys rotary cannot know.
+        target_length: length-dependent types: ``params -> the longest length the block is meant for``, where
+            :func:`rotary.frequencies` checks the frequencies too.
+        update: length-dependent types: ``"grow"`` (dynamic NTK: recomputed past the longest length seen) or
+            ``"switch"`` (LongRoPE: one set up to the trained length, another past it), replayed by
+            :class:`rotary.schedule.FrequencySchedule`.
+        trained_key: the block key holding the trained length the rule compares with (one of ``required``).
+        check_keys: a key outside ``required``, ``optional`` and the common keys is an error (``False`` only for a
+            type registered without key sets, whose keys rotary cannot know).
     """
 
     name: str
@@ -144,15 +130,8 @@ def register_rope_type(
 ) -> Callable[[RopeInitFn], RopeInitFn]:
     """Decorator registering an init function as ``rope_type`` ``name`` (replacing any previous one).
 
-    The arguments are the fields of :class:`RopeType`. A length-dependent type (``length_dependent=True``)
-    follows the length by one of transformers' rules (``update``), comparing with the trained length
-    its block holds under ``trained_key``; its init function receives the current ``seq_len``.
-
-    ``check_keys`` says whether a key outside ``required``, ``optional`` and the common keys
-    (``rope_theta``, ``partial_rotary_factor``) is refused. ``None`` (the default) refuses them when
-    the type states any key set or a ``check``, and accepts any key for a bare
-    ``register_rope_type(name)`` (a stand-in whose keys rotary cannot know); pass ``True`` for a type
-    that takes no keys at all (as the built-in ``"default"`` does).
+    The arguments are the fields of :class:`RopeType`; ``check_keys=None`` refuses unknown keys when the type
+    states a key set or a ``check`` and accepts any for a bare ``register_rope_type(name)``.
 
     Example:
         >>> @register_rope_type("doc-halved", required={"factor"})
@@ -251,10 +230,7 @@ def complain(message: str, strict: bool) -> None:
 
 
 def default_inv_freq(base: float, rotary_dim: int) -> torch.Tensor:
-    """``1 / base ** (arange(0, r, 2) / r)`` in fp32, bit-identical to Hugging Face.
-
-    The expression (fp32 exponent, fp32 power, fp32 reciprocal) is kept exactly as transformers writes
-    it: checkpoints were trained with these rounded values, so "more accurate" ones would differ.
+    """``1 / base ** (arange(0, r, 2) / r)`` in fp32, bit-identical to Hugging Face (checkpoints trained with it).
 
     Example:
         >>> default_inv_freq(10000.0, 128)[:3]
@@ -266,10 +242,8 @@ def default_inv_freq(base: float, rotary_dim: int) -> torch.Tensor:
 
 
 def rotary_dim_from(head_dim: int, params: Mapping[str, Any], *, strict: bool = True) -> int:
-    """Channels rotated: ``int(head_dim * partial_rotary_factor)`` (Hugging Face's rounding).
-
-    An odd result is a :class:`ConfigError`; with ``strict=False`` it is returned as is (a warning),
-    and the frequencies follow transformers, which then rotates ``rotary_dim + 1`` channels.
+    """Channels rotated: ``int(head_dim * partial_rotary_factor)``; odd is a ConfigError (``strict=False``: a
+    warning).
     """
     factor = params.get("partial_rotary_factor", 1.0)
     if factor is None:
@@ -306,12 +280,11 @@ KEY_MEANINGS = {
 
 
 def canonical_rope_type(block: Mapping[str, Any]) -> Any:
-    """The ``rope_type`` a block means: its ``rope_type`` (or 4.x ``type``), with one rename.
+    """The ``rope_type`` a block means: its ``rope_type`` (or 4.x ``type``), and ``"dynamic"`` with ``alpha`` as
+    ``"ntk_alpha"``.
 
-    HunYuan's checkpoints label their block ``"dynamic"`` but give it an ``alpha``: transformers' HunYuan
-    modules (``ntk_alpha``) and vLLM's ``DynamicNTKAlphaRotaryEmbedding`` then stretch the base once by
-    ``alpha ** (d / (d - 2))`` and ignore ``factor`` and the length, so such a block is ``"ntk_alpha"``.
-    A falsy ``alpha`` leaves the block dynamic NTK, as in both of them.
+    HunYuan's checkpoints label NTK by ``alpha`` ``"dynamic"``; transformers' HunYuan and vLLM read it as a fixed
+    NTK base stretch (docs/scaling.md, ``ntk_alpha``).
 
     Example:
         >>> canonical_rope_type({"type": "dynamic", "alpha": 1000.0, "factor": 1.0})
@@ -337,17 +310,14 @@ def validate_rope_parameters(
     valid_types: Iterable[str] | None = None,
     strict: bool = True,
 ) -> dict[str, Any]:
-    """Check a scaling block against its ``rope_type`` and return a normalised copy.
-
-    The copy has ``rope_type`` set (the 4.x key ``type`` is read and dropped).
+    """Check a scaling block against its ``rope_type`` and return a normalised copy (``rope_type`` set, ``type``
+    dropped).
 
     Args:
         params: the block, e.g. ``{"rope_type": "linear", "factor": 4.0}``.
-        rotary_dim: channels rotated (the length LongRoPE's factor lists are checked against is
-            ``rotary_dim // 2``).
+        rotary_dim: channels rotated (LongRoPE's factor lists must have ``rotary_dim // 2`` entries).
         valid_types: the types to accept; default every registered one.
-        strict: ``False`` turns the value checks into warnings (unknown types and missing keys stay
-            errors: the frequencies cannot be computed without them).
+        strict: ``False`` turns the value checks into warnings (unknown types and missing keys stay errors).
 
     Raises:
         ConfigError: with a message naming the key, the value and what to change.
@@ -412,10 +382,8 @@ def validate_rope_parameters(
 
 
 def optional_number(p: Mapping[str, Any], key: str, rope_type: str, *, allowed: str) -> float | None:
-    """``p[key]`` if it is set, after checking it is a finite real number (``None`` when absent or null).
-
-    A string, a bool, a list, NaN or an infinity leaves nothing to compute with, so it is an error
-    even with ``strict=False``.
+    """``p[key]`` if set, checked to be a finite real number (even with ``strict=False``); ``None`` when absent or
+    null.
     """
     value = p.get(key)
     if value is None:

@@ -281,29 +281,23 @@ def _longrope(head_dim: int, base: float, rotary_dim: int, params: Mapping[str, 
 
 
 def longrope_serving_block(block: Mapping[str, Any], max_model_len: int) -> dict[str, Any]:
-    """The LongRoPE block vLLM serves with: one set of factors for every call, chosen once.
+    """The LongRoPE block vLLM serves with: one set of factors for every call, chosen once per server.
 
-    vLLM's ``Phi3LongRoPEScaledRotaryEmbedding`` differs from transformers in three ways, all
-    reproduced here (docs/scaling.md, "LongRoPE in vLLM"):
-
-    - it picks the set once per server: the long factors (and ``long_mscale``) for *every* position when
-      ``max_model_len > original_max_position_embeddings``, else the short ones; transformers picks per
-      call, by the call's length;
-    - its default attention factor is ``sqrt(1 + ln(s) / ln(L))`` with ``s = max_position_embeddings /
-      original_max_position_embeddings``: it reads neither ``factor`` nor ``attention_factor``;
-    - it applies ``short_mscale`` / ``long_mscale`` (transformers' Phi-3 ignores them; its PhiMoE applies
-      them).
+    vLLM picks the long set for every position when ``max_model_len > original_max_position_embeddings``, takes
+    ``sqrt(1 + ln(s) / ln(L))`` as the attention factor and applies ``short_mscale`` / ``long_mscale``; how that
+    differs from transformers: docs/scaling.md, "longrope".
 
     Args:
-        block: a ``longrope`` block with ``short_factor``, ``long_factor``,
-            ``original_max_position_embeddings`` and ``max_position_embeddings`` (vLLM's
-            ``max_position``), optionally ``short_mscale`` / ``long_mscale``.
+        block: a ``longrope`` block with ``short_factor``, ``long_factor``, ``original_max_position_embeddings``
+            and ``max_position_embeddings`` (vLLM's ``max_position``), optionally ``short_mscale``/``long_mscale``.
         max_model_len: the server's longest sequence (vLLM's ``--max-model-len``).
 
     Returns:
-        A new ``longrope`` block whose two sets are the one vLLM uses, with its attention factor as
-        ``short_mscale`` and ``long_mscale``: :class:`rotary.RoPE` built from it rotates as vLLM does
-        at every length.
+        A new ``longrope`` block whose two sets are the one vLLM uses, its attention factor as ``short_mscale``
+        and ``long_mscale``: :class:`rotary.RoPE` built from it rotates as vLLM does at every length.
+
+    Raises:
+        ConfigError: not a longrope block, a key missing, a bad ``max_model_len``.
 
     Example:
         >>> block = {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,

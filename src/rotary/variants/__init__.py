@@ -1,18 +1,9 @@
-"""Variants of RoPE, each a producer of :class:`~rotary.tables.RotaryTables` on the one pipeline.
+"""Variants of RoPE, each a producer of :class:`~rotary.tables.RotaryTables` on the one pipeline (docs/variants.md).
 
-A variant changes what the tables hold (per-axis positions, per-position scales, per-head
-frequencies, ...) and reuses positions, tables, :func:`rotary.rotate` and the fused kernels unchanged.
-
-- :class:`AxialRoPE` (:mod:`.axial`): N-D axial RoPE for images and video, with the published
-  models' conventions as presets (:data:`PRESETS`);
-- :class:`RoPEMixed` (:mod:`.mixed`): learnable per-head 2-D frequencies (RoPE-Mixed);
-- :class:`MRoPE` (:mod:`.mrope`): multimodal RoPE of the vision-language models (Qwen-VL, Qwen3.5, GLM-4V,
-  ERNIE-4.5-VL, HunYuan-VL's XD-RoPE, ...), and
-  :func:`multimodal_positions` (:mod:`.multimodal`): the position ids of their prompts;
-- :class:`XPos` (:mod:`.xpos`): xPos, separate query and key tables with an exponential decay;
-- :class:`DualChunkRoPE` (:mod:`.dual_chunk`): the query and key rotations of dual chunk attention;
-- :class:`FoPE` (:mod:`.fope`): Fourier position embedding, per-head Fourier-series tables;
-- :mod:`.nope`: NoPE layers and Llama 4's NoPE query temperature.
+:class:`AxialRoPE` (images, video; :data:`PRESETS`), :class:`RoPEMixed` (learnable per-head 2-D frequencies),
+:class:`MRoPE` and :func:`multimodal_positions` (the vision-language models), :class:`XPos`,
+:class:`DualChunkRoPE`, :class:`FoPE`, and :mod:`.nope` (NoPE layers, Llama 4's temperature). Each changes what
+the tables hold and reuses positions, tables, :func:`rotary.rotate` and the kernels unchanged.
 """
 
 from .axial import PRESETS, AxialRoPE, relative_scores

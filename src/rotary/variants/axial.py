@@ -1,24 +1,12 @@
 """Axial RoPE for images and video: each channel pair turns with one axis (R(h, w) = R_h ⊕ R_w).
 
     coordinates [..., A] ──► CoordinateRoPE.tables ──► RotaryTables ──► rotary.rotate (fused kernels)
-    (grid(h, w[, t]),         (augment in train mode,
-     or explicit, float        identity rows, angles
-     or integer)               c · inv_freq[A, r/2])
 
-A token at coordinates ``c = (c_0, …, c_{A-1})`` turns pair ``j`` by ``Σ_a c_a · inv_freq[a, j]``. In
-axial RoPE each pair belongs to one axis (its column of ``inv_freq`` is zero elsewhere), so attention
-scores depend only on the offsets ``(Δc_0, …, Δc_{A-1})``; RoPE-Mixed (:mod:`rotary.variants.mixed`)
-fills the whole column, per head. Both are producers of :class:`~rotary.tables.RotaryTables`: the
-rotation itself is the one fused kernel every RoPE runs on.
-
-Published conventions differ in the coordinates (integer grid, +1 offsets, cell centres in
-[-1, 1], a fine-tuning grid squeezed into the pre-training range), the channels given to each axis,
-the frequencies, the order of the axes' blocks and the pairing; :data:`PRESETS` reproduces each
-exactly (see ``docs/variants.md``).
-
-This module holds :class:`AxialRoPE`'s frequencies, the presets and :func:`relative_scores`; what it
-shares with RoPE-Mixed (grids, coordinate conventions, augmentation, identity rows, tables, rotation)
-is :class:`~rotary.variants.coordinate_rope.CoordinateRoPE`, over :class:`~rotary.variants.coordinates.Coordinates`.
+A token at ``c = (c_0, …, c_{A-1})`` turns pair ``j`` by ``Σ_a c_a · inv_freq[a, j]``; in axial RoPE each pair
+belongs to one axis, so scores depend only on the offsets per axis (RoPE-Mixed, :mod:`.mixed`, fills the whole
+column, per head). The published conventions (coordinates, channel split, frequencies, block order, pairing)
+are :data:`PRESETS`, reproduced exactly (docs/variants.md, "Presets"). What axial RoPE shares with RoPE-Mixed
+(grids, augmentation, identity rows, tables) is :class:`~rotary.variants.coordinate_rope.CoordinateRoPE`.
 """
 
 from __future__ import annotations
@@ -54,14 +42,7 @@ def _geometric(base: float, channels: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 class AxialRoPE(CoordinateRoPE):
-    """Axial RoPE over ``A`` axes: each channel pair turns with one axis (vision, video).
-
-    The rotary channels are split into one block per axis (``split``); a block of ``c`` channels
-    carries a 1-D RoPE of its axis with ``c / 2`` frequencies. Attention scores then depend only on
-    the offsets per axis ``(Δt, Δh, Δw)``. :data:`PRESETS` (:meth:`preset`) reproduce the published
-    models exactly: ``torchtune``, ``llama4_vision``, ``pixtral``, ``dinov3``, ``eva02``, ``flux``,
-    ``cogvideox``. Coordinates come from :meth:`grid` or are given explicitly ``[..., A]``; tokens
-    marked identity (CLS, registers) are not rotated.
+    """Axial RoPE over ``A`` axes: each channel pair turns with one axis (vision, video); see the module docstring.
 
     Args:
         head_dim: channels per head ``D`` (even).
@@ -69,25 +50,20 @@ class AxialRoPE(CoordinateRoPE):
         split: channels per axis, in axis order (each even, summing to ``rotary_dim``); default equal blocks.
         base: the frequencies' base θ.
         coordinates: ``"grid"`` or ``"normalized"`` (see :class:`CoordinateRoPE`).
-        max_freq: ``None``: geometric frequencies ``base^(-2k/c)`` per block of ``c`` channels
-            ("lang"); a number: linear frequencies ``linspace(1, max_freq / 2, c / 2) · π`` ("pixel",
-            rotary-embedding-torch's convention for coordinates in [-1, 1]).
-        interleaved: pairs (2i, 2i+1) or (i, i + r/2).
-        rotary_dim: channels rotated (default ``head_dim``).
-        frequencies: ``"per_axis"`` (each block its own frequencies, as above) or ``"alternating"``
-            (Pixtral: one geometric set ``base^(-2j/r)`` over all pairs, dealt to the axes in turn:
-            axis ``a`` takes ``j = a, a + A, …``; equal blocks only).
-        block_order: the order of the axes' blocks among the pairs; default ``(0, 1, …)``. torchtune
-            and Llama 4 put x (axis 1) first: ``(1, 0)``.
-        axis_slots: ``"blocks"`` (each axis's pairs side by side, in ``block_order``) or
-            ``"alternating"`` (the pairs dealt to the axes in turn, in ``block_order``: pair ``A·j + i``
-            is frequency ``j`` of axis ``block_order[i]``, as Kimi-K2.5's vision tower lays out
-            (w, h, w, h, …); equal blocks only).
-        frequency_scale: multiplies every frequency (DINOv3: 2π, its periods are in units of the
-            normalized coordinate).
-        frequency_dtype: the precision the frequencies are formed in before the (float64) angles:
-            ``torch.float32`` (Hugging Face, torchtune, DINOv3) or ``torch.float64`` (FLUX).
+        max_freq: ``None``: geometric ``base^(-2k/c)`` per block of ``c`` channels; a number: linear
+            ``linspace(1, max_freq / 2, c / 2) · π`` (rotary-embedding-torch's "pixel", coordinates in [-1, 1]).
+        interleaved, rotary_dim: pairs (2i, 2i+1) or (i, i + r/2); channels rotated (default ``head_dim``).
+        frequencies: ``"per_axis"`` or ``"alternating"`` (Pixtral: one geometric set over all pairs, dealt to
+            the axes in turn; equal blocks only).
+        block_order: the order of the axes' blocks among the pairs; default ``(0, 1, …)`` (torchtune: ``(1, 0)``).
+        axis_slots: ``"blocks"`` or ``"alternating"`` (pair ``A·j + i`` is frequency ``j`` of axis
+            ``block_order[i]``, Kimi-K2.5's layout; equal blocks only).
+        frequency_scale, frequency_dtype: multiplies every frequency (DINOv3: 2π); their precision (fp32 or fp64).
         **kwargs: grid conventions, identity tokens and augmentation: see :class:`CoordinateRoPE`.
+
+    Raises:
+        rotary.errors.InputError: a split that is odd, has one block per axis missing or does not sum to
+            ``rotary_dim``; a ``block_order`` that is not a permutation; a bad ``frequency_dtype``.
 
     Example:
         >>> rope = AxialRoPE(64, axes=2, base=100.0)
@@ -448,19 +424,15 @@ PRESETS: dict[str, Preset] = {
 def relative_scores(rope: CoordinateRoPE, q: torch.Tensor, k: torch.Tensor, extent: int) -> torch.Tensor:
     """Scores ``⟨R(c) q, R(c + Δ) k⟩`` over offsets ``Δ = (Δh, Δw)`` in grid cells, ``|Δ| <= extent``.
 
-    The query sits at the centre of a ``(2 extent + 1)²`` grid built by ``rope.grid`` (so offsets are in
-    cells whatever the coordinate convention); leading axes (t of video) are held at one cell. Computed
-    in float64 through the fused kernel.
+    The query sits at the centre of a ``(2 extent + 1)²`` grid from ``rope.grid`` (leading axes at one cell); float64.
 
     Args:
         rope: an :class:`AxialRoPE` or :class:`~rotary.variants.RoPEMixed` with at least 2 axes.
-        q: ``[D]`` (or ``[H, D]`` for per-head tables: one query per head).
-        k: same shape.
+        q: ``[D]`` (or ``[H, D]`` for per-head tables); k: same shape.
         extent: largest offset per axis.
 
     Returns:
-        float64 ``[2 extent + 1, 2 extent + 1]`` (``[H, …]`` per head); entry ``[i, j]`` is the score at
-        ``Δh = i - extent``, ``Δw = j - extent``.
+        float64 ``[2 extent + 1, 2 extent + 1]`` (``[H, …]`` per head); ``[i, j]`` is at ``Δ = (i, j) - extent``.
 
     Example:
         >>> s = relative_scores(AxialRoPE(16), torch.ones(16), torch.ones(16), 2)

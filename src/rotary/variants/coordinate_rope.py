@@ -34,31 +34,22 @@ GRID_CACHE = 16
 class CoordinateRoPE(nn.Module):
     """RoPE over N-D coordinates: grids, coordinate conventions, augmentation, identity rows, tables.
 
-    Subclasses give the frequencies (:meth:`frequencies`): ``[A, r/2]`` (one row per axis, axial) or
-    ``[H, A, r/2]`` (per head, RoPE-Mixed). The arguments below are keyword arguments of
-    :class:`AxialRoPE` and :class:`~rotary.variants.RoPEMixed`.
+    Subclasses give the frequencies (:meth:`frequencies`): ``[A, r/2]`` (axial) or ``[H, A, r/2]`` (per head,
+    RoPE-Mixed). These are keyword arguments of :class:`AxialRoPE` and :class:`~rotary.variants.RoPEMixed`; the
+    conventions they reproduce are in docs/variants.md, "Coordinates".
 
     Args:
-        head_dim: channels per head ``D`` (even).
-        axes: coordinates per token ``A``.
-        rotary_dim: channels rotated ``r`` (even, ``<= D``); the rest pass through.
-        interleaved: pairs (2i, 2i+1) (``True``) or (i, i + r/2) (``False``).
-        coordinates: what :meth:`grid` produces: ``"grid"``, integer indices ``i + grid_offset``
-            (scaled by ``reference_grid / size`` when that is set); ``"normalized"``, cell centres in
-            [-1, 1], ``2 (i + 0.5) / n - 1`` (DINOv3).
+        head_dim, axes: channels per head ``D`` (even); coordinates per token ``A``.
+        rotary_dim, interleaved: channels rotated ``r`` (even, ``<= D``); pairs (2i, 2i+1) or (i, i + r/2).
+        coordinates: what :meth:`grid` produces: ``"grid"``, integer indices ``i + grid_offset`` (times
+            ``reference_grid / size`` when set, EVA-02); ``"normalized"``, cell centres ``2 (i + 0.5) / n - 1``.
         grid_offset: added to ``"grid"`` coordinates (torchtune and Llama 4 count from 1).
-        reference_grid: ``"grid"`` only: the grid size the frequencies were trained on; a grid of
-            ``n`` cells then has coordinates ``i · reference / n``, spanning the trained range (EVA-02).
-        normalize_coords: ``"normalized"`` only: divide by each axis's own size (``"separate"``), by
-            the longest (``"max"``) or the shortest (``"min"``), as DINOv3's ``normalize_coords``.
-        prefix_tokens: tokens before the grid that take no rotation (CLS, registers), by default in :meth:`grid`.
-        suffix_tokens: the same after the grid (torchtune and Llama 4 append CLS).
-        shift_coords: training only: add one uniform draw in ``[-shift, shift]`` per axis to every
-            coordinate (DINOv3's augmentation).
-        jitter_coords: training only: multiply each axis by a log-uniform draw in ``[1/jitter, jitter]``.
-        rescale_coords: training only: multiply all axes by one log-uniform draw in ``[1/rescale, rescale]``.
-        generator: draws the augmentation (a CPU ``torch.Generator``); default the global generator
-            (``torch.manual_seed``). A call may pass its own.
+        reference_grid: ``"grid"`` only: the grid size the frequencies were trained on.
+        normalize_coords: ``"normalized"`` only: ``"separate"``, ``"max"`` or ``"min"`` (DINOv3's).
+        prefix_tokens, suffix_tokens: tokens before / after the grid that take no rotation (CLS, registers).
+        shift_coords, jitter_coords, rescale_coords: training-only augmentation (DINOv3's): a uniform shift in
+            ``[-shift, shift]`` per axis, a log-uniform factor per axis, one log-uniform factor for all axes.
+        generator: a CPU ``torch.Generator`` for the augmentation (default the global one).
     """
 
     def __init__(
@@ -161,15 +152,12 @@ class CoordinateRoPE(nn.Module):
 
         Args:
             sizes: cells per axis.
-            prefix: identity tokens before the grid (default ``prefix_tokens``).
-            suffix: identity tokens after it (default ``suffix_tokens``).
+            prefix, suffix: identity tokens before / after the grid (default ``prefix_tokens``, ``suffix_tokens``).
             device: where to put them.
 
         Returns:
-            :class:`Coordinates` ``[prefix + Π sizes + suffix, A]`` in this module's convention
-            (``coordinates``, ``grid_offset``, ``reference_grid``, ``normalize_coords``). The same
-            arguments return the same object (the last :data:`GRID_CACHE` grids are kept), so a grid
-            built per call and moved to an accelerator is copied host-to-device once, not per call.
+            :class:`Coordinates` ``[prefix + Π sizes + suffix, A]`` in this module's convention; the same arguments
+            return the same object (the last :data:`GRID_CACHE` grids are kept: one host-to-device copy).
 
         Example:
             >>> AxialRoPE(8, coordinates="normalized").grid(1, 2).values.tolist()
@@ -294,11 +282,7 @@ class CoordinateRoPE(nn.Module):
         return Coordinates(values, check_identity(identity, values, name))
 
     def augment(self, values: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """DINOv3's coordinate augmentation: shift, per-axis jitter, shared rescale (any that are set).
-
-        Draws on the CPU in float64, in this order: shift ``[A]``, jitter ``[A]``, rescale ``[1]``; one
-        draw per call, shared by every token and batch row. The draws reach an accelerator by
-        non-blocking copies (no synchronisation; a CUDA graph would replay the captured draw).
+        """DINOv3's coordinate augmentation (shift, per-axis jitter, shared rescale): one CPU draw per call, all tokens.
 
         Args:
             values: float64 ``[..., A]``.
@@ -335,10 +319,7 @@ class CoordinateRoPE(nn.Module):
         dtype: torch.dtype = torch.float32,
         generator: torch.Generator | None = None,
     ) -> RotaryTables:
-        """The tables that rotate tokens at ``positions`` (augmented in training mode, if configured).
-
-        Compute them once per model forward and hand them to every layer (one augmentation draw for
-        the whole forward, as DINOv3 does).
+        """The tables that rotate tokens at ``positions`` (augmented in training mode): once per model forward.
 
         Args:
             positions: :class:`Coordinates` (from :meth:`grid`) or explicit coordinates (see :meth:`coordinates`).
@@ -347,8 +328,8 @@ class CoordinateRoPE(nn.Module):
             generator: the augmentation's generator for this call.
 
         Returns:
-            :class:`~rotary.tables.RotaryTables` ``[S, r]`` or ``[B, S, r]`` (per head: ``[S, H, r]``,
-            ``[B, S, H, r]``) on the coordinates' device; identity rows are cos 1, sin 0.
+            :class:`~rotary.tables.RotaryTables` ``[S, r]`` or ``[B, S, r]`` (per head: ``[..., H, r]``); identity
+            rows are cos 1, sin 0.
 
         Example:
             >>> rope = AxialRoPE(8)
@@ -377,15 +358,7 @@ class CoordinateRoPE(nn.Module):
         return RotaryTables.unchecked(cos, sin, self.interleaved, heads=freq.shape[0] if freq.dim() == 3 else None)
 
     def _check_angles(self, values: torch.Tensor, freq: torch.Tensor) -> None:
-        """Angles ``Σ_a c_a · f_a`` must be finite: an inf angle makes cos/sin NaN.
-
-        One host read on the CPU; elsewhere the same bound ``max |c| · max_j Σ_a |f_a,j|`` is computed
-        nothing is read: non-finite angles give NaN tables (the caller's contract).
-
-        Args:
-            values: float64 coordinates ``[..., A]``.
-            freq: ``[A, r/2]`` or ``[H, A, r/2]`` on the device of ``values``.
-        """
+        """Angles ``Σ_a c_a · f_a`` must be finite (one host read on the CPU; elsewhere the caller's contract)."""
         if not devices.host_checks(values.device):
             return
         top = float(values.detach().abs().amax())
@@ -412,18 +385,13 @@ class CoordinateRoPE(nn.Module):
         device: torch.device | str,
         dtype: torch.dtype = torch.float32,
     ) -> RotaryTables:
-        """The tables for a batch of ``batch`` x ``seq_len`` tokens at ``position_ids``, checked against them.
-
-        What :class:`rotary.nn.RotaryAttention` calls with its ``position_ids``: the coordinates are
-        this module's, so the layer passes them through unread.
+        """The tables for ``batch`` x ``seq_len`` tokens at ``position_ids``, as :class:`rotary.nn.RotaryAttention`
+        asks.
 
         Args:
-            position_ids: :class:`Coordinates` (e.g. ``grid(h, w, prefix=1)``) or coordinates ``[S, A]`` /
-                ``[B, S, A]``; there is no default.
-            batch: ``B`` of the input.
-            seq_len: ``S`` of the input (identity tokens included).
-            device: where the tables go (the input's device).
-            dtype: fp32, or float64 for float64 inputs.
+            position_ids: :class:`Coordinates` (``grid(h, w, prefix=1)``) or ``[S, A]`` / ``[B, S, A]``; no default.
+            batch, seq_len: ``B`` and ``S`` of the input (identity tokens included).
+            device, dtype: where the tables go; fp32, or float64 for float64 inputs.
 
         Returns:
             :class:`~rotary.tables.RotaryTables` (augmented in training mode, if configured).
@@ -484,8 +452,7 @@ class CoordinateRoPE(nn.Module):
             k: same layout and S (any head count, except per-head tables: the same H).
             positions: :class:`Coordinates` or coordinates ``[S, A]`` / ``[B, S, A]``.
             identity: bool ``[S]`` / ``[B, S]``: tokens that take no rotation.
-            layout: ``"bhsd"`` or ``"bshd"``.
-            inplace: rotate in place.
+            layout, inplace: ``"bhsd"`` or ``"bshd"``; rotate in place.
             generator: the augmentation's generator for this call (training mode).
 
         Returns:

@@ -14,15 +14,11 @@ __all__ = ["Coordinates", "check_identity"]
 
 @dataclass(frozen=True)
 class Coordinates:
-    """Validated coordinates of tokens on ``A`` axes, and which tokens take no rotation.
-
-    Made by :meth:`CoordinateRoPE.grid` or :meth:`CoordinateRoPE.coordinates`; whatever holds one
-    may trust it.
+    """Validated coordinates of tokens on ``A`` axes, and which tokens take no rotation (trusted once made).
 
     Attributes:
         values: float64 ``[S, A]`` (shared by the batch) or ``[B, S, A]``; finite, any sign.
-        identity: bool ``[S]`` or ``[B, S]``: ``True`` marks tokens whose rows are the identity (cos 1,
-            sin 0): CLS, registers, text tokens beside an image. ``None``: every token rotates.
+        identity: bool ``[S]`` or ``[B, S]``, ``True`` for tokens with identity rows (CLS, registers), or ``None``.
 
     Example:
         >>> c = AxialRoPE(8).grid(2, 2, prefix=1)
@@ -49,11 +45,8 @@ class Coordinates:
         return self.values.shape[0] if self.values.dim() == 3 else None
 
     def to(self, device: torch.device | str) -> Coordinates:
-        """The same coordinates on ``device``.
-
-        The copy is kept: moving the same coordinates to the same device again (a grid from
-        :meth:`CoordinateRoPE.grid` passed to every call) returns it without copying anything, as long
-        as neither tensor was edited in place since. Coordinates that require grad are moved every time.
+        """The same coordinates on ``device``; the copy is kept and reused until either tensor is edited (not with
+        grad).
         """
         device = torch.device(device)
         if self.values.device == device:

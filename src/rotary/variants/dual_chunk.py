@@ -1,32 +1,12 @@
 """Dual-chunk RoPE: the rotations of dual chunk attention (Qwen2.5-1M, 1M-context Qwen3 in vLLM and SGLang).
 
-An, Huang, Zhang, et al., *Training-Free Long-Context Scaling of Large Language Models* (ICML 2024)
-split a long sequence into chunks of ``L = chunk_size - local_size`` tokens and never let a query meet a
-key at a relative distance the model was not trained on. Keys are rotated at their position within
-their chunk, ``j mod L``; a query is rotated three ways, one per kind of key it meets:
-
-============================  ==============================================  ===========================
-query table                   position it rotates the query at                used against keys of
-============================  ==============================================  ===========================
-``intra``                     ``p mod L``                                     the query's own chunk
-``successor``                 ``min(p mod L + L, chunk_size)``                the chunk just before
-``inter``                     ``min(2L - 1, chunk_size)`` (one constant)      every chunk before that
-``successor_critical``        ``p mod L + L`` (not clamped)                   vLLM's sparse attention
-``inter_critical``            ``p mod L + chunk_size``                        vLLM's sparse attention
-============================  ==============================================  ===========================
-
-Within a chunk the distances are exact; to the previous chunk they are exact up to ``local_size``
-tokens of the query's offset and clamped beyond; to older chunks they lie in ``(chunk_size - L,
-chunk_size]``, within the trained range. vLLM's and SGLang's ``DualChunkRotaryEmbedding`` build these
-five query caches and the key cache (plain RoPE frequencies, no scaling block); vLLM's attention
-backend takes ``query``, ``query_succ`` and ``query_inter``, uses the critical two in its sparse
-(vertical-and-slash) prefill, and multiplies the queries by ``max(1, 0.1 ln(n / original) + 1)`` for
-a sequence of ``n`` tokens when the config gives ``original_max_position_embeddings``
-(:meth:`DualChunkRoPE.query_scale`).
-
-Each rotation is an ordinary :class:`~rotary.tables.RotaryTables` for :func:`rotary.rotate` (the
-kernels are unchanged). :func:`dual_chunk_attention` is a dense reference of the attention that
-combines them (``O(S^2)`` memory, for checking and small inputs; it is not vLLM's paged kernel).
+*Training-Free Long-Context Scaling of Large Language Models* (An et al., ICML 2024) splits a sequence into
+chunks of ``L = chunk_size - local_size`` tokens so that no query meets a key at an untrained distance: keys
+are rotated at ``j mod L``, a query three ways (``intra`` for its own chunk, ``successor`` for the chunk before,
+``inter`` for older ones), plus vLLM's two ``*_critical`` tables for its sparse prefill
+(:class:`DualChunkTables` gives each position). Each is an ordinary :class:`~rotary.tables.RotaryTables`; the
+table of positions and vLLM's query scale are in docs/variants.md, "Dual-chunk RoPE". :func:`dual_chunk_attention`
+is a dense reference of the attention that combines them (``O(S^2)``; not vLLM's paged kernel).
 """
 
 from __future__ import annotations
@@ -80,13 +60,10 @@ class DualChunkRoPE:
 
     Args:
         head_dim: channels per head ``D`` (even).
-        chunk_size: ``chunk_size`` of the config's ``dual_chunk_attention_config`` (Qwen2.5-1M: 262144).
-        local_size: ``local_size`` (Qwen2.5-1M: 8192); ``chunk_size - local_size`` is the chunk length ``L``.
-        base: RoPE base ``theta``.
-        rotary_dim: channels rotated (default ``head_dim``).
+        chunk_size, local_size: of the config's ``dual_chunk_attention_config`` (Qwen2.5-1M: 262144, 8192).
+        base, rotary_dim: RoPE base ``theta``; channels rotated (default ``head_dim``).
         interleaved: the pairing (``False``: pairs (i, i + r/2), as Qwen's models).
-        original_max_position_embeddings: the trained length the attention scales queries from
-            (:meth:`query_scale`); ``None`` or 0: no scaling.
+        original_max_position_embeddings: the trained length of :meth:`query_scale` (``None`` or 0: no scaling).
 
     Example:
         >>> dc = DualChunkRoPE(64, chunk_size=16, local_size=4, base=10000.0)
@@ -131,17 +108,17 @@ class DualChunkRoPE:
 
     @classmethod
     def from_hf_config(cls, config: Any, *, strict: bool = True) -> DualChunkRoPE:
-        """Build it from a config with ``dual_chunk_attention_config`` (Qwen2.5-1M, Qwen3 1M-context).
+        """Build it from a config with ``dual_chunk_attention_config`` (Qwen2.5-1M, Qwen3 1M-context), as vLLM serves
+        it.
 
-        transformers runs these models with plain RoPE (it does not read ``dual_chunk_attention_config``:
-        :meth:`rotary.RoPE.from_hf_config` builds that); vLLM and SGLang serve them with dual chunk
-        attention, whose rotations this builds. Like vLLM, it uses the plain frequencies of
-        ``rope_theta``: a scaling block next to ``dual_chunk_attention_config`` is an error naming it
-        (vLLM ignores it; ``strict=False`` warns and ignores it too).
+        Like vLLM it uses the plain frequencies of ``rope_theta`` (transformers runs these models with plain RoPE).
 
         Args:
             config: a transformers ``PretrainedConfig``, a path to a config.json (or its folder), or a dict.
-            strict: see above.
+            strict: ``False`` warns about and ignores a scaling block beside ``dual_chunk_attention_config``.
+
+        Raises:
+            ConfigError: such a scaling block (with ``strict=True``), or an invalid config.
 
         Example:
             >>> d = {"model_type": "qwen2", "hidden_size": 512, "num_attention_heads": 4, "rope_theta": 1e7,
@@ -216,15 +193,11 @@ class DualChunkRoPE:
         }
 
     def tables(self, position_ids: torch.Tensor | Positions, *, dtype: torch.dtype = torch.float32) -> DualChunkTables:
-        """The six tables of a call.
+        """The six tables of a call: :class:`DualChunkTables`, each ``[S, r]`` or ``[B, S, r]``.
 
         Args:
-            position_ids: int ``[S]`` or ``[B, S]`` (or 1-D :class:`~rotary.positions.Positions`), the
-                tokens' absolute positions.
+            position_ids: int ``[S]`` or ``[B, S]`` (or 1-D :class:`~rotary.positions.Positions`), absolute positions.
             dtype: fp32 (default) or float64.
-
-        Returns:
-            :class:`DualChunkTables`; each table ``[S, r]`` or ``[B, S, r]``.
         """
         rows = {
             name: RotaryTables.unchecked(
@@ -260,9 +233,7 @@ class DualChunkRoPE:
         return out
 
     def query_scale(self, seq_len: int) -> float:
-        """vLLM's query factor for a sequence of ``seq_len`` tokens: ``max(1, 0.1 ln(seq_len / original) + 1)``.
-
-        1.0 without ``original_max_position_embeddings``.
+        """vLLM's query factor for ``seq_len`` tokens: ``max(1, 0.1 ln(seq_len / original) + 1)`` (1.0 without one).
 
         Example:
             >>> dc = DualChunkRoPE(8, chunk_size=16, local_size=4, original_max_position_embeddings=100)
@@ -285,19 +256,14 @@ def dual_chunk_attention(
     position_ids: torch.Tensor | None = None,
     scale: float | None = None,
 ) -> torch.Tensor:
-    """Causal dual chunk attention, dense (a reference; ``O(S^2)`` scores).
+    """Causal dual chunk attention, dense (a reference; ``O(S^2)`` scores), one softmax over all keys.
 
-    A query at ``p`` meets a key at ``j <= p`` with its ``intra`` rotation when both lie in one chunk
-    (``p // L == j // L``), its ``successor`` rotation when the key's chunk is the one before, and its
-    ``inter`` rotation for older chunks; the key is always rotated at ``j mod L``. One softmax runs over
-    all keys (vLLM computes the three parts with flash attention and merges them, which is the same
-    softmax). Queries are multiplied by :meth:`DualChunkRoPE.query_scale` of the sequence length.
+    Each query meets a key with its ``intra``, ``successor`` or ``inter`` rotation by chunk, keys at ``j mod L``;
+    queries are multiplied by :meth:`DualChunkRoPE.query_scale` of the sequence length.
 
     Args:
         dc: the rotations.
-        q: ``[B, Hq, S, D]``.
-        k: ``[B, Hk, S, D]`` (``Hq`` a multiple of ``Hk``).
-        v: ``[B, Hk, S, Dv]``.
+        q, k, v: ``[B, Hq, S, D]``, ``[B, Hk, S, D]`` (``Hq`` a multiple of ``Hk``), ``[B, Hk, S, Dv]``.
         position_ids: int ``[S]``; default ``arange(S)``.
         scale: softmax scale; default ``1 / sqrt(D)``.
 

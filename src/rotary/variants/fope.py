@@ -1,24 +1,12 @@
 """FoPE: RoPE whose per-pair phasor is a Fourier series over the well-trained frequencies.
 
-Hua, Jiang, Lv, et al., *Fourier Position Embedding: Enhancing Attention's Periodic Extension for
-Length Generalization* (2024) make two changes to RoPE:
-
-- **clipping**: a frequency whose period is longer than the training length, ``θ_i < 2π / N``, never
-  completes a turn in training; FoPE sets it to 0 (the pair is not rotated) instead of extrapolating
-  it. vLLM keeps the first ``num_inv_freq`` frequencies instead when a config gives that count;
-- **Fourier series**: pair ``d`` of a token at position ``n`` is multiplied by ``C_d(n) + i S_d(n)`` with
-  ``C_d(n) = Σ_f A^cos_{f,d} cos(θ_f n)`` and ``S_d(n) = Σ_f A^sin_{f,d} sin(θ_f n)`` over the kept
-  frequencies ``θ_f``, coefficients per key/value head (``fope_sep_head``) or shared. Identity
-  coefficients give RoPE over the kept frequencies.
-
-Multiplying a pair ``(x1, x2)`` by ``C + iS`` is ``(x1 C - x2 S, x2 C + x1 S)``: exactly what the rotation
-kernels compute from cos/sin tables, so FoPE is a producer of (per-head) :class:`~rotary.tables.RotaryTables`
-whose ``cos² + sin²`` is not 1, and the kernels are unchanged. Queries and keys use the same tables (a
-query head uses its key/value head's). This follows vLLM's ``FourierRotaryEmbedding`` (InternLM / Intern-S1
-configs: ``fope_sep_head``, ``num_inv_freq``, ``fope_init_factor``; ``cos_coef`` and ``sin_coef`` are
-checkpoint weights ``[H_kv, F, F]``). One difference from the paper's code: pairs past the kept
-frequencies get ``cos = 1, sin = 0`` (unrotated, frequency 0, as vLLM); the paper's code pads its sin
-table with 1 there, which adds ``rotate_half(x)`` to those channels.
+*Fourier Position Embedding: Enhancing Attention's Periodic Extension for Length Generalization* (Hua et al.,
+2024) clips the frequencies that never complete a turn in training (``θ_i < 2π / N``; vLLM keeps the first
+``num_inv_freq`` instead) and multiplies pair ``d`` at position ``n`` by ``C_d(n) + i S_d(n)``, Fourier series
+over the kept frequencies with coefficients per key/value head. That product is what the rotation kernels
+compute from cos/sin tables, so FoPE is a producer of per-head :class:`~rotary.tables.RotaryTables` whose
+``cos² + sin²`` is not 1. It follows vLLM's ``FourierRotaryEmbedding``; how it differs from the paper's code:
+docs/variants.md, "FoPE".
 """
 
 from __future__ import annotations
@@ -85,19 +73,17 @@ class FoPE(nn.Module):
         head_dim: channels per head ``D`` (even).
         num_key_value_heads: key/value heads ``H_kv`` (coefficients are per key/value head).
         max_position_embeddings: the training length ``N`` (frequencies with ``θ <= 2π / N`` are clipped).
-        base: RoPE base ``theta``.
-        rotary_dim: channels rotated (default ``head_dim``).
+        base, rotary_dim: RoPE base ``theta``; channels rotated (default ``head_dim``).
         num_inv_freq: keep the first this many frequencies instead of clipping by ``N`` (vLLM's key).
         separate_heads: one coefficient matrix per key/value head (``fope_sep_head``); else one shared.
-        init_std: the coefficients start at the identity plus Gaussian noise of this standard deviation
-            (the paper's initialisation; 0 gives RoPE over the kept frequencies). A checkpoint's
-            ``cos_coef`` / ``sin_coef`` are loaded with :meth:`load_state_dict` or :meth:`set_coefficients`.
-        interleaved: the pairing (``False``: pairs (i, i + r/2), as vLLM's neox style).
+        init_std: the coefficients start at the identity plus Gaussian noise of this deviation (0: RoPE over the
+            kept frequencies); a checkpoint's are loaded with :meth:`set_coefficients`.
+        interleaved: the pairing (``False``: pairs (i, i + r/2), vLLM's neox style).
         generator: for the initial noise.
 
     Attributes:
         inv_freq: fp32 ``[F]``, the kept frequencies (a buffer).
-        cos_coef: ``[H_c, F, F]`` parameter (``H_c = H_kv``, or 1 when shared); ``sin_coef`` likewise.
+        cos_coef, sin_coef: ``[H_c, F, F]`` parameters (``H_c = H_kv``, or 1 when shared).
 
     Example:
         >>> fope = FoPE(16, num_key_value_heads=2, max_position_embeddings=64, init_std=0.1,
@@ -147,15 +133,12 @@ class FoPE(nn.Module):
     def from_hf_config(cls, config: Any, *, init_std: float = 0.0) -> FoPE:
         """Build it from a config whose RoPE block has FoPE's keys (InternLM / Intern-S1-Pro, as vLLM reads them).
 
-        vLLM turns FoPE on when the block (``rope_scaling`` or ``rope_parameters``) sets any of
-        ``fope_init_factor``, ``fope_sep_head``, ``num_inv_freq``, and clips at the config's
-        ``max_position_embeddings``. The coefficients are checkpoint weights (``cos_coef``, ``sin_coef``
-        of each attention layer's rotary embedding): load them with :meth:`set_coefficients`; until then
-        they are the identity (plus ``init_std`` noise).
+        Any of ``fope_init_factor``, ``fope_sep_head``, ``num_inv_freq`` turns FoPE on; the coefficients start at the
+        identity (plus ``init_std`` noise) until :meth:`set_coefficients` loads the checkpoint's.
 
         Args:
-            config: a transformers ``PretrainedConfig``, a path to a config.json (or its folder), or a
-                dict; a multimodal config is read from its ``text_config``.
+            config: a transformers ``PretrainedConfig``, a path to a config.json (or its folder), or a dict (a
+                multimodal config is read from its ``text_config``).
             init_std: see :class:`FoPE`.
 
         Example:
@@ -199,11 +182,7 @@ class FoPE(nn.Module):
         )
 
     def set_coefficients(self, cos_coef: torch.Tensor, sin_coef: torch.Tensor) -> None:
-        """Copy a checkpoint's coefficients in (``[H_c, F, F]`` each, as vLLM loads them).
-
-        With ``separate_heads=False`` a checkpoint's ``[H_kv, F, F]`` is accepted and its first matrix
-        used, as vLLM does.
-        """
+        """Copy a checkpoint's ``[H_c, F, F]`` coefficients in (shared: the first of ``[H_kv, F, F]``, as vLLM)."""
         if not self.separate_heads:
             cos_coef, sin_coef = (
                 c[:1] if isinstance(c, torch.Tensor) and c.dim() == 3 else c for c in (cos_coef, sin_coef)
@@ -221,17 +200,16 @@ class FoPE(nn.Module):
     def tables(self, position_ids: torch.Tensor | Positions, *, dtype: torch.dtype = torch.float32) -> RotaryTables:
         """The tables of positions ``position_ids`` (differentiable in the coefficients).
 
-        As the ``rope=`` of :class:`rotary.nn.RotaryAttention` (which rotates q and k with one table)
-        it serves layers with as many query heads as key/value heads, or ``separate_heads=False``;
-        with grouped queries call :meth:`forward`, which expands the tables to the query heads.
+        With grouped queries call :meth:`forward`, which expands the tables to the query heads (as ``rope=`` of
+        :class:`rotary.nn.RotaryAttention` it serves ``Hq == H_kv`` or ``separate_heads=False``).
 
         Args:
             position_ids: int ``[S]`` or ``[B, S]``, or 1-D :class:`~rotary.positions.Positions`.
             dtype: fp32 (default) or float64.
 
         Returns:
-            Per-head tables ``[S, H_kv, r]`` / ``[B, S, H_kv, r]`` (shared ``[S, r]`` / ``[B, S, r]`` when
-            ``separate_heads=False``); pairs past the kept frequencies have cos 1 and sin 0.
+            Per-head tables ``[S, H_kv, r]`` / ``[B, S, H_kv, r]`` (shared: ``[S, r]`` / ``[B, S, r]``); pairs past
+            the kept frequencies have cos 1 and sin 0.
         """
         if isinstance(position_ids, Positions) and position_ids.axes == 1 and not position_ids.packed:
             position_ids = position_ids.ids

@@ -1,15 +1,9 @@
-"""RoPE-Mixed: learnable 2-D frequencies per head (Heo et al., "Rotary Position Embedding for Vision
-Transformer", ECCV 2024).
+"""RoPE-Mixed: learnable 2-D frequencies per head ("Rotary Position Embedding for Vision Transformer", ECCV 2024).
 
 Axial RoPE turns each pair with one axis; RoPE-Mixed turns pair ``j`` of head ``h`` by
-``x · f_x[h, j] + y · f_y[h, j]``: a frequency *vector* per pair, so a head can attend along diagonals.
-The vectors are learned. They start as in the paper: magnitudes ``1 / θ^(4k/d)`` (``k < d/4``,
-θ = 10) in two blocks at right angles, ``(cos φ_h, sin φ_h)`` and ``(cos(φ_h + π/2), sin(φ_h + π/2))``
-over (x, y), with a random angle ``φ_h`` per head. With ``rotate=False`` (``φ = 0``) the first block
-turns with x and the second with y: axial RoPE with the same θ.
-
-The frequencies ``inv_freq`` ``[H, 2, r/2]`` (rows over the axes (y, x)) give per-head tables
-``[S, H, r]``; their gradient reaches ``inv_freq`` through the fused kernels' table-gradient path.
+``x · f_x[h, j] + y · f_y[h, j]``, a learned frequency *vector* per pair, so a head can attend along diagonals.
+The frequencies ``inv_freq`` ``[H, 2, r/2]`` give per-head tables ``[S, H, r]``, whose gradient reaches them
+through the fused kernels. The paper's initialisation: docs/variants.md, "RoPE-Mixed".
 """
 
 from __future__ import annotations
@@ -30,21 +24,16 @@ __all__ = ["RoPEMixed"]
 
 
 class RoPEMixed(CoordinateRoPE):
-    """RoPE-Mixed: per-head learnable frequency vectors over (y, x), for vision transformers.
-
-    Use one per attention layer (the paper learns each layer's frequencies). Coordinates, grids,
-    identity tokens (CLS: ``prefix_tokens=1``) and augmentation are those of :class:`CoordinateRoPE`.
+    """RoPE-Mixed: per-head learnable frequency vectors over (y, x), for vision transformers (one per layer).
 
     Args:
         head_dim: channels per head ``D``; ``rotary_dim`` must be a multiple of 4.
         num_heads: attention heads ``H`` (q and k both have ``H`` heads: the tables are per head).
         base: θ of the magnitudes ``1 / θ^(4k/r)`` (the paper: 10).
         rotate: draw a random angle per head (the paper); ``False`` gives axial RoPE's frequencies.
-        interleaved: pairs (2i, 2i+1) (the paper's code, naver-ai/rope-vit) or (i, i + r/2).
-        rotary_dim: channels rotated (default ``head_dim``).
-        generator: draws the per-head angles (and, in training, coordinate augmentation); default
-            the global generator (``torch.manual_seed``).
-        **kwargs: grid conventions, identity tokens and augmentation: see :class:`CoordinateRoPE`.
+        interleaved, rotary_dim: pairs (2i, 2i+1) (naver-ai/rope-vit) or (i, i + r/2); channels rotated.
+        generator: draws the per-head angles (and, in training, coordinate augmentation).
+        **kwargs: grid conventions, identity tokens (CLS: ``prefix_tokens=1``), augmentation: :class:`CoordinateRoPE`.
 
     Example:
         >>> mixed = RoPEMixed(32, num_heads=4, generator=torch.Generator().manual_seed(0))
@@ -86,10 +75,8 @@ class RoPEMixed(CoordinateRoPE):
         self.reset_parameters()
 
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
-        """Initialise the frequencies as the paper does (a new random angle per head).
-
-        Args:
-            generator: default the module's ``generator``.
+        """Initialise the frequencies as the paper does (a new random angle per head; ``generator``: default the
+        module's).
         """
         if self.inv_freq.is_meta:
             return

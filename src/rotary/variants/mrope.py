@@ -1,37 +1,14 @@
 """M-RoPE: the multimodal RoPE of the vision-language models (Qwen-VL, GLM-4V, ERNIE-4.5-VL, HunYuan-VL, ...).
 
-Every token has several position ids, one per axis: temporal, height and width (``[3, B, S]``, as
-transformers passes them), or HunYuan-VL's four XD-RoPE axes. Text tokens have equal ids on every
-axis, so for text M-RoPE *is* 1-D RoPE; an image's tokens share one temporal id and spread over a
-grid of height and width ids. Each of the ``r/2`` frequency slots reads one of the ids, assigned by
-``mrope_section`` (sizes per axis, summing to ``r/2``) and a slot layout (``mrope_layout``):
+Every token has one position id per axis: temporal, height and width (``[3, B, S]``, as transformers passes
+them), or HunYuan-VL's four XD-RoPE axes; text tokens have equal ids, so on text M-RoPE *is* 1-D RoPE. Each
+of the ``r/2`` frequency slots reads one axis, as ``mrope_section`` and the slot layout (``"chunked"``,
+``"interleaved"``, ``"paired_hw"``) assign them, keeping 1-D RoPE's frequency ``i`` in slot ``i``. The layouts
+per model, the papers and examples: docs/variants.md, "M-RoPE".
 
-- ``"chunked"`` (Qwen2-VL, Qwen2.5-VL, Qwen2.5-Omni, PaddleOCR-VL, the GLM-4V family; HunYuan-VL's
-  XD-RoPE with four sections): section ``j`` covers consecutive slots and reads axis ``j``;
-  ``[16, 24, 24]`` gives slots 0-15 to t, 16-39 to h, 40-63 to w. The temporal axis gets only the
-  fastest frequencies, the width axis only the slowest.
-- ``"interleaved"`` (Qwen3-VL, Qwen3.5, Qwen3-Omni, Cosmos 3; ``mrope_interleaved``): slots cycle t,
-  h, w while h and w have slots left, then the rest go to t; ``[24, 20, 20]`` gives "THW" x 20 then
-  "TTTT". Every axis spans the whole spectrum.
-- ``"paired_hw"`` (ERNIE-4.5-VL): ``mrope_section`` is ``(h, w, t)`` with ``h == w``; the first
-  ``2h`` slots alternate h, w ("HWHW..."), the last ``t`` slots read t: height and width share the
-  fast frequencies, time takes the slowest.
-
-Slot ``i`` keeps the frequency of 1-D RoPE's slot ``i`` in every layout; the channel pairing
-(``interleaved``) is the model's, as in 1-D RoPE (GLM-4V and ERNIE-4.5-VL pair (2i, 2i+1)).
-
-Papers: Wang et al., *Qwen2-VL: Enhancing Vision-Language Model's Perception of the World at Any
-Resolution* (2024); Bai et al., *Qwen2.5-VL Technical Report* (2025); the Qwen3-VL technical
-report (2025) for the interleaved layout; *ERNIE 4.5 Technical Report* (2025); *HunyuanOCR Technical
-Report* (2025) for XD-RoPE.
-
-:class:`MRoPE` turns the ids into tables: the frequency of slot ``i`` sits in row ``axis(i)`` of an
-``[A, r/2]`` frequency matrix (zero elsewhere), so the angles are the same float64
-``positions x frequencies`` product as axial RoPE's (:func:`rotary.tables.angles`), and equal bit
-for bit to 1-D RoPE's when every axis holds the same id.
-
-:func:`rotary.multimodal_positions` (:mod:`.multimodal`) builds the ids of a prompt of text, images and
-videos.
+:class:`MRoPE` puts slot ``i``'s frequency in row ``axis(i)`` of an ``[A, r/2]`` matrix (zero elsewhere), so
+its angles are axial RoPE's float64 product (:func:`rotary.tables.angles`), equal bit for bit to 1-D RoPE's
+when every axis holds the same id. :func:`rotary.multimodal_positions` builds the ids of a prompt.
 """
 
 from __future__ import annotations
@@ -128,9 +105,8 @@ def check_mrope_section(
     """Validate ``mrope_section`` for ``rotary_dim`` rotated channels and return it as a tuple.
 
     Raises:
-        rotary.errors.InputError: sections that are not positive ints, that do not sum to ``rotary_dim / 2``, or
-            that the layout cannot lay out: interleaved, not three of them or h/w sections too large to
-            take every third slot; paired_hw, not three or ``h != w``.
+        rotary.errors.InputError: sections that are not positive ints, do not sum to ``rotary_dim / 2``, or that
+            the layout cannot lay out (interleaved and paired_hw: three sections; paired_hw: ``h == w``).
 
     Example:
         >>> check_mrope_section([16, 24, 24], 128)
@@ -151,9 +127,6 @@ def mrope_axes(
 ) -> torch.Tensor:
     """The axis (0 = t, 1 = h, 2 = w; XD-RoPE: 0-3) each frequency slot reads, int64 ``[sum(mrope_section)]``.
 
-    Chunked: section ``j`` covers consecutive slots and reads axis ``j``. Interleaved and paired_hw:
-    see the module docstring.
-
     Example:
         >>> "".join("THW"[a] for a in mrope_axes([2, 3, 3]))
         'TTHHHWWW'
@@ -173,17 +146,14 @@ def mrope_axes(
 
 
 class MRoPE(nn.Module):
-    """Multimodal RoPE (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): a producer of rotary tables from ``[3, B, S]`` positions.
+    """Multimodal RoPE: a producer of rotary tables from ``[3, B, S]`` (or ``[A, B, S]``) position ids.
 
     Args:
         head_dim: channels per head ``D``.
-        mrope_section: slots per axis (t, h, w), summing to ``rotary_dim / 2``: ``[16, 24, 24]``
-            (Qwen2-VL, Qwen2.5-VL), ``[24, 20, 20]`` (Qwen3-VL).
-        mrope_interleaved: Qwen3-VL's interleaved layout instead of the chunked one.
-        base: RoPE base ``theta``.
-        rotary_dim: channels rotated ``r`` (default ``D``).
-        scaling: a static Hugging Face scaling block (``default``, ``linear``, ``yarn``, ...); the
-            length-dependent types (``dynamic``, ``longrope``) are refused.
+        mrope_section: slots per axis, summing to ``rotary_dim / 2`` (Qwen2-VL ``[16, 24, 24]``).
+        mrope_interleaved, mrope_layout: the slot layout (``mrope_interleaved=True``: Qwen3-VL's).
+        base, rotary_dim: RoPE base ``theta``; channels rotated ``r`` (default ``D``).
+        scaling: a static Hugging Face scaling block; length-dependent types (``dynamic``, ``longrope``) are refused.
         interleaved: channel pairing; Qwen models pair (i, i + r/2): ``False``.
 
     Example:
@@ -237,22 +207,17 @@ class MRoPE(nn.Module):
         """The M-RoPE of a vision-language text model (:data:`rotary.hf.MROPE_MODELS`), from its config (never
         modified).
 
-        Reads what :meth:`rotary.RoPE.from_hf_config` reads (head width, rotated width, ``rope_theta``,
-        the scaling block, 4.x ``rope_scaling`` with ``"type": "mrope"`` or 5.x ``rope_parameters``)
-        and the ``mrope_section`` (HunYuan-VL: ``xdrope_section`` too), or the model's default one; the
-        slot layout and the channel pairing are the model's (:data:`rotary.hf.MROPE_MODELS`).
-        :meth:`rotary.RoPE.from_hf_config` refuses these configs (a 1-D RoPE cannot represent M-RoPE);
-        its error names this call and the ``rotary.RoPE(...)`` whose tables these equal on text
-        positions (t = h = w).
+        Reads what :meth:`rotary.RoPE.from_hf_config` reads and the ``mrope_section`` (HunYuan-VL: ``xdrope_section``),
+        or the model's default; the slot layout and the channel pairing are the model's.
 
         Args:
-            config: a transformers config (the multimodal one or its ``text_config``), a path to a
-                config.json, or a dict.
+            config: a transformers config (the multimodal one or its ``text_config``), a path to a config.json, or a
+                dict.
             strict: ``False`` turns configuration mistakes into warnings where possible.
 
         Raises:
-            ConfigError: a config of a model without multimodal RoPE, or an invalid one; an
-                ``mrope_section`` that does not sum to ``rotary_dim / 2`` names both.
+            ConfigError: a config of a model without multimodal RoPE, or an invalid one; an ``mrope_section`` that
+                does not sum to ``rotary_dim / 2`` names both.
 
         Example:
             >>> cfg = {"model_type": "qwen2_5_vl", "hidden_size": 2048, "num_attention_heads": 16,
@@ -305,8 +270,7 @@ class MRoPE(nn.Module):
         )
 
     def slot_axes(self) -> str:
-        """The axis of each frequency slot as a string, e.g. ``"TTTT...HHHH...WWWW"`` (other than three
-        axes: the axis numbers, ``"00112233"``).
+        """The axis of each frequency slot as a string, e.g. ``"TTTT...HHHH...WWWW"`` (other than three axes: numbers).
 
         Example:
             >>> MRoPE(16, mrope_section=[2, 3, 3]).slot_axes()
@@ -318,12 +282,8 @@ class MRoPE(nn.Module):
         return "".join(names[a] for a in self.axes.tolist())
 
     def positions(self, position_ids: torch.Tensor | Positions | MultimodalPositions) -> Positions:
-        """Validate M-RoPE positions: ids ``[A, B, S]`` (transformers' order), or ``A``-axis :class:`Positions`.
-
-        ``A`` is :attr:`num_axes`: 3 (t, h, w), or HunYuan-VL's four XD-RoPE axes.
-
-        Returns:
-            :class:`~rotary.positions.Positions` with ids ``[B, S, A]`` (the library's N-D order).
+        """Validate M-RoPE ids ``[A, B, S]`` (or ``A``-axis :class:`Positions`); returns Positions with ids ``[B, S,
+        A]``.
         """
         a = self.num_axes
         if isinstance(position_ids, MultimodalPositions):
@@ -352,7 +312,7 @@ class MRoPE(nn.Module):
 
         Args:
             positions: ids ``[3, B, S]``, a :class:`MultimodalPositions`, or a 3-axis
-                :class:`~rotary.positions.Positions` (ids ``[B, S, 3]``, ``[S, 3]`` or packed ``[T, 3]``).
+                :class:`~rotary.positions.Positions`.
             dtype: fp32, or float64 for float64 inputs.
 
         Returns:
@@ -381,18 +341,13 @@ class MRoPE(nn.Module):
         device: torch.device | str,
         dtype: torch.dtype = torch.float32,
     ) -> RotaryTables:
-        """The tables for a batch of ``batch`` x ``seq_len`` tokens at ``position_ids``, checked against them.
-
-        What :class:`rotary.nn.RotaryAttention` calls with its ``position_ids``: M-RoPE's ids are
-        ``[3, B, S]``, so the layer passes them through unread.
+        """The tables for ``batch`` x ``seq_len`` tokens at ``position_ids``, as :class:`rotary.nn.RotaryAttention`
+        asks.
 
         Args:
-            position_ids: ids ``[3, B, S]`` (or ``[3, 1, S]``), a :class:`MultimodalPositions` or a 3-axis
-                :class:`~rotary.positions.Positions`; there is no default.
-            batch: ``B`` of the input.
-            seq_len: ``S`` of the input.
-            device: where the tables go (the input's device).
-            dtype: fp32, or float64 for float64 inputs.
+            position_ids: ids ``[3, B, S]`` (or ``[3, 1, S]``), :class:`MultimodalPositions` or Positions; no default.
+            batch, seq_len: ``B`` and ``S`` of the input.
+            device, dtype: where the tables go; fp32, or float64 for float64 inputs.
 
         Example:
             >>> mrope = MRoPE(16, mrope_section=[2, 3, 3])
@@ -419,16 +374,13 @@ class MRoPE(nn.Module):
         position_ids: torch.Tensor | Positions | MultimodalPositions,
         layout: Layout = "bhsd",
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate queries and keys (one kernel call).
+        """Rotate queries and keys (one kernel call): ``(q_rotated, k_rotated)``.
 
         Args:
             q: ``[B, Hq, S, D]`` (``layout="bhsd"``) or ``[B, S, Hq, D]`` (``"bshd"``).
             k: same layout, ``Hk`` heads.
             position_ids: ``[3, B, S]`` ids (or :class:`MultimodalPositions`); there is no default.
             layout: ``"bhsd"`` or ``"bshd"``.
-
-        Returns:
-            ``(q_rotated, k_rotated)``.
         """
         batch_dim, seq_dim = check_layout(layout)
         if not isinstance(q, torch.Tensor) or q.dim() != 4:

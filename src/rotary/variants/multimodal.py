@@ -1,13 +1,13 @@
-"""Multimodal positions: the M-RoPE ids of text, image and video tokens, and where decoding continues.
+"""Multimodal positions: the M-RoPE ids of text, image, video and audio tokens, and where decoding continues.
 
-:func:`multimodal_positions` builds the ``[3, B, S]`` ids from the token types and the
-``grid_thw`` of each image and video, as transformers' ``get_rope_index`` does, and returns them
-with where the next token goes. Decoding continues from that value
-(:meth:`MultimodalPositions.continuation`), which belongs to the sequence it was computed for; no
-module keeps ``rope_deltas`` between calls, so a second prompt can never inherit the first one's
-(transformers caches them on the model, where they go stale across generate calls).
-
-:class:`rotary.MRoPE` (:mod:`.mrope`) turns these ids into tables.
+:func:`multimodal_positions` is transformers' ``get_rope_index``: it builds the ``[3, B, S]`` ids from the
+token types and each image's and video's ``grid_thw`` under the rules of one model family
+(:data:`FAMILIES`), and returns them with where the next token goes. The rules per family (text after a
+vision run, Qwen2.5-VL's time-aligned videos, split frames, ERNIE's temporal merge, the Omni models' audio
+and audio in video, HunYuan-VL's XD-RoPE) are in docs/variants.md, "M-RoPE". Decoding continues from
+:meth:`MultimodalPositions.continuation`, which belongs to the sequence it was computed for: no module
+keeps ``rope_deltas`` between calls, so a second prompt never inherits the first one's. :class:`rotary.MRoPE`
+(:mod:`.mrope`) turns these ids into tables.
 """
 
 from __future__ import annotations
@@ -61,10 +61,7 @@ class MultimodalPositions:
         return Positions.unchecked(self.position_ids.permute(1, 2, 0), self.bound, axes=self.position_ids.shape[0])
 
     def continuation(self, seq_len: int) -> MultimodalPositions:
-        """Positions of ``seq_len`` further tokens of every row (text: three equal ids), e.g. decoding steps.
-
-        The result continues in turn; ``rope_deltas`` are unchanged (the new tokens are text).
-        """
+        """Positions of ``seq_len`` further text tokens of every row (``rope_deltas`` unchanged)."""
         check_positive_int(seq_len, "seq_len")
         steps = torch.arange(seq_len, device=self.next_position.device)
         ids = (self.next_position[:, None] + steps).expand(self.position_ids.shape[0], -1, -1)  # [A, B, S]
@@ -113,85 +110,29 @@ def multimodal_positions(
     text_after_vision: Literal["grid", "max"] = "grid",
     num_axes: int | None = None,
 ) -> MultimodalPositions:
-    """M-RoPE ids ``[3, B, S]`` (HunYuan-VL: ``[A, B, S]``) of a batch of text, image, video (and audio) tokens,
-    as transformers' ``get_rope_index``.
+    """M-RoPE ids ``[3, B, S]`` (HunYuan-VL: ``[A, B, S]``) of a batch of text, image, video and audio tokens.
 
-    ``model_type`` (or a transformers ``config``) selects the model family's rules (:data:`FAMILIES`):
-    Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, GLM-4V, GLM-4.6V, GLM-OCR, Cosmos 3, ERNIE-4.5-VL,
-    PaddleOCR-VL, HunYuan-VL, Qwen2.5-Omni and Qwen3-Omni; a ``config`` also gives the vision tower's
-    merge sizes (and Qwen2.5-VL's ``tokens_per_second``, the Omni models' ``position_id_per_seconds``,
-    HunYuan-VL's number of axes). Without either, the keywords below set the rules (Qwen2-VL's by
-    default).
-
-    Each run of text tokens counts on from the current position on all three axes. Each run of
-    image (video) tokens takes the next ``image_grid_thw`` (``video_grid_thw``) entry, in order over
-    the whole batch: its ``t x (h/m) x (w/m)`` tokens (``m = spatial_merge_size``) get the temporal id
-    ``start + τ(j)`` and height/width ids ``start + y``, ``start + x``, in row-major order; the run after
-    it starts at ``start + max(h, w) / m`` (``text_after_vision="grid"``). ``τ(j) = j`` except for
-    Qwen2.5-VL's videos, which are aligned to time: ``τ(j) = int(j · tokens_per_second ·
-    second_per_grid_ts[v])`` (fp32 product truncated, as transformers does).
-
-    ``"grid"`` is what transformers 5.23 computes. Qwen's release code (and transformers 4.x) starts
-    the text after a vision run one past the largest id so far (``text_after_vision="max"``). The two
-    agree for images and single frames, and differ for videos whose temporal ids run past their
-    height and width ids (Qwen2.5-VL's time-aligned videos, Qwen2-VL videos with more frames than rows
-    or columns). Either way the next token after the whole prompt goes one past the largest id.
-
-    Settings per model: Qwen2-VL and PaddleOCR-VL: the defaults. Qwen2.5-VL: ``tokens_per_second`` from
-    ``vision_config.tokens_per_second`` and the processor's ``second_per_grid_ts``. Qwen3-VL, Qwen3.5,
-    GLM-4V, GLM-4.6V, GLM-OCR and Cosmos 3: ``split_video_frames=True`` (each video frame is its own run,
-    frames separated by timestamp text). ERNIE-4.5-VL: ``temporal_merge_size=2`` (its vision tower
-    merges two frames into one token; images are not merged in time).
-
-    Qwen2.5-Omni and Qwen3-Omni (the thinker): audio tokens (type 3) take one id per token, as text;
-    every piece (text, image, video, audio) starts one past the largest id before it
-    (``text_after_vision="max"``, whatever the keyword says); a video's temporal ids are ``j · second_per_grid_ts[v] ·
-    position_id_per_seconds`` (Qwen2.5-Omni truncates them to ints; Qwen3-Omni keeps them as floats, so
-    a fractional one is an error here); a video interleaved with its audio (``use_audio_in_video``: the
-    video and audio tokens of one block, with no text between, in the processor's order) gives the
-    video's tokens its grid ids and the audio's tokens consecutive ids, both from the block's start
-    (Qwen2.5-Omni gives the block's two begin tokens one id, and its two end tokens one id); the
-    tokens after the block go on from one past the largest id of its last run of video (or audio)
-    tokens, which transformers takes, not of the whole block. Padding
-    gets 0 (Qwen2.5-Omni writes 1 there, as both do for prompts without images or videos; no token
-    reads it).
-
-    HunYuan-VL (XD-RoPE) is its own rule: ``A`` axes (``num_axes``, the length of its
-    ``mrope_section``: 3 or 4); every token keeps its index in the row on the axes before the last three
-    (text: on all ``A``); an image's tokens, ``h/m`` rows of ``w/m + 1`` (one row-break token per row),
-    get (column, row, image number) on the last three axes, the image number counting images over the
-    whole batch; a run of ``grid + 2`` image tokens has its begin and end tokens outside the grid.
+    ``model_type`` or ``config`` selects the family's rules (:data:`FAMILIES`; default Qwen2-VL's): docs/variants.md.
 
     Args:
-        token_types: integer ``[B, S]``: 0 text, 1 image, 2 video (the processor's ``mm_token_type_ids``;
-            from ids: ``(input_ids == image_token_id) + 2 * (input_ids == video_token_id)``); the Omni
-            models also 3, audio (``+ 3 * (input_ids == audio_token_id)``).
-        image_grid_thw: ``[N_images, 3]`` patch grids (t, h, w) before merging.
-        video_grid_thw: ``[N_videos, 3]``.
-        spatial_merge_size: ``m`` (``vision_config.spatial_merge_size``; 2 in every Qwen-VL model).
-        attention_mask: ``[B, S]`` 1 token / 0 padding; padding gets id 0 and is skipped.
-        tokens_per_second: Qwen2.5-VL's temporal alignment (``None``: frames step by 1); the Omni
-            models' ``position_id_per_seconds`` (from ``config``, default 25).
-        second_per_grid_ts: seconds per temporal grid step of each video (default 1 each); the Omni
-            models' ``second_per_grids``.
-        split_video_frames: Qwen3-VL: a video of ``t`` frames is ``t`` grids ``(1, h, w)``.
-        temporal_merge_size: ERNIE-4.5-VL: a video's ``t`` frames give ``t // temporal_merge_size``
-            temporal steps (default 1).
-        text_after_vision: ``"grid"`` (transformers 5.23) or ``"max"`` (Qwen's release code), see above.
-        model_type: the family, e.g. ``"qwen3_5"``, ``"glm4v_moe"``, ``"ernie4_5_vl_moe"``, ``"hunyuan_vl"``
-            (the multimodal model's type or its text model's, ``"qwen3_5_text"``).
-        config: a transformers config of the multimodal model (or a dict): its ``model_type`` and
-            ``vision_config`` (``spatial_merge_size``, ``temporal_merge_size``, ``tokens_per_second``).
+        token_types: integer ``[B, S]``: 0 text, 1 image, 2 video, 3 audio (Omni); ``mm_token_type_ids``.
+        image_grid_thw, video_grid_thw: ``[N, 3]`` patch grids (t, h, w) before merging, in order over the batch.
+        spatial_merge_size: ``m`` (``vision_config.spatial_merge_size``).
+        attention_mask: ``[B, S]`` 1 token / 0 padding; padding gets id 0.
+        tokens_per_second: Qwen2.5-VL's temporal alignment; the Omni models' ``position_id_per_seconds``.
+        second_per_grid_ts: seconds per temporal grid step of each video (default 1 each).
+        split_video_frames, temporal_merge_size: each frame its own grid (Qwen3-VL); frames per step (ERNIE: 2).
+        text_after_vision: ``"grid"`` (transformers 5.23) or ``"max"`` (Qwen's release code, transformers 4.x).
+        model_type: the family, e.g. ``"qwen3_5"``, ``"glm4v_moe"``, ``"hunyuan_vl"`` (or its text model's type).
+        config: a transformers config (or dict) of the multimodal model: model type and vision merge sizes.
         num_axes: HunYuan-VL's axes (default: from ``config``, else 4).
 
     Returns:
         :class:`MultimodalPositions` on ``token_types``' device.
 
     Raises:
-        rotary.errors.InputError: token types other than 0/1/2; a run of vision tokens whose length is not its
-            grid's token count, or with no grid left; grids left over; a bad mask; a ``model_type``
-            whose positions this function does not build (the message names the ones it does), or a
-            keyword that contradicts the family's rule.
+        rotary.errors.InputError: unknown token types; a vision run that does not match its grid, or no grid left;
+            grids left over; a bad mask; a ``model_type`` not built; a keyword contradicting the family's rule.
 
     Example:
         >>> types = torch.tensor([[0, 1, 1, 1, 1, 1, 1, 0]])       # HunYuan-VL: a 2 x 2 grid + 2 row breaks
@@ -448,8 +389,7 @@ def family_settings(model_type: str | None, config: Any = None) -> dict[str, Any
 
 
 def _merged_runs(kinds: list[int]) -> Iterator[tuple[int, int, int]]:
-    """The runs of :func:`_runs`, with a video and its audio next to each other (no text between) as one
-    run of kind 4 (the Omni models' audio in video)."""
+    """The runs of :func:`_runs`, a video and its audio with no text between merged into one run of kind 4."""
     runs = list(_runs(kinds))
     i = 0
     while i < len(runs):
@@ -465,7 +405,7 @@ def _merged_runs(kinds: list[int]) -> Iterator[tuple[int, int, int]]:
 
 
 def _omni_steps(t: int, second: torch.Tensor, per_second: float, family: str, index: int, name: str) -> torch.Tensor:
-    """An Omni video's (image's) temporal ids before the start: ``j · second · per_second`` in fp32, as transformers."""
+    """An Omni video's temporal ids before the start: ``j · second · per_second`` in fp32, as transformers."""
     steps = torch.arange(t) * torch.as_tensor(second).float() * per_second
     if family == "omni":
         return steps.long()  # Qwen2.5-Omni truncates
@@ -489,8 +429,7 @@ def _config_dict(config: Any) -> dict[str, Any]:
 
 
 def _pick(given: Any, rule: Any, default: Any, name: str, rules: dict[str, Any]) -> Any:
-    """The keyword's value: the one given (unless it contradicts the family's rule), else the rule's, else the
-    default."""
+    """The keyword's value if given (unless it contradicts the family's rule), else the rule's, else the default."""
     if given is None:
         return default if rule is None else rule
     if rule is not None and given != rule and name in ("split_video_frames", "temporal_merge_size"):

@@ -1,22 +1,11 @@
 """NoPE layers: layers of a RoPE model that use no position encoding, as in Llama 4 and SmolLM3.
 
-A causal transformer can tell positions apart without any encoding (Kazemnejad et al., *The Impact
-of Positional Encoding on Length Generalization in Transformers*, NeurIPS 2023). Llama 4 keeps RoPE
-in most layers and drops it in every fourth one; transformers writes this as ``no_rope_layers``, one
-flag per layer where **1 means the layer uses RoPE** and 0 that it is a NoPE layer (the name says
-the opposite of the values). Without an explicit list, layer ``i`` is NoPE when
-``(i + 1) % no_rope_layer_interval == 0``: layers 3, 7, 11, ... for the default interval 4.
-
-Llama 4 also sharpens attention in its NoPE layers at long range (``attn_temperature_tuning``): the
-query of the token at position ``n`` is multiplied by
-
-    τ(n) = 1 + attn_scale · log(1 + floor((n + 1) / floor_scale))
-
-(``floor_scale`` 8192, ``attn_scale`` 0.1): 1.0 below position 8191, 1 + 0.1 ln 2 = 1.0693 from
-8191 to 16382, and so on. transformers' Llama 4 code cites *Scalable-Softmax Is Superior for
-Attention* (Nakanishi, 2025) for it. :class:`NoPETemperature` produces that as rotary tables: no
-rotation (sin = 0), queries scaled by ``τ(n)`` (``cos = τ``), keys untouched (separate key tables of
-ones), so it runs on the same kernels as every other producer.
+transformers writes them as ``no_rope_layers``, one flag per layer where **1 means the layer uses RoPE** and 0
+that it is NoPE; by default layer ``i`` is NoPE when ``(i + 1) % no_rope_layer_interval == 0``. Llama 4 also
+scales the queries of its NoPE layers by ``τ(n) = 1 + attn_scale · log(1 + floor((n + 1) / floor_scale))``
+(``attn_temperature_tuning``); :class:`NoPETemperature` produces that as rotary tables (sin = 0, ``cos = τ``
+for queries, key tables of ones), so it runs on the same kernels as every other producer. Papers and the
+model settings: docs/variants.md, "p-RoPE and NoPE layers".
 """
 
 from __future__ import annotations
@@ -51,8 +40,8 @@ def rope_layer_flags(no_rope_layers: Sequence[int] | None, num_layers: int) -> l
     """Which layers rotate, from Llama 4's ``no_rope_layers`` (1 = RoPE, 0 = NoPE; ``None``: all rotate).
 
     Raises:
-        rotary.errors.InputError: a ``num_layers`` that is not an int >= 0, a list of another length, or values other
-        than the ints 0 and 1.
+        rotary.errors.InputError: a ``num_layers`` that is not an int >= 0, a list of another length, or values
+            other than the ints 0 and 1.
 
     Example:
         >>> rope_layer_flags([1, 1, 1, 0], 4)
@@ -105,8 +94,7 @@ class NoPETemperature(nn.Module):
 
     Args:
         head_dim: channels per head ``D`` (every channel of the query is scaled).
-        floor_scale: see :func:`nope_temperature`.
-        attn_scale: see :func:`nope_temperature`.
+        floor_scale, attn_scale: see :func:`nope_temperature`.
 
     Example:
         >>> t = NoPETemperature(8).tables(torch.tensor([8190, 8191]))

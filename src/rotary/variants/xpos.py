@@ -1,34 +1,12 @@
 """xPos: RoPE whose queries grow and keys shrink with position, so scores decay with distance.
 
-Sun et al., *A Length-Extrapolatable Transformer* (ACL 2023). Pair ``i`` of ``r/2`` gets
-
-    ζ_i = (2i + 0.4 r) / (1.4 r)            (0.285714 ... 0.977679 for r = 64)
-
-and a token at position ``n`` has its query scaled by ``ζ_i^((n - c)/γ)`` and its key by
-``ζ_i^(-(n - c)/γ)`` on top of the rotation (``γ = scale_base``, 512 in the paper). A query at ``n``
-and a key at ``m`` then meet with the factor ``ζ_i^((n - m)/γ)``: 1 at distance 0, decaying for keys
-behind the query, whatever the centre ``c``.
-
-The centre only keeps the two scales inside floating-point range. The reference implementations
-centre on the current call: rotary-embedding-torch (``use_xpos``) at ``floor(S/2)``, torchscale at
-``ceil(S/2)`` of the keys' length, and both re-scale every key on every call. Here keys are cached
-already rotated (see :class:`rotary.nn.KVCache`), so the centre is fixed per module:
-``center = max_position // 2`` by default, i.e. at the trained length the exponents run from
-``-S/2`` to ``S/2 - 1`` exactly as rotary-embedding-torch's. A decoding step at any offset then meets
-its cached keys with the same factors as in a full pass.
-
-Range. ``ζ_0 = 2/7`` for every ``r``, so the smallest scale is ``(2/7)^(|n - c|/γ)``. Without a
-centre, at ``n = 2**20`` and ``γ = 512`` that is ``10**-1114``: 0 even in float64 (19 of the 32 pairs
-of ``r = 64`` underflow to 0, 31 leave fp32's normal range), the key scale is ``inf``, and scores
-become ``inf * 0 = NaN``. :attr:`XPos.max_distance` is the largest ``|n - c|`` at which every scale
-is a normal fp32 number (``floor(γ · 126 ln 2 / ln 3.5)``: 35694 positions for ``γ = 512``);
-:meth:`XPos.tables` refuses positions beyond it with an error instead of returning NaN. For fp16
-inputs the rotated q/k are rounded to fp16, whose range is far smaller: :meth:`XPos.forward` refuses
-fp16 inputs at ``|n - c|`` beyond :attr:`XPos.fp16_max_distance` (``7.7 γ``, 3966 for ``γ = 512``,
-where the scales reach ``2**14``); use bf16 there.
-
-Bidirectional attention is refused (:attr:`XPos.requires_causal`): a key *ahead* of the query would
-meet it with ``ζ^((n - m)/γ) > 1``, growing exponentially with distance.
+*A Length-Extrapolatable Transformer* (Sun et al., ACL 2023): pair ``i`` gets ``ζ_i = (2i + 0.4 r) / (1.4 r)``,
+and a token at ``n`` has its query scaled by ``ζ_i^((n - c)/γ)`` and its key by ``ζ_i^(-(n - c)/γ)``, so a
+query at ``n`` meets a key at ``m`` with ``ζ_i^((n - m)/γ)``, whatever the centre ``c``. Keys are cached already
+rotated, so the centre is fixed per module (``max_position // 2``). Positions further than
+:attr:`XPos.max_distance` from it (fp16: :attr:`XPos.fp16_max_distance`) are refused rather than giving NaN, and
+bidirectional attention is refused (:attr:`XPos.requires_causal`). The centre, the range and the comparison with
+rotary-embedding-torch and torchscale: docs/variants.md, "xPos".
 """
 
 from __future__ import annotations
@@ -73,23 +51,18 @@ def xpos_zeta(rotary_dim: int) -> torch.Tensor:
 
 
 class XPos(nn.Module):
-    """xPos (Sun et al., *A Length-Extrapolatable Transformer*): a producer of rotary tables with
-    separate key tables, for causal attention.
+    """xPos: a producer of rotary tables with separate key tables, for causal attention.
 
-    The rotation is plain RoPE (``base``, pairing, partial rotation as in :class:`rotary.RoPE`); the
-    query tables are multiplied by ``ζ^((n - c)/γ)``, the key tables by ``ζ^(-(n - c)/γ)``, formed
-    in float64 and rounded once to the table dtype. Both run through the fused kernels in one call.
+    The rotation is plain RoPE; the query tables are multiplied by ``ζ^((n - c)/γ)``, the key tables by
+    ``ζ^(-(n - c)/γ)`` (float64, rounded once); both run through the fused kernels in one call.
 
     Args:
         head_dim: channels per head ``D``.
         scale_base: ``γ`` (> 0), the distance over which the factor of pair ``i`` falls to ``ζ_i``.
-        base: RoPE base ``theta``.
-        rotary_dim: channels rotated ``r`` (default ``D``); ``ζ`` is laid over these ``r/2`` pairs.
-        interleaved: pairing, as in :class:`rotary.RoPE` (the reference implementations pair
-            ``(2i, 2i+1)``: ``True``).
+        base, rotary_dim: RoPE base ``theta``; channels rotated ``r`` (default ``D``).
+        interleaved: pairing, as in :class:`rotary.RoPE` (the reference implementations: ``True``).
         max_position: the trained context length; sets the default centre.
-        center: the position ``c`` where both scales are 1 (default ``max_position // 2``, at most
-            :attr:`max_distance`); must be ``<= max_distance`` so that position 0 stays in range.
+        center: the position ``c`` where both scales are 1 (default ``max_position // 2``), ``<= max_distance``.
 
     Example:
         >>> xpos = XPos(64)
@@ -165,18 +138,15 @@ class XPos(nn.Module):
         """Tables rotating tokens at ``positions``: ``cos``/``sin`` for queries, ``k_cos``/``k_sin`` for keys.
 
         Args:
-            positions: integer ``[S]``, ``[B, S]`` (or packed ``[T]`` as a
-                :class:`~rotary.positions.Positions`), validated here unless already a ``Positions``.
+            positions: integer ``[S]``, ``[B, S]`` (or packed ``[T]`` as a :class:`~rotary.positions.Positions`).
             dtype: fp32, or float64 for float64 inputs.
 
         Returns:
             :class:`~rotary.tables.RotaryTables` ``[S, r]`` or ``[B, S, r]`` with key tables.
 
         Raises:
-            rotary.errors.InputError: a position further than :attr:`max_distance` from the centre, found from the
-                positions' host-known ``bound`` (on the CPU, by reading the ids when it is unknown).
-                On accelerators, positions whose bound is unknown are not read (the caller's contract:
-                past :attr:`max_distance` the query tables underflow to 0 and the key tables overflow to inf).
+            rotary.errors.InputError: a position further than :attr:`max_distance` from the centre (on accelerators,
+                positions of unknown bound are not read: the caller's contract).
         """
         if not isinstance(positions, Positions):
             positions = P.from_ids(positions)
@@ -214,17 +184,17 @@ class XPos(nn.Module):
         offset: int = 0,
         layout: Layout = "bhsd",
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate and scale queries and keys in one kernel call.
+        """Rotate and scale queries and keys in one kernel call: ``(q_rotated, k_rotated)``, shapes and dtypes kept.
 
         Args:
             q: ``[B, Hq, S, D]`` (``layout="bhsd"``) or ``[B, S, Hq, D]`` (``"bshd"``).
             k: same layout, ``Hk`` heads.
-            position_ids: integer ``[S]`` or ``[B, S]``; default ``offset + arange(S)``.
-            offset: first position when ``position_ids`` is None.
+            position_ids, offset: integer ``[S]`` or ``[B, S]``; default ``offset + arange(S)``.
             layout: ``"bhsd"`` or ``"bshd"``.
 
-        Returns:
-            ``(q_rotated, k_rotated)``, shapes and dtypes of ``q`` and ``k``.
+        Raises:
+            rotary.errors.InputError: positions out of range (fp16: past :attr:`fp16_max_distance`); offset and ids
+                both.
         """
         if not isinstance(q, torch.Tensor) or q.dim() != 4:
             raise InputError(
@@ -248,11 +218,8 @@ class XPos(nn.Module):
         return q, k
 
     def _check_fp16_range(self, positions: Positions) -> None:
-        """Refuse float16 inputs at positions further than :attr:`fp16_max_distance` from the centre.
-
-        On the CPU the ids' range is read (free); elsewhere it is used when the host knows it (positions
-        from ``offset + arange(S)``), else nothing is read: the range is the caller's contract (past it
-        the rotated q/k overflow fp16 to inf).
+        """Refuse float16 inputs further than :attr:`fp16_max_distance` from the centre (when the host knows the
+        range).
         """
         ids = positions.ids
         if devices.host_checks(ids.device):

@@ -42,6 +42,25 @@ _OTHER_FREQUENCIES = (
 )
 
 
+def _made(
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    interleaved: bool,
+    rows: torch.Tensor | None = None,
+    frequencies: torch.Tensor | None = None,
+) -> RotaryTables:
+    """:class:`RotaryTables` of a :class:`TableSource`'s own making (its cache, or rows it computed from its
+    frequencies), valid by construction: their structure is not checked again (rows the host knows lie inside
+    the cache, grown to cover them). Under ``torch.compile``, :meth:`RotaryTables.unchecked`, which dynamo traces."""
+    if torch.compiler.is_compiling():
+        return RotaryTables.unchecked(cos, sin, interleaved, rows=rows, frequencies=frequencies)
+    tables = object.__new__(RotaryTables)
+    tables.__dict__.update(
+        cos=cos, sin=sin, interleaved=interleaved, rows=rows, k_cos=None, k_sin=None, heads=None, frequencies=frequencies
+    )
+    return tables
+
+
 def keep_float32(parameters: Sequence[nn.Parameter], apply: Callable[[], Any]) -> None:
     """Run ``apply`` (a module's ``nn.Module._apply``) and keep ``parameters`` fp32 with their values.
 
@@ -347,19 +366,17 @@ class TableSource(nn.Module):
                 ids, inv_freq, attention_scaling=freqs.attention_scaling, interleaved=self.interleaved, dtype=dtype
             )
             if positions.packed:  # packed x addresses rows; here row t is token t
-                return RotaryTables.unchecked(
-                    cos, sin, self.interleaved, rows=torch.arange(ids.shape[0], device=ids.device)
-                )
-            return RotaryTables.unchecked(cos, sin, self.interleaved)
+                return _made(cos, sin, self.interleaved, torch.arange(ids.shape[0], device=ids.device))
+            return _made(cos, sin, self.interleaved)
         cos, sin = cached
         if positions.start is not None:  # consecutive positions: a slice of the cache, nothing gathered
             end = positions.start + ids.shape[0]
-            return RotaryTables.unchecked(cos[positions.start : end], sin[positions.start : end], self.interleaved)
+            return _made(cos[positions.start : end], sin[positions.start : end], self.interleaved)
         if bound != -1:  # the host knows the ids: the cache covers them
-            return RotaryTables.unchecked(cos, sin, self.interleaved, rows=ids)
+            return _made(cos, sin, self.interleaved, ids)
         # ids not read: a row the cache does not hold (past it, or negative) is computed by the kernel
         frequencies = self._row_frequencies_on(freqs, ids.device)  # type: ignore[arg-type]
-        return RotaryTables.unchecked(cos, sin, self.interleaved, rows=ids, frequencies=frequencies)
+        return _made(cos, sin, self.interleaved, ids, frequencies)
 
     def _row_frequencies_on(self, freqs: Frequencies, device: torch.device) -> torch.Tensor:
         """:func:`rotary.tables.row_frequencies` of ``freqs`` on ``device``, made once per device (e.g. by

@@ -66,7 +66,7 @@ def kernel_tables(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's ``[N, r]`` (``[N, H, r]``) form of a pair of tables in ``tables``' addressing."""
     cos, sin = pair
-    if tables.addressing == "per_token":
+    if tables.rows is None and cos.dim() - (tables.heads is not None) == 3:  # per-token [1 or B, S, (H,) r]
         if cos.shape[0] == 1:
             cos, sin = cos[0], sin[0]
         else:
@@ -383,7 +383,7 @@ def plan(
                 )
         batch, seq_len = 1, x0.shape[0]
     head_dim = x0.shape[-1]
-    r = tables.rotary_dim
+    r = tables.cos.shape[-1]
     if r > head_dim:
         raise InputError(
             f"cos/sin rotate r={r} channels but x has head_dim={head_dim}; r must be even and 0 < r <= head_dim"
@@ -508,7 +508,9 @@ def addressing(
 ) -> tuple[torch.Tensor | None, int, tuple[torch.Tensor, torch.Tensor]]:
     """Check that the tables fit the inputs; return the kernel's ``(positions, batch_rows, (cos, sin))``."""
     cos = tables.cos
-    mode = tables.addressing
+    # the tables' addressing (RotaryTables.addressing), read from their fields: a property call per call is
+    # a Python frame at a decoding step's cost
+    mode = "indexed" if tables.rows is not None else "shared" if cos.dim() - (tables.heads is not None) == 2 else "per_token"
 
     def where() -> str:  # formatted for a message only (this runs at every call)
         return f"x (layout {layout!r}, shape {tuple(shape)})" if not packed else f"packed x {tuple(shape)}"

@@ -286,9 +286,9 @@ class RoPE(TableSource):
         key = self._key(q, k, position_ids, layout, inplace) if cu_seqlens is None and max_seqlen is None else None
         if key is not None:
             recorded = self._plans.get(key)
-            if recorded is not None and recorded.backend == "cpu":
-                out = self._run_plan(recorded, (q, k), position_ids, offset)
-                if out:  # (None or empty: values or a signature the plan does not cover)
+            if recorded is not None and recorded.run is not None and self._covers(recorded, offset):
+                out = R.run_plan(recorded, (q, k), offset, position_ids)
+                if out:  # (empty: a signature or rows the plan does not cover)
                     return out[0], out[1]
         flat = (q, k)
         q, k = self._split_flat(q, "q"), self._split_flat(k, "k")
@@ -344,10 +344,12 @@ class RoPE(TableSource):
         if recorded is None or recorded.backend != "cpu" or tables is None or any(x.dim() != 4 for x in xs):
             self._plans.put(key, plans.GENERAL)
             return
-        signature = load_cpu_extension().signature(list(xs), *tables[:2], position_ids, inplace)  # type: ignore[union-attr]
-        self._plans.put(
-            key, Plan("cpu", R.layout_code(layout, False), self.interleaved, inplace, tables, signature, self._guard())
-        )
+        ext = load_cpu_extension()
+        signature = ext.signature(list(xs), *tables[:2], position_ids, inplace)  # type: ignore[union-attr]
+        code = R.layout_code(layout, False)
+        kernel = ext.RopePlan(signature, *tables, code, self.interleaved, inplace)  # type: ignore[union-attr]
+        plan = Plan("cpu", code, self.interleaved, inplace, tables, signature, self._guard(), kernel.with_offset)
+        self._plans.put(key, plan)
 
     def _plan_tables(
         self, device: torch.device, dtype: torch.dtype, position_ids: torch.Tensor | None
@@ -386,17 +388,13 @@ class RoPE(TableSource):
             return None
         return offset, None, None
 
-    def _run_plan(
-        self, plan: Plan, xs: tuple[torch.Tensor, ...], position_ids: torch.Tensor | None, offset: object
-    ) -> list[torch.Tensor] | None:
-        """A recorded plan's call, or ``None`` when the plan does not cover these values (an ``offset`` of another
-        type, negative, or past the plan's table; ``offset`` with ``position_ids``): the general path then names
-        the error, or grows the table and records a new plan."""
-        window = self._plan_window(plan, xs[0].shape[plan.layout], position_ids, offset)
-        if window is None:
-            return None
-        row_offset, ids, frequencies = window
-        return R.run_plan(plan, xs, plan.tables[0], plan.tables[1], ids, frequencies, row_offset)  # type: ignore[index]
+    def _covers(self, plan: Plan, offset: object) -> bool:
+        """Whether a recorded plan may take this call: an ``offset`` that is an int (the kernel's entry says the
+        rest: a negative one, one past the plan's table, or one given with ``position_ids`` is no call of the
+        plan's), and the plan's frequency buffer, neither replaced nor edited in place since."""
+        buffer = self._buffers["inv_freq"]
+        guard = plan.guard
+        return type(offset) is int and guard[0] is buffer and guard[1] == buffer._version  # type: ignore[index]
 
     def _split_flat(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """vLLM's ``[total_tokens, H * D]`` as packed ``[total_tokens, H, D]`` (other inputs unchanged)."""
@@ -427,8 +425,8 @@ class RoPE(TableSource):
         key = self._key(x, None, position_ids, layout, inplace) if cu_seqlens is None and max_seqlen is None else None
         if key is not None:
             recorded = self._plans.get(key)
-            if recorded is not None and recorded.backend == "cpu":
-                done = self._run_plan(recorded, (x,), position_ids, offset)
+            if recorded is not None and recorded.run is not None and self._covers(recorded, offset):
+                done = R.run_plan(recorded, (x,), offset, position_ids)
                 if done:
                     return done[0]
         original = x

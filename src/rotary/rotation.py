@@ -319,25 +319,19 @@ def _decide(xs: Sequence[torch.Tensor], rotation: Rotation, tables: RotaryTables
         or ops.backend(rotation, (*rotation.xs, *rotation.outs)) != "cpu"
     ):
         return GENERAL
-    signature = load_cpu_extension().signature(list(xs), cos, sin, tables.rows, inplace)  # type: ignore[union-attr]
-    return Plan("cpu", layout, rotation.interleaved, inplace, signature=signature)
+    ext = load_cpu_extension()
+    signature = ext.signature(list(xs), cos, sin, tables.rows, inplace)  # type: ignore[union-attr]
+    kernel = ext.RopePlan(signature, None, None, None, layout, rotation.interleaved, inplace)  # type: ignore[union-attr]
+    return Plan("cpu", layout, rotation.interleaved, inplace, signature=signature, run=kernel.with_tables)
 
 
-def run_plan(
-    plan: Plan,
-    xs: Sequence[torch.Tensor],
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    rows: torch.Tensor | None,
-    frequencies: torch.Tensor | None,
-    offset: int = 0,
-) -> list[torch.Tensor]:
-    """A recorded ``"cpu"`` plan's call: ``xs`` in their layout to the compiled kernel's ``rope_layout`` (rows
-    ``offset ..`` of ``cos``/``sin``, or ``rows``; a row the table does not hold computed from ``frequencies``).
-    Empty (nothing done) when the call's tensors do not match the plan's signature."""
-    return load_cpu_extension().rope_layout(  # type: ignore[union-attr]
-        plan.signature, xs, cos, sin, offset, rows, plan.layout, plan.interleaved, plan.inplace, frequencies
-    )
+def run_plan(plan: Plan, xs: Sequence[torch.Tensor], *args: object) -> list[torch.Tensor]:
+    """A recorded ``"cpu"`` plan's call: ``xs`` in their layout to the compiled kernel's ``rope_layout``, with
+    the arguments the plan's ``run`` takes: ``cos, sin, rows, frequencies`` (a :func:`rotate` plan: the call's
+    tables) or ``offset, position_ids`` (a :class:`rotary.RoPE`'s plan: its table, rows ``offset ..`` or the
+    ids' rows; a row the table does not hold computed from its frequencies). Empty (nothing done) when the
+    call's tensors do not match the plan's signature, or its rows lie outside the plan's table."""
+    return plan.run(xs, *args)
 
 
 def unview(out: torch.Tensor, layout: str, packed: bool) -> torch.Tensor:

@@ -504,7 +504,10 @@ def addressing(
     cos = tables.cos
     # the tables' addressing (RotaryTables.addressing), read from their fields: a property call per call is
     # a Python frame at a decoding step's cost
-    mode = "indexed" if tables.rows is not None else "shared" if cos.dim() - (tables.heads is not None) == 2 else "per_token"
+    if tables.rows is not None:
+        mode = "indexed"
+    else:
+        mode = "shared" if cos.dim() - (tables.heads is not None) == 2 else "per_token"
 
     def where() -> str:  # formatted for a message only (this runs at every call)
         return f"x (layout {layout!r}, shape {tuple(shape)})" if not packed else f"packed x {tuple(shape)}"

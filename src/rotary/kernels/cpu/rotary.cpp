@@ -3,6 +3,7 @@
 
 #include "rotary.h"
 
+#include <ATen/EmptyTensor.h>
 #include <c10/core/InferenceMode.h>
 
 // xs[i], outs[i]: [B, S, H_i, D] (outs[i] may be xs[i] itself: in place). cos[i]/sin[i]: the table of
@@ -209,6 +210,105 @@ inline at::Tensor unview(const at::Tensor& o, int64_t layout) {
   return layout == 0 ? o.squeeze(0) : layout == 2 ? o.transpose(1, 2) : o;
 }
 
+// A tensor in the caller's layout read as the kernel's [B, S, H, D] (layout_call's view), without making the view:
+// its sizes and the strides of B, S and H.
+struct Dims {
+  int64_t B, S, H, D, sb, ss, sh;
+};
+
+inline Dims kernel_dims(const at::Tensor& t, int64_t layout) {
+  if (layout == 0) return {1, t.size(0), t.size(1), t.size(2), 0, t.stride(0), t.stride(1)};
+  if (layout == 2) return {t.size(0), t.size(2), t.size(1), t.size(3), t.stride(0), t.stride(2), t.stride(1)};
+  return {t.size(0), t.size(1), t.size(2), t.size(3), t.stride(0), t.stride(1), t.stride(2)};
+}
+
+// rope_layout's call on a table [N, r] (rows offset .. or position ids) or the tokens' own rows, for inputs whose outputs are allocated
+// with their own strides (dense, or in place): the kernel's views, the table window and the expansion of the ids
+// are strides and pointers here, not tensors (each tensor op costs about a microsecond at a decoding step). The
+// outputs have the strides empty_like gives the views in layout_call, so the results are those of that path.
+// nullopt when the call is not one this handles (the caller takes layout_call); {} for rows outside the table.
+std::optional<std::vector<at::Tensor>> rope_direct(const std::vector<at::Tensor>& xs, const at::Tensor& cos,
+                                                   const at::Tensor& sin, int64_t row_offset,
+                                                   const std::optional<at::Tensor>& positions, int64_t layout,
+                                                   bool interleaved, bool inplace,
+                                                   const std::optional<at::Tensor>& frequencies) {
+  if (xs.empty() || cos.dim() < 2 || cos.dim() > 3 || (layout != 0 && layout != 1 && layout != 2)) return std::nullopt;
+  for (const auto& x : xs)
+    if (x.dim() != (layout == 0 ? 3 : 4) || !x.is_cpu() || (!inplace && !x.is_non_overlapping_and_dense()))
+      return std::nullopt;
+  const Dims d0 = kernel_dims(xs[0], layout);
+  const int64_t r = cos.size(-1);
+  const auto table_type = cos.scalar_type();
+  TORCH_CHECK(table_type == at::kFloat || (table_type == at::kDouble && xs[0].scalar_type() == at::kDouble),
+              "rotary: tables must be fp32 (or float64 for float64 inputs)");
+  TORCH_CHECK(r > 0 && r % 2 == 0 && r <= d0.D && cos.stride(-1) == 1 && sin.scalar_type() == table_type &&
+                  sin.sizes() == cos.sizes() && sin.strides() == cos.strides(),
+              "rotary: cos/sin must be [N, r] of one dtype with unit column stride and equal strides");
+  const bool ids = positions.has_value() && positions->defined();
+  // the table's rows: [N, r]; or the tokens' own rows [1, S, r] (shared by the batch) or [B, S, r] (row b * S + s,
+  // when its batch stride is S rows: layout_call's flatten is then a view)
+  Rows rows{nullptr, 0, 0, 0, cos.size(0), nullptr};
+  int64_t row_stride = cos.stride(0), first = 0;
+  if (cos.dim() == 3) {
+    if (ids || cos.size(1) != d0.S || (cos.size(0) != 1 && cos.size(0) != d0.B)) return std::nullopt;
+    const bool batched = cos.size(0) > 1;
+    if (batched && d0.S > 1 && cos.stride(0) != d0.S * cos.stride(1)) return std::nullopt;
+    row_stride = batched && d0.S == 1 ? cos.stride(0) : cos.stride(1);  // (one token: row b is batch b)
+    rows.table_rows = cos.size(0) * d0.S;
+    rows.batch_rows = cos.size(0) > 1 ? d0.S : 0;
+  } else if (ids) {
+    const at::Tensor& p = *positions;
+    TORCH_CHECK(p.scalar_type() == at::kLong && p.dim() >= 1 && p.dim() <= 2 && p.size(-1) == d0.S &&
+                    (p.dim() == 1 || p.size(0) == 1 || p.size(0) == d0.B) && (layout != 0 || p.dim() == 1),
+                "rotary: positions must be int64 [S], [1, S] or [B, S] ([T] packed)");
+    rows.positions = p.data_ptr<int64_t>();
+    rows.pb = p.dim() == 2 && p.size(0) > 1 ? p.stride(0) : 0;
+    rows.ps = p.stride(-1);
+    if (frequencies.has_value() && frequencies->defined()) {
+      const at::Tensor& f = *frequencies;
+      TORCH_CHECK(f.scalar_type() == at::kDouble && f.dim() == 1 && f.size(0) == r / 2 + 1 && f.is_contiguous(),
+                  "rotary: frequencies must be float64 [r/2 + 1], with positions");
+      rows.freqs = f.data_ptr<double>();
+    }
+  } else {
+    if (row_offset < 0 || row_offset + d0.S > cos.size(0)) return std::vector<at::Tensor>{};
+    first = row_offset;
+    rows.table_rows = d0.S;  // the window's rows
+  }
+  const int64_t shift = first * row_stride * static_cast<int64_t>(cos.element_size());
+  const char* c = static_cast<const char*>(cos.data_ptr()) + shift;
+  const char* s = static_cast<const char*>(sin.data_ptr()) + shift;
+  std::vector<View> views;
+  views.reserve(xs.size());
+  std::vector<at::Tensor> outs;
+  outs.reserve(xs.size());
+  for (const auto& x : xs) {
+    const Dims d = kernel_dims(x, layout);
+    TORCH_CHECK(d.B == d0.B && d.S == d0.S && d.D == d0.D && x.scalar_type() == xs[0].scalar_type() &&
+                    x.stride(-1) == 1,
+                "rotary: inputs disagree on B, S, D or dtype, or the channel dim has no unit stride");
+    if (inplace)
+      TORCH_CHECK(at::has_internal_overlap(x) != at::MemOverlap::Yes, "rotary: an input rotated in place overlaps itself");
+    // empty_like of a dense view keeps its strides: the view's output, viewed back, has x's strides (allocated
+    // here without the dispatcher: a CPU tensor, as the plan's signature says)
+    at::Tensor o = inplace ? x : at::Tensor(at::detail::empty_strided_cpu(x.sizes(), x.strides(), x.options()));
+    const Dims od = kernel_dims(o, layout);
+    views.push_back(View{static_cast<char*>(x.data_ptr()), static_cast<char*>(o.data_ptr()), d.H, d.sb, d.ss, d.sh,
+                         od.sb, od.ss, od.sh, c, s, row_stride, 0});
+    outs.push_back(std::move(o));
+  }
+  if (table_type == at::kDouble) {
+    run<double, double>(views, d0.B, d0.S, d0.D, r, rows, interleaved, false);
+  } else {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xs[0].scalar_type(), "rope_layout", [&] {
+      run<scalar_t, float>(views, d0.B, d0.S, d0.D, r, rows, interleaved, false);
+    });
+  }
+  if (inplace)
+    for (const auto& x : xs) x.unsafeGetTensorImpl()->bump_version();  // (rotary.kernels.ops.mark_written)
+  return outs;
+}
+
 // The entry a recorded plan calls (rotary.plans): the tensors of a call in the caller's layout (layout_call),
 // checked by the general path when the plan was recorded, rotated by one table pair; {} (nothing done) when the
 // call's signature is not the plan's. A row the table does not hold (positions given) is computed from
@@ -221,6 +321,8 @@ std::vector<at::Tensor> rope_layout_cpu(const Signature& expected, const std::ve
                                         const std::optional<at::Tensor>& positions, int64_t layout, bool interleaved,
                                         bool inplace, const std::optional<at::Tensor>& frequencies) {
   if (!matches(expected, xs, cos, sin, positions, inplace)) return {};
+  auto direct = rope_direct(xs, cos, sin, row_offset, positions, layout, interleaved, inplace, frequencies);
+  if (direct) return std::move(*direct);
   const auto window = layout_call(xs, cos, sin, row_offset, positions, layout);
   if (!window) return {};
   const LayoutCall& call = *window;

@@ -26,9 +26,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n 2 --doctest-modules --durations=15 src tests
 
-# the property tests with new random examples every run (make test draws the same ones each time)
+# the property tests with new random examples every run (make test draws the same ones each time), and the
+# kernel tests that make test runs on a covering array of their factors, over the whole product (tests/covering.py)
 fuzz: $(STAMP)
-	ROTARY_HYPOTHESIS_PROFILE=explore $(PY) -m pytest -q -n 2 -p no:cacheprovider $$(grep -rl "from hypothesis" tests)
+	ROTARY_HYPOTHESIS_PROFILE=explore ROTARY_FULL_PRODUCT=1 $(PY) -m pytest -q -n 2 -p no:cacheprovider \
+		$$(grep -rlE "from (hypothesis|covering) import|ROTARY_FULL_PRODUCT" tests --include="*.py")
 
 bench: $(STAMP)
 	$(PY) -m rotary bench $(addprefix --cases ,$(wildcard benchmarks/cases/*.py))

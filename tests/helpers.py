@@ -18,6 +18,8 @@
   fused kernel with the torch path cannot pass by silently falling back to it;
 - :func:`experiment_rows`: hand-made rows of ``rotary experiment`` (perplexities per method, seed and
   mode), for the claims and the report.
+- :func:`build_tiny`: a transformers model built from its config with every weight set: weights its own
+  initialisation leaves as they were allocated (some MoE experts are ``torch.empty``) are drawn too.
 - :func:`small_lm`: a small :class:`rotary.models.Decoder` in eval mode (vocabulary 50, two layers),
   any of its config's fields overridden.
 - :func:`run_threads`, :func:`outputs_from_threads`: one object called from several threads at once
@@ -237,8 +239,13 @@ def _interpreter_server() -> subprocess.Popen:
         if server is not None and server.poll() is None:
             server.kill()
             server.wait()
+        # tests/ first on the scripts' path: they import covering (rows of a product, tests/covering.py)
         server = subprocess.Popen(
-            [sys.executable, "-c", _INTERPRETER], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n" + _INTERPRETER],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         _interpreter.update(server=server, env=env)
     return server
@@ -710,3 +717,29 @@ def assert_sound(f: rotary.Frequencies) -> None:
     turning = proportional_pairs(f.head_dim, f.scaling) if ROPE_TYPES[f.rope_type].rotates_every_pair else len(inv_freq)
     assert bool((inv_freq[:turning] > 0).all()), inv_freq
     assert math.isfinite(f.attention_scaling) and f.attention_scaling > 0
+
+
+def build_tiny(cls, config, *, seed: int = 0):
+    """``cls(config)`` in eval mode, weights drawn from ``seed``, none left as uninitialised memory.
+
+    Some transformers models leave parameters as ``torch.empty`` allocated them (Qwen3-Omni's talker's MoE
+    experts): their values, and whether they are finite, then depend on what the process freed before. The model
+    is built with uninitialised memory filled with NaN, and each parameter still holding NaN is drawn from
+    N(0, initializer_range) with its own seeded generator, so a model is the same in every process and order.
+    """
+    import torch
+
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)  # with fill_uninitialized_memory: torch.empty gives NaN
+    try:
+        torch.manual_seed(seed)
+        model = cls(config).eval()
+    finally:
+        torch.use_deterministic_algorithms(was)
+    std = getattr(config, "initializer_range", 0.02) or 0.02
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.is_floating_point() and p.isnan().any():
+                p.copy_(torch.randn(p.shape, generator=generator, dtype=p.dtype) * std)
+    return model

@@ -41,6 +41,10 @@ NOT_RUN = {
     "rotary experiment --study base": "trains ten RoPE models at the default preset, minutes",
     "rotary experiment --study transfer": "trains ten models at the default preset, minutes",
     "make test": "runs this test suite",
+    "rotary experiment --preset tiny": (
+        "trains the tiny preset's 34 models, about 20 s; tests/experiments/test_run.py runs it, one model at a time "
+        "and two at a time (killed and resumed), and checks every file it writes"
+    ),
     "make bench": "times every benchmark group, minutes",
     ".venv/bin/python benchmarks/write_experiment_docs.py runs/experiment-20261122T130426Z": (
         "needs a finished default run; tests/experiments/test_run.py runs it on a tiny run, into a copy of the docs"

@@ -16,6 +16,7 @@ matplotlib.use("Agg")  # headless: figures are written to files, never shown
 
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
@@ -67,8 +68,13 @@ def save(fig: Figure, path: str | Path) -> list[Path]:
     stem.parent.mkdir(parents=True, exist_ok=True)
     out = [stem.with_name(stem.name + ".png"), stem.with_name(stem.name + ".svg")]
     try:
-        fig.savefig(out[0], dpi=150, bbox_inches="tight")
-        fig.savefig(out[1], bbox_inches="tight", metadata={"Date": None})
+        # the tight box once, drawn at the PNG's resolution (what bbox_inches="tight" draws for the PNG), for both
+        # files: each "tight" save would draw the figure twice
+        fig.set_dpi(150)
+        canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+        box = fig.get_tightbbox(canvas.get_renderer()).padded(matplotlib.rcParams["savefig.pad_inches"])
+        fig.savefig(out[0], dpi=150, bbox_inches=box)
+        fig.savefig(out[1], bbox_inches=box, metadata={"Date": None})
     except OSError as exc:
         raise OSError(exc.errno, f"cannot write the figure ({exc.strerror})", exc.filename) from None
     finally:

@@ -43,6 +43,7 @@ __all__ = ["GENERAL", "LIMIT", "Plan", "PlanCache", "general_path", "plannable"]
 #: the most plans one cache holds (a serving loop sees a handful of shapes; a sweep of lengths more)
 LIMIT = 256
 
+
 class _State(threading.local):
     off = False  # a class default: reading it costs no AttributeError in a thread that never set it
 

@@ -142,7 +142,8 @@ class Positions:
             ids, torch.arange(self.start, self.start + ids.numel(), device=ids.device)
         ):
             raise InputError(
-                f"Positions: start={self.start} says the ids are {self.start} .. {self.start + ids.numel() - 1}, but they "
+                f"Positions: start={self.start} says the ids are {self.start} .. {self.start + ids.numel() - 1}, but "
+                "they "
                 f"are not (first id {int(ids[0])}); pass start=None or start={int(ids[0])}"
             )
 
@@ -514,7 +515,8 @@ def from_call(
     if cu_seqlens is not None:
         if not packed:
             raise InputError(
-                f"cu_seqlens marks packed sequences: the inputs must be [total_tokens, H, D], got a batch of {batch} x {seq_len}"
+                f"cu_seqlens marks packed sequences: the inputs must be [total_tokens, H, D], got a batch of {batch} "
+                f"x {seq_len}"
             )
         if not isinstance(cu_seqlens, torch.Tensor):
             raise InputTypeError(f"cu_seqlens must be an integer tensor [N + 1], got {type(cu_seqlens).__name__}")
@@ -535,7 +537,8 @@ def from_call(
             else "packed [total_tokens, H, D] inputs need"
         )
         raise InputError(
-            f"{what} cu_seqlens or per-token position_ids [total_tokens] (with cu_seqlens, positions restart per sequence)"
+            f"{what} cu_seqlens or per-token position_ids [total_tokens] (with cu_seqlens, positions restart per "
+            "sequence)"
         )
     if seqlen_offsets is not None:
         starts = _offsets(seqlen_offsets, batch, device)

@@ -47,7 +47,8 @@ def _mrope_message(settings: Any) -> str:
     if settings.interleaved:
         args.append("interleaved=True")
     return (
-        f"model_type {settings.model_type!r} uses multimodal RoPE (M-RoPE): mrope_section {section} (laid out {layout}) "
+        f"model_type {settings.model_type!r} uses multimodal RoPE (M-RoPE): mrope_section {section} (laid out "
+        f"{layout}) "
         "gives each frequency slot the temporal, height or width position of a token, which a 1-D RoPE cannot "
         f"represent; load it with rotary.MRoPE.from_hf_config(config) and pass positions [{axes}, B, S] "
         "(rotary.multimodal_positions(...) builds them for text, images and videos). On text alone (t = h = w) its "
@@ -202,10 +203,16 @@ class RoPE(TableSource):
                 "with_scaling keeps the base: drop rope_theta, or build a new RoPE with that base"
             )
         rope = type(self)(
-            self.head_dim, base=self.original_freqs.base, rotary_dim=self._frequency_args["rotary_dim"], scaling=block,
-            interleaved=self.interleaved, max_position=self.max_position, dynamic=self.dynamic,
-            strict=self._frequency_args["strict"], learnable_frequencies=self.learnable_frequencies,
-        )  # fmt: skip
+            self.head_dim,
+            base=self.original_freqs.base,
+            rotary_dim=self._frequency_args["rotary_dim"],
+            scaling=block,
+            interleaved=self.interleaved,
+            max_position=self.max_position,
+            dynamic=self.dynamic,
+            strict=self._frequency_args["strict"],
+            learnable_frequencies=self.learnable_frequencies,
+        )
         if self.log_frequency_scale is not None and rope.log_frequency_scale is not None:
             with torch.no_grad():  # the learned factors carry over to the rescaled frequencies
                 rope.log_frequency_scale.copy_(self.log_frequency_scale)
@@ -232,9 +239,15 @@ class RoPE(TableSource):
             raise InputError(f"{name} must be 4-D ([B, H, S, D] or [B, S, H, D]), got shape {tuple(x.shape)}")
         batch_dim, seq_dim = (0, 0) if packed else check_layout(layout)
         return P.from_call(  # type: ignore[return-value]  (default=True: never None)
-            batch=1 if packed else x.shape[batch_dim], seq_len=x.shape[seq_dim], packed=packed, device=x.device,
-            position_ids=position_ids, offset=offset, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
-        )  # fmt: skip
+            batch=1 if packed else x.shape[batch_dim],
+            seq_len=x.shape[seq_dim],
+            packed=packed,
+            device=x.device,
+            position_ids=position_ids,
+            offset=offset,
+            cu_seqlens=cu_seqlens,
+            max_seqlen=max_seqlen,
+        )
 
     def _check_head_dim(self, xs: tuple[torch.Tensor, ...], names: tuple[str, ...]) -> None:
         for x, name in zip(xs, names):
@@ -379,8 +392,7 @@ class RoPE(TableSource):
         """``(row_offset, position_ids, frequencies)`` of a recorded plan's call, or ``None`` when the plan does not
         cover these values (its frequency buffer replaced or edited in place; an ``offset`` of another type,
         negative, past the plan's table, or given with ``position_ids``)."""
-        buffer = self._buffers["inv_freq"]
-        if type(offset) is not int or plan.guard[0] is not buffer or plan.guard[1] != buffer._version:  # type: ignore[index]
+        if not self._covers(plan, offset):
             return None
         if position_ids is not None:
             return None if offset else (0, position_ids, plan.tables[2])  # type: ignore[index]

@@ -56,7 +56,14 @@ def _made(
         return RotaryTables.unchecked(cos, sin, interleaved, rows=rows, frequencies=frequencies)
     tables = object.__new__(RotaryTables)
     tables.__dict__.update(
-        cos=cos, sin=sin, interleaved=interleaved, rows=rows, k_cos=None, k_sin=None, heads=None, frequencies=frequencies
+        cos=cos,
+        sin=sin,
+        interleaved=interleaved,
+        rows=rows,
+        k_cos=None,
+        k_sin=None,
+        heads=None,
+        frequencies=frequencies,
     )
     return tables
 
@@ -115,9 +122,12 @@ class TableSource(nn.Module):
         # deep copies: a scaling dict edited by the caller afterwards must not change this RoPE
         self._frequency_args: dict[str, Any] = dict(
             # the block as given (a string is frequencies()' ConfigError, not a dict-conversion error)
-            head_dim=head_dim, base=base, rotary_dim=rotary_dim, scaling=copy.deepcopy(scaling),
+            head_dim=head_dim,
+            base=base,
+            rotary_dim=rotary_dim,
+            scaling=copy.deepcopy(scaling),
             strict=check_bool(strict, "strict"),
-        )  # fmt: skip
+        )
         original = frequencies(**self._frequency_args)
         if not check_bool(learnable_frequencies, "learnable_frequencies"):  # learnable: tables never cached
             # the first call builds rows 0 .. max_position - 1 (fp32 cos and sin [max_position, r]): refuse a
@@ -305,9 +315,12 @@ class TableSource(nn.Module):
                 cache = self._caches.get(key)
                 if cache is None:
                     cache = TableCache(
-                        freqs.inv_freq, freqs.attention_scaling, self.interleaved, self.max_position,
+                        freqs.inv_freq,
+                        freqs.attention_scaling,
+                        self.interleaved,
+                        self.max_position,
                         limit=max(CACHE_ROWS, self.max_position),
-                    )  # fmt: skip
+                    )
                     self._caches[key] = cache
         return cache
 
@@ -357,7 +370,8 @@ class TableSource(nn.Module):
             bound = -1
         uncached = compiling or key is None or bound is None or learned is not None
         cache = None if uncached else self._cache(key, freqs)  # type: ignore[arg-type]
-        cached = None if cache is None else cache.get(ids.device, cache.length if bound == -1 else bound, dtype)  # type: ignore[arg-type]
+        needed = cache.length if cache is not None and bound == -1 else bound
+        cached = None if cache is None else cache.get(ids.device, needed, dtype)  # type: ignore[arg-type]
         if cached is None:  # rows for exactly these tokens (after the cache, which names a growth in a capture)
             inv_freq = self._inv_freq_on(freqs, ids.device)
             if learned is not None:  # θ_i · exp(α_i), differentiable in α: computed per call, never cached

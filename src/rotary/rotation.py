@@ -152,7 +152,8 @@ def check_inplace_targets(xs: Sequence[torch.Tensor], names: Sequence[str]) -> N
             )
         if overlaps_itself(x):
             raise InputError(
-                f"{name} (shape {tuple(x.shape)}, strides {x.stride()}) has overlapping memory, e.g. keys expanded over "
+                f"{name} (shape {tuple(x.shape)}, strides {x.stride()}) has overlapping memory, e.g. keys expanded "
+                "over "
                 "heads: rotating it in place would turn shared elements several times; pass a tensor that owns its "
                 "memory or rotate out of place"
             )
@@ -321,7 +322,9 @@ def _decide(xs: Sequence[torch.Tensor], rotation: Rotation, tables: RotaryTables
         return GENERAL
     ext = load_cpu_extension()
     signature = ext.signature(list(xs), cos, sin, tables.rows, inplace)  # type: ignore[union-attr]
-    kernel = ext.RopePlan(signature, None, None, None, layout, rotation.interleaved, inplace)  # type: ignore[union-attr]
+    kernel = ext.RopePlan(  # type: ignore[union-attr]
+        signature, None, None, None, layout, rotation.interleaved, inplace
+    )
     return Plan("cpu", layout, rotation.interleaved, inplace, signature=signature, run=kernel.with_tables)
 
 
@@ -373,7 +376,8 @@ def plan(
         for x, name in zip(xs[1:], names[1:]):
             if x.shape[0] != x0.shape[0] or x.shape[-1] != x0.shape[-1]:
                 raise InputError(
-                    f"{name} has shape {tuple(x.shape)} but {names[0]} has {tuple(x0.shape)}: need the same tokens and D"
+                    f"{name} has shape {tuple(x.shape)} but {names[0]} has {tuple(x0.shape)}: need the same tokens "
+                    "and D"
                 )
         batch, seq_len = 1, x0.shape[0]
     head_dim = x0.shape[-1]

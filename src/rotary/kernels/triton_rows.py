@@ -98,14 +98,27 @@ if triton is not None:
         quadrant = q & 3  # θ = z + quadrant * π/2
         cos = tl.where(quadrant == 0, c, tl.where(quadrant == 1, -s, tl.where(quadrant == 2, -c, s)))
         sin = tl.where(quadrant == 0, s, tl.where(quadrant == 1, c, tl.where(quadrant == 2, -s, -c)))
-        return cos, sin  # fmt: skip
+        return cos, sin
 
     @triton.jit
     def table_pairs(
-        COS, SIN, FREQ, t, p, computed, heads, live, table_stride, head_stride,
-        HALF: tl.constexpr, BLOCK_P: tl.constexpr, INTERLEAVED: tl.constexpr, PAIR_TABLES: tl.constexpr,
-        COMPUTE: tl.constexpr, FP64: tl.constexpr,
-    ):  # fmt: skip
+        COS,
+        SIN,
+        FREQ,
+        t,
+        p,
+        computed,
+        heads,
+        live,
+        table_stride,
+        head_stride,
+        HALF: tl.constexpr,
+        BLOCK_P: tl.constexpr,
+        INTERLEAVED: tl.constexpr,
+        PAIR_TABLES: tl.constexpr,
+        COMPUTE: tl.constexpr,
+        FP64: tl.constexpr,
+    ):
         """The cos and sin of each pair of ``heads`` (masked by ``live``) at table row ``t``, ``[BLOCK_H,
         BLOCK_P]`` in the arithmetic dtype. With ``COMPUTE``, a token whose position ``p`` is not a row of
         the table (``computed``) gets them computed from the frequencies instead: ``FREQ`` is float64
@@ -142,9 +155,17 @@ if triton is not None:
 
     @triton.jit
     def token_row(
-        POS, row, S, table_rows, batch_rows, spb, sps, HAS_POSITIONS: tl.constexpr, COMPUTE: tl.constexpr,
+        POS,
+        row,
+        S,
+        table_rows,
+        batch_rows,
+        spb,
+        sps,
+        HAS_POSITIONS: tl.constexpr,
+        COMPUTE: tl.constexpr,
         FP64: tl.constexpr,
-    ):  # fmt: skip
+    ):
         """The per-token prologue of every kernel: program row ``row`` is token (b, s); returns
         ``(b, s, t, p, computed, poison)``: ``t`` the token's table row, ``p`` its position, ``computed``
         whether the position is not a row of the table and its row is computed (``COMPUTE``: the call's

@@ -11,6 +11,7 @@ Run: ``python benchmarks/position_ids_path.py`` (CPU; positions past the cached 
 
 from __future__ import annotations
 
+import inspect
 import sys
 
 import torch
@@ -30,8 +31,10 @@ def _holds(value: object, ids: torch.Tensor) -> bool:
         return value.rows is ids
     if isinstance(value, Rotation):
         return value.__dict__.get("positions") is ids
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple)):  # (a function's *args too)
         return any(v is ids for v in value)
+    if isinstance(value, dict):  # a function's **kwargs
+        return any(v is ids for v in value.values())
     return False
 
 
@@ -46,7 +49,9 @@ def follow(call, ids: torch.Tensor) -> tuple[list[str], list[str], int]:
         if not module.startswith("rotary"):
             return
         code = frame.f_code
-        names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+        count = code.co_argcount + code.co_kwonlyargcount
+        count += bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
+        names = code.co_varnames[:count]
         if any(_holds(frame.f_locals.get(n), ids) for n in names):
             seen.append((module, code.co_name))
 

@@ -155,3 +155,24 @@ def test_positions_past_two_to_the_53_are_refused():
 def test_continuation_needs_positions():
     with pytest.raises(TypeError, match="previous must be Positions"):
         P.continuation(torch.arange(3), 2)
+
+
+def test_compiled_and_eager_name_the_same_negative_id():
+    # compiled, a negative id was torch's RuntimeError from an assertion in the graph where eager raised
+    # rotary's InputError; now an op in the graph (rotary::checked_ids) raises eager's error, and with several
+    # negative ids both name the smallest
+    def integer(ids):
+        return P.integer_positions(ids) * 2
+
+    def outcome(f, ids):
+        try:
+            return f(ids).tolist()
+        except Exception as error:  # noqa: BLE001  (the type and message are compared)
+            return type(error), str(error)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(integer, backend="eager", fullgraph=True, dynamic=True)
+    several, good = torch.tensor([[3, -2, 5, -7]]), torch.tensor([[0, 4, 9]])
+    want = (rotary.errors.InputError, "position_ids must be >= 0, got a minimum of -7")
+    assert outcome(integer, several) == outcome(compiled, several) == want
+    assert outcome(compiled, good) == outcome(integer, good) == [[0, 8, 18]]

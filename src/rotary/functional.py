@@ -40,9 +40,16 @@ def _raw_tables(
 ) -> RotaryTables:
     """:class:`RotaryTables` from caller-made cos/sin and one way of naming positions (see :func:`apply_rotary`)."""
     found = P.from_call(
-        batch=batch, seq_len=seq_len, packed=packed, device=device, position_ids=position_ids,
-        seqlen_offsets=seqlen_offsets, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, default=False,
-    )  # fmt: skip
+        batch=batch,
+        seq_len=seq_len,
+        packed=packed,
+        device=device,
+        position_ids=position_ids,
+        seqlen_offsets=seqlen_offsets,
+        cu_seqlens=cu_seqlens,
+        max_seqlen=max_seqlen,
+        default=False,
+    )
     rows = None if found is None else found.ids
     if found is not None and isinstance(cos, torch.Tensor):
         what = "with packed x" if packed else "with position_ids or seqlen_offsets"
@@ -129,10 +136,20 @@ def apply_rotary(
     else:
         batch, seq_len = 0, 0  # rotate() names the wrong rank
     tables = _raw_tables(
-        cos, sin, interleaved=interleaved, validate=validate, device=x.device, tokens=view.shape[0] if packed else 0,
-        batch=batch, seq_len=seq_len, packed=packed, position_ids=position_ids, cu_seqlens=cu_seqlens,
-        max_seqlen=max_seqlen, seqlen_offsets=seqlen_offsets,
-    )  # fmt: skip
+        cos,
+        sin,
+        interleaved=interleaved,
+        validate=validate,
+        device=x.device,
+        tokens=view.shape[0] if packed else 0,
+        batch=batch,
+        seq_len=seq_len,
+        packed=packed,
+        position_ids=position_ids,
+        cu_seqlens=cu_seqlens,
+        max_seqlen=max_seqlen,
+        seqlen_offsets=seqlen_offsets,
+    )
     out = rotate([view], tables, layout=layout, inplace=inplace, names=["x"])[0]
     return x if inplace else (out.reshape(x.shape) if flat else out)
 
@@ -160,10 +177,19 @@ def apply_rotary_(
         True
     """
     return apply_rotary(
-        x, cos, sin, interleaved=interleaved, layout=layout, inplace=True, validate=validate,
-        position_ids=position_ids, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, seqlen_offsets=seqlen_offsets,
+        x,
+        cos,
+        sin,
+        interleaved=interleaved,
+        layout=layout,
+        inplace=True,
+        validate=validate,
+        position_ids=position_ids,
+        cu_seqlens=cu_seqlens,
+        max_seqlen=max_seqlen,
+        seqlen_offsets=seqlen_offsets,
         head_dim=head_dim,
-    )  # fmt: skip
+    )
 
 
 def apply_rotary_qkv_(
@@ -214,7 +240,8 @@ def apply_rotary_qkv_(
         check_positive_int(num_heads_q, "num_heads_q")
         if qkv.dim() != lead + 2 or (qkv.shape[lead] - num_heads_q) <= 0 or (qkv.shape[lead] - num_heads_q) % 2:
             raise InputError(
-                f"with num_heads_q={num_heads_q}, qkv must be [..., Hq + 2 * Hk, D] with Hk >= 1, got shape {tuple(qkv.shape)}"
+                f"with num_heads_q={num_heads_q}, qkv must be [..., Hq + 2 * Hk, D] with Hk >= 1, got shape "
+                f"{tuple(qkv.shape)}"
             )
         hk = (qkv.shape[lead] - num_heads_q) // 2
         q, k = qkv.narrow(lead, 0, num_heads_q), qkv.narrow(lead, num_heads_q, hk)
@@ -263,11 +290,21 @@ def _rotate_packed_pair(
     if (cos_k is None) != (sin_k is None):
         raise InputError("give both cos_k and sin_k, or neither")
     tables = _raw_tables(
-        cos, sin, interleaved=interleaved, validate=validate, device=x0.device, tokens=x0.shape[0] if packed else 0,
-        batch=1 if packed else x0.shape[0], seq_len=x0.shape[0] if packed else x0.shape[1], packed=packed,
-        position_ids=None, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, seqlen_offsets=seqlen_offsets,
+        cos,
+        sin,
+        interleaved=interleaved,
+        validate=validate,
+        device=x0.device,
+        tokens=x0.shape[0] if packed else 0,
+        batch=1 if packed else x0.shape[0],
+        seq_len=x0.shape[0] if packed else x0.shape[1],
+        packed=packed,
+        position_ids=None,
+        cu_seqlens=cu_seqlens,
+        max_seqlen=max_seqlen,
+        seqlen_offsets=seqlen_offsets,
         k_tables=None if cos_k is None else (cos_k, sin_k),
-    )  # fmt: skip
+    )
     kinds = ["q"] * (len(xs) - 1) + ["k"] if len(xs) > 1 else ["k"]
     names = ["q", "k"] if len(xs) == 2 else ["k"]
     rotate(xs, tables, layout="bshd", inplace=True, kinds=kinds, names=names)

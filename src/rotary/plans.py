@@ -26,11 +26,16 @@ __all__ = ["GENERAL", "LIMIT", "Plan", "PlanCache", "general_path", "plannable"]
 #: the most plans one cache holds (a serving loop sees a handful of shapes; a sweep of lengths more)
 LIMIT = 256
 
-_state = threading.local()
+
+class _State(threading.local):
+    off = False  # a class default: reading it costs no AttributeError in a thread that never set it
+
+
+_state = _State()
 
 
 def _enabled() -> bool:
-    return not getattr(_state, "off", False)
+    return not _state.off
 
 
 @contextlib.contextmanager
@@ -45,7 +50,7 @@ def general_path() -> Iterator[None]:
         >>> torch.equal(slow, rope.rotate(q))
         True
     """
-    before = getattr(_state, "off", False)
+    before = _state.off
     _state.off = True
     try:
         yield
@@ -61,7 +66,7 @@ def plannable() -> bool:
     transform and no torch function or dispatch mode active (each of those the general path handles)."""
     return (
         not torch.compiler.is_compiling()  # first: nothing below is traced
-        and not getattr(_state, "off", False)
+        and not _state.off
         and _functorch.peek_interpreter_stack() is None
         and not torch._C._is_torch_function_mode_enabled()
         and torch._C._len_torch_dispatch_stack() == 0
@@ -80,6 +85,8 @@ class Plan:
         tables: a :class:`rotary.RoPE`'s cached ``(cos, sin)`` ``[N, r]`` and the frequencies past them, or ``None``.
         signature: the compiled kernel's record of the call's tensors, compared with each later call's in C++.
         guard: for a :class:`rotary.RoPE`'s plan, its frequency buffer and that buffer's ``_version``.
+        run: the compiled kernel's call of this plan, what does not change between its calls bound
+            (``RopePlan.with_offset`` or ``with_tables`` of the extension), or ``None``.
     """
 
     backend: str
@@ -89,13 +96,16 @@ class Plan:
     tables: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     signature: Any = None
     guard: tuple[torch.Tensor, int] | None = None
+    run: Any = None
 
 
 GENERAL = Plan("general")
 
 
-class PlanCache:
+class PlanCache(dict):
     """Plans by signature, at most :data:`LIMIT` (the oldest dropped first); safe to share between threads.
+
+    A dictionary (``get`` is the dictionary's own: a lookup per call costs no Python frame); :meth:`put` adds.
 
     Example:
         >>> cache = PlanCache()
@@ -105,31 +115,25 @@ class PlanCache:
     """
 
     def __init__(self, limit: int = LIMIT) -> None:
+        super().__init__()
         self.limit = limit
-        self._plans: dict[Any, Plan] = {}
         self._lock = threading.Lock()
-
-    def get(self, key: Any) -> Plan | None:
-        return self._plans.get(key)
 
     def put(self, key: Any, plan: Plan) -> None:
         with self._lock:
-            while len(self._plans) >= self.limit:
-                self._plans.pop(next(iter(self._plans)))
-            self._plans[key] = plan
+            while len(self) >= self.limit:
+                self.pop(next(iter(self)))
+            self[key] = plan
 
     def clear(self) -> None:
         with self._lock:
-            self._plans.clear()
-
-    def __len__(self) -> int:
-        return len(self._plans)
+            super().clear()
 
     def __deepcopy__(self, memo: dict) -> PlanCache:  # a copied module starts with no plans of its own
         return PlanCache(self.limit)
 
-    def __getstate__(self) -> dict:
-        return {"limit": self.limit}
+    def __copy__(self) -> PlanCache:
+        return PlanCache(self.limit)
 
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(state["limit"])
+    def __reduce__(self) -> tuple:  # pickled without its plans (compiled kernels' objects)
+        return PlanCache, (self.limit,)

@@ -125,7 +125,8 @@ class Positions:
             ids, torch.arange(self.start, self.start + ids.numel(), device=ids.device)
         ):
             raise InputError(
-                f"Positions: start={self.start} says the ids are {self.start} .. {self.start + ids.numel() - 1}, but they "
+                f"Positions: start={self.start} says the ids are {self.start} .. {self.start + ids.numel() - 1}, but "
+                "they "
                 f"are not (first id {int(ids[0])}); pass start=None or start={int(ids[0])}"
             )
 
@@ -194,24 +195,49 @@ def _integer_ids(position_ids: object, name: str) -> torch.Tensor:
     return position_ids
 
 
-def _read_range(ids: torch.Tensor, name: str, signed: bool = False) -> int | None:
-    """``max(ids) + 1`` with one read on the CPU; ``None`` elsewhere (accelerators, the meta device,
-    ``torch.compile``), where nothing is read. Unless ``signed`` the ids must be >= 0: raised on the
-    CPU, the caller's contract on accelerators (nothing read), an assertion in a compiled graph.
+def _read_range(ids: torch.Tensor, name: str, signed: bool = False) -> tuple[int | None, torch.Tensor]:
+    """``(max(ids) + 1, ids)`` with one read on the CPU; the bound is ``None`` elsewhere (accelerators, the meta
+    device, ``torch.compile``), where nothing is read. Unless ``signed`` the ids must be >= 0: raised on the
+    CPU (:func:`_check_nonnegative`: the smallest id is named, eager and compiled alike), the caller's contract
+    on accelerators (nothing read), an assertion in a compiled graph off the CPU. Compiled on the CPU the check
+    is an op in the graph (``rotary::checked_ids``) whose output the caller uses in place of ``ids``.
     ``signed`` (ids that only address rotations, any integer valid): no check, and ``None`` when an id
     is negative (no cached row holds it: its row is computed)."""
     if torch.compiler.is_compiling():
         if not signed:
+            if devices.host_checks(ids.device):  # eager's check and error, when the graph runs
+                return None, checked_ids(ids, name)
             torch._assert_async((ids >= 0).all(), name + " must be >= 0")
-        return None
+        return None, ids
     if not devices.host_checks(ids.device):  # no values read here (meta has none, a GPU would sync)
-        return None
+        return None, ids
     if not ids.numel():
-        return 0
+        return 0, ids
     low, high = (int(v) for v in torch.aminmax(ids))
     if low < 0 and not signed:
+        _check_nonnegative(low, name)
+    return None if low < 0 else high + 1, ids
+
+
+def _check_nonnegative(low: int, name: str) -> None:
+    """Refuse ids whose smallest value ``low`` is negative (several bad ids: the smallest is named)."""
+    if low < 0:
         raise InputError(f"{name} must be >= 0, got a minimum of {low}")
-    return None if low < 0 else high + 1
+
+
+@torch.library.custom_op("rotary::checked_ids", mutates_args=())
+def checked_ids(ids: torch.Tensor, name: str) -> torch.Tensor:
+    """Integer positions of a compiled call on the CPU, checked as the eager call checks them (an
+    :class:`~rotary.errors.InputError` naming the smallest id when it is negative), returned as a new tensor
+    that the call reads in place of ``ids`` (so the check stays in the graph)."""
+    if ids.numel():
+        _check_nonnegative(int(ids.min()), name)
+    return ids.clone()
+
+
+@checked_ids.register_fake
+def _(ids, name):
+    return torch.empty_like(ids)
 
 
 def integer_positions(position_ids: torch.Tensor, *, name: str = "position_ids") -> torch.Tensor:
@@ -223,9 +249,7 @@ def integer_positions(position_ids: torch.Tensor, *, name: str = "position_ids")
         >>> integer_positions(torch.tensor([[3], [4]], dtype=torch.int32)).dtype
         torch.int64
     """
-    ids = _integer_ids(position_ids, name).long()
-    _read_range(ids, name)
-    return ids
+    return _read_range(_integer_ids(position_ids, name).long(), name)[1]
 
 
 def check_position_ids(position_ids: torch.Tensor, *, name: str = "position_ids") -> torch.Tensor:
@@ -289,7 +313,7 @@ def from_ids(
                     "rotate: use rotary.MRoPE, or pass one row (ids[0]) for text"
                 )
             raise InputError(f"{name} must be {want}, got shape {tuple(ids.shape)}{hint}")
-        bound = _read_range(ids, name, signed=kernel_checked)  # kernel_checked: any integer is a rotation
+        bound, ids = _read_range(ids, name, signed=kernel_checked)  # kernel_checked: any integer is a rotation
         if bound is not None and not kernel_checked:
             _check_max_position(bound - 1, name)
         positions = Positions.unchecked(ids.long(), bound, axes, None, packed)
@@ -455,7 +479,8 @@ def from_call(
     if cu_seqlens is not None:
         if not packed:
             raise InputError(
-                f"cu_seqlens marks packed sequences: the inputs must be [total_tokens, H, D], got a batch of {batch} x {seq_len}"
+                f"cu_seqlens marks packed sequences: the inputs must be [total_tokens, H, D], got a batch of {batch} "
+                f"x {seq_len}"
             )
         if not isinstance(cu_seqlens, torch.Tensor):
             raise InputTypeError(f"cu_seqlens must be an integer tensor [N + 1], got {type(cu_seqlens).__name__}")
@@ -476,7 +501,8 @@ def from_call(
             else "packed [total_tokens, H, D] inputs need"
         )
         raise InputError(
-            f"{what} cu_seqlens or per-token position_ids [total_tokens] (with cu_seqlens, positions restart per sequence)"
+            f"{what} cu_seqlens or per-token position_ids [total_tokens] (with cu_seqlens, positions restart per "
+            "sequence)"
         )
     if seqlen_offsets is not None:
         starts = _offsets(seqlen_offsets, batch, device)

@@ -85,7 +85,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, *, eps: float = 1e-6, style:
         raise InputTypeError(f"x and weight must be tensors, got {type(x).__name__} and {type(weight).__name__}")
     if x.dtype not in _DTYPES:  # an integer x would come back truncated, a complex one without its imaginary part
         raise InputTypeError(
-            f"x must be fp32, bf16, fp16 or fp64, got dtype {x.dtype}; cast it (e.g. x.float()) and cast the result back"
+            f"x must be fp32, bf16, fp16 or fp64, got dtype {x.dtype}; cast it (e.g. x.float()) and cast the result "
+            "back"
         )
     if x.dim() == 0:
         raise InputError("x must be [..., D] (at least 1-D), got a 0-D tensor")
@@ -96,7 +97,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, *, eps: float = 1e-6, style:
 def _check_weight(weight: Any, name: str, x: torch.Tensor, head_dim: int) -> None:
     if not isinstance(weight, torch.Tensor):
         raise InputTypeError(
-            f"{name} must be a tensor [D] (the norm's weight, e.g. attention.q_norm.weight), got {type(weight).__name__}"
+            f"{name} must be a tensor [D] (the norm's weight, e.g. attention.q_norm.weight), got "
+            f"{type(weight).__name__}"
         )
     if weight.shape != (head_dim,):
         hint = ""
@@ -306,12 +308,16 @@ def _decide(
             or (rope.rows is not None and rope.rows.dtype != torch.int64)
         ):
             return GENERAL
-        signature = load_cpu_extension().norm_signature([q, k], [q_weight, k_weight], rope.cos, rope.sin, rope.rows)  # type: ignore[union-attr]
+        signature = load_cpu_extension().norm_signature(  # type: ignore[union-attr]
+            [q, k], [q_weight, k_weight], rope.cos, rope.sin, rope.rows
+        )
         return Plan("cpu", code, rope.interleaved, False, signature=signature)
     tables = None if hasattr(rope, "input_tables") else rope._plan_tables(q.device, table_dtype(q.dtype), position_ids)
     if tables is None:
         return GENERAL
-    signature = load_cpu_extension().norm_signature([q, k], [q_weight, k_weight], *tables[:2], position_ids)  # type: ignore[union-attr]
+    signature = load_cpu_extension().norm_signature(  # type: ignore[union-attr]
+        [q, k], [q_weight, k_weight], *tables[:2], position_ids
+    )
     return Plan("cpu", code, rope.interleaved, False, tables, signature, rope._guard())
 
 

@@ -47,7 +47,8 @@ def _mrope_message(settings: Any) -> str:
     if settings.interleaved:
         args.append("interleaved=True")
     return (
-        f"model_type {settings.model_type!r} uses multimodal RoPE (M-RoPE): mrope_section {section} (laid out {layout}) "
+        f"model_type {settings.model_type!r} uses multimodal RoPE (M-RoPE): mrope_section {section} (laid out "
+        f"{layout}) "
         "gives each frequency slot the temporal, height or width position of a token, which a 1-D RoPE cannot "
         f"represent; load it with rotary.MRoPE.from_hf_config(config) and pass positions [{axes}, B, S] "
         "(rotary.multimodal_positions(...) builds them for text, images and videos). On text alone (t = h = w) its "
@@ -163,10 +164,16 @@ class RoPE(TableSource):
                 "with_scaling keeps the base: drop rope_theta, or build a new RoPE with that base"
             )
         rope = type(self)(
-            self.head_dim, base=self.original_freqs.base, rotary_dim=self._frequency_args["rotary_dim"], scaling=block,
-            interleaved=self.interleaved, max_position=self.max_position, dynamic=self.dynamic,
-            strict=self._frequency_args["strict"], learnable_frequencies=self.learnable_frequencies,
-        )  # fmt: skip
+            self.head_dim,
+            base=self.original_freqs.base,
+            rotary_dim=self._frequency_args["rotary_dim"],
+            scaling=block,
+            interleaved=self.interleaved,
+            max_position=self.max_position,
+            dynamic=self.dynamic,
+            strict=self._frequency_args["strict"],
+            learnable_frequencies=self.learnable_frequencies,
+        )
         if self.log_frequency_scale is not None and rope.log_frequency_scale is not None:
             with torch.no_grad():  # the learned factors carry over to the rescaled frequencies
                 rope.log_frequency_scale.copy_(self.log_frequency_scale)
@@ -193,9 +200,15 @@ class RoPE(TableSource):
             raise InputError(f"{name} must be 4-D ([B, H, S, D] or [B, S, H, D]), got shape {tuple(x.shape)}")
         batch_dim, seq_dim = (0, 0) if packed else check_layout(layout)
         return P.from_call(  # type: ignore[return-value]  (default=True: never None)
-            batch=1 if packed else x.shape[batch_dim], seq_len=x.shape[seq_dim], packed=packed, device=x.device,
-            position_ids=position_ids, offset=offset, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
-        )  # fmt: skip
+            batch=1 if packed else x.shape[batch_dim],
+            seq_len=x.shape[seq_dim],
+            packed=packed,
+            device=x.device,
+            position_ids=position_ids,
+            offset=offset,
+            cu_seqlens=cu_seqlens,
+            max_seqlen=max_seqlen,
+        )
 
     def _check_head_dim(self, xs: tuple[torch.Tensor, ...], names: tuple[str, ...]) -> None:
         for x, name in zip(xs, names):
@@ -240,9 +253,9 @@ class RoPE(TableSource):
         key = self._key(q, k, position_ids, layout, inplace) if cu_seqlens is None and max_seqlen is None else None
         if key is not None:
             recorded = self._plans.get(key)
-            if recorded is not None and recorded.backend == "cpu":
-                out = self._run_plan(recorded, (q, k), position_ids, offset)
-                if out:  # (None or empty: values or a signature the plan does not cover)
+            if recorded is not None and recorded.run is not None and self._covers(recorded, offset):
+                out = R.run_plan(recorded, (q, k), offset, position_ids)
+                if out:  # (empty: a signature or rows the plan does not cover)
                     return out[0], out[1]
         flat = (q, k)
         q, k = self._split_flat(q, "q"), self._split_flat(k, "k")
@@ -293,10 +306,12 @@ class RoPE(TableSource):
         if recorded is None or recorded.backend != "cpu" or tables is None or any(x.dim() != 4 for x in xs):
             self._plans.put(key, plans.GENERAL)
             return
-        signature = load_cpu_extension().signature(list(xs), *tables[:2], position_ids, inplace)  # type: ignore[union-attr]
-        self._plans.put(
-            key, Plan("cpu", R.layout_code(layout, False), self.interleaved, inplace, tables, signature, self._guard())
-        )
+        ext = load_cpu_extension()
+        signature = ext.signature(list(xs), *tables[:2], position_ids, inplace)  # type: ignore[union-attr]
+        code = R.layout_code(layout, False)
+        kernel = ext.RopePlan(signature, *tables, code, self.interleaved, inplace)  # type: ignore[union-attr]
+        plan = Plan("cpu", code, self.interleaved, inplace, tables, signature, self._guard(), kernel.with_offset)
+        self._plans.put(key, plan)
 
     def _plan_tables(
         self, device: torch.device, dtype: torch.dtype, position_ids: torch.Tensor | None
@@ -323,11 +338,10 @@ class RoPE(TableSource):
     def _plan_window(
         self, plan: Plan, seq_len: int, position_ids: torch.Tensor | None, offset: object
     ) -> tuple[int, torch.Tensor | None, torch.Tensor | None] | None:
-        """``(row_offset, position_ids, frequencies)`` of a plan's call, or ``None`` when the plan does not cover
-        them.
-        """
-        buffer = self._buffers["inv_freq"]
-        if type(offset) is not int or plan.guard[0] is not buffer or plan.guard[1] != buffer._version:  # type: ignore[index]
+        """``(row_offset, position_ids, frequencies)`` of a recorded plan's call, or ``None`` when the plan does not
+        cover these values (its frequency buffer replaced or edited in place; an ``offset`` of another type,
+        negative, past the plan's table, or given with ``position_ids``)."""
+        if not self._covers(plan, offset):
             return None
         if position_ids is not None:
             return None if offset else (0, position_ids, plan.tables[2])  # type: ignore[index]
@@ -335,17 +349,13 @@ class RoPE(TableSource):
             return None
         return offset, None, None
 
-    def _run_plan(
-        self, plan: Plan, xs: tuple[torch.Tensor, ...], position_ids: torch.Tensor | None, offset: object
-    ) -> list[torch.Tensor] | None:
-        """A recorded plan's call, or ``None`` when the plan does not cover these values (an ``offset`` of another
-        type, negative, or past the plan's table; ``offset`` with ``position_ids``): the general path then names
-        the error, or grows the table and records a new plan."""
-        window = self._plan_window(plan, xs[0].shape[plan.layout], position_ids, offset)
-        if window is None:
-            return None
-        row_offset, ids, frequencies = window
-        return R.run_plan(plan, xs, plan.tables[0], plan.tables[1], ids, frequencies, row_offset)  # type: ignore[index]
+    def _covers(self, plan: Plan, offset: object) -> bool:
+        """Whether a recorded plan may take this call: an ``offset`` that is an int (the kernel's entry says the
+        rest: a negative one, one past the plan's table, or one given with ``position_ids`` is no call of the
+        plan's), and the plan's frequency buffer, neither replaced nor edited in place since."""
+        buffer = self._buffers["inv_freq"]
+        guard = plan.guard
+        return type(offset) is int and guard[0] is buffer and guard[1] == buffer._version  # type: ignore[index]
 
     def _split_flat(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """vLLM's ``[total_tokens, H * D]`` as packed ``[total_tokens, H, D]`` (other inputs unchanged)."""
@@ -376,8 +386,8 @@ class RoPE(TableSource):
         key = self._key(x, None, position_ids, layout, inplace) if cu_seqlens is None and max_seqlen is None else None
         if key is not None:
             recorded = self._plans.get(key)
-            if recorded is not None and recorded.backend == "cpu":
-                done = self._run_plan(recorded, (x,), position_ids, offset)
+            if recorded is not None and recorded.run is not None and self._covers(recorded, offset):
+                done = R.run_plan(recorded, (x,), offset, position_ids)
                 if done:
                     return done[0]
         original = x

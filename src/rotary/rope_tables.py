@@ -42,6 +42,32 @@ _OTHER_FREQUENCIES = (
 )
 
 
+def _made(
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    interleaved: bool,
+    rows: torch.Tensor | None = None,
+    frequencies: torch.Tensor | None = None,
+) -> RotaryTables:
+    """:class:`RotaryTables` of a :class:`TableSource`'s own making (its cache, or rows it computed from its
+    frequencies), valid by construction: their structure is not checked again (rows the host knows lie inside
+    the cache, grown to cover them). Under ``torch.compile``, :meth:`RotaryTables.unchecked`, which dynamo traces."""
+    if torch.compiler.is_compiling():
+        return RotaryTables.unchecked(cos, sin, interleaved, rows=rows, frequencies=frequencies)
+    tables = object.__new__(RotaryTables)
+    tables.__dict__.update(
+        cos=cos,
+        sin=sin,
+        interleaved=interleaved,
+        rows=rows,
+        k_cos=None,
+        k_sin=None,
+        heads=None,
+        frequencies=frequencies,
+    )
+    return tables
+
+
 def keep_float32(parameters: Sequence[nn.Parameter], apply: Callable[[], Any]) -> None:
     """Run ``apply`` (a module's ``nn.Module._apply``) and keep ``parameters`` fp32 with their values.
 
@@ -90,9 +116,12 @@ class TableSource(nn.Module):
         # deep copies: a scaling dict edited by the caller afterwards must not change this RoPE
         self._frequency_args: dict[str, Any] = dict(
             # the block as given (a string is frequencies()' ConfigError, not a dict-conversion error)
-            head_dim=head_dim, base=base, rotary_dim=rotary_dim, scaling=copy.deepcopy(scaling),
+            head_dim=head_dim,
+            base=base,
+            rotary_dim=rotary_dim,
+            scaling=copy.deepcopy(scaling),
             strict=check_bool(strict, "strict"),
-        )  # fmt: skip
+        )
         original = frequencies(**self._frequency_args)
         if not check_bool(learnable_frequencies, "learnable_frequencies"):  # learnable: tables never cached
             # the first call builds rows 0 .. max_position - 1 (fp32 cos and sin [max_position, r]): refuse a
@@ -278,9 +307,12 @@ class TableSource(nn.Module):
                 cache = self._caches.get(key)
                 if cache is None:
                     cache = TableCache(
-                        freqs.inv_freq, freqs.attention_scaling, self.interleaved, self.max_position,
+                        freqs.inv_freq,
+                        freqs.attention_scaling,
+                        self.interleaved,
+                        self.max_position,
                         limit=max(CACHE_ROWS, self.max_position),
-                    )  # fmt: skip
+                    )
                     self._caches[key] = cache
         return cache
 
@@ -327,7 +359,8 @@ class TableSource(nn.Module):
             bound = -1
         uncached = compiling or key is None or bound is None or learned is not None
         cache = None if uncached else self._cache(key, freqs)  # type: ignore[arg-type]
-        cached = None if cache is None else cache.get(ids.device, cache.length if bound == -1 else bound, dtype)  # type: ignore[arg-type]
+        needed = cache.length if cache is not None and bound == -1 else bound
+        cached = None if cache is None else cache.get(ids.device, needed, dtype)  # type: ignore[arg-type]
         if cached is None:  # rows for exactly these tokens (after the cache, which names a growth in a capture)
             inv_freq = self._inv_freq_on(freqs, ids.device)
             if learned is not None:  # θ_i · exp(α_i), differentiable in α: computed per call, never cached
@@ -336,19 +369,17 @@ class TableSource(nn.Module):
                 ids, inv_freq, attention_scaling=freqs.attention_scaling, interleaved=self.interleaved, dtype=dtype
             )
             if positions.packed:  # packed x addresses rows; here row t is token t
-                return RotaryTables.unchecked(
-                    cos, sin, self.interleaved, rows=torch.arange(ids.shape[0], device=ids.device)
-                )
-            return RotaryTables.unchecked(cos, sin, self.interleaved)
+                return _made(cos, sin, self.interleaved, torch.arange(ids.shape[0], device=ids.device))
+            return _made(cos, sin, self.interleaved)
         cos, sin = cached
         if positions.start is not None:  # consecutive positions: a slice of the cache, nothing gathered
             end = positions.start + ids.shape[0]
-            return RotaryTables.unchecked(cos[positions.start : end], sin[positions.start : end], self.interleaved)
+            return _made(cos[positions.start : end], sin[positions.start : end], self.interleaved)
         if bound != -1:  # the host knows the ids: the cache covers them
-            return RotaryTables.unchecked(cos, sin, self.interleaved, rows=ids)
+            return _made(cos, sin, self.interleaved, ids)
         # ids not read: a row the cache does not hold (past it, or negative) is computed by the kernel
         frequencies = self._row_frequencies_on(freqs, ids.device)  # type: ignore[arg-type]
-        return RotaryTables.unchecked(cos, sin, self.interleaved, rows=ids, frequencies=frequencies)
+        return _made(cos, sin, self.interleaved, ids, frequencies)
 
     def _row_frequencies_on(self, freqs: Frequencies, device: torch.device) -> torch.Tensor:
         """:func:`rotary.tables.row_frequencies` of ``freqs`` on ``device``, made once per device."""

@@ -66,7 +66,7 @@ def kernel_tables(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's ``[N, r]`` (``[N, H, r]``) form of a pair of tables in ``tables``' addressing."""
     cos, sin = pair
-    if tables.addressing == "per_token":
+    if tables.rows is None and cos.dim() - (tables.heads is not None) == 3:  # per-token [1 or B, S, (H,) r]
         if cos.shape[0] == 1:
             cos, sin = cos[0], sin[0]
         else:
@@ -149,7 +149,8 @@ def check_inplace_targets(xs: Sequence[torch.Tensor], names: Sequence[str]) -> N
             )
         if overlaps_itself(x):
             raise InputError(
-                f"{name} (shape {tuple(x.shape)}, strides {x.stride()}) has overlapping memory, e.g. keys expanded over "
+                f"{name} (shape {tuple(x.shape)}, strides {x.stride()}) has overlapping memory, e.g. keys expanded "
+                "over "
                 "heads: rotating it in place would turn shared elements several times; pass a tensor that owns its "
                 "memory or rotate out of place"
             )
@@ -315,25 +316,21 @@ def _decide(xs: Sequence[torch.Tensor], rotation: Rotation, tables: RotaryTables
         or ops.backend(rotation, (*rotation.xs, *rotation.outs)) != "cpu"
     ):
         return GENERAL
-    signature = load_cpu_extension().signature(list(xs), cos, sin, tables.rows, inplace)  # type: ignore[union-attr]
-    return Plan("cpu", layout, rotation.interleaved, inplace, signature=signature)
-
-
-def run_plan(
-    plan: Plan,
-    xs: Sequence[torch.Tensor],
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    rows: torch.Tensor | None,
-    frequencies: torch.Tensor | None,
-    offset: int = 0,
-) -> list[torch.Tensor]:
-    """A recorded ``"cpu"`` plan's call: ``xs`` in their layout to the compiled kernel's ``rope_layout`` (rows
-    ``offset ..`` of ``cos``/``sin``, or ``rows``; a row the table does not hold computed from ``frequencies``).
-    Empty (nothing done) when the call's tensors do not match the plan's signature."""
-    return load_cpu_extension().rope_layout(  # type: ignore[union-attr]
-        plan.signature, xs, cos, sin, offset, rows, plan.layout, plan.interleaved, plan.inplace, frequencies
+    ext = load_cpu_extension()
+    signature = ext.signature(list(xs), cos, sin, tables.rows, inplace)  # type: ignore[union-attr]
+    kernel = ext.RopePlan(  # type: ignore[union-attr]
+        signature, None, None, None, layout, rotation.interleaved, inplace
     )
+    return Plan("cpu", layout, rotation.interleaved, inplace, signature=signature, run=kernel.with_tables)
+
+
+def run_plan(plan: Plan, xs: Sequence[torch.Tensor], *args: object) -> list[torch.Tensor]:
+    """A recorded ``"cpu"`` plan's call: ``xs`` in their layout to the compiled kernel's ``rope_layout``, with
+    the arguments the plan's ``run`` takes: ``cos, sin, rows, frequencies`` (a :func:`rotate` plan: the call's
+    tables) or ``offset, position_ids`` (a :class:`rotary.RoPE`'s plan: its table, rows ``offset ..`` or the
+    ids' rows; a row the table does not hold computed from its frequencies). Empty (nothing done) when the
+    call's tensors do not match the plan's signature, or its rows lie outside the plan's table."""
+    return plan.run(xs, *args)
 
 
 def unview(out: torch.Tensor, layout: str, packed: bool) -> torch.Tensor:
@@ -375,11 +372,12 @@ def plan(
         for x, name in zip(xs[1:], names[1:]):
             if x.shape[0] != x0.shape[0] or x.shape[-1] != x0.shape[-1]:
                 raise InputError(
-                    f"{name} has shape {tuple(x.shape)} but {names[0]} has {tuple(x0.shape)}: need the same tokens and D"
+                    f"{name} has shape {tuple(x.shape)} but {names[0]} has {tuple(x0.shape)}: need the same tokens "
+                    "and D"
                 )
         batch, seq_len = 1, x0.shape[0]
     head_dim = x0.shape[-1]
-    r = tables.rotary_dim
+    r = tables.cos.shape[-1]
     if r > head_dim:
         raise InputError(
             f"cos/sin rotate r={r} channels but x has head_dim={head_dim}; r must be even and 0 < r <= head_dim"
@@ -500,7 +498,12 @@ def addressing(
 ) -> tuple[torch.Tensor | None, int, tuple[torch.Tensor, torch.Tensor]]:
     """Check that the tables fit the inputs; return the kernel's ``(positions, batch_rows, (cos, sin))``."""
     cos = tables.cos
-    mode = tables.addressing
+    # the tables' addressing (RotaryTables.addressing), read from their fields: a property call per call is
+    # a Python frame at a decoding step's cost
+    if tables.rows is not None:
+        mode = "indexed"
+    else:
+        mode = "shared" if cos.dim() - (tables.heads is not None) == 2 else "per_token"
 
     def where() -> str:  # formatted for a message only (this runs at every call)
         return f"x (layout {layout!r}, shape {tuple(shape)})" if not packed else f"packed x {tuple(shape)}"

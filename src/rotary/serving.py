@@ -520,18 +520,21 @@ def _check_shapes(q, k, v, k_cache, v_cache, slots) -> torch.Tensor:
     for name, cache, width in (("k_cache", k_cache, head_dim), ("v_cache", v_cache, v.shape[-1])):
         if cache.shape[0] not in (1, batch) or cache.shape[2] != heads or cache.shape[3] != width:
             raise InputError(
-                f"{name} {tuple(cache.shape)} (as [Bc, T_max, H, D]) does not fit {batch} sequences of {heads} heads of "
+                f"{name} {tuple(cache.shape)} (as [Bc, T_max, H, D]) does not fit {batch} sequences of {heads} heads "
+                "of "
                 f"{width} channels; make it [{batch} or 1, T_max, {heads}, {width}]"
             )
         source = k if name == "k_cache" else v
         if cache.dtype != source.dtype or cache.device != source.device:
             raise InputError(
-                f"{name} must have the dtype and device of {name[0]} ({source.dtype}, {source.device}), got {cache.dtype}, "
+                f"{name} must have the dtype and device of {name[0]} ({source.dtype}, {source.device}), got "
+                f"{cache.dtype}, "
                 f"{cache.device}"
             )
     if k_cache.shape[:2] != v_cache.shape[:2]:
         raise InputError(
-            f"k_cache and v_cache must have the same batch and length, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+            f"k_cache and v_cache must have the same batch and length, got {tuple(k_cache.shape)} and "
+            f"{tuple(v_cache.shape)}"
         )
     if slots.shape != (batch, seq_len) or slots.dtype not in (torch.int64, torch.int32) or slots.device != k.device:
         raise InputError(
@@ -576,7 +579,8 @@ def _(slots, cache_batch, length):
 
 def _slots_outside(low: int, high: int, length: int) -> str:
     return (
-        f"slots must be in 0 .. {length - 1} (the cache holds {length} rows), got {low} .. {high}; make the cache longer "
+        f"slots must be in 0 .. {length - 1} (the cache holds {length} rows), got {low} .. {high}; make the cache "
+        "longer "
         "or write fewer tokens"
     )
 
@@ -604,7 +608,8 @@ def _check_memory(q, k, v, k_cache, v_cache) -> None:
             )
         if cache.device.type != "meta" and overlaps_itself(cache):
             raise InputError(
-                f"{name} (shape {tuple(cache.shape)}, strides {cache.stride()}) has overlapping memory, e.g. expanded over "
+                f"{name} (shape {tuple(cache.shape)}, strides {cache.stride()}) has overlapping memory, e.g. "
+                "expanded over "
                 "the batch: several cache rows are one; allocate every row (torch.zeros(...)) or pass .contiguous()"
             )
     if k_cache.device.type == "meta":

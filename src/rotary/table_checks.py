@@ -104,7 +104,8 @@ def check_rows(cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, sample: 
         if other <= tol:
             raise InputError(
                 f"cos/sin are laid out for the {_PAIRING[not interleaved]} pairing but interleaved={interleaved} "
-                f"was requested; build them with RoPE(..., interleaved={interleaved}) or pass interleaved={not interleaved}"
+                f"was requested; build them with RoPE(..., interleaved={interleaved}) or pass "
+                f"interleaved={not interleaved}"
             )
         raise InputError(
             f"cos/sin fit neither pairing: the two channels of a pair differ by up to {wanted:.3g} for the "

@@ -31,9 +31,17 @@ from .table_checks import (
 )
 
 __all__ = [
-    "RotaryTables", "TableCache", "angles", "cos_sin_table", "gather_rows", "indexed_device", "expand_pairs",
-    "row_frequencies", "swapped_rows", "table_dtype",
-]  # fmt: skip
+    "RotaryTables",
+    "TableCache",
+    "angles",
+    "cos_sin_table",
+    "gather_rows",
+    "indexed_device",
+    "expand_pairs",
+    "row_frequencies",
+    "swapped_rows",
+    "table_dtype",
+]
 
 
 def table_dtype(x_dtype: torch.dtype) -> torch.dtype:
@@ -64,7 +72,8 @@ def angles(position_ids: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     axes = freq.shape[-2]
     if pos.shape[-1:] != (axes,):
         raise InputError(
-            f"positions {tuple(position_ids.shape)} need a last axis of {axes} coordinates for frequencies {tuple(inv_freq.shape)}"
+            f"positions {tuple(position_ids.shape)} need a last axis of {axes} coordinates for frequencies "
+            f"{tuple(inv_freq.shape)}"
         )
     if freq.dim() == 2:  # [..., A, 1] * [A, r/2], summed over A
         return (pos.unsqueeze(-1) * freq).sum(-2)
@@ -230,8 +239,16 @@ class RotaryTables:
             'shared'
         """
         tables = object.__new__(cls)
-        for name, value in (("cos", cos), ("sin", sin), ("interleaved", interleaved), ("rows", rows), ("k_cos", k_cos),
-                            ("k_sin", k_sin), ("heads", heads), ("frequencies", frequencies)):  # fmt: skip
+        for name, value in (
+            ("cos", cos),
+            ("sin", sin),
+            ("interleaved", interleaved),
+            ("rows", rows),
+            ("k_cos", k_cos),
+            ("k_sin", k_sin),
+            ("heads", heads),
+            ("frequencies", frequencies),
+        ):
             object.__setattr__(tables, name, value)
         tables._check_structure()
         return tables
@@ -243,7 +260,8 @@ class RotaryTables:
             raise InputTypeError("cos and sin must be tensors (use RoPE.tables(positions) to make them)")
         if cos.shape != sin.shape or cos.dtype != sin.dtype or cos.device != sin.device:
             raise InputError(
-                f"cos and sin must have the same shape, dtype and device; got {tuple(cos.shape)} {cos.dtype} {cos.device} and "
+                f"cos and sin must have the same shape, dtype and device; got {tuple(cos.shape)} {cos.dtype} "
+                f"{cos.device} and "
                 f"{tuple(sin.shape)} {sin.dtype} {sin.device}"
             )
         if not cos.is_floating_point():
@@ -508,9 +526,11 @@ class TableCache:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             have = 0 if tables is None else tables[0].shape[0]
             raise InputError(
-                f"rotary: the cos/sin tables on {device} hold {have} rows but this call needs {needed_length}, and they "
+                f"rotary: the cos/sin tables on {device} hold {have} rows but this call needs {needed_length}, and "
+                "they "
                 "cannot grow while a CUDA graph is being captured (growing allocates and copies from the host); "
-                f"call rope.prepare({needed_length}, device={str(device)!r}) (or RoPE(..., max_position=...)) before capturing"
+                f"call rope.prepare({needed_length}, device={str(device)!r}) (or RoPE(..., max_position=...)) before "
+                "capturing"
             )
         with self._lock, torch.inference_mode(False):
             tables = self._tables.get(key)
@@ -525,9 +545,12 @@ class TableCache:
             cpu = self._tables.get((torch.device("cpu"), dtype))
             if cpu is None or cpu[0].shape[0] < length:
                 cpu = cos_sin_table(
-                    torch.arange(length), self.inv_freq, attention_scaling=self.attention_scaling,
-                    interleaved=self.interleaved, dtype=dtype,
-                )  # fmt: skip
+                    torch.arange(length),
+                    self.inv_freq,
+                    attention_scaling=self.attention_scaling,
+                    interleaved=self.interleaved,
+                    dtype=dtype,
+                )
                 self._tables[(torch.device("cpu"), dtype)] = cpu
             tables = cpu if device.type == "cpu" else (cpu[0].to(device), cpu[1].to(device))
             self._tables[key] = tables

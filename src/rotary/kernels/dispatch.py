@@ -75,9 +75,12 @@ def rotate(
         results: list[torch.Tensor] = [xs[0]] * len(entries)
         for group in groups:
             rotated = ops.RotateInplace.apply(
-                rotation, tuple(entries[i][1] for i in group), *(entries[i][0] for i in group),
-                *(rotation.cos[i] for i in group), *(rotation.sin[i] for i in group),
-            )  # fmt: skip
+                rotation,
+                tuple(entries[i][1] for i in group),
+                *(entries[i][0] for i in group),
+                *(rotation.cos[i] for i in group),
+                *(rotation.sin[i] for i in group),
+            )
             for i, r in zip(group, (rotated,) if len(group) == 1 else rotated):
                 views = entries[i][1]
                 results[i] = r if views is None else views[0](r)

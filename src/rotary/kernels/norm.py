@@ -111,10 +111,19 @@ def run(rotation: Rotation, norm: Norm, rstds: tuple[torch.Tensor, ...]) -> None
     if backend_name == "cpu":
         weights = [effective_weight(w, norm.gemma, compute_dtype(x)) for w, x in zip(norm.weights, rotation.xs)]
         load_cpu_extension().rmsnorm_rope(  # type: ignore[union-attr]
-            list(rotation.xs), list(rotation.outs), list(rstds), weights, list(rotation.cos), list(rotation.sin),
-            rotation.positions, rotation.batch_rows, rotation.interleaved, norm.round_normed, norm.eps,
+            list(rotation.xs),
+            list(rotation.outs),
+            list(rstds),
+            weights,
+            list(rotation.cos),
+            list(rotation.sin),
+            rotation.positions,
+            rotation.batch_rows,
+            rotation.interleaved,
+            norm.round_normed,
+            norm.eps,
             rotation.frequencies,
-        )  # fmt: skip
+        )
     elif backend_name == "triton":  # the weights as they are: the kernel widens them (and adds Gemma's 1) itself
         run_triton(rotation, [w.contiguous() for w in norm.weights], rstds, norm.round_normed, norm.eps)
     else:
@@ -161,14 +170,46 @@ if triton is not None:
 
     @triton.jit
     def _norm_rotate_heads(
-        X, OUT, RSTD, W, COS, SIN, FREQ, b, s, t, p, computed, poison, heads, H, eps, table_stride, head_stride,
-        sxb, sxs, sxh, sob, sos, soh, srb, srs, srh,
-        HALF: tl.constexpr, D: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_REST: tl.constexpr,
-        INTERLEAVED: tl.constexpr, ROUND_NORMED: tl.constexpr, FP64: tl.constexpr, COMPUTE: tl.constexpr,
-    ):  # fmt: skip
-        """Normalise and rotate a block of heads of token (b, s) with row ``t`` (or position ``p``); each channel
-        loaded once.
-        """
+        X,
+        OUT,
+        RSTD,
+        W,
+        COS,
+        SIN,
+        FREQ,
+        b,
+        s,
+        t,
+        p,
+        computed,
+        poison,
+        heads,
+        H,
+        eps,
+        table_stride,
+        head_stride,
+        sxb,
+        sxs,
+        sxh,
+        sob,
+        sos,
+        soh,
+        srb,
+        srs,
+        srh,
+        HALF: tl.constexpr,
+        D: tl.constexpr,
+        BLOCK_P: tl.constexpr,
+        BLOCK_REST: tl.constexpr,
+        INTERLEAVED: tl.constexpr,
+        ROUND_NORMED: tl.constexpr,
+        FP64: tl.constexpr,
+        COMPUTE: tl.constexpr,
+    ):
+        """Normalise and rotate ``heads`` (a block of head indices, masked by ``< H``) of token (b, s)
+        with table row ``t`` (or the row computed at position ``p``: :func:`.triton.table_pairs`);
+        ``poison`` is 0, or NaN for a token outside a table that cannot compute its rows. Each channel is
+        loaded once: the pairs' two halves, and the channels past the rotated ones."""
         compute = tl.float64 if FP64 else tl.float32
         dtype = OUT.dtype.element_ty
         live = heads < H
@@ -182,9 +223,23 @@ if triton is not None:
             mask = live[:, None] & (j < 2 * HALF)[None, :]
             a, z = split_pairs(tl.load(x + j[None, :], mask=mask, other=0.0), BLOCK_P)
             c, sn = table_pairs(
-                COS, SIN, FREQ, t, p, computed, heads, live, table_stride, head_stride, HALF, BLOCK_P, INTERLEAVED,
-                False, COMPUTE, FP64,
-            )  # fmt: skip
+                COS,
+                SIN,
+                FREQ,
+                t,
+                p,
+                computed,
+                heads,
+                live,
+                table_stride,
+                head_stride,
+                HALF,
+                BLOCK_P,
+                INTERLEAVED,
+                False,
+                COMPUTE,
+                FP64,
+            )
             # the weight last: its row goes through shared memory into the pairs' layout (a barrier)
             wa, wz = split_pairs(tl.load(W + j[None, :], mask=(j < 2 * HALF)[None, :], other=0.0), BLOCK_P)
         else:
@@ -195,9 +250,23 @@ if triton is not None:
             wa = tl.load(W + pair, mask=pair < HALF, other=0.0)[None, :]
             wz = tl.load(W + HALF + pair, mask=pair < HALF, other=0.0)[None, :]
             c, sn = table_pairs(
-                COS, SIN, FREQ, t, p, computed, heads, live, table_stride, head_stride, HALF, BLOCK_P, INTERLEAVED,
-                False, COMPUTE, FP64,
-            )  # fmt: skip
+                COS,
+                SIN,
+                FREQ,
+                t,
+                p,
+                computed,
+                heads,
+                live,
+                table_stride,
+                head_stride,
+                HALF,
+                BLOCK_P,
+                INTERLEAVED,
+                False,
+                COMPUTE,
+                FP64,
+            )
         if D > 2 * HALF:
             rest = 2 * HALF + tl.arange(0, BLOCK_REST)
             rest_mask = live[:, None] & (rest < D)[None, :]
@@ -243,14 +312,63 @@ if triton is not None:
 
     @triton.jit
     def _norm_rotary_kernel(
-        XQ, OUTQ, RSTDQ, WQ, COSQ, SINQ, XK, OUTK, RSTDK, WK, COSK, SINK, POS, FREQ,
-        S, HQ, HK, Q_BLOCKS, table_rows, batch_rows, spb, sps, eps: tl.float64,
-        tq_stride, tq_head, sqb, sqs, sqh, soqb, soqs, soqh, srqb, srqs, srqh,
-        tk_stride, tk_head, skb, sks, skh, sokb, soks, sokh, srkb, srks, srkh,
-        HALF: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_REST: tl.constexpr,
-        INTERLEAVED: tl.constexpr, ROUND_NORMED: tl.constexpr, HAS_POSITIONS: tl.constexpr, FP64: tl.constexpr,
-        WIDE: tl.constexpr, COMPUTE: tl.constexpr,
-    ):  # fmt: skip
+        XQ,
+        OUTQ,
+        RSTDQ,
+        WQ,
+        COSQ,
+        SINQ,
+        XK,
+        OUTK,
+        RSTDK,
+        WK,
+        COSK,
+        SINK,
+        POS,
+        FREQ,
+        S,
+        HQ,
+        HK,
+        Q_BLOCKS,
+        table_rows,
+        batch_rows,
+        spb,
+        sps,
+        eps: tl.float64,
+        tq_stride,
+        tq_head,
+        sqb,
+        sqs,
+        sqh,
+        soqb,
+        soqs,
+        soqh,
+        srqb,
+        srqs,
+        srqh,
+        tk_stride,
+        tk_head,
+        skb,
+        sks,
+        skh,
+        sokb,
+        soks,
+        sokh,
+        srkb,
+        srks,
+        srkh,
+        HALF: tl.constexpr,
+        D: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+        BLOCK_P: tl.constexpr,
+        BLOCK_REST: tl.constexpr,
+        INTERLEAVED: tl.constexpr,
+        ROUND_NORMED: tl.constexpr,
+        HAS_POSITIONS: tl.constexpr,
+        FP64: tl.constexpr,
+        WIDE: tl.constexpr,
+        COMPUTE: tl.constexpr,
+    ):
         # program (token, head block): blocks 0 .. Q_BLOCKS - 1 take q's heads, the rest k's (one launch for
         # both, as the rotation kernel; positions handled as there)
         row = tl.program_id(0)
@@ -267,17 +385,81 @@ if triton is not None:
         if block < Q_BLOCKS:
             heads = block * BLOCK_H + tl.arange(0, BLOCK_H)
             _norm_rotate_heads(
-                XQ, OUTQ, RSTDQ, WQ, COSQ, SINQ, FREQ, b, s, t, p, computed, poison, heads, HQ, eps, tq_stride,
-                tq_head, sqb, sqs, sqh, soqb, soqs, soqh, srqb, srqs, srqh,
-                HALF, D, BLOCK_P, BLOCK_REST, INTERLEAVED, ROUND_NORMED, FP64, COMPUTE,
-            )  # fmt: skip
+                XQ,
+                OUTQ,
+                RSTDQ,
+                WQ,
+                COSQ,
+                SINQ,
+                FREQ,
+                b,
+                s,
+                t,
+                p,
+                computed,
+                poison,
+                heads,
+                HQ,
+                eps,
+                tq_stride,
+                tq_head,
+                sqb,
+                sqs,
+                sqh,
+                soqb,
+                soqs,
+                soqh,
+                srqb,
+                srqs,
+                srqh,
+                HALF,
+                D,
+                BLOCK_P,
+                BLOCK_REST,
+                INTERLEAVED,
+                ROUND_NORMED,
+                FP64,
+                COMPUTE,
+            )
         else:
             heads = (block - Q_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
             _norm_rotate_heads(
-                XK, OUTK, RSTDK, WK, COSK, SINK, FREQ, b, s, t, p, computed, poison, heads, HK, eps, tk_stride,
-                tk_head, skb, sks, skh, sokb, soks, sokh, srkb, srks, srkh,
-                HALF, D, BLOCK_P, BLOCK_REST, INTERLEAVED, ROUND_NORMED, FP64, COMPUTE,
-            )  # fmt: skip
+                XK,
+                OUTK,
+                RSTDK,
+                WK,
+                COSK,
+                SINK,
+                FREQ,
+                b,
+                s,
+                t,
+                p,
+                computed,
+                poison,
+                heads,
+                HK,
+                eps,
+                tk_stride,
+                tk_head,
+                skb,
+                sks,
+                skh,
+                sokb,
+                soks,
+                sokh,
+                srkb,
+                srks,
+                srkh,
+                HALF,
+                D,
+                BLOCK_P,
+                BLOCK_REST,
+                INTERLEAVED,
+                ROUND_NORMED,
+                FP64,
+                COMPUTE,
+            )
 
 
 def run_triton(
@@ -294,9 +476,14 @@ def run_triton(
 
 
 def _launch(
-    rotation: Rotation, weights: list[torch.Tensor], rstds: tuple[torch.Tensor, ...], round_normed: bool, eps: float,
-    i: int, j: int | None,
-) -> None:  # fmt: skip
+    rotation: Rotation,
+    weights: list[torch.Tensor],
+    rstds: tuple[torch.Tensor, ...],
+    round_normed: bool,
+    eps: float,
+    i: int,
+    j: int | None,
+) -> None:
     r = rotation.rotary_dim
     positions = rotation.positions
     x, out, rstd, w = rotation.xs[i], rotation.outs[i], rstds[i], weights[i]
@@ -319,15 +506,51 @@ def _launch(
     grid = (B * S, q_blocks + triton_kernel.cdiv(HK, block_h))
     head = lambda t: t.stride(1) if t.dim() == 3 else 0  # noqa: E731  (per-head tables [N, H, r])
     _norm_rotary_kernel[grid](
-        x, out, rstd, w, cos, sin, xk, outk, rstdk, wk, cos_k, sin_k, pos, rotation.frequencies if compute else cos,
-        S, HQ, HK, q_blocks, cos.shape[0], rotation.batch_rows, spb, sps, eps,
-        cos.stride(0), head(cos), *x.stride()[:3], *out.stride()[:3], *rstd.stride(),
-        cos_k.stride(0), head(cos_k), *xk.stride()[:3], *outk.stride()[:3], *rstdk.stride(),
-        HALF=r // 2, D=D, BLOCK_H=block_h, BLOCK_P=triton_kernel.next_power_of_2(r // 2),
-        BLOCK_REST=triton_kernel.next_power_of_2(max(D - r, 1)), INTERLEAVED=rotation.interleaved,
-        ROUND_NORMED=round_normed, HAS_POSITIONS=positions is not None, FP64=x.dtype == torch.float64,
-        WIDE=triton_kernel.wide_offsets(x, out, xk, outk, cos, cos_k), COMPUTE=compute,
-    )  # fmt: skip
+        x,
+        out,
+        rstd,
+        w,
+        cos,
+        sin,
+        xk,
+        outk,
+        rstdk,
+        wk,
+        cos_k,
+        sin_k,
+        pos,
+        rotation.frequencies if compute else cos,
+        S,
+        HQ,
+        HK,
+        q_blocks,
+        cos.shape[0],
+        rotation.batch_rows,
+        spb,
+        sps,
+        eps,
+        cos.stride(0),
+        head(cos),
+        *x.stride()[:3],
+        *out.stride()[:3],
+        *rstd.stride(),
+        cos_k.stride(0),
+        head(cos_k),
+        *xk.stride()[:3],
+        *outk.stride()[:3],
+        *rstdk.stride(),
+        HALF=r // 2,
+        D=D,
+        BLOCK_H=block_h,
+        BLOCK_P=triton_kernel.next_power_of_2(r // 2),
+        BLOCK_REST=triton_kernel.next_power_of_2(max(D - r, 1)),
+        INTERLEAVED=rotation.interleaved,
+        ROUND_NORMED=round_normed,
+        HAS_POSITIONS=positions is not None,
+        FP64=x.dtype == torch.float64,
+        WIDE=triton_kernel.wide_offsets(x, out, xk, outk, cos, cos_k),
+        COMPUTE=compute,
+    )
 
 
 # forward and backward ----------------------------------------------------------------------------
@@ -363,9 +586,12 @@ def backward(
     xs = [rotation.xs[i] for i in present]
     gs = tuple(grads[i].to(compute_dtype(x)) for i, x in zip(present, xs))  # type: ignore[union-attr]
     back = rotation.replace(
-        xs=gs, outs=gs, cos=tuple(rotation.cos[i] for i in present), sin=tuple(rotation.sin[i] for i in present),
+        xs=gs,
+        outs=gs,
+        cos=tuple(rotation.cos[i] for i in present),
+        sin=tuple(rotation.sin[i] for i in present),
         conjugate=True,
-    )  # fmt: skip
+    )
     if op:
         g_ys = ops.rotation_op(
             list(back.xs), list(back.cos), list(back.sin), back.positions, back.batch_rows, back.interleaved, True
@@ -469,9 +695,16 @@ def apply(rotation: Rotation, norm: Norm) -> list[torch.Tensor]:
     xs = rotation.xs
     if torch.compiler.is_compiling():
         outs = norm_rotation_op(
-            list(xs), list(norm.weights), list(rotation.cos), list(rotation.sin), rotation.positions,
-            rotation.batch_rows, rotation.interleaved, norm.gemma, norm.eps,
-        )  # fmt: skip
+            list(xs),
+            list(norm.weights),
+            list(rotation.cos),
+            list(rotation.sin),
+            rotation.positions,
+            rotation.batch_rows,
+            rotation.interleaved,
+            norm.gemma,
+            norm.eps,
+        )
         return list(outs[: len(xs)])
     if torch.is_grad_enabled() and any(t.requires_grad for t in (*xs, *norm.weights)):
         return list(NormRotate.apply(rotation, norm, *xs, *norm.weights))

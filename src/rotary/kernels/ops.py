@@ -91,9 +91,16 @@ def run(rotation: Rotation) -> None:
     if chosen == "cpu":
         ext = load_cpu_extension()
         ext.rope(  # type: ignore[union-attr]
-            list(rotation.xs), list(rotation.outs), list(rotation.cos), list(rotation.sin), rotation.positions,
-            rotation.batch_rows, rotation.interleaved, rotation.conjugate, rotation.frequencies,
-        )  # fmt: skip
+            list(rotation.xs),
+            list(rotation.outs),
+            list(rotation.cos),
+            list(rotation.sin),
+            rotation.positions,
+            rotation.batch_rows,
+            rotation.interleaved,
+            rotation.conjugate,
+            rotation.frequencies,
+        )
     elif chosen == "triton":
         triton_kernel.run_triton(rotation)
     else:
@@ -113,9 +120,15 @@ def _token_table_grads(rotation: Rotation, grads: tuple[torch.Tensor, ...]) -> l
         )
     if chosen == "cpu":
         load_cpu_extension().rope_table_grad(  # type: ignore[union-attr]
-            list(rotation.xs), list(grads), list(rotation.cos), list(rotation.sin), [b[0] for b in buffers],
-            [b[1] for b in buffers], rotation.interleaved, rotation.conjugate,
-        )  # fmt: skip
+            list(rotation.xs),
+            list(grads),
+            list(rotation.cos),
+            list(rotation.sin),
+            [b[0] for b in buffers],
+            [b[1] for b in buffers],
+            rotation.interleaved,
+            rotation.conjugate,
+        )
     else:
         triton_kernel.table_grad_triton(rotation, grads, buffers)
     return buffers
@@ -227,7 +240,7 @@ def _rotate_back(
         outs = tuple(
             torch.empty_like(g) if strides is None else g.new_empty_strided(g.shape, strides[i])
             for i, g in zip(present, gs)
-        )  # fmt: skip
+        )
         run(conj.replace(outs=outs))
     for i, out in zip(present, outs):
         results[i] = out

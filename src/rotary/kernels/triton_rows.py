@@ -97,20 +97,34 @@ if triton is not None:
         quadrant = q & 3  # θ = z + quadrant * π/2
         cos = tl.where(quadrant == 0, c, tl.where(quadrant == 1, -s, tl.where(quadrant == 2, -c, s)))
         sin = tl.where(quadrant == 0, s, tl.where(quadrant == 1, c, tl.where(quadrant == 2, -s, -c)))
-        return cos, sin  # fmt: skip
+        return cos, sin
 
     @triton.jit
     def table_pairs(
-        COS, SIN, FREQ, t, p, computed, heads, live, table_stride, head_stride,
-        HALF: tl.constexpr, BLOCK_P: tl.constexpr, INTERLEAVED: tl.constexpr, PAIR_TABLES: tl.constexpr,
-        COMPUTE: tl.constexpr, FP64: tl.constexpr,
-    ):  # fmt: skip
-        """cos and sin ``[BLOCK_H, BLOCK_P]`` of each pair of ``heads`` at row ``t``, or computed at ``p``
-        (``COMPUTE``).
-
-        ``FREQ`` is float64 ``[HALF + 1]`` (frequencies, then the scaling); ``PAIR_TABLES``: one value per pair
-        (vLLM's ``cos_sin_cache`` halves), else one per channel.
-        """
+        COS,
+        SIN,
+        FREQ,
+        t,
+        p,
+        computed,
+        heads,
+        live,
+        table_stride,
+        head_stride,
+        HALF: tl.constexpr,
+        BLOCK_P: tl.constexpr,
+        INTERLEAVED: tl.constexpr,
+        PAIR_TABLES: tl.constexpr,
+        COMPUTE: tl.constexpr,
+        FP64: tl.constexpr,
+    ):
+        """The cos and sin of each pair of ``heads`` (masked by ``live``) at table row ``t``, ``[BLOCK_H,
+        BLOCK_P]`` in the arithmetic dtype. With ``COMPUTE``, a token whose position ``p`` is not a row of
+        the table (``computed``) gets them computed from the frequencies instead: ``FREQ`` is float64
+        ``[HALF + 1]`` (the frequencies, then the attention scaling), the angle ``p * f`` is formed in
+        float64 and the value rounded to the table dtype, as the table's own rows were made.
+        Table rows hold one value per channel (``c[2i] == c[2i + 1]`` interleaved, read as contiguous rows
+        and split in registers), or with ``PAIR_TABLES`` one per pair (vLLM's ``cos_sin_cache`` halves)."""
         compute = tl.float64 if FP64 else tl.float32
         pair = tl.arange(0, BLOCK_P)
         if INTERLEAVED and not PAIR_TABLES:
@@ -140,14 +154,23 @@ if triton is not None:
 
     @triton.jit
     def token_row(
-        POS, row, S, table_rows, batch_rows, spb, sps, HAS_POSITIONS: tl.constexpr, COMPUTE: tl.constexpr,
+        POS,
+        row,
+        S,
+        table_rows,
+        batch_rows,
+        spb,
+        sps,
+        HAS_POSITIONS: tl.constexpr,
+        COMPUTE: tl.constexpr,
         FP64: tl.constexpr,
-    ):  # fmt: skip
-        """Per-token prologue: ``(b, s, t, p, computed, poison)`` of program row ``row``; outside the table, row 0 is
-        read.
-
-        ``computed``: the row is computed from the position (``COMPUTE``); ``poison``: 0, or NaN where it cannot be.
-        """
+    ):
+        """The per-token prologue of every kernel: program row ``row`` is token (b, s); returns
+        ``(b, s, t, p, computed, poison)``: ``t`` the token's table row, ``p`` its position, ``computed``
+        whether the position is not a row of the table and its row is computed (``COMPUTE``: the call's
+        tables come with their frequencies), and ``poison`` 0, or NaN for a position outside a table that
+        cannot compute its rows (a caller's table: the position breaks the caller's contract). A token
+        outside the table reads row 0, never memory past the table."""
         b = row // S
         s = row % S
         compute = tl.float64 if FP64 else tl.float32

@@ -3,6 +3,7 @@
 
 #include "rotary.h"
 
+#include <ATen/EmptyTensor.h>
 #include <c10/core/InferenceMode.h>
 
 // xs[i], outs[i]: [B, S, H_i, D] (outs[i] may be xs[i] itself: in place). cos[i]/sin[i]: the table of
@@ -89,42 +90,73 @@ struct Signature {
   std::vector<int64_t> fields;
 };
 
-inline void add_tensor(std::vector<int64_t>& v, const at::Tensor& t) {
+// Where a signature's fields go: appended to a new signature (Record), or compared in order with a recorded one
+// (Match: no allocation, and it stops reading at the first difference).
+struct Record {
+  std::vector<int64_t>& v;
+  void operator()(int64_t x) { v.push_back(x); }
+};
+
+struct Match {
+  const std::vector<int64_t>& v;
+  size_t i = 0;
+  bool same = true;
+  void operator()(int64_t x) {
+    if (same) same = i < v.size() && v[i++] == x;
+  }
+  bool done() const { return same && i == v.size(); }
+};
+
+template <class Sink>
+inline void add_tensor(Sink& out, const at::Tensor& t) {
   if (!t.defined()) {
-    v.push_back(-1);
+    out(-1);
     return;
   }
   if (!t.has_storage()) {  // torch.func's wrappers: never the signature of a recorded plan
-    v.push_back(-2);
+    out(-2);
     return;
   }
-  v.push_back(t.dim());
-  for (const auto n : t.sizes()) v.push_back(n);
-  for (const auto n : t.strides()) v.push_back(n);
-  v.push_back(t.storage_offset());
-  v.push_back(static_cast<int64_t>(t.scalar_type()));
-  v.push_back(static_cast<int64_t>(t.device().type()));
-  v.push_back(t.device().index());
-  v.push_back(t.requires_grad());
-  v.push_back(t.is_inference());
+  out(t.dim());
+  for (const auto n : t.sizes()) out(n);
+  for (const auto n : t.strides()) out(n);
+  out(t.storage_offset());
+  out(static_cast<int64_t>(t.scalar_type()));
+  out(static_cast<int64_t>(t.device().type()));
+  out(t.device().index());
+  out(t.requires_grad());
+  out(t.is_inference());
+}
+
+template <class Sink>
+void signature_fields(Sink& out, const std::vector<at::Tensor>& xs, const at::Tensor& cos, const at::Tensor& sin,
+                      const std::optional<at::Tensor>& positions, bool inplace) {
+  out(at::GradMode::is_enabled());
+  out(c10::InferenceMode::is_enabled());
+  out(static_cast<int64_t>(xs.size()));
+  for (const auto& x : xs) add_tensor(out, x);
+  add_tensor(out, cos);
+  add_tensor(out, sin);
+  add_tensor(out, positions.has_value() ? *positions : at::Tensor());
+  if (inplace)
+    for (size_t i = 1; i < xs.size(); ++i)
+      out(xs[i].has_storage() && xs[0].has_storage() && xs[i].storage().is_alias_of(xs[0].storage()));
 }
 
 Signature signature_of(const std::vector<at::Tensor>& xs, const at::Tensor& cos, const at::Tensor& sin,
                        const std::optional<at::Tensor>& positions, bool inplace) {
   Signature sig;
-  auto& v = sig.fields;
-  v.reserve(64);
-  v.push_back(at::GradMode::is_enabled());
-  v.push_back(c10::InferenceMode::is_enabled());
-  v.push_back(static_cast<int64_t>(xs.size()));
-  for (const auto& x : xs) add_tensor(v, x);
-  add_tensor(v, cos);
-  add_tensor(v, sin);
-  add_tensor(v, positions.has_value() ? *positions : at::Tensor());
-  if (inplace)
-    for (size_t i = 1; i < xs.size(); ++i)
-      v.push_back(xs[i].has_storage() && xs[0].has_storage() && xs[i].storage().is_alias_of(xs[0].storage()));
+  sig.fields.reserve(64);
+  Record record{sig.fields};
+  signature_fields(record, xs, cos, sin, positions, inplace);
   return sig;
+}
+
+bool matches(const Signature& expected, const std::vector<at::Tensor>& xs, const at::Tensor& cos, const at::Tensor& sin,
+             const std::optional<at::Tensor>& positions, bool inplace) {
+  Match match{expected.fields};
+  signature_fields(match, xs, cos, sin, positions, inplace);
+  return match.done();
 }
 
 // The views and the table window of a recorded plan's call (rope_layout, rmsnorm_rope_layout): xs[i] as
@@ -138,8 +170,10 @@ struct LayoutCall {
   std::optional<at::Tensor> ids;
 };
 
-LayoutCall layout_call(const std::vector<at::Tensor>& xs, const at::Tensor& cos, const at::Tensor& sin,
-                       int64_t row_offset, const std::optional<at::Tensor>& positions, int64_t layout) {
+// A window of rows outside the table is no call of the plan's: nullopt (nothing done; the general path grows the
+// table, or names the offset).
+std::optional<LayoutCall> layout_call(const std::vector<at::Tensor>& xs, const at::Tensor& cos, const at::Tensor& sin,
+                                      int64_t row_offset, const std::optional<at::Tensor>& positions, int64_t layout) {
   TORCH_CHECK(!xs.empty() && (layout == 0 || layout == 1 || layout == 2), "rotary: a plan's call needs inputs and a layout");
   LayoutCall call;
   call.views.reserve(xs.size());
@@ -162,8 +196,7 @@ LayoutCall layout_call(const std::vector<at::Tensor>& xs, const at::Tensor& cos,
       call.batch_rows = S;
     }
   } else {
-    TORCH_CHECK(row_offset >= 0 && row_offset + S <= cos.size(0), "rotary: rows ", row_offset, " .. ", row_offset + S - 1,
-                " are outside the cos/sin table of ", cos.size(0), " rows");
+    if (row_offset < 0 || row_offset + S > cos.size(0)) return std::nullopt;
     if (row_offset != 0 || cos.size(0) != S) {
       call.cos = cos.narrow(0, row_offset, S);
       call.sin = sin.narrow(0, row_offset, S);
@@ -177,6 +210,105 @@ inline at::Tensor unview(const at::Tensor& o, int64_t layout) {
   return layout == 0 ? o.squeeze(0) : layout == 2 ? o.transpose(1, 2) : o;
 }
 
+// A tensor in the caller's layout read as the kernel's [B, S, H, D] (layout_call's view), without making the view:
+// its sizes and the strides of B, S and H.
+struct Dims {
+  int64_t B, S, H, D, sb, ss, sh;
+};
+
+inline Dims kernel_dims(const at::Tensor& t, int64_t layout) {
+  if (layout == 0) return {1, t.size(0), t.size(1), t.size(2), 0, t.stride(0), t.stride(1)};
+  if (layout == 2) return {t.size(0), t.size(2), t.size(1), t.size(3), t.stride(0), t.stride(2), t.stride(1)};
+  return {t.size(0), t.size(1), t.size(2), t.size(3), t.stride(0), t.stride(1), t.stride(2)};
+}
+
+// rope_layout's call on a table [N, r] (rows offset .. or position ids) or the tokens' own rows, for inputs whose outputs are allocated
+// with their own strides (dense, or in place): the kernel's views, the table window and the expansion of the ids
+// are strides and pointers here, not tensors (each tensor op costs about a microsecond at a decoding step). The
+// outputs have the strides empty_like gives the views in layout_call, so the results are those of that path.
+// nullopt when the call is not one this handles (the caller takes layout_call); {} for rows outside the table.
+std::optional<std::vector<at::Tensor>> rope_direct(const std::vector<at::Tensor>& xs, const at::Tensor& cos,
+                                                   const at::Tensor& sin, int64_t row_offset,
+                                                   const std::optional<at::Tensor>& positions, int64_t layout,
+                                                   bool interleaved, bool inplace,
+                                                   const std::optional<at::Tensor>& frequencies) {
+  if (xs.empty() || cos.dim() < 2 || cos.dim() > 3 || (layout != 0 && layout != 1 && layout != 2)) return std::nullopt;
+  for (const auto& x : xs)
+    if (x.dim() != (layout == 0 ? 3 : 4) || !x.is_cpu() || (!inplace && !x.is_non_overlapping_and_dense()))
+      return std::nullopt;
+  const Dims d0 = kernel_dims(xs[0], layout);
+  const int64_t r = cos.size(-1);
+  const auto table_type = cos.scalar_type();
+  TORCH_CHECK(table_type == at::kFloat || (table_type == at::kDouble && xs[0].scalar_type() == at::kDouble),
+              "rotary: tables must be fp32 (or float64 for float64 inputs)");
+  TORCH_CHECK(r > 0 && r % 2 == 0 && r <= d0.D && cos.stride(-1) == 1 && sin.scalar_type() == table_type &&
+                  sin.sizes() == cos.sizes() && sin.strides() == cos.strides(),
+              "rotary: cos/sin must be [N, r] of one dtype with unit column stride and equal strides");
+  const bool ids = positions.has_value() && positions->defined();
+  // the table's rows: [N, r]; or the tokens' own rows [1, S, r] (shared by the batch) or [B, S, r] (row b * S + s,
+  // when its batch stride is S rows: layout_call's flatten is then a view)
+  Rows rows{nullptr, 0, 0, 0, cos.size(0), nullptr};
+  int64_t row_stride = cos.stride(0), first = 0;
+  if (cos.dim() == 3) {
+    if (ids || cos.size(1) != d0.S || (cos.size(0) != 1 && cos.size(0) != d0.B)) return std::nullopt;
+    const bool batched = cos.size(0) > 1;
+    if (batched && d0.S > 1 && cos.stride(0) != d0.S * cos.stride(1)) return std::nullopt;
+    row_stride = batched && d0.S == 1 ? cos.stride(0) : cos.stride(1);  // (one token: row b is batch b)
+    rows.table_rows = cos.size(0) * d0.S;
+    rows.batch_rows = cos.size(0) > 1 ? d0.S : 0;
+  } else if (ids) {
+    const at::Tensor& p = *positions;
+    TORCH_CHECK(p.scalar_type() == at::kLong && p.dim() >= 1 && p.dim() <= 2 && p.size(-1) == d0.S &&
+                    (p.dim() == 1 || p.size(0) == 1 || p.size(0) == d0.B) && (layout != 0 || p.dim() == 1),
+                "rotary: positions must be int64 [S], [1, S] or [B, S] ([T] packed)");
+    rows.positions = p.data_ptr<int64_t>();
+    rows.pb = p.dim() == 2 && p.size(0) > 1 ? p.stride(0) : 0;
+    rows.ps = p.stride(-1);
+    if (frequencies.has_value() && frequencies->defined()) {
+      const at::Tensor& f = *frequencies;
+      TORCH_CHECK(f.scalar_type() == at::kDouble && f.dim() == 1 && f.size(0) == r / 2 + 1 && f.is_contiguous(),
+                  "rotary: frequencies must be float64 [r/2 + 1], with positions");
+      rows.freqs = f.data_ptr<double>();
+    }
+  } else {
+    if (row_offset < 0 || row_offset + d0.S > cos.size(0)) return std::vector<at::Tensor>{};
+    first = row_offset;
+    rows.table_rows = d0.S;  // the window's rows
+  }
+  const int64_t shift = first * row_stride * static_cast<int64_t>(cos.element_size());
+  const char* c = static_cast<const char*>(cos.data_ptr()) + shift;
+  const char* s = static_cast<const char*>(sin.data_ptr()) + shift;
+  std::vector<View> views;
+  views.reserve(xs.size());
+  std::vector<at::Tensor> outs;
+  outs.reserve(xs.size());
+  for (const auto& x : xs) {
+    const Dims d = kernel_dims(x, layout);
+    TORCH_CHECK(d.B == d0.B && d.S == d0.S && d.D == d0.D && x.scalar_type() == xs[0].scalar_type() &&
+                    x.stride(-1) == 1,
+                "rotary: inputs disagree on B, S, D or dtype, or the channel dim has no unit stride");
+    if (inplace)
+      TORCH_CHECK(at::has_internal_overlap(x) != at::MemOverlap::Yes, "rotary: an input rotated in place overlaps itself");
+    // empty_like of a dense view keeps its strides: the view's output, viewed back, has x's strides (allocated
+    // here without the dispatcher: a CPU tensor, as the plan's signature says)
+    at::Tensor o = inplace ? x : at::Tensor(at::detail::empty_strided_cpu(x.sizes(), x.strides(), x.options()));
+    const Dims od = kernel_dims(o, layout);
+    views.push_back(View{static_cast<char*>(x.data_ptr()), static_cast<char*>(o.data_ptr()), d.H, d.sb, d.ss, d.sh,
+                         od.sb, od.ss, od.sh, c, s, row_stride, 0});
+    outs.push_back(std::move(o));
+  }
+  if (table_type == at::kDouble) {
+    run<double, double>(views, d0.B, d0.S, d0.D, r, rows, interleaved, false);
+  } else {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xs[0].scalar_type(), "rope_layout", [&] {
+      run<scalar_t, float>(views, d0.B, d0.S, d0.D, r, rows, interleaved, false);
+    });
+  }
+  if (inplace)
+    for (const auto& x : xs) x.unsafeGetTensorImpl()->bump_version();  // (rotary.kernels.ops.mark_written)
+  return outs;
+}
+
 // The entry a recorded plan calls (rotary.plans): the tensors of a call in the caller's layout (layout_call),
 // checked by the general path when the plan was recorded, rotated by one table pair; {} (nothing done) when the
 // call's signature is not the plan's. A row the table does not hold (positions given) is computed from
@@ -188,8 +320,12 @@ std::vector<at::Tensor> rope_layout_cpu(const Signature& expected, const std::ve
                                         const at::Tensor& sin, int64_t row_offset,
                                         const std::optional<at::Tensor>& positions, int64_t layout, bool interleaved,
                                         bool inplace, const std::optional<at::Tensor>& frequencies) {
-  if (signature_of(xs, cos, sin, positions, inplace).fields != expected.fields) return {};
-  const LayoutCall call = layout_call(xs, cos, sin, row_offset, positions, layout);
+  if (!matches(expected, xs, cos, sin, positions, inplace)) return {};
+  auto direct = rope_direct(xs, cos, sin, row_offset, positions, layout, interleaved, inplace, frequencies);
+  if (direct) return std::move(*direct);
+  const auto window = layout_call(xs, cos, sin, row_offset, positions, layout);
+  if (!window) return {};
+  const LayoutCall& call = *window;
   std::vector<at::Tensor> outs;
   outs.reserve(call.views.size());
   for (const auto& v : call.views) {
@@ -211,12 +347,45 @@ std::vector<at::Tensor> rope_layout_cpu(const Signature& expected, const std::ve
   return outs;
 }
 
+// A recorded rope_layout plan with what does not change between its calls bound (rotary.plans): one call from
+// Python, three arguments, for a decoding step. with_offset: a RoPE's plan, its cached table (cos, sin) bound, the
+// call's rows from an offset or position ids (with position ids, an offset is no call of the plan's: {}).
+// with_tables: rotary.rotate's plan, the call's own tables.
+struct RopePlan {
+  Signature signature;
+  at::Tensor cos, sin;
+  std::optional<at::Tensor> frequencies;
+  int64_t layout;
+  bool interleaved, inplace;
+
+  std::vector<at::Tensor> with_offset(const std::vector<at::Tensor>& xs, int64_t offset,
+                                      const std::optional<at::Tensor>& positions) const {
+    if (positions.has_value() && positions->defined() && offset != 0) return {};
+    return rope_layout_cpu(signature, xs, cos, sin, offset, positions, layout, interleaved, inplace, frequencies);
+  }
+
+  std::vector<at::Tensor> with_tables(const std::vector<at::Tensor>& xs, const at::Tensor& call_cos,
+                                      const at::Tensor& call_sin, const std::optional<at::Tensor>& rows,
+                                      const std::optional<at::Tensor>& call_frequencies) const {
+    return rope_layout_cpu(signature, xs, call_cos, call_sin, 0, rows, layout, interleaved, inplace, call_frequencies);
+  }
+};
+
 // The signature of a rmsnorm_rotate call (rotary.qk_norm): the rotation's (never in place), then the norm weights'.
+template <class Sink>
+void norm_fields(Sink& out, const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& weights,
+                 const at::Tensor& cos, const at::Tensor& sin, const std::optional<at::Tensor>& positions) {
+  signature_fields(out, xs, cos, sin, positions, false);
+  out(static_cast<int64_t>(weights.size()));
+  for (const auto& w : weights) add_tensor(out, w);
+}
+
 Signature norm_signature_of(const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& weights,
                             const at::Tensor& cos, const at::Tensor& sin, const std::optional<at::Tensor>& positions) {
-  Signature sig = signature_of(xs, cos, sin, positions, false);
-  sig.fields.push_back(static_cast<int64_t>(weights.size()));
-  for (const auto& w : weights) add_tensor(sig.fields, w);
+  Signature sig;
+  sig.fields.reserve(80);
+  Record record{sig.fields};
+  norm_fields(record, xs, weights, cos, sin, positions);
   return sig;
 }
 
@@ -230,9 +399,13 @@ std::vector<at::Tensor> rmsnorm_rope_layout_cpu(const Signature& expected, const
                                                 const std::optional<at::Tensor>& positions, int64_t layout,
                                                 bool interleaved, bool gemma, double eps,
                                                 const std::optional<at::Tensor>& frequencies) {
-  if (norm_signature_of(xs, weights, cos, sin, positions).fields != expected.fields) return {};
+  Match match{expected.fields};
+  norm_fields(match, xs, weights, cos, sin, positions);
+  if (!match.done()) return {};
   TORCH_CHECK(weights.size() == xs.size(), "rotary: need one norm weight per input");
-  LayoutCall call = layout_call(xs, cos, sin, row_offset, positions, layout);
+  auto window = layout_call(xs, cos, sin, row_offset, positions, layout);
+  if (!window) return {};
+  LayoutCall& call = *window;
   const auto acc = xs[0].scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   if (call.cos.scalar_type() != acc) {
     call.cos = call.cos.to(acc);
@@ -282,7 +455,7 @@ std::tuple<std::vector<int64_t>, std::vector<at::Tensor>> rope_cache_plan_cpu(
     const Signature& expected, const std::vector<at::Tensor>& xs, const at::Tensor& cos,
     const std::optional<at::Tensor>& sin, const std::optional<at::Tensor>& rows, bool interleaved, bool inplace,
     int64_t layout, bool cache_bhsd) {
-  if (xs.size() != 6 || cache_signature_of(xs, cos, sin, rows, inplace).fields != expected.fields) return {{-1}, {}};
+  if (xs.size() != 6 || !matches(expected, xs, cos, sin.has_value() ? *sin : at::Tensor(), rows, inplace)) return {{-1}, {}};
   return rope_cache_cpu(xs[0], xs[1], xs[2], xs[3], xs[4], xs[5], cos, sin, rows, interleaved, inplace, false, layout,
                         cache_bhsd);
 }
@@ -290,6 +463,15 @@ std::tuple<std::vector<int64_t>, std::vector<at::Tensor>> rope_cache_plan_cpu(
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Signature>(m, "Signature", py::module_local());  // local: another build of rotary may share the process
   m.def("signature", &signature_of, "a call's signature, for a plan to record (rotary.plans)");
+  py::class_<RopePlan>(m, "RopePlan", py::module_local())
+      .def(py::init([](const Signature& signature, const std::optional<at::Tensor>& cos,
+                       const std::optional<at::Tensor>& sin, const std::optional<at::Tensor>& frequencies,
+                       int64_t layout, bool interleaved, bool inplace) {
+             return RopePlan{signature, cos.value_or(at::Tensor()), sin.value_or(at::Tensor()), frequencies,
+                             layout, interleaved, inplace};
+           }))
+      .def("with_offset", &RopePlan::with_offset, "a RoPE plan's call: rows offset .. of its table, or position ids")
+      .def("with_tables", &RopePlan::with_tables, "a rotate plan's call with the call's own tables");
   m.def("norm_signature", &norm_signature_of, "a rmsnorm_rotate call's signature, for a plan to record");
   m.def("rmsnorm_rope_layout", &rmsnorm_rope_layout_cpu,
         "a recorded rmsnorm_rotate plan's call: the norm and the rotation, views, tables and outputs made here");

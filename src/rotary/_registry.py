@@ -17,6 +17,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import TypeVar
 
+from rotary.errors import InputTypeError
+
 __all__ = ["Registry", "scoped"]
 
 V = TypeVar("V")
@@ -33,7 +35,7 @@ def scoped(*registries: dict | list) -> Iterator[None]:
         registries: the tables to restore, each a ``dict`` or a ``list``.
 
     Raises:
-        TypeError: a registry that is neither a dict nor a list.
+        InputTypeError: a registry that is neither a dict nor a list (a TypeError).
 
     Example:
         >>> table = {"a": 1}
@@ -44,7 +46,7 @@ def scoped(*registries: dict | list) -> Iterator[None]:
     """
     for registry in registries:
         if not isinstance(registry, (dict, list)):
-            raise TypeError(f"scoped() restores dicts and lists, got {type(registry).__name__}")
+            raise InputTypeError(f"scoped() restores dicts and lists, got {type(registry).__name__}")
     saved = [registry.copy() for registry in registries]
     try:
         yield

@@ -99,8 +99,10 @@ DEFAULTED_KEYS = (
 #: (keys the model keeps in its RoPE block for its attention, which the rotary tables do not use).
 MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": {"hidden_size": 4096, "num_attention_heads": 32, "max_position_embeddings": 2048, "rope_theta": 10000.0},
-    "mistral": {"hidden_size": 4096, "num_attention_heads": 32, "max_position_embeddings": 131072, "rope_theta": 10000.0},
-    "mixtral": {"hidden_size": 4096, "num_attention_heads": 32, "max_position_embeddings": 131072, "rope_theta": 1000000.0},
+    "mistral": {"hidden_size": 4096, "num_attention_heads": 32, "max_position_embeddings": 131072,
+                "rope_theta": 10000.0},
+    "mixtral": {"hidden_size": 4096, "num_attention_heads": 32, "max_position_embeddings": 131072,
+                "rope_theta": 1000000.0},
     "qwen2": {"hidden_size": 4096, "num_attention_heads": 32, "max_position_embeddings": 32768, "rope_theta": 10000.0},
     "qwen3": {"head_dim": 128, "hidden_size": 4096, "num_attention_heads": 32, "max_position_embeddings": 32768,
               "rope_theta": 10000.0},

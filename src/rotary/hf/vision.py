@@ -15,6 +15,38 @@ built from their configs (tests/hf/test_vision_encoders.py).
 - :data:`VISION_ROPE`: model_type -> the form :func:`vision_rope` builds (:data:`FORMS` says what each is);
 - :data:`ENCODER_STATUS`: every other RoPE-applying encoder of transformers (audio, video, segmentation,
   vision towers not built yet), with the reason it is not built.
+
+What ``grid`` is, per form of :class:`VisionRoPE` (its :attr:`~VisionRoPE.form`):
+
+- packed towers (``qwen_vl``, ``qwen_vl_window``, ``kimi``, ``minimax``, ``pixtral``): one row per
+  image or video, ``(t, h, w)`` patches (the model's ``grid_thw``) or ``(h, w)`` for an image, all packed
+  into one sequence, in the model's order (VideoLLaMA3 also takes ``merge_sizes=``, one per row);
+- ``dinov3``: ``(h, w)`` patches of the image; the class and register tokens come first, unrotated
+  (``prefix=`` for more, e.g. EoMT's queries in its last blocks);
+- ``llama4``: ``(h, w)`` must be the config's ``image_size / patch_size`` grid (default), class token last;
+- ``sam3``: ``(h, w)`` of one attention's tokens: ``(window_size, window_size)`` for the windowed
+  layers, the whole patch grid (default) for the global ones;
+- ``sam2_memory``: SAM 2 video's memory attention (and SAM 3's tracker's): ``(h, w)`` must be the config's
+  ``memory_attention_rope_feat_sizes`` grid (default), row by row; that table rotates the current frame's
+  queries. Its keys, ``memory_frames=`` frames of that grid and then ``object_pointers=`` object-pointer tokens
+  (unrotated), as the model's cross-attention lays them out: ``tables(memory_frames=2, object_pointers=4)``;
+- ``edgetam_memory``: EdgeTAM video's memory attention, as ``sam2_memory``, but each memory frame's keys are its
+  perceiver's ``perceiver_resampler_num_latents`` latents (unrotated), then the ``memory_attention_rope_k_sizes``
+  grid, row by row;
+- ``muse``: one row per image or video, ``(t, h, w)`` patches (the model's ``grid_thw``), packed, read
+  window by window (``pos_emb_height`` x ``pos_emb_height`` patches, as Qwen2.5-VL's windows with no merge
+  before them; its ``merge_size`` pixel shuffle comes after the attention), at (row + 1, col + 1);
+- ``inkling2``: one row per image, ``(t, h, w)`` counted in merged tokens (the model's ``image_grid_thw``:
+  ``spatial_merge_size`` x ``spatial_merge_size`` patches each), packed; each image is a class token at
+  (0, 0), then its patches at (row + 1, col + 1) in merge blocks;
+- ``loftr``: ``(h, w)`` of the coarse feature map (the backbone's last stage, as EfficientLoFTR's rotary
+  embedding takes it); its tokens are the aggregated map's, ``(h - kernel) // stride + 1`` rows of
+  ``(w - kernel) // stride + 1``, row by row at (row + 1, col + 1). Its tables ``[N, hidden_size]`` rotate q
+  and k before the heads split (``[B, N, 1, hidden_size]``, as the model's attention rotates them);
+- ``step3p5``: ``(h, w)`` patches of one image (every image of a batch has that grid), row by row;
+- ``gemma4``: ``(h, w)`` patches of one image, row by row, at coordinates ``(x, y)`` = (column, row) as
+  the processor's ``image_position_ids`` (its padding patches, at -1, are masked out of attention). Its
+  :meth:`tables` are two tables ``[N, D/2]``, one per half of the head (see there).
 """
 
 from __future__ import annotations
@@ -191,19 +223,16 @@ def vision_rope(config: Any) -> VisionRoPE:
     """The RoPE a Hugging Face vision encoder applies, built from its config.
 
     Args:
-        config: a transformers vision config (or its ``to_dict()``), or a multimodal config whose
-            ``vision_config`` is one; its ``model_type`` must be in :data:`VISION_ROPE`.
+        config: a transformers vision config (or its ``to_dict()``), or a multimodal config whose ``vision_config``
+            is one; its ``model_type`` must be in :data:`VISION_ROPE`.
 
     Returns:
-        :class:`VisionRoPE`: ``.tables(grid)`` gives what the model's attention applies, ``.positions(grid)``
-        the coordinates of its tokens in the model's order, ``.rope`` the :class:`~rotary.variants.AxialRoPE`.
-        It is in eval mode, as a loaded model; ``.train()`` turns on the coordinate augmentation a DINOv3
-        config names (``pos_embed_shift``, ``pos_embed_jitter``, ``pos_embed_rescale``), as the model's
-        training does (its own random draws, not transformers').
+        :class:`VisionRoPE` in eval mode: ``.tables(grid)``, ``.positions(grid)`` (the tokens' coordinates in the
+        model's order), ``.rope``; ``.train()`` turns on a DINOv3 config's coordinate augmentation (its own draws).
 
     Raises:
-        rotary.errors.ConfigError: a text model (use :meth:`rotary.RoPE.from_hf_config`), an encoder not
-            built (the message says why: :data:`ENCODER_STATUS`), or keys the tower cannot run with.
+        rotary.errors.ConfigError: a text model (use :meth:`rotary.RoPE.from_hf_config`), an encoder not built
+            (the message says why: :data:`ENCODER_STATUS`), or keys the tower cannot run with.
 
     Example:
         >>> rope = rotary.hf.vision_rope({"model_type": "qwen2_vl_vision", "embed_dim": 64, "num_heads": 4})
@@ -337,37 +366,8 @@ def _loftr(d: Mapping[str, Any], head_dim: int, theta: float, label: str) -> Axi
 class VisionRoPE(nn.Module):
     """The RoPE of one vision tower: an :class:`~rotary.variants.AxialRoPE` and its tokens' order.
 
-    Made by :func:`vision_rope`. What ``grid`` is depends on the tower (:attr:`form`):
-
-    - packed towers (``qwen_vl``, ``qwen_vl_window``, ``kimi``, ``minimax``, ``pixtral``): one row per
-      image or video, ``(t, h, w)`` patches (the model's ``grid_thw``) or ``(h, w)`` for an image, all packed
-      into one sequence, in the model's order (VideoLLaMA3 also takes ``merge_sizes=``, one per row);
-    - ``dinov3``: ``(h, w)`` patches of the image; the class and register tokens come first, unrotated
-      (``prefix=`` for more, e.g. EoMT's queries in its last blocks);
-    - ``llama4``: ``(h, w)`` must be the config's ``image_size / patch_size`` grid (default), class token last;
-    - ``sam3``: ``(h, w)`` of one attention's tokens: ``(window_size, window_size)`` for the windowed
-      layers, the whole patch grid (default) for the global ones;
-    - ``sam2_memory``: SAM 2 video's memory attention (and SAM 3's tracker's): ``(h, w)`` must be the config's
-      ``memory_attention_rope_feat_sizes`` grid (default), row by row; that table rotates the current frame's
-      queries. Its keys, ``memory_frames=`` frames of that grid and then ``object_pointers=`` object-pointer tokens
-      (unrotated), as the model's cross-attention lays them out: ``tables(memory_frames=2, object_pointers=4)``;
-    - ``edgetam_memory``: EdgeTAM video's memory attention, as ``sam2_memory``, but each memory frame's keys are its
-      perceiver's ``perceiver_resampler_num_latents`` latents (unrotated), then the ``memory_attention_rope_k_sizes``
-      grid, row by row;
-    - ``muse``: one row per image or video, ``(t, h, w)`` patches (the model's ``grid_thw``), packed, read
-      window by window (``pos_emb_height`` x ``pos_emb_height`` patches, as Qwen2.5-VL's windows with no merge
-      before them; its ``merge_size`` pixel shuffle comes after the attention), at (row + 1, col + 1);
-    - ``inkling2``: one row per image, ``(t, h, w)`` counted in merged tokens (the model's ``image_grid_thw``:
-      ``spatial_merge_size`` x ``spatial_merge_size`` patches each), packed; each image is a class token at
-      (0, 0), then its patches at (row + 1, col + 1) in merge blocks;
-    - ``loftr``: ``(h, w)`` of the coarse feature map (the backbone's last stage, as EfficientLoFTR's rotary
-      embedding takes it); its tokens are the aggregated map's, ``(h - kernel) // stride + 1`` rows of
-      ``(w - kernel) // stride + 1``, row by row at (row + 1, col + 1). Its tables ``[N, hidden_size]`` rotate q
-      and k before the heads split (``[B, N, 1, hidden_size]``, as the model's attention rotates them);
-    - ``step3p5``: ``(h, w)`` patches of one image (every image of a batch has that grid), row by row;
-    - ``gemma4``: ``(h, w)`` patches of one image, row by row, at coordinates ``(x, y)`` = (column, row) as
-      the processor's ``image_position_ids`` (its padding patches, at -1, are masked out of attention). Its
-      :meth:`tables` are two tables ``[N, D/2]``, one per half of the head (see there).
+    Made by :func:`vision_rope`. What ``grid`` is for each :attr:`form`: the module docstring (:data:`FORMS`
+    describes each form).
 
     Example:
         >>> rope = rotary.hf.vision_rope({"model_type": "kimi_k25_vision", "hidden_size": 64, "num_attention_heads": 4})

@@ -54,10 +54,7 @@ plt.rcParams.update(
 
 
 def save(fig: Figure, path: str | Path) -> list[Path]:
-    """Write ``fig`` as ``<path>.png`` (150 dpi) and ``<path>.svg``; a given suffix is replaced.
-
-    Returns:
-        the two paths written.
+    """Write ``fig`` as ``<path>.png`` (150 dpi) and ``<path>.svg`` (a given suffix replaced); returns both paths.
 
     Raises:
         OSError: a file cannot be written (the message names it).
@@ -89,12 +86,8 @@ def save(fig: Figure, path: str | Path) -> list[Path]:
 def plot_axial_scores(maps: Mapping[str, torch.Tensor], *, extent: int, title: str) -> Figure:
     """Attention score against the offset (Δh, Δw) between query and key, one heatmap per panel.
 
-    Args:
-        maps: panel title -> scores ``[2 extent + 1, 2 extent + 1]`` (row: Δh, column: Δw), as
-            :func:`rotary.variants.relative_scores` computes them; each is drawn relative to its
-            score at no offset.
-        extent: the largest offset, in grid cells.
-        title: the figure's title.
+    ``maps``: panel title -> :func:`rotary.variants.relative_scores` ``[2 extent + 1, 2 extent + 1]``, each drawn
+    relative to its score at no offset.
     """
     n = len(maps)
     cols = min(n, 4)
@@ -165,14 +158,11 @@ def plot_decay(
     *,
     title: str = "Long-range decay of RoPE (d = 128, base 10000)",
 ) -> Figure:
-    """The long-term decay bound ``mean_j |S_j|`` of the RoFormer paper ("RoFormer: Enhanced Transformer with
-    Rotary Position Embedding") against relative distance; measured mean |scores| on a second axis.
+    """The RoFormer paper's long-term decay bound ``mean_j |S_j|`` against distance; measured mean |scores| beside it.
 
     Args:
-        distances: relative distances ``[N]``.
-        bound: the bound at each distance, ``[N]`` (:func:`rotary.analysis.decay_bound`).
+        distances, bound: relative distances ``[N]``; :func:`rotary.analysis.decay_bound` at each.
         measured: optional curves ``label -> [N]`` (:func:`rotary.analysis.measured_decay`).
-        title: the figure's title.
 
     Example:
         >>> from rotary.analysis import decay_bound

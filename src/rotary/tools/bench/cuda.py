@@ -1,26 +1,12 @@
 """GPU timing for ``rotary bench --device cuda``: CUDA-graph replay, CUDA events, host wall time.
 
-Every row of a GPU group is timed two ways:
-
-- **GPU time per call**: ``n`` calls of the method are captured into one ``torch.cuda.CUDAGraph``;
-  the graph is replayed between two CUDA events and the elapsed time divided by ``n``. No launch
-  overhead and no host work is left in it: what the kernels cost. A method that cannot be captured
-  (it reads a value on the host, allocates in a way capture cannot record, ...) is timed with CUDA
-  events around an eager loop instead, and its row says so (``"eager"``) and why (``"not
-  capturable: <exception>"``); that time includes the gaps in which the GPU waits for the host.
-- **host wall time per call**: an eager loop of ``n`` calls, the device synchronised once before
-  and once after the loop (not per call), wall-clock time divided by ``n``. What a caller's loop
-  sees: the larger of the host's cost of issuing the calls and the GPU's cost of running them.
-
-Calls that need fresh inputs every time (:class:`~rotary.tools.bench.harness.Prepared`, the training-step
-rows) are prepared outside the timed region, so they are neither captured nor run in a plain loop:
-their GPU time comes from events around each call (``"per call"``) and their host time from the
-device synchronised before and after each call.
-
-The CUDA primitives sit behind :class:`CudaBackend`; the functions here take any object with the
-same methods, so their arithmetic is tested on a CPU with a stand-in (``tests/test_bench.py``).
-A failure of one method (setting up, warming up, capturing or timing) becomes that row's note and
-never stops the others.
+Every row is timed two ways: **GPU time per call**, ``n`` calls captured into one ``torch.cuda.CUDAGraph`` and
+replayed between two CUDA events (what the kernels cost; a method that cannot be captured is timed eagerly
+between events, and its row says so and why), and **host wall time per call**, an eager loop synchronised
+once before and once after (what a caller's loop sees). Calls that need fresh inputs
+(:class:`~rotary.tools.bench.harness.Prepared`) are timed per call. The CUDA primitives sit behind
+:class:`CudaBackend`, so the arithmetic is tested on a CPU with a stand-in; a failing method becomes its row's
+note and never stops the others.
 """
 
 from __future__ import annotations
@@ -89,14 +75,7 @@ class Backend(Protocol):
 
 
 class CudaBackend:
-    """The CUDA primitives the timers use, on one device.
-
-    Example (needs a GPU)::
-
-        backend = open_backend("cuda")
-        graph = capture(lambda: x.clone(), 50, backend)
-        seconds_per_call = graph_seconds(graph, 50, backend)
-    """
+    """The CUDA primitives the timers use, on one device (``open_backend("cuda")``; needs a GPU)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -247,10 +226,7 @@ def short_error(exc: BaseException, limit: int = 160) -> str:
 
 
 def capture_failure(exc: BaseException) -> str:
-    """What stopped a capture, for the row's note: the first exception (``torch.cuda.graph`` raises
-    its own "capture invalidated" on leaving, with the call's exception as ``__context__``) and the
-    deepest frame of it outside torch (``file.py:line``), i.e. the line in rotary or the baseline
-    that did what a capture cannot record.
+    """What stopped a capture, for the row's note: the first exception and its deepest frame outside torch.
 
     Example:
         >>> try:
@@ -361,11 +337,8 @@ def time_on_device(
 ) -> dict[Hashable, DeviceTiming]:
     """GPU and host time per call of each callable, sampled in turn ``repeats`` times; medians.
 
-    Every call is warmed up and captured first (each into its own graph), then the rows are sampled
-    one after another, repeat after repeat, so that anything else running on the machine hits them
-    alike. ``prepared_type``: the class of calls that need fresh inputs (timed per call, not captured).
-    A row whose setup, warm-up or timing raises gets NaN times and a note naming the exception; the
-    others go on. The graphs are dropped before returning.
+    Every call is warmed up and captured first, then the rows are sampled in turn so machine noise hits them alike;
+    ``prepared_type`` calls are timed per call. A row that raises gets NaN times and a note naming the exception.
     """
     rows = {key: _prepare_row(call, backend, prepared_type) for key, call in calls.items()}
     for _ in range(repeats):

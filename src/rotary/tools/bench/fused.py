@@ -1,26 +1,12 @@
 """The fused-op suites of ``rotary bench``: :func:`rotary.rotate_and_cache` and :func:`rotary.rmsnorm_rotate`
 against their unfused compositions, the composition compiled by Inductor, and the traffic limit.
 
-Each suite times one group per shape and dtype (``--dtypes``: on the CPU fp32 and bf16 by default,
-with ``--device cuda`` bf16), on the CPU
-(``time_interleaved``) or, with ``--device cuda``, on the GPU (CUDA-graph replay and host time per
-call, as the GPU groups: :mod:`rotary.tools.bench.cuda`). Shapes ``BxS`` with q 32 heads, k (and v)
-8 heads of 128 channels; decoding shapes (S = 1) put each sequence at its own position after 1000
-cached tokens. Rows:
-
-- the fused op;
-- its composition in plain torch operations (what a serving engine's native path writes, e.g. vLLM's
-  ``forward_native``), eagerly, and compiled by Inductor (``torch.compile``, compilation excluded:
-  what every user gets for free; left out by ``--no-compile``, and by ``--quick`` without
-  ``--compile``);
-- peers where importable (FlashInfer's in-place RoPE at ``positions``, on CUDA);
-- ``limit: traffic``: the bytes the fused op must move over the copy bandwidth measured in the same
-  run (``dst.copy_(src)`` of 256 MiB, 64 MiB with ``--quick``: larger than the caches). Not timed: no
-  kernel that reads and writes those bytes can take less. Every timed row's ``x traffic limit``
-  divides by it.
-
-The fused op is checked against the composition before it is timed (equal, or within the rounding
-of the composition's intermediate values: said in the row's note).
+One group per shape (``BxS``: q 32 heads, k and v 8 heads of 128 channels; decoding shapes after 1000 cached
+tokens) and dtype, timed on the CPU or, with ``--device cuda``, as the GPU groups (:mod:`.cuda`). Rows: the
+fused op; its composition in plain torch, eager and compiled (unless ``--no-compile``); peers where importable
+(FlashInfer); and ``limit: traffic``, the bytes the fused op must move over the copy bandwidth measured in the
+same run (not timed: no kernel can take less). The fused op is checked against the composition before it is
+timed. How to read the tables: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -116,9 +102,10 @@ def _rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 def rotate_and_cache_composition(q, k, v, k_cache, v_cache, slots, positions, cos_sin_cache):
-    """RoPE at ``positions`` and the KV-cache write in plain torch: q, k, v ``[B, S, H, D]``, caches
-    ``[B, T, Hk, D]``, ``slots`` and ``positions`` int64 ``[B, S]``, fp32 ``cos_sin_cache`` ``[P, D]``
-    (cos of the D/2 pairs, then their sin). Returns the rotated q and k.
+    """RoPE at ``positions`` and the KV-cache write in plain torch; returns the rotated q and k.
+
+    Shapes: q, k, v ``[B, S, H, D]``, caches ``[B, T, Hk, D]``, ``slots``/``positions`` int64 ``[B, S]``, fp32
+    ``cos_sin_cache`` ``[P, D]`` (cos of the D/2 pairs, then their sin).
 
     Example:
         >>> q, k, v = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 2, 8), torch.randn(1, 2, 2, 8)
@@ -139,8 +126,7 @@ def rotate_and_cache_composition(q, k, v, k_cache, v_cache, slots, positions, co
 
 
 def rmsnorm_rotate_composition(q, k, wq, wk, cos, sin, eps: float):
-    """QK-norm (Qwen3's ``RMSNorm``) then RoPE in plain torch: q, k ``[B, S, H, D]``, fp32 cos/sin
-    ``[B, S, D]`` (per token, as Hugging Face's rotary embedding hands them to the layers).
+    """QK-norm (Qwen3's ``RMSNorm``) then RoPE in plain torch: q, k ``[B, S, H, D]``, fp32 cos/sin ``[B, S, D]``.
 
     Example:
         >>> q, k, w = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 2, 8), torch.ones(8)

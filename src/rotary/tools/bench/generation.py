@@ -1,37 +1,14 @@
 """The generation suite of ``rotary bench``: :meth:`rotary.models.Decoder.generate` against Hugging Face
 ``LlamaForCausalLM.generate``, end to end, in tokens per second.
 
-The same Llama-shaped model on both sides (RoPE, RMSNorm, SwiGLU, GQA, untied embeddings), random
-weights shared by copying the Decoder's state into the Llama (no download), greedy decoding of exactly
-``new`` tokens after a ``prompt``-token prompt. Rows:
-
-- ``rotary dynamic``: ``Decoder.generate`` on growing KV caches, eager;
-- ``rotary static``: ``generate(cache="static")``: preallocated caches written in place, eager;
-- ``rotary static + torch.compile``: ``generate(capture="compile")``, the decoding step compiled by
-  Inductor (with CUDA graphs on CUDA: ``mode="reduce-overhead"``); left out by ``--no-compile``, and
-  by ``--quick`` without ``--compile``;
-- ``rotary static + CUDA graph``: ``generate(capture="cuda_graph")``, the eager step replayed from one
-  ``torch.cuda.CUDAGraph`` (CUDA only);
-- ``HF dynamic`` / ``HF static``: ``generate()`` with its default cache and with
-  ``cache_implementation="static"`` (which Hugging Face compiles by itself on CUDA, not on the CPU);
-- ``HF dynamic + rotary.hf.patch`` / ``HF static + rotary.hf.patch``: the same on a copy of the Llama
-  patched by :func:`rotary.hf.patch`: what patching costs or gains a Hugging Face user;
-- ``HF static + torch.compile`` (and ``+ rotary.hf.patch``), on the CPU only: the static cache with the
-  decoding step compiled by Hugging Face itself, as it does on CUDA without being asked (a
-  ``CompileConfig`` that allows every device), so that the compiled rotary row has a compiled peer;
-  left out as ``rotary static + torch.compile`` is. A row whose step transformers did not compile
-  says so instead of a time.
-
-The Hugging Face rows need ``transformers`` (without it they say so and have no figures). Each row:
-a first call (its time includes compiling and capturing), then ``--repeats`` calls interleaved with the
-other rows; the median is reported as tokens/s (``batch * new / seconds``) and ms per step (``seconds /
-new``, the prefill included). ``vs HF static``: the row's tokens/s over HF static's. ``same tokens``
-compares the greedy tokens with the first row's (in bf16 logits that differ in the last bits may pick
-another token at a near tie).
-
-Shapes: with ``--device cuda`` a Llama-shaped model (8 layers, width 1024, 16 query / 4 key-value
-heads, intermediate 2816, vocabulary 32000, bf16, batch 8, prompt 128, 128 new tokens); on the CPU a
-small fp32 one; ``--quick`` a tiny one.
+The same Llama-shaped model on both sides (weights copied, no download), greedy decoding of exactly ``new``
+tokens after a ``prompt``-token prompt. Rows: rotary's dynamic and static caches, eager, compiled
+(``capture="compile"``) and as a CUDA graph; Hugging Face's dynamic and static caches, with and without
+:func:`rotary.hf.patch`, and (CPU) its static cache compiled, so the compiled rows have a compiled peer.
+Each row: a first call (compiling included), then ``--repeats`` calls interleaved with the other rows; the
+median as tokens/s and ms per step; ``vs HF static`` and ``same tokens`` (against the first row). Shapes:
+a Llama-shaped bf16 model with ``--device cuda``, a small fp32 one on the CPU, a tiny one with ``--quick``.
+The tables: docs/benchmarks.md, "Fused ops and generation".
 """
 
 from __future__ import annotations
@@ -191,8 +168,7 @@ def build_qwen3(shape: GenerationShape, device: torch.device) -> torch.nn.Module
 
 
 def llama_state(decoder: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """A :class:`~rotary.models.Decoder`'s weights under ``LlamaForCausalLM``'s names (both pair RoPE
-    channels as (i, i + d/2), so the same weights compute the same function).
+    """A :class:`~rotary.models.Decoder`'s weights under ``LlamaForCausalLM``'s names (both pair (i, i + d/2)).
 
     Example:
         >>> from rotary.models import Decoder, DecoderConfig

@@ -108,8 +108,7 @@ QUICK_CUDA_GROUPS = [
 
 
 def head_shape(text: str) -> tuple[int, int, int, int]:
-    """``"B,H,S,D"`` as four positive ints with D even: an ``argparse`` ``type=`` for the scripts
-    under ``benchmarks/``.
+    """``"B,H,S,D"`` as four positive ints with D even: an ``argparse`` ``type=`` for the scripts in ``benchmarks/``.
 
     Example::
 
@@ -149,17 +148,11 @@ class Inputs:
 
 @dataclass(frozen=True)
 class Method:
-    """One timed way of rotating q and k. ``backward``: the call runs forward and backward.
+    """One timed way of rotating q and k (``backward``: forward and backward).
 
-    ``requires``: the module an optional package installs that the method imports (e.g.
-    ``"transformers"``, ``"flash_attn.ops.triton.rotary"``); when it cannot be imported, ``rotary
-    bench`` leaves the method out and says so in one line on stderr.
-
-    ``devices``: the device types the method runs on (``"cpu"``, ``"cuda"``); methods registered
-    without it run on the CPU only. On a device other than the CPU, ``make`` may return ``None`` for
-    a group it does not apply to (e.g. a half-pairing baseline in the interleaved group).
-    ``inplace``: the method writes q and k in place; on the GPU its "x copy" ratio divides by the
-    in-place pass instead of the copy.
+    ``requires``: a module an optional package installs (left out, with one line on stderr, when it cannot be
+    imported); ``devices``: where it runs (default the CPU; ``make`` may return ``None`` for a group it does not
+    apply to); ``inplace``: it writes q and k in place (on the GPU "x copy" divides by the in-place pass).
 
     Example:
         >>> Method("clone q and k", lambda inputs: lambda: (inputs.q.clone(), inputs.k.clone())).devices
@@ -265,11 +258,7 @@ def suite_repeats(options: argparse.Namespace) -> int:
 
 
 class Prepared:
-    """A call whose inputs must be fresh every time, made outside the timed region.
-
-    ``prepare()`` builds them (not timed) and returns the call to time, which is then made once. The
-    timing and the memory measurement time and record that call alone. Calling a ``Prepared`` does
-    both steps (a warm-up).
+    """A call whose inputs must be fresh every time: ``prepare()`` builds them (not timed) and returns the call to time.
 
     Example::
 
@@ -339,11 +328,8 @@ def _allocation_events(nodes: list) -> list[tuple[int, int]]:
 def extra_peak_bytes(call: Callable[[], object]) -> int | None:
     """Peak of the bytes PyTorch's allocator holds for ``call`` beyond what it held before, or ``None``.
 
-    Every allocation and free made while ``call`` runs (on any thread, forward and backward) is recorded
-    by the PyTorch profiler's memory tracking; the result is the largest running total, so a temporary
-    freed before ``call`` returns still counts, and the returned tensors count as well. It is exact and
-    independent of the operating system and of how the C library hands memory back, unlike the peak
-    resident size, which a reused page hides. ``None`` if this PyTorch build records no allocations.
+    From the profiler's memory records (every thread, forward and backward): exact, temporaries and returned
+    tensors included, unlike the resident size. ``None`` if this PyTorch build records no allocations.
 
     Example::
 
@@ -364,11 +350,7 @@ def extra_peak_bytes(call: Callable[[], object]) -> int | None:
 
 
 def allocations(call: Callable[[], object]) -> list[int] | None:
-    """The sizes in bytes of every allocation PyTorch's allocator makes while ``call`` runs, in order.
-
-    From the same profiler records as :func:`extra_peak_bytes` (any thread, forward and backward);
-    frees are left out. Counts and sizes are deterministic, so tests may assert on them. ``None`` if
-    this PyTorch build records no allocations.
+    """The sizes in bytes of every allocation PyTorch's allocator makes while ``call`` runs, in order (or ``None``).
 
     Example::
 
@@ -428,11 +410,10 @@ def make_inputs(
     device: torch.device | str = "cpu",
     interleaved: bool = False,
 ) -> Inputs:
-    """The inputs of one group: q ``[B, Hq, S, D]``, k ``[B, Hk, S, D]`` and the output gradients
-    drawn from a seeded CPU generator (the same values on every device), then moved to ``device``;
-    a ``RoPE`` with the ``interleaved`` pairing whose tables cover positions ``0 .. start + S - 1``
-    (built on ``device`` up front with ``RoPE.prepare``, so nothing grows during a CUDA-graph
-    capture); cos/sin of the tokens' positions ``start + arange(S)`` in each form.
+    """The inputs of one group (q, k, gradients from a seeded CPU generator, moved to ``device``), a prepared RoPE.
+
+    Cos/sin of positions ``start + arange(S)`` in each form; the RoPE's tables are built up front (``prepare``),
+    so nothing grows during a CUDA-graph capture.
 
     Example:
         >>> inp = make_inputs(Shape("t", 2, 4, 2, 3, 8, start=5), torch.float32)

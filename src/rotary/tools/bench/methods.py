@@ -150,14 +150,7 @@ class _Fresh(torch.autograd.Function):
 def _training_step(
     inp: Inputs, rotate: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 ) -> Prepared:
-    """``rotate(q, k)`` (e.g. ``rope(q, k, inplace=True)``) forward and backward as a training step
-    runs it, and nothing else.
-
-    Prepared outside the timed region, for every call: non-leaf q and k (:class:`_Source`) and output
-    gradients that nothing else holds (:class:`_Fresh`), as attention's backward makes them.
-    The timed call is the rotation, the autograd engine's walk and the backward; the nodes around it
-    pass tensors on without touching them.
-    """
+    """``rotate(q, k)`` forward and backward as a training step runs it (non-leaf q, k and fresh gradients prepared)."""
     q_leaf, k_leaf = inp.q.detach().clone().requires_grad_(), inp.k.detach().clone().requires_grad_()
 
     def prepare():
@@ -445,12 +438,9 @@ DECODE_POSITION = 4096
 def decode_suite(options) -> list[Result]:
     """One decoding step's rotation at Llama-3-8B's shape: q ``[1, 32, 1, 128]``, k ``[1, 8, 1, 128]``, position 4096.
 
-    Rows: ``rope(q, k)`` with an offset, with ``position_ids``, in place, and through
-    :func:`rotary.rotate` with tables computed once per model forward (the path of
-    :class:`rotary.models.Decoder`'s layers), against transformers' ``apply_rotary_pos_emb`` with
-    cos/sin precomputed once per forward (what Llama runs per layer). Results are identical (tested
-    in ``tests/test_plans.py``); the ratio is HF's time over the row's. Skipped
-    by ``--quick`` unless named in ``--suites``.
+    Rows: ``rope(q, k)`` with an offset, with ``position_ids``, in place, and :func:`rotary.rotate` with tables made
+    once per forward, against transformers' ``apply_rotary_pos_emb``; the ratio is HF's time over the row's.
+    Skipped by ``--quick`` unless named in ``--suites``.
     """
     from rotary.rope import RoPE
 

@@ -173,9 +173,7 @@ NO_SHAPES = "none"
 def _names(
     text: str | None, flag: str, known: Any, unknown: Callable[[str], str], none: str | None = None
 ) -> list[str] | None:
-    """The comma-separated names of ``flag`` (``None``: not given): each once, each in ``known``, else
-    an :class:`InputError` (``unknown(name)`` its message for a name not known). With ``none`` (what it
-    means), ``none`` is a name too, and stands alone.
+    """The comma-separated names of ``flag``, each once and each in ``known`` (else an :class:`InputError`).
 
     Example:
         >>> _names("fp32,bf16", "--dtypes", DTYPE_NAMES, str)
@@ -289,13 +287,7 @@ def _device_ratios(results: list[Result], inplace: set[str]) -> None:
 
 
 def run_on_device(options: argparse.Namespace, backend: Any) -> tuple[dict[str, Any], list[Result]]:
-    """The GPU groups (:data:`CUDA_GROUPS`) on ``backend``'s device (:mod:`rotary.tools.bench.cuda`).
-
-    Each row: GPU time per call under CUDA-graph replay (or CUDA events, with a note, for a method
-    that cannot be captured) and host wall time per call in an eager loop; "x copy" against the
-    group's limit rows. A method that fails (to set up, to run, to be timed) is a row with a note,
-    and the run goes on.
-    """
+    """The GPU groups (:data:`CUDA_GROUPS`) on ``backend``'s device, timed as :mod:`rotary.tools.bench.cuda` says."""
     from . import cuda
 
     device = backend.device  # where the inputs live (a test's CPU stand-in keeps them on the CPU)

@@ -35,8 +35,7 @@ def _micro(seconds: float | None) -> str:
 
 
 def device_row(r: Result, ratio: str = "x copy") -> list[str]:
-    """A GPU row's cells (:data:`DEVICE_HEADER`, with the ``ratio`` of the row in its third column); a GPU
-    time not from graph replay says how it was taken.
+    """A GPU row's cells (:data:`DEVICE_HEADER`; a time not from graph replay says how it was taken).
 
     Example:
         >>> device_row(Result("g", "HF", False, 2.5e-5, 9, ratios={"x copy": 2.0}, host_s=1.4e-4, gpu_timing="graph"))
@@ -115,12 +114,7 @@ def _machine_line(machine: dict[str, Any]) -> list[str]:
 
 
 def format_table(machine: dict[str, Any], results: list[Result], markdown: bool = False) -> str:
-    """The results as text (or a markdown table), one block per group.
-
-    GPU groups (rows with ``gpu_timing``) have the columns of :data:`DEVICE_HEADER`: method, GPU µs
-    per call under graph replay (marked "(eager)" or "(per call)" when measured otherwise), "x copy",
-    host µs per call in an eager loop, note; times of a failed row are "—".
-    """
+    """The results as text (or a markdown table), one block per group (GPU groups: :data:`DEVICE_HEADER`)."""
     lines = _machine_line(machine) if machine else []  # {}: the groups alone (a suite's progress)
     groups: dict[str, list[Result]] = {}
     for r in results:

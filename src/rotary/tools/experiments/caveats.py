@@ -1,14 +1,9 @@
-"""What a run may claim: whether its models learned enough for the papers' verdicts, and whether its
-preset is a smoke test. The report and the terminal say both plainly; :func:`~.claims.assess` withholds
-every verdict of a run whose models have not learned enough.
+"""What a run may claim: whether its models learned enough for the papers' verdicts, and whether it is a smoke test.
 
-Why perplexity 16 per byte at L (loss ln 16 = 2.77 nats, 4 bits per byte, half of the uniform 8 bits):
-a model that uses no context at all and only knows how often each byte occurs (the byte-frequency, or
-unigram, model) reaches about 4.5 to 5 bits per byte on English prose and Python source (perplexity
-23 to 32). A model above 16 is near that: it has learned little beyond which bytes are common, so what
-position encodings and scalings govern (how context is used, and how far) cannot show in its numbers,
-and a verdict on them would read noise as a finding. The default preset's models reach 5 to 11 (docs/
-experiment_report.md); the tiny preset's stay at 110 to 169, near the uniform 256.
+:func:`~.claims.assess` withholds every verdict of a run whose models have not learned enough: perplexity above
+16 per byte at L (4 bits per byte), near what a byte-frequency model reaches on prose and code (4.5 to 5
+bits), where the effects of position encodings cannot show. The default preset's models reach 5 to 11
+(docs/experiment_report.md), the tiny preset's 110 to 169.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """Published claims, each a declarative entry checked against a run's numbers.
 
-A :class:`Claim` says which paper makes it, what it says, which methods it needs, and how this run
-measures it; its ``check`` turns the run's :class:`~rotary.tools.experiments.results.Results` into a
-:class:`Finding` (the numbers, and an outcome per item). :func:`assess` checks a list of claims and
-:func:`claims_table` renders the result. A new claim is one entry in :data:`CLAIMS` (or a study's list).
-
-Verdicts follow :mod:`rotary.tools.experiments.stats`: a comparison is made seed by seed, and it agrees or
-disagrees only when every seed's number lies on one side of the threshold; a lead of 2% or less is a
-tie, never a win. The papers trained far larger models on far more text; a verdict says whether this
-run points the same way at its scale.
+A :class:`Claim` names the paper, what it says, the methods it needs and how this run measures it; its
+``check`` turns :class:`~rotary.tools.experiments.results.Results` into a :class:`Finding`. :func:`assess`
+checks a list of claims and :func:`claims_table` renders the result; a new claim is one entry in
+:data:`CLAIMS`. Verdicts follow :mod:`rotary.tools.experiments.stats` (seed by seed; a lead of 2% or less is a
+tie); the papers trained far larger models, so a verdict says whether this run points the same way.
 """
 
 from __future__ import annotations
@@ -88,12 +84,9 @@ class Claim:
     """One published claim.
 
     Attributes:
-        paper: a key of :data:`PAPERS`.
-        claim: what the paper says.
-        needs: ``(model, scaling)`` pairs the run must have (``("sliding", "")``: the sliding-window mode).
-        needs_text: the same in words.
-        measured: how this run measures it.
-        check: ``Results -> Finding``.
+        paper, claim: a key of :data:`PAPERS`; what the paper says.
+        needs, needs_text: ``(model, scaling)`` pairs the run must have (``("sliding", "")``: that mode); in words.
+        measured, check: how this run measures it; ``Results -> Finding``.
         past_L: whether it needs evaluation lengths past ``L``.
     """
 
@@ -152,8 +145,7 @@ def assess(claims: Sequence[Claim], results: Results) -> list[Assessment]:
 
 
 def claims_table(assessments: Sequence[Assessment]) -> str:
-    """The assessments as a markdown table: verdict, paper, claim, what it needs, how it is measured,
-    what this run measured.
+    """The assessments as a markdown table: verdict, paper, claim, needs, how measured, what this run measured.
 
     Example:
         >>> a = Assessment('A 2020, "Title"', "x is low", "a model", "loss at L", "x 1.0", "agrees")

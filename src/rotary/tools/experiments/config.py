@@ -79,8 +79,7 @@ MIN_COPY = 4
 
 
 def min_task_length(pairs: int) -> int:
-    """The shortest length a task row fits in: copy needs ``2 * MIN_COPY + 2`` bytes, induction
-    ``pairs`` key-value pairs in each half.
+    """The shortest length a task row fits in (copy: ``2 * MIN_COPY + 2`` bytes; induction: ``pairs`` pairs a half).
 
     Example:
         >>> min_task_length(4)
@@ -256,8 +255,7 @@ class ExperimentConfig:
 
     @property
     def extension_rows(self) -> int:
-        """Rows per step at the extension length: ``extend_batch_size``, default the pretraining
-        batch's tokens in rows of ``extension_length`` (``batch_size * L // E``, at least 1).
+        """Rows per step at the extension length: ``extend_batch_size``, else ``batch_size * L // E`` (at least 1).
 
         Example:
             >>> ExperimentConfig(train_length=128, batch_size=12).extension_rows
@@ -279,8 +277,7 @@ class ExperimentConfig:
 
     @property
     def distances(self) -> tuple[int, ...]:
-        """Retrieval distances: ``retrieval_distances``, or L/4, L/2, 3L/4, L, 1.5L, 2L, 3L, 4L, 6L and
-        the longest that fits a sequence of the longest evaluation length.
+        """Retrieval distances: ``retrieval_distances``, or L/4 .. 6L and the longest that fits the longest length.
 
         Example:
             >>> ExperimentConfig(train_length=128).distances

@@ -1,13 +1,9 @@
 """The text the models learn from and are measured on, as bytes (vocabulary 256, no tokenizer).
 
-The sources (:mod:`.sources`): CPython's ``pydoc_data.topics`` by default (about 0.47 MB, PSF
-licence), ``--data`` files, directories or glob patterns of UTF-8 text, or the running interpreter's
-standard library sources (``builtin:stdlib``, tens of MB). Nothing is downloaded. The text is split
-by position: the first part trains, the last ``held_out_fraction`` is only ever evaluated.
-
-Training batches are drawn per step from a generator seeded by ``(seed, length, step)``, so step
-``k``'s batch is the same whether a run started at 0 or resumed at ``k``, and whatever the number of
-processes: each rank takes its own contiguous rows of the same global batch.
+The sources (:mod:`.sources`): CPython's ``pydoc_data.topics`` by default, ``--data`` files or patterns of
+UTF-8 text, or ``builtin:stdlib``; nothing is downloaded. The first part trains, the last
+``held_out_fraction`` is only evaluated. Batches come from a generator seeded by ``(seed, length, step)``:
+step ``k``'s batch is the same after a resume and on any number of processes (each rank takes its rows).
 """
 
 from __future__ import annotations
@@ -42,13 +38,9 @@ class Corpus:
     """A text as bytes, split by position.
 
     Attributes:
-        source: the ``--data`` sources as given (``builtin:pydoc`` by default).
-        sha256: hex digest of the whole text (identifies it in results and on ``--resume``).
-        train: uint8 ``[N_train]`` byte values, the first part of the text (one byte per token in
-            memory; :func:`training_batch` widens each batch to int64).
-        held_out: uint8 ``[N_held_out]``, the rest (:func:`evaluation_tokens` widens what is evaluated).
-        files: files the text was read from.
-        skipped: files of directories and patterns left out (not UTF-8 text).
+        source, sha256: the ``--data`` sources as given; hex digest of the whole text (checked on ``--resume``).
+        train, held_out: uint8 ``[N_train]`` and ``[N_held_out]`` (batches and windows are widened to int64).
+        files, skipped: files the text was read from; files left out (not UTF-8 text).
     """
 
     source: str
@@ -69,9 +61,7 @@ def _split_sizes(num_bytes: int, held_out_fraction: float) -> tuple[int, int]:
 
 
 def required_bytes(config: ExperimentConfig) -> int:
-    """The fewest bytes a text needs: the training part must hold one batch (``batch_size`` rows of
-    ``L + 1`` tokens, and the extension stage's rows of ``E + 1``), the held-out part one window of the
-    longest length, and whole windows of it for the text the sliding-window evaluation scores past the first.
+    """The fewest bytes a text needs: one training batch (and extension batch), and the evaluation's windows.
 
     Example:
         >>> required_bytes(ExperimentConfig(train_length=128, held_out_fraction=0.1, sliding_tokens=0))
@@ -137,10 +127,7 @@ def evaluation_tokens(corpus: Corpus, config: ExperimentConfig) -> torch.Tensor:
 
 
 def sliding_starts(config: ExperimentConfig, total: int) -> tuple[int, ...]:
-    """Where the strides the sliding-window evaluation scores begin, in the evaluation tokens (``total``
-    of them): ``sliding_tokens // stride`` strides spread evenly over the tokens past the first
-    ``longest`` (so every length can end a window at each, and every length scores the same tokens,
-    drawn from the same text the non-overlapping windows cover). Empty when ``sliding_tokens`` is 0.
+    """Where the sliding windows' scored strides begin, spread over the ``total`` tokens past the longest window.
 
     Example:
         >>> sliding_starts(ExperimentConfig(train_length=128, eval_stride=64, sliding_tokens=256), 2048)
@@ -183,17 +170,13 @@ def training_batch(
     rows: int | None = None,
     length: int | None = None,
 ) -> torch.Tensor:
-    """The global training batch of ``step``: int64 ``[rows, length + 1]`` (inputs and shifted targets)
-    from the uint8 (or int64) text ``train [N]``; only the batch is widened to int64.
+    """The global training batch of ``step``: int64 ``[rows, length + 1]`` from the uint8 (or int64) text ``train``.
 
-    Every row is a random window of the training text; a ``passkey_fraction`` of the rows (chosen at
-    random) end with a passkey sample of random length in ``[min_sample_length(), length]``, random
-    depth and random key, so the model can learn to retrieve keys over distances up to ``length``.
+    Random windows; a ``passkey_fraction`` of the rows end with a passkey sample (random length, depth and key).
 
     Args:
         rows: rows of the batch (default ``batch_size``).
-        length: tokens per row before the shift (default ``L``). Batches at ``L`` come from the stream
-            ``(seed, step)``, batches at another length from ``(seed, length, step)``.
+        length: tokens per row before the shift (default ``L``; other lengths draw from ``(seed, length, step)``).
 
     Example:
         >>> cfg = ExperimentConfig(preset="tiny", train_length=128, batch_size=4, passkey_fraction=0.5)

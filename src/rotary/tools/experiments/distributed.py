@@ -49,9 +49,7 @@ class Distributed:
             ) from None
 
     def device(self, kind: str) -> torch.device:
-        """The training device of this process: ``cuda:LOCAL_RANK`` for ``kind == "cuda"``, else the CPU.
-
-        Every tensor a collective touches lives here: NCCL reduces CUDA tensors only.
+        """The training device of this process: ``cuda:LOCAL_RANK`` for ``kind == "cuda"`` (NCCL), else the CPU.
 
         Example:
             >>> Distributed(rank=1, world_size=2, local_rank=1).device("cuda"), Distributed().device("cpu")
@@ -86,20 +84,11 @@ class Distributed:
         return total / self.world_size
 
     def stop(self, sync: torch.device | None = None) -> None:
-        """Leave the process group (nothing to do for one process; idempotent).
+        """Leave the process group (idempotent); ``sync``: the training device, for a barrier first (None: leave at
+        once).
 
-        Args:
-            sync: the training device (:meth:`device`), when every rank calls this at the same point
-                after its last collective: a barrier on it comes first. ``None`` (an error path, where
-                a peer may never arrive) leaves at once.
-
-        Why the barrier: gloo's worker threads release a finished collective's tensors after the
-        caller has its result, and releasing a tensor that Python created needs the GIL. A rank that
-        returns from its last ``all_reduce`` and exits at once can reach interpreter shutdown before
-        that release; the worker thread is then killed inside a destructor and the process aborts
-        ("terminate called without an active exception", seen in about 4 of 10 two-rank runs when
-        rank 0 outlives rank 1). A barrier holds no Python tensor, and while a rank waits in it the
-        GIL is free, so the earlier collectives' tensors are gone when it returns.
+        The barrier keeps a rank from reaching interpreter shutdown while gloo's worker threads still release its
+        last collective's tensors (which aborts the process: "terminate called without an active exception").
         """
         if self.world_size > 1 and torch.distributed.is_initialized():
             gc.collect()  # a DDP wrapper kept alive by a reference cycle still holds the group

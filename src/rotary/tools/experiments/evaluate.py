@@ -1,37 +1,17 @@
 """Measuring a trained model at and past its training length ``L``.
 
-For every evaluation length ``E`` (and every scaling, for models with RoPE):
+For every evaluation length ``E`` (and every scaling, for models with RoPE): perplexity and bits per byte on
+the held-out text in non-overlapping windows and in sliding windows (every scored token sees at least
+``E - stride`` tokens; "Train Short, Test Long", appendix B, shows why both are needed); the loss by query
+position in bins of ``L / 8``; passkey retrieval (:mod:`.passkey`) and the retrieval probe (:mod:`.retrieval`);
+for a task model (:mod:`.tasks`), copy and associative-recall accuracy only (:func:`evaluate_tasks`). How each
+is read: docs/experiment.md.
 
-- perplexity and bits per byte on the held-out text in two modes: non-overlapping windows of ``E``
-  tokens (each window predicted from its own tokens only, so most tokens see far less than ``E`` of
-  context) and sliding windows (a window every ``stride`` tokens scoring only its last ``stride``
-  tokens, so every scored token sees at least ``E - stride`` tokens of context). "Train Short, Test
-  Long: Attention with Linear Biases Enables Input Length Extrapolation" (its appendix B) shows why
-  both are needed: longer non-overlapping windows give early tokens more context, which can lower
-  the perplexity of a model that uses no context past ``L`` at all;
-- the loss by query position on the non-overlapping windows of the longest length, in bins of
-  ``L / 8``: a model that breaks at positions past ``L`` gets worse to the right, one that only
-  lacked context better;
-- passkey retrieval at ``E`` tokens (:mod:`rotary.tools.experiments.passkey`), by greedy decoding;
-- the retrieval probe (:mod:`rotary.tools.experiments.retrieval`) at distances inside and past ``L``
-  (passkey and probe are skipped at 0 trials);
-- a task model (:mod:`rotary.tools.experiments.tasks`): copy and associative-recall accuracy at
-  ``task_length`` times 1, 2, 4 and 8 (:func:`evaluate_tasks`), and nothing else.
-
-Scalings of a pretrained model are applied at inference only, with factor ``E / L`` (the retrieval
-probe: its sequence length over ``L``); a model fine-tuned with a scaling is evaluated with that
-scaling at its own factor. :func:`scaled_copy` is the one place where a model's scaling changes.
-
-Every measurement runs in batches of windows or prompts (:func:`eval_rows`): on the CPU small enough to
-keep ``make demo``'s memory small, on a GPU as many as a memory budget allows. Where a measurement
-scores only the last tokens of a window (sliding windows, the retrieval probe, a passkey prompt's
-prefill), the final norm and the output layer run on those positions only (:func:`scored_tail`): the
-same logits, without the rest. A measurement at factor 1 whose RoPE tables equal those of a scaling
-already measured at that length is the same function of the same inputs and is not computed again
-(:func:`same_rope`): at ``E = L`` every scaling is plain RoPE. Passkey answers are
-decoded on static KV caches, with nothing read back on the host until the batch's answers are. Under
-the run's mixed precision (:meth:`~.config.ExperimentConfig.mixed_precision`) evaluation runs under
-bf16 autocast, as training did; losses are computed from fp32 logits.
+Scalings of a pretrained model apply at inference only, with factor ``E / L``; a model fine-tuned with a
+scaling is evaluated with it at its own factor; :func:`scaled_copy` is the one place a scaling changes.
+Measurements run in batches (:func:`eval_rows`); where only the last tokens of a window are scored, the final
+norm and output layer run on those only (:func:`scored_tail`); a measurement equal to one already made is not
+repeated (:func:`same_rope`). Evaluation runs under the run's mixed precision, losses from fp32 logits.
 """
 
 from __future__ import annotations
@@ -90,8 +70,7 @@ class EvaluationText:
     """The held-out text of each measurement (int64).
 
     Attributes:
-        windows: ``[T]``, cut into non-overlapping windows at every length (:func:`~.data.evaluation_tokens`);
-            the sliding windows are cut from it too.
+        windows: ``[T]``, cut into non-overlapping (and sliding) windows (:func:`~.data.evaluation_tokens`).
         sliding: where the strides the sliding windows score begin (:func:`~.data.sliding_starts`); may be empty.
         held_out: ``[N]``, the text the retrieval trials are cut from.
     """
@@ -107,16 +86,10 @@ def uses_rope(model: Decoder) -> bool:
 
 
 def scaled_copy(model: Decoder, scaling: dict | None) -> Decoder:
-    """A copy of ``model`` with the same weights and RoPE scaled by ``scaling``, in eval mode.
-
-    The only place where a trained model's RoPE scaling changes: a new ``Decoder`` built from the
-    model's config, loaded with its state dict (RoPE has no parameters, so the weights are exactly the
-    trained ones) and given the scaling with ``Decoder.set_rope_scaling``; its RoPE state is fresh
-    (dynamic NTK remembers the longest length it has seen). The trained model is never touched.
-    Models without RoPE are copied as they are (``scaling`` must then be None).
+    """A copy of ``model`` with the same weights and RoPE scaled by ``scaling``, in eval mode (``model`` untouched).
 
     Args:
-        model: a trained :class:`rotary.models.Decoder`.
+        model: a trained :class:`rotary.models.Decoder` (without RoPE: copied as it is, ``scaling`` None).
         scaling: a ``rope_scaling`` block (:func:`scaling_block`) or None.
 
     Example:
@@ -137,8 +110,7 @@ def scaled_copy(model: Decoder, scaling: dict | None) -> Decoder:
 
 
 def rows_per_batch(length: int, num_heads: int, *, max_tokens: int = 16384, max_scores: int = 2**24) -> int:
-    """Windows per forward: at most ``max_tokens`` tokens and ``max_scores`` attention scores
-    (``rows * heads * E * E``; ALiBi, masks and biases hold that many fp32 values per layer).
+    """Windows per forward: at most ``max_tokens`` tokens and ``max_scores`` attention scores (``rows * heads * E²``).
 
     Example:
         >>> rows_per_batch(1024, 4), rows_per_batch(128, 4)
@@ -155,13 +127,9 @@ GPU_BATCH = (2**18, 2**28)
 
 
 def eval_rows(model: Decoder, length: int, *, generate: bool = False) -> int:
-    """Windows (or, ``generate``, passkey prompts) of ``length`` tokens per forward of ``model``, on its
-    device.
+    """Windows (or, ``generate``, passkey prompts) of ``length`` tokens per forward of ``model``, on its device.
 
-    On the CPU: :func:`rows_per_batch` with its defaults (``max_scores`` halved for generation), what
-    ``make demo`` has always used. Elsewhere: the budget :data:`GPU_BATCH`, where the scores count
-    ``num_heads`` per window only for a model with a score bias (the others build at most one
-    ``[E, E]`` mask per window, on a static cache).
+    On the CPU :func:`rows_per_batch`'s defaults (``make demo``'s memory); elsewhere the budget :data:`GPU_BATCH`.
 
     Example:
         >>> from rotary.models import DecoderConfig
@@ -179,12 +147,9 @@ def eval_rows(model: Decoder, length: int, *, generate: bool = False) -> int:
 
 @contextlib.contextmanager
 def scored_tail(model: Decoder, keep: int | None) -> Iterator[None]:
-    """Within it, ``model(ids)`` returns the logits of the last ``keep`` positions only, ``[B, keep, V]``.
+    """Within it, ``model(ids)`` returns the logits of the last ``keep`` positions only, ``[B, keep, V]`` (None: all).
 
-    Every layer still runs on every token (the scored positions attend to all of them); only the final
-    norm and the output layer, which act on each position by itself, skip the positions nothing
-    scores. The logits are those of the full forward's last ``keep`` positions: on the CPU
-    bit-identical (the same per-row products). ``keep`` None: the full forward.
+    Only the final norm and the output layer skip the other positions; the logits equal the full forward's.
 
     Example:
         >>> from rotary.models import DecoderConfig
@@ -215,12 +180,10 @@ def token_losses(
         model: a ``Decoder`` in eval mode.
         windows: int64 ``[N, E]``.
         batch_rows: windows per forward; default :func:`eval_rows`.
-        last: score only the last ``last`` targets of each window (:func:`scored_tail`); None: all.
+        last: score only the last ``last`` targets of each window; None: all.
 
     Returns:
-        fp32 ``[N, E - 1]``: entry ``[i, p]`` is the loss of predicting token ``p + 1`` from tokens
-        ``0..p`` of window ``i`` (the query sits at position ``p``); with ``last``, ``[N, last]``,
-        the last ``last`` columns of that.
+        fp32 ``[N, E - 1]`` (``[i, p]``: predicting token ``p + 1`` of window ``i``), or ``[N, last]``.
     """
     n, length = windows.shape
     rows = batch_rows or eval_rows(model, length)
@@ -242,14 +205,12 @@ def token_losses(
 def sliding_losses(
     model: Decoder, text: torch.Tensor, length: int, stride: int, starts: tuple[int, ...]
 ) -> torch.Tensor:
-    """Losses of the ``stride`` tokens from each of ``starts``, each stride predicted by the window of
-    ``length`` tokens that ends with it: every scored token sees at least ``length - stride`` before it.
+    """Losses of the ``stride`` tokens from each of ``starts``, each predicted by the ``length`` tokens ending there.
 
     Args:
         model: a ``Decoder`` in eval mode.
         text: int64 ``[T]``.
-        length: window length ``E``.
-        stride: tokens scored per window.
+        length, stride: window length ``E``; tokens scored per window.
         starts: first token of each scored stride, each at least ``length - stride``.
 
     Returns:
@@ -319,13 +280,7 @@ def passkey_at(model: Decoder, length: int, config: ExperimentConfig) -> dict:
 
 @torch.no_grad()
 def greedy_continuation(model: Decoder, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
-    """Greedy decoding of ``new_tokens`` tokens after unpadded ``prompts`` ``[B, S]``: ``[B, new_tokens]``.
-
-    The same tokens as ``model.generate(prompts, new_tokens)[:, S:]``: a prefill, then one
-    ``Decoder.decode_step`` per token on static KV caches of ``S + new_tokens - 1`` slots (in the dtype
-    of the keys: bf16 under bf16 autocast). The argmax stays on the device; on a GPU nothing is read
-    back until the caller reads the answers. On the CPU a static cache attends over its filled slots
-    through the same code as a growing one, with the same numbers.
+    """Greedy decoding of ``new_tokens`` after unpadded ``prompts`` ``[B, S]``: ``[B, new_tokens]``, static KV caches.
 
     Example:
         >>> from rotary.models import DecoderConfig
@@ -346,12 +301,7 @@ def greedy_continuation(model: Decoder, prompts: torch.Tensor, new_tokens: int) 
 
 
 def evaluation_scalings(spec: ModelSpec, model: Decoder, config: ExperimentConfig) -> list[tuple[str, float | None]]:
-    """``(scaling, factor)`` pairs a model is measured with; factor None means ``E / L`` at each length.
-
-    A pretrained RoPE model of the main comparison (or its task model): every ``--scalings`` at inference
-    time. A model
-    fine-tuned with a scaling: that scaling at its own factor. Everything else: as it is.
-    """
+    """``(scaling, factor)`` pairs a model is measured with (factor None: ``E / L`` at each length)."""
     if spec.stage == "extend":
         return [(spec.scaling, spec.length / config.train_length if spec.scaling != "none" else 1.0)]
     if spec.stage in ("pretrain", "task") and config.study is None and uses_rope(model):
@@ -360,12 +310,7 @@ def evaluation_scalings(spec: ModelSpec, model: Decoder, config: ExperimentConfi
 
 
 def same_rope(a: Decoder, b: Decoder, length: int) -> bool:
-    """Whether two copies of one model rotate positions ``0 .. length - 1`` with equal tables.
-
-    The copies have the same weights (:func:`scaled_copy`), so they then compute the same logits on any
-    sequence of at most ``length`` tokens, bit for bit: a measurement of one stands for the other.
-    Every scaling at factor 1 is plain RoPE (linear and NTK scale by 1, YaRN's temperature is 1,
-    dynamic NTK changes nothing up to ``L``). Models without RoPE: False.
+    """Whether two copies of one model rotate positions ``0 .. length - 1`` with equal tables (then equal logits).
 
     Example:
         >>> from rotary.models import DecoderConfig
@@ -398,12 +343,7 @@ def _relabelled(rows: Measurements, scaling: str) -> Measurements:
 def evaluate_model(
     spec: ModelSpec, model: Decoder, text: EvaluationText, config: ExperimentConfig, reporter: Reporter
 ) -> Measurements:
-    """Every measurement of one trained model, as rows (:mod:`.rows`).
-
-    A measurement at factor 1 whose model is the same function as one already measured at that length
-    (:func:`same_rope`: at ``E = L`` every inference-time scaling) takes that one's rows under its own
-    scaling's name instead of being computed again.
-    """
+    """Every measurement of one trained model, as rows (:mod:`.rows`); one equal to an earlier one is reused."""
     L = config.train_length
     scalings = evaluation_scalings(spec, model, config)
     lengths = sorted(config.eval_lengths)
@@ -549,12 +489,7 @@ def _on_device(model: Decoder) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 def evaluate_tasks(spec: ModelSpec, model: Decoder, config: ExperimentConfig, reporter: Reporter) -> Measurements:
-    """A task model (:mod:`.tasks`) on every task at every length of :attr:`~.config.ExperimentConfig.task_lengths`,
-    with each of its scalings (factor ``E / task_length``, as perplexity has ``E / L``): one
-    :class:`~.rows.TaskRow` per task, length and scaling. At factor 1 a scaling whose RoPE tables equal
-    those of one already measured there (:func:`same_rope`: every scaling at ``E = task_length``) takes
-    its rows instead of being computed again. Every model gets the same trials (:func:`~.tasks.task_trials`).
-    """
+    """A task model on every task, length (:attr:`~.config.ExperimentConfig.task_lengths`) and scaling: task rows."""
     base = config.task_length
     lengths = config.task_lengths
     out = Measurements()

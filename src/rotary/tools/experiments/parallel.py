@@ -1,35 +1,14 @@
 """Several models of a run at a time (``--jobs``), each in a process of its own on ``--threads`` threads.
 
-Why processes: torch's intra-op threads belong to a process, and small models use two threads poorly.
-Two one-thread trainings at once gave 1.54 times the throughput of one two-thread training on two
-cores, with the same numbers (docs/experiment.md, "make demo's budget").
-
-How it works:
-
-- a pool of ``jobs`` worker processes, started with ``spawn`` (a child forked after torch has run
-  OpenMP threads can hang in its first parallel region); each gets the training text and the
-  evaluation text once, and ``--threads`` torch threads;
-- a job is one model, as a run of one model at a time does it (:mod:`.jobs`): trained
-  (:func:`~.train.train_model`, with its checkpoints), evaluated (cached in ``evaluation.json``) and
-  described. A model's numbers depend on its spec, the settings and its thread count only (its
-  initialisation, batches and evaluation prompts come from its own seeds), so they are those of
-  ``--jobs 1`` at the same ``--threads``, bit for bit, and results.json lists the models, rows and
-  timings in plan order either way;
-- models start as workers free up, those trained from scratch first (in plan order), then those that
-  start from another (the fine-tunes, in plan order): the short fine-tunes come last and keep both
-  workers busy to the end. A fine-tune waits for its parent's training, not its evaluation: the
-  parent's worker sends the trained weights as soon as it has them;
-- workers send their log lines and task counts to this process, whose :class:`~.progress.Reporter`
-  shows them (on a terminal one bar per running task);
-- errors: a worker's :class:`~.config.ExperimentError` (a divergence, a foreign checkpoint) ends the
-  run with its one line once the models before it in plan order that are still running have ended:
-  the run names the first in plan order of the models that failed (a bad learning rate makes the first
-  two models diverge, and the run names the first, as one model at a time does); a worker that
-  dies is one line that says so and how to continue; anything else (a bug) keeps its traceback.
-  Ctrl-C reaches this process only (the workers ignore SIGINT), which stops the workers and raises
-  ``KeyboardInterrupt`` as a run of one model at a time does;
-- a killed run (SIGKILL) takes its workers with it (on Linux ``PR_SET_PDEATHSIG``, elsewhere each
-  worker checks its parent every second): no orphan goes on writing checkpoints beside a resumed run.
+Processes, because torch's intra-op threads belong to a process and small models use two threads poorly
+(docs/experiment.md, "make demo's budget"). A pool of ``jobs`` workers, started with ``spawn`` (a fork after
+OpenMP threads can hang), each gets the texts once; a job is one model trained, evaluated and described as
+:mod:`.jobs` does it one at a time, so its numbers are those of ``--jobs 1`` at the same ``--threads``, bit
+for bit. Models trained from scratch start first, fine-tunes after (each once its parent's weights arrive).
+Workers send log lines and task counts to this process's :class:`~.progress.Reporter`. A worker's
+:class:`~.config.ExperimentError` ends the run naming the first failed model in plan order; a worker that dies
+is one line saying how to continue; Ctrl-C stops the workers and raises ``KeyboardInterrupt``; a killed run
+takes its workers with it (``PR_SET_PDEATHSIG``, or a check of the parent every second).
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
-"""Passkey retrieval (Mohtashami & Jaggi 2023, "Landmark Attention"): a random 5-digit key hidden in
-filler text, asked for at the end, scored by exact match of the digits the model generates.
+"""Passkey retrieval ("Landmark Attention", Mohtashami & Jaggi 2023): a random 5-digit key hidden in filler.
 
-One sample is a byte sequence of an exact length::
-
-    filler | "The pass key is 41279. Remember it. 41279 is the pass key. " | filler |
-        "What is the pass key? The pass key is " | 41279 (the answer)
-
-Everything before the answer is the prompt.
-
-``depth`` is the fraction of the filler placed before the key sentence (0: at the start, 1: just before
-the question). The key sentence states the key twice, as in the paper's prompt; the filler is a fixed
-set of sentences without a single digit, so the key sentence is the only place the prompt has digits.
+A sample of an exact length: filler, "The pass key is 41279. Remember it. 41279 is the pass key. ", filler,
+"What is the pass key? The pass key is ", then the answer (everything before it is the prompt). ``depth`` is
+the fraction of the filler before the key sentence; the filler has no digit, so the key is the prompt's only
+number. Scored by exact match of the generated digits.
 """
 
 from __future__ import annotations
@@ -90,16 +83,11 @@ def _filler(offset: int, length: int) -> str:
 
 
 def make_sample(length: int, key: str, depth: float, filler_offset: int = 0) -> PasskeySample:
-    """A sample of exactly ``length`` tokens with ``key`` at ``depth``.
+    """A sample of exactly ``length`` tokens (>= :func:`min_sample_length`, answer included) with ``key`` at ``depth``.
 
     Args:
-        length: total tokens, answer included (>= :func:`min_sample_length`).
-        key: ``KEY_DIGITS`` decimal digits.
-        depth: in [0, 1], the fraction of the filler placed before the key sentence.
+        key: ``KEY_DIGITS`` decimal digits; depth: in [0, 1].
         filler_offset: where in the filler sentences the text starts (varies the samples).
-
-    Returns:
-        :class:`PasskeySample`.
 
     Example:
         >>> s = make_sample(120, "12345", 0.5)
@@ -138,10 +126,7 @@ def random_key(generator: torch.Generator) -> str:
 
 
 def make_trials(length: int, trials: int, depths: Sequence[float], generator: torch.Generator) -> list[PasskeySample]:
-    """``trials`` samples of ``length`` tokens, spread evenly over ``depths``, with random keys.
-
-    Depth ``depths[i % len(depths)]`` goes to trial ``i``, so every depth gets ``trials // len(depths)``
-    trials or one more.
+    """``trials`` samples of ``length`` tokens with random keys; trial ``i`` at ``depths[i % len(depths)]``.
 
     Example:
         >>> ts = make_trials(120, 6, [0.0, 1.0], torch.Generator().manual_seed(0))
@@ -177,8 +162,7 @@ def passkey_accuracy(
 
     Args:
         answer: ``prompts [B, S] int64 -> generated [B, KEY_DIGITS] int64`` (e.g. greedy decoding).
-        samples: trials of one length (all prompts the same length).
-        batch_size: prompts per call.
+        samples, batch_size: trials of one length (prompts of one length); prompts per call.
 
     Returns:
         ``{"accuracy", "correct", "trials", "by_depth": {depth: accuracy}, "counts": {depth: (correct, trials)}}``.

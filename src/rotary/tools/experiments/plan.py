@@ -1,21 +1,11 @@
-"""Which models a run trains, in which order, and what each is called.
+"""Which models a run trains, in which order, and what each is called (:class:`ModelSpec`, per seed).
 
-A run is a list of :class:`ModelSpec`, every method once per seed (``seed``, ``seed + 1``, ...):
-
-- the main comparison: one model per position encoding at ``L`` (stage ``pretrain``); then, when the
-  extension stage is on, the RoPE model fine-tuned at ``E = extend_length`` with each of
-  ``extend_scalings`` (stage ``extend``; ``none`` is direct fine-tuning, the scaling of the others is
-  fixed at factor ``E / L``), and a RoPE model trained from scratch at ``E`` with the pretraining
-  budget in tokens (stage ``scratch``), the ceiling a fine-tune can hope to reach; and, with
-  ``task_steps``, one model per position encoding trained on the synthetic copy and associative-recall
-  tasks (:mod:`.tasks`) at ``task_length`` (stage ``task``, named ``task-<encoding>``);
-- ``--study base``: a RoPE model per base in ``bases``;
-- ``--study transfer``: sinusoidal and RoPE models of ``steps`` steps, a sinusoidal model of
-  ``steps - transfer_steps`` steps, and that model moved to RoPE (every other weight copied by
-  :func:`rotary.models.transfer_position_encoding`), once as it is and once fine-tuned for
-  ``transfer_steps`` steps: as many steps in all as the RoPE model trained from scratch.
-
-A model that starts from another (``parent``) comes after it, with the same seed.
+The main comparison: one model per position encoding at ``L`` (stage ``pretrain``); with the extension stage,
+the RoPE model fine-tuned at ``E = extend_length`` with each of ``extend_scalings`` (``extend``) and a RoPE
+model trained from scratch at ``E`` on the same token budget (``scratch``); with ``task_steps``, a task model
+per encoding (``task``). ``--study base``: a RoPE model per base. ``--study transfer``: sinusoidal and RoPE
+models, and a shorter sinusoidal model moved to RoPE (:func:`rotary.models.transfer_position_encoding`), as is
+and fine-tuned. A model that starts from another (``parent``) comes after it, with the same seed.
 """
 
 from __future__ import annotations
@@ -64,20 +54,13 @@ class ModelSpec:
     """One model to train.
 
     Attributes:
-        model: its name over seeds (``rope``, ``rope-ft-yarn``): what tables group by.
-        encoding: a key of ``rotary.models.POSITION_ENCODINGS``.
-        seed: initialisation and batches.
-        label: how tables and figures call it.
-        stage: one of :data:`STAGES`.
-        length: training window.
-        steps: optimizer steps (0: a transfer evaluated without fine-tuning).
-        rows: rows per step.
-        scaling: the RoPE scaling it is trained and evaluated with, factor ``length / L`` (``none``:
-            as built).
+        model, label: its name over seeds (``rope-ft-yarn``: what tables group by); how tables and figures call it.
+        encoding, rope_base: a key of ``rotary.models.POSITION_ENCODINGS``; RoPE's base.
+        seed, stage: initialisation and batches; one of :data:`STAGES`.
+        length, steps, rows: training window; optimizer steps (0: a transfer without fine-tuning); rows per step.
+        scaling: the RoPE scaling it is trained and evaluated with, factor ``length / L`` (``none``: as built).
         parent: the model (same seed) whose trained weights it starts from.
-        rope_base: RoPE's base.
-        first_batch: the index of its first batch in its seed's stream (a fine-tune continues the
-            stream its parent stopped in).
+        first_batch: its first batch's index in its seed's stream (a fine-tune continues its parent's).
     """
 
     model: str
@@ -233,11 +216,8 @@ def model_specs(config: ExperimentConfig) -> list[ModelSpec]:
 
 
 def scaling_block(name: str, factor: float, train_length: int) -> dict | None:
-    """The Hugging Face-style ``rope_scaling`` block of scaling ``name`` with ``factor`` (``E / L``).
-
-    ``dynamic`` is transformers' dynamic NTK with the same ``factor``: at a sequence of ``n`` tokens it
-    raises the base as static NTK with ``alpha = factor * n / L - (factor - 1)`` would, i.e. with
-    ``factor ** 2 - factor + 1`` at ``n = E``, more than static NTK's ``factor``.
+    """The ``rope_scaling`` block of scaling ``name`` with ``factor`` (``E / L``); ``dynamic`` is transformers' dynamic
+    NTK.
 
     Example:
         >>> scaling_block("yarn", 4.0, 128)

@@ -16,17 +16,7 @@ __all__ = ["Reporter", "Task", "table_console"]
 
 
 def table_console(stream: TextIO | None = None) -> Any:
-    """A rich console on ``stream`` (default stdout), at least 100 columns wide so that tables do not
-    wrap when the output is piped or logged.
-
-    The results table of :func:`~rotary.tools.experiments.run.run_experiment` is printed through it, and so
-    are the tables of the ``rotary`` commands: the library owns it, the command line imports it.
-
-    Args:
-        stream: where the console writes (default ``sys.stdout`` at the time of the call).
-
-    Returns:
-        A ``rich.console.Console`` (rich is imported here, not when this module is imported).
+    """A rich console on ``stream`` (default stdout), at least 100 columns wide so that piped tables do not wrap.
 
     Example:
         >>> import io
@@ -95,12 +85,7 @@ class Task:
 
 
 class Reporter:
-    """Where a run tells what it is doing.
-
-    Args:
-        enabled: False on every rank but 0 under torchrun (they print nothing).
-        stream: the output (stdout).
-        interactive: rich bars when True; default: whether ``stream`` is a terminal.
+    """Where a run tells what it is doing (``enabled``: False on every rank but 0; ``interactive``: rich bars).
 
     Example:
         >>> import io

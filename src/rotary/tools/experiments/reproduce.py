@@ -34,8 +34,7 @@ def _format(value: Any) -> str:
 
 
 def command_line(config: ExperimentConfig) -> str:
-    """The ``rotary experiment`` command that reproduces ``config``: the preset and every setting that
-    differs from it.
+    """The ``rotary experiment`` command that reproduces ``config``: its preset and every setting differing from it.
 
     Example:
         >>> command_line(ExperimentConfig(**{**PRESETS["tiny"], "steps": 30, "device": "cpu"}))

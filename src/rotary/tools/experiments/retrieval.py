@@ -1,25 +1,10 @@
 """A smooth long-range retrieval probe: a random span repeated at distance ``d``.
 
-Passkey retrieval is all or nothing per prompt, and a small model learns it abruptly, late in
-training or not at all; it cannot rank encodings that all score 0%. This probe measures the same
-ability, finding an earlier copy and reading it back, as a loss that moves continuously.
-
-One trial, and its control, are held-out text with a span of random letters and digits written in
-twice (the copy) or two different spans at the same places (the control)::
-
-    copy:     text (32 bytes) | span A | text ... | span A        the second A can be read off the first
-    control:  text (32 bytes) | span B | text ... | span A        same text, same positions, nothing to read
-              <------------------- d ------------------>
-
-The scored bytes are the 2nd to last of the second span (its first byte follows ordinary text and
-cannot be retrieved), at the same positions in both. Without retrieval a model can only guess them:
-its loss is the same on the copy and on the control. The **retrieval gain** is
-
-    gain = loss(control) - loss(copy)      (nats per byte; 0: nothing retrieved, up to ln 62 ≈ 4.1)
-
-Because the control shares every position with the copy, a model that breaks at positions past its
-training length loses on both alike: the gain isolates retrieval from that breakage. Spans use the
-62 ASCII letters and digits; span B differs from span A at every byte.
+Passkey retrieval is all or nothing and cannot rank encodings that all score 0%; this probe measures the same
+ability as a loss. A copy is held-out text with a span of random letters and digits written in twice, ``d``
+bytes apart; its control has a different first span at the same places. The scored bytes are the 2nd to last
+of the second span, so ``gain = loss(control) - loss(copy)`` (nats per byte, 0 to ln 62) isolates retrieval:
+a model that breaks past its training length loses on both alike.
 """
 
 from __future__ import annotations
@@ -85,10 +70,8 @@ def make_trials(
 
     Args:
         text: uint8 or int64 ``[T]`` held-out bytes, ``T >= PREFIX + distance + span``.
-        distance: at least ``span`` (the spans do not overlap).
-        trials: sequences.
-        span: bytes per span.
-        generator: the trials are a function of its state (the same for every model of a run).
+        distance, span: at least ``span`` (the spans do not overlap); bytes per span.
+        trials, generator: sequences; their source of randomness (the same for every model of a run).
 
     Example:
         >>> text = torch.tensor(list(b"the quick brown fox jumps over the lazy dog. " * 8))
@@ -127,16 +110,12 @@ def retrieval_scores(
     """Loss and accuracy on the second span of the copies and of the controls.
 
     Args:
-        logits: ``tokens [B, S] int64 -> logits [B, S', V]`` of the last ``S'`` positions, all of them
-            (a ``Decoder`` in eval mode, or any model) or at least the ``span - 1`` scored ones (the
-            scored queries are the last positions of the tokens it is given).
-        trials: from :func:`make_trials`.
-        batch_rows: sequences per call.
+        logits: ``tokens [B, S] int64 -> logits [B, S', V]`` of the last ``S' >= span - 1`` positions.
+        trials, batch_rows: from :func:`make_trials`; sequences per call.
 
     Returns:
-        ``{"copy_loss", "control_loss", "gain", "copy_accuracy", "control_accuracy", "predictions"}``:
-        mean next-byte loss (nats) and top-1 accuracy over the scored bytes, ``gain = control_loss -
-        copy_loss``, and the number of scored bytes per kind.
+        ``{"copy_loss", "control_loss", "gain", "copy_accuracy", "control_accuracy", "predictions"}`` (nats,
+        top-1 over the scored bytes, ``gain = control_loss - copy_loss``, scored bytes per kind).
     """
     start, stop = trials.second, trials.second + trials.span  # targets start + 1 .. stop - 1
     out = {}

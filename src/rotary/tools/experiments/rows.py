@@ -59,14 +59,10 @@ class PerplexityRow(Row):
     """Next-byte loss on the held-out text at one length, in one mode.
 
     Attributes:
-        mode: ``windows`` (non-overlapping windows of ``eval_length``: each predicted from its own
-            tokens only) or ``sliding`` (windows every ``stride`` tokens, scoring only their last
-            ``stride`` tokens: every scored token sees at least ``eval_length - stride`` of context).
-        eval_length: ``E``.
-        stride: ``E`` for ``windows``.
-        loss: mean cross-entropy, nats per byte.
-        perplexity: ``exp(loss)`` (inf past ~700 nats).
-        bits_per_byte: ``loss / ln 2``.
+        mode: ``windows`` (non-overlapping windows of ``eval_length``) or ``sliding`` (every scored token sees at
+            least ``eval_length - stride`` tokens).
+        eval_length, stride: ``E``; the stride (``E`` for ``windows``).
+        loss, perplexity, bits_per_byte: mean cross-entropy in nats per byte; ``exp(loss)``; ``loss / ln 2``.
         predictions: scored bytes.
     """
 
@@ -105,13 +101,9 @@ class RetrievalRow(Row):
     """The retrieval probe (:mod:`rotary.tools.experiments.retrieval`) at one distance.
 
     Attributes:
-        distance: between the two copies of the span.
-        length: tokens per trial sequence.
-        span: bytes per span.
-        copy_loss, control_loss: mean loss on the scored bytes of the second span, nats.
-        gain: ``control_loss - copy_loss``.
-        copy_accuracy, control_accuracy: top-1 accuracy on the same bytes.
-        predictions: scored bytes per kind.
+        distance, length, span: between the two copies; tokens per trial; bytes per span.
+        copy_loss, control_loss, gain: mean loss on the scored bytes (nats); ``control_loss - copy_loss``.
+        copy_accuracy, control_accuracy, predictions: top-1 accuracy on the same bytes; scored bytes per kind.
     """
 
     distance: int

@@ -149,9 +149,9 @@ def _stored_run(directory: Path) -> dict[str, Any]:
 
 
 def _command_of(stored: dict[str, Any]) -> str:
-    """The command that continues a stored run: its preset and every setting that differs from that preset
-    as it is now. The command the run recorded names only what differed from the preset then, and a preset
-    changed since (the default's steps, 600 -> 480 on 2026-12-03) would make it another configuration."""
+    """The command that continues a stored run: its preset and every setting that differs from that preset as it is
+    now (the command the run recorded names what differed then, and a preset may have changed since).
+    """
     try:
         return command_line(ExperimentConfig.from_dict(stored["config"]))
     except (InputError, KeyError, TypeError, ValueError):  # settings of another version: what it recorded

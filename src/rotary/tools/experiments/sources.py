@@ -1,19 +1,9 @@
-"""The text a run learns from: files, directories, glob patterns, or a corpus every Python has.
+"""The text a run learns from: files, directories, glob patterns, or a corpus every Python has (nothing downloaded).
 
-``--data`` takes one or more sources, read in the order given and joined by a newline:
-
-- a file: UTF-8 text (an error names the first byte that is not);
-- a directory: every regular file under it, in sorted order, hidden files and ``__pycache__`` left
-  out; files that are not UTF-8 text (or hold a NUL byte) are skipped and counted;
-- a glob pattern (``'notes/**/*.md'``): the files it matches, in sorted order, filtered like a
-  directory's;
-- ``builtin:pydoc``: the English documentation CPython ships as ``pydoc_data.topics`` (about 0.47 MB,
-  the default);
-- ``builtin:stdlib``: the running interpreter's standard library sources, every ``*.py`` file under
-  ``sysconfig.get_paths()["stdlib"]`` outside ``site-packages`` (tens of MB; it differs between Python
-  versions, so the report gives its size and sha256).
-
-Nothing is downloaded.
+``--data`` takes sources read in order and joined by a newline: a UTF-8 file; a directory or a glob pattern
+(their regular files in sorted order, hidden files and ``__pycache__`` left out, files that are not UTF-8 text
+skipped and counted); ``builtin:pydoc`` (CPython's ``pydoc_data.topics``, about 0.47 MB, the default);
+``builtin:stdlib`` (the interpreter's standard library sources, tens of MB, differing between versions).
 """
 
 from __future__ import annotations
@@ -39,13 +29,8 @@ UTF8_CHUNK = 1 << 20
 
 @dataclass(frozen=True)
 class Text:
-    """The bytes of every source, joined, and where they came from.
-
-    Attributes:
-        data: the text.
-        source: the sources as given (``builtin:pydoc`` by default).
-        files: files read.
-        skipped: files of directories and patterns left out (not UTF-8 text).
+    """The bytes of every source, joined (``data``), the ``source`` as given, the ``files`` read and those
+    ``skipped``.
     """
 
     data: bytes
@@ -55,8 +40,7 @@ class Text:
 
 
 def first_invalid_utf8(data: bytes, chunk: int | None = None) -> int | None:
-    r"""The offset of the first byte that is not valid UTF-8, or None; decodes ``chunk`` bytes at a
-    time (default :data:`UTF8_CHUNK`), so a large text is never held twice (once as a str).
+    r"""The offset of the first byte that is not valid UTF-8, or None; decoded ``chunk`` bytes at a time.
 
     Example:
         >>> first_invalid_utf8("Grüße".encode()), first_invalid_utf8(b"caf\xe9 au lait")

@@ -1,17 +1,10 @@
 """The statistics a report states: a value over seeds, a binomial interval, and the verdict rules.
 
-A method trained with ``K`` seeds has ``K`` values of every measurement; :class:`Stat` holds them with
-their mean and spread (half the range: for two seeds, the mean is the midpoint and the two runs are
-``mean ± spread``). A comparison between two methods is made on the per-seed *differences* (seed ``k``
-of one against seed ``k`` of the other, which share the training batches), so each pair of methods is
-held to its own spread:
-
-- the claim holds (**agrees**) when every seed's difference is on the claim's side of its threshold;
-- it fails (**does not agree**) when every seed's difference is on the other side;
-- it is **within run-to-run spread** when the seeds fall on both sides.
-
-With one seed the single value decides. Passkey accuracies are counts of exact answers: their
-interval is Wilson's score interval (:func:`wilson`), and a threshold is judged against it.
+A method trained with ``K`` seeds has ``K`` values of each measurement (:class:`Stat`: mean and half the
+range). Two methods are compared on the per-seed differences (seed ``k`` against seed ``k``, which share the
+training batches): a claim **agrees** when every seed's difference is on its side of the threshold, **does
+not agree** when every one is on the other side, and is **within run-to-run spread** otherwise. Passkey
+accuracies are judged against Wilson's score interval (:func:`wilson`).
 """
 
 from __future__ import annotations
@@ -106,8 +99,7 @@ class Stat:
 
 
 def at_most(stat: Stat | None, bound: float) -> str | None:
-    """The claim "value <= bound" over the seeds: every seed at or under it agrees, every seed over it
-    disagrees, seeds on both sides are within the run-to-run spread; None when not measured or not finite.
+    """The claim "value <= bound" over the seeds (the verdict rules of the module); None when not measured or finite.
 
     Example:
         >>> at_most(Stat.of([0.1, 0.2]), 0.3), at_most(Stat.of([0.4, 0.5]), 0.3), at_most(Stat.of([0.2, 0.4]), 0.3)
@@ -134,10 +126,7 @@ def at_least(stat: Stat | None, bound: float) -> str | None:
 
 
 def wilson(correct: int, trials: int, z: float = 1.959964) -> tuple[float, float]:
-    """Wilson's score interval (95% by default) for ``correct`` successes in ``trials``.
-
-    Unlike the normal approximation it stays inside [0, 1] and is not empty at 0 or ``trials``
-    successes: 0 of 40 gives [0, 8.8%], not a point at 0.
+    """Wilson's score interval (95% by default) for ``correct`` successes in ``trials`` (inside [0, 1], never empty).
 
     Example:
         >>> [round(v, 3) for v in wilson(0, 40)], [round(v, 3) for v in wilson(20, 40)]
@@ -169,9 +158,7 @@ def interval_outcome(low: float, high: float, bound: float) -> str | None:
 
 
 def combine(outcomes: Sequence[str | None]) -> str:
-    """One verdict from the items of a claim: ``agrees`` when every item agrees, ``does not agree`` when
-    none agrees and one disagrees, ``partly`` when some agree and the others do not or cannot be told,
-    ``within run-to-run spread`` when no item can be told, ``not measured`` when none was measured.
+    """One verdict from the items of a claim: all agree, none agrees, ``partly``, all within spread, or not measured.
 
     Example:
         >>> (combine([AGREE, AGREE]), combine([AGREE, WITHIN]), combine([DISAGREE, WITHIN]), combine([WITHIN]),

@@ -1,20 +1,13 @@
 """The two studies beside the main comparison: RoPE's base, and moving a sinusoidal model to RoPE.
 
-**Base** (``--study base``): RoPE trained from scratch at every base of ``--bases``, compared with
-"Scaling Laws of RoPE-based Extrapolation" (Liu et al. 2023). Pair ``i`` of a head of width ``d``
-rotates by ``θ_i = base^(-2i/d)`` per token, a period of ``2π base^(2i/d)`` tokens. The pairs whose
-period is at most the training length ``T`` have seen every angle in training; the first pair whose
-period exceeds ``T`` has index ``i* = ceil((d/2) log_base(T / 2π))``, and the paper's critical
-dimension is ``d_extra = 2 i*`` (the dimensions before it completed a period). Its extrapolation
-bound is the period of that first pair, ``T_extra = 2π base^(d_extra / d)``: past it, the pair meets
-angles it never saw, and the paper traces the failure past the training length to it. A base small
-enough that every pair completes a period within ``T`` (``d_extra >= d``) leaves no such pair.
+**Base** (``--study base``): RoPE trained at every base of ``--bases``, compared with "Scaling Laws of
+RoPE-based Extrapolation" (Liu et al. 2023): the first pair whose period ``2π base^(2i/d)`` exceeds the training
+length ``T`` has index ``i*``, the critical dimension is ``d_extra = 2 i*`` (:func:`critical_dimension`), and
+the extrapolation bound is that pair's period ``T_extra`` (:func:`extrapolation_limit`).
 
-**Transfer** (``--study transfer``): a sinusoidal model trained for ``steps - N`` steps, moved to
-RoPE with :func:`rotary.models.transfer_position_encoding` (every weight outside the position
-encoding copied), measured as it is and after ``N`` more steps with RoPE; beside a RoPE model and a
-sinusoidal model trained for ``steps`` steps, the same total. No paper we cite measures this; the
-section asks the questions directly.
+**Transfer** (``--study transfer``): a sinusoidal model moved to RoPE
+(:func:`rotary.models.transfer_position_encoding`), measured as it is and after more steps with RoPE, beside a
+RoPE and a sinusoidal model of the same total steps. No paper we cite measures this.
 """
 
 from __future__ import annotations
@@ -54,8 +47,7 @@ def critical_dimension(head_dim: int, base: float, train_length: int) -> int:
 
 
 def extrapolation_limit(head_dim: int, base: float, train_length: int) -> float:
-    """``T_extra = 2π base^(d_extra / d)``, the period of the first pair whose period exceeds the
-    training length; inf when every pair completes a period within it.
+    """``T_extra = 2π base^(d_extra / d)``, the first pair's period past the training length (inf if none).
 
     Example:
         >>> round(extrapolation_limit(32, 10000, 128), 1), extrapolation_limit(32, 20, 128)

@@ -71,12 +71,11 @@ def _informative(values: list[str]) -> bool:
 
 
 def summary_table(results: Results, spread: bool = True) -> tuple[list[str], list[list[str]]]:
-    """The main table: perplexity at every length (non-overlapping windows), sliding windows at L and
-    at the longest length, copy and associative-recall accuracy of the method's task model at 1 and 2 times
-    its length (:data:`SUMMARY_TASK_LENGTHS`; per byte, every seed pooled, Wilson 95% interval), the
-    retrieval gain inside and past L and passkey at L. Mean ± half the range over seeds (``spread=False``:
-    the mean alone). A column in which no method has a measured value other than 0 is left out (the
-    retrieval probe and passkey of the default preset, which these models do not learn)."""
+    """The main table: the headline measurements per method, mean ± half the range over seeds (``spread=False``: mean).
+
+    Columns: perplexity at every length, sliding windows at L and the longest, task accuracy at 1 and 2 times
+    its length (Wilson 95%), retrieval gain, passkey at L; a column no method measured above 0 is left out.
+    """
     L = results.config.train_length
     longest = results.lengths[-1]
     inside = [d for d in results.distances if d <= L]

@@ -1,35 +1,18 @@
-"""Synthetic retrieval tasks that small decoders learn in minutes: copying and associative recall.
+"""Synthetic retrieval tasks that small decoders learn in minutes: copying and associative recall, in bytes.
 
-A model trained on natural text for the default budget learns no copying (the retrieval probe and the
-passkey read 0 for every encoding). The papers that compare position encodings on retrieval train
-small models on synthetic tasks instead; these two are theirs, in bytes, so that the same
-``Decoder`` (vocabulary 256) serves:
+A model trained on natural text for the default budget learns no copying, so, as the papers that compare
+position encodings on retrieval do, task models learn two synthetic tasks (sources: docs/experiment.md):
 
-- **copy** ("The Impact of Positional Encoding on Length Generalization in Transformers"; "Repeat
-  After Me: Transformers are Better than State Space Models at Copying"): a string of ``n`` random
-  lowercase letters, a separator, the string again and an end mark::
+- **copy**: random lowercase letters, a separator, the string again, an end mark (``qhvbz|qhvbz.``: the 5
+  letters after ``|`` are scored; chance 1/26). Evaluation strings are longer than any seen in training
+  (:func:`copy_range`);
+- **induction** (associative recall): filler of 16 letters in whose first half ``pairs`` uppercase keys are
+  each followed by a value; in the second half each key appears again and the byte after it is scored
+  (chance 1/16).
 
-      qhvbz|qhvbz.        scored: the 5 letters after '|' (each predicted from everything before it)
-
-  Chance is 1/26 per letter. Evaluation rows of length ``E`` copy strings of ``(E - 1) // 4 + 1`` to
-  ``(E - 1) // 2`` letters, so at ``2L`` every string is longer than any seen in training.
-- **induction** (associative recall; the induction-heads task of "Mamba: Linear-Time Sequence Modeling
-  with Selective State Spaces", Table 11, with several queries per sequence): filler of random letters
-  from ``a``-``p`` (16), in whose first half ``pairs`` distinct uppercase keys are each followed by a
-  random value from the same 16 letters; in the second half each key appears once more, in another
-  order, and the model must predict the value that followed it the first time::
-
-      ...kcaGmlfpbXdo...|...fbnXdhaGm...   scored: the byte after each key of the second half
-
-  Chance is 1/16 per answer; at ``E`` the keys are up to ``E`` apart.
-
-Rows are right-padded with byte 0 (causal attention: padding after a token changes nothing before it),
-and targets that are not scored are -100 (``F.cross_entropy``'s ``ignore_index``). Everything is a
-function of a ``torch.Generator``: the batches of a training step and the trials of an evaluation
-length are drawn from seeds derived from the run's seed (:func:`~.data.derived_seed`).
-
-Accuracy is top-1 on the scored bytes under teacher forcing; a trial is an **exact match** when every
-scored byte of it is right, which is also when greedy decoding would reproduce every answer.
+Rows are right-padded with byte 0, unscored targets are -100 (``ignore_index``), and every draw comes from a
+generator seeded from the run's seed (:func:`~.data.derived_seed`). Accuracy is top-1 on the scored bytes
+under teacher forcing; a trial is an **exact match** when every scored byte is right.
 """
 
 from __future__ import annotations
@@ -97,9 +80,7 @@ class TaskBatch:
 
 
 def copy_range(length: int, *, training: bool) -> tuple[int, int]:
-    """The string lengths ``(lo, hi)`` (both included) of copy rows of ``length`` tokens: in training
-    ``MIN_COPY .. (length - 1) // 2``; in evaluation the upper half of what fits, ``(length - 1) // 4 + 1 ..
-    (length - 1) // 2``, so that the strings at ``2L`` are all longer than any in training.
+    """The string lengths ``(lo, hi)`` of copy rows of ``length`` tokens: evaluation takes the upper half of training's.
 
     Example:
         >>> copy_range(64, training=True), copy_range(64, training=False), copy_range(128, training=False)
@@ -182,9 +163,7 @@ def make_batch(
 
 
 def task_training_batch(step: int, config: Any, seed: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The training batch of a task model at ``step``: ``rows`` rows of ``config.task_length`` tokens,
-    copy and associative recall alternating (copy first), drawn from a generator seeded by ``(seed,
-    task_length, step)``. Returns ``(inputs, targets)``, int64 ``[rows, task_length]`` each.
+    """A task model's training batch at ``step``: ``(inputs, targets)`` int64 ``[rows, task_length]``, copy first.
 
     Example:
         >>> from rotary.tools.experiments.config import ExperimentConfig
@@ -201,8 +180,7 @@ def task_training_batch(step: int, config: Any, seed: int, rows: int) -> tuple[t
 
 
 def task_trials(task: str, length: int, config: Any) -> TaskBatch:
-    """The evaluation rows of ``task`` at ``length``: ``config.task_trials`` of them, the same for every
-    model (a generator seeded by the run's seed, the task and the length).
+    """The ``config.task_trials`` evaluation rows of ``task`` at ``length``, the same for every model.
 
     Example:
         >>> from rotary.tools.experiments.config import ExperimentConfig
@@ -220,12 +198,10 @@ def task_scores(logits_of: Callable[[torch.Tensor], torch.Tensor], batch: TaskBa
 
     Args:
         logits_of: ``inputs [b, E] -> logits [b, E, V]`` (on any device; read back here).
-        batch: the trials.
-        batch_rows: rows per call.
+        batch, batch_rows: the trials; rows per call.
 
     Returns:
-        ``correct`` and ``predictions`` (scored bytes), ``exact`` and ``trials`` (rows), ``loss`` (mean
-        nats over the scored bytes).
+        ``correct``/``predictions`` (scored bytes), ``exact``/``trials`` (rows), ``loss`` (mean nats, scored bytes).
 
     Example:
         >>> b = copy_batch(3, 16, torch.Generator().manual_seed(0))

@@ -1,26 +1,21 @@
-"""Training the models of a run (:mod:`.plan`), in the manner of nanoGPT's ``train.py``: the same
-script on one process or under torchrun with DistributedDataParallel.
+"""Training the models of a run (:mod:`.plan`), in the manner of nanoGPT's ``train.py``: the same script on one
+process or under torchrun with DistributedDataParallel.
 
     torchrun --standalone --nproc_per_node=2 -m rotary experiment --preset tiny
 
-Under torchrun every rank builds the same model (same seed), wraps it in
-``torch.nn.parallel.DistributedDataParallel`` (gloo on CPU, nccl on GPU) and takes its own
-contiguous rows of every global batch; DDP averages the gradients, so each update is the one a single
-process would make on the whole batch. Rank 0 alone writes checkpoints.
+Under torchrun every rank builds the same model, wraps it in DDP (gloo on CPU, nccl on GPU) and takes its own
+rows of every global batch, so each update is the one a single process would make; rank 0 alone writes
+checkpoints (every ``checkpoint_every`` steps and at the end). Batches depend only on ``(seed, length, step)``
+and the learning rate only on the step, so a resumed run continues exactly as an uninterrupted one. A
+fine-tune starts from its ``parent``'s trained weights (:func:`start_model`) with a fresh AdamW and its own
+schedule (:meth:`Schedule.of`). On CUDA a step runs under bf16 autocast with fp32 weights, compiled where the
+run compiles (:class:`ForwardBackward`), with a fused AdamW, and the host reads the losses every
+:data:`READ_EVERY` steps; the CPU path is fp32, eager, and reads every step.
 
-A checkpoint (model, optimizer, step, losses so far) is written every ``checkpoint_every`` steps and
-at the end. Batches depend only on ``(seed, length, step)`` and the learning rate only on the step, so
-a run resumed from step ``k`` continues exactly as an uninterrupted one.
-
-A model with a ``parent`` (a fine-tune) starts from the parent's trained weights: all of them for the
-same encoding, every weight outside the position encoding for another
-(:func:`rotary.models.transfer_position_encoding`). It gets a fresh AdamW and its own schedule: warm-up
-over a tenth of its steps to ``finetune_learning_rate``, then cosine decay to ``min_learning_rate``.
-
-On CUDA (``precision``/``compile`` of :class:`~.config.ExperimentConfig`) a step runs under bf16 autocast
-with fp32 weights, through ``torch.compile`` of the model where the run compiles
-(:class:`ForwardBackward`), with a fused AdamW, and the host reads the losses back every
-:data:`READ_EVERY` steps instead of every step. The CPU path is fp32, eager, and reads every step.
+:class:`ForwardBackward` compiles each model from :func:`torch.compiler.reset`: a RoPE model is guarded on the
+identity of its frequency objects, so models would pile up entries in Dynamo's cache of the forward, and past
+``recompile_limit`` (8) Dynamo silently runs eagerly. A compile that raises is logged in one line, and that
+step and all later ones run eagerly.
 """
 
 from __future__ import annotations
@@ -139,9 +134,7 @@ def build_model(spec: ModelSpec, config: ExperimentConfig) -> Decoder:
 
 
 def start_model(spec: ModelSpec, config: ExperimentConfig, parent: Decoder | None = None) -> Decoder:
-    """The model of ``spec`` before its first step: :func:`build_model`, or for a fine-tune the
-    ``parent``'s trained weights (all of them for the same encoding; for another, every weight outside
-    the position encoding, through :func:`rotary.models.transfer_position_encoding`).
+    """The model of ``spec`` before its first step: :func:`build_model`, or a fine-tune's ``parent``'s weights.
 
     Raises:
         rotary.errors.InputError: a fine-tune without its parent, or a parent for a model that has none.
@@ -165,11 +158,7 @@ def start_model(spec: ModelSpec, config: ExperimentConfig, parent: Decoder | Non
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """AdamW groups: weight decay on the weights of linear layers only.
-
-    Embeddings (tokens, learned positions), norms and learned biases are not decayed: a row that gets
-    no gradient (a learned position past ``L``) then keeps its initial value exactly.
-    """
+    """AdamW groups: weight decay on linear layers' weights only (an untrained learned position keeps its value)."""
     decay = {id(m.weight): m.weight for m in model.modules() if isinstance(m, nn.Linear)}
     rest = [p for p in model.parameters() if id(p) not in decay]
     return [{"params": list(decay.values()), "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
@@ -187,9 +176,7 @@ class Schedule:
 
     @classmethod
     def of(cls, spec: ModelSpec, config: ExperimentConfig) -> Schedule:
-        """Pretraining's schedule (``--warmup-steps``, ``--learning-rate``), or for a fine-tune a tenth of
-        its steps of warm-up to ``--finetune-learning-rate``; both decay to ``--min-learning-rate``. A task
-        model warms up over a twentieth of its steps to ``--task-learning-rate`` and decays to a tenth of it.
+        """Pretraining's schedule, a fine-tune's (a tenth of its steps of warm-up) or a task model's (a twentieth).
 
         Example:
             >>> from rotary.tools.experiments.plan import ModelSpec
@@ -428,21 +415,18 @@ def train_model(
     """Train (or continue training) the model of ``spec`` for ``spec.steps`` steps.
 
     Args:
-        spec: which model.
-        config: the run's settings (device, schedule, ...).
+        spec, config: which model; the run's settings.
         train_tokens: uint8 ``[N]`` training text (:attr:`Corpus.train`; int64 works too).
         parent: the trained model ``spec`` starts from (``spec.parent``), else None.
         run_dir: where ``models/<name>/checkpoint.pt`` lives (rank 0 writes it); None: no checkpoints.
         resume: continue from an existing checkpoint.
-        reporter: progress output.
-        dist: this process's rank and the world size.
+        reporter, dist: progress output; this process's rank and the world size.
 
     Returns:
         :class:`TrainOutcome` with the unwrapped model in eval mode.
 
     Raises:
-        TrainingDiverged: the loss or the gradient norm of a step is not finite (checked before the
-            optimizer step; the last checkpoint is the last finite one).
+        TrainingDiverged: a step's loss or gradient norm is not finite (the last checkpoint is the last finite one).
         ExperimentError: a checkpoint that does not belong to this run or does not fit the model.
     """
     device = dist.device(config.device)

@@ -1,22 +1,10 @@
 """A causal LM checkpoint, its RoPE, and the models of each scaling built by transformers from an edited config.
 
-The traps of scaling a pretrained model's RoPE (transformers 5.23), and where each is avoided:
-
-- editing ``config.rope_parameters`` of a loaded model changes nothing for static types (``inv_freq``
-  is built in ``__init__``) while dynamic NTK and LongRoPE re-read it: here the config.json is edited
-  *before* transformers builds the model (:func:`scaled_config`, :func:`build_model`); a loaded model
-  is never changed;
-- replacing a 5.x ``rope_parameters`` dict drops its ``rope_theta`` (and ``partial_rotary_factor``):
-  the new block is written with both carried over; a 4.x config keeps ``rope_theta`` beside its new
-  ``rope_scaling``;
-- ``original_max_position_embeddings`` defaults to ``max_position_embeddings``: every block that
-  reads it (YaRN, Llama-3, LongRoPE) states it, and only then is ``max_position_embeddings`` set to the
-  target length;
-- dynamic NTK takes ``max_position_embeddings`` as its origin and remembers the longest length it has
-  seen: its config gets the original length there, and the sweep builds a fresh model per length;
-- YaRN's attention factor and LongRoPE's short/long switch are transformers' own (the model is
-  transformers'), and :func:`check_tables` compares its cos/sin, attention factor included, with
-  rotary's tables for the same edited config, at the length measured.
+The traps of scaling a pretrained model's RoPE in transformers, and how each is avoided, are in docs/sweep.md,
+"The traps, and how the command avoids each": in short, the config.json is edited *before* transformers
+builds the model (:func:`scaled_config`, :func:`build_model`; a loaded model is never changed), the new block
+carries ``rope_theta`` over, every block that reads ``original_max_position_embeddings`` states it, dynamic NTK
+gets a fresh model per length, and :func:`check_tables` compares the model's cos/sin with rotary's tables.
 """
 
 from __future__ import annotations
@@ -70,20 +58,13 @@ class Checkpoint:
     """A causal LM's config and what the sweep reads from it.
 
     Attributes:
-        source: the directory (or hub id) given.
-        config: config.json's contents, as written (never modified).
-        model_type: its ``model_type``.
-        form: ``"5.x"`` (``rope_parameters``) or ``"4.x"`` (``rope_theta`` + ``rope_scaling``).
+        source, config: the directory (or hub id) given; config.json's contents, as written (never modified).
+        model_type, form: its ``model_type``; ``"5.x"`` (``rope_parameters``) or ``"4.x"`` (``rope_scaling``).
         original_length: the context the scalings extend (factor = length / it).
-        layer_types: the layer types whose RoPE the scalings change (``[None]``: the model's one RoPE).
-        blocks: each such layer type's RoPE block as rotary reads it (``rope_type``, ``rope_theta``, ...).
-        sliding_window: the attention window of its sliding-window layers, or None.
-        nope_layers: indices of layers that apply no RoPE.
-        num_layers: layers.
-        vocab_size: output size ``V``.
-        weights_bytes: size of the weight files (0 for a hub id).
-        rotary_dims: each such layer type's rotated width ``d`` (NTK-aware scaling raises the base by
-            ``factor ** (d / (d - 2))``).
+        layer_types, blocks: the layer types whose RoPE the scalings change (``[None]``: one RoPE); their blocks.
+        sliding_window, nope_layers: the sliding layers' window, or None; indices of layers without RoPE.
+        num_layers, vocab_size, weights_bytes: layers; output size ``V``; weight files' size (0 for a hub id).
+        rotary_dims: each such layer type's rotated width ``d`` (NTK-aware scaling: base × ``factor ** (d/(d-2))``).
     """
 
     source: str
@@ -142,20 +123,13 @@ def _read_config(model: str) -> tuple[dict[str, Any], int]:
 
 
 def open_checkpoint(model: str, *, original_length: int | None = None) -> Checkpoint:
-    """Read ``model``'s config and its RoPE, checking that there is something to scale.
+    """Read ``model``'s config (a checkpoint directory or a hub id) and its RoPE, checking there is something to scale.
 
-    Args:
-        model: a checkpoint directory (config.json + weights) or a hub id.
-        original_length: the context the scalings extend; default the RoPE block's
-            ``original_max_position_embeddings``, else ``max_position_embeddings``.
+    ``original_length``: the context the scalings extend; default ``original_max_position_embeddings``, else
+    ``max_position_embeddings``.
 
     Raises:
-        rotary.errors.InputError: no checkpoint there; a model without RoPE (the message names the layers);
-            a multimodal config (sweep its text model's checkpoint).
-
-    Example (not run: needs a checkpoint)::
-
-        open_checkpoint("exported/rope-0").original_length  # 128
+        rotary.errors.InputError: no checkpoint there; a model without RoPE; a multimodal config.
     """
     from ...hf import read_hf_layers
     from ...rope import RoPE
@@ -232,10 +206,7 @@ def factor_for(length: int, original_length: int) -> float:
 
 
 def scaling_block(scaling: str, factor: float, original_length: int, current: dict[str, Any]) -> dict[str, Any]:
-    """The RoPE block (without ``rope_theta``) of ``scaling`` at ``factor``, from the model's ``current`` block.
-
-    Llama-3 keeps the model's ``low_freq_factor`` / ``high_freq_factor`` (else Llama 3.1's 1 and 4),
-    YaRN its ``beta_fast`` / ``beta_slow`` / ``mscale`` keys, LongRoPE its short and long factors.
+    """The RoPE block (without ``rope_theta``) of ``scaling`` at ``factor``, keeping the model's own parameters.
 
     Raises:
         rotary.errors.InputError: an unknown scaling, or LongRoPE without the model's factors.
@@ -271,12 +242,8 @@ def scaling_block(scaling: str, factor: float, original_length: int, current: di
 def scaled_config(checkpoint: Checkpoint, scaling: str, factor: float) -> dict[str, Any]:
     """config.json of ``checkpoint`` with ``scaling`` at ``factor``, in the checkpoint's own form (4.x or 5.x).
 
-    Only the RoPE of :attr:`Checkpoint.layer_types` changes; ``rope_theta`` (and ``partial_rotary_factor``)
-    are carried into the new block. NTK-aware scaling (``ntk``, NTK-alpha) is plain RoPE with ``rope_theta``
-    raised to ``rope_theta * factor ** (d / (d - 2))`` (``d`` the rotated width), which every family reads.
-    ``max_position_embeddings``: kept for ``none``, ``linear`` and ``ntk``, the
-    original length for dynamic NTK (its origin), ``original x factor`` for the types whose block states
-    ``original_max_position_embeddings`` (so their ratio is the factor).
+    Only the RoPE of :attr:`Checkpoint.layer_types` changes; NTK-aware scaling is plain RoPE with a raised
+    ``rope_theta``; ``max_position_embeddings`` is set as each type reads it (docs/sweep.md).
 
     Example:
         >>> ck = Checkpoint("m", {"model_type": "llama", "rope_theta": 5e5, "max_position_embeddings": 8192},
@@ -316,11 +283,8 @@ def scaled_config(checkpoint: Checkpoint, scaling: str, factor: float) -> dict[s
 
 
 def transformers_config(checkpoint: Checkpoint, config: dict[str, Any], *, window: int | None = None):
-    """A transformers config object read from the dict ``config`` (as ``from_pretrained`` reads config.json).
-
-    ``window``: a sliding window to use instead of the model's (``--full-attention`` passes one longer than
-    any sequence measured: every layer then attends to the whole sequence, Gemma 3's local layers included,
-    whose caches need a window).
+    """A transformers config object from the dict ``config``; ``window``: a sliding window to use instead of the
+    model's.
     """
     from transformers import AutoConfig
 
@@ -341,10 +305,8 @@ def build_model(
     window: int | None = None,
     patch: bool = False,
 ):
-    """The model transformers builds from ``checkpoint``'s weights and the (edited) ``config``, in eval mode.
-
-    ``window``: see :func:`transformers_config`. ``patch``: run it through :func:`rotary.hf.patch` (the same
-    numbers, rotary's kernels).
+    """The model transformers builds from the weights and the (edited) ``config``, in eval mode (``patch``:
+    hf.patch).
     """
     from transformers import AutoModelForCausalLM
 
@@ -374,9 +336,7 @@ def _rotary_embedding(model) -> torch.nn.Module:
 def check_tables(model, checkpoint: Checkpoint, config: dict[str, Any], length: int) -> float:
     """Compare the model's cos/sin at positions ``0 .. length - 1`` with rotary's tables for ``config``.
 
-    Run on a fresh model right before it measures ``length``: dynamic NTK then holds exactly the state the
-    measurement gives it. The tolerance allows for transformers' fp32 angles (``position * inv_freq``
-    rounds to ``length * 2**-24`` radians); a scaling transformers did not apply differs by far more.
+    Run on a fresh model right before it measures ``length``; the tolerance allows for transformers' fp32 angles.
 
     Returns:
         The largest difference found.

@@ -1,10 +1,7 @@
 """The documents a sweep measures perplexity on: the user's text files, or a built-in text that needs no network.
 
-``--data`` takes files, directories (every regular file under them, sorted, hidden files and files that
-are not UTF-8 text left out) and glob patterns; each file is one document (a book of PG19, a paper of Proof-pile).
-Without ``--data`` the
-documents are the largest ``*.py`` files of the running Python's standard library (``builtin:stdlib``):
-offline and long, though code, not prose; published tables need their own corpus (docs/sweep.md).
+``--data`` takes files, directories and glob patterns (UTF-8 text), one document per file; without it, the
+largest ``*.py`` files of the running Python's standard library (offline, long, but code; docs/sweep.md).
 """
 
 from __future__ import annotations
@@ -30,13 +27,8 @@ MAX_FILES = 10000
 
 @dataclass(frozen=True)
 class Documents:
-    """Tokenized documents.
-
-    Attributes:
-        tokens: int64 ``[T_d]`` per document, longest first.
-        names: where each came from.
-        source: the ``--data`` given (or :data:`BUILTIN`).
-        sha256: digest of the texts, in order (what a resumed sweep compares).
+    """Tokenized documents: int64 ``tokens`` per document (longest first), their ``names``, the ``source``,
+    ``sha256``.
     """
 
     tokens: list[torch.Tensor]

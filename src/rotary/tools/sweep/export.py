@@ -1,21 +1,11 @@
 """A model of ``rotary experiment`` as a Hugging Face transformers checkpoint (``rotary export``).
 
-The experiment's :class:`rotary.models.Decoder` is Llama's architecture, weight for weight: pre-norm
-blocks with RMSNorm (fp32 statistics, the weight applied after the cast back, as Llama's), attention
-with separate q/k/v/o projections without bias and GQA, a SwiGLU MLP (``down(silu(gate(x)) * up(x))``,
-no bias), a final RMSNorm and an output layer that may be tied to the embedding, softmax scaled by
-``1 / sqrt(head_dim)``. So a RoPE model maps onto ``LlamaForCausalLM`` exactly: the same state-dict
-entries under Llama's names, its ``rope_base`` and scaling block as ``rope_parameters``, and, for a
-model trained with interleaved pairs, q and k rows permuted to Llama's half pairing
-(:func:`rotary.permute_qk_weight`; the scores are unchanged). A NoPE model (``position_encoding="none"``)
-maps onto SmolLM3, Llama's layout with a ``no_rope_layers`` flag per layer (0 = no rotation). Every other
-position encoding (learned or sinusoidal embeddings, ALiBi, xPos, p-RoPE, the hybrids) changes the
-computation in a way no transformers Llama config states: it is refused with :class:`ExportError`. A
-model fine-tuned with rotary's static NTK scaling (``rope_type="ntk"``, which transformers lacks) is plain
-RoPE at the raised base ``theta * factor ** (d / (d - 2))``, and is written so.
-
-The tokenizer is the experiment's: one token per byte (ids 0..255, no special tokens), written as a
-``tokenizer.json`` (a byte-level BPE vocabulary without merges) that ``AutoTokenizer`` loads offline.
+The experiment's :class:`rotary.models.Decoder` is Llama's architecture weight for weight, so a RoPE model maps
+onto ``LlamaForCausalLM`` exactly (its scaling block as ``rope_parameters``; interleaved q/k rows permuted to
+the half pairing, :func:`rotary.permute_qk_weight`), and a NoPE model onto SmolLM3 (``no_rope_layers``). Other
+position encodings are refused with :class:`ExportError`; rotary's static NTK is written as plain RoPE at the
+raised base. The tokenizer is one token per byte (a byte-level ``tokenizer.json`` without merges). More:
+docs/sweep.md, "The experiment's models as checkpoints".
 """
 
 from __future__ import annotations
@@ -43,11 +33,7 @@ class ExportError(InputError):
 
 
 def load_experiment_model(directory: str | os.PathLike) -> tuple[Decoder, int]:
-    """The trained model a run keeps in ``RUN/models/NAME/checkpoint.pt``, in eval mode on the CPU, and
-    the length it was trained at (``L``; a fine-tuned model's own length).
-
-    Args:
-        directory: ``RUN/models/NAME`` (or the ``checkpoint.pt`` in it).
+    """The trained model in ``RUN/models/NAME`` (or its ``checkpoint.pt``), in eval mode on the CPU, and its length.
 
     Raises:
         ExportError: no checkpoint there, or one that is not a checkpoint of ``rotary experiment``.
@@ -100,8 +86,7 @@ def hf_config_of(model: Decoder, original_length: int) -> dict[str, Any]:
 
     Args:
         model: a :class:`rotary.models.Decoder` with ``position_encoding`` ``"rope"`` or ``"none"``.
-        original_length: its training length, written as ``max_position_embeddings`` (the context a
-            sweep starts from).
+        original_length: its training length, written as ``max_position_embeddings``.
 
     Raises:
         ExportError: a position encoding no Llama-layout config states.
@@ -236,18 +221,11 @@ def _byte_chars() -> list[str]:
 def export_model(source: str | os.PathLike, out: str | os.PathLike) -> Path:
     """Write the experiment model in ``source`` (``RUN/models/NAME``) as a transformers checkpoint in ``out``.
 
-    ``out`` gets ``config.json`` (``rope_parameters`` with ``rope_theta`` and the model's scaling block,
-    ``max_position_embeddings`` its training length), ``model.safetensors`` and a byte-level tokenizer;
-    ``AutoModelForCausalLM.from_pretrained(out)`` computes the model's own logits. Everything is written
-    in a directory beside ``out`` and renamed at the end: an error leaves nothing behind.
+    ``out`` gets ``config.json``, ``model.safetensors`` and a byte-level tokenizer, written beside it and renamed at
+    the end (an error leaves nothing); ``AutoModelForCausalLM.from_pretrained(out)`` computes the model's logits.
 
     Raises:
-        ExportError: ``source`` holds no checkpoint, or one whose position encoding no Llama config states;
-            ``out`` exists and is not an empty directory.
-
-    Example (not run: needs a run directory)::
-
-        export_model("runs/default/models/rope-0", "exported/rope-0")
+        ExportError: ``source`` holds no exportable checkpoint; ``out`` exists and is not an empty directory.
     """
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging

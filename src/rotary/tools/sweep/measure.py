@@ -1,22 +1,10 @@
 """What the sweep measures on one model at one length: perplexity in two modes, and passkey retrieval.
 
-Perplexity (both modes as published, each labelled in the outputs):
-
-- ``first``: the first ``L`` tokens of each document in one window, every target scored (Position
-  Interpolation's and YaRN's "truncate" protocol); documents shorter than ``L`` are left out;
-- ``sliding``: windows of ``L`` tokens every ``stride`` tokens of each document, each scoring its last
-  ``stride`` targets, so every scored token sees at least ``L - stride`` tokens before it (Press et
-  al.'s sliding-window evaluation; at most ``max_windows`` windows per document).
-
-The loss is summed per document and reported as a token-weighted mean over documents (the mean of
-all scored tokens, not of window means), with a 95% interval from resampling *documents*
-(:func:`bootstrap`): tokens of one document are not independent. The output layer runs on
-``chunk`` positions at a time, so a long window never holds ``L x V`` fp32 logits at once.
-
-Passkey retrieval follows the prompt of "Landmark Attention: Random-Access Infinite Context Length for
-Transformers" (a 5-digit key said twice inside repeated filler, then asked for), built from token ids
-so that the prompt is exactly ``L`` tokens (the filler is cut to the token), answered by greedy
-decoding; Wilson intervals (:func:`rotary.tools.experiments.stats.wilson`).
+Perplexity ``first`` (the first ``L`` tokens of each document, every target scored: the "truncate" protocol)
+and ``sliding`` (windows every ``stride`` tokens scoring their last ``stride``), as a token-weighted mean over
+documents with a 95% interval from resampling documents (:func:`bootstrap`). The output layer runs on
+``chunk`` positions at a time. Passkey retrieval follows "Landmark Attention"'s prompt, built from token ids to
+exactly ``L`` tokens, answered greedily, with Wilson intervals. The protocol: docs/sweep.md.
 """
 
 from __future__ import annotations
@@ -83,10 +71,7 @@ def _output(model, hidden: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def window_losses(model, windows: torch.Tensor, last: int, *, chunk: int | None = None) -> torch.Tensor:
-    """Cross-entropy (nats, fp32) of the last ``last`` targets of each window.
-
-    The decoder runs once on the whole window; the output layer and the loss run on ``chunk``
-    positions at a time (default :func:`logit_chunk`).
+    """Cross-entropy (nats, fp32) of the last ``last`` targets of each window; the output layer in ``chunk`` positions.
 
     Args:
         model: a transformers causal LM in eval mode.
@@ -185,9 +170,7 @@ def perplexity(
 
 
 def bootstrap(losses: DocumentLosses, *, resamples: int = 1000, seed: int = 0) -> tuple[float, float]:
-    """95% interval of the perplexity from resampling documents (each draw's token-weighted mean loss).
-
-    One document gives no spread to resample: its interval is the value itself.
+    """95% interval of the perplexity from resampling documents (one document: the value itself).
 
     Example:
         >>> d = DocumentLosses(torch.tensor([10.0, 30.0], dtype=torch.float64), torch.tensor([10, 10]))
@@ -210,13 +193,7 @@ def _exp(loss: float) -> float:
 
 @dataclass(frozen=True)
 class PasskeyPrompts:
-    """Passkey prompts of one length, all exactly ``length`` tokens.
-
-    Attributes:
-        ids: int64 ``[N, length]``.
-        keys: the ``KEY_DIGITS``-digit key of each prompt.
-        depths: where the key sentence sits in the filler (0: start, 1: end), per prompt.
-    """
+    """Passkey prompts of one length: ``ids`` int64 ``[N, length]``, each prompt's ``keys`` and ``depths`` (0 to 1)."""
 
     ids: torch.Tensor
     keys: list[str]

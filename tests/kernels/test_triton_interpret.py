@@ -171,6 +171,7 @@ WIDE = textwrap.dedent(
     """
     import itertools, torch
     import rotary.kernels.triton as tk
+    from covering import covering
     from rotary.kernels import norm as K
     from rotary.kernels.contract import Rotation
     from rotary.tables import cos_sin_table
@@ -186,8 +187,8 @@ WIDE = textwrap.dedent(
 
     gen = torch.Generator().manual_seed(0)
     checked = 0
-    for dtype, interleaved, positions_kind in itertools.product(
-        (torch.float32, torch.bfloat16), (False, True), ("none", "per_batch")
+    for dtype, interleaved, positions_kind in covering(
+        (torch.float32, torch.bfloat16), (False, True), ("none", "per_batch"), strength=2
     ):
         B, S, D, Hq, Hk = 2, 3, 8, 3, 1
         base = torch.randn(B, S, Hq + 2 * Hk, D, generator=gen).to(dtype)
@@ -235,7 +236,8 @@ WIDE = textwrap.dedent(
 @pytest.mark.slow
 def test_int64_offsets_give_the_int32_results():
     stdout = run_interpreted(WIDE, timeout=600)
-    assert "wide ok 32" in stdout
+    # every pair of the three factors (tests/covering.py): 4 rows of 8, each through the 4 kernels
+    assert f"wide ok {4 * len(covering(range(2), range(2), range(2), strength=2))}" in stdout
 
 
 def test_storages_of_2_31_elements_switch_the_kernels_to_int64_offsets():

@@ -28,8 +28,10 @@ __all__ = [
 SEQUENCE_ROPE: dict[str, str] = {
     **dict.fromkeys(
         (
-            "deepseek_ocr2_encoder deepseek_ocr2_vision dots3_note_audio_encoder glmasr_encoder lasr_ctc muse_glimmer_assistant nemotron3_5_transcribe_audio "
-            "nemotron3_5_transcribe_word_timestamp nemotron3_diarization timesfm2_5 lasr_encoder mimi mimi_decoder mimi_encoder nemotron3_5_transcribe_asr_audio "
+            "deepseek_ocr2_encoder deepseek_ocr2_vision dots3_note_audio_encoder glmasr_encoder lasr_ctc "
+            "muse_glimmer_assistant nemotron3_5_transcribe_audio "
+            "nemotron3_5_transcribe_word_timestamp nemotron3_diarization timesfm2_5 lasr_encoder mimi mimi_decoder "
+            "mimi_encoder nemotron3_5_transcribe_asr_audio "
             "nemotron3_diarization_audio pocket_tts_audio_tokenizer pocket_tts_audio_tokenizer_decoder "
             "pocket_tts_audio_tokenizer_encoder voxtral_realtime_encoder"
         ).split(),
@@ -187,7 +189,8 @@ _HIDDEN_ROTATION = (
 )
 
 _LEARNED_CLASS_ANGLES = (
-    "vision encoder: not built from its config: its patches are rotated as Qwen-VL's tower (2-D axial RoPE over (h, w) row by row, "
+    "vision encoder: not built from its config: its patches are rotated as Qwen-VL's tower (2-D axial RoPE over (h, "
+    "w) row by row, "
     "pairs (i, i + D/2), h's frequencies then w's, base^(-4k/D); run and recorded, rotary's AxialRoPE gives the "
     "same tables), but its class token, first, is rotated by angles that are a learned parameter "
     "(MLCDVisionModel.class_pos_emb, one angle per pair, D/2 of them), checkpoint weights rather than config keys"

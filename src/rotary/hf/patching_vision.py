@@ -84,7 +84,8 @@ def _apply_llama4_vision(query, key, freqs_ci):
     return q, k
 
 
-# vision towers with 2-D RoPE: Pixtral's PixtralVisionModel, DINOv3 (and Sapiens2), SAM 3, Inkling2's, EfficientLoFTR's, Gemma 4's, and Llama 4 (text,
+# vision towers with 2-D RoPE: Pixtral's PixtralVisionModel, DINOv3 (and Sapiens2), SAM 3, Inkling2's,
+# EfficientLoFTR's, Gemma 4's, and Llama 4 (text,
 # vision tower, or both)
 _p.SUPPORTED.update(
     {

@@ -307,9 +307,12 @@ def vision_rope(config: Any) -> VisionRoPE:
         _even_quarters(head_dim, label)
         kimi = form == "kimi"
         rope = AxialRoPE(
-            head_dim, axes=2, base=theta, axis_slots="alternating" if kimi else "blocks",
+            head_dim,
+            axes=2,
+            base=theta,
+            axis_slots="alternating" if kimi else "blocks",
             block_order=(1, 0) if kimi else None,
-        )  # fmt: skip
+        )
         if form == "qwen_vl_window":
             size, patch = _int(d, ("window_size",), label), _int(d, ("patch_size",), label)
             if size // merge // patch < 1:
@@ -350,7 +353,8 @@ def _loftr(d: Mapping[str, Any], head_dim: int, theta: float, label: str) -> Axi
     factor = params.get("partial_rotary_factor", d.get("partial_rotary_factor", 4.0))
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or int(head_dim * factor) * 2 != hidden:
         raise ConfigError(
-            f"{label}: head_dim {head_dim} x partial_rotary_factor {factor!r} must be hidden_size / 2 = {hidden / 2:g}: "
+            f"{label}: head_dim {head_dim} x partial_rotary_factor {factor!r} must be "
+            f"hidden_size / 2 = {hidden / 2:g}: "
             "its rotary embedding lays hidden_size / 4 frequencies per axis over the whole hidden width (the "
             "model cannot form its tables otherwise)"
         )

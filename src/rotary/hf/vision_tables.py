@@ -22,7 +22,8 @@ FORMS: dict[str, str] = {
     ),
     "pixtral": "2-D axial RoPE, pairs (i, i + D/2), one frequency set dealt to h and w in turn; images packed",
     "llama4": "2-D axial RoPE over (y + 1, x + 1), pairs (2i, 2i+1), x's block first; the class token last, unrotated",
-    "dinov3": "2-D axial RoPE over patch centres in [-1, 1], pairs (i, i + D/2); class and register tokens first, unrotated",
+    "dinov3": "2-D axial RoPE over patch centres in [-1, 1], pairs (i, i + D/2); class and register tokens first, "
+    "unrotated",
     "sam3": "2-D axial RoPE over (w, h) scaled to the window size, pairs (2i, 2i+1); windowed and global layers",
     "step3p5": (
         "2-D axial RoPE over (h, w), pairs (i, i + D/2), w's frequencies then h's (base^(-4k/D) each); one image "
@@ -34,7 +35,8 @@ FORMS: dict[str, str] = {
         "memory frame and leave the object-pointer tokens after them unrotated"
     ),
     "edgetam_memory": (
-        "sam2_memory's RoPE (pairs (2i, 2i+1), w's frequencies then h's) over the memory_attention_rope_feat_sizes grid "
+        "sam2_memory's RoPE (pairs (2i, 2i+1), w's frequencies then h's) over the memory_attention_rope_feat_sizes "
+        "grid "
         "for the queries; each memory frame's keys: its perceiver_resampler_num_latents latents unrotated, then the "
         "memory_attention_rope_k_sizes grid row by row; the object-pointer tokens after them unrotated"
     ),
@@ -66,7 +68,8 @@ VISION_ROPE: dict[str, str] = {
         (
             "qwen2_vl_vision qwen3_vl_vision qwen3_vl_moe_vision qwen3_5_vision qwen3_5_moe_vision "
             "qwen3_omni_moe_vision_encoder qwen4_exp_vision glm4v_vision glm4v_moe_vision glm_ocr_vision "
-            "glm5_next_vision ernie4_5_vl_moe_vision paddleocr_vl_vision cohere_compass_vision dots3_note_vision_encoder lfm3_vl_vision video_llama_3_vision"
+            "glm5_next_vision ernie4_5_vl_moe_vision paddleocr_vl_vision cohere_compass_vision "
+            "dots3_note_vision_encoder lfm3_vl_vision video_llama_3_vision"
         ).split(),
         "qwen_vl",
     ),

@@ -9,11 +9,13 @@ TORCH  := torch==2.13.0
 
 venv: $(STAMP)
 
+# --no-compile: pip would byte-compile every module of torch and transformers (about 30 s); Python compiles the
+# ones a run imports, once, when it first imports them
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q --no-compile $(TORCH)
+	$(PY) -m pip install -q --no-compile -e ".[dev]"
 	touch $(STAMP)
 
 # the main job: train short, test long (default preset, about 9 minutes on 2 idle CPU cores), into runs/

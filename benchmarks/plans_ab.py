@@ -21,10 +21,10 @@ from __future__ import annotations
 import argparse
 import copy
 import time
-import warnings
 
 import torch
 
+from bench_hf_patch import build  # the five small models, as bench_hf_patch.py times them
 from decode_ab import _other
 
 
@@ -64,34 +64,6 @@ def apply_rows(mine, theirs, repeats: int) -> None:
             f"this {best['this'] / best['pass']:.2f}x, other {best['other'] / best['pass']:.2f}x the pass",
             flush=True,
         )
-
-
-_SIZES = dict(
-    hidden_size=512,
-    intermediate_size=1024,
-    num_hidden_layers=4,
-    num_attention_heads=8,
-    num_key_value_heads=2,
-    head_dim=64,
-    vocab_size=1000,
-    max_position_embeddings=4096,
-)
-
-
-def build(model_type: str):
-    import transformers
-
-    extra = {}
-    if model_type in ("gemma3_text", "gemma4_text"):
-        extra = {"sliding_window": 512}
-    if model_type == "qwen3_5_text":
-        extra = {"layer_types": ["linear_attention", "full_attention"] * 2}
-    config = transformers.AutoConfig.for_model(model_type, **_SIZES, **extra)
-    torch.manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = transformers.AutoModelForCausalLM.from_config(config)
-    return model.eval()
 
 
 def model_rows(mine, theirs, model_types: list[str], repeats: int) -> None:

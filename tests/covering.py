@@ -17,6 +17,11 @@ import os
 from collections.abc import Iterable, Sequence
 
 
+def full_product() -> bool:
+    """Whether the whole product is asked for (``ROTARY_FULL_PRODUCT=1``, what ``make fuzz`` sets)."""
+    return os.environ.get("ROTARY_FULL_PRODUCT") == "1"
+
+
 def covering(*factors: Iterable, strength: int = 3) -> list[tuple]:
     """Rows of ``itertools.product(*factors)`` (in product order) holding every ``strength``-way combination.
 
@@ -29,7 +34,7 @@ def covering(*factors: Iterable, strength: int = 3) -> list[tuple]:
     """
     levels: list[Sequence] = [tuple(f) for f in factors]
     product = list(itertools.product(*(range(len(f)) for f in levels)))
-    if os.environ.get("ROTARY_FULL_PRODUCT") == "1" or strength >= len(levels):
+    if full_product() or strength >= len(levels):
         return [tuple(f[i] for f, i in zip(levels, row)) for row in product]
     groups = list(itertools.combinations(range(len(levels)), strength))
     missing = {(g, tuple(row[a] for a in g)) for row in product for g in groups}

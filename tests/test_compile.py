@@ -19,7 +19,6 @@ Compiled in-place rotation of packed-qkv views once gave gradients off by up to 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -27,6 +26,7 @@ import pytest
 import torch
 
 import rotary
+from covering import full_product
 from rotary import reference
 from rotary.models import Decoder, DecoderConfig
 from rotary.nn import RotaryAttention
@@ -308,7 +308,7 @@ def _modes(index: int, case: Case) -> list[tuple[bool, bool]]:
     every (inplace, dynamic) pair is compiled for many cases: a covering of the three factors two at a time
     (tests/covering.py), half the compiles of their product. ``ROTARY_FULL_PRODUCT=1`` compiles all four.
     """
-    if os.environ.get("ROTARY_FULL_PRODUCT") == "1" or len(case.inplace) == 1:
+    if full_product() or len(case.inplace) == 1:
         return [(i, d) for i in case.inplace for d in (False, True)]
     return [(True, index % 2 == 0), (False, index % 2 == 1)]
 

@@ -83,37 +83,56 @@ def _plan_calls(model, step, cache) -> tuple[int, int]:
     return counts[0], counts[1]
 
 
+def time_models(models: dict[str, torch.nn.Module], repeats: int) -> tuple[dict, dict, torch.Tensor, dict]:
+    """Best seconds of one decoding step and of a prefill for each of ``models``, samples alternating between them.
+
+    The decoding step is of 8 sequences after a 64-token prompt, each sample on a fresh copy of the prompt's KV cache
+    made before it (not timed); the prefill is of 1,024 tokens. Every model's step logits are checked equal to those of
+    ``models["unpatched"]`` first. Returns ``(decode, prefill, step, caches)``: seconds by name, the step's tokens and
+    each model's prompt cache.
+    """
+    gen = torch.Generator().manual_seed(1)
+    prompt = torch.randint(1, 1000, (8, 64), generator=gen)
+    step = torch.randint(1, 1000, (8, 1), generator=gen)
+    long = torch.randint(1, 1000, (1, 1024), generator=gen)
+    caches = {name: model(prompt, use_cache=True).past_key_values for name, model in models.items()}
+    outs = {name: model(step, past_key_values=copy.deepcopy(caches[name])).logits for name, model in models.items()}
+    for name in models:
+        torch.testing.assert_close(outs[name], outs["unpatched"], rtol=1e-4, atol=1e-4)
+    decode = dict.fromkeys(models, float("inf"))
+    for _ in range(5 * repeats):
+        for name, model in models.items():
+            cache = copy.deepcopy(caches[name])
+            start = time.perf_counter()
+            model(step, past_key_values=cache)
+            decode[name] = min(decode[name], time.perf_counter() - start)
+    prefill = dict.fromkeys(models, float("inf"))
+    for _ in range(max(repeats // 2, 3)):
+        for name, model in models.items():
+            start = time.perf_counter()
+            model(long, use_cache=False)
+            prefill[name] = min(prefill[name], time.perf_counter() - start)
+    return decode, prefill, step, caches
+
+
+def built(model_type: str):
+    """``build(model_type)``, or ``None`` (said in one line) for a type this transformers does not build."""
+    try:
+        return build(model_type)
+    except Exception as exc:  # noqa: BLE001  a model type this transformers does not build from these sizes
+        print(f"{model_type}: not built ({type(exc).__name__}: {str(exc)[:120]})", flush=True)
+        return None
+
+
 def model_rows(model_types: list[str], repeats: int) -> None:
     torch.set_grad_enabled(False)
     for model_type in model_types:
-        try:
-            base = build(model_type)
-        except Exception as exc:  # a model type this transformers does not build from these sizes
-            print(f"{model_type}: not built ({type(exc).__name__}: {str(exc)[:120]})", flush=True)
+        base = built(model_type)
+        if base is None:
             continue
         models = {"unpatched": base, "patched": hf.patch(copy.deepcopy(base))}
-        gen = torch.Generator().manual_seed(1)
-        prompt = torch.randint(1, 1000, (8, 64), generator=gen)
-        step = torch.randint(1, 1000, (8, 1), generator=gen)
-        long = torch.randint(1, 1000, (1, 1024), generator=gen)
-        states = {name: model(prompt, use_cache=True).past_key_values for name, model in models.items()}
-        outs = {name: model(step, past_key_values=copy.deepcopy(states[name])).logits for name, model in models.items()}
-        torch.testing.assert_close(outs["patched"], outs["unpatched"], rtol=1e-4, atol=1e-4)
-        planned, general = _plan_calls(models["patched"], step, copy.deepcopy(states["patched"]))
-
-        decode = dict.fromkeys(models, float("inf"))  # one step per sample, on a fresh copy of the prompt's cache
-        for _ in range(5 * repeats):
-            for name, model in models.items():
-                cache = copy.deepcopy(states[name])
-                start = time.perf_counter()
-                model(step, past_key_values=cache)
-                decode[name] = min(decode[name], time.perf_counter() - start)
-        prefill = dict.fromkeys(models, float("inf"))
-        for _ in range(max(repeats // 2, 3)):
-            for name, model in models.items():
-                start = time.perf_counter()
-                model(long, use_cache=False)
-                prefill[name] = min(prefill[name], time.perf_counter() - start)
+        decode, prefill, step, caches = time_models(models, repeats)
+        planned, general = _plan_calls(models["patched"], step, copy.deepcopy(caches["patched"]))
         print(
             f"{model_type:13s} decode step (8 sequences) unpatched {decode['unpatched'] * 1e3:7.2f} ms, patched "
             f"{decode['patched'] * 1e3:7.2f} ms, speed {decode['unpatched'] / decode['patched']:.2f}x | prefill 1024 "

@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from bench_hf_patch import build  # the five small models, as bench_hf_patch.py times them
+from bench_hf_patch import built, time_models  # the five small models, timed as bench_hf_patch.py times them
 from decode_ab import _other
 
 
@@ -69,38 +69,11 @@ def apply_rows(mine, theirs, repeats: int) -> None:
 def model_rows(mine, theirs, model_types: list[str], repeats: int) -> None:
     torch.set_grad_enabled(False)
     for model_type in model_types:
-        try:
-            base = build(model_type)
-        except Exception as exc:  # a model type this transformers does not build from these sizes
-            print(f"{model_type}: not built ({type(exc).__name__}: {str(exc)[:120]})", flush=True)
+        base = built(model_type)
+        if base is None:
             continue
         this, other = mine.hf.patch(copy.deepcopy(base)), theirs.hf.patch(copy.deepcopy(base))
-        models = {"unpatched": base, "this": this, "other": other}
-        gen = torch.Generator().manual_seed(1)
-        prompt = torch.randint(1, 1000, (8, 64), generator=gen)
-        step = torch.randint(1, 1000, (8, 1), generator=gen)
-        long = torch.randint(1, 1000, (1, 1024), generator=gen)
-        states = {}
-        for name, model in models.items():
-            out = model(prompt, use_cache=True)
-            states[name] = out.past_key_values
-        outs = {name: model(step, past_key_values=copy.deepcopy(states[name])).logits for name, model in models.items()}
-        for name in ("this", "other"):
-            torch.testing.assert_close(outs[name], outs["unpatched"], rtol=1e-4, atol=1e-4)
-
-        # one decoding step per sample, on a fresh copy of the prompt's cache made before it (not timed)
-        best = dict.fromkeys(models, float("inf"))
-        for _ in range(5 * repeats):
-            for name, model in models.items():
-                cache = copy.deepcopy(states[name])
-                start = time.perf_counter()
-                model(step, past_key_values=cache)
-                best[name] = min(best[name], time.perf_counter() - start)
-        prefill = _best(
-            {name: (lambda m=m, ids=long: m(ids, use_cache=False)) for name, m in models.items()},
-            max(repeats // 2, 3),
-            1,
-        )
+        best, prefill, _, _ = time_models({"unpatched": base, "this": this, "other": other}, repeats)
         print(
             f"{model_type}: decode step (8 sequences) unpatched {best['unpatched'] * 1e3:.2f} ms, speed this "
             f"{best['unpatched'] / best['this']:.2f}x, other {best['unpatched'] / best['other']:.2f}x; prefill 1024 "

@@ -191,13 +191,8 @@ class RoPE(TableSource):
         name: str,
     ) -> Positions:
         """The positions of ``x``'s tokens (:func:`rotary.positions.from_call`)."""
-        if not isinstance(x, torch.Tensor):
-            raise InputTypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        packed = cu_seqlens is not None or x.dim() == 3
-        if packed and x.dim() != 3:
-            raise InputError(f"packed inputs (cu_seqlens) must be [total_tokens, H, D], got {tuple(x.shape)}")
-        if not packed and x.dim() != 4:
-            raise InputError(f"{name} must be 4-D ([B, H, S, D] or [B, S, H, D]), got shape {tuple(x.shape)}")
+        packed = cu_seqlens is not None or (isinstance(x, torch.Tensor) and x.dim() == 3)
+        R.check_rank(x, name, packed)
         batch_dim, seq_dim = (0, 0) if packed else check_layout(layout)
         return P.from_call(  # type: ignore[return-value]  (default=True: never None)
             batch=1 if packed else x.shape[batch_dim],

@@ -87,11 +87,30 @@ def check_layout(layout: str) -> tuple[int, int]:
 _INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
+def check_rank(x: object, name: str, packed: bool = False) -> None:
+    """The one check that ``x`` is a tensor to rotate: 4-D ``[B, H, S, D]`` / ``[B, S, H, D]``, or packed 3-D
+    ``[total_tokens, H, D]``. Entries that read ``x``'s shape before :func:`rotate` (for its positions) call it.
+
+    Example:
+        >>> check_rank(torch.zeros(2, 4), "q")
+        Traceback (most recent call last):
+        ...
+        rotary.errors.InputError: q must be 4-D ([B, H, S, D] or [B, S, H, D]), got shape (2, 4)
+    """
+    if not isinstance(x, torch.Tensor):
+        raise InputTypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if packed and x.dim() != 3:
+        raise InputError(
+            f"packed {name} (with cu_seqlens) must be 3-D [total_tokens, H, D], got shape {tuple(x.shape)}"
+        )
+    if not packed and x.dim() != 4:
+        raise InputError(f"{name} must be 4-D ([B, H, S, D] or [B, S, H, D]), got shape {tuple(x.shape)}")
+
+
 def check_inputs(xs: Sequence[torch.Tensor], names: Sequence[str], packed: bool) -> None:
     x0 = xs[0]
     for x, name in zip(xs, names):
-        if not isinstance(x, torch.Tensor):
-            raise InputTypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        check_rank(x, name, packed)
         if transformed(x):
             raise InputTypeError(TRANSFORMED.format(name=name))
         if x.dtype not in _INPUT_DTYPES:
@@ -99,12 +118,6 @@ def check_inputs(xs: Sequence[torch.Tensor], names: Sequence[str], packed: bool)
                 f"{name} must be fp32, bf16, fp16 or fp64, got dtype {x.dtype}; cast it (e.g. x.float()) and cast "
                 "the result back"
             )
-        if packed and x.dim() != 3:
-            raise InputError(
-                f"packed {name} (with cu_seqlens) must be 3-D [total_tokens, H, D], got shape {tuple(x.shape)}"
-            )
-        if not packed and x.dim() != 4:
-            raise InputError(f"{name} must be 4-D ([B, H, S, D] or [B, S, H, D]), got shape {tuple(x.shape)}")
     for x, name in zip(xs[1:], names[1:]):
         if x.dtype != x0.dtype:
             raise InputTypeError(

@@ -20,7 +20,7 @@ from .._checks import check_bool, check_choice, check_finite, check_int, check_p
 from .._device_copies import DeviceCopies
 from ..errors import InputError, InputTypeError
 from ..positions import Positions
-from ..rotation import Layout, check_layout, rotate
+from ..rotation import Layout, check_layout, check_rank, rotate
 from ..tables import RotaryTables, cos_sin_table, table_dtype
 from .coordinates import Coordinates, check_identity
 
@@ -424,9 +424,7 @@ class CoordinateRoPE(nn.Module):
     def _check_inputs(self, xs: Sequence[torch.Tensor], names: Sequence[str], coords: Coordinates, layout: str) -> None:
         batch_dim, seq_dim = check_layout(layout)
         for x, name in zip(xs, names):
-            if not isinstance(x, torch.Tensor) or x.dim() != 4:
-                shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-                raise InputError(f"{name} must be 4-D ([B, H, S, D] or [B, S, H, D]), got {shape}")
+            check_rank(x, name)
             if x.shape[-1] != self.head_dim:
                 raise InputError(
                     f"{name} has head_dim {x.shape[-1]} but this {type(self).__name__} was "

@@ -26,7 +26,7 @@ from ..errors import InputError, InputTypeError
 from ..frequencies import frequencies
 from ..positions import Positions
 from ..rope_types import ROPE_TYPES
-from ..rotation import Layout, check_layout, rotate
+from ..rotation import Layout, check_layout, check_rank, rotate
 from ..tables import RotaryTables, cos_sin_table, table_dtype
 from .multimodal import MultimodalPositions, multimodal_positions
 
@@ -383,10 +383,7 @@ class MRoPE(nn.Module):
             layout: ``"bhsd"`` or ``"bshd"``.
         """
         batch_dim, seq_dim = check_layout(layout)
-        if not isinstance(q, torch.Tensor) or q.dim() != 4:
-            raise InputError(
-                f"q must be 4-D ([B, H, S, D] or [B, S, H, D]), got {getattr(q, 'shape', type(q).__name__)}"
-            )
+        check_rank(q, "q")
         tables = self.input_tables(
             position_ids,
             batch=q.shape[batch_dim],

@@ -24,7 +24,7 @@ from .._device_copies import DeviceCopies
 from ..errors import InputError, InputTypeError
 from ..frequencies import frequencies
 from ..positions import Positions
-from ..rotation import Layout, check_layout, rotate
+from ..rotation import Layout, check_layout, check_rank, rotate
 from ..tables import RotaryTables, angles, expand_pairs, table_dtype
 
 __all__ = ["XPos", "xpos_zeta"]
@@ -196,10 +196,7 @@ class XPos(nn.Module):
             rotary.errors.InputError: positions out of range (fp16: past :attr:`fp16_max_distance`); offset and ids
                 both.
         """
-        if not isinstance(q, torch.Tensor) or q.dim() != 4:
-            raise InputError(
-                f"q must be 4-D ([B, H, S, D] or [B, S, H, D]), got {getattr(q, 'shape', type(q).__name__)}"
-            )
+        check_rank(q, "q")
         batch_dim, seq_dim = check_layout(layout)
         if position_ids is not None:
             if offset:

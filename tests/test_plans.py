@@ -320,6 +320,8 @@ def test_an_rmsnorm_rotate_plan_is_bit_identical_to_the_general_path(form, style
     shape = (lambda h: (2, 3, h, 64)) if layout == "bshd" else (lambda h: (2, h, 3, 64))
     q, k = torch.randn(shape(8), generator=g).to(dtype), torch.randn(shape(2), generator=g).to(dtype)
     wq, wk = torch.rand(64, generator=g).to(dtype), torch.rand(64, generator=g)  # the weight's dtype or fp32
+    if form == "far_ids":  # a weight that is a strided view, read in place or widened by the plan's call
+        wq = torch.rand(128, generator=g).to(dtype)[::2]
     wk = torch.nn.Parameter(wk, requires_grad=False)  # a model's norm weight (hf.patch passes the Parameter)
     ids = torch.tensor([[3, 9, 40], [0, 1, 2]])
     kwargs: dict = {"style": style, "layout": layout}

@@ -45,6 +45,21 @@ void rope_table_grad_cpu(const std::vector<at::Tensor>& xs, const std::vector<at
   });
 }
 
+// norm_run for inputs of dtype `type` (fp32 tables; float64 tables for float64 inputs).
+void norm_dispatch(const std::vector<View>& views, const std::vector<Norm>& norms, at::ScalarType type, int64_t B,
+                   int64_t S, int64_t D, int64_t r, const Rows& rows, bool interleaved, bool round_normed,
+                   double eps) {
+  if (type == at::kDouble) {
+    norm_run<double, double>(views, norms, B, S, D, r, rows, interleaved, round_normed, eps);
+    return;
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, type, "rmsnorm_rope_cpu", [&] {
+    if constexpr (!std::is_same_v<scalar_t, double>) {
+      norm_run<scalar_t, float>(views, norms, B, S, D, r, rows, interleaved, round_normed, eps);
+    }
+  });
+}
+
 // Per-head RMSNorm of each x, then its rotation (see norm_rotate_vector): xs[i], outs[i], cos[i], sin[i],
 // positions and batch_rows as in rope_cpu; weights[i] [D] and rstds[i] [B, S, H_i] (written: 1 / sqrt(mean(x²)
 // + eps) of each vector, for the backward) in the arithmetic dtype, fp32 (fp64 for fp64 inputs). weights[i] is
@@ -68,17 +83,13 @@ void rmsnorm_rope_cpu(const std::vector<at::Tensor>& xs, const std::vector<at::T
                     rstds[i].size(1) == call.S && rstds[i].size(2) == xs[i].size(2),
                 "rotary: rstd buffers must be [B, S, H] in the arithmetic dtype");
   }
-  if (fp64) {
-    norm_run<double, double>(call.views, weights, rstds, call.B, call.S, call.D, call.r, call.rows, interleaved,
-                             round_normed, eps);
-    return;
-  }
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xs[0].scalar_type(), "rmsnorm_rope_cpu", [&] {
-    if constexpr (!std::is_same_v<scalar_t, double>) {
-      norm_run<scalar_t, float>(call.views, weights, rstds, call.B, call.S, call.D, call.r, call.rows, interleaved,
-                                round_normed, eps);
-    }
-  });
+  std::vector<Norm> norms;
+  norms.reserve(xs.size());
+  for (size_t i = 0; i < xs.size(); ++i)
+    norms.push_back(Norm{weights[i].data_ptr(), rstds[i].data_ptr(), rstds[i].stride(0), rstds[i].stride(1),
+                         rstds[i].stride(2)});
+  norm_dispatch(call.views, norms, xs[0].scalar_type(), call.B, call.S, call.D, call.r, call.rows, interleaved,
+                round_normed, eps);
 }
 
 // A call's signature (rotary.plans), computed and compared here, where it costs a tenth of what it costs from
@@ -222,86 +233,123 @@ inline Dims kernel_dims(const at::Tensor& t, int64_t layout) {
   return {t.size(0), t.size(1), t.size(2), t.size(3), t.stride(0), t.stride(1), t.stride(2)};
 }
 
-// rope_layout's call on a table [N, r] (rows offset .. or position ids) or the tokens' own rows, for inputs whose outputs are allocated
-// with their own strides (dense, or in place): the kernel's views, the table window and the expansion of the ids
-// are strides and pointers here, not tensors (each tensor op costs about a microsecond at a decoding step). The
-// outputs have the strides empty_like gives the views in layout_call, so the results are those of that path.
-// nullopt when the call is not one this handles (the caller takes layout_call); {} for rows outside the table.
-std::optional<std::vector<at::Tensor>> rope_direct(const std::vector<at::Tensor>& xs, const at::Tensor& cos,
-                                                   const at::Tensor& sin, int64_t row_offset,
-                                                   const std::optional<at::Tensor>& positions, int64_t layout,
-                                                   bool interleaved, bool inplace,
-                                                   const std::optional<at::Tensor>& frequencies) {
-  if (xs.empty() || cos.dim() < 2 || cos.dim() > 3 || (layout != 0 && layout != 1 && layout != 2)) return std::nullopt;
-  for (const auto& x : xs)
-    if (x.dim() != (layout == 0 ? 3 : 4) || !x.is_cpu() || (!inplace && !x.is_non_overlapping_and_dense()))
-      return std::nullopt;
-  const Dims d0 = kernel_dims(xs[0], layout);
+// The table of a direct call (rope_direct, rmsnorm_direct) as pointers and strides: which row each token reads
+// (Rows), the first row's cos and sin, and the row stride. cos/sin: a table [N, r] (rows row_offset .. or position
+// ids) or the tokens' own rows [1, S, r] (shared by the batch) or [B, S, r] (row b * S + s, when its batch stride is
+// S rows: layout_call's flatten is then a view). nullopt when the tables are not a form this handles (the caller
+// takes layout_call); outside: rows outside the table (nothing done).
+struct DirectTable {
+  Rows rows;
+  const char* c = nullptr;
+  const char* s = nullptr;
+  int64_t row_stride = 0;
+  bool outside = false;
+};
+
+std::optional<DirectTable> direct_table(const at::Tensor& cos, const at::Tensor& sin, const Dims& d0,
+                                        at::ScalarType input_type, int64_t row_offset,
+                                        const std::optional<at::Tensor>& positions, int64_t layout,
+                                        const std::optional<at::Tensor>& frequencies) {
+  if (cos.dim() < 2 || cos.dim() > 3) return std::nullopt;
   const int64_t r = cos.size(-1);
   const auto table_type = cos.scalar_type();
-  TORCH_CHECK(table_type == at::kFloat || (table_type == at::kDouble && xs[0].scalar_type() == at::kDouble),
+  TORCH_CHECK(table_type == at::kFloat || (table_type == at::kDouble && input_type == at::kDouble),
               "rotary: tables must be fp32 (or float64 for float64 inputs)");
   TORCH_CHECK(r > 0 && r % 2 == 0 && r <= d0.D && cos.stride(-1) == 1 && sin.scalar_type() == table_type &&
                   sin.sizes() == cos.sizes() && sin.strides() == cos.strides(),
               "rotary: cos/sin must be [N, r] of one dtype with unit column stride and equal strides");
   const bool ids = positions.has_value() && positions->defined();
-  // the table's rows: [N, r]; or the tokens' own rows [1, S, r] (shared by the batch) or [B, S, r] (row b * S + s,
-  // when its batch stride is S rows: layout_call's flatten is then a view)
-  Rows rows{nullptr, 0, 0, 0, cos.size(0), nullptr};
-  int64_t row_stride = cos.stride(0), first = 0;
+  DirectTable table{Rows{nullptr, 0, 0, 0, cos.size(0), nullptr}};
+  table.row_stride = cos.stride(0);
+  int64_t first = 0;
   if (cos.dim() == 3) {
     if (ids || cos.size(1) != d0.S || (cos.size(0) != 1 && cos.size(0) != d0.B)) return std::nullopt;
     const bool batched = cos.size(0) > 1;
     if (batched && d0.S > 1 && cos.stride(0) != d0.S * cos.stride(1)) return std::nullopt;
-    row_stride = batched && d0.S == 1 ? cos.stride(0) : cos.stride(1);  // (one token: row b is batch b)
-    rows.table_rows = cos.size(0) * d0.S;
-    rows.batch_rows = cos.size(0) > 1 ? d0.S : 0;
+    table.row_stride = batched && d0.S == 1 ? cos.stride(0) : cos.stride(1);  // (one token: row b is batch b)
+    table.rows.table_rows = cos.size(0) * d0.S;
+    table.rows.batch_rows = cos.size(0) > 1 ? d0.S : 0;
   } else if (ids) {
     const at::Tensor& p = *positions;
     TORCH_CHECK(p.scalar_type() == at::kLong && p.dim() >= 1 && p.dim() <= 2 && p.size(-1) == d0.S &&
                     (p.dim() == 1 || p.size(0) == 1 || p.size(0) == d0.B) && (layout != 0 || p.dim() == 1),
                 "rotary: positions must be int64 [S], [1, S] or [B, S] ([T] packed)");
-    rows.positions = p.data_ptr<int64_t>();
-    rows.pb = p.dim() == 2 && p.size(0) > 1 ? p.stride(0) : 0;
-    rows.ps = p.stride(-1);
+    table.rows.positions = p.data_ptr<int64_t>();
+    table.rows.pb = p.dim() == 2 && p.size(0) > 1 ? p.stride(0) : 0;
+    table.rows.ps = p.stride(-1);
     if (frequencies.has_value() && frequencies->defined()) {
       const at::Tensor& f = *frequencies;
       TORCH_CHECK(f.scalar_type() == at::kDouble && f.dim() == 1 && f.size(0) == r / 2 + 1 && f.is_contiguous(),
                   "rotary: frequencies must be float64 [r/2 + 1], with positions");
-      rows.freqs = f.data_ptr<double>();
+      table.rows.freqs = f.data_ptr<double>();
     }
   } else {
-    if (row_offset < 0 || row_offset + d0.S > cos.size(0)) return std::vector<at::Tensor>{};
+    if (row_offset < 0 || row_offset + d0.S > cos.size(0)) {
+      table.outside = true;
+      return table;
+    }
     first = row_offset;
-    rows.table_rows = d0.S;  // the window's rows
+    table.rows.table_rows = d0.S;  // the window's rows
   }
-  const int64_t shift = first * row_stride * static_cast<int64_t>(cos.element_size());
-  const char* c = static_cast<const char*>(cos.data_ptr()) + shift;
-  const char* s = static_cast<const char*>(sin.data_ptr()) + shift;
+  const int64_t shift = first * table.row_stride * static_cast<int64_t>(cos.element_size());
+  table.c = static_cast<const char*>(cos.data_ptr()) + shift;
+  table.s = static_cast<const char*>(sin.data_ptr()) + shift;
+  return table;
+}
+
+// Inputs a direct call takes: CPU, of the layout's rank, and (out of place) dense, so that their outputs are
+// allocated with their own strides.
+inline bool direct_inputs(const std::vector<at::Tensor>& xs, int64_t layout, bool inplace) {
+  if (xs.empty() || (layout != 0 && layout != 1 && layout != 2)) return false;
+  for (const auto& x : xs)
+    if (x.dim() != (layout == 0 ? 3 : 4) || !x.is_cpu() || (!inplace && !x.is_non_overlapping_and_dense()))
+      return false;
+  return true;
+}
+
+// x's kernel view and its output (x itself in place, else new with x's strides: empty_like of a dense view keeps
+// its strides, so the view's output, viewed back, has x's strides; allocated without the dispatcher, a CPU tensor
+// as the plan's signature says), both read through layout.
+inline View direct_view(const at::Tensor& x, const Dims& d0, const DirectTable& table, int64_t layout, bool inplace,
+                        at::Tensor& out) {
+  const Dims d = kernel_dims(x, layout);
+  TORCH_CHECK(d.B == d0.B && d.S == d0.S && d.D == d0.D && x.stride(-1) == 1,
+              "rotary: inputs disagree on B, S, D, or the channel dim has no unit stride");
+  if (inplace)
+    TORCH_CHECK(at::has_internal_overlap(x) != at::MemOverlap::Yes, "rotary: an input rotated in place overlaps itself");
+  out = inplace ? x : at::Tensor(at::detail::empty_strided_cpu(x.sizes(), x.strides(), x.options()));
+  const Dims od = kernel_dims(out, layout);
+  return View{static_cast<char*>(x.data_ptr()), static_cast<char*>(out.data_ptr()), d.H, d.sb, d.ss, d.sh,
+              od.sb, od.ss, od.sh, table.c, table.s, table.row_stride, 0};
+}
+
+// rope_layout's call for inputs whose outputs are allocated with their own strides (direct_inputs): the kernel's
+// views, the table window and the expansion of the ids are strides and pointers here, not tensors (each tensor op
+// costs about a microsecond at a decoding step); the results are those of the layout_call path. nullopt when the
+// call is not one this handles (the caller takes layout_call); {} for rows outside the table.
+std::optional<std::vector<at::Tensor>> rope_direct(const std::vector<at::Tensor>& xs, const at::Tensor& cos,
+                                                   const at::Tensor& sin, int64_t row_offset,
+                                                   const std::optional<at::Tensor>& positions, int64_t layout,
+                                                   bool interleaved, bool inplace,
+                                                   const std::optional<at::Tensor>& frequencies) {
+  if (!direct_inputs(xs, layout, inplace)) return std::nullopt;
+  const Dims d0 = kernel_dims(xs[0], layout);
+  const auto table = direct_table(cos, sin, d0, xs[0].scalar_type(), row_offset, positions, layout, frequencies);
+  if (!table) return std::nullopt;
+  if (table->outside) return std::vector<at::Tensor>{};
   std::vector<View> views;
   views.reserve(xs.size());
-  std::vector<at::Tensor> outs;
-  outs.reserve(xs.size());
-  for (const auto& x : xs) {
-    const Dims d = kernel_dims(x, layout);
-    TORCH_CHECK(d.B == d0.B && d.S == d0.S && d.D == d0.D && x.scalar_type() == xs[0].scalar_type() &&
-                    x.stride(-1) == 1,
-                "rotary: inputs disagree on B, S, D or dtype, or the channel dim has no unit stride");
-    if (inplace)
-      TORCH_CHECK(at::has_internal_overlap(x) != at::MemOverlap::Yes, "rotary: an input rotated in place overlaps itself");
-    // empty_like of a dense view keeps its strides: the view's output, viewed back, has x's strides (allocated
-    // here without the dispatcher: a CPU tensor, as the plan's signature says)
-    at::Tensor o = inplace ? x : at::Tensor(at::detail::empty_strided_cpu(x.sizes(), x.strides(), x.options()));
-    const Dims od = kernel_dims(o, layout);
-    views.push_back(View{static_cast<char*>(x.data_ptr()), static_cast<char*>(o.data_ptr()), d.H, d.sb, d.ss, d.sh,
-                         od.sb, od.ss, od.sh, c, s, row_stride, 0});
-    outs.push_back(std::move(o));
+  std::vector<at::Tensor> outs(xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    TORCH_CHECK(xs[i].scalar_type() == xs[0].scalar_type(), "rotary: inputs disagree on dtype");
+    views.push_back(direct_view(xs[i], d0, *table, layout, inplace, outs[i]));
   }
-  if (table_type == at::kDouble) {
-    run<double, double>(views, d0.B, d0.S, d0.D, r, rows, interleaved, false);
+  const int64_t r = cos.size(-1);
+  if (cos.scalar_type() == at::kDouble) {
+    run<double, double>(views, d0.B, d0.S, d0.D, r, table->rows, interleaved, false);
   } else {
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xs[0].scalar_type(), "rope_layout", [&] {
-      run<scalar_t, float>(views, d0.B, d0.S, d0.D, r, rows, interleaved, false);
+      run<scalar_t, float>(views, d0.B, d0.S, d0.D, r, table->rows, interleaved, false);
     });
   }
   if (inplace)
@@ -389,6 +437,71 @@ Signature norm_signature_of(const std::vector<at::Tensor>& xs, const std::vector
   return sig;
 }
 
+// rmsnorm_rope_layout's call as rope_direct makes rope_layout's: views, table window and outputs as strides and
+// pointers, each weight read in place when it is contiguous [D] of the arithmetic dtype A (else widened here, and
+// 1 + weight for Gemma's convention, into D values of A), no rstd written (a plan runs without a backward).
+// nullopt when the call is not one this handles: tables of another dtype than A (a 16-bit model's own) or not
+// [N, r] with unit column stride and equal strides, or inputs direct_inputs does not take.
+std::optional<std::vector<at::Tensor>> rmsnorm_direct(const std::vector<at::Tensor>& xs,
+                                                      const std::vector<at::Tensor>& weights, const at::Tensor& cos,
+                                                      const at::Tensor& sin, int64_t row_offset,
+                                                      const std::optional<at::Tensor>& positions, int64_t layout,
+                                                      bool interleaved, bool gemma, double eps,
+                                                      const std::optional<at::Tensor>& frequencies) {
+  if (!direct_inputs(xs, layout, false)) return std::nullopt;
+  const auto type = xs[0].scalar_type();
+  const auto acc = type == at::kDouble ? at::kDouble : at::kFloat;
+  if (cos.scalar_type() != acc || cos.stride(-1) != 1 || sin.scalar_type() != acc || sin.sizes() != cos.sizes() ||
+      sin.strides() != cos.strides())
+    return std::nullopt;
+  const Dims d0 = kernel_dims(xs[0], layout);
+  for (const auto& w : weights)
+    if (w.dim() != 1 || w.size(0) != d0.D || !w.is_cpu() || !at::isFloatingType(w.scalar_type()))
+      return std::nullopt;
+  const auto table = direct_table(cos, sin, d0, type, row_offset, positions, layout, frequencies);
+  if (!table) return std::nullopt;
+  if (table->outside) return std::vector<at::Tensor>{};
+  // the weights as the kernel reads them: D values of A; widened (and 1 + w) into `widened` where they are not
+  const int64_t D = d0.D;
+  std::vector<double> widened64(acc == at::kDouble ? weights.size() * D : 0);
+  std::vector<float> widened32(acc == at::kDouble ? 0 : weights.size() * D);
+  std::vector<Norm> norms;
+  norms.reserve(xs.size());
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const at::Tensor& w = weights[i];
+    if (!gemma && w.scalar_type() == acc && w.stride(0) == 1) {
+      norms.push_back(Norm{w.data_ptr(), nullptr, 0, 0, 0});
+      continue;
+    }
+    auto widen = [&](auto* buffer) {
+      using A = std::remove_pointer_t<decltype(buffer)>;
+      AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, w.scalar_type(), "rmsnorm_weight", [&] {
+        const scalar_t* p = w.data_ptr<scalar_t>();
+        for (int64_t j = 0; j < D; ++j) {
+          const A v = static_cast<A>(p[j * w.stride(0)]);
+          buffer[j] = gemma ? v + A(1) : v;
+        }
+      });
+    };
+    if (acc == at::kDouble) {
+      widen(widened64.data() + i * D);
+      norms.push_back(Norm{widened64.data() + i * D, nullptr, 0, 0, 0});
+    } else {
+      widen(widened32.data() + i * D);
+      norms.push_back(Norm{widened32.data() + i * D, nullptr, 0, 0, 0});
+    }
+  }
+  std::vector<View> views;
+  views.reserve(xs.size());
+  std::vector<at::Tensor> outs(xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    TORCH_CHECK(xs[i].scalar_type() == type, "rotary: inputs disagree on dtype");
+    views.push_back(direct_view(xs[i], d0, *table, layout, false, outs[i]));
+  }
+  norm_dispatch(views, norms, type, d0.B, d0.S, D, cos.size(-1), table->rows, interleaved, !gemma, eps);
+  return outs;
+}
+
 // A recorded rmsnorm_rotate plan's call (rotary.qk_norm): as rope_layout, out of place, each x normalised with
 // weights[i] (as given: widened to the arithmetic dtype here, and 1 + weight for Gemma's convention, as
 // kernels.norm.effective_weight forms it) before its rotation; tables of another dtype than the arithmetic one
@@ -403,6 +516,9 @@ std::vector<at::Tensor> rmsnorm_rope_layout_cpu(const Signature& expected, const
   norm_fields(match, xs, weights, cos, sin, positions);
   if (!match.done()) return {};
   TORCH_CHECK(weights.size() == xs.size(), "rotary: need one norm weight per input");
+  auto direct = rmsnorm_direct(xs, weights, cos, sin, row_offset, positions, layout, interleaved, gemma, eps,
+                               frequencies);
+  if (direct) return std::move(*direct);
   auto window = layout_call(xs, cos, sin, row_offset, positions, layout);
   if (!window) return {};
   LayoutCall& call = *window;

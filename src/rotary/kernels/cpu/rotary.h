@@ -750,20 +750,21 @@ __attribute__((always_inline)) inline void norm_rotate_vector(const A* __restric
   rotate_vector<false, kInterleaved, T, A, TT>(y, o, c, sn, A(1), r / 2, r, D);
 }
 
+// One view's norm: its weight (D values of the arithmetic dtype A, contiguous) and where its rstds go, [B, S, H]
+// with strides rb, rs, rh (null: not written, a call without a backward).
+struct Norm {
+  const void* weight;
+  void* rstd;
+  int64_t rb, rs, rh;
+};
+
 template <typename T, typename TT>
-void norm_run(const std::vector<View>& views, const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& rstds,
-              int64_t B, int64_t S, int64_t D, int64_t r, const Rows& rows, bool interleaved, bool round_normed,
-              double eps) {
+void norm_run(const std::vector<View>& views, const std::vector<Norm>& norms, int64_t B, int64_t S, int64_t D,
+              int64_t r, const Rows& rows, bool interleaved, bool round_normed, double eps) {
   using A = typename Acc<T>::type;
   const A eps_a = static_cast<A>(eps);  // torch adds a Python float to an fp32 tensor as fp32
-  std::vector<const A*> w;
-  std::vector<A*> rs;
   int64_t per_token = 0;
-  for (size_t i = 0; i < views.size(); ++i) {
-    w.push_back(weights[i].data_ptr<A>());
-    rs.push_back(rstds[i].data_ptr<A>());
-    per_token += views[i].heads * D;
-  }
+  for (const auto& v : views) per_token += v.heads * D;
   int64_t heads = 0;
   for (const auto& v : views) heads = std::max(heads, v.heads);
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, per_token));
@@ -784,18 +785,20 @@ void norm_run(const std::vector<View>& views, const std::vector<at::Tensor>& wei
           T* ob = reinterpret_cast<T*>(v.out) + b * v.ob + s * v.os;
           const TT* cos = computed ? scratch.data() : static_cast<const TT*>(v.cos);
           const TT* sin = computed ? scratch.data() + r : static_cast<const TT*>(v.sin);
-          A* rstd = rs[i] + b * rstds[i].stride(0) + s * rstds[i].stride(1);
-          const int64_t rstd_head = rstds[i].stride(2);
+          const Norm& n = norms[i];
           // every head's rstd first: one vector's sum, square root and divisions are a chain of dependent
           // instructions, and the heads' chains overlap only when nothing waits for each in turn
-          for (int64_t head = 0; head < v.heads; ++head) {
+          for (int64_t head = 0; head < v.heads; ++head)
             inv[head] = norm_rstd<T, A>(xb + head * v.sh, xs.data() + head * D, eps_a, D);
-            rstd[head * rstd_head] = inv[head];
+          if (n.rstd != nullptr) {
+            A* rstd = static_cast<A*>(n.rstd) + b * n.rb + s * n.rs;
+            for (int64_t head = 0; head < v.heads; ++head) rstd[head * n.rh] = inv[head];
           }
+          const A* w = static_cast<const A*>(n.weight);
           for (int64_t head = 0; head < v.heads; ++head) {
             const int64_t tt = t * v.rs + head * v.hs;
             norm_rotate_vector<kInterleaved, kRoundNormed, T, A, TT>(xs.data() + head * D, inv[head], ob + head * v.oh,
-                                                                     y.data(), w[i], cos + tt, sin + tt, D, r);
+                                                                     y.data(), w, cos + tt, sin + tt, D, r);
           }
         }
       }

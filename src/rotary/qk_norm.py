@@ -25,13 +25,12 @@ from .kernels.contract import Rotation
 from .kernels.extension import load_cpu_extension
 from .plans import GENERAL, Plan, PlanCache
 from .positions import Positions
-from .rotation import Layout, addressing, check_inputs, check_layout, kernel_tables, layout_code, rotate
+from .rotation import Layout, addressing, check_dtype, check_inputs, check_layout, kernel_tables, layout_code, rotate
 from .tables import RotaryTables, table_dtype
 
 __all__ = ["STYLES", "Style", "rms_norm", "rmsnorm_rotate"]
 
 Style = Literal["qwen3", "gemma3"]
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)  # what rms_norm computes right
 
 #: the weight conventions :func:`rmsnorm_rotate` and :func:`rms_norm` take (see :func:`rms_norm`)
 STYLES: tuple[str, ...] = tuple(kernels.STYLES)
@@ -83,11 +82,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, *, eps: float = 1e-6, style:
     eps = _check_eps(eps)
     if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
         raise InputTypeError(f"x and weight must be tensors, got {type(x).__name__} and {type(weight).__name__}")
-    if x.dtype not in _DTYPES:  # an integer x would come back truncated, a complex one without its imaginary part
-        raise InputTypeError(
-            f"x must be fp32, bf16, fp16 or fp64, got dtype {x.dtype}; cast it (e.g. x.float()) and cast the result "
-            "back"
-        )
+    check_dtype(x, "x")
     if x.dim() == 0:
         raise InputError("x must be [..., D] (at least 1-D), got a 0-D tensor")
     _check_weight(weight, "weight", x, x.shape[-1])

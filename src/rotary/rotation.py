@@ -21,7 +21,7 @@ from . import plans
 from ._checks import check_bool, check_positive_int
 from .errors import InputError, InputTypeError
 from .kernels import dispatch, ops
-from .kernels.contract import Rotation
+from .kernels.contract import INPUT_DTYPES, Rotation
 from .kernels.extension import load_cpu_extension
 from .kernels.ops import TRANSFORMED, transformed
 from .kernels.overlap import overlaps_itself, shares_elements
@@ -84,9 +84,6 @@ def check_layout(layout: str) -> tuple[int, int]:
         raise InputError(f"unknown layout {layout!r}; use 'bhsd' ([B, H, S, D]) or 'bshd' ([B, S, H, D])") from None
 
 
-_INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-
-
 def check_rank(x: object, name: str, packed: bool = False) -> None:
     """The one check that ``x`` is a tensor to rotate: 4-D ``[B, H, S, D]`` / ``[B, S, H, D]``, or packed 3-D
     ``[total_tokens, H, D]``. Entries that read ``x``'s shape before :func:`rotate` (for its positions) call it.
@@ -107,17 +104,23 @@ def check_rank(x: object, name: str, packed: bool = False) -> None:
         raise InputError(f"{name} must be 4-D ([B, H, S, D] or [B, S, H, D]), got shape {tuple(x.shape)}")
 
 
+def check_dtype(x: torch.Tensor, name: str) -> None:
+    """The one check of an input's dtype (:data:`rotary.kernels.contract.INPUT_DTYPES`): an integer input would come
+    back truncated, a complex one without its imaginary part."""
+    if x.dtype not in INPUT_DTYPES:
+        raise InputTypeError(
+            f"{name} must be fp32, bf16, fp16 or fp64, got dtype {x.dtype}; cast it (e.g. x.float()) and cast "
+            "the result back"
+        )
+
+
 def check_inputs(xs: Sequence[torch.Tensor], names: Sequence[str], packed: bool) -> None:
     x0 = xs[0]
     for x, name in zip(xs, names):
         check_rank(x, name, packed)
         if transformed(x):
             raise InputTypeError(TRANSFORMED.format(name=name))
-        if x.dtype not in _INPUT_DTYPES:
-            raise InputTypeError(
-                f"{name} must be fp32, bf16, fp16 or fp64, got dtype {x.dtype}; cast it (e.g. x.float()) and cast "
-                "the result back"
-            )
+        check_dtype(x, name)
     for x, name in zip(xs[1:], names[1:]):
         if x.dtype != x0.dtype:
             raise InputTypeError(

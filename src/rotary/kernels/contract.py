@@ -27,7 +27,10 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Rotation"]
+__all__ = ["INPUT_DTYPES", "Rotation"]
+
+#: the input dtypes rotary rotates (and normalises): the CPU kernel's dispatch, and what every entry accepts
+INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
 @dataclass(frozen=True)

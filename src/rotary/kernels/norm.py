@@ -26,7 +26,7 @@ import torch
 
 from . import dispatch, ops
 from . import triton as triton_kernel
-from .contract import Rotation
+from .contract import INPUT_DTYPES, Rotation
 from .eager import run_torch as rotate_torch_path
 from .extension import load_cpu_extension
 
@@ -44,8 +44,6 @@ __all__ = [
 
 #: the weight conventions: style -> (the factor is 1 + weight, the normalised x is rounded before the weight)
 STYLES: dict[str, tuple[bool, bool]] = {"qwen3": (False, True), "gemma3": (True, False)}
-
-_CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
 @dataclass(frozen=True)
@@ -85,7 +83,7 @@ def backend(rotation: Rotation) -> str | None:
     for c, s in zip(rotation.cos, rotation.sin):
         if c.stride(-1) != 1 or c.stride() != s.stride():
             return None
-    if x0.device.type == "cpu" and x0.dtype in _CPU_DTYPES:
+    if x0.device.type == "cpu" and x0.dtype in INPUT_DTYPES:
         return "cpu" if load_cpu_extension() is not None else None
     if x0.device.type == "cuda" and triton_kernel.available():
         return "triton"

@@ -20,7 +20,7 @@ import torch
 
 from ..errors import InputTypeError
 from . import triton as triton_kernel
-from .contract import Rotation
+from .contract import INPUT_DTYPES, Rotation
 from .eager import run_torch, table_grad_torch
 from .extension import load_cpu_extension
 
@@ -36,8 +36,6 @@ __all__ = [
     "rotation_op",
     "rotation_op_",
 ]
-
-_CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
 TRANSFORMED = (
@@ -78,7 +76,7 @@ def backend(rotation: Rotation, tensors: tuple[torch.Tensor, ...]) -> str | None
         return None
     if not all(c.stride(-1) == 1 and c.stride() == s.stride() for c, s in zip(rotation.cos, rotation.sin)):
         return None
-    if x0.device.type == "cpu" and x0.dtype in _CPU_DTYPES:
+    if x0.device.type == "cpu" and x0.dtype in INPUT_DTYPES:
         return "cpu" if load_cpu_extension() is not None else None
     if x0.device.type == "cuda" and triton_kernel.available():
         return "triton"

@@ -25,7 +25,17 @@ from .kernels.contract import Rotation
 from .kernels.extension import load_cpu_extension
 from .plans import GENERAL, Plan, PlanCache
 from .positions import Positions
-from .rotation import Layout, addressing, check_dtype, check_inputs, check_layout, kernel_tables, layout_code, rotate
+from .rotation import (
+    Layout,
+    addressing,
+    check_dtype,
+    check_head_dim,
+    check_inputs,
+    check_layout,
+    kernel_tables,
+    layout_code,
+    rotate,
+)
 from .tables import RotaryTables, table_dtype
 
 __all__ = ["STYLES", "Style", "rms_norm", "rmsnorm_rotate"]
@@ -118,9 +128,7 @@ def _check_weight(weight: Any, name: str, x: torch.Tensor, head_dim: int) -> Non
         )
 
 
-def _tables(
-    rope: Any, q: torch.Tensor, position_ids: Any, offset: int, batch: int, seq_len: int, head_dim: int
-) -> RotaryTables:
+def _tables(rope: Any, q: torch.Tensor, position_ids: Any, offset: int, batch: int, seq_len: int) -> RotaryTables:
     """The tables of the call: given, or made by ``rope`` for these tokens as :meth:`rotary.RoPE.forward` makes them."""
     dtype = table_dtype(q.dtype)
     if isinstance(rope, RotaryTables):
@@ -135,11 +143,7 @@ def _tables(
             "rope must be a table producer (rotary.RoPE, rotary.MRoPE, a variant) or RotaryTables from "
             f"rope.tables(positions), got {type(rope).__name__}"
         )
-    width = getattr(rope, "head_dim", head_dim)
-    if width != head_dim:
-        raise InputError(
-            f"q and k have head_dim {head_dim} but this {type(rope).__name__} was built for head_dim={width}"
-        )
+    check_head_dim(q, "q", rope)  # (k has q's head_dim: checked before)
     if hasattr(rope, "input_tables"):  # positions of its own kind (M-RoPE's [3, B, S], coordinates)
         if type(offset) is not int or offset != 0:
             raise InputError(f"offset is for 1-D positions; {type(rope).__name__} takes position_ids of its own kind")
@@ -379,7 +383,7 @@ def _general(
     batch, seq_len, head_dim = q.shape[batch_dim], q.shape[seq_dim], q.shape[-1]
     _check_weight(q_weight, "q_weight", q, head_dim)
     _check_weight(k_weight, "k_weight", k, head_dim)
-    tables = _tables(rope, q, position_ids, offset, batch, seq_len, head_dim)
+    tables = _tables(rope, q, position_ids, offset, batch, seq_len)
     if not isinstance(tables, RotaryTables):
         raise InputTypeError(f"{type(rope).__name__}.tables(...) returned {type(tables).__name__}, not RotaryTables")
     r = tables.rotary_dim

@@ -18,7 +18,7 @@ import torch
 from . import plans
 from . import positions as P
 from . import rotation as R
-from .errors import InputError, InputTypeError
+from .errors import InputTypeError
 from .hf.config import read_hf_config
 from .kernels.extension import load_cpu_extension
 from .plans import Plan
@@ -207,10 +207,8 @@ class RoPE(TableSource):
 
     def _check_head_dim(self, xs: tuple[torch.Tensor, ...], names: tuple[str, ...]) -> None:
         for x, name in zip(xs, names):
-            if isinstance(x, torch.Tensor) and x.dim() in (3, 4) and x.shape[-1] != self.head_dim:
-                raise InputError(
-                    f"{name} has head_dim {x.shape[-1]} but this RoPE was built for head_dim={self.head_dim}"
-                )
+            if isinstance(x, torch.Tensor) and x.dim() in (3, 4):
+                R.check_head_dim(x, name, self)
 
     def forward(
         self,

@@ -26,7 +26,7 @@ from .kernels.extension import load_cpu_extension
 from .kernels.ops import TRANSFORMED, transformed
 from .kernels.overlap import overlaps_itself, shares_elements
 from .plans import GENERAL, Plan, PlanCache
-from .tables import RotaryTables
+from .tables import RotaryTables, table_dtype
 
 __all__ = [
     "LAYOUTS",
@@ -102,6 +102,15 @@ def check_rank(x: object, name: str, packed: bool = False) -> None:
         )
     if not packed and x.dim() != 4:
         raise InputError(f"{name} must be 4-D ([B, H, S, D] or [B, S, H, D]), got shape {tuple(x.shape)}")
+
+
+def check_head_dim(x: torch.Tensor, name: str, owner: object) -> None:
+    """The one check that ``x``'s last dim is the ``head_dim`` its table producer ``owner`` was built for."""
+    width = getattr(owner, "head_dim", x.shape[-1])
+    if x.shape[-1] != width:
+        raise InputError(
+            f"{name} has head_dim {x.shape[-1]} but this {type(owner).__name__} was built for head_dim={width}"
+        )
 
 
 def check_dtype(x: torch.Tensor, name: str) -> None:
@@ -405,7 +414,7 @@ def plan(
             heads = x.shape[-2] if packed or layout == "bshd" else x.shape[1]
             if heads != tables.heads:
                 raise InputError(f"{name} has {heads} heads but the per-head tables were built for {tables.heads}")
-    wanted = torch.float64 if x0.dtype == torch.float64 else torch.float32
+    wanted = table_dtype(x0.dtype)
     # float64 inputs with fp32 tables are rotated with the tables given, i.e. to fp32's accuracy (about
     # 1e-7): rotary's own producers build float64 tables for float64 inputs; tables passed in are the
     # caller's choice (rope.tables(positions, dtype=torch.float64) for float64 accuracy)

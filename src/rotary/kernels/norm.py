@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..tables import table_dtype
 from . import dispatch, ops
 from . import triton as triton_kernel
 from .contract import INPUT_DTYPES, Rotation
@@ -62,8 +63,8 @@ class Norm:
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
-    """The arithmetic dtype for inputs of ``x``'s dtype: float64 for float64, fp32 otherwise."""
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
+    """The arithmetic dtype for inputs of ``x``'s dtype: that of the tables (:func:`rotary.tables.table_dtype`)."""
+    return table_dtype(x.dtype)
 
 
 def effective_weight(weight: torch.Tensor, gemma: bool, compute: torch.dtype) -> torch.Tensor:

@@ -20,7 +20,7 @@ from .._checks import check_bool, check_choice, check_finite, check_int, check_p
 from .._device_copies import DeviceCopies
 from ..errors import InputError, InputTypeError
 from ..positions import Positions
-from ..rotation import Layout, check_layout, check_rank, rotate
+from ..rotation import Layout, check_head_dim, check_layout, check_rank, rotate
 from ..tables import RotaryTables, cos_sin_table, table_dtype
 from .coordinates import Coordinates, check_identity
 
@@ -425,11 +425,7 @@ class CoordinateRoPE(nn.Module):
         batch_dim, seq_dim = check_layout(layout)
         for x, name in zip(xs, names):
             check_rank(x, name)
-            if x.shape[-1] != self.head_dim:
-                raise InputError(
-                    f"{name} has head_dim {x.shape[-1]} but this {type(self).__name__} was "
-                    f"built for head_dim={self.head_dim}"
-                )
+            check_head_dim(x, name, self)
             self._check_tokens(coords, x.shape[batch_dim], x.shape[seq_dim], name, f" (layout {layout!r})")
 
     def forward(

@@ -39,9 +39,8 @@ def default_no_rope_layers(num_layers: int, interval: int = 4) -> list[int]:
 def rope_layer_flags(no_rope_layers: Sequence[int] | None, num_layers: int) -> list[bool]:
     """Which layers rotate, from Llama 4's ``no_rope_layers`` (1 = RoPE, 0 = NoPE; ``None``: all rotate).
 
-    Raises:
-        rotary.errors.InputError: a ``num_layers`` that is not an int >= 0, a list of another length, or values
-            other than the ints 0 and 1.
+    Raises ``rotary.errors.InputError`` for a ``num_layers`` that is not an int >= 0, a list of another length, or
+    values other than the ints 0 and 1.
 
     Example:
         >>> rope_layer_flags([1, 1, 1, 0], 4)
@@ -64,13 +63,8 @@ def rope_layer_flags(no_rope_layers: Sequence[int] | None, num_layers: int) -> l
 def nope_temperature(position_ids: torch.Tensor, *, floor_scale: int = 8192, attn_scale: float = 0.1) -> torch.Tensor:
     """Llama 4's query scale in NoPE layers, ``1 + attn_scale · log1p(floor((n + 1) / floor_scale))``, float64.
 
-    Args:
-        position_ids: integer positions ``[...]`` (int64 or int32, >= 0).
-        floor_scale: the length (in tokens) of each temperature step.
-        attn_scale: the strength.
-
-    Returns:
-        float64 ``[...]``.
+    ``position_ids``: int64 or int32 ``[...]``, >= 0; ``floor_scale``: tokens per temperature step. Returns float64
+    ``[...]``.
 
     Example:
         >>> t = nope_temperature(torch.tensor([0, 8190, 8191, 16383]))
@@ -90,11 +84,9 @@ def nope_temperature(position_ids: torch.Tensor, *, floor_scale: int = 8192, att
 
 
 class NoPETemperature(nn.Module):
-    """Tables for a NoPE layer with Llama 4's temperature tuning: no rotation, queries scaled by ``τ(n)``.
+    """Tables for a NoPE layer with Llama 4's temperature: no rotation, every query channel of ``D`` scaled by ``τ(n)``.
 
-    Args:
-        head_dim: channels per head ``D`` (every channel of the query is scaled).
-        floor_scale, attn_scale: see :func:`nope_temperature`.
+    ``floor_scale``, ``attn_scale``: see :func:`nope_temperature`.
 
     Example:
         >>> t = NoPETemperature(8).tables(torch.tensor([8190, 8191]))

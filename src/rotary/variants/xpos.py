@@ -51,18 +51,14 @@ def xpos_zeta(rotary_dim: int) -> torch.Tensor:
 
 
 class XPos(nn.Module):
-    """xPos: a producer of rotary tables with separate key tables, for causal attention.
-
-    The rotation is plain RoPE; the query tables are multiplied by ``ζ^((n - c)/γ)``, the key tables by
-    ``ζ^(-(n - c)/γ)`` (float64, rounded once); both run through the fused kernels in one call.
+    """xPos: a producer of rotary tables with separate key tables, for causal attention (see the module docstring).
 
     Args:
-        head_dim: channels per head ``D``.
+        head_dim, base, rotary_dim: ``D``; RoPE base ``theta``; channels rotated ``r`` (default ``D``).
         scale_base: ``γ`` (> 0), the distance over which the factor of pair ``i`` falls to ``ζ_i``.
-        base, rotary_dim: RoPE base ``theta``; channels rotated ``r`` (default ``D``).
         interleaved: pairing, as in :class:`rotary.RoPE` (the reference implementations: ``True``).
-        max_position: the trained context length; sets the default centre.
-        center: the position ``c`` where both scales are 1 (default ``max_position // 2``), ``<= max_distance``.
+        max_position, center: the trained length; the position ``c`` where both scales are 1 (default
+            ``max_position // 2``, at most :attr:`max_distance`).
 
     Example:
         >>> xpos = XPos(64)
@@ -135,18 +131,11 @@ class XPos(nn.Module):
         return self._copies.on("zeta", self.zeta, position_ids.device) ** exponent.unsqueeze(-1)
 
     def tables(self, positions: torch.Tensor | Positions, *, dtype: torch.dtype = torch.float32) -> RotaryTables:
-        """Tables rotating tokens at ``positions``: ``cos``/``sin`` for queries, ``k_cos``/``k_sin`` for keys.
+        """Tables ``[S, r]`` or ``[B, S, r]``: ``cos``/``sin`` for queries, ``k_cos``/``k_sin`` for keys.
 
-        Args:
-            positions: integer ``[S]``, ``[B, S]`` (or packed ``[T]`` as a :class:`~rotary.positions.Positions`).
-            dtype: fp32, or float64 for float64 inputs.
-
-        Returns:
-            :class:`~rotary.tables.RotaryTables` ``[S, r]`` or ``[B, S, r]`` with key tables.
-
-        Raises:
-            rotary.errors.InputError: a position further than :attr:`max_distance` from the centre (on accelerators,
-                positions of unknown bound are not read: the caller's contract).
+        ``positions``: integer ``[S]``, ``[B, S]`` (or packed Positions); ``dtype``: fp32, or float64 for float64
+        inputs. Raises ``rotary.errors.InputError`` for a position further than :attr:`max_distance` from the centre (on
+        accelerators, positions of unknown bound are not read: the caller's contract).
         """
         if not isinstance(positions, Positions):
             positions = P.from_ids(positions)
@@ -186,15 +175,10 @@ class XPos(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate and scale queries and keys in one kernel call: ``(q_rotated, k_rotated)``, shapes and dtypes kept.
 
-        Args:
-            q: ``[B, Hq, S, D]`` (``layout="bhsd"``) or ``[B, S, Hq, D]`` (``"bshd"``).
-            k: same layout, ``Hk`` heads.
-            position_ids, offset: integer ``[S]`` or ``[B, S]``; default ``offset + arange(S)``.
-            layout: ``"bhsd"`` or ``"bshd"``.
-
-        Raises:
-            rotary.errors.InputError: positions out of range (fp16: past :attr:`fp16_max_distance`); offset and ids
-                both.
+        ``q`` ``[B, Hq, S, D]`` (``layout="bhsd"``) or ``[B, S, Hq, D]`` (``"bshd"``), ``k`` the same with ``Hk`` heads;
+        ``position_ids`` integer ``[S]`` or ``[B, S]``, default ``offset + arange(S)``. Raises
+        ``rotary.errors.InputError`` for positions out of range (fp16: past :attr:`fp16_max_distance`) or both
+        ``offset`` and ids.
         """
         if not isinstance(q, torch.Tensor) or q.dim() != 4:
             raise InputError(
@@ -218,9 +202,7 @@ class XPos(nn.Module):
         return q, k
 
     def _check_fp16_range(self, positions: Positions) -> None:
-        """Refuse float16 inputs further than :attr:`fp16_max_distance` from the centre (when the host knows the
-        range).
-        """
+        """Refuse float16 inputs past :attr:`fp16_max_distance` from the centre (when the host knows the range)."""
         ids = positions.ids
         if devices.host_checks(ids.device):
             low, high = (int(v) for v in torch.aminmax(ids))

@@ -2,11 +2,9 @@
 
     coordinates [..., A] ──► CoordinateRoPE.tables ──► RotaryTables ──► rotary.rotate (fused kernels)
 
-A token at ``c = (c_0, …, c_{A-1})`` turns pair ``j`` by ``Σ_a c_a · inv_freq[a, j]``; in axial RoPE each pair
-belongs to one axis, so scores depend only on the offsets per axis (RoPE-Mixed, :mod:`.mixed`, fills the whole
-column, per head). The published conventions (coordinates, channel split, frequencies, block order, pairing)
-are :data:`PRESETS`, reproduced exactly (docs/variants.md, "Presets"). What axial RoPE shares with RoPE-Mixed
-(grids, augmentation, identity rows, tables) is :class:`~rotary.variants.coordinate_rope.CoordinateRoPE`.
+Pair ``j`` of a token at ``c`` turns by ``Σ_a c_a · inv_freq[a, j]``, one axis per pair, so scores depend only on
+the offsets per axis. :data:`PRESETS` reproduces the published conventions exactly (docs/variants.md,
+"Presets"); what axial RoPE shares with RoPE-Mixed is :class:`~rotary.variants.coordinate_rope.CoordinateRoPE`.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Dual-chunk RoPE: the rotations of dual chunk attention (Qwen2.5-1M, 1M-context Qwen3 in vLLM and SGLang).
 
-*Training-Free Long-Context Scaling of Large Language Models* (An et al., ICML 2024) splits a sequence into
-chunks of ``L = chunk_size - local_size`` tokens so that no query meets a key at an untrained distance: keys
-are rotated at ``j mod L``, a query three ways (``intra`` for its own chunk, ``successor`` for the chunk before,
-``inter`` for older ones), plus vLLM's two ``*_critical`` tables for its sparse prefill
-(:class:`DualChunkTables` gives each position). Each is an ordinary :class:`~rotary.tables.RotaryTables`; the
-table of positions and vLLM's query scale are in docs/variants.md, "Dual-chunk RoPE". :func:`dual_chunk_attention`
-is a dense reference of the attention that combines them (``O(S^2)``; not vLLM's paged kernel).
+*Training-Free Long-Context Scaling of Large Language Models* (An et al., ICML 2024) rotates keys at ``j mod L``
+(``L = chunk_size - local_size``) and each query three ways by the chunk of the key it meets, plus vLLM's two
+``*_critical`` tables: each an ordinary :class:`~rotary.tables.RotaryTables` (positions and vLLM's query scale:
+docs/variants.md, "Dual-chunk RoPE"). :func:`dual_chunk_attention` is a dense ``O(S^2)`` reference.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """FoPE: RoPE whose per-pair phasor is a Fourier series over the well-trained frequencies.
 
 *Fourier Position Embedding: Enhancing Attention's Periodic Extension for Length Generalization* (Hua et al.,
-2024) clips the frequencies that never complete a turn in training (``θ_i < 2π / N``; vLLM keeps the first
-``num_inv_freq`` instead) and multiplies pair ``d`` at position ``n`` by ``C_d(n) + i S_d(n)``, Fourier series
-over the kept frequencies with coefficients per key/value head. That product is what the rotation kernels
-compute from cos/sin tables, so FoPE is a producer of per-head :class:`~rotary.tables.RotaryTables` whose
-``cos² + sin²`` is not 1. It follows vLLM's ``FourierRotaryEmbedding``; how it differs from the paper's code:
-docs/variants.md, "FoPE".
+2024). Multiplying a pair by ``C_d(n) + i S_d(n)`` is what the kernels compute from cos/sin tables, so FoPE is a
+producer of per-head tables whose ``cos² + sin²`` is not 1. It follows vLLM's ``FourierRotaryEmbedding``;
+the formulas and the differences from the paper's code: docs/variants.md, "FoPE".
 """
 
 from __future__ import annotations

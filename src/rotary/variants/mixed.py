@@ -1,9 +1,8 @@
 """RoPE-Mixed: learnable 2-D frequencies per head ("Rotary Position Embedding for Vision Transformer", ECCV 2024).
 
-Axial RoPE turns each pair with one axis; RoPE-Mixed turns pair ``j`` of head ``h`` by
-``x · f_x[h, j] + y · f_y[h, j]``, a learned frequency *vector* per pair, so a head can attend along diagonals.
-The frequencies ``inv_freq`` ``[H, 2, r/2]`` give per-head tables ``[S, H, r]``, whose gradient reaches them
-through the fused kernels. The paper's initialisation: docs/variants.md, "RoPE-Mixed".
+Pair ``j`` of head ``h`` turns by ``x · f_x[h, j] + y · f_y[h, j]``, so a head can attend along diagonals; the
+per-head tables ``[S, H, r]`` pass their gradient to ``inv_freq`` ``[H, 2, r/2]`` through the fused kernels.
+The paper's initialisation: docs/variants.md, "RoPE-Mixed".
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """M-RoPE: the multimodal RoPE of the vision-language models (Qwen-VL, GLM-4V, ERNIE-4.5-VL, HunYuan-VL, ...).
 
-Every token has one position id per axis: temporal, height and width (``[3, B, S]``, as transformers passes
-them), or HunYuan-VL's four XD-RoPE axes; text tokens have equal ids, so on text M-RoPE *is* 1-D RoPE. Each
-of the ``r/2`` frequency slots reads one axis, as ``mrope_section`` and the slot layout (``"chunked"``,
-``"interleaved"``, ``"paired_hw"``) assign them, keeping 1-D RoPE's frequency ``i`` in slot ``i``. The layouts
-per model, the papers and examples: docs/variants.md, "M-RoPE".
-
-:class:`MRoPE` puts slot ``i``'s frequency in row ``axis(i)`` of an ``[A, r/2]`` matrix (zero elsewhere), so
-its angles are axial RoPE's float64 product (:func:`rotary.tables.angles`), equal bit for bit to 1-D RoPE's
-when every axis holds the same id. :func:`rotary.multimodal_positions` builds the ids of a prompt.
+Every token has one position id per axis (``[3, B, S]``; HunYuan-VL's XD-RoPE: four), and each frequency slot
+reads one axis as ``mrope_section`` and the slot layout assign them. :class:`MRoPE` puts slot ``i``'s frequency in
+row ``axis(i)`` of an ``[A, r/2]`` matrix, so its angles are axial RoPE's float64 product, equal bit for bit to 1-D
+RoPE's on text (equal ids). The layouts per model: docs/variants.md, "M-RoPE".
 """
 
 from __future__ import annotations

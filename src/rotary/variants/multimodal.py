@@ -1,13 +1,8 @@
 """Multimodal positions: the M-RoPE ids of text, image, video and audio tokens, and where decoding continues.
 
-:func:`multimodal_positions` is transformers' ``get_rope_index``: it builds the ``[3, B, S]`` ids from the
-token types and each image's and video's ``grid_thw`` under the rules of one model family
-(:data:`FAMILIES`), and returns them with where the next token goes. The rules per family (text after a
-vision run, Qwen2.5-VL's time-aligned videos, split frames, ERNIE's temporal merge, the Omni models' audio
-and audio in video, HunYuan-VL's XD-RoPE) are in docs/variants.md, "M-RoPE". Decoding continues from
-:meth:`MultimodalPositions.continuation`, which belongs to the sequence it was computed for: no module
-keeps ``rope_deltas`` between calls, so a second prompt never inherits the first one's. :class:`rotary.MRoPE`
-(:mod:`.mrope`) turns these ids into tables.
+:func:`multimodal_positions` is transformers' ``get_rope_index`` under the rules of one model family
+(:data:`FAMILIES`; docs/variants.md, "M-RoPE"). Decoding continues from :meth:`MultimodalPositions.continuation`,
+which belongs to its sequence: no module keeps ``rope_deltas`` between calls.
 """
 
 from __future__ import annotations

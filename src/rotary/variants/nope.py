@@ -1,11 +1,8 @@
 """NoPE layers: layers of a RoPE model that use no position encoding, as in Llama 4 and SmolLM3.
 
-transformers writes them as ``no_rope_layers``, one flag per layer where **1 means the layer uses RoPE** and 0
-that it is NoPE; by default layer ``i`` is NoPE when ``(i + 1) % no_rope_layer_interval == 0``. Llama 4 also
-scales the queries of its NoPE layers by ``τ(n) = 1 + attn_scale · log(1 + floor((n + 1) / floor_scale))``
-(``attn_temperature_tuning``); :class:`NoPETemperature` produces that as rotary tables (sin = 0, ``cos = τ``
-for queries, key tables of ones), so it runs on the same kernels as every other producer. Papers and the
-model settings: docs/variants.md, "p-RoPE and NoPE layers".
+transformers writes them as ``no_rope_layers`` (**1 means RoPE**, 0 NoPE). Llama 4's query temperature in its NoPE
+layers is :class:`NoPETemperature`, tables with sin = 0 and ``cos = τ`` for queries, so it runs on the same
+kernels. Papers and settings: docs/variants.md, "p-RoPE and NoPE layers".
 """
 
 from __future__ import annotations

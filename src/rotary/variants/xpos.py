@@ -1,12 +1,9 @@
 """xPos: RoPE whose queries grow and keys shrink with position, so scores decay with distance.
 
-*A Length-Extrapolatable Transformer* (Sun et al., ACL 2023): pair ``i`` gets ``ζ_i = (2i + 0.4 r) / (1.4 r)``,
-and a token at ``n`` has its query scaled by ``ζ_i^((n - c)/γ)`` and its key by ``ζ_i^(-(n - c)/γ)``, so a
-query at ``n`` meets a key at ``m`` with ``ζ_i^((n - m)/γ)``, whatever the centre ``c``. Keys are cached already
-rotated, so the centre is fixed per module (``max_position // 2``). Positions further than
-:attr:`XPos.max_distance` from it (fp16: :attr:`XPos.fp16_max_distance`) are refused rather than giving NaN, and
-bidirectional attention is refused (:attr:`XPos.requires_causal`). The centre, the range and the comparison with
-rotary-embedding-torch and torchscale: docs/variants.md, "xPos".
+*A Length-Extrapolatable Transformer* (Sun et al., ACL 2023): a query at ``n`` meets a key at ``m`` with
+``ζ_i^((n - m)/γ)``, whatever the centre ``c`` the scales are taken from. Keys are cached rotated, so the centre
+is fixed per module; positions past :attr:`XPos.max_distance` from it and bidirectional attention are refused.
+The formulas, the range and other implementations: docs/variants.md, "xPos".
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Argument validators shared by the whole package, and their wording.
-
-Each returns the checked value (so ``self.x = positive_int(x, "x")`` reads as one step) and raises
-an error that names the argument, the value received and what is allowed. Values from YAML, JSON or
-command lines arrive as the wrong Python type more often than as the wrong number (``"false"`` for a
-flag, ``2.0`` for a count): types are checked exactly, ``bool`` is never an int here, and a string is
-never a bool.
+"""Argument validators shared by the package, and their wording: each returns the checked value and raises an
+error naming the argument, the value and what is allowed. Types are checked exactly (values from YAML, JSON or
+command lines): ``bool`` is never an int, a string never a bool.
 """
 
 from __future__ import annotations
@@ -61,8 +57,7 @@ def is_positive_int(value: Any) -> bool:
 
 
 def is_number(value: Any) -> bool:
-    """A finite real number (int or float, not ``bool``). Comparisons, not ``math.isfinite``, so that
-    ``torch.compile(dynamic=True)`` can trace it on a symbolic float (NaN fails both)."""
+    """A finite real number, not ``bool`` (comparisons, so ``torch.compile(dynamic=True)`` traces it)."""
     return (is_int(value) or isinstance(value, float)) and -math.inf < value < math.inf
 
 
@@ -142,9 +137,7 @@ def check_choice(value: T, name: str, choices: Collection[T]) -> T:
 
 
 def check_causal_rope(rope: Any, causal: bool, layer: str) -> None:
-    """Refuse a producer valid only under a causal mask (``requires_causal``, e.g. :class:`rotary.XPos`) if not
-    causal.
-    """
+    """Refuse a producer valid only under a causal mask (``requires_causal``: :class:`rotary.XPos`) if not causal."""
     reason = getattr(rope, "requires_causal", None)
     if reason and not causal:
         raise InputError(

@@ -1,11 +1,8 @@
 """Host constants on the device they are used on, copied once per device instead of once per call.
 
-A module that keeps a constant on the host (frequencies, xPos's ``ζ``, an M-RoPE frequency matrix)
-and combines it with device tensors would copy it host-to-device on every call: a blocking copy
-(``memcpy`` and a stream synchronisation on CUDA) that a CUDA graph cannot capture either.
-:class:`DeviceCopies` keeps one copy per device, made on first use (e.g. a warm-up call before a
-capture) and reused for as long as the host tensor is the same object with the same version
-(reassigning the attribute or editing it in place makes a fresh copy).
+A host constant (frequencies, xPos's ``ζ``) combined with device tensors would be copied on every call: a
+blocking copy a CUDA graph cannot capture. :class:`DeviceCopies` keeps one copy per device, made on first use
+and renewed when the host tensor is replaced or edited.
 """
 
 from __future__ import annotations
@@ -40,11 +37,7 @@ class DeviceCopies:
         self._copies: dict[tuple[str, torch.device], tuple[torch.Tensor, int | None, torch.Tensor]] = {}
 
     def on(self, name: str, host: torch.Tensor, device: torch.device | str) -> torch.Tensor:
-        """``host`` on ``device`` (do not modify it): ``host`` itself there, else the copy for ``(name, device)``.
-
-        The copy is made again when ``host`` was replaced or edited; under ``torch.compile`` a missing copy is made in
-        the graph and not kept.
-        """
+        """``host`` on ``device`` (read only): itself there, else the kept copy (not kept under ``torch.compile``)."""
         device = torch.device(device)
         if host.device == device:
             return host

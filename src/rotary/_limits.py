@@ -1,8 +1,5 @@
-"""Size limits for what rotary allocates because an argument asked for it, and their wording.
-
-A size argument off by a few powers of ten would get the process killed before any message; functions whose
-memory grows with an argument check the bytes first, naming the argument, the memory and the largest value
-that fits.
+"""Size limits for what rotary allocates because an argument asked for it: a function whose memory grows with an
+argument checks the bytes first, naming the argument, the memory and the largest value that fits.
 """
 
 from __future__ import annotations
@@ -40,13 +37,7 @@ def format_bytes(n: float) -> str:
 
 
 def check_bytes(nbytes: float, what: str, fix: str, *, limit: int = MAX_ANALYSIS_BYTES) -> None:
-    """Raise an InputError (a ValueError) when ``what`` would need more than ``limit`` bytes.
-
-    Args:
-        nbytes: the memory about to be allocated (a float is fine: products of sizes may be huge).
-        what: the call and argument that asked for it, e.g. ``"score_matrix(seq_len=1000000)"``.
-        fix: what to change, e.g. ``"use seq_len <= 16384"``.
-        limit: the largest allowed.
+    """Raise an InputError when ``what`` (the call and argument) would need over ``limit`` bytes; ``fix``: what to do.
 
     Example:
         >>> check_bytes(2**40, "score_matrix(seq_len=370727)", "use seq_len <= 16384")  # doctest: +ELLIPSIS

@@ -1,14 +1,6 @@
-"""Registries whose registrations a block can scope.
-
-rotary's extension points are global tables filled by decorators at import time
-(:data:`rotary.rope_types.ROPE_TYPES`, :data:`rotary.models.POSITION_ENCODINGS`, the bench's methods
-and suites). A test, a docs example or a one-off script that registers an entry for a while scopes it
-instead of saving and restoring the table by hand::
-
-    with ROPE_TYPES.scope():
-        register_rope_type("halved", required={"factor"})(init)
-        ...  # "halved" is registered here
-    # and gone here; a built-in it replaced is back
+"""Registries whose registrations a block can scope: rotary's extension points are global tables filled by
+decorators at import time; a test or script that registers an entry for a while uses ``with
+ROPE_TYPES.scope():`` instead of saving and restoring the table by hand.
 """
 
 from __future__ import annotations
@@ -26,16 +18,9 @@ V = TypeVar("V")
 
 @contextlib.contextmanager
 def scoped(*registries: dict | list) -> Iterator[None]:
-    """Undo, on leaving the block, every change made inside it to ``registries`` (dicts or lists).
+    """Undo, on leaving the block (also by an exception), every change made inside it to ``registries``.
 
-    Each registry is restored in place (the same object, which importers hold), also when the block
-    raises: entries added inside are removed, entries replaced or removed are put back.
-
-    Args:
-        registries: the tables to restore, each a ``dict`` or a ``list``.
-
-    Raises:
-        InputTypeError: a registry that is neither a dict nor a list (a TypeError).
+    Each dict or list is restored in place (the object importers hold); anything else is an InputTypeError.
 
     Example:
         >>> table = {"a": 1}

@@ -1,9 +1,4 @@
-"""A lock that objects holding it can still be copied and pickled with.
-
-``copy.deepcopy(model)`` (EMA weights, model surgery) and ``torch.save(model)`` pickle every attribute;
-a ``threading.Lock`` cannot be pickled. What a lock guards is shared state of one live object, so a
-copy gets a fresh, unlocked lock of its own.
-"""
+"""A lock that objects holding it can still be deep-copied and pickled with: a copy gets a fresh lock."""
 
 from __future__ import annotations
 

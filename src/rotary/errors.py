@@ -1,10 +1,8 @@
 """The exception types of bad input: what the caller must change, as opposed to a bug in rotary.
 
-Every check in rotary raises one of these; anything else is a bug. :class:`InputError` is a ``ValueError``,
-:class:`InputTypeError` also a ``TypeError``, :class:`ConfigError` a RoPE configuration that cannot be right.
-The ``rotary`` command prints an ``InputError`` as one line and exits with status 2. On an accelerator a value
-only the device holds is never read to be checked: it is valid by construction, refused by a device-side
-assertion where memory safety needs one, or the caller's contract, stated where the argument is documented.
+Every check raises one of these; anything else is a bug. The ``rotary`` command prints an ``InputError`` as one
+line (exit status 2). On an accelerator a value only the device holds is never read to be checked: it is valid
+by construction, refused by a device-side assertion, or the caller's contract, stated where documented.
 
 Example:
     >>> import rotary
@@ -25,8 +23,7 @@ class InputError(ValueError):
 
 
 class InputTypeError(InputError, TypeError):
-    """An argument of the wrong type (a list where a tensor is needed, a string for a flag): an
-    :class:`InputError` that ``except TypeError`` also catches."""
+    """An argument of the wrong type: an :class:`InputError` that ``except TypeError`` also catches."""
 
 
 class ConfigError(InputError):

@@ -1,7 +1,5 @@
-"""Rotation frequencies: :class:`Frequencies` (``inv_freq`` and ``attention_scaling``) of a configuration.
-
-The ``rope_type`` registry and the built-in types live in :mod:`rotary.rope_types`; this module turns
-a configuration (head_dim, base, rotary width, scaling block) into the frequencies of one type.
+"""Rotation frequencies: :class:`Frequencies` (``inv_freq`` and ``attention_scaling``) of a configuration; the
+``rope_type`` registry and the built-in types live in :mod:`rotary.rope_types`.
 """
 
 from __future__ import annotations
@@ -39,10 +37,9 @@ __all__ = [
 
 
 class FrozenBlock(dict):
-    """A read-only dict: the scaling block a :class:`Frequencies` was computed from.
+    """A read-only deep copy of the scaling block a :class:`Frequencies` was computed from (lists become tuples).
 
-    A deep copy (lists become tuples, nested dicts read-only), so editing the block given to :func:`frequencies`
-    changes nothing; it compares equal to the dict, serialises as it, and ``dict(block)`` is an editable copy.
+    It compares equal to the dict and serialises as it; ``dict(block)`` is an editable copy.
 
     Example:
         >>> b = FrozenBlock.of({"rope_type": "longrope", "short_factor": [1.0, 1.5]})
@@ -93,13 +90,10 @@ class Frequencies:
     """The frequencies of one RoPE configuration.
 
     Attributes:
-        inv_freq: fp32 tensor ``[rotary_dim // 2]``; pair ``i`` turns by ``position * inv_freq[i]``.
+        inv_freq: fp32 ``[rotary_dim // 2]``; pair ``i`` turns by ``position * inv_freq[i]``.
         attention_scaling: factor multiplied into cos and sin (1.0 except for YaRN / LongRoPE).
-        head_dim: channels per head ``D``.
-        rotary_dim: channels rotated ``r`` (``r <= D``, even); the rest pass through.
-        base: the base ``theta`` the frequencies were derived from.
-        rope_type: name of the init function in :data:`ROPE_INIT_FUNCTIONS`.
-        scaling: the scaling parameters used, a :class:`FrozenBlock`.
+        head_dim, rotary_dim: ``D``; channels rotated ``r`` (even, ``<= D``), the rest pass through.
+        base, rope_type, scaling: ``theta``; the type's name in :data:`ROPE_INIT_FUNCTIONS`; the :class:`FrozenBlock`.
     """
 
     inv_freq: torch.Tensor
@@ -190,7 +184,7 @@ def _check_result(
     params: Mapping[str, Any],
     seq_len: Any = None,
 ) -> None:
-    """Frequencies must be finite, the first ``turning`` pairs must turn, and the scaling must be finite and > 0."""
+    """Frequencies finite, the first ``turning`` pairs turning, the scaling finite and > 0."""
     block = ", ".join(f"{k}={v}" for k, v in params.items() if k != "rope_type" and not isinstance(v, (list, tuple)))
     at = "" if seq_len is None else f" at sequence length {seq_len}"
     where = f"rope_type {rope_type!r} (base={base:g}{', ' + block if block else ''}){at}"
@@ -232,10 +226,8 @@ def frequencies(
 ) -> Frequencies:
     """Compute the rotation frequencies of a RoPE configuration.
 
-    ``scaling`` uses Hugging Face's names and defaults (transformers 5.23): ``default``, ``linear``, ``dynamic``,
-    ``yarn``, ``longrope``, ``llama3``, ``proportional``, and ``ntk`` / ``ntk_alpha`` (static NTK-aware, HunYuan's
-    ``alpha``); each type's parameters are in docs/scaling.md. Any block may carry ``rope_theta`` and
-    ``partial_rotary_factor``.
+    ``scaling`` uses Hugging Face's names and defaults (transformers 5.23); each type's parameters are in
+    docs/scaling.md. Any block may carry ``rope_theta`` and ``partial_rotary_factor``.
 
     Args:
         head_dim: channels per attention head ``D`` (even).
@@ -245,11 +237,7 @@ def frequencies(
         seq_len: current length, for ``dynamic`` and ``longrope`` (a 0-dim tensor, as transformers passes).
         strict: ``False`` turns value errors in ``scaling`` into warnings.
 
-    Returns:
-        :class:`Frequencies` with ``inv_freq`` ``[rotary_dim // 2]`` (fp32) and ``attention_scaling``.
-
-    Raises:
-        ConfigError: (a ``ValueError``) for an invalid block; the message says what to change.
+    Raises ``ConfigError`` (a ``ValueError``) for an invalid block, saying what to change.
 
     Example:
         >>> f = frequencies(128)

@@ -1,9 +1,6 @@
-"""The two pairings and conversions between them.
-
-The paper, RoFormer, GPT-J and Meta's LLaMA pair channels (2i, 2i + 1) ("interleaved"); Hugging Face
-and GPT-NeoX pair (i, i + r/2) ("half"). A checkpoint trained with one runs with the other after its
-q and k projection rows are permuted (:func:`permute_qk_weight`; this is Hugging Face's Meta-to-HF
-conversion), and activations convert with :func:`to_half` / :func:`to_interleaved`.
+"""The two pairings, (2i, 2i + 1) "interleaved" (the paper, GPT-J, Meta's LLaMA) and (i, i + r/2) "half" (Hugging
+Face, GPT-NeoX), and conversions: of q/k projection rows (:func:`permute_qk_weight`, Hugging Face's Meta-to-HF
+conversion) and of activations (:func:`to_half` / :func:`to_interleaved`).
 """
 
 from __future__ import annotations
@@ -50,8 +47,7 @@ def _check_x(x: torch.Tensor) -> None:
 
 
 def _reorder(x: torch.Tensor, rotary_dim: int | None, to: Literal["half", "interleaved"]) -> torch.Tensor:
-    """``x[..., pair_permutation(D, to=to, rotary_dim=r)]`` by reshapes alone: no index tensor is built
-    on the host and copied to ``x``'s device per call. A new contiguous tensor, like ``index_select``."""
+    """``x[..., pair_permutation(D, to=to, rotary_dim=r)]`` by reshapes alone: a new contiguous tensor."""
     r = _rotary_dim(x.shape[-1], rotary_dim)
     rot = x[..., :r]
     if to == "half":  # [..., r/2, 2] (pairs adjacent) -> [..., 2, r/2]: evens first, then odds
@@ -66,8 +62,6 @@ def _reorder(x: torch.Tensor, rotary_dim: int | None, to: Literal["half", "inter
 def to_interleaved(x: torch.Tensor, rotary_dim: int | None = None) -> torch.Tensor:
     """Reorder the last dim of ``x`` ``[..., D]`` from the half layout to the interleaved one (a new contiguous tensor).
 
-    Equal to ``x[..., pair_permutation(D, to="interleaved")]``, without an index tensor; channels past r stay.
-
     Example:
         >>> to_interleaved(torch.tensor([0, 1, 2, 3]))  # pairs (0, 2), (1, 3) become adjacent
         tensor([0, 2, 1, 3])
@@ -78,8 +72,6 @@ def to_interleaved(x: torch.Tensor, rotary_dim: int | None = None) -> torch.Tens
 
 def to_half(x: torch.Tensor, rotary_dim: int | None = None) -> torch.Tensor:
     """Reorder the last dim of ``x`` ``[..., D]`` from the interleaved layout to the half one (a new contiguous tensor).
-
-    Equal to ``x[..., pair_permutation(D, to="half")]``, without an index tensor; channels past r stay.
 
     Example:
         >>> to_half(torch.tensor([0, 2, 1, 3]))
@@ -94,12 +86,9 @@ def permute_qk_weight(
 ) -> torch.Tensor:
     """Permute the output rows of a q or k projection so a checkpoint runs with the other pairing.
 
-    Args:
-        w: weight ``[n_heads * head_dim, in_features]`` or bias ``[n_heads * head_dim]``.
-        head_dim: channels per head.
-        to: ``"half"`` (interleaved checkpoint -> half-pairing model: the Meta LLaMA -> Hugging Face
-            conversion) or ``"interleaved"`` (the inverse).
-        rotary_dim: rotated channels per head (default ``head_dim``).
+    ``w``: weight ``[n_heads * head_dim, in_features]`` or bias ``[n_heads * head_dim]``; ``to``: ``"half"``
+    (interleaved checkpoint -> half model, Meta LLaMA -> Hugging Face) or ``"interleaved"``; ``rotary_dim``: default
+    ``head_dim``.
 
     Example:
         >>> w = torch.randn(4 * 64, 256)  # 4 heads of 64

@@ -1,11 +1,8 @@
-"""Slow, obviously correct forms of RoPE: test oracles and teaching code.
+"""Slow, obviously correct forms of RoPE in float64, sharing no code with the fast path: test oracles and teaching code.
 
-The 1-D forms take ``x`` with positions along dim -2 (``[..., S, D]``), ``position_ids`` ``[S]`` and
-``inv_freq`` ``[r/2]``; the first ``r = 2 * len(inv_freq)`` channels rotate, the rest pass through.
-The N-D forms (:func:`rotation_matrix_nd`, :func:`rotate_matrix_nd`) take coordinates ``[S, A]`` and
-one frequency row per axis ``[A, r/2]`` (axial RoPE, RoPE-Mixed; per head ``[H, A, r/2]``), and
-build the rotation as the product of one block-diagonal matrix per axis. They compute in float64
-and share no code with the fast path.
+The 1-D forms take ``x`` ``[..., S, D]``, ``position_ids`` ``[S]`` and ``inv_freq`` ``[r/2]``; the first
+``r = 2 * len(inv_freq)`` channels rotate. The N-D forms take coordinates ``[S, A]`` and one frequency row per axis
+``[A, r/2]`` (per head ``[H, A, r/2]``) and build the product of one block-diagonal matrix per axis.
 """
 
 from __future__ import annotations
@@ -100,12 +97,7 @@ def rotate_numpy(
 def rotation_matrix_nd(
     coordinates: torch.Tensor, inv_freq: torch.Tensor, head_dim: int, *, interleaved: bool = False
 ) -> torch.Tensor:
-    """The N-D rotation ``R(c) = R_0(c_0) R_1(c_1) … R_{A-1}(c_{A-1})`` (float64 ``[D, D]``), one factor per axis.
-
-    Args:
-        coordinates: ``[A]``, one token's coordinates (any real numbers).
-        inv_freq: ``[A, r/2]``.
-        head_dim: ``D``.
+    """The N-D rotation ``R(c) = R_0(c_0) R_1(c_1) … R_{A-1}(c_{A-1})`` (float64 ``[D, D]``) of coordinates ``[A]``.
 
     Example:
         >>> f = torch.tensor([[1.0, 0.0], [0.0, 0.5]])  # pair 0 turns with axis 0, pair 1 with axis 1
@@ -126,14 +118,7 @@ def rotation_matrix_nd(
 def rotate_matrix_nd(
     x: torch.Tensor, coordinates: torch.Tensor, inv_freq: torch.Tensor, *, interleaved: bool = False
 ) -> torch.Tensor:
-    """Apply ``R(c)`` to each token's vector by explicit matrix products: float64 in the shape of ``x``.
-
-    Args:
-        x: ``[..., S, D]``; with per-head frequencies ``[..., H, S, D]``.
-        coordinates: ``[S, A]``.
-        inv_freq: ``[A, r/2]``, or per head ``[H, A, r/2]``.
-        interleaved: the pairing.
-    """
+    """Apply ``R(c)`` to each token of ``x`` ``[..., S, D]`` (per head ``[..., H, S, D]``) at ``[S, A]``: float64."""
     x = x.double()
     out = torch.empty_like(x)
     per_head = inv_freq.dim() == 3

@@ -1,15 +1,9 @@
 """Length-dependent frequencies: the frequencies a call uses, for types that depend on its length.
 
-Dynamic NTK and LongRoPE change their frequencies with the sequence length. transformers keeps that
-as state in the rotary module (``dynamic_rope_update``): dynamic NTK recomputes when a call is longer
-than any before and returns to the trained frequencies when a call is shorter than the trained
-context; LongRoPE switches between its short and long factors at the trained context. A
-:class:`FrequencySchedule` replays that state machine call for call (``mode="hf"``), or computes from
-the current call's length alone (``mode="stateless"``; see docs/scaling.md on
-huggingface/transformers#25104).
-
-:meth:`FrequencySchedule.freqs_for` returns the frequencies *of this call*, so two threads sharing
-one schedule each rotate with the frequencies of their own call; the shared state changes under a lock.
+transformers keeps dynamic NTK's and LongRoPE's length dependence as state in the rotary module
+(``dynamic_rope_update``). :class:`FrequencySchedule` replays that state machine call for call (``mode="hf"``) or
+uses the current call's length alone (``mode="stateless"``); docs/scaling.md, ``dynamic``, explains both.
+:meth:`FrequencySchedule.freqs_for` returns the frequencies *of this call*; the shared state changes under a lock.
 """
 
 from __future__ import annotations
@@ -30,12 +24,8 @@ __all__ = ["FrequencySchedule"]
 
 
 class FrequencySchedule:
-    """The frequencies of each call of one RoPE configuration.
-
-    Args:
-        frequency_args: the keyword arguments of :func:`rotary.frequencies` that built ``original``.
-        original: the frequencies at the trained length.
-        mode: ``"hf"`` (transformers' state machine) or ``"stateless"``.
+    """The frequencies of each call of one configuration: ``original`` built by ``frequency_args`` (the keywords of
+    :func:`rotary.frequencies`), ``mode`` ``"hf"`` or ``"stateless"``.
 
     Example:
         >>> args = dict(head_dim=64, scaling={"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 8})
@@ -85,12 +75,8 @@ class FrequencySchedule:
     def freqs_for(self, seq_len: int | torch.Tensor) -> tuple[Frequencies, str | None]:
         """The frequencies of a call covering positions ``0 .. seq_len - 1``, and their cache key.
 
-        The key names a frequency set that recurs (``"original"``, ``"long"``) and may keep a table
-        cache; ``None`` marks frequencies of this length only (dynamic NTK past the trained length).
-
-        Args:
-            seq_len: ``max(position_ids) + 1`` (an int, or a 0-dim integer tensor as transformers
-                passes; dynamic NTK then computes its base in fp32, which is reproduced bit for bit).
+        ``seq_len``: an int, or a 0-dim integer tensor as transformers passes (dynamic NTK's fp32 base is reproduced bit
+        for bit). The key names a recurring set (``"original"``, ``"long"``); ``None`` marks this length only.
         """
         if not self.length_dependent:
             return self.original, "original"

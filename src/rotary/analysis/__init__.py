@@ -1,9 +1,6 @@
-"""The numbers behind every figure and report: decay bound, wavelengths, per-pair scaling profile,
-position-precision limits, attention scores, a PCA of the position tables, and verification checks.
-
-Everything here returns plain tensors, dataclasses or dicts (JSON-ready through ``to_dict``); the
-figures in :mod:`rotary.tools.plots` only draw what these functions compute, so tests can assert the
-numbers without looking at pixels.
+"""The numbers behind every figure and report (decay, wavelengths, scaling profile, precision limits, scores, a
+PCA of the tables, verification checks), as tensors, dataclasses or dicts: :mod:`rotary.tools.plots` only draws
+them, so tests assert the numbers.
 """
 
 from .decay import decay_bound, measured_decay

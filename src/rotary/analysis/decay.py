@@ -31,18 +31,10 @@ def _distances(distances: object, *, allow_negative: bool) -> torch.Tensor:
 
 
 def decay_bound(head_dim: int = 128, base: float = 10000.0, distances: Sequence[int] | None = None) -> torch.Tensor:
-    """The long-range decay bound of the RoFormer paper: ``(1 / (d/2)) Σ_j |S_j|`` against relative distance.
+    """The RoFormer paper's long-range decay bound ``(1 / (d/2)) Σ_j |S_j|``, float64 ``[len(distances)]``.
 
-    ``S_j = Σ_{i<j} e^{i m θ_i}`` with ``θ_i = base^(-2i/d)`` (Abel summation); at distance 0 the value is
-    ``(d/2 + 1) / 2``. Angles are float64.
-
-    Args:
-        head_dim: ``d`` (even).
-        base: RoPE base.
-        distances: relative distances ``m``; default ``0..256``.
-
-    Returns:
-        float64 ``[len(distances)]``.
+    ``S_j = Σ_{i<j} e^{i m θ_i}``, ``θ_i = base^(-2i/d)`` (Abel summation); ``(d/2 + 1) / 2`` at distance 0.
+    ``head_dim`` ``d`` is even; ``distances`` default ``0..256``.
 
     Example:
         >>> float(decay_bound(128, distances=[0])[0])
@@ -65,16 +57,9 @@ def decay_bound(head_dim: int = 128, base: float = 10000.0, distances: Sequence[
 def measured_decay(
     rope: RoPE, distances: Sequence[int], *, kind: str = "random", samples: int = 256, seed: int = 0
 ) -> torch.Tensor:
-    """Mean ``|⟨R_m q, R_n k⟩|`` over samples for each relative distance ``m - n``, rotated by ``rope`` itself.
+    """Mean ``|⟨R_m q, R_n k⟩|`` for each distance ``m - n >= 0`` through ``rope`` itself: float64 ``[len(distances)]``.
 
-    Args:
-        rope: the RoPE to measure.
-        distances: non-negative relative distances.
-        kind: ``"random"`` (q, k ~ N(0, I), ``samples`` pairs) or ``"ones"`` (q = k = all ones).
-        samples: number of random (q, k) pairs.
-
-    Returns:
-        float64 ``[len(distances)]``.
+    ``kind``: ``"random"`` (``samples`` pairs q, k ~ N(0, I)) or ``"ones"`` (q = k = all ones).
 
     Example:
         >>> measured_decay(RoPE(8), [0], kind="ones").tolist()  # ⟨1, 1⟩ = 8 at distance 0

@@ -25,16 +25,13 @@ __all__ = [
 
 @dataclass
 class PairProfile:
-    """How a configuration treats each pair ``i`` relative to the unscaled default frequencies (lists of ``r/2``).
+    """How a configuration treats each pair ``i`` against the unscaled default frequencies (lists of ``r/2``).
 
-    Attributes:
-        inv_freq, original_inv_freq: the configured ``θ_i`` (rad per token); ``rope_type="default"``'s.
-        wavelength, original_wavelength: ``2π / θ_i`` in tokens (``inf`` for a pair that does not rotate).
-        factor: ``original_inv_freq / inv_freq``, how much the pair was slowed (1 = unchanged).
-        kind: ``"unchanged"``, ``"extrapolated"`` (factor 1 under a scaling method), ``"interpolated"`` (the full
-            factor), ``"blended"``, ``"raised"`` (sped up) or ``"not rotated"`` (θ = 0).
-        ramp: ``(1 - 1/factor_i) / (1 - 1/F)``: 0 = original frequency, 1 = fully interpolated (YaRN's ramp).
-        full_factor: ``F``, the largest factor applied.
+    ``inv_freq``, ``original_inv_freq``: ``θ_i`` in rad per token, configured and default; ``wavelength``,
+    ``original_wavelength``: ``2π / θ_i`` in tokens (``inf``: not rotated); ``factor``: ``original / configured``
+    (1 = unchanged); ``kind``: ``"unchanged"``, ``"extrapolated"``, ``"interpolated"`` (the full factor),
+    ``"blended"``, ``"raised"`` or ``"not rotated"``; ``ramp``: ``(1 - 1/factor_i) / (1 - 1/F)`` (YaRN's);
+    ``full_factor``: ``F``, the largest factor.
     """
 
     inv_freq: list[float]
@@ -52,11 +49,7 @@ class PairProfile:
 
 
 def scaling_profile(freqs: Frequencies, *, rtol: float = 1e-4) -> PairProfile:
-    """Classify every pair of ``freqs`` against the unscaled default, for any ``rope_type``.
-
-    Args:
-        freqs: the configured frequencies.
-        rtol: relative tolerance for "same as the original" and "scaled by the full factor".
+    """Classify every pair of ``freqs`` against the unscaled default, for any ``rope_type`` (``rtol``: "the same").
 
     Example:
         >>> p = scaling_profile(frequencies(8, scaling={"rope_type": "default"}))
@@ -114,13 +107,10 @@ MANTISSA_BITS = {"bfloat16": 7, "float16": 10, "float32": 23}
 
 @dataclass
 class PrecisionLimit:
-    """What storing positions / angles in ``dtype`` does at ``length`` positions.
+    """What storing positions / angles in ``dtype`` (a name) does at ``length`` positions.
 
-    Attributes:
-        dtype: format name.
-        exact_positions: every integer position below this is exact (``2^(mantissa + 1)``).
-        position_error: worst rounding of a position ``< length``, in tokens.
-        angle_error: worst rounding, in rad, of pair 0's angle at ``length - 1`` (rotary forms angles in float64).
+    ``exact_positions``: every integer below it is exact; ``position_error``: worst rounding of a position, in
+    tokens; ``angle_error``: worst rounding of pair 0's angle at ``length - 1``, in rad (rotary uses float64).
     """
 
     dtype: str
@@ -236,12 +226,10 @@ def _ranges(indices: list[int]) -> str:
 
 
 def inspect_rope(rope: RoPE, *, freqs: Frequencies | None = None, context: int | None = None) -> Inspection:
-    """Per-pair table, attention scaling and warnings for a RoPE configuration.
+    """Per-pair table, attention scaling and warnings for a RoPE configuration (``rotary inspect``).
 
-    Args:
-        rope: the configuration (its pairing is reported too).
-        freqs: frequencies to inspect instead of ``rope.freqs`` (e.g. dynamic NTK at a given length).
-        context: context length in tokens; default ``rope.max_position``.
+    ``freqs``: frequencies to inspect instead of ``rope.freqs`` (dynamic NTK at a length); ``context``: in tokens,
+    default ``rope.max_position``.
 
     Example:
         >>> info = inspect_rope(RoPE(128, max_position=4096))

@@ -36,10 +36,7 @@ def score_matrix(rope: RoPE, q: torch.Tensor, k: torch.Tensor, seq_len: int) -> 
 
 
 def position_pca(rope: RoPE, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A 2-D PCA of the position tables (each position's float64 ``[cos θ_i m, sin θ_i m]`` over all pairs).
-
-    Returns:
-        ``(coords [seq_len, 2], explained_variance_ratio [2])``, float64.
+    """A 2-D PCA of each position's float64 ``[cos θ_i m, sin θ_i m]``: ``(coords [seq_len, 2], explained ratio [2])``.
 
     Example:
         >>> coords, explained = position_pca(RoPE(16), 32)

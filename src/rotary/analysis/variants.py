@@ -21,12 +21,10 @@ __all__ = ["MRoPELayout", "mrope_layout", "nope_temperature_curve", "p_rope_wave
 
 @dataclass(frozen=True)
 class MRoPELayout:
-    """Per frequency slot of an :class:`~rotary.variants.MRoPE`: the axis it reads and its wavelength.
+    """Per slot of an :class:`~rotary.variants.MRoPE`: the axis it reads and its wavelength.
 
-    Attributes:
-        axes: ``"T"``, ``"H"`` or ``"W"`` per slot.
-        wavelength: ``2π / θ_i`` per slot, in position steps of its axis.
-        span: per axis, the (shortest, longest) wavelength among its slots.
+    ``axes``: ``"T"``, ``"H"`` or ``"W"`` per slot; ``wavelength``: ``2π / θ_i`` in steps of its axis; ``span``: per
+    axis, the (shortest, longest) wavelength.
     """
 
     axes: str
@@ -52,8 +50,7 @@ def mrope_layout(mrope: MRoPE) -> MRoPELayout:
 
 
 def xpos_scores(xpos: XPos, distances: Sequence[int]) -> torch.Tensor:
-    """``⟨q, k⟩`` after xPos for ``q = k = all ones``, query ``Δ`` after the key (at the centre): float64
-    ``[len(distances)]``.
+    """``⟨q, k⟩`` after xPos for ``q = k = all ones``, query ``Δ`` after the key: float64 ``[len(distances)]``.
 
     Example:
         >>> xpos_scores(XPos(8), [0]).tolist()  # ⟨1, 1⟩ = 8 at distance 0

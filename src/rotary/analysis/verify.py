@@ -37,11 +37,10 @@ class Check:
 
 
 def verify(rope: RoPE, *, seq_len: int = 64, offset: int | None = None, seed: int = 0) -> list[Check]:
-    """Check RoPE's defining properties for one configuration, through its fast path.
+    """Check RoPE's defining properties for one configuration through its fast path.
 
-    Checks: norms scaled exactly by ``attention_scaling``; scores depend on ``m - n`` only (at positions
-    ``offset ..``); fast == block-diagonal matrix == complex form; the tables are rotations laid out for the
-    module's pairing; fp32 tables agree with float64 angles.
+    Norms scaled exactly by ``attention_scaling``; scores depend on ``m - n`` only (from ``offset``); fast ==
+    block-diagonal matrix == complex form; tables are rotations for the pairing; fp32 tables agree with float64.
 
     Example:
         >>> all(c.passed for c in verify(RoPE(16), seq_len=8))
@@ -110,17 +109,11 @@ def verify(rope: RoPE, *, seq_len: int = 64, offset: int | None = None, seed: in
 def verify_axial(
     rope: Any, *, sizes: tuple[int, ...] | None = None, shift: float = 1000.0, seed: int = 0
 ) -> list[Check]:
-    """Check an N-D RoPE (:class:`rotary.AxialRoPE`, :class:`rotary.RoPEMixed`) through its fast path.
+    """Check an N-D RoPE (:class:`rotary.AxialRoPE`, :class:`rotary.RoPEMixed`, in eval mode) through its fast path.
 
-    Checks, on a small grid plus one identity token: norms preserved; scores unchanged when every token moves by
-    ``shift`` along each axis and all at once; fast == the block-diagonal N-D matrix; identity tokens unchanged;
-    the tables are rotations laid out for the pairing.
-
-    Args:
-        rope: the module (evaluated in eval mode: no coordinate augmentation).
-        sizes: the grid, one size per axis (default 3 x 4 for images, 2 x 3 x 4 for video).
-        shift: how far the tokens are moved.
-        seed: of the random q, k.
+    On a grid of ``sizes`` (default 3 x 4, video 2 x 3 x 4) plus an identity token: norms kept; scores unchanged when
+    every token moves by ``shift`` along each axis and all; fast == the N-D matrix; identity tokens unchanged; tables
+    are rotations.
 
     Example:
         >>> from rotary import AxialRoPE
@@ -200,15 +193,9 @@ def _verify_axial(rope: Any, sizes: tuple[int, ...], shift: float, seed: int) ->
 def verify_mrope(mrope: Any, *, seq_len: int = 64, shift: int = 4096, seed: int = 0) -> list[Check]:
     """Check a multimodal RoPE (:class:`rotary.MRoPE`, XD-RoPE included) through its fast path, on random ids.
 
-    Checks: norms scaled by ``attention_scaling``; scores unchanged when every token moves by ``shift`` along t,
-    h, w and all three; fast == the block-diagonal N-D matrix; one step along an axis turns exactly its
-    ``mrope_section`` slots; text ids (t = h = w) give the 1-D RoPE's tables bit for bit; tables are rotations.
-
-    Args:
-        mrope: the module.
-        seq_len: tokens per row.
-        shift: how far the tokens are moved (e.g. the model's context length).
-        seed: of the ids and the random q, k.
+    Norms scaled by ``attention_scaling``; scores unchanged when every token moves by ``shift`` along t, h, w and all
+    three; fast == the N-D matrix; a step along an axis turns exactly its slots; text ids give 1-D RoPE's tables bit
+    for bit; tables are rotations.
 
     Example:
         >>> from rotary import MRoPE

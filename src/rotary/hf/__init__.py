@@ -1,10 +1,6 @@
-"""Hugging Face transformers: reading configs, the table of model types, and patching a loaded model.
-
-:mod:`.config` (:func:`read_hf_config` -> :class:`RopeSettings`, what :meth:`rotary.RoPE.from_hf_config` builds
-from), :mod:`.layers` (the RoPE of each layer type), :mod:`.own_keys` (architectures with keys of their own),
-:mod:`.architectures` (per ``model_type``: pairing, M-RoPE types, refusals), :mod:`.coverage` (every RoPE model
-type of transformers and what builds it), :mod:`.vision` (:func:`vision_rope`, the vision encoders' RoPE), and
-:mod:`.patching` (:func:`patch` / :func:`unpatch`). Nothing here imports transformers at import time.
+"""Hugging Face transformers: reading configs (:mod:`.config`, :mod:`.layers`, :mod:`.own_keys`), the table of
+model types (:mod:`.architectures`, :mod:`.coverage`), the vision encoders' RoPE (:mod:`.vision`), and patching a
+loaded model (:mod:`.patching`). Nothing here imports transformers at import time.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """What each Hugging Face architecture (``model_type``) means for its RoPE, and the readers of those keys.
 
-- :data:`PAIRING`: how each architecture's attention pairs the rotated channels, checked against
-  transformers' own modeling code for every ``model_type`` of the pinned release that applies RoPE
-  (``tests/test_hf_architectures.py``); :data:`UNSUPPORTED` names the architectures whose RoPE
-  :func:`rotary.hf.config.read_hf_config` does not build, and why;
-- :data:`MROPE_MODELS`: the architectures with multimodal RoPE, :data:`NO_ROPE_DEFAULTS`: those with
-  NoPE layers, :data:`TEXT_MODEL_TYPES`: the text model of multimodal wrappers.
+:data:`PAIRING` (checked against transformers' modeling code, tests/test_hf_architectures.py),
+:data:`UNSUPPORTED` (what :func:`rotary.hf.config.read_hf_config` refuses, and why), :data:`MROPE_MODELS`,
+:data:`NO_ROPE_DEFAULTS` (NoPE layers), :data:`TEXT_MODEL_TYPES` (the text model of multimodal wrappers).
 """
 
 from __future__ import annotations

@@ -56,17 +56,12 @@ __all__ = [
 class RopeSettings:
     """What :meth:`rotary.RoPE.from_hf_config` needs, read from one config (one layer type).
 
-    Attributes:
-        head_dim, base: channels per head; ``rope_theta``.
-        scaling: the block (``rope_type`` and its keys, ``partial_rotary_factor``).
-        rotary_dim: an explicit rotated width (GPT-J's ``rotary_dim``), else ``None``.
-        interleaved: the architecture's pairing (from :data:`PAIRING`, or as the caller stated it).
-        max_position_embeddings: the model's context length, if the config states one.
-        model_type: the config's ``model_type`` (``""`` when absent).
-        mrope_section, mrope_interleaved, mrope_layout: multimodal RoPE's slots per axis and layout
-            (:data:`MROPE_MODELS`, built by :meth:`rotary.MRoPE.from_hf_config`); ``None`` otherwise.
-        rope_layers: one flag per layer, ``False`` for NoPE layers (``no_rope_layers``); ``None``: all rotate.
-        nope_temperature: Llama 4's ``{"floor_scale": ..., "attn_scale": ...}`` for its NoPE layers, or ``None``.
+    ``head_dim``, ``base`` (``rope_theta``); ``scaling``, the block (``rope_type``, its keys,
+    ``partial_rotary_factor``); ``rotary_dim``, an explicit rotated width (GPT-J) or ``None``; ``interleaved``, the
+    pairing (:data:`PAIRING` or the caller's); ``max_position_embeddings`` and ``model_type`` (``""`` when absent) as
+    the config states them; ``mrope_section``, ``mrope_interleaved``, ``mrope_layout`` for :data:`MROPE_MODELS` (else
+    ``None``); ``rope_layers``, one flag per layer (``False``: NoPE; ``None``: all rotate); ``nope_temperature``, Llama
+    4's ``{"floor_scale", "attn_scale"}`` or ``None``.
     """
 
     head_dim: int
@@ -178,16 +173,12 @@ def _transformers_defaults(model_type: str) -> dict[str, Any] | None:
 
 
 def model_defaults(model_type: str, *, source: Literal["auto", "transformers", "table"] = "auto") -> dict[str, Any]:
-    """The values transformers fills in when a config.json of ``model_type`` omits them.
+    """The values transformers fills in when a config.json of ``model_type`` omits them, as a new dict.
 
-    Args:
-        model_type: e.g. ``"gemma3_text"``.
-        source: ``"transformers"`` (the installed config class; nothing downloaded), ``"table"``
-            (:data:`MODEL_DEFAULTS`), or ``"auto"``: the first when transformers is installed.
-
-    Returns:
-        A new dict: keys of :data:`DEFAULTED_KEYS`, and ``rope_theta``, ``partial_rotary_factor``,
-        ``layer_rope_theta``, ``rope_parameters``, ``rope_ignore_keys`` where the model has them (empty if unknown).
+    ``source``: ``"transformers"`` (the installed config class; nothing downloaded), ``"table"``
+    (:data:`MODEL_DEFAULTS`), or ``"auto"`` (the first when transformers is installed). The keys are
+    :data:`DEFAULTED_KEYS` and, where the model has them, ``rope_theta``, ``partial_rotary_factor``,
+    ``layer_rope_theta``, ``rope_parameters``, ``rope_ignore_keys`` (empty if unknown).
 
     Example:
         >>> d = model_defaults("gemma3_text", source="table")
@@ -262,8 +253,7 @@ _ROPE_KEYS = ("rope_parameters", "rope_scaling", "rope_theta", "head_dim")
 
 
 def text_part_of(d: dict[str, Any], label: str) -> dict[str, Any]:
-    """The text model's config of a multimodal one (``text_config``), the encoder's config of a composite
-    sequence encoder (:data:`~rotary.hf.encoder_tables.ENCODER_PART`), else ``d`` itself."""
+    """The text config of a multimodal one, the encoder's config of a composite sequence encoder, else ``d``."""
     model_type = d.get("model_type")
     part = ENCODER_PART.get(model_type) if isinstance(model_type, str) else None
     if part is not None and d.get(part) is not None:
@@ -401,20 +391,16 @@ def _gemma3_blocks(d: dict[str, Any], block: Mapping[str, Any], defaults: Mappin
 def read_hf_config(
     config: Any, *, layer_type: str | None = None, strict: bool = True, interleaved: bool | None = None
 ) -> RopeSettings:
-    """Read the RoPE settings of a Hugging Face config without modifying it (omitted values: :func:`model_defaults`).
+    """Read the RoPE settings of a Hugging Face config into :class:`RopeSettings`, never modifying it.
 
     Args:
-        config: a transformers ``PretrainedConfig`` (4.x or 5.x), a path to a config.json (or its folder), or a
-            dict. Multimodal configs are read from ``text_config``.
+        config: a transformers config (4.x or 5.x; multimodal: its ``text_config``), a config.json path or a dict.
         layer_type: for configs with one block per attention layer type (Gemma-3), which one.
         strict: ``False`` turns value mistakes into warnings where the frequencies stay computable.
         interleaved: the pairing of a ``model_type`` :data:`PAIRING` does not list (``True``: (2i, 2i+1)).
 
-    Returns:
-        :class:`RopeSettings`.
-
-    Raises:
-        ConfigError: for an invalid, ambiguous or unsupported config; the message says what to change.
+    Raises ``ConfigError`` for an invalid, ambiguous or unsupported config, saying what to change. Omitted values
+    come from :func:`model_defaults`.
 
     Example:
         >>> s = read_hf_config({"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,

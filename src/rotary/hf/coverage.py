@@ -1,14 +1,9 @@
 """Which model types of the installed transformers apply RoPE, and what rotary builds for each.
 
-The table is generated from rotary's own tables, never typed by hand: every module of
-:mod:`rotary.hf` may define ``COVERAGE``, a list of ``(producer, table)`` pairs (``table`` maps a
-``model_type`` to anything); a model type in one of those tables is built by that producer. A model
-type in :data:`rotary.hf.UNSUPPORTED` is refused for the reason stated there. A multimodal wrapper
-whose ``text_config`` is one of those types is read through it.
-
-``python -m rotary.hf.coverage`` prints the markdown of ``docs/models.md``; ``--write`` rewrites that
-file (``tests/test_hf_coverage.py`` checks the committed file and README's count against it).
-Needs transformers (its modeling code is what is scanned for RoPE); nothing is downloaded.
+Generated from rotary's own tables, never typed by hand: a module of :mod:`rotary.hf` may define ``COVERAGE``,
+``(producer, table)`` pairs whose table maps a ``model_type`` to anything; :data:`rotary.hf.UNSUPPORTED` gives
+the refused ones and why; a multimodal wrapper is read through its ``text_config``.
+``python -m rotary.hf.coverage [--write]`` prints (or writes) docs/models.md; tests/test_hf_coverage.py checks it.
 """
 
 from __future__ import annotations
@@ -86,10 +81,7 @@ def _text_part_type(model_type: str) -> str | None:
 
 @dataclass(frozen=True)
 class Coverage:
-    """One model type: ``producer`` builds it (``None`` when refused), ``reason`` says why not.
-
-    ``via`` is the ``model_type`` of the text part a multimodal wrapper is read through (else ``None``).
-    """
+    """One model type: ``producer`` builds it, or ``None`` and a ``reason``; ``via``: a wrapper's text type."""
 
     model_type: str
     producer: str | None
@@ -107,10 +99,7 @@ def _own(model_type: str, tables: list[tuple[str, Mapping[str, Any]]]) -> Covera
 
 
 def coverage() -> list[Coverage]:
-    """One :class:`Coverage` per RoPE-applying ``model_type`` of the installed transformers, sorted.
-
-    A type in no table at all is listed as refused, "not in rotary's tables" (the tests keep that empty).
-    """
+    """One :class:`Coverage` per RoPE-applying ``model_type`` of the installed transformers, sorted."""
     tables = producer_tables()
     rows = []
     for model_type in sorted(rope_model_types(), key=str.lower):

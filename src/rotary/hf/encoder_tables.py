@@ -1,10 +1,7 @@
-"""The tables of the sequence encoders (audio frames, codec steps, patches of bytes, time series): which ones
-:meth:`rotary.RoPE.from_hf_config` builds and how they pair their channels, and which of the encoders whose
-modeling files hold a rotary embedding apply none in their forward pass, with what they use instead.
-
-Plain data, imported by :mod:`rotary.hf.architectures` (the pairing reader) and :mod:`rotary.hf.vision_tables`
-(the encoders' status). Every entry was established by running the type's tiny model with its RoPE functions
-recorded, and is checked that way by tests/hf/test_encoders.py (harness: tests/hf/encoder_models.py).
+"""The tables of the sequence encoders (audio frames, codec steps, byte patches, time series): which ones
+:meth:`rotary.RoPE.from_hf_config` builds and how they pair, and which encoders apply no RoPE in their forward
+pass, with what they use instead. Each entry was established by running the type's tiny model with its RoPE
+functions recorded, and is checked that way by tests/hf/test_encoders.py.
 """
 
 from __future__ import annotations

@@ -65,15 +65,10 @@ def drop_ignored_keys(
 ) -> None:
     """Drop the keys of ``block`` that transformers skips and that do not change the tables; refuse unknown ones.
 
-    Args:
-        block: the normalised RoPE block (``rope_type`` set), edited in place.
-        ignored: the keys transformers skips for this model (``model_defaults(model_type)["rope_ignore_keys"]``).
-        model_type, label: for the message.
-        strict: ``False`` warns about (and drops) LongRoPE's ``short_mscale`` / ``long_mscale`` where refused.
-
-    Raises:
-        ConfigError: a skipped key :data:`IGNORED_ROPE_KEYS` does not list; LongRoPE's ``short_mscale`` /
-            ``long_mscale`` on a model whose transformers code ignores them (vLLM applies them).
+    ``block``: the normalised RoPE block, edited in place; ``ignored``: the keys transformers skips for this model
+    (``model_defaults(model_type)["rope_ignore_keys"]``). Raises ``ConfigError`` for a skipped key
+    :data:`IGNORED_ROPE_KEYS` does not list, or LongRoPE's ``short_mscale`` / ``long_mscale`` on a model whose
+    transformers code ignores them (``strict=False``: a warning, and dropped).
 
     Example:
         >>> block = {"rope_type": "default", "llama_4_scaling_beta": 0.1}

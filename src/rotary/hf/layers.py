@@ -34,15 +34,8 @@ def read_hf_layers(
 ) -> dict[str | None, RopeSettings]:
     """The RoPE settings of every layer type of ``config`` that has its own (``{None: ...}`` when all share one).
 
-    Args:
-        config, strict, interleaved: as for :func:`rotary.hf.read_hf_config`.
-
-    Returns:
-        ``{layer_type: RopeSettings}`` for each layer type whose RoPE is built (layer types without one, such as
-        linear-attention layers, left out), or ``{None: settings}`` when the model has one RoPE.
-
-    Raises:
-        ConfigError: what ``read_hf_config`` raises, when no layer type can be read.
+    Arguments and errors as :func:`rotary.hf.read_hf_config`; layer types without RoPE (linear attention) are left
+    out.
 
     Example:
         >>> cfg = {"model_type": "gemma3_text", "head_dim": 256,

@@ -1,11 +1,9 @@
 """Architectures that state their RoPE in their own keys or layouts, turned into the common ones.
 
-:func:`common_keys` rewrites a copy of such a config dict into the keys :func:`rotary.hf.config.read_hf_config`
-reads, as each one's transformers config class does: Gemma 4's ``per_layer_config`` (the overrides of a layer
-type's layers, e.g. ``head_dim = global_head_dim``); DeepSeek-V4's ``main`` and ``compress`` blocks and its
-rotated slice at the end of each head; the decoder sub-config of encoder-decoder models (T5Gemma, Dia); keys
-that turn RoPE on (Zamba2's ``use_mem_rope``, ESM's ``position_embedding_type``); CLVP's fixed base and width;
-own names for the common keys (the config class's ``attribute_map``: DBRX's ``d_model``, JetMoE's ``kv_channels``).
+:func:`common_keys` rewrites a copy of such a config dict into the keys
+:func:`rotary.hf.config.read_hf_config` reads, as each one's transformers config class does (Gemma 4's
+``per_layer_config``, DeepSeek-V4's blocks, encoder-decoder sub-configs, Zamba2's ``use_mem_rope``, CLVP, the
+config classes' ``attribute_map``).
 """
 
 from __future__ import annotations

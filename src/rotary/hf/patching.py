@@ -1,24 +1,12 @@
 """Run a loaded Hugging Face transformers model's rotary application through ``rotary.apply_rotary``.
 
-``patch(model)`` changes *that model only*. Each supported family rotates q and k by calling a module-level
-function (``apply_rotary_pos_emb``; DeepSeek-V3 also ``apply_rotary_pos_emb_interleave``) from its attention's
-``forward``. ``patch`` gives every attention module its own copy of the class's ``forward``: the same code
-object, run with a copy of the modeling module's globals in which those names are bound to rotary's. Nothing
-in transformers is modified, so other models, even of the same class, are unaffected; ``unpatch(model)``
-removes the instance ``forward``. The patched ``forward`` sees the modeling module's globals as they were when
-``patch`` ran.
-
-Tables are left to the model: rotary applies the cos/sin its rotary embedding produces (fp32, the fused kernel
-when available), so the logits equal the unpatched model's up to fp32 rounding, and the outputs are
-transformers' channel for channel (a KV cache is interchangeable between patched and unpatched models).
-
-QK-norm families (Qwen3, Qwen3-MoE, Gemma-3): ``q_norm``/``k_norm`` and the rotation become one
-:func:`rotary.rmsnorm_rotate` call. The norms get an instance ``forward`` that, inside their attention's
-forward (a thread-local record), returns its input, and the attention's ``apply_rotary_pos_emb`` normalises
-and rotates; elsewhere they normalise as before. Norm weights of another dtype than q, norms with different
-``eps``, and norms with forward hooks take the norms' own ``forward`` and rotary's rotation; under
-``torch.compile`` both run as plain torch operations, which Inductor fuses with the projections (faster there:
-docs/benchmarks.md). The vision towers' replacements live in :mod:`rotary.hf.patching_vision`.
+``patch(model)`` gives each attention module of *that model* its own ``forward``: the class's code object, run
+with a copy of the modeling module's globals in which ``apply_rotary_pos_emb`` (and its relatives) are bound to
+rotary's. Nothing in transformers is modified; ``unpatch(model)`` removes the instance ``forward``. The model's
+own tables are applied, so outputs are transformers' channel for channel. QK-norm families fuse ``q_norm`` /
+``k_norm`` and the rotation into one :func:`rotary.rmsnorm_rotate` call. The design, the pairings per family and
+the cases that fall back: docs/attention.md, "rotary.hf.patch(model)". The vision towers' replacements live in
+:mod:`rotary.hf.patching_vision`.
 """
 
 from __future__ import annotations
@@ -59,11 +47,7 @@ def unsqueeze_layout(unsqueeze_dim: int) -> str:
 def apply_pair(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool, layout: str
 ):
-    """q and k rotated in one kernel call (tables ``[B, S, r]`` or ``[S, r]``); plain torch operations under tracing.
-
-    Under ``torch.compile`` Inductor fuses those with the casts and projections around them, which an opaque kernel
-    call would split (docs/benchmarks.md, "Fused ops and generation").
-    """
+    """q and k rotated in one kernel call (tables ``[B, S, r]`` or ``[S, r]``); plain torch operations under tracing."""
     if torch.compiler.is_compiling():
         if cos.dim() == 2:  # [S, r]: one row per position, shared by the batch
             cos, sin = cos[None], sin[None]
@@ -115,16 +99,12 @@ def _apply_gpt_oss(q, k, cos, sin, unsqueeze_dim=1):
 
 
 def _apply_deepseek_interleave(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
-    """DeepSeek-V3's ``rope_interleave``: :func:`rotary.to_half`, then the half rotation, as transformers returns it.
-
-    The output (and a KV cache of it) equals transformers' channel for channel; ``position_ids`` is unused, as there.
-    """
+    """DeepSeek-V3's ``rope_interleave``: :func:`rotary.to_half`, then the half rotation, as transformers returns it."""
     return apply_half(to_half(q), to_half(k), cos, sin, unsqueeze_dim)
 
 
 def _apply_one(x, cos, sin, unsqueeze_dim=1):
-    """Gemma 3n / Gemma 4 / DiffusionGemma: one tensor (q or k) per call, pairs (i, i + r/2); ``x [N, H, D]``
-    with ``cos/sin [N, r]`` (Qwen4-exp's pooled index keys) is one row of N tokens."""
+    """Gemma 3n / Gemma 4 / DiffusionGemma: q or k alone, pairs (i, i + r/2); ``x [N, H, D]`` is one row of N tokens."""
     if x.dim() == 3 and cos.dim() == 2 and unsqueeze_dim == 1:
         return _apply_one(x[None], cos[None], sin[None], 2)[0]
     tables = RotaryTables.from_tensors(cos, sin, interleaved=False, validate=False)
@@ -137,8 +117,7 @@ def _apply_half_or_one(q, k=None, cos=None, sin=None, unsqueeze_dim=1):
 
 
 def _apply_trailing(x, cos, sin, unsqueeze_dim=1):
-    """DeepSeek-V4: one tensor (q, kv, a compressed entry, or the attention output rotated back with ``-sin``),
-    one angle per pair ``cos/sin [B, S, r/2]``, pairs (2i, 2i+1) of the *last* r channels; the others pass."""
+    """DeepSeek-V4: one tensor, ``cos/sin [B, S, r/2]``, pairs (2i, 2i+1) of the *last* r channels; the others pass."""
     r = 2 * cos.shape[-1]
     tables = RotaryTables.from_tensors(
         cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1), interleaved=True, validate=False
@@ -415,28 +394,18 @@ def _check_module(model: object, call: str) -> None:
 
 
 def is_patched(model: nn.Module) -> bool:
-    """True if :func:`patch` has been applied to ``model`` (and not undone).
-
-    Raises:
-        rotary.errors.InputTypeError: ``model`` is not an ``nn.Module``.
-    """
+    """True if :func:`patch` has been applied to ``model`` and not undone (InputTypeError: not an ``nn.Module``)."""
     _check_module(model, "is_patched")
     return any(_MARK in m.__dict__ or _NORM_MARK in m.__dict__ for m in model.modules())
 
 
 def patch(model: nn.Module) -> nn.Module:
-    """Route the rotary application of a transformers ``model`` through :func:`rotary.apply_rotary`.
+    """Route the rotary application of a transformers ``model`` through :func:`rotary.apply_rotary` (see the module).
 
-    Only this model changes (see the module docstring); calling ``patch`` twice is harmless. An instance
-    ``forward`` set by someone else (an accelerate hook) is put aside and restored by :func:`unpatch`.
-
-    Args:
-        model: a transformers model of a type in :data:`SUPPORTED` (any head): the text families, the text
-            attention of the multimodal-RoPE vision-language models, and the vision towers (Pixtral, Llama 4,
-            the ``apply_rotary_pos_emb_vision`` towers, DINOv3, SAM 3, Gemma 4), alone or in their model.
-
-    Returns:
-        ``model`` itself.
+    ``model``: of a type in :data:`SUPPORTED` (any head): the text families, the text attention of the
+    multimodal-RoPE vision-language models, the vision towers, alone or in their model. Only this model changes;
+    patching twice is harmless; an instance ``forward`` set by someone else (an accelerate hook) is put aside and
+    restored by :func:`unpatch`. Returns ``model``.
 
     Raises:
         rotary.errors.InputError: unsupported ``model_type`` (the message lists the supported ones).
@@ -494,9 +463,7 @@ def patch(model: nn.Module) -> nn.Module:
 def unpatch(model: nn.Module) -> nn.Module:
     """Undo :func:`patch`: every patched module gets back exactly the ``forward`` it had.
 
-    Raises:
-        rotary.errors.InputError: if ``model`` is not patched.
-        rotary.errors.InputTypeError: ``model`` is not an ``nn.Module``.
+    Raises ``rotary.errors.InputError`` if ``model`` is not patched, InputTypeError if it is not an ``nn.Module``.
     """
     _check_module(model, "unpatch")
     subs = [m for m in model.modules() if _MARK in m.__dict__ or _NORM_MARK in m.__dict__]

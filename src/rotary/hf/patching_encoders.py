@@ -1,11 +1,7 @@
-"""rotary.hf.patch for the sequence encoders (audio encoders, codecs, time series): the replacements of their
-rotary application and their entries in :data:`rotary.hf.patching.SUPPORTED`, added when this module is
-imported (``rotary.hf`` imports it).
-
-Each entry is a type of :data:`rotary.hf.encoder_tables.SEQUENCE_ROPE` whose attention rotates q and k through
-its module's ``apply_rotary_pos_emb``. The replacements call rotary's public entry, :func:`rotary.rotate`, on the
-model's own tables (:meth:`rotary.RotaryTables.from_tensors`). tests/hf/test_encoders.py checks each patched tiny
-model's outputs against the unpatched ones in fp32.
+"""rotary.hf.patch for the sequence encoders (audio, codecs, time series) of
+:data:`rotary.hf.encoder_tables.SEQUENCE_ROPE`: the replacements of their ``apply_rotary_pos_emb``, added to
+:data:`rotary.hf.patching.SUPPORTED` when ``rotary.hf`` imports this module. They call :func:`rotary.rotate` on
+the model's own tables; tests/hf/test_encoders.py checks each patched tiny model against the unpatched one.
 """
 
 from __future__ import annotations
@@ -21,8 +17,7 @@ def _rotate(xs, cos, sin, *, interleaved: bool, unsqueeze_dim: int):
 
 
 def _apply_half(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
-    """Llama's apply_rotary_pos_emb: pairs (i, i + r/2) of the first ``r = cos.shape[-1]`` channels (GLM-ASR's and
-    Nemotron's tables cover half the head: the rest pass through); ``position_ids`` is unused, as in transformers."""
+    """Llama's form: pairs (i, i + r/2) of the first ``r = cos.shape[-1]`` channels; ``position_ids`` unused."""
     return _rotate((q, k), cos, sin, interleaved=False, unsqueeze_dim=unsqueeze_dim)
 
 
@@ -34,8 +29,7 @@ def _apply_pe(q, k, cos, sin, unsqueeze_dim=1):
 
 
 def _apply_context(q, k, cos, sin, unsqueeze_dim=1):
-    """Muse Glimmer's assistant: keys over the context and the block, queries over the block: the last ``q_len``
-    rows of the same tables; pairs (i, i + D/2)."""
+    """Muse Glimmer's assistant: queries take the last ``q_len`` rows of the keys' tables; pairs (i, i + D/2)."""
     n = q.shape[-2] if _p.unsqueeze_layout(unsqueeze_dim) == "bhsd" else q.shape[-3]
     rows = (slice(None),) * (cos.dim() - 2) + (slice(cos.shape[-2] - n, None),)
     (q,) = _rotate((q,), cos[rows], sin[rows], interleaved=False, unsqueeze_dim=unsqueeze_dim)

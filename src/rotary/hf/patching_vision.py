@@ -1,9 +1,6 @@
-"""rotary.hf.patch for vision towers: the replacements of their rotary application, and their entries in
-:data:`rotary.hf.patching.SUPPORTED`, added when this module is imported (``rotary.hf`` imports it, so
-``rotary.hf.SUPPORTED`` and ``rotary.hf.patch`` always include them).
-
-The replacements call rotary through :mod:`rotary.hf.patching`'s names (``_p.rotate``, ``_p.apply_pair``), looked
-up at call time, so one place routes every patched family's rotation.
+"""rotary.hf.patch for vision towers: the replacements of their rotary application, added to
+:data:`rotary.hf.patching.SUPPORTED` when ``rotary.hf`` imports this module. They call rotary through
+:mod:`rotary.hf.patching`'s names, looked up at call time.
 """
 
 from __future__ import annotations
@@ -15,17 +12,14 @@ from . import patching as _p
 
 
 def _apply_pixtral(q, k, cos, sin, unsqueeze_dim=1):
-    """Pixtral's vision attention: q, k ``[B, H, S, D]`` and one image grid's tables ``[S, D]`` (its 2-D
-    angles already laid out in the half layout, pairs (i, i + D/2)), broadcast with ``unsqueeze_dim=0``."""
+    """Pixtral: q, k ``[B, H, S, D]``, one image grid's tables ``[S, D]`` (half layout), ``unsqueeze_dim=0``."""
     if unsqueeze_dim == 0 and cos.dim() == 2:
         return _p.apply_pair(q, k, cos, sin, interleaved=False, layout="bhsd")
     return _p.apply_half(q, k, cos, sin, unsqueeze_dim)
 
 
 def _apply_vision(q, k, cos, sin):
-    """The Qwen-VL-style vision towers' ``apply_rotary_pos_emb_vision``: q, k ``[N, H, D]`` (the packed
-    patches of every image and video) or ``[1, N, H, D]`` (Kimi-K2.5), tables ``[N, D]`` in the half
-    layout, pairs (i, i + D/2); computed in fp32 and returned in q's dtype, as transformers does."""
+    """Qwen-VL-style towers: q, k ``[N, H, D]`` or ``[1, N, H, D]`` (Kimi), tables ``[N, D]`` half layout; fp32 math."""
     if q.dim() == 3:
         q, k = _p.apply_pair(q[None], k[None], cos, sin, interleaved=False, layout="bshd")
         return q[0], k[0]
@@ -33,23 +27,18 @@ def _apply_vision(q, k, cos, sin):
 
 
 def _apply_vision_pairwise(q, k, cos, sin):
-    """Inkling2's ``apply_rotary_pos_emb_vision``: q, k ``[N, H, D]`` (the packed class tokens and patches of every
-    image), tables ``[N, D]`` with each angle repeated for its pair (2i, 2i+1); fp32, returned in q's dtype."""
+    """Inkling2: q, k ``[N, H, D]``, tables ``[N, D]`` with each angle repeated for its pair (2i, 2i+1); fp32 math."""
     q, k = _p.apply_pair(q[None], k[None], cos, sin, interleaved=True, layout="bshd")
     return q[0], k[0]
 
 
 def _apply_loftr(q, k, cos, sin, unsqueeze_dim=1):
-    """EfficientLoFTR's and LightGlue's ``apply_rotary_pos_emb`` (Cohere's): q, k ``[B, S, 1, hidden]`` (EfficientLoFTR,
-    before the heads split) or ``[B, H, S, D]`` (LightGlue), tables ``[B, S, r]`` with each angle repeated for its
-    pair (2i, 2i+1); fp32, returned in q's dtype."""
+    """EfficientLoFTR / LightGlue: q, k ``[B, S, 1, hidden]`` or ``[B, H, S, D]``, tables ``[B, S, r]`` pairwise."""
     return _p.apply_pair(q, k, cos, sin, interleaved=True, layout=_p.unsqueeze_layout(unsqueeze_dim))
 
 
 def _apply_dinov3(q, k, cos, sin, **kwargs):
-    """DINOv3's (and EoMT's) attention: q, k ``[B, H, S, D]``, tables ``[P, D]`` (half layout) for the last
-    ``P`` tokens, the patches; the class, register (and EoMT's query) tokens before them are not rotated.
-    One kernel call over all S tokens, the first ``S - P`` rows the identity."""
+    """DINOv3 / EoMT: q, k ``[B, H, S, D]``, tables ``[P, D]`` for the last ``P`` tokens; the others untouched."""
     prefix = q.shape[-2] - cos.shape[-2]
     if prefix:
         cos = torch.cat([cos.new_ones(prefix, cos.shape[-1]), cos])
@@ -58,8 +47,7 @@ def _apply_dinov3(q, k, cos, sin, **kwargs):
 
 
 def _apply_sam3(q, k, cos, sin):
-    """SAM 3's ViT attention: q, k ``[B, H, S, D]`` (a window's or the whole grid's patches), tables
-    ``[1, S, D]`` with each angle repeated for its pair (2i, 2i+1); fp32, returned in q's dtype."""
+    """SAM 3's ViT: q, k ``[B, H, S, D]``, tables ``[1, S, D]`` with each angle repeated for its pair; fp32 math."""
     return _p.apply_pair(
         q, k, cos.reshape(cos.shape[-2:]), sin.reshape(sin.shape[-2:]), interleaved=True, layout="bhsd"
     )
@@ -76,8 +64,7 @@ def _apply_xy(x, cos, sin, position_ids, unsqueeze_dim=2):
 
 
 def _apply_llama4_vision(query, key, freqs_ci):
-    """Llama 4's vision attention: ``query, key [B, S, H, D]`` and complex ``freqs_ci [S, 1, D/2]``
-    (the 2-D angles of the patches, then the class token's 0), pairs (2i, 2i+1)."""
+    """Llama 4's vision attention: ``[B, S, H, D]``, complex ``freqs_ci [S, 1, D/2]``, pairs (2i, 2i+1)."""
     freqs = freqs_ci.to(query.device).reshape(query.shape[1], -1)
     tables = _p.complex_tables(freqs)
     q, k = _p.rotate([query, key], tables, layout="bshd", kinds=("q", "k"), names=("query", "key"))

@@ -1,8 +1,5 @@
-"""A Hugging Face config as a plain dict, for producers that read keys transformers does not model.
-
-Dual-chunk RoPE (``dual_chunk_attention_config``) and FoPE (``fope_sep_head``, ``num_inv_freq``) are read
-by vLLM and SGLang from keys transformers keeps as unvalidated extras; their producers read those keys
-from the dict this returns.
+"""A Hugging Face config as a plain dict, for producers that read keys transformers keeps as unvalidated extras
+(dual-chunk RoPE, FoPE).
 """
 
 from __future__ import annotations

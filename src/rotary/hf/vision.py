@@ -5,48 +5,12 @@
      rope_parameters,  its tower)       token order)                    (what the model applies)
      heads, merge)
 
-A vision tower rotates each patch by its coordinates on the image (h, w), or on the video (t, h, w).
-Its RoPE is an :class:`~rotary.variants.AxialRoPE` (frequencies, pairing, the axes' slots, identity
-tokens) plus the order the tower lays its patches out in (Qwen-VL's ``spatial_merge_size`` blocks,
-Qwen2.5-VL's attention windows, several images and videos packed into one sequence). Each tower's
-form is checked against its own rotary embedding and apply function in transformers, on tiny models
-built from their configs (tests/hf/test_vision_encoders.py).
-
-- :data:`VISION_ROPE`: model_type -> the form :func:`vision_rope` builds (:data:`FORMS` says what each is);
-- :data:`ENCODER_STATUS`: every other RoPE-applying encoder of transformers (audio, video, segmentation,
-  vision towers not built yet), with the reason it is not built.
-
-What ``grid`` is, per form of :class:`VisionRoPE` (its :attr:`~VisionRoPE.form`):
-
-- packed towers (``qwen_vl``, ``qwen_vl_window``, ``kimi``, ``minimax``, ``pixtral``): one row per
-  image or video, ``(t, h, w)`` patches (the model's ``grid_thw``) or ``(h, w)`` for an image, all packed
-  into one sequence, in the model's order (VideoLLaMA3 also takes ``merge_sizes=``, one per row);
-- ``dinov3``: ``(h, w)`` patches of the image; the class and register tokens come first, unrotated
-  (``prefix=`` for more, e.g. EoMT's queries in its last blocks);
-- ``llama4``: ``(h, w)`` must be the config's ``image_size / patch_size`` grid (default), class token last;
-- ``sam3``: ``(h, w)`` of one attention's tokens: ``(window_size, window_size)`` for the windowed
-  layers, the whole patch grid (default) for the global ones;
-- ``sam2_memory``: SAM 2 video's memory attention (and SAM 3's tracker's): ``(h, w)`` must be the config's
-  ``memory_attention_rope_feat_sizes`` grid (default), row by row; that table rotates the current frame's
-  queries. Its keys, ``memory_frames=`` frames of that grid and then ``object_pointers=`` object-pointer tokens
-  (unrotated), as the model's cross-attention lays them out: ``tables(memory_frames=2, object_pointers=4)``;
-- ``edgetam_memory``: EdgeTAM video's memory attention, as ``sam2_memory``, but each memory frame's keys are its
-  perceiver's ``perceiver_resampler_num_latents`` latents (unrotated), then the ``memory_attention_rope_k_sizes``
-  grid, row by row;
-- ``muse``: one row per image or video, ``(t, h, w)`` patches (the model's ``grid_thw``), packed, read
-  window by window (``pos_emb_height`` x ``pos_emb_height`` patches, as Qwen2.5-VL's windows with no merge
-  before them; its ``merge_size`` pixel shuffle comes after the attention), at (row + 1, col + 1);
-- ``inkling2``: one row per image, ``(t, h, w)`` counted in merged tokens (the model's ``image_grid_thw``:
-  ``spatial_merge_size`` x ``spatial_merge_size`` patches each), packed; each image is a class token at
-  (0, 0), then its patches at (row + 1, col + 1) in merge blocks;
-- ``loftr``: ``(h, w)`` of the coarse feature map (the backbone's last stage, as EfficientLoFTR's rotary
-  embedding takes it); its tokens are the aggregated map's, ``(h - kernel) // stride + 1`` rows of
-  ``(w - kernel) // stride + 1``, row by row at (row + 1, col + 1). Its tables ``[N, hidden_size]`` rotate q
-  and k before the heads split (``[B, N, 1, hidden_size]``, as the model's attention rotates them);
-- ``step3p5``: ``(h, w)`` patches of one image (every image of a batch has that grid), row by row;
-- ``gemma4``: ``(h, w)`` patches of one image, row by row, at coordinates ``(x, y)`` = (column, row) as
-  the processor's ``image_position_ids`` (its padding patches, at -1, are masked out of attention). Its
-  :meth:`tables` are two tables ``[N, D/2]``, one per half of the head (see there).
+A tower's RoPE is an :class:`~rotary.variants.AxialRoPE` (frequencies, pairing, the axes' slots, identity
+tokens) plus the order the tower lays its patches out in (Qwen-VL's ``spatial_merge_size`` blocks, Qwen2.5-VL's
+attention windows, several images and videos packed into one sequence), checked against each tower in
+transformers on tiny models (tests/hf/test_vision_encoders.py). :data:`VISION_ROPE` maps a model_type to its
+form (:data:`FORMS` says what each is); :data:`ENCODER_STATUS` gives every other RoPE-applying encoder of
+transformers with the reason it is not built. What ``grid`` is for each form: docs/vision.md.
 """
 
 from __future__ import annotations
@@ -121,9 +85,7 @@ def _as_dict(config: Any, label: str) -> dict[str, Any]:
 
 
 def _vision_part(config: Any) -> dict[str, Any]:
-    """The config of the tower: ``config`` itself, or the tower it wraps (a multimodal model's
-    ``vision_config``, a vision model's ``backbone_config`` as SAM 3 nests its ViT, Qwen-Omni's
-    ``thinker_config``)."""
+    """``config`` or the tower it wraps (``vision_config``, ``backbone_config``, ``thinker_config``)."""
     d = _as_dict(config, "vision_rope")
     for _ in range(3):
         if d.get("model_type") in VISION_ROPE:
@@ -222,17 +184,11 @@ def _even_quarters(head_dim: int, label: str) -> None:
 def vision_rope(config: Any) -> VisionRoPE:
     """The RoPE a Hugging Face vision encoder applies, built from its config.
 
-    Args:
-        config: a transformers vision config (or its ``to_dict()``), or a multimodal config whose ``vision_config``
-            is one; its ``model_type`` must be in :data:`VISION_ROPE`.
-
-    Returns:
-        :class:`VisionRoPE` in eval mode: ``.tables(grid)``, ``.positions(grid)`` (the tokens' coordinates in the
-        model's order), ``.rope``; ``.train()`` turns on a DINOv3 config's coordinate augmentation (its own draws).
-
-    Raises:
-        rotary.errors.ConfigError: a text model (use :meth:`rotary.RoPE.from_hf_config`), an encoder not built
-            (the message says why: :data:`ENCODER_STATUS`), or keys the tower cannot run with.
+    ``config``: a transformers vision config (or its ``to_dict()``), or a multimodal config whose ``vision_config``
+    is one; its ``model_type`` must be in :data:`VISION_ROPE`. Returns :class:`VisionRoPE` in eval mode (``.train()``
+    turns on a DINOv3 config's coordinate augmentation). Raises ``rotary.errors.ConfigError`` for a text model (use
+    :meth:`rotary.RoPE.from_hf_config`), an encoder not built (saying why: :data:`ENCODER_STATUS`), or keys the
+    tower cannot run with.
 
     Example:
         >>> rope = rotary.hf.vision_rope({"model_type": "qwen2_vl_vision", "embed_dim": 64, "num_heads": 4})
@@ -344,10 +300,7 @@ def vision_rope(config: Any) -> VisionRoPE:
 
 
 def _loftr(d: Mapping[str, Any], head_dim: int, theta: float, label: str) -> AxialRoPE:
-    """EfficientLoFTR's RoPE: one 2-D axial RoPE over the whole hidden width (q and k rotated before the heads
-    split), pairs (2i, 2i+1) dealt to h and w in turn, ``hidden_size / 4`` frequencies ``base^(-4k/hidden_size)``
-    per axis. The model computes them as a 1-D RoPE of ``head_dim * partial_rotary_factor`` channels, which must
-    be ``hidden_size / 2`` for its tables to be formed at all."""
+    """EfficientLoFTR's RoPE: one 2-D axial RoPE over the whole hidden width (docs/vision.md, ``loftr``)."""
     hidden = _int(d, ("hidden_size",), label)
     params = d.get("rope_parameters") or {}
     factor = params.get("partial_rotary_factor", d.get("partial_rotary_factor", 4.0))
@@ -368,10 +321,9 @@ def _loftr(d: Mapping[str, Any], head_dim: int, theta: float, label: str) -> Axi
 
 
 class VisionRoPE(nn.Module):
-    """The RoPE of one vision tower: an :class:`~rotary.variants.AxialRoPE` and its tokens' order.
+    """The RoPE of one vision tower, made by :func:`vision_rope`: an AxialRoPE and its tokens' order.
 
-    Made by :func:`vision_rope`. What ``grid`` is for each :attr:`form`: the module docstring (:data:`FORMS`
-    describes each form).
+    ``.rope`` is the :class:`~rotary.variants.AxialRoPE`; what ``grid`` is for each :attr:`form`: docs/vision.md.
 
     Example:
         >>> rope = rotary.hf.vision_rope({"model_type": "kimi_k25_vision", "hidden_size": 64, "num_attention_heads": 4})
@@ -423,8 +375,7 @@ class VisionRoPE(nn.Module):
         return [int(m) for m in merge_sizes]
 
     def _rows(self, grid: Any, merge_sizes: Any = None, *, in_blocks: bool = False) -> list[tuple[int, int, int, int]]:
-        """``(t, h, w, merge)`` per grid row, ``h`` and ``w`` in patches (``in_blocks``: the rows count merged
-        tokens, as Inkling2's ``image_grid_thw``, and are scaled by the merge size here)."""
+        """``(t, h, w, merge)`` per grid row in patches (``in_blocks``: rows count merged tokens, as Inkling2's)."""
         if isinstance(grid, torch.Tensor):
             if grid.dtype.is_floating_point or grid.dtype == torch.bool or grid.dim() not in (1, 2):
                 raise InputError(
@@ -481,18 +432,14 @@ class VisionRoPE(nn.Module):
         memory_frames: int | None = None,
         object_pointers: int = 0,
     ) -> Coordinates:
-        """The coordinates of the tower's tokens, in the model's order.
+        """The coordinates of the tower's tokens in the model's order, :class:`~rotary.variants.Coordinates` ``[N, A]``.
 
         Args:
-            grid: see the class docstring (``grid_thw`` rows, or one ``(h, w)``).
+            grid: ``grid_thw`` rows or one ``(h, w)``, per form (docs/vision.md).
             prefix: ``dinov3`` only: unrotated tokens before the patches (default 1 + registers).
             merge_sizes: VideoLLaMA3 only: the merge size of each grid row (the model's ``merge_sizes``).
-            memory_frames: ``sam2_memory`` and ``edgetam_memory`` only: the keys of the cross-attention, this many
-                memory frames.
-            object_pointers: with ``memory_frames``: the unrotated object-pointer tokens after them.
-
-        Returns:
-            :class:`~rotary.variants.Coordinates` ``[N, A]`` (``A`` = 3 for ``minimax``'s (t, h, w), else 2).
+            memory_frames, object_pointers: ``sam2_memory`` and ``edgetam_memory`` only: the cross-attention's keys,
+                this many memory frames, then this many unrotated object-pointer tokens.
         """
         if merge_sizes is not None and self.form not in _MERGING:
             raise InputError(f"merge_sizes= is for towers that merge patches; {self.model_type} does not")
@@ -563,8 +510,7 @@ class VisionRoPE(nn.Module):
         return self.rope.coordinates(values)
 
     def _memory(self, grid: Any, frames: int | None, pointers: int) -> Coordinates:
-        """A memory attention's queries (its grid, row by row); its keys (``frames`` times: the unrotated tokens a
-        memory frame starts with, then its key grid row by row; then ``pointers`` unrotated tokens)."""
+        """A memory attention's queries (its grid); its keys (``frames`` frames, then ``pointers`` unrotated tokens)."""
         h, w = self._image(grid)
         if frames is None:
             if pointers:
@@ -592,14 +538,11 @@ class VisionRoPE(nn.Module):
         object_pointers: int = 0,
         dtype: torch.dtype = torch.float32,
     ) -> RotaryTables | tuple[RotaryTables, RotaryTables]:
-        """The tables the tower's attention applies to its tokens (see :meth:`positions`).
+        """The tables ``[N, r]`` the tower's attention applies to its tokens (arguments as :meth:`positions`).
 
-        Returns:
-            :class:`~rotary.tables.RotaryTables` ``[N, r]`` (identity rows for class and register tokens),
-            for q and k ``[..., N, H, D]`` or ``[..., H, N, D]`` through :func:`rotary.rotate`.
-            ``gemma4``: a pair of tables ``[N, D/2]`` (half pairing), x's for ``q[..., :D/2]`` and y's for
-            ``q[..., D/2:]``: Gemma 4 rotates each half of the head as a RoPE of its own. They are the halves'
-            share of :attr:`rope`'s tables (x's frequencies, then y's), each laid out for its half.
+        Identity rows for class and register tokens; apply them to q and k ``[..., N, H, D]`` or ``[..., H, N, D]`` with
+        :func:`rotary.rotate`. ``gemma4``: a pair of tables ``[N, D/2]`` (half pairing), x's for ``q[..., :D/2]`` and
+        y's for ``q[..., D/2:]`` (docs/vision.md).
         """
         positions = self.positions(
             grid, prefix=prefix, merge_sizes=merge_sizes, memory_frames=memory_frames, object_pointers=object_pointers

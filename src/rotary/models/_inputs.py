@@ -19,16 +19,11 @@ __all__ = ["check_token_ids", "embedding_ids"]
 def check_token_ids(
     ids: object, size: int, *, name: str = "input_ids", table: str = "vocab_size", shape: tuple | None = None
 ) -> torch.Tensor:
-    """Integer ids ``[B, S]`` with every id in ``0 .. size - 1``; returned unchanged.
+    """Integer ids ``[B, S]`` (int64 / int32) with every id in ``0 .. size - 1``; returned unchanged.
 
-    Args:
-        ids: the ids; size: the number of rows of the embedding they index.
-        name, table: the argument and the config field that sets ``size``, for messages.
-        shape: the shape the ids must have (e.g. ``input_ids``' for ``token_type_ids``).
-
-    Raises:
-        rotary.errors.InputError: not a 2-D tensor (or not of ``shape``), or an id out of range.
-        rotary.errors.InputTypeError: a dtype that is not int64 / int32.
+    ``size``: the rows of the embedding they index; ``name``, ``table``: the argument and the config field that sets
+    ``size``, for messages; ``shape``: the shape the ids must have. Raises ``rotary.errors.InputError`` for another
+    shape or an id out of range (InputTypeError for another dtype).
 
     Example:
         >>> check_token_ids(torch.tensor([[3, 7]]), 8).tolist()
@@ -75,16 +70,9 @@ def embedding_ids(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Token ids ready for an embedding lookup, checked without a host read where a read would synchronise.
 
-    Args:
-        ids: integer ids ``[B, S]``; size: rows of the embedding they index.
-        name, table: the argument and the config field that sets ``size``, for messages.
-
-    Returns:
-        ``(ids, unknown)``: ids safe to look up (off the CPU, bad ones clamped), and a bool ``[B, S]`` of the
-        out-of-range ones, whose embeddings the caller zeroes (``None`` where checked on the host or not at all).
-
-    Raises:
-        rotary.errors.InputError: (CPU) an id out of range, as :func:`check_token_ids`.
+    Arguments as :func:`check_token_ids`. Returns ``(ids, unknown)``: ids safe to look up (off the CPU, bad ones
+    clamped) and a bool ``[B, S]`` of the out-of-range ones, whose embeddings the caller zeroes (``None`` where
+    checked on the host, which raises as :func:`check_token_ids`).
 
     Example:
         >>> embedding_ids(torch.tensor([[3, 7]]), 8)

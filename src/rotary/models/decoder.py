@@ -6,10 +6,8 @@
               -> RMSNorm -> lm_head (optionally tied to the embedding) -> logits
 
 The position encoding is one switch, ``DecoderConfig.position_encoding``, a key of :data:`POSITION_ENCODINGS`
-whose builder says where it acts (:class:`PositionEncoding`): on the embeddings, on q and k in every layer,
-or on the scores; a new variant is one registration. ``no_rope_layers`` turns the rotation off in some layers
-(Llama 4's NoPE layers, :mod:`rotary.variants.nope`). Decoding is :class:`GenerationMixin`
-(:mod:`rotary.models.generation`).
+whose builder says where it acts (:class:`PositionEncoding`); a new variant is one registration
+(docs/attention.md). Decoding is :class:`GenerationMixin` (:mod:`rotary.models.generation`).
 """
 
 from __future__ import annotations
@@ -62,26 +60,21 @@ class DecoderConfig:
     """Hyper-parameters of :class:`Decoder`.
 
     Attributes:
-        vocab_size: number of token ids ``V``.
-        hidden_size: model width ``E``.
-        num_layers: transformer blocks.
-        num_heads: query heads ``H``.
-        num_kv_heads: key/value heads (GQA; 1 = MQA); default ``num_heads``.
+        vocab_size, hidden_size, num_layers: ``V``, the width ``E``, transformer blocks.
+        num_heads, num_kv_heads: query heads ``H``; key/value heads (GQA; 1 = MQA), default ``num_heads``.
         intermediate_size: SwiGLU width; default ``8/3 * E`` rounded up to a multiple of 8.
         max_position: initial RoPE table length, and the size of a learned position table.
-        position_encoding: a key of :data:`POSITION_ENCODINGS` (``rope``, ``p_rope``, ``xpos``, ``none``,
-            ``learned``, ``sinusoidal``, ``alibi``, ...).
+        position_encoding: a key of :data:`POSITION_ENCODINGS` (``rope``, ``p_rope``, ``xpos``, ``none``, ``learned``,
+            ``sinusoidal``, ``alibi``, ...).
         rope_base, rope_scaling, rope_interleaved: RoPE's base ``theta``, Hugging Face-style scaling block, pairing.
-        p_rope_fraction: p-RoPE's ``p``: the fraction of pairs, the fastest, that rotate.
-        xpos_scale_base: xPos's ``γ``.
-        no_rope_layers: NoPE layers (Llama 4's convention): one flag per layer, 0 = no position encoding;
-            ``True``: every ``no_rope_layer_interval``-th layer is NoPE; ``None``/``False``: every layer rotates.
-        no_rope_layer_interval: see ``no_rope_layers=True``.
-        attn_temperature_tuning, floor_scale, attn_scale: Llama 4's query temperature in NoPE layers,
-            ``1 + attn_scale · log1p(floor((n + 1) / floor_scale))``.
-        rms_norm_eps: RMSNorm epsilon.
-        tie_word_embeddings: share the embedding matrix with the output head.
-        dropout: dropout on attention probabilities and residual branches (training only).
+        p_rope_fraction, xpos_scale_base: p-RoPE's ``p`` (the fraction of pairs, the fastest, that rotate); xPos's
+            ``γ``.
+        no_rope_layers: NoPE layers (Llama 4's convention): one flag per layer, 0 = no position encoding; ``True``:
+            every ``no_rope_layer_interval``-th layer; ``None``/``False``: every layer rotates.
+        attn_temperature_tuning, floor_scale, attn_scale: Llama 4's query temperature in NoPE layers
+            (:func:`rotary.variants.nope.nope_temperature`).
+        rms_norm_eps, tie_word_embeddings, dropout: RMSNorm epsilon; share the embedding with the head; dropout on
+            attention probabilities and residual branches (training only).
     """
 
     vocab_size: int = 256
@@ -159,13 +152,11 @@ class DecoderConfig:
 
 @dataclass
 class PositionEncoding:
-    """Where a position encoding acts. Any field may be None; the modules are shared by all layers.
+    """Where a position encoding acts; any field may be None; the modules are shared by all layers.
 
-    Attributes:
-        embedding: ``position_ids [B, S] -> [B, S, E]``, added to the token embeddings.
-        rope: a producer of tables (``rope.tables(positions, dtype=)``) rotating q and k in every layer; the
-            model calls it once per forward and hands the tables to every layer.
-        bias: attention-score bias ``(query_positions [B, S], key_positions [B, T]) -> [B, H, S, T]``.
+    ``embedding``: ``position_ids [B, S] -> [B, S, E]``, added to the token embeddings; ``rope``: a producer of tables
+    (``rope.tables(positions, dtype=)``), called once per forward, the tables handed to every layer; ``bias``: a score
+    bias ``(query_positions [B, S], key_positions [B, T]) -> [B, H, S, T]``.
     """
 
     embedding: nn.Module | None = None
@@ -388,15 +379,9 @@ class Decoder(GenerationMixin, nn.Module):
     def set_rope_scaling(self, scaling: dict[str, Any] | None) -> None:
         """Change the RoPE scaling of this (trained) model, e.g. for evaluation past the trained length.
 
-        The weights are untouched; every layer gets the RoPE that ``DecoderConfig(rope_scaling=scaling)`` would build
-        (the same builder, so ``p_rope`` stays p-RoPE and ``xpos`` takes no block); learned factors carry over.
-
-        Args:
-            scaling: a Hugging Face-style block (``{"rope_type": "yarn", "factor": 4.0, ...}``), or ``None``.
-
-        Raises:
-            rotary.errors.InputError: the model's position encoding has no RoPE, or the block is invalid for it
-                (a ``rope_theta`` that contradicts ``rope_base`` too).
+        Every layer gets the RoPE ``DecoderConfig(rope_scaling=scaling)`` would build (``scaling``: a Hugging Face-style
+        block or ``None``); weights and learned factors carry over. Raises ``rotary.errors.InputError`` if the position
+        encoding has no RoPE, or the block is invalid for it (a ``rope_theta`` that contradicts ``rope_base`` too).
 
         Example:
             >>> from rotary.models import Decoder, DecoderConfig
@@ -470,13 +455,13 @@ class Decoder(GenerationMixin, nn.Module):
 
         Args:
             input_ids: int64 ``[B, S]`` (off the CPU an id outside the vocabulary is the caller's contract).
-            attention_mask: ``[B, T]`` 1 = token / 0 = padding over cached + new tokens (``T = past + S``);
-                with static caches, ``[B, S]`` over the new tokens only.
+            attention_mask: ``[B, T]`` 1 = token / 0 = padding over cached + new tokens (``T = past + S``); with static
+                caches, ``[B, S]`` over the new tokens only.
             position_ids: ``[B, S]``; default ``cumsum(attention_mask) - 1``, else after the cache, else ``0..S-1``.
-            cache: from :meth:`new_cache`; extended (or, static, written) in place.
+            cache: from :meth:`new_cache`, extended (or written) in place.
 
-        Raises:
-            rotary.errors.InputError: (CPU) an id outside the vocabulary; a cache that is not one per layer; a bad mask.
+        Raises ``rotary.errors.InputError`` (CPU) for an id outside the vocabulary, a cache that is not one per layer or
+        a bad mask.
         """
         input_ids, unknown = embedding_ids(input_ids, self.config.vocab_size)
         return self._logits(
@@ -492,8 +477,7 @@ class Decoder(GenerationMixin, nn.Module):
         cache: list[KVCache] | list[StaticKVCache] | None,
         unknown: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """:meth:`forward` for ids already checked (``generate``'s own tokens come from the vocabulary);
-        ``unknown`` ``[B, S]`` marks ids that were out of range (clamped), whose embeddings are zeroed."""
+        """:meth:`forward` for checked ids; ``unknown`` ``[B, S]`` marks clamped out-of-range ids, embedded as zeros."""
         if cache is not None:
             if not isinstance(cache, (list, tuple)):
                 raise InputTypeError(

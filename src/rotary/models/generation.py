@@ -4,15 +4,10 @@
            -> decode_step(token, caches) per new token (static caches: captured by torch.compile or a
               CUDA graph when asked) -> next_token ...
 
-Sampling and stopping happen on the device: nothing is read back on the host per token, so the prompt's
-ids, left padding and mask are the caller's contract on a GPU (checked at once on the CPU), and a row that
-emits ``eos_token_id`` emits ``pad_token_id`` afterwards rather than stopping the loop early. Sampling draws
-``argmax(probs / q)`` with ``q ~ Exp(1)``: the numbers ``torch.multinomial`` draws from the same generator,
-without its host check of the probabilities. Capture (``generate(capture=...)``): ``"compile"`` is
-``torch.compile(decode_step, fullgraph=True)`` (``mode="reduce-overhead"`` on CUDA); ``"cuda_graph"`` records
-the eager step once in a ``torch.cuda.CUDAGraph`` (CUDA only). The prefill stays eager and sampling outside
-the captured step; the captured step and its static caches (a multiple of 64 slots) are kept for the next
-call of the same batch size and length bucket until :meth:`GenerationMixin.release_captured`.
+Sampling and stopping stay on the device (nothing is read on the host per token), so a finished row emits
+``pad_token_id`` rather than stopping the loop; sampling draws ``argmax(probs / q)``, ``q ~ Exp(1)``, the numbers
+``torch.multinomial`` draws without its host check. The switches, the capture and what it keeps: docs/attention.md,
+"Generation without host synchronisation".
 """
 
 from __future__ import annotations
@@ -40,8 +35,7 @@ CAPTURE_LENGTH_STEP = 64
 
 
 class CapturedDecoding:
-    """The static caches and the captured decoding step that ``generate(capture=...)`` keeps for its next
-    call (one set: a new shape replaces it). Copies and pickles of the model start without them."""
+    """The static caches and captured step ``generate(capture=...)`` keeps for its next call (copies start without)."""
 
     def __init__(self) -> None:
         self.key: tuple | None = None
@@ -66,16 +60,10 @@ def next_token(
     top_k: int | None = None,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """The next token of every row from its logits, on the device (module docstring: how it samples).
+    """The next token of every row from its logits ``[B, V]``, on the device: int64 ``[B, 1]``.
 
-    Args:
-        logits: ``[B, V]``.
-        temperature: 0 for greedy (argmax), else > 0: a sample of ``softmax(logits / temperature)``.
-        top_k: keep the ``k`` largest logits of each row (``None``: all).
-        generator: the random generator of the samples (on the logits' device).
-
-    Returns:
-        int64 ``[B, 1]``.
+    ``temperature``: 0 for greedy (argmax), else a sample of ``softmax(logits / temperature)`` from ``generator``;
+    ``top_k``: keep the ``k`` largest logits of each row (``None``: all).
 
     Example:
         >>> next_token(torch.tensor([[0.1, 2.0, -1.0]])).tolist()
@@ -96,8 +84,8 @@ def next_token(
 class GenerationMixin:
     """Decoding for :class:`~rotary.models.Decoder`: caches, the decoding step, :meth:`generate` and its capture.
 
-    The model class provides ``config``, ``layers``, ``embed_tokens``, ``rope``, ``nope``, ``forward`` and
-    ``_logits`` (``forward`` for ids already checked), and sets ``self._captured = CapturedDecoding()``.
+    The model provides ``config``, ``layers``, ``embed_tokens``, ``rope``, ``nope``, ``forward``, ``_logits`` and
+    ``_captured = CapturedDecoding()``.
     """
 
     def new_cache(
@@ -110,14 +98,9 @@ class GenerationMixin:
     ) -> list[KVCache] | list[StaticKVCache]:
         """One cache per layer, for :meth:`forward` ``(cache=...)`` and :meth:`decode_step`.
 
-        Without ``max_len``: empty :class:`rotary.nn.KVCache` s; with it, :class:`rotary.nn.StaticKVCache` s of
-        ``max_len`` slots (keys ``[batch, num_kv_heads, max_len, head_dim]``), the same shapes at every step.
-
-        Args:
-            batch: rows ``B`` (static caches only; required with ``max_len``).
-            max_len: slots: prompt (padding included) plus new tokens.
-            dtype: of keys and values; default: the model's (its embedding's) dtype.
-            device: default: the model's device.
+        Without ``max_len``: empty :class:`rotary.nn.KVCache` s. With it (and ``batch``):
+        :class:`rotary.nn.StaticKVCache` s of ``max_len`` slots (prompt with padding plus new tokens), keys ``[batch,
+        num_kv_heads, max_len, head_dim]``, of ``dtype`` and on ``device`` (default the model's).
 
         Example:
             >>> from rotary.models import Decoder, DecoderConfig
@@ -158,12 +141,11 @@ class GenerationMixin:
         return caches
 
     def release_captured(self) -> None:
-        """Free the static caches and the captured decoding step that :meth:`generate` keeps between calls
-        with ``capture=...`` (the next such call captures again)."""
+        """Free what :meth:`generate` keeps between calls with ``capture=...`` (the next such call captures again)."""
         self._capture_state().clear()
 
     def _capture_state(self) -> CapturedDecoding:
-        """What :meth:`generate` keeps between captured calls (made here for models unpickled without it)."""
+        """What :meth:`generate` keeps between captured calls (made here for unpickled models)."""
         held = self.__dict__.get("_captured")
         if held is None:
             held = self.__dict__["_captured"] = CapturedDecoding()
@@ -172,15 +154,9 @@ class GenerationMixin:
     def decode_step(self, input_ids: torch.Tensor, cache: list[StaticKVCache]) -> torch.Tensor:
         """One decoding step on static caches: the fp32 logits ``[B, V]`` of the token after ``input_ids``.
 
-        The tokens go to the next slot of every layer's cache, at the position after each row's last one; the
-        step reads nothing on the host (off the CPU), so it can be captured (:meth:`generate` ``capture=``).
-
-        Args:
-            input_ids: int64 ``[B, 1]`` (or ``[B, S]``: S tokens at once, the logits of the last).
-            cache: from :meth:`new_cache` ``(batch=B, max_len=...)``, filled by a prefill (:meth:`forward`).
-
-        Returns:
-            fp32 ``[B, V]``.
+        ``input_ids``: int64 ``[B, 1]`` (or ``[B, S]``: the logits of the last); ``cache``: from :meth:`new_cache`,
+        filled by a prefill. The tokens go to the next slot of every cache; nothing is read on the host (off the CPU),
+        so the step can be captured.
 
         Example:
             >>> from rotary.models import Decoder, DecoderConfig
@@ -214,25 +190,19 @@ class GenerationMixin:
         eos_token_id: int | None = None,
         pad_token_id: int | None = None,
     ) -> torch.Tensor:
-        """Continue ``input_ids`` ``[B, S]`` by ``max_new_tokens`` tokens; returns int64 ``[B, S + max_new_tokens]``.
-
-        The prompt runs once, then one cached step per token; sampling, stopping and capture: the module docstring.
+        """Continue ``input_ids`` by ``max_new_tokens`` tokens: int64 ``[B, S + max_new_tokens]``; see the module.
 
         Args:
-            input_ids: int64/int32 ``[B, S]``, ``S >= 1``.
-            max_new_tokens: tokens to add to every row (always all of them, finished rows get ``pad_token_id``).
-            attention_mask: ``[B, S]`` 1 = token / 0 = left padding.
+            input_ids, attention_mask: int64/int32 ``[B, S]``, ``S >= 1``; 1 = token / 0 = left padding.
             temperature, top_k, generator: as :func:`next_token` (0 = greedy).
             use_cache: ``False`` recomputes the whole sequence every step (slow; a check of the cache).
-            cache: ``"dynamic"`` (:class:`rotary.nn.KVCache`, the default without ``capture``) or ``"static"``
-                (:class:`rotary.nn.StaticKVCache` of ``S + max_new_tokens - 1`` slots).
-            capture: ``"compile"`` or ``"cuda_graph"``: capture the decoding step (static cache implied); greedy
-                tokens equal the eager ones (fp32).
-            eos_token_id: a row that emits it is finished; pad_token_id: what it emits then (default ``eos_token_id``).
+            cache: ``"dynamic"`` (:class:`rotary.nn.KVCache`, the default) or ``"static"``
+                (:class:`rotary.nn.StaticKVCache`).
+            capture: ``"compile"`` or ``"cuda_graph"``: capture the decoding step (static cache implied).
+            eos_token_id, pad_token_id: a row that emits eos then emits pad (default eos); every row runs all steps.
 
-        Raises:
-            rotary.errors.InputError: a bad temperature, ``cache`` or ``capture`` (``"cuda_graph"`` off CUDA); on the
-                CPU, ids outside the vocabulary or a bad mask.
+        Raises ``rotary.errors.InputError`` for a bad temperature, ``cache`` or ``capture`` (``"cuda_graph"`` off CUDA),
+        and on the CPU for ids outside the vocabulary or a bad mask.
 
         Example:
             >>> from rotary.models import Decoder, DecoderConfig
@@ -373,8 +343,7 @@ class GenerationMixin:
         capture: str | None,
         stop: tuple[int, int] | None,
     ) -> torch.Tensor:
-        """:meth:`generate` on :class:`StaticKVCache` s: an eager prefill, then one :meth:`decode_step` per
-        token (captured with ``capture``), sampling outside it."""
+        """:meth:`generate` on static caches: an eager prefill, then one (captured) :meth:`decode_step` per token."""
         batch, prompt = ids.shape
         device, dtype = ids.device, self.embed_tokens.weight.dtype
         length = prompt + max_new_tokens - 1  # the last token is sampled, never fed back
@@ -397,8 +366,7 @@ class GenerationMixin:
         return torch.cat((input_ids, out), dim=1)
 
     def _prepare_tables(self, length: int, device: torch.device) -> None:
-        """Size the rotary tables for positions ``0 .. length - 1`` on ``device`` before decoding there: a
-        device never reads positions back to grow them (and a capture cannot)."""
+        """Size the rotary tables for positions ``0 .. length - 1`` on ``device``: a device never reads them back."""
         if devices.host_checks(device):
             return  # the CPU sizes its tables from bounds it reads for free
         for producer in (self.rope, self.nope):
@@ -409,8 +377,7 @@ class GenerationMixin:
     def _captured_step(
         self, capture: str, batch: int, length: int, dtype: torch.dtype, device: torch.device
     ) -> tuple[list[StaticKVCache], Callable[[torch.Tensor], torch.Tensor]]:
-        """The static caches (reset) and the captured decoding step for this shape, kept from an earlier
-        call when they fit (same batch, dtype, device, length bucket and parameters)."""
+        """The static caches (reset) and captured step for this shape, kept from an earlier call when they fit."""
         max_len = -(-length // CAPTURE_LENGTH_STEP) * CAPTURE_LENGTH_STEP
         weights = tuple(p.data_ptr() for p in self.parameters())  # new parameter storage: capture again
         key = (capture, batch, max_len, dtype, device, weights)

@@ -179,11 +179,7 @@ class RoFormerClassificationHead(nn.Module):
 
 
 class RoFormer(nn.Module):
-    """The RoFormer encoder with an optional masked-LM or sequence-classification head.
-
-    Args:
-        config: :class:`RoFormerConfig`.
-        head: ``None`` (return hidden states), ``"masked_lm"`` or ``"sequence_classification"``.
+    """The RoFormer encoder, with ``head`` ``None`` (hidden states), ``"masked_lm"`` or ``"sequence_classification"``.
 
     Example:
         >>> from rotary.models import RoFormer, RoFormerConfig
@@ -219,13 +215,9 @@ class RoFormer(nn.Module):
             self.mlm_head.decoder.weight = self.embeddings.word_embeddings.weight
 
     def set_rope_scaling(self, scaling: Mapping[str, Any] | None) -> None:
-        """Change the RoPE scaling of this (trained) encoder: every layer gets :meth:`rotary.RoPE.with_scaling`'s RoPE.
+        """Give every layer :meth:`rotary.RoPE.with_scaling`'s RoPE for ``scaling`` (a Hugging Face block or None).
 
-        Args:
-            scaling: a Hugging Face-style block (``{"rope_type": "linear", "factor": 2.0}``), or ``None``.
-
-        Raises:
-            ConfigError: an invalid block.
+        Raises ``ConfigError`` for an invalid block.
 
         Example:
             >>> from rotary.models import RoFormer, RoFormerConfig
@@ -257,14 +249,10 @@ class RoFormer(nn.Module):
         token_type_ids: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Encode: hidden states ``[B, S, hidden_size]``, or the head's logits (``[B, S, vocab_size]``, ``[B,
-        num_labels]``).
+        """Hidden states ``[B, S, hidden_size]``, or the head's logits (``[B, S, vocab_size]``, ``[B, num_labels]``).
 
-        Args:
-            input_ids: int64 ``[B, S]``.
-            attention_mask: ``[B, S]`` 1 = token, 0 = padding.
-            token_type_ids: ``[B, S]`` segment ids; default 0.
-            position_ids: ``[S]`` or ``[B, S]``; default ``0..S-1``.
+        ``input_ids``: int64 ``[B, S]``; ``attention_mask``: ``[B, S]`` 1 = token, 0 = padding; ``token_type_ids``:
+        ``[B, S]``, default 0; ``position_ids``: ``[S]`` or ``[B, S]``, default ``0..S-1``.
         """
         check_token_ids(input_ids, self.config.vocab_size)
         if token_type_ids is None:
@@ -300,15 +288,11 @@ class RoFormer(nn.Module):
     def from_hf(
         cls, model_or_state_dict: Any, config: Any = None, *, head: Head | None | Literal["auto"] = "auto"
     ) -> RoFormer:
-        """Build a RoFormer from Hugging Face RoFormer weights; in eval mode, equal to transformers' (~1e-5 in fp32).
+        """A RoFormer from Hugging Face RoFormer weights; in eval mode, equal to transformers' (~1e-5 in fp32).
 
-        Args:
-            model_or_state_dict: a transformers ``RoFormerModel`` / ``...ForMaskedLM`` /
-                ``...ForSequenceClassification``,
-                its ``state_dict()``, or a path to a ``.safetensors`` / ``.bin`` file or a directory holding one (read
-                only with safetensors or ``torch.load(weights_only=True)``).
-            config: transformers ``RoFormerConfig``, dict, or path; default the model's own or the directory's.
-            head: ``"auto"`` (the head the weights contain), ``None``, ``"masked_lm"`` or ``"sequence_classification"``.
+        ``model_or_state_dict``: a transformers RoFormer model (any head), its ``state_dict()``, or a ``.safetensors`` /
+        ``.bin`` file or a directory holding one (:func:`load_state_dict`); ``config``: a ``RoFormerConfig``, dict or
+        path (default the model's or the directory's); ``head``: ``"auto"`` (the weights') or as :class:`RoFormer`.
         """
         directory = None
         if isinstance(model_or_state_dict, (str, Path)):
@@ -375,8 +359,7 @@ class RoFormer(nn.Module):
 
 
 def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """Read weights from a ``.safetensors`` or ``.bin`` file (``torch.load(weights_only=True)``), or a
-    directory holding ``model.safetensors`` or ``pytorch_model.bin``. Never unpickles arbitrary objects."""
+    """Read a ``.safetensors`` / ``.bin`` file or a directory holding one; never unpickles arbitrary objects."""
     path = Path(path)
     if path.is_dir():
         for name in ("model.safetensors", "pytorch_model.bin"):

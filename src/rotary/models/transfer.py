@@ -1,9 +1,6 @@
-"""Moving a trained :class:`~rotary.models.Decoder` to another position encoding.
-
-Everything a ``Decoder`` learns outside its position encoding (embeddings, projections, MLPs, norms, head)
-keeps its shape under another encoding: :func:`transfer_position_encoding` copies those weights into the same
-model with the new encoding, a starting point for fine-tuning (the attention must learn to read positions the
-new way).
+"""Moving a trained :class:`~rotary.models.Decoder` to another position encoding: every weight outside the encoding
+keeps its shape, so :func:`transfer_position_encoding` copies them into the same model with the new one, a
+starting point for fine-tuning.
 """
 
 from __future__ import annotations
@@ -20,8 +17,7 @@ __all__ = ["position_state_names", "transfer_position_encoding"]
 
 
 def _position_modules(model: Decoder) -> list[nn.Module]:
-    """The modules of the model's position encoding: the embedding added to the tokens, the rotary
-    producers (RoPE and the NoPE layers' temperature) and every layer's score bias."""
+    """The modules of the model's position encoding: token embedding, rotary producers, every layer's score bias."""
     found = [model.embed_positions, model.rope, model.nope]
     for layer in model.layers:
         found += [layer.attn.rope if isinstance(layer.attn.rope, nn.Module) else None, layer.attn.position_bias]
@@ -36,9 +32,6 @@ def position_state_names(model: Decoder) -> set[str]:
         >>> learned = DecoderConfig(hidden_size=32, num_layers=1, num_heads=2, position_encoding="learned")
         >>> sorted(position_state_names(Decoder(learned)))
         ['embed_positions.embedding.weight']
-        >>> default = DecoderConfig(hidden_size=32, num_layers=1, num_heads=2)
-        >>> position_state_names(Decoder(default))  # RoPE: buffers only
-        set()
     """
     owners = {id(m) for m in _position_modules(model)}
     prefixes = [name + "." for name, module in model.named_modules(remove_duplicate=False) if id(module) in owners]
@@ -48,17 +41,10 @@ def position_state_names(model: Decoder) -> set[str]:
 def transfer_position_encoding(source: Decoder, position_encoding: str, **changes) -> Decoder:
     """A new ``Decoder`` with ``position_encoding`` and every weight of ``source`` outside its position encoding.
 
-    Args:
-        source: a trained model (left untouched).
-        position_encoding: the new encoding (a key of :data:`rotary.models.POSITION_ENCODINGS`).
-        **changes: other ``DecoderConfig`` fields of the new model; the shapes of the copied weights must not change.
-
-    Returns:
-        The new model, on ``source``'s device, dtype and train/eval mode; the new encoding's own weights, if any,
-        freshly initialised (torch's global RNG).
-
-    Raises:
-        rotary.errors.InputError: the two models' non-position weights differ in names or shapes.
+    ``source`` is left untouched; ``changes``: other ``DecoderConfig`` fields, which must not change the copied
+    weights' shapes. The new model takes ``source``'s device, dtype and mode; the new encoding's own weights are
+    freshly initialised (torch's global RNG). Raises ``rotary.errors.InputError`` if the non-position weights differ
+    in names or shapes.
 
     Example:
         >>> from rotary.models import DecoderConfig

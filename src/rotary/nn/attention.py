@@ -1,16 +1,11 @@
 """Multi-head self-attention with RoPE on q and k, a KV cache, GQA/MQA and optional score biases.
 
-Data flow of one call::
-
     hidden_states -> q, k, v projections -> rotate(q, k [and v]) by the tables of the tokens' positions
-                  -> append k, v to the cache (keys stored already rotated; a StaticKVCache takes
-                     q and k unrotated and rotates them as it writes k: one rotate_and_cache call)
+                  -> append k, v to the cache (keys stored rotated; a StaticKVCache rotates as it writes)
                   -> scaled_dot_product_attention(q, all keys, all values, mask + bias) -> o projection
 
-Keys are rotated once, when they enter the cache, at their own position: a cached key never needs
-re-rotation because RoPE scores depend only on the positions of the two tokens. A model computes
-the positions and tables once per forward and hands them to every layer (``positions=``,
-``tables=``); a layer used alone computes them itself.
+A model computes the positions and tables once per forward and hands them to every layer (``positions=``,
+``tables=``); a layer used alone computes them itself. Caching, masks and biases: docs/attention.md.
 """
 
 from __future__ import annotations
@@ -34,9 +29,7 @@ __all__ = ["KVCache", "RotaryAttention", "StaticKVCache", "padding_position_ids"
 
 
 def padding_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions that skip padding: ``cumsum(mask) - 1``, clamped at 0 (int64 ``[B, T]``).
-
-    With left padding, the first real token of every row gets position 0, as if unpadded.
+    """Positions that skip padding: ``cumsum(mask) - 1``, clamped at 0 (int64 ``[B, T]``): left padding starts at 0.
 
     Example:
         >>> from rotary.nn import padding_position_ids
@@ -49,10 +42,6 @@ def padding_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 
 def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     """``[B, Hk, T, D]`` -> ``[B, Hk * groups, T, D]``: head ``h`` of the result is KV head ``h // groups`` (GQA).
-
-    Args:
-        x: keys or values ``[B, Hk, T, D]``.
-        groups: query heads per KV head (``num_heads // num_kv_heads``), a positive int.
 
     Example:
         >>> from rotary.nn import repeat_kv
@@ -77,9 +66,8 @@ def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
 def check_hidden_states(hidden_states: torch.Tensor, hidden_size: int, projection: nn.Module) -> None:
     """Check an attention layer's input ``[B, S, E]`` against the layer: width, dtype (outside autocast) and device.
 
-    Raises:
-        rotary.errors.InputError: not a 3-D tensor, another width, another device than the weights.
-        rotary.errors.InputTypeError: not floating point, or another dtype than the weights (outside autocast).
+    Raises ``rotary.errors.InputError`` for another shape, width or device than the weights; InputTypeError for a
+    dtype that is not floating or (outside autocast) not the weights'.
     """
     if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 3:
         raise InputError(
@@ -116,23 +104,20 @@ class RotaryAttention(nn.Module):
     """Multi-head self-attention with rotary position embeddings and a KV cache.
 
     Args:
-        hidden_size: model width ``E``.
+        hidden_size, head_dim: model width ``E``; channels per head ``D`` (default ``E // H``).
         num_heads, num_kv_heads: query heads ``H``; key/value heads ``Hk`` (divides ``H``; default ``H``).
-        head_dim: channels per head ``D``; default ``E // H``.
-        rope: ``True`` (a default ``RoPE(head_dim)``), ``False`` (NoPE), or a producer of tables
-            (``rope.tables(positions, dtype=)``): a :class:`rotary.RoPE` or a variant. Producers of N-D positions
-            (:class:`rotary.AxialRoPE`, :class:`rotary.RoPEMixed`, :class:`rotary.MRoPE`) take ``position_ids``
-            unread through ``input_tables(...)``, and ``position_ids`` (or ``tables=``) must be given.
+        rope: ``True`` (``RoPE(head_dim)``), ``False`` (NoPE), or a producer of tables (``rope.tables(positions,
+            dtype=)``). Producers of N-D positions (AxialRoPE, RoPE-Mixed, MRoPE) read ``position_ids`` through
+            ``input_tables(...)``; then ``position_ids`` (or ``tables=``) must be given.
         rotary_value: also rotate v at the key's position (RoFormer's ``rotary_value``).
-        position_bias: ``None``, ``"alibi"``, ``"relative"`` (learned ``b(i-j)``, clipped at ``max_relative_distance``),
-            or a module ``(query_positions [B, S], key_positions [B, T]) -> [B, H, S, T]`` added to the scores.
+        position_bias: ``None``, ``"alibi"``, ``"relative"`` (clipped at ``max_relative_distance``), or a module
+            ``(query_positions [B, S], key_positions [B, T]) -> [B, H, S, T]`` added to the scores.
         causal, dropout, bias: mask future keys; attention dropout (training only); biases on the projections.
-        inplace_rope: rotate q and k (and their gradients) in place, bit-identical to out of place; used only
-            for plain ``nn.Linear`` projections without hooks and not under ``torch.compile`` tracing.
+        inplace_rope: rotate q and k (and gradients) in place, bit-identical to out of place (plain ``nn.Linear``
+            projections without hooks, not while tracing).
 
-    Raises:
-        rotary.errors.InputError: heads that do not divide, a producer that does not fit the layer, a bad bias.
-        rotary.errors.InputTypeError: ``rope`` that is not a bool or a producer of tables.
+    Raises ``rotary.errors.InputError`` for heads that do not divide, a producer that does not fit the layer or a bad
+    bias (InputTypeError: ``rope`` neither a bool nor a producer).
 
     Example:
         >>> from rotary.nn import RotaryAttention, KVCache
@@ -229,7 +214,7 @@ class RotaryAttention(nn.Module):
             )
 
     def _nd_positions(self) -> bool:
-        """Whether the producer reads position_ids itself (N-D positions: axial RoPE, RoPE-Mixed, M-RoPE)."""
+        """Whether the producer reads position_ids itself (N-D positions)."""
         return callable(getattr(self.rope, "input_tables", None))
 
     def extra_repr(self) -> str:
@@ -239,7 +224,7 @@ class RotaryAttention(nn.Module):
         )
 
     def _rotate_in_place(self) -> bool:
-        """Whether q and k (and v) may be rotated in place: see ``inplace_rope``."""
+        """Whether q and k (and v) may be rotated in place (``inplace_rope``)."""
         if not self.inplace_rope or torch.compiler.is_compiling():
             return False
         projections = (self.q_proj, self.k_proj, self.v_proj) if self.rotary_value else (self.q_proj, self.k_proj)
@@ -298,8 +283,7 @@ class RotaryAttention(nn.Module):
         return self._additive(allowed, query_positions, key_positions, device)
 
     def _static_mask(self, query_positions: torch.Tensor, entries: StaticEntries, device: torch.device) -> torch.Tensor:
-        """:meth:`_mask` over all ``L`` slots of a :class:`StaticKVCache` (``[B, H or 1, S, L]``): the same
-        rules, by slot index, with the write index on the device; unfilled slots and padding are blocked."""
+        """:meth:`_mask` over all ``L`` slots of a :class:`StaticKVCache`, by slot index; unfilled slots are blocked."""
         seq_len = query_positions.shape[1]
         slots = torch.arange(entries.valid.shape[1], device=device)
         query_slots = entries.start + torch.arange(seq_len, device=device)
@@ -339,16 +323,14 @@ class RotaryAttention(nn.Module):
         """Attend: ``[B, S, E]`` -> ``[B, S, E]`` in the dtype of ``hidden_states``.
 
         Args:
-            hidden_states: ``[B, S, E]``.
-            attention_mask: bool or integer 1 (token) / 0 (padding) ``[B, T]`` over the cached and new tokens
-                (``T = cache.length + S``); with a :class:`StaticKVCache`, ``[B, S]``, the new tokens only.
-            position_ids: integer ``[S]`` or ``[B, S]``, or :class:`~rotary.positions.Positions`; default: continue
-                the cache, else ``0..S-1`` (left padding: :func:`padding_position_ids`). For an N-D producer, its
-                positions: coordinates (``rope.grid(h, w)``) or M-RoPE's ``[3, B, S]`` ids.
+            attention_mask: bool or 1 (token) / 0 (padding) ``[B, T]`` over cached and new tokens (``T = cache.length +
+                S``); with a :class:`StaticKVCache`, ``[B, S]`` over the new tokens only.
+            position_ids: integer ``[S]`` or ``[B, S]``, or Positions; default: continue the cache, else ``0..S-1``
+                (left padding: :func:`padding_position_ids`). N-D producers: ``rope.grid(h, w)`` or M-RoPE's ``[3, B,
+                S]``.
             cache: a :class:`KVCache` to read and extend, or a :class:`StaticKVCache` to write into.
-            tables: the rotary tables of these positions, computed once per model forward; default
-                ``self.rope.tables(positions)``.
-            static_step: the model forward's :class:`~rotary.nn.cache.StaticStep` (shares the mask between layers).
+            tables, static_step: what the model forward computed once for every layer (default
+                ``self.rope.tables(positions)``; the :class:`~rotary.nn.cache.StaticStep` sharing the mask).
         """
         check_hidden_states(hidden_states, self.hidden_size, self.q_proj)
         check_causal_rope(self.rope, self.causal, type(self).__name__)  # causal or rope may have been reassigned
@@ -468,9 +450,7 @@ class RotaryAttention(nn.Module):
         inplace: bool,
         step: StaticStep | None = None,
     ) -> tuple[torch.Tensor, StaticEntries]:
-        """Write the new keys and values into a :class:`StaticKVCache`, with the new tokens' padding; with
-        ``tables``, q and k are rotated (in place with ``inplace``) as k is written, in one
-        :func:`rotary.rotate_and_cache` call. Returns q (rotated) and the cache's entries."""
+        """Write new keys and values into a :class:`StaticKVCache` (with ``tables``: rotating q and k as k goes in)."""
         batch, _, seq_len, _ = k.shape
         valid = None
         if attention_mask is not None:

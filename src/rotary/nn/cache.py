@@ -1,18 +1,11 @@
 """KV caches of an attention layer: :class:`KVCache`, grown by concatenation, and :class:`StaticKVCache`,
 preallocated and written in place.
 
-Both hold keys already rotated: RoPE scores depend only on the positions of the two tokens, so a key is
-rotated once, when it enters the cache, at its own position.
-
-:class:`StaticKVCache` keeps the same shapes at every decoding step, so a step can be captured in a CUDA
-graph or by ``torch.compile(mode="reduce-overhead")``: it holds ``max_len`` slots from the start, writes new
-tokens with ``index_copy_`` at a write index that lives on the device (``filled``), and attention reads every
-slot through a mask (``valid``) that hides unfilled slots and padding. Nothing is read back on the host, so a
-write past the end is an error at once only on the CPU; elsewhere the extra tokens go to a spill slot that
-attention never reads and their outputs are NaN. It is for inference (buffers written in place carry no
-gradient). :class:`StaticStep` shares the slots and the mask between the layers of one model forward: every
-layer writes the same slots, so the first works them out and the others reuse them (about 18 small kernels
-fewer per layer and step on an accelerator); a cache written without the step leaves its group.
+Both hold keys already rotated: a key is rotated once, when it enters the cache, at its own position.
+:class:`StaticKVCache` keeps the same shapes at every step (capturable): ``max_len`` slots, a write index
+``filled`` on the device, a mask ``valid`` over the slots; nothing is read on the host, so an overflow is an
+error only on the CPU (elsewhere NaN outputs). :class:`StaticStep` shares the slots and mask between the layers
+of one model forward. The design: docs/attention.md, "Static KV cache".
 """
 
 from __future__ import annotations
@@ -41,14 +34,9 @@ T = TypeVar("T")
 class KVCache:
     """Keys (rotated), values and key positions of one attention layer, grown by :meth:`update`.
 
-    A cache belongs to the first layer that fills it: handing it to a second layer is an error.
-
-    Attributes:
-        keys: ``[B, Hk, T, D]`` rotated keys, or None before the first call.
-        values: ``[B, Hk, T, Dv]``.
-        positions: int64 ``[B, T]`` position of every cached key.
-        bound: every cached position is ``< bound`` (a host int).
-        exact: ``bound`` is exactly the largest position + 1.
+    A cache belongs to the first layer that fills it. ``keys`` ``[B, Hk, T, D]`` (None before the first call),
+    ``values`` ``[B, Hk, T, Dv]``, ``positions`` int64 ``[B, T]``; every position is ``< bound`` (a host int),
+    ``exact`` when ``bound`` is the largest + 1.
     """
 
     keys: torch.Tensor | None = None
@@ -150,13 +138,9 @@ class KVCache:
 class StaticEntries(NamedTuple):
     """What :meth:`StaticKVCache.update` hands the attention layer: every slot, and where the new tokens went.
 
-    Attributes:
-        keys: ``[B, Hk, L, D]`` rotated keys of all ``L`` slots (unfilled slots hold stale data the mask hides).
-        values: ``[B, Hk, L, Dv]``.
-        positions: int64 ``[B, L]``, the position of every slot's key.
-        valid: bool ``[B, L]``: the slot holds a token (not padding, not unfilled).
-        start: int64 0-dim tensor, the slot of the first new token.
-        overflow: bool ``[S]``, the new tokens that did not fit (their outputs must be NaN); ``None`` on the CPU.
+    ``keys`` ``[B, Hk, L, D]`` (unfilled slots hold stale data the mask hides), ``values`` ``[B, Hk, L, Dv]``,
+    ``positions`` int64 ``[B, L]``, ``valid`` bool ``[B, L]``, ``start`` the first new slot (int64 0-dim), ``overflow``
+    bool ``[S]``, the new tokens that did not fit (outputs NaN; ``None`` on the CPU).
     """
 
     keys: torch.Tensor
@@ -168,23 +152,16 @@ class StaticEntries(NamedTuple):
 
 
 class StaticKVCache:
-    """A preallocated KV cache of one attention layer, the same shapes at every step (module docstring: how).
+    """A preallocated KV cache of one attention layer, the same shapes at every step (see the module docstring).
 
     Args:
-        batch, num_kv_heads: ``B``, ``Hk``.
-        max_len: slots ``L``: the most tokens the cache holds (prompt and new tokens, padding included).
+        batch, num_kv_heads, max_len: ``B``, ``Hk``, slots ``L`` (prompt and new tokens, padding included).
         head_dim, value_dim: ``D`` and ``Dv`` (default ``D``).
-        dtype: of keys and values (the layer's activations).
-        device: where the buffers live (default CPU); on ``"meta"`` every call gives meta tensors (shape inference).
+        dtype, device: of the buffers (default CPU; on ``"meta"`` every call gives meta tensors).
 
-    Attributes:
-        keys, values: ``[B, Hk, L, D]`` rotated keys, ``[B, Hk, L, Dv]`` values (views of the buffers).
-        positions: int64 ``[B, L]``; valid: bool ``[B, L]`` (``False``: padding or not written yet).
-        filled: int64 0-dim tensor on ``device``: the slots written so far, the next write index.
-
-    Raises:
-        rotary.errors.InputError: (CPU) writing more than ``max_len`` tokens; keys or values that require grad
-            while grad mode is on (use :class:`KVCache` to backpropagate through decoding).
+    ``keys``, ``values``, ``positions`` and ``valid`` are views of every slot; ``filled`` (int64 0-dim, on
+    ``device``) is the next write index. Raises ``rotary.errors.InputError`` (CPU) when writing past ``max_len``, or
+    for keys or values that require grad in grad mode (use :class:`KVCache` to backpropagate).
 
     Example:
         >>> from rotary.nn import RotaryAttention, StaticKVCache
@@ -281,8 +258,7 @@ class StaticKVCache:
             )
 
     def reset(self) -> None:
-        """Empty the cache (``filled = 0``, no valid slot) without reallocating: the buffers keep their
-        addresses, so a captured decoding step goes on working with the next batch."""
+        """Empty the cache without reallocating (a captured step goes on working with the next batch)."""
         with torch.no_grad():
             self.filled.zero_()
             self._valid.zero_()
@@ -292,17 +268,14 @@ class StaticKVCache:
         return not torch.compiler.is_compiling() and devices.host_checks(self.device)
 
     def _positions_of(self, ids: torch.Tensor) -> Positions:
-        """:class:`Positions` of ids made here from validated ones: on the CPU with their exact bound (a
-        free read), elsewhere without one (the rotation checks every token against its table)."""
+        """Positions of validated ids: with their exact bound on the CPU (a free read), elsewhere without one."""
         if self._host_mode() and ids.numel():
             return Positions.unchecked(ids, int(ids.max()) + 1)
         return Positions.unchecked(ids, 0 if not ids.numel() else None)
 
     def next_positions(self, seq_len: int, attention_mask: torch.Tensor | None = None) -> Positions:
-        """Positions ``[B, S]`` of ``seq_len`` new tokens, computed on the device.
-
-        Without ``attention_mask``, each row continues after its last cached position; with the new tokens' 0/1
-        mask ``[B, S]``, padding-skipping positions (valid cached tokens plus ``cumsum(mask) - 1``).
+        """Positions ``[B, S]`` of ``seq_len`` new tokens, on the device: after each row's last cached position, or with
+        the new tokens' 0/1 ``attention_mask`` ``[B, S]``, padding-skipping ones.
 
         Example:
             >>> cache = StaticKVCache(1, 1, 8, 4)
@@ -329,8 +302,7 @@ class StaticKVCache:
         return self._positions_of((before + mask.long().cumsum(-1) - 1).clamp(min=0))
 
     def token_indices(self, seq_len: int) -> Positions:
-        """The slot indices ``filled .. filled + S - 1`` ``[S]`` of ``seq_len`` new tokens (the positions
-        of a layer whose rotation reads its own N-D positions)."""
+        """The slot indices ``[S]`` of ``seq_len`` new tokens (for a layer that reads its own N-D positions)."""
         return self._positions_of(self.filled + torch.arange(seq_len, device=self.device))
 
     def update(
@@ -342,21 +314,16 @@ class StaticKVCache:
         valid: torch.Tensor | None = None,
         step: StaticStep | None = None,
     ) -> StaticEntries:
-        """Write ``S`` new tokens into slots ``filled .. filled + S - 1`` and return every slot.
+        """Write ``S`` new tokens into slots ``filled .. filled + S - 1``; returns every slot (:class:`StaticEntries`).
 
         Args:
-            keys: rotated keys ``[B, Hk, S, D]`` in the cache's dtype, on its device.
-            values: ``[B, Hk, S, Dv]``.
+            keys, values: rotated keys ``[B, Hk, S, D]`` and values ``[B, Hk, S, Dv]``, the cache's dtype and device.
             positions: the new keys' positions ``[S]`` or ``[B, S]`` (ids or :class:`Positions`).
             valid: bool ``[B, S]``, ``False`` for padding (default: all tokens).
             step: the model forward's :class:`StaticStep`, shared by the caches of one group.
 
-        Returns:
-            :class:`StaticEntries`: all ``L`` slots, the first new slot, and which new tokens did not fit.
-
-        Raises:
-            InputError: (on the CPU) more tokens than free slots.
-            ValueError, TypeError: keys or values that do not fit the cache (shape, dtype, device).
+        Raises InputError on the CPU for more tokens than free slots; ValueError / TypeError for keys or values that do
+        not fit the cache.
         """
         ids, valid = self._check_new(keys, values, positions, valid)
         start, slots, overflow = self._next_slots(keys.shape[2], step)
@@ -377,19 +344,11 @@ class StaticKVCache:
         inplace: bool = False,
         step: StaticStep | None = None,
     ) -> tuple[torch.Tensor, StaticEntries]:
-        """Rotate new queries and keys by ``tables`` and write keys and values as :meth:`update`, in one launch on CUDA.
+        """Rotate new queries and keys by ``tables`` and write as :meth:`update`, in one launch on CUDA.
 
-        Args:
-            queries, keys, values: ``[B, H, S, D]``; unrotated ``[B, Hk, S, D]`` and ``[B, Hk, S, Dv]`` in the cache's
-                dtype.
-            tables: the new tokens' rotary tables (``rope.tables(positions)``).
-            positions, valid, step: as for :meth:`update`; inplace: rotate ``queries`` and ``keys`` in place.
-
-        Returns:
-            ``(rotated queries [B, H, S, D], StaticEntries)``.
-
-        Raises:
-            as :meth:`update`; positions outside the tables as :func:`rotary.rotate`.
+        ``queries`` ``[B, H, S, D]``, ``keys`` and ``values`` unrotated; ``inplace`` rotates ``queries`` and ``keys`` in
+        place; the rest as :meth:`update`. Returns ``(rotated queries, StaticEntries)``. Raises as :meth:`update`, and
+        for positions outside the tables as :func:`rotary.rotate`.
 
         Example:
             >>> import rotary
@@ -497,9 +456,7 @@ class StaticKVCache:
 
 
 class StaticStep:
-    """What the attention layers of one model forward over one group of :class:`StaticKVCache` s share: slots and mask.
-
-    The group is made by one ``Decoder.new_cache`` call and must be filled together; see the module docstring.
+    """What the layers of one model forward share over one group of :class:`StaticKVCache` s (from one ``new_cache``).
 
     Example:
         >>> step = StaticStep()
@@ -529,8 +486,7 @@ class StaticStep:
 
 
 def _check_entries(keys: object, values: object, positions: object, which: str) -> None:
-    """keys ``[B, Hk, T, D]``, values ``[B, Hk, T, Dv]`` (floating, same dtype and device) and, when
-    given, positions ``[B, T]`` of an integer dtype."""
+    """keys ``[B, Hk, T, D]``, values ``[B, Hk, T, Dv]`` (floating, one dtype and device), int positions ``[B, T]``."""
     for name, t in (("keys", keys), ("values", values)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4 or not t.is_floating_point():
             raise InputError(

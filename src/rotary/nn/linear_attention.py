@@ -5,10 +5,8 @@ RoPE enters the numerator only (rotated features can have negative inner product
 
     out_i = Σ_j [R_i φ(q_i)]ᵀ[R_j φ(k_j)] v_j  /  Σ_j φ(q_i)ᵀ φ(k_j)
 
-``feature_map="cosine"`` is the article's other scheme, ``sim = 1 + cos(R_i q_i, R_j k_j)`` (a feature map
-with one constant channel). Causal attention is summed chunk by chunk (a prefix state over earlier chunks plus
-a lower-triangular block inside the chunk): memory O(chunk² + d²) per head whatever N is. docs/attention.md
-has the sources.
+``feature_map="cosine"`` is ``sim = 1 + cos(R_i q_i, R_j k_j)``. Causal attention is summed chunk by chunk: memory
+O(chunk² + d²) per head whatever N is. Sources: docs/attention.md.
 """
 
 from __future__ import annotations
@@ -79,7 +77,7 @@ def _global_sum(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tens
 
 
 def _causal_sum(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int) -> torch.Tensor:
-    """``out_i = Σ_{j<=i} (q_i·k_j) v_j`` chunk by chunk: an earlier-chunk state ``[D, Dv]`` plus a triangular block."""
+    """``out_i = Σ_{j<=i} (q_i·k_j) v_j`` chunk by chunk: an earlier-chunk state plus a triangular block."""
     seq_len = q.shape[2]
     state = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1])
     inside = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).tril()
@@ -94,8 +92,7 @@ def _causal_sum(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: i
 
 
 def _check_eps(eps: float) -> float:
-    """The denominator's ``eps``: a finite number >= 0 (0 is exact for elu features, whose sums are > 0;
-    relu features or masked keys can sum to 0 and need eps > 0)."""
+    """The denominator's ``eps``: a finite number >= 0 (relu features or masked keys can sum to 0)."""
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
         raise InputError(
             f"eps must be a finite number >= 0, got {eps!r}: it keeps the denominator away from 0 (relu features "
@@ -130,19 +127,15 @@ def rotary_linear_attention(
     chunk_size: int = 64,
     eps: float = 1e-6,
 ) -> torch.Tensor:
-    """Linear attention with RoPE in O(N·d²) time (see the module docstring for the formula).
+    """Linear attention with RoPE in O(N·d²) time (see the module docstring): ``[B, H, S, Dv]`` in ``v``'s dtype.
 
     Args:
-        q, k: ``[B, H, S, D]`` (unrotated; φ is applied here, then the rotation).
-        v: ``[B, H, S, Dv]``.
+        q, k, v: ``[B, H, S, D]`` unrotated (φ, then the rotation, are applied here), ``[B, H, S, Dv]``.
         cos, sin: ``[S, r]`` or ``[B, S, r]`` from :meth:`rotary.RoPE.cos_sin` for the pairing ``interleaved``.
-        feature_map: ``"elu"`` (elu+1), ``"relu"``, or ``"cosine"`` (sim = 1 + cosine similarity).
-        causal: sum over ``j <= i`` only; chunk_size: its chunk length.
+        feature_map: ``"elu"`` (elu+1), ``"relu"``, or ``"cosine"``.
+        causal, chunk_size: sum over ``j <= i`` only, chunk by chunk.
         key_padding_mask: ``[B, S]`` bool/0-1, 0 = padding key (excluded from both sums).
-        eps: added to the denominator (relu features can all be 0).
-
-    Returns:
-        ``[B, H, S, Dv]`` in ``v``'s dtype; computed in fp32 (float64 for float64 inputs).
+        eps: added to the denominator. Computed in fp32 (float64 for float64 inputs).
 
     Example:
         >>> from rotary.nn import rotary_linear_attention, linear_attention_reference
@@ -248,12 +241,9 @@ def linear_attention_reference(
 class RotaryLinearAttention(nn.Module):
     """Multi-head linear attention with RoPE in the numerator, O(N) in sequence length.
 
-    Args:
-        hidden_size, num_heads: model width ``E``; heads ``H`` (``head_dim = E // H``, even).
-        feature_map: ``"elu"`` (default), ``"relu"`` or ``"cosine"``.
-        causal, chunk_size: attend to earlier tokens only; the causal chunk length.
-        rope: ``True`` (a default ``RoPE(head_dim)``) or a table producer; :class:`rotary.XPos` only when causal.
-        bias: biases on the projections.
+    ``hidden_size``, ``num_heads``: ``E``, ``H`` (``E // H`` even); ``feature_map``, ``causal``, ``chunk_size`` as
+    :func:`rotary_linear_attention`; ``rope``: ``True`` (``RoPE(head_dim)``) or a table producer (:class:`rotary.XPos`
+    only when causal); ``bias``: biases on the projections.
 
     Example:
         >>> from rotary.nn import RotaryLinearAttention
@@ -314,10 +304,9 @@ class RotaryLinearAttention(nn.Module):
     ) -> torch.Tensor:
         """``hidden_states: [B, S, E]`` -> ``[B, S, E]``.
 
-        Args:
-            position_ids: integer ``[S]`` or ``[B, S]`` (or :class:`~rotary.positions.Positions`); default ``0..S-1``.
-            attention_mask: ``[B, S]`` 1 = token, 0 = padding (padding keys are ignored).
-            tables: tables of these positions computed once per model forward; default ``self.rope.tables(positions)``.
+        ``position_ids``: integer ``[S]`` or ``[B, S]`` (or Positions), default ``0..S-1``; ``attention_mask``: ``[B,
+        S]`` 1 = token, 0 = padding (ignored keys); ``tables``: computed once per model forward, default from
+        ``self.rope``.
         """
         check_hidden_states(hidden_states, self.hidden_size, self.q_proj)
         check_causal_rope(self.rope, self.causal, type(self).__name__)  # causal or rope may have been reassigned

@@ -1,10 +1,8 @@
-"""Position encodings other than RoPE, for comparison and for the ``Decoder``'s switch.
-
-Absolute encodings added to the token embeddings (:class:`LearnedPositionEmbedding`,
-:class:`SinusoidalPositionEmbedding`), and additive score biases (:class:`ALiBi`, from "Train Short, Test
-Long: Attention with Linear Biases Enables Input Length Extrapolation", and :class:`RelativePositionBias`, a
-learned clipped ``b(i - j)``), which can be added to RoPE. A score bias maps ``query_positions`` ``[B, S]`` and
-``key_positions`` ``[B, T]`` to fp32 ``[B, H, S, T]``, so it stays right with left padding and a KV cache.
+"""Position encodings other than RoPE, for comparison and for the ``Decoder``'s switch: absolute embeddings
+added to the tokens, and additive score biases that can be added to RoPE: ALiBi ("Train Short, Test Long: Attention
+with Linear Biases Enables Input Length Extrapolation") and a learned clipped ``b(i - j)``.
+A score bias maps ``query_positions`` ``[B, S]`` and ``key_positions`` ``[B, T]`` to fp32 ``[B, H, S, T]``, so it
+stays right with left padding and a KV cache.
 """
 
 from __future__ import annotations
@@ -76,10 +74,7 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
 
 
 class ALiBi(nn.Module):
-    """Attention with Linear Biases: score bias ``-slope_h * |i - j|`` (symmetric, so encoders work too).
-
-    Args:
-        num_heads: number of query heads ``H``.
+    """ALiBi: score bias ``-slope_h * |i - j|`` over ``num_heads`` (symmetric: encoders too).
 
     Example:
         >>> from rotary.nn import ALiBi
@@ -109,11 +104,7 @@ class ALiBi(nn.Module):
 
 
 class RelativePositionBias(nn.Module):
-    """A learned score bias ``b_h(i - j)`` per head, for distances clipped to ``±max_distance``.
-
-    Args:
-        num_heads: number of query heads ``H``.
-        max_distance: distances beyond this share the bias of ``±max_distance``.
+    """A learned score bias ``b_h(i - j)`` per head; distances beyond ``±max_distance`` share its bias.
 
     Example:
         >>> from rotary.nn import RelativePositionBias
@@ -167,11 +158,10 @@ class LearnedPositionEmbedding(nn.Module):
         nn.init.normal_(self.embedding.weight, std=0.02)
 
     def forward(self, position_ids: torch.Tensor | Positions) -> torch.Tensor:
-        """``position_ids``: integer ``[...]`` (>= 0) or :class:`~rotary.positions.Positions` -> ``[..., hidden_size]``.
+        """``position_ids``: integer ``[...]`` (>= 0) or Positions -> ``[..., hidden_size]``.
 
-        Raises:
-            ValueError: a position at or past ``max_position`` (a learned table cannot extrapolate), when the host
-                knows it; on accelerators unknown ids are not read and such tokens get NaN embeddings.
+        Raises ValueError for a position at or past ``max_position`` when the host knows it; on accelerators unknown ids
+        are not read and such tokens get NaN embeddings.
         """
         if isinstance(position_ids, Positions):
             ids, bound = position_ids.ids, position_ids.bound
@@ -213,8 +203,7 @@ class SinusoidalPositionEmbedding(nn.Module):
         self.base = float(base)
 
     def forward(self, position_ids: torch.Tensor | Positions) -> torch.Tensor:
-        """``position_ids``: integer ``[...]`` (>= 0) or :class:`~rotary.positions.Positions` -> fp32
-        ``[..., hidden_size]``."""
+        """``position_ids``: integer ``[...]`` (>= 0) or Positions -> fp32 ``[..., hidden_size]``."""
         ids = position_ids.ids if isinstance(position_ids, Positions) else P.integer_positions(position_ids)
         exponent = torch.arange(0, self.hidden_size, 2, dtype=torch.float64, device=ids.device) / self.hidden_size
         angle = ids.to(torch.float64)[..., None] / self.base**exponent

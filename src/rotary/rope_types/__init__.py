@@ -1,12 +1,7 @@
-"""The ``rope_type`` registry and the built-in types, each init function beside its checks.
-
-- :mod:`.registry`: :class:`RopeType`, :func:`register_rope_type`, :data:`ROPE_TYPES`,
-  :func:`validate_rope_parameters`, and the value checks the types share;
-- :mod:`.interpolation`: ``default``, ``linear``, ``ntk``, ``dynamic``, ``ntk_alpha``;
-- :mod:`.yarn_longrope`: ``yarn``, ``longrope`` (and :func:`longrope_serving_block`, vLLM's choice of set);
-- :mod:`.llama3_proportional`: ``llama3``, ``proportional``.
-
-Importing the package registers the built-in types, in that order.
+"""The ``rope_type`` registry (:mod:`.registry`) and the built-in types, each init function beside its checks:
+:mod:`.interpolation` (``default``, ``linear``, ``ntk``, ``dynamic``, ``ntk_alpha``), :mod:`.yarn_longrope`
+(``yarn``, ``longrope``), :mod:`.llama3_proportional` (``llama3``, ``proportional``), registered on import in
+that order.
 """
 
 # importing registers the built-in types, in this order (ROPE_TYPES lists them so)

@@ -82,8 +82,7 @@ def _check_proportional(p: dict[str, Any], rotary_dim: int, complain: Callable[[
 
 
 def proportional_pairs(head_dim: int, params: Mapping[str, Any]) -> int:
-    """Pairs that turn under ``proportional``: ``int(partial_rotary_factor * head_dim // 2)``
-    (transformers' rounding)."""
+    """Pairs that turn under ``proportional``: ``int(partial_rotary_factor * head_dim // 2)`` (as transformers)."""
     fraction = params.get("partial_rotary_factor")
     return int((1.0 if fraction is None else fraction) * head_dim // 2)
 

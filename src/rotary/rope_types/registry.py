@@ -1,17 +1,12 @@
-"""The ``rope_type`` registry: per type, its init function, accepted keys, value checks, length dependence and
-an example for plots; and the value checks the built-in types share (the types live in the sibling modules).
+"""The ``rope_type`` registry: per type, its init function, accepted keys, value checks, length dependence and a
+plot example; and the value checks the built-in types share.
 
 An init function has Hugging Face's ``modeling_rope_utils`` shape, with plain values instead of a config::
 
     fn(head_dim, base, rotary_dim, params, seq_len) -> (inv_freq [rotary_dim // 2] fp32, attention_scaling)
 
-A user type is one decorator away, and gets the built-ins' key checks, messages, config reading and plots::
-
-    @register_rope_type("halved", required={"factor"}, check=my_check)
-    def _halved(head_dim, base, rotary_dim, params, seq_len):
-        return default_inv_freq(base, rotary_dim) / params["factor"], 1.0
-
-Types with ``length_dependent=True`` are recomputed for the current length by :mod:`rotary.schedule`.
+A user type is one decorator (:func:`register_rope_type`) away and gets the built-ins' key checks, messages,
+config reading and plots; length-dependent types are recomputed by :mod:`rotary.schedule`.
 """
 
 from __future__ import annotations
@@ -66,25 +61,19 @@ class RopeExample:
 
 @dataclass(frozen=True)
 class RopeType:
-    """One registered ``rope_type``.
+    """One registered ``rope_type``; the fields are :func:`register_rope_type`'s arguments.
 
     Attributes:
         name, init: the ``rope_type`` string; the init function (see the module docstring).
         required, optional: keys the block must carry; further keys it may carry (besides the common keys).
-        check: value checks beyond presence, or ``None``.
-        length_dependent: the frequencies depend on the current sequence length (``seq_len``).
+        check, example: value checks beyond presence; ``head_dim -> RopeExample`` for plots (either ``None``).
+        length_dependent: the frequencies depend on ``seq_len``; then ``target_length`` (``params -> the longest
+            length the block is for``), ``update`` (``"grow"``: dynamic NTK; ``"switch"``: LongRoPE's two sets, replayed
+            by :class:`rotary.schedule.FrequencySchedule`) and ``trained_key`` (the trained length's key).
         trained_length: the type needs ``original_max_position_embeddings`` (filled from the config's top level).
-        rotates_every_pair: ``partial_rotary_factor`` parameterises the frequencies (pairs past it get 0), not
-            the rotated width (Gemma's ``proportional``).
-        example: ``head_dim -> RopeExample`` for plots, or ``None``.
-        target_length: length-dependent types: ``params -> the longest length the block is meant for``, where
-            :func:`rotary.frequencies` checks the frequencies too.
-        update: length-dependent types: ``"grow"`` (dynamic NTK: recomputed past the longest length seen) or
-            ``"switch"`` (LongRoPE: one set up to the trained length, another past it), replayed by
-            :class:`rotary.schedule.FrequencySchedule`.
-        trained_key: the block key holding the trained length the rule compares with (one of ``required``).
-        check_keys: a key outside ``required``, ``optional`` and the common keys is an error (``False`` only for a
-            type registered without key sets, whose keys rotary cannot know).
+        rotates_every_pair: ``partial_rotary_factor`` parameterises the frequencies, not the width (``proportional``).
+        check_keys: refuse keys outside ``required``, ``optional`` and the common ones (``None``: when the type
+            states a key set or a check).
     """
 
     name: str
@@ -128,10 +117,7 @@ def register_rope_type(
     trained_key: str | None = None,
     check_keys: bool | None = None,
 ) -> Callable[[RopeInitFn], RopeInitFn]:
-    """Decorator registering an init function as ``rope_type`` ``name`` (replacing any previous one).
-
-    The arguments are the fields of :class:`RopeType`; ``check_keys=None`` refuses unknown keys when the type
-    states a key set or a ``check`` and accepts any for a bare ``register_rope_type(name)``.
+    """Decorator registering an init function as ``rope_type`` ``name`` (replacing any previous one; see RopeType).
 
     Example:
         >>> @register_rope_type("doc-halved", required={"factor"})
@@ -242,9 +228,7 @@ def default_inv_freq(base: float, rotary_dim: int) -> torch.Tensor:
 
 
 def rotary_dim_from(head_dim: int, params: Mapping[str, Any], *, strict: bool = True) -> int:
-    """Channels rotated: ``int(head_dim * partial_rotary_factor)``; odd is a ConfigError (``strict=False``: a
-    warning).
-    """
+    """Channels rotated: ``int(head_dim * partial_rotary_factor)``; odd: ConfigError (``strict=False``: a warning)."""
     factor = params.get("partial_rotary_factor", 1.0)
     if factor is None:
         factor = 1.0
@@ -280,17 +264,13 @@ KEY_MEANINGS = {
 
 
 def canonical_rope_type(block: Mapping[str, Any]) -> Any:
-    """The ``rope_type`` a block means: its ``rope_type`` (or 4.x ``type``), and ``"dynamic"`` with ``alpha`` as
-    ``"ntk_alpha"``.
+    """The ``rope_type`` a block means: ``rope_type`` (4.x: ``type``); ``"dynamic"`` with ``alpha`` is ``"ntk_alpha"``.
 
-    HunYuan's checkpoints label NTK by ``alpha`` ``"dynamic"``; transformers' HunYuan and vLLM read it as a fixed
-    NTK base stretch (docs/scaling.md, ``ntk_alpha``).
+    HunYuan labels its fixed NTK stretch ``"dynamic"`` with ``alpha`` (docs/scaling.md, ``ntk_alpha``).
 
     Example:
         >>> canonical_rope_type({"type": "dynamic", "alpha": 1000.0, "factor": 1.0})
         'ntk_alpha'
-        >>> canonical_rope_type({"rope_type": "dynamic", "factor": 2.0})
-        'dynamic'
     """
     legacy = block.get("type")
     rope_type = block.get("rope_type", legacy if legacy is not None else "default")
@@ -310,17 +290,11 @@ def validate_rope_parameters(
     valid_types: Iterable[str] | None = None,
     strict: bool = True,
 ) -> dict[str, Any]:
-    """Check a scaling block against its ``rope_type`` and return a normalised copy (``rope_type`` set, ``type``
-    dropped).
+    """Check a scaling block against its ``rope_type``; a normalised copy (``rope_type`` set, ``type`` dropped).
 
-    Args:
-        params: the block, e.g. ``{"rope_type": "linear", "factor": 4.0}``.
-        rotary_dim: channels rotated (LongRoPE's factor lists must have ``rotary_dim // 2`` entries).
-        valid_types: the types to accept; default every registered one.
-        strict: ``False`` turns the value checks into warnings (unknown types and missing keys stay errors).
-
-    Raises:
-        ConfigError: with a message naming the key, the value and what to change.
+    ``rotary_dim``: channels rotated (LongRoPE's lists need ``rotary_dim // 2`` entries); ``valid_types``: default
+    every registered type; ``strict=False`` turns value checks into warnings (unknown types and missing keys stay
+    errors). Raises ``ConfigError`` naming the key, the value and what to change.
 
     Example:
         >>> validate_rope_parameters({"type": "linear", "factor": 2}, rotary_dim=64)
@@ -382,9 +356,7 @@ def validate_rope_parameters(
 
 
 def optional_number(p: Mapping[str, Any], key: str, rope_type: str, *, allowed: str) -> float | None:
-    """``p[key]`` if set, checked to be a finite real number (even with ``strict=False``); ``None`` when absent or
-    null.
-    """
+    """``p[key]`` checked to be a finite real number (even with ``strict=False``); ``None`` when absent or null."""
     value = p.get(key)
     if value is None:
         return None

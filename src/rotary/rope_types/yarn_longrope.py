@@ -283,21 +283,12 @@ def _longrope(head_dim: int, base: float, rotary_dim: int, params: Mapping[str, 
 def longrope_serving_block(block: Mapping[str, Any], max_model_len: int) -> dict[str, Any]:
     """The LongRoPE block vLLM serves with: one set of factors for every call, chosen once per server.
 
-    vLLM picks the long set for every position when ``max_model_len > original_max_position_embeddings``, takes
-    ``sqrt(1 + ln(s) / ln(L))`` as the attention factor and applies ``short_mscale`` / ``long_mscale``; how that
-    differs from transformers: docs/scaling.md, "longrope".
-
-    Args:
-        block: a ``longrope`` block with ``short_factor``, ``long_factor``, ``original_max_position_embeddings``
-            and ``max_position_embeddings`` (vLLM's ``max_position``), optionally ``short_mscale``/``long_mscale``.
-        max_model_len: the server's longest sequence (vLLM's ``--max-model-len``).
-
-    Returns:
-        A new ``longrope`` block whose two sets are the one vLLM uses, its attention factor as ``short_mscale``
-        and ``long_mscale``: :class:`rotary.RoPE` built from it rotates as vLLM does at every length.
-
-    Raises:
-        ConfigError: not a longrope block, a key missing, a bad ``max_model_len``.
+    vLLM uses the long set at every position when ``max_model_len`` (``--max-model-len``) exceeds
+    ``original_max_position_embeddings``, with attention factor ``sqrt(1 + ln(s) / ln(L))`` and the block's
+    ``short_mscale`` / ``long_mscale`` (docs/scaling.md, "longrope"). ``block``: a ``longrope`` block with both
+    factor lists and both lengths. Returns a new block whose two sets are vLLM's, its attention factor as both
+    mscales, so :class:`rotary.RoPE` built from it rotates as vLLM does. Raises ``ConfigError`` for another block, a
+    key missing or a bad ``max_model_len``.
 
     Example:
         >>> block = {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,

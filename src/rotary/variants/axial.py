@@ -2,11 +2,9 @@
 
     coordinates [..., A] ──► CoordinateRoPE.tables ──► RotaryTables ──► rotary.rotate (fused kernels)
 
-A token at ``c = (c_0, …, c_{A-1})`` turns pair ``j`` by ``Σ_a c_a · inv_freq[a, j]``; in axial RoPE each pair
-belongs to one axis, so scores depend only on the offsets per axis (RoPE-Mixed, :mod:`.mixed`, fills the whole
-column, per head). The published conventions (coordinates, channel split, frequencies, block order, pairing)
-are :data:`PRESETS`, reproduced exactly (docs/variants.md, "Presets"). What axial RoPE shares with RoPE-Mixed
-(grids, augmentation, identity rows, tables) is :class:`~rotary.variants.coordinate_rope.CoordinateRoPE`.
+Pair ``j`` of a token at ``c`` turns by ``Σ_a c_a · inv_freq[a, j]``, one axis per pair, so scores depend only on
+the offsets per axis. :data:`PRESETS` reproduces the published conventions exactly (docs/variants.md,
+"Presets"); what axial RoPE shares with RoPE-Mixed is :class:`~rotary.variants.coordinate_rope.CoordinateRoPE`.
 """
 
 from __future__ import annotations
@@ -33,8 +31,7 @@ __all__ = ["AxialRoPE", "Coordinates", "CoordinateRoPE", "PRESETS", "relative_sc
 
 
 def _geometric(base: float, channels: int, dtype: torch.dtype) -> torch.Tensor:
-    """``1 / base ** (arange(0, channels, 2) / channels)``: fp32 exactly as Hugging Face / torchtune
-    write it, or float64 (FLUX forms its frequencies in float64)."""
+    """``1 / base ** (arange(0, channels, 2) / channels)``: fp32 as Hugging Face / torchtune, or float64 (FLUX)."""
     if dtype == torch.float32:
         return default_inv_freq(base, channels)
     exponent = torch.arange(0, channels, 2, dtype=torch.int64, device="cpu").to(torch.float64) / channels
@@ -45,25 +42,21 @@ class AxialRoPE(CoordinateRoPE):
     """Axial RoPE over ``A`` axes: each channel pair turns with one axis (vision, video); see the module docstring.
 
     Args:
-        head_dim: channels per head ``D`` (even).
-        axes: coordinates per token ``A`` (2 for images (y, x), 3 for video (t, y, x)).
+        head_dim, axes: ``D`` (even); coordinates per token ``A`` (2: images (y, x), 3: video (t, y, x)).
         split: channels per axis, in axis order (each even, summing to ``rotary_dim``); default equal blocks.
-        base: the frequencies' base θ.
-        coordinates: ``"grid"`` or ``"normalized"`` (see :class:`CoordinateRoPE`).
-        max_freq: ``None``: geometric ``base^(-2k/c)`` per block of ``c`` channels; a number: linear
+        base, max_freq: geometric ``base^(-2k/c)`` per block of ``c`` channels, or with ``max_freq`` linear
             ``linspace(1, max_freq / 2, c / 2) · π`` (rotary-embedding-torch's "pixel", coordinates in [-1, 1]).
-        interleaved, rotary_dim: pairs (2i, 2i+1) or (i, i + r/2); channels rotated (default ``head_dim``).
-        frequencies: ``"per_axis"`` or ``"alternating"`` (Pixtral: one geometric set over all pairs, dealt to
-            the axes in turn; equal blocks only).
+        frequencies: ``"per_axis"`` or ``"alternating"`` (Pixtral: one set dealt to the axes in turn; equal blocks).
         block_order: the order of the axes' blocks among the pairs; default ``(0, 1, …)`` (torchtune: ``(1, 0)``).
-        axis_slots: ``"blocks"`` or ``"alternating"`` (pair ``A·j + i`` is frequency ``j`` of axis
-            ``block_order[i]``, Kimi-K2.5's layout; equal blocks only).
+        axis_slots: ``"blocks"`` or ``"alternating"`` (pair ``A·j + i`` is frequency ``j`` of axis ``block_order[i]``,
+            Kimi-K2.5's; equal blocks only).
         frequency_scale, frequency_dtype: multiplies every frequency (DINOv3: 2π); their precision (fp32 or fp64).
-        **kwargs: grid conventions, identity tokens and augmentation: see :class:`CoordinateRoPE`.
+        interleaved, rotary_dim, coordinates, **kwargs: as :class:`CoordinateRoPE` (conventions, identity tokens,
+            augmentation).
 
     Raises:
-        rotary.errors.InputError: a split that is odd, has one block per axis missing or does not sum to
-            ``rotary_dim``; a ``block_order`` that is not a permutation; a bad ``frequency_dtype``.
+        rotary.errors.InputError: a ``split`` that is odd, lacks an axis or does not sum to ``rotary_dim``, a
+            ``block_order`` that is not a permutation, a bad ``frequency_dtype``.
 
     Example:
         >>> rope = AxialRoPE(64, axes=2, base=100.0)
@@ -185,8 +178,7 @@ class AxialRoPE(CoordinateRoPE):
         return inv_freq
 
     def _check_frequencies(self) -> None:
-        """Every pair must turn at a finite, nonzero rate: an fp32 frequency underflows to 0 for a huge
-        base (that pair would silently never rotate) and overflows to inf for a huge max_freq."""
+        """Every pair must turn at a finite, nonzero rate (fp32: not for a huge base or max_freq)."""
         per_pair = self._exact_inv_freq.sum(0)
         bad = ~(torch.isfinite(per_pair) & (per_pair > 0))
         if bool(bad.any()):
@@ -232,14 +224,11 @@ class AxialRoPE(CoordinateRoPE):
 
     @classmethod
     def preset(cls, name: str, head_dim: int | None = None, **overrides: Any) -> AxialRoPE:
-        """The axial RoPE of a published model, exactly (see :data:`PRESETS` and ``docs/variants.md``).
+        """The axial RoPE of a published model, exactly (:data:`PRESETS`, docs/variants.md "Presets").
 
-        Args:
-            name: ``"torchtune"``, ``"llama4_vision"``, ``"pixtral"``, ``"dinov3"``, ``"eva02"``,
-                ``"flux"`` or ``"cogvideox"``.
-            head_dim: channels per head (default: the model's; FLUX needs 128).
-            **overrides: any keyword of :class:`AxialRoPE` (e.g. ``prefix_tokens=5`` for DINOv3 with
-                four registers, ``reference_grid=16`` for EVA-02, ``shift_coords=`` for training).
+        ``name``: ``"torchtune"``, ``"llama4_vision"``, ``"pixtral"``, ``"dinov3"``, ``"eva02"``, ``"flux"`` or
+        ``"cogvideox"``; ``head_dim`` defaults to the model's (FLUX needs 128); ``overrides`` are :class:`AxialRoPE`
+        keywords (``prefix_tokens=5`` for DINOv3 with four registers, ``reference_grid=16`` for EVA-02).
 
         Example:
             >>> rope = AxialRoPE.preset("pixtral", 64)
@@ -422,17 +411,11 @@ PRESETS: dict[str, Preset] = {
 
 
 def relative_scores(rope: CoordinateRoPE, q: torch.Tensor, k: torch.Tensor, extent: int) -> torch.Tensor:
-    """Scores ``⟨R(c) q, R(c + Δ) k⟩`` over offsets ``Δ = (Δh, Δw)`` in grid cells, ``|Δ| <= extent``.
+    """Scores ``⟨R(c) q, R(c + Δ) k⟩`` over offsets ``Δ = (Δh, Δw)`` in grid cells, ``|Δ| <= extent``, float64.
 
-    The query sits at the centre of a ``(2 extent + 1)²`` grid from ``rope.grid`` (leading axes at one cell); float64.
-
-    Args:
-        rope: an :class:`AxialRoPE` or :class:`~rotary.variants.RoPEMixed` with at least 2 axes.
-        q: ``[D]`` (or ``[H, D]`` for per-head tables); k: same shape.
-        extent: largest offset per axis.
-
-    Returns:
-        float64 ``[2 extent + 1, 2 extent + 1]`` (``[H, …]`` per head); ``[i, j]`` is at ``Δ = (i, j) - extent``.
+    The query sits at the centre of a ``(2 extent + 1)²`` grid from ``rope.grid`` (leading axes at one cell). ``rope``
+    has at least 2 axes; ``q`` and ``k`` are ``[D]`` (``[H, D]`` for per-head tables). Returns
+    ``[2 extent + 1, 2 extent + 1]`` (``[H, …]`` per head), ``[i, j]`` at ``Δ = (i, j) - extent``.
 
     Example:
         >>> s = relative_scores(AxialRoPE(16), torch.ones(16), torch.ones(16), 2)

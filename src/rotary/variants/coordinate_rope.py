@@ -34,22 +34,17 @@ GRID_CACHE = 16
 class CoordinateRoPE(nn.Module):
     """RoPE over N-D coordinates: grids, coordinate conventions, augmentation, identity rows, tables.
 
-    Subclasses give the frequencies (:meth:`frequencies`): ``[A, r/2]`` (axial) or ``[H, A, r/2]`` (per head,
-    RoPE-Mixed). These are keyword arguments of :class:`AxialRoPE` and :class:`~rotary.variants.RoPEMixed`; the
-    conventions they reproduce are in docs/variants.md, "Coordinates".
+    Subclasses give :meth:`frequencies`, ``[A, r/2]`` (axial) or ``[H, A, r/2]`` (per head, RoPE-Mixed); the
+    conventions reproduced are in docs/variants.md, "Coordinates".
 
     Args:
-        head_dim, axes: channels per head ``D`` (even); coordinates per token ``A``.
-        rotary_dim, interleaved: channels rotated ``r`` (even, ``<= D``); pairs (2i, 2i+1) or (i, i + r/2).
-        coordinates: what :meth:`grid` produces: ``"grid"``, integer indices ``i + grid_offset`` (times
-            ``reference_grid / size`` when set, EVA-02); ``"normalized"``, cell centres ``2 (i + 0.5) / n - 1``.
-        grid_offset: added to ``"grid"`` coordinates (torchtune and Llama 4 count from 1).
-        reference_grid: ``"grid"`` only: the grid size the frequencies were trained on.
-        normalize_coords: ``"normalized"`` only: ``"separate"``, ``"max"`` or ``"min"`` (DINOv3's).
+        head_dim, axes, rotary_dim: ``D`` (even); coordinates per token ``A``; channels rotated ``r`` (even, ``<= D``).
+        interleaved: pairs (2i, 2i+1), else (i, i + r/2).
+        coordinates: ``"grid"``, indices ``i + grid_offset`` (times ``reference_grid / size`` when set, EVA-02), or
+            ``"normalized"``, cell centres ``2 (i + 0.5) / n - 1`` scaled per ``normalize_coords``
+            (``"separate"``, ``"max"``, ``"min"``: DINOv3's).
         prefix_tokens, suffix_tokens: tokens before / after the grid that take no rotation (CLS, registers).
-        shift_coords, jitter_coords, rescale_coords: training-only augmentation (DINOv3's): a uniform shift in
-            ``[-shift, shift]`` per axis, a log-uniform factor per axis, one log-uniform factor for all axes.
-        generator: a CPU ``torch.Generator`` for the augmentation (default the global one).
+        shift_coords, jitter_coords, rescale_coords: training-only augmentation (DINOv3's), drawn from ``generator``.
     """
 
     def __init__(
@@ -148,16 +143,11 @@ class CoordinateRoPE(nn.Module):
         suffix: int | None = None,
         device: torch.device | str | None = None,
     ) -> Coordinates:
-        """Coordinates of a grid of ``sizes`` (one per axis, e.g. ``grid(h, w)``, ``grid(t, h, w)``), row-major.
+        """Coordinates of a grid of ``sizes`` (``grid(h, w)``, ``grid(t, h, w)``), row-major, with ``prefix`` /
+        ``suffix`` identity tokens (default ``prefix_tokens``, ``suffix_tokens``).
 
-        Args:
-            sizes: cells per axis.
-            prefix, suffix: identity tokens before / after the grid (default ``prefix_tokens``, ``suffix_tokens``).
-            device: where to put them.
-
-        Returns:
-            :class:`Coordinates` ``[prefix + Π sizes + suffix, A]`` in this module's convention; the same arguments
-            return the same object (the last :data:`GRID_CACHE` grids are kept: one host-to-device copy).
+        Returns :class:`Coordinates` ``[prefix + Π sizes + suffix, A]``; the last :data:`GRID_CACHE` grids are kept, so
+        the same arguments return the same object (one host-to-device copy).
 
         Example:
             >>> AxialRoPE(8, coordinates="normalized").grid(1, 2).values.tolist()
@@ -221,21 +211,15 @@ class CoordinateRoPE(nn.Module):
         identity: torch.Tensor | None = None,
         name: str = "coordinates",
     ) -> Coordinates:
-        """Validate explicit coordinates.
+        """Validate explicit coordinates into :class:`Coordinates` (float64 values).
 
         Args:
-            positions: a :class:`Coordinates`, an N-D :class:`~rotary.positions.Positions` with ``A``
-                axes, or a tensor ``[S, A]`` / ``[B, S, A]`` (integer, or float for coordinates
-                between cells: normalized, interpolated, augmented).
-            identity: bool ``[S]`` or ``[B, S]``: tokens that take no rotation.
-            name: the argument's name, for messages.
-
-        Returns:
-            :class:`Coordinates` (float64 values).
+            positions: a :class:`Coordinates`, an N-D :class:`~rotary.positions.Positions` with ``A`` axes, or a
+                tensor ``[S, A]`` / ``[B, S, A]`` (integer, or float: normalized, interpolated, augmented).
+            identity: bool ``[S]`` or ``[B, S]``: tokens that take no rotation. ``name``: the argument, for messages.
 
         Raises:
-            rotary.errors.InputTypeError: not a tensor of numbers.
-            rotary.errors.InputError: a wrong number of axes or shape, or non-finite coordinates.
+            rotary.errors.InputError: not a tensor of numbers (InputTypeError), a wrong shape, non-finite values.
 
         Example:
             >>> AxialRoPE(8).coordinates(torch.tensor([[0, 1], [2, 3]])).values.dtype
@@ -282,16 +266,11 @@ class CoordinateRoPE(nn.Module):
         return Coordinates(values, check_identity(identity, values, name))
 
     def augment(self, values: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """DINOv3's coordinate augmentation (shift, per-axis jitter, shared rescale): one CPU draw per call, all tokens.
-
-        Args:
-            values: float64 ``[..., A]``.
-            generator: default this module's ``generator``, else the global one.
+        """DINOv3's augmentation of float64 ``values [..., A]`` (shift, per-axis jitter, shared rescale): one CPU draw.
 
         Example:
             >>> rope = AxialRoPE(8, shift_coords=0.5)
-            >>> c = torch.zeros(3, 2, dtype=torch.float64)
-            >>> out = rope.augment(c, torch.Generator().manual_seed(0))
+            >>> out = rope.augment(torch.zeros(3, 2, dtype=torch.float64), torch.Generator().manual_seed(0))
             >>> bool((out == out[0]).all()), bool(out.abs().max() <= 0.5)
             (True, True)
         """
@@ -323,13 +302,10 @@ class CoordinateRoPE(nn.Module):
 
         Args:
             positions: :class:`Coordinates` (from :meth:`grid`) or explicit coordinates (see :meth:`coordinates`).
-            identity: bool ``[S]`` or ``[B, S]``, tokens that take no rotation (added to those of ``positions``).
-            dtype: fp32, or float64 for float64 inputs.
-            generator: the augmentation's generator for this call.
+            identity: bool ``[S]`` or ``[B, S]``, more tokens that take no rotation (cos 1, sin 0).
+            dtype: fp32, or float64 for float64 inputs. ``generator``: the augmentation's, for this call.
 
-        Returns:
-            :class:`~rotary.tables.RotaryTables` ``[S, r]`` or ``[B, S, r]`` (per head: ``[..., H, r]``); identity
-            rows are cos 1, sin 0.
+        Returns :class:`~rotary.tables.RotaryTables` ``[S, r]`` or ``[B, S, r]`` (per head: ``[..., H, r]``).
 
         Example:
             >>> rope = AxialRoPE(8)
@@ -385,16 +361,9 @@ class CoordinateRoPE(nn.Module):
         device: torch.device | str,
         dtype: torch.dtype = torch.float32,
     ) -> RotaryTables:
-        """The tables for ``batch`` x ``seq_len`` tokens at ``position_ids``, as :class:`rotary.nn.RotaryAttention`
-        asks.
+        """:meth:`tables` for ``batch`` x ``seq_len`` tokens, as :class:`rotary.nn.RotaryAttention` asks.
 
-        Args:
-            position_ids: :class:`Coordinates` (``grid(h, w, prefix=1)``) or ``[S, A]`` / ``[B, S, A]``; no default.
-            batch, seq_len: ``B`` and ``S`` of the input (identity tokens included).
-            device, dtype: where the tables go; fp32, or float64 for float64 inputs.
-
-        Returns:
-            :class:`~rotary.tables.RotaryTables` (augmented in training mode, if configured).
+        ``seq_len`` counts identity tokens; ``position_ids`` has no default.
 
         Example:
             >>> rope = AxialRoPE(8)
@@ -439,18 +408,12 @@ class CoordinateRoPE(nn.Module):
         inplace: bool = False,
         generator: torch.Generator | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate queries and keys at ``positions``, both in one fused kernel call.
+        """Rotate queries and keys at ``positions`` in one fused kernel call; returns tensors shaped as ``q`` and ``k``.
 
         Args:
-            q: ``[B, H, S, D]`` (``layout="bhsd"``) or ``[B, S, H, D]`` (``"bshd"``).
-            k: same layout and S (any head count, except per-head tables: the same H).
-            positions: :class:`Coordinates` or coordinates ``[S, A]`` / ``[B, S, A]``.
-            identity: bool ``[S]`` / ``[B, S]``: tokens that take no rotation.
-            layout, inplace: ``"bhsd"`` or ``"bshd"``; rotate in place.
-            generator: the augmentation's generator for this call (training mode).
-
-        Returns:
-            ``(q_rotated, k_rotated)``, shapes and dtypes of ``q`` and ``k``.
+            q, k: ``[B, H, S, D]`` (``layout="bhsd"``) or ``[B, S, H, D]`` (``"bshd"``); ``k`` may have other heads,
+                except with per-head tables.
+            positions, identity, generator: as in :meth:`tables`. ``inplace``: rotate in place.
         """
         coords = self.coordinates(positions, identity=identity)
         self._check_inputs((q, k), ("q", "k"), coords, layout)

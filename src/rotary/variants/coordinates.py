@@ -16,9 +16,8 @@ __all__ = ["Coordinates", "check_identity"]
 class Coordinates:
     """Validated coordinates of tokens on ``A`` axes, and which tokens take no rotation (trusted once made).
 
-    Attributes:
-        values: float64 ``[S, A]`` (shared by the batch) or ``[B, S, A]``; finite, any sign.
-        identity: bool ``[S]`` or ``[B, S]``, ``True`` for tokens with identity rows (CLS, registers), or ``None``.
+    ``values``: float64 ``[S, A]`` (shared by the batch) or ``[B, S, A]``, finite; ``identity``: bool ``[S]`` or
+    ``[B, S]``, ``True`` for tokens with identity rows (CLS, registers), or ``None``.
 
     Example:
         >>> c = AxialRoPE(8).grid(2, 2, prefix=1)
@@ -45,9 +44,7 @@ class Coordinates:
         return self.values.shape[0] if self.values.dim() == 3 else None
 
     def to(self, device: torch.device | str) -> Coordinates:
-        """The same coordinates on ``device``; the copy is kept and reused until either tensor is edited (not with
-        grad).
-        """
+        """The same coordinates on ``device``; the copy is reused until either tensor is edited (not with grad)."""
         device = torch.device(device)
         if self.values.device == device:
             return self
@@ -67,7 +64,7 @@ class Coordinates:
         return moved
 
     def _version(self) -> tuple[int | None, int | None]:
-        """The tensors' version counters (in-place edits move them)."""
+        """The tensors' version counters."""
         return version_of(self.values), None if self.identity is None else version_of(self.identity)
 
 

@@ -1,12 +1,9 @@
 """Dual-chunk RoPE: the rotations of dual chunk attention (Qwen2.5-1M, 1M-context Qwen3 in vLLM and SGLang).
 
-*Training-Free Long-Context Scaling of Large Language Models* (An et al., ICML 2024) splits a sequence into
-chunks of ``L = chunk_size - local_size`` tokens so that no query meets a key at an untrained distance: keys
-are rotated at ``j mod L``, a query three ways (``intra`` for its own chunk, ``successor`` for the chunk before,
-``inter`` for older ones), plus vLLM's two ``*_critical`` tables for its sparse prefill
-(:class:`DualChunkTables` gives each position). Each is an ordinary :class:`~rotary.tables.RotaryTables`; the
-table of positions and vLLM's query scale are in docs/variants.md, "Dual-chunk RoPE". :func:`dual_chunk_attention`
-is a dense reference of the attention that combines them (``O(S^2)``; not vLLM's paged kernel).
+*Training-Free Long-Context Scaling of Large Language Models* (An et al., ICML 2024) rotates keys at ``j mod L``
+(``L = chunk_size - local_size``) and each query three ways by the chunk of the key it meets, plus vLLM's two
+``*_critical`` tables: each an ordinary :class:`~rotary.tables.RotaryTables` (positions and vLLM's query scale:
+docs/variants.md, "Dual-chunk RoPE"). :func:`dual_chunk_attention` is a dense ``O(S^2)`` reference.
 """
 
 from __future__ import annotations
@@ -36,15 +33,10 @@ QUERY_TABLES = ("intra", "successor", "inter", "successor_critical", "inter_crit
 
 @dataclass(frozen=True, eq=False)
 class DualChunkTables:
-    """The rotations of one call: five query tables and the key table, each ``[S, r]`` or ``[B, S, r]``.
+    """The rotations of one call, each ``[S, r]`` or ``[B, S, r]``, at :meth:`DualChunkRoPE.positions`.
 
-    Attributes:
-        intra: queries at ``p mod L``, for keys of their own chunk.
-        successor: queries at ``min(p mod L + L, chunk_size)``, for keys of the previous chunk.
-        inter: queries at ``min(2L - 1, chunk_size)``, for keys of older chunks.
-        successor_critical: queries at ``p mod L + L`` (vLLM's sparse attention).
-        inter_critical: queries at ``p mod L + chunk_size`` (vLLM's sparse attention).
-        key: keys at ``j mod L``.
+    ``intra``, ``successor``, ``inter``: a query's rotations for keys of its own chunk, the previous one, older ones;
+    ``successor_critical``, ``inter_critical``: vLLM's sparse attention's; ``key``: keys at ``j mod L``.
     """
 
     intra: RotaryTables
@@ -59,9 +51,8 @@ class DualChunkRoPE:
     """The query and key rotations of dual chunk attention (see the module docstring).
 
     Args:
-        head_dim: channels per head ``D`` (even).
+        head_dim, base, rotary_dim: ``D`` (even); RoPE base ``theta``; channels rotated (default ``head_dim``).
         chunk_size, local_size: of the config's ``dual_chunk_attention_config`` (Qwen2.5-1M: 262144, 8192).
-        base, rotary_dim: RoPE base ``theta``; channels rotated (default ``head_dim``).
         interleaved: the pairing (``False``: pairs (i, i + r/2), as Qwen's models).
         original_max_position_embeddings: the trained length of :meth:`query_scale` (``None`` or 0: no scaling).
 
@@ -108,17 +99,11 @@ class DualChunkRoPE:
 
     @classmethod
     def from_hf_config(cls, config: Any, *, strict: bool = True) -> DualChunkRoPE:
-        """Build it from a config with ``dual_chunk_attention_config`` (Qwen2.5-1M, Qwen3 1M-context), as vLLM serves
-        it.
+        """Build it from a config with ``dual_chunk_attention_config`` (Qwen2.5-1M, Qwen3 1M-context), as vLLM does.
 
-        Like vLLM it uses the plain frequencies of ``rope_theta`` (transformers runs these models with plain RoPE).
-
-        Args:
-            config: a transformers ``PretrainedConfig``, a path to a config.json (or its folder), or a dict.
-            strict: ``False`` warns about and ignores a scaling block beside ``dual_chunk_attention_config``.
-
-        Raises:
-            ConfigError: such a scaling block (with ``strict=True``), or an invalid config.
+        ``config``: a transformers config, a config.json path or a dict. Like vLLM it uses the plain frequencies of
+        ``rope_theta``; a scaling block beside it raises ``ConfigError`` (``strict=False``: a warning), as does an
+        invalid config.
 
         Example:
             >>> d = {"model_type": "qwen2", "hidden_size": 512, "num_attention_heads": 4, "rope_theta": 1e7,
@@ -193,12 +178,7 @@ class DualChunkRoPE:
         }
 
     def tables(self, position_ids: torch.Tensor | Positions, *, dtype: torch.dtype = torch.float32) -> DualChunkTables:
-        """The six tables of a call: :class:`DualChunkTables`, each ``[S, r]`` or ``[B, S, r]``.
-
-        Args:
-            position_ids: int ``[S]`` or ``[B, S]`` (or 1-D :class:`~rotary.positions.Positions`), absolute positions.
-            dtype: fp32 (default) or float64.
-        """
+        """The six tables (:class:`DualChunkTables`) for int ``[S]`` or ``[B, S]`` ids (or 1-D Positions)."""
         rows = {
             name: RotaryTables.unchecked(
                 *cos_sin_table(pos, self.freqs.inv_freq, interleaved=self.interleaved, dtype=table_dtype(dtype)),
@@ -211,17 +191,10 @@ class DualChunkRoPE:
     def __call__(
         self, q: torch.Tensor, k: torch.Tensor, *, position_ids: torch.Tensor | None = None, layout: str = "bhsd"
     ) -> dict[str, torch.Tensor]:
-        """Rotate queries the five ways and keys once.
+        """Rotate queries the five ways and keys once: ``{name: tensor}`` for the five query tables and ``"key"``.
 
-        Args:
-            q: ``[B, Hq, S, D]`` (``layout="bhsd"``) or ``[B, S, Hq, D]``.
-            k: same layout, ``Hk`` heads.
-            position_ids: int ``[S]`` or ``[B, S]``; default ``arange(S)``.
-            layout: ``"bhsd"`` or ``"bshd"``.
-
-        Returns:
-            ``{"intra", "successor", "inter", "successor_critical", "inter_critical"}``: the rotated
-            queries, shaped as ``q``; ``"key"``: the rotated keys.
+        ``q`` ``[B, Hq, S, D]`` (``layout="bhsd"``) or ``[B, S, Hq, D]``, ``k`` the same with ``Hk`` heads;
+        ``position_ids`` int ``[S]`` or ``[B, S]``, default ``arange(S)``. Outputs are shaped as their input.
         """
         seq = q.shape[2] if layout == "bhsd" else q.shape[1]
         if position_ids is None:
@@ -258,17 +231,10 @@ def dual_chunk_attention(
 ) -> torch.Tensor:
     """Causal dual chunk attention, dense (a reference; ``O(S^2)`` scores), one softmax over all keys.
 
-    Each query meets a key with its ``intra``, ``successor`` or ``inter`` rotation by chunk, keys at ``j mod L``;
-    queries are multiplied by :meth:`DualChunkRoPE.query_scale` of the sequence length.
-
-    Args:
-        dc: the rotations.
-        q, k, v: ``[B, Hq, S, D]``, ``[B, Hk, S, D]`` (``Hq`` a multiple of ``Hk``), ``[B, Hk, S, Dv]``.
-        position_ids: int ``[S]``; default ``arange(S)``.
-        scale: softmax scale; default ``1 / sqrt(D)``.
-
-    Returns:
-        ``[B, Hq, S, Dv]``.
+    A query meets a key with its ``intra``, ``successor`` or ``inter`` rotation by chunk; queries are multiplied by
+    :meth:`DualChunkRoPE.query_scale` of the length. ``q``, ``k``, ``v``: ``[B, Hq, S, D]``, ``[B, Hk, S, D]`` (``Hq`` a
+    multiple of ``Hk``), ``[B, Hk, S, Dv]``; ``position_ids`` int ``[S]`` (default ``arange(S)``); ``scale`` default
+    ``1 / sqrt(D)``. Returns ``[B, Hq, S, Dv]``.
 
     Example:
         >>> dc = DualChunkRoPE(16, chunk_size=6, local_size=2)

@@ -1,12 +1,9 @@
 """FoPE: RoPE whose per-pair phasor is a Fourier series over the well-trained frequencies.
 
 *Fourier Position Embedding: Enhancing Attention's Periodic Extension for Length Generalization* (Hua et al.,
-2024) clips the frequencies that never complete a turn in training (``θ_i < 2π / N``; vLLM keeps the first
-``num_inv_freq`` instead) and multiplies pair ``d`` at position ``n`` by ``C_d(n) + i S_d(n)``, Fourier series
-over the kept frequencies with coefficients per key/value head. That product is what the rotation kernels
-compute from cos/sin tables, so FoPE is a producer of per-head :class:`~rotary.tables.RotaryTables` whose
-``cos² + sin²`` is not 1. It follows vLLM's ``FourierRotaryEmbedding``; how it differs from the paper's code:
-docs/variants.md, "FoPE".
+2024). Multiplying a pair by ``C_d(n) + i S_d(n)`` is what the kernels compute from cos/sin tables, so FoPE is a
+producer of per-head tables whose ``cos² + sin²`` is not 1. It follows vLLM's ``FourierRotaryEmbedding``;
+the formulas and the differences from the paper's code: docs/variants.md, "FoPE".
 """
 
 from __future__ import annotations
@@ -35,15 +32,10 @@ FOPE_KEYS = frozenset({"fope_init_factor", "fope_sep_head", "num_inv_freq"})
 def fope_kept_frequencies(
     inv_freq: torch.Tensor, max_position_embeddings: int, num_inv_freq: int | None = None
 ) -> torch.Tensor:
-    """The frequencies FoPE keeps: the first ``num_inv_freq``, or those that turn at least once in training.
+    """The frequencies FoPE keeps, a prefix ``[F]`` of ``inv_freq`` (``[r/2]`` fp32, falling).
 
-    Args:
-        inv_freq: ``[r/2]`` fp32, falling (RoPE's order).
-        max_position_embeddings: the training length ``N``: ``θ_i <= 2π / N`` are clipped.
-        num_inv_freq: keep this many instead (vLLM's ``num_inv_freq``).
-
-    Returns:
-        ``[F]``, the kept frequencies (a prefix of ``inv_freq``).
+    The first ``num_inv_freq`` (vLLM's key), else those that turn at least once in the training length
+    ``max_position_embeddings`` ``N`` (``θ_i > 2π / N``).
 
     Example:
         >>> inv = frequencies(16).inv_freq
@@ -70,20 +62,16 @@ class FoPE(nn.Module):
     """Fourier position embedding: per-head Fourier-series tables over RoPE's kept frequencies.
 
     Args:
-        head_dim: channels per head ``D`` (even).
-        num_key_value_heads: key/value heads ``H_kv`` (coefficients are per key/value head).
-        max_position_embeddings: the training length ``N`` (frequencies with ``θ <= 2π / N`` are clipped).
-        base, rotary_dim: RoPE base ``theta``; channels rotated (default ``head_dim``).
-        num_inv_freq: keep the first this many frequencies instead of clipping by ``N`` (vLLM's key).
-        separate_heads: one coefficient matrix per key/value head (``fope_sep_head``); else one shared.
-        init_std: the coefficients start at the identity plus Gaussian noise of this deviation (0: RoPE over the
-            kept frequencies); a checkpoint's are loaded with :meth:`set_coefficients`.
+        head_dim, base, rotary_dim: ``D`` (even); RoPE base ``theta``; channels rotated (default ``D``).
+        num_key_value_heads: ``H_kv``; coefficients are per key/value head, or one shared set without
+            ``separate_heads`` (``fope_sep_head``).
+        max_position_embeddings, num_inv_freq: which frequencies are kept (:func:`fope_kept_frequencies`).
+        init_std: the coefficients start at the identity plus Gaussian noise of this deviation, drawn from
+            ``generator`` (0: RoPE over the kept frequencies); :meth:`set_coefficients` loads a checkpoint's.
         interleaved: the pairing (``False``: pairs (i, i + r/2), vLLM's neox style).
-        generator: for the initial noise.
 
-    Attributes:
-        inv_freq: fp32 ``[F]``, the kept frequencies (a buffer).
-        cos_coef, sin_coef: ``[H_c, F, F]`` parameters (``H_c = H_kv``, or 1 when shared).
+    ``inv_freq`` (fp32 ``[F]``, a buffer) holds the kept frequencies; ``cos_coef``, ``sin_coef`` are ``[H_c, F, F]``
+    parameters (``H_c = H_kv``, or 1 when shared).
 
     Example:
         >>> fope = FoPE(16, num_key_value_heads=2, max_position_embeddings=64, init_std=0.1,
@@ -133,13 +121,9 @@ class FoPE(nn.Module):
     def from_hf_config(cls, config: Any, *, init_std: float = 0.0) -> FoPE:
         """Build it from a config whose RoPE block has FoPE's keys (InternLM / Intern-S1-Pro, as vLLM reads them).
 
-        Any of ``fope_init_factor``, ``fope_sep_head``, ``num_inv_freq`` turns FoPE on; the coefficients start at the
-        identity (plus ``init_std`` noise) until :meth:`set_coefficients` loads the checkpoint's.
-
-        Args:
-            config: a transformers ``PretrainedConfig``, a path to a config.json (or its folder), or a dict (a
-                multimodal config is read from its ``text_config``).
-            init_std: see :class:`FoPE`.
+        ``config``: a transformers config, a config.json path or a dict (multimodal: its ``text_config``). Any of
+        ``fope_init_factor``, ``fope_sep_head``, ``num_inv_freq`` turns FoPE on; the coefficients start as in
+        :class:`FoPE` until :meth:`set_coefficients` loads the checkpoint's.
 
         Example:
             >>> d = {"hidden_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2, "rope_theta": 5e6,
@@ -198,18 +182,12 @@ class FoPE(nn.Module):
             self.sin_coef.copy_(sin_coef)
 
     def tables(self, position_ids: torch.Tensor | Positions, *, dtype: torch.dtype = torch.float32) -> RotaryTables:
-        """The tables of positions ``position_ids`` (differentiable in the coefficients).
+        """Tables of ``position_ids`` (int ``[S]``, ``[B, S]`` or 1-D Positions), differentiable in the coefficients.
 
-        With grouped queries call :meth:`forward`, which expands the tables to the query heads (as ``rope=`` of
-        :class:`rotary.nn.RotaryAttention` it serves ``Hq == H_kv`` or ``separate_heads=False``).
-
-        Args:
-            position_ids: int ``[S]`` or ``[B, S]``, or 1-D :class:`~rotary.positions.Positions`.
-            dtype: fp32 (default) or float64.
-
-        Returns:
-            Per-head tables ``[S, H_kv, r]`` / ``[B, S, H_kv, r]`` (shared: ``[S, r]`` / ``[B, S, r]``); pairs past
-            the kept frequencies have cos 1 and sin 0.
+        Per head ``[S, H_kv, r]`` / ``[B, S, H_kv, r]`` (shared: ``[S, r]`` / ``[B, S, r]``), fp32 or float64; pairs
+        past the kept frequencies have cos 1 and sin 0. With grouped queries call :meth:`forward`, which expands the
+        tables to the query heads (as ``rope=`` of :class:`rotary.nn.RotaryAttention`: ``Hq == H_kv`` or
+        ``separate_heads=False``).
         """
         if isinstance(position_ids, Positions) and position_ids.axes == 1 and not position_ids.packed:
             position_ids = position_ids.ids
@@ -240,16 +218,10 @@ class FoPE(nn.Module):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, *, position_ids: torch.Tensor | None = None, layout: Layout = "bhsd"
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Apply FoPE to queries and keys; a query head uses its key/value head's tables (GQA).
+        """Apply FoPE to queries and keys (shapes and dtypes kept); a query head uses its key/value head's tables.
 
-        Args:
-            q: ``[B, Hq, S, D]`` (``layout="bhsd"``) or ``[B, S, Hq, D]``; ``Hq`` a multiple of ``H_kv``.
-            k: same layout, ``H_kv`` heads.
-            position_ids: int ``[S]`` or ``[B, S]``; default ``arange(S)``.
-            layout: ``"bhsd"`` or ``"bshd"``.
-
-        Returns:
-            ``(q, k)`` transformed, shapes and dtypes of the inputs.
+        ``q`` ``[B, Hq, S, D]`` (``layout="bhsd"``) or ``[B, S, Hq, D]``, ``Hq`` a multiple of ``H_kv``; ``k`` the same
+        layout with ``H_kv`` heads; ``position_ids`` int ``[S]`` or ``[B, S]``, default ``arange(S)``.
         """
         check_layout(layout)
         head_axis = 1 if layout == "bhsd" else 2

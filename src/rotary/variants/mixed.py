@@ -1,9 +1,8 @@
 """RoPE-Mixed: learnable 2-D frequencies per head ("Rotary Position Embedding for Vision Transformer", ECCV 2024).
 
-Axial RoPE turns each pair with one axis; RoPE-Mixed turns pair ``j`` of head ``h`` by
-``x · f_x[h, j] + y · f_y[h, j]``, a learned frequency *vector* per pair, so a head can attend along diagonals.
-The frequencies ``inv_freq`` ``[H, 2, r/2]`` give per-head tables ``[S, H, r]``, whose gradient reaches them
-through the fused kernels. The paper's initialisation: docs/variants.md, "RoPE-Mixed".
+Pair ``j`` of head ``h`` turns by ``x · f_x[h, j] + y · f_y[h, j]``, so a head can attend along diagonals; the
+per-head tables ``[S, H, r]`` pass their gradient to ``inv_freq`` ``[H, 2, r/2]`` through the fused kernels.
+The paper's initialisation: docs/variants.md, "RoPE-Mixed".
 """
 
 from __future__ import annotations
@@ -27,13 +26,10 @@ class RoPEMixed(CoordinateRoPE):
     """RoPE-Mixed: per-head learnable frequency vectors over (y, x), for vision transformers (one per layer).
 
     Args:
-        head_dim: channels per head ``D``; ``rotary_dim`` must be a multiple of 4.
-        num_heads: attention heads ``H`` (q and k both have ``H`` heads: the tables are per head).
+        head_dim, num_heads: ``D`` (``rotary_dim`` a multiple of 4); heads ``H`` of both q and k (per-head tables).
         base: θ of the magnitudes ``1 / θ^(4k/r)`` (the paper: 10).
-        rotate: draw a random angle per head (the paper); ``False`` gives axial RoPE's frequencies.
-        interleaved, rotary_dim: pairs (2i, 2i+1) (naver-ai/rope-vit) or (i, i + r/2); channels rotated.
-        generator: draws the per-head angles (and, in training, coordinate augmentation).
-        **kwargs: grid conventions, identity tokens (CLS: ``prefix_tokens=1``), augmentation: :class:`CoordinateRoPE`.
+        rotate: a random angle per head (the paper), drawn from ``generator``; ``False``: axial RoPE's frequencies.
+        interleaved, rotary_dim, **kwargs: as :class:`CoordinateRoPE` (identity tokens: ``prefix_tokens=1`` for CLS).
 
     Example:
         >>> mixed = RoPEMixed(32, num_heads=4, generator=torch.Generator().manual_seed(0))
@@ -75,9 +71,7 @@ class RoPEMixed(CoordinateRoPE):
         self.reset_parameters()
 
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
-        """Initialise the frequencies as the paper does (a new random angle per head; ``generator``: default the
-        module's).
-        """
+        """Initialise the frequencies as the paper does (a new angle per head, from ``generator`` or the module's)."""
         if self.inv_freq.is_meta:
             return
         # 1 / θ^(4k/r) for k < r/4: bit-identical to the axial frequencies of a block of r/2 channels

@@ -1,14 +1,9 @@
 """M-RoPE: the multimodal RoPE of the vision-language models (Qwen-VL, GLM-4V, ERNIE-4.5-VL, HunYuan-VL, ...).
 
-Every token has one position id per axis: temporal, height and width (``[3, B, S]``, as transformers passes
-them), or HunYuan-VL's four XD-RoPE axes; text tokens have equal ids, so on text M-RoPE *is* 1-D RoPE. Each
-of the ``r/2`` frequency slots reads one axis, as ``mrope_section`` and the slot layout (``"chunked"``,
-``"interleaved"``, ``"paired_hw"``) assign them, keeping 1-D RoPE's frequency ``i`` in slot ``i``. The layouts
-per model, the papers and examples: docs/variants.md, "M-RoPE".
-
-:class:`MRoPE` puts slot ``i``'s frequency in row ``axis(i)`` of an ``[A, r/2]`` matrix (zero elsewhere), so
-its angles are axial RoPE's float64 product (:func:`rotary.tables.angles`), equal bit for bit to 1-D RoPE's
-when every axis holds the same id. :func:`rotary.multimodal_positions` builds the ids of a prompt.
+Every token has one position id per axis (``[3, B, S]``; HunYuan-VL's XD-RoPE: four), and each frequency slot
+reads one axis as ``mrope_section`` and the slot layout assign them. :class:`MRoPE` puts slot ``i``'s frequency in
+row ``axis(i)`` of an ``[A, r/2]`` matrix, so its angles are axial RoPE's float64 product, equal bit for bit to 1-D
+RoPE's on text (equal ids). The layouts per model: docs/variants.md, "M-RoPE".
 """
 
 from __future__ import annotations
@@ -104,9 +99,8 @@ def check_mrope_section(
 ) -> tuple[int, ...]:
     """Validate ``mrope_section`` for ``rotary_dim`` rotated channels and return it as a tuple.
 
-    Raises:
-        rotary.errors.InputError: sections that are not positive ints, do not sum to ``rotary_dim / 2``, or that
-            the layout cannot lay out (interleaved and paired_hw: three sections; paired_hw: ``h == w``).
+    Raises ``rotary.errors.InputError`` for sections that are not positive ints, do not sum to ``rotary_dim / 2``, or
+    that the layout cannot lay out (interleaved and paired_hw: three sections; paired_hw: ``h == w``).
 
     Example:
         >>> check_mrope_section([16, 24, 24], 128)
@@ -132,8 +126,6 @@ def mrope_axes(
         'TTHHHWWW'
         >>> "".join("THW"[a] for a in mrope_axes([4, 2, 2], mrope_interleaved=True))
         'THWTHWTT'
-        >>> "".join("THW"[a] for a in mrope_axes([3, 3, 2], mrope_layout="paired_hw"))
-        'HWHWHWTT'
     """
     layout = _layout(mrope_layout, mrope_interleaved)
     section = _sections(mrope_section, layout)
@@ -149,11 +141,10 @@ class MRoPE(nn.Module):
     """Multimodal RoPE: a producer of rotary tables from ``[3, B, S]`` (or ``[A, B, S]``) position ids.
 
     Args:
-        head_dim: channels per head ``D``.
-        mrope_section: slots per axis, summing to ``rotary_dim / 2`` (Qwen2-VL ``[16, 24, 24]``).
+        head_dim, base, rotary_dim: ``D``; RoPE base ``theta``; channels rotated ``r`` (default ``D``).
+        mrope_section: slots per axis, summing to ``r / 2`` (Qwen2-VL ``[16, 24, 24]``).
         mrope_interleaved, mrope_layout: the slot layout (``mrope_interleaved=True``: Qwen3-VL's).
-        base, rotary_dim: RoPE base ``theta``; channels rotated ``r`` (default ``D``).
-        scaling: a static Hugging Face scaling block; length-dependent types (``dynamic``, ``longrope``) are refused.
+        scaling: a static Hugging Face scaling block (``dynamic`` and ``longrope`` are refused).
         interleaved: channel pairing; Qwen models pair (i, i + r/2): ``False``.
 
     Example:
@@ -204,20 +195,13 @@ class MRoPE(nn.Module):
 
     @classmethod
     def from_hf_config(cls, config: Any, *, strict: bool = True) -> MRoPE:
-        """The M-RoPE of a vision-language text model (:data:`rotary.hf.MROPE_MODELS`), from its config (never
-        modified).
+        """The M-RoPE of a vision-language text model (:data:`rotary.hf.MROPE_MODELS`) from its config (never modified).
 
-        Reads what :meth:`rotary.RoPE.from_hf_config` reads and the ``mrope_section`` (HunYuan-VL: ``xdrope_section``),
-        or the model's default; the slot layout and the channel pairing are the model's.
-
-        Args:
-            config: a transformers config (the multimodal one or its ``text_config``), a path to a config.json, or a
-                dict.
-            strict: ``False`` turns configuration mistakes into warnings where possible.
-
-        Raises:
-            ConfigError: a config of a model without multimodal RoPE, or an invalid one; an ``mrope_section`` that
-                does not sum to ``rotary_dim / 2`` names both.
+        Reads what :meth:`rotary.RoPE.from_hf_config` reads (``config``: a transformers config, multimodal or its
+        ``text_config``, a config.json path or a dict) and ``mrope_section`` (HunYuan-VL: ``xdrope_section``) or the
+        model's default; the slot layout and pairing are the model's. ``strict=False`` turns mistakes into warnings
+        where possible. Raises ``ConfigError`` for a model without multimodal RoPE or an invalid config (a section that
+        does not sum to ``rotary_dim / 2`` names both).
 
         Example:
             >>> cfg = {"model_type": "qwen2_5_vl", "hidden_size": 2048, "num_attention_heads": 16,
@@ -270,21 +254,17 @@ class MRoPE(nn.Module):
         )
 
     def slot_axes(self) -> str:
-        """The axis of each frequency slot as a string, e.g. ``"TTTT...HHHH...WWWW"`` (other than three axes: numbers).
+        """The axis of each frequency slot as a string, ``"TTTT...HHHH...WWWW"`` (other than three axes: numbers).
 
         Example:
-            >>> MRoPE(16, mrope_section=[2, 3, 3]).slot_axes()
-            'TTHHHWWW'
-            >>> MRoPE(16, mrope_section=[2, 2, 2, 2]).slot_axes()
-            '00112233'
+            >>> MRoPE(16, mrope_section=[2, 3, 3]).slot_axes(), MRoPE(16, mrope_section=[2, 2, 2, 2]).slot_axes()
+            ('TTHHHWWW', '00112233')
         """
         names = "THW" if self.num_axes == 3 else "0123456789"
         return "".join(names[a] for a in self.axes.tolist())
 
     def positions(self, position_ids: torch.Tensor | Positions | MultimodalPositions) -> Positions:
-        """Validate M-RoPE ids ``[A, B, S]`` (or ``A``-axis :class:`Positions`); returns Positions with ids ``[B, S,
-        A]``.
-        """
+        """Validate ids ``[A, B, S]`` (or ``A``-axis :class:`Positions`) into Positions with ids ``[B, S, A]``."""
         a = self.num_axes
         if isinstance(position_ids, MultimodalPositions):
             return position_ids.positions
@@ -308,18 +288,11 @@ class MRoPE(nn.Module):
     def tables(
         self, positions: torch.Tensor | Positions | MultimodalPositions, *, dtype: torch.dtype = torch.float32
     ) -> RotaryTables:
-        """The tables that rotate tokens at ``positions``.
+        """Tables for tokens at ``positions``: ids ``[3, B, S]``, :class:`MultimodalPositions` or 3-axis Positions.
 
-        Args:
-            positions: ids ``[3, B, S]``, a :class:`MultimodalPositions`, or a 3-axis
-                :class:`~rotary.positions.Positions`.
-            dtype: fp32, or float64 for float64 inputs.
-
-        Returns:
-            :class:`~rotary.tables.RotaryTables`, per token ``[B, S, r]`` (``[S, r]`` for shared ids).
-
-        Raises:
-            rotary.errors.InputError: 1-D positions (``[S]``, ``[B, S]``), or another shape than ``[3, B, S]``.
+        Returns :class:`~rotary.tables.RotaryTables` ``[B, S, r]`` (``[S, r]`` for shared ids), fp32 or
+        ``dtype=float64``. Raises ``rotary.errors.InputError`` for 1-D positions (``[S]``, ``[B, S]``) or another shape
+        than ``[3, B, S]``.
         """
         positions = self.positions(positions)
         if dtype not in (torch.float32, torch.float64):
@@ -341,13 +314,7 @@ class MRoPE(nn.Module):
         device: torch.device | str,
         dtype: torch.dtype = torch.float32,
     ) -> RotaryTables:
-        """The tables for ``batch`` x ``seq_len`` tokens at ``position_ids``, as :class:`rotary.nn.RotaryAttention`
-        asks.
-
-        Args:
-            position_ids: ids ``[3, B, S]`` (or ``[3, 1, S]``), :class:`MultimodalPositions` or Positions; no default.
-            batch, seq_len: ``B`` and ``S`` of the input.
-            device, dtype: where the tables go; fp32, or float64 for float64 inputs.
+        """:meth:`tables` for ``batch`` x ``seq_len`` tokens, as :class:`rotary.nn.RotaryAttention` asks (ids required).
 
         Example:
             >>> mrope = MRoPE(16, mrope_section=[2, 3, 3])
@@ -374,13 +341,10 @@ class MRoPE(nn.Module):
         position_ids: torch.Tensor | Positions | MultimodalPositions,
         layout: Layout = "bhsd",
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate queries and keys (one kernel call): ``(q_rotated, k_rotated)``.
+        """Rotate queries and keys in one kernel call: ``(q_rotated, k_rotated)``.
 
-        Args:
-            q: ``[B, Hq, S, D]`` (``layout="bhsd"``) or ``[B, S, Hq, D]`` (``"bshd"``).
-            k: same layout, ``Hk`` heads.
-            position_ids: ``[3, B, S]`` ids (or :class:`MultimodalPositions`); there is no default.
-            layout: ``"bhsd"`` or ``"bshd"``.
+        ``q`` ``[B, Hq, S, D]`` (``layout="bhsd"``) or ``[B, S, Hq, D]`` (``"bshd"``), ``k`` the same with ``Hk`` heads;
+        ``position_ids`` as in :meth:`tables`, no default.
         """
         batch_dim, seq_dim = check_layout(layout)
         check_rank(q, "q")

@@ -1,13 +1,8 @@
 """Multimodal positions: the M-RoPE ids of text, image, video and audio tokens, and where decoding continues.
 
-:func:`multimodal_positions` is transformers' ``get_rope_index``: it builds the ``[3, B, S]`` ids from the
-token types and each image's and video's ``grid_thw`` under the rules of one model family
-(:data:`FAMILIES`), and returns them with where the next token goes. The rules per family (text after a
-vision run, Qwen2.5-VL's time-aligned videos, split frames, ERNIE's temporal merge, the Omni models' audio
-and audio in video, HunYuan-VL's XD-RoPE) are in docs/variants.md, "M-RoPE". Decoding continues from
-:meth:`MultimodalPositions.continuation`, which belongs to the sequence it was computed for: no module
-keeps ``rope_deltas`` between calls, so a second prompt never inherits the first one's. :class:`rotary.MRoPE`
-(:mod:`.mrope`) turns these ids into tables.
+:func:`multimodal_positions` is transformers' ``get_rope_index`` under the rules of one model family
+(:data:`FAMILIES`; docs/variants.md, "M-RoPE"). Decoding continues from :meth:`MultimodalPositions.continuation`,
+which belongs to its sequence: no module keeps ``rope_deltas`` between calls.
 """
 
 from __future__ import annotations
@@ -29,15 +24,11 @@ __all__ = ["FAMILIES", "MultimodalPositions", "family_settings", "multimodal_pos
 
 @dataclass(frozen=True)
 class MultimodalPositions:
-    """M-RoPE position ids of one batch of sequences, and where each sequence continues.
+    """M-RoPE position ids of one batch of sequences, and where each sequence continues (all int64).
 
-    Attributes:
-        position_ids: int64 ``[3, B, S]`` (t, h, w; HunYuan-VL: ``[A, B, S]``); padding gets 0.
-        next_position: int64 ``[B]``: the position of the next token of each row, one past the
-            largest id of its tokens (text after the prompt continues from there on all three axes).
-        rope_deltas: int64 ``[B, 1]``: ``next_position`` minus the row's real (unpadded) token count,
-            transformers' ``rope_deltas``.
-        bound: a host int, every id ``< bound`` (the largest ``next_position``).
+    ``position_ids`` ``[3, B, S]`` (t, h, w; HunYuan-VL ``[A, B, S]``), padding 0; ``next_position`` ``[B]``, one past
+    the largest id of each row (text continues from there on every axis); ``rope_deltas`` ``[B, 1]``, transformers'
+    ``next_position`` minus the row's unpadded token count; ``bound``, a host int above every id.
 
     Example:
         >>> types = torch.tensor([[0, 0, 1, 1, 1, 1, 0]])          # text, a 2 x 2 image, text
@@ -112,27 +103,23 @@ def multimodal_positions(
 ) -> MultimodalPositions:
     """M-RoPE ids ``[3, B, S]`` (HunYuan-VL: ``[A, B, S]``) of a batch of text, image, video and audio tokens.
 
-    ``model_type`` or ``config`` selects the family's rules (:data:`FAMILIES`; default Qwen2-VL's): docs/variants.md.
+    ``model_type`` (e.g. ``"qwen3_5"``, ``"hunyuan_vl"``, or its text model's) or ``config`` (the multimodal
+    model's, also giving merge sizes and ``num_axes``) selects the family's rules (:data:`FAMILIES`, docs/variants.md;
+    default Qwen2-VL's); a keyword may not contradict them.
 
     Args:
         token_types: integer ``[B, S]``: 0 text, 1 image, 2 video, 3 audio (Omni); ``mm_token_type_ids``.
         image_grid_thw, video_grid_thw: ``[N, 3]`` patch grids (t, h, w) before merging, in order over the batch.
-        spatial_merge_size: ``m`` (``vision_config.spatial_merge_size``).
         attention_mask: ``[B, S]`` 1 token / 0 padding; padding gets id 0.
-        tokens_per_second: Qwen2.5-VL's temporal alignment; the Omni models' ``position_id_per_seconds``.
-        second_per_grid_ts: seconds per temporal grid step of each video (default 1 each).
-        split_video_frames, temporal_merge_size: each frame its own grid (Qwen3-VL); frames per step (ERNIE: 2).
+        spatial_merge_size, temporal_merge_size: ``m``; frames per temporal step (ERNIE: 2).
+        tokens_per_second, second_per_grid_ts: Qwen2.5-VL's temporal alignment (Omni: ``position_id_per_seconds``);
+            seconds per temporal grid step of each video (default 1).
+        split_video_frames: each frame its own grid (Qwen3-VL).
         text_after_vision: ``"grid"`` (transformers 5.23) or ``"max"`` (Qwen's release code, transformers 4.x).
-        model_type: the family, e.g. ``"qwen3_5"``, ``"glm4v_moe"``, ``"hunyuan_vl"`` (or its text model's type).
-        config: a transformers config (or dict) of the multimodal model: model type and vision merge sizes.
-        num_axes: HunYuan-VL's axes (default: from ``config``, else 4).
 
-    Returns:
-        :class:`MultimodalPositions` on ``token_types``' device.
-
-    Raises:
-        rotary.errors.InputError: unknown token types; a vision run that does not match its grid, or no grid left;
-            grids left over; a bad mask; a ``model_type`` not built; a keyword contradicting the family's rule.
+    Returns :class:`MultimodalPositions` on ``token_types``' device. Raises ``rotary.errors.InputError`` for unknown
+    token types, a vision run that does not match its grid (or grids missing or left over), a bad mask, a
+    ``model_type`` not built, a keyword contradicting the family's rule.
 
     Example:
         >>> types = torch.tensor([[0, 1, 1, 1, 1, 1, 1, 0]])       # HunYuan-VL: a 2 x 2 grid + 2 row breaks
@@ -443,7 +430,7 @@ def _pick(given: Any, rule: Any, default: Any, name: str, rules: dict[str, Any])
 def _xd_positions(
     token_types: torch.Tensor, keep: torch.Tensor, grids: torch.Tensor, merge: int, num_axes: int
 ) -> MultimodalPositions:
-    """HunYuan-VL's XD-RoPE ids ``[A, B, S]`` (see :func:`multimodal_positions`)."""
+    """HunYuan-VL's XD-RoPE ids ``[A, B, S]``."""
     batch, seq_len = token_types.shape
     types_cpu = token_types.detach().to("cpu")
     position_ids = torch.zeros(num_axes, batch, seq_len, dtype=torch.int64)

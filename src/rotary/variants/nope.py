@@ -1,11 +1,8 @@
 """NoPE layers: layers of a RoPE model that use no position encoding, as in Llama 4 and SmolLM3.
 
-transformers writes them as ``no_rope_layers``, one flag per layer where **1 means the layer uses RoPE** and 0
-that it is NoPE; by default layer ``i`` is NoPE when ``(i + 1) % no_rope_layer_interval == 0``. Llama 4 also
-scales the queries of its NoPE layers by ``τ(n) = 1 + attn_scale · log(1 + floor((n + 1) / floor_scale))``
-(``attn_temperature_tuning``); :class:`NoPETemperature` produces that as rotary tables (sin = 0, ``cos = τ``
-for queries, key tables of ones), so it runs on the same kernels as every other producer. Papers and the
-model settings: docs/variants.md, "p-RoPE and NoPE layers".
+transformers writes them as ``no_rope_layers`` (**1 means RoPE**, 0 NoPE). Llama 4's query temperature in its NoPE
+layers is :class:`NoPETemperature`, tables with sin = 0 and ``cos = τ`` for queries, so it runs on the same
+kernels. Papers and settings: docs/variants.md, "p-RoPE and NoPE layers".
 """
 
 from __future__ import annotations
@@ -39,9 +36,8 @@ def default_no_rope_layers(num_layers: int, interval: int = 4) -> list[int]:
 def rope_layer_flags(no_rope_layers: Sequence[int] | None, num_layers: int) -> list[bool]:
     """Which layers rotate, from Llama 4's ``no_rope_layers`` (1 = RoPE, 0 = NoPE; ``None``: all rotate).
 
-    Raises:
-        rotary.errors.InputError: a ``num_layers`` that is not an int >= 0, a list of another length, or values
-            other than the ints 0 and 1.
+    Raises ``rotary.errors.InputError`` for a ``num_layers`` that is not an int >= 0, a list of another length, or
+    values other than the ints 0 and 1.
 
     Example:
         >>> rope_layer_flags([1, 1, 1, 0], 4)
@@ -64,13 +60,8 @@ def rope_layer_flags(no_rope_layers: Sequence[int] | None, num_layers: int) -> l
 def nope_temperature(position_ids: torch.Tensor, *, floor_scale: int = 8192, attn_scale: float = 0.1) -> torch.Tensor:
     """Llama 4's query scale in NoPE layers, ``1 + attn_scale · log1p(floor((n + 1) / floor_scale))``, float64.
 
-    Args:
-        position_ids: integer positions ``[...]`` (int64 or int32, >= 0).
-        floor_scale: the length (in tokens) of each temperature step.
-        attn_scale: the strength.
-
-    Returns:
-        float64 ``[...]``.
+    ``position_ids``: int64 or int32 ``[...]``, >= 0; ``floor_scale``: tokens per temperature step. Returns float64
+    ``[...]``.
 
     Example:
         >>> t = nope_temperature(torch.tensor([0, 8190, 8191, 16383]))
@@ -90,11 +81,9 @@ def nope_temperature(position_ids: torch.Tensor, *, floor_scale: int = 8192, att
 
 
 class NoPETemperature(nn.Module):
-    """Tables for a NoPE layer with Llama 4's temperature tuning: no rotation, queries scaled by ``τ(n)``.
+    """Tables for a NoPE layer with Llama 4's temperature: no rotation, every query channel of ``D`` scaled by ``τ(n)``.
 
-    Args:
-        head_dim: channels per head ``D`` (every channel of the query is scaled).
-        floor_scale, attn_scale: see :func:`nope_temperature`.
+    ``floor_scale``, ``attn_scale``: see :func:`nope_temperature`.
 
     Example:
         >>> t = NoPETemperature(8).tables(torch.tensor([8190, 8191]))

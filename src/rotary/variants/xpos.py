@@ -1,12 +1,9 @@
 """xPos: RoPE whose queries grow and keys shrink with position, so scores decay with distance.
 
-*A Length-Extrapolatable Transformer* (Sun et al., ACL 2023): pair ``i`` gets ``ζ_i = (2i + 0.4 r) / (1.4 r)``,
-and a token at ``n`` has its query scaled by ``ζ_i^((n - c)/γ)`` and its key by ``ζ_i^(-(n - c)/γ)``, so a
-query at ``n`` meets a key at ``m`` with ``ζ_i^((n - m)/γ)``, whatever the centre ``c``. Keys are cached already
-rotated, so the centre is fixed per module (``max_position // 2``). Positions further than
-:attr:`XPos.max_distance` from it (fp16: :attr:`XPos.fp16_max_distance`) are refused rather than giving NaN, and
-bidirectional attention is refused (:attr:`XPos.requires_causal`). The centre, the range and the comparison with
-rotary-embedding-torch and torchscale: docs/variants.md, "xPos".
+*A Length-Extrapolatable Transformer* (Sun et al., ACL 2023): a query at ``n`` meets a key at ``m`` with
+``ζ_i^((n - m)/γ)``, whatever the centre ``c`` the scales are taken from. Keys are cached rotated, so the centre
+is fixed per module; positions past :attr:`XPos.max_distance` from it and bidirectional attention are refused.
+The formulas, the range and other implementations: docs/variants.md, "xPos".
 """
 
 from __future__ import annotations
@@ -51,18 +48,14 @@ def xpos_zeta(rotary_dim: int) -> torch.Tensor:
 
 
 class XPos(nn.Module):
-    """xPos: a producer of rotary tables with separate key tables, for causal attention.
-
-    The rotation is plain RoPE; the query tables are multiplied by ``ζ^((n - c)/γ)``, the key tables by
-    ``ζ^(-(n - c)/γ)`` (float64, rounded once); both run through the fused kernels in one call.
+    """xPos: a producer of rotary tables with separate key tables, for causal attention (see the module docstring).
 
     Args:
-        head_dim: channels per head ``D``.
+        head_dim, base, rotary_dim: ``D``; RoPE base ``theta``; channels rotated ``r`` (default ``D``).
         scale_base: ``γ`` (> 0), the distance over which the factor of pair ``i`` falls to ``ζ_i``.
-        base, rotary_dim: RoPE base ``theta``; channels rotated ``r`` (default ``D``).
         interleaved: pairing, as in :class:`rotary.RoPE` (the reference implementations: ``True``).
-        max_position: the trained context length; sets the default centre.
-        center: the position ``c`` where both scales are 1 (default ``max_position // 2``), ``<= max_distance``.
+        max_position, center: the trained length; the position ``c`` where both scales are 1 (default
+            ``max_position // 2``, at most :attr:`max_distance`).
 
     Example:
         >>> xpos = XPos(64)
@@ -135,18 +128,11 @@ class XPos(nn.Module):
         return self._copies.on("zeta", self.zeta, position_ids.device) ** exponent.unsqueeze(-1)
 
     def tables(self, positions: torch.Tensor | Positions, *, dtype: torch.dtype = torch.float32) -> RotaryTables:
-        """Tables rotating tokens at ``positions``: ``cos``/``sin`` for queries, ``k_cos``/``k_sin`` for keys.
+        """Tables ``[S, r]`` or ``[B, S, r]``: ``cos``/``sin`` for queries, ``k_cos``/``k_sin`` for keys.
 
-        Args:
-            positions: integer ``[S]``, ``[B, S]`` (or packed ``[T]`` as a :class:`~rotary.positions.Positions`).
-            dtype: fp32, or float64 for float64 inputs.
-
-        Returns:
-            :class:`~rotary.tables.RotaryTables` ``[S, r]`` or ``[B, S, r]`` with key tables.
-
-        Raises:
-            rotary.errors.InputError: a position further than :attr:`max_distance` from the centre (on accelerators,
-                positions of unknown bound are not read: the caller's contract).
+        ``positions``: integer ``[S]``, ``[B, S]`` (or packed Positions); ``dtype``: fp32, or float64 for float64
+        inputs. Raises ``rotary.errors.InputError`` for a position further than :attr:`max_distance` from the centre (on
+        accelerators, positions of unknown bound are not read: the caller's contract).
         """
         if not isinstance(positions, Positions):
             positions = P.from_ids(positions)
@@ -186,15 +172,10 @@ class XPos(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate and scale queries and keys in one kernel call: ``(q_rotated, k_rotated)``, shapes and dtypes kept.
 
-        Args:
-            q: ``[B, Hq, S, D]`` (``layout="bhsd"``) or ``[B, S, Hq, D]`` (``"bshd"``).
-            k: same layout, ``Hk`` heads.
-            position_ids, offset: integer ``[S]`` or ``[B, S]``; default ``offset + arange(S)``.
-            layout: ``"bhsd"`` or ``"bshd"``.
-
-        Raises:
-            rotary.errors.InputError: positions out of range (fp16: past :attr:`fp16_max_distance`); offset and ids
-                both.
+        ``q`` ``[B, Hq, S, D]`` (``layout="bhsd"``) or ``[B, S, Hq, D]`` (``"bshd"``), ``k`` the same with ``Hk`` heads;
+        ``position_ids`` integer ``[S]`` or ``[B, S]``, default ``offset + arange(S)``. Raises
+        ``rotary.errors.InputError`` for positions out of range (fp16: past :attr:`fp16_max_distance`) or both
+        ``offset`` and ids.
         """
         check_rank(q, "q")
         batch_dim, seq_dim = check_layout(layout)
@@ -215,9 +196,7 @@ class XPos(nn.Module):
         return q, k
 
     def _check_fp16_range(self, positions: Positions) -> None:
-        """Refuse float16 inputs further than :attr:`fp16_max_distance` from the centre (when the host knows the
-        range).
-        """
+        """Refuse float16 inputs past :attr:`fp16_max_distance` from the centre (when the host knows the range)."""
         ids = positions.ids
         if devices.host_checks(ids.device):
             low, high = (int(v) for v in torch.aminmax(ids))

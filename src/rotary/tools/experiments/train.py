@@ -87,9 +87,7 @@ def decoder_config(
     *,
     stage: str = "pretrain",
 ) -> DecoderConfig:
-    """The ``DecoderConfig`` of a model of this run, with positions up to the longest evaluation length
-    (``8L``); a task model (``stage="task"``) is ``task_hidden_size`` wide.
-    """
+    """The ``DecoderConfig`` of a model of this run (positions up to ``8L``; a task model ``task_hidden_size`` wide)."""
     return DecoderConfig(
         vocab_size=256,
         hidden_size=config.task_hidden_size if stage == "task" else config.hidden_size,
@@ -103,9 +101,7 @@ def decoder_config(
 
 
 def trained_scaling(spec: ModelSpec, config: ExperimentConfig) -> dict | None:
-    """The ``rope_scaling`` a model is trained and evaluated with (factor ``length / L``; None for ``none``
-    and task models).
-    """
+    """The ``rope_scaling`` a model is trained and evaluated with (None for ``none`` and task models)."""
     if spec.stage == "task":
         return None
     return scaling_block(spec.scaling, spec.length / config.train_length, config.train_length)
@@ -114,13 +110,11 @@ def trained_scaling(spec: ModelSpec, config: ExperimentConfig) -> dict | None:
 def build_model(spec: ModelSpec, config: ExperimentConfig) -> Decoder:
     """The model of ``spec`` with its initial weights (a function of the seed and the encoding only).
 
-    Example:
-        >>> from rotary.tools.experiments.plan import model_specs
-        >>> cfg = ExperimentConfig(preset="tiny", train_length=112, hidden_size=32, num_layers=1, num_heads=2, seeds=1)
-        >>> spec = model_specs(cfg)[0]
-        >>> a, b = build_model(spec, cfg), build_model(spec, cfg)
-        >>> all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
-        True
+    >>> from rotary.tools.experiments.plan import model_specs
+    >>> cfg = ExperimentConfig(preset="tiny", train_length=112, hidden_size=32, num_layers=1, num_heads=2, seeds=1)
+    >>> a, b = build_model(model_specs(cfg)[0], cfg), build_model(model_specs(cfg)[0], cfg)
+    >>> all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    True
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derived_seed(spec.seed, "init", spec.encoding))
@@ -174,10 +168,9 @@ class Schedule:
     def of(cls, spec: ModelSpec, config: ExperimentConfig) -> Schedule:
         """Pretraining's schedule, a fine-tune's (a tenth of its steps of warm-up) or a task model's (a twentieth).
 
-        Example:
-            >>> from rotary.tools.experiments.plan import ModelSpec
-            >>> Schedule.of(ModelSpec("rope-ft-yarn", "rope", 0, "", steps=60, parent="rope"), ExperimentConfig())
-            Schedule(steps=60, warmup_steps=6, peak=0.001, floor=0.0003)
+        >>> from rotary.tools.experiments.plan import ModelSpec
+        >>> Schedule.of(ModelSpec("rope-ft-yarn", "rope", 0, "", steps=60, parent="rope"), ExperimentConfig())
+        Schedule(steps=60, warmup_steps=6, peak=0.001, floor=0.0003)
         """
         if spec.fine_tune:
             return cls(spec.steps, max(1, spec.steps // 10), config.finetune_learning_rate, config.min_learning_rate)
@@ -190,10 +183,9 @@ class Schedule:
 def learning_rate(step: int, schedule: Schedule) -> float:
     """The learning rate at ``step`` (0-based) of ``schedule``.
 
-    Example:
-        >>> s = Schedule(steps=100, warmup_steps=10, peak=1.0, floor=0.1)
-        >>> learning_rate(0, s), learning_rate(10, s), round(learning_rate(99, s), 3)
-        (0.1, 1.0, 0.1)
+    >>> s = Schedule(steps=100, warmup_steps=10, peak=1.0, floor=0.1)
+    >>> learning_rate(0, s), learning_rate(10, s), round(learning_rate(99, s), 3)
+    (0.1, 1.0, 0.1)
     """
     if step < schedule.warmup_steps:
         return schedule.peak * (step + 1) / schedule.warmup_steps
@@ -203,12 +195,7 @@ def learning_rate(step: int, schedule: Schedule) -> float:
 
 
 def read_interval(device: torch.device) -> int:
-    """Steps between reads of the losses on the host: 1 on the CPU, :data:`READ_EVERY` elsewhere.
-
-    Example:
-        >>> read_interval(torch.device("cpu")), read_interval(torch.device("meta"))
-        (1, 50)
-    """
+    """Steps between reads of the losses on the host: 1 on the CPU, :data:`READ_EVERY` elsewhere."""
     return 1 if device.type == "cpu" else READ_EVERY
 
 
@@ -221,23 +208,17 @@ def make_optimizer(model: nn.Module, config: ExperimentConfig, peak: float, devi
 class ForwardBackward:
     """The forward, the loss and the backward of one training step; the optimizer step is the caller's.
 
-    Runs under bf16 autocast (fp32 weights, loss from fp32 logits) when ``mixed_precision``, and through
-    ``torch.compile(module, dynamic=False)`` when ``compile``; a compile that raises falls back to eager as the
-    module docstring says. :attr:`compile_seconds` is the wall time of the first :data:`COMPILING_CALLS` calls.
+    ``module`` (the model or its DDP wrapper: ``input_ids [B, S] -> logits [B, S, V]``) runs under bf16 autocast
+    when ``mixed_precision`` (loss from fp32 logits) and through ``torch.compile(module, dynamic=False)`` when
+    ``compile``; a compile that raises logs one line to ``log`` and falls back to eager (module docstring).
 
-    Args:
-        module: the model or its DDP wrapper: ``input_ids [B, S] -> logits [B, S, V]``.
-        mixed_precision, compile, device: as above; ``device`` is where the batches live.
-        log: where the fallback line goes.
-
-    Example:
-        >>> from rotary.models import DecoderConfig
-        >>> model = Decoder(DecoderConfig(hidden_size=32, num_layers=1, num_heads=2))
-        >>> step = ForwardBackward(model, mixed_precision=False, compile=False, device=torch.device("cpu"))
-        >>> batch = torch.randint(256, (2, 9))
-        >>> loss = step(batch[:, :-1], batch[:, 1:])
-        >>> loss.dtype, model.lm_head.weight.grad.shape
-        (torch.float32, torch.Size([256, 32]))
+    >>> from rotary.models import DecoderConfig
+    >>> model = Decoder(DecoderConfig(hidden_size=32, num_layers=1, num_heads=2))
+    >>> step = ForwardBackward(model, mixed_precision=False, compile=False, device=torch.device("cpu"))
+    >>> batch = torch.randint(256, (2, 9))
+    >>> loss = step(batch[:, :-1], batch[:, 1:])
+    >>> loss.dtype, model.lm_head.weight.grad.shape
+    (torch.float32, torch.Size([256, 32]))
     """
 
     def __init__(
@@ -299,7 +280,7 @@ class ForwardBackward:
 @dataclass
 class TrainOutcome:
     """A trained model and how its training went (wall time summed over resumed segments;
-    ``compile_seconds``, part of ``seconds``, is the first, compiling step's).
+    ``compile_seconds``, the first, compiling steps, is part of ``seconds``).
     """
 
     model: Decoder
@@ -312,11 +293,7 @@ class TrainOutcome:
 
 
 def load_checkpoint(path: Path, spec: ModelSpec, config: ExperimentConfig) -> dict:
-    """Read a checkpoint and check it belongs to this model of this configuration.
-
-    Raises:
-        ExperimentError: unreadable, truncated or foreign checkpoints (names the file and the fix).
-    """
+    """Read a checkpoint and check it is this model's; ExperimentError naming the file and the fix otherwise."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # a truncated zip, a garbage file, a pickle error: all one message
@@ -398,13 +375,9 @@ def train_model(
     reporter: Reporter,
     dist: Distributed = Distributed(),
 ) -> TrainOutcome:
-    """Train (or continue training) the model of ``spec`` for ``spec.steps`` steps; returns it in eval mode.
+    """Train (or continue) the model of ``spec`` on uint8 ``train_tokens`` ``[N]``; returns it in eval mode.
 
-    Args:
-        train_tokens: uint8 (or int64) ``[N]`` training text.
-        parent: the trained model ``spec.parent`` names, else None.
-        run_dir: where rank 0 writes ``models/<name>/checkpoint.pt``; None: no checkpoints.
-        resume: continue from an existing checkpoint.
+    ``parent``: the trained model ``spec.parent`` names; ``run_dir``: where rank 0 writes checkpoints (None: none).
 
     Raises:
         TrainingDiverged: a loss or gradient norm is not finite (the last checkpoint is the last finite one).

@@ -83,7 +83,11 @@ class Stat:
         return (self.high - self.low) / 2 if self.values else math.nan
 
     def minus(self, other: Stat) -> Stat:
-        """Per-seed differences ``self[k] - other[k]`` (both over the same seeds)."""
+        """Per-seed differences ``self[k] - other[k]`` (both over the same seeds).
+
+        >>> Stat.of([3.0, 5.0]).minus(Stat.of([1.0, 4.0])).values
+        (2.0, 1.0)
+        """
         if self.n != other.n:
             raise InputError(f"{self.n} values against {other.n}: differences need the same seeds")
         return Stat(tuple(a - b for a, b in zip(self.values, other.values)))

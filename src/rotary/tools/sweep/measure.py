@@ -43,7 +43,11 @@ LOGIT_BUDGET = 2**26
 
 
 def logit_chunk(vocab_size: int) -> int:
-    """Positions per call of the output layer: at most :data:`LOGIT_BUDGET` fp32 logits."""
+    """Positions per call of the output layer: at most :data:`LOGIT_BUDGET` fp32 logits.
+
+    >>> logit_chunk(256), logit_chunk(128256)
+    (262144, 523)
+    """
     return max(1, LOGIT_BUDGET // max(1, vocab_size))
 
 
@@ -184,7 +188,12 @@ def _encode(tokenizer, text: str) -> list[int]:
 
 
 def passkey_length(tokenizer) -> int:
-    """The shortest passkey prompt with ``tokenizer``, in tokens (no filler, the longest key sentence)."""
+    """The shortest passkey prompt with ``tokenizer``, in tokens (no filler, the longest key sentence).
+
+    >>> from rotary.tools.sweep.export import byte_tokenizer
+    >>> passkey_length(byte_tokenizer())
+    245
+    """
     bos = 1 if getattr(tokenizer, "bos_token_id", None) is not None else 0
     needle = max(len(_encode(tokenizer, PASSKEY_NEEDLE.format(key=str(d) * KEY_DIGITS))) for d in range(10))
     return bos + len(_encode(tokenizer, PASSKEY_PREFIX)) + needle + len(_encode(tokenizer, PASSKEY_QUESTION))

@@ -87,10 +87,8 @@ def split(data: bytes, source: str, held_out_fraction: float, files: int = 1, sk
 
 
 def load_corpus(config: ExperimentConfig) -> Corpus:
-    """Read, check and split the text ``config.data`` names.
-
-    Raises:
-        ExperimentError: as :func:`~.sources.read_sources`, or a text too short (naming the bytes needed).
+    """Read, check and split the text ``config.data`` names; ExperimentError as :func:`~.sources.read_sources`,
+    or for a text too short (naming the bytes needed).
     """
     text = read_sources(config.data)
     needed = required_bytes(config)

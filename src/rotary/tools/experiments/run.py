@@ -331,10 +331,8 @@ def load_text(config: ExperimentConfig) -> tuple[Corpus, EvaluationText]:
 def open_run_dir(
     config: ExperimentConfig, corpus: Corpus, command: str, *, out: str | None, resume: str | None, dist: Distributed
 ) -> tuple[Path, bool]:
-    """The run directory and whether it is resumed, on every rank (rank 0 checks and creates it).
-
-    Raises:
-        ExperimentError: on every rank when rank 0 refused the directory (only rank 0 names why).
+    """The run directory and whether it is resumed, on every rank (rank 0 checks and creates it); ExperimentError
+    on every rank when rank 0 refused the directory (only rank 0 names why).
     """
     # the run directory is rank 0's to check and create; the ranks then agree, so that bad input stops
     # every process (none is left waiting for the others) and only rank 0 names it

@@ -1,13 +1,10 @@
 """The two studies beside the main comparison: RoPE's base, and moving a sinusoidal model to RoPE.
 
 **Base** (``--study base``): RoPE trained at every base of ``--bases``, compared with "Scaling Laws of
-RoPE-based Extrapolation" (Liu et al. 2023): the first pair whose period ``2π base^(2i/d)`` exceeds the training
-length ``T`` has index ``i*``, the critical dimension is ``d_extra = 2 i*`` (:func:`critical_dimension`), and
-the extrapolation bound is that pair's period ``T_extra`` (:func:`extrapolation_limit`).
-
-**Transfer** (``--study transfer``): a sinusoidal model moved to RoPE
-(:func:`rotary.models.transfer_position_encoding`), measured as it is and after more steps with RoPE, beside a
-RoPE and a sinusoidal model of the same total steps. No paper we cite measures this.
+RoPE-based Extrapolation": the critical dimension ``d_extra`` (:func:`critical_dimension`) and the extrapolation
+bound ``T_extra`` (:func:`extrapolation_limit`); docs/experiment_base.md. **Transfer** (``--study transfer``): a
+sinusoidal model moved to RoPE, as it is and fine-tuned, beside RoPE and sinusoidal models of the same total
+steps (docs/experiment_transfer.md); no paper we cite measures this.
 """
 
 from __future__ import annotations

@@ -124,10 +124,8 @@ def build_model(spec: ModelSpec, config: ExperimentConfig) -> Decoder:
 
 
 def start_model(spec: ModelSpec, config: ExperimentConfig, parent: Decoder | None = None) -> Decoder:
-    """The model of ``spec`` before its first step: :func:`build_model`, or a fine-tune's ``parent``'s weights.
-
-    Raises:
-        rotary.errors.InputError: a fine-tune without its parent, or a parent for a model that has none.
+    """The model of ``spec`` before its first step: :func:`build_model`, or a fine-tune's ``parent``'s weights;
+    InputError for a fine-tune without its parent, or a parent for a model that has none.
     """
     if (spec.parent is None) != (parent is None):
         raise InputError(

@@ -118,10 +118,8 @@ def _read_config(model: str) -> tuple[dict[str, Any], int]:
 
 def open_checkpoint(model: str, *, original_length: int | None = None) -> Checkpoint:
     """Read ``model``'s config (a directory or a hub id) and its RoPE; ``original_length`` defaults to
-    ``original_max_position_embeddings``, else ``max_position_embeddings``.
-
-    Raises:
-        rotary.errors.InputError: no checkpoint there; a model without RoPE; a multimodal config.
+    ``original_max_position_embeddings``, else ``max_position_embeddings``. InputError when there is no checkpoint
+    there, a model without RoPE, or a multimodal config.
     """
     from ...hf import read_hf_layers
     from ...rope import RoPE
@@ -314,10 +312,8 @@ def _rotary_embedding(model) -> torch.nn.Module:
 
 @torch.no_grad()
 def check_tables(model, checkpoint: Checkpoint, config: dict[str, Any], length: int) -> float:
-    """The largest difference between the model's cos/sin at ``0 .. length - 1`` and rotary's tables for ``config``.
-
-    Raises:
-        rotary.errors.InputError: the tables differ (transformers does not read the scaling for this family).
+    """The largest difference between the model's cos/sin at ``0 .. length - 1`` and rotary's tables for
+    ``config``; InputError when they differ (transformers does not read the scaling for this family).
     """
     from ... import positions as P
     from ...rope import RoPE

@@ -31,10 +31,8 @@ class ExportError(InputError):
 
 
 def load_experiment_model(directory: str | os.PathLike) -> tuple[Decoder, int]:
-    """The trained model in ``RUN/models/NAME`` (or its ``checkpoint.pt``), eval mode on the CPU, and its length.
-
-    Raises:
-        ExportError: no checkpoint there, or not one of ``rotary experiment``.
+    """The trained model in ``RUN/models/NAME`` (or its ``checkpoint.pt``), eval mode on the CPU, and its length;
+    ExportError when there is no checkpoint of ``rotary experiment`` there.
     """
     from ..experiments.config import ExperimentConfig
     from ..experiments.plan import ModelSpec

@@ -362,10 +362,8 @@ def measure_unit(p: Prepared, scaling: str, length: int, model=None) -> tuple[li
 
 
 def run_sweep(settings: SweepSettings, out: str | os.PathLike, *, log=None) -> dict[str, Any]:
-    """Run (or resume) a sweep into ``out``; returns what ``sweep.json`` holds.
-
-    Raises:
-        rotary.errors.InputError: bad input (nothing is written), or ``out`` holds a sweep of other settings.
+    """Run (or resume) a sweep into ``out``; returns what ``sweep.json`` holds. InputError for bad input (nothing
+    is written) or an ``out`` holding a sweep of other settings.
     """
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     p = prepare(settings)

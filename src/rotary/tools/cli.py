@@ -1,6 +1,5 @@
-"""The ``rotary`` command. Each subcommand lives in its own module exposing ``register(subparsers)``;
-the module's parser sets ``func(args) -> int`` as its default. The conventions every subcommand
-follows (``-o/--out``, CONFIG + flags, ``--json``, exit status) are in :mod:`rotary.tools.commands`.
+"""The ``rotary`` command: each subcommand module exposes ``register(subparsers)`` and sets ``func(args) -> int``;
+the conventions they share are in :mod:`rotary.tools.commands`.
 """
 
 from __future__ import annotations
@@ -82,8 +81,7 @@ EXAMPLES = {
 
 
 class _HelpFormatter(argparse.HelpFormatter):
-    """Paragraphs (split at blank lines) wrapped one by one; a paragraph whose lines after the first
-    are indented (the example) is printed as written."""
+    """Paragraphs wrapped one by one; one whose later lines are indented (the example) printed as written."""
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
         paragraphs = []

@@ -54,10 +54,8 @@ plt.rcParams.update(
 
 
 def save(fig: Figure, path: str | Path) -> list[Path]:
-    """Write ``fig`` as ``<path>.png`` (150 dpi) and ``<path>.svg`` (a given suffix replaced); returns both paths.
-
-    Raises:
-        OSError: a file cannot be written (the message names it).
+    """Write ``fig`` as ``<path>.png`` (150 dpi) and ``<path>.svg``; returns both paths (OSError naming a file
+    that cannot be written).
     """
     stem = Path(path)
     if stem.suffix.lower() in (".png", ".svg"):
@@ -84,10 +82,8 @@ def save(fig: Figure, path: str | Path) -> list[Path]:
 
 
 def plot_axial_scores(maps: Mapping[str, torch.Tensor], *, extent: int, title: str) -> Figure:
-    """Attention score against the offset (Δh, Δw) between query and key, one heatmap per panel.
-
-    ``maps``: panel title -> :func:`rotary.variants.relative_scores` ``[2 extent + 1, 2 extent + 1]``, each drawn
-    relative to its score at no offset.
+    """Attention score against the offset (Δh, Δw), one heatmap per panel of ``maps``
+    (:func:`rotary.variants.relative_scores`, ``[2 extent + 1, 2 extent + 1]``), relative to the score at no offset.
     """
     n = len(maps)
     cols = min(n, 4)
@@ -158,17 +154,13 @@ def plot_decay(
     *,
     title: str = "Long-range decay of RoPE (d = 128, base 10000)",
 ) -> Figure:
-    """The RoFormer paper's long-term decay bound ``mean_j |S_j|`` against distance; measured mean |scores| beside it.
+    """The RoFormer paper's long-term decay bound against distance (``distances``, ``bound`` ``[N]``), with
+    optional ``measured`` curves ``label -> [N]``.
 
-    Args:
-        distances, bound: relative distances ``[N]``; :func:`rotary.analysis.decay_bound` at each.
-        measured: optional curves ``label -> [N]`` (:func:`rotary.analysis.measured_decay`).
-
-    Example:
-        >>> from rotary.analysis import decay_bound
-        >>> fig = plot_decay(range(65), decay_bound(128, distances=range(65)))
-        >>> float(fig.axes[0].get_lines()[0].get_ydata()[0])  # d = 128 at distance 0: (d/2 + 1) / 2
-        32.5
+    >>> from rotary.analysis import decay_bound
+    >>> fig = plot_decay(range(65), decay_bound(128, distances=range(65)))
+    >>> float(fig.axes[0].get_lines()[0].get_ydata()[0])  # d = 128 at distance 0: (d/2 + 1) / 2
+    32.5
     """
     fig, ax = plt.subplots(figsize=(7, 4.2))
     x = list(distances)
@@ -293,11 +285,7 @@ AXIS_NAMES = {"T": "temporal", "H": "height", "W": "width"}
 
 
 def plot_mrope(layouts: Mapping[str, tuple[str, Sequence[float]]]) -> Figure:
-    """Wavelength of each frequency slot, coloured by the axis it reads; one panel per layout.
-
-    Args:
-        layouts: title -> (axes string such as ``"TTHHWW"``, wavelength per slot).
-    """
+    """Wavelength of each frequency slot, coloured by its axis; ``layouts``: title -> (``"TTHHWW"``, wavelengths)."""
     fig, axes = plt.subplots(len(layouts), 1, figsize=(8, 2.6 * len(layouts)), sharex=True, squeeze=False)
     for ax, (title, (letters, wavelength)) in zip(axes[:, 0], layouts.items()):
         for axis, colour in AXIS_COLOURS.items():
@@ -361,8 +349,7 @@ def plot_nope_layers(
     floor_scale: int,
     attn_scale: float,
 ) -> Figure:
-    """p-RoPE's wavelength per pair (left; pairs that never turn drawn at the top) and Llama 4's NoPE
-    query temperature against position (right)."""
+    """p-RoPE's wavelength per pair (left) and Llama 4's NoPE query temperature against position (right)."""
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     finite = [w for series in wavelengths.values() for w in series if math.isfinite(w)]
     top = max(finite) * 8

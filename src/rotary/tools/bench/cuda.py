@@ -1,12 +1,10 @@
 """GPU timing for ``rotary bench --device cuda``: CUDA-graph replay, CUDA events, host wall time.
 
-Every row is timed two ways: **GPU time per call**, ``n`` calls captured into one ``torch.cuda.CUDAGraph`` and
-replayed between two CUDA events (what the kernels cost; a method that cannot be captured is timed eagerly
-between events, and its row says so and why), and **host wall time per call**, an eager loop synchronised
-once before and once after (what a caller's loop sees). Calls that need fresh inputs
-(:class:`~rotary.tools.bench.harness.Prepared`) are timed per call. The CUDA primitives sit behind
-:class:`CudaBackend`, so the arithmetic is tested on a CPU with a stand-in; a failing method becomes its row's
-note and never stops the others.
+Every row is timed two ways: **GPU time per call** (``n`` calls captured into one CUDA graph, replayed between
+two events; a method that cannot be captured is timed eagerly between events and its row says why) and **host
+wall time per call** (an eager loop synchronised before and after). :class:`~.harness.Prepared` calls are timed
+per call. The CUDA primitives sit behind :class:`CudaBackend`, so the arithmetic is tested on a CPU with a
+stand-in; a failing method becomes its row's note and never stops the others.
 """
 
 from __future__ import annotations
@@ -87,10 +85,9 @@ class CudaBackend:
         return torch.cuda.Event(enable_timing=True)
 
     def capture(self, call: Callable[[], object], calls: int) -> Graph:
-        """``calls`` calls of ``call`` captured into one CUDA graph, after warm-up calls on a side
-        stream as PyTorch's CUDA-graph documentation asks. A failed capture restores the current
-        stream (``torch.cuda.graph`` leaves its capture stream current when the capture raises) and
-        raises the capture's exception."""
+        """``calls`` calls of ``call`` captured into one CUDA graph after side-stream warm-up; a failed capture
+        restores the current stream and raises the capture's exception.
+        """
         stream = torch.cuda.current_stream(self.device)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(stream)
@@ -142,8 +139,7 @@ def open_backend(device: str) -> CudaBackend:
 
 
 def capture(call: Callable[[], object], calls: int, backend: Backend) -> Graph:
-    """``calls`` calls of ``call`` as one graph, replayed once and synchronised (so a graph that
-    captures but cannot replay fails here, not in the middle of the timing)."""
+    """``calls`` calls of ``call`` as one graph, replayed once (a graph that cannot replay fails here)."""
     graph = backend.capture(call, calls)
     graph.replay()
     backend.synchronize()
@@ -161,8 +157,7 @@ def graph_seconds(graph: Graph, calls: int, backend: Backend) -> float:
 
 
 def eager_event_seconds(call: Callable[[], object], calls: int, backend: Backend) -> float:
-    """Seconds per call between two events around an eager loop of ``calls`` calls (for methods that
-    cannot be captured): the GPU's span, including the gaps in which it waits for the host."""
+    """GPU seconds per call between two events around an eager loop (gaps waiting for the host included)."""
     backend.synchronize()
     start, end = backend.event(), backend.event()
     start.record()
@@ -174,8 +169,7 @@ def eager_event_seconds(call: Callable[[], object], calls: int, backend: Backend
 
 
 def host_loop_seconds(call: Callable[[], object], calls: int, backend: Backend) -> float:
-    """Wall-clock seconds per call of an eager loop of ``calls`` calls, the device synchronised once
-    before and once after the loop (not per call)."""
+    """Wall-clock seconds per call of an eager loop, synchronised before and after the loop only."""
     backend.synchronize()
     start = time.perf_counter()
     for _ in range(calls):
@@ -185,8 +179,7 @@ def host_loop_seconds(call: Callable[[], object], calls: int, backend: Backend) 
 
 
 def prepared_event_seconds(prepared: Any, calls: int, backend: Backend) -> float:
-    """GPU seconds per call of a :class:`~rotary.tools.bench.harness.Prepared`: each call prepared (not
-    timed), then timed between its own two events; the mean of ``calls`` calls."""
+    """GPU seconds per call of a ``Prepared``, each call between its own two events; the mean."""
     pairs = []
     for _ in range(calls):
         call = prepared.prepare()
@@ -200,8 +193,7 @@ def prepared_event_seconds(prepared: Any, calls: int, backend: Backend) -> float
 
 
 def prepared_host_seconds(prepared: Any, calls: int, backend: Backend) -> float:
-    """Wall-clock seconds per call of a :class:`~rotary.tools.bench.harness.Prepared`, each call prepared,
-    then timed from a synchronisation before it to one after it; the mean of ``calls`` calls."""
+    """Wall-clock seconds per call of a ``Prepared``, each call between two synchronisations; the mean."""
     total = 0.0
     for _ in range(calls):
         call = prepared.prepare()
@@ -214,11 +206,10 @@ def prepared_host_seconds(prepared: Any, calls: int, backend: Backend) -> float:
 
 
 def short_error(exc: BaseException, limit: int = 160) -> str:
-    """``"TypeName: first line of the message"``, at most ``limit`` characters (a row's note).
+    """``"TypeName: first line of the message"``, at most ``limit`` characters.
 
-    Example:
-        >>> short_error(RuntimeError("operation not permitted when stream is capturing\\nmore"))
-        'RuntimeError: operation not permitted when stream is capturing'
+    >>> short_error(RuntimeError("operation not permitted when stream is capturing\\nmore"))
+    'RuntimeError: operation not permitted when stream is capturing'
     """
     lines = str(exc).strip().splitlines()
     text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
@@ -226,17 +217,16 @@ def short_error(exc: BaseException, limit: int = 160) -> str:
 
 
 def capture_failure(exc: BaseException) -> str:
-    """What stopped a capture, for the row's note: the first exception and its deepest frame outside torch.
+    """What stopped a capture: the first exception and its deepest frame outside torch.
 
-    Example:
-        >>> try:
-        ...     try:
-        ...         raise RuntimeError("operation not permitted when stream is capturing")
-        ...     finally:
-        ...         raise RuntimeError("operation failed due to a previous error during capture")
-        ... except RuntimeError as exc:
-        ...     capture_failure(exc).startswith("RuntimeError: operation not permitted when stream is capturing (")
-        True
+    >>> try:
+    ...     try:
+    ...         raise RuntimeError("operation not permitted when stream is capturing")
+    ...     finally:
+    ...         raise RuntimeError("operation failed due to a previous error during capture")
+    ... except RuntimeError as exc:
+    ...     capture_failure(exc).startswith("RuntimeError: operation not permitted when stream is capturing (")
+    True
     """
     first = exc
     while first.__context__ is not None and first.__context__ is not first:
@@ -257,8 +247,7 @@ def capture_failure(exc: BaseException) -> str:
 
 @dataclass
 class DeviceTiming:
-    """One row's result: ``gpu_s`` (NaN if it failed) measured as ``gpu_timing`` (``"graph"``,
-    ``"eager"`` or ``"per call"``), ``host_s`` (NaN if it failed), and what the row must say."""
+    """One row: ``gpu_s`` measured as ``gpu_timing`` says, ``host_s`` (both NaN if it failed), and its note."""
 
     gpu_s: float = math.nan
     host_s: float = math.nan
@@ -335,10 +324,8 @@ def time_on_device(
     backend: Backend,
     prepared_type: type | tuple[type, ...] = (),
 ) -> dict[Hashable, DeviceTiming]:
-    """GPU and host time per call of each callable, sampled in turn ``repeats`` times; medians.
-
-    Every call is warmed up and captured first, then the rows are sampled in turn so machine noise hits them alike;
-    ``prepared_type`` calls are timed per call. A row that raises gets NaN times and a note naming the exception.
+    """Median GPU and host time per call of each callable, every call captured first, then sampled in turn
+    ``repeats`` times; a row that raises gets NaN times and a note naming the exception.
     """
     rows = {key: _prepare_row(call, backend, prepared_type) for key, call in calls.items()}
     for _ in range(repeats):

@@ -1,12 +1,10 @@
 """The fused-op suites of ``rotary bench``: :func:`rotary.rotate_and_cache` and :func:`rotary.rmsnorm_rotate`
-against their unfused compositions, the composition compiled by Inductor, and the traffic limit.
+against their unfused compositions, eager and compiled, and the traffic limit.
 
-One group per shape (``BxS``: q 32 heads, k and v 8 heads of 128 channels; decoding shapes after 1000 cached
-tokens) and dtype, timed on the CPU or, with ``--device cuda``, as the GPU groups (:mod:`.cuda`). Rows: the
-fused op; its composition in plain torch, eager and compiled (unless ``--no-compile``); peers where importable
-(FlashInfer); and ``limit: traffic``, the bytes the fused op must move over the copy bandwidth measured in the
-same run (not timed: no kernel can take less). The fused op is checked against the composition before it is
-timed. How to read the tables: docs/benchmarks.md.
+One group per shape (``BxS``: q 32 heads, k and v 8 heads of 128 channels; decoding after 1000 cached tokens)
+and dtype. Rows: the fused op (checked against the composition first); the composition in plain torch, eager
+and compiled; peers where importable (FlashInfer); and ``limit: traffic``, the bytes the fused op must move
+over the copy bandwidth measured in the same run. How to read the tables: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -47,9 +45,8 @@ FLASHINFER = "flashinfer"
 class FusedShape:
     """``batch`` sequences of ``seq`` tokens; q ``q_heads``, k and v ``kv_heads`` heads of ``head_dim``.
 
-    Example:
-        >>> FusedShape.parse("64x1").describe()
-        '64x1 (q 32 heads, k 8 heads, D 128)'
+    >>> FusedShape.parse("64x1").describe()
+    '64x1 (q 32 heads, k 8 heads, D 128)'
     """
 
     batch: int
@@ -78,8 +75,7 @@ class FusedShape:
         return f"{self.batch}x{self.seq} (q {self.q_heads} heads, k {self.kv_heads} heads, D {self.head_dim})"
 
     def positions(self, device: torch.device) -> torch.Tensor:
-        """int64 ``[B, S]``: ``0 .. S - 1`` per sequence, or, decoding (S = 1), sequence ``b`` at
-        ``DECODE_START + b``."""
+        """int64 ``[B, S]``: ``0 .. S - 1``, or, decoding (S = 1), ``DECODE_START + b`` for sequence ``b``."""
         ids = torch.arange(self.seq, device=device).expand(self.batch, self.seq)
         if self.seq == 1:
             ids = ids + DECODE_START + torch.arange(self.batch, device=device)[:, None]
@@ -104,17 +100,15 @@ def _rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 def rotate_and_cache_composition(q, k, v, k_cache, v_cache, slots, positions, cos_sin_cache):
     """RoPE at ``positions`` and the KV-cache write in plain torch; returns the rotated q and k.
 
-    Shapes: q, k, v ``[B, S, H, D]``, caches ``[B, T, Hk, D]``, ``slots``/``positions`` int64 ``[B, S]``, fp32
+    q, k, v ``[B, S, H, D]``, caches ``[B, T, Hk, D]``, ``slots``/``positions`` int64 ``[B, S]``, fp32
     ``cos_sin_cache`` ``[P, D]`` (cos of the D/2 pairs, then their sin).
 
-    Example:
-        >>> q, k, v = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 2, 8), torch.randn(1, 2, 2, 8)
-        >>> kc, vc = torch.zeros(1, 5, 2, 8), torch.zeros(1, 5, 2, 8)
-        >>> ids = torch.tensor([[3, 4]])
-        >>> cache = torch.cat((torch.ones(8, 4), torch.zeros(8, 4)), dim=-1)  # every angle 0
-        >>> q_rot, k_rot = rotate_and_cache_composition(q, k, v, kc, vc, ids, ids, cache)
-        >>> torch.equal(q_rot, q), torch.equal(kc[:, 3:5], k), torch.equal(vc[:, 3:5], v)
-        (True, True, True)
+    >>> q, k, v = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 2, 8), torch.randn(1, 2, 2, 8)
+    >>> kc, vc, ids = torch.zeros(1, 5, 2, 8), torch.zeros(1, 5, 2, 8), torch.tensor([[3, 4]])
+    >>> cache = torch.cat((torch.ones(8, 4), torch.zeros(8, 4)), dim=-1)  # every angle 0
+    >>> q_rot, k_rot = rotate_and_cache_composition(q, k, v, kc, vc, ids, ids, cache)
+    >>> torch.equal(q_rot, q), torch.equal(kc[:, 3:5], k), torch.equal(vc[:, 3:5], v)
+    (True, True, True)
     """
     cos, sin = cos_sin_cache[positions].chunk(2, dim=-1)  # [B, S, D/2] each
     cos, sin = torch.cat((cos, cos), dim=-1)[:, :, None], torch.cat((sin, sin), dim=-1)[:, :, None]
@@ -126,14 +120,7 @@ def rotate_and_cache_composition(q, k, v, k_cache, v_cache, slots, positions, co
 
 
 def rmsnorm_rotate_composition(q, k, wq, wk, cos, sin, eps: float):
-    """QK-norm (Qwen3's ``RMSNorm``) then RoPE in plain torch: q, k ``[B, S, H, D]``, fp32 cos/sin ``[B, S, D]``.
-
-    Example:
-        >>> q, k, w = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 2, 8), torch.ones(8)
-        >>> qn, kn = rmsnorm_rotate_composition(q, k, w, w, torch.ones(1, 2, 8), torch.zeros(1, 2, 8), 1e-6)
-        >>> torch.allclose(qn.pow(2).mean(-1), torch.ones(1, 2, 4), atol=1e-5)
-        True
-    """
+    """QK-norm (Qwen3's ``RMSNorm``) then RoPE in plain torch: q, k ``[B, S, H, D]``, fp32 cos/sin ``[B, S, D]``."""
 
     def norm(x, w):
         xf = x.float()
@@ -145,11 +132,10 @@ def rmsnorm_rotate_composition(q, k, wq, wk, cos, sin, eps: float):
 
 
 def rotate_and_cache_bytes(shape: FusedShape, dtype: torch.dtype) -> int:
-    """q, k, v read; q, k written; the k and v cache rows written; each token's cos and sin read (fp32).
+    """Bytes moved: q, k, v read; q, k and the k, v cache rows written; fp32 cos and sin per token.
 
-    Example:
-        >>> rotate_and_cache_bytes(FusedShape(1, 1, 2, 1, 4), torch.bfloat16)  # 2 * 4 * (4 + 2 + 1 + 2) + 16
-        88
+    >>> rotate_and_cache_bytes(FusedShape(1, 1, 2, 1, 4), torch.bfloat16)  # 2 * 4 * (4 + 2 + 1 + 2) + 16
+    88
     """
     element = torch.finfo(dtype).bits // 8
     hq, hk, d = shape.q_heads, shape.kv_heads, shape.head_dim
@@ -157,11 +143,10 @@ def rotate_and_cache_bytes(shape: FusedShape, dtype: torch.dtype) -> int:
 
 
 def rmsnorm_rotate_bytes(shape: FusedShape, dtype: torch.dtype) -> int:
-    """q and k read and written, each token's cos and sin rows (fp32), one fp32 rstd per head.
+    """Bytes moved: q and k read and written, fp32 cos and sin per token, one fp32 rstd per head.
 
-    Example:
-        >>> rmsnorm_rotate_bytes(FusedShape(1, 1, 2, 1, 4), torch.bfloat16)  # 2*3*4*2 + 2*4*4 + 3*4
-        92
+    >>> rmsnorm_rotate_bytes(FusedShape(1, 1, 2, 1, 4), torch.bfloat16)  # 2*3*4*2 + 2*4*4 + 3*4
+    92
     """
     element = torch.finfo(dtype).bits // 8
     heads = shape.q_heads + shape.kv_heads
@@ -174,8 +159,7 @@ _bandwidths: dict[tuple[str, bool, bool], float] = {}
 
 
 def copy_bandwidth(options: argparse.Namespace, device: torch.device) -> float:
-    """Bytes per second of ``dst.copy_(src)`` of 256 MiB (64 MiB with ``--quick``, still larger than the
-    caches), read and written: measured once per device and run, with the timer of the suite's rows."""
+    """Bytes per second (read and written) of a 256 MiB ``copy_`` (64 MiB ``--quick``), once per device and run."""
     quick = bool(getattr(options, "quick", False))
     key = (str(device), quick, getattr(options, "backend", None) is None)
     if key not in _bandwidths:
@@ -187,9 +171,7 @@ def copy_bandwidth(options: argparse.Namespace, device: torch.device) -> float:
 
 
 def _time(options: argparse.Namespace, calls: dict[str, Callable[[], object]]) -> dict:
-    """name -> (seconds per call, host seconds or None, how the time was taken, note): interleaved
-    wall time on the CPU; with a device backend (``options.backend``), GPU time under CUDA-graph
-    replay and host time."""
+    """name -> (seconds per call, host seconds or None, how timed, note), with the suite's timer."""
     repeats = suite_repeats(options)
     backend = getattr(options, "backend", None)
     if backend is None:
@@ -201,8 +183,7 @@ def _time(options: argparse.Namespace, calls: dict[str, Callable[[], object]]) -
 
 
 def _add_compiled(calls: dict, options: argparse.Namespace, composition: Callable[..., object], args: tuple) -> None:
-    """The composition compiled by Inductor as a row (unless ``--no-compile``, or ``--quick`` without
-    ``--compile``); compilation happens in the timer's warm-up calls, not in the timed ones."""
+    """The composition compiled by Inductor as a row (unless ``--no-compile``, or ``--quick`` without ``--compile``)."""
     if _compiled_rows(options):
         torch._dynamo.reset()
         compiled = torch.compile(composition, dynamic=False)
@@ -216,7 +197,7 @@ def _compiled_rows(options: argparse.Namespace) -> bool:
 
 
 def _dtypes(options: argparse.Namespace) -> list[str]:
-    """``--dtypes`` (checked by the runner; on the CPU its default, fp32 and bf16), else bf16."""
+    """``--dtypes``, else bf16."""
     return options.dtypes.split(",") if getattr(options, "dtypes", None) else ["bf16"]
 
 
@@ -228,7 +209,7 @@ def _group_results(
     limit_note: str,
     options: argparse.Namespace,
 ) -> list[Result]:
-    """Time ``calls``, then one row each and the traffic-limit row, with "x traffic limit" ratios."""
+    """One row per call and the traffic-limit row, with "x traffic limit" ratios."""
     timed = _time(options, calls)
     repeats = suite_repeats(options)
     results = []
@@ -245,7 +226,6 @@ def _group_results(
 
 
 def _agreement(fused: tuple[torch.Tensor, ...], reference: tuple[torch.Tensor, ...]) -> str:
-    """ "" when equal, else how far apart (in the fused op's dtype)."""
     if all(torch.equal(a, b) for a, b in zip(fused, reference)):
         return ""
     diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(fused, reference))
@@ -256,7 +236,6 @@ def _agreement(fused: tuple[torch.Tensor, ...], reference: tuple[torch.Tensor, .
 
 
 def _every_group(options: argparse.Namespace, group: Callable[..., list[Result]]) -> list[Result]:
-    """The rows of ``group(options, shape, dtype_name, device, bandwidth)`` for every shape and dtype."""
     device, kind = suite_device(options)
     bandwidth = copy_bandwidth(options, device)
     return [
@@ -268,9 +247,9 @@ def _every_group(options: argparse.Namespace, group: Callable[..., list[Result]]
 
 
 def rotate_and_cache_suite(options: argparse.Namespace) -> list[Result]:
-    """:func:`rotary.rotate_and_cache` (vLLM's form: ``positions`` and a ``cos_sin_cache``) against the
-    plain-torch composition, eager and compiled, FlashInfer's RoPE plus a torch cache write (CUDA, when
-    importable), and the traffic limit (see the module's docstring)."""
+    """:func:`rotary.rotate_and_cache` against the composition, eager and compiled, FlashInfer's RoPE plus a
+    cache write (CUDA, when importable), and the traffic limit.
+    """
     return _every_group(options, _rotate_and_cache_group)
 
 
@@ -331,9 +310,9 @@ def _flashinfer_rotate_and_cache(q, k, v, k_cache, v_cache, slots, positions, co
 
 
 def rmsnorm_rotate_suite(options: argparse.Namespace) -> list[Result]:
-    """:func:`rotary.rmsnorm_rotate` against QK-norm then RoPE unfused: rotary's own two steps
-    (:func:`rotary.qk_norm.rms_norm`, then one :func:`rotary.rotate`), the plain-torch composition
-    eager and compiled, and the traffic limit (see the module's docstring)."""
+    """:func:`rotary.rmsnorm_rotate` against rotary's own two steps, the plain-torch composition eager and
+    compiled, and the traffic limit.
+    """
     return _every_group(options, _rmsnorm_rotate_group)
 
 

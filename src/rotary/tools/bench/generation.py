@@ -1,14 +1,11 @@
 """The generation suite of ``rotary bench``: :meth:`rotary.models.Decoder.generate` against Hugging Face
 ``LlamaForCausalLM.generate``, end to end, in tokens per second.
 
-The same Llama-shaped model on both sides (weights copied, no download), greedy decoding of exactly ``new``
-tokens after a ``prompt``-token prompt. Rows: rotary's dynamic and static caches, eager, compiled
-(``capture="compile"``) and as a CUDA graph; Hugging Face's dynamic and static caches, with and without
-:func:`rotary.hf.patch`, and (CPU) its static cache compiled, so the compiled rows have a compiled peer.
-Each row: a first call (compiling included), then ``--repeats`` calls interleaved with the other rows; the
-median as tokens/s and ms per step; ``vs HF static`` and ``same tokens`` (against the first row). Shapes:
-a Llama-shaped bf16 model with ``--device cuda``, a small fp32 one on the CPU, a tiny one with ``--quick``.
-The tables: docs/benchmarks.md, "Fused ops and generation".
+The same Llama-shaped model on both sides (weights copied), greedy decoding of exactly ``new`` tokens. Rows:
+rotary's dynamic and static caches, eager, compiled and as a CUDA graph; Hugging Face's dynamic and static
+caches, with and without :func:`rotary.hf.patch`, and (CPU) its static cache compiled. Each row: a first call
+(compiling included), then ``--repeats`` interleaved calls; the median as tokens/s, ``vs HF static`` and
+``same tokens``. The tables: docs/benchmarks.md, "Fused ops and generation".
 """
 
 from __future__ import annotations
@@ -95,8 +92,9 @@ QK_NORM_ROWS = tuple(f"{QWEN3}{name[2:]}" for name in ROWS if name.startswith("H
 def build_models(
     shape: GenerationShape, device: torch.device, with_hf: bool
 ) -> tuple[torch.nn.Module, torch.nn.Module | None]:
-    """The :class:`~rotary.models.Decoder` with seeded random weights, and a ``LlamaForCausalLM`` holding
-    the same weights (``None`` without ``with_hf``), both in eval mode on ``device`` in the shape's dtype."""
+    """The Decoder with seeded random weights and a ``LlamaForCausalLM`` holding the same (``None`` without
+    ``with_hf``), in eval mode on ``device`` in the shape's dtype.
+    """
     from rotary.models import Decoder, DecoderConfig
 
     config = DecoderConfig(
@@ -138,8 +136,7 @@ def build_models(
 
 
 def build_qwen3(shape: GenerationShape, device: torch.device) -> torch.nn.Module:
-    """A ``Qwen3ForCausalLM`` of the shape (head_dim = width / heads), seeded random weights, eval mode,
-    on ``device`` in the shape's dtype, generating exactly the tokens asked for."""
+    """A seeded random ``Qwen3ForCausalLM`` of the shape, in eval mode on ``device`` in its dtype."""
     import transformers
 
     config = transformers.Qwen3Config(
@@ -168,14 +165,7 @@ def build_qwen3(shape: GenerationShape, device: torch.device) -> torch.nn.Module
 
 
 def llama_state(decoder: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """A :class:`~rotary.models.Decoder`'s weights under ``LlamaForCausalLM``'s names (both pair (i, i + d/2)).
-
-    Example:
-        >>> from rotary.models import Decoder, DecoderConfig
-        >>> names = llama_state(Decoder(DecoderConfig(vocab_size=8, hidden_size=8, num_layers=1, num_heads=2)))
-        >>> "model.layers.0.self_attn.q_proj.weight" in names, "lm_head.weight" in names
-        (True, True)
-    """
+    """A Decoder's weights under ``LlamaForCausalLM``'s names (both pair (i, i + d/2))."""
     names = {
         "embed_tokens": "model.embed_tokens",
         "norm": "model.norm",
@@ -225,9 +215,9 @@ def row_calls(
 
 
 def _hf_compiled(model: torch.nn.Module, ids: torch.Tensor, hf: dict) -> Callable[[], torch.Tensor]:
-    """``generate`` with the static cache and Hugging Face's own compilation of the decoding step on any
-    device (transformers compiles it on accelerators only, unless its ``CompileConfig`` allows every
-    device). Raises when transformers did not compile (its compiled call is where it keeps it)."""
+    """``generate`` with the static cache and HF's compiled decoding step on any device; raises when
+    transformers did not compile.
+    """
     from transformers import CompileConfig
 
     config = CompileConfig()
@@ -278,11 +268,9 @@ def generation_suite(options: argparse.Namespace) -> list[Result]:
 
 
 def qk_norm_generation_suite(options: argparse.Namespace) -> list[Result]:
-    """``rotary bench --suites generation_qk_norm``: Hugging Face's Qwen3 (QK-norm, then RoPE, in every
-    attention) generating with its dynamic and static caches (and, on the CPU, its compiled static cache),
-    unpatched and patched by :func:`rotary.hf.patch`, which fuses each layer's two norms and the rotation
-    into one :func:`rotary.rmsnorm_rotate` call: what patching costs or gains a Qwen3 user. The shapes of
-    the generation suite (head_dim = width / heads); "vs HF static" is over Qwen3's own static row."""
+    """``--suites generation_qk_norm``: Hugging Face's Qwen3 generating, unpatched and patched by
+    :func:`rotary.hf.patch` (which fuses QK-norm and the rotation); "vs HF static" is over Qwen3's own static row.
+    """
     device, kind = suite_device(options)
     shape = SHAPES["quick" if getattr(options, "quick", False) else kind]
     rows = _selected(options, QK_NORM_ROWS, kind)
@@ -319,8 +307,7 @@ def _time_rows(
     repeats: int,
     device: torch.device,
 ) -> list[Result]:
-    """Each call once (its first call, compiling included), then ``repeats`` rounds of all of them in turn;
-    a call that raises is a row with a note."""
+    """Each call once (compiling included), then ``repeats`` rounds in turn; a call that raises is a noted row."""
     first: dict[str, float] = {}
     tokens: dict[str, torch.Tensor] = {}
     failed = dict(failed)

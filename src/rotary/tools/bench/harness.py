@@ -49,12 +49,10 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Shape:
-    """q ``[B, Hq, S, D]`` and k ``[B, Hk, S, D]``; every sequence's tokens sit at positions
-    ``start .. start + S - 1``.
+    """q ``[B, Hq, S, D]`` and k ``[B, Hk, S, D]`` at positions ``start .. start + S - 1``.
 
-    Example:
-        >>> Shape("decode", 64, 32, 8, 1, 128, start=4096).describe()
-        'decode 64x32/8x1x128 at position 4096'
+    >>> Shape("decode", 64, 32, 8, 1, 128, start=4096).describe()
+    'decode 64x32/8x1x128 at position 4096'
     """
 
     name: str
@@ -108,12 +106,10 @@ QUICK_CUDA_GROUPS = [
 
 
 def head_shape(text: str) -> tuple[int, int, int, int]:
-    """``"B,H,S,D"`` as four positive ints with D even: an ``argparse`` ``type=`` for the scripts in ``benchmarks/``.
+    """``"B,H,S,D"`` as four positive ints with D even (an ``argparse`` ``type=``).
 
-    Example::
-
-        >>> head_shape("8,12,512,64")
-        (8, 12, 512, 64)
+    >>> head_shape("8,12,512,64")
+    (8, 12, 512, 64)
     """
     try:
         shape = tuple(int(n) for n in text.split(","))
@@ -126,8 +122,7 @@ def head_shape(text: str) -> tuple[int, int, int, int]:
 
 @dataclass
 class Inputs:
-    """Everything a method needs, built once per group on the group's device: q/k (``bhsd``,
-    contiguous), tables in each form. The tokens sit at ``shape.start + arange(S)``."""
+    """What a method needs, built once per group on its device: q/k (``bhsd``, contiguous), tables in each form."""
 
     shape: Shape
     dtype: torch.dtype
@@ -150,13 +145,11 @@ class Inputs:
 class Method:
     """One timed way of rotating q and k (``backward``: forward and backward).
 
-    ``requires``: a module an optional package installs (left out, with one line on stderr, when it cannot be
-    imported); ``devices``: where it runs (default the CPU; ``make`` may return ``None`` for a group it does not
-    apply to); ``inplace``: it writes q and k in place (on the GPU "x copy" divides by the in-place pass).
+    ``requires``: an optional module (left out, with one line on stderr, when not importable); ``devices``: where
+    it runs (``make`` may return ``None`` for a group it does not apply to); ``inplace``: it writes q and k in place.
 
-    Example:
-        >>> Method("clone q and k", lambda inputs: lambda: (inputs.q.clone(), inputs.k.clone())).devices
-        ('cpu',)
+    >>> Method("clone q and k", lambda inputs: lambda: (inputs.q.clone(), inputs.k.clone())).devices
+    ('cpu',)
     """
 
     name: str
@@ -170,11 +163,9 @@ class Method:
 
 @dataclass
 class Result:
-    """One row. On the CPU ``median_s`` is the median wall time per call. With ``--device cuda``
-    ``median_s`` is the GPU time per call, measured as ``gpu_timing`` says (``"graph"``: CUDA-graph
-    replay; ``"eager"``: CUDA events around an eager loop, for a method that cannot be captured;
-    ``"per call"``: events around each call of a :class:`Prepared`), and ``host_s`` the host wall
-    time per call in an eager loop; both NaN (null in JSON) for a method that failed (see ``note``)."""
+    """One row: ``median_s`` per call (CPU: wall time; CUDA: GPU time measured as ``gpu_timing`` says, ``"graph"``,
+    ``"eager"`` or ``"per call"``), ``host_s`` the host time per call; both NaN for a method that failed (``note``).
+    """
 
     group: str  # e.g. "prefill 1x32x2048x128 fp32"
     method: str
@@ -210,13 +201,12 @@ SUITE_DEVICES: dict[str, tuple[str, ...]] = {}
 
 
 def scoped_registrations() -> contextlib.AbstractContextManager[None]:
-    """Undo, on leaving the block, the methods and suites registered inside it (e.g. by ``--cases FILE.py``).
+    """Undo, on leaving the block, the methods and suites registered inside it.
 
-    Example:
-        >>> with scoped_registrations():
-        ...     register_suite("mine", lambda options: [])
-        >>> "mine" in SUITES
-        False
+    >>> with scoped_registrations():
+    ...     register_suite("mine", lambda options: [])
+    >>> "mine" in SUITES
+    False
     """
     return scoped(METHODS, SUITES, SUITE_DEVICES)
 
@@ -230,19 +220,13 @@ def register_method(method: Method) -> Method:
 def register_suite(
     name: str, suite: Callable[[argparse.Namespace], list[Result]], *, devices: tuple[str, ...] = ("cpu",)
 ) -> None:
-    """Add a suite: ``suite(options)`` returns its own results (own groups), printed after the RoPE groups.
-
-    ``devices``: the device types it runs on (default the CPU only). With ``--device cuda`` the suite
-    finds the device in ``options.device`` and the timing backend in ``options.backend``
-    (:mod:`rotary.tools.bench.cuda`); on the CPU ``options.backend`` is ``None``.
-    """
+    """Add a suite ``suite(options) -> list[Result]`` for ``devices`` (default the CPU); see :func:`suite_device`."""
     SUITES[name] = suite
     SUITE_DEVICES[name] = tuple(devices)
 
 
 def suite_device(options: argparse.Namespace) -> tuple[torch.device, str]:
-    """Where a suite's tensors live and whose shapes it times: the device backend's (``options.backend``,
-    ``--device cuda``) and ``"cuda"``, else the CPU and ``"cpu"``."""
+    """A suite's device and shape set: ``options.backend``'s device and ``"cuda"``, else the CPU and ``"cpu"``."""
     backend = getattr(options, "backend", None)
     if backend is not None:
         return backend.device, "cuda"
@@ -258,14 +242,12 @@ def suite_repeats(options: argparse.Namespace) -> int:
 
 
 class Prepared:
-    """A call whose inputs must be fresh every time: ``prepare()`` builds them (not timed) and returns the call to time.
+    """A call with fresh inputs every time: ``prepare()`` builds them (not timed) and returns the call to time.
 
-    Example::
-
-        >>> x = torch.zeros(4)
-        >>> p = Prepared(lambda: (lambda y=x.clone(): y.add_(1)))  # a fresh y for each call
-        >>> p().tolist(), x.tolist()
-        ([1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0])
+    >>> x = torch.zeros(4)
+    >>> p = Prepared(lambda: (lambda y=x.clone(): y.add_(1)))  # a fresh y for each call
+    >>> p().tolist(), x.tolist()
+    ([1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0])
     """
 
     def __init__(self, prepare: Callable[[], Callable[[], object]]) -> None:
@@ -291,10 +273,7 @@ def _per_call_loops(call: Callable[[], object], budget_s: float = 2e-3) -> int:
 
 
 def time_interleaved(calls: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Median seconds per call of each callable, sampling them in turn ``repeats`` times.
-
-    A :class:`Prepared` call is timed call by call, each one's preparation outside the timed region.
-    """
+    """Median seconds per call of each callable, sampled in turn ``repeats`` times."""
     for call in calls.values():  # warm up (first-call allocation, compilation, caches)
         call()
         call()
@@ -326,18 +305,12 @@ def _allocation_events(nodes: list) -> list[tuple[int, int]]:
 
 
 def extra_peak_bytes(call: Callable[[], object]) -> int | None:
-    """Peak of the bytes PyTorch's allocator holds for ``call`` beyond what it held before, or ``None``.
+    """Peak bytes PyTorch's allocator holds for ``call`` beyond what it held before (temporaries and results
+    included), from the profiler's memory records; ``None`` if this build records no allocations.
 
-    From the profiler's memory records (every thread, forward and backward): exact, temporaries and returned
-    tensors included, unlike the resident size. ``None`` if this PyTorch build records no allocations.
-
-    Example::
-
-        >>> x = torch.randn(2**20)
-        >>> extra_peak_bytes(lambda: x * 2) >= 4 * 2**20
-        True
-        >>> extra_peak_bytes(lambda: x.mul_(1.0)) < 1024
-        True
+    >>> x = torch.randn(2**20)
+    >>> extra_peak_bytes(lambda: x * 2) >= 4 * 2**20, extra_peak_bytes(lambda: x.mul_(1.0)) < 1024
+    (True, True)
     """
     events = _allocation_log(call)
     if events is None:
@@ -350,22 +323,18 @@ def extra_peak_bytes(call: Callable[[], object]) -> int | None:
 
 
 def allocations(call: Callable[[], object]) -> list[int] | None:
-    """The sizes in bytes of every allocation PyTorch's allocator makes while ``call`` runs, in order (or ``None``).
+    """The sizes in bytes of the allocations ``call`` makes, in order (``None``: not recorded).
 
-    Example::
-
-        >>> x = torch.randn(1024)
-        >>> allocations(lambda: (x.exp(), x.clone()))
-        [4096, 4096]
+    >>> x = torch.randn(1024)
+    >>> allocations(lambda: (x.exp(), x.clone()))
+    [4096, 4096]
     """
     events = _allocation_log(call)
     return None if events is None else [size for _, size in events if size > 0]
 
 
 def _allocation_log(call: Callable[[], object]) -> list[tuple[int, int]] | None:
-    """``(time, bytes)`` of every allocation (positive) and free (negative) made while ``call`` runs, in
-    time order; ``None`` when the profiler records none, not even for a plain ``torch.empty``. For a
-    :class:`Prepared`, of the prepared call alone."""
+    """``(time, ±bytes)`` of every allocation and free during ``call``; None when the profiler records none."""
     if isinstance(call, Prepared):
         call = call.prepare()
     try:
@@ -392,7 +361,6 @@ def _quiet_stderr() -> Iterator[None]:
 
 
 def _recorded(call: Callable[[], object]) -> list:
-    """The profiler's event tree of ``call`` with allocations recorded (the result is dropped afterwards)."""
     from torch.profiler import ProfilerActivity, profile
 
     with _quiet_stderr():
@@ -410,15 +378,12 @@ def make_inputs(
     device: torch.device | str = "cpu",
     interleaved: bool = False,
 ) -> Inputs:
-    """The inputs of one group (q, k, gradients from a seeded CPU generator, moved to ``device``), a prepared RoPE.
+    """One group's inputs on ``device`` (seeded), tables of positions ``start + arange(S)`` in each form, and a
+    RoPE whose tables are built up front (nothing grows during a CUDA-graph capture).
 
-    Cos/sin of positions ``start + arange(S)`` in each form; the RoPE's tables are built up front (``prepare``),
-    so nothing grows during a CUDA-graph capture.
-
-    Example:
-        >>> inp = make_inputs(Shape("t", 2, 4, 2, 3, 8, start=5), torch.float32)
-        >>> inp.position_ids.tolist(), tuple(inp.cos.shape), tuple(inp.table_cos.shape)
-        ([[5, 6, 7], [5, 6, 7]], (3, 8), (8, 8))
+    >>> inp = make_inputs(Shape("t", 2, 4, 2, 3, 8, start=5), torch.float32)
+    >>> inp.position_ids.tolist(), tuple(inp.cos.shape), tuple(inp.table_cos.shape)
+    ([[5, 6, 7], [5, 6, 7]], (3, 8), (8, 8))
     """
     from rotary.rope import RoPE
 
@@ -459,12 +424,10 @@ DTYPE_NAMES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.floa
 
 
 def package_version(module: str) -> str:
-    """The installed version of the package that provides ``module``, ``"not installed"``, or
-    ``"importable"`` for a module without package metadata (e.g. a copied file).
+    """The installed version of the package providing ``module``, ``"not installed"`` or ``"importable"``.
 
-    Example:
-        >>> package_version("torch") == torch.__version__, package_version("no_such_package_for_rotary")
-        (True, 'not installed')
+    >>> package_version("torch") == torch.__version__, package_version("no_such_package_for_rotary")
+    (True, 'not installed')
     """
     from importlib import metadata
 
@@ -481,11 +444,10 @@ def package_version(module: str) -> str:
 
 
 def installed(module: str) -> bool:
-    """Whether ``module`` (an optional package, e.g. ``"transformers"``) can be imported.
+    """Whether ``module`` can be imported.
 
-    Example:
-        >>> installed("torch"), installed("no_such_package_for_rotary")
-        (True, False)
+    >>> installed("torch"), installed("no_such_package_for_rotary")
+    (True, False)
     """
     try:
         importlib.import_module(module)

@@ -67,8 +67,7 @@ _HF_COMPILED = None
 
 
 def _compiled_module(inp: Inputs) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-    """rotary's own ``RoPE`` module under ``torch.compile`` (inductor, ``dynamic=False``): the kernel
-    is a ``torch.library`` op, so the compiled graph calls it instead of falling back to Python."""
+    """rotary's ``RoPE`` under ``torch.compile`` (the kernel is a ``torch.library`` op in the graph)."""
     _hf_compiled()  # the same dynamo limits and in-process compilation as the HF row
     compiled = torch.compile(inp.rope, dynamic=False)
 
@@ -121,8 +120,7 @@ def _torch_path(inp: Inputs):
 
 
 class _Source(torch.autograd.Function):
-    """A non-leaf copy of a leaf (as q straight out of a projection is); its backward hands the
-    gradient on unchanged: no pass over it, no allocation."""
+    """A non-leaf copy of a leaf whose backward hands the gradient on unchanged."""
 
     @staticmethod
     def forward(ctx, x):  # type: ignore[override]
@@ -134,8 +132,7 @@ class _Source(torch.autograd.Function):
 
 
 class _Fresh(torch.autograd.Function):
-    """Identity forward; the backward ignores the incoming gradient and hands on one made in advance
-    that nothing else holds, as attention's backward hands RoPE a gradient of its own."""
+    """Identity forward; the backward hands on a gradient made in advance, as attention's backward does."""
 
     @staticmethod
     def forward(ctx, x, box: list):  # type: ignore[override]
@@ -150,7 +147,7 @@ class _Fresh(torch.autograd.Function):
 def _training_step(
     inp: Inputs, rotate: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 ) -> Prepared:
-    """``rotate(q, k)`` forward and backward as a training step runs it (non-leaf q, k and fresh gradients prepared)."""
+    """``rotate(q, k)`` forward and backward as a training step runs it."""
     q_leaf, k_leaf = inp.q.detach().clone().requires_grad_(), inp.k.detach().clone().requires_grad_()
 
     def prepare():
@@ -170,9 +167,9 @@ def _training_step(
 
 
 def _training_passes(inp: Inputs) -> Prepared:
-    """The training-step rows' limit: q, k and both output gradients, cloned before every call as
-    those rows clone them, then each passed over once in place (``mul_(1.0)``): the reads and writes
-    of an in-place forward and an in-place backward, with the inputs in the same state."""
+    """The training-step rows' limit: q, k and both gradients cloned as those rows clone them, each passed over
+    once in place.
+    """
 
     def prepare():
         tensors = (inp.q.clone(), inp.k.clone(), inp.grad_q.clone(), inp.grad_k.clone())
@@ -182,7 +179,7 @@ def _training_passes(inp: Inputs) -> Prepared:
 
 
 def _two_copies(inp: Inputs):
-    """The fwd+bwd limit: forward reads q, k and writes new tensors; backward does the same with the gradients."""
+    """The fwd+bwd limit: forward and backward each read two tensors and write new ones."""
     return lambda: (inp.q.clone(), inp.k.clone(), inp.grad_q.clone(), inp.grad_k.clone())
 
 
@@ -194,8 +191,7 @@ BOTH = ("cpu", "cuda")
 
 
 def _half_pairing(make: Callable[[Inputs], Callable[[], object]]) -> Callable[[Inputs], Callable[[], object] | None]:
-    """``make`` for the groups with the half pairing; ``None`` (no row) in an interleaved GPU group:
-    Hugging Face's and Liger's functions rotate pairs (i, i + D/2) only."""
+    """``make`` for half-pairing groups only (HF's and Liger's functions rotate pairs (i, i + D/2))."""
     return lambda i: None if i.interleaved else make(i)
 
 
@@ -270,8 +266,7 @@ METHODS.extend(_builtin_methods())
 
 
 def _apply_rotary_tables(inp: Inputs) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
-    """:func:`rotary.apply_rotary` on q and on k with device tables the caller made
-    (``RoPE.cos_sin`` of the tokens' positions, ``[S, D]`` fp32), default validation."""
+    """:func:`rotary.apply_rotary` on q and k with the caller's fp32 device tables ``[S, D]``."""
     from rotary.functional import apply_rotary
 
     def call():
@@ -284,8 +279,7 @@ def _apply_rotary_tables(inp: Inputs) -> Callable[[], tuple[torch.Tensor, torch.
 
 
 def _apply_rotary_positions(inp: Inputs) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
-    """:func:`rotary.apply_rotary` on q and on k with whole device tables ``[T, D]`` and device
-    ``position_ids`` ``[B, S]`` (the kernel reads the rows it needs)."""
+    """:func:`rotary.apply_rotary` on q and k with whole tables ``[T, D]`` and ``position_ids`` ``[B, S]``."""
     from rotary.functional import apply_rotary
 
     def call():
@@ -302,10 +296,9 @@ def _apply_rotary_positions(inp: Inputs) -> Callable[[], tuple[torch.Tensor, tor
 
 
 def _liger_apply(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    """Liger's rope on q ``[B, Hq, S, D]`` and k ``[B, Hk, S, D]`` with Hugging Face's tables
-    ``[1, S, D]``; returns ``(q, k)`` (newer Liger versions also return cos and sin). Liger makes
-    ``q.transpose(1, 2)`` contiguous and rotates that in place: a copy for ``[B, H, S, D]`` tensors,
-    except at S = 1, where the transposed view is already contiguous and q itself is rotated."""
+    """Liger's rope on q, k ``[B, H, S, D]`` with HF's tables ``[1, S, D]`` (it rotates a contiguous transposed
+    copy, or q itself at S = 1); returns ``(q, k)``.
+    """
     from liger_kernel.ops.rope import LigerRopeFunction
 
     out = LigerRopeFunction.apply(q, k, cos, sin)
@@ -313,10 +306,7 @@ def _liger_apply(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
 
 
 def _half_width(inp: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """The whole tables as flash-attn takes them: one value per pair, ``[T, D/2]``, in q's dtype
-    (flash-attn asserts the dtypes match). rotary's tables repeat each pair's value, side by side
-    for the half pairing (``[c0 .. c_{D/2-1}, c0 .. c_{D/2-1}]``) and in place for the interleaved
-    one (``[c0, c0, c1, c1, ...]``)."""
+    """The whole tables as flash-attn takes them: one value per pair, ``[T, D/2]``, in q's dtype."""
     pick = (lambda t: t[:, ::2]) if inp.interleaved else (lambda t: t[:, : t.shape[1] // 2])
     return (
         pick(inp.table_cos).to(inp.dtype).contiguous(),  # type: ignore[arg-type]
@@ -325,8 +315,7 @@ def _half_width(inp: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class _FlashRotary(torch.autograd.Function):
-    """flash-attn's Triton ``apply_rotary`` with a backward, as ``flash_attn.layers.rotary`` wraps it:
-    the backward rotates the gradient by the conjugate rotation."""
+    """flash-attn's Triton ``apply_rotary`` with the conjugate rotation as its backward."""
 
     @staticmethod
     def forward(ctx, x, cos, sin, offsets, interleaved):  # type: ignore[override]
@@ -348,10 +337,9 @@ class _FlashRotary(torch.autograd.Function):
 def _flash(
     inp: Inputs, *, inplace: bool = False, autograd: bool = False
 ) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-    """flash-attn's Triton rotary on q and on k (two launches), ``[B, S, H, D]`` views of the
-    ``[B, H, S, D]`` tensors (its kernel takes any strides: nothing is copied), half-width tables
-    ``[T, D/2]`` and each sequence's first position as a device tensor ``seqlen_offsets`` ``[B]``.
-    ``autograd``: through :class:`_FlashRotary` (for the fwd+bwd row), else the function itself."""
+    """flash-attn's Triton rotary on ``[B, S, H, D]`` views of q and k (nothing copied), half-width tables and
+    ``seqlen_offsets`` ``[B]``; ``autograd``: through :class:`_FlashRotary`.
+    """
     from flash_attn.ops.triton.rotary import apply_rotary
 
     cos, sin = _half_width(inp)
@@ -436,11 +424,9 @@ DECODE_POSITION = 4096
 
 
 def decode_suite(options) -> list[Result]:
-    """One decoding step's rotation at Llama-3-8B's shape: q ``[1, 32, 1, 128]``, k ``[1, 8, 1, 128]``, position 4096.
-
-    Rows: ``rope(q, k)`` with an offset, with ``position_ids``, in place, and :func:`rotary.rotate` with tables made
-    once per forward, against transformers' ``apply_rotary_pos_emb``; the ratio is HF's time over the row's.
-    Skipped by ``--quick`` unless named in ``--suites``.
+    """One decoding step's rotation at Llama-3-8B's shape (q ``[1, 32, 1, 128]``, k ``[1, 8, 1, 128]``,
+    position 4096): rotary's forms against transformers' ``apply_rotary_pos_emb``; skipped by ``--quick``
+    unless named in ``--suites``.
     """
     from rotary.rope import RoPE
 

@@ -46,9 +46,9 @@ __all__ = ["CPU_DTYPES", "NO_SHAPES", "run", "run_on_device"]
 
 
 def _group_ratios(results: list[Result]) -> None:
-    """Ratios within a group: to the in-place pass, to the copy limit (fwd: one copy; fwd+bwd: two
-    copies), of the training-step rows to their limit (in-place passes over inputs prepared as theirs
-    are), and HF eager's time over the row's."""
+    """Ratios within a group: to the in-place pass, to the copy limit, of the training-step rows to
+    theirs, and HF eager's time over the row's.
+    """
 
     by_key = {(r.method, r.backward): r.median_s for r in results}
     mul = by_key.get((INPLACE_PASS, False))
@@ -73,10 +73,7 @@ CPU_DTYPES = "fp32,bf16"
 
 
 def run(options: argparse.Namespace) -> tuple[dict[str, Any], list[Result]]:
-    """Run the benchmark as the command line describes; returns (machine info, results).
-
-    ``options.device`` (default ``"cpu"``): ``"cuda"`` times the GPU groups (:func:`run_on_device`).
-    """
+    """Run the benchmark as ``options`` say (``device="cuda"``: :func:`run_on_device`); returns (machine, results)."""
     from rotary.kernels.extension import cpu_extension_error, load_cpu_extension
 
     device = getattr(options, "device", None) or "cpu"
@@ -147,8 +144,7 @@ def run(options: argparse.Namespace) -> tuple[dict[str, Any], list[Result]]:
 
 
 def _run_suite(suite: Callable[[argparse.Namespace], list[Result]], options: argparse.Namespace) -> list[Result]:
-    """The suite's rows; with ``--progress`` its tables go to stderr as soon as it ends (a run stopped
-    later, e.g. by a time budget on a GPU machine, still leaves them)."""
+    """The suite's rows; with ``--progress`` its tables go to stderr as soon as it ends."""
     started = time.perf_counter()
     rows = suite(options)
     if getattr(options, "progress", False) and rows:
@@ -173,11 +169,10 @@ NO_SHAPES = "none"
 def _names(
     text: str | None, flag: str, known: Any, unknown: Callable[[str], str], none: str | None = None
 ) -> list[str] | None:
-    """The comma-separated names of ``flag``, each once and each in ``known`` (else an :class:`InputError`).
+    """The comma-separated names of ``flag``, each once and each in ``known`` (else InputError).
 
-    Example:
-        >>> _names("fp32,bf16", "--dtypes", DTYPE_NAMES, str)
-        ['fp32', 'bf16']
+    >>> _names("fp32,bf16", "--dtypes", DTYPE_NAMES, str)
+    ['fp32', 'bf16']
     """
     if text is None:
         return None
@@ -200,8 +195,7 @@ def _check_dtypes(options: argparse.Namespace) -> None:
 
 
 def _wanted_shapes(options: argparse.Namespace, known: list[str], what: str) -> set[str] | None:
-    """The shape names ``--shapes`` gives (``None``: the default; empty: ``none``), every one in ``known``
-    (else an :class:`InputError`: "names no {what} [known]")."""
+    """The shape names ``--shapes`` gives (None: the default; empty: ``none``), each in ``known``."""
     unknown = [n for n in (options.shapes or "").split(",") if n not in known and n != NO_SHAPES]
     if options.shapes is not None and unknown:  # reported together: '' (--shapes '') names no shape either
         raise InputError(f"--shapes {','.join(unknown)!r} names no {what} {known}")
@@ -212,8 +206,7 @@ def _wanted_shapes(options: argparse.Namespace, known: list[str], what: str) -> 
 def _selected_suites(
     options: argparse.Namespace, device_type: str
 ) -> list[Callable[[argparse.Namespace], list[Result]]]:
-    """The registered suites to run on ``device_type``: those ``--suites`` names (each must exist and
-    run there; ``none``: no suite), else every suite that runs there."""
+    """The suites to run on ``device_type``: those ``--suites`` names (``none``: none), else all that run there."""
     if options.suites is None:
         return [s for name, s in harness.SUITES.items() if device_type in harness.SUITE_DEVICES.get(name, ("cpu",))]
     registered = ", ".join(sorted(harness.SUITES)) or "none (add one with --cases FILE.py)"
@@ -239,8 +232,7 @@ def _selected_suites(
 
 
 def _selected_methods(options: argparse.Namespace, device_type: str) -> list[Method]:
-    """The registered methods that run on ``device_type``, less the ``torch.compile`` rows that
-    ``--quick`` (without ``--compile``) and ``--no-compile`` leave out."""
+    """The methods that run on ``device_type``, less the compiled rows ``--quick``/``--no-compile`` leave out."""
     methods = [m for m in harness.METHODS if device_type in m.devices]
     methods = [m for m in methods if not (options.quick and "torch.compile" in m.name and not options.compile)]
     if options.no_compile:
@@ -249,8 +241,7 @@ def _selected_methods(options: argparse.Namespace, device_type: str) -> list[Met
 
 
 def _device_groups(options: argparse.Namespace) -> list[tuple[DeviceGroup, list[str]]]:
-    """The GPU groups ``--quick`` / ``--shapes`` select, each with its dtypes (``--dtypes`` replaces
-    every group's own)."""
+    """The GPU groups ``--quick`` / ``--shapes`` select, each with its dtypes."""
     groups = QUICK_CUDA_GROUPS if options.quick else CUDA_GROUPS
     every = CUDA_GROUPS + QUICK_CUDA_GROUPS
     wanted = _wanted_shapes(options, [g.shape.name for g in every], "GPU shape; with --device cuda choose from")
@@ -262,12 +253,10 @@ def _device_groups(options: argparse.Namespace) -> list[tuple[DeviceGroup, list[
 
 
 def _limit_of(method: str, backward: bool, inplace: bool) -> str:
-    """The limit row a GPU row's "x copy" divides by: the fresh in-place passes for the training-step
-    rows, two copies for other fwd+bwd rows, the in-place pass for in-place rows, else the copy.
+    """The limit row a GPU row's "x copy" divides by.
 
-    Example:
-        >>> _limit_of("rotary fused, in place", False, True), _limit_of("HF eager apply_rotary_pos_emb", True, False)
-        ('limit: in-place pass (mul_)', 'limit: two copies (fwd+bwd)')
+    >>> _limit_of("rotary fused, in place", False, True), _limit_of("HF eager apply_rotary_pos_emb", True, False)
+    ('limit: in-place pass (mul_)', 'limit: two copies (fwd+bwd)')
     """
     if backward:
         return TRAINING_PASSES if method in TRAINING_STEPS else TWO_COPIES
@@ -275,8 +264,7 @@ def _limit_of(method: str, backward: bool, inplace: bool) -> str:
 
 
 def _device_ratios(results: list[Result], inplace: set[str]) -> None:
-    """ "x copy" of each GPU row: its GPU time over its limit row's (:func:`_limit_of`), in the same
-    group, and only where both were measured the same way (both graph replays, or both per call)."""
+    """ "x copy" of each GPU row: its time over its limit row's, where both were measured the same way."""
     by_key = {(r.method, r.backward): r for r in results}
     for r in results:
         limit = by_key.get((_limit_of(r.method, r.backward, (r.method, r.backward) in inplace), r.backward))  # type: ignore[arg-type]
@@ -359,17 +347,14 @@ def run_on_device(options: argparse.Namespace, backend: Any) -> tuple[dict[str, 
 
 
 def _cpu_kernel_state() -> str:
-    """Whether the fused CPU kernel is loaded ("loaded" or why not). Asked after the groups: on a GPU,
-    ``rope(q, k)`` tries the CPU decoding fast path first, which loads (or fails to load) the kernel
-    during the warm-up of the rotary rows, so this is a lookup and what those rows' host time included;
-    a run without rotary rows builds it here, as the CPU run does at its start."""
+    """Whether the fused CPU kernel is loaded ("loaded" or why not), asked after the groups ran."""
     from rotary.kernels.extension import cpu_extension_error, load_cpu_extension
 
     return "loaded" if load_cpu_extension() is not None else f"unavailable: {cpu_extension_error()}"
 
 
 def _device_machine(device: torch.device, methods: list[Method]) -> dict[str, Any]:
-    """What a GPU run adds to the machine description: the GPU, CUDA, Triton, the baselines' versions."""
+    """The GPU, CUDA, Triton and the baselines' versions."""
     info: dict[str, Any] = {"device": str(device)}
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
@@ -380,7 +365,6 @@ def _device_machine(device: torch.device, methods: list[Method]) -> dict[str, An
 
 
 def _without_missing_packages(methods: list[Method]) -> list[Method]:
-    """``methods`` less those whose package is not installed, named in one line on stderr."""
     missing: dict[str, list[str]] = {}
     for m in methods:
         if m.requires and (m.requires in missing or not installed(m.requires)):

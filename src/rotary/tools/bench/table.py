@@ -37,11 +37,8 @@ def _micro(seconds: float | None) -> str:
 def device_row(r: Result, ratio: str = "x copy") -> list[str]:
     """A GPU row's cells (:data:`DEVICE_HEADER`; a time not from graph replay says how it was taken).
 
-    Example:
-        >>> device_row(Result("g", "HF", False, 2.5e-5, 9, ratios={"x copy": 2.0}, host_s=1.4e-4, gpu_timing="graph"))
-        ['HF', '25.0', '2.00', '140.0', '']
-        >>> device_row(Result("g", "x", True, 1e-4, 9, host_s=5e-4, gpu_timing="eager", note="not capturable: E"))
-        ['x (fwd+bwd)', '100.0 (eager)', '', '500.0', 'not capturable: E']
+    >>> device_row(Result("g", "x", True, 1e-4, 9, host_s=5e-4, gpu_timing="eager", note="not capturable: E"))
+    ['x (fwd+bwd)', '100.0 (eager)', '', '500.0', 'not capturable: E']
     """
     gpu = _micro(r.median_s)
     if gpu != "—" and r.gpu_timing != "graph":
@@ -81,8 +78,7 @@ def generation_row(r: Result) -> list[str]:
 
 
 def _fused_table(group: str, rows: list[Result], markdown: bool) -> list[str]:
-    """A fused-op group: µs per call (on a device: GPU time and host time, as :func:`device_row`), x
-    traffic limit, note."""
+    """A fused-op group: µs per call (GPU and host on a device), x traffic limit, note."""
     if any(r.gpu_timing for r in rows):
         header = [FUSED_RATIO if c == "x copy" else c for c in DEVICE_HEADER]
         return group_table(group, header, [device_row(r, FUSED_RATIO) for r in rows], markdown, left=(0, 4))
@@ -161,8 +157,7 @@ def format_table(machine: dict[str, Any], results: list[Result], markdown: bool 
 def group_table(
     group: str, header: list[str], table: list[list[str]], markdown: bool, left: tuple[int, ...]
 ) -> list[str]:
-    """One group as a markdown table (``### group``, then rows; a ``|`` inside a cell is escaped) or
-    as aligned text; the columns in ``left`` are left-aligned, the others right-aligned."""
+    """One group as a markdown table (``|`` in a cell escaped) or aligned text; ``left`` columns left-aligned."""
     if markdown:
         lines = [f"### {group}", "", "| " + " | ".join(header) + " |"]
         lines.append("|" + "|".join("---" if j in left else "---:" for j in range(len(header))) + "|")

@@ -1,7 +1,5 @@
-"""The argparse value types the subcommands share, and the largest sizes they accept.
-
-Each type turns a bad value into ``argparse.ArgumentTypeError``, which argparse prints as one usage
-line with exit status 2.
+"""The argparse value types the subcommands share, and the largest sizes they accept; a bad value raises
+``argparse.ArgumentTypeError`` (one usage line, exit status 2).
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ __all__ = [
 
 
 def positive_int(text: str) -> int:
-    """argparse type: an int > 0 (argparse turns the error into a one-line usage message, status 2)."""
+    """argparse type: an int > 0."""
     try:
         value = int(text)
     except ValueError:
@@ -56,13 +54,9 @@ MAX_LENGTH = 2**40  # context lengths and positions: far beyond any model, still
 def count(maximum: int, why: str):
     """argparse type: an int in ``1 .. maximum`` (``why`` explains the maximum in the error).
 
-    Example:
-        >>> steps = count(100, "a hundred is plenty")
-        >>> steps("7")
-        7
-        >>> steps("101")
-        Traceback (most recent call last):
-        argparse.ArgumentTypeError: must be at most 100 (a hundred is plenty), got 101
+    >>> count(100, "a hundred is plenty")("101")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: must be at most 100 (a hundred is plenty), got 101
     """
 
     def parse(text: str) -> int:
@@ -76,12 +70,7 @@ def count(maximum: int, why: str):
 
 
 def seed(text: str) -> int:
-    """argparse type: a random seed, an int in ``0 .. 2**63 - 1`` (what ``torch.manual_seed`` takes).
-
-    Example:
-        >>> seed("0"), seed("1234")
-        (0, 1234)
-    """
+    """argparse type: a random seed, an int in ``0 .. 2**63 - 1`` (what ``torch.manual_seed`` takes)."""
     try:
         value = int(text)
     except ValueError:

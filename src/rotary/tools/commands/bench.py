@@ -1,11 +1,6 @@
 """``rotary bench``: time RoPE application against Hugging Face and the memory-traffic limit (see
-:mod:`rotary.tools.bench`).
-
-With ``--device cuda`` the GPU groups (prefill, training fwd+bwd, decode, interleaved; q 32 heads,
-k 8 heads, head_dim 128) are timed on the GPU, each row two ways: GPU time per call under CUDA-graph
-replay and host wall time per call in an eager loop (see :mod:`rotary.tools.bench.cuda`). The suites
-``rotate_and_cache``, ``rmsnorm_rotate`` (:mod:`rotary.tools.bench.fused`) and ``generation``
-(:mod:`rotary.tools.bench.generation`) run on both; ``--shapes none --suites NAME`` runs one alone.
+:mod:`rotary.tools.bench`); with ``--device cuda`` the GPU groups and suites are timed as
+:mod:`rotary.tools.bench.cuda` says.
 """
 
 from __future__ import annotations

@@ -60,13 +60,10 @@ PAIRINGS = ("half", "interleaved")
 
 
 def interleaved_from_args(args: argparse.Namespace) -> bool | None:
-    """What ``--pairing`` / ``--interleaved`` / ``--no-interleaved`` asked for: ``None`` when neither was given.
+    """What ``--pairing`` / ``--interleaved`` / ``--no-interleaved`` asked for; ``None`` when neither was given.
 
-    Example:
-        >>> interleaved_from_args(argparse.Namespace(pairing="interleaved", interleaved=None))
-        True
-        >>> interleaved_from_args(argparse.Namespace(pairing=None, interleaved=None)) is None
-        True
+    >>> interleaved_from_args(argparse.Namespace(pairing="interleaved", interleaved=None))
+    True
     """
     pairing = getattr(args, "pairing", None)
     if pairing is not None:
@@ -177,8 +174,7 @@ def _declared_layer_types(path: str) -> list[str]:
 
 
 def _settings_per_layer_type(args: argparse.Namespace) -> list[tuple[str | None, RopeSettings]]:
-    """The file's settings: one entry, or one per layer type when the file has a block per layer type,
-    ``--layer-type`` picks none and ``args.all_layer_types`` is set (otherwise that is an error)."""
+    """The file's settings: one entry, or one per layer type (see :func:`configurations`)."""
     path, layer_type = args.config, getattr(args, "layer_type", None)
     try:
         settings = _read(path, layer_type)
@@ -209,11 +205,8 @@ def _settings_per_layer_type(args: argparse.Namespace) -> list[tuple[str | None,
 
 
 def _context(scaling: dict[str, Any], max_position_embeddings: int | None, flag: int | None) -> tuple[int, str]:
-    """The context length to report, and a phrase saying where it came from.
-
-    A scaling block with a trained length enables ``factor × original_max_position_embeddings`` tokens
-    (Qwen2.5's yarn block: 4 × 32768 = 131072); the config's ``max_position_embeddings`` is used when it
-    is larger (Llama 3.1: 131072 > 8 × 8192).
+    """The context length to report and where it came from: ``factor × original_max_position_embeddings``
+    for a scaling with a trained length, or ``max_position_embeddings`` when larger.
     """
     if flag is not None:
         return flag, "--max-position"
@@ -245,11 +238,10 @@ _CONFIG_FLAGS = {
 
 
 def flag_as_given(flag: str, value: Any) -> str:
-    """The spelling of a configuration flag the user typed: ``--no-interleaved`` for ``interleaved=False``.
+    """The flag as the user typed it: ``--no-interleaved`` for ``interleaved=False``.
 
-    Example:
-        >>> flag_as_given("--interleaved", False), flag_as_given("--interleaved", True)
-        ('--no-interleaved', '--interleaved')
+    >>> flag_as_given("--interleaved", False), flag_as_given("--interleaved", True)
+    ('--no-interleaved', '--interleaved')
     """
     return "--no-interleaved" if flag == "--interleaved" and value is False else flag
 
@@ -268,7 +260,6 @@ def _origin(args: argparse.Namespace) -> str:
 
 
 def _build(settings: RopeSettings, args: argparse.Namespace, layer_type: str | None) -> Configuration:
-    """Apply the flags over ``settings`` and build the RoPE."""
     head_dim = args.head_dim or settings.head_dim
     base = args.base or settings.base
     scaling = dict(settings.scaling)
@@ -342,10 +333,8 @@ _NO_FILE = RopeSettings(head_dim=FLAG_DEFAULTS["head_dim"], base=FLAG_DEFAULTS["
 
 
 def configurations(args: argparse.Namespace) -> list[Configuration]:
-    """Every RoPE that CONFIG and the configuration flags describe.
-
-    One, unless CONFIG has one RoPE block per layer type (Gemma-3), ``--layer-type`` picks none and
-    ``args.all_layer_types`` is set: then one per layer type, in the config's order.
+    """Every RoPE that CONFIG and the flags describe: one, or one per layer type in the config's order when CONFIG
+    has a RoPE block per layer type (Gemma-3), ``--layer-type`` picks none and ``args.all_layer_types`` is set.
     """
     if getattr(args, "config", None) is None:
         if getattr(args, "layer_type", None):
@@ -355,19 +344,15 @@ def configurations(args: argparse.Namespace) -> list[Configuration]:
 
 
 def every_layer_type(args: argparse.Namespace) -> list[Configuration]:
-    """:func:`configurations` with every layer type of a config that has one RoPE block per layer type
-    (Gemma-3's sliding and full attention), in the config's order; ``--layer-type`` picks one."""
+    """:func:`configurations` with every layer type of a per-layer-type config; ``--layer-type`` picks one."""
     return configurations(argparse.Namespace(**{**vars(args), "all_layer_types": True}))
 
 
 def layer_type_suffix(configuration: Configuration, count: int) -> str:
-    """``"_sliding_attention"`` for one of several layer types' outputs (file names), else ``""``.
+    """``"_sliding_attention"`` for one of several layer types' output files, else ``""``.
 
-    Example:
-        >>> layer_type_suffix(Configuration(RoPE(8), 64, "", "full_attention"), 2)
-        '_full_attention'
-        >>> layer_type_suffix(Configuration(RoPE(8), 64, "", "full_attention"), 1)
-        ''
+    >>> layer_type_suffix(Configuration(RoPE(8), 64, "", "full_attention"), 2)
+    '_full_attention'
     """
     return f"_{configuration.layer_type}" if count > 1 and configuration.layer_type else ""
 

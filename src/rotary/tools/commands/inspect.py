@@ -26,11 +26,10 @@ __all__ = ["register", "inspect_configuration", "layer_details", "render"]
 def inspect_configuration(configuration: Configuration, seq_len: int | None = None) -> Inspection:
     """The inspection of one configuration; length-dependent types at ``seq_len`` (default: the context).
 
-    Example:
-        >>> from rotary.tools.commands.configuration import Configuration
-        >>> info = inspect_configuration(Configuration(rotary.RoPE(64), 4096, "--max-position"))
-        >>> info.context, len(info.pairs())
-        (4096, 32)
+    >>> from rotary.tools.commands.configuration import Configuration
+    >>> info = inspect_configuration(Configuration(rotary.RoPE(64), 4096, "--max-position"))
+    >>> info.context, len(info.pairs())
+    (4096, 32)
     """
     rope, context = configuration.rope, configuration.context
     f = rope.freqs
@@ -45,13 +44,11 @@ def inspect_configuration(configuration: Configuration, seq_len: int | None = No
 
 
 def layer_details(path: str | None, layer_type: str | None, context: int) -> dict[str, Any]:
-    """What the config at ``path`` says beyond one RoPE: the axis of each frequency slot of multimodal
-    RoPE (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) and the layers without RoPE (Llama 4, SmolLM3) with Llama 4's
-    NoPE query temperature at position ``context - 1``. Empty without a config or for other configs.
+    """What the config at ``path`` says beyond one RoPE: multimodal RoPE's axis per slot, the layers without
+    RoPE and Llama 4's NoPE query temperature at ``context - 1``; empty otherwise.
 
-    Example:
-        >>> layer_details(None, None, 4096)
-        {}
+    >>> layer_details(None, None, 4096)
+    {}
     """
     if path is None:
         return {}
@@ -92,12 +89,10 @@ def _runs(axes: str) -> str:
 
 
 def _param(value: Any) -> str:
-    """A scaling parameter for the header: short sequences (lists or tuples alike) as a list, long ones
-    (LongRoPE's per-pair factors) by their length.
+    """A scaling parameter for the header: a short sequence as a list, a long one by its length.
 
-    Example:
-        >>> _param((16, 24, 24)), _param([1.0] * 48), _param(8.0)
-        ('[16, 24, 24]', '[48 values]', '8.0')
+    >>> _param((16, 24, 24)), _param([1.0] * 48), _param(8.0)
+    ('[16, 24, 24]', '[48 values]', '8.0')
     """
     if isinstance(value, (list, tuple)):
         return f"[{', '.join(map(str, value))}]" if len(value) <= 4 else f"[{len(value)} values]"
@@ -113,8 +108,7 @@ def _fmt(x: float, digits: int = 4) -> str:
 def render(
     info: Inspection, context_source: str = "", layer_type: str | None = None, details: dict[str, Any] | None = None
 ) -> None:
-    """Print ``info`` as rich tables (``context_source``: how the context length was chosen; ``layer_type``:
-    the config's layer type it belongs to; ``details``: :func:`layer_details`)."""
+    """Print ``info`` as rich tables, with how the context was chosen, its layer type and ``details``."""
     from rich.table import Table
 
     details = details or {}
@@ -185,13 +179,11 @@ def _as_dict(configuration: Configuration, info: Inspection, details: dict[str, 
 
 
 def axial_details(preset: str, head_dim: int | None = None) -> dict[str, Any]:
-    """The pairs of an axial RoPE preset: the axis each pair rotates by, its frequency and its
-    wavelength in coordinate units (patches, or the normalised range for ``coordinates='normalized'``).
+    """The pairs of an axial RoPE preset: each pair's axis, frequency and wavelength in coordinate units.
 
-    Example:
-        >>> d = axial_details("pixtral")
-        >>> d["axes"], d["head_dim"], d["split"], d["pairs"][0]["axis"], d["pairs"][16]["axis"]
-        (2, 64, [32, 32], 0, 1)
+    >>> d = axial_details("pixtral")
+    >>> d["axes"], d["head_dim"], d["split"], d["pairs"][0]["axis"], d["pairs"][16]["axis"]
+    (2, 64, [32, 32], 0, 1)
     """
     from rotary.variants import AxialRoPE
 

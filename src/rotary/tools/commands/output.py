@@ -1,10 +1,8 @@
-"""The ``-o/--out PATH`` convention: where a subcommand writes.
+"""The ``-o/--out PATH`` convention: where a subcommand writes (missing directories are created).
 
-A file stem for a command that draws one figure (``rotary plot decay -o figs/decay`` writes
-``figs/decay.png`` and ``figs/decay.svg``; an existing directory or a path ending in ``/`` gets the
-default name inside it), a directory for a command that writes several files (``plot scaling``,
-``report``), and for a command that prints (``inspect``, ``verify``, ``demo``, ``bench``, ``build``) a
-file to write the printed text or JSON to instead of stdout. Missing directories are created.
+A file stem for one figure (``-o figs/decay`` writes ``figs/decay.png`` and ``.svg``; a directory gets the
+default name inside it), a directory for several files (``plot scaling``, ``report``), or, for a command that
+prints, a file that takes the printed text or JSON instead of stdout.
 """
 
 from __future__ import annotations
@@ -19,20 +17,14 @@ __all__ = ["add_output_argument", "open_output_file", "output_directory", "outpu
 
 
 def output_path(text: str) -> str:
-    """argparse type of ``-o``: a non-empty path (an empty one would silently mean the current directory).
-
-    Example:
-        >>> output_path("figs/decay")
-        'figs/decay'
-    """
+    """argparse type of ``-o``: a non-empty path (an empty one would silently mean the current directory)."""
     if not text.strip():
         raise argparse.ArgumentTypeError(f"must name a file or directory, got {text!r}")
     return text
 
 
 def add_output_argument(p: argparse.ArgumentParser, kind: str, default: str | None, what: str) -> None:
-    """Add ``-o/--out PATH``. ``kind``: ``"stem"`` (one figure), ``"dir"`` (several files) or
-    ``"file"`` (the printed output; default stdout)."""
+    """Add ``-o/--out PATH`` of ``kind`` ``"stem"``, ``"dir"`` or ``"file"`` (default stdout)."""
     metavar = {"stem": "PATH", "dir": "DIR", "file": "FILE"}[kind]
     where = f"default {default}" if default else "default: stdout"
     p.add_argument(
@@ -60,9 +52,8 @@ def _make_directory(directory: Path, given: str) -> None:
 
 
 def output_stem(given: str, default_name: str) -> Path:
-    """The file stem ``-o`` names for one figure; an existing directory (or ``dir/``) gets ``default_name``.
-
-    A ``.png`` / ``.svg`` suffix is dropped (both files are written). The parent directory is created.
+    """The file stem ``-o`` names for one figure (``.png``/``.svg`` dropped; a directory gets ``default_name``),
+    its parent created.
     """
     stem = Path(given)
     if given.endswith(("/", os.sep)) or stem.is_dir():

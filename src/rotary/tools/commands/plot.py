@@ -177,8 +177,9 @@ def make_axial(
 
 
 def make_learnable(out: Path, steps: int, seed: int = 0):
-    """Learnable frequencies recover a teacher's: a RoPE(16, base 100) student fits the attention scores
-    of a teacher whose frequencies are 0.8 times its own (linear scaling by 1.25)."""
+    """Learnable frequencies recover a teacher's: a RoPE(16, base 100) student fits the scores of a teacher
+    at 0.8 times its frequencies.
+    """
     from rotary.tools import plots
 
     g = torch.Generator().manual_seed(seed)
@@ -362,8 +363,7 @@ def _scaling(args: argparse.Namespace) -> int:
 
 
 def _per_layer_type(args: argparse.Namespace, name: str, make) -> int:
-    """One figure, or one per layer type (``STEM_<layer type>``) for a config with one RoPE block per
-    layer type; ``make(stem, rope)`` draws one and returns (files, numbers)."""
+    """One figure, or one per layer type (``STEM_<layer type>``); ``make(stem, rope)`` -> (files, numbers)."""
     found = every_layer_type(args)
     stem = output_stem(args.out, name)
     files: list[Path] = []

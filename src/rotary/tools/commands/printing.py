@@ -18,8 +18,7 @@ def print_json(obj: Any) -> None:
 
 
 def console():
-    """A rich console on stdout, at least 100 columns wide so tables don't wrap when piped
-    (:func:`rotary.tools.experiments.progress.table_console`: the library's, shared with the experiment)."""
+    """A rich console on stdout, at least 100 columns wide (``experiments.progress.table_console``)."""
     from rotary.tools.experiments.progress import table_console
 
     return table_console(sys.stdout)

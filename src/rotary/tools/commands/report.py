@@ -141,19 +141,15 @@ def write_report(
     context: int | None = None,
     seq_len: int = 64,
 ) -> tuple[list[Path], dict[str, Any]]:
-    """Write figures, ``report.json`` and ``report.html`` into ``out_dir`` (created if missing); return (files,
-    numbers).
+    """Write the figures, ``report.json`` and ``report.html`` into ``out_dir``; return (files, numbers).
 
-    ``rope`` is one RoPE (with its ``context``), or ``{layer type: (RoPE, context)}`` for a config with one
-    RoPE block per layer type (Gemma-3): then the page has one section per layer type, the figures are
-    named ``<figure>_<layer type>`` and ``numbers`` holds ``"layer_types"``, each with ``inspect``,
-    ``verify`` and ``figures``, and ``verify.passed`` for all of them.
+    ``rope`` is one RoPE (with ``context``), or ``{layer type: (RoPE, context)}`` for a per-layer-type config
+    (Gemma-3): one section per layer type, figures named ``<figure>_<layer type>``, ``numbers["layer_types"]``.
 
-    Example:
-        >>> import tempfile
-        >>> files, numbers = write_report(RoPE(8), Path(tempfile.mkdtemp()), title="d=8", context=64, seq_len=8)
-        >>> numbers["verify"]["passed"], sorted(p.name for p in files if p.stem == "report")
-        (True, ['report.html', 'report.json'])
+    >>> import tempfile
+    >>> files, numbers = write_report(RoPE(8), Path(tempfile.mkdtemp()), title="d=8", context=64, seq_len=8)
+    >>> numbers["verify"]["passed"], sorted(p.name for p in files if p.stem == "report")
+    (True, ['report.html', 'report.json'])
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     if isinstance(rope, RoPE):

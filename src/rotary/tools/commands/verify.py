@@ -76,9 +76,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _verify_vision(args: argparse.Namespace) -> tuple[str, list[Check]]:
-    """``--axial PRESET`` and/or ``--mixed``: the N-D checks of an axial preset and of a RoPE-Mixed
-    (``--head-dim`` overrides the preset's, default 64 for RoPE-Mixed); with both, each check's name
-    says which module it is about."""
+    """The N-D checks of ``--axial PRESET`` and/or ``--mixed`` (with both, each check names its module)."""
     from rotary.variants import AxialRoPE, RoPEMixed
 
     keys = ("base", "rotary_dim", "scaling", "max_position", "pairing", "interleaved", "layer_type")

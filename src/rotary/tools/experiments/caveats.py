@@ -1,9 +1,8 @@
 """What a run may claim: whether its models learned enough for the papers' verdicts, and whether it is a smoke test.
 
-:func:`~.claims.assess` withholds every verdict of a run whose models have not learned enough: perplexity above
-16 per byte at L (4 bits per byte), near what a byte-frequency model reaches on prose and code (4.5 to 5
-bits), where the effects of position encodings cannot show. The default preset's models reach 5 to 11
-(docs/experiment_report.md), the tiny preset's 110 to 169.
+Every verdict of a run is withheld when its models have not learned enough: perplexity above 16 per byte at L
+(4 bits per byte), near a byte-frequency model, where position encodings cannot show (docs/experiment.md,
+"Verdicts withheld").
 """
 
 from __future__ import annotations
@@ -21,8 +20,7 @@ SMOKE_TEST_PRESETS = ("tiny",)
 
 
 def not_learned(results: Results) -> list[tuple[str, float]]:
-    """``(label, perplexity at L)`` of every model trained at L whose perplexity per byte at L is above
-    :data:`LEARNED_PERPLEXITY` (or not finite); empty when all learned enough."""
+    """``(label, perplexity at L)`` of every model trained at L above :data:`LEARNED_PERPLEXITY` (or not finite)."""
     L = results.config.train_length
     weak = []
     for m in results.methods():
@@ -35,8 +33,7 @@ def not_learned(results: Results) -> list[tuple[str, float]]:
 
 
 def caveats(results: Results) -> list[str]:
-    """Sentences a report (and the terminal) must say before its findings: the preset is a smoke test;
-    its models have not learned enough, so the verdicts are withheld. Empty for a run that can be judged."""
+    """Sentences a report must say before its findings (a smoke-test preset; verdicts withheld); empty otherwise."""
     out = []
     if results.config.preset in SMOKE_TEST_PRESETS:
         out.append(

@@ -1,10 +1,9 @@
 """Published claims, each a declarative entry checked against a run's numbers.
 
 A :class:`Claim` names the paper, what it says, the methods it needs and how this run measures it; its
-``check`` turns :class:`~rotary.tools.experiments.results.Results` into a :class:`Finding`. :func:`assess`
-checks a list of claims and :func:`claims_table` renders the result; a new claim is one entry in
-:data:`CLAIMS`. Verdicts follow :mod:`rotary.tools.experiments.stats` (seed by seed; a lead of 2% or less is a
-tie); the papers trained far larger models, so a verdict says whether this run points the same way.
+``check`` turns ``Results`` into a :class:`Finding`; a new claim is one entry in :data:`CLAIMS`. Verdicts
+follow :mod:`.stats` (seed by seed; a lead of 2% or less is a tie); the papers trained far larger models,
+so a verdict says whether this run points the same way.
 """
 
 from __future__ import annotations
@@ -81,13 +80,9 @@ class Finding:
 
 @dataclass(frozen=True)
 class Claim:
-    """One published claim.
-
-    Attributes:
-        paper, claim: a key of :data:`PAPERS`; what the paper says.
-        needs, needs_text: ``(model, scaling)`` pairs the run must have (``("sliding", "")``: that mode); in words.
-        measured, check: how this run measures it; ``Results -> Finding``.
-        past_L: whether it needs evaluation lengths past ``L``.
+    """One published claim: ``paper`` (a key of :data:`PAPERS`) and its ``claim``; ``needs``, the
+    ``(model, scaling)`` pairs the run must have (``("sliding", "")``: that mode); ``check``: ``Results -> Finding``;
+    ``past_L``: whether it needs lengths past ``L``.
     """
 
     paper: str
@@ -117,9 +112,9 @@ def _present(results: Results, need: tuple[str, str]) -> bool:
 
 
 def assess(claims: Sequence[Claim], results: Results) -> list[Assessment]:
-    """Check every claim; a claim whose methods the run lacks is ``not measured``, and every other one is
-    ``withheld`` (its numbers still shown) when the run's models have not learned enough
-    (:func:`~.caveats.not_learned`)."""
+    """Check every claim: ``not measured`` when the run lacks its methods, ``withheld`` (numbers shown) when the
+    run's models have not learned enough (:func:`~.caveats.not_learned`).
+    """
     withhold = bool(not_learned(results))
     out = []
     for c in claims:
@@ -145,14 +140,13 @@ def assess(claims: Sequence[Claim], results: Results) -> list[Assessment]:
 
 
 def claims_table(assessments: Sequence[Assessment]) -> str:
-    """The assessments as a markdown table: verdict, paper, claim, needs, how measured, what this run measured.
+    """The assessments as a markdown table.
 
-    Example:
-        >>> a = Assessment('A 2020, "Title"', "x is low", "a model", "loss at L", "x 1.0", "agrees")
-        >>> print(claims_table([a]))
-        | verdict | paper | claim | needs | measured as | this run |
-        |:---|:---|:---|:---|:---|:---|
-        | **agrees** | A 2020, "Title" | x is low | a model | loss at L | x 1.0 |
+    >>> a = Assessment('A 2020, "Title"', "x is low", "a model", "loss at L", "x 1.0", "agrees")
+    >>> print(claims_table([a]))
+    | verdict | paper | claim | needs | measured as | this run |
+    |:---|:---|:---|:---|:---|:---|
+    | **agrees** | A 2020, "Title" | x is low | a model | loss at L | x 1.0 |
     """
 
     def cell(text: str) -> str:
@@ -175,9 +169,8 @@ def claims_table(assessments: Sequence[Assessment]) -> str:
 def fmt(value: float | None, digits: int = 3) -> str:
     """A number for a table: 3 significant digits (4 from 1 up), ``–`` for None or not finite.
 
-    Example:
-        >>> fmt(4.28431), fmt(0.0392), fmt(None), fmt(1234.5)
-        ('4.284', '0.0392', '–', '1.23e+03')
+    >>> fmt(4.28431), fmt(0.0392), fmt(None), fmt(1234.5)
+    ('4.284', '0.0392', '–', '1.23e+03')
     """
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "–"
@@ -337,7 +330,7 @@ def _pi_beats_direct(r: Results) -> Finding:
 
 
 def _no_extension_length(r: Results, ext: int) -> Finding:
-    """The finding of a claim measured at the extension length E when the run did not evaluate there."""
+    """The finding of a claim at the extension length when the run did not evaluate there."""
     lengths = ", ".join(str(e) for e in r.lengths)
     return Finding(
         f"not measured: this run evaluates at {lengths}, not at the extension length E = {ext}", verdict=NOT_MEASURED
@@ -449,8 +442,9 @@ _TASK_NAMES = {"copy": "copy", "induction": "recall"}
 
 
 def task_learned(r: Results, encoding: str, task: str) -> bool | None:
-    """Whether the task model of ``encoding`` learned ``task`` within its length (pooled per-byte accuracy at
-    ``task_length`` of at least :data:`LEARNED_TASK_ACCURACY`); None when the run has no such model."""
+    """Whether the task model of ``encoding`` reached :data:`LEARNED_TASK_ACCURACY` on ``task`` at
+    ``task_length``; None when the run has no such model.
+    """
     found = r.task_interval(TASK_PREFIX + encoding, "none", task, r.config.task_length)
     return None if found is None else found[0] >= LEARNED_TASK_ACCURACY
 
@@ -466,10 +460,9 @@ def _task_series(r: Results, encoding: str, task: str, lengths: Sequence[int] | 
 
 
 def _above(r: Results, task: str, a: str, b: str | None, length: int, other_length: int | None = None) -> str | None:
-    """Outcome of "task model ``a`` is more accurate at ``length`` than ``b`` (or than ``a`` itself at
-    ``other_length``)": Wilson intervals apart agree or disagree, overlapping ones are within the spread;
-    ``withheld`` when a model involved did not learn the task within L, None when not measured. A claim
-    with some items withheld and the others agreeing is ``partly`` (:func:`~.stats.combine`)."""
+    """Outcome of "task model ``a`` is more accurate at ``length`` than ``b`` (or ``a`` at ``other_length``)" by
+    Wilson intervals; ``withheld`` when a model did not learn the task within L; None when not measured.
+    """
     b = a if b is None else b
     learned = (task_learned(r, a, task), task_learned(r, b, task))
     if None in learned:

@@ -1,8 +1,7 @@
 """What one experiment run is: :class:`ExperimentConfig`, the presets, and the checks on both.
 
-A configuration is plain data (JSON in ``config.json`` of every run directory). ``--resume`` compares
-the stored one with the command's, setting by setting, so a run is never continued with other
-settings than it was started with.
+A configuration is plain data (``config.json`` in every run directory); ``--resume`` compares the stored one
+with the command's, setting by setting.
 """
 
 from __future__ import annotations
@@ -67,9 +66,8 @@ RETRIEVAL_FRACTIONS = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
 def default_encodings() -> tuple[str, ...]:
     """The default ``--encodings``: NoPE, learned, sinusoidal, ALiBi, RoPE, and xPos once registered.
 
-    Example:
-        >>> default_encodings()[:5]
-        ('none', 'learned', 'sinusoidal', 'alibi', 'rope')
+    >>> default_encodings()[:5]
+    ('none', 'learned', 'sinusoidal', 'alibi', 'rope')
     """
     return DEFAULT_ENCODINGS + (("xpos",) if "xpos" in POSITION_ENCODINGS else ())
 
@@ -79,25 +77,20 @@ MIN_COPY = 4
 
 
 def min_task_length(pairs: int) -> int:
-    """The shortest length a task row fits in (copy: ``2 * MIN_COPY + 2`` bytes; induction: ``pairs`` pairs a half).
+    """The shortest task row (copy: ``2 * MIN_COPY + 2`` bytes; induction: ``pairs`` pairs a half).
 
-    Example:
-        >>> min_task_length(4)
-        16
+    >>> min_task_length(4)
+    16
     """
     return max(2 * MIN_COPY + 2, 4 * pairs)
 
 
 @dataclass
 class ExperimentConfig:
-    """Every setting of a run. Lengths are in tokens, and tokens are bytes (vocabulary 256).
+    """Every setting of a run, each described by its ``#:`` comment; lengths are in tokens (bytes).
 
-    Each field is described by the comment above it (``#:``). :meth:`validate` checks every setting,
-    and :data:`PRESETS` holds the presets the command starts from.
-
-    Example:
-        >>> ExperimentConfig(train_length=64).eval_lengths  # None: L, 2L, 4L, 8L
-        (64, 128, 256, 512)
+    >>> ExperimentConfig(train_length=64).eval_lengths  # None: L, 2L, 4L, 8L
+    (64, 128, 256, 512)
     """
 
     #: the preset the settings started from (``tiny``, ``default``, ``large``).
@@ -245,21 +238,15 @@ class ExperimentConfig:
 
     @property
     def extension_length(self) -> int:
-        """The length of the extension stage (``extend_length``, default ``4L``).
-
-        Example:
-            >>> ExperimentConfig(train_length=128).extension_length
-            512
-        """
+        """The length of the extension stage (``extend_length``, default ``4L``)."""
         return self.extend_length if self.extend_length is not None else 4 * self.train_length
 
     @property
     def extension_rows(self) -> int:
         """Rows per step at the extension length: ``extend_batch_size``, else ``batch_size * L // E`` (at least 1).
 
-        Example:
-            >>> ExperimentConfig(train_length=128, batch_size=12).extension_rows
-            3
+        >>> ExperimentConfig(train_length=128, batch_size=12).extension_rows
+        3
         """
         if self.extend_batch_size is not None:
             return self.extend_batch_size
@@ -279,9 +266,8 @@ class ExperimentConfig:
     def distances(self) -> tuple[int, ...]:
         """Retrieval distances: ``retrieval_distances``, or L/4 .. 6L and the longest that fits the longest length.
 
-        Example:
-            >>> ExperimentConfig(train_length=128).distances
-            (32, 64, 96, 128, 192, 256, 384, 512, 768, 976)
+        >>> ExperimentConfig(train_length=128).distances
+        (32, 64, 96, 128, 192, 256, 384, 512, 768, 976)
         """
         if self.retrieval_distances is not None:
             return self.retrieval_distances
@@ -298,12 +284,7 @@ class ExperimentConfig:
 
     @property
     def task_lengths(self) -> tuple[int, ...]:
-        """The task models' evaluation lengths: ``task_length`` times 1, 2, 4 and 8.
-
-        Example:
-            >>> ExperimentConfig(task_length=64).task_lengths
-            (64, 128, 256, 512)
-        """
+        """The task models' evaluation lengths: ``task_length`` times 1, 2, 4 and 8."""
         return tuple(self.task_length * k for k in (1, 2, 4, 8))
 
     @property
@@ -312,23 +293,11 @@ class ExperimentConfig:
         return self.transfer_steps if self.transfer_steps is not None else max(1, self.steps // 10)
 
     def mixed_precision(self, device_type: str) -> bool:
-        """Whether training and evaluation run under bf16 autocast on a device of this type.
-
-        Example:
-            >>> cfg = ExperimentConfig()
-            >>> cfg.mixed_precision("cuda"), cfg.mixed_precision("cpu")
-            (True, False)
-        """
+        """Whether training and evaluation run under bf16 autocast on this device type (``auto``: on CUDA)."""
         return self.precision == "bf16" or (self.precision == "auto" and device_type == "cuda")
 
     def compiles(self, device_type: str) -> bool:
-        """Whether training compiles the model on a device of this type.
-
-        Example:
-            >>> cfg = ExperimentConfig(compile="auto")
-            >>> cfg.compiles("cuda"), cfg.compiles("cpu")
-            (True, False)
-        """
+        """Whether training compiles the model on this device type (``auto``: on CUDA)."""
         return self.compile == "on" or (self.compile == "auto" and device_type == "cuda")
 
     def validate(self) -> ExperimentConfig:

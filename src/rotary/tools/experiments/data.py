@@ -35,12 +35,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Corpus:
-    """A text as bytes, split by position.
-
-    Attributes:
-        source, sha256: the ``--data`` sources as given; hex digest of the whole text (checked on ``--resume``).
-        train, held_out: uint8 ``[N_train]`` and ``[N_held_out]`` (batches and windows are widened to int64).
-        files, skipped: files the text was read from; files left out (not UTF-8 text).
+    """A text as bytes split by position: ``train`` and ``held_out`` uint8; ``sha256`` of the whole (checked on
+    ``--resume``); ``files`` read and ``skipped`` (not UTF-8 text).
     """
 
     source: str
@@ -61,13 +57,10 @@ def _split_sizes(num_bytes: int, held_out_fraction: float) -> tuple[int, int]:
 
 
 def required_bytes(config: ExperimentConfig) -> int:
-    """The fewest bytes a text needs: one training batch (and extension batch), and the evaluation's windows.
+    """The fewest bytes a text needs: one training (and extension) batch and the evaluation's windows.
 
-    Example:
-        >>> required_bytes(ExperimentConfig(train_length=128, held_out_fraction=0.1, sliding_tokens=0))
-        10240
-        >>> required_bytes(ExperimentConfig(train_length=128, held_out_fraction=0.1, sliding_tokens=4096))
-        51200
+    >>> required_bytes(ExperimentConfig(train_length=128, held_out_fraction=0.1, sliding_tokens=0))
+    10240
     """
     train_needed = config.batch_size * (config.train_length + 1)
     if config.extends:
@@ -84,10 +77,9 @@ def required_bytes(config: ExperimentConfig) -> int:
 def split(data: bytes, source: str, held_out_fraction: float, files: int = 1, skipped: int = 0) -> Corpus:
     """Split ``data`` by position: the last ``floor(len * held_out_fraction)`` bytes are held out.
 
-    Example:
-        >>> c = split(b"abcdefghij", "x", 0.2)
-        >>> bytes(c.train.tolist()), bytes(c.held_out.tolist())
-        (b'abcdefgh', b'ij')
+    >>> c = split(b"abcdefghij", "x", 0.2)
+    >>> bytes(c.train.tolist()), bytes(c.held_out.tolist())
+    (b'abcdefgh', b'ij')
     """
     tokens = torch.frombuffer(bytearray(data), dtype=torch.uint8)  # one copy of the text, one byte per token
     n_train, _ = _split_sizes(len(data), held_out_fraction)
@@ -95,11 +87,8 @@ def split(data: bytes, source: str, held_out_fraction: float, files: int = 1, sk
 
 
 def load_corpus(config: ExperimentConfig) -> Corpus:
-    """Read, check and split the text ``config.data`` names.
-
-    Raises:
-        ExperimentError: as :func:`~rotary.tools.experiments.sources.read_sources`, or a text too short for
-            one training batch and the evaluation (the message says how many bytes are needed).
+    """Read, check and split the text ``config.data`` names; ExperimentError as :func:`~.sources.read_sources`,
+    or for a text too short (naming the bytes needed).
     """
     text = read_sources(config.data)
     needed = required_bytes(config)
@@ -116,9 +105,9 @@ def load_corpus(config: ExperimentConfig) -> Corpus:
 
 
 def evaluation_tokens(corpus: Corpus, config: ExperimentConfig) -> torch.Tensor:
-    """The held-out tokens every evaluation length is measured on: the longest multiple of the
-    longest length that fits in ``eval_tokens`` (or in the whole held-out part), so that every length
-    sees the same text. int64 ``[T]``."""
+    """The held-out tokens every length is measured on, int64 ``[T]``: the longest multiple of the longest length
+    that fits in ``eval_tokens``.
+    """
     available = (
         corpus.held_out.numel() if config.eval_tokens is None else min(config.eval_tokens, corpus.held_out.numel())
     )
@@ -129,9 +118,8 @@ def evaluation_tokens(corpus: Corpus, config: ExperimentConfig) -> torch.Tensor:
 def sliding_starts(config: ExperimentConfig, total: int) -> tuple[int, ...]:
     """Where the sliding windows' scored strides begin, spread over the ``total`` tokens past the longest window.
 
-    Example:
-        >>> sliding_starts(ExperimentConfig(train_length=128, eval_stride=64, sliding_tokens=256), 2048)
-        (1024, 1280, 1536, 1792)
+    >>> sliding_starts(ExperimentConfig(train_length=128, eval_stride=64, sliding_tokens=256), 2048)
+    (1024, 1280, 1536, 1792)
     """
     candidates = (total - config.longest) // config.stride
     count = min(config.sliding_tokens // config.stride, candidates)
@@ -139,13 +127,7 @@ def sliding_starts(config: ExperimentConfig, total: int) -> tuple[int, ...]:
 
 
 def windows(tokens: torch.Tensor, length: int) -> torch.Tensor:
-    """Non-overlapping windows ``[N, length]`` of ``tokens [T]`` (a shorter tail is dropped).
-
-    Example:
-        >>> windows(torch.arange(7), 3)
-        tensor([[0, 1, 2],
-                [3, 4, 5]])
-    """
+    """Non-overlapping windows ``[N, length]`` of ``tokens [T]`` (a shorter tail is dropped)."""
     count = tokens.numel() // length
     return tokens[: count * length].view(count, length)
 
@@ -153,9 +135,8 @@ def windows(tokens: torch.Tensor, length: int) -> torch.Tensor:
 def derived_seed(*parts: object) -> int:
     """A 63-bit seed from any parts (stable across processes and Python versions, unlike ``hash``).
 
-    Example:
-        >>> derived_seed(0, "batch", 7) == derived_seed(0, "batch", 7) != derived_seed(0, "batch", 8)
-        True
+    >>> derived_seed(0, "batch", 7) == derived_seed(0, "batch", 7) != derived_seed(0, "batch", 8)
+    True
     """
     digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
@@ -172,18 +153,12 @@ def training_batch(
 ) -> torch.Tensor:
     """The global training batch of ``step``: int64 ``[rows, length + 1]`` from the uint8 (or int64) text ``train``.
 
-    Random windows; a ``passkey_fraction`` of the rows end with a passkey sample (random length, depth and key).
+    Random windows; a ``passkey_fraction`` of the rows end with a passkey sample. ``rows`` defaults to
+    ``batch_size``, ``length`` to ``L``.
 
-    Args:
-        rows: rows of the batch (default ``batch_size``).
-        length: tokens per row before the shift (default ``L``; other lengths draw from ``(seed, length, step)``).
-
-    Example:
-        >>> cfg = ExperimentConfig(preset="tiny", train_length=128, batch_size=4, passkey_fraction=0.5)
-        >>> training_batch(torch.randint(256, (1000,)), 0, cfg, seed=0).shape
-        torch.Size([4, 129])
-        >>> training_batch(torch.randint(256, (1000,)), 0, cfg, seed=0, rows=1, length=512).shape
-        torch.Size([1, 513])
+    >>> cfg = ExperimentConfig(preset="tiny", train_length=128, batch_size=4, passkey_fraction=0.5)
+    >>> training_batch(torch.randint(256, (1000,)), 0, cfg, seed=0, rows=1, length=512).shape
+    torch.Size([1, 513])
     """
     rows = config.batch_size if rows is None else rows
     window = config.train_length if length is None else length

@@ -30,12 +30,7 @@ class Distributed:
 
     @classmethod
     def from_env(cls) -> Distributed:
-        """Read torchrun's environment variables.
-
-        Example:
-            >>> Distributed.from_env().world_size >= 1
-            True
-        """
+        """Read torchrun's environment variables."""
         try:
             return cls(
                 int(os.environ.get("RANK", 0)),
@@ -49,25 +44,22 @@ class Distributed:
             ) from None
 
     def device(self, kind: str) -> torch.device:
-        """The training device of this process: ``cuda:LOCAL_RANK`` for ``kind == "cuda"`` (NCCL), else the CPU.
+        """The training device of this process: ``cuda:LOCAL_RANK`` for ``kind == "cuda"``, else the CPU.
 
-        Example:
-            >>> Distributed(rank=1, world_size=2, local_rank=1).device("cuda"), Distributed().device("cpu")
-            (device(type='cuda', index=1), device(type='cpu'))
+        >>> Distributed(rank=1, world_size=2, local_rank=1).device("cuda"), Distributed().device("cpu")
+        (device(type='cuda', index=1), device(type='cpu'))
         """
         return torch.device("cuda", self.local_rank) if kind == "cuda" else torch.device("cpu")
 
     def start(self, device: str) -> None:
-        """Join the process group (gloo on CPU; on CUDA nccl for CUDA tensors and gloo for any CPU
-        tensor); nothing to do for one process."""
+        """Join the process group (gloo on CPU; nccl and gloo on CUDA); nothing to do for one process."""
         if self.world_size > 1 and not torch.distributed.is_initialized():
             if device == "cuda":
                 torch.cuda.set_device(self.local_rank)
             torch.distributed.init_process_group("cpu:gloo,cuda:nccl" if device == "cuda" else "gloo")
 
     def agree(self, ok: bool, device: torch.device) -> bool:
-        """True when ``ok`` holds on every rank: one all-reduce (MIN) of a ``[1]`` flag on ``device``,
-        the training device (:meth:`device`)."""
+        """True when ``ok`` holds on every rank (one all-reduce MIN on the training ``device``)."""
         if self.world_size == 1 or not torch.distributed.is_initialized():
             return ok
         flag = torch.tensor([int(ok)], device=device)
@@ -75,8 +67,7 @@ class Distributed:
         return bool(flag.item())
 
     def mean(self, value: torch.Tensor) -> torch.Tensor:
-        """The mean of ``value`` (any shape, on the training device) over the ranks; ``value`` itself
-        for one process. Used for the logged loss only: DDP averages the gradients itself."""
+        """The mean of ``value`` over the ranks, for the logged loss (DDP averages the gradients itself)."""
         if self.world_size == 1 or not torch.distributed.is_initialized():
             return value
         total = value.detach().clone()
@@ -84,11 +75,8 @@ class Distributed:
         return total / self.world_size
 
     def stop(self, sync: torch.device | None = None) -> None:
-        """Leave the process group (idempotent); ``sync``: the training device, for a barrier first (None: leave at
-        once).
-
-        The barrier keeps a rank from reaching interpreter shutdown while gloo's worker threads still release its
-        last collective's tensors (which aborts the process: "terminate called without an active exception").
+        """Leave the process group (idempotent), after a barrier on ``sync`` when given: a rank must not reach
+        interpreter shutdown while gloo's threads still release its last collective's tensors.
         """
         if self.world_size > 1 and torch.distributed.is_initialized():
             gc.collect()  # a DDP wrapper kept alive by a reference cycle still holds the group

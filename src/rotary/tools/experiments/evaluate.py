@@ -1,17 +1,14 @@
-"""Measuring a trained model at and past its training length ``L``.
+"""Measuring a trained model at and past its training length ``L``; how each measure is read: docs/experiment.md.
 
-For every evaluation length ``E`` (and every scaling, for models with RoPE): perplexity and bits per byte on
-the held-out text in non-overlapping windows and in sliding windows (every scored token sees at least
-``E - stride`` tokens; "Train Short, Test Long", appendix B, shows why both are needed); the loss by query
-position in bins of ``L / 8``; passkey retrieval (:mod:`.passkey`) and the retrieval probe (:mod:`.retrieval`);
-for a task model (:mod:`.tasks`), copy and associative-recall accuracy only (:func:`evaluate_tasks`). How each
-is read: docs/experiment.md.
+For every evaluation length ``E`` (and every scaling, for models with RoPE): perplexity and bits per byte in
+non-overlapping and in sliding windows (every scored token sees at least ``E - stride`` tokens; "Train Short,
+Test Long", appendix B, shows why both are needed); the loss by query position in bins of ``L / 8``; passkey
+retrieval and the retrieval probe; for a task model, copy and associative-recall accuracy only.
 
 Scalings of a pretrained model apply at inference only, with factor ``E / L``; a model fine-tuned with a
-scaling is evaluated with it at its own factor; :func:`scaled_copy` is the one place a scaling changes.
-Measurements run in batches (:func:`eval_rows`); where only the last tokens of a window are scored, the final
-norm and output layer run on those only (:func:`scored_tail`); a measurement equal to one already made is not
-repeated (:func:`same_rope`). Evaluation runs under the run's mixed precision, losses from fp32 logits.
+scaling is evaluated at its own factor. :func:`scaled_copy` is the one place a scaling changes; a measurement
+equal to one already made is not repeated (:func:`same_rope`). Evaluation runs under the run's mixed
+precision, losses from fp32 logits.
 """
 
 from __future__ import annotations
@@ -67,12 +64,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class EvaluationText:
-    """The held-out text of each measurement (int64).
-
-    Attributes:
-        windows: ``[T]``, cut into non-overlapping (and sliding) windows (:func:`~.data.evaluation_tokens`).
-        sliding: where the strides the sliding windows score begin (:func:`~.data.sliding_starts`); may be empty.
-        held_out: ``[N]``, the text the retrieval trials are cut from.
+    """The held-out text of each measurement, int64: ``windows`` ``[T]`` (cut into windows), ``sliding``
+    (where the sliding windows' scored strides begin; may be empty), ``held_out`` ``[N]`` (for the retrieval trials).
     """
 
     windows: torch.Tensor
@@ -86,11 +79,7 @@ def uses_rope(model: Decoder) -> bool:
 
 
 def scaled_copy(model: Decoder, scaling: dict | None) -> Decoder:
-    """A copy of ``model`` with the same weights and RoPE scaled by ``scaling``, in eval mode (``model`` untouched).
-
-    Args:
-        model: a trained :class:`rotary.models.Decoder` (without RoPE: copied as it is, ``scaling`` None).
-        scaling: a ``rope_scaling`` block (:func:`scaling_block`) or None.
+    """A copy of ``model`` in eval mode, same weights, RoPE scaled by ``scaling`` (None: unscaled).
 
     Example:
         >>> from rotary.models import DecoderConfig
@@ -110,11 +99,10 @@ def scaled_copy(model: Decoder, scaling: dict | None) -> Decoder:
 
 
 def rows_per_batch(length: int, num_heads: int, *, max_tokens: int = 16384, max_scores: int = 2**24) -> int:
-    """Windows per forward: at most ``max_tokens`` tokens and ``max_scores`` attention scores (``rows * heads * E²``).
+    """Windows per forward: at most ``max_tokens`` tokens and ``max_scores`` scores (``rows * heads * E²``).
 
-    Example:
-        >>> rows_per_batch(1024, 4), rows_per_batch(128, 4)
-        (4, 128)
+    >>> rows_per_batch(1024, 4), rows_per_batch(128, 4)
+    (4, 128)
     """
     return max(1, min(max_tokens // length, max_scores // (num_heads * length * length)))
 
@@ -127,15 +115,8 @@ GPU_BATCH = (2**18, 2**28)
 
 
 def eval_rows(model: Decoder, length: int, *, generate: bool = False) -> int:
-    """Windows (or, ``generate``, passkey prompts) of ``length`` tokens per forward of ``model``, on its device.
-
-    On the CPU :func:`rows_per_batch`'s defaults (``make demo``'s memory); elsewhere the budget :data:`GPU_BATCH`.
-
-    Example:
-        >>> from rotary.models import DecoderConfig
-        >>> m = Decoder(DecoderConfig(hidden_size=32, num_layers=1, num_heads=4))
-        >>> eval_rows(m, 1024), eval_rows(m, 1024, generate=True)
-        (4, 2)
+    """Windows (or, ``generate``, passkey prompts) of ``length`` per forward: :func:`rows_per_batch` on the
+    CPU, the budget :data:`GPU_BATCH` elsewhere.
     """
     heads = model.config.num_heads
     if next(model.parameters()).device.type == "cpu":
@@ -147,18 +128,15 @@ def eval_rows(model: Decoder, length: int, *, generate: bool = False) -> int:
 
 @contextlib.contextmanager
 def scored_tail(model: Decoder, keep: int | None) -> Iterator[None]:
-    """Within it, ``model(ids)`` returns the logits of the last ``keep`` positions only, ``[B, keep, V]`` (None: all).
+    """Within it, ``model(ids)`` returns the logits of the last ``keep`` positions only, ``[B, keep, V]``.
 
-    Only the final norm and the output layer skip the other positions; the logits equal the full forward's.
-
-    Example:
-        >>> from rotary.models import DecoderConfig
-        >>> m = Decoder(DecoderConfig(hidden_size=32, num_layers=1, num_heads=2)).eval()
-        >>> ids = torch.randint(256, (3, 20))
-        >>> with torch.no_grad(), scored_tail(m, 4):
-        ...     tail = m(ids)
-        >>> tail.shape, torch.equal(tail, m(ids)[:, -4:].detach())
-        (torch.Size([3, 4, 256]), True)
+    >>> from rotary.models import DecoderConfig
+    >>> m = Decoder(DecoderConfig(hidden_size=32, num_layers=1, num_heads=2)).eval()
+    >>> ids = torch.randint(256, (3, 20))
+    >>> with torch.no_grad(), scored_tail(m, 4):
+    ...     tail = m(ids)
+    >>> tail.shape, torch.equal(tail, m(ids)[:, -4:].detach())
+    (torch.Size([3, 4, 256]), True)
     """
     if keep is None:
         yield
@@ -174,16 +152,8 @@ def scored_tail(model: Decoder, keep: int | None) -> Iterator[None]:
 def token_losses(
     model: Decoder, windows: torch.Tensor, *, batch_rows: int | None = None, last: int | None = None
 ) -> torch.Tensor:
-    """Next-token cross-entropy (nats) at every position of every window (or at its ``last`` positions).
-
-    Args:
-        model: a ``Decoder`` in eval mode.
-        windows: int64 ``[N, E]``.
-        batch_rows: windows per forward; default :func:`eval_rows`.
-        last: score only the last ``last`` targets of each window; None: all.
-
-    Returns:
-        fp32 ``[N, E - 1]`` (``[i, p]``: predicting token ``p + 1`` of window ``i``), or ``[N, last]``.
+    """Next-token cross-entropy (nats) of int64 ``windows`` ``[N, E]``: fp32 ``[N, E - 1]`` (``[i, p]``
+    predicts token ``p + 1``), or ``[N, last]`` for the last ``last`` targets only.
     """
     n, length = windows.shape
     rows = batch_rows or eval_rows(model, length)
@@ -205,24 +175,15 @@ def token_losses(
 def sliding_losses(
     model: Decoder, text: torch.Tensor, length: int, stride: int, starts: tuple[int, ...]
 ) -> torch.Tensor:
-    """Losses of the ``stride`` tokens from each of ``starts``, each predicted by the ``length`` tokens ending there.
+    """Losses of the ``stride`` tokens from each of ``starts`` in int64 ``text`` ``[T]``, each predicted by the
+    ``length`` tokens ending there: fp32 ``[len(starts) * stride]``.
 
-    Args:
-        model: a ``Decoder`` in eval mode.
-        text: int64 ``[T]``.
-        length, stride: window length ``E``; tokens scored per window.
-        starts: first token of each scored stride, each at least ``length - stride``.
-
-    Returns:
-        fp32 ``[len(starts) * stride]``, stride after stride.
-
-    Example:
-        >>> from rotary.models import DecoderConfig
-        >>> m = Decoder(DecoderConfig(hidden_size=32, num_layers=1, num_heads=2, position_encoding="alibi")).eval()
-        >>> text = torch.randint(256, (24,))
-        >>> full = token_losses(m, text[None, 8:24])[0]  # one window of 16: its last 8 tokens see 8 or more
-        >>> torch.allclose(sliding_losses(m, text, 16, 8, (16,)), full[-8:])
-        True
+    >>> from rotary.models import DecoderConfig
+    >>> m = Decoder(DecoderConfig(hidden_size=32, num_layers=1, num_heads=2, position_encoding="alibi")).eval()
+    >>> text = torch.randint(256, (24,))
+    >>> full = token_losses(m, text[None, 8:24])[0]  # one window of 16: its last 8 tokens see 8 or more
+    >>> torch.allclose(sliding_losses(m, text, 16, 8, (16,)), full[-8:])
+    True
     """
     if any(p < length - stride or p + stride > text.numel() for p in starts):
         raise InputError(
@@ -235,12 +196,10 @@ def sliding_losses(
 
 
 def position_bins(config: ExperimentConfig) -> list[tuple[int, int]]:
-    """The ranges of query positions the loss is reported in, on windows of the longest length: bins of
-    ``L / 8`` (at least one token), the last ending at the last query ``longest - 1``.
+    """Query-position ranges for the loss on the longest windows: bins of ``L / 8``, the last ending at ``longest - 1``.
 
-    Example:
-        >>> position_bins(ExperimentConfig(train_length=128))[:3], position_bins(ExperimentConfig(train_length=128))[-1]
-        ([(0, 16), (16, 32), (32, 48)], (1008, 1023))
+    >>> position_bins(ExperimentConfig(train_length=128))[:3], position_bins(ExperimentConfig(train_length=128))[-1]
+    ([(0, 16), (16, 32), (32, 48)], (1008, 1023))
     """
     width = max(1, config.train_length // 8)
     last = config.longest - 1
@@ -260,10 +219,7 @@ def summarise(losses: torch.Tensor) -> dict:
 
 @torch.no_grad()
 def passkey_at(model: Decoder, length: int, config: ExperimentConfig) -> dict:
-    """Passkey accuracy at ``length`` tokens (prompt plus the 5 answer digits) by greedy decoding.
-
-    The trials depend only on the run's seed and ``length``, so every model gets the same prompts.
-    """
+    """Passkey accuracy at ``length`` tokens by greedy decoding (the same trials for every model)."""
     trials = make_trials(
         length,
         config.passkey_trials,
@@ -280,14 +236,13 @@ def passkey_at(model: Decoder, length: int, config: ExperimentConfig) -> dict:
 
 @torch.no_grad()
 def greedy_continuation(model: Decoder, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
-    """Greedy decoding of ``new_tokens`` after unpadded ``prompts`` ``[B, S]``: ``[B, new_tokens]``, static KV caches.
+    """Greedy decoding of ``new_tokens`` after unpadded ``prompts`` ``[B, S]`` with static KV caches.
 
-    Example:
-        >>> from rotary.models import DecoderConfig
-        >>> m = Decoder(DecoderConfig(hidden_size=32, num_layers=1, num_heads=2)).eval()
-        >>> p = torch.randint(256, (2, 7))
-        >>> torch.equal(greedy_continuation(m, p, 3), m.generate(p, 3)[:, 7:])
-        True
+    >>> from rotary.models import DecoderConfig
+    >>> m = Decoder(DecoderConfig(hidden_size=32, num_layers=1, num_heads=2)).eval()
+    >>> p = torch.randint(256, (2, 7))
+    >>> torch.equal(greedy_continuation(m, p, 3), m.generate(p, 3)[:, 7:])
+    True
     """
     batch, length = prompts.shape
     device = prompts.device
@@ -310,16 +265,15 @@ def evaluation_scalings(spec: ModelSpec, model: Decoder, config: ExperimentConfi
 
 
 def same_rope(a: Decoder, b: Decoder, length: int) -> bool:
-    """Whether two copies of one model rotate positions ``0 .. length - 1`` with equal tables (then equal logits).
+    """Whether two copies of one model rotate positions ``0 .. length - 1`` with equal tables.
 
-    Example:
-        >>> from rotary.models import DecoderConfig
-        >>> m = Decoder(DecoderConfig(hidden_size=32, num_layers=1, num_heads=2))
-        >>> plain = scaled_copy(m, None)
-        >>> same_rope(plain, scaled_copy(m, scaling_block("yarn", 1.0, 64)), 64)
-        True
-        >>> same_rope(plain, scaled_copy(m, scaling_block("yarn", 2.0, 64)), 64)
-        False
+    >>> from rotary.models import DecoderConfig
+    >>> m = Decoder(DecoderConfig(hidden_size=32, num_layers=1, num_heads=2))
+    >>> plain = scaled_copy(m, None)
+    >>> same_rope(plain, scaled_copy(m, scaling_block("yarn", 1.0, 64)), 64)
+    True
+    >>> same_rope(plain, scaled_copy(m, scaling_block("yarn", 2.0, 64)), 64)
+    False
     """
     if not (uses_rope(a) and uses_rope(b)):
         return False
@@ -334,7 +288,6 @@ def same_rope(a: Decoder, b: Decoder, length: int) -> bool:
 
 
 def _relabelled(rows: Measurements, scaling: str) -> Measurements:
-    """``rows`` as the rows of ``scaling`` (a measurement that :func:`same_rope` says is the same)."""
     return Measurements(
         **{name: [dataclasses.replace(r, scaling=scaling) for r in getattr(rows, name)] for name in CSV_FILES}
     )
@@ -483,7 +436,6 @@ def evaluate_model(
 
 
 def _on_device(model: Decoder) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``ids -> model(ids)`` with ``ids`` moved to the model's device first."""
     device = next(model.parameters()).device
     return lambda ids: model(ids.to(device))
 

@@ -1,9 +1,7 @@
-"""The figures of a run, drawn from its :class:`~rotary.tools.experiments.results.Results` (PNG + SVG each).
+"""The figures of a run, drawn from its ``Results`` (PNG + SVG each).
 
-Every line is the mean over seeds; with two seeds or more a band (or bar) spans the lowest and the
-highest seed. The main comparison's figures have two panels: the encodings as trained, and the RoPE
-family (RoPE as trained, with each scaling at inference time, fine-tuned at the extension length, and
-trained from scratch there).
+Every line is the mean over seeds; with two seeds or more a band spans the lowest and highest seed. The
+main comparison's figures have two panels: the encodings as trained, and the RoPE family.
 """
 
 from __future__ import annotations
@@ -31,10 +29,7 @@ def _plt():
 
 
 def panels(results: Results) -> list[tuple[str, list[Method]]]:
-    """The methods of each panel: ``[(title, methods), ...]``.
-
-    The main comparison: the encodings as trained, then the RoPE family. A study: one panel.
-    """
+    """``[(title, methods), ...]``: the encodings as trained, then the RoPE family; a study has one panel."""
     methods = results.methods()
     if results.config.study is not None:
         return [("", methods)]
@@ -255,8 +250,7 @@ def _retrieval_figure(results: Results, directory: Path) -> list[Path]:
 
 
 def _tasks_figure(results: Results, directory: Path) -> list[Path]:
-    """Copy and recall accuracy against length, one panel per task: every task model as trained, and the
-    RoPE task model under each scaling; a band for the Wilson 95% interval, chance dotted."""
+    """Copy and recall accuracy against length, one panel per task, with Wilson bands and chance dotted."""
     from ..plots import save
     from .tasks import CHANCE
 
@@ -291,8 +285,9 @@ def _tasks_figure(results: Results, directory: Path) -> list[Path]:
 
 
 def draw_figures(results: Results, directory: Path, predicted: dict[str, float] | None = None) -> dict[str, list[Path]]:
-    """Perplexity (both modes), loss by position, and where measured passkey, retrieval and the synthetic
-    tasks: ``{"perplexity": [png, svg], ...}``."""
+    """Perplexity, loss by position, and where measured passkey, retrieval and the tasks:
+    ``{"perplexity": [png, svg], ...}``.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     figures = {
         "perplexity": _perplexity_figure(results, directory),
@@ -310,8 +305,9 @@ def draw_figures(results: Results, directory: Path, predicted: dict[str, float] 
 def loss_curves(
     models: Sequence[dict], directory: Path, name: str, title: str, offsets: dict[str, int] | None = None
 ) -> list[Path]:
-    """Training loss against step, one line per model name (mean over seeds, smoothed over 20 steps);
-    ``offsets``: model -> the step its first logged step is (a fine-tune continuing another)."""
+    """Training loss against step per model name (seed mean, smoothed over 20 steps); ``offsets``: model ->
+    the step its first logged step is.
+    """
     from ..plots import PALETTE, save
 
     plt = _plt()

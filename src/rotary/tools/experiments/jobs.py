@@ -1,6 +1,5 @@
-"""One model of a run from start to end: trained (:func:`~.train.train_model`), evaluated once (cached in
-``models/<name>/evaluation.json``) and described for ``results.json``; the same steps whether the run
-takes its models one at a time or several at once (:mod:`.parallel`).
+"""One model of a run from start to end: trained, evaluated once (cached in ``models/<name>/evaluation.json``)
+and described for ``results.json``, whether models run one at a time or several at once.
 """
 
 from __future__ import annotations
@@ -47,9 +46,9 @@ def state_bytes(model: torch.nn.Module) -> bytes:
 
 
 def model_from_bytes(spec: ModelSpec, config: ExperimentConfig, state: bytes) -> Decoder:
-    """The model of ``spec`` with the weights of :func:`state_bytes`, in eval mode: the trained model a
-    fine-tune starts from, as :func:`~.train.start_model` reads it (its state dict, or its weights
-    through ``transfer_position_encoding``)."""
+    """The model of ``spec`` with the weights of :func:`state_bytes`, in eval mode (as
+    :func:`~.train.start_model` reads a parent).
+    """
     model = build_model(spec, config)
     model.load_state_dict(torch.load(io.BytesIO(state), map_location="cpu", weights_only=True))
     return model.eval()
@@ -64,9 +63,9 @@ def evaluate_cached(
     resumed: bool,
     reporter: Reporter,
 ) -> tuple[Measurements, float]:
-    """Every measurement of ``model`` (:func:`~.evaluate.evaluate_model`) and the seconds they took; a resumed
-    run reads those of an earlier session from ``models/<name>/evaluation.json`` when its settings are this
-    run's (an unreadable file is measured again, never trusted)."""
+    """Every measurement of ``model`` and its seconds; a resumed run reads an earlier session's from
+    ``evaluation.json`` when its settings match (an unreadable file is measured again).
+    """
     path = directory / "models" / spec.name / "evaluation.json"
     if resumed and path.is_file():
         try:
@@ -85,8 +84,9 @@ def evaluate_cached(
 
 
 def model_record(spec: ModelSpec, outcome: TrainOutcome, config: ExperimentConfig) -> dict[str, Any]:
-    """The ``models`` entry of ``results.json`` for a trained model: its spec, size, training time and
-    losses; for a learned position table, whether its rows past ``L`` are exactly as initialised."""
+    """The ``results.json`` entry of a trained model: spec, size, training time, losses, and whether a learned
+    table's rows past ``L`` are as initialised.
+    """
     model = outcome.model
     recent = outcome.losses[-20:]
     record = {

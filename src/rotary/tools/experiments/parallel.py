@@ -1,14 +1,11 @@
 """Several models of a run at a time (``--jobs``), each in a process of its own on ``--threads`` threads.
 
 Processes, because torch's intra-op threads belong to a process and small models use two threads poorly
-(docs/experiment.md, "make demo's budget"). A pool of ``jobs`` workers, started with ``spawn`` (a fork after
-OpenMP threads can hang), each gets the texts once; a job is one model trained, evaluated and described as
-:mod:`.jobs` does it one at a time, so its numbers are those of ``--jobs 1`` at the same ``--threads``, bit
-for bit. Models trained from scratch start first, fine-tunes after (each once its parent's weights arrive).
-Workers send log lines and task counts to this process's :class:`~.progress.Reporter`. A worker's
-:class:`~.config.ExperimentError` ends the run naming the first failed model in plan order; a worker that dies
-is one line saying how to continue; Ctrl-C stops the workers and raises ``KeyboardInterrupt``; a killed run
-takes its workers with it (``PR_SET_PDEATHSIG``, or a check of the parent every second).
+(docs/experiment.md). A pool of ``spawn`` workers (a fork after OpenMP threads can hang) gets the texts once;
+a job is one model trained, evaluated and described as :mod:`.jobs` does it, so its numbers equal ``--jobs 1``'s
+at the same ``--threads``, bit for bit. Fine-tunes start once their parent's weights arrive. A worker's
+ExperimentError ends the run naming the first failed model in plan order; a worker that dies is one line saying
+how to continue; Ctrl-C stops the workers; a killed run takes its workers with it.
 """
 
 from __future__ import annotations
@@ -47,21 +44,16 @@ FORWARD_EVERY = 0.25
 
 
 def choose_jobs(config: ExperimentConfig, dist: Distributed, jobs: int | None, models: int) -> tuple[int, int]:
-    """How many models train at a time, and each one's torch threads (``config.threads`` where given).
+    """How many models train at a time, and each one's torch threads; ``config`` is left as given.
 
-    The CPU budget is torch's thread count in this process (the cores, or ``OMP_NUM_THREADS``). Alone on
-    the CPU, by default every model gets one thread and as many run at once as the budget holds;
-    ``--threads T`` alone runs ``budget // T`` at once, ``--jobs J`` alone gives each ``budget // J``
-    threads (``--jobs 1``: one model at a time on every thread). Under torchrun or on CUDA one model at
-    a time, on torch's threads. Never more than ``models`` at once. ``config`` is left as given.
+    Alone on the CPU, by default each model gets one thread and as many run as torch's thread count holds;
+    ``--threads T`` alone runs ``budget // T`` at once, ``--jobs J`` alone gives each ``budget // J`` threads.
+    Under torchrun or on CUDA, one at a time. Raises ExperimentError for a ``--jobs`` that is not a positive
+    integer, or above 1 under torchrun or on CUDA.
 
-    Raises:
-        ExperimentError: ``--jobs`` not a positive integer, or above 1 under torchrun or on CUDA.
-
-    Example:
-        >>> jobs, threads = choose_jobs(ExperimentConfig(device="cpu"), Distributed(), 2, models=22)
-        >>> jobs, threads == max(1, torch.get_num_threads() // 2)
-        (2, True)
+    >>> jobs, threads = choose_jobs(ExperimentConfig(device="cpu"), Distributed(), 2, models=22)
+    >>> jobs, threads == max(1, torch.get_num_threads() // 2)
+    (2, True)
     """
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
         raise ExperimentError(f"--jobs must be a positive integer, got {jobs!r}")
@@ -124,8 +116,7 @@ def _init_worker(threads: int, data: bytes, events: Any, parent: int) -> None:
 
 
 class _ForwardedTask:
-    """A worker's :class:`~.progress.Task`: its counts go to the main process, summed over
-    :data:`FORWARD_EVERY` seconds."""
+    """A worker's task: its counts go to the main process, summed over :data:`FORWARD_EVERY` seconds."""
 
     def __init__(self, events: Any, key: tuple[int, int]) -> None:
         self.events, self.key = events, key
@@ -176,8 +167,7 @@ def _job(
     directory: Path,
     resumed: bool,
 ) -> None:
-    """Train, evaluate and describe one model in a worker. Its results go through the event queue,
-    after its progress ("done" last): this process's last message about the model."""
+    """Train, evaluate and describe one model in a worker; its results are its last message."""
     events = _WORKER["events"]
     reporter: Any = _ForwardingReporter(events)
     start = None if parent is None else model_from_bytes(parent[0], config, parent[1])
@@ -238,14 +228,10 @@ def run_in_parallel(
     resumed: bool,
     reporter: Reporter,
 ) -> dict[str, ModelResult]:
-    """Train and evaluate every model of ``specs``, ``jobs`` at a time (see the module's docstring).
-
-    Returns:
-        model name -> its :class:`~.jobs.ModelResult`.
+    """Train and evaluate every model of ``specs``, ``jobs`` at a time: model name -> ``ModelResult``.
 
     Raises:
-        ExperimentError: a model's training failed (the first in plan order of those that did), or a
-            worker process died.
+        ExperimentError: the first failed model in plan order, or a worker process died.
         KeyboardInterrupt: Ctrl-C (the workers are stopped first).
     """
     context = multiprocessing.get_context("spawn")

@@ -1,9 +1,9 @@
-"""Passkey retrieval ("Landmark Attention", Mohtashami & Jaggi 2023): a random 5-digit key hidden in filler.
+"""Passkey retrieval ("Landmark Attention: Random-Access Infinite Context Length for Transformers"): a random
+5-digit key hidden in filler.
 
 A sample of an exact length: filler, "The pass key is 41279. Remember it. 41279 is the pass key. ", filler,
-"What is the pass key? The pass key is ", then the answer (everything before it is the prompt). ``depth`` is
-the fraction of the filler before the key sentence; the filler has no digit, so the key is the prompt's only
-number. Scored by exact match of the generated digits.
+"What is the pass key? The pass key is ", then the answer. ``depth`` is the fraction of the filler before the key
+sentence; the filler has no digit. Scored by exact match of the generated digits.
 """
 
 from __future__ import annotations
@@ -44,24 +44,14 @@ assert not any(c.isdigit() for c in FILLER + QUESTION + NEEDLE.format(key=""))
 
 
 def min_sample_length() -> int:
-    """Tokens (bytes) of the shortest sample: key sentence, question, answer and a little filler.
-
-    Example:
-        >>> min_sample_length()
-        110
-    """
+    """Tokens (bytes) of the shortest sample: key sentence, question, answer and a little filler."""
     return len(NEEDLE.format(key="0" * KEY_DIGITS)) + len(QUESTION) + KEY_DIGITS + MIN_FILLER
 
 
 @dataclass(frozen=True)
 class PasskeySample:
-    """One passkey trial.
-
-    Attributes:
-        tokens: int64 ``[length]``: the prompt followed by the key's ``KEY_DIGITS`` digits.
-        key: the key, e.g. ``"04127"``.
-        depth: fraction of the filler before the key sentence.
-        needle_start: index of the key sentence's first byte.
+    """One trial: ``tokens`` int64 ``[length]`` (prompt, then the key's digits), the ``key``, its ``depth``, and
+    ``needle_start``, the key sentence's first byte.
     """
 
     tokens: torch.Tensor
@@ -76,23 +66,17 @@ class PasskeySample:
 
 
 def _filler(offset: int, length: int) -> str:
-    """``length`` characters of the filler, repeated, starting at ``offset`` in it."""
     start = offset % len(FILLER)
     repeats = (start + length) // len(FILLER) + 1
     return (FILLER * repeats)[start : start + length]
 
 
 def make_sample(length: int, key: str, depth: float, filler_offset: int = 0) -> PasskeySample:
-    """A sample of exactly ``length`` tokens (>= :func:`min_sample_length`, answer included) with ``key`` at ``depth``.
+    """A sample of exactly ``length`` tokens (answer included) with ``key`` at ``depth`` in [0, 1].
 
-    Args:
-        key: ``KEY_DIGITS`` decimal digits; depth: in [0, 1].
-        filler_offset: where in the filler sentences the text starts (varies the samples).
-
-    Example:
-        >>> s = make_sample(120, "12345", 0.5)
-        >>> s.tokens.shape, bytes(s.tokens.tolist()).decode()[-10:]
-        (torch.Size([120]), 'y is 12345')
+    >>> s = make_sample(120, "12345", 0.5)
+    >>> s.tokens.shape, bytes(s.tokens.tolist()).decode()[-10:]
+    (torch.Size([120]), 'y is 12345')
     """
     if len(key) != KEY_DIGITS or not key.isdigit() or not key.isascii():
         raise InputError(f"key must be {KEY_DIGITS} decimal digits, got {key!r}")
@@ -116,22 +100,15 @@ def make_sample(length: int, key: str, depth: float, filler_offset: int = 0) -> 
 
 
 def random_key(generator: torch.Generator) -> str:
-    """A uniformly random key of ``KEY_DIGITS`` digits (leading zeros allowed).
-
-    Example:
-        >>> len(random_key(torch.Generator().manual_seed(0)))
-        5
-    """
+    """A uniformly random key of ``KEY_DIGITS`` digits (leading zeros allowed)."""
     return f"{int(torch.randint(10**KEY_DIGITS, (1,), generator=generator)):0{KEY_DIGITS}d}"
 
 
 def make_trials(length: int, trials: int, depths: Sequence[float], generator: torch.Generator) -> list[PasskeySample]:
     """``trials`` samples of ``length`` tokens with random keys; trial ``i`` at ``depths[i % len(depths)]``.
 
-    Example:
-        >>> ts = make_trials(120, 6, [0.0, 1.0], torch.Generator().manual_seed(0))
-        >>> [t.depth for t in ts]
-        [0.0, 1.0, 0.0, 1.0, 0.0, 1.0]
+    >>> [t.depth for t in make_trials(120, 4, [0.0, 1.0], torch.Generator().manual_seed(0))]
+    [0.0, 1.0, 0.0, 1.0]
     """
     samples = []
     for i in range(trials):
@@ -142,11 +119,10 @@ def make_trials(length: int, trials: int, depths: Sequence[float], generator: to
 
 
 def score(answers: Sequence[str], keys: Sequence[str]) -> float:
-    """Fraction of ``answers`` that equal their key exactly (all digits, nothing else).
+    """Fraction of ``answers`` that equal their key exactly.
 
-    Example:
-        >>> score(["12345", "12346", "1234"], ["12345", "12345", "12345"])
-        0.3333333333333333
+    >>> score(["12345", "12346", "1234"], ["12345", "12345", "12345"])
+    0.3333333333333333
     """
     if len(answers) != len(keys):
         raise InputError(f"{len(answers)} answers for {len(keys)} keys")
@@ -158,20 +134,13 @@ def score(answers: Sequence[str], keys: Sequence[str]) -> float:
 def passkey_accuracy(
     answer: Callable[[torch.Tensor], torch.Tensor], samples: Sequence[PasskeySample], *, batch_size: int = 16
 ) -> dict:
-    """Ask ``answer`` for every sample's key and score the replies.
+    """Score ``answer`` (``prompts [B, S] int64 -> [B, KEY_DIGITS] int64``) on ``samples`` of one length:
+    ``{"accuracy", "correct", "trials", "by_depth": {depth: accuracy}, "counts": {depth: (correct, trials)}}``.
 
-    Args:
-        answer: ``prompts [B, S] int64 -> generated [B, KEY_DIGITS] int64`` (e.g. greedy decoding).
-        samples, batch_size: trials of one length (prompts of one length); prompts per call.
-
-    Returns:
-        ``{"accuracy", "correct", "trials", "by_depth": {depth: accuracy}, "counts": {depth: (correct, trials)}}``.
-
-    Example:
-        >>> trials = make_trials(120, 4, [0.0, 1.0], torch.Generator().manual_seed(0))
-        >>> guess = lambda prompts: torch.full((prompts.shape[0], KEY_DIGITS), ord("0"))  # always "00000"
-        >>> passkey_accuracy(guess, trials, batch_size=4)["accuracy"]
-        0.0
+    >>> trials = make_trials(120, 4, [0.0, 1.0], torch.Generator().manual_seed(0))
+    >>> guess = lambda prompts: torch.full((prompts.shape[0], KEY_DIGITS), ord("0"))  # always "00000"
+    >>> passkey_accuracy(guess, trials, batch_size=4)["accuracy"]
+    0.0
     """
     answers: list[str] = []
     for start in range(0, len(samples), batch_size):

@@ -53,14 +53,10 @@ TASK_PREFIX = "task-"
 class ModelSpec:
     """One model to train.
 
-    Attributes:
-        model, label: its name over seeds (``rope-ft-yarn``: what tables group by); how tables and figures call it.
-        encoding, rope_base: a key of ``rotary.models.POSITION_ENCODINGS``; RoPE's base.
-        seed, stage: initialisation and batches; one of :data:`STAGES`.
-        length, steps, rows: training window; optimizer steps (0: a transfer without fine-tuning); rows per step.
-        scaling: the RoPE scaling it is trained and evaluated with, factor ``length / L`` (``none``: as built).
-        parent: the model (same seed) whose trained weights it starts from.
-        first_batch: its first batch's index in its seed's stream (a fine-tune continues its parent's).
+    ``model`` is its name over seeds (``rope-ft-yarn``), ``encoding`` a key of ``POSITION_ENCODINGS``; ``stage``
+    one of :data:`STAGES`; ``steps`` 0 is a transfer without fine-tuning; ``scaling`` is trained and evaluated at
+    factor ``length / L``; ``parent`` (same seed) is the model it starts from, and ``first_batch`` its first batch's
+    index in the seed's stream (a fine-tune continues its parent's).
     """
 
     model: str
@@ -200,30 +196,23 @@ def _transfer(config: ExperimentConfig, seed: int) -> list[ModelSpec]:
 def model_specs(config: ExperimentConfig) -> list[ModelSpec]:
     """Every model of a run, seed after seed; a model after the one it starts from.
 
-    Example:
-        >>> cfg = ExperimentConfig(
-        ...     encodings=("none", "rope"), seeds=2, extend_steps=10, extend_scalings=("yarn",), task_steps=0
-        ... )
-        >>> [s.name for s in model_specs(cfg)]
-        ['none-0', 'rope-0', 'rope-ft-yarn-0', 'rope-scratch-0', 'none-1', 'rope-1', 'rope-ft-yarn-1', 'rope-scratch-1']
-        >>> [s.name for s in model_specs(ExperimentConfig(encodings=("rope",), seeds=1, extend_steps=0))]
-        ['rope-0', 'task-rope-0']
-        >>> [s.name for s in model_specs(ExperimentConfig(study="base", bases=(100, 10000), seeds=1))]
-        ['rope-base100-0', 'rope-base10000-0']
+    >>> cfg = ExperimentConfig(
+    ...     encodings=("none", "rope"), seeds=2, extend_steps=10, extend_scalings=("yarn",), task_steps=0
+    ... )
+    >>> [s.name for s in model_specs(cfg)]
+    ['none-0', 'rope-0', 'rope-ft-yarn-0', 'rope-scratch-0', 'none-1', 'rope-1', 'rope-ft-yarn-1', 'rope-scratch-1']
+    >>> [s.name for s in model_specs(ExperimentConfig(study="base", bases=(100, 10000), seeds=1))]
+    ['rope-base100-0', 'rope-base10000-0']
     """
     plan = {None: _main, "base": _base, "transfer": _transfer}[config.study]
     return [spec for k in range(config.seeds) for spec in plan(config, config.seed + k)]
 
 
 def scaling_block(name: str, factor: float, train_length: int) -> dict | None:
-    """The ``rope_scaling`` block of scaling ``name`` with ``factor`` (``E / L``); ``dynamic`` is transformers' dynamic
-    NTK.
+    """The ``rope_scaling`` block of scaling ``name`` at ``factor`` (``dynamic``: transformers' dynamic NTK).
 
-    Example:
-        >>> scaling_block("yarn", 4.0, 128)
-        {'rope_type': 'yarn', 'factor': 4.0, 'original_max_position_embeddings': 128}
-        >>> scaling_block("none", 4.0, 128) is None
-        True
+    >>> scaling_block("yarn", 4.0, 128), scaling_block("none", 4.0, 128)
+    ({'rope_type': 'yarn', 'factor': 4.0, 'original_max_position_embeddings': 128}, None)
     """
     if name not in SCALINGS:
         raise InputError(f"unknown scaling {name!r}; known: {', '.join(SCALINGS)}")

@@ -16,16 +16,13 @@ __all__ = ["Reporter", "Task", "table_console"]
 
 
 def table_console(stream: TextIO | None = None) -> Any:
-    """A rich console on ``stream`` (default stdout), at least 100 columns wide so that piped tables do not wrap.
+    """A rich console on ``stream`` (default stdout), at least 100 columns wide so piped tables do not wrap.
 
-    Example:
-        >>> import io
-        >>> out = io.StringIO()
-        >>> c = table_console(out)
-        >>> c.width >= 100
-        True
-        >>> c.print("perplexity 3.2"); out.getvalue()
-        'perplexity 3.2\\n'
+    >>> import io
+    >>> out = io.StringIO()
+    >>> c = table_console(out)
+    >>> c.print("perplexity 3.2"); c.width >= 100, out.getvalue()
+    (True, 'perplexity 3.2\\n')
     """
     import shutil
 
@@ -34,8 +31,7 @@ def table_console(stream: TextIO | None = None) -> Any:
 
 
 def _console_class() -> type:
-    """``rich.console.Console`` that lets a closed pipe raise ``BrokenPipeError`` (rich's own exits with
-    status 1 at once), for :func:`rotary.tools.cli.main` to handle like any other write to a closed pipe."""
+    """``rich.console.Console`` that lets a closed pipe raise ``BrokenPipeError`` (for ``cli.main``)."""
     from rich.console import Console
 
     class PipeConsole(Console):
@@ -87,14 +83,12 @@ class Task:
 class Reporter:
     """Where a run tells what it is doing (``enabled``: False on every rank but 0; ``interactive``: rich bars).
 
-    Example:
-        >>> import io
-        >>> out = io.StringIO()
-        >>> r = Reporter(stream=out)
-        >>> with r.task("train rope", total=2) as t:
-        ...     t.advance(loss=1.5); t.advance(loss=1.25)
-        >>> out.getvalue().splitlines()[-1].startswith("train rope: done 2/2 loss 1.25")
-        True
+    >>> import io
+    >>> out = io.StringIO()
+    >>> with Reporter(stream=out).task("train rope", total=2) as t:
+    ...     t.advance(loss=1.5); t.advance(loss=1.25)
+    >>> out.getvalue().splitlines()[-1].startswith("train rope: done 2/2 loss 1.25")
+    True
     """
 
     def __init__(self, enabled: bool = True, stream: TextIO | None = None, interactive: bool | None = None) -> None:
@@ -123,8 +117,7 @@ class Reporter:
             self.end_task(t)
 
     def start_task(self, description: str, total: int, completed: int = 0) -> Task:
-        """:meth:`task` without the ``with``: the task shows until :meth:`end_task`. Several may be open at
-        once (models trained in parallel): on a terminal one bar each, on one live display."""
+        """:meth:`task` without the ``with``, shown until :meth:`end_task`; several may be open at once."""
         t = Task(self, description, total, completed)
         if self.interactive:
             if self.progress is None:
@@ -159,8 +152,7 @@ class Reporter:
         return t
 
     def end_task(self, t: Task) -> None:
-        """The end of a task of :meth:`start_task`: its last bar stays on the terminal (printed above the
-        bars still running), or its end line is logged."""
+        """End a task of :meth:`start_task`: its last bar stays on the terminal, or its end line is logged."""
         if t in self._open:
             self._open.remove(t)
             if self.progress is not None:

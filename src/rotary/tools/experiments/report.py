@@ -1,9 +1,7 @@
-"""What a run leaves behind besides its rows: ``report.md`` (its tables are :mod:`.tables`) and the
-text of ``results.json``.
+"""What a run leaves besides its rows: ``report.md`` (tables: :mod:`.tables`) and the text of ``results.json``.
 
-The report is built from the run's :class:`~rotary.tools.experiments.results.Results` (the numbers) and
-its :class:`~rotary.tools.experiments.claims.Assessment` list (the published claims checked against them);
-this module only arranges them into prose and tables. Every number in it comes from the rows.
+The report arranges the run's ``Results`` and its checked claims into prose and tables; every number in it
+comes from the rows.
 """
 
 from __future__ import annotations
@@ -513,13 +511,8 @@ def _transfer_sections(results: Results, figures: dict[str, list[Path]]) -> list
 def report_markdown(
     run: dict[str, Any], results: Results, assessments: Sequence[Assessment], figures: dict[str, list[Path]]
 ) -> str:
-    """The whole ``report.md`` of a run: setup, figures, tables, observations and the claims.
-
-    Args:
-        run: the run's ``results.json`` content (command, environment, data, models, timings).
-        results: its rows.
-        assessments: its claims checked (:func:`~rotary.tools.experiments.claims.assess`).
-        figures: figure name -> paths (the PNG is linked).
+    """The whole ``report.md`` of a run from its ``results.json`` content (``run``), rows, checked claims and
+    ``figures`` (name -> paths; the PNG is linked).
     """
     c = results.config
     env = run["environment"]
@@ -573,8 +566,7 @@ def report_markdown(
 
 
 def _timing_section(run: dict[str, Any]) -> list[str]:
-    """The measured wall time of every model: training (with its first, compiling steps when it was
-    compiled) and evaluation, and the run's total."""
+    """The wall time of every model's training (compiling steps noted) and evaluation, and the run's total."""
     timings = run["timings"]
     lines = ["## Wall time", "", *T.TIMING_HEADER]
 

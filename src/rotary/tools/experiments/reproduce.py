@@ -1,6 +1,4 @@
-"""A run's configuration against others: the command line that reproduces it, and the settings in which a
-stored run differs from this command (what ``--resume`` refuses on).
-"""
+"""The command line that reproduces a run, and the settings in which a stored run differs from this command."""
 
 from __future__ import annotations
 
@@ -34,11 +32,10 @@ def _format(value: Any) -> str:
 
 
 def command_line(config: ExperimentConfig) -> str:
-    """The ``rotary experiment`` command that reproduces ``config``: its preset and every setting differing from it.
+    """The ``rotary experiment`` command reproducing ``config``: its preset and every setting differing from it.
 
-    Example:
-        >>> command_line(ExperimentConfig(**{**PRESETS["tiny"], "steps": 30, "device": "cpu"}))
-        'rotary experiment --preset tiny --steps 30 --device cpu'
+    >>> command_line(ExperimentConfig(**{**PRESETS["tiny"], "steps": 30, "device": "cpu"}))
+    'rotary experiment --preset tiny --steps 30 --device cpu'
     """
     import shlex
 

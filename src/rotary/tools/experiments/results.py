@@ -1,9 +1,8 @@
 """The rows of a run, looked up by method, length and mode, over seeds.
 
-A *method* is a trained model (the same name over seeds) with the scaling it is evaluated with:
-``("rope", "yarn")`` is the pretrained RoPE model with YaRN at inference time, ``("rope-ft-yarn",
-"yarn")`` the RoPE model fine-tuned with YaRN. Every lookup returns :class:`Values`, one value per
-seed, so that a comparison can pair seed ``k`` of one method with seed ``k`` of another.
+A *method* is a trained model with the scaling it is evaluated with: ``("rope", "yarn")`` is the pretrained
+RoPE model with YaRN at inference, ``("rope-ft-yarn", "yarn")`` the one fine-tuned with YaRN. Lookups return
+:class:`Values`, one value per seed, so that seed ``k`` of one method pairs with seed ``k`` of another.
 """
 
 from __future__ import annotations
@@ -29,10 +28,9 @@ def perplexity(loss: float) -> float:
 class Values(dict):
     """seed -> value.
 
-    Example:
-        >>> a, b = Values({0: 2.0, 1: 3.0}), Values({0: 1.0, 1: 1.5, 2: 9.0})
-        >>> a.minus(b), a.stat.mean
-        ({0: 1.0, 1: 1.5}, 2.5)
+    >>> a, b = Values({0: 2.0, 1: 3.0}), Values({0: 1.0, 1: 1.5, 2: 9.0})
+    >>> a.minus(b), a.stat.mean
+    ({0: 1.0, 1: 1.5}, 2.5)
     """
 
     @property
@@ -59,13 +57,7 @@ class Method:
 
 
 class Results:
-    """Every row of a run, indexed.
-
-    Args:
-        measurements: the rows.
-        specs: the run's models (:class:`ModelSpec` or their ``asdict``), in training order.
-        config: the run's settings.
-    """
+    """Every row of a run, indexed; ``specs`` are the run's models (or their ``asdict``) in training order."""
 
     def __init__(
         self, measurements: Measurements, specs: Iterable[ModelSpec | dict[str, Any]], config: ExperimentConfig
@@ -143,8 +135,7 @@ class Results:
         return None if a is None or b is None else a.minus(b)
 
     def bucket(self, model: str, scaling: str, start: int, end: int) -> Values | None:
-        """Mean loss of queries at positions ``[start, end)`` of the longest windows, per seed (the
-        position bins inside the range, weighted by their predictions)."""
+        """Mean loss of queries at positions ``[start, end)`` of the longest windows, per seed."""
         sums: dict[int, list[float]] = {}
         for r in self.rows.positions:
             if r.model == model and r.scaling == scaling and start <= r.start and r.end <= end:
@@ -174,8 +165,7 @@ class Results:
         return (counts[0] / counts[1], *wilson(*counts))
 
     def task_model(self, model: str) -> str | None:
-        """The task model beside a text model: ``task-<encoding>`` of a pretrained model's encoding, when
-        the run has it (None for fine-tuned models, studies, and runs without tasks)."""
+        """``task-<encoding>`` beside a pretrained text model when the run has it, else None."""
         spec = self.specs.get(model)
         if spec is None or spec.stage != "pretrain":
             return None
@@ -183,8 +173,9 @@ class Results:
         return name if any(k[0] == name for k in self._tasks) else None
 
     def task(self, model: str, scaling: str, task: str, length: int, *, exact: bool = False) -> tuple[int, int] | None:
-        """``(correct, total)`` of task model ``model`` on ``task`` at ``length``, every seed pooled: scored
-        bytes, or with ``exact`` whole rows."""
+        """``(correct, total)`` of task model ``model`` on ``task`` at ``length``, seeds pooled: scored bytes, or
+        (``exact``) rows.
+        """
         rows = self._tasks.get((model, scaling, task, length))
         if not rows:
             return None
@@ -195,8 +186,7 @@ class Results:
     def task_interval(
         self, model: str, scaling: str, task: str, length: int, *, exact: bool = False
     ) -> tuple[float, float, float] | None:
-        """``(accuracy, low, high)``: the pooled accuracy (per byte, or ``exact`` per row) and its Wilson 95%
-        interval."""
+        """``(accuracy, low, high)``: pooled accuracy (per byte, or ``exact`` per row) and its Wilson interval."""
         counts = self.task(model, scaling, task, length, exact=exact)
         if counts is None or not counts[1]:
             return None

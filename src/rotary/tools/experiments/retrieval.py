@@ -27,24 +27,14 @@ PREFIX = 32
 
 
 def longest_distance(length: int, span: int) -> int:
-    """The longest distance whose trial fits in ``length`` tokens: ``length - PREFIX - span``.
-
-    Example:
-        >>> longest_distance(1024, 16)
-        976
-    """
+    """The longest distance whose trial fits in ``length`` tokens: ``length - PREFIX - span``."""
     return length - PREFIX - span
 
 
 @dataclass(frozen=True)
 class RetrievalTrials:
-    """The trials of one distance.
-
-    Attributes:
-        distance: from the first byte of the first span to the first byte of the second.
-        span: bytes per span.
-        copy: int64 ``[N, S]`` with ``S = PREFIX + distance + span``: the sequences with the span twice.
-        control: int64 ``[N, S]``: the same sequences with another span first.
+    """The trials of one ``distance`` (first byte of the first span to first byte of the second): ``copy``
+    and ``control`` int64 ``[N, PREFIX + distance + span]``, the control with another first span.
     """
 
     distance: int
@@ -66,19 +56,13 @@ class RetrievalTrials:
 def make_trials(
     text: torch.Tensor, distance: int, *, trials: int, span: int, generator: torch.Generator
 ) -> RetrievalTrials:
-    """``trials`` copies and controls at ``distance``, the text taken from ``text`` at random offsets.
+    """``trials`` copies and controls at ``distance`` from uint8 or int64 ``text`` ``[T]`` at random offsets.
 
-    Args:
-        text: uint8 or int64 ``[T]`` held-out bytes, ``T >= PREFIX + distance + span``.
-        distance, span: at least ``span`` (the spans do not overlap); bytes per span.
-        trials, generator: sequences; their source of randomness (the same for every model of a run).
-
-    Example:
-        >>> text = torch.tensor(list(b"the quick brown fox jumps over the lazy dog. " * 8))
-        >>> t = make_trials(text, 20, trials=2, span=4, generator=torch.Generator().manual_seed(0))
-        >>> same = torch.equal(t.copy[:, 32:36], t.copy[:, 52:56])
-        >>> t.copy.shape, same, bool((t.control[:, 32:36] != t.copy[:, 32:36]).all())
-        (torch.Size([2, 56]), True, True)
+    >>> text = torch.tensor(list(b"the quick brown fox jumps over the lazy dog. " * 8))
+    >>> t = make_trials(text, 20, trials=2, span=4, generator=torch.Generator().manual_seed(0))
+    >>> same = torch.equal(t.copy[:, 32:36], t.copy[:, 52:56])
+    >>> t.copy.shape, same, bool((t.control[:, 32:36] != t.copy[:, 32:36]).all())
+    (torch.Size([2, 56]), True, True)
     """
     if distance < span:
         raise InputError(f"distance {distance} is shorter than the span {span}: the two copies would overlap")
@@ -107,15 +91,9 @@ def make_trials(
 def retrieval_scores(
     logits: Callable[[torch.Tensor], torch.Tensor], trials: RetrievalTrials, *, batch_rows: int = 16
 ) -> dict[str, float]:
-    """Loss and accuracy on the second span of the copies and of the controls.
-
-    Args:
-        logits: ``tokens [B, S] int64 -> logits [B, S', V]`` of the last ``S' >= span - 1`` positions.
-        trials, batch_rows: from :func:`make_trials`; sequences per call.
-
-    Returns:
-        ``{"copy_loss", "control_loss", "gain", "copy_accuracy", "control_accuracy", "predictions"}`` (nats,
-        top-1 over the scored bytes, ``gain = control_loss - copy_loss``, scored bytes per kind).
+    """Loss and top-1 accuracy on the second span of the copies and the controls, given ``logits``:
+    ``tokens [B, S] int64 -> [B, S', V]`` (the last ``S' >= span - 1`` positions);
+    the keys of :class:`~.rows.RetrievalRow`.
     """
     start, stop = trials.second, trials.second + trials.span  # targets start + 1 .. stop - 1
     out = {}

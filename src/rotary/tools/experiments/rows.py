@@ -1,18 +1,8 @@
-"""Results as typed rows: one dataclass per kind of measurement, whose fields are the CSV columns.
+"""Results as typed rows: one dataclass per kind of measurement, whose fields are the CSV columns
+(``results.csv``, ``positions.csv``, ``passkey.csv``, ``retrieval.csv``, ``tasks.csv``: docs/experiment.md).
 
-Every row names the model (the same name over seeds: ``rope``, ``rope-ft-yarn``), the seed, and the
-RoPE scaling it was evaluated with and its factor. A new metric is one field here; the CSV files,
-``results.json`` and :class:`~rotary.tools.experiments.results.Results` pick it up.
-
-=================  ===================================  ==================================================
-file               row                                  one row per
-=================  ===================================  ==================================================
-``results.csv``    :class:`PerplexityRow`               model x seed x scaling x length x mode
-``positions.csv``  :class:`PositionRow`                 ... x range of query positions in the longest windows
-``passkey.csv``    :class:`PasskeyRow`                  ... x length x depth of the key
-``retrieval.csv``  :class:`RetrievalRow`                ... x distance between the two copies
-``tasks.csv``      :class:`TaskRow`                     task model x seed x scaling x task x length
-=================  ===================================  ==================================================
+Every row names the model (the same name over seeds), the seed, the RoPE scaling it was evaluated with and
+its factor. A new metric is one field here; the CSV files, ``results.json`` and ``Results`` pick it up.
 """
 
 from __future__ import annotations
@@ -39,13 +29,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Row:
-    """What every measurement is of.
-
-    Attributes:
-        model: the trained model, without its seed (``rope``, ``rope-ft-yarn``, ``rope-base100``).
-        seed: the seed it was trained with.
-        scaling: the RoPE scaling it was evaluated with (``none`` for models without RoPE).
-        factor: that scaling's factor (``E / L`` at inference time, fixed for a fine-tuned scaling).
+    """What every measurement is of: ``model`` (without its seed, e.g. ``rope-ft-yarn``), ``seed``, the
+    ``scaling`` it was evaluated with (``none`` without RoPE) and its ``factor``.
     """
 
     model: str
@@ -56,14 +41,8 @@ class Row:
 
 @dataclass(frozen=True)
 class PerplexityRow(Row):
-    """Next-byte loss on the held-out text at one length, in one mode.
-
-    Attributes:
-        mode: ``windows`` (non-overlapping windows of ``eval_length``) or ``sliding`` (every scored token sees at
-            least ``eval_length - stride`` tokens).
-        eval_length, stride: ``E``; the stride (``E`` for ``windows``).
-        loss, perplexity, bits_per_byte: mean cross-entropy in nats per byte; ``exp(loss)``; ``loss / ln 2``.
-        predictions: scored bytes.
+    """Next-byte loss on the held-out text at one length, ``mode`` ``windows`` (non-overlapping) or ``sliding``
+    (``stride``); ``loss`` in nats per byte, ``perplexity`` its exp, ``bits_per_byte`` ``loss / ln 2``.
     """
 
     mode: str
@@ -98,12 +77,8 @@ class PasskeyRow(Row):
 
 @dataclass(frozen=True)
 class RetrievalRow(Row):
-    """The retrieval probe (:mod:`rotary.tools.experiments.retrieval`) at one distance.
-
-    Attributes:
-        distance, length, span: between the two copies; tokens per trial; bytes per span.
-        copy_loss, control_loss, gain: mean loss on the scored bytes (nats); ``control_loss - copy_loss``.
-        copy_accuracy, control_accuracy, predictions: top-1 accuracy on the same bytes; scored bytes per kind.
+    """The retrieval probe at one ``distance``: loss (nats) and top-1 accuracy on the scored bytes of the copy
+    and the control, and ``gain = control_loss - copy_loss``.
     """
 
     distance: int
@@ -119,14 +94,8 @@ class RetrievalRow(Row):
 
 @dataclass(frozen=True)
 class TaskRow(Row):
-    """A task model (:mod:`rotary.tools.experiments.tasks`) on one task at one length.
-
-    Attributes:
-        task: ``copy`` or ``induction``.
-        eval_length: tokens per row.
-        correct, predictions: scored bytes predicted right (top-1, teacher forcing), and scored.
-        exact, trials: rows whose every scored byte is right, and rows.
-        loss: mean loss on the scored bytes, nats.
+    """A task model on one ``task`` at one length: scored bytes right (``correct``) of ``predictions``, rows
+    exactly right (``exact``) of ``trials``, and the mean ``loss`` on the scored bytes.
     """
 
     task: str
@@ -151,10 +120,9 @@ CSV_FILES: dict[str, tuple[type, str]] = {
 def csv_text(rows: list, row_type: type) -> str:
     """The CSV of ``rows``: a header of ``row_type``'s fields, one line per row.
 
-    Example:
-        >>> print(csv_text([PasskeyRow("rope", 0, "none", 1.0, 128, 0.5, 3, 8)], PasskeyRow), end="")
-        model,seed,scaling,factor,eval_length,depth,correct,trials
-        rope,0,none,1.0,128,0.5,3,8
+    >>> print(csv_text([PasskeyRow("rope", 0, "none", 1.0, 128, 0.5, 3, 8)], PasskeyRow), end="")
+    model,seed,scaling,factor,eval_length,depth,correct,trials
+    rope,0,none,1.0,128,0.5,3,8
     """
     names = [f.name for f in dataclasses.fields(row_type)]
     out = io.StringIO()

@@ -1,6 +1,5 @@
-"""One run end to end: check every input, train each model, evaluate it, write the outputs.
-
-Layout of a run directory::
+"""One run end to end: check every input (before the directory is created, so bad input leaves nothing behind),
+train each model, evaluate it, write the outputs::
 
     config.json                      the settings and the text's sha256 (what --resume compares)
     models/<name>/checkpoint.pt      model + optimizer + step, every checkpoint_every steps
@@ -8,9 +7,6 @@ Layout of a run directory::
     figures/*.png, figures/*.svg     perplexity, position buckets, passkey
     results.csv, report.md
     results.json                     written last: a directory without it is not a finished run
-
-Every check on the input happens before the directory is created, so bad input leaves nothing
-behind.
 """
 
 from __future__ import annotations
@@ -73,8 +69,7 @@ def _utc_now() -> datetime:
 
 
 def environment(config: ExperimentConfig, dist: Distributed, jobs: int = 1) -> dict[str, Any]:
-    """Library and torch versions, Python, the machine, threads (each model's), models at a time, device,
-    processes."""
+    """Versions, the machine, threads per model, models at a time, device and processes."""
     import rotary
 
     cpu = platform.processor() or platform.machine()
@@ -101,14 +96,12 @@ def environment(config: ExperimentConfig, dist: Distributed, jobs: int = 1) -> d
 
 
 def require_report_packages() -> None:
-    """Import matplotlib (the figures) and rich (the table, the progress bars) now, not after training.
+    """Import matplotlib and rich now, not after training.
 
     Raises:
-        ImportError: one of them is missing or broken; ``name`` is the package, and the message names
-            the extra that installs both, ``rotary[plot]``.
+        ImportError: one is missing or broken; the message names the extra ``rotary[plot]``.
 
-    Example:
-        >>> require_report_packages()  # both are installed here
+    >>> require_report_packages()  # both are installed here
     """
     import importlib
 
@@ -124,7 +117,6 @@ def require_report_packages() -> None:
 
 
 def _load_average() -> list[float] | None:
-    """The 1, 5 and 15 minute load averages (None where the OS has none): other jobs slow a run."""
     try:
         return [round(v, 2) for v in os.getloadavg()]
     except OSError:
@@ -149,9 +141,7 @@ def _stored_run(directory: Path) -> dict[str, Any]:
 
 
 def _command_of(stored: dict[str, Any]) -> str:
-    """The command that continues a stored run: its preset and every setting that differs from that preset as it is
-    now (the command the run recorded names what differed then, and a preset may have changed since).
-    """
+    """The command that continues a stored run: its preset and the settings that differ from that preset now."""
     try:
         return command_line(ExperimentConfig.from_dict(stored["config"]))
     except (InputError, KeyError, TypeError, ValueError):  # settings of another version: what it recorded
@@ -177,7 +167,7 @@ def prepare_run_dir(
     """The run directory and whether it is resumed; checks it, creates it (rank 0) if new.
 
     Raises:
-        ExperimentError: ``--resume`` on a directory of another configuration (names every setting that
+        ExperimentError: ``--resume`` on a directory of another configuration (naming every setting that
             differs), not a run, or corrupted; ``--out`` holding files or not writable.
     """
     if resume is not None:
@@ -223,28 +213,24 @@ def run_experiment(
 ) -> Path:
     """Run the experiment ``config`` describes and return its directory; ``config`` is left as given.
 
-    Works the same on one process and under torchrun (rank 0 writes; the others only train). The steps:
-    :func:`settle_config`, :func:`load_text`, :func:`open_run_dir`, :func:`train_and_evaluate`,
-    :func:`run_record`, :func:`write_run`, :func:`print_summary`.
+    The same on one process and under torchrun (rank 0 writes). The steps: :func:`settle_config`,
+    :func:`load_text`, :func:`open_run_dir`, :func:`train_and_evaluate`, :func:`run_record`, :func:`write_run`,
+    :func:`print_summary`.
 
     Args:
         config: the settings (``device`` / ``threads`` None: chosen for this run).
         out: the run directory (default ``runs/experiment-<UTC time>``).
         resume: continue the run in this directory (its settings must equal ``config``).
-        reporter: progress output (default: bars on a terminal, lines otherwise; silent off rank 0).
-        console: a rich console for the final table (default: one on stdout).
-        jobs: models trained and evaluated at a time, each in a process of its own (:func:`choose_jobs`;
-            None: as many as the CPU threads hold, one thread each; one under torchrun or on CUDA).
+        reporter, console: progress output and the rich console of the final table (defaults: stdout).
+        jobs: models at a time, each in its own process (None: :func:`choose_jobs`).
 
     Raises:
-        ExperimentError: any bad input, before anything is written; a training that diverges
-            (:class:`~rotary.tools.experiments.train.TrainingDiverged`).
-        ImportError: matplotlib or rich missing (:func:`require_report_packages`), before anything is written.
+        ExperimentError: bad input, before anything is written; a training that diverges.
+        ImportError: matplotlib or rich missing, before anything is written.
 
     Example (minutes of training, so not run here)::
 
-        config = ExperimentConfig(**PRESETS["tiny"])
-        directory = run_experiment(config, out="runs/tiny")  # runs/tiny/report.md, results.json, ...
+        directory = run_experiment(ExperimentConfig(**PRESETS["tiny"]), out="runs/tiny")  # runs/tiny/report.md, ...
     """
     started, wall = _utc_now(), time.perf_counter()
     load_at_start = _load_average()
@@ -299,16 +285,13 @@ def run_experiment(
 def settle_config(
     config: ExperimentConfig, dist: Distributed, jobs: int | None
 ) -> tuple[ExperimentConfig, list[ModelSpec], int]:
-    """Check every input and decide what the caller left open; ``config`` itself is left as given.
-
-    Returns:
-        A copy of ``config`` with its device (CUDA where available) and threads (:func:`choose_jobs`)
-        chosen where None; the models in plan order; how many train at a time.
+    """Check every input; return a copy of ``config`` with device and threads chosen where None, the models
+    in plan order, and how many train at a time.
 
     Raises:
-        ExperimentError: a bad setting, CUDA asked for and missing, a batch or a model's rows that do not
-            split into torchrun's processes, a bad ``jobs``.
-        ImportError: matplotlib or rich missing (:func:`require_report_packages`).
+        ExperimentError: a bad setting, CUDA asked for and missing, a batch that does not split into torchrun's
+            processes, a bad ``jobs``.
+        ImportError: matplotlib or rich missing.
     """
     if config.device is None:
         config = dataclasses.replace(config, device="cuda" if torch.cuda.is_available() else "cpu")
@@ -339,11 +322,7 @@ def settle_config(
 
 
 def load_text(config: ExperimentConfig) -> tuple[Corpus, EvaluationText]:
-    """The text the run trains on and the held-out text it is measured on.
-
-    Raises:
-        ExperimentError: the text is missing, not text, or too small (:func:`~.data.load_corpus`).
-    """
+    """The training text and the held-out text; ExperimentError when it is missing, not text or too small."""
     corpus = load_corpus(config)
     tokens = evaluation_tokens(corpus, config)
     return corpus, EvaluationText(tokens, sliding_starts(config, tokens.numel()), corpus.held_out)
@@ -352,12 +331,8 @@ def load_text(config: ExperimentConfig) -> tuple[Corpus, EvaluationText]:
 def open_run_dir(
     config: ExperimentConfig, corpus: Corpus, command: str, *, out: str | None, resume: str | None, dist: Distributed
 ) -> tuple[Path, bool]:
-    """The run directory and whether it is resumed: rank 0 checks it and, for a new run, creates it
-    with its ``config.json``; then every rank learns whether to go on.
-
-    Raises:
-        ExperimentError: on every rank, when rank 0 refused the directory (:func:`prepare_run_dir`; only
-            rank 0 names why).
+    """The run directory and whether it is resumed, on every rank (rank 0 checks and creates it); ExperimentError
+    on every rank when rank 0 refused the directory (only rank 0 names why).
     """
     # the run directory is rank 0's to check and create; the ranks then agree, so that bad input stops
     # every process (none is left waiting for the others) and only rank 0 names it
@@ -384,7 +359,6 @@ def open_run_dir(
 
 
 def _announcement(config: ExperimentConfig, specs: list[ModelSpec], directory: Path, jobs: int) -> str:
-    """The line that opens a run's progress: what it trains and evaluates, and where it writes."""
     what = {
         None: f"{len(config.encodings)} encodings",
         "base": f"the base study ({len(config.bases)} bases)",
@@ -408,14 +382,10 @@ def train_and_evaluate(
     dist: Distributed,
     jobs: int,
 ) -> dict[str, ModelResult] | None:
-    """Every model trained (or its checkpoint resumed) and evaluated, by name; None off rank 0.
+    """Every model trained (or resumed) and evaluated, by name; None off rank 0.
 
-    ``jobs`` above 1: that many models at a time, each in a process of its own
-    (:func:`~rotary.tools.experiments.parallel.run_in_parallel`). Otherwise one after the other in this
-    process, every rank training its shard; rank 0 alone evaluates.
-
-    Raises:
-        ExperimentError: a training that diverges (:class:`~rotary.tools.experiments.train.TrainingDiverged`).
+    ``jobs`` above 1: that many models at a time, each in its own process; otherwise one after the other, every
+    rank training its shard and rank 0 evaluating. Raises ExperimentError when a training diverges.
     """
     if jobs > 1:
         return run_in_parallel(specs, config, jobs, corpus.train, text, directory, resumed, reporter)
@@ -457,8 +427,9 @@ def run_record(
     environment: dict[str, Any],
     started: datetime,
 ) -> dict[str, Any]:
-    """The start of a run's ``results.json``: its command, settings, text, machine, models, rows and
-    claims. The caller adds ``timings``, ``parallel``, ``finished`` and ``wall_seconds``."""
+    """The start of ``results.json`` (command, settings, text, machine, models, rows, claims); the caller adds
+    ``timings``, ``parallel``, ``finished`` and ``wall_seconds``.
+    """
     config = results.config
     return {
         "format": RUN_FORMAT,
@@ -520,8 +491,7 @@ def print_summary(run: dict[str, Any], results: Results, directory: Path, consol
 
 
 def write_figures(run: dict[str, Any], results: Results, directory: Path) -> dict[str, list[Path]]:
-    """Every figure of a run: :func:`~rotary.tools.experiments.figures.draw_figures`, with the base study's
-    predicted limits marked and the transfer study's training curves."""
+    """Every figure of a run, with the base study's predicted limits and the transfer study's training curves."""
     config = results.config
     figures = draw_figures(results, directory, predicted_limits(results) if config.study == "base" else None)
     if config.study == "transfer":
@@ -537,10 +507,8 @@ def write_figures(run: dict[str, Any], results: Results, directory: Path) -> dic
 
 
 def load_run(directory: Path) -> tuple[dict[str, Any], Results]:
-    """A finished run's ``results.json`` and its :class:`Results` (what the docs are rendered from).
-
-    Raises:
-        ExperimentError: no ``results.json`` (not a finished run), or one of another format.
+    """A finished run's ``results.json`` and its :class:`Results`; ExperimentError when there is none or of
+    another format.
     """
     path = directory / "results.json"
     if not path.is_file():

@@ -29,9 +29,7 @@ UTF8_CHUNK = 1 << 20
 
 @dataclass(frozen=True)
 class Text:
-    """The bytes of every source, joined (``data``), the ``source`` as given, the ``files`` read and those
-    ``skipped``.
-    """
+    """The bytes of every source joined (``data``), the ``source`` as given, the ``files`` read and ``skipped``."""
 
     data: bytes
     source: str
@@ -42,11 +40,8 @@ class Text:
 def first_invalid_utf8(data: bytes, chunk: int | None = None) -> int | None:
     r"""The offset of the first byte that is not valid UTF-8, or None; decoded ``chunk`` bytes at a time.
 
-    Example:
-        >>> first_invalid_utf8("Grüße".encode()), first_invalid_utf8(b"caf\xe9 au lait")
-        (None, 3)
-        >>> first_invalid_utf8(b"ab\xc3", chunk=2)
-        2
+    >>> first_invalid_utf8("Grü".encode()), first_invalid_utf8(b"caf\xe9"), first_invalid_utf8(b"ab\xc3", chunk=2)
+    (None, 3, 2)
     """
     import codecs
 
@@ -116,10 +111,8 @@ def _read_listed(paths: list[Path], given: str, what: str) -> tuple[list[bytes],
 
 
 def read_text(path: str) -> bytes:
-    """The bytes of one file given by name, checked to be non-empty UTF-8.
-
-    Raises:
-        ExperimentError: a missing file, a device or pipe, an unreadable, empty or non-UTF-8 file.
+    """The bytes of one named file; ExperimentError when it is missing, not a regular file, unreadable, empty or
+    not UTF-8.
     """
     file = Path(path)
     if not file.is_file():  # /dev/zero, a pipe, a socket: reading could never end
@@ -143,13 +136,12 @@ def read_sources(sources: tuple[str, ...] | list[str] | None) -> Text:
     """Read every source of ``--data`` (None: ``builtin:pydoc``) and join them.
 
     Raises:
-        ExperimentError: a source that does not exist, matches nothing, or holds no UTF-8 text; a file
-            given by name that is not UTF-8 text; an unknown ``builtin:`` name.
+        ExperimentError: a source that does not exist, matches nothing or holds no UTF-8 text; a named file that
+            is not UTF-8 text; an unknown ``builtin:`` name.
 
-    Example:
-        >>> text = read_sources(None)
-        >>> text.source, text.files, len(text.data) > 100_000
-        ('builtin:pydoc', 1, True)
+    >>> text = read_sources(None)
+    >>> text.source, text.files, len(text.data) > 100_000
+    ('builtin:pydoc', 1, True)
     """
     sources = list(sources) if sources else [DEFAULT_SOURCE]
     parts: list[bytes] = []

@@ -46,10 +46,9 @@ WITHHELD = "withheld"
 class Stat:
     """One measurement over seeds.
 
-    Example:
-        >>> s = Stat.of([1.0, 1.5])
-        >>> s.mean, s.spread, s.low, s.high, s.n
-        (1.25, 0.25, 1.0, 1.5, 2)
+    >>> s = Stat.of([1.0, 1.5])
+    >>> s.mean, s.spread, s.low, s.high, s.n
+    (1.25, 0.25, 1.0, 1.5, 2)
     """
 
     values: tuple[float, ...]
@@ -86,9 +85,8 @@ class Stat:
     def minus(self, other: Stat) -> Stat:
         """Per-seed differences ``self[k] - other[k]`` (both over the same seeds).
 
-        Example:
-            >>> Stat.of([3.0, 5.0]).minus(Stat.of([1.0, 4.0])).values
-            (2.0, 1.0)
+        >>> Stat.of([3.0, 5.0]).minus(Stat.of([1.0, 4.0])).values
+        (2.0, 1.0)
         """
         if self.n != other.n:
             raise InputError(f"{self.n} values against {other.n}: differences need the same seeds")
@@ -99,11 +97,10 @@ class Stat:
 
 
 def at_most(stat: Stat | None, bound: float) -> str | None:
-    """The claim "value <= bound" over the seeds (the verdict rules of the module); None when not measured or finite.
+    """The verdict on "value <= bound" over the seeds (module docstring); None when not measured or not finite.
 
-    Example:
-        >>> at_most(Stat.of([0.1, 0.2]), 0.3), at_most(Stat.of([0.4, 0.5]), 0.3), at_most(Stat.of([0.2, 0.4]), 0.3)
-        ('agrees', 'does not agree', 'within run-to-run spread')
+    >>> at_most(Stat.of([0.1, 0.2]), 0.3), at_most(Stat.of([0.4, 0.5]), 0.3), at_most(Stat.of([0.2, 0.4]), 0.3)
+    ('agrees', 'does not agree', 'within run-to-run spread')
     """
     if stat is None or not stat.finite:
         return None
@@ -115,22 +112,16 @@ def at_most(stat: Stat | None, bound: float) -> str | None:
 
 
 def at_least(stat: Stat | None, bound: float) -> str | None:
-    """The claim "value > bound", the mirror of :func:`at_most`.
-
-    Example:
-        >>> at_least(Stat.of([0.4, 0.5]), 0.3)
-        'agrees'
-    """
+    """The verdict on "value > bound", the mirror of :func:`at_most`."""
     outcome = at_most(stat, bound)
     return {AGREE: DISAGREE, DISAGREE: AGREE}.get(outcome, outcome)
 
 
 def wilson(correct: int, trials: int, z: float = 1.959964) -> tuple[float, float]:
-    """Wilson's score interval (95% by default) for ``correct`` successes in ``trials`` (inside [0, 1], never empty).
+    """Wilson's score interval (95% by default) for ``correct`` successes in ``trials``.
 
-    Example:
-        >>> [round(v, 3) for v in wilson(0, 40)], [round(v, 3) for v in wilson(20, 40)]
-        ([0.0, 0.088], [0.352, 0.648])
+    >>> [round(v, 3) for v in wilson(0, 40)], [round(v, 3) for v in wilson(20, 40)]
+    ([0.0, 0.088], [0.352, 0.648])
     """
     if trials <= 0:
         return (math.nan, math.nan)
@@ -142,11 +133,10 @@ def wilson(correct: int, trials: int, z: float = 1.959964) -> tuple[float, float
 
 
 def interval_outcome(low: float, high: float, bound: float) -> str | None:
-    """The claim "value >= bound" for a value known to lie in ``[low, high]`` (a Wilson interval).
+    """The verdict on "value >= bound" for a value in ``[low, high]``.
 
-    Example:
-        >>> interval_outcome(0.6, 0.9, 0.5), interval_outcome(0.0, 0.1, 0.5), interval_outcome(0.3, 0.7, 0.5)
-        ('agrees', 'does not agree', 'within run-to-run spread')
+    >>> interval_outcome(0.6, 0.9, 0.5), interval_outcome(0.0, 0.1, 0.5), interval_outcome(0.3, 0.7, 0.5)
+    ('agrees', 'does not agree', 'within run-to-run spread')
     """
     if not (math.isfinite(low) and math.isfinite(high)):
         return None
@@ -158,12 +148,10 @@ def interval_outcome(low: float, high: float, bound: float) -> str | None:
 
 
 def combine(outcomes: Sequence[str | None]) -> str:
-    """One verdict from the items of a claim: all agree, none agrees, ``partly``, all within spread, or not measured.
+    """One verdict from a claim's items: all agree, none agrees, ``partly``, all within spread, or not measured.
 
-    Example:
-        >>> (combine([AGREE, AGREE]), combine([AGREE, WITHIN]), combine([DISAGREE, WITHIN]), combine([WITHIN]),
-        ...  combine([None]))
-        ('agrees', 'partly', 'does not agree', 'within run-to-run spread', 'not measured')
+    >>> combine([AGREE, AGREE]), combine([AGREE, WITHIN]), combine([DISAGREE, WITHIN]), combine([None])
+    ('agrees', 'partly', 'does not agree', 'not measured')
     """
     told = [o for o in outcomes if o is not None]
     if not told:

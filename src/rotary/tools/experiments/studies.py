@@ -1,13 +1,10 @@
 """The two studies beside the main comparison: RoPE's base, and moving a sinusoidal model to RoPE.
 
 **Base** (``--study base``): RoPE trained at every base of ``--bases``, compared with "Scaling Laws of
-RoPE-based Extrapolation" (Liu et al. 2023): the first pair whose period ``2π base^(2i/d)`` exceeds the training
-length ``T`` has index ``i*``, the critical dimension is ``d_extra = 2 i*`` (:func:`critical_dimension`), and
-the extrapolation bound is that pair's period ``T_extra`` (:func:`extrapolation_limit`).
-
-**Transfer** (``--study transfer``): a sinusoidal model moved to RoPE
-(:func:`rotary.models.transfer_position_encoding`), measured as it is and after more steps with RoPE, beside a
-RoPE and a sinusoidal model of the same total steps. No paper we cite measures this.
+RoPE-based Extrapolation": the critical dimension ``d_extra`` (:func:`critical_dimension`) and the extrapolation
+bound ``T_extra`` (:func:`extrapolation_limit`); docs/experiment_base.md. **Transfer** (``--study transfer``): a
+sinusoidal model moved to RoPE, as it is and fine-tuned, beside RoPE and sinusoidal models of the same total
+steps (docs/experiment_transfer.md); no paper we cite measures this.
 """
 
 from __future__ import annotations
@@ -36,11 +33,8 @@ RISE_NATS = 0.3
 def critical_dimension(head_dim: int, base: float, train_length: int) -> int:
     """Liu et al.'s critical dimension ``d_extra = 2 ceil((d/2) log_base(T / 2π))``, at most ``d``.
 
-    Example:
-        >>> critical_dimension(128, 10000, 4096)  # Llama 2: 92 of its 128 dimensions
-        92
-        >>> critical_dimension(32, 10000, 128), critical_dimension(32, 20, 128)
-        (12, 32)
+    >>> critical_dimension(128, 10000, 4096), critical_dimension(32, 20, 128)  # Llama 2: 92 of its 128
+    (92, 32)
     """
     pairs = math.ceil((head_dim / 2) * math.log(train_length / (2 * math.pi)) / math.log(base))
     return min(head_dim, 2 * max(pairs, 0))
@@ -65,9 +59,9 @@ def predicted_limits(results: Results) -> dict[str, float]:
 
 
 def observed_limit(results: Results, model: str) -> Values | None:
-    """Per seed, the first position where the loss rises: the start of the first bin at or past ``L/2``
-    that, with the bin after it, lies more than :data:`RISE_NATS` above the mean loss of ``[L/2, L)``;
-    inf when none does up to the longest length."""
+    """Per seed, the start of the first bin at or past ``L/2`` that, with the next, lies more than
+    :data:`RISE_NATS` above the mean loss of ``[L/2, L)``; inf when none does.
+    """
     L = results.config.train_length
     profile = results.profile(model, "none")
     level = results.bucket(model, "none", L // 2, L)

@@ -1,6 +1,5 @@
 """The tables of a run's results: the main summary (also printed at the end of a run), perplexity per mode,
-per-position buckets, retrieval gain, passkey, and the spread over seeds. Each is built from the run's
-:class:`~rotary.tools.experiments.results.Results`; :mod:`.report` arranges them into ``report.md``.
+per-position buckets, retrieval gain, passkey, and the spread over seeds; :mod:`.report` arranges them.
 """
 
 from __future__ import annotations
@@ -71,10 +70,8 @@ def _informative(values: list[str]) -> bool:
 
 
 def summary_table(results: Results, spread: bool = True) -> tuple[list[str], list[list[str]]]:
-    """The main table: the headline measurements per method, mean ± half the range over seeds (``spread=False``: mean).
-
-    Columns: perplexity at every length, sliding windows at L and the longest, task accuracy at 1 and 2 times
-    its length (Wilson 95%), retrieval gain, passkey at L; a column no method measured above 0 is left out.
+    """The main table: headline measurements per method, mean ± half the range over seeds (``spread=False``:
+    mean); a column no method measured above 0 is left out.
     """
     L = results.config.train_length
     longest = results.lengths[-1]
@@ -160,8 +157,9 @@ def passkey_table(results: Results) -> str:
 
 
 def task_table(results: Results, task: str, *, exact: bool = False) -> str:
-    """One task's accuracy per task model and scaling at every task length: per byte (or ``exact``: whole
-    rows right), every seed pooled, with its Wilson 95% interval."""
+    """One task's accuracy per task model and scaling at every task length, per byte (or ``exact`` row),
+    seeds pooled, with its Wilson 95% interval.
+    """
     base = results.config.task_length
     return markdown_table(
         ["method"] + [f"{e / base:g}L ({e})" for e in results.task_lengths],

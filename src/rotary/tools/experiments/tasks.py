@@ -1,18 +1,12 @@
 """Synthetic retrieval tasks that small decoders learn in minutes: copying and associative recall, in bytes.
 
-A model trained on natural text for the default budget learns no copying, so, as the papers that compare
-position encodings on retrieval do, task models learn two synthetic tasks (sources: docs/experiment.md):
-
-- **copy**: random lowercase letters, a separator, the string again, an end mark (``qhvbz|qhvbz.``: the 5
-  letters after ``|`` are scored; chance 1/26). Evaluation strings are longer than any seen in training
-  (:func:`copy_range`);
-- **induction** (associative recall): filler of 16 letters in whose first half ``pairs`` uppercase keys are
-  each followed by a value; in the second half each key appears again and the byte after it is scored
-  (chance 1/16).
-
-Rows are right-padded with byte 0, unscored targets are -100 (``ignore_index``), and every draw comes from a
-generator seeded from the run's seed (:func:`~.data.derived_seed`). Accuracy is top-1 on the scored bytes
-under teacher forcing; a trial is an **exact match** when every scored byte is right.
+A model trained on natural text for the default budget learns no copying, so task models learn two synthetic
+tasks (sources: docs/experiment.md): **copy** (random lowercase letters, a separator, the string again, an end
+mark: ``qhvbz|qhvbz.`` scores the 5 letters after ``|``; evaluation strings are longer than any trained on) and
+**induction** (16 filler letters with ``pairs`` uppercase keys each followed by a value in the first half; each
+key again in the second half, the byte after it scored). Rows are right-padded with byte 0, unscored targets
+are -100, draws are seeded from the run's seed. Accuracy is top-1 on the scored bytes under teacher forcing;
+a trial is an **exact match** when every scored byte is right.
 """
 
 from __future__ import annotations
@@ -63,12 +57,7 @@ CHANCE = {"copy": 1 / len(LETTERS), "induction": 1 / len(VALUES)}
 
 @dataclass(frozen=True)
 class TaskBatch:
-    """Rows of one task.
-
-    Attributes:
-        inputs: int64 ``[N, E]``.
-        targets: int64 ``[N, E]``: the next byte where scored, else :data:`IGNORE`.
-    """
+    """Rows of one task: ``inputs`` and ``targets`` int64 ``[N, E]`` (targets: the next byte or :data:`IGNORE`)."""
 
     inputs: torch.Tensor
     targets: torch.Tensor
@@ -80,11 +69,10 @@ class TaskBatch:
 
 
 def copy_range(length: int, *, training: bool) -> tuple[int, int]:
-    """The string lengths ``(lo, hi)`` of copy rows of ``length`` tokens: evaluation takes the upper half of training's.
+    """The string lengths ``(lo, hi)`` of copy rows of ``length`` tokens; evaluation takes training's upper half.
 
-    Example:
-        >>> copy_range(64, training=True), copy_range(64, training=False), copy_range(128, training=False)
-        ((4, 31), (16, 31), (32, 63))
+    >>> copy_range(64, training=True), copy_range(64, training=False), copy_range(128, training=False)
+    ((4, 31), (16, 31), (32, 63))
     """
     hi = (length - 1) // 2
     lo = MIN_COPY if training else max(MIN_COPY, (length - 1) // 4 + 1)
@@ -99,12 +87,11 @@ def _pick(n: int, count: int, k: int, generator: torch.Generator) -> torch.Tenso
 
 
 def copy_batch(n: int, length: int, generator: torch.Generator, *, training: bool = True) -> TaskBatch:
-    """``n`` copy rows of ``length`` tokens (:func:`copy_range` letters each).
+    """``n`` copy rows of ``length`` tokens.
 
-    Example:
-        >>> b = copy_batch(2, 16, torch.Generator().manual_seed(0))
-        >>> bytes(b.inputs[0].tolist()).rstrip(b"\\0"), int(b.scored[0].sum())
-        (b'bqzr|bqzr.', 4)
+    >>> b = copy_batch(2, 16, torch.Generator().manual_seed(0))
+    >>> bytes(b.inputs[0].tolist()).rstrip(b"\\0"), int(b.scored[0].sum())
+    (b'bqzr|bqzr.', 4)
     """
     lo, hi = copy_range(length, training=training)
     sizes = torch.randint(lo, hi + 1, (n, 1), generator=generator)  # [n, 1]
@@ -123,10 +110,9 @@ def copy_batch(n: int, length: int, generator: torch.Generator, *, training: boo
 def induction_batch(n: int, length: int, generator: torch.Generator, *, pairs: int = 4) -> TaskBatch:
     """``n`` associative-recall rows of ``length`` tokens with ``pairs`` keys each.
 
-    Example:
-        >>> b = induction_batch(1, 24, torch.Generator().manual_seed(0), pairs=2)
-        >>> bytes(b.inputs[0].tolist()), [chr(v) for v in b.targets[0].tolist() if v != IGNORE]
-        (b'mpfadldhKbSjSjgiimKbghho', ['j', 'b'])
+    >>> b = induction_batch(1, 24, torch.Generator().manual_seed(0), pairs=2)
+    >>> bytes(b.inputs[0].tolist()), [chr(v) for v in b.targets[0].tolist() if v != IGNORE]
+    (b'mpfadldhKbSjSjgiimKbghho', ['j', 'b'])
     """
     if pairs < 1 or pairs > len(KEYS) or length < 4 * pairs:
         raise InputError(
@@ -163,14 +149,13 @@ def make_batch(
 
 
 def task_training_batch(step: int, config: Any, seed: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A task model's training batch at ``step``: ``(inputs, targets)`` int64 ``[rows, task_length]``, copy first.
+    """A task model's training batch at ``step``: ``(inputs, targets)`` int64 ``[rows, task_length]``.
 
-    Example:
-        >>> from rotary.tools.experiments.config import ExperimentConfig
-        >>> x, y = task_training_batch(0, ExperimentConfig(task_length=32), 0, 4)
-        >>> again, _ = task_training_batch(0, ExperimentConfig(task_length=32), 0, 4)
-        >>> x.shape, bytes(x[0].tolist()).count(b"|"), torch.equal(x, again)
-        (torch.Size([4, 32]), 1, True)
+    >>> from rotary.tools.experiments.config import ExperimentConfig
+    >>> x, y = task_training_batch(0, ExperimentConfig(task_length=32), 0, 4)
+    >>> again, _ = task_training_batch(0, ExperimentConfig(task_length=32), 0, 4)
+    >>> x.shape, bytes(x[0].tolist()).count(b"|"), torch.equal(x, again)
+    (torch.Size([4, 32]), 1, True)
     """
     generator = torch.Generator().manual_seed(derived_seed(seed, "tasks", config.task_length, step))
     copy = copy_batch((rows + 1) // 2, config.task_length, generator)
@@ -180,35 +165,21 @@ def task_training_batch(step: int, config: Any, seed: int, rows: int) -> tuple[t
 
 
 def task_trials(task: str, length: int, config: Any) -> TaskBatch:
-    """The ``config.task_trials`` evaluation rows of ``task`` at ``length``, the same for every model.
-
-    Example:
-        >>> from rotary.tools.experiments.config import ExperimentConfig
-        >>> cfg = ExperimentConfig(task_trials=3)
-        >>> torch.equal(task_trials("copy", 128, cfg).inputs, task_trials("copy", 128, cfg).inputs)
-        True
-    """
+    """The ``config.task_trials`` evaluation rows of ``task`` at ``length``, the same for every model."""
     generator = torch.Generator().manual_seed(derived_seed(config.seed, "task trials", task, length))
     return make_batch(task, config.task_trials, length, generator, pairs=config.task_pairs, training=False)
 
 
 @torch.no_grad()
 def task_scores(logits_of: Callable[[torch.Tensor], torch.Tensor], batch: TaskBatch, *, batch_rows: int) -> dict:
-    """Accuracy, exact matches and loss of a model on ``batch``.
+    """``correct``/``predictions`` (scored bytes), ``exact``/``trials`` (rows) and ``loss`` (mean nats) on ``batch``,
+    with ``logits_of``: ``inputs [b, E] -> logits [b, E, V]``.
 
-    Args:
-        logits_of: ``inputs [b, E] -> logits [b, E, V]`` (on any device; read back here).
-        batch, batch_rows: the trials; rows per call.
-
-    Returns:
-        ``correct``/``predictions`` (scored bytes), ``exact``/``trials`` (rows), ``loss`` (mean nats, scored bytes).
-
-    Example:
-        >>> b = copy_batch(3, 16, torch.Generator().manual_seed(0))
-        >>> oracle = lambda x: F.one_hot(b.targets.clamp(min=0), 256).float()  # knows every answer
-        >>> s = task_scores(oracle, b, batch_rows=3)
-        >>> s["correct"] == s["predictions"], s["exact"], s["trials"]
-        (True, 3, 3)
+    >>> b = copy_batch(3, 16, torch.Generator().manual_seed(0))
+    >>> oracle = lambda x: F.one_hot(b.targets.clamp(min=0), 256).float()  # knows every answer
+    >>> s = task_scores(oracle, b, batch_rows=3)
+    >>> s["correct"] == s["predictions"], s["exact"], s["trials"]
+    (True, 3, 3)
     """
     correct = predictions = exact = 0
     loss = 0.0

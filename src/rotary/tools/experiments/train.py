@@ -1,21 +1,17 @@
-"""Training the models of a run (:mod:`.plan`), in the manner of nanoGPT's ``train.py``: the same script on one
-process or under torchrun with DistributedDataParallel.
+"""Training the models of a run (:mod:`.plan`), in the manner of nanoGPT's ``train.py``: one process or torchrun.
 
     torchrun --standalone --nproc_per_node=2 -m rotary experiment --preset tiny
 
-Under torchrun every rank builds the same model, wraps it in DDP (gloo on CPU, nccl on GPU) and takes its own
-rows of every global batch, so each update is the one a single process would make; rank 0 alone writes
-checkpoints (every ``checkpoint_every`` steps and at the end). Batches depend only on ``(seed, length, step)``
-and the learning rate only on the step, so a resumed run continues exactly as an uninterrupted one. A
-fine-tune starts from its ``parent``'s trained weights (:func:`start_model`) with a fresh AdamW and its own
-schedule (:meth:`Schedule.of`). On CUDA a step runs under bf16 autocast with fp32 weights, compiled where the
-run compiles (:class:`ForwardBackward`), with a fused AdamW, and the host reads the losses every
-:data:`READ_EVERY` steps; the CPU path is fp32, eager, and reads every step.
+Under torchrun every rank builds the same model in DDP (gloo on CPU, nccl on GPU) and takes its own rows of
+every global batch, so each update is the one a single process would make; rank 0 alone writes checkpoints.
+Batches depend only on ``(seed, length, step)`` and the learning rate only on the step, so a resumed run
+continues exactly as an uninterrupted one. A fine-tune starts from its ``parent``'s weights with a fresh AdamW.
+On CUDA a step runs under bf16 autocast with fp32 weights, compiled where the run compiles, with a fused AdamW,
+and the host reads the losses every :data:`READ_EVERY` steps; the CPU path is fp32, eager, and reads every step.
 
-:class:`ForwardBackward` compiles each model from :func:`torch.compiler.reset`: a RoPE model is guarded on the
-identity of its frequency objects, so models would pile up entries in Dynamo's cache of the forward, and past
-``recompile_limit`` (8) Dynamo silently runs eagerly. A compile that raises is logged in one line, and that
-step and all later ones run eagerly.
+:class:`ForwardBackward` compiles each model after :func:`torch.compiler.reset`: a RoPE model is guarded on the
+identity of its frequency objects, so models would pile up in Dynamo's cache, and past ``recompile_limit`` (8)
+Dynamo silently runs eagerly. A compile that raises is logged in one line; that step and all later ones run eagerly.
 """
 
 from __future__ import annotations
@@ -91,10 +87,7 @@ def decoder_config(
     *,
     stage: str = "pretrain",
 ) -> DecoderConfig:
-    """The ``DecoderConfig`` of a model of this run. ``max_position`` is the longest evaluation length:
-    a learned table gets rows up to ``8L`` (those past ``L`` are never trained) instead of an index
-    error, and RoPE's tables are built that long up front. A task model (``stage="task"``) is
-    ``task_hidden_size`` wide, with the text models' layers and heads."""
+    """The ``DecoderConfig`` of a model of this run (positions up to ``8L``; a task model ``task_hidden_size`` wide)."""
     return DecoderConfig(
         vocab_size=256,
         hidden_size=config.task_hidden_size if stage == "task" else config.hidden_size,
@@ -108,8 +101,7 @@ def decoder_config(
 
 
 def trained_scaling(spec: ModelSpec, config: ExperimentConfig) -> dict | None:
-    """The ``rope_scaling`` block a model is trained and evaluated with: its scaling at factor
-    ``length / L`` (None for ``none``; task models are trained without scaling)."""
+    """The ``rope_scaling`` a model is trained and evaluated with (None for ``none`` and task models)."""
     if spec.stage == "task":
         return None
     return scaling_block(spec.scaling, spec.length / config.train_length, config.train_length)
@@ -118,13 +110,11 @@ def trained_scaling(spec: ModelSpec, config: ExperimentConfig) -> dict | None:
 def build_model(spec: ModelSpec, config: ExperimentConfig) -> Decoder:
     """The model of ``spec`` with its initial weights (a function of the seed and the encoding only).
 
-    Example:
-        >>> from rotary.tools.experiments.plan import model_specs
-        >>> cfg = ExperimentConfig(preset="tiny", train_length=112, hidden_size=32, num_layers=1, num_heads=2, seeds=1)
-        >>> spec = model_specs(cfg)[0]
-        >>> a, b = build_model(spec, cfg), build_model(spec, cfg)
-        >>> all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
-        True
+    >>> from rotary.tools.experiments.plan import model_specs
+    >>> cfg = ExperimentConfig(preset="tiny", train_length=112, hidden_size=32, num_layers=1, num_heads=2, seeds=1)
+    >>> a, b = build_model(model_specs(cfg)[0], cfg), build_model(model_specs(cfg)[0], cfg)
+    >>> all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    True
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derived_seed(spec.seed, "init", spec.encoding))
@@ -134,10 +124,8 @@ def build_model(spec: ModelSpec, config: ExperimentConfig) -> Decoder:
 
 
 def start_model(spec: ModelSpec, config: ExperimentConfig, parent: Decoder | None = None) -> Decoder:
-    """The model of ``spec`` before its first step: :func:`build_model`, or a fine-tune's ``parent``'s weights.
-
-    Raises:
-        rotary.errors.InputError: a fine-tune without its parent, or a parent for a model that has none.
+    """The model of ``spec`` before its first step: :func:`build_model`, or a fine-tune's ``parent``'s weights;
+    InputError for a fine-tune without its parent, or a parent for a model that has none.
     """
     if (spec.parent is None) != (parent is None):
         raise InputError(
@@ -178,10 +166,9 @@ class Schedule:
     def of(cls, spec: ModelSpec, config: ExperimentConfig) -> Schedule:
         """Pretraining's schedule, a fine-tune's (a tenth of its steps of warm-up) or a task model's (a twentieth).
 
-        Example:
-            >>> from rotary.tools.experiments.plan import ModelSpec
-            >>> Schedule.of(ModelSpec("rope-ft-yarn", "rope", 0, "", steps=60, parent="rope"), ExperimentConfig())
-            Schedule(steps=60, warmup_steps=6, peak=0.001, floor=0.0003)
+        >>> from rotary.tools.experiments.plan import ModelSpec
+        >>> Schedule.of(ModelSpec("rope-ft-yarn", "rope", 0, "", steps=60, parent="rope"), ExperimentConfig())
+        Schedule(steps=60, warmup_steps=6, peak=0.001, floor=0.0003)
         """
         if spec.fine_tune:
             return cls(spec.steps, max(1, spec.steps // 10), config.finetune_learning_rate, config.min_learning_rate)
@@ -194,10 +181,9 @@ class Schedule:
 def learning_rate(step: int, schedule: Schedule) -> float:
     """The learning rate at ``step`` (0-based) of ``schedule``.
 
-    Example:
-        >>> s = Schedule(steps=100, warmup_steps=10, peak=1.0, floor=0.1)
-        >>> learning_rate(0, s), learning_rate(10, s), round(learning_rate(99, s), 3)
-        (0.1, 1.0, 0.1)
+    >>> s = Schedule(steps=100, warmup_steps=10, peak=1.0, floor=0.1)
+    >>> learning_rate(0, s), learning_rate(10, s), round(learning_rate(99, s), 3)
+    (0.1, 1.0, 0.1)
     """
     if step < schedule.warmup_steps:
         return schedule.peak * (step + 1) / schedule.warmup_steps
@@ -207,12 +193,7 @@ def learning_rate(step: int, schedule: Schedule) -> float:
 
 
 def read_interval(device: torch.device) -> int:
-    """Steps between reads of the losses on the host: 1 on the CPU, :data:`READ_EVERY` elsewhere.
-
-    Example:
-        >>> read_interval(torch.device("cpu")), read_interval(torch.device("meta"))
-        (1, 50)
-    """
+    """Steps between reads of the losses on the host: 1 on the CPU, :data:`READ_EVERY` elsewhere."""
     return 1 if device.type == "cpu" else READ_EVERY
 
 
@@ -225,33 +206,17 @@ def make_optimizer(model: nn.Module, config: ExperimentConfig, peak: float, devi
 class ForwardBackward:
     """The forward, the loss and the backward of one training step; the optimizer step is the caller's.
 
-    The forward runs under bf16 autocast when ``mixed_precision`` (fp32 weights: autocast casts per op,
-    and the loss is taken from fp32 logits), and through ``torch.compile(module, dynamic=False)`` when
-    ``compile``. Compiling starts from :func:`torch.compiler.reset`: a RoPE model is guarded on the
-    identity of its frequency objects, so every model would add an entry to Dynamo's cache of the
-    model's forward, and past ``recompile_limit`` (8) entries Dynamo runs the forward eagerly without
-    an error. Each model therefore compiles once, in seconds when Inductor's caches hold its graph.
+    ``module`` (the model or its DDP wrapper: ``input_ids [B, S] -> logits [B, S, V]``) runs under bf16 autocast
+    when ``mixed_precision`` (loss from fp32 logits) and through ``torch.compile(module, dynamic=False)`` when
+    ``compile``; a compile that raises logs one line to ``log`` and falls back to eager (module docstring).
 
-    torch.compile does its work in the first :data:`COMPILING_CALLS` call (a model traces once: RoPE's
-    per-device frequency copy, which the guards check, exists before the first trace). When it raises,
-    ``log`` gets one line naming the error, the gradients are cleared and the step is done again
-    eagerly, as are all later steps. :attr:`compile_seconds` is the wall time of those calls.
-
-    Args:
-        module: the model, or its DDP wrapper: ``input_ids [B, S] -> logits [B, S, V]``.
-        mixed_precision: run the forward under ``torch.autocast(device, torch.bfloat16)``.
-        compile: compile ``module``.
-        device: where the batches live.
-        log: where the fallback line goes.
-
-    Example:
-        >>> from rotary.models import DecoderConfig
-        >>> model = Decoder(DecoderConfig(hidden_size=32, num_layers=1, num_heads=2))
-        >>> step = ForwardBackward(model, mixed_precision=False, compile=False, device=torch.device("cpu"))
-        >>> batch = torch.randint(256, (2, 9))
-        >>> loss = step(batch[:, :-1], batch[:, 1:])
-        >>> loss.dtype, model.lm_head.weight.grad.shape
-        (torch.float32, torch.Size([256, 32]))
+    >>> from rotary.models import DecoderConfig
+    >>> model = Decoder(DecoderConfig(hidden_size=32, num_layers=1, num_heads=2))
+    >>> step = ForwardBackward(model, mixed_precision=False, compile=False, device=torch.device("cpu"))
+    >>> batch = torch.randint(256, (2, 9))
+    >>> loss = step(batch[:, :-1], batch[:, 1:])
+    >>> loss.dtype, model.lm_head.weight.grad.shape
+    (torch.float32, torch.Size([256, 32]))
     """
 
     def __init__(
@@ -285,8 +250,9 @@ class ForwardBackward:
         return loss.detach()
 
     def __call__(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Forward and backward of one batch: ``inputs``, ``targets`` int64 ``[B, S]``; returns the mean
-        loss, a 0-dim fp32 tensor on the device (not read on the host); the gradients are accumulated."""
+        """Forward and backward of ``inputs``, ``targets`` int64 ``[B, S]``, accumulating gradients;
+        returns the mean loss, 0-dim fp32 on the device (not read on the host).
+        """
         self.calls += 1
         if self.compiled is not None and self.calls <= COMPILING_CALLS:
             started = time.perf_counter()
@@ -311,10 +277,9 @@ class ForwardBackward:
 
 @dataclass
 class TrainOutcome:
-    """A trained model and how its training went (wall time summed over resumed segments).
-
-    ``compiled`` says whether this session's steps ran compiled; ``compile_seconds`` is the wall time of
-    its first, compiling step (:data:`COMPILING_CALLS`), part of ``seconds``."""
+    """A trained model and how its training went (wall time summed over resumed segments;
+    ``compile_seconds``, the first, compiling steps, is part of ``seconds``).
+    """
 
     model: Decoder
     losses: list[float]
@@ -326,11 +291,7 @@ class TrainOutcome:
 
 
 def load_checkpoint(path: Path, spec: ModelSpec, config: ExperimentConfig) -> dict:
-    """Read a checkpoint and check it belongs to this model of this configuration.
-
-    Raises:
-        ExperimentError: unreadable, truncated or foreign checkpoints (names the file and the fix).
-    """
+    """Read a checkpoint and check it is this model's; ExperimentError naming the file and the fix otherwise."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # a truncated zip, a garbage file, a pickle error: all one message
@@ -412,21 +373,12 @@ def train_model(
     reporter: Reporter,
     dist: Distributed = Distributed(),
 ) -> TrainOutcome:
-    """Train (or continue training) the model of ``spec`` for ``spec.steps`` steps.
+    """Train (or continue) the model of ``spec`` on uint8 ``train_tokens`` ``[N]``; returns it in eval mode.
 
-    Args:
-        spec, config: which model; the run's settings.
-        train_tokens: uint8 ``[N]`` training text (:attr:`Corpus.train`; int64 works too).
-        parent: the trained model ``spec`` starts from (``spec.parent``), else None.
-        run_dir: where ``models/<name>/checkpoint.pt`` lives (rank 0 writes it); None: no checkpoints.
-        resume: continue from an existing checkpoint.
-        reporter, dist: progress output; this process's rank and the world size.
-
-    Returns:
-        :class:`TrainOutcome` with the unwrapped model in eval mode.
+    ``parent``: the trained model ``spec.parent`` names; ``run_dir``: where rank 0 writes checkpoints (None: none).
 
     Raises:
-        TrainingDiverged: a step's loss or gradient norm is not finite (the last checkpoint is the last finite one).
+        TrainingDiverged: a loss or gradient norm is not finite (the last checkpoint is the last finite one).
         ExperimentError: a checkpoint that does not belong to this run or does not fit the model.
     """
     device = dist.device(config.device)

@@ -1,10 +1,9 @@
 """A causal LM checkpoint, its RoPE, and the models of each scaling built by transformers from an edited config.
 
-The traps of scaling a pretrained model's RoPE in transformers, and how each is avoided, are in docs/sweep.md,
-"The traps, and how the command avoids each": in short, the config.json is edited *before* transformers
-builds the model (:func:`scaled_config`, :func:`build_model`; a loaded model is never changed), the new block
-carries ``rope_theta`` over, every block that reads ``original_max_position_embeddings`` states it, dynamic NTK
-gets a fresh model per length, and :func:`check_tables` compares the model's cos/sin with rotary's tables.
+The traps of scaling a pretrained model's RoPE in transformers, and how each is avoided: docs/sweep.md. In
+short, config.json is edited *before* transformers builds the model, the new block carries ``rope_theta``
+over, dynamic NTK gets a fresh model per length, and :func:`check_tables` compares the model's cos/sin with
+rotary's tables.
 """
 
 from __future__ import annotations
@@ -55,16 +54,11 @@ _WEIGHT_FILES = (
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A causal LM's config and what the sweep reads from it.
+    """A causal LM's config.json (as written, never modified) and what the sweep reads from it.
 
-    Attributes:
-        source, config: the directory (or hub id) given; config.json's contents, as written (never modified).
-        model_type, form: its ``model_type``; ``"5.x"`` (``rope_parameters``) or ``"4.x"`` (``rope_scaling``).
-        original_length: the context the scalings extend (factor = length / it).
-        layer_types, blocks: the layer types whose RoPE the scalings change (``[None]``: one RoPE); their blocks.
-        sliding_window, nope_layers: the sliding layers' window, or None; indices of layers without RoPE.
-        num_layers, vocab_size, weights_bytes: layers; output size ``V``; weight files' size (0 for a hub id).
-        rotary_dims: each such layer type's rotated width ``d`` (NTK-aware scaling: base × ``factor ** (d/(d-2))``).
+    ``form``: ``"5.x"`` (``rope_parameters``) or ``"4.x"`` (``rope_scaling``); ``original_length``: the context
+    the scalings extend; ``layer_types``/``blocks``: the layer types whose RoPE the scalings change (``[None]``:
+    one RoPE) and their blocks; ``rotary_dims``: each type's rotated width; ``weights_bytes`` 0 for a hub id.
     """
 
     source: str
@@ -82,7 +76,7 @@ class Checkpoint:
     rotary_dims: dict[str | None, int] = field(default_factory=dict)
 
     def admitted(self) -> tuple[str, ...]:
-        """The scalings this checkpoint admits: every one but LongRoPE, which needs the model's own factors."""
+        """The scalings this checkpoint admits: all but LongRoPE, which needs the model's own factors."""
         return tuple(s for s in ALL_SCALINGS if s != "longrope" or self.has_longrope_factors)
 
     @property
@@ -91,7 +85,7 @@ class Checkpoint:
 
 
 def _read_config(model: str) -> tuple[dict[str, Any], int]:
-    """config.json's contents and the bytes of the weights, of a local directory or (network allowing) a hub id."""
+    """config.json and the weights' size, of a local directory or (network allowing) a hub id."""
     path = Path(model)
     if path.is_dir():
         config_file = path / "config.json"
@@ -123,13 +117,9 @@ def _read_config(model: str) -> tuple[dict[str, Any], int]:
 
 
 def open_checkpoint(model: str, *, original_length: int | None = None) -> Checkpoint:
-    """Read ``model``'s config (a checkpoint directory or a hub id) and its RoPE, checking there is something to scale.
-
-    ``original_length``: the context the scalings extend; default ``original_max_position_embeddings``, else
-    ``max_position_embeddings``.
-
-    Raises:
-        rotary.errors.InputError: no checkpoint there; a model without RoPE; a multimodal config.
+    """Read ``model``'s config (a directory or a hub id) and its RoPE; ``original_length`` defaults to
+    ``original_max_position_embeddings``, else ``max_position_embeddings``. InputError when there is no checkpoint
+    there, a model without RoPE, or a multimodal config.
     """
     from ...hf import read_hf_layers
     from ...rope import RoPE
@@ -196,24 +186,20 @@ def open_checkpoint(model: str, *, original_length: int | None = None) -> Checkp
 
 
 def factor_for(length: int, original_length: int) -> float:
-    """The scaling factor a sweep uses at ``length``: ``length / original_length``, at least 1.
+    """The scaling factor at ``length``: ``length / original_length``, at least 1.
 
-    Example:
-        >>> factor_for(8192, 2048), factor_for(1024, 2048)
-        (4.0, 1.0)
+    >>> factor_for(8192, 2048), factor_for(1024, 2048)
+    (4.0, 1.0)
     """
     return max(1.0, length / original_length)
 
 
 def scaling_block(scaling: str, factor: float, original_length: int, current: dict[str, Any]) -> dict[str, Any]:
-    """The RoPE block (without ``rope_theta``) of ``scaling`` at ``factor``, keeping the model's own parameters.
+    """The RoPE block (without ``rope_theta``) of ``scaling`` at ``factor``, keeping the model's own parameters;
+    InputError for an unknown scaling or LongRoPE without the model's factors.
 
-    Raises:
-        rotary.errors.InputError: an unknown scaling, or LongRoPE without the model's factors.
-
-    Example:
-        >>> scaling_block("yarn", 4.0, 2048, {"rope_type": "default"})
-        {'rope_type': 'yarn', 'factor': 4.0, 'original_max_position_embeddings': 2048}
+    >>> scaling_block("yarn", 4.0, 2048, {"rope_type": "default"})
+    {'rope_type': 'yarn', 'factor': 4.0, 'original_max_position_embeddings': 2048}
     """
     if scaling not in ALL_SCALINGS:
         raise InputError(f"unknown scaling {scaling!r}; known: {', '.join(ALL_SCALINGS)}")
@@ -240,17 +226,13 @@ def scaling_block(scaling: str, factor: float, original_length: int, current: di
 
 
 def scaled_config(checkpoint: Checkpoint, scaling: str, factor: float) -> dict[str, Any]:
-    """config.json of ``checkpoint`` with ``scaling`` at ``factor``, in the checkpoint's own form (4.x or 5.x).
+    """config.json of ``checkpoint`` with ``scaling`` at ``factor``, in its own form (see docs/sweep.md).
 
-    Only the RoPE of :attr:`Checkpoint.layer_types` changes; NTK-aware scaling is plain RoPE with a raised
-    ``rope_theta``; ``max_position_embeddings`` is set as each type reads it (docs/sweep.md).
-
-    Example:
-        >>> ck = Checkpoint("m", {"model_type": "llama", "rope_theta": 5e5, "max_position_embeddings": 8192},
-        ...                 "llama", "4.x", 8192, (None,), {None: {"rope_type": "default", "rope_theta": 5e5}}, None)
-        >>> c = scaled_config(ck, "yarn", 2.0)
-        >>> c["rope_theta"], c["rope_scaling"]
-        (500000.0, {'rope_type': 'yarn', 'factor': 2.0, 'original_max_position_embeddings': 8192})
+    >>> ck = Checkpoint("m", {"model_type": "llama", "rope_theta": 5e5, "max_position_embeddings": 8192},
+    ...                 "llama", "4.x", 8192, (None,), {None: {"rope_type": "default", "rope_theta": 5e5}}, None)
+    >>> c = scaled_config(ck, "yarn", 2.0)
+    >>> c["rope_theta"], c["rope_scaling"]
+    (500000.0, {'rope_type': 'yarn', 'factor': 2.0, 'original_max_position_embeddings': 8192})
     """
     config = copy.deepcopy(checkpoint.config)
     length = checkpoint.original_length
@@ -283,9 +265,7 @@ def scaled_config(checkpoint: Checkpoint, scaling: str, factor: float) -> dict[s
 
 
 def transformers_config(checkpoint: Checkpoint, config: dict[str, Any], *, window: int | None = None):
-    """A transformers config object from the dict ``config``; ``window``: a sliding window to use instead of the
-    model's.
-    """
+    """A transformers config object from the dict ``config``, with ``window`` replacing the sliding window."""
     from transformers import AutoConfig
 
     d = dict(config)
@@ -305,9 +285,7 @@ def build_model(
     window: int | None = None,
     patch: bool = False,
 ):
-    """The model transformers builds from the weights and the (edited) ``config``, in eval mode (``patch``:
-    hf.patch).
-    """
+    """The model transformers builds from the weights and the (edited) ``config``, in eval mode."""
     from transformers import AutoModelForCausalLM
 
     hf_config = transformers_config(checkpoint, config, window=window)
@@ -334,15 +312,8 @@ def _rotary_embedding(model) -> torch.nn.Module:
 
 @torch.no_grad()
 def check_tables(model, checkpoint: Checkpoint, config: dict[str, Any], length: int) -> float:
-    """Compare the model's cos/sin at positions ``0 .. length - 1`` with rotary's tables for ``config``.
-
-    Run on a fresh model right before it measures ``length``; the tolerance allows for transformers' fp32 angles.
-
-    Returns:
-        The largest difference found.
-
-    Raises:
-        rotary.errors.InputError: the tables differ (transformers does not read the scaling for this family).
+    """The largest difference between the model's cos/sin at ``0 .. length - 1`` and rotary's tables for
+    ``config``; InputError when they differ (transformers does not read the scaling for this family).
     """
     from ... import positions as P
     from ...rope import RoPE

@@ -27,9 +27,7 @@ MAX_FILES = 10000
 
 @dataclass(frozen=True)
 class Documents:
-    """Tokenized documents: int64 ``tokens`` per document (longest first), their ``names``, the ``source``,
-    ``sha256``.
-    """
+    """Tokenized documents: int64 ``tokens`` each (longest first), ``names``, ``source``, ``sha256``."""
 
     tokens: list[torch.Tensor]
     names: list[str]
@@ -47,7 +45,7 @@ def _walk(directory: Path) -> Iterator[Path]:
 
 
 def _files(sources: Sequence[str]) -> Iterator[tuple[Path, bool]]:
-    """``(file, named)`` of every source in order; ``named``: given itself (not found in a directory or pattern)."""
+    """``(file, named)`` of every source in order; ``named``: given itself, not found in a directory."""
     for source in sources:
         path = Path(source)
         if path.is_file():
@@ -70,11 +68,11 @@ def _builtin_files(count: int) -> list[Path]:
 
 
 def load_documents(sources: Sequence[str] | None, tokenizer, *, longest: int, limit: int) -> Documents:
-    """Read and tokenize the documents, keeping at most ``limit`` of those with at least ``longest`` tokens.
+    """Read and tokenize the documents, keeping at most ``limit`` of those with ``longest`` tokens or more.
 
     Raises:
-        rotary.errors.InputError: a missing file, text that is not UTF-8, or no document as long as ``longest``
-            (the message gives the longest found).
+        rotary.errors.InputError: a missing file, text that is not UTF-8, or no document that long (naming the
+            longest found).
     """
     files = ((p, False) for p in _builtin_files(limit * 4)) if not sources else _files(sources)
     source = BUILTIN if not sources else " ".join(sources)

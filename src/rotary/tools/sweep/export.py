@@ -1,11 +1,9 @@
 """A model of ``rotary experiment`` as a Hugging Face transformers checkpoint (``rotary export``).
 
-The experiment's :class:`rotary.models.Decoder` is Llama's architecture weight for weight, so a RoPE model maps
-onto ``LlamaForCausalLM`` exactly (its scaling block as ``rope_parameters``; interleaved q/k rows permuted to
-the half pairing, :func:`rotary.permute_qk_weight`), and a NoPE model onto SmolLM3 (``no_rope_layers``). Other
-position encodings are refused with :class:`ExportError`; rotary's static NTK is written as plain RoPE at the
-raised base. The tokenizer is one token per byte (a byte-level ``tokenizer.json`` without merges). More:
-docs/sweep.md, "The experiment's models as checkpoints".
+The experiment's Decoder is Llama's architecture weight for weight: a RoPE model maps onto ``LlamaForCausalLM``
+(interleaved q/k rows permuted to the half pairing), a NoPE model onto SmolLM3 (``no_rope_layers``); other
+encodings raise :class:`ExportError`. The tokenizer is one token per byte. More: docs/sweep.md, "The
+experiment's models as checkpoints".
 """
 
 from __future__ import annotations
@@ -33,10 +31,8 @@ class ExportError(InputError):
 
 
 def load_experiment_model(directory: str | os.PathLike) -> tuple[Decoder, int]:
-    """The trained model in ``RUN/models/NAME`` (or its ``checkpoint.pt``), in eval mode on the CPU, and its length.
-
-    Raises:
-        ExportError: no checkpoint there, or one that is not a checkpoint of ``rotary experiment``.
+    """The trained model in ``RUN/models/NAME`` (or its ``checkpoint.pt``), eval mode on the CPU, and its length;
+    ExportError when there is no checkpoint of ``rotary experiment`` there.
     """
     from ..experiments.config import ExperimentConfig
     from ..experiments.plan import ModelSpec
@@ -82,21 +78,14 @@ def _check_exportable(model: Decoder) -> None:
 
 
 def hf_config_of(model: Decoder, original_length: int) -> dict[str, Any]:
-    """The config.json (5.x form, ``rope_parameters``) of the transformers model equal to ``model``.
+    """The config.json (5.x form) of the transformers model equal to ``model`` (``position_encoding`` ``"rope"``
+    or ``"none"``; other encodings raise ExportError), with ``original_length`` as ``max_position_embeddings``.
 
-    Args:
-        model: a :class:`rotary.models.Decoder` with ``position_encoding`` ``"rope"`` or ``"none"``.
-        original_length: its training length, written as ``max_position_embeddings``.
-
-    Raises:
-        ExportError: a position encoding no Llama-layout config states.
-
-    Example:
-        >>> from rotary.models import DecoderConfig
-        >>> m = Decoder(DecoderConfig(hidden_size=32, num_layers=1, num_heads=2))
-        >>> c = hf_config_of(m, 128)
-        >>> c["architectures"], c["rope_parameters"], c["max_position_embeddings"]
-        (['LlamaForCausalLM'], {'rope_type': 'default', 'rope_theta': 10000.0}, 128)
+    >>> from rotary.models import DecoderConfig
+    >>> m = Decoder(DecoderConfig(hidden_size=32, num_layers=1, num_heads=2))
+    >>> c = hf_config_of(m, 128)
+    >>> c["architectures"], c["rope_parameters"], c["max_position_embeddings"]
+    (['LlamaForCausalLM'], {'rope_type': 'default', 'rope_theta': 10000.0}, 128)
     """
     _check_exportable(model)
     c = model.config
@@ -155,14 +144,7 @@ def _transformers_rope_types() -> set[str]:
 
 
 def to_hf_state_dict(model: Decoder) -> dict[str, torch.Tensor]:
-    """``model``'s weights under Llama's names (q/k rows in Llama's half pairing), copies on the CPU.
-
-    Example:
-        >>> from rotary.models import DecoderConfig
-        >>> m = Decoder(DecoderConfig(hidden_size=32, num_layers=1, num_heads=2))
-        >>> sorted(to_hf_state_dict(m))[:3]
-        ['lm_head.weight', 'model.embed_tokens.weight', 'model.layers.0.input_layernorm.weight']
-    """
+    """``model``'s weights under Llama's names (q/k rows in Llama's half pairing), copies on the CPU."""
     from ...pairing import permute_qk_weight
 
     _check_exportable(model)
@@ -186,11 +168,10 @@ def to_hf_state_dict(model: Decoder) -> dict[str, torch.Tensor]:
 
 
 def byte_tokenizer():
-    """A ``PreTrainedTokenizerFast`` with one token per byte, id = byte value (0..255), no special tokens.
+    """A ``PreTrainedTokenizerFast`` with one token per byte, id = byte value, no special tokens.
 
-    Example:
-        >>> byte_tokenizer()("pass é")["input_ids"] == list("pass é".encode())
-        True
+    >>> byte_tokenizer()("pass é")["input_ids"] == list("pass é".encode())
+    True
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -219,10 +200,8 @@ def _byte_chars() -> list[str]:
 
 
 def export_model(source: str | os.PathLike, out: str | os.PathLike) -> Path:
-    """Write the experiment model in ``source`` (``RUN/models/NAME``) as a transformers checkpoint in ``out``.
-
-    ``out`` gets ``config.json``, ``model.safetensors`` and a byte-level tokenizer, written beside it and renamed at
-    the end (an error leaves nothing); ``AutoModelForCausalLM.from_pretrained(out)`` computes the model's logits.
+    """Write the experiment model in ``source`` (``RUN/models/NAME``) as a transformers checkpoint in ``out``:
+    ``config.json``, ``model.safetensors`` and a byte-level tokenizer, renamed into place at the end.
 
     Raises:
         ExportError: ``source`` holds no exportable checkpoint; ``out`` exists and is not an empty directory.

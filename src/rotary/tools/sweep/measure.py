@@ -1,10 +1,9 @@
 """What the sweep measures on one model at one length: perplexity in two modes, and passkey retrieval.
 
-Perplexity ``first`` (the first ``L`` tokens of each document, every target scored: the "truncate" protocol)
-and ``sliding`` (windows every ``stride`` tokens scoring their last ``stride``), as a token-weighted mean over
-documents with a 95% interval from resampling documents (:func:`bootstrap`). The output layer runs on
-``chunk`` positions at a time. Passkey retrieval follows "Landmark Attention"'s prompt, built from token ids to
-exactly ``L`` tokens, answered greedily, with Wilson intervals. The protocol: docs/sweep.md.
+Perplexity ``first`` (the first ``L`` tokens of each document, every target scored) and ``sliding`` (windows
+every ``stride`` tokens scoring their last ``stride``), a token-weighted mean over documents with a 95%
+interval from resampling documents. Passkey retrieval follows "Landmark Attention"'s prompt, built to exactly
+``L`` tokens, answered greedily, with Wilson intervals. The protocol: docs/sweep.md.
 """
 
 from __future__ import annotations
@@ -46,15 +45,14 @@ LOGIT_BUDGET = 2**26
 def logit_chunk(vocab_size: int) -> int:
     """Positions per call of the output layer: at most :data:`LOGIT_BUDGET` fp32 logits.
 
-    Example:
-        >>> logit_chunk(256), logit_chunk(128256)
-        (262144, 523)
+    >>> logit_chunk(256), logit_chunk(128256)
+    (262144, 523)
     """
     return max(1, LOGIT_BUDGET // max(1, vocab_size))
 
 
 def _output(model, hidden: torch.Tensor) -> torch.Tensor:
-    """The logits of ``hidden`` ``[B, n, H]`` as the model's forward makes them (softcapping, scales), fp32."""
+    """fp32 logits of ``hidden`` ``[B, n, H]`` as the model's forward makes them (softcapping, scales)."""
     logits = model.get_output_embeddings()(hidden).float()
     c = model.config
     scale = getattr(c, "logit_scale", None)  # Cohere multiplies
@@ -71,15 +69,8 @@ def _output(model, hidden: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def window_losses(model, windows: torch.Tensor, last: int, *, chunk: int | None = None) -> torch.Tensor:
-    """Cross-entropy (nats, fp32) of the last ``last`` targets of each window; the output layer in ``chunk`` positions.
-
-    Args:
-        model: a transformers causal LM in eval mode.
-        windows: int64 ``[N, L]``.
-        last: targets scored per window, ``1 .. L - 1``.
-
-    Returns:
-        fp32 ``[N, last]``: entry ``[i, j]`` is the loss of token ``L - last + j`` of window ``i``.
+    """Cross-entropy (nats) of the last ``last`` targets of int64 ``windows`` ``[N, L]``: fp32 ``[N, last]``,
+    ``[i, j]`` the loss of token ``L - last + j``; the output layer runs ``chunk`` positions at a time.
     """
     n, length = windows.shape
     if not 1 <= last <= length - 1:
@@ -101,12 +92,7 @@ def window_losses(model, windows: torch.Tensor, last: int, *, chunk: int | None 
 
 @dataclass(frozen=True)
 class DocumentLosses:
-    """Summed loss and scored tokens per document (the documents long enough for the length).
-
-    Attributes:
-        sums: float64 ``[D]`` nats.
-        counts: int64 ``[D]``.
-    """
+    """Summed loss (float64 nats) and scored tokens (int64) per document long enough, both ``[D]``."""
 
     sums: torch.Tensor
     counts: torch.Tensor
@@ -127,13 +113,11 @@ def perplexity(
     max_windows: int = 8,
     rows: int = 1,
 ) -> DocumentLosses:
-    """Per-document losses of ``model`` at ``length`` in ``mode`` ``"first"`` or ``"sliding"`` (module docstring).
+    """Per-document losses at ``length`` in ``mode`` ``"first"`` or ``"sliding"`` (see the module docstring).
 
     Args:
-        documents: int64 ``[T_d]`` token ids of each document; those shorter than ``length`` are left out.
-        stride: tokens each sliding window scores (``1 .. length - 1``).
-        max_windows: sliding windows per document at most (the first ones).
-        rows: windows per forward.
+        documents: int64 ``[T_d]`` token ids each; those shorter than ``length`` are left out.
+        stride, max_windows, rows: tokens a sliding window scores; windows per document; windows per forward.
 
     Raises:
         rotary.errors.InputError: no document has ``length`` tokens; a bad mode or stride.
@@ -172,12 +156,11 @@ def perplexity(
 def bootstrap(losses: DocumentLosses, *, resamples: int = 1000, seed: int = 0) -> tuple[float, float]:
     """95% interval of the perplexity from resampling documents (one document: the value itself).
 
-    Example:
-        >>> d = DocumentLosses(torch.tensor([10.0, 30.0], dtype=torch.float64), torch.tensor([10, 10]))
-        >>> low, high = bootstrap(d)
-        >>> e1, e2, e3 = (round(math.exp(x), 3) for x in (1.0, 2.0, 3.0))
-        >>> e1 <= round(low, 3) <= e2 <= round(high, 3) <= e3
-        True
+    >>> d = DocumentLosses(torch.tensor([10.0, 30.0], dtype=torch.float64), torch.tensor([10, 10]))
+    >>> low, high = bootstrap(d)
+    >>> e1, e2, e3 = (round(math.exp(x), 3) for x in (1.0, 2.0, 3.0))
+    >>> e1 <= round(low, 3) <= e2 <= round(high, 3) <= e3
+    True
     """
     d = losses.sums.numel()
     g = torch.Generator().manual_seed(seed)
@@ -205,12 +188,11 @@ def _encode(tokenizer, text: str) -> list[int]:
 
 
 def passkey_length(tokenizer) -> int:
-    """The shortest passkey prompt with ``tokenizer``, in tokens (no filler; the longest key sentence).
+    """The shortest passkey prompt with ``tokenizer``, in tokens (no filler, the longest key sentence).
 
-    Example:
-        >>> from rotary.tools.sweep.export import byte_tokenizer
-        >>> passkey_length(byte_tokenizer())
-        245
+    >>> from rotary.tools.sweep.export import byte_tokenizer
+    >>> passkey_length(byte_tokenizer())
+    245
     """
     bos = 1 if getattr(tokenizer, "bos_token_id", None) is not None else 0
     needle = max(len(_encode(tokenizer, PASSKEY_NEEDLE.format(key=str(d) * KEY_DIGITS))) for d in range(10))
@@ -218,10 +200,8 @@ def passkey_length(tokenizer) -> int:
 
 
 def passkey_prompts(tokenizer, length: int, depths: Sequence[float], trials: int, *, seed: int = 0) -> PasskeyPrompts:
-    """``trials`` prompts per depth of exactly ``length`` tokens: the filler is cut to the token count.
-
-    Raises:
-        rotary.errors.InputError: ``length`` cannot hold the prefix, the key sentence and the question.
+    """``trials`` prompts per depth of exactly ``length`` tokens; InputError when ``length`` cannot hold the
+    prefix, the key sentence and the question.
     """
     bos = [tokenizer.bos_token_id] if getattr(tokenizer, "bos_token_id", None) is not None else []
     prefix, question = bos + _encode(tokenizer, PASSKEY_PREFIX), _encode(tokenizer, PASSKEY_QUESTION)
@@ -263,9 +243,8 @@ def greedy(model, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
 def answer_matches(text: str, key: str) -> bool:
     """The answer is right when its first digits, after spaces, are the key (and no digit follows).
 
-    Example:
-        >>> answer_matches(" 41279. Rem", "41279"), answer_matches("412790", "41279"), answer_matches("x", "41279")
-        (True, False, False)
+    >>> answer_matches(" 41279. Rem", "41279"), answer_matches("412790", "41279"), answer_matches("x", "41279")
+    (True, False, False)
     """
     text = text.lstrip()
     digits = ""

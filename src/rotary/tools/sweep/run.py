@@ -1,12 +1,11 @@
 """``rotary sweep``: every scaling at every length of one checkpoint, written as it goes.
 
-Order of work: every input is checked (the checkpoint and its RoPE, the scalings it admits, the memory
-the longest length needs, the text) before ``--out`` is created, so bad input leaves nothing behind.
-Then, for each (scaling, length) — a *unit* — a model is built by transformers from the config edited
-for that scaling at factor ``length / original``, its tables are checked against rotary's, and it
-measures perplexity (both modes) and passkey retrieval. Each unit's rows are appended to the CSV files
-and ``sweep.json`` is rewritten (atomically) after it; a sweep started again with the same settings
-into the same ``--out`` skips the units it finds there. ``report.md`` and the figures come last.
+Every input (the checkpoint and its RoPE, the scalings it admits, the memory the longest length needs, the
+text) is checked before ``--out`` is created. Then for each (scaling, length), a *unit*, transformers builds a
+model from the config edited for that scaling at factor ``length / original``, its tables are checked against
+rotary's, and it measures perplexity and passkey retrieval. Each unit's rows are appended to the CSV files and
+``sweep.json`` is rewritten atomically; a sweep started again with the same settings into the same ``--out``
+skips the units it finds there. ``report.md`` and the figures come last.
 """
 
 from __future__ import annotations
@@ -65,21 +64,12 @@ PASS_ACCURACY = 0.8
 
 @dataclass
 class SweepSettings:
-    """What a sweep measures (``sweep.json`` keeps them; a resumed sweep must match).
+    """What a sweep measures (kept in ``sweep.json``; a resumed sweep must match).
 
-    Attributes:
-        model: checkpoint directory or hub id.
-        lengths: evaluation lengths (tokens); None: powers of two from half the original context to 8x it.
-        scalings: None: every scaling the checkpoint admits.
-        data: text files (None: the built-in text).
-        documents: documents at most.
-        stride: tokens each sliding window scores; None: a quarter of the length.
-        max_windows: sliding windows per document at most.
-        depths: passkey depths; trials: prompts per (length, depth); 0 trials: no passkey.
-        original_length: overrides the checkpoint's.
-        patch: run every model through ``rotary.hf.patch``.
-        full_attention: switch sliding-window attention off.
-        device, dtype, device_map: where and how the models run.
+    ``model``: checkpoint directory or hub id; ``lengths`` (None: :func:`default_lengths`), ``scalings`` (None:
+    every one the checkpoint admits), ``data`` (None: the built-in text); ``stride`` (None: a quarter of the
+    length); ``trials`` per (length, depth), 0: no passkey; ``patch``: through ``rotary.hf.patch``;
+    ``full_attention``: sliding-window attention off.
     """
 
     model: str
@@ -102,9 +92,8 @@ class SweepSettings:
 def default_lengths(original: int) -> list[int]:
     """Powers of two from half the original context to 8x it (the original itself when it is not one).
 
-    Example:
-        >>> default_lengths(128), default_lengths(4096)[:2]
-        ([64, 128, 256, 512, 1024], [2048, 4096])
+    >>> default_lengths(128), default_lengths(4096)[:2]
+    ([64, 128, 256, 512, 1024], [2048, 4096])
     """
     low, high = original // 2, original * 8
     lengths = [2**k for k in range(1, 64) if low <= 2**k <= high]
@@ -125,12 +114,8 @@ def _available_bytes(device: str) -> int:
 
 
 def memory_needed(checkpoint: Checkpoint, length: int, dtype: torch.dtype, rows: int = 1) -> dict[str, int]:
-    """Bytes one forward of ``rows`` windows of ``length`` tokens needs, by part (an estimate, on the high side).
-
-    Attention: ``heads x L x L`` fp32 scores under eager attention; under SDPA (transformers' default)
-    the fused kernels hold no scores, and one ``L x L`` boolean mask is counted. The KV cache of a
-    passkey prompt: two ``L x kv_heads x head_dim`` tensors per layer; activations a dozen ``L x hidden``
-    fp32 values per token; the logits at most :data:`~.measure.LOGIT_BUDGET`.
+    """Bytes one forward of ``rows`` windows of ``length`` tokens needs, by part (an estimate, on the high side):
+    scores (eager) or one boolean mask (SDPA), a passkey prompt's KV cache, activations, logits.
     """
     from .measure import LOGIT_BUDGET
 
@@ -152,11 +137,7 @@ def memory_needed(checkpoint: Checkpoint, length: int, dtype: torch.dtype, rows:
 
 
 def check_memory(checkpoint: Checkpoint, settings: SweepSettings, lengths: Sequence[int]) -> None:
-    """Refuse lengths the device's free memory cannot hold, saying how much they would need.
-
-    Raises:
-        rotary.errors.InputError: the longest length needs more than the free memory.
-    """
+    """Raise InputError when the longest length needs more than the device's free memory, saying how much."""
     if settings.device_map is not None:
         return  # accelerate spreads the model; its own planning decides
     longest = max(lengths)
@@ -185,11 +166,7 @@ class Prepared:
 
 
 def prepare(settings: SweepSettings) -> Prepared:
-    """Check every input of a sweep (nothing is written).
-
-    Raises:
-        rotary.errors.InputError: any bad input (module docstring), one line naming it.
-    """
+    """Check every input of a sweep (nothing is written); InputError naming the bad one."""
     quiet_transformers()
     checkpoint = open_checkpoint(settings.model, original_length=settings.original_length)
     if settings.device_map is not None:
@@ -228,9 +205,7 @@ def prepare(settings: SweepSettings) -> Prepared:
 
 
 def quiet_transformers() -> None:
-    """transformers' progress bars and config warnings off: the sweep prints one line per measurement, and
-    checks each model's tables itself (a warning such as Llama-3's "original_max_position_embeddings must be
-    less than max_position_embeddings" at factor 1 says nothing about the numbers)."""
+    """transformers' progress bars and config warnings off (the sweep checks each model's tables itself)."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -238,8 +213,9 @@ def quiet_transformers() -> None:
 
 
 def refused_scalings(checkpoint: Checkpoint, window: int | None = None) -> dict[str, str]:
-    """The scalings the checkpoint's family does not admit, and why: LongRoPE without the model's own
-    factors, and every block transformers' config class refuses for it (Phi-3 takes LongRoPE only)."""
+    """The scalings the checkpoint's family does not admit, and why (LongRoPE without the model's factors,
+    blocks transformers' config class refuses).
+    """
     refused = {}
     for scaling in ALL_SCALINGS:
         if scaling == "longrope" and not checkpoint.has_longrope_factors:
@@ -308,8 +284,7 @@ def _duration(seconds: float) -> str:
 
 
 def full_window(p: Prepared) -> int:
-    """The sliding window ``--full-attention`` sets: longer than any sequence the sweep runs (the longest
-    length and the passkey answer), so every layer attends to all of it."""
+    """The sliding window ``--full-attention`` sets: longer than any sequence the sweep runs."""
     return max(p.lengths) + 64
 
 
@@ -320,9 +295,8 @@ BATCH_TOKENS = 4096
 def rows_for(length: int) -> int:
     """Windows of ``length`` tokens per forward (:data:`BATCH_TOKENS`).
 
-    Example:
-        >>> rows_for(128), rows_for(8192)
-        (32, 1)
+    >>> rows_for(128), rows_for(8192)
+    (32, 1)
     """
     return max(1, BATCH_TOKENS // length)
 
@@ -388,10 +362,8 @@ def measure_unit(p: Prepared, scaling: str, length: int, model=None) -> tuple[li
 
 
 def run_sweep(settings: SweepSettings, out: str | os.PathLike, *, log=None) -> dict[str, Any]:
-    """Run (or resume) a sweep into ``out``; returns what ``sweep.json`` holds.
-
-    Raises:
-        rotary.errors.InputError: bad input (nothing is written), or ``out`` holds a sweep of other settings.
+    """Run (or resume) a sweep into ``out``; returns what ``sweep.json`` holds. InputError for bad input (nothing
+    is written) or an ``out`` holding a sweep of other settings.
     """
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     p = prepare(settings)

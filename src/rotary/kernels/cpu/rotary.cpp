@@ -439,9 +439,10 @@ Signature norm_signature_of(const std::vector<at::Tensor>& xs, const std::vector
 
 // rmsnorm_rope_layout's call as rope_direct makes rope_layout's: views, table window and outputs as strides and
 // pointers, each weight read in place when it is contiguous [D] of the arithmetic dtype A (else widened here, and
-// 1 + weight for Gemma's convention, into D values of A), no rstd written (a plan runs without a backward).
-// nullopt when the call is not one this handles: tables of another dtype than A (a 16-bit model's own) or not
-// [N, r] with unit column stride and equal strides, or inputs direct_inputs does not take.
+// 1 + weight for Gemma's convention, into D values of A), a 16-bit model's per-token tables widened to fp32 rows
+// here (as layout_call's .to(fp32)), no rstd written (a plan runs without a backward). nullopt when the call is
+// not one this handles (other tables of another dtype than A, tables of A that direct_table does not take, inputs
+// direct_inputs does not take): the caller takes layout_call.
 std::optional<std::vector<at::Tensor>> rmsnorm_direct(const std::vector<at::Tensor>& xs,
                                                       const std::vector<at::Tensor>& weights, const at::Tensor& cos,
                                                       const at::Tensor& sin, int64_t row_offset,
@@ -451,14 +452,44 @@ std::optional<std::vector<at::Tensor>> rmsnorm_direct(const std::vector<at::Tens
   if (!direct_inputs(xs, layout, false)) return std::nullopt;
   const auto type = xs[0].scalar_type();
   const auto acc = type == at::kDouble ? at::kDouble : at::kFloat;
-  if (cos.scalar_type() != acc || cos.stride(-1) != 1 || sin.scalar_type() != acc || sin.sizes() != cos.sizes() ||
-      sin.strides() != cos.strides())
-    return std::nullopt;
   const Dims d0 = kernel_dims(xs[0], layout);
   for (const auto& w : weights)
     if (w.dim() != 1 || w.size(0) != d0.D || !w.is_cpu() || !at::isFloatingType(w.scalar_type()))
       return std::nullopt;
-  const auto table = direct_table(cos, sin, d0, type, row_offset, positions, layout, frequencies);
+  std::optional<DirectTable> table;
+  std::vector<float> wide;  // a 16-bit model's own per-token rows, widened: cos [n, r], then sin [n, r]
+  const bool half_tables = cos.scalar_type() == at::kBFloat16 || cos.scalar_type() == at::kHalf;
+  if (acc == at::kFloat && half_tables) {  // hf.patch's tables of a bf16/fp16 model, [1 or B, S, r]
+    const bool ids = positions.has_value() && positions->defined();
+    if (ids || cos.dim() != 3 || !cos.is_cpu() || sin.scalar_type() != cos.scalar_type() ||
+        sin.sizes() != cos.sizes() || !sin.is_cpu() || cos.size(1) != d0.S ||
+        (cos.size(0) != 1 && cos.size(0) != d0.B))
+      return std::nullopt;
+    const int64_t r = cos.size(2), n = cos.size(0) * d0.S;
+    if (r <= 0 || r % 2 != 0 || r > d0.D) return std::nullopt;
+    wide.resize(2 * n * r);
+    AT_DISPATCH_REDUCED_FLOATING_TYPES(cos.scalar_type(), "rmsnorm_tables", [&] {
+      const scalar_t* c = cos.data_ptr<scalar_t>();
+      const scalar_t* s = sin.data_ptr<scalar_t>();
+      for (int64_t b = 0; b < cos.size(0); ++b)
+        for (int64_t t = 0; t < d0.S; ++t)
+          for (int64_t j = 0; j < r; ++j) {
+            const int64_t row = (b * d0.S + t) * r + j;
+            wide[row] = static_cast<float>(c[b * cos.stride(0) + t * cos.stride(1) + j * cos.stride(2)]);
+            wide[n * r + row] = static_cast<float>(s[b * sin.stride(0) + t * sin.stride(1) + j * sin.stride(2)]);
+          }
+    });
+    DirectTable widened{Rows{nullptr, 0, 0, cos.size(0) > 1 ? d0.S : 0, n, nullptr}};
+    widened.c = reinterpret_cast<const char*>(wide.data());
+    widened.s = reinterpret_cast<const char*>(wide.data() + n * r);
+    widened.row_stride = r;
+    table = widened;
+  } else {
+    if (cos.scalar_type() != acc || cos.stride(-1) != 1 || sin.scalar_type() != acc || sin.sizes() != cos.sizes() ||
+        sin.strides() != cos.strides())
+      return std::nullopt;
+    table = direct_table(cos, sin, d0, type, row_offset, positions, layout, frequencies);
+  }
   if (!table) return std::nullopt;
   if (table->outside) return std::vector<at::Tensor>{};
   // the weights as the kernel reads them: D values of A; widened (and 1 + w) into `widened` where they are not

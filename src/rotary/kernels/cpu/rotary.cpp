@@ -441,7 +441,7 @@ Signature norm_signature_of(const std::vector<at::Tensor>& xs, const std::vector
 // pointers, each weight read in place when it is contiguous [D] of the arithmetic dtype A (else widened here, and
 // 1 + weight for Gemma's convention, into D values of A), no rstd written (a plan runs without a backward).
 // nullopt when the call is not one this handles: tables of another dtype than A (a 16-bit model's own) or not
-// [N, r] with unit column stride and equal strides, or inputs direct_inputs does not take.
+// [N, r] with unit column stride and equal strides, inputs direct_inputs does not take, or a negative-view weight.
 std::optional<std::vector<at::Tensor>> rmsnorm_direct(const std::vector<at::Tensor>& xs,
                                                       const std::vector<at::Tensor>& weights, const at::Tensor& cos,
                                                       const at::Tensor& sin, int64_t row_offset,
@@ -455,8 +455,10 @@ std::optional<std::vector<at::Tensor>> rmsnorm_direct(const std::vector<at::Tens
       sin.strides() != cos.strides())
     return std::nullopt;
   const Dims d0 = kernel_dims(xs[0], layout);
+  // a weight with torch's negative bit (z.conj().imag) stores its values negated, and this reads the storage: it
+  // takes the layout_call path, which copies it to D values as the general path does
   for (const auto& w : weights)
-    if (w.dim() != 1 || w.size(0) != d0.D || !w.is_cpu() || !at::isFloatingType(w.scalar_type()))
+    if (w.dim() != 1 || w.size(0) != d0.D || !w.is_cpu() || !at::isFloatingType(w.scalar_type()) || w.is_neg())
       return std::nullopt;
   const auto table = direct_table(cos, sin, d0, type, row_offset, positions, layout, frequencies);
   if (!table) return std::nullopt;

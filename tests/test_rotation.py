@@ -37,6 +37,19 @@ def test_a_4d_input_beside_a_packed_one_is_named_without_blaming_cu_seqlens():
         rope(four_d, packed, cu_seqlens=torch.tensor([0, 5], dtype=torch.int32))
 
 
+def test_sparse_and_mkldnn_inputs_are_named(setup):
+    # each failed inside torch ("Cannot access storage of SparseTensorImpl", "Could not run 'aten::empty_strided'
+    # with arguments from the 'MkldnnCPU' backend")
+    rope, tables, q = setup
+    for x in (q.to_sparse(), q.to_mkldnn()):
+        with pytest.raises(rotary.InputTypeError, match=r"x0 must be a dense \(strided\) tensor.*to_dense"):
+            rotary.rotate([x], tables)
+        with pytest.raises(rotary.InputTypeError, match=r"k must be a dense \(strided\) tensor.*to_dense"):
+            rope(q, x)
+        with pytest.raises(rotary.InputTypeError, match=r"x must be a dense \(strided\) tensor.*to_dense"):
+            rotary.apply_rotary(x, tables.cos[:8], tables.sin[:8])
+
+
 def test_rotate_refuses_fp8_inputs(setup):
     _, tables, q = setup
     with pytest.raises(TypeError, match="float8"):

@@ -32,6 +32,7 @@ from .rotation import (
     check_head_dim,
     check_inputs,
     check_layout,
+    check_strided,
     kernel_tables,
     layout_code,
     rotate,
@@ -92,6 +93,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, *, eps: float = 1e-6, style:
     eps = _check_eps(eps)
     if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
         raise InputTypeError(f"x and weight must be tensors, got {type(x).__name__} and {type(weight).__name__}")
+    check_strided(x, "x")
     check_dtype(x, "x")
     if x.dim() == 0:
         raise InputError("x must be [..., D] (at least 1-D), got a 0-D tensor")
@@ -105,6 +107,7 @@ def _check_weight(weight: Any, name: str, x: torch.Tensor, head_dim: int) -> Non
             f"{name} must be a tensor [D] (the norm's weight, e.g. attention.q_norm.weight), got "
             f"{type(weight).__name__}"
         )
+    check_strided(weight, name)
     if weight.shape != (head_dim,):
         hint = ""
         if weight.dim() == 1 and head_dim and weight.shape[0] % head_dim == 0:

@@ -97,6 +97,7 @@ def check_rank(x: object, name: str, packed: bool = False, packed_by: str | None
     """
     if not isinstance(x, torch.Tensor):
         raise InputTypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    check_strided(x, name)
     if packed and x.dim() != 3:
         if packed_by is not None:
             raise InputError(
@@ -108,6 +109,13 @@ def check_rank(x: object, name: str, packed: bool = False, packed_by: str | None
         )
     if not packed and x.dim() != 4:
         raise InputError(f"{name} must be 4-D ([B, H, S, D] or [B, S, H, D]), got shape {tuple(x.shape)}")
+
+
+def check_strided(x: torch.Tensor, name: str) -> None:
+    """The one check that ``x`` is dense: the kernels and the torch path read storage and strides (not sparse or
+    mkldnn tensors, which failed inside torch or returned a sparse result)."""
+    if x.layout != torch.strided:
+        raise InputTypeError(f"{name} must be a dense (strided) tensor, got layout {x.layout}; pass {name}.to_dense()")
 
 
 def check_head_dim(x: torch.Tensor, name: str, owner: object) -> None:

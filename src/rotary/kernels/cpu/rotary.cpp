@@ -33,8 +33,8 @@ void rope_table_grad_cpu(const std::vector<at::Tensor>& xs, const std::vector<at
   for (size_t i = 0; i < xs.size(); ++i) {
     TORCH_CHECK(gcos[i].scalar_type() == cos[i].scalar_type() && gcos[i].sizes() == gsin[i].sizes() &&
                     gcos[i].size(0) == call.B && gcos[i].size(1) == call.S && gcos[i].size(-1) == call.r &&
-                    gcos[i].stride(-1) == 1 && gsin[i].stride(-1) == 1,
-                "rotary: table gradient buffers must be [B, S, (H,) r] in the tables' dtype");
+                    gcos[i].stride(-1) == 1 && gsin[i].stride(-1) == 1 && gcos[i].is_cpu() && gsin[i].is_cpu(),
+                "rotary: table gradient buffers must be [B, S, (H,) r] on the CPU in the tables' dtype");
   }
   if (call.double_tables) {
     table_grad<double, double>(call.views, gcos, gsin, call.B, call.S, call.r, interleaved, conjugate);
@@ -77,11 +77,12 @@ void rmsnorm_rope_cpu(const std::vector<at::Tensor>& xs, const std::vector<at::T
   TORCH_CHECK(weights.size() == xs.size() && rstds.size() == xs.size(), "rotary: need one weight and one rstd per input");
   for (size_t i = 0; i < xs.size(); ++i) {
     TORCH_CHECK(weights[i].scalar_type() == acc && weights[i].dim() == 1 && weights[i].size(0) == call.D &&
-                    weights[i].stride(0) == 1,
-                "rotary: norm weights must be contiguous [D] in the arithmetic dtype (fp32, fp64 for fp64 inputs)");
+                    weights[i].stride(0) == 1 && weights[i].is_cpu(),
+                "rotary: norm weights must be contiguous [D] on the CPU in the arithmetic dtype (fp32, fp64 for fp64 "
+                "inputs)");
     TORCH_CHECK(rstds[i].scalar_type() == acc && rstds[i].dim() == 3 && rstds[i].size(0) == call.B &&
-                    rstds[i].size(1) == call.S && rstds[i].size(2) == xs[i].size(2),
-                "rotary: rstd buffers must be [B, S, H] in the arithmetic dtype");
+                    rstds[i].size(1) == call.S && rstds[i].size(2) == xs[i].size(2) && rstds[i].is_cpu(),
+                "rotary: rstd buffers must be [B, S, H] on the CPU in the arithmetic dtype");
   }
   std::vector<Norm> norms;
   norms.reserve(xs.size());
@@ -256,8 +257,8 @@ std::optional<DirectTable> direct_table(const at::Tensor& cos, const at::Tensor&
   TORCH_CHECK(table_type == at::kFloat || (table_type == at::kDouble && input_type == at::kDouble),
               "rotary: tables must be fp32 (or float64 for float64 inputs)");
   TORCH_CHECK(r > 0 && r % 2 == 0 && r <= d0.D && cos.stride(-1) == 1 && sin.scalar_type() == table_type &&
-                  sin.sizes() == cos.sizes() && sin.strides() == cos.strides(),
-              "rotary: cos/sin must be [N, r] of one dtype with unit column stride and equal strides");
+                  sin.sizes() == cos.sizes() && sin.strides() == cos.strides() && cos.is_cpu() && sin.is_cpu(),
+              "rotary: cos/sin must be [N, r] on the CPU, of one dtype with unit column stride and equal strides");
   const bool ids = positions.has_value() && positions->defined();
   DirectTable table{Rows{nullptr, 0, 0, 0, cos.size(0), nullptr}};
   table.row_stride = cos.stride(0);
@@ -272,15 +273,17 @@ std::optional<DirectTable> direct_table(const at::Tensor& cos, const at::Tensor&
   } else if (ids) {
     const at::Tensor& p = *positions;
     TORCH_CHECK(p.scalar_type() == at::kLong && p.dim() >= 1 && p.dim() <= 2 && p.size(-1) == d0.S &&
-                    (p.dim() == 1 || p.size(0) == 1 || p.size(0) == d0.B) && (layout != 0 || p.dim() == 1),
-                "rotary: positions must be int64 [S], [1, S] or [B, S] ([T] packed)");
+                    (p.dim() == 1 || p.size(0) == 1 || p.size(0) == d0.B) && (layout != 0 || p.dim() == 1) &&
+                    p.is_cpu(),
+                "rotary: positions must be int64 [S], [1, S] or [B, S] ([T] packed) on the CPU");
     table.rows.positions = p.data_ptr<int64_t>();
     table.rows.pb = p.dim() == 2 && p.size(0) > 1 ? p.stride(0) : 0;
     table.rows.ps = p.stride(-1);
     if (frequencies.has_value() && frequencies->defined()) {
       const at::Tensor& f = *frequencies;
-      TORCH_CHECK(f.scalar_type() == at::kDouble && f.dim() == 1 && f.size(0) == r / 2 + 1 && f.is_contiguous(),
-                  "rotary: frequencies must be float64 [r/2 + 1], with positions");
+      TORCH_CHECK(f.scalar_type() == at::kDouble && f.dim() == 1 && f.size(0) == r / 2 + 1 && f.is_contiguous() &&
+                      f.is_cpu(),
+                  "rotary: frequencies must be float64 [r/2 + 1] on the CPU, with positions");
       table.rows.freqs = f.data_ptr<double>();
     }
   } else {

@@ -202,3 +202,19 @@ def test_computed_rows_carry_the_attention_scaling():
             got = rope(q, k, position_ids=ids)
         want = rope(q, k, position_ids=ids)  # the CPU reads the ids: rows of a grown cache, or computed per call
         assert all(torch.equal(a, b) for a, b in zip(got, want)), start
+
+
+def test_frequencies_that_are_a_strided_view_are_refused_by_name():
+    # RotaryTables took frequencies of any strides, and every kernel call with them (general path, plan, rotate or
+    # rmsnorm_rotate) then failed in C++ with a bare RuntimeError: the kernels read them as one contiguous row
+    rope = rotary.RoPE(64, max_position=32)
+    full = rope.tables(torch.arange(32))
+    frequencies = rotary.tables.row_frequencies(rope.inv_freq, rope.attention_scaling, "cpu")
+    strided = torch.zeros(2 * frequencies.numel(), dtype=torch.float64)[::2]
+    strided.copy_(frequencies)
+    rows = torch.tensor([[0, 1, 2], [3, 40, 5]])  # 40: past the table, computed from the frequencies
+    with pytest.raises(rotary.InputError, match=r"frequencies .*contiguous"):
+        rotary.RotaryTables.unchecked(full.cos, full.sin, False, rows=rows, frequencies=strided)
+    tables = rotary.RotaryTables.unchecked(full.cos, full.sin, False, rows=rows, frequencies=strided.contiguous())
+    q, k = torch.randn(2, 4, 3, 64), torch.randn(2, 2, 3, 64)
+    assert torch.equal(rotary.rotate([q, k], tables)[0], rope(q, k, position_ids=rows)[0])

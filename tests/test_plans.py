@@ -343,6 +343,28 @@ def test_an_rmsnorm_rotate_plan_is_bit_identical_to_the_general_path(form, style
         assert torch.equal(e, o) and o.dtype == e.dtype and o.stride() == e.stride()
 
 
+@pytest.mark.parametrize("style", ["qwen3", "gemma3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_weight_that_is_a_negative_view_gets_the_general_path_s_answer(style, dtype, norm_replays):
+    # z.conj().imag is a view of z's imaginary parts with torch's negative bit set: its values are -storage. It
+    # has the signature of any weight of its strides and storage offset; a plan's call that read the storage
+    # (rmsnorm_direct widening a strided weight) rotated with the weight's negation
+    rope = rotary.RoPE(64, max_position=64)
+    g = torch.Generator().manual_seed(3)
+    q, k = torch.randn(2, 4, 3, 64, generator=g).to(dtype), torch.randn(2, 2, 3, 64, generator=g).to(dtype)
+    w = torch.rand(64, generator=g)
+    negative = torch.complex(torch.zeros(64), -w).conj().imag  # values w, stored as -w
+    plain = torch.zeros(129)[1::2]  # the same strides and storage offset, no negative bit
+    plain.copy_(w)
+    assert negative.is_neg() and torch.equal(negative, w) and negative.stride() == plain.stride()
+    assert negative.storage_offset() == plain.storage_offset()
+    rotary.rmsnorm_rotate(q, k, plain, w, rope, offset=5, style=style)  # records
+    before = len(norm_replays)
+    got = rotary.rmsnorm_rotate(q, k, negative, w, rope, offset=5, style=style)
+    assert len(norm_replays) == before + 1  # the plan took the call
+    assert _same(got, general(rotary.rmsnorm_rotate, q, k, w.clone(), w, rope, offset=5, style=style))
+
+
 def _norm_call(q, k, wq, wk, source, **kwargs):
     try:
         return rotary.rmsnorm_rotate(q, k, wq, wk, source, **kwargs)

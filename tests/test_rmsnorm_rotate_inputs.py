@@ -119,6 +119,24 @@ def test_rms_norm_refuses_dtypes_it_would_get_wrong(x, weight):
         rms_norm(x, weight)
 
 
+def test_sparse_and_mkldnn_tensors_are_named():
+    # a sparse weight made rms_norm return a sparse tensor (qwen3) or fail in torch (gemma3: "add(sparse, dense) is
+    # not supported"), and rmsnorm_rotate fail in torch or in the kernel; a sparse q failed in torch
+    q, k, wq, wk = _qkw()
+    rope = rotary.RoPE(D)
+    for weight in (wq.to_sparse(), wq.to_mkldnn()):
+        for style in ("qwen3", "gemma3"):
+            with pytest.raises(rotary.InputTypeError, match="q_weight must be a dense.*to_dense"):
+                rotary.rmsnorm_rotate(q, k, weight, wk, rope, style=style)
+            with pytest.raises(rotary.InputTypeError, match="weight must be a dense.*to_dense"):
+                rms_norm(q, weight, style=style)
+    for x in (q.to_sparse(), q.to_mkldnn()):
+        with pytest.raises(rotary.InputTypeError, match="q must be a dense.*to_dense"):
+            rotary.rmsnorm_rotate(x, k, wq, wk, rope)
+        with pytest.raises(rotary.InputTypeError, match="x must be a dense.*to_dense"):
+            rms_norm(x, wq)
+
+
 def test_rms_norm_of_a_zero_dim_tensor_is_a_named_error():
     with pytest.raises(ValueError, match=r"x must be \[\.\.\., D\] \(at least 1-D\), got a 0-D tensor"):
         rms_norm(torch.tensor(3.0), torch.ones(1))

@@ -22,6 +22,34 @@ def test_rotate_takes_any_iterable_but_not_a_lone_tensor(setup):
         rotary.rotate(5, tables)
 
 
+def test_a_4d_input_beside_a_packed_one_is_named_without_blaming_cu_seqlens():
+    # the first input 3-D makes the call packed; a later 4-D one was told "packed k (with cu_seqlens) must be 3-D"
+    # although no cu_seqlens was passed (rotary.rotate takes none)
+    rope = rotary.RoPE(64)
+    packed, four_d = torch.randn(5, 4, 64), torch.randn(1, 4, 5, 64)
+    with pytest.raises(rotary.InputError, match=r"^k must be 3-D \[total_tokens, H, D\] as q is \(packed\)") as got:
+        rope(packed, four_d, position_ids=torch.arange(5))
+    assert "cu_seqlens" not in str(got.value) and "(1, 4, 5, 64)" in str(got.value)
+    with pytest.raises(rotary.InputError, match=r"^x1 must be 3-D \[total_tokens, H, D\] as x0 is \(packed\)"):
+        rotary.rotate([packed, four_d], rope.tables(torch.arange(5)))
+    # with cu_seqlens, the packed call is the caller's choice: the message still says so
+    with pytest.raises(rotary.InputError, match=r"packed q \(with cu_seqlens\) must be 3-D"):
+        rope(four_d, packed, cu_seqlens=torch.tensor([0, 5], dtype=torch.int32))
+
+
+def test_sparse_and_mkldnn_inputs_are_named(setup):
+    # each failed inside torch ("Cannot access storage of SparseTensorImpl", "Could not run 'aten::empty_strided'
+    # with arguments from the 'MkldnnCPU' backend")
+    rope, tables, q = setup
+    for x in (q.to_sparse(), q.to_mkldnn()):
+        with pytest.raises(rotary.InputTypeError, match=r"x0 must be a dense \(strided\) tensor.*to_dense"):
+            rotary.rotate([x], tables)
+        with pytest.raises(rotary.InputTypeError, match=r"k must be a dense \(strided\) tensor.*to_dense"):
+            rope(q, x)
+        with pytest.raises(rotary.InputTypeError, match=r"x must be a dense \(strided\) tensor.*to_dense"):
+            rotary.apply_rotary(x, tables.cos[:8], tables.sin[:8])
+
+
 def test_rotate_refuses_fp8_inputs(setup):
     _, tables, q = setup
     with pytest.raises(TypeError, match="float8"):

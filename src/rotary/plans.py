@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.autograd.forward_ad as _fwad
 
 __all__ = ["GENERAL", "LIMIT", "Plan", "PlanCache", "general_path", "plannable"]
 
@@ -70,6 +71,7 @@ def plannable() -> bool:
         and _functorch.peek_interpreter_stack() is None
         and not torch._C._is_torch_function_mode_enabled()
         and torch._C._len_torch_dispatch_stack() == 0
+        and _fwad._current_level < 0  # no forward-AD level: dual tensors are not in a signature
     )
 
 

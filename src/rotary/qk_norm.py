@@ -23,6 +23,7 @@ from .errors import InputError, InputTypeError
 from .kernels import norm as kernels
 from .kernels.contract import Rotation
 from .kernels.extension import load_cpu_extension
+from .kernels.ops import TRANSFORMED, transformed
 from .plans import GENERAL, Plan, PlanCache
 from .positions import Positions
 from .rotation import (
@@ -32,6 +33,7 @@ from .rotation import (
     check_head_dim,
     check_inputs,
     check_layout,
+    check_strided,
     kernel_tables,
     layout_code,
     rotate,
@@ -92,6 +94,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, *, eps: float = 1e-6, style:
     eps = _check_eps(eps)
     if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
         raise InputTypeError(f"x and weight must be tensors, got {type(x).__name__} and {type(weight).__name__}")
+    check_strided(x, "x")
     check_dtype(x, "x")
     if x.dim() == 0:
         raise InputError("x must be [..., D] (at least 1-D), got a 0-D tensor")
@@ -105,6 +108,7 @@ def _check_weight(weight: Any, name: str, x: torch.Tensor, head_dim: int) -> Non
             f"{name} must be a tensor [D] (the norm's weight, e.g. attention.q_norm.weight), got "
             f"{type(weight).__name__}"
         )
+    check_strided(weight, name)
     if weight.shape != (head_dim,):
         hint = ""
         if weight.dim() == 1 and head_dim and weight.shape[0] % head_dim == 0:
@@ -383,6 +387,9 @@ def _general(
     batch, seq_len, head_dim = q.shape[batch_dim], q.shape[seq_dim], q.shape[-1]
     _check_weight(q_weight, "q_weight", q, head_dim)
     _check_weight(k_weight, "k_weight", k, head_dim)
+    for weight, name in ((q_weight, "q_weight"), (k_weight, "k_weight")):
+        if transformed(weight):  # (rms_norm, plain torch, runs under them)
+            raise InputTypeError(TRANSFORMED.format(name=name))
     tables = _tables(rope, q, position_ids, offset, batch, seq_len)
     if not isinstance(tables, RotaryTables):
         raise InputTypeError(f"{type(rope).__name__}.tables(...) returned {type(tables).__name__}, not RotaryTables")

@@ -84,9 +84,10 @@ def check_layout(layout: str) -> tuple[int, int]:
         raise InputError(f"unknown layout {layout!r}; use 'bhsd' ([B, H, S, D]) or 'bshd' ([B, S, H, D])") from None
 
 
-def check_rank(x: object, name: str, packed: bool = False) -> None:
+def check_rank(x: object, name: str, packed: bool = False, packed_by: str | None = None) -> None:
     """The one check that ``x`` is a tensor to rotate: 4-D ``[B, H, S, D]`` / ``[B, S, H, D]``, or packed 3-D
     ``[total_tokens, H, D]``. Entries that read ``x``'s shape before :func:`rotate` (for its positions) call it.
+    ``packed_by``: the input whose 3-D shape made the call packed (else cu_seqlens did), for the message.
 
     Example:
         >>> check_rank(torch.zeros(2, 4), "q")
@@ -96,12 +97,25 @@ def check_rank(x: object, name: str, packed: bool = False) -> None:
     """
     if not isinstance(x, torch.Tensor):
         raise InputTypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    check_strided(x, name)
     if packed and x.dim() != 3:
+        if packed_by is not None:
+            raise InputError(
+                f"{name} must be 3-D [total_tokens, H, D] as {packed_by} is (packed), got shape {tuple(x.shape)}; "
+                "pass inputs of one layout"
+            )
         raise InputError(
             f"packed {name} (with cu_seqlens) must be 3-D [total_tokens, H, D], got shape {tuple(x.shape)}"
         )
     if not packed and x.dim() != 4:
         raise InputError(f"{name} must be 4-D ([B, H, S, D] or [B, S, H, D]), got shape {tuple(x.shape)}")
+
+
+def check_strided(x: torch.Tensor, name: str) -> None:
+    """The one check that ``x`` is dense: the kernels and the torch path read storage and strides (not sparse or
+    mkldnn tensors, which failed inside torch or returned a sparse result)."""
+    if x.layout != torch.strided:
+        raise InputTypeError(f"{name} must be a dense (strided) tensor, got layout {x.layout}; pass {name}.to_dense()")
 
 
 def check_head_dim(x: torch.Tensor, name: str, owner: object) -> None:
@@ -125,8 +139,8 @@ def check_dtype(x: torch.Tensor, name: str) -> None:
 
 def check_inputs(xs: Sequence[torch.Tensor], names: Sequence[str], packed: bool) -> None:
     x0 = xs[0]
-    for x, name in zip(xs, names):
-        check_rank(x, name, packed)
+    for i, (x, name) in enumerate(zip(xs, names)):
+        check_rank(x, name, packed, packed_by=names[0] if i else None)  # (packed: x0 is 3-D)
         if transformed(x):
             raise InputTypeError(TRANSFORMED.format(name=name))
         check_dtype(x, name)

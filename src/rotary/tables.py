@@ -295,14 +295,16 @@ class RotaryTables:
                 not isinstance(f, torch.Tensor)
                 or f.dtype != torch.float64
                 or f.shape != (cos.shape[-1] // 2 + 1,)
+                or not f.is_contiguous()  # the kernels read them as one row
                 or f.device != cos.device
                 or self.rows is None
                 or self.heads is not None
                 or self.k_cos is not None
             ):
                 raise InputError(
-                    "frequencies (rows computed past the table) are float64 [r/2 + 1] on the tables' device, for a "
-                    "table [N, r] indexed by rows without per-head or key tables (see rotary.tables.row_frequencies)"
+                    "frequencies (rows computed past the table) are contiguous float64 [r/2 + 1] on the tables' "
+                    "device, for a table [N, r] indexed by rows without per-head or key tables (see "
+                    "rotary.tables.row_frequencies; a strided view: pass .contiguous())"
                 )
         if (self.k_cos is None) != (self.k_sin is None):
             raise InputError("give both k_cos and k_sin, or neither")

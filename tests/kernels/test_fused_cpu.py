@@ -265,3 +265,39 @@ def test_16_bit_rounding_matches_pure_torch_for_delicate_values(dtype, interleav
     assert torch.equal(first.isnan(), v.isnan()[None, :, None])  # not blind: the values went through
     finite = v.isfinite()[None, :, None] & (v.to(dtype).float().isfinite()[None, :, None])
     assert torch.equal(first[finite].float(), v.to(dtype).float()[None, :, None][finite])
+
+
+@pytest.mark.parametrize("where", ["x", "out", "tables", "weight", "rstd", "positions", "table_grad"])
+def test_the_cpu_entries_refuse_tensors_of_another_device(where):
+    # the entries read every tensor through its pointer: a meta (or CUDA) tensor among them was a segfault (rope,
+    # rmsnorm_rope) or torch's error about unallocated data (rope_table_grad)
+    ext = extension.load_cpu_extension()
+    x, out, rstd, w = torch.randn(1, 3, 2, 8), torch.empty(1, 3, 2, 8), torch.empty(1, 3, 2), torch.ones(8)
+    cos, sin = rotary.RoPE(8).cos_sin(torch.arange(3)[None])
+    cos, sin = cos[0], sin[0]
+    ids = torch.arange(3).expand(1, 3)
+
+    def meta(t, name):
+        return t.to("meta") if name == where else t
+
+    with pytest.raises(RuntimeError, match="rotary: .*CPU"):
+        if where in ("weight", "rstd"):
+            ext.rmsnorm_rope(
+                [x], [out], [meta(rstd, "rstd")], [meta(w, "weight")], [cos], [sin], None, 0, False, True, 1e-6, None
+            )
+        elif where == "table_grad":
+            gcos = torch.empty(1, 3, 8, device="meta")
+            ext.rope_table_grad([x], [out], [cos], [sin], [gcos], [torch.empty(1, 3, 8)], False, False)
+        else:
+            tables = (meta(cos, "tables"), meta(sin, "tables"))
+            ext.rope(
+                [meta(x, "x")],
+                [meta(out, "out")],
+                [tables[0]],
+                [tables[1]],
+                meta(ids, "positions"),
+                0,
+                False,
+                False,
+                None,
+            )

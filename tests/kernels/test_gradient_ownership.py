@@ -219,3 +219,33 @@ print("ok")
         env={**__import__("os").environ, "PYTHONPATH": str(src)},
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", (done.returncode, done.stderr[-2000:])
+
+
+def test_dual_tensors_of_forward_mode_ad_are_refused_by_name():
+    # a dual tensor does not require grad: the kernels ran on its primal and the result had no tangent (rope,
+    # rotate, apply_rotary, rmsnorm_rotate), on the general path and on a plan recorded outside forward AD
+    import torch.autograd.forward_ad as fwad
+
+    rope = rotary.RoPE(16)
+    q, k, w = torch.randn(1, 2, 3, 16), torch.randn(1, 2, 3, 16), torch.rand(16)
+    cos, sin = rope.cos_sin(torch.arange(3)[None])
+    calls = {
+        "rope": lambda a: rope(a, k),
+        "rotate": lambda a: rotary.rotate([k, a], rope.tables(torch.arange(3))),
+        "apply_rotary": lambda a: rotary.apply_rotary(a, cos, sin),
+        "rmsnorm_rotate": lambda a: rotary.rmsnorm_rotate(a, k, w, w, rope),
+    }
+    for name, call in calls.items():
+        call(q), call(q)  # a plan recorded for these tensors' signature
+        with fwad.dual_level():
+            dual = fwad.make_dual(q, torch.ones_like(q))
+            with pytest.raises(TypeError, match="forward-mode AD"):
+                call(dual)
+                pytest.fail(name)
+            call(q)  # plain tensors under a dual level: rotated
+    # rmsnorm_rotate's weights: a dual one, or one torch.func.grad differentiates (torch's bare RuntimeError before)
+    with fwad.dual_level():
+        with pytest.raises(TypeError, match="q_weight is a tensor .*forward-mode AD"):
+            rotary.rmsnorm_rotate(q, k, fwad.make_dual(w, torch.ones_like(w)), w, rope)
+    with pytest.raises(TypeError, match="k_weight is a tensor inside a torch.func transform"):
+        torch.func.grad(lambda v: rotary.rmsnorm_rotate(q, k, w, v, rope)[0].sum())(w)

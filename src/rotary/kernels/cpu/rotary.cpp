@@ -33,8 +33,8 @@ void rope_table_grad_cpu(const std::vector<at::Tensor>& xs, const std::vector<at
   for (size_t i = 0; i < xs.size(); ++i) {
     TORCH_CHECK(gcos[i].scalar_type() == cos[i].scalar_type() && gcos[i].sizes() == gsin[i].sizes() &&
                     gcos[i].size(0) == call.B && gcos[i].size(1) == call.S && gcos[i].size(-1) == call.r &&
-                    gcos[i].stride(-1) == 1 && gsin[i].stride(-1) == 1,
-                "rotary: table gradient buffers must be [B, S, (H,) r] in the tables' dtype");
+                    gcos[i].stride(-1) == 1 && gsin[i].stride(-1) == 1 && gcos[i].is_cpu() && gsin[i].is_cpu(),
+                "rotary: table gradient buffers must be [B, S, (H,) r] on the CPU in the tables' dtype");
   }
   if (call.double_tables) {
     table_grad<double, double>(call.views, gcos, gsin, call.B, call.S, call.r, interleaved, conjugate);
@@ -77,11 +77,12 @@ void rmsnorm_rope_cpu(const std::vector<at::Tensor>& xs, const std::vector<at::T
   TORCH_CHECK(weights.size() == xs.size() && rstds.size() == xs.size(), "rotary: need one weight and one rstd per input");
   for (size_t i = 0; i < xs.size(); ++i) {
     TORCH_CHECK(weights[i].scalar_type() == acc && weights[i].dim() == 1 && weights[i].size(0) == call.D &&
-                    weights[i].stride(0) == 1,
-                "rotary: norm weights must be contiguous [D] in the arithmetic dtype (fp32, fp64 for fp64 inputs)");
+                    weights[i].stride(0) == 1 && weights[i].is_cpu(),
+                "rotary: norm weights must be contiguous [D] on the CPU in the arithmetic dtype (fp32, fp64 for fp64 "
+                "inputs)");
     TORCH_CHECK(rstds[i].scalar_type() == acc && rstds[i].dim() == 3 && rstds[i].size(0) == call.B &&
-                    rstds[i].size(1) == call.S && rstds[i].size(2) == xs[i].size(2),
-                "rotary: rstd buffers must be [B, S, H] in the arithmetic dtype");
+                    rstds[i].size(1) == call.S && rstds[i].size(2) == xs[i].size(2) && rstds[i].is_cpu(),
+                "rotary: rstd buffers must be [B, S, H] on the CPU in the arithmetic dtype");
   }
   std::vector<Norm> norms;
   norms.reserve(xs.size());
@@ -256,8 +257,8 @@ std::optional<DirectTable> direct_table(const at::Tensor& cos, const at::Tensor&
   TORCH_CHECK(table_type == at::kFloat || (table_type == at::kDouble && input_type == at::kDouble),
               "rotary: tables must be fp32 (or float64 for float64 inputs)");
   TORCH_CHECK(r > 0 && r % 2 == 0 && r <= d0.D && cos.stride(-1) == 1 && sin.scalar_type() == table_type &&
-                  sin.sizes() == cos.sizes() && sin.strides() == cos.strides(),
-              "rotary: cos/sin must be [N, r] of one dtype with unit column stride and equal strides");
+                  sin.sizes() == cos.sizes() && sin.strides() == cos.strides() && cos.is_cpu() && sin.is_cpu(),
+              "rotary: cos/sin must be [N, r] on the CPU, of one dtype with unit column stride and equal strides");
   const bool ids = positions.has_value() && positions->defined();
   DirectTable table{Rows{nullptr, 0, 0, 0, cos.size(0), nullptr}};
   table.row_stride = cos.stride(0);
@@ -272,15 +273,17 @@ std::optional<DirectTable> direct_table(const at::Tensor& cos, const at::Tensor&
   } else if (ids) {
     const at::Tensor& p = *positions;
     TORCH_CHECK(p.scalar_type() == at::kLong && p.dim() >= 1 && p.dim() <= 2 && p.size(-1) == d0.S &&
-                    (p.dim() == 1 || p.size(0) == 1 || p.size(0) == d0.B) && (layout != 0 || p.dim() == 1),
-                "rotary: positions must be int64 [S], [1, S] or [B, S] ([T] packed)");
+                    (p.dim() == 1 || p.size(0) == 1 || p.size(0) == d0.B) && (layout != 0 || p.dim() == 1) &&
+                    p.is_cpu(),
+                "rotary: positions must be int64 [S], [1, S] or [B, S] ([T] packed) on the CPU");
     table.rows.positions = p.data_ptr<int64_t>();
     table.rows.pb = p.dim() == 2 && p.size(0) > 1 ? p.stride(0) : 0;
     table.rows.ps = p.stride(-1);
     if (frequencies.has_value() && frequencies->defined()) {
       const at::Tensor& f = *frequencies;
-      TORCH_CHECK(f.scalar_type() == at::kDouble && f.dim() == 1 && f.size(0) == r / 2 + 1 && f.is_contiguous(),
-                  "rotary: frequencies must be float64 [r/2 + 1], with positions");
+      TORCH_CHECK(f.scalar_type() == at::kDouble && f.dim() == 1 && f.size(0) == r / 2 + 1 && f.is_contiguous() &&
+                      f.is_cpu(),
+                  "rotary: frequencies must be float64 [r/2 + 1] on the CPU, with positions");
       table.rows.freqs = f.data_ptr<double>();
     }
   } else {
@@ -442,7 +445,7 @@ Signature norm_signature_of(const std::vector<at::Tensor>& xs, const std::vector
 // 1 + weight for Gemma's convention, into D values of A), a 16-bit model's per-token tables widened to fp32 rows
 // here (as layout_call's .to(fp32)), no rstd written (a plan runs without a backward). nullopt when the call is
 // not one this handles (other tables of another dtype than A, tables of A that direct_table does not take, inputs
-// direct_inputs does not take): the caller takes layout_call.
+// direct_inputs does not take, a weight or 16-bit table with torch's negative bit): the caller takes layout_call.
 std::optional<std::vector<at::Tensor>> rmsnorm_direct(const std::vector<at::Tensor>& xs,
                                                       const std::vector<at::Tensor>& weights, const at::Tensor& cos,
                                                       const at::Tensor& sin, int64_t row_offset,
@@ -453,16 +456,18 @@ std::optional<std::vector<at::Tensor>> rmsnorm_direct(const std::vector<at::Tens
   const auto type = xs[0].scalar_type();
   const auto acc = type == at::kDouble ? at::kDouble : at::kFloat;
   const Dims d0 = kernel_dims(xs[0], layout);
+  // a weight with torch's negative bit (z.conj().imag) stores its values negated, and this reads the storage: it
+  // takes the layout_call path, which copies it to D values as the general path does
   for (const auto& w : weights)
-    if (w.dim() != 1 || w.size(0) != d0.D || !w.is_cpu() || !at::isFloatingType(w.scalar_type()))
+    if (w.dim() != 1 || w.size(0) != d0.D || !w.is_cpu() || !at::isFloatingType(w.scalar_type()) || w.is_neg())
       return std::nullopt;
   std::optional<DirectTable> table;
   std::vector<float> wide;  // a 16-bit model's own per-token rows, widened: cos [n, r], then sin [n, r]
   const bool half_tables = cos.scalar_type() == at::kBFloat16 || cos.scalar_type() == at::kHalf;
   if (acc == at::kFloat && half_tables) {  // hf.patch's tables of a bf16/fp16 model, [1 or B, S, r]
     const bool ids = positions.has_value() && positions->defined();
-    if (ids || cos.dim() != 3 || !cos.is_cpu() || sin.scalar_type() != cos.scalar_type() ||
-        sin.sizes() != cos.sizes() || !sin.is_cpu() || cos.size(1) != d0.S ||
+    if (ids || cos.dim() != 3 || !cos.is_cpu() || !sin.is_cpu() || cos.is_neg() || sin.is_neg() ||
+        sin.scalar_type() != cos.scalar_type() || sin.sizes() != cos.sizes() || cos.size(1) != d0.S ||
         (cos.size(0) != 1 && cos.size(0) != d0.B))
       return std::nullopt;
     const int64_t r = cos.size(2), n = cos.size(0) * d0.S;

@@ -595,6 +595,8 @@ Call prepare(const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& o
                 "rotary: inputs disagree on B, S, D");
     TORCH_CHECK(o.sizes() == x.sizes() && o.scalar_type() == x.scalar_type() && x.scalar_type() == x0.scalar_type(),
                 "rotary: output shape/dtype mismatch");
+    TORCH_CHECK(x.is_cpu() && o.is_cpu() && c.is_cpu() && s.is_cpu(),
+                "rotary: the CPU kernel reads and writes CPU tensors only (inputs, outputs and tables)");
     TORCH_CHECK(x.stride(3) == 1 && o.stride(3) == 1, "rotary: the channel dim must have unit stride");
     TORCH_CHECK(c.scalar_type() == table_type && s.scalar_type() == table_type && c.sizes() == s.sizes() &&
                     c.strides() == s.strides() && c.stride(-1) == 1 && c.size(-1) == call.r &&
@@ -608,8 +610,8 @@ Call prepare(const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& o
   }
   if (positions.has_value() && positions->defined()) {
     TORCH_CHECK(positions->scalar_type() == at::kLong && positions->dim() == 2 && positions->size(0) == call.B &&
-                    positions->size(1) == call.S,
-                "rotary: positions must be int64 [B, S]");
+                    positions->size(1) == call.S && positions->is_cpu(),
+                "rotary: positions must be int64 [B, S] on the CPU");
     call.rows.positions = positions->data_ptr<int64_t>();
     call.rows.pb = positions->stride(0);
     call.rows.ps = positions->stride(1);
@@ -617,8 +619,8 @@ Call prepare(const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& o
   if (frequencies.has_value() && frequencies->defined()) {
     TORCH_CHECK(positions.has_value() && positions->defined() && frequencies->scalar_type() == at::kDouble &&
                     frequencies->dim() == 1 &&
-                    frequencies->size(0) == call.r / 2 + 1 && frequencies->is_contiguous(),
-                "rotary: frequencies must be float64 [r/2 + 1], with positions");
+                    frequencies->size(0) == call.r / 2 + 1 && frequencies->is_contiguous() && frequencies->is_cpu(),
+                "rotary: frequencies must be float64 [r/2 + 1] on the CPU, with positions");
     for (const auto& c : cos) TORCH_CHECK(c.dim() == 2, "rotary: rows are computed for [N, r] tables only");
     call.rows.freqs = frequencies->data_ptr<double>();
   }

@@ -365,6 +365,30 @@ def test_a_weight_that_is_a_negative_view_gets_the_general_path_s_answer(style, 
     assert _same(got, general(rotary.rmsnorm_rotate, q, k, w.clone(), w, rope, offset=5, style=style))
 
 
+def test_16_bit_model_tables_that_are_a_negative_view_get_the_general_path_s_answer(norm_replays):
+    # a plan's call widens a 16-bit model's per-token tables from their storage (rmsnorm_direct): one with the
+    # negative bit (fp16 complex32's conj().imag) must be read as its values, as the general path reads it
+    rope = rotary.RoPE(64, max_position=64)
+    g = torch.Generator().manual_seed(4)
+    q, k = torch.randn(1, 4, 3, 64, generator=g).half(), torch.randn(1, 2, 3, 64, generator=g).half()
+    wq, wk = torch.rand(64, generator=g), torch.rand(64, generator=g)
+    cos, sin = (t.half() for t in rope.cos_sin(torch.tensor([[2, 5, 9]])))
+    pairs = torch.stack([torch.zeros_like(sin), -sin], -1)  # [1, 3, 64, 2]: imaginary parts -sin
+    negative = torch.view_as_complex(pairs).conj().imag  # values sin, stored as -sin
+    plain = torch.zeros_like(pairs)[..., 1]  # the same strides and storage offset, no negative bit
+    plain.copy_(sin)
+    assert negative.is_neg() and torch.equal(negative, sin) and negative.stride() == plain.stride()
+    strided_cos = torch.zeros_like(pairs)[..., 1]
+    strided_cos.copy_(cos)
+    tables = rotary.RotaryTables.unchecked(strided_cos, plain, False)
+    rotary.rmsnorm_rotate(q, k, wq, wk, tables)  # records
+    before = len(norm_replays)
+    got = rotary.rmsnorm_rotate(q, k, wq, wk, rotary.RotaryTables.unchecked(strided_cos, negative, False))
+    assert len(norm_replays) == before + 1  # the plan took the call
+    want = general(rotary.rmsnorm_rotate, q, k, wq, wk, rotary.RotaryTables.unchecked(cos, sin, False))
+    assert _same(got, want)
+
+
 def _norm_call(q, k, wq, wk, source, **kwargs):
     try:
         return rotary.rmsnorm_rotate(q, k, wq, wk, source, **kwargs)

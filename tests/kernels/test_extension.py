@@ -147,14 +147,13 @@ def test_rotary_build_exits_1_with_the_reason(monkeypatch, capsys, tmp_path):
     assert "Traceback" not in "\n".join(err)
 
 
-def test_build_in_a_subprocess_with_python_m(tmp_path):
-    """``python -m rotary build`` against the real cache: the kernel the test suite already uses."""
+def test_build_against_the_real_cache(tmp_path):
+    """``rotary build`` against the real cache: the kernel the test suite already uses. In process
+    (``run_main``: the same ``main`` as ``python -m rotary``, whose own process test_cli.py checks)."""
+    from helpers import run_main
+
     extension.build_cpu_extension()  # cached by the suite's first kernel call (half a minute otherwise)
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    done = subprocess.run(
-        [sys.executable, "-m", "rotary", "build"], capture_output=True, text=True, env=env, timeout=600
-    )
-    assert done.returncode == 0, done.stderr
+    done = run_main("build", cwd=tmp_path)
     assert done.stdout.startswith("fused CPU kernel already built: ") and done.stderr == ""
     assert Path(done.stdout.splitlines()[0].split(": ", 1)[1]).is_file()
 

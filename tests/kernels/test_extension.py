@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import types
 from pathlib import Path
 
@@ -209,21 +207,33 @@ def test_build_name_is_one_per_build_of_torch_not_per_installation(monkeypatch):
     assert extension._build_name() != name
 
 
-QUICK_ROPE = "import torch, rotary; q = torch.randn(1, 2, 4, 8); rotary.RoPE(8)(q, q); print('rotated')"
+FIRST_USE = """
+import json, os, sys, tempfile
+os.environ.pop("ROTARY_NO_EXTENSION", None)
+os.environ.update(json.loads(sys.argv[1]))
+captured = tempfile.TemporaryFile()
+sys.stderr.flush()
+os.dup2(captured.fileno(), 2)  # what the first use writes on stderr, a compiler's own output included
+import torch, rotary
+q = torch.randn(1, 2, 4, 8)
+rotary.RoPE(8)(q, q)
+sys.stderr.flush()
+captured.seek(0)
+print(json.dumps({"rotated": True, "stderr": captured.read().decode()}))
+"""
 
 
 def _stderr_of_first_use(tmp_path, **env: str) -> str:
-    """stderr of a fresh process's first rope(q, k), with an empty kernel cache."""
-    from helpers import cli_env
+    """stderr of a fresh process's first rope(q, k), with an empty kernel cache: a child forked from the
+    interpreter server (``helpers.run_interpreted``: torch imported, nothing of rotary), its environment set
+    before rotary is imported."""
+    from helpers import run_interpreted
 
-    environment = {**cli_env(), "ROTARY_CACHE_DIR": str(tmp_path / "cache")}
-    environment.pop("ROTARY_NO_EXTENSION", None)
-    environment.update(env)
-    done = subprocess.run(
-        [sys.executable, "-c", QUICK_ROPE], env=environment, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0 and done.stdout == "rotated\n", done.stderr
-    return done.stderr
+    out = run_interpreted(FIRST_USE, json.dumps({"ROTARY_CACHE_DIR": str(tmp_path / "cache"), **env}))
+    (line,) = out.splitlines()  # nothing else on stdout
+    result = json.loads(line)
+    assert result["rotated"], out
+    return result["stderr"]
 
 
 def test_without_a_compiler_the_fallback_says_so_in_one_line(tmp_path):

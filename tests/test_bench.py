@@ -6,13 +6,14 @@ import json
 import math
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import run_cli
+from helpers import run_cli, run_main
 from rotary.tools import bench
 from rotary.tools.bench import runner
 from rotary.tools.bench.table import format_table
@@ -20,7 +21,10 @@ from rotary.tools.cli import main
 
 
 def run_bench(*args: str) -> subprocess.CompletedProcess:
-    return run_cli("bench", *args, ok=None)
+    """``rotary bench *args`` in this process (``run_main``: the same ``main`` as ``python -m rotary``, whose
+    own process is checked in test_cli.py), with what ``--cases`` registers undone after."""
+    with bench.scoped_registrations(), tempfile.TemporaryDirectory() as cwd:
+        return run_main("bench", *args, cwd=cwd, ok=None)
 
 
 @pytest.mark.slow
@@ -491,17 +495,15 @@ def test_the_device_option_defaults_to_cpu_and_takes_cpu_or_cuda(capsys):
 
 
 def test_device_cuda_without_cuda_is_a_one_line_error(monkeypatch, capsys):
+    """In process (on a machine without CUDA the patch changes nothing); a rotary error as one line and
+    status 2 from the real ``python -m rotary`` process is test_cli.py's subprocess check."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on this machine, also on a GPU one
     assert main(["bench", "--device", "cuda", "--quick"]) == 2
-    err = capsys.readouterr().err
+    captured = capsys.readouterr()
+    err = captured.err
     assert err.count("\n") == 1 and err.startswith("rotary bench: error: --device cuda: this torch (")
-    assert "torch.cuda.is_available() is False" in err and "leave out --device" in err
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the subprocess sees the real GPU")
-def test_device_cuda_without_cuda_from_the_command_line():
-    done = run_cli("bench", "--device", "cuda", "--quick", ok=False)
-    assert done.stderr.count("\n") == 1 and "sees no CUDA device" in done.stderr and done.stdout == ""
+    assert "sees no CUDA device (torch.cuda.is_available() is False" in err and "leave out --device" in err
+    assert captured.out == ""
 
 
 def test_cpu_suites_and_cpu_shapes_are_refused_with_device_cuda(stand_in, capsys):
@@ -966,11 +968,20 @@ def test_a_group_whose_inputs_cannot_be_made_is_one_row_and_the_others_run(stand
 
 def test_cpu_kernel_ab_names_a_revision_it_cannot_read():
     """benchmarks/cpu_kernel_ab.py (an A/B of two builds of the CPU kernel): an unknown revision is one
-    line naming it, before anything is built."""
+    line naming it, before anything is built. Its ``main`` in this process: the script ends with
+    ``SystemExit(message)``, which Python prints as that one line, without a traceback, and status 1."""
+    import importlib.util
+
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "cpu_kernel_ab.py"
-    done = subprocess.run(
-        [sys.executable, str(script), "--against", "no-such-revision-xyz"], capture_output=True, text=True, timeout=120
+    spec = importlib.util.spec_from_file_location("cpu_kernel_ab", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(SystemExit) as stop:
+            module.main(["--against", "no-such-revision-xyz"])
+    finally:
+        torch.set_num_threads(threads)  # the script sets its --threads
+    assert str(stop.value.code).startswith(
+        "cpu_kernel_ab: cannot read src/rotary/kernels/cpu/rotary.cpp at 'no-such-revision-xyz'"
     )
-    assert done.returncode != 0
-    assert "cannot read src/rotary/kernels/cpu/rotary.cpp at 'no-such-revision-xyz'" in done.stderr
-    assert "Traceback" not in done.stderr

@@ -1,9 +1,11 @@
-"""`rotary demo` end to end."""
+"""`rotary demo` end to end: in this process through ``main`` (``run_main``), and through a real
+``python -m rotary`` process where the process itself is the subject (an argparse error's exit status and
+stderr as a shell sees them, a reader that leaves mid-output)."""
 
 import subprocess
 import sys
 
-from helpers import cli_env, run_cli
+from helpers import cli_env, run_cli, run_main
 from rotary.tools.cli import main
 
 
@@ -11,19 +13,21 @@ def run(*args):
     return run_cli(*args, ok=None, timeout=300)
 
 
-def test_demo_runs_and_passes():
-    out = run("demo")
+def test_demo_runs_and_passes(tmp_path):
+    out = run_main("demo", cwd=tmp_path, ok=None)
     assert out.returncode == 0, out.stderr
     assert "all checks passed" in out.stdout and "FAIL" not in out.stdout
 
 
-def test_bad_argument_is_one_line_and_status_2():
-    out = run("demo", "--head-dim", "7")
+def test_bad_argument_is_one_line_and_status_2(tmp_path):
+    out = run_main("demo", "--head-dim", "7", cwd=tmp_path, ok=None)
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and "head_dim must be even" in out.stderr
     assert "Traceback" not in out.stderr
-    out = run("nosuchcommand")
-    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0
+    out = run_main("nosuchcommand", cwd=tmp_path, ok=None)
+    assert (
+        out.returncode == 2 and out.stderr.strip().count("\n") == 0 and "invalid choice: 'nosuchcommand'" in out.stderr
+    )
 
 
 def test_main_returns_2_for_bad_values(capsys):

@@ -2,7 +2,7 @@
 
 import io
 
-from helpers import run_cli
+from helpers import run_main
 from rotary.tools.experiments.progress import Reporter
 
 
@@ -52,7 +52,9 @@ def test_silent_off_rank_zero():
     assert out.getvalue() == ""
 
 
-def test_experiment_is_a_subcommand_of_python_m_rotary():
-    proc = run_cli("experiment", "--help", timeout=120)
+def test_experiment_is_a_subcommand_of_rotary(tmp_path):
+    """In process: ``python -m rotary`` itself, in a subprocess, is tested in test_cli.py (it reaches the same
+    ``main``)."""
+    proc = run_main("experiment", "--help", cwd=tmp_path)
     for flag in ("--preset", "--encodings", "--scalings", "--resume", "--data", "--device", "--out", "--eval-lengths"):
         assert flag in proc.stdout

@@ -21,7 +21,11 @@ import pytest
 import torch
 
 from rotary.tools.cli import main
+from rotary.tools.experiments.claims import assess
 from rotary.tools.experiments.config import EXTEND_SCALINGS, PRESETS, SCALINGS, default_encodings
+from rotary.tools.experiments.report import report_markdown
+from rotary.tools.experiments.run import load_run
+from rotary.tools.experiments.studies import study_claims
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -291,6 +295,15 @@ def test_the_studies_run_on_the_tiny_preset(tmp_path_factory, study):
     # a tiny run's models learn almost nothing: every verdict it could give is withheld
     assert {c["verdict"] for c in claims.values()} <= {"withheld", "not measured"}, claims
     assert "**Smoke test**" in report and "**Verdicts withheld.**" in report
+    # the report of the same run without figures (--no-figures): every section, no image
+    run, loaded = load_run(out)
+    bare = report_markdown(run, loaded, assess(study_claims(loaded.config), loaded), {})
+    assert "](figures/" not in bare and "made with `--no-figures`" in bare
+    assert _sections(bare) == _sections(report)
+
+
+def _sections(report: str) -> list[str]:
+    return [line for line in report.splitlines() if line.startswith("#")]
 
 
 def checkpoints(run: Path) -> dict[str, tuple[int, int]]:
@@ -309,7 +322,7 @@ def _lines_of(run: Path, name: str, models: set[str]) -> list[str]:
 
 
 def test_killed_and_resumed_two_models_at_a_time_ends_with_the_numbers_of_one_uninterrupted_run(
-    tiny_run, tmp_path, capsys
+    tiny_run, tmp_path, capsys, monkeypatch
 ):
     """Killed while it trains two models at once in worker processes (``--jobs 2``), continued two at a time:
     the numbers of the run that was never interrupted and trained one model at a time (``tiny_run``, one
@@ -317,7 +330,8 @@ def test_killed_and_resumed_two_models_at_a_time_ends_with_the_numbers_of_one_un
     models and phases in plan order. It trains the ALiBi and RoPE models only (``KILLED_ENCODINGS``), so this is
     also a check that a model's numbers do not depend on the other models of its run. The models the kill left
     unstarted train from scratch in the workers: this is also the same command's run with ``--jobs 2`` against
-    ``--jobs 1``."""
+    ``--jobs 1``. It is resumed with ``--no-figures``, where matplotlib cannot be imported: the report's sections
+    without its figures (``tiny_run`` checks those)."""
     out = tmp_path / "killed"
     subset = ["--encodings", KILLED_ENCODINGS]
     command = ["experiment", "--preset", "tiny", "--device", "cpu", "--out", str(out), "--jobs", "2", *subset]
@@ -343,7 +357,9 @@ def test_killed_and_resumed_two_models_at_a_time_ends_with_the_numbers_of_one_un
     assert len(steps) < 18 or min(steps.values()) < PRESETS["tiny"]["steps"], steps
     capsys.readouterr()
     resume = ["experiment", "--preset", "tiny", "--device", "cpu", "--resume", str(out), "--jobs", "2", *subset]
-    assert main(resume) == 0
+    with monkeypatch.context() as without:
+        without.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+        assert main([*resume, "--no-figures"]) == 0
     one, two = (json.loads((run / "results.json").read_text()) for run in (tiny_run, out))
     assert any(m["resumed_at_step"] > 0 for m in two["models"]), two["models"]
     names = [m["name"] for m in two["models"]]
@@ -369,6 +385,10 @@ def test_killed_and_resumed_two_models_at_a_time_ends_with_the_numbers_of_one_un
     assert "2 models at a time, 1 torch thread(s) each" in printed
     report = (out / "report.md").read_text()
     assert "2 models at a time on 1 torch thread(s) each" in report and "2 at a time (each in a process" in report
+    # --no-figures: no figures/, no image in the report, every section of the run with figures (after the title)
+    assert not (out / "figures").exists() and "](figures/" not in report and "made with `--no-figures`" in report
+    assert _sections(report)[1:] == _sections((tiny_run / "report.md").read_text())[1:]
+    assert "and the CSV files in" in printed and "figures/" not in printed
 
 
 # ------------------------------------------------------------------------------------------------
@@ -606,7 +626,8 @@ def test_resume_offers_the_run_s_own_settings_when_its_preset_has_changed_since(
     assert "--steps 12" in offered and "--warmup-steps 2" in offered and "--device cpu" in offered, offered
     # the run recorded the command that reproduced it under the preset as it was, naming neither
     assert "--steps" not in json.loads((copy / "config.json").read_text())["command"]
-    assert main(argv[1:]) == 0, capsys.readouterr().err  # the offered command passes the check
+    # the offered command passes the check and resumes the run (without drawing its figures again: not read here)
+    assert main([*argv[1:], "--no-figures"]) == 0, capsys.readouterr().err
     assert numbers(copy) == numbers(tiny_run)
 
 

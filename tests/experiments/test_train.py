@@ -109,40 +109,27 @@ def test_learned_rows_past_L_stay_as_initialised():
 
 
 PROBE = Path(__file__).with_name("torchrun_probe.py")
-TEARDOWN = Path(__file__).with_name("teardown_probe.py")
+RANKS = 4
 
 
-def test_a_rank_that_finishes_first_leaves_the_group_cleanly_while_rank_0_is_still_busy(tmp_path):
-    """Ranks 1 to 3 finish training long before rank 0 has evaluated and written the report. Leaving the
-    group through :meth:`Distributed.stop` (the wrapper dropped, cycles collected, one last barrier)
-    must not abort any process; a direct ``destroy_process_group`` with DDP still alive sometimes
-    aborted the rank that left first (``TEARDOWN_RAW=1`` in :mod:`teardown_probe`). One launch of four
-    ranks gives three ranks that leave while rank 0 is busy, the chances three two-rank launches gave,
-    from five processes instead of nine. torchrun's temporary directories go under ``tmp_path``."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", str(TEARDOWN)],
-        env=cli_env(OMP_NUM_THREADS="1", TMPDIR=str(tmp_path)),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert sorted(line for line in proc.stdout.splitlines() if "left the group" in line) == [
-        f"rank {rank} left the group" for rank in range(4)
-    ]
-
-
-def test_two_torchrun_processes_train_on_their_shards_average_like_one_process_and_rank_1_writes_nothing(
+def test_four_torchrun_processes_train_on_their_shards_average_like_one_process_and_leave_cleanly(
     tmp_path, tmp_path_factory
 ):
-    """A real ``torchrun --standalone --nproc_per_node=2`` (gloo, CPU) under :mod:`torchrun_probe`:
+    """A real ``torchrun --standalone --nproc_per_node=4`` (gloo, CPU) under :mod:`torchrun_probe`:
 
-    - each rank trains on its own half of every global batch, rank 0 on the first rows;
+    - each rank trains on its own quarter of every global batch, rank 0 on the first rows;
     - DDP's averaged gradients are those of the whole batch: after k steps the parameters and the
       logged losses are those of one process on the same global batches, to fp32 rounding;
-    - rank 1 writes nothing: no file or directory under the test's directory (the probe watches
-      Python's audit events), and its working directory, where the default ``runs/`` would go,
-      stays empty; rank 0 writes the whole run there.
+    - ranks 1 to 3 write nothing: no file or directory under the test's directory (the probe watches
+      Python's audit events), and their working directories, where the default ``runs/`` would go,
+      stay empty; rank 0 writes the whole run there;
+    - every process exits with status 0. Ranks 1 to 3 leave the group (:meth:`Distributed.stop`: the
+      wrapper dropped, cycles collected, one last barrier) and exit while rank 0 still evaluates and
+      writes the report. A direct ``destroy_process_group`` with DDP still alive sometimes aborted the
+      rank that left first ("terminate called without an active exception", 2 of 8 two-rank runs on the
+      2-core development machine; once in CI); four ranks give three that leave while rank 0 is busy.
+
+    One launch checks all of it (the run without figures, ``--no-figures``: nobody looks at them here).
     """
     flags = [
         "--preset",
@@ -175,6 +162,7 @@ def test_two_torchrun_processes_train_on_their_shards_average_like_one_process_a
         "3e-4",
         "--task-steps",
         "0",
+        "--no-figures",
     ]
     proc = subprocess.run(
         [
@@ -182,7 +170,7 @@ def test_two_torchrun_processes_train_on_their_shards_average_like_one_process_a
             "-m",
             "torch.distributed.run",
             "--standalone",
-            "--nproc_per_node=2",
+            f"--nproc_per_node={RANKS}",
             str(PROBE),
             "experiment",
             *flags,
@@ -195,9 +183,9 @@ def test_two_torchrun_processes_train_on_their_shards_average_like_one_process_a
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr
+    assert "Traceback" not in proc.stderr and "terminate called" not in proc.stderr, proc.stderr[-3000:]
     probes = {p["rank"]: p for p in (json.loads(f.read_text()) for f in sorted(tmp_path.glob("probe-rank*.json")))}
-    assert sorted(probes) == [0, 1] and probes[0]["status"] == probes[1]["status"] == 0
+    assert sorted(probes) == list(range(RANKS)) and all(p["status"] == 0 for p in probes.values()), probes
 
     cfg = ExperimentConfig(
         **{
@@ -227,47 +215,48 @@ def test_two_torchrun_processes_train_on_their_shards_average_like_one_process_a
     ]  # the extension stage under DDP too
     train_tokens = load_corpus(cfg).train
 
-    def rows(spec, step, rank):  # rank r trains on rows r * B/2 .. (r + 1) * B/2 - 1 of every global batch
+    def rows(spec, step, rank):  # rank r trains on rows r * B/4 .. (r + 1) * B/4 - 1 of every global batch
         batch = training_batch(
             train_tokens, spec.first_batch + step, cfg, spec.seed, rows=spec.rows, length=spec.length
         )
-        half = spec.rows // 2
-        return sha256(batch[rank * half : (rank + 1) * half].numpy().tobytes()).hexdigest()
+        part = spec.rows // RANKS
+        return sha256(batch[rank * part : (rank + 1) * part].numpy().tobytes()).hexdigest()
 
-    for rank in (0, 1):  # model after model
+    for rank in range(RANKS):  # model after model
         expected = [rows(spec, step, rank) for spec in specs for step in range(spec.steps)]
         assert probes[rank]["shards"] == expected, f"rank {rank} did not train on its own rows of each global batch"
-    assert all(a != b for a, b in zip(probes[0]["shards"], probes[1]["shards"])), (
-        "the two ranks trained on the same rows"
+    assert all(len(set(shards)) == RANKS for shards in zip(*(probes[r]["shards"] for r in range(RANKS)))), (
+        "two ranks trained on the same rows"
     )
 
-    assert probes[1]["writes"] == [], f"rank 1 wrote {probes[1]['writes']}"
-    assert list((tmp_path / "rank1").iterdir()) == []
+    for rank in range(1, RANKS):
+        assert probes[rank]["writes"] == [], f"rank {rank} wrote {probes[rank]['writes']}"
+        assert list((tmp_path / f"rank{rank}").iterdir()) == []
     assert any("results.json" in w for w in probes[0]["writes"]), (
         "the probe saw none of rank 0's writes: its watch is blind"
     )
-    (two,) = (tmp_path / "rank0" / "runs").iterdir()  # the default run directory, written by rank 0 alone
-    assert {"config.json", "results.json", "results.csv", "report.md"} <= {f.name for f in two.iterdir()}
-    assert json.loads((two / "results.json").read_text())["environment"]["world_size"] == 2
+    (run,) = (tmp_path / "rank0" / "runs").iterdir()  # the default run directory, written by rank 0 alone
+    assert {"config.json", "results.json", "results.csv", "report.md"} <= {f.name for f in run.iterdir()}
+    assert json.loads((run / "results.json").read_text())["environment"]["world_size"] == RANKS
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the ranks (--threads 1): the sums of one process in the same order
     try:
-        _compare_with_one_process(two, specs, cfg, train_tokens)
+        _compare_with_one_process(run, specs, cfg, train_tokens)
     finally:
         torch.set_num_threads(threads)
 
 
-def _compare_with_one_process(two: Path, specs, cfg: ExperimentConfig, train_tokens: torch.Tensor) -> None:
+def _compare_with_one_process(run: Path, specs, cfg: ExperimentConfig, train_tokens: torch.Tensor) -> None:
     # one process trains each model the way the experiment does (train_model, here without checkpoints
     # or the evaluation, which the comparison does not read) on the same global batches
     for spec in specs:
-        both = load_checkpoint(two / "models" / spec.name / "checkpoint.pt", spec, cfg)
+        ranks = load_checkpoint(run / "models" / spec.name / "checkpoint.pt", spec, cfg)
         if spec.parent is None:  # one process from the same initial weights
             one = train_model(spec, cfg, train_tokens, run_dir=None, resume=False, reporter=Reporter(enabled=False))
             losses, state = one.losses, one.model.state_dict()
         else:
-            # a fine-tune, on one process, from the weights the two processes' parent ended with: the parents
+            # a fine-tune, on one process, from the weights the ranks' parent ended with: the parents
             # of the two runs differ by fp32 rounding, which Adam's first steps amplify where a trained
             # model's gradients are near zero (|g| ~ eps), so the fine-tunes are compared from the same start,
             # at a learning rate (3e-4, the large preset's) whose first full step does not push that
@@ -275,7 +264,7 @@ def _compare_with_one_process(two: Path, specs, cfg: ExperimentConfig, train_tok
             parent = build_model(next(s for s in specs if s.name == spec.parent_name), cfg)
             parent.load_state_dict(
                 load_checkpoint(
-                    two / "models" / spec.parent_name / "checkpoint.pt",
+                    run / "models" / spec.parent_name / "checkpoint.pt",
                     next(s for s in specs if s.name == spec.parent_name),
                     cfg,
                 )["model"]
@@ -284,12 +273,12 @@ def _compare_with_one_process(two: Path, specs, cfg: ExperimentConfig, train_tok
                 spec, cfg, train_tokens, parent=parent, run_dir=None, resume=False, reporter=Reporter(enabled=False)
             )
             losses, state = tuned.losses, tuned.model.state_dict()
-        assert both["step"] == spec.steps == len(losses)
-        # the logged loss of two processes is the mean of the two half-batch losses: the global batch's
-        assert both["losses"] == pytest.approx(losses, rel=1e-5)
+        assert ranks["step"] == spec.steps == len(losses)
+        # the logged loss of the processes is the mean of their shards' losses: the global batch's
+        assert ranks["losses"] == pytest.approx(losses, rel=1e-5)
         initial = build_model(spec, cfg).state_dict()
         for key, value in state.items():
-            torch.testing.assert_close(both["model"][key], value, rtol=1e-5, atol=2e-6, msg=f"{spec.name} {key}")
+            torch.testing.assert_close(ranks["model"][key], value, rtol=1e-5, atol=2e-6, msg=f"{spec.name} {key}")
         assert any(not torch.equal(v, initial[k]) for k, v in state.items()), "training changed nothing"
 
 

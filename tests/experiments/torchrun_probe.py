@@ -1,6 +1,6 @@
 """``rotary experiment`` as one torchrun process, watched: what it trained on and what it wrote.
 
-Launched by ``test_train.py`` as ``torchrun --nproc_per_node=2 torchrun_probe.py experiment ...``
+Launched by ``test_train.py`` as ``torchrun --nproc_per_node=4 torchrun_probe.py experiment ...``
 (not collected by pytest: the name does not start with ``test_``). Each process
 
 - works in its own directory ``rank<RANK>`` under the current one, so that a relative ``--out``, the

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import types
 from pathlib import Path
 
@@ -147,14 +145,13 @@ def test_rotary_build_exits_1_with_the_reason(monkeypatch, capsys, tmp_path):
     assert "Traceback" not in "\n".join(err)
 
 
-def test_build_in_a_subprocess_with_python_m(tmp_path):
-    """``python -m rotary build`` against the real cache: the kernel the test suite already uses."""
+def test_build_against_the_real_cache(tmp_path):
+    """``rotary build`` against the real cache: the kernel the test suite already uses. In process
+    (``run_main``: the same ``main`` as ``python -m rotary``, whose own process test_cli.py checks)."""
+    from helpers import run_main
+
     extension.build_cpu_extension()  # cached by the suite's first kernel call (half a minute otherwise)
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    done = subprocess.run(
-        [sys.executable, "-m", "rotary", "build"], capture_output=True, text=True, env=env, timeout=600
-    )
-    assert done.returncode == 0, done.stderr
+    done = run_main("build", cwd=tmp_path)
     assert done.stdout.startswith("fused CPU kernel already built: ") and done.stderr == ""
     assert Path(done.stdout.splitlines()[0].split(": ", 1)[1]).is_file()
 
@@ -210,21 +207,33 @@ def test_build_name_is_one_per_build_of_torch_not_per_installation(monkeypatch):
     assert extension._build_name() != name
 
 
-QUICK_ROPE = "import torch, rotary; q = torch.randn(1, 2, 4, 8); rotary.RoPE(8)(q, q); print('rotated')"
+FIRST_USE = """
+import json, os, sys, tempfile
+os.environ.pop("ROTARY_NO_EXTENSION", None)
+os.environ.update(json.loads(sys.argv[1]))
+captured = tempfile.TemporaryFile()
+sys.stderr.flush()
+os.dup2(captured.fileno(), 2)  # what the first use writes on stderr, a compiler's own output included
+import torch, rotary
+q = torch.randn(1, 2, 4, 8)
+rotary.RoPE(8)(q, q)
+sys.stderr.flush()
+captured.seek(0)
+print(json.dumps({"rotated": True, "stderr": captured.read().decode()}))
+"""
 
 
 def _stderr_of_first_use(tmp_path, **env: str) -> str:
-    """stderr of a fresh process's first rope(q, k), with an empty kernel cache."""
-    from helpers import cli_env
+    """stderr of a fresh process's first rope(q, k), with an empty kernel cache: a child forked from the
+    interpreter server (``helpers.run_interpreted``: torch imported, nothing of rotary), its environment set
+    before rotary is imported."""
+    from helpers import run_interpreted
 
-    environment = {**cli_env(), "ROTARY_CACHE_DIR": str(tmp_path / "cache")}
-    environment.pop("ROTARY_NO_EXTENSION", None)
-    environment.update(env)
-    done = subprocess.run(
-        [sys.executable, "-c", QUICK_ROPE], env=environment, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0 and done.stdout == "rotated\n", done.stderr
-    return done.stderr
+    out = run_interpreted(FIRST_USE, json.dumps({"ROTARY_CACHE_DIR": str(tmp_path / "cache"), **env}))
+    (line,) = out.splitlines()  # nothing else on stdout
+    result = json.loads(line)
+    assert result["rotated"], out
+    return result["stderr"]
 
 
 def test_without_a_compiler_the_fallback_says_so_in_one_line(tmp_path):

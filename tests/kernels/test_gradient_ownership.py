@@ -3,7 +3,6 @@ cases an adversarial review of the training paths found (each failed before its 
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import rotary
+from helpers import run_interpreted
 from rotary.kernels import extension
 
 
@@ -196,7 +196,7 @@ def test_torch_func_transforms_are_refused_by_name(transform):
 
 def test_a_hook_on_a_strided_view_rotated_in_place_does_not_crash():
     # plain PyTorch (2.13) segfaults when a hook is registered on a view whose base was changed in
-    # place through another view before its grad_fn was rebuilt; rotary rebuilds it. In a subprocess.
+    # place through another view before its grad_fn was rebuilt; rotary rebuilds it. In a process of its own.
     script = """
 import torch, rotary
 rope = rotary.RoPE(16)
@@ -210,15 +210,8 @@ qr.register_hook(lambda g: kept.append(g))
 assert kept and torch.equal(kept[0], torch.full_like(kept[0], 2.0))
 print("ok")
 """
-    src = Path(rotary.__file__).resolve().parents[1]
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**__import__("os").environ, "PYTHONPATH": str(src)},
-    )
-    assert done.returncode == 0 and done.stdout.strip() == "ok", (done.returncode, done.stderr[-2000:])
+    # a child forked from the interpreter server (torch imported, nothing of rotary): a crash ends it alone
+    assert run_interpreted(script).strip() == "ok"
 
 
 def test_dual_tensors_of_forward_mode_ad_are_refused_by_name():

@@ -214,7 +214,9 @@ def _experiment(args: argparse.Namespace) -> int:
             "console": Console(file=sys.stderr, width=120),
         }
     try:
-        directory = run_experiment(config_from_args(args), out=args.out, resume=args.resume, jobs=args.jobs, **quiet)
+        directory = run_experiment(
+            config_from_args(args), out=args.out, resume=args.resume, jobs=args.jobs, figures=args.figures, **quiet
+        )
     except ExperimentError:
         if os.environ.get("RANK", "0") != "0":  # under torchrun every rank finds the same error; rank 0 alone says it
             return 2
@@ -276,6 +278,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="models trained and evaluated at a time on the CPU, each in a process of its own on --threads threads "
         "(default: as many as torch's threads hold, 2 on 2 cores, one thread each; 1 under torchrun or on cuda). "
         "The numbers do not depend on it: --jobs 1 gives the same bytes at the same --threads",
+    )
+    p.add_argument(
+        "--figures",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="draw figures/*.png and *.svg (matplotlib; a third of a tiny run's time). --no-figures writes the numbers "
+        "and report.md without them; the same command with --resume DIR draws them later, without training again",
     )
     p.add_argument(
         "--json", action="store_true", help="print the run directory and the files written as JSON (progress on stderr)"

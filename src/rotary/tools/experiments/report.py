@@ -315,6 +315,11 @@ def _evaluation_setup(run: dict[str, Any], results: Results) -> str:
     return evaluation + "."
 
 
+def _figure(figures: dict[str, list[Path]], name: str, alt: str) -> list[str]:
+    """The markdown image of the figure ``name`` and a blank line; nothing for a run without figures."""
+    return [f"![{alt}](figures/{figures[name][0].name})", ""] if figures else []
+
+
 def _main_sections(results: Results, figures: dict[str, list[Path]]) -> list[str]:
     L = results.config.train_length
     longest = results.lengths[-1]
@@ -322,8 +327,7 @@ def _main_sections(results: Results, figures: dict[str, list[Path]]) -> list[str
         "",
         "## Perplexity against evaluation length",
         "",
-        f"![perplexity](figures/{figures['perplexity'][0].name})",
-        "",
+        *_figure(figures, "perplexity", "perplexity"),
         T.WINDOWS_CAPTION,
         "",
         mode_table(results, "windows"),
@@ -339,8 +343,7 @@ def _main_sections(results: Results, figures: dict[str, list[Path]]) -> list[str
     lines += [
         f"## Loss by position on {longest}-token windows",
         "",
-        f"![positions](figures/{figures['buckets'][0].name})",
-        "",
+        *_figure(figures, "buckets", "positions"),
         bucket_table(results),
         "",
         T.POSITIONS_CAPTION,
@@ -350,19 +353,17 @@ def _main_sections(results: Results, figures: dict[str, list[Path]]) -> list[str
         lines += [
             "## Retrieval at a distance",
             "",
-            f"![retrieval](figures/{figures['retrieval'][0].name})",
-            "",
+            *_figure(figures, "retrieval", "retrieval"),
             retrieval_table(results),
             "",
             T.RETRIEVAL_CAPTION.format(span=results.config.retrieval_span, L=L),
             "",
         ]
-    if "passkey" in figures:
+    if results.rows.passkey:
         lines += [
             "## Passkey retrieval",
             "",
-            f"![passkey](figures/{figures['passkey'][0].name})",
-            "",
+            *_figure(figures, "passkey", "passkey"),
             passkey_table(results),
             "",
             T.PASSKEY_CAPTION,
@@ -381,8 +382,7 @@ def _task_sections(results: Results, figures: dict[str, list[Path]]) -> list[str
     lines = [
         "## Copying and associative recall",
         "",
-        f"![tasks](figures/{figures['tasks'][0].name})",
-        "",
+        *_figure(figures, "tasks", "tasks"),
         T.TASKS_INTRO.format(
             task_length=c.task_length,
             copy_chance=CHANCE["copy"],
@@ -467,10 +467,8 @@ def _base_sections(results: Results, figures: dict[str, list[Path]]) -> list[str
         "",
         T.BASE_INTRO.format(d=d, critical=critical, L=L),
         "",
-        f"![perplexity](figures/{figures['perplexity'][0].name})",
-        "",
-        f"![positions](figures/{figures['buckets'][0].name})",
-        "",
+        *_figure(figures, "perplexity", "perplexity"),
+        *_figure(figures, "buckets", "positions"),
         markdown_table(header, body),
         "",
         T.BASE_RISE.format(bin=max(1, L // 8), rise=RISE_NATS, longest=results.lengths[-1]),
@@ -491,16 +489,13 @@ def _transfer_sections(results: Results, figures: dict[str, list[Path]]) -> list
         "",
         "## Perplexity against evaluation length",
         "",
-        f"![perplexity](figures/{figures['perplexity'][0].name})",
-        "",
+        *_figure(figures, "perplexity", "perplexity"),
         mode_table(results, "windows"),
         "",
-        f"![training loss](figures/{figures['training'][0].name})",
-        "",
+        *_figure(figures, "training", "training loss"),
         T.TRANSFER_CURVE,
         "",
-        f"![positions](figures/{figures['buckets'][0].name})",
-        "",
+        *_figure(figures, "buckets", "positions"),
         bucket_table(results),
         "",
         T.TRANSFER_QUESTIONS,
@@ -512,7 +507,7 @@ def report_markdown(
     run: dict[str, Any], results: Results, assessments: Sequence[Assessment], figures: dict[str, list[Path]]
 ) -> str:
     """The whole ``report.md`` of a run from its ``results.json`` content (``run``), rows, checked claims and
-    ``figures`` (name -> paths; the PNG is linked).
+    ``figures`` (name -> paths, the PNG linked; empty for a run without figures).
     """
     c = results.config
     env = run["environment"]
@@ -538,6 +533,7 @@ def report_markdown(
     ]
     warnings = [f"> **{c.split(':', 1)[0]}**:{c.split(':', 1)[1]}" for c in caveats(results)]
     lines += [line for w in warnings for line in (w, ">")][:-1] + ([""] if warnings else [])
+    lines += [T.NO_FIGURES, ""] if not figures else []
     lines += _setup(run, results)
     if c.study == "base":
         lines += _base_sections(results, figures)

@@ -17,6 +17,10 @@ FINISHED = (
     "torch {torch}, rotary {rotary}.{load}"
 )
 LOAD = " Load average (1 min) {start:g} at the start, {end:g} at the end."
+NO_FIGURES = (
+    "No figures: the run was made with `--no-figures`. Its command with `--resume` and this directory draws them "
+    "from the stored numbers, without training again."
+)
 
 # Setup --------------------------------------------------------------------------------------------
 

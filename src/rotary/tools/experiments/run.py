@@ -95,8 +95,8 @@ def environment(config: ExperimentConfig, dist: Distributed, jobs: int = 1) -> d
     }
 
 
-def require_report_packages() -> None:
-    """Import matplotlib and rich now, not after training.
+def require_report_packages(figures: bool = True) -> None:
+    """Import matplotlib (for the figures; not with figures=False) and rich now, not after training.
 
     Raises:
         ImportError: one is missing or broken; the message names the extra ``rotary[plot]``.
@@ -105,7 +105,7 @@ def require_report_packages() -> None:
     """
     import importlib
 
-    for package in ("matplotlib", "rich"):
+    for package in ("matplotlib", "rich") if figures else ("rich",):
         try:
             importlib.import_module(package)
         except ImportError as exc:
@@ -210,6 +210,7 @@ def run_experiment(
     reporter: Reporter | None = None,
     console: Any = None,
     jobs: int | None = None,
+    figures: bool = True,
 ) -> Path:
     """Run the experiment ``config`` describes and return its directory; ``config`` is left as given.
 
@@ -223,6 +224,7 @@ def run_experiment(
         resume: continue the run in this directory (its settings must equal ``config``).
         reporter, console: progress output and the rich console of the final table (defaults: stdout).
         jobs: models at a time, each in its own process (None: :func:`choose_jobs`).
+        figures: draw ``figures/`` (False: the numbers and the report without them, matplotlib not needed).
 
     Raises:
         ExperimentError: bad input, before anything is written; a training that diverges.
@@ -235,7 +237,7 @@ def run_experiment(
     started, wall = _utc_now(), time.perf_counter()
     load_at_start = _load_average()
     dist = Distributed.from_env()
-    config, specs, jobs = settle_config(config, dist, jobs)
+    config, specs, jobs = settle_config(config, dist, jobs, figures=figures)
     torch.set_num_threads(config.threads)
     reporter = reporter or Reporter(enabled=dist.is_main)
     t = time.perf_counter()
@@ -271,19 +273,19 @@ def run_experiment(
         run["timings"] = timings
         if jobs > 1:  # the models' phases overlapped: their sum is more than the wall time they took
             run["parallel"] = {"jobs": jobs, "threads": config.threads, "seconds": models_seconds}
-        figures = write_figures(run, results, directory / "figures")
+        drawn = write_figures(run, results, directory / "figures") if figures else {}
         timings["report"] = time.perf_counter() - t
         run["finished"] = _utc_now().isoformat(timespec="seconds")
         run["wall_seconds"] = time.perf_counter() - wall
-        write_run(run, results, assessments, figures, directory)
-        print_summary(run, results, directory, console if console is not None else table_console())
+        write_run(run, results, assessments, drawn, directory)
+        print_summary(run, results, directory, console if console is not None else table_console(), figures=figures)
         return directory
     finally:
         dist.stop()
 
 
 def settle_config(
-    config: ExperimentConfig, dist: Distributed, jobs: int | None
+    config: ExperimentConfig, dist: Distributed, jobs: int | None, *, figures: bool = True
 ) -> tuple[ExperimentConfig, list[ModelSpec], int]:
     """Check every input; return a copy of ``config`` with device and threads chosen where None, the models
     in plan order, and how many train at a time.
@@ -301,7 +303,7 @@ def settle_config(
         raise ExperimentError(
             f"--device cuda: CUDA is not available (torch {torch.__version__}, {build}); use --device cpu"
         )
-    require_report_packages()  # before anything is trained or written: the figures and the table need them
+    require_report_packages(figures)  # before anything is trained or written: the figures and the table need them
     if config.batch_size % dist.world_size:
         raise ExperimentError(
             f"torchrun runs {dist.world_size} processes but --batch-size {config.batch_size} does not split into "
@@ -468,7 +470,9 @@ def write_run(
     write_atomic(directory / "results.json", results_json(run))
 
 
-def print_summary(run: dict[str, Any], results: Results, directory: Path, console: Any) -> None:
+def print_summary(
+    run: dict[str, Any], results: Results, directory: Path, console: Any, *, figures: bool = True
+) -> None:
     """Print a finished run's table, its caveats and what it wrote in how long, on ``console`` (rich)."""
     render_table(results, console)
     for caveat in caveats(results):
@@ -484,10 +488,8 @@ def print_summary(run: dict[str, Any], results: Results, directory: Path, consol
         )
     else:
         spent = f"training {train:.0f} s, evaluation {evaluate:.0f} s"
-    console.print(
-        f"wrote {directory}/report.md, results.json, the CSV files and figures/ in {run['wall_seconds']:.0f} s "
-        f"({spent})"
-    )
+    files = "the CSV files and figures/" if figures else "and the CSV files"
+    console.print(f"wrote {directory}/report.md, results.json, {files} in {run['wall_seconds']:.0f} s ({spent})")
 
 
 def write_figures(run: dict[str, Any], results: Results, directory: Path) -> dict[str, list[Path]]:

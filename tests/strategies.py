@@ -174,7 +174,6 @@ COMMON_KEYS = {"rope_type", "type", "rope_theta", "partial_rotary_factor"}
 #: the types whose factor may be an explicit null (docs/scaling.md: "A null factor means max_position_embeddings /
 #: original_max_position_embeddings"; proportional's reads as 1)
 NULLABLE_FACTOR = {"yarn", "longrope", "proportional"}
-FP32_MAX = 3.4028234663852886e38
 #: the numbers a block may leave out or write as null ("not given")
 OPTIONAL_NUMBERS = {
     "attention_factor",

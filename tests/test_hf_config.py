@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import re
@@ -12,15 +13,16 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from transformers import AutoConfig
 
 import rotary
-from helpers import assert_named_error, assert_sound, hf_config, text_config
+from helpers import assert_named_error, assert_sound, computes, hf_config, text_config
 from rotary import ConfigError, RoPE, frequencies
+from rotary.hf import read_hf_layers
 from rotary.hf.config import read_hf_config
-from strategies import NASTY, PROPERTIES
+from strategies import NASTY, NUMBERS, PROPERTIES, accepted, frequencies_verdict
 
 transformers.logging.set_verbosity_error()
 
@@ -869,12 +871,28 @@ def perturbed_configs(draw):
         del where[key]
         value = None
     else:
-        value = draw(NASTY)
+        value = draw(st.one_of(NASTY, NUMBERS))
         where[key] = value
-    return d, key, value, (CONFIGS[name], inside)
+    return d, key, value, (name, inside)
+
+
+def in_block(name: str, key: str, value):
+    """A draw of :func:`perturbed_configs`: fixture ``name`` with ``key`` set to ``value`` in its scaling block."""
+    d = copy.deepcopy(CONFIGS[name])
+    next(d[k] for k in ("rope_parameters", "rope_scaling") if isinstance(d.get(k), dict))[key] = value
+    return d, key, value, (name, True)
 
 
 LAYER_TYPES = st.sampled_from([None, "sliding_attention", "full_attention"])
+
+
+@functools.cache
+def _read_fixture(name, strict, layer_type, interleaved):
+    """The reading of an unperturbed fixture (once per run): ``(settings, rope)`` or the error."""
+    try:
+        return _read(CONFIGS[name], strict, layer_type, interleaved)
+    except Exception as exc:  # noqa: BLE001 - compared with the perturbed config's error
+        return exc
 
 
 def _read(d, strict, layer_type, interleaved):
@@ -892,18 +910,39 @@ def _read(d, strict, layer_type, interleaved):
     layer_type=LAYER_TYPES,
     interleaved=st.sampled_from([None, False]),
 )
+@example(perturbed=in_block("llama3_1", "factor", 16.0), strict=True, layer_type=None, interleaved=None)  # valid
+@example(perturbed=in_block("qwen2", "beta_fast", 0.5), strict=False, layer_type=None, interleaved=None)  # warned
+@example(perturbed=in_block("deepseek_v3", "mscale_all_dim", 1e300), strict=True, layer_type=None, interleaved=None)
 def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, strict, layer_type, interleaved):
-    d, key, value, (unperturbed, inside) = perturbed
+    d, key, value, (name, inside) = perturbed
     original = copy.deepcopy(d)
     # decided up front: a top-level key rotary does not read (outside ROPE_CONFIG_KEYS) changes nothing: the
-    # config reads as the unperturbed one does (the same frequencies, or refused alike). Other draws are right
-    # or a named error.
+    # config reads as the unperturbed one does (the same frequencies, or refused alike).
     unread = not inside and key not in ROPE_CONFIG_KEYS
+    # a value set inside the scaling block of a config with one block (not one per layer type), for a key the
+    # reader passes on as written (not rope_theta, the base; not rope_type / type, whose names the reader maps per
+    # architecture; not a length a top-level key overrides, Phi-3's original_max_position_embeddings): the block
+    # is the fixture's as read (its values filled from the config and checked against transformers elsewhere in
+    # this file) with that value, and the scaling block's documented contract decides (strategies.
+    # frequencies_verdict, with transformers' frequencies as the oracle: helpers.computes)
+    want = in_block = None
+    target = d["text_config"] if isinstance(d.get("text_config"), dict) else d
+    block = next((target[k] for k in ("rope_parameters", "rope_scaling") if isinstance(target.get(k), dict)), {})
+    plain = inside and layer_type is None and key not in ("rope_theta", "rope_type", "type") and key not in target
+    plain = plain and key in block  # set, not deleted
+    fixture = _read_fixture(name, strict, None, interleaved) if plain else None
+    if isinstance(fixture, tuple) and list(read_hf_layers(CONFIGS[name])) == [None]:  # one block for every layer
+        fixture = fixture[0]
+        in_block = {**fixture.scaling, key: value}
+        verdict, rotary_dim, base = frequencies_verdict(in_block, fixture.base, fixture.head_dim)
+        if accepted(verdict, strict):
+            want = computes(in_block, base, rotary_dim, None, fixture.head_dim)
+    # other draws (a top-level key rotary reads, a key deleted, a nested block) are right or a named error: what
+    # they may be depends on each architecture's config class (its defaults and names: docs/scaling.md, "Loading
+    # from a checkpoint"), not written here
     if unread:
-        try:
-            want = _read(unperturbed, strict, layer_type, interleaved)[1]
-        except Exception as exc:  # noqa: BLE001 - the unperturbed config refused: the perturbed one must be too
-            want = exc
+        want = _read_fixture(name, strict, layer_type, interleaved)
+        want = want if isinstance(want, Exception) else want[1]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -912,6 +951,8 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
             if unread:
                 assert isinstance(want, Exception), f"{key}={value!r}, a key rotary does not read, was refused: {exc}"
                 assert type(exc) is type(want), (exc, want)
+            if in_block is not None:
+                assert want is None, f"a valid block value was refused: {key}={value!r} in {in_block} ({exc})"
             # a layer type the config lacks, or a config the perturbation made ambiguous, names itself;
             # anything else must name the perturbed key or value
             message = str(exc)
@@ -921,6 +962,9 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
                 assert_named_error(exc, (key, value))
             return
     assert json.dumps(d, sort_keys=True, default=repr) == json.dumps(original, sort_keys=True, default=repr)
+    if in_block is not None:
+        assert want is not None, f"an invalid block value was accepted: {key}={value!r} in {in_block}"
+        assert torch.equal(rope.inv_freq, want[0]) and rope.attention_scaling == float(want[1]), (key, value)
     if unread:
         assert not isinstance(want, Exception), f"{key}={value!r} made a refused config acceptable: {want}"
         assert torch.equal(rope.inv_freq, want.inv_freq) and rope.interleaved == want.interleaved, (key, value)

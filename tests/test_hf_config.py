@@ -876,6 +876,19 @@ def perturbed_configs(draw):
     return d, key, value, (name, inside)
 
 
+def original_target(name: str) -> dict:
+    """The fixture's top level (its text_config for a multimodal config)."""
+    d = CONFIGS[name]
+    return d["text_config"] if isinstance(d.get("text_config"), dict) else d
+
+
+def at_top(name: str, key: str, value):
+    """A draw of :func:`perturbed_configs`: fixture ``name`` with its top-level ``key`` set to ``value``."""
+    d = copy.deepcopy(CONFIGS[name])
+    (d["text_config"] if isinstance(d.get("text_config"), dict) else d)[key] = value
+    return d, key, value, (name, False)
+
+
 def in_block(name: str, key: str, value):
     """A draw of :func:`perturbed_configs`: fixture ``name`` with ``key`` set to ``value`` in its scaling block."""
     d = copy.deepcopy(CONFIGS[name])
@@ -913,6 +926,8 @@ def _read(d, strict, layer_type, interleaved):
 @example(perturbed=in_block("llama3_1", "factor", 16.0), strict=True, layer_type=None, interleaved=None)  # valid
 @example(perturbed=in_block("qwen2", "beta_fast", 0.5), strict=False, layer_type=None, interleaved=None)  # warned
 @example(perturbed=in_block("deepseek_v3", "mscale_all_dim", 1e300), strict=True, layer_type=None, interleaved=None)
+@example(perturbed=at_top("qwen2", "max_position_embeddings", 65536), strict=False, layer_type=None, interleaved=None)
+@example(perturbed=at_top("llama3_1", "max_position_embeddings", 4096), strict=True, layer_type=None, interleaved=None)
 def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, strict, layer_type, interleaved):
     d, key, value, (name, inside) = perturbed
     original = copy.deepcopy(d)
@@ -930,16 +945,26 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
     block = next((target[k] for k in ("rope_parameters", "rope_scaling") if isinstance(target.get(k), dict)), {})
     plain = inside and layer_type is None and key not in ("rope_theta", "rope_type", "type") and key not in target
     plain = plain and key in block  # set, not deleted
-    fixture = _read_fixture(name, strict, None, interleaved) if plain else None
+    # the top-level max_position_embeddings (set, of a config that states it) is a positive int or refused (the
+    # config classes' type, even with strict=False); a positive int is the length of the block of a type that
+    # takes one (yarn, longrope, dynamic), and otherwise changes nothing
+    length = not inside and layer_type is None and key == "max_position_embeddings" and key in original_target(name)
+    length = length and key in target
+    fixture = _read_fixture(name, strict, None, interleaved) if plain or length else None
     if isinstance(fixture, tuple) and list(read_hf_layers(CONFIGS[name])) == [None]:  # one block for every layer
         fixture = fixture[0]
-        in_block = {**fixture.scaling, key: value}
+        if length and not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+            in_block = {}  # refused: want stays None
+        elif length:
+            in_block = {**fixture.scaling, **({key: value} if key in fixture.scaling else {})}
+        else:
+            in_block = {**fixture.scaling, key: value}
         verdict, rotary_dim, base = frequencies_verdict(in_block, fixture.base, fixture.head_dim)
-        if accepted(verdict, strict):
+        if in_block and accepted(verdict, strict):
             want = computes(in_block, base, rotary_dim, None, fixture.head_dim)
-    # other draws (a top-level key rotary reads, a key deleted, a nested block) are right or a named error: what
-    # they may be depends on each architecture's config class (its defaults and names: docs/scaling.md, "Loading
-    # from a checkpoint"), not written here
+    # other draws (the other top-level keys rotary reads, a key deleted, a nested block) are right or a named
+    # error: what they may be depends on each architecture's config class (its defaults and names: docs/scaling.md,
+    # "Loading from a checkpoint"), not written here
     if unread:
         want = _read_fixture(name, strict, layer_type, interleaved)
         want = want if isinstance(want, Exception) else want[1]

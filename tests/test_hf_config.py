@@ -1003,16 +1003,23 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
 @PROPERTIES
 @given(config=st.one_of(NASTY, st.dictionaries(st.sampled_from(ROPE_CONFIG_KEYS), NASTY, max_size=6)))
 def test_read_hf_config_on_arbitrary_objects(config):
+    # decided up front (read_hf_config's docstring): a config is a dict, a transformers config or a path to a
+    # config.json (or its folder); anything else is refused, and a string names a path, which these short ones
+    # do not (FileNotFoundError naming it). A dict of these keys and values is right or a named error: what it may
+    # hold depends on the reader's per-architecture defaults (perturbed_configs covers real configs)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             s = read_hf_config(config, interleaved=False)
         except FileNotFoundError as exc:  # a string is a path
+            assert isinstance(config, str), exc
             assert repr(str(config)) in str(exc) or str(config) in str(exc)
             return
         except Exception as exc:
+            assert not isinstance(config, str), f"the path {config!r} was not looked up: {exc}"
             assert_named_error(exc)
             return
+    assert isinstance(config, dict), f"{config!r} was read as a config"
     assert s.head_dim > 0 and math.isfinite(s.base)
 
 

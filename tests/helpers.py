@@ -783,10 +783,23 @@ def build_tiny(cls, config, *, seed: int = 0):
 # transformers as the oracle of a scaling block
 
 
+class _RopeConfig:
+    """What transformers' init functions read of a config (``rope_parameters``, the head width, the context
+    length), holding the block as written: a config class refuses a float length, which rotary computes with,
+    as transformers' functions do, when strict=False (and importing one costs seconds). ``standardize_rope_params``
+    has nothing to do: the block names its type and base, and a type with a trained length carries it."""
+
+    def __init__(self, params: dict, max_position_embeddings, head_dim: int) -> None:
+        self.rope_parameters, self.max_position_embeddings = params, max_position_embeddings
+        self.head_dim, self.hidden_size, self.num_attention_heads = head_dim, 2 * head_dim, 2
+
+    def standardize_rope_params(self) -> None:
+        pass
+
+
 def hf_frequencies(block: dict, base: float, rotary_dim: int, seq_len: int | None = None, head_dim: int = 64):
     """The oracle of an accepted block: transformers' init function for its type, given a config holding the
-    block as written (the config class refuses a float length, which rotary computes with, as transformers'
-    functions do, when strict=False), an explicit null read as "not given" (docs/scaling.md); for ``default``
+    block as written (:class:`_RopeConfig`), an explicit null read as "not given" (docs/scaling.md); for ``default``
     the formula of each model's class, for ``ntk`` (no transformers type) the documented base
     ``base * factor ** (d / (d - 2))`` in that formula; LongRoPE's ``short_mscale`` / ``long_mscale`` as the
     attention factor of their set (docs/scaling.md, longrope). Arithmetic errors propagate."""
@@ -800,19 +813,9 @@ def hf_frequencies(block: dict, base: float, rotary_dim: int, seq_len: int | Non
             base = base * params["factor"] ** (rotary_dim / (rotary_dim - 2))
         exponent = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
         return 1.0 / (base**exponent), 1.0
-    from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS as HF_ROPE_INIT_FUNCTIONS
 
-    cfg = LlamaConfig(
-        hidden_size=2 * head_dim,
-        num_attention_heads=2,
-        head_dim=head_dim,
-        num_hidden_layers=1,
-        intermediate_size=8,
-        vocab_size=8,
-    )
-    object.__setattr__(cfg, "rope_parameters", params)  # as written: past the config class's type checks
-    object.__setattr__(cfg, "max_position_embeddings", block.get("max_position_embeddings"))
+    cfg = _RopeConfig(params, block.get("max_position_embeddings"), head_dim)
     inv_freq, scaling = HF_ROPE_INIT_FUNCTIONS[rope_type](cfg, "cpu", seq_len=seq_len)
     if rope_type == "longrope":  # Phi-3.5-MoE's own attention factor of each set, which Phi-3's function ignores
         long = seq_len is not None and seq_len > params["original_max_position_embeddings"]

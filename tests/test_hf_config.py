@@ -889,6 +889,19 @@ def at_top(name: str, key: str, value):
     return d, key, value, (name, False)
 
 
+def original_block(name: str) -> dict:
+    """The fixture's scaling block as written (empty when it has none, or one per layer type)."""
+    target = original_target(name)
+    return next((target[k] for k in ("rope_parameters", "rope_scaling") if isinstance(target.get(k), dict)), {})
+
+
+def removed(name: str, key: str):
+    """A draw of :func:`perturbed_configs`: fixture ``name`` with ``key`` deleted from its scaling block."""
+    d = copy.deepcopy(CONFIGS[name])
+    del next(d[k] for k in ("rope_parameters", "rope_scaling") if isinstance(d.get(k), dict))[key]
+    return d, key, None, (name, True)
+
+
 def in_block(name: str, key: str, value):
     """A draw of :func:`perturbed_configs`: fixture ``name`` with ``key`` set to ``value`` in its scaling block."""
     d = copy.deepcopy(CONFIGS[name])
@@ -928,6 +941,8 @@ def _read(d, strict, layer_type, interleaved):
 @example(perturbed=in_block("deepseek_v3", "mscale_all_dim", 1e300), strict=True, layer_type=None, interleaved=None)
 @example(perturbed=at_top("qwen2", "max_position_embeddings", 65536), strict=False, layer_type=None, interleaved=None)
 @example(perturbed=at_top("llama3_1", "max_position_embeddings", 4096), strict=True, layer_type=None, interleaved=None)
+@example(perturbed=removed("deepseek_v3", "mscale"), strict=True, layer_type=None, interleaved=None)  # valid
+@example(perturbed=removed("llama3_1", "low_freq_factor"), strict=False, layer_type=None, interleaved=None)
 def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, strict, layer_type, interleaved):
     d, key, value, (name, inside) = perturbed
     original = copy.deepcopy(d)
@@ -944,7 +959,10 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
     target = d["text_config"] if isinstance(d.get("text_config"), dict) else d
     block = next((target[k] for k in ("rope_parameters", "rope_scaling") if isinstance(target.get(k), dict)), {})
     plain = inside and layer_type is None and key not in ("rope_theta", "rope_type", "type") and key not in target
-    plain = plain and key in block  # set, not deleted
+    # a key deleted from the block: what the reader does not fill in (it fills original_max_position_embeddings
+    # from the context length) is then missing from the block as read
+    deleted = plain and key not in block and key in original_block(name) and key != "original_max_position_embeddings"
+    plain = plain and (key in block or deleted)
     # the top-level max_position_embeddings (set, of a config that states it) is a positive int or refused (the
     # config classes' type, even with strict=False); a positive int is the length of the block of a type that
     # takes one (yarn, longrope, dynamic), and otherwise changes nothing
@@ -957,12 +975,14 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
             in_block = {}  # refused: want stays None
         elif length:
             in_block = {**fixture.scaling, **({key: value} if key in fixture.scaling else {})}
+        elif deleted:
+            in_block = {k: v for k, v in fixture.scaling.items() if k != key}
         else:
             in_block = {**fixture.scaling, key: value}
         verdict, rotary_dim, base = frequencies_verdict(in_block, fixture.base, fixture.head_dim)
         if in_block and accepted(verdict, strict):
             want = computes(in_block, base, rotary_dim, None, fixture.head_dim)
-    # other draws (the other top-level keys rotary reads, a key deleted, a nested block) are right or a named
+    # other draws (the other top-level keys rotary reads, a nested block, rope_type) are right or a named
     # error: what they may be depends on each architecture's config class (its defaults and names: docs/scaling.md,
     # "Loading from a checkpoint"), not written here
     if unread:

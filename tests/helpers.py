@@ -31,6 +31,8 @@
   itself that names the offending key or value (never a bare ZeroDivisionError, KeyError,
   OverflowError, ... or "math domain error"), or frequencies that are finite and turn, with a finite
   attention scaling > 0.
+- :func:`hf_frequencies` and :func:`computes`: transformers' frequencies of a scaling block as written, and
+  whether rotary must accept them (the oracle of the perturbed-block property tests).
 """
 
 from __future__ import annotations
@@ -775,3 +777,78 @@ def build_tiny(cls, config, *, seed: int = 0):
             if p.is_floating_point() and p.isnan().any():
                 p.copy_(torch.randn(p.shape, generator=generator, dtype=p.dtype) * std)
     return model
+
+
+# ------------------------------------------------------------------------------------------------
+# transformers as the oracle of a scaling block
+
+
+class _RopeConfig:
+    """What transformers' init functions read of a config (``rope_parameters``, the head width, the context
+    length), holding the block as written: a config class refuses a float length, which rotary computes with,
+    as transformers' functions do, when strict=False (and importing one costs seconds). ``standardize_rope_params``
+    has nothing to do: the block names its type and base, and a type with a trained length carries it."""
+
+    def __init__(self, params: dict, max_position_embeddings, head_dim: int) -> None:
+        self.rope_parameters, self.max_position_embeddings = params, max_position_embeddings
+        self.head_dim, self.hidden_size, self.num_attention_heads = head_dim, 2 * head_dim, 2
+
+    def standardize_rope_params(self) -> None:
+        pass
+
+
+def hf_frequencies(block: dict, base: float, rotary_dim: int, seq_len: int | None = None, head_dim: int = 64):
+    """The oracle of an accepted block: transformers' init function for its type, given a config holding the
+    block as written (:class:`_RopeConfig`), an explicit null read as "not given" (docs/scaling.md); for ``default``
+    the formula of each model's class, for ``ntk`` (no transformers type) the documented base
+    ``base * factor ** (d / (d - 2))`` in that formula; LongRoPE's ``short_mscale`` / ``long_mscale`` as the
+    attention factor of their set (docs/scaling.md, longrope). Arithmetic errors propagate."""
+    legacy = block.get("type")
+    rope_type = block.get("rope_type", legacy if legacy is not None else "default")
+    keep_null = {"factor"} if rope_type in ("yarn", "longrope") else set()  # the ratio of the two lengths
+    params = {k: v for k, v in block.items() if k != "type" and (v is not None or k in keep_null)}
+    params.update(rope_type=rope_type, rope_theta=base)
+    if rope_type in ("default", "ntk"):
+        if rope_type == "ntk":
+            base = base * params["factor"] ** (rotary_dim / (rotary_dim - 2))
+        exponent = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+        return 1.0 / (base**exponent), 1.0
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS as HF_ROPE_INIT_FUNCTIONS
+
+    cfg = _RopeConfig(params, block.get("max_position_embeddings"), head_dim)
+    inv_freq, scaling = HF_ROPE_INIT_FUNCTIONS[rope_type](cfg, "cpu", seq_len=seq_len)
+    if rope_type == "longrope":  # Phi-3.5-MoE's own attention factor of each set, which Phi-3's function ignores
+        long = seq_len is not None and seq_len > params["original_max_position_embeddings"]
+        mscale = params.get("long_mscale" if long else "short_mscale")
+        scaling = scaling if mscale is None else mscale
+    return inv_freq, scaling
+
+
+def computes(block: dict, base: float, rotary_dim: int, seq_len: int | None, head_dim: int = 64):
+    """transformers' ``(inv_freq, attention_scaling)`` at ``seq_len`` if they are what rotary accepts
+    (docs/scaling.md: every frequency finite, every pair that should turn turning, the attention scaling a
+    number > 0 that float32 tables hold, for dynamic and longrope also at the length the block targets when no
+    length is given), else ``None``."""
+    rope_type = block.get("rope_type", block.get("type") if block.get("type") is not None else "default")
+    lengths = [seq_len]
+    if seq_len is None and rope_type == "dynamic":  # factor x max_position_embeddings tokens
+        lengths.append(
+            max(math.ceil(block["factor"] * block["max_position_embeddings"]), block["max_position_embeddings"])
+        )
+    if seq_len is None and rope_type == "longrope":  # past the trained length: the long factors
+        lengths.append(block["original_max_position_embeddings"] + 1)
+    fraction = block.get("partial_rotary_factor")
+    turning = int((1.0 if fraction is None else fraction) * head_dim // 2) if rope_type == "proportional" else None
+    results = []
+    for length in lengths:
+        try:
+            inv_freq, scaling = hf_frequencies(block, base, rotary_dim, length, head_dim)
+        except (ArithmeticError, ValueError):  # ZeroDivisionError, OverflowError, math domain error
+            return None
+        inv_freq = inv_freq.float()
+        rotating = inv_freq[:turning]
+        finite = bool(torch.isfinite(inv_freq).all()) and bool((rotating > 0).all())
+        if not (finite and isinstance(scaling, (int, float)) and 0 < scaling <= torch.finfo(torch.float32).max):
+            return None
+        results.append((inv_freq, scaling))
+    return results[0]

@@ -6,15 +6,20 @@ import pytest
 import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
-from transformers import LlamaConfig
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS as HF_ROPE_INIT_FUNCTIONS
 
 import rotary
-from helpers import assert_named_error, assert_sound
+from helpers import assert_named_error, assert_sound, computes
 from rotary import frequencies
 from rotary.frequencies import default_inv_freq
-from strategies import NASTY, PROPERTIES, UNKNOWN_KEY, VALID, perturbed_blocks, removal, replaced, spoiled, without
-from variant_checks import is_number
+from strategies import (
+    NASTY,
+    PROPERTIES,
+    accepted,
+    frequencies_verdict,
+    perturbed_blocks,
+    setting,
+    without,
+)
 
 
 def test_seed_002_inv_freq_figures():
@@ -157,25 +162,6 @@ def test_frequencies_scaling_is_a_read_only_deep_copy_that_serialises():
     assert g.scaling == {"factor": (1, 2)} and isinstance(g.scaling, FrozenBlock)
 
 
-def hf_frequencies(head_dim: int, rotary_dim: int, base: float, block: dict):
-    """transformers' inv_freq and scaling for a block (the init functions read head_dim and the block)."""
-    params = {k: v for k, v in block.items() if k != "max_position_embeddings"}
-    params["rope_theta"] = base
-    cfg = LlamaConfig(
-        hidden_size=2 * head_dim,
-        num_attention_heads=2,
-        head_dim=head_dim,
-        num_hidden_layers=1,
-        intermediate_size=8,
-        vocab_size=8,
-        rope_parameters=params,
-        max_position_embeddings=block.get("max_position_embeddings", 4096),
-    )
-    if block["rope_type"] == "default":  # transformers' default lives in each model's class: its formula
-        return 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim)), 1.0
-    return HF_ROPE_INIT_FUNCTIONS[block["rope_type"]](cfg, "cpu")
-
-
 @PROPERTIES
 @given(
     perturbed=perturbed_blocks(),
@@ -187,50 +173,34 @@ def hf_frequencies(head_dim: int, rotary_dim: int, base: float, block: dict):
 @example(perturbed=without("proportional", "partial_rotary_factor"), base=1e4, strict=True, seq_len=None)  # valid
 @example(perturbed=without("llama3", "low_freq_factor"), base=None, strict=False, seq_len=None)  # invalid
 @example(perturbed=without("linear", "type"), base=1.0, strict=True, seq_len=None)  # invalid: base 1
+@example(perturbed=setting("linear", "factor", 1e30), base=None, strict=True, seq_len=None)  # valid
+@example(perturbed=setting("linear", "factor", 1e300), base=None, strict=True, seq_len=None)  # frequencies underflow
+@example(perturbed=setting("ntk", "factor", 1e30), base=None, strict=True, seq_len=None)  # the base overflows fp32
+@example(perturbed=setting("yarn", "attention_factor", 1e39), base=None, strict=True, seq_len=None)  # past fp32
+@example(perturbed=setting("yarn", "beta_fast", 64.0), base=None, strict=True, seq_len=None)  # valid
+@example(perturbed=setting("llama3", "original_max_position_embeddings", 8192.5), base=None, strict=False, seq_len=None)
 def test_frequencies_on_perturbed_blocks(perturbed, base, strict, seq_len):
     block, key, value = perturbed
     original = copy.deepcopy(block)
-    # decided up front where the documented contract decides it without the per-type value checks:
-    # invalid: a base that is not a finite number > 1, a required key of the type missing or set to what is not
-    # a finite number (strategies.spoiled); valid: a valid block (strategies.VALID) without one of its keys that
-    # is not required, or with a key set to another valid value (strategies.replaced), at base None, 1e4 or 5e5; a
-    # key no type takes is refused when strict, else ignored.
-    # Other draws (a key set to an arbitrary value, a base > 1 from NASTY) are right or a named error.
-    plain_base = base is None or (not isinstance(base, bool) and base in (10000.0, 500000.0))
-    invalid = not (base is None or (is_number(base) and base > 1)) or removal(block, key) == "required"
-    # strict=False turns the value checks of the type into warnings; partial_rotary_factor is checked either way
-    spoiled_value = spoiled(block, key, value) and (strict or key in ("partial_rotary_factor", "rope_type"))
-    invalid = invalid or spoiled_value or (UNKNOWN_KEY in block and strict)
-    kept = removal(block, key) == "optional" or replaced(block, key, value) or UNKNOWN_KEY in block
-    valid = not invalid and plain_base and kept
+    # decided up front from the documented contract (strategies.frequencies_verdict: the base, the rotated width
+    # and the block, docs/scaling.md "What each parameter may be"); a block that passes its checks is accepted
+    # exactly when transformers computes finite, rotating frequencies from it (computes), and then they are
+    # transformers' (bit for bit)
+    verdict, rotary_dim, base_used = frequencies_verdict(block, base)
+    want = computes(block, base_used, rotary_dim, seq_len) if accepted(verdict, strict) else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             f = frequencies(64, base=base, scaling=block, strict=strict, seq_len=seq_len)
         except Exception as exc:
-            assert not valid, f"a valid block was refused: {block}, base={base!r} ({exc})"
-            suspects = [(key, value)] + ([] if plain_base else [("base", base)])
-            assert_named_error(exc, *suspects)
-            return
-    assert not invalid, f"an invalid block or base was accepted: {block}, base={base!r}"
-    assert block == original or math.isnan(value if isinstance(value, float) else 0.0), "frequencies modified its block"
-    assert_sound(f)
-    # where transformers computes the same block, the frequencies are transformers'
-    rope_type = f.rope_type
-    if seq_len is None and rope_type in VALID and rope_type not in ("ntk",) and "type" not in block:
-        try:
-            hf_inv_freq, hf_scaling = hf_frequencies(64, f.rotary_dim, f.base, dict(f.scaling))
-        except Exception:  # noqa: BLE001 - transformers failing on a block rotary accepts is reported below
-            hf_inv_freq = None
-        if hf_inv_freq is None:
-            # rotary reads an explicit null as "not given" (partial_rotary_factor: null is 1, as when absent) where
-            # transformers fails on int(head_dim * None); and with strict=False it accepts a length written as a
-            # float, which transformers' config class refuses. Any other failure is a difference to look at.
-            lengths = [f.scaling.get(k) for k in ("max_position_embeddings", "original_max_position_embeddings")]
-            float_length = not strict and any(isinstance(v, float) for v in lengths)
-            assert None in f.scaling.values() or float_length, (
-                f"transformers cannot compute a block rotary accepts: {dict(f.scaling)}"
+            assert want is None, f"a valid block was refused: {block}, base={base!r}, strict={strict} ({exc})"
+            # the message names the perturbed key or value, the base, or the rotated width it gave
+            assert_named_error(
+                exc, (key, value), ("base", base), ("rope_theta", block.get("rope_theta")), ("rotary_dim", None)
             )
             return
-        assert torch.equal(f.inv_freq, hf_inv_freq.float()), (dict(f.scaling), f.inv_freq, hf_inv_freq)
-        assert f.attention_scaling == pytest.approx(float(hf_scaling), rel=1e-12)
+    assert want is not None, f"an invalid block or base was accepted: {block}, base={base!r}, strict={strict}"
+    assert block == original or math.isnan(value if isinstance(value, float) else 0.0), "frequencies modified its block"
+    assert_sound(f)
+    assert f.rotary_dim == 2 * len(want[0]) and torch.equal(f.inv_freq, want[0]), (block, f.inv_freq, want[0])
+    assert f.attention_scaling == float(want[1])

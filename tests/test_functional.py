@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rotary
-from helpers import NAMED
+from rotary import reference
 from strategies import positions_strategy, tensors
+from variant_checks import assert_close, call, expect, largest_angle, valid_ids
 
 D = 16
 
@@ -150,21 +151,61 @@ def test_interface_errors(call, match, tables):
 
 @settings(max_examples=120, deadline=None)
 @given(
-    x=tensors(rank=4, max_size=4, dtype=torch.float32),
+    x=st.one_of(
+        tensors(rank=4, max_size=4, dtype=torch.float32), tensors(rank=4, max_size=3, dtype=torch.float32, last=4)
+    ),
     cos=tensors(max_size=6),
+    made=st.booleans(),
     interleaved=st.booleans(),
     validate=st.sampled_from([True, False, "full", "maybe"]),
     positions=positions_strategy(),
+    data=st.data(),
 )
-def test_apply_rotary_with_arbitrary_tables_never_crashes_inside(x, cos, interleaved, validate, positions):
+def test_apply_rotary_with_arbitrary_tables_never_crashes_inside(x, cos, made, interleaved, validate, positions, data):
+    batch, _, seq_len, width = x.shape
+    if made:  # positions of x's tokens (or none) for the rotation tables
+        ids = st.lists(st.integers(0, 60), min_size=seq_len, max_size=seq_len).map(lambda v: torch.tensor(v).long())
+        positions = data.draw(st.one_of(st.none(), ids))
+    # positions as apply_rotary documents them (docs/core.md, "Tables you made"): None (cos/sin are the rows of
+    # x's tokens), or int64/int32 [S] / [1 or B, S], >= 0, rows of tables [T, r]
+    ids_ok = positions is None or (
+        valid_ids(positions)
+        and positions.shape[-1] == seq_len
+        and (positions.dim() == 1 or positions.shape[0] in (1, batch))
+    )
+    rows = seq_len if positions is None else int(positions.max()) + 1 if ids_ok and positions.numel() else 1
+    # half the draws pass rotation tables RoPE makes for x's width and pairing (where x has channels to rotate and
+    # the table is small), the others the arbitrary tensor drawn, as both cos and sin
+    made = made and width > 0 and width % 2 == 0 and ids_ok and rows <= 4096
+    if made:
+        rope = rotary.RoPE(width, interleaved=interleaved)
+        cos, sin = rope.cos_sin(torch.arange(rows))
+        valid = validate in (True, False, "full")
+    else:
+        sin = cos
+        # validate must be True, False, "sync" or "full"; a float32/float64 table of random values is no rotation
+        # table (the two channels of a pair differ in every row), refused by validate's checks whenever it has a
+        # row and a pair. Other draws are undecided here: validate=False with arbitrary shapes, half-precision or
+        # integer values (random halves of a pair may round to one value), empty tables
+        not_rotation = cos.dtype in (torch.float32, torch.float64) and cos.dim() >= 1 and cos.shape[-1] >= 2
+        valid = False if validate == "maybe" or (validate and not_rotation and cos.numel()) else None
     kwargs = dict(interleaved=interleaved, validate=validate)
     if positions is not None:
         kwargs["position_ids"] = positions
-    try:
-        out = rotary.apply_rotary(x, cos, cos, **kwargs)
-    except NAMED as exc:
-        assert str(exc)
-        return
+    if valid is None:
+        out, err = call(rotary.apply_rotary, x, cos, sin, **kwargs)
+        if err is not None:
+            return
+    else:
+        out = expect(valid, rotary.apply_rotary, x, cos, sin, **kwargs)
+        if not valid:
+            return
     assert out.shape == x.shape
     if validate is not False:  # a checked table of identical cos and sin is a rotation by 45° scaled: finite
         assert torch.isfinite(out).all() or not torch.isfinite(x).all()
+    if made:  # the float64 reference rotation at each token's position
+        ids = (torch.arange(seq_len) if positions is None else positions.long()).expand(batch, seq_len)
+        want = torch.empty(x.shape, dtype=torch.float64)
+        for b in range(batch):
+            want[b] = reference.rotate_complex(x[b], ids[b], rope.inv_freq, interleaved=interleaved)
+        assert_close(out, want, x, largest_angle(ids[..., None].double(), rope.inv_freq[None]))

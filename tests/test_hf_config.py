@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import re
@@ -12,15 +13,16 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from transformers import AutoConfig
 
 import rotary
-from helpers import assert_named_error, assert_sound, hf_config, text_config
+from helpers import assert_named_error, assert_sound, computes, hf_config, text_config
 from rotary import ConfigError, RoPE, frequencies
+from rotary.hf import read_hf_layers
 from rotary.hf.config import read_hf_config
-from strategies import NASTY, PROPERTIES
+from strategies import NASTY, NUMBERS, PROPERTIES, accepted, frequencies_verdict
 
 transformers.logging.set_verbosity_error()
 
@@ -869,12 +871,54 @@ def perturbed_configs(draw):
         del where[key]
         value = None
     else:
-        value = draw(NASTY)
+        value = draw(st.one_of(NASTY, NUMBERS))
         where[key] = value
-    return d, key, value, (CONFIGS[name], inside)
+    return d, key, value, (name, inside)
+
+
+def original_target(name: str) -> dict:
+    """The fixture's top level (its text_config for a multimodal config)."""
+    d = CONFIGS[name]
+    return d["text_config"] if isinstance(d.get("text_config"), dict) else d
+
+
+def at_top(name: str, key: str, value):
+    """A draw of :func:`perturbed_configs`: fixture ``name`` with its top-level ``key`` set to ``value``."""
+    d = copy.deepcopy(CONFIGS[name])
+    (d["text_config"] if isinstance(d.get("text_config"), dict) else d)[key] = value
+    return d, key, value, (name, False)
+
+
+def original_block(name: str) -> dict:
+    """The fixture's scaling block as written (empty when it has none, or one per layer type)."""
+    target = original_target(name)
+    return next((target[k] for k in ("rope_parameters", "rope_scaling") if isinstance(target.get(k), dict)), {})
+
+
+def removed(name: str, key: str):
+    """A draw of :func:`perturbed_configs`: fixture ``name`` with ``key`` deleted from its scaling block."""
+    d = copy.deepcopy(CONFIGS[name])
+    del next(d[k] for k in ("rope_parameters", "rope_scaling") if isinstance(d.get(k), dict))[key]
+    return d, key, None, (name, True)
+
+
+def in_block(name: str, key: str, value):
+    """A draw of :func:`perturbed_configs`: fixture ``name`` with ``key`` set to ``value`` in its scaling block."""
+    d = copy.deepcopy(CONFIGS[name])
+    next(d[k] for k in ("rope_parameters", "rope_scaling") if isinstance(d.get(k), dict))[key] = value
+    return d, key, value, (name, True)
 
 
 LAYER_TYPES = st.sampled_from([None, "sliding_attention", "full_attention"])
+
+
+@functools.cache
+def _read_fixture(name, strict, layer_type, interleaved):
+    """The reading of an unperturbed fixture (once per run): ``(settings, rope)`` or the error."""
+    try:
+        return _read(CONFIGS[name], strict, layer_type, interleaved)
+    except Exception as exc:  # noqa: BLE001 - compared with the perturbed config's error
+        return exc
 
 
 def _read(d, strict, layer_type, interleaved):
@@ -892,18 +936,58 @@ def _read(d, strict, layer_type, interleaved):
     layer_type=LAYER_TYPES,
     interleaved=st.sampled_from([None, False]),
 )
+@example(perturbed=in_block("llama3_1", "factor", 16.0), strict=True, layer_type=None, interleaved=None)  # valid
+@example(perturbed=in_block("qwen2", "beta_fast", 0.5), strict=False, layer_type=None, interleaved=None)  # warned
+@example(perturbed=in_block("deepseek_v3", "mscale_all_dim", 1e300), strict=True, layer_type=None, interleaved=None)
+@example(perturbed=at_top("qwen2", "max_position_embeddings", 65536), strict=False, layer_type=None, interleaved=None)
+@example(perturbed=at_top("llama3_1", "max_position_embeddings", 4096), strict=True, layer_type=None, interleaved=None)
+@example(perturbed=removed("deepseek_v3", "mscale"), strict=True, layer_type=None, interleaved=None)  # valid
+@example(perturbed=removed("llama3_1", "low_freq_factor"), strict=False, layer_type=None, interleaved=None)
 def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, strict, layer_type, interleaved):
-    d, key, value, (unperturbed, inside) = perturbed
+    d, key, value, (name, inside) = perturbed
     original = copy.deepcopy(d)
     # decided up front: a top-level key rotary does not read (outside ROPE_CONFIG_KEYS) changes nothing: the
-    # config reads as the unperturbed one does (the same frequencies, or refused alike). Other draws are right
-    # or a named error.
+    # config reads as the unperturbed one does (the same frequencies, or refused alike).
     unread = not inside and key not in ROPE_CONFIG_KEYS
+    # a value set inside the scaling block of a config with one block (not one per layer type), for a key the
+    # reader passes on as written (not rope_theta, the base; not rope_type / type, whose names the reader maps per
+    # architecture; not a length a top-level key overrides, Phi-3's original_max_position_embeddings): the block
+    # is the fixture's as read (its values filled from the config and checked against transformers elsewhere in
+    # this file) with that value, and the scaling block's documented contract decides (strategies.
+    # frequencies_verdict, with transformers' frequencies as the oracle: helpers.computes)
+    want = in_block = None
+    target = d["text_config"] if isinstance(d.get("text_config"), dict) else d
+    block = next((target[k] for k in ("rope_parameters", "rope_scaling") if isinstance(target.get(k), dict)), {})
+    plain = inside and layer_type is None and key not in ("rope_theta", "rope_type", "type") and key not in target
+    # a key deleted from the block: what the reader does not fill in (it fills original_max_position_embeddings
+    # from the context length) is then missing from the block as read
+    deleted = plain and key not in block and key in original_block(name) and key != "original_max_position_embeddings"
+    plain = plain and (key in block or deleted)
+    # the top-level max_position_embeddings (set, of a config that states it) is a positive int or refused (the
+    # config classes' type, even with strict=False); a positive int is the length of the block of a type that
+    # takes one (yarn, longrope, dynamic), and otherwise changes nothing
+    length = not inside and layer_type is None and key == "max_position_embeddings" and key in original_target(name)
+    length = length and key in target
+    fixture = _read_fixture(name, strict, None, interleaved) if plain or length else None
+    if isinstance(fixture, tuple) and list(read_hf_layers(CONFIGS[name])) == [None]:  # one block for every layer
+        fixture = fixture[0]
+        if length and not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+            in_block = {}  # refused: want stays None
+        elif length:
+            in_block = {**fixture.scaling, **({key: value} if key in fixture.scaling else {})}
+        elif deleted:
+            in_block = {k: v for k, v in fixture.scaling.items() if k != key}
+        else:
+            in_block = {**fixture.scaling, key: value}
+        verdict, rotary_dim, base = frequencies_verdict(in_block, fixture.base, fixture.head_dim)
+        if in_block and accepted(verdict, strict):
+            want = computes(in_block, base, rotary_dim, None, fixture.head_dim)
+    # other draws (the other top-level keys rotary reads, a nested block, rope_type) are right or a named
+    # error: what they may be depends on each architecture's config class (its defaults and names: docs/scaling.md,
+    # "Loading from a checkpoint"), not written here
     if unread:
-        try:
-            want = _read(unperturbed, strict, layer_type, interleaved)[1]
-        except Exception as exc:  # noqa: BLE001 - the unperturbed config refused: the perturbed one must be too
-            want = exc
+        want = _read_fixture(name, strict, layer_type, interleaved)
+        want = want if isinstance(want, Exception) else want[1]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -912,6 +996,8 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
             if unread:
                 assert isinstance(want, Exception), f"{key}={value!r}, a key rotary does not read, was refused: {exc}"
                 assert type(exc) is type(want), (exc, want)
+            if in_block is not None:
+                assert want is None, f"a valid block value was refused: {key}={value!r} in {in_block} ({exc})"
             # a layer type the config lacks, or a config the perturbation made ambiguous, names itself;
             # anything else must name the perturbed key or value
             message = str(exc)
@@ -921,6 +1007,9 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
                 assert_named_error(exc, (key, value))
             return
     assert json.dumps(d, sort_keys=True, default=repr) == json.dumps(original, sort_keys=True, default=repr)
+    if in_block is not None:
+        assert want is not None, f"an invalid block value was accepted: {key}={value!r} in {in_block}"
+        assert torch.equal(rope.inv_freq, want[0]) and rope.attention_scaling == float(want[1]), (key, value)
     if unread:
         assert not isinstance(want, Exception), f"{key}={value!r} made a refused config acceptable: {want}"
         assert torch.equal(rope.inv_freq, want.inv_freq) and rope.interleaved == want.interleaved, (key, value)
@@ -934,16 +1023,23 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
 @PROPERTIES
 @given(config=st.one_of(NASTY, st.dictionaries(st.sampled_from(ROPE_CONFIG_KEYS), NASTY, max_size=6)))
 def test_read_hf_config_on_arbitrary_objects(config):
+    # decided up front (read_hf_config's docstring): a config is a dict, a transformers config or a path to a
+    # config.json (or its folder); anything else is refused, and a string names a path, which these short ones
+    # do not (FileNotFoundError naming it). A dict of these keys and values is right or a named error: what it may
+    # hold depends on the reader's per-architecture defaults (perturbed_configs covers real configs)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             s = read_hf_config(config, interleaved=False)
         except FileNotFoundError as exc:  # a string is a path
+            assert isinstance(config, str), exc
             assert repr(str(config)) in str(exc) or str(config) in str(exc)
             return
         except Exception as exc:
+            assert not isinstance(config, str), f"the path {config!r} was not looked up: {exc}"
             assert_named_error(exc)
             return
+    assert isinstance(config, dict), f"{config!r} was read as a config"
     assert s.head_dim > 0 and math.isfinite(s.base)
 
 

@@ -570,10 +570,19 @@ def test_qk_norm_patched_model_under_torch_compile(fused_calls):
 def test_hf_entry_points_name_what_is_not_a_transformers_model(model):
     from rotary.hf import patching as hf
 
+    # decided up front (the entry points' docstrings): none of these is a transformers model, so patch refuses
+    # each (InputTypeError for what is not an nn.Module, InputError for a module of no supported model_type) and
+    # unpatch too (nothing is patched); is_patched answers False for any nn.Module, never patched
+    module = isinstance(model, torch.nn.Module)
     for call in (hf.patch, hf.unpatch, hf.is_patched):
+        valid = call is hf.is_patched and module
         try:
             result = call(model)
         except NAMED as exc:
+            assert not valid, f"is_patched refused a module: {exc}"
             assert_named(exc, "transformers model", "not patched")
-        else:  # only is_patched answers, and only for a module
-            assert call is hf.is_patched and isinstance(model, torch.nn.Module) and result is False
+            if not module:
+                assert isinstance(exc, rotary.InputTypeError), exc
+        else:
+            assert valid, f"{call.__name__} accepted {model!r}"
+            assert result is False

@@ -15,7 +15,7 @@ import rotary
 from helpers import assert_named_error
 from rotary import ConfigError, RoPE, frequencies
 from rotary.rope_types import ROPE_TYPES, register_rope_type, validate_rope_parameters
-from strategies import NASTY, PROPERTIES, UNKNOWN_KEY, perturbed_blocks, removal, replaced, spoiled, without
+from strategies import NASTY, PROPERTIES, accepted, block_verdict, perturbed_blocks, setting, without
 from variant_checks import is_int
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -210,7 +210,7 @@ def test_argument_types_are_checked():
 
 
 def test_a_registered_type_returning_nan_is_refused():
-    from rotary.rope_types import ROPE_TYPES, default_inv_freq, register_rope_type
+    from rotary.rope_types import default_inv_freq, register_rope_type
 
     def _nan(head_dim, base, rotary_dim, params, seq_len):
         inv_freq = default_inv_freq(base, rotary_dim)
@@ -249,7 +249,7 @@ def test_a_registered_type_returning_nan_is_refused():
 )
 def test_a_registered_length_dependent_type_follows_the_length_like_the_builtin(builtin, update, block, mode):
     """A user's length-dependent type gets transformers' update rule from the registry, not from its name."""
-    from rotary.rope_types import ROPE_TYPES, register_rope_type
+    from rotary.rope_types import register_rope_type
 
     spec = ROPE_TYPES[builtin]
     with ROPE_TYPES.scope():
@@ -292,7 +292,6 @@ BUILT_IN = ["default", "linear", "ntk", "dynamic", "ntk_alpha", "yarn", "longrop
 @pytest.mark.parametrize("name", BUILT_IN)
 def test_every_built_in_type_names_an_unknown_key(name):
     """issue 24: the default type (no keys of its own) had been read as 'registered without checks'."""
-    from rotary.rope_types import ROPE_TYPES
 
     spec = ROPE_TYPES[name]
     block = dict(spec.example(64).block) if spec.example is not None else {"rope_type": name}
@@ -309,7 +308,7 @@ def test_every_built_in_type_names_an_unknown_key(name):
 def test_which_registered_types_check_their_keys():
     """A type with key sets or a check, or check_keys=True, refuses other keys; a bare registration
     (a stand-in whose keys rotary cannot know) and a ROPE_INIT_FUNCTIONS assignment take any key."""
-    from rotary.rope_types import ROPE_INIT_FUNCTIONS, ROPE_TYPES, default_inv_freq, register_rope_type
+    from rotary.rope_types import ROPE_INIT_FUNCTIONS, default_inv_freq, register_rope_type
 
     def init(head_dim, base, rotary_dim, params, seq_len):
         return default_inv_freq(base, rotary_dim) / params.get("factor", 1.0), 1.0
@@ -363,31 +362,27 @@ def test_register_rope_type_refuses_a_non_function():
 @example(perturbed=without("proportional", "factor"), rotary_dim=64, strict=False)  # valid: factor is optional
 @example(perturbed=without("linear", "factor"), rotary_dim=64, strict=False)  # invalid: a required key missing
 @example(perturbed=without("longrope", "factor"), rotary_dim=64, strict=True)  # invalid: no factor, no length
+@example(perturbed=setting("yarn", "beta_fast", 0.5), rotary_dim=64, strict=False)  # warned: fast < slow
+@example(perturbed=setting("dynamic", "factor", 2**24), rotary_dim=64, strict=True)  # valid: at the limit
+@example(perturbed=setting("llama3", "high_freq_factor", 1e-300), rotary_dim=64, strict=False)  # warned: low > high
+@example(perturbed=setting("yarn", "beta_fast", 64.0), rotary_dim=64, strict=True)  # valid
+@example(perturbed=setting("dynamic", "max_position_embeddings", 4096.5), rotary_dim=64, strict=False)  # warned
 def test_validate_rope_parameters_on_perturbed_blocks(perturbed, rotary_dim, strict):
     block, key, value = perturbed
-    # decided up front where the documented contract decides it without the per-type value checks:
-    # invalid: strict not a bool, rotary_dim not an int > 0, a required key of the type missing (missing keys
-    # are errors even with strict=False), or with strict a key set to what is not a finite number
-    # (strategies.spoiled) or a key no type takes; valid: a
-    # valid block (strategies.VALID, for rotary_dim 64) without one of its keys that is not required, or with
-    # a key set to another valid value (strategies.replaced), or a key no type takes when not strict. Other
-    # draws (a key set to an arbitrary value) are right or a named error.
-    invalid = not isinstance(strict, bool) or not (is_int(rotary_dim) and rotary_dim > 0)
-    invalid = invalid or removal(block, key) == "required"
-    # strict=False turns the value checks into warnings; partial_rotary_factor is rotary_dim's, given here
-    spoiled_value = spoiled(block, key, value) and key != "partial_rotary_factor"
-    invalid = invalid or (strict is True and (spoiled_value or UNKNOWN_KEY in block))
-    kept = removal(block, key) == "optional" or replaced(block, key, value) or UNKNOWN_KEY in block
-    valid = not invalid and kept and rotary_dim == 64
+    # decided up front from the documented contract (strategies.block_verdict, docs/scaling.md "What each
+    # parameter may be"): strict a bool, rotary_dim an int > 0, and the block valid, or warned and strict=False
+    args_ok = isinstance(strict, bool) and is_int(rotary_dim) and rotary_dim > 0
+    ok = args_ok and accepted(block_verdict(block, rotary_dim), strict)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             out = validate_rope_parameters(block, rotary_dim=rotary_dim, strict=strict)
         except Exception as exc:
-            assert not valid, f"a valid block was refused: {block} ({exc})"
+            assert not ok, f"a valid block was refused: {block}, rotary_dim={rotary_dim!r}, strict={strict!r} ({exc})"
             assert_named_error(exc, (key, value), ("rotary_dim", rotary_dim), ("strict", strict))
             return
-    assert not invalid, f"an invalid block was accepted: {block}, rotary_dim={rotary_dim!r}, strict={strict!r}"
-    assert isinstance(out, dict) and out["rope_type"] in ROPE_TYPES and out is not block
-    if valid and replaced(block, key, value):
-        assert out[key] == value, (key, value, out)  # the value given is the value used
+    assert ok, f"an invalid block was accepted: {block}, rotary_dim={rotary_dim!r}, strict={strict!r}"
+    # a normalised copy: the values given are the values used, rope_type set, 4.x's type dropped
+    legacy = block.get("type")
+    rope_type = block.get("rope_type", legacy if legacy is not None else "default")
+    assert out is not block and out == {**{k: v for k, v in block.items() if k != "type"}, "rope_type": rope_type}

@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import rotary
@@ -943,18 +943,37 @@ def test_axial_presets_are_right_or_a_named_error(name, head_dim, overrides):
     training=st.booleans(),
     seed=st.integers(0, 2**16),
 )
+@example(shift=1e300, jitter=1.5, rescale=None, training=True, seed=0)  # valid: coordinates up to 1.5e300, finite
+@example(shift=None, jitter=1e300, rescale=1e300, training=True, seed=0)  # the draw decides
 def test_axial_augmentation_is_finite_or_a_named_error(shift, jitter, rescale, training, seed):
-    rope, err = call(
-        AxialRoPE, 16, shift_coords=shift, jitter_coords=jitter, rescale_coords=rescale, coordinates="normalized"
+    # valid (AxialRoPE's documented arguments): shift_coords None or a finite number >= 0 (a shift drawn from
+    # [-shift, shift]), jitter_coords and rescale_coords None or finite numbers >= 1 (factors drawn log-uniformly
+    # from [1/x, x])
+    ok = (shift is None or (is_number(shift) and shift >= 0)) and all(
+        v is None or (is_number(v) and v >= 1) for v in (jitter, rescale)
     )
-    if err is not None:
+    rope = expect(
+        ok, AxialRoPE, 16, shift_coords=shift, jitter_coords=jitter, rescale_coords=rescale, coordinates="normalized"
+    )
+    if rope is None:
         return
     rope.train(training)
     coords = rope.grid(3, 3)
-    tables, err = call(rope.tables, coords, generator=torch.Generator().manual_seed(seed))
-    if err is not None:
-        return
+    # the tables are refused only for angles beyond float64's range: the cell centres (|c| < 1) shifted by at most
+    # shift, times at most jitter and rescale, times the frequencies summed over the axes. Where that bound is
+    # finite (with a margin for the rounding of the draws) no draw can overflow and the tables must come; where it
+    # is not, the draw decides (a named error or finite tables)
+    augmented = training and rope.augments
+    rate = float(rope.frequencies().abs().sum(-2).amax())
+    bound = (1 + (shift or 0.0)) * (jitter or 1.0) * (rescale or 1.0) * rate * 1.01
+    generator = torch.Generator().manual_seed(seed)
+    if augmented and not math.isfinite(bound):
+        tables, err = call(rope.tables, coords, generator=generator)
+        if err is not None:
+            return
+    else:
+        tables = expect(True, rope.tables, coords, generator=generator)
     assert bool(torch.isfinite(tables.cos).all() and torch.isfinite(tables.sin).all())
-    if not training or not rope.augments:
+    if not augmented:
         plain = AxialRoPE(16, coordinates="normalized").tables(coords)
         assert torch.equal(tables.cos, plain.cos) and torch.equal(tables.sin, plain.sin)

@@ -889,6 +889,13 @@ def at_top(name: str, key: str, value):
     return d, key, value, (name, False)
 
 
+def dropped(name: str, key: str):
+    """A draw of :func:`perturbed_configs`: fixture ``name`` with its top-level ``key`` deleted."""
+    d = copy.deepcopy(CONFIGS[name])
+    del (d["text_config"] if isinstance(d.get("text_config"), dict) else d)[key]
+    return d, key, None, (name, False)
+
+
 def original_block(name: str) -> dict:
     """The fixture's scaling block as written (empty when it has none, or one per layer type)."""
     target = original_target(name)
@@ -969,6 +976,30 @@ def top_level_reading(name: str, key: str, value, fixture):
     return block, fixture.base, width
 
 
+def transformers_reading(name: str, d: dict):
+    """transformers 5.23 as the oracle of a config whose reading depends on its config class's defaults: the
+    ``(inv_freq, attention_scaling)`` of the fixture's RotaryEmbedding class built from ``d`` when it builds and
+    they are what rotary accepts (every frequency finite and > 0, the scaling a finite number > 0), else None."""
+    dotted = ARCHITECTURES.get(name, PUBLISHED_FILES.get(name, (None,)))[0]
+    if dotted is None:
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cfg = text_config(d)
+            hf = hf_class(dotted)(cfg)
+        inv_freq, scaling = hf.inv_freq, hf.attention_scaling
+        top = d["text_config"] if isinstance(d.get("text_config"), dict) else d
+        if top.get("head_dim") is None and cfg.hidden_size % cfg.num_attention_heads:
+            return None  # a width from an uneven split (transformers floors it; rotary refuses it): not decided
+    except Exception:  # noqa: BLE001 - a config transformers does not build: undecided here
+        return None
+    sound = bool(torch.isfinite(inv_freq).all() and (inv_freq > 0).all())
+    if not (sound and isinstance(scaling, (int, float)) and 0 < scaling <= torch.finfo(torch.float32).max):
+        return None
+    return inv_freq, scaling
+
+
 @functools.cache
 def _read_fixture(name, strict, layer_type, interleaved):
     """The reading of an unperturbed fixture (once per run): ``(settings, rope)`` or the error."""
@@ -1011,6 +1042,10 @@ def _read(d, strict, layer_type, interleaved):
 @example(perturbed=at_top("mistral", "head_dim", 2**17), strict=False, layer_type=None, interleaved=None)
 @example(perturbed=at_top("llama2", "num_attention_heads", 16), strict=True, layer_type=None, interleaved=None)
 @example(perturbed=at_top("llama2", "hidden_size", True), strict=False, layer_type=None, interleaved=None)
+@example(perturbed=at_top("gpt_oss", "head_dim", None), strict=False, layer_type=None, interleaved=None)
+@example(perturbed=dropped("gpt_neox", "rotary_pct"), strict=False, layer_type=None, interleaved=None)
+@example(perturbed=dropped("llama3_1", "rope_theta"), strict=False, layer_type=None, interleaved=None)
+@example(perturbed=dropped("qwen2", "num_attention_heads"), strict=False, layer_type=None, interleaved=None)
 def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, strict, layer_type, interleaved):
     d, key, value, (name, inside) = perturbed
     original = copy.deepcopy(d)
@@ -1060,9 +1095,19 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
             verdict, rotary_dim, base = frequencies_verdict(in_block, base, head_dim)
             if accepted(verdict, strict):
                 want = computes(in_block, base, rotary_dim, None, head_dim)
+    # a top-level key of the head width, base or rotated part deleted or set to null (of a config with one block,
+    # read leniently): read from the architecture's config-class defaults, for which transformers is the oracle
+    # (docs/scaling.md: strict=False gives transformers' results where they are finite): where its rotary class
+    # builds from the config with finite, turning frequencies, rotary gives the same, bit for bit
+    hf_want = None
+    defaulted = not inside and layer_type is None and value is None and not strict
+    if defaulted and key in (*BASE_KEYS, *PART_KEYS, *HEAD_KEYS) and key in original_target(name):
+        if isinstance(_read_fixture(name, strict, None, interleaved), tuple):  # one block, read without layer_type
+            hf_want = transformers_reading(name, d)
     # other draws are right or a named error: what they may be depends on each architecture's config class (its
     # defaults and names: docs/scaling.md, "Loading from a checkpoint"), not written here: a top-level key deleted
-    # or set to null (the class default), a float count, an odd head width, the base or rotated part of a config
+    # or set to null where transformers does not build the config or gives no finite frequencies, or with
+    # strict=True, a float count, an odd head width, the base or rotated part of a config
     # that states it twice or in its block, the other top-level keys rotary reads (rope_interleave, rotary_dim,
     # qk_rope_head_dim, layer_types, model_type, ...), per-layer-type blocks, rope_type / type / rope_theta inside
     # the block
@@ -1077,6 +1122,7 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
             if unread:
                 assert isinstance(want, Exception), f"{key}={value!r}, a key rotary does not read, was refused: {exc}"
                 assert type(exc) is type(want), (exc, want)
+            assert hf_want is None, f"{key}={value!r}, read as transformers reads it, was refused: {exc}"
             if in_block is not None:
                 assert want is None, f"a valid block value was refused: {key}={value!r} in {in_block} ({exc})"
                 if top:  # a top-level key decided up front: a ConfigError (naming it: below)
@@ -1093,6 +1139,8 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
     if in_block is not None:
         assert want is not None, f"an invalid block value was accepted: {key}={value!r} in {in_block}"
         assert torch.equal(rope.inv_freq, want[0]) and rope.attention_scaling == float(want[1]), (key, value)
+    if hf_want is not None:
+        assert torch.equal(rope.inv_freq, hf_want[0]) and rope.attention_scaling == hf_want[1], (key, value)
     if unread:
         assert not isinstance(want, Exception), f"{key}={value!r} made a refused config acceptable: {want}"
         assert torch.equal(rope.inv_freq, want.inv_freq) and rope.interleaved == want.interleaved, (key, value)

@@ -149,6 +149,40 @@ def test_interface_errors(call, match, tables):
         call(cos, sin)
 
 
+def raw_tables_verdict(x, cos, positions, ids_ok, interleaved, validate) -> bool | None:
+    """Whether ``apply_rotary(x, cos, cos, ...)`` must accept (True) or refuse (False) an arbitrary table, from its
+    documented contract (its docstring, docs/core.md "Tables you made", ``check_tables``); None: undecided."""
+    batch, _, seq_len, width = x.shape
+    if validate not in (True, False, "full", "sync"):
+        return False
+    if cos.dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        return False  # integer and bool tables hold no rotation
+    r = cos.shape[-1] if cos.dim() else 0
+    if r == 0 or r % 2 or r > width:
+        return False  # r even, 0 < r <= head_dim
+    if positions is None:  # the tokens' rows [S, r] or [B, S, r] (B: 1 or x's)
+        if cos.dim() not in (2, 3) or cos.shape[-2] != seq_len or (cos.dim() == 3 and cos.shape[0] not in (1, batch)):
+            return False
+    elif not ids_ok or cos.dim() != 2 or (positions.numel() and int(positions.max()) >= cos.shape[0]):
+        return False  # a table [T, r] holding every position read (a row past T is refused unvalidated too)
+    if not validate or not cos.numel():
+        return True  # validate=False checks no values; an empty table has none
+    # the values: rows of rotations laid out for the pairing (the two channels of a pair agree within rtol <= half
+    # an fp16/bf16 ulp of the largest value), not all zeros. With cos = sin drawn at random, a row whose pairs
+    # differ by 1 % of the largest value fails whichever rows validate reads
+    rows = cos.double().reshape(-1, r)
+    if not rows.abs().max():
+        return False
+    a, b = (rows[:, 0::2], rows[:, 1::2]) if interleaved else (rows[:, : r // 2], rows[:, r // 2 :])
+    far = ((a - b).abs() > 1e-2 * rows.abs().max()).any(-1)
+    if validate == "full" and far.any():
+        return False  # every row is checked
+    read = far if positions is None else far[positions.reshape(-1).long()]
+    if read.numel() and read.all():
+        return False  # every row validate may read (the tokens' rows, or the rows their positions read)
+    return None  # a row that passes, with others validate may not read; or no row read
+
+
 @settings(max_examples=120, deadline=None)
 @given(
     x=st.one_of(
@@ -162,6 +196,42 @@ def test_interface_errors(call, match, tables):
     data=st.data(),
 )
 def test_apply_rotary_with_arbitrary_tables_never_crashes_inside(x, cos, made, interleaved, validate, positions, data):
+    check_apply_rotary(x, cos, made, interleaved, validate, positions, data)
+
+
+def _table(shape, dtype, seed=0):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+X, STEP = torch.randn(2, 3, 4, 8), torch.randn(1, 2, 3, 4)
+
+
+@pytest.mark.parametrize(
+    "x, cos, interleaved, validate, positions, fits",
+    [  # arbitrary tables that fit, which the derandomized draws above seldom make: accepted unvalidated
+        (X, _table((4, 6), torch.float16), False, False, None, True),
+        (X, _table((1, 4, 8), torch.bfloat16), True, False, None, True),
+        (X, _table((2, 4, 2), torch.float32), False, False, None, True),
+        (X[..., :5], _table((7, 4), torch.float64), False, False, torch.tensor([0, 6, 2, 3]), True),
+        (STEP, _table((5, 2), torch.float16), True, False, torch.tensor([[4, 4, 0]], dtype=torch.int32), True),
+        # an empty table has no values to check
+        (X[:, :, :0], _table((0, 8), torch.float32), False, True, None, True),
+        (X[:, :, :0], _table((2, 0, 4), torch.bfloat16), True, "full", None, True),
+        # and some that do not: integer tables, a row past the table, r > D, validated random values
+        (X, _table((4, 8), torch.int64), False, False, None, False),
+        (X, _table((3, 8), torch.float32), False, False, torch.tensor([0, 1, 2, 3]), False),
+        (X, _table((4, 10), torch.float32), False, False, None, False),
+        (X, _table((4, 8), torch.float16), False, True, None, False),
+    ],
+)
+def test_apply_rotary_with_arbitrary_tables_that_fit(x, cos, interleaved, validate, positions, fits):
+    assert raw_tables_verdict(x, cos, positions, True, interleaved, validate) is fits
+    check_apply_rotary(x, cos, False, interleaved, validate, positions, None)
+
+
+def check_apply_rotary(x, cos, made, interleaved, validate, positions, data):
+    """One call of :func:`test_apply_rotary_with_arbitrary_tables_never_crashes_inside` (``data``: None unless
+    ``made``)."""
     batch, _, seq_len, width = x.shape
     if made:  # positions of x's tokens (or none) for the rotation tables
         ids = st.lists(st.integers(0, 60), min_size=seq_len, max_size=seq_len).map(lambda v: torch.tensor(v).long())
@@ -183,16 +253,11 @@ def test_apply_rotary_with_arbitrary_tables_never_crashes_inside(x, cos, made, i
         valid = validate in (True, False, "full")
     else:
         sin = cos
-        # validate must be True, False, "sync" or "full"; a float32/float64 table of random values is no rotation
-        # table (the two channels of a pair differ in every row), refused by validate's checks whenever it has a
-        # row and a pair. Other draws are undecided here: validate=False with arbitrary shapes, half-precision or
-        # integer values (random halves of a pair may round to one value), empty tables
-        not_rotation = cos.dtype in (torch.float32, torch.float64) and cos.dim() >= 1 and cos.shape[-1] >= 2
-        valid = False if validate == "maybe" or (validate and not_rotation and cos.numel()) else None
+        valid = raw_tables_verdict(x, cos, positions, ids_ok, interleaved, validate)
     kwargs = dict(interleaved=interleaved, validate=validate)
     if positions is not None:
         kwargs["position_ids"] = positions
-    if valid is None:
+    if valid is None:  # (rare: see raw_tables_verdict) right or a named error
         out, err = call(rotary.apply_rotary, x, cos, sin, **kwargs)
         if err is not None:
             return
@@ -200,9 +265,10 @@ def test_apply_rotary_with_arbitrary_tables_never_crashes_inside(x, cos, made, i
         out = expect(valid, rotary.apply_rotary, x, cos, sin, **kwargs)
         if not valid:
             return
-    assert out.shape == x.shape
-    if validate is not False:  # a checked table of identical cos and sin is a rotation by 45° scaled: finite
-        assert torch.isfinite(out).all() or not torch.isfinite(x).all()
+    assert out.shape == x.shape and out.dtype == x.dtype
+    assert torch.isfinite(out).all()  # finite x and finite tables
+    r = cos.shape[-1]
+    assert torch.equal(out[..., r:], x[..., r:])  # the channels past r pass through
     if made:  # the float64 reference rotation at each token's position
         ids = (torch.arange(seq_len) if positions is None else positions.long()).expand(batch, seq_len)
         want = torch.empty(x.shape, dtype=torch.float64)

@@ -889,6 +889,13 @@ def at_top(name: str, key: str, value):
     return d, key, value, (name, False)
 
 
+def dropped(name: str, key: str):
+    """A draw of :func:`perturbed_configs`: fixture ``name`` with its top-level ``key`` deleted."""
+    d = copy.deepcopy(CONFIGS[name])
+    del (d["text_config"] if isinstance(d.get("text_config"), dict) else d)[key]
+    return d, key, None, (name, False)
+
+
 def original_block(name: str) -> dict:
     """The fixture's scaling block as written (empty when it has none, or one per layer type)."""
     target = original_target(name)
@@ -910,6 +917,87 @@ def in_block(name: str, key: str, value):
 
 
 LAYER_TYPES = st.sampled_from([None, "sliding_attention", "full_attention"])
+
+#: the top-level keys of the base (docs/scaling.md, "Loading from a checkpoint": rope_theta; GPT-NeoX
+#: rotary_emb_base) and of the rotated part (partial_rotary_factor; GPT-NeoX rotary_pct)
+BASE_KEYS, PART_KEYS = ("rope_theta", "rotary_emb_base"), ("partial_rotary_factor", "rotary_pct")
+HEAD_KEYS = ("head_dim", "hidden_size", "num_attention_heads")
+
+
+def _bad_number(value) -> bool:
+    """Not a number a count or a positive parameter can be: a non-number (bool, string, list, dict), NaN,
+    inf, or <= 0 (docs/scaling.md, "What each parameter may be")."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return True
+    return not -math.inf < value < math.inf or value <= 0
+
+
+def top_level_reading(name: str, key: str, value, fixture):
+    """How a top-level ``key`` set to ``value`` (not null) in single-block fixture ``name`` is read, from
+    docs/scaling.md ("Loading from a checkpoint" and "What each parameter may be"), given the unperturbed
+    fixture's reading ``fixture``: ``(block, base, head_dim)`` for :func:`frequencies_verdict`, ``"refused"``,
+    or None where it depends on an architecture's defaults or names not written here (undecided)."""
+    top = original_target(name)
+    stated = [k for k in BASE_KEYS if k in top]
+    block = dict(fixture.scaling)
+    if key in BASE_KEYS:
+        # the base this fixture states once at the top and nowhere in its block: the value is the base
+        if stated != [key] or "rope_theta" in original_block(name) or top[key] != fixture.base:
+            return None
+        return block, value, fixture.head_dim
+    if key in PART_KEYS:
+        # the rotated part this fixture states at the top (read as the block's partial_rotary_factor)
+        if [k for k in PART_KEYS if k in top] != [key] or block.get("partial_rotary_factor") != top[key]:
+            return None
+        if value is None:
+            return None  # null: the config class's default (GPT-NeoX 0.25), not written here
+        return {**block, "partial_rotary_factor": value}, fixture.base, fixture.head_dim
+    if key not in HEAD_KEYS or {"qk_rope_head_dim", "rotary_dim", "n_embd", "n_head"} & set(top):
+        return None
+    # the head width: head_dim where stated, else hidden_size // num_attention_heads
+    derived = "head_dim" not in top
+    if not derived and key != "head_dim":
+        return None  # hidden_size / num_attention_heads beside a head_dim: not the width
+    width = top.get("head_dim") if not derived else top["hidden_size"] // top["num_attention_heads"]
+    if width != fixture.head_dim or (derived and key == "head_dim"):
+        return None
+    if value is None:
+        return None  # null: derived from the other keys or the class default
+    if _bad_number(value):
+        return "refused"
+    if isinstance(value, float):
+        return None  # a float count: the config class's type, not written here
+    after = {**top, key: value}
+    width = after["head_dim"] if key == "head_dim" else after["hidden_size"] // after["num_attention_heads"]
+    if width > 2**16:
+        return "refused"  # wider heads than the tables could hold
+    if width < 2 or width % 2 or (derived and after["hidden_size"] % after["num_attention_heads"]):
+        return None  # an odd or zero width, an uneven split: not written here
+    return block, fixture.base, width
+
+
+def transformers_reading(name: str, d: dict):
+    """transformers 5.23 as the oracle of a config whose reading depends on its config class's defaults: the
+    ``(inv_freq, attention_scaling)`` of the fixture's RotaryEmbedding class built from ``d`` when it builds and
+    they are what rotary accepts (every frequency finite and > 0, the scaling a finite number > 0), else None."""
+    dotted = ARCHITECTURES.get(name, PUBLISHED_FILES.get(name, (None,)))[0]
+    if dotted is None:
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cfg = text_config(d)
+            hf = hf_class(dotted)(cfg)
+        inv_freq, scaling = hf.inv_freq, hf.attention_scaling
+        top = d["text_config"] if isinstance(d.get("text_config"), dict) else d
+        if top.get("head_dim") is None and cfg.hidden_size % cfg.num_attention_heads:
+            return None  # a width from an uneven split (transformers floors it; rotary refuses it): not decided
+    except Exception:  # noqa: BLE001 - a config transformers does not build: undecided here
+        return None
+    sound = bool(torch.isfinite(inv_freq).all() and (inv_freq > 0).all())
+    if not (sound and isinstance(scaling, (int, float)) and 0 < scaling <= torch.finfo(torch.float32).max):
+        return None
+    return inv_freq, scaling
 
 
 @functools.cache
@@ -943,6 +1031,21 @@ def _read(d, strict, layer_type, interleaved):
 @example(perturbed=at_top("llama3_1", "max_position_embeddings", 4096), strict=True, layer_type=None, interleaved=None)
 @example(perturbed=removed("deepseek_v3", "mscale"), strict=True, layer_type=None, interleaved=None)  # valid
 @example(perturbed=removed("llama3_1", "low_freq_factor"), strict=False, layer_type=None, interleaved=None)
+# top-level keys decided up front (top_level_reading): the base, the rotated part, the head width
+@example(perturbed=at_top("llama2", "rope_theta", 20000.0), strict=True, layer_type=None, interleaved=None)
+@example(perturbed=at_top("qwen2", "rope_theta", 0.5), strict=False, layer_type=None, interleaved=None)
+@example(perturbed=at_top("llama3_1", "rope_theta", "1e6"), strict=False, layer_type=None, interleaved=None)
+@example(perturbed=at_top("gpt_neox", "rotary_emb_base", 1e6), strict=True, layer_type=None, interleaved=None)
+@example(perturbed=at_top("pythia-160m", "rotary_pct", 0.5), strict=True, layer_type=None, interleaved=None)
+@example(perturbed=at_top("gpt_neox", "rotary_pct", 1.5), strict=False, layer_type=None, interleaved=None)
+@example(perturbed=at_top("gpt_oss", "head_dim", 128), strict=True, layer_type=None, interleaved=None)
+@example(perturbed=at_top("mistral", "head_dim", 2**17), strict=False, layer_type=None, interleaved=None)
+@example(perturbed=at_top("llama2", "num_attention_heads", 16), strict=True, layer_type=None, interleaved=None)
+@example(perturbed=at_top("llama2", "hidden_size", True), strict=False, layer_type=None, interleaved=None)
+@example(perturbed=at_top("gpt_oss", "head_dim", None), strict=False, layer_type=None, interleaved=None)
+@example(perturbed=dropped("gpt_neox", "rotary_pct"), strict=False, layer_type=None, interleaved=None)
+@example(perturbed=dropped("llama3_1", "rope_theta"), strict=False, layer_type=None, interleaved=None)
+@example(perturbed=dropped("qwen2", "num_attention_heads"), strict=False, layer_type=None, interleaved=None)
 def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, strict, layer_type, interleaved):
     d, key, value, (name, inside) = perturbed
     original = copy.deepcopy(d)
@@ -968,10 +1071,19 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
     # takes one (yarn, longrope, dynamic), and otherwise changes nothing
     length = not inside and layer_type is None and key == "max_position_embeddings" and key in original_target(name)
     length = length and key in target
-    fixture = _read_fixture(name, strict, None, interleaved) if plain or length else None
+    # the other top-level keys rotary reads for the head width, the base and the rotated part (set, of a config
+    # with one block): top_level_reading says what the block, base and head width then are, from the documented
+    # reading; the same contract and oracle as a block value then decide
+    top = not inside and layer_type is None and key in (*BASE_KEYS, *PART_KEYS, *HEAD_KEYS) and key in target
+    fixture = _read_fixture(name, strict, None, interleaved) if plain or length or top else None
     if isinstance(fixture, tuple) and list(read_hf_layers(CONFIGS[name])) == [None]:  # one block for every layer
         fixture = fixture[0]
-        if length and not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        base, head_dim = fixture.base, fixture.head_dim
+        if top:
+            reading = top_level_reading(name, key, value, fixture)
+            if reading is not None:
+                in_block, base, head_dim = ({}, None, None) if reading == "refused" else reading
+        elif length and not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
             in_block = {}  # refused: want stays None
         elif length:
             in_block = {**fixture.scaling, **({key: value} if key in fixture.scaling else {})}
@@ -979,12 +1091,26 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
             in_block = {k: v for k, v in fixture.scaling.items() if k != key}
         else:
             in_block = {**fixture.scaling, key: value}
-        verdict, rotary_dim, base = frequencies_verdict(in_block, fixture.base, fixture.head_dim)
-        if in_block and accepted(verdict, strict):
-            want = computes(in_block, base, rotary_dim, None, fixture.head_dim)
-    # other draws (the other top-level keys rotary reads, a nested block, rope_type) are right or a named
-    # error: what they may be depends on each architecture's config class (its defaults and names: docs/scaling.md,
-    # "Loading from a checkpoint"), not written here
+        if in_block:
+            verdict, rotary_dim, base = frequencies_verdict(in_block, base, head_dim)
+            if accepted(verdict, strict):
+                want = computes(in_block, base, rotary_dim, None, head_dim)
+    # a top-level key of the head width, base or rotated part deleted or set to null (of a config with one block,
+    # read leniently): read from the architecture's config-class defaults, for which transformers is the oracle
+    # (docs/scaling.md: strict=False gives transformers' results where they are finite): where its rotary class
+    # builds from the config with finite, turning frequencies, rotary gives the same, bit for bit
+    hf_want = None
+    defaulted = not inside and layer_type is None and value is None and not strict
+    if defaulted and key in (*BASE_KEYS, *PART_KEYS, *HEAD_KEYS) and key in original_target(name):
+        if isinstance(_read_fixture(name, strict, None, interleaved), tuple):  # one block, read without layer_type
+            hf_want = transformers_reading(name, d)
+    # other draws are right or a named error: what they may be depends on each architecture's config class (its
+    # defaults and names: docs/scaling.md, "Loading from a checkpoint"), not written here: a top-level key deleted
+    # or set to null where transformers does not build the config or gives no finite frequencies, or with
+    # strict=True, a float count, an odd head width, the base or rotated part of a config
+    # that states it twice or in its block, the other top-level keys rotary reads (rope_interleave, rotary_dim,
+    # qk_rope_head_dim, layer_types, model_type, ...), per-layer-type blocks, rope_type / type / rope_theta inside
+    # the block
     if unread:
         want = _read_fixture(name, strict, layer_type, interleaved)
         want = want if isinstance(want, Exception) else want[1]
@@ -996,8 +1122,11 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
             if unread:
                 assert isinstance(want, Exception), f"{key}={value!r}, a key rotary does not read, was refused: {exc}"
                 assert type(exc) is type(want), (exc, want)
+            assert hf_want is None, f"{key}={value!r}, read as transformers reads it, was refused: {exc}"
             if in_block is not None:
                 assert want is None, f"a valid block value was refused: {key}={value!r} in {in_block} ({exc})"
+                if top:  # a top-level key decided up front: a ConfigError (naming it: below)
+                    assert isinstance(exc, ConfigError), f"{key}={value!r}: {exc!r}"
             # a layer type the config lacks, or a config the perturbation made ambiguous, names itself;
             # anything else must name the perturbed key or value
             message = str(exc)
@@ -1010,6 +1139,8 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
     if in_block is not None:
         assert want is not None, f"an invalid block value was accepted: {key}={value!r} in {in_block}"
         assert torch.equal(rope.inv_freq, want[0]) and rope.attention_scaling == float(want[1]), (key, value)
+    if hf_want is not None:
+        assert torch.equal(rope.inv_freq, hf_want[0]) and rope.attention_scaling == hf_want[1], (key, value)
     if unread:
         assert not isinstance(want, Exception), f"{key}={value!r} made a refused config acceptable: {want}"
         assert torch.equal(rope.inv_freq, want.inv_freq) and rope.interleaved == want.interleaved, (key, value)

@@ -1192,6 +1192,18 @@ def test_gemma4_reads_each_layer_types_own_head_width():
         read_hf_config(config)
 
 
+def test_a_published_gemma3_config_without_layer_types_reads_per_layer_type():
+    # Gemma-3's 4.x config.json lists no layer_types: its sliding and full layers are implied. read_hf_layers
+    # refused it ("pass layer_type=") though read_hf_config(layer_type=...) reads each
+    d = json.loads((PUBLISHED / "gemma-3-4b-it.json").read_text())
+    layers = read_hf_layers(d)
+    assert sorted(layers) == ["full_attention", "sliding_attention"]
+    for kind, settings in layers.items():
+        assert settings == read_hf_config(d, layer_type=kind)
+    assert (layers["full_attention"].base, layers["sliding_attention"].base) == (1_000_000.0, 10_000.0)
+    assert layers["full_attention"].scaling == {"rope_type": "linear", "factor": 8.0}
+
+
 def test_per_layer_config_overrides_that_disagree_within_a_layer_type_are_refused():
     d = transformers.Gemma4TextConfig(num_hidden_layers=6).to_dict()
     d["layer_types"] = ["sliding_attention", "full_attention"] * 3

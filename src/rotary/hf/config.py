@@ -376,6 +376,10 @@ def _one_block(d: dict[str, Any], model_type: str, defaults: Mapping[str, Any], 
     return transformers_block
 
 
+#: the layer types of Gemma-3's 4.x layout, whose config.json need not list them (:func:`_gemma3_blocks`)
+GEMMA3_LAYER_TYPES = ("sliding_attention", "full_attention")
+
+
 def _gemma3_blocks(d: dict[str, Any], block: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
     """Gemma-3's 4.x layout (rope_theta global, rope_local_base_freq local, rope_scaling on full layers)."""
     thetas = defaults.get("layer_rope_theta") or {}
@@ -385,7 +389,7 @@ def _gemma3_blocks(d: dict[str, Any], block: Mapping[str, Any], defaults: Mappin
         "rope_type": "default",
         "rope_theta": d.get("rope_local_base_freq", thetas.get("sliding_attention", 10_000.0)),
     }
-    return {"sliding_attention": sliding, "full_attention": full}
+    return {GEMMA3_LAYER_TYPES[0]: sliding, GEMMA3_LAYER_TYPES[1]: full}
 
 
 def read_hf_config(

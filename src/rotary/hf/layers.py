@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..rope_types import ConfigError
-from .config import RopeSettings, config_model_type, load_config, read_hf_config, text_part_of
+from .config import GEMMA3_LAYER_TYPES, RopeSettings, config_model_type, load_config, read_hf_config, text_part_of
 from .own_keys import DEEPSEEK_V4_LAYER_ROPE, SUB_CONFIGS
 
 __all__ = ["read_hf_layers"]
@@ -26,6 +26,8 @@ def _layer_types(config: Any) -> list[str]:
     kinds = d.get("layer_types")
     if model_type == "deepseek_v4" and not kinds:
         kinds = list(DEEPSEEK_V4_LAYER_ROPE)
+    if model_type.startswith("gemma3") and not kinds:  # a 4.x config.json: both kinds, unlisted
+        kinds = list(GEMMA3_LAYER_TYPES)
     return sorted({k for k in kinds or () if isinstance(k, str)})
 
 

@@ -23,7 +23,6 @@ from .errors import InputError, InputTypeError
 from .kernels import norm as kernels
 from .kernels.contract import Rotation
 from .kernels.extension import load_cpu_extension
-from .kernels.ops import TRANSFORMED, transformed
 from .plans import GENERAL, Plan, PlanCache
 from .positions import Positions
 from .rotation import (
@@ -34,6 +33,7 @@ from .rotation import (
     check_inputs,
     check_layout,
     check_strided,
+    check_untransformed,
     kernel_tables,
     layout_code,
     rotate,
@@ -387,9 +387,8 @@ def _general(
     batch, seq_len, head_dim = q.shape[batch_dim], q.shape[seq_dim], q.shape[-1]
     _check_weight(q_weight, "q_weight", q, head_dim)
     _check_weight(k_weight, "k_weight", k, head_dim)
-    for weight, name in ((q_weight, "q_weight"), (k_weight, "k_weight")):
-        if transformed(weight):  # (rms_norm, plain torch, runs under them)
-            raise InputTypeError(TRANSFORMED.format(name=name))
+    check_untransformed(q_weight, "q_weight")  # (not in _check_weight: rms_norm, plain torch, runs under them)
+    check_untransformed(k_weight, "k_weight")
     tables = _tables(rope, q, position_ids, offset, batch, seq_len)
     if not isinstance(tables, RotaryTables):
         raise InputTypeError(f"{type(rope).__name__}.tables(...) returned {type(tables).__name__}, not RotaryTables")

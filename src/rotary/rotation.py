@@ -118,6 +118,13 @@ def check_strided(x: torch.Tensor, name: str) -> None:
         raise InputTypeError(f"{name} must be a dense (strided) tensor, got layout {x.layout}; pass {name}.to_dense()")
 
 
+def check_untransformed(x: torch.Tensor, name: str) -> None:
+    """The one check that ``x`` is no torch.func wrapper or forward-mode dual tensor (:func:`kernels.ops.transformed`):
+    the kernels would run on its primal and drop what the transform adds."""
+    if transformed(x):
+        raise InputTypeError(TRANSFORMED.format(name=name))
+
+
 def check_head_dim(x: torch.Tensor, name: str, owner: object) -> None:
     """The one check that ``x``'s last dim is the ``head_dim`` its table producer ``owner`` was built for."""
     width = getattr(owner, "head_dim", x.shape[-1])
@@ -141,8 +148,7 @@ def check_inputs(xs: Sequence[torch.Tensor], names: Sequence[str], packed: bool)
     x0 = xs[0]
     for i, (x, name) in enumerate(zip(xs, names)):
         check_rank(x, name, packed, packed_by=names[0] if i else None)  # (packed: x0 is 3-D)
-        if transformed(x):
-            raise InputTypeError(TRANSFORMED.format(name=name))
+        check_untransformed(x, name)
         check_dtype(x, name)
     for x, name in zip(xs[1:], names[1:]):
         if x.dtype != x0.dtype:

@@ -440,6 +440,63 @@ Signature norm_signature_of(const std::vector<at::Tensor>& xs, const std::vector
   return sig;
 }
 
+// A 16-bit model's own per-token tables [1 or B, S, r] (hf.patch's, of a bf16/fp16 model) as a direct call's fp32
+// rows, widened into `wide` (cos [n, r], then sin [n, r]; it must outlive the call) as layout_call's .to(fp32)
+// widens them. nullopt for tables of another form, or with torch's negative bit (stored negated).
+std::optional<DirectTable> widened_table(const at::Tensor& cos, const at::Tensor& sin, const Dims& d0,
+                                         std::vector<float>& wide) {
+  if (cos.dim() != 3 || !cos.is_cpu() || !sin.is_cpu() || cos.is_neg() || sin.is_neg() ||
+      sin.scalar_type() != cos.scalar_type() || sin.sizes() != cos.sizes() || cos.size(1) != d0.S ||
+      (cos.size(0) != 1 && cos.size(0) != d0.B))
+    return std::nullopt;
+  const int64_t r = cos.size(2), n = cos.size(0) * d0.S;
+  if (r <= 0 || r % 2 != 0 || r > d0.D) return std::nullopt;
+  wide.resize(2 * n * r);
+  AT_DISPATCH_REDUCED_FLOATING_TYPES(cos.scalar_type(), "rmsnorm_tables", [&] {
+    const scalar_t* c = cos.data_ptr<scalar_t>();
+    const scalar_t* s = sin.data_ptr<scalar_t>();
+    for (int64_t b = 0; b < cos.size(0); ++b)
+      for (int64_t t = 0; t < d0.S; ++t)
+        for (int64_t j = 0; j < r; ++j) {
+          const int64_t row = (b * d0.S + t) * r + j;
+          wide[row] = static_cast<float>(c[b * cos.stride(0) + t * cos.stride(1) + j * cos.stride(2)]);
+          wide[n * r + row] = static_cast<float>(s[b * sin.stride(0) + t * sin.stride(1) + j * sin.stride(2)]);
+        }
+  });
+  DirectTable table{Rows{nullptr, 0, 0, cos.size(0) > 1 ? d0.S : 0, n, nullptr}};
+  table.c = reinterpret_cast<const char*>(wide.data());
+  table.s = reinterpret_cast<const char*>(wide.data() + n * r);
+  table.row_stride = r;
+  return table;
+}
+
+// The norm weights as a direct call's kernel reads them, D values of A each: a weight that is contiguous [D] of A
+// in place, another widened (and 1 + w for Gemma's convention) into `widened`, which must outlive the call.
+template <typename A>
+std::vector<Norm> direct_norms(const std::vector<at::Tensor>& weights, bool gemma, int64_t D, std::vector<A>& widened) {
+  constexpr auto acc = std::is_same_v<A, double> ? at::kDouble : at::kFloat;
+  widened.resize(weights.size() * D);  // (sized before any pointer into it is taken)
+  std::vector<Norm> norms;
+  norms.reserve(weights.size());
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const at::Tensor& w = weights[i];
+    if (!gemma && w.scalar_type() == acc && w.stride(0) == 1) {
+      norms.push_back(Norm{w.data_ptr(), nullptr, 0, 0, 0});
+      continue;
+    }
+    A* buffer = widened.data() + i * D;
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, w.scalar_type(), "rmsnorm_weight", [&] {
+      const scalar_t* p = w.data_ptr<scalar_t>();
+      for (int64_t j = 0; j < D; ++j) {
+        const A v = static_cast<A>(p[j * w.stride(0)]);
+        buffer[j] = gemma ? v + A(1) : v;
+      }
+    });
+    norms.push_back(Norm{buffer, nullptr, 0, 0, 0});
+  }
+  return norms;
+}
+
 // rmsnorm_rope_layout's call as rope_direct makes rope_layout's: views, table window and outputs as strides and
 // pointers, each weight read in place when it is contiguous [D] of the arithmetic dtype A (else widened here, and
 // 1 + weight for Gemma's convention, into D values of A), a 16-bit model's per-token tables widened to fp32 rows
@@ -462,33 +519,11 @@ std::optional<std::vector<at::Tensor>> rmsnorm_direct(const std::vector<at::Tens
     if (w.dim() != 1 || w.size(0) != d0.D || !w.is_cpu() || !at::isFloatingType(w.scalar_type()) || w.is_neg())
       return std::nullopt;
   std::optional<DirectTable> table;
-  std::vector<float> wide;  // a 16-bit model's own per-token rows, widened: cos [n, r], then sin [n, r]
+  std::vector<float> wide;  // a 16-bit model's own per-token rows, widened
   const bool half_tables = cos.scalar_type() == at::kBFloat16 || cos.scalar_type() == at::kHalf;
-  if (acc == at::kFloat && half_tables) {  // hf.patch's tables of a bf16/fp16 model, [1 or B, S, r]
-    const bool ids = positions.has_value() && positions->defined();
-    if (ids || cos.dim() != 3 || !cos.is_cpu() || !sin.is_cpu() || cos.is_neg() || sin.is_neg() ||
-        sin.scalar_type() != cos.scalar_type() || sin.sizes() != cos.sizes() || cos.size(1) != d0.S ||
-        (cos.size(0) != 1 && cos.size(0) != d0.B))
-      return std::nullopt;
-    const int64_t r = cos.size(2), n = cos.size(0) * d0.S;
-    if (r <= 0 || r % 2 != 0 || r > d0.D) return std::nullopt;
-    wide.resize(2 * n * r);
-    AT_DISPATCH_REDUCED_FLOATING_TYPES(cos.scalar_type(), "rmsnorm_tables", [&] {
-      const scalar_t* c = cos.data_ptr<scalar_t>();
-      const scalar_t* s = sin.data_ptr<scalar_t>();
-      for (int64_t b = 0; b < cos.size(0); ++b)
-        for (int64_t t = 0; t < d0.S; ++t)
-          for (int64_t j = 0; j < r; ++j) {
-            const int64_t row = (b * d0.S + t) * r + j;
-            wide[row] = static_cast<float>(c[b * cos.stride(0) + t * cos.stride(1) + j * cos.stride(2)]);
-            wide[n * r + row] = static_cast<float>(s[b * sin.stride(0) + t * sin.stride(1) + j * sin.stride(2)]);
-          }
-    });
-    DirectTable widened{Rows{nullptr, 0, 0, cos.size(0) > 1 ? d0.S : 0, n, nullptr}};
-    widened.c = reinterpret_cast<const char*>(wide.data());
-    widened.s = reinterpret_cast<const char*>(wide.data() + n * r);
-    widened.row_stride = r;
-    table = widened;
+  if (acc == at::kFloat && half_tables) {
+    if (positions.has_value() && positions->defined()) return std::nullopt;
+    table = widened_table(cos, sin, d0, wide);
   } else {
     if (cos.scalar_type() != acc || cos.stride(-1) != 1 || sin.scalar_type() != acc || sin.sizes() != cos.sizes() ||
         sin.strides() != cos.strides())
@@ -497,36 +532,11 @@ std::optional<std::vector<at::Tensor>> rmsnorm_direct(const std::vector<at::Tens
   }
   if (!table) return std::nullopt;
   if (table->outside) return std::vector<at::Tensor>{};
-  // the weights as the kernel reads them: D values of A; widened (and 1 + w) into `widened` where they are not
   const int64_t D = d0.D;
-  std::vector<double> widened64(acc == at::kDouble ? weights.size() * D : 0);
-  std::vector<float> widened32(acc == at::kDouble ? 0 : weights.size() * D);
-  std::vector<Norm> norms;
-  norms.reserve(xs.size());
-  for (size_t i = 0; i < weights.size(); ++i) {
-    const at::Tensor& w = weights[i];
-    if (!gemma && w.scalar_type() == acc && w.stride(0) == 1) {
-      norms.push_back(Norm{w.data_ptr(), nullptr, 0, 0, 0});
-      continue;
-    }
-    auto widen = [&](auto* buffer) {
-      using A = std::remove_pointer_t<decltype(buffer)>;
-      AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, w.scalar_type(), "rmsnorm_weight", [&] {
-        const scalar_t* p = w.data_ptr<scalar_t>();
-        for (int64_t j = 0; j < D; ++j) {
-          const A v = static_cast<A>(p[j * w.stride(0)]);
-          buffer[j] = gemma ? v + A(1) : v;
-        }
-      });
-    };
-    if (acc == at::kDouble) {
-      widen(widened64.data() + i * D);
-      norms.push_back(Norm{widened64.data() + i * D, nullptr, 0, 0, 0});
-    } else {
-      widen(widened32.data() + i * D);
-      norms.push_back(Norm{widened32.data() + i * D, nullptr, 0, 0, 0});
-    }
-  }
+  std::vector<double> widened64;
+  std::vector<float> widened32;
+  const std::vector<Norm> norms = acc == at::kDouble ? direct_norms(weights, gemma, D, widened64)
+                                                     : direct_norms(weights, gemma, D, widened32);
   std::vector<View> views;
   views.reserve(xs.size());
   std::vector<at::Tensor> outs(xs.size());

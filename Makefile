@@ -9,13 +9,11 @@ TORCH  := torch==2.13.0
 
 venv: $(STAMP)
 
-# --no-compile: pip would byte-compile every module of torch and transformers (about 30 s); Python compiles the
-# ones a run imports, once, when it first imports them
+# scripts/install.py installs with uv (about 10 s) where it can pass it pip's settings, else with pip (about 40 s);
+# neither byte-compiles the installed modules: Python compiles the ones a run imports, once, when it first imports them
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q --no-compile $(TORCH)
-	$(PY) -m pip install -q --no-compile -e ".[dev]"
+	$(PY) scripts/install.py $(TORCH) -e ".[dev]"
 	touch $(STAMP)
 
 # the main job: train short, test long (default preset, about 9 minutes on 2 idle CPU cores), into runs/

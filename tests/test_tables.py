@@ -139,6 +139,32 @@ def test_rows_outside_the_table_are_refused_on_every_backend(rows, match):
     assert torch.equal(inside.gather()[0], cos[[7, 0]])
 
 
+def test_rows_edited_in_place_after_the_tables_were_made_are_checked_again():
+    """The rows are checked when the tables are made and again after an in-place edit (their ``_version``): a
+    planned call, the general path, in place, with autograd, ``gather`` and ``rotate_and_cache`` all name them."""
+    from rotary.tables import RotaryTables
+
+    cos, sin = rotary.RoPE(8).cos_sin(torch.arange(10))
+    tables = RotaryTables(cos, sin, False, rows=torch.tensor([0, 1, 2, 3]))
+    q = torch.randn(1, 2, 4, 8)
+    before = rotary.rotate([q], tables)[0]  # records a plan of this signature
+    kv, cache = torch.randn(1, 4, 1, 8), torch.zeros(1, 16, 1, 8)  # [B, S, H, D], [B, slots, H, D]
+    calls = [
+        lambda: rotary.rotate([q], tables),
+        lambda: rotary.rotate([q.clone().requires_grad_()], tables),
+        lambda: rotary.rotate([q.clone()], tables, inplace=True),
+        lambda: tables.gather(),
+        lambda: rotary.rotate_and_cache(q.transpose(1, 2), kv, kv, cache, cache.clone(), torch.arange(4)[None], tables),
+    ]
+    for value, match in ((50, "got rows from 0 to 50"), (-1, "got rows from -1 to 3")):
+        tables.rows[2] = value
+        for call in calls:
+            with pytest.raises(rotary.InputError, match=match):
+                call()
+    tables.rows[2] = 2  # edited back: taken again
+    assert torch.equal(rotary.rotate([q], tables)[0], before)
+
+
 def test_hand_made_tables_are_value_checked():
     cos, sin = rotary.RoPE(8).cos_sin(torch.arange(4))
     RotaryTables(cos, sin, False)  # genuine tables pass

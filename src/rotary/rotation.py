@@ -261,6 +261,8 @@ def rotate(
     if key is not None:
         recorded = _PLANS.get(key)
         if recorded is not None and recorded.backend == "cpu":
+            if tables.rows is not None:
+                tables.check_rows()  # edited in place since made
             outs = run_plan(recorded, xs, tables.cos, tables.sin, tables.rows, tables.frequencies)
             if outs:  # (empty: another signature under this key; the general path below records it)
                 _last.plan = recorded
@@ -554,6 +556,7 @@ def addressing(
         return f"x (layout {layout!r}, shape {tuple(shape)})" if not packed else f"packed x {tuple(shape)}"
 
     if mode == "indexed":
+        tables.check_rows()  # edited in place since made
         rows = tables.rows
         assert rows is not None
         if packed:

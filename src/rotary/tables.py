@@ -289,6 +289,7 @@ class RotaryTables:
                 )
             if self.frequencies is None:  # with frequencies, rows past the table are computed
                 check_row_range(rows, cos.shape[0])
+                object.__setattr__(self, "_rows_version", rows._version)
         if self.frequencies is not None:
             f = self.frequencies
             if (
@@ -317,6 +318,16 @@ class RotaryTables:
                     or t.device != cos.device
                 ):
                     raise InputError(f"{name} must have cos's shape {tuple(cos.shape)}, dtype and device")
+
+    def check_rows(self) -> None:
+        """Rows edited in place since they were checked (their ``_version`` moved) are checked again: on the CPU, an
+        :class:`~rotary.errors.InputError` naming the rows outside the table (on accelerators the kernels give NaN)."""
+        rows = self.rows
+        if rows is None or self.frequencies is not None or torch.compiler.is_compiling():
+            return
+        if rows._version != getattr(self, "_rows_version", None):
+            check_row_range(rows, self.cos.shape[0])
+            object.__setattr__(self, "_rows_version", rows._version)
 
     @property
     def requires_grad(self) -> bool:
@@ -353,6 +364,7 @@ class RotaryTables:
             return cos, sin
         if self.frequencies is not None or not devices.host_checks(self.rows.device):
             return gather_rows(cos, sin, self.rows, self.frequencies, self.interleaved)
+        self.check_rows()
         return cos[self.rows], sin[self.rows]
 
     def to(self, dtype: torch.dtype) -> RotaryTables:

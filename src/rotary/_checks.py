@@ -9,6 +9,9 @@ import math
 from collections.abc import Collection
 from typing import Any, TypeVar
 
+import torch
+import torch.autograd.forward_ad as _fwad
+
 from .errors import InputError, InputTypeError
 
 __all__ = [
@@ -144,3 +147,40 @@ def check_causal_rope(rope: Any, causal: bool, layer: str) -> None:
             f"{type(rope).__name__} needs causal=True: {reason}. This {layer} has causal=False: set causal=True, "
             "or use a rope without this limit (e.g. rotary.RoPE) for bidirectional attention"
         )
+
+
+# ------------------------------------------------------------------------------------------------
+# torch.func transforms and forward-mode AD: rotary's kernels run on a tensor's primal and would drop what they add
+
+TRANSFORMED = (
+    "rotary: {name} is a tensor inside a torch.func transform (vmap, grad, vjp, jacrev, ...), a batched "
+    "gradient (is_grads_batched=True) or a dual tensor of forward-mode AD (torch.autograd.forward_ad); rotary's "
+    "rotation does not run under them. Call rotary outside the transform, or loop over the batch"
+)
+
+
+def transformed(x: torch.Tensor) -> bool:
+    """Whether ``x`` is a torch.func wrapper (``grad``'s wrapped tensors, ``vmap``'s batched ones) or a forward-mode
+    dual tensor (``False`` while ``torch.compile`` traces: it sees fake tensors, and cannot trace the check)."""
+    if torch.compiler.is_compiling():
+        return False
+    functorch = torch._C._functorch
+    return (
+        functorch.is_functorch_wrapped_tensor(x)
+        or functorch.is_batchedtensor(x)
+        or (_fwad._current_level >= 0 and _fwad.unpack_dual(x).tangent is not None)  # (a dual level is open)
+    )
+
+
+def check_untransformed(x: torch.Tensor, name: str) -> None:
+    """The one check that ``x`` is no torch.func wrapper or forward-mode dual tensor (:func:`transformed`): the
+    kernels would run on its primal and drop what the transform adds."""
+    if transformed(x):
+        raise InputTypeError(TRANSFORMED.format(name=name))
+
+
+def inside_a_transform() -> bool:
+    """Whether a forward-AD dual level or a torch.func transform is open (outside them no tensor is dual or wrapped)."""
+    return not torch.compiler.is_compiling() and (
+        _fwad._current_level >= 0 or torch._C._functorch.peek_interpreter_stack() is not None
+    )

@@ -18,7 +18,7 @@ import torch
 
 from . import plans
 from . import positions as P
-from ._checks import check_choice, is_int
+from ._checks import check_choice, check_untransformed, is_int
 from .errors import InputError, InputTypeError
 from .kernels import norm as kernels
 from .kernels.contract import Rotation
@@ -33,7 +33,6 @@ from .rotation import (
     check_inputs,
     check_layout,
     check_strided,
-    check_untransformed,
     kernel_tables,
     layout_code,
     rotate,

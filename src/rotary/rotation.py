@@ -18,12 +18,11 @@ from typing import Literal
 import torch
 
 from . import plans
-from ._checks import check_bool, check_positive_int
+from ._checks import check_bool, check_positive_int, check_untransformed
 from .errors import InputError, InputTypeError
 from .kernels import dispatch, ops
 from .kernels.contract import INPUT_DTYPES, Rotation
 from .kernels.extension import load_cpu_extension
-from .kernels.ops import TRANSFORMED, transformed
 from .kernels.overlap import overlaps_itself, shares_elements
 from .plans import GENERAL, Plan, PlanCache
 from .tables import RotaryTables, table_dtype
@@ -116,13 +115,6 @@ def check_strided(x: torch.Tensor, name: str) -> None:
     mkldnn tensors, which failed inside torch or returned a sparse result)."""
     if x.layout != torch.strided:
         raise InputTypeError(f"{name} must be a dense (strided) tensor, got layout {x.layout}; pass {name}.to_dense()")
-
-
-def check_untransformed(x: torch.Tensor, name: str) -> None:
-    """The one check that ``x`` is no torch.func wrapper or forward-mode dual tensor (:func:`kernels.ops.transformed`):
-    the kernels would run on its primal and drop what the transform adds."""
-    if transformed(x):
-        raise InputTypeError(TRANSFORMED.format(name=name))
 
 
 def check_head_dim(x: torch.Tensor, name: str, owner: object) -> None:

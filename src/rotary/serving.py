@@ -30,7 +30,7 @@ from typing import Literal
 import torch
 
 from . import devices, plans
-from ._checks import check_bool
+from ._checks import check_bool, transformed
 from .errors import InputError, InputTypeError
 from .kernels import ops
 from .kernels import triton as triton_kernel
@@ -422,7 +422,7 @@ def _reads_cos_sin_cache(q, k, v, k_cache, v_cache, qv, kv, vv, kc, vc, position
     return (
         _fused_kernel_device(q)
         and not torch.compiler.is_compiling()
-        and all(type(t) is torch.Tensor and not ops.transformed(t) for t in (q, k, v))
+        and all(type(t) is torch.Tensor and not transformed(t) for t in (q, k, v))
         and q.dtype in triton_kernel.TABLE_DTYPES  # (a float64 cache or q: the gathered tables' path)
         and k.dtype is q.dtype
         and k.device == q.device

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from . import devices
-from ._checks import check_positive_int, is_number
+from ._checks import check_positive_int, check_untransformed, inside_a_transform, is_number
 from ._limits import MAX_TABLE_BYTES
 from ._sync import CopyableLock
 from .errors import InputError, InputTypeError
@@ -266,6 +266,10 @@ class RotaryTables:
             )
         if not cos.is_floating_point():
             raise InputTypeError(f"cos/sin must be floating point, got dtype {cos.dtype}")
+        if inside_a_transform():  # tables carrying a tangent or a torch.func wrapper: the kernels would drop it
+            for name in ("cos", "sin", "k_cos", "k_sin"):
+                if isinstance(getattr(self, name), torch.Tensor):
+                    check_untransformed(getattr(self, name), name)
         if not isinstance(self.interleaved, bool):
             raise InputTypeError(f"interleaved must be True or False, got {self.interleaved!r}")
         r = cos.shape[-1] if cos.dim() else 0

@@ -13,6 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import rotary
 from helpers import run_interpreted
 from rotary.kernels import extension
+from rotary.tables import RotaryTables
 
 
 @pytest.fixture(autouse=True)
@@ -242,3 +243,14 @@ def test_dual_tensors_of_forward_mode_ad_are_refused_by_name():
             rotary.rmsnorm_rotate(q, k, fwad.make_dual(w, torch.ones_like(w)), w, rope)
     with pytest.raises(TypeError, match="k_weight is a tensor inside a torch.func transform"):
         torch.func.grad(lambda v: rotary.rmsnorm_rotate(q, k, w, v, rope)[0].sum())(w)
+    # the tables a caller hands (apply_rotary's cos/sin, RotaryTables' cos, sin, k_cos, k_sin): the kernels read their
+    # primal, so a tangent or a torch.func wrapper on them was dropped with no error (the result had no tangent)
+    with fwad.dual_level():
+        dual_cos = fwad.make_dual(cos, torch.ones_like(cos))
+        with pytest.raises(TypeError, match="cos is a tensor .*forward-mode AD"):
+            rotary.apply_rotary(q, dual_cos, sin)
+        with pytest.raises(TypeError, match="k_sin is a tensor .*forward-mode AD"):
+            RotaryTables.unchecked(cos, sin, False, k_cos=cos, k_sin=fwad.make_dual(sin, torch.ones_like(sin)))
+        assert fwad.unpack_dual(rotary.apply_rotary(q, cos, sin)).tangent is None  # plain tables: rotated
+    with pytest.raises(TypeError, match="sin is a tensor inside a torch.func transform"):
+        torch.func.grad(lambda s: rotary.apply_rotary(q, cos, s).sum())(sin)

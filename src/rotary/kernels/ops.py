@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.autograd.forward_ad as _fwad
 
+from .._checks import TRANSFORMED
 from ..errors import InputTypeError
 from . import triton as triton_kernel
 from .contract import INPUT_DTYPES, Rotation
@@ -29,34 +29,12 @@ __all__ = [
     "backend",
     "mark_written",
     "run",
-    "transformed",
-    "TRANSFORMED",
     "table_grads",
     "Rotate",
     "RotateInplace",
     "rotation_op",
     "rotation_op_",
 ]
-
-
-TRANSFORMED = (
-    "rotary: {name} is a tensor inside a torch.func transform (vmap, grad, vjp, jacrev, ...), a batched "
-    "gradient (is_grads_batched=True) or a dual tensor of forward-mode AD (torch.autograd.forward_ad); rotary's "
-    "rotation does not run under them. Call rotary outside the transform, or loop over the batch"
-)
-
-
-def transformed(x: torch.Tensor) -> bool:
-    """Whether ``x`` is a torch.func wrapper (``grad``'s wrapped tensors, ``vmap``'s batched ones) or a forward-mode
-    dual tensor (``False`` while ``torch.compile`` traces: it sees fake tensors, and cannot trace the check)."""
-    if torch.compiler.is_compiling():
-        return False
-    functorch = torch._C._functorch
-    return (
-        functorch.is_functorch_wrapped_tensor(x)
-        or functorch.is_batchedtensor(x)
-        or (_fwad._current_level >= 0 and _fwad.unpack_dual(x).tangent is not None)  # (a dual level is open)
-    )
 
 
 def mark_written(*tensors: torch.Tensor) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 import json
 import math
 import re
@@ -976,7 +977,42 @@ def top_level_reading(name: str, key: str, value, fixture):
     return block, fixture.base, width
 
 
-def transformers_reading(name: str, d: dict):
+#: keys whose value replaces what the fixture is (its architecture, its layers, its whole block): not compared with
+#: the fixture's own transformers class
+WHOLE_KEYS = ("model_type", "text_config", "layer_types", "rope_scaling", "rope_parameters")
+
+
+def refused_always(key: str, value) -> bool:
+    """Whether ``key=value`` is refused even with ``strict=False`` by docs/scaling.md's table ("What each parameter
+    may be"), where transformers may still compute: a non-number, NaN, inf or a value <= 0 of a numeric key; a base
+    <= 1; a rotated part > 1. (A deleted key, ``None``, is not.)"""
+    if value is None or key in ("rope_type", "type", "rope_interleave", "truncate"):
+        return False
+    if _bad_number(value) or (key in COUNT_KEYS and not isinstance(value, int)):
+        return True
+    return (key in (*BASE_KEYS, "rope_local_base_freq") and value <= 1) or (key in PART_KEYS and value > 1)
+
+
+#: counts and lengths: ints (a float, even 128.0, is refused always)
+COUNT_KEYS = (
+    *HEAD_KEYS, "qk_rope_head_dim", "rotary_dim", "n_embd", "n_head", "n_positions", "max_position_embeddings",
+    "original_max_position_embeddings",
+)  # fmt: skip
+
+
+@functools.cache
+def ignores_partial(dotted: str) -> bool:
+    """Whether transformers' rotary class ``dotted`` computes its default frequencies without reading
+    ``partial_rotary_factor`` (Llama's copy, in 235 of 307 model types of transformers 5.23): it rotates the whole
+    head whatever the config says, where rotary rotates the stated part (test_a_partial_rotary_factor_that_
+    transformers_ignores_rotates_what_it_rotates, an open difference)."""
+    own = getattr(
+        hf_class(dotted), "compute_default_rope_parameters", None
+    )  # else transformers' generic one, which reads it
+    return own is not None and "partial_rotary_factor" not in inspect.getsource(own)
+
+
+def transformers_reading(name: str, d: dict, *, falling: bool = False):
     """transformers 5.23 as the oracle of a config whose reading depends on its config class's defaults: the
     ``(inv_freq, attention_scaling)`` of the fixture's RotaryEmbedding class built from ``d`` when it builds and
     they are what rotary accepts (every frequency finite and > 0, the scaling a finite number > 0), else None."""
@@ -995,6 +1031,9 @@ def transformers_reading(name: str, d: dict):
     except Exception:  # noqa: BLE001 - a config transformers does not build: undecided here
         return None
     sound = bool(torch.isfinite(inv_freq).all() and (inv_freq > 0).all())
+    if falling:  # frequencies that fall from at most 1 rad/token, at most 2^15 pairs (wider: refused always)
+        sound = sound and bool((inv_freq <= 1).all() and (inv_freq[1:] <= inv_freq[:-1]).all())
+        sound = sound and inv_freq.numel() <= 2**15
     if not (sound and isinstance(scaling, (int, float)) and 0 < scaling <= torch.finfo(torch.float32).max):
         return None
     return inv_freq, scaling
@@ -1007,6 +1046,18 @@ def _read_fixture(name, strict, layer_type, interleaved):
         return _read(CONFIGS[name], strict, layer_type, interleaved)
     except Exception as exc:  # noqa: BLE001 - compared with the perturbed config's error
         return exc
+
+
+def _lenient(d, layer_type, interleaved):
+    """The ``strict=False`` reading of ``d``: ``(rope or the error, whether it warned)``."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            read_hf_config(d, layer_type=layer_type, strict=False, interleaved=interleaved)
+            rope = RoPE.from_hf_config(d, layer_type=layer_type, strict=False, interleaved=interleaved, max_position=16)
+        except Exception as exc:  # noqa: BLE001 - compared with the strict reading
+            return exc, bool(caught)
+    return rope, any(issubclass(w.category, UserWarning) for w in caught)
 
 
 def _read(d, strict, layer_type, interleaved):
@@ -1104,16 +1155,30 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
     if defaulted and key in (*BASE_KEYS, *PART_KEYS, *HEAD_KEYS) and key in original_target(name):
         if isinstance(_read_fixture(name, strict, None, interleaved), tuple):  # one block, read without layer_type
             hf_want = transformers_reading(name, d)
-    # other draws are right or a named error: what they may be depends on each architecture's config class (its
-    # defaults and names: docs/scaling.md, "Loading from a checkpoint"), not written here: a top-level key deleted
-    # or set to null where transformers does not build the config or gives no finite frequencies, or with
-    # strict=True, a float count, an odd head width, the base or rotated part of a config
-    # that states it twice or in its block, the other top-level keys rotary reads (rope_interleave, rotary_dim,
-    # qk_rope_head_dim, layer_types, model_type, ...), per-layer-type blocks, rope_type / type / rope_theta inside
-    # the block
+    elif not strict and layer_type is None and want is None and in_block is None and not unread:
+        partial = key in PART_KEYS or (inside and key == "partial_rotary_factor")
+        dotted = ARCHITECTURES.get(name, PUBLISHED_FILES.get(name, (None,)))[0]
+        if (
+            key not in WHOLE_KEYS
+            and not refused_always(key, value)
+            and not (partial and dotted is not None and ignores_partial(dotted))
+        ):
+            if isinstance(_read_fixture(name, strict, None, interleaved), tuple):  # one block, read without layer_type
+                hf_want = transformers_reading(name, d, falling=True)
+    # every other draw read leniently, of a config with one block, without layer_type, whose key does not replace what
+    # the fixture is (WHOLE_KEYS) and whose value is not refused always (refused_always): transformers is the oracle
+    # where its rotary class builds from the config with finite frequencies that fall from at most 1 rad/token. Left
+    # undecided (right or a named error): per-layer-type blocks and a layer_type; a rotated part on a model whose
+    # transformers class ignores it (ignores_partial: an open difference, its own xfail test); configs transformers
+    # does not build, or builds with frequencies rotary refuses always. Strict draws are all decided by the lenient
+    # reading (below).
     if unread:
         want = _read_fixture(name, strict, layer_type, interleaved)
         want = want if isinstance(want, Exception) else want[1]
+    # every draw read strictly is decided by its lenient reading (docs/scaling.md, "What each parameter may be":
+    # a value mistake is an error with strict=True and a warning with strict=False; what is refused leniently is
+    # refused strictly): accepted strictly exactly when read leniently without a warning, and then the same RoPE
+    lenient, warned = _lenient(d, layer_type, interleaved) if strict else (None, False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -1123,6 +1188,10 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
                 assert isinstance(want, Exception), f"{key}={value!r}, a key rotary does not read, was refused: {exc}"
                 assert type(exc) is type(want), (exc, want)
             assert hf_want is None, f"{key}={value!r}, read as transformers reads it, was refused: {exc}"
+            if strict:
+                assert isinstance(lenient, Exception) or warned, (
+                    f"{key}={value!r} was refused strictly but read leniently without a warning: {exc}"
+                )
             if in_block is not None:
                 assert want is None, f"a valid block value was refused: {key}={value!r} in {in_block} ({exc})"
                 if top:  # a top-level key decided up front: a ConfigError (naming it: below)
@@ -1136,6 +1205,11 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
                 assert_named_error(exc, (key, value))
             return
     assert json.dumps(d, sort_keys=True, default=repr) == json.dumps(original, sort_keys=True, default=repr)
+    if strict:
+        assert not isinstance(lenient, Exception), f"{key}={value!r}, refused leniently, was read strictly: {lenient}"
+        assert not warned, f"{key}={value!r}, a mistake warned about leniently, was read strictly"
+        assert torch.equal(rope.inv_freq, lenient.inv_freq) and rope.interleaved == lenient.interleaved, (key, value)
+        assert rope.attention_scaling == lenient.attention_scaling, (key, value)
     if in_block is not None:
         assert want is not None, f"an invalid block value was accepted: {key}={value!r} in {in_block}"
         assert torch.equal(rope.inv_freq, want[0]) and rope.attention_scaling == float(want[1]), (key, value)
@@ -1149,6 +1223,23 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
     assert_sound(rope.freqs)
     cos, sin = rope.cos_sin(torch.arange(0, 40))
     assert bool(torch.isfinite(cos).all() and torch.isfinite(sin).all())
+
+
+@pytest.mark.xfail(strict=True, reason="open difference: rotary rotates the stated part, transformers the whole head")
+def test_a_partial_rotary_factor_that_transformers_ignores_rotates_what_it_rotates():
+    """Found by the property test above: a Llama config (and 234 other model types of transformers 5.23 whose rotary
+    class computes its default frequencies itself) with ``partial_rotary_factor: 0.5`` is rotated over the whole head
+    by transformers' model, which never reads the factor, and over half of it by rotary. Strict, rotary should name
+    the key; lenient, it should rotate what transformers rotates. When this passes, remove the xfail and the
+    property test's exclusion (``ignores_partial``)."""
+    d, *_ = at_top("llama2", "partial_rotary_factor", 0.5)
+    inv_freq, _ = transformers_reading("llama2", d)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rope = RoPE.from_hf_config(d, strict=False)
+    assert torch.equal(rope.inv_freq, inv_freq)
+    with pytest.raises(ConfigError, match="partial_rotary_factor"):
+        RoPE.from_hf_config(d, strict=True)
 
 
 @PROPERTIES

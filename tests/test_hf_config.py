@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import inspect
 import json
 import math
 import re
@@ -356,14 +355,15 @@ def test_a_default_block_from_a_config_names_its_unknown_keys(key, value, messag
 
 
 def test_the_keys_real_configs_put_in_a_default_block_are_accepted_strictly():
-    """rope_theta and partial_rotary_factor (any model), mrope_section / mrope_interleaved (Qwen-VL)."""
-    llama = {
-        "model_type": "llama",
+    """rope_theta (any model) and partial_rotary_factor (a model that reads it: Phi; one whose transformers model never
+    reads it is test_a_partial_rotary_factor_the_model_never_reads_...), mrope_section / mrope_interleaved (Qwen-VL)."""
+    phi = {
+        "model_type": "phi",
         "hidden_size": 256,
         "num_attention_heads": 4,
         "rope_parameters": {"rope_type": "default", "rope_theta": 5e5, "partial_rotary_factor": 0.5},
     }
-    rope = RoPE.from_hf_config(llama)
+    rope = RoPE.from_hf_config(phi)
     assert rope.rotary_dim == 32 and torch.equal(rope.inv_freq, frequencies(32, base=5e5).inv_freq)
     qwen3_vl = {
         "model_type": "qwen3_vl",
@@ -1000,18 +1000,6 @@ COUNT_KEYS = (
 )  # fmt: skip
 
 
-@functools.cache
-def ignores_partial(dotted: str) -> bool:
-    """Whether transformers' rotary class ``dotted`` computes its default frequencies without reading
-    ``partial_rotary_factor`` (Llama's copy, in 235 of 307 model types of transformers 5.23): it rotates the whole
-    head whatever the config says, where rotary rotates the stated part (test_a_partial_rotary_factor_that_
-    transformers_ignores_rotates_what_it_rotates, an open difference)."""
-    own = getattr(
-        hf_class(dotted), "compute_default_rope_parameters", None
-    )  # else transformers' generic one, which reads it
-    return own is not None and "partial_rotary_factor" not in inspect.getsource(own)
-
-
 def transformers_reading(name: str, d: dict, *, falling: bool = False):
     """transformers 5.23 as the oracle of a config whose reading depends on its config class's defaults: the
     ``(inv_freq, attention_scaling)`` of the fixture's RotaryEmbedding class built from ``d`` when it builds and
@@ -1156,21 +1144,14 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
         if isinstance(_read_fixture(name, strict, None, interleaved), tuple):  # one block, read without layer_type
             hf_want = transformers_reading(name, d)
     elif not strict and layer_type is None and want is None and in_block is None and not unread:
-        partial = key in PART_KEYS or (inside and key == "partial_rotary_factor")
-        dotted = ARCHITECTURES.get(name, PUBLISHED_FILES.get(name, (None,)))[0]
-        if (
-            key not in WHOLE_KEYS
-            and not refused_always(key, value)
-            and not (partial and dotted is not None and ignores_partial(dotted))
-        ):
+        if key not in WHOLE_KEYS and not refused_always(key, value):
             if isinstance(_read_fixture(name, strict, None, interleaved), tuple):  # one block, read without layer_type
                 hf_want = transformers_reading(name, d, falling=True)
     # every other draw read leniently, of a config with one block, without layer_type, whose key does not replace what
     # the fixture is (WHOLE_KEYS) and whose value is not refused always (refused_always): transformers is the oracle
     # where its rotary class builds from the config with finite frequencies that fall from at most 1 rad/token. Left
-    # undecided (right or a named error): per-layer-type blocks and a layer_type; a rotated part on a model whose
-    # transformers class ignores it (ignores_partial: an open difference, its own xfail test); configs transformers
-    # does not build, or builds with frequencies rotary refuses always. Strict draws are all decided by the lenient
+    # undecided (right or a named error): per-layer-type blocks and a layer_type; configs transformers does not
+    # build, or builds with frequencies rotary refuses always. Strict draws are all decided by the lenient
     # reading (below).
     if unread:
         want = _read_fixture(name, strict, layer_type, interleaved)
@@ -1225,21 +1206,47 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
     assert bool(torch.isfinite(cos).all() and torch.isfinite(sin).all())
 
 
-@pytest.mark.xfail(strict=True, reason="open difference: rotary rotates the stated part, transformers the whole head")
-def test_a_partial_rotary_factor_that_transformers_ignores_rotates_what_it_rotates():
-    """Found by the property test above: a Llama config (and 234 other model types of transformers 5.23 whose rotary
-    class computes its default frequencies itself) with ``partial_rotary_factor: 0.5`` is rotated over the whole head
-    by transformers' model, which never reads the factor, and over half of it by rotary. Strict, rotary should name
-    the key; lenient, it should rotate what transformers rotates. When this passes, remove the xfail and the
-    property test's exclusion (``ignores_partial``)."""
+def test_a_partial_rotary_factor_the_model_never_reads_is_named_strictly_and_dropped_leniently():
+    """Found by the property test above: transformers' Llama (and 137 other model types whose rotary class computes
+    its default frequencies itself) rotates the whole head whatever ``partial_rotary_factor`` says; rotary rotated the
+    stated part. Strict, it is a ConfigError naming the key; lenient, a warning and transformers' rotation."""
     d, *_ = at_top("llama2", "partial_rotary_factor", 0.5)
     inv_freq, _ = transformers_reading("llama2", d)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with pytest.warns(UserWarning, match="partial_rotary_factor=0.5 with rope_type 'default'.*rotates the whole head"):
         rope = RoPE.from_hf_config(d, strict=False)
-    assert torch.equal(rope.inv_freq, inv_freq)
-    with pytest.raises(ConfigError, match="partial_rotary_factor"):
+    assert torch.equal(rope.inv_freq, inv_freq) and rope.rotary_dim == 128
+    with pytest.raises(ConfigError, match="transformers' 'llama' model never reads it"):
         RoPE.from_hf_config(d, strict=True)
+    # a model that reads it (Phi-2) rotates the part, as its transformers model does
+    phi = {**d, "model_type": "phi"}
+    assert RoPE.from_hf_config(phi).rotary_dim == 64
+
+
+def test_the_models_that_read_partial_rotary_factor_are_those_of_transformers():
+    """PARTIAL_READERS against transformers' modeling code: a model type of PAIRING reads the factor unless its rotary
+    class computes its own default frequencies and its module never names ``partial_rotary_factor``."""
+    import importlib
+    import inspect
+
+    from transformers import CONFIG_MAPPING
+
+    from rotary.hf.architectures import PAIRING, PARTIAL_READERS
+
+    readers = set()
+    for model_type in PAIRING:
+        package = CONFIG_MAPPING[model_type].__module__.rsplit(".", 1)[0]
+        module = importlib.import_module(f"{package}.modeling_{package.rsplit('.', 1)[1]}")
+        own = [
+            cls
+            for name, cls in vars(module).items()
+            if name.endswith("RotaryEmbedding")
+            and inspect.isclass(cls)
+            and cls.__module__ == module.__name__
+            and "compute_default_rope_parameters" in vars(cls)
+        ]
+        if not own or "partial_rotary_factor" in inspect.getsource(module):
+            readers.add(model_type)
+    assert readers == PARTIAL_READERS
 
 
 @PROPERTIES

@@ -19,6 +19,7 @@ __all__ = [
     "MROPE_MODELS",
     "NO_ROPE_DEFAULTS",
     "PAIRING",
+    "PARTIAL_READERS",
     "TEXT_MODEL_TYPES",
     "UNSUPPORTED",
     "read_mrope",
@@ -109,6 +110,20 @@ _NEGATIVE = (
     "rotates by -theta (its rotate_half has the opposite sign), the inverse of the rotation rotary applies; "
     "from_hf_config cannot build it"
 )
+#: the model types of :data:`PAIRING` whose transformers model reads ``partial_rotary_factor`` with rope_type
+#: ``"default"`` (its rotary class's default frequencies, or transformers' generic ones, take the factor). Every other
+#: type of PAIRING computes its default frequencies over the whole head and never reads the factor (Llama's code,
+#: copied into 138 model types), so a factor in such a config is a mistake its model does not follow (read_hf_config:
+#: an error, with strict=False what transformers rotates). Checked against transformers' modeling code by
+#: tests/test_hf_config.py.
+PARTIAL_READERS = frozenset(
+    "bamba clvp_encoder codegen deepseek_v4 diffusion_gemma_text dots3_note_text glm glm4 glm4_moe glm4_moe_lite "
+    "glm4v_moe_text glm4v_text glm_image_text glm_ocr_text gpt_neox gpt_neox_japanese gptj laguna mellum "
+    "mimo_v2_flash minimax_m2 minimax_m3_vl_text moonshine moonshine_streaming nemotron neomme persimmon phi phi3 "
+    "phi4_multimodal qwen3_5_moe_text qwen3_5_text qwen3_next qwen4_exp_text recurrent_gemma roformer solar_open "
+    "stablelm step3p5 zaya".split()
+)
+
 _COMPONENTS = (
     "is a byte-patching model of three transformers, each with its own head width and RoPE settings: a local "
     "encoder and a local decoder over byte positions and a global transformer over patch positions; build the "

@@ -27,6 +27,7 @@ from .architectures import (
     MROPE_MODELS,
     NO_ROPE_DEFAULTS,
     PAIRING,
+    PARTIAL_READERS,
     TEXT_MODEL_TYPES,
     UNSUPPORTED,
     read_mrope,
@@ -495,6 +496,16 @@ def read_hf_config(
                 f"{label}: qk_rope_head_dim={head_dim} but head_dim={full!r} * partial_rotary_factor={partial!r} "
                 "rotates a different width; make them agree"
             )
+
+    partial = block.get("partial_rotary_factor")
+    if block["rope_type"] == "default" and model_type in PAIRING and model_type not in PARTIAL_READERS:
+        if is_number(partial) and 0 < partial < 1:  # (other values: refused below, as for every model)
+            complain(
+                f"{label}: partial_rotary_factor={partial!r} with rope_type 'default', but transformers' "
+                f"{model_type!r} model never reads it and rotates the whole head; remove it",
+                strict,
+            )
+            del block["partial_rotary_factor"]  # strict=False: what transformers rotates
 
     rope_type = ROPE_TYPES.get(block["rope_type"]) if isinstance(block["rope_type"], str) else None
     rt = block["rope_type"]

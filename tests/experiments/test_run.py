@@ -664,8 +664,29 @@ def _docs_writer(tmp_path):
     return module
 
 
-def test_write_experiment_docs_renders_the_readme_block_and_report_from_a_run(tiny_run, tmp_path, capsys):
-    """benchmarks/write_experiment_docs.py, pointed at a copy of the docs: the block, the report, the figures."""
+def _figures_saved_as_the_run_s(monkeypatch, run: Path) -> None:
+    """Each figure is built from the rows as before, then saved as a copy of the files ``run`` wrote for it:
+    ``run`` rendered the same figures from the same rows with the same code (the tiny run's files are checked,
+    PNG and SVG, by test_writes_every_file_with_the_expected_shapes); rendering them again here would cost
+    seconds per run and check nothing more."""
+    import matplotlib.pyplot as plt
+
+    from rotary.tools import plots
+
+    def save(fig, path) -> list[Path]:
+        plt.close(fig)
+        out = [Path(f"{path}.png"), Path(f"{path}.svg")]
+        for file in out:
+            shutil.copyfile(run / "figures" / file.name, file)
+        return out
+
+    monkeypatch.setattr(plots, "save", save)
+
+
+def test_write_experiment_docs_renders_the_readme_block_and_report_from_a_run(tiny_run, tmp_path, capsys, monkeypatch):
+    """benchmarks/write_experiment_docs.py, pointed at a copy of the docs: the block, the report, the figures
+    (saved as copies of the run's, see :func:`_figures_saved_as_the_run_s`)."""
+    _figures_saved_as_the_run_s(monkeypatch, tiny_run)
     module = _docs_writer(tmp_path)
     assert module.main([str(tiny_run)]) == 0
     readme = (tmp_path / "README.md").read_text()
@@ -691,8 +712,11 @@ def test_write_experiment_docs_renders_the_readme_block_and_report_from_a_run(ti
     assert module.main([str(tmp_path)]) == 2 and "not a finished run" in capsys.readouterr().err
 
 
-def test_write_experiment_docs_writes_a_study_page_and_leaves_the_readme(tmp_path_factory, tmp_path, capsys):
+def test_write_experiment_docs_writes_a_study_page_and_leaves_the_readme(
+    tmp_path_factory, tmp_path, capsys, monkeypatch
+):
     run = study_run(tmp_path_factory, "base")  # the studies' own run, read only
+    _figures_saved_as_the_run_s(monkeypatch, run)
     module = _docs_writer(tmp_path / "copy")
     assert module.main([str(run)]) == 0
     assert "old block" in (tmp_path / "copy" / "README.md").read_text()

@@ -1,7 +1,8 @@
 """Several models of a run at a time (``--jobs``), each in a process of its own on ``--threads`` threads.
 
 Processes, because torch's intra-op threads belong to a process and small models use two threads poorly
-(docs/experiment.md). A pool of ``spawn`` workers (a fork after OpenMP threads can hang) gets the texts once;
+(docs/experiment.md). A pool of workers forked by a fork server that has imported torch and run nothing (a fork
+of the main process after OpenMP threads can hang; ``spawn`` where there is no fork server) gets the texts once;
 a job is one model trained, evaluated and described as :mod:`.jobs` does it, so its numbers equal ``--jobs 1``'s
 at the same ``--threads``, bit for bit. Fine-tunes start once their parent's weights arrive. A worker's
 ExperimentError ends the run naming the first failed model in plan order; a worker that dies is one line saying
@@ -14,6 +15,7 @@ import contextlib
 import io
 import itertools
 import multiprocessing
+import multiprocessing.connection
 import os
 import queue
 import signal
@@ -87,20 +89,24 @@ _WORKER: dict[str, Any] = {}
 
 
 def _follow_parent(parent: int) -> None:
-    """End this process when ``parent`` ends, however it ends (a SIGKILL included)."""
+    """End this process when the main process ``parent`` ends, however it ends (a SIGKILL included).
+
+    A worker is forked by the fork server, not by ``parent``: it watches the pipe ``parent`` holds open to it
+    (``multiprocessing.parent_process().sentinel``, ready once ``parent`` has ended, the kernel closing its
+    end), and ends with the process that started it too (PR_SET_PDEATHSIG).
+    """
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             import ctypes
 
-            ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # it ended before the line above
+            ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG: the fork server's end
+    main = multiprocessing.parent_process()
+    if main is None or main.pid != parent:
         os._exit(1)
 
     def watch() -> None:
-        while True:
-            time.sleep(1.0)
-            if os.getppid() != parent:
-                os._exit(1)
+        multiprocessing.connection.wait([main.sentinel])
+        os._exit(1)
 
     threading.Thread(target=watch, name="rotary-parent-watch", daemon=True).start()
 
@@ -234,7 +240,14 @@ def run_in_parallel(
         ExperimentError: the first failed model in plan order, or a worker process died.
         KeyboardInterrupt: Ctrl-C (the workers are stopped first).
     """
-    context = multiprocessing.get_context("spawn")
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        context = multiprocessing.get_context("forkserver")
+        # the fork server, a fresh interpreter that runs nothing, imports this module (torch, rotary) and
+        # torch._dynamo (which torch.optim imports when first used) once; each worker is a fork of it, started in
+        # milliseconds instead of the seconds of those imports
+        context.set_forkserver_preload([__name__, "torch._dynamo"])
+    else:  # Windows
+        context = multiprocessing.get_context("spawn")
     events = context.Queue()
     by_name = {s.name: s for s in specs}
     order = {s.name: i for i, s in enumerate(specs)}

@@ -487,6 +487,29 @@ def test_missing_key_message_says_what_the_key_is():
         RoPE(64, scaling={"rope_type": "dynamic", "factor": 2.0})
 
 
+def test_an_error_about_a_derived_head_width_says_where_it_came_from():
+    """A head width the config does not state (hidden_size / num_attention_heads, either a model type's default) is
+    named with its sources in an error about it: the derived value alone ("an odd rotary dimension 3") names no key."""
+    pythia = {k: v for k, v in CONFIGS["pythia-160m"].items() if k != "num_attention_heads"}
+    with pytest.raises(
+        ConfigError,
+        match=r"odd rotary dimension 3.*\(head_dim=12 is hidden_size=768 / "
+        r"num_attention_heads=64 \(gpt_neox's default: the config does not state num_attention_heads",
+    ):
+        RoPE.from_hf_config(pythia)
+    phi3 = {**CONFIGS["phi3_longrope"], "hidden_size": 4096}
+    with pytest.raises(
+        ConfigError,
+        match=r"short_factor has 48 entries.*head_dim=128 is hidden_size=4096 / "
+        r"num_attention_heads=32\)$",
+    ):
+        RoPE.from_hf_config(phi3)
+    with pytest.raises(
+        ConfigError, match=r"odd rotary dimension 3; .*channels\)$"
+    ):  # a stated head_dim is not explained
+        RoPE.from_hf_config({**pythia, "head_dim": 12})
+
+
 def test_gptj_null_rotary_dim_rotates_the_whole_head():
     d = dict(load("gptj"), rotary_dim=None)
     assert RoPE.from_hf_config(d).rotary_dim == 256

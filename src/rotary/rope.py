@@ -132,16 +132,22 @@ class RoPE(TableSource):
         settings = read_hf_config(config, layer_type=layer_type, strict=strict, interleaved=interleaved)
         if settings.mrope_section is not None:
             raise ConfigError(_mrope_message(settings))
-        return cls(
-            settings.head_dim,
-            base=settings.base,
-            rotary_dim=settings.rotary_dim,
-            scaling=settings.scaling,
-            interleaved=settings.interleaved,
-            max_position=max_position,
-            dynamic=dynamic,
-            strict=strict,
-        )
+        try:
+            return cls(
+                settings.head_dim,
+                base=settings.base,
+                rotary_dim=settings.rotary_dim,
+                scaling=settings.scaling,
+                interleaved=settings.interleaved,
+                max_position=max_position,
+                dynamic=dynamic,
+                strict=strict,
+            )
+        except ConfigError as exc:
+            if not settings.head_dim_from:
+                raise
+            # a head width the config does not state: say where it came from (a derived value alone names no key)
+            raise ConfigError(f"{exc} (head_dim={settings.head_dim} is {settings.head_dim_from})") from None
 
     def with_scaling(self, scaling: Mapping[str, Any] | None) -> RoPE:
         """A new :class:`RoPE` with this one's settings and another scaling block.

@@ -62,7 +62,8 @@ class RopeSettings:
     pairing (:data:`PAIRING` or the caller's); ``max_position_embeddings`` and ``model_type`` (``""`` when absent) as
     the config states them; ``mrope_section``, ``mrope_interleaved``, ``mrope_layout`` for :data:`MROPE_MODELS` (else
     ``None``); ``rope_layers``, one flag per layer (``False``: NoPE; ``None``: all rotate); ``nope_temperature``, Llama
-    4's ``{"floor_scale", "attn_scale"}`` or ``None``.
+    4's ``{"floor_scale", "attn_scale"}`` or ``None``; ``head_dim_from``, where a head width the config does not state
+    came from (``"hidden_size=768 / num_attention_heads=64 (gpt_neox's default: ...)"``), ``""`` when it states it.
     """
 
     head_dim: int
@@ -77,6 +78,7 @@ class RopeSettings:
     rope_layers: tuple[bool, ...] | None = None
     nope_temperature: dict[str, float] | None = None
     mrope_layout: str = "chunked"
+    head_dim_from: str = field(default="", compare=False)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -301,6 +303,17 @@ def _is_nested(block: Mapping[str, Any], layer_types: Iterable[str] | None) -> b
     )
 
 
+def _head_dim_from(d: Mapping[str, Any], stated: set[str], model_type: str) -> str:
+    """Where a derived head width came from, for messages about it: ``hidden_size / num_attention_heads`` (or GPT-J's
+    names), each a model type's default where the config does not state it."""
+    parts = []
+    for names in (("hidden_size", "n_embd"), ("num_attention_heads", "n_head")):
+        key = next(k for k in names if k in d or k == names[-1])
+        default = "" if key in stated else f" ({model_type}'s default: the config does not state {key})"
+        parts.append(f"{key}={d.get(key)!r}{default}")
+    return " / ".join(parts)
+
+
 def _head_dim(d: Mapping[str, Any], label: str) -> int:
     # DeepSeek-V2/V3 (MLA) rotate only a qk_rope_head_dim-wide slice of each head
     for key in ("qk_rope_head_dim", "head_dim"):
@@ -423,12 +436,15 @@ def read_hf_config(
         model_type = TEXT_MODEL_TYPES[model_type]  # a flat 4.x Qwen-VL config.json: the text settings at the top
     layer_type = common_keys(d, model_type, layer_type, label, strict)  # DeepSeek-V4, Gemma 4's per-layer keys
     defaults = model_defaults(model_type)
+    stated = set(d)
     for key in DEFAULTED_KEYS:
         if key not in d and key in defaults:
             d[key] = defaults[key]
     pairing = read_pairing(d, model_type, interleaved, label)
 
     head_dim = _head_dim(d, label)
+    derived = d.get("qk_rope_head_dim") is None and d.get("head_dim") is None
+    head_dim_from = _head_dim_from(d, stated, model_type) if derived else ""
     mpe = d.get("max_position_embeddings", d.get("n_positions"))
     if mpe is not None and not is_positive_int(mpe):
         raise ConfigError(f"{label}: max_position_embeddings must be a positive int (a length in tokens), got {mpe!r}")
@@ -541,4 +557,5 @@ def read_hf_config(
         mrope_layout=mrope_layout,
         rope_layers=rope_layers,
         nope_temperature=nope_temperature,
+        head_dim_from=head_dim_from,
     )

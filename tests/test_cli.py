@@ -26,6 +26,9 @@ from helpers import FIXTURES, ROOT, leaf_parsers, run_cli, run_main
 from rotary import analysis
 from rotary.tools.cli import main
 
+# each distinct figure is drawn once per test process, whichever test asks for it first (conftest.py)
+pytestmark = pytest.mark.usefixtures("figures_drawn_once")
+
 
 def run(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
     """``rotary *argv`` in process, asserted to exit 0."""

@@ -115,3 +115,14 @@ def rotate_calls(monkeypatch):
     monkeypatch.setattr(norm, "apply", counting_norm)
     monkeypatch.setattr(qk_norm, "_run_plan", counting_norm_plan)
     return calls
+
+
+@pytest.fixture
+def figures_drawn_once():
+    """``rotary.tools.plots.plot_*`` draw each distinct figure once per test process (``helpers.FIGURES``): a
+    test that asks for a figure drawn before gets its bytes written again through rotary's ``save``. For tests
+    that run plotting commands; the first test to ask for a figure draws it and checks what it checks."""
+    from helpers import FIGURES
+
+    with FIGURES.active():
+        yield FIGURES

@@ -39,10 +39,13 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import copy
+import io
 import json
 import math
 import os
+import pickle
 import subprocess
 import sys
 import threading
@@ -852,3 +855,88 @@ def computes(block: dict, base: float, rotary_dim: int, seq_len: int | None, hea
             return None
         results.append((inv_freq, scaling))
     return results[0]
+
+
+# figures drawn once per test process -------------------------------------------------------------------------
+def _tensor_key(dtype: str, shape: tuple, data: bytes) -> None:
+    """Stands for a tensor in a figure's key (never called: the key is only compared)."""
+
+
+class _KeyPickler(pickle.Pickler):
+    """Pickles a plot function's arguments into a key: tensors as their dtype, shape and bytes."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, torch.Tensor):
+            t = obj.detach().cpu().contiguous().reshape(-1)
+            return _tensor_key, (str(obj.dtype), tuple(obj.shape), t.view(torch.uint8).numpy().tobytes())
+        return NotImplemented
+
+
+class DrawnOnce:
+    """Wraps each ``rotary.tools.plots.plot_*``: a call with the arguments of an earlier one returns that call's
+    figure, whose ``savefig`` writes the bytes it rendered the first time (through the same ``open`` of the path,
+    so an unwritable place fails the same way). Arguments it cannot key draw a new figure.
+
+    The same data draws the same figure (the plot functions are deterministic): the first call draws and renders
+    it, and the test that made that call checks it as it checks any figure; a later call, in the same test or
+    another one in this process (:data:`FIGURES`), gets the same bytes written through rotary's own ``save``."""
+
+    def __init__(self) -> None:
+        self.figures: dict[bytes, object] = {}
+        self.calls = 0  # figures asked for
+        self.drawn = 0  # figures drawn (the others were replayed)
+
+    def wrap(self, name: str, plot):
+        def cached(*args, **kwargs):
+            self.calls += 1
+            buffer = io.BytesIO()
+            try:
+                _KeyPickler(buffer).dump((name, args, sorted(kwargs.items())))
+            except Exception:  # noqa: BLE001  an argument pickle cannot take: no key, draw it
+                self.drawn += 1
+                return plot(*args, **kwargs)
+            key = buffer.getvalue()
+            if key not in self.figures:
+                self.drawn += 1
+                self.figures[key] = self._remembering(plot(*args, **kwargs))
+            return self.figures[key]
+
+        return cached
+
+    @staticmethod
+    def _remembering(fig):
+        real, rendered = fig.savefig, {}
+
+        def savefig(fname, **kwargs):
+            how = (Path(fname).suffix, repr(sorted(kwargs.items())))
+            if how in rendered:
+                with open(fname, "wb") as fh:  # what savefig does with a path
+                    fh.write(rendered[how])
+            else:
+                real(fname, **kwargs)
+                rendered[how] = Path(fname).read_bytes()
+
+        fig.savefig = savefig
+        return fig
+
+    def patches(self) -> list:
+        from unittest import mock
+
+        from rotary.tools import plots
+
+        return [
+            mock.patch.object(plots, n, self.wrap(n, getattr(plots, n))) for n in plots.__all__ if n.startswith("plot_")
+        ]
+
+    @contextlib.contextmanager
+    def active(self):
+        """The plot functions wrapped while the block runs."""
+        with contextlib.ExitStack() as stack:
+            for patch in self.patches():
+                stack.enter_context(patch)
+            yield self
+
+
+#: the figures of this test process: the command-line, docs and figure tests ask for the same ones (``rotary
+#: plot scaling``'s eight by tests/test_docs.py, tests/test_cli.py and tests/test_cli_properties.py)
+FIGURES = DrawnOnce()

@@ -26,6 +26,9 @@ from helpers import FIXTURES, ROOT, leaf_parsers, run_cli, run_main
 from rotary import analysis
 from rotary.tools.cli import main
 
+# each distinct figure is drawn once per test process, whichever test asks for it first (conftest.py)
+pytestmark = pytest.mark.usefixtures("figures_drawn_once")
+
 
 def run(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
     """``rotary *argv`` in process, asserted to exit 0."""
@@ -681,6 +684,32 @@ def test_report_into_an_existing_file_is_an_error(tmp_path, capsys):
         == f"rotary report: error: -o {existing}: {existing} exists and is not a directory; choose another -o\n"
     )
     assert existing.read_text() == "keep me"
+
+
+def test_save_crops_a_constrained_layout_figure_to_what_it_draws(tmp_path):
+    """``plots.save`` measures the tight box after the layout engine has placed the axes: a constrained-layout
+    figure (``plot axial``'s) comes out the size matplotlib's own ``bbox_inches="tight"`` gives it, colorbar and
+    outer labels included (a box measured before the layout ran cut them off)."""
+    import matplotlib.pyplot as plt
+
+    from rotary.tools import plots
+
+    def figure():
+        fig, axes = plt.subplots(1, 2, figsize=(6, 2.5), layout="constrained")
+        im = axes[0].imshow([[0.0, 1.0], [1.0, 0.0]])
+        for ax in axes:
+            ax.set_xlabel("a label below the axes")
+            ax.set_ylabel("a label left of them")
+        fig.colorbar(im, ax=axes.tolist(), label="a colorbar on the right")
+        return fig
+
+    png, _ = plots.save(figure(), tmp_path / "saved")
+    reference = figure()
+    reference.savefig(tmp_path / "tight.png", dpi=150, bbox_inches="tight")
+    plt.close(reference)
+    size = struct.unpack(">II", png.read_bytes()[16:24])
+    tight = struct.unpack(">II", (tmp_path / "tight.png").read_bytes()[16:24])
+    assert all(abs(a - b) <= 2 for a, b in zip(size, tight)), (size, tight)
 
 
 def test_plot_into_a_read_only_directory(tmp_path, capsys, monkeypatch):

@@ -10,10 +10,11 @@ the other half anything. Each subcommand must run to the end on at least one exa
 run (``plot ...``, ``report``) that exits 0 has written every figure it drew, PNG and SVG.
 
 The same data draws the same figure: each distinct figure (a ``rotary.tools.plots.plot_*`` call with
-arguments equal to an earlier one's) is drawn and rendered once per test, and every later argument list
-that asks for it gets it written through rotary's own ``save`` (the same paths, the same errors for an
-unwritable place). Generated argument lists ask for the same figures again and again (``plot scaling``:
-34 figures, 10 distinct), and drawing one costs about a second.
+arguments equal to an earlier one's) is drawn and rendered once per test process (``helpers.FIGURES``, shared
+with the other command-line and docs tests), and every later argument list that asks for it gets it written
+through rotary's own ``save`` (the same paths, the same errors for an unwritable place). Generated argument
+lists ask for the same figures again and again (``plot scaling``: 34 figures, 10 distinct), and drawing one
+costs about a second.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import contextlib
 import io
 import json
 import os
-import pickle
 import re
 import tempfile
 from pathlib import Path
@@ -34,7 +34,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import leaf_parsers
+from helpers import FIGURES, DrawnOnce, leaf_parsers
 from rotary.rope_types import ROPE_TYPES
 from rotary.tools import plots
 from rotary.tools.bench import harness
@@ -403,66 +403,6 @@ def argv_for(draw, command: str, pool: dict) -> list[str]:
     return argv
 
 
-def _tensor_key(dtype: str, shape: tuple, data: bytes) -> None:
-    """Stands for a tensor in a figure's key (never called: the key is only compared)."""
-
-
-class _KeyPickler(pickle.Pickler):
-    """Pickles a plot function's arguments into a key: tensors as their dtype, shape and bytes."""
-
-    def reducer_override(self, obj):
-        if isinstance(obj, torch.Tensor):
-            t = obj.detach().cpu().contiguous().reshape(-1)
-            return _tensor_key, (str(obj.dtype), tuple(obj.shape), t.view(torch.uint8).numpy().tobytes())
-        return NotImplemented
-
-
-class DrawnOnce:
-    """Wraps each ``plots.plot_*``: a call with the arguments of an earlier one returns that call's figure,
-    whose ``savefig`` writes the bytes it rendered the first time (through the same ``open`` of the path,
-    so an unwritable place fails the same way). Arguments it cannot key draw a new figure."""
-
-    def __init__(self) -> None:
-        self.figures: dict[bytes, object] = {}
-        self.calls = 0
-
-    def wrap(self, name: str, plot):
-        def cached(*args, **kwargs):
-            self.calls += 1  # a figure asked for
-            buffer = io.BytesIO()
-            try:
-                _KeyPickler(buffer).dump((name, args, sorted(kwargs.items())))
-            except Exception:  # noqa: BLE001  an argument pickle cannot take: no key, draw it
-                return plot(*args, **kwargs)
-            key = buffer.getvalue()
-            if key not in self.figures:
-                self.figures[key] = self._remembering(plot(*args, **kwargs))
-            return self.figures[key]
-
-        return cached
-
-    @staticmethod
-    def _remembering(fig):
-        real, rendered = fig.savefig, {}
-
-        def savefig(fname, **kwargs):
-            how = (Path(fname).suffix, repr(sorted(kwargs.items())))
-            if how in rendered:
-                with open(fname, "wb") as fh:  # what savefig does with a path
-                    fh.write(rendered[how])
-            else:
-                real(fname, **kwargs)
-                rendered[how] = Path(fname).read_bytes()
-
-        fig.savefig = savefig
-        return fig
-
-    def patches(self) -> list:
-        return [
-            mock.patch.object(plots, n, self.wrap(n, getattr(plots, n))) for n in plots.__all__ if n.startswith("plot_")
-        ]
-
-
 def assert_figure(path: Path) -> None:
     data = path.read_bytes()
     if path.suffix == ".png":
@@ -579,7 +519,7 @@ FUZZ_FACTOR = 4 if os.environ.get("ROTARY_HYPOTHESIS_PROFILE") == "explore" else
 @pytest.mark.parametrize("command", sorted(leaf_parsers()))
 def test_every_subcommand_exits_cleanly_on_generated_arguments(command, pool):
     statuses: list[int] = []
-    figures = DrawnOnce()
+    figures = FIGURES
 
     @settings(
         max_examples=BUDGET.get(command, 10) * FUZZ_FACTOR,

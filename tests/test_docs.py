@@ -283,6 +283,7 @@ def check_without_running(command: Command) -> None:
 
 
 @pytest.mark.parametrize("block", CONSOLE, ids=[b.where for b in CONSOLE])
+@pytest.mark.usefixtures("figures_drawn_once")  # a figure another test drew is written again, not redrawn
 def test_console_block_runs_and_prints_what_it_shows(block, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("COLUMNS", "120")  # rich tables are as wide as the terminal, at least 100 columns

@@ -51,6 +51,7 @@ def test_quoted_numbers():
     assert quoted in " ".join(section(SECTIONS[0]).split()), quoted
 
 
+@pytest.mark.usefixtures("figures_drawn_once")  # drawn once per test process (conftest.py)
 def test_rotary_plot_variants_writes_the_figures(tmp_path, capsys):
     import json
 

@@ -14,6 +14,9 @@ from rotary.analysis import verify_axial, verify_mrope
 from rotary.tools.cli import main
 from rotary.variants import PRESETS
 
+# each distinct figure is drawn once per test process, whichever test asks for it first (conftest.py)
+pytestmark = pytest.mark.usefixtures("figures_drawn_once")
+
 
 def run_json(capsys, *argv: str) -> tuple[int, dict]:
     status = main([*argv, "--json"])

@@ -67,6 +67,14 @@ def save(fig: Figure, path: str | Path) -> list[Path]:
         # files: each "tight" save would draw the figure twice
         fig.set_dpi(150)
         canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+        engine = fig.get_layout_engine()
+        if engine is not None:
+            # a figure with a layout engine is laid out by every savefig, in a draw of its own before the real one;
+            # lay it out once here instead (constrained layout places the axes: before the box is measured), and
+            # keep that layout for both files. tight_layout() leaves a placeholder engine that lays out nothing.
+            engine.execute(fig)
+            with matplotlib.rc_context({"figure.autolayout": False, "figure.constrained_layout.use": False}):
+                fig.set_layout_engine(None)
         box = fig.get_tightbbox(canvas.get_renderer()).padded(matplotlib.rcParams["savefig.pad_inches"])
         fig.savefig(out[0], dpi=150, bbox_inches=box)
         fig.savefig(out[1], bbox_inches=box, metadata={"Date": None})

@@ -242,6 +242,15 @@ OVERRIDES: dict[str, dict] = {
     },
     # multimodal models: small encoders, so that the text model's probe is quick
     "csm": {
+        # its audio codec (Mimi, not run by the text forward) at its smallest: 80 M parameters to draw otherwise
+        "codec_config": {
+            "num_filters": 8,
+            "num_hidden_layers": 1,
+            "intermediate_size": 64,
+            "codebook_size": 64,
+            "num_quantizers": 2,
+            "num_semantic_quantizers": 1,
+        },
         "num_codebooks": 2,
         "text_vocab_size": 128,
         "depth_decoder_config": {

@@ -227,8 +227,10 @@ def _mixed(q, k, *, inplace):
 ATTENTION = RotaryAttention(2 * D, 2, num_kv_heads=1, causal=True, inplace_rope=False)
 ATTENTION_INPLACE = RotaryAttention(2 * D, 2, num_kv_heads=1, causal=True, inplace_rope=True)
 ATTENTION_INPLACE.load_state_dict(ATTENTION.state_dict())
+# one layer: its tables come from the model's forward, as every layer's do, and a second layer runs the same code
+# (dynamo and AOT autograd trace each layer: a second doubled the most expensive compile here)
 DECODER = Decoder(
-    DecoderConfig(vocab_size=32, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, max_position=64)
+    DecoderConfig(vocab_size=32, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, max_position=64)
 )
 
 

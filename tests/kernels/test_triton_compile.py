@@ -6,10 +6,11 @@ with a compile-only stand-in for Triton's CUDA driver: Triton compiles each laun
 arithmetic in the other tests, accepts code that the GPU compiler rejects; these tests catch that, and
 register spills and unvectorised accesses on the hot paths, without a GPU. Speed is not measured here.
 
-Each check runs in a fresh process: the interpreter must be off (other tests switch it on) and the
-stand-in driver replaces Triton's for the whole process. The sm_90 sweep and the eps check read one process's
-launches (the eps check's two configurations are in the sweep): one run per session, however many pytest-xdist
-workers run them.
+The checks run in fresh processes: the interpreter must be off (other tests switch it on) and the
+stand-in driver replaces Triton's for the whole process. One process sweeps sm_90 (the eps check reads its
+launches: its two configurations are in the sweep), then sm_80's serving shapes, with Triton's per-kernel caches
+(which hold the target) emptied in between: one run per session, however many pytest-xdist workers run them.
+The host-cost mode runs in another.
 """
 
 from __future__ import annotations
@@ -45,43 +46,58 @@ def _lines(out: str) -> dict[str, str]:
     return found
 
 
-SM90 = textwrap.dedent(
+SWEEPS = textwrap.dedent(
     """
-    import sys
+    import gc, sys
     sys.path.insert(0, "benchmarks")
+    from triton.runtime.jit import JITFunction
     import triton_compile as tc
+    run = JITFunction.run
     status = tc.main(["--arch", "90"])  # the sweep's report, then each launch's eps argument (eps test)
     for launch in tc.LAUNCHES:
         if launch.compiled is not None and launch.config.startswith("rmsnorm_rotate"):
             eps = launch.compiled.src.signature["eps"]
             print("eps:", launch.config, eps, "cvt.rn.f32.f64" in launch.compiled.asm["ptx"])
-    sys.exit(status)
+    print("status 90:", status)
+    # sm_80 in the same process: Triton's launch unwrapped, its kernels' per-device caches (which hold the
+    # target) emptied, the launches forgotten; every kernel then compiles for sm_80 (asserted below)
+    JITFunction.run = run
+    for fn in gc.get_objects():
+        if isinstance(fn, JITFunction):
+            fn.device_caches.clear()
+    tc.LAUNCHES.clear()
+    print("=== sm_80 --hot")
+    status = tc.main(["--arch", "80", "--hot"])
+    archs = {launch.compiled.metadata.target.arch for launch in tc.LAUNCHES if launch.compiled is not None}
+    print("status 80:", status, "targets", sorted(archs))
     """
 )
 
 
 @pytest.fixture(scope="module")
-def sm90(tmp_path_factory) -> tuple[int, str, str]:
-    """(status, stdout, stderr) of one ``--arch 90`` sweep, which also prints the eps argument of every
-    rmsnorm_rotate launch: one process per session (the first worker runs it under a lock, the others read
-    what it wrote)."""
+def sweeps(tmp_path_factory) -> dict[int, str]:
+    """The output of the ``--arch 90`` sweep (which also prints the eps argument of every rmsnorm_rotate
+    launch) and of the ``--arch 80 --hot`` one, by arch, each ending in its status; one process per session (the
+    first worker runs it under a lock, the others read what it wrote)."""
     import json
 
     from filelock import FileLock  # a dependency of torch
 
     base = tmp_path_factory.getbasetemp()
-    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "triton-compile-sm90.json"
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "triton-compile-sweeps.json"
     with FileLock(f"{shared}.lock"):
         if not shared.is_file():
-            done = _run(code=SM90)
-            shared.write_text(json.dumps([done.returncode, done.stdout, done.stderr[-4000:]]))
-        return tuple(json.loads(shared.read_text()))
+            done = _run(code=SWEEPS)
+            sm90, _, sm80 = done.stdout.partition("=== sm_80 --hot\n")
+            tail = f"\n(status {done.returncode})\n{done.stderr[-4000:]}"
+            shared.write_text(json.dumps({90: sm90 + tail, 80: sm80 + tail}))
+        return {int(arch): out for arch, out in json.loads(shared.read_text()).items()}
 
 
 @pytest.mark.slow
-def test_every_kernel_configuration_compiles_for_sm90_without_spills(sm90):
-    returncode, stdout, stderr = sm90
-    assert returncode == 0, stdout[-4000:] + stderr
+def test_every_kernel_configuration_compiles_for_sm90_without_spills(sweeps):
+    stdout = sweeps[90]
+    assert "status 90: 0" in stdout, stdout[-8000:]
     total = int(re.search(r"sm_90, triton \S+: (\d+) launches", stdout).group(1))
     assert total >= 60  # every kernel, dtype, pairing and option of the matrix
     assert f"{total} of {total} compiled without spills" in stdout
@@ -95,10 +111,10 @@ def test_every_kernel_configuration_compiles_for_sm90_without_spills(sm90):
 
 
 @pytest.mark.slow
-def test_the_serving_kernels_compile_for_sm80_and_move_bf16_in_16_byte_accesses():
-    done = _run("--arch", "80", "--hot")
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    lines = _lines(done.stdout)
+def test_the_serving_kernels_compile_for_sm80_and_move_bf16_in_16_byte_accesses(sweeps):
+    stdout = sweeps[80]
+    assert "status 80: 0 targets [80]" in stdout, stdout[-8000:]
+    lines = _lines(stdout)
     # head_dim 128, both pairings: every q/k/cache element moves in 16-byte vectors (ld/st.v4.b32); the
     # only scalar accesses left are a token's position and slot (b64) and RMSNorm's rstd (st.b32). The
     # interleaved pairing loads contiguous rows and splits the pairs in registers (it loaded each
@@ -133,11 +149,11 @@ def test_the_serving_kernels_compile_for_sm80_and_move_bf16_in_16_byte_accesses(
 
 
 @pytest.mark.slow
-def test_rmsnorm_rotate_takes_eps_as_a_double_and_rounds_it_to_the_arithmetic_dtype(sm90):
+def test_rmsnorm_rotate_takes_eps_as_a_double_and_rounds_it_to_the_arithmetic_dtype(sweeps):
     # a Python float is passed to Triton as fp32: 1e-6 would have lost its low bits for fp64 inputs
     # (read from the sm_90 sweep's launches: a spill elsewhere in the sweep does not fail this test)
-    _, stdout, stderr = sm90
-    assert "eps: rmsnorm_rotate fp64 half partial fp64 False" in stdout, stdout[-4000:] + stderr  # double throughout
+    stdout = sweeps[90]
+    assert "eps: rmsnorm_rotate fp64 half partial fp64 False" in stdout, stdout[-8000:]  # double throughout
     assert "eps: rmsnorm_rotate fp32 half partial fp64 True" in stdout  # one rounding to fp32, as torch's
 
 

@@ -224,11 +224,15 @@ def _mixed(q, k, *, inplace):
     return tuple(MIXED(q, k, MIXED.grid(2, 3), inplace=inplace))
 
 
-ATTENTION = RotaryAttention(2 * D, 2, num_kv_heads=1, causal=True, inplace_rope=False)
-ATTENTION_INPLACE = RotaryAttention(2 * D, 2, num_kv_heads=1, causal=True, inplace_rope=True)
+# eval mode: training differs only in passing the (zero) dropout to SDPA, a float that dynamic=True makes symbolic
+# and that dynamo then specializes by tracing again from the start; the Decoder's layers, in training mode, do that
+ATTENTION = RotaryAttention(2 * D, 2, num_kv_heads=1, causal=True, inplace_rope=False).eval()
+ATTENTION_INPLACE = RotaryAttention(2 * D, 2, num_kv_heads=1, causal=True, inplace_rope=True).eval()
 ATTENTION_INPLACE.load_state_dict(ATTENTION.state_dict())
+# one layer: its tables come from the model's forward, as every layer's do, and a second layer runs the same code
+# (dynamo and AOT autograd trace each layer: a second doubled the most expensive compile here)
 DECODER = Decoder(
-    DecoderConfig(vocab_size=32, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, max_position=64)
+    DecoderConfig(vocab_size=32, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, max_position=64)
 )
 
 

@@ -10,11 +10,12 @@ reasons; the one check that must fail on a CPU (the device) is left out. Two gra
 accelerator path, and the CUDA path's one-launch ``rotary::rotate_and_cache`` custom op, whose Triton
 kernel Triton's interpreter runs on CPU tensors.
 
-It runs in a fresh process: it patches Inductor and Triton's interpreter must be set before Triton is
-imported. One process checks both graphs, one after the other (the torch path first, before the fused
-kernel is switched on; dynamo and its counters reset between them): a second interpreter would import
-torch, dynamo and Inductor again for most of its time. What it cannot see is the CUDA runtime itself;
-``tests/models/test_generation_cuda.py`` captures the step on a GPU.
+It runs in a process of its own (``helpers.run_interpreted``: a child forked from a server that has imported
+torch and Triton, Triton's interpreter on, and nothing of rotary or Inductor): it patches Inductor, and
+Triton's interpreter must be set before Triton is imported. One process checks both graphs, one after the
+other (the torch path first, before the fused kernel is switched on; dynamo and its counters reset between
+them): a second process would import dynamo and Inductor again for most of its time. What it cannot see is
+the CUDA runtime itself; ``tests/models/test_generation_cuda.py`` captures the step on a GPU.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ SCRIPT = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def checked(tmp_path_factory) -> str:
-    """The script's output for both paths ("fused" only where Triton is installed), and its stderr: one
+    """The script's output for both paths ("fused" only where Triton is installed): one
     process per session, however many pytest-xdist workers run these tests (the first runs it under a
     lock, the others read what it wrote)."""
     from filelock import FileLock  # a dependency of torch
@@ -116,25 +117,19 @@ def checked(tmp_path_factory) -> str:
 
 
 def _run_script() -> str:
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = (  # its kernels shared with other checkouts, as in conftest.py
+        f"import sys; sys.path.insert(0, {tests!r}); import inductor_paths; "
+        "inductor_paths.one_torch_path_for_every_checkout()\n" + SCRIPT
+    )
     try:
         import triton  # noqa: F401  a test dependency; without it CUDA takes the torch path
-    except ImportError:
-        paths = ["torch"]
-    else:
-        paths = ["torch", "fused"]
-    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    share = (
-        f"import sys; sys.path.insert(0, {tests!r}); import inductor_paths; "
-        "inductor_paths.one_torch_path_for_every_checkout()\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", share + SCRIPT, *paths],  # its kernels shared with other checkouts, as in conftest.py
-        env=dict(os.environ, TRITON_INTERPRET="1"),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    return f"{done.stdout}\n(status {done.returncode})\n{done.stderr[-6000:]}"
+    except ImportError:  # (the server imports Triton): a process of its own, the torch path alone
+        done = subprocess.run([sys.executable, "-c", script, "torch"], capture_output=True, text=True, timeout=900)
+        return f"{done.stdout}\n(status {done.returncode})\n{done.stderr[-6000:]}"
+    from helpers import run_interpreted
+
+    return run_interpreted(script, "torch", "fused", timeout=900)
 
 
 @pytest.mark.slow

@@ -293,7 +293,8 @@ class RotaryTables:
                 )
             if self.frequencies is None:  # with frequencies, rows past the table are computed
                 check_row_range(rows, cos.shape[0])
-                object.__setattr__(self, "_rows_version", rows._version)
+                if not rows.is_inference():  # (inference tensors carry no version: see check_rows)
+                    object.__setattr__(self, "_rows_version", rows._version)
         if self.frequencies is not None:
             f = self.frequencies
             if (
@@ -327,8 +328,9 @@ class RotaryTables:
         """Rows edited in place since they were checked (their ``_version`` moved) are checked again: on the CPU, an
         :class:`~rotary.errors.InputError` naming the rows outside the table (on accelerators the kernels give NaN)."""
         rows = self.rows
-        if rows is None or self.frequencies is not None or torch.compiler.is_compiling():
-            return
+        if rows is None or self.frequencies is not None or torch.compiler.is_compiling() or rows.is_inference():
+            return  # inference tensors carry no version: an edit of one made under inference_mode meets the kernel's
+            # own bounds check (a RuntimeError naming the position), never memory outside the table
         if rows._version != getattr(self, "_rows_version", None):
             check_row_range(rows, self.cos.shape[0])
             object.__setattr__(self, "_rows_version", rows._version)

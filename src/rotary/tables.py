@@ -293,7 +293,7 @@ class RotaryTables:
                 )
             if self.frequencies is None:  # with frequencies, rows past the table are computed
                 check_row_range(rows, cos.shape[0])
-                if not rows.is_inference():  # (inference tensors carry no version: see check_rows)
+                if not torch.compiler.is_compiling() and not rows.is_inference():  # (no version: see check_rows)
                     object.__setattr__(self, "_rows_version", rows._version)
         if self.frequencies is not None:
             f = self.frequencies

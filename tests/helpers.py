@@ -239,6 +239,14 @@ def _interpreter_server() -> subprocess.Popen:
     # pytest names the running test in PYTEST_CURRENT_TEST, a new value at every test: left out, or the
     # server would be started again (torch and triton imported again, about 3 s of CPU) for every script
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    # nor what Inductor writes into os.environ for its own use when a test first compiles, maybe after the server
+    # started (which that would start again): the address of an object of this process, which a script cannot use
+    # (one that compiles sets its own), and its cache directory when it is the default, which a script finds alike
+    env.pop("_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR", None)
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    if env.get("TORCHINDUCTOR_CACHE_DIR") == os.path.abspath(default_cache_dir()):
+        del env["TORCHINDUCTOR_CACHE_DIR"]
     env["TRITON_INTERPRET"] = "1"
     server = _interpreter.get("server")
     if server is None or server.poll() is not None or _interpreter.get("env") != env:

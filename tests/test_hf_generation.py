@@ -17,13 +17,15 @@ FAMILIES = {
 }
 
 
-def _model(family: str, seed: int = 0):
+def _model(family: str, seed: int = 0, layers: int = 2):
+    """A tiny model of ``family``: two layers, where the second replays the plan the first recorded (eager); one
+    for dynamo, which traces every layer through the same plain-torch branch of the patched apply (no plans)."""
     config_cls, model_cls = FAMILIES[family]
     config = config_cls(
         vocab_size=64,
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=128,
@@ -35,7 +37,7 @@ def _model(family: str, seed: int = 0):
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("static", [False, True])
 def test_a_patched_forward_has_no_graph_break(family, static):
-    model, config = _model(family)
+    model, config = _model(family, layers=1)
     rotary.hf.patch(model)
     ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
     kwargs = {}
@@ -71,7 +73,7 @@ def test_a_compiled_patched_llama_rotates_with_plain_torch_that_inductor_can_fus
     """Under torch.compile the patched half-pairing apply traces as plain torch operations (no rotary
     custom op in the graph), so Inductor fuses it with its neighbours; the logits equal the eager
     patched model's (fp32)."""
-    model, _ = _model("llama")
+    model, _ = _model("llama", layers=1)
     rotary.hf.patch(model)
     ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(3))
     targets: list[str] = []

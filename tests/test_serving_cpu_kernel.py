@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import rotary
+from covering import covering
 from rotary import serving
 from rotary.kernels.extension import load_cpu_extension
 
@@ -58,15 +59,21 @@ def general(call):
         return call()
 
 
+@functools.cache
+def _rope(r: int, interleaved: bool) -> rotary.RoPE:
+    """One RoPE per rotated width and pairing, shared by the calls (each new one would build its table cache)."""
+    return rotary.RoPE(D, rotary_dim=r, interleaved=interleaved)
+
+
 def _cos_sin_cache(r: int, interleaved: bool, dtype=torch.float32) -> torch.Tensor:
-    cos, sin = rotary.RoPE(r, interleaved=interleaved).cos_sin(torch.arange(P))
+    cos, sin = _rope(r, interleaved).cos_sin(torch.arange(P))
     half = slice(None, None, 2) if interleaved else slice(None, r // 2)
     return torch.cat((cos[:, half], sin[:, half]), dim=-1).to(dtype)
 
 
 def _tables_and_kwargs(form: str, r: int, interleaved: bool, positions: torch.Tensor) -> dict:
     """The keyword arguments giving the tables of ``positions`` ``[B, S]`` in one of the forms a caller uses."""
-    rope = rotary.RoPE(D, rotary_dim=r, interleaved=interleaved)
+    rope = _rope(r, interleaved)
     if form == "rows [B, S]":
         return dict(tables=rope.tables(positions))
     if form == "rows [S]":
@@ -147,18 +154,27 @@ def _assert_equal(got, want):
         assert torch.equal(a, b)
 
 
+#: the factors of a call besides its dtype, pairing and tables' form: layout, cache layout, rotated width, in
+#: place, slots, value width (96 combinations)
+CALLS = (
+    ("bshd", "bhsd"),
+    ("bshd", "bhsd"),
+    (D, 10),
+    (False, True),
+    ("per sequence", "expanded [S]", "one cache row"),
+    (D, 8),
+)
+#: each test (one dtype, pairing and form) runs the rows of CALLS' product that hold every combination of any 3
+#: of its factors (tests/covering.py: 18 of 96; the whole product under make fuzz), each with the seed of its place
+#: in the product
+COVERING = [(list(itertools.product(*CALLS)).index(row), row) for row in covering(*CALLS)]
+
+
 @pytest.mark.parametrize(("dtype", "interleaved", "form"), list(itertools.product(DTYPES, (False, True), FORMS)))
 def test_the_kernel_gives_the_general_path_s_result_bit_for_bit(kernel, dtype, interleaved, form):
-    done = 0
-    for layout, cache_layout, r, inplace, slot_kind, dv in itertools.product(
-        ("bshd", "bhsd"),
-        ("bshd", "bhsd"),
-        (D, 10),
-        (False, True),
-        ("per sequence", "expanded [S]", "one cache row"),
-        (D, 8),
-    ):
-        seed = done
+    """Each call (of the covering rows of CALLS) takes the kernel once, and gives the general path's outputs, q,
+    k and caches bit for bit: q and k themselves in place, else unchanged."""
+    for seed, (layout, cache_layout, r, inplace, slot_kind, dv) in COVERING:
         positions = torch.randint(0, P, (B, S), generator=torch.Generator().manual_seed(seed))
         kwargs = _tables_and_kwargs(form, r, interleaved, positions)
         slots = _slots(slot_kind, seed)
@@ -173,8 +189,6 @@ def test_the_kernel_gives_the_general_path_s_result_bit_for_bit(kernel, dtype, i
             assert got[0][0] is got[1][0] and got[0][1] is got[1][1]  # q and k themselves
         else:  # q and k unchanged
             assert torch.equal(got[1][0], want[1][0]) and not torch.equal(got[0][0], got[1][0])
-        done += 1
-    assert done == 96
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

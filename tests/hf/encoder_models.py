@@ -223,11 +223,20 @@ def _tiny_kwargs(cfg, model_type: str | None) -> dict[str, Any]:
 FRAME_CLASSIFIER: dict[str, str] = {"pe_video_encoder": "vision_config"}
 
 
-#: model types whose sizes are tied together in ways TINY breaks: their defaults, with one layer
+#: model types whose sizes are tied together in ways TINY breaks: their defaults, with one layer (Gemma 4's and
+#: Phi-4's audio encoders: their widths too, 1024 -> 64, tied to each other as their defaults are)
 DEFAULT_SIZES: dict[str, dict[str, Any]] = {
-    "gemma4_audio": {"num_hidden_layers": 1},
+    "gemma4_audio": {"num_hidden_layers": 1, "hidden_size": 64, "output_proj_dims": 64},
     "muse_spark_audio": {"hidden_sizes": [8, 8, 8, 8], "depths": [1, 1, 1, 1], "out_hidden_size": 16},
-    "phi4_multimodal_audio": {"num_blocks": 1},
+    "phi4_multimodal_audio": {
+        "num_blocks": 1,
+        "hidden_size": 64,
+        "intermediate_size": 64,
+        "num_attention_heads": 4,
+        "ext_pw_out_channel": 64,
+        "depthwise_separable_out_channel": 64,
+        "nemo_conv_channels": 64,
+    },
 }
 
 

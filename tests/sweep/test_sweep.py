@@ -157,6 +157,18 @@ def first_l_loss(model, documents, length):
     return sum(losses) / len(losses)  # every document scores length - 1 tokens
 
 
+@pytest.fixture
+def no_figures(monkeypatch):
+    """Sweeps that draw no figure: matplotlib is "not installed" for them (the report says so). The figures are
+    drawn by the passkey test, which checks them."""
+    from rotary.tools.sweep import run
+
+    def no_matplotlib(*args):
+        raise ImportError("No module named 'matplotlib'", name="matplotlib")
+
+    monkeypatch.setattr(run, "_figures", no_matplotlib)
+
+
 def sweep(argv, capsys):
     status = main(["sweep", *argv])
     captured = capsys.readouterr()
@@ -165,14 +177,8 @@ def sweep(argv, capsys):
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_every_scaling_is_the_model_transformers_builds_from_the_edited_config_and_the_patch_run(
-    name, checkpoints, texts, tmp_path, capsys, monkeypatch
+    name, checkpoints, texts, tmp_path, capsys, no_figures
 ):
-    from rotary.tools.sweep import run
-
-    def no_matplotlib(*args):
-        raise ImportError("No module named 'matplotlib'", name="matplotlib")
-
-    monkeypatch.setattr(run, "_figures", no_matplotlib)  # and the report says so
     lengths = [32, 64] if name == "phi3" else [64]  # Phi-3: LongRoPE's short factors at 32, long ones at 64
     args = [str(checkpoints[name]), "--lengths", ",".join(map(str, lengths)), "--no-passkey", "--data", str(texts)]
     assert sweep([*args, "-o", str(tmp_path / "hf")], capsys)[0] == 0
@@ -232,7 +238,7 @@ def test_exported_experiment_model_gives_the_experiments_own_perplexities_in_the
         assert math.exp(ours) == pytest.approx(math.exp(theirs), rel=1e-4)
 
 
-def test_passkey_rows_intervals_report_and_resume(checkpoints, texts, tmp_path, capsys):
+def test_passkey_rows_intervals_report_and_resume(checkpoints, texts, tmp_path, capsys, monkeypatch):
     long_text = tmp_path / "long.txt"
     long_text.write_text((texts / "doc0.txt").read_text() * 3)
     args = [
@@ -267,6 +273,10 @@ def test_passkey_rows_intervals_report_and_resume(checkpoints, texts, tmp_path, 
     cut["perplexity"] = [r for r in state["perplexity"] if not (r["scaling"] == "yarn" and r["length"] == 512)]
     cut["passkey"] = [r for r in state["passkey"] if not (r["scaling"] == "yarn" and r["length"] == 512)]
     (tmp_path / "out" / "sweep.json").write_text(json.dumps(cut))
+    from rotary.tools.sweep import run
+
+    # the resumed sweep ends with the same rows (checked below), from which the figures were drawn: kept as they are
+    monkeypatch.setattr(run, "_figures", lambda state, directory: ["figures/perplexity.png", "figures/passkey.png"])
     status, captured = sweep(args, capsys)
     assert status == 0 and "3 of 4 measurements already there" in captured.err
     again = json.loads((tmp_path / "out" / "sweep.json").read_text())
@@ -308,7 +318,7 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(checkpoints, texts, 
         assert not out.exists()
 
 
-def test_sliding_window_attention_is_reported_and_switched_off_on_request(texts, tmp_path, capsys):
+def test_sliding_window_attention_is_reported_and_switched_off_on_request(texts, tmp_path, capsys, no_figures):
     torch.manual_seed(0)
     config = transformers.AutoConfig.for_model("mistral", sliding_window=16, **TINY)
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "mistral")

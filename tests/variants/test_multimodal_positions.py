@@ -28,6 +28,7 @@ VISION = dict(
     depth=1, num_hidden_layers=1, hidden_size=16, embed_dim=16, out_hidden_size=64, intermediate_size=16, num_heads=2,
     num_attention_heads=2, patch_size=2, num_position_embeddings=16, deepstack_visual_indexes=[0],
     fullatt_block_indexes=[0], spatial_merge_size=2,
+    max_image_size=32,  # HunYuan-VL's: a position embedding per patch of it (2048 / 2 squared: 17M weights)
 )  # fmt: skip
 
 #: sections that fit head_dim 32, per slot layout of the text model (rotary.hf.MROPE_MODELS)

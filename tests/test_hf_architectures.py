@@ -78,10 +78,13 @@ OVERRIDES: dict[str, dict] = {
     "mimo_v2_flash": {"num_key_value_heads": 2},
     "recurrent_gemma": {"num_hidden_layers": 3},  # blocks recurrent, recurrent, attention
     "hrm_text": {"H_cycles": 1, "L_cycles": 1, "L_bp_cycles": [1]},
-    "longcat_flash": {
+    "longcat_flash": {  # its tables are head_dim wide and rotate the qk_rope_head_dim slice; 4 zero experts, not 256
         "head_dim": 8,
         "num_layers": 1,
-    },  # its tables are head_dim wide and rotate the qk_rope_head_dim slice
+        "ffn_hidden_size": 64,
+        "zero_expert_num": 4,
+        "moe_topk": 2,
+    },
     "glm5_next_text": {"qk_rope_head_dim": 0},  # its config refuses any other width (NoPE attention)
     "dbrx": {
         "d_model": 64,
@@ -162,10 +165,13 @@ OVERRIDES: dict[str, dict] = {
         ),
     },
     # hybrids: one recurrent layer and one attention layer, so that the attention runs
-    "bamba": {"attn_layer_indices": [1]},
+    # (Bamba's and GraniteMoeHybrid's Mamba-2 layers with 16-token chunks and states, not 256)
+    "bamba": {"attn_layer_indices": [1], "mamba_chunk_size": 16, "mamba_d_state": 16},
     "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
     "nemotron_h": {"layers_block_type": ["linear_attention", "full_attention"]},
     "granitemoehybrid": {
+        "mamba_chunk_size": 16,
+        "mamba_d_state": 16,
         "layer_types": ["linear_attention", "full_attention"],
         "num_hidden_layers": 2,
         "position_embedding_type": "rope",
@@ -244,12 +250,17 @@ OVERRIDES: dict[str, dict] = {
     "csm": {
         # its audio codec (Mimi, not run by the text forward) at its smallest: 80 M parameters to draw otherwise
         "codec_config": {
-            "num_filters": 8,
+            "hidden_size": 32,
+            "num_filters": 4,
+            "upsample_groups": 32,
+            "intermediate_size": 32,
             "num_hidden_layers": 1,
-            "intermediate_size": 64,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "codebook_dim": 16,
+            "vector_quantization_hidden_dimension": 16,
             "codebook_size": 64,
-            "num_quantizers": 2,
-            "num_semantic_quantizers": 1,
         },
         "num_codebooks": 2,
         "text_vocab_size": 128,

@@ -1,5 +1,5 @@
 """rotary.hf.patch on the text families added with the 2026 model types: a tiny model of each (built as
-tests/test_hf_architectures.py builds it, with the large parts that do not rotate made small: SMALLER) gives the
+tests/test_hf_architectures.py builds it, the large parts that do not rotate made small there) gives the
 same outputs patched as unpatched in fp32, and its module's apply_rotary_pos_emb / rotate_half are Llama's line for
 line, so Llama's replacement fits them."""
 
@@ -33,56 +33,6 @@ OWN_APPLY = (
 NEW_TEXT += OWN_APPLY
 
 
-#: sizes TINY leaves at their defaults, made small (building and running them was most of these tests' CPU): Gemma
-#: 3n's and Gemma 4's per-layer token embeddings (a 262144-token vocabulary), LongCat-Flash's experts (256 zero
-#: experts, 12 of them per token, 2048 wide), CSM's audio codec and Chameleon's image VQ-VAE (not run on tokens), and
-#: the 256-token chunks and 256 states of Bamba's and GraniteMoeHybrid's Mamba-2 layers. None of them rotates.
-SMALLER = {
-    "bamba": dict(mamba_chunk_size=16, mamba_d_state=16),
-    "granitemoehybrid": dict(mamba_chunk_size=16, mamba_d_state=16),
-    "gemma3n_text": dict(vocab_size_per_layer_input=128, hidden_size_per_layer_input=16),
-    "gemma4_text": dict(vocab_size_per_layer_input=128, hidden_size_per_layer_input=16),
-    "longcat_flash": dict(ffn_hidden_size=64, expert_ffn_hidden_size=32, zero_expert_num=4, moe_topk=2),
-    "csm": dict(
-        codec_config=dict(
-            hidden_size=32,
-            num_filters=4,
-            upsample_groups=32,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            head_dim=16,
-            codebook_dim=16,
-            vector_quantization_hidden_dimension=16,
-            codebook_size=64,
-        )
-    ),
-    "chameleon": dict(
-        vq_config=dict(
-            base_channels=32,
-            channel_multiplier=[1, 1],
-            embed_dim=32,
-            latent_channels=32,
-            num_embeddings=64,
-            resolution=32,
-        )
-    ),
-}
-
-
-def _small_config(model_type: str):
-    """``tiny_config(model_type)`` with SMALLER's sizes (a dict: the fields of that sub-config)."""
-    config = tiny_config(model_type)
-    for key, value in SMALLER.get(model_type, {}).items():
-        if isinstance(value, dict):
-            for field, size in value.items():
-                setattr(getattr(config, key), field, size)
-        else:
-            setattr(config, key, value)
-    return config
-
-
 def _source(module, name: str) -> str:
     src = inspect.getsource(getattr(module, name))
     src = re.sub(r'""".*?"""', "", src, flags=re.S)
@@ -106,7 +56,7 @@ def test_apply_function_is_llamas(model_type):
 @pytest.mark.parametrize("model_type", NEW_TEXT)
 def test_patched_outputs_equal_unpatched(model_type, rotate_calls):
     calls = rotate_calls  # the tensors rotary rotates (tests/conftest.py)
-    config = _small_config(model_type)
+    config = tiny_config(model_type)
     torch.manual_seed(0)
     model = _text_model_class(model_type, config)(config).eval()
     ids = torch.randint(1, 100, (1, S), generator=torch.Generator().manual_seed(1))

@@ -253,9 +253,16 @@ def rotate(
     if key is not None:
         recorded = _PLANS.get(key)
         if recorded is not None and recorded.backend == "cpu":
-            if tables.rows is not None:
-                tables.check_rows()  # edited in place since made
-            outs = run_plan(recorded, xs, tables.cos, tables.sin, tables.rows, tables.frequencies)
+            try:
+                outs = run_plan(recorded, xs, tables.cos, tables.sin, tables.rows, tables.frequencies)
+            except RuntimeError:  # the kernel's bounds check: rows edited in place since the tables were made
+                if tables.rows is None:
+                    raise
+                try:
+                    tables.check_rows()
+                except InputError as named:
+                    raise named from None
+                raise
             if outs:  # (empty: another signature under this key; the general path below records it)
                 _last.plan = recorded
                 return outs

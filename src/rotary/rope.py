@@ -19,7 +19,7 @@ from . import plans
 from . import positions as P
 from . import rotation as R
 from .errors import InputTypeError
-from .hf.config import read_hf_config
+from .hf.config import head_dim_noted, read_hf_config
 from .kernels.extension import load_cpu_extension
 from .plans import Plan
 from .positions import Positions
@@ -146,8 +146,7 @@ class RoPE(TableSource):
         except ConfigError as exc:
             if not settings.head_dim_from:
                 raise
-            # a head width the config does not state: say where it came from (a derived value alone names no key)
-            raise ConfigError(f"{exc} (head_dim={settings.head_dim} is {settings.head_dim_from})") from None
+            raise head_dim_noted(exc, settings) from None
 
     def with_scaling(self, scaling: Mapping[str, Any] | None) -> RoPE:
         """A new :class:`RoPE` with this one's settings and another scaling block.

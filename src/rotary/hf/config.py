@@ -303,6 +303,14 @@ def _is_nested(block: Mapping[str, Any], layer_types: Iterable[str] | None) -> b
     )
 
 
+def head_dim_noted(exc: ConfigError, settings: RopeSettings) -> ConfigError:
+    """``exc`` saying where the head width came from when the config does not state it (``settings.head_dim_from``):
+    an error about a derived width ("an odd rotary dimension 3") names no key of the config by itself."""
+    if not settings.head_dim_from:
+        return exc
+    return ConfigError(f"{exc} (head_dim={settings.head_dim} is {settings.head_dim_from})")
+
+
 def _head_dim_from(d: Mapping[str, Any], stated: set[str], model_type: str) -> str:
     """Where a derived head width came from, for messages about it: ``hidden_size / num_attention_heads`` (or GPT-J's
     names), each a model type's default where the config does not state it."""

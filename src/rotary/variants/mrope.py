@@ -209,7 +209,7 @@ class MRoPE(nn.Module):
             >>> MRoPE.from_hf_config(cfg).slot_axes()[14:18]
             'TTHH'
         """
-        from ..hf.config import read_hf_config
+        from ..hf.config import head_dim_noted, read_hf_config
         from ..rope_types import ConfigError
 
         settings = read_hf_config(config, strict=strict)
@@ -229,8 +229,10 @@ class MRoPE(nn.Module):
                 interleaved=settings.interleaved,
                 strict=strict,
             )
-        except ConfigError:
-            raise
+        except ConfigError as exc:
+            if not settings.head_dim_from:
+                raise
+            raise head_dim_noted(exc, settings) from None
         except ValueError as exc:
             raise ConfigError(f"model_type {settings.model_type!r}: {exc}") from None
 

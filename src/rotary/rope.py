@@ -144,8 +144,6 @@ class RoPE(TableSource):
                 strict=strict,
             )
         except ConfigError as exc:
-            if not settings.head_dim_from:
-                raise
             raise head_dim_noted(exc, settings) from None
 
     def with_scaling(self, scaling: Mapping[str, Any] | None) -> RoPE:

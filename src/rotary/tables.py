@@ -292,9 +292,7 @@ class RotaryTables:
                     f"with rows, cos/sin must be a table [N, r] indexed by row, got shape {tuple(cos.shape)}"
                 )
             if self.frequencies is None:  # with frequencies, rows past the table are computed
-                check_row_range(rows, cos.shape[0])
-                if not torch.compiler.is_compiling() and not rows.is_inference():  # (no version: see check_rows)
-                    object.__setattr__(self, "_rows_version", rows._version)
+                self._check_row_range(rows)
         if self.frequencies is not None:
             f = self.frequencies
             if (
@@ -332,7 +330,12 @@ class RotaryTables:
             return  # inference tensors carry no version: an edit of one made under inference_mode meets the kernel's
             # own bounds check (a RuntimeError naming the position), never memory outside the table
         if rows._version != getattr(self, "_rows_version", None):
-            check_row_range(rows, self.cos.shape[0])
+            self._check_row_range(rows)
+
+    def _check_row_range(self, rows: torch.Tensor) -> None:
+        """Every row inside the table (:func:`check_row_range`), and the rows' version that passed."""
+        check_row_range(rows, self.cos.shape[0])
+        if not torch.compiler.is_compiling() and not rows.is_inference():  # (no version: see check_rows)
             object.__setattr__(self, "_rows_version", rows._version)
 
     @property

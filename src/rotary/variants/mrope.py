@@ -230,8 +230,6 @@ class MRoPE(nn.Module):
                 strict=strict,
             )
         except ConfigError as exc:
-            if not settings.head_dim_from:
-                raise
             raise head_dim_noted(exc, settings) from None
         except ValueError as exc:
             raise ConfigError(f"model_type {settings.model_type!r}: {exc}") from None

@@ -582,6 +582,24 @@ def test_coordinates_value_is_what_grid_returns():
     assert isinstance(c, Coordinates) and c.values.shape == (6, 3) and c.identity.tolist() == [False] * 4 + [True] * 2
 
 
+def test_grid_sizes_change_without_a_recompile_under_dynamic_compile():
+    """``rope(q, k, rope.grid(h, w))`` compiled with ``dynamic=True`` traces once for every grid of sizes >= 2 (torch
+    specialises sizes 0 and 1) and equals eager. The grid cache's lookup, keyed on the sizes, made every size a new
+    graph; under compilation the grid is built in the graph (``CoordinateRoPE.grid``, shared by every variant)."""
+    from torch._dynamo.testing import CompileCounter
+
+    rope = AxialRoPE(16, coordinates="normalized")
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    step = torch.compile(
+        lambda q, h, w: rope(q, q.clone(), rope.grid(h, w, prefix=1))[0], backend=counter, dynamic=True
+    )
+    for h, w in [(3, 4), (4, 3), (2, 6)]:
+        q = torch.randn(1, 2, 13, 16, generator=torch.Generator().manual_seed(h))
+        assert torch.equal(step(q, h, w), rope(q, q.clone(), rope.grid(h, w, prefix=1))[0]), (h, w)
+    assert counter.frame_count == 1
+
+
 def _grid_values(sizes, kind, offset):
     """Independent grid coordinates: integer indices + offset, or cell centres 2 (i + 0.5) / n - 1."""
     axes = []

@@ -147,7 +147,8 @@ class CoordinateRoPE(nn.Module):
         ``suffix`` identity tokens (default ``prefix_tokens``, ``suffix_tokens``).
 
         Returns :class:`Coordinates` ``[prefix + Π sizes + suffix, A]``; the last :data:`GRID_CACHE` grids are kept, so
-        the same arguments return the same object (one host-to-device copy).
+        the same arguments return the same object (one host-to-device copy). Under ``torch.compile`` the grid is
+        built in the graph, so that ``dynamic=True`` traces one graph for every size.
 
         Example:
             >>> AxialRoPE(8, coordinates="normalized").grid(1, 2).values.tolist()
@@ -166,9 +167,9 @@ class CoordinateRoPE(nn.Module):
             self.reference_grid,
             self.normalize_coords,
         )
+        if torch.compiler.is_compiling():  # built in the graph: a lookup would specialise the graph on the sizes
+            return self._build_grid(sizes_t, prefix, suffix, device)
         found = self._grids.get(key)
-        if torch.compiler.is_compiling():  # version counters are not traceable: a grid made eagerly is used
-            return found if found is not None else self._build_grid(sizes_t, prefix, suffix, device)
         if found is not None and found._version() == found.__dict__.get("_built_version"):
             self._grids.move_to_end(key)
             return found  # not edited in place since it was built

@@ -184,10 +184,10 @@ class CoordinateRoPE(nn.Module):
     def _build_grid(
         self, sizes_t: tuple[int, ...], prefix: int, suffix: int, device: torch.device | str | None
     ) -> Coordinates:
-        """The coordinates :meth:`grid` hands out (built on the host, then moved to ``device``)."""
+        """The coordinates :meth:`grid` hands out, built on ``device`` (no host-to-device copy, in a graph too)."""
         per_axis = []
         for a, n in enumerate(sizes_t):
-            i = torch.arange(n, dtype=torch.float64)
+            i = torch.arange(n, dtype=torch.float64, device=device)
             if self.coordinate_kind == "normalized":
                 denom = {"separate": n, "max": max(sizes_t), "min": min(sizes_t)}[self.normalize_coords]
                 c = 2.0 * ((i + 0.5) / denom) - 1.0
@@ -199,11 +199,10 @@ class CoordinateRoPE(nn.Module):
         identity = None
         if prefix or suffix:
             values = torch.cat((values.new_zeros(prefix, self.axes), values, values.new_zeros(suffix, self.axes)))
-            identity = torch.zeros(values.shape[0], dtype=torch.bool)
+            identity = torch.zeros(values.shape[0], dtype=torch.bool, device=values.device)
             identity[:prefix] = True
             identity[values.shape[0] - suffix :] = True
-        coords = Coordinates(values, identity)
-        return coords if device is None else coords.to(device)
+        return Coordinates(values, identity)
 
     def coordinates(
         self,

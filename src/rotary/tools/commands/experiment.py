@@ -105,7 +105,8 @@ SETTINGS: dict[str, tuple] = {
     ),
     "scalings": (
         _names,
-        "scalings of the RoPE models at evaluation, comma-separated (default: " + ",".join(SCALINGS) + ")",
+        "scalings of the RoPE models at evaluation, comma-separated, none (the model as trained) among them "
+        "(default: " + ",".join(SCALINGS) + ")",
     ),
     "seeds": (_seeds, "times every method is trained (seeds --seed, --seed + 1, ...); tables give the mean and spread"),
     "extend_steps": (_non_negative_int, "fine-tuning steps of the extension stage at --extend-length (0: no stage)"),

@@ -18,6 +18,8 @@ __all__ = ["register"]
 def _export(args: argparse.Namespace) -> int:
     from rotary.tools.sweep.export import export_model
 
+    if not args.source.strip():  # an empty path would name the current directory
+        raise InputError(f"RUN/models/NAME {args.source!r} names no model directory; give one of an experiment run")
     target = args.target or args.out
     if target is None:
         raise InputError(f"{args.source}: give OUT, a new directory for the checkpoint")
@@ -36,7 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "export", help="write a model of rotary experiment as a transformers checkpoint", description=__doc__
     )
     p.add_argument("source", metavar="RUN/models/NAME", help="a model directory of an experiment run")
-    p.add_argument("target", metavar="OUT", nargs="?", help="a new directory for the checkpoint (or -o OUT)")
+    p.add_argument(
+        "target", metavar="OUT", nargs="?", type=output_path, help="a new directory for the checkpoint (or -o OUT)"
+    )
     p.add_argument("--json", action="store_true", help="print where it was written as JSON")
     p.add_argument("-o", "--out", type=output_path, metavar="DIR", help="the new directory for the checkpoint, as OUT")
     p.set_defaults(out_kind="dir")

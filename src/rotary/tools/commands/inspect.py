@@ -209,6 +209,12 @@ def axial_details(preset: str, head_dim: int | None = None) -> dict[str, Any]:
 def _inspect_axial(args: argparse.Namespace) -> int:
     if args.config is not None:
         raise InputError(f"--axial {args.axial!r} describes a preset, not CONFIG {args.config!r}; give one of them")
+    keys = ("base", "rotary_dim", "scaling", "max_position", "pairing", "interleaved", "layer_type", "seq_len")
+    given = [f"--{k.replace('_', '-')}" for k in keys if getattr(args, k, None) is not None]
+    if given:  # as rotary verify --axial: the preset is the configuration; only its width may change
+        raise InputError(
+            f"--axial {args.axial} takes the preset's configuration; drop {', '.join(given)} (--head-dim may change)"
+        )
     d = axial_details(args.axial, args.head_dim)
     if args.json:
         print_json(d)

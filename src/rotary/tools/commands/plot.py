@@ -262,6 +262,8 @@ _MEASURED_ELEMENTS = 2**25
 
 
 def _decay(args: argparse.Namespace) -> int:
+    if not args.base > 1:  # as every RoPE base (docs/scaling.md), with or without --measured
+        raise InputError(f"--base must be > 1 (frequencies base ** (-2i/d) fall from 1 rad/token), got {args.base:g}")
     if args.head_dim % 2:
         raise InputError(f"--head-dim must be even (channels rotate in pairs), got {args.head_dim}")
     elements = args.samples * (args.max_distance + 1) * args.head_dim
@@ -273,6 +275,14 @@ def _decay(args: argparse.Namespace) -> int:
     out = output_stem(args.out, "decay")
     files, numbers = make_decay(out, args.head_dim, args.base, args.max_distance, args.measured, args.samples)
     return _announce(args, files, numbers)
+
+
+def _pca_positions(text: str) -> int:
+    """argparse type of plot positions --seq-len: a 2-D PCA of the tables needs 3 positions or more."""
+    value = seq_len_count(text)
+    if value < 3:
+        raise argparse.ArgumentTypeError(f"must be at least 3 (a 2-D PCA needs three positions), got {text}")
+    return value
 
 
 def _config_file(path: str) -> argparse.Namespace:
@@ -499,7 +509,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     q = figs.add_parser("positions", help="2-D PCA of the position tables", description=per_layer_type)
     add_config_arguments(q)
-    q.add_argument("--seq-len", type=seq_len_count, default=256, help="positions (default 256)")
+    q.add_argument("--seq-len", type=_pca_positions, default=256, help="positions, at least 3 (default 256)")
     common(q, "positions")
     q.set_defaults(func=_positions)
 

@@ -51,6 +51,8 @@ def _sweep(args: argparse.Namespace) -> int:
 
     from rotary.tools.sweep import SweepSettings, run_sweep
 
+    if not args.model.strip():  # an empty MODEL would name the current directory
+        raise InputError(f"MODEL {args.model!r} names no checkpoint; give a transformers checkpoint directory")
     device = args.device
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -125,7 +127,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(default: the largest files of the Python standard library, offline)",
     )
     p.add_argument("--documents", type=positive_int, default=4, help="documents at most (default 4)")
-    p.add_argument("--stride", type=positive_int, help="tokens each sliding window scores (default: length / 4)")
+    p.add_argument(
+        "--stride",
+        type=positive_int,
+        help="tokens each sliding window scores, fewer than the shortest length (default: length / 4)",
+    )
     p.add_argument("--max-windows", type=positive_int, default=4, help="sliding windows per document (default 4)")
     p.add_argument("--depths", type=_floats, default=[0.0, 0.25, 0.5, 0.75, 1.0], help="passkey depths in [0, 1]")
     p.add_argument(

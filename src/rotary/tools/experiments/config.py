@@ -393,7 +393,8 @@ class ExperimentConfig:
             raise ExperimentError(f"--weight-decay must be a finite number >= 0, got {self.weight_decay!r}")
         non_negative(self.warmup_steps, "--warmup-steps")
         if not self.passkey_depths or any(not (0.0 <= d <= 1.0) for d in self.passkey_depths):
-            raise ExperimentError(f"passkey depths must lie in [0, 1], got {list(self.passkey_depths)}")
+            shown = ",".join(f"{d:g}" for d in self.passkey_depths) or "nothing"
+            raise ExperimentError(f"--passkey-depths must lie in [0, 1], got {shown}")
         if self.eval_tokens is not None:
             positive("eval_tokens", self.eval_tokens, "--eval-tokens")
             if self.eval_tokens < self.longest:

@@ -218,8 +218,13 @@ def export_model(source: str | os.PathLike, out: str | os.PathLike) -> Path:
     config_dict = hf_config_of(model, length)
     weights = to_hf_state_dict(model)
     parent = target.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=parent))
+    try:  # a failure names OUT as given, not only the folder above it
+        parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=parent))
+    except OSError as exc:
+        raise ExportError(
+            f"{out}: cannot create it in {parent} ({exc.strerror or exc}); give a new directory"
+        ) from None
     try:
         (staging / "config.json").write_text(json.dumps(config_dict, indent=2) + "\n", encoding="utf-8")
         hf_config = AutoConfig.from_pretrained(staging)

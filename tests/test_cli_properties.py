@@ -317,7 +317,7 @@ def _invalid_pool(command: str, action: argparse.Action, pool: dict) -> list[str
         return ["/nonexistent/x.txt"]
     if dest == "scaling":
         return BAD_SCALING
-    if dest == "base":
+    if dest in ("base", "rope_base"):  # a RoPE base: > 1 (docs/scaling.md; experiment --rope-base's --help)
         return NOT_A_BASE
     if dest == "bases":  # experiment --bases: finite numbers > 1, each once (docs/experiment.md)
         return ["1", "0.5", "nan", "abc", "100,100"]
@@ -629,6 +629,8 @@ def valid_items(draw, command: str, pool: dict) -> list[tuple[str, list[str]]]:
         mixed = draw(st.booleans())
         if mixed:
             items.append(("mixed", ["--mixed"]))
+            if draw(st.booleans()):  # --heads "needs --mixed" (plot axial --help)
+                items.append(("heads", ["--heads", draw(st.sampled_from(VALID_BY_DEST[("plot axial", "heads")]))]))
         # --head-dim must fit every preset drawn: the named ones, else the default four unless --mixed alone
         drawn = presets or ([] if mixed else list(AXIAL_FIGURE_PRESETS))
         fitting = [h for h in HEAD_DIMS if all(_axial_fits(p, int(h)) for p in drawn)]
@@ -637,7 +639,7 @@ def valid_items(draw, command: str, pool: dict) -> list[tuple[str, list[str]]]:
     given = {dest for dest, _ in items}
     rest = [a for a in options_of(command) if a.dest not in MADE_HERE | given | {"heads"}]
     if command in ("plot axial",):
-        rest = [a for a in options_of(command) if a.dest not in given | {"preset", "mixed", "head_dim"}]
+        rest = [a for a in options_of(command) if a.dest not in given | {"preset", "mixed", "head_dim", "heads"}]
     rest = [a for a in rest if not (a.dest == "out" and ("out" in given or command == "export"))]
     rest = [a for a in rest if (command, a.dest) not in NOT_DRAWN_VALID]
     if command == "plot scaling" and given & {"config", "scaling"}:  # --rope-type: "with example parameters"
@@ -898,6 +900,10 @@ def test_the_budget_names_every_subcommand():
         (["inspect", "--axial", "pixtral", "--base", "500000"], "--base"),
         # the message named neither the flag nor the value as given ("passkey depths ... got [2.0]")
         (["experiment", *EXPERIMENT_BASE, "--passkey-depths", "0,2"], "--passkey-depths"),
+        # a RoPE base <= 1 passed the experiment's checks and failed when the model was built
+        (["experiment", *EXPERIMENT_BASE, "--rope-base", "0.5"], "--rope-base"),
+        # --heads without --mixed was silently ignored by plot axial (verify refused it)
+        (["plot", "axial", "--heads", "2"], "--heads"),
     ],
 )
 def test_refusals_found_by_the_property_test(argv, named):

@@ -130,7 +130,7 @@ SETTINGS: dict[str, tuple] = {
     "hidden_size": (positive_int, "model width"),
     "num_layers": (positive_int, "transformer blocks"),
     "num_heads": (positive_int, "attention heads"),
-    "rope_base": (positive_float, "RoPE base theta (default 10000)"),
+    "rope_base": (positive_float, "RoPE base theta, > 1 (default 10000)"),
     "batch_size": (positive_int, "rows per optimizer step, all processes together"),
     "steps": (positive_int, "optimizer steps per model"),
     "learning_rate": (positive_float, "peak learning rate"),

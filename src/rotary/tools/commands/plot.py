@@ -398,21 +398,22 @@ def _positions(args: argparse.Namespace) -> int:
 
 
 def _axial(args: argparse.Namespace) -> int:
+    if args.heads is not None and not args.mixed:  # as rotary verify: the heads are a RoPE-Mixed's
+        raise InputError(f"--heads {args.heads} sets the heads of a RoPE-Mixed: add --mixed, or drop --heads")
+    heads = 4 if args.heads is None else args.heads
     presets = list(args.preset or ([] if args.mixed else AXIAL_FIGURE_PRESETS))
     if args.head_dim is not None and args.head_dim % 2:
         raise InputError(f"--head-dim must be even (channels rotate in pairs), got {args.head_dim}")
     cells = (2 * args.extent + 1) ** 2
-    elements = cells * (args.head_dim or 64) * (args.heads if args.mixed else 1)
+    elements = cells * (args.head_dim or 64) * (heads if args.mixed else 1)
     if elements > _MEASURED_ELEMENTS:
         raise InputError(
             f"--extent {args.extent} ({cells} offsets) with --head-dim {args.head_dim or 64}"
-            + (f" and --heads {args.heads}" if args.mixed else "")
+            + (f" and --heads {heads}" if args.mixed else "")
             + f" rotates {elements * 8 / 2**30:.1f} GiB of vectors at once; lower one of them"
         )
     out = output_stem(args.out, "axial")
-    files, numbers = make_axial(
-        out, presets, args.head_dim, args.mixed, args.heads, args.extent, args.random, args.seed
-    )
+    files, numbers = make_axial(out, presets, args.head_dim, args.mixed, heads, args.extent, args.random, args.seed)
     return _announce(args, files, numbers)
 
 
@@ -524,7 +525,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--preset", action="append", choices=list(PRESETS), help="axial preset to draw (repeatable)")
     q.add_argument("--mixed", action="store_true", help="draw the heads of a RoPE-Mixed with random per-head angles")
     q.add_argument(
-        "--heads", type=count(16, "one panel per head"), default=4, help="RoPE-Mixed heads to draw (default 4)"
+        "--heads", type=count(16, "one panel per head"), help="RoPE-Mixed heads to draw (default 4; needs --mixed)"
     )
     q.add_argument("--head-dim", type=head_dim_count, help="channels per head (default: each preset's; 64 for --mixed)")
     q.add_argument(

@@ -387,6 +387,8 @@ class ExperimentConfig:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ExperimentError(f"--{name.replace('_', '-')} must be a finite number > 0, got {value!r}")
+        if not self.rope_base > 1:  # as --bases: frequencies base ** (-2i/d) fall from 1 rad/token
+            raise ExperimentError(f"--rope-base must be > 1 (RoPE's base theta), got {self.rope_base!r}")
         if not (
             isinstance(self.weight_decay, (int, float)) and math.isfinite(self.weight_decay) and self.weight_decay >= 0
         ):

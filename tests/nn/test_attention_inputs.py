@@ -3,7 +3,7 @@ arbitrary arguments that give the right shape or a named error."""
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import rotary
@@ -86,7 +86,7 @@ def test_attention_under_autocast_takes_mixed_dtypes(gen):
 
 @settings(max_examples=60, deadline=None)
 @given(
-    hidden=st.sampled_from([8, 16, 12]),
+    hidden=st.sampled_from([8, 16, 12, 6]),  # 6: head_dim 6, an odd 3 and the smallest, 2
     heads=st.sampled_from([1, 2, 3, 0]),
     kv=st.sampled_from([None, 1, 2, 5]),
     causal=st.sampled_from([True, False, "true"]),
@@ -94,9 +94,11 @@ def test_attention_under_autocast_takes_mixed_dtypes(gen):
     mask=st.sampled_from(["none", "ones", "float", "twos", "short", "left"]),
     positions=positions_strategy(),
 )
+@example(hidden=6, heads=3, kv=None, causal=True, seq=3, mask="left", positions=None)  # valid: head_dim 2
+@example(hidden=6, heads=2, kv=None, causal=False, seq=3, mask="none", positions=None)  # invalid: head_dim 3
 def test_attention_is_right_shaped_or_a_named_error(hidden, heads, kv, causal, seq, mask, positions):
-    # valid (RotaryAttention's documented arguments): heads an int > 0 dividing hidden into an even head_dim,
-    # num_kv_heads None or dividing heads, causal a bool
+    # valid (RotaryAttention's documented arguments): heads an int > 0 dividing hidden into an even head_dim (RoPE
+    # rotates pairs of channels), num_kv_heads None or dividing heads, causal a bool
     valid = heads > 0 and hidden % heads == 0 and (hidden // heads) % 2 == 0 and (kv is None or heads % kv == 0)
     valid = valid and isinstance(causal, bool)
     try:

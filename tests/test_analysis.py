@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import rotary
-from helpers import NAMED, assert_named
+from helpers import NAMED, assert_named, hf_frequencies
 from rotary import RoPE, analysis, frequencies, reference
 from rotary.frequencies import Frequencies, default_inv_freq
 from rotary.tables import TableCache
@@ -272,6 +272,9 @@ def test_scores_and_decay_measurements_or_a_named_error(seq_len, samples, distan
     pca_ok = seq_ok and seq_len >= 3 and 8 * seq_len * (12 + seq_len) <= 2**32
     decay_ok = is_int(samples) and samples >= 1 and distances and all(is_int(v) and v >= 0 for v in distances)
     decay_ok = decay_ok and 64 * samples * len(distances) <= 2**32
+    # the oracles: q at positions 0 .. S - 1 rotated by rotary.reference with transformers' default frequencies
+    # (restated; docs/core.md: RoPE's are bit-identical), and the PCA of [cos mθ, sin mθ] by its eigenvalues
+    inv_freq = hf_frequencies({"rope_type": "default"}, 10000.0, 8)[0]
     try:
         scores = analysis.score_matrix(rope, q, q, seq_len)
     except NAMED as exc:
@@ -279,7 +282,7 @@ def test_scores_and_decay_measurements_or_a_named_error(seq_len, samples, distan
         assert_named(exc, "seq_len")
     else:
         assert scores_ok, "an invalid seq_len was accepted"
-        qr = rope.rotate(q.double().expand(1, 1, seq_len, 8).contiguous())[0, 0]
+        qr = reference.rotate_complex(q.double().expand(seq_len, 8), torch.arange(seq_len), inv_freq)
         torch.testing.assert_close(scores, qr @ qr.T)
     try:
         pca = analysis.position_pca(rope, seq_len)
@@ -288,6 +291,11 @@ def test_scores_and_decay_measurements_or_a_named_error(seq_len, samples, distan
         assert_named(exc, "seq_len")
     else:
         assert pca_ok and pca[0].shape == (seq_len, 2)
+        theta = torch.arange(seq_len, dtype=torch.float64)[:, None] * inv_freq.double()[None, :]
+        x = torch.cat((theta.cos(), theta.sin()), -1)
+        eig = torch.linalg.eigvalsh((x - x.mean(0)).T @ (x - x.mean(0))).flip(0)
+        assert (pca[0] ** 2).sum(0).tolist() == pytest.approx(eig[:2].tolist(), rel=1e-6, abs=1e-9)
+        assert pca[1].tolist() == pytest.approx((eig[:2] / eig.sum()).tolist(), rel=1e-6, abs=1e-9)
     try:
         decay = analysis.measured_decay(rope, distances, samples=samples)
     except NAMED as exc:

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rotary
-from helpers import NAMED, forbid_torch_path
+from helpers import NAMED, forbid_torch_path, hf_frequencies
 from rotary.kernels import extension
 from rotary.kernels.eager import rotate_torch
 from rotary.rope_types import ConfigError
@@ -695,6 +695,10 @@ def _slot_axes(section, interleaved):
     return out
 
 
+#: a valid static block with an attention scaling of its own (0.1 ln 4 + 1)
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+
+
 @st.composite
 def mrope_args(draw, wild=True):
     head_dim = draw(st.sampled_from([16] * 8 + [24, 12, 8, 8, 0, 7, "16", 16.0]))
@@ -725,7 +729,7 @@ def mrope_args(draw, wild=True):
             [None] * 10
             + [
                 {"rope_type": "linear", "factor": 2.0},
-                {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+                YARN,
                 {"rope_type": "dynamic", "factor": 2.0},
                 {"rope_type": "linear", "factor": -1.0},
                 "linear",
@@ -750,7 +754,7 @@ def mrope_args(draw, wild=True):
         )
         args.update(
             base=args["base"] if args["base"] in (None, 10000.0, 1e6) else None,
-            scaling=scaling if scaling in (None, {"rope_type": "linear", "factor": 2.0}) else None,
+            scaling=draw(st.sampled_from([None, {"rope_type": "linear", "factor": 2.0}, YARN])),
         )
     return args
 
@@ -826,7 +830,7 @@ def test_mrope_is_right_or_a_named_error(wild, data):
     assert rope.axes.tolist() == _slot_axes(section, layout_interleaved)
     batch, seq, dtype = data.draw(st.integers(1, 2)), data.draw(st.integers(0, 4)), data.draw(st.sampled_from(FLOATS))
     layout = data.draw(st.sampled_from(["bhsd", "bshd"] + ["thd"] * wild))
-    d = rope.head_dim
+    d = args["head_dim"]
     shape_q = [batch, 2, seq, d] if layout != "bshd" else [batch, seq, 2, d]
     q = data.draw(st.one_of(tensors(shape=shape_q, dtype=dtype), *[tensors(max_size=3)] * wild))
     k = data.draw(tensors(shape=[batch, 1, seq, d] if layout != "bshd" else [batch, seq, 1, d], dtype=dtype))
@@ -839,14 +843,20 @@ def test_mrope_is_right_or_a_named_error(wild, data):
     out = expect(ok, rope, q, k, position_ids=ids, layout=layout)
     if not ok:
         return
+    # the frequencies and attention scaling: transformers' for the block over the rotated channels (restated in
+    # helpers; docs/core.md: bit-identical), the base 10000 when none is given
+    r = d if args["rotary_dim"] is None else args["rotary_dim"]
+    base = 10000.0 if args["base"] is None else args["base"]
+    inv_freq, attention_scaling = hf_frequencies(args["scaling"] or {"rope_type": "default"}, base, r, head_dim=r)
+    assert torch.equal(rope.freqs.inv_freq, inv_freq) and rope.attention_scaling == attention_scaling
     coords = ids.long().permute(1, 2, 0).double()  # [B, S, 3]
-    slots = torch.arange(rope.rotary_dim // 2)
+    slots = torch.arange(r // 2)
     inv = torch.zeros(3, slots.numel(), dtype=torch.float64)
-    inv[torch.tensor(_slot_axes(section, layout_interleaved)), slots] = rope.freqs.inv_freq.double()
+    inv[torch.tensor(_slot_axes(section, layout_interleaved)), slots] = inv_freq.double()
     angle = largest_angle(coords, inv)
     for got, x in zip(out, (q, k)):
-        ref = expected_nd(to_bhsd(x, layout), coords, inv, rope.interleaved)
-        ref[..., : rope.rotary_dim] *= rope.attention_scaling  # the pass-through channels are not scaled
+        ref = expected_nd(to_bhsd(x, layout), coords, inv, args["interleaved"])
+        ref[..., :r] *= attention_scaling  # the pass-through channels are not scaled
         assert_close(got, ref if layout == "bhsd" else ref.transpose(1, 2), x, angle)
     if ids.numel() and bool((ids == ids[:1]).all()):  # text: M-RoPE is the 1-D RoPE of the same config
         plain = rotary.RoPE(

@@ -260,6 +260,14 @@ def test_qwen2_5_vl_time_alignment_spaces_frames_by_tokens_per_second_times_seco
     assert got.position_ids[1, 0].tolist() == [0, 1, 1, 1] and got.next_position.tolist() == [6]
 
 
+def test_a_video_of_one_frame_has_temporal_id_0_at_any_rate():
+    """τ(0) = int(0 · tokens_per_second · second_per_grid_ts) = 0 (docs/variants.md): a rate past float32's range made
+    the one frame's temporal ids NaN, cast to -2**63, a wrong tensor without an error."""
+    types = torch.tensor([[0] + [2] * 4 + [0]])  # text, a video of one frame of 2 x 2 merged tokens, text
+    got = multimodal_positions(types, video_grid_thw=torch.tensor([[1, 4, 4]]), tokens_per_second=1e300)
+    assert got.position_ids[:, 0].tolist() == [[0, 1, 1, 1, 1, 3], [0, 1, 1, 2, 2, 3], [0, 1, 2, 1, 2, 3]]
+
+
 def test_text_after_a_time_aligned_video_as_in_qwen_release_code():
     # the example of the Qwen2.5-VL pull request to transformers (#35569): 25 tokens per second, 2 frames
     # per temporal patch at 1 fps (2 s per grid step), a video of 3 x 2 x 2 merged tokens, then 5 text tokens
@@ -1048,8 +1056,10 @@ def test_multimodal_positions_are_right_or_a_named_error(case, spoil):
     mp = expect(not spoiled, multimodal_positions, types, **kwargs)
     if spoiled:
         return
-    if kwargs.get("tokens_per_second") is not None:
-        return  # time-aligned videos: checked in test_mrope.py against transformers
+    # a valid draw with tokens_per_second has only videos of one temporal step: their τ(0) = 0 whatever the rate, and
+    # images are not time-aligned (docs/variants.md), so the grid rule below holds (longer videos: against
+    # transformers in test_multimodal_positions.py)
+    assert kwargs.get("tokens_per_second") is None or all(t == 1 for t, _, _ in videos)
     want, nxt = _expected_positions(types, mask, images, videos, merge)
     assert torch.equal(mp.position_ids, want)
     assert mp.next_position.tolist() == nxt and mp.bound == max(nxt)

@@ -257,7 +257,8 @@ def multimodal_positions(
             if omni:
                 second = seconds[used[kind]] if kind == 2 and seconds else torch.tensor(1.0)
                 steps = _omni_steps(t, second, tokens_per_second, rules["family"], used[kind], names[kind])
-            elif kind == 2 and tokens_per_second is not None:  # Qwen2.5-VL: temporal ids follow time
+            elif kind == 2 and tokens_per_second is not None and t > 1:  # Qwen2.5-VL: temporal ids follow time
+                # (one temporal step is τ(0) = 0 at any rate: 0 x a rate past float32's range would be NaN)
                 second = seconds[used[kind]] if seconds else 1
                 if not (t - 1) * tokens_per_second * float(second) < 2**53:
                     raise InputError(

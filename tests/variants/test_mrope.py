@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import rotary
 from helpers import NAMED, forbid_torch_path, hf_frequencies
+from rotary.errors import InputError
 from rotary.kernels import extension
 from rotary.kernels.eager import rotate_torch
 from rotary.rope_types import ConfigError
@@ -260,12 +261,24 @@ def test_qwen2_5_vl_time_alignment_spaces_frames_by_tokens_per_second_times_seco
     assert got.position_ids[1, 0].tolist() == [0, 1, 1, 1] and got.next_position.tolist() == [6]
 
 
-def test_a_video_of_one_frame_has_temporal_id_0_at_any_rate():
+def test_a_video_of_one_frame_has_temporal_id_0_at_any_rate_and_more_frames_a_named_error():
     """τ(0) = int(0 · tokens_per_second · second_per_grid_ts) = 0 (docs/variants.md): a rate past float32's range made
-    the one frame's temporal ids NaN, cast to -2**63, a wrong tensor without an error."""
+    the one frame's temporal ids NaN, cast to -2**63, a wrong tensor without an error (Qwen3-Omni: an error calling
+    them fractional); more frames at such a rate were -2**63 + 1 for the Omni models, where Qwen2.5-VL's rule names
+    the 2**53 limit."""
     types = torch.tensor([[0] + [2] * 4 + [0]])  # text, a video of one frame of 2 x 2 merged tokens, text
-    got = multimodal_positions(types, video_grid_thw=torch.tensor([[1, 4, 4]]), tokens_per_second=1e300)
-    assert got.position_ids[:, 0].tolist() == [[0, 1, 1, 1, 1, 3], [0, 1, 1, 2, 2, 3], [0, 1, 2, 1, 2, 3]]
+    for model_type in (None, "qwen2_5_omni", "qwen3_omni_moe"):  # Qwen2.5-VL's rule, and the Omni models' own
+        got = multimodal_positions(
+            types, video_grid_thw=torch.tensor([[1, 4, 4]]), tokens_per_second=1e300, model_type=model_type
+        )
+        assert got.position_ids[:, 0].tolist() == [[0, 1, 1, 1, 1, 3], [0, 1, 1, 2, 2, 3], [0, 1, 2, 1, 2, 3]]
+    # two frames at that rate: temporal ids past 2**53, an error naming the rate (the Omni models' were -2**63 + 1)
+    types = torch.tensor([[0] + [2] * 8 + [0]])
+    for model_type in (None, "qwen2_5_omni", "qwen3_omni_moe"):
+        with pytest.raises(InputError, match=r"2 temporal steps at .*1e\+300.* beyond 2\*\*53"):
+            multimodal_positions(
+                types, video_grid_thw=torch.tensor([[2, 4, 4]]), tokens_per_second=1e300, model_type=model_type
+            )
 
 
 def test_text_after_a_time_aligned_video_as_in_qwen_release_code():

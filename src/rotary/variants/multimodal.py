@@ -394,6 +394,13 @@ def _merged_runs(kinds: list[int]) -> Iterator[tuple[int, int, int]]:
 
 def _omni_steps(t: int, second: torch.Tensor, per_second: float, family: str, index: int, name: str) -> torch.Tensor:
     """An Omni video's temporal ids before the start: ``j · second · per_second`` in fp32, as transformers."""
+    if not (t - 1) * float(second) * per_second < 2**53:
+        raise InputError(
+            f"{name} {index}: {t} temporal steps at position_id_per_seconds={per_second!r} x second_per_grid_ts="
+            f"{float(second)!r} give temporal ids beyond 2**53, which positions cannot hold"
+        )
+    if t == 1:  # τ(0) = 0 at any rate (0 x a rate past float32's range would be NaN)
+        return torch.zeros(1, dtype=torch.long)
     steps = torch.arange(t) * torch.as_tensor(second).float() * per_second
     if family == "omni":
         return steps.long()  # Qwen2.5-Omni truncates

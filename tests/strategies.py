@@ -169,6 +169,8 @@ TYPE_KEYS = {
     "llama3": ({"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}, set()),
     "proportional": (set(), {"factor"}),
 }  # fmt: skip
+#: the built-in types, as docs/scaling.md's "Methods" lists them (ntk_alpha: described there, not by these rules)
+BUILT_IN_TYPES = {*TYPE_KEYS, "ntk_alpha"}
 #: keys any block may carry
 COMMON_KEYS = {"rope_type", "type", "rope_theta", "partial_rotary_factor"}
 #: the types whose factor may be an explicit null (docs/scaling.md: "A null factor means max_position_embeddings /
@@ -254,11 +256,12 @@ def block_verdict(block: dict, rotary_dim: int) -> int:
     width for proportional), as :func:`rotary.rope_types.validate_rope_parameters` checks it: the type named
     (``type`` is 4.x's name; both given and different: warned), its required keys (null is missing), keys of
     no type or of another type (warned), each value's range (:func:`in_range`) and the rules between keys.
-    Raises LookupError for a registered type these rules do not describe."""
+    Raises LookupError for a type these rules do not describe (ntk_alpha, or one a caller registered). Which types
+    exist is the documented list, not rotary's registry: a built-in type missing from it would be refused."""
     legacy = block.get("type")
     rope_type = block.get("rope_type", legacy if legacy is not None else "default")
     verdicts = [WARNED if legacy is not None and rope_type != legacy else VALID_BLOCK]
-    if not isinstance(rope_type, str) or rope_type not in ROPE_TYPES:
+    if not isinstance(rope_type, str) or (rope_type not in BUILT_IN_TYPES and rope_type not in ROPE_TYPES):
         return REFUSED
     if rope_type not in TYPE_KEYS or (rope_type == "dynamic" and block.get("alpha")):
         raise LookupError(f"no documented rules for rope_type {rope_type!r}")

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import rotary
+from helpers import hf_frequencies
 from rotary import reference
 
 
@@ -75,7 +76,10 @@ def test_fast_path_equals_all_three_references(cfg):
     rope, q, _ = make(cfg)
     pos = torch.arange(cfg["seq_len"]) * 7 + 3
     fast = rope.rotate(q, position_ids=pos).double()
-    inv, inter = rope.inv_freq, cfg["interleaved"]
+    # the frequencies of the references: transformers' default expression over the rotated channels, restated
+    # (docs/core.md: inv_freq is bit-identical to it), not the module's own
+    inv, inter = hf_frequencies({"rope_type": "default"}, cfg["base"], cfg["rotary_dim"])[0], cfg["interleaved"]
+    assert torch.equal(rope.inv_freq, inv)
     # the fast path rounds cos/sin to fp32 once; the references stay in float64
     bound = 4e-7 * q.abs().max().item() * 2 + (1e-6 if cfg["dtype"] == torch.float32 else 0)
     for ref in (

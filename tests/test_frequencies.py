@@ -165,7 +165,9 @@ def test_frequencies_scaling_is_a_read_only_deep_copy_that_serialises():
 @PROPERTIES
 @given(
     perturbed=perturbed_blocks(),
-    base=st.one_of(st.none(), st.sampled_from([10000.0, 500000.0]), NASTY),
+    # a nasty base one time in four, so that most draws reach the block's rules (drawn as one_of(..., NASTY), whose
+    # branches one_of flattens, 33 of 70 calls were refused for the base)
+    base=st.sampled_from([None, 10000.0, 500000.0, "nasty"]).flatmap(lambda v: NASTY if v == "nasty" else st.just(v)),
     strict=st.booleans(),
     seq_len=st.one_of(st.none(), st.integers(1, 100_000)),
 )

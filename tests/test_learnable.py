@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from torch.func import functional_call
 
 import rotary
-from helpers import forbid_torch_path
+from helpers import forbid_torch_path, hf_frequencies
 from rotary import reference
 from rotary.kernels.extension import load_cpu_extension
 from variant_checks import EPS64, FLOATS, assert_close, expect, tensors, to_bhsd
@@ -213,7 +213,11 @@ def test_learnable_frequencies_are_right_or_a_named_error(head_dim, learnable, s
     pos = data.draw(st.sampled_from([None, "ids", "big"]))
     ids = torch.arange(seq) if pos is None else torch.randint(0, 50 if pos == "ids" else 2**20, (seq,), generator=g)
     out = expect(True, rope, q, k, position_ids=None if pos is None else ids, layout=layout)  # every draw fits
-    inv64 = rope.original_freqs.inv_freq.double() * rope.log_frequency_scale.detach().double().exp()
+    # the learned frequencies θ_i · exp(α_i): θ transformers' for the block (restated, docs/core.md: bit-identical),
+    # α the scales set above
+    theta = hf_frequencies(scaling or {"rope_type": "default"}, 100.0, head_dim, head_dim=head_dim)[0]
+    assert torch.equal(rope.original_freqs.inv_freq, theta)
+    inv64 = theta.double() * rope.log_frequency_scale.detach().double().exp()
     angle = float(ids.max()) * float(inv64.max()) if seq else 0.0
     for got, x in zip(out, (q, k)):
         xb = to_bhsd(x, layout).double()
@@ -227,7 +231,7 @@ def test_learnable_frequencies_are_right_or_a_named_error(head_dim, learnable, s
         rope.zero_grad()
         (rope.rotate(qg, position_ids=ids, layout=layout).double() * w).sum().backward()
         a64 = rope.log_frequency_scale.detach().double().requires_grad_()
-        f64 = rope.original_freqs.inv_freq.double() * a64.exp()
+        f64 = theta.double() * a64.exp()
         xb = to_bhsd(qg, layout).double()
         ref = torch.stack([reference.rotate_complex(xb[b], ids, f64, interleaved=interleaved) for b in range(2)])
         (to_bhsd(ref, layout) * w).sum().backward()

@@ -10,11 +10,27 @@ from helpers import NAMED
 from strategies import tensors
 
 
+@st.composite
+def projections(draw):
+    """A q/k projection's weight ``[n_heads * 4, in]`` (sometimes a transposed view) or bias ``[n_heads * 4]``, of
+    any dtype: rows that fit head_dim 2 and 4, so that a good share of the draws is valid."""
+    rows, rank = 4 * draw(st.integers(0, 3)), draw(st.sampled_from([1, 2]))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    if rank == 1:
+        w = torch.randn(rows, generator=g)
+    elif draw(st.booleans()):
+        w = torch.randn(draw(st.integers(1, 5)), rows, generator=g).T  # non-contiguous
+    else:
+        w = torch.randn(rows, draw(st.integers(1, 5)), generator=g)
+    dtype = draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float64, torch.int64, torch.bool]))
+    return w > 0 if dtype == torch.bool else w.to(dtype)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
-    w=tensors(max_size=8),
-    head_dim=st.sampled_from([0, 1, 2, 4, -2, 2.0, None]),
-    to=st.sampled_from(["half", "interleaved", "x"]),
+    w=st.one_of(projections(), projections(), tensors(max_size=8)),
+    head_dim=st.sampled_from([2, 4, 4, 2, 0, 1, -2, 2.0, None]),
+    to=st.sampled_from(["half", "interleaved", "half", "interleaved", "x"]),
 )
 def test_pairing_converters(w, head_dim, to):
     # valid: head_dim an even int > 0, to "half" or "interleaved", w [n_heads * head_dim, in] or [n_heads * head_dim]

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rotary
+from helpers import hf_frequencies
 from rotary import plans, reference
 from rotary import positions as P
 from rotary.kernels import extension
@@ -82,13 +83,14 @@ def test_a_plan_is_bit_identical_to_the_general_path(
         kwargs["position_ids"] = P.arange(seq_len, offset=start)
     expected = general(rope, q.clone(), k.clone(), **kwargs)
     # the general path's answer is the float64 reference rotation at each token's position (the oracle; q's, k
-    # takes the same tables)
+    # takes the same tables), with transformers' default frequencies restated (docs/core.md: bit-identical)
     rows = {"ids_1d": ids[:1], "ids_2d": ids, "ids_row": ids[:1]}.get(form, torch.arange(start, start + seq_len)[None])
+    inv_freq = hf_frequencies({"rope_type": "default"}, 10000.0, 32 if partial else 64)[0]
     x, out = to_bhsd(q, layout), to_bhsd(expected[0], layout)
     want = torch.empty(x.shape, dtype=torch.float64)
     for b in range(batch):
-        want[b] = reference.rotate_complex(x[b], rows[min(b, len(rows) - 1)], rope.inv_freq, interleaved=interleaved)
-    assert_close(out, want, x, largest_angle(rows[..., None].double(), rope.inv_freq[None]))
+        want[b] = reference.rotate_complex(x[b], rows[min(b, len(rows) - 1)], inv_freq, interleaved=interleaved)
+    assert_close(out, want, x, largest_angle(rows[..., None].double(), inv_freq[None]))
     rope(q.clone(), k.clone(), **kwargs)  # records the plan
     q_in, k_in = q.clone(), k.clone()
     got = rope(q_in, k_in, **kwargs)

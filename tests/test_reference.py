@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import rotary
+from helpers import hf_frequencies
 from rotary import reference
 from strategies import FAST
 
@@ -89,7 +90,9 @@ def test_reference_forms_agree_with_each_other_and_with_rope(head_dim, positions
     x = torch.randn(2, len(positions), head_dim, generator=g, dtype=torch.float64)
     p = torch.tensor(positions)
     rope = rotary.RoPE(head_dim, base=base, interleaved=interleaved)
-    inv_freq = rope.inv_freq.double()
+    # transformers' default frequencies, restated (docs/core.md: RoPE's inv_freq is bit-identical to them)
+    inv_freq = hf_frequencies({"rope_type": "default"}, base, head_dim)[0].double()
+    assert torch.equal(rope.inv_freq.double(), inv_freq)
     by_matrix = reference.rotate_matrix(x, p, inv_freq, interleaved=interleaved)
     by_complex = reference.rotate_complex(x, p, inv_freq, interleaved=interleaved)
     by_numpy = torch.from_numpy(reference.rotate_numpy(x.numpy(), p.numpy(), inv_freq.numpy(), interleaved=interleaved))

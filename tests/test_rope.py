@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rotary
-from helpers import outputs_from_threads
+from helpers import hf_frequencies, outputs_from_threads
 from rotary import reference
 from strategies import DTYPES
 from variant_checks import expect
@@ -416,8 +416,10 @@ def test_a_longrope_block_edited_after_construction_changes_nothing(gen):
 TOL = {torch.float32: 2e-5, torch.float64: 1e-9, torch.bfloat16: 8e-2, torch.float16: 8e-3}
 
 
-def _expected(rope, x, pos, layout):
-    """The float64 reference rotation of x (4-D) at its positions, or None when not computable."""
+def _expected(x, pos, layout, interleaved):
+    """The float64 reference rotation of x (4-D) at its positions by ``RoPE(head_dim)``'s documented frequencies:
+    transformers' default ones at base 10000 (restated in helpers; docs/core.md: bit-identical)."""
+    inv_freq = hf_frequencies({"rope_type": "default"}, 10000.0, x.shape[-1])[0]
     seq_dim = 2 if layout == "bhsd" else 1
     s = x.shape[seq_dim]
     if pos is None:
@@ -427,7 +429,7 @@ def _expected(rope, x, pos, layout):
     xb = x.double() if layout == "bhsd" else x.double().transpose(1, 2)
     out = torch.empty_like(xb)
     for b in range(xb.shape[0]):
-        out[b] = reference.rotate_complex(xb[b], ids[b], rope.freqs.inv_freq, interleaved=rope.interleaved)
+        out[b] = reference.rotate_complex(xb[b], ids[b], inv_freq, interleaved=interleaved)
     return out if layout == "bhsd" else out.transpose(1, 2)
 
 
@@ -541,7 +543,7 @@ def test_rope_rotate_is_the_rotation_and_refuses_what_the_contract_refuses(call,
     if positions is None:
         seq_dim = 2 if view_layout == "bhsd" else 1
         positions = torch.arange(kwargs["offset"], kwargs["offset"] + view.shape[seq_dim])
-    ref = _expected(rope, view, positions, view_layout).reshape(x.shape)
+    ref = _expected(view, positions, view_layout, interleaved).reshape(x.shape)
     scale = max(1.0, float(before.double().abs().max())) if before.numel() else 1.0
     big = bool(positions.numel()) and int(positions.abs().max()) > 2**20
     tol = TOL[x.dtype] * scale * (1e4 if big else 1)  # fp32 of angles ~1e12 rad: the reference differs too

@@ -355,8 +355,10 @@ def test_register_rope_type_refuses_a_non_function():
 @PROPERTIES
 @given(
     perturbed=perturbed_blocks(),
-    rotary_dim=st.one_of(st.sampled_from([64, 2, 4, 62]), NASTY),
-    strict=st.one_of(st.booleans(), NASTY),
+    # a nasty strict or rotary_dim one time in four, so that most draws reach the block's rules (drawn as
+    # st.one_of(..., NASTY), most were nasty: 9 of 69 calls were accepted)
+    rotary_dim=st.sampled_from([64, 64, 2, 4, 62, None]).flatmap(lambda v: NASTY if v is None else st.just(v)),
+    strict=st.sampled_from([True, False, True, None]).flatmap(lambda v: NASTY if v is None else st.just(v)),
 )
 @example(perturbed=without("yarn", "beta_fast"), rotary_dim=64, strict=True)  # valid: beta_fast has a default
 @example(perturbed=without("proportional", "factor"), rotary_dim=64, strict=False)  # valid: factor is optional

@@ -15,6 +15,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
 
 import rotary
+from helpers import hf_frequencies
 from rotary import RoPE, frequencies
 from rotary.frequencies import default_inv_freq
 from rotary.tables import cos_sin_table
@@ -148,7 +149,7 @@ def test_longrope_matches_transformers(config, seq_len):
     f = assert_same_as_hf(head_dim, params, max_position_embeddings, seq_len=seq_len)
     long = seq_len is not None and seq_len > params["original_max_position_embeddings"]
     factors = torch.tensor(params["long_factor" if long else "short_factor"], dtype=torch.float32)
-    base_inv = default_inv_freq(params["rope_theta"], 2 * len(factors))
+    base_inv = hf_frequencies({"rope_type": "default"}, params["rope_theta"], 2 * len(factors))[0]  # transformers'
     torch.testing.assert_close(f.inv_freq, base_inv / factors, rtol=4 * EPS32, atol=0)
 
 
@@ -357,9 +358,10 @@ def test_linear_divides_every_frequency():
 @EXAMPLES
 def test_ntk_raises_the_base(head_dim, alpha, base):
     f = frequencies(head_dim, base=base, scaling={"rope_type": "ntk", "factor": alpha})
+    # transformers' default frequencies (restated in helpers, not rotary's default_inv_freq) of the raised base
     new_base = base * alpha ** (head_dim / (head_dim - 2))
-    assert torch.equal(f.inv_freq, default_inv_freq(new_base, head_dim))
-    plain = default_inv_freq(base, head_dim).double()
+    assert torch.equal(f.inv_freq, hf_frequencies({"rope_type": "default"}, new_base, head_dim)[0])
+    plain = hf_frequencies({"rope_type": "default"}, base, head_dim)[0].double()
     assert f.inv_freq[0] == 1.0  # the fastest pair is untouched
     # the slowest pair is divided by exactly alpha (up to the fp32 roundings of both tables)
     assert f.inv_freq[-1].double() * alpha == pytest.approx(plain[-1].item(), rel=1e-5)

@@ -9,9 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rotary
-from helpers import make_qk
+from helpers import hf_frequencies, make_qk
+from rotary import reference
 from rotary.kernels import extension
 from rotary.kernels.eager import rotate_torch
+from variant_checks import assert_close, largest_angle, to_bhsd
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
 
@@ -87,6 +89,17 @@ def test_fused_matches_pure_torch(case):
             assert g is t
         else:
             assert torch.equal(t, b), "out-of-place call modified its input"
+    # and both are the rotation: q against rotary.reference at each token's row, with transformers' frequencies
+    # restated (docs/core.md: bit-identical), not the pure-torch path the kernel is compared with above
+    inv_freq = hf_frequencies({"rope_type": "default"}, 10000.0, case["r"])[0]
+    x = to_bhsd(before[0], case["layout"])
+    want = torch.stack(
+        [
+            reference.rotate_complex(x[b], rows[min(b, rows.shape[0] - 1)], inv_freq, interleaved=case["interleaved"])
+            for b in range(B)
+        ]
+    )
+    assert_close(to_bhsd(got[0], case["layout"]), want, x, largest_angle(rows[..., None].double(), inv_freq[None]))
     if qkv is not None and case["inplace"]:  # v (the heads after q and k) is never touched
         v_after = qkv[:, :, Hq + Hk :].clone()
         _, _, fresh = make_qk(

@@ -302,4 +302,7 @@ def test_property_cached_decoding_equals_full(seq_len, prefill, kv_heads, interl
     cache = KVCache()
     parts = [attn(x[:, :prefill], cache=cache)] if prefill else []
     parts += [attn(x[:, i : i + 1], cache=cache) for i in range(prefill, seq_len)]
-    torch.testing.assert_close(torch.cat(parts, dim=1), attn(x), rtol=1e-5, atol=1e-5)
+    steps = torch.cat(parts, dim=1)
+    torch.testing.assert_close(steps, attn(x), rtol=1e-5, atol=1e-5)
+    # and both are the attention: the float64 reference (head by head, rotary.reference's rotation, the paper's slopes)
+    torch.testing.assert_close(steps, reference_attention(attn, x, causal=True).float(), rtol=1e-5, atol=1e-5)

@@ -3,7 +3,7 @@ arbitrary arguments that give the right shape or a named error."""
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import rotary
@@ -84,19 +84,36 @@ def test_attention_under_autocast_takes_mixed_dtypes(gen):
         assert RotaryAttention(16, 2)(x).shape == (1, 3, 16)
 
 
+#: layers (hidden, heads, kv_heads, causal) that are valid, half of the draws, so that their calls reach the masks and
+#: positions; the other half any combination (hidden 6 and 12 give odd head widths, 3; hidden 6 and 8 the smallest
+#: even one, 2)
+LAYERS = st.one_of(
+    st.sampled_from(
+        [(8, 1, None, True), (16, 2, 1, False), (16, 4, 2, True), (12, 2, None, False), (6, 3, None, True)]
+    ),
+    st.tuples(
+        st.sampled_from([8, 16, 12, 6]),
+        st.sampled_from([1, 2, 3, 4, 0]),
+        st.sampled_from([None, 1, 2, 5]),
+        st.sampled_from([True, False, "true"]),
+    ),
+)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
-    hidden=st.sampled_from([8, 16, 12]),
-    heads=st.sampled_from([1, 2, 3, 0]),
-    kv=st.sampled_from([None, 1, 2, 5]),
-    causal=st.sampled_from([True, False, "true"]),
+    layer=LAYERS,
     seq=st.integers(0, 6),
-    mask=st.sampled_from(["none", "ones", "float", "twos", "short", "left"]),
+    mask=st.sampled_from(["none", "ones", "float", "twos", "short", "left", "bool"]),
     positions=positions_strategy(),
 )
-def test_attention_is_right_shaped_or_a_named_error(hidden, heads, kv, causal, seq, mask, positions):
-    # valid (RotaryAttention's documented arguments): heads an int > 0 dividing hidden into an even head_dim,
-    # num_kv_heads None or dividing heads, causal a bool
+@example(layer=(6, 3, None, True), seq=3, mask="left", positions=None)  # valid: head_dim 2
+@example(layer=(6, 2, None, False), seq=3, mask="none", positions=None)  # invalid: head_dim 3
+@example(layer=(8, 1, None, False), seq=3, mask="bool", positions=None)  # valid: a bool mask
+def test_attention_is_right_shaped_or_a_named_error(layer, seq, mask, positions):
+    hidden, heads, kv, causal = layer
+    # valid (RotaryAttention's documented arguments): heads an int > 0 dividing hidden into an even head_dim (RoPE
+    # rotates pairs of channels), num_kv_heads None or dividing heads, causal a bool
     valid = heads > 0 and hidden % heads == 0 and (hidden // heads) % 2 == 0 and (kv is None or heads % kv == 0)
     valid = valid and isinstance(causal, bool)
     try:
@@ -116,6 +133,7 @@ def test_attention_is_right_shaped_or_a_named_error(hidden, heads, kv, causal, s
         "left": torch.cat((torch.zeros(2, 1, dtype=torch.long), torch.ones(2, max(seq - 1, 0), dtype=torch.long)), 1)[
             :, :seq
         ],
+        "bool": torch.arange(seq).expand(2, seq) >= torch.tensor([[0], [1]]),  # left padding as a bool mask
     }
     # the mask: None or a bool / integer [B, S] of 0 and 1; the positions: None or an int64/int32 tensor
     # [S] / [1 or B, S], >= 0 (a list or float positions are not positions)
@@ -139,8 +157,11 @@ dtypes = st.sampled_from([torch.float32, torch.float64, torch.bfloat16, torch.in
 
 @FAST
 @given(
-    shape=st.lists(st.integers(0, 4), min_size=1, max_size=5),
-    groups=odd_values,
+    # [B, Hk, T, D] and a count of groups half of the time (else any rank, any value), so valid calls are drawn
+    shape=st.one_of(
+        st.lists(st.integers(0, 4), min_size=4, max_size=4), st.lists(st.integers(0, 4), min_size=1, max_size=5)
+    ),
+    groups=st.one_of(st.integers(1, 4), odd_values),
     dtype=dtypes,
 )
 def test_repeat_kv_equals_repeat_interleave_or_names_the_argument(shape, groups, dtype):

@@ -117,7 +117,10 @@ def test_alibi_slopes_are_a_geometric_sequence_or_a_named_error(num_heads):
         return
     assert valid, f"num_heads={num_heads!r} was accepted"
     assert slopes.shape == (num_heads,) and bool((slopes > 0).all()) and bool((slopes <= 1).all())
-    if num_heads & (num_heads - 1) == 0:  # a power of two: ratio 2^(-8/n), starting at it
-        ratio = 2.0 ** (-8.0 / num_heads)
-        want = torch.tensor([ratio ** (i + 1) for i in range(num_heads)])
-        torch.testing.assert_close(slopes, want)
+    # the paper's recipe (Press et al., ALiBi): for the largest power of two n <= num_heads, the geometric sequence
+    # 2^(-8 (i + 1) / n); the heads beyond n take every other slope of 2 n heads' sequence, 2^(-8 (2 j + 1) / (2 n))
+    n = 2 ** (num_heads.bit_length() - 1)
+    want = [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)] + [
+        2.0 ** (-4.0 * (2 * j + 1) / n) for j in range(num_heads - n)
+    ]
+    torch.testing.assert_close(slopes, torch.tensor(want))

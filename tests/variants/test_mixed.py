@@ -263,9 +263,20 @@ def test_rope_mixed_is_right_or_a_named_error(data):
         return
     rope.eval()
     inv_freq = rope.frequencies()
-    assert inv_freq.shape == (num_heads, 2, rope.rotary_dim // 2) and bool(torch.isfinite(inv_freq).all())
+    r = head_dim if args.get("rotary_dim") is None else args["rotary_dim"]
+    assert inv_freq.shape == (num_heads, 2, r // 2) and bool(torch.isfinite(inv_freq).all())
+    # the paper's initial frequencies (docs/variants.md): per head, magnitudes base^(-4k/r) (k < r/4) in two blocks
+    # at right angles (a random angle per head, or none with rotate=False)
+    f = inv_freq.detach().double()
+    magnitudes = torch.tensor([float(args["base"]) ** (-4 * j / r) for j in range(r // 4)], dtype=torch.float64)
+    torch.testing.assert_close(f.norm(dim=1), magnitudes.repeat(2).expand(num_heads, -1), rtol=1e-6, atol=0)
+    assert float((f[:, :, : r // 4] * f[:, :, r // 4 :]).sum(1).abs().max()) <= 1e-6
     h, w = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))
-    coords = rope.grid(h, w, prefix=data.draw(st.sampled_from([0, 1])))
+    prefix = data.draw(st.sampled_from([0, 1]))
+    coords = rope.grid(h, w, prefix=prefix)
+    # the grid, restated (AxialRoPE.grid's docstring): prefix identity tokens, then (y, x) row-major
+    grid = [[0.0, 0.0]] * prefix + [[float(y), float(x)] for y in range(h) for x in range(w)]
+    assert coords.values.tolist() == grid and (prefix == 0 or coords.identity.tolist() == [True] + [False] * h * w)
     layout = data.draw(st.sampled_from(["bhsd", "bshd"]))
     kv_heads = data.draw(st.sampled_from([num_heads, num_heads, 1, num_heads + 1]))
     dtype = data.draw(st.sampled_from(FLOATS))
@@ -276,10 +287,8 @@ def test_rope_mixed_is_right_or_a_named_error(data):
     out = expect(kv_heads == num_heads, rope, q, k, coords, layout=layout)
     if out is None:
         return
-    values = (
-        coords.values.masked_fill(coords.identity.unsqueeze(-1), 0.0) if coords.identity is not None else coords.values
-    )
+    values = torch.tensor(grid, dtype=torch.float64)  # identity tokens at 0: not turned
     angle = largest_angle(values, inv_freq)
     for got, x in zip(out, (q, k)):
-        ref = expected_nd(to_bhsd(x, layout), values, inv_freq, rope.interleaved)
+        ref = expected_nd(to_bhsd(x, layout), values, inv_freq, args["interleaved"])
         assert_close(got, ref if layout == "bhsd" else ref.transpose(1, 2), x, angle)

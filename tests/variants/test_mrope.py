@@ -9,11 +9,12 @@ import random
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import rotary
-from helpers import NAMED, forbid_torch_path
+from helpers import NAMED, forbid_torch_path, hf_frequencies
+from rotary.errors import InputError
 from rotary.kernels import extension
 from rotary.kernels.eager import rotate_torch
 from rotary.rope_types import ConfigError
@@ -258,6 +259,26 @@ def test_qwen2_5_vl_time_alignment_spaces_frames_by_tokens_per_second_times_seco
     )
     assert got.position_ids[0, 0].tolist() == [0, 1, 3, 5]  # t = 1 + int(j * 4 * 0.5)
     assert got.position_ids[1, 0].tolist() == [0, 1, 1, 1] and got.next_position.tolist() == [6]
+
+
+def test_a_video_of_one_frame_has_temporal_id_0_at_any_rate_and_more_frames_a_named_error():
+    """τ(0) = int(0 · tokens_per_second · second_per_grid_ts) = 0 (docs/variants.md): a rate past float32's range made
+    the one frame's temporal ids NaN, cast to -2**63, a wrong tensor without an error (Qwen3-Omni: an error calling
+    them fractional); more frames at such a rate were -2**63 + 1 for the Omni models, where Qwen2.5-VL's rule names
+    the 2**53 limit."""
+    types = torch.tensor([[0] + [2] * 4 + [0]])  # text, a video of one frame of 2 x 2 merged tokens, text
+    for model_type in (None, "qwen2_5_omni", "qwen3_omni_moe"):  # Qwen2.5-VL's rule, and the Omni models' own
+        got = multimodal_positions(
+            types, video_grid_thw=torch.tensor([[1, 4, 4]]), tokens_per_second=1e300, model_type=model_type
+        )
+        assert got.position_ids[:, 0].tolist() == [[0, 1, 1, 1, 1, 3], [0, 1, 1, 2, 2, 3], [0, 1, 2, 1, 2, 3]]
+    # two frames at that rate: temporal ids past 2**53, an error naming the rate (the Omni models' were -2**63 + 1)
+    types = torch.tensor([[0] + [2] * 8 + [0]])
+    for model_type in (None, "qwen2_5_omni", "qwen3_omni_moe"):
+        with pytest.raises(InputError, match=r"2 temporal steps at .*1e\+300.* beyond 2\*\*53"):
+            multimodal_positions(
+                types, video_grid_thw=torch.tensor([[2, 4, 4]]), tokens_per_second=1e300, model_type=model_type
+            )
 
 
 def test_text_after_a_time_aligned_video_as_in_qwen_release_code():
@@ -695,6 +716,10 @@ def _slot_axes(section, interleaved):
     return out
 
 
+#: a valid static block with an attention scaling of its own (0.1 ln 4 + 1)
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+
+
 @st.composite
 def mrope_args(draw, wild=True):
     head_dim = draw(st.sampled_from([16] * 8 + [24, 12, 8, 8, 0, 7, "16", 16.0]))
@@ -725,7 +750,7 @@ def mrope_args(draw, wild=True):
             [None] * 10
             + [
                 {"rope_type": "linear", "factor": 2.0},
-                {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+                YARN,
                 {"rope_type": "dynamic", "factor": 2.0},
                 {"rope_type": "linear", "factor": -1.0},
                 "linear",
@@ -750,7 +775,7 @@ def mrope_args(draw, wild=True):
         )
         args.update(
             base=args["base"] if args["base"] in (None, 10000.0, 1e6) else None,
-            scaling=scaling if scaling in (None, {"rope_type": "linear", "factor": 2.0}) else None,
+            scaling=draw(st.sampled_from([None, {"rope_type": "linear", "factor": 2.0}, YARN])),
         )
     return args
 
@@ -826,7 +851,7 @@ def test_mrope_is_right_or_a_named_error(wild, data):
     assert rope.axes.tolist() == _slot_axes(section, layout_interleaved)
     batch, seq, dtype = data.draw(st.integers(1, 2)), data.draw(st.integers(0, 4)), data.draw(st.sampled_from(FLOATS))
     layout = data.draw(st.sampled_from(["bhsd", "bshd"] + ["thd"] * wild))
-    d = rope.head_dim
+    d = args["head_dim"]
     shape_q = [batch, 2, seq, d] if layout != "bshd" else [batch, seq, 2, d]
     q = data.draw(st.one_of(tensors(shape=shape_q, dtype=dtype), *[tensors(max_size=3)] * wild))
     k = data.draw(tensors(shape=[batch, 1, seq, d] if layout != "bshd" else [batch, seq, 1, d], dtype=dtype))
@@ -839,14 +864,20 @@ def test_mrope_is_right_or_a_named_error(wild, data):
     out = expect(ok, rope, q, k, position_ids=ids, layout=layout)
     if not ok:
         return
+    # the frequencies and attention scaling: transformers' for the block over the rotated channels (restated in
+    # helpers; docs/core.md: bit-identical), the base 10000 when none is given
+    r = d if args["rotary_dim"] is None else args["rotary_dim"]
+    base = 10000.0 if args["base"] is None else args["base"]
+    inv_freq, attention_scaling = hf_frequencies(args["scaling"] or {"rope_type": "default"}, base, r, head_dim=r)
+    assert torch.equal(rope.freqs.inv_freq, inv_freq) and rope.attention_scaling == attention_scaling
     coords = ids.long().permute(1, 2, 0).double()  # [B, S, 3]
-    slots = torch.arange(rope.rotary_dim // 2)
+    slots = torch.arange(r // 2)
     inv = torch.zeros(3, slots.numel(), dtype=torch.float64)
-    inv[torch.tensor(_slot_axes(section, layout_interleaved)), slots] = rope.freqs.inv_freq.double()
+    inv[torch.tensor(_slot_axes(section, layout_interleaved)), slots] = inv_freq.double()
     angle = largest_angle(coords, inv)
     for got, x in zip(out, (q, k)):
-        ref = expected_nd(to_bhsd(x, layout), coords, inv, rope.interleaved)
-        ref[..., : rope.rotary_dim] *= rope.attention_scaling  # the pass-through channels are not scaled
+        ref = expected_nd(to_bhsd(x, layout), coords, inv, args["interleaved"])
+        ref[..., :r] *= attention_scaling  # the pass-through channels are not scaled
         assert_close(got, ref if layout == "bhsd" else ref.transpose(1, 2), x, angle)
     if ids.numel() and bool((ids == ids[:1]).all()):  # text: M-RoPE is the 1-D RoPE of the same config
         plain = rotary.RoPE(
@@ -859,27 +890,35 @@ def test_mrope_is_right_or_a_named_error(wild, data):
 
 @settings(max_examples=60, deadline=None)
 @given(
-    model_type=st.sampled_from(["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llama", None, 3]),
-    hidden=st.sampled_from([64, 64, 48, 0, -64, "64", 64.0]),
-    heads=st.sampled_from([4, 4, 3, 0]),
-    theta=st.sampled_from([1e6, 1e4, 0.0, -1.0, math.nan, "1e6", None]),
-    section=st.sampled_from([[2, 3, 3], [2, 3, 3], [4, 2, 2], [3, 3, 3], [2, 3], "233", None, [2.0, 3, 3]]),
+    # weighted to valid values, so that valid configs are drawn (6 of 60 draws were)
+    model_type=st.sampled_from(["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2_vl", "qwen2_5_vl", "llama", None, 3]),
+    hidden=st.sampled_from([64, 64, 64, 48, 0, -64, "64", 64.0]),
+    heads=st.sampled_from([4, 4, 4, 3, 0]),
+    theta=st.sampled_from([1e6, 1e4, None, 1e6, 1e4, None, 0.0, -1.0, math.nan, "1e6"]),
+    section=st.sampled_from(
+        [[2, 3, 3], [2, 3, 3], [4, 2, 2], [2, 3, 3], None, [3, 3, 3], [2, 3], "233", None, [2.0, 3, 3]]
+    ),
     block=st.sampled_from(["rope_scaling", "rope_scaling", "rope_parameters", "text_config"]),
 )
+# valid configs of each family and block form (5 of the 60 derandomized draws are valid)
+@example(model_type="qwen2_vl", hidden=64, heads=4, theta=None, section=[2, 3, 3], block="rope_scaling")
+@example(model_type="qwen2_5_vl", hidden=48, heads=3, theta=1e4, section=[4, 2, 2], block="text_config")
+@example(model_type="qwen3_vl", hidden=64, heads=4, theta=1e6, section=None, block="rope_parameters")
+@example(model_type="qwen3_vl", hidden=64, heads=4, theta=None, section=None, block="text_config")
 def test_mrope_from_hf_config_is_right_or_a_named_error(model_type, hidden, heads, theta, section, block):
     cfg = {"model_type": model_type, "hidden_size": hidden, "num_attention_heads": heads}
     inner = {"type": "mrope", "rope_type": "default", "mrope_section": section}
     if block == "rope_parameters":
         inner = {"rope_type": "default", "mrope_section": section, "rope_theta": theta}
-    else:
-        cfg["rope_theta"] = theta
+    elif theta is not None:  # None: absent. (In the block a null is "not given", docs/scaling.md; a top-level
+        cfg["rope_theta"] = theta  # rope_theta: null is refused, which the documents do not decide: not drawn)
     cfg["rope_scaling" if block != "rope_parameters" else "rope_parameters"] = inner
     if block == "text_config":
         cfg = {"model_type": model_type, "text_config": cfg}
-    # valid, from transformers' configs: a Qwen VL model_type; rope_theta absent (None) or a number > 1; Qwen2-VL and
-    # Qwen2.5-VL: head_dim = hidden_size // num_attention_heads (ints > 0, an even quotient) and an mrope_section
-    # of positive ints summing to head_dim / 2; Qwen3-VL: its defaults, head_dim 128 and [24, 20, 20] (hidden_size
-    # and the heads are not read), so only a missing section fits
+    # valid, from transformers' configs: a Qwen VL model_type; rope_theta absent or null in the block (None) or a
+    # number > 1; Qwen2-VL and Qwen2.5-VL: head_dim = hidden_size // num_attention_heads (ints > 0, an even
+    # quotient) and an mrope_section of positive ints summing to head_dim / 2; Qwen3-VL: its defaults, head_dim 128
+    # and [24, 20, 20] (hidden_size and the heads are not read), so only a missing section fits
     valid = model_type in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl") and (theta is None or (is_number(theta) and theta > 1))
     if model_type == "qwen3_vl":
         valid = valid and section is None
@@ -1030,8 +1069,10 @@ def test_multimodal_positions_are_right_or_a_named_error(case, spoil):
     mp = expect(not spoiled, multimodal_positions, types, **kwargs)
     if spoiled:
         return
-    if kwargs.get("tokens_per_second") is not None:
-        return  # time-aligned videos: checked in test_mrope.py against transformers
+    # a valid draw with tokens_per_second has only videos of one temporal step: their τ(0) = 0 whatever the rate, and
+    # images are not time-aligned (docs/variants.md), so the grid rule below holds (longer videos: against
+    # transformers in test_multimodal_positions.py)
+    assert kwargs.get("tokens_per_second") is None or all(t == 1 for t, _, _ in videos)
     want, nxt = _expected_positions(types, mask, images, videos, merge)
     assert torch.equal(mp.position_ids, want)
     assert mp.next_position.tolist() == nxt and mp.bound == max(nxt)

@@ -15,10 +15,12 @@ from variant_checks import EPS64, expect, is_int, is_number, valid_ids
 
 @settings(max_examples=40, deadline=None)
 @given(
-    head_dim=st.sampled_from([8, 8, 6, 0, 7, "8"]),
-    floor_scale=st.sampled_from([8192, 4, 0, 4.0]),
+    # weighted to valid layers (three in four) and positions, so that the temperatures are checked in most draws
+    head_dim=st.sampled_from([8, 6, 2, 8, 6, 0, 7, "8"]),
+    floor_scale=st.sampled_from([8192, 4, 1, 8192, 4, 1, 0, 4.0]),
     positions=st.one_of(
         st.lists(st.integers(0, 2**40), min_size=0, max_size=4).map(torch.tensor),
+        st.lists(st.lists(st.integers(0, 20000), min_size=3, max_size=3), min_size=1, max_size=2).map(torch.tensor),
         st.lists(st.integers(-3, 20), min_size=1, max_size=4).map(torch.tensor),
         st.just(torch.tensor([1.0, 2.0])),
         st.just(torch.arange(6).reshape(2, 3)),

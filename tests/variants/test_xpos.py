@@ -4,6 +4,7 @@ KV-cache decoding equal to the full pass, the range guard, causal use only, and 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rotary
-from helpers import forbid_torch_path
+from helpers import forbid_torch_path, hf_frequencies
 from rotary import reference
 from rotary.kernels import extension
 from rotary.kernels.eager import rotate_torch
@@ -246,18 +247,19 @@ def test_score_decay_behind_the_figure():
     assert float(xpos[-256:].abs().max()) < float(xpos[256:512].abs().min())
 
 
-def _xpos_reference(x_bhsd, pos, rope, key):
-    """rotate_complex at ``pos`` times ζ_i^(±(n - c)/γ) on both channels of pair i, float64."""
-    r = rope.rotary_dim
+def _xpos_reference(x_bhsd, pos, spec, key):
+    """rotate_complex at ``pos`` times ζ_i^(±(n - c)/γ) on both channels of pair i, float64; ``spec`` holds the
+    rotated width, frequencies, centre ``c``, ``γ`` and pairing the test restated from XPos's documentation."""
+    r = spec.rotary_dim
     i = torch.arange(r // 2, dtype=torch.float64)
     zeta = (2 * i + 0.4 * r) / (1.4 * r)
     out = torch.empty(x_bhsd.shape, dtype=torch.float64)
     for b in range(x_bhsd.shape[0]):
         p = pos if pos.dim() == 1 else pos[min(b, pos.shape[0] - 1)]
-        rot = reference.rotate_complex(x_bhsd[b], p, rope.inv_freq.double(), interleaved=rope.interleaved)
-        expo = (p.double() - rope.center) / rope.scale_base
+        rot = reference.rotate_complex(x_bhsd[b], p, spec.inv_freq.double(), interleaved=spec.interleaved)
+        expo = (p.double() - spec.center) / spec.scale_base
         scale = zeta[None, :] ** (-expo if key else expo)[:, None]  # [S, r/2]
-        scale = scale.repeat_interleave(2, -1) if rope.interleaved else torch.cat((scale, scale), -1)
+        scale = scale.repeat_interleave(2, -1) if spec.interleaved else torch.cat((scale, scale), -1)
         rot[..., :r] = rot[..., :r] * scale
         out[b] = rot
     return out
@@ -329,7 +331,17 @@ def test_xpos_is_right_or_a_named_error(data):
     rope = expect(ok, XPos, head_dim, **args)
     if not ok:
         return
-    assert 0 <= rope.center <= rope.max_distance
+    # what the positions are decided and the rotation checked against, restated from XPos's docstring (not read
+    # from the module): the centre defaults to max_position // 2, at most max_distance; the frequencies are
+    # transformers' default ones over the rotated channels (docs/core.md: bit-identical)
+    max_distance, fp16_max_distance = xpos_limits(args["scale_base"])
+    center = args["center"] if args["center"] is not None else min(args.get("max_position", 2048) // 2, max_distance)
+    r = head_dim if args.get("rotary_dim") is None else args["rotary_dim"]
+    inv_freq = hf_frequencies({"rope_type": "default"}, args.get("base", 10000.0), r)[0]
+    spec = SimpleNamespace(
+        rotary_dim=r, inv_freq=inv_freq, center=center, scale_base=args["scale_base"], interleaved=args["interleaved"]
+    )
+    assert rope.center == center and 0 <= center <= max_distance
     batch, seq = data.draw(st.integers(1, 2)), data.draw(st.integers(0, 4))
     layout = data.draw(st.sampled_from(["bhsd", "bshd"] + ["bhds"] * wild))
     dtype = data.draw(st.sampled_from(FLOATS))
@@ -349,7 +361,6 @@ def test_xpos_is_right_or_a_named_error(data):
     # valid: q as drawn for the layout (a wild q never fits: its last dim is <= 3), "bhsd"/"bshd", and either
     # an int offset >= 0 or positions [S] / [B or 1, S] (int64/int32, >= 0) with offset 0; every position at
     # most max_distance past the centre, and (float16) at most fp16_max_distance from it on either side
-    max_distance, fp16_max_distance = xpos_limits(rope.scale_base)
     if pos is None:
         ok = is_int(offset) and offset >= 0
         ids = torch.arange(offset, offset + seq) if ok else None
@@ -359,7 +370,7 @@ def test_xpos_is_right_or_a_named_error(data):
         ids = pos
     ok = ok and q.shape == tuple(shape) and q.dtype == dtype and layout in ("bhsd", "bshd")
     if ok and ids.numel():
-        c = rope.center
+        c = center
         ok = int(ids.max()) - c <= max_distance
         if dtype == torch.float16:
             ok = ok and max(int(ids.max()) - c, c - int(ids.min())) <= fp16_max_distance
@@ -368,7 +379,7 @@ def test_xpos_is_right_or_a_named_error(data):
         return
     pos = ids
     for got, x, key in zip(out, (q, k), (False, True)):
-        ref = _xpos_reference(to_bhsd(x, layout), pos, rope, key)
+        ref = _xpos_reference(to_bhsd(x, layout), pos, spec, key)
         ref = ref if layout == "bhsd" else ref.transpose(1, 2)
         assert bool(torch.isfinite(ref).all())
         # the scales reach 2^±126: compare relative to the reference's magnitude per pair of channels

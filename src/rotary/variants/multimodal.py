@@ -257,7 +257,8 @@ def multimodal_positions(
             if omni:
                 second = seconds[used[kind]] if kind == 2 and seconds else torch.tensor(1.0)
                 steps = _omni_steps(t, second, tokens_per_second, rules["family"], used[kind], names[kind])
-            elif kind == 2 and tokens_per_second is not None:  # Qwen2.5-VL: temporal ids follow time
+            elif kind == 2 and tokens_per_second is not None and t > 1:  # Qwen2.5-VL: temporal ids follow time
+                # (one temporal step is τ(0) = 0 at any rate: 0 x a rate past float32's range would be NaN)
                 second = seconds[used[kind]] if seconds else 1
                 if not (t - 1) * tokens_per_second * float(second) < 2**53:
                     raise InputError(
@@ -393,6 +394,13 @@ def _merged_runs(kinds: list[int]) -> Iterator[tuple[int, int, int]]:
 
 def _omni_steps(t: int, second: torch.Tensor, per_second: float, family: str, index: int, name: str) -> torch.Tensor:
     """An Omni video's temporal ids before the start: ``j · second · per_second`` in fp32, as transformers."""
+    if not (t - 1) * float(second) * per_second < 2**53:
+        raise InputError(
+            f"{name} {index}: {t} temporal steps at position_id_per_seconds={per_second!r} x second_per_grid_ts="
+            f"{float(second)!r} give temporal ids beyond 2**53, which positions cannot hold"
+        )
+    if t == 1:  # τ(0) = 0 at any rate (0 x a rate past float32's range would be NaN)
+        return torch.zeros(1, dtype=torch.long)
     steps = torch.arange(t) * torch.as_tensor(second).float() * per_second
     if family == "omni":
         return steps.long()  # Qwen2.5-Omni truncates

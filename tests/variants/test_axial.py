@@ -962,6 +962,8 @@ def test_axial_presets_are_right_or_a_named_error(name, head_dim, overrides):
 )
 @example(shift=1e300, jitter=1.5, rescale=None, training=True, seed=0)  # valid: coordinates up to 1.5e300, finite
 @example(shift=None, jitter=1e300, rescale=1e300, training=True, seed=0)  # the drawn factors decide
+@example(shift=1e300, jitter=1e300, rescale=None, training=True, seed=0)  # refused: coordinates past float64's range
+@example(shift=1e300, jitter=1e300, rescale=None, training=True, seed=1)  # accepted: a jitter that shrinks them
 def test_axial_augmentation_is_finite_or_a_named_error(shift, jitter, rescale, training, seed):
     # valid (AxialRoPE's documented arguments): shift_coords None or a finite number >= 0 (a shift drawn from
     # [-shift, shift]), jitter_coords and rescale_coords None or finite numbers >= 1 (factors drawn log-uniformly
@@ -976,19 +978,29 @@ def test_axial_augmentation_is_finite_or_a_named_error(shift, jitter, rescale, t
         return
     rope.train(training)
     coords = rope.grid(3, 3)
-    # the tables are refused only for angles beyond float64's range (AxialRoPE.tables, docs/variants.md): the largest
-    # coordinate after augmentation times the frequencies summed over the axes. The coordinates augmentation draws
-    # are those of ``augment`` with the same generator (a shift, per-axis jitter and one rescale, drawn once);
-    # whether they stay finite after the product is the rule restated here
+    # the augmented coordinates, restated from docs/variants.md: drawn from the generator in this order, a shift per
+    # axis uniform in [-s, s], a factor per axis log-uniform in [1/j, j], one factor for all axes log-uniform in
+    # [1/r, r]. The tables are refused only for angles beyond float64's range (AxialRoPE.tables): the largest
+    # coordinate times the frequencies summed over the axes
     augmented = training and rope.augments
+    values = augmented_coordinates(coords.values, shift, jitter, rescale, seed) if augmented else coords.values
     rate = float(rope.frequencies().abs().sum(-2).amax())
-    values = rope.augment(coords.values, torch.Generator().manual_seed(seed)) if augmented else coords.values
     finite = math.isfinite(float(values.abs().amax()) * rate)
-    generator = torch.Generator().manual_seed(seed)
-    tables = expect(finite, rope.tables, coords, generator=generator)
+    tables = expect(finite, rope.tables, coords, generator=torch.Generator().manual_seed(seed))
     if tables is None:
         return
     assert bool(torch.isfinite(tables.cos).all() and torch.isfinite(tables.sin).all())
-    if not augmented:
-        plain = AxialRoPE(16, coordinates="normalized").tables(coords)
-        assert torch.equal(tables.cos, plain.cos) and torch.equal(tables.sin, plain.sin)
+    plain = AxialRoPE(16, coordinates="normalized").tables(Coordinates(values))  # eval: the coordinates as given
+    assert torch.equal(tables.cos, plain.cos) and torch.equal(tables.sin, plain.sin)
+
+
+def augmented_coordinates(values, shift, jitter, rescale, seed):
+    """DINOv3's augmentation as docs/variants.md states it, drawn from ``torch.Generator().manual_seed(seed)``."""
+    g, axes = torch.Generator().manual_seed(seed), values.shape[-1]
+    if shift is not None:
+        values = values + torch.empty(axes, dtype=torch.float64).uniform_(-shift, shift, generator=g)
+    for factor, n in ((jitter, axes), (rescale, 1)):
+        if factor is not None:
+            top = math.log(factor)
+            values = values * torch.empty(n, dtype=torch.float64).uniform_(-top, top, generator=g).exp()
+    return values

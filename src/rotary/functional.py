@@ -103,9 +103,8 @@ def apply_rotary(
         interleaved: ``False`` pairs (i, i + r/2) (Hugging Face), ``True`` pairs (2i, 2i + 1) (RoFormer, GPT-J).
         layout, head_dim: ``"bhsd"`` or ``"bshd"`` (ignored for packed x); ``D`` of flat ``[total_tokens, H * D]``.
         inplace: write the result into ``x`` and return it (pass-through channels untouched, nothing allocated).
-        validate: ``True``: 4 of the rows the tokens read checked (evenly spaced, first and last included) and
-            positions inside the tables, on the CPU (the caller's contract on an accelerator); ``"sync"``: the
-            same on any device; ``"full"``: every row; ``False``: nothing (docs/core.md, "Guarantees").
+        validate: ``True``: 4 of the rows read (evenly spaced) and the positions checked on the CPU; ``"sync"``:
+            the same on any device; ``"full"``: every row; ``False``: nothing (docs/core.md, "Guarantees").
         position_ids, seqlen_offsets: integer ``[S]`` / ``[B, S]`` / ``[total_tokens]`` rows of cos/sin; or the first
             position of each sequence (int or int ``[B]`` / ``[N]``).
         cu_seqlens, max_seqlen: integer ``[N + 1]`` boundaries of packed x; the longest sequence (optional).

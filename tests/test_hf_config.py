@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from hypothesis import example, given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 from transformers import AutoConfig
 
@@ -1272,27 +1272,182 @@ def test_the_models_that_read_partial_rotary_factor_are_those_of_transformers():
     assert readers == PARTIAL_READERS
 
 
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _known_model_type(value: str) -> bool:
+    """Whether ``value`` names a model type transformers or rotary's tables know (its defaults, pairing or refusal)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    from rotary.hf.architectures import SEQUENCE_ROPE, VISION_ROPE
+    from rotary.hf.config import MROPE_MODELS, PAIRING, TEXT_MODEL_TYPES, UNSUPPORTED
+    from rotary.hf.encoder_tables import ENCODER_PART
+
+    tables = (CONFIG_MAPPING_NAMES, PAIRING, UNSUPPORTED, TEXT_MODEL_TYPES, MROPE_MODELS, ENCODER_PART, VISION_ROPE)
+    return any(value in table for table in (*tables, SEQUENCE_ROPE)) or value.startswith("gemma3")
+
+
+def _as_read(block: dict) -> dict:
+    """A scaling block with its type under ``rope_type`` (``type`` is 4.x's name; ``rope_type`` wins), default
+    ``default``."""
+    out = dict(block)
+    legacy = out.pop("type", None)
+    out.setdefault("rope_type", "default" if legacy is None else legacy)
+    return out
+
+
+def no_model_type_reading(d: dict):
+    """How a dict of the keys docs/scaling.md lists ("Loading from a checkpoint"), with no model_type (or one neither
+    transformers nor rotary knows) and ``interleaved=False``, is read, restated from docs/scaling.md ("A config
+    without a model_type") and "What each parameter may be": ``(head_dim, base, block, max_position_embeddings)``,
+    the block as read (before its values are checked: :func:`frequencies_verdict` does that), or None where the
+    reader itself refuses it. No model defaults: what the dict does not state is not filled in."""
+    model_type = d.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        return None  # model_type must be a string
+    if d.get("text_config") is not None and not any(
+        k in d for k in ("rope_parameters", "rope_scaling", "rope_theta", "head_dim")
+    ):
+        inner = d["text_config"]  # the text part of a multimodal config (a dict), read alone
+        return no_model_type_reading({"model_type": model_type, **inner}) if isinstance(inner, dict) else None
+    # the head width: qk_rope_head_dim, else head_dim, else hidden_size // num_attention_heads (n_embd // n_head),
+    # each a positive int, the division exact, at most 65536 channels
+    width = next((d[k] for k in ("qk_rope_head_dim", "head_dim") if d.get(k) is not None), None)
+    if width is None:
+        hidden = d.get("hidden_size", d.get("n_embd"))
+        heads = d.get("num_attention_heads", d.get("n_head"))
+        if not (_positive_int(hidden) and _positive_int(heads)) or hidden % heads:
+            return None
+        width = hidden // heads
+    if not _positive_int(width) or width > 2**16:
+        return None
+    length = d.get("max_position_embeddings", d.get("n_positions"))
+    if length is not None and not _positive_int(length):
+        return None  # a length in tokens
+    params, legacy = d.get("rope_parameters"), d.get("rope_scaling")
+    if any(b is not None and not isinstance(b, dict) for b in (params, legacy)):
+        return None  # a block is a dict
+    if params and legacy and _as_read(params) != _as_read(legacy):
+        return None  # both blocks, read differently (strict)
+    layer_types = d.get("layer_types")
+    if layer_types is not None and not (isinstance(layer_types, list) and all(isinstance(t, str) for t in layer_types)):
+        return None
+    raw = legacy or params or {}
+    # never one block per layer type here (a block without a type whose values are all dicts)
+    assert not raw or "rope_type" in raw or "type" in raw or not all(isinstance(v, dict) for v in raw.values())
+    block = _as_read(raw)
+    # the base: the block's rope_theta, else rope_theta, else rotary_emb_base, else 10000 (a null is not a base)
+    base = block.pop("rope_theta", None)
+    base = d.get("rope_theta", d.get("rotary_emb_base", 10000.0)) if base is None else base
+    if isinstance(base, bool) or not isinstance(base, (int, float)) or not -math.inf < base < math.inf or base <= 0:
+        return None
+    # the rotated part: partial_rotary_factor (a null: not given), else rotary_pct
+    if "partial_rotary_factor" in block:
+        pass
+    elif d.get("partial_rotary_factor") is not None:
+        block["partial_rotary_factor"] = d["partial_rotary_factor"]
+    elif "rotary_pct" in d:
+        block["partial_rotary_factor"] = d["rotary_pct"]
+    part = block.get("partial_rotary_factor")
+    if d.get("qk_rope_head_dim") is not None and part not in (None, 1, 1.0):
+        # qk_rope_head_dim and head_dim * partial_rotary_factor state the rotated width twice: they must agree
+        full = d.get("head_dim")
+        if not (isinstance(part, (int, float)) and not isinstance(part, bool) and 0 < part <= 1):
+            return None
+        if not (_positive_int(full) and int(full * part) == width):
+            return None
+        del block["partial_rotary_factor"]
+    # the trained length of yarn, longrope and llama3: a top-level original_max_position_embeddings wins, a block
+    # without one is refused (strict; transformers would use the context length); dynamic, yarn and longrope get the
+    # context length
+    rope_type = block.get("rope_type", block.get("type", "default"))
+    if rope_type in ("yarn", "longrope", "llama3"):
+        if d.get("original_max_position_embeddings") is not None:
+            block["original_max_position_embeddings"] = d["original_max_position_embeddings"]
+        elif block.get("original_max_position_embeddings") is None and length is not None:
+            return None
+    if rope_type in ("dynamic", "yarn", "longrope") and length is not None:
+        block.setdefault("max_position_embeddings", length)
+    return width, float(base), block, length
+
+
+#: values each config key plausibly holds (a few wrong ones among them), for dicts that often read
+PLAUSIBLE = {
+    "head_dim": [64, 128, 96, 80], "hidden_size": [4096, 2048, 4100], "num_attention_heads": [32, 16], "n_embd": [4096],
+    "n_head": [16, 0], "qk_rope_head_dim": [64, 32], "rope_theta": [10000.0, 500000.0, 1e6, 0.5, None],
+    "rotary_emb_base": [10000, 1e6], "partial_rotary_factor": [0.5, 0.25, 1.0, 0.3, None],
+    "rotary_pct": [0.25, 1.0, None], "max_position_embeddings": [2048, 131072], "n_positions": [2048],
+    "original_max_position_embeddings": [4096, 8192], "layer_types": [[], ["full_attention"]],
+    "rope_interleave": [True, "no"], "model_type": ["my_model", None],
+    "rope_scaling": [None, {}, {"rope_type": "linear", "factor": 4.0}, {"rope_type": "yarn", "factor": 4.0}],
+    "rope_parameters": [None, {"rope_type": "default"}, {"type": "linear", "factor": 2.0},
+                        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}],
+}  # fmt: skip
+#: a dict of config keys: plausible values, each key at most once, one of them perhaps NASTY
+CONFIG_DICTS = st.one_of(
+    st.fixed_dictionaries({}, optional={k: st.sampled_from(v) for k, v in PLAUSIBLE.items()}),
+    st.fixed_dictionaries(
+        {"head_dim": st.sampled_from(PLAUSIBLE["head_dim"])},
+        optional={k: st.sampled_from(v) for k, v in PLAUSIBLE.items() if k != "head_dim"},
+    ),
+).flatmap(
+    lambda d: st.one_of(
+        st.just(d),
+        st.builds(lambda k, v: {**d, k: v}, st.sampled_from(ROPE_CONFIG_KEYS), NASTY),
+    )
+)
+
+
 @PROPERTIES
-@given(config=st.one_of(NASTY, st.dictionaries(st.sampled_from(ROPE_CONFIG_KEYS), NASTY, max_size=6)))
+@given(
+    config=st.one_of(
+        NASTY,
+        st.dictionaries(st.sampled_from(ROPE_CONFIG_KEYS), NASTY, max_size=6),
+        CONFIG_DICTS,
+        CONFIG_DICTS,  # twice: a dict of plausible values reads often, and a valid one must
+    )
+)
+@example(config={"head_dim": 64})  # valid: 10000, the whole head
+@example(config={"hidden_size": 4096, "num_attention_heads": 32, "rope_theta": 500000.0, "rotary_pct": 0.25})
+@example(config={"qk_rope_head_dim": 64, "head_dim": 128, "partial_rotary_factor": 0.5})
+@example(config={"n_embd": 256, "n_head": 4, "rope_scaling": {}, "max_position_embeddings": 2048})
+@example(config={"head_dim": 64, "rope_theta": None})  # refused: a null base
+@example(config={"head_dim": 64, "rope_theta": 0.5})  # read, then refused: a base <= 1
+@example(config={"text_config": {"head_dim": 32}, "model_type": "zz"})  # valid: the text part
 def test_read_hf_config_on_arbitrary_objects(config):
     # decided up front (read_hf_config's docstring): a config is a dict, a transformers config or a path to a
     # config.json (or its folder); anything else is refused, and a string names a path, which these short ones
-    # do not (FileNotFoundError naming it). A dict of these keys and values is right or a named error: what it may
-    # hold depends on the reader's per-architecture defaults (perturbed_configs covers real configs)
+    # do not (FileNotFoundError naming it). A dict without a model_type (or with one nobody knows), read with
+    # interleaved=False, is read by docs/scaling.md's key table alone (no_model_type_reading); its values are then
+    # checked by "What each parameter may be" (frequencies_verdict), with transformers' frequencies as the oracle
+    if isinstance(config, dict) and isinstance(config.get("model_type"), str) and config["model_type"]:
+        assume(not _known_model_type(config["model_type"]))  # a real architecture: its defaults (perturbed_configs)
+    reading = no_model_type_reading(config) if isinstance(config, dict) else None
+    verdict = None if reading is None else frequencies_verdict(reading[2], reading[1], reading[0])
+    want = None
+    if verdict is not None and accepted(verdict[0], strict=True):
+        want = computes(reading[2], verdict[2], verdict[1], None, reading[0])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             s = read_hf_config(config, interleaved=False)
+            rope = RoPE.from_hf_config(config, interleaved=False, max_position=16)
         except FileNotFoundError as exc:  # a string is a path
             assert isinstance(config, str), exc
             assert repr(str(config)) in str(exc) or str(config) in str(exc)
             return
         except Exception as exc:
             assert not isinstance(config, str), f"the path {config!r} was not looked up: {exc}"
+            assert want is None, f"{config!r}, valid by docs/scaling.md, was refused: {exc}"
             assert_named_error(exc)
             return
     assert isinstance(config, dict), f"{config!r} was read as a config"
-    assert s.head_dim > 0 and math.isfinite(s.base)
+    assert reading is not None and want is not None, f"{config!r}, invalid by docs/scaling.md, was read: {s}"
+    head_dim, base, block, length = reading
+    assert (s.head_dim, s.base, s.scaling, s.rotary_dim) == (head_dim, base, block, None), (s, reading)
+    assert (s.max_position_embeddings, s.interleaved) == (length, False)
+    assert torch.equal(rope.inv_freq, want[0]) and rope.attention_scaling == float(want[1]), config
 
 
 # ------------------------------------------------------------------------------------------------

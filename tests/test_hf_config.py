@@ -922,8 +922,14 @@ def dropped(name: str, key: str):
 
 def original_block(name: str) -> dict:
     """The fixture's scaling block as written (empty when it has none, or one per layer type)."""
-    target = original_target(name)
-    return next((target[k] for k in ("rope_parameters", "rope_scaling") if isinstance(target.get(k), dict)), {})
+    return perturbed_block(original_target(name))
+
+
+def perturbed_block(target: dict) -> dict:
+    """The scaling block :func:`perturbed_configs` perturbs in ``target`` (a config's top level or text_config): its
+    ``rope_parameters`` or ``rope_scaling``, the full-attention one of a config with one per layer type."""
+    block = next((target[k] for k in ("rope_parameters", "rope_scaling") if isinstance(target.get(k), dict)), {})
+    return block["full_attention"] if isinstance(block.get("full_attention"), dict) else block
 
 
 def removed(name: str, key: str):
@@ -982,6 +988,8 @@ def top_level_reading(name: str, key: str, value, fixture):
     derived = "head_dim" not in top
     if not derived and key != "head_dim":
         return None  # hidden_size / num_attention_heads beside a head_dim: not the width
+    if derived and not {"hidden_size", "num_attention_heads"} <= set(top):
+        return None  # a width from the model's defaults
     width = top.get("head_dim") if not derived else top["hidden_size"] // top["num_attention_heads"]
     if width != fixture.head_dim or (derived and key == "head_dim"):
         return None
@@ -1023,11 +1031,17 @@ COUNT_KEYS = (
 )  # fmt: skip
 
 
-def transformers_reading(name: str, d: dict, *, falling: bool = False):
+#: the fixtures with one RoPE block per layer type, and the class transformers builds them with
+PER_LAYER = {"gemma3_nested": "gemma3.modeling_gemma3.Gemma3RotaryEmbedding", "gemma-3-4b-it": PUBLISHED_FILES[
+    "gemma-3-4b-it"][0]}  # fmt: skip
+
+
+def transformers_reading(name: str, d: dict, *, falling: bool = False, layer_type: str | None = None):
     """transformers 5.23 as the oracle of a config whose reading depends on its config class's defaults: the
-    ``(inv_freq, attention_scaling)`` of the fixture's RotaryEmbedding class built from ``d`` when it builds and
-    they are what rotary accepts (every frequency finite and > 0, the scaling a finite number > 0), else None."""
-    dotted = ARCHITECTURES.get(name, PUBLISHED_FILES.get(name, (None,)))[0]
+    ``(inv_freq, attention_scaling)`` of the fixture's RotaryEmbedding class built from ``d`` (of ``layer_type``,
+    for a class that builds one per layer type: Gemma 3's ``{layer_type}_inv_freq``) when it builds and they are
+    what rotary accepts (every frequency finite and > 0, the scaling a finite number > 0), else None."""
+    dotted = PER_LAYER.get(name) or ARCHITECTURES.get(name, PUBLISHED_FILES.get(name, (None,)))[0]
     if dotted is None:
         return None
     try:
@@ -1035,7 +1049,8 @@ def transformers_reading(name: str, d: dict, *, falling: bool = False):
             warnings.simplefilter("ignore")
             cfg = text_config(d)
             hf = hf_class(dotted)(cfg)
-        inv_freq, scaling = hf.inv_freq, hf.attention_scaling
+        prefix = "" if layer_type is None else f"{layer_type}_"
+        inv_freq, scaling = getattr(hf, f"{prefix}inv_freq"), getattr(hf, f"{prefix}attention_scaling")
         top = d["text_config"] if isinstance(d.get("text_config"), dict) else d
         if top.get("head_dim") is None and cfg.hidden_size % cfg.num_attention_heads:
             return None  # a width from an uneven split (transformers floors it; rotary refuses it): not decided
@@ -1111,19 +1126,31 @@ def _read(d, strict, layer_type, interleaved):
 def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, strict, layer_type, interleaved):
     d, key, value, (name, inside) = perturbed
     original = copy.deepcopy(d)
+    # the layer type, decided up front (docs/scaling.md, "Loading from a checkpoint"; read_hf_config's docstring):
+    # a config with one block per layer type (PER_LAYER: Gemma 3) is read per layer_type, and without one refused;
+    # a config with one block for every layer reads alike whatever layer_type says, except that one listing its
+    # layer_types refuses a type it does not list. read_as: the layer type whose reading the draw gets
+    listed = original_target(name).get("layer_types")
+    whole = not inside and key in WHOLE_KEYS  # a key that replaces what the fixture is: decided below
+    read_as = layer_type if name in PER_LAYER else None
+    lt_refused = name in PER_LAYER and layer_type is None and not whole
+    lt_refused |= layer_type is not None and bool(listed) and layer_type not in listed and key != "layer_types"
     # decided up front: a top-level key rotary does not read (outside ROPE_CONFIG_KEYS) changes nothing: the
-    # config reads as the unperturbed one does (the same frequencies, or refused alike).
+    # config reads as the unperturbed one does (the same frequencies, or refused alike); so does a value in the
+    # block of another layer type than the one read ("layer_type ... reads that layer's own keys")
     unread = not inside and key not in ROPE_CONFIG_KEYS
-    # a value set inside the scaling block of a config with one block (not one per layer type), for a key the
-    # reader passes on as written (not rope_theta, the base; not rope_type / type, whose names the reader maps per
-    # architecture; not a length a top-level key overrides, Phi-3's original_max_position_embeddings): the block
-    # is the fixture's as read (its values filled from the config and checked against transformers elsewhere in
-    # this file) with that value, and the scaling block's documented contract decides (strategies.
-    # frequencies_verdict, with transformers' frequencies as the oracle: helpers.computes)
+    unread |= inside and name in PER_LAYER and layer_type is not None and layer_type != "full_attention"
+    # a value set inside the scaling block (of the layer type read), for a key the reader passes on as written (not
+    # rope_theta, the base; not rope_type / type, whose names the reader maps per architecture; not a length a
+    # top-level key overrides, Phi-3's original_max_position_embeddings): the block is the fixture's as read (its
+    # values filled from the config and checked against transformers elsewhere in this file) with that value, and
+    # the scaling block's documented contract decides (strategies.frequencies_verdict, with transformers'
+    # frequencies as the oracle: helpers.computes)
     want = in_block = None
     target = d["text_config"] if isinstance(d.get("text_config"), dict) else d
-    block = next((target[k] for k in ("rope_parameters", "rope_scaling") if isinstance(target.get(k), dict)), {})
-    plain = inside and layer_type is None and key not in ("rope_theta", "rope_type", "type") and key not in target
+    block = perturbed_block(target)
+    one = not lt_refused and not unread  # decided by the reading of read_as
+    plain = inside and one and key not in ("rope_theta", "rope_type", "type") and key not in target
     # a key deleted from the block: what the reader does not fill in (it fills original_max_position_embeddings
     # from the context length) is then missing from the block as read
     deleted = plain and key not in block and key in original_block(name) and key != "original_max_position_embeddings"
@@ -1131,14 +1158,14 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
     # the top-level max_position_embeddings (set, of a config that states it) is a positive int or refused (the
     # config classes' type, even with strict=False); a positive int is the length of the block of a type that
     # takes one (yarn, longrope, dynamic), and otherwise changes nothing
-    length = not inside and layer_type is None and key == "max_position_embeddings" and key in original_target(name)
+    length = not inside and one and key == "max_position_embeddings" and key in original_target(name)
     length = length and key in target
-    # the other top-level keys rotary reads for the head width, the base and the rotated part (set, of a config
-    # with one block): top_level_reading says what the block, base and head width then are, from the documented
-    # reading; the same contract and oracle as a block value then decide
-    top = not inside and layer_type is None and key in (*BASE_KEYS, *PART_KEYS, *HEAD_KEYS) and key in target
-    fixture = _read_fixture(name, strict, None, interleaved) if plain or length or top else None
-    if isinstance(fixture, tuple) and list(read_hf_layers(CONFIGS[name])) == [None]:  # one block for every layer
+    # the other top-level keys rotary reads for the head width, the base and the rotated part (set): top_level_reading
+    # says what the block, base and head width then are, from the documented reading; the same contract and oracle as
+    # a block value then decide
+    top = not inside and one and key in (*BASE_KEYS, *PART_KEYS, *HEAD_KEYS) and key in target
+    fixture = _read_fixture(name, strict, read_as, interleaved) if plain or length or top else None
+    if isinstance(fixture, tuple):
         fixture = fixture[0]
         base, head_dim = fixture.base, fixture.head_dim
         if top:
@@ -1157,24 +1184,22 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
             verdict, rotary_dim, base = frequencies_verdict(in_block, base, head_dim)
             if accepted(verdict, strict):
                 want = computes(in_block, base, rotary_dim, None, head_dim)
-    # a top-level key of the head width, base or rotated part deleted or set to null (of a config with one block,
-    # read leniently): read from the architecture's config-class defaults, for which transformers is the oracle
-    # (docs/scaling.md: strict=False gives transformers' results where they are finite): where its rotary class
-    # builds from the config with finite, turning frequencies, rotary gives the same, bit for bit
+    # a top-level key of the head width, base or rotated part deleted or set to null (read leniently): read from the
+    # architecture's config-class defaults, for which transformers is the oracle (docs/scaling.md: strict=False gives
+    # transformers' results where they are finite): where its rotary class builds from the config (the layer type
+    # read_as, for Gemma 3's per-layer-type class) with finite, turning frequencies, rotary gives the same, bit for bit
     hf_want = None
-    defaulted = not inside and layer_type is None and value is None and not strict
+    defaulted = not inside and one and value is None and not strict
     if defaulted and key in (*BASE_KEYS, *PART_KEYS, *HEAD_KEYS) and key in original_target(name):
-        if isinstance(_read_fixture(name, strict, None, interleaved), tuple):  # one block, read without layer_type
-            hf_want = transformers_reading(name, d)
-    elif not strict and layer_type is None and want is None and in_block is None and not unread:
+        if isinstance(_read_fixture(name, strict, read_as, interleaved), tuple):
+            hf_want = transformers_reading(name, d, layer_type=read_as)
+    elif not strict and one and want is None and in_block is None:
         if key not in WHOLE_KEYS and not refused_always(key, value):
-            if isinstance(_read_fixture(name, strict, None, interleaved), tuple):  # one block, read without layer_type
-                hf_want = transformers_reading(name, d, falling=True)
-    # every other draw read leniently, of a config with one block, without layer_type, whose key does not replace what
-    # the fixture is (WHOLE_KEYS) and whose value is not refused always (refused_always): transformers is the oracle
-    # where its rotary class builds from the config with finite frequencies that fall from at most 1 rad/token. Left
-    # undecided (right or a named error): per-layer-type blocks and a layer_type; configs transformers does not
-    # build, or builds with frequencies rotary refuses always. Strict draws are all decided by the lenient
+            if isinstance(_read_fixture(name, strict, read_as, interleaved), tuple):
+                hf_want = transformers_reading(name, d, falling=True, layer_type=read_as)
+    # every other draw read leniently whose key does not replace what the fixture is (WHOLE_KEYS) and whose value is
+    # not refused always (refused_always): transformers is the oracle where its rotary class builds from the config
+    # with finite frequencies that fall from at most 1 rad/token. Strict draws are all decided by the lenient
     # reading (below).
     if unread:
         want = _read_fixture(name, strict, layer_type, interleaved)
@@ -1189,7 +1214,9 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
             settings_, rope = _read(d, strict, layer_type, interleaved)
         except Exception as exc:
             if unread:
-                assert isinstance(want, Exception), f"{key}={value!r}, a key rotary does not read, was refused: {exc}"
+                assert isinstance(want, Exception), (
+                    f"{key}={value!r}, a key this reading does not read, was refused: {exc}"
+                )
                 assert type(exc) is type(want), (exc, want)
             assert hf_want is None, f"{key}={value!r}, read as transformers reads it, was refused: {exc}"
             if strict:
@@ -1209,6 +1236,7 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
                 assert_named_error(exc, (key, value))
             return
     assert json.dumps(d, sort_keys=True, default=repr) == json.dumps(original, sort_keys=True, default=repr)
+    assert not lt_refused, f"layer_type={layer_type!r}, which {name} lacks, was read"
     if strict:
         assert not isinstance(lenient, Exception), f"{key}={value!r}, refused leniently, was read strictly: {lenient}"
         assert not warned, f"{key}={value!r}, a mistake warned about leniently, was read strictly"

@@ -22,6 +22,7 @@ from helpers import assert_named_error, assert_sound, computes, hf_config, text_
 from rotary import ConfigError, RoPE, frequencies
 from rotary.hf import read_hf_layers
 from rotary.hf.config import read_hf_config
+from rotary.rope_types import ROPE_TYPES
 from strategies import NASTY, NUMBERS, PROPERTIES, accepted, frequencies_verdict
 
 transformers.logging.set_verbosity_error()
@@ -882,7 +883,7 @@ ROPE_CONFIG_KEYS = [
 
 @st.composite
 def perturbed_configs(draw):
-    name = draw(st.sampled_from(sorted(CONFIGS)))
+    name = draw(st.sampled_from(sorted(set(CONFIGS) - {"gptj"})))  # GPT-J: explicit examples (its keys of its own)
     d = copy.deepcopy(CONFIGS[name])
     target = d["text_config"] if isinstance(d.get("text_config"), dict) else d
     block_name = next((k for k in ("rope_parameters", "rope_scaling") if isinstance(target.get(k), dict)), None)
@@ -935,14 +936,14 @@ def perturbed_block(target: dict) -> dict:
 def removed(name: str, key: str):
     """A draw of :func:`perturbed_configs`: fixture ``name`` with ``key`` deleted from its scaling block."""
     d = copy.deepcopy(CONFIGS[name])
-    del next(d[k] for k in ("rope_parameters", "rope_scaling") if isinstance(d.get(k), dict))[key]
+    del perturbed_block(d["text_config"] if isinstance(d.get("text_config"), dict) else d)[key]
     return d, key, None, (name, True)
 
 
 def in_block(name: str, key: str, value):
     """A draw of :func:`perturbed_configs`: fixture ``name`` with ``key`` set to ``value`` in its scaling block."""
     d = copy.deepcopy(CONFIGS[name])
-    next(d[k] for k in ("rope_parameters", "rope_scaling") if isinstance(d.get(k), dict))[key] = value
+    perturbed_block(d["text_config"] if isinstance(d.get("text_config"), dict) else d)[key] = value
     return d, key, value, (name, True)
 
 
@@ -998,13 +999,13 @@ def top_level_reading(name: str, key: str, value, fixture):
     if _bad_number(value):
         return "refused"
     if isinstance(value, float):
-        return None  # a float count: the config class's type, not written here
+        return "refused"  # a float count, even 128.0 (the config classes type them int)
     after = {**top, key: value}
     width = after["head_dim"] if key == "head_dim" else after["hidden_size"] // after["num_attention_heads"]
     if width > 2**16:
         return "refused"  # wider heads than the tables could hold
     if width < 2 or width % 2 or (derived and after["hidden_size"] % after["num_attention_heads"]):
-        return None  # an odd or zero width, an uneven split: not written here
+        return "refused"  # an odd or zero width (channels rotate in pairs), an uneven split (add head_dim)
     return block, fixture.base, width
 
 
@@ -1031,6 +1032,16 @@ COUNT_KEYS = (
 )  # fmt: skip
 
 
+class _GptjRotary:
+    """GPT-J's frequencies as transformers' GPTJAttention computes them (``create_sinusoidal_positions``'s first line:
+    base 10000 over ``rotary_dim`` channels; a null rotary_dim rotates the whole head, docs/scaling.md); no scaling."""
+
+    def __init__(self, cfg) -> None:
+        dim = cfg.rotary_dim or cfg.n_embd // cfg.n_head
+        self.inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.int64) / dim))
+        self.attention_scaling = 1.0
+
+
 #: the fixtures with one RoPE block per layer type, and the class transformers builds them with
 PER_LAYER = {"gemma3_nested": "gemma3.modeling_gemma3.Gemma3RotaryEmbedding", "gemma-3-4b-it": PUBLISHED_FILES[
     "gemma-3-4b-it"][0]}  # fmt: skip
@@ -1042,13 +1053,13 @@ def transformers_reading(name: str, d: dict, *, falling: bool = False, layer_typ
     for a class that builds one per layer type: Gemma 3's ``{layer_type}_inv_freq``) when it builds and they are
     what rotary accepts (every frequency finite and > 0, the scaling a finite number > 0), else None."""
     dotted = PER_LAYER.get(name) or ARCHITECTURES.get(name, PUBLISHED_FILES.get(name, (None,)))[0]
-    if dotted is None:
+    if dotted is None and name != "gptj":
         return None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             cfg = text_config(d)
-            hf = hf_class(dotted)(cfg)
+            hf = hf_class(dotted)(cfg) if dotted is not None else _GptjRotary(cfg)
         prefix = "" if layer_type is None else f"{layer_type}_"
         inv_freq, scaling = getattr(hf, f"{prefix}inv_freq"), getattr(hf, f"{prefix}attention_scaling")
         top = d["text_config"] if isinstance(d.get("text_config"), dict) else d
@@ -1056,13 +1067,58 @@ def transformers_reading(name: str, d: dict, *, falling: bool = False, layer_typ
             return None  # a width from an uneven split (transformers floors it; rotary refuses it): not decided
     except Exception:  # noqa: BLE001 - a config transformers does not build: undecided here
         return None
-    sound = bool(torch.isfinite(inv_freq).all() and (inv_freq > 0).all())
+    sound = inv_freq.numel() > 0 and bool(torch.isfinite(inv_freq).all() and (inv_freq > 0).all())
     if falling:  # frequencies that fall from at most 1 rad/token, at most 2^15 pairs (wider: refused always)
         sound = sound and bool((inv_freq <= 1).all() and (inv_freq[1:] <= inv_freq[:-1]).all())
         sound = sound and inv_freq.numel() <= 2**15
     if not (sound and isinstance(scaling, (int, float)) and 0 < scaling <= torch.finfo(torch.float32).max):
         return None
     return inv_freq, scaling
+
+
+#: top-level keys of the base and the rotated part whose reading transformers decides (transformers_reads), each
+#: with a valid value; GPT-J's rotary_dim, for its own oracle
+PROBES = {
+    "rope_theta": 12345.0, "rotary_emb_base": 12345.0, "rope_local_base_freq": 12345.0, "partial_rotary_factor": 0.5,
+    "rotary_pct": 0.5, "rotary_dim": 48,
+}  # fmt: skip
+
+
+def _class_default(name: str, key: str):
+    """The default of ``key`` in the field list of fixture ``name``'s transformers config class (None if none)."""
+    import dataclasses
+
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    cls = CONFIG_MAPPING[original_target(name).get("model_type") or CONFIGS[name]["model_type"]]
+    fields = {f.name: f.default for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+    default = fields.get(key)
+    return None if default is dataclasses.MISSING else default
+
+
+def width_keys(name: str) -> tuple[str, ...]:
+    """The top-level keys the head width of fixture ``name`` is read from (docs/scaling.md, "Loading from a
+    checkpoint": MLA's qk_rope_head_dim, else head_dim, else hidden_size // num_attention_heads), each stated or
+    its config class's default."""
+    top = original_target(name)
+    for key in ("qk_rope_head_dim", "head_dim"):
+        if top.get(key) is not None or _class_default(name, key) is not None:
+            return (key,)
+    return ("hidden_size", "num_attention_heads")
+
+
+@functools.cache
+def transformers_reads(name: str, key: str, layer_type: str | None):
+    """Whether transformers 5.23 reads top-level ``key`` of fixture ``name``: its frequencies (of ``layer_type``) move
+    when the key is set to a valid value (:data:`PROBES`); None where it builds neither config."""
+    d = copy.deepcopy(CONFIGS[name])
+    target = d["text_config"] if isinstance(d.get("text_config"), dict) else d
+    before = transformers_reading(name, d, layer_type=layer_type)
+    target[key] = PROBES[key] if target.get(key) != PROBES[key] else PROBES[key] / 2
+    after = transformers_reading(name, d, layer_type=layer_type)
+    if before is None or after is None:
+        return None
+    return not (torch.equal(before[0], after[0]) and before[1] == after[1])
 
 
 @functools.cache
@@ -1123,6 +1179,38 @@ def _read(d, strict, layer_type, interleaved):
 @example(perturbed=dropped("gpt_neox", "rotary_pct"), strict=False, layer_type=None, interleaved=None)
 @example(perturbed=dropped("llama3_1", "rope_theta"), strict=False, layer_type=None, interleaved=None)
 @example(perturbed=dropped("qwen2", "num_attention_heads"), strict=False, layer_type=None, interleaved=None)
+# layer types: one block per layer type (refused without one; another type's block unread), one for every layer
+@example(perturbed=in_block("gemma3_nested", "factor", 4.0), strict=True, layer_type=None, interleaved=None)
+@example(perturbed=in_block("gemma3_nested", "factor", 4.0), strict=True, layer_type="full_attention", interleaved=None)
+@example(
+    perturbed=in_block("gemma3_nested", "factor", 0.0), strict=True, layer_type="sliding_attention", interleaved=None
+)
+@example(
+    perturbed=at_top("gemma-3-4b-it", "rope_theta", 5e5), strict=False, layer_type="full_attention", interleaved=None
+)
+@example(
+    perturbed=at_top("gemma-3-4b-it", "head_dim", 128), strict=True, layer_type="sliding_attention", interleaved=None
+)
+@example(perturbed=at_top("llama3_1", "rope_theta", 1e6), strict=True, layer_type="sliding_attention", interleaved=None)
+@example(perturbed=at_top("gpt-oss-20b", "rope_theta", 1e6), strict=True, layer_type="chunked", interleaved=None)
+# keys a model's transformers class never reads, class defaults, and values stated twice
+@example(perturbed=at_top("gpt_neox", "rope_theta", 5e5), strict=False, layer_type=None, interleaved=None)
+@example(perturbed=at_top("gpt_neox", "partial_rotary_factor", 0.5), strict=True, layer_type=None, interleaved=None)
+@example(perturbed=at_top("llama2", "rotary_emb_base", 5e5), strict=True, layer_type=None, interleaved=None)
+@example(perturbed=at_top("llama2", "qk_rope_head_dim", float("nan")), strict=True, layer_type=None, interleaved=None)
+@example(perturbed=at_top("llama2", "partial_rotary_factor", "x"), strict=False, layer_type=None, interleaved=None)
+@example(perturbed=dropped("phi3_longrope", "original_max_position_embeddings"), strict=False, layer_type=None,
+         interleaved=None)  # fmt: skip
+@example(perturbed=dropped("gpt_oss", "rope_scaling"), strict=False, layer_type=None, interleaved=None)
+@example(perturbed=at_top("gpt_oss", "head_dim", None), strict=False, layer_type=None, interleaved=None)
+@example(perturbed=at_top("mistral", "head_dim", 63), strict=False, layer_type=None, interleaved=None)
+@example(perturbed=in_block("llama3_1", "type", "linear"), strict=True, layer_type=None, interleaved=None)
+@example(perturbed=in_block("llama3_1", "rope_type", "yarnn"), strict=False, layer_type=None, interleaved=None)
+@example(perturbed=at_top("llama2", "model_type", None), strict=False, layer_type=None, interleaved=False)
+# GPT-J (not drawn: its own keys): rotary_dim, its rotated width (null: the whole head), against its attention's formula
+@example(perturbed=at_top("gptj", "rotary_dim", 32), strict=True, layer_type=None, interleaved=None)
+@example(perturbed=at_top("gptj", "rotary_dim", None), strict=False, layer_type=None, interleaved=None)
+@example(perturbed=at_top("gptj", "rotary_dim", 32.0), strict=False, layer_type=None, interleaved=None)
 def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, strict, layer_type, interleaved):
     d, key, value, (name, inside) = perturbed
     original = copy.deepcopy(d)
@@ -1133,7 +1221,7 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
     listed = original_target(name).get("layer_types")
     whole = not inside and key in WHOLE_KEYS  # a key that replaces what the fixture is: decided below
     read_as = layer_type if name in PER_LAYER else None
-    lt_refused = name in PER_LAYER and layer_type is None and not whole
+    lt_refused = name in PER_LAYER and layer_type is None
     lt_refused |= layer_type is not None and bool(listed) and layer_type not in listed and key != "layer_types"
     # decided up front: a top-level key rotary does not read (outside ROPE_CONFIG_KEYS) changes nothing: the
     # config reads as the unperturbed one does (the same frequencies, or refused alike); so does a value in the
@@ -1155,16 +1243,16 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
     # from the context length) is then missing from the block as read
     deleted = plain and key not in block and key in original_block(name) and key != "original_max_position_embeddings"
     plain = plain and (key in block or deleted)
-    # the top-level max_position_embeddings (set, of a config that states it) is a positive int or refused (the
+    # the top-level max_position_embeddings (set) is a positive int or refused (the
     # config classes' type, even with strict=False); a positive int is the length of the block of a type that
     # takes one (yarn, longrope, dynamic), and otherwise changes nothing
-    length = not inside and one and key == "max_position_embeddings" and key in original_target(name)
-    length = length and key in target
+    length = not inside and one and key == "max_position_embeddings" and key in target
     # the other top-level keys rotary reads for the head width, the base and the rotated part (set): top_level_reading
     # says what the block, base and head width then are, from the documented reading; the same contract and oracle as
     # a block value then decide
     top = not inside and one and key in (*BASE_KEYS, *PART_KEYS, *HEAD_KEYS) and key in target
     fixture = _read_fixture(name, strict, read_as, interleaved) if plain or length or top else None
+    base = head_dim = None
     if isinstance(fixture, tuple):
         fixture = fixture[0]
         base, head_dim = fixture.base, fixture.head_dim
@@ -1178,31 +1266,146 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
             in_block = {**fixture.scaling, **({key: value} if key in fixture.scaling else {})}
         elif deleted:
             in_block = {k: v for k, v in fixture.scaling.items() if k != key}
-        else:
+        elif plain:
             in_block = {**fixture.scaling, key: value}
-        if in_block:
-            verdict, rotary_dim, base = frequencies_verdict(in_block, base, head_dim)
-            if accepted(verdict, strict):
-                want = computes(in_block, base, rotary_dim, None, head_dim)
+    # the draws left, decided from the documented reading where it says what they are (else by transformers, below)
+    refused = lt_refused  # decided: refused, with an error naming the key, its value or the layer type
+    # decided: a key the model's transformers class never reads: read leniently as the unperturbed config (a value
+    # that differs from what the model uses may be named, strictly: docs/scaling.md's differences from transformers)
+    ignored = False
+    same_as = layer_type  # the layer type of the unperturbed reading a draw that changes nothing must equal
+    unperturbed = _read_fixture(name, strict, read_as, interleaved)
+    if in_block is None and one and not refused and isinstance(unperturbed, tuple):
+        fx = unperturbed[0]
+        raw = block  # the perturbed block as written
+        if inside and key == "rope_theta" and value is None and key not in original_block(name):
+            unread = True  # an explicit null reads as "not given": the base the unperturbed config states
+        elif inside and key == "rope_theta" and value is not None:
+            # the block's rope_theta is the base (docs/scaling.md, "Loading from a checkpoint": the 5.x column first)
+            in_block, base, head_dim = dict(fx.scaling), value, fx.head_dim
+        elif inside and key in ("rope_type", "type"):
+            # the type: rope_type, else type (4.x's name), else default; Phi-3's su and yarn are longrope; a name that
+            # is not a registered type is refused always; both given and different: a mistake (warned)
+            named = (
+                raw.get("rope_type") if "rope_type" in raw else "default" if raw.get("type") is None else raw["type"]
+            )
+            if fx.model_type == "phi3" and named in ("su", "yarn"):
+                named = "longrope"
+            if not (isinstance(named, str) and named in ROPE_TYPES):
+                refused = True
+            elif named == fx.scaling["rope_type"]:
+                both = "rope_type" in raw and raw.get("type") is not None
+                in_block = {**fx.scaling, **({"type": raw["type"]} if both else {})}
+                base, head_dim = fx.base, fx.head_dim
+        elif not inside and key == "original_max_position_embeddings" and value is not None:
+            # a top-level trained length wins over the block's (yarn, longrope, llama3), and is read by no other type
+            if fx.scaling["rope_type"] in ("yarn", "longrope", "llama3"):
+                in_block, base, head_dim = {**fx.scaling, key: value}, fx.base, fx.head_dim
+            else:
+                unread = True
+        elif whole:
+            kind = dict if key in ("rope_scaling", "rope_parameters", "text_config") else list
+            if key == "text_config" and (
+                target is not d or set(target) & {"rope_parameters", "rope_scaling", "rope_theta", "head_dim"}
+            ):
+                unread = True  # text_config inside a text config, or beside the RoPE keys: not read
+            elif key == "model_type" and value is not None and not isinstance(value, str):
+                refused = True  # model_type must be a string
+            elif key == "model_type" and value is None and target is not d:
+                unread = True  # the text config of a multimodal config: its wrapper's text model type
+            elif key == "model_type":
+                assume(not (value and _known_model_type(value)))  # another architecture's defaults: not drawn
+                if interleaved is None:
+                    refused = True  # no pairing known: pass interleaved=
+                else:
+                    reading = no_model_type_reading(target, layer_type=layer_type)
+                    refused = reading is None
+                    if reading is not None:
+                        head_dim, base, in_block, _ = reading
+            elif key != "model_type" and value is not None and not isinstance(value, kind):
+                refused = True  # a block is a dict, layer_types a list (a type error stays an error)
+            elif key == "layer_types" and not value:
+                unread, same_as = True, read_as  # no layer types listed: nothing to check the layer type against
+            elif key == "layer_types" and not all(isinstance(t, str) for t in value):
+                refused = True
+        elif not inside and value is None and key in HEAD_KEYS and key in width_keys(name):
+            # a head-width key deleted or null: its config class's default, for which transformers is the oracle
+            # (below), where that gives an even width by an exact split (else refused: docs/scaling.md)
+            top_now = {k: v for k, v in original_target(name).items() if k != key}
+            width = top_now.get("head_dim") or _class_default(name, "head_dim")
+            if width is None:
+                hidden = top_now.get("hidden_size") or _class_default(name, "hidden_size")
+                heads = top_now.get("num_attention_heads") or _class_default(name, "num_attention_heads")
+                width = hidden // heads if hidden and heads and not hidden % heads else 1
+            refused = width % 2 == 1
+        elif not inside and value is not None and key in (*HEAD_KEYS, "n_embd", "n_head", "qk_rope_head_dim"):
+            # the head width's keys: those it is read from (width_keys; head_dim set beside hidden_size and
+            # num_attention_heads is now the width; qk_rope_head_dim only an MLA model's) give the width, which must be
+            # an even int of at most 65536 channels (a value refused always, an uneven split: refused); the block is
+            # then the fixture's at that width. The other keys change nothing
+            used, top_now = width_keys(name), {**original_target(name), key: value}
+            if key in used or (key == "head_dim" and "qk_rope_head_dim" not in used):
+                width = None
+                if key in ("head_dim", "qk_rope_head_dim"):
+                    width = value
+                elif not refused_always(key, value):
+                    hidden, heads = top_now.get("hidden_size"), top_now.get("num_attention_heads")
+                    width = hidden // heads if not hidden % heads else None
+                refused = refused_always(key, value) or width is None or width < 2 or width % 2 or width > 2**16
+                if not refused:
+                    in_block, base, head_dim = dict(fx.scaling), fx.base, width
+            else:
+                unread = True
+        elif not inside and key == "rotary_dim" and value is None and fx.model_type in ("gptj", "codegen"):
+            in_block, base, head_dim = dict(fx.scaling), fx.base, fx.head_dim  # GPT-J's null: the whole head
+        elif not inside and key == "rope_interleave" and value is not None:
+            # MLA models' pairing flag (true or false, refused otherwise), read only where no interleaved= is passed;
+            # no other model reads it
+            if "qk_rope_head_dim" not in width_keys(name) or interleaved is not None:
+                unread = True
+            else:
+                refused = not isinstance(value, bool)
+        elif not inside and value is not None and key in PROBES:
+            # a key the model's transformers class does not read (its frequencies do not move when it is set to a
+            # valid value) changes nothing; one it reads, set to a value refused always, is refused
+            reads = transformers_reads(name, key, read_as)
+            if reads is None:  # no probe builds (a fraction that breaks a longrope block): docs/scaling.md's table
+                neox = fx.model_type in ("gpt_neox", "gpt_neox_japanese")
+                reads = key in (("rotary_emb_base", "rotary_pct") if neox else ("rope_theta", "partial_rotary_factor"))
+            if reads is False:
+                ignored = True
+            elif reads and refused_always(key, value):
+                refused = True
+    if in_block:
+        verdict, rotary_dim, base = frequencies_verdict(in_block, base, head_dim)
+        if accepted(verdict, strict):
+            want = computes(in_block, base, rotary_dim, None, head_dim)
     # a top-level key of the head width, base or rotated part deleted or set to null (read leniently): read from the
     # architecture's config-class defaults, for which transformers is the oracle (docs/scaling.md: strict=False gives
     # transformers' results where they are finite): where its rotary class builds from the config (the layer type
     # read_as, for Gemma 3's per-layer-type class) with finite, turning frequencies, rotary gives the same, bit for bit
     hf_want = None
-    defaulted = not inside and one and value is None and not strict
-    if defaulted and key in (*BASE_KEYS, *PART_KEYS, *HEAD_KEYS) and key in original_target(name):
-        if isinstance(_read_fixture(name, strict, read_as, interleaved), tuple):
-            hf_want = transformers_reading(name, d, layer_type=read_as)
-    elif not strict and one and want is None and in_block is None:
-        if key not in WHOLE_KEYS and not refused_always(key, value):
-            if isinstance(_read_fixture(name, strict, read_as, interleaved), tuple):
-                hf_want = transformers_reading(name, d, falling=True, layer_type=read_as)
+    decided = unread or refused or ignored or in_block is not None
+    defaulted = not inside and value is None and key in (*BASE_KEYS, *PART_KEYS, *HEAD_KEYS)
+    if not decided and isinstance(unperturbed, tuple):
+        falling = not (defaulted and key in original_target(name))
+        stated = d  # a top-level null is "not given" (docs/scaling.md): transformers reads the key deleted
+        if not inside and value is None and key in target and key != "rotary_dim":  # GPT-J's null: the whole head
+            stated = copy.deepcopy(d)
+            del (stated["text_config"] if target is not d else stated)[key]
+        hf_want = transformers_reading(name, stated, falling=falling, layer_type=read_as)
+    # every draw is decided up front: for a strict one, the lenient twin it is decided by (below)
+    assert decided or hf_want is not None, f"undecided: {key}={value!r} in {name} (inside={inside}, {layer_type=})"
+    if strict:
+        hf_want = None  # decided by its lenient reading (below)
     # every other draw read leniently whose key does not replace what the fixture is (WHOLE_KEYS) and whose value is
     # not refused always (refused_always): transformers is the oracle where its rotary class builds from the config
     # with finite frequencies that fall from at most 1 rad/token. Strict draws are all decided by the lenient
     # reading (below).
+    if ignored and not strict:
+        unread = True
     if unread:
-        want = _read_fixture(name, strict, layer_type, interleaved)
+        want = _read_fixture(name, strict, same_as, interleaved)
         want = want if isinstance(want, Exception) else want[1]
     # every draw read strictly is decided by its lenient reading (docs/scaling.md, "What each parameter may be":
     # a value mistake is an error with strict=True and a warning with strict=False; what is refused leniently is
@@ -1236,9 +1439,12 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
                 assert_named_error(exc, (key, value))
             return
     assert json.dumps(d, sort_keys=True, default=repr) == json.dumps(original, sort_keys=True, default=repr)
-    assert not lt_refused, f"layer_type={layer_type!r}, which {name} lacks, was read"
+    assert not refused, f"{key}={value!r} (layer_type={layer_type!r}), refused by docs/scaling.md, was read"
     if strict:
         assert not isinstance(lenient, Exception), f"{key}={value!r}, refused leniently, was read strictly: {lenient}"
+        if ignored:  # the lenient reading is the unperturbed one
+            same = _read_fixture(name, False, same_as, interleaved)[1]
+            assert torch.equal(lenient.inv_freq, same.inv_freq) and lenient.attention_scaling == same.attention_scaling
         assert not warned, f"{key}={value!r}, a mistake warned about leniently, was read strictly"
         assert torch.equal(rope.inv_freq, lenient.inv_freq) and rope.interleaved == lenient.interleaved, (key, value)
         assert rope.attention_scaling == lenient.attention_scaling, (key, value)
@@ -1271,6 +1477,92 @@ def test_a_partial_rotary_factor_the_model_never_reads_is_named_strictly_and_dro
     # a model that reads it (Phi-2) rotates the part, as its transformers model does
     phi = {**d, "model_type": "phi"}
     assert RoPE.from_hf_config(phi).rotary_dim == 64
+
+
+def _hf_reading(name: str, d: dict):
+    """transformers' ``(inv_freq, attention_scaling)`` of fixture ``name``'s rotary class built from ``d``."""
+    hf = hf_class(ARCHITECTURES.get(name, PUBLISHED_FILES.get(name, (None,)))[0])(text_config(d))
+    return hf.inv_freq, hf.attention_scaling
+
+
+def _reads_as_transformers(name: str, d: dict, *, warns: str | None = None) -> RoPE:
+    """``RoPE.from_hf_config(d)`` (with the warning ``warns`` when given, strict=False) equals transformers' reading."""
+    if warns is None:
+        rope = RoPE.from_hf_config(d)
+    else:
+        with pytest.warns(UserWarning, match=warns):
+            rope = RoPE.from_hf_config(d, strict=False)
+    inv_freq, scaling = _hf_reading(name, d)
+    assert torch.equal(rope.inv_freq, inv_freq) and rope.attention_scaling == scaling
+    return rope
+
+
+def test_gpt_neox_names_are_read_for_gpt_neox_only():
+    """Found by the perturbed-config property: rotary read a top-level rope_theta / partial_rotary_factor of a GPT-NeoX
+    config before its rotary_emb_base / rotary_pct, which transformers' GPT-NeoX config reads instead (and never the
+    first two), and read rotary_emb_base / rotary_pct in configs of models that never read them."""
+    for key, value, own in (("rope_theta", 5e5, "rotary_emb_base"), ("partial_rotary_factor", 0.5, "rotary_pct")):
+        d, *_ = at_top("gpt_neox", key, value)
+        with pytest.raises(ConfigError, match=rf"{key}={value}, but transformers' 'gpt_neox' config never reads {key} "
+                           rf"and uses {own}="):  # fmt: skip
+            RoPE.from_hf_config(d)
+        _reads_as_transformers("gpt_neox", d, warns=f"never reads {key}")
+        same = at_top("gpt_neox", key, CONFIGS["gpt_neox"][own])[0]  # the value it uses: nothing to say
+        assert torch.equal(RoPE.from_hf_config(same).inv_freq, RoPE.from_hf_config(load("gpt_neox")).inv_freq)
+    # a null rotary_pct is "not given": the class's default 0.25 (transformers' config class keeps the null and fails)
+    assert RoPE.from_hf_config(at_top("gpt_neox", "rotary_pct", None)[0]).rotary_dim == 64
+    # Llama's config never reads GPT-NeoX's names: the base is Llama's default, the whole head rotates
+    d = {k: v for k, v in load("llama2").items() if k != "rope_theta"}
+    _reads_as_transformers("llama2", {**d, "rotary_emb_base": 5e5})
+    assert _reads_as_transformers("llama3_1", {**load("llama3_1"), "rotary_pct": 0.5}).rotary_dim == 128
+
+
+def test_keys_and_defaults_read_as_the_model_reads_them():
+    """Found by the perturbed-config property (each rotary's reading differed from transformers' or refused it):
+    qk_rope_head_dim is MLA's key only; a config without a block gets its class's default block whatever base it
+    states (gpt-oss: YaRN); Phi-3's class default original_max_position_embeddings; an explicit null head_dim is "not
+    given" (gpt-oss: its class's 64); a partial_rotary_factor a model never reads is dropped leniently whatever it
+    says."""
+    assert _reads_as_transformers("llama2", {**load("llama2"), "qk_rope_head_dim": 32}).head_dim == 128
+    assert RoPE.from_hf_config(load("deepseek_v3")).head_dim == 64  # an MLA model's rope head width
+    rope = _reads_as_transformers("gpt_oss", {k: v for k, v in load("gpt_oss").items() if k != "rope_scaling"})
+    assert rope.freqs.rope_type == "yarn"
+    d = {k: v for k, v in load("phi3_longrope").items() if k != "original_max_position_embeddings"}
+    assert _reads_as_transformers("phi3_longrope", d).freqs.scaling["original_max_position_embeddings"] == 4096
+    assert RoPE.from_hf_config({**load("gpt_oss"), "head_dim": None}).head_dim == 64
+    rope = _reads_as_transformers("llama2", {**load("llama2"), "partial_rotary_factor": "x"}, warns="never reads it")
+    assert rope.rotary_dim == 128
+    with pytest.raises(ConfigError, match="partial_rotary_factor='x' with rope_type 'default'"):
+        RoPE.from_hf_config({**load("llama2"), "partial_rotary_factor": "x"})
+
+
+def test_odd_head_widths_and_a_type_stated_twice_are_named():
+    """Found by the perturbed-config property: an odd head width was an InputError of RoPE that named no key of the
+    config, and a block setting both rope_type and type differently was read silently by from_hf_config (frequencies
+    names it)."""
+    with pytest.raises(ConfigError, match=r"config head_dim=63 is odd"):
+        read_hf_config({**load("mistral"), "head_dim": 63})
+    with pytest.raises(ConfigError, match=r"hidden_size=4096 / num_attention_heads=4096 gives an odd head width 1"):
+        read_hf_config({**load("llama2"), "num_attention_heads": 4096})
+    d = in_block("llama3_1", "type", "linear")[0]
+    with pytest.raises(ConfigError, match=r"sets both rope_type='llama3' and type='linear'; keep one"):
+        RoPE.from_hf_config(d)
+    _reads_as_transformers("llama3_1", d, warns="keep one")
+
+
+def test_a_float_trained_length_is_read_leniently_as_transformers_reads_it():
+    """Found by the perturbed-config property: a float original_max_position_embeddings (a warning with strict=False,
+    docs/scaling.md) was refused by RoPE for longrope, whose schedule wanted an int; it now switches to the long factors
+    past it, as transformers compares lengths with it."""
+    block = {"rope_type": "longrope", "short_factor": [1.0] * 32, "long_factor": [2.0] * 32, "factor": 4.0}
+    exact = RoPE(64, scaling={**block, "original_max_position_embeddings": 4096})
+    with pytest.warns(UserWarning, match="original_max_position_embeddings"):
+        lenient = RoPE(64, scaling={**block, "original_max_position_embeddings": 4096.0}, strict=False)
+    for length in (16, 4096, 4097, 5000):
+        assert all(torch.equal(a, b) for a, b in zip(exact.cos_sin(torch.arange(length)), lenient.cos_sin(
+            torch.arange(length))))  # fmt: skip
+    with pytest.raises(ConfigError, match="original_max_position_embeddings"):
+        RoPE(64, scaling={**block, "original_max_position_embeddings": 4096.0})
 
 
 def test_the_models_that_read_partial_rotary_factor_are_those_of_transformers():
@@ -1325,12 +1617,13 @@ def _as_read(block: dict) -> dict:
     return out
 
 
-def no_model_type_reading(d: dict):
+def no_model_type_reading(d: dict, *, layer_type: str | None = None):
     """How a dict of the keys docs/scaling.md lists ("Loading from a checkpoint"), with no model_type (or one neither
-    transformers nor rotary knows) and ``interleaved=False``, is read, restated from docs/scaling.md ("A config
-    without a model_type") and "What each parameter may be": ``(head_dim, base, block, max_position_embeddings)``,
-    the block as read (before its values are checked: :func:`frequencies_verdict` does that), or None where the
-    reader itself refuses it. No model defaults: what the dict does not state is not filled in."""
+    transformers nor rotary knows) and ``interleaved=False``, is read, restated from docs/scaling.md ("Values a
+    config.json leaves out": a dict without a model_type) and "What each parameter may be":
+    ``(head_dim, base, block, max_position_embeddings)``, the block as read (before its values are checked:
+    :func:`frequencies_verdict` does that), or None where the reader itself refuses it (a ``layer_type`` picks the
+    block of one layer type). No model defaults: what the dict does not state is not filled in."""
     model_type = d.get("model_type")
     if model_type is not None and not isinstance(model_type, str):
         return None  # model_type must be a string
@@ -1338,7 +1631,9 @@ def no_model_type_reading(d: dict):
         k in d for k in ("rope_parameters", "rope_scaling", "rope_theta", "head_dim")
     ):
         inner = d["text_config"]  # the text part of a multimodal config (a dict), read alone
-        return no_model_type_reading({"model_type": model_type, **inner}) if isinstance(inner, dict) else None
+        if not isinstance(inner, dict):
+            return None
+        return no_model_type_reading({"model_type": model_type, **inner}, layer_type=layer_type)
     # the head width: qk_rope_head_dim, else head_dim, else hidden_size // num_attention_heads (n_embd // n_head),
     # each a positive int, the division exact, at most 65536 channels
     width = next((d[k] for k in ("qk_rope_head_dim", "head_dim") if d.get(k) is not None), None)
@@ -1348,8 +1643,8 @@ def no_model_type_reading(d: dict):
         if not (_positive_int(hidden) and _positive_int(heads)) or hidden % heads:
             return None
         width = hidden // heads
-    if not _positive_int(width) or width > 2**16:
-        return None
+    if not _positive_int(width) or width > 2**16 or width % 2:
+        return None  # a head width is an even int (channels rotate in pairs)
     length = d.get("max_position_embeddings", d.get("n_positions"))
     if length is not None and not _positive_int(length):
         return None  # a length in tokens
@@ -1362,8 +1657,19 @@ def no_model_type_reading(d: dict):
     if layer_types is not None and not (isinstance(layer_types, list) and all(isinstance(t, str) for t in layer_types)):
         return None
     raw = legacy or params or {}
-    # never one block per layer type here (a block without a type whose values are all dicts)
-    assert not raw or "rope_type" in raw or "type" in raw or not all(isinstance(v, dict) for v in raw.values())
+    # one block per layer type (no type of its own, every value a dict or null, keyed by the listed layer types):
+    # layer_type picks one, and must; a config with one block refuses a layer type its layer_types do not list
+    labels = set(layer_types or ())
+    nested = raw and "rope_type" not in raw and "type" not in raw
+    nested = (
+        nested and all(isinstance(v, dict) or v is None for v in raw.values()) and (labels & set(raw) or not labels)
+    )
+    if nested:
+        if layer_type is None or not isinstance(raw.get(layer_type), dict):
+            return None
+        raw = raw[layer_type]
+    elif layer_type is not None and layer_types and layer_type not in layer_types:
+        return None
     block = _as_read(raw)
     # the base: the block's rope_theta, else rope_theta, else rotary_emb_base, else 10000 (a null is not a base)
     base = block.pop("rope_theta", None)

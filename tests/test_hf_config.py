@@ -1193,17 +1193,11 @@ def _read(d, strict, layer_type, interleaved):
 )
 @example(perturbed=at_top("llama3_1", "rope_theta", 1e6), strict=True, layer_type="sliding_attention", interleaved=None)
 @example(perturbed=at_top("gpt-oss-20b", "rope_theta", 1e6), strict=True, layer_type="chunked", interleaved=None)
-# keys a model's transformers class never reads, class defaults, and values stated twice
-@example(perturbed=at_top("gpt_neox", "rope_theta", 5e5), strict=False, layer_type=None, interleaved=None)
-@example(perturbed=at_top("gpt_neox", "partial_rotary_factor", 0.5), strict=True, layer_type=None, interleaved=None)
-@example(perturbed=at_top("llama2", "rotary_emb_base", 5e5), strict=True, layer_type=None, interleaved=None)
+# keys a model's transformers class never reads, class defaults, a type stated twice (more: the tests below)
 @example(perturbed=at_top("llama2", "qk_rope_head_dim", float("nan")), strict=True, layer_type=None, interleaved=None)
-@example(perturbed=at_top("llama2", "partial_rotary_factor", "x"), strict=False, layer_type=None, interleaved=None)
 @example(perturbed=dropped("phi3_longrope", "original_max_position_embeddings"), strict=False, layer_type=None,
          interleaved=None)  # fmt: skip
-@example(perturbed=dropped("gpt_oss", "rope_scaling"), strict=False, layer_type=None, interleaved=None)
 @example(perturbed=at_top("gpt_oss", "head_dim", None), strict=False, layer_type=None, interleaved=None)
-@example(perturbed=at_top("mistral", "head_dim", 63), strict=False, layer_type=None, interleaved=None)
 @example(perturbed=in_block("llama3_1", "type", "linear"), strict=True, layer_type=None, interleaved=None)
 @example(perturbed=in_block("llama3_1", "rope_type", "yarnn"), strict=False, layer_type=None, interleaved=None)
 @example(perturbed=at_top("llama2", "model_type", None), strict=False, layer_type=None, interleaved=False)
@@ -1243,9 +1237,9 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
     # from the context length) is then missing from the block as read
     deleted = plain and key not in block and key in original_block(name) and key != "original_max_position_embeddings"
     plain = plain and (key in block or deleted)
-    # the top-level max_position_embeddings (set) is a positive int or refused (the
-    # config classes' type, even with strict=False); a positive int is the length of the block of a type that
-    # takes one (yarn, longrope, dynamic), and otherwise changes nothing
+    # the top-level max_position_embeddings (set) is a positive int or refused (the config classes' type, even with
+    # strict=False); a positive int is the length of the block of a type that takes one (yarn, longrope, dynamic), and
+    # otherwise changes nothing
     length = not inside and one and key == "max_position_embeddings" and key in target
     # the other top-level keys rotary reads for the head width, the base and the rotated part (set): top_level_reading
     # says what the block, base and head width then are, from the documented reading; the same contract and oracle as
@@ -1275,6 +1269,8 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
     ignored = False
     same_as = layer_type  # the layer type of the unperturbed reading a draw that changes nothing must equal
     unperturbed = _read_fixture(name, strict, read_as, interleaved)
+    if not lt_refused:  # every fixture reads (with a layer type where it has one per type), as transformers does
+        assert isinstance(unperturbed, tuple), f"the unperturbed {name} ({read_as=}) was refused: {unperturbed}"
     if in_block is None and one and not refused and isinstance(unperturbed, tuple):
         fx = unperturbed[0]
         raw = block  # the perturbed block as written
@@ -1376,14 +1372,19 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
                 ignored = True
             elif reads and refused_always(key, value):
                 refused = True
+            elif reads and key in PART_KEYS:  # the block's rotated part, checked with the block
+                in_block, base, head_dim = {**fx.scaling, "partial_rotary_factor": value}, fx.base, fx.head_dim
+            elif reads and key != "rotary_dim":  # the base
+                in_block, base, head_dim = dict(fx.scaling), value, fx.head_dim
     if in_block:
         verdict, rotary_dim, base = frequencies_verdict(in_block, base, head_dim)
         if accepted(verdict, strict):
             want = computes(in_block, base, rotary_dim, None, head_dim)
-    # a top-level key of the head width, base or rotated part deleted or set to null (read leniently): read from the
-    # architecture's config-class defaults, for which transformers is the oracle (docs/scaling.md: strict=False gives
-    # transformers' results where they are finite): where its rotary class builds from the config (the layer type
-    # read_as, for Gemma 3's per-layer-type class) with finite, turning frequencies, rotary gives the same, bit for bit
+    # every other draw (a key of the head width, base or rotated part deleted or null: the config class's default; a
+    # value the model reads; a block or a model_type replaced): transformers is the oracle of its lenient reading
+    # (docs/scaling.md: strict=False gives transformers' results where they are finite) where its rotary class builds
+    # from the config (the layer type read_as, for Gemma 3's per-layer-type class) with finite frequencies (that fall
+    # from at most 1 rad/token, but for a default filled in): rotary gives the same, bit for bit
     hf_want = None
     decided = unread or refused or ignored or in_block is not None
     defaulted = not inside and value is None and key in (*BASE_KEYS, *PART_KEYS, *HEAD_KEYS)
@@ -1396,12 +1397,8 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
         hf_want = transformers_reading(name, stated, falling=falling, layer_type=read_as)
     # every draw is decided up front: for a strict one, the lenient twin it is decided by (below)
     assert decided or hf_want is not None, f"undecided: {key}={value!r} in {name} (inside={inside}, {layer_type=})"
-    if strict:
-        hf_want = None  # decided by its lenient reading (below)
-    # every other draw read leniently whose key does not replace what the fixture is (WHOLE_KEYS) and whose value is
-    # not refused always (refused_always): transformers is the oracle where its rotary class builds from the config
-    # with finite frequencies that fall from at most 1 rad/token. Strict draws are all decided by the lenient
-    # reading (below).
+    # a strict draw decided by transformers: its lenient reading is transformers', and it is decided by that (below)
+    hf_lenient, hf_want = (hf_want, None) if strict else (None, hf_want)
     if ignored and not strict:
         unread = True
     if unread:
@@ -1411,6 +1408,11 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
     # a value mistake is an error with strict=True and a warning with strict=False; what is refused leniently is
     # refused strictly): accepted strictly exactly when read leniently without a warning, and then the same RoPE
     lenient, warned = _lenient(d, layer_type, interleaved) if strict else (None, False)
+    if hf_lenient is not None:
+        assert not isinstance(lenient, Exception), (
+            f"{key}={value!r}, read as transformers reads it, was refused leniently"
+        )
+        assert torch.equal(lenient.inv_freq, hf_lenient[0]) and lenient.attention_scaling == hf_lenient[1], (key, value)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -1558,9 +1560,12 @@ def test_a_float_trained_length_is_read_leniently_as_transformers_reads_it():
     exact = RoPE(64, scaling={**block, "original_max_position_embeddings": 4096})
     with pytest.warns(UserWarning, match="original_max_position_embeddings"):
         lenient = RoPE(64, scaling={**block, "original_max_position_embeddings": 4096.0}, strict=False)
-    for length in (16, 4096, 4097, 5000):
-        assert all(torch.equal(a, b) for a, b in zip(exact.cos_sin(torch.arange(length)), lenient.cos_sin(
-            torch.arange(length))))  # fmt: skip
+    for length in (16, 4096, 4097, 5000):  # the short factors up to the trained length, the long ones past it
+        (want, which), (got, label) = exact.schedule.freqs_for(length), lenient.schedule.freqs_for(length)
+        assert torch.equal(got.inv_freq, want.inv_freq) and (got.attention_scaling, label) == (
+            want.attention_scaling,
+            which,
+        )
     with pytest.raises(ConfigError, match="original_max_position_embeddings"):
         RoPE(64, scaling={**block, "original_max_position_embeddings": 4096.0})
 

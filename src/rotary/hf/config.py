@@ -522,8 +522,14 @@ def read_hf_config(
             f"{label}: layer_type {layer_type!r} is not in the config's layer_types {sorted(set(layer_types))}"
         )
     legacy = block.get("type")
-    if legacy is not None and "rope_type" in block and block["rope_type"] != legacy:
-        complain(f"{label}: the block sets both rope_type={block['rope_type']!r} and type={legacy!r}; keep one", strict)
+    # 4.x names of the same type: M-RoPE's "mrope" (its frequencies are default's), Phi-3's "su" and "yarn" (longrope)
+    aliases = {"mrope": "default", **({"su": "longrope", "yarn": "longrope"} if model_type == "phi3" else {})}
+    if legacy is not None and "rope_type" in block:
+        stated = [aliases.get(t, t) if isinstance(t, str) else t for t in (block["rope_type"], legacy)]
+        if stated[0] != stated[1]:
+            complain(
+                f"{label}: the block sets both rope_type={block['rope_type']!r} and type={legacy!r}; keep one", strict
+            )
     block = _normalised(block)
     block["rope_type"] = canonical_rope_type(block)  # HunYuan's "dynamic" block with alpha is ntk_alpha
     mrope_section, mrope_layout = read_mrope(block, model_type, label, strict)

@@ -740,9 +740,8 @@ def test_gemma3_merges_rope_scaling_into_the_full_attention_block_like_transform
 def test_config_values_are_type_checked(change, message):
     d = {k: v for k, v in load("deepseek_v3").items() if k not in change or change[k] is not None}
     d.update({k: v for k, v in change.items() if v is not None})
-    if message is None:  # a text_config next to the RoPE keys is not where they are read
-        d = {k: v for k, v in load("deepseek_v3").items() if k not in ("rope_theta", "rope_scaling")}
-        d["text_config"] = "x"
+    if message is None:  # a text_config next to the RoPE keys is not where they are read; a multimodal one's is
+        d = {"model_type": "gemma3", "text_config": "x"}  # (a text model's config, DeepSeek-V3's, has none to read)
         message = r"text_config must be a dict, got 'x'"
     with pytest.raises(ConfigError, match=message):
         RoPE.from_hf_config(d)
@@ -1201,6 +1200,8 @@ def _read(d, strict, layer_type, interleaved):
 @example(perturbed=in_block("llama3_1", "type", "linear"), strict=True, layer_type=None, interleaved=None)
 @example(perturbed=in_block("llama3_1", "rope_type", "yarnn"), strict=False, layer_type=None, interleaved=None)
 @example(perturbed=at_top("llama2", "model_type", None), strict=False, layer_type=None, interleaved=False)
+@example(perturbed=at_top("gpt_neox", "text_config", {}), strict=False, layer_type=None, interleaved=None)
+@example(perturbed=in_block("mistral", "rope_theta", None), strict=False, layer_type=None, interleaved=None)
 # GPT-J (not drawn: its own keys): rotary_dim, its rotated width (null: the whole head), against its attention's formula
 @example(perturbed=at_top("gptj", "rotary_dim", 32), strict=True, layer_type=None, interleaved=None)
 @example(perturbed=at_top("gptj", "rotary_dim", None), strict=False, layer_type=None, interleaved=None)
@@ -1300,11 +1301,11 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
             else:
                 unread = True
         elif whole:
-            kind = dict if key in ("rope_scaling", "rope_parameters", "text_config") else list
-            if key == "text_config" and (
-                target is not d or set(target) & {"rope_parameters", "rope_scaling", "rope_theta", "head_dim"}
-            ):
-                unread = True  # text_config inside a text config, or beside the RoPE keys: not read
+            kind = dict if key in ("rope_scaling", "rope_parameters") else list
+            if key == "text_config":
+                # not read: every fixture's top level (or text config) is a text model's, whose transformers config
+                # class has no text_config (docs/scaling.md, "Loading from a checkpoint")
+                unread = True
             elif key == "model_type" and value is not None and not isinstance(value, str):
                 refused = True  # model_type must be a string
             elif key == "model_type" and value is None and target is not d:
@@ -1390,10 +1391,12 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
     defaulted = not inside and value is None and key in (*BASE_KEYS, *PART_KEYS, *HEAD_KEYS)
     if not decided and isinstance(unperturbed, tuple):
         falling = not (defaulted and key in original_target(name))
-        stated = d  # a top-level null is "not given" (docs/scaling.md): transformers reads the key deleted
-        if not inside and value is None and key in target and key != "rotary_dim":  # GPT-J's null: the whole head
+        stated = d  # a null is "not given" (docs/scaling.md): transformers reads the key deleted
+        where = perturbed_block(target) if inside else target
+        if value is None and key in where and key != "rotary_dim":  # (GPT-J's null rotary_dim: the whole head)
             stated = copy.deepcopy(d)
-            del (stated["text_config"] if target is not d else stated)[key]
+            text = stated["text_config"] if target is not d else stated
+            del (perturbed_block(text) if inside else text)[key]
         hf_want = transformers_reading(name, stated, falling=falling, layer_type=read_as)
     # every draw is decided up front: for a strict one, the lenient twin it is decided by (below)
     assert decided or hf_want is not None, f"undecided: {key}={value!r} in {name} (inside={inside}, {layer_type=})"
@@ -1523,8 +1526,8 @@ def test_keys_and_defaults_read_as_the_model_reads_them():
     """Found by the perturbed-config property (each rotary's reading differed from transformers' or refused it):
     qk_rope_head_dim is MLA's key only; a config without a block gets its class's default block whatever base it
     states (gpt-oss: YaRN); Phi-3's class default original_max_position_embeddings; an explicit null head_dim is "not
-    given" (gpt-oss: its class's 64); a partial_rotary_factor a model never reads is dropped leniently whatever it
-    says."""
+    given" (gpt-oss: its class's 64); a text model's config is not read from a text_config key; a
+    partial_rotary_factor a model never reads is dropped leniently whatever it says."""
     assert _reads_as_transformers("llama2", {**load("llama2"), "qk_rope_head_dim": 32}).head_dim == 128
     assert RoPE.from_hf_config(load("deepseek_v3")).head_dim == 64  # an MLA model's rope head width
     rope = _reads_as_transformers("gpt_oss", {k: v for k, v in load("gpt_oss").items() if k != "rope_scaling"})
@@ -1532,6 +1535,8 @@ def test_keys_and_defaults_read_as_the_model_reads_them():
     d = {k: v for k, v in load("phi3_longrope").items() if k != "original_max_position_embeddings"}
     assert _reads_as_transformers("phi3_longrope", d).freqs.scaling["original_max_position_embeddings"] == 4096
     assert RoPE.from_hf_config({**load("gpt_oss"), "head_dim": None}).head_dim == 64
+    # a text model's config has no text part: a stray text_config is not read (it was, with the model's defaults)
+    assert _reads_as_transformers("gpt_neox", {**load("gpt_neox"), "text_config": {}}).head_dim == 256
     rope = _reads_as_transformers("llama2", {**load("llama2"), "partial_rotary_factor": "x"}, warns="never reads it")
     assert rope.rotary_dim == 128
     with pytest.raises(ConfigError, match="partial_rotary_factor='x' with rope_type 'default'"):

@@ -267,6 +267,8 @@ def text_part_of(d: dict[str, Any], label: str) -> dict[str, Any]:
     text = d.get("text_config")
     if text is None or any(k in d for k in _ROPE_KEYS):
         return d
+    if isinstance(model_type, str) and model_type in PAIRING and _text_model_type(model_type) is None:
+        return d  # a text model's config (its transformers config class has no text_config): not its text part
     if not isinstance(text, Mapping):
         raise ConfigError(f"{label}: text_config must be a dict, got {text!r}")
     inner = dict(text)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from hypothesis import example, given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 from transformers import AutoConfig
 
@@ -22,6 +22,7 @@ from helpers import assert_named_error, assert_sound, computes, hf_config, text_
 from rotary import ConfigError, RoPE, frequencies
 from rotary.hf import read_hf_layers
 from rotary.hf.config import read_hf_config
+from rotary.rope_types import ROPE_TYPES
 from strategies import NASTY, NUMBERS, PROPERTIES, accepted, frequencies_verdict
 
 transformers.logging.set_verbosity_error()
@@ -739,9 +740,8 @@ def test_gemma3_merges_rope_scaling_into_the_full_attention_block_like_transform
 def test_config_values_are_type_checked(change, message):
     d = {k: v for k, v in load("deepseek_v3").items() if k not in change or change[k] is not None}
     d.update({k: v for k, v in change.items() if v is not None})
-    if message is None:  # a text_config next to the RoPE keys is not where they are read
-        d = {k: v for k, v in load("deepseek_v3").items() if k not in ("rope_theta", "rope_scaling")}
-        d["text_config"] = "x"
+    if message is None:  # a text_config next to the RoPE keys is not where they are read; a multimodal one's is
+        d = {"model_type": "gemma3", "text_config": "x"}  # (a text model's config, DeepSeek-V3's, has none to read)
         message = r"text_config must be a dict, got 'x'"
     with pytest.raises(ConfigError, match=message):
         RoPE.from_hf_config(d)
@@ -882,7 +882,7 @@ ROPE_CONFIG_KEYS = [
 
 @st.composite
 def perturbed_configs(draw):
-    name = draw(st.sampled_from(sorted(CONFIGS)))
+    name = draw(st.sampled_from(sorted(set(CONFIGS) - {"gptj"})))  # GPT-J: explicit examples (its keys of its own)
     d = copy.deepcopy(CONFIGS[name])
     target = d["text_config"] if isinstance(d.get("text_config"), dict) else d
     block_name = next((k for k in ("rope_parameters", "rope_scaling") if isinstance(target.get(k), dict)), None)
@@ -922,21 +922,27 @@ def dropped(name: str, key: str):
 
 def original_block(name: str) -> dict:
     """The fixture's scaling block as written (empty when it has none, or one per layer type)."""
-    target = original_target(name)
-    return next((target[k] for k in ("rope_parameters", "rope_scaling") if isinstance(target.get(k), dict)), {})
+    return perturbed_block(original_target(name))
+
+
+def perturbed_block(target: dict) -> dict:
+    """The scaling block :func:`perturbed_configs` perturbs in ``target`` (a config's top level or text_config): its
+    ``rope_parameters`` or ``rope_scaling``, the full-attention one of a config with one per layer type."""
+    block = next((target[k] for k in ("rope_parameters", "rope_scaling") if isinstance(target.get(k), dict)), {})
+    return block["full_attention"] if isinstance(block.get("full_attention"), dict) else block
 
 
 def removed(name: str, key: str):
     """A draw of :func:`perturbed_configs`: fixture ``name`` with ``key`` deleted from its scaling block."""
     d = copy.deepcopy(CONFIGS[name])
-    del next(d[k] for k in ("rope_parameters", "rope_scaling") if isinstance(d.get(k), dict))[key]
+    del perturbed_block(d["text_config"] if isinstance(d.get("text_config"), dict) else d)[key]
     return d, key, None, (name, True)
 
 
 def in_block(name: str, key: str, value):
     """A draw of :func:`perturbed_configs`: fixture ``name`` with ``key`` set to ``value`` in its scaling block."""
     d = copy.deepcopy(CONFIGS[name])
-    next(d[k] for k in ("rope_parameters", "rope_scaling") if isinstance(d.get(k), dict))[key] = value
+    perturbed_block(d["text_config"] if isinstance(d.get("text_config"), dict) else d)[key] = value
     return d, key, value, (name, True)
 
 
@@ -982,6 +988,8 @@ def top_level_reading(name: str, key: str, value, fixture):
     derived = "head_dim" not in top
     if not derived and key != "head_dim":
         return None  # hidden_size / num_attention_heads beside a head_dim: not the width
+    if derived and not {"hidden_size", "num_attention_heads"} <= set(top):
+        return None  # a width from the model's defaults
     width = top.get("head_dim") if not derived else top["hidden_size"] // top["num_attention_heads"]
     if width != fixture.head_dim or (derived and key == "head_dim"):
         return None
@@ -990,13 +998,13 @@ def top_level_reading(name: str, key: str, value, fixture):
     if _bad_number(value):
         return "refused"
     if isinstance(value, float):
-        return None  # a float count: the config class's type, not written here
+        return "refused"  # a float count, even 128.0 (the config classes type them int)
     after = {**top, key: value}
     width = after["head_dim"] if key == "head_dim" else after["hidden_size"] // after["num_attention_heads"]
     if width > 2**16:
         return "refused"  # wider heads than the tables could hold
     if width < 2 or width % 2 or (derived and after["hidden_size"] % after["num_attention_heads"]):
-        return None  # an odd or zero width, an uneven split: not written here
+        return "refused"  # an odd or zero width (channels rotate in pairs), an uneven split (add head_dim)
     return block, fixture.base, width
 
 
@@ -1023,31 +1031,93 @@ COUNT_KEYS = (
 )  # fmt: skip
 
 
-def transformers_reading(name: str, d: dict, *, falling: bool = False):
+class _GptjRotary:
+    """GPT-J's frequencies as transformers' GPTJAttention computes them (``create_sinusoidal_positions``'s first line:
+    base 10000 over ``rotary_dim`` channels; a null rotary_dim rotates the whole head, docs/scaling.md); no scaling."""
+
+    def __init__(self, cfg) -> None:
+        dim = cfg.rotary_dim or cfg.n_embd // cfg.n_head
+        self.inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.int64) / dim))
+        self.attention_scaling = 1.0
+
+
+#: the fixtures with one RoPE block per layer type, and the class transformers builds them with
+PER_LAYER = {"gemma3_nested": "gemma3.modeling_gemma3.Gemma3RotaryEmbedding", "gemma-3-4b-it": PUBLISHED_FILES[
+    "gemma-3-4b-it"][0]}  # fmt: skip
+
+
+def transformers_reading(name: str, d: dict, *, falling: bool = False, layer_type: str | None = None):
     """transformers 5.23 as the oracle of a config whose reading depends on its config class's defaults: the
-    ``(inv_freq, attention_scaling)`` of the fixture's RotaryEmbedding class built from ``d`` when it builds and
-    they are what rotary accepts (every frequency finite and > 0, the scaling a finite number > 0), else None."""
-    dotted = ARCHITECTURES.get(name, PUBLISHED_FILES.get(name, (None,)))[0]
-    if dotted is None:
+    ``(inv_freq, attention_scaling)`` of the fixture's RotaryEmbedding class built from ``d`` (of ``layer_type``,
+    for a class that builds one per layer type: Gemma 3's ``{layer_type}_inv_freq``) when it builds and they are
+    what rotary accepts (every frequency finite and > 0, the scaling a finite number > 0), else None."""
+    dotted = PER_LAYER.get(name) or ARCHITECTURES.get(name, PUBLISHED_FILES.get(name, (None,)))[0]
+    if dotted is None and name != "gptj":
         return None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             cfg = text_config(d)
-            hf = hf_class(dotted)(cfg)
-        inv_freq, scaling = hf.inv_freq, hf.attention_scaling
+            hf = hf_class(dotted)(cfg) if dotted is not None else _GptjRotary(cfg)
+        prefix = "" if layer_type is None else f"{layer_type}_"
+        inv_freq, scaling = getattr(hf, f"{prefix}inv_freq"), getattr(hf, f"{prefix}attention_scaling")
         top = d["text_config"] if isinstance(d.get("text_config"), dict) else d
         if top.get("head_dim") is None and cfg.hidden_size % cfg.num_attention_heads:
             return None  # a width from an uneven split (transformers floors it; rotary refuses it): not decided
     except Exception:  # noqa: BLE001 - a config transformers does not build: undecided here
         return None
-    sound = bool(torch.isfinite(inv_freq).all() and (inv_freq > 0).all())
+    sound = inv_freq.numel() > 0 and bool(torch.isfinite(inv_freq).all() and (inv_freq > 0).all())
     if falling:  # frequencies that fall from at most 1 rad/token, at most 2^15 pairs (wider: refused always)
         sound = sound and bool((inv_freq <= 1).all() and (inv_freq[1:] <= inv_freq[:-1]).all())
         sound = sound and inv_freq.numel() <= 2**15
     if not (sound and isinstance(scaling, (int, float)) and 0 < scaling <= torch.finfo(torch.float32).max):
         return None
     return inv_freq, scaling
+
+
+#: top-level keys of the base and the rotated part whose reading transformers decides (transformers_reads), each
+#: with a valid value; GPT-J's rotary_dim, for its own oracle
+PROBES = {
+    "rope_theta": 12345.0, "rotary_emb_base": 12345.0, "rope_local_base_freq": 12345.0, "partial_rotary_factor": 0.5,
+    "rotary_pct": 0.5, "rotary_dim": 48,
+}  # fmt: skip
+
+
+def _class_default(name: str, key: str):
+    """The default of ``key`` in the field list of fixture ``name``'s transformers config class (None if none)."""
+    import dataclasses
+
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    cls = CONFIG_MAPPING[original_target(name).get("model_type") or CONFIGS[name]["model_type"]]
+    fields = {f.name: f.default for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+    default = fields.get(key)
+    return None if default is dataclasses.MISSING else default
+
+
+def width_keys(name: str) -> tuple[str, ...]:
+    """The top-level keys the head width of fixture ``name`` is read from (docs/scaling.md, "Loading from a
+    checkpoint": MLA's qk_rope_head_dim, else head_dim, else hidden_size // num_attention_heads), each stated or
+    its config class's default."""
+    top = original_target(name)
+    for key in ("qk_rope_head_dim", "head_dim"):
+        if top.get(key) is not None or _class_default(name, key) is not None:
+            return (key,)
+    return ("hidden_size", "num_attention_heads")
+
+
+@functools.cache
+def transformers_reads(name: str, key: str, layer_type: str | None):
+    """Whether transformers 5.23 reads top-level ``key`` of fixture ``name``: its frequencies (of ``layer_type``) move
+    when the key is set to a valid value (:data:`PROBES`); None where it builds neither config."""
+    d = copy.deepcopy(CONFIGS[name])
+    target = d["text_config"] if isinstance(d.get("text_config"), dict) else d
+    before = transformers_reading(name, d, layer_type=layer_type)
+    target[key] = PROBES[key] if target.get(key) != PROBES[key] else PROBES[key] / 2
+    after = transformers_reading(name, d, layer_type=layer_type)
+    if before is None or after is None:
+        return None
+    return not (torch.equal(before[0], after[0]) and before[1] == after[1])
 
 
 @functools.cache
@@ -1108,37 +1178,77 @@ def _read(d, strict, layer_type, interleaved):
 @example(perturbed=dropped("gpt_neox", "rotary_pct"), strict=False, layer_type=None, interleaved=None)
 @example(perturbed=dropped("llama3_1", "rope_theta"), strict=False, layer_type=None, interleaved=None)
 @example(perturbed=dropped("qwen2", "num_attention_heads"), strict=False, layer_type=None, interleaved=None)
+# layer types: one block per layer type (refused without one; another type's block unread), one for every layer
+@example(perturbed=in_block("gemma3_nested", "factor", 4.0), strict=True, layer_type=None, interleaved=None)
+@example(perturbed=in_block("gemma3_nested", "factor", 4.0), strict=True, layer_type="full_attention", interleaved=None)
+@example(
+    perturbed=in_block("gemma3_nested", "factor", 0.0), strict=True, layer_type="sliding_attention", interleaved=None
+)
+@example(
+    perturbed=at_top("gemma-3-4b-it", "rope_theta", 5e5), strict=False, layer_type="full_attention", interleaved=None
+)
+@example(
+    perturbed=at_top("gemma-3-4b-it", "head_dim", 128), strict=True, layer_type="sliding_attention", interleaved=None
+)
+@example(perturbed=at_top("llama3_1", "rope_theta", 1e6), strict=True, layer_type="sliding_attention", interleaved=None)
+@example(perturbed=at_top("gpt-oss-20b", "rope_theta", 1e6), strict=True, layer_type="chunked", interleaved=None)
+# keys a model's transformers class never reads, class defaults, a type stated twice (more: the tests below)
+@example(perturbed=at_top("llama2", "qk_rope_head_dim", float("nan")), strict=True, layer_type=None, interleaved=None)
+@example(perturbed=dropped("phi3_longrope", "original_max_position_embeddings"), strict=False, layer_type=None,
+         interleaved=None)  # fmt: skip
+@example(perturbed=at_top("gpt_oss", "head_dim", None), strict=False, layer_type=None, interleaved=None)
+@example(perturbed=in_block("llama3_1", "type", "linear"), strict=True, layer_type=None, interleaved=None)
+@example(perturbed=in_block("llama3_1", "rope_type", "yarnn"), strict=False, layer_type=None, interleaved=None)
+@example(perturbed=at_top("llama2", "model_type", None), strict=False, layer_type=None, interleaved=False)
+@example(perturbed=at_top("gpt_neox", "text_config", {}), strict=False, layer_type=None, interleaved=None)
+@example(perturbed=in_block("mistral", "rope_theta", None), strict=False, layer_type=None, interleaved=None)
+# GPT-J (not drawn: its own keys): rotary_dim, its rotated width (null: the whole head), against its attention's formula
+@example(perturbed=at_top("gptj", "rotary_dim", 32), strict=True, layer_type=None, interleaved=None)
+@example(perturbed=at_top("gptj", "rotary_dim", None), strict=False, layer_type=None, interleaved=None)
+@example(perturbed=at_top("gptj", "rotary_dim", 32.0), strict=False, layer_type=None, interleaved=None)
 def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, strict, layer_type, interleaved):
     d, key, value, (name, inside) = perturbed
     original = copy.deepcopy(d)
+    # the layer type, decided up front (docs/scaling.md, "Loading from a checkpoint"; read_hf_config's docstring):
+    # a config with one block per layer type (PER_LAYER: Gemma 3) is read per layer_type, and without one refused;
+    # a config with one block for every layer reads alike whatever layer_type says, except that one listing its
+    # layer_types refuses a type it does not list. read_as: the layer type whose reading the draw gets
+    listed = original_target(name).get("layer_types")
+    whole = not inside and key in WHOLE_KEYS  # a key that replaces what the fixture is: decided below
+    read_as = layer_type if name in PER_LAYER else None
+    lt_refused = name in PER_LAYER and layer_type is None
+    lt_refused |= layer_type is not None and bool(listed) and layer_type not in listed and key != "layer_types"
     # decided up front: a top-level key rotary does not read (outside ROPE_CONFIG_KEYS) changes nothing: the
-    # config reads as the unperturbed one does (the same frequencies, or refused alike).
+    # config reads as the unperturbed one does (the same frequencies, or refused alike); so does a value in the
+    # block of another layer type than the one read ("layer_type ... reads that layer's own keys")
     unread = not inside and key not in ROPE_CONFIG_KEYS
-    # a value set inside the scaling block of a config with one block (not one per layer type), for a key the
-    # reader passes on as written (not rope_theta, the base; not rope_type / type, whose names the reader maps per
-    # architecture; not a length a top-level key overrides, Phi-3's original_max_position_embeddings): the block
-    # is the fixture's as read (its values filled from the config and checked against transformers elsewhere in
-    # this file) with that value, and the scaling block's documented contract decides (strategies.
-    # frequencies_verdict, with transformers' frequencies as the oracle: helpers.computes)
+    unread |= inside and name in PER_LAYER and layer_type is not None and layer_type != "full_attention"
+    # a value set inside the scaling block (of the layer type read), for a key the reader passes on as written (not
+    # rope_theta, the base; not rope_type / type, whose names the reader maps per architecture; not a length a
+    # top-level key overrides, Phi-3's original_max_position_embeddings): the block is the fixture's as read (its
+    # values filled from the config and checked against transformers elsewhere in this file) with that value, and
+    # the scaling block's documented contract decides (strategies.frequencies_verdict, with transformers'
+    # frequencies as the oracle: helpers.computes)
     want = in_block = None
     target = d["text_config"] if isinstance(d.get("text_config"), dict) else d
-    block = next((target[k] for k in ("rope_parameters", "rope_scaling") if isinstance(target.get(k), dict)), {})
-    plain = inside and layer_type is None and key not in ("rope_theta", "rope_type", "type") and key not in target
+    block = perturbed_block(target)
+    one = not lt_refused and not unread  # decided by the reading of read_as
+    plain = inside and one and key not in ("rope_theta", "rope_type", "type") and key not in target
     # a key deleted from the block: what the reader does not fill in (it fills original_max_position_embeddings
     # from the context length) is then missing from the block as read
     deleted = plain and key not in block and key in original_block(name) and key != "original_max_position_embeddings"
     plain = plain and (key in block or deleted)
-    # the top-level max_position_embeddings (set, of a config that states it) is a positive int or refused (the
-    # config classes' type, even with strict=False); a positive int is the length of the block of a type that
-    # takes one (yarn, longrope, dynamic), and otherwise changes nothing
-    length = not inside and layer_type is None and key == "max_position_embeddings" and key in original_target(name)
-    length = length and key in target
-    # the other top-level keys rotary reads for the head width, the base and the rotated part (set, of a config
-    # with one block): top_level_reading says what the block, base and head width then are, from the documented
-    # reading; the same contract and oracle as a block value then decide
-    top = not inside and layer_type is None and key in (*BASE_KEYS, *PART_KEYS, *HEAD_KEYS) and key in target
-    fixture = _read_fixture(name, strict, None, interleaved) if plain or length or top else None
-    if isinstance(fixture, tuple) and list(read_hf_layers(CONFIGS[name])) == [None]:  # one block for every layer
+    # the top-level max_position_embeddings (set) is a positive int or refused (the config classes' type, even with
+    # strict=False); a positive int is the length of the block of a type that takes one (yarn, longrope, dynamic), and
+    # otherwise changes nothing
+    length = not inside and one and key == "max_position_embeddings" and key in target
+    # the other top-level keys rotary reads for the head width, the base and the rotated part (set): top_level_reading
+    # says what the block, base and head width then are, from the documented reading; the same contract and oracle as
+    # a block value then decide
+    top = not inside and one and key in (*BASE_KEYS, *PART_KEYS, *HEAD_KEYS) and key in target
+    fixture = _read_fixture(name, strict, read_as, interleaved) if plain or length or top else None
+    base = head_dim = None
+    if isinstance(fixture, tuple):
         fixture = fixture[0]
         base, head_dim = fixture.base, fixture.head_dim
         if top:
@@ -1151,45 +1261,170 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
             in_block = {**fixture.scaling, **({key: value} if key in fixture.scaling else {})}
         elif deleted:
             in_block = {k: v for k, v in fixture.scaling.items() if k != key}
-        else:
+        elif plain:
             in_block = {**fixture.scaling, key: value}
-        if in_block:
-            verdict, rotary_dim, base = frequencies_verdict(in_block, base, head_dim)
-            if accepted(verdict, strict):
-                want = computes(in_block, base, rotary_dim, None, head_dim)
-    # a top-level key of the head width, base or rotated part deleted or set to null (of a config with one block,
-    # read leniently): read from the architecture's config-class defaults, for which transformers is the oracle
-    # (docs/scaling.md: strict=False gives transformers' results where they are finite): where its rotary class
-    # builds from the config with finite, turning frequencies, rotary gives the same, bit for bit
+    # the draws left, decided from the documented reading where it says what they are (else by transformers, below)
+    refused = lt_refused  # decided: refused, with an error naming the key, its value or the layer type
+    # decided: a key the model's transformers class never reads: read leniently as the unperturbed config (a value
+    # that differs from what the model uses may be named, strictly: docs/scaling.md's differences from transformers)
+    ignored = False
+    same_as = layer_type  # the layer type of the unperturbed reading a draw that changes nothing must equal
+    unperturbed = _read_fixture(name, strict, read_as, interleaved)
+    if not lt_refused:  # every fixture reads (with a layer type where it has one per type), as transformers does
+        assert isinstance(unperturbed, tuple), f"the unperturbed {name} ({read_as=}) was refused: {unperturbed}"
+    if in_block is None and one and not refused and isinstance(unperturbed, tuple):
+        fx = unperturbed[0]
+        raw = block  # the perturbed block as written
+        if inside and key == "rope_theta" and value is None and key not in original_block(name):
+            unread = True  # an explicit null reads as "not given": the base the unperturbed config states
+        elif inside and key == "rope_theta" and value is not None:
+            # the block's rope_theta is the base (docs/scaling.md, "Loading from a checkpoint": the 5.x column first)
+            in_block, base, head_dim = dict(fx.scaling), value, fx.head_dim
+        elif inside and key in ("rope_type", "type"):
+            # the type: rope_type, else type (4.x's name), else default; Phi-3's su and yarn are longrope; a name that
+            # is not a registered type is refused always; both given and different: a mistake (warned)
+            named = (
+                raw.get("rope_type") if "rope_type" in raw else "default" if raw.get("type") is None else raw["type"]
+            )
+            if fx.model_type == "phi3" and named in ("su", "yarn"):
+                named = "longrope"
+            if not (isinstance(named, str) and named in ROPE_TYPES):
+                refused = True
+            elif named == fx.scaling["rope_type"]:
+                both = "rope_type" in raw and raw.get("type") is not None
+                in_block = {**fx.scaling, **({"type": raw["type"]} if both else {})}
+                base, head_dim = fx.base, fx.head_dim
+        elif not inside and key == "original_max_position_embeddings" and value is not None:
+            # a top-level trained length wins over the block's (yarn, longrope, llama3), and is read by no other type
+            if fx.scaling["rope_type"] in ("yarn", "longrope", "llama3"):
+                in_block, base, head_dim = {**fx.scaling, key: value}, fx.base, fx.head_dim
+            else:
+                unread = True
+        elif whole:
+            kind = dict if key in ("rope_scaling", "rope_parameters") else list
+            if key == "text_config":
+                # not read: every fixture's top level (or text config) is a text model's, whose transformers config
+                # class has no text_config (docs/scaling.md, "Loading from a checkpoint")
+                unread = True
+            elif key == "model_type" and value is not None and not isinstance(value, str):
+                refused = True  # model_type must be a string
+            elif key == "model_type" and value is None and target is not d:
+                unread = True  # the text config of a multimodal config: its wrapper's text model type
+            elif key == "model_type":
+                assume(not (value and _known_model_type(value)))  # another architecture's defaults: not drawn
+                if interleaved is None:
+                    refused = True  # no pairing known: pass interleaved=
+                else:
+                    reading = no_model_type_reading(target, layer_type=layer_type)
+                    refused = reading is None
+                    if reading is not None:
+                        head_dim, base, in_block, _ = reading
+            elif key != "model_type" and value is not None and not isinstance(value, kind):
+                refused = True  # a block is a dict, layer_types a list (a type error stays an error)
+            elif key == "layer_types" and not value:
+                unread, same_as = True, read_as  # no layer types listed: nothing to check the layer type against
+            elif key == "layer_types" and not all(isinstance(t, str) for t in value):
+                refused = True
+        elif not inside and value is None and key in HEAD_KEYS and key in width_keys(name):
+            # a head-width key deleted or null: its config class's default, for which transformers is the oracle
+            # (below), where that gives an even width by an exact split (else refused: docs/scaling.md)
+            top_now = {k: v for k, v in original_target(name).items() if k != key}
+            width = top_now.get("head_dim") or _class_default(name, "head_dim")
+            if width is None:
+                hidden = top_now.get("hidden_size") or _class_default(name, "hidden_size")
+                heads = top_now.get("num_attention_heads") or _class_default(name, "num_attention_heads")
+                width = hidden // heads if hidden and heads and not hidden % heads else 1
+            refused = width % 2 == 1
+        elif not inside and value is not None and key in (*HEAD_KEYS, "n_embd", "n_head", "qk_rope_head_dim"):
+            # the head width's keys: those it is read from (width_keys; head_dim set beside hidden_size and
+            # num_attention_heads is now the width; qk_rope_head_dim only an MLA model's) give the width, which must be
+            # an even int of at most 65536 channels (a value refused always, an uneven split: refused); the block is
+            # then the fixture's at that width. The other keys change nothing
+            used, top_now = width_keys(name), {**original_target(name), key: value}
+            if key in used or (key == "head_dim" and "qk_rope_head_dim" not in used):
+                width = None
+                if key in ("head_dim", "qk_rope_head_dim"):
+                    width = value
+                elif not refused_always(key, value):
+                    hidden, heads = top_now.get("hidden_size"), top_now.get("num_attention_heads")
+                    width = hidden // heads if not hidden % heads else None
+                refused = refused_always(key, value) or width is None or width < 2 or width % 2 or width > 2**16
+                if not refused:
+                    in_block, base, head_dim = dict(fx.scaling), fx.base, width
+            else:
+                unread = True
+        elif not inside and key == "rotary_dim" and value is None and fx.model_type in ("gptj", "codegen"):
+            in_block, base, head_dim = dict(fx.scaling), fx.base, fx.head_dim  # GPT-J's null: the whole head
+        elif not inside and key == "rope_interleave" and value is not None:
+            # MLA models' pairing flag (true or false, refused otherwise), read only where no interleaved= is passed;
+            # no other model reads it
+            if "qk_rope_head_dim" not in width_keys(name) or interleaved is not None:
+                unread = True
+            else:
+                refused = not isinstance(value, bool)
+        elif not inside and value is not None and key in PROBES:
+            # a key the model's transformers class does not read (its frequencies do not move when it is set to a
+            # valid value) changes nothing; one it reads, set to a value refused always, is refused
+            reads = transformers_reads(name, key, read_as)
+            if reads is None:  # no probe builds (a fraction that breaks a longrope block): docs/scaling.md's table
+                neox = fx.model_type in ("gpt_neox", "gpt_neox_japanese")
+                reads = key in (("rotary_emb_base", "rotary_pct") if neox else ("rope_theta", "partial_rotary_factor"))
+            if reads is False:
+                ignored = True
+            elif reads and refused_always(key, value):
+                refused = True
+            elif reads and key in PART_KEYS:  # the block's rotated part, checked with the block
+                in_block, base, head_dim = {**fx.scaling, "partial_rotary_factor": value}, fx.base, fx.head_dim
+            elif reads and key != "rotary_dim":  # the base
+                in_block, base, head_dim = dict(fx.scaling), value, fx.head_dim
+    if in_block:
+        verdict, rotary_dim, base = frequencies_verdict(in_block, base, head_dim)
+        if accepted(verdict, strict):
+            want = computes(in_block, base, rotary_dim, None, head_dim)
+    # every other draw (a key of the head width, base or rotated part deleted or null: the config class's default; a
+    # value the model reads; a block or a model_type replaced): transformers is the oracle of its lenient reading
+    # (docs/scaling.md: strict=False gives transformers' results where they are finite) where its rotary class builds
+    # from the config (the layer type read_as, for Gemma 3's per-layer-type class) with finite frequencies (that fall
+    # from at most 1 rad/token, but for a default filled in): rotary gives the same, bit for bit
     hf_want = None
-    defaulted = not inside and layer_type is None and value is None and not strict
-    if defaulted and key in (*BASE_KEYS, *PART_KEYS, *HEAD_KEYS) and key in original_target(name):
-        if isinstance(_read_fixture(name, strict, None, interleaved), tuple):  # one block, read without layer_type
-            hf_want = transformers_reading(name, d)
-    elif not strict and layer_type is None and want is None and in_block is None and not unread:
-        if key not in WHOLE_KEYS and not refused_always(key, value):
-            if isinstance(_read_fixture(name, strict, None, interleaved), tuple):  # one block, read without layer_type
-                hf_want = transformers_reading(name, d, falling=True)
-    # every other draw read leniently, of a config with one block, without layer_type, whose key does not replace what
-    # the fixture is (WHOLE_KEYS) and whose value is not refused always (refused_always): transformers is the oracle
-    # where its rotary class builds from the config with finite frequencies that fall from at most 1 rad/token. Left
-    # undecided (right or a named error): per-layer-type blocks and a layer_type; configs transformers does not
-    # build, or builds with frequencies rotary refuses always. Strict draws are all decided by the lenient
-    # reading (below).
+    decided = unread or refused or ignored or in_block is not None
+    defaulted = not inside and value is None and key in (*BASE_KEYS, *PART_KEYS, *HEAD_KEYS)
+    if not decided and isinstance(unperturbed, tuple):
+        falling = not (defaulted and key in original_target(name))
+        stated = d  # a null is "not given" (docs/scaling.md): transformers reads the key deleted
+        where = perturbed_block(target) if inside else target
+        if value is None and key in where and key != "rotary_dim":  # (GPT-J's null rotary_dim: the whole head)
+            stated = copy.deepcopy(d)
+            text = stated["text_config"] if target is not d else stated
+            del (perturbed_block(text) if inside else text)[key]
+        hf_want = transformers_reading(name, stated, falling=falling, layer_type=read_as)
+    # every draw is decided up front: for a strict one, the lenient twin it is decided by (below)
+    assert decided or hf_want is not None, f"undecided: {key}={value!r} in {name} (inside={inside}, {layer_type=})"
+    # a strict draw decided by transformers: its lenient reading is transformers', and it is decided by that (below)
+    hf_lenient, hf_want = (hf_want, None) if strict else (None, hf_want)
+    if ignored and not strict:
+        unread = True
     if unread:
-        want = _read_fixture(name, strict, layer_type, interleaved)
+        want = _read_fixture(name, strict, same_as, interleaved)
         want = want if isinstance(want, Exception) else want[1]
     # every draw read strictly is decided by its lenient reading (docs/scaling.md, "What each parameter may be":
     # a value mistake is an error with strict=True and a warning with strict=False; what is refused leniently is
     # refused strictly): accepted strictly exactly when read leniently without a warning, and then the same RoPE
     lenient, warned = _lenient(d, layer_type, interleaved) if strict else (None, False)
+    if hf_lenient is not None:
+        assert not isinstance(lenient, Exception), (
+            f"{key}={value!r}, read as transformers reads it, was refused leniently"
+        )
+        assert torch.equal(lenient.inv_freq, hf_lenient[0]) and lenient.attention_scaling == hf_lenient[1], (key, value)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             settings_, rope = _read(d, strict, layer_type, interleaved)
         except Exception as exc:
             if unread:
-                assert isinstance(want, Exception), f"{key}={value!r}, a key rotary does not read, was refused: {exc}"
+                assert isinstance(want, Exception), (
+                    f"{key}={value!r}, a key this reading does not read, was refused: {exc}"
+                )
                 assert type(exc) is type(want), (exc, want)
             assert hf_want is None, f"{key}={value!r}, read as transformers reads it, was refused: {exc}"
             if strict:
@@ -1209,8 +1444,12 @@ def test_read_hf_config_and_from_hf_config_on_perturbed_configs(perturbed, stric
                 assert_named_error(exc, (key, value))
             return
     assert json.dumps(d, sort_keys=True, default=repr) == json.dumps(original, sort_keys=True, default=repr)
+    assert not refused, f"{key}={value!r} (layer_type={layer_type!r}), refused by docs/scaling.md, was read"
     if strict:
         assert not isinstance(lenient, Exception), f"{key}={value!r}, refused leniently, was read strictly: {lenient}"
+        if ignored:  # the lenient reading is the unperturbed one
+            same = _read_fixture(name, False, same_as, interleaved)[1]
+            assert torch.equal(lenient.inv_freq, same.inv_freq) and lenient.attention_scaling == same.attention_scaling
         assert not warned, f"{key}={value!r}, a mistake warned about leniently, was read strictly"
         assert torch.equal(rope.inv_freq, lenient.inv_freq) and rope.interleaved == lenient.interleaved, (key, value)
         assert rope.attention_scaling == lenient.attention_scaling, (key, value)
@@ -1245,6 +1484,97 @@ def test_a_partial_rotary_factor_the_model_never_reads_is_named_strictly_and_dro
     assert RoPE.from_hf_config(phi).rotary_dim == 64
 
 
+def _hf_reading(name: str, d: dict):
+    """transformers' ``(inv_freq, attention_scaling)`` of fixture ``name``'s rotary class built from ``d``."""
+    hf = hf_class(ARCHITECTURES.get(name, PUBLISHED_FILES.get(name, (None,)))[0])(text_config(d))
+    return hf.inv_freq, hf.attention_scaling
+
+
+def _reads_as_transformers(name: str, d: dict, *, warns: str | None = None) -> RoPE:
+    """``RoPE.from_hf_config(d)`` (with the warning ``warns`` when given, strict=False) equals transformers' reading."""
+    if warns is None:
+        rope = RoPE.from_hf_config(d)
+    else:
+        with pytest.warns(UserWarning, match=warns):
+            rope = RoPE.from_hf_config(d, strict=False)
+    inv_freq, scaling = _hf_reading(name, d)
+    assert torch.equal(rope.inv_freq, inv_freq) and rope.attention_scaling == scaling
+    return rope
+
+
+def test_gpt_neox_names_are_read_for_gpt_neox_only():
+    """Found by the perturbed-config property: rotary read a top-level rope_theta / partial_rotary_factor of a GPT-NeoX
+    config before its rotary_emb_base / rotary_pct, which transformers' GPT-NeoX config reads instead (and never the
+    first two), and read rotary_emb_base / rotary_pct in configs of models that never read them."""
+    for key, value, own in (("rope_theta", 5e5, "rotary_emb_base"), ("partial_rotary_factor", 0.5, "rotary_pct")):
+        d, *_ = at_top("gpt_neox", key, value)
+        with pytest.raises(ConfigError, match=rf"{key}={value}, but transformers' 'gpt_neox' config never reads {key} "
+                           rf"and uses {own}="):  # fmt: skip
+            RoPE.from_hf_config(d)
+        _reads_as_transformers("gpt_neox", d, warns=f"never reads {key}")
+        same = at_top("gpt_neox", key, CONFIGS["gpt_neox"][own])[0]  # the value it uses: nothing to say
+        assert torch.equal(RoPE.from_hf_config(same).inv_freq, RoPE.from_hf_config(load("gpt_neox")).inv_freq)
+    # a null rotary_pct is "not given": the class's default 0.25 (transformers' config class keeps the null and fails)
+    assert RoPE.from_hf_config(at_top("gpt_neox", "rotary_pct", None)[0]).rotary_dim == 64
+    # Llama's config never reads GPT-NeoX's names: the base is Llama's default, the whole head rotates
+    d = {k: v for k, v in load("llama2").items() if k != "rope_theta"}
+    _reads_as_transformers("llama2", {**d, "rotary_emb_base": 5e5})
+    assert _reads_as_transformers("llama3_1", {**load("llama3_1"), "rotary_pct": 0.5}).rotary_dim == 128
+
+
+def test_keys_and_defaults_read_as_the_model_reads_them():
+    """Found by the perturbed-config property (each rotary's reading differed from transformers' or refused it):
+    qk_rope_head_dim is MLA's key only; a config without a block gets its class's default block whatever base it
+    states (gpt-oss: YaRN); Phi-3's class default original_max_position_embeddings; an explicit null head_dim is "not
+    given" (gpt-oss: its class's 64); a text model's config is not read from a text_config key; a
+    partial_rotary_factor a model never reads is dropped leniently whatever it says."""
+    assert _reads_as_transformers("llama2", {**load("llama2"), "qk_rope_head_dim": 32}).head_dim == 128
+    assert RoPE.from_hf_config(load("deepseek_v3")).head_dim == 64  # an MLA model's rope head width
+    rope = _reads_as_transformers("gpt_oss", {k: v for k, v in load("gpt_oss").items() if k != "rope_scaling"})
+    assert rope.freqs.rope_type == "yarn"
+    d = {k: v for k, v in load("phi3_longrope").items() if k != "original_max_position_embeddings"}
+    assert _reads_as_transformers("phi3_longrope", d).freqs.scaling["original_max_position_embeddings"] == 4096
+    assert RoPE.from_hf_config({**load("gpt_oss"), "head_dim": None}).head_dim == 64
+    # a text model's config has no text part: a stray text_config is not read (it was, with the model's defaults)
+    assert _reads_as_transformers("gpt_neox", {**load("gpt_neox"), "text_config": {}}).head_dim == 256
+    rope = _reads_as_transformers("llama2", {**load("llama2"), "partial_rotary_factor": "x"}, warns="never reads it")
+    assert rope.rotary_dim == 128
+    with pytest.raises(ConfigError, match="partial_rotary_factor='x' with rope_type 'default'"):
+        RoPE.from_hf_config({**load("llama2"), "partial_rotary_factor": "x"})
+
+
+def test_odd_head_widths_and_a_type_stated_twice_are_named():
+    """Found by the perturbed-config property: an odd head width was an InputError of RoPE that named no key of the
+    config, and a block setting both rope_type and type differently was read silently by from_hf_config (frequencies
+    names it)."""
+    with pytest.raises(ConfigError, match=r"config head_dim=63 is odd"):
+        read_hf_config({**load("mistral"), "head_dim": 63})
+    with pytest.raises(ConfigError, match=r"hidden_size=4096 / num_attention_heads=4096 gives an odd head width 1"):
+        read_hf_config({**load("llama2"), "num_attention_heads": 4096})
+    d = in_block("llama3_1", "type", "linear")[0]
+    with pytest.raises(ConfigError, match=r"sets both rope_type='llama3' and type='linear'; keep one"):
+        RoPE.from_hf_config(d)
+    _reads_as_transformers("llama3_1", d, warns="keep one")
+
+
+def test_a_float_trained_length_is_read_leniently_as_transformers_reads_it():
+    """Found by the perturbed-config property: a float original_max_position_embeddings (a warning with strict=False,
+    docs/scaling.md) was refused by RoPE for longrope, whose schedule wanted an int; it now switches to the long factors
+    past it, as transformers compares lengths with it."""
+    block = {"rope_type": "longrope", "short_factor": [1.0] * 32, "long_factor": [2.0] * 32, "factor": 4.0}
+    exact = RoPE(64, scaling={**block, "original_max_position_embeddings": 4096})
+    with pytest.warns(UserWarning, match="original_max_position_embeddings"):
+        lenient = RoPE(64, scaling={**block, "original_max_position_embeddings": 4096.0}, strict=False)
+    for length in (16, 4096, 4097, 5000):  # the short factors up to the trained length, the long ones past it
+        (want, which), (got, label) = exact.schedule.freqs_for(length), lenient.schedule.freqs_for(length)
+        assert torch.equal(got.inv_freq, want.inv_freq) and (got.attention_scaling, label) == (
+            want.attention_scaling,
+            which,
+        )
+    with pytest.raises(ConfigError, match="original_max_position_embeddings"):
+        RoPE(64, scaling={**block, "original_max_position_embeddings": 4096.0})
+
+
 def test_the_models_that_read_partial_rotary_factor_are_those_of_transformers():
     """PARTIAL_READERS against transformers' modeling code: a model type of PAIRING reads the factor unless its rotary
     class computes its own default frequencies and its module never names ``partial_rotary_factor``."""
@@ -1272,27 +1602,196 @@ def test_the_models_that_read_partial_rotary_factor_are_those_of_transformers():
     assert readers == PARTIAL_READERS
 
 
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _known_model_type(value: str) -> bool:
+    """Whether ``value`` names a model type transformers or rotary's tables know (its defaults, pairing or refusal)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    from rotary.hf.architectures import SEQUENCE_ROPE, VISION_ROPE
+    from rotary.hf.config import MROPE_MODELS, PAIRING, TEXT_MODEL_TYPES, UNSUPPORTED
+    from rotary.hf.encoder_tables import ENCODER_PART
+
+    tables = (CONFIG_MAPPING_NAMES, PAIRING, UNSUPPORTED, TEXT_MODEL_TYPES, MROPE_MODELS, ENCODER_PART, VISION_ROPE)
+    return any(value in table for table in (*tables, SEQUENCE_ROPE)) or value.startswith("gemma3")
+
+
+def _as_read(block: dict) -> dict:
+    """A scaling block with its type under ``rope_type`` (``type`` is 4.x's name; ``rope_type`` wins), default
+    ``default``."""
+    out = dict(block)
+    legacy = out.pop("type", None)
+    out.setdefault("rope_type", "default" if legacy is None else legacy)
+    return out
+
+
+def no_model_type_reading(d: dict, *, layer_type: str | None = None):
+    """How a dict of the keys docs/scaling.md lists ("Loading from a checkpoint"), with no model_type (or one neither
+    transformers nor rotary knows) and ``interleaved=False``, is read, restated from docs/scaling.md ("Values a
+    config.json leaves out": a dict without a model_type) and "What each parameter may be":
+    ``(head_dim, base, block, max_position_embeddings)``, the block as read (before its values are checked:
+    :func:`frequencies_verdict` does that), or None where the reader itself refuses it (a ``layer_type`` picks the
+    block of one layer type). No model defaults: what the dict does not state is not filled in."""
+    model_type = d.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        return None  # model_type must be a string
+    if d.get("text_config") is not None and not any(
+        k in d for k in ("rope_parameters", "rope_scaling", "rope_theta", "head_dim")
+    ):
+        inner = d["text_config"]  # the text part of a multimodal config (a dict), read alone
+        if not isinstance(inner, dict):
+            return None
+        return no_model_type_reading({"model_type": model_type, **inner}, layer_type=layer_type)
+    # the head width: qk_rope_head_dim, else head_dim, else hidden_size // num_attention_heads (n_embd // n_head),
+    # each a positive int, the division exact, at most 65536 channels
+    width = next((d[k] for k in ("qk_rope_head_dim", "head_dim") if d.get(k) is not None), None)
+    if width is None:
+        hidden = d.get("hidden_size", d.get("n_embd"))
+        heads = d.get("num_attention_heads", d.get("n_head"))
+        if not (_positive_int(hidden) and _positive_int(heads)) or hidden % heads:
+            return None
+        width = hidden // heads
+    if not _positive_int(width) or width > 2**16 or width % 2:
+        return None  # a head width is an even int (channels rotate in pairs)
+    length = d.get("max_position_embeddings", d.get("n_positions"))
+    if length is not None and not _positive_int(length):
+        return None  # a length in tokens
+    params, legacy = d.get("rope_parameters"), d.get("rope_scaling")
+    if any(b is not None and not isinstance(b, dict) for b in (params, legacy)):
+        return None  # a block is a dict
+    if params and legacy and _as_read(params) != _as_read(legacy):
+        return None  # both blocks, read differently (strict)
+    layer_types = d.get("layer_types")
+    if layer_types is not None and not (isinstance(layer_types, list) and all(isinstance(t, str) for t in layer_types)):
+        return None
+    raw = legacy or params or {}
+    # one block per layer type (no type of its own, every value a dict or null, keyed by the listed layer types):
+    # layer_type picks one, and must; a config with one block refuses a layer type its layer_types do not list
+    labels = set(layer_types or ())
+    nested = raw and "rope_type" not in raw and "type" not in raw
+    nested = (
+        nested and all(isinstance(v, dict) or v is None for v in raw.values()) and (labels & set(raw) or not labels)
+    )
+    if nested:
+        if layer_type is None or not isinstance(raw.get(layer_type), dict):
+            return None
+        raw = raw[layer_type]
+    elif layer_type is not None and layer_types and layer_type not in layer_types:
+        return None
+    block = _as_read(raw)
+    # the base: the block's rope_theta, else rope_theta, else rotary_emb_base, else 10000 (a null is not a base)
+    base = block.pop("rope_theta", None)
+    base = d.get("rope_theta", d.get("rotary_emb_base", 10000.0)) if base is None else base
+    if isinstance(base, bool) or not isinstance(base, (int, float)) or not -math.inf < base < math.inf or base <= 0:
+        return None
+    # the rotated part: partial_rotary_factor (a null: not given), else rotary_pct
+    if "partial_rotary_factor" in block:
+        pass
+    elif d.get("partial_rotary_factor") is not None:
+        block["partial_rotary_factor"] = d["partial_rotary_factor"]
+    elif "rotary_pct" in d:
+        block["partial_rotary_factor"] = d["rotary_pct"]
+    part = block.get("partial_rotary_factor")
+    if d.get("qk_rope_head_dim") is not None and part not in (None, 1, 1.0):
+        # qk_rope_head_dim and head_dim * partial_rotary_factor state the rotated width twice: they must agree
+        full = d.get("head_dim")
+        if not (isinstance(part, (int, float)) and not isinstance(part, bool) and 0 < part <= 1):
+            return None
+        if not (_positive_int(full) and int(full * part) == width):
+            return None
+        del block["partial_rotary_factor"]
+    # the trained length of yarn, longrope and llama3: a top-level original_max_position_embeddings wins, a block
+    # without one is refused (strict; transformers would use the context length); dynamic, yarn and longrope get the
+    # context length
+    rope_type = block.get("rope_type", block.get("type", "default"))
+    if rope_type in ("yarn", "longrope", "llama3"):
+        if d.get("original_max_position_embeddings") is not None:
+            block["original_max_position_embeddings"] = d["original_max_position_embeddings"]
+        elif block.get("original_max_position_embeddings") is None and length is not None:
+            return None
+    if rope_type in ("dynamic", "yarn", "longrope") and length is not None:
+        block.setdefault("max_position_embeddings", length)
+    return width, float(base), block, length
+
+
+#: values each config key plausibly holds (a few wrong ones among them), for dicts that often read
+PLAUSIBLE = {
+    "head_dim": [64, 128, 96, 80], "hidden_size": [4096, 2048, 4100], "num_attention_heads": [32, 16], "n_embd": [4096],
+    "n_head": [16, 0], "qk_rope_head_dim": [64, 32], "rope_theta": [10000.0, 500000.0, 1e6, 0.5, None],
+    "rotary_emb_base": [10000, 1e6], "partial_rotary_factor": [0.5, 0.25, 1.0, 0.3, None],
+    "rotary_pct": [0.25, 1.0, None], "max_position_embeddings": [2048, 131072], "n_positions": [2048],
+    "original_max_position_embeddings": [4096, 8192], "layer_types": [[], ["full_attention"]],
+    "rope_interleave": [True, "no"], "model_type": ["my_model", None],
+    "rope_scaling": [None, {}, {"rope_type": "linear", "factor": 4.0}, {"rope_type": "yarn", "factor": 4.0}],
+    "rope_parameters": [None, {"rope_type": "default"}, {"type": "linear", "factor": 2.0},
+                        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}],
+}  # fmt: skip
+#: a dict of config keys: plausible values, each key at most once, one of them perhaps NASTY
+CONFIG_DICTS = st.one_of(
+    st.fixed_dictionaries({}, optional={k: st.sampled_from(v) for k, v in PLAUSIBLE.items()}),
+    st.fixed_dictionaries(
+        {"head_dim": st.sampled_from(PLAUSIBLE["head_dim"])},
+        optional={k: st.sampled_from(v) for k, v in PLAUSIBLE.items() if k != "head_dim"},
+    ),
+).flatmap(
+    lambda d: st.one_of(
+        st.just(d),
+        st.builds(lambda k, v: {**d, k: v}, st.sampled_from(ROPE_CONFIG_KEYS), NASTY),
+    )
+)
+
+
 @PROPERTIES
-@given(config=st.one_of(NASTY, st.dictionaries(st.sampled_from(ROPE_CONFIG_KEYS), NASTY, max_size=6)))
+@given(
+    config=st.one_of(
+        NASTY,
+        st.dictionaries(st.sampled_from(ROPE_CONFIG_KEYS), NASTY, max_size=6),
+        CONFIG_DICTS,
+        CONFIG_DICTS,  # twice: a dict of plausible values reads often, and a valid one must
+    )
+)
+@example(config={"head_dim": 64})  # valid: 10000, the whole head
+@example(config={"hidden_size": 4096, "num_attention_heads": 32, "rope_theta": 500000.0, "rotary_pct": 0.25})
+@example(config={"qk_rope_head_dim": 64, "head_dim": 128, "partial_rotary_factor": 0.5})
+@example(config={"n_embd": 256, "n_head": 4, "rope_scaling": {}, "max_position_embeddings": 2048})
+@example(config={"head_dim": 64, "rope_theta": None})  # refused: a null base
+@example(config={"head_dim": 64, "rope_theta": 0.5})  # read, then refused: a base <= 1
+@example(config={"text_config": {"head_dim": 32}, "model_type": "zz"})  # valid: the text part
 def test_read_hf_config_on_arbitrary_objects(config):
     # decided up front (read_hf_config's docstring): a config is a dict, a transformers config or a path to a
     # config.json (or its folder); anything else is refused, and a string names a path, which these short ones
-    # do not (FileNotFoundError naming it). A dict of these keys and values is right or a named error: what it may
-    # hold depends on the reader's per-architecture defaults (perturbed_configs covers real configs)
+    # do not (FileNotFoundError naming it). A dict without a model_type (or with one nobody knows), read with
+    # interleaved=False, is read by docs/scaling.md's key table alone (no_model_type_reading); its values are then
+    # checked by "What each parameter may be" (frequencies_verdict), with transformers' frequencies as the oracle
+    if isinstance(config, dict) and isinstance(config.get("model_type"), str) and config["model_type"]:
+        assume(not _known_model_type(config["model_type"]))  # a real architecture: its defaults (perturbed_configs)
+    reading = no_model_type_reading(config) if isinstance(config, dict) else None
+    verdict = None if reading is None else frequencies_verdict(reading[2], reading[1], reading[0])
+    want = None
+    if verdict is not None and accepted(verdict[0], strict=True):
+        want = computes(reading[2], verdict[2], verdict[1], None, reading[0])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             s = read_hf_config(config, interleaved=False)
+            rope = RoPE.from_hf_config(config, interleaved=False, max_position=16)
         except FileNotFoundError as exc:  # a string is a path
             assert isinstance(config, str), exc
             assert repr(str(config)) in str(exc) or str(config) in str(exc)
             return
         except Exception as exc:
             assert not isinstance(config, str), f"the path {config!r} was not looked up: {exc}"
+            assert want is None, f"{config!r}, valid by docs/scaling.md, was refused: {exc}"
             assert_named_error(exc)
             return
     assert isinstance(config, dict), f"{config!r} was read as a config"
-    assert s.head_dim > 0 and math.isfinite(s.base)
+    assert reading is not None and want is not None, f"{config!r}, invalid by docs/scaling.md, was read: {s}"
+    head_dim, base, block, length = reading
+    assert (s.head_dim, s.base, s.scaling, s.rotary_dim) == (head_dim, base, block, None), (s, reading)
+    assert (s.max_position_embeddings, s.interleaved) == (length, False)
+    assert torch.equal(rope.inv_freq, want[0]) and rope.attention_scaling == float(want[1]), config
 
 
 # ------------------------------------------------------------------------------------------------

@@ -8,13 +8,14 @@ uses the current call's length alone (``mode="stateless"``); docs/scaling.md, ``
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
 
-from ._checks import is_int
+from ._checks import is_number
 from ._sync import CopyableLock
 from .errors import InputError
 from .frequencies import Frequencies, frequencies
@@ -53,14 +54,15 @@ class FrequencySchedule:
         self._stateless: tuple[int, Frequencies] | None = None
         if self.length_dependent:
             trained = original.scaling.get(spec.trained_key)
-            if not is_int(trained) or trained < 1:
+            # an int; a float length (warned with strict=False, docs/scaling.md) is compared as transformers does
+            if not is_number(trained) or trained < 1:
                 raise ConfigError(
                     f"rope_type {original.rope_type!r} is length-dependent and needs its trained length as a positive "
                     f"int under {spec.trained_key!r}, got {trained!r}"
                 )
-            self._trained: int = int(trained)
+            self._trained: int | float = trained
             #: the longest length seen so far (transformers' ``max_seq_len_cached``; the "grow" rule)
-            self.max_seq_len_cached: int = self._trained
+            self.max_seq_len_cached: int | float = self._trained
 
     @property
     def current(self) -> Frequencies:
@@ -88,7 +90,7 @@ class FrequencySchedule:
             if self.update == "switch":
                 if n > self._trained:
                     if self._long is None:
-                        self._long = self._recompute(self._trained + 1)
+                        self._long = self._recompute(math.floor(self._trained) + 1)
                     self._current = (self._long, "long")
                 else:
                     self._current = (self.original, "original")

@@ -87,7 +87,7 @@ class RopeSettings:
 #: top-level keys read_hf_config falls back to the model's defaults for (field defaults of the config class)
 DEFAULTED_KEYS = (
     "head_dim", "hidden_size", "num_attention_heads", "max_position_embeddings", "qk_rope_head_dim",
-    "rope_interleave", "rotary_dim", "n_embd", "n_head", "n_positions",
+    "rope_interleave", "rotary_dim", "n_embd", "n_head", "n_positions", "original_max_position_embeddings",
 )  # fmt: skip
 
 #: model_type -> defaults, for when transformers is not installed (tests compare them with transformers).
@@ -105,7 +105,7 @@ MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
     "qwen3": {"head_dim": 128, "hidden_size": 4096, "num_attention_heads": 32, "max_position_embeddings": 32768,
               "rope_theta": 10000.0},
     "phi3": {"hidden_size": 3072, "num_attention_heads": 32, "max_position_embeddings": 4096, "rope_theta": 10000.0,
-             "partial_rotary_factor": 1.0},
+             "partial_rotary_factor": 1.0, "original_max_position_embeddings": 4096},
     "phi": {"hidden_size": 2048, "num_attention_heads": 32, "max_position_embeddings": 2048, "rope_theta": 10000.0,
             "partial_rotary_factor": 0.5},
     "gpt_neox": {"hidden_size": 6144, "num_attention_heads": 64, "max_position_embeddings": 2048, "rope_theta": 10000.0,
@@ -267,6 +267,8 @@ def text_part_of(d: dict[str, Any], label: str) -> dict[str, Any]:
     text = d.get("text_config")
     if text is None or any(k in d for k in _ROPE_KEYS):
         return d
+    if isinstance(model_type, str) and model_type in PAIRING and _text_model_type(model_type) is None:
+        return d  # a text model's config (its transformers config class has no text_config): not its text part
     if not isinstance(text, Mapping):
         raise ConfigError(f"{label}: text_config must be a dict, got {text!r}")
     inner = dict(text)
@@ -334,6 +336,8 @@ def _head_dim(d: Mapping[str, Any], label: str) -> int:
                     f"{label}: config {key}={value} is wider than any attention head (at most "
                     f"{MAX_HEAD_DIM} channels); check the config"
                 )
+            if value % 2:
+                raise ConfigError(f"{label}: config {key}={value} is odd; a head's channels rotate in pairs")
             return value
     hidden = d.get("hidden_size", d.get("n_embd"))
     heads = d.get("num_attention_heads", d.get("n_head"))
@@ -348,6 +352,11 @@ def _head_dim(d: Mapping[str, Any], label: str) -> int:
         raise ConfigError(
             f"{label}: hidden_size={hidden} is not a multiple of num_attention_heads={heads}; add head_dim "
             "(channels per head)"
+        )
+    if (hidden // heads) % 2:
+        raise ConfigError(
+            f"{label}: hidden_size={hidden} / num_attention_heads={heads} gives an odd head width {hidden // heads} (a "
+            "head's channels rotate in pairs); check the config or add head_dim"
         )
     if hidden // heads > MAX_HEAD_DIM:
         raise ConfigError(
@@ -398,6 +407,28 @@ def _one_block(d: dict[str, Any], model_type: str, defaults: Mapping[str, Any], 
     return transformers_block
 
 
+#: the model types whose transformers config class reads GPT-NeoX's names: rotary_emb_base for the base and rotary_pct
+#: for the rotated part (a scaling block's own values first), and never the top-level rope_theta or
+#: partial_rotary_factor
+NEOX_MODEL_TYPES = ("gpt_neox", "gpt_neox_japanese")
+
+
+def _neox_key(d: Mapping[str, Any], own: str, common: str, default: Any, label: str, strict: bool) -> Any:
+    """GPT-NeoX's ``own`` key (null or absent: ``default``), as its config class reads it; a top-level ``common`` key
+    (``rope_theta``, ``partial_rotary_factor``) the class never reads is an error where it says something else
+    (``strict=False``: a warning, and the class's value)."""
+    value = d.get(own)
+    value = default if value is None else value
+    other = d.get(common)
+    if other is not None and other != value:
+        complain(
+            f"{label}: {common}={other!r}, but transformers' {d.get('model_type')!r} config never reads {common} and "
+            f"uses {own}={value!r}; remove {common} or set {own}",
+            strict,
+        )
+    return value
+
+
 #: the layer types of Gemma-3's 4.x layout, whose config.json need not list them (:func:`_gemma3_blocks`)
 GEMMA3_LAYER_TYPES = ("sliding_attention", "full_attention")
 
@@ -421,7 +452,9 @@ def read_hf_config(
 
     Args:
         config: a transformers config (4.x or 5.x; multimodal: its ``text_config``), a config.json path or a dict.
-        layer_type: for configs with one block per attention layer type (Gemma-3), which one.
+        layer_type: for configs with one block per attention layer type (Gemma-3), which one (required there). A
+            config with one block for every layer reads alike whatever it says, unless it lists ``layer_types``
+            without it.
         strict: ``False`` turns value mistakes into warnings where the frequencies stay computable.
         interleaved: the pairing of a ``model_type`` :data:`PAIRING` does not list (``True``: (2i, 2i+1)).
 
@@ -446,10 +479,13 @@ def read_hf_config(
     defaults = model_defaults(model_type)
     stated = set(d)
     for key in DEFAULTED_KEYS:
-        if key not in d and key in defaults:
+        # an explicit null is "not given" (GPT-J's null rotary_dim excepted: it rotates the whole head)
+        if (d.get(key) is None and key != "rotary_dim" or key not in d) and key in defaults:
             d[key] = defaults[key]
     pairing = read_pairing(d, model_type, interleaved, label)
 
+    if defaults and "qk_rope_head_dim" not in defaults:
+        d.pop("qk_rope_head_dim", None)  # the rope head width of MLA models: another model's config never reads it
     head_dim = _head_dim(d, label)
     derived = d.get("qk_rope_head_dim") is None and d.get("head_dim") is None
     head_dim_from = _head_dim_from(d, stated, model_type) if derived else ""
@@ -463,8 +499,9 @@ def read_hf_config(
         isinstance(layer_types, (list, tuple)) and all(isinstance(t, str) for t in layer_types)
     ):
         raise ConfigError(f"{label}: layer_types must be a list of strings, got {layer_types!r}")
-    if not block and not any(k in d for k in ("rope_theta", "rotary_emb_base")) and defaults.get("rope_parameters"):
-        block = dict(defaults["rope_parameters"])  # the class's default block (gpt-oss: its YaRN)
+    if not block and defaults.get("rope_parameters"):
+        # the class's default block (gpt-oss: its YaRN), which transformers uses whatever base the config states
+        block = dict(defaults["rope_parameters"])
     if model_type.startswith("gemma3") and not _is_nested(block, layer_types):
         block = _gemma3_blocks(d, block, defaults)
     if _is_nested(block, layer_types):
@@ -486,6 +523,15 @@ def read_hf_config(
         raise ConfigError(
             f"{label}: layer_type {layer_type!r} is not in the config's layer_types {sorted(set(layer_types))}"
         )
+    legacy = block.get("type")
+    # 4.x names of the same type: M-RoPE's "mrope" (its frequencies are default's), Phi-3's "su" and "yarn" (longrope)
+    aliases = {"mrope": "default", **({"su": "longrope", "yarn": "longrope"} if model_type == "phi3" else {})}
+    if legacy is not None and "rope_type" in block:
+        stated = [aliases.get(t, t) if isinstance(t, str) else t for t in (block["rope_type"], legacy)]
+        if stated[0] != stated[1]:
+            complain(
+                f"{label}: the block sets both rope_type={block['rope_type']!r} and type={legacy!r}; keep one", strict
+            )
     block = _normalised(block)
     block["rope_type"] = canonical_rope_type(block)  # HunYuan's "dynamic" block with alpha is ntk_alpha
     mrope_section, mrope_layout = read_mrope(block, model_type, label, strict)
@@ -494,17 +540,26 @@ def read_hf_config(
         block["rope_type"] = "longrope"  # Phi-3's early names for LongRoPE, as transformers renames them
 
     base = block.pop("rope_theta", None)
-    if base is None:
-        base = d.get("rope_theta", d.get("rotary_emb_base", defaults.get("rope_theta", 10_000.0)))
+    if base is None and model_type in NEOX_MODEL_TYPES:
+        base = _neox_key(d, "rotary_emb_base", "rope_theta", defaults.get("rope_theta", 10_000.0), label, strict)
+    elif base is None:
+        # rotary_emb_base is GPT-NeoX's name: read for a model_type transformers does not know, not for another one
+        fallback = d.get("rotary_emb_base") if model_type not in PAIRING and not defaults else None
+        base = d.get("rope_theta", fallback if fallback is not None else defaults.get("rope_theta", 10_000.0))
     if not is_number(base) or base <= 0:
         raise ConfigError(f"{label}: rope_theta must be a finite number > 0, got {base!r}")
 
     rotary_dim = None
     if "partial_rotary_factor" not in block:
-        if d.get("partial_rotary_factor") is not None:
+        if model_type in NEOX_MODEL_TYPES:
+            part = _neox_key(d, "rotary_pct", "partial_rotary_factor", defaults.get("partial_rotary_factor"), label,
+                             strict)  # fmt: skip
+            if part is not None:
+                block["partial_rotary_factor"] = part
+        elif d.get("partial_rotary_factor") is not None:
             block["partial_rotary_factor"] = d["partial_rotary_factor"]
-        elif "rotary_pct" in d:
-            block["partial_rotary_factor"] = d["rotary_pct"]  # GPT-NeoX's name
+        elif "rotary_pct" in d and model_type not in PAIRING and not defaults:
+            block["partial_rotary_factor"] = d["rotary_pct"]  # GPT-NeoX's name, in a config of an unknown model_type
         elif model_type in ("gptj", "codegen"):
             # GPT-J and CodeGen state the width (default 64; null rotates the whole head)
             rotary_dim = d.get("rotary_dim", 64)
@@ -523,7 +578,7 @@ def read_hf_config(
 
     partial = block.get("partial_rotary_factor")
     if block["rope_type"] == "default" and model_type in PAIRING and model_type not in PARTIAL_READERS:
-        if is_number(partial) and 0 < partial < 1:  # (other values: refused below, as for every model)
+        if partial is not None and not (is_number(partial) and partial == 1):  # whatever it says: never read
             complain(
                 f"{label}: partial_rotary_factor={partial!r} with rope_type 'default', but transformers' "
                 f"{model_type!r} model never reads it and rotates the whole head; remove it",

@@ -313,9 +313,10 @@ def test_apply_rotary_checks_the_rows_it_documents(
     assume(valid is not None)
     kwargs = {} if positions is None else {"position_ids": positions}
     out = expect(valid, rotary.apply_rotary, x, *given, interleaved=interleaved, validate=validate, **kwargs)
-    if valid:  # (a row whose pair channels disagree is no rotation: what turns its token is not defined)
+    if valid:  # (a row whose pair channels disagree, a NaN in one, is no rotation: its token's result is not defined)
         want = rotate_by_tables(x, cos.float()[rows], sin.float()[rows], interleaved)
-        defined = ~torch.isin(rows, torch.tensor(sorted(corrupt) if how == "channel" else [], dtype=torch.long))
+        spoiled = sorted(corrupt) if how in ("channel", "nan") else []
+        defined = ~torch.isin(rows, torch.tensor(spoiled, dtype=torch.long))
         defined = defined[:, None, :, None].expand_as(want)
         torch.testing.assert_close(out.double()[defined], want[defined], rtol=0, atol=1e-5, equal_nan=True)
 

@@ -1042,8 +1042,10 @@ class _GptjRotary:
 
 
 #: the fixtures with one RoPE block per layer type, and the class transformers builds them with
-PER_LAYER = {"gemma3_nested": "gemma3.modeling_gemma3.Gemma3RotaryEmbedding", "gemma-3-4b-it": PUBLISHED_FILES[
-    "gemma-3-4b-it"][0]}  # fmt: skip
+PER_LAYER = {
+    "gemma3_nested": "gemma3.modeling_gemma3.Gemma3RotaryEmbedding",
+    "gemma-3-4b-it": PUBLISHED_FILES["gemma-3-4b-it"][0],
+}
 
 
 def transformers_reading(name: str, d: dict, *, falling: bool = False, layer_type: str | None = None):
@@ -1194,8 +1196,12 @@ def _read(d, strict, layer_type, interleaved):
 @example(perturbed=at_top("gpt-oss-20b", "rope_theta", 1e6), strict=True, layer_type="chunked", interleaved=None)
 # keys a model's transformers class never reads, class defaults, a type stated twice (more: the tests below)
 @example(perturbed=at_top("llama2", "qk_rope_head_dim", float("nan")), strict=True, layer_type=None, interleaved=None)
-@example(perturbed=dropped("phi3_longrope", "original_max_position_embeddings"), strict=False, layer_type=None,
-         interleaved=None)  # fmt: skip
+@example(
+    perturbed=dropped("phi3_longrope", "original_max_position_embeddings"),
+    strict=False,
+    layer_type=None,
+    interleaved=None,
+)
 @example(perturbed=at_top("gpt_oss", "head_dim", None), strict=False, layer_type=None, interleaved=None)
 @example(perturbed=in_block("llama3_1", "type", "linear"), strict=True, layer_type=None, interleaved=None)
 @example(perturbed=in_block("llama3_1", "rope_type", "yarnn"), strict=False, layer_type=None, interleaved=None)
@@ -1508,8 +1514,11 @@ def test_gpt_neox_names_are_read_for_gpt_neox_only():
     first two), and read rotary_emb_base / rotary_pct in configs of models that never read them."""
     for key, value, own in (("rope_theta", 5e5, "rotary_emb_base"), ("partial_rotary_factor", 0.5, "rotary_pct")):
         d, *_ = at_top("gpt_neox", key, value)
-        with pytest.raises(ConfigError, match=rf"{key}={value}, but transformers' 'gpt_neox' config never reads {key} "
-                           rf"and uses {own}="):  # fmt: skip
+        with pytest.raises(
+            ConfigError,
+            match=rf"{key}={value}, but transformers' 'gpt_neox' config never reads {key} "
+            rf"and uses {own}=",
+        ):
             RoPE.from_hf_config(d)
         _reads_as_transformers("gpt_neox", d, warns=f"never reads {key}")
         same = at_top("gpt_neox", key, CONFIGS["gpt_neox"][own])[0]  # the value it uses: nothing to say

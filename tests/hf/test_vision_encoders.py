@@ -77,10 +77,13 @@ def _model_class(model_type: str):
     if model_type in MODEL_CLASS:
         return module, getattr(module, MODEL_CLASS[model_type])
     classes = [
-        o for o in vars(module).values()
-        if inspect.isclass(o) and issubclass(o, transformers.PreTrainedModel) and o.__annotations__.get("config") is cfg
+        o
+        for o in vars(module).values()
+        if inspect.isclass(o)
+        and issubclass(o, transformers.PreTrainedModel)
+        and o.__annotations__.get("config") is cfg
         and "PreTrained" not in o.__name__
-    ]  # fmt: skip
+    ]
     return module, classes[0]
 
 

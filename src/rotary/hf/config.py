@@ -552,8 +552,9 @@ def read_hf_config(
     rotary_dim = None
     if "partial_rotary_factor" not in block:
         if model_type in NEOX_MODEL_TYPES:
-            part = _neox_key(d, "rotary_pct", "partial_rotary_factor", defaults.get("partial_rotary_factor"), label,
-                             strict)  # fmt: skip
+            part = _neox_key(
+                d, "rotary_pct", "partial_rotary_factor", defaults.get("partial_rotary_factor"), label, strict
+            )
             if part is not None:
                 block["partial_rotary_factor"] = part
         elif d.get("partial_rotary_factor") is not None:

@@ -1880,3 +1880,29 @@ def test_dbrx_base_stated_only_in_attn_config_is_not_silently_dropped():
         read_hf_config(d)
     ok = dict(d, rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
     assert (read_hf_config(ok).head_dim, read_hf_config(ok).base) == (128, 500000.0)
+
+
+@pytest.mark.parametrize("model_type", ["apertus", "cwm", "ministral3"])
+def test_a_class_default_block_keeps_its_base_over_a_top_level_rope_theta(model_type):
+    """Found by the perturbed-config property's review: transformers' Apertus, CWM and Ministral 3 config classes give a
+    config without a RoPE block their default block, whose own base wins over a stated top-level rope_theta; rotary
+    read the stated one. Strict: a ConfigError naming it; lenient: a warning and transformers' frequencies."""
+    import importlib
+    import inspect
+
+    d = {"model_type": model_type, "hidden_size": 256, "num_attention_heads": 4, "head_dim": 64, "rope_theta": 123456.0}
+    with pytest.raises(ConfigError, match=r"rope_theta=123456.0, but transformers' .* whose base .* it keeps"):
+        RoPE.from_hf_config(d)
+    with pytest.warns(UserWarning, match="whose base"):
+        rope = RoPE.from_hf_config(d, strict=False)
+    config = transformers.AutoConfig.for_model(**d)
+    module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    (rotary_class,) = [
+        c for n, c in vars(module).items() if n.endswith("RotaryEmbedding") and inspect.isclass(c)
+    ]  # the model's own
+    hf = rotary_class(config)
+    assert torch.equal(rope.inv_freq, hf.inv_freq) and rope.attention_scaling == hf.attention_scaling
+    assert rope.freqs.base != 123456.0
+    # the base the class keeps, stated: nothing to say
+    same = {**d, "rope_theta": config.rope_parameters["rope_theta"]}
+    assert torch.equal(RoPE.from_hf_config(same).inv_freq, hf.inv_freq)

@@ -172,6 +172,14 @@ def _transformers_defaults(model_type: str) -> dict[str, Any] | None:
     block.pop("type", None)
     if block.get("rope_type", "default") != "default":
         out["rope_parameters"] = block
+        # a class whose default block states its own base (Apertus, CWM, Ministral 3) keeps it over a rope_theta
+        # the config gives beside no block: the block then carries the base, as transformers reads it
+        try:
+            probe = cls(rope_theta=out["rope_theta"] * 2 + 1).rope_parameters
+        except Exception:  # noqa: BLE001 - a class that refuses the probe: the stated base is read, as before
+            probe = None
+        if isinstance(probe, Mapping) and probe.get("rope_theta") == out["rope_theta"]:
+            block["rope_theta"] = out["rope_theta"]
     return out
 
 
@@ -502,6 +510,14 @@ def read_hf_config(
     if not block and defaults.get("rope_parameters"):
         # the class's default block (gpt-oss: its YaRN), which transformers uses whatever base the config states
         block = dict(defaults["rope_parameters"])
+        stated = d.get("rope_theta")
+        if "rope_theta" in block and stated is not None and stated != block["rope_theta"]:
+            complain(
+                f"{label}: rope_theta={stated!r}, but transformers' {model_type!r} config gives a config without a "
+                f"RoPE block its default block, whose base {block['rope_theta']!r} it keeps; state the base in "
+                "rope_parameters (with the block) or remove rope_theta",
+                strict,
+            )
     if model_type.startswith("gemma3") and not _is_nested(block, layer_types):
         block = _gemma3_blocks(d, block, defaults)
     if _is_nested(block, layer_types):

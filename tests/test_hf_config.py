@@ -145,6 +145,40 @@ def test_gptj_rotary_dim_and_interleaved_pairs():
     assert torch.equal(ours[..., 64:], q[..., 64:])
 
 
+@pytest.mark.parametrize("model_type", ["gptj", "codegen"])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("rope_theta", 1e6),
+        ("partial_rotary_factor", 0.5),
+        ("head_dim", 128),
+        ("rope_scaling", {"rope_type": "linear", "factor": 2.0}),
+        ("rope_parameters", {"rope_type": "default", "rope_theta": 5e5}),
+    ],
+)
+def test_gptj_and_codegen_read_no_other_rope_key(model_type, key, value):
+    """GPT-J's and CodeGen's attention build their own tables (``create_sinusoidal_positions``: base 10000 over
+    ``rotary_dim`` channels of heads of n_embd / n_head) and read no other RoPE key; rotary read them (a stated
+    rope_theta of 1e6 turned the model's queries at another base). Strict: a ConfigError naming the key; lenient: a
+    warning and the attention's own tables."""
+    from transformers.models.gptj.modeling_gptj import create_sinusoidal_positions
+
+    d = {**load("gptj"), "model_type": model_type, key: value}
+    with pytest.raises(ConfigError, match=rf"{key}=.*but transformers' '{model_type}' attention never reads it"):
+        RoPE.from_hf_config(d)
+    with pytest.warns(UserWarning, match="never reads it"):
+        rope = RoPE.from_hf_config(d, strict=False)
+    assert (rope.head_dim, rope.rotary_dim) == (256, 64)
+    sin, cos = create_sinusoidal_positions(40, 64).chunk(2, dim=-1)
+    want_cos, want_sin = (t.repeat_interleave(2, dim=-1) for t in (cos, sin))  # GPT-J's pairs (2i, 2i + 1)
+    got_cos, got_sin = rope.cos_sin(torch.arange(40))
+    torch.testing.assert_close(got_cos, want_cos, rtol=0, atol=1e-6)
+    torch.testing.assert_close(got_sin, want_sin, rtol=0, atol=1e-6)
+    # the value the attention uses, stated: nothing to say
+    used = {"rope_theta": 10000.0, "partial_rotary_factor": 1.0, "head_dim": 256}.get(key, {"rope_type": "default"})
+    assert torch.equal(RoPE.from_hf_config({**d, key: used}).inv_freq, rope.inv_freq)
+
+
 def test_gemma3_nested_blocks_one_rope_per_layer_type():
     from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
 

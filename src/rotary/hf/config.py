@@ -437,6 +437,36 @@ def _neox_key(d: Mapping[str, Any], own: str, common: str, default: Any, label: 
     return value
 
 
+#: the model types whose attention builds its own tables (GPT-J, CodeGen): base 10000 over ``rotary_dim`` channels
+#: (default 64; null: the whole head), the head width from the hidden size; no other RoPE key of the config is read
+OWN_TABLE_MODEL_TYPES = ("gptj", "codegen")
+
+
+def _drop_unread_keys(d: dict[str, Any], model_type: str, label: str, strict: bool) -> None:
+    """Remove the RoPE keys GPT-J's and CodeGen's attention never reads from ``d``; one that says something else than
+    what the attention uses is an error naming it (``strict=False``: a warning, and what the attention uses)."""
+    hidden, heads = d.get("n_embd", d.get("hidden_size")), d.get("n_head", d.get("num_attention_heads"))
+    width = hidden // heads if is_positive_int(hidden) and is_positive_int(heads) and hidden % heads == 0 else None
+    for key in ("rope_theta", "partial_rotary_factor", "head_dim", "rope_scaling", "rope_parameters"):
+        value = d.pop(key, None)
+        if value is None:
+            continue
+        if isinstance(value, Mapping):  # a block: harmless when it states the default rotation at base 10000
+            harmless = set(value) <= {"rope_type", "type", "rope_theta", "partial_rotary_factor"}
+            harmless = harmless and value.get("rope_type", value.get("type", "default")) == "default"
+            harmless = harmless and value.get("rope_theta", 10_000.0) == 10_000.0
+            harmless = harmless and value.get("partial_rotary_factor", 1.0) in (None, 1.0)
+        else:
+            used = {"rope_theta": 10_000.0, "partial_rotary_factor": 1.0, "head_dim": width}[key]
+            harmless = value == used and not isinstance(value, bool)
+        if not harmless:
+            complain(
+                f"{label}: {key}={value!r}, but transformers' {model_type!r} attention never reads it: it turns "
+                "rotary_dim channels (default 64) of heads of n_embd / n_head at base 10000; remove it",
+                strict,
+            )
+
+
 #: the layer types of Gemma-3's 4.x layout, whose config.json need not list them (:func:`_gemma3_blocks`)
 GEMMA3_LAYER_TYPES = ("sliding_attention", "full_attention")
 
@@ -491,6 +521,8 @@ def read_hf_config(
         if (d.get(key) is None and key != "rotary_dim" or key not in d) and key in defaults:
             d[key] = defaults[key]
     pairing = read_pairing(d, model_type, interleaved, label)
+    if model_type in OWN_TABLE_MODEL_TYPES:
+        _drop_unread_keys(d, model_type, label, strict)
 
     if defaults and "qk_rope_head_dim" not in defaults:
         d.pop("qk_rope_head_dim", None)  # the rope head width of MLA models: another model's config never reads it

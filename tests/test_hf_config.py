@@ -154,6 +154,7 @@ def test_gptj_rotary_dim_and_interleaved_pairs():
         ("head_dim", 128),
         ("rope_scaling", {"rope_type": "linear", "factor": 2.0}),
         ("rope_parameters", {"rope_type": "default", "rope_theta": 5e5}),
+        ("rope_scaling", "linear"),  # not a block at all
     ],
 )
 def test_gptj_and_codegen_read_no_other_rope_key(model_type, key, value):

@@ -456,6 +456,8 @@ def _drop_unread_keys(d: dict[str, Any], model_type: str, label: str, strict: bo
             harmless = harmless and value.get("rope_type", value.get("type", "default")) == "default"
             harmless = harmless and value.get("rope_theta", 10_000.0) == 10_000.0
             harmless = harmless and value.get("partial_rotary_factor", 1.0) in (None, 1.0)
+        elif key in ("rope_scaling", "rope_parameters"):
+            harmless = False  # not a block at all
         else:
             used = {"rope_theta": 10_000.0, "partial_rotary_factor": 1.0, "head_dim": width}[key]
             harmless = value == used and not isinstance(value, bool)

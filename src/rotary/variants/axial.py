@@ -45,8 +45,11 @@ class AxialRoPE(CoordinateRoPE):
         head_dim, axes: ``D`` (even); coordinates per token ``A`` (2: images (y, x), 3: video (t, y, x)).
         split: channels per axis, in axis order (each even, summing to ``rotary_dim``); default equal blocks.
         base, max_freq: geometric ``base^(-2k/c)`` per block of ``c`` channels, or with ``max_freq`` linear
-            ``linspace(1, max_freq / 2, c / 2) · π`` (rotary-embedding-torch's "pixel", coordinates in [-1, 1]).
-        frequencies: ``"per_axis"`` or ``"alternating"`` (Pixtral: one set dealt to the axes in turn; equal blocks).
+            ``linspace(1, max_freq / 2, c / 2) · π`` (rotary-embedding-torch's "pixel", coordinates in [-1, 1]);
+            formed in ``frequency_dtype`` as ``1 / base ** (arange(0, c, 2) / c)`` (fp32: Hugging Face's, bit for
+            bit) and ``linspace(..., dtype=frequency_dtype) * π``, then in float64 times ``frequency_scale``.
+        frequencies: ``"per_axis"`` or ``"alternating"`` (Pixtral: one set, ``c = rotary_dim`` above, axis ``a`` takes
+            ``[a::A]``; equal blocks). Axis ``a``'s pairs lie in its frequencies' order within its block.
         block_order: the order of the axes' blocks among the pairs; default ``(0, 1, …)`` (torchtune: ``(1, 0)``).
         axis_slots: ``"blocks"`` or ``"alternating"`` (pair ``A·j + i`` is frequency ``j`` of axis ``block_order[i]``,
             Kimi-K2.5's; equal blocks only).

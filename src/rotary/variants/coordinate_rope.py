@@ -40,9 +40,10 @@ class CoordinateRoPE(nn.Module):
     Args:
         head_dim, axes, rotary_dim: ``D`` (even); coordinates per token ``A``; channels rotated ``r`` (even, ``<= D``).
         interleaved: pairs (2i, 2i+1), else (i, i + r/2).
-        coordinates: ``"grid"``, indices ``i + grid_offset`` (times ``reference_grid / size`` when set, EVA-02), or
-            ``"normalized"``, cell centres ``2 (i + 0.5) / n - 1`` scaled per ``normalize_coords``
-            (``"separate"``, ``"max"``, ``"min"``: DINOv3's).
+        coordinates: ``"grid"``, indices ``i + grid_offset`` (``(i / n) · reference_grid[a] + grid_offset`` when set,
+            EVA-02; an int is every axis's), or ``"normalized"``, cell centres ``2 (i + 0.5) / m - 1`` with ``m`` per
+            ``normalize_coords``: the axis's size ``n`` (``"separate"``), the largest or the smallest size of the grid
+            (``"max"``, ``"min"``: DINOv3's). ``i < n`` indexes axis ``a`` of a grid; the grid is row-major.
         prefix_tokens, suffix_tokens: tokens before / after the grid that take no rotation (CLS, registers).
         shift_coords, jitter_coords, rescale_coords: training-only augmentation (DINOv3's), drawn from ``generator``.
     """

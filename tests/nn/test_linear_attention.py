@@ -86,11 +86,14 @@ def assert_matches_oracle(actual, expected_and_bound):
 
 
 @functools.cache
-def _oracle_of_qkv(feature_map, causal, interleaved):
-    """The oracle of ``_qkv()`` at positions 0..36, once per option set (the chunk sizes share it)."""
-    return linear_attention_oracle(
-        *_qkv(), torch.arange(37), feature_map=feature_map, causal=causal, interleaved=interleaved
-    )
+def _reference_and_oracle(feature_map, causal, interleaved):
+    """The O(N²) reference and the oracle of ``_qkv()`` at positions 0..36, once per option set: the chunk sizes,
+    which only the O(N) path reads, share them."""
+    q, k, v = _qkv()
+    cos, sin = rotary.RoPE(16, interleaved=interleaved).cos_sin(torch.arange(37))
+    opts = dict(feature_map=feature_map, causal=causal, interleaved=interleaved)
+    reference = linear_attention_reference(q, k, v, cos, sin, **opts)
+    return reference, linear_attention_oracle(q, k, v, torch.arange(37), **opts)
 
 
 @pytest.mark.parametrize("feature_map", ["elu", "relu", "cosine"])
@@ -103,9 +106,8 @@ def test_equals_quadratic_reference(feature_map, causal, interleaved, chunk_size
     cos, sin = rotary.RoPE(16, interleaved=interleaved).cos_sin(torch.arange(37))
     opts = dict(feature_map=feature_map, causal=causal, interleaved=interleaved)
     fast = rotary_linear_attention(q, k, v, cos, sin, chunk_size=chunk_size, **opts)
-    reference = linear_attention_reference(q, k, v, cos, sin, **opts)
+    reference, oracle = _reference_and_oracle(feature_map, causal, interleaved)
     torch.testing.assert_close(fast, reference, rtol=1e-10, atol=1e-10)
-    oracle = _oracle_of_qkv(feature_map, causal, interleaved)
     assert_matches_oracle(fast, oracle)
     assert_matches_oracle(reference, oracle)
 

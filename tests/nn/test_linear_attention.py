@@ -1,6 +1,10 @@
-"""RotaryLinearAttention: equals the O(N²) reference, is shift-invariant, never needs N×N."""
+"""RotaryLinearAttention: equals the documented formula (restated here in float64 on rotary.reference's rotation and
+transformers' frequencies, sharing no code with the layer) and the O(N²) reference, is shift-invariant, never needs
+N×N."""
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch
@@ -17,22 +21,101 @@ def _qkv(seq_len=37, dim=16, dtype=torch.float64, seed=0):
     return [torch.randn(2, 3, seq_len, dim, generator=g, dtype=dtype) for _ in range(3)]
 
 
+# The documented formula, restated in float64 with nothing from rotary but rotary.reference (module docstring of
+# rotary.nn.linear_attention, docs/attention.md "rotary.nn.RotaryLinearAttention"):
+#   out_i = Σ_{j kept} [R_i f(q_i)]ᵀ[R_j f(k_j)] v_j / (Σ_{j kept} g(q_i)ᵀ g(k_j) + eps)
+# elu, relu: f = g = φ (elu+1 or relu), the rotation in the numerator only; cosine: f = g = [q̂, 1] with the
+# rotation applied to q̂ in both sums. j is kept unless causal and j > i, or key_padding_mask[b, j] is 0.
+TABLE_ROUNDING = 2.0**-25  # |cos - fl32(cos)|, |sin - fl32(sin)| for values in [-1, 1]: half an fp32 ulp below 1
+FLOAT64_SUMS = 1e-12  # float64 rounding of sums of <= 40 * 13 products: (40 + 13) * 2**-53 = 6e-15, with 100x room
+
+
+def hf_inv_freq(dim: int, base: float = 10000.0) -> torch.Tensor:
+    """transformers' default frequencies (``_compute_default_rope_parameters``: fp32, as it computes them)."""
+    return (1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))).double()
+
+
+def _oracle_features(x: torch.Tensor, positions: torch.Tensor, feature_map: str, interleaved: bool):
+    """(numerator features, denominator features, whether the denominator's are rotated) of ``x`` [B, H, S, D]."""
+    rotate = lambda t: rotary.reference.rotate_complex(t, positions, hf_inv_freq(x.shape[-1]), interleaved=interleaved)  # noqa: E731
+    if feature_map == "cosine":
+        unit = x / x.norm(dim=-1, keepdim=True)
+        feature = torch.cat((rotate(unit), torch.ones_like(x[..., :1])), dim=-1)
+        return feature, feature, True
+    phi = torch.where(x > 0, x + 1.0, torch.exp(x)) if feature_map == "elu" else torch.where(x > 0, x, 0.0)
+    return rotate(phi), phi, False
+
+
+def linear_attention_oracle(
+    q, k, v, positions, *, feature_map="elu", causal=False, interleaved=False, key_padding_mask=None, eps=1e-6
+):
+    """(out, bound): the formula in float64, and per element how far an output computed from fp32 cos/sin tables
+    may lie from it. A table entry off by at most ``TABLE_ROUNDING`` moves a rotated pair by at most
+    ``sqrt(2) * TABLE_ROUNDING`` times its length, so a score fᵀf' by at most ``2 sqrt(2) TABLE_ROUNDING |f| |f'|``
+    (3 covers the second-order term); the quotient N / (D + eps) then moves by (δN + |out| δD) / (D + eps)."""
+    q, k, v = q.double(), k.double(), v.double()
+    fq, gq, den_rotated = _oracle_features(q, positions, feature_map, interleaved)
+    fk, gk, _ = _oracle_features(k, positions, feature_map, interleaved)
+    seq_len = q.shape[2]
+    index = torch.arange(seq_len)
+    keep = index[:, None] >= index[None, :] if causal else torch.ones(seq_len, seq_len, dtype=torch.bool)  # j <= i
+    keep = keep.expand(q.shape[0], 1, seq_len, seq_len)
+    if key_padding_mask is not None:
+        keep = keep & (key_padding_mask != 0)[:, None, None, :]
+    keep = keep.double()
+    numerator = (fq @ fk.transpose(-1, -2) * keep) @ v
+    denominator = (gq @ gk.transpose(-1, -2) * keep).sum(-1, keepdim=True) + eps
+    out = numerator / denominator
+    norms = lambda a, b: a.norm(dim=-1)[..., :, None] * b.norm(dim=-1)[..., None, :] * keep  # noqa: E731
+    numerator_size = norms(fq, fk) @ v.abs()
+    denominator_size = norms(gq, gk).sum(-1, keepdim=True)
+    table_part = 3 * TABLE_ROUNDING * (numerator_size + out.abs() * denominator_size * den_rotated)
+    rounding_part = FLOAT64_SUMS * (numerator_size + out.abs() * denominator_size)
+    return out, (table_part + rounding_part) / denominator
+
+
+def assert_matches_oracle(actual, expected_and_bound):
+    """``actual`` lies within the oracle's bound of the oracle's output, element by element."""
+    expected, bound = expected_and_bound
+    error = (actual.double() - expected).abs()
+    if not bool((error <= bound).all()):
+        worst = int((error - bound).flatten().argmax())
+        raise AssertionError(
+            f"off the documented formula by {float(error.flatten()[worst]):.3g} at flat index {worst} (bound "
+            f"{float(bound.flatten()[worst]):.3g}): {float(actual.flatten()[worst])} vs "
+            f"{float(expected.flatten()[worst])}"
+        )
+
+
+@functools.cache
+def _quadratic_case(feature_map, causal, interleaved):
+    """``(q, k, v, cos, sin)`` of ``_qkv()`` at positions 0..36, its O(N²) reference and its oracle, once per option
+    set: the chunk sizes, which only the O(N) path reads, share them."""
+    q, k, v = _qkv()
+    cos, sin = rotary.RoPE(16, interleaved=interleaved).cos_sin(torch.arange(37))
+    opts = dict(feature_map=feature_map, causal=causal, interleaved=interleaved)
+    reference = linear_attention_reference(q, k, v, cos, sin, **opts)
+    return (q, k, v, cos, sin), reference, linear_attention_oracle(q, k, v, torch.arange(37), **opts)
+
+
 @pytest.mark.parametrize("feature_map", ["elu", "relu", "cosine"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize("chunk_size", [1, 8, 64])
 def test_equals_quadratic_reference(feature_map, causal, interleaved, chunk_size):
-    q, k, v = _qkv()
-    cos, sin = rotary.RoPE(16, interleaved=interleaved).cos_sin(torch.arange(37))
+    """The O(N) path equals the O(N²) reference, and both equal the documented formula (the oracle above)."""
+    inputs, reference, oracle = _quadratic_case(feature_map, causal, interleaved)
     opts = dict(feature_map=feature_map, causal=causal, interleaved=interleaved)
-    fast = rotary_linear_attention(q, k, v, cos, sin, chunk_size=chunk_size, **opts)
-    torch.testing.assert_close(fast, linear_attention_reference(q, k, v, cos, sin, **opts), rtol=1e-10, atol=1e-10)
+    fast = rotary_linear_attention(*inputs, chunk_size=chunk_size, **opts)
+    torch.testing.assert_close(fast, reference, rtol=1e-10, atol=1e-10)
+    assert_matches_oracle(fast, oracle)
+    assert_matches_oracle(reference, oracle)
 
 
 def test_reference_is_su_formula_written_out():
-    """Check the reference itself, pair by pair, against the formula of seed 001 for one query."""
+    """Check the layer, pair by pair, against the documented formula written out for one query."""
     q, k, v = (t[:1, :1, :5] for t in _qkv(seq_len=5, dim=4))
-    inv_freq = rotary.frequencies(4).inv_freq
+    inv_freq = hf_inv_freq(4)
     rot = lambda x: rotary.reference.rotate_matrix(x, torch.arange(5), inv_freq)  # noqa: E731
     phi_q, phi_k = torch.nn.functional.elu(q) + 1, torch.nn.functional.elu(k) + 1
     rq, rk = rot(phi_q)[0, 0], rot(phi_k)[0, 0]
@@ -45,10 +128,10 @@ def test_reference_is_su_formula_written_out():
 
 
 def test_cosine_scheme_formula():
+    """``sim = 1 + cos(R_i q_i, R_j k_j)`` written out, rotated by rotary.reference (docs/attention.md)."""
     q, k, v = (t[:1, :1, :6] for t in _qkv(seq_len=6, dim=8))
-    rope = rotary.RoPE(8)
-    cos, sin = rope.cos_sin(torch.arange(6))
-    rq, rk = rope.rotate(q), rope.rotate(k)
+    cos, sin = rotary.RoPE(8).cos_sin(torch.arange(6))
+    rq, rk = (rotary.reference.rotate_complex(t, torch.arange(6), hf_inv_freq(8)) for t in (q, k))
     sim = 1 + torch.nn.functional.normalize(rq, dim=-1) @ torch.nn.functional.normalize(rk, dim=-1).transpose(-1, -2)
     expected = (sim @ v) / sim.sum(-1, keepdim=True)
     out = rotary_linear_attention(q, k, v, cos, sin, feature_map="cosine", eps=0.0)
@@ -90,9 +173,26 @@ def test_key_padding_mask_equals_dropping_the_keys():
     out = rotary_linear_attention(q, k, v, cos, sin, key_padding_mask=mask)
     reference = linear_attention_reference(q, k, v, cos, sin, key_padding_mask=mask)
     torch.testing.assert_close(out, reference, rtol=1e-10, atol=1e-10)
+    assert_matches_oracle(out, linear_attention_oracle(q, k, v, torch.arange(10), key_padding_mask=mask))
     # queries 0..6 with keys 0..6 only: the same as a 7-token sequence
     short = rotary_linear_attention(q[:, :, :7], k[:, :, :7], v[:, :, :7], cos[:7], sin[:7])
     torch.testing.assert_close(out[:, :, :7], short, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_masks_eps_and_positions_follow_the_documented_formula(interleaved):
+    """Every feature map, causal or not, with a 0/1 key_padding_mask (0 = a key out of both sums), eps=0.5 added to
+    the denominator and positions from 3: the O(N) path and the reference equal the oracle (module docstring)."""
+    q, k, v = (t[:, :1, :9, :6] for t in _qkv(seq_len=9, dim=6))
+    positions = torch.arange(3, 12)
+    cos, sin = rotary.RoPE(6, interleaved=interleaved).cos_sin(positions)
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0, 1, 0, 0]])
+    for feature_map in ("elu", "relu", "cosine"):
+        for causal in (False, True):
+            opts = dict(feature_map=feature_map, causal=causal, interleaved=interleaved, key_padding_mask=mask, eps=0.5)
+            oracle = linear_attention_oracle(q, k, v, positions, **opts)
+            assert_matches_oracle(rotary_linear_attention(q, k, v, cos, sin, chunk_size=4, **opts), oracle)
+            assert_matches_oracle(linear_attention_reference(q, k, v, cos, sin, **opts), oracle)
 
 
 class LargestTensor(TorchDispatchMode):
@@ -182,7 +282,11 @@ def test_property_fast_equals_reference(seq_len, half_dim, chunk_size, feature_m
     cos, sin = rotary.RoPE(dim).cos_sin(torch.arange(offset, offset + seq_len))
     opts = dict(feature_map=feature_map, causal=causal)
     fast = rotary_linear_attention(q, k, v, cos, sin, chunk_size=chunk_size, **opts)
-    torch.testing.assert_close(fast, linear_attention_reference(q, k, v, cos, sin, **opts), rtol=1e-9, atol=1e-9)
+    reference = linear_attention_reference(q, k, v, cos, sin, **opts)
+    torch.testing.assert_close(fast, reference, rtol=1e-9, atol=1e-9)
+    oracle = linear_attention_oracle(q, k, v, torch.arange(offset, offset + seq_len), **opts)
+    assert_matches_oracle(fast, oracle)
+    assert_matches_oracle(reference, oracle)
 
 
 def test_linear_attention_agrees_with_softmax_attention_on_masks(gen):

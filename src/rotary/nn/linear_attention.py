@@ -3,10 +3,12 @@
 With a feature map φ, ``Σ_j φ(q_i)ᵀφ(k_j) v_j = φ(q_i)ᵀ [Σ_j φ(k_j) v_jᵀ]``: a ``d × d`` state summed once.
 RoPE enters the numerator only (rotated features can have negative inner products)::
 
-    out_i = Σ_j [R_i φ(q_i)]ᵀ[R_j φ(k_j)] v_j  /  Σ_j φ(q_i)ᵀ φ(k_j)
+    out_i = Σ_j [R_i φ(q_i)]ᵀ[R_j φ(k_j)] v_j  /  (Σ_j φ(q_i)ᵀ φ(k_j) + eps)
 
-``feature_map="cosine"`` is ``sim = 1 + cos(R_i q_i, R_j k_j)``. Causal attention is summed chunk by chunk: memory
-O(chunk² + d²) per head whatever N is. Sources: docs/attention.md.
+φ is elu+1 or relu; R_i rotates each channel pair by the angle of row i of ``cos, sin`` (RoPE: position_i times the
+pair's frequency); both sums run over the kept keys only: ``j <= i`` when causal, and ``key_padding_mask[b, j] != 0``.
+``feature_map="cosine"`` is ``sim = 1 + cos(R_i q_i, R_j k_j)``: the features ``[R q̂, 1]`` in both sums. Causal
+attention is summed chunk by chunk: memory O(chunk² + d²) per head whatever N is. Sources: docs/attention.md.
 """
 
 from __future__ import annotations

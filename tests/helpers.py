@@ -12,8 +12,7 @@
 - :func:`hf_config`, :func:`text_config`, :func:`llama_config`: transformers configs built from
   dicts or a few numbers (models are built from configs with random weights, never downloaded);
 - :func:`leaf_parsers`: every runnable subcommand of ``rotary`` with its argparse parser;
-- :func:`make_qk` and :func:`tables_for`: q and k in either layout (optionally views into one fused
-  qkv projection), and the tables of a ``RoPE`` for given positions;
+- :func:`make_qk`: q and k in either layout (optionally views into one fused qkv projection);
 - :func:`forbid_torch_path`: make the pure-torch rotation fail the test, so a test that compares the
   fused kernel with the torch path cannot pass by silently falling back to it;
 - :func:`experiment_rows`: hand-made rows of ``rotary experiment`` (perplexities per method, seed and
@@ -487,13 +486,6 @@ def make_qk(
         return q, k, qkv
     dims = (lambda h: (B, h, S, D)) if layout == "bhsd" else (lambda h: (B, S, h, D))
     return torch.randn(dims(Hq), generator=gen).to(dtype), torch.randn(dims(Hk), generator=gen).to(dtype), None
-
-
-def tables_for(rope, positions: torch.Tensor | int, dtype: torch.dtype = torch.float32):
-    """``rope.tables`` for explicit positions, or for ``arange(positions)`` given an int."""
-    if isinstance(positions, int):
-        positions = torch.arange(positions)
-    return rope.tables(positions, dtype=dtype)
 
 
 def forbid_torch_path(monkeypatch) -> None:

@@ -1525,12 +1525,6 @@ def test_a_partial_rotary_factor_the_model_never_reads_is_named_strictly_and_dro
     assert RoPE.from_hf_config(phi).rotary_dim == 64
 
 
-def _hf_reading(name: str, d: dict):
-    """transformers' ``(inv_freq, attention_scaling)`` of fixture ``name``'s rotary class built from ``d``."""
-    hf = hf_class(ARCHITECTURES.get(name, PUBLISHED_FILES.get(name, (None,)))[0])(text_config(d))
-    return hf.inv_freq, hf.attention_scaling
-
-
 def _reads_as_transformers(name: str, d: dict, *, warns: str | None = None) -> RoPE:
     """``RoPE.from_hf_config(d)`` (with the warning ``warns`` when given, strict=False) equals transformers' reading."""
     if warns is None:
@@ -1538,7 +1532,9 @@ def _reads_as_transformers(name: str, d: dict, *, warns: str | None = None) -> R
     else:
         with pytest.warns(UserWarning, match=warns):
             rope = RoPE.from_hf_config(d, strict=False)
-    inv_freq, scaling = _hf_reading(name, d)
+    want = transformers_reading(name, d)
+    assert want is not None, f"transformers does not build {name} from {d}"
+    inv_freq, scaling = want
     assert torch.equal(rope.inv_freq, inv_freq) and rope.attention_scaling == scaling
     return rope
 

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import rotary
+from helpers import hf_frequencies
 from rotary.nn import RotaryAttention, RotaryLinearAttention, linear_attention_reference, rotary_linear_attention
 
 
@@ -30,14 +31,17 @@ TABLE_ROUNDING = 2.0**-25  # |cos - fl32(cos)|, |sin - fl32(sin)| for values in 
 FLOAT64_SUMS = 1e-12  # float64 rounding of sums of <= 40 * 13 products: (40 + 13) * 2**-53 = 6e-15, with 100x room
 
 
-def hf_inv_freq(dim: int, base: float = 10000.0) -> torch.Tensor:
-    """transformers' default frequencies (``_compute_default_rope_parameters``: fp32, as it computes them)."""
-    return (1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))).double()
+def hf_inv_freq(dim: int) -> torch.Tensor:
+    """transformers' default frequencies at base 10000 (restated in ``helpers.hf_frequencies``), in float64."""
+    return hf_frequencies({"rope_type": "default"}, 10000.0, dim)[0].double()
 
 
 def _oracle_features(x: torch.Tensor, positions: torch.Tensor, feature_map: str, interleaved: bool):
     """(numerator features, denominator features, whether the denominator's are rotated) of ``x`` [B, H, S, D]."""
-    rotate = lambda t: rotary.reference.rotate_complex(t, positions, hf_inv_freq(x.shape[-1]), interleaved=interleaved)  # noqa: E731
+
+    def rotate(t: torch.Tensor) -> torch.Tensor:
+        return rotary.reference.rotate_complex(t, positions, hf_inv_freq(x.shape[-1]), interleaved=interleaved)
+
     if feature_map == "cosine":
         unit = x / x.norm(dim=-1, keepdim=True)
         feature = torch.cat((rotate(unit), torch.ones_like(x[..., :1])), dim=-1)

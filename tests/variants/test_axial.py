@@ -46,11 +46,6 @@ def tables64(rope, coords):
     return t.cos.double(), t.sin.double()
 
 
-def half_to_pairs(t: torch.Tensor, interleaved: bool) -> torch.Tensor:
-    """Per-pair values ``[..., r/2]`` of a channel table."""
-    return t[..., 0::2] if interleaved else t[..., : t.shape[-1] // 2]
-
-
 # ---- the N-D oracle and the relative property (hypothesis) --------------------------------------
 @st.composite
 def axial_configs(draw):

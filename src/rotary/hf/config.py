@@ -544,10 +544,10 @@ def read_hf_config(
     if not block and defaults.get("rope_parameters"):
         # the class's default block (gpt-oss: its YaRN), which transformers uses whatever base the config states
         block = dict(defaults["rope_parameters"])
-        stated = d.get("rope_theta")
-        if "rope_theta" in block and stated is not None and stated != block["rope_theta"]:
+        top_theta = d.get("rope_theta")
+        if "rope_theta" in block and top_theta is not None and top_theta != block["rope_theta"]:
             complain(
-                f"{label}: rope_theta={stated!r}, but transformers' {model_type!r} config gives a config without a "
+                f"{label}: rope_theta={top_theta!r}, but transformers' {model_type!r} config gives a config without a "
                 f"RoPE block its default block, whose base {block['rope_theta']!r} it keeps; state the base in "
                 "rope_parameters (with the block) or remove rope_theta",
                 strict,
@@ -577,8 +577,8 @@ def read_hf_config(
     # 4.x names of the same type: M-RoPE's "mrope" (its frequencies are default's), Phi-3's "su" and "yarn" (longrope)
     aliases = {"mrope": "default", **({"su": "longrope", "yarn": "longrope"} if model_type == "phi3" else {})}
     if legacy is not None and "rope_type" in block:
-        stated = [aliases.get(t, t) if isinstance(t, str) else t for t in (block["rope_type"], legacy)]
-        if stated[0] != stated[1]:
+        named = [aliases.get(t, t) if isinstance(t, str) else t for t in (block["rope_type"], legacy)]
+        if named[0] != named[1]:
             complain(
                 f"{label}: the block sets both rope_type={block['rope_type']!r} and type={legacy!r}; keep one", strict
             )
@@ -611,7 +611,7 @@ def read_hf_config(
             block["partial_rotary_factor"] = d["partial_rotary_factor"]
         elif "rotary_pct" in d and model_type not in PAIRING and not defaults:
             block["partial_rotary_factor"] = d["rotary_pct"]  # GPT-NeoX's name, in a config of an unknown model_type
-        elif model_type in ("gptj", "codegen"):
+        elif model_type in OWN_TABLE_MODEL_TYPES:
             # GPT-J and CodeGen state the width (default 64; null rotates the whole head)
             rotary_dim = d.get("rotary_dim", 64)
             if rotary_dim is not None and not is_positive_int(rotary_dim):

@@ -158,6 +158,8 @@ class CoordinateRoPE(nn.Module):
         sizes_t = self._sizes(sizes, "grid")
         prefix = self.prefix_tokens if prefix is None else check_int(prefix, "prefix", minimum=0)
         suffix = self.suffix_tokens if suffix is None else check_int(suffix, "suffix", minimum=0)
+        if torch.compiler.is_compiling():  # built in the graph: a lookup would specialise the graph on the sizes
+            return self._build_grid(sizes_t, prefix, suffix, device)
         key = (
             sizes_t,
             prefix,
@@ -168,8 +170,6 @@ class CoordinateRoPE(nn.Module):
             self.reference_grid,
             self.normalize_coords,
         )
-        if torch.compiler.is_compiling():  # built in the graph: a lookup would specialise the graph on the sizes
-            return self._build_grid(sizes_t, prefix, suffix, device)
         found = self._grids.get(key)
         if found is not None and found._version() == found.__dict__.get("_built_version"):
             self._grids.move_to_end(key)

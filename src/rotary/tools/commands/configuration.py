@@ -237,6 +237,21 @@ _CONFIG_FLAGS = {
 }
 
 
+#: the configuration flags an ``--axial`` / ``--mixed`` preset replaces (its width, ``--head-dim``, may change)
+PRESET_REPLACES = ("base", "rotary_dim", "scaling", "max_position", "pairing", "interleaved", "layer_type")
+
+
+def flags_given(args: argparse.Namespace, dests: tuple[str, ...]) -> list[str]:
+    """The flags of ``dests`` the command line gave (``["--base", "--layer-type"]``)."""
+    return [f"--{d.replace('_', '-')}" for d in dests if getattr(args, d, None) is not None]
+
+
+def check_heads_need_mixed(args: argparse.Namespace) -> None:
+    """``--heads`` sets a RoPE-Mixed's heads: without ``--mixed`` it is an error, not a flag silently ignored."""
+    if args.heads is not None and not args.mixed:
+        raise InputError(f"--heads {args.heads} sets the heads of a RoPE-Mixed: add --mixed, or drop --heads")
+
+
 def flag_as_given(flag: str, value: Any) -> str:
     """The flag as the user typed it: ``--no-interleaved`` for ``interleaved=False``.
 

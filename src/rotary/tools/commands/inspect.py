@@ -16,7 +16,7 @@ from rotary.variants import MRoPE, nope_temperature
 
 from ...errors import InputError
 from .argument_types import length_count
-from .configuration import Configuration, add_config_arguments, configurations
+from .configuration import PRESET_REPLACES, Configuration, add_config_arguments, configurations, flags_given
 from .output import add_output_argument
 from .printing import console, print_json
 
@@ -209,8 +209,7 @@ def axial_details(preset: str, head_dim: int | None = None) -> dict[str, Any]:
 def _inspect_axial(args: argparse.Namespace) -> int:
     if args.config is not None:
         raise InputError(f"--axial {args.axial!r} describes a preset, not CONFIG {args.config!r}; give one of them")
-    keys = ("base", "rotary_dim", "scaling", "max_position", "pairing", "interleaved", "layer_type", "seq_len")
-    given = [f"--{k.replace('_', '-')}" for k in keys if getattr(args, k, None) is not None]
+    given = flags_given(args, (*PRESET_REPLACES, "seq_len"))
     if given:  # as rotary verify --axial: the preset is the configuration; only its width may change
         raise InputError(
             f"--axial {args.axial} takes the preset's configuration; drop {', '.join(given)} (--head-dim may change)"

@@ -18,6 +18,7 @@ from .argument_types import count, head_dim_count, length_count, positive_float,
 from .configuration import (
     FLAG_DEFAULTS,
     add_config_arguments,
+    check_heads_need_mixed,
     config_label,
     configurations,
     every_layer_type,
@@ -398,8 +399,7 @@ def _positions(args: argparse.Namespace) -> int:
 
 
 def _axial(args: argparse.Namespace) -> int:
-    if args.heads is not None and not args.mixed:  # as rotary verify: the heads are a RoPE-Mixed's
-        raise InputError(f"--heads {args.heads} sets the heads of a RoPE-Mixed: add --mixed, or drop --heads")
+    check_heads_need_mixed(args)
     heads = 4 if args.heads is None else args.heads
     presets = list(args.preset or ([] if args.mixed else AXIAL_FIGURE_PRESETS))
     if args.head_dim is not None and args.head_dim % 2:

@@ -15,7 +15,7 @@ from rotary.analysis import Check, verify, verify_axial, verify_mrope
 
 from ...errors import InputError
 from .argument_types import count, seed, seq_len_count
-from .configuration import add_config_arguments, every_layer_type
+from .configuration import PRESET_REPLACES, add_config_arguments, check_heads_need_mixed, every_layer_type, flags_given
 from .output import add_output_argument
 from .printing import console, print_json
 
@@ -39,8 +39,7 @@ def render(checks: list[Check], title: str) -> None:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    if args.heads is not None and not args.mixed:
-        raise InputError(f"--heads {args.heads} sets the heads of a RoPE-Mixed: add --mixed, or drop --heads")
+    check_heads_need_mixed(args)
     if args.axial or args.mixed:
         label, checks = _verify_vision(args)
         results = [(None, label, checks)]
@@ -79,8 +78,7 @@ def _verify_vision(args: argparse.Namespace) -> tuple[str, list[Check]]:
     """The N-D checks of ``--axial PRESET`` and/or ``--mixed`` (with both, each check names its module)."""
     from rotary.variants import AxialRoPE, RoPEMixed
 
-    keys = ("base", "rotary_dim", "scaling", "max_position", "pairing", "interleaved", "layer_type")
-    given = [f"--{k.replace('_', '-')}" for k in keys if getattr(args, k, None) is not None]
+    given = flags_given(args, PRESET_REPLACES)
     if getattr(args, "config", None) is not None or given:
         what = " and ".join(
             filter(None, (f"--axial {args.axial}" if args.axial else "", "--mixed" if args.mixed else ""))
